@@ -1,0 +1,107 @@
+/* tutti stores: the key-value rendezvous that ranks meet through.
+ *
+ *   file:///dir          a directory shared by the ranks (the embedded default, no server)
+ *   tcp://host:port      a TCP store server, embedded in one process or run standalone
+ *                        (tools/tutti-store)
+ *
+ * Keys are strings (any bytes but NUL, at most TUTTI_STORE_MAX_KEY bytes), values are
+ * byte strings of at most TUTTI_STORE_MAX_VALUE bytes. A prefixed view shares its base
+ * store and puts a prefix before every key, so several communicators share one store.
+ * All functions return a tutti status (see <tutti/status.h>); tutti_store_last_error()
+ * explains failures with the store's address. A store handle is safe to use from
+ * several threads.
+ */
+#ifndef TUTTI_STORE_H
+#define TUTTI_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tutti/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TUTTI_STORE_MAX_KEY 1024
+#define TUTTI_STORE_MAX_VALUE (64u << 20)
+
+typedef struct tutti_store tutti_store_t;
+
+typedef struct tutti_store_opts {
+    size_t size;      /* sizeof(tutti_store_opts_t), set by tutti_store_opts_init */
+    int timeout_ms;   /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
+                         of connecting (default 30000) */
+    int is_server;    /* tcp: host the server in this process (port 0 picks a free one) */
+} tutti_store_opts_t;
+
+/* Defaults, then the TUTTI_STORE_* environment. */
+int tutti_store_opts_init(tutti_store_opts_t *opts);
+
+/* Open a store by URL ("file:///tmp/job", "tcp://10.0.0.1:29500", "tcp://[::1]:29500").
+ * opts may be NULL. */
+int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts);
+
+/* Open a file store rooted at dir (created if missing). */
+int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms);
+
+/* Open a TCP store. With is_server, start a server on host:port in this process (in a
+ * thread of its own) and connect to it; port 0 picks a free port (see
+ * tutti_store_port). Without, connect, retrying until timeout_ms passes. */
+int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
+                         int timeout_ms);
+
+/* A view of base that puts prefix before every key. base must outlive the view. */
+int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base,
+                              const char *prefix);
+
+/* Close a store handle (and stop its embedded server, if any). */
+void tutti_store_close(tutti_store_t *store);
+
+/* The store's URL, e.g. "tcp://127.0.0.1:29500" (with the real port when 0 was asked). */
+const char *tutti_store_url(const tutti_store_t *store);
+/* TCP port of a tcp store (the bound one for an embedded server), -1 for others. */
+int tutti_store_port(const tutti_store_t *store);
+/* The explanation of the last failure on this handle ("" if none). */
+const char *tutti_store_last_error(const tutti_store_t *store);
+/* Default deadline of blocking calls on this handle (and views made from it later). */
+void tutti_store_set_timeout(tutti_store_t *store, int timeout_ms);
+int tutti_store_timeout(const tutti_store_t *store);
+
+/* Set key to value (overwrites). */
+int tutti_store_set(tutti_store_t *store, const char *key, const void *value, size_t len);
+
+/* Wait until key exists (or timeout_ms passes; -1: the store's default) and return a
+ * malloc'ed copy of its value (free() it); a NUL byte follows the value. */
+int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_t *len_p,
+                    int timeout_ms);
+
+/* Atomically add delta to the 64-bit counter at key (missing counts as 0) and return
+ * the new value in *result_p (may be NULL). */
+int tutti_store_add(tutti_store_t *store, const char *key, int64_t delta, int64_t *result_p);
+
+/* Atomically: if key's value equals expected (a missing key equals an empty expected,
+ * elen 0), set it to desired. Returns the value after the operation in *current_p
+ * (malloc'ed; may be NULL). */
+int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *expected,
+                            size_t elen, const void *desired, size_t dlen, void **current_p,
+                            size_t *curlen_p);
+
+/* Wait until all n keys exist. */
+int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms);
+
+/* Whether all n keys exist now (no waiting): *exists_p is 1 or 0. */
+int tutti_store_check(tutti_store_t *store, const char *const *keys, size_t n, int *exists_p);
+
+/* Delete key; *deleted_p (may be NULL) says whether it existed. */
+int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
+
+/* Get n keys, waiting for each; values_p[i] are malloc'ed (free() each). On error no
+ * value is returned. */
+int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
+                          void **values_p, size_t *lens_p, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TUTTI_STORE_H */

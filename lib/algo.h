@@ -1,0 +1,53 @@
+/* Algorithms: one file each in algorithms/, registered in one table (lib/select.c),
+ * chosen per (collective, bytes, ranks) or by the TUTTI_ALGO override. */
+#ifndef TT_ALGO_H
+#define TT_ALGO_H
+
+#include <stddef.h>
+
+#include "p2p.h"
+
+typedef int (*tt_algo_fn)(tt_op_t *op);
+
+typedef struct tt_algo {
+    const char *name;  /* "ring", "rd", "chain", "tree", "dissemination" */
+    tt_coll_t coll;
+    uint32_t id;       /* unique, nonzero; travels in envelopes */
+    tt_algo_fn run;
+} tt_algo_t;
+
+/* "allreduce", "broadcast", "barrier"; NULL for an invalid value. */
+const char *tt_coll_name(tt_coll_t coll);
+tt_coll_t tt_coll_parse(const char *name);
+
+/* Every algorithm, and those of one collective. */
+const tt_algo_t *const *tt_algo_all(size_t *n_p);
+const tt_algo_t *tt_algo_find(tt_coll_t coll, const char *name);
+
+/* A parsed TUTTI_ALGO string:
+ *   spec    := entry (';' entry)*
+ *   entry   := coll ':' choice (',' choice)*   |  name (applies to every collective
+ *                                                  that has an algorithm of that name)
+ *   choice  := name ['@<' size]                 (size: 4096, 64K, 1M ...)
+ * For a collective, the first choice whose bound exceeds the byte count (or that has no
+ * bound) wins. */
+typedef struct tt_algo_override tt_algo_override_t;
+/* spec NULL or "" gives NULL (no override) and TUTTI_OK. On error, err says what was
+ * expected and where. */
+int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err,
+                           size_t errlen);
+void tt_algo_override_free(tt_algo_override_t *ovr);
+
+/* The algorithm to run: the override's choice if it names one, else the default
+ * model's by size and rank count. Never NULL for a valid coll. */
+const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes,
+                                int nranks);
+
+/* The algorithms (defined in algorithms/*.c). */
+int tt_allreduce_ring(tt_op_t *op);
+int tt_allreduce_rd(tt_op_t *op);
+int tt_broadcast_chain(tt_op_t *op);
+int tt_broadcast_tree(tt_op_t *op);
+int tt_barrier_dissemination(tt_op_t *op);
+
+#endif /* TT_ALGO_H */

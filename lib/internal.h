@@ -1,0 +1,69 @@
+/* Internal helpers shared by every part of libtutti: logging, checks, time, env. */
+#ifndef TT_INTERNAL_H
+#define TT_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tutti/status.h>
+#include <tutti/transport_v1.h>
+
+#define TT_UNUSED(x) ((void)(x))
+#define TT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TT_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Log levels: TUTTI_LOG_ERROR/WARN/INFO/TRACE (transport_v1.h). TUTTI_DEBUG picks the
+ * highest one printed (default: warn). */
+int tt_log_level(void);
+/* The rank printed in log lines of this process (-1 until a communicator exists). */
+void tt_log_set_rank(int rank);
+/* One line to stderr: "tutti host:pid:rank LEVEL message". */
+void tt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tt_vlog(int level, const char *fmt, va_list ap);
+
+#define TT_WARN(...) do { if (tt_log_level() >= TUTTI_LOG_WARN) tt_log(TUTTI_LOG_WARN, __VA_ARGS__); } while (0)
+#define TT_INFO(...) do { if (tt_log_level() >= TUTTI_LOG_INFO) tt_log(TUTTI_LOG_INFO, __VA_ARGS__); } while (0)
+#define TT_TRACE(...) do { if (tt_log_level() >= TUTTI_LOG_TRACE) tt_log(TUTTI_LOG_TRACE, __VA_ARGS__); } while (0)
+
+/* Return early on a negative status, leaving a breadcrumb (file:line -> status) at
+ * trace level so that a failure deep down reads as a trail. */
+#define TT_CHECK(call)                                                                  \
+    do {                                                                                \
+        int tt_check_st_ = (call);                                                      \
+        if (tt_check_st_ < 0) {                                                         \
+            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call,                       \
+                     tutti_status_name(tt_check_st_));                                  \
+            return tt_check_st_;                                                        \
+        }                                                                               \
+    } while (0)
+
+#define TT_CHECK_GOTO(call, st, label)                                                  \
+    do {                                                                                \
+        (st) = (call);                                                                  \
+        if ((st) < 0) {                                                                 \
+            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call, tutti_status_name(st)); \
+            goto label;                                                                 \
+        }                                                                               \
+    } while (0)
+
+const char *tutti_status_name(int status);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t tt_now_ns(void);
+/* Deadline timeout_ms from now (timeout_ms < 0: never). */
+uint64_t tt_deadline_ns(int timeout_ms);
+/* Milliseconds left until deadline, >= 0, capped at INT32_MAX/2. */
+int tt_ms_left(uint64_t deadline_ns);
+
+/* Environment: TUTTI_<name>. */
+const char *tt_env(const char *name);
+int tt_env_int(const char *name, int def);
+/* "4096", "64K", "1M", "2G" (binary units); returns TUTTI_ERR_INVALID_ARG otherwise. */
+int tt_parse_size(const char *s, size_t *size_p);
+
+/* strdup that tolerates NULL. */
+char *tt_strdup(const char *s);
+
+#endif /* TT_INTERNAL_H */

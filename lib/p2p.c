@@ -1,0 +1,2 @@
+/* placeholder: being written */
+typedef int tt_placeholder_t;

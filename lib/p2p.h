@@ -1,0 +1,72 @@
+/* The internal point-to-point API that algorithms are written against. Algorithms
+ * never see sockets or transports: they post sends and receives to peer ranks, wait
+ * for them, and reduce. Messages between two ranks match in posting order; each
+ * carries an envelope (sequence number, the collective's fingerprint, algorithm id and
+ * a tag the algorithm chooses), checked on arrival, so ranks that disagree get
+ * TUTTI_ERR_MISMATCH instead of wrong data.
+ *
+ * Error rule: when a tt_p2p_* call fails it has already cancelled every posted request
+ * of the operation, so the algorithm just returns the status. An algorithm that fails
+ * for another reason while requests are posted calls tt_p2p_fail(op, status) first.
+ */
+#ifndef TT_P2P_H
+#define TT_P2P_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tutti/transport_v1.h>
+#include <tutti/tutti.h>
+
+typedef tutti_tp_req_v1_t tt_req_t;
+typedef struct tt_comm tt_comm_t;
+
+typedef enum tt_coll {
+    TT_COLL_NONE = 0,
+    TT_COLL_ALLREDUCE,
+    TT_COLL_BROADCAST,
+    TT_COLL_BARRIER,
+    TT_COLL_COUNT_
+} tt_coll_t;
+
+/* One running collective, as an algorithm sees it. */
+typedef struct tt_op {
+    tt_comm_t *comm;
+    int rank, nranks;
+    tt_coll_t coll;
+    const void *sendbuf;   /* never TUTTI_IN_PLACE: equals recvbuf when in place; for
+                              broadcast, the root's data (may equal recvbuf) */
+    void *recvbuf;
+    size_t count;          /* elements */
+    size_t elem_size;
+    tutti_dtype_t dtype;
+    tutti_redop_t redop;   /* the reduction to apply (AVG arrives here as SUM) */
+    int root;
+    size_t chunk_bytes;    /* pipelining chunk (TUTTI_CHUNK_BYTES) */
+    /* filled by the library for the envelope: */
+    uint64_t seq;
+    uint64_t fingerprint;
+    uint32_t algo_id;
+    uint64_t deadline_ns;
+} tt_op_t;
+
+/* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells
+ * messages of one collective apart (e.g. step and chunk); both sides must use the same
+ * tag for the same message. */
+int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag,
+                tt_req_t *req);
+int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_req_t *req);
+
+/* Wait for one / all of n requests (bounded by the operation's deadline). */
+int tt_p2p_wait(tt_op_t *op, tt_req_t *req);
+int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n);
+
+/* Cancel every posted request of op and record status; returns status. */
+int tt_p2p_fail(tt_op_t *op, int status);
+
+/* A scratch buffer of at least bytes bytes, owned by the communicator and reused
+ * across operations (valid until the operation ends). NULL if out of memory: get it
+ * before posting anything. Index 0 and 1 are two independent buffers. */
+void *tt_op_scratch(tt_op_t *op, int index, size_t bytes);
+
+#endif /* TT_P2P_H */

@@ -1,0 +1,87 @@
+/* Time, environment and small string helpers. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+uint64_t tt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t tt_deadline_ns(int timeout_ms)
+{
+    if (timeout_ms < 0)
+        return UINT64_MAX;
+    return tt_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+int tt_ms_left(uint64_t deadline_ns)
+{
+    if (deadline_ns == UINT64_MAX)
+        return INT32_MAX / 2;
+    uint64_t now = tt_now_ns();
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + 999999ull) / 1000000ull;
+    return ms > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ms;
+}
+
+const char *tt_env(const char *name)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "TUTTI_%s", name);
+    const char *v = getenv(full);
+    return (v && *v) ? v : NULL;
+}
+
+int tt_env_int(const char *name, int def)
+{
+    const char *v = tt_env(name);
+    if (!v)
+        return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < INT32_MIN || x > INT32_MAX) {
+        TT_WARN("TUTTI_%s=%s is not an integer; using %d", name, v, def);
+        return def;
+    }
+    return (int)x;
+}
+
+int tt_parse_size(const char *s, size_t *size_p)
+{
+    if (!s || !*s || !isdigit((unsigned char)*s))
+        return TUTTI_ERR_INVALID_ARG;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return TUTTI_ERR_INVALID_ARG;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case '\0': break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    default: return TUTTI_ERR_INVALID_ARG;
+    }
+    if (shift && (*end == 'B' || *end == 'b'))
+        end++;
+    if (*end)
+        return TUTTI_ERR_INVALID_ARG;
+    if (shift && v > (SIZE_MAX >> shift))
+        return TUTTI_ERR_INVALID_ARG;
+    *size_p = (size_t)(v << shift);
+    return TUTTI_OK;
+}
+
+char *tt_strdup(const char *s) { return s ? strdup(s) : NULL; }

@@ -1,0 +1,42 @@
+/* Multi-rank test harness: fork N ranks on this machine, each with a communicator over
+ * a file store in a fresh temp dir; bound the whole run by a timeout and kill every
+ * child on failure or timeout. Tests that use it stay on loopback (TUTTI_SOCKET_IFNAME=lo
+ * is set by the harness unless already set). */
+#ifndef TH_HARNESS_H
+#define TH_HARNESS_H
+
+#include <tutti/tutti.h>
+
+/* Body of one rank. comm is NULL with TH_NO_COMM (then store_dir is the file store's
+ * directory, to open stores by hand). Return 0 for success, 1..125 for failures (the
+ * child exits with that code); print what failed to stderr. */
+typedef int (*th_rank_fn)(int rank, int nranks, tutti_comm_t *comm, const char *store_dir,
+                          void *arg);
+
+enum {
+    TH_NO_COMM = 1,         /* don't create a communicator */
+    TH_NO_KILL_ON_FAIL = 2, /* a failing rank does not make the harness kill the others
+                               (fault tests: survivors must fail on their own) */
+};
+
+typedef struct th_spec {
+    int nranks;
+    th_rank_fn fn;
+    void *arg;
+    int timeout_ms;                  /* whole run; children killed after it */
+    int flags;                       /* TH_* */
+    const tutti_comm_opts_t *opts;   /* comm options (NULL: defaults + environment) */
+} th_spec_t;
+
+/* Run and collect: exit_codes[r] is the rank's exit code, 128+signal if it died of a
+ * signal, -1 if the harness killed it at the timeout. Returns 0 when every rank exited
+ * 0, else 1. exit_codes may be NULL. */
+int th_run_ex(const th_spec_t *spec, int *exit_codes);
+
+/* th_run_ex with defaults: kill everything on the first failure. */
+int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* Elapsed milliseconds helper for tests. */
+double th_now_ms(void);
+
+#endif /* TH_HARNESS_H */
