@@ -48,7 +48,6 @@ void tt_vlog(int level, const char *fmt, va_list ap);
         }                                                                               \
     } while (0)
 
-const char *tutti_status_name(int status);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t tt_now_ns(void);

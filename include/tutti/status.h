@@ -6,6 +6,12 @@
 extern "C" {
 #endif
 
+/* Everything declared in the public headers is exported from libtutti.so (the library
+ * builds with -fvisibility=hidden). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* The whole status list: XX(NAME, value, description). Generates the enum,
  * tutti_strerror() and tutti_status_name(). */
 #define TUTTI_STATUS_MAP(XX)                                                        \
@@ -38,6 +44,10 @@ typedef enum tutti_status {
 const char *tutti_strerror(int status);
 /* Symbolic name of a status code ("TUTTI_ERR_TIMEOUT"); never NULL. */
 const char *tutti_status_name(int status);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

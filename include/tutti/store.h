@@ -23,6 +23,12 @@
 extern "C" {
 #endif
 
+/* Everything declared in the public headers is exported from libtutti.so (the library
+ * builds with -fvisibility=hidden). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define TUTTI_STORE_MAX_KEY 1024
 #define TUTTI_STORE_MAX_VALUE (64u << 20)
 
@@ -100,6 +106,10 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
  * value is returned. */
 int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
                           void **values_p, size_t *lens_p, int timeout_ms);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,12 @@
 extern "C" {
 #endif
 
+/* Everything declared in the public headers is exported from libtutti.so (the library
+ * builds with -fvisibility=hidden). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define TUTTI_VERSION_MAJOR 0
 #define TUTTI_VERSION_MINOR 1
 #define TUTTI_VERSION_PATCH 0
@@ -155,6 +161,10 @@ void tutti_work_free(tutti_work_t *work);
 
 /* The explanation of a finished operation's failure ("" if it succeeded). */
 const char *tutti_work_error(const tutti_work_t *work);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
