@@ -1,2 +1,603 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* The communicator: options, creation through a store, the collective entry points
+ * with their argument checks, and error recording. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "internal.h"
+#include "reduce.h"
+#include "store_impl.h"
+#include "transport.h"
+
+#define TT_DEFAULT_TIMEOUT_MS 30000
+#define TT_DEFAULT_SPIN_US 50
+#define TT_DEFAULT_CHUNK (1u << 20)
+
+int tutti_comm_opts_init(tutti_comm_opts_t *opts)
+{
+    if (!opts)
+        return TUTTI_ERR_INVALID_ARG;
+    memset(opts, 0, sizeof(*opts));
+    opts->size = sizeof(*opts);
+    opts->timeout_ms = tt_env_int("TIMEOUT_MS", TT_DEFAULT_TIMEOUT_MS);
+    opts->transport = tt_env("TRANSPORT");
+    opts->plugin_path = tt_env("PLUGIN_PATH");
+    opts->algo = tt_env("ALGO");
+    opts->socket_ifname = tt_env("SOCKET_IFNAME");
+    opts->socket_family = tt_env_int("SOCKET_FAMILY", 0);
+    opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
+    opts->spin_us = tt_env_int("SPIN_US", TT_DEFAULT_SPIN_US);
+    opts->chunk_bytes = TT_DEFAULT_CHUNK;
+    const char *chunk = tt_env("CHUNK_BYTES");
+    if (chunk && tt_parse_size(chunk, &opts->chunk_bytes) < 0) {
+        TT_WARN("TUTTI_CHUNK_BYTES=%s is not a size; using %u", chunk, TT_DEFAULT_CHUNK);
+        opts->chunk_bytes = TT_DEFAULT_CHUNK;
+    }
+    opts->prefix = tt_env("PREFIX");
+    return TUTTI_OK;
+}
+
+int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&comm->err_lock);
+    int n = snprintf(comm->last_error, sizeof(comm->last_error), "rank %d: ", comm->rank);
+    va_start(ap, fmt);
+    vsnprintf(comm->last_error + n, sizeof(comm->last_error) - (size_t)n, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&comm->err_lock);
+    TT_INFO("%s", comm->last_error);
+    return status;
+}
+
+const char *tutti_comm_last_error(const tutti_comm_t *comm)
+{
+    return comm ? comm->last_error : "no communicator";
+}
+
+int tutti_comm_rank(const tutti_comm_t *comm) { return comm ? comm->rank : -1; }
+int tutti_comm_size(const tutti_comm_t *comm) { return comm ? comm->nranks : -1; }
+
+const char *tutti_comm_transport(const tutti_comm_t *comm)
+{
+    return comm && comm->tp_ops ? comm->tp_ops->name : "none";
+}
+
+const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes)
+{
+    if (!comm || !coll)
+        return NULL;
+    tt_coll_t c = tt_coll_parse(coll);
+    if (c == TT_COLL_NONE)
+        return NULL;
+    const tt_algo_t *a = tt_algo_select(comm->algo_ovr, c, bytes, comm->nranks);
+    return a ? a->name : NULL;
+}
+
+/* ---- fingerprints and their descriptions ---- */
+
+uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root)
+{
+    return ((uint64_t)coll << 56) | ((uint64_t)(dtype & 0xff) << 48) |
+           ((uint64_t)(redop & 0xff) << 40) | (uint64_t)(uint32_t)root;
+}
+
+static const char *algo_name_by_id(uint32_t id)
+{
+    size_t n;
+    const tt_algo_t *const *all = tt_algo_all(&n);
+    for (size_t i = 0; i < n; i++)
+        if (all[i]->id == id)
+            return all[i]->name;
+    return "?";
+}
+
+void tt_describe_env(const uint64_t env[4], size_t len, char *buf, size_t buflen)
+{
+    tt_coll_t coll = (tt_coll_t)(env[1] >> 56);
+    tutti_dtype_t dtype = (tutti_dtype_t)((env[1] >> 48) & 0xff);
+    tutti_redop_t redop = (tutti_redop_t)((env[1] >> 40) & 0xff);
+    int root = (int)(uint32_t)env[1];
+    const char *cname = tt_coll_name(coll);
+    const char *algo = algo_name_by_id((uint32_t)(env[3] >> 32));
+    unsigned tag = (unsigned)(uint32_t)env[3];
+    switch (coll) {
+    case TT_COLL_ALLREDUCE:
+        snprintf(buf, buflen, "allreduce(count=%llu, %s, %s) seq %llu [%s tag %u, %zu bytes]",
+                 (unsigned long long)env[2], tutti_dtype_name(dtype), tutti_redop_name(redop),
+                 (unsigned long long)env[0], algo, tag, len);
+        break;
+    case TT_COLL_BROADCAST:
+        snprintf(buf, buflen, "broadcast(count=%llu, %s, root=%d) seq %llu [%s tag %u, %zu bytes]",
+                 (unsigned long long)env[2], tutti_dtype_name(dtype), root,
+                 (unsigned long long)env[0], algo, tag, len);
+        break;
+    default:
+        snprintf(buf, buflen, "%s seq %llu [%s tag %u, %zu bytes]", cname ? cname : "?",
+                 (unsigned long long)env[0], algo, tag, len);
+        break;
+    }
+}
+
+/* ---- the host interface the transport sees ---- */
+
+static int host_store_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    tutti_comm_t *comm = ctx;
+    return tutti_store_set(comm->store, key, value, len);
+}
+
+static int host_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
+                          int timeout_ms)
+{
+    tutti_comm_t *comm = ctx;
+    return tutti_store_get(comm->store, key, value_p, len_p, timeout_ms);
+}
+
+static void host_free_value(void *value) { free(value); }
+
+static const char *host_config(void *ctx, const char *name)
+{
+    tutti_comm_t *comm = ctx;
+    static __thread char num[32];
+    if (!strcmp(name, "SOCKET_IFNAME"))
+        return comm->opts.socket_ifname;
+    if (!strcmp(name, "SOCKET_FAMILY")) {
+        snprintf(num, sizeof(num), "%d", comm->opts.socket_family);
+        return num;
+    }
+    if (!strcmp(name, "SOCKET_BUFFER")) {
+        snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
+        return num;
+    }
+    return tt_env(name);
+}
+
+static void host_log(void *ctx, int level, const char *fmt, ...)
+{
+    (void)ctx;
+    if (tt_log_level() < level)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    tt_vlog(level, fmt, ap);
+    va_end(ap);
+}
+
+static int host_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
+{
+    tutti_comm_t *comm = ctx;
+    va_list ap;
+    pthread_mutex_lock(&comm->err_lock);
+    va_start(ap, fmt);
+    int n = vsnprintf(comm->tp_error, sizeof(comm->tp_error), fmt, ap);
+    va_end(ap);
+    if (err_no && n > 0 && (size_t)n < sizeof(comm->tp_error))
+        snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)",
+                 err_no, strerror(err_no));
+    comm->tp_error_peer = peer;
+    comm->tp_error_errno = err_no;
+    comm->tp_error_status = status;
+    atomic_fetch_add(&comm->tp_error_gen, 1);
+    pthread_mutex_unlock(&comm->err_lock);
+    TT_INFO("transport: %s", comm->tp_error);
+    return status;
+}
+
+/* ---- creation and destruction ---- */
+
+static void opts_free(tutti_comm_opts_t *o)
+{
+    free((char *)o->transport);
+    free((char *)o->plugin_path);
+    free((char *)o->algo);
+    free((char *)o->socket_ifname);
+    free((char *)o->prefix);
+}
+
+static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
+{
+    tutti_comm_opts_t d;
+    tutti_comm_opts_init(&d);
+    /* Fields the caller's (possibly older, smaller) struct has win over defaults. */
+    size_t n = src->size && src->size < sizeof(d) ? src->size : sizeof(d);
+    memcpy(&d, src, n);
+    d.size = sizeof(d);
+    d.transport = tt_strdup(d.transport ? d.transport : "tcp");
+    d.plugin_path = tt_strdup(d.plugin_path);
+    d.algo = tt_strdup(d.algo);
+    d.socket_ifname = tt_strdup(d.socket_ifname);
+    d.prefix = tt_strdup(d.prefix);
+    if (!d.transport) {
+        opts_free(&d);
+        return TUTTI_ERR_NOMEM;
+    }
+    *dst = d;
+    return TUTTI_OK;
+}
+
+static void comm_free(tutti_comm_t *comm)
+{
+    if (comm->tp && comm->tp_ops)
+        comm->tp_ops->destroy(comm->tp);
+    if (comm->tp_handle)
+        tt_transport_unload(comm->tp_handle);
+    tt_algo_override_free(comm->algo_ovr);
+    if (comm->store)
+        tutti_store_close(comm->store);
+    if (comm->owned_store)
+        tutti_store_close(comm->owned_store);
+    free(comm->scratch[0]);
+    free(comm->scratch[1]);
+    opts_free(&comm->opts);
+    pthread_mutex_destroy(&comm->err_lock);
+    pthread_mutex_destroy(&comm->q_lock);
+    pthread_cond_destroy(&comm->q_cv);
+    pthread_cond_destroy(&comm->done_cv);
+    free(comm);
+}
+
+int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
+                    const tutti_comm_opts_t *opts)
+{
+    char err[512] = "";
+    int st;
+    if (!comm_p || !store) {
+        TT_WARN("tutti_comm_init: %s is NULL", comm_p ? "store" : "comm_p");
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+        TT_WARN("tutti_comm_init: rank %d is not in [0, %d)", rank, size);
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    tutti_comm_t *comm = calloc(1, sizeof(*comm));
+    if (!comm)
+        return TUTTI_ERR_NOMEM;
+    comm->rank = rank;
+    comm->nranks = size;
+    pthread_mutex_init(&comm->err_lock, NULL);
+    pthread_mutex_init(&comm->q_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&comm->q_cv, &ca);
+    pthread_cond_init(&comm->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    tt_log_set_rank(rank);
+
+    tutti_comm_opts_t defaults;
+    tutti_comm_opts_init(&defaults);
+    TT_CHECK_GOTO(opts_copy(&comm->opts, opts ? opts : &defaults), st, err_free);
+    if (comm->opts.timeout_ms <= 0)
+        comm->opts.timeout_ms = TT_DEFAULT_TIMEOUT_MS;
+    if (comm->opts.chunk_bytes < 4096)
+        comm->opts.chunk_bytes = 4096;
+    if (comm->opts.spin_us < 0)
+        comm->opts.spin_us = 0;
+
+    st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "%s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
+    }
+
+    /* Each communicator on a store gets its own key space. */
+    char prefix[256];
+    if (comm->opts.prefix)
+        snprintf(prefix, sizeof(prefix), "%s/", comm->opts.prefix);
+    else
+        snprintf(prefix, sizeof(prefix), "tutti/comm%u/", tt_store_next_comm_id(store));
+    snprintf(comm->store_url, sizeof(comm->store_url), "%s", tutti_store_url(store));
+    st = tutti_store_open_prefixed(&comm->store, store, prefix);
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: cannot open store view %s on %s", prefix,
+                          comm->store_url);
+        goto err_free;
+    }
+    tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
+
+    st = tt_transport_load(comm->opts.transport, comm->opts.plugin_path, &comm->tp_ops,
+                           &comm->tp_handle, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
+    }
+
+    comm->host = (tutti_tp_host_v1_t){
+        .size = sizeof(tutti_tp_host_v1_t),
+        .abi_version = TUTTI_TRANSPORT_ABI_V1,
+        .rank = rank,
+        .nranks = size,
+        .timeout_ms = comm->opts.timeout_ms,
+        .spin_us = comm->opts.spin_us,
+        .ctx = comm,
+        .store_set = host_store_set,
+        .store_get = host_store_get,
+        .free_value = host_free_value,
+        .config = host_config,
+        .log = host_log,
+        .error = host_error,
+    };
+    if (size > 1) {
+        st = comm->tp_ops->create(&comm->host, &comm->tp);
+        if (st < 0) {
+            tt_comm_set_error(comm, st, "init: transport %s failed to connect %d ranks: %s",
+                              comm->tp_ops->name, size, comm->tp_error);
+            TT_WARN("%s", comm->last_error);
+            comm->tp = NULL;
+            goto err_free;
+        }
+    }
+
+    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
+        goto err_free;
+    }
+    comm->worker_started = 1;
+    TT_INFO("communicator ready: rank %d of %d, transport %s, store %s%s", rank, size,
+            comm->tp_ops->name, comm->store_url, prefix);
+    *comm_p = comm;
+    return TUTTI_OK;
+
+err_free:
+    comm_free(comm);
+    return st;
+}
+
+/* torchrun / TUTTI_* conventions -> store URL, rank and size */
+int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
+{
+    const char *rank_s = tt_env("RANK");
+    const char *size_s = tt_env("WORLD_SIZE");
+    const char *url = tt_env("STORE");
+    char urlbuf[512];
+    if (!rank_s)
+        rank_s = getenv("RANK");
+    if (!size_s)
+        size_s = getenv("WORLD_SIZE");
+    if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
+        const char *addr = getenv("MASTER_ADDR");
+        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
+                 addr, getenv("MASTER_PORT"));
+        url = urlbuf;
+    }
+    if (!comm_p || !rank_s || !size_s || !url) {
+        TT_WARN("tutti_comm_init_env: need TUTTI_RANK (or RANK), TUTTI_WORLD_SIZE (or "
+                "WORLD_SIZE) and TUTTI_STORE (or MASTER_ADDR and MASTER_PORT); missing %s",
+                !rank_s ? "the rank" : !size_s ? "the world size" : "the store");
+        return TUTTI_ERR_CONFIG;
+    }
+    char *end;
+    long rank = strtol(rank_s, &end, 10);
+    if (*end || rank < 0)
+        return TUTTI_ERR_CONFIG;
+    long size = strtol(size_s, &end, 10);
+    if (*end || size < 1 || rank >= size) {
+        TT_WARN("tutti_comm_init_env: rank %ld, world size %s: bad values", rank, size_s);
+        return TUTTI_ERR_CONFIG;
+    }
+    tutti_store_opts_t so;
+    tutti_store_opts_init(&so);
+    if (opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS"))
+        so.timeout_ms = opts->timeout_ms;
+    so.is_server = (rank == 0 && !strncmp(url, "tcp://", 6) && tt_env_int("STORE_SERVER", 1));
+    tutti_store_t *store;
+    int st = tutti_store_open(&store, url, &so);
+    if (st < 0) {
+        TT_WARN("tutti_comm_init_env: rank %ld cannot open store %s: %s", rank, url,
+                tutti_strerror(st));
+        return st;
+    }
+    st = tutti_comm_init(comm_p, store, (int)rank, (int)size, opts);
+    if (st < 0) {
+        tutti_store_close(store);
+        return st;
+    }
+    (*comm_p)->owned_store = store;
+    return TUTTI_OK;
+}
+
+int tutti_comm_abort(tutti_comm_t *comm)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (atomic_exchange(&comm->aborted, 1))
+        return TUTTI_OK;
+    tt_comm_set_error(comm, TUTTI_ERR_ABORTED, "communicator aborted by the user");
+    if (comm->tp)
+        comm->tp_ops->abort(comm->tp);
+    pthread_mutex_lock(&comm->q_lock);
+    pthread_cond_broadcast(&comm->q_cv);
+    pthread_cond_broadcast(&comm->done_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    return TUTTI_OK;
+}
+
+int tutti_comm_destroy(tutti_comm_t *comm)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&comm->q_lock);
+    comm->stopping = 1;
+    pthread_cond_broadcast(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    if (comm->worker_started)
+        pthread_join(comm->worker, NULL);
+    int st = atomic_load(&comm->failed);
+    comm_free(comm);
+    return st < 0 ? st : TUTTI_OK;
+}
+
+/* ---- collectives: argument checks, then the executor ---- */
+
+static int check_common(tutti_comm_t *comm, const char *name, const void *sendbuf,
+                        void *recvbuf, size_t count, tutti_dtype_t dtype, int need_send)
+{
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
+                                 (int)dtype);
+    size_t es = tutti_dtype_size(dtype);
+    if (count > SIZE_MAX / es / 2)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large",
+                                 name, count);
+    if (count == 0)
+        return TUTTI_OK;
+    if (!recvbuf)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: recvbuf is NULL with count %zu", name, count);
+    if (need_send && !sendbuf)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)",
+                                 name);
+    if (sendbuf && sendbuf != TUTTI_IN_PLACE && sendbuf != recvbuf) {
+        const char *s = sendbuf, *r = recvbuf;
+        size_t bytes = count * es;
+        if (s < r + bytes && r < s + bytes)
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "%s: sendbuf and recvbuf overlap without being equal",
+                                     name);
+    }
+    return TUTTI_OK;
+}
+
+static void op_fill(tutti_comm_t *comm, tt_op_t *op, tt_coll_t coll)
+{
+    memset(op, 0, sizeof(*op));
+    op->comm = comm;
+    op->rank = comm->rank;
+    op->nranks = comm->nranks;
+    op->coll = coll;
+    op->chunk_bytes = comm->opts.chunk_bytes;
+}
+
+static int allreduce_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                           size_t count, tutti_dtype_t dtype, tutti_redop_t op,
+                           tutti_work_t **work_p)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(check_common(comm, "allreduce", sendbuf, recvbuf, count, dtype, 1));
+    if ((unsigned)op >= TUTTI_REDOP_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "allreduce: invalid op %d",
+                                 (int)op);
+    tt_op_t o;
+    op_fill(comm, &o, TT_COLL_ALLREDUCE);
+    o.recvbuf = recvbuf;
+    o.sendbuf = (sendbuf == TUTTI_IN_PLACE || !sendbuf) ? recvbuf : sendbuf;
+    o.count = count;
+    o.dtype = dtype;
+    o.elem_size = tutti_dtype_size(dtype);
+    o.redop = op == TUTTI_AVG ? TUTTI_SUM : op;
+    o.fingerprint = tt_fingerprint(TT_COLL_ALLREDUCE, dtype, op, 0);
+    return tt_exec_issue(comm, &o, op, work_p);
+}
+
+int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, tutti_redop_t op)
+{
+    return allreduce_issue(comm, sendbuf, recvbuf, count, dtype, op, NULL);
+}
+
+int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
+                          tutti_work_t **work_p)
+{
+    if (!work_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "allreduce_async: work_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    return allreduce_issue(comm, sendbuf, recvbuf, count, dtype, op, work_p);
+}
+
+static int broadcast_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                           size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (root < 0 || root >= comm->nranks)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "broadcast: root %d is not in [0, %d)", root, comm->nranks);
+    TT_CHECK(check_common(comm, "broadcast", comm->rank == root ? sendbuf : NULL, recvbuf,
+                          count, dtype, comm->rank == root));
+    tt_op_t o;
+    op_fill(comm, &o, TT_COLL_BROADCAST);
+    o.recvbuf = recvbuf;
+    o.sendbuf = (comm->rank != root || sendbuf == TUTTI_IN_PLACE || !sendbuf) ? recvbuf
+                                                                              : sendbuf;
+    o.count = count;
+    o.dtype = dtype;
+    o.elem_size = tutti_dtype_size(dtype);
+    o.root = root;
+    o.fingerprint = tt_fingerprint(TT_COLL_BROADCAST, dtype, 0, root);
+    return tt_exec_issue(comm, &o, TUTTI_SUM, work_p);
+}
+
+int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, int root)
+{
+    return broadcast_issue(comm, sendbuf, recvbuf, count, dtype, root, NULL);
+}
+
+int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+{
+    if (!work_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "broadcast_async: work_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    return broadcast_issue(comm, sendbuf, recvbuf, count, dtype, root, work_p);
+}
+
+static int barrier_issue(tutti_comm_t *comm, tutti_work_t **work_p)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    tt_op_t o;
+    op_fill(comm, &o, TT_COLL_BARRIER);
+    o.dtype = TUTTI_UINT8;
+    o.elem_size = 1;
+    o.fingerprint = tt_fingerprint(TT_COLL_BARRIER, TUTTI_UINT8, 0, 0);
+    return tt_exec_issue(comm, &o, TUTTI_SUM, work_p);
+}
+
+int tutti_barrier(tutti_comm_t *comm) { return barrier_issue(comm, NULL); }
+
+int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
+{
+    if (!work_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "barrier_async: work_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    return barrier_issue(comm, work_p);
+}
+
+/* ---- failure bookkeeping ---- */
+
+void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg)
+{
+    const tt_algo_t *a = NULL;
+    size_t n;
+    const tt_algo_t *const *all = tt_algo_all(&n);
+    for (size_t i = 0; i < n; i++)
+        if (all[i]->id == op->algo_id)
+            a = all[i];
+    tt_comm_set_error(comm, status, "%s seq %llu (%s, %zu x %s): %s: %s",
+                      tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+                      (unsigned long long)op->seq, a ? a->name : "-", op->count,
+                      tutti_dtype_name(op->dtype), tutti_strerror(status), msg);
+    TT_WARN("%s", comm->last_error);
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
+        comm->failed_seq = op->seq;
+        /* Tell the peers, so that ranks waiting on us fail now instead of at the
+         * timeout. Each rank reports only its first failure, so a report travels on
+         * (a rank that fails because of it reports in turn) and then stops. */
+        if (comm->tp && status != TUTTI_ERR_ABORTED)
+            comm->tp_ops->notify_error(comm->tp, status, comm->last_error);
+    }
+}

@@ -1,2 +1,246 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* The executor: operations run one at a time, in issue order. Whoever finds the queue
+ * idle runs the next op itself (the caller of a blocking op, or a thread waiting on a
+ * work handle), so a blocking collective never pays for a thread handoff; the progress
+ * thread runs async ops nobody waits for. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm.h"
+#include "internal.h"
+#include "reduce.h"
+
+static void work_unref(tutti_work_t *w)
+{
+    if (atomic_fetch_sub(&w->refs, 1) == 1)
+        free(w);
+}
+
+/* Run one op on the calling thread (the caller holds `executing`). */
+static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
+                  size_t errlen)
+{
+    int st;
+    err[0] = '\0';
+    if (atomic_load(&comm->aborted)) {
+        snprintf(err, errlen, "rank %d: %s seq %llu: communicator aborted", comm->rank,
+                 tt_coll_name(op->coll), (unsigned long long)op->seq);
+        return TUTTI_ERR_ABORTED;
+    }
+    st = atomic_load(&comm->failed);
+    if (st < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "rank %d: %s seq %llu not started: the communicator failed at "
+                 "seq %llu: %s", comm->rank, tt_coll_name(op->coll),
+                 (unsigned long long)op->seq, (unsigned long long)comm->failed_seq,
+                 comm->last_error);
+        pthread_mutex_unlock(&comm->err_lock);
+        return st;
+    }
+    size_t bytes = op->count * op->elem_size;
+    if (op->coll != TT_COLL_BARRIER && op->count == 0)
+        return TUTTI_OK;
+    if (comm->nranks == 1) {
+        if (op->coll != TT_COLL_BARRIER && op->sendbuf != op->recvbuf)
+            memcpy(op->recvbuf, op->sendbuf, bytes);
+        return TUTTI_OK;
+    }
+    const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, op->coll, bytes, comm->nranks);
+    op->algo_id = algo->id;
+    op->deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    op->tp_error_gen = atomic_load(&comm->tp_error_gen);
+    TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
+             (unsigned long long)op->seq, bytes, algo->name);
+    st = algo->run(op);
+    if (st < 0) {
+        /* The p2p layer described the failure in last_error already. */
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "%s", comm->last_error);
+        pthread_mutex_unlock(&comm->err_lock);
+        return st;
+    }
+    if (user_redop == TUTTI_AVG && op->coll == TT_COLL_ALLREDUCE)
+        tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, comm->nranks);
+    return TUTTI_OK;
+}
+
+static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
+{
+    w->status = st;
+    if (st < 0)
+        snprintf(w->err, sizeof(w->err), "%s", err);
+    atomic_store_explicit(&w->done, 1, memory_order_release);
+    (void)comm;
+}
+
+/* Pop and run the queue's head; called and returns with q_lock held. */
+static void run_head_locked(tutti_comm_t *comm)
+{
+    tutti_work_t *w = comm->q_head;
+    comm->q_head = w->next;
+    if (!comm->q_head)
+        comm->q_tail = NULL;
+    comm->executing = 1;
+    pthread_mutex_unlock(&comm->q_lock);
+
+    char err[TT_ERRMSG_LEN];
+    int st = run_op(comm, &w->op, w->user_redop, err, sizeof(err));
+
+    pthread_mutex_lock(&comm->q_lock);
+    complete(comm, w, st, err);
+    comm->executing = 0;
+    pthread_cond_broadcast(&comm->done_cv);
+    if (comm->q_head)
+        pthread_cond_signal(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    work_unref(w); /* the queue's reference */
+    pthread_mutex_lock(&comm->q_lock);
+}
+
+void *tt_exec_worker_main(void *arg)
+{
+    tutti_comm_t *comm = arg;
+    pthread_mutex_lock(&comm->q_lock);
+    for (;;) {
+        if (comm->q_head && !comm->executing) {
+            run_head_locked(comm);
+            continue;
+        }
+        if (comm->stopping && !comm->q_head)
+            break;
+        pthread_cond_wait(&comm->q_cv, &comm->q_lock);
+    }
+    pthread_mutex_unlock(&comm->q_lock);
+    return NULL;
+}
+
+static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
+{
+    tutti_comm_t *comm = w->comm;
+    pthread_mutex_lock(&comm->q_lock);
+    while (!atomic_load_explicit(&w->done, memory_order_acquire)) {
+        if (comm->q_head && !comm->executing) {
+            run_head_locked(comm);
+            continue;
+        }
+        if (deadline_ns == UINT64_MAX) {
+            pthread_cond_wait(&comm->done_cv, &comm->q_lock);
+        } else {
+            if (tt_now_ns() >= deadline_ns) {
+                pthread_mutex_unlock(&comm->q_lock);
+                return TUTTI_ERR_TIMEOUT;
+            }
+            struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                                  .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+            pthread_cond_timedwait(&comm->done_cv, &comm->q_lock, &ts);
+        }
+    }
+    pthread_mutex_unlock(&comm->q_lock);
+    return w->status;
+}
+
+int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
+                  tutti_work_t **work_p)
+{
+    pthread_mutex_lock(&comm->q_lock);
+    uint64_t seq = comm->next_seq++;
+    if (!work_p && !comm->q_head && !comm->executing) {
+        /* Fast path: nothing queued, run on this thread. */
+        comm->executing = 1;
+        pthread_mutex_unlock(&comm->q_lock);
+        tt_op_t o = *op;
+        o.seq = seq;
+        char err[TT_ERRMSG_LEN];
+        int st = run_op(comm, &o, user_redop, err, sizeof(err));
+        pthread_mutex_lock(&comm->q_lock);
+        comm->executing = 0;
+        if (comm->q_head)
+            pthread_cond_signal(&comm->q_cv);
+        pthread_cond_broadcast(&comm->done_cv);
+        pthread_mutex_unlock(&comm->q_lock);
+        if (st < 0 && err[0]) {
+            pthread_mutex_lock(&comm->err_lock);
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s", err);
+            pthread_mutex_unlock(&comm->err_lock);
+        }
+        return st;
+    }
+    tutti_work_t *w = calloc(1, sizeof(*w));
+    if (!w) {
+        pthread_mutex_unlock(&comm->q_lock);
+        return TUTTI_ERR_NOMEM;
+    }
+    w->comm = comm;
+    w->op = *op;
+    w->op.seq = seq;
+    w->user_redop = user_redop;
+    atomic_init(&w->refs, 2);
+    if (comm->q_tail)
+        comm->q_tail->next = w;
+    else
+        comm->q_head = w;
+    comm->q_tail = w;
+    pthread_cond_signal(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    if (work_p) {
+        *work_p = w;
+        return TUTTI_OK;
+    }
+    /* A blocking call behind queued async ops: wait for its turn. */
+    int st = wait_work(w, UINT64_MAX);
+    if (st < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s", w->err);
+        pthread_mutex_unlock(&comm->err_lock);
+    }
+    work_unref(w);
+    return st;
+}
+
+int tutti_test(tutti_work_t *work, int *done_p)
+{
+    if (!work || !done_p)
+        return TUTTI_ERR_INVALID_ARG;
+    tutti_comm_t *comm = work->comm;
+    if (!atomic_load_explicit(&work->done, memory_order_acquire)) {
+        /* Help along: if nothing runs, run what is queued up to this op. */
+        pthread_mutex_lock(&comm->q_lock);
+        if (comm->q_head && !comm->executing)
+            pthread_cond_signal(&comm->q_cv);
+        pthread_mutex_unlock(&comm->q_lock);
+        *done_p = 0;
+        return TUTTI_OK;
+    }
+    *done_p = 1;
+    return work->status;
+}
+
+int tutti_wait(tutti_work_t *work, int timeout_ms)
+{
+    if (!work)
+        return TUTTI_ERR_INVALID_ARG;
+    if (timeout_ms < 0)
+        timeout_ms = work->comm->opts.timeout_ms;
+    int st = wait_work(work, tt_deadline_ns(timeout_ms));
+    if (st == TUTTI_ERR_TIMEOUT && !atomic_load(&work->done)) {
+        tt_comm_set_error(work->comm, st, "wait: %s seq %llu still running after %d ms",
+                          tt_coll_name(work->op.coll), (unsigned long long)work->op.seq,
+                          timeout_ms);
+    }
+    return st;
+}
+
+void tutti_work_free(tutti_work_t *work)
+{
+    if (work)
+        work_unref(work);
+}
+
+const char *tutti_work_error(const tutti_work_t *work)
+{
+    if (!work)
+        return "no work";
+    return atomic_load(&((tutti_work_t *)work)->done) ? work->err : "";
+}

@@ -19,7 +19,7 @@
 #include <tutti/tutti.h>
 
 typedef tutti_tp_req_v1_t tt_req_t;
-typedef struct tt_comm tt_comm_t;
+typedef struct tutti_comm tt_comm_t;
 
 typedef enum tt_coll {
     TT_COLL_NONE = 0,
@@ -48,6 +48,7 @@ typedef struct tt_op {
     uint64_t fingerprint;
     uint32_t algo_id;
     uint64_t deadline_ns;
+    int tp_error_gen;      /* transport failures seen before this op started */
 } tt_op_t;
 
 /* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells

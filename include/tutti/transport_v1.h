@@ -63,10 +63,13 @@ typedef struct tutti_tp_host_v1 {
         ;
 } tutti_tp_host_v1_t;
 
+enum { TUTTI_TP_SEND = 0, TUTTI_TP_RECV = 1 };
+
 /* One posted send or receive, owned by the library until it completes or
  * cancel_all() returns. */
 typedef struct tutti_tp_req_v1 {
     /* set by the library before posting */
+    int kind;            /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
     int peer;            /* rank of the peer */
     void *buf;           /* send: the data; receive: where it lands */
     size_t len;          /* bytes; 0 is allowed (the envelope still travels) */

@@ -1,2 +1,546 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* TCP transport: the data path. See tcp.h for the shape. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tcp.h"
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void req_pop(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail)
+{
+    tutti_tp_req_v1_t *r = *head;
+    *head = r->tp_private[0];
+    if (!*head)
+        *tail = NULL;
+    r->tp_private[0] = NULL;
+}
+
+static void req_push(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+                     tutti_tp_req_v1_t *r)
+{
+    r->tp_private[0] = NULL;
+    if (*tail)
+        (*tail)->tp_private[0] = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+static void fail_queue(tcp_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+                       int status)
+{
+    while (*head) {
+        tutti_tp_req_v1_t *r = *head;
+        req_pop(head, tail);
+        r->status = status;
+        tp->completions++;
+    }
+}
+
+/* The link is unusable from now on: record why (once), fail what is queued on it. */
+static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
+{
+    tcp_tp_t *tp = L->tp;
+    if (!L->failed) {
+        char msg[TCP_MAX_ERRMSG + 256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        L->failed = status;
+        tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", msg);
+    }
+    fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
+    fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
+    tp->completions++;
+    return L->failed;
+}
+
+static void hdr_for(tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
+{
+    h->magic = TCP_MAGIC;
+    h->type = TCP_FRAME_DATA;
+    h->flags = 0;
+    h->len = r->len;
+    memcpy(h->env, r->env, sizeof(h->env));
+}
+
+/* Push queued sends until the socket would block. */
+static void link_send(tcp_tp_t *tp, tcp_link_t *L)
+{
+    while (L->sq_head && !L->failed) {
+        tutti_tp_req_v1_t *r = L->sq_head;
+        if (r->tp_private[1] != (void *)L) {
+            /* first bytes of this request: its header goes in front */
+            hdr_for(&L->shdr, r);
+            L->shdr_off = 0;
+            r->tp_private[1] = L;
+        }
+        struct iovec iov[2];
+        int n = 0;
+        if (L->shdr_off < sizeof(L->shdr))
+            iov[n++] = (struct iovec){(char *)&L->shdr + L->shdr_off,
+                                      sizeof(L->shdr) - L->shdr_off};
+        if (r->xfer < r->len)
+            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, r->len - r->xfer};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            if (errno == EINTR)
+                continue;
+            link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while sending",
+                      L->peer, L->addr);
+            return;
+        }
+        size_t hleft = sizeof(L->shdr) - L->shdr_off;
+        if ((size_t)w >= hleft) {
+            L->shdr_off = sizeof(L->shdr);
+            r->xfer += (size_t)w - hleft;
+        } else {
+            L->shdr_off += (size_t)w;
+        }
+        if (L->shdr_off == sizeof(L->shdr) && r->xfer == r->len) {
+            req_pop(&L->sq_head, &L->sq_tail);
+            r->tp_private[1] = NULL;
+            r->status = 0;
+            tp->completions++;
+        }
+    }
+}
+
+/* recv() with the error handling every read shares: > 0 bytes, 0 would block, < 0 the
+ * link failed. */
+static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
+{
+    for (;;) {
+        ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r == 0) {
+            link_fail(L, TUTTI_ERR_PEER, 0,
+                      "rank %d (%s) closed the connection%s%s (did it exit, crash or get "
+                      "killed?)",
+                      L->peer, L->addr, what ? " " : "", what ? what : "");
+            return -1;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
+                  L->peer, L->addr);
+        return -1;
+    }
+}
+
+/* Read headers and payloads for posted receives until the socket would block. */
+static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
+{
+    while (!L->failed) {
+        if (L->rhdr_got < sizeof(L->rhdr)) {
+            ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got,
+                                  sizeof(L->rhdr) - L->rhdr_got, NULL);
+            if (r <= 0)
+                return;
+            L->rhdr_got += (size_t)r;
+            if (L->rhdr_got < sizeof(L->rhdr))
+                continue;
+            L->rhdr_matched = 0;
+            L->errgot = 0;
+            if (L->rhdr.magic != TCP_MAGIC ||
+                (L->rhdr.type != TCP_FRAME_DATA && L->rhdr.type != TCP_FRAME_ERROR) ||
+                (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len > TCP_MAX_ERRMSG)) {
+                link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                          "garbage from rank %d (%s): frame magic 0x%08x type %u length %llu",
+                          L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
+                          (unsigned long long)L->rhdr.len);
+                return;
+            }
+        }
+        if (L->rhdr.type == TCP_FRAME_ERROR) {
+            if (!L->errbuf && !(L->errbuf = malloc(TCP_MAX_ERRMSG + 1))) {
+                link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+                return;
+            }
+            if (L->errgot < L->rhdr.len) {
+                ssize_t r = link_read(L, L->errbuf + L->errgot, L->rhdr.len - L->errgot,
+                                      "while reporting an error");
+                if (r <= 0)
+                    return;
+                L->errgot += (size_t)r;
+                continue;
+            }
+            L->errbuf[L->errgot] = '\0';
+            int st = (int)(int64_t)L->rhdr.env[0];
+            if (st >= 0 || st <= TUTTI_STATUS_LAST_)
+                st = TUTTI_ERR_PEER;
+            link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr,
+                      L->errbuf);
+            return;
+        }
+        tutti_tp_req_v1_t *q = L->rq_head;
+        if (!q)
+            return; /* header parked until a receive is posted */
+        if (!L->rhdr_matched) {
+            if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
+                memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
+                q->got_len = L->rhdr.len;
+                req_pop(&L->rq_head, &L->rq_tail);
+                q->status = TUTTI_ERR_MISMATCH;
+                /* The payload stays unread: the stream position is lost for good. */
+                L->failed = TUTTI_ERR_MISMATCH;
+                tp->completions++;
+                return;
+            }
+            memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
+            q->got_len = L->rhdr.len;
+            L->rhdr_matched = 1;
+        }
+        if (q->xfer < q->len) {
+            ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
+                                  "in the middle of a message");
+            if (r <= 0)
+                return;
+            q->xfer += (size_t)r;
+            if (q->xfer < q->len)
+                continue;
+        }
+        req_pop(&L->rq_head, &L->rq_tail);
+        q->status = 0;
+        tp->completions++;
+        L->rhdr_got = 0;
+        L->rhdr_matched = 0;
+    }
+}
+
+static void sweep(tcp_tp_t *tp)
+{
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->fd < 0 || L->failed)
+            continue;
+        if (L->sq_head)
+            link_send(tp, L);
+        if (L->rq_head)
+            link_recv(tp, L);
+    }
+}
+
+static void abort_all(tcp_tp_t *tp)
+{
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        fail_queue(tp, &L->sq_head, &L->sq_tail, TUTTI_ERR_ABORTED);
+        fail_queue(tp, &L->rq_head, &L->rq_tail, TUTTI_ERR_ABORTED);
+    }
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+    tcp_link_t *L = h->data;
+    tcp_tp_t *tp = L->tp;
+    if (status < 0) {
+        link_fail(L, TUTTI_ERR_PEER, -status, "connection to rank %d (%s) failed: %s",
+                  L->peer, L->addr, uv_strerror(status));
+        return;
+    }
+    if (events & UV_WRITABLE)
+        link_send(tp, L);
+    if (events & UV_READABLE)
+        link_recv(tp, L);
+}
+
+static void on_timer(uv_timer_t *t) { (void)t; }
+static void on_wake(uv_async_t *a) { (void)a; }
+
+/* Block in the libuv loop until something completes or ms pass. */
+static void block(tcp_tp_t *tp, int ms)
+{
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->fd < 0)
+            continue;
+        int ev = 0;
+        if (!L->failed) {
+            /* Reading also while only sending, to hear a peer that reports failure or
+             * dies; but not behind a parked header, which would wake us for nothing. */
+            int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head &&
+                         L->rhdr.type == TCP_FRAME_DATA;
+            if ((L->rq_head || L->sq_head) && !parked)
+                ev |= UV_READABLE;
+            if (L->sq_head && !L->tx_broken)
+                ev |= UV_WRITABLE;
+        }
+        if (ev && (!L->poll_active || ev != L->poll_events)) {
+            uv_poll_start(&L->poll, ev, on_poll);
+            L->poll_active = 1;
+            L->poll_events = ev;
+        } else if (!ev && L->poll_active) {
+            uv_poll_stop(&L->poll);
+            L->poll_active = 0;
+        }
+    }
+    uv_timer_start(&tp->timer, on_timer, (uint64_t)ms, 0);
+    uv_run(&tp->loop, UV_RUN_ONCE);
+    uv_timer_stop(&tp->timer);
+}
+
+static int tcp_progress(void *vtp, int timeout_ms)
+{
+    tcp_tp_t *tp = vtp;
+    if (atomic_load(&tp->aborted)) {
+        abort_all(tp);
+        return TUTTI_ERR_ABORTED;
+    }
+    unsigned long c0 = tp->completions;
+    sweep(tp);
+    if (tp->completions != c0 || timeout_ms <= 0)
+        return TUTTI_OK;
+    uint64_t t0 = now_ns();
+    if (tp->host->spin_us > 0) {
+        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
+        while (now_ns() < end) {
+            sweep(tp);
+            if (tp->completions != c0)
+                return TUTTI_OK;
+            if (atomic_load(&tp->aborted))
+                break;
+        }
+    }
+    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
+    while (tp->completions == c0) {
+        if (atomic_load(&tp->aborted)) {
+            abort_all(tp);
+            return TUTTI_ERR_ABORTED;
+        }
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            break;
+        block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    }
+    return TUTTI_OK;
+}
+
+static int check_req(tcp_tp_t *tp, tutti_tp_req_v1_t *r)
+{
+    if (!r || r->peer < 0 || r->peer >= tp->nranks || r->peer == tp->rank ||
+        (!r->buf && r->len)) {
+        if (r)
+            r->status = TUTTI_ERR_INVALID_ARG;
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
+                               "tcp: bad request (peer %d)", r ? r->peer : -1);
+    }
+    tcp_link_t *L = &tp->links[r->peer];
+    if (L->failed) {
+        r->status = L->failed;
+        return L->failed;
+    }
+    r->status = 1;
+    r->xfer = 0;
+    r->tp_private[0] = r->tp_private[1] = NULL;
+    return TUTTI_OK;
+}
+
+static int tcp_post_send(void *vtp, tutti_tp_req_v1_t *r)
+{
+    tcp_tp_t *tp = vtp;
+    int st = check_req(tp, r);
+    if (st < 0)
+        return st;
+    r->kind = TUTTI_TP_SEND;
+    tcp_link_t *L = &tp->links[r->peer];
+    req_push(&L->sq_head, &L->sq_tail, r);
+    if (L->sq_head == r)
+        link_send(tp, L); /* eager: small messages leave right away */
+    return TUTTI_OK;
+}
+
+static int tcp_post_recv(void *vtp, tutti_tp_req_v1_t *r)
+{
+    tcp_tp_t *tp = vtp;
+    int st = check_req(tp, r);
+    if (st < 0)
+        return st;
+    r->kind = TUTTI_TP_RECV;
+    tcp_link_t *L = &tp->links[r->peer];
+    req_push(&L->rq_head, &L->rq_tail, r);
+    return TUTTI_OK;
+}
+
+static void tcp_cancel_all(void *vtp, int status)
+{
+    tcp_tp_t *tp = vtp;
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->sq_head && L->sq_head->tp_private[1] == (void *)L &&
+            (L->shdr_off > 0 || L->sq_head->xfer > 0)) {
+            /* Cut mid-message: the peer must not take what follows for payload, so no
+             * frame goes on this link again; closing our side tells the peer. */
+            L->tx_broken = 1;
+            shutdown(L->fd, SHUT_WR);
+        }
+        fail_queue(tp, &L->sq_head, &L->sq_tail, status);
+        if (L->rq_head && L->rhdr_matched)
+            L->failed = L->failed ? L->failed : status; /* mid-payload: position lost */
+        fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+    }
+}
+
+static void tcp_notify_error(void *vtp, int status, const char *msg)
+{
+    tcp_tp_t *tp = vtp;
+    size_t len = strlen(msg);
+    if (len > TCP_MAX_ERRMSG)
+        len = TCP_MAX_ERRMSG;
+    tcp_hdr_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ERROR, .len = len};
+    h.env[0] = (uint64_t)(int64_t)status;
+    uint64_t deadline = now_ns() + 200000000ull; /* best effort, bounded */
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->fd < 0 || L->tx_broken)
+            continue;
+        char frame[sizeof(h) + TCP_MAX_ERRMSG];
+        memcpy(frame, &h, sizeof(h));
+        memcpy(frame + sizeof(h), msg, len);
+        size_t off = 0, total = sizeof(h) + len;
+        while (off < total) {
+            ssize_t w = send(L->fd, frame + off, total - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) {
+                off += (size_t)w;
+                continue;
+            }
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                uint64_t now = now_ns();
+                if (now >= deadline)
+                    break;
+                struct pollfd p = {.fd = L->fd, .events = POLLOUT};
+                poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
+                continue;
+            }
+            break;
+        }
+        if (off > 0 && off < total) {
+            L->tx_broken = 1;
+            shutdown(L->fd, SHUT_WR);
+        }
+    }
+}
+
+static void tcp_abort(void *vtp)
+{
+    tcp_tp_t *tp = vtp;
+    atomic_store(&tp->aborted, 1);
+    uv_async_send(&tp->wake);
+}
+
+static const char *tcp_peer_address(void *vtp, int peer)
+{
+    tcp_tp_t *tp = vtp;
+    if (!tp || peer < 0 || peer >= tp->nranks)
+        return NULL;
+    return tp->links[peer].addr;
+}
+
+static void on_close_noop(uv_handle_t *h) { (void)h; }
+
+static void tcp_destroy(void *vtp)
+{
+    tcp_tp_t *tp = vtp;
+    if (!tp)
+        return;
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->poll_inited)
+            uv_close((uv_handle_t *)&L->poll, on_close_noop);
+        if (L->fd >= 0)
+            close(L->fd);
+        free(L->errbuf);
+    }
+    uv_close((uv_handle_t *)&tp->timer, on_close_noop);
+    uv_close((uv_handle_t *)&tp->wake, on_close_noop);
+    uv_run(&tp->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&tp->loop);
+    free(tp->links);
+    free(tp);
+}
+
+static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
+{
+    if (!host || host->size < sizeof(tutti_tp_host_v1_t) ||
+        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
+        return TUTTI_ERR_PLUGIN;
+    tcp_tp_t *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return TUTTI_ERR_NOMEM;
+    tp->host = host;
+    tp->rank = host->rank;
+    tp->nranks = host->nranks;
+    tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t));
+    if (!tp->links) {
+        free(tp);
+        return TUTTI_ERR_NOMEM;
+    }
+    for (int i = 0; i < host->nranks; i++) {
+        tp->links[i].tp = tp;
+        tp->links[i].peer = i;
+        tp->links[i].fd = -1;
+    }
+    int st = uv_loop_init(&tp->loop);
+    if (st < 0) {
+        free(tp->links);
+        free(tp);
+        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -st, "tcp: uv_loop_init failed");
+    }
+    uv_timer_init(&tp->loop, &tp->timer);
+    uv_async_init(&tp->loop, &tp->wake, on_wake);
+    st = tcp_setup_connect(tp);
+    if (st < 0) {
+        tcp_destroy(tp);
+        return st;
+    }
+    for (int i = 0; i < host->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->fd < 0)
+            continue;
+        uv_poll_init_socket(&tp->loop, &L->poll, L->fd);
+        L->poll.data = L;
+        L->poll_inited = 1;
+    }
+    *tp_p = tp;
+    return TUTTI_OK;
+}
+
+static const tutti_transport_ops_v1_t tcp_ops = {
+    .size = sizeof(tutti_transport_ops_v1_t),
+    .abi_version = TUTTI_TRANSPORT_ABI_V1,
+    .name = "tcp",
+    .create = tcp_create,
+    .destroy = tcp_destroy,
+    .post_send = tcp_post_send,
+    .post_recv = tcp_post_recv,
+    .progress = tcp_progress,
+    .cancel_all = tcp_cancel_all,
+    .notify_error = tcp_notify_error,
+    .abort = tcp_abort,
+    .peer_address = tcp_peer_address,
+};
+
+TUTTI_TRANSPORT_REGISTER_V1(tcp, tcp_ops)

@@ -1,0 +1,82 @@
+/* The communicator and its work items (internal). */
+#ifndef TT_COMM_H
+#define TT_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <tutti/transport_v1.h>
+#include <tutti/tutti.h>
+
+#include "algo.h"
+#include "p2p.h"
+
+#define TT_ERRMSG_LEN 1024
+
+struct tutti_work {
+    tutti_comm_t *comm;
+    atomic_int refs;       /* the user's handle + the queue */
+    atomic_int done;
+    int status;
+    tt_op_t op;
+    tutti_redop_t user_redop; /* AVG stays AVG here (op.redop is SUM then) */
+    struct tutti_work *next;
+    char err[TT_ERRMSG_LEN];
+};
+
+struct tutti_comm {
+    int rank, nranks;
+    tutti_comm_opts_t opts;   /* strings owned (strdup'ed) */
+    tutti_store_t *store;     /* this communicator's prefixed view */
+    tutti_store_t *owned_store; /* opened by tutti_comm_init_env */
+    char store_url[256];
+
+    const tutti_transport_ops_v1_t *tp_ops;
+    void *tp;
+    void *tp_handle;          /* dlopen handle of a plugin */
+    tutti_tp_host_v1_t host;
+
+    tt_algo_override_t *algo_ovr;
+
+    /* errors: the first failure sticks (the stream position with peers is unknown
+     * after it); later operations fail at once with its status */
+    pthread_mutex_t err_lock;
+    char last_error[TT_ERRMSG_LEN];
+    char tp_error[TT_ERRMSG_LEN]; /* the transport's latest explanation */
+    int tp_error_peer;
+    int tp_error_errno;
+    int tp_error_status;
+    atomic_int tp_error_gen;  /* counts transport failures */
+    atomic_int failed;        /* 0, or the status of the failure */
+    uint64_t failed_seq;
+    atomic_int aborted;
+
+    /* the op queue: ops run one at a time, in issue order, by whichever thread holds
+     * `executing`: the caller of a blocking op, a waiter, or the progress thread */
+    pthread_mutex_t q_lock;
+    pthread_cond_t q_cv;      /* the progress thread waits for work */
+    pthread_cond_t done_cv;   /* waiters wait for completions */
+    tutti_work_t *q_head, *q_tail;
+    int executing;
+    int stopping;
+    uint64_t next_seq;
+    pthread_t worker;
+    int worker_started;
+
+    void *scratch[2];
+    size_t scratch_len[2];
+};
+
+/* exec.c: issue an op (blocking or async) */
+int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
+                  tutti_work_t **work_p);
+void *tt_exec_worker_main(void *arg);
+/* comm.c: record the failure of an op on the communicator */
+void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
+int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "allreduce(count=10, f32, sum)" from an envelope */
+void tt_describe_env(const uint64_t env[4], size_t len, char *buf, size_t buflen);
+uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root);
+
+#endif /* TT_COMM_H */
