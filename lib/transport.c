@@ -71,6 +71,8 @@ int tt_transport_load(const char *name, const char *plugin_path,
 {
     if (!name || !*name)
         name = "tcp";
+    if (strchr(name, '/'))
+        return tt_transport_load_file(name, ops_p, handle_p, err, errlen);
     for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++) {
         if (strcmp(b->name, name))
             continue;

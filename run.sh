@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tutti's one entry point on a fresh Debian 12 machine (as root, or with sudo):
+#   ./run.sh bench   install what is missing, build, run tutti-bench allreduce on 4 local ranks
+#   ./run.sh test    install what is missing, build, run the whole test suite, then again
+#                    under ASan+UBSan
+# Extra arguments after `bench` go to tutti-bench (e.g. ./run.sh bench -np 2 -e 1G).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PKGS=(gcc pkg-config meson ninja-build libuv1-dev check)
+
+install_deps() {
+    local missing=()
+    for p in "${PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "run.sh: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() { # dir, extra meson args...
+    local dir=$1; shift
+    [ -f "$dir/build.ninja" ] || meson setup "$dir" "$@"
+    ninja -C "$dir"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+bench)
+    install_deps
+    build build
+    if [ $# -eq 0 ]; then set -- -np 4 -b 8 -e 64M -f 4 -c; fi
+    exec build/bench/tutti-bench --coll allreduce "$@"
+    ;;
+test)
+    install_deps
+    build build
+    meson test -C build --print-errorlogs
+    # Sanitizers: the same suite, with the big cases shrunk (TT_TEST_QUICK) for time.
+    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dpeers=disabled
+    TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --timeout-multiplier 3
+    ;;
+*)
+    echo "usage: $0 bench [tutti-bench args] | test" >&2
+    exit 2
+    ;;
+esac
