@@ -43,7 +43,7 @@ void tt_algo_override_free(tt_algo_override_t *ovr);
 const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes,
                                 int nranks);
 
-/* The algorithms (defined in algorithms/*.c). */
+/* The algorithms, one file each in algorithms/. */
 int tt_allreduce_ring(tt_op_t *op);
 int tt_allreduce_rd(tt_op_t *op);
 int tt_broadcast_chain(tt_op_t *op);

@@ -132,6 +132,13 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
         if (r > 0)
             return r;
+        if (r == 0 && !L->rq_head && !L->sq_head) {
+            /* A peer that finished and closed while we need nothing from it is no
+             * failure yet: only a later request on this link is. */
+            L->failed = TUTTI_ERR_PEER;
+            L->quiet_eof = 1;
+            return -1;
+        }
         if (r == 0) {
             link_fail(L, TUTTI_ERR_PEER, 0,
                       "rank %d (%s) closed the connection%s%s (did it exit, crash or get "
@@ -349,6 +356,12 @@ static int check_req(tcp_tp_t *tp, tutti_tp_req_v1_t *r)
     tcp_link_t *L = &tp->links[r->peer];
     if (L->failed) {
         r->status = L->failed;
+        if (L->quiet_eof) {
+            L->quiet_eof = 0;
+            tp->host->error(tp->host->ctx, TUTTI_ERR_PEER, L->peer, 0,
+                            "rank %d (%s) closed the connection (did it exit, crash or get "
+                            "killed?)", L->peer, L->addr);
+        }
         return L->failed;
     }
     r->status = 1;

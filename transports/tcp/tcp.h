@@ -44,6 +44,7 @@ typedef struct tcp_link {
     int fd;
     char addr[96];
     int failed;               /* 0 or a TUTTI_ERR_* */
+    int quiet_eof;            /* the peer closed while nothing was posted to it */
     int tx_broken;            /* a send was cut mid-message: no more frames fit */
     /* send side: queue of requests, the head one possibly half sent */
     tutti_tp_req_v1_t *sq_head, *sq_tail;
