@@ -37,6 +37,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
         opts->chunk_bytes = TT_DEFAULT_CHUNK;
     }
     opts->prefix = tt_env("PREFIX");
+    opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
     return TUTTI_OK;
 }
 
@@ -206,11 +207,13 @@ static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     size_t n = src->size && src->size < sizeof(d) ? src->size : sizeof(d);
     memcpy(&d, src, n);
     d.size = sizeof(d);
-    d.transport = tt_strdup(d.transport ? d.transport : "tcp");
-    d.plugin_path = tt_strdup(d.plugin_path);
-    d.algo = tt_strdup(d.algo);
-    d.socket_ifname = tt_strdup(d.socket_ifname);
-    d.prefix = tt_strdup(d.prefix);
+    /* A NULL string means "not set here": the environment (then the default) fills it,
+     * so options made before the environment was set still honour it. */
+    d.transport = tt_strdup(d.transport ? d.transport : tt_env("TRANSPORT") ? tt_env("TRANSPORT") : "tcp");
+    d.plugin_path = tt_strdup(d.plugin_path ? d.plugin_path : tt_env("PLUGIN_PATH"));
+    d.algo = tt_strdup(d.algo ? d.algo : tt_env("ALGO"));
+    d.socket_ifname = tt_strdup(d.socket_ifname ? d.socket_ifname : tt_env("SOCKET_IFNAME"));
+    d.prefix = tt_strdup(d.prefix ? d.prefix : tt_env("PREFIX"));
     if (!d.transport) {
         opts_free(&d);
         return TUTTI_ERR_NOMEM;
@@ -428,9 +431,8 @@ int tutti_comm_destroy(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
     if (comm->worker_started)
         pthread_join(comm->worker, NULL);
-    int st = atomic_load(&comm->failed);
     comm_free(comm);
-    return st < 0 ? st : TUTTI_OK;
+    return TUTTI_OK;
 }
 
 /* ---- collectives: argument checks, then the executor ---- */

@@ -18,6 +18,38 @@ static void work_unref(tutti_work_t *w)
         free(w);
 }
 
+/* After a broadcast, every rank confirms to the root with an empty message and waits
+ * for the root's empty release. A rank that disagrees about the root sends data or
+ * nothing where the root expects the confirmation, so the disagreement surfaces as a
+ * mismatch on every rank instead of one rank silently keeping its own data. It costs
+ * two latencies, nothing in bandwidth. */
+static int confirm_to_root(tt_op_t *op)
+{
+    enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
+    tt_req_t req;
+    if (op->rank != op->root) {
+        /* then wait for the root's release: a rank that got its data right but whose
+         * peers disagreed learns it here, from the root's report */
+        TT_CHECK(tt_p2p_send(op, op->root, NULL, 0, CONFIRM_TAG, &req));
+        TT_CHECK(tt_p2p_wait(op, &req));
+        TT_CHECK(tt_p2p_recv(op, op->root, NULL, 0, RELEASE_TAG, &req));
+        return tt_p2p_wait(op, &req);
+    }
+    for (int r = 0; r < op->nranks; r++) {
+        if (r == op->root)
+            continue;
+        TT_CHECK(tt_p2p_recv(op, r, NULL, 0, CONFIRM_TAG, &req));
+        TT_CHECK(tt_p2p_wait(op, &req));
+    }
+    for (int r = 0; r < op->nranks; r++) {
+        if (r == op->root)
+            continue;
+        TT_CHECK(tt_p2p_send(op, r, NULL, 0, RELEASE_TAG, &req));
+        TT_CHECK(tt_p2p_wait(op, &req));
+    }
+    return TUTTI_OK;
+}
+
 /* Run one op on the calling thread (the caller holds `executing`). */
 static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
                   size_t errlen)
@@ -54,6 +86,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
     st = algo->run(op);
+    if (st == TUTTI_OK && op->coll == TT_COLL_BROADCAST)
+        st = confirm_to_root(op);
     if (st < 0) {
         /* The p2p layer described the failure in last_error already. */
         pthread_mutex_lock(&comm->err_lock);
@@ -121,7 +155,9 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
     tutti_comm_t *comm = w->comm;
     pthread_mutex_lock(&comm->q_lock);
     while (!atomic_load_explicit(&w->done, memory_order_acquire)) {
-        if (comm->q_head && !comm->executing) {
+        /* Only an unbounded waiter runs ops itself: one with a deadline must be free to
+         * return on time, so it leaves the running to the progress thread. */
+        if (deadline_ns == UINT64_MAX && comm->q_head && !comm->executing) {
             run_head_locked(comm);
             continue;
         }
@@ -221,9 +257,8 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
 {
     if (!work)
         return TUTTI_ERR_INVALID_ARG;
-    if (timeout_ms < 0)
-        timeout_ms = work->comm->opts.timeout_ms;
-    int st = wait_work(work, tt_deadline_ns(timeout_ms));
+    /* -1: until the op ends, which its own deadline bounds */
+    int st = wait_work(work, timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms));
     if (st == TUTTI_ERR_TIMEOUT && !atomic_load(&work->done)) {
         tt_comm_set_error(work->comm, st, "wait: %s seq %llu still running after %d ms",
                           tt_coll_name(work->op.coll), (unsigned long long)work->op.seq,

@@ -49,6 +49,8 @@ typedef struct tt_op {
     uint32_t algo_id;
     uint64_t deadline_ns;
     int tp_error_gen;      /* transport failures seen before this op started */
+    uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */
+    int stall_published;
 } tt_op_t;
 
 /* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells

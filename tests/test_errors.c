@@ -520,6 +520,7 @@ static Suite *suite(void)
 
 int main(void)
 {
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
     SRunner *sr = srunner_create(suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -98,6 +98,7 @@ int main(void)
     tcase_add_test(tc, builtin_and_plugin_tables);
     tcase_add_test(tc, collectives_through_plugin);
     suite_add_tcase(s, tc);
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -71,7 +71,8 @@ typedef struct tutti_work tutti_work_t;
 #define TUTTI_IN_PLACE ((const void *)1)
 
 /* Communicator options. Every field is also an environment variable, read by
- * tutti_comm_opts_init(); a field set afterwards wins over the environment.
+ * tutti_comm_opts_init(); a field set afterwards wins over the environment. A string
+ * field left NULL is taken from the environment at tutti_comm_init.
  * docs/configuration.md lists them all. Strings are copied at init. */
 typedef struct tutti_comm_opts {
     size_t size;               /* sizeof(tutti_comm_opts_t), set by tutti_comm_opts_init */
@@ -89,6 +90,10 @@ typedef struct tutti_comm_opts {
     size_t chunk_bytes;        /* TUTTI_CHUNK_BYTES: pipelining chunk of ring/chain (default 1 MiB) */
     const char *prefix;        /* TUTTI_PREFIX: store key prefix of this communicator
                                   (default: "tutti/comm<N>/", N counting comms on the store) */
+    int stall_check_ms;        /* TUTTI_STALL_CHECK_MS: a rank blocked this long in one op
+                                  compares its op with the other ranks' through the store,
+                                  so ranks deadlocked by mismatched calls fail with
+                                  TUTTI_ERR_MISMATCH (default 1000; 0 disables) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */
@@ -107,7 +112,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
 
 /* Wait for queued operations (each bounded by its deadline), then free everything.
- * Returns the first error of those operations, if any. */
+ * Their errors are reported through their work handles, not here. */
 int tutti_comm_destroy(tutti_comm_t *comm);
 
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return

@@ -49,20 +49,26 @@ static void fail_queue(tcp_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t
     }
 }
 
-/* The link is unusable from now on: record why (once), fail what is queued on it. */
+/* The link is unusable from now on: record why (once), fail what is queued on it. A
+ * link that fails while nothing is posted on it (a peer that finished and closed, or
+ * reported a failure after this rank got all it needed) is not this op's failure: the
+ * report waits until a request uses the link. */
 static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
 {
     tcp_tp_t *tp = L->tp;
     if (!L->failed) {
-        char msg[TCP_MAX_ERRMSG + 256];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
+        vsnprintf(L->fail_msg, sizeof(L->fail_msg), fmt, ap);
         va_end(ap);
         L->failed = status;
-        tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", msg);
+        L->fail_errno = err_no;
+        if (L->sq_head || L->rq_head)
+            tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", L->fail_msg);
+        else
+            L->report_pending = 1;
     }
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
@@ -132,13 +138,6 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
         if (r > 0)
             return r;
-        if (r == 0 && !L->rq_head && !L->sq_head) {
-            /* A peer that finished and closed while we need nothing from it is no
-             * failure yet: only a later request on this link is. */
-            L->failed = TUTTI_ERR_PEER;
-            L->quiet_eof = 1;
-            return -1;
-        }
         if (r == 0) {
             link_fail(L, TUTTI_ERR_PEER, 0,
                       "rank %d (%s) closed the connection%s%s (did it exit, crash or get "
@@ -263,8 +262,13 @@ static void on_poll(uv_poll_t *h, int status, int events)
     tcp_link_t *L = h->data;
     tcp_tp_t *tp = L->tp;
     if (status < 0) {
-        link_fail(L, TUTTI_ERR_PEER, -status, "connection to rank %d (%s) failed: %s",
-                  L->peer, L->addr, uv_strerror(status));
+        /* libuv says EBADF for any socket error; the socket knows the real one */
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(L->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || !err)
+            err = -status;
+        link_fail(L, TUTTI_ERR_PEER, err, "connection to rank %d (%s) failed", L->peer,
+                  L->addr);
         return;
     }
     if (events & UV_WRITABLE)
@@ -356,11 +360,10 @@ static int check_req(tcp_tp_t *tp, tutti_tp_req_v1_t *r)
     tcp_link_t *L = &tp->links[r->peer];
     if (L->failed) {
         r->status = L->failed;
-        if (L->quiet_eof) {
-            L->quiet_eof = 0;
-            tp->host->error(tp->host->ctx, TUTTI_ERR_PEER, L->peer, 0,
-                            "rank %d (%s) closed the connection (did it exit, crash or get "
-                            "killed?)", L->peer, L->addr);
+        if (L->report_pending) {
+            L->report_pending = 0;
+            tp->host->error(tp->host->ctx, L->failed, L->peer, L->fail_errno, "%s",
+                            L->fail_msg);
         }
         return L->failed;
     }
@@ -483,8 +486,18 @@ static void tcp_destroy(void *vtp)
         tcp_link_t *L = &tp->links[i];
         if (L->poll_inited)
             uv_close((uv_handle_t *)&L->poll, on_close_noop);
-        if (L->fd >= 0)
+        if (L->fd >= 0) {
+            /* Closing with unread bytes makes the kernel reset the connection, and a
+             * reset destroys what we sent but the peer has not read yet, such as our
+             * error report. So drain what is there (bounded), then close. */
+            char sink[16384];
+            size_t drained = 0;
+            ssize_t r;
+            while (drained < (64u << 20) &&
+                   (r = recv(L->fd, sink, sizeof(sink), MSG_DONTWAIT)) > 0)
+                drained += (size_t)r;
             close(L->fd);
+        }
         free(L->errbuf);
     }
     uv_close((uv_handle_t *)&tp->timer, on_close_noop);

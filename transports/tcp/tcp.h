@@ -44,7 +44,10 @@ typedef struct tcp_link {
     int fd;
     char addr[96];
     int failed;               /* 0 or a TUTTI_ERR_* */
-    int quiet_eof;            /* the peer closed while nothing was posted to it */
+    int report_pending;       /* failed while nothing was posted: tell the library when
+                                 a request next uses the link */
+    char fail_msg[TCP_MAX_ERRMSG + 256];
+    int fail_errno;
     int tx_broken;            /* a send was cut mid-message: no more frames fit */
     /* send side: queue of requests, the head one possibly half sent */
     tutti_tp_req_v1_t *sq_head, *sq_tail;

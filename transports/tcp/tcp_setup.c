@@ -349,8 +349,8 @@ static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage 
     int st = tp->host->store_get(tp->host->ctx, key, &val, &len, tp->host->timeout_ms);
     if (st < 0)
         return tp->host->error(tp->host->ctx, st, peer, 0,
-                               "tcp: rank %d never published its address (store key %s): %s",
-                               peer, key, tutti_strerror(st));
+                               "tcp: rank %d never published its address (store key %s, "
+                               "status %d)", peer, key, st);
     char ip[INET6_ADDRSTRLEN + 1] = "";
     int port = 0;
     int ok = len < 128 && sscanf((const char *)val, "%46s %d", ip, &port) == 2;
@@ -409,8 +409,8 @@ int tcp_setup_connect(tcp_tp_t *tp)
     snprintf(key, sizeof(key), "tcp/%d", tp->rank);
     st = host->store_set(host->ctx, key, val, strlen(val) + 1);
     if (st < 0) {
-        host->error(host->ctx, st, -1, 0, "tcp: cannot publish this rank's address: %s",
-                    tutti_strerror(st));
+        host->error(host->ctx, st, -1, 0,
+                    "tcp: cannot publish this rank's address (store status %d)", st);
         goto out_close;
     }
 
