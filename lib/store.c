@@ -1,2 +1,622 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* Public store functions: argument checks, URL parsing, prefixed views, error recording,
+ * and the generic wait/multi_get for backends that lack them. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store_impl.h"
+
+/* Failures of the open functions have no handle to be recorded on; the caller's thread
+ * keeps the latest one, returned by tutti_store_last_error(NULL). */
+static __thread char open_error[1024];
+
+void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+}
+
+const char *tt_store_key_display(const char *key, char *dst, size_t dstlen)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (dstlen == 0)
+        return dst;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        /* room for one escaped byte, "..." and the NUL */
+        if (o + 4 + 4 >= dstlen) {
+            memcpy(dst + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (isprint(*p) && *p != '\\') {
+            dst[o++] = (char)*p;
+        } else {
+            dst[o++] = '\\';
+            dst[o++] = 'x';
+            dst[o++] = hex[*p >> 4];
+            dst[o++] = hex[*p & 15];
+        }
+    }
+    dst[o] = '\0';
+    return dst;
+}
+
+int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
+{
+    const char *p = value, *end = p + len;
+    int neg = 0;
+    if (p < end && (*p == '-' || *p == '+'))
+        neg = *p++ == '-';
+    if (p == end || end - p > 19)
+        return TUTTI_ERR_INVALID_ARG;
+    uint64_t v = 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9')
+            return TUTTI_ERR_INVALID_ARG;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
+        return TUTTI_ERR_INVALID_ARG;
+    *out_p = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return TUTTI_OK;
+}
+
+tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
+                              int timeout_ms)
+{
+    tutti_store_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->url = strdup(url);
+    if (!s->url) {
+        free(s);
+        return NULL;
+    }
+    s->ops = ops;
+    s->base = s;
+    s->port = port;
+    atomic_init(&s->timeout_ms, timeout_ms);
+    atomic_init(&s->next_comm_id, 0);
+    pthread_mutex_init(&s->err_lock, NULL);
+    return s;
+}
+
+void tt_store_free(tutti_store_t *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_destroy(&s->err_lock);
+    free(s->prefix);
+    free(s->url);
+    free(s);
+}
+
+unsigned tt_store_next_comm_id(tutti_store_t *store)
+{
+    return atomic_fetch_add(&store->base->next_comm_id, 1u);
+}
+
+/* Record "store URL: op 'key': cause" as the handle's last error. */
+static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
+                      const char *fmt, ...)
+{
+    char cause[600];
+    char kd[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cause, sizeof(cause), fmt, ap);
+    va_end(ap);
+    if (!s) {
+        snprintf(open_error, sizeof(open_error), "store: %s: %s", op, cause);
+        return st;
+    }
+    char msg[sizeof(s->last_error)];
+    if (key)
+        snprintf(msg, sizeof(msg), "store %s: %s '%s': %s (%s)", s->url, op,
+                 tt_store_key_display(key, kd, sizeof(kd)), cause, tutti_status_name(st));
+    else
+        snprintf(msg, sizeof(msg), "store %s: %s: %s (%s)", s->url, op, cause,
+                 tutti_status_name(st));
+    pthread_mutex_lock(&s->err_lock);
+    memcpy(s->last_error, msg, sizeof(msg));
+    pthread_mutex_unlock(&s->err_lock);
+    TT_TRACE("%s", msg);
+    return st;
+}
+
+static void open_fail(const char *url, int st, const tt_store_err_t *err)
+{
+    snprintf(open_error, sizeof(open_error), "store %.300s: open: %.600s (%s)", url, err->msg,
+             tutti_status_name(st));
+    TT_INFO("%s", open_error);
+}
+
+int tutti_store_opts_init(tutti_store_opts_t *opts)
+{
+    if (!opts)
+        return TUTTI_ERR_INVALID_ARG;
+    memset(opts, 0, sizeof(*opts));
+    opts->size = sizeof(*opts);
+    opts->timeout_ms = tt_env_int("STORE_TIMEOUT_MS", 30000);
+    opts->is_server = 0;
+    return TUTTI_OK;
+}
+
+int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms)
+{
+    tt_store_err_t err = {{0}};
+    if (!store_p || !dir || !*dir)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open file store",
+                          NULL, "%s is NULL or empty", !store_p ? "store_p" : "dir");
+    int st = tt_store_file_open(store_p, dir, timeout_ms, &err);
+    if (st < 0) {
+        char url[PATH_MAX + 16];
+        snprintf(url, sizeof(url), "file://%s", dir);
+        open_fail(url, st, &err);
+    }
+    return st;
+}
+
+int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
+                         int timeout_ms)
+{
+    tt_store_err_t err = {{0}};
+    if (!store_p || !host || !*host)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
+                          "%s is NULL or empty", !store_p ? "store_p" : "host");
+    if (port < 0 || port > 65535 || (port == 0 && !is_server))
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
+                          strchr(host, ':') ? "tcp://[%.256s]:%d: bad port (1..65535; 0 only "
+                                              "for a server)"
+                                            : "tcp://%.256s:%d: bad port (1..65535; 0 only "
+                                              "for a server)",
+                          host, port);
+    if (strlen(host) > 255)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
+                          "host name longer than 255 bytes");
+    int st = tt_store_tcp_open(store_p, host, port, is_server, timeout_ms, &err);
+    if (st < 0) {
+        char url[300];
+        snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host,
+                 port);
+        open_fail(url, st, &err);
+    }
+    return st;
+}
+
+/* "tcp://host:port" or "tcp://[v6]:port" into host (size hostlen) and port. */
+static int parse_tcp_url(const char *rest, char *host, size_t hostlen, int *port_p)
+{
+    const char *h = rest, *hend, *colon;
+    if (*h == '[') {
+        h++;
+        hend = strchr(h, ']');
+        if (!hend || hend[1] != ':')
+            return TUTTI_ERR_INVALID_ARG;
+        colon = hend + 1;
+    } else {
+        colon = strrchr(h, ':');
+        if (!colon || memchr(h, ':', (size_t)(colon - h)))
+            return TUTTI_ERR_INVALID_ARG; /* bare IPv6 literals need brackets */
+        hend = colon;
+    }
+    size_t n = (size_t)(hend - h);
+    if (n == 0 || n >= hostlen || memchr(h, '/', n))
+        return TUTTI_ERR_INVALID_ARG;
+    const char *p = colon + 1;
+    if (!*p || strlen(p) > 5)
+        return TUTTI_ERR_INVALID_ARG;
+    int port = 0;
+    for (; *p; p++) {
+        if (!isdigit((unsigned char)*p))
+            return TUTTI_ERR_INVALID_ARG;
+        port = port * 10 + (*p - '0');
+    }
+    if (port > 65535)
+        return TUTTI_ERR_INVALID_ARG;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    *port_p = port;
+    return TUTTI_OK;
+}
+
+int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts)
+{
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    if (!store_p || !url)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL, "%s is NULL",
+                          !store_p ? "store_p" : "url");
+    if (opts) {
+        /* an older caller's smaller struct leaves the newer fields at their defaults */
+        if (opts->size < offsetof(tutti_store_opts_t, timeout_ms) + sizeof(int))
+            return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                              "opts->size is %zu: call tutti_store_opts_init first",
+                              opts->size);
+        o.timeout_ms = opts->timeout_ms;
+        if (opts->size >= offsetof(tutti_store_opts_t, is_server) + sizeof(int))
+            o.is_server = opts->is_server;
+    }
+    if (!strncmp(url, "file://", 7)) {
+        const char *dir = url + 7;
+        if (dir[0] != '/')
+            return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                              "bad store URL '%s': expected file:///absolute/dir", url);
+        return tutti_store_open_file(store_p, dir, o.timeout_ms);
+    }
+    if (!strncmp(url, "tcp://", 6)) {
+        char host[256];
+        int port;
+        if (parse_tcp_url(url + 6, host, sizeof(host), &port) < 0)
+            return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                              "bad store URL '%s': expected tcp://host:port or "
+                              "tcp://[v6addr]:port",
+                              url);
+        return tutti_store_open_tcp(store_p, host, port, o.is_server, o.timeout_ms);
+    }
+    return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                      "bad store URL '%s': scheme must be file:// or tcp://", url);
+}
+
+int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, const char *prefix)
+{
+    if (!store_p || !base || !prefix)
+        return store_fail(base, TUTTI_ERR_INVALID_ARG, "open prefixed view", NULL,
+                          "%s is NULL", !store_p ? "store_p" : !base ? "base" : "prefix");
+    size_t plen = strlen(prefix);
+    if (base->prefix_len + plen > TUTTI_STORE_MAX_KEY)
+        return store_fail(base, TUTTI_ERR_INVALID_ARG, "open prefixed view", prefix,
+                          "prefix longer than %d bytes", TUTTI_STORE_MAX_KEY);
+    tutti_store_t *v = calloc(1, sizeof(*v));
+    if (!v)
+        goto err_nomem;
+    v->prefix = malloc(base->prefix_len + plen + 1);
+    if (!v->prefix)
+        goto err_free_view;
+    v->url = strdup(base->url);
+    if (!v->url)
+        goto err_free_prefix;
+    if (base->prefix_len)
+        memcpy(v->prefix, base->prefix, base->prefix_len);
+    memcpy(v->prefix + base->prefix_len, prefix, plen + 1);
+    v->prefix_len = base->prefix_len + plen;
+    v->ops = base->base->ops;
+    v->base = base->base;
+    v->port = base->port;
+    atomic_init(&v->timeout_ms, atomic_load(&base->timeout_ms));
+    atomic_init(&v->next_comm_id, 0);
+    pthread_mutex_init(&v->err_lock, NULL);
+    *store_p = v;
+    return TUTTI_OK;
+
+err_free_prefix:
+    free(v->prefix);
+err_free_view:
+    free(v);
+err_nomem:
+    return store_fail(base, TUTTI_ERR_NOMEM, "open prefixed view", prefix, "out of memory");
+}
+
+void tutti_store_close(tutti_store_t *store)
+{
+    if (!store)
+        return;
+    if (store->base == store && store->ops && store->ops->close)
+        store->ops->close(store);
+    tt_store_free(store);
+}
+
+const char *tutti_store_url(const tutti_store_t *store) { return store ? store->url : ""; }
+
+int tutti_store_port(const tutti_store_t *store) { return store ? store->port : -1; }
+
+const char *tutti_store_last_error(const tutti_store_t *store)
+{
+    return store ? store->last_error : open_error;
+}
+
+void tutti_store_set_timeout(tutti_store_t *store, int timeout_ms)
+{
+    if (store)
+        atomic_store(&store->timeout_ms, timeout_ms);
+}
+
+int tutti_store_timeout(const tutti_store_t *store)
+{
+    /* atomic_load wants a non-const object on some compilers */
+    return store ? atomic_load(&((tutti_store_t *)store)->timeout_ms) : -1;
+}
+
+static uint64_t op_deadline(tutti_store_t *s, int timeout_ms)
+{
+    if (timeout_ms < 0)
+        timeout_ms = atomic_load(&s->timeout_ms);
+    return tt_deadline_ns(timeout_ms);
+}
+
+/* A key with the view's prefix: in buf (TUTTI_STORE_MAX_KEY + 1 bytes). */
+static int full_key(tutti_store_t *s, const char *op, const char *key, char *buf)
+{
+    if (!key)
+        return store_fail(s, TUTTI_ERR_INVALID_ARG, op, NULL, "key is NULL");
+    size_t klen = strnlen(key, TUTTI_STORE_MAX_KEY + 1);
+    if (s->prefix_len + klen > TUTTI_STORE_MAX_KEY) {
+        char shortkey[64];
+        snprintf(shortkey, sizeof(shortkey), "%.48s", key);
+        return store_fail(s, TUTTI_ERR_INVALID_ARG, op, shortkey,
+                          "key (with prefix %zu bytes) longer than %d bytes", s->prefix_len,
+                          TUTTI_STORE_MAX_KEY);
+    }
+    if (s->prefix_len)
+        memcpy(buf, s->prefix, s->prefix_len);
+    memcpy(buf + s->prefix_len, key, klen + 1);
+    return TUTTI_OK;
+}
+
+/* Prefixed copies of n keys (a single allocation; free() the array). */
+static int full_keys(tutti_store_t *s, const char *op, const char *const *keys, size_t n,
+                     char ***out_p)
+{
+    if (!keys)
+        return store_fail(s, TUTTI_ERR_INVALID_ARG, op, NULL, "keys is NULL");
+    size_t total = n * sizeof(char *);
+    for (size_t i = 0; i < n; i++) {
+        if (!keys[i])
+            return store_fail(s, TUTTI_ERR_INVALID_ARG, op, NULL, "keys[%zu] is NULL", i);
+        size_t klen = strnlen(keys[i], TUTTI_STORE_MAX_KEY + 1);
+        if (s->prefix_len + klen > TUTTI_STORE_MAX_KEY)
+            return store_fail(s, TUTTI_ERR_INVALID_ARG, op, NULL,
+                              "keys[%zu] (with prefix) longer than %d bytes", i,
+                              TUTTI_STORE_MAX_KEY);
+        total += s->prefix_len + klen + 1;
+    }
+    char **out = malloc(total ? total : 1);
+    if (!out)
+        return store_fail(s, TUTTI_ERR_NOMEM, op, NULL, "out of memory for %zu keys", n);
+    char *p = (char *)(out + n);
+    for (size_t i = 0; i < n; i++) {
+        size_t klen = strlen(keys[i]);
+        out[i] = p;
+        if (s->prefix_len)
+            memcpy(p, s->prefix, s->prefix_len);
+        memcpy(p + s->prefix_len, keys[i], klen + 1);
+        p += s->prefix_len + klen + 1;
+    }
+    *out_p = out;
+    return TUTTI_OK;
+}
+
+static int op_result(tutti_store_t *s, int st, const char *op, const char *key,
+                     const tt_store_err_t *err)
+{
+    if (st >= 0)
+        return st;
+    return store_fail(s, st, op, key, "%s", err->msg[0] ? err->msg : tutti_strerror(st));
+}
+
+int tutti_store_set(tutti_store_t *store, const char *key, const void *value, size_t len)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "set", key, k));
+    if (!value && len)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "set", k, "value is NULL");
+    if (len > TUTTI_STORE_MAX_VALUE)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "set", k,
+                          "value of %zu bytes is over the limit of %u", len,
+                          TUTTI_STORE_MAX_VALUE);
+    tutti_store_t *b = store->base;
+    int st = b->ops->set(b, k, value ? value : "", len, op_deadline(store, -1), &err);
+    return op_result(store, st, "set", k, &err);
+}
+
+int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_t *len_p,
+                    int timeout_ms)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "get", key, k));
+    if (!value_p)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "get", k, "value_p is NULL");
+    tutti_store_t *b = store->base;
+    void *v = NULL;
+    size_t len = 0;
+    int st = b->ops->get(b, k, &v, &len, op_deadline(store, timeout_ms), &err);
+    if (st < 0)
+        return op_result(store, st, "get", k, &err);
+    *value_p = v;
+    if (len_p)
+        *len_p = len;
+    return TUTTI_OK;
+}
+
+int tutti_store_add(tutti_store_t *store, const char *key, int64_t delta, int64_t *result_p)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "add", key, k));
+    tutti_store_t *b = store->base;
+    int64_t r = 0;
+    int st = b->ops->add(b, k, delta, &r, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "add", k, &err);
+    if (result_p)
+        *result_p = r;
+    return TUTTI_OK;
+}
+
+int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *expected,
+                            size_t elen, const void *desired, size_t dlen, void **current_p,
+                            size_t *curlen_p)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "compare_set", key, k));
+    if ((!expected && elen) || (!desired && dlen))
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "compare_set", k, "%s is NULL",
+                          (!expected && elen) ? "expected" : "desired");
+    if (elen > TUTTI_STORE_MAX_VALUE || dlen > TUTTI_STORE_MAX_VALUE)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "compare_set", k,
+                          "value over the limit of %u bytes", TUTTI_STORE_MAX_VALUE);
+    tutti_store_t *b = store->base;
+    void *cur = NULL;
+    size_t curlen = 0;
+    int st = b->ops->compare_set(b, k, expected ? expected : "", elen, desired ? desired : "",
+                                 dlen, &cur, &curlen, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "compare_set", k, &err);
+    if (current_p)
+        *current_p = cur;
+    else
+        free(cur);
+    if (curlen_p)
+        *curlen_p = curlen;
+    return TUTTI_OK;
+}
+
+/* wait built from get, for backends without their own. */
+static int generic_wait(tutti_store_t *b, const char *const *keys, size_t n,
+                        uint64_t deadline, tt_store_err_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        void *v;
+        size_t len;
+        TT_CHECK(b->ops->get(b, keys[i], &v, &len, deadline, err));
+        free(v);
+    }
+    return TUTTI_OK;
+}
+
+static int generic_multi_get(tutti_store_t *b, const char *const *keys, size_t n,
+                             void **values_p, size_t *lens_p, uint64_t deadline,
+                             tt_store_err_t *err)
+{
+    int st = TUTTI_OK;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        TT_CHECK_GOTO(b->ops->get(b, keys[i], &values_p[i], &lens_p[i], deadline, err), st,
+                      err_free_values);
+    }
+    return TUTTI_OK;
+
+err_free_values:
+    while (i-- > 0) {
+        free(values_p[i]);
+        values_p[i] = NULL;
+    }
+    return st;
+}
+
+int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms)
+{
+    tt_store_err_t err = {{0}};
+    char **k;
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    if (n == 0)
+        return TUTTI_OK;
+    TT_CHECK(full_keys(store, "wait", keys, n, &k));
+    tutti_store_t *b = store->base;
+    uint64_t deadline = op_deadline(store, timeout_ms);
+    const char *const *ck = (const char *const *)k;
+    int st = b->ops->wait ? b->ops->wait(b, ck, n, deadline, &err)
+                          : generic_wait(b, ck, n, deadline, &err);
+    st = op_result(store, st, n > 1 ? "wait (first key)" : "wait", k[0], &err);
+    free(k);
+    return st;
+}
+
+int tutti_store_check(tutti_store_t *store, const char *const *keys, size_t n, int *exists_p)
+{
+    tt_store_err_t err = {{0}};
+    char **k;
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    if (!exists_p)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "check", NULL, "exists_p is NULL");
+    if (n == 0) {
+        *exists_p = 1;
+        return TUTTI_OK;
+    }
+    TT_CHECK(full_keys(store, "check", keys, n, &k));
+    tutti_store_t *b = store->base;
+    int exists = 0;
+    int st = b->ops->check(b, (const char *const *)k, n, &exists, op_deadline(store, -1), &err);
+    st = op_result(store, st, n > 1 ? "check (first key)" : "check", k[0], &err);
+    free(k);
+    if (st >= 0)
+        *exists_p = exists;
+    return st;
+}
+
+int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "delete", key, k));
+    tutti_store_t *b = store->base;
+    int deleted = 0;
+    int st = b->ops->del(b, k, &deleted, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "delete", k, &err);
+    if (deleted_p)
+        *deleted_p = deleted;
+    return TUTTI_OK;
+}
+
+int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
+                          void **values_p, size_t *lens_p, int timeout_ms)
+{
+    tt_store_err_t err = {{0}};
+    char **k;
+    if (!store)
+        return TUTTI_ERR_INVALID_ARG;
+    if (n == 0)
+        return TUTTI_OK;
+    if (!values_p)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "multi_get", NULL, "values_p is NULL");
+    TT_CHECK(full_keys(store, "multi_get", keys, n, &k));
+    int st = TUTTI_ERR_NOMEM;
+    void **vals = calloc(n, sizeof(*vals));
+    size_t *lens = calloc(n, sizeof(*lens));
+    if (!vals || !lens) {
+        st = store_fail(store, TUTTI_ERR_NOMEM, "multi_get", k[0], "out of memory");
+        goto out_free;
+    }
+    tutti_store_t *b = store->base;
+    uint64_t deadline = op_deadline(store, timeout_ms);
+    const char *const *ck = (const char *const *)k;
+    st = b->ops->multi_get ? b->ops->multi_get(b, ck, n, vals, lens, deadline, &err)
+                           : generic_multi_get(b, ck, n, vals, lens, deadline, &err);
+    st = op_result(store, st, n > 1 ? "multi_get (first key)" : "multi_get", k[0], &err);
+    if (st >= 0) {
+        memcpy(values_p, vals, n * sizeof(*vals));
+        if (lens_p)
+            memcpy(lens_p, lens, n * sizeof(*lens));
+    }
+out_free:
+    free(lens);
+    free(vals);
+    free(k);
+    return st;
+}

@@ -1,2 +1,619 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* File store: one file per key in a directory shared by the ranks.
+ *
+ * A value is written to a temp file in the key's directory and renamed over the key's
+ * file, so a reader sees a whole old value or a whole new one, never part of one, even
+ * when the writer is killed mid-write (its temp file stays behind; readers never look at
+ * temp files and a later open removes those of dead writers). add, compare_set, set and
+ * delete serialise per key through an OFD lock on one of a few lock files, which the
+ * kernel releases when a holder dies. get polls with backoff.
+ *
+ * Layout: key bytes outside [A-Za-z0-9_.-] are %XX-escaped and the result prefixed with
+ * 'k'; an escaped key longer than one file name is split into directories "d<part>/",
+ * so no two keys share a file. Temp files start with ".tmp.", lock files with ".lock.".
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store_impl.h"
+
+#define FS_PART_MAX 200       /* escaped bytes per path component (NAME_MAX is 255) */
+#define FS_LOCK_STRIPES 64
+#define FS_PATH_MAX (TUTTI_STORE_MAX_KEY * 3 + (TUTTI_STORE_MAX_KEY * 3 / FS_PART_MAX + 1) * 2 + 64)
+#define FS_STALE_TMP_S 3600   /* temp files of writers on other hosts older than this go */
+
+typedef struct fs_store {
+    char *dir;        /* absolute */
+    int dirfd;
+    int do_fsync;     /* TUTTI_STORE_FSYNC=1: fsync values before they become visible */
+    char host[64];
+} fs_store_t;
+
+/* Temp names must be unique among all threads of all processes on all hosts sharing the
+ * directory: host and pid tell processes apart, this counter the writes of one process. */
+static atomic_ulong fs_tmp_counter;
+
+static fs_store_t *fs_of(tutti_store_t *s) { return s->impl; }
+
+/* Relative path of key's file into path; *dirlen_p is the length of its directory part
+ * (with the trailing '/', 0 for the root). */
+static void fs_key_path(const char *key, char *path, size_t *dirlen_p)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        unsigned char c = *p;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '_' || c == '-' || c == '.') {
+            esc[n++] = (char)c;
+        } else {
+            esc[n++] = '%';
+            esc[n++] = hex[c >> 4];
+            esc[n++] = hex[c & 15];
+        }
+    }
+    size_t o = 0, i = 0;
+    while (n - i > FS_PART_MAX) {
+        path[o++] = 'd';
+        memcpy(path + o, esc + i, FS_PART_MAX);
+        o += FS_PART_MAX;
+        i += FS_PART_MAX;
+        path[o++] = '/';
+    }
+    *dirlen_p = o;
+    path[o++] = 'k';
+    memcpy(path + o, esc + i, n - i);
+    o += n - i;
+    path[o] = '\0';
+}
+
+static int fs_io_error(tutti_store_t *s, tt_store_err_t *err, const char *what,
+                       const char *relpath, int errnum)
+{
+    tt_store_err_set(err, "cannot %s %s/%s: %s", what, fs_of(s)->dir, relpath,
+                     strerror(errnum));
+    return TUTTI_ERR_IO;
+}
+
+static void fs_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Sleep for the current backoff step (capped by the deadline), then grow it. */
+static void fs_backoff(uint64_t *step_ns, uint64_t max_ns, uint64_t deadline)
+{
+    uint64_t now = tt_now_ns();
+    uint64_t ns = *step_ns;
+    if (deadline != UINT64_MAX)
+        ns = deadline <= now ? 0 : TT_MIN(ns, deadline - now);
+    fs_sleep_ns(ns);
+    *step_ns = TT_MIN(*step_ns * 2, max_ns);
+}
+
+/* Read key's value: *exists_p 0 when there is none. */
+static int fs_read(tutti_store_t *s, const char *path, void **value_p, size_t *len_p,
+                   int *exists_p, tt_store_err_t *err)
+{
+    fs_store_t *fs = fs_of(s);
+    int fd = openat(fs->dirfd, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR) {
+            *exists_p = 0;
+            return TUTTI_OK;
+        }
+        return fs_io_error(s, err, "open", path, errno);
+    }
+    int st = TUTTI_OK;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        st = fs_io_error(s, err, "stat", path, errno);
+        goto out_close;
+    }
+    if (sb.st_size < 0 || (uint64_t)sb.st_size > TUTTI_STORE_MAX_VALUE) {
+        tt_store_err_set(err, "%s/%s holds %lld bytes, more than a value may have", fs->dir,
+                         path, (long long)sb.st_size);
+        st = TUTTI_ERR_IO;
+        goto out_close;
+    }
+    size_t len = (size_t)sb.st_size;
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        tt_store_err_set(err, "out of memory for a value of %zu bytes", len);
+        st = TUTTI_ERR_NOMEM;
+        goto out_close;
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, buf + got, len - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            /* values are replaced by rename, never changed in place: a short file is
+             * damage from outside */
+            if (r == 0)
+                tt_store_err_set(err, "%s/%s shrank while being read", fs->dir, path);
+            else
+                fs_io_error(s, err, "read", path, errno);
+            st = TUTTI_ERR_IO;
+            goto out_free;
+        }
+        got += (size_t)r;
+    }
+    buf[len] = '\0';
+    close(fd);
+    *value_p = buf;
+    *len_p = len;
+    *exists_p = 1;
+    return TUTTI_OK;
+
+out_free:
+    free(buf);
+out_close:
+    close(fd);
+    return st;
+}
+
+static int fs_mkdirs(tutti_store_t *s, char *path, size_t dirlen, tt_store_err_t *err)
+{
+    fs_store_t *fs = fs_of(s);
+    for (size_t i = 0; i < dirlen; i++) {
+        if (path[i] != '/')
+            continue;
+        path[i] = '\0';
+        int r = mkdirat(fs->dirfd, path, 0777);
+        int e = errno;
+        if (r < 0 && e != EEXIST) {
+            fs_io_error(s, err, "create directory", path, e);
+            path[i] = '/';
+            return TUTTI_ERR_IO;
+        }
+        path[i] = '/';
+    }
+    return TUTTI_OK;
+}
+
+/* Write value to a fresh temp file beside path; its name goes to tmp. */
+static int fs_write_tmp(tutti_store_t *s, char *path, size_t dirlen, const void *value,
+                        size_t len, char *tmp, tt_store_err_t *err)
+{
+    fs_store_t *fs = fs_of(s);
+    TT_CHECK(fs_mkdirs(s, path, dirlen, err));
+    unsigned long n = atomic_fetch_add(&fs_tmp_counter, 1);
+    memcpy(tmp, path, dirlen);
+    snprintf(tmp + dirlen, FS_PATH_MAX - dirlen, ".tmp.%ld.%lu.%s", (long)getpid(), n,
+             fs->host);
+    int fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fs_io_error(s, err, "create", tmp, errno);
+    const char *p = value;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, p + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            fs_io_error(s, err, "write", tmp, w < 0 ? errno : ENOSPC);
+            goto err_unlink;
+        }
+        done += (size_t)w;
+    }
+    if (fs->do_fsync && fsync(fd) < 0) {
+        fs_io_error(s, err, "fsync", tmp, errno);
+        goto err_unlink;
+    }
+    /* network file systems report write errors at close */
+    if (close(fd) < 0) {
+        fd = -1;
+        fs_io_error(s, err, "close", tmp, errno);
+        goto err_unlink;
+    }
+    return TUTTI_OK;
+
+err_unlink:
+    if (fd >= 0)
+        close(fd);
+    unlinkat(fs->dirfd, tmp, 0);
+    return TUTTI_ERR_IO;
+}
+
+/* Make the temp file the key's value. Callers hold the key's lock. */
+static int fs_publish(tutti_store_t *s, const char *tmp, const char *path, tt_store_err_t *err)
+{
+    fs_store_t *fs = fs_of(s);
+    /* ext4 flushes a file renamed over another to disk first (auto_da_alloc), which made a
+     * small update cost milliseconds; swapping the two names does not */
+    if (renameat2(fs->dirfd, tmp, fs->dirfd, path, RENAME_EXCHANGE) == 0) {
+        unlinkat(fs->dirfd, tmp, 0); /* now the old value */
+        return TUTTI_OK;
+    }
+    if (errno != ENOENT && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+        int e = errno;
+        unlinkat(fs->dirfd, tmp, 0);
+        return fs_io_error(s, err, "replace", path, e);
+    }
+    /* no old value to swap with, or a file system without exchange */
+    if (renameat(fs->dirfd, tmp, fs->dirfd, path) < 0) {
+        int e = errno;
+        unlinkat(fs->dirfd, tmp, 0);
+        return fs_io_error(s, err, "rename a temp file to", path, e);
+    }
+    return TUTTI_OK;
+}
+
+static unsigned fs_stripe(const char *key)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h % FS_LOCK_STRIPES;
+}
+
+/* Lock key's stripe until the deadline; the returned fd holds the lock (close it). Each
+ * call opens its own fd because OFD locks belong to an open file: threads and forked
+ * children sharing one would share the lock. */
+static int fs_lock(tutti_store_t *s, const char *key, uint64_t deadline, int *fd_p,
+                   tt_store_err_t *err)
+{
+    fs_store_t *fs = fs_of(s);
+    char name[32];
+    snprintf(name, sizeof(name), ".lock.%02u", fs_stripe(key));
+    int fd = openat(fs->dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fs_io_error(s, err, "open lock file", name, errno);
+    uint64_t start = tt_now_ns(), step = 10000;
+    int use_flock = 0;
+    for (;;) {
+        int r, e;
+        if (!use_flock) {
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+            r = fcntl(fd, F_OFD_SETLK, &fl);
+            e = errno;
+            if (r < 0 && e == EINVAL) {
+                /* no OFD locks on this kernel or file system */
+                use_flock = 1;
+                continue;
+            }
+        } else {
+            r = flock(fd, LOCK_EX | LOCK_NB);
+            e = errno;
+        }
+        if (r == 0)
+            break;
+        if (e != EAGAIN && e != EACCES && e != EWOULDBLOCK && e != EINTR) {
+            close(fd);
+            return fs_io_error(s, err, "lock", name, e);
+        }
+        if (tt_now_ns() >= deadline) {
+            close(fd);
+            tt_store_err_set(err, "lock %s/%s still held by another process after %" PRIu64
+                             " ms",
+                             fs->dir, name, (tt_now_ns() - start) / 1000000u);
+            return TUTTI_ERR_TIMEOUT;
+        }
+        fs_backoff(&step, 200000, deadline);
+    }
+    *fd_p = fd;
+    return TUTTI_OK;
+}
+
+static int fs_set(tutti_store_t *s, const char *key, const void *value, size_t len,
+                  uint64_t deadline, tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX], tmp[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd, st;
+    fs_key_path(key, path, &dirlen);
+    /* the slow part, outside the lock */
+    TT_CHECK(fs_write_tmp(s, path, dirlen, value, len, tmp, err));
+    TT_CHECK_GOTO(fs_lock(s, key, deadline, &lockfd, err), st, err_unlink_tmp);
+    st = fs_publish(s, tmp, path, err);
+    close(lockfd);
+    return st;
+
+err_unlink_tmp:
+    unlinkat(fs_of(s)->dirfd, tmp, 0);
+    return st;
+}
+
+static int fs_get(tutti_store_t *s, const char *key, void **value_p, size_t *len_p,
+                  uint64_t deadline, tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX];
+    size_t dirlen;
+    fs_key_path(key, path, &dirlen);
+    uint64_t start = tt_now_ns(), step = 50000;
+    for (;;) {
+        int exists = 0;
+        TT_CHECK(fs_read(s, path, value_p, len_p, &exists, err));
+        if (exists)
+            return TUTTI_OK;
+        if (tt_now_ns() >= deadline) {
+            char kd[160];
+            tt_store_err_set(err, "key '%s' not set after %" PRIu64 " ms (file %s/%s)",
+                             tt_store_key_display(key, kd, sizeof(kd)),
+                             (tt_now_ns() - start) / 1000000u, fs_of(s)->dir, path);
+            return TUTTI_ERR_TIMEOUT;
+        }
+        fs_backoff(&step, 10000000, deadline);
+    }
+}
+
+static int fs_add(tutti_store_t *s, const char *key, int64_t delta, int64_t *result_p,
+                  uint64_t deadline, tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX], tmp[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd, st, exists = 0;
+    void *cur = NULL;
+    size_t curlen = 0;
+    int64_t v = 0;
+    fs_key_path(key, path, &dirlen);
+    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
+    TT_CHECK_GOTO(fs_read(s, path, &cur, &curlen, &exists, err), st, out_unlock);
+    if (exists && tt_store_parse_i64(cur, curlen, &v) < 0) {
+        tt_store_err_set(err, "value (%zu bytes) is not a decimal 64-bit integer", curlen);
+        st = TUTTI_ERR_INVALID_ARG;
+        goto out_free;
+    }
+    if (__builtin_add_overflow(v, delta, &v)) {
+        tt_store_err_set(err, "adding %" PRId64 " overflows 64 bits", delta);
+        st = TUTTI_ERR_INVALID_ARG;
+        goto out_free;
+    }
+    char text[32];
+    int n = snprintf(text, sizeof(text), "%" PRId64, v);
+    TT_CHECK_GOTO(fs_write_tmp(s, path, dirlen, text, (size_t)n, tmp, err), st, out_free);
+    TT_CHECK_GOTO(fs_publish(s, tmp, path, err), st, out_free);
+    *result_p = v;
+out_free:
+    free(cur);
+out_unlock:
+    close(lockfd);
+    return st;
+}
+
+static int fs_compare_set(tutti_store_t *s, const char *key, const void *expected, size_t elen,
+                          const void *desired, size_t dlen, void **current_p,
+                          size_t *curlen_p, uint64_t deadline, tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX], tmp[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd, st, exists = 0;
+    void *cur = NULL;
+    size_t curlen = 0;
+    fs_key_path(key, path, &dirlen);
+    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
+    TT_CHECK_GOTO(fs_read(s, path, &cur, &curlen, &exists, err), st, out_unlock);
+    int equal = exists ? (curlen == elen && !memcmp(cur, expected, elen)) : elen == 0;
+    if (equal) {
+        TT_CHECK_GOTO(fs_write_tmp(s, path, dirlen, desired, dlen, tmp, err), st, out_free);
+        TT_CHECK_GOTO(fs_publish(s, tmp, path, err), st, out_free);
+        void *copy = malloc(dlen + 1);
+        if (!copy) {
+            tt_store_err_set(err, "out of memory");
+            st = TUTTI_ERR_NOMEM;
+            goto out_free;
+        }
+        memcpy(copy, desired, dlen);
+        ((char *)copy)[dlen] = '\0';
+        free(cur);
+        cur = copy;
+        curlen = dlen;
+    } else if (!exists) {
+        cur = malloc(1);
+        if (!cur) {
+            tt_store_err_set(err, "out of memory");
+            st = TUTTI_ERR_NOMEM;
+            goto out_unlock;
+        }
+        ((char *)cur)[0] = '\0';
+        curlen = 0;
+    }
+    *current_p = cur;
+    *curlen_p = curlen;
+    cur = NULL;
+out_free:
+    free(cur);
+out_unlock:
+    close(lockfd);
+    return st;
+}
+
+static int fs_check(tutti_store_t *s, const char *const *keys, size_t n, int *exists_p,
+                    uint64_t deadline, tt_store_err_t *err)
+{
+    TT_UNUSED(deadline);
+    char path[FS_PATH_MAX];
+    size_t dirlen;
+    for (size_t i = 0; i < n; i++) {
+        struct stat sb;
+        fs_key_path(keys[i], path, &dirlen);
+        if (fstatat(fs_of(s)->dirfd, path, &sb, 0) < 0) {
+            if (errno == ENOENT || errno == ENOTDIR) {
+                *exists_p = 0;
+                return TUTTI_OK;
+            }
+            return fs_io_error(s, err, "stat", path, errno);
+        }
+    }
+    *exists_p = 1;
+    return TUTTI_OK;
+}
+
+static int fs_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t deadline,
+                  tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd, st = TUTTI_OK;
+    fs_key_path(key, path, &dirlen);
+    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
+    if (unlinkat(fs_of(s)->dirfd, path, 0) == 0) {
+        *deleted_p = 1;
+    } else if (errno == ENOENT || errno == ENOTDIR) {
+        *deleted_p = 0;
+    } else {
+        st = fs_io_error(s, err, "delete", path, errno);
+    }
+    close(lockfd);
+    return st;
+}
+
+static void fs_close(tutti_store_t *s)
+{
+    fs_store_t *fs = fs_of(s);
+    close(fs->dirfd);
+    free(fs->dir);
+    free(fs);
+    s->impl = NULL;
+}
+
+/* Remove temp files left in the root by writers that died: on this host those whose pid
+ * is gone, from other hosts those older than FS_STALE_TMP_S. */
+static void fs_clean_tmp(fs_store_t *fs)
+{
+    int fd = dup(fs->dirfd);
+    if (fd < 0)
+        return;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    size_t hostlen = strlen(fs->host);
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, ".tmp.", 5))
+            continue;
+        char *end;
+        long pid = strtol(e->d_name + 5, &end, 10);
+        if (*end != '.')
+            continue;
+        const char *host = strchr(end + 1, '.');
+        int stale;
+        if (host && !strncmp(host + 1, fs->host, hostlen) && host[1 + hostlen] == '\0') {
+            stale = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+        } else {
+            struct stat sb;
+            stale = fstatat(fs->dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+                    now - sb.st_mtime > FS_STALE_TMP_S;
+        }
+        if (stale) {
+            TT_TRACE("store file://%s: removing %s left by a dead writer", fs->dir,
+                     e->d_name);
+            unlinkat(fs->dirfd, e->d_name, 0);
+        }
+    }
+    closedir(d);
+}
+
+static const tt_store_ops_t fs_ops = {
+    .name = "file",
+    .set = fs_set,
+    .get = fs_get,
+    .add = fs_add,
+    .compare_set = fs_compare_set,
+    .wait = NULL,
+    .check = fs_check,
+    .del = fs_del,
+    .multi_get = NULL,
+    .close = fs_close,
+};
+
+/* mkdir -p */
+static int fs_mkdir_p(const char *dir, tt_store_err_t *err)
+{
+    char buf[PATH_MAX];
+    size_t n = strlen(dir);
+    if (n >= sizeof(buf)) {
+        tt_store_err_set(err, "directory name longer than %d bytes", PATH_MAX - 1);
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    memcpy(buf, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0777) < 0 && errno != EEXIST) {
+            tt_store_err_set(err, "cannot create directory %s: %s", buf, strerror(errno));
+            return TUTTI_ERR_IO;
+        }
+        buf[i] = c;
+    }
+    return TUTTI_OK;
+}
+
+int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
+                       tt_store_err_t *err)
+{
+    int st;
+    fs_store_t *fs = calloc(1, sizeof(*fs));
+    if (!fs) {
+        tt_store_err_set(err, "out of memory");
+        return TUTTI_ERR_NOMEM;
+    }
+    TT_CHECK_GOTO(fs_mkdir_p(dir, err), st, err_free_fs);
+    fs->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fs->dirfd < 0) {
+        tt_store_err_set(err, "cannot open directory %s: %s", dir, strerror(errno));
+        st = TUTTI_ERR_IO;
+        goto err_free_fs;
+    }
+    fs->dir = realpath(dir, NULL);
+    if (!fs->dir) {
+        tt_store_err_set(err, "cannot resolve directory %s: %s", dir, strerror(errno));
+        st = TUTTI_ERR_IO;
+        goto err_close_dir;
+    }
+    if (gethostname(fs->host, sizeof(fs->host) - 1) < 0)
+        strcpy(fs->host, "localhost");
+    /* host names become part of temp file names */
+    for (char *p = fs->host; *p; p++)
+        if (*p == '/')
+            *p = '_';
+    fs->do_fsync = tt_env_int("STORE_FSYNC", 0) != 0;
+    fs_clean_tmp(fs);
+
+    char *url = malloc(strlen(fs->dir) + 8);
+    if (!url) {
+        st = TUTTI_ERR_NOMEM;
+        tt_store_err_set(err, "out of memory");
+        goto err_free_dir;
+    }
+    sprintf(url, "file://%s", fs->dir);
+    tutti_store_t *s = tt_store_alloc(&fs_ops, url, -1, timeout_ms);
+    free(url);
+    if (!s) {
+        st = TUTTI_ERR_NOMEM;
+        tt_store_err_set(err, "out of memory");
+        goto err_free_dir;
+    }
+    s->impl = fs;
+    *store_p = s;
+    return TUTTI_OK;
+
+err_free_dir:
+    free(fs->dir);
+err_close_dir:
+    close(fs->dirfd);
+err_free_fs:
+    free(fs);
+    return st;
+}

@@ -1,0 +1,120 @@
+/* Store internals: the backend table behind tutti_store_t, shared by store.c (the public
+ * functions, prefixing, error recording) and the backends (store_file.c, store_tcp.c,
+ * store_server.c). Keys reaching a backend already carry the view's prefix and have been
+ * checked (length, NULL); values have been checked against TUTTI_STORE_MAX_VALUE. */
+#ifndef TT_STORE_IMPL_H
+#define TT_STORE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tutti/store.h>
+
+#include "internal.h"
+
+/* A backend writes the cause of a failure here (with strerror(errno) where one applies);
+ * store.c adds the operation, key and store address before recording it on the handle. */
+typedef struct tt_store_err {
+    char msg[512];
+} tt_store_err_t;
+
+void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Every function gets the base store (never a view) and an absolute deadline
+ * (tt_now_ns() scale, UINT64_MAX: none). Values returned are malloc'ed with a NUL byte
+ * after them. wait and multi_get may be NULL: store.c builds them from get. */
+typedef struct tt_store_ops {
+    const char *name;
+    int (*set)(tutti_store_t *s, const char *key, const void *value, size_t len,
+               uint64_t deadline, tt_store_err_t *err);
+    int (*get)(tutti_store_t *s, const char *key, void **value_p, size_t *len_p,
+               uint64_t deadline, tt_store_err_t *err);
+    int (*add)(tutti_store_t *s, const char *key, int64_t delta, int64_t *result_p,
+               uint64_t deadline, tt_store_err_t *err);
+    int (*compare_set)(tutti_store_t *s, const char *key, const void *expected, size_t elen,
+                       const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                       uint64_t deadline, tt_store_err_t *err);
+    int (*wait)(tutti_store_t *s, const char *const *keys, size_t n, uint64_t deadline,
+                tt_store_err_t *err);
+    int (*check)(tutti_store_t *s, const char *const *keys, size_t n, int *exists_p,
+                 uint64_t deadline, tt_store_err_t *err);
+    int (*del)(tutti_store_t *s, const char *key, int *deleted_p, uint64_t deadline,
+               tt_store_err_t *err);
+    int (*multi_get)(tutti_store_t *s, const char *const *keys, size_t n, void **values_p,
+                     size_t *lens_p, uint64_t deadline, tt_store_err_t *err);
+    /* Frees impl; the handle itself is freed by store.c. */
+    void (*close)(tutti_store_t *s);
+} tt_store_ops_t;
+
+struct tutti_store {
+    const tt_store_ops_t *ops;
+    tutti_store_t *base;     /* the store that owns the backend; itself for a base store */
+    char *prefix;            /* views: the whole prefix (a view of a view concatenates) */
+    size_t prefix_len;
+    char *url;               /* "file:///dir", "tcp://host:port", "tcp://[::1]:port" */
+    int port;                /* -1 for non-tcp stores */
+    atomic_int timeout_ms;
+    atomic_uint next_comm_id; /* used on the base only */
+    pthread_mutex_t err_lock;
+    char last_error[1024];
+    void *impl;              /* backend state; NULL for views */
+};
+
+/* Allocate a base store handle for a backend (url copied); NULL when out of memory. */
+tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
+                              int timeout_ms);
+/* Free a handle made by tt_store_alloc without calling ops->close. */
+void tt_store_free(tutti_store_t *s);
+
+/* 0, 1, 2, ... on successive calls, counted on the base store of a view (thread-safe). The
+ * communicator uses it to give each communicator on one store a key prefix of its own. */
+unsigned tt_store_next_comm_id(tutti_store_t *store);
+
+/* Copy key into dst (size dstlen) for messages: non-printable bytes as \xNN, long keys cut
+ * with "...". Returns dst. */
+const char *tt_store_key_display(const char *key, char *dst, size_t dstlen);
+
+/* Parse a counter value as ADD stores it (decimal text, optional sign, nothing else);
+ * 0 or TUTTI_ERR_INVALID_ARG. */
+int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p);
+
+/* Backends. On failure they leave the cause in err and set nothing. */
+int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
+                       tt_store_err_t *err);
+int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int is_server,
+                      int timeout_ms, tt_store_err_t *err);
+
+/* Wire format shared by the TCP client and server. Every frame is a u32 length (big
+ * endian, the bytes after it), then for a request a u8 command and fields, each a u32
+ * length and bytes; for a reply an i8 tutti status and the payload (the value, an 8-byte
+ * big-endian integer, a byte, or the error message when the status is negative). */
+enum {
+    TT_STORE_CMD_SET = 1,     /* key value -> ok */
+    TT_STORE_CMD_GET = 2,     /* key -> value, deferred until the key exists */
+    TT_STORE_CMD_ADD = 3,     /* key delta(8 bytes) -> new value (8 bytes) */
+    TT_STORE_CMD_CAS = 4,     /* key expected desired -> value after */
+    TT_STORE_CMD_CHECK = 5,   /* key... -> u8 all exist */
+    TT_STORE_CMD_DELETE = 6,  /* key -> u8 existed */
+    TT_STORE_CMD_WAIT = 7,    /* key... -> ok, deferred until all exist */
+    TT_STORE_CMD_PING = 8,    /* -> ok */
+};
+#define TT_STORE_FRAME_MARGIN 4096u
+/* Largest request: CAS with two maximal values. */
+#define TT_STORE_MAX_FRAME \
+    (2u * (uint32_t)TUTTI_STORE_MAX_VALUE + TUTTI_STORE_MAX_KEY + TT_STORE_FRAME_MARGIN)
+/* Largest reply: a value plus the status byte. */
+#define TT_STORE_MAX_REPLY ((uint32_t)TUTTI_STORE_MAX_VALUE + TT_STORE_FRAME_MARGIN)
+
+/* The TCP store server (libuv loop in a thread of its own). host may be NULL
+ * ("0.0.0.0"); port 0 picks a free port, returned in *port_p. */
+typedef struct tt_store_server tt_store_server_t;
+int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p, int *port_p,
+                          tt_store_err_t *err);
+/* Stop the loop thread and free everything; in a forked child (which has no loop thread)
+ * it only forgets the server. */
+void tt_store_server_stop(tt_store_server_t *srv);
+
+#endif /* TT_STORE_IMPL_H */

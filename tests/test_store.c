@@ -1,0 +1,1434 @@
+/* Store tests: the file store and the TCP store (embedded server on loopback) through the
+ * public API, plus raw-socket abuse of the server, killed writers and a full disk for the
+ * file store. Every multi-process test bounds its waits and kills its children on
+ * failure. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/store.h>
+
+#include "store_impl.h"
+
+enum { K_FILE = 0, K_TCP = 1 };
+static const char *kind_name[] = {"file", "tcp"};
+
+static char g_root[64]; /* temp dir of the whole run, removed by main */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+#define OK(s, call)                                                                      \
+    do {                                                                                 \
+        int st_ = (call);                                                                \
+        ck_assert_msg(st_ == 0, "%s -> %s: %s", #call, tutti_status_name(st_),           \
+                      tutti_store_last_error(s));                                        \
+    } while (0)
+
+#define EXPECT(s, call, want)                                                            \
+    do {                                                                                 \
+        int st_ = (call);                                                                \
+        ck_assert_msg(st_ == (want), "%s -> %s, wanted %s: %s", #call,                   \
+                      tutti_status_name(st_), tutti_status_name(want),                   \
+                      tutti_store_last_error(s));                                        \
+    } while (0)
+
+/* in children: fail with a code and a line on stderr */
+#define CHILD_OK(call, code)                                                             \
+    do {                                                                                 \
+        int st_ = (call);                                                                \
+        if (st_ != 0) {                                                                  \
+            fprintf(stderr, "child %d: %s -> %s\n", (int)getpid(), #call,                \
+                    tutti_status_name(st_));                                             \
+            _exit(code);                                                                 \
+        }                                                                                \
+    } while (0)
+
+typedef struct ctx {
+    int kind;
+    char dir[256];
+    int port;
+    tutti_store_t *s;
+} ctx_t;
+
+static void ctx_open(ctx_t *c, int kind, int timeout_ms)
+{
+    memset(c, 0, sizeof(*c));
+    c->kind = kind;
+    if (kind == K_FILE) {
+        snprintf(c->dir, sizeof(c->dir), "%s/s%d-XXXXXX", g_root, (int)getpid());
+        ck_assert_ptr_nonnull(mkdtemp(c->dir));
+        OK(NULL, tutti_store_open_file(&c->s, c->dir, timeout_ms));
+        c->port = -1;
+    } else {
+        OK(NULL, tutti_store_open_tcp(&c->s, "127.0.0.1", 0, 1, timeout_ms));
+        c->port = tutti_store_port(c->s);
+        ck_assert_int_gt(c->port, 0);
+    }
+}
+
+/* Another handle on the same store (for other processes and threads). */
+static int ctx_client(const ctx_t *c, tutti_store_t **s_p, int timeout_ms)
+{
+    if (c->kind == K_FILE)
+        return tutti_store_open_file(s_p, c->dir, timeout_ms);
+    return tutti_store_open_tcp(s_p, "127.0.0.1", c->port, 0, timeout_ms);
+}
+
+static void ctx_close(ctx_t *c)
+{
+    tutti_store_close(c->s);
+    c->s = NULL;
+}
+
+enum {
+    REAP_KEEP = 1,  /* a child that fails is no reason to kill the others */
+    REAP_QUIET = 2, /* failures are expected: say nothing */
+};
+
+/* Wait for n children until timeout_ms; on a failure (unless REAP_KEEP) or the timeout
+ * kill the rest. Returns 0 when all exited 0; codes (may be NULL) gets exit codes (-sig
+ * when killed by a signal, -1000 when killed here). */
+static int reap_children_ex(pid_t *pids, int n, int timeout_ms, int *codes, int flags)
+{
+    double end = now_ms() + timeout_ms;
+    int left = n, failed = 0;
+    int done[64] = {0};
+    ck_assert_int_le(n, 64);
+    while (left > 0) {
+        for (int i = 0; i < n; i++) {
+            if (done[i])
+                continue;
+            int status;
+            pid_t r = waitpid(pids[i], &status, WNOHANG);
+            if (r != pids[i])
+                continue;
+            done[i] = 1;
+            left--;
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+            if (codes)
+                codes[i] = code;
+            if (code != 0 && !(flags & REAP_QUIET))
+                fprintf(stderr, "child %d (#%d) failed: %s %d\n", (int)pids[i], i,
+                        code < 0 ? "signal" : "exit", code < 0 ? -code : code);
+            failed |= code != 0;
+        }
+        if (left == 0)
+            break;
+        int timed_out = now_ms() > end;
+        if ((failed && !(flags & REAP_KEEP)) || timed_out) {
+            if (timed_out)
+                fprintf(stderr, "children still running after %d ms: killing them\n",
+                        timeout_ms);
+            for (int i = 0; i < n; i++) {
+                if (done[i])
+                    continue;
+                kill(pids[i], SIGKILL);
+                waitpid(pids[i], NULL, 0);
+                if (codes)
+                    codes[i] = -1000;
+            }
+            return 1;
+        }
+        sleep_ms(2);
+    }
+    return failed;
+}
+
+static int reap_children(pid_t *pids, int n, int timeout_ms, int *codes)
+{
+    return reap_children_ex(pids, n, timeout_ms, codes, 0);
+}
+
+static int count_tmp_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, ".tmp.", 5);
+    closedir(d);
+    return n;
+}
+
+/* ---- both stores ---- */
+
+START_TEST(test_set_get)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 5000);
+    void *v;
+    size_t len;
+    OK(c.s, tutti_store_set(c.s, "a", "hello", 5));
+    OK(c.s, tutti_store_get(c.s, "a", &v, &len, -1));
+    ck_assert_uint_eq(len, 5);
+    ck_assert_str_eq(v, "hello"); /* NUL after the value */
+    free(v);
+    OK(c.s, tutti_store_set(c.s, "a", "world!!", 7));
+    OK(c.s, tutti_store_get(c.s, "a", &v, &len, 100));
+    ck_assert_uint_eq(len, 7);
+    ck_assert_str_eq(v, "world!!");
+    free(v);
+    OK(c.s, tutti_store_set(c.s, "empty", NULL, 0));
+    OK(c.s, tutti_store_get(c.s, "empty", &v, NULL, 100));
+    ck_assert_str_eq(v, "");
+    free(v);
+    /* a second handle sees the same keys */
+    tutti_store_t *s2;
+    OK(NULL, ctx_client(&c, &s2, 2000));
+    OK(s2, tutti_store_get(s2, "a", &v, &len, 100));
+    ck_assert_str_eq(v, "world!!");
+    free(v);
+    tutti_store_close(s2);
+    ck_assert_str_eq(tutti_store_last_error(c.s), "");
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_get_timeout)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 300);
+    ck_assert_int_eq(tutti_store_timeout(c.s), 300);
+    void *v = (void *)0x1;
+    size_t len = 77;
+    double t0 = now_ms();
+    EXPECT(c.s, tutti_store_get(c.s, "missing-key", &v, &len, -1), TUTTI_ERR_TIMEOUT);
+    double el = now_ms() - t0;
+    ck_assert_msg(el >= 300 && el <= 1300, "%s get timed out after %.0f ms, not ~300",
+                  kind_name[_i], el);
+    ck_assert_ptr_eq(v, (void *)0x1); /* out-parameters untouched on failure */
+    ck_assert_uint_eq(len, 77);
+    const char *msg = tutti_store_last_error(c.s);
+    ck_assert_msg(strstr(msg, "missing-key") && strstr(msg, tutti_store_url(c.s)),
+                  "message lacks key or url: %s", msg);
+
+    /* an explicit timeout wins over the store's */
+    t0 = now_ms();
+    EXPECT(c.s, tutti_store_get(c.s, "missing-key", &v, &len, 100), TUTTI_ERR_TIMEOUT);
+    el = now_ms() - t0;
+    ck_assert_msg(el >= 100 && el <= 1100, "get(100 ms) took %.0f ms", el);
+
+    /* wait names a missing key */
+    OK(c.s, tutti_store_set(c.s, "here", "1", 1));
+    const char *keys[] = {"here", "not-here-either"};
+    t0 = now_ms();
+    EXPECT(c.s, tutti_store_wait(c.s, keys, 2, 200), TUTTI_ERR_TIMEOUT);
+    el = now_ms() - t0;
+    ck_assert_msg(el >= 200 && el <= 1200, "wait(200 ms) took %.0f ms", el);
+    msg = tutti_store_last_error(c.s);
+    ck_assert_msg(strstr(msg, "not-here-either"), "wait message lacks the key: %s", msg);
+
+    /* the store still works after a timeout (tcp: a new connection) */
+    OK(c.s, tutti_store_get(c.s, "here", &v, &len, 100));
+    ck_assert_str_eq(v, "1");
+    free(v);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_add_basic)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    int64_t r = 0;
+    OK(c.s, tutti_store_add(c.s, "n", 5, &r));
+    ck_assert_int_eq(r, 5);
+    OK(c.s, tutti_store_add(c.s, "n", -7, &r));
+    ck_assert_int_eq(r, -2);
+    OK(c.s, tutti_store_add(c.s, "n", 7, NULL));
+    void *v;
+    size_t len;
+    OK(c.s, tutti_store_get(c.s, "n", &v, &len, 100));
+    ck_assert_str_eq(v, "5"); /* counters are decimal text, as in PyTorch's TCPStore */
+    ck_assert_uint_eq(len, 1);
+    free(v);
+    OK(c.s, tutti_store_set(c.s, "n2", "40", 2));
+    OK(c.s, tutti_store_add(c.s, "n2", 2, &r));
+    ck_assert_int_eq(r, 42);
+    OK(c.s, tutti_store_add(c.s, "n2", 0, &r));
+    ck_assert_int_eq(r, 42);
+
+    OK(c.s, tutti_store_set(c.s, "text", "abc", 3));
+    r = 99;
+    EXPECT(c.s, tutti_store_add(c.s, "text", 1, &r), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(r, 99);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c.s), "text"));
+    OK(c.s, tutti_store_add(c.s, "big", INT64_MAX, &r));
+    EXPECT(c.s, tutti_store_add(c.s, "big", 1, &r), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(r, INT64_MAX);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_add_many_procs)
+{
+    enum { NCHILD = 8, NADD = 500 };
+    ctx_t c;
+    ctx_open(&c, _i, 10000);
+    pid_t pids[NCHILD];
+    double t0 = now_ms();
+    for (int i = 0; i < NCHILD; i++) {
+        pids[i] = fork();
+        ck_assert_int_ge(pids[i], 0);
+        if (pids[i] == 0) {
+            tutti_store_t *s;
+            CHILD_OK(ctx_client(&c, &s, 10000), 2);
+            int64_t last = 0;
+            for (int k = 0; k < NADD; k++) {
+                int64_t r;
+                CHILD_OK(tutti_store_add(s, "counter", 1, &r), 3);
+                if (r <= last || r > NCHILD * NADD)
+                    _exit(4); /* each add sees a value above its previous one */
+                last = r;
+            }
+            tutti_store_close(s);
+            _exit(0);
+        }
+    }
+    ck_assert_int_eq(reap_children(pids, NCHILD, 20000, NULL), 0);
+    void *v;
+    OK(c.s, tutti_store_get(c.s, "counter", &v, NULL, 100));
+    ck_assert_str_eq(v, "4000");
+    free(v);
+    fprintf(stderr, "%s store: %d adds from %d processes in %.0f ms\n", kind_name[_i],
+            NCHILD * NADD, NCHILD, now_ms() - t0);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_compare_set)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    void *cur;
+    size_t curlen;
+    int exists;
+    const char *k[] = {"cas"};
+
+    /* missing key, non-empty expected: nothing set, the value after is empty */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", "x", 1, "first", 5, &cur, &curlen));
+    ck_assert_uint_eq(curlen, 0);
+    free(cur);
+    OK(c.s, tutti_store_check(c.s, k, 1, &exists));
+    ck_assert_int_eq(exists, 0);
+
+    /* missing key, empty expected: set */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", NULL, 0, "first", 5, &cur, &curlen));
+    ck_assert_uint_eq(curlen, 5);
+    ck_assert_str_eq(cur, "first");
+    free(cur);
+
+    /* existing key, empty expected: not equal, the current value comes back */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", "", 0, "other", 5, &cur, &curlen));
+    ck_assert_str_eq(cur, "first");
+    free(cur);
+
+    /* mismatch */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", "firsT", 5, "second", 6, &cur, &curlen));
+    ck_assert_str_eq(cur, "first");
+    free(cur);
+    /* a prefix of the value is not equal either */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", "firs", 4, "second", 6, &cur, &curlen));
+    ck_assert_str_eq(cur, "first");
+    free(cur);
+
+    /* match */
+    OK(c.s, tutti_store_compare_set(c.s, "cas", "first", 5, "second", 6, &cur, &curlen));
+    ck_assert_uint_eq(curlen, 6);
+    ck_assert_str_eq(cur, "second");
+    free(cur);
+    void *v;
+    OK(c.s, tutti_store_get(c.s, "cas", &v, NULL, 100));
+    ck_assert_str_eq(v, "second");
+    free(v);
+
+    /* binary values and NULL out-parameters */
+    const char bin1[] = {0, 1, 0, 2}, bin2[] = {0, 0, 0};
+    OK(c.s, tutti_store_set(c.s, "cbin", bin1, sizeof(bin1)));
+    OK(c.s, tutti_store_compare_set(c.s, "cbin", bin1, sizeof(bin1), bin2, sizeof(bin2), NULL,
+                                    NULL));
+    size_t len;
+    OK(c.s, tutti_store_get(c.s, "cbin", &v, &len, 100));
+    ck_assert_uint_eq(len, 3);
+    ck_assert_mem_eq(v, bin2, 3);
+    free(v);
+
+    /* set to empty, then an empty expected matches the empty value */
+    OK(c.s, tutti_store_compare_set(c.s, "cbin", bin2, 3, "", 0, NULL, NULL));
+    OK(c.s, tutti_store_compare_set(c.s, "cbin", "", 0, "z", 1, &cur, &curlen));
+    ck_assert_str_eq(cur, "z");
+    free(cur);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_wait_other_process)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 5000);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        tutti_store_t *s;
+        CHILD_OK(ctx_client(&c, &s, 5000), 2);
+        sleep_ms(150);
+        CHILD_OK(tutti_store_set(s, "w1", "one", 3), 3);
+        sleep_ms(50);
+        CHILD_OK(tutti_store_set(s, "w3", "three", 5), 3);
+        sleep_ms(50);
+        CHILD_OK(tutti_store_set(s, "w2", "two", 3), 3);
+        tutti_store_close(s);
+        _exit(0);
+    }
+    const char *keys[] = {"w1", "w2", "w3"};
+    double t0 = now_ms();
+    int st = tutti_store_wait(c.s, keys, 3, 5000);
+    double el = now_ms() - t0;
+    int exists = 0;
+    if (st == 0)
+        st = tutti_store_check(c.s, keys, 3, &exists);
+    int rc = reap_children(&pid, 1, 5000, NULL);
+    ck_assert_msg(st == 0, "wait: %s", tutti_store_last_error(c.s));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(exists, 1);
+    ck_assert_msg(el >= 200 && el < 3000, "wait returned after %.0f ms", el);
+
+    /* multi_get of keys set later by another process */
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        tutti_store_t *s;
+        CHILD_OK(ctx_client(&c, &s, 5000), 2);
+        sleep_ms(100);
+        CHILD_OK(tutti_store_set(s, "m2", "bb", 2), 3);
+        CHILD_OK(tutti_store_set(s, "m1", "a", 1), 3);
+        tutti_store_close(s);
+        _exit(0);
+    }
+    const char *mk[] = {"m1", "m2", "w2"};
+    void *vals[3];
+    size_t lens[3];
+    st = tutti_store_multi_get(c.s, mk, 3, vals, lens, 5000);
+    rc = reap_children(&pid, 1, 5000, NULL);
+    ck_assert_msg(st == 0, "multi_get: %s", tutti_store_last_error(c.s));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_str_eq(vals[0], "a");
+    ck_assert_str_eq(vals[1], "bb");
+    ck_assert_str_eq(vals[2], "two");
+    ck_assert_uint_eq(lens[1], 2);
+    for (int i = 0; i < 3; i++)
+        free(vals[i]);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_check_delete)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    const char *ka[] = {"a"}, *kab[] = {"a", "b"};
+    int exists = -1, deleted = -1;
+    OK(c.s, tutti_store_check(c.s, ka, 1, &exists));
+    ck_assert_int_eq(exists, 0);
+    OK(c.s, tutti_store_set(c.s, "a", "1", 1));
+    OK(c.s, tutti_store_check(c.s, ka, 1, &exists));
+    ck_assert_int_eq(exists, 1);
+    OK(c.s, tutti_store_check(c.s, kab, 2, &exists));
+    ck_assert_int_eq(exists, 0);
+    OK(c.s, tutti_store_check(c.s, kab, 0, &exists));
+    ck_assert_int_eq(exists, 1); /* no keys: all of them exist */
+    OK(c.s, tutti_store_delete(c.s, "a", &deleted));
+    ck_assert_int_eq(deleted, 1);
+    OK(c.s, tutti_store_delete(c.s, "a", &deleted));
+    ck_assert_int_eq(deleted, 0);
+    OK(c.s, tutti_store_delete(c.s, "never", NULL));
+    OK(c.s, tutti_store_check(c.s, ka, 1, &exists));
+    ck_assert_int_eq(exists, 0);
+    void *v;
+    EXPECT(c.s, tutti_store_get(c.s, "a", &v, NULL, 50), TUTTI_ERR_TIMEOUT);
+    /* a deleted counter starts again from 0 */
+    int64_t r;
+    OK(c.s, tutti_store_add(c.s, "a", 3, &r));
+    ck_assert_int_eq(r, 3);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_multi_get)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    OK(c.s, tutti_store_set(c.s, "x", "xx", 2));
+    OK(c.s, tutti_store_set(c.s, "y", "", 0));
+    OK(c.s, tutti_store_set(c.s, "z", "zzz", 3));
+    const char *keys[] = {"z", "x", "y", "x"};
+    void *vals[4];
+    size_t lens[4];
+    OK(c.s, tutti_store_multi_get(c.s, keys, 4, vals, lens, 100));
+    ck_assert_str_eq(vals[0], "zzz");
+    ck_assert_str_eq(vals[1], "xx");
+    ck_assert_str_eq(vals[2], "");
+    ck_assert_str_eq(vals[3], "xx");
+    ck_assert_uint_eq(lens[0], 3);
+    ck_assert_uint_eq(lens[2], 0);
+    for (int i = 0; i < 4; i++)
+        free(vals[i]);
+    /* one missing: nothing returned */
+    const char *keys2[] = {"x", "nope", "z"};
+    void *vals2[3] = {(void *)1, (void *)1, (void *)1};
+    EXPECT(c.s, tutti_store_multi_get(c.s, keys2, 3, vals2, NULL, 100), TUTTI_ERR_TIMEOUT);
+    ck_assert_ptr_eq(vals2[0], (void *)1);
+    ck_assert_ptr_eq(vals2[2], (void *)1);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c.s), "nope"));
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_prefix)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    tutti_store_t *a, *b, *ax;
+    OK(c.s, tutti_store_open_prefixed(&a, c.s, "a/"));
+    OK(c.s, tutti_store_open_prefixed(&b, c.s, "b/"));
+    OK(a, tutti_store_open_prefixed(&ax, a, "x/"));
+    ck_assert_str_eq(tutti_store_url(a), tutti_store_url(c.s));
+    ck_assert_int_eq(tutti_store_port(a), tutti_store_port(c.s));
+    OK(a, tutti_store_set(a, "k", "in a", 4));
+    OK(b, tutti_store_set(b, "k", "in b", 4));
+    OK(ax, tutti_store_set(ax, "k", "in ax", 5));
+    void *v;
+    OK(a, tutti_store_get(a, "k", &v, NULL, 100));
+    ck_assert_str_eq(v, "in a");
+    free(v);
+    OK(b, tutti_store_get(b, "k", &v, NULL, 100));
+    ck_assert_str_eq(v, "in b");
+    free(v);
+    OK(c.s, tutti_store_get(c.s, "a/x/k", &v, NULL, 100));
+    ck_assert_str_eq(v, "in ax");
+    free(v);
+    OK(c.s, tutti_store_get(c.s, "b/k", &v, NULL, 100));
+    ck_assert_str_eq(v, "in b");
+    free(v);
+    const char *kk[] = {"k"};
+    int exists, deleted;
+    EXPECT(c.s, tutti_store_get(c.s, "k", &v, NULL, 50), TUTTI_ERR_TIMEOUT);
+    OK(b, tutti_store_delete(b, "k", &deleted));
+    ck_assert_int_eq(deleted, 1);
+    OK(b, tutti_store_check(b, kk, 1, &exists));
+    ck_assert_int_eq(exists, 0);
+    OK(a, tutti_store_check(a, kk, 1, &exists));
+    ck_assert_int_eq(exists, 1);
+    int64_t r;
+    OK(ax, tutti_store_add(ax, "n", 2, &r));
+    OK(a, tutti_store_add(a, "x/n", 3, &r));
+    ck_assert_int_eq(r, 5);
+    OK(a, tutti_store_wait(a, kk, 1, 100));
+    /* failures are recorded on the handle that failed, with the full key */
+    EXPECT(b, tutti_store_get(b, "gone", &v, NULL, 50), TUTTI_ERR_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(b), "b/gone"));
+    ck_assert_str_eq(tutti_store_last_error(a), "");
+    /* timeouts: a view starts with its parent's, then has its own */
+    tutti_store_set_timeout(a, 123);
+    tutti_store_t *ay;
+    OK(a, tutti_store_open_prefixed(&ay, a, "y/"));
+    ck_assert_int_eq(tutti_store_timeout(ay), 123);
+    ck_assert_int_eq(tutti_store_timeout(c.s), 2000);
+    /* communicator ids count on the base, whichever view asks */
+    ck_assert_uint_eq(tt_store_next_comm_id(c.s), 0);
+    ck_assert_uint_eq(tt_store_next_comm_id(a), 1);
+    ck_assert_uint_eq(tt_store_next_comm_id(ax), 2);
+    ck_assert_uint_eq(tt_store_next_comm_id(c.s), 3);
+    /* a prefix that leaves no room for keys */
+    char longp[TUTTI_STORE_MAX_KEY + 2];
+    memset(longp, 'p', sizeof(longp) - 1);
+    longp[sizeof(longp) - 1] = '\0';
+    tutti_store_t *bad = (tutti_store_t *)0x1;
+    EXPECT(c.s, tutti_store_open_prefixed(&bad, c.s, longp), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_eq(bad, (void *)0x1);
+    longp[TUTTI_STORE_MAX_KEY - 1] = '\0'; /* with "a/y/": room for one byte */
+    OK(c.s, tutti_store_open_prefixed(&bad, ay, longp + 4));
+    EXPECT(bad, tutti_store_set(bad, "kk", "1", 1), TUTTI_ERR_INVALID_ARG);
+    OK(bad, tutti_store_set(bad, "k", "1", 1));
+    tutti_store_close(bad);
+    tutti_store_close(ay);
+    tutti_store_close(ax);
+    tutti_store_close(b);
+    tutti_store_close(a);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_binary_and_keys)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    unsigned char bin[256];
+    for (int i = 0; i < 256; i++)
+        bin[i] = (unsigned char)i;
+    /* keys that must not collide or escape the directory */
+    char longk[TUTTI_STORE_MAX_KEY + 1];
+    for (int i = 0; i < TUTTI_STORE_MAX_KEY; i++)
+        longk[i] = (char)(1 + i % 250);
+    longk[TUTTI_STORE_MAX_KEY] = '\0';
+    const char *keys[] = {"bin", "A", "%41", "a/b", "a%2Fb", "..", "../../etc/passwd",
+                          ".tmp.1.2.x", ".lock.00", "with space", "\x01\xff\x7f", "",
+                          longk};
+    size_t n = sizeof(keys) / sizeof(keys[0]);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char val[260];
+        memcpy(val, bin, 256);
+        memcpy(val + 256, &i, 4);
+        OK(c.s, tutti_store_set(c.s, keys[i], val, sizeof(val)));
+    }
+    for (size_t i = 0; i < n; i++) {
+        void *v;
+        size_t len;
+        OK(c.s, tutti_store_get(c.s, keys[i], &v, &len, 100));
+        ck_assert_uint_eq(len, 260);
+        ck_assert_mem_eq(v, bin, 256);
+        ck_assert_mem_eq((char *)v + 256, &i, 4);
+        ck_assert_int_eq(((char *)v)[260], 0);
+        free(v);
+    }
+    if (_i == K_FILE) {
+        /* every key stayed inside the directory, as a key file or a key directory */
+        DIR *d = opendir(c.dir);
+        struct dirent *e;
+        while ((e = readdir(d)))
+            ck_assert_msg(e->d_name[0] == 'k' || e->d_name[0] == 'd' ||
+                              !strncmp(e->d_name, ".lock.", 6) || !strcmp(e->d_name, ".") ||
+                              !strcmp(e->d_name, ".."),
+                          "unexpected file %s", e->d_name);
+        closedir(d);
+    }
+    char toolong[TUTTI_STORE_MAX_KEY + 2];
+    memset(toolong, 'k', sizeof(toolong) - 1);
+    toolong[sizeof(toolong) - 1] = '\0';
+    EXPECT(c.s, tutti_store_set(c.s, toolong, "1", 1), TUTTI_ERR_INVALID_ARG);
+    int exists;
+    const char *kl[] = {longk};
+    OK(c.s, tutti_store_check(c.s, kl, 1, &exists));
+    ck_assert_int_eq(exists, 1);
+    int deleted;
+    OK(c.s, tutti_store_delete(c.s, longk, &deleted));
+    ck_assert_int_eq(deleted, 1);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_large_values)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 10000);
+    size_t sz = (3u << 20) + 12345;
+    unsigned char *big = malloc(sz);
+    ck_assert_ptr_nonnull(big);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sz; i++) {
+        x = x * 1103515245u + 12345u;
+        big[i] = (unsigned char)(x >> 16);
+    }
+    OK(c.s, tutti_store_set(c.s, "big", big, sz));
+    void *v;
+    size_t len;
+    OK(c.s, tutti_store_get(c.s, "big", &v, &len, 1000));
+    ck_assert_uint_eq(len, sz);
+    ck_assert_int_eq(memcmp(v, big, sz), 0);
+    free(v);
+    /* compare_set with large values on both sides */
+    void *cur;
+    big[0] ^= 1;
+    OK(c.s, tutti_store_compare_set(c.s, "big", NULL, 0, "x", 1, &cur, &len));
+    ck_assert_uint_eq(len, sz);
+    free(cur);
+    big[0] ^= 1;
+    unsigned char *big2 = malloc(sz);
+    ck_assert_ptr_nonnull(big2);
+    memset(big2, 0xab, sz);
+    OK(c.s, tutti_store_compare_set(c.s, "big", big, sz, big2, sz, &cur, &len));
+    ck_assert_uint_eq(len, sz);
+    ck_assert_int_eq(memcmp(cur, big2, sz), 0);
+    free(cur);
+    /* over the limit: refused before anything is read from the buffer */
+    EXPECT(c.s, tutti_store_set(c.s, "huge", big, (size_t)TUTTI_STORE_MAX_VALUE + 1),
+           TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c.s), "huge"));
+    free(big2);
+    free(big);
+    ctx_close(&c);
+}
+END_TEST
+
+typedef struct thr_arg {
+    const ctx_t *c;
+    tutti_store_t *s;
+    int st;
+    double ms;
+} thr_arg_t;
+
+static void *thr_get(void *p)
+{
+    thr_arg_t *a = p;
+    void *v = NULL;
+    double t0 = now_ms();
+    a->st = tutti_store_get(a->s, "late", &v, NULL, 5000);
+    a->ms = now_ms() - t0;
+    if (a->st == 0 && strcmp(v, "now"))
+        a->st = TUTTI_ERR_INTERNAL;
+    free(v);
+    return NULL;
+}
+
+static void *thr_add(void *p)
+{
+    thr_arg_t *a = p;
+    for (int i = 0; i < 200 && a->st == 0; i++)
+        a->st = tutti_store_add(a->s, "tcount", 1, NULL);
+    return NULL;
+}
+
+START_TEST(test_threads)
+{
+    /* one handle used by several threads: a blocked get must not hold up a set */
+    ctx_t c;
+    ctx_open(&c, _i, 5000);
+    thr_arg_t g = {&c, c.s, -1, 0};
+    pthread_t tg, ta[4];
+    thr_arg_t aa[4];
+    ck_assert_int_eq(pthread_create(&tg, NULL, thr_get, &g), 0);
+    for (int i = 0; i < 4; i++) {
+        aa[i] = (thr_arg_t){&c, c.s, 0, 0};
+        ck_assert_int_eq(pthread_create(&ta[i], NULL, thr_add, &aa[i]), 0);
+    }
+    sleep_ms(100);
+    OK(c.s, tutti_store_set(c.s, "late", "now", 3));
+    pthread_join(tg, NULL);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(ta[i], NULL);
+        ck_assert_msg(aa[i].st == 0, "add thread: %s", tutti_status_name(aa[i].st));
+    }
+    ck_assert_msg(g.st == 0, "get thread: %s", tutti_status_name(g.st));
+    ck_assert_msg(g.ms < 2000, "get took %.0f ms", g.ms);
+    int64_t r;
+    OK(c.s, tutti_store_add(c.s, "tcount", 0, &r));
+    ck_assert_int_eq(r, 800);
+    ctx_close(&c);
+}
+END_TEST
+
+/* ---- arguments and URLs ---- */
+
+START_TEST(test_args_and_urls)
+{
+    tutti_store_t *s = (tutti_store_t *)0x1;
+    const char *bad[] = {"", "http://x:1", "tcp://host", "tcp://host:", "tcp://:5",
+                         "tcp://host:99999", "tcp://host:12a", "tcp://::1:5", "tcp://[::1]5",
+                         "tcp://[::1:5", "file://relative/dir", "file://", "tcp://h:1/x",
+                         "tcp://h:0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int st = tutti_store_open(&s, bad[i], NULL);
+        ck_assert_msg(st == TUTTI_ERR_INVALID_ARG, "'%s' -> %s", bad[i], tutti_status_name(st));
+        ck_assert_ptr_eq(s, (void *)0x1);
+        ck_assert_msg(tutti_store_last_error(NULL)[0], "no message for '%s'", bad[i]);
+    }
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "tcp://h:0"));
+    EXPECT(NULL, tutti_store_open(NULL, "file:///tmp/x", NULL), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_open(&s, NULL, NULL), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_open_file(&s, "", 100), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_open_tcp(&s, NULL, 1, 0, 100), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_open_tcp(&s, "127.0.0.1", 70000, 0, 100), TUTTI_ERR_INVALID_ARG);
+    tutti_store_opts_t o = {0};
+    EXPECT(NULL, tutti_store_open(&s, "file:///tmp/x", &o), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_opts_init(NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_eq(s, (void *)0x1);
+
+    /* defaults and the environment */
+    unsetenv("TUTTI_STORE_TIMEOUT_MS");
+    OK(NULL, tutti_store_opts_init(&o));
+    ck_assert_uint_eq(o.size, sizeof(o));
+    ck_assert_int_eq(o.timeout_ms, 30000);
+    ck_assert_int_eq(o.is_server, 0);
+    setenv("TUTTI_STORE_TIMEOUT_MS", "1234", 1);
+    OK(NULL, tutti_store_opts_init(&o));
+    ck_assert_int_eq(o.timeout_ms, 1234);
+
+    /* file URL: the directory is created, the URL is absolute */
+    char dir[300], url[320];
+    snprintf(dir, sizeof(dir), "%s/url%d/sub/dir", g_root, (int)getpid());
+    snprintf(url, sizeof(url), "file://%s", dir);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    ck_assert_str_eq(tutti_store_url(s), url);
+    ck_assert_int_eq(tutti_store_port(s), -1);
+    ck_assert_int_eq(tutti_store_timeout(s), 1234);
+    OK(s, tutti_store_set(s, "k", "v", 1));
+
+    /* the API refuses bad arguments on a good handle, with a message */
+    void *v;
+    int x;
+    EXPECT(s, tutti_store_set(s, NULL, "v", 1), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_set(s, "k", NULL, 1), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_get(s, "k", NULL, NULL, 10), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_check(s, NULL, 1, &x), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_check(s, (const char *const[]){"k"}, 1, NULL), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_wait(s, (const char *const[]){"k", NULL}, 2, 10),
+           TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_compare_set(s, "k", NULL, 3, "x", 1, NULL, NULL),
+           TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(s), "expected"));
+    EXPECT(NULL, tutti_store_set(NULL, "k", "v", 1), TUTTI_ERR_INVALID_ARG);
+    EXPECT(NULL, tutti_store_get(NULL, "k", &v, NULL, 1), TUTTI_ERR_INVALID_ARG);
+    OK(s, tutti_store_wait(s, NULL, 0, 10));
+    tutti_store_close(s);
+    tutti_store_close(NULL);
+    ck_assert_str_eq(tutti_store_url(NULL), "");
+    ck_assert_int_eq(tutti_store_port(NULL), -1);
+}
+END_TEST
+
+/* ---- tcp ---- */
+
+START_TEST(test_tcp_url_and_port)
+{
+    ctx_t c;
+    ctx_open(&c, K_TCP, 2000);
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", c.port);
+    ck_assert_str_eq(tutti_store_url(c.s), url);
+    tutti_store_opts_t o;
+    OK(NULL, tutti_store_opts_init(&o));
+    o.timeout_ms = 2000;
+    tutti_store_t *s2;
+    OK(NULL, tutti_store_open(&s2, url, &o));
+    ck_assert_int_eq(tutti_store_port(s2), c.port);
+    OK(s2, tutti_store_set(s2, "via-url", "1", 1));
+    void *v;
+    OK(c.s, tutti_store_get(c.s, "via-url", &v, NULL, 100));
+    ck_assert_str_eq(v, "1");
+    free(v);
+    /* a second server on a port in use fails with a message */
+    tutti_store_t *s3 = (tutti_store_t *)0x1;
+    int st = tutti_store_open_tcp(&s3, "127.0.0.1", c.port, 1, 500);
+    ck_assert_int_lt(st, 0);
+    ck_assert_ptr_eq(s3, (void *)0x1);
+    ck_assert_msg(strstr(tutti_store_last_error(NULL), "in use"), "%s",
+                  tutti_store_last_error(NULL));
+    tutti_store_close(s2);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_tcp_ipv6)
+{
+    tutti_store_t *s;
+    int st = tutti_store_open_tcp(&s, "::1", 0, 1, 2000);
+    if (st < 0) {
+        fprintf(stderr, "test_tcp_ipv6: skipped, no ::1 here (%s)\n",
+                tutti_store_last_error(NULL));
+        return;
+    }
+    int port = tutti_store_port(s);
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://[::1]:%d", port);
+    ck_assert_str_eq(tutti_store_url(s), url);
+    tutti_store_t *c2;
+    OK(NULL, tutti_store_open(&c2, url, NULL));
+    OK(c2, tutti_store_set(c2, "v6", "six", 3));
+    void *v;
+    OK(s, tutti_store_get(s, "v6", &v, NULL, 100));
+    ck_assert_str_eq(v, "six");
+    free(v);
+    EXPECT(c2, tutti_store_get(c2, "none", &v, NULL, 50), TUTTI_ERR_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c2), "[::1]"));
+    tutti_store_close(c2);
+    tutti_store_close(s);
+}
+END_TEST
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* 1 when the server closed fd (EOF or reset) within 3 s, without replying. */
+static int raw_closed_by_server(int fd)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t r = recv(fd, buf, sizeof(buf), 0);
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return 1;
+        if (r < 0 && errno == EINTR)
+            continue;
+        return 0;
+    }
+}
+
+static void be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void raw_send(int fd, const void *buf, size_t len)
+{
+    ck_assert_int_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void check_still_serving(tutti_store_t *s, int port, int round)
+{
+    char val[32];
+    int n = snprintf(val, sizeof(val), "round %d", round);
+    OK(s, tutti_store_set(s, "alive", val, (size_t)n));
+    void *v;
+    OK(s, tutti_store_get(s, "alive", &v, NULL, 1000));
+    ck_assert_str_eq(v, val);
+    free(v);
+    tutti_store_t *fresh;
+    OK(NULL, tutti_store_open_tcp(&fresh, "127.0.0.1", port, 0, 2000));
+    int64_t r;
+    OK(fresh, tutti_store_add(fresh, "alive-n", 1, &r));
+    ck_assert_int_eq(r, round + 1);
+    tutti_store_close(fresh);
+}
+
+START_TEST(test_tcp_bad_clients)
+{
+    ctx_t c;
+    ctx_open(&c, K_TCP, 3000);
+    tutti_store_t *good;
+    OK(NULL, tutti_store_open_tcp(&good, "127.0.0.1", c.port, 0, 3000));
+    OK(good, tutti_store_set(good, "k", "v", 1));
+    int round = 0;
+
+    /* garbage: an HTTP request reads as a frame length far over the limit */
+    int fd = raw_connect(c.port);
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, http, sizeof(http) - 1);
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client sending HTTP");
+    close(fd);
+    check_still_serving(good, c.port, round++);
+
+    /* random bytes after a plausible header: unknown command */
+    fd = raw_connect(c.port);
+    unsigned char junk[64];
+    be32(junk, 60);
+    for (int i = 4; i < 64; i++)
+        junk[i] = (unsigned char)(0xee ^ (i * 37));
+    raw_send(fd, junk, sizeof(junk));
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client sending junk");
+    close(fd);
+    check_still_serving(good, c.port, round++);
+
+    /* oversized frame header, no body */
+    fd = raw_connect(c.port);
+    unsigned char hdr[5];
+    be32(hdr, 0xffffffffu);
+    hdr[4] = TT_STORE_CMD_SET;
+    raw_send(fd, hdr, 5);
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a 4 GiB frame");
+    close(fd);
+    check_still_serving(good, c.port, round++);
+
+    /* zero-length frame */
+    fd = raw_connect(c.port);
+    be32(hdr, 0);
+    raw_send(fd, hdr, 4);
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with an empty frame");
+    close(fd);
+
+    /* a field running past its frame */
+    fd = raw_connect(c.port);
+    unsigned char tr[4 + 1 + 4 + 3 + 4 + 8];
+    be32(tr, sizeof(tr) - 4);
+    tr[4] = TT_STORE_CMD_SET;
+    be32(tr + 5, 3);
+    memcpy(tr + 9, "key", 3);
+    be32(tr + 12, 1000); /* claims 1000 bytes, 8 follow */
+    memset(tr + 16, 'x', 8);
+    raw_send(fd, tr, sizeof(tr));
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a truncated field");
+    close(fd);
+    check_still_serving(good, c.port, round++);
+
+    /* a key over the limit inside a well-formed frame */
+    fd = raw_connect(c.port);
+    size_t kl = TUTTI_STORE_MAX_KEY + 1;
+    unsigned char *kf = calloc(1, 4 + 1 + 4 + kl);
+    be32(kf, (uint32_t)(1 + 4 + kl));
+    kf[4] = TT_STORE_CMD_GET;
+    be32(kf + 5, (uint32_t)kl);
+    memset(kf + 9, 'k', kl);
+    raw_send(fd, kf, 4 + 1 + 4 + kl);
+    free(kf);
+    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a long key");
+    close(fd);
+
+    /* half a frame, then the client goes away */
+    fd = raw_connect(c.port);
+    raw_send(fd, tr, 10);
+    close(fd);
+    check_still_serving(good, c.port, round++);
+
+    /* a client that leaves while its GET waits: the waiter must go with it */
+    fd = raw_connect(c.port);
+    unsigned char gf[4 + 1 + 4 + 5];
+    be32(gf, 1 + 4 + 5);
+    gf[4] = TT_STORE_CMD_GET;
+    be32(gf + 5, 5);
+    memcpy(gf + 9, "ghost", 5);
+    raw_send(fd, gf, sizeof(gf));
+    sleep_ms(50);
+    close(fd);
+    sleep_ms(50);
+    OK(good, tutti_store_set(good, "ghost", "boo", 3));
+    check_still_serving(good, c.port, round++);
+
+    /* requests sent behind a waiting GET are answered in order, after it */
+    fd = raw_connect(c.port);
+    unsigned char pf[(4 + 1 + 4 + 4) + (4 + 1 + 4 + 4 + 4 + 1)];
+    unsigned char *q = pf;
+    be32(q, 1 + 4 + 4);
+    q[4] = TT_STORE_CMD_GET;
+    be32(q + 5, 4);
+    memcpy(q + 9, "pipe", 4);
+    q += 13;
+    be32(q, 1 + 4 + 4 + 4 + 1);
+    q[4] = TT_STORE_CMD_SET;
+    be32(q + 5, 4);
+    memcpy(q + 9, "pipe", 4);
+    be32(q + 13, 1);
+    q[17] = 'x';
+    raw_send(fd, pf, sizeof(pf));
+    sleep_ms(50);
+    OK(good, tutti_store_set(good, "pipe", "y", 1));
+    unsigned char rb[11];
+    ck_assert_int_eq(recv(fd, rb, sizeof(rb), MSG_WAITALL), (ssize_t)sizeof(rb));
+    const unsigned char want[11] = {0, 0, 0, 2, 0, 'y', 0, 0, 0, 1, 0};
+    ck_assert_mem_eq(rb, want, sizeof(want));
+    close(fd);
+    void *pv;
+    OK(good, tutti_store_get(good, "pipe", &pv, NULL, 100));
+    ck_assert_str_eq(pv, "x");
+    free(pv);
+    check_still_serving(good, c.port, round++);
+
+    tutti_store_close(good);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_tcp_random_frames)
+{
+    /* frames with sane lengths and random contents, sent and dropped at once: whatever the
+     * server makes of them, it must go on serving (run under ASan to see the memory) */
+    setenv("TUTTI_DEBUG", "error", 1); /* 400 closed connections are 400 warnings */
+    ctx_t c;
+    ctx_open(&c, K_TCP, 3000);
+    unsigned seed = 4242;
+    unsigned char f[4 + 96];
+    for (int i = 0; i < 400; i++) {
+        uint32_t len = 1 + rand_r(&seed) % 96;
+        be32(f, len);
+        f[4] = (unsigned char)(rand_r(&seed) % 10);
+        for (uint32_t k = 1; k < len; k++) {
+            /* mostly small field lengths, so some frames parse */
+            int r = rand_r(&seed) % 8;
+            f[4 + k] = r < 5 ? 0 : (unsigned char)(r == 5 ? rand_r(&seed) % 12 : rand_r(&seed));
+        }
+        int fd = raw_connect(c.port);
+        raw_send(fd, f, 4 + len);
+        close(fd);
+    }
+    check_still_serving(c.s, c.port, 0);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_tcp_timeout_no_desync)
+{
+    /* a get that times out must not leave its late answer to be read by the next call */
+    ctx_t c;
+    ctx_open(&c, K_TCP, 2000);
+    tutti_store_t *s;
+    OK(NULL, tutti_store_open_tcp(&s, "127.0.0.1", c.port, 0, 2000));
+    void *v;
+    EXPECT(s, tutti_store_get(s, "slow", &v, NULL, 100), TUTTI_ERR_TIMEOUT);
+    OK(c.s, tutti_store_set(c.s, "slow", "late answer", 11));
+    OK(c.s, tutti_store_set(c.s, "next", "right answer", 12));
+    OK(s, tutti_store_get(s, "next", &v, NULL, 500));
+    ck_assert_str_eq(v, "right answer");
+    free(v);
+    int64_t r;
+    OK(s, tutti_store_add(s, "cnt", 7, &r));
+    ck_assert_int_eq(r, 7);
+    tutti_store_close(s);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_tcp_unreachable)
+{
+    /* a port nobody listens on: bind one, then close it */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t alen = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &alen);
+    int port = ntohs(a.sin_port);
+    close(fd);
+
+    tutti_store_t *s = (tutti_store_t *)0x1;
+    double t0 = now_ms();
+    int st = tutti_store_open_tcp(&s, "127.0.0.1", port, 0, 300);
+    double el = now_ms() - t0;
+    ck_assert_msg(st == TUTTI_ERR_TIMEOUT || st == TUTTI_ERR_STORE, "got %s",
+                  tutti_status_name(st));
+    ck_assert_ptr_eq(s, (void *)0x1);
+    ck_assert_msg(el >= 300 && el <= 1300, "gave up after %.0f ms, not ~300", el);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    const char *msg = tutti_store_last_error(NULL);
+    ck_assert_msg(strstr(msg, addr) && strstr(msg, strerror(ECONNREFUSED)), "message: %s",
+                  msg);
+
+    /* a server that goes away: calls fail with the address, and do not hang */
+    ctx_t c;
+    ctx_open(&c, K_TCP, 300);
+    tutti_store_t *cl;
+    OK(NULL, tutti_store_open_tcp(&cl, "127.0.0.1", c.port, 0, 300));
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", c.port);
+    ctx_close(&c);
+    t0 = now_ms();
+    st = tutti_store_set(cl, "k", "v", 1);
+    el = now_ms() - t0;
+    ck_assert_int_lt(st, 0);
+    ck_assert_msg(el <= 1300, "set on a dead server took %.0f ms", el);
+    ck_assert_msg(strstr(tutti_store_last_error(cl), addr), "%s", tutti_store_last_error(cl));
+    tutti_store_close(cl);
+}
+END_TEST
+
+/* Run the standalone server (when it was built) and talk to it. */
+START_TEST(test_tcp_tool)
+{
+#ifdef TT_BUILD_DIR
+    const char *tool = TT_BUILD_DIR "/tools/tutti-store";
+#else
+    const char *tool = "tools/tutti-store";
+#endif
+    if (access(tool, X_OK) < 0) {
+        fprintf(stderr, "test_tcp_tool: skipped, %s not built\n", tool);
+        return;
+    }
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        close(p[0]);
+        execl(tool, tool, "--host", "127.0.0.1", "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char line[256] = "";
+    size_t n = 0;
+    double end = now_ms() + 5000;
+    while (n < sizeof(line) - 1 && !strchr(line, '\n') && now_ms() < end) {
+        struct pollfd pf = {p[0], POLLIN, 0};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(p[0], line + n, sizeof(line) - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        line[n] = '\0';
+    }
+    close(p[0]);
+    int port = 0;
+    if (sscanf(line, "tutti-store listening on tcp://127.0.0.1:%d", &port) != 1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ck_abort_msg("tool printed '%s'", line);
+    }
+    tutti_store_t *s;
+    int st = tutti_store_open_tcp(&s, "127.0.0.1", port, 0, 2000);
+    if (st == 0) {
+        st = tutti_store_set(s, "t", "ool", 3);
+        tutti_store_close(s);
+    }
+    /* a second one on the same port cannot listen: exit 1 */
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", port);
+    pid_t pids[4];
+    const char *args[4][6] = {{tool, "--host", "127.0.0.1", "--port", ports, NULL},
+                              {tool, "--help", NULL},
+                              {tool, "--port", "x", NULL},
+                              {tool, NULL}};
+    for (int i = 0; i < 4; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+            execv(tool, (char *const *)args[i]);
+            _exit(127);
+        }
+    }
+    int codes[4];
+    reap_children_ex(pids, 4, 5000, codes, REAP_KEEP | REAP_QUIET);
+    kill(pid, SIGTERM);
+    int code;
+    reap_children(&pid, 1, 5000, &code);
+    ck_assert_msg(st == 0, "talking to the tool: %s", tutti_status_name(st));
+    ck_assert_int_eq(codes[0], 1);
+    ck_assert_int_eq(codes[1], 0);
+    ck_assert_int_eq(codes[2], 2);
+    ck_assert_int_eq(codes[3], 2);
+    ck_assert_int_eq(code, 0);
+}
+END_TEST
+
+/* ---- file ---- */
+
+START_TEST(test_file_killed_writer)
+{
+    enum { KILLS = 6 };
+    const size_t sz = 16u << 20;
+    ctx_t c;
+    ctx_open(&c, K_FILE, 10000);
+    char *buf = malloc(sz);
+    ck_assert_ptr_nonnull(buf);
+    memset(buf, 1, sz);
+    OK(c.s, tutti_store_set(c.s, "big", buf, sz));
+    free(buf);
+
+    pid_t reader = fork();
+    ck_assert_int_ge(reader, 0);
+    if (reader == 0) {
+        tutti_store_t *s;
+        CHILD_OK(ctx_client(&c, &s, 10000), 2);
+        const char *stop[] = {"stop"};
+        int stopped = 0, reads = 0;
+        double end = now_ms() + 20000;
+        while (!stopped && now_ms() < end) {
+            void *v;
+            size_t len;
+            CHILD_OK(tutti_store_get(s, "big", &v, &len, 2000), 3);
+            const unsigned char *b = v;
+            if (len != sz || b[0] == 0 || memcmp(b, b + 1, sz - 1)) {
+                fprintf(stderr, "reader: partial value: %zu bytes, first %u\n", len, b[0]);
+                _exit(4);
+            }
+            free(v);
+            reads++;
+            CHILD_OK(tutti_store_check(s, stop, 1, &stopped), 5);
+        }
+        fprintf(stderr, "reader: %d complete reads\n", reads);
+        _exit(stopped && reads > 0 ? 0 : 6);
+    }
+    unsigned seed = (unsigned)getpid();
+    for (int k = 0; k < KILLS; k++) {
+        pid_t w = fork();
+        if (w < 0)
+            break;
+        if (w == 0) {
+            tutti_store_t *s;
+            CHILD_OK(ctx_client(&c, &s, 10000), 2);
+            char *b = malloc(sz);
+            for (unsigned i = 0;; i++) {
+                memset(b, (int)(1 + (k * 37 + i) % 250), sz);
+                CHILD_OK(tutti_store_set(s, "big", b, sz), 3);
+            }
+        }
+        sleep_ms(20 + (int)(rand_r(&seed) % 150));
+        kill(w, SIGKILL);
+        int code;
+        reap_children_ex(&w, 1, 5000, &code, REAP_QUIET);
+        if (code != -SIGKILL) {
+            kill(reader, SIGKILL);
+            waitpid(reader, NULL, 0);
+            ck_abort_msg("writer ended with %d before it was killed", code);
+        }
+    }
+    OK(c.s, tutti_store_set(c.s, "stop", "1", 1));
+    int rc = reap_children(&reader, 1, 10000, NULL);
+    ck_assert_msg(rc == 0, "the reader saw a partial value or failed");
+    void *v;
+    size_t len;
+    OK(c.s, tutti_store_get(c.s, "big", &v, &len, 100));
+    ck_assert_uint_eq(len, sz);
+    free(v);
+    /* the dead writers' temp files go at the next open */
+    int before = count_tmp_files(c.dir);
+    tutti_store_t *s2;
+    OK(NULL, tutti_store_open_file(&s2, c.dir, 1000));
+    ck_assert_int_eq(count_tmp_files(c.dir), 0);
+    fprintf(stderr, "killed writer: %d temp files left by %d kills, removed at open\n", before,
+            KILLS);
+    tutti_store_close(s2);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_file_full_disk)
+{
+    ctx_t c;
+    ctx_open(&c, K_FILE, 2000);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl = {1u << 20, 1u << 20};
+        signal(SIGXFSZ, SIG_IGN);
+        if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
+            _exit(2);
+        tutti_store_t *s;
+        CHILD_OK(ctx_client(&c, &s, 2000), 3);
+        size_t sz = 4u << 20;
+        char *b = calloc(1, sz);
+        int st = tutti_store_set(s, "full", b, sz);
+        const char *msg = tutti_store_last_error(s);
+        fprintf(stderr, "full disk: %s\n", msg);
+        if (st != TUTTI_ERR_IO || !strstr(msg, strerror(EFBIG)) || !strstr(msg, c.dir) ||
+            !strstr(msg, "full"))
+            _exit(4);
+        int exists = 1;
+        const char *k[] = {"full"};
+        CHILD_OK(tutti_store_check(s, k, 1, &exists), 5);
+        if (exists || count_tmp_files(c.dir) != 0)
+            _exit(6);
+        /* a counter cannot grow past the limit either, but small values still fit */
+        CHILD_OK(tutti_store_set(s, "small", "ok", 2), 7);
+        CHILD_OK(tutti_store_add(s, "n", 1, NULL), 8);
+        free(b);
+        tutti_store_close(s);
+        _exit(0);
+    }
+    int code;
+    reap_children(&pid, 1, 10000, &code);
+    ck_assert_msg(code == 0, "full-disk child exited %d", code);
+    ctx_close(&c);
+}
+END_TEST
+
+START_TEST(test_file_unwritable)
+{
+    if (geteuid() == 0) {
+        fprintf(stderr, "test_file_unwritable: skipped as root (permissions do not apply)\n");
+        return;
+    }
+    ctx_t c;
+    ctx_open(&c, K_FILE, 2000);
+    chmod(c.dir, 0555);
+    int st = tutti_store_set(c.s, "k", "v", 1);
+    chmod(c.dir, 0755);
+    ck_assert_int_eq(st, TUTTI_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c.s), strerror(EACCES)));
+    ctx_close(&c);
+}
+END_TEST
+
+static Suite *store_suite(void)
+{
+    Suite *s = suite_create("store");
+    TCase *both = tcase_create("both");
+    tcase_set_timeout(both, 30);
+    tcase_add_loop_test(both, test_set_get, 0, 2);
+    tcase_add_loop_test(both, test_get_timeout, 0, 2);
+    tcase_add_loop_test(both, test_add_basic, 0, 2);
+    tcase_add_loop_test(both, test_add_many_procs, 0, 2);
+    tcase_add_loop_test(both, test_compare_set, 0, 2);
+    tcase_add_loop_test(both, test_wait_other_process, 0, 2);
+    tcase_add_loop_test(both, test_check_delete, 0, 2);
+    tcase_add_loop_test(both, test_multi_get, 0, 2);
+    tcase_add_loop_test(both, test_prefix, 0, 2);
+    tcase_add_loop_test(both, test_binary_and_keys, 0, 2);
+    tcase_add_loop_test(both, test_large_values, 0, 2);
+    tcase_add_loop_test(both, test_threads, 0, 2);
+    tcase_add_test(both, test_args_and_urls);
+    suite_add_tcase(s, both);
+
+    TCase *tcp = tcase_create("tcp");
+    tcase_set_timeout(tcp, 30);
+    tcase_add_test(tcp, test_tcp_url_and_port);
+    tcase_add_test(tcp, test_tcp_ipv6);
+    tcase_add_test(tcp, test_tcp_bad_clients);
+    tcase_add_test(tcp, test_tcp_random_frames);
+    tcase_add_test(tcp, test_tcp_timeout_no_desync);
+    tcase_add_test(tcp, test_tcp_unreachable);
+    tcase_add_test(tcp, test_tcp_tool);
+    suite_add_tcase(s, tcp);
+
+    TCase *file = tcase_create("file");
+    tcase_set_timeout(file, 60);
+    tcase_add_test(file, test_file_killed_writer);
+    tcase_add_test(file, test_file_full_disk);
+    tcase_add_test(file, test_file_unwritable);
+    suite_add_tcase(s, file);
+    return s;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+int main(void)
+{
+    snprintf(g_root, sizeof(g_root), "/tmp/tutti-test-store-XXXXXX");
+    if (!mkdtemp(g_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    SRunner *sr = srunner_create(store_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return failed ? 1 : 0;
+}
