@@ -11,6 +11,8 @@
 
 #include "tcp.h"
 
+#define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -159,7 +161,24 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
 static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
 {
     while (!L->failed) {
-        if (L->rhdr_got < sizeof(L->rhdr)) {
+        size_t staged = 0; /* payload bytes that came with the header */
+        if (L->rhdr_got == 0 && L->rq_head && L->rq_head->len <= TCP_STAGE_BYTES) {
+            /* Exactly header + expected payload: a shorter frame (an error report, a
+             * mismatch) leaves its tail to the normal path, nothing beyond is read. */
+            if (!L->stage && !(L->stage = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES))) {
+                link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+                return;
+            }
+            ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len, NULL);
+            if (r <= 0)
+                return;
+            size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
+            memcpy(&L->rhdr, L->stage, h);
+            L->rhdr_got = h;
+            staged = (size_t)r - h;
+            if (L->rhdr_got < sizeof(L->rhdr))
+                continue;
+        } else if (L->rhdr_got < sizeof(L->rhdr)) {
             ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got,
                                   sizeof(L->rhdr) - L->rhdr_got, NULL);
             if (r <= 0)
@@ -167,6 +186,9 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             L->rhdr_got += (size_t)r;
             if (L->rhdr_got < sizeof(L->rhdr))
                 continue;
+        }
+        if (L->rhdr_got == sizeof(L->rhdr) && !L->rhdr_seen) {
+            L->rhdr_seen = 1;
             L->rhdr_matched = 0;
             L->errgot = 0;
             if (L->rhdr.magic != TCP_MAGIC ||
@@ -177,6 +199,15 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                           L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
                           (unsigned long long)L->rhdr.len);
                 return;
+            }
+            if (staged && L->rhdr.type == TCP_FRAME_ERROR) {
+                if (!L->errbuf && !(L->errbuf = malloc(TCP_MAX_ERRMSG + 1))) {
+                    link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+                    return;
+                }
+                L->errgot = TCP_MIN(staged, L->rhdr.len);
+                memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
+                staged = 0;
             }
         }
         if (L->rhdr.type == TCP_FRAME_ERROR) {
@@ -217,6 +248,10 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = L->rhdr.len;
             L->rhdr_matched = 1;
+            if (staged) {
+                memcpy(q->buf, L->stage + sizeof(L->rhdr), staged);
+                q->xfer = staged;
+            }
         }
         if (q->xfer < q->len) {
             ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
@@ -231,7 +266,10 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
         q->status = 0;
         tp->completions++;
         L->rhdr_got = 0;
+        L->rhdr_seen = 0;
         L->rhdr_matched = 0;
+        if (!L->rq_head)
+            return; /* no read-ahead: it would cost a syscall that finds nothing */
     }
 }
 
@@ -499,6 +537,7 @@ static void tcp_destroy(void *vtp)
             close(L->fd);
         }
         free(L->errbuf);
+        free(L->stage);
     }
     uv_close((uv_handle_t *)&tp->timer, on_close_noop);
     uv_close((uv_handle_t *)&tp->wake, on_close_noop);

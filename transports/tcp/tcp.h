@@ -19,6 +19,9 @@
 #define TCP_FRAME_DATA 1
 #define TCP_FRAME_ERROR 2
 #define TCP_MAX_ERRMSG 2048
+/* receives up to this size come with their header in one recv() through a staging
+ * buffer, instead of two */
+#define TCP_STAGE_BYTES 4096
 
 /* On the wire, little-endian hosts assumed (checked at set-up through the hello). */
 typedef struct tcp_hdr {
@@ -57,7 +60,9 @@ typedef struct tcp_link {
     tutti_tp_req_v1_t *rq_head, *rq_tail;
     tcp_hdr_t rhdr;
     size_t rhdr_got;          /* == sizeof(rhdr): a header is parked, waiting */
+    int rhdr_seen;            /* the complete header was validated */
     int rhdr_matched;         /* the parked header was matched to rq_head */
+    char *stage;              /* header + small payload, read in one go */
     char *errbuf;             /* payload of an incoming error frame */
     size_t errgot;
     /* libuv watcher used when blocking */

@@ -35,6 +35,10 @@ typedef struct conn {
 
 struct setup {
     tcp_tp_t *tp;
+    /* A loop of its own, closed before the data path starts: the sockets outlive their
+     * set-up handles (dup), and epoll would keep their old registrations while any
+     * copy of a socket is open, so they must die with the whole epoll instance. */
+    uv_loop_t loop;
     uv_tcp_t listener;
     uv_timer_t deadline;
     int needed, done;
@@ -167,7 +171,7 @@ static void setup_fail(setup_t *s, int status, const char *fmt, ...)
     vsnprintf(s->err, sizeof(s->err), fmt, ap);
     va_end(ap);
     s->status = status;
-    uv_stop(&s->tp->loop);
+    uv_stop(&s->loop);
 }
 
 /* A connection said or heard hello: it becomes the link to c->peer. */
@@ -198,7 +202,7 @@ static void conn_established(conn_t *c)
     }
     conn_close(c);
     if (++s->done == s->needed)
-        uv_stop(&tp->loop);
+        uv_stop(&s->loop);
 }
 
 static void on_hello_written(uv_write_t *w, int status)
@@ -246,8 +250,7 @@ static void on_connect(uv_connect_t *req, int status)
 
 static void conn_start(conn_t *c)
 {
-    tcp_tp_t *tp = c->s->tp;
-    uv_tcp_init(&tp->loop, &c->h);
+    uv_tcp_init(&c->s->loop, &c->h);
     c->h.data = c;
     c->open = 1;
     c->creq.data = c;
@@ -313,7 +316,7 @@ static void on_incoming(uv_stream_t *server, int status)
     c->peer = -1;
     c->next = s->conns;
     s->conns = c;
-    uv_tcp_init(&tp->loop, &c->h);
+    uv_tcp_init(&s->loop, &c->h);
     c->h.data = c;
     c->open = 1;
     if (uv_accept(server, (uv_stream_t *)&c->h) < 0) {
@@ -378,10 +381,14 @@ int tcp_setup_connect(tcp_tp_t *tp)
     int st = choose_address(tp, &me, ifname, sizeof(ifname));
     if (st < 0)
         return st;
+    int rc0;
 
-    uv_tcp_init(&tp->loop, &s.listener);
+    rc0 = uv_loop_init(&s.loop);
+    if (rc0 < 0)
+        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -rc0, "tcp: uv_loop_init failed");
+    uv_tcp_init(&s.loop, &s.listener);
     s.listener.data = &s;
-    uv_timer_init(&tp->loop, &s.deadline);
+    uv_timer_init(&s.loop, &s.deadline);
     s.deadline.data = &s;
     int rc = uv_tcp_bind(&s.listener, (struct sockaddr *)&me, 0);
     if (rc == 0)
@@ -429,7 +436,7 @@ int tcp_setup_connect(tcp_tp_t *tp)
         st = peer_addr_from_store(tp, j, &c->addr);
         if (st < 0)
             goto out_free;
-        uv_timer_init(&tp->loop, &c->retry);
+        uv_timer_init(&s.loop, &c->retry);
         c->retry.data = c;
         c->retry_open = 1;
         conn_start(c);
@@ -437,7 +444,7 @@ int tcp_setup_connect(tcp_tp_t *tp)
     if (s.needed > 0) {
         uv_timer_start(&s.deadline, on_deadline, (uint64_t)host->timeout_ms, 0);
         while (s.done < s.needed && s.status == 0)
-            uv_run(&tp->loop, UV_RUN_ONCE);
+            uv_run(&s.loop, UV_RUN_ONCE);
     }
     if (s.status < 0) {
         st = host->error(host->ctx, s.status, -1, 0, "%s", s.err);
@@ -456,7 +463,11 @@ out_close:
     uv_close((uv_handle_t *)&s.deadline, on_handle_closed);
     /* One loop turn runs every close callback (and cancels pending connects and
      * writes) requested above, before the memory behind the handles goes. */
-    uv_run(&tp->loop, UV_RUN_NOWAIT);
+    uv_run(&s.loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(&s.loop) != 0) {
+        uv_run(&s.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s.loop);
+    }
     while (s.conns) {
         conn_t *c = s.conns;
         s.conns = c->next;
