@@ -1,2 +1,89 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* Recursive doubling allreduce: log2(p) rounds, each exchanging the whole vector with
+ * the partner whose (folded) rank differs in one bit. Latency optimal, so it serves
+ * small messages; every round moves the full vector, so large ones go to the ring.
+ *
+ * Non-power-of-two rank counts fold first: with p the largest power of two <= n, the
+ * first 2 (n - p) ranks pair up, each odd one hands its vector to the even one below
+ * it, sits out the rounds and gets the result back at the end. The remaining p ranks
+ * run the rounds under folded ranks 0..p-1.
+ *
+ * Every rank must end with the same bits, floats included, so each reduction takes the
+ * lower rank's partial result as the first operand, whichever side computes it.
+ */
+#include <string.h>
+
+#include "algo.h"
+#include "internal.h"
+#include "reduce.h"
+
+enum {
+    RD_TAG_FOLD = 1,     /* odd rank -> even partner, before the rounds */
+    RD_TAG_UNFOLD = 2,   /* the result back, after them */
+    RD_TAG_ROUND0 = 16,  /* + round number */
+};
+
+int tt_allreduce_rd(tt_op_t *op)
+{
+    const int n = op->nranks, r = op->rank;
+    const size_t bytes = op->count * op->elem_size;
+    void *recv = op->recvbuf;
+
+    if (n == 1 || op->count == 0) {
+        if (bytes && op->sendbuf != recv)
+            memcpy(recv, op->sendbuf, bytes);
+        return TUTTI_OK;
+    }
+
+    int p = 1;
+    while (p <= n / 2)
+        p *= 2;
+    const int extra = n - p;
+
+    void *tmp = tt_op_scratch(op, 0, bytes);
+    if (!tmp)
+        return TUTTI_ERR_NOMEM;
+
+    tt_req_t req[2];
+    /* This rank's partial result: sendbuf until the first reduction writes recvbuf, so
+     * that out of place needs no copy. */
+    const void *cur = op->sendbuf;
+    int folded;
+
+    if (r < 2 * extra) {
+        if (r & 1) {
+            /* In place, the result lands where the send reads: finish the send first. */
+            TT_CHECK(tt_p2p_send(op, r - 1, cur, bytes, RD_TAG_FOLD, &req[0]));
+            TT_CHECK(tt_p2p_wait(op, &req[0]));
+            TT_CHECK(tt_p2p_recv(op, r - 1, recv, bytes, RD_TAG_UNFOLD, &req[0]));
+            return tt_p2p_wait(op, &req[0]);
+        }
+        TT_CHECK(tt_p2p_recv(op, r + 1, tmp, bytes, RD_TAG_FOLD, &req[0]));
+        TT_CHECK(tt_p2p_wait(op, &req[0]));
+        tt_reduce3(recv, cur, tmp, op->count, op->dtype, op->redop);
+        cur = recv;
+        folded = r / 2;
+    } else {
+        folded = r - extra;
+    }
+
+    for (int mask = 1, round = 0; mask < p; mask <<= 1, round++) {
+        int pf = folded ^ mask;
+        int peer = pf < extra ? 2 * pf : pf + extra;
+        uint32_t tag = RD_TAG_ROUND0 + (uint32_t)round;
+        TT_CHECK(tt_p2p_recv(op, peer, tmp, bytes, tag, &req[0]));
+        TT_CHECK(tt_p2p_send(op, peer, cur, bytes, tag, &req[1]));
+        /* both: the reduction may overwrite what the send reads */
+        TT_CHECK(tt_p2p_wait_all(op, req, 2));
+        if (r < peer)
+            tt_reduce3(recv, cur, tmp, op->count, op->dtype, op->redop);
+        else
+            tt_reduce3(recv, tmp, cur, op->count, op->dtype, op->redop);
+        cur = recv;
+    }
+
+    if (r < 2 * extra) {
+        TT_CHECK(tt_p2p_send(op, r + 1, recv, bytes, RD_TAG_UNFOLD, &req[0]));
+        TT_CHECK(tt_p2p_wait(op, &req[0]));
+    }
+    return TUTTI_OK;
+}

@@ -1,2 +1,419 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* The algorithm table, the TUTTI_ALGO override and the default selection model. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo.h"
+#include "internal.h"
+
+/* Default model. Recursive doubling costs log2(p) (alpha + bytes beta), the ring
+ * 2 (p-1) alpha + 2 (p-1)/p bytes beta: the ring wins once messages are large enough
+ * for the bandwidth term to dominate its extra latency. Tune with tutti-bench. */
+#define TT_ALLREDUCE_RD_MAX_BYTES ((size_t)64 << 10)
+/* Below this many bytes per ring block, the ring's 2 (p-1) steps are latency bound
+ * whatever the total, so recursive doubling stays ahead on many ranks. */
+#define TT_ALLREDUCE_RING_MIN_BLOCK_BYTES ((size_t)4 << 10)
+/* Two ranks: recursive doubling is one exchange of the vector, the ring two half
+ * exchanges moving the same bytes. */
+#define TT_ALLREDUCE_RD_MAX_RANKS 2
+/* The binomial tree sends the whole message log2(p) times in sequence; the chain
+ * pipelines chunks and wins once a message spans a few of them. */
+#define TT_BROADCAST_TREE_MAX_BYTES ((size_t)256 << 10)
+
+/* Ids travel in envelopes: never renumber, never reuse. */
+static const tt_algo_t tt_algo_ring = {"ring", TT_COLL_ALLREDUCE, 1, tt_allreduce_ring};
+static const tt_algo_t tt_algo_rd = {"rd", TT_COLL_ALLREDUCE, 2, tt_allreduce_rd};
+static const tt_algo_t tt_algo_chain = {"chain", TT_COLL_BROADCAST, 3, tt_broadcast_chain};
+static const tt_algo_t tt_algo_tree = {"tree", TT_COLL_BROADCAST, 4, tt_broadcast_tree};
+static const tt_algo_t tt_algo_dissemination = {"dissemination", TT_COLL_BARRIER, 5,
+                                                tt_barrier_dissemination};
+
+static const tt_algo_t *const tt_algos[] = {
+    &tt_algo_ring, &tt_algo_rd, &tt_algo_chain, &tt_algo_tree, &tt_algo_dissemination,
+};
+
+static const char *const tt_coll_names[TT_COLL_COUNT_] = {
+    [TT_COLL_ALLREDUCE] = "allreduce",
+    [TT_COLL_BROADCAST] = "broadcast",
+    [TT_COLL_BARRIER] = "barrier",
+};
+
+const char *tt_coll_name(tt_coll_t coll)
+{
+    if ((int)coll <= TT_COLL_NONE || coll >= TT_COLL_COUNT_)
+        return NULL;
+    return tt_coll_names[coll];
+}
+
+tt_coll_t tt_coll_parse(const char *name)
+{
+    if (!name)
+        return TT_COLL_NONE;
+    for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++)
+        if (strcmp(name, tt_coll_names[c]) == 0)
+            return (tt_coll_t)c;
+    return TT_COLL_NONE;
+}
+
+const tt_algo_t *const *tt_algo_all(size_t *n_p)
+{
+    if (n_p)
+        *n_p = TT_ARRAY_SIZE(tt_algos);
+    return tt_algos;
+}
+
+const tt_algo_t *tt_algo_find(tt_coll_t coll, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_algos); i++)
+        if (tt_algos[i]->coll == coll && strcmp(tt_algos[i]->name, name) == 0)
+            return tt_algos[i];
+    return NULL;
+}
+
+/* ---- TUTTI_ALGO ---- */
+
+typedef struct tt_algo_choice {
+    const tt_algo_t *algo;
+    size_t bound; /* applies to bytes < bound; 0: to every size */
+} tt_algo_choice_t;
+
+struct tt_algo_override {
+    tt_algo_choice_t *choices[TT_COLL_COUNT_];
+    size_t nchoices[TT_COLL_COUNT_];
+};
+
+typedef struct tt_parser {
+    const char *s;
+    size_t pos;
+    char *err;
+    size_t errlen;
+} tt_parser_t;
+
+static int tt_parse_error(tt_parser_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int tt_parse_error(tt_parser_t *p, const char *fmt, ...)
+{
+    if (p->err && p->errlen) {
+        int n = snprintf(p->err, p->errlen, "TUTTI_ALGO: ");
+        if (n >= 0 && (size_t)n < p->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return TUTTI_ERR_CONFIG;
+}
+
+static void tt_parse_skip_ws(tt_parser_t *p)
+{
+    while (p->s[p->pos] && isspace((unsigned char)p->s[p->pos]))
+        p->pos++;
+}
+
+static int tt_is_name_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_' || c == '-';
+}
+
+/* The name at the current position (possibly empty) into buf, truncated to fit. */
+static size_t tt_parse_word(tt_parser_t *p, char *buf, size_t buflen, int (*is_char)(char))
+{
+    size_t start = p->pos;
+    while (p->s[p->pos] && is_char(p->s[p->pos]))
+        p->pos++;
+    size_t len = p->pos - start;
+    size_t keep = TT_MIN(len, buflen - 1);
+    memcpy(buf, p->s + start, keep);
+    buf[keep] = '\0';
+    return len;
+}
+
+static int tt_is_size_char(char c)
+{
+    return isalnum((unsigned char)c) != 0;
+}
+
+/* "ring, rd" for the error messages */
+static void tt_algo_names(tt_coll_t coll, char *buf, size_t buflen)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_algos); i++) {
+        if (coll != TT_COLL_NONE && tt_algos[i]->coll != coll)
+            continue;
+        int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "",
+                         tt_algos[i]->name);
+        if (n < 0 || (size_t)n >= buflen - used)
+            return;
+        used += (size_t)n;
+    }
+}
+
+/* What the character at the current position is, for "unexpected ..." messages. */
+static void tt_describe_char(const tt_parser_t *p, char *buf, size_t buflen)
+{
+    unsigned char c = (unsigned char)p->s[p->pos];
+    if (!c)
+        snprintf(buf, buflen, "end of string");
+    else if (isprint(c))
+        snprintf(buf, buflen, "'%c'", c);
+    else
+        snprintf(buf, buflen, "byte 0x%02x", c);
+}
+
+static int tt_set_choices(tt_algo_override_t *ovr, tt_coll_t coll, tt_algo_choice_t *choices,
+                          size_t n)
+{
+    /* a later entry for the same collective replaces an earlier one */
+    free(ovr->choices[coll]);
+    ovr->choices[coll] = choices;
+    ovr->nchoices[coll] = n;
+    return TUTTI_OK;
+}
+
+/* coll ':' choice (',' choice)*, the position after the ':' */
+static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t coll)
+{
+    const char *cname = tt_coll_name(coll);
+    tt_algo_choice_t *choices = NULL;
+    size_t n = 0;
+    int st;
+    char name[64], size[64], names[256], what[32];
+
+    tt_algo_names(coll, names, sizeof(names));
+    for (;;) {
+        tt_parse_skip_ws(p);
+        size_t off = p->pos;
+        size_t len = tt_parse_word(p, name, sizeof(name), tt_is_name_char);
+        if (len == 0) {
+            tt_describe_char(p, what, sizeof(what));
+            st = tt_parse_error(p, "expected an algorithm for %s at offset %zu, got %s "
+                                "(expected one of: %s)", cname, off, what, names);
+            goto err_free;
+        }
+        const tt_algo_t *algo = len < sizeof(name) ? tt_algo_find(coll, name) : NULL;
+        if (!algo) {
+            st = tt_parse_error(p, "unknown %s algorithm \"%.*s\" at offset %zu (expected "
+                                "one of: %s)", cname, (int)len, p->s + off, off, names);
+            goto err_free;
+        }
+        if (n && choices[n - 1].bound == 0) {
+            st = tt_parse_error(p, "%s algorithm \"%s\" at offset %zu is never chosen: "
+                                "\"%s\" before it has no size bound", cname, algo->name, off,
+                                choices[n - 1].algo->name);
+            goto err_free;
+        }
+
+        size_t bound = 0;
+        tt_parse_skip_ws(p);
+        if (p->s[p->pos] == '@') {
+            p->pos++;
+            if (p->s[p->pos] != '<') {
+                tt_describe_char(p, what, sizeof(what));
+                st = tt_parse_error(p, "expected '<' after '@' at offset %zu, got %s (as in "
+                                    "\"%s@<64K\")", p->pos, what, algo->name);
+                goto err_free;
+            }
+            p->pos++;
+            tt_parse_skip_ws(p);
+            size_t soff = p->pos;
+            size_t slen = tt_parse_word(p, size, sizeof(size), tt_is_size_char);
+            if (slen == 0) {
+                tt_describe_char(p, what, sizeof(what));
+                st = tt_parse_error(p, "expected a size after \"@<\" at offset %zu, got %s "
+                                    "(a byte count such as 4096, 64K or 1M)", soff, what);
+                goto err_free;
+            }
+            if (slen >= sizeof(size) || tt_parse_size(size, &bound) != TUTTI_OK) {
+                st = tt_parse_error(p, "bad size \"%.*s\" at offset %zu (expected a byte "
+                                    "count such as 4096, 64K or 1M)", (int)TT_MIN(slen, 32),
+                                    p->s + soff, soff);
+                goto err_free;
+            }
+            if (bound == 0) {
+                st = tt_parse_error(p, "size bound at offset %zu is 0: \"%s@<0\" never "
+                                    "applies", soff, algo->name);
+                goto err_free;
+            }
+            if (n && choices[n - 1].bound >= bound) {
+                st = tt_parse_error(p, "%s algorithm \"%s\" at offset %zu is never chosen: "
+                                    "the bound before it is already %zu bytes", cname,
+                                    algo->name, off, choices[n - 1].bound);
+                goto err_free;
+            }
+        }
+
+        tt_algo_choice_t *grown = realloc(choices, (n + 1) * sizeof(*choices));
+        if (!grown) {
+            tt_parse_error(p, "out of memory");
+            st = TUTTI_ERR_NOMEM;
+            goto err_free;
+        }
+        choices = grown;
+        choices[n++] = (tt_algo_choice_t){algo, bound};
+
+        tt_parse_skip_ws(p);
+        if (p->s[p->pos] != ',')
+            break;
+        p->pos++;
+    }
+    return tt_set_choices(ovr, coll, choices, n);
+
+err_free:
+    free(choices);
+    return st;
+}
+
+/* name: every collective that has an algorithm of that name uses it */
+static int tt_parse_bare(tt_parser_t *p, tt_algo_override_t *ovr, const char *name,
+                         size_t len, size_t off)
+{
+    char names[256];
+    int found = 0;
+    tt_coll_t coll = tt_coll_parse(name);
+    if (coll != TT_COLL_NONE) {
+        tt_algo_names(coll, names, sizeof(names));
+        return tt_parse_error(p, "expected ':' after \"%s\" at offset %zu, then one or more "
+                              "of: %s", name, off + len, names);
+    }
+    for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++) {
+        const tt_algo_t *algo = tt_algo_find((tt_coll_t)c, name);
+        if (!algo)
+            continue;
+        tt_algo_choice_t *one = malloc(sizeof(*one));
+        if (!one) {
+            tt_parse_error(p, "out of memory");
+            return TUTTI_ERR_NOMEM;
+        }
+        *one = (tt_algo_choice_t){algo, 0};
+        tt_set_choices(ovr, (tt_coll_t)c, one, 1);
+        found = 1;
+    }
+    if (!found) {
+        tt_algo_names(TT_COLL_NONE, names, sizeof(names));
+        return tt_parse_error(p, "unknown algorithm \"%.*s\" at offset %zu (expected "
+                              "\"collective:algorithm\" or one of: %s)", (int)len, p->s + off,
+                              off, names);
+    }
+    return TUTTI_OK;
+}
+
+int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err,
+                           size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!ovr_p)
+        return TUTTI_ERR_INVALID_ARG;
+    *ovr_p = NULL;
+    if (!spec || !*spec)
+        return TUTTI_OK;
+
+    tt_algo_override_t *ovr = calloc(1, sizeof(*ovr));
+    if (!ovr)
+        return TUTTI_ERR_NOMEM;
+    tt_parser_t p = {.s = spec, .pos = 0, .err = err, .errlen = errlen};
+    char word[64], what[32];
+    int st = TUTTI_OK;
+
+    for (;;) {
+        tt_parse_skip_ws(&p);
+        /* empty entries (";;", a trailing ';') are harmless */
+        if (p.s[p.pos] == ';') {
+            p.pos++;
+            continue;
+        }
+        if (!p.s[p.pos])
+            break;
+        size_t off = p.pos;
+        size_t len = tt_parse_word(&p, word, sizeof(word), tt_is_name_char);
+        if (len == 0) {
+            tt_describe_char(&p, what, sizeof(what));
+            st = tt_parse_error(&p, "expected a collective or an algorithm name at offset "
+                                "%zu, got %s", off, what);
+            goto err_free;
+        }
+        tt_parse_skip_ws(&p);
+        if (p.s[p.pos] == ':') {
+            tt_coll_t coll = len < sizeof(word) ? tt_coll_parse(word) : TT_COLL_NONE;
+            if (coll == TT_COLL_NONE) {
+                st = tt_parse_error(&p, "unknown collective \"%.*s\" at offset %zu (expected "
+                                    "one of: allreduce, broadcast, barrier)", (int)len,
+                                    spec + off, off);
+                goto err_free;
+            }
+            p.pos++;
+            if ((st = tt_parse_choices(&p, ovr, coll)) != TUTTI_OK)
+                goto err_free;
+        } else {
+            if ((st = tt_parse_bare(&p, ovr, word, len, off)) != TUTTI_OK)
+                goto err_free;
+        }
+        tt_parse_skip_ws(&p);
+        if (!p.s[p.pos])
+            break;
+        if (p.s[p.pos] != ';') {
+            tt_describe_char(&p, what, sizeof(what));
+            st = tt_parse_error(&p, "unexpected %s at offset %zu (expected %s)", what, p.pos,
+                                p.s[p.pos] == '@' ? "';' or the end: size bounds need a "
+                                                    "collective, as in \"allreduce:rd@<64K\""
+                                                  : "',', ';' or the end");
+            goto err_free;
+        }
+        p.pos++;
+    }
+    *ovr_p = ovr;
+    return TUTTI_OK;
+
+err_free:
+    tt_algo_override_free(ovr);
+    return st;
+}
+
+void tt_algo_override_free(tt_algo_override_t *ovr)
+{
+    if (!ovr)
+        return;
+    for (int c = 0; c < TT_COLL_COUNT_; c++)
+        free(ovr->choices[c]);
+    free(ovr);
+}
+
+static const tt_algo_t *tt_algo_default(tt_coll_t coll, size_t bytes, int nranks)
+{
+    switch (coll) {
+    case TT_COLL_ALLREDUCE:
+        if (nranks <= TT_ALLREDUCE_RD_MAX_RANKS || bytes <= TT_ALLREDUCE_RD_MAX_BYTES ||
+            bytes / (size_t)nranks < TT_ALLREDUCE_RING_MIN_BLOCK_BYTES)
+            return &tt_algo_rd;
+        return &tt_algo_ring;
+    case TT_COLL_BROADCAST:
+        return bytes <= TT_BROADCAST_TREE_MAX_BYTES ? &tt_algo_tree : &tt_algo_chain;
+    case TT_COLL_BARRIER:
+        return &tt_algo_dissemination;
+    default:
+        return NULL;
+    }
+}
+
+const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes,
+                                int nranks)
+{
+    if ((int)coll <= TT_COLL_NONE || coll >= TT_COLL_COUNT_)
+        return NULL;
+    if (ovr) {
+        for (size_t i = 0; i < ovr->nchoices[coll]; i++) {
+            const tt_algo_choice_t *c = &ovr->choices[coll][i];
+            if (c->bound == 0 || bytes < c->bound)
+                return c->algo;
+        }
+    }
+    /* no override, or every bound of it is below bytes */
+    return tt_algo_default(coll, bytes, nranks);
+}

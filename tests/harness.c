@@ -1,0 +1,235 @@
+/* Multi-rank test harness: see harness.h. */
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TH_DEFAULT_TIMEOUT_MS 60000
+/* exit codes of a rank whose harness part failed; fn owns 1..125 */
+#define TH_EXIT_SETUP 126
+#define TH_EXIT_DESTROY 127
+
+double th_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int th_rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    if (remove(path) != 0 && errno != ENOENT)
+        fprintf(stderr, "th: removing %s: %s\n", path, strerror(errno));
+    return 0;
+}
+
+static void th_rmtree(const char *dir)
+{
+    nftw(dir, th_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void th_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+__attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
+                                               const char *dir, pid_t parent)
+{
+    /* A harness that dies (Check's timeout kills it) must not leave ranks behind; the
+     * getppid check closes the race with a parent that died before the prctl. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(TH_EXIT_SETUP);
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+
+    int rc;
+    if (spec->flags & TH_NO_COMM) {
+        rc = spec->fn(rank, spec->nranks, NULL, dir, spec->arg);
+    } else {
+        int timeout = spec->timeout_ms > 0 ? spec->timeout_ms : TH_DEFAULT_TIMEOUT_MS;
+        tutti_store_t *store = NULL;
+        tutti_comm_t *comm = NULL;
+        int st = tutti_store_open_file(&store, dir, timeout);
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "th: rank %d: opening the file store in %s: %s (%s)\n", rank, dir,
+                    tutti_status_name(st), store ? tutti_store_last_error(store) : "");
+            fflush(NULL);
+            _exit(TH_EXIT_SETUP);
+        }
+        st = tutti_comm_init(&comm, store, rank, spec->nranks, spec->opts);
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "th: rank %d: tutti_comm_init: %s: %s\n", rank,
+                    tutti_status_name(st), tutti_store_last_error(store));
+            fflush(NULL);
+            _exit(TH_EXIT_SETUP);
+        }
+        rc = spec->fn(rank, spec->nranks, comm, dir, spec->arg);
+        st = tutti_comm_destroy(comm);
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "th: rank %d: tutti_comm_destroy: %s\n", rank,
+                    tutti_status_name(st));
+            if (rc == 0)
+                rc = TH_EXIT_DESTROY;
+        }
+        tutti_store_close(store);
+    }
+    if (rc < 0 || rc > 125) {
+        fprintf(stderr, "th: rank %d: body returned %d, outside 0..125; exiting with 125\n",
+                rank, rc);
+        rc = 125;
+    }
+    fflush(NULL);
+    _exit(rc);
+}
+
+static void th_describe_exit(int rank, int nranks, int code)
+{
+    if (code == TH_EXIT_SETUP)
+        fprintf(stderr, "th: rank %d/%d failed to set up (store or communicator)\n", rank,
+                nranks);
+    else if (code == TH_EXIT_DESTROY)
+        fprintf(stderr, "th: rank %d/%d passed but tutti_comm_destroy failed\n", rank,
+                nranks);
+    else if (code > 128)
+        fprintf(stderr, "th: rank %d/%d died of signal %d (%s)\n", rank, nranks, code - 128,
+                strsignal(code - 128));
+    else
+        fprintf(stderr, "th: rank %d/%d exited with code %d\n", rank, nranks, code);
+}
+
+int th_run_ex(const th_spec_t *spec, int *exit_codes)
+{
+    if (!spec || !spec->fn || spec->nranks < 1) {
+        fprintf(stderr, "th: bad spec\n");
+        return 1;
+    }
+    const int n = spec->nranks;
+    const int timeout = spec->timeout_ms > 0 ? spec->timeout_ms : TH_DEFAULT_TIMEOUT_MS;
+
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s/tutti-th-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "th: mkdtemp %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+
+    pid_t *pids = calloc((size_t)n, sizeof(*pids));
+    int *codes = calloc((size_t)n, sizeof(*codes));
+    if (!pids || !codes) {
+        fprintf(stderr, "th: out of memory\n");
+        free(pids);
+        free(codes);
+        th_rmtree(dir);
+        return 1;
+    }
+    for (int r = 0; r < n; r++)
+        codes[r] = -1;
+
+    /* unflushed output would be written once by every child */
+    fflush(NULL);
+    const pid_t self = getpid();
+    int started = 0, fork_failed = 0;
+    for (; started < n; started++) {
+        pid_t pid = fork();
+        if (pid == 0)
+            th_child(spec, started, dir, self);
+        if (pid < 0) {
+            fprintf(stderr, "th: fork of rank %d: %s\n", started, strerror(errno));
+            fork_failed = 1;
+            break;
+        }
+        pids[started] = pid;
+    }
+
+    const double deadline = th_now_ms() + timeout;
+    int alive = started, killing = fork_failed, timed_out = 0;
+    if (killing)
+        for (int r = 0; r < started; r++)
+            kill(pids[r], SIGKILL);
+
+    while (alive > 0) {
+        int reaped = 0;
+        for (int r = 0; r < started; r++) {
+            if (!pids[r])
+                continue;
+            int status;
+            pid_t w = waitpid(pids[r], &status, WNOHANG);
+            if (w == 0 || (w < 0 && errno == EINTR))
+                continue;
+            reaped = 1;
+            pids[r] = 0;
+            alive--;
+            if (w < 0) {
+                fprintf(stderr, "th: waitpid rank %d: %s\n", r, strerror(errno));
+                continue; /* codes[r] stays -1 */
+            }
+            if (timed_out)
+                continue; /* killed by us: stays -1 */
+            codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            if (codes[r] == 0)
+                continue;
+            /* the SIGKILLs we sent ourselves are summed up where they are sent */
+            if (!killing || codes[r] != 128 + SIGKILL)
+                th_describe_exit(r, n, codes[r]);
+            if (!killing) {
+                if (!(spec->flags & TH_NO_KILL_ON_FAIL)) {
+                    killing = 1;
+                    for (int o = 0; o < started; o++)
+                        if (pids[o])
+                            kill(pids[o], SIGKILL);
+                    if (alive)
+                        fprintf(stderr, "th: killing the %d other running rank(s) after "
+                                        "rank %d failed\n", alive, r);
+                }
+            }
+        }
+        if (alive && !timed_out && th_now_ms() >= deadline) {
+            timed_out = 1;
+            fprintf(stderr, "th: timed out after %d ms; killing rank(s):", timeout);
+            for (int r = 0; r < started; r++)
+                if (pids[r]) {
+                    fprintf(stderr, " %d", r);
+                    kill(pids[r], SIGKILL);
+                }
+            fprintf(stderr, "\n");
+        }
+        if (alive && !reaped)
+            th_sleep_ms(2);
+    }
+
+    int ok = !fork_failed;
+    for (int r = 0; r < n; r++)
+        if (codes[r] != 0)
+            ok = 0;
+    if (exit_codes)
+        memcpy(exit_codes, codes, (size_t)n * sizeof(*codes));
+    free(pids);
+    free(codes);
+    th_rmtree(dir);
+    return ok ? 0 : 1;
+}
+
+int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
+{
+    th_spec_t spec = {
+        .nranks = nranks,
+        .fn = fn,
+        .arg = arg,
+        .timeout_ms = timeout_ms,
+    };
+    return th_run_ex(&spec, NULL);
+}

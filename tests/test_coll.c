@@ -1,0 +1,876 @@
+/* Multi-rank correctness of the collectives: every algorithm, dtype, op, rank count 1..5,
+ * awkward counts, in place and out of place, against a reference computed here in plain
+ * C from every rank's input (regenerated locally, independent of the library's
+ * kernels) and compared bit for bit. Also: async operations in flight together and
+ * mixed with blocking ones, barrier semantics, and 8 ranks on a small machine.
+ *
+ * Inputs keep every result exact, so the comparison can be bitwise: floats carry small
+ * integers for sums (|x| <= 8: exact in bf16 up to 32 ranks), {1, -1, 2, 0.5} for
+ * products, quarters for min/max; integers carry arbitrary bits and wrap.
+ *
+ * TT_TEST_QUICK=1 shrinks the 1 Mi-element case (for sanitizer builds).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+#include "harness.h"
+
+#define FAIL_IF(cond, ...)                                                              \
+    do {                                                                                \
+        if (cond) {                                                                     \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);              \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            return 1;                                                                   \
+        }                                                                               \
+    } while (0)
+
+#define GUARD_BYTES 64
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define GUARD_BYTE 0xA5
+#define GARBAGE_BYTE 0x5A
+
+/* ---- fp16 / bf16, written here so that the reference does not share the library's
+ * conversions ---- */
+
+static float ref_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13)
+                              : sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t ref_float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return sign | 0x7e00;
+    if (ax >= 0x47800000u) /* >= 65536, and infinity */
+        return sign | 0x7c00;
+    if (ax < 0x38800000u) { /* below 2^-14: subnormal, units of 2^-24 */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)lrintf(ldexpf(a, 24)); /* exact scaling, RNE */
+    }
+    uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax >> 13) & 0x3ff));
+    uint32_t rest = ax & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++; /* may carry into the exponent, up to infinity: still right */
+    return sign | (uint16_t)h;
+}
+
+static float ref_bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t ref_float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* ---- inputs and reference ---- */
+
+static const tutti_dtype_t all_dtypes[] = {TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
+                                           TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64};
+static const tutti_redop_t all_ops[] = {TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG};
+
+static int is_float(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t gen_bits(uint64_t seed, int rank, size_t i)
+{
+    return mix64(seed + 0x9e3779b97f4a7c15ull * ((uint64_t)i + 1) +
+                 0xd1b54a32d192ed03ull * (uint64_t)(rank + 1));
+}
+
+static double gen_float(tutti_redop_t op, uint64_t bits)
+{
+    static const double prod_vals[4] = {1, -1, 2, 0.5};
+    switch (op) {
+    case TUTTI_PROD: return prod_vals[bits & 3];
+    case TUTTI_MIN:
+    case TUTTI_MAX: return (double)((int)(bits & 63) - 32) / 4.0;
+    default: return (double)((int)(bits & 15) - 8);
+    }
+}
+
+/* odd factors keep integer products from collapsing to 0 */
+static uint64_t gen_int(tutti_redop_t op, uint64_t bits)
+{
+    return op == TUTTI_PROD ? bits | 1 : bits;
+}
+
+/* Store element i of a dtype from integer bits (integer types) or a double (floats). */
+static void put_elem(void *buf, tutti_dtype_t dt, size_t i, uint64_t u, double d)
+{
+    unsigned char *p = (unsigned char *)buf + i * tutti_dtype_size(dt);
+    switch (dt) {
+    case TUTTI_INT8:
+    case TUTTI_UINT8: *p = (uint8_t)u; break;
+    case TUTTI_INT32: { uint32_t v = (uint32_t)u; memcpy(p, &v, 4); break; }
+    case TUTTI_INT64: memcpy(p, &u, 8); break;
+    case TUTTI_FP16: { uint16_t v = ref_float_to_half((float)d); memcpy(p, &v, 2); break; }
+    case TUTTI_BF16: { uint16_t v = ref_float_to_bf16((float)d); memcpy(p, &v, 2); break; }
+    case TUTTI_FP32: { float v = (float)d; memcpy(p, &v, 4); break; }
+    case TUTTI_FP64: memcpy(p, &d, 8); break;
+    default: break;
+    }
+}
+
+/* Rank `rank`'s input element i into out[0]. */
+static void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i,
+                     uint64_t seed)
+{
+    uint64_t bits = gen_bits(seed, rank, i);
+    if (is_float(dt))
+        put_elem(out, dt, 0, 0, gen_float(op, bits));
+    else
+        put_elem(out, dt, 0, gen_int(op, bits), 0);
+}
+
+static void fill_input(void *buf, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t count,
+                       uint64_t seed)
+{
+    size_t es = tutti_dtype_size(dt);
+    for (size_t i = 0; i < count; i++)
+        gen_elem((unsigned char *)buf + i * es, dt, op, rank, i, seed);
+}
+
+/* integer bits as the type's value, widened */
+static int64_t int_value(tutti_dtype_t dt, uint64_t u)
+{
+    switch (dt) {
+    case TUTTI_INT8: return (int8_t)(uint8_t)u;
+    case TUTTI_UINT8: return (uint8_t)u;
+    case TUTTI_INT32: return (int32_t)(uint32_t)u;
+    default: return (int64_t)u;
+    }
+}
+
+/* The reduction of every rank's element i into out[0]. */
+static void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, size_t i,
+                          uint64_t seed)
+{
+    if (is_float(dt)) {
+        double acc = gen_float(op, gen_bits(seed, 0, i));
+        for (int r = 1; r < nranks; r++) {
+            double v = gen_float(op, gen_bits(seed, r, i));
+            switch (op) {
+            case TUTTI_PROD: acc *= v; break;
+            case TUTTI_MIN: acc = v < acc ? v : acc; break;
+            case TUTTI_MAX: acc = v > acc ? v : acc; break;
+            default: acc += v; break;
+            }
+        }
+        if (op == TUTTI_AVG) {
+            if (dt == TUTTI_FP64) {
+                acc = acc / nranks;
+            } else {
+                float q = (float)acc / (float)nranks;
+                acc = dt == TUTTI_FP16   ? ref_half_to_float(ref_float_to_half(q))
+                      : dt == TUTTI_BF16 ? ref_bf16_to_float(ref_float_to_bf16(q))
+                                         : q;
+            }
+        }
+        put_elem(out, dt, 0, 0, acc);
+        return;
+    }
+    /* integers: wrap in unsigned; compare and divide as the type */
+    uint64_t acc = gen_int(op, gen_bits(seed, 0, i));
+    for (int r = 1; r < nranks; r++) {
+        uint64_t v = gen_int(op, gen_bits(seed, r, i));
+        switch (op) {
+        case TUTTI_PROD: acc *= v; break;
+        case TUTTI_MIN:
+            if (int_value(dt, v) < int_value(dt, acc))
+                acc = v;
+            break;
+        case TUTTI_MAX:
+            if (int_value(dt, v) > int_value(dt, acc))
+                acc = v;
+            break;
+        default: acc += v; break;
+        }
+    }
+    if (op == TUTTI_AVG)
+        acc = (uint64_t)(int_value(dt, acc) / nranks);
+    put_elem(out, dt, 0, acc, 0);
+}
+
+static double elem_as_double(const void *p, tutti_dtype_t dt)
+{
+    union { int8_t i8; uint8_t u8; int32_t i32; int64_t i64; uint16_t u16; float f; double d; } v;
+    memcpy(&v, p, tutti_dtype_size(dt));
+    switch (dt) {
+    case TUTTI_INT8: return v.i8;
+    case TUTTI_UINT8: return v.u8;
+    case TUTTI_INT32: return v.i32;
+    case TUTTI_INT64: return (double)v.i64;
+    case TUTTI_FP16: return ref_half_to_float(v.u16);
+    case TUTTI_BF16: return ref_bf16_to_float(v.u16);
+    case TUTTI_FP32: return v.f;
+    case TUTTI_FP64: return v.d;
+    default: return 0;
+    }
+}
+
+static uint64_t elem_bits(const void *p, size_t es)
+{
+    uint64_t u = 0;
+    memcpy(&u, p, es);
+    return u;
+}
+
+/* ---- one rank's matrix ---- */
+
+typedef struct coll_ctx {
+    int rank, nranks;
+    tutti_comm_t *comm;
+    const char *algo;      /* what the comm was forced to, for messages */
+    unsigned char *send, *recv;
+    unsigned char *orig, *ref;  /* an allreduce case's input and expected result */
+    uint64_t cases;
+    int failures;
+    int comm_failed; /* a failed call fails the communicator: stop there */
+} coll_ctx_t;
+
+/* Most failures print one line; stop reporting after a few per run. */
+#define MAX_REPORTS 6
+
+static void report(coll_ctx_t *c, const char *what, tutti_dtype_t dt, const char *op,
+                   size_t count, int root, size_t i, const void *got, const void *exp)
+{
+    c->failures++;
+    if (c->failures > MAX_REPORTS)
+        return;
+    size_t es = tutti_dtype_size(dt);
+    char rootstr[24] = "";
+    if (root >= 0)
+        snprintf(rootstr, sizeof(rootstr), " root %d", root);
+    fprintf(stderr,
+            "rank %d/%d [%s] %s %s %s count %zu%s: index %zu: got %.17g (0x%llx), "
+            "expected %.17g (0x%llx)\n",
+            c->rank, c->nranks, c->algo, what, tutti_dtype_name(dt), op, count, rootstr, i,
+            elem_as_double(got, dt), (unsigned long long)elem_bits(got, es),
+            elem_as_double(exp, dt), (unsigned long long)elem_bits(exp, es));
+}
+
+static int guard_intact(const unsigned char *p)
+{
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        if (p[i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
+static int status_ok(coll_ctx_t *c, int st, const char *what)
+{
+    if (st == TUTTI_OK)
+        return 1;
+    fprintf(stderr, "rank %d/%d [%s] %s: %s: %s\n", c->rank, c->nranks, c->algo, what,
+            tutti_status_name(st), tutti_comm_last_error(c->comm));
+    c->failures++;
+    c->comm_failed = 1;
+    return 0;
+}
+
+/* mode 0: out of place; 1: TUTTI_IN_PLACE; 2: sendbuf == recvbuf */
+static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
+
+/* Index of the first element where a and b differ, or count. */
+static size_t first_diff(const unsigned char *a, const unsigned char *b, size_t count,
+                         size_t es)
+{
+    if (memcmp(a, b, count * es) == 0)
+        return count;
+    size_t i = 0;
+    while (i < count && memcmp(a + i * es, b + i * es, es) == 0)
+        i++;
+    return i;
+}
+
+/* This rank's input (c->orig) and the expected result (c->ref) of one allreduce case,
+ * shared by the modes run on it. */
+static void prepare_allreduce(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count,
+                              uint64_t seed)
+{
+    const size_t es = tutti_dtype_size(dt);
+    fill_input(c->orig, dt, op, c->rank, count, seed);
+    for (size_t i = 0; i < count; i++)
+        expected_elem(c->ref + i * es, dt, op, c->nranks, i, seed);
+}
+
+static int check_allreduce(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count,
+                           int mode)
+{
+    const size_t es = tutti_dtype_size(dt);
+    unsigned char *in = mode ? c->recv : c->send;
+    char what[64];
+    snprintf(what, sizeof(what), "allreduce %s", mode_names[mode]);
+
+    memcpy(in, c->orig, count * es);
+    if (!mode)
+        memset(c->recv, GARBAGE_BYTE, count * es);
+    memset(c->recv + count * es, GUARD_BYTE, GUARD_BYTES);
+    const void *sendbuf = mode == 0 ? (const void *)c->send
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)c->recv;
+    int st = tutti_allreduce(c->comm, sendbuf, c->recv, count, dt, op);
+    if (!status_ok(c, st, what))
+        return 1;
+
+    size_t i = first_diff(c->recv, c->ref, count, es);
+    if (i < count) {
+        report(c, what, dt, tutti_redop_name(op), count, -1, i, c->recv + i * es,
+               c->ref + i * es);
+        return 1;
+    }
+    if (!guard_intact(c->recv + count * es)) {
+        fprintf(stderr, "rank %d/%d [%s] %s %s %s count %zu wrote past the end of recvbuf\n",
+                c->rank, c->nranks, c->algo, what, tutti_dtype_name(dt), tutti_redop_name(op),
+                count);
+        c->failures++;
+        return 1;
+    }
+    if (mode == 0 && (i = first_diff(c->send, c->orig, count, es)) < count) {
+        fprintf(stderr, "rank %d/%d [%s] allreduce %s %s count %zu modified sendbuf at index "
+                        "%zu\n", c->rank, c->nranks, c->algo, tutti_dtype_name(dt),
+                tutti_redop_name(op), count, i);
+        c->failures++;
+        return 1;
+    }
+    return 0;
+}
+
+static int check_broadcast(coll_ctx_t *c, tutti_dtype_t dt, size_t count, int root, int mode)
+{
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    const int is_root = c->rank == root;
+    char what[64];
+    snprintf(what, sizeof(what), "broadcast %s", mode_names[mode]);
+
+    /* any bit pattern, NaNs included: a broadcast must move bytes untouched */
+    if (is_root) {
+        unsigned char *in = mode ? c->recv : c->send;
+        for (size_t i = 0; i < count; i++) {
+            uint64_t bits = gen_bits(seed, root, i);
+            memcpy(in + i * es, &bits, es);
+        }
+    }
+    if (!is_root || !mode)
+        memset(c->recv, GARBAGE_BYTE, count * es);
+    memset(c->recv + count * es, GUARD_BYTE, GUARD_BYTES);
+    /* non-roots pass every kind of ignored sendbuf */
+    const void *sendbuf = mode == 0 ? (is_root ? (const void *)c->send : NULL)
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)(is_root ? c->recv : c->send);
+    int st = tutti_broadcast(c->comm, sendbuf, c->recv, count, dt, root);
+    if (!status_ok(c, st, what))
+        return 1;
+
+    for (size_t i = 0; i < count; i++) {
+        uint64_t exp = gen_bits(seed, root, i);
+        if (memcmp(c->recv + i * es, &exp, es) != 0) {
+            report(c, what, dt, "", count, root, i, c->recv + i * es, &exp);
+            return 1;
+        }
+        if (is_root && mode == 0 && memcmp(c->send + i * es, &exp, es) != 0) {
+            fprintf(stderr, "rank %d/%d [%s] broadcast root modified sendbuf at %zu\n",
+                    c->rank, c->nranks, c->algo, i);
+            c->failures++;
+            return 1;
+        }
+    }
+    if (!guard_intact(c->recv + count * es)) {
+        fprintf(stderr, "rank %d/%d [%s] %s %s count %zu root %d wrote past the end\n",
+                c->rank, c->nranks, c->algo, what, tutti_dtype_name(dt), count, root);
+        c->failures++;
+        return 1;
+    }
+    return 0;
+}
+
+/* With inexact float inputs the result depends on the order of the reduction; every
+ * rank must still end with the same bits. Rank 0's result is broadcast and compared. */
+static int check_identical(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count)
+{
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    for (size_t i = 0; i < count; i++) {
+        double u = (double)(gen_bits(seed, c->rank, i) >> 11) * 0x1p-53; /* [0, 1) */
+        put_elem(c->recv, dt, i, 0, op == TUTTI_PROD ? 0.5 + 1.5 * u : 2 * u - 1);
+    }
+    int st = tutti_allreduce(c->comm, TUTTI_IN_PLACE, c->recv, count, dt, op);
+    if (!status_ok(c, st, "allreduce (inexact inputs)"))
+        return 1;
+    memset(c->send, GARBAGE_BYTE, count * es);
+    st = tutti_broadcast(c->comm, c->rank == 0 ? c->recv : NULL, c->send, count, dt, 0);
+    if (!status_ok(c, st, "broadcast of rank 0's allreduce result"))
+        return 1;
+    size_t i = first_diff(c->recv, c->send, count, es);
+    if (i < count) {
+        fprintf(stderr, "rank %d/%d [%s] allreduce %s %s count %zu: index %zu differs from "
+                        "rank 0: %.17g here, %.17g there\n", c->rank, c->nranks, c->algo,
+                tutti_dtype_name(dt), tutti_redop_name(op), count, i,
+                elem_as_double(c->recv + i * es, dt), elem_as_double(c->send + i * es, dt));
+        c->failures++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Shared between the ranks of one run (MAP_SHARED before the fork). */
+typedef struct shared {
+    unsigned long arrivals;
+} shared_t;
+
+static shared_t *shared_area(void)
+{
+    static shared_t *sh;
+    if (!sh) {
+        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                       -1, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        sh = p;
+    }
+    memset(sh, 0, sizeof(*sh));
+    return sh;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Round k: arrive (count up), barrier, then every rank must have arrived k+1 times and
+ * none can have arrived a (k+3)rd time. Ranks arrive late by turns, so a barrier that
+ * does not wait shows up as a short count. */
+static int barrier_rounds(int rank, int nranks, tutti_comm_t *comm, shared_t *sh, int rounds)
+{
+    for (int k = 0; k < rounds; k++) {
+        if ((k + rank) % nranks == 0)
+            sleep_us(3000);
+        __atomic_fetch_add(&sh->arrivals, 1, __ATOMIC_SEQ_CST);
+        int st = tutti_barrier(comm);
+        FAIL_IF(st != TUTTI_OK, "barrier %d: %s: %s", k, tutti_status_name(st),
+                tutti_comm_last_error(comm));
+        unsigned long seen = __atomic_load_n(&sh->arrivals, __ATOMIC_SEQ_CST);
+        FAIL_IF(seen < (unsigned long)(k + 1) * (unsigned long)nranks ||
+                    seen > (unsigned long)(k + 2) * (unsigned long)nranks,
+                "after barrier %d of %d ranks, %lu arrivals", k, nranks, seen);
+    }
+    return 0;
+}
+
+typedef struct matrix_arg {
+    const char *allreduce, *broadcast; /* the algorithms the comm is forced to */
+    const char *label;
+    shared_t *sh;
+} matrix_arg_t;
+
+static size_t big_count(void)
+{
+    const char *q = getenv("TT_TEST_QUICK");
+    return (q && *q && strcmp(q, "0") != 0) ? (64u << 10) + 3 : (1u << 20) + 3;
+}
+
+static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    const matrix_arg_t *a = arg;
+    const size_t big = big_count();
+    const size_t small_counts[] = {0, 1, 7, 4097};
+
+    /* the override must reach the selection, or this tests some other algorithm */
+    static const size_t probe_bytes[] = {1, 4096, 64 << 20};
+    for (size_t i = 0; i < ARRAY_SIZE(probe_bytes); i++) {
+        const char *ar = tutti_comm_algo_for(comm, "allreduce", probe_bytes[i]);
+        const char *bc = tutti_comm_algo_for(comm, "broadcast", probe_bytes[i]);
+        FAIL_IF(!ar || strcmp(ar, a->allreduce) != 0, "allreduce of %zu bytes picks %s, not %s",
+                probe_bytes[i], ar ? ar : "NULL", a->allreduce);
+        FAIL_IF(!bc || strcmp(bc, a->broadcast) != 0, "broadcast of %zu bytes picks %s, not %s",
+                probe_bytes[i], bc ? bc : "NULL", a->broadcast);
+    }
+
+    coll_ctx_t c = {.rank = rank, .nranks = nranks, .comm = comm, .algo = a->label};
+    c.send = malloc(big * 8 + GUARD_BYTES);
+    c.recv = malloc(big * 8 + GUARD_BYTES);
+    c.orig = malloc(big * 8);
+    c.ref = malloc(big * 8);
+    FAIL_IF(!c.send || !c.recv || !c.orig || !c.ref, "out of memory");
+
+    const tutti_redop_t big_ops[] = {TUTTI_SUM, TUTTI_AVG};
+    for (size_t d = 0; d < ARRAY_SIZE(all_dtypes) && !c.comm_failed; d++) {
+        tutti_dtype_t dt = all_dtypes[d];
+        for (size_t o = 0; o < ARRAY_SIZE(all_ops); o++)
+            for (size_t k = 0; k < ARRAY_SIZE(small_counts); k++) {
+                prepare_allreduce(&c, dt, all_ops[o], small_counts[k], mix64(++c.cases));
+                for (int mode = 0; mode < 3 && !c.comm_failed; mode++)
+                    check_allreduce(&c, dt, all_ops[o], small_counts[k], mode);
+            }
+        /* the big count: every dtype, but only two ops (sum, and avg's final division) */
+        for (int o = 0; o < 2 && !c.comm_failed; o++) {
+            prepare_allreduce(&c, dt, big_ops[o], big, mix64(++c.cases));
+            for (int mode = 0; mode < 2 && !c.comm_failed; mode++)
+                check_allreduce(&c, dt, big_ops[o], big, mode);
+        }
+
+        if (is_float(dt)) {
+            const tutti_redop_t inexact_ops[] = {TUTTI_SUM, TUTTI_PROD, TUTTI_AVG};
+            for (int o = 0; o < 3 && !c.comm_failed; o++)
+                for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++)
+                    check_identical(&c, dt, inexact_ops[o], small_counts[k]);
+        }
+
+        for (int root = 0; root < nranks && !c.comm_failed; root++) {
+            for (size_t k = 0; k < ARRAY_SIZE(small_counts); k++)
+                for (int mode = 0; mode < 3 && !c.comm_failed; mode++)
+                    check_broadcast(&c, dt, small_counts[k], root, mode);
+            if (!c.comm_failed)
+                check_broadcast(&c, dt, big, root, (int)(d + (size_t)root) % 3);
+        }
+    }
+    free(c.send);
+    free(c.recv);
+    free(c.orig);
+    free(c.ref);
+    if (c.failures > MAX_REPORTS)
+        fprintf(stderr, "rank %d/%d [%s]: %d more failures not shown\n", rank, nranks,
+                a->label, c.failures - MAX_REPORTS);
+    if (c.failures)
+        return 1;
+    return barrier_rounds(rank, nranks, comm, a->sh, 12);
+}
+
+static void run_matrix(int nranks, int ring_chain)
+{
+    tutti_comm_opts_t opts;
+    ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
+    matrix_arg_t arg = {.sh = shared_area()};
+    if (ring_chain) {
+        opts.algo = "allreduce:ring;broadcast:chain";
+        /* not a multiple of any element size above 1 (each rounds it down its own way),
+         * and small enough that the 4097 count of the wider types spans several chunks
+         * per block */
+        opts.chunk_bytes = 4099;
+        arg.allreduce = "ring";
+        arg.broadcast = "chain";
+        arg.label = "ring/chain";
+    } else {
+        opts.algo = "allreduce:rd;broadcast:tree";
+        arg.allreduce = "rd";
+        arg.broadcast = "tree";
+        arg.label = "rd/tree";
+    }
+    th_spec_t spec = {
+        .nranks = nranks,
+        .fn = rank_matrix,
+        .arg = &arg,
+        .timeout_ms = 100000,
+        .opts = &opts,
+    };
+    double t0 = th_now_ms();
+    int rc = th_run_ex(&spec, NULL);
+    fprintf(stderr, "matrix %s on %d rank(s): %.0f ms\n", arg.label, nranks, th_now_ms() - t0);
+    ck_assert_msg(rc == 0, "%s on %d rank(s) failed (see above)", arg.label, nranks);
+}
+
+START_TEST(matrix)
+{
+    /* _i: 0..9 -> rank counts 1..5, each with both algorithm pairs */
+    run_matrix(_i / 2 + 1, _i % 2);
+}
+END_TEST
+
+/* ---- async ---- */
+
+enum { N_ASYNC = 8 };
+
+typedef struct async_case {
+    tutti_dtype_t dt;
+    tutti_redop_t op;
+    size_t count;
+    int mode;
+    uint64_t seed;
+    unsigned char *send, *recv;
+    tutti_work_t *w;
+} async_case_t;
+
+static int async_setup(int rank, async_case_t *ac)
+{
+    size_t es = tutti_dtype_size(ac->dt);
+    ac->send = malloc(ac->count * es + 1);
+    ac->recv = malloc(ac->count * es + 1);
+    FAIL_IF(!ac->send || !ac->recv, "out of memory");
+    fill_input(ac->mode ? ac->recv : ac->send, ac->dt, ac->op, rank, ac->count, ac->seed);
+    if (!ac->mode)
+        memset(ac->recv, GARBAGE_BYTE, ac->count * es);
+    return 0;
+}
+
+static const void *async_sendbuf(const async_case_t *ac)
+{
+    return ac->mode ? TUTTI_IN_PLACE : ac->send;
+}
+
+static int async_verify(int rank, int nranks, async_case_t *ac, const char *what)
+{
+    size_t es = tutti_dtype_size(ac->dt);
+    for (size_t i = 0; i < ac->count; i++) {
+        uint64_t exp;
+        expected_elem(&exp, ac->dt, ac->op, nranks, i, ac->seed);
+        FAIL_IF(memcmp(ac->recv + i * es, &exp, es) != 0,
+                "%s: %s %s count %zu: index %zu: got %.17g, expected %.17g", what,
+                tutti_dtype_name(ac->dt), tutti_redop_name(ac->op), ac->count, i,
+                elem_as_double(ac->recv + i * es, ac->dt), elem_as_double(&exp, ac->dt));
+    }
+    free(ac->send);
+    free(ac->recv);
+    ac->send = ac->recv = NULL;
+    return 0;
+}
+
+static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                               void *arg)
+{
+    (void)dir;
+    (void)arg;
+    /* sizes on both sides of the rd/ring switch, so both run interleaved */
+    static const size_t counts[N_ASYNC] = {1, 33, 4097, 70000, 250000, 3, 1000, 20000};
+    async_case_t ac[N_ASYNC];
+    for (int i = 0; i < N_ASYNC; i++) {
+        ac[i] = (async_case_t){
+            .dt = all_dtypes[i % 8],
+            .op = all_ops[i % 5],
+            .count = counts[i],
+            .mode = i % 2,
+            .seed = mix64(1000 + (uint64_t)i),
+        };
+        if (async_setup(rank, &ac[i]))
+            return 1;
+    }
+    for (int i = 0; i < N_ASYNC; i++) {
+        int st = tutti_allreduce_async(comm, async_sendbuf(&ac[i]), ac[i].recv, ac[i].count,
+                                       ac[i].dt, ac[i].op, &ac[i].w);
+        FAIL_IF(st != TUTTI_OK, "allreduce_async %d: %s", i, tutti_comm_last_error(comm));
+    }
+
+    /* completion in issue order: no handle may report done before an earlier one */
+    int done_seen[N_ASYNC] = {0}, ndone = 0;
+    double deadline = th_now_ms() + 30000;
+    while (ndone < N_ASYNC) {
+        for (int j = N_ASYNC - 1; j >= 0; j--) {
+            if (done_seen[j])
+                continue;
+            int done = -1;
+            int st = tutti_test(ac[j].w, &done);
+            if (!done) {
+                FAIL_IF(st != TUTTI_OK, "tutti_test(%d) not done but returned %d", j, st);
+                continue;
+            }
+            FAIL_IF(done != 1, "tutti_test(%d) set done to %d", j, done);
+            FAIL_IF(st != TUTTI_OK, "async %d failed: %s", j, tutti_work_error(ac[j].w));
+            for (int i = 0; i < j; i++) {
+                int di = 0;
+                tutti_test(ac[i].w, &di);
+                FAIL_IF(!di, "async %d reports done before async %d", j, i);
+            }
+            done_seen[j] = 1;
+            ndone++;
+        }
+        FAIL_IF(th_now_ms() > deadline, "only %d of %d async allreduces done after 30 s",
+                ndone, N_ASYNC);
+    }
+    for (int i = 0; i < N_ASYNC; i++) {
+        int st = tutti_wait(ac[i].w, -1);
+        FAIL_IF(st != TUTTI_OK, "wait %d: %s", i, tutti_work_error(ac[i].w));
+        FAIL_IF(tutti_work_error(ac[i].w)[0], "async %d succeeded with error text \"%s\"", i,
+                tutti_work_error(ac[i].w));
+        tutti_work_free(ac[i].w);
+        char what[32];
+        snprintf(what, sizeof(what), "async %d", i);
+        if (async_verify(rank, nranks, &ac[i], what))
+            return 1;
+    }
+    return 0;
+}
+
+START_TEST(async_inflight)
+{
+    ck_assert_int_eq(th_run(_i, rank_async_inflight, NULL, 60000), 0);
+}
+END_TEST
+
+static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)dir;
+    (void)arg;
+    async_case_t a = {TUTTI_FP32, TUTTI_SUM, 100000, 0, mix64(77), NULL, NULL, NULL};
+    async_case_t d = {TUTTI_INT64, TUTTI_MAX, 77, 1, mix64(78), NULL, NULL, NULL};
+    async_case_t e = {TUTTI_BF16, TUTTI_AVG, 4097, 0, mix64(79), NULL, NULL, NULL};
+    if (async_setup(rank, &a) || async_setup(rank, &d) || async_setup(rank, &e))
+        return 1;
+    const int root = nranks - 1;
+    const size_t bcount = 5000;
+    int32_t *b = malloc(bcount * sizeof(*b));
+    FAIL_IF(!b, "out of memory");
+    for (size_t i = 0; i < bcount; i++)
+        b[i] = rank == root ? (int32_t)(i * 7 + 3) : -1;
+    tutti_work_t *barrier_w = NULL;
+    int st;
+
+    st = tutti_allreduce_async(comm, async_sendbuf(&a), a.recv, a.count, a.dt, a.op, &a.w);
+    FAIL_IF(st != TUTTI_OK, "allreduce_async A: %s", tutti_comm_last_error(comm));
+    st = tutti_broadcast(comm, TUTTI_IN_PLACE, b, bcount, TUTTI_INT32, root);
+    FAIL_IF(st != TUTTI_OK, "broadcast B: %s", tutti_comm_last_error(comm));
+    st = tutti_barrier_async(comm, &barrier_w);
+    FAIL_IF(st != TUTTI_OK, "barrier_async C: %s", tutti_comm_last_error(comm));
+    st = tutti_allreduce_async(comm, async_sendbuf(&d), d.recv, d.count, d.dt, d.op, &d.w);
+    FAIL_IF(st != TUTTI_OK, "allreduce_async D: %s", tutti_comm_last_error(comm));
+    st = tutti_allreduce(comm, async_sendbuf(&e), e.recv, e.count, e.dt, e.op);
+    FAIL_IF(st != TUTTI_OK, "allreduce E: %s", tutti_comm_last_error(comm));
+
+    /* E ran after A, C and D: they are done by now */
+    tutti_work_t *earlier[3] = {a.w, barrier_w, d.w};
+    for (int i = 0; i < 3; i++) {
+        int done = 0;
+        st = tutti_test(earlier[i], &done);
+        FAIL_IF(!done, "async op %d of A, C, D not done after the blocking E returned", i);
+        FAIL_IF(st != TUTTI_OK, "async op %d of A, C, D failed: %s", i,
+                tutti_work_error(earlier[i]));
+    }
+    for (size_t i = 0; i < bcount; i++)
+        FAIL_IF(b[i] != (int32_t)(i * 7 + 3), "broadcast B: index %zu: %d", i, (int)b[i]);
+    FAIL_IF(tutti_wait(a.w, -1) != TUTTI_OK, "wait A");
+    FAIL_IF(tutti_wait(barrier_w, 0) != TUTTI_OK, "wait C");
+    FAIL_IF(tutti_wait(d.w, 1000) != TUTTI_OK, "wait D");
+    tutti_work_free(a.w);
+    tutti_work_free(barrier_w);
+    tutti_work_free(d.w);
+    free(b);
+    if (async_verify(rank, nranks, &a, "A") || async_verify(rank, nranks, &d, "D") ||
+        async_verify(rank, nranks, &e, "E"))
+        return 1;
+
+    /* a handle freed while its op still runs must not disturb the next ones */
+    async_case_t f = {TUTTI_INT8, TUTTI_PROD, 300000, 1, mix64(80), NULL, NULL, NULL};
+    if (async_setup(rank, &f))
+        return 1;
+    st = tutti_allreduce_async(comm, async_sendbuf(&f), f.recv, f.count, f.dt, f.op, &f.w);
+    FAIL_IF(st != TUTTI_OK, "allreduce_async F: %s", tutti_comm_last_error(comm));
+    tutti_work_free(f.w);
+    st = tutti_barrier(comm);
+    FAIL_IF(st != TUTTI_OK, "barrier after F: %s", tutti_comm_last_error(comm));
+    return async_verify(rank, nranks, &f, "F (handle freed early)");
+}
+
+START_TEST(async_mixed)
+{
+    ck_assert_int_eq(th_run(3, rank_async_mixed, NULL, 60000), 0);
+}
+END_TEST
+
+/* ---- 8 ranks on a small machine ---- */
+
+static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = arg;
+    int32_t buf[16];
+    for (int it = 0; it < 30; it++) {
+        for (int i = 0; i < 16; i++)
+            buf[i] = rank * 100 + i + it;
+        int st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st != TUTTI_OK, "allreduce %d: %s", it, tutti_comm_last_error(comm));
+        for (int i = 0; i < 16; i++) {
+            int32_t exp = 100 * nranks * (nranks - 1) / 2 + nranks * (i + it);
+            FAIL_IF(buf[i] != exp, "iteration %d index %d: got %d, expected %d", it, i,
+                    (int)buf[i], (int)exp);
+        }
+        st = tutti_barrier(comm);
+        FAIL_IF(st != TUTTI_OK, "barrier %d: %s", it, tutti_comm_last_error(comm));
+    }
+    return barrier_rounds(rank, nranks, comm, sh, 8);
+}
+
+START_TEST(eight_ranks)
+{
+    double t0 = th_now_ms();
+    /* the timeout is the check: 8 ranks must not starve each other on 2 cores */
+    ck_assert_int_eq(th_run(8, rank_eight, shared_area(), 30000), 0);
+    fprintf(stderr, "8 ranks: %.0f ms\n", th_now_ms() - t0);
+}
+END_TEST
+
+static Suite *coll_suite(void)
+{
+    Suite *s = suite_create("coll");
+    TCase *tc = tcase_create("matrix");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, matrix, 0, 10);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("async");
+    tcase_set_timeout(tc, 90);
+    tcase_add_loop_test(tc, async_inflight, 2, 5);
+    tcase_add_test(tc, async_mixed);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("scale");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, eight_ranks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(coll_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
