@@ -1,0 +1,982 @@
+/* tutti-bench: collective bandwidth and latency, in the manner of nccl-tests.
+ *
+ *   tutti-bench -np 4 -b 8 -e 64M -f 2 -c            fork 4 local ranks
+ *   TUTTI_STORE=tcp://host:29500 mpirun -np 4 tutti-bench --coll broadcast
+ *
+ * For each message size every rank runs WARMUP untimed calls and then ITERS timed ones,
+ * out of place and then in place, timing each call. After each timed loop the
+ * per-iteration times are allreduced with TUTTI_MAX (fp64), so an iteration costs what
+ * its slowest rank saw; time is the mean of those maxima, p50/p99 their percentiles.
+ * algbw = bytes / time, busbw = algbw * 2(n-1)/n for allreduce, * 1 for broadcast.
+ * With -c, every rank's input is a deterministic function of (rank, index) with small
+ * integer values, so the exact result is computed here in plain C and #wrong counts the
+ * elements (summed over ranks) that differ from it.
+ *
+ * Only the public API is used.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* nftw, setenv; meson passes it too */
+#endif
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+enum bench_coll { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER };
+
+static const char *const coll_names[] = {"allreduce", "broadcast", "barrier"};
+
+typedef struct bench_cfg {
+    enum bench_coll coll;
+    size_t min_bytes, max_bytes, factor;
+    int iters, warmup, check;
+    tutti_dtype_t dtype;
+    tutti_redop_t op;
+    int root;
+    const char *algo, *transport, *json;
+    int np;        /* > 0: fork this many local ranks */
+    int timeout_s; /* -np: kill the ranks after this long */
+} bench_cfg_t;
+
+/* One half (out-of-place or in-place) of a row. */
+typedef struct bench_half {
+    double mean_us, p50_us, p99_us, algbw, busbw;
+    long long wrong; /* -1: not checked */
+} bench_half_t;
+
+typedef struct bench_row {
+    size_t bytes, count;
+    const char *algo;
+    bench_half_t half[2]; /* out-of-place, in-place; barrier uses half[0] */
+} bench_row_t;
+
+/* ---- command line ------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: tutti-bench [-np N] [--coll allreduce|broadcast|barrier] [-b MIN] [-e MAX]\n"
+        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [-d DTYPE] [-o OP]\n"
+        "                   [-r ROOT] [--algo NAME] [--transport NAME] [--json FILE]\n"
+        "\n"
+        "  -np N               fork N local ranks that meet through a file store in a temp\n"
+        "                      dir (TUTTI_SOCKET_IFNAME=lo unless set); without -np, join the\n"
+        "                      job the environment describes (TUTTI_RANK/TUTTI_WORLD_SIZE/\n"
+        "                      TUTTI_STORE, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
+        "                      MASTER_PORT, or mpirun's OMPI_COMM_WORLD_RANK/SIZE plus\n"
+        "                      TUTTI_STORE)\n"
+        "  --coll NAME         allreduce (default), broadcast or barrier\n"
+        "  -b, --minbytes SIZE smallest message, bytes with K/M/G suffixes (default 8)\n"
+        "  -e, --maxbytes SIZE largest message (default 64M)\n"
+        "  -f, --stepfactor F  size multiplier between rows (default 2)\n"
+        "  -n, --iters N       timed iterations per size (default 20)\n"
+        "  -w, --warmup N      untimed iterations per size (default 5)\n"
+        "  -c, --check         verify results; #wrong prints N/A without it\n"
+        "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int32,\n"
+        "                      int64 ...\n"
+        "  -o, --op NAME       sum (default), prod, min, max, avg\n"
+        "  -r, --root R        broadcast root (default 0)\n"
+        "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
+        "                      string (\"allreduce:rd@<64K,ring\")\n"
+        "  --transport NAME    transport (default tcp, or TUTTI_TRANSPORT)\n"
+        "  --json FILE         also write every row as a JSON array to FILE\n"
+        "  -t, --timeout SEC   -np: kill the ranks after SEC seconds (default 1800)\n"
+        "  -h, --help          this text\n"
+        "\n"
+        "Environment (read by the library; a flag above wins):\n"
+        "  TUTTI_TIMEOUT_MS        bound on every wait, ms (default 30000)\n"
+        "  TUTTI_TRANSPORT         transport: tcp (default) or a plugin name\n"
+        "  TUTTI_PLUGIN_PATH       ':'-separated dirs searched for libtutti-transport-NAME.so\n"
+        "  TUTTI_ALGO              algorithm override, e.g. \"allreduce:rd@<64K,ring;broadcast:tree\"\n"
+        "  TUTTI_SOCKET_IFNAME     interfaces: \"eth0,ib\" prefixes, \"^docker,lo\" exclusions,\n"
+        "                          \"=eth0\" exact names\n"
+        "  TUTTI_SOCKET_FAMILY     address family: 0 any, 4 IPv4, 6 IPv6\n"
+        "  TUTTI_SOCKET_BUFFER     SO_SNDBUF/SO_RCVBUF bytes, 0 = kernel autotuning\n"
+        "  TUTTI_SPIN_US           busy-poll this long before blocking, us (default 50)\n"
+        "  TUTTI_CHUNK_BYTES       pipelining chunk of ring/chain (default 1 MiB)\n"
+        "  TUTTI_PREFIX            store key prefix of the communicator\n"
+        "  TUTTI_DEBUG             log level: warn (default), info, trace\n"
+        "  TUTTI_STORE             rendezvous store: file:///dir or tcp://host:port\n"
+        "  TUTTI_STORE_TIMEOUT_MS  deadline of store calls and of connecting, ms (default 30000)\n"
+        "  TUTTI_STORE_SERVER      tcp store: 0 = rank 0 does not host the server\n"
+        "  TUTTI_RANK              this process's rank (else RANK, OMPI_COMM_WORLD_RANK)\n"
+        "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE)\n");
+}
+
+static int parse_size(const char *s, size_t *size_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end || (shift && v > (~0ull >> shift)))
+        return -1;
+    *size_p = (size_t)(v << shift);
+    return 0;
+}
+
+static int parse_int(const char *s, int min, int *v_p)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > (1l << 30))
+        return -1;
+    *v_p = (int)v;
+    return 0;
+}
+
+/* Returns 0 to run, 1 to exit 0 (help), -1 to exit 2 (bad usage). */
+static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
+{
+    const char *dtype = "float", *op = "sum";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        char name[64];
+        /* --name=value */
+        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof(name)) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = '\0';
+            a = name;
+            v = eq + 1;
+        }
+#define FLAG(s, l) (!strcmp(a, s) || !strcmp(a, l))
+#define VALUE()                                                                           \
+    do {                                                                                  \
+        if (!v) {                                                                         \
+            if (i + 1 >= argc) {                                                          \
+                fprintf(stderr, "tutti-bench: %s needs a value\n", a);                    \
+                return -1;                                                                \
+            }                                                                             \
+            v = argv[++i];                                                                \
+        }                                                                                 \
+    } while (0)
+        int bad = 0;
+        if (FLAG("-h", "--help")) {
+            usage(stdout);
+            return 1;
+        } else if (FLAG("-c", "--check")) {
+            cfg->check = 1;
+        } else if (FLAG("-np", "--np")) {
+            VALUE();
+            bad = parse_int(v, 1, &cfg->np);
+        } else if (FLAG("-b", "--minbytes")) {
+            VALUE();
+            bad = parse_size(v, &cfg->min_bytes);
+        } else if (FLAG("-e", "--maxbytes")) {
+            VALUE();
+            bad = parse_size(v, &cfg->max_bytes);
+        } else if (FLAG("-f", "--stepfactor")) {
+            VALUE();
+            bad = parse_size(v, &cfg->factor) || cfg->factor < 2;
+        } else if (FLAG("-n", "--iters")) {
+            VALUE();
+            bad = parse_int(v, 1, &cfg->iters);
+        } else if (FLAG("-w", "--warmup")) {
+            VALUE();
+            bad = parse_int(v, 0, &cfg->warmup);
+        } else if (FLAG("-d", "--dtype")) {
+            VALUE();
+            dtype = v;
+        } else if (FLAG("-o", "--op")) {
+            VALUE();
+            op = v;
+        } else if (FLAG("-r", "--root")) {
+            VALUE();
+            bad = parse_int(v, 0, &cfg->root);
+        } else if (FLAG("-t", "--timeout")) {
+            VALUE();
+            bad = parse_int(v, 1, &cfg->timeout_s);
+        } else if (FLAG("--coll", "--collective")) {
+            VALUE();
+            if (!strcmp(v, "allreduce"))
+                cfg->coll = COLL_ALLREDUCE;
+            else if (!strcmp(v, "broadcast") || !strcmp(v, "bcast"))
+                cfg->coll = COLL_BROADCAST;
+            else if (!strcmp(v, "barrier"))
+                cfg->coll = COLL_BARRIER;
+            else
+                bad = 1;
+        } else if (FLAG("--algo", "--algorithm")) {
+            VALUE();
+            cfg->algo = v;
+        } else if (FLAG("--transport", "--transport")) {
+            VALUE();
+            cfg->transport = v;
+        } else if (FLAG("--json", "--json")) {
+            VALUE();
+            cfg->json = v;
+        } else {
+            fprintf(stderr, "tutti-bench: unknown argument %s (try --help)\n", argv[i]);
+            return -1;
+        }
+#undef VALUE
+#undef FLAG
+        if (bad) {
+            fprintf(stderr, "tutti-bench: bad value for %s: %s\n", a, v);
+            return -1;
+        }
+    }
+    if (tutti_dtype_parse(dtype, &cfg->dtype) != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: unknown dtype %s\n", dtype);
+        return -1;
+    }
+    if (tutti_redop_parse(op, &cfg->op) != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: unknown op %s\n", op);
+        return -1;
+    }
+    if (cfg->min_bytes == 0 || cfg->min_bytes > cfg->max_bytes) {
+        fprintf(stderr, "tutti-bench: need 0 < MIN <= MAX\n");
+        return -1;
+    }
+    if (cfg->np > 0 && cfg->root >= cfg->np) {
+        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, cfg->np);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- elements ------------------------------------------------------------------ */
+
+static float half_to_float(uint16_t h)
+{
+    int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float v;
+    if (exp == 0)
+        v = ldexpf((float)man, -24);
+    else if (exp == 31)
+        v = man ? NAN : INFINITY;
+    else
+        v = ldexpf((float)(man | 0x400), exp - 25);
+    return sign ? -v : v;
+}
+
+/* Exact for the small integers the bench uses; rounds to nearest otherwise. */
+static uint16_t float_to_half(float f)
+{
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    f = fabsf(f);
+    if (isnan(f))
+        return sign | 0x7e00;
+    if (f >= 65520.0f)
+        return sign | 0x7c00;
+    if (f < ldexpf(1.0f, -14)) /* subnormal */
+        return sign | (uint16_t)lrintf(ldexpf(f, 24));
+    int e;
+    float m = frexpf(f, &e); /* f = m * 2^e, m in [0.5, 1) */
+    long man = lrintf(ldexpf(m, 11)); /* 11 significant bits */
+    if (man == 2048) {
+        man = 1024;
+        e++;
+    }
+    if (e + 14 >= 31)
+        return sign | 0x7c00;
+    return sign | (uint16_t)((e + 14) << 10) | (uint16_t)(man & 0x3ff);
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    if (isnan(f))
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static double elem_get(tutti_dtype_t dt, const void *buf, size_t i)
+{
+    switch (dt) {
+    case TUTTI_INT8: return ((const int8_t *)buf)[i];
+    case TUTTI_UINT8: return ((const uint8_t *)buf)[i];
+    case TUTTI_INT32: return ((const int32_t *)buf)[i];
+    case TUTTI_INT64: return (double)((const int64_t *)buf)[i];
+    case TUTTI_FP16: return half_to_float(((const uint16_t *)buf)[i]);
+    case TUTTI_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
+    case TUTTI_FP32: return ((const float *)buf)[i];
+    case TUTTI_FP64: return ((const double *)buf)[i];
+    default: return NAN;
+    }
+}
+
+static void elem_set(tutti_dtype_t dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case TUTTI_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case TUTTI_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case TUTTI_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TUTTI_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TUTTI_FP16: ((uint16_t *)buf)[i] = float_to_half((float)v); break;
+    case TUTTI_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
+    case TUTTI_FP32: ((float *)buf)[i] = (float)v; break;
+    case TUTTI_FP64: ((double *)buf)[i] = v; break;
+    default: break;
+    }
+}
+
+static int dtype_is_float(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+}
+
+/* The input of rank r at index i: small integers chosen per op so that every partial
+ * and final result, in any reduction order, is exact and in range in every dtype, int8
+ * and uint8 included, up to 25 ranks (int8 avg is the first to overflow). */
+static double input_value(const bench_cfg_t *cfg, int r, int n, size_t i)
+{
+    const int sgn = cfg->dtype != TUTTI_UINT8; /* negative values allowed */
+    if (cfg->coll == COLL_BROADCAST)
+        return (double)((size_t)(r * 5) + i % 11) - (sgn ? 5 : 0);
+    switch (cfg->op) {
+    case TUTTI_SUM:
+        return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
+    case TUTTI_PROD: /* at most two of the first six ranks give 2 (or -2): |prod| <= 4 */
+        if (r < 6 && ((size_t)r + i) % 4 == 0)
+            return sgn && i % 3 == 1 ? -2.0 : 2.0;
+        return 1.0;
+    case TUTTI_MIN:
+    case TUTTI_MAX:
+        return (double)(((size_t)r * 7 + i * 3) % 17) - (sgn ? 8 : 0);
+    case TUTTI_AVG: { /* rank 0 adds (n-1)*s, the others subtract s: the sum is n*base */
+        double base = (double)(1 + i % 5), s = (double)(i % 2);
+        return base + (r == 0 ? (double)(n - 1) * s : -s);
+    }
+    default:
+        return 0.0;
+    }
+}
+
+/* Sentinel for receive buffers, different from every expected result. */
+static double sentinel(const bench_cfg_t *cfg)
+{
+    return cfg->dtype == TUTTI_UINT8 ? 251.0 : -99.0;
+}
+
+static double expected_value(const bench_cfg_t *cfg, int n, size_t i)
+{
+    if (cfg->coll == COLL_BROADCAST)
+        return input_value(cfg, cfg->root, n, i);
+    double acc = input_value(cfg, 0, n, i);
+    for (int r = 1; r < n; r++) {
+        double v = input_value(cfg, r, n, i);
+        switch (cfg->op) {
+        case TUTTI_SUM: case TUTTI_AVG: acc += v; break;
+        case TUTTI_PROD: acc *= v; break;
+        case TUTTI_MIN: acc = v < acc ? v : acc; break;
+        case TUTTI_MAX: acc = v > acc ? v : acc; break;
+        default: break;
+        }
+    }
+    if (cfg->op == TUTTI_AVG)
+        acc = dtype_is_float(cfg->dtype) ? acc / n : trunc(acc / n);
+    return acc;
+}
+
+static void fill_input(const bench_cfg_t *cfg, int rank, int n, void *buf, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        elem_set(cfg->dtype, buf, i, input_value(cfg, rank, n, i));
+}
+
+static void fill_sentinel(const bench_cfg_t *cfg, void *buf, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        elem_set(cfg->dtype, buf, i, sentinel(cfg));
+}
+
+static long long count_wrong(const bench_cfg_t *cfg, int n, const void *buf, size_t count)
+{
+    /* The avg of floats divides in the library's own way; allow its rounding. */
+    double tol = 0.0;
+    if (cfg->op == TUTTI_AVG && cfg->coll == COLL_ALLREDUCE) {
+        if (cfg->dtype == TUTTI_FP16)
+            tol = 1e-3;
+        else if (cfg->dtype == TUTTI_BF16)
+            tol = 8e-3;
+        else if (cfg->dtype == TUTTI_FP32)
+            tol = 1e-6;
+        else if (cfg->dtype == TUTTI_FP64)
+            tol = 1e-12;
+    }
+    long long wrong = 0;
+    for (size_t i = 0; i < count; i++) {
+        double want = expected_value(cfg, n, i), got = elem_get(cfg->dtype, buf, i);
+        if (!(fabs(got - want) <= tol * fabs(want)))
+            wrong++;
+    }
+    return wrong;
+}
+
+/* ---- timing ---------------------------------------------------------------------- */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of n sorted values. */
+static double percentile(const double *sorted, int n, double p)
+{
+    int k = (int)ceil(p / 100.0 * n);
+    k = k < 1 ? 1 : k > n ? n : k;
+    return sorted[k - 1];
+}
+
+/* ---- one rank ---------------------------------------------------------------------- */
+
+typedef struct bench_ctx {
+    const bench_cfg_t *cfg;
+    tutti_comm_t *comm;
+    int rank, size;
+    void *send, *recv;
+    double *times;
+} bench_ctx_t;
+
+static int report_failure(const bench_ctx_t *b, const char *what, size_t bytes, int in_place,
+                          int st)
+{
+    fprintf(stderr, "tutti-bench: rank %d: %s failed (%zu B, %s): %s (%s): %s\n", b->rank,
+            what, bytes, in_place ? "in-place" : "out-of-place", tutti_strerror(st),
+            tutti_status_name(st), tutti_comm_last_error(b->comm));
+    return st;
+}
+
+static int run_once(const bench_ctx_t *b, size_t count, int in_place)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    const void *src = in_place ? TUTTI_IN_PLACE : b->send;
+    switch (cfg->coll) {
+    case COLL_ALLREDUCE:
+        return tutti_allreduce(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
+    case COLL_BROADCAST:
+        return tutti_broadcast(b->comm, src, b->recv, count, cfg->dtype, cfg->root);
+    case COLL_BARRIER:
+        return tutti_barrier(b->comm);
+    }
+    return TUTTI_ERR_INVALID_ARG;
+}
+
+/* Prepare the buffers of one half: the send buffer holds the input; the receive buffer
+ * holds the input in place (only the root's matters for broadcast), a sentinel out of
+ * place. */
+static void prepare(const bench_ctx_t *b, size_t count, int in_place)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    if (cfg->coll == COLL_BARRIER)
+        return;
+    fill_input(cfg, b->rank, b->size, b->send, count);
+    int has_input = cfg->coll == COLL_ALLREDUCE || b->rank == cfg->root;
+    if (in_place && has_input)
+        fill_input(cfg, b->rank, b->size, b->recv, count);
+    else
+        fill_sentinel(cfg, b->recv, count);
+}
+
+static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place,
+                    bench_half_t *h)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    const char *what = coll_names[cfg->coll];
+    int st;
+    prepare(b, count, in_place);
+    for (int i = 0; i < cfg->warmup; i++)
+        if ((st = run_once(b, count, in_place)) != TUTTI_OK)
+            return report_failure(b, what, bytes, in_place, st);
+    for (int i = 0; i < cfg->iters; i++) {
+        double t0 = now_us();
+        st = run_once(b, count, in_place);
+        b->times[i] = now_us() - t0;
+        if (st != TUTTI_OK)
+            return report_failure(b, what, bytes, in_place, st);
+    }
+    long long wrong = -1;
+    if (cfg->check && cfg->coll != COLL_BARRIER) {
+        /* Out of place the last timed call left the result; in place the buffer was
+         * reduced over and over, so run once more on fresh input. */
+        if (in_place || cfg->coll == COLL_BROADCAST) {
+            prepare(b, count, in_place);
+            if ((st = run_once(b, count, in_place)) != TUTTI_OK)
+                return report_failure(b, what, bytes, in_place, st);
+        }
+        wrong = count_wrong(cfg, b->size, b->recv, count);
+    }
+
+    /* After the timed loop: per-iteration max over ranks, and #wrong summed. */
+    st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, b->times, (size_t)cfg->iters, TUTTI_FP64,
+                         TUTTI_MAX);
+    if (st != TUTTI_OK)
+        return report_failure(b, "allreduce of the times", bytes, in_place, st);
+    if (wrong >= 0) {
+        int64_t w = wrong;
+        st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, &w, 1, TUTTI_INT64, TUTTI_SUM);
+        if (st != TUTTI_OK)
+            return report_failure(b, "allreduce of #wrong", bytes, in_place, st);
+        wrong = w;
+    }
+    h->wrong = wrong;
+    h->mean_us = 0.0;
+    for (int i = 0; i < cfg->iters; i++)
+        h->mean_us += b->times[i];
+    h->mean_us /= cfg->iters;
+    qsort(b->times, (size_t)cfg->iters, sizeof(double), cmp_double);
+    h->p50_us = percentile(b->times, cfg->iters, 50);
+    h->p99_us = percentile(b->times, cfg->iters, 99);
+    double factor = cfg->coll == COLL_ALLREDUCE ? 2.0 * (b->size - 1) / b->size : 1.0;
+    h->algbw = cfg->coll == COLL_BARRIER ? 0.0 : (double)bytes / 1e3 / h->mean_us; /* GB/s */
+    h->busbw = h->algbw * factor;
+    return TUTTI_OK;
+}
+
+/* ---- output ---------------------------------------------------------------------- */
+
+static void print_header(const bench_ctx_t *b)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n",
+           coll_names[cfg->coll], b->size, tutti_comm_transport(b->comm),
+           cfg->coll == COLL_BARRIER ? "none" : tutti_dtype_name(cfg->dtype),
+           cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none");
+    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
+           cfg->iters, cfg->warmup, cfg->algo ? ", algo " : "", cfg->algo ? cfg->algo : "");
+    if (cfg->coll == COLL_BARRIER) {
+        printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "size", "count", "type",
+               "redop", "root", "time", "algbw", "busbw", "#wrong", "p50", "p99");
+        printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "(B)", "(elements)", "",
+               "", "", "(us)", "", "", "", "(us)", "(us)");
+        return;
+    }
+    printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
+    printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
+    printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+    printf("\n");
+}
+
+static void print_half(const bench_half_t *h, int barrier)
+{
+    char wrong[32];
+    if (h->wrong < 0)
+        snprintf(wrong, sizeof(wrong), "N/A");
+    else
+        snprintf(wrong, sizeof(wrong), "%lld", h->wrong);
+    if (barrier)
+        printf("  %9.2f %8s %8s %7s %9.2f %9.2f", h->mean_us, "-", "-", wrong, h->p50_us,
+               h->p99_us);
+    else
+        printf("  %9.2f %8.3f %8.3f %7s %9.2f %9.2f", h->mean_us, h->algbw, h->busbw, wrong,
+               h->p50_us, h->p99_us);
+}
+
+static void print_row(const bench_ctx_t *b, const bench_row_t *row)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    int barrier = cfg->coll == COLL_BARRIER;
+    printf(" %11zu %12zu %6s %6s %5d", row->bytes, row->count,
+           barrier ? "none" : tutti_dtype_name(cfg->dtype),
+           cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none",
+           cfg->coll == COLL_BROADCAST ? cfg->root : -1);
+    print_half(&row->half[0], barrier);
+    if (!barrier)
+        print_half(&row->half[1], 0);
+    printf("\n");
+    fflush(stdout);
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_half(FILE *f, const char *name, const bench_half_t *h, int barrier)
+{
+    fprintf(f, ", \"%s\": {\"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f", name,
+            h->mean_us, h->p50_us, h->p99_us);
+    if (!barrier)
+        fprintf(f, ", \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f", h->algbw, h->busbw);
+    if (h->wrong >= 0)
+        fprintf(f, ", \"wrong\": %lld}", h->wrong);
+    else
+        fprintf(f, ", \"wrong\": null}");
+}
+
+static int write_json(const bench_ctx_t *b, const bench_row_t *rows, size_t n)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    FILE *f = fopen(cfg->json, "w");
+    if (!f) {
+        fprintf(stderr, "tutti-bench: %s: %s\n", cfg->json, strerror(errno));
+        return -1;
+    }
+    int barrier = cfg->coll == COLL_BARRIER;
+    fprintf(f, "[");
+    for (size_t i = 0; i < n; i++) {
+        const bench_row_t *r = &rows[i];
+        fprintf(f, "%s\n  {\"coll\": \"%s\", \"ranks\": %d, \"transport\": ", i ? "," : "",
+                coll_names[cfg->coll], b->size);
+        json_string(f, tutti_comm_transport(b->comm));
+        fprintf(f, ", \"algo\": ");
+        json_string(f, r->algo);
+        fprintf(f, ", \"size\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"redop\": \"%s\", "
+                   "\"root\": %d, \"iters\": %d, \"warmup\": %d",
+                r->bytes, r->count, barrier ? "none" : tutti_dtype_name(cfg->dtype),
+                cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none",
+                cfg->coll == COLL_BROADCAST ? cfg->root : -1, cfg->iters, cfg->warmup);
+        if (barrier) {
+            json_half(f, "barrier", &r->half[0], 1);
+        } else {
+            json_half(f, "out_of_place", &r->half[0], 0);
+            json_half(f, "in_place", &r->half[1], 0);
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, "\n]\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "tutti-bench: %s: %s\n", cfg->json, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Run every size on an initialized communicator. Returns 0, 1 when results were wrong,
+ * or 3 when a call failed. */
+static int bench_comm(const bench_cfg_t *cfg, tutti_comm_t *comm)
+{
+    bench_ctx_t b = {cfg, comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL,
+                     NULL};
+    int barrier = cfg->coll == COLL_BARRIER;
+    size_t esize = tutti_dtype_size(cfg->dtype);
+    if (cfg->root >= b.size) {
+        if (b.rank == 0)
+            fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root,
+                    b.size);
+        return 3;
+    }
+
+    size_t nsizes = 0, cap = 0;
+    bench_row_t *rows = NULL;
+    for (size_t s = barrier ? 0 : cfg->min_bytes;; s *= cfg->factor) {
+        if (!barrier && (s > cfg->max_bytes || s / esize == 0)) {
+            if (s > cfg->max_bytes)
+                break;
+            continue; /* smaller than one element */
+        }
+        if (nsizes == cap) {
+            cap = cap ? 2 * cap : 32;
+            bench_row_t *nr = realloc(rows, cap * sizeof(*rows));
+            if (!nr) {
+                free(rows);
+                return 3;
+            }
+            rows = nr;
+        }
+        memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
+        rows[nsizes].count = s / esize;
+        rows[nsizes].bytes = rows[nsizes].count * esize;
+        nsizes++;
+        if (barrier || s > SIZE_MAX / cfg->factor)
+            break;
+    }
+
+    size_t alloc = barrier ? 64 : (cfg->max_bytes / esize) * esize;
+    alloc = (alloc + 4095) & ~(size_t)4095;
+    b.send = aligned_alloc(4096, alloc);
+    b.recv = aligned_alloc(4096, alloc);
+    b.times = malloc(sizeof(double) * (size_t)cfg->iters);
+    int rc = 0;
+    if (!b.send || !b.recv || !b.times) {
+        fprintf(stderr, "tutti-bench: rank %d: out of memory (2 x %zu B)\n", b.rank, alloc);
+        rc = 3;
+        goto out_free;
+    }
+    memset(b.send, 0, alloc);
+    memset(b.recv, 0, alloc);
+
+    if (b.rank == 0) {
+        print_header(&b);
+        fflush(stdout);
+    }
+    double bw_sum = 0.0;
+    int bw_n = 0;
+    long long total_wrong = 0;
+    for (size_t k = 0; k < nsizes; k++) {
+        bench_row_t *row = &rows[k];
+        row->algo = tutti_comm_algo_for(comm, coll_names[cfg->coll], row->bytes);
+        for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+            if (run_half(&b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK) {
+                rc = 3;
+                goto out_free;
+            }
+            if (row->half[ip].wrong > 0)
+                total_wrong += row->half[ip].wrong;
+            if (!barrier) {
+                bw_sum += row->half[ip].busbw;
+                bw_n++;
+            }
+        }
+        if (b.rank == 0)
+            print_row(&b, row);
+    }
+    if (b.rank == 0) {
+        if (cfg->check)
+            printf("# Out of bounds values : %lld %s\n", total_wrong,
+                   total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+        printf("#\n");
+        fflush(stdout);
+        if (cfg->json && write_json(&b, rows, nsizes) != 0)
+            rc = 3;
+    }
+    if (total_wrong && !rc)
+        rc = 1;
+out_free:
+    free(b.times);
+    free(b.recv);
+    free(b.send);
+    free(rows);
+    return rc;
+}
+
+static int comm_opts(const bench_cfg_t *cfg, tutti_comm_opts_t *opts)
+{
+    int st = tutti_comm_opts_init(opts);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: options: %s\n", tutti_strerror(st));
+        return st;
+    }
+    if (cfg->algo)
+        opts->algo = cfg->algo;
+    if (cfg->transport)
+        opts->transport = cfg->transport;
+    return TUTTI_OK;
+}
+
+static int finish(tutti_comm_t *comm, int rc)
+{
+    int st = tutti_comm_destroy(comm);
+    if (st != TUTTI_OK && rc == 0) {
+        fprintf(stderr, "tutti-bench: destroy: %s\n", tutti_strerror(st));
+        rc = 3;
+    }
+    return rc;
+}
+
+/* ---- -np: local ranks ------------------------------------------------------------ */
+
+static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
+{
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* local ranks talk over loopback */
+    tutti_store_opts_t sopts;
+    tutti_store_opts_init(&sopts);
+    tutti_store_t *store;
+    int st = tutti_store_open_file(&store, dir, sopts.timeout_ms);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: rank %d: file store %s: %s\n", rank, dir,
+                tutti_strerror(st));
+        return 3;
+    }
+    tutti_comm_opts_t opts;
+    tutti_comm_t *comm;
+    int rc = 3;
+    if (comm_opts(cfg, &opts) != TUTTI_OK)
+        goto out_store;
+    st = tutti_comm_init(&comm, store, rank, cfg->np, &opts);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init: %s (%s): %s\n", rank,
+                tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
+        goto out_store;
+    }
+    rc = finish(comm, bench_comm(cfg, comm));
+out_store:
+    tutti_store_close(store);
+    return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void kill_all(const pid_t *pids, int n, pid_t except)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0 && pids[i] != except)
+            kill(pids[i], SIGKILL);
+}
+
+static int run_local(const bench_cfg_t *cfg)
+{
+    char dir[] = "/tmp/tutti-bench.XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("tutti-bench: mkdtemp");
+        return 3;
+    }
+    pid_t *pids = calloc((size_t)cfg->np, sizeof(pid_t));
+    int rc = 0, live = 0, killed = 0;
+    if (!pids) {
+        rc = 3;
+        goto out_dir;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < cfg->np; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("tutti-bench: fork");
+            rc = 3;
+            killed = 1;
+            kill_all(pids, r, 0);
+            break;
+        }
+        if (pid == 0) {
+            int crc = run_local_rank(cfg, dir, r);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(crc);
+        }
+        pids[r] = pid;
+        live++;
+    }
+
+    /* Wait for every rank. A rank that fails (status 3 or a signal) kills the others;
+     * one that only saw wrong results (status 1) lets the others finish. */
+    const double deadline = now_us() + cfg->timeout_s * 1e6;
+    while (live > 0) {
+        int status;
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p == 0) {
+            if (!killed && now_us() > deadline) {
+                fprintf(stderr, "tutti-bench: ranks still running after %d s; killing them\n",
+                        cfg->timeout_s);
+                rc = 3;
+                killed = 1;
+                kill_all(pids, cfg->np, 0);
+            }
+            usleep(5000);
+            continue;
+        }
+        live--;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+        if (WIFSIGNALED(status) && !killed)
+            fprintf(stderr, "tutti-bench: a rank died of signal %d\n", WTERMSIG(status));
+        if (code > rc)
+            rc = code;
+        if (code != 0 && code != 1 && !killed) {
+            killed = 1;
+            kill_all(pids, cfg->np, p);
+        }
+    }
+    free(pids);
+out_dir:
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+/* ---- environment: a job started by someone else ---------------------------------- */
+
+static int run_env(const bench_cfg_t *cfg)
+{
+    /* mpirun: TUTTI_RANK/TUTTI_WORLD_SIZE from Open MPI's (or PMI's) variables. */
+    static const char *const map[][2] = {
+        {"OMPI_COMM_WORLD_RANK", "TUTTI_RANK"}, {"OMPI_COMM_WORLD_SIZE", "TUTTI_WORLD_SIZE"},
+        {"PMI_RANK", "TUTTI_RANK"},             {"PMI_SIZE", "TUTTI_WORLD_SIZE"},
+    };
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        const char *v = getenv(map[i][0]);
+        if (v && *v)
+            setenv(map[i][1], v, 0);
+    }
+    if (!getenv("TUTTI_RANK") && !getenv("RANK")) {
+        fprintf(stderr, "tutti-bench: no job in the environment: use -np N, or set\n"
+                        "  TUTTI_RANK, TUTTI_WORLD_SIZE and TUTTI_STORE (or RANK, WORLD_SIZE,\n"
+                        "  MASTER_ADDR, MASTER_PORT; or run under mpirun with TUTTI_STORE)\n");
+        return 2;
+    }
+    tutti_comm_opts_t opts;
+    if (comm_opts(cfg, &opts) != TUTTI_OK)
+        return 3;
+    tutti_comm_t *comm;
+    int st = tutti_comm_init_env(&comm, &opts);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: tutti_comm_init_env: %s (%s)\n", tutti_strerror(st),
+                tutti_status_name(st));
+        return 3;
+    }
+    return finish(comm, bench_comm(cfg, comm));
+}
+
+int main(int argc, char **argv)
+{
+    bench_cfg_t cfg = {
+        .coll = COLL_ALLREDUCE,
+        .min_bytes = 8,
+        .max_bytes = 64u << 20,
+        .factor = 2,
+        .iters = 20,
+        .warmup = 5,
+        .dtype = TUTTI_FP32,
+        .op = TUTTI_SUM,
+        .timeout_s = 1800,
+    };
+    int p = parse_args(argc, argv, &cfg);
+    if (p != 0)
+        return p > 0 ? 0 : 2;
+    return cfg.np > 0 ? run_local(&cfg) : run_env(&cfg);
+}
