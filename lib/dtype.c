@@ -1,2 +1,98 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* Datatype and reduction-op names: sizes, printable names, and parsing with aliases. */
+#include <stddef.h>
+#include <strings.h>
+
+#include <tutti/tutti.h>
+
+#include "internal.h"
+
+#define TT_EXPORT __attribute__((visibility("default")))
+
+static const struct {
+    const char *name;
+    size_t size;
+} tt_dtype_info[TUTTI_DTYPE_COUNT] = {
+    [TUTTI_INT8] = {"i8", 1},   [TUTTI_UINT8] = {"u8", 1},    [TUTTI_INT32] = {"i32", 4},
+    [TUTTI_INT64] = {"i64", 8}, [TUTTI_FP16] = {"f16", 2},    [TUTTI_BF16] = {"bf16", 2},
+    [TUTTI_FP32] = {"f32", 4},  [TUTTI_FP64] = {"f64", 8},
+};
+
+/* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too). */
+static const struct {
+    const char *name;
+    tutti_dtype_t dtype;
+} tt_dtype_aliases[] = {
+    {"int8", TUTTI_INT8},       {"uint8", TUTTI_UINT8},     {"int32", TUTTI_INT32},
+    {"int", TUTTI_INT32},       {"int64", TUTTI_INT64},     {"long", TUTTI_INT64},
+    {"half", TUTTI_FP16},       {"float16", TUTTI_FP16},    {"fp16", TUTTI_FP16},
+    {"bfloat16", TUTTI_BF16},   {"float", TUTTI_FP32},      {"float32", TUTTI_FP32},
+    {"fp32", TUTTI_FP32},       {"double", TUTTI_FP64},     {"float64", TUTTI_FP64},
+    {"fp64", TUTTI_FP64},
+};
+
+static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
+    [TUTTI_SUM] = "sum", [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min",
+    [TUTTI_MAX] = "max", [TUTTI_AVG] = "avg",
+};
+
+static const struct {
+    const char *name;
+    tutti_redop_t op;
+} tt_redop_aliases[] = {
+    {"add", TUTTI_SUM}, {"product", TUTTI_PROD}, {"mul", TUTTI_PROD}, {"mean", TUTTI_AVG},
+    {"average", TUTTI_AVG},
+};
+
+TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)
+{
+    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].size : 0;
+}
+
+TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
+{
+    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].name : "?";
+}
+
+TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
+{
+    return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : "?";
+}
+
+/* Names compare case-insensitively ("FP32", "Float"). */
+TT_EXPORT int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p)
+{
+    if (!name || !dtype_p)
+        return TUTTI_ERR_INVALID_ARG;
+    for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
+        if (strcasecmp(name, tt_dtype_info[i].name) == 0) {
+            *dtype_p = (tutti_dtype_t)i;
+            return TUTTI_OK;
+        }
+    }
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_dtype_aliases); i++) {
+        if (strcasecmp(name, tt_dtype_aliases[i].name) == 0) {
+            *dtype_p = tt_dtype_aliases[i].dtype;
+            return TUTTI_OK;
+        }
+    }
+    return TUTTI_ERR_INVALID_ARG;
+}
+
+TT_EXPORT int tutti_redop_parse(const char *name, tutti_redop_t *op_p)
+{
+    if (!name || !op_p)
+        return TUTTI_ERR_INVALID_ARG;
+    for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
+        if (strcasecmp(name, tt_redop_names[i]) == 0) {
+            *op_p = (tutti_redop_t)i;
+            return TUTTI_OK;
+        }
+    }
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_redop_aliases); i++) {
+        if (strcasecmp(name, tt_redop_aliases[i].name) == 0) {
+            *op_p = tt_redop_aliases[i].op;
+            return TUTTI_OK;
+        }
+    }
+    return TUTTI_ERR_INVALID_ARG;
+}

@@ -1,2 +1,591 @@
-/* placeholder: being written */
-typedef int tt_placeholder_t;
+/* Reduction kernels: dst = dst op src over every dtype x op, the inner loop of every
+ * reducing collective.
+ *
+ * Semantics, beyond what reduce.h promises:
+ * - Integer SUM/PROD are computed in the unsigned type of the same width, so they wrap
+ *   (two's complement) without undefined behaviour.
+ * - Float MIN/MAX (f32, f64, and fp16/bf16 in fp32): a NaN in either operand gives NaN
+ *   (that operand, the first one if both are NaN). When the operands compare equal (+0
+ *   and -0) the result is the second operand: src for tt_reduce, b for tt_reduce3. So the
+ *   result is bitwise one of the operands (for fp16/bf16, up to NaN quieting).
+ * - fp16/bf16 convert to fp32, apply the op and round back to nearest even. Rounding
+ *   back, a NaN keeps its sign and top payload bits and becomes quiet, so it never turns
+ *   into an infinity; fp16 -> fp32 quiets NaN too (both as F16C does), bf16 -> fp32 is
+ *   exact (a shift). The F16C path and the portable path give bit-identical results
+ *   (checked over all 2^32 floats and all 65536 halves).
+ * - AVG reduces as SUM; tt_reduce_avg_finish divides by nranks (integers: C division in
+ *   the element type, truncating toward zero; fp16/bf16: in fp32, rounded back).
+ * - Invalid dtype or op, count 0 or nranks < 1: nothing happens.
+ *
+ * Speed: the loops are written so that the compiler vectorises them (restrict pointers,
+ * one loop per dtype x op, fixed-size inner blocks that GCC's -O2 "very cheap" cost model
+ * accepts) and are compiled once per ISA level (baseline, AVX2, AVX-512); the best level
+ * the CPU supports is picked at the first call. fp16 uses F16C conversions when the CPU
+ * has them. TUTTI_REDUCE_ISA=generic|avx2|avx512 caps the level (tests, benchmarks).
+ *
+ * Buffers may be unaligned: elements are accessed through aligned(1) typedefs, never
+ * through a cast to a naturally aligned pointer. */
+#include <string.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+/* GCC will not if-convert (so not vectorise) the fp16 conversions while it must keep FP
+ * exception flags exact. Nothing here reads those flags or unmasks FP traps, and
+ * -fno-trapping-math changes no result (no reassociation, no signed-zero games). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TT_REDUCE_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define TT_REDUCE_X86 0
+#endif
+
+/* Declared here until reduce.h carries it: the name of the kernel set in use. */
+const char *tt_reduce_isa_name(void);
+
+/* Element types for possibly unaligned buffers. */
+typedef int8_t tt_ui8_t;
+typedef uint8_t tt_uu8_t;
+typedef int32_t tt_ui32_t __attribute__((aligned(1), may_alias));
+typedef uint32_t tt_uu32_t __attribute__((aligned(1), may_alias));
+typedef int64_t tt_ui64_t __attribute__((aligned(1), may_alias));
+typedef uint64_t tt_uu64_t __attribute__((aligned(1), may_alias));
+typedef uint16_t tt_uu16_t __attribute__((aligned(1), may_alias));
+typedef float tt_uf32_t __attribute__((aligned(1), may_alias));
+typedef double tt_uf64_t __attribute__((aligned(1), may_alias));
+
+#define TT_INLINE static inline __attribute__((always_inline))
+
+/* ---- fp16 / bf16 scalar conversions (portable, bit-exact with F16C) ---------------- */
+
+TT_INLINE uint32_t tt_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+TT_INLINE float tt_f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* Both conversions compute every case and select, without branches, so that loops over
+ * them vectorise on any target (the F16C kernels use hardware conversions instead). */
+TT_INLINE float tt_h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    /* inf, or NaN made quiet with its payload kept */
+    uint32_t special = 0x7f800000u | (em & 0x3ffu) << 13 | (em > 0x7c00u ? 0x400000u : 0);
+    /* normal: rebias the exponent from 15 to 127 */
+    uint32_t normal = (em << 13) + ((127u - 15u) << 23);
+    /* zero or subnormal: em * 2^-24, exact in fp32 */
+    uint32_t subnormal = tt_f32_bits((float)(int32_t)em * 0x1p-24f);
+    uint32_t u = subnormal;
+    u = em >= 0x400u ? normal : u;
+    u = em >= 0x7c00u ? special : u;
+    return tt_f32_from_bits(sign | u);
+}
+
+/* Round to nearest even. The subnormal case lets the FPU round: |f| + 0.5 has its last
+ * mantissa bit worth 2^-24, one fp16 subnormal step (Giesen's float_to_half_fast3_rtne);
+ * this assumes the default rounding mode, which the fp32 arithmetic of the kernels
+ * assumes anyway, and works under FTZ/DAZ too. */
+TT_INLINE uint16_t tt_f2h(float f)
+{
+    uint32_t u = tt_f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    /* NaN: quiet, top payload bits kept */
+    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+    /* >= 2^-14: normal half; the carry of the rounding may bump the exponent */
+    uint32_t normal = (a - ((127u - 15u) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    uint32_t subnormal = tt_f32_bits(tt_f32_from_bits(a) + 0.5f) - 0x3f000000u;
+    uint32_t h = subnormal;
+    h = a >= 0x38800000u ? normal : h;
+    h = a >= 0x477ff000u ? 0x7c00u : h; /* >= 65520 rounds to inf (so does inf) */
+    h = a > 0x7f800000u ? nan : h;
+    return (uint16_t)(h | sign);
+}
+
+TT_INLINE float tt_bf2f(uint16_t b)
+{
+    return tt_f32_from_bits((uint32_t)b << 16);
+}
+
+TT_INLINE uint16_t tt_f2bf(float f)
+{
+    uint32_t u = tt_f32_bits(f);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+float tt_half_to_float(uint16_t h)
+{
+    return tt_h2f(h);
+}
+
+uint16_t tt_float_to_half(float f)
+{
+    return tt_f2h(f);
+}
+
+float tt_bf16_to_float(uint16_t b)
+{
+    return tt_bf2f(b);
+}
+
+uint16_t tt_float_to_bf16(float f)
+{
+    return tt_f2bf(f);
+}
+
+/* ---- element ops ------------------------------------------------------------------- */
+
+#define TT_OP_SUM(x, y) ((x) + (y))
+#define TT_OP_PROD(x, y) ((x) * (y))
+#define TT_OP_MIN(x, y) ((x) < (y) ? (x) : (y))
+#define TT_OP_MAX(x, y) ((x) > (y) ? (x) : (y))
+/* NaN in x: x; NaN in y only: the comparison fails and gives y; equal: y. */
+#define TT_OP_FMIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+#define TT_OP_FMAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+
+#define TT_LD_ID(v) (v)
+#define TT_ST_ID(v) (v)
+#define TT_LD_H(v) tt_h2f(v)
+#define TT_ST_H(v) tt_f2h(v)
+#define TT_LD_BF(v) tt_bf2f(v)
+#define TT_ST_BF(v) tt_f2bf(v)
+
+/* Elements per inner block: a multiple of every vector width, with a known trip count
+ * so that GCC vectorises it at -O2 (the "very cheap" cost model refuses loops that need
+ * a scalar epilogue). */
+#define TT_BLK 64
+
+typedef void (*tt_k2_fn)(void *dst, const void *src, size_t n);
+typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
+
+/* One dtype x op, three shapes: k2 dst = dst op src, k2r dst = src op dst (tt_reduce3
+ * with dst == b), k3 dst = a op b (a may equal b: both are only read). ST is the stored
+ * element type, CT the type computed in. */
+#define TT_DEF_KERNELS(isa, attr, nm, ST, CT, LD, STO, OP)                                \
+    attr static void tt_k2_##nm##_##isa(void *restrict dv, const void *restrict sv,       \
+                                        size_t n)                                         \
+    {                                                                                     \
+        ST *restrict d = dv;                                                              \
+        const ST *restrict s = sv;                                                        \
+        size_t i = 0;                                                                     \
+        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
+            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
+                CT x = LD(d[j]), y = LD(s[j]);                                            \
+                d[j] = STO(OP(x, y));                                                     \
+            }                                                                             \
+        for (; i < n; i++) {                                                              \
+            CT x = LD(d[i]), y = LD(s[i]);                                                \
+            d[i] = STO(OP(x, y));                                                         \
+        }                                                                                 \
+    }                                                                                     \
+    attr static void tt_k2r_##nm##_##isa(void *restrict dv, const void *restrict sv,      \
+                                         size_t n)                                        \
+    {                                                                                     \
+        ST *restrict d = dv;                                                              \
+        const ST *restrict s = sv;                                                        \
+        size_t i = 0;                                                                     \
+        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
+            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
+                CT x = LD(s[j]), y = LD(d[j]);                                            \
+                d[j] = STO(OP(x, y));                                                     \
+            }                                                                             \
+        for (; i < n; i++) {                                                              \
+            CT x = LD(s[i]), y = LD(d[i]);                                                \
+            d[i] = STO(OP(x, y));                                                         \
+        }                                                                                 \
+    }                                                                                     \
+    attr static void tt_k3_##nm##_##isa(void *restrict dv, const void *restrict av,       \
+                                        const void *restrict bv, size_t n)                \
+    {                                                                                     \
+        ST *restrict d = dv;                                                              \
+        const ST *restrict a = av;                                                        \
+        const ST *restrict b = bv;                                                        \
+        size_t i = 0;                                                                     \
+        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
+            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
+                CT x = LD(a[j]), y = LD(b[j]);                                            \
+                d[j] = STO(OP(x, y));                                                     \
+            }                                                                             \
+        for (; i < n; i++) {                                                              \
+            CT x = LD(a[i]), y = LD(b[i]);                                                \
+            d[i] = STO(OP(x, y));                                                         \
+        }                                                                                 \
+    }
+
+/* Every dtype x op for one ISA level. Sums and products of signed integers run on the
+ * unsigned type of the same width (same bits, defined wraparound). */
+#define TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)             \
+    TT_DEF_KERNELS(isa, attr, dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                     \
+    TT_DEF_KERNELS(isa, attr, dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                   \
+    TT_DEF_KERNELS(isa, attr, dt##_min, SST, SCT, LD, STO, OPMIN)                         \
+    TT_DEF_KERNELS(isa, attr, dt##_max, SST, SCT, LD, STO, OPMAX)
+
+#define TT_DEF_ISA(isa, attr, HALF_OPS)                                                   \
+    TT_DEF_OPS(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID,    \
+               TT_OP_MIN, TT_OP_MAX)                                                      \
+    TT_DEF_OPS(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID,   \
+               TT_OP_MIN, TT_OP_MAX)                                                      \
+    TT_DEF_OPS(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID,         \
+               TT_ST_ID, TT_OP_MIN, TT_OP_MAX)                                            \
+    TT_DEF_OPS(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID,         \
+               TT_ST_ID, TT_OP_MIN, TT_OP_MAX)                                            \
+    HALF_OPS(isa, attr)                                                                   \
+    TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID,    \
+               TT_OP_FMIN, TT_OP_FMAX)                                                    \
+    TT_DEF_OPS(isa, attr, f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,  \
+               TT_OP_FMIN, TT_OP_FMAX)
+
+/* fp16 and bf16 through the portable conversions. */
+#define TT_HALF_PORTABLE(isa, attr)                                                       \
+    TT_DEF_OPS(isa, attr, f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H,      \
+               TT_OP_FMIN, TT_OP_FMAX)                                                    \
+    TT_DEF_OPS(isa, attr, bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF,   \
+               TT_OP_FMIN, TT_OP_FMAX)
+
+#define TT_ROW(k, isa, dt)                                                                \
+    [TUTTI_SUM] = k##_##dt##_sum_##isa, [TUTTI_PROD] = k##_##dt##_prod_##isa,             \
+    [TUTTI_MIN] = k##_##dt##_min_##isa, [TUTTI_MAX] = k##_##dt##_max_##isa
+
+#define TT_TABLE(k, isa, hisa)                                                            \
+    {                                                                                     \
+        [TUTTI_INT8] = {TT_ROW(k, isa, i8)}, [TUTTI_UINT8] = {TT_ROW(k, isa, u8)},        \
+        [TUTTI_INT32] = {TT_ROW(k, isa, i32)}, [TUTTI_INT64] = {TT_ROW(k, isa, i64)},     \
+        [TUTTI_FP16] = {TT_ROW(k, hisa, f16)}, [TUTTI_BF16] = {TT_ROW(k, hisa, bf16)}, \
+        [TUTTI_FP32] = {TT_ROW(k, isa, f32)}, [TUTTI_FP64] = {TT_ROW(k, isa, f64)},       \
+    }
+
+#define TT_NOPS 4 /* SUM, PROD, MIN, MAX; AVG runs as SUM */
+
+typedef struct tt_reduce_isa {
+    const char *name;
+    tt_k2_fn k2[TUTTI_DTYPE_COUNT][TT_NOPS];
+    tt_k2_fn k2r[TUTTI_DTYPE_COUNT][TT_NOPS];
+    tt_k3_fn k3[TUTTI_DTYPE_COUNT][TT_NOPS];
+} tt_reduce_isa_t;
+
+#define TT_ISA_TABLE(isa, hisa)                                                           \
+    {                                                                                     \
+        .name = #isa, .k2 = TT_TABLE(tt_k2, isa, hisa),                                    \
+        .k2r = TT_TABLE(tt_k2r, isa, hisa), .k3 = TT_TABLE(tt_k3, isa, hisa),              \
+    }
+
+/* Baseline: whatever the build targets (SSE2 on x86-64). */
+TT_DEF_ISA(generic, , TT_HALF_PORTABLE)
+static const tt_reduce_isa_t tt_isa_generic = TT_ISA_TABLE(generic, generic);
+
+#if TT_REDUCE_X86
+/* fp16 and bf16 by hand on 256-bit vectors: F16C converts fp16, AVX2 shifts and rounds
+ * bf16; the tails run the portable code (bit-identical). Used by the AVX2 and AVX-512
+ * tables both. MIN/MAX follow TT_OP_FMIN/FMAX: min_ps(x, y) is x < y ? x : y (y on ties
+ * and on any NaN), then a NaN x is put back. */
+#define TT_AVX_INLINE static inline __attribute__((always_inline, target("avx")))
+
+/* r where x is a number, x where it is NaN. (Not _mm256_blendv_ps: GCC 12 folds it to a
+ * generic select and then expands that into per-lane branches.) */
+TT_AVX_INLINE __m256 tt_v_nan_x(__m256 r, __m256 x)
+{
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_or_ps(_mm256_and_ps(nan, x), _mm256_andnot_ps(nan, r));
+}
+
+TT_AVX_INLINE __m256 tt_v_min(__m256 x, __m256 y)
+{
+    return tt_v_nan_x(_mm256_min_ps(x, y), x);
+}
+
+TT_AVX_INLINE __m256 tt_v_max(__m256 x, __m256 y)
+{
+    return tt_v_nan_x(_mm256_max_ps(x, y), x);
+}
+
+#define TT_V_SUM(x, y) _mm256_add_ps(x, y)
+#define TT_V_PROD(x, y) _mm256_mul_ps(x, y)
+#define TT_V_MIN(x, y) tt_v_min(x, y)
+#define TT_V_MAX(x, y) tt_v_max(x, y)
+
+/* 8 fp16 at p <-> 8 floats. */
+#define TT_F16C_ATTR __attribute__((target("avx,f16c")))
+#define TT_F16C_STEP 8
+#define TT_F16C_BODY(d, x, y, VOP)                                                         \
+    _mm_storeu_si128((__m128i_u *)(d),                                                     \
+                     _mm256_cvtps_ph(VOP(_mm256_cvtph_ps(_mm_loadu_si128(                  \
+                                                 (const __m128i_u *)(x))),                  \
+                                         _mm256_cvtph_ps(_mm_loadu_si128(                  \
+                                                 (const __m128i_u *)(y)))),                 \
+                                     _MM_FROUND_TO_NEAREST_INT))
+
+/* 16 bf16: unpacking with zeros below gives the fp32 bits of elements 0-3 and 8-11 (lo),
+ * 4-7 and 12-15 (hi); packus_epi32 of the rounded halves restores the order. */
+#define TT_BF16_ATTR __attribute__((target("avx2")))
+#define TT_BF16_STEP 16
+
+TT_BF16_ATTR static inline __attribute__((always_inline)) __m256 tt_bf16_lo(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
+}
+
+TT_BF16_ATTR static inline __attribute__((always_inline)) __m256 tt_bf16_hi(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
+}
+
+/* fp32 -> bf16 in the low half of each 32-bit lane, as tt_f2bf: add 0x7fff + lsb and
+ * shift; a NaN gets its quiet bit instead of the rounding. */
+TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(__m256 r)
+{
+    __m256i u = _mm256_castps_si256(r);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i bias = _mm256_andnot_si256(nan, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x400000));
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_or_si256(u, quiet), bias), 16);
+}
+
+#define TT_BF16_BODY(d, x, y, VOP)                                                         \
+    do {                                                                                   \
+        __m256i vx_ = _mm256_loadu_si256((const __m256i_u *)(x));                          \
+        __m256i vy_ = _mm256_loadu_si256((const __m256i_u *)(y));                          \
+        __m256 lo_ = VOP(tt_bf16_lo(vx_), tt_bf16_lo(vy_));                                \
+        __m256 hi_ = VOP(tt_bf16_hi(vx_), tt_bf16_hi(vy_));                                \
+        _mm256_storeu_si256((__m256i_u *)(d),                                              \
+                            _mm256_packus_epi32(tt_bf16_round(lo_), tt_bf16_round(hi_)));  \
+    } while (0)
+
+/* k2, k2r and k3 for one 16-bit float type and op: STEP elements per BODY, then the
+ * portable kernel of the same shape for the tail. */
+#define TT_DEF_V16(dt, nm, ATTR, STEP, BODY, VOP)                                           \
+    ATTR static void tt_k2_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,   \
+                                            size_t n)                                      \
+    {                                                                                      \
+        char *restrict d = dv;                                                             \
+        const char *restrict s = sv;                                                       \
+        size_t i = 0;                                                                      \
+        for (; i + STEP <= n; i += STEP)                                                   \
+            BODY(d + 2 * i, d + 2 * i, s + 2 * i, VOP);                                    \
+        tt_k2_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                          \
+    }                                                                                      \
+    ATTR static void tt_k2r_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,  \
+                                             size_t n)                                     \
+    {                                                                                      \
+        char *restrict d = dv;                                                             \
+        const char *restrict s = sv;                                                       \
+        size_t i = 0;                                                                      \
+        for (; i + STEP <= n; i += STEP)                                                   \
+            BODY(d + 2 * i, s + 2 * i, d + 2 * i, VOP);                                    \
+        tt_k2r_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                         \
+    }                                                                                      \
+    ATTR static void tt_k3_##dt##_##nm##_x86(void *restrict dv, const void *restrict av,   \
+                                            const void *restrict bv, size_t n)             \
+    {                                                                                      \
+        char *restrict d = dv;                                                             \
+        const char *restrict a = av;                                                       \
+        const char *restrict b = bv;                                                       \
+        size_t i = 0;                                                                      \
+        for (; i + STEP <= n; i += STEP)                                                   \
+            BODY(d + 2 * i, a + 2 * i, b + 2 * i, VOP);                                    \
+        tt_k3_##dt##_##nm##_generic(d + 2 * i, a + 2 * i, b + 2 * i, n - i);               \
+    }
+
+#define TT_DEF_V16_OPS(dt, ATTR, STEP, BODY)                                               \
+    TT_DEF_V16(dt, sum, ATTR, STEP, BODY, TT_V_SUM)                                        \
+    TT_DEF_V16(dt, prod, ATTR, STEP, BODY, TT_V_PROD)                                      \
+    TT_DEF_V16(dt, min, ATTR, STEP, BODY, TT_V_MIN)                                        \
+    TT_DEF_V16(dt, max, ATTR, STEP, BODY, TT_V_MAX)
+
+TT_DEF_V16_OPS(f16, TT_F16C_ATTR, TT_F16C_STEP, TT_F16C_BODY)
+TT_DEF_V16_OPS(bf16, TT_BF16_ATTR, TT_BF16_STEP, TT_BF16_BODY)
+
+#define TT_HALF_NONE(isa, attr)
+
+#define TT_AVX2_ATTR __attribute__((target("avx2")))
+TT_DEF_ISA(avx2, TT_AVX2_ATTR, TT_HALF_NONE)
+static const tt_reduce_isa_t tt_isa_avx2 = TT_ISA_TABLE(avx2, x86);
+
+#define TT_AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+TT_DEF_ISA(avx512, TT_AVX512_ATTR, TT_HALF_NONE)
+static const tt_reduce_isa_t tt_isa_avx512 = TT_ISA_TABLE(avx512, x86);
+
+static int tt_cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    return (c & bit_F16C) != 0;
+}
+#endif /* TT_REDUCE_X86 */
+
+/* The best kernel set for this CPU, capped by TUTTI_REDUCE_ISA. */
+static const tt_reduce_isa_t *tt_reduce_select(void)
+{
+#if TT_REDUCE_X86
+    const char *cap = tt_env("REDUCE_ISA");
+    int max_level = 2;
+    if (cap && strcmp(cap, "generic") == 0)
+        max_level = 0;
+    else if (cap && strcmp(cap, "avx2") == 0)
+        max_level = 1;
+    else if (cap && strcmp(cap, "avx512") != 0)
+        TT_WARN("TUTTI_REDUCE_ISA=%s: expected generic, avx2 or avx512; ignored", cap);
+    __builtin_cpu_init();
+    /* AVX2/AVX-512 CPUs all have F16C, but the fp16 rows need it: check. */
+    int f16c = tt_cpu_has_f16c();
+    if (max_level >= 2 && f16c && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        return &tt_isa_avx512;
+    if (max_level >= 1 && f16c && __builtin_cpu_supports("avx2"))
+        return &tt_isa_avx2;
+#endif
+    return &tt_isa_generic;
+}
+
+static const tt_reduce_isa_t *tt_reduce_isa(void)
+{
+    static const tt_reduce_isa_t *isa;
+    const tt_reduce_isa_t *t = __atomic_load_n(&isa, __ATOMIC_ACQUIRE);
+    if (!t) { /* racing first calls pick the same table */
+        t = tt_reduce_select();
+        __atomic_store_n(&isa, t, __ATOMIC_RELEASE);
+        TT_INFO("reduce kernels: %s", t->name);
+    }
+    return t;
+}
+
+const char *tt_reduce_isa_name(void)
+{
+    return tt_reduce_isa()->name;
+}
+
+/* dst[i] = dst[i] op dst[i]: the only case where tt_reduce's operands alias. Rare, so
+ * the baseline code only. */
+#define TT_DEF_SELF(nm, ST, CT, LD, STO, OP)                                               \
+    static void tt_k1_##nm(void *dv, size_t n)                                             \
+    {                                                                                      \
+        ST *d = dv;                                                                        \
+        for (size_t i = 0; i < n; i++) {                                                   \
+            CT x = LD(d[i]);                                                               \
+            d[i] = STO(OP(x, x));                                                          \
+        }                                                                                  \
+    }
+#define TT_DEF_SELF_OPS(dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)                    \
+    TT_DEF_SELF(dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                                    \
+    TT_DEF_SELF(dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                                  \
+    TT_DEF_SELF(dt##_min, SST, SCT, LD, STO, OPMIN)                                        \
+    TT_DEF_SELF(dt##_max, SST, SCT, LD, STO, OPMAX)
+
+TT_DEF_SELF_OPS(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
+                TT_OP_MAX)
+TT_DEF_SELF_OPS(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
+                TT_OP_MAX)
+TT_DEF_SELF_OPS(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID,
+                TT_OP_MIN, TT_OP_MAX)
+TT_DEF_SELF_OPS(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID,
+                TT_OP_MIN, TT_OP_MAX)
+TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN,
+                TT_OP_FMAX)
+TT_DEF_SELF_OPS(bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF, TT_OP_FMIN,
+                TT_OP_FMAX)
+TT_DEF_SELF_OPS(f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN,
+                TT_OP_FMAX)
+TT_DEF_SELF_OPS(f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,
+                TT_OP_FMIN, TT_OP_FMAX)
+
+typedef void (*tt_k1_fn)(void *dst, size_t n);
+#define TT_SELF_ROW(dt)                                                                    \
+    {                                                                                      \
+        [TUTTI_SUM] = tt_k1_##dt##_sum, [TUTTI_PROD] = tt_k1_##dt##_prod,                  \
+        [TUTTI_MIN] = tt_k1_##dt##_min, [TUTTI_MAX] = tt_k1_##dt##_max                     \
+    }
+static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
+    [TUTTI_INT8] = TT_SELF_ROW(i8), [TUTTI_UINT8] = TT_SELF_ROW(u8),
+    [TUTTI_INT32] = TT_SELF_ROW(i32), [TUTTI_INT64] = TT_SELF_ROW(i64),
+    [TUTTI_FP16] = TT_SELF_ROW(f16), [TUTTI_BF16] = TT_SELF_ROW(bf16),
+    [TUTTI_FP32] = TT_SELF_ROW(f32), [TUTTI_FP64] = TT_SELF_ROW(f64),
+};
+
+/* Row and column of (dtype, op) in the tables, or -1. */
+static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_idx_p)
+{
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT || (unsigned)op >= TUTTI_REDOP_COUNT)
+        return -1;
+    *op_idx_p = op == TUTTI_AVG ? (unsigned)TUTTI_SUM : (unsigned)op;
+    return 0;
+}
+
+void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op)
+{
+    unsigned o;
+    if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)
+        return;
+    if (dst == src)
+        tt_k1[dtype][o](dst, count);
+    else
+        tt_reduce_isa()->k2[dtype][o](dst, src, count);
+}
+
+void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
+                tutti_redop_t op)
+{
+    unsigned o;
+    if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)
+        return;
+    const tt_reduce_isa_t *isa = tt_reduce_isa();
+    if (dst == a && dst == b)
+        tt_k1[dtype][o](dst, count);
+    else if (dst == a)
+        isa->k2[dtype][o](dst, b, count);
+    else if (dst == b)
+        isa->k2r[dtype][o](dst, a, count);
+    else
+        isa->k3[dtype][o](dst, a, b, count);
+}
+
+/* ---- AVG: the final division ------------------------------------------------------- */
+
+#define TT_DEF_DIV(nm, ST, CT, LD, STO)                                                    \
+    static void tt_div_##nm(void *bv, size_t n, int nranks)                                \
+    {                                                                                      \
+        ST *b = bv;                                                                        \
+        CT div = (CT)nranks;                                                               \
+        for (size_t i = 0; i < n; i++)                                                     \
+            b[i] = STO(LD(b[i]) / div);                                                    \
+    }
+
+/* Integer quotients are computed in int64_t / the element's own type: |q| <= |x|, so the
+ * result fits, and nranks >= 1 rules out INT_MIN / -1. */
+TT_DEF_DIV(i8, tt_ui8_t, int32_t, TT_LD_ID, (int8_t))
+TT_DEF_DIV(u8, tt_uu8_t, int32_t, TT_LD_ID, (uint8_t))
+TT_DEF_DIV(i32, tt_ui32_t, int64_t, TT_LD_ID, (int32_t))
+TT_DEF_DIV(i64, tt_ui64_t, int64_t, TT_LD_ID, TT_ST_ID)
+TT_DEF_DIV(f16, tt_uu16_t, float, TT_LD_H, TT_ST_H)
+TT_DEF_DIV(bf16, tt_uu16_t, float, TT_LD_BF, TT_ST_BF)
+TT_DEF_DIV(f32, tt_uf32_t, float, TT_LD_ID, TT_ST_ID)
+TT_DEF_DIV(f64, tt_uf64_t, double, TT_LD_ID, TT_ST_ID)
+
+void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks)
+{
+    static void (*const div[TUTTI_DTYPE_COUNT])(void *, size_t, int) = {
+        [TUTTI_INT8] = tt_div_i8, [TUTTI_UINT8] = tt_div_u8,   [TUTTI_INT32] = tt_div_i32,
+        [TUTTI_INT64] = tt_div_i64, [TUTTI_FP16] = tt_div_f16, [TUTTI_BF16] = tt_div_bf16,
+        [TUTTI_FP32] = tt_div_f32, [TUTTI_FP64] = tt_div_f64,
+    };
+    if (count == 0 || nranks <= 1 || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return;
+    div[dtype](buf, count, nranks);
+}

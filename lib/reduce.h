@@ -21,6 +21,9 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
 /* buf[i] /= nranks (after an AVG computed as SUM). */
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks);
 
+/* The kernel set in use: "generic", "avx2" or "avx512" (TUTTI_REDUCE_ISA caps it). */
+const char *tt_reduce_isa_name(void);
+
 /* IEEE binary16 and bfloat16 conversions (round to nearest even; NaN stays NaN). */
 float tt_half_to_float(uint16_t h);
 uint16_t tt_float_to_half(float f);

@@ -1,0 +1,1161 @@
+/* Reduction kernels, fp16/bf16 conversions, dtype and op names.
+ *
+ * Every kernel is checked against a scalar reference written here independently of
+ * lib/reduce.c (wider integer arithmetic, libm-based half/bf16 rounding). The suite
+ * runs once per kernel set the CPU supports (TUTTI_REDUCE_ISA=generic, avx2, avx512),
+ * unless TUTTI_REDUCE_ISA is already set or Check runs without fork. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <tutti/tutti.h>
+
+#include "reduce.h"
+
+/* Defined in lib/reduce.c (not yet declared in reduce.h). */
+const char *tt_reduce_isa_name(void);
+
+static const size_t lengths[] = {0, 1, 3, 7, 15, 17, 31, 33, 63, 65, 1000, 4097};
+#define NLENGTHS (sizeof(lengths) / sizeof(lengths[0]))
+#define MAXLEN 4097
+#define GUARD 16
+#define GUARD_BYTE 0xa5
+
+/* ---- random numbers (deterministic) -------------------------------------------- */
+
+static uint64_t rng_state;
+
+static uint64_t rng(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+static void rng_seed(uint64_t seed)
+{
+    rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+}
+
+/* ---- reference conversions ----------------------------------------------------- */
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static uint64_t f64_bits(double f)
+{
+    uint64_t u;
+    memcpy(&u, &f, 8);
+    return u;
+}
+
+static double ref_h2d(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 31)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp(m, -24);
+    else
+        v = ldexp(1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Nearest half to x (a float value), ties to even; NaN -> 0x7e00. */
+static uint16_t ref_d2h(double x)
+{
+    if (isnan(x))
+        return 0x7e00;
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double ax = fabs(x);
+    if (ax >= 65520.0)
+        return sign | 0x7c00;
+    if (ax < 0x1p-14)
+        return sign | (uint16_t)nearbyint(ax * 0x1p24);
+    int e;
+    frexp(ax, &e);
+    int E = e - 1;
+    double q = nearbyint(ldexp(ax, 10 - E)); /* 1024 .. 2048 */
+    return sign | (uint16_t)(((E + 15) << 10) + ((int)q - 1024));
+}
+
+static double ref_bf2d(uint16_t b)
+{
+    int e = (b >> 7) & 255, m = b & 127;
+    double v;
+    if (e == 255)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp(m, -133);
+    else
+        v = ldexp(128 + m, e - 134);
+    return (b & 0x8000) ? -v : v;
+}
+
+static uint16_t ref_d2bf(double x)
+{
+    if (isnan(x))
+        return 0x7fc0;
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double ax = fabs(x);
+    if (isinf(ax))
+        return sign | 0x7f80;
+    if (ax < 0x1p-126)
+        return sign | (uint16_t)nearbyint(ldexp(ax, 133));
+    int e;
+    frexp(ax, &e);
+    int E = e - 1;
+    double q = nearbyint(ldexp(ax, 7 - E)); /* 128 .. 256; overflow lands on 0x7f80 */
+    return sign | (uint16_t)(((E + 127) << 7) + ((int)q - 128));
+}
+
+static int half_is_nan(uint16_t h)
+{
+    return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
+}
+
+static int bf16_is_nan(uint16_t b)
+{
+    return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
+}
+
+/* ---- reference reduction ------------------------------------------------------- */
+
+static const size_t dsize[TUTTI_DTYPE_COUNT] = {1, 1, 4, 8, 2, 2, 4, 8};
+
+static int64_t wrap_signed(unsigned __int128 v, int bits)
+{
+    uint64_t mask = bits == 64 ? ~0ull : ((1ull << bits) - 1);
+    uint64_t u = (uint64_t)v & mask;
+    if (bits < 64 && (u >> (bits - 1)))
+        return (int64_t)(u | ~mask);
+    return (int64_t)u;
+}
+
+/* Float SUM/PROD (AVG reduces as SUM). */
+static double ref_fop(tutti_redop_t op, double a, double b)
+{
+    return op == TUTTI_PROD ? a * b : a + b;
+}
+
+/* Float MIN/MAX: NaN in either -> NaN (*nan_p); otherwise which operand is the result:
+ * 0 the first, 1 the second (also on ties: +0 and -0). */
+static int ref_fpick(tutti_redop_t op, double a, double b, int *nan_p)
+{
+    *nan_p = isnan(a) || isnan(b);
+    return op == TUTTI_MIN ? !(a < b) : !(a > b);
+}
+
+static int is_minmax(tutti_redop_t op)
+{
+    return op == TUTTI_MIN || op == TUTTI_MAX;
+}
+
+static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits)
+{
+    switch (op) {
+    case TUTTI_SUM:
+    case TUTTI_AVG:
+        return wrap_signed((unsigned __int128)((__int128)a + b), bits);
+    case TUTTI_PROD:
+        return wrap_signed((unsigned __int128)((__int128)a * b), bits);
+    case TUTTI_MIN:
+        return a < b ? a : b;
+    case TUTTI_MAX:
+        return a > b ? a : b;
+    default:
+        abort();
+    }
+}
+
+/* out = a op b for one element of dtype. */
+static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa,
+                     const void *pb)
+{
+    switch (dt) {
+    case TUTTI_INT8: {
+        int8_t a, b;
+        memcpy(&a, pa, 1);
+        memcpy(&b, pb, 1);
+        int8_t r = (int8_t)ref_iop(op, a, b, 8);
+        memcpy(out, &r, 1);
+        break;
+    }
+    case TUTTI_UINT8: {
+        uint8_t a, b;
+        memcpy(&a, pa, 1);
+        memcpy(&b, pb, 1);
+        int64_t r64 = ref_iop(op, a, b, 64);
+        uint8_t r = (uint8_t)(r64 & 0xff);
+        memcpy(out, &r, 1);
+        break;
+    }
+    case TUTTI_INT32: {
+        int32_t a, b;
+        memcpy(&a, pa, 4);
+        memcpy(&b, pb, 4);
+        int32_t r = (int32_t)ref_iop(op, a, b, 32);
+        memcpy(out, &r, 4);
+        break;
+    }
+    case TUTTI_INT64: {
+        int64_t a, b;
+        memcpy(&a, pa, 8);
+        memcpy(&b, pb, 8);
+        int64_t r = ref_iop(op, a, b, 64);
+        memcpy(out, &r, 8);
+        break;
+    }
+    case TUTTI_FP16:
+    case TUTTI_BF16: {
+        uint16_t a, b;
+        memcpy(&a, pa, 2);
+        memcpy(&b, pb, 2);
+        int half = dt == TUTTI_FP16, nan;
+        double x = half ? ref_h2d(a) : ref_bf2d(a);
+        double y = half ? ref_h2d(b) : ref_bf2d(b);
+        uint16_t r;
+        if (is_minmax(op)) {
+            r = ref_fpick(op, x, y, &nan) ? b : a;
+            if (nan)
+                r = half ? 0x7e00 : 0x7fc0;
+        } else {
+            /* computed in fp32 (double then float: exact or one innocuous rounding) */
+            float f = (float)ref_fop(op, x, y);
+            r = half ? ref_d2h(f) : ref_d2bf(f);
+        }
+        memcpy(out, &r, 2);
+        break;
+    }
+    case TUTTI_FP32: {
+        float a, b, r;
+        int nan;
+        memcpy(&a, pa, 4);
+        memcpy(&b, pb, 4);
+        if (is_minmax(op)) {
+            r = ref_fpick(op, a, b, &nan) ? b : a;
+            if (nan)
+                r = NAN;
+        } else {
+            r = (float)ref_fop(op, a, b);
+        }
+        memcpy(out, &r, 4);
+        break;
+    }
+    case TUTTI_FP64: {
+        double a, b, r;
+        int nan;
+        memcpy(&a, pa, 8);
+        memcpy(&b, pb, 8);
+        if (is_minmax(op)) {
+            r = ref_fpick(op, a, b, &nan) ? b : a;
+            if (nan)
+                r = NAN;
+        } else {
+            r = ref_fop(op, a, b);
+        }
+        memcpy(out, &r, 8);
+        break;
+    }
+    default:
+        abort();
+    }
+}
+
+/* Same element? Bitwise, except that any NaN matches any NaN. */
+static int elem_equal(tutti_dtype_t dt, const void *got, const void *want)
+{
+    switch (dt) {
+    case TUTTI_FP16: {
+        uint16_t g, w;
+        memcpy(&g, got, 2);
+        memcpy(&w, want, 2);
+        return half_is_nan(w) ? half_is_nan(g) : g == w;
+    }
+    case TUTTI_BF16: {
+        uint16_t g, w;
+        memcpy(&g, got, 2);
+        memcpy(&w, want, 2);
+        return bf16_is_nan(w) ? bf16_is_nan(g) : g == w;
+    }
+    case TUTTI_FP32: {
+        float g, w;
+        memcpy(&g, got, 4);
+        memcpy(&w, want, 4);
+        return isnan(w) ? isnan(g) : f32_bits(g) == f32_bits(w);
+    }
+    case TUTTI_FP64: {
+        double g, w;
+        memcpy(&g, got, 8);
+        memcpy(&w, want, 8);
+        return isnan(w) ? isnan(g) : f64_bits(g) == f64_bits(w);
+    }
+    default:
+        return memcmp(got, want, dsize[dt]) == 0;
+    }
+}
+
+static void elem_hex(char *buf, size_t len, tutti_dtype_t dt, const void *p)
+{
+    const unsigned char *b = p;
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = dsize[dt]; i-- > 0 && n + 3 < len;)
+        n += (size_t)snprintf(buf + n, len - n, "%02x", b[i]);
+}
+
+/* ---- test data ----------------------------------------------------------------- */
+
+static const float f32_specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN,
+                                     1e-40f, -1e-45f, 3.4028235e38f, 1.0f, -1.0f};
+
+static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = rng();
+        switch (dt) {
+        case TUTTI_FP32: {
+            float f;
+            unsigned kind = (unsigned)(r >> 56);
+            if (kind < 20)
+                f = f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))];
+            else if (kind < 60)
+                f = bits_f32((uint32_t)r); /* anything, NaNs included */
+            else
+                f = (float)((double)(int32_t)(uint32_t)r / 65536.0);
+            memcpy(p + i * 4, &f, 4);
+            break;
+        }
+        case TUTTI_FP64: {
+            double d;
+            unsigned kind = (unsigned)(r >> 56);
+            if (kind < 20) {
+                d = f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))];
+            } else if (kind < 60) {
+                memcpy(&d, &r, 8);
+            } else {
+                d = (double)(int64_t)r / 0x1p40;
+            }
+            memcpy(p + i * 8, &d, 8);
+            break;
+        }
+        case TUTTI_FP16:
+        case TUTTI_BF16: {
+            uint16_t h = (uint16_t)r;
+            if ((r >> 40) % 4 != 0) /* mostly moderate magnitudes so sums stay finite */
+                h = dt == TUTTI_FP16 ? (uint16_t)((h & 0x83ff) | (((r >> 20) % 12 + 9) << 10))
+                                     : (uint16_t)((h & 0x807f) | (((r >> 20) % 30 + 112) << 7));
+            memcpy(p + i * 2, &h, 2);
+            break;
+        }
+        default:
+            memcpy(p + i * dsize[dt], &r, dsize[dt]);
+        }
+    }
+}
+
+/* A buffer of n elements at a byte offset from an 8-aligned base, with guard bytes. */
+typedef struct gbuf {
+    unsigned char *base;
+    unsigned char *p;
+    size_t bytes;
+} gbuf_t;
+
+static void gbuf_init(gbuf_t *g, size_t bytes, size_t offset)
+{
+    g->bytes = bytes;
+    g->base = malloc(bytes + 2 * GUARD + 8);
+    ck_assert_ptr_nonnull(g->base);
+    memset(g->base, GUARD_BYTE, bytes + 2 * GUARD + 8);
+    g->p = g->base + GUARD + offset;
+}
+
+static void gbuf_check(const gbuf_t *g, const char *what)
+{
+    size_t off = (size_t)(g->p - g->base);
+    size_t total = g->bytes + 2 * GUARD + 8;
+    for (size_t i = 0; i < off; i++)
+        if (g->base[i] != GUARD_BYTE)
+            ck_abort_msg("%s: byte %zu before the buffer overwritten", what, off - i);
+    for (size_t i = off + g->bytes; i < total; i++)
+        if (g->base[i] != GUARD_BYTE)
+            ck_abort_msg("%s: byte %zu after the buffer overwritten", what, i - off - g->bytes);
+}
+
+static void gbuf_free(gbuf_t *g)
+{
+    free(g->base);
+}
+
+/* Runs tt_reduce or tt_reduce3 and compares every element with the reference.
+ * alias: 0 distinct buffers, 1 dst == a, 2 dst == b, 3 a == b, 4 dst == a == b,
+ * -1 tt_reduce(dst, src), -2 tt_reduce(dst, dst). */
+static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff, size_t aoff,
+                      size_t boff, int alias)
+{
+    size_t es = dsize[dt], bytes = n * es;
+    gbuf_t d, a, b;
+    gbuf_init(&d, bytes, doff);
+    gbuf_init(&a, bytes, aoff);
+    gbuf_init(&b, bytes, boff);
+    fill_random(dt, a.p, n);
+    fill_random(dt, b.p, n);
+    fill_random(dt, d.p, n);
+    if (alias == 3 || alias == 4 || alias == -2)
+        memcpy(b.p, a.p, bytes);
+    if (alias == -1 || alias == 1 || alias == 4 || alias == -2)
+        memcpy(d.p, a.p, bytes);
+    if (alias == 2)
+        memcpy(d.p, b.p, bytes);
+
+    unsigned char *want = malloc(bytes + 1);
+    ck_assert_ptr_nonnull(want);
+    for (size_t i = 0; i < n; i++)
+        ref_elem(dt, op, want + i * es, a.p + i * es, b.p + i * es);
+
+    switch (alias) {
+    case -1:
+        tt_reduce(d.p, b.p, n, dt, op);
+        break;
+    case -2:
+        tt_reduce(d.p, d.p, n, dt, op);
+        break;
+    case 0:
+        tt_reduce3(d.p, a.p, b.p, n, dt, op);
+        break;
+    case 1:
+        tt_reduce3(d.p, d.p, b.p, n, dt, op);
+        break;
+    case 2:
+        tt_reduce3(d.p, a.p, d.p, n, dt, op);
+        break;
+    case 3:
+        tt_reduce3(d.p, a.p, a.p, n, dt, op);
+        break;
+    case 4:
+        tt_reduce3(d.p, d.p, d.p, n, dt, op);
+        break;
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        if (!elem_equal(dt, d.p + i * es, want + i * es)) {
+            char g[20], w[20], x[20], y[20];
+            elem_hex(g, sizeof(g), dt, d.p + i * es);
+            elem_hex(w, sizeof(w), dt, want + i * es);
+            elem_hex(x, sizeof(x), dt, a.p + i * es);
+            elem_hex(y, sizeof(y), dt, b.p + i * es);
+            ck_abort_msg("%s %s n=%zu offsets %zu/%zu/%zu alias %d [%zu]: %s op %s gave %s, "
+                         "want %s",
+                         tutti_dtype_name(dt), tutti_redop_name(op), n, doff, aoff, boff,
+                         alias, i, x, y, g, w);
+        }
+    }
+    gbuf_check(&d, "dst");
+    gbuf_check(&a, "a");
+    gbuf_check(&b, "b");
+    free(want);
+    gbuf_free(&d);
+    gbuf_free(&a);
+    gbuf_free(&b);
+}
+
+/* ---- names --------------------------------------------------------------------- */
+
+START_TEST(test_dtype_names)
+{
+    static const char *const names[] = {"i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+    for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
+        tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
+        ck_assert_str_eq(tutti_dtype_name((tutti_dtype_t)i), names[i]);
+        ck_assert_uint_eq(tutti_dtype_size((tutti_dtype_t)i), dsize[i]);
+        ck_assert_int_eq(tutti_dtype_parse(names[i], &dt), TUTTI_OK);
+        ck_assert_int_eq(dt, i);
+    }
+    static const struct {
+        const char *name;
+        tutti_dtype_t dt;
+    } aliases[] = {
+        {"int8", TUTTI_INT8},      {"uint8", TUTTI_UINT8},   {"int32", TUTTI_INT32},
+        {"int", TUTTI_INT32},      {"int64", TUTTI_INT64},   {"long", TUTTI_INT64},
+        {"half", TUTTI_FP16},      {"float16", TUTTI_FP16},  {"fp16", TUTTI_FP16},
+        {"bfloat16", TUTTI_BF16},  {"float", TUTTI_FP32},    {"float32", TUTTI_FP32},
+        {"fp32", TUTTI_FP32},      {"double", TUTTI_FP64},   {"float64", TUTTI_FP64},
+        {"fp64", TUTTI_FP64},      {"FP32", TUTTI_FP32},     {"Float", TUTTI_FP32},
+        {"BF16", TUTTI_BF16},
+    };
+    for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
+        tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
+        ck_assert_msg(tutti_dtype_parse(aliases[i].name, &dt) == TUTTI_OK, "%s",
+                      aliases[i].name);
+        ck_assert_msg(dt == aliases[i].dt, "%s -> %d", aliases[i].name, dt);
+    }
+    static const char *const bad[] = {"", "f31", "float128", "i16", "f32 ", " f32", "bf", "fp"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        tutti_dtype_t dt = TUTTI_FP64;
+        ck_assert_int_eq(tutti_dtype_parse(bad[i], &dt), TUTTI_ERR_INVALID_ARG);
+        ck_assert_int_eq(dt, TUTTI_FP64); /* untouched on failure */
+    }
+    tutti_dtype_t dt;
+    ck_assert_int_eq(tutti_dtype_parse(NULL, &dt), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_dtype_parse("f32", NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_str_eq(tutti_dtype_name(TUTTI_DTYPE_COUNT), "?");
+    ck_assert_str_eq(tutti_dtype_name((tutti_dtype_t)-1), "?");
+    ck_assert_uint_eq(tutti_dtype_size(TUTTI_DTYPE_COUNT), 0);
+    ck_assert_uint_eq(tutti_dtype_size((tutti_dtype_t)-1), 0);
+}
+END_TEST
+
+START_TEST(test_redop_names)
+{
+    static const char *const names[] = {"sum", "prod", "min", "max", "avg"};
+    for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
+        tutti_redop_t op = TUTTI_REDOP_COUNT;
+        ck_assert_str_eq(tutti_redop_name((tutti_redop_t)i), names[i]);
+        ck_assert_int_eq(tutti_redop_parse(names[i], &op), TUTTI_OK);
+        ck_assert_int_eq(op, i);
+    }
+    tutti_redop_t op = TUTTI_REDOP_COUNT;
+    ck_assert_int_eq(tutti_redop_parse("SUM", &op), TUTTI_OK);
+    ck_assert_int_eq(op, TUTTI_SUM);
+    static const char *const bad[] = {"", "sums", "su", "minimum", "avg ", "xor"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        op = TUTTI_MAX;
+        ck_assert_int_eq(tutti_redop_parse(bad[i], &op), TUTTI_ERR_INVALID_ARG);
+        ck_assert_int_eq(op, TUTTI_MAX);
+    }
+    ck_assert_int_eq(tutti_redop_parse(NULL, &op), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_redop_parse("sum", NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_str_eq(tutti_redop_name(TUTTI_REDOP_COUNT), "?");
+    ck_assert_str_eq(tutti_redop_name((tutti_redop_t)-1), "?");
+}
+END_TEST
+
+/* ---- kernels against the reference --------------------------------------------- */
+
+/* Loop test over dtypes: every op, length and a spread of unaligned offsets. */
+START_TEST(test_reduce_vs_reference)
+{
+    tutti_dtype_t dt = (tutti_dtype_t)_i;
+    rng_seed(100 + (uint64_t)_i);
+    for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
+        for (size_t l = 0; l < NLENGTHS; l++)
+            for (size_t off = 0; off < 8; off++)
+                check_one(dt, (tutti_redop_t)op, lengths[l], off, 0, (off * 5 + 3) % 8, -1);
+}
+END_TEST
+
+START_TEST(test_reduce3_vs_reference)
+{
+    tutti_dtype_t dt = (tutti_dtype_t)_i;
+    rng_seed(200 + (uint64_t)_i);
+    for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
+        for (size_t l = 0; l < NLENGTHS; l++)
+            for (int alias = 0; alias <= 4; alias++) {
+                size_t off = (l + (size_t)alias) % 8;
+                check_one(dt, (tutti_redop_t)op, lengths[l], off, (off + 1) % 8,
+                          (off + 6) % 8, alias);
+            }
+}
+END_TEST
+
+START_TEST(test_reduce_self)
+{
+    tutti_dtype_t dt = (tutti_dtype_t)_i;
+    rng_seed(300 + (uint64_t)_i);
+    for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
+        for (size_t l = 0; l < NLENGTHS; l++)
+            check_one(dt, (tutti_redop_t)op, lengths[l], l % 8, (l + 3) % 8, 0, -2);
+}
+END_TEST
+
+/* ---- AVG ----------------------------------------------------------------------- */
+
+static void ref_div(tutti_dtype_t dt, void *p, int n)
+{
+    switch (dt) {
+    case TUTTI_INT8: {
+        int8_t v;
+        memcpy(&v, p, 1);
+        v = (int8_t)(v < 0 ? -(-v / n) : v / n);
+        memcpy(p, &v, 1);
+        break;
+    }
+    case TUTTI_UINT8: {
+        uint8_t v;
+        memcpy(&v, p, 1);
+        v = (uint8_t)(v / n);
+        memcpy(p, &v, 1);
+        break;
+    }
+    case TUTTI_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        int64_t w = v;
+        v = (int32_t)(w < 0 ? -(-w / n) : w / n);
+        memcpy(p, &v, 4);
+        break;
+    }
+    case TUTTI_INT64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        __int128 w = v;
+        v = (int64_t)(w < 0 ? -(-w / n) : w / n);
+        memcpy(p, &v, 8);
+        break;
+    }
+    case TUTTI_FP16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        h = ref_d2h((float)(ref_h2d(h) / n));
+        memcpy(p, &h, 2);
+        break;
+    }
+    case TUTTI_BF16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        h = ref_d2bf((float)(ref_bf2d(h) / n));
+        memcpy(p, &h, 2);
+        break;
+    }
+    case TUTTI_FP32: {
+        float f;
+        memcpy(&f, p, 4);
+        f = (float)((double)f / n);
+        memcpy(p, &f, 4);
+        break;
+    }
+    case TUTTI_FP64: {
+        double f;
+        memcpy(&f, p, 8);
+        f = f / n;
+        memcpy(p, &f, 8);
+        break;
+    }
+    default:
+        abort();
+    }
+}
+
+START_TEST(test_avg)
+{
+    tutti_dtype_t dt = (tutti_dtype_t)_i;
+    size_t es = dsize[dt];
+    static const int nranks[] = {1, 2, 3, 5, 8, 1000};
+    rng_seed(400 + (uint64_t)_i);
+    for (size_t r = 0; r < sizeof(nranks) / sizeof(nranks[0]); r++) {
+        for (size_t l = 0; l < NLENGTHS; l++) {
+            size_t n = lengths[l], bytes = n * es, off = (r + l) % 8;
+            gbuf_t d, s;
+            gbuf_init(&d, bytes, off);
+            gbuf_init(&s, bytes, (off + 3) % 8);
+            fill_random(dt, d.p, n);
+            fill_random(dt, s.p, n);
+            unsigned char *want = malloc(bytes + 1);
+            for (size_t i = 0; i < n; i++) {
+                ref_elem(dt, TUTTI_SUM, want + i * es, d.p + i * es, s.p + i * es);
+                if (nranks[r] > 1)
+                    ref_div(dt, want + i * es, nranks[r]);
+            }
+            tt_reduce(d.p, s.p, n, dt, TUTTI_AVG);
+            tt_reduce_avg_finish(d.p, n, dt, nranks[r]);
+            for (size_t i = 0; i < n; i++) {
+                if (!elem_equal(dt, d.p + i * es, want + i * es)) {
+                    char g[20], w[20];
+                    elem_hex(g, sizeof(g), dt, d.p + i * es);
+                    elem_hex(w, sizeof(w), dt, want + i * es);
+                    ck_abort_msg("avg %s n=%zu nranks=%d [%zu]: got %s want %s",
+                                 tutti_dtype_name(dt), n, nranks[r], i, g, w);
+                }
+            }
+            gbuf_check(&d, "avg");
+            free(want);
+            gbuf_free(&d);
+            gbuf_free(&s);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_avg_cases)
+{
+    int32_t i32[] = {-7, 7, -1, 1, INT32_MIN, INT32_MAX};
+    tt_reduce_avg_finish(i32, 6, TUTTI_INT32, 2);
+    ck_assert_int_eq(i32[0], -3); /* truncation toward zero */
+    ck_assert_int_eq(i32[1], 3);
+    ck_assert_int_eq(i32[2], 0);
+    ck_assert_int_eq(i32[3], 0);
+    ck_assert_int_eq(i32[4], INT32_MIN / 2);
+    ck_assert_int_eq(i32[5], INT32_MAX / 2);
+    int64_t i64[] = {INT64_MIN, -9};
+    tt_reduce_avg_finish(i64, 2, TUTTI_INT64, 3);
+    ck_assert(i64[0] == INT64_MIN / 3 && i64[1] == -3);
+    int8_t i8[] = {-128, 127, -5};
+    tt_reduce_avg_finish(i8, 3, TUTTI_INT8, 4);
+    ck_assert(i8[0] == -32 && i8[1] == 31 && i8[2] == -1);
+    uint8_t u8[] = {255, 200, 2};
+    tt_reduce_avg_finish(u8, 3, TUTTI_UINT8, 3);
+    ck_assert(u8[0] == 85 && u8[1] == 66 && u8[2] == 0);
+    float f[] = {3.0f, -1.0f, INFINITY};
+    tt_reduce_avg_finish(f, 3, TUTTI_FP32, 4);
+    ck_assert(f[0] == 0.75f && f[1] == -0.25f && isinf(f[2]));
+    uint16_t h[] = {0x4200 /* 3.0 */, 0x0001 /* 2^-24 */};
+    tt_reduce_avg_finish(h, 2, TUTTI_FP16, 2);
+    ck_assert_uint_eq(h[0], 0x3e00); /* 1.5 */
+    ck_assert_uint_eq(h[1], 0x0000); /* 2^-25: tie, to even */
+    uint16_t bf[] = {0x4040 /* 3.0 */};
+    tt_reduce_avg_finish(bf, 1, TUTTI_BF16, 2);
+    ck_assert_uint_eq(bf[0], 0x3fc0);
+    /* nranks < 1 and invalid dtypes leave the buffer alone */
+    int32_t keep[] = {10, -10};
+    tt_reduce_avg_finish(keep, 2, TUTTI_INT32, 0);
+    tt_reduce_avg_finish(keep, 2, TUTTI_INT32, -3);
+    tt_reduce_avg_finish(keep, 2, TUTTI_DTYPE_COUNT, 2);
+    ck_assert(keep[0] == 10 && keep[1] == -10);
+    tt_reduce_avg_finish(NULL, 0, TUTTI_FP32, 2);
+}
+END_TEST
+
+/* ---- integer wraparound and float specials -------------------------------------- */
+
+START_TEST(test_int_wrap)
+{
+    int8_t a8[] = {127, -128, -128, 64, -1}, b8[] = {1, -1, -1, 2, -1};
+    tt_reduce(a8, b8, 2, TUTTI_INT8, TUTTI_SUM);
+    tt_reduce(a8 + 2, b8 + 2, 3, TUTTI_INT8, TUTTI_PROD);
+    ck_assert(a8[0] == -128 && a8[1] == 127 && a8[2] == -128 && a8[3] == -128 && a8[4] == 1);
+    uint8_t u8[] = {255, 16, 0}, v8[] = {1, 16, 1};
+    tt_reduce(u8, v8, 1, TUTTI_UINT8, TUTTI_SUM);
+    tt_reduce(u8 + 1, v8 + 1, 1, TUTTI_UINT8, TUTTI_PROD);
+    ck_assert(u8[0] == 0 && u8[1] == 0);
+    uint8_t m8[] = {0, 255}, n8[] = {255, 0};
+    tt_reduce(m8, n8, 2, TUTTI_UINT8, TUTTI_MIN); /* unsigned compare */
+    ck_assert(m8[0] == 0 && m8[1] == 0);
+    int32_t a32[] = {INT32_MAX, INT32_MIN, 65536, INT32_MIN}, b32[] = {1, -1, 65536, -1};
+    tt_reduce(a32, b32, 2, TUTTI_INT32, TUTTI_SUM);
+    tt_reduce(a32 + 2, b32 + 2, 2, TUTTI_INT32, TUTTI_PROD);
+    ck_assert(a32[0] == INT32_MIN && a32[1] == INT32_MAX && a32[2] == 0 && a32[3] == INT32_MIN);
+    int64_t a64[] = {INT64_MAX, INT64_MIN, INT64_C(1) << 32, INT64_MIN, 3};
+    int64_t b64[] = {1, -1, INT64_C(1) << 32, -1, INT64_MAX};
+    tt_reduce(a64, b64, 2, TUTTI_INT64, TUTTI_SUM);
+    tt_reduce(a64 + 2, b64 + 2, 3, TUTTI_INT64, TUTTI_PROD);
+    ck_assert(a64[0] == INT64_MIN && a64[1] == INT64_MAX && a64[2] == 0 &&
+              a64[3] == INT64_MIN && a64[4] == INT64_MAX - 2);
+    int64_t c64[] = {INT64_MIN, -1}, d64[] = {INT64_MAX, INT64_MIN};
+    tt_reduce(c64, d64, 2, TUTTI_INT64, TUTTI_MAX);
+    ck_assert(c64[0] == INT64_MAX && c64[1] == -1);
+}
+END_TEST
+
+/* a op b through every float dtype; *_nan: the result must be NaN. */
+static void check_float_case(tutti_redop_t op, double a, double b, double want)
+{
+    float fa = (float)a, fb = (float)b;
+    float f32 = fa;
+    tt_reduce(&f32, &fb, 1, TUTTI_FP32, op);
+    double f64 = a;
+    tt_reduce(&f64, &b, 1, TUTTI_FP64, op);
+    uint16_t h = tt_float_to_half(fa), hb = tt_float_to_half(fb);
+    tt_reduce(&h, &hb, 1, TUTTI_FP16, op);
+    uint16_t bf = tt_float_to_bf16(fa), bfb = tt_float_to_bf16(fb);
+    tt_reduce(&bf, &bfb, 1, TUTTI_BF16, op);
+    double got[] = {f32, f64, tt_half_to_float(h), tt_bf16_to_float(bf)};
+    static const char *const names[] = {"f32", "f64", "f16", "bf16"};
+    for (int i = 0; i < 4; i++) {
+        if (isnan(want))
+            ck_assert_msg(isnan(got[i]), "%s %s(%g, %g) = %g, want NaN", names[i],
+                          tutti_redop_name(op), a, b, got[i]);
+        else
+            ck_assert_msg(got[i] == want && !signbit(got[i]) == !signbit(want),
+                          "%s %s(%g, %g) = %g, want %g", names[i], tutti_redop_name(op), a, b,
+                          got[i], want);
+    }
+}
+
+START_TEST(test_float_specials)
+{
+    check_float_case(TUTTI_SUM, INFINITY, -INFINITY, NAN);
+    check_float_case(TUTTI_SUM, INFINITY, 1.0, INFINITY);
+    check_float_case(TUTTI_SUM, -INFINITY, -INFINITY, -INFINITY);
+    check_float_case(TUTTI_SUM, NAN, 1.0, NAN);
+    check_float_case(TUTTI_SUM, 1.0, NAN, NAN);
+    check_float_case(TUTTI_SUM, -0.0, -0.0, -0.0);
+    check_float_case(TUTTI_SUM, -0.0, 0.0, 0.0);
+    check_float_case(TUTTI_PROD, 0.0, INFINITY, NAN);
+    check_float_case(TUTTI_PROD, -2.0, INFINITY, -INFINITY);
+    check_float_case(TUTTI_PROD, -1.0, 0.0, -0.0);
+    check_float_case(TUTTI_MIN, NAN, 1.0, NAN);
+    check_float_case(TUTTI_MIN, 1.0, NAN, NAN);
+    check_float_case(TUTTI_MIN, NAN, NAN, NAN);
+    check_float_case(TUTTI_MIN, -INFINITY, NAN, NAN);
+    check_float_case(TUTTI_MAX, NAN, -1.0, NAN);
+    check_float_case(TUTTI_MAX, -1.0, NAN, NAN);
+    check_float_case(TUTTI_MAX, INFINITY, NAN, NAN);
+    check_float_case(TUTTI_MIN, -INFINITY, 5.0, -INFINITY);
+    check_float_case(TUTTI_MIN, 5.0, -INFINITY, -INFINITY);
+    check_float_case(TUTTI_MAX, INFINITY, 5.0, INFINITY);
+    check_float_case(TUTTI_MAX, -INFINITY, INFINITY, INFINITY);
+    check_float_case(TUTTI_MIN, 2.0, -3.0, -3.0);
+    check_float_case(TUTTI_MAX, 2.0, -3.0, 2.0);
+    /* equal operands: the second one (documented in lib/reduce.c) */
+    check_float_case(TUTTI_MIN, 0.0, -0.0, -0.0);
+    check_float_case(TUTTI_MIN, -0.0, 0.0, 0.0);
+    check_float_case(TUTTI_MAX, 0.0, -0.0, -0.0);
+    check_float_case(TUTTI_MAX, -0.0, 0.0, 0.0);
+    /* overflow of fp16 in fp32 arithmetic rounds to inf when stored back */
+    uint16_t h = 0x7bff, hb = 0x7bff; /* 65504 + 65504 */
+    tt_reduce(&h, &hb, 1, TUTTI_FP16, TUTTI_SUM);
+    ck_assert_uint_eq(h, 0x7c00);
+}
+END_TEST
+
+/* The same NaN/special rules hold inside vector bodies, not only in tails: a long
+ * buffer with specials at every position. */
+START_TEST(test_float_specials_vector)
+{
+    static const tutti_dtype_t dts[] = {TUTTI_FP16, TUTTI_BF16, TUTTI_FP32, TUTTI_FP64};
+    for (size_t t = 0; t < 4; t++)
+        for (int op = 0; op < TUTTI_REDOP_COUNT; op++) {
+            rng_seed(500 + t * 10 + (uint64_t)op);
+            for (int alias = -1; alias <= 2; alias++)
+                check_one(dts[t], (tutti_redop_t)op, 4097, 1, 2, 5, alias);
+        }
+}
+END_TEST
+
+START_TEST(test_invalid_args)
+{
+    int32_t a[] = {1, 2}, b[] = {3, 4};
+    tt_reduce(a, b, 2, TUTTI_DTYPE_COUNT, TUTTI_SUM);
+    tt_reduce(a, b, 2, (tutti_dtype_t)-1, TUTTI_SUM);
+    tt_reduce(a, b, 2, TUTTI_INT32, TUTTI_REDOP_COUNT);
+    tt_reduce(a, b, 2, TUTTI_INT32, (tutti_redop_t)-1);
+    tt_reduce3(a, a, b, 2, TUTTI_DTYPE_COUNT, TUTTI_SUM);
+    tt_reduce3(a, a, b, 2, TUTTI_INT32, TUTTI_REDOP_COUNT);
+    ck_assert(a[0] == 1 && a[1] == 2);
+    tt_reduce(NULL, NULL, 0, TUTTI_FP32, TUTTI_SUM);
+    tt_reduce3(NULL, NULL, NULL, 0, TUTTI_FP16, TUTTI_MAX);
+}
+END_TEST
+
+/* ---- fp16 and bf16 conversions ------------------------------------------------- */
+
+START_TEST(test_half_exhaustive)
+{
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = tt_half_to_float(h);
+        double want = ref_h2d(h);
+        if (half_is_nan(h)) {
+            /* quiet NaN, sign and payload kept (what F16C's vcvtph2ps does) */
+            uint32_t want_bits = (uint32_t)(h & 0x8000) << 16 | 0x7fc00000u |
+                                 (uint32_t)(h & 0x3ff) << 13;
+            if (f32_bits(f) != want_bits)
+                ck_abort_msg("half NaN %04x -> %08x, want %08x", h, f32_bits(f), want_bits);
+            uint16_t back = tt_float_to_half(f);
+            if (!half_is_nan(back) || (back & 0x8000) != (h & 0x8000))
+                ck_abort_msg("half NaN %04x came back as %04x", h, back);
+            /* quieted, payload kept (what F16C does) */
+            if (back != (h | 0x200))
+                ck_abort_msg("half NaN %04x came back as %04x, want %04x", h, back,
+                             h | 0x200);
+            continue;
+        }
+        if ((double)f != want || !signbit(f) != !signbit(want))
+            ck_abort_msg("half %04x -> %a, want %a", h, (double)f, want);
+        uint16_t back = tt_float_to_half(f);
+        if (back != h)
+            ck_abort_msg("half %04x -> %a -> %04x", h, (double)f, back);
+    }
+}
+END_TEST
+
+START_TEST(test_half_rounding)
+{
+    static const struct {
+        float f;
+        uint16_t h;
+    } cases[] = {
+        {0.0f, 0x0000},
+        {-0.0f, 0x8000},
+        {1.0f, 0x3c00},
+        {-2.0f, 0xc000},
+        {65504.0f, 0x7bff},           /* largest finite */
+        {65519.99f, 0x7bff},          /* just below the overflow tie */
+        {65520.0f, 0x7c00},           /* tie: 65504 is odd, rounds up to inf */
+        {-65520.0f, 0xfc00},
+        {1e10f, 0x7c00},
+        {3.4028235e38f, 0x7c00},
+        {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},
+        {1.0f + 0x1p-11f, 0x3c00},    /* tie between 1 and 1+2^-10: even (1) */
+        {1.0f + 3 * 0x1p-11f, 0x3c02},/* tie between 1+2^-10 and 1+2^-9: even (up) */
+        {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01}, /* just above a tie */
+        {0x1p-14f, 0x0400},           /* smallest normal */
+        {0x1p-14f - 0x1p-25f, 0x0400},/* tie between largest subnormal and it: even */
+        {0x1p-14f - 0x1p-24f, 0x03ff},/* largest subnormal */
+        {0x1p-24f, 0x0001},           /* smallest subnormal */
+        {0x1p-25f, 0x0000},           /* tie between 0 and 2^-24: even (0) */
+        {0x1p-25f * 1.0001f, 0x0001}, /* above the tie */
+        {3 * 0x1p-25f, 0x0002},       /* tie between 1 and 2 units: even (2) */
+        {5 * 0x1p-25f, 0x0002},       /* tie between 2 and 3 units: even (2) */
+        {0x1p-26f, 0x0000},
+        {-0x1p-26f, 0x8000},
+        {1e-40f, 0x0000},             /* fp32 subnormal */
+        {-0x1p-24f, 0x8001},
+        {2049.0f, 0x6800},            /* tie between 2048 and 2050: even (2048) */
+        {2051.0f, 0x6802},            /* tie between 2050 and 2052: even (2052) */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint16_t h = tt_float_to_half(cases[i].f);
+        ck_assert_msg(h == cases[i].h, "float %a -> half %04x, want %04x", (double)cases[i].f,
+                      h, cases[i].h);
+        ck_assert_msg(ref_d2h(cases[i].f) == cases[i].h, "reference: %a", (double)cases[i].f);
+    }
+    /* NaN stays NaN, sign and top payload bits kept */
+    ck_assert_uint_eq(tt_float_to_half(bits_f32(0x7fc00000)), 0x7e00);
+    ck_assert_uint_eq(tt_float_to_half(bits_f32(0xffc00000)), 0xfe00);
+    ck_assert_uint_eq(tt_float_to_half(bits_f32(0x7f800001)), 0x7e00); /* sNaN, low payload */
+    ck_assert_uint_eq(tt_float_to_half(bits_f32(0x7fa02000)), 0x7f01);
+    /* a sweep over float bit patterns against the reference */
+    for (uint64_t u = 0; u < (1ull << 32); u += 4099) {
+        float f = bits_f32((uint32_t)u);
+        uint16_t h = tt_float_to_half(f);
+        uint16_t want = ref_d2h(f);
+        if (isnan(f) ? !half_is_nan(h) : h != want)
+            ck_abort_msg("float %08x (%a) -> half %04x, want %04x", (unsigned)u, (double)f, h,
+                         want);
+    }
+    /* every midpoint and neighbour of adjacent halves */
+    for (uint32_t i = 0; i < 0x7c00; i++) {
+        double lo = ref_h2d((uint16_t)i), hi = ref_h2d((uint16_t)(i + 1));
+        double mid = (lo + hi) / 2; /* exact in float */
+        float probes[] = {(float)mid, nextafterf((float)mid, 0), nextafterf((float)mid, 1e30f)};
+        for (int k = 0; k < 3; k++) {
+            for (int s = 0; s < 2; s++) {
+                float f = s ? -probes[k] : probes[k];
+                uint16_t h = tt_float_to_half(f), want = ref_d2h(f);
+                if (h != want)
+                    ck_abort_msg("float %a -> half %04x, want %04x", (double)f, h, want);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_bf16)
+{
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t b = (uint16_t)i;
+        float f = tt_bf16_to_float(b);
+        if (f32_bits(f) != (uint32_t)b << 16)
+            ck_abort_msg("bf16 %04x -> %08x", b, f32_bits(f));
+        uint16_t back = tt_float_to_bf16(f);
+        if (back != (bf16_is_nan(b) ? (b | 0x40) : b)) /* NaN: quieted, payload kept */
+            ck_abort_msg("bf16 %04x -> %a -> %04x", b, (double)f, back);
+        if (!bf16_is_nan(b) && ref_bf2d(b) != (double)f && !(isnan(f)))
+            ck_abort_msg("bf16 reference disagrees at %04x", b);
+    }
+    static const struct {
+        uint32_t f;
+        uint16_t b;
+    } cases[] = {
+        {0x3f800000, 0x3f80}, /* 1.0 */
+        {0x3f808000, 0x3f80}, /* tie: even (down) */
+        {0x3f818000, 0x3f82}, /* tie: even (up) */
+        {0x3f808001, 0x3f81}, /* above a tie */
+        {0x3f807fff, 0x3f80}, /* below a tie */
+        {0x7f7fffff, 0x7f80}, /* FLT_MAX rounds to inf */
+        {0x7f7f7fff, 0x7f7f}, /* stays finite */
+        {0xff7fffff, 0xff80},
+        {0x7f800000, 0x7f80}, /* inf */
+        {0xff800000, 0xff80},
+        {0x00008000, 0x0000}, /* subnormal tie: even */
+        {0x00018000, 0x0002}, /* subnormal tie: even (up) */
+        {0x007fffff, 0x0080}, /* largest subnormal rounds to smallest normal */
+        {0x80000000, 0x8000},
+        {0x7fc00000, 0x7fc0}, /* qNaN kept */
+        {0xffc00001, 0xffc0},
+        {0x7fa00000, 0x7fe0}, /* sNaN: quieted, top payload kept */
+        {0xffa50000, 0xffe5},
+        {0x7f800001, 0x7fc0}, /* NaN with only low payload: stays NaN (quieted) */
+        {0x7f80ffff, 0x7fc0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint16_t b = tt_float_to_bf16(bits_f32(cases[i].f));
+        ck_assert_msg(b == cases[i].b, "float %08x -> bf16 %04x, want %04x", cases[i].f, b,
+                      cases[i].b);
+    }
+    for (uint64_t u = 0; u < (1ull << 32); u += 4099) {
+        float f = bits_f32((uint32_t)u);
+        uint16_t b = tt_float_to_bf16(f), want = ref_d2bf(f);
+        if (isnan(f) ? !bf16_is_nan(b) : b != want)
+            ck_abort_msg("float %08x -> bf16 %04x, want %04x", (unsigned)u, b, want);
+    }
+}
+END_TEST
+
+/* The fp16 kernels (F16C where the CPU has it) agree bit for bit with the portable
+ * scalar conversions, NaN payloads included: x + 0, x * 1, min(x, x) for all halves. */
+START_TEST(test_half_kernel_vs_scalar)
+{
+    enum { N = 65536 };
+    uint16_t *x = malloc(N * 2), *d = malloc(N * 2 + 2), *c = malloc(N * 2);
+    ck_assert(x && d && c);
+    for (uint32_t i = 0; i < N; i++)
+        x[i] = (uint16_t)i;
+    static const struct {
+        tutti_redop_t op;
+        uint16_t c;
+        float fc;
+    } ops[] = {{TUTTI_SUM, 0x0000, 0.0f}, {TUTTI_SUM, 0x8000, -0.0f}, {TUTTI_PROD, 0x3c00, 1.0f},
+               {TUTTI_PROD, 0xc000, -2.0f}, {TUTTI_SUM, 0x3c00, 1.0f}};
+    for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
+        for (uint32_t i = 0; i < N; i++)
+            c[i] = ops[k].c;
+        uint16_t *dst = (uint16_t *)((char *)d + 1); /* unaligned on purpose */
+        memcpy(dst, x, N * 2);
+        tt_reduce(dst, c, N, TUTTI_FP16, ops[k].op);
+        for (uint32_t i = 0; i < N; i++) {
+            float f = tt_half_to_float(x[i]);
+            float r = ops[k].op == TUTTI_SUM ? f + ops[k].fc : f * ops[k].fc;
+            uint16_t want = tt_float_to_half(r), got;
+            memcpy(&got, (char *)d + 1 + 2 * i, 2);
+            if (got != want)
+                ck_abort_msg("fp16 %s %04x with %04x: kernel %04x, scalar %04x",
+                             tutti_redop_name(ops[k].op), x[i], ops[k].c, got, want);
+        }
+    }
+    /* min/max of a value with itself returns it exactly, NaN payload quieted */
+    for (int op = TUTTI_MIN; op <= TUTTI_MAX; op++) {
+        tt_reduce3(d, x, x, N, TUTTI_FP16, (tutti_redop_t)op);
+        for (uint32_t i = 0; i < N; i++) {
+            uint16_t want = half_is_nan(x[i]) ? (uint16_t)(x[i] | 0x200) : x[i];
+            if (d[i] != want)
+                ck_abort_msg("fp16 %s(%04x, %04x) = %04x", tutti_redop_name(op), x[i], x[i],
+                             d[i]);
+        }
+    }
+    free(x);
+    free(d);
+    free(c);
+}
+END_TEST
+
+/* ---- kernel selection ---------------------------------------------------------- */
+
+static int cpu_has(const char *isa)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C))
+        return strcmp(isa, "generic") == 0;
+    if (strcmp(isa, "avx2") == 0)
+        return __builtin_cpu_supports("avx2");
+    if (strcmp(isa, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    return strcmp(isa, "generic") == 0;
+}
+
+static const char *expected_isa; /* NULL: don't know (not forked, or set outside) */
+
+START_TEST(test_isa)
+{
+    const char *name = tt_reduce_isa_name();
+    ck_assert(strcmp(name, "generic") == 0 || strcmp(name, "avx2") == 0 ||
+              strcmp(name, "avx512") == 0);
+    if (expected_isa)
+        ck_assert_str_eq(name, expected_isa);
+}
+END_TEST
+
+static Suite *reduce_suite(void)
+{
+    Suite *s = suite_create("reduce");
+    TCase *tc = tcase_create("names");
+    tcase_add_test(tc, test_dtype_names);
+    tcase_add_test(tc, test_redop_names);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kernels");
+    tcase_add_test(tc, test_isa);
+    tcase_add_loop_test(tc, test_reduce_vs_reference, 0, TUTTI_DTYPE_COUNT);
+    tcase_add_loop_test(tc, test_reduce3_vs_reference, 0, TUTTI_DTYPE_COUNT);
+    tcase_add_loop_test(tc, test_reduce_self, 0, TUTTI_DTYPE_COUNT);
+    tcase_add_loop_test(tc, test_avg, 0, TUTTI_DTYPE_COUNT);
+    tcase_add_test(tc, test_avg_cases);
+    tcase_add_test(tc, test_int_wrap);
+    tcase_add_test(tc, test_float_specials);
+    tcase_add_test(tc, test_float_specials_vector);
+    tcase_add_test(tc, test_invalid_args);
+    tcase_add_test(tc, test_half_kernel_vs_scalar);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("conversions");
+    tcase_add_test(tc, test_half_exhaustive);
+    tcase_add_test(tc, test_half_rounding);
+    tcase_add_test(tc, test_bf16);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static int run_suite(void)
+{
+    SRunner *sr = srunner_create(reduce_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed;
+}
+
+int main(void)
+{
+    static const char *const isas[] = {"generic", "avx2", "avx512"};
+    SRunner *probe = srunner_create(suite_create("probe"));
+    int forked = srunner_fork_status(probe) != CK_NOFORK;
+    srunner_free(probe);
+
+    /* Kernel selection is fixed per process at the first call, so only forked runs
+     * (a fresh process per test) can try each kernel set. */
+    if (!forked || getenv("TUTTI_REDUCE_ISA"))
+        return run_suite() ? 1 : 0;
+    int failed = 0;
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+        if (!cpu_has(isas[i])) {
+            printf("kernels %s: not supported by this CPU, skipped\n", isas[i]);
+            continue;
+        }
+        printf("kernels %s:\n", isas[i]);
+        fflush(stdout);
+        setenv("TUTTI_REDUCE_ISA", isas[i], 1);
+        expected_isa = isas[i];
+        failed += run_suite();
+    }
+    unsetenv("TUTTI_REDUCE_ISA");
+    return failed ? 1 : 0;
+}
