@@ -1,6 +1,7 @@
 /* TCP transport: the data path. See tcp.h for the shape. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,58 @@ static void hdr_for(tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
     memcpy(h->env, r->env, sizeof(h->env));
 }
 
+/* A send broke: the peer may have reported why before it went away, and that report
+ * may be waiting, unread, in our receive buffer (nothing was posted to read it). Read
+ * what is there, discarding data frames, looking for it. Returns 1 if the link failed
+ * with the peer's report. */
+static int link_salvage_report(tcp_link_t *L)
+{
+    if (L->rhdr_matched)
+        return 0; /* mid-payload of a posted receive: the stream is not ours to skip */
+    char sink[16384];
+    size_t budget = 64u << 20;
+    for (;;) {
+        if (L->rhdr_got < sizeof(L->rhdr)) {
+            ssize_t r = recv(L->fd, (char *)&L->rhdr + L->rhdr_got,
+                             sizeof(L->rhdr) - L->rhdr_got, MSG_DONTWAIT);
+            if (r <= 0)
+                return 0;
+            L->rhdr_got += (size_t)r;
+            continue;
+        }
+        if (L->rhdr.magic != TCP_MAGIC)
+            return 0;
+        if (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len <= TCP_MAX_ERRMSG) {
+            char msg[TCP_MAX_ERRMSG + 1];
+            size_t got = 0;
+            while (got < L->rhdr.len) {
+                ssize_t r = recv(L->fd, msg + got, L->rhdr.len - got, MSG_DONTWAIT);
+                if (r <= 0)
+                    return 0;
+                got += (size_t)r;
+            }
+            msg[got] = '\0';
+            int st = (int)(int64_t)L->rhdr.env[0];
+            if (st >= 0 || st <= TUTTI_STATUS_LAST_)
+                st = TUTTI_ERR_PEER;
+            link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr, msg);
+            return 1;
+        }
+        /* a data frame nobody will read now: skip its payload */
+        size_t left = L->rhdr.len;
+        while (left) {
+            if (budget == 0)
+                return 0;
+            ssize_t r = recv(L->fd, sink, TCP_MIN(left, sizeof(sink)), MSG_DONTWAIT);
+            if (r <= 0)
+                return 0;
+            left -= (size_t)r;
+            budget -= TCP_MIN(budget, (size_t)r);
+        }
+        L->rhdr_got = 0;
+    }
+}
+
 /* Push queued sends until the socket would block. */
 static void link_send(tcp_tp_t *tp, tcp_link_t *L)
 {
@@ -112,8 +165,10 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
                 return;
             if (errno == EINTR)
                 continue;
-            link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while sending",
-                      L->peer, L->addr);
+            int err = errno;
+            if (!link_salvage_report(L))
+                link_fail(L, TUTTI_ERR_PEER, err,
+                          "connection to rank %d (%s) broke while sending", L->peer, L->addr);
             return;
         }
         size_t hleft = sizeof(L->shdr) - L->shdr_off;
@@ -370,6 +425,9 @@ static int tcp_progress(void *vtp, int timeout_ms)
                 return TUTTI_OK;
             if (atomic_load(&tp->aborted))
                 break;
+            /* With more ranks than cores, the peer we wait for may share our core:
+             * spinning without yielding would keep it off the CPU for the whole spin. */
+            sched_yield();
         }
     }
     uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
