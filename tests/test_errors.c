@@ -484,6 +484,102 @@ START_TEST(init_from_env)
 }
 END_TEST
 
+/* ---- IPv6 on loopback ---- */
+
+static int have_ipv6_loopback(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+static int rank_sum3(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    int64_t x[3] = {rank, 1, -rank}, y[3];
+    int st = tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
+    int64_t s = (int64_t)nranks * (nranks - 1) / 2;
+    FAIL_IF(y[0] != s || y[1] != nranks || y[2] != -s, "wrong sums");
+    return 0;
+}
+
+START_TEST(ipv6_loopback)
+{
+    if (!have_ipv6_loopback()) {
+        fprintf(stderr, "ipv6_loopback: skipped: ::1 is not available here\n");
+        return;
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.socket_family = 6;
+    o.socket_ifname = "lo";
+    th_spec_t spec = {.nranks = 3, .fn = rank_sum3, .timeout_ms = 20000, .opts = &o};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- a stray client sends garbage to a rank's listener during set-up ---- */
+
+static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    if (rank == 1) {
+        /* Before joining: find rank 0's listener and throw garbage (and a fake hello
+         * claiming rank 1) at it; rank 0 must drop both and wait for the real rank 1. */
+        void *v = NULL;
+        size_t len = 0;
+        FAIL_IF(tutti_store_get(store, "tutti/comm0/tcp/0", &v, &len, 10000) != 0,
+                "rank 0 never published its address");
+        char ip[64];
+        int port = 0;
+        FAIL_IF(sscanf((const char *)v, "%63s %d", ip, &port) != 2, "address %s", (char *)v);
+        free(v);
+        FAIL_IF(strcmp(ip, "127.0.0.1"), "rank 0 listens on %s, not loopback", ip);
+        for (int k = 0; k < 2; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            FAIL_IF(connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0, "connect");
+            if (k == 0) {
+                char junk[64];
+                memset(junk, 0xA5, sizeof(junk));
+                FAIL_IF(write(fd, junk, sizeof(junk)) != (ssize_t)sizeof(junk), "write");
+            } else {
+                uint32_t hello[4] = {0x4f4c4c48u, 1, 1, 99}; /* wrong size: 99 ranks */
+                FAIL_IF(write(fd, hello, sizeof(hello)) != (ssize_t)sizeof(hello), "write");
+            }
+            usleep(50000);
+            close(fd);
+        }
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 10000;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    st = rank_sum3(rank, nranks, comm, dir, NULL);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return st;
+}
+
+START_TEST(stray_connection_during_setup)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_stray, .timeout_ms = 20000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 START_TEST(status_strings)
 {
     ck_assert_str_eq(tutti_strerror(TUTTI_OK), "success");
@@ -514,6 +610,8 @@ static Suite *suite(void)
     tcase_add_test(tc, unreachable_store_via_env);
     tcase_add_test(tc, bad_ifname);
     tcase_add_test(tc, init_from_env);
+    tcase_add_test(tc, ipv6_loopback);
+    tcase_add_test(tc, stray_connection_during_setup);
     suite_add_tcase(s, tc);
     return s;
 }
