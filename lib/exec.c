@@ -80,6 +80,11 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return TUTTI_OK;
     }
     const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, op->coll, bytes, comm->nranks);
+    /* Pipelining needs a few chunks per block: aim for 4 per ring block, at most the
+     * configured chunk, at least 256 KiB (smaller chunks cost more in per-message
+     * overhead than they win in overlap; measured on loopback, 2 and 4 ranks). */
+    size_t per_block = bytes / (size_t)comm->nranks / 4;
+    op->chunk_bytes = TT_MIN(comm->opts.chunk_bytes, TT_MAX(per_block, (size_t)256 << 10));
     op->algo_id = algo->id;
     op->deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
