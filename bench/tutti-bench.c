@@ -102,14 +102,19 @@ static void usage(FILE *f)
         "  TUTTI_SOCKET_FAMILY     address family: 0 any, 4 IPv4, 6 IPv6\n"
         "  TUTTI_SOCKET_BUFFER     SO_SNDBUF/SO_RCVBUF bytes, 0 = kernel autotuning\n"
         "  TUTTI_SPIN_US           busy-poll this long before blocking, us (default 50)\n"
-        "  TUTTI_CHUNK_BYTES       pipelining chunk of ring/chain (default 1 MiB)\n"
+        "  TUTTI_CHUNK_BYTES       largest pipelining chunk of ring/chain (default 1 MiB)\n"
         "  TUTTI_PREFIX            store key prefix of the communicator\n"
         "  TUTTI_DEBUG             log level: warn (default), info, trace\n"
         "  TUTTI_STORE             rendezvous store: file:///dir or tcp://host:port\n"
         "  TUTTI_STORE_TIMEOUT_MS  deadline of store calls and of connecting, ms (default 30000)\n"
         "  TUTTI_STORE_SERVER      tcp store: 0 = rank 0 does not host the server\n"
         "  TUTTI_RANK              this process's rank (else RANK, OMPI_COMM_WORLD_RANK)\n"
-        "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE)\n");
+        "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE)\n"
+        "  TUTTI_STALL_CHECK_MS    blocked this long, compare ops with the other ranks through\n"
+        "                          the store: mismatched calls fail fast (default 1000, 0 off)\n"
+        "  TUTTI_STORE_FSYNC       1: the file store fsyncs values before they are visible\n"
+        "  TUTTI_REDUCE_ISA        cap the reduce kernels: generic, avx2, avx512\n"
+        "(all listed in docs/configuration.md)\n");
 }
 
 static int parse_size(const char *s, size_t *size_p)
