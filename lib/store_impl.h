@@ -117,4 +117,18 @@ int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p,
  * it only forgets the server. */
 void tt_store_server_stop(tt_store_server_t *srv);
 
+/* Big-endian 32-bit fields of the TCP store's wire format (client and server). */
+static inline void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static inline uint32_t get_be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 #endif /* TT_STORE_IMPL_H */

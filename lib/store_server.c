@@ -88,19 +88,6 @@ struct tt_store_server {
     size_t nbuckets, nentries;
 };
 
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static uint32_t get_be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 static void srv_conn_close(srv_conn_t *c);
 static void srv_process(srv_conn_t *c);
 

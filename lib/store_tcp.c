@@ -49,19 +49,6 @@ typedef struct tcp_field {
 
 static tcp_store_t *ts_of(tutti_store_t *s) { return s->impl; }
 
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static uint32_t get_be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 static void put_be64(unsigned char *p, uint64_t v)
 {
     put_be32(p, (uint32_t)(v >> 32));

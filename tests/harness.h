@@ -5,6 +5,8 @@
 #ifndef TH_HARNESS_H
 #define TH_HARNESS_H
 
+#include <stdio.h>
+
 #include <tutti/tutti.h>
 
 /* Body of one rank. comm is NULL with TH_NO_COMM (then store_dir is the file store's
@@ -38,5 +40,17 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
+
+/* In a rank body (where `rank` is in scope): fail the rank with a message naming it and
+ * the line. */
+#define FAIL_IF(cond, ...)                                                              \
+    do {                                                                                \
+        if (cond) {                                                                     \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);              \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            return 1;                                                                   \
+        }                                                                               \
+    } while (0)
 
 #endif /* TH_HARNESS_H */

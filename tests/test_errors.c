@@ -16,15 +16,6 @@
 
 #include "harness.h"
 
-#define FAIL_IF(cond, ...)                                                              \
-    do {                                                                                \
-        if (cond) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                               \
-            fprintf(stderr, "\n");                                                      \
-            return 1;                                                                   \
-        }                                                                               \
-    } while (0)
 
 /* ---- bad arguments ---- */
 
