@@ -49,5 +49,18 @@ int tt_allreduce_rd(tt_op_t *op);
 int tt_broadcast_chain(tt_op_t *op);
 int tt_broadcast_tree(tt_op_t *op);
 int tt_barrier_dissemination(tt_op_t *op);
+/* issue 3: the other collectives */
+int tt_reduce_tree(tt_op_t *op);           /* binomial tree to the root */
+int tt_reduce_ring(tt_op_t *op);           /* ring reduce-scatter, then gather to root */
+int tt_allgather_ring(tt_op_t *op);        /* any layout (allgatherv too) */
+int tt_allgather_rd(tt_op_t *op);          /* recursive doubling; any rank count */
+int tt_reduce_scatter_ring(tt_op_t *op);   /* any layout */
+int tt_reduce_scatter_pairwise(tt_op_t *op);
+int tt_gather_linear(tt_op_t *op);
+int tt_gather_tree(tt_op_t *op);           /* binomial */
+int tt_scatter_linear(tt_op_t *op);
+int tt_scatter_tree(tt_op_t *op);          /* binomial */
+int tt_alltoall_pairwise(tt_op_t *op);
+int tt_alltoall_ring(tt_op_t *op);
 
 #endif /* TT_ALGO_H */

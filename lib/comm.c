@@ -496,7 +496,8 @@ static int allreduce_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbu
     o.elem_size = tutti_dtype_size(dtype);
     o.redop = op == TUTTI_AVG ? TUTTI_SUM : op;
     o.fingerprint = tt_fingerprint(TT_COLL_ALLREDUCE, dtype, op, 0);
-    return tt_exec_issue(comm, &o, op, work_p);
+    o.env_count = count;
+    return tt_exec_issue(comm, &o, op, NULL, work_p);
 }
 
 int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
@@ -536,7 +537,8 @@ static int broadcast_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbu
     o.elem_size = tutti_dtype_size(dtype);
     o.root = root;
     o.fingerprint = tt_fingerprint(TT_COLL_BROADCAST, dtype, 0, root);
-    return tt_exec_issue(comm, &o, TUTTI_SUM, work_p);
+    o.env_count = count;
+    return tt_exec_issue(comm, &o, TUTTI_SUM, NULL, work_p);
 }
 
 int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
@@ -564,7 +566,7 @@ static int barrier_issue(tutti_comm_t *comm, tutti_work_t **work_p)
     o.dtype = TUTTI_UINT8;
     o.elem_size = 1;
     o.fingerprint = tt_fingerprint(TT_COLL_BARRIER, TUTTI_UINT8, 0, 0);
-    return tt_exec_issue(comm, &o, TUTTI_SUM, work_p);
+    return tt_exec_issue(comm, &o, TUTTI_SUM, NULL, work_p);
 }
 
 int tutti_barrier(tutti_comm_t *comm) { return barrier_issue(comm, NULL); }

@@ -20,6 +20,7 @@ struct tutti_work {
     int status;
     tt_op_t op;
     tutti_redop_t user_redop; /* AVG stays AVG here (op.redop is SUM then) */
+    size_t *layout;        /* owned copy of the op's layout arrays, or NULL */
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
 };
@@ -68,8 +69,10 @@ struct tutti_comm {
 };
 
 /* exec.c: issue an op (blocking or async) */
+/* layout: a malloc'ed block the op's layout arrays point into (or NULL); the executor
+ * owns it from here on, also when this fails. */
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
-                  tutti_work_t **work_p);
+                  size_t *layout, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
 /* comm.c: record the failure of an op on the communicator */
 void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);

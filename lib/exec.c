@@ -14,8 +14,45 @@
 
 static void work_unref(tutti_work_t *w)
 {
-    if (atomic_fetch_sub(&w->refs, 1) == 1)
+    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        free(w->layout);
         free(w);
+    }
+}
+
+/* One rank: the data only moves within this rank's buffers. */
+static void run_single_rank(tt_op_t *op)
+{
+    const size_t es = op->elem_size;
+    const char *s = op->sendbuf;
+    char *r = op->recvbuf;
+    switch (op->coll) {
+    case TT_COLL_ALLREDUCE:
+    case TT_COLL_BROADCAST:
+    case TT_COLL_REDUCE:
+        if (r && s != r)
+            memcpy(r, s, op->count * es);
+        break;
+    case TT_COLL_ALLGATHER:
+    case TT_COLL_GATHER:
+        if (r && s != r + op->rdispls[0] * es)
+            memmove(r + op->rdispls[0] * es, s, op->recvcounts[0] * es);
+        break;
+    case TT_COLL_REDUCE_SCATTER:
+        if (s != r)
+            memmove(r, s + op->rdispls[0] * es, op->recvcounts[0] * es);
+        break;
+    case TT_COLL_SCATTER:
+        if (r && r != s + op->sdispls[0] * es)
+            memmove(r, s + op->sdispls[0] * es, op->sendcounts[0] * es);
+        break;
+    case TT_COLL_ALLTOALL:
+        if (s + op->sdispls[0] * es != r + op->rdispls[0] * es)
+            memmove(r + op->rdispls[0] * es, s + op->sdispls[0] * es, op->sendcounts[0] * es);
+        break;
+    default:
+        break;
+    }
 }
 
 /* After a broadcast, every rank confirms to the root with an empty message and waits
@@ -72,14 +109,20 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return st;
     }
     size_t bytes = op->count * op->elem_size;
-    if (op->coll != TT_COLL_BARRIER && op->count == 0)
+    if ((op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_BROADCAST ||
+         op->coll == TT_COLL_REDUCE) && op->count == 0)
         return TUTTI_OK;
     if (comm->nranks == 1) {
-        if (op->coll != TT_COLL_BARRIER && op->sendbuf != op->recvbuf)
-            memcpy(op->recvbuf, op->sendbuf, bytes);
+        run_single_rank(op);
         return TUTTI_OK;
     }
     const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, op->coll, bytes, comm->nranks);
+    if (!algo) {
+        snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective",
+                 comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+                 (unsigned long long)op->seq);
+        return TUTTI_ERR_UNSUPPORTED;
+    }
     /* Pipelining needs a few chunks per block: aim for 4 per ring block, at most the
      * configured chunk, at least 256 KiB (smaller chunks cost more in per-message
      * overhead than they win in overlap; measured on loopback, 2 and 4 ranks). */
@@ -100,8 +143,14 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }
-    if (user_redop == TUTTI_AVG && op->coll == TT_COLL_ALLREDUCE)
-        tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, comm->nranks);
+    if (user_redop == TUTTI_AVG) {
+        if (op->coll == TT_COLL_ALLREDUCE ||
+            (op->coll == TT_COLL_REDUCE && op->rank == op->root))
+            tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, comm->nranks);
+        else if (op->coll == TT_COLL_REDUCE_SCATTER)
+            tt_reduce_avg_finish(op->recvbuf, op->recvcounts[op->rank], op->dtype,
+                                 comm->nranks);
+    }
     return TUTTI_OK;
 }
 
@@ -183,7 +232,7 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 }
 
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
-                  tutti_work_t **work_p)
+                  size_t *layout, tutti_work_t **work_p)
 {
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
@@ -195,6 +244,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         o.seq = seq;
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, &o, user_redop, err, sizeof(err));
+        free(layout);
         pthread_mutex_lock(&comm->q_lock);
         comm->executing = 0;
         if (comm->q_head)
@@ -211,8 +261,10 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w) {
         pthread_mutex_unlock(&comm->q_lock);
+        free(layout);
         return TUTTI_ERR_NOMEM;
     }
+    w->layout = layout;
     w->comm = comm;
     w->op = *op;
     w->op.seq = seq;

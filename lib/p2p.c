@@ -17,7 +17,7 @@ static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t le
     req->len = len;
     req->env[0] = op->seq;
     req->env[1] = op->fingerprint;
-    req->env[2] = op->count;
+    req->env[2] = op->env_count;
     req->env[3] = ((uint64_t)op->algo_id << 32) | tag;
     req->status = 1;
 }
@@ -195,7 +195,7 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
     if (!op->stall_published) {
         snprintf(key, sizeof(key), "stall/%d", op->rank);
         snprintf(val, sizeof(val), "%llu %llx %llu %d %d", (unsigned long long)op->seq,
-                 (unsigned long long)op->fingerprint, (unsigned long long)op->count,
+                 (unsigned long long)op->fingerprint, (unsigned long long)op->env_count,
                  req->peer, req->kind);
         if (tutti_store_set(comm->store, key, val, strlen(val) + 1) < 0)
             return TUTTI_OK; /* best effort: the timeout still bounds the wait */
@@ -216,9 +216,10 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
         unsigned long long seq = 0, fp = 0, count = 0;
         int ok = sscanf((const char *)v, "%llu %llx %llu", &seq, &fp, &count) == 3;
         free(v);
-            if (!ok || seq != op->seq || (fp == op->fingerprint && count == op->count))
+            if (!ok || seq != op->seq || (fp == op->fingerprint && count == op->env_count))
             continue;
-        uint64_t mine[4] = {op->seq, op->fingerprint, op->count, (uint64_t)op->algo_id << 32};
+        uint64_t mine[4] = {op->seq, op->fingerprint, op->env_count,
+                            (uint64_t)op->algo_id << 32};
         uint64_t theirs[4] = {seq, fp, count, 0};
         char a[256], b[256], msg[TT_ERRMSG_LEN];
         tt_describe_env(mine, op->count * op->elem_size, a, sizeof(a));

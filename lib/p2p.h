@@ -26,6 +26,12 @@ typedef enum tt_coll {
     TT_COLL_ALLREDUCE,
     TT_COLL_BROADCAST,
     TT_COLL_BARRIER,
+    TT_COLL_REDUCE,
+    TT_COLL_ALLGATHER,      /* also allgatherv: counts/displs set */
+    TT_COLL_REDUCE_SCATTER, /* also reduce_scatterv */
+    TT_COLL_GATHER,         /* also gatherv */
+    TT_COLL_SCATTER,        /* also scatterv */
+    TT_COLL_ALLTOALL,       /* also alltoallv */
     TT_COLL_COUNT_
 } tt_coll_t;
 
@@ -34,18 +40,39 @@ typedef struct tt_op {
     tt_comm_t *comm;
     int rank, nranks;
     tt_coll_t coll;
-    const void *sendbuf;   /* never TUTTI_IN_PLACE: equals recvbuf when in place; for
-                              broadcast, the root's data (may equal recvbuf) */
+    const void *sendbuf;   /* never TUTTI_IN_PLACE: equals recvbuf when in place (for
+                              allgather: recvbuf + rdispls[rank]; for reduce_scatter
+                              in place the input is recvbuf... see the layouts below);
+                              for broadcast, the root's data (may equal recvbuf) */
     void *recvbuf;
     size_t count;          /* elements */
     size_t elem_size;
     tutti_dtype_t dtype;
     tutti_redop_t redop;   /* the reduction to apply (AVG arrives here as SUM) */
     int root;
+    /* Per-rank layouts, in elements, nranks entries each (never NULL for the
+     * collectives below; the library fills them for the equal-block forms):
+     *   allgather(v):      recvcounts/rdispls: where rank i's block lands in recvbuf;
+     *                      this rank's input is sendbuf with recvcounts[rank] elements
+     *                      (sendbuf == recvbuf + rdispls[rank] in place)
+     *   reduce_scatter(v): recvcounts: block i of sendbuf (blocks back to back, in rank
+     *                      order, rdispls = prefix sums) is reduced into rank i's
+     *                      recvbuf, recvcounts[rank] elements
+     *   gather(v):         recvcounts/rdispls at the root; count = this rank's input
+     *   scatter(v):        sendcounts/sdispls at the root; count = this rank's output
+     *   alltoall(v):       sendcounts/sdispls, recvcounts/rdispls
+     * `count` is: reduce: elements; allgather/reduce_scatter: the total (sum of
+     * recvcounts); gather/scatter: this rank's own block; alltoall: sum of sendcounts.
+     * Layout arrays may differ between ranks only where MPI allows it (gatherv's
+     * recvcounts matter at the root only, and so on). */
+    const size_t *sendcounts, *sdispls;
+    const size_t *recvcounts, *rdispls;
     size_t chunk_bytes;    /* pipelining chunk (TUTTI_CHUNK_BYTES) */
     /* filled by the library for the envelope: */
     uint64_t seq;
     uint64_t fingerprint;
+    uint64_t env_count;    /* the count in envelopes: the same on every rank (0 where
+                              per-rank layouts legitimately differ) */
     uint32_t algo_id;
     uint64_t deadline_ns;
     int tp_error_gen;      /* transport failures seen before this op started */

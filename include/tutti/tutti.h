@@ -69,6 +69,8 @@ typedef struct tutti_work tutti_work_t;
 /* Pass as the send buffer to run a collective in place on the receive buffer
  * (passing the same pointer for both works too). */
 #define TUTTI_IN_PLACE ((const void *)1)
+/* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
+#define TUTTI_IN_PLACE_OUT ((void *)1)
 
 /* Communicator options. Every field is also an environment variable, read by
  * tutti_comm_opts_init(); a field set afterwards wins over the environment. A string
@@ -152,6 +154,90 @@ int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf
 
 int tutti_barrier(tutti_comm_t *comm);
 int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p);
+
+/* ---- The other collectives (MPI and NCCL semantics; counts in elements). Layout
+ * arrays (counts, displacements) have one entry per rank and are copied at the call,
+ * so they need not outlive it. Each has an _async form like allreduce's. ---- */
+
+/* Reduce every rank's sendbuf into the root's recvbuf (count elements). In place at
+ * the root: sendbuf TUTTI_IN_PLACE (or == recvbuf). recvbuf is ignored elsewhere. */
+int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 tutti_dtype_t dtype, tutti_redop_t op, int root);
+int tutti_reduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_work_t **work_p);
+
+/* Every rank's sendcount elements, in rank order, into every rank's recvbuf
+ * (nranks * sendcount). In place: sendbuf TUTTI_IN_PLACE, this rank's block already at
+ * recvbuf + rank * sendcount. */
+int tutti_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                    tutti_dtype_t dtype);
+int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t sendcount, tutti_dtype_t dtype, tutti_work_t **work_p);
+/* Rank i contributes recvcounts[i] elements, landing at recvbuf + displs[i] (displs NULL:
+ * back to back). In place: this rank's block already at its place in recvbuf. */
+int tutti_allgatherv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                     const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype);
+int tutti_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                           const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                           tutti_work_t **work_p);
+
+/* sendbuf holds nranks blocks of recvcount elements; rank i gets the reduction of every
+ * rank's block i. In place: sendbuf TUTTI_IN_PLACE, the input is recvbuf (all blocks) and
+ * the result goes to its start. */
+int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                         size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op);
+int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
+                               tutti_work_t **work_p);
+/* Blocks of recvcounts[i] elements, back to back in rank order. */
+int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op);
+int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                const size_t *recvcounts, tutti_dtype_t dtype,
+                                tutti_redop_t op, tutti_work_t **work_p);
+
+/* Every rank's sendcount elements into the root's recvbuf, in rank order. In place at
+ * the root: sendbuf TUTTI_IN_PLACE, its block already in recvbuf. */
+int tutti_gather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                 tutti_dtype_t dtype, int root);
+int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                       size_t sendcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+/* Rank i sends sendcount elements, landing at the root's recvbuf + displs[i] (displs
+ * NULL: back to back); recvcounts and displs matter at the root only. */
+int tutti_gatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                  const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype, int root);
+int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                        void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                        tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+
+/* The root's sendbuf, nranks blocks of recvcount elements: block i to rank i's recvbuf.
+ * In place at the root: recvbuf TUTTI_IN_PLACE_OUT (its block stays in sendbuf). */
+int tutti_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                  tutti_dtype_t dtype, int root);
+int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                        size_t recvcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+/* Block i: sendcounts[i] elements at sendbuf + displs[i] (the root's arrays only). */
+int tutti_scatterv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                   const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
+                   int root);
+int tutti_scatterv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                         const size_t *displs, void *recvbuf, size_t recvcount,
+                         tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+
+/* Block j of sendbuf (count elements) to rank j; block from rank i to recvbuf block i.
+ * In place: sendbuf TUTTI_IN_PLACE, blocks exchanged within recvbuf. */
+int tutti_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                   tutti_dtype_t dtype);
+int tutti_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, tutti_work_t **work_p);
+/* sendcounts[j] elements at sendbuf + sdispls[j] to rank j; recvcounts[i] elements from
+ * rank i to recvbuf + rdispls[i] (displacements NULL: back to back). */
+int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                    const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                    const size_t *rdispls, tutti_dtype_t dtype);
+int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                          const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                          const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p);
 
 /* Non-blocking check: *done_p = 1 and the operation's status once it finished,
  * *done_p = 0 and TUTTI_OK while it runs. */
