@@ -71,6 +71,51 @@ START_TEST(bad_arguments)
 }
 END_TEST
 
+static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                          void *arg)
+{
+    (void)dir;
+    (void)arg;
+    float buf[64] = {0};
+    size_t counts[2] = {4, 4}, huge[2] = {SIZE_MAX / 2, 1};
+    int st;
+#define EXPECT_BAD(call, needle)                                                        \
+    do {                                                                                \
+        st = (call);                                                                    \
+        FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "%s gave %s", #call, tutti_status_name(st)); \
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), needle), "%s: message \"%s\"", #call, \
+                tutti_comm_last_error(comm));                                           \
+    } while (0)
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, TUTTI_SUM, nranks), "root 2");
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, (tutti_redop_t)9, 0), "op 9");
+    EXPECT_BAD(tutti_allgather(comm, buf, NULL, 4, TUTTI_FP32), "recvbuf");
+    EXPECT_BAD(tutti_allgatherv(comm, buf, buf, NULL, NULL, TUTTI_FP32), "recvcounts is NULL");
+    EXPECT_BAD(tutti_allgatherv(comm, buf, buf, huge, NULL, TUTTI_FP32), "too large");
+    EXPECT_BAD(tutti_reduce_scatter(comm, NULL, buf, 4, TUTTI_FP32, TUTTI_SUM), "sendbuf");
+    EXPECT_BAD(tutti_reduce_scatterv(comm, buf, buf, counts, (tutti_dtype_t)77, TUTTI_SUM),
+               "dtype 77");
+    EXPECT_BAD(tutti_gather(comm, buf, buf, 4, TUTTI_FP32, -1), "root -1");
+    EXPECT_BAD(tutti_scatter(comm, buf, NULL, 4, TUTTI_FP32, 0), "recvbuf");
+    EXPECT_BAD(tutti_alltoall(comm, NULL, buf, 4, TUTTI_FP32), "sendbuf");
+    EXPECT_BAD(tutti_alltoallv(comm, buf, NULL, NULL, buf, counts, NULL, TUTTI_FP32),
+               "sendcounts is NULL");
+    EXPECT_BAD(tutti_allgather_async(comm, buf, buf, 4, TUTTI_FP32, NULL), "work_p");
+    if (rank == 0)
+        EXPECT_BAD(tutti_gatherv(comm, buf, 3, buf, counts, NULL, TUTTI_FP32, 0),
+                   "differs from recvcounts[root]");
+#undef EXPECT_BAD
+    /* nothing was sent: the communicator still works */
+    st = tutti_barrier(comm);
+    FAIL_IF(st != TUTTI_OK, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+START_TEST(bad_arguments_other_collectives)
+{
+    ck_assert_int_eq(th_run(2, rank_bad_args2, NULL, 30000), 0);
+}
+END_TEST
+
 START_TEST(bad_init_arguments)
 {
     tutti_comm_t *comm = NULL;
@@ -589,6 +634,7 @@ static Suite *suite(void)
     tcase_add_test(tc, status_strings);
     tcase_add_test(tc, bad_init_arguments);
     tcase_add_test(tc, bad_arguments);
+    tcase_add_test(tc, bad_arguments_other_collectives);
     tcase_add_test(tc, mismatch_count);
     tcase_add_test(tc, mismatch_count_2ranks);
     tcase_add_test(tc, mismatch_dtype);
