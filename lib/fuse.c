@@ -1,0 +1,861 @@
+/* The fuser: buckets of small tensors, issued as one async allreduce each, in bucket
+ * order on every rank; and the coalesced broadcast/allreduce. Written against the
+ * public API only (the communicator is opaque here). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tutti/fuse.h>
+#include <tutti/tutti.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+#define TT_FUSE_ALIGN 64 /* every tensor starts on a cache line of its bucket */
+#define TT_FUSE_DEFAULT_CAP ((size_t)25 << 20)
+#define TT_FUSE_DEFAULT_FIRST_CAP ((size_t)1 << 20)
+
+enum { TT_T_PENDING = 0, TT_T_READY, TT_T_UNUSED };
+
+typedef struct tt_fuse_tensor {
+    void *user; /* registered storage (NULL with bucket views) */
+    size_t count, bytes;
+    tutti_dtype_t dtype;
+    int bucket;
+    size_t offset; /* bytes into the bucket buffer */
+    int state;     /* TT_T_*, this step */
+} tt_fuse_tensor_t;
+
+typedef struct tt_fuse_bucket {
+    tutti_dtype_t dtype;
+    int *tensors;
+    int ntensors;
+    size_t bytes, count, cap;
+    unsigned char *buf;
+    uint16_t *scratch; /* fp16/bf16 copy when compressed */
+    int pending;       /* tensors still to arrive this step */
+    int issued;
+    int status;
+    tutti_work_t *work;
+} tt_fuse_bucket_t;
+
+struct tutti_fuse {
+    tutti_comm_t *comm;
+    tutti_fuse_opts_t opts;
+    tutti_fuse_hook_t hook;
+    int has_hook;
+    int rank, nranks;
+    pthread_mutex_t lock;
+    tt_fuse_tensor_t *tensors;
+    int ntensors, cap_tensors;
+    tt_fuse_bucket_t *buckets;
+    int nbuckets;
+    int *layout_order; /* tensor order the layout was built from */
+    int built;
+    int steps_done;
+    int next_issue; /* next bucket to issue this step */
+    int *ready_order; /* first step: order of arrival */
+    int nready;
+    int no_rebuild; /* static, or the rebuild already happened */
+    char err[256];
+};
+
+static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->err, sizeof(f->err), fmt, ap);
+    va_end(ap);
+    TT_TRACE("fuse: %s -> %s", f->err, tutti_status_name(st));
+    return st;
+}
+
+static size_t align_up(size_t x) { return (x + TT_FUSE_ALIGN - 1) & ~(size_t)(TT_FUSE_ALIGN - 1); }
+
+static int compressible(const tutti_fuse_t *f, tutti_dtype_t dt)
+{
+    return !f->has_hook && f->opts.compress != TUTTI_FUSE_COMPRESS_NONE &&
+           (dt == TUTTI_FP32 || dt == TUTTI_FP64);
+}
+
+/* ---- options, create, destroy, register ---- */
+
+int tutti_fuse_opts_init(tutti_fuse_opts_t *opts)
+{
+    if (!opts)
+        return TUTTI_ERR_INVALID_ARG;
+    memset(opts, 0, sizeof(*opts));
+    opts->size = sizeof(*opts);
+    opts->bucket_cap_bytes = TT_FUSE_DEFAULT_CAP;
+    opts->first_bucket_cap_bytes = TT_FUSE_DEFAULT_FIRST_CAP;
+    opts->op = TUTTI_SUM;
+    return TUTTI_OK;
+}
+
+int tutti_fuse_create(tutti_fuse_t **fuse_p, tutti_comm_t *comm, const tutti_fuse_opts_t *opts)
+{
+    if (!fuse_p || !comm)
+        return TUTTI_ERR_INVALID_ARG;
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    if (opts) {
+        if (opts->size < sizeof(o))
+            return TUTTI_ERR_INVALID_ARG;
+        o = *opts;
+        o.size = sizeof(o);
+    }
+    if (o.bucket_cap_bytes == 0)
+        o.bucket_cap_bytes = TT_FUSE_DEFAULT_CAP;
+    if (o.first_bucket_cap_bytes == 0)
+        o.first_bucket_cap_bytes = o.bucket_cap_bytes;
+    if (o.op != TUTTI_SUM && o.op != TUTTI_AVG)
+        return TUTTI_ERR_INVALID_ARG;
+    if (o.compress < TUTTI_FUSE_COMPRESS_NONE || o.compress > TUTTI_FUSE_COMPRESS_BF16)
+        return TUTTI_ERR_INVALID_ARG;
+    if (o.hook && !o.hook->issue)
+        return TUTTI_ERR_INVALID_ARG;
+    tutti_fuse_t *f = calloc(1, sizeof(*f));
+    if (!f)
+        return TUTTI_ERR_NOMEM;
+    f->comm = comm;
+    f->opts = o;
+    if (o.hook) {
+        f->hook = *o.hook;
+        f->has_hook = 1;
+    }
+    f->opts.hook = NULL;
+    f->rank = tutti_comm_rank(comm);
+    f->nranks = tutti_comm_size(comm);
+    f->no_rebuild = o.static_layout;
+    pthread_mutex_init(&f->lock, NULL);
+    *fuse_p = f;
+    return TUTTI_OK;
+}
+
+static void buckets_free(tt_fuse_bucket_t *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (b[i].work)
+            tutti_work_free(b[i].work);
+        free(b[i].tensors);
+        free(b[i].buf);
+        free(b[i].scratch);
+    }
+    free(b);
+}
+
+int tutti_fuse_destroy(tutti_fuse_t *f)
+{
+    if (!f)
+        return TUTTI_OK;
+    /* A step left in flight: let its work finish before the buffers go. */
+    for (int i = 0; i < f->nbuckets; i++)
+        if (f->buckets[i].work)
+            tutti_wait(f->buckets[i].work, -1);
+    buckets_free(f->buckets, f->nbuckets);
+    free(f->tensors);
+    free(f->layout_order);
+    free(f->ready_order);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+    return TUTTI_OK;
+}
+
+int tutti_fuse_register(tutti_fuse_t *f, void *data, size_t count, tutti_dtype_t dtype,
+                        int *index_p)
+{
+    if (!f || !index_p)
+        return TUTTI_ERR_INVALID_ARG;
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: invalid dtype %d", (int)dtype);
+    if (count == 0 || count > SIZE_MAX / 16)
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: bad count %zu", count);
+    if (f->opts.bucket_views ? data != NULL : data == NULL)
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG,
+                          "register: data must be %s with bucket views %s",
+                          f->opts.bucket_views ? "NULL" : "non-NULL",
+                          f->opts.bucket_views ? "on" : "off");
+    pthread_mutex_lock(&f->lock);
+    int st = TUTTI_OK;
+    if (f->built) {
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: the layout is already built");
+        goto out_unlock;
+    }
+    if (f->ntensors == f->cap_tensors) {
+        int ncap = f->cap_tensors ? 2 * f->cap_tensors : 64;
+        tt_fuse_tensor_t *nt = realloc(f->tensors, (size_t)ncap * sizeof(*nt));
+        if (!nt) {
+            st = TUTTI_ERR_NOMEM;
+            goto out_unlock;
+        }
+        f->tensors = nt;
+        f->cap_tensors = ncap;
+    }
+    tt_fuse_tensor_t *t = &f->tensors[f->ntensors];
+    memset(t, 0, sizeof(*t));
+    t->user = data;
+    t->count = count;
+    t->dtype = dtype;
+    t->bytes = count * tutti_dtype_size(dtype);
+    t->bucket = -1;
+    *index_p = f->ntensors++;
+out_unlock:
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+/* ---- layout ---- */
+
+/* Assign tensors to buckets following `order` (a permutation of the tensors): one open
+ * bucket per dtype; a bucket closes when the next tensor would overflow its cap; a
+ * tensor at least as large as the cap gets a bucket of its own. Buckets are numbered in
+ * the order they were opened, i.e. by their first tensor's position. Called with the
+ * lock held. With views, the old buffers' contents move into the new ones. */
+static int layout_build(tutti_fuse_t *f, const int *order)
+{
+    int n = f->ntensors, nb = 0;
+    int open[TUTTI_DTYPE_COUNT];
+    for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
+        open[d] = -1;
+    int *tb = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    size_t *toff = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+    tt_fuse_bucket_t *b = calloc((size_t)(n ? n : 1), sizeof(*b));
+    int *lo = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!tb || !toff || !b || !lo) {
+        free(tb);
+        free(toff);
+        free(b);
+        free(lo);
+        return TUTTI_ERR_NOMEM;
+    }
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        lo[k] = i;
+        tt_fuse_tensor_t *t = &f->tensors[i];
+        size_t need = align_up(t->bytes);
+        int ob = open[t->dtype];
+        if (ob >= 0 && b[ob].bytes + need <= b[ob].cap) {
+            tb[i] = ob;
+            toff[i] = b[ob].bytes;
+            b[ob].bytes += need;
+            b[ob].ntensors++;
+            if (b[ob].bytes == b[ob].cap)
+                open[t->dtype] = -1;
+            continue;
+        }
+        int nbk = nb++;
+        b[nbk].dtype = t->dtype;
+        b[nbk].cap = nbk == 0 ? f->opts.first_bucket_cap_bytes : f->opts.bucket_cap_bytes;
+        b[nbk].bytes = need;
+        b[nbk].ntensors = 1;
+        tb[i] = nbk;
+        toff[i] = 0;
+        open[t->dtype] = need >= b[nbk].cap ? -1 : nbk;
+    }
+    int st = TUTTI_OK;
+    for (int j = 0; j < nb; j++) {
+        size_t es = tutti_dtype_size(b[j].dtype);
+        b[j].count = b[j].bytes / es;
+        b[j].tensors = malloc(sizeof(int) * (size_t)b[j].ntensors);
+        void *p = NULL;
+        if (!b[j].tensors || posix_memalign(&p, TT_FUSE_ALIGN, b[j].bytes) != 0) {
+            st = TUTTI_ERR_NOMEM;
+            b[j].buf = NULL;
+            continue;
+        }
+        b[j].buf = p;
+        memset(b[j].buf, 0, b[j].bytes); /* padding stays zero for good */
+        if (compressible(f, b[j].dtype)) {
+            b[j].scratch = malloc(b[j].count * sizeof(uint16_t));
+            if (!b[j].scratch)
+                st = TUTTI_ERR_NOMEM;
+        }
+        b[j].pending = b[j].ntensors;
+        b[j].ntensors = 0; /* refilled below */
+    }
+    if (st < 0) {
+        buckets_free(b, nb);
+        free(tb);
+        free(toff);
+        free(lo);
+        return st;
+    }
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        tt_fuse_bucket_t *bk = &b[tb[i]];
+        bk->tensors[bk->ntensors++] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        tt_fuse_tensor_t *t = &f->tensors[i];
+        if (f->opts.bucket_views && f->built)
+            memcpy(b[tb[i]].buf + toff[i], f->buckets[t->bucket].buf + t->offset, t->bytes);
+        t->bucket = tb[i];
+        t->offset = toff[i];
+    }
+    buckets_free(f->buckets, f->nbuckets);
+    free(f->layout_order);
+    f->buckets = b;
+    f->nbuckets = nb;
+    f->layout_order = lo;
+    f->built = 1;
+    free(tb);
+    free(toff);
+    TT_INFO("fuse: %d tensors in %d buckets", n, nb);
+    return TUTTI_OK;
+}
+
+static int ensure_built(tutti_fuse_t *f)
+{
+    if (f->built)
+        return TUTTI_OK;
+    int *order = malloc(sizeof(int) * (size_t)(f->ntensors ? f->ntensors : 1));
+    if (!f->ready_order)
+        f->ready_order = malloc(sizeof(int) * (size_t)(f->ntensors ? f->ntensors : 1));
+    if (!order || !f->ready_order) {
+        free(order);
+        return TUTTI_ERR_NOMEM;
+    }
+    for (int i = 0; i < f->ntensors; i++)
+        order[i] = i;
+    int st = layout_build(f, order);
+    free(order);
+    return st;
+}
+
+int tutti_fuse_tensor_data(tutti_fuse_t *f, int index, void **data_p)
+{
+    if (!f || !data_p)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&f->lock);
+    int st = TUTTI_OK;
+    if (index < 0 || index >= f->ntensors) {
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "tensor_data: no tensor %d", index);
+        goto out_unlock;
+    }
+    if (!f->opts.bucket_views) {
+        *data_p = f->tensors[index].user;
+        goto out_unlock;
+    }
+    TT_CHECK_GOTO(ensure_built(f), st, out_unlock);
+    tt_fuse_tensor_t *t = &f->tensors[index];
+    *data_p = f->buckets[t->bucket].buf + t->offset;
+out_unlock:
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+int tutti_fuse_num_buckets(tutti_fuse_t *f, int *n_p)
+{
+    if (!f || !n_p)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&f->lock);
+    int st = ensure_built(f);
+    if (st == TUTTI_OK)
+        *n_p = f->nbuckets;
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+int tutti_fuse_tensor_bucket(tutti_fuse_t *f, int index, int *bucket_p)
+{
+    if (!f || !bucket_p)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&f->lock);
+    int st = ensure_built(f);
+    if (st == TUTTI_OK && (index < 0 || index >= f->ntensors))
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "tensor_bucket: no tensor %d", index);
+    if (st == TUTTI_OK)
+        *bucket_p = f->tensors[index].bucket;
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+const char *tutti_fuse_last_error(const tutti_fuse_t *f) { return f ? f->err : ""; }
+
+/* ---- issuing buckets ---- */
+
+static void compress_down(tutti_fuse_t *f, tt_fuse_bucket_t *b)
+{
+    float scale = f->opts.op == TUTTI_AVG ? 1.0f / (float)f->nranks : 1.0f;
+    int bf = f->opts.compress == TUTTI_FUSE_COMPRESS_BF16;
+    for (size_t i = 0; i < b->count; i++) {
+        float x;
+        if (b->dtype == TUTTI_FP32) {
+            memcpy(&x, b->buf + 4 * i, 4);
+        } else {
+            double d;
+            memcpy(&d, b->buf + 8 * i, 8);
+            x = (float)d;
+        }
+        x *= scale;
+        b->scratch[i] = bf ? tt_float_to_bf16(x) : tt_float_to_half(x);
+    }
+}
+
+static void compress_up(tutti_fuse_t *f, tt_fuse_bucket_t *b)
+{
+    int bf = f->opts.compress == TUTTI_FUSE_COMPRESS_BF16;
+    for (size_t i = 0; i < b->count; i++) {
+        float x = bf ? tt_bf16_to_float(b->scratch[i]) : tt_half_to_float(b->scratch[i]);
+        if (b->dtype == TUTTI_FP32) {
+            memcpy(b->buf + 4 * i, &x, 4);
+        } else {
+            double d = x;
+            memcpy(b->buf + 8 * i, &d, 8);
+        }
+    }
+}
+
+static void bucket_info(tutti_fuse_t *f, int j, tutti_fuse_bucket_t *info)
+{
+    tt_fuse_bucket_t *b = &f->buckets[j];
+    *info = (tutti_fuse_bucket_t){.index = j, .data = b->buf, .count = b->count,
+                                  .dtype = b->dtype, .op = f->opts.op, .nranks = f->nranks};
+}
+
+static void bucket_issue(tutti_fuse_t *f, int j)
+{
+    tt_fuse_bucket_t *b = &f->buckets[j];
+    int st;
+    b->work = NULL;
+    if (f->has_hook) {
+        tutti_fuse_bucket_t info;
+        bucket_info(f, j, &info);
+        st = f->hook.issue(f->hook.arg, f->comm, &info, &b->work);
+        if (st == TUTTI_OK && !b->work)
+            st = TUTTI_ERR_INVALID_ARG;
+        if (st < 0)
+            fuse_error(f, st, "bucket %d: hook failed: %s", j, tutti_strerror(st));
+    } else if (b->scratch) {
+        compress_down(f, b);
+        tutti_dtype_t wire =
+            f->opts.compress == TUTTI_FUSE_COMPRESS_BF16 ? TUTTI_BF16 : TUTTI_FP16;
+        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->scratch, b->count, wire,
+                                   TUTTI_SUM, &b->work);
+    } else {
+        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->buf, b->count, b->dtype,
+                                   f->opts.op, &b->work);
+    }
+    if (st < 0 && !f->has_hook)
+        fuse_error(f, st, "bucket %d: %s", j, tutti_comm_last_error(f->comm));
+    b->status = st < 0 ? st : TUTTI_OK;
+    b->issued = 1;
+}
+
+/* Issue every complete bucket from next_issue on, stopping at the first incomplete
+ * one: buckets go out in index order on every rank. Lock held. */
+static void issue_ready(tutti_fuse_t *f)
+{
+    while (f->next_issue < f->nbuckets && f->buckets[f->next_issue].pending == 0)
+        bucket_issue(f, f->next_issue++);
+}
+
+/* A tensor arrived (ready or unused): fill its place, count it, issue what is complete. */
+static int tensor_arrive(tutti_fuse_t *f, int index, int state, const char *what)
+{
+    if (!f)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&f->lock);
+    int st = TUTTI_OK;
+    if (index < 0 || index >= f->ntensors) {
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
+        goto out_unlock;
+    }
+    TT_CHECK_GOTO(ensure_built(f), st, out_unlock);
+    tt_fuse_tensor_t *t = &f->tensors[index];
+    if (t->state != TT_T_PENDING) {
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
+                        what, index);
+        goto out_unlock;
+    }
+    t->state = state;
+    if (state == TT_T_READY && !f->no_rebuild && f->steps_done == 0)
+        f->ready_order[f->nready++] = index;
+    tt_fuse_bucket_t *b = &f->buckets[t->bucket];
+    unsigned char *dst = b->buf + t->offset;
+    /* The tensor's place is its own until the bucket goes out: fill it unlocked, so
+     * threads marking tensors copy in parallel. */
+    if (state == TT_T_UNUSED || !f->opts.bucket_views) {
+        pthread_mutex_unlock(&f->lock);
+        if (state == TT_T_UNUSED)
+            memset(dst, 0, t->bytes);
+        else
+            memcpy(dst, t->user, t->bytes);
+        pthread_mutex_lock(&f->lock);
+    }
+    b->pending--;
+    issue_ready(f);
+out_unlock:
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+int tutti_fuse_mark_ready(tutti_fuse_t *f, int index)
+{
+    return tensor_arrive(f, index, TT_T_READY, "mark_ready");
+}
+
+int tutti_fuse_mark_unused(tutti_fuse_t *f, int index)
+{
+    if (f && !f->opts.find_unused)
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG,
+                          "mark_unused: the fuser was created without find_unused");
+    return tensor_arrive(f, index, TT_T_UNUSED, "mark_unused");
+}
+
+/* ---- the end of a step ---- */
+
+/* Every rank must have declared the same tensors unused. One allreduce of a 0/1 array:
+ * a sum other than 0 or nranks names a tensor the ranks disagree on. */
+static int unused_agree(tutti_fuse_t *f)
+{
+    int n = f->ntensors;
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)n);
+    if (!v)
+        return TUTTI_ERR_NOMEM;
+    for (int i = 0; i < n; i++)
+        v[i] = f->tensors[i].state == TT_T_UNUSED;
+    int st = tutti_allreduce(f->comm, TUTTI_IN_PLACE, v, (size_t)n, TUTTI_INT32, TUTTI_SUM);
+    if (st < 0) {
+        fuse_error(f, st, "unused-tensor check: %s", tutti_comm_last_error(f->comm));
+    } else {
+        for (int i = 0; i < n; i++) {
+            if (v[i] != 0 && v[i] != f->nranks) {
+                st = fuse_error(f, TUTTI_ERR_MISMATCH,
+                                "tensor %d is unused on %d of %d ranks (this rank: %s)", i,
+                                v[i], f->nranks,
+                                f->tensors[i].state == TT_T_UNUSED ? "unused" : "used");
+                break;
+            }
+        }
+    }
+    free(v);
+    return st;
+}
+
+/* End of the first step: rank 0's arrival order (then its unused tensors, in index
+ * order) reaches every rank, and every rank rebuilds from it, unless it is the order
+ * the layout already has. */
+static int rebuild_from_order(tutti_fuse_t *f)
+{
+    int n = f->ntensors;
+    int32_t *ord = malloc(sizeof(int32_t) * (size_t)n);
+    int *seen = calloc((size_t)n, sizeof(int));
+    int *order = malloc(sizeof(int) * (size_t)n);
+    int st = TUTTI_OK;
+    if (!ord || !seen || !order) {
+        st = TUTTI_ERR_NOMEM;
+        goto out_free;
+    }
+    int k = 0;
+    for (int j = 0; j < f->nready; j++) {
+        ord[k++] = f->ready_order[j];
+        seen[f->ready_order[j]] = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (!seen[i])
+            ord[k++] = i;
+    st = tutti_broadcast(f->comm, TUTTI_IN_PLACE, ord, (size_t)n, TUTTI_INT32, 0);
+    if (st < 0) {
+        fuse_error(f, st, "broadcasting the recorded order: %s",
+                   tutti_comm_last_error(f->comm));
+        goto out_free;
+    }
+    memset(seen, 0, sizeof(int) * (size_t)n);
+    int same = 1;
+    for (int i = 0; i < n; i++) {
+        if (ord[i] < 0 || ord[i] >= n || seen[ord[i]]) {
+            st = fuse_error(f, TUTTI_ERR_PROTOCOL, "recorded order from rank 0 is not a "
+                                                   "permutation (entry %d)", i);
+            goto out_free;
+        }
+        seen[ord[i]] = 1;
+        order[i] = ord[i];
+        same &= order[i] == f->layout_order[i];
+    }
+    if (!same)
+        st = layout_build(f, order);
+out_free:
+    free(ord);
+    free(seen);
+    free(order);
+    return st;
+}
+
+int tutti_fuse_wait(tutti_fuse_t *f)
+{
+    if (!f)
+        return TUTTI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&f->lock);
+    int st = ensure_built(f);
+    if (st < 0) {
+        pthread_mutex_unlock(&f->lock);
+        return st;
+    }
+    /* Forgotten tensors go out as zeros so that this rank issues every bucket. */
+    int forgotten = -1;
+    for (int i = 0; i < f->ntensors; i++) {
+        tt_fuse_tensor_t *t = &f->tensors[i];
+        if (t->state != TT_T_PENDING)
+            continue;
+        if (forgotten < 0)
+            forgotten = i;
+        t->state = TT_T_UNUSED;
+        memset(f->buckets[t->bucket].buf + t->offset, 0, t->bytes);
+        f->buckets[t->bucket].pending--;
+    }
+    issue_ready(f);
+    pthread_mutex_unlock(&f->lock);
+
+    /* Only this thread touches the buckets from here on. */
+    for (int j = 0; j < f->nbuckets; j++) {
+        tt_fuse_bucket_t *b = &f->buckets[j];
+        int bst = b->status;
+        if (b->work) {
+            int ws = tutti_wait(b->work, -1);
+            if (ws < 0 && bst == TUTTI_OK) {
+                bst = ws;
+                fuse_error(f, ws, "bucket %d: %s", j, tutti_work_error(b->work));
+            }
+            tutti_work_free(b->work);
+            b->work = NULL;
+        }
+        if (bst == TUTTI_OK && b->scratch)
+            compress_up(f, b);
+        if (bst == TUTTI_OK && f->has_hook && f->hook.finish) {
+            tutti_fuse_bucket_t info;
+            bucket_info(f, j, &info);
+            bst = f->hook.finish(f->hook.arg, &info);
+            if (bst < 0)
+                fuse_error(f, bst, "bucket %d: hook finish failed: %s", j, tutti_strerror(bst));
+        }
+        if (bst == TUTTI_OK && !f->opts.bucket_views) {
+            for (int k = 0; k < b->ntensors; k++) {
+                tt_fuse_tensor_t *t = &f->tensors[b->tensors[k]];
+                if (t->state == TT_T_READY)
+                    memcpy(t->user, b->buf + t->offset, t->bytes);
+            }
+        }
+        if (bst < 0 && st == TUTTI_OK)
+            st = bst;
+    }
+    if (forgotten >= 0 && st == TUTTI_OK)
+        st = fuse_error(f, TUTTI_ERR_INVALID_ARG,
+                        "tensor %d (and maybe more) was neither marked ready nor unused; "
+                        "it went out as zeros",
+                        forgotten);
+    if (f->opts.find_unused) {
+        int ust = unused_agree(f);
+        if (ust < 0 && (st == TUTTI_OK || ust == TUTTI_ERR_MISMATCH))
+            st = ust;
+    }
+
+    pthread_mutex_lock(&f->lock);
+    if (!f->no_rebuild) {
+        /* Attempted whatever happened above, so that every rank calls the broadcast. */
+        int rst = rebuild_from_order(f);
+        if (rst < 0 && st == TUTTI_OK)
+            st = rst;
+        f->no_rebuild = 1;
+    }
+    for (int i = 0; i < f->ntensors; i++)
+        f->tensors[i].state = TT_T_PENDING;
+    for (int j = 0; j < f->nbuckets; j++) {
+        f->buckets[j].pending = f->buckets[j].ntensors;
+        f->buckets[j].issued = 0;
+        f->buckets[j].status = TUTTI_OK;
+    }
+    f->next_issue = 0;
+    f->steps_done++;
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+/* ---- coalesced collectives ---- */
+
+typedef struct tt_coal_slot {
+    tutti_work_t *work;
+    unsigned char *stage;
+    int first, last; /* positions in idx covered */
+    int packed;
+} tt_coal_slot_t;
+
+typedef struct tt_coal {
+    tutti_comm_t *comm;
+    int bcast, root, rank;
+    tutti_redop_t op;
+    tutti_dtype_t dtype; /* UINT8 for broadcast: bytes are bytes */
+    void *const *bufs;
+    const size_t *bytes;
+    const int *idx;
+} tt_coal_t;
+
+static int coal_finish(const tt_coal_t *c, tt_coal_slot_t *s)
+{
+    if (!s->work)
+        return TUTTI_OK;
+    int st = tutti_wait(s->work, -1);
+    tutti_work_free(s->work);
+    s->work = NULL;
+    if (st < 0 || !s->packed || (c->bcast && c->rank == c->root))
+        return st;
+    size_t off = 0;
+    for (int k = s->first; k < s->last; k++) {
+        int i = c->idx[k];
+        memcpy(c->bufs[i], s->stage + off, c->bytes[i]);
+        off += c->bytes[i];
+    }
+    return TUTTI_OK;
+}
+
+static int coal_issue(const tt_coal_t *c, void *buf, size_t bytes, tutti_work_t **work_p)
+{
+    size_t count = bytes / tutti_dtype_size(c->dtype);
+    if (c->bcast)
+        return tutti_broadcast_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->root,
+                                     work_p);
+    return tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op, work_p);
+}
+
+/* A tensor this big is bandwidth-bound on its own: packing it would only add copies. */
+#define TT_COAL_DIRECT_BYTES ((size_t)1 << 20)
+
+/* Run one group (m tensors idx[0..m) of one dtype): pack runs of small tensors into
+ * a stage of at most cap bytes, two stages in flight; tensors of at least
+ * min(cap, 1 MiB) go alone, in place. */
+static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
+{
+    size_t cap = TT_MIN(cap_bytes, TT_COAL_DIRECT_BYTES);
+    size_t small = 0;
+    for (int k = 0; k < m; k++)
+        if (c->bytes[c->idx[k]] < cap)
+            small += c->bytes[c->idx[k]];
+    size_t stage_bytes = TT_MIN(small, cap);
+    tt_coal_slot_t slot[2];
+    memset(slot, 0, sizeof(slot));
+    int st = TUTTI_OK;
+    for (int s = 0; s < 2 && stage_bytes; s++) {
+        slot[s].stage = malloc(stage_bytes);
+        if (!slot[s].stage) {
+            st = TUTTI_ERR_NOMEM;
+            goto out_free;
+        }
+    }
+    int g = 0;
+    for (int k = 0; k < m && st == TUTTI_OK;) {
+        tt_coal_slot_t *s = &slot[g & 1];
+        st = coal_finish(c, s);
+        if (st < 0)
+            break;
+        int i = c->idx[k];
+        if (c->bytes[i] >= cap) {
+            s->packed = 0;
+            s->first = k;
+            s->last = k + 1;
+            st = coal_issue(c, c->bufs[i], c->bytes[i], &s->work);
+            k++;
+            g++;
+            continue;
+        }
+        size_t sum = 0;
+        int j = k;
+        while (j < m && c->bytes[c->idx[j]] < cap && sum + c->bytes[c->idx[j]] <= cap)
+            sum += c->bytes[c->idx[j++]];
+        if (!c->bcast || c->rank == c->root) {
+            size_t off = 0;
+            for (int q = k; q < j; q++) {
+                memcpy(s->stage + off, c->bufs[c->idx[q]], c->bytes[c->idx[q]]);
+                off += c->bytes[c->idx[q]];
+            }
+        }
+        s->packed = 1;
+        s->first = k;
+        s->last = j;
+        k = j;
+        if (sum)
+            st = coal_issue(c, s->stage, sum, &s->work);
+        g++;
+    }
+    /* the older slot first: completion is in issue order anyway */
+    int st1 = coal_finish(c, &slot[g & 1]);
+    int st2 = coal_finish(c, &slot[(g + 1) & 1]);
+    if (st == TUTTI_OK)
+        st = st1 < 0 ? st1 : st2;
+out_free:
+    free(slot[0].stage);
+    free(slot[1].stage);
+    return st;
+}
+
+static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
+                      const tutti_dtype_t *dtypes, int n, size_t **bytes_p, int **idx_p)
+{
+    if (!comm || n < 0 || (n > 0 && (!bufs || !counts || !dtypes)))
+        return TUTTI_ERR_INVALID_ARG;
+    for (int i = 0; i < n; i++) {
+        if ((unsigned)dtypes[i] >= TUTTI_DTYPE_COUNT || counts[i] > SIZE_MAX / 16 ||
+            (counts[i] && !bufs[i]))
+            return TUTTI_ERR_INVALID_ARG;
+    }
+    *bytes_p = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+    *idx_p = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!*bytes_p || !*idx_p) {
+        free(*bytes_p);
+        free(*idx_p);
+        return TUTTI_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        (*bytes_p)[i] = counts[i] * tutti_dtype_size(dtypes[i]);
+    return TUTTI_OK;
+}
+
+int tutti_broadcast_coalesced(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
+                              const tutti_dtype_t *dtypes, int n, int root, size_t cap_bytes)
+{
+    size_t *bytes;
+    int *idx;
+    if (comm && (root < 0 || root >= tutti_comm_size(comm)))
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(coal_check(comm, bufs, counts, dtypes, n, &bytes, &idx));
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (bytes[i])
+            idx[m++] = i;
+    tt_coal_t c = {.comm = comm, .bcast = 1, .root = root, .rank = tutti_comm_rank(comm),
+                   .dtype = TUTTI_UINT8, .bufs = bufs, .bytes = bytes, .idx = idx};
+    int st = coal_run(&c, m, cap_bytes ? cap_bytes : TT_FUSE_DEFAULT_CAP);
+    free(bytes);
+    free(idx);
+    return st;
+}
+
+int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
+                              const tutti_dtype_t *dtypes, int n, tutti_redop_t op,
+                              size_t cap_bytes)
+{
+    size_t *bytes;
+    int *idx;
+    if ((unsigned)op >= TUTTI_REDOP_COUNT)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(coal_check(comm, bufs, counts, dtypes, n, &bytes, &idx));
+    int st = TUTTI_OK;
+    for (int d = 0; d < TUTTI_DTYPE_COUNT && st == TUTTI_OK; d++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (dtypes[i] == (tutti_dtype_t)d && bytes[i])
+                idx[m++] = i;
+        if (!m)
+            continue;
+        tt_coal_t c = {.comm = comm, .op = op, .rank = tutti_comm_rank(comm),
+                       .dtype = (tutti_dtype_t)d, .bufs = bufs, .bytes = bytes, .idx = idx};
+        st = coal_run(&c, m, cap_bytes ? cap_bytes : TT_FUSE_DEFAULT_CAP);
+    }
+    free(bytes);
+    free(idx);
+    return st;
+}

@@ -1,0 +1,897 @@
+/* The fuser and the coalesced collectives, on 1..4 ranks: sums against a reference
+ * computed here, with random readiness orders marked from two threads, mixed dtypes,
+ * tensors bigger than the cap, the order changing between steps, unused tensors (and
+ * ranks that disagree on them), bucket views, fp16/bf16 compression within the error
+ * documented in fuse.h, a user hook, errors reaching wait, and many steps without leaks.
+ *
+ * Inputs are small integers, so uncompressed sums are exact in every dtype.
+ * TT_TEST_QUICK=1 shrinks the step counts (for sanitizer builds).
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tutti/fuse.h>
+#include <tutti/tutti.h>
+
+#include "harness.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#define HAVE_LSAN 1
+#endif
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+static int quick(void)
+{
+    const char *q = getenv("TT_TEST_QUICK");
+    return q && *q && *q != '0';
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* ---- fp16/bf16, written here so the reference does not share the library's ---- */
+
+static float ref_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13)
+                              : sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* exact for the small integers used here */
+static uint16_t ref_small_int_to_half(int v)
+{
+    if (v == 0)
+        return 0;
+    uint16_t sign = v < 0 ? 0x8000 : 0;
+    unsigned a = (unsigned)(v < 0 ? -v : v);
+    int e = 0;
+    while ((a >> e) > 1)
+        e++;
+    unsigned mant = (a << (10 - e)) & 0x3ff;
+    return sign | (uint16_t)((e + 15) << 10) | (uint16_t)mant;
+}
+
+static float ref_bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t ref_small_int_to_bf16(int v)
+{
+    float f = (float)v;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)(x >> 16); /* exact: small integers have short mantissas */
+}
+
+/* ---- tensors with small-integer contents ---- */
+
+typedef struct tspec {
+    size_t count;
+    tutti_dtype_t dt;
+} tspec_t;
+
+/* rank r's value of element e of tensor i at step s: an integer in [-8, 8] ([0, 16]
+ * for uint8) */
+static int gen_val(int r, int i, size_t e, int s, tutti_dtype_t dt)
+{
+    int v = (int)(mix64(((uint64_t)i << 40) ^ ((uint64_t)e << 8) ^ ((uint64_t)r << 32) ^
+                        (uint64_t)s * 0x9e3779b97f4a7c15ull) %
+                  17) -
+            8;
+    return dt == TUTTI_UINT8 ? v + 8 : v;
+}
+
+static void put_val(void *buf, tutti_dtype_t dt, size_t e, int v)
+{
+    unsigned char *p = (unsigned char *)buf + e * tutti_dtype_size(dt);
+    switch (dt) {
+    case TUTTI_INT8: { int8_t x = (int8_t)v; memcpy(p, &x, 1); break; }
+    case TUTTI_UINT8: { uint8_t x = (uint8_t)v; memcpy(p, &x, 1); break; }
+    case TUTTI_INT32: { int32_t x = v; memcpy(p, &x, 4); break; }
+    case TUTTI_INT64: { int64_t x = v; memcpy(p, &x, 8); break; }
+    case TUTTI_FP16: { uint16_t x = ref_small_int_to_half(v); memcpy(p, &x, 2); break; }
+    case TUTTI_BF16: { uint16_t x = ref_small_int_to_bf16(v); memcpy(p, &x, 2); break; }
+    case TUTTI_FP32: { float x = (float)v; memcpy(p, &x, 4); break; }
+    case TUTTI_FP64: { double x = v; memcpy(p, &x, 8); break; }
+    default: break;
+    }
+}
+
+static double get_val(const void *buf, tutti_dtype_t dt, size_t e)
+{
+    const unsigned char *p = (const unsigned char *)buf + e * tutti_dtype_size(dt);
+    switch (dt) {
+    case TUTTI_INT8: { int8_t x; memcpy(&x, p, 1); return x; }
+    case TUTTI_UINT8: { uint8_t x; memcpy(&x, p, 1); return x; }
+    case TUTTI_INT32: { int32_t x; memcpy(&x, p, 4); return x; }
+    case TUTTI_INT64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
+    case TUTTI_FP16: { uint16_t x; memcpy(&x, p, 2); return ref_half_to_float(x); }
+    case TUTTI_BF16: { uint16_t x; memcpy(&x, p, 2); return ref_bf16_to_float(x); }
+    case TUTTI_FP32: { float x; memcpy(&x, p, 4); return x; }
+    case TUTTI_FP64: { double x; memcpy(&x, p, 8); return x; }
+    default: return NAN;
+    }
+}
+
+static int is_float(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+}
+
+static void fill(void *buf, const tspec_t *t, int r, int i, int s)
+{
+    for (size_t e = 0; e < t->count; e++)
+        put_val(buf, t->dt, e, gen_val(r, i, e, s, t->dt));
+}
+
+/* Compare tensor i against the reduction over ranks (skipping none); returns the first
+ * bad element or -1. */
+static long check_tensor(const void *buf, const tspec_t *t, int nranks, int i, int s,
+                         tutti_redop_t op, double *got_p, double *exp_p)
+{
+    for (size_t e = 0; e < t->count; e++) {
+        long sum = 0;
+        for (int r = 0; r < nranks; r++)
+            sum += gen_val(r, i, e, s, t->dt);
+        double exp = (double)sum, got = get_val(buf, t->dt, e), tol = 0;
+        if (op == TUTTI_AVG) {
+            if (is_float(t->dt)) {
+                exp = (double)sum / nranks;
+                tol = (t->dt == TUTTI_FP16 || t->dt == TUTTI_BF16) ? 0.01 * fabs(exp) + 1e-3
+                                                                 : 1e-6 * fabs(exp);
+            } else {
+                exp = (double)(sum / nranks);
+            }
+        }
+        if (fabs(got - exp) > tol) {
+            *got_p = got;
+            *exp_p = exp;
+            return (long)e;
+        }
+    }
+    return -1;
+}
+
+/* ---- marking from two threads ---- */
+
+typedef struct marker {
+    tutti_fuse_t *f;
+    const int *idx;
+    int n;
+    int st;
+} marker_t;
+
+static void *marker_main(void *arg)
+{
+    marker_t *m = arg;
+    m->st = TUTTI_OK;
+    for (int k = 0; k < m->n; k++) {
+        int st = tutti_fuse_mark_ready(m->f, m->idx[k]);
+        if (st < 0 && m->st == TUTTI_OK)
+            m->st = st;
+    }
+    return NULL;
+}
+
+/* Mark order[0..n) ready: the first half from a second thread, the rest from this one,
+ * both at once. */
+static int mark_two_threads(tutti_fuse_t *f, const int *order, int n)
+{
+    marker_t a = {f, order, n / 2, 0}, b = {f, order + n / 2, n - n / 2, 0};
+    pthread_t t;
+    if (pthread_create(&t, NULL, marker_main, &a) != 0)
+        return TUTTI_ERR_INTERNAL;
+    marker_main(&b);
+    pthread_join(t, NULL);
+    return a.st < 0 ? a.st : b.st;
+}
+
+static void shuffle(int *v, int n, uint64_t seed)
+{
+    for (int i = n - 1; i > 0; i--) {
+        seed = mix64(seed + 1);
+        int j = (int)(seed % (uint64_t)(i + 1));
+        int x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+    }
+}
+
+/* ---- the main sums test: random orders, mixed dtypes, big tensors, views ---- */
+
+static const tspec_t mixed[] = {
+    {300, TUTTI_FP32},  {17, TUTTI_FP64},   {5000, TUTTI_FP32}, {64, TUTTI_INT32},
+    {1, TUTTI_FP32},    {999, TUTTI_FP16},  {256, TUTTI_BF16},  {40, TUTTI_INT64},
+    {3000, TUTTI_FP32}, {100, TUTTI_INT8},  {77, TUTTI_UINT8},  {128, TUTTI_FP32},
+    {2048, TUTTI_FP64}, {11, TUTTI_FP16},   {700, TUTTI_FP32},  {9, TUTTI_INT32},
+    {65, TUTTI_FP32},   {4500, TUTTI_BF16}, {33, TUTTI_FP32},   {1024, TUTTI_FP32},
+};
+
+typedef struct sums_arg {
+    tutti_redop_t op;
+    int views;
+    int static_layout;
+    int steps;
+} sums_arg_t;
+
+static int rank_sums(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *varg)
+{
+    (void)dir;
+    const sums_arg_t *a = varg;
+    const int n = (int)ARRAY_SIZE(mixed);
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 4096; /* 5000 fp32, 2048 fp64, 4500 bf16 are over the cap */
+    o.first_bucket_cap_bytes = 1024;
+    o.op = a->op;
+    o.bucket_views = a->views;
+    o.static_layout = a->static_layout;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    void *own[ARRAY_SIZE(mixed)];
+    for (int i = 0; i < n; i++) {
+        own[i] = a->views ? NULL : malloc(mixed[i].count * tutti_dtype_size(mixed[i].dt));
+        int idx = -1;
+        int st = tutti_fuse_register(f, own[i], mixed[i].count, mixed[i].dt, &idx);
+        FAIL_IF(st != TUTTI_OK || idx != i, "register %d: %d %s", i, st,
+                tutti_fuse_last_error(f));
+    }
+    int nb0 = 0;
+    FAIL_IF(tutti_fuse_num_buckets(f, &nb0) != TUTTI_OK || nb0 < 8, "only %d buckets", nb0);
+    int order[ARRAY_SIZE(mixed)];
+    for (int s = 0; s < a->steps; s++) {
+        void *data[ARRAY_SIZE(mixed)];
+        for (int i = 0; i < n; i++) {
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &data[i]) != TUTTI_OK, "tensor_data");
+            FAIL_IF(!a->views && data[i] != own[i], "tensor_data moved a registered tensor");
+            fill(data[i], &mixed[i], rank, i, s);
+        }
+        for (int i = 0; i < n; i++)
+            order[i] = i;
+        /* step 0: one order on all ranks but rank-dependent on top (the recorded order
+         * is rank 0's); later steps: a new random order per rank and step */
+        shuffle(order, n, s == 0 ? 42 + (uint64_t)rank : mix64((uint64_t)(s * 100 + rank)));
+        int st = mark_two_threads(f, order, n);
+        FAIL_IF(st != TUTTI_OK, "step %d: mark: %s", s, tutti_fuse_last_error(f));
+        st = tutti_fuse_wait(f);
+        FAIL_IF(st != TUTTI_OK, "step %d: wait: %s: %s", s, tutti_status_name(st),
+                tutti_fuse_last_error(f));
+        for (int i = 0; i < n; i++) {
+            void *p;
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &p) != TUTTI_OK, "tensor_data");
+            double got, exp;
+            long e = check_tensor(p, &mixed[i], nranks, i, s, a->op, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d (%s x %zu) element %ld: got %g expected %g",
+                    s, i, tutti_dtype_name(mixed[i].dt), mixed[i].count, e, got, exp);
+        }
+        if (s == 0 && !a->static_layout) {
+            /* the rebuilt layout (from rank 0's recorded order) is the same everywhere */
+            int32_t lo[ARRAY_SIZE(mixed)], hi[ARRAY_SIZE(mixed)];
+            for (int i = 0; i < n; i++) {
+                int b = -1;
+                FAIL_IF(tutti_fuse_tensor_bucket(f, i, &b) != TUTTI_OK, "tensor_bucket");
+                lo[i] = hi[i] = b;
+            }
+            FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, lo, (size_t)n, TUTTI_INT32,
+                                    TUTTI_MIN) != TUTTI_OK ||
+                        tutti_allreduce(comm, TUTTI_IN_PLACE, hi, (size_t)n, TUTTI_INT32,
+                                        TUTTI_MAX) != TUTTI_OK,
+                    "allreduce");
+            for (int i = 0; i < n; i++)
+                FAIL_IF(lo[i] != hi[i], "tensor %d is in buckets %d..%d on different ranks",
+                        i, lo[i], hi[i]);
+        }
+        if (a->static_layout) {
+            int b = -1;
+            FAIL_IF(tutti_fuse_tensor_bucket(f, 0, &b) != TUTTI_OK || b != 0,
+                    "static layout moved tensor 0 to bucket %d", b);
+        }
+    }
+    tutti_fuse_destroy(f);
+    for (int i = 0; i < n; i++)
+        free(own[i]);
+    return 0;
+}
+
+START_TEST(sums)
+{
+    /* _i: rank count 1..4 x {sum, avg} */
+    int nranks = _i / 2 + 1;
+    sums_arg_t a = {_i % 2 ? TUTTI_AVG : TUTTI_SUM, 0, 0, quick() ? 3 : 6};
+    ck_assert_int_eq(th_run(nranks, rank_sums, &a, 60000), 0);
+}
+END_TEST
+
+START_TEST(views)
+{
+    sums_arg_t a = {_i ? TUTTI_AVG : TUTTI_SUM, 1, 0, quick() ? 3 : 5};
+    ck_assert_int_eq(th_run(3, rank_sums, &a, 60000), 0);
+}
+END_TEST
+
+START_TEST(static_layout)
+{
+    sums_arg_t a = {TUTTI_SUM, _i, 1, 3};
+    ck_assert_int_eq(th_run(2, rank_sums, &a, 60000), 0);
+}
+END_TEST
+
+/* ---- unused tensors ---- */
+
+static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 8, C = 100 };
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 1000; /* ~2 tensors a bucket */
+    o.find_unused = 1;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    tspec_t spec = {C, TUTTI_FP32};
+    for (int i = 0; i < N; i++) {
+        t[i] = malloc(C * sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    /* step 0: tensors 2 and 5 unused everywhere: right sums elsewhere, 2 and 5 kept */
+    for (int i = 0; i < N; i++)
+        fill(t[i], &spec, rank, i, 0);
+    for (int i = N - 1; i >= 0; i--) {
+        int st = (i == 2 || i == 5) ? tutti_fuse_mark_unused(f, i) : tutti_fuse_mark_ready(f, i);
+        FAIL_IF(st != TUTTI_OK, "mark %d: %s", i, tutti_fuse_last_error(f));
+    }
+    int st = tutti_fuse_wait(f);
+    FAIL_IF(st != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+    for (int i = 0; i < N; i++) {
+        double got, exp;
+        if (i == 2 || i == 5) {
+            FAIL_IF(t[i][7] != (float)gen_val(rank, i, 7, 0, TUTTI_FP32),
+                    "unused tensor %d changed", i);
+            continue;
+        }
+        long e = check_tensor(t[i], &spec, nranks, i, 0, TUTTI_SUM, &got, &exp);
+        FAIL_IF(e >= 0, "tensor %d element %ld: got %g expected %g", i, e, got, exp);
+    }
+    /* step 1: rank 0 declares tensor 3 unused, the others use it: a mismatch on every
+     * rank (when there are others), naming tensor 3, and no hang */
+    for (int i = 0; i < N; i++) {
+        fill(t[i], &spec, rank, i, 1);
+        st = (rank == 0 && i == 3) ? tutti_fuse_mark_unused(f, i) : tutti_fuse_mark_ready(f, i);
+        FAIL_IF(st != TUTTI_OK, "mark %d: %s", i, tutti_fuse_last_error(f));
+    }
+    st = tutti_fuse_wait(f);
+    if (nranks > 1) {
+        FAIL_IF(st != TUTTI_ERR_MISMATCH, "disagreeing unused sets: wait returned %s",
+                tutti_status_name(st));
+        FAIL_IF(!strstr(tutti_fuse_last_error(f), "tensor 3"), "error \"%s\" names no tensor 3",
+                tutti_fuse_last_error(f));
+    } else {
+        FAIL_IF(st != TUTTI_OK, "1 rank: %s", tutti_fuse_last_error(f));
+    }
+    /* step 2: tensor 6 forgotten everywhere: INVALID_ARG, the rest still right */
+    for (int i = 0; i < N; i++) {
+        fill(t[i], &spec, rank, i, 2);
+        if (i != 6)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
+    }
+    FAIL_IF(tutti_fuse_mark_ready(f, 1) != TUTTI_ERR_INVALID_ARG, "marking twice accepted");
+    st = tutti_fuse_wait(f);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "forgotten tensor: wait returned %s",
+            tutti_status_name(st));
+    for (int i = 0; i < N; i++) {
+        double got, exp;
+        if (i == 6)
+            continue;
+        long e = check_tensor(t[i], &spec, nranks, i, 2, TUTTI_SUM, &got, &exp);
+        FAIL_IF(e >= 0, "step 2 tensor %d element %ld: got %g expected %g", i, e, got, exp);
+    }
+    /* step 3: all used again, all fine */
+    for (int i = 0; i < N; i++) {
+        fill(t[i], &spec, rank, i, 3);
+        FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
+    }
+    FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "step 3: %s", tutti_fuse_last_error(f));
+    for (int i = 0; i < N; i++) {
+        double got, exp;
+        long e = check_tensor(t[i], &spec, nranks, i, 3, TUTTI_SUM, &got, &exp);
+        FAIL_IF(e >= 0, "step 3 tensor %d element %ld: got %g expected %g", i, e, got, exp);
+        free(t[i]);
+    }
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(unused)
+{
+    ck_assert_int_eq(th_run(_i, rank_unused, NULL, 60000), 0);
+}
+END_TEST
+
+/* ---- compression ---- */
+
+static int rank_compress(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    int mode = *(const int *)arg; /* bit 0: bf16; bit 1: avg */
+    enum { N = 6 };
+    static const size_t counts[N] = {1000, 3, 20000, 517, 64, 4096};
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.compress = mode & 1 ? TUTTI_FUSE_COMPRESS_BF16 : TUTTI_FUSE_COMPRESS_FP16;
+    o.op = mode & 2 ? TUTTI_AVG : TUTTI_SUM;
+    o.bucket_cap_bytes = 32768;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    void *t[N];
+    for (int i = 0; i < N; i++) {
+        tutti_dtype_t dt = i == 1 ? TUTTI_FP64 : i == 4 ? TUTTI_INT32 : TUTTI_FP32;
+        t[i] = malloc(counts[i] * 8);
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], counts[i], dt, &idx) != TUTTI_OK, "register");
+    }
+    const double u = mode & 1 ? ldexp(1, -8) : ldexp(1, -11);
+    for (int s = 0; s < 3; s++) {
+        /* uniform in [-1, 1); the int32 tensor carries small integers and stays exact */
+        for (int i = 0; i < N; i++) {
+            for (size_t e = 0; e < counts[i]; e++) {
+                double x = (double)(mix64((uint64_t)(rank * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^ e) >> 11) * ldexp(1, -53) * 2 - 1;
+                if (i == 1)
+                    ((double *)t[i])[e] = x;
+                else if (i == 4)
+                    ((int32_t *)t[i])[e] = gen_val(rank, i, e, s, TUTTI_INT32);
+                else
+                    ((float *)t[i])[e] = (float)x;
+            }
+        }
+        for (int i = N - 1; i >= 0; i--)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
+        int st = tutti_fuse_wait(f);
+        FAIL_IF(st != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+        for (int i = 0; i < N; i++) {
+            for (size_t e = 0; e < counts[i]; e++) {
+                double exact = 0, mag = 0;
+                for (int r = 0; r < nranks; r++) {
+                    double x = (double)(mix64((uint64_t)(r * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^ e) >> 11) * ldexp(1, -53) * 2 - 1;
+                    if (i == 4)
+                        x = gen_val(r, i, e, s, TUTTI_INT32);
+                    else if (i != 1)
+                        x = (float)x;
+                    exact += x;
+                    mag += fabs(x);
+                }
+                if (mode & 2) {
+                    exact = i == 4 ? (double)((long)exact / nranks) : exact / nranks;
+                    mag /= nranks;
+                }
+                double got = i == 1 ? ((double *)t[i])[e]
+                             : i == 4 ? ((int32_t *)t[i])[e]
+                                      : ((float *)t[i])[e];
+                /* fuse.h: nranks * u * sum|x| (+ fp16 subnormal spacing) */
+                double tol = i == 4 ? 0 : nranks * (u * mag + ldexp(1, -24));
+                FAIL_IF(fabs(got - exact) > tol,
+                        "%s %s step %d tensor %d elem %zu: got %.9g exact %.9g tol %.3g",
+                        mode & 1 ? "bf16" : "fp16", mode & 2 ? "avg" : "sum", s, i, e, got,
+                        exact, tol);
+            }
+        }
+    }
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(compress)
+{
+    int mode = _i;
+    ck_assert_int_eq(th_run(3, rank_compress, &mode, 60000), 0);
+}
+END_TEST
+
+/* ---- a user hook, and its errors ---- */
+
+typedef struct hook_state {
+    int fail_step, fail_bucket, step;
+    int finish_calls;
+} hook_state_t;
+
+/* allreduce SUM, then double the result in finish */
+static int hook_issue(void *arg, tutti_comm_t *comm, const tutti_fuse_bucket_t *b,
+                      tutti_work_t **work_p)
+{
+    hook_state_t *h = arg;
+    if (h->step == h->fail_step && b->index == h->fail_bucket)
+        return TUTTI_ERR_IO;
+    return tutti_allreduce_async(comm, TUTTI_IN_PLACE, b->data, b->count, b->dtype, TUTTI_SUM,
+                                 work_p);
+}
+
+static int hook_finish(void *arg, const tutti_fuse_bucket_t *b)
+{
+    hook_state_t *h = arg;
+    h->finish_calls++;
+    if (b->dtype != TUTTI_FP32)
+        return TUTTI_ERR_INTERNAL;
+    float *p = b->data;
+    for (size_t i = 0; i < b->count; i++)
+        p[i] *= 2;
+    return TUTTI_OK;
+}
+
+static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 10, C = 200 };
+    hook_state_t h = {.fail_step = 1, .fail_bucket = 1};
+    tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 2000;
+    o.first_bucket_cap_bytes = 800;
+    o.hook = &hook;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    tspec_t spec = {C, TUTTI_FP32};
+    for (int i = 0; i < N; i++) {
+        t[i] = malloc(C * sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    for (int s = 0; s < 3; s++) {
+        h.step = s;
+        for (int i = 0; i < N; i++)
+            fill(t[i], &spec, rank, i, s);
+        for (int i = 0; i < N; i++)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
+        int st = tutti_fuse_wait(f);
+        if (s == h.fail_step) {
+            FAIL_IF(st != TUTTI_ERR_IO, "step %d: the hook's error did not reach wait: %s", s,
+                    tutti_status_name(st));
+            FAIL_IF(!strstr(tutti_fuse_last_error(f), "bucket 1"), "error \"%s\"",
+                    tutti_fuse_last_error(f));
+            continue;
+        }
+        FAIL_IF(st != TUTTI_OK, "step %d: %s", s, tutti_fuse_last_error(f));
+        for (int i = 0; i < N; i++) {
+            for (size_t e = 0; e < C; e++) {
+                double sum = 0;
+                for (int r = 0; r < nranks; r++)
+                    sum += gen_val(r, i, e, s, TUTTI_FP32);
+                FAIL_IF(t[i][e] != (float)(2 * sum), "step %d tensor %d: got %g expected %g",
+                        s, i, t[i][e], 2 * sum);
+            }
+        }
+    }
+    FAIL_IF(h.finish_calls == 0, "finish never called");
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(hook)
+{
+    ck_assert_int_eq(th_run(_i, rank_hook, NULL, 60000), 0);
+}
+END_TEST
+
+/* A communicator aborted in mid-step: its wait fails with the bucket's error; the peers
+ * fail too, within their timeout, instead of hanging. */
+static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    (void)nranks;
+    enum { N = 6, C = 50000 };
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 200000;
+    o.static_layout = 1;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    for (int i = 0; i < N; i++) {
+        t[i] = calloc(C, sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    for (int i = 0; i < N / 2; i++)
+        FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
+    if (rank == 1)
+        tutti_comm_abort(comm);
+    for (int i = N / 2; i < N; i++)
+        tutti_fuse_mark_ready(f, i); /* may fail to issue on the aborted rank */
+    double t0 = th_now_ms();
+    int st = tutti_fuse_wait(f);
+    FAIL_IF(st == TUTTI_OK, "wait succeeded on a%s communicator",
+            rank == 1 ? "n aborted" : " peer's aborted");
+    FAIL_IF(rank == 1 && st != TUTTI_ERR_ABORTED, "aborted rank: wait returned %s",
+            tutti_status_name(st));
+    FAIL_IF(!tutti_fuse_last_error(f)[0], "no error text");
+    FAIL_IF(th_now_ms() - t0 > 15000, "wait took %.0f ms", th_now_ms() - t0);
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(abort_mid_step)
+{
+    tutti_comm_opts_t opts;
+    tutti_comm_opts_init(&opts);
+    opts.timeout_ms = 5000;
+    th_spec_t spec = {.nranks = 2, .fn = rank_abort, .timeout_ms = 60000, .opts = &opts};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- many steps, fusers created and destroyed, no leaks ---- */
+
+static int rank_many(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 30 };
+    int steps = quick() ? 40 : 200;
+    for (int round = 0; round < 3; round++) {
+        tutti_fuse_opts_t o;
+        tutti_fuse_opts_init(&o);
+        o.bucket_cap_bytes = 1024;
+        o.first_bucket_cap_bytes = 256;
+        o.bucket_views = round == 1;
+        o.compress = round == 2 ? TUTTI_FUSE_COMPRESS_BF16 : TUTTI_FUSE_COMPRESS_NONE;
+        o.find_unused = round == 2;
+        tutti_fuse_t *f;
+        FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+        tspec_t spec[N];
+        void *own[N];
+        for (int i = 0; i < N; i++) {
+            spec[i] = (tspec_t){(size_t)(1 + (i * 37) % 300), i % 3 ? TUTTI_FP32 : TUTTI_INT32};
+            own[i] = o.bucket_views ? NULL : malloc(spec[i].count * 4);
+            int idx;
+            FAIL_IF(tutti_fuse_register(f, own[i], spec[i].count, spec[i].dt, &idx), "reg");
+        }
+        int order[N];
+        for (int s = 0; s < steps; s++) {
+            for (int i = 0; i < N; i++) {
+                void *p;
+                FAIL_IF(tutti_fuse_tensor_data(f, i, &p) != TUTTI_OK, "tensor_data");
+                fill(p, &spec[i], rank, i, s);
+                order[i] = i;
+            }
+            shuffle(order, N, mix64((uint64_t)(s * 31 + rank * 7 + round)));
+            for (int k = 0; k < N; k++)
+                FAIL_IF(tutti_fuse_mark_ready(f, order[k]) != TUTTI_OK, "mark");
+            int st = tutti_fuse_wait(f);
+            FAIL_IF(st != TUTTI_OK, "round %d step %d: %s", round, s, tutti_fuse_last_error(f));
+            if (s % 10 == 0 && round < 2) {
+                for (int i = 0; i < N; i++) {
+                    void *p;
+                    double got, exp;
+                    tutti_fuse_tensor_data(f, i, &p);
+                    long e = check_tensor(p, &spec[i], nranks, i, s, TUTTI_SUM, &got, &exp);
+                    FAIL_IF(e >= 0, "round %d step %d tensor %d: got %g expected %g", round,
+                            s, i, got, exp);
+                }
+            }
+        }
+        tutti_fuse_destroy(f);
+        for (int i = 0; i < N; i++)
+            free(own[i]);
+    }
+    return 0;
+}
+
+START_TEST(many_steps)
+{
+    ck_assert_int_eq(th_run(2, rank_many, NULL, 100000), 0);
+}
+END_TEST
+
+/* The same in this process on one rank, where LeakSanitizer can look (the harness's
+ * ranks leave with _exit): everything the fusers and coalesced calls allocated is gone. */
+START_TEST(no_leaks)
+{
+    char dir[] = "/tmp/tt-fuse-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tutti_store_t *store;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 10000), TUTTI_OK);
+    tutti_comm_t *comm;
+    ck_assert_int_eq(tutti_comm_init(&comm, store, 0, 1, NULL), TUTTI_OK);
+    ck_assert_int_eq(rank_many(0, 1, comm, dir, NULL), 0);
+    float a[100] = {0}, b[3000] = {0};
+    void *bufs[2] = {a, b};
+    size_t counts[2] = {100, 3000};
+    tutti_dtype_t dts[2] = {TUTTI_FP32, TUTTI_FP32};
+    ck_assert_int_eq(tutti_broadcast_coalesced(comm, bufs, counts, dts, 2, 0, 1024), 0);
+    ck_assert_int_eq(tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0), 0);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+#ifdef HAVE_LSAN
+    ck_assert_msg(__lsan_do_recoverable_leak_check() == 0, "leaks (see above)");
+#endif
+}
+END_TEST
+
+/* ---- coalesced collectives ---- */
+
+static int rank_coalesced(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 12 };
+    static const tspec_t spec[N] = {
+        {100, TUTTI_FP32}, {0, TUTTI_FP32},    {7, TUTTI_INT8},   {5000, TUTTI_FP32},
+        {33, TUTTI_FP64},  {1200, TUTTI_FP16}, {1, TUTTI_INT64},  {900, TUTTI_FP32},
+        {64, TUTTI_BF16},  {300, TUTTI_INT32}, {2, TUTTI_UINT8},  {4096, TUTTI_FP64},
+    };
+    void *bufs[N];
+    size_t counts[N];
+    tutti_dtype_t dts[N];
+    const int root = nranks - 1;
+    for (int i = 0; i < N; i++) {
+        bufs[i] = malloc(spec[i].count * 8 + 1);
+        counts[i] = spec[i].count;
+        dts[i] = spec[i].dt;
+        if (rank == root)
+            fill(bufs[i], &spec[i], rank, i, 0);
+        else
+            memset(bufs[i], 0x5a, spec[i].count * tutti_dtype_size(spec[i].dt));
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        size_t cap = pass ? 0 : 4096; /* small cap: several buffers and big ones alone */
+        int st = tutti_broadcast_coalesced(comm, bufs, counts, dts, N, root, cap);
+        FAIL_IF(st != TUTTI_OK, "broadcast_coalesced: %s", tutti_comm_last_error(comm));
+        for (int i = 0; i < N; i++)
+            for (size_t e = 0; e < counts[i]; e++)
+                FAIL_IF(get_val(bufs[i], dts[i], e) != gen_val(root, i, e, 0, dts[i]),
+                        "broadcast tensor %d element %zu", i, e);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N; i++)
+            fill(bufs[i], &spec[i], rank, i, pass + 1);
+        int st = tutti_allreduce_coalesced(comm, bufs, counts, dts, N, TUTTI_SUM,
+                                           pass ? 0 : 3000);
+        FAIL_IF(st != TUTTI_OK, "allreduce_coalesced: %s", tutti_comm_last_error(comm));
+        for (int i = 0; i < N; i++) {
+            double got, exp;
+            long e = check_tensor(bufs[i], &spec[i], nranks, i, pass + 1, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "allreduce tensor %d element %ld: got %g expected %g", i, e, got,
+                    exp);
+        }
+    }
+    for (int i = 0; i < N; i++)
+        free(bufs[i]);
+    return 0;
+}
+
+START_TEST(coalesced)
+{
+    ck_assert_int_eq(th_run(_i, rank_coalesced, NULL, 60000), 0);
+}
+END_TEST
+
+/* ---- arguments ---- */
+
+START_TEST(bad_args)
+{
+    tutti_fuse_t *f = NULL;
+    ck_assert_int_eq(tutti_fuse_create(&f, NULL, NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_fuse_opts_init(NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_fuse_mark_ready(NULL, 0), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_fuse_wait(NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_fuse_destroy(NULL), TUTTI_OK);
+    ck_assert_int_eq(tutti_allreduce_coalesced(NULL, NULL, NULL, NULL, 0, TUTTI_SUM, 0),
+                     TUTTI_ERR_INVALID_ARG);
+}
+END_TEST
+
+static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    (void)nranks;
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    tutti_fuse_t *f;
+    o.op = TUTTI_MAX;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_ERR_INVALID_ARG, "MAX accepted");
+    o.op = TUTTI_SUM;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float x[4] = {1, 2, 3, 4};
+    int idx;
+    FAIL_IF(tutti_fuse_register(f, NULL, 4, TUTTI_FP32, &idx) != TUTTI_ERR_INVALID_ARG,
+            "NULL data accepted without views");
+    FAIL_IF(tutti_fuse_register(f, x, 4, TUTTI_DTYPE_COUNT, &idx) != TUTTI_ERR_INVALID_ARG,
+            "bad dtype accepted");
+    FAIL_IF(tutti_fuse_register(f, x, 4, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    FAIL_IF(tutti_fuse_mark_ready(f, 1) != TUTTI_ERR_INVALID_ARG, "bad index accepted");
+    FAIL_IF(tutti_fuse_mark_unused(f, 0) != TUTTI_ERR_INVALID_ARG,
+            "mark_unused accepted without find_unused");
+    FAIL_IF(tutti_fuse_mark_ready(f, 0) != TUTTI_OK, "mark");
+    FAIL_IF(tutti_fuse_register(f, x, 4, TUTTI_FP32, &idx) != TUTTI_ERR_INVALID_ARG,
+            "register after the layout was built");
+    FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+    FAIL_IF(x[3] != 4.0f, "1 rank: got %g", x[3]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(bad_args_comm)
+{
+    ck_assert_int_eq(th_run(1, rank_bad_args, NULL, 30000), 0);
+}
+END_TEST
+
+static Suite *fuse_suite(void)
+{
+    Suite *s = suite_create("fuse");
+    TCase *tc = tcase_create("sums");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, sums, 0, 8);
+    tcase_add_loop_test(tc, views, 0, 2);
+    tcase_add_loop_test(tc, static_layout, 0, 2);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("features");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, unused, 1, 4);
+    tcase_add_loop_test(tc, compress, 0, 4);
+    tcase_add_loop_test(tc, hook, 1, 3);
+    tcase_add_test(tc, abort_mid_step);
+    tcase_add_loop_test(tc, coalesced, 1, 4);
+    tcase_add_test(tc, bad_args);
+    tcase_add_test(tc, bad_args_comm);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("steps");
+    tcase_set_timeout(tc, 100);
+    tcase_add_test(tc, many_steps);
+    tcase_add_test(tc, no_leaks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(fuse_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
