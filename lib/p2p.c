@@ -305,7 +305,7 @@ void *tt_op_scratch(tt_op_t *op, int index, size_t bytes)
     tutti_comm_t *comm = op->comm;
     if (index < 0 || index > 1)
         return NULL;
-    if (comm->scratch_len[index] < bytes) {
+    if (comm->scratch_len[index] < bytes || !comm->scratch[index]) {
         void *p = NULL;
         size_t want = bytes < 4096 ? 4096 : bytes;
         if (posix_memalign(&p, 64, want) != 0)

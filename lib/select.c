@@ -18,6 +18,16 @@
 /* The binomial tree sends the whole message log2(p) times in sequence; the chain
  * pipelines chunks and wins once a message spans a few of them. */
 #define TT_BROADCAST_TREE_MAX_BYTES ((size_t)256 << 10)
+/* The same trade for reduce (the tree reduces the whole vector log2(p) times in
+ * sequence, the ring reduce-scatters and gathers) and allgather (log2(p) rounds against
+ * the ring's p-1). */
+#define TT_REDUCE_TREE_MAX_BYTES ((size_t)64 << 10)
+#define TT_ALLGATHER_RD_MAX_BYTES ((size_t)64 << 10)
+/* Gather/scatter: the root's link carries every block either way; the tree saves the
+ * root's per-message latency on many ranks, but forwards each block up to log2(p) times,
+ * which only pays while the blocks are small. */
+#define TT_GATHER_LINEAR_MAX_RANKS 4
+#define TT_GATHER_TREE_MAX_BYTES ((size_t)1 << 20)
 
 /* Ids travel in envelopes: never renumber, never reuse. */
 static const tt_algo_t tt_algo_ring = {"ring", TT_COLL_ALLREDUCE, 1, tt_allreduce_ring};
@@ -26,15 +36,56 @@ static const tt_algo_t tt_algo_chain = {"chain", TT_COLL_BROADCAST, 3, tt_broadc
 static const tt_algo_t tt_algo_tree = {"tree", TT_COLL_BROADCAST, 4, tt_broadcast_tree};
 static const tt_algo_t tt_algo_dissemination = {"dissemination", TT_COLL_BARRIER, 5,
                                                 tt_barrier_dissemination};
+static const tt_algo_t tt_algo_reduce_tree = {"tree", TT_COLL_REDUCE, 6, tt_reduce_tree};
+static const tt_algo_t tt_algo_reduce_ring = {"ring", TT_COLL_REDUCE, 7, tt_reduce_ring};
+static const tt_algo_t tt_algo_allgather_ring = {"ring", TT_COLL_ALLGATHER, 8,
+                                                 tt_allgather_ring};
+static const tt_algo_t tt_algo_allgather_rd = {"rd", TT_COLL_ALLGATHER, 9, tt_allgather_rd};
+static const tt_algo_t tt_algo_reduce_scatter_ring = {"ring", TT_COLL_REDUCE_SCATTER, 10,
+                                                      tt_reduce_scatter_ring};
+static const tt_algo_t tt_algo_reduce_scatter_pairwise = {"pairwise", TT_COLL_REDUCE_SCATTER,
+                                                          11, tt_reduce_scatter_pairwise};
+static const tt_algo_t tt_algo_gather_linear = {"linear", TT_COLL_GATHER, 12,
+                                                tt_gather_linear};
+static const tt_algo_t tt_algo_gather_tree = {"tree", TT_COLL_GATHER, 13, tt_gather_tree};
+static const tt_algo_t tt_algo_scatter_linear = {"linear", TT_COLL_SCATTER, 14,
+                                                 tt_scatter_linear};
+static const tt_algo_t tt_algo_scatter_tree = {"tree", TT_COLL_SCATTER, 15, tt_scatter_tree};
+static const tt_algo_t tt_algo_alltoall_pairwise = {"pairwise", TT_COLL_ALLTOALL, 16,
+                                                    tt_alltoall_pairwise};
+static const tt_algo_t tt_algo_alltoall_ring = {"ring", TT_COLL_ALLTOALL, 17,
+                                                tt_alltoall_ring};
 
 static const tt_algo_t *const tt_algos[] = {
-    &tt_algo_ring, &tt_algo_rd, &tt_algo_chain, &tt_algo_tree, &tt_algo_dissemination,
+    &tt_algo_ring,
+    &tt_algo_rd,
+    &tt_algo_chain,
+    &tt_algo_tree,
+    &tt_algo_dissemination,
+    &tt_algo_reduce_tree,
+    &tt_algo_reduce_ring,
+    &tt_algo_allgather_ring,
+    &tt_algo_allgather_rd,
+    &tt_algo_reduce_scatter_ring,
+    &tt_algo_reduce_scatter_pairwise,
+    &tt_algo_gather_linear,
+    &tt_algo_gather_tree,
+    &tt_algo_scatter_linear,
+    &tt_algo_scatter_tree,
+    &tt_algo_alltoall_pairwise,
+    &tt_algo_alltoall_ring,
 };
 
 static const char *const tt_coll_names[TT_COLL_COUNT_] = {
     [TT_COLL_ALLREDUCE] = "allreduce",
     [TT_COLL_BROADCAST] = "broadcast",
     [TT_COLL_BARRIER] = "barrier",
+    [TT_COLL_REDUCE] = "reduce",
+    [TT_COLL_ALLGATHER] = "allgather",
+    [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [TT_COLL_GATHER] = "gather",
+    [TT_COLL_SCATTER] = "scatter",
+    [TT_COLL_ALLTOALL] = "alltoall",
 };
 
 const char *tt_coll_name(tt_coll_t coll)
@@ -144,8 +195,29 @@ static void tt_algo_names(tt_coll_t coll, char *buf, size_t buflen)
     for (size_t i = 0; i < TT_ARRAY_SIZE(tt_algos); i++) {
         if (coll != TT_COLL_NONE && tt_algos[i]->coll != coll)
             continue;
+        /* every collective's: each name once */
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = strcmp(tt_algos[j]->name, tt_algos[i]->name) == 0 &&
+                   (coll == TT_COLL_NONE || tt_algos[j]->coll == coll);
+        if (seen)
+            continue;
         int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "",
                          tt_algos[i]->name);
+        if (n < 0 || (size_t)n >= buflen - used)
+            return;
+        used += (size_t)n;
+    }
+}
+
+/* "allreduce, broadcast, ..." for the error messages */
+static void tt_coll_list(char *buf, size_t buflen)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++) {
+        int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "",
+                         tt_coll_names[c]);
         if (n < 0 || (size_t)n >= buflen - used)
             return;
         used += (size_t)n;
@@ -316,8 +388,9 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
     if (!ovr)
         return TUTTI_ERR_NOMEM;
     tt_parser_t p = {.s = spec, .pos = 0, .err = err, .errlen = errlen};
-    char word[64], what[32];
+    char word[64], what[32], colls[256];
     int st = TUTTI_OK;
+    tt_coll_list(colls, sizeof(colls));
 
     for (;;) {
         tt_parse_skip_ws(&p);
@@ -341,8 +414,7 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
             tt_coll_t coll = len < sizeof(word) ? tt_coll_parse(word) : TT_COLL_NONE;
             if (coll == TT_COLL_NONE) {
                 st = tt_parse_error(&p, "unknown collective \"%.*s\" at offset %zu (expected "
-                                    "one of: allreduce, broadcast, barrier)", (int)len,
-                                    spec + off, off);
+                                    "one of: %s)", (int)len, spec + off, off, colls);
                 goto err_free;
             }
             p.pos++;
@@ -397,6 +469,23 @@ static const tt_algo_t *tt_algo_default(tt_coll_t coll, size_t bytes, int nranks
         return bytes <= TT_BROADCAST_TREE_MAX_BYTES ? &tt_algo_tree : &tt_algo_chain;
     case TT_COLL_BARRIER:
         return &tt_algo_dissemination;
+    case TT_COLL_REDUCE:
+        return bytes <= TT_REDUCE_TREE_MAX_BYTES ? &tt_algo_reduce_tree : &tt_algo_reduce_ring;
+    case TT_COLL_ALLGATHER:
+        return bytes <= TT_ALLGATHER_RD_MAX_BYTES ? &tt_algo_allgather_rd
+                                                  : &tt_algo_allgather_ring;
+    case TT_COLL_REDUCE_SCATTER:
+        return &tt_algo_reduce_scatter_ring;
+    case TT_COLL_GATHER:
+        return nranks <= TT_GATHER_LINEAR_MAX_RANKS || bytes > TT_GATHER_TREE_MAX_BYTES
+                   ? &tt_algo_gather_linear
+                   : &tt_algo_gather_tree;
+    case TT_COLL_SCATTER:
+        return nranks <= TT_GATHER_LINEAR_MAX_RANKS || bytes > TT_GATHER_TREE_MAX_BYTES
+                   ? &tt_algo_scatter_linear
+                   : &tt_algo_scatter_tree;
+    case TT_COLL_ALLTOALL:
+        return &tt_algo_alltoall_pairwise;
     default:
         return NULL;
     }

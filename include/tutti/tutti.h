@@ -132,7 +132,8 @@ const char *tutti_comm_last_error(const tutti_comm_t *comm);
 const char *tutti_comm_transport(const tutti_comm_t *comm);
 
 /* Name of the algorithm the communicator would pick for a collective ("allreduce",
- * "broadcast", "barrier") of `bytes` bytes. */
+ * "broadcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
+ * "alltoall") of `bytes` bytes (for the v-forms the library selects with 0). */
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes);
 
 /* Collectives. sendbuf may be TUTTI_IN_PLACE or equal to recvbuf. Blocking calls

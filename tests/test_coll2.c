@@ -1,0 +1,791 @@
+/* Multi-rank correctness of reduce, allgather(v), reduce_scatter(v), gather(v),
+ * scatter(v) and alltoall(v): both algorithms of each, rank counts 1..5, every dtype and
+ * op for the reductions (a few dtypes of each element size for the data movement),
+ * counts {0, 1, 7, 4097} and one larger one, in place and out of place, v forms with
+ * uneven and empty blocks and displacements with gaps and out of rank order, against a
+ * reference computed here in plain C, bit for bit. Bytes the call must not touch (gaps,
+ * past the end, the input out of place) are checked too.
+ *
+ * The input generation and the reduction reference are test_coll.c's (floats carry
+ * small integers, so every result is exact whatever the order of the reduction).
+ * TT_TEST_QUICK=1 shrinks the larger count (for sanitizer builds).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+#include "harness.h"
+
+
+#define GUARD_BYTES 64
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define GUARD_BYTE 0xA5
+#define GARBAGE_BYTE 0x5A
+
+/* ---- fp16 / bf16, written here so that the reference does not share the library's
+ * conversions ---- */
+
+static float ref_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13)
+                              : sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t ref_float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return sign | 0x7e00;
+    if (ax >= 0x47800000u) /* >= 65536, and infinity */
+        return sign | 0x7c00;
+    if (ax < 0x38800000u) { /* below 2^-14: subnormal, units of 2^-24 */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)lrintf(ldexpf(a, 24)); /* exact scaling, RNE */
+    }
+    uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax >> 13) & 0x3ff));
+    uint32_t rest = ax & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++; /* may carry into the exponent, up to infinity: still right */
+    return sign | (uint16_t)h;
+}
+
+static float ref_bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t ref_float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* ---- inputs and reference ---- */
+
+static const tutti_dtype_t all_dtypes[] = {TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
+                                           TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64};
+static const tutti_redop_t all_ops[] = {TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG};
+
+static int is_float(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t gen_bits(uint64_t seed, int rank, size_t i)
+{
+    return mix64(seed + 0x9e3779b97f4a7c15ull * ((uint64_t)i + 1) +
+                 0xd1b54a32d192ed03ull * (uint64_t)(rank + 1));
+}
+
+static double gen_float(tutti_redop_t op, uint64_t bits)
+{
+    static const double prod_vals[4] = {1, -1, 2, 0.5};
+    switch (op) {
+    case TUTTI_PROD: return prod_vals[bits & 3];
+    case TUTTI_MIN:
+    case TUTTI_MAX: return (double)((int)(bits & 63) - 32) / 4.0;
+    default: return (double)((int)(bits & 15) - 8);
+    }
+}
+
+/* odd factors keep integer products from collapsing to 0 */
+static uint64_t gen_int(tutti_redop_t op, uint64_t bits)
+{
+    return op == TUTTI_PROD ? bits | 1 : bits;
+}
+
+/* Store element i of a dtype from integer bits (integer types) or a double (floats). */
+static void put_elem(void *buf, tutti_dtype_t dt, size_t i, uint64_t u, double d)
+{
+    unsigned char *p = (unsigned char *)buf + i * tutti_dtype_size(dt);
+    switch (dt) {
+    case TUTTI_INT8:
+    case TUTTI_UINT8: *p = (uint8_t)u; break;
+    case TUTTI_INT32: { uint32_t v = (uint32_t)u; memcpy(p, &v, 4); break; }
+    case TUTTI_INT64: memcpy(p, &u, 8); break;
+    case TUTTI_FP16: { uint16_t v = ref_float_to_half((float)d); memcpy(p, &v, 2); break; }
+    case TUTTI_BF16: { uint16_t v = ref_float_to_bf16((float)d); memcpy(p, &v, 2); break; }
+    case TUTTI_FP32: { float v = (float)d; memcpy(p, &v, 4); break; }
+    case TUTTI_FP64: memcpy(p, &d, 8); break;
+    default: break;
+    }
+}
+
+/* Rank `rank`'s input element i into out[0]. */
+static void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i,
+                     uint64_t seed)
+{
+    uint64_t bits = gen_bits(seed, rank, i);
+    if (is_float(dt))
+        put_elem(out, dt, 0, 0, gen_float(op, bits));
+    else
+        put_elem(out, dt, 0, gen_int(op, bits), 0);
+}
+
+static void fill_input(void *buf, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t count,
+                       uint64_t seed)
+{
+    size_t es = tutti_dtype_size(dt);
+    for (size_t i = 0; i < count; i++)
+        gen_elem((unsigned char *)buf + i * es, dt, op, rank, i, seed);
+}
+
+/* integer bits as the type's value, widened */
+static int64_t int_value(tutti_dtype_t dt, uint64_t u)
+{
+    switch (dt) {
+    case TUTTI_INT8: return (int8_t)(uint8_t)u;
+    case TUTTI_UINT8: return (uint8_t)u;
+    case TUTTI_INT32: return (int32_t)(uint32_t)u;
+    default: return (int64_t)u;
+    }
+}
+
+/* The reduction of every rank's element i into out[0]. */
+static void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, size_t i,
+                          uint64_t seed)
+{
+    if (is_float(dt)) {
+        double acc = gen_float(op, gen_bits(seed, 0, i));
+        for (int r = 1; r < nranks; r++) {
+            double v = gen_float(op, gen_bits(seed, r, i));
+            switch (op) {
+            case TUTTI_PROD: acc *= v; break;
+            case TUTTI_MIN: acc = v < acc ? v : acc; break;
+            case TUTTI_MAX: acc = v > acc ? v : acc; break;
+            default: acc += v; break;
+            }
+        }
+        if (op == TUTTI_AVG) {
+            if (dt == TUTTI_FP64) {
+                acc = acc / nranks;
+            } else {
+                float q = (float)acc / (float)nranks;
+                acc = dt == TUTTI_FP16   ? ref_half_to_float(ref_float_to_half(q))
+                      : dt == TUTTI_BF16 ? ref_bf16_to_float(ref_float_to_bf16(q))
+                                         : q;
+            }
+        }
+        put_elem(out, dt, 0, 0, acc);
+        return;
+    }
+    /* integers: wrap in unsigned; compare and divide as the type */
+    uint64_t acc = gen_int(op, gen_bits(seed, 0, i));
+    for (int r = 1; r < nranks; r++) {
+        uint64_t v = gen_int(op, gen_bits(seed, r, i));
+        switch (op) {
+        case TUTTI_PROD: acc *= v; break;
+        case TUTTI_MIN:
+            if (int_value(dt, v) < int_value(dt, acc))
+                acc = v;
+            break;
+        case TUTTI_MAX:
+            if (int_value(dt, v) > int_value(dt, acc))
+                acc = v;
+            break;
+        default: acc += v; break;
+        }
+    }
+    if (op == TUTTI_AVG)
+        acc = (uint64_t)(int_value(dt, acc) / nranks);
+    put_elem(out, dt, 0, acc, 0);
+}
+
+static double elem_as_double(const void *p, tutti_dtype_t dt)
+{
+    union { int8_t i8; uint8_t u8; int32_t i32; int64_t i64; uint16_t u16; float f; double d; } v;
+    memcpy(&v, p, tutti_dtype_size(dt));
+    switch (dt) {
+    case TUTTI_INT8: return v.i8;
+    case TUTTI_UINT8: return v.u8;
+    case TUTTI_INT32: return v.i32;
+    case TUTTI_INT64: return (double)v.i64;
+    case TUTTI_FP16: return ref_half_to_float(v.u16);
+    case TUTTI_BF16: return ref_bf16_to_float(v.u16);
+    case TUTTI_FP32: return v.f;
+    case TUTTI_FP64: return v.d;
+    default: return 0;
+    }
+}
+
+static uint64_t elem_bits(const void *p, size_t es)
+{
+    uint64_t u = 0;
+    memcpy(&u, p, es);
+    return u;
+}
+
+
+/* ---- one rank's matrix ---- */
+
+typedef struct ctx {
+    int rank, nranks;
+    tutti_comm_t *comm;
+    const char *algo;
+    unsigned char *send, *recv, *ref;
+    size_t cap;         /* bytes in each buffer, guard included */
+    uint64_t cases;
+    int failures;
+    int comm_failed;
+} ctx_t;
+
+#define MAX_REPORTS 6
+
+static int status_ok(ctx_t *c, int st, const char *what)
+{
+    if (st == TUTTI_OK)
+        return 1;
+    fprintf(stderr, "rank %d/%d [%s] %s: %s: %s\n", c->rank, c->nranks, c->algo, what,
+            tutti_status_name(st), tutti_comm_last_error(c->comm));
+    c->failures++;
+    c->comm_failed = 1;
+    return 0;
+}
+
+/* got vs exp over bytes (es-sized elements); one line naming the first difference */
+static int compare(ctx_t *c, const char *what, tutti_dtype_t dt, const unsigned char *got,
+                   const unsigned char *exp, size_t bytes)
+{
+    if (memcmp(got, exp, bytes) == 0)
+        return 0;
+    const size_t es = tutti_dtype_size(dt);
+    size_t i = 0;
+    while (i + es <= bytes && memcmp(got + i, exp + i, es) == 0)
+        i += es;
+    c->failures++;
+    if (c->failures <= MAX_REPORTS)
+        fprintf(stderr,
+                "rank %d/%d [%s] %s %s: element %zu: got %.17g (0x%llx), expected %.17g "
+                "(0x%llx)\n",
+                c->rank, c->nranks, c->algo, what, tutti_dtype_name(dt), i / es,
+                elem_as_double(got + i, dt), (unsigned long long)elem_bits(got + i, es),
+                elem_as_double(exp + i, dt), (unsigned long long)elem_bits(exp + i, es));
+    return 1;
+}
+
+/* The value that rank src contributes as element `key` (data movement: any bits). */
+static void gen_val(void *out, tutti_dtype_t dt, int src, size_t key, uint64_t seed)
+{
+    gen_elem(out, dt, TUTTI_SUM, src, key, seed);
+}
+
+/* The key of element j of the block that rank src sends to rank dst (alltoall). */
+static size_t a2a_key(int dst, size_t j)
+{
+    return ((size_t)dst << 24) | j;
+}
+
+/* Uneven per-rank counts, some empty: the k-th pattern. */
+static size_t vcount(int i, int k)
+{
+    static const size_t pick[] = {0, 3, 17, 1000, 1, 4097};
+    return pick[((size_t)i * 5 + (size_t)k) % ARRAY_SIZE(pick)];
+}
+
+/* Displacements in reverse rank order with a gap of 2 elements before each block. */
+static size_t gappy_displs(int n, const size_t *counts, size_t *displs)
+{
+    size_t off = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        off += 2;
+        displs[i] = off;
+        off += counts[i];
+    }
+    return off;
+}
+
+static size_t packed_displs(int n, const size_t *counts, size_t *displs)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        displs[i] = off;
+        off += counts[i];
+    }
+    return off;
+}
+
+static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
+
+/* ---- reduce ---- */
+
+static void t_reduce(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count, int root,
+                     int mode)
+{
+    const size_t es = tutti_dtype_size(dt), bytes = count * es;
+    const uint64_t seed = mix64(++c->cases);
+    const int is_root = c->rank == root;
+    char what[96];
+    snprintf(what, sizeof(what), "reduce %s %s count %zu root %d", mode_names[mode],
+             tutti_redop_name(op), count, root);
+
+    unsigned char *in = is_root && mode ? c->recv : c->send;
+    fill_input(in, dt, op, c->rank, count, seed);
+    if (is_root && !mode)
+        memset(c->recv, GARBAGE_BYTE, bytes);
+    memset(c->recv + bytes, GUARD_BYTE, GUARD_BYTES);
+    const void *sendbuf = !is_root || mode == 0 ? (const void *)c->send
+                          : mode == 1           ? TUTTI_IN_PLACE
+                                                : (const void *)c->recv;
+    /* non-roots: recvbuf is ignored, NULL out of place */
+    void *recvbuf = is_root || mode ? (void *)c->recv : NULL;
+    if (!status_ok(c, tutti_reduce(c->comm, sendbuf, recvbuf, count, dt, op, root), what))
+        return;
+    if (is_root) {
+        for (size_t i = 0; i < count; i++)
+            expected_elem(c->ref + i * es, dt, op, c->nranks, i, seed);
+        if (compare(c, what, dt, c->recv, c->ref, bytes))
+            return;
+    }
+    if (!is_root || !mode) {
+        fill_input(c->ref, dt, op, c->rank, count, seed);
+        if (compare(c, what, dt, c->send, c->ref, bytes))
+            return;
+    }
+    memset(c->ref, GUARD_BYTE, GUARD_BYTES);
+    compare(c, what, dt, c->recv + bytes, c->ref, GUARD_BYTES);
+}
+
+/* ---- reduce_scatter(v) ---- */
+
+static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const size_t *counts,
+                             int vform, int mode)
+{
+    const int n = c->nranks, me = c->rank;
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    size_t displs[16];
+    const size_t total = packed_displs(n, counts, displs);
+    char what[128];
+    snprintf(what, sizeof(what), "reduce_scatter%s %s %s block %zu (total %zu)",
+             vform ? "v" : "", mode_names[mode], tutti_redop_name(op), counts[me], total);
+
+    unsigned char *in = mode ? c->recv : c->send;
+    fill_input(in, dt, op, me, total, seed);
+    const size_t out_bytes = mode ? total * es : counts[me] * es;
+    if (!mode)
+        memset(c->recv, GARBAGE_BYTE, out_bytes);
+    memset(c->recv + out_bytes, GUARD_BYTE, GUARD_BYTES);
+    const void *sendbuf = mode == 0 ? (const void *)c->send
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)c->recv;
+    int st = vform ? tutti_reduce_scatterv(c->comm, sendbuf, c->recv, counts, dt, op)
+                   : tutti_reduce_scatter(c->comm, sendbuf, c->recv, counts[0], dt, op);
+    if (!status_ok(c, st, what))
+        return;
+    for (size_t j = 0; j < counts[me]; j++)
+        expected_elem(c->ref + j * es, dt, op, n, displs[me] + j, seed);
+    if (compare(c, what, dt, c->recv, c->ref, counts[me] * es))
+        return;
+    if (!mode) {
+        fill_input(c->ref, dt, op, me, total, seed);
+        if (compare(c, what, dt, c->send, c->ref, total * es))
+            return;
+    }
+    memset(c->ref, GUARD_BYTE, GUARD_BYTES);
+    compare(c, what, dt, c->recv + out_bytes, c->ref, GUARD_BYTES);
+}
+
+/* ---- allgather(v) ---- */
+
+static void t_allgather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int mode)
+{
+    const int n = c->nranks, me = c->rank;
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    size_t displs[16];
+    const size_t extent = vform ? gappy_displs(n, counts, displs)
+                                : packed_displs(n, counts, displs);
+    char what[128];
+    snprintf(what, sizeof(what), "allgather%s %s block %zu (extent %zu)", vform ? "v" : "",
+             mode_names[mode], counts[me], extent);
+
+    memset(c->recv, GARBAGE_BYTE, extent * es);
+    memset(c->recv + extent * es, GUARD_BYTE, GUARD_BYTES);
+    unsigned char *in = mode ? c->recv + displs[me] * es : c->send;
+    for (size_t j = 0; j < counts[me]; j++)
+        gen_val(in + j * es, dt, me, j, seed);
+    const void *sendbuf = mode == 0 ? (const void *)c->send
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)(c->recv + displs[me] * es);
+    int st = vform ? tutti_allgatherv(c->comm, sendbuf, c->recv, counts, displs, dt)
+                   : tutti_allgather(c->comm, sendbuf, c->recv, counts[0], dt);
+    if (!status_ok(c, st, what))
+        return;
+    memset(c->ref, GARBAGE_BYTE, extent * es);
+    memset(c->ref + extent * es, GUARD_BYTE, GUARD_BYTES);
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < counts[i]; j++)
+            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
+    compare(c, what, dt, c->recv, c->ref, extent * es + GUARD_BYTES);
+}
+
+/* ---- gather(v) ---- */
+
+static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
+                     int mode)
+{
+    const int n = c->nranks, me = c->rank, is_root = me == root;
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    size_t displs[16];
+    const size_t extent = vform ? gappy_displs(n, counts, displs)
+                                : packed_displs(n, counts, displs);
+    char what[128];
+    snprintf(what, sizeof(what), "gather%s %s block %zu root %d", vform ? "v" : "",
+             mode_names[mode], counts[me], root);
+
+    if (is_root) {
+        memset(c->recv, GARBAGE_BYTE, extent * es);
+        memset(c->recv + extent * es, GUARD_BYTE, GUARD_BYTES);
+    }
+    /* in place is for the root only */
+    const int inp = is_root && mode;
+    unsigned char *in = inp ? c->recv + displs[me] * es : c->send;
+    for (size_t j = 0; j < counts[me]; j++)
+        gen_val(in + j * es, dt, me, j, seed);
+    const void *sendbuf = !inp ? (const void *)c->send
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)(c->recv + displs[me] * es);
+    void *recvbuf = is_root ? (void *)c->recv : NULL;
+    int st = vform ? tutti_gatherv(c->comm, sendbuf, counts[me], recvbuf,
+                                   is_root ? counts : NULL, is_root ? displs : NULL, dt, root)
+                   : tutti_gather(c->comm, sendbuf, recvbuf, counts[me], dt, root);
+    if (!status_ok(c, st, what) || !is_root)
+        return;
+    memset(c->ref, GARBAGE_BYTE, extent * es);
+    memset(c->ref + extent * es, GUARD_BYTE, GUARD_BYTES);
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < counts[i]; j++)
+            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
+    compare(c, what, dt, c->recv, c->ref, extent * es + GUARD_BYTES);
+}
+
+/* ---- scatter(v) ---- */
+
+static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
+                      int mode)
+{
+    const int n = c->nranks, me = c->rank, is_root = me == root;
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    size_t displs[16];
+    const size_t extent = vform ? gappy_displs(n, counts, displs)
+                                : packed_displs(n, counts, displs);
+    char what[128];
+    snprintf(what, sizeof(what), "scatter%s %s block %zu root %d", vform ? "v" : "",
+             mode_names[mode], counts[me], root);
+
+    /* the root's image: blocks, gaps of garbage */
+    memset(c->ref, GARBAGE_BYTE, extent * es);
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < counts[i]; j++)
+            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
+    if (is_root)
+        memcpy(c->send, c->ref, extent * es);
+    memset(c->recv, GARBAGE_BYTE, counts[me] * es);
+    memset(c->recv + counts[me] * es, GUARD_BYTE, GUARD_BYTES);
+    const int inp = is_root && mode;
+    void *recvbuf = !inp ? (void *)c->recv
+                    : mode == 1 ? TUTTI_IN_PLACE_OUT
+                                : (void *)(c->send + displs[me] * es);
+    const void *sendbuf = is_root ? (const void *)c->send : NULL;
+    int st = vform ? tutti_scatterv(c->comm, sendbuf, is_root ? counts : NULL,
+                                    is_root ? displs : NULL, recvbuf, counts[me], dt, root)
+                   : tutti_scatter(c->comm, sendbuf, recvbuf, counts[me], dt, root);
+    if (!status_ok(c, st, what))
+        return;
+    if (is_root && compare(c, what, dt, c->send, c->ref, extent * es))
+        return; /* the root's sendbuf (its own block, in place) is untouched */
+    if (inp)
+        return;
+    memcpy(c->ref + extent * es, c->ref + displs[me] * es, counts[me] * es);
+    memset(c->ref + (extent + counts[me]) * es, GUARD_BYTE, GUARD_BYTES);
+    compare(c, what, dt, c->recv, c->ref + extent * es, counts[me] * es + GUARD_BYTES);
+}
+
+/* ---- alltoall(v) ---- */
+
+/* Elements that rank a sends to rank b in pattern k; symmetric when sym. */
+static size_t a2a_count(int a, int b, int k, int sym)
+{
+    return sym ? vcount(a + b, k) : vcount(a * 3 + b, k);
+}
+
+static void t_alltoall(ctx_t *c, tutti_dtype_t dt, size_t count, int vk, int mode)
+{
+    const int n = c->nranks, me = c->rank;
+    const size_t es = tutti_dtype_size(dt);
+    const uint64_t seed = mix64(++c->cases);
+    const int vform = vk >= 0;
+    size_t scnt[16], sdsp[16], rcnt[16], rdsp[16];
+    for (int j = 0; j < n; j++) {
+        scnt[j] = vform ? a2a_count(me, j, vk, mode != 0) : count;
+        rcnt[j] = vform ? a2a_count(j, me, vk, mode != 0) : count;
+    }
+    size_t sext, rext;
+    if (vform) {
+        sext = gappy_displs(n, scnt, sdsp);
+        rext = mode ? gappy_displs(n, rcnt, rdsp) : packed_displs(n, rcnt, rdsp);
+    } else {
+        sext = packed_displs(n, scnt, sdsp);
+        rext = packed_displs(n, rcnt, rdsp);
+    }
+    char what[128];
+    snprintf(what, sizeof(what), "alltoall%s %s %s (extent %zu)", vform ? "v" : "",
+             mode_names[mode], vform ? "uneven" : "equal", rext);
+    if (!vform)
+        snprintf(what + strlen(what), sizeof(what) - strlen(what), " block %zu", count);
+
+    /* in place: the blocks to send sit where the received ones go (one layout) */
+    unsigned char *in = mode ? c->recv : c->send;
+    const size_t *ind = mode ? rdsp : sdsp;
+    size_t iext = mode ? rext : sext;
+    memset(in, GARBAGE_BYTE, iext * es);
+    if (!mode)
+        memset(c->recv, GARBAGE_BYTE, rext * es);
+    memset(c->recv + rext * es, GUARD_BYTE, GUARD_BYTES);
+    for (int j = 0; j < n; j++)
+        for (size_t e = 0; e < scnt[j]; e++)
+            gen_val(in + (ind[j] + e) * es, dt, me, a2a_key(j, e), seed);
+    const void *sendbuf = mode == 0 ? (const void *)c->send
+                          : mode == 1 ? TUTTI_IN_PLACE
+                                      : (const void *)c->recv;
+    int st;
+    if (vform)
+        st = tutti_alltoallv(c->comm, sendbuf, mode == 1 ? NULL : scnt,
+                             mode == 1 ? NULL : (mode ? rdsp : sdsp), c->recv, rcnt, rdsp, dt);
+    else
+        st = tutti_alltoall(c->comm, sendbuf, c->recv, count, dt);
+    if (!status_ok(c, st, what))
+        return;
+    memset(c->ref, GARBAGE_BYTE, rext * es);
+    memset(c->ref + rext * es, GUARD_BYTE, GUARD_BYTES);
+    for (int i = 0; i < n; i++)
+        for (size_t e = 0; e < rcnt[i]; e++)
+            gen_val(c->ref + (rdsp[i] + e) * es, dt, i, a2a_key(me, e), seed);
+    compare(c, what, dt, c->recv, c->ref, rext * es + GUARD_BYTES);
+}
+
+/* ---- the matrix ---- */
+
+typedef struct set {
+    const char *label;
+    const char *algo;  /* TUTTI_ALGO */
+    const char *names[6]; /* reduce, allgather, reduce_scatter, gather, scatter, alltoall */
+} set_t;
+
+static const char *const coll_names[6] = {"reduce", "allgather", "reduce_scatter",
+                                          "gather", "scatter", "alltoall"};
+
+static const set_t sets[2] = {
+    {"tree/rd/pairwise/tree/tree/ring",
+     "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
+     "alltoall:ring",
+     {"tree", "rd", "pairwise", "tree", "tree", "ring"}},
+    {"ring/ring/ring/linear/linear/pairwise",
+     "reduce:ring;allgather:ring;reduce_scatter:ring;gather:linear;scatter:linear;"
+     "alltoall:pairwise",
+     {"ring", "ring", "ring", "linear", "linear", "pairwise"}},
+};
+
+static const tutti_dtype_t move_dtypes[] = {TUTTI_INT8, TUTTI_BF16, TUTTI_INT32, TUTTI_FP64};
+static const size_t small_counts[] = {0, 1, 7, 4097};
+
+static size_t big_count(void)
+{
+    const char *q = getenv("TT_TEST_QUICK");
+    return (q && *q && strcmp(q, "0") != 0) ? (16u << 10) + 3 : (256u << 10) + 3;
+}
+
+static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    const set_t *set = arg;
+    const int n = nranks;
+    const size_t big = big_count();
+
+    /* the override must reach the selection, or this tests some other algorithm */
+    static const size_t probe_bytes[] = {1, 4096, 64 << 20};
+    for (int k = 0; k < 6; k++)
+        for (size_t i = 0; i < ARRAY_SIZE(probe_bytes); i++) {
+            const char *got = tutti_comm_algo_for(comm, coll_names[k], probe_bytes[i]);
+            FAIL_IF(!got || strcmp(got, set->names[k]) != 0, "%s of %zu bytes picks %s, not %s",
+                    coll_names[k], probe_bytes[i], got ? got : "NULL", set->names[k]);
+        }
+
+    ctx_t c = {.rank = rank, .nranks = n, .comm = comm, .algo = set->label};
+    /* the largest extent: n blocks of up to 4097 elements with gaps, or about big; the
+     * scatter reference holds an extent and a block */
+    c.cap = 2 * ((size_t)n * 4100 + big + 64) * 8 + 2 * GUARD_BYTES;
+    c.send = malloc(c.cap);
+    c.recv = malloc(c.cap);
+    c.ref = malloc(c.cap);
+    FAIL_IF(!c.send || !c.recv || !c.ref, "out of memory");
+    size_t counts[16];
+
+    for (size_t d = 0; d < ARRAY_SIZE(all_dtypes) && !c.comm_failed; d++) {
+        const tutti_dtype_t dt = all_dtypes[d];
+        for (size_t o = 0; o < ARRAY_SIZE(all_ops) && !c.comm_failed; o++)
+            for (size_t k = 0; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+                const int mode = (int)((o + k + d) % 3);
+                t_reduce(&c, dt, all_ops[o], small_counts[k], (int)((d + o + k) % (size_t)n),
+                         mode);
+                for (int i = 0; i < n; i++)
+                    counts[i] = small_counts[k];
+                if (!c.comm_failed)
+                    t_reduce_scatter(&c, dt, all_ops[o], counts, 0, mode);
+                for (int i = 0; i < n; i++)
+                    counts[i] = vcount(i, (int)(o + k));
+                if (!c.comm_failed)
+                    t_reduce_scatter(&c, dt, all_ops[o], counts, 1, (mode + 1) % 3);
+            }
+        /* larger: sum and avg (the final division) */
+        for (int m = 0; m < 2 && !c.comm_failed; m++) {
+            tutti_redop_t op = m ? TUTTI_AVG : TUTTI_SUM;
+            t_reduce(&c, dt, op, big, (int)(d % (size_t)n), m);
+            for (int i = 0; i < n; i++)
+                counts[i] = big / (size_t)n + (size_t)i;
+            if (!c.comm_failed)
+                t_reduce_scatter(&c, dt, op, counts, 1, m);
+        }
+    }
+
+    for (size_t d = 0; d < ARRAY_SIZE(move_dtypes) && !c.comm_failed; d++) {
+        const tutti_dtype_t dt = move_dtypes[d];
+        for (size_t k = 0; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+            const size_t cnt = small_counts[k];
+            for (int i = 0; i < n; i++)
+                counts[i] = cnt;
+            for (int mode = 0; mode < 3 && !c.comm_failed; mode++) {
+                t_allgather(&c, dt, counts, 0, mode);
+                if (!c.comm_failed)
+                    t_alltoall(&c, dt, cnt, -1, mode);
+                for (int root = 0; root < n && !c.comm_failed; root++) {
+                    /* every root, the modes by turns */
+                    if ((root + (int)k) % 3 != mode)
+                        continue;
+                    t_gather(&c, dt, counts, 0, root, mode);
+                    if (!c.comm_failed)
+                        t_scatter(&c, dt, counts, 0, root, mode);
+                }
+            }
+        }
+        /* v forms: uneven and empty blocks, displacements with gaps in reverse order */
+        for (int vk = 0; vk < 3 && !c.comm_failed; vk++) {
+            for (int i = 0; i < n; i++)
+                counts[i] = vcount(i, vk + (int)d);
+            for (int mode = 0; mode < 3 && !c.comm_failed; mode++) {
+                const int root = (vk + mode + (int)d) % n;
+                t_allgather(&c, dt, counts, 1, mode);
+                if (!c.comm_failed)
+                    t_gather(&c, dt, counts, 1, root, mode);
+                if (!c.comm_failed)
+                    t_scatter(&c, dt, counts, 1, root, mode);
+                if (!c.comm_failed)
+                    t_alltoall(&c, dt, 0, vk + (int)d, mode);
+            }
+        }
+        /* larger */
+        if (!c.comm_failed) {
+            for (int i = 0; i < n; i++)
+                counts[i] = big / (size_t)n;
+            t_allgather(&c, dt, counts, 0, (int)(d % 2));
+            if (!c.comm_failed)
+                t_gather(&c, dt, counts, 0, (int)(d % (size_t)n), 0);
+            if (!c.comm_failed)
+                t_scatter(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 0);
+            if (!c.comm_failed)
+                t_alltoall(&c, dt, big / (size_t)n / (size_t)n, -1, (int)(d % 2));
+        }
+    }
+
+    free(c.send);
+    free(c.recv);
+    free(c.ref);
+    if (c.failures > MAX_REPORTS)
+        fprintf(stderr, "rank %d/%d [%s]: %d more failures not shown\n", rank, nranks,
+                set->label, c.failures - MAX_REPORTS);
+    FAIL_IF(c.failures, "%d failure(s), %llu cases", c.failures, (unsigned long long)c.cases);
+    return 0;
+}
+
+static void run_matrix(int nranks, const set_t *set)
+{
+    tutti_comm_opts_t opts;
+    ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
+    opts.algo = set->algo;
+    th_spec_t spec = {
+        .nranks = nranks,
+        .fn = rank_matrix,
+        .arg = (void *)set,
+        .timeout_ms = 100000,
+        .opts = &opts,
+    };
+    double t0 = th_now_ms();
+    int rc = th_run_ex(&spec, NULL);
+    fprintf(stderr, "matrix %s on %d rank(s): %.0f ms\n", set->label, nranks, th_now_ms() - t0);
+    ck_assert_msg(rc == 0, "%s on %d rank(s) failed (see above)", set->label, nranks);
+}
+
+START_TEST(matrix)
+{
+    /* _i: 0..9 -> rank counts 1..5, each with both algorithm sets */
+    run_matrix(_i / 2 + 1, &sets[_i % 2]);
+}
+END_TEST
+
+static Suite *coll2_suite(void)
+{
+    Suite *s = suite_create("coll2");
+    TCase *tc = tcase_create("matrix");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, matrix, 0, 10);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(coll2_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
