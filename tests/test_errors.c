@@ -116,6 +116,97 @@ START_TEST(bad_arguments_other_collectives)
 }
 END_TEST
 
+/* The new collectives: counts that differ between ranks are a mismatch on every rank,
+ * and the async forms run in issue order with the right results. */
+static int rank_new_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                             void *arg)
+{
+    (void)dir;
+    int which = *(int *)arg;
+    int32_t in[64], out[64 * 8];
+    for (int i = 0; i < 64; i++)
+        in[i] = rank * 100 + i;
+    int st;
+    size_t c = rank == 1 ? 5 : 6;
+    if (which == 0)
+        st = tutti_allgather(comm, in, out, c, TUTTI_INT32);
+    else if (which == 1)
+        st = tutti_reduce_scatter(comm, in, out, c, TUTTI_INT32, TUTTI_SUM);
+    else
+        st = tutti_alltoall(comm, in, out, c, TUTTI_INT32);
+    const char *msg = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "which %d: got %s: %s", which, tutti_status_name(st), msg);
+    FAIL_IF(!strstr(msg, "count=5") && !strstr(msg, "bytes"), "message: %s", msg);
+    (void)nranks;
+    return 0;
+}
+
+START_TEST(mismatch_other_collectives)
+{
+    for (int which = 0; which < 3; which++) {
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        o.timeout_ms = 20000;
+        th_spec_t spec = {.nranks = 3, .fn = rank_new_mismatch, .arg = &which,
+                          .timeout_ms = 30000, .opts = &o};
+        double t0 = th_now_ms();
+        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        ck_assert_msg(th_now_ms() - t0 < 10000, "collective %d: took %.0f ms", which,
+                      th_now_ms() - t0);
+    }
+}
+END_TEST
+
+static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { C = 1000 };
+    int64_t *ag_in = malloc(C * sizeof(int64_t)), *ag_out = malloc((size_t)nranks * C * 8);
+    int64_t *rs_in = malloc((size_t)nranks * C * 8), rs_out[C];
+    int64_t a2a_in[8 * 16], a2a_out[8 * 16];
+    FAIL_IF(!ag_in || !ag_out || !rs_in, "malloc");
+    for (int i = 0; i < C; i++)
+        ag_in[i] = rank * 1000003LL + i;
+    for (int b = 0; b < nranks; b++)
+        for (int i = 0; i < C; i++)
+            rs_in[b * C + i] = (rank + 1) * (b * C + i);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            a2a_in[j * 16 + i] = rank * 1000 + j * 16 + i;
+    tutti_work_t *w[3];
+    FAIL_IF(tutti_allgather_async(comm, ag_in, ag_out, C, TUTTI_INT64, &w[0]) != 0, "ag");
+    FAIL_IF(tutti_reduce_scatter_async(comm, rs_in, rs_out, C, TUTTI_INT64, TUTTI_SUM, &w[1]),
+            "rs");
+    FAIL_IF(tutti_alltoall_async(comm, a2a_in, a2a_out, 16, TUTTI_INT64, &w[2]) != 0, "a2a");
+    for (int k = 2; k >= 0; k--) { /* waiting out of order is fine */
+        int st = tutti_wait(w[k], -1);
+        FAIL_IF(st != 0, "work %d: %s", k, tutti_work_error(w[k]));
+        tutti_work_free(w[k]);
+    }
+    for (int r = 0; r < nranks; r++)
+        for (int i = 0; i < C; i++)
+            FAIL_IF(ag_out[r * C + i] != r * 1000003LL + i, "allgather [%d][%d]", r, i);
+    int64_t tri = (int64_t)nranks * (nranks + 1) / 2;
+    for (int i = 0; i < C; i++)
+        FAIL_IF(rs_out[i] != tri * (rank * C + i), "reduce_scatter [%d] = %lld", i,
+                (long long)rs_out[i]);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            FAIL_IF(a2a_out[j * 16 + i] != j * 1000 + rank * 16 + i, "alltoall [%d][%d]", j, i);
+    free(ag_in);
+    free(ag_out);
+    free(rs_in);
+    return 0;
+}
+
+START_TEST(async_other_collectives)
+{
+    for (int n = 2; n <= 4; n++)
+        ck_assert_int_eq(th_run(n, rank_new_async, NULL, 30000), 0);
+}
+END_TEST
+
 START_TEST(bad_init_arguments)
 {
     tutti_comm_t *comm = NULL;
@@ -635,6 +726,8 @@ static Suite *suite(void)
     tcase_add_test(tc, bad_init_arguments);
     tcase_add_test(tc, bad_arguments);
     tcase_add_test(tc, bad_arguments_other_collectives);
+    tcase_add_test(tc, mismatch_other_collectives);
+    tcase_add_test(tc, async_other_collectives);
     tcase_add_test(tc, mismatch_count);
     tcase_add_test(tc, mismatch_count_2ranks);
     tcase_add_test(tc, mismatch_dtype);
