@@ -111,6 +111,11 @@ void tt_describe_env(const uint64_t env[4], size_t len, char *buf, size_t buflen
                  (unsigned long long)env[2], tutti_dtype_name(dtype), tutti_redop_name(redop),
                  (unsigned long long)env[0], algo, tag, len);
         break;
+    case TT_COLL_P2P:
+        snprintf(buf, buflen, "point-to-point message #%llu (count=%llu, %s, tag %u, %zu bytes)",
+                 (unsigned long long)env[0], (unsigned long long)env[2],
+                 tutti_dtype_name(dtype), tag, len);
+        break;
     case TT_COLL_BROADCAST:
         snprintf(buf, buflen, "broadcast(count=%llu, %s, root=%d) seq %llu [%s tag %u, %zu bytes]",
                  (unsigned long long)env[2], tutti_dtype_name(dtype), root,
@@ -235,6 +240,8 @@ static void comm_free(tutti_comm_t *comm)
         tutti_store_close(comm->owned_store);
     free(comm->scratch[0]);
     free(comm->scratch[1]);
+    free(comm->p2p_send_seq);
+    free(comm->p2p_recv_seq);
     opts_free(&comm->opts);
     pthread_mutex_destroy(&comm->err_lock);
     pthread_mutex_destroy(&comm->q_lock);
@@ -270,6 +277,14 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     pthread_cond_init(&comm->done_cv, &ca);
     pthread_condattr_destroy(&ca);
     tt_log_set_rank(rank);
+    comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
+    comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
+    if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
+        free(comm->p2p_send_seq);
+        free(comm->p2p_recv_seq);
+        free(comm);
+        return TUTTI_ERR_NOMEM;
+    }
 
     tutti_comm_opts_t defaults;
     tutti_comm_opts_init(&defaults);
@@ -580,6 +595,50 @@ int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
     return barrier_issue(comm, work_p);
 }
 
+/* ---- point to point ---- */
+
+static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                     int async)
+{
+    const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (async && !work_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
+    if (peer < 0 || peer >= comm->nranks || peer == comm->rank)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: peer %d is not another rank of [0, %d)", name, peer,
+                                 comm->nranks);
+    TT_CHECK(check_common(comm, name, buf, (void *)buf, count, dtype, 0));
+    return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
+                             async ? work_p : NULL);
+}
+
+int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag)
+{
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, NULL, 0);
+}
+
+int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
+                     int peer, uint32_t tag, tutti_work_t **work_p)
+{
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, work_p, 1);
+}
+
+int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag)
+{
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, NULL, 0);
+}
+
+int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+                     uint32_t tag, tutti_work_t **work_p)
+{
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1);
+}
+
 /* ---- failure bookkeeping ---- */
 
 void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg)
@@ -591,7 +650,8 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
         if (all[i]->id == op->algo_id)
             a = all[i];
     tt_comm_set_error(comm, status, "%s seq %llu (%s, %zu x %s): %s: %s",
-                      tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+                      op->coll == TT_COLL_P2P ? "point-to-point"
+                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
                       (unsigned long long)op->seq, a ? a->name : "-", op->count,
                       tutti_dtype_name(op->dtype), tutti_strerror(status), msg);
     TT_WARN("%s", comm->last_error);

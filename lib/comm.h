@@ -21,6 +21,12 @@ struct tutti_work {
     tt_op_t op;
     tutti_redop_t user_redop; /* AVG stays AVG here (op.redop is SUM then) */
     size_t *layout;        /* owned copy of the op's layout arrays, or NULL */
+    /* tutti_send/recv: posted when its turn comes, then in flight until the transport
+     * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
+    int is_p2p;
+    tt_req_t req;
+    uint64_t p2p_deadline_ns;
+    struct tutti_work *inflight_next;
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
 };
@@ -66,6 +72,10 @@ struct tutti_comm {
 
     void *scratch[2];
     size_t scratch_len[2];
+
+    tutti_work_t *inflight;   /* posted sends/recvs, in posting order */
+    uint64_t *p2p_send_seq;   /* per peer: the sequence numbers of point-to-point */
+    uint64_t *p2p_recv_seq;   /* messages, separate from the collectives' */
 };
 
 /* exec.c: issue an op (blocking or async) */
@@ -74,6 +84,9 @@ struct tutti_comm {
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
                   size_t *layout, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
+/* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
+int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
+                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p);
 /* comm.c: record the failure of an op on the communicator */
 void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)

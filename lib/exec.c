@@ -166,6 +166,127 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
     (void)comm;
 }
 
+/* ---- point to point: posted in queue order, then in flight ---- */
+
+/* Post w's request (the caller holds `executing`). 0: in flight; else an error. */
+static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    const char *what = w->req.kind == TUTTI_TP_SEND ? "send to" : "recv from";
+    int st;
+    if (atomic_load(&comm->aborted)) {
+        snprintf(err, errlen, "rank %d: %s rank %d: communicator aborted", comm->rank, what,
+                 w->req.peer);
+        return TUTTI_ERR_ABORTED;
+    }
+    if ((st = atomic_load(&comm->failed)) < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "rank %d: %s rank %d not started: the communicator failed: %s",
+                 comm->rank, what, w->req.peer, comm->last_error);
+        pthread_mutex_unlock(&comm->err_lock);
+        return st;
+    }
+    w->req.status = 1;
+    st = w->req.kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &w->req)
+                                      : comm->tp_ops->post_recv(comm->tp, &w->req);
+    if (st < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "rank %d: %s rank %d: %s", comm->rank, what, w->req.peer,
+                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
+        pthread_mutex_unlock(&comm->err_lock);
+        return st;
+    }
+    w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    return TUTTI_OK;
+}
+
+/* A point-to-point request failed on its own (a dead peer, a mismatch, its deadline):
+ * the streams with peers are in an unknown state, so the communicator fails like after
+ * a failed collective. The caller holds `executing` and q_lock. */
+static void p2p_fail_comm(tutti_comm_t *comm, tutti_work_t *w, int st, char *err,
+                          size_t errlen)
+{
+    const tt_req_t *r = &w->req;
+    const char *what = r->kind == TUTTI_TP_SEND ? "sending to" : "receiving from";
+    const char *addr = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, r->peer)
+                                                  : "?";
+    char msg[TT_ERRMSG_LEN];
+    if (st == TUTTI_ERR_MISMATCH && r->got_env[1]) {
+        char mine[256], theirs[256];
+        tt_describe_env(r->env, r->len, mine, sizeof(mine));
+        tt_describe_env(r->got_env, r->got_len, theirs, sizeof(theirs));
+        snprintf(msg, sizeof(msg), "rank %d expected %s from rank %d (%s), but rank %d sent %s",
+                 comm->rank, mine, r->peer, addr ? addr : "?", r->peer, theirs);
+    } else if (st == TUTTI_ERR_TIMEOUT) {
+        snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s): %zu of %zu bytes",
+                 comm->opts.timeout_ms, what, r->peer, addr ? addr : "?", r->xfer, r->len);
+    } else {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(msg, sizeof(msg), "%s rank %d (%s): %s", what, r->peer, addr ? addr : "?",
+                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
+        pthread_mutex_unlock(&comm->err_lock);
+    }
+    comm->tp_ops->cancel_all(comm->tp, st);
+    tt_comm_record_failure(comm, &w->op, st, msg);
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(err, errlen, "%s", comm->last_error);
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
+/* Complete the in-flight requests the transport finished (q_lock and `executing` held). */
+static void reap_inflight_locked(tutti_comm_t *comm)
+{
+    int any = 0;
+    uint64_t now = comm->inflight ? tt_now_ns() : 0;
+    for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
+        if (w->req.status == 1 && now > w->p2p_deadline_ns) {
+            char err[TT_ERRMSG_LEN];
+            p2p_fail_comm(comm, w, TUTTI_ERR_TIMEOUT, err, sizeof(err));
+            break; /* cancel_all failed every request: the loop below reaps them */
+        }
+    }
+    tutti_work_t **pp = &comm->inflight;
+    while (*pp) {
+        tutti_work_t *w = *pp;
+        if (w->req.status == 1) {
+            pp = &w->inflight_next;
+            continue;
+        }
+        *pp = w->inflight_next;
+        char err[TT_ERRMSG_LEN] = "";
+        int st = w->req.status;
+        if (st < 0) {
+            if (atomic_load(&comm->failed) == 0)
+                p2p_fail_comm(comm, w, st, err, sizeof(err));
+            else {
+                pthread_mutex_lock(&comm->err_lock);
+                snprintf(err, sizeof(err), "%s", comm->last_error);
+                pthread_mutex_unlock(&comm->err_lock);
+            }
+        }
+        complete(comm, w, st, err);
+        work_unref(w); /* the in-flight list's reference */
+        any = 1;
+    }
+    if (any)
+        pthread_cond_broadcast(&comm->done_cv);
+}
+
+/* Move in-flight requests along for up to max_ms (q_lock held, nobody executing). */
+static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
+{
+    comm->executing = 1;
+    pthread_mutex_unlock(&comm->q_lock);
+    int st = comm->tp_ops->progress(comm->tp, max_ms);
+    pthread_mutex_lock(&comm->q_lock);
+    if (st < 0)
+        comm->tp_ops->cancel_all(comm->tp, st);
+    reap_inflight_locked(comm);
+    comm->executing = 0;
+    pthread_cond_broadcast(&comm->done_cv);
+    if (comm->q_head)
+        pthread_cond_signal(&comm->q_cv);
+}
+
 /* Pop and run the queue's head; called and returns with q_lock held. */
 static void run_head_locked(tutti_comm_t *comm)
 {
@@ -177,10 +298,28 @@ static void run_head_locked(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
 
     char err[TT_ERRMSG_LEN];
-    int st = run_op(comm, &w->op, w->user_redop, err, sizeof(err));
-
-    pthread_mutex_lock(&comm->q_lock);
+    int st;
+    if (w->is_p2p) {
+        st = p2p_post(comm, w, err, sizeof(err));
+        pthread_mutex_lock(&comm->q_lock);
+        if (st == TUTTI_OK) {
+            /* the queue's reference moves to the in-flight list */
+            tutti_work_t **pp = &comm->inflight;
+            while (*pp)
+                pp = &(*pp)->inflight_next;
+            *pp = w;
+            reap_inflight_locked(comm);
+            comm->executing = 0;
+            pthread_cond_broadcast(&comm->done_cv);
+            pthread_cond_signal(&comm->q_cv);
+            return;
+        }
+    } else {
+        st = run_op(comm, &w->op, w->user_redop, err, sizeof(err));
+        pthread_mutex_lock(&comm->q_lock);
+    }
     complete(comm, w, st, err);
+    reap_inflight_locked(comm);
     comm->executing = 0;
     pthread_cond_broadcast(&comm->done_cv);
     if (comm->q_head)
@@ -199,9 +338,25 @@ void *tt_exec_worker_main(void *arg)
             run_head_locked(comm);
             continue;
         }
-        if (comm->stopping && !comm->q_head)
+        if (comm->inflight && !comm->executing) {
+            drive_inflight_locked(comm, 5);
+            continue;
+        }
+        if (comm->stopping && !comm->q_head && !comm->inflight)
             break;
-        pthread_cond_wait(&comm->q_cv, &comm->q_lock);
+        if (comm->inflight) {
+            /* someone else is executing: look again soon */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += 5000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&comm->q_cv, &comm->q_lock, &ts);
+        } else {
+            pthread_cond_wait(&comm->q_cv, &comm->q_lock);
+        }
     }
     pthread_mutex_unlock(&comm->q_lock);
     return NULL;
@@ -216,6 +371,15 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
          * return on time, so it leaves the running to the progress thread. */
         if (deadline_ns == UINT64_MAX && comm->q_head && !comm->executing) {
             run_head_locked(comm);
+            continue;
+        }
+        if (w->is_p2p && !comm->q_head && comm->inflight && !comm->executing) {
+            int ms = deadline_ns == UINT64_MAX ? 50 : TT_MIN(50, tt_ms_left(deadline_ns));
+            if (ms == 0) {
+                pthread_mutex_unlock(&comm->q_lock);
+                return TUTTI_ERR_TIMEOUT;
+            }
+            drive_inflight_locked(comm, ms);
             continue;
         }
         if (deadline_ns == UINT64_MAX) {
@@ -249,6 +413,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         int st = run_op(comm, &o, user_redop, err, sizeof(err));
         free(layout);
         pthread_mutex_lock(&comm->q_lock);
+        reap_inflight_locked(comm);
         comm->executing = 0;
         if (comm->q_head)
             pthread_cond_signal(&comm->q_cv);
@@ -285,6 +450,53 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         return TUTTI_OK;
     }
     /* A blocking call behind queued async ops: wait for its turn. */
+    int st = wait_work(w, UINT64_MAX);
+    if (st < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s", w->err);
+        pthread_mutex_unlock(&comm->err_lock);
+    }
+    work_unref(w);
+    return st;
+}
+
+int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
+                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p)
+{
+    tutti_work_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return TUTTI_ERR_NOMEM;
+    size_t es = tutti_dtype_size(dtype);
+    w->comm = comm;
+    w->is_p2p = 1;
+    w->user_redop = TUTTI_SUM;
+    atomic_init(&w->refs, 2);
+    pthread_mutex_lock(&comm->q_lock);
+    uint64_t seq = kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++
+                                         : comm->p2p_recv_seq[peer]++;
+    w->op = (tt_op_t){.comm = comm, .rank = comm->rank, .nranks = comm->nranks,
+                      .coll = TT_COLL_P2P, .count = count, .elem_size = es, .dtype = dtype,
+                      .seq = seq, .env_count = count,
+                      .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0)};
+    w->req.kind = kind;
+    w->req.peer = peer;
+    w->req.buf = buf;
+    w->req.len = count * es;
+    w->req.env[0] = seq;
+    w->req.env[1] = w->op.fingerprint;
+    w->req.env[2] = count;
+    w->req.env[3] = tag;
+    if (comm->q_tail)
+        comm->q_tail->next = w;
+    else
+        comm->q_head = w;
+    comm->q_tail = w;
+    pthread_cond_signal(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    if (work_p) {
+        *work_p = w;
+        return TUTTI_OK;
+    }
     int st = wait_work(w, UINT64_MAX);
     if (st < 0) {
         pthread_mutex_lock(&comm->err_lock);

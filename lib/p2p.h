@@ -32,7 +32,9 @@ typedef enum tt_coll {
     TT_COLL_GATHER,         /* also gatherv */
     TT_COLL_SCATTER,        /* also scatterv */
     TT_COLL_ALLTOALL,       /* also alltoallv */
-    TT_COLL_COUNT_
+    TT_COLL_COUNT_,
+    /* tutti_send/tutti_recv: no algorithms, so outside the table's range (exec.c) */
+    TT_COLL_P2P = 64
 } tt_coll_t;
 
 /* One running collective, as an algorithm sees it. */

@@ -240,6 +240,22 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
                           const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                           const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p);
 
+/* Point to point. Messages from one rank to another are received in the order they were
+ * sent; a receive must name the same count, dtype and tag as the send it meets, or it
+ * fails with TUTTI_ERR_MISMATCH (tags check intent, they do not reorder); the sender's
+ * rank, whose send may already be done, gets the mismatch at its next call. Sends and
+ * receives never hold up the communicator's queue: post them async in any order
+ * (send then receive on both sides is fine) and wait. Ordered with the collectives
+ * issued before and after them on this communicator. */
+int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag);
+int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
+                     int peer, uint32_t tag, tutti_work_t **work_p);
+int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag);
+int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+                     uint32_t tag, tutti_work_t **work_p);
+
 /* Non-blocking check: *done_p = 1 and the operation's status once it finished,
  * *done_p = 0 and TUTTI_OK while it runs. */
 int tutti_test(tutti_work_t *work, int *done_p);
