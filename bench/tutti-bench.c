@@ -1,16 +1,30 @@
 /* tutti-bench: collective bandwidth and latency, in the manner of nccl-tests.
  *
  *   tutti-bench -np 4 -b 8 -e 64M -f 2 -c            fork 4 local ranks
+ *   tutti-bench -np 3 --coll allgather -c            any of the nine collectives
+ *   tutti-bench -np 4 --algo all                     every algorithm, side by side
  *   TUTTI_STORE=tcp://host:29500 mpirun -np 4 tutti-bench --coll broadcast
  *
  * For each message size every rank runs WARMUP untimed calls and then ITERS timed ones,
  * out of place and then in place, timing each call. After each timed loop the
  * per-iteration times are allreduced with TUTTI_MAX (fp64), so an iteration costs what
  * its slowest rank saw; time is the mean of those maxima, p50/p99 their percentiles.
- * algbw = bytes / time, busbw = algbw * 2(n-1)/n for allreduce, * 1 for broadcast.
+ *
+ * Sizes and bandwidths follow nccl-tests (its doc/PERFORMANCE.md): size is the bytes of
+ * the largest per-rank buffer, count the count argument of the call. allreduce, reduce
+ * and broadcast: size = count x elem. allgather, reduce_scatter, gather, scatter,
+ * alltoall: count is the per-rank block (sendcount, recvcount, per-peer count) and
+ * size = nranks x count x elem (the gathered / to-be-scattered / exchanged buffer).
+ * algbw = size / time; busbw = algbw x 2(n-1)/n for allreduce, x (n-1)/n for allgather,
+ * reduce_scatter, gather, scatter and alltoall, x 1 for broadcast and reduce.
+ *
  * With -c, every rank's input is a deterministic function of (rank, index) with small
  * integer values, so the exact result is computed here in plain C and #wrong counts the
  * elements (summed over ranks) that differ from it.
+ *
+ * --algo all times every algorithm the library has for the collective (one communicator
+ * per algorithm, forced through opts.algo) and reports, per size, the winner and what
+ * the default selection model (tutti_comm_algo_for without an override) would pick.
  *
  * Only the public API is used.
  */
@@ -31,18 +45,91 @@
 
 #include <tutti/tutti.h>
 
-enum bench_coll { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER };
+enum bench_coll {
+    COLL_ALLREDUCE,
+    COLL_BROADCAST,
+    COLL_BARRIER,
+    COLL_REDUCE,
+    COLL_ALLGATHER,
+    COLL_REDUCE_SCATTER,
+    COLL_GATHER,
+    COLL_SCATTER,
+    COLL_ALLTOALL,
+    COLL_COUNT
+};
 
-static const char *const coll_names[] = {"allreduce", "broadcast", "barrier"};
+/* The names tutti_comm_algo_for and TUTTI_ALGO use. */
+static const char *const coll_names[COLL_COUNT] = {
+    "allreduce", "broadcast", "barrier", "reduce",  "allgather",
+    "reduce_scatter", "gather", "scatter", "alltoall",
+};
+
+/* --algo all: every algorithm name the library may have per collective. A name the
+ * library rejects (tutti_comm_init fails on it in opts.algo) is absent and skipped. */
+#define MAX_ALGOS 8
+static const char *const algo_candidates[COLL_COUNT][MAX_ALGOS + 1] = {
+    [COLL_ALLREDUCE] = {"ring", "rd", "hd", "dbtree", NULL},
+    [COLL_BROADCAST] = {"chain", "tree", NULL},
+    [COLL_BARRIER] = {"dissemination", NULL},
+    [COLL_REDUCE] = {"tree", "ring", NULL},
+    [COLL_ALLGATHER] = {"ring", "rd", NULL},
+    [COLL_REDUCE_SCATTER] = {"ring", "pairwise", NULL},
+    [COLL_GATHER] = {"linear", "tree", NULL},
+    [COLL_SCATTER] = {"linear", "tree", NULL},
+    [COLL_ALLTOALL] = {"pairwise", "ring", NULL},
+};
+
+/* Collectives that take a reduction op / a root. */
+static int coll_has_op(enum bench_coll c)
+{
+    return c == COLL_ALLREDUCE || c == COLL_REDUCE || c == COLL_REDUCE_SCATTER;
+}
+
+static int coll_has_root(enum bench_coll c)
+{
+    return c == COLL_BROADCAST || c == COLL_REDUCE || c == COLL_GATHER || c == COLL_SCATTER;
+}
+
+/* Collectives whose count is a per-rank block: size = nranks x count x elem. */
+static int coll_blocked(enum bench_coll c)
+{
+    return c == COLL_ALLGATHER || c == COLL_REDUCE_SCATTER || c == COLL_GATHER ||
+           c == COLL_SCATTER || c == COLL_ALLTOALL;
+}
+
+/* busbw = algbw x this (nccl-tests' factors). */
+static double busbw_factor(enum bench_coll c, int n)
+{
+    switch (c) {
+    case COLL_ALLREDUCE: return 2.0 * (n - 1) / n;
+    case COLL_ALLGATHER: case COLL_REDUCE_SCATTER: case COLL_GATHER: case COLL_SCATTER:
+    case COLL_ALLTOALL: return (double)(n - 1) / n;
+    default: return 1.0;
+    }
+}
+
+/* The bytes the library selects its algorithm on for a call of this count (the count in
+ * its envelopes: the whole vector for allreduce, broadcast, reduce, allgather and
+ * reduce_scatter; one block for gather, scatter and alltoall). */
+static size_t select_bytes(enum bench_coll c, size_t count, size_t esize, int n)
+{
+    switch (c) {
+    case COLL_BARRIER: return 0;
+    case COLL_ALLGATHER: case COLL_REDUCE_SCATTER: return (size_t)n * count * esize;
+    default: return count * esize;
+    }
+}
 
 typedef struct bench_cfg {
     enum bench_coll coll;
     size_t min_bytes, max_bytes, factor;
     int iters, warmup, check;
+    int sync; /* --sync: a barrier before each timed iteration */
     tutti_dtype_t dtype;
     tutti_redop_t op;
     int root;
     const char *algo, *transport, *json;
+    int algo_all;  /* --algo all */
     int np;        /* > 0: fork this many local ranks */
     int timeout_s; /* -np: kill the ranks after this long */
 } bench_cfg_t;
@@ -57,6 +144,10 @@ typedef struct bench_row {
     size_t bytes, count;
     const char *algo;
     bench_half_t half[2]; /* out-of-place, in-place; barrier uses half[0] */
+    /* --algo all: out-of-place per algorithm (index into the bench's algorithm list) */
+    bench_half_t per_algo[MAX_ALGOS];
+    int best;  /* index of the fastest */
+    int model; /* index of the model's choice, -1 when it is not among those timed */
 } bench_row_t;
 
 /* ---- command line ------------------------------------------------------------ */
@@ -64,9 +155,9 @@ typedef struct bench_row {
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: tutti-bench [-np N] [--coll allreduce|broadcast|barrier] [-b MIN] [-e MAX]\n"
-        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [-d DTYPE] [-o OP]\n"
-        "                   [-r ROOT] [--algo NAME] [--transport NAME] [--json FILE]\n"
+        "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
+        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [-d DTYPE] [-o OP]\n"
+        "                   [-r ROOT] [--algo NAME|all] [--transport NAME] [--json FILE]\n"
         "\n"
         "  -np N               fork N local ranks that meet through a file store in a temp\n"
         "                      dir (TUTTI_SOCKET_IFNAME=lo unless set); without -np, join the\n"
@@ -74,23 +165,43 @@ static void usage(FILE *f)
         "                      TUTTI_STORE, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
         "                      MASTER_PORT, or mpirun's OMPI_COMM_WORLD_RANK/SIZE plus\n"
         "                      TUTTI_STORE)\n"
-        "  --coll NAME         allreduce (default), broadcast or barrier\n"
-        "  -b, --minbytes SIZE smallest message, bytes with K/M/G suffixes (default 8)\n"
+        "  --coll NAME         allreduce (default), broadcast, barrier, reduce, allgather,\n"
+        "                      reduce_scatter, gather, scatter or alltoall\n"
+        "  -b, --minbytes SIZE smallest size, bytes with K/M/G suffixes (default 8); size\n"
+        "                      and count as nccl-tests prints them (see below)\n"
         "  -e, --maxbytes SIZE largest message (default 64M)\n"
         "  -f, --stepfactor F  size multiplier between rows (default 2)\n"
         "  -n, --iters N       timed iterations per size (default 20)\n"
         "  -w, --warmup N      untimed iterations per size (default 5)\n"
         "  -c, --check         verify results; #wrong prints N/A without it\n"
+        "  --sync              barrier (untimed) before each timed iteration: without it\n"
+        "                      iterations of rooted collectives (reduce, gather, scatter,\n"
+        "                      broadcast) overlap across ranks, as in nccl-tests\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int32,\n"
         "                      int64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg\n"
-        "  -r, --root R        broadcast root (default 0)\n"
+        "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
         "                      string (\"allreduce:rd@<64K,ring\")\n"
+        "  --algo all          time every algorithm the library has for the collective\n"
+        "                      (out of place, one communicator each) and print per size\n"
+        "                      each one's p50 time, the winner, the default model's choice\n"
+        "                      (tutti_comm_algo_for, no override) and how much slower than\n"
+        "                      the winner that choice was (also in --json)\n"
         "  --transport NAME    transport (default tcp, or TUTTI_TRANSPORT)\n"
         "  --json FILE         also write every row as a JSON array to FILE\n"
         "  -t, --timeout SEC   -np: kill the ranks after SEC seconds (default 1800)\n"
         "  -h, --help          this text\n"
+        "\n"
+        "Sizes and bandwidth (nccl-tests' conventions):\n"
+        "  allreduce, broadcast, reduce: size = count x elem\n"
+        "  allgather, reduce_scatter, gather, scatter, alltoall: count = the per-rank block\n"
+        "    (sendcount / recvcount / per-peer count), size = nranks x count x elem\n"
+        "  algbw = size / time; busbw = algbw x\n"
+        "    2(n-1)/n  allreduce\n"
+        "    (n-1)/n   allgather, reduce_scatter, gather, scatter, alltoall\n"
+        "    1         broadcast, reduce\n"
+        "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage, 3 a call failed\n"
         "\n"
         "Environment (read by the library; a flag above wins):\n"
         "  TUTTI_TIMEOUT_MS        bound on every wait, ms (default 30000)\n"
@@ -184,6 +295,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             return 1;
         } else if (FLAG("-c", "--check")) {
             cfg->check = 1;
+        } else if (FLAG("--sync", "--sync")) {
+            cfg->sync = 1;
         } else if (FLAG("-np", "--np")) {
             VALUE();
             bad = parse_int(v, 1, &cfg->np);
@@ -216,17 +329,20 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             bad = parse_int(v, 1, &cfg->timeout_s);
         } else if (FLAG("--coll", "--collective")) {
             VALUE();
-            if (!strcmp(v, "allreduce"))
-                cfg->coll = COLL_ALLREDUCE;
-            else if (!strcmp(v, "broadcast") || !strcmp(v, "bcast"))
-                cfg->coll = COLL_BROADCAST;
-            else if (!strcmp(v, "barrier"))
-                cfg->coll = COLL_BARRIER;
-            else
-                bad = 1;
+            bad = 1;
+            for (int c = 0; c < COLL_COUNT; c++)
+                if (!strcmp(v, coll_names[c])) {
+                    cfg->coll = (enum bench_coll)c;
+                    bad = 0;
+                }
+            if (!strcmp(v, "bcast"))
+                cfg->coll = COLL_BROADCAST, bad = 0;
+            else if (!strcmp(v, "reducescatter") || !strcmp(v, "reduce-scatter"))
+                cfg->coll = COLL_REDUCE_SCATTER, bad = 0;
         } else if (FLAG("--algo", "--algorithm")) {
             VALUE();
-            cfg->algo = v;
+            cfg->algo_all = !strcmp(v, "all");
+            cfg->algo = cfg->algo_all ? NULL : v;
         } else if (FLAG("--transport", "--transport")) {
             VALUE();
             cfg->transport = v;
@@ -354,14 +470,13 @@ static int dtype_is_float(tutti_dtype_t dt)
     return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
 }
 
-/* The input of rank r at index i: small integers chosen per op so that every partial
- * and final result, in any reduction order, is exact and in range in every dtype, int8
- * and uint8 included, up to 25 ranks (int8 avg is the first to overflow). */
-static double input_value(const bench_cfg_t *cfg, int r, int n, size_t i)
+/* The input of rank r at index i of a reduction: small integers chosen per op so that
+ * every partial and final result, in any reduction order, is exact and in range in
+ * every dtype, int8 and uint8 included, up to 25 ranks (int8 avg is the first to
+ * overflow). */
+static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 {
     const int sgn = cfg->dtype != TUTTI_UINT8; /* negative values allowed */
-    if (cfg->coll == COLL_BROADCAST)
-        return (double)((size_t)(r * 5) + i % 11) - (sgn ? 5 : 0);
     switch (cfg->op) {
     case TUTTI_SUM:
         return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
@@ -381,19 +496,35 @@ static double input_value(const bench_cfg_t *cfg, int r, int n, size_t i)
     }
 }
 
+/* The broadcast root's input. */
+static double bcast_value(const bench_cfg_t *cfg, int r, size_t i)
+{
+    const int sgn = cfg->dtype != TUTTI_UINT8;
+    return (double)((size_t)(r * 5) + i % 11) - (sgn ? 5 : 0);
+}
+
+/* Data-movement collectives (allgather, gather, scatter, alltoall): element i of block
+ * `key` (the source rank; source x nranks + destination for alltoall). In [-50, 50]
+ * ([0, 100] for uint8): exact in every dtype, and a block landing in the wrong place
+ * differs from the right one. */
+static double move_value(const bench_cfg_t *cfg, size_t key, size_t i)
+{
+    const int sgn = cfg->dtype != TUTTI_UINT8;
+    return (double)((key * 37 + i * 3 + 1) % 101) - (sgn ? 50 : 0);
+}
+
 /* Sentinel for receive buffers, different from every expected result. */
 static double sentinel(const bench_cfg_t *cfg)
 {
     return cfg->dtype == TUTTI_UINT8 ? 251.0 : -99.0;
 }
 
-static double expected_value(const bench_cfg_t *cfg, int n, size_t i)
+/* The reduction over every rank of index i. */
+static double red_expected(const bench_cfg_t *cfg, int n, size_t i)
 {
-    if (cfg->coll == COLL_BROADCAST)
-        return input_value(cfg, cfg->root, n, i);
-    double acc = input_value(cfg, 0, n, i);
+    double acc = red_value(cfg, 0, n, i);
     for (int r = 1; r < n; r++) {
-        double v = input_value(cfg, r, n, i);
+        double v = red_value(cfg, r, n, i);
         switch (cfg->op) {
         case TUTTI_SUM: case TUTTI_AVG: acc += v; break;
         case TUTTI_PROD: acc *= v; break;
@@ -407,10 +538,56 @@ static double expected_value(const bench_cfg_t *cfg, int n, size_t i)
     return acc;
 }
 
-static void fill_input(const bench_cfg_t *cfg, int rank, int n, void *buf, size_t count)
+/* Elements in the send buffer / the result buffer of a call of count c (the count
+ * argument: a per-rank block for the blocked collectives). */
+static size_t send_count(enum bench_coll coll, int n, size_t c)
 {
+    switch (coll) {
+    case COLL_BARRIER: return 0;
+    case COLL_REDUCE_SCATTER: case COLL_SCATTER: case COLL_ALLTOALL: return (size_t)n * c;
+    default: return c;
+    }
+}
+
+static size_t recv_count(enum bench_coll coll, int n, size_t c)
+{
+    switch (coll) {
+    case COLL_BARRIER: return 0;
+    case COLL_ALLGATHER: case COLL_GATHER: case COLL_ALLTOALL: return (size_t)n * c;
+    default: return c;
+    }
+}
+
+/* Element i of rank me's send buffer. */
+static double send_value(const bench_cfg_t *cfg, int me, int n, size_t c, size_t i)
+{
+    switch (cfg->coll) {
+    case COLL_BROADCAST: return bcast_value(cfg, me, i);
+    case COLL_ALLGATHER: case COLL_GATHER: return move_value(cfg, (size_t)me, i);
+    case COLL_SCATTER: return move_value(cfg, i / c, i % c);
+    case COLL_ALLTOALL: return move_value(cfg, (size_t)me * (size_t)n + i / c, i % c);
+    default: return red_value(cfg, me, n, i); /* allreduce, reduce, reduce_scatter */
+    }
+}
+
+/* Element i of the result rank me checks (its recv_count elements). */
+static double expected_value(const bench_cfg_t *cfg, int me, int n, size_t c, size_t i)
+{
+    switch (cfg->coll) {
+    case COLL_BROADCAST: return bcast_value(cfg, cfg->root, i);
+    case COLL_ALLGATHER: case COLL_GATHER: return move_value(cfg, i / c, i % c);
+    case COLL_SCATTER: return move_value(cfg, (size_t)me, i);
+    case COLL_ALLTOALL: return move_value(cfg, (i / c) * (size_t)n + (size_t)me, i % c);
+    case COLL_REDUCE_SCATTER: return red_expected(cfg, n, (size_t)me * c + i);
+    default: return red_expected(cfg, n, i); /* allreduce, reduce */
+    }
+}
+
+static void fill_input(const bench_cfg_t *cfg, int me, int n, size_t c, void *buf)
+{
+    size_t count = send_count(cfg->coll, n, c);
     for (size_t i = 0; i < count; i++)
-        elem_set(cfg->dtype, buf, i, input_value(cfg, rank, n, i));
+        elem_set(cfg->dtype, buf, i, send_value(cfg, me, n, c, i));
 }
 
 static void fill_sentinel(const bench_cfg_t *cfg, void *buf, size_t count)
@@ -419,11 +596,11 @@ static void fill_sentinel(const bench_cfg_t *cfg, void *buf, size_t count)
         elem_set(cfg->dtype, buf, i, sentinel(cfg));
 }
 
-static long long count_wrong(const bench_cfg_t *cfg, int n, const void *buf, size_t count)
+static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, const void *buf)
 {
     /* The avg of floats divides in the library's own way; allow its rounding. */
     double tol = 0.0;
-    if (cfg->op == TUTTI_AVG && cfg->coll == COLL_ALLREDUCE) {
+    if (cfg->op == TUTTI_AVG && coll_has_op(cfg->coll)) {
         if (cfg->dtype == TUTTI_FP16)
             tol = 1e-3;
         else if (cfg->dtype == TUTTI_BF16)
@@ -433,9 +610,13 @@ static long long count_wrong(const bench_cfg_t *cfg, int n, const void *buf, siz
         else if (cfg->dtype == TUTTI_FP64)
             tol = 1e-12;
     }
+    /* reduce and gather: only the root has a result */
+    if ((cfg->coll == COLL_REDUCE || cfg->coll == COLL_GATHER) && me != cfg->root)
+        return 0;
+    size_t count = recv_count(cfg->coll, n, c);
     long long wrong = 0;
     for (size_t i = 0; i < count; i++) {
-        double want = expected_value(cfg, n, i), got = elem_get(cfg->dtype, buf, i);
+        double want = expected_value(cfg, me, n, c, i), got = elem_get(cfg->dtype, buf, i);
         if (!(fabs(got - want) <= tol * fabs(want)))
             wrong++;
     }
@@ -484,35 +665,103 @@ static int report_failure(const bench_ctx_t *b, const char *what, size_t bytes, 
     return st;
 }
 
+/* Where rank me's block sits in an in-place buffer of blocks (allgather, gather,
+ * scatter). */
+static char *block_at(const bench_ctx_t *b, size_t count, int rank)
+{
+    return (char *)b->recv + (size_t)rank * count * tutti_dtype_size(b->cfg->dtype);
+}
+
+/* One call. Out of place: the input in send, the result in recv. In place (as nccl-tests
+ * does it, everything in recv): allreduce, broadcast, reduce_scatter, alltoall pass
+ * TUTTI_IN_PLACE; reduce passes recv as sendbuf (in place at the root); allgather and
+ * gather have this rank's block at its place in recv (TUTTI_IN_PLACE, or that block as
+ * sendbuf at a gather's non-roots); scatter's root scatters from recv keeping its block
+ * there (TUTTI_IN_PLACE_OUT) and the others receive into their block of recv. */
 static int run_once(const bench_ctx_t *b, size_t count, int in_place)
 {
     const bench_cfg_t *cfg = b->cfg;
     const void *src = in_place ? TUTTI_IN_PLACE : b->send;
+    int root = cfg->root, is_root = b->rank == root;
     switch (cfg->coll) {
     case COLL_ALLREDUCE:
         return tutti_allreduce(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
     case COLL_BROADCAST:
-        return tutti_broadcast(b->comm, src, b->recv, count, cfg->dtype, cfg->root);
+        return tutti_broadcast(b->comm, src, b->recv, count, cfg->dtype, root);
     case COLL_BARRIER:
         return tutti_barrier(b->comm);
+    case COLL_REDUCE:
+        return tutti_reduce(b->comm, in_place ? b->recv : b->send, b->recv, count, cfg->dtype,
+                            cfg->op, root);
+    case COLL_ALLGATHER:
+        return tutti_allgather(b->comm, src, b->recv, count, cfg->dtype);
+    case COLL_REDUCE_SCATTER:
+        return tutti_reduce_scatter(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
+    case COLL_GATHER:
+        if (in_place && !is_root)
+            src = block_at(b, count, b->rank);
+        return tutti_gather(b->comm, src, b->recv, count, cfg->dtype, root);
+    case COLL_SCATTER:
+        if (!in_place)
+            return tutti_scatter(b->comm, b->send, b->recv, count, cfg->dtype, root);
+        return tutti_scatter(b->comm, b->recv, is_root ? TUTTI_IN_PLACE_OUT
+                                                       : block_at(b, count, b->rank),
+                             count, cfg->dtype, root);
+    case COLL_ALLTOALL:
+        return tutti_alltoall(b->comm, src, b->recv, count, cfg->dtype);
+    default:
+        break;
     }
     return TUTTI_ERR_INVALID_ARG;
 }
 
-/* Prepare the buffers of one half: the send buffer holds the input; the receive buffer
- * holds the input in place (only the root's matters for broadcast), a sentinel out of
- * place. */
+/* Prepare the buffers of one half: out of place, the send buffer holds the input and
+ * the receive buffer a sentinel; in place, the receive buffer holds what run_once
+ * expects there (the input, or the sentinel with this rank's input block in place). */
 static void prepare(const bench_ctx_t *b, size_t count, int in_place)
 {
     const bench_cfg_t *cfg = b->cfg;
+    int n = b->size, me = b->rank, is_root = me == cfg->root;
     if (cfg->coll == COLL_BARRIER)
         return;
-    fill_input(cfg, b->rank, b->size, b->send, count);
-    int has_input = cfg->coll == COLL_ALLREDUCE || b->rank == cfg->root;
-    if (in_place && has_input)
-        fill_input(cfg, b->rank, b->size, b->recv, count);
-    else
-        fill_sentinel(cfg, b->recv, count);
+    size_t sc = send_count(cfg->coll, n, count), rc = recv_count(cfg->coll, n, count);
+    size_t all = sc > rc ? sc : rc;
+    if (!in_place) {
+        fill_input(cfg, me, n, count, b->send);
+        fill_sentinel(cfg, b->recv, rc);
+        return;
+    }
+    switch (cfg->coll) {
+    case COLL_BROADCAST: /* only the root's matters */
+        if (is_root)
+            fill_input(cfg, me, n, count, b->recv);
+        else
+            fill_sentinel(cfg, b->recv, rc);
+        break;
+    case COLL_ALLGATHER:
+    case COLL_GATHER:
+        fill_sentinel(cfg, b->recv, all);
+        fill_input(cfg, me, n, count, block_at(b, count, me));
+        break;
+    case COLL_SCATTER:
+        if (is_root) {
+            fill_input(cfg, me, n, count, b->recv);
+        } else {
+            fill_sentinel(cfg, b->recv, all);
+        }
+        break;
+    default: /* allreduce, reduce, reduce_scatter, alltoall */
+        fill_input(cfg, me, n, count, b->recv);
+        break;
+    }
+}
+
+/* Where the result of one half is. */
+static const void *result_at(const bench_ctx_t *b, size_t count, int in_place)
+{
+    if (in_place && b->cfg->coll == COLL_SCATTER)
+        return block_at(b, count, b->rank);
+    return b->recv;
 }
 
 static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place,
@@ -526,6 +775,8 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
         if ((st = run_once(b, count, in_place)) != TUTTI_OK)
             return report_failure(b, what, bytes, in_place, st);
     for (int i = 0; i < cfg->iters; i++) {
+        if (cfg->sync && (st = tutti_barrier(b->comm)) != TUTTI_OK)
+            return report_failure(b, "barrier (--sync)", bytes, in_place, st);
         double t0 = now_us();
         st = run_once(b, count, in_place);
         b->times[i] = now_us() - t0;
@@ -535,13 +786,13 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
     long long wrong = -1;
     if (cfg->check && cfg->coll != COLL_BARRIER) {
         /* Out of place the last timed call left the result; in place the buffer was
-         * reduced over and over, so run once more on fresh input. */
+         * reduced (or exchanged) over and over, so run once more on fresh input. */
         if (in_place || cfg->coll == COLL_BROADCAST) {
             prepare(b, count, in_place);
             if ((st = run_once(b, count, in_place)) != TUTTI_OK)
                 return report_failure(b, what, bytes, in_place, st);
         }
-        wrong = count_wrong(cfg, b->size, b->recv, count);
+        wrong = count_wrong(cfg, b->rank, b->size, count, result_at(b, count, in_place));
     }
 
     /* After the timed loop: per-iteration max over ranks, and #wrong summed. */
@@ -564,7 +815,7 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
     qsort(b->times, (size_t)cfg->iters, sizeof(double), cmp_double);
     h->p50_us = percentile(b->times, cfg->iters, 50);
     h->p99_us = percentile(b->times, cfg->iters, 99);
-    double factor = cfg->coll == COLL_ALLREDUCE ? 2.0 * (b->size - 1) / b->size : 1.0;
+    double factor = busbw_factor(cfg->coll, b->size);
     h->algbw = cfg->coll == COLL_BARRIER ? 0.0 : (double)bytes / 1e3 / h->mean_us; /* GB/s */
     h->busbw = h->algbw * factor;
     return TUTTI_OK;
@@ -572,15 +823,67 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
 
 /* ---- output ---------------------------------------------------------------------- */
 
-static void print_header(const bench_ctx_t *b)
+/* The communicators of a run: one, or (--algo all) one per algorithm plus the model's. */
+typedef struct bench_set {
+    tutti_comm_t *main; /* the normal mode's; with --algo all the model's (no override) */
+    int nalgos;         /* --algo all: how many algorithms the library has */
+    const char *names[MAX_ALGOS];
+    tutti_comm_t *comms[MAX_ALGOS];
+    char absent[256]; /* --algo all: candidate names the library rejected */
+} bench_set_t;
+
+static const char *redop_col(const bench_cfg_t *cfg)
+{
+    return coll_has_op(cfg->coll) ? tutti_redop_name(cfg->op) : "none";
+}
+
+static int root_col(const bench_cfg_t *cfg)
+{
+    return coll_has_root(cfg->coll) ? cfg->root : -1;
+}
+
+static const char *dtype_col(const bench_cfg_t *cfg)
+{
+    return cfg->coll == COLL_BARRIER ? "none" : tutti_dtype_name(cfg->dtype);
+}
+
+static void print_header(const bench_ctx_t *b, const bench_set_t *set)
 {
     const bench_cfg_t *cfg = b->cfg;
     printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n",
-           coll_names[cfg->coll], b->size, tutti_comm_transport(b->comm),
-           cfg->coll == COLL_BARRIER ? "none" : tutti_dtype_name(cfg->dtype),
-           cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none");
-    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
-           cfg->iters, cfg->warmup, cfg->algo ? ", algo " : "", cfg->algo ? cfg->algo : "");
+           coll_names[cfg->coll], b->size, tutti_comm_transport(set->main), dtype_col(cfg),
+           redop_col(cfg));
+    printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s\n",
+           cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
+           cfg->sync ? ", barrier before each" : "",
+           cfg->algo ? ", algo " : "", cfg->algo ? cfg->algo : "");
+    if (cfg->coll != COLL_BARRIER)
+        printf("# busbw = algbw x %s%s\n",
+               cfg->coll == COLL_ALLREDUCE ? "2(n-1)/n"
+               : busbw_factor(cfg->coll, 2) == 1.0 ? "1"
+                                                  : "(n-1)/n",
+               coll_blocked(cfg->coll) ? "; count = per-rank block, size = nranks x count x "
+                                         "elem"
+                                       : "");
+    if (cfg->algo_all) {
+        printf("# --algo all: out of place, one communicator per algorithm; per algorithm "
+               "the p50 (us) of the per-iteration max over ranks (the median: one stalled "
+               "iteration on a busy host moves the mean), the fastest by it and its busbw, "
+               "the default model's choice (tutti_comm_algo_for, no override) and its p50 "
+               "against the fastest's\n");
+        if (set->absent[0])
+            printf("# not in this library (rejected by tutti_comm_init): %s\n", set->absent);
+        printf("#%11s %12s %6s %6s %5s ", "size", "count", "type", "redop", "root");
+        for (int a = 0; a < set->nalgos; a++)
+            printf(" %10s", set->names[a]);
+        printf("  %-13s %8s  %-13s %8s %7s\n", "fastest", "busbw", "model", "vs best",
+               "#wrong");
+        printf("#%11s %12s %6s %6s %5s ", "(B)", "(elements)", "", "", "");
+        for (int a = 0; a < set->nalgos; a++)
+            printf(" %10s", "(us)");
+        printf("  %-13s %8s  %-13s %8s %7s\n", "", "(GB/s)", "", "", "");
+        return;
+    }
     if (cfg->coll == COLL_BARRIER) {
         printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "size", "count", "type",
                "redop", "root", "time", "algbw", "busbw", "#wrong", "p50", "p99");
@@ -613,14 +916,64 @@ static void print_half(const bench_half_t *h, int barrier)
                h->p50_us, h->p99_us);
 }
 
-static void print_row(const bench_ctx_t *b, const bench_row_t *row)
+/* --algo all: busbw of an algorithm at its p50. */
+static double algo_busbw(const bench_ctx_t *b, const bench_row_t *row, int a)
+{
+    const bench_half_t *h = &row->per_algo[a];
+    return h->p50_us > 0 ? (double)row->bytes / 1e3 / h->p50_us *
+                               busbw_factor(b->cfg->coll, b->size)
+                         : 0.0;
+}
+
+/* --algo all: the model's time against the fastest's, "best" when it is the fastest. */
+static void vs_best(const bench_row_t *row, char *buf, size_t len)
+{
+    if (row->model < 0)
+        snprintf(buf, len, "n/a");
+    else if (row->model == row->best)
+        snprintf(buf, len, "best");
+    else
+        snprintf(buf, len, "+%.1f%%",
+                 100.0 * (row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us -
+                          1.0));
+}
+
+static long long algo_wrong(const bench_set_t *set, const bench_row_t *row)
+{
+    long long w = -1;
+    for (int a = 0; a < set->nalgos; a++)
+        if (row->per_algo[a].wrong >= 0)
+            w = (w < 0 ? 0 : w) + row->per_algo[a].wrong;
+    return w;
+}
+
+static void print_row(const bench_ctx_t *b, const bench_set_t *set, const bench_row_t *row)
 {
     const bench_cfg_t *cfg = b->cfg;
     int barrier = cfg->coll == COLL_BARRIER;
-    printf(" %11zu %12zu %6s %6s %5d", row->bytes, row->count,
-           barrier ? "none" : tutti_dtype_name(cfg->dtype),
-           cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none",
-           cfg->coll == COLL_BROADCAST ? cfg->root : -1);
+    printf(" %11zu %12zu %6s %6s %5d", row->bytes, row->count, dtype_col(cfg), redop_col(cfg),
+           root_col(cfg));
+    if (cfg->algo_all) {
+        char vs[32], wrong[32];
+        long long w = algo_wrong(set, row);
+        printf(" ");
+        for (int a = 0; a < set->nalgos; a++)
+            printf(" %10.2f", row->per_algo[a].p50_us);
+        vs_best(row, vs, sizeof(vs));
+        if (w < 0)
+            snprintf(wrong, sizeof(wrong), "N/A");
+        else
+            snprintf(wrong, sizeof(wrong), "%lld", w);
+        char busbw[32];
+        if (barrier)
+            snprintf(busbw, sizeof(busbw), "-");
+        else
+            snprintf(busbw, sizeof(busbw), "%.3f", algo_busbw(b, row, row->best));
+        printf("  %-13s %8s  %-13s %8s %7s\n", set->names[row->best], busbw,
+               row->algo ? row->algo : "?", vs, wrong);
+        fflush(stdout);
+        return;
+    }
     print_half(&row->half[0], barrier);
     if (!barrier)
         print_half(&row->half[1], 0);
@@ -643,10 +996,10 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static void json_half(FILE *f, const char *name, const bench_half_t *h, int barrier)
+static void json_half_body(FILE *f, const bench_half_t *h, int barrier)
 {
-    fprintf(f, ", \"%s\": {\"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f", name,
-            h->mean_us, h->p50_us, h->p99_us);
+    fprintf(f, "{\"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f", h->mean_us,
+            h->p50_us, h->p99_us);
     if (!barrier)
         fprintf(f, ", \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f", h->algbw, h->busbw);
     if (h->wrong >= 0)
@@ -655,7 +1008,14 @@ static void json_half(FILE *f, const char *name, const bench_half_t *h, int barr
         fprintf(f, ", \"wrong\": null}");
 }
 
-static int write_json(const bench_ctx_t *b, const bench_row_t *rows, size_t n)
+static void json_half(FILE *f, const char *name, const bench_half_t *h, int barrier)
+{
+    fprintf(f, ", \"%s\": ", name);
+    json_half_body(f, h, barrier);
+}
+
+static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_row_t *rows,
+                      size_t n)
 {
     const bench_cfg_t *cfg = b->cfg;
     FILE *f = fopen(cfg->json, "w");
@@ -669,15 +1029,33 @@ static int write_json(const bench_ctx_t *b, const bench_row_t *rows, size_t n)
         const bench_row_t *r = &rows[i];
         fprintf(f, "%s\n  {\"coll\": \"%s\", \"ranks\": %d, \"transport\": ", i ? "," : "",
                 coll_names[cfg->coll], b->size);
-        json_string(f, tutti_comm_transport(b->comm));
+        json_string(f, tutti_comm_transport(set->main));
         fprintf(f, ", \"algo\": ");
         json_string(f, r->algo);
         fprintf(f, ", \"size\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"redop\": \"%s\", "
-                   "\"root\": %d, \"iters\": %d, \"warmup\": %d",
-                r->bytes, r->count, barrier ? "none" : tutti_dtype_name(cfg->dtype),
-                cfg->coll == COLL_ALLREDUCE ? tutti_redop_name(cfg->op) : "none",
-                cfg->coll == COLL_BROADCAST ? cfg->root : -1, cfg->iters, cfg->warmup);
-        if (barrier) {
+                   "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"busbw_factor\": %.6f",
+                r->bytes, r->count, dtype_col(cfg), redop_col(cfg), root_col(cfg), cfg->iters,
+                cfg->warmup, barrier ? 0.0 : busbw_factor(cfg->coll, b->size));
+        if (cfg->algo_all) {
+            /* "algo" is the model's choice; every algorithm timed out of place */
+            fprintf(f, ", \"mode\": \"algo_all\", \"algos\": {");
+            for (int a = 0; a < set->nalgos; a++) {
+                fprintf(f, "%s", a ? ", " : "");
+                json_string(f, set->names[a]);
+                fprintf(f, ": ");
+                json_half_body(f, &r->per_algo[a], barrier);
+            }
+            fprintf(f, "}, \"compared_on\": \"p50_us\", \"fastest\": ");
+            json_string(f, set->names[r->best]);
+            fprintf(f, ", \"model\": ");
+            json_string(f, r->algo);
+            if (r->model >= 0)
+                fprintf(f, ", \"model_is_fastest\": %s, \"model_vs_fastest\": %.6f",
+                        r->model == r->best ? "true" : "false",
+                        r->per_algo[r->model].p50_us / r->per_algo[r->best].p50_us);
+            else
+                fprintf(f, ", \"model_is_fastest\": null, \"model_vs_fastest\": null");
+        } else if (barrier) {
             json_half(f, "barrier", &r->half[0], 1);
         } else {
             json_half(f, "out_of_place", &r->half[0], 0);
@@ -693,10 +1071,11 @@ static int write_json(const bench_ctx_t *b, const bench_row_t *rows, size_t n)
     return 0;
 }
 
-/* Run every size on an initialized communicator. Returns 0, 1 when results were wrong,
+/* Run every size on initialized communicators. Returns 0, 1 when results were wrong,
  * or 3 when a call failed. */
-static int bench_comm(const bench_cfg_t *cfg, tutti_comm_t *comm)
+static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
 {
+    tutti_comm_t *comm = set->main;
     bench_ctx_t b = {cfg, comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL,
                      NULL};
     int barrier = cfg->coll == COLL_BARRIER;
@@ -707,14 +1086,16 @@ static int bench_comm(const bench_cfg_t *cfg, tutti_comm_t *comm)
                     b.size);
         return 3;
     }
+    /* blocked collectives: size = nranks x count x elem */
+    size_t unit = coll_blocked(cfg->coll) ? (size_t)b.size * esize : esize;
 
     size_t nsizes = 0, cap = 0;
     bench_row_t *rows = NULL;
     for (size_t s = barrier ? 0 : cfg->min_bytes;; s *= cfg->factor) {
-        if (!barrier && (s > cfg->max_bytes || s / esize == 0)) {
+        if (!barrier && (s > cfg->max_bytes || s / unit == 0)) {
             if (s > cfg->max_bytes)
                 break;
-            continue; /* smaller than one element */
+            continue; /* smaller than one element (per rank) */
         }
         if (nsizes == cap) {
             cap = cap ? 2 * cap : 32;
@@ -726,8 +1107,8 @@ static int bench_comm(const bench_cfg_t *cfg, tutti_comm_t *comm)
             rows = nr;
         }
         memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
-        rows[nsizes].count = s / esize;
-        rows[nsizes].bytes = rows[nsizes].count * esize;
+        rows[nsizes].count = s / unit;
+        rows[nsizes].bytes = rows[nsizes].count * unit;
         nsizes++;
         if (barrier || s > SIZE_MAX / cfg->factor)
             break;
@@ -748,38 +1129,81 @@ static int bench_comm(const bench_cfg_t *cfg, tutti_comm_t *comm)
     memset(b.recv, 0, alloc);
 
     if (b.rank == 0) {
-        print_header(&b);
+        print_header(&b, set);
         fflush(stdout);
     }
     double bw_sum = 0.0;
-    int bw_n = 0;
+    int bw_n = 0, model_hits = 0, model_rows = 0;
+    double worst_miss = 1.0;
+    size_t worst_bytes = 0;
     long long total_wrong = 0;
     for (size_t k = 0; k < nsizes; k++) {
         bench_row_t *row = &rows[k];
-        row->algo = tutti_comm_algo_for(comm, coll_names[cfg->coll], row->bytes);
-        for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
-            if (run_half(&b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK) {
-                rc = 3;
-                goto out_free;
+        size_t sel = select_bytes(cfg->coll, row->count, esize, b.size);
+        row->algo = tutti_comm_algo_for(comm, coll_names[cfg->coll], sel);
+        if (cfg->algo_all) {
+            row->best = 0;
+            row->model = -1;
+            for (int a = 0; a < set->nalgos; a++) {
+                b.comm = set->comms[a];
+                if (run_half(&b, row->count, row->bytes, 0, &row->per_algo[a]) != TUTTI_OK) {
+                    rc = 3;
+                    goto out_free;
+                }
+                if (row->per_algo[a].wrong > 0)
+                    total_wrong += row->per_algo[a].wrong;
+                if (row->per_algo[a].p50_us < row->per_algo[row->best].p50_us)
+                    row->best = a;
+                if (row->algo && !strcmp(row->algo, set->names[a]))
+                    row->model = a;
             }
-            if (row->half[ip].wrong > 0)
-                total_wrong += row->half[ip].wrong;
+            b.comm = comm;
             if (!barrier) {
-                bw_sum += row->half[ip].busbw;
+                bw_sum += algo_busbw(&b, row, row->best);
                 bw_n++;
+            }
+            if (row->model >= 0) {
+                double r = row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us;
+                model_rows++;
+                model_hits += row->model == row->best;
+                if (r > worst_miss) {
+                    worst_miss = r;
+                    worst_bytes = row->bytes;
+                }
+            }
+        } else {
+            for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+                if (run_half(&b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK) {
+                    rc = 3;
+                    goto out_free;
+                }
+                if (row->half[ip].wrong > 0)
+                    total_wrong += row->half[ip].wrong;
+                if (!barrier) {
+                    bw_sum += row->half[ip].busbw;
+                    bw_n++;
+                }
             }
         }
         if (b.rank == 0)
-            print_row(&b, row);
+            print_row(&b, set, row);
     }
     if (b.rank == 0) {
         if (cfg->check)
             printf("# Out of bounds values : %lld %s\n", total_wrong,
                    total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+        printf("# Avg bus bandwidth    : %g%s\n", bw_n ? bw_sum / bw_n : 0.0,
+               cfg->algo_all ? " (the fastest algorithm of each size)" : "");
+        if (cfg->algo_all) {
+            printf("# Model picked the fastest at %d of %d sizes", model_hits, model_rows);
+            if (worst_bytes)
+                printf("; worst miss +%.1f%% at %zu B", 100.0 * (worst_miss - 1.0),
+                       worst_bytes);
+            printf("\n");
+        }
         printf("#\n");
         fflush(stdout);
-        if (cfg->json && write_json(&b, rows, nsizes) != 0)
+        if (cfg->json && write_json(&b, set, rows, nsizes) != 0)
             rc = 3;
     }
     if (total_wrong && !rc)
@@ -816,6 +1240,104 @@ static int finish(tutti_comm_t *comm, int rc)
     return rc;
 }
 
+/* Run the benchmark on one communicator. */
+static int bench_one(const bench_cfg_t *cfg, tutti_comm_t *comm)
+{
+    bench_set_t set;
+    memset(&set, 0, sizeof(set));
+    set.main = comm;
+    return finish(comm, bench_comm(cfg, &set));
+}
+
+static void append_name(char *buf, size_t len, const char *name)
+{
+    size_t used = strlen(buf);
+    if (used < len)
+        snprintf(buf + used, len - used, "%s%s", used ? ", " : "", name);
+}
+
+/* tutti_comm_init with this process's stderr held back: shown if the init fails with
+ * anything but TUTTI_ERR_CONFIG (an algorithm name the library does not have, which
+ * --algo all expects and reports itself). */
+static int init_probe(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
+                      const tutti_comm_opts_t *opts)
+{
+    FILE *tmp = tmpfile();
+    int saved = -1;
+    fflush(stderr);
+    if (tmp && (saved = dup(STDERR_FILENO)) >= 0)
+        dup2(fileno(tmp), STDERR_FILENO);
+    int st = tutti_comm_init(comm_p, store, rank, size, opts);
+    fflush(stderr);
+    if (saved >= 0) {
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+    }
+    if (tmp) {
+        if (st != TUTTI_OK && st != TUTTI_ERR_CONFIG) {
+            char buf[4096];
+            size_t got;
+            rewind(tmp);
+            while ((got = fread(buf, 1, sizeof(buf), tmp)) > 0)
+                fwrite(buf, 1, got, stderr);
+        }
+        fclose(tmp);
+    }
+    return st;
+}
+
+/* --algo all on a store: the model's communicator (no override, whatever TUTTI_ALGO
+ * says) and one per algorithm the library accepts for the collective, each created
+ * once; run every size on them; destroy them. */
+static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int size)
+{
+    bench_set_t set;
+    memset(&set, 0, sizeof(set));
+    tutti_comm_opts_t opts;
+    if (comm_opts(cfg, &opts) != TUTTI_OK)
+        return 3;
+    opts.algo = "";
+    int st = tutti_comm_init(&set.main, store, rank, size, &opts);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init: %s (%s): %s\n", rank,
+                tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
+        return 3;
+    }
+    int rc = 0;
+    for (const char *const *name = algo_candidates[cfg->coll]; *name; name++) {
+        char spec[128];
+        snprintf(spec, sizeof(spec), "%s:%s", coll_names[cfg->coll], *name);
+        opts.algo = spec;
+        tutti_comm_t *c;
+        st = init_probe(&c, store, rank, size, &opts);
+        if (st == TUTTI_ERR_CONFIG) { /* not in this library */
+            append_name(set.absent, sizeof(set.absent), *name);
+            continue;
+        }
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init (%s): %s (%s): %s\n",
+                    rank, spec, tutti_strerror(st), tutti_status_name(st),
+                    tutti_store_last_error(store));
+            rc = 3;
+            goto out;
+        }
+        set.names[set.nalgos] = *name;
+        set.comms[set.nalgos++] = c;
+    }
+    if (set.nalgos == 0) {
+        if (rank == 0)
+            fprintf(stderr, "tutti-bench: the library has none of the %s algorithms %s\n",
+                    coll_names[cfg->coll], set.absent);
+        rc = 3;
+        goto out;
+    }
+    rc = bench_comm(cfg, &set);
+out:
+    for (int a = set.nalgos - 1; a >= 0; a--)
+        rc = finish(set.comms[a], rc);
+    return finish(set.main, rc);
+}
+
 /* ---- -np: local ranks ------------------------------------------------------------ */
 
 static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
@@ -833,6 +1355,10 @@ static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
     tutti_comm_opts_t opts;
     tutti_comm_t *comm;
     int rc = 3;
+    if (cfg->algo_all) {
+        rc = bench_all(cfg, store, rank, cfg->np);
+        goto out_store;
+    }
     if (comm_opts(cfg, &opts) != TUTTI_OK)
         goto out_store;
     st = tutti_comm_init(&comm, store, rank, cfg->np, &opts);
@@ -841,7 +1367,7 @@ static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
                 tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
         goto out_store;
     }
-    rc = finish(comm, bench_comm(cfg, comm));
+    rc = bench_one(cfg, comm);
 out_store:
     tutti_store_close(store);
     return rc;
@@ -936,6 +1462,46 @@ out_dir:
 
 /* ---- environment: a job started by someone else ---------------------------------- */
 
+/* --algo all from the environment: the communicators share one store, opened here as
+ * tutti_comm_init_env would (TUTTI_RANK or RANK, TUTTI_WORLD_SIZE or WORLD_SIZE,
+ * TUTTI_STORE or MASTER_ADDR/MASTER_PORT; rank 0 hosts a tcp store unless
+ * TUTTI_STORE_SERVER=0). */
+static int run_env_all(const bench_cfg_t *cfg)
+{
+    const char *rank_s = getenv("TUTTI_RANK"), *size_s = getenv("TUTTI_WORLD_SIZE");
+    const char *url = getenv("TUTTI_STORE"), *srv = getenv("TUTTI_STORE_SERVER");
+    char urlbuf[512];
+    if (!rank_s)
+        rank_s = getenv("RANK");
+    if (!size_s)
+        size_s = getenv("WORLD_SIZE");
+    if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
+        const char *addr = getenv("MASTER_ADDR");
+        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
+                 addr, getenv("MASTER_PORT"));
+        url = urlbuf;
+    }
+    int rank, size;
+    if (!rank_s || !size_s || !url || parse_int(rank_s, 0, &rank) ||
+        parse_int(size_s, 1, &size) || rank >= size) {
+        fprintf(stderr, "tutti-bench: need the rank, the world size and the store in the "
+                        "environment (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE)\n");
+        return 3;
+    }
+    tutti_store_opts_t so;
+    tutti_store_opts_init(&so);
+    so.is_server = rank == 0 && !strncmp(url, "tcp://", 6) && !(srv && !strcmp(srv, "0"));
+    tutti_store_t *store;
+    int st = tutti_store_open(&store, url, &so);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: rank %d: store %s: %s\n", rank, url, tutti_strerror(st));
+        return 3;
+    }
+    int rc = bench_all(cfg, store, rank, size);
+    tutti_store_close(store);
+    return rc;
+}
+
 static int run_env(const bench_cfg_t *cfg)
 {
     /* mpirun: TUTTI_RANK/TUTTI_WORLD_SIZE from Open MPI's (or PMI's) variables. */
@@ -954,6 +1520,8 @@ static int run_env(const bench_cfg_t *cfg)
                         "  MASTER_ADDR, MASTER_PORT; or run under mpirun with TUTTI_STORE)\n");
         return 2;
     }
+    if (cfg->algo_all)
+        return run_env_all(cfg);
     tutti_comm_opts_t opts;
     if (comm_opts(cfg, &opts) != TUTTI_OK)
         return 3;
@@ -964,7 +1532,7 @@ static int run_env(const bench_cfg_t *cfg)
                 tutti_status_name(st));
         return 3;
     }
-    return finish(comm, bench_comm(cfg, comm));
+    return bench_one(cfg, comm);
 }
 
 int main(int argc, char **argv)
