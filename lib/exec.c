@@ -339,7 +339,8 @@ void *tt_exec_worker_main(void *arg)
             continue;
         }
         if (comm->inflight && !comm->executing) {
-            drive_inflight_locked(comm, 5);
+            /* short slices: an op queued meanwhile waits for the slice to end */
+            drive_inflight_locked(comm, 1);
             continue;
         }
         if (comm->stopping && !comm->q_head && !comm->inflight)
@@ -374,7 +375,7 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             continue;
         }
         if (w->is_p2p && !comm->q_head && comm->inflight && !comm->executing) {
-            int ms = deadline_ns == UINT64_MAX ? 50 : TT_MIN(50, tt_ms_left(deadline_ns));
+            int ms = deadline_ns == UINT64_MAX ? 2 : TT_MIN(2, tt_ms_left(deadline_ns));
             if (ms == 0) {
                 pthread_mutex_unlock(&comm->q_lock);
                 return TUTTI_ERR_TIMEOUT;

@@ -498,6 +498,7 @@ static int barrier_rounds(int rank, int nranks, tutti_comm_t *comm, shared_t *sh
 typedef struct matrix_arg {
     const char *allreduce, *broadcast; /* the algorithms the comm is forced to */
     const char *label;
+    int allreduce_only; /* the broadcast cases ran under another configuration */
     shared_t *sh;
 } matrix_arg_t;
 
@@ -555,7 +556,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                     check_identical(&c, dt, inexact_ops[o], small_counts[k]);
         }
 
-        for (int root = 0; root < nranks && !c.comm_failed; root++) {
+        for (int root = 0; root < nranks && !c.comm_failed && !a->allreduce_only; root++) {
             for (size_t k = 0; k < ARRAY_SIZE(small_counts); k++)
                 for (int mode = 0; mode < 3 && !c.comm_failed; mode++)
                     check_broadcast(&c, dt, small_counts[k], root, mode);
@@ -575,12 +576,23 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return barrier_rounds(rank, nranks, comm, a->sh, 12);
 }
 
-static void run_matrix(int nranks, int ring_chain)
+/* The configurations the matrix runs under, each on 1..5 ranks. hd and dbtree run the
+ * allreduce cases only (their broadcasts are the ones above). */
+enum { MATRIX_CONFIGS = 4 };
+
+static void run_matrix(int nranks, int config)
 {
     tutti_comm_opts_t opts;
     ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
     matrix_arg_t arg = {.sh = shared_area()};
-    if (ring_chain) {
+    switch (config) {
+    case 0:
+        opts.algo = "allreduce:rd;broadcast:tree";
+        arg.allreduce = "rd";
+        arg.broadcast = "tree";
+        arg.label = "rd/tree";
+        break;
+    case 1:
         opts.algo = "allreduce:ring;broadcast:chain";
         /* not a multiple of any element size above 1 (each rounds it down its own way),
          * and small enough that the 4097 count of the wider types spans several chunks
@@ -589,11 +601,24 @@ static void run_matrix(int nranks, int ring_chain)
         arg.allreduce = "ring";
         arg.broadcast = "chain";
         arg.label = "ring/chain";
-    } else {
-        opts.algo = "allreduce:rd;broadcast:tree";
-        arg.allreduce = "rd";
+        break;
+    case 2:
+        opts.algo = "allreduce:hd;broadcast:tree";
+        arg.allreduce = "hd";
         arg.broadcast = "tree";
-        arg.label = "rd/tree";
+        arg.label = "hd";
+        arg.allreduce_only = 1;
+        break;
+    default:
+        /* as for the ring: several chunks per half from the 4097 count of the wider
+         * types on, so that chunks go up and down the trees at the same time */
+        opts.algo = "allreduce:dbtree;broadcast:chain";
+        opts.chunk_bytes = 4099;
+        arg.allreduce = "dbtree";
+        arg.broadcast = "chain";
+        arg.label = "dbtree";
+        arg.allreduce_only = 1;
+        break;
     }
     th_spec_t spec = {
         .nranks = nranks,
@@ -610,8 +635,8 @@ static void run_matrix(int nranks, int ring_chain)
 
 START_TEST(matrix)
 {
-    /* _i: 0..9 -> rank counts 1..5, each with both algorithm pairs */
-    run_matrix(_i / 2 + 1, _i % 2);
+    /* _i: rank counts 1..5, each under every configuration */
+    run_matrix(_i / MATRIX_CONFIGS + 1, _i % MATRIX_CONFIGS);
 }
 END_TEST
 
@@ -841,7 +866,7 @@ static Suite *coll_suite(void)
     Suite *s = suite_create("coll");
     TCase *tc = tcase_create("matrix");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, matrix, 0, 10);
+    tcase_add_loop_test(tc, matrix, 0, 5 * MATRIX_CONFIGS);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("async");

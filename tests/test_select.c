@@ -32,7 +32,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 17);
+    ck_assert_uint_eq(n, 19);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -60,6 +60,8 @@ START_TEST(force_each)
         {TT_COLL_SCATTER, "scatter:tree", "tree"},
         {TT_COLL_ALLTOALL, "alltoall:pairwise", "pairwise"},
         {TT_COLL_ALLTOALL, "alltoall:ring", "ring"},
+        {TT_COLL_ALLREDUCE, "allreduce:hd", "hd"},
+        {TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -115,6 +117,8 @@ START_TEST(bad_strings)
         {"reducescatter:ring", "reduce_scatter"},
         {"allgather", "expected ':' after \"allgather\""},
         {"bogus", "pairwise"},
+        {"allreduce:tree", "expected one of: ring, rd, hd, dbtree"},
+        {"bogus", "dbtree"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = (tt_algo_override_t *)1;
@@ -128,8 +132,49 @@ START_TEST(bad_strings)
 }
 END_TEST
 
+/* hd and dbtree: fixed ids (they travel in envelopes), forced by bare name or with
+ * size bounds like the others */
+START_TEST(allreduce_hd_dbtree)
+{
+    const tt_algo_t *hd = tt_algo_find(TT_COLL_ALLREDUCE, "hd");
+    const tt_algo_t *dbt = tt_algo_find(TT_COLL_ALLREDUCE, "dbtree");
+    ck_assert_ptr_nonnull(hd);
+    ck_assert_ptr_nonnull(dbt);
+    ck_assert_uint_eq(hd->id, 18);
+    ck_assert_uint_eq(dbt->id, 19);
+    ck_assert_ptr_null(tt_algo_find(TT_COLL_BROADCAST, "dbtree"));
+
+    tt_algo_override_t *ovr = NULL;
+    char err[256];
+    ck_assert_int_eq(tt_algo_override_parse("dbtree", &ovr, err, sizeof(err)), TUTTI_OK);
+    ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, 1, 3), "dbtree");
+    ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, (size_t)1 << 30, 3), "dbtree");
+    ck_assert_str_eq(pick(ovr, TT_COLL_BROADCAST, 1, 3), "tree"); /* default */
+    tt_algo_override_free(ovr);
+
+    ck_assert_int_eq(tt_algo_override_parse("allreduce:rd@<4K,hd@<1M,dbtree", &ovr, err,
+                                            sizeof(err)),
+                     TUTTI_OK);
+    ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, 100, 8), "rd");
+    ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, 4096, 8), "hd");
+    ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, 1 << 20, 8), "dbtree");
+    tt_algo_override_free(ovr);
+}
+END_TEST
+
 START_TEST(defaults)
 {
+    /* allreduce: rd for small messages, hd for mid-sized ones on power-of-two rank counts
+     * above 2, the ring otherwise */
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 64 << 10, 4), "rd");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, (64 << 10) + 1, 4), "hd");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 4), "hd");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, (1 << 20) + 1, 4), "ring");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 16), "hd");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 2), "ring");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 3), "ring");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 6), "ring");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 16 << 10, 16), "rd");
     ck_assert_str_eq(pick(NULL, TT_COLL_REDUCE, 64 << 10, 8), "tree");
     ck_assert_str_eq(pick(NULL, TT_COLL_REDUCE, (64 << 10) + 1, 8), "ring");
     ck_assert_str_eq(pick(NULL, TT_COLL_ALLGATHER, 64 << 10, 8), "rd");
@@ -153,6 +198,7 @@ int main(void)
     tcase_add_test(tc, force_each);
     tcase_add_test(tc, bounds_and_bare);
     tcase_add_test(tc, bad_strings);
+    tcase_add_test(tc, allreduce_hd_dbtree);
     tcase_add_test(tc, defaults);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

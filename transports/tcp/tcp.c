@@ -400,6 +400,10 @@ static void block(tcp_tp_t *tp, int ms)
             L->poll_active = 0;
         }
     }
+    /* The loop's clock only advances while it runs; between our calls it goes stale,
+     * and a timer armed from a stale clock is already due: it would fire at once and
+     * leave epoll waiting with no timeout at all. */
+    uv_update_time(&tp->loop);
     uv_timer_start(&tp->timer, on_timer, (uint64_t)ms, 0);
     uv_run(&tp->loop, UV_RUN_ONCE);
     uv_timer_stop(&tp->timer);

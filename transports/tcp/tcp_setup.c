@@ -237,6 +237,7 @@ static void on_connect(uv_connect_t *req, int status)
              uv_strerror(status));
         uv_close((uv_handle_t *)&c->h, on_handle_closed);
         c->open = 0;
+        uv_update_time(&c->s->loop);
         uv_timer_start(&c->retry, on_retry, 20, 0);
         return;
     }
