@@ -663,5 +663,11 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
          * (a rank that fails because of it reports in turn) and then stops. */
         if (comm->tp && status != TUTTI_ERR_ABORTED)
             comm->tp_ops->notify_error(comm->tp, status, comm->last_error);
+        /* Also in the store: a rank that exits right after this may cut a message in
+         * half, and its peers then see only its socket close; they look here to name
+         * the first cause instead of this rank (best effort). */
+        char key[64];
+        snprintf(key, sizeof(key), "failed/%d", comm->rank);
+        tutti_store_set(comm->store, key, comm->last_error, strlen(comm->last_error) + 1);
     }
 }

@@ -22,6 +22,8 @@ static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t le
     req->status = 1;
 }
 
+static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len);
+
 static const char *peer_addr(tutti_comm_t *comm, int peer)
 {
     const char *a = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, peer)
@@ -52,9 +54,12 @@ static int req_failed(tt_op_t *op, tt_req_t *req)
     } else {
         pthread_mutex_lock(&comm->err_lock);
         snprintf(msg, sizeof(msg), "%s rank %d (%s): %s",
-                 req->kind == TUTTI_TP_SEND ? "sending to" : "receiving from", req->peer, peer_addr(comm, req->peer),
+                 req->kind == TUTTI_TP_SEND ? "sending to" : "receiving from", req->peer,
+                 peer_addr(comm, req->peer),
                  comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
         pthread_mutex_unlock(&comm->err_lock);
+        if (st == TUTTI_ERR_PEER)
+            add_peer_report(comm, req->peer, msg, sizeof(msg));
     }
     tt_p2p_fail(op, st);
     tt_comm_record_failure(comm, op, st, msg);
@@ -95,6 +100,24 @@ int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_r
     return post(op, TUTTI_TP_RECV, peer, buf, len, tag, req);
 }
 
+/* A peer that closed on us may have failed first and said why in the store. */
+static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "failed/%d", peer);
+    const char *keys[1] = {key};
+    int exists = 0;
+    if (peer < 0 || tutti_store_check(comm->store, keys, 1, &exists) < 0 || !exists)
+        return;
+    void *v = NULL;
+    size_t vlen = 0;
+    if (tutti_store_get(comm->store, key, &v, &vlen, 200) < 0)
+        return;
+    size_t n = strlen(msg);
+    snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, (const char *)v);
+    free(v);
+}
+
 /* A failure the transport reported since the op started (a link to a peer failed, or a
  * peer reported its failure): fail the op with it. */
 static int transport_failed(tt_op_t *op)
@@ -104,7 +127,10 @@ static int transport_failed(tt_op_t *op)
     int st = comm->tp_error_status;
     pthread_mutex_lock(&comm->err_lock);
     snprintf(msg, sizeof(msg), "%s", comm->tp_error);
+    int peer = comm->tp_error_peer;
     pthread_mutex_unlock(&comm->err_lock);
+    if (st == TUTTI_ERR_PEER)
+        add_peer_report(comm, peer, msg, sizeof(msg));
     tt_p2p_fail(op, st);
     tt_comm_record_failure(comm, op, st, msg);
     return st;
