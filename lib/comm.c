@@ -185,7 +185,6 @@ static int host_error(void *ctx, int status, int peer, int err_no, const char *f
         snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)",
                  err_no, strerror(err_no));
     comm->tp_error_peer = peer;
-    comm->tp_error_errno = err_no;
     comm->tp_error_status = status;
     atomic_fetch_add(&comm->tp_error_gen, 1);
     pthread_mutex_unlock(&comm->err_lock);

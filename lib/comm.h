@@ -51,7 +51,6 @@ struct tutti_comm {
     char last_error[TT_ERRMSG_LEN];
     char tp_error[TT_ERRMSG_LEN]; /* the transport's latest explanation */
     int tp_error_peer;
-    int tp_error_errno;
     int tp_error_status;
     atomic_int tp_error_gen;  /* counts transport failures */
     atomic_int failed;        /* 0, or the status of the failure */

@@ -399,6 +399,35 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
     return w->status;
 }
 
+static void set_last_error(tutti_comm_t *comm, const char *err)
+{
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(comm->last_error, sizeof(comm->last_error), "%s", err);
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
+/* Append w (refs: the caller's and the queue's) with q_lock held, and release it. Async:
+ * hand w out. Blocking: wait for its turn and its end, like a waiter would. */
+static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **work_p)
+{
+    if (comm->q_tail)
+        comm->q_tail->next = w;
+    else
+        comm->q_head = w;
+    comm->q_tail = w;
+    pthread_cond_signal(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    if (work_p) {
+        *work_p = w;
+        return TUTTI_OK;
+    }
+    int st = wait_work(w, UINT64_MAX);
+    if (st < 0)
+        set_last_error(comm, w->err);
+    work_unref(w);
+    return st;
+}
+
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
                   size_t *layout, tutti_work_t **work_p)
 {
@@ -420,11 +449,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
             pthread_cond_signal(&comm->q_cv);
         pthread_cond_broadcast(&comm->done_cv);
         pthread_mutex_unlock(&comm->q_lock);
-        if (st < 0 && err[0]) {
-            pthread_mutex_lock(&comm->err_lock);
-            snprintf(comm->last_error, sizeof(comm->last_error), "%s", err);
-            pthread_mutex_unlock(&comm->err_lock);
-        }
+        if (st < 0 && err[0])
+            set_last_error(comm, err);
         return st;
     }
     tutti_work_t *w = calloc(1, sizeof(*w));
@@ -439,26 +465,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
     w->op.seq = seq;
     w->user_redop = user_redop;
     atomic_init(&w->refs, 2);
-    if (comm->q_tail)
-        comm->q_tail->next = w;
-    else
-        comm->q_head = w;
-    comm->q_tail = w;
-    pthread_cond_signal(&comm->q_cv);
-    pthread_mutex_unlock(&comm->q_lock);
-    if (work_p) {
-        *work_p = w;
-        return TUTTI_OK;
-    }
-    /* A blocking call behind queued async ops: wait for its turn. */
-    int st = wait_work(w, UINT64_MAX);
-    if (st < 0) {
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s", w->err);
-        pthread_mutex_unlock(&comm->err_lock);
-    }
-    work_unref(w);
-    return st;
+    return enqueue_locked(comm, w, work_p);
 }
 
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
@@ -487,25 +494,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
     w->req.env[1] = w->op.fingerprint;
     w->req.env[2] = count;
     w->req.env[3] = tag;
-    if (comm->q_tail)
-        comm->q_tail->next = w;
-    else
-        comm->q_head = w;
-    comm->q_tail = w;
-    pthread_cond_signal(&comm->q_cv);
-    pthread_mutex_unlock(&comm->q_lock);
-    if (work_p) {
-        *work_p = w;
-        return TUTTI_OK;
-    }
-    int st = wait_work(w, UINT64_MAX);
-    if (st < 0) {
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s", w->err);
-        pthread_mutex_unlock(&comm->err_lock);
-    }
-    work_unref(w);
-    return st;
+    return enqueue_locked(comm, w, work_p);
 }
 
 int tutti_test(tutti_work_t *work, int *done_p)
