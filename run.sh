@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(gcc pkg-config meson ninja-build libuv1-dev check)
+PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check)
 
 install_deps() {
     local missing=()
