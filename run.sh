@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check)
+PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev)
 
 install_deps() {
     local missing=()

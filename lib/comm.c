@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "reduce.h"
 #include "store_impl.h"
+#include "tpmux.h"
 #include "transport.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
@@ -38,6 +39,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     }
     opts->prefix = tt_env("PREFIX");
     opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
+    opts->host_id = tt_env("HOST_ID");
     return TUTTI_OK;
 }
 
@@ -64,7 +66,7 @@ int tutti_comm_size(const tutti_comm_t *comm) { return comm ? comm->nranks : -1;
 
 const char *tutti_comm_transport(const tutti_comm_t *comm)
 {
-    return comm && comm->tp_ops ? comm->tp_ops->name : "none";
+    return comm && comm->tp_name[0] ? comm->tp_name : "none";
 }
 
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes)
@@ -201,6 +203,7 @@ static void opts_free(tutti_comm_opts_t *o)
     free((char *)o->algo);
     free((char *)o->socket_ifname);
     free((char *)o->prefix);
+    free((char *)o->host_id);
 }
 
 static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
@@ -213,11 +216,12 @@ static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     d.size = sizeof(d);
     /* A NULL string means "not set here": the environment (then the default) fills it,
      * so options made before the environment was set still honour it. */
-    d.transport = tt_strdup(d.transport ? d.transport : tt_env("TRANSPORT") ? tt_env("TRANSPORT") : "tcp");
+    d.transport = tt_strdup(d.transport ? d.transport : tt_env("TRANSPORT") ? tt_env("TRANSPORT") : "auto");
     d.plugin_path = tt_strdup(d.plugin_path ? d.plugin_path : tt_env("PLUGIN_PATH"));
     d.algo = tt_strdup(d.algo ? d.algo : tt_env("ALGO"));
     d.socket_ifname = tt_strdup(d.socket_ifname ? d.socket_ifname : tt_env("SOCKET_IFNAME"));
     d.prefix = tt_strdup(d.prefix ? d.prefix : tt_env("PREFIX"));
+    d.host_id = tt_strdup(d.host_id ? d.host_id : tt_env("HOST_ID"));
     if (!d.transport) {
         opts_free(&d);
         return TUTTI_ERR_NOMEM;
@@ -317,14 +321,6 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     }
     tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
 
-    st = tt_transport_load(comm->opts.transport, comm->opts.plugin_path, &comm->tp_ops,
-                           &comm->tp_handle, err, sizeof(err));
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
-
     comm->host = (tutti_tp_host_v1_t){
         .size = sizeof(tutti_tp_host_v1_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1,
@@ -340,15 +336,11 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         .log = host_log,
         .error = host_error,
     };
-    if (size > 1) {
-        st = comm->tp_ops->create(&comm->host, &comm->tp);
-        if (st < 0) {
-            tt_comm_set_error(comm, st, "init: transport %s failed to connect %d ranks: %s",
-                              comm->tp_ops->name, size, comm->tp_error);
-            TT_WARN("%s", comm->last_error);
-            comm->tp = NULL;
-            goto err_free;
-        }
+    st = tt_transports_create(comm, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
     }
 
     if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
@@ -356,8 +348,8 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         goto err_free;
     }
     comm->worker_started = 1;
-    TT_INFO("communicator ready: rank %d of %d, transport %s, store %s%s", rank, size,
-            comm->tp_ops->name, comm->store_url, prefix);
+    TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, prefix %s", rank, size,
+            comm->tp_name, comm->store_url, prefix);
     *comm_p = comm;
     return TUTTI_OK;
 

@@ -42,6 +42,8 @@ struct tutti_comm {
     void *tp;
     void *tp_handle;          /* dlopen handle of a plugin */
     tutti_tp_host_v1_t host;
+    char tp_name[64];         /* "tcp", or "shm+tcp" when several serve different peers */
+    char host_id[256];        /* this host's identity (tpmux.c) */
 
     tt_algo_override_t *algo_ovr;
 

@@ -787,6 +787,7 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 10000;
+    o.transport = "tcp"; /* the listener under test; auto would pick shm */
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));

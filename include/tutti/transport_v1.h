@@ -61,7 +61,24 @@ typedef struct tutti_tp_host_v1 {
         __attribute__((format(printf, 5, 6)))
 #endif
         ;
+    /* Which peers this transport serves (the library may split peers between
+     * transports, e.g. shm for ranks on this host and tcp for the rest). NULL: every
+     * peer. Otherwise peers[r] != 0 for each rank r the transport must connect to; it
+     * must not wait for, or touch, the others, and no request names them. Appended in
+     * ABI 1.1: read it only when size > offsetof(tutti_tp_host_v1_t, peers). */
+    const unsigned char *peers;
+    /* This host's identity as the library sees it (hostname and boot id, or
+     * TUTTI_HOST_ID); ranks with equal host ids share a kernel. Appended in ABI 1.1. */
+    const char *host_id;
 } tutti_tp_host_v1_t;
+
+/* Does the transport serve `peer`? (ABI 1.1 field, absent in older hosts.) */
+static inline int tutti_tp_host_serves(const tutti_tp_host_v1_t *h, int peer)
+{
+    if (h->size <= __builtin_offsetof(tutti_tp_host_v1_t, peers) || !h->peers)
+        return peer != h->rank;
+    return peer != h->rank && h->peers[peer] != 0;
+}
 
 enum { TUTTI_TP_SEND = 0, TUTTI_TP_RECV = 1 };
 

@@ -79,7 +79,9 @@ typedef struct tutti_work tutti_work_t;
 typedef struct tutti_comm_opts {
     size_t size;               /* sizeof(tutti_comm_opts_t), set by tutti_comm_opts_init */
     int timeout_ms;            /* TUTTI_TIMEOUT_MS: bound on every wait (default 30000) */
-    const char *transport;     /* TUTTI_TRANSPORT: "tcp" (default) or a plugin name */
+    const char *transport;     /* TUTTI_TRANSPORT: "auto" (default: shm for ranks on this
+                                  host, tcp for the others), a transport name or plugin
+                                  path for every peer, or "local=NAME,remote=NAME" */
     const char *plugin_path;   /* TUTTI_PLUGIN_PATH: ':'-separated dirs searched for
                                   libtutti-transport-NAME.so */
     const char *algo;          /* TUTTI_ALGO: algorithm override, e.g.
@@ -96,6 +98,8 @@ typedef struct tutti_comm_opts {
                                   compares its op with the other ranks' through the store,
                                   so ranks deadlocked by mismatched calls fail with
                                   TUTTI_ERR_MISMATCH (default 1000; 0 disables) */
+    const char *host_id;       /* TUTTI_HOST_ID: ranks with the same id share a host (and
+                                  shm); default hostname + kernel boot id */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */
@@ -128,7 +132,8 @@ int tutti_comm_size(const tutti_comm_t *comm);
  * "" when nothing failed. Valid until the next call on comm. */
 const char *tutti_comm_last_error(const tutti_comm_t *comm);
 
-/* Name of the transport the communicator uses ("tcp"). */
+/* Transport(s) the communicator uses: "tcp", "shm", or "shm+tcp" when local and
+ * remote peers use different ones. */
 const char *tutti_comm_transport(const tutti_comm_t *comm);
 
 /* Name of the algorithm the communicator would pick for a collective ("allreduce",

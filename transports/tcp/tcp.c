@@ -450,7 +450,7 @@ static int tcp_progress(void *vtp, int timeout_ms)
 
 static int check_req(tcp_tp_t *tp, tutti_tp_req_v1_t *r)
 {
-    if (!r || r->peer < 0 || r->peer >= tp->nranks || r->peer == tp->rank ||
+    if (!r || r->peer < 0 || r->peer >= tp->nranks || !tutti_tp_host_serves(tp->host, r->peer) ||
         (!r->buf && r->len)) {
         if (r)
             r->status = TUTTI_ERR_INVALID_ARG;

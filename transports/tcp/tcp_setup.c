@@ -286,7 +286,8 @@ static void on_hello_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     uv_read_stop(st);
     const tcp_hello_t *h = &c->hello;
     if (h->magic != TCP_HELLO_MAGIC || h->version != 1 || h->nranks != tp->nranks ||
-        h->rank <= tp->rank || h->rank >= tp->nranks || tp->links[h->rank].fd >= 0) {
+        h->rank <= tp->rank || h->rank >= tp->nranks || tp->links[h->rank].fd >= 0 ||
+        !tutti_tp_host_serves(tp->host, h->rank)) {
         /* Not one of ours (a stray client, another job, a duplicate): drop it and keep
          * waiting for the real peers. */
         LOGF(TUTTI_LOG_WARN,
@@ -333,7 +334,7 @@ static void on_deadline(uv_timer_t *t)
     tcp_tp_t *tp = s->tp;
     char missing[256] = "";
     for (int i = 0; i < tp->nranks; i++) {
-        if (i == tp->rank || tp->links[i].fd >= 0)
+        if (!tutti_tp_host_serves(tp->host, i) || tp->links[i].fd >= 0)
             continue;
         size_t n = strlen(missing);
         if (n < sizeof(missing) - 16)
@@ -373,7 +374,9 @@ static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage 
 int tcp_setup_connect(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
-    setup_t s = {.tp = tp, .needed = tp->nranks - 1};
+    setup_t s = {.tp = tp};
+    for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
+        s.needed += tutti_tp_host_serves(host, i);
     const char *sb = host->config(host->ctx, "SOCKET_BUFFER");
     tp->sockbuf = sb ? atoi(sb) : 0;
     struct sockaddr_storage me;
@@ -429,6 +432,8 @@ int tcp_setup_connect(tcp_tp_t *tp)
         goto out_close;
     }
     for (int j = 0; j < tp->rank; j++) {
+        if (!tutti_tp_host_serves(host, j))
+            continue;
         conn_t *c = &out[j];
         c->s = &s;
         c->peer = j;

@@ -1,0 +1,544 @@
+/* Per-peer transport choice and the multiplexer (see tpmux.h).
+ *
+ * Choice: every rank publishes its host id (hostname + boot id, or TUTTI_HOST_ID) under
+ * "hostid/<rank>" in the communicator's store and reads everyone's. A peer with the
+ * same host id is local. TUTTI_TRANSPORT then says what serves whom:
+ *   auto (default)          local peers: shm (when built in or loadable), others: tcp
+ *   local=NAME,remote=NAME  either half may be left out (it stays as in auto)
+ *   NAME or a path          every peer
+ * Transports that only reach this host (shm) refuse remote peers with a config error.
+ *
+ * With one transport in use the library talks to it directly. With several, the
+ * multiplexer below stands in: it routes each request by peer, remembers which
+ * transport has requests pending, and drives them: the only one with pending work
+ * blocks natively (futex, epoll, completion channel); when several have work, they are
+ * polled, then given slices of up to 1 ms in turn. */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/store.h>
+
+#include "comm.h"
+#include "internal.h"
+#include "tpmux.h"
+#include "transport.h"
+
+#define MUX_MAX 4
+
+/* ---- host identity ---- */
+
+void tt_host_id(const char *override, char *out, size_t len)
+{
+    if (override && *override) {
+        snprintf(out, len, "%s", override);
+        return;
+    }
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(out, len, "%s/%s", host, boot);
+}
+
+/* ---- the multiplexer ---- */
+
+typedef struct mux_sub {
+    const tutti_transport_ops_v1_t *ops;
+    void *tp;
+    void *handle;                /* dlopen handle, or NULL */
+    tutti_tp_host_v1_t host;     /* the library's, with `peers` narrowed and store keys
+                                    under "<local|remote>/" (two instances of one
+                                    transport must not share keys); ctx is this sub */
+    const tutti_tp_host_v1_t *parent;
+    const char *kprefix;
+    unsigned char *peers;
+    tutti_tp_req_v1_t **pend;    /* posted, possibly not complete */
+    size_t npend, cap;
+} mux_sub_t;
+
+typedef struct mux {
+    int nranks;
+    int spin_us;
+    int nsub;
+    mux_sub_t sub[MUX_MAX];
+    int *peer_sub;               /* nranks entries: index into sub[], -1 for self */
+} mux_t;
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The sub-transports' host callbacks: forward to the library's. */
+static int sub_store_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    mux_sub_t *s = ctx;
+    char k[512];
+    snprintf(k, sizeof(k), "%s/%s", s->kprefix, key);
+    return s->parent->store_set(s->parent->ctx, k, value, len);
+}
+
+static int sub_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
+                         int timeout_ms)
+{
+    mux_sub_t *s = ctx;
+    char k[512];
+    snprintf(k, sizeof(k), "%s/%s", s->kprefix, key);
+    return s->parent->store_get(s->parent->ctx, k, value_p, len_p, timeout_ms);
+}
+
+static const char *sub_config(void *ctx, const char *name)
+{
+    mux_sub_t *s = ctx;
+    return s->parent->config(s->parent->ctx, name);
+}
+
+__attribute__((format(printf, 3, 4))) static void sub_log(void *ctx, int level,
+                                                          const char *fmt, ...)
+{
+    mux_sub_t *s = ctx;
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    s->parent->log(s->parent->ctx, level, "%s", msg);
+}
+
+__attribute__((format(printf, 5, 6))) static int sub_error(void *ctx, int status, int peer,
+                                                           int err_no, const char *fmt, ...)
+{
+    mux_sub_t *s = ctx;
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return s->parent->error(s->parent->ctx, status, peer, err_no, "%s", msg);
+}
+
+/* Drop completed requests from the pending list; returns how many completed. */
+static size_t prune(mux_sub_t *s)
+{
+    size_t k = 0, done = 0;
+    for (size_t i = 0; i < s->npend; i++) {
+        if (s->pend[i]->status == 1)
+            s->pend[k++] = s->pend[i];
+        else
+            done++;
+    }
+    s->npend = k;
+    return done;
+}
+
+static int mux_post(void *vmux, tutti_tp_req_v1_t *req, int kind)
+{
+    mux_t *m = vmux;
+    if (!req || req->peer < 0 || req->peer >= m->nranks || m->peer_sub[req->peer] < 0) {
+        if (req)
+            req->status = TUTTI_ERR_INVALID_ARG;
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    mux_sub_t *s = &m->sub[m->peer_sub[req->peer]];
+    if (m->nsub == 1) /* one transport (auto on one host): nothing to track */
+        return kind == TUTTI_TP_SEND ? s->ops->post_send(s->tp, req)
+                                     : s->ops->post_recv(s->tp, req);
+    if (s->npend == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        tutti_tp_req_v1_t **p = realloc(s->pend, cap * sizeof(*p));
+        if (!p) {
+            req->status = TUTTI_ERR_NOMEM;
+            return TUTTI_ERR_NOMEM;
+        }
+        s->pend = p;
+        s->cap = cap;
+    }
+    int st = kind == TUTTI_TP_SEND ? s->ops->post_send(s->tp, req)
+                                   : s->ops->post_recv(s->tp, req);
+    if (st == TUTTI_OK && req->status == 1)
+        s->pend[s->npend++] = req;
+    return st;
+}
+
+static int mux_post_send(void *m, tutti_tp_req_v1_t *req) { return mux_post(m, req, TUTTI_TP_SEND); }
+static int mux_post_recv(void *m, tutti_tp_req_v1_t *req) { return mux_post(m, req, TUTTI_TP_RECV); }
+
+static int mux_progress(void *vmux, int timeout_ms)
+{
+    mux_t *m = vmux;
+    int active[MUX_MAX], na = 0;
+    for (int i = 0; i < m->nsub; i++)
+        if (m->sub[i].npend)
+            active[na++] = i;
+    if (na == 0) /* nothing posted: still listen to every transport (peer reports) */
+        for (int i = 0; i < m->nsub; i++)
+            active[na++] = i;
+    if (na == 1) {
+        mux_sub_t *s = &m->sub[active[0]];
+        int st = s->ops->progress(s->tp, timeout_ms);
+        prune(s);
+        return st;
+    }
+    uint64_t t0 = mono_ns();
+    uint64_t deadline = t0 + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+    uint64_t spin_end = t0 + (uint64_t)m->spin_us * 1000ull;
+    for (;;) {
+        size_t done = 0;
+        uint64_t now = mono_ns();
+        /* after the spin budget, each transport blocks up to 1 ms in turn */
+        int slice = 0;
+        if (timeout_ms > 0 && now >= spin_end) {
+            uint64_t left_ms = now < deadline ? (deadline - now + 999999u) / 1000000u : 0;
+            slice = left_ms > 1 ? 1 : (int)left_ms;
+        }
+        for (int k = 0; k < na; k++) {
+            mux_sub_t *s = &m->sub[active[k]];
+            int st = s->ops->progress(s->tp, slice);
+            done += prune(s);
+            if (st < 0)
+                return st;
+            if (done)
+                break;
+        }
+        if (done || timeout_ms <= 0 || mono_ns() >= deadline)
+            return TUTTI_OK;
+    }
+}
+
+static void mux_cancel_all(void *vmux, int status)
+{
+    mux_t *m = vmux;
+    for (int i = 0; i < m->nsub; i++) {
+        m->sub[i].ops->cancel_all(m->sub[i].tp, status);
+        m->sub[i].npend = 0;
+    }
+}
+
+static void mux_notify_error(void *vmux, int status, const char *msg)
+{
+    mux_t *m = vmux;
+    for (int i = 0; i < m->nsub; i++)
+        m->sub[i].ops->notify_error(m->sub[i].tp, status, msg);
+}
+
+static void mux_abort(void *vmux)
+{
+    mux_t *m = vmux;
+    for (int i = 0; i < m->nsub; i++)
+        m->sub[i].ops->abort(m->sub[i].tp);
+}
+
+static const char *mux_peer_address(void *vmux, int peer)
+{
+    mux_t *m = vmux;
+    if (peer < 0 || peer >= m->nranks || m->peer_sub[peer] < 0)
+        return NULL;
+    mux_sub_t *s = &m->sub[m->peer_sub[peer]];
+    return s->ops->peer_address ? s->ops->peer_address(s->tp, peer) : NULL;
+}
+
+static void mux_free(mux_t *m)
+{
+    for (int i = 0; i < m->nsub; i++) {
+        mux_sub_t *s = &m->sub[i];
+        if (s->tp)
+            s->ops->destroy(s->tp);
+        tt_transport_unload(s->handle);
+        free(s->peers);
+        free(s->pend);
+    }
+    free(m->peer_sub);
+    free(m);
+}
+
+static void mux_destroy(void *vmux) { mux_free(vmux); }
+
+static int mux_create_unused(const tutti_tp_host_v1_t *host, void **tp_p)
+{
+    (void)host;
+    (void)tp_p;
+    return TUTTI_ERR_INTERNAL; /* the multiplexer is built by tt_transports_create */
+}
+
+static const tutti_transport_ops_v1_t mux_ops = {
+    .size = sizeof(tutti_transport_ops_v1_t),
+    .abi_version = TUTTI_TRANSPORT_ABI_V1,
+    .name = "mux",
+    .create = mux_create_unused,
+    .destroy = mux_destroy,
+    .post_send = mux_post_send,
+    .post_recv = mux_post_recv,
+    .progress = mux_progress,
+    .cancel_all = mux_cancel_all,
+    .notify_error = mux_notify_error,
+    .abort = mux_abort,
+    .peer_address = mux_peer_address,
+};
+
+/* ---- choosing ---- */
+
+static int local_only(const char *name) { return !strcmp(name, "shm"); }
+
+static int builtin(const char *name)
+{
+    for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)
+        if (!strcmp(b->name, name))
+            return 1;
+    return 0;
+}
+
+/* Parse opts.transport into the names for local and remote peers. */
+static int parse_spec(const char *spec, char *local, char *remote, size_t len, char *err,
+                      size_t errlen)
+{
+    snprintf(local, len, "%s", builtin("shm") ? "shm" : "tcp");
+    snprintf(remote, len, "tcp");
+    if (!spec || !*spec || !strcmp(spec, "auto"))
+        return TUTTI_OK;
+    if (!strstr(spec, "local=") && !strstr(spec, "remote=")) {
+        snprintf(local, len, "%s", spec);
+        snprintf(remote, len, "%s", spec);
+        return TUTTI_OK;
+    }
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (eq && eq[1] && !strncmp(tok, "local=", 6)) {
+            snprintf(local, len, "%s", eq + 1);
+        } else if (eq && eq[1] && !strncmp(tok, "remote=", 7)) {
+            snprintf(remote, len, "%s", eq + 1);
+        } else {
+            snprintf(err, errlen,
+                     "TUTTI_TRANSPORT=\"%s\": cannot read \"%s\"; expected auto, a transport "
+                     "name or path, or local=NAME,remote=NAME",
+                     spec, tok);
+            return TUTTI_ERR_CONFIG;
+        }
+    }
+    if (local_only(remote)) {
+        snprintf(err, errlen, "TUTTI_TRANSPORT=\"%s\": %s reaches only ranks on this host; "
+                 "it cannot serve remote peers", spec, remote);
+        return TUTTI_ERR_CONFIG;
+    }
+    return TUTTI_OK;
+}
+
+/* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host. */
+static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *local,
+                             char *first_remote, size_t frlen, int *first_remote_rank,
+                             char *err, size_t errlen)
+{
+    int n = comm->nranks;
+    char key[64];
+    snprintf(key, sizeof(key), "hostid/%d", comm->rank);
+    int st = tutti_store_set(comm->store, key, me, strlen(me) + 1);
+    if (st < 0) {
+        snprintf(err, errlen, "cannot publish this rank's host id: %s",
+                 tutti_store_last_error(comm->store));
+        return st;
+    }
+    char **keys = calloc((size_t)n, sizeof(char *));
+    void **vals = calloc((size_t)n, sizeof(void *));
+    size_t *lens = calloc((size_t)n, sizeof(size_t));
+    char (*kbuf)[32] = calloc((size_t)n, 32);
+    if (!keys || !vals || !lens || !kbuf) {
+        st = TUTTI_ERR_NOMEM;
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        snprintf(kbuf[r], 32, "hostid/%d", r);
+        keys[r] = kbuf[r];
+    }
+    st = tutti_store_multi_get(comm->store, (const char *const *)keys, (size_t)n, vals, lens,
+                               comm->opts.timeout_ms);
+    if (st < 0) {
+        snprintf(err, errlen, "waiting for every rank's host id: %s",
+                 tutti_store_last_error(comm->store));
+        goto out;
+    }
+    *first_remote_rank = -1;
+    for (int r = 0; r < n; r++) {
+        local[r] = r != comm->rank && !strcmp((const char *)vals[r], me);
+        if (r != comm->rank && !local[r] && *first_remote_rank < 0) {
+            *first_remote_rank = r;
+            snprintf(first_remote, frlen, "%s", (const char *)vals[r]);
+        }
+        free(vals[r]);
+    }
+out:
+    free(keys);
+    free(vals);
+    free(lens);
+    free(kbuf);
+    return st;
+}
+
+int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    int n = comm->nranks;
+    char local_name[128], remote_name[128];
+    int st = parse_spec(comm->opts.transport, local_name, remote_name, sizeof(local_name), err,
+                        errlen);
+    if (st < 0)
+        return st;
+    tt_host_id(comm->opts.host_id, comm->host_id, sizeof(comm->host_id));
+    comm->host.host_id = comm->host_id;
+    comm->host.peers = NULL;
+
+    if (n == 1) { /* no peers: load the transport, connect nothing */
+        st = tt_transport_load(local_name, comm->opts.plugin_path, &comm->tp_ops,
+                               &comm->tp_handle, err, errlen);
+        if (st == TUTTI_OK)
+            snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", comm->tp_ops->name);
+        return st;
+    }
+
+    unsigned char *local = calloc((size_t)n, 1);
+    if (!local)
+        return TUTTI_ERR_NOMEM;
+    char remote_host[256] = "";
+    int remote_rank = -1;
+    /* With two names, ranks must agree on who serves whom: through the multiplexer,
+     * whose sub-transports keep their store keys under "local/" and "remote/" (a rank
+     * with no local peers still uses "remote/" keys, like its peers do). */
+    int split = strcmp(local_name, remote_name) != 0;
+    if (split || local_only(local_name)) {
+        st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
+                               &remote_rank, err, errlen);
+        if (st < 0)
+            goto out;
+    } else {
+        /* one transport that reaches every host: who is local does not matter */
+        for (int r = 0; r < n; r++)
+            local[r] = r != comm->rank;
+    }
+    int nlocal = 0;
+    for (int r = 0; r < n; r++)
+        nlocal += local[r];
+    int nremote = n - 1 - nlocal;
+    if (nremote > 0 && local_only(local_name) && !strcmp(local_name, remote_name)) {
+        snprintf(err, errlen,
+                 "TUTTI_TRANSPORT=%s reaches only ranks on this host, but rank %d is on host "
+                 "\"%s\" (this rank: \"%s\")",
+                 local_name, remote_rank, remote_host, comm->host_id);
+        st = TUTTI_ERR_CONFIG;
+        goto out;
+    }
+    /* (auto without shm built in chose tcp for both halves in parse_spec) */
+    const tutti_transport_ops_v1_t *lops = NULL, *rops = NULL;
+    void *lh = NULL, *rh = NULL;
+    if (nlocal > 0) {
+        st = tt_transport_load(local_name, comm->opts.plugin_path, &lops, &lh, err, errlen);
+        if (st < 0)
+            goto out;
+    }
+    if (nremote > 0 && (nlocal == 0 || strcmp(local_name, remote_name))) {
+        st = tt_transport_load(remote_name, comm->opts.plugin_path, &rops, &rh, err, errlen);
+        if (st < 0) {
+            tt_transport_unload(lh);
+            goto out;
+        }
+    } else if (nremote > 0) {
+        rops = lops; /* the same transport for everyone */
+    }
+    if (!split) {
+        /* One transport for every peer: no multiplexer. */
+        comm->tp_ops = lops ? lops : rops;
+        comm->tp_handle = lops ? lh : rh;
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", comm->tp_ops->name);
+        st = comm->tp_ops->create(&comm->host, &comm->tp);
+        if (st < 0) {
+            comm->tp = NULL;
+            snprintf(err, errlen, "transport %s failed to connect %d ranks: %s",
+                     comm->tp_ops->name, n, comm->tp_error);
+        }
+        goto out;
+    }
+
+    mux_t *m = calloc(1, sizeof(*m));
+    int *peer_sub = calloc((size_t)n, sizeof(int));
+    if (!m || !peer_sub) {
+        free(m);
+        free(peer_sub);
+        tt_transport_unload(lh);
+        tt_transport_unload(rh);
+        st = TUTTI_ERR_NOMEM;
+        goto out;
+    }
+    m->nranks = n;
+    m->spin_us = comm->opts.spin_us;
+    m->peer_sub = peer_sub;
+    /* Every rank creates its local transport first, then the remote one, so the
+     * connection set-ups (each among the ranks it serves) cannot wait on each other. */
+    int role_sub[2] = {-1, -1};
+    for (int role = 0; role < 2; role++) {
+        if ((role == 0 ? nlocal : nremote) == 0)
+            continue;
+        mux_sub_t *s = &m->sub[m->nsub];
+        role_sub[role] = m->nsub++;
+        s->ops = role == 0 ? lops : rops;
+        s->handle = role == 0 ? lh : rh;
+        s->peers = calloc((size_t)n, 1);
+        if (!s->peers) {
+            mux_free(m);
+            st = TUTTI_ERR_NOMEM;
+            goto out;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        peer_sub[r] = r == comm->rank ? -1 : role_sub[local[r] ? 0 : 1];
+        if (peer_sub[r] >= 0)
+            m->sub[peer_sub[r]].peers[r] = 1;
+    }
+    if (m->nsub == 2)
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s+%s", lops->name, rops->name);
+    else
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", m->sub[0].ops->name);
+    for (int i = 0; i < m->nsub; i++) {
+        mux_sub_t *s = &m->sub[i];
+        int role = i == role_sub[0] ? 0 : 1;
+        s->host = comm->host;
+        s->host.peers = s->peers;
+        s->host.ctx = s;
+        s->host.store_set = sub_store_set;
+        s->host.store_get = sub_store_get;
+        s->host.config = sub_config;
+        s->host.log = sub_log;
+        s->host.error = sub_error;
+        s->parent = &comm->host;
+        s->kprefix = role == 0 ? "local" : "remote";
+        st = s->ops->create(&s->host, &s->tp);
+        if (st < 0) {
+            s->tp = NULL;
+            snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
+                     s->ops->name, role == 0 ? nlocal : nremote, role == 0 ? "local" : "remote",
+                     comm->tp_error);
+            mux_free(m);
+            goto out;
+        }
+    }
+    TT_INFO("transports: %s for %d local peers, %s for %d remote peers", lops->name, nlocal,
+            rops->name, nremote);
+    comm->tp_ops = &mux_ops;
+    comm->tp = m;
+    comm->tp_handle = NULL;
+out:
+    free(local);
+    return st;
+}

@@ -1,0 +1,22 @@
+/* Per-peer transport choice, and a multiplexer that presents several transports (shm
+ * for the ranks on this host, tcp or ibverbs for the others) as one, through the same
+ * ABI table, so the executor and the algorithms never know which one a peer uses. */
+#ifndef TT_TPMUX_H
+#define TT_TPMUX_H
+
+#include <stddef.h>
+
+#include <tutti/transport_v1.h>
+
+typedef struct tutti_comm tutti_comm_t;
+
+/* Learn which ranks share this host (through the store), pick a transport for each
+ * peer from comm->opts.transport, load and create them. Sets comm->tp_ops, comm->tp
+ * (NULL for a single rank), comm->tp_handle and comm->host. Errors go to err. */
+int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen);
+
+/* This process's host identity: TUTTI_HOST_ID / opts.host_id, else hostname and boot
+ * id. */
+void tt_host_id(const char *override, char *out, size_t len);
+
+#endif

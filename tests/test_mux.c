@@ -1,0 +1,248 @@
+/* Per-peer transports: ranks told (through TUTTI_HOST_ID) that they sit on different
+ * hosts reach their host-mates through one transport and the others through another,
+ * and every collective still gives the plain-C answer. Two copies of the TCP transport
+ * (the built-in and the plugin .so) stand in for "local" and "remote" wherever shm is
+ * not built; with shm, auto is shm+tcp. Also: bad TUTTI_TRANSPORT strings, and shm
+ * forced on ranks of different hosts, are config errors that say why. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+#include "harness.h"
+#include "transport.h"
+
+#define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"
+
+typedef struct mux_case {
+    const char *transport;
+    const char *hosts;  /* one letter per rank: its host id */
+    const char *expect; /* tutti_comm_transport(), or NULL when init must fail */
+    int expect_status;
+} mux_case_t;
+
+static int open_comm(int rank, int nranks, const char *dir, const mux_case_t *c,
+                     tutti_store_t **store, tutti_comm_t **comm)
+{
+    if (tutti_store_open_file(store, dir, 20000) != 0)
+        return TUTTI_ERR_STORE;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    o.transport = c->transport;
+    char hid[8];
+    snprintf(hid, sizeof(hid), "host%c", c->hosts[rank]);
+    o.host_id = hid;
+    return tutti_comm_init(comm, *store, rank, nranks, &o);
+}
+
+static int rank_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const mux_case_t *c = arg;
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    int st = open_comm(rank, nranks, dir, c, &store, &comm);
+    FAIL_IF(st != 0, "init: %s: %s", tutti_status_name(st),
+            comm ? tutti_comm_last_error(comm) : "");
+    /* "a+b": a rank with host-mates and others uses both; one with only others uses b */
+    char want[64];
+    snprintf(want, sizeof(want), "%s", c->expect);
+    int mates = 0, others = 0;
+    for (int r = 0; r < nranks; r++)
+        if (r != rank)
+            c->hosts[r] == c->hosts[rank] ? mates++ : others++;
+    char *plus = strchr(want, '+');
+    if (plus && !mates)
+        memmove(want, plus + 1, strlen(plus));
+    else if (plus && !others)
+        *plus = 0;
+    FAIL_IF(strcmp(tutti_comm_transport(comm), want), "transport %s, expected %s",
+            tutti_comm_transport(comm), want);
+
+    /* allreduce, small to pipelined */
+    const size_t counts[] = {1, 1000, 300001};
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        size_t n = counts[k];
+        int64_t *x = malloc(n * sizeof(int64_t)), *y = malloc(n * sizeof(int64_t));
+        FAIL_IF(!x || !y, "malloc");
+        for (size_t i = 0; i < n; i++)
+            x[i] = (int64_t)(rank + 1) * (int64_t)(i % 977) - rank;
+        st = tutti_allreduce(comm, x, y, n, TUTTI_INT64, TUTTI_SUM);
+        FAIL_IF(st != 0, "allreduce %zu: %s", n, tutti_comm_last_error(comm));
+        int64_t ranksum = (int64_t)nranks * (nranks + 1) / 2, rsum = (int64_t)nranks * (nranks - 1) / 2;
+        for (size_t i = 0; i < n; i++)
+            FAIL_IF(y[i] != ranksum * (int64_t)(i % 977) - rsum, "allreduce %zu: [%zu] = %lld", n,
+                    i, (long long)y[i]);
+        free(x);
+        free(y);
+    }
+
+    /* broadcast from the last rank */
+    size_t bn = 100003;
+    uint8_t *b = malloc(bn);
+    FAIL_IF(!b, "malloc");
+    for (size_t i = 0; i < bn; i++)
+        b[i] = rank == nranks - 1 ? (uint8_t)(i * 7 + 3) : 0;
+    st = tutti_broadcast(comm, TUTTI_IN_PLACE, b, bn, TUTTI_UINT8, nranks - 1);
+    FAIL_IF(st != 0, "broadcast: %s", tutti_comm_last_error(comm));
+    for (size_t i = 0; i < bn; i++)
+        FAIL_IF(b[i] != (uint8_t)(i * 7 + 3), "broadcast [%zu] = %u", i, b[i]);
+    free(b);
+
+    /* alltoall: every pair talks, through whichever transport serves it */
+    size_t blk = 513;
+    int32_t *s = malloc((size_t)nranks * blk * 4), *r = malloc((size_t)nranks * blk * 4);
+    FAIL_IF(!s || !r, "malloc");
+    for (int j = 0; j < nranks; j++)
+        for (size_t i = 0; i < blk; i++)
+            s[(size_t)j * blk + i] = rank * 1000000 + j * 1000 + (int32_t)i;
+    st = tutti_alltoall(comm, s, r, blk, TUTTI_INT32);
+    FAIL_IF(st != 0, "alltoall: %s", tutti_comm_last_error(comm));
+    for (int j = 0; j < nranks; j++)
+        for (size_t i = 0; i < blk; i++)
+            FAIL_IF(r[(size_t)j * blk + i] != j * 1000000 + rank * 1000 + (int32_t)i,
+                    "alltoall from %d [%zu]", j, i);
+    free(s);
+    free(r);
+
+    /* point to point around the ring, both directions in flight at once */
+    int32_t out[64], in[64];
+    for (int i = 0; i < 64; i++)
+        out[i] = rank * 64 + i;
+    tutti_work_t *ws = NULL, *wr = NULL;
+    st = tutti_send_async(comm, out, 64, TUTTI_INT32, (rank + 1) % nranks, 7, &ws);
+    FAIL_IF(st != 0, "isend: %s", tutti_comm_last_error(comm));
+    st = tutti_recv_async(comm, in, 64, TUTTI_INT32, (rank + nranks - 1) % nranks, 7, &wr);
+    FAIL_IF(st != 0, "irecv: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_wait(wr, -1) != 0 || tutti_wait(ws, -1) != 0, "p2p: %s", tutti_comm_last_error(comm));
+    tutti_work_free(ws);
+    tutti_work_free(wr);
+    int from = (rank + nranks - 1) % nranks;
+    for (int i = 0; i < 64; i++)
+        FAIL_IF(in[i] != from * 64 + i, "recv [%d] = %d", i, in[i]);
+
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+static int rank_refused(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const mux_case_t *c = arg;
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    int st = open_comm(rank, nranks, dir, c, &store, &comm);
+    FAIL_IF(st != c->expect_status, "init gave %s, expected %s", tutti_status_name(st),
+            tutti_status_name(c->expect_status));
+    tutti_store_close(store);
+    return 0;
+}
+
+static int have(const char *name)
+{
+    const tutti_transport_ops_v1_t *ops;
+    void *h = NULL;
+    char err[512];
+    for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)
+        if (!strcmp(b->name, name))
+            return tt_transport_load(name, NULL, &ops, &h, err, sizeof(err)) == 0;
+    return 0;
+}
+
+static const mux_case_t tcp_cases[] = {
+    {"local=" TCP_PLUGIN ",remote=tcp", "AABB", "tcp+tcp", 0},
+    {"local=" TCP_PLUGIN ",remote=tcp", "ABAB", "tcp+tcp", 0},
+    {"local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0},
+    {"local=" TCP_PLUGIN, "AABBA", "tcp+tcp", 0},
+    {"local=" TCP_PLUGIN ",remote=tcp", "AAAA", "tcp", 0}, /* one host: no mux */
+};
+
+START_TEST(mixed_tcp)
+{
+    const mux_case_t *c = &tcp_cases[_i];
+    th_spec_t spec = {.nranks = (int)strlen(c->hosts), .fn = rank_mixed, .arg = (void *)c,
+                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
+}
+END_TEST
+
+static const mux_case_t shm_cases[] = {
+    {"auto", "AABB", "shm+tcp", 0},
+    {NULL, "ABBA", "shm+tcp", 0},
+    {"local=shm,remote=tcp", "AAB", "shm+tcp", 0},
+    {"auto", "AAA", "shm", 0},
+    {"auto", "ABC", "tcp", 0}, /* nobody local: tcp alone */
+};
+
+START_TEST(mixed_shm)
+{
+    if (!have("shm")) {
+        fprintf(stderr, "mixed_shm: shm is not built in; skipped\n");
+        return;
+    }
+    const mux_case_t *c = &shm_cases[_i];
+    th_spec_t spec = {.nranks = (int)strlen(c->hosts), .fn = rank_mixed, .arg = (void *)c,
+                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
+}
+END_TEST
+
+START_TEST(shm_forced_across_hosts)
+{
+    if (!have("shm")) {
+        fprintf(stderr, "shm_forced_across_hosts: shm is not built in; skipped\n");
+        return;
+    }
+    mux_case_t c = {"shm", "AB", NULL, TUTTI_ERR_CONFIG};
+    th_spec_t spec = {.nranks = 2, .fn = rank_refused, .arg = &c, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(bad_spec)
+{
+    char dir[] = "/tmp/tutti-mux-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tutti_store_t *store = NULL;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+    const char *bad[] = {"local=tcp,far=tcp", "remote=shm", "local="};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        o.transport = bad[i];
+        tutti_comm_t *comm = NULL;
+        int st = tutti_comm_init(&comm, store, 0, 1, &o);
+        ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s: %s", bad[i], tutti_status_name(st));
+        ck_assert_ptr_null(comm);
+    }
+    tutti_store_close(store);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("mux");
+    TCase *tc = tcase_create("mux");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, mixed_tcp, 0, sizeof(tcp_cases) / sizeof(tcp_cases[0]));
+    tcase_add_loop_test(tc, mixed_shm, 0, sizeof(shm_cases) / sizeof(shm_cases[0]));
+    tcase_add_test(tc, shm_forced_across_hosts);
+    tcase_add_test(tc, bad_spec);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
