@@ -188,7 +188,7 @@ static void usage(FILE *f)
         "                      each one's p50 time, the winner, the default model's choice\n"
         "                      (tutti_comm_algo_for, no override) and how much slower than\n"
         "                      the winner that choice was (also in --json)\n"
-        "  --transport NAME    transport (default tcp, or TUTTI_TRANSPORT)\n"
+        "  --transport NAME    transport (default auto, or TUTTI_TRANSPORT)\n"
         "  --json FILE         also write every row as a JSON array to FILE\n"
         "  -t, --timeout SEC   -np: kill the ranks after SEC seconds (default 1800)\n"
         "  -h, --help          this text\n"
@@ -205,7 +205,11 @@ static void usage(FILE *f)
         "\n"
         "Environment (read by the library; a flag above wins):\n"
         "  TUTTI_TIMEOUT_MS        bound on every wait, ms (default 30000)\n"
-        "  TUTTI_TRANSPORT         transport: tcp (default) or a plugin name\n"
+        "  TUTTI_TRANSPORT         auto (default: shm on this host, tcp across), a name\n"
+        "                          (tcp, shm, ibverbs, a plugin) or local=NAME,remote=NAME\n"
+        "  TUTTI_HOST_ID           ranks with the same id share a host (default hostname/boot id)\n"
+        "  TUTTI_COST_MODEL        algorithm cost model: table (default), probe, or\n"
+        "                          alpha=<us>,bw=<GB/s>,reduce=<GB/s>\n"
         "  TUTTI_PLUGIN_PATH       ':'-separated dirs searched for libtutti-transport-NAME.so\n"
         "  TUTTI_ALGO              algorithm override, e.g. \"allreduce:rd@<64K,ring;broadcast:tree\"\n"
         "  TUTTI_SOCKET_IFNAME     interfaces: \"eth0,ib\" prefixes, \"^docker,lo\" exclusions,\n"
@@ -853,6 +857,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n",
            coll_names[cfg->coll], b->size, tutti_comm_transport(set->main), dtype_col(cfg),
            redop_col(cfg));
+    printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
            cfg->sync ? ", barrier before each" : "",

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "cost.h"
 #include "p2p.h"
 
 typedef int (*tt_algo_fn)(tt_op_t *op);
@@ -38,10 +39,11 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
                            size_t errlen);
 void tt_algo_override_free(tt_algo_override_t *ovr);
 
-/* The algorithm to run: the override's choice if it names one, else the default
- * model's by size and rank count. Never NULL for a valid coll. */
-const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes,
-                                int nranks);
+/* The algorithm to run: the override's choice if it names one, else the cost model's
+ * (cost NULL: the tcp table) for this size, rank count and largest pipelining chunk.
+ * Never NULL for a valid coll. */
+const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, const tt_cost_t *cost,
+                                tt_coll_t coll, size_t bytes, int nranks, size_t chunk_max);
 
 /* The algorithms, one file each in algorithms/. */
 int tt_allreduce_ring(tt_op_t *op);

@@ -40,6 +40,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->prefix = tt_env("PREFIX");
     opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
     opts->host_id = tt_env("HOST_ID");
+    opts->cost_model = tt_env("COST_MODEL");
     return TUTTI_OK;
 }
 
@@ -69,6 +70,11 @@ const char *tutti_comm_transport(const tutti_comm_t *comm)
     return comm && comm->tp_name[0] ? comm->tp_name : "none";
 }
 
+const char *tutti_comm_cost_model(const tutti_comm_t *comm)
+{
+    return comm ? comm->cost_desc : "no communicator";
+}
+
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes)
 {
     if (!comm || !coll)
@@ -76,7 +82,8 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
     tt_coll_t c = tt_coll_parse(coll);
     if (c == TT_COLL_NONE)
         return NULL;
-    const tt_algo_t *a = tt_algo_select(comm->algo_ovr, c, bytes, comm->nranks);
+    const tt_algo_t *a = tt_algo_select(comm->algo_ovr, &comm->cost, c, bytes, comm->nranks,
+                                        comm->opts.chunk_bytes);
     return a ? a->name : NULL;
 }
 
@@ -204,6 +211,7 @@ static void opts_free(tutti_comm_opts_t *o)
     free((char *)o->socket_ifname);
     free((char *)o->prefix);
     free((char *)o->host_id);
+    free((char *)o->cost_model);
 }
 
 static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
@@ -222,6 +230,7 @@ static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     d.socket_ifname = tt_strdup(d.socket_ifname ? d.socket_ifname : tt_env("SOCKET_IFNAME"));
     d.prefix = tt_strdup(d.prefix ? d.prefix : tt_env("PREFIX"));
     d.host_id = tt_strdup(d.host_id ? d.host_id : tt_env("HOST_ID"));
+    d.cost_model = tt_strdup(d.cost_model ? d.cost_model : tt_env("COST_MODEL"));
     if (!d.transport) {
         opts_free(&d);
         return TUTTI_ERR_NOMEM;
@@ -342,12 +351,35 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         TT_WARN("%s", comm->last_error);
         goto err_free;
     }
+    const char *cm = comm->opts.cost_model;
+    int probe = cm && !strcmp(cm, "probe");
+    tt_cost_table(&comm->cost, comm->tp_name);
+    if (cm && *cm && !probe && strcmp(cm, "table")) {
+        st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
+        if (st < 0) {
+            tt_comm_set_error(comm, st, "init: %s", err);
+            TT_WARN("%s", comm->last_error);
+            goto err_free;
+        }
+    }
 
     if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
         st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
         goto err_free;
     }
     comm->worker_started = 1;
+    if (probe && size > 1) {
+        st = tt_cost_probe(comm, &comm->cost);
+        if (st < 0) {
+            snprintf(err, sizeof(err), "%s", comm->last_error);
+            tt_comm_set_error(comm, st, "init: the cost probe failed: %s", err);
+            TT_WARN("%s", comm->last_error);
+            tutti_comm_destroy(comm); /* the progress thread runs: the full teardown */
+            return st;
+        }
+    }
+    tt_cost_describe(&comm->cost, comm->cost_desc, sizeof(comm->cost_desc));
+    TT_INFO("cost model %s", comm->cost_desc);
     TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, prefix %s", rank, size,
             comm->tp_name, comm->store_url, prefix);
     *comm_p = comm;

@@ -46,6 +46,8 @@ struct tutti_comm {
     char host_id[256];        /* this host's identity (tpmux.c) */
 
     tt_algo_override_t *algo_ovr;
+    tt_cost_t cost;           /* the cost model's parameters (the same on every rank) */
+    char cost_desc[160];
 
     /* errors: the first failure sticks (the stream position with peers is unknown
      * after it); later operations fail at once with its status */

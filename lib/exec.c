@@ -119,18 +119,15 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     /* Every rank must pick the same algorithm: select on the envelope's count, the same
      * on every rank by construction (0 for the v-forms, whose own sizes differ). */
     size_t sel_bytes = op->coll == TT_COLL_BARRIER ? 0 : (size_t)op->env_count * op->elem_size;
-    const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, op->coll, sel_bytes, comm->nranks);
+    const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, &comm->cost, op->coll, sel_bytes,
+                                           comm->nranks, comm->opts.chunk_bytes);
     if (!algo) {
         snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective",
                  comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
                  (unsigned long long)op->seq);
         return TUTTI_ERR_UNSUPPORTED;
     }
-    /* Pipelining needs a few chunks per block: aim for 4 per ring block, at most the
-     * configured chunk, at least 256 KiB (smaller chunks cost more in per-message
-     * overhead than they win in overlap; measured on loopback, 2 and 4 ranks). */
-    size_t per_block = sel_bytes / (size_t)comm->nranks / 4; /* tags depend on it */
-    op->chunk_bytes = TT_MIN(comm->opts.chunk_bytes, TT_MAX(per_block, (size_t)256 << 10));
+    op->chunk_bytes = tt_cost_chunk(sel_bytes, comm->nranks, comm->opts.chunk_bytes);
     op->algo_id = algo->id;
     op->deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);

@@ -8,32 +8,9 @@
 #include "algo.h"
 #include "internal.h"
 
-/* Default model. Recursive doubling costs log2(p) (alpha + bytes beta), the ring
- * 2 (p-1) alpha + 2 (p-1)/p bytes beta: the ring wins once messages are large enough
- * for the bandwidth term to dominate its extra latency. Tune with tutti-bench. */
-#define TT_ALLREDUCE_RD_MAX_BYTES ((size_t)64 << 10)
-/* Below this many bytes per ring block, the ring's 2 (p-1) steps are latency bound
- * whatever the total, so recursive doubling stays ahead on many ranks. */
-#define TT_ALLREDUCE_RING_MIN_BLOCK_BYTES ((size_t)4 << 10)
-/* Halving-doubling moves the ring's bytes in 2 log2(p) rounds instead of 2 (p-1) steps:
- * on power-of-two rank counts it takes the ring's place up to this size. Measured, p50,
- * loopback on 2 cores: 4 ranks 0.72x the ring's time at 128K, 0.70-0.83x at 256K,
- * 0.93-1.00x at 512K, 0.91-0.95x at 1M, even at 2M; 8 ranks (4 to a core) faster up to
- * 256K but 1.14x at 512K and 1.28x at 1M: worth re-measuring on a real cluster. */
-#define TT_ALLREDUCE_HD_MAX_BYTES ((size_t)1 << 20)
-/* The binomial tree sends the whole message log2(p) times in sequence; the chain
- * pipelines chunks and wins once a message spans a few of them. */
-#define TT_BROADCAST_TREE_MAX_BYTES ((size_t)256 << 10)
-/* The same trade for reduce (the tree reduces the whole vector log2(p) times in
- * sequence, the ring reduce-scatters and gathers) and allgather (log2(p) rounds against
- * the ring's p-1). */
-#define TT_REDUCE_TREE_MAX_BYTES ((size_t)64 << 10)
-#define TT_ALLGATHER_RD_MAX_BYTES ((size_t)64 << 10)
-/* Gather/scatter: the root's link carries every block either way; the tree saves the
- * root's per-message latency on many ranks, but forwards each block up to log2(p) times,
- * which only pays while the blocks are small. */
-#define TT_GATHER_LINEAR_MAX_RANKS 4
-#define TT_GATHER_TREE_MAX_BYTES ((size_t)1 << 20)
+/* The default choice is the cost model's (cost.c): the algorithm of the collective
+ * with the least estimated time for (bytes, ranks) under the communicator's alpha, beta
+ * and gamma; ties go to the earlier entry of the table below. */
 
 /* Ids travel in envelopes: never renumber, never reuse. */
 static const tt_algo_t tt_algo_ring = {"ring", TT_COLL_ALLREDUCE, 1, tt_allreduce_ring};
@@ -464,47 +441,31 @@ void tt_algo_override_free(tt_algo_override_t *ovr)
     free(ovr);
 }
 
-static const tt_algo_t *tt_algo_default(tt_coll_t coll, size_t bytes, int nranks)
+static const tt_algo_t *tt_algo_default(const tt_cost_t *cost, tt_coll_t coll, size_t bytes,
+                                        int nranks, size_t chunk_max)
 {
-    switch (coll) {
-    case TT_COLL_ALLREDUCE:
-        /* Two ranks too: rd moves the same bytes as the ring but reduces the whole
-         * vector on both sides, unpipelined (measured: ring 3.2 vs rd 2.7 GB/s at 4 MiB,
-         * 2.3 vs 1.2 at 64 MiB, 2 ranks on loopback). */
-        if (bytes <= TT_ALLREDUCE_RD_MAX_BYTES ||
-            bytes / (size_t)nranks < TT_ALLREDUCE_RING_MIN_BLOCK_BYTES)
-            return &tt_algo_rd;
-        if (nranks > 2 && (nranks & (nranks - 1)) == 0 && bytes <= TT_ALLREDUCE_HD_MAX_BYTES)
-            return &tt_algo_hd;
-        return &tt_algo_ring;
-    case TT_COLL_BROADCAST:
-        return bytes <= TT_BROADCAST_TREE_MAX_BYTES ? &tt_algo_tree : &tt_algo_chain;
-    case TT_COLL_BARRIER:
-        return &tt_algo_dissemination;
-    case TT_COLL_REDUCE:
-        return bytes <= TT_REDUCE_TREE_MAX_BYTES ? &tt_algo_reduce_tree : &tt_algo_reduce_ring;
-    case TT_COLL_ALLGATHER:
-        return bytes <= TT_ALLGATHER_RD_MAX_BYTES ? &tt_algo_allgather_rd
-                                                  : &tt_algo_allgather_ring;
-    case TT_COLL_REDUCE_SCATTER:
-        return &tt_algo_reduce_scatter_ring;
-    case TT_COLL_GATHER:
-        return nranks <= TT_GATHER_LINEAR_MAX_RANKS || bytes > TT_GATHER_TREE_MAX_BYTES
-                   ? &tt_algo_gather_linear
-                   : &tt_algo_gather_tree;
-    case TT_COLL_SCATTER:
-        return nranks <= TT_GATHER_LINEAR_MAX_RANKS || bytes > TT_GATHER_TREE_MAX_BYTES
-                   ? &tt_algo_scatter_linear
-                   : &tt_algo_scatter_tree;
-    case TT_COLL_ALLTOALL:
-        return &tt_algo_alltoall_pairwise;
-    default:
-        return NULL;
+    tt_cost_t table;
+    if (!cost) {
+        tt_cost_table(&table, "tcp");
+        cost = &table;
     }
+    size_t chunk = tt_cost_chunk(bytes, nranks, chunk_max);
+    const tt_algo_t *best = NULL;
+    double best_us = 0;
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_algos); i++) {
+        if (tt_algos[i]->coll != coll)
+            continue;
+        double us = tt_cost_estimate(cost, coll, tt_algos[i]->name, bytes, nranks, chunk);
+        if (!best || us < best_us) {
+            best = tt_algos[i];
+            best_us = us;
+        }
+    }
+    return best;
 }
 
-const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes,
-                                int nranks)
+const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, const tt_cost_t *cost,
+                                tt_coll_t coll, size_t bytes, int nranks, size_t chunk_max)
 {
     if ((int)coll <= TT_COLL_NONE || coll >= TT_COLL_COUNT_)
         return NULL;
@@ -516,5 +477,5 @@ const tt_algo_t *tt_algo_select(const tt_algo_override_t *ovr, tt_coll_t coll, s
         }
     }
     /* no override, or every bound of it is below bytes */
-    return tt_algo_default(coll, bytes, nranks);
+    return tt_algo_default(cost, coll, bytes, nranks, chunk_max);
 }

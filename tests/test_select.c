@@ -5,12 +5,16 @@
 #include <check.h>
 #include <string.h>
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "algo.h"
+#include "harness.h"
 #include "internal.h"
 
 static const char *pick(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes, int n)
 {
-    const tt_algo_t *a = tt_algo_select(ovr, coll, bytes, n);
+    const tt_algo_t *a = tt_algo_select(ovr, NULL, coll, bytes, n, (size_t)1 << 20);
     return a ? a->name : "NULL";
 }
 
@@ -71,7 +75,7 @@ START_TEST(force_each)
         ck_assert_str_eq(pick(ovr, cases[i].coll, 1, 8), cases[i].name);
         ck_assert_str_eq(pick(ovr, cases[i].coll, (size_t)1 << 30, 8), cases[i].name);
         ck_assert_ptr_eq(tt_algo_find(cases[i].coll, cases[i].name),
-                         tt_algo_select(ovr, cases[i].coll, 1, 8));
+                         tt_algo_select(ovr, NULL, cases[i].coll, 1, 8, (size_t)1 << 20));
         tt_algo_override_free(ovr);
     }
 }
@@ -149,7 +153,7 @@ START_TEST(allreduce_hd_dbtree)
     ck_assert_int_eq(tt_algo_override_parse("dbtree", &ovr, err, sizeof(err)), TUTTI_OK);
     ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, 1, 3), "dbtree");
     ck_assert_str_eq(pick(ovr, TT_COLL_ALLREDUCE, (size_t)1 << 30, 3), "dbtree");
-    ck_assert_str_eq(pick(ovr, TT_COLL_BROADCAST, 1, 3), "tree"); /* default */
+    ck_assert_str_eq(pick(ovr, TT_COLL_BROADCAST, 1, 4), "tree"); /* default */
     tt_algo_override_free(ovr);
 
     ck_assert_int_eq(tt_algo_override_parse("allreduce:rd@<4K,hd@<1M,dbtree", &ovr, err,
@@ -162,30 +166,137 @@ START_TEST(allreduce_hd_dbtree)
 }
 END_TEST
 
+/* The default choice is the cost model's: check its crossovers against the formulas
+ * worked by hand here (cost.c lists them). */
+static const char *pick_c(const tt_cost_t *c, tt_coll_t coll, size_t bytes, int n)
+{
+    const tt_algo_t *a = tt_algo_select(NULL, c, coll, bytes, n, (size_t)1 << 20);
+    return a ? a->name : "NULL";
+}
+
 START_TEST(defaults)
 {
-    /* allreduce: rd for small messages, hd for mid-sized ones on power-of-two rank counts
-     * above 2, the ring otherwise */
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 64 << 10, 4), "rd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, (64 << 10) + 1, 4), "hd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 4), "hd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, (1 << 20) + 1, 4), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 16), "hd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 2), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 3), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 1 << 20, 6), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 16 << 10, 16), "rd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_REDUCE, 64 << 10, 8), "tree");
-    ck_assert_str_eq(pick(NULL, TT_COLL_REDUCE, (64 << 10) + 1, 8), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLGATHER, 64 << 10, 8), "rd");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLGATHER, (64 << 10) + 1, 8), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_REDUCE_SCATTER, 1, 8), "ring");
-    ck_assert_str_eq(pick(NULL, TT_COLL_GATHER, 1, 4), "linear");
-    ck_assert_str_eq(pick(NULL, TT_COLL_GATHER, 1, 5), "tree");
-    ck_assert_str_eq(pick(NULL, TT_COLL_GATHER, (1 << 20) + 1, 5), "linear");
-    ck_assert_str_eq(pick(NULL, TT_COLL_SCATTER, 1, 4), "linear");
-    ck_assert_str_eq(pick(NULL, TT_COLL_SCATTER, 1, 16), "tree");
-    ck_assert_str_eq(pick(NULL, TT_COLL_ALLTOALL, 1 << 30, 16), "pairwise");
+    tt_cost_t tcp;
+    tt_cost_table(&tcp, "tcp");
+    /* alpha 10 us, 2 GB/s, reduce 12 GB/s: beta 0.5 ns/B, gamma 1/12 ns/B */
+    ck_assert_msg(tcp.alpha_us == 10.0 && tcp.beta_ns == 0.5, "%f %f", tcp.alpha_us, tcp.beta_ns);
+    /* 2 ranks, unpipelined ring (one chunk per block below 2 MiB): rd = a + n b + n g,
+     * ring = 2a + n b + n g / 2, so rd until n = 2a/g = 240000 bytes */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 239000, 2), "rd");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 241000, 2), "ring");
+    /* 4 ranks: hd = 4a + 1.5 n b + .75 n g beats rd = 2(a + n b + n g) once
+     * 2a < n (b/2 + 1.25 g), n > 20000 / (0.25 + 0.10417) = 56471; and the ring
+     * = 6a + 1.5 n b + .75 n g / k beats hd once its chunks pipeline: at 2 MiB k = 2,
+     * .375 n g = 65.5 us > 2a */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 56000, 4), "rd");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 57000, 4), "hd");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 1 << 20, 4), "hd");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 2 << 20, 4), "ring");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 64 << 20, 8), "ring");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 4, 16), "rd");
+
+    /* a faster link moves the crossovers: alpha 1 us and reduce 1 GB/s (g = 1 ns/B)
+     * put the 2-rank one at 2a/g = 2000 bytes */
+    tt_cost_t fast = tcp;
+    char err[256];
+    ck_assert_int_eq(tt_cost_parse("alpha=1,reduce=1", &fast, err, sizeof(err)), TUTTI_OK);
+    ck_assert_str_eq(fast.source, "user");
+    ck_assert_str_eq(pick_c(&fast, TT_COLL_ALLREDUCE, 1900, 2), "rd");
+    ck_assert_str_eq(pick_c(&fast, TT_COLL_ALLREDUCE, 2100, 2), "ring");
+
+    /* broadcast, 8 ranks: tree = 3(a + n b); chain = (7 + c - 1)(a + C b) with 256 KiB
+     * chunks from 256 KiB up: at 1 MiB (c = 4) 10(a + 131 us) = 1411 us against
+     * 3(a + 524 us) = 1603 us; at 512 KiB 8(10 + 131) = 1128 > 3(10 + 262) = 816 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_BROADCAST, 512 << 10, 8), "tree");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_BROADCAST, 1 << 20, 8), "chain");
+    /* allgather, 8 ranks: Bruck = 3a + 7/8 n b + n g, ring = 7a + 7/8 n b: the ring
+     * once n g > 4a, n > 480000 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLGATHER, 470000, 8), "rd");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLGATHER, 490000, 8), "ring");
+    /* gather, blocks of n/p: linear = a + (p-2) a/4 + (p-1)/p N b; tree = L a +
+     * (p-1)/p N b + (L-1)/2 N g. 4 ranks: 1.5a against 2a + N g / 2: linear always;
+     * 16 ranks: 4.5a against 4a + 1.5 N g: tree while N < a / (3 g) = 40000 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_GATHER, 1, 4), "linear");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_GATHER, 1 << 20, 4), "linear");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2400, 16), "tree");     /* N = 38400 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2600, 16), "linear");   /* N = 41600 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1 << 20, 16), "pairwise");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_BARRIER, 0, 5), "dissemination");
+
+    /* NULL cost is the tcp table */
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 239000, 2), "rd");
+    ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 241000, 2), "ring");
+}
+END_TEST
+
+START_TEST(cost_tables_and_strings)
+{
+    tt_cost_t c, t;
+    tt_cost_table(&c, "shm");
+    tt_cost_table(&t, "tcp");
+    ck_assert(c.alpha_us < t.alpha_us && c.beta_ns < t.beta_ns);
+    tt_cost_table(&c, "shm+tcp"); /* the slower link sets the pace */
+    ck_assert(c.alpha_us == t.alpha_us && c.beta_ns == t.beta_ns);
+    ck_assert_str_eq(c.source, "table tcp");
+    tt_cost_table(&c, "nosuch");
+    ck_assert(c.alpha_us == t.alpha_us);
+    char err[256];
+    ck_assert_int_eq(tt_cost_parse("alpha=2.5,bw=10,reduce=4", &c, err, sizeof(err)), TUTTI_OK);
+    ck_assert(c.alpha_us == 2.5 && c.beta_ns == 0.1 && c.gamma_ns == 0.25);
+    const char *bad[] = {"alpha", "alpha=", "alpha=-1", "alpha=x", "bw=0", "latency=3",
+                         "alpha=1,", "reduce=nan"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int st = tt_cost_parse(bad[i], &c, err, sizeof(err));
+        ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(err, "expected"), "%s: %s", bad[i], err);
+    }
+}
+END_TEST
+
+/* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
+ * ranks would pick different algorithms), and they are plausible. */
+static int rank_probe(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cost_model = "probe";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(strncmp(d, "probe: alpha ", 13), "cost model %s", d);
+    double a = 0, bw = 0, red = 0;
+    FAIL_IF(sscanf(d, "probe: alpha %lf us, bw %lf GB/s, reduce %lf GB/s", &a, &bw, &red) != 3,
+            "cannot read %s", d);
+    FAIL_IF(!(a > 0 && a < 100000 && bw > 0 && red > 0), "implausible: %s", d);
+    char key[32];
+    snprintf(key, sizeof(key), "probe/%d", rank);
+    FAIL_IF(tutti_store_set(store, key, d, strlen(d) + 1) != 0, "store set");
+    for (int r = 0; r < nranks; r++) {
+        void *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof(key), "probe/%d", r);
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 20000) != 0, "store get");
+        FAIL_IF(strcmp((const char *)v, d), "rank %d has %s, this rank %s", r, (char *)v, d);
+        free(v);
+    }
+    /* and the communicator works afterwards */
+    int64_t x = rank + 1, y = 0;
+    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
+    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(probe_agrees)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_probe, .timeout_ms = 60000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 END_TEST
 
@@ -200,6 +311,8 @@ int main(void)
     tcase_add_test(tc, bad_strings);
     tcase_add_test(tc, allreduce_hd_dbtree);
     tcase_add_test(tc, defaults);
+    tcase_add_test(tc, cost_tables_and_strings);
+    tcase_add_test(tc, probe_agrees);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -100,6 +100,10 @@ typedef struct tutti_comm_opts {
                                   TUTTI_ERR_MISMATCH (default 1000; 0 disables) */
     const char *host_id;       /* TUTTI_HOST_ID: ranks with the same id share a host (and
                                   shm); default hostname + kernel boot id */
+    const char *cost_model;    /* TUTTI_COST_MODEL: parameters of the model that picks
+                                  algorithms: "table" (default: per transport), "probe"
+                                  (measured at init, averaged over the ranks), or
+                                  "alpha=<us>,bw=<GB/s>,reduce=<GB/s>" (any subset) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */
@@ -135,6 +139,10 @@ const char *tutti_comm_last_error(const tutti_comm_t *comm);
 /* Transport(s) the communicator uses: "tcp", "shm", or "shm+tcp" when local and
  * remote peers use different ones. */
 const char *tutti_comm_transport(const tutti_comm_t *comm);
+
+/* The cost model's parameters, one line: "probe: alpha 9.80 us, bw 2.10 GB/s, reduce
+ * 6.20 GB/s". */
+const char *tutti_comm_cost_model(const tutti_comm_t *comm);
 
 /* Name of the algorithm the communicator would pick for a collective ("allreduce",
  * "broadcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",

@@ -1,0 +1,303 @@
+/* The cost model (see cost.h). Formulas, with p ranks, n bytes, L = ceil(log2 p),
+ * P = the largest power of two <= p, x = 1 when p is not a power of two:
+ *
+ * allreduce  ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g / k    (k: chunks a ring block
+ *                    pipelines, at most 4: reducing a chunk overlaps sending the next)
+ *            rd      log2(P) (a + n b + n g) + x (2 a + 2 n b + n g)   (fold in and out)
+ *            hd      2 log2(P) a + 2(P-1)/P n b + (P-1)/P n g + x (2 a + 2 n b + n g)
+ *            dbtree  2 (L + c - 1) a + 2 n b + n g     (c chunks through the trees; each
+ *                    rank receives up to the whole vector and sends it on)
+ * broadcast  tree    L (a + n b)
+ *            chain   (p - 1 + c - 1)(a + min(n, chunk) b)
+ * reduce     tree    L (a + n b + n g)
+ *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
+ * allgather  ring    (p-1)(a + n/p b)
+ *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
+ * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g); pairwise talks to a
+ *                    different peer each step, so its messages do not queue behind the
+ *                    previous step's on one link: it gets a 0.9 factor on the b term
+ * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
+ *                    in flight at once: each one after the first costs its overhead only)
+ *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
+ * alltoall   pairwise (p-1)(a + n/p b)
+ *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
+ * barrier    dissemination: L a
+ *
+ * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. The table's
+ * parameters were measured on loopback TCP and shared memory on a 2-core VM; a cluster
+ * should use TUTTI_COST_MODEL=probe or its own numbers. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <time.h>
+
+#include <tutti/tutti.h>
+
+#include "cost.h"
+#include "internal.h"
+#include "reduce.h"
+
+typedef struct cost_row {
+    const char *transport;
+    double alpha_us, bw_gbs, reduce_gbs;
+} cost_row_t;
+
+/* alpha: a 4-byte exchange; bw: one direction of a large exchange; reduce: fp32 sum of
+ * two vectors into a third, per byte of vector (tutti-bench, reduce-bench). */
+static const cost_row_t cost_rows[] = {
+    {"tcp", 10.0, 2.0, 12.0},
+    {"shm", 1.0, 5.0, 12.0},
+    {"ibverbs", 3.0, 10.0, 12.0},
+};
+
+void tt_cost_table(tt_cost_t *c, const char *transport)
+{
+    const cost_row_t *best = &cost_rows[0];
+    const char *name = transport && *transport ? transport : "tcp";
+    /* "shm+tcp": take the slowest part (a collective runs at its slowest link) */
+    double worst = -1;
+    for (size_t i = 0; i < TT_ARRAY_SIZE(cost_rows); i++) {
+        const char *hit = strstr(name, cost_rows[i].transport);
+        size_t len = strlen(cost_rows[i].transport);
+        if (!hit || (hit != name && hit[-1] != '+') || (hit[len] && hit[len] != '+'))
+            continue;
+        double w = cost_rows[i].alpha_us + 1.0 / cost_rows[i].bw_gbs;
+        if (w > worst) {
+            worst = w;
+            best = &cost_rows[i];
+        }
+    }
+    c->alpha_us = best->alpha_us;
+    c->beta_ns = 1.0 / best->bw_gbs;
+    c->gamma_ns = 1.0 / best->reduce_gbs;
+    snprintf(c->source, sizeof(c->source), "table %s", worst < 0 ? "tcp" : best->transport);
+}
+
+int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    size_t len = strlen(spec);
+    if (!len || spec[0] == ',' || spec[len - 1] == ',' || strstr(spec, ",,")) {
+        snprintf(err, errlen,
+                 "TUTTI_COST_MODEL=\"%s\": empty item; expected table, probe, or "
+                 "alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, any subset)", spec);
+        return TUTTI_ERR_CONFIG;
+    }
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        char *end = NULL;
+        double v = eq ? strtod(eq + 1, &end) : 0;
+        if (!eq || end == eq + 1 || *end || !(v > 0) || !isfinite(v)) {
+            snprintf(err, errlen,
+                     "TUTTI_COST_MODEL=\"%s\": cannot read \"%s\"; expected table, probe, or "
+                     "alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, any subset)",
+                     spec, tok);
+            return TUTTI_ERR_CONFIG;
+        }
+        *eq = 0;
+        if (!strcmp(tok, "alpha")) {
+            c->alpha_us = v;
+        } else if (!strcmp(tok, "bw")) {
+            c->beta_ns = 1.0 / v;
+        } else if (!strcmp(tok, "reduce")) {
+            c->gamma_ns = 1.0 / v;
+        } else {
+            snprintf(err, errlen,
+                     "TUTTI_COST_MODEL=\"%s\": unknown parameter \"%s\"; expected alpha, bw or "
+                     "reduce", spec, tok);
+            return TUTTI_ERR_CONFIG;
+        }
+    }
+    snprintf(c->source, sizeof(c->source), "user");
+    return TUTTI_OK;
+}
+
+size_t tt_cost_chunk(size_t bytes, int nranks, size_t chunk_max)
+{
+    /* Pipelining needs a few chunks per block: aim for 4 per ring block, at most the
+     * configured chunk, at least 256 KiB (smaller chunks cost more in per-message
+     * overhead than they win in overlap; measured on loopback, 2 and 4 ranks). */
+    size_t per_block = bytes / (size_t)(nranks > 0 ? nranks : 1) / 4;
+    return TT_MIN(chunk_max, TT_MAX(per_block, (size_t)256 << 10));
+}
+
+static int ceil_log2(int p)
+{
+    int l = 0;
+    while ((1 << l) < p)
+        l++;
+    return l;
+}
+
+double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
+                        int p, size_t chunk)
+{
+    if (p <= 1)
+        return 0;
+    double a = c->alpha_us, b = c->beta_ns * 1e-3, g = c->gamma_ns * 1e-3; /* us per byte */
+    double n = (double)bytes;
+    int L = ceil_log2(p);
+    int lP = (1 << L) == p ? L : L - 1; /* log2 of the largest power of two <= p */
+    double P = (double)(1 << lP);
+    double x = (1 << L) == p ? 0 : 1;
+    double fr = (double)(p - 1) / p;
+    /* gather, scatter and alltoall envelopes carry the per-rank block */
+    if (coll == TT_COLL_GATHER || coll == TT_COLL_SCATTER || coll == TT_COLL_ALLTOALL)
+        n *= p;
+    double chunks = chunk ? ceil(n / (double)chunk) : 1;
+    if (chunks < 1)
+        chunks = 1;
+    switch (coll) {
+    case TT_COLL_ALLREDUCE:
+        if (!strcmp(algo, "ring")) {
+            double k = chunk ? ceil(n / p / (double)chunk) : 1;
+            k = k < 1 ? 1 : k > 4 ? 4 : k;
+            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g / k;
+        }
+        if (!strcmp(algo, "rd"))
+            return lP * (a + n * b + n * g) + x * (2 * a + 2 * n * b + n * g);
+        if (!strcmp(algo, "hd"))
+            return 2 * lP * a + 2 * (P - 1) / P * n * b + (P - 1) / P * n * g +
+                   x * (2 * a + 2 * n * b + n * g);
+        if (!strcmp(algo, "dbtree"))
+            return 2 * (L + chunks - 1) * a + 2 * n * b + n * g;
+        break;
+    case TT_COLL_BROADCAST:
+        if (!strcmp(algo, "tree"))
+            return L * (a + n * b);
+        if (!strcmp(algo, "chain"))
+            return (p - 1 + chunks - 1) * (a + TT_MIN(n, (double)(chunk ? chunk : bytes)) * b);
+        break;
+    case TT_COLL_REDUCE:
+        if (!strcmp(algo, "tree"))
+            return L * (a + n * b + n * g);
+        if (!strcmp(algo, "ring"))
+            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g;
+        break;
+    case TT_COLL_ALLGATHER:
+        if (!strcmp(algo, "ring"))
+            return (p - 1) * (a + n / p * b);
+        if (!strcmp(algo, "rd"))
+            return L * a + fr * n * b + n * g;
+        break;
+    case TT_COLL_REDUCE_SCATTER:
+        if (!strcmp(algo, "ring"))
+            return (p - 1) * (a + n / p * b + n / p * g);
+        if (!strcmp(algo, "pairwise"))
+            return (p - 1) * (a + 0.9 * n / p * b + n / p * g);
+        break;
+    case TT_COLL_GATHER:
+    case TT_COLL_SCATTER:
+        if (!strcmp(algo, "linear")) /* the root posts every message at once */
+            return a + (p - 2) * a / 4 + fr * n * b;
+        if (!strcmp(algo, "tree"))
+            return L * a + fr * n * b + (L - 1) / 2.0 * n * g;
+        break;
+    case TT_COLL_ALLTOALL:
+        if (!strcmp(algo, "pairwise"))
+            return (p - 1) * (a + n / p * b);
+        if (!strcmp(algo, "ring"))
+            return (p - 1) * a + (p - 1) / 2.0 * n * b;
+        break;
+    case TT_COLL_BARRIER:
+        return L * a;
+    default:
+        break;
+    }
+    return HUGE_VAL; /* an algorithm the model does not know is never picked by it */
+}
+
+void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s: alpha %.2f us, bw %.2f GB/s, reduce %.2f GB/s", c->source,
+             c->alpha_us, 1.0 / c->beta_ns, 1.0 / c->gamma_ns);
+}
+
+/* ---- the probe (TUTTI_COST_MODEL=probe) ---- */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* Every rank sends len bytes to the next rank and receives from the previous one, at
+ * once: one step of a ring, with the contention every rank sending at once brings. */
+static int shift(tutti_comm_t *comm, void *out, void *in, size_t len)
+{
+    int r = tutti_comm_rank(comm), p = tutti_comm_size(comm);
+    tutti_work_t *ws = NULL, *wr = NULL;
+    int st = tutti_recv_async(comm, in, len, TUTTI_UINT8, (r + p - 1) % p, 0x7c057, &wr);
+    if (st == TUTTI_OK)
+        st = tutti_send_async(comm, out, len, TUTTI_UINT8, (r + 1) % p, 0x7c057, &ws);
+    int st2 = wr ? tutti_wait(wr, -1) : TUTTI_OK;
+    int st3 = ws ? tutti_wait(ws, -1) : TUTTI_OK;
+    tutti_work_free(wr);
+    tutti_work_free(ws);
+    return st < 0 ? st : st2 < 0 ? st2 : st3;
+}
+
+int tt_cost_probe(tutti_comm_t *comm, tt_cost_t *c)
+{
+    const size_t big = (size_t)1 << 20;
+    const int small_reps = 20, big_reps = 3;
+    char *a = malloc(big), *b = malloc(big), *d = malloc(big);
+    if (!a || !b || !d) {
+        free(a);
+        free(b);
+        free(d);
+        return TUTTI_ERR_NOMEM;
+    }
+    memset(a, 1, big);
+    memset(b, 2, big);
+    memset(d, 0, big);
+    int st = TUTTI_OK;
+    double v[3] = {0, 0, 0};
+    /* alpha: the dissemination barrier is ceil(log2 p) rounds of empty messages, on the
+     * collectives' own path (point-to-point calls add a queue hop) */
+    int p = tutti_comm_size(comm), rounds = 0;
+    while ((1 << rounds) < p)
+        rounds++;
+    for (int i = 0; i < 3 && st == TUTTI_OK; i++) /* warm up */
+        st = tutti_barrier(comm);
+    double t0 = now_us();
+    for (int i = 0; i < small_reps && st == TUTTI_OK; i++)
+        st = tutti_barrier(comm);
+    double alpha = (now_us() - t0) / small_reps / rounds;
+    if (st == TUTTI_OK)
+        st = shift(comm, a, b, big);
+    t0 = now_us();
+    for (int i = 0; i < big_reps && st == TUTTI_OK; i++)
+        st = shift(comm, a, b, big);
+    double tbig = (now_us() - t0) / big_reps;
+    /* gamma: fp32 sum of two vectors into a third, best of a few */
+    double tred = HUGE_VAL;
+    for (int i = 0; i < 4; i++) {
+        double t = now_us();
+        tt_reduce3(d, a, b, big / 4, TUTTI_FP32, TUTTI_SUM);
+        t = now_us() - t;
+        tred = t < tred ? t : tred;
+    }
+    if (st == TUTTI_OK) {
+        /* everyone must pick the same algorithms: average the measurements */
+        v[0] = alpha;
+        v[1] = (tbig - alpha) * 1e3 / (double)big;
+        v[2] = tred * 1e3 / (double)big;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 3, TUTTI_FP64, TUTTI_AVG);
+    }
+    if (st == TUTTI_OK) {
+        c->alpha_us = v[0] > 0.05 ? v[0] : 0.05;
+        c->beta_ns = v[1] > 1e-3 ? v[1] : 1e-3;
+        c->gamma_ns = v[2] > 1e-3 ? v[2] : 1e-3;
+        snprintf(c->source, sizeof(c->source), "probe");
+    }
+    free(a);
+    free(b);
+    free(d);
+    return st;
+}

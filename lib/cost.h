@@ -1,0 +1,48 @@
+/* The cost model that picks algorithms: latency alpha (per message), beta (per byte on
+ * the wire) and gamma (per byte reduced or copied locally), per transport from a table,
+ * from a probe at init, or given by the user (TUTTI_COST_MODEL). Each algorithm has a
+ * cost formula in those terms; the cheapest one for (collective, bytes, ranks) runs.
+ * Every rank must pick the same algorithm, so the parameters are the same on every rank
+ * (a table, the user's string, or probe results averaged by an allreduce). */
+#ifndef TT_COST_H
+#define TT_COST_H
+
+#include <stddef.h>
+
+#include "p2p.h"
+
+typedef struct tt_cost {
+    double alpha_us; /* per message: latency plus software overhead */
+    double beta_ns;  /* per byte sent over the transport (1 / bandwidth) */
+    double gamma_ns; /* per byte of vector reduced (or copied) in memory */
+    char source[48]; /* "table tcp", "probe", "user" */
+} tt_cost_t;
+
+/* The table's parameters for a transport name ("tcp", "shm", "ibverbs", "shm+tcp": the
+ * slower part counts); unknown names get tcp's. */
+void tt_cost_table(tt_cost_t *c, const char *transport);
+
+/* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any
+ * subset, the rest from c). "table" and "probe" are handled by the caller. */
+int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen);
+
+/* Estimated microseconds of one algorithm (by name) of a collective. bytes is what
+ * selection sees (the envelope's count times the element size): the vector for
+ * allreduce/broadcast/reduce, the total for allgather and reduce_scatter, one rank's
+ * block for gather/scatter/alltoall, 0 for the v-forms. chunk is the pipelining chunk
+ * the executor would use. */
+double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
+                        int nranks, size_t chunk);
+
+/* The executor's pipelining chunk for a collective of `bytes` (exec.c uses it too). */
+size_t tt_cost_chunk(size_t bytes, int nranks, size_t chunk_max);
+
+/* Measure alpha, beta and gamma on this communicator (collective: every rank calls it):
+ * barriers, ring shifts of 1 MiB, and the fp32 sum kernel; averaged over the ranks so
+ * that all get the same parameters. */
+int tt_cost_probe(tutti_comm_t *comm, tt_cost_t *c);
+
+/* One line describing c ("tcp table: alpha 10 us, bw 2.00 GB/s, reduce 6.67 GB/s"). */
+void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len);
+
+#endif
