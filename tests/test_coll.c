@@ -636,6 +636,86 @@ START_TEST(eight_ranks)
 }
 END_TEST
 
+/* ---- NaN and infinities through MIN/MAX, every allreduce algorithm ---- */
+
+static const char *const nan_algos[] = {"ring", "rd", "hd", "dbtree"};
+
+static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                           void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = algo;
+    o.chunk_bytes = 4096; /* several chunks even for this small vector */
+    tutti_comm_t *comm = NULL;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    /* element 0: NaN on the last rank only; 1: +inf on rank 0, finite elsewhere;
+     * 2: -inf on rank 1; 3: NaN on rank 0 and +inf on rank 1; the rest finite */
+    const size_t n = 5000;
+    for (int opi = 0; opi < 2; opi++) {
+        tutti_redop_t op = opi ? TUTTI_MAX : TUTTI_MIN;
+        for (int dt = 0; dt < 2; dt++) {
+            float f[5000];
+            double d[5000];
+            for (size_t i = 0; i < n; i++) {
+                double v = (double)((rank * 7919 + (int)i * 104729) % 1000) - 500;
+                if (i == 0 && rank == nranks - 1)
+                    v = NAN;
+                if (i == 1 && rank == 0)
+                    v = INFINITY;
+                if (i == 2 && rank == 1)
+                    v = -INFINITY;
+                if (i == 3)
+                    v = rank == 0 ? NAN : rank == 1 ? INFINITY : 1.0;
+                f[i] = (float)v;
+                d[i] = v;
+            }
+            int st = dt ? tutti_allreduce(comm, TUTTI_IN_PLACE, d, n, TUTTI_FP64, op)
+                        : tutti_allreduce(comm, TUTTI_IN_PLACE, f, n, TUTTI_FP32, op);
+            FAIL_IF(st != 0, "%s: %s", algo, tutti_comm_last_error(comm));
+            for (size_t i = 0; i < n; i++) {
+                double got = dt ? d[i] : (double)f[i];
+                double want;
+                if (i == 0 || i == 3) {
+                    want = NAN;
+                } else if (i == 1 && op == TUTTI_MAX) {
+                    want = INFINITY;
+                } else if (i == 2 && op == TUTTI_MIN) {
+                    want = -INFINITY;
+                } else { /* the plain-C extreme over the ranks' finite values */
+                    want = op == TUTTI_MAX ? -INFINITY : INFINITY;
+                    for (int r = 0; r < nranks; r++) {
+                        double v = (double)((r * 7919 + (int)i * 104729) % 1000) - 500;
+                        if ((i == 1 && r == 0) || (i == 2 && r == 1))
+                            continue;
+                        want = op == TUTTI_MAX ? (v > want ? v : want) : (v < want ? v : want);
+                    }
+                }
+                int ok = isnan(want) ? isnan(got) : got == want;
+                FAIL_IF(!ok, "%s %s %s [%zu]: got %g, expected %g", algo, dt ? "f64" : "f32",
+                        opi ? "max" : "min", i, got, want);
+            }
+        }
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(nan_minmax)
+{
+    th_spec_t spec = {.nranks = 4, .fn = rank_nan_minmax, .arg = (void *)nan_algos[_i],
+                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.nranks = 3;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 static Suite *coll_suite(void)
 {
     Suite *s = suite_create("coll");
@@ -653,6 +733,11 @@ static Suite *coll_suite(void)
     tc = tcase_create("scale");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, eight_ranks);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("nan");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, nan_minmax, 0, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -43,7 +43,11 @@ typedef enum tutti_dtype {
 } tutti_dtype_t;
 
 /* Reduction ops. fp16 and bf16 reduce in fp32. AVG divides the sum by the rank
- * count at the end (integer division, truncating, for integer types). */
+ * count at the end (integer division, truncating, for integer types). Integer SUM and
+ * PROD wrap (two's complement). Float MIN/MAX propagate NaN: a NaN on any rank gives
+ * NaN in that element (as torch.max and numpy.maximum do, unlike C's fmax); infinities
+ * order as usual (MIN of -inf and x is -inf); +0 and -0 compare equal, so which of them
+ * a MIN/MAX of both returns depends on the algorithm's order of operands. */
 typedef enum tutti_redop {
     TUTTI_SUM = 0,
     TUTTI_PROD,
