@@ -16,6 +16,7 @@
 #define TT_FUSE_ALIGN 64 /* every tensor starts on a cache line of its bucket */
 #define TT_FUSE_DEFAULT_CAP ((size_t)25 << 20)
 #define TT_FUSE_DEFAULT_FIRST_CAP ((size_t)1 << 20)
+#define TT_FUSE_DEFAULT_LAST_CAP ((size_t)1 << 20)
 
 enum { TT_T_PENDING = 0, TT_T_READY, TT_T_UNUSED };
 
@@ -93,7 +94,20 @@ int tutti_fuse_opts_init(tutti_fuse_opts_t *opts)
     opts->size = sizeof(*opts);
     opts->bucket_cap_bytes = TT_FUSE_DEFAULT_CAP;
     opts->first_bucket_cap_bytes = TT_FUSE_DEFAULT_FIRST_CAP;
+    opts->last_bucket_cap_bytes = TT_FUSE_DEFAULT_LAST_CAP;
     opts->op = TUTTI_SUM;
+    static const char *const names[3] = {"FUSE_BUCKET_CAP", "FUSE_FIRST_BUCKET_CAP",
+                                          "FUSE_LAST_BUCKET_CAP"};
+    size_t *fields[3] = {&opts->bucket_cap_bytes, &opts->first_bucket_cap_bytes,
+                         &opts->last_bucket_cap_bytes};
+    for (int i = 0; i < 3; i++) {
+        const char *v = tt_env(names[i]);
+        size_t x;
+        if (v && tt_parse_size(v, &x) == 0)
+            *fields[i] = x;
+        else if (v)
+            TT_WARN("TUTTI_%s=%s is not a size (like 25M or 512K); ignored", names[i], v);
+    }
     return TUTTI_OK;
 }
 
@@ -233,11 +247,24 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         free(lo);
         return TUTTI_ERR_NOMEM;
     }
+    /* The tensors ready last, up to the last-bucket cap, get buckets of their own: their
+     * allreduce cannot start before backward ends, so they set the exposed tail. */
+    int tail = n;
+    size_t tail_bytes = 0;
+    while (f->opts.last_bucket_cap_bytes && tail > 0 &&
+           tail_bytes + align_up(f->tensors[order[tail - 1]].bytes) <=
+               f->opts.last_bucket_cap_bytes)
+        tail_bytes += align_up(f->tensors[order[--tail]].bytes);
+    if (tail == 0)
+        tail = n; /* everything fits in the cap: the usual rules alone */
     for (int k = 0; k < n; k++) {
         int i = order[k];
         lo[k] = i;
         tt_fuse_tensor_t *t = &f->tensors[i];
         size_t need = align_up(t->bytes);
+        if (k == tail)
+            for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
+                open[d] = -1;
         int ob = open[t->dtype];
         if (ob >= 0 && b[ob].bytes + need <= b[ob].cap) {
             tb[i] = ob;
@@ -250,7 +277,9 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         }
         int nbk = nb++;
         b[nbk].dtype = t->dtype;
-        b[nbk].cap = nbk == 0 ? f->opts.first_bucket_cap_bytes : f->opts.bucket_cap_bytes;
+        b[nbk].cap = nbk == 0   ? f->opts.first_bucket_cap_bytes
+                     : k >= tail ? f->opts.last_bucket_cap_bytes
+                                 : f->opts.bucket_cap_bytes;
         b[nbk].bytes = need;
         b[nbk].ntensors = 1;
         tb[i] = nbk;

@@ -343,6 +343,64 @@ START_TEST(static_layout)
 }
 END_TEST
 
+/* ---- the last-ready tensors get a small bucket of their own ---- */
+
+static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 10, C = 1024 }; /* 4096 bytes each, no padding */
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 4 * 4096;
+    o.first_bucket_cap_bytes = 4096;
+    o.last_bucket_cap_bytes = 2 * 4096;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    tspec_t spec = {C, TUTTI_FP32};
+    for (int i = 0; i < N; i++) {
+        t[i] = malloc(C * sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < N; i++)
+            fill(t[i], &spec, rank, i, step);
+        for (int i = N - 1; i >= 0; i--) /* backward: last tensor first */
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
+        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+        for (int i = 0; i < N; i++) {
+            double got, exp;
+            long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", step, i, e,
+                    got, exp);
+        }
+    }
+    /* recorded order 9..0: {9} (first cap), {8,7,6,5} (cap), {4,3,2} (cut short by the
+     * tail), {1,0} (the last 8 KiB) */
+    int nb = 0, b[N];
+    FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
+    for (int i = 0; i < N; i++)
+        FAIL_IF(tutti_fuse_tensor_bucket(f, i, &b[i]) != TUTTI_OK, "tensor_bucket %d", i);
+    FAIL_IF(nb != 4, "%d buckets, expected 4", nb);
+    FAIL_IF(b[9] != 0 || b[8] != 1 || b[5] != 1 || b[4] != 2 || b[2] != 2 || b[1] != 3 ||
+                b[0] != 3,
+            "buckets %d %d %d %d %d %d %d %d %d %d", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
+            b[7], b[8], b[9]);
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(last_bucket)
+{
+    ck_assert_int_eq(th_run(2, rank_last_bucket, NULL, 60000), 0);
+}
+END_TEST
+
 /* ---- unused tensors ---- */
 
 static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -871,6 +929,7 @@ static Suite *fuse_suite(void)
     tc = tcase_create("features");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, unused, 1, 4);
+    tcase_add_test(tc, last_bucket);
     tcase_add_loop_test(tc, compress, 0, 4);
     tcase_add_loop_test(tc, hook, 1, 3);
     tcase_add_test(tc, abort_mid_step);

@@ -83,7 +83,14 @@ typedef struct tutti_fuse_opts {
     int find_unused;               /* 1: tensors may be declared unused; ranks compare
                                       their unused sets at every wait (one small allreduce) */
     const tutti_fuse_hook_t *hook; /* per-bucket hook (copied); NULL: allreduce */
+    size_t last_bucket_cap_bytes;  /* cap of the bucket(s) of the tensors ready last
+                                      (default 1 MiB; 0: no special last bucket). Its
+                                      allreduce starts only when backward has ended, so
+                                      it is the part that cannot overlap: keep it small */
 } tutti_fuse_opts_t;
+
+/* tutti_fuse_opts_init reads TUTTI_FUSE_BUCKET_CAP, TUTTI_FUSE_FIRST_BUCKET_CAP and
+ * TUTTI_FUSE_LAST_BUCKET_CAP (sizes: 25M, 512K, ...) over the defaults. */
 
 /* Fill opts with the defaults. */
 int tutti_fuse_opts_init(tutti_fuse_opts_t *opts);
