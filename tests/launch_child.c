@@ -1,0 +1,46 @@
+/* A rank for tests/test_run.sh: joins through tutti_comm_init_env (the variables
+ * tutti-run sets), checks an allreduce against plain C, prints "rank R of W ok".
+ *   launch_child [fail=K | hang]
+ * fail=K: rank K exits with status 3 after the first allreduce, while the others wait
+ * in a second one (the launcher must stop them). hang: every rank sleeps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+int main(int argc, char **argv)
+{
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init_env(&comm, NULL);
+    if (st != TUTTI_OK) {
+        fprintf(stderr, "launch_child: init: %s\n", tutti_status_name(st));
+        return 1;
+    }
+    int rank = tutti_comm_rank(comm), size = tutti_comm_size(comm);
+    const char *lr = getenv("TUTTI_LOCAL_RANK");
+    if (!lr || atoi(lr) != rank) {
+        fprintf(stderr, "rank %d: TUTTI_LOCAL_RANK %s\n", rank, lr ? lr : "unset");
+        return 1;
+    }
+    int64_t x = rank + 1, y = 0;
+    st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
+    if (st != TUTTI_OK || y != (int64_t)size * (size + 1) / 2) {
+        fprintf(stderr, "rank %d: allreduce %s, sum %lld\n", rank, tutti_status_name(st),
+                (long long)y);
+        return 1;
+    }
+    if (argc > 1 && !strncmp(argv[1], "fail=", 5)) {
+        if (rank == atoi(argv[1] + 5))
+            _exit(3);
+        tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
+        sleep(60); /* must be killed by the launcher well before */
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "hang"))
+        sleep(60);
+    printf("rank %d of %d ok\n", rank, size);
+    tutti_comm_destroy(comm);
+    return 0;
+}

@@ -1,0 +1,351 @@
+/* tutti-run: start N ranks of a program on this host (mpirun/torchrun's job for tutti).
+ *
+ *   tutti-run -np N [--store URL] [--node-rank K --nnodes M] [--timeout S] [--tag]
+ *             [--] PROGRAM [ARGS...]
+ *
+ * Each rank runs PROGRAM with TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK,
+ * TUTTI_LOCAL_SIZE and TUTTI_STORE set, so tutti_comm_init_env() finds its place (and
+ * RANK/WORLD_SIZE/LOCAL_RANK, as torchrun sets them). Without --store the ranks meet in
+ * a file store in a fresh temporary directory, removed at the end. With several nodes,
+ * start one tutti-run per node with the same tcp:// store (node 0's rank 0 hosts it).
+ *
+ * The first rank to fail (non-zero exit or a signal) brings the others down: SIGTERM,
+ * then SIGKILL after a grace period; so does --timeout and a SIGINT/SIGTERM to tutti-run.
+ * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
+ * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GRACE_MS 3000
+
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig) { got_signal = sig; }
+
+static void usage(FILE *f, const char *argv0)
+{
+    fprintf(f,
+            "usage: %s -np N [options] [--] PROGRAM [ARGS...]\n"
+            "\n"
+            "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
+            "tutti_comm_init_env() reads.\n"
+            "\n"
+            "  -n, -np, --np N     ranks on this host\n"
+            "  -s, --store URL     rendezvous store (default: a file store in a fresh temp dir)\n"
+            "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
+            "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
+            "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
+            "      --tag           prefix each line of the ranks' output with [rank]\n"
+            "  -h, --help          show this help\n"
+            "\n"
+            "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
+            "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
+            "rank's status (128+signal for a signal, 124 for --timeout); 2 on bad usage.\n",
+            argv0, GRACE_MS);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void setenv_int(const char *name, int v)
+{
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%d", v);
+    setenv(name, buf, 1);
+}
+
+/* --tag: copy lines from fd to out with "[rank] " in front; returns 0 at EOF. */
+typedef struct tagger {
+    int fd, rank;
+    FILE *out;
+    char buf[8192];
+    size_t len;
+} tagger_t;
+
+static int tag_pump(tagger_t *t)
+{
+    ssize_t r = read(t->fd, t->buf + t->len, sizeof(t->buf) - t->len);
+    if (r < 0 && errno == EINTR)
+        return 1;
+    if (r <= 0) {
+        if (t->len)
+            fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
+        fflush(t->out);
+        return 0;
+    }
+    t->len += (size_t)r;
+    size_t start = 0;
+    for (size_t i = 0; i < t->len; i++) {
+        if (t->buf[i] == '\n') {
+            fprintf(t->out, "[%d] %.*s\n", t->rank, (int)(i - start), t->buf + start);
+            start = i + 1;
+        }
+    }
+    if (start == 0 && t->len == sizeof(t->buf)) { /* a very long line: flush a piece */
+        fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
+        start = t->len;
+    }
+    memmove(t->buf, t->buf + start, t->len - start);
+    t->len -= start;
+    fflush(t->out);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int np = 0, nnodes = 1, node_rank = 0, timeout_s = 0, tag = 0;
+    const char *store = NULL;
+    /* accept the mpirun spelling -np */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--"))
+            break;
+        if (!strcmp(argv[i], "-np"))
+            argv[i] = "-n";
+    }
+    static const struct option longopts[] = {
+        {"np", required_argument, NULL, 'n'},       {"store", required_argument, NULL, 's'},
+        {"nnodes", required_argument, NULL, 'N'},   {"node-rank", required_argument, NULL, 'K'},
+        {"timeout", required_argument, NULL, 't'},  {"tag", no_argument, NULL, 'T'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            if (parse_int(optarg, 1, 4096, &np) < 0) {
+                fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..4096\n", optarg);
+                return 2;
+            }
+            break;
+        case 's': store = optarg; break;
+        case 'N':
+            if (parse_int(optarg, 1, 1 << 20, &nnodes) < 0) {
+                fprintf(stderr, "tutti-run: --nnodes %s: expected a positive count\n", optarg);
+                return 2;
+            }
+            break;
+        case 'K':
+            if (parse_int(optarg, 0, 1 << 20, &node_rank) < 0) {
+                fprintf(stderr, "tutti-run: --node-rank %s: expected 0 or more\n", optarg);
+                return 2;
+            }
+            break;
+        case 't':
+            if (parse_int(optarg, 1, 1 << 24, &timeout_s) < 0) {
+                fprintf(stderr, "tutti-run: --timeout %s: expected seconds > 0\n", optarg);
+                return 2;
+            }
+            break;
+        case 'T': tag = 1; break;
+        case 'h': usage(stdout, argv[0]); return 0;
+        default: usage(stderr, argv[0]); return 2;
+        }
+    }
+    if (np <= 0 || optind >= argc) {
+        fprintf(stderr, "tutti-run: %s\n", np <= 0 ? "-np N is required" : "no program given");
+        usage(stderr, argv[0]);
+        return 2;
+    }
+    if (node_rank >= nnodes) {
+        fprintf(stderr, "tutti-run: --node-rank %d with --nnodes %d: expected 0..%d\n",
+                node_rank, nnodes, nnodes - 1);
+        return 2;
+    }
+    if (nnodes > 1 && (!store || strncmp(store, "tcp://", 6))) {
+        fprintf(stderr, "tutti-run: several nodes need a tcp:// store that all of them reach "
+                        "(--store tcp://HOST:PORT)\n");
+        return 2;
+    }
+    char dir[] = "/tmp/tutti-run-XXXXXX";
+    char url[512];
+    int own_dir = 0;
+    if (!store) {
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "tutti-run: cannot create a store directory in /tmp: %s\n",
+                    strerror(errno));
+            return 1;
+        }
+        own_dir = 1;
+        snprintf(url, sizeof(url), "file://%s", dir);
+        store = url;
+    }
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+
+    pid_t *pids = calloc((size_t)np, sizeof(pid_t));
+    tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
+    if (!pids || (tag && !tags)) {
+        fprintf(stderr, "tutti-run: out of memory\n");
+        return 1;
+    }
+    int world = np * nnodes;
+    for (int i = 0; i < np; i++) {
+        int out[2] = {-1, -1}, err[2] = {-1, -1};
+        if (tag && (pipe(out) < 0 || pipe(err) < 0)) {
+            fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
+            got_signal = SIGTERM;
+            break;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "tutti-run: fork: %s\n", strerror(errno));
+            got_signal = SIGTERM;
+            break;
+        }
+        if (pid == 0) {
+            int rank = node_rank * np + i;
+            setenv_int("TUTTI_RANK", rank);
+            setenv_int("TUTTI_WORLD_SIZE", world);
+            setenv_int("TUTTI_LOCAL_RANK", i);
+            setenv_int("TUTTI_LOCAL_SIZE", np);
+            setenv_int("RANK", rank);
+            setenv_int("WORLD_SIZE", world);
+            setenv_int("LOCAL_RANK", i);
+            setenv("TUTTI_STORE", store, 1);
+            if (tag) {
+                dup2(out[1], 1);
+                dup2(err[1], 2);
+                close(out[0]);
+                close(out[1]);
+                close(err[0]);
+                close(err[1]);
+            }
+            execvp(argv[optind], argv + optind);
+            fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, argv[optind],
+                    strerror(errno));
+            _exit(127);
+        }
+        pids[i] = pid;
+        if (tag) {
+            close(out[1]);
+            close(err[1]);
+            tags[2 * i] = (tagger_t){.fd = out[0], .rank = node_rank * np + i, .out = stdout};
+            tags[2 * i + 1] = (tagger_t){.fd = err[0], .rank = node_rank * np + i, .out = stderr};
+        }
+    }
+
+    int status = 0, first_failed = -1, running = 0;
+    for (int i = 0; i < np; i++)
+        running += pids[i] > 0;
+    double deadline = timeout_s ? now_ms() + timeout_s * 1000.0 : 0, kill_at = 0;
+    int killing = got_signal != 0;
+    if (killing)
+        status = 128 + SIGTERM;
+    while (running > 0) {
+        if (tag) { /* pump output for up to 50 ms */
+            struct pollfd pf[2 * 4096];
+            int map[2 * 4096], nf = 0;
+            for (int k = 0; k < 2 * np && nf < 2 * 4096; k++) {
+                if (tags[k].fd > 0) {
+                    pf[nf] = (struct pollfd){.fd = tags[k].fd, .events = POLLIN};
+                    map[nf++] = k;
+                }
+            }
+            if (nf && poll(pf, (nfds_t)nf, 50) > 0) {
+                for (int k = 0; k < nf; k++) {
+                    if (pf[k].revents && !tag_pump(&tags[map[k]])) {
+                        close(tags[map[k]].fd);
+                        tags[map[k]].fd = -1;
+                    }
+                }
+            } else if (!nf) {
+                usleep(20000);
+            }
+        } else {
+            usleep(20000);
+        }
+        int ws;
+        pid_t pid;
+        while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
+            int i = 0;
+            while (i < np && pids[i] != pid)
+                i++;
+            if (i == np)
+                continue;
+            pids[i] = 0;
+            running--;
+            int code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+            if (code != 0 && first_failed < 0 && !killing) {
+                first_failed = node_rank * np + i;
+                status = code;
+                if (WIFEXITED(ws))
+                    fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
+                                    "other %d rank(s)\n", first_failed, code, running);
+                else
+                    fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
+                                    "stopping the other %d rank(s)\n",
+                            first_failed, WTERMSIG(ws), strsignal(WTERMSIG(ws)), running);
+            }
+        }
+        if (!killing && (first_failed >= 0 || got_signal ||
+                         (deadline && now_ms() > deadline))) {
+            if (first_failed < 0 && got_signal) {
+                status = 128 + got_signal;
+                fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got_signal),
+                        running);
+            } else if (first_failed < 0) {
+                status = 124;
+                fprintf(stderr, "tutti-run: --timeout %d s passed: stopping %d rank(s)\n",
+                        timeout_s, running);
+            }
+            killing = 1;
+        }
+        if (killing && running > 0) {
+            if (!kill_at) {
+                for (int i = 0; i < np; i++)
+                    if (pids[i] > 0)
+                        kill(pids[i], SIGTERM);
+                kill_at = now_ms() + GRACE_MS;
+            } else if (now_ms() > kill_at) {
+                for (int i = 0; i < np; i++)
+                    if (pids[i] > 0)
+                        kill(pids[i], SIGKILL);
+                kill_at = now_ms() + 1e9;
+            }
+        }
+    }
+    if (tag) {
+        for (int k = 0; k < 2 * np; k++) {
+            while (tags[k].fd > 0 && tag_pump(&tags[k]))
+                ;
+            if (tags[k].fd > 0)
+                close(tags[k].fd);
+        }
+    }
+    if (own_dir) {
+        char cmd[600];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "tutti-run: could not remove %s\n", dir);
+    }
+    free(pids);
+    free(tags);
+    return status;
+}
