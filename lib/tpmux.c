@@ -533,8 +533,8 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
             goto out;
         }
     }
-    TT_INFO("transports: %s for %d local peers, %s for %d remote peers", lops->name, nlocal,
-            rops->name, nremote);
+    TT_INFO("transports: %s for %d local peers, %s for %d remote peers",
+            lops ? lops->name : "-", nlocal, rops ? rops->name : "-", nremote);
     comm->tp_ops = &mux_ops;
     comm->tp = m;
     comm->tp_handle = NULL;
