@@ -41,6 +41,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
     opts->host_id = tt_env("HOST_ID");
     opts->cost_model = tt_env("COST_MODEL");
+    opts->transport_options = tt_env("TRANSPORT_OPTIONS");
     return TUTTI_OK;
 }
 
@@ -168,7 +169,10 @@ static const char *host_config(void *ctx, const char *name)
         snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
         return num;
     }
-    return tt_env(name);
+    /* opts.transport_options "NAME=VALUE,..." first, then TUTTI_NAME */
+    static __thread char val[256];
+    const char *v = tt_kv_lookup(comm->opts.transport_options, name, val, sizeof(val));
+    return v ? v : tt_env(name);
 }
 
 static void host_log(void *ctx, int level, const char *fmt, ...)
@@ -212,6 +216,7 @@ static void opts_free(tutti_comm_opts_t *o)
     free((char *)o->prefix);
     free((char *)o->host_id);
     free((char *)o->cost_model);
+    free((char *)o->transport_options);
 }
 
 static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
@@ -231,6 +236,8 @@ static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     d.prefix = tt_strdup(d.prefix ? d.prefix : tt_env("PREFIX"));
     d.host_id = tt_strdup(d.host_id ? d.host_id : tt_env("HOST_ID"));
     d.cost_model = tt_strdup(d.cost_model ? d.cost_model : tt_env("COST_MODEL"));
+    d.transport_options = tt_strdup(d.transport_options ? d.transport_options
+                                                        : tt_env("TRANSPORT_OPTIONS"));
     if (!d.transport) {
         opts_free(&d);
         return TUTTI_ERR_NOMEM;

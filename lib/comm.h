@@ -47,6 +47,11 @@ struct tutti_comm {
 
     tt_algo_override_t *algo_ovr;
     tt_cost_t cost;           /* the cost model's parameters (the same on every rank) */
+    struct {                  /* the last choice per collective (used by the thread
+                                 running ops only): small messages skip the model */
+        size_t bytes;
+        const tt_algo_t *algo;
+    } sel_cache[TT_COLL_COUNT_];
     char cost_desc[160];
 
     /* errors: the first failure sticks (the stream position with peers is unknown

@@ -119,8 +119,18 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     /* Every rank must pick the same algorithm: select on the envelope's count, the same
      * on every rank by construction (0 for the v-forms, whose own sizes differ). */
     size_t sel_bytes = op->coll == TT_COLL_BARRIER ? 0 : (size_t)op->env_count * op->elem_size;
-    const tt_algo_t *algo = tt_algo_select(comm->algo_ovr, &comm->cost, op->coll, sel_bytes,
-                                           comm->nranks, comm->opts.chunk_bytes);
+    int cacheable = (int)op->coll > TT_COLL_NONE && op->coll < TT_COLL_COUNT_;
+    const tt_algo_t *algo = NULL;
+    if (cacheable && comm->sel_cache[op->coll].bytes == sel_bytes)
+        algo = comm->sel_cache[op->coll].algo;
+    if (!algo) {
+        algo = tt_algo_select(comm->algo_ovr, &comm->cost, op->coll, sel_bytes, comm->nranks,
+                              comm->opts.chunk_bytes);
+        if (cacheable) {
+            comm->sel_cache[op->coll].bytes = sel_bytes;
+            comm->sel_cache[op->coll].algo = algo;
+        }
+    }
     if (!algo) {
         snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective",
                  comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",

@@ -65,4 +65,7 @@ int tt_parse_size(const char *s, size_t *size_p);
 /* strdup that tolerates NULL. */
 char *tt_strdup(const char *s);
 
+/* In "NAME=VALUE,NAME=VALUE", the value of name copied to buf, or NULL. */
+const char *tt_kv_lookup(const char *list, const char *name, char *buf, size_t buflen);
+
 #endif /* TT_INTERNAL_H */

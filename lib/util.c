@@ -85,3 +85,18 @@ int tt_parse_size(const char *s, size_t *size_p)
 }
 
 char *tt_strdup(const char *s) { return s ? strdup(s) : NULL; }
+
+const char *tt_kv_lookup(const char *list, const char *name, char *buf, size_t buflen)
+{
+    size_t nl = strlen(name);
+    while (list && *list) {
+        const char *end = strchr(list, ',');
+        size_t len = end ? (size_t)(end - list) : strlen(list);
+        if (len > nl && list[nl] == '=' && !strncmp(list, name, nl)) {
+            snprintf(buf, buflen, "%.*s", (int)(len - nl - 1), list + nl + 1);
+            return buf;
+        }
+        list = end ? end + 1 : NULL;
+    }
+    return NULL;
+}

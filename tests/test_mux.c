@@ -14,6 +14,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "internal.h"
 #include "transport.h"
 
 #define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"
@@ -230,6 +231,20 @@ START_TEST(bad_spec)
 }
 END_TEST
 
+START_TEST(transport_options)
+{
+    char buf[64];
+    const char *l = "SHM_RING_BYTES=1M,IB_DEV=mlx5_0:1,SHM=x";
+    ck_assert_str_eq(tt_kv_lookup(l, "SHM_RING_BYTES", buf, sizeof(buf)), "1M");
+    ck_assert_str_eq(tt_kv_lookup(l, "IB_DEV", buf, sizeof(buf)), "mlx5_0:1");
+    ck_assert_str_eq(tt_kv_lookup(l, "SHM", buf, sizeof(buf)), "x");
+    ck_assert_ptr_null(tt_kv_lookup(l, "SHM_RING", buf, sizeof(buf)));
+    ck_assert_ptr_null(tt_kv_lookup(l, "IB_GID_INDEX", buf, sizeof(buf)));
+    ck_assert_ptr_null(tt_kv_lookup(NULL, "X", buf, sizeof(buf)));
+    ck_assert_str_eq(tt_kv_lookup("A=,B=2", "A", buf, sizeof(buf)), ""); /* set, empty */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mux");
@@ -239,6 +254,7 @@ int main(void)
     tcase_add_loop_test(tc, mixed_shm, 0, sizeof(shm_cases) / sizeof(shm_cases[0]));
     tcase_add_test(tc, shm_forced_across_hosts);
     tcase_add_test(tc, bad_spec);
+    tcase_add_test(tc, transport_options);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -108,6 +108,10 @@ typedef struct tutti_comm_opts {
                                   algorithms: "table" (default: per transport), "probe"
                                   (measured at init, averaged over the ranks), or
                                   "alpha=<us>,bw=<GB/s>,reduce=<GB/s>" (any subset) */
+    const char *transport_options; /* TUTTI_TRANSPORT_OPTIONS: the transports' own knobs
+                                      as "NAME=VALUE,..." with NAME the variable without
+                                      TUTTI_ ("SHM_RING_BYTES=1M,IB_DEV=mlx5_0"); a knob
+                                      not listed comes from its TUTTI_ variable */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

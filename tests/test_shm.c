@@ -1,0 +1,817 @@
+/* The shared-memory transport: through its ABI directly (mismatched envelopes, error
+ * reports, abort, dead peers, a subset of peers) and through the library with
+ * TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both ways, on the
+ * single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in flight, a rank killed mid-collective,
+ * 8 ranks on 2 cores). Every case checks that nothing is left in /dev/shm.
+ * The correctness matrices (test_coll, test_coll2) also run over shm with
+ * TUTTI_TRANSPORT=shm. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <check.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <tutti/store.h>
+#include <tutti/transport_v1.h>
+#include <tutti/tutti.h>
+
+#include "harness.h"
+#include "ref.h"
+
+const tutti_transport_ops_v1_t *tt_builtin_transport_shm(void);
+
+/* ---- shared between the test and its ranks ---- */
+
+typedef struct shared {
+    int pids[16];
+    int arg;
+} shared_t;
+
+static shared_t *shared_area(void)
+{
+    static shared_t *sh;
+    if (!sh) {
+        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                       -1, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        sh = p;
+    }
+    memset(sh, 0, sizeof(*sh));
+    return sh;
+}
+
+/* Segments of these processes still in /dev/shm (their names carry the creator's pid). */
+static int leftovers(const shared_t *sh, int n)
+{
+    int found = 0;
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int r = 0; r < n; r++) {
+            char pre[64];
+            snprintf(pre, sizeof(pre), "tutti-shm-%d-", sh->pids[r]);
+            if (sh->pids[r] > 0 && !strncmp(e->d_name, pre, strlen(pre))) {
+                fprintf(stderr, "left over: /dev/shm/%s\n", e->d_name);
+                found++;
+            }
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* on: messages of 16 KiB or more are pulled with process_vm_readv; off (the default):
+ * everything streams through the rings */
+static void set_cma(int on)
+{
+    if (on)
+        setenv("TUTTI_SHM_CMA_BYTES", "16K", 1);
+    else
+        unsetenv("TUTTI_SHM_CMA_BYTES");
+}
+
+/* ---- a host for driving the transport through its ABI ---- */
+
+typedef struct thost {
+    tutti_tp_host_v1_t h;
+    tutti_store_t *store;
+    int nerr;
+    int err_status;
+    int err_peer;
+    char err[4096];
+} thost_t;
+
+static int th_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    return tutti_store_set(((thost_t *)ctx)->store, key, value, len);
+}
+
+static int th_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
+{
+    return tutti_store_get(((thost_t *)ctx)->store, key, value_p, len_p, timeout_ms);
+}
+
+static void th_free(void *v) { free(v); }
+
+static const char *th_config(void *ctx, const char *name)
+{
+    (void)ctx;
+    char full[128];
+    snprintf(full, sizeof(full), "TUTTI_%s", name);
+    return getenv(full);
+}
+
+static void th_log(void *ctx, int level, const char *fmt, ...)
+{
+    (void)ctx;
+    if (level > TUTTI_LOG_WARN && !getenv("TT_TEST_VERBOSE"))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static int th_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
+{
+    thost_t *t = ctx;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->err, sizeof(t->err), fmt, ap);
+    va_end(ap);
+    (void)err_no;
+    t->nerr++;
+    t->err_status = status;
+    t->err_peer = peer;
+    return status;
+}
+
+/* Open a transport instance for this rank under its own store prefix. */
+static int tp_open(thost_t *t, const char *dir, const char *prefix, int rank, int nranks,
+                   const unsigned char *peers, void **tp_p)
+{
+    memset(t, 0, sizeof(*t));
+    tutti_store_t *base;
+    if (tutti_store_open_file(&base, dir, 10000) != 0)
+        return -1;
+    if (tutti_store_open_prefixed(&t->store, base, prefix) != 0)
+        return -1;
+    t->h = (tutti_tp_host_v1_t){
+        .size = sizeof(tutti_tp_host_v1_t),
+        .abi_version = TUTTI_TRANSPORT_ABI_V1,
+        .rank = rank,
+        .nranks = nranks,
+        .timeout_ms = 10000,
+        .spin_us = 50,
+        .ctx = t,
+        .store_set = th_set,
+        .store_get = th_get,
+        .free_value = th_free,
+        .config = th_config,
+        .log = th_log,
+        .error = th_error,
+        .peers = peers,
+        .host_id = NULL,
+    };
+    return tt_builtin_transport_shm()->create(&t->h, tp_p);
+}
+
+/* Progress until req is no longer pending or ms pass. */
+static void drive(void *tp, tutti_tp_req_v1_t *req, int ms)
+{
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    double end = th_now_ms() + ms;
+    while (req->status == 1 && th_now_ms() < end)
+        if (ops->progress(tp, 100) < 0)
+            break;
+}
+
+static void req_set(tutti_tp_req_v1_t *r, int peer, void *buf, size_t len, uint64_t e0,
+                    uint64_t e3)
+{
+    memset(r, 0, sizeof(*r));
+    r->peer = peer;
+    r->buf = buf;
+    r->len = len;
+    r->env[0] = e0;
+    r->env[1] = 0x1234;
+    r->env[2] = len;
+    r->env[3] = e3;
+}
+
+/* a little barrier over the store */
+static void store_barrier(thost_t *t, const char *name, int nranks)
+{
+    int64_t v = 0;
+    char key[64];
+    snprintf(key, sizeof(key), "bar/%s", name);
+    tutti_store_add(t->store, key, 1, &v);
+    while (v < nranks) {
+        usleep(2000);
+        tutti_store_add(t->store, key, 0, &v);
+    }
+}
+
+/* ---- through the ABI ---- */
+
+static int rank_tp_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    for (int round = 0; round < 2; round++) {
+        thost_t t;
+        void *tp = NULL;
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "mm%d/", round);
+        FAIL_IF(tp_open(&t, dir, prefix, rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+        char data[64] = "hello", got[64] = {0};
+        tutti_tp_req_v1_t r;
+        /* round 0: same length, other tag; round 1: other length */
+        if (rank == 0) {
+            req_set(&r, 1, data, 16, 7, 100);
+            FAIL_IF(ops->post_send(tp, &r) != 0, "post_send");
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "send status %d", r.status);
+        } else {
+            req_set(&r, 0, got, round ? 24 : 16, 7, round ? 100 : 101);
+            FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != TUTTI_ERR_MISMATCH, "round %d: status %d", round, r.status);
+            FAIL_IF(r.got_len != 16, "got_len %zu", r.got_len);
+            FAIL_IF(r.got_env[0] != 7 || r.got_env[1] != 0x1234 || r.got_env[2] != 16 ||
+                        r.got_env[3] != 100,
+                    "got_env %llu %llx %llu %llu", (unsigned long long)r.got_env[0],
+                    (unsigned long long)r.got_env[1], (unsigned long long)r.got_env[2],
+                    (unsigned long long)r.got_env[3]);
+            FAIL_IF(got[0] != 0, "payload written on a mismatch");
+        }
+        store_barrier(&t, prefix, nranks);
+        ops->destroy(tp);
+        tutti_store_close(t.store);
+    }
+    return 0;
+}
+
+START_TEST(abi_mismatch)
+{
+    shared_t *sh = shared_area();
+    th_spec_t spec = {.nranks = 2, .fn = rank_tp_mismatch, .arg = sh, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+/* notify_error reaches a peer blocked in a receive, with the status and the message. */
+static int rank_tp_notify(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, "nt/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    char buf[64];
+    if (rank == 0) {
+        /* one good message first: the report must come after it, not instead of it */
+        tutti_tp_req_v1_t s;
+        req_set(&s, 1, buf, 8, 1, 1);
+        FAIL_IF(ops->post_send(tp, &s) != 0, "post_send");
+        drive(tp, &s, 5000);
+        FAIL_IF(s.status != 0, "send %d", s.status);
+        usleep(200000); /* rank 1 is blocked in its second receive by now */
+        ops->notify_error(tp, TUTTI_ERR_MISMATCH, "rank 0 saw something odd: boom");
+        store_barrier(&t, "nt", nranks);
+    } else {
+        tutti_tp_req_v1_t r;
+        req_set(&r, 0, buf, 8, 1, 1);
+        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
+        drive(tp, &r, 5000);
+        FAIL_IF(r.status != 0, "first receive %d", r.status);
+        req_set(&r, 0, buf, 8, 2, 1);
+        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv 2");
+        double t0 = th_now_ms();
+        drive(tp, &r, 10000);
+        double dt = th_now_ms() - t0;
+        FAIL_IF(r.status != TUTTI_ERR_MISMATCH, "status %d after %.0f ms", r.status, dt);
+        FAIL_IF(dt > 2000, "took %.0f ms", dt);
+        FAIL_IF(!strstr(t.err, "boom") || !strstr(t.err, "rank 0"), "message: %s", t.err);
+        FAIL_IF(t.err_peer != 0, "peer %d", t.err_peer);
+        /* later posts on that link fail at once */
+        req_set(&r, 0, buf, 8, 3, 1);
+        FAIL_IF(ops->post_recv(tp, &r) == 0, "post after the report succeeded");
+        store_barrier(&t, "nt", nranks);
+    }
+    ops->destroy(tp);
+    tutti_store_close(t.store);
+    return 0;
+}
+
+START_TEST(abi_notify_error)
+{
+    shared_t *sh = shared_area();
+    th_spec_t spec = {.nranks = 2, .fn = rank_tp_notify, .arg = sh, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+typedef struct {
+    void *tp;
+    int delay_ms;
+} abort_arg_t;
+
+static void *aborter(void *arg)
+{
+    abort_arg_t *a = arg;
+    usleep((useconds_t)a->delay_ms * 1000);
+    tt_builtin_transport_shm()->abort(a->tp);
+    return NULL;
+}
+
+/* abort() from another thread wakes a progress() blocked in the futex. */
+static int rank_tp_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, "ab/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    if (rank == 0) {
+        char buf[8];
+        tutti_tp_req_v1_t r;
+        req_set(&r, 1, buf, 8, 1, 1); /* never sent */
+        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
+        abort_arg_t a = {tp, 300};
+        pthread_t th;
+        pthread_create(&th, NULL, aborter, &a);
+        double t0 = th_now_ms();
+        int st = ops->progress(tp, 20000);
+        double dt = th_now_ms() - t0;
+        pthread_join(th, NULL);
+        FAIL_IF(st != TUTTI_ERR_ABORTED, "progress gave %d after %.0f ms", st, dt);
+        FAIL_IF(dt < 250 || dt > 1000, "progress returned after %.0f ms (abort at 300)", dt);
+        FAIL_IF(r.status != TUTTI_ERR_ABORTED, "request status %d", r.status);
+        FAIL_IF(ops->progress(tp, 1000) != TUTTI_ERR_ABORTED, "not aborted for good");
+    }
+    store_barrier(&t, "ab", nranks);
+    ops->destroy(tp);
+    tutti_store_close(t.store);
+    return 0;
+}
+
+START_TEST(abi_abort_wakes_progress)
+{
+    shared_t *sh = shared_area();
+    th_spec_t spec = {.nranks = 2, .fn = rank_tp_abort, .arg = sh, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+/* A peer process that vanishes (no destroy, no report) fails the requests on it with
+ * TUTTI_ERR_PEER naming it, while a blocked progress() is waiting; a subset of peers
+ * (host->peers) is respected: rank 2 serves nobody and never meets the others. */
+static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    unsigned char peers[3] = {0};
+    if (rank < 2)
+        peers[1 - rank] = 1;
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, "dd/", rank, nranks, peers, &tp) != 0, "create: %s", t.err);
+    if (rank == 2) {
+        /* served nobody: nothing to do, nothing addressed */
+        FAIL_IF(ops->peer_address(tp, 0) != NULL, "rank 2 has an address for rank 0");
+        ops->destroy(tp);
+        return 0;
+    }
+    FAIL_IF(ops->peer_address(tp, 2) != NULL, "an address for unserved rank 2");
+    FAIL_IF(!strstr(ops->peer_address(tp, 1 - rank), "shm:pid"), "address %s",
+            ops->peer_address(tp, 1 - rank));
+    char buf[8];
+    tutti_tp_req_v1_t r;
+    req_set(&r, 2, buf, 8, 1, 1);
+    FAIL_IF(ops->post_recv(tp, &r) != TUTTI_ERR_INVALID_ARG, "posted to unserved rank 2");
+    if (rank == 1) {
+        /* one message, then vanish */
+        req_set(&r, 0, buf, 8, 1, 1);
+        FAIL_IF(ops->post_send(tp, &r) != 0, "post_send");
+        drive(tp, &r, 5000);
+        FAIL_IF(r.status != 0, "send %d", r.status);
+        _exit(0);
+    }
+    req_set(&r, 1, buf, 8, 1, 1);
+    FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
+    drive(tp, &r, 5000);
+    FAIL_IF(r.status != 0, "the message sent before the peer died was lost: %d", r.status);
+    req_set(&r, 1, buf, 8, 2, 1);
+    FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv 2");
+    double t0 = th_now_ms();
+    drive(tp, &r, 10000);
+    double dt = th_now_ms() - t0;
+    FAIL_IF(r.status != TUTTI_ERR_PEER, "status %d after %.0f ms", r.status, dt);
+    FAIL_IF(dt > 2000, "noticed after %.0f ms", dt);
+    FAIL_IF(!strstr(t.err, "rank 1") || t.err_peer != 1, "message: %s", t.err);
+    ops->destroy(tp);
+    tutti_store_close(t.store);
+    return 0;
+}
+
+START_TEST(abi_dead_peer_and_subset)
+{
+    shared_t *sh = shared_area();
+    th_spec_t spec = {.nranks = 3, .fn = rank_tp_dead, .arg = sh, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[3];
+    ck_assert_int_eq(th_run_ex(&spec, codes), 0);
+    ck_assert_int_eq(leftovers(sh, 3), 0);
+}
+END_TEST
+
+/* ---- through the library ---- */
+
+static tutti_comm_opts_t shm_opts(int timeout_ms)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "shm";
+    o.timeout_ms = timeout_ms;
+    return o;
+}
+
+static unsigned char pattern(int from, int to, size_t i, int k)
+{
+    return (unsigned char)(from * 31 + to * 7 + k * 13 + (int)(i % 251) + (int)(i / 251));
+}
+
+/* Every awkward size, from odd offsets, both ways at once, between every pair. */
+static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    static const size_t sizes[] = {0,     1,         7,         56,         57,
+                                   4095,  16383,     16384,     16385,      65537,
+                                   (1u << 20) + 3, (4u << 20) + 1};
+    const size_t n = ARRAY_SIZE(sizes);
+    size_t maxb = (4u << 20) + 1 + 8;
+    for (int peer = 0; peer < nranks; peer++) {
+        if (peer == rank)
+            continue;
+        for (size_t k = 0; k < n; k++) {
+            size_t len = sizes[k];
+            unsigned char *out = malloc(maxb), *in = malloc(maxb);
+            FAIL_IF(!out || !in, "malloc");
+            size_t so = 1 + k % 5, ro = 3 + k % 3; /* unaligned both ends */
+            for (size_t i = 0; i < len; i++)
+                out[so + i] = pattern(rank, peer, i, (int)k);
+            memset(in, 0xEE, maxb);
+            tutti_work_t *ws, *wr;
+            FAIL_IF(tutti_send_async(comm, out + so, len, TUTTI_UINT8, peer, (uint32_t)k, &ws),
+                    "send %zu", len);
+            FAIL_IF(tutti_recv_async(comm, in + ro, len, TUTTI_UINT8, peer, (uint32_t)k, &wr),
+                    "recv %zu", len);
+            FAIL_IF(tutti_wait(ws, -1) != 0, "send %zu to %d: %s", len, peer,
+                    tutti_work_error(ws));
+            FAIL_IF(tutti_wait(wr, -1) != 0, "recv %zu from %d: %s", len, peer,
+                    tutti_work_error(wr));
+            tutti_work_free(ws);
+            tutti_work_free(wr);
+            for (size_t i = 0; i < len; i++)
+                FAIL_IF(in[ro + i] != pattern(peer, rank, i, (int)k),
+                        "%zu bytes from %d: byte %zu is %u", len, peer, i, in[ro + i]);
+            for (size_t i = 0; i < ro; i++)
+                FAIL_IF(in[i] != 0xEE, "%zu bytes: guard before the buffer", len);
+            for (size_t i = ro + len; i < maxb; i++)
+                FAIL_IF(in[i] != 0xEE, "%zu bytes: written past the end at %zu", len, i);
+            free(out);
+            free(in);
+        }
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+static void run_sizes(int cma)
+{
+    set_cma(cma);
+    shared_t *sh = shared_area();
+    tutti_comm_opts_t o = shm_opts(30000);
+    th_spec_t spec = {.nranks = 3, .fn = rank_sizes, .arg = sh, .timeout_ms = 60000,
+                      .opts = &o};
+    int rc = th_run_ex(&spec, NULL);
+    set_cma(0);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(leftovers(sh, 3), 0);
+}
+
+START_TEST(sizes_single_copy) { run_sizes(1); }
+END_TEST
+START_TEST(sizes_ring) { run_sizes(0); }
+END_TEST
+
+/* Many large messages in flight both ways, posted sends first: the transport must
+ * receive while its sends wait. */
+static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    enum { M = 6 };
+    const size_t len = 4u << 20;
+    int peer = 1 - rank;
+    unsigned char *out[M], *in[M];
+    tutti_work_t *ws[M], *wr[M];
+    for (int k = 0; k < M; k++) {
+        out[k] = malloc(len);
+        in[k] = malloc(len);
+        FAIL_IF(!out[k] || !in[k], "malloc");
+        for (size_t i = 0; i < len; i += 4096)
+            out[k][i] = pattern(rank, peer, i, k);
+        out[k][len - 1] = (unsigned char)k;
+    }
+    for (int k = 0; k < M; k++)
+        FAIL_IF(tutti_send_async(comm, out[k], len, TUTTI_UINT8, peer, 9, &ws[k]), "send");
+    for (int k = 0; k < M; k++)
+        FAIL_IF(tutti_recv_async(comm, in[k], len, TUTTI_UINT8, peer, 9, &wr[k]), "recv");
+    for (int k = M - 1; k >= 0; k--) {
+        FAIL_IF(tutti_wait(wr[k], -1) != 0, "recv %d: %s", k, tutti_work_error(wr[k]));
+        FAIL_IF(tutti_wait(ws[k], -1) != 0, "send %d: %s", k, tutti_work_error(ws[k]));
+        tutti_work_free(ws[k]);
+        tutti_work_free(wr[k]);
+    }
+    for (int k = 0; k < M; k++) {
+        for (size_t i = 0; i < len; i += 4096)
+            FAIL_IF(in[k][i] != pattern(peer, rank, i, k), "message %d byte %zu", k, i);
+        FAIL_IF(in[k][len - 1] != (unsigned char)k, "message %d out of order", k);
+        free(out[k]);
+        free(in[k]);
+    }
+    return 0;
+}
+
+static void run_inflight(int cma)
+{
+    set_cma(cma);
+    shared_t *sh = shared_area();
+    tutti_comm_opts_t o = shm_opts(20000);
+    th_spec_t spec = {.nranks = 2, .fn = rank_inflight, .arg = sh, .timeout_ms = 30000,
+                      .opts = &o};
+    double t0 = th_now_ms();
+    int rc = th_run_ex(&spec, NULL);
+    set_cma(0);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(th_now_ms() - t0 < 15000, "took %.0f ms", th_now_ms() - t0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+
+START_TEST(inflight_both_ways_single_copy) { run_inflight(1); }
+END_TEST
+START_TEST(inflight_both_ways_ring) { run_inflight(0); }
+END_TEST
+
+/* Allreduce around the eager/single-copy threshold and on big buffers, 2..5 ranks. */
+static int rank_allreduce(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    static const size_t counts[] = {1, 3, 4095, 4096, 4097, 65536 + 5, (1u << 20) + 7};
+    for (size_t k = 0; k < ARRAY_SIZE(counts); k++) {
+        size_t c = counts[k];
+        int32_t *buf = malloc(c * sizeof(int32_t));
+        FAIL_IF(!buf, "malloc");
+        for (size_t i = 0; i < c; i++)
+            buf[i] = (int32_t)(rank * 1000 + (int)(i % 977));
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, buf, c, TUTTI_INT32, TUTTI_SUM) != 0,
+                "allreduce %zu: %s", c, tutti_comm_last_error(comm));
+        int32_t base = (int32_t)(1000 * nranks * (nranks - 1) / 2);
+        for (size_t i = 0; i < c; i++)
+            FAIL_IF(buf[i] != base + nranks * (int32_t)(i % 977), "count %zu: [%zu] = %d", c, i,
+                    buf[i]);
+        free(buf);
+    }
+    return 0;
+}
+
+START_TEST(allreduce_ranks)
+{
+    for (int cma = 1; cma >= 0; cma--) {
+        for (int n = 2; n <= 5; n++) {
+            set_cma(cma);
+            shared_t *sh = shared_area();
+            tutti_comm_opts_t o = shm_opts(30000);
+            th_spec_t spec = {.nranks = n, .fn = rank_allreduce, .arg = sh,
+                              .timeout_ms = 60000, .opts = &o};
+            int rc = th_run_ex(&spec, NULL);
+            set_cma(0);
+            ck_assert_msg(rc == 0, "%d ranks, single copy %d", n, cma);
+            ck_assert_int_eq(leftovers(sh, n), 0);
+        }
+    }
+}
+END_TEST
+
+/* Mismatched collectives fail with TUTTI_ERR_MISMATCH on every rank, at once. */
+static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    size_t big = sh->arg ? (1u << 20) : 16;
+    float *buf = calloc(big + 64, sizeof(float));
+    FAIL_IF(!buf, "calloc");
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, buf, 64, TUTTI_FP32, TUTTI_SUM) != 0,
+            "warm-up: %s", tutti_comm_last_error(comm));
+    double t0 = th_now_ms();
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, rank == 1 ? big + 1 : big, TUTTI_FP32,
+                             TUTTI_SUM);
+    double dt = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "got %s: %s", tutti_status_name(st), msg);
+    FAIL_IF(dt > 5000, "took %.0f ms", dt);
+    FAIL_IF(tutti_barrier(comm) != TUTTI_ERR_MISMATCH, "barrier after the failure");
+    free(buf);
+    return 0;
+}
+
+START_TEST(mismatch_fails_everywhere)
+{
+    for (int big = 0; big <= 1; big++) {
+        shared_t *sh = shared_area();
+        sh->arg = big;
+        tutti_comm_opts_t o = shm_opts(20000);
+        th_spec_t spec = {.nranks = 3, .fn = rank_mismatch, .arg = sh, .timeout_ms = 30000,
+                          .opts = &o};
+        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        ck_assert_int_eq(leftovers(sh, 3), 0);
+    }
+}
+END_TEST
+
+/* A rank SIGKILLed in the middle of an allreduce: the survivors fail with
+ * TUTTI_ERR_PEER naming it, long before the timeout, and nothing stays in /dev/shm. */
+static void *killer(void *arg)
+{
+    usleep((useconds_t)(*(int *)arg) * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const size_t count = 4u << 20;
+    float *buf = malloc(count * sizeof(float));
+    FAIL_IF(!buf, "malloc");
+    for (size_t i = 0; i < count; i++)
+        buf[i] = 1.0f;
+    int victim = nranks - 1;
+    pthread_t t;
+    int delay_ms = 300;
+    if (rank == victim)
+        pthread_create(&t, NULL, killer, &delay_ms);
+    int st = TUTTI_OK;
+    for (int it = 0; it < 100000 && st == TUTTI_OK; it++)
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
+    const char *msg = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
+    FAIL_IF(rank == victim, "the victim survived");
+    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", victim);
+    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    free(buf);
+    return 0;
+}
+
+static void run_killed(int cma)
+{
+    for (int n = 2; n <= 4; n++) {
+        set_cma(cma);
+        shared_t *sh = shared_area();
+        tutti_comm_opts_t o = shm_opts(60000); /* survivors must not need it */
+        o.algo = "allreduce:ring";
+        th_spec_t spec = {.nranks = n, .fn = rank_killed, .arg = sh, .timeout_ms = 20000,
+                          .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
+        int codes[8];
+        double t0 = th_now_ms();
+        th_run_ex(&spec, codes);
+        double dt = th_now_ms() - t0;
+        set_cma(0);
+        for (int r = 0; r < n - 1; r++)
+            ck_assert_msg(codes[r] == 0, "%d ranks: survivor %d exited %d", n, r, codes[r]);
+        ck_assert_int_eq(codes[n - 1], 128 + SIGKILL);
+        ck_assert_msg(dt < 5000, "%d ranks took %.0f ms", n, dt);
+        ck_assert_int_eq(leftovers(sh, n), 0);
+    }
+}
+
+START_TEST(rank_killed_mid_allreduce) { run_killed(0); }
+END_TEST
+START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); }
+END_TEST
+
+/* 8 ranks on 2 CPUs: spinning must give way, so many small collectives and a few
+ * large ones finish promptly. */
+static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    cpu_set_t all, two;
+    CPU_ZERO(&two);
+    if (sched_getaffinity(0, sizeof(all), &all) == 0) {
+        int got = 0;
+        for (int c = 0; c < CPU_SETSIZE && got < 2; c++)
+            if (CPU_ISSET(c, &all)) {
+                CPU_SET(c, &two);
+                got++;
+            }
+        sched_setaffinity(0, sizeof(two), &two);
+    }
+    double t0 = th_now_ms();
+    for (int it = 0; it < 300; it++) {
+        int64_t x = rank + it, y = 0;
+        FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce %d: %s",
+                it, tutti_comm_last_error(comm));
+        FAIL_IF(y != (int64_t)nranks * (nranks - 1) / 2 + (int64_t)nranks * it, "sum %lld",
+                (long long)y);
+    }
+    double t_small = th_now_ms() - t0;
+    size_t c = 1u << 18;
+    float *buf = malloc(c * sizeof(float));
+    FAIL_IF(!buf, "malloc");
+    for (int it = 0; it < 10; it++) {
+        for (size_t i = 0; i < c; i++)
+            buf[i] = 1.0f;
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, buf, c, TUTTI_FP32, TUTTI_SUM) != 0,
+                "big allreduce: %s", tutti_comm_last_error(comm));
+        FAIL_IF(buf[c - 1] != (float)nranks, "big sum %g", (double)buf[c - 1]);
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier");
+    if (rank == 0)
+        fprintf(stderr, "8 ranks on 2 CPUs: 300 x 8-byte allreduce %.0f ms, 10 x 1 MiB %.0f ms\n",
+                t_small, th_now_ms() - t0 - t_small);
+    free(buf);
+    return 0;
+}
+
+START_TEST(eight_ranks_two_cpus)
+{
+    shared_t *sh = shared_area();
+    tutti_comm_opts_t o = shm_opts(20000);
+    th_spec_t spec = {.nranks = 8, .fn = rank_eight, .arg = sh, .timeout_ms = 30000,
+                      .opts = &o};
+    double t0 = th_now_ms();
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    double dt = th_now_ms() - t0;
+    ck_assert_msg(dt < 10000, "8 ranks took %.0f ms", dt);
+    ck_assert_int_eq(leftovers(sh, 8), 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *tc = tcase_create("abi");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, abi_mismatch);
+    tcase_add_test(tc, abi_notify_error);
+    tcase_add_test(tc, abi_abort_wakes_progress);
+    tcase_add_test(tc, abi_dead_peer_and_subset);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("library");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, sizes_single_copy);
+    tcase_add_test(tc, sizes_ring);
+    tcase_add_test(tc, inflight_both_ways_single_copy);
+    tcase_add_test(tc, inflight_both_ways_ring);
+    tcase_add_test(tc, allreduce_ranks);
+    tcase_add_test(tc, mismatch_fails_everywhere);
+    tcase_add_test(tc, rank_killed_mid_allreduce);
+    tcase_add_test(tc, rank_killed_mid_allreduce_single_copy);
+    tcase_add_test(tc, eight_ranks_two_cpus);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

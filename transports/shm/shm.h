@@ -1,0 +1,163 @@
+/* Shared-memory transport internals: the shared layouts (doorbells, per-pair segments
+ * with one SPSC byte ring per direction) and the local per-peer state. The design is
+ * described at the top of shm.c; set-up (segments, store records, the single-copy probe,
+ * liveness) lives in shm_setup.c. Only the ABI header and libc are used. */
+#ifndef SHM_SHM_H
+#define SHM_SHM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <poll.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <tutti/transport_v1.h>
+
+#define SHM_LINE 64
+#define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
+#define SHM_VERSION 1u
+#define SHM_REC_MAGIC 0x5453u
+#define SHM_REC_INLINE 1 /* payload follows the header in the ring */
+#define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
+#define SHM_HDR_BYTES 56 /* header bytes of a record; inline payload starts here */
+#define SHM_MAX_ERRMSG 2048
+
+/* A record in a ring: 64-byte aligned, so a header never wraps. */
+typedef struct shm_hdr {
+    uint16_t magic;
+    uint16_t type;
+    uint32_t flags;
+    uint64_t len;    /* the message's length */
+    uint64_t env[4]; /* its envelope */
+    uint64_t addr;   /* SHM_REC_CMA: where the payload sits in the sender */
+} shm_hdr_t;
+_Static_assert(sizeof(shm_hdr_t) == SHM_HDR_BYTES, "record header layout");
+
+/* A rank's doorbell: every sender bumps `seq` and wakes it (FUTEX_WAKE) only while the
+ * owner announced in `sleeping` that it waits on it. */
+typedef struct shm_bell {
+    _Alignas(SHM_LINE) _Atomic uint32_t seq;
+    _Atomic uint32_t sleeping;
+    _Alignas(SHM_LINE) _Atomic uint32_t attached; /* set-up: peers that mapped it */
+    uint32_t magic;
+    int32_t owner;
+} shm_bell_t;
+
+/* One direction of a pair: sender -> receiver. Each line has one writer. */
+typedef struct shm_dir {
+    /* written by the sender */
+    _Alignas(SHM_LINE) _Atomic uint64_t head; /* bytes published */
+    /* written by the receiver */
+    _Alignas(SHM_LINE) _Atomic uint64_t tail;  /* bytes consumed */
+    _Atomic uint64_t acked;                    /* single-copy records pulled */
+    _Atomic uint32_t cma_ok;                   /* 0 unknown, 1 pull works, 2 refused */
+    /* written by the sender, rarely */
+    _Alignas(SHM_LINE) uint64_t probe_addr;    /* &probe_val in the sender's mapping */
+    uint64_t probe_val;                        /* random: proves the pid is the sender */
+    _Atomic uint32_t revoked;                  /* the sender withdrew unacked pulls */
+    _Atomic uint32_t broken;                   /* ... or cut a message: nothing more comes */
+    /* the sender's failure report (seqlock: odd while being written) */
+    _Alignas(SHM_LINE) _Atomic uint32_t err_seq;
+    _Atomic uint32_t err_set;
+    int32_t err_status;
+    char err_msg[SHM_MAX_ERRMSG + 1];
+} shm_dir_t;
+
+/* The segment of a pair (lo < hi), created by lo: a header, dir[0] for lo -> hi,
+ * dir[1] for hi -> lo, then the two rings (ring_bytes each, page aligned). */
+typedef struct shm_pair {
+    _Alignas(SHM_LINE) uint32_t magic;
+    uint32_t version;
+    int32_t lo, hi;
+    uint64_t ring_bytes;
+    uint64_t rings_off;
+    _Atomic uint32_t attached; /* hi mapped it */
+    shm_dir_t dir[2];
+} shm_pair_t;
+
+typedef struct shm_tp shm_tp_t;
+
+typedef struct shm_link {
+    shm_tp_t *tp;
+    int peer;
+    int served;
+    pid_t pid;
+    int pidfd;                   /* -1: liveness through /proc */
+    unsigned long long start_time; /* /proc/PID/stat field 22, for the fallback */
+    char addr[48];
+    /* shared */
+    shm_pair_t *seg;
+    size_t seg_bytes;
+    shm_dir_t *tx, *rx;
+    unsigned char *txring, *rxring;
+    uint64_t cap, mask;
+    shm_bell_t *peer_bell;
+    size_t peer_bell_bytes;
+    /* link state */
+    int failed;                  /* 0 or a TUTTI_ERR_* */
+    int report_pending;
+    int fail_errno;
+    char fail_msg[SHM_MAX_ERRMSG + 256];
+    int peer_dead;               /* its process is gone (seen by a liveness check) */
+    int progressed;              /* moved something in this sweep */
+    int notify;                  /* published something the peer may sleep on */
+    int cma;                     /* sender side: -1 unknown, 0 stream, 1 pull */
+    /* send side */
+    tutti_tp_req_v1_t *sq_head, *sq_tail; /* queued, the head possibly half written */
+    tutti_tp_req_v1_t *aq_head, *aq_tail; /* pulls published, waiting for their ack */
+    uint64_t tx_pos, tx_tail_seen;
+    uint64_t tx_rec, tx_span, tx_sent; /* current record: start, size, bytes written */
+    int tx_cur_cma;
+    int tx_started;
+    int tx_broken;               /* a message was cut or withdrawn: nothing more goes */
+    uint64_t cma_sent;
+    /* receive side */
+    tutti_tp_req_v1_t *rq_head, *rq_tail;
+    uint64_t rx_pos, rx_head_seen;
+    shm_hdr_t rhdr;
+    int rhdr_valid;              /* rhdr holds the record at rx_pos (maybe parked) */
+    int rhdr_matched;
+    uint64_t rx_span, rx_got;
+    uint64_t rx_acked;
+    int rx_withdrawn;            /* the matched pull was revoked by the sender */
+    uint64_t broken_seen_ns;     /* when we found the sender's direction broken */
+} shm_link_t;
+
+struct shm_tp {
+    const tutti_tp_host_v1_t *host;
+    int rank, nranks;
+    shm_link_t *links;
+    shm_bell_t *bell;            /* ours */
+    size_t bell_bytes;
+    atomic_int aborted;
+    unsigned long completions;
+    size_t cma_min;              /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
+                                    with process_vm_readv where the peer allows it; 0 never */
+    size_t ring_bytes;
+    size_t step;                 /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
+    int liveness_ms;
+    int oversubscribed;          /* more local ranks than CPUs: yield while spinning */
+    unsigned spin_misses;        /* waits in a row the brief pure spin did not end */
+    unsigned spin_probe;
+    uint64_t next_liveness_ns;
+    /* names still linked (unlinked as soon as the peers mapped them) */
+    char bell_name[64];
+    char **pair_names;           /* nranks entries, for the pairs this rank created */
+    pid_t pid;
+    uint64_t nonce;
+    struct pollfd *pfds;         /* liveness: one per peer with a pidfd */
+    int *pfd_peer;
+    int npfds;
+};
+
+/* shm_setup.c */
+int shm_setup(shm_tp_t *tp);
+void shm_teardown(shm_tp_t *tp);
+/* 1 if the peer's process is gone. */
+int shm_peer_gone(shm_link_t *L);
+/* Poll every peer with pending work (or all with `all`); marks peer_dead. */
+void shm_check_liveness(shm_tp_t *tp, int all);
+uint64_t shm_now_ns(void);
+long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms);
+
+#endif /* SHM_SHM_H */

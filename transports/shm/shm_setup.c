@@ -1,0 +1,463 @@
+/* Shared-memory transport: set-up and liveness.
+ *
+ * Rank r creates its doorbell segment and one segment per served peer p > r (POSIX shm,
+ * names "/tutti-shm-<pid>-<nonce>-bell" and "...-<p>"), then publishes "shm/<r>" =
+ * "1 <pid> <nonce> <host id>" in the store. For every served peer it reads that record,
+ * checks the host id, maps the peer's doorbell and, for p < r, the pair segment (which
+ * it unlinks at once). It then waits until every served peer has mapped its own
+ * segments and unlinks them: from there on nothing is left in /dev/shm whatever
+ * happens to any process. Last, as the receiving side of each pair, it probes whether
+ * it may pull from the sender with process_vm_readv (a random value at a published
+ * address), and says so in the pair's shared state. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+#define LOGF(lvl, ...) tp->host->log(tp->host->ctx, (lvl), __VA_ARGS__)
+#define ERRF(st, peer, err, ...) tp->host->error(tp->host->ctx, (st), (peer), (err), __VA_ARGS__)
+
+uint64_t shm_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms)
+{
+    struct timespec ts, *tsp = NULL;
+    if (op == FUTEX_WAIT && timeout_ms >= 0) {
+        ts.tv_sec = timeout_ms / 1000;
+        ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
+        tsp = &ts;
+    }
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, tsp, NULL, 0);
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void host_identity(shm_tp_t *tp, char *out, size_t len)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
+    if (h->size > offsetof(tutti_tp_host_v1_t, host_id) && h->host_id && h->host_id[0]) {
+        snprintf(out, len, "%s", h->host_id);
+        return;
+    }
+    const char *over = h->config(h->ctx, "HOST_ID");
+    if (over && *over) {
+        snprintf(out, len, "%s", over);
+        return;
+    }
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(out, len, "%s/%s", host, boot);
+}
+
+static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
+{
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        ERRF(TUTTI_ERR_IO, -1, errno, "shm: cannot create segment %s", name);
+        return NULL;
+    }
+    /* Reserve the pages now: a full /dev/shm then fails here, not with SIGBUS later. */
+    int st = posix_fallocate(fd, 0, (off_t)bytes);
+    if (st == EOPNOTSUPP || st == EINVAL)
+        st = ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
+    if (st) {
+        ERRF(TUTTI_ERR_NOMEM, -1, st, "shm: cannot size segment %s to %zu bytes (is /dev/shm full?)",
+             name, bytes);
+        close(fd);
+        shm_unlink(name);
+        return NULL;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        shm_unlink(name);
+        ERRF(TUTTI_ERR_NOMEM, -1, err, "shm: cannot map segment %s (%zu bytes)", name, bytes);
+        return NULL;
+    }
+    return p;
+}
+
+static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes,
+                      size_t *bytes_p)
+{
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        ERRF(errno == ENOENT ? TUTTI_ERR_PEER : TUTTI_ERR_IO, peer, errno,
+             "shm: cannot open rank %d's segment %s (is it on this host, and alive?)", peer,
+             name);
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || (size_t)sb.st_size < min_bytes) {
+        close(fd);
+        ERRF(TUTTI_ERR_PROTOCOL, peer, 0, "shm: rank %d's segment %s is too small", peer, name);
+        return NULL;
+    }
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        ERRF(TUTTI_ERR_NOMEM, peer, err, "shm: cannot map rank %d's segment %s", peer, name);
+        return NULL;
+    }
+    *bytes_p = (size_t)sb.st_size;
+    return p;
+}
+
+static size_t pair_header_bytes(void)
+{
+    size_t pg = 4096;
+    return (sizeof(shm_pair_t) + pg - 1) / pg * pg;
+}
+
+static void bell_name(char *out, size_t len, pid_t pid, uint64_t nonce)
+{
+    snprintf(out, len, "/tutti-shm-%d-%016llx-bell", (int)pid, (unsigned long long)nonce);
+}
+
+static void pair_name(char *out, size_t len, pid_t pid, uint64_t nonce, int hi)
+{
+    snprintf(out, len, "/tutti-shm-%d-%016llx-%d", (int)pid, (unsigned long long)nonce, hi);
+}
+
+/* Local view of a pair: which direction and ring is ours. */
+static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes)
+{
+    L->seg = seg;
+    L->seg_bytes = bytes;
+    L->cap = seg->ring_bytes;
+    L->mask = seg->ring_bytes - 1;
+    unsigned char *rings = (unsigned char *)seg + seg->rings_off;
+    int lo = tp->rank < L->peer;
+    L->tx = &seg->dir[lo ? 0 : 1];
+    L->rx = &seg->dir[lo ? 1 : 0];
+    L->txring = rings + (lo ? 0 : seg->ring_bytes);
+    L->rxring = rings + (lo ? seg->ring_bytes : 0);
+    L->tx->probe_val = tp->nonce ^ ((uint64_t)L->peer << 48) ^ 0x9e3779b97f4a7c15ull;
+    L->tx->probe_addr = (uint64_t)(uintptr_t)&L->tx->probe_val;
+}
+
+static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p)
+        return -1;
+    char state = 0;
+    unsigned long long v = 0;
+    /* after ")": state, then fields 4..21, then starttime (22) */
+    if (sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+                      "%*d %llu",
+               &state, &v) != 2)
+        return -1;
+    *st_p = v;
+    if (state_p)
+        *state_p = state;
+    return 0;
+}
+
+int shm_peer_gone(shm_link_t *L)
+{
+    if (L->pidfd >= 0) {
+        struct pollfd p = {.fd = L->pidfd, .events = POLLIN};
+        return poll(&p, 1, 0) > 0;
+    }
+    if (L->pid <= 0)
+        return 0; /* cannot tell */
+    unsigned long long st = 0;
+    char state = 0;
+    if (proc_start_time(L->pid, &st, &state) < 0)
+        return 1;
+    return state == 'Z' || state == 'X' || (L->start_time && st != L->start_time);
+}
+
+void shm_check_liveness(shm_tp_t *tp, int all)
+{
+    (void)all;
+    if (tp->npfds > 0) {
+        int n = poll(tp->pfds, (nfds_t)tp->npfds, 0);
+        for (int i = 0; n > 0 && i < tp->npfds; i++)
+            if (tp->pfds[i].revents)
+                tp->links[tp->pfd_peer[i]].peer_dead = 1;
+    }
+    for (int i = 0; i < tp->nranks; i++) {
+        shm_link_t *L = &tp->links[i];
+        if (L->served && L->pidfd < 0 && !L->peer_dead && shm_peer_gone(L))
+            L->peer_dead = 1;
+    }
+}
+
+static void probe_pull(shm_tp_t *tp, shm_link_t *L)
+{
+    uint32_t verdict = 2;
+    if (tp->cma_min) {
+        uint64_t v = 0;
+        struct iovec lo = {&v, sizeof(v)};
+        struct iovec re = {(void *)(uintptr_t)L->rx->probe_addr, sizeof(v)};
+        ssize_t n = process_vm_readv(L->pid, &lo, 1, &re, 1, 0);
+        if (n == (ssize_t)sizeof(v) && v == L->rx->probe_val)
+            verdict = 1;
+        else
+            LOGF(TUTTI_LOG_INFO,
+                 "shm: cannot pull from rank %d (pid %d) with process_vm_readv (%s): large "
+                 "messages from it go through the ring in chunks",
+                 L->peer, (int)L->pid, n < 0 ? strerror(errno) : "wrong value read");
+    }
+    atomic_store(&L->rx->cma_ok, verdict);
+}
+
+static int cpus_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int shm_setup(shm_tp_t *tp)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
+    int st = TUTTI_OK;
+    uint64_t deadline = shm_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
+                                           1000000ull;
+    tp->pid = getpid();
+    if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
+        tp->nonce = shm_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
+    char myhost[512];
+    host_identity(tp, myhost, sizeof(myhost));
+    int nserved = 0;
+    for (int p = 0; p < tp->nranks; p++)
+        nserved += tp->links[p].served;
+
+    /* our doorbell and the pairs we own */
+    tp->bell_bytes = 4096;
+    bell_name(tp->bell_name, sizeof(tp->bell_name), tp->pid, tp->nonce);
+    tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes);
+    if (!tp->bell) {
+        tp->bell_name[0] = 0;
+        return TUTTI_ERR_IO;
+    }
+    tp->bell->magic = SHM_SEG_MAGIC;
+    tp->bell->owner = tp->rank;
+    size_t hdr = pair_header_bytes();
+    size_t pair_bytes = hdr + 2 * tp->ring_bytes;
+    for (int p = tp->rank + 1; p < tp->nranks; p++) {
+        shm_link_t *L = &tp->links[p];
+        if (!L->served)
+            continue;
+        char name[64];
+        pair_name(name, sizeof(name), tp->pid, tp->nonce, p);
+        shm_pair_t *seg = seg_create(tp, name, pair_bytes);
+        if (!seg)
+            return TUTTI_ERR_IO;
+        tp->pair_names[p] = strdup(name);
+        seg->magic = SHM_SEG_MAGIC;
+        seg->version = SHM_VERSION;
+        seg->lo = tp->rank;
+        seg->hi = p;
+        seg->ring_bytes = tp->ring_bytes;
+        seg->rings_off = hdr;
+        link_bind(tp, L, seg, pair_bytes);
+    }
+    char key[64], val[700];
+    snprintf(key, sizeof(key), "shm/%d", tp->rank);
+    snprintf(val, sizeof(val), "1 %d %016llx %s", (int)tp->pid, (unsigned long long)tp->nonce,
+             myhost);
+    st = h->store_set(h->ctx, key, val, strlen(val) + 1);
+    if (st < 0)
+        return ERRF(st, -1, 0, "shm: cannot publish %s in the store", key);
+
+    /* the peers' records, doorbells and the pairs they own */
+    for (int p = 0; p < tp->nranks; p++) {
+        shm_link_t *L = &tp->links[p];
+        if (!L->served)
+            continue;
+        snprintf(key, sizeof(key), "shm/%d", p);
+        void *v = NULL;
+        size_t vlen = 0;
+        uint64_t now = shm_now_ns();
+        int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 1;
+        st = h->store_get(h->ctx, key, &v, &vlen, ms);
+        if (st < 0)
+            return ERRF(st, p, 0, "shm: rank %d did not publish its shared-memory address "
+                        "within %d ms", p, h->timeout_ms);
+        char text[700];
+        snprintf(text, sizeof(text), "%.*s", (int)(vlen < sizeof(text) ? vlen : sizeof(text) - 1),
+                 (const char *)v);
+        h->free_value(v);
+        int ver = 0, pid = 0, off = 0;
+        unsigned long long nonce = 0;
+        if (sscanf(text, "%d %d %llx %n", &ver, &pid, &nonce, &off) != 3 || ver != 1 || pid <= 0)
+            return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: rank %d published \"%s\"", p, text);
+        if (strcmp(text + off, myhost))
+            return ERRF(TUTTI_ERR_CONFIG, p, 0,
+                        "shm: rank %d is on another host (%s, this is %s): shared memory cannot "
+                        "reach it (use TUTTI_TRANSPORT=auto or tcp)",
+                        p, text + off, myhost);
+        L->pid = pid;
+        snprintf(L->addr, sizeof(L->addr), "shm:pid %d", pid);
+        char name[64];
+        bell_name(name, sizeof(name), pid, nonce);
+        size_t bb = 0;
+        L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb);
+        if (!L->peer_bell)
+            return TUTTI_ERR_PEER;
+        L->peer_bell_bytes = bb;
+        if (L->peer_bell->magic != SHM_SEG_MAGIC || L->peer_bell->owner != p)
+            return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: %s is not rank %d's doorbell", name, p);
+        atomic_fetch_add(&L->peer_bell->attached, 1);
+        if (p < tp->rank) {
+            pair_name(name, sizeof(name), pid, nonce, tp->rank);
+            size_t sb = 0;
+            shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb);
+            if (!seg)
+                return TUTTI_ERR_PEER;
+            shm_unlink(name); /* both ends have it mapped: the name has done its job */
+            if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
+                seg->hi != tp->rank || seg->ring_bytes < 4096 ||
+                (seg->ring_bytes & (seg->ring_bytes - 1)) ||
+                seg->rings_off + 2 * seg->ring_bytes > sb) {
+                munmap(seg, sb);
+                return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: segment %s from rank %d is not "
+                            "one this version understands", name, p);
+            }
+            link_bind(tp, L, seg, sb);
+            atomic_store(&seg->attached, 1);
+            probe_pull(tp, L);
+        }
+        L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (L->pidfd < 0) {
+            L->pidfd = -1;
+            if (proc_start_time(pid, &L->start_time, NULL) < 0)
+                LOGF(TUTTI_LOG_WARN, "shm: cannot watch rank %d (pid %d): %s; a crash of it "
+                     "shows only as a timeout", p, pid, strerror(errno));
+        }
+    }
+
+    /* wait for the peers to map ours, then unlink the names */
+    for (;;) {
+        int missing = -1;
+        if ((int)atomic_load(&tp->bell->attached) < nserved)
+            missing = -2;
+        for (int p = tp->rank + 1; p < tp->nranks && missing == -1; p++)
+            if (tp->links[p].served && !atomic_load(&tp->links[p].seg->attached))
+                missing = p;
+        if (missing == -1)
+            break;
+        if (shm_now_ns() >= deadline) {
+            if (missing >= 0)
+                return ERRF(TUTTI_ERR_TIMEOUT, missing, 0, "shm: rank %d did not map its "
+                            "shared-memory segment within %d ms", missing, h->timeout_ms);
+            return ERRF(TUTTI_ERR_TIMEOUT, -1, 0, "shm: only %u of %d peers mapped this rank's "
+                        "doorbell within %d ms", atomic_load(&tp->bell->attached), nserved,
+                        h->timeout_ms);
+        }
+        sleep_us(200);
+    }
+    shm_unlink(tp->bell_name);
+    tp->bell_name[0] = 0;
+    for (int p = tp->rank + 1; p < tp->nranks; p++) {
+        if (!tp->pair_names[p])
+            continue;
+        shm_unlink(tp->pair_names[p]);
+        free(tp->pair_names[p]);
+        tp->pair_names[p] = NULL;
+        probe_pull(tp, &tp->links[p]);
+    }
+
+    /* liveness watch list */
+    tp->pfds = calloc((size_t)tp->nranks, sizeof(*tp->pfds));
+    tp->pfd_peer = calloc((size_t)tp->nranks, sizeof(int));
+    if (!tp->pfds || !tp->pfd_peer)
+        return ERRF(TUTTI_ERR_NOMEM, -1, 0, "shm: out of memory");
+    for (int p = 0; p < tp->nranks; p++) {
+        if (tp->links[p].served && tp->links[p].pidfd >= 0) {
+            tp->pfds[tp->npfds] = (struct pollfd){.fd = tp->links[p].pidfd, .events = POLLIN};
+            tp->pfd_peer[tp->npfds++] = p;
+        }
+    }
+    tp->oversubscribed = nserved + 1 > cpus_available();
+    int pulls = 0;
+    for (int p = 0; p < tp->nranks; p++)
+        pulls += tp->links[p].served && atomic_load(&tp->links[p].rx->cma_ok) == 1;
+    if (tp->cma_min)
+        LOGF(TUTTI_LOG_INFO,
+             "shm: %d local peers, rings of %zu bytes; messages of %zu bytes or more are "
+             "pulled with process_vm_readv from %d of them, the others stream through the "
+             "ring%s",
+             nserved, tp->ring_bytes, tp->cma_min, pulls,
+             tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
+    else
+        LOGF(TUTTI_LOG_INFO,
+             "shm: %d local peers, rings of %zu bytes, every message streams through the "
+             "ring (TUTTI_SHM_CMA_BYTES unset)%s",
+             nserved, tp->ring_bytes,
+             tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
+    return TUTTI_OK;
+}
+
+void shm_teardown(shm_tp_t *tp)
+{
+    if (tp->bell_name[0])
+        shm_unlink(tp->bell_name);
+    for (int p = 0; p < tp->nranks; p++) {
+        shm_link_t *L = &tp->links[p];
+        if (tp->pair_names && tp->pair_names[p]) {
+            shm_unlink(tp->pair_names[p]);
+            free(tp->pair_names[p]);
+        }
+        if (L->seg)
+            munmap(L->seg, L->seg_bytes);
+        if (L->peer_bell)
+            munmap(L->peer_bell, L->peer_bell_bytes);
+        if (L->pidfd >= 0)
+            close(L->pidfd);
+    }
+    if (tp->bell)
+        munmap(tp->bell, tp->bell_bytes);
+    free(tp->pfds);
+    free(tp->pfd_peer);
+}
