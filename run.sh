@@ -2,16 +2,20 @@
 # tutti's one entry point on a fresh Debian 12 machine (as root, or with sudo):
 #   ./run.sh bench   install what is missing, build, run tutti-bench allreduce on 4 local ranks
 #   ./run.sh test    install what is missing, build, run the whole test suite, then again
-#                    under ASan+UBSan
+#                    under ASan+UBSan, then the ibverbs suites on soft-RoCE inside a qemu
+#                    guest (tests/rdma/ci.sh; TUTTI_RXE_VM=0 skips that step)
 # Extra arguments after `bench` go to tutti-bench (e.g. ./run.sh bench -np 2 -e 1G).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev)
+# the RDMA step of `test`: a qemu guest with Debian's kernel and soft-RoCE (tests/rdma/)
+VM_PKGS=(qemu-system-x86 busybox-static cpio kmod)
 
-install_deps() {
+install_deps() { # packages... (default: PKGS)
     local missing=()
-    for p in "${PKGS[@]}"; do
+    [ $# -gt 0 ] || set -- "${PKGS[@]}"
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -46,6 +50,12 @@ test)
     TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --timeout-multiplier 3
+    # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs
+    # device"); run them, and the correctness matrices over ibverbs, on rdma_rxe in a VM.
+    if [ "${TUTTI_RXE_VM:-1}" != 0 ]; then
+        install_deps "${VM_PKGS[@]}"
+        tests/rdma/ci.sh build
+    fi
     ;;
 *)
     echo "usage: $0 bench [tutti-bench args] | test" >&2

@@ -1,0 +1,32 @@
+#!/bin/sh
+# Runs inside the soft-RoCE guest (see ci.sh): the ibverbs suites, then benchmark rows.
+# $1: 1 to run tutti-bench afterwards. Exit status: 0 only if every suite passed.
+cd /payload || exit 1
+export TUTTI_TRANSPORT=ibverbs TT_TEST_QUICK=1 CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=2
+# TUTTI_IB_DEV and TUTTI_IB_GID_INDEX stay unset: the transport finds rxe0 and its RoCE v2
+# IPv4 GID itself (test_ibverbs checks the index against the guest's RXE_GID_INDEX)
+up() { cut -d' ' -f1 /proc/uptime; }
+rc=0
+run() { # name command...
+    name=$1
+    shift
+    t0=$(up)
+    echo "RXE-SUITE: $name: start"
+    "$@"
+    r=$?
+    echo "RXE-SUITE: $name: rc=$r in $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
+    [ "$r" -eq 0 ] || rc=1
+}
+run test_ibverbs ./test_ibverbs
+run test_coll ./test_coll
+run test_coll2 ./test_coll2
+if [ "${1:-1}" = 1 ] && [ "$rc" -eq 0 ]; then
+    # the record, not a test: rxe under TCG measures the emulator, not RDMA
+    for np in 2 4; do
+        echo "RXE-BENCH: allreduce, $np ranks"
+        ./tutti-bench -np "$np" --coll allreduce -b 8 -e 4M -f 8 -n 5 -w 2 -c ||
+            echo "RXE-BENCH: tutti-bench failed"
+    done
+fi
+echo "RXE-SUITE: overall rc=$rc"
+exit $rc

@@ -1,0 +1,551 @@
+/* The ibverbs transport: the no-device path, the memory registration cache (hits,
+ * misses, eviction, and a freed-and-remapped buffer never served from a stale
+ * registration), a queue pair error surfacing as a peer error naming the rank, and a
+ * matrix of every collective on 2, 3 and 4 ranks with sizes up to 3 MiB.
+ *
+ * Without an RDMA device only the no-device case runs (communicator creation with
+ * TUTTI_TRANSPORT=ibverbs must fail with TUTTI_ERR_NO_DEVICE and say "no ibverbs
+ * device"), then the program exits 77 (meson's "skipped") saying so. CI runs the rest
+ * inside a soft-RoCE VM: tests/rdma/run-in-vm.sh.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#include <tutti/tutti.h>
+
+#include "../transports/ibverbs/ib.h"
+#include "harness.h"
+#include "ref.h"
+
+/* Devices libibverbs lists; *active_p: how many have an active port. */
+static int device_count(int *active_p)
+{
+    int n = 0, active = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+    for (int i = 0; l && i < n; i++) {
+        struct ibv_context *ctx = ibv_open_device(l[i]);
+        struct ibv_device_attr da;
+        if (!ctx)
+            continue;
+        if (ibv_query_device(ctx, &da) == 0) {
+            int up = 0;
+            for (int p = 1; p <= da.phys_port_cnt; p++) {
+                struct ibv_port_attr pa;
+                if (ibv_query_port(ctx, (uint8_t)p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE)
+                    up = 1;
+            }
+            active += up;
+        }
+        ibv_close_device(ctx);
+    }
+    if (l)
+        ibv_free_device_list(l);
+    if (active_p)
+        *active_p = active;
+    return l ? n : 0;
+}
+
+/* ---- no device: init fails with TUTTI_ERR_NO_DEVICE and says why ---- */
+
+static int rank_no_device(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                          void *arg)
+{
+    (void)unused;
+    const char *want = arg;
+    tutti_store_t *store = NULL;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != TUTTI_OK, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "ibverbs";
+    o.timeout_ms = 10000;
+    /* the reason is logged (a warning) as init fails: catch it */
+    FILE *cap = tmpfile();
+    FAIL_IF(!cap, "tmpfile");
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fileno(cap), 2);
+    tutti_comm_t *c = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&c, store, rank, nranks, &o);
+    double ms = th_now_ms() - t0;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[4096] = "";
+    rewind(cap);
+    size_t n = fread(text, 1, sizeof(text) - 1, cap);
+    text[n] = '\0';
+    fclose(cap);
+    FAIL_IF(st != TUTTI_ERR_NO_DEVICE, "init gave %s, not TUTTI_ERR_NO_DEVICE; log: %s",
+            tutti_status_name(st), text);
+    FAIL_IF(c != NULL, "comm set on failure");
+    FAIL_IF(!strstr(text, want), "the log does not say \"%s\": %s", want, text);
+    FAIL_IF(ms > 5000, "failing took %.0f ms: it must not wait for the peers", ms);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(no_device)
+{
+    char want[128];
+    if (device_count(NULL) > 0) {
+        /* a host with a device: ask for one that is not there */
+        setenv("TUTTI_IB_DEV", "nosuchdev0", 1);
+        snprintf(want, sizeof(want), "no ibverbs device named nosuchdev0");
+    } else {
+        snprintf(want, sizeof(want), "no ibverbs device");
+    }
+    th_spec_t spec = {.nranks = 2, .fn = rank_no_device, .arg = want, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- the registration cache on its own ---- */
+
+typedef struct dev {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+} dev_t_;
+
+static void dev_open(dev_t_ *d)
+{
+    int n = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+    ck_assert_msg(l && n > 0, "no device");
+    const char *want = getenv("TUTTI_IB_DEV");
+    d->ctx = NULL;
+    for (int i = 0; i < n && !d->ctx; i++)
+        if (!want || !strncmp(want, ibv_get_device_name(l[i]), strcspn(want, ":")))
+            d->ctx = ibv_open_device(l[i]);
+    ibv_free_device_list(l);
+    ck_assert_msg(d->ctx != NULL, "cannot open the device");
+    d->pd = ibv_alloc_pd(d->ctx);
+    ck_assert_msg(d->pd != NULL, "ibv_alloc_pd");
+}
+
+static void dev_close(dev_t_ *d)
+{
+    ibv_dealloc_pd(d->pd);
+    ibv_close_device(d->ctx);
+}
+
+START_TEST(mr_cache_hits_misses)
+{
+    dev_t_ d;
+    dev_open(&d);
+    ib_mrc_t c;
+    char err[256];
+    ck_assert_int_eq(ib_mrc_init(&c, d.pd, "trust", 64u << 20, 0, err, sizeof(err)), 0);
+    const size_t len = 1u << 20;
+    char *a = malloc(len), *b = malloc(len);
+    ck_assert(a && b);
+    memset(a, 1, len);
+    memset(b, 2, len);
+    ib_mr_entry_t *e1, *e2, *e3, *e4;
+    ck_assert_int_eq(ib_mrc_get(&c, a, len, 0, &e1), 0);
+    ck_assert_uint_eq(c.misses, 1);
+    ib_mrc_put(&c, e1);
+    ck_assert_int_eq(ib_mrc_get(&c, a, len, 1, &e2), 0);    /* same buffer, receive */
+    ck_assert_int_eq(ib_mrc_get(&c, a + 4096, 8192, 0, &e3), 0); /* inside it */
+    ck_assert_ptr_eq(e2, e1);
+    ck_assert_ptr_eq(e3, e1);
+    ck_assert_uint_eq(c.hits, 2);
+    ck_assert_uint_eq(c.misses, 1);
+    ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e4), 0);  /* another buffer */
+    ck_assert_uint_eq(c.misses, 2);
+    ck_assert_int_eq(c.entries, 2);
+    ib_mrc_put(&c, e2);
+    ib_mrc_put(&c, e3);
+    ib_mrc_put(&c, e4);
+    ib_mrc_destroy(&c);
+
+    /* the byte limit: least recently used idle entries go */
+    ck_assert_int_eq(ib_mrc_init(&c, d.pd, "trust", len + len / 2 + 8192, 0, err,
+                                 sizeof(err)), 0);
+    ck_assert_int_eq(ib_mrc_get(&c, a, len, 0, &e1), 0);
+    ib_mrc_put(&c, e1);
+    ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e2), 0);
+    ib_mrc_put(&c, e2);
+    ck_assert_int_eq(c.entries, 1);
+    ck_assert_uint_eq(c.evictions, 1);
+    ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e2), 0); /* the survivor is b */
+    ck_assert_uint_eq(c.hits, 1);
+    ib_mrc_put(&c, e2);
+    ib_mrc_destroy(&c);
+
+    /* off: every get registers anew, nothing is kept */
+    ck_assert_int_eq(ib_mrc_init(&c, d.pd, "off", 64u << 20, 0, err, sizeof(err)), 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(ib_mrc_get(&c, a, len, 0, &e1), 0);
+        ib_mrc_put(&c, e1);
+    }
+    ck_assert_uint_eq(c.misses, 3);
+    ck_assert_uint_eq(c.hits, 0);
+    ck_assert_int_eq(c.entries, 0);
+    ib_mrc_destroy(&c);
+    free(a);
+    free(b);
+    dev_close(&d);
+}
+END_TEST
+
+/* A buffer freed and mapped again at the same address is new memory: the cache must
+ * not hand out the old registration (which pins the old pages). */
+START_TEST(mr_cache_invalidate_on_free)
+{
+    dev_t_ d;
+    dev_open(&d);
+    ib_mrc_t c;
+    char err[256];
+    if (ib_mrc_init(&c, d.pd, NULL, 64u << 20, 0, err, sizeof(err)) != 0 ||
+        c.mode != IB_MRC_PAGEMAP) {
+        fprintf(stderr, "mr_cache_invalidate_on_free: the cache runs in mode %s here (page "
+                        "frames need CAP_SYS_ADMIN): nothing to check\n",
+                ib_mrc_mode_name(c.mode));
+        ib_mrc_destroy(&c);
+        dev_close(&d);
+        return;
+    }
+    const size_t len = 4u << 20;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(p != MAP_FAILED);
+    memset(p, 1, len);
+    ib_mr_entry_t *e;
+    ck_assert_int_eq(ib_mrc_get(&c, p, len, 0, &e), 0);
+    ib_mrc_put(&c, e);
+    ck_assert_int_eq(ib_mrc_get(&c, p, len, 0, &e), 0);
+    ib_mrc_put(&c, e);
+    ck_assert_uint_eq(c.hits, 1);
+    /* "free" it and get new memory at the same address */
+    ck_assert_int_eq(munmap(p, len), 0);
+    char *q = mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    ck_assert(q == p);
+    memset(q, 2, len);
+    ck_assert_int_eq(ib_mrc_get(&c, q, len, 0, &e), 0);
+    ck_assert_uint_eq(c.invalidations, 1);
+    ck_assert_uint_eq(c.misses, 2);
+    ck_assert_uint_eq(c.hits, 1);
+    ib_mrc_put(&c, e);
+    /* a page in the middle replaced (MADV_DONTNEED gives a fresh zero page) */
+    ck_assert_int_eq(ib_mrc_get(&c, q, len, 0, &e), 0);
+    ib_mrc_put(&c, e);
+    ck_assert_uint_eq(c.hits, 2);
+    ck_assert_int_eq(munmap(q + len / 2, 4096), 0);
+    ck_assert(mmap(q + len / 2, 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == q + len / 2);
+    q[len / 2] = 3;
+    ck_assert_int_eq(ib_mrc_get(&c, q, len, 0, &e), 0);
+    ck_assert_uint_eq(c.invalidations, 2);
+    ib_mrc_put(&c, e);
+    ib_mrc_destroy(&c);
+    munmap(q, len);
+    dev_close(&d);
+}
+END_TEST
+
+/* ---- through a communicator: repeated collectives hit the cache ---- */
+
+static int check_sum(int rank, const float *out, size_t n, int nranks, float scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        float exp = scale * (float)((i % 1000) * nranks + nranks * (nranks - 1) / 2);
+        FAIL_IF(out[i] != exp, "index %zu: got %g, expected %g", i, (double)out[i],
+                (double)exp);
+    }
+    return 0;
+}
+
+static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                           void *arg)
+{
+    (void)dir;
+    (void)arg;
+    FAIL_IF(strcmp(tutti_comm_transport(comm), "ibverbs") != 0, "transport is %s",
+            tutti_comm_transport(comm));
+    const size_t n = 1u << 20; /* 4 MiB of fp32 */
+    const size_t len = n * sizeof(float);
+    float *in = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    float *out = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FAIL_IF(in == MAP_FAILED || out == MAP_FAILED, "mmap");
+    for (size_t i = 0; i < n; i++)
+        in[i] = (float)(i % 1000 + (size_t)rank);
+    tt_ib_stats_t s0, s1, s2, s3;
+    FAIL_IF(tt_ib_debug_stats(NULL, &s0) != TUTTI_OK, "no ibverbs transport in this process");
+    const char *gi = getenv("RXE_GID_INDEX");
+    if (gi && !getenv("TUTTI_IB_GID_INDEX"))
+        FAIL_IF(s0.gid_index != atoi(gi), "chose GID index %d, the RoCE v2 IPv4 one is %s",
+                s0.gid_index, gi);
+    for (int it = 0; it < 3; it++) {
+        memset(out, 0, len);
+        int st = tutti_allreduce(comm, in, out, n, TUTTI_FP32, TUTTI_SUM);
+        FAIL_IF(st != TUTTI_OK, "allreduce %d: %s", it, tutti_comm_last_error(comm));
+        if (check_sum(rank, out, n, nranks, 1.0f))
+            return 1;
+        tt_ib_debug_stats(NULL, it == 0 ? &s1 : &s2);
+    }
+    fprintf(stderr,
+            "rank %d: MR cache %s: after 1 allreduce %lu hits %lu misses; after 3: %lu hits "
+            "%lu misses, %d entries %zu bytes; %lu eager, %lu RDMA READ messages\n",
+            rank, s2.mr_mode, s1.mr_hits, s1.mr_misses, s2.mr_hits, s2.mr_misses,
+            s2.mr_entries, s2.mr_bytes, s2.eager_msgs, s2.rdv_msgs);
+    FAIL_IF(s1.rdv_msgs == 0, "4 MiB allreduce used no RDMA READ");
+    FAIL_IF(s1.mr_misses == 0, "nothing registered");
+    if (strcmp(s2.mr_mode, "off") != 0) {
+        /* the library's own scratch buffers may come and go, the user's stay */
+        FAIL_IF(s2.mr_hits <= s1.mr_hits, "no cache hits on the same buffers");
+        FAIL_IF(s2.mr_misses - s1.mr_misses >= s1.mr_misses,
+                "the 2nd and 3rd allreduce registered as much as the 1st (%lu, then %lu)",
+                s1.mr_misses, s2.mr_misses - s1.mr_misses);
+    }
+    /* free both buffers, get new memory at the same addresses with other contents: the
+     * result must come from the new pages */
+    FAIL_IF(munmap(in, len) || munmap(out, len), "munmap");
+    float *in2 = mmap(in, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                      -1, 0);
+    float *out2 = mmap(out, len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    FAIL_IF(in2 != in || out2 != out, "remap");
+    for (size_t i = 0; i < n; i++)
+        in2[i] = 2.0f * (float)(i % 1000 + (size_t)rank);
+    int st = tutti_allreduce(comm, in2, out2, n, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_OK, "allreduce after remap: %s", tutti_comm_last_error(comm));
+    if (check_sum(rank, out2, n, nranks, 2.0f))
+        return 1;
+    tt_ib_debug_stats(NULL, &s3);
+    if (!strcmp(s3.mr_mode, "pagemap"))
+        FAIL_IF(s3.mr_invalidations == s2.mr_invalidations,
+                "remapped buffers were not noticed (invalidations %lu)", s3.mr_invalidations);
+    munmap(in2, len);
+    munmap(out2, len);
+    return 0;
+}
+
+START_TEST(mr_cache_comm)
+{
+    ck_assert_int_eq(th_run(2, rank_cache_comm, NULL, 120000), 0);
+}
+END_TEST
+
+/* ---- a QP error becomes a peer error naming the rank ---- */
+
+static int rank_qp_error(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    (void)nranks;
+    float buf[1024], out[1024];
+    for (int i = 0; i < 1024; i++)
+        buf[i] = (float)i;
+    int st = tutti_allreduce(comm, buf, out, 1024, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_OK, "first allreduce: %s", tutti_comm_last_error(comm));
+    st = tutti_barrier(comm);
+    FAIL_IF(st != TUTTI_OK, "barrier: %s", tutti_comm_last_error(comm));
+    if (rank == 0)
+        FAIL_IF(tt_ib_debug_break_qp(NULL, 1) != TUTTI_OK, "cannot break the QP");
+    double t0 = th_now_ms();
+    st = tutti_allreduce(comm, buf, out, 1024, TUTTI_FP32, TUTTI_SUM);
+    double ms = th_now_ms() - t0;
+    const char *err = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d failed after %.0f ms with %s: %s\n", rank, ms,
+            tutti_status_name(st), err);
+    FAIL_IF(st == TUTTI_OK, "allreduce over a broken QP succeeded");
+    if (rank == 0) {
+        FAIL_IF(st != TUTTI_ERR_PEER, "got %s, not TUTTI_ERR_PEER", tutti_status_name(st));
+        FAIL_IF(!strstr(err, "rank 1") || !strstr(err, "ibverbs"),
+                "the error does not name rank 1: %s", err);
+    }
+    FAIL_IF(ms > 15000, "took %.0f ms to fail", ms);
+    return 0;
+}
+
+START_TEST(qp_error)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    th_spec_t spec = {.nranks = 2, .fn = rank_qp_error, .timeout_ms = 60000,
+                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- every collective on 2, 3, 4 ranks, 0 bytes to 3 MiB ---- */
+
+static uint32_t val(int rank, size_t i) { return (uint32_t)rank * 2654435761u + (uint32_t)i * 40503u + 7u; }
+
+static uint32_t sum_at(int n, size_t i)
+{
+    uint32_t s = 0;
+    for (int r = 0; r < n; r++)
+        s += val(r, i);
+    return s;
+}
+
+#define CHECK_BLOCK(what, cond_idx, exp_expr)                                             \
+    for (size_t i = 0; i < (cond_idx); i++) {                                              \
+        uint32_t exp = (exp_expr);                                                         \
+        FAIL_IF(out[i] != exp, "%s count %zu: index %zu: got 0x%x, expected 0x%x", what,  \
+                count, i, out[i], exp);                                                    \
+    }
+
+static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    FAIL_IF(strcmp(tutti_comm_transport(comm), "ibverbs") != 0, "transport is %s",
+            tutti_comm_transport(comm));
+    static const size_t counts[] = {0, 1, 7, 2047, 4097, 65539, 786435}; /* up to 3 MiB */
+    const size_t cap = 786435 * 4 + 64;
+    uint32_t *in = malloc(cap * sizeof(uint32_t)), *out = malloc(cap * sizeof(uint32_t));
+    FAIL_IF(!in || !out, "out of memory");
+    double t0 = th_now_ms();
+    for (size_t k = 0; k < ARRAY_SIZE(counts); k++) {
+        const size_t count = counts[k];
+        const int root = (int)(k % (size_t)n);
+        const size_t b = count / (size_t)n; /* per-rank block of the gathers/scatters */
+        int st;
+        /* allreduce */
+        for (size_t i = 0; i < count; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, count * 4);
+        st = tutti_allreduce(comm, in, out, count, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st, "allreduce %zu: %s", count, tutti_comm_last_error(comm));
+        CHECK_BLOCK("allreduce", count, sum_at(n, i));
+        /* broadcast */
+        for (size_t i = 0; i < count; i++)
+            out[i] = rank == root ? val(root, i) : 0xdeadbeef;
+        st = tutti_broadcast(comm, TUTTI_IN_PLACE, out, count, TUTTI_INT32, root);
+        FAIL_IF(st, "broadcast %zu: %s", count, tutti_comm_last_error(comm));
+        CHECK_BLOCK("broadcast", count, val(root, i));
+        /* reduce */
+        memset(out, 0xee, count * 4);
+        st = tutti_reduce(comm, in, out, count, TUTTI_INT32, TUTTI_SUM, root);
+        FAIL_IF(st, "reduce %zu: %s", count, tutti_comm_last_error(comm));
+        if (rank == root)
+            CHECK_BLOCK("reduce", count, sum_at(n, i));
+        /* allgather: block r holds rank r's b elements */
+        for (size_t i = 0; i < b; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, (size_t)n * b * 4);
+        st = tutti_allgather(comm, in, out, b, TUTTI_INT32);
+        FAIL_IF(st, "allgather %zu: %s", b, tutti_comm_last_error(comm));
+        CHECK_BLOCK("allgather", (size_t)n * b, val((int)(i / (b ? b : 1)), i % (b ? b : 1)));
+        /* reduce_scatter: rank r gets the sum of everyone's block r */
+        for (size_t i = 0; i < (size_t)n * b; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, b * 4);
+        st = tutti_reduce_scatter(comm, in, out, b, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st, "reduce_scatter %zu: %s", b, tutti_comm_last_error(comm));
+        CHECK_BLOCK("reduce_scatter", b, sum_at(n, (size_t)rank * b + i));
+        /* gather to root */
+        for (size_t i = 0; i < b; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, (size_t)n * b * 4);
+        st = tutti_gather(comm, in, out, b, TUTTI_INT32, root);
+        FAIL_IF(st, "gather %zu: %s", b, tutti_comm_last_error(comm));
+        if (rank == root)
+            CHECK_BLOCK("gather", (size_t)n * b, val((int)(i / (b ? b : 1)), i % (b ? b : 1)));
+        /* scatter from root: block r of root's buffer to rank r */
+        for (size_t i = 0; i < (size_t)n * b; i++)
+            in[i] = val(root, i);
+        memset(out, 0xee, b * 4);
+        st = tutti_scatter(comm, in, out, b, TUTTI_INT32, root);
+        FAIL_IF(st, "scatter %zu: %s", b, tutti_comm_last_error(comm));
+        CHECK_BLOCK("scatter", b, val(root, (size_t)rank * b + i));
+        /* alltoall: block j of rank r's input goes to rank j */
+        const size_t a = b / (size_t)n ? b / (size_t)n : b;
+        for (size_t i = 0; i < (size_t)n * a; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, (size_t)n * a * 4);
+        st = tutti_alltoall(comm, in, out, a, TUTTI_INT32);
+        FAIL_IF(st, "alltoall %zu: %s", a, tutti_comm_last_error(comm));
+        CHECK_BLOCK("alltoall", (size_t)n * a,
+                    val((int)(i / (a ? a : 1)), (size_t)rank * a + i % (a ? a : 1)));
+        /* point to point around the ring */
+        for (size_t i = 0; i < count; i++)
+            in[i] = val(rank, i);
+        memset(out, 0xee, count * 4);
+        tutti_work_t *ws, *wr;
+        st = tutti_send_async(comm, in, count, TUTTI_INT32, (rank + 1) % n, 5, &ws);
+        FAIL_IF(st, "send %zu: %s", count, tutti_comm_last_error(comm));
+        st = tutti_recv_async(comm, out, count, TUTTI_INT32, (rank + n - 1) % n, 5, &wr);
+        FAIL_IF(st, "recv %zu: %s", count, tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait(ws, -1) || tutti_wait(wr, -1), "p2p %zu: %s", count,
+                tutti_comm_last_error(comm));
+        tutti_work_free(ws);
+        tutti_work_free(wr);
+        CHECK_BLOCK("send/recv", count, val((rank + n - 1) % n, i));
+        st = tutti_barrier(comm);
+        FAIL_IF(st, "barrier: %s", tutti_comm_last_error(comm));
+    }
+    tt_ib_stats_t s;
+    tt_ib_debug_stats(NULL, &s);
+    if (rank == 0)
+        fprintf(stderr,
+                "matrix on %d ranks: %.0f ms; %lu eager and %lu RDMA READ messages; MR cache "
+                "%s: %lu hits, %lu misses\n",
+                n, th_now_ms() - t0, s.eager_msgs, s.rdv_msgs, s.mr_mode, s.mr_hits,
+                s.mr_misses);
+    FAIL_IF(s.eager_msgs == 0 || s.rdv_msgs == 0, "eager %lu, rdv %lu: a path went unused",
+            s.eager_msgs, s.rdv_msgs);
+    free(in);
+    free(out);
+    return 0;
+}
+
+START_TEST(matrix)
+{
+    ck_assert_int_eq(th_run(_i, rank_matrix, NULL, 240000), 0);
+}
+END_TEST
+
+int main(void)
+{
+    int nactive = 0;
+    int ndev = device_count(&nactive);
+    /* these tests are about ibverbs whatever the environment says */
+    setenv("TUTTI_TRANSPORT", "ibverbs", 1);
+    Suite *s = suite_create("ibverbs");
+    TCase *tc = tcase_create("no_device");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, no_device);
+    suite_add_tcase(s, tc);
+    if (nactive > 0) {
+        tc = tcase_create("mr_cache");
+        tcase_set_timeout(tc, 240);
+        tcase_add_test(tc, mr_cache_hits_misses);
+        tcase_add_test(tc, mr_cache_invalidate_on_free);
+        tcase_add_test(tc, mr_cache_comm);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("errors");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, qp_error);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("matrix");
+        tcase_set_timeout(tc, 300);
+        tcase_add_loop_test(tc, matrix, 2, 5);
+        suite_add_tcase(s, tc);
+    }
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (failed)
+        return 1;
+    if (nactive == 0) {
+        printf("SKIP: no ibverbs device on this host (%s): TUTTI_TRANSPORT=ibverbs fails "
+               "with TUTTI_ERR_NO_DEVICE as it should; the cache, QP-error and matrix tests "
+               "need a device (tests/rdma/ci.sh runs them on soft-RoCE in a VM)\n",
+               ndev ? "none with an active port" : "libibverbs lists none");
+        return 77;
+    }
+    return 0;
+}

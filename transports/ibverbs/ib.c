@@ -1,0 +1,952 @@
+/* ibverbs (RDMA) transport: the data path.
+ *
+ * Shape
+ * - One reliable-connected (RC) queue pair per peer, all on one completion queue with
+ *   one completion channel. Set-up (ib_setup.c): device and port from TUTTI_IB_DEV
+ *   ("mlx5_0", "rxe0:1"; default the first active port), GID from TUTTI_IB_GID_INDEX or
+ *   chosen (RoCE v2 IPv4-mapped first), QP number, PSN, LID, GID and the receive ring's
+ *   address and rkey exchanged through the store, then a readiness round so nobody
+ *   sends to a QP that cannot receive yet.
+ * - Every message is one RDMA WRITE WITH IMMEDIATE into a slot of the peer's receive
+ *   ring (TUTTI_IB_SLOTS slots of a 64-byte header plus TUTTI_IB_EAGER_BYTES). The header
+ *   carries the kind, the length and the 32-byte envelope; the receiver checks length and
+ *   envelope against the posted receive before it touches the payload (a mismatch sets
+ *   TUTTI_ERR_MISMATCH with got_env/got_len, as TCP does).
+ *   - EAGER (len <= TUTTI_IB_EAGER_BYTES): the payload follows the header; the sender
+ *     copies it into a registered staging slot, so the send completes when posted; the
+ *     receiver copies it out.
+ *   - RTS (larger): the header carries the address and rkey of the sender's buffer,
+ *     registered through the MR cache. The receiver RDMA READs it straight into its own
+ *     registered buffer (in chunks of up to 4 MiB, the port's max_msg_sz at most), then
+ *     sends a FIN; the sender's request completes on the FIN. No copy on either side.
+ * - Flow control: the sender spends a credit per slot; the receiver returns credits
+ *   when it has consumed half the ring, piggybacked on its own writes or in a CTRL write
+ *   (zero bytes, immediate only). Immediates: type (4 bits), credits (14), FINs (14).
+ *   RC delivers writes in order, so slot k of the ring holds message k and FINs match
+ *   RTSs in order. Receive WRs (no buffer: immediates only) are reposted as they
+ *   complete; each QP has 2*slots+8, enough for every write the peer can have in flight
+ *   (slots data writes, at most slots+2 control writes, an error report, a probe).
+ * - Progress: poll the CQ, match arrived slots to posted receives, post READs, issue
+ *   queued sends, return credits. progress(timeout) spins up to host->spin_us (yielding
+ *   the CPU), then arms the CQ (ibv_req_notify_cq) and blocks in poll() on the
+ *   completion channel's fd and an eventfd that abort() writes.
+ * - Errors: a work completion with an error fails the peer's link and is recorded with
+ *   host->error naming the rank, its device, GID and QP and ibv_wc_status_str(); "retry
+ *   counter exceeded" (the peer's QP is gone: it exited or died) says so. A link with
+ *   requests waiting on a silent peer probes it every TUTTI_IB_KEEPALIVE_MS with a
+ *   zero-byte write, so a dead peer is noticed by the retry counter (about 7 x
+ *   4.096 us x 2^TUTTI_IB_TIMEOUT) rather than by the op's deadline. notify_error writes
+ *   the message into an error box at the end of each peer's ring (WRITE WITH IMMEDIATE,
+ *   type ERROR) and waits up to 200 ms for those writes to leave.
+ * - cancel_all: queued requests fail; a link with READs in flight into buffers the
+ *   library takes back is moved to the error state (the HCA must stop writing there),
+ *   and a link with RTSs the peer may still READ is marked failed (FINs would no longer
+ *   line up), as TCP marks a link cut mid-message.
+ * - Memory registration cache: see ib_mr.c (TUTTI_IB_MR_CACHE, TUTTI_IB_MR_CACHE_BYTES).
+ */
+#include <errno.h>
+#include <endian.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ib.h"
+
+#define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define IB_RECV_BIT (1ull << 63)
+
+static ib_tp_t *ib_current; /* for the test hooks */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t make_imm(unsigned type, unsigned a, unsigned b)
+{
+    return (type << 28) | ((a & IB_IMM_FIELD_MAX) << 14) | (b & IB_IMM_FIELD_MAX);
+}
+
+static void req_pop(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail)
+{
+    tutti_tp_req_v1_t *r = *head;
+    *head = r->tp_private[0];
+    if (!*head)
+        *tail = NULL;
+    r->tp_private[0] = NULL;
+}
+
+static void req_push(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+                     tutti_tp_req_v1_t *r)
+{
+    r->tp_private[0] = NULL;
+    if (*tail)
+        (*tail)->tp_private[0] = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+static void fail_queue(ib_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+                       int status)
+{
+    while (*head) {
+        tutti_tp_req_v1_t *r = *head;
+        req_pop(head, tail);
+        r->status = status;
+        tp->completions++;
+    }
+}
+
+/* Sends waiting for a FIN hold a registration of their buffer in tp_private[1]. */
+static void fail_fins(ib_tp_t *tp, ib_link_t *L, int status)
+{
+    while (L->fin_head) {
+        tutti_tp_req_v1_t *r = L->fin_head;
+        req_pop(&L->fin_head, &L->fin_tail);
+        ib_mrc_put(&tp->mrc, r->tp_private[1]);
+        r->tp_private[1] = NULL;
+        r->status = status;
+        tp->completions++;
+    }
+}
+
+/* Receives being READ: fail them and forget them (their READs still complete, or are
+ * flushed, and release the registrations then). */
+static void fail_reads(ib_tp_t *tp, ib_link_t *L, int status)
+{
+    for (unsigned i = 0; i < L->sqe_count; i++) {
+        ib_sqe_t *e = &L->sqe[(L->sqe_head + i) % L->sq_depth];
+        if (e->kind != IB_WR_READ || !e->req)
+            continue;
+        if (e->req->status == 1) {
+            e->req->status = status;
+            tp->completions++;
+        }
+        e->req = NULL;
+    }
+    if (L->rd_req) {
+        if (L->rd_req->status == 1) {
+            L->rd_req->status = status;
+            tp->completions++;
+        }
+        L->rd_req = NULL;
+        if (!L->rd_posted_last)
+            ib_mrc_put(&tp->mrc, L->rd_mr);
+        L->rd_mr = NULL;
+    }
+    L->reads = 0;
+}
+
+/* With READs in flight, the HCA is still writing into buffers the library takes back
+ * when a request fails: stop it (the error state flushes every outstanding WR). */
+static void link_stop_dma(ib_link_t *L)
+{
+    if (L->qp && (L->reads || L->rd_req) && !L->qp_stopped) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        ibv_modify_qp(L->qp, &a, IBV_QP_STATE);
+        L->qp_stopped = 1;
+    }
+}
+
+/* The link is unusable from now on: record why (once) and fail what is queued on it.
+ * A link that fails while nothing is posted on it is not this op's failure: the report
+ * waits until a request uses the link (as in the TCP transport). */
+static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
+{
+    ib_tp_t *tp = L->tp;
+    if (!L->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(L->fail_msg, sizeof(L->fail_msg), fmt, ap);
+        va_end(ap);
+        L->failed = status;
+        L->fail_errno = err_no;
+        if (L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req)
+            tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", L->fail_msg);
+        else
+            L->report_pending = 1;
+    }
+    link_stop_dma(L);
+    fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
+    fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
+    fail_fins(tp, L, L->failed);
+    fail_reads(tp, L, L->failed);
+    tp->completions++;
+    return L->failed;
+}
+
+static unsigned sq_room(const ib_link_t *L) { return L->sq_depth - L->sqe_count; }
+
+static void sqe_push(ib_link_t *L, int kind, tutti_tp_req_v1_t *req, ib_mr_entry_t *mr,
+                     int last)
+{
+    ib_sqe_t *e = &L->sqe[(L->sqe_head + L->sqe_count) % L->sq_depth];
+    e->kind = (uint8_t)kind;
+    e->req = req;
+    e->mr = mr;
+    e->last = (uint8_t)last;
+    L->sqe_count++;
+}
+
+/* RDMA WRITE WITH IMMEDIATE of len bytes at stage+off to the peer's ring at off. */
+static int post_write(ib_tp_t *tp, ib_link_t *L, int kind, uint32_t imm, size_t off,
+                      size_t len)
+{
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(L->stage + off),
+                          .length = (uint32_t)len,
+                          .lkey = L->stage_mr->lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = (uint64_t)L->peer,
+        .sg_list = len ? &sge : NULL,
+        .num_sge = len ? 1 : 0,
+        .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+        .send_flags = IBV_SEND_SIGNALED | (len && len <= tp->max_inline ? IBV_SEND_INLINE : 0),
+        .imm_data = htobe32(imm),
+        .wr.rdma = {.remote_addr = L->r_ring + off, .rkey = L->r_rkey},
+    }, *bad;
+    int e = ibv_post_send(L->qp, &wr, &bad);
+    if (e)
+        return e;
+    sqe_push(L, kind, NULL, NULL, 0);
+    return 0;
+}
+
+static void take_owed(ib_link_t *L, unsigned *credits, unsigned *fins)
+{
+    *credits = IB_MIN(L->credits_owed, IB_IMM_FIELD_MAX);
+    *fins = IB_MIN(L->fins_owed, IB_IMM_FIELD_MAX);
+    L->credits_owed -= *credits;
+    L->fins_owed -= *fins;
+}
+
+static void give_back_owed(ib_link_t *L, unsigned credits, unsigned fins)
+{
+    L->credits_owed += credits;
+    L->fins_owed += fins;
+}
+
+/* Write queued sends while the peer's ring has room. */
+static void link_send(ib_tp_t *tp, ib_link_t *L)
+{
+    while (L->sq_head && !L->failed && L->credits > 0 && sq_room(L) > IB_SQ_RESERVE) {
+        tutti_tp_req_v1_t *r = L->sq_head;
+        size_t off = (size_t)(L->tx_seq % tp->slots) * tp->slot_bytes;
+        ib_hdr_t *h = (ib_hdr_t *)(L->stage + off);
+        memset(h, 0, sizeof(*h));
+        h->magic = IB_MAGIC;
+        h->len = r->len;
+        memcpy(h->env, r->env, sizeof(h->env));
+        size_t nbytes = IB_HDR_BYTES;
+        ib_mr_entry_t *mr = NULL;
+        if (r->len <= tp->eager_max) {
+            h->kind = IB_MSG_EAGER;
+            if (r->len)
+                memcpy(L->stage + off + IB_HDR_BYTES, r->buf, r->len);
+            nbytes += r->len;
+        } else {
+            int e = ib_mrc_get(&tp->mrc, r->buf, r->len, 0, &mr);
+            if (e) {
+                link_fail(L, TUTTI_ERR_IO, e,
+                          "ibverbs: cannot register the %zu-byte send buffer at %p for rank "
+                          "%d (locked-memory limit? see ulimit -l)",
+                          r->len, r->buf, L->peer);
+                return;
+            }
+            h->kind = IB_MSG_RTS;
+            h->addr = (uint64_t)(uintptr_t)r->buf;
+            h->rkey = mr->mr->rkey;
+        }
+        unsigned c, f;
+        take_owed(L, &c, &f);
+        int e = post_write(tp, L, IB_WR_DATA, make_imm(IB_IMM_DATA, c, f), off, nbytes);
+        if (e) {
+            give_back_owed(L, c, f);
+            ib_mrc_put(&tp->mrc, mr);
+            link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a write to rank %d (%s) failed",
+                      L->peer, L->addr);
+            return;
+        }
+        L->tx_seq++;
+        L->credits--;
+        req_pop(&L->sq_head, &L->sq_tail);
+        if (!mr) {
+            r->xfer = r->len;
+            r->status = 0;
+            tp->completions++;
+            tp->eager_msgs++;
+        } else {
+            r->tp_private[1] = mr;
+            req_push(&L->fin_head, &L->fin_tail, r);
+            tp->rdv_msgs++;
+        }
+    }
+}
+
+/* Return credits (at half a ring) and FINs (at once) when no data write carried them. */
+static void link_ctrl(ib_tp_t *tp, ib_link_t *L)
+{
+    unsigned half = tp->slots / 2 ? tp->slots / 2 : 1;
+    if (L->failed || (L->credits_owed < half && !L->fins_owed) || sq_room(L) <= 2)
+        return;
+    unsigned c, f;
+    take_owed(L, &c, &f);
+    int e = post_write(tp, L, IB_WR_CTRL, make_imm(IB_IMM_CTRL, c, f), 0, 0);
+    if (e) {
+        give_back_owed(L, c, f);
+        link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a write to rank %d (%s) failed",
+                  L->peer, L->addr);
+    }
+}
+
+/* Post the READ chunks of the receive being fetched, as far as the send queue allows. */
+static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
+{
+    while (L->rd_req && !L->failed && sq_room(L) > IB_SQ_RESERVE) {
+        tutti_tp_req_v1_t *q = L->rd_req;
+        size_t chunk = IB_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
+        int last = L->rd_off + chunk == q->len;
+        struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
+                              .length = (uint32_t)chunk,
+                              .lkey = L->rd_mr->mr->lkey};
+        struct ibv_send_wr wr = {
+            .wr_id = (uint64_t)L->peer,
+            .sg_list = &sge,
+            .num_sge = 1,
+            .opcode = IBV_WR_RDMA_READ,
+            .send_flags = IBV_SEND_SIGNALED,
+            .wr.rdma = {.remote_addr = L->rd_raddr + L->rd_off, .rkey = L->rd_rkey},
+        }, *bad;
+        int e = ibv_post_send(L->qp, &wr, &bad);
+        if (e) {
+            link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a read from rank %d (%s) failed",
+                      L->peer, L->addr);
+            return;
+        }
+        sqe_push(L, IB_WR_READ, q, last ? L->rd_mr : NULL, last);
+        L->rd_off += chunk;
+        if (last) {
+            L->rd_posted_last = 1;
+            L->rd_req = NULL;
+            L->rd_mr = NULL;
+        }
+    }
+}
+
+/* Match arrived slots to posted receives, in order. */
+static void link_recv(ib_tp_t *tp, ib_link_t *L)
+{
+    while (L->rq_head && L->rx_next < L->rx_arrived && !L->failed && !L->rd_req) {
+        const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
+        const ib_hdr_t *h = (const ib_hdr_t *)slot;
+        if (h->magic != IB_MAGIC || (h->kind != IB_MSG_EAGER && h->kind != IB_MSG_RTS) ||
+            (h->kind == IB_MSG_EAGER && h->len > tp->eager_max)) {
+            link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                      "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length "
+                      "%llu",
+                      L->peer, L->addr, h->magic, h->kind, (unsigned long long)h->len);
+            return;
+        }
+        tutti_tp_req_v1_t *q = L->rq_head;
+        memcpy(q->got_env, h->env, sizeof(q->got_env));
+        q->got_len = h->len;
+        if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
+            req_pop(&L->rq_head, &L->rq_tail);
+            q->status = TUTTI_ERR_MISMATCH;
+            /* The slot stays unconsumed: the stream position is lost for good. */
+            L->failed = TUTTI_ERR_MISMATCH;
+            tp->completions++;
+            link_stop_dma(L);
+            return;
+        }
+        if (h->kind == IB_MSG_EAGER) {
+            if (h->len)
+                memcpy(q->buf, slot + IB_HDR_BYTES, h->len);
+            req_pop(&L->rq_head, &L->rq_tail);
+            q->xfer = q->len;
+            q->status = 0;
+            tp->completions++;
+        } else {
+            ib_mr_entry_t *mr = NULL;
+            int e = ib_mrc_get(&tp->mrc, q->buf, q->len, 1, &mr);
+            if (e) {
+                link_fail(L, TUTTI_ERR_IO, e,
+                          "ibverbs: cannot register the %zu-byte receive buffer at %p for "
+                          "rank %d (locked-memory limit? see ulimit -l)",
+                          q->len, q->buf, L->peer);
+                return;
+            }
+            req_pop(&L->rq_head, &L->rq_tail);
+            L->rd_req = q;
+            L->rd_mr = mr;
+            L->rd_off = 0;
+            L->rd_raddr = h->addr;
+            L->rd_rkey = h->rkey;
+            L->rd_posted_last = 0;
+            L->reads++;
+        }
+        /* the descriptor is copied: the slot is free either way */
+        L->rx_next++;
+        L->credits_owed++;
+        link_post_reads(tp, L);
+    }
+}
+
+static const char *wc_hint(enum ibv_wc_status s)
+{
+    switch (s) {
+    case IBV_WC_RETRY_EXC_ERR:
+        return " (the peer stopped answering: did it exit, crash or get killed?)";
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return " (the peer stopped taking messages)";
+    case IBV_WC_WR_FLUSH_ERR:
+        return " (the queue pair is in the error state)";
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+        return " (a buffer was deregistered or unmapped while in use)";
+    default:
+        return "";
+    }
+}
+
+static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
+{
+    int recv = (wc->wr_id & IB_RECV_BIT) != 0;
+    int peer = (int)(wc->wr_id & 0xffffffffu);
+    if (peer < 0 || peer >= tp->nranks)
+        return;
+    ib_link_t *L = &tp->links[peer];
+    ib_sqe_t e = {0};
+    if (!recv && L->sqe_count) {
+        e = L->sqe[L->sqe_head];
+        L->sqe_head = (L->sqe_head + 1) % L->sq_depth;
+        L->sqe_count--;
+    }
+    if (wc->status != IBV_WC_SUCCESS) {
+        static const char *const what[] = {"", "a write to", "a control write to",
+                                           "a read from", "an error report to",
+                                           "a keep-alive probe of"};
+        const char *w = recv ? "a receive from" : what[e.kind < 6 ? e.kind : 0];
+        if (e.kind == IB_WR_READ && e.req) {
+            if (e.req->status == 1) {
+                e.req->status = TUTTI_ERR_PEER;
+                tp->completions++;
+            }
+            if (L->reads)
+                L->reads--;
+        }
+        link_fail(L, TUTTI_ERR_PEER, 0,
+                  "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w,
+                  peer, L->addr, ibv_wc_status_str(wc->status), (int)wc->status,
+                  wc->vendor_err, wc_hint(wc->status));
+        if (e.kind == IB_WR_READ)
+            ib_mrc_put(&tp->mrc, e.mr);
+        if (e.kind == IB_WR_ERROR)
+            tp->errors_inflight--;
+        return;
+    }
+    L->last_heard_ns = now_ns();
+    if (!recv) {
+        switch (e.kind) {
+        case IB_WR_READ:
+            if (e.last) {
+                if (e.req && e.req->status == 1) {
+                    e.req->xfer = e.req->len;
+                    e.req->status = 0;
+                    tp->completions++;
+                    L->fins_owed++;
+                    if (L->reads)
+                        L->reads--;
+                }
+                ib_mrc_put(&tp->mrc, e.mr);
+            }
+            break;
+        case IB_WR_NOP: L->nop_inflight = 0; break;
+        case IB_WR_ERROR: tp->errors_inflight--; break;
+        default: break;
+        }
+        return;
+    }
+    /* a write with immediate arrived: repost the receive it used */
+    if (!L->qp_stopped) {
+        struct ibv_recv_wr wr = {.wr_id = IB_RECV_BIT | (uint64_t)peer}, *bad;
+        ibv_post_recv(L->qp, &wr, &bad);
+    }
+    uint32_t imm = be32toh(wc->imm_data);
+    unsigned type = imm >> 28, a = (imm >> 14) & IB_IMM_FIELD_MAX, b = imm & IB_IMM_FIELD_MAX;
+    if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc->wc_flags & IBV_WC_WITH_IMM))
+        type = 0;
+    switch (type) {
+    case IB_IMM_DATA:
+        L->rx_arrived++;
+        break;
+    case IB_IMM_CTRL:
+    case IB_IMM_NOP:
+        break;
+    case IB_IMM_ERROR: {
+        char msg[IB_MAX_ERRMSG + 1];
+        size_t n = IB_MIN((size_t)wc->byte_len, (size_t)IB_MAX_ERRMSG);
+        memcpy(msg, L->ring + (size_t)tp->slots * tp->slot_bytes, n);
+        msg[n] = '\0';
+        int st = -(int)b;
+        if (st >= 0 || st <= TUTTI_STATUS_LAST_)
+            st = TUTTI_ERR_PEER;
+        link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", peer, L->addr, msg);
+        return;
+    }
+    default:
+        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                  "ibverbs: garbage from rank %d (%s): opcode %d, immediate 0x%08x", peer,
+                  L->addr, (int)wc->opcode, imm);
+        return;
+    }
+    if (L->failed)
+        return;
+    L->credits += a;
+    for (unsigned i = 0; i < b; i++) {
+        if (!L->fin_head) {
+            link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                      "ibverbs: rank %d (%s) finished reading a message that was never sent",
+                      peer, L->addr);
+            return;
+        }
+        tutti_tp_req_v1_t *r = L->fin_head;
+        req_pop(&L->fin_head, &L->fin_tail);
+        ib_mrc_put(&tp->mrc, r->tp_private[1]);
+        r->tp_private[1] = NULL;
+        r->xfer = r->len;
+        r->status = 0;
+        tp->completions++;
+    }
+}
+
+static int poll_cq(ib_tp_t *tp)
+{
+    struct ibv_wc wc[32];
+    int total = 0;
+    for (;;) {
+        int n = ibv_poll_cq(tp->cq, 32, wc);
+        if (n <= 0)
+            return n < 0 ? n : total;
+        for (int i = 0; i < n; i++)
+            handle_wc(tp, &wc[i]);
+        total += n;
+        if (n < 32)
+            return total;
+    }
+}
+
+static void sweep(ib_tp_t *tp)
+{
+    if (poll_cq(tp) < 0) {
+        for (int i = 0; i < tp->nranks; i++)
+            if (tp->links[i].served)
+                link_fail(&tp->links[i], TUTTI_ERR_IO, 0,
+                          "ibverbs: polling the completion queue of %s failed", tp->dev_name);
+        return;
+    }
+    for (int i = 0; i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        if (!L->served || L->failed)
+            continue;
+        if (L->rd_req)
+            link_post_reads(tp, L);
+        if (L->rq_head)
+            link_recv(tp, L);
+        if (L->sq_head)
+            link_send(tp, L);
+        link_ctrl(tp, L);
+    }
+}
+
+static void abort_all(ib_tp_t *tp)
+{
+    for (int i = 0; i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        if (L->reads || L->rd_req) {
+            link_stop_dma(L);
+            if (!L->failed)
+                L->failed = TUTTI_ERR_ABORTED;
+        }
+        fail_queue(tp, &L->sq_head, &L->sq_tail, TUTTI_ERR_ABORTED);
+        fail_queue(tp, &L->rq_head, &L->rq_tail, TUTTI_ERR_ABORTED);
+        if (L->fin_head && !L->failed)
+            L->failed = TUTTI_ERR_ABORTED;
+        fail_fins(tp, L, TUTTI_ERR_ABORTED);
+        fail_reads(tp, L, TUTTI_ERR_ABORTED);
+    }
+}
+
+/* Probe peers we wait on and have not heard from for a while: a dead peer's QP is gone,
+ * and the probe's retries running out is how we learn it. */
+static void keepalive(ib_tp_t *tp)
+{
+    if (tp->keepalive_ms <= 0)
+        return;
+    uint64_t now = now_ns(), quiet = (uint64_t)tp->keepalive_ms * 1000000ull;
+    for (int i = 0; i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        if (!L->served || L->failed || L->nop_inflight || sq_room(L) <= 2)
+            continue;
+        if (!(L->rq_head || L->fin_head || L->reads || L->sq_head))
+            continue;
+        if (now - L->last_heard_ns < quiet)
+            continue;
+        if (post_write(tp, L, IB_WR_NOP, make_imm(IB_IMM_NOP, 0, 0), 0, 0) == 0)
+            L->nop_inflight = 1;
+        L->last_heard_ns = now;
+    }
+}
+
+/* Sleep on the completion channel until a completion, abort() or ms pass. */
+static void block(ib_tp_t *tp, int ms)
+{
+    keepalive(tp);
+    if (ibv_req_notify_cq(tp->cq, 0) != 0) {
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    /* a completion that came before the arming raises no event: look once more */
+    unsigned long c0 = tp->completions;
+    sweep(tp);
+    if (tp->completions != c0)
+        return;
+    struct pollfd p[2] = {{.fd = tp->chan->fd, .events = POLLIN},
+                          {.fd = tp->wake_fd, .events = POLLIN}};
+    if (tp->keepalive_ms > 0 && ms > tp->keepalive_ms)
+        ms = tp->keepalive_ms;
+    if (poll(p, 2, ms) <= 0)
+        return;
+    if (p[0].revents & POLLIN) {
+        struct ibv_cq *cq;
+        void *cctx;
+        while (ibv_get_cq_event(tp->chan, &cq, &cctx) == 0)
+            tp->cq_unacked++;
+        if (tp->cq_unacked >= 64) {
+            ibv_ack_cq_events(tp->cq, tp->cq_unacked);
+            tp->cq_unacked = 0;
+        }
+    }
+    if (p[1].revents & POLLIN) {
+        uint64_t v;
+        ssize_t r = read(tp->wake_fd, &v, sizeof(v));
+        (void)r;
+    }
+}
+
+static int ib_progress(void *vtp, int timeout_ms)
+{
+    ib_tp_t *tp = vtp;
+    if (atomic_load(&tp->aborted)) {
+        abort_all(tp);
+        return TUTTI_ERR_ABORTED;
+    }
+    unsigned long c0 = tp->completions;
+    sweep(tp);
+    if (tp->completions != c0 || timeout_ms <= 0)
+        return TUTTI_OK;
+    uint64_t t0 = now_ns();
+    if (tp->host->spin_us > 0) {
+        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
+        while (now_ns() < end) {
+            sweep(tp);
+            if (tp->completions != c0)
+                return TUTTI_OK;
+            if (atomic_load(&tp->aborted))
+                break;
+            /* more ranks than cores: the peer we wait for may need this one */
+            sched_yield();
+        }
+    }
+    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
+    while (tp->completions == c0) {
+        if (atomic_load(&tp->aborted)) {
+            abort_all(tp);
+            return TUTTI_ERR_ABORTED;
+        }
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            break;
+        block(tp, (int)((deadline - now + 999999u) / 1000000u));
+        sweep(tp);
+    }
+    return TUTTI_OK;
+}
+
+static int check_req(ib_tp_t *tp, tutti_tp_req_v1_t *r)
+{
+    if (!r || r->peer < 0 || r->peer >= tp->nranks || !tp->links[r->peer].served ||
+        (!r->buf && r->len)) {
+        if (r)
+            r->status = TUTTI_ERR_INVALID_ARG;
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
+                               "ibverbs: bad request (peer %d)", r ? r->peer : -1);
+    }
+    ib_link_t *L = &tp->links[r->peer];
+    if (L->failed) {
+        r->status = L->failed;
+        if (L->report_pending) {
+            L->report_pending = 0;
+            tp->host->error(tp->host->ctx, L->failed, L->peer, L->fail_errno, "%s",
+                            L->fail_msg);
+        }
+        return L->failed;
+    }
+    r->status = 1;
+    r->xfer = 0;
+    r->tp_private[0] = r->tp_private[1] = NULL;
+    return TUTTI_OK;
+}
+
+static int ib_post_send(void *vtp, tutti_tp_req_v1_t *r)
+{
+    ib_tp_t *tp = vtp;
+    int st = check_req(tp, r);
+    if (st < 0)
+        return st;
+    r->kind = TUTTI_TP_SEND;
+    ib_link_t *L = &tp->links[r->peer];
+    req_push(&L->sq_head, &L->sq_tail, r);
+    if (L->sq_head == r)
+        link_send(tp, L); /* eager: small messages leave right away */
+    return TUTTI_OK;
+}
+
+static int ib_post_recv(void *vtp, tutti_tp_req_v1_t *r)
+{
+    ib_tp_t *tp = vtp;
+    int st = check_req(tp, r);
+    if (st < 0)
+        return st;
+    r->kind = TUTTI_TP_RECV;
+    ib_link_t *L = &tp->links[r->peer];
+    /* Matched in progress(), not here: a mismatch found at post time would fail the
+     * link under the library's next post, which would then report that post instead of
+     * the mismatch. */
+    req_push(&L->rq_head, &L->rq_tail, r);
+    return TUTTI_OK;
+}
+
+static void ib_cancel_all(void *vtp, int status)
+{
+    ib_tp_t *tp = vtp;
+    for (int i = 0; i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        if (L->reads || L->rd_req) {
+            /* READs into buffers the library takes back: stop them, position lost */
+            link_stop_dma(L);
+            if (!L->failed)
+                L->failed = status;
+        }
+        /* the peer may still READ these and send FINs that no longer line up */
+        if (L->fin_head && !L->failed)
+            L->failed = status;
+        fail_queue(tp, &L->sq_head, &L->sq_tail, status);
+        fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+        fail_fins(tp, L, status);
+        fail_reads(tp, L, status);
+    }
+}
+
+static void ib_notify_error(void *vtp, int status, const char *msg)
+{
+    ib_tp_t *tp = vtp;
+    size_t len = IB_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
+    size_t off = (size_t)tp->slots * tp->slot_bytes;
+    unsigned code = status < 0 && status > TUTTI_STATUS_LAST_ ? (unsigned)-status
+                                                               : (unsigned)-TUTTI_ERR_PEER;
+    for (int i = 0; i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        if (!L->served || !L->qp || L->qp_stopped || L->error_sent || sq_room(L) == 0)
+            continue;
+        memcpy(L->stage + off, msg, len);
+        if (post_write(tp, L, IB_WR_ERROR, make_imm(IB_IMM_ERROR, 0, code), off, len) == 0) {
+            L->error_sent = 1;
+            tp->errors_inflight++;
+        }
+    }
+    /* best effort, bounded: let the reports leave before the caller tears down */
+    uint64_t deadline = now_ns() + 200000000ull;
+    while (tp->errors_inflight > 0 && now_ns() < deadline) {
+        if (poll_cq(tp) < 0)
+            break;
+        sched_yield();
+    }
+}
+
+static void ib_abort(void *vtp)
+{
+    ib_tp_t *tp = vtp;
+    atomic_store(&tp->aborted, 1);
+    uint64_t one = 1;
+    ssize_t w = write(tp->wake_fd, &one, sizeof(one));
+    (void)w;
+}
+
+static const char *ib_peer_address(void *vtp, int peer)
+{
+    ib_tp_t *tp = vtp;
+    if (!tp || peer < 0 || peer >= tp->nranks)
+        return NULL;
+    return tp->links[peer].addr;
+}
+
+static void ib_destroy(void *vtp)
+{
+    ib_tp_t *tp = vtp;
+    if (!tp)
+        return;
+    if (ib_current == tp)
+        ib_current = NULL;
+    /* give back the registrations still held by requests being dropped */
+    for (int i = 0; tp->links && i < tp->nranks; i++) {
+        ib_link_t *L = &tp->links[i];
+        while (L->fin_head) {
+            tutti_tp_req_v1_t *r = L->fin_head;
+            req_pop(&L->fin_head, &L->fin_tail);
+            ib_mrc_put(&tp->mrc, r->tp_private[1]);
+            r->tp_private[1] = NULL;
+        }
+        if (L->rd_req && !L->rd_posted_last)
+            ib_mrc_put(&tp->mrc, L->rd_mr);
+        for (unsigned k = 0; L->sqe && k < L->sqe_count; k++) {
+            ib_sqe_t *e = &L->sqe[(L->sqe_head + k) % L->sq_depth];
+            if (e->kind == IB_WR_READ && e->mr)
+                ib_mrc_put(&tp->mrc, e->mr);
+        }
+        L->sqe_count = 0;
+    }
+    ib_teardown(tp);
+    free(tp->links);
+    free(tp);
+}
+
+/* A TUTTI_IB_* integer knob within [lo, hi]. */
+static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long *out)
+{
+    const char *v = tp->host->config(tp->host->ctx, name);
+    if (!v || !*v) {
+        *out = def;
+        return TUTTI_OK;
+    }
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 0);
+    if (errno || *end || x < lo || x > hi)
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                               "ibverbs: TUTTI_%s=%s: expected an integer from %ld to %ld",
+                               name, v, lo, hi);
+    *out = x;
+    return TUTTI_OK;
+}
+
+static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
+{
+    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
+        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
+        return TUTTI_ERR_PLUGIN;
+    ib_tp_t *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return TUTTI_ERR_NOMEM;
+    tp->host = host;
+    tp->rank = host->rank;
+    tp->nranks = host->nranks;
+    tp->wake_fd = -1;
+    tp->mrc.pagemap_fd = -1;
+    tp->links = calloc((size_t)host->nranks, sizeof(ib_link_t));
+    if (!tp->links) {
+        free(tp);
+        return TUTTI_ERR_NOMEM;
+    }
+    for (int i = 0; i < host->nranks; i++) {
+        tp->links[i].tp = tp;
+        tp->links[i].peer = i;
+        tp->links[i].served = tutti_tp_host_serves(host, i);
+        snprintf(tp->links[i].addr, sizeof(tp->links[i].addr), "?");
+    }
+    long slots, eager, timeout, keep;
+    int st;
+    if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
+        (st = knob(tp, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager)) < 0 ||
+        (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||
+        (st = knob(tp, "IB_KEEPALIVE_MS", 1000, 0, 3600000, &keep)) < 0)
+        goto err_destroy;
+    tp->slots = (unsigned)slots;
+    tp->eager_max = (size_t)eager;
+    tp->slot_bytes = (IB_HDR_BYTES + tp->eager_max + 63) & ~(size_t)63;
+    tp->qp_timeout = (int)timeout;
+    tp->keepalive_ms = (int)keep;
+    tp->max_inline = IB_HDR_BYTES + 64;
+    if ((st = ib_setup_device(tp)) < 0 || (st = ib_setup_links(tp)) < 0)
+        goto err_destroy;
+    uint64_t now = now_ns();
+    for (int i = 0; i < tp->nranks; i++)
+        tp->links[i].last_heard_ns = now;
+    ib_current = tp;
+    *tp_p = tp;
+    return TUTTI_OK;
+
+err_destroy:
+    ib_destroy(tp);
+    return st;
+}
+
+/* ---- test hooks ---- */
+
+void *tt_ib_debug_current(void) { return ib_current; }
+
+int tt_ib_debug_stats(void *vtp, tt_ib_stats_t *out)
+{
+    ib_tp_t *tp = vtp ? vtp : ib_current;
+    if (!tp || !out)
+        return TUTTI_ERR_INVALID_ARG;
+    *out = (tt_ib_stats_t){
+        .mr_hits = tp->mrc.hits,
+        .mr_misses = tp->mrc.misses,
+        .mr_invalidations = tp->mrc.invalidations,
+        .mr_evictions = tp->mrc.evictions,
+        .mr_bytes = tp->mrc.bytes,
+        .mr_entries = tp->mrc.entries,
+        .mr_mode = ib_mrc_mode_name(tp->mrc.mode),
+        .eager_msgs = tp->eager_msgs,
+        .rdv_msgs = tp->rdv_msgs,
+        .gid_index = tp->gid_index,
+    };
+    return TUTTI_OK;
+}
+
+int tt_ib_debug_break_qp(void *vtp, int peer)
+{
+    ib_tp_t *tp = vtp ? vtp : ib_current;
+    if (!tp || peer < 0 || peer >= tp->nranks || !tp->links[peer].qp)
+        return TUTTI_ERR_INVALID_ARG;
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    return ibv_modify_qp(tp->links[peer].qp, &a, IBV_QP_STATE) ? TUTTI_ERR_IO : TUTTI_OK;
+}
+
+static const tutti_transport_ops_v1_t ib_ops = {
+    .size = sizeof(tutti_transport_ops_v1_t),
+    .abi_version = TUTTI_TRANSPORT_ABI_V1,
+    .name = "ibverbs",
+    .create = ib_create,
+    .destroy = ib_destroy,
+    .post_send = ib_post_send,
+    .post_recv = ib_post_recv,
+    .progress = ib_progress,
+    .cancel_all = ib_cancel_all,
+    .notify_error = ib_notify_error,
+    .abort = ib_abort,
+    .peer_address = ib_peer_address,
+};
+
+TUTTI_TRANSPORT_REGISTER_V1(ibverbs, ib_ops)

@@ -1,0 +1,233 @@
+/* ibverbs transport internals. The design is described at the top of ib.c; set-up
+ * (device, GID, queue pairs, the store exchange) is in ib_setup.c, the memory
+ * registration cache in ib_mr.c. Only the ABI header and libibverbs are used. */
+#ifndef IB_IB_H
+#define IB_IB_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <infiniband/verbs.h>
+
+#include <tutti/transport_v1.h>
+
+#define IB_MAGIC 0x42495454u      /* "TTIB": slot headers */
+#define IB_ADDR_MAGIC 0x52444154u /* the record each rank publishes */
+#define IB_VERSION 1u
+#define IB_HDR_BYTES 64u
+#define IB_ERRBOX_BYTES 2048u     /* an incoming error report lands here (ring's tail) */
+#define IB_MAX_ERRMSG (IB_ERRBOX_BYTES - 1)
+#define IB_SQ_RESERVE 4u          /* send-queue entries kept for control and error writes */
+
+/* ---- on the wire (little-endian hosts; checked through the published record) ---- */
+
+enum { IB_MSG_EAGER = 1, IB_MSG_RTS = 2 };
+
+/* The head of every ring slot. EAGER: len bytes of payload follow. RTS (ready to
+ * send): the payload stays in the sender's registered buffer at addr/rkey, for the
+ * receiver to RDMA READ. */
+typedef struct ib_hdr {
+    uint32_t magic;
+    uint16_t kind;
+    uint16_t flags;
+    uint32_t rkey;
+    uint32_t reserved;
+    uint64_t len;
+    uint64_t addr;
+    uint64_t env[4];
+} ib_hdr_t;
+
+/* Immediate data of every RDMA WRITE WITH IMMEDIATE: type (4 bits), then two 14-bit
+ * fields. DATA: a slot was written; CTRL: nothing written; both carry returned credits
+ * and FINs (RDMA READs of this side's buffers that the peer completed). ERROR: the
+ * error box was written; the low bits hold -status. NOP: a keep-alive probe. */
+enum { IB_IMM_DATA = 1, IB_IMM_CTRL = 2, IB_IMM_ERROR = 3, IB_IMM_NOP = 4 };
+#define IB_IMM_FIELD_MAX 0x3fffu
+
+/* What each rank publishes under ib/addr/<rank>: its port, then one entry per rank. */
+typedef struct ib_addr_rec {
+    uint32_t magic;
+    uint32_t version;
+    int32_t rank;
+    int32_t nranks;
+    uint32_t slots;
+    uint32_t slot_bytes;
+    uint16_t lid;
+    uint8_t mtu;        /* enum ibv_mtu */
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
+    uint32_t gid_index;
+    uint8_t gid[16];
+    char dev[32];
+} ib_addr_rec_t;
+
+typedef struct ib_peer_rec {
+    uint32_t qpn;
+    uint32_t psn;
+    uint64_t ring_addr;
+    uint32_t ring_rkey;
+    uint32_t reserved;
+} ib_peer_rec_t;
+
+/* ---- the memory registration cache (ib_mr.c) ---- */
+
+enum {
+    IB_MRC_OFF = 0,     /* register per message, deregister when it completes */
+    IB_MRC_PAGEMAP = 1, /* cached; each hit checks the pages are still the ones pinned */
+    IB_MRC_ODP = 2,     /* cached on-demand-paging MRs: the kernel follows the mappings */
+    IB_MRC_TRUST = 3,   /* cached, unchecked: the caller promises not to unmap buffers */
+};
+
+typedef struct ib_mr_entry {
+    struct ib_mr_entry *prev, *next; /* LRU list, most recent first */
+    uintptr_t start, end;            /* page-aligned range registered */
+    struct ibv_mr *mr;
+    int access;
+    int refs;
+    int cached;   /* in the list (else freed on the last put) */
+    uint64_t *pfn; /* IB_MRC_PAGEMAP: the page frames pinned, one per page */
+} ib_mr_entry_t;
+
+typedef struct ib_mrc {
+    struct ibv_pd *pd;
+    int mode;
+    size_t limit_bytes;
+    size_t bytes;
+    int entries;
+    ib_mr_entry_t *head, *tail;
+    size_t page;
+    int pagemap_fd;
+    pid_t pagemap_pid;
+    unsigned long hits, misses, invalidations, evictions;
+} ib_mrc_t;
+
+/* mode: "auto" (NULL), "off", "pagemap", "odp", "trust"; odp_ok: the device can do
+ * on-demand paging for RC READ. Writes a reason to err when the mode cannot be had. */
+int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_bytes,
+                int odp_ok, char *err, size_t errlen);
+/* A registration covering [addr, addr+len) for the peer to READ (remote_read) or for us
+ * to write into (local_write); holds a reference until ib_mrc_put. errno on failure. */
+int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write,
+               ib_mr_entry_t **e_p);
+void ib_mrc_put(ib_mrc_t *c, ib_mr_entry_t *e);
+void ib_mrc_destroy(ib_mrc_t *c);
+const char *ib_mrc_mode_name(int mode);
+
+/* ---- the transport ---- */
+
+typedef struct ib_tp ib_tp_t;
+
+enum { IB_WR_DATA = 1, IB_WR_CTRL, IB_WR_READ, IB_WR_ERROR, IB_WR_NOP };
+
+/* One posted send-queue work request; completions come back in this order. */
+typedef struct ib_sqe {
+    uint8_t kind;
+    uint8_t last;           /* READ: the last chunk of its receive */
+    tutti_tp_req_v1_t *req; /* READ: the receive it fills (NULL once given up) */
+    ib_mr_entry_t *mr;      /* READ, last chunk: the destination's registration */
+} ib_sqe_t;
+
+typedef struct ib_link {
+    ib_tp_t *tp;
+    int peer;
+    int served;
+    struct ibv_qp *qp;
+    uint32_t psn;
+    char addr[96];
+    int failed;         /* 0 or a TUTTI_ERR_* */
+    int report_pending; /* failed while nothing was posted: report at the next use */
+    int fail_errno;
+    char fail_msg[IB_MAX_ERRMSG + 256];
+    /* the peer's ring */
+    uint64_t r_ring;
+    uint32_t r_rkey;
+    /* our ring (the peer writes into it) and our staging slots (we write from them) */
+    char *ring;
+    struct ibv_mr *ring_mr;
+    char *stage;
+    struct ibv_mr *stage_mr;
+    /* send side */
+    tutti_tp_req_v1_t *sq_head, *sq_tail;   /* posted sends not yet written */
+    tutti_tp_req_v1_t *fin_head, *fin_tail; /* RTS written, waiting for the peer's READ */
+    uint64_t tx_seq;
+    unsigned credits;      /* free slots in the peer's ring */
+    unsigned credits_owed; /* slots of our ring freed, not yet returned */
+    unsigned fins_owed;    /* the peer's buffers we finished reading, not yet said */
+    ib_sqe_t *sqe;         /* ring of posted send WRs */
+    unsigned sqe_head, sqe_count, sq_depth;
+    /* receive side */
+    tutti_tp_req_v1_t *rq_head, *rq_tail; /* posted receives not yet matched */
+    uint64_t rx_arrived, rx_next;         /* slots written by the peer / consumed */
+    unsigned rq_depth;
+    unsigned reads; /* receives being READ */
+    tutti_tp_req_v1_t *rd_req; /* the receive whose READs are being posted */
+    ib_mr_entry_t *rd_mr;
+    size_t rd_off;
+    uint64_t rd_raddr;
+    uint32_t rd_rkey;
+    int rd_posted_last;
+    int qp_stopped; /* moved to the error state by us */
+    int error_sent;
+    int nop_inflight;
+    uint64_t last_heard_ns;
+} ib_link_t;
+
+struct ib_tp {
+    const tutti_tp_host_v1_t *host;
+    int rank, nranks;
+    ib_link_t *links;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *chan;
+    struct ibv_cq *cq;
+    int cq_size;
+    unsigned cq_unacked;
+    char dev_name[64];
+    int port;
+    int gid_index;
+    union ibv_gid gid;
+    uint16_t lid;
+    uint8_t link_layer;
+    enum ibv_mtu mtu;
+    uint32_t max_msg;      /* bytes per READ work request */
+    int max_rd_atomic;
+    uint32_t max_inline;
+    unsigned slots;        /* ring slots per peer */
+    size_t slot_bytes;     /* header + eager payload */
+    size_t eager_max;
+    int qp_timeout;        /* local ACK timeout exponent: 4.096 us * 2^t */
+    int keepalive_ms;
+    int wake_fd;           /* eventfd: abort() wakes a blocked progress() */
+    atomic_int aborted;
+    unsigned long completions;
+    ib_mrc_t mrc;
+    unsigned long eager_msgs, rdv_msgs;
+    int errors_inflight; /* error reports posted, not yet completed */
+};
+
+/* ib_setup.c */
+int ib_setup_device(ib_tp_t *tp);
+int ib_setup_links(ib_tp_t *tp);
+void ib_teardown(ib_tp_t *tp);
+const char *ib_mtu_str(enum ibv_mtu m);
+
+/* ---- test hooks (tests/test_ibverbs.c links the static internals) ---- */
+
+typedef struct tt_ib_stats {
+    unsigned long mr_hits, mr_misses, mr_invalidations, mr_evictions;
+    size_t mr_bytes;
+    int mr_entries;
+    const char *mr_mode;
+    unsigned long eager_msgs, rdv_msgs;
+    int gid_index;
+} tt_ib_stats_t;
+
+/* The ibverbs transport most recently created in this process (NULL if none). */
+void *tt_ib_debug_current(void);
+/* Counters of tp (NULL: the current one). */
+int tt_ib_debug_stats(void *tp, tt_ib_stats_t *out);
+/* Move the queue pair to `peer` into the error state, as a broken link would be. */
+int tt_ib_debug_break_qp(void *tp, int peer);
+
+#endif /* IB_IB_H */
