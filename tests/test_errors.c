@@ -637,6 +637,7 @@ static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char 
     tutti_comm_opts_init(&o);
     o.socket_ifname = "=nosuchif0";
     o.timeout_ms = 5000;
+    o.transport = "tcp"; /* the interface choice is tcp's, whatever the suite runs over */
     tutti_comm_t *c = NULL;
     int st = tutti_comm_init(&c, store, rank, nranks, &o);
     FAIL_IF(st != TUTTI_ERR_NO_DEVICE, "got %s", tutti_status_name(st));
@@ -742,6 +743,7 @@ START_TEST(ipv6_loopback)
     tutti_comm_opts_init(&o);
     o.socket_family = 6;
     o.socket_ifname = "lo";
+    o.transport = "tcp";
     th_spec_t spec = {.nranks = 3, .fn = rank_sum3, .timeout_ms = 20000, .opts = &o};
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
