@@ -35,6 +35,7 @@ const tutti_transport_ops_v1_t *tt_builtin_transport_shm(void);
 typedef struct shared {
     int pids[16];
     int arg;
+    int flag; /* set by one rank for the others */
 } shared_t;
 
 static shared_t *shared_area(void)
@@ -434,6 +435,171 @@ START_TEST(abi_dead_peer_and_subset)
 }
 END_TEST
 
+/* cancel_all() with a receive posted but nothing of its message read (the previous
+ * message complete) fails that receive only: the stream is at a record boundary, so the
+ * link stays usable, as in the TCP transport. Round 0 through the ring, round 1 pulled
+ * (where process_vm_readv is allowed). */
+static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                               void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, "ci/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    const size_t big = 64u << 10;
+    unsigned char *buf = malloc(big);
+    FAIL_IF(!buf, "malloc");
+    for (int round = 0; round < 2; round++) {
+        size_t len = round ? big : 8;
+        char bar[32];
+        tutti_tp_req_v1_t r;
+        if (rank == 0) {
+            memset(buf, 0x40 + round, len);
+            req_set(&r, 1, buf, len, 1, (uint64_t)round);
+            FAIL_IF(ops->post_send(tp, &r) != 0, "post_send");
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "round %d: send 1: %d", round, r.status);
+            snprintf(bar, sizeof(bar), "ci%da", round);
+            store_barrier(&t, bar, nranks); /* rank 1 cancelled its second receive */
+            memset(buf, 0x50 + round, len);
+            req_set(&r, 1, buf, len, 2, (uint64_t)round);
+            FAIL_IF(ops->post_send(tp, &r) != 0, "post_send 2");
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "round %d: send 2: %d", round, r.status);
+        } else {
+            req_set(&r, 0, buf, len, 1, (uint64_t)round);
+            FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "round %d: receive 1: %d", round, r.status);
+            FAIL_IF(buf[len - 1] != 0x40 + round, "round %d: data", round);
+            req_set(&r, 0, buf, len, 2, (uint64_t)round);
+            FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv 2");
+            FAIL_IF(ops->progress(tp, 20) != 0, "progress");
+            ops->cancel_all(tp, TUTTI_ERR_TIMEOUT);
+            FAIL_IF(r.status != TUTTI_ERR_TIMEOUT, "round %d: cancelled receive: %d", round,
+                    r.status);
+            snprintf(bar, sizeof(bar), "ci%da", round);
+            store_barrier(&t, bar, nranks);
+            req_set(&r, 0, buf, len, 2, (uint64_t)round);
+            FAIL_IF(ops->post_recv(tp, &r) != 0,
+                    "round %d: the link failed with the cancel: post_recv gave %d", round,
+                    r.status);
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "round %d: receive 2: %d", round, r.status);
+            FAIL_IF(buf[0] != 0x50 + round || buf[len - 1] != 0x50 + round,
+                    "round %d: data of receive 2", round);
+        }
+    }
+    store_barrier(&t, "ci-end", nranks);
+    free(buf);
+    ops->destroy(tp);
+    tutti_store_close(t.store);
+    return 0;
+}
+
+START_TEST(abi_cancel_at_boundary_keeps_link)
+{
+    set_cma(1);
+    shared_t *sh = shared_area();
+    th_spec_t spec = {.nranks = 2, .fn = rank_tp_cancel_idle, .arg = sh, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    int rc = th_run_ex(&spec, NULL);
+    set_cma(0);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+/* A pulled send withdrawn while the receiver has not pulled it yet, the buffer then
+ * reused: the receiver must fail, never deliver the reused bytes as data. sh->arg: 0
+ * notify_error() then cancel_all() (the report comes first: it sets tx_broken, which
+ * must not stop the revocation); 1 destroy() with the send still pending; 2 the link
+ * fails under the send (rank 1 reports a failure, and then still receives). */
+static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    int how = sh->arg;
+    sh->pids[rank] = getpid();
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_shm();
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, "wd/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    const size_t len = 64u << 10;
+    unsigned char *buf = malloc(len);
+    FAIL_IF(!buf, "malloc");
+    tutti_tp_req_v1_t r;
+    if (rank == 0) {
+        if (how == 2)
+            store_barrier(&t, "wd0", nranks); /* rank 1 reported */
+        memset(buf, 0xAB, len);
+        req_set(&r, 1, buf, len, 1, 1);
+        FAIL_IF(ops->post_send(tp, &r) != 0, "post_send");
+        sh->flag = r.status == 1; /* pending: published as a pull (else: in the ring) */
+        if (how == 0) {
+            ops->notify_error(tp, TUTTI_ERR_TIMEOUT, "rank 0 gave up");
+            ops->cancel_all(tp, TUTTI_ERR_TIMEOUT);
+            FAIL_IF(r.status != TUTTI_ERR_TIMEOUT && r.status != 0, "send status %d", r.status);
+        } else if (how == 1) {
+            ops->destroy(tp);
+            tp = NULL;
+        } else if (sh->flag) {
+            drive(tp, &r, 5000); /* finds the report: the link fails under the send */
+            FAIL_IF(r.status != TUTTI_ERR_TIMEOUT, "send status %d", r.status);
+        }
+        memset(buf, 0xCD, len); /* the library reuses the buffer */
+        store_barrier(&t, "wd1", nranks);
+        store_barrier(&t, "wd2", nranks); /* alive while rank 1 pulls */
+    } else {
+        if (how == 2) {
+            ops->notify_error(tp, TUTTI_ERR_TIMEOUT, "rank 1 gave up");
+            store_barrier(&t, "wd0", nranks);
+        }
+        store_barrier(&t, "wd1", nranks);
+        memset(buf, 0, len);
+        req_set(&r, 0, buf, len, 1, 1);
+        int st = ops->post_recv(tp, &r);
+        if (st == 0)
+            drive(tp, &r, 5000);
+        int pulled = sh->flag;
+        if (pulled) {
+            FAIL_IF(r.status == 0 || r.status == 1,
+                    "%s: the receive gave %d, data 0x%02x (a withdrawn pull taken for data)",
+                    how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all",
+                    r.status, buf[0]);
+        } else {
+            FAIL_IF(r.status != 0 || buf[len - 1] != 0xAB, "ring path: status %d", r.status);
+        }
+        store_barrier(&t, "wd2", nranks);
+    }
+    free(buf);
+    if (tp)
+        ops->destroy(tp);
+    tutti_store_close(t.store);
+    return 0;
+}
+
+START_TEST(abi_withdrawn_pull_never_delivered)
+{
+    for (int how = 0; how < 3; how++) {
+        set_cma(1);
+        shared_t *sh = shared_area();
+        sh->arg = how;
+        th_spec_t spec = {.nranks = 2, .fn = rank_tp_withdraw, .arg = sh, .timeout_ms = 30000,
+                          .flags = TH_NO_COMM};
+        int rc = th_run_ex(&spec, NULL);
+        set_cma(0);
+        ck_assert_msg(rc == 0, "%s",
+                      how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all");
+        ck_assert_int_eq(leftovers(sh, 2), 0);
+    }
+}
+END_TEST
+
 /* ---- through the library ---- */
 
 static tutti_comm_opts_t shm_opts(int timeout_ms)
@@ -790,6 +956,8 @@ static Suite *suite(void)
     tcase_add_test(tc, abi_notify_error);
     tcase_add_test(tc, abi_abort_wakes_progress);
     tcase_add_test(tc, abi_dead_peer_and_subset);
+    tcase_add_test(tc, abi_cancel_at_boundary_keeps_link);
+    tcase_add_test(tc, abi_withdrawn_pull_never_delivered);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("library");

@@ -47,11 +47,13 @@
  * once the link can make no more progress, i.e. after it has consumed everything sent
  * before the report. While blocked, the peers' processes are checked every
  * TUTTI_SHM_LIVENESS_MS (pidfd_open + poll, or /proc/PID/stat); a peer found gone fails
- * the link once nothing more can be read from it. cancel_all() with a message cut
- * half-way, or with pulls not yet acked, marks the direction broken (and the pulls
- * revoked, checked after every pull, so that the peer never takes a freed buffer's
- * bytes for data); a receiver stuck on a broken direction waits up to 200 ms for the
- * sender's report, which names the cause, before it fails with "abandoned". */
+ * the link once nothing more can be read from it. cancel_all() (also link_fail() and
+ * destroy()) with a message cut half-way, or with pulls not yet acked, marks the
+ * direction broken (and the pulls revoked, checked after every pull, so that the peer
+ * never takes a freed buffer's bytes for data; this is independent of notify_error(),
+ * which stops our sends but withdraws nothing); a receiver stuck on a broken direction
+ * waits up to 200 ms for the sender's report, which names the cause, before it fails
+ * with "abandoned". */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -126,6 +128,29 @@ static void fail_queue(shm_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t
 
 static int link_busy(const shm_link_t *L) { return L->sq_head || L->aq_head || L->rq_head; }
 
+static void bell_ring(shm_bell_t *b);
+
+/* Before our sends on L are failed (or dropped), make what the peer might still read
+ * unreadable: a half-written record breaks the direction, and pulls not yet acked are
+ * revoked (the library may free those buffers as soon as we return; the peer checks
+ * `revoked` after every pull). Independent of tx_broken: notify_error() sets that
+ * without withdrawing anything. Touches no request (destroy() calls it too). */
+static void link_withdraw(shm_link_t *L)
+{
+    int cut = L->sq_head && L->tx_started;
+    if (!L->tx || (!cut && !L->aq_head))
+        return;
+    L->tx_broken = 1;
+    if (L->aq_head)
+        atomic_store(&L->tx->revoked, 1);
+    atomic_store(&L->tx->broken, 1);
+    /* `revoked` must be visible before the library reuses the buffers: pairs with the
+     * fence between the pull and the check in link_pull */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (L->peer_bell)
+        bell_ring(L->peer_bell);
+}
+
 /* The link is unusable from now on: record why (once), fail what is queued on it. As
  * in the TCP transport, a link that fails with nothing posted is reported when a
  * request next uses it. */
@@ -146,6 +171,8 @@ static int link_fail(shm_link_t *L, int status, int err_no, const char *fmt, ...
         else
             L->report_pending = 1;
     }
+    link_withdraw(L); /* the peer may still be alive, and pulling */
+    L->tx_started = 0;
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
     fail_queue(tp, &L->aq_head, &L->aq_tail, L->failed);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
@@ -174,6 +201,7 @@ static void report_write(shm_dir_t *d, int status, const char *msg)
 {
     uint32_t s = atomic_load_explicit(&d->err_seq, memory_order_relaxed);
     atomic_store(&d->err_seq, s + 1);
+    atomic_thread_fence(memory_order_release); /* the odd count before the data */
     d->err_status = status;
     snprintf(d->err_msg, sizeof(d->err_msg), "%s", msg);
     atomic_store(&d->err_seq, s + 2);
@@ -205,19 +233,35 @@ static int report_read(const shm_dir_t *d, int *status_p, char *msg, size_t len)
     return 1;
 }
 
+/* Did the sender publish more since link_rx last looked? Checked after seeing its
+ * report (or its death): the report is written after what came before it, but the
+ * sweep may have loaded `head` just before both landed. */
+static int link_more_to_read(shm_link_t *L)
+{
+    if (!L->rq_head || L->rx_withdrawn)
+        return 0;
+    return atomic_load_explicit(&L->rx->head, memory_order_acquire) != L->rx_head_seen;
+}
+
 /* The link can make no progress: fail it if the peer reported a failure or is gone.
  * A direction the sender broke (cancelled mid-message, or withdrew a pull) without a
  * report yet gets a grace period: the report follows the cancel within microseconds
- * when the sender failed, and names the cause, which "abandoned" would not. */
-static void link_check_peer(shm_link_t *L)
+ * when the sender failed, and names the cause, which "abandoned" would not.
+ * final: called where the link cannot go on (a pull failed); else the link is failed
+ * only once everything the peer published before its report or death was read. */
+static void link_check_peer(shm_link_t *L, int final)
 {
     int st;
     char msg[SHM_MAX_ERRMSG + 1];
     if (report_read(L->rx, &st, msg, sizeof(msg))) {
+        if (!final && link_more_to_read(L))
+            return; /* the next sweep reads it */
         link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr, msg);
         return;
     }
     if (L->peer_dead) {
+        if (!final && link_more_to_read(L))
+            return;
         link_fail(L, TUTTI_ERR_PEER, 0,
                   "rank %d (%s) is gone: its process exited while this rank %s it (did it "
                   "crash or get killed?)",
@@ -384,7 +428,7 @@ static int link_pull(shm_link_t *L, tutti_tp_req_v1_t *q)
         if (err == ESRCH || shm_peer_gone(L)) {
             /* its report, if it left one, says more than its death */
             L->peer_dead = 1;
-            link_check_peer(L);
+            link_check_peer(L, 1);
         } else if (atomic_load(&L->rx->revoked)) {
             L->rx_withdrawn = 1; /* wait for the sender's report (link_check_peer) */
         } else {
@@ -396,7 +440,9 @@ static int link_pull(shm_link_t *L, tutti_tp_req_v1_t *q)
         return 0;
     }
     /* The sender withdraws (and may free) its buffer only after setting `revoked`: a
-     * copy that raced with that is detected here. */
+     * copy that raced with that is detected here. The fence keeps the copy's reads
+     * before the check (pairs with the one in link_withdraw). */
+    atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load(&L->rx->revoked)) {
         L->rx_withdrawn = 1;
         return 0;
@@ -456,6 +502,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 q->status = 0;
                 tp->completions++;
                 L->rhdr_valid = 0;
+                L->rhdr_matched = 0;
                 continue;
             }
         }
@@ -477,6 +524,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             q->status = 0;
             tp->completions++;
             L->rhdr_valid = 0;
+            L->rhdr_matched = 0; /* at a record boundary again */
             if (!L->rq_head)
                 break;
         } else {
@@ -504,7 +552,7 @@ static void sweep(shm_tp_t *tp)
         if (L->rq_head && !L->failed)
             link_rx(tp, L);
         if (!L->progressed && !L->failed && link_busy(L))
-            link_check_peer(L);
+            link_check_peer(L, 0);
     }
 }
 
@@ -515,17 +563,10 @@ static void sweep(shm_tp_t *tp)
  * acked are revoked (the library may free those buffers as soon as we return). */
 static void link_drop_all(shm_tp_t *tp, shm_link_t *L, int status)
 {
-    int cut = L->sq_head && L->tx_started;
-    if ((cut || L->aq_head) && !L->tx_broken && L->tx) {
-        L->tx_broken = 1;
-        if (L->aq_head)
-            atomic_store(&L->tx->revoked, 1);
-        atomic_store(&L->tx->broken, 1);
-        bell_ring(L->peer_bell);
-    }
+    link_withdraw(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, status);
     fail_queue(tp, &L->aq_head, &L->aq_tail, status);
-    if (L->rq_head && L->rhdr_matched)
+    if (L->rq_head && L->rhdr_valid && L->rhdr_matched)
         L->failed = L->failed ? L->failed : status; /* mid-payload: position lost */
     fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     L->tx_started = 0;
@@ -603,6 +644,9 @@ static int shm_progress(void *vtp, int timeout_ms)
         }
         uint32_t seq = atomic_load(&bell->seq);
         atomic_store(&bell->sleeping, 1);
+        /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
+         * seq_cst, so only a full fence keeps them after the store above */
+        atomic_thread_fence(memory_order_seq_cst);
         sweep(tp); /* whatever was published before `sleeping` became visible */
         if (tp->completions != c0 || atomic_load(&tp->aborted)) {
             atomic_store(&bell->sleeping, 0);
@@ -718,6 +762,11 @@ static void shm_destroy(void *vtp)
     shm_tp_t *tp = vtp;
     if (!tp)
         return;
+    /* Pending requests are dropped, and their buffers may be freed right after: the
+     * peers must not take a withdrawn pull (or the rest of a cut record) for data. */
+    for (int i = 0; i < tp->nranks; i++)
+        if (tp->links && tp->links[i].served)
+            link_withdraw(&tp->links[i]);
     shm_teardown(tp);
     free(tp->pair_names);
     free(tp->links);
@@ -742,7 +791,7 @@ static size_t knob_size(shm_tp_t *tp, const char *name, size_t def)
         shift = 30;
     if (shift)
         end++;
-    if (errno || end == v || *end || x > (1ull << 40)) {
+    if (errno || end == v || *end || x > ((1ull << 40) >> shift)) {
         tp->host->log(tp->host->ctx, TUTTI_LOG_WARN, "TUTTI_%s=%s is not a size; using %zu",
                       name, v, def);
         return def;

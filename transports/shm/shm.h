@@ -83,6 +83,7 @@ typedef struct shm_link {
     int served;
     pid_t pid;
     int pidfd;                   /* -1: liveness through /proc */
+    int unwatched;               /* neither pidfd nor /proc sees it: never "gone" */
     unsigned long long start_time; /* /proc/PID/stat field 22, for the fallback */
     char addr[48];
     /* shared */

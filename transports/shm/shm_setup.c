@@ -204,7 +204,7 @@ int shm_peer_gone(shm_link_t *L)
         struct pollfd p = {.fd = L->pidfd, .events = POLLIN};
         return poll(&p, 1, 0) > 0;
     }
-    if (L->pid <= 0)
+    if (L->pid <= 0 || L->unwatched)
         return 0; /* cannot tell */
     unsigned long long st = 0;
     char state = 0;
@@ -294,6 +294,12 @@ int shm_setup(shm_tp_t *tp)
         if (!seg)
             return TUTTI_ERR_IO;
         tp->pair_names[p] = strdup(name);
+        if (!tp->pair_names[p]) {
+            /* teardown unlinks only the names it knows */
+            shm_unlink(name);
+            munmap(seg, pair_bytes);
+            return ERRF(TUTTI_ERR_NOMEM, -1, 0, "shm: out of memory");
+        }
         seg->magic = SHM_SEG_MAGIC;
         seg->version = SHM_VERSION;
         seg->lo = tp->rank;
@@ -371,9 +377,13 @@ int shm_setup(shm_tp_t *tp)
         L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
         if (L->pidfd < 0) {
             L->pidfd = -1;
-            if (proc_start_time(pid, &L->start_time, NULL) < 0)
+            if (proc_start_time(pid, &L->start_time, NULL) < 0) {
+                /* not visible from here (another pid namespace, hidepid): as said
+                 * below, not "gone" at the first stall */
+                L->unwatched = 1;
                 LOGF(TUTTI_LOG_WARN, "shm: cannot watch rank %d (pid %d): %s; a crash of it "
                      "shows only as a timeout", p, pid, strerror(errno));
+            }
         }
     }
 
