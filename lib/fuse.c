@@ -17,6 +17,7 @@
 #define TT_FUSE_DEFAULT_CAP ((size_t)25 << 20)
 #define TT_FUSE_DEFAULT_FIRST_CAP ((size_t)1 << 20)
 #define TT_FUSE_DEFAULT_LAST_CAP ((size_t)1 << 20)
+#define TT_FUSE_DEFAULT_MIN_BUCKETS 16
 
 enum { TT_T_PENDING = 0, TT_T_READY, TT_T_UNUSED };
 
@@ -95,6 +96,7 @@ int tutti_fuse_opts_init(tutti_fuse_opts_t *opts)
     opts->bucket_cap_bytes = TT_FUSE_DEFAULT_CAP;
     opts->first_bucket_cap_bytes = TT_FUSE_DEFAULT_FIRST_CAP;
     opts->last_bucket_cap_bytes = TT_FUSE_DEFAULT_LAST_CAP;
+    opts->min_buckets = tt_env_int("FUSE_MIN_BUCKETS", TT_FUSE_DEFAULT_MIN_BUCKETS);
     opts->op = TUTTI_SUM;
     static const char *const names[3] = {"FUSE_BUCKET_CAP", "FUSE_FIRST_BUCKET_CAP",
                                           "FUSE_LAST_BUCKET_CAP"};
@@ -257,6 +259,18 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         tail_bytes += align_up(f->tensors[order[--tail]].bytes);
     if (tail == 0)
         tail = n; /* everything fits in the cap: the usual rules alone */
+    /* When backward computes about as fast as the buckets communicate, a bucket's
+     * allreduce lags its last tensor by the bucket's own length, so the step ends about
+     * one large bucket after backward: keep buckets to 1/min_buckets of the model (not
+     * below 1 MiB, where per-bucket latency would start to count). */
+    size_t cap = f->opts.bucket_cap_bytes;
+    if (f->opts.min_buckets > 0) {
+        size_t total = 0;
+        for (int i = 0; i < n; i++)
+            total += align_up(f->tensors[i].bytes);
+        size_t share = TT_MAX(total / (size_t)f->opts.min_buckets, (size_t)1 << 20);
+        cap = TT_MIN(cap, share);
+    }
     for (int k = 0; k < n; k++) {
         int i = order[k];
         lo[k] = i;
@@ -279,7 +293,7 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         b[nbk].dtype = t->dtype;
         b[nbk].cap = nbk == 0   ? f->opts.first_bucket_cap_bytes
                      : k >= tail ? f->opts.last_bucket_cap_bytes
-                                 : f->opts.bucket_cap_bytes;
+                                 : cap;
         b[nbk].bytes = need;
         b[nbk].ntensors = 1;
         tb[i] = nbk;

@@ -401,6 +401,67 @@ START_TEST(last_bucket)
 }
 END_TEST
 
+/* ---- min_buckets: no bucket is a large share of the model ---- */
+
+static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)dir;
+    int min_buckets = *(int *)arg;
+    enum { N = 48, C = 16384 }; /* 64 KiB each, 3 MiB in all */
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.min_buckets = min_buckets;
+    o.last_bucket_cap_bytes = 0;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    tspec_t spec = {C, TUTTI_FP32};
+    for (int i = 0; i < N; i++) {
+        t[i] = malloc(C * sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    for (int step = 0; step < 2; step++) {
+        for (int i = 0; i < N; i++)
+            fill(t[i], &spec, rank, i, step);
+        for (int i = N - 1; i >= 0; i--)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
+        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+        for (int i = 0; i < N; i++) {
+            double got, exp;
+            long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld", step, i, e);
+        }
+    }
+    /* 3 MiB: with min_buckets 2 the cap is 1.5 MiB (24 tensors), so 1 MiB first bucket
+     * (16 tensors), then 24 and 8; with 0 the 25 MiB cap leaves 16 + 32 */
+    int nb = 0, per[N] = {0};
+    FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
+    for (int i = 0; i < N; i++) {
+        int b;
+        FAIL_IF(tutti_fuse_tensor_bucket(f, i, &b) != TUTTI_OK || b < 0 || b >= N, "bucket");
+        per[b]++;
+    }
+    if (min_buckets == 2)
+        FAIL_IF(nb != 3 || per[0] != 16 || per[1] != 24 || per[2] != 8,
+                "min_buckets 2: %d buckets of %d, %d, %d", nb, per[0], per[1], per[2]);
+    else
+        FAIL_IF(nb != 2 || per[0] != 16 || per[1] != 32, "min_buckets 0: %d buckets of %d, %d",
+                nb, per[0], per[1]);
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(min_buckets)
+{
+    int mb = _i ? 2 : 0;
+    ck_assert_int_eq(th_run(2, rank_min_buckets, &mb, 60000), 0);
+}
+END_TEST
+
 /* ---- unused tensors ---- */
 
 static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -930,6 +991,7 @@ static Suite *fuse_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, unused, 1, 4);
     tcase_add_test(tc, last_bucket);
+    tcase_add_loop_test(tc, min_buckets, 0, 2);
     tcase_add_loop_test(tc, compress, 0, 4);
     tcase_add_loop_test(tc, hook, 1, 3);
     tcase_add_test(tc, abort_mid_step);

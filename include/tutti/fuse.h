@@ -87,10 +87,15 @@ typedef struct tutti_fuse_opts {
                                       (default 1 MiB; 0: no special last bucket). Its
                                       allreduce starts only when backward has ended, so
                                       it is the part that cannot overlap: keep it small */
+    int min_buckets;               /* lower the bucket cap to 1/min_buckets of the
+                                      registered bytes (not below 1 MiB), default 16:
+                                      the step ends about one bucket after backward,
+                                      so no bucket should be a large share. 0: off */
 } tutti_fuse_opts_t;
 
-/* tutti_fuse_opts_init reads TUTTI_FUSE_BUCKET_CAP, TUTTI_FUSE_FIRST_BUCKET_CAP and
- * TUTTI_FUSE_LAST_BUCKET_CAP (sizes: 25M, 512K, ...) over the defaults. */
+/* tutti_fuse_opts_init reads TUTTI_FUSE_BUCKET_CAP, TUTTI_FUSE_FIRST_BUCKET_CAP,
+ * TUTTI_FUSE_LAST_BUCKET_CAP (sizes: 25M, 512K, ...) and TUTTI_FUSE_MIN_BUCKETS over
+ * the defaults. */
 
 /* Fill opts with the defaults. */
 int tutti_fuse_opts_init(tutti_fuse_opts_t *opts);
