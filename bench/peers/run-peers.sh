@@ -276,6 +276,7 @@ plot() {
     local png="$imgdir/$coll-np$n-$kind.png"
     local data="$work/plot.$kind.$n.$coll"
     [ -s "$data" ] || return 1
+    [ "$coll" != barrier ] || return 1 # one size (0 B): nothing to draw on a log axis
     local ylabel="busbw (GB/s)" key="top left"
     if [ "$kind" = time ]; then ylabel="time (us)"; fi
     gnuplot <<GP 2>>"$work/gnuplot.log" || return 1
