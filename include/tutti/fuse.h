@@ -63,7 +63,11 @@ typedef struct tutti_fuse_bucket {
  * of the last one (ops complete in issue order), which leaves the reduced bucket in
  * bucket->data. `finish`, optional, runs in tutti_fuse_wait once that work is done,
  * before the bucket is unpacked. Both return a tutti status; an error reaches
- * tutti_fuse_wait. Every rank must issue the same collectives. */
+ * tutti_fuse_wait. Every rank must issue the same collectives. If `issue` fails on
+ * some ranks only, those ranks issue nothing for the bucket: the others' next
+ * collectives then meet envelopes of a different sequence number or size and fail with
+ * TUTTI_ERR_MISMATCH (or, if nothing follows, the stall check or the timeout names the
+ * rank): every rank's wait returns an error, none hangs, but the step is lost. */
 typedef struct tutti_fuse_hook {
     int (*issue)(void *arg, tutti_comm_t *comm, const tutti_fuse_bucket_t *bucket,
                  tutti_work_t **work_p);
