@@ -642,6 +642,7 @@ END_TEST
 typedef struct hook_state {
     int fail_step, fail_bucket, step;
     int finish_calls;
+    int fail_rank, rank; /* fail_rank -1: the hook fails on every rank */
 } hook_state_t;
 
 /* allreduce SUM, then double the result in finish */
@@ -649,7 +650,8 @@ static int hook_issue(void *arg, tutti_comm_t *comm, const tutti_fuse_bucket_t *
                       tutti_work_t **work_p)
 {
     hook_state_t *h = arg;
-    if (h->step == h->fail_step && b->index == h->fail_bucket)
+    if (h->step == h->fail_step && b->index == h->fail_bucket &&
+        (h->fail_rank < 0 || h->fail_rank == h->rank))
         return TUTTI_ERR_IO;
     return tutti_allreduce_async(comm, TUTTI_IN_PLACE, b->data, b->count, b->dtype, TUTTI_SUM,
                                  work_p);
@@ -672,7 +674,7 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     (void)dir;
     (void)arg;
     enum { N = 10, C = 200 };
-    hook_state_t h = {.fail_step = 1, .fail_bucket = 1};
+    hook_state_t h = {.fail_step = 1, .fail_bucket = 1, .fail_rank = -1, .rank = rank};
     tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
     tutti_fuse_opts_t o;
     tutti_fuse_opts_init(&o);
@@ -719,6 +721,57 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     tutti_fuse_destroy(f);
     return 0;
 }
+
+/* The hook fails on one rank only: that rank issues nothing for the bucket, and every
+ * rank's wait must still return an error, promptly (none hangs). */
+static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    (void)nranks;
+    enum { N = 10, C = 200 };
+    hook_state_t h = {.fail_step = 0, .fail_bucket = 1, .fail_rank = 1, .rank = rank};
+    tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_cap_bytes = 2000;
+    o.first_bucket_cap_bytes = 800;
+    o.hook = &hook;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float *t[N];
+    tspec_t spec = {C, TUTTI_FP32};
+    for (int i = 0; i < N; i++) {
+        t[i] = malloc(C * sizeof(float));
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+        fill(t[i], &spec, rank, i, 0);
+    }
+    double t0 = th_now_ms();
+    for (int i = 0; i < N; i++)
+        FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
+    int st = tutti_fuse_wait(f);
+    double ms = th_now_ms() - t0;
+    if (rank == 1)
+        FAIL_IF(st != TUTTI_ERR_IO, "the failing rank's wait returned %s",
+                tutti_status_name(st));
+    else
+        FAIL_IF(st == TUTTI_OK, "rank %d's wait succeeded although rank 1 skipped bucket 1",
+                rank);
+    FAIL_IF(ms > 15000, "wait took %.0f ms", ms);
+    for (int i = 0; i < N; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(hook_fails_on_one_rank)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_hook_one, .timeout_ms = 60000,
+                      .flags = TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
 
 START_TEST(hook)
 {
@@ -994,6 +1047,7 @@ static Suite *fuse_suite(void)
     tcase_add_loop_test(tc, min_buckets, 0, 2);
     tcase_add_loop_test(tc, compress, 0, 4);
     tcase_add_loop_test(tc, hook, 1, 3);
+    tcase_add_test(tc, hook_fails_on_one_rank);
     tcase_add_test(tc, abort_mid_step);
     tcase_add_loop_test(tc, coalesced, 1, 4);
     tcase_add_test(tc, bad_args);
