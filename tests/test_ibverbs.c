@@ -9,6 +9,7 @@
  * inside a soft-RoCE VM: tests/rdma/run-in-vm.sh.
  */
 #include <check.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <tutti/store.h>
+#include <tutti/transport_v1.h>
 #include <tutti/tutti.h>
 
 #include "../transports/ibverbs/ib.h"
@@ -377,6 +380,334 @@ START_TEST(qp_error)
 }
 END_TEST
 
+/* ---- through the ABI directly: cancel and failure semantics of the rendezvous ---- */
+
+const tutti_transport_ops_v1_t *tt_builtin_transport_ibverbs(void);
+#define IBOPS tt_builtin_transport_ibverbs()
+
+typedef struct thost {
+    tutti_tp_host_v1_t h;
+    tutti_store_t *base, *store;
+    int nerr;
+    int err_status;
+    char err[4096];
+} thost_t;
+
+static int th_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    return tutti_store_set(((thost_t *)ctx)->store, key, value, len);
+}
+
+static int th_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
+{
+    return tutti_store_get(((thost_t *)ctx)->store, key, value_p, len_p, timeout_ms);
+}
+
+static void th_free(void *v) { free(v); }
+
+static const char *th_config(void *ctx, const char *name)
+{
+    (void)ctx;
+    char full[128];
+    snprintf(full, sizeof(full), "TUTTI_%s", name);
+    return getenv(full);
+}
+
+static void th_log(void *ctx, int level, const char *fmt, ...)
+{
+    (void)ctx;
+    if (level > TUTTI_LOG_WARN && !getenv("TT_TEST_VERBOSE"))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static int th_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
+{
+    thost_t *t = ctx;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->err, sizeof(t->err), fmt, ap);
+    va_end(ap);
+    (void)err_no;
+    (void)peer;
+    t->nerr++;
+    t->err_status = status;
+    return status;
+}
+
+static int tp_open(thost_t *t, const char *dir, int rank, int nranks, void **tp_p)
+{
+    memset(t, 0, sizeof(*t));
+    if (tutti_store_open_file(&t->base, dir, 20000) != 0 ||
+        tutti_store_open_prefixed(&t->store, t->base, "abi/") != 0)
+        return -1;
+    t->h = (tutti_tp_host_v1_t){
+        .size = sizeof(tutti_tp_host_v1_t),
+        .abi_version = TUTTI_TRANSPORT_ABI_V1,
+        .rank = rank,
+        .nranks = nranks,
+        .timeout_ms = 20000,
+        .spin_us = 50,
+        .ctx = t,
+        .store_set = th_set,
+        .store_get = th_get,
+        .free_value = th_free,
+        .config = th_config,
+        .log = th_log,
+        .error = th_error,
+    };
+    return IBOPS->create(&t->h, tp_p);
+}
+
+static void tp_close(thost_t *t, void *tp)
+{
+    IBOPS->destroy(tp);
+    tutti_store_close(t->store);
+    tutti_store_close(t->base);
+}
+
+static void signal_key(thost_t *t, const char *key) { tutti_store_set(t->store, key, "1", 1); }
+
+static int wait_key(thost_t *t, const char *key, int ms)
+{
+    void *v = NULL;
+    size_t n = 0;
+    if (tutti_store_get(t->store, key, &v, &n, ms) != 0)
+        return -1;
+    free(v);
+    return 0;
+}
+
+static void req_init(tutti_tp_req_v1_t *r, int peer, void *buf, size_t len, uint64_t e0)
+{
+    memset(r, 0, sizeof(*r));
+    r->peer = peer;
+    r->buf = buf;
+    r->len = len;
+    r->env[0] = e0;
+    r->env[1] = 0xfeed;
+    r->env[2] = len;
+}
+
+/* progress for ms (until *a and *b, when given, are no longer pending) */
+static void drive2(void *tp, tutti_tp_req_v1_t *a, tutti_tp_req_v1_t *b, int ms)
+{
+    double end = th_now_ms() + ms;
+    while (th_now_ms() < end) {
+        if ((a || b) && (!a || a->status != 1) && (!b || b->status != 1))
+            return;
+        if (IBOPS->progress(tp, 20) < 0)
+            return;
+    }
+}
+
+enum { RDV_CANCEL = 0, RDV_BREAK = 1 };
+
+/* Rank 0 sends 1 MiB (an RTS: the payload stays in its buffer for rank 1 to READ), then,
+ * before rank 1 has posted its receive, cancels it (RDV_CANCEL: the library takes the
+ * buffer back and writes something else there) or has its queue pair break (RDV_BREAK).
+ * Rank 1's receive must then fail, with the reason recorded: never complete with what
+ * the buffer holds after the cancel. */
+static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                         void *arg)
+{
+    (void)unused;
+    int mode = (int)(intptr_t)arg;
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
+    const size_t len = 1u << 20;
+    unsigned char *buf = malloc(len);
+    FAIL_IF(!buf, "malloc");
+    tutti_tp_req_v1_t r;
+    if (rank == 0) {
+        memset(buf, 0xa5, len);
+        req_init(&r, 1, buf, len, 1);
+        FAIL_IF(IBOPS->post_send(tp, &r) != 0, "post_send: %s", t.err);
+        tt_ib_stats_t s;
+        tt_ib_debug_stats(tp, &s);
+        FAIL_IF(s.rdv_msgs != 1, "1 MiB did not go as an RTS (%lu)", s.rdv_msgs);
+        drive2(tp, NULL, NULL, 500); /* the RTS reaches rank 1's ring */
+        FAIL_IF(r.status != 1, "send finished before rank 1 posted its receive: %d", r.status);
+        if (mode == RDV_CANCEL) {
+            IBOPS->cancel_all(tp, TUTTI_ERR_TIMEOUT);
+            FAIL_IF(r.status != TUTTI_ERR_TIMEOUT, "cancelled send has status %d", r.status);
+            memset(buf, 0x5a, len); /* the library reuses the buffer */
+        } else {
+            FAIL_IF(tt_ib_debug_break_qp(tp, 1) != TUTTI_OK, "break_qp");
+        }
+        signal_key(&t, "sent");
+        FAIL_IF(wait_key(&t, "done", 60000) != 0, "rank 1 never finished");
+    } else {
+        FAIL_IF(wait_key(&t, "sent", 30000) != 0, "rank 0 never sent");
+        memset(buf, 0, len);
+        req_init(&r, 0, buf, len, 1);
+        FAIL_IF(IBOPS->post_recv(tp, &r) != 0, "post_recv: %s", t.err);
+        double t0 = th_now_ms();
+        drive2(tp, &r, NULL, 40000);
+        fprintf(stderr, "rdv %s: receive ended with %s after %.0f ms; error: %s\n",
+                mode == RDV_CANCEL ? "cancel" : "break", tutti_status_name(r.status),
+                th_now_ms() - t0, t.nerr ? t.err : "(none recorded)");
+        signal_key(&t, "done");
+        FAIL_IF(r.status == 0, "the receive completed with the sender's cancelled buffer "
+                               "(first byte 0x%02x)", buf[0]);
+        FAIL_IF(r.status == 1, "the receive never failed");
+        FAIL_IF(t.nerr == 0, "the receive failed with %s, but no reason was recorded",
+                tutti_status_name(r.status));
+        FAIL_IF(!strstr(t.err, "rank 0"), "the reason does not name rank 0: %s", t.err);
+    }
+    tp_close(&t, tp);
+    free(buf);
+    return 0;
+}
+
+START_TEST(rdv_cancel)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_rdv_fail, .arg = (void *)(intptr_t)_i,
+                      .timeout_ms = 90000, .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* cancel_all while rank 1 is READing 32 MiB: it returns promptly, the buffer is the
+ * library's again (the HCA writes nothing into it afterwards), the link is failed for
+ * good, and rank 0, whose send now never gets its FIN, notices (keep-alive probe of a
+ * stopped queue pair) instead of waiting forever. */
+static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                               void *arg)
+{
+    (void)unused;
+    (void)arg;
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
+    const size_t len = 32u << 20;
+    unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                              -1, 0);
+    FAIL_IF(buf == MAP_FAILED, "mmap");
+    tutti_tp_req_v1_t r;
+    if (rank == 0) {
+        memset(buf, 0xa5, len);
+        req_init(&r, 1, buf, len, 1);
+        FAIL_IF(IBOPS->post_send(tp, &r) != 0, "post_send: %s", t.err);
+        double t0 = th_now_ms();
+        drive2(tp, &r, NULL, 40000);
+        fprintf(stderr, "cancel while reading: rank 0's send ended with %s after %.0f ms: %s\n",
+                tutti_status_name(r.status), th_now_ms() - t0, t.nerr ? t.err : "");
+        FAIL_IF(r.status == 1, "rank 0's send is still pending after 40 s");
+        FAIL_IF(r.status == 0, "rank 0's send completed, but rank 1 cancelled its receive");
+        signal_key(&t, "done0");
+        FAIL_IF(wait_key(&t, "done1", 60000) != 0, "rank 1 never finished");
+    } else {
+        memset(buf, 0, len);
+        req_init(&r, 0, buf, len, 1);
+        FAIL_IF(IBOPS->post_recv(tp, &r) != 0, "post_recv: %s", t.err);
+        tt_ib_stats_t s0, s1;
+        tt_ib_debug_stats(tp, &s0);
+        double end = th_now_ms() + 30000;
+        do {
+            FAIL_IF(IBOPS->progress(tp, 0) < 0, "progress failed");
+            tt_ib_debug_stats(tp, &s1);
+        } while (s1.mr_hits + s1.mr_misses == s0.mr_hits + s0.mr_misses && r.status == 1 &&
+                 th_now_ms() < end);
+        FAIL_IF(r.status != 1, "the 32 MiB receive ended (%s) before it could be cancelled",
+                tutti_status_name(r.status));
+        FAIL_IF(s1.mr_hits + s1.mr_misses == s0.mr_hits + s0.mr_misses,
+                "the receive was never matched");
+        double t0 = th_now_ms();
+        IBOPS->cancel_all(tp, TUTTI_ERR_TIMEOUT);
+        double ms = th_now_ms() - t0;
+        FAIL_IF(r.status != TUTTI_ERR_TIMEOUT, "cancelled receive has status %d", r.status);
+        FAIL_IF(ms > 3000, "cancel_all took %.0f ms", ms);
+        memset(buf, 0, len);
+        drive2(tp, NULL, NULL, 300);
+        usleep(300000);
+        for (size_t i = 0; i < len; i++)
+            FAIL_IF(buf[i] != 0, "byte %zu of the cancelled receive's buffer was written after "
+                                 "cancel_all returned", i);
+        tutti_tp_req_v1_t r2;
+        req_init(&r2, 0, buf, 16, 2);
+        FAIL_IF(IBOPS->post_recv(tp, &r2) == 0, "a receive on the cancelled link was taken");
+        FAIL_IF(wait_key(&t, "done0", 60000) != 0, "rank 0 never finished");
+        signal_key(&t, "done1");
+    }
+    tp_close(&t, tp);
+    munmap(buf, len);
+    return 0;
+}
+
+START_TEST(cancel_reading)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_cancel_reading, .timeout_ms = 110000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* An RTS being READ, then a message whose envelope does not match: the mismatch is
+ * reported on its receive (with got_env/got_len), and the earlier receive, whose buffer
+ * the transport still owns, completes with its data instead of failing with a bare
+ * peer error. */
+static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
+                                   const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    thost_t t;
+    void *tp = NULL;
+    FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
+    const size_t len = 32u << 20; /* 8 READs: still in flight when the mismatch is seen */
+    unsigned char *big = malloc(len), small[16];
+    FAIL_IF(!big, "malloc");
+    tutti_tp_req_v1_t a, b;
+    if (rank == 0) {
+        for (size_t i = 0; i < len; i++)
+            big[i] = (unsigned char)(i * 7 + 1);
+        memset(small, 0x33, sizeof(small));
+        req_init(&a, 1, big, len, 1);
+        req_init(&b, 1, small, sizeof(small), 2);
+        FAIL_IF(IBOPS->post_send(tp, &a) != 0 || IBOPS->post_send(tp, &b) != 0, "post: %s",
+                t.err);
+        drive2(tp, NULL, NULL, 500); /* both reach rank 1's ring */
+        signal_key(&t, "sent");
+        FAIL_IF(wait_key(&t, "done", 60000) != 0, "rank 1 never finished");
+    } else {
+        FAIL_IF(wait_key(&t, "sent", 30000) != 0, "rank 0 never sent");
+        usleep(200000);
+        memset(big, 0, len);
+        req_init(&a, 0, big, len, 1);
+        req_init(&b, 0, small, sizeof(small), 3); /* rank 0 sent 2 */
+        FAIL_IF(IBOPS->post_recv(tp, &a) != 0 || IBOPS->post_recv(tp, &b) != 0, "post: %s",
+                t.err);
+        drive2(tp, &a, &b, 30000);
+        signal_key(&t, "done");
+        FAIL_IF(b.status != TUTTI_ERR_MISMATCH, "second receive: %s, not a mismatch",
+                tutti_status_name(b.status));
+        FAIL_IF(b.got_env[0] != 2 || b.got_len != sizeof(small), "got_env[0] %llu got_len %zu",
+                (unsigned long long)b.got_env[0], b.got_len);
+        FAIL_IF(a.status != 0, "the receive before the mismatch ended with %s (%s)",
+                tutti_status_name(a.status), t.nerr ? t.err : "no reason recorded");
+        for (size_t i = 0; i < len; i++)
+            FAIL_IF(big[i] != (unsigned char)(i * 7 + 1), "byte %zu: 0x%02x", i, big[i]);
+        FAIL_IF(a.xfer != len || a.got_len != len, "xfer %zu got_len %zu", a.xfer, a.got_len);
+    }
+    tp_close(&t, tp);
+    free(big);
+    return 0;
+}
+
+START_TEST(mismatch_after_rts)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_mismatch_after_rts, .timeout_ms = 90000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 /* ---- every collective on 2, 3, 4 ranks, 0 bytes to 3 MiB ---- */
 
 static uint32_t val(int rank, size_t i) { return (uint32_t)rank * 2654435761u + (uint32_t)i * 40503u + 7u; }
@@ -528,6 +859,9 @@ int main(void)
         tc = tcase_create("errors");
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, qp_error);
+        tcase_add_loop_test(tc, rdv_cancel, RDV_CANCEL, RDV_BREAK + 1);
+        tcase_add_test(tc, mismatch_after_rts);
+        tcase_add_test(tc, cancel_reading);
         suite_add_tcase(s, tc);
         tc = tcase_create("matrix");
         tcase_set_timeout(tc, 300);

@@ -39,9 +39,11 @@
  *   the message into an error box at the end of each peer's ring (WRITE WITH IMMEDIATE,
  *   type ERROR) and waits up to 200 ms for those writes to leave.
  * - cancel_all: queued requests fail; a link with READs in flight into buffers the
- *   library takes back is moved to the error state (the HCA must stop writing there),
- *   and a link with RTSs the peer may still READ is marked failed (FINs would no longer
- *   line up), as TCP marks a link cut mid-message.
+ *   library takes back, or with RTSs the peer may still READ (it would deliver whatever
+ *   the library writes there next), is moved to the error state and marked failed, as
+ *   TCP marks a link cut mid-message; cancel_all then waits (at most 2 s) for the
+ *   stopped READs' flush completions, so the HCA is done with those buffers when it
+ *   returns.
  * - Memory registration cache: see ib_mr.c (TUTTI_IB_MR_CACHE, TUTTI_IB_MR_CACHE_BYTES).
  */
 #include <errno.h>
@@ -145,11 +147,14 @@ static void fail_reads(ib_tp_t *tp, ib_link_t *L, int status)
     L->reads = 0;
 }
 
-/* With READs in flight, the HCA is still writing into buffers the library takes back
- * when a request fails: stop it (the error state flushes every outstanding WR). */
+/* Requests are about to be handed back to the library: with READs in flight the HCA is
+ * still writing into receive buffers, and with RTSs not yet FINed the peer may still READ
+ * send buffers (and would complete its receive with whatever the library puts there
+ * next). Stop the queue pair: the error state flushes every outstanding WR and answers
+ * no more READs, so the peer's READ fails instead of delivering garbage. */
 static void link_stop_dma(ib_link_t *L)
 {
-    if (L->qp && (L->reads || L->rd_req) && !L->qp_stopped) {
+    if (L->qp && (L->reads || L->rd_req || L->fin_head) && !L->qp_stopped) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
         ibv_modify_qp(L->qp, &a, IBV_QP_STATE);
         L->qp_stopped = 1;
@@ -362,10 +367,12 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
             req_pop(&L->rq_head, &L->rq_tail);
             q->status = TUTTI_ERR_MISMATCH;
-            /* The slot stays unconsumed: the stream position is lost for good. */
+            /* The slot stays unconsumed: the stream position is lost for good. Earlier
+             * receives still being READ are left to finish (their buffers stay ours until
+             * they complete or cancel_all stops the queue pair): failing them here would
+             * report a bare peer error in place of the mismatch. */
             L->failed = TUTTI_ERR_MISMATCH;
             tp->completions++;
-            link_stop_dma(L);
             return;
         }
         if (h->kind == IB_MSG_EAGER) {
@@ -436,18 +443,17 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
                                            "a read from", "an error report to",
                                            "a keep-alive probe of"};
         const char *w = recv ? "a receive from" : what[e.kind < 6 ? e.kind : 0];
-        if (e.kind == IB_WR_READ && e.req) {
-            if (e.req->status == 1) {
-                e.req->status = TUTTI_ERR_PEER;
-                tp->completions++;
-            }
-            if (L->reads)
-                L->reads--;
-        }
+        /* link_fail first: the receive being READ still counts in L->reads, so the
+         * failure is reported now (with the work completion's status) rather than left
+         * pending on an idle-looking link; e was popped, so fail_reads cannot see it */
         link_fail(L, TUTTI_ERR_PEER, 0,
                   "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w,
                   peer, L->addr, ibv_wc_status_str(wc->status), (int)wc->status,
                   wc->vendor_err, wc_hint(wc->status));
+        if (e.kind == IB_WR_READ && e.req && e.req->status == 1) {
+            e.req->status = TUTTI_ERR_PEER;
+            tp->completions++;
+        }
         if (e.kind == IB_WR_READ)
             ib_mrc_put(&tp->mrc, e.mr);
         if (e.kind == IB_WR_ERROR)
@@ -568,23 +574,49 @@ static void sweep(ib_tp_t *tp)
     }
 }
 
-static void abort_all(ib_tp_t *tp)
+/* Does the stopped link still have READs the HCA has not given back? */
+static int link_reads_outstanding(const ib_link_t *L)
 {
+    for (unsigned k = 0; k < L->sqe_count; k++)
+        if (L->sqe[(L->sqe_head + k) % L->sq_depth].kind == IB_WR_READ)
+            return 1;
+    return 0;
+}
+
+/* Fail every request (cancel_all, abort). Links with READs in flight, or RTSs the peer may
+ * still READ, are stopped and marked failed (the stream position is lost); then wait,
+ * bounded, for the stopped links' READs to be flushed: until their completions come back
+ * the HCA may still be writing into buffers the library takes back when this returns. */
+static void cancel_everything(ib_tp_t *tp, int status)
+{
+    int stopped = 0;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (L->reads || L->rd_req) {
+        if (L->reads || L->rd_req || L->fin_head) {
             link_stop_dma(L);
             if (!L->failed)
-                L->failed = TUTTI_ERR_ABORTED;
+                L->failed = status;
         }
-        fail_queue(tp, &L->sq_head, &L->sq_tail, TUTTI_ERR_ABORTED);
-        fail_queue(tp, &L->rq_head, &L->rq_tail, TUTTI_ERR_ABORTED);
-        if (L->fin_head && !L->failed)
-            L->failed = TUTTI_ERR_ABORTED;
-        fail_fins(tp, L, TUTTI_ERR_ABORTED);
-        fail_reads(tp, L, TUTTI_ERR_ABORTED);
+        fail_queue(tp, &L->sq_head, &L->sq_tail, status);
+        fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+        fail_fins(tp, L, status);
+        fail_reads(tp, L, status);
+        stopped |= L->qp_stopped && link_reads_outstanding(L);
+    }
+    if (!stopped)
+        return;
+    uint64_t deadline = now_ns() + 2000000000ull;
+    for (;;) {
+        int busy = 0;
+        for (int i = 0; i < tp->nranks && !busy; i++)
+            busy = tp->links[i].qp_stopped && link_reads_outstanding(&tp->links[i]);
+        if (!busy || poll_cq(tp) < 0 || now_ns() >= deadline)
+            return;
+        sched_yield();
     }
 }
+
+static void abort_all(ib_tp_t *tp) { cancel_everything(tp, TUTTI_ERR_ABORTED); }
 
 /* Probe peers we wait on and have not heard from for a while: a dead peer's QP is gone,
  * and the probe's retries running out is how we learn it. */
@@ -739,23 +771,7 @@ static int ib_post_recv(void *vtp, tutti_tp_req_v1_t *r)
 
 static void ib_cancel_all(void *vtp, int status)
 {
-    ib_tp_t *tp = vtp;
-    for (int i = 0; i < tp->nranks; i++) {
-        ib_link_t *L = &tp->links[i];
-        if (L->reads || L->rd_req) {
-            /* READs into buffers the library takes back: stop them, position lost */
-            link_stop_dma(L);
-            if (!L->failed)
-                L->failed = status;
-        }
-        /* the peer may still READ these and send FINs that no longer line up */
-        if (L->fin_head && !L->failed)
-            L->failed = status;
-        fail_queue(tp, &L->sq_head, &L->sq_tail, status);
-        fail_queue(tp, &L->rq_head, &L->rq_tail, status);
-        fail_fins(tp, L, status);
-        fail_reads(tp, L, status);
-    }
+    cancel_everything(vtp, status);
 }
 
 static void ib_notify_error(void *vtp, int status, const char *msg)
@@ -796,7 +812,7 @@ static void ib_abort(void *vtp)
 static const char *ib_peer_address(void *vtp, int peer)
 {
     ib_tp_t *tp = vtp;
-    if (!tp || peer < 0 || peer >= tp->nranks)
+    if (!tp || peer < 0 || peer >= tp->nranks || !tp->links[peer].served)
         return NULL;
     return tp->links[peer].addr;
 }
