@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "ib.h"
+#include "../tp_queue.h"
 
 #define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define IB_RECV_BIT (1ull << 63)
@@ -76,35 +77,10 @@ static uint32_t make_imm(unsigned type, unsigned a, unsigned b)
     return (type << 28) | ((a & IB_IMM_FIELD_MAX) << 14) | (b & IB_IMM_FIELD_MAX);
 }
 
-static void req_pop(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail)
-{
-    tutti_tp_req_v1_t *r = *head;
-    *head = r->tp_private[0];
-    if (!*head)
-        *tail = NULL;
-    r->tp_private[0] = NULL;
-}
-
-static void req_push(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
-                     tutti_tp_req_v1_t *r)
-{
-    r->tp_private[0] = NULL;
-    if (*tail)
-        (*tail)->tp_private[0] = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
 static void fail_queue(ib_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
                        int status)
 {
-    while (*head) {
-        tutti_tp_req_v1_t *r = *head;
-        req_pop(head, tail);
-        r->status = status;
-        tp->completions++;
-    }
+    tp->completions += tp_fail_queue(head, tail, status);
 }
 
 /* Sends waiting for a FIN hold a registration of their buffer in tp_private[1]. */
@@ -112,7 +88,7 @@ static void fail_fins(ib_tp_t *tp, ib_link_t *L, int status)
 {
     while (L->fin_head) {
         tutti_tp_req_v1_t *r = L->fin_head;
-        req_pop(&L->fin_head, &L->fin_tail);
+        tp_req_pop(&L->fin_head, &L->fin_tail);
         ib_mrc_put(&tp->mrc, r->tp_private[1]);
         r->tp_private[1] = NULL;
         r->status = status;
@@ -283,7 +259,7 @@ static void link_send(ib_tp_t *tp, ib_link_t *L)
         }
         L->tx_seq++;
         L->credits--;
-        req_pop(&L->sq_head, &L->sq_tail);
+        tp_req_pop(&L->sq_head, &L->sq_tail);
         if (!mr) {
             r->xfer = r->len;
             r->status = 0;
@@ -291,7 +267,7 @@ static void link_send(ib_tp_t *tp, ib_link_t *L)
             tp->eager_msgs++;
         } else {
             r->tp_private[1] = mr;
-            req_push(&L->fin_head, &L->fin_tail, r);
+            tp_req_push(&L->fin_head, &L->fin_tail, r);
             tp->rdv_msgs++;
         }
     }
@@ -365,7 +341,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
         if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
-            req_pop(&L->rq_head, &L->rq_tail);
+            tp_req_pop(&L->rq_head, &L->rq_tail);
             q->status = TUTTI_ERR_MISMATCH;
             /* The slot stays unconsumed: the stream position is lost for good. Earlier
              * receives still being READ are left to finish (their buffers stay ours until
@@ -378,7 +354,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         if (h->kind == IB_MSG_EAGER) {
             if (h->len)
                 memcpy(q->buf, slot + IB_HDR_BYTES, h->len);
-            req_pop(&L->rq_head, &L->rq_tail);
+            tp_req_pop(&L->rq_head, &L->rq_tail);
             q->xfer = q->len;
             q->status = 0;
             tp->completions++;
@@ -392,7 +368,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
                           q->len, q->buf, L->peer);
                 return;
             }
-            req_pop(&L->rq_head, &L->rq_tail);
+            tp_req_pop(&L->rq_head, &L->rq_tail);
             L->rd_req = q;
             L->rd_mr = mr;
             L->rd_off = 0;
@@ -526,7 +502,7 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
             return;
         }
         tutti_tp_req_v1_t *r = L->fin_head;
-        req_pop(&L->fin_head, &L->fin_tail);
+        tp_req_pop(&L->fin_head, &L->fin_tail);
         ib_mrc_put(&tp->mrc, r->tp_private[1]);
         r->tp_private[1] = NULL;
         r->xfer = r->len;
@@ -748,7 +724,7 @@ static int ib_post_send(void *vtp, tutti_tp_req_v1_t *r)
         return st;
     r->kind = TUTTI_TP_SEND;
     ib_link_t *L = &tp->links[r->peer];
-    req_push(&L->sq_head, &L->sq_tail, r);
+    tp_req_push(&L->sq_head, &L->sq_tail, r);
     if (L->sq_head == r)
         link_send(tp, L); /* eager: small messages leave right away */
     return TUTTI_OK;
@@ -765,7 +741,7 @@ static int ib_post_recv(void *vtp, tutti_tp_req_v1_t *r)
     /* Matched in progress(), not here: a mismatch found at post time would fail the
      * link under the library's next post, which would then report that post instead of
      * the mismatch. */
-    req_push(&L->rq_head, &L->rq_tail, r);
+    tp_req_push(&L->rq_head, &L->rq_tail, r);
     return TUTTI_OK;
 }
 
@@ -829,7 +805,7 @@ static void ib_destroy(void *vtp)
         ib_link_t *L = &tp->links[i];
         while (L->fin_head) {
             tutti_tp_req_v1_t *r = L->fin_head;
-            req_pop(&L->fin_head, &L->fin_tail);
+            tp_req_pop(&L->fin_head, &L->fin_tail);
             ib_mrc_put(&tp->mrc, r->tp_private[1]);
             r->tp_private[1] = NULL;
         }

@@ -69,6 +69,7 @@
 #include <unistd.h>
 
 #include "shm.h"
+#include "../tp_queue.h"
 
 #define SHM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SHM_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -95,35 +96,10 @@ static inline void cpu_relax(void)
 
 /* ---- request queues (tp_private[0] links them) ---- */
 
-static void req_pop(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail)
-{
-    tutti_tp_req_v1_t *r = *head;
-    *head = r->tp_private[0];
-    if (!*head)
-        *tail = NULL;
-    r->tp_private[0] = NULL;
-}
-
-static void req_push(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
-                     tutti_tp_req_v1_t *r)
-{
-    r->tp_private[0] = NULL;
-    if (*tail)
-        (*tail)->tp_private[0] = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
 static void fail_queue(shm_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
                        int status)
 {
-    while (*head) {
-        tutti_tp_req_v1_t *r = *head;
-        req_pop(head, tail);
-        r->status = status;
-        tp->completions++;
-    }
+    tp->completions += tp_fail_queue(head, tail, status);
 }
 
 static int link_busy(const shm_link_t *L) { return L->sq_head || L->aq_head || L->rq_head; }
@@ -379,11 +355,11 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
             peer_wake(L);
             continue; /* the next step, if the ring has room */
         }
-        req_pop(&L->sq_head, &L->sq_tail);
+        tp_req_pop(&L->sq_head, &L->sq_tail);
         L->tx_started = 0;
         if (L->tx_cur_cma) {
             r->tp_private[1] = (void *)(uintptr_t)++L->cma_sent;
-            req_push(&L->aq_head, &L->aq_tail, r);
+            tp_req_push(&L->aq_head, &L->aq_tail, r);
         } else {
             r->status = 0;
             tp->completions++;
@@ -397,7 +373,7 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         uint64_t acked = atomic_load_explicit(&L->tx->acked, memory_order_acquire);
         while (L->aq_head && (uint64_t)(uintptr_t)L->aq_head->tp_private[1] <= acked) {
             tutti_tp_req_v1_t *r = L->aq_head;
-            req_pop(&L->aq_head, &L->aq_tail);
+            tp_req_pop(&L->aq_head, &L->aq_tail);
             r->tp_private[1] = NULL;
             r->xfer = r->len;
             r->status = 0;
@@ -484,7 +460,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
             if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
-                req_pop(&L->rq_head, &L->rq_tail);
+                tp_req_pop(&L->rq_head, &L->rq_tail);
                 q->status = TUTTI_ERR_MISMATCH;
                 /* The record stays unread: the stream position is lost for good. */
                 L->failed = TUTTI_ERR_MISMATCH;
@@ -498,7 +474,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 L->rx_pos += SHM_LINE; /* the whole record was published at once */
                 atomic_store(&L->rx->acked, ++L->rx_acked);
                 consumed = 1;
-                req_pop(&L->rq_head, &L->rq_tail);
+                tp_req_pop(&L->rq_head, &L->rq_tail);
                 q->status = 0;
                 tp->completions++;
                 L->rhdr_valid = 0;
@@ -520,7 +496,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
         L->rx_pos += n;
         consumed = 1;
         if (L->rx_got == L->rx_span) {
-            req_pop(&L->rq_head, &L->rq_tail);
+            tp_req_pop(&L->rq_head, &L->rq_tail);
             q->status = 0;
             tp->completions++;
             L->rhdr_valid = 0;
@@ -700,7 +676,7 @@ static int shm_post_send(void *vtp, tutti_tp_req_v1_t *r)
     if (st < 0)
         return st;
     shm_link_t *L = &tp->links[r->peer];
-    req_push(&L->sq_head, &L->sq_tail, r);
+    tp_req_push(&L->sq_head, &L->sq_tail, r);
     if (L->sq_head == r)
         link_tx(tp, L); /* eager: small messages leave right away */
     return TUTTI_OK;
@@ -715,7 +691,7 @@ static int shm_post_recv(void *vtp, tutti_tp_req_v1_t *r)
     shm_link_t *L = &tp->links[r->peer];
     /* Not read here even if it is there: a mismatch found at post time would fail the
      * link before the op's other posts (say, its eager send) went out. */
-    req_push(&L->rq_head, &L->rq_tail, r);
+    tp_req_push(&L->rq_head, &L->rq_tail, r);
     return TUTTI_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tcp.h"
+#include "../tp_queue.h"
 
 #define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
 
@@ -21,35 +22,10 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void req_pop(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail)
-{
-    tutti_tp_req_v1_t *r = *head;
-    *head = r->tp_private[0];
-    if (!*head)
-        *tail = NULL;
-    r->tp_private[0] = NULL;
-}
-
-static void req_push(tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
-                     tutti_tp_req_v1_t *r)
-{
-    r->tp_private[0] = NULL;
-    if (*tail)
-        (*tail)->tp_private[0] = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
 static void fail_queue(tcp_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
                        int status)
 {
-    while (*head) {
-        tutti_tp_req_v1_t *r = *head;
-        req_pop(head, tail);
-        r->status = status;
-        tp->completions++;
-    }
+    tp->completions += tp_fail_queue(head, tail, status);
 }
 
 /* The link is unusable from now on: record why (once), fail what is queued on it. A
@@ -179,7 +155,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
             L->shdr_off += (size_t)w;
         }
         if (L->shdr_off == sizeof(L->shdr) && r->xfer == r->len) {
-            req_pop(&L->sq_head, &L->sq_tail);
+            tp_req_pop(&L->sq_head, &L->sq_tail);
             r->tp_private[1] = NULL;
             r->status = 0;
             tp->completions++;
@@ -293,7 +269,7 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
                 memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
                 q->got_len = L->rhdr.len;
-                req_pop(&L->rq_head, &L->rq_tail);
+                tp_req_pop(&L->rq_head, &L->rq_tail);
                 q->status = TUTTI_ERR_MISMATCH;
                 /* The payload stays unread: the stream position is lost for good. */
                 L->failed = TUTTI_ERR_MISMATCH;
@@ -317,7 +293,7 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             if (q->xfer < q->len)
                 continue;
         }
-        req_pop(&L->rq_head, &L->rq_tail);
+        tp_req_pop(&L->rq_head, &L->rq_tail);
         q->status = 0;
         tp->completions++;
         L->rhdr_got = 0;
@@ -481,7 +457,7 @@ static int tcp_post_send(void *vtp, tutti_tp_req_v1_t *r)
         return st;
     r->kind = TUTTI_TP_SEND;
     tcp_link_t *L = &tp->links[r->peer];
-    req_push(&L->sq_head, &L->sq_tail, r);
+    tp_req_push(&L->sq_head, &L->sq_tail, r);
     if (L->sq_head == r)
         link_send(tp, L); /* eager: small messages leave right away */
     return TUTTI_OK;
@@ -495,7 +471,7 @@ static int tcp_post_recv(void *vtp, tutti_tp_req_v1_t *r)
         return st;
     r->kind = TUTTI_TP_RECV;
     tcp_link_t *L = &tp->links[r->peer];
-    req_push(&L->rq_head, &L->rq_tail, r);
+    tp_req_push(&L->rq_head, &L->rq_tail, r);
     return TUTTI_OK;
 }
 
