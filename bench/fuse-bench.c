@@ -9,6 +9,7 @@
  *   fuser       register once; each step marks every tensor (last first) and waits
  *   fuser-views the same with bucket views (no copies)
  *   flat        one allreduce of all the bytes
+ * and the ratios fuser/flat, views/flat, per-tensor/fuser and per-tensor/views.
  * Each iteration starts after a barrier; its time is the maximum over ranks; the
  * median of -iters iterations is printed.
  *
@@ -243,11 +244,11 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     fzv = median_max(comm, t, it);
     if (!cfg->overlap_only) {
         if (rank == 0) {
-            printf("%-24s %2d ranks %8.2f MB  per-tensor %9.2f ms  fuser %8.2f ms  "
-                   "fuser-views %8.2f ms  flat %8.2f ms  fuser/flat %.2f  views/flat %.2f  "
-                   "per-tensor/fuser %.1f\n",
+            printf("%-24s %2d ranks %8.2f MB  per-tensor %9.3f ms  fuser %8.3f ms  "
+                   "fuser-views %8.3f ms  flat %8.3f ms  fuser/flat %.2f  views/flat %.2f  "
+                   "per-tensor/fuser %.1f  per-tensor/views %.1f\n",
                    s->name, tutti_comm_size(comm), (double)s->total * 4 / 1e6, per * 1e3,
-                   fz * 1e3, fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz);
+                   fz * 1e3, fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz, per / fzv);
             fflush(stdout);
         }
     }

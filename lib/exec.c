@@ -1,7 +1,9 @@
 /* The executor: operations run one at a time, in issue order. Whoever finds the queue
  * idle runs the next op itself (the caller of a blocking op, or a thread waiting on a
  * work handle), so a blocking collective never pays for a thread handoff; the progress
- * thread runs async ops nobody waits for. */
+ * thread runs async ops nobody waits for. An async op issued while its thread defers
+ * (tt_exec_defer) does not wake the progress thread: its issuer is about to wait, and
+ * the waiter runs it without a handoff. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +372,11 @@ void *tt_exec_worker_main(void *arg)
     return NULL;
 }
 
+/* Calls nest; per thread, so other threads' async ops still wake the progress thread. */
+static _Thread_local int defer_depth;
+
+void tt_exec_defer(int on) { defer_depth += on ? 1 : -1; }
+
 static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 {
     tutti_comm_t *comm = w->comm;
@@ -397,6 +404,9 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
                 pthread_mutex_unlock(&comm->q_lock);
                 return TUTTI_ERR_TIMEOUT;
             }
+            /* ops queued deferred have not woken the progress thread: wake it */
+            if (comm->q_head && !comm->executing)
+                pthread_cond_signal(&comm->q_cv);
             struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
                                   .tv_nsec = (long)(deadline_ns % 1000000000ull)};
             pthread_cond_timedwait(&comm->done_cv, &comm->q_lock, &ts);
@@ -422,7 +432,8 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     else
         comm->q_head = w;
     comm->q_tail = w;
-    pthread_cond_signal(&comm->q_cv);
+    if (!(work_p && defer_depth))
+        pthread_cond_signal(&comm->q_cv);
     pthread_mutex_unlock(&comm->q_lock);
     if (work_p) {
         *work_p = w;

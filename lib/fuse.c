@@ -3,6 +3,7 @@
  * public API only (the communicator is opaque here). */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,17 +20,20 @@
 #define TT_FUSE_DEFAULT_LAST_CAP ((size_t)1 << 20)
 #define TT_FUSE_DEFAULT_MIN_BUCKETS 16
 
-enum { TT_T_PENDING = 0, TT_T_READY, TT_T_UNUSED };
-
 typedef struct tt_fuse_tensor {
     void *user; /* registered storage (NULL with bucket views) */
     size_t count, bytes;
     tutti_dtype_t dtype;
     int bucket;
     size_t offset; /* bytes into the bucket buffer */
-    int state;     /* TT_T_*, this step */
+    _Atomic uint64_t *word; /* its word of the bucket's arrival bitmap, */
+    uint64_t bit, full;     /* its bit there, and the word's value when full */
+    atomic_uchar unused;    /* declared (or went out as) unused this step */
 } tt_fuse_tensor_t;
 
+/* A mark costs one atomic OR into its bucket's arrival bitmap: the bit says the tensor
+ * arrived (a second mark finds it set), and the mark that fills a word counts the word
+ * down; the mark that empties words_left completes the bucket and takes the lock. */
 typedef struct tt_fuse_bucket {
     tutti_dtype_t dtype;
     int *tensors;
@@ -37,8 +41,9 @@ typedef struct tt_fuse_bucket {
     size_t bytes, count, cap;
     unsigned char *buf;
     uint16_t *scratch; /* fp16/bf16 copy when compressed */
-    int pending;       /* tensors still to arrive this step */
-    int issued;
+    _Atomic uint64_t *arrived; /* one bit per tensor, this step */
+    int nwords;
+    atomic_int words_left;     /* words of `arrived` not yet full */
     int status;
     tutti_work_t *work;
 } tt_fuse_bucket_t;
@@ -55,12 +60,14 @@ struct tutti_fuse {
     tt_fuse_bucket_t *buckets;
     int nbuckets;
     int *layout_order; /* tensor order the layout was built from */
-    int built;
+    atomic_int built;  /* marks read it without the lock */
     int steps_done;
     int next_issue; /* next bucket to issue this step */
     int *ready_order; /* first step: order of arrival */
-    int nready;
+    atomic_int nready;
     int no_rebuild; /* static, or the rebuild already happened */
+    int recording;  /* this step records the order: !no_rebuild && steps_done == 0 */
+    atomic_int any_unused; /* some tensor is unused this step */
     char err[256];
 };
 
@@ -148,6 +155,7 @@ int tutti_fuse_create(tutti_fuse_t **fuse_p, tutti_comm_t *comm, const tutti_fus
     f->rank = tutti_comm_rank(comm);
     f->nranks = tutti_comm_size(comm);
     f->no_rebuild = o.static_layout;
+    f->recording = !f->no_rebuild;
     pthread_mutex_init(&f->lock, NULL);
     *fuse_p = f;
     return TUTTI_OK;
@@ -159,6 +167,7 @@ static void buckets_free(tt_fuse_bucket_t *b, int n)
         if (b[i].work)
             tutti_work_free(b[i].work);
         free(b[i].tensors);
+        free((void *)b[i].arrived);
         free(b[i].buf);
         free(b[i].scratch);
     }
@@ -305,8 +314,12 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         size_t es = tutti_dtype_size(b[j].dtype);
         b[j].count = b[j].bytes / es;
         b[j].tensors = malloc(sizeof(int) * (size_t)b[j].ntensors);
+        b[j].nwords = (b[j].ntensors + 63) / 64;
+        b[j].arrived = calloc((size_t)b[j].nwords, sizeof(*b[j].arrived));
+        atomic_init(&b[j].words_left, b[j].nwords);
         void *p = NULL;
-        if (!b[j].tensors || posix_memalign(&p, TT_FUSE_ALIGN, b[j].bytes) != 0) {
+        if (!b[j].tensors || !b[j].arrived ||
+            posix_memalign(&p, TT_FUSE_ALIGN, b[j].bytes) != 0) {
             st = TUTTI_ERR_NOMEM;
             b[j].buf = NULL;
             continue;
@@ -318,7 +331,6 @@ static int layout_build(tutti_fuse_t *f, const int *order)
             if (!b[j].scratch)
                 st = TUTTI_ERR_NOMEM;
         }
-        b[j].pending = b[j].ntensors;
         b[j].ntensors = 0; /* refilled below */
     }
     if (st < 0) {
@@ -333,6 +345,15 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         tt_fuse_bucket_t *bk = &b[tb[i]];
         bk->tensors[bk->ntensors++] = i;
     }
+    for (int j = 0; j < nb; j++) {
+        for (int slot = 0; slot < b[j].ntensors; slot++) {
+            tt_fuse_tensor_t *t = &f->tensors[b[j].tensors[slot]];
+            int w = slot / 64, in_word = TT_MIN(64, b[j].ntensors - 64 * w);
+            t->word = &b[j].arrived[w];
+            t->bit = (uint64_t)1 << (slot % 64);
+            t->full = in_word == 64 ? ~(uint64_t)0 : ((uint64_t)1 << in_word) - 1;
+        }
+    }
     for (int i = 0; i < n; i++) {
         tt_fuse_tensor_t *t = &f->tensors[i];
         if (f->opts.bucket_views && f->built)
@@ -345,7 +366,7 @@ static int layout_build(tutti_fuse_t *f, const int *order)
     f->buckets = b;
     f->nbuckets = nb;
     f->layout_order = lo;
-    f->built = 1;
+    atomic_store_explicit(&f->built, 1, memory_order_release);
     free(tb);
     free(toff);
     TT_INFO("fuse: %d tensors in %d buckets", n, nb);
@@ -487,60 +508,105 @@ static void bucket_issue(tutti_fuse_t *f, int j)
     if (st < 0 && !f->has_hook)
         fuse_error(f, st, "bucket %d: %s", j, tutti_comm_last_error(f->comm));
     b->status = st < 0 ? st : TUTTI_OK;
-    b->issued = 1;
+}
+
+static int bucket_complete(tt_fuse_bucket_t *b)
+{
+    return atomic_load_explicit(&b->words_left, memory_order_acquire) == 0;
 }
 
 /* Issue every complete bucket from next_issue on, stopping at the first incomplete
- * one: buckets go out in index order on every rank. Lock held. */
+ * one: buckets go out in index order on every rank. The call that issues the step's
+ * last bucket issues deferred: every tensor has arrived, so tutti_fuse_wait comes
+ * next and runs those buckets on its own thread. Lock held. */
 static void issue_ready(tutti_fuse_t *f)
 {
-    while (f->next_issue < f->nbuckets && f->buckets[f->next_issue].pending == 0)
+    int end = f->next_issue;
+    while (end < f->nbuckets && bucket_complete(&f->buckets[end]))
+        end++;
+    int last = end == f->nbuckets;
+    if (last)
+        tt_exec_defer(1);
+    while (f->next_issue < end)
         bucket_issue(f, f->next_issue++);
+    if (last)
+        tt_exec_defer(0);
 }
 
-/* A tensor arrived (ready or unused): fill its place, count it, issue what is complete. */
-static int tensor_arrive(tutti_fuse_t *f, int index, int state, const char *what)
+static int tensor_arrived(const tt_fuse_tensor_t *t)
 {
-    if (!f)
-        return TUTTI_ERR_INVALID_ARG;
+    return (atomic_load_explicit(t->word, memory_order_acquire) & t->bit) != 0;
+}
+
+/* Set t's arrival bit once its place in the bucket is filled. 1: this completed the
+ * bucket; 0: not; -1: the bit was set already (a second mark, at the same time). */
+static int arrive_bit(tutti_fuse_t *f, const tt_fuse_tensor_t *t)
+{
+    uint64_t old = atomic_fetch_or_explicit(t->word, t->bit, memory_order_acq_rel);
+    if (old & t->bit)
+        return -1;
+    if ((old | t->bit) != t->full)
+        return 0;
+    return atomic_fetch_sub_explicit(&f->buckets[t->bucket].words_left, 1,
+                                     memory_order_acq_rel) == 1;
+}
+
+static int arrive_error(tutti_fuse_t *f, int index, const char *what)
+{
     pthread_mutex_lock(&f->lock);
-    int st = TUTTI_OK;
-    if (index < 0 || index >= f->ntensors) {
-        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
-        goto out_unlock;
-    }
-    TT_CHECK_GOTO(ensure_built(f), st, out_unlock);
-    tt_fuse_tensor_t *t = &f->tensors[index];
-    if (t->state != TT_T_PENDING) {
-        st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
+    int st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
                         what, index);
-        goto out_unlock;
-    }
-    t->state = state;
-    if (state == TT_T_READY && !f->no_rebuild && f->steps_done == 0)
-        f->ready_order[f->nready++] = index;
-    tt_fuse_bucket_t *b = &f->buckets[t->bucket];
-    unsigned char *dst = b->buf + t->offset;
-    /* The tensor's place is its own until the bucket goes out: fill it unlocked, so
-     * threads marking tensors copy in parallel. */
-    if (state == TT_T_UNUSED || !f->opts.bucket_views) {
-        pthread_mutex_unlock(&f->lock);
-        if (state == TT_T_UNUSED)
-            memset(dst, 0, t->bytes);
-        else
-            memcpy(dst, t->user, t->bytes);
-        pthread_mutex_lock(&f->lock);
-    }
-    b->pending--;
-    issue_ready(f);
-out_unlock:
     pthread_mutex_unlock(&f->lock);
     return st;
 }
 
+/* A tensor arrived (ready or unused): fill its place, set its bit, and if that
+ * completed a bucket, issue what is complete. No lock until a bucket completes: the
+ * tensor's place is its own until its bucket goes out, so threads marking tensors copy
+ * in parallel. Marks run between waits (never beside one), so the layout is stable. */
+static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *what)
+{
+    if (!f)
+        return TUTTI_ERR_INVALID_ARG;
+    if (index < 0 || index >= f->ntensors) {
+        pthread_mutex_lock(&f->lock);
+        int st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
+        pthread_mutex_unlock(&f->lock);
+        return st;
+    }
+    if (!atomic_load_explicit(&f->built, memory_order_acquire)) {
+        pthread_mutex_lock(&f->lock);
+        int st = ensure_built(f);
+        pthread_mutex_unlock(&f->lock);
+        TT_CHECK(st);
+    }
+    tt_fuse_tensor_t *t = &f->tensors[index];
+    if (tensor_arrived(t)) /* before touching the bucket, which may be in flight */
+        return arrive_error(f, index, what);
+    unsigned char *dst = f->buckets[t->bucket].buf + t->offset;
+    if (unused) {
+        memset(dst, 0, t->bytes);
+        atomic_store_explicit(&t->unused, 1, memory_order_relaxed);
+        atomic_store_explicit(&f->any_unused, 1, memory_order_relaxed);
+    } else if (!f->opts.bucket_views) {
+        memcpy(dst, t->user, t->bytes);
+    }
+    int done = arrive_bit(f, t);
+    if (done < 0)
+        return arrive_error(f, index, what);
+    if (!unused && f->recording)
+        f->ready_order[atomic_fetch_add_explicit(&f->nready, 1, memory_order_relaxed)] = index;
+    if (done) {
+        pthread_mutex_lock(&f->lock);
+        issue_ready(f);
+        pthread_mutex_unlock(&f->lock);
+    }
+    return TUTTI_OK;
+}
+
 int tutti_fuse_mark_ready(tutti_fuse_t *f, int index)
 {
-    return tensor_arrive(f, index, TT_T_READY, "mark_ready");
+    return tensor_arrive(f, index, 0, "mark_ready");
 }
 
 int tutti_fuse_mark_unused(tutti_fuse_t *f, int index)
@@ -548,7 +614,7 @@ int tutti_fuse_mark_unused(tutti_fuse_t *f, int index)
     if (f && !f->opts.find_unused)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG,
                           "mark_unused: the fuser was created without find_unused");
-    return tensor_arrive(f, index, TT_T_UNUSED, "mark_unused");
+    return tensor_arrive(f, index, 1, "mark_unused");
 }
 
 /* ---- the end of a step ---- */
@@ -562,7 +628,7 @@ static int unused_agree(tutti_fuse_t *f)
     if (!v)
         return TUTTI_ERR_NOMEM;
     for (int i = 0; i < n; i++)
-        v[i] = f->tensors[i].state == TT_T_UNUSED;
+        v[i] = atomic_load_explicit(&f->tensors[i].unused, memory_order_relaxed);
     int st = tutti_allreduce(f->comm, TUTTI_IN_PLACE, v, (size_t)n, TUTTI_INT32, TUTTI_SUM);
     if (st < 0) {
         fuse_error(f, st, "unused-tensor check: %s", tutti_comm_last_error(f->comm));
@@ -572,7 +638,10 @@ static int unused_agree(tutti_fuse_t *f)
                 st = fuse_error(f, TUTTI_ERR_MISMATCH,
                                 "tensor %d is unused on %d of %d ranks (this rank: %s)", i,
                                 v[i], f->nranks,
-                                f->tensors[i].state == TT_T_UNUSED ? "unused" : "used");
+                                atomic_load_explicit(&f->tensors[i].unused,
+                                                     memory_order_relaxed)
+                                    ? "unused"
+                                    : "used");
                 break;
             }
         }
@@ -596,7 +665,8 @@ static int rebuild_from_order(tutti_fuse_t *f)
         goto out_free;
     }
     int k = 0;
-    for (int j = 0; j < f->nready; j++) {
+    int nready = atomic_load_explicit(&f->nready, memory_order_relaxed);
+    for (int j = 0; j < nready; j++) {
         ord[k++] = f->ready_order[j];
         seen[f->ready_order[j]] = 1;
     }
@@ -642,15 +712,19 @@ int tutti_fuse_wait(tutti_fuse_t *f)
     }
     /* Forgotten tensors go out as zeros so that this rank issues every bucket. */
     int forgotten = -1;
-    for (int i = 0; i < f->ntensors; i++) {
-        tt_fuse_tensor_t *t = &f->tensors[i];
-        if (t->state != TT_T_PENDING)
-            continue;
-        if (forgotten < 0)
-            forgotten = i;
-        t->state = TT_T_UNUSED;
-        memset(f->buckets[t->bucket].buf + t->offset, 0, t->bytes);
-        f->buckets[t->bucket].pending--;
+    for (int j = 0; j < f->nbuckets; j++) {
+        tt_fuse_bucket_t *b = &f->buckets[j];
+        for (int k = 0; !bucket_complete(b) && k < b->ntensors; k++) {
+            tt_fuse_tensor_t *t = &f->tensors[b->tensors[k]];
+            if (tensor_arrived(t))
+                continue;
+            if (forgotten < 0 || b->tensors[k] < forgotten)
+                forgotten = b->tensors[k];
+            atomic_store_explicit(&t->unused, 1, memory_order_relaxed);
+            atomic_store_explicit(&f->any_unused, 1, memory_order_relaxed);
+            memset(b->buf + t->offset, 0, t->bytes);
+            arrive_bit(f, t);
+        }
     }
     issue_ready(f);
     pthread_mutex_unlock(&f->lock);
@@ -680,7 +754,7 @@ int tutti_fuse_wait(tutti_fuse_t *f)
         if (bst == TUTTI_OK && !f->opts.bucket_views) {
             for (int k = 0; k < b->ntensors; k++) {
                 tt_fuse_tensor_t *t = &f->tensors[b->tensors[k]];
-                if (t->state == TT_T_READY)
+                if (!atomic_load_explicit(&t->unused, memory_order_relaxed))
                     memcpy(t->user, b->buf + t->offset, t->bytes);
             }
         }
@@ -706,15 +780,19 @@ int tutti_fuse_wait(tutti_fuse_t *f)
             st = rst;
         f->no_rebuild = 1;
     }
-    for (int i = 0; i < f->ntensors; i++)
-        f->tensors[i].state = TT_T_PENDING;
+    if (atomic_exchange_explicit(&f->any_unused, 0, memory_order_relaxed))
+        for (int i = 0; i < f->ntensors; i++)
+            atomic_store_explicit(&f->tensors[i].unused, 0, memory_order_relaxed);
     for (int j = 0; j < f->nbuckets; j++) {
-        f->buckets[j].pending = f->buckets[j].ntensors;
-        f->buckets[j].issued = 0;
-        f->buckets[j].status = TUTTI_OK;
+        tt_fuse_bucket_t *b = &f->buckets[j];
+        for (int w = 0; w < b->nwords; w++)
+            atomic_store_explicit(&b->arrived[w], 0, memory_order_relaxed);
+        atomic_store_explicit(&b->words_left, b->nwords, memory_order_relaxed);
+        b->status = TUTTI_OK;
     }
     f->next_issue = 0;
     f->steps_done++;
+    f->recording = 0;
     pthread_mutex_unlock(&f->lock);
     return st;
 }

@@ -62,6 +62,11 @@ int tt_env_int(const char *name, int def);
 /* "4096", "64K", "1M", "2G" (binary units); returns TUTTI_ERR_INVALID_ARG otherwise. */
 int tt_parse_size(const char *s, size_t *size_p);
 
+/* exec.c: while on (calls nest, per thread), async ops this thread issues are queued
+ * without waking the progress thread, for an issuer that waits next: the waiter runs
+ * them itself, saving a thread handoff. A bounded wait or tutti_test wakes the thread. */
+void tt_exec_defer(int on);
+
 /* strdup that tolerates NULL. */
 char *tt_strdup(const char *s);
 

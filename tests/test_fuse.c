@@ -14,11 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tutti/fuse.h>
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "internal.h" /* tt_exec_defer */
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -980,6 +982,175 @@ END_TEST
 
 /* ---- arguments ---- */
 
+/* ---- many small tensors per bucket: the arrival bitmap's words ---- */
+
+/* 1000 tensors of 4 elements (64 bytes each in their bucket): a first bucket of exactly
+ * 64 tensors (one full word), then buckets of 130 (two full words and 2 bits), the
+ * int32 ones apart; marked from four threads at once, in a new random order each step.
+ * A word miscounted leaves a bucket unissued (unreduced values) or issues it before
+ * its last tensor (wrong values). Step 2 forgets one tensor in the middle word of each
+ * bucket of 130 and marks a tensor twice after its bucket went out. */
+enum { MS_N = 1000, MS_THREADS = 4 };
+
+static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                           void *arg)
+{
+    (void)dir;
+    const int views = *(const int *)arg;
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.first_bucket_cap_bytes = 64 * 64;
+    o.bucket_cap_bytes = 64 * 130;
+    o.last_bucket_cap_bytes = 0;
+    o.min_buckets = 0;
+    o.bucket_views = views;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    static tspec_t spec[MS_N];
+    static void *own[MS_N];
+    static int order[MS_N], forgot[MS_N];
+    for (int i = 0; i < MS_N; i++) {
+        spec[i] = (tspec_t){4, i % 10 == 9 ? TUTTI_INT32 : TUTTI_FP32};
+        own[i] = views ? NULL : malloc(16);
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, own[i], 4, spec[i].dt, &idx) != TUTTI_OK, "register");
+    }
+    for (int s = 0; s < 5; s++) {
+        void *data[MS_N];
+        for (int i = 0; i < MS_N; i++) {
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &data[i]) != TUTTI_OK, "tensor_data");
+            fill(data[i], &spec[i], rank, i, s);
+            order[i] = i;
+            forgot[i] = 0;
+        }
+        shuffle(order, MS_N, mix64((uint64_t)(s * 13 + rank)));
+        if (s == 2) { /* the same tensors on every rank: buckets are the same everywhere */
+            int nb = 0;
+            FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
+            int *per = calloc((size_t)nb, sizeof(int));
+            for (int i = 0; i < MS_N; i++) {
+                int b;
+                tutti_fuse_tensor_bucket(f, i, &b);
+                if (++per[b] == 100 && spec[i].dt == TUTTI_FP32)
+                    forgot[i] = 1; /* the 100th: in the bucket's second word */
+            }
+            int big = 0;
+            for (int b = 0; b < nb; b++)
+                big += per[b] == 130;
+            free(per);
+            FAIL_IF(big < 3 || nb < 8, "layout: %d buckets, %d of 130 tensors", nb, big);
+        }
+        int kept = 0;
+        for (int k = 0; k < MS_N; k++)
+            if (!forgot[order[k]])
+                order[kept++] = order[k];
+        /* four threads, each taking every fourth tensor of the order */
+        int idx[MS_THREADS][MS_N / MS_THREADS + 1];
+        marker_t m[MS_THREADS];
+        pthread_t th[MS_THREADS];
+        for (int t = 0; t < MS_THREADS; t++) {
+            m[t] = (marker_t){f, idx[t], 0, 0};
+            for (int k = t; k < kept; k += MS_THREADS)
+                idx[t][m[t].n++] = order[k];
+        }
+        for (int t = 1; t < MS_THREADS; t++)
+            FAIL_IF(pthread_create(&th[t], NULL, marker_main, &m[t]) != 0, "thread");
+        marker_main(&m[0]);
+        for (int t = 1; t < MS_THREADS; t++)
+            pthread_join(th[t], NULL);
+        for (int t = 0; t < MS_THREADS; t++)
+            FAIL_IF(m[t].st != TUTTI_OK, "step %d: mark: %s", s, tutti_fuse_last_error(f));
+        if (s == 2) {
+            FAIL_IF(tutti_fuse_mark_ready(f, order[0]) != TUTTI_ERR_INVALID_ARG,
+                    "a second mark of tensor %d was accepted", order[0]);
+            FAIL_IF(!strstr(tutti_fuse_last_error(f), "already arrived"), "error: \"%s\"",
+                    tutti_fuse_last_error(f));
+        }
+        int st = tutti_fuse_wait(f);
+        if (s == 2)
+            FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "forgotten tensors: wait returned %s",
+                    tutti_status_name(st));
+        else
+            FAIL_IF(st != TUTTI_OK, "step %d: wait: %s", s, tutti_fuse_last_error(f));
+        for (int i = 0; i < MS_N; i++) {
+            void *p;
+            double got, exp;
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &p) != TUTTI_OK, "tensor_data");
+            if (forgot[i]) {
+                /* went out as zeros: a registered tensor keeps its values, a view
+                 * holds the sum of zeros */
+                for (size_t e = 0; e < 4; e++)
+                    FAIL_IF(get_val(p, spec[i].dt, e) !=
+                                (views ? 0 : gen_val(rank, i, e, s, spec[i].dt)),
+                            "step %d forgotten tensor %d element %zu: %g", s, i, e,
+                            get_val(p, spec[i].dt, e));
+                continue;
+            }
+            long e = check_tensor(p, &spec[i], nranks, i, s, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", s, i, e, got,
+                    exp);
+        }
+    }
+    tutti_fuse_destroy(f);
+    for (int i = 0; i < MS_N; i++)
+        free(own[i]);
+    return 0;
+}
+
+START_TEST(many_small)
+{
+    /* _i: 2 or 3 ranks x {registered, views} */
+    int views = _i % 2;
+    ck_assert_int_eq(th_run(2 + _i / 2, rank_many_small, &views, 60000), 0);
+}
+END_TEST
+
+/* ---- deferred issue (the fuser's last buckets) ---- */
+
+/* An async op issued deferred has not woken the progress thread; a bounded wait (which
+ * does not run ops itself) and tutti_test must still get it run, well within the wait's
+ * bound. */
+static int rank_defer(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    int32_t v[3] = {rank, 1, -rank};
+    for (int how = 0; how < 2; how++) {
+        /* let the progress thread go to sleep (a new one would find the op queued) */
+        FAIL_IF(tutti_barrier(comm) != TUTTI_OK, "barrier");
+        usleep(20000);
+        tutti_work_t *w;
+        tt_exec_defer(1);
+        int st = tutti_allreduce_async(comm, TUTTI_IN_PLACE, v, 3, TUTTI_INT32, TUTTI_SUM, &w);
+        tt_exec_defer(0);
+        FAIL_IF(st != TUTTI_OK, "allreduce_async: %s", tutti_comm_last_error(comm));
+        usleep(20000); /* nothing else would run it meanwhile */
+        double t0 = th_now_ms();
+        if (how == 0) {
+            st = tutti_wait(w, 20000);
+        } else {
+            int done = 0;
+            while ((st = tutti_test(w, &done)) == TUTTI_OK && !done && th_now_ms() - t0 < 20000)
+                usleep(100);
+            FAIL_IF(!done, "tutti_test never saw it done");
+        }
+        FAIL_IF(st != TUTTI_OK, "%s: %s", how ? "test" : "bounded wait", tutti_work_error(w));
+        FAIL_IF(th_now_ms() - t0 > 5000, "%s took %.0f ms", how ? "test" : "bounded wait",
+                th_now_ms() - t0);
+        tutti_work_free(w);
+    }
+    int sum = nranks * (nranks - 1) / 2; /* two allreduces: the second sums n copies */
+    FAIL_IF(v[0] != nranks * sum || v[1] != nranks * nranks || v[2] != -nranks * sum,
+            "got %d %d %d", v[0], v[1], v[2]);
+    return 0;
+}
+
+START_TEST(defer)
+{
+    ck_assert_int_eq(th_run(3, rank_defer, NULL, 60000), 0);
+}
+END_TEST
+
 START_TEST(bad_args)
 {
     tutti_fuse_t *f = NULL;
@@ -1050,6 +1221,8 @@ static Suite *fuse_suite(void)
     tcase_add_test(tc, hook_fails_on_one_rank);
     tcase_add_test(tc, abort_mid_step);
     tcase_add_loop_test(tc, coalesced, 1, 4);
+    tcase_add_loop_test(tc, many_small, 0, 4);
+    tcase_add_test(tc, defer);
     tcase_add_test(tc, bad_args);
     tcase_add_test(tc, bad_args_comm);
     suite_add_tcase(s, tc);

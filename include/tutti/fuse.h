@@ -124,7 +124,11 @@ int tutti_fuse_tensor_data(tutti_fuse_t *fuse, int index, void **data_p);
 
 /* The tensor's values are final for this step: copy them into its bucket (nothing to
  * copy with views) and issue every bucket that is now complete, in bucket order.
- * Thread-safe; each tensor is marked once per step. */
+ * Thread-safe and lock-free until a bucket completes; each tensor is marked once per
+ * step (a second mark is TUTTI_ERR_INVALID_ARG). The buckets that the step's last
+ * mark completes are left for tutti_fuse_wait, which runs them on its own thread
+ * without a thread handoff (unless the progress thread, still busy with earlier
+ * buckets, gets to them first): call wait soon after the last mark. */
 int tutti_fuse_mark_ready(tutti_fuse_t *fuse, int index);
 
 /* Declare that the tensor will not be marked this step (needs find_unused): it counts
