@@ -88,6 +88,53 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
     return a ? a->name : NULL;
 }
 
+size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
+{
+    const tt_coll_t coll = bcast ? TT_COLL_BROADCAST : TT_COLL_ALLREDUCE;
+    const tt_cost_t *c = &comm->cost;
+    const tt_algo_t *a = tt_algo_select(comm->algo_ovr, c, coll, 0, comm->nranks,
+                                        comm->opts.chunk_bytes);
+    if (!a || comm->nranks < 2)
+        return 0;
+    double lat = tt_cost_estimate(c, coll, a->name, 0, comm->nranks, comm->opts.chunk_bytes);
+    if (bcast)
+        lat += 2 * c->alpha_us; /* the confirm/release round (exec.c) */
+    double copy_us = (bcast ? 1 : 2) * c->gamma_ns * 1e-3; /* per byte: in, and out */
+    double below = lat / copy_us;
+    return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
+}
+
+void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes)
+{
+    void *buf = NULL;
+    pthread_mutex_lock(&comm->stage_lock);
+    for (int i = 0; i < 2 && !buf; i++) {
+        if (comm->stage[i] && comm->stage_len[i] >= bytes) {
+            buf = comm->stage[i];
+            comm->stage[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&comm->stage_lock);
+    return buf ? buf : malloc(bytes ? bytes : 1);
+}
+
+void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t bytes)
+{
+    if (!buf)
+        return;
+    pthread_mutex_lock(&comm->stage_lock);
+    /* keep the two largest */
+    int i = !comm->stage[0] ? 0 : !comm->stage[1] ? 1 : comm->stage_len[0] < comm->stage_len[1] ? 0 : 1;
+    if (!comm->stage[i] || comm->stage_len[i] < bytes) {
+        void *old = comm->stage[i];
+        comm->stage[i] = buf;
+        comm->stage_len[i] = bytes;
+        buf = old;
+    }
+    pthread_mutex_unlock(&comm->stage_lock);
+    free(buf);
+}
+
 /* ---- fingerprints and their descriptions ---- */
 
 uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root)
@@ -259,6 +306,9 @@ static void comm_free(tutti_comm_t *comm)
         tutti_store_close(comm->owned_store);
     free(comm->scratch[0]);
     free(comm->scratch[1]);
+    free(comm->stage[0]);
+    free(comm->stage[1]);
+    pthread_mutex_destroy(&comm->stage_lock);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     opts_free(&comm->opts);
@@ -289,6 +339,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     comm->nranks = size;
     pthread_mutex_init(&comm->err_lock, NULL);
     pthread_mutex_init(&comm->q_lock, NULL);
+    pthread_mutex_init(&comm->stage_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -81,6 +81,11 @@ struct tutti_comm {
     void *scratch[2];
     size_t scratch_len[2];
 
+    /* staging buffers of the coalesced collectives, kept between calls (tt_comm_stage_*) */
+    pthread_mutex_t stage_lock;
+    void *stage[2];
+    size_t stage_len[2];
+
     tutti_work_t *inflight;   /* posted sends/recvs, in posting order */
     uint64_t *p2p_send_seq;   /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq;   /* messages, separate from the collectives' */

@@ -802,8 +802,7 @@ int tutti_fuse_wait(tutti_fuse_t *f)
 typedef struct tt_coal_slot {
     tutti_work_t *work;
     unsigned char *stage;
-    int first, last; /* positions in idx covered */
-    int packed;
+    int first, last; /* the positions in small[] packed into the stage */
 } tt_coal_slot_t;
 
 typedef struct tt_coal {
@@ -816,100 +815,109 @@ typedef struct tt_coal {
     const int *idx;
 } tt_coal_t;
 
-static int coal_finish(const tt_coal_t *c, tt_coal_slot_t *s)
+/* Wait for a stage's collective and unpack it into its tensors. */
+static int coal_finish(const tt_coal_t *c, const int *small, tt_coal_slot_t *s)
 {
     if (!s->work)
         return TUTTI_OK;
     int st = tutti_wait(s->work, -1);
     tutti_work_free(s->work);
     s->work = NULL;
-    if (st < 0 || !s->packed || (c->bcast && c->rank == c->root))
+    if (st < 0 || (c->bcast && c->rank == c->root))
         return st;
     size_t off = 0;
     for (int k = s->first; k < s->last; k++) {
-        int i = c->idx[k];
-        memcpy(c->bufs[i], s->stage + off, c->bytes[i]);
-        off += c->bytes[i];
+        memcpy(c->bufs[small[k]], s->stage + off, c->bytes[small[k]]);
+        off += c->bytes[small[k]];
     }
     return TUTTI_OK;
 }
 
+/* One collective on buf in place: blocking when work_p is NULL. */
 static int coal_issue(const tt_coal_t *c, void *buf, size_t bytes, tutti_work_t **work_p)
 {
     size_t count = bytes / tutti_dtype_size(c->dtype);
     if (c->bcast)
-        return tutti_broadcast_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->root,
-                                     work_p);
-    return tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op, work_p);
+        return work_p ? tutti_broadcast_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype,
+                                              c->root, work_p)
+                      : tutti_broadcast(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->root);
+    return work_p ? tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op,
+                                          work_p)
+                  : tutti_allreduce(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op);
 }
 
-/* A tensor this big is bandwidth-bound on its own: packing it would only add copies. */
+/* A tensor this big is bandwidth-bound on its own on any transport: packing it would
+ * only add copies. */
 #define TT_COAL_DIRECT_BYTES ((size_t)1 << 20)
 
-/* Run one group (m tensors idx[0..m) of one dtype): pack runs of small tensors into
- * a stage of at most cap bytes, two stages in flight; tensors of at least
- * min(cap, 1 MiB) go alone, in place. */
+/* Run one group (m tensors idx[0..m) of one dtype). A tensor worth packing is smaller
+ * than a stage (the cap, at most 1 MiB) and than the size below which its copies cost
+ * less than the collective's latency (tt_comm_pack_below: about 36 KB over shm, 360 KB
+ * over tcp with the table's parameters). Others go alone, in place, as blocking calls:
+ * nothing to pack, and no thread handoff. Small ones are packed in index order (big
+ * ones between them do not cut a stage) into stages, two in flight: the progress
+ * thread runs one while this thread packs the next; the last stage is issued deferred,
+ * since this thread waits for it next. */
 static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
 {
-    size_t cap = TT_MIN(cap_bytes, TT_COAL_DIRECT_BYTES);
-    size_t small = 0;
-    for (int k = 0; k < m; k++)
-        if (c->bytes[c->idx[k]] < cap)
-            small += c->bytes[c->idx[k]];
-    size_t stage_bytes = TT_MIN(small, cap);
-    tt_coal_slot_t slot[2];
-    memset(slot, 0, sizeof(slot));
-    int st = TUTTI_OK;
-    for (int s = 0; s < 2 && stage_bytes; s++) {
-        slot[s].stage = malloc(stage_bytes);
-        if (!slot[s].stage) {
-            st = TUTTI_ERR_NOMEM;
-            goto out_free;
+    size_t cap = TT_MIN(cap_bytes, TT_COAL_DIRECT_BYTES); /* a stage's bytes */
+    size_t alone = TT_MIN(cap, TT_MAX(tt_comm_pack_below(c->comm, c->bcast), (size_t)1));
+    int *small = malloc(sizeof(int) * (size_t)(m ? m : 1));
+    if (!small)
+        return TUTTI_ERR_NOMEM;
+    int ns = 0, st = TUTTI_OK;
+    size_t small_bytes = 0;
+    for (int k = 0; k < m && st == TUTTI_OK; k++) {
+        int i = c->idx[k];
+        if (c->bytes[i] >= alone) {
+            st = coal_issue(c, c->bufs[i], c->bytes[i], NULL);
+        } else {
+            small[ns++] = i;
+            small_bytes += c->bytes[i];
         }
     }
+    size_t stage_bytes = TT_MIN(small_bytes, cap);
+    tt_coal_slot_t slot[2];
+    memset(slot, 0, sizeof(slot));
+    for (int s = 0; s < 2 && stage_bytes && st == TUTTI_OK; s++) {
+        slot[s].stage = tt_comm_stage_get(c->comm, stage_bytes);
+        if (!slot[s].stage)
+            st = TUTTI_ERR_NOMEM;
+    }
     int g = 0;
-    for (int k = 0; k < m && st == TUTTI_OK;) {
+    for (int k = 0; k < ns && st == TUTTI_OK; g++) {
         tt_coal_slot_t *s = &slot[g & 1];
-        st = coal_finish(c, s);
+        st = coal_finish(c, small, s);
         if (st < 0)
             break;
-        int i = c->idx[k];
-        if (c->bytes[i] >= cap) {
-            s->packed = 0;
-            s->first = k;
-            s->last = k + 1;
-            st = coal_issue(c, c->bufs[i], c->bytes[i], &s->work);
-            k++;
-            g++;
-            continue;
-        }
         size_t sum = 0;
         int j = k;
-        while (j < m && c->bytes[c->idx[j]] < cap && sum + c->bytes[c->idx[j]] <= cap)
-            sum += c->bytes[c->idx[j++]];
+        while (j < ns && sum + c->bytes[small[j]] <= cap)
+            sum += c->bytes[small[j++]];
         if (!c->bcast || c->rank == c->root) {
             size_t off = 0;
             for (int q = k; q < j; q++) {
-                memcpy(s->stage + off, c->bufs[c->idx[q]], c->bytes[c->idx[q]]);
-                off += c->bytes[c->idx[q]];
+                memcpy(s->stage + off, c->bufs[small[q]], c->bytes[small[q]]);
+                off += c->bytes[small[q]];
             }
         }
-        s->packed = 1;
         s->first = k;
-        s->last = j;
-        k = j;
-        if (sum)
-            st = coal_issue(c, s->stage, sum, &s->work);
-        g++;
+        s->last = k = j;
+        int last = k == ns;
+        if (last)
+            tt_exec_defer(1);
+        st = coal_issue(c, s->stage, sum, &s->work);
+        if (last)
+            tt_exec_defer(0);
     }
     /* the older slot first: completion is in issue order anyway */
-    int st1 = coal_finish(c, &slot[g & 1]);
-    int st2 = coal_finish(c, &slot[(g + 1) & 1]);
+    int st1 = coal_finish(c, small, &slot[g & 1]);
+    int st2 = coal_finish(c, small, &slot[(g + 1) & 1]);
     if (st == TUTTI_OK)
         st = st1 < 0 ? st1 : st2;
-out_free:
-    free(slot[0].stage);
-    free(slot[1].stage);
+    tt_comm_stage_put(c->comm, slot[0].stage, stage_bytes);
+    tt_comm_stage_put(c->comm, slot[1].stage, stage_bytes);
+    free(small);
     return st;
 }
 
