@@ -18,7 +18,7 @@
 #define TT_FUSE_DEFAULT_CAP ((size_t)25 << 20)
 #define TT_FUSE_DEFAULT_FIRST_CAP ((size_t)1 << 20)
 #define TT_FUSE_DEFAULT_LAST_CAP ((size_t)1 << 20)
-#define TT_FUSE_DEFAULT_MIN_BUCKETS 16
+#define TT_FUSE_DEFAULT_MIN_BUCKETS 32
 
 typedef struct tt_fuse_tensor {
     void *user; /* registered storage (NULL with bucket views) */

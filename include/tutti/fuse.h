@@ -92,7 +92,7 @@ typedef struct tutti_fuse_opts {
                                       allreduce starts only when backward has ended, so
                                       it is the part that cannot overlap: keep it small */
     int min_buckets;               /* lower the bucket cap to 1/min_buckets of the
-                                      registered bytes (not below 1 MiB), default 16:
+                                      registered bytes (not below 1 MiB), default 32:
                                       the step ends about one bucket after backward,
                                       so no bucket should be a large share. 0: off */
 } tutti_fuse_opts_t;
