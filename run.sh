@@ -2,8 +2,9 @@
 # tutti's one entry point on a fresh Debian 12 machine (as root, or with sudo):
 #   ./run.sh bench   install what is missing, build, run tutti-bench allreduce on 4 local ranks
 #   ./run.sh test    install what is missing, build, run the whole test suite, then again
-#                    under ASan+UBSan, then the ibverbs suites on soft-RoCE inside a qemu
-#                    guest (tests/rdma/ci.sh; TUTTI_RXE_VM=0 skips that step)
+#                    under ASan+UBSan, the fuser's suite under TSan, then the ibverbs
+#                    suites on soft-RoCE inside a qemu guest (tests/rdma/ci.sh;
+#                    TUTTI_RXE_VM=0 skips that step)
 # Extra arguments after `bench` go to tutti-bench (e.g. ./run.sh bench -np 2 -e 1G).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -50,6 +51,13 @@ test)
     TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --timeout-multiplier 3
+    # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds (tcp only:
+    # gcc's TSan refuses the shm transport's fences); only that suite is built.
+    [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
+        -Db_lundef=false -Dpeers=disabled -Dtransports=tcp
+    ninja -C build-tsan tests/test_fuse
+    TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
+        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuse
     # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs
     # device"); run them, and the correctness matrices over ibverbs, on rdma_rxe in a VM.
     if [ "${TUTTI_RXE_VM:-1}" != 0 ]; then

@@ -104,31 +104,33 @@ size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
     return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
 }
 
-void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes)
+void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes, size_t *cap_p)
 {
     void *buf = NULL;
+    *cap_p = bytes ? bytes : 1;
     pthread_mutex_lock(&comm->stage_lock);
     for (int i = 0; i < 2 && !buf; i++) {
         if (comm->stage[i] && comm->stage_len[i] >= bytes) {
             buf = comm->stage[i];
+            *cap_p = comm->stage_len[i];
             comm->stage[i] = NULL;
         }
     }
     pthread_mutex_unlock(&comm->stage_lock);
-    return buf ? buf : malloc(bytes ? bytes : 1);
+    return buf ? buf : malloc(*cap_p);
 }
 
-void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t bytes)
+void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t cap)
 {
     if (!buf)
         return;
     pthread_mutex_lock(&comm->stage_lock);
     /* keep the two largest */
     int i = !comm->stage[0] ? 0 : !comm->stage[1] ? 1 : comm->stage_len[0] < comm->stage_len[1] ? 0 : 1;
-    if (!comm->stage[i] || comm->stage_len[i] < bytes) {
+    if (!comm->stage[i] || comm->stage_len[i] < cap) {
         void *old = comm->stage[i];
         comm->stage[i] = buf;
-        comm->stage_len[i] = bytes;
+        comm->stage_len[i] = cap;
         buf = old;
     }
     pthread_mutex_unlock(&comm->stage_lock);

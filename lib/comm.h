@@ -26,6 +26,8 @@ struct tutti_work {
     int is_p2p;
     tt_req_t req;
     uint64_t p2p_deadline_ns;
+    uint64_t defer_until_ns;  /* issued deferred: the progress thread leaves it to a
+                                 waiter until then (0: not deferred) */
     struct tutti_work *inflight_next;
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
@@ -74,6 +76,7 @@ struct tutti_comm {
     tutti_work_t *q_head, *q_tail;
     int executing;
     int stopping;
+    int defer_seen;           /* an op was issued deferred: the progress thread ticks */
     uint64_t next_seq;
     pthread_t worker;
     int worker_started;

@@ -379,7 +379,7 @@ static int ensure_built(tutti_fuse_t *f)
         return TUTTI_OK;
     int *order = malloc(sizeof(int) * (size_t)(f->ntensors ? f->ntensors : 1));
     if (!f->ready_order)
-        f->ready_order = malloc(sizeof(int) * (size_t)(f->ntensors ? f->ntensors : 1));
+        f->ready_order = calloc((size_t)(f->ntensors ? f->ntensors : 1), sizeof(int));
     if (!order || !f->ready_order) {
         free(order);
         return TUTTI_ERR_NOMEM;
@@ -665,10 +665,13 @@ static int rebuild_from_order(tutti_fuse_t *f)
         goto out_free;
     }
     int k = 0;
-    int nready = atomic_load_explicit(&f->nready, memory_order_relaxed);
+    int nready = TT_MIN(atomic_load_explicit(&f->nready, memory_order_relaxed), n);
     for (int j = 0; j < nready; j++) {
-        ord[k++] = f->ready_order[j];
-        seen[f->ready_order[j]] = 1;
+        int x = f->ready_order[j]; /* a mark beside the wait (a misuse) may leave junk */
+        if (x >= 0 && x < n && !seen[x]) {
+            ord[k++] = x;
+            seen[x] = 1;
+        }
     }
     for (int i = 0; i < n; i++)
         if (!seen[i])
@@ -802,6 +805,7 @@ int tutti_fuse_wait(tutti_fuse_t *f)
 typedef struct tt_coal_slot {
     tutti_work_t *work;
     unsigned char *stage;
+    size_t stage_cap;
     int first, last; /* the positions in small[] packed into the stage */
 } tt_coal_slot_t;
 
@@ -880,7 +884,7 @@ static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
     tt_coal_slot_t slot[2];
     memset(slot, 0, sizeof(slot));
     for (int s = 0; s < 2 && stage_bytes && st == TUTTI_OK; s++) {
-        slot[s].stage = tt_comm_stage_get(c->comm, stage_bytes);
+        slot[s].stage = tt_comm_stage_get(c->comm, stage_bytes, &slot[s].stage_cap);
         if (!slot[s].stage)
             st = TUTTI_ERR_NOMEM;
     }
@@ -915,8 +919,8 @@ static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
     int st2 = coal_finish(c, small, &slot[(g + 1) & 1]);
     if (st == TUTTI_OK)
         st = st1 < 0 ? st1 : st2;
-    tt_comm_stage_put(c->comm, slot[0].stage, stage_bytes);
-    tt_comm_stage_put(c->comm, slot[1].stage, stage_bytes);
+    tt_comm_stage_put(c->comm, slot[0].stage, slot[0].stage_cap);
+    tt_comm_stage_put(c->comm, slot[1].stage, slot[1].stage_cap);
     free(small);
     return st;
 }

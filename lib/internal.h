@@ -64,7 +64,8 @@ int tt_parse_size(const char *s, size_t *size_p);
 
 /* exec.c: while on (calls nest, per thread), async ops this thread issues are queued
  * without waking the progress thread, for an issuer that waits next: the waiter runs
- * them itself, saving a thread handoff. A bounded wait or tutti_test wakes the thread. */
+ * them itself, saving a thread handoff. If nobody has started one within 200 us, the
+ * progress thread does at its next tick (every 10 ms): progress without a waiter. */
 void tt_exec_defer(int on);
 
 /* comm.c: below this many bytes a tensor is cheaper packed with others into one
@@ -74,12 +75,13 @@ void tt_exec_defer(int on);
 struct tutti_comm;
 size_t tt_comm_pack_below(const struct tutti_comm *comm, int bcast);
 
-/* comm.c: a staging buffer of at least `bytes` for the coalesced collectives, and its
- * return. The communicator keeps the two largest returned (their pages stay mapped:
- * a fresh megabyte from malloc is fresh pages, and faulting them in on every call cost
- * more than a broadcast of them over tcp). get is malloc's NULL without memory. */
-void *tt_comm_stage_get(struct tutti_comm *comm, size_t bytes);
-void tt_comm_stage_put(struct tutti_comm *comm, void *buf, size_t bytes);
+/* comm.c: a staging buffer of at least `bytes` (its capacity in *cap_p) for the
+ * coalesced collectives, and its return with that capacity. The communicator keeps the
+ * two largest returned (their pages stay mapped: a fresh megabyte from malloc is fresh
+ * pages, and faulting them in on every call cost more than a broadcast of them over
+ * tcp). get is malloc's NULL without memory. */
+void *tt_comm_stage_get(struct tutti_comm *comm, size_t bytes, size_t *cap_p);
+void tt_comm_stage_put(struct tutti_comm *comm, void *buf, size_t cap);
 
 /* strdup that tolerates NULL. */
 char *tt_strdup(const char *s);

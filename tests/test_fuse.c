@@ -988,15 +988,23 @@ END_TEST
  * 64 tensors (one full word), then buckets of 130 (two full words and 2 bits), the
  * int32 ones apart; marked from four threads at once, in a new random order each step.
  * A word miscounted leaves a bucket unissued (unreduced values) or issues it before
- * its last tensor (wrong values). Step 2 forgets one tensor in the middle word of each
- * bucket of 130 and marks a tensor twice after its bucket went out. */
+ * its last tensor (wrong values). Step 2 forgets the 100th and the 130th tensor (by
+ * index) of each bucket of 130, and marks a tensor of bucket 0 (complete, so gone out)
+ * a second time. With a static layout a bucket's slots follow the index, so those are
+ * slot 99 (the second word) and slot 129 (the last bit of the partial word); otherwise
+ * the slots follow rank 0's first order, so they land anywhere. */
 enum { MS_N = 1000, MS_THREADS = 4 };
 
+typedef struct ms_arg {
+    int views, static_layout;
+} ms_arg_t;
+
 static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                           void *arg)
+                           void *varg)
 {
     (void)dir;
-    const int views = *(const int *)arg;
+    const ms_arg_t *a = varg;
+    const int views = a->views;
     tutti_fuse_opts_t o;
     tutti_fuse_opts_init(&o);
     o.first_bucket_cap_bytes = 64 * 64;
@@ -1004,6 +1012,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
     o.last_bucket_cap_bytes = 0;
     o.min_buckets = 0;
     o.bucket_views = views;
+    o.static_layout = a->static_layout;
     tutti_fuse_t *f;
     FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     static tspec_t spec[MS_N];
@@ -1024,21 +1033,32 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
             forgot[i] = 0;
         }
         shuffle(order, MS_N, mix64((uint64_t)(s * 13 + rank)));
+        int twice = -1; /* a tensor of bucket 0, marked again in step 2 */
         if (s == 2) { /* the same tensors on every rank: buckets are the same everywhere */
             int nb = 0;
             FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
-            int *per = calloc((size_t)nb, sizeof(int));
+            int *per = calloc((size_t)nb, sizeof(int)), *size = calloc((size_t)nb, sizeof(int));
             for (int i = 0; i < MS_N; i++) {
                 int b;
                 tutti_fuse_tensor_bucket(f, i, &b);
-                if (++per[b] == 100 && spec[i].dt == TUTTI_FP32)
-                    forgot[i] = 1; /* the 100th: in the bucket's second word */
+                size[b]++;
+            }
+            for (int i = 0; i < MS_N; i++) {
+                int b;
+                tutti_fuse_tensor_bucket(f, i, &b);
+                ++per[b];
+                if (size[b] == 130 && (per[b] == 100 || per[b] == 130))
+                    forgot[i] = 1;
+                if (b == 0 && twice < 0)
+                    twice = i;
             }
             int big = 0;
             for (int b = 0; b < nb; b++)
-                big += per[b] == 130;
+                big += size[b] == 130;
+            FAIL_IF(big < 3 || nb < 8 || size[0] != 64,
+                    "layout: %d buckets, %d of 130 tensors, the first of %d", nb, big, size[0]);
             free(per);
-            FAIL_IF(big < 3 || nb < 8, "layout: %d buckets, %d of 130 tensors", nb, big);
+            free(size);
         }
         int kept = 0;
         for (int k = 0; k < MS_N; k++)
@@ -1061,8 +1081,8 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
         for (int t = 0; t < MS_THREADS; t++)
             FAIL_IF(m[t].st != TUTTI_OK, "step %d: mark: %s", s, tutti_fuse_last_error(f));
         if (s == 2) {
-            FAIL_IF(tutti_fuse_mark_ready(f, order[0]) != TUTTI_ERR_INVALID_ARG,
-                    "a second mark of tensor %d was accepted", order[0]);
+            FAIL_IF(tutti_fuse_mark_ready(f, twice) != TUTTI_ERR_INVALID_ARG,
+                    "a second mark of tensor %d was accepted", twice);
             FAIL_IF(!strstr(tutti_fuse_last_error(f), "already arrived"), "error: \"%s\"",
                     tutti_fuse_last_error(f));
         }
@@ -1099,9 +1119,9 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
 
 START_TEST(many_small)
 {
-    /* _i: 2 or 3 ranks x {registered, views} */
-    int views = _i % 2;
-    ck_assert_int_eq(th_run(2 + _i / 2, rank_many_small, &views, 60000), 0);
+    /* _i: 2 or 3 ranks x {recorded, static layout} x {registered, views} */
+    ms_arg_t a = {_i % 2, (_i / 2) % 2};
+    ck_assert_int_eq(th_run(2 + _i / 4, rank_many_small, &a, 60000), 0);
 }
 END_TEST
 
@@ -1148,6 +1168,110 @@ static int rank_defer(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 START_TEST(defer)
 {
     ck_assert_int_eq(th_run(3, rank_defer, NULL, 60000), 0);
+}
+END_TEST
+
+/* The buckets of a step's last mark are deferred to the rank's wait, but must make
+ * progress without it: rank 0 marks every tensor, then blocks (bounded) on a store key
+ * that rank 1 sets only after its own tutti_fuse_wait, which needs rank 0's last bucket.
+ * Twice: the first deferral wakes the progress thread, later ones rely on its tick. A
+ * static layout: a first step's wait is itself collective (it broadcasts the order). */
+static int rank_progress(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    (void)nranks;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != TUTTI_OK, "store");
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.static_layout = 1;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float x[2][64];
+    int idx;
+    for (int i = 0; i < 2; i++)
+        FAIL_IF(tutti_fuse_register(f, x[i], 64, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    for (int step = 0; step < 2; step++) {
+        char key[32];
+        snprintf(key, sizeof(key), "progress/%d", step);
+        for (int i = 0; i < 2; i++)
+            for (int e = 0; e < 64; e++)
+                x[i][e] = (float)(rank + i + step);
+        /* let the progress thread go idle, so nothing but the deferral path can help */
+        FAIL_IF(tutti_barrier(comm) != TUTTI_OK, "barrier");
+        usleep(30000);
+        for (int i = 0; i < 2; i++)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
+        double t0 = th_now_ms();
+        if (rank == 0) {
+            void *v = NULL;
+            size_t len;
+            int st = tutti_store_get(store, key, &v, &len, 15000);
+            free(v);
+            FAIL_IF(st != TUTTI_OK || th_now_ms() - t0 > 3000,
+                    "step %d: rank 1 finished its step only after %.0f ms (%s): rank 0's "
+                    "deferred bucket made no progress", step, th_now_ms() - t0,
+                    tutti_strerror(st));
+        }
+        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+        if (rank == 1)
+            FAIL_IF(tutti_store_set(store, key, "1", 1) != TUTTI_OK, "set");
+        for (int i = 0; i < 2; i++) /* ranks 0 and 1 */
+            FAIL_IF(x[i][0] != (float)(1 + 2 * (i + step)), "step %d: got %g", step, x[i][0]);
+    }
+    tutti_fuse_destroy(f);
+    tutti_store_close(store);
+    return 0;
+}
+
+/* The coalesced calls' staging buffers stay on the communicator: a small call that
+ * borrows the big buffers gives them back with their real size, so the next big call
+ * reuses them (fresh pages cost more than broadcasting them). */
+static int rank_stage_cache(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                            void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    (void)arg;
+    const size_t big = (size_t)1 << 20;
+    size_t cap_a, cap_b;
+    void *a = tt_comm_stage_get(comm, big, &cap_a), *b = tt_comm_stage_get(comm, big, &cap_b);
+    FAIL_IF(!a || !b || cap_a < big || cap_b < big, "get");
+    tt_comm_stage_put(comm, a, cap_a);
+    tt_comm_stage_put(comm, b, cap_b);
+    for (int it = 0; it < 3; it++) {
+        size_t c0, c1, g0c, g1c;
+        void *s0 = tt_comm_stage_get(comm, 100, &c0), *s1 = tt_comm_stage_get(comm, 100, &c1);
+        FAIL_IF(!((s0 == a && s1 == b) || (s0 == b && s1 == a)) || c0 < big || c1 < big,
+                "round %d: a small call did not borrow the cached buffers", it);
+        tt_comm_stage_put(comm, s0, c0);
+        tt_comm_stage_put(comm, s1, c1);
+        void *g0 = tt_comm_stage_get(comm, big, &g0c), *g1 = tt_comm_stage_get(comm, big, &g1c);
+        FAIL_IF(!((g0 == a && g1 == b) || (g0 == b && g1 == a)),
+                "round %d: a big call after a small one got fresh buffers", it);
+        tt_comm_stage_put(comm, g0, g0c);
+        tt_comm_stage_put(comm, g1, g1c);
+    }
+    /* a third, smaller buffer does not displace the two large ones */
+    size_t cs;
+    void *small = malloc(64);
+    tt_comm_stage_put(comm, small, 64);
+    void *g = tt_comm_stage_get(comm, big, &cs);
+    FAIL_IF(g != a && g != b, "a small return displaced a large buffer");
+    tt_comm_stage_put(comm, g, cs);
+    (void)cs;
+    return 0;
+}
+
+START_TEST(stage_cache)
+{
+    ck_assert_int_eq(th_run(1, rank_stage_cache, NULL, 30000), 0);
+}
+END_TEST
+
+START_TEST(progress_without_wait)
+{
+    ck_assert_int_eq(th_run(2, rank_progress, NULL, 60000), 0);
 }
 END_TEST
 
@@ -1221,8 +1345,10 @@ static Suite *fuse_suite(void)
     tcase_add_test(tc, hook_fails_on_one_rank);
     tcase_add_test(tc, abort_mid_step);
     tcase_add_loop_test(tc, coalesced, 1, 4);
-    tcase_add_loop_test(tc, many_small, 0, 4);
+    tcase_add_loop_test(tc, many_small, 0, 8);
     tcase_add_test(tc, defer);
+    tcase_add_test(tc, progress_without_wait);
+    tcase_add_test(tc, stage_cache);
     tcase_add_test(tc, bad_args);
     tcase_add_test(tc, bad_args_comm);
     suite_add_tcase(s, tc);

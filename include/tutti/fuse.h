@@ -125,10 +125,13 @@ int tutti_fuse_tensor_data(tutti_fuse_t *fuse, int index, void **data_p);
 /* The tensor's values are final for this step: copy them into its bucket (nothing to
  * copy with views) and issue every bucket that is now complete, in bucket order.
  * Thread-safe and lock-free until a bucket completes; each tensor is marked once per
- * step (a second mark is TUTTI_ERR_INVALID_ARG). The buckets that the step's last
+ * step (a second mark is TUTTI_ERR_INVALID_ARG; if two threads mark the same tensor at
+ * the same moment, one call fails and that tensor's result for the step is undefined).
+ * Marks belong between waits, never beside one. The buckets that the step's last
  * mark completes are left for tutti_fuse_wait, which runs them on its own thread
- * without a thread handoff (unless the progress thread, still busy with earlier
- * buckets, gets to them first): call wait soon after the last mark. */
+ * without a thread handoff; if wait has not started them within 200 us, the progress
+ * thread does (within about 10 ms), so they complete even if this rank waits on
+ * something else first. */
 int tutti_fuse_mark_ready(tutti_fuse_t *fuse, int index);
 
 /* Declare that the tensor will not be marked this step (needs find_unused): it counts
@@ -138,7 +141,9 @@ int tutti_fuse_mark_unused(tutti_fuse_t *fuse, int index);
 
 /* End the step: wait until every bucket is reduced and unpacked into its tensors.
  * Tensors neither marked nor declared unused go out as zeros (ranks stay in step) and
- * the wait returns TUTTI_ERR_INVALID_ARG. Returns the first error of any bucket. */
+ * the wait returns TUTTI_ERR_INVALID_ARG. Returns the first error of any bucket. The
+ * wait is itself collective at the end of the first step unless the layout is static
+ * (it broadcasts the recorded order) and with find_unused (one allreduce). */
 int tutti_fuse_wait(tutti_fuse_t *fuse);
 
 /* Number of buckets of the current layout. */
