@@ -321,6 +321,49 @@ static void comm_free(tutti_comm_t *comm)
     free(comm);
 }
 
+/* Every rank must pick the same algorithms, so every rank takes rank 0's cost
+ * parameters: ranks can see different transport names (a rank alone on its host has no
+ * local part: "tcp+ibverbs" on some, "ibverbs" on others) or different TUTTI_COST_MODEL
+ * values. Exact: hex floats through the comm's store. */
+static int cost_agree(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    tt_cost_t *c = &comm->cost;
+    char buf[256];
+    if (comm->rank == 0) {
+        int n = snprintf(buf, sizeof(buf), "%a %a %a %s", c->alpha_us, c->beta_ns,
+                         c->gamma_ns, c->source);
+        int st = tutti_store_set(comm->store, "cost_model", buf, (size_t)n + 1);
+        if (st < 0)
+            snprintf(err, errlen, "publishing the cost model: %s", tutti_strerror(st));
+        return st;
+    }
+    void *v = NULL;
+    size_t len;
+    int st = tutti_store_get(comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
+    if (st < 0) {
+        snprintf(err, errlen, "rank %d: rank 0's cost model: %s", comm->rank,
+                 tutti_strerror(st));
+        return st;
+    }
+    tt_cost_t r0 = *c;
+    char *s = v, *end;
+    r0.alpha_us = strtod(s, &end);
+    r0.beta_ns = strtod(end, &end);
+    r0.gamma_ns = strtod(end, &end);
+    int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0;
+    if (ok)
+        snprintf(r0.source, sizeof(r0.source), "%s", end + 1);
+    free(v);
+    if (!ok) {
+        snprintf(err, errlen, "rank %d: rank 0's cost model is garbled", comm->rank);
+        return TUTTI_ERR_PROTOCOL;
+    }
+    if (r0.alpha_us != c->alpha_us || r0.beta_ns != c->beta_ns || r0.gamma_ns != c->gamma_ns)
+        TT_INFO("cost model: rank 0's (%s) instead of this rank's (%s)", r0.source, c->source);
+    *c = r0;
+    return TUTTI_OK;
+}
+
 int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
                     const tutti_comm_opts_t *opts)
 {
@@ -421,6 +464,12 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
             TT_WARN("%s", comm->last_error);
             goto err_free;
         }
+    }
+
+    if (size > 1 && (st = cost_agree(comm, err, sizeof(err))) < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
     }
 
     if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {

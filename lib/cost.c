@@ -54,25 +54,26 @@ static const cost_row_t cost_rows[] = {
 
 void tt_cost_table(tt_cost_t *c, const char *transport)
 {
-    const cost_row_t *best = &cost_rows[0];
-    const char *name = transport && *transport ? transport : "tcp";
-    /* "shm+tcp": take the slowest part (a collective runs at its slowest link) */
-    double worst = -1;
-    for (size_t i = 0; i < TT_ARRAY_SIZE(cost_rows); i++) {
-        const char *hit = strstr(name, cost_rows[i].transport);
-        size_t len = strlen(cost_rows[i].transport);
-        if (!hit || (hit != name && hit[-1] != '+') || (hit[len] && hit[len] != '+'))
-            continue;
-        double w = cost_rows[i].alpha_us + 1.0 / cost_rows[i].bw_gbs;
-        if (w > worst) {
-            worst = w;
-            best = &cost_rows[i];
-        }
+    /* "shm+tcp": every part counts, the slowest wins (a collective runs at its slowest
+     * link); a part the table does not know (a plugin) counts as tcp */
+    const char *p = transport && *transport ? transport : "tcp";
+    const cost_row_t *best = NULL;
+    while (*p) {
+        size_t len = strcspn(p, "+");
+        const cost_row_t *row = &cost_rows[0];
+        for (size_t i = 0; i < TT_ARRAY_SIZE(cost_rows); i++)
+            if (strlen(cost_rows[i].transport) == len && !strncmp(p, cost_rows[i].transport, len))
+                row = &cost_rows[i];
+        if (!best || row->alpha_us + 1.0 / row->bw_gbs > best->alpha_us + 1.0 / best->bw_gbs)
+            best = row;
+        p += len + (p[len] == '+');
     }
+    if (!best)
+        best = &cost_rows[0];
     c->alpha_us = best->alpha_us;
     c->beta_ns = 1.0 / best->bw_gbs;
     c->gamma_ns = 1.0 / best->reduce_gbs;
-    snprintf(c->source, sizeof(c->source), "table %s", worst < 0 ? "tcp" : best->transport);
+    snprintf(c->source, sizeof(c->source), "table %s", best->transport);
 }
 
 int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)

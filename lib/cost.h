@@ -19,7 +19,7 @@ typedef struct tt_cost {
 } tt_cost_t;
 
 /* The table's parameters for a transport name ("tcp", "shm", "ibverbs", "shm+tcp": the
- * slower part counts); unknown names get tcp's. */
+ * slowest part counts; a part the table does not know counts as tcp). */
 void tt_cost_table(tt_cost_t *c, const char *transport);
 
 /* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any

@@ -240,6 +240,17 @@ START_TEST(cost_tables_and_strings)
     ck_assert_str_eq(c.source, "table tcp");
     tt_cost_table(&c, "nosuch");
     ck_assert(c.alpha_us == t.alpha_us);
+    /* every part counts and an unknown part (a plugin) counts as tcp: before, "shm+fab"
+     * got shm's numbers while a lone rank's "fab" got tcp's */
+    tt_cost_table(&c, "shm+fab");
+    ck_assert(c.alpha_us == t.alpha_us && c.beta_ns == t.beta_ns);
+    tt_cost_t ib;
+    tt_cost_table(&ib, "ibverbs");
+    ck_assert(ib.alpha_us < t.alpha_us && ib.beta_ns < t.beta_ns);
+    tt_cost_table(&c, "tcp+ibverbs");
+    ck_assert_str_eq(c.source, "table tcp");
+    tt_cost_table(&c, "shm+ibverbs");
+    ck_assert_str_eq(c.source, "table ibverbs");
     char err[256];
     ck_assert_int_eq(tt_cost_parse("alpha=2.5,bw=10,reduce=4", &c, err, sizeof(err)), TUTTI_OK);
     ck_assert(c.alpha_us == 2.5 && c.beta_ns == 0.1 && c.gamma_ns == 0.25);
@@ -300,6 +311,54 @@ START_TEST(probe_agrees)
 }
 END_TEST
 
+/* Ranks that start from different cost models (here different TUTTI_COST_MODEL strings;
+ * in the field, transport names that differ between a rank with host-mates and one
+ * alone) all take rank 0's, so they pick the same algorithm at every size: an allreduce
+ * at a size where their own models disagree gives the right sum. */
+static int rank_disagree(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    static const char *const models[3] = {"alpha=0.5,bw=100,reduce=100",
+                                          "alpha=5000,bw=0.01,reduce=0.01",
+                                          "alpha=50,bw=1,reduce=50"};
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cost_model = models[rank % 3];
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(!strstr(d, "alpha 0.50 us"), "rank %d kept its own model: %s", rank, d);
+    enum { N = 3 };
+    static const size_t sizes[N] = {4096, 262144, 4 << 20};
+    for (int k = 0; k < N; k++) {
+        size_t n = sizes[k] / 4;
+        int32_t *x = malloc(n * sizeof(int32_t));
+        for (size_t e = 0; e < n; e++)
+            x[e] = (int32_t)(e % 1000) + rank;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, n, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st != 0, "allreduce of %zu bytes: %s", sizes[k], tutti_comm_last_error(comm));
+        for (size_t e = 0; e < n; e++)
+            FAIL_IF(x[e] != (int32_t)(nranks * (e % 1000) + nranks * (nranks - 1) / 2),
+                    "%zu bytes: element %zu is %d", sizes[k], e, x[e]);
+        free(x);
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(models_agree)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_disagree, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("select");
@@ -313,6 +372,7 @@ int main(void)
     tcase_add_test(tc, defaults);
     tcase_add_test(tc, cost_tables_and_strings);
     tcase_add_test(tc, probe_agrees);
+    tcase_add_test(tc, models_agree);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
