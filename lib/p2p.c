@@ -230,6 +230,27 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
     for (int p = 0; p < op->nranks; p++) {
         if (p == op->rank)
             continue;
+        /* A rank that failed left its reason here. Its report reaches only the peers it
+         * was talking to (transports read idle links only when a request uses them),
+         * and the communicator is lost anyway: a rank blocked on a third, hung rank
+         * fails now with the first cause, not at its own timeout. */
+        snprintf(key, sizeof(key), "failed/%d", p);
+        const char *fkeys[1] = {key};
+        int failed = 0;
+        if (tutti_store_check(comm->store, fkeys, 1, &failed) == 0 && failed) {
+            void *v = NULL;
+            size_t len = 0;
+            if (tutti_store_get(comm->store, key, &v, &len, 1000) == 0) {
+                char msg[TT_ERRMSG_LEN];
+                snprintf(msg, sizeof(msg),
+                         "waiting on rank %d, but rank %d had failed (found by the stall "
+                         "check): %s", req->peer, p, (const char *)v);
+                free(v);
+                tt_p2p_fail(op, TUTTI_ERR_PEER);
+                tt_comm_record_failure(comm, op, TUTTI_ERR_PEER, msg);
+                return TUTTI_ERR_PEER;
+            }
+        }
         snprintf(key, sizeof(key), "stall/%d", p);
         const char *keys[1] = {key};
         int exists = 0;

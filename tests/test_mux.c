@@ -208,6 +208,68 @@ START_TEST(shm_forced_across_hosts)
 }
 END_TEST
 
+/* A rank blocked on a hung rank learns promptly that a third rank failed, even when
+ * that rank's report arrives on a link nothing reads (here on the other transport). A
+ * tree broadcast from rank 1, which never calls it: rank 0 waits on its host-mate
+ * rank 1 (local transport), rank 2 on another host waits on rank 1 too (remote), times
+ * out after 300 ms and reports. Rank 0 must fail within the stall check (1 s) naming
+ * rank 2, not when rank 1 exits (4 s) or at its own timeout (20 s). */
+static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)nranks;
+    const mux_case_t *c = arg;
+    tutti_store_t *store = NULL;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = rank == 2 ? 300 : 20000;
+    o.algo = "broadcast:tree"; /* rank 0 receives from the root, rank 1 */
+    o.transport = c->transport;
+    char hid[8];
+    snprintf(hid, sizeof(hid), "host%c", c->hosts[rank]);
+    o.host_id = hid;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, 3, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? "tcp" : c->expect),
+            "transport %s", tutti_comm_transport(comm));
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    int32_t v = 0;
+    double t0 = th_now_ms();
+    if (rank == 0) {
+        st = tutti_broadcast(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, 1);
+        double ms = th_now_ms() - t0;
+        FAIL_IF(st == 0, "the broadcast without its root succeeded");
+        FAIL_IF(ms > 3000, "failed only after %.0f ms: %s", ms, tutti_comm_last_error(comm));
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 2"), "after %.0f ms: \"%s\" names "
+                "no rank 2", ms, tutti_comm_last_error(comm));
+    } else if (rank == 1) {
+        usleep(4000000); /* silent, then gone */
+    } else {
+        st = tutti_broadcast(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, 1);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT, "rank 2: %s", tutti_status_name(st));
+    }
+    if (rank != 1)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(report_on_idle_transport)
+{
+    mux_case_t c[2] = {{"local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0},
+                       {"local=shm,remote=tcp", "AAB", "shm+tcp", 0}};
+    for (int k = 0; k < (have("shm") ? 2 : 1); k++) {
+        th_spec_t spec = {.nranks = 3, .fn = rank_report, .arg = &c[k], .timeout_ms = 30000,
+                          .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+        int codes[3];
+        ck_assert_msg(th_run_ex(&spec, codes) == 0, "%s: exit codes %d %d %d", c[k].transport,
+                      codes[0], codes[1], codes[2]);
+    }
+}
+END_TEST
+
 START_TEST(bad_spec)
 {
     char dir[] = "/tmp/tutti-mux-XXXXXX";
@@ -254,6 +316,7 @@ int main(void)
     tcase_add_loop_test(tc, mixed_shm, 0, sizeof(shm_cases) / sizeof(shm_cases[0]));
     tcase_add_test(tc, shm_forced_across_hosts);
     tcase_add_test(tc, bad_spec);
+    tcase_add_test(tc, report_on_idle_transport);
     tcase_add_test(tc, transport_options);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
