@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev)
+PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev procps)
 # the RDMA step of `test`: a qemu guest with Debian's kernel and soft-RoCE (tests/rdma/)
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod)
 

@@ -11,20 +11,29 @@
  *
  * The first rank to fail (non-zero exit or a signal) brings the others down: SIGTERM,
  * then SIGKILL after a grace period; so does --timeout and a SIGINT/SIGTERM to tutti-run.
+ * Each rank runs in its own process group, and the signals go to the group, so what a
+ * rank started stops with it; a rank also gets SIGKILL if tutti-run dies.
  * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
  * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define GRACE_MS 3000
+/* --tag: once every rank has exited, how long processes they left behind may keep
+ * writing to (and holding open) their output pipes */
+#define DRAIN_MS 500
 
 static volatile sig_atomic_t got_signal;
 
@@ -77,7 +86,7 @@ static void setenv_int(const char *name, int v)
     setenv(name, buf, 1);
 }
 
-/* --tag: copy lines from fd to out with "[rank] " in front; returns 0 at EOF. */
+/* --tag: copy lines from fd (-1 once closed) to out with "[rank] " in front. */
 typedef struct tagger {
     int fd, rank;
     FILE *out;
@@ -85,17 +94,15 @@ typedef struct tagger {
     size_t len;
 } tagger_t;
 
+/* Returns 0 at EOF, and when out fails: its reader went away, and closing our end makes
+ * the rank's next write fail as it would have without --tag (SIGPIPE). */
 static int tag_pump(tagger_t *t)
 {
     ssize_t r = read(t->fd, t->buf + t->len, sizeof(t->buf) - t->len);
     if (r < 0 && errno == EINTR)
         return 1;
-    if (r <= 0) {
-        if (t->len)
-            fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
-        fflush(t->out);
+    if (r <= 0)
         return 0;
-    }
     t->len += (size_t)r;
     size_t start = 0;
     for (size_t i = 0; i < t->len; i++) {
@@ -111,20 +118,48 @@ static int tag_pump(tagger_t *t)
     memmove(t->buf, t->buf + start, t->len - start);
     t->len -= start;
     fflush(t->out);
-    return 1;
+    return !ferror(t->out);
+}
+
+static void tag_close(tagger_t *t)
+{
+    if (t->len) /* a last line without its newline */
+        fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
+    fflush(t->out);
+    close(t->fd);
+    t->fd = -1;
+    t->len = 0;
+}
+
+/* Forwards the ranks' output for up to ms; returns how many of their streams are open. */
+static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
+{
+    int nopen = 0;
+    for (int k = 0; k < n; k++) { /* poll skips the closed ones (fd -1) */
+        pf[k] = (struct pollfd){.fd = tags[k].fd, .events = POLLIN};
+        nopen += tags[k].fd >= 0;
+    }
+    if (!nopen || poll(pf, (nfds_t)n, ms) <= 0)
+        return nopen;
+    for (int k = 0; k < n; k++) {
+        if (pf[k].revents && !tag_pump(&tags[k])) {
+            tag_close(&tags[k]);
+            nopen--;
+        }
+    }
+    return nopen;
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
 }
 
 int main(int argc, char **argv)
 {
     int np = 0, nnodes = 1, node_rank = 0, timeout_s = 0, tag = 0;
     const char *store = NULL;
-    /* accept the mpirun spelling -np */
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--"))
-            break;
-        if (!strcmp(argv[i], "-np"))
-            argv[i] = "-n";
-    }
     static const struct option longopts[] = {
         {"np", required_argument, NULL, 'n'},       {"store", required_argument, NULL, 's'},
         {"nnodes", required_argument, NULL, 'N'},   {"node-rank", required_argument, NULL, 'K'},
@@ -135,6 +170,15 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
+            /* the mpirun spelling -np N arrives as -n with the argument "p" (left to
+             * getopt, so that the program's own arguments are never taken for ours) */
+            if (!strcmp(optarg, "p") && !strcmp(argv[optind - 1], "-np")) {
+                if (optind >= argc) {
+                    fprintf(stderr, "tutti-run: -np needs a rank count\n");
+                    return 2;
+                }
+                optarg = argv[optind++];
+            }
             if (parse_int(optarg, 1, 4096, &np) < 0) {
                 fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..4096\n", optarg);
                 return 2;
@@ -174,11 +218,32 @@ int main(int argc, char **argv)
                 node_rank, nnodes, nnodes - 1);
         return 2;
     }
+    if ((long long)np * nnodes > INT_MAX) {
+        fprintf(stderr, "tutti-run: -np %d times --nnodes %d is too many ranks\n", np, nnodes);
+        return 2;
+    }
     if (nnodes > 1 && (!store || strncmp(store, "tcp://", 6))) {
         fprintf(stderr, "tutti-run: several nodes need a tcp:// store that all of them reach "
                         "(--store tcp://HOST:PORT)\n");
         return 2;
     }
+    /* a closed 0, 1 or 2 would be handed out again to a pipe, which a rank would then
+     * lose (dup2 onto itself keeps O_CLOEXEC) */
+    int fd;
+    while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd <= 2)
+        ;
+    if (fd > 2)
+        close(fd);
+    pid_t *pids = calloc((size_t)np, sizeof(pid_t));
+    tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
+    struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
+    if (!pids || (tag && (!tags || !pf))) {
+        fprintf(stderr, "tutti-run: out of memory\n");
+        return 1;
+    }
+    for (int k = 0; k < 2 * np && tag; k++)
+        tags[k].fd = -1;
+
     char dir[] = "/tmp/tutti-run-XXXXXX";
     char url[512];
     int own_dir = 0;
@@ -193,33 +258,52 @@ int main(int argc, char **argv)
         store = url;
     }
 
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-
-    pid_t *pids = calloc((size_t)np, sizeof(pid_t));
-    tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
-    if (!pids || (tag && !tags)) {
-        fprintf(stderr, "tutti-run: out of memory\n");
-        return 1;
+    /* SIGPIPE ignored: a --tag reader that goes away must not take us down before we stop
+     * the ranks and remove the store. The ranks get back the dispositions we started with
+     * (an ignored signal stays ignored through exec, ours would not); one that was ignored
+     * (nohup, a background job) stays ignored here too. */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    struct sigaction orig[4];
+    sigset_t stop_sigs, mask;
+    sigemptyset(&stop_sigs);
+    for (int k = 0; k < 4; k++) {
+        struct sigaction sa = {.sa_handler = sigs[k] == SIGPIPE ? SIG_IGN : on_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[k], NULL, &orig[k]);
+        if (orig[k].sa_handler != SIG_IGN)
+            sigaction(sigs[k], &sa, NULL);
+        if (sigs[k] != SIGPIPE)
+            sigaddset(&stop_sigs, sigs[k]);
     }
-    int world = np * nnodes;
+
+    pid_t self = getpid();
+    int world = np * nnodes, spawn_failed = 0;
     for (int i = 0; i < np; i++) {
+        /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
         int out[2] = {-1, -1}, err[2] = {-1, -1};
-        if (tag && (pipe(out) < 0 || pipe(err) < 0)) {
+        if (tag && (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)) {
             fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
-            got_signal = SIGTERM;
+            if (out[0] >= 0) {
+                close(out[0]);
+                close(out[1]);
+            }
+            spawn_failed = 1;
             break;
         }
+        /* blocked until the child has its own dispositions back: a SIGTERM meant for it
+         * would otherwise run our handler there, and be lost */
+        sigprocmask(SIG_BLOCK, &stop_sigs, &mask);
         pid_t pid = fork();
-        if (pid < 0) {
-            fprintf(stderr, "tutti-run: fork: %s\n", strerror(errno));
-            got_signal = SIGTERM;
-            break;
-        }
         if (pid == 0) {
+            /* its own process group, so that stopping it stops what it started too */
+            setpgid(0, 0);
+            /* dies with us, even SIGKILLed; if we died before this call, ppid shows it */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != self)
+                _exit(127);
+            for (int k = 0; k < 4; k++)
+                sigaction(sigs[k], &orig[k], NULL);
+            sigprocmask(SIG_SETMASK, &mask, NULL);
             int rank = node_rank * np + i;
             setenv_int("TUTTI_RANK", rank);
             setenv_int("TUTTI_WORLD_SIZE", world);
@@ -229,19 +313,25 @@ int main(int argc, char **argv)
             setenv_int("WORLD_SIZE", world);
             setenv_int("LOCAL_RANK", i);
             setenv("TUTTI_STORE", store, 1);
-            if (tag) {
-                dup2(out[1], 1);
-                dup2(err[1], 2);
-                close(out[0]);
-                close(out[1]);
-                close(err[0]);
-                close(err[1]);
-            }
+            if (tag && (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0))
+                _exit(127);
             execvp(argv[optind], argv + optind);
             fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, argv[optind],
                     strerror(errno));
             _exit(127);
         }
+        sigprocmask(SIG_SETMASK, &mask, NULL);
+        if (pid < 0) {
+            fprintf(stderr, "tutti-run: fork: %s\n", strerror(errno));
+            if (tag) {
+                close(out[0]), close(out[1]);
+                close(err[0]), close(err[1]);
+            }
+            spawn_failed = 1;
+            break;
+        }
+        /* here too, so that the group exists before we may signal it */
+        setpgid(pid, pid);
         pids[i] = pid;
         if (tag) {
             close(out[1]);
@@ -255,32 +345,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < np; i++)
         running += pids[i] > 0;
     double deadline = timeout_s ? now_ms() + timeout_s * 1000.0 : 0, kill_at = 0;
-    int killing = got_signal != 0;
+    int killing = spawn_failed;
     if (killing)
-        status = 128 + SIGTERM;
+        status = 1;
     while (running > 0) {
-        if (tag) { /* pump output for up to 50 ms */
-            struct pollfd pf[2 * 4096];
-            int map[2 * 4096], nf = 0;
-            for (int k = 0; k < 2 * np && nf < 2 * 4096; k++) {
-                if (tags[k].fd > 0) {
-                    pf[nf] = (struct pollfd){.fd = tags[k].fd, .events = POLLIN};
-                    map[nf++] = k;
-                }
-            }
-            if (nf && poll(pf, (nfds_t)nf, 50) > 0) {
-                for (int k = 0; k < nf; k++) {
-                    if (pf[k].revents && !tag_pump(&tags[map[k]])) {
-                        close(tags[map[k]].fd);
-                        tags[map[k]].fd = -1;
-                    }
-                }
-            } else if (!nf) {
-                usleep(20000);
-            }
-        } else {
+        if (!tag || !tag_poll(tags, pf, 2 * np, 50))
             usleep(20000);
-        }
         int ws;
         pid_t pid;
         while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
@@ -321,31 +391,28 @@ int main(int argc, char **argv)
             if (!kill_at) {
                 for (int i = 0; i < np; i++)
                     if (pids[i] > 0)
-                        kill(pids[i], SIGTERM);
+                        kill(-pids[i], SIGTERM);
                 kill_at = now_ms() + GRACE_MS;
             } else if (now_ms() > kill_at) {
                 for (int i = 0; i < np; i++)
                     if (pids[i] > 0)
-                        kill(pids[i], SIGKILL);
+                        kill(-pids[i], SIGKILL);
                 kill_at = now_ms() + 1e9;
             }
         }
     }
     if (tag) {
-        for (int k = 0; k < 2 * np; k++) {
-            while (tags[k].fd > 0 && tag_pump(&tags[k]))
-                ;
-            if (tags[k].fd > 0)
-                close(tags[k].fd);
-        }
+        double left, drain_end = now_ms() + DRAIN_MS;
+        while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, 2 * np, (int)left + 1))
+            ;
+        for (int k = 0; k < 2 * np; k++)
+            if (tags[k].fd >= 0)
+                tag_close(&tags[k]);
     }
-    if (own_dir) {
-        char cmd[600];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "tutti-run: could not remove %s\n", dir);
-    }
+    if (own_dir && nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        fprintf(stderr, "tutti-run: could not remove %s: %s\n", dir, strerror(errno));
     free(pids);
     free(tags);
+    free(pf);
     return status;
 }
