@@ -798,8 +798,9 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
         /* Also in the store: a rank that exits right after this may cut a message in
          * half, and its peers then see only its socket close; they look here to name
          * the first cause instead of this rank (best effort). */
-        char key[64];
+        char key[64], val[TT_ERRMSG_LEN + 16];
         snprintf(key, sizeof(key), "failed/%d", comm->rank);
-        tutti_store_set(comm->store, key, comm->last_error, strlen(comm->last_error) + 1);
+        int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* p2p.c */
+        tutti_store_set(comm->store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
     }
 }

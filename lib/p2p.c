@@ -100,22 +100,42 @@ int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_r
     return post(op, TUTTI_TP_RECV, peer, buf, len, tag, req);
 }
 
-/* A peer that closed on us may have failed first and said why in the store. */
-static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len)
+/* A rank that failed left "<status> <message>" under failed/<rank> (comm.c). 1 and the
+ * message (malloc'ed) and status if rank `peer` did, else 0. */
+static int peer_failure(tutti_comm_t *comm, int peer, int timeout_ms, char **msg_p, int *status_p)
 {
     char key[64];
     snprintf(key, sizeof(key), "failed/%d", peer);
     const char *keys[1] = {key};
     int exists = 0;
     if (peer < 0 || tutti_store_check(comm->store, keys, 1, &exists) < 0 || !exists)
-        return;
+        return 0;
     void *v = NULL;
     size_t vlen = 0;
-    if (tutti_store_get(comm->store, key, &v, &vlen, 200) < 0)
+    if (tutti_store_get(comm->store, key, &v, &vlen, timeout_ms) < 0)
+        return 0;
+    char *end;
+    long st = strtol((const char *)v, &end, 10);
+    if (end == (char *)v || *end != ' ' || st >= 0 || st < -1000) {
+        free(v);
+        return 0;
+    }
+    memmove(v, end + 1, strlen(end + 1) + 1);
+    *msg_p = v;
+    *status_p = (int)st;
+    return 1;
+}
+
+/* A peer that closed on us may have failed first and said why in the store. */
+static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len)
+{
+    char *why;
+    int st;
+    if (!peer_failure(comm, peer, 200, &why, &st))
         return;
     size_t n = strlen(msg);
-    snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, (const char *)v);
-    free(v);
+    snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
+    free(why);
 }
 
 /* A failure the transport reported since the op started (a link to a peer failed, or a
@@ -234,22 +254,18 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
          * was talking to (transports read idle links only when a request uses them),
          * and the communicator is lost anyway: a rank blocked on a third, hung rank
          * fails now with the first cause, not at its own timeout. */
-        snprintf(key, sizeof(key), "failed/%d", p);
-        const char *fkeys[1] = {key};
-        int failed = 0;
-        if (tutti_store_check(comm->store, fkeys, 1, &failed) == 0 && failed) {
-            void *v = NULL;
-            size_t len = 0;
-            if (tutti_store_get(comm->store, key, &v, &len, 1000) == 0) {
-                char msg[TT_ERRMSG_LEN];
-                snprintf(msg, sizeof(msg),
-                         "waiting on rank %d, but rank %d had failed (found by the stall "
-                         "check): %s", req->peer, p, (const char *)v);
-                free(v);
-                tt_p2p_fail(op, TUTTI_ERR_PEER);
-                tt_comm_record_failure(comm, op, TUTTI_ERR_PEER, msg);
-                return TUTTI_ERR_PEER;
-            }
+        char *why;
+        int fst;
+        if (peer_failure(comm, p, 1000, &why, &fst)) {
+            /* its own status, as its report would have carried (a mismatch stays one) */
+            char msg[TT_ERRMSG_LEN];
+            snprintf(msg, sizeof(msg),
+                     "waiting on rank %d, but rank %d had failed (found by the stall check): %s",
+                     req->peer, p, why);
+            free(why);
+            tt_p2p_fail(op, fst);
+            tt_comm_record_failure(comm, op, fst, msg);
+            return fst;
         }
         snprintf(key, sizeof(key), "stall/%d", p);
         const char *keys[1] = {key};
