@@ -322,16 +322,16 @@ static void comm_free(tutti_comm_t *comm)
 }
 
 /* Every rank must pick the same algorithms, so every rank takes rank 0's cost
- * parameters: ranks can see different transport names (a rank alone on its host has no
- * local part: "tcp+ibverbs" on some, "ibverbs" on others) or different TUTTI_COST_MODEL
- * values. Exact: hex floats through the comm's store. */
-static int cost_agree(tutti_comm_t *comm, char *err, size_t errlen)
+ * parameters, and its choice to probe (a collective): ranks can see different transport
+ * names (a rank alone on its host has no local part: "tcp+ibverbs" on some, "ibverbs" on
+ * others) or different TUTTI_COST_MODEL values. Exact: hex floats through the store. */
+static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen)
 {
     tt_cost_t *c = &comm->cost;
     char buf[256];
     if (comm->rank == 0) {
-        int n = snprintf(buf, sizeof(buf), "%a %a %a %s", c->alpha_us, c->beta_ns,
-                         c->gamma_ns, c->source);
+        int n = snprintf(buf, sizeof(buf), "%a %a %a %d %s", c->alpha_us, c->beta_ns,
+                         c->gamma_ns, *probe_p, c->source);
         int st = tutti_store_set(comm->store, "cost_model", buf, (size_t)n + 1);
         if (st < 0)
             snprintf(err, errlen, "publishing the cost model: %s", tutti_strerror(st));
@@ -350,9 +350,15 @@ static int cost_agree(tutti_comm_t *comm, char *err, size_t errlen)
     r0.alpha_us = strtod(s, &end);
     r0.beta_ns = strtod(end, &end);
     r0.gamma_ns = strtod(end, &end);
-    int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0;
-    if (ok)
+    long probe = strtol(end, &end, 10);
+    int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 &&
+             r0.gamma_ns > 0 && (probe == 0 || probe == 1);
+    if (ok) {
         snprintf(r0.source, sizeof(r0.source), "%s", end + 1);
+        if (probe != *probe_p)
+            TT_INFO("cost model: %s, as rank 0 does", probe ? "probing" : "not probing");
+        *probe_p = (int)probe;
+    }
     free(v);
     if (!ok) {
         snprintf(err, errlen, "rank %d: rank 0's cost model is garbled", comm->rank);
@@ -466,7 +472,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         }
     }
 
-    if (size > 1 && (st = cost_agree(comm, err, sizeof(err))) < 0) {
+    if (size > 1 && (st = cost_agree(comm, &probe, err, sizeof(err))) < 0) {
         tt_comm_set_error(comm, st, "init: %s", err);
         TT_WARN("%s", comm->last_error);
         goto err_free;
@@ -801,6 +807,8 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
         char key[64], val[TT_ERRMSG_LEN + 16];
         snprintf(key, sizeof(key), "failed/%d", comm->rank);
         int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* p2p.c */
-        tutti_store_set(comm->store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
+        int64_t nfailed;
+        if (tutti_store_set(comm->store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1) == 0)
+            tutti_store_add(comm->store, "failed_count", 1, &nfailed);
     }
 }

@@ -417,6 +417,10 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
         if (deadline_ns == UINT64_MAX) {
             pthread_cond_wait(&comm->done_cv, &comm->q_lock);
         } else {
+            /* a deferred op waits for a waiter; this one does not run ops: wake the
+             * progress thread rather than leave it to the next tick */
+            if (comm->q_head && !comm->executing && comm->q_head->defer_until_ns)
+                pthread_cond_signal(&comm->q_cv);
             if (tt_now_ns() >= deadline_ns) {
                 pthread_mutex_unlock(&comm->q_lock);
                 return TUTTI_ERR_TIMEOUT;

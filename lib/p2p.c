@@ -247,17 +247,24 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
             return TUTTI_OK; /* best effort: the timeout still bounds the wait */
         op->stall_published = 1;
     }
+    /* A rank that failed left its reason under failed/<rank> and counted itself in
+     * failed_count (comm.c). Its report reaches only the peers it was talking to
+     * (transports read idle links only when a request uses them), and the communicator
+     * is lost anyway: a rank blocked on a third, hung rank fails now with the first
+     * cause, not at its own timeout. One counter read unless some rank failed. */
+    int64_t nfailed = 0;
+    if (tutti_store_add(comm->store, "failed_count", 0, &nfailed) < 0)
+        nfailed = 0;
     for (int p = 0; p < op->nranks; p++) {
         if (p == op->rank)
             continue;
-        /* A rank that failed left its reason here. Its report reaches only the peers it
-         * was talking to (transports read idle links only when a request uses them),
-         * and the communicator is lost anyway: a rank blocked on a third, hung rank
-         * fails now with the first cause, not at its own timeout. */
         char *why;
         int fst;
-        if (peer_failure(comm, p, 1000, &why, &fst)) {
-            /* its own status, as its report would have carried (a mismatch stays one) */
+        if (nfailed > 0 && peer_failure(comm, p, 1000, &why, &fst)) {
+            /* its own status, as its report would have carried (a mismatch stays one);
+             * its abort is its own business: here, a failed peer */
+            if (fst == TUTTI_ERR_ABORTED)
+                fst = TUTTI_ERR_PEER;
             char msg[TT_ERRMSG_LEN];
             snprintf(msg, sizeof(msg),
                      "waiting on rank %d, but rank %d had failed (found by the stall check): %s",

@@ -587,6 +587,54 @@ START_TEST(abort_fails_pending)
 }
 END_TEST
 
+/* A rank that aborts its own communicator leaves that in the store; a peer blocked on it
+ * learns it at its stall check as a failed peer (TUTTI_ERR_PEER naming it), not as an
+ * abort of its own (callers read TUTTI_ERR_ABORTED as "I asked for this"). */
+static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                           void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    (void)arg;
+    int32_t v = 0;
+    if (rank == 1) {
+        tutti_work_t *w;
+        FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, 0, 9, &w) != 0, "irecv");
+        abort_arg_t a = {comm, 100};
+        pthread_t t;
+        pthread_create(&t, NULL, aborter, &a);
+        int st = tutti_wait(w, -1);
+        pthread_join(t, NULL);
+        tutti_work_free(w);
+        FAIL_IF(st != TUTTI_ERR_ABORTED, "rank 1's own receive: %s", tutti_status_name(st));
+        sleep(4); /* alive: rank 0 must learn it from the store, not from a closed socket */
+        return 0;
+    }
+    double t0 = th_now_ms();
+    int st = tutti_broadcast(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, 1);
+    double ms = th_now_ms() - t0;
+    FAIL_IF(st != TUTTI_ERR_PEER, "got %s after %.0f ms, want TUTTI_ERR_PEER: %s",
+            tutti_status_name(st), ms, tutti_comm_last_error(comm));
+    FAIL_IF(ms > 3000, "took %.0f ms", ms);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 1 had failed"), "\"%s\"",
+            tutti_comm_last_error(comm));
+    return 0;
+}
+
+START_TEST(peer_abort_is_peer_failure)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    th_spec_t spec = {.nranks = 2, .fn = rank_peer_abort, .timeout_ms = 15000,
+                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
+    int codes[2];
+    th_run_ex(&spec, codes);
+    ck_assert_int_eq(codes[0], 0);
+    ck_assert_int_eq(codes[1], 0);
+}
+END_TEST
+
 /* ---- unreachable things ---- */
 
 static int closed_port(void)
@@ -838,6 +886,7 @@ static Suite *suite(void)
     tcase_add_test(tc, rank_killed_mid_allreduce);
     tcase_add_test(tc, hung_rank_times_out);
     tcase_add_test(tc, abort_fails_pending);
+    tcase_add_test(tc, peer_abort_is_peer_failure);
     tcase_add_test(tc, unreachable_store_via_env);
     tcase_add_test(tc, bad_ifname);
     tcase_add_test(tc, init_from_env);

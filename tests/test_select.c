@@ -359,6 +359,53 @@ START_TEST(models_agree)
 }
 END_TEST
 
+/* The probe is a collective: ranks whose TUTTI_COST_MODEL disagree about probing follow
+ * rank 0 (_i 0: rank 0 probes, the others not; 1: only rank 1 probes), and end with one
+ * model. */
+static int rank_probe_some(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                           void *arg)
+{
+    (void)unused;
+    const int r0_probes = *(const int *)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cost_model = (rank == 0) == r0_probes ? "probe" : "table";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF((strncmp(d, "probe", 5) == 0) != r0_probes, "rank 0 %s, this rank has %s",
+            r0_probes ? "probes" : "does not probe", d);
+    char key[32];
+    snprintf(key, sizeof(key), "model/%d", rank);
+    FAIL_IF(tutti_store_set(store, key, d, strlen(d) + 1) != 0, "store set");
+    for (int r = 0; r < nranks; r++) {
+        void *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof(key), "model/%d", r);
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 20000) != 0, "store get");
+        FAIL_IF(strcmp((const char *)v, d), "rank %d has %s, this rank %s", r, (char *)v, d);
+        free(v);
+    }
+    int64_t x = rank + 1, y = 0;
+    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
+    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(probe_on_some_ranks)
+{
+    int r0_probes = _i == 0;
+    th_spec_t spec = {.nranks = 3, .fn = rank_probe_some, .arg = &r0_probes,
+                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("select");
@@ -373,6 +420,7 @@ int main(void)
     tcase_add_test(tc, cost_tables_and_strings);
     tcase_add_test(tc, probe_agrees);
     tcase_add_test(tc, models_agree);
+    tcase_add_loop_test(tc, probe_on_some_ranks, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
