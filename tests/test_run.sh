@@ -74,12 +74,32 @@ rc=$? t1=$(ms)
 [ "$rc" = 0 ] && [ "$out" = "[0] hi" ] || fail "--tag, grandchild holding the pipe: exit $rc, output: $out"
 [ $((t1 - t0)) -lt 2500 ] || fail "--tag, grandchild holding the pipe: took $((t1 - t0)) ms"
 
-# stopping a rank stops its children too (rank 1 fails once rank 0's sleep has started)
+# stopping a rank stops its children too (rank 1 fails once rank 0's sleep has started);
+# no terminal on 0-2, which would keep the ranks in tutti-run's process group
 timeout 10 "$run" -np 2 sh -c 'd='"$tmp"'
     if [ "$TUTTI_RANK" = 1 ]; then while [ ! -s $d/orphan.pid ]; do sleep .02; done; exit 3; fi
-    sleep 21 & echo $! >$d/orphan.pid; wait' 2>/dev/null; rc=$?
+    sleep 21 & echo $! >$d/orphan.pid; wait' </dev/null >/dev/null 2>&1; rc=$?
 [ "$rc" = 3 ] || fail "grandchild: exit $rc, expected 3"
 gone_within_1s "$(cat "$tmp/orphan.pid")" || fail "a rank's child outlived tutti-run"
+
+# ... also the children of a rank that already exited 0 (rank 1 fails once rank 0 is a
+# zombie or reaped, that is once only its child is left)
+timeout 10 "$run" -np 2 sh -c 'd='"$tmp"'
+    if [ "$TUTTI_RANK" = 0 ]; then echo $$ >$d/exited.rank; sleep 21 & echo $! >$d/left.pid; exit 0; fi
+    until [ -s $d/left.pid ]; do sleep .02; done
+    while grep -q "^[0-9]* ([^)]*) [^Z]" /proc/$(cat $d/exited.rank)/stat 2>/dev/null
+    do sleep .02; done; exit 3' </dev/null >/dev/null 2>&1; rc=$?
+[ "$rc" = 3 ] || fail "an exited rank's child: exit $rc, expected 3"
+gone_within_1s "$(cat "$tmp/left.pid")" || fail "an exited rank's child outlived tutti-run"
+
+# with a terminal the ranks stay in its foreground group: one that reads it (pdb,
+# breakpoint()) or writes it under tostop is not stopped by SIGTTIN/SIGTTOU
+if command -v script >/dev/null; then
+    out=$( (sleep .2; echo hello) | timeout 5 script -qec "stty tostop; '$run' -np 1 sh -c 'read x; echo got:\$x'" /dev/null 2>&1)
+    case $out in *got:hello*) ;; *) fail "a rank reading the terminal: output: $out" ;; esac
+else
+    echo "test_run: no script(1) to give tutti-run a terminal: that check skipped"
+fi
 
 # ranks die with tutti-run even when it is SIGKILLed (here by the rank itself)
 (timeout 10 "$run" -np 1 --store "file://$tmp" sh -c 'echo $$ >'"$tmp"'/rank.pid
@@ -97,13 +117,13 @@ case $dir in /tmp/tutti-run-*) ;; *) fail "closed stdout: store \"$dir\"" ;; esa
 # a SIGTERM that reaches the ranks before they exec still stops them at once: a PATH of
 # 120000 empty entries keeps each rank in execvp for ~0.1 s, when tutti-run is signalled
 longpath=$(head -c 120000 /dev/zero | tr '\0' :)
-t0=$(ms)
 timeout 10 env "PATH=$longpath:$PATH" "$run" -np 2 sleep 21 2>/dev/null &
 tpid=$!
 for _ in $(seq 200); do # until tutti-run (timeout's child) has forked both ranks
     trpid=$(pgrep -P $tpid) && [ "$(pgrep -c -P "$trpid")" = 2 ] && break
     sleep .005
 done
+t0=$(ms) # from the signal: start-up and the wait above are no part of the 2000 ms
 kill -TERM $tpid # timeout passes it on to tutti-run
 wait $tpid; rc=$? t1=$(ms)
 [ "$rc" = 143 ] || fail "SIGTERM before exec: exit $rc, expected 143"

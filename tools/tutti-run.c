@@ -11,8 +11,12 @@
  *
  * The first rank to fail (non-zero exit or a signal) brings the others down: SIGTERM,
  * then SIGKILL after a grace period; so does --timeout and a SIGINT/SIGTERM to tutti-run.
- * Each rank runs in its own process group, and the signals go to the group, so what a
- * rank started stops with it; a rank also gets SIGKILL if tutti-run dies.
+ * Without a terminal on fds 0-2 (batch jobs, CI, pipes), each rank runs in its own process
+ * group and the signals go to the group, so what a rank started stops with it, even after
+ * the rank itself exited. With a terminal, the ranks stay in tutti-run's process group:
+ * a background group would be stopped by SIGTTIN/SIGTTOU when it used the terminal (pdb,
+ * breakpoint()), and Ctrl-C reaches every rank directly; the signals then go to each rank
+ * alone. A rank also gets SIGKILL if tutti-run dies.
  * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
  * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
 #include <errno.h>
@@ -235,9 +239,10 @@ int main(int argc, char **argv)
     if (fd > 2)
         close(fd);
     pid_t *pids = calloc((size_t)np, sizeof(pid_t));
+    char *exited = calloc((size_t)np, 1);
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
     struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
-    if (!pids || (tag && (!tags || !pf))) {
+    if (!pids || !exited || (tag && (!tags || !pf))) {
         fprintf(stderr, "tutti-run: out of memory\n");
         return 1;
     }
@@ -277,6 +282,8 @@ int main(int argc, char **argv)
     }
 
     pid_t self = getpid();
+    /* a rank in a background group of our terminal would stop on its first use of it */
+    int own_groups = !isatty(0) && !isatty(1) && !isatty(2);
     int world = np * nnodes, spawn_failed = 0;
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
@@ -296,7 +303,8 @@ int main(int argc, char **argv)
         pid_t pid = fork();
         if (pid == 0) {
             /* its own process group, so that stopping it stops what it started too */
-            setpgid(0, 0);
+            if (own_groups)
+                setpgid(0, 0);
             /* dies with us, even SIGKILLed; if we died before this call, ppid shows it */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != self)
@@ -331,7 +339,8 @@ int main(int argc, char **argv)
             break;
         }
         /* here too, so that the group exists before we may signal it */
-        setpgid(pid, pid);
+        if (own_groups)
+            setpgid(pid, pid);
         pids[i] = pid;
         if (tag) {
             close(out[1]);
@@ -351,27 +360,28 @@ int main(int argc, char **argv)
     while (running > 0) {
         if (!tag || !tag_poll(tags, pf, 2 * np, 50))
             usleep(20000);
-        int ws;
-        pid_t pid;
-        while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
-            int i = 0;
-            while (i < np && pids[i] != pid)
-                i++;
-            if (i == np)
+        /* WNOWAIT: an exited rank stays a zombie until the end, so its pid, and with it
+         * its process group id, cannot be reused while we may still signal that group */
+        for (int i = 0; i < np; i++) {
+            siginfo_t si = {0};
+            if (pids[i] <= 0 || exited[i] ||
+                waitid(P_PID, (id_t)pids[i], &si, WEXITED | WNOHANG | WNOWAIT) < 0 ||
+                si.si_pid != pids[i])
                 continue;
-            pids[i] = 0;
+            exited[i] = 1;
             running--;
-            int code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+            int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
+            int code = sig ? 128 + sig : si.si_status;
             if (code != 0 && first_failed < 0 && !killing) {
                 first_failed = node_rank * np + i;
                 status = code;
-                if (WIFEXITED(ws))
+                if (!sig)
                     fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
                                     "other %d rank(s)\n", first_failed, code, running);
                 else
                     fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
                                     "stopping the other %d rank(s)\n",
-                            first_failed, WTERMSIG(ws), strsignal(WTERMSIG(ws)), running);
+                            first_failed, sig, strsignal(sig), running);
             }
         }
         if (!killing && (first_failed >= 0 || got_signal ||
@@ -387,20 +397,22 @@ int main(int argc, char **argv)
             }
             killing = 1;
         }
-        if (killing && running > 0) {
-            if (!kill_at) {
-                for (int i = 0; i < np; i++)
-                    if (pids[i] > 0)
-                        kill(-pids[i], SIGTERM);
-                kill_at = now_ms() + GRACE_MS;
-            } else if (now_ms() > kill_at) {
-                for (int i = 0; i < np; i++)
-                    if (pids[i] > 0)
-                        kill(-pids[i], SIGKILL);
-                kill_at = now_ms() + 1e9;
-            }
+        /* once at least, even when the last rank just exited: its group, and those of
+         * the ranks before it, may still hold what they started */
+        if (killing && (running > 0 || !kill_at)) {
+            int sig = !kill_at ? SIGTERM : now_ms() > kill_at ? SIGKILL : 0;
+            /* the groups of exited ranks too: what they left behind stops with the run */
+            for (int i = 0; i < np && sig; i++)
+                if (pids[i] > 0 && (own_groups || !exited[i]))
+                    kill(own_groups ? -pids[i] : pids[i], sig);
+            if (sig)
+                kill_at = now_ms() + (sig == SIGTERM ? GRACE_MS : 1e9);
         }
     }
+    for (int i = 0; i < np; i++) /* every rank has exited: reap them */
+        if (pids[i] > 0)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR)
+                ;
     if (tag) {
         double left, drain_end = now_ms() + DRAIN_MS;
         while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, 2 * np, (int)left + 1))
@@ -412,6 +424,7 @@ int main(int argc, char **argv)
     if (own_dir && nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
         fprintf(stderr, "tutti-run: could not remove %s: %s\n", dir, strerror(errno));
     free(pids);
+    free(exited);
     free(tags);
     free(pf);
     return status;
