@@ -264,6 +264,32 @@ START_TEST(cost_tables_and_strings)
 }
 END_TEST
 
+/* Every rank ends with the same cost model (or they would pick different algorithms),
+ * compared through the store, and the communicator works. 0 or 1 (printed why). */
+static int same_model_everywhere(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store)
+{
+    const char *d = tutti_comm_cost_model(comm);
+    char key[32];
+    snprintf(key, sizeof(key), "model/%d", rank);
+    FAIL_IF(tutti_store_set(store, key, d, strlen(d) + 1) != 0, "store set");
+    for (int r = 0; r < nranks; r++) {
+        void *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof(key), "model/%d", r);
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 20000) != 0, "store get");
+        int differ = strcmp((const char *)v, d) != 0;
+        if (differ)
+            fprintf(stderr, "rank %d: rank %d has %s, this rank %s\n", rank, r, (char *)v, d);
+        free(v);
+        if (differ)
+            return 1;
+    }
+    int64_t x = rank + 1, y = 0;
+    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
+    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    return 0;
+}
+
 /* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
  * ranks would pick different algorithms), and they are plausible. */
 static int rank_probe(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -284,21 +310,7 @@ static int rank_probe(int rank, int nranks, tutti_comm_t *unused, const char *di
     FAIL_IF(sscanf(d, "probe: alpha %lf us, bw %lf GB/s, reduce %lf GB/s", &a, &bw, &red) != 3,
             "cannot read %s", d);
     FAIL_IF(!(a > 0 && a < 100000 && bw > 0 && red > 0), "implausible: %s", d);
-    char key[32];
-    snprintf(key, sizeof(key), "probe/%d", rank);
-    FAIL_IF(tutti_store_set(store, key, d, strlen(d) + 1) != 0, "store set");
-    for (int r = 0; r < nranks; r++) {
-        void *v = NULL;
-        size_t len = 0;
-        snprintf(key, sizeof(key), "probe/%d", r);
-        FAIL_IF(tutti_store_get(store, key, &v, &len, 20000) != 0, "store get");
-        FAIL_IF(strcmp((const char *)v, d), "rank %d has %s, this rank %s", r, (char *)v, d);
-        free(v);
-    }
-    /* and the communicator works afterwards */
-    int64_t x = rank + 1, y = 0;
-    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
-    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return 0;
@@ -378,20 +390,7 @@ static int rank_probe_some(int rank, int nranks, tutti_comm_t *unused, const cha
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF((strncmp(d, "probe", 5) == 0) != r0_probes, "rank 0 %s, this rank has %s",
             r0_probes ? "probes" : "does not probe", d);
-    char key[32];
-    snprintf(key, sizeof(key), "model/%d", rank);
-    FAIL_IF(tutti_store_set(store, key, d, strlen(d) + 1) != 0, "store set");
-    for (int r = 0; r < nranks; r++) {
-        void *v = NULL;
-        size_t len = 0;
-        snprintf(key, sizeof(key), "model/%d", r);
-        FAIL_IF(tutti_store_get(store, key, &v, &len, 20000) != 0, "store get");
-        FAIL_IF(strcmp((const char *)v, d), "rank %d has %s, this rank %s", r, (char *)v, d);
-        free(v);
-    }
-    int64_t x = rank + 1, y = 0;
-    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
-    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return 0;
