@@ -126,7 +126,10 @@ void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t cap)
         return;
     pthread_mutex_lock(&comm->stage_lock);
     /* keep the two largest */
-    int i = !comm->stage[0] ? 0 : !comm->stage[1] ? 1 : comm->stage_len[0] < comm->stage_len[1] ? 0 : 1;
+    int i = !comm->stage[0]                           ? 0
+            : !comm->stage[1]                         ? 1
+            : comm->stage_len[0] < comm->stage_len[1] ? 0
+                                                      : 1;
     if (!comm->stage[i] || comm->stage_len[i] < cap) {
         void *old = comm->stage[i];
         comm->stage[i] = buf;
@@ -807,8 +810,9 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
         char key[64], val[TT_ERRMSG_LEN + 16];
         snprintf(key, sizeof(key), "failed/%d", comm->rank);
         int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* p2p.c */
+        size_t len = (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1;
         int64_t nfailed;
-        if (tutti_store_set(comm->store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1) == 0)
+        if (tutti_store_set(comm->store, key, val, len) == 0)
             tutti_store_add(comm->store, "failed_count", 1, &nfailed);
     }
 }

@@ -450,15 +450,13 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     else
         comm->q_head = w;
     comm->q_tail = w;
-    if (work_p && defer_depth && comm->defer_seen) {
+    int defer = work_p && defer_depth;
+    if (defer)
         w->defer_until_ns = tt_now_ns() + TT_DEFER_NS;
-    } else {
-        if (work_p && defer_depth) { /* the first: start the progress thread's ticks */
-            w->defer_until_ns = tt_now_ns() + TT_DEFER_NS;
-            comm->defer_seen = 1;
-        }
+    /* a deferred op wakes nobody, but the communicator's first: that starts the ticks */
+    if (!defer || !comm->defer_seen)
         pthread_cond_signal(&comm->q_cv);
-    }
+    comm->defer_seen |= defer;
     pthread_mutex_unlock(&comm->q_lock);
     if (work_p) {
         *work_p = w;

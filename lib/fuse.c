@@ -55,6 +55,7 @@ struct tutti_fuse {
     int has_hook;
     int rank, nranks;
     pthread_mutex_t lock;
+    pthread_mutex_t err_lock; /* f->err only: errors come from any thread, locked or not */
     tt_fuse_tensor_t *tensors;
     int ntensors, cap_tensors;
     tt_fuse_bucket_t *buckets;
@@ -65,8 +66,7 @@ struct tutti_fuse {
     int next_issue; /* next bucket to issue this step */
     int *ready_order; /* first step: order of arrival */
     atomic_int nready;
-    int no_rebuild; /* static, or the rebuild already happened */
-    int recording;  /* this step records the order: !no_rebuild && steps_done == 0 */
+    int no_rebuild; /* static, or the rebuild already happened (else this step records) */
     atomic_int any_unused; /* some tensor is unused this step */
     char err[256];
 };
@@ -78,9 +78,11 @@ static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+    pthread_mutex_lock(&f->err_lock);
     vsnprintf(f->err, sizeof(f->err), fmt, ap);
-    va_end(ap);
     TT_TRACE("fuse: %s -> %s", f->err, tutti_status_name(st));
+    pthread_mutex_unlock(&f->err_lock);
+    va_end(ap);
     return st;
 }
 
@@ -155,8 +157,8 @@ int tutti_fuse_create(tutti_fuse_t **fuse_p, tutti_comm_t *comm, const tutti_fus
     f->rank = tutti_comm_rank(comm);
     f->nranks = tutti_comm_size(comm);
     f->no_rebuild = o.static_layout;
-    f->recording = !f->no_rebuild;
     pthread_mutex_init(&f->lock, NULL);
+    pthread_mutex_init(&f->err_lock, NULL);
     *fuse_p = f;
     return TUTTI_OK;
 }
@@ -187,6 +189,7 @@ int tutti_fuse_destroy(tutti_fuse_t *f)
     free(f->layout_order);
     free(f->ready_order);
     pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->err_lock);
     free(f);
     return TUTTI_OK;
 }
@@ -553,11 +556,17 @@ static int arrive_bit(tutti_fuse_t *f, const tt_fuse_tensor_t *t)
 
 static int arrive_error(tutti_fuse_t *f, int index, const char *what)
 {
-    pthread_mutex_lock(&f->lock);
-    int st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
-                        what, index);
-    pthread_mutex_unlock(&f->lock);
-    return st;
+    return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
+                      what, index);
+}
+
+/* t counts as zeros this step (declared unused, or forgotten): its place is zeroed, and
+ * its own storage keeps its values at wait. */
+static void arrive_as_zeros(tutti_fuse_t *f, tt_fuse_tensor_t *t)
+{
+    memset(f->buckets[t->bucket].buf + t->offset, 0, t->bytes);
+    atomic_store_explicit(&t->unused, 1, memory_order_relaxed);
+    atomic_store_explicit(&f->any_unused, 1, memory_order_relaxed);
 }
 
 /* A tensor arrived (ready or unused): fill its place, set its bit, and if that
@@ -568,12 +577,8 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
 {
     if (!f)
         return TUTTI_ERR_INVALID_ARG;
-    if (index < 0 || index >= f->ntensors) {
-        pthread_mutex_lock(&f->lock);
-        int st = fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
-        pthread_mutex_unlock(&f->lock);
-        return st;
-    }
+    if (index < 0 || index >= f->ntensors)
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
     if (!atomic_load_explicit(&f->built, memory_order_acquire)) {
         pthread_mutex_lock(&f->lock);
         int st = ensure_built(f);
@@ -583,18 +588,14 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
     tt_fuse_tensor_t *t = &f->tensors[index];
     if (tensor_arrived(t)) /* before touching the bucket, which may be in flight */
         return arrive_error(f, index, what);
-    unsigned char *dst = f->buckets[t->bucket].buf + t->offset;
-    if (unused) {
-        memset(dst, 0, t->bytes);
-        atomic_store_explicit(&t->unused, 1, memory_order_relaxed);
-        atomic_store_explicit(&f->any_unused, 1, memory_order_relaxed);
-    } else if (!f->opts.bucket_views) {
-        memcpy(dst, t->user, t->bytes);
-    }
+    if (unused)
+        arrive_as_zeros(f, t);
+    else if (!f->opts.bucket_views)
+        memcpy(f->buckets[t->bucket].buf + t->offset, t->user, t->bytes);
     int done = arrive_bit(f, t);
     if (done < 0)
         return arrive_error(f, index, what);
-    if (!unused && f->recording)
+    if (!unused && !f->no_rebuild)
         f->ready_order[atomic_fetch_add_explicit(&f->nready, 1, memory_order_relaxed)] = index;
     if (done) {
         pthread_mutex_lock(&f->lock);
@@ -723,9 +724,7 @@ int tutti_fuse_wait(tutti_fuse_t *f)
                 continue;
             if (forgotten < 0 || b->tensors[k] < forgotten)
                 forgotten = b->tensors[k];
-            atomic_store_explicit(&t->unused, 1, memory_order_relaxed);
-            atomic_store_explicit(&f->any_unused, 1, memory_order_relaxed);
-            memset(b->buf + t->offset, 0, t->bytes);
+            arrive_as_zeros(f, t);
             arrive_bit(f, t);
         }
     }
@@ -795,7 +794,6 @@ int tutti_fuse_wait(tutti_fuse_t *f)
     }
     f->next_issue = 0;
     f->steps_done++;
-    f->recording = 0;
     pthread_mutex_unlock(&f->lock);
     return st;
 }
