@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "comm.h"
 #include "internal.h"
 #include "reduce.h"
@@ -42,6 +43,10 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->host_id = tt_env("HOST_ID");
     opts->cost_model = tt_env("COST_MODEL");
     opts->transport_options = tt_env("TRANSPORT_OPTIONS");
+    opts->job_id = tt_env("JOB_ID");
+    opts->auth_token = tt_env("AUTH_TOKEN");
+    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
+    opts->checksum = tt_env("CHECKSUM");
     return TUTTI_OK;
 }
 
@@ -86,6 +91,12 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
     const tt_algo_t *a = tt_algo_select(comm->algo_ovr, &comm->cost, c, bytes, comm->nranks,
                                         comm->opts.chunk_bytes);
     return a ? a->name : NULL;
+}
+
+int tt_comm_quick_ms(const tutti_comm_t *comm)
+{
+    int t = comm->opts.timeout_ms / 4;
+    return t < 100 ? 100 : t > 1000 ? 1000 : t;
 }
 
 size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
@@ -217,6 +228,8 @@ static const char *host_config(void *ctx, const char *name)
         snprintf(num, sizeof(num), "%d", comm->opts.socket_family);
         return num;
     }
+    if (!strcmp(name, "CHECKSUM"))
+        return comm->opts.checksum;
     if (!strcmp(name, "SOCKET_BUFFER")) {
         snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
         return num;
@@ -257,6 +270,16 @@ static int host_error(void *ctx, int status, int peer, int err_no, const char *f
     return status;
 }
 
+static int host_auth_answer(void *ctx, const char *context, const uint8_t challenge[32],
+                            uint8_t answer[32])
+{
+    tutti_comm_t *comm = ctx;
+    if (!comm->secret)
+        return TUTTI_ERR_UNSUPPORTED;
+    tt_auth_answer(comm->secret, comm->secret_len, context, challenge, answer);
+    return TUTTI_OK;
+}
+
 /* ---- creation and destruction ---- */
 
 static void opts_free(tutti_comm_opts_t *o)
@@ -269,6 +292,10 @@ static void opts_free(tutti_comm_opts_t *o)
     free((char *)o->host_id);
     free((char *)o->cost_model);
     free((char *)o->transport_options);
+    free((char *)o->job_id);
+    free((char *)o->auth_token);
+    free((char *)o->auth_token_file);
+    free((char *)o->checksum);
 }
 
 static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
@@ -290,6 +317,11 @@ static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     d.cost_model = tt_strdup(d.cost_model ? d.cost_model : tt_env("COST_MODEL"));
     d.transport_options = tt_strdup(d.transport_options ? d.transport_options
                                                         : tt_env("TRANSPORT_OPTIONS"));
+    d.job_id = tt_strdup(d.job_id ? d.job_id : tt_env("JOB_ID"));
+    d.auth_token = tt_strdup(d.auth_token ? d.auth_token : tt_env("AUTH_TOKEN"));
+    d.auth_token_file = tt_strdup(d.auth_token_file ? d.auth_token_file
+                                                    : tt_env("AUTH_TOKEN_FILE"));
+    d.checksum = tt_strdup(d.checksum ? d.checksum : tt_env("CHECKSUM"));
     if (!d.transport) {
         opts_free(&d);
         return TUTTI_ERR_NOMEM;
@@ -305,6 +337,8 @@ static void comm_free(tutti_comm_t *comm)
     if (comm->tp_handle)
         tt_transport_unload(comm->tp_handle);
     tt_algo_override_free(comm->algo_ovr);
+    if (comm->qstore)
+        tutti_store_close(comm->qstore);
     if (comm->store)
         tutti_store_close(comm->store);
     if (comm->owned_store)
@@ -316,6 +350,9 @@ static void comm_free(tutti_comm_t *comm)
     pthread_mutex_destroy(&comm->stage_lock);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
+    if (comm->secret)
+        memset(comm->secret, 0, comm->secret_len);
+    free(comm->secret);
     opts_free(&comm->opts);
     pthread_mutex_destroy(&comm->err_lock);
     pthread_mutex_destroy(&comm->q_lock);
@@ -441,6 +478,22 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         goto err_free;
     }
     tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
+    st = tutti_store_open_prefixed(&comm->qstore, store, prefix);
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: cannot open store view %s on %s", prefix,
+                          comm->store_url);
+        goto err_free;
+    }
+    tutti_store_set_timeout(comm->qstore, tt_comm_quick_ms(comm));
+    st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
+                             &comm->secret, &comm->secret_len, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
+    }
+    snprintf(comm->instance, sizeof(comm->instance), "%s/-",
+             comm->opts.job_id ? comm->opts.job_id : "");
 
     comm->host = (tutti_tp_host_v1_t){
         .size = sizeof(tutti_tp_host_v1_t),
@@ -456,6 +509,8 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         .config = host_config,
         .log = host_log,
         .error = host_error,
+        .instance = comm->instance,
+        .auth_answer = host_auth_answer,
     };
     st = tt_transports_create(comm, err, sizeof(err));
     if (st < 0) {

@@ -38,6 +38,13 @@ struct tutti_comm {
     tutti_comm_opts_t opts;   /* strings owned (strdup'ed) */
     tutti_store_t *store;     /* this communicator's prefixed view */
     tutti_store_t *owned_store; /* opened by tutti_comm_init_env */
+    tutti_store_t *qstore;    /* the same keys with a short default deadline: for store
+                                 calls on failure paths and stall checks, which must not
+                                 outlast the communicator's timeout (a dead store server
+                                 is retried only this long) */
+    char instance[128];       /* "<job id>/<nonce>": this job instance (host.instance) */
+    char *secret;             /* the job secret (NULL: authentication off) */
+    size_t secret_len;
     char store_url[256];
 
     const tutti_transport_ops_v1_t *tp_ops;
@@ -93,6 +100,10 @@ struct tutti_comm {
     uint64_t *p2p_send_seq;   /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq;   /* messages, separate from the collectives' */
 };
+
+/* comm.c: the default deadline of comm->qstore: a quarter of the timeout, within
+ * 100..1000 ms. */
+int tt_comm_quick_ms(const tutti_comm_t *comm);
 
 /* exec.c: issue an op (blocking or async) */
 /* layout: a malloc'ed block the op's layout arrays point into (or NULL); the executor

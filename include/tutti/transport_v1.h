@@ -70,7 +70,27 @@ typedef struct tutti_tp_host_v1 {
     /* This host's identity as the library sees it (hostname and boot id, or
      * TUTTI_HOST_ID); ranks with equal host ids share a kernel. Appended in ABI 1.1. */
     const char *host_id;
+    /* ---- Appended in ABI 1.2: job identity and authentication. Read them only when
+     * tutti_tp_host_has(h, field). ---- */
+    /* The job instance this communicator belongs to ("<job id>/<nonce>", agreed through
+     * the store): two jobs, or two runs of one job, never share one. A connection
+     * set-up (hello) must carry it, and a transport must refuse a peer whose hello
+     * names another instance. Store keys are already scoped to it. */
+    const char *instance;
+    /* Prove membership of the job: answer = HMAC-SHA256 of the job secret over
+     * `context` and the 32-byte `challenge` (the secret never leaves the library).
+     * Returns TUTTI_ERR_UNSUPPORTED when the job has no secret (authentication off);
+     * then hellos carry no proof and none is asked for. A hello should be mutual: each
+     * side sends a fresh random challenge and checks the other's answer, with a
+     * context naming the direction ("tcp-hello 3->1 <instance>") so answers cannot be
+     * replayed. */
+    int (*auth_answer)(void *ctx, const char *context, const uint8_t challenge[32],
+                       uint8_t answer[32]);
 } tutti_tp_host_v1_t;
+
+/* Does this host struct have `field` (appended in a later minor version)? */
+#define tutti_tp_host_has(h, field)                                                     \
+    ((h)->size >= __builtin_offsetof(tutti_tp_host_v1_t, field) + sizeof((h)->field))
 
 /* Does the transport serve `peer`? (ABI 1.1 field, absent in older hosts.) */
 static inline int tutti_tp_host_serves(const tutti_tp_host_v1_t *h, int peer)

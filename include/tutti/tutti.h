@@ -112,6 +112,17 @@ typedef struct tutti_comm_opts {
                                       as "NAME=VALUE,..." with NAME the variable without
                                       TUTTI_ ("SHM_RING_BYTES=1M,IB_DEV=mlx5_0"); a knob
                                       not listed comes from its TUTTI_ variable */
+    /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
+    const char *job_id;        /* TUTTI_JOB_ID: the job this rank belongs to (default: a
+                                  launcher's id: tutti-run, Slurm, torchrun, Open MPI,
+                                  PMIx; else none). Ranks of different jobs never meet,
+                                  even on one store */
+    const char *auth_token;    /* TUTTI_AUTH_TOKEN: the job secret; the store server and
+                                  every connection set-up check that peers know it
+                                  (challenge-response: it never travels) */
+    const char *auth_token_file; /* TUTTI_AUTH_TOKEN_FILE: a file holding the secret */
+    const char *checksum;      /* TUTTI_CHECKSUM: "crc32c" checks every payload on
+                                  links that can corrupt (tcp); "none" (default) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -1,0 +1,151 @@
+/* SHA-256 and HMAC-SHA256 against published vectors (FIPS 180-2 appendix B, RFC 4231),
+ * the secret's sources, and challenge answers that depend on every input. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "internal.h"
+
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static void sha_hex(const void *data, size_t len, char out[65])
+{
+    tt_sha256_t c;
+    uint8_t d[32];
+    tt_sha256_init(&c);
+    tt_sha256_update(&c, data, len);
+    tt_sha256_final(&c, d);
+    hex(d, 32, out);
+}
+
+START_TEST(sha256_vectors)
+{
+    char h[65];
+    sha_hex("abc", 3, h);
+    ck_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    sha_hex("", 0, h);
+    ck_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    sha_hex(m, strlen(m), h);
+    ck_assert_str_eq(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    /* one million 'a', fed in uneven pieces (the buffering path) */
+    char *a = malloc(1000000);
+    memset(a, 'a', 1000000);
+    tt_sha256_t c;
+    uint8_t d[32];
+    tt_sha256_init(&c);
+    for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 3 % 997 + 1)
+        tt_sha256_update(&c, a + off, off + step > 1000000 ? 1000000 - off : step);
+    tt_sha256_final(&c, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    free(a);
+}
+END_TEST
+
+START_TEST(hmac_vectors)
+{
+    uint8_t d[32];
+    char h[65];
+    /* RFC 4231 test case 2 */
+    const char *data = "what do ya want for nothing?";
+    tt_hmac_sha256("Jefe", 4, data, strlen(data), NULL, 0, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    /* the same message in two parts */
+    tt_hmac_sha256("Jefe", 4, data, 10, data + 10, strlen(data) - 10, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    /* RFC 4231 test case 6: a 131-byte key (hashed first) */
+    uint8_t key[131];
+    memset(key, 0xaa, sizeof(key));
+    const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+    tt_hmac_sha256(key, sizeof(key), m6, strlen(m6), NULL, 0, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+END_TEST
+
+START_TEST(answers_bind_everything)
+{
+    uint8_t ch[TT_AUTH_CHALLENGE_LEN], ch2[TT_AUTH_CHALLENGE_LEN];
+    ck_assert_int_eq(tt_auth_random(ch, sizeof(ch)), 0);
+    ck_assert_int_eq(tt_auth_random(ch2, sizeof(ch2)), 0);
+    ck_assert(!tt_auth_equal(ch, ch2, sizeof(ch))); /* 2^-256 */
+    uint8_t a[32], b[32];
+    tt_auth_answer("s3cret", 6, "store", ch, a);
+    tt_auth_answer("s3cret", 6, "store", ch, b);
+    ck_assert(tt_auth_equal(a, b, 32));
+    tt_auth_answer("s3creT", 6, "store", ch, b);
+    ck_assert(!tt_auth_equal(a, b, 32));
+    tt_auth_answer("s3cret", 6, "stora", ch, b);
+    ck_assert(!tt_auth_equal(a, b, 32));
+    tt_auth_answer("s3cret", 6, "store", ch2, b);
+    ck_assert(!tt_auth_equal(a, b, 32));
+    /* the answer is HMAC over "tutti-auth\0" context "\0" challenge */
+    uint8_t msg[11 + 5 + 1 + 32];
+    memcpy(msg, "tutti-auth\0store\0", 17);
+    memcpy(msg + 17, ch, 32);
+    tt_hmac_sha256("s3cret", 6, msg, sizeof(msg), NULL, 0, b);
+    ck_assert(tt_auth_equal(a, b, 32));
+}
+END_TEST
+
+START_TEST(secret_sources)
+{
+    char err[256], *s;
+    size_t n;
+    unsetenv("TUTTI_AUTH_TOKEN");
+    unsetenv("TUTTI_AUTH_TOKEN_FILE");
+    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)), 0);
+    ck_assert_ptr_null(s);
+    setenv("TUTTI_AUTH_TOKEN", "from-env", 1);
+    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)), 0);
+    ck_assert_str_eq(s, "from-env");
+    ck_assert_uint_eq(n, 8);
+    free(s);
+    ck_assert_int_eq(tt_auth_load_secret("explicit", NULL, &s, &n, err, sizeof(err)), 0);
+    ck_assert_str_eq(s, "explicit");
+    free(s);
+    unsetenv("TUTTI_AUTH_TOKEN");
+    char path[] = "/tmp/tt-auth-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "file-secret\n", 12), 12);
+    close(fd);
+    setenv("TUTTI_AUTH_TOKEN_FILE", path, 1);
+    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)), 0);
+    ck_assert_str_eq(s, "file-secret");
+    ck_assert_uint_eq(n, 11);
+    free(s);
+    unlink(path);
+    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)),
+                     TUTTI_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(err, path));
+    ck_assert_int_eq(tt_auth_load_secret("", NULL, &s, &n, err, sizeof(err)), TUTTI_ERR_CONFIG);
+    unsetenv("TUTTI_AUTH_TOKEN_FILE");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("auth");
+    TCase *tc = tcase_create("auth");
+    tcase_add_test(tc, sha256_vectors);
+    tcase_add_test(tc, hmac_vectors);
+    tcase_add_test(tc, answers_bind_everything);
+    tcase_add_test(tc, secret_sources);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
