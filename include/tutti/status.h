@@ -31,13 +31,15 @@ extern "C" {
     XX(ERR_CONFIG, -13, "bad configuration")                                       \
     XX(ERR_NO_DEVICE, -14, "no such device or interface")                          \
     XX(ERR_FAILED, -15, "communicator failed earlier")                             \
-    XX(ERR_INTERNAL, -16, "internal error")
+    XX(ERR_INTERNAL, -16, "internal error")                                        \
+    XX(ERR_AUTH, -17, "authentication failed: wrong or missing job secret")         \
+    XX(ERR_IN_USE, -18, "store already used by another job")
 
 typedef enum tutti_status {
 #define TUTTI_STATUS_ENUM_(name, val, desc) TUTTI_##name = (val),
     TUTTI_STATUS_MAP(TUTTI_STATUS_ENUM_)
 #undef TUTTI_STATUS_ENUM_
-    TUTTI_STATUS_LAST_ = -17
+    TUTTI_STATUS_LAST_ = -19
 } tutti_status_t;
 
 /* Description of a status code ("timed out"); never NULL. */
