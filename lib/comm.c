@@ -9,6 +9,7 @@
 #include "auth.h"
 #include "comm.h"
 #include "internal.h"
+#include "job.h"
 #include "reduce.h"
 #include "store_impl.h"
 #include "tpmux.h"
@@ -47,6 +48,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->auth_token = tt_env("AUTH_TOKEN");
     opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
     opts->checksum = tt_env("CHECKSUM");
+    opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
     return TUTTI_OK;
 }
 
@@ -339,6 +341,8 @@ static void comm_free(tutti_comm_t *comm)
     tt_algo_override_free(comm->algo_ovr);
     if (comm->qstore)
         tutti_store_close(comm->qstore);
+    if (comm->job_store)
+        tutti_store_close(comm->job_store);
     if (comm->store)
         tutti_store_close(comm->store);
     if (comm->owned_store)
@@ -464,27 +468,18 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         goto err_free;
     }
 
-    /* Each communicator on a store gets its own key space. */
-    char prefix[256];
+    /* Each job gets its own key space on a store, each communicator its own within it,
+     * and each run of it (instance) its own within that (job.c). */
+    const char *job_src;
+    tt_job_id(comm->opts.job_id, comm->job_id, sizeof(comm->job_id), &job_src);
+    char base[512];
     if (comm->opts.prefix)
-        snprintf(prefix, sizeof(prefix), "%s/", comm->opts.prefix);
+        snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix,
+                 comm->job_id[0] ? "job/" : "", comm->job_id, comm->job_id[0] ? "/" : "");
     else
-        snprintf(prefix, sizeof(prefix), "tutti/comm%u/", tt_store_next_comm_id(store));
+        snprintf(base, sizeof(base), "tutti/%s%s%scomm%u/", comm->job_id[0] ? "job/" : "",
+                 comm->job_id, comm->job_id[0] ? "/" : "", tt_store_next_comm_id(store));
     snprintf(comm->store_url, sizeof(comm->store_url), "%s", tutti_store_url(store));
-    st = tutti_store_open_prefixed(&comm->store, store, prefix);
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: cannot open store view %s on %s", prefix,
-                          comm->store_url);
-        goto err_free;
-    }
-    tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
-    st = tutti_store_open_prefixed(&comm->qstore, store, prefix);
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: cannot open store view %s on %s", prefix,
-                          comm->store_url);
-        goto err_free;
-    }
-    tutti_store_set_timeout(comm->qstore, tt_comm_quick_ms(comm));
     st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
                              &comm->secret, &comm->secret_len, err, sizeof(err));
     if (st < 0) {
@@ -492,8 +487,13 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         TT_WARN("%s", comm->last_error);
         goto err_free;
     }
-    snprintf(comm->instance, sizeof(comm->instance), "%s/-",
-             comm->opts.job_id ? comm->opts.job_id : "");
+    st = tt_job_join(comm, store, base, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
+    }
+    TT_INFO("job id %s (from %s)", comm->job_id[0] ? comm->job_id : "none", job_src);
 
     comm->host = (tutti_tp_host_v1_t){
         .size = sizeof(tutti_tp_host_v1_t),
@@ -551,10 +551,17 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
             return st;
         }
     }
+    st = tt_job_check_contested(comm, err, sizeof(err));
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
+        TT_WARN("%s", comm->last_error);
+        tutti_comm_destroy(comm);
+        return st;
+    }
     tt_cost_describe(&comm->cost, comm->cost_desc, sizeof(comm->cost_desc));
     TT_INFO("cost model %s", comm->cost_desc);
-    TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, prefix %s", rank, size,
-            comm->tp_name, comm->store_url, prefix);
+    TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, job instance %s under %s",
+            rank, size, comm->tp_name, comm->store_url, comm->instance, comm->job_base);
     *comm_p = comm;
     return TUTTI_OK;
 
@@ -642,6 +649,11 @@ int tutti_comm_destroy(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
     if (comm->worker_started)
         pthread_join(comm->worker, NULL);
+    /* the transport first: peers that still read from us see a clean close */
+    if (comm->tp && comm->tp_ops)
+        comm->tp_ops->destroy(comm->tp);
+    comm->tp = NULL;
+    tt_job_leave(comm);
     comm_free(comm);
     return TUTTI_OK;
 }

@@ -43,6 +43,13 @@ struct tutti_comm {
                                  outlast the communicator's timeout (a dead store server
                                  is retried only this long) */
     char instance[128];       /* "<job id>/<nonce>": this job instance (host.instance) */
+    /* job identity (job.c): the prefix of this job's communicator, a view of it for the
+     * instance record, the job id, this instance's nonce and record */
+    tutti_store_t *job_store;
+    char job_base[512];
+    char job_id[80];
+    char nonce[40];
+    char record[768];
     char *secret;             /* the job secret (NULL: authentication off) */
     size_t secret_len;
     char store_url[256];

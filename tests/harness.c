@@ -47,13 +47,16 @@ static void th_sleep_ms(int ms)
 }
 
 __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
-                                               const char *dir, pid_t parent)
+                                               const char *dir, pid_t parent,
+                                               const char *job_id)
 {
     /* A harness that dies (Check's timeout kills it) must not leave ranks behind; the
      * getppid check closes the race with a parent that died before the prctl. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
         _exit(TH_EXIT_SETUP);
     setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+    /* a launcher gives its ranks a job id (tests of id-less jobs unset it) */
+    setenv("TUTTI_JOB_ID", job_id, 0);
 
     int rc;
     if (spec->flags & TH_NO_COMM) {
@@ -122,7 +125,9 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s/tutti-th-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
+    if (spec->store_dir)
+        snprintf(dir, sizeof(dir), "%s", spec->store_dir);
+    else if (!mkdtemp(dir)) {
         fprintf(stderr, "th: mkdtemp %s: %s\n", dir, strerror(errno));
         return 1;
     }
@@ -133,7 +138,8 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
         fprintf(stderr, "th: out of memory\n");
         free(pids);
         free(codes);
-        th_rmtree(dir);
+        if (!spec->store_dir)
+            th_rmtree(dir);
         return 1;
     }
     for (int r = 0; r < n; r++)
@@ -142,11 +148,15 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
     /* unflushed output would be written once by every child */
     fflush(NULL);
     const pid_t self = getpid();
+    static unsigned runs;
+    char job_id[64];
+    snprintf(job_id, sizeof(job_id), "th-%ld-%u-%lld", (long)self, runs++,
+             (long long)th_now_ms());
     int started = 0, fork_failed = 0;
     for (; started < n; started++) {
         pid_t pid = fork();
         if (pid == 0)
-            th_child(spec, started, dir, self);
+            th_child(spec, started, dir, self, job_id);
         if (pid < 0) {
             fprintf(stderr, "th: fork of rank %d: %s\n", started, strerror(errno));
             fork_failed = 1;
@@ -219,7 +229,8 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
         memcpy(exit_codes, codes, (size_t)n * sizeof(*codes));
     free(pids);
     free(codes);
-    th_rmtree(dir);
+    if (!spec->store_dir)
+        th_rmtree(dir);
     return ok ? 0 : 1;
 }
 
@@ -232,4 +243,22 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
         .timeout_ms = timeout_ms,
     };
     return th_run_ex(&spec, NULL);
+}
+
+int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
+                size_t len, int timeout_ms)
+{
+    char k[512];
+    snprintf(k, sizeof(k), "%sinstance", base);
+    void *v = NULL;
+    size_t vlen = 0;
+    if (tutti_store_get(store, k, &v, &vlen, timeout_ms) != 0)
+        return -1;
+    char nonce[64] = "";
+    int ok = sscanf((const char *)v, "tutti-instance 1 %63s", nonce) == 1;
+    free(v);
+    if (!ok)
+        return -1;
+    snprintf(out, len, "%s%s/%s", base, nonce, key);
+    return 0;
 }

@@ -28,6 +28,8 @@ typedef struct th_spec {
     int timeout_ms;                  /* whole run; children killed after it */
     int flags;                       /* TH_* */
     const tutti_comm_opts_t *opts;   /* comm options (NULL: defaults + environment) */
+    const char *store_dir;           /* the file store's directory, kept afterwards (NULL:
+                                        a fresh temp dir, removed afterwards) */
 } th_spec_t;
 
 /* Run and collect: exit_codes[r] is the rank's exit code, 128+signal if it died of a
@@ -37,6 +39,12 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes);
 
 /* th_run_ex with defaults: kill everything on the first failure. */
 int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* The full store key of a communicator's key (e.g. "tcp/0", as a transport wrote it)
+ * under base (e.g. "tutti/comm0/"): keys live under the job instance's nonce, which
+ * rank 0 publishes in base + "instance". Waits up to timeout_ms for it. 0 on success. */
+int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
+                size_t len, int timeout_ms);
 
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);

@@ -810,7 +810,10 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
          * claiming rank 1) at it; rank 0 must drop both and wait for the real rank 1. */
         void *v = NULL;
         size_t len = 0;
-        FAIL_IF(tutti_store_get(store, "tutti/comm0/tcp/0", &v, &len, 10000) != 0,
+        char key[256];
+        FAIL_IF(th_comm_key(store, "tutti/comm0/", "tcp/0", key, sizeof(key), 10000) != 0,
+                "rank 0 never created the job instance");
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 10000) != 0,
                 "rank 0 never published its address");
         char ip[64];
         int port = 0;

@@ -123,6 +123,10 @@ typedef struct tutti_comm_opts {
     const char *auth_token_file; /* TUTTI_AUTH_TOKEN_FILE: a file holding the secret */
     const char *checksum;      /* TUTTI_CHECKSUM: "crc32c" checks every payload on
                                   links that can corrupt (tcp); "none" (default) */
+    int job_settle_ms;         /* TUTTI_JOB_SETTLE_MS: without a job id, set-up waits
+                                  until its job instance is this old (default 250), so
+                                  that another id-less job starting on the same store
+                                  at about the same time is caught, not mixed in */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -1,0 +1,484 @@
+/* Job identity: the job id, the instance record, slot claims, contest and leaving.
+ * The design is the comment atop job.h. */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "comm.h"
+#include "internal.h"
+#include "job.h"
+#include "store_gc.h"
+#include "tpmux.h"
+
+#define JOB_ID_MAX 64
+#define JOB_POLL_MS 5
+#define JOB_REJECT_MAX 16
+
+/* ---- the job id ---- */
+
+void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
+{
+    char buf[512] = "";
+    const char *src = "none";
+    const char *v;
+    if (opt && *opt) {
+        snprintf(buf, sizeof(buf), "%s", opt);
+        src = "option";
+    } else if ((v = tt_env("JOB_ID")) && *v) {
+        snprintf(buf, sizeof(buf), "%s", v);
+        src = "TUTTI_JOB_ID";
+    } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
+        const char *step = getenv("SLURM_STEP_ID");
+        snprintf(buf, sizeof(buf), "slurm-%s.%s", v, step ? step : "0");
+        src = "SLURM_JOB_ID";
+    } else if ((v = getenv("PMIX_NAMESPACE")) && *v) {
+        snprintf(buf, sizeof(buf), "pmix-%s", v);
+        src = "PMIX_NAMESPACE";
+    } else if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v) {
+        snprintf(buf, sizeof(buf), "ompi-%s", v);
+        src = "OMPI_MCA_ess_base_jobid";
+    } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
+        snprintf(buf, sizeof(buf), "torch-%s", v);
+        src = "TORCHELASTIC_RUN_ID";
+    }
+    size_t n = strlen(buf);
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)buf[i]) && buf[i] != '.' && buf[i] != '-' && buf[i] != '_')
+            buf[i] = '_';
+    if (n > JOB_ID_MAX) {
+        /* keep it readable and unique: a head, then a hash of the whole */
+        uint8_t h[TT_SHA256_LEN];
+        tt_sha256_t c;
+        tt_sha256_init(&c);
+        tt_sha256_update(&c, buf, n);
+        tt_sha256_final(&c, h);
+        char tail[20];
+        for (int i = 0; i < 8; i++)
+            snprintf(tail + 2 * i, 3, "%02x", h[i]);
+        snprintf(buf + JOB_ID_MAX - 17, sizeof(buf) - (JOB_ID_MAX - 17), "~%s", tail);
+    }
+    snprintf(out, len, "%s", buf);
+    if (source_p)
+        *source_p = src;
+}
+
+/* ---- the instance record ---- */
+
+typedef struct job_rec {
+    char nonce[40];
+    int nranks;
+    long pid;
+    unsigned long long start; /* the process's start (clock ticks since boot) */
+    long long created_ms;     /* CLOCK_REALTIME */
+    int timeout_ms;
+    char host[256];
+} job_rec_t;
+
+static long long realtime_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Field 22 of /proc/<pid>/stat: when the process started; 0 if it does not exist. */
+static unsigned long long proc_start(long pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p)
+        return 0;
+    unsigned long long start = 0;
+    /* after ')': state (field 3) ... starttime (field 22) */
+    if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                      "%*d %*d %llu", &start) != 1)
+        return 0;
+    return start;
+}
+
+static int rec_format(const job_rec_t *r, char *buf, size_t len)
+{
+    return snprintf(buf, len, "tutti-instance 1 %s %d %ld %llu %lld %d %s", r->nonce,
+                    r->nranks, r->pid, r->start, r->created_ms, r->timeout_ms, r->host);
+}
+
+static int rec_parse(const char *s, job_rec_t *r)
+{
+    int off = 0;
+    memset(r, 0, sizeof(*r));
+    if (sscanf(s, "tutti-instance 1 %39s %d %ld %llu %lld %d %n", r->nonce, &r->nranks, &r->pid,
+               &r->start, &r->created_ms, &r->timeout_ms, &off) < 6 || off == 0)
+        return -1;
+    snprintf(r->host, sizeof(r->host), "%s", s + off);
+    return r->nranks > 0 && r->timeout_ms > 0 ? 0 : -1;
+}
+
+static void rec_describe(const job_rec_t *r, char *buf, size_t len)
+{
+    time_t t = (time_t)(r->created_ms / 1000);
+    struct tm tm;
+    char when[32] = "?";
+    if (localtime_r(&t, &tm))
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+    snprintf(buf, len, "job instance %s (%d ranks; its rank 0 is pid %ld on host %s, started %s)",
+             r->nonce, r->nranks, r->pid, r->host, when);
+}
+
+/* Dead: its rank 0 is gone (known only on the same host), or its start is older than
+ * its own timeout (every rank's set-up has ended by then, one way or the other). */
+static int rec_stale(const job_rec_t *r, const char *my_host)
+{
+    if (!strcmp(r->host, my_host)) {
+        unsigned long long st = proc_start(r->pid);
+        if (st == 0 || st != r->start)
+            return 1;
+    }
+    return realtime_ms() > r->created_ms + r->timeout_ms + 2000;
+}
+
+static int slot_key(char *buf, size_t len, const char *nonce, int rank)
+{
+    return snprintf(buf, len, "%s/claim/%d", nonce, rank);
+}
+
+/* Every rank finished set-up: its membership is settled. */
+static int rec_ready(tutti_store_t *js, const job_rec_t *r)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s/ready", r->nonce);
+    int64_t n = 0;
+    return tutti_store_add(js, key, 0, &n) == 0 && n >= r->nranks;
+}
+
+/* Every rank left (destroyed its communicator). */
+static int rec_finished(tutti_store_t *js, const job_rec_t *r)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s/left", r->nonce);
+    int64_t left = 0;
+    return tutti_store_add(js, key, 0, &left) == 0 && left >= r->nranks;
+}
+
+static void contest(tutti_store_t *js, const job_rec_t *r, const char *why)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s/contested", r->nonce);
+    tutti_store_set(js, key, why, strlen(why) + 1);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Remove a dead or finished instance's keys (best effort). */
+static void gc_instance(tutti_store_t *js, const char *nonce)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "%s/", nonce);
+    int st = tt_store_delete_prefix(js, prefix);
+    if (st < 0)
+        TT_INFO("removing the keys of old job instance %s: %s", nonce, tutti_strerror(st));
+}
+
+static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base,
+                      char *err, size_t errlen)
+{
+    char prefix[512];
+    snprintf(prefix, sizeof(prefix), "%s%s/", base, comm->nonce);
+    int st = tutti_store_open_prefixed(&comm->store, store, prefix);
+    if (st == 0)
+        st = tutti_store_open_prefixed(&comm->qstore, store, prefix);
+    if (st < 0) {
+        snprintf(err, errlen, "cannot open store view %s on %s", prefix, comm->store_url);
+        return st;
+    }
+    tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
+    tutti_store_set_timeout(comm->qstore, tt_comm_quick_ms(comm));
+    snprintf(comm->instance, sizeof(comm->instance), "%s/%s",
+             comm->job_id[0] ? comm->job_id : "-", comm->nonce);
+    return TUTTI_OK;
+}
+
+static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
+                        char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    job_rec_t me = {.nranks = comm->nranks, .pid = (long)getpid(),
+                    .start = proc_start((long)getpid()), .created_ms = realtime_ms(),
+                    .timeout_ms = comm->opts.timeout_ms};
+    snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
+    snprintf(me.host, sizeof(me.host), "%s", my_host);
+    rec_format(&me, comm->record, sizeof(comm->record));
+    const char *mine = comm->record;
+    size_t mlen = strlen(mine) + 1;
+    void *cur = NULL;
+    size_t clen = 0;
+    int st = tutti_store_compare_set(js, "instance", "", 0, mine, mlen, &cur, &clen);
+    while (st == 0 && !(clen == mlen && !memcmp(cur, mine, mlen))) {
+        job_rec_t r;
+        char desc[512];
+        int parsed = clen > 1 && rec_parse(cur, &r) == 0;
+        int free_rec = clen <= 1; /* "" or a lone NUL: released by its last rank */
+        int replace = free_rec || !parsed;
+        if (parsed) {
+            rec_describe(&r, desc, sizeof(desc));
+            int fin = rec_finished(js, &r), stale = !fin && rec_stale(&r, my_host);
+            if (fin || stale) {
+                TT_INFO("job: replacing %s %s", stale ? "dead" : "finished", desc);
+                gc_instance(js, r.nonce);
+                replace = 1;
+            } else if (rec_ready(js, &r)) {
+                /* running: its ranks are all set up, none can join us by mistake */
+                TT_INFO("job: %s is running; this job takes the record over", desc);
+                replace = 1;
+            } else {
+                char why[1024];
+                snprintf(why, sizeof(why),
+                         "a second rank 0 (pid %ld on host %s) started on the same store "
+                         "prefix while this job instance was starting: ranks of two jobs "
+                         "may have met; give each job its own TUTTI_JOB_ID",
+                         (long)getpid(), my_host);
+                contest(js, &r, why);
+                snprintf(err, errlen,
+                         "store %s, prefix %s: already used by %s, which is still starting; "
+                         "give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or store)",
+                         comm->store_url, comm->job_base, desc);
+                free(cur);
+                return TUTTI_ERR_IN_USE;
+            }
+        } else if (!free_rec) {
+            TT_WARN("job: the record %sinstance is garbled; replacing it", comm->job_base);
+        }
+        if (tt_now_ns() > deadline) {
+            snprintf(err, errlen, "store %s, prefix %s: could not take the job record over",
+                     comm->store_url, comm->job_base);
+            free(cur);
+            return TUTTI_ERR_TIMEOUT;
+        }
+        if (!replace)
+            break;
+        void *expected = cur;
+        size_t elen = clen;
+        cur = NULL;
+        st = tutti_store_compare_set(js, "instance", expected, elen, mine, mlen, &cur, &clen);
+        free(expected);
+    }
+    free(cur);
+    if (st < 0) {
+        snprintf(err, errlen, "creating the job instance at %sinstance: %s",
+                 comm->job_base, tutti_store_last_error(js));
+        return st;
+    }
+    return TUTTI_OK;
+}
+
+static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
+                          char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    char rejected[JOB_REJECT_MAX][40];
+    int nrej = 0;
+    char why[768] = "";
+    char claim[384];
+    snprintf(claim, sizeof(claim), "pid %ld host %s claim %s", (long)getpid(), my_host,
+             comm->nonce);
+    size_t claim_len = strlen(claim) + 1;
+    for (;;) {
+        int left = tt_ms_left(deadline);
+        if (left <= 0)
+            break;
+        void *cur = NULL;
+        size_t clen = 0;
+        int st = tutti_store_get(js, "instance", &cur, &clen, left);
+        if (st == TUTTI_ERR_TIMEOUT)
+            break;
+        if (st < 0) {
+            snprintf(err, errlen, "reading the job instance %sinstance: %s", comm->job_base,
+                     tutti_store_last_error(js));
+            return st;
+        }
+        job_rec_t r;
+        int ok = clen > 1 && rec_parse(cur, &r) == 0;
+        int known = 0;
+        for (int i = 0; ok && i < nrej; i++)
+            known |= !strcmp(rejected[i], r.nonce);
+        if (!ok || known) {
+            free(cur);
+            sleep_ms(JOB_POLL_MS);
+            continue;
+        }
+        char desc[512];
+        rec_describe(&r, desc, sizeof(desc));
+        int reject = 0;
+        if (r.nranks != comm->nranks) {
+            snprintf(why, sizeof(why), "%s has %d ranks, this one %d", desc, r.nranks,
+                     comm->nranks);
+            reject = 1;
+        } else if (rec_stale(&r, my_host)) {
+            snprintf(why, sizeof(why), "%s is dead", desc);
+            reject = 1;
+        } else {
+            char key[96];
+            slot_key(key, sizeof(key), r.nonce, comm->rank);
+            void *holder = NULL;
+            size_t hlen = 0;
+            st = tutti_store_compare_set(js, key, "", 0, claim, claim_len, &holder, &hlen);
+            if (st < 0) {
+                free(cur);
+                snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
+                         tutti_store_last_error(js));
+                return st;
+            }
+            if (hlen == claim_len && !memcmp(holder, claim, claim_len)) {
+                free(holder);
+                snprintf(comm->record, sizeof(comm->record), "%s", (char *)cur);
+                snprintf(comm->nonce, sizeof(comm->nonce), "%s", r.nonce);
+                free(cur);
+                return TUTTI_OK;
+            }
+            snprintf(why, sizeof(why), "rank %d of %s is already taken (%.*s)", comm->rank,
+                     desc, (int)TT_MIN(hlen, 200), holder ? (char *)holder : "");
+            free(holder);
+            if (!rec_ready(js, &r)) {
+                char c[1024];
+                snprintf(c, sizeof(c),
+                         "a second rank %d (pid %ld on host %s) tried to join this job "
+                         "instance while it was starting: ranks of two jobs may have met; "
+                         "give each job its own TUTTI_JOB_ID",
+                         comm->rank, (long)getpid(), my_host);
+                contest(js, &r, c);
+            }
+            reject = 1;
+        }
+        if (reject) {
+            TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
+            snprintf(rejected[nrej % JOB_REJECT_MAX], sizeof(rejected[0]), "%s", r.nonce);
+            nrej++;
+        }
+        free(cur);
+    }
+    if (nrej)
+        snprintf(err, errlen,
+                 "store %s, prefix %s: already used by another job, and no instance of this "
+                 "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
+                 "TUTTI_PREFIX, or store)",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, why);
+    else
+        snprintf(err, errlen,
+                 "store %s: rank 0 did not create a job instance at %sinstance within %d ms",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms);
+    return nrej ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
+}
+
+int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char *err,
+                size_t errlen)
+{
+    snprintf(comm->job_base, sizeof(comm->job_base), "%s", base);
+    int st = tutti_store_open_prefixed(&comm->job_store, store, base);
+    if (st < 0) {
+        snprintf(err, errlen, "cannot open store view %s on %s", base, comm->store_url);
+        return st;
+    }
+    tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
+    uint8_t rnd[8];
+    if ((st = tt_auth_random(rnd, sizeof(rnd))) < 0) {
+        snprintf(err, errlen, "no random bytes for the job instance nonce");
+        return st;
+    }
+    for (int i = 0; i < 8; i++)
+        snprintf(comm->nonce + 2 * i, 3, "%02x", rnd[i]);
+    char host[256];
+    tt_host_id(comm->opts.host_id, host, sizeof(host));
+    uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms);
+    st = comm->rank == 0 ? join_as_root(comm, host, deadline, err, errlen)
+                         : join_as_member(comm, host, deadline, err, errlen);
+    if (st < 0)
+        return st;
+    if (comm->rank == 0) {
+        char key[96];
+        slot_key(key, sizeof(key), comm->nonce, 0);
+        char claim[384];
+        int n = snprintf(claim, sizeof(claim), "pid %ld host %s claim %s", (long)getpid(), host,
+                         comm->nonce);
+        if ((st = tutti_store_set(comm->job_store, key, claim, (size_t)n + 1)) < 0) {
+            snprintf(err, errlen, "claiming rank 0: %s", tutti_store_last_error(comm->job_store));
+            return st;
+        }
+    }
+    TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)",
+            comm->nonce, base);
+    return open_views(comm, store, base, err, errlen);
+}
+
+int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    /* Without a job id, nothing tells two jobs' ranks apart but their timing: keep the
+     * instance open to contest for a while after its creation, so that the other job's
+     * rank 0 or a second claimant of a slot that arrives meanwhile is seen. */
+    if (!comm->job_id[0] && comm->opts.job_settle_ms > 0) {
+        job_rec_t r;
+        if (rec_parse(comm->record, &r) == 0) {
+            long long wait = r.created_ms + comm->opts.job_settle_ms - realtime_ms();
+            if (wait > comm->opts.job_settle_ms)
+                wait = comm->opts.job_settle_ms;
+            if (wait > 0)
+                sleep_ms((int)wait);
+        }
+    }
+    char key[96];
+    snprintf(key, sizeof(key), "%s/ready", comm->nonce);
+    int64_t ready = 0;
+    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
+    tutti_store_add(comm->job_store, key, 1, &ready);
+    snprintf(key, sizeof(key), "%s/contested", comm->nonce);
+    const char *k = key;
+    int exists = 0;
+    int st = tutti_store_check(comm->job_store, &k, 1, &exists);
+    if (st < 0 || !exists) {
+        tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
+        return TUTTI_OK;
+    }
+    void *v = NULL;
+    size_t len = 0;
+    st = tutti_store_get(comm->job_store, key, &v, &len, tt_comm_quick_ms(comm));
+    tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
+    snprintf(err, errlen, "store %s, prefix %s: %s", comm->store_url, comm->job_base,
+             st == 0 ? (char *)v : "another job contested this instance");
+    free(v);
+    return TUTTI_ERR_IN_USE;
+}
+
+void tt_job_leave(tutti_comm_t *comm)
+{
+    tutti_store_t *js = comm->job_store;
+    if (!js || !comm->nonce[0] || !comm->record[0])
+        return;
+    tutti_store_set_timeout(js, tt_comm_quick_ms(comm));
+    char key[96];
+    snprintf(key, sizeof(key), "%s/left", comm->nonce);
+    int64_t left = 0;
+    if (tutti_store_add(js, key, 1, &left) < 0 || left < comm->nranks)
+        return;
+    /* the last one out: the instance's keys, then its record if it is still ours */
+    gc_instance(js, comm->nonce);
+    void *cur = NULL;
+    size_t clen = 0;
+    tutti_store_compare_set(js, "instance", comm->record, strlen(comm->record) + 1, "", 0,
+                            &cur, &clen);
+    free(cur);
+}

@@ -1,0 +1,380 @@
+/* Job identity and restart in place (issue 10, defects 1, 2 and 6's store litter): two
+ * jobs on one store directory never mix, a rerun on a used directory works (after a
+ * clean exit and after a crash), destroy + init cycles in one process keep fds, memory
+ * and /dev/shm flat, and a finished job leaves no keys behind. */
+#include <check.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* exit codes of a job rank */
+enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
+       JR_WRONG = 20 };
+
+/* One rank of a job: contributes job * 1000 + rank + 1 to 20 allreduces and checks each
+ * sum against its own job's: a rank that met another job's rank sees another sum. */
+static int job_rank(int job, int rank, int nranks, const char *dir, const char *job_id,
+                    const char *transport)
+{
+    if (job_id)
+        setenv("TUTTI_JOB_ID", job_id, 1);
+    else
+        unsetenv("TUTTI_JOB_ID");
+    tutti_store_t *store;
+    if (tutti_store_open_file(&store, dir, 10000) != 0)
+        return JR_INIT_OTHER;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 4000;
+    o.transport = transport;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    if (st != 0) {
+        tutti_store_close(store);
+        fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
+        return st == TUTTI_ERR_IN_USE ? JR_IN_USE : st == TUTTI_ERR_TIMEOUT ? JR_TIMEOUT
+                                                                           : JR_INIT_OTHER;
+    }
+    int64_t expect = 0;
+    for (int r = 0; r < nranks; r++)
+        expect += job * 1000 + r + 1;
+    int rc = JR_OK;
+    for (int i = 0; i < 20 && rc == JR_OK; i++) {
+        int64_t v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = job * 1000 + rank + 1;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 4, TUTTI_INT64, TUTTI_SUM);
+        if (st != 0) {
+            fprintf(stderr, "job %d rank %d: allreduce: %s\n", job, rank,
+                    tutti_comm_last_error(comm));
+            rc = JR_OP_FAILED;
+        } else if (v[0] != expect || v[3] != expect) {
+            fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
+                    "ranks of two jobs met\n", job, rank, (long long)v[0], (long long)expect);
+            rc = JR_WRONG;
+        }
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+/* ---- two jobs, one directory ---- */
+
+typedef struct two_jobs {
+    int nranks;          /* per job */
+    int delay_ms[8];     /* start delay of harness rank i: job i / nranks, rank i % nranks */
+    const char *ids[2];  /* job ids (NULL: none) */
+    const char *transport;
+} two_jobs_t;
+
+static int rank_two_jobs(int hr, int total, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)total;
+    (void)unused;
+    const two_jobs_t *t = arg;
+    int job = hr / t->nranks, rank = hr % t->nranks;
+    sleep_ms(t->delay_ms[hr]);
+    return job_rank(job, rank, t->nranks, dir, t->ids[job], t->transport);
+}
+
+/* Interleavings of 2 jobs x 2 ranks: start delays in ms for A0 A1 B0 B1. */
+static const int orders[][4] = {
+    {0, 0, 0, 0},     {0, 40, 20, 60}, {0, 60, 40, 20}, {40, 0, 60, 20}, {0, 30, 0, 30},
+    {20, 60, 0, 40},  {0, 20, 10, 30}, {60, 0, 0, 60},  {0, 200, 100, 300},
+};
+#define NORDERS ((int)(sizeof(orders) / sizeof(orders[0])))
+
+static void run_two_jobs(const char *ida, const char *idb, const char *transport, int order,
+                         int codes[4])
+{
+    two_jobs_t t = {.nranks = 2, .ids = {ida, idb}, .transport = transport};
+    memcpy(t.delay_ms, orders[order], sizeof(orders[order]));
+    th_spec_t spec = {.nranks = 4, .fn = rank_two_jobs, .arg = &t, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    th_run_ex(&spec, codes);
+}
+
+/* With job ids (as every launcher gives): both jobs always run, each on its own sums. */
+START_TEST(two_jobs_with_ids)
+{
+    const char *tp = _i ? "shm" : "tcp";
+    for (int o = 0; o < NORDERS; o++) {
+        int codes[4];
+        run_two_jobs("job-a", "job-b", tp, o, codes);
+        for (int i = 0; i < 4; i++)
+            ck_assert_msg(codes[i] == JR_OK, "%s, order %d: job %d rank %d exited %d", tp, o,
+                          i / 2, i % 2, codes[i]);
+    }
+}
+END_TEST
+
+/* Without ids: a job never computes with another job's ranks; when starts overlap, the
+ * later job (or both) fails with TUTTI_ERR_IN_USE, never with wrong sums. */
+START_TEST(two_jobs_without_ids)
+{
+    const char *tp = _i ? "shm" : "tcp";
+    int ran = 0, refused = 0;
+    for (int o = 0; o < NORDERS; o++) {
+        int codes[4];
+        run_two_jobs(NULL, NULL, tp, o, codes);
+        for (int i = 0; i < 4; i++) {
+            ck_assert_msg(codes[i] != JR_WRONG, "%s, order %d: job %d rank %d met the other job",
+                          tp, o, i / 2, i % 2);
+            ck_assert_msg(codes[i] == JR_OK || codes[i] == JR_IN_USE || codes[i] == JR_TIMEOUT ||
+                              codes[i] == JR_OP_FAILED,
+                          "%s, order %d: job %d rank %d exited %d", tp, o, i / 2, i % 2,
+                          codes[i]);
+            ran += codes[i] == JR_OK;
+            refused += codes[i] == JR_IN_USE;
+        }
+    }
+    fprintf(stderr, "two_jobs_without_ids over %s: %d rank runs passed, %d refused (in use)\n",
+            tp, ran, refused);
+}
+END_TEST
+
+/* ---- reruns in place ---- */
+
+typedef struct rerun {
+    int crash_rank;  /* -1: none; else this rank SIGKILLs itself after set-up */
+} rerun_t;
+
+static int rank_rerun(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const rerun_t *r = arg;
+    unsetenv("TUTTI_JOB_ID"); /* every run the same job, as a user's rerun would be */
+    if (r->crash_rank < 0)
+        return job_rank(0, rank, nranks, dir, NULL, NULL);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 3000;
+    tutti_comm_t *comm = NULL;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    if (rank == r->crash_rank)
+        raise(SIGKILL);
+    int32_t v = 1;
+    tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM);
+    sleep_ms(200);
+    /* a survivor of a crash ends as it can: no destroy, like a killed launcher's ranks */
+    _exit(0);
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* Runs of a 3-rank job on one directory with the default transport (shm between local
+ * ranks): a clean run, a rerun, a crashed run, a rerun, another crash (rank 0, which
+ * holds the instance record), a rerun. */
+START_TEST(rerun_in_place)
+{
+    char dir[] = "/tmp/tt-session-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    static const int crash[] = {-1, -1, 1, -1, 0, -1};
+    char why[256] = "";
+    for (size_t k = 0; k < sizeof(crash) / sizeof(crash[0]) && !why[0]; k++) {
+        rerun_t r = {.crash_rank = crash[k]};
+        th_spec_t spec = {.nranks = 3, .fn = rank_rerun, .arg = &r, .timeout_ms = 20000,
+                          .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL, .store_dir = dir};
+        int codes[3];
+        th_run_ex(&spec, codes);
+        for (int i = 0; i < 3 && !why[0]; i++) {
+            if (crash[k] < 0 && codes[i] != 0)
+                snprintf(why, sizeof(why), "run %zu (clean): rank %d exited %d", k, i, codes[i]);
+            else if (crash[k] == i && codes[i] != 128 + SIGKILL)
+                snprintf(why, sizeof(why), "run %zu: rank %d should have crashed, exited %d", k,
+                         i, codes[i]);
+        }
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_msg(!why[0], "%s", why);
+}
+END_TEST
+
+/* ---- destroy + init in one process ---- */
+
+static int fd_count(void) { return count_entries("/proc/self/fd"); }
+
+static long rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* this process's shm segments (others' tests may run beside this one) */
+static int shm_count(void)
+{
+    char mine[32];
+    snprintf(mine, sizeof(mine), "tutti-shm-%d-", (int)getpid());
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, mine, strlen(mine));
+    closedir(d);
+    return n;
+}
+
+typedef struct cycles {
+    int n;
+    int env;          /* 1: tutti_comm_init_env (a new store handle per cycle) */
+    const char *transport;
+} cycles_t;
+
+static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const cycles_t *c = arg;
+    char url[512], num[16];
+    setenv("TUTTI_JOB_ID", "cycles", 1); /* one job: every cycle on the same prefix */
+    snprintf(url, sizeof(url), "file://%s", dir);
+    setenv("TUTTI_STORE", url, 1);
+    snprintf(num, sizeof(num), "%d", rank);
+    setenv("TUTTI_RANK", num, 1);
+    snprintf(num, sizeof(num), "%d", nranks);
+    setenv("TUTTI_WORLD_SIZE", num, 1);
+    tutti_store_t *store = NULL;
+    if (!c->env)
+        FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 10000;
+    o.transport = c->transport;
+    int fds0 = 0, shm0 = 0;
+    long rss0 = 0;
+    int warm = c->n / 10; /* allocator and caches settle first */
+    for (int i = 0; i < c->n; i++) {
+        if (i == warm) {
+            fds0 = fd_count();
+            rss0 = rss_kb();
+            shm0 = shm_count();
+        }
+        tutti_comm_t *comm = NULL;
+        int st = c->env ? tutti_comm_init_env(&comm, &o)
+                        : tutti_comm_init(&comm, store, rank, nranks, &o);
+        FAIL_IF(st != 0, "cycle %d: init: %s", i, tutti_status_name(st));
+        int32_t v = rank + i;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st != 0, "cycle %d: allreduce: %s", i, tutti_comm_last_error(comm));
+        FAIL_IF(v != nranks * (nranks - 1) / 2 + nranks * i, "cycle %d: sum %d", i, v);
+        FAIL_IF(tutti_comm_destroy(comm) != 0, "cycle %d: destroy", i);
+    }
+    int fds1 = fd_count(), shm1 = shm_count();
+    long rss1 = rss_kb();
+    if (rank == 0)
+        fprintf(stderr, "%d cycles (%s, %s): fds %d -> %d, RSS %ld -> %ld KiB, /dev/shm %d -> %d\n",
+                c->n, c->env ? "init_env" : "init", c->transport, fds0, fds1, rss0, rss1, shm0,
+                shm1);
+    FAIL_IF(fds1 > fds0, "fds grew from %d to %d over %d cycles", fds0, fds1, c->n - warm);
+    FAIL_IF(rss1 > rss0 + 4096, "RSS grew from %ld to %ld KiB", rss0, rss1);
+    FAIL_IF(shm1 > shm0, "/dev/shm grew from %d to %d entries", shm0, shm1);
+    if (store)
+        tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(destroy_init_cycles)
+{
+    static const char *const tps[] = {"tcp", "shm"};
+    for (int env = 0; env < 2; env++) {
+        cycles_t c = {.n = quick() ? 60 : 300, .env = env, .transport = tps[_i]};
+        th_spec_t spec = {.nranks = 2, .fn = rank_cycles, .arg = &c, .timeout_ms = 170000,
+                          .flags = TH_NO_COMM};
+        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    }
+}
+END_TEST
+
+/* ---- a finished job leaves no keys ---- */
+
+static int rank_litter(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    for (int k = 0; k < 3; k++) {
+        int rc = job_rank(0, rank, nranks, dir, NULL, NULL);
+        FAIL_IF(rc != 0, "run %d exited %d", k, rc);
+    }
+    return 0;
+}
+
+START_TEST(no_litter)
+{
+    char dir[] = "/tmp/tt-session-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    th_spec_t spec = {.nranks = 3, .fn = rank_litter, .timeout_ms = 30000, .flags = TH_NO_COMM,
+                      .store_dir = dir};
+    int rc = th_run_ex(&spec, NULL);
+    int left = count_entries(dir);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "ls -la %s >&2; rm -rf %s", dir, dir);
+    if (left)
+        ck_assert_int_eq(system(cmd), 0);
+    else
+        rmdir(dir);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(left == 0, "3 finished runs left %d entries in the store directory", left);
+}
+END_TEST
+
+static void add(Suite *s, const char *name, const TTest *t, int loops)
+{
+    TCase *tc = tcase_create(name); /* one case per test: CK_RUN_CASE=name runs one */
+    tcase_set_timeout(tc, 200);
+    tcase_add_loop_test(tc, t, 0, loops);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("session");
+    add(s, "two_jobs_with_ids", two_jobs_with_ids, 2);
+    add(s, "two_jobs_without_ids", two_jobs_without_ids, 2);
+    add(s, "rerun_in_place", rerun_in_place, 1);
+    add(s, "destroy_init_cycles", destroy_init_cycles, 2);
+    add(s, "no_litter", no_litter, 1);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
