@@ -29,7 +29,7 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
     const char *v;
     if (opt && *opt) {
         snprintf(buf, sizeof(buf), "%s", opt);
-        src = "option";
+        src = tt_env("JOB_ID") && !strcmp(tt_env("JOB_ID"), opt) ? "TUTTI_JOB_ID" : "option";
     } else if ((v = tt_env("JOB_ID")) && *v) {
         snprintf(buf, sizeof(buf), "%s", v);
         src = "TUTTI_JOB_ID";
