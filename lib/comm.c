@@ -547,6 +547,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
             snprintf(err, sizeof(err), "%s", comm->last_error);
             tt_comm_set_error(comm, st, "init: the cost probe failed: %s", err);
             TT_WARN("%s", comm->last_error);
+            tt_job_init_failed(comm, st);
             tutti_comm_destroy(comm); /* the progress thread runs: the full teardown */
             return st;
         }
@@ -566,6 +567,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     return TUTTI_OK;
 
 err_free:
+    tt_job_init_failed(comm, st);
     comm_free(comm);
     return st;
 }

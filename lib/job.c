@@ -149,6 +149,61 @@ static int rec_stale(const job_rec_t *r, const char *my_host)
     return realtime_ms() > r->created_ms + r->timeout_ms + 2000;
 }
 
+/* When this process started, in CLOCK_REALTIME milliseconds. */
+static long long my_start_ms(void)
+{
+    double up = 0;
+    FILE *f = fopen("/proc/uptime", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &up) != 1)
+            up = 0;
+        fclose(f);
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    unsigned long long st = proc_start((long)getpid());
+    if (up <= 0 || hz <= 0 || !st)
+        return realtime_ms();
+    return realtime_ms() - (long long)(up * 1000) + (long long)(st * 1000 / (unsigned long long)hz);
+}
+
+void tt_job_init_failed(tutti_comm_t *comm, int status)
+{
+    if (!comm->job_store || !comm->nonce[0] || !comm->record[0])
+        return;
+    char key[96], val[TT_ERRMSG_LEN + 16];
+    snprintf(key, sizeof(key), "%s/init_failed/%d", comm->nonce, comm->rank);
+    int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
+    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
+    tutti_store_set(comm->job_store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
+}
+
+/* Rank 0 of r failed its set-up and left its reason: if r is this run's (created after
+ * this process started, give or take a second; an older one is a previous run's, whose
+ * rerun rank 0 is still to come), return its status with the reason in err. */
+static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *desc, char *err,
+                            size_t errlen)
+{
+    if (r->created_ms < my_start_ms() - 1000)
+        return 0;
+    char key[96];
+    snprintf(key, sizeof(key), "%s/init_failed/0", r->nonce);
+    const char *k = key;
+    int exists = 0;
+    if (tutti_store_check(js, &k, 1, &exists) < 0 || !exists)
+        return 0;
+    void *v = NULL;
+    size_t len = 0;
+    if (tutti_store_get(js, key, &v, &len, 0) < 0)
+        return 0;
+    char *end;
+    long st = strtol(v, &end, 10);
+    if (st >= 0 || st <= TUTTI_STATUS_LAST_ || *end != ' ')
+        st = TUTTI_ERR_PEER;
+    snprintf(err, errlen, "rank 0 of %s failed its set-up: %s", desc, *end ? end + 1 : "");
+    free(v);
+    return (int)st;
+}
+
 static int slot_key(char *buf, size_t len, const char *nonce, int rank)
 {
     return snprintf(buf, len, "%s/claim/%d", nonce, rank);
@@ -292,7 +347,7 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
 {
     tutti_store_t *js = comm->job_store;
     char rejected[JOB_REJECT_MAX][40];
-    int nrej = 0;
+    int nrej = 0, dead_only = 1;
     char why[768] = "";
     char claim[384];
     snprintf(claim, sizeof(claim), "pid %ld host %s claim %s", (long)getpid(), my_host,
@@ -329,8 +384,14 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
             snprintf(why, sizeof(why), "%s has %d ranks, this one %d", desc, r.nranks,
                      comm->nranks);
             reject = 1;
+            dead_only = 0;
         } else if (rec_stale(&r, my_host)) {
-            snprintf(why, sizeof(why), "%s is dead", desc);
+            int fst = rec_failed_setup(js, &r, desc, err, errlen);
+            if (fst < 0) {
+                free(cur);
+                return fst;
+            }
+            snprintf(why, sizeof(why), "%s is gone", desc);
             reject = 1;
         } else {
             char key[96];
@@ -364,6 +425,7 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
                 contest(js, &r, c);
             }
             reject = 1;
+            dead_only = 0;
         }
         if (reject) {
             TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
@@ -372,7 +434,12 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         }
         free(cur);
     }
-    if (nrej)
+    if (nrej && dead_only)
+        snprintf(err, errlen,
+                 "store %s, prefix %s: %s, and no newer instance of this job appeared within "
+                 "%d ms (did this job's rank 0 fail or not start?)",
+                 comm->store_url, comm->job_base, why, comm->opts.timeout_ms);
+    else if (nrej)
         snprintf(err, errlen,
                  "store %s, prefix %s: already used by another job, and no instance of this "
                  "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
@@ -382,7 +449,7 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         snprintf(err, errlen,
                  "store %s: rank 0 did not create a job instance at %sinstance within %d ms",
                  comm->store_url, comm->job_base, comm->opts.timeout_ms);
-    return nrej ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
+    return nrej && !dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
 int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char *err,

@@ -47,6 +47,11 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
  * while this instance was starting. */
 int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen);
 
+/* Set-up failed on this rank after it joined an instance: leave the status and
+ * comm->last_error under "<nonce>/init_failed/<rank>", so that a rank that arrives to
+ * find rank 0 already gone reports why instead of waiting for a new instance. */
+void tt_job_init_failed(tutti_comm_t *comm, int status);
+
 /* At destroy: count this rank out; the last one removes the instance's keys and record.
  * Best effort, bounded by the quick store deadline. */
 void tt_job_leave(tutti_comm_t *comm);

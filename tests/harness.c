@@ -248,7 +248,13 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
                 size_t len, int timeout_ms)
 {
-    char k[512];
+    char k[512], def[256];
+    if (!base) {
+        const char *id = getenv("TUTTI_JOB_ID");
+        snprintf(def, sizeof(def), "tutti/%s%s%scomm0/", id ? "job/" : "", id ? id : "",
+                 id ? "/" : "");
+        base = def;
+    }
     snprintf(k, sizeof(k), "%sinstance", base);
     void *v = NULL;
     size_t vlen = 0;

@@ -41,8 +41,9 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes);
 int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 
 /* The full store key of a communicator's key (e.g. "tcp/0", as a transport wrote it)
- * under base (e.g. "tutti/comm0/"): keys live under the job instance's nonce, which
- * rank 0 publishes in base + "instance". Waits up to timeout_ms for it. 0 on success. */
+ * under base (e.g. "tutti/comm0/"; NULL: the first communicator's default with this
+ * process's TUTTI_JOB_ID): keys live under the job instance's nonce, which rank 0
+ * publishes in base + "instance". Waits up to timeout_ms for it. 0 on success. */
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
                 size_t len, int timeout_ms);
 

@@ -811,7 +811,7 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
         void *v = NULL;
         size_t len = 0;
         char key[256];
-        FAIL_IF(th_comm_key(store, "tutti/comm0/", "tcp/0", key, sizeof(key), 10000) != 0,
+        FAIL_IF(th_comm_key(store, NULL, "tcp/0", key, sizeof(key), 10000) != 0,
                 "rank 0 never created the job instance");
         FAIL_IF(tutti_store_get(store, key, &v, &len, 10000) != 0,
                 "rank 0 never published its address");
