@@ -230,7 +230,7 @@ timeout 10 "$run" -np 1 --job-id "a b" true 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--job-id 'a b': exit $rc, expected 2"
 n0=$(ids "$run" -np 2 --nnodes 2 --node-rank 0 --store tcp://127.0.0.1:1)
 n1=$(ids "$run" -np 2 --nnodes 2 --node-rank 1 --store tcp://[::1]:1)
-[ "$n0" = "$n1" ] && [ -n "$n0" ] || fail "two nodes of one job: job ids \"$n0\" and \"$n1\""
+[ "$n0" = "$n1" ] && [ "${n0% }" ] && [ "$n0" = "${n0%% *} " ] || fail "two nodes of one job: job ids \"$n0\" and \"$n1\""
 n0=$(SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 --store tcp://h:1)
 [ "$n0" = "slurm-77.3 " ] || fail "two nodes under Slurm: job id \"$n0\""
 bench_id() { timeout 60 "$bench" -np 2 -b 8 -e 8 -n 1 -w 0 2>&1 | sed -n 's/^# job //p'; }
