@@ -8,7 +8,7 @@
 set -u
 run=$1 child=$2 bench=${3:-}
 [ -x "$bench" ] || { echo "FAIL: usage: test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
-unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PBS_JOBID LSB_JOBID FLUX_JOB_ID
+unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
 tmp=$(mktemp -d /tmp/test-run.XXXXXX)
 export TMPDIR=$tmp/tmpdir # the launchers' temporary stores go here: checked empty
 mkdir "$TMPDIR"

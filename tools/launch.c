@@ -1,6 +1,7 @@
 /* tools/launch.c: see launch.h for what is shared and why. */
 #include "launch.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -135,7 +136,8 @@ static void cleaner_main(tt_launch_t *l, int fd)
             close(nul);
     }
     /* what the launcher had open is not ours to hold (0-2 were open: fd > 2) */
-    if (close_range(3, (unsigned)fd - 1, 0) < 0 || close_range((unsigned)fd + 1, ~0u, 0) < 0)
+    if ((fd > 3 && close_range(3, (unsigned)fd - 1, 0) < 0) ||
+        close_range((unsigned)fd + 1, ~0u, 0) < 0)
         for (int k = 3; k < 1024; k++)
             if (k != fd)
                 close(k);
@@ -311,36 +313,47 @@ err_free:
     return -1;
 }
 
-/* a job id we pass on: something a store key and a log line can hold */
+/* a job id we pass on: what the library keeps as it is (others it changes to '_', so two
+ * ids could become one) and short enough to read in its logs */
 static int job_id_ok(const char *id)
 {
     size_t n = strlen(id);
-    if (n == 0 || n > 200)
+    if (n == 0 || n > 64)
         return 0;
     for (size_t k = 0; k < n; k++)
-        if (id[k] <= ' ' || id[k] > '~')
+        if (!isalnum((unsigned char)id[k]) && id[k] != '.' && id[k] != '-' && id[k] != '_')
             return 0;
     return 1;
 }
 
-/* the job id of a batch scheduler's job (and step), which every node of it sees */
-static int scheduler_job_id(char *id, size_t n)
+/* The job id of what started every node's launcher (a batch scheduler, mpirun, torchrun),
+ * spelled as the library spells it when it finds these itself (lib/job.c). */
+static int outer_job_id(char *id, size_t n)
 {
     const char *v, *step;
     if ((v = getenv("SLURM_JOB_ID")) && *v) {
         step = getenv("SLURM_STEP_ID");
-        snprintf(id, n, "slurm-%s%s%s", v, step && *step ? "." : "", step ? step : "");
+        snprintf(id, n, "slurm-%s.%s", v, step && *step ? step : "0");
+    } else if ((v = getenv("PMIX_NAMESPACE")) && *v) {
+        snprintf(id, n, "pmix-%s", v);
+    } else if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v) {
+        snprintf(id, n, "ompi-%s", v);
+    } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
+        snprintf(id, n, "torch-%s", v);
     } else if ((v = getenv("PBS_JOBID")) && *v) {
         snprintf(id, n, "pbs-%s", v);
     } else if ((v = getenv("LSB_JOBID")) && *v) {
         step = getenv("LSB_JOBINDEX");
-        snprintf(id, n, "lsf-%s%s%s", v, step && *step ? "." : "", step ? step : "");
+        snprintf(id, n, "lsf-%s.%s", v, step && *step ? step : "0");
     } else if ((v = getenv("FLUX_JOB_ID")) && *v) {
         snprintf(id, n, "flux-%s", v);
     } else {
         return 0;
     }
-    return job_id_ok(id);
+    for (char *c = id; *c; c++) /* as the library would */
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+            *c = '_';
+    return 1;
 }
 
 int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
@@ -348,8 +361,8 @@ int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
 {
     const char *user = getenv("TUTTI_JOB_ID");
     if (given && !job_id_ok(given)) {
-        fprintf(stderr, "%s: --job-id \"%s\": expected 1..200 printable characters, no "
-                        "spaces\n", tool, given);
+        fprintf(stderr, "%s: --job-id \"%s\": expected 1..64 letters, digits, '.', '-' "
+                        "or '_'\n", tool, given);
         return -1;
     }
     if (user && *user) { /* the user's: never replaced */
@@ -379,7 +392,7 @@ int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
                 ((uint64_t)getpid() << 32);
         }
         snprintf(id, sizeof(id), "%s-%d-%016llx", host, (int)getpid(), (unsigned long long)r);
-    } else if (!scheduler_job_id(id, sizeof(id))) {
+    } else if (!outer_job_id(id, sizeof(id))) {
         /* The nodes share only their command lines. Different stores never mix, so the
          * id must only tell apart jobs on one store: with rank 0 hosting it (the default)
          * no two jobs can share it at once. The store's port, not its host (nodes may

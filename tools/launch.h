@@ -58,9 +58,10 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir);
 
 /* Sets TUTTI_JOB_ID for the ranks unless the user did (then it is kept; a different
  * given one is an error). given: --job-id or NULL. One node: "<host>-<pid>-<random hex>",
- * unique per launch. Several nodes must agree without talking: a scheduler's job id
- * (Slurm, PBS, LSF, Flux), else one derived from the store's port and the job's shape
- * (a note says when that is not enough). Returns 0, or -1 having said why. */
+ * unique per launch. Several nodes must agree without talking: the job id of what
+ * started them (Slurm, PMIx, Open MPI, torchrun, PBS, LSF, Flux), else one derived from
+ * the store's port and the job's shape (a note says when that is not enough). Returns 0,
+ * or -1 having said why. */
 int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
                      const char *store);
 
