@@ -8,7 +8,8 @@
 set -u
 run=$1 child=$2 bench=${3:-}
 [ -x "$bench" ] || { echo "FAIL: usage: test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
-unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
+unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
+    TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
 tmp=$(mktemp -d /tmp/test-run.XXXXXX)
 export TMPDIR=$tmp/tmpdir # the launchers' temporary stores go here: checked empty
 mkdir "$TMPDIR"
@@ -48,6 +49,12 @@ all_gone() {
     done
     echo "processes left: $(for p in $left; do cut -d' ' -f1-5 /proc/$p/stat; done | tr '\n' ';') in \$TMPDIR: $(ls -A "$TMPDIR")"
     return 1
+}
+# waits at most 10 s for background job $1, then SIGKILLs it; its exit status
+wait_bounded() {
+    for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || break; sleep .1; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1"
 }
 tmpdir_empty() { [ -z "$(ls -A "$TMPDIR")" ] || fail "$1: left in \$TMPDIR: $(ls -A "$TMPDIR")"; rm -rf "${TMPDIR:?}"/*; }
 
@@ -203,7 +210,7 @@ TEST_MARK=$m "$bench" -np 3 --coll barrier -n 1 -w 1000000000 -t 60 >/dev/null 2
 lpid=$!
 for _ in $(seq 200); do [ "$(pgrep -c -P $lpid)" -ge 3 ] && break; sleep .05; done
 sleep .3
-kill -TERM $lpid; wait $lpid; rc=$?
+kill -TERM $lpid; wait_bounded $lpid; rc=$?
 [ "$rc" = 143 ] || fail "SIGTERM of tutti-bench: exit $rc, expected 143"
 why=$(all_gone $m) || fail "SIGTERM of tutti-bench -np 3: $why"
 
@@ -212,7 +219,7 @@ m=run-hup-$$; marks="$marks $m"
 TEST_MARK=$m "$run" -np 2 sh -c 'sleep 21 & echo x >'"$tmp"'/h.$TUTTI_RANK; wait' </dev/null >/dev/null 2>&1 &
 lpid=$!
 for _ in $(seq 200); do [ -s $tmp/h.0 ] && [ -s $tmp/h.1 ] && break; sleep .05; done
-kill -HUP $lpid; wait $lpid; rc=$?
+kill -HUP $lpid; wait_bounded $lpid; rc=$?
 [ "$rc" = 129 ] || fail "SIGHUP of tutti-run: exit $rc, expected 129"
 why=$(all_gone $m) || fail "SIGHUP of tutti-run: $why"
 
