@@ -29,21 +29,20 @@
  * Only the public API is used.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* nftw, setenv; meson passes it too */
+#define _GNU_SOURCE /* setenv, strsignal; meson passes it too */
 #endif
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <tutti/tutti.h>
+
+#include "launch.h" /* tools/: starting and stopping -np's ranks, shared with tutti-run */
 
 enum bench_coll {
     COLL_ALLREDUCE,
@@ -159,8 +158,11 @@ static void usage(FILE *f)
         "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [-d DTYPE] [-o OP]\n"
         "                   [-r ROOT] [--algo NAME|all] [--transport NAME] [--json FILE]\n"
         "\n"
-        "  -np N               fork N local ranks that meet through a file store in a temp\n"
-        "                      dir (TUTTI_SOCKET_IFNAME=lo unless set); without -np, join the\n"
+        "  -np N               fork N (1..%d) local ranks that meet through a file store in\n"
+        "                      a fresh directory in $TMPDIR or /tmp, removed however\n"
+        "                      tutti-bench ends (TUTTI_SOCKET_IFNAME=lo and a TUTTI_JOB_ID\n"
+        "                      of their own unless set; they die with tutti-bench, even\n"
+        "                      SIGKILLed); without -np, join the\n"
         "                      job the environment describes (TUTTI_RANK/TUTTI_WORLD_SIZE/\n"
         "                      TUTTI_STORE, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
         "                      MASTER_PORT, or mpirun's OMPI_COMM_WORLD_RANK/SIZE plus\n"
@@ -201,7 +203,8 @@ static void usage(FILE *f)
         "    2(n-1)/n  allreduce\n"
         "    (n-1)/n   allgather, reduce_scatter, gather, scatter, alltoall\n"
         "    1         broadcast, reduce\n"
-        "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage, 3 a call failed\n"
+        "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage, 3 a call failed;\n"
+        "  -np stopped by signal N (SIGINT, SIGTERM, SIGHUP): 128+N\n"
         "\n"
         "Environment (read by the library; a flag above wins):\n"
         "  TUTTI_TIMEOUT_MS        bound on every wait, ms (default 30000)\n"
@@ -229,7 +232,9 @@ static void usage(FILE *f)
         "                          the store: mismatched calls fail fast (default 1000, 0 off)\n"
         "  TUTTI_STORE_FSYNC       1: the file store fsyncs values before they are visible\n"
         "  TUTTI_REDUCE_ISA        cap the reduce kernels: generic, avx2, avx512\n"
-        "(all listed in docs/configuration.md)\n");
+        "  TUTTI_JOB_ID            the job the ranks belong to: ranks of different jobs never\n"
+        "                          meet (-np sets one per run)\n"
+        "(all listed in docs/configuration.md)\n", TT_LAUNCH_MAX_RANKS);
 }
 
 static int parse_size(const char *s, size_t *size_p)
@@ -303,7 +308,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->sync = 1;
         } else if (FLAG("-np", "--np")) {
             VALUE();
-            bad = parse_int(v, 1, &cfg->np);
+            bad = parse_int(v, 1, &cfg->np) || cfg->np > TT_LAUNCH_MAX_RANKS;
         } else if (FLAG("-b", "--minbytes")) {
             VALUE();
             bad = parse_size(v, &cfg->min_bytes);
@@ -857,6 +862,9 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n",
            coll_names[cfg->coll], b->size, tutti_comm_transport(set->main), dtype_col(cfg),
            redop_col(cfg));
+    const char *job = getenv("TUTTI_JOB_ID");
+    if (job && *job)
+        printf("# job %s\n", job);
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
@@ -1378,90 +1386,76 @@ out_store:
     return rc;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* A forked rank: runs its part and exits with its status. */
+typedef struct local_rank {
+    const bench_cfg_t *cfg;
+    const char *dir;
+} local_rank_t;
+
+static void local_rank(void *arg, int rank)
 {
-    (void)sb, (void)flag, (void)ftw;
-    remove(path);
-    return 0;
+    const local_rank_t *a = arg;
+    int rc = run_local_rank(a->cfg, a->dir, rank);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
 }
 
-static void kill_all(const pid_t *pids, int n, pid_t except)
-{
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0 && pids[i] != except)
-            kill(pids[i], SIGKILL);
-}
-
+/* -np: the ranks are forks of this process, started and stopped as tutti-run starts and
+ * stops its ranks (tools/launch.c): they die with it, even SIGKILLed, and the store
+ * directory goes on every exit path. */
 static int run_local(const bench_cfg_t *cfg)
 {
-    char dir[] = "/tmp/tutti-bench.XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("tutti-bench: mkdtemp");
+    if (tt_launch_job_id("tutti-bench", cfg->np, NULL, 1, NULL) < 0)
         return 3;
-    }
-    pid_t *pids = calloc((size_t)cfg->np, sizeof(pid_t));
-    int rc = 0, live = 0, killed = 0;
-    if (!pids) {
-        rc = 3;
-        goto out_dir;
-    }
+    tt_launch_t l;
+    if (tt_launch_start(&l, "tutti-bench", cfg->np, 1) < 0)
+        return 3;
+    local_rank_t arg = {.cfg = cfg, .dir = l.dir};
+    int rc = 0;
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < cfg->np; r++) {
-        pid_t pid = fork();
-        if (pid < 0) {
-            perror("tutti-bench: fork");
+        if (tt_launch_spawn(&l, r, local_rank, &arg) < 0) {
             rc = 3;
-            killed = 1;
-            kill_all(pids, r, 0);
+            tt_launch_stop(&l);
             break;
         }
-        if (pid == 0) {
-            int crc = run_local_rank(cfg, dir, r);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(crc);
-        }
-        pids[r] = pid;
-        live++;
     }
 
-    /* Wait for every rank. A rank that fails (status 3 or a signal) kills the others;
+    /* Wait for every rank. A rank that fails (status 3 or a signal) stops the others;
      * one that only saw wrong results (status 1) lets the others finish. */
     const double deadline = now_us() + cfg->timeout_s * 1e6;
-    while (live > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
+    while (l.running > 0) {
+        usleep(5000);
+        int r, code, sig;
+        while ((r = tt_launch_reap(&l, &code, &sig)) >= 0) {
+            if (sig && !tt_launch_stopping(&l))
+                fprintf(stderr, "tutti-bench: rank %d died of signal %d (%s)\n", r, sig,
+                        strsignal(sig));
+            if (sig)
+                code = 3;
+            if (code > rc)
+                rc = code;
+            if (code != 0 && code != 1)
+                tt_launch_stop(&l);
         }
-        if (p == 0) {
-            if (!killed && now_us() > deadline) {
-                fprintf(stderr, "tutti-bench: ranks still running after %d s; killing them\n",
-                        cfg->timeout_s);
-                rc = 3;
-                killed = 1;
-                kill_all(pids, cfg->np, 0);
-            }
-            usleep(5000);
-            continue;
+        int got = tt_launch_signal_received();
+        if (!tt_launch_stopping(&l) && got) {
+            fprintf(stderr, "tutti-bench: %s: stopping %d rank(s)\n", strsignal(got),
+                    l.running);
+            rc = 128 + got;
+            tt_launch_stop(&l);
+        } else if (!tt_launch_stopping(&l) && now_us() > deadline) {
+            fprintf(stderr, "tutti-bench: ranks still running after %d s; stopping them\n",
+                    cfg->timeout_s);
+            rc = 3;
+            tt_launch_stop(&l);
         }
-        live--;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
-        if (WIFSIGNALED(status) && !killed)
-            fprintf(stderr, "tutti-bench: a rank died of signal %d\n", WTERMSIG(status));
-        if (code > rc)
-            rc = code;
-        if (code != 0 && code != 1 && !killed) {
-            killed = 1;
-            kill_all(pids, cfg->np, p);
-        }
+        tt_launch_tick(&l);
     }
-    free(pids);
-out_dir:
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (tt_launch_finish(&l) < 0 && rc == 0)
+        rc = 3;
     return rc;
 }
 

@@ -1,25 +1,62 @@
 #!/usr/bin/env bash
-# tutti-run: ranks get their variables and meet; a failing rank, a timeout and a bad
-# command line each give the right exit status promptly; the temporary store goes away;
-# no rank or grandchild outlives tutti-run's stopping them.
-#   test_run.sh TUTTI_RUN LAUNCH_CHILD
+# tutti-run and tutti-bench -np (one launching code, tools/launch.c): ranks get their
+# variables and meet; a failing rank, a timeout and a bad command line each give the
+# right exit status promptly; the temporary store (in $TMPDIR) goes away on every exit
+# path, SIGKILL of the launcher included; no rank or grandchild outlives the launcher's
+# stopping them, or the launcher; ranks get a TUTTI_JOB_ID unique per launch.
+#   test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH
 set -u
-run=$1 child=$2
+run=$1 child=$2 bench=${3:-}
+[ -x "$bench" ] || { echo "FAIL: usage: test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
+unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
+    TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
 tmp=$(mktemp -d /tmp/test-run.XXXXXX)
-# a check that fails may leave its sleepers behind: they wrote their pids to $tmp/*.pid
+export TMPDIR=$tmp/tmpdir # the launchers' temporary stores go here: checked empty
+mkdir "$TMPDIR"
+marks=""
+# a check that fails may leave its sleepers behind: they wrote their pids to $tmp/*.pid,
+# or carry TEST_MARK=<mark> in their environment
 cleanup() {
     for f in "$tmp"/*.pid; do [ -s "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
+    for m in $marks; do for p in $(marked "$m"); do kill -KILL "$p" 2>/dev/null; done; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 ms() { echo $(($(date +%s%N) / 1000000)); }
-# a zombie counts as gone: whoever inherited it may be slow to reap it
+# a zombie counts as gone: whoever inherited it may be slow to reap it (or never reap it)
 alive() { [ -r "/proc/$1/stat" ] && ! grep -q '^[0-9]* ([^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
 gone_within_1s() {
     for _ in $(seq 20); do alive "$1" || return 0; sleep .05; done
     return 1
 }
+# the live processes started with TEST_MARK=$1 in their environment (a launcher passes it
+# on to its ranks, their children and its cleaner)
+marked() {
+    local f p
+    for f in $(grep -lxzs "TEST_MARK=$1" /proc/[0-9]*/environ); do
+        p=${f#/proc/}; p=${p%/environ}
+        alive "$p" && echo "$p"
+    done
+}
+# within 3 s no process with mark $1 is left and $TMPDIR is empty; else says what is left
+all_gone() {
+    local left
+    for _ in $(seq 60); do
+        left=$(marked "$1")
+        [ -z "$left" ] && [ -z "$(ls -A "$TMPDIR")" ] && return 0
+        sleep .05
+    done
+    echo "processes left: $(for p in $left; do cut -d' ' -f1-5 /proc/$p/stat; done | tr '\n' ';') in \$TMPDIR: $(ls -A "$TMPDIR")"
+    return 1
+}
+# waits at most 10 s for background job $1, then SIGKILLs it; its exit status
+wait_bounded() {
+    for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || break; sleep .1; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1"
+}
+tmpdir_empty() { [ -z "$(ls -A "$TMPDIR")" ] || fail "$1: left in \$TMPDIR: $(ls -A "$TMPDIR")"; rm -rf "${TMPDIR:?}"/*; }
 
 out=$(timeout 30 "$run" -np 3 "$child") || fail "3 ranks: exit $?"
 [ "$(echo "$out" | grep -c ' of 3 ok')" = 3 ] || fail "3 ranks: output: $out"
@@ -47,17 +84,29 @@ timeout 30 "$run" -np 1 /nonexistent/program 2>/dev/null; [ $? = 127 ] || fail "
 timeout 30 "$run" -np 2048 --nnodes 1048576 --node-rank 0 --store tcp://127.0.0.1:1 true 2>/dev/null
 [ $? = 2 ] || fail "2^31 ranks accepted"
 timeout 30 "$run" -np 2>/dev/null; [ $? = 2 ] || fail "-np without a count accepted"
-# no file descriptors for rank 1's pipes: exit 1 (not 143), rank 0 stopped
-(ulimit -n 7; exec timeout 30 "$run" -np 2 --tag sleep 21 2>/dev/null); rc=$?
+# no file descriptors for rank 1's pipes: exit 1 (not 143), rank 0 stopped (8: 0-2, the
+# cleaner's pipe and rank 0's two pipes)
+(ulimit -n 8; exec timeout 30 "$run" -np 2 --tag sleep 21 2>/dev/null); rc=$?
 [ "$rc" = 1 ] || fail "out of file descriptors: exit $rc, expected 1"
 
-# the temporary store: file://DIR while the ranks run, gone afterwards (also after a failure)
+# the temporary store: file://$TMPDIR/... while the ranks run, gone afterwards with what
+# the ranks put in it (also after a failure)
 for how in ok fail; do
-    url=$(timeout 30 "$run" -np 1 sh -c 'echo "$TUTTI_STORE"; [ '"$how"' = ok ]' 2>/dev/null)
-    dir=${url#file://}
-    case $url in file:///tmp/tutti-run-*) ;; *) fail "store URL \"$url\"" ;; esac
-    [ ! -e "$dir" ] || fail "$how: temporary store $dir left behind"
+    url=$(timeout 30 "$run" -np 2 sh -c 'echo "$TUTTI_STORE"; d=${TUTTI_STORE#file://}/r$TUTTI_RANK
+        mkdir -p $d/a/b && touch $d/a/b/f $d/g; [ '"$how"' = ok ]' 2>/dev/null | sort -u)
+    case $url in "file://$TMPDIR/tutti-run-"*) ;; *) fail "store URL \"$url\" (TMPDIR=$TMPDIR)" ;; esac
+    tmpdir_empty "tutti-run, $how"
 done
+# tutti-bench -np too: a normal run, a failing one (no such transport), an unusable TMPDIR
+timeout 60 "$bench" -np 2 -b 8 -e 8 -n 2 -w 0 >/dev/null 2>&1; rc=$?
+[ "$rc" = 0 ] || fail "tutti-bench -np 2: exit $rc"
+tmpdir_empty "tutti-bench, ok"
+TUTTI_TRANSPORT=nosuch timeout 60 "$bench" -np 2 -b 8 -e 8 -n 2 -w 0 >/dev/null 2>&1; rc=$?
+[ "$rc" = 3 ] || fail "tutti-bench -np 2, no such transport: exit $rc, expected 3"
+tmpdir_empty "tutti-bench, failure"
+err=$(TMPDIR=$tmp/nosuch timeout 60 "$bench" -np 1 -b 8 -e 8 -n 1 -w 0 2>&1 >/dev/null); rc=$?
+[ "$rc" = 3 ] && case $err in *"$tmp/nosuch"*) true ;; *) false ;; esac ||
+    fail "tutti-bench with TMPDIR=$tmp/nosuch: exit $rc, $err"
 
 # -np is ours only before the program: its own arguments pass through untouched
 out=$(timeout 10 "$run" -np 1 printf '%s\n' -np x) || fail "-np in the program's arguments: exit $?"
@@ -111,16 +160,16 @@ gone_within_1s "$(cat "$tmp/rank.pid")" || fail "a rank outlived a SIGKILLed tut
 timeout 10 "$run" -np 2 --tag sh -c 'echo "$TUTTI_STORE" >'"$tmp"'/store.$TUTTI_RANK
     for i in 1 2 3 4 5; do echo $i; sleep .2; done' 2>/dev/null | head -1 >/dev/null
 dir=$(cat "$tmp/store.0"); dir=${dir#file://}
-case $dir in /tmp/tutti-run-*) ;; *) fail "closed stdout: store \"$dir\"" ;; esac
-[ ! -e "$dir" ] || { rm -rf "$dir"; fail "closed stdout: temporary store $dir left behind"; }
+case $dir in "$TMPDIR"/tutti-run-*) ;; *) fail "closed stdout: store \"$dir\"" ;; esac
+tmpdir_empty "closed stdout"
 
 # a SIGTERM that reaches the ranks before they exec still stops them at once: a PATH of
 # 120000 empty entries keeps each rank in execvp for ~0.1 s, when tutti-run is signalled
 longpath=$(head -c 120000 /dev/zero | tr '\0' :)
 timeout 10 env "PATH=$longpath:$PATH" "$run" -np 2 sleep 21 2>/dev/null &
 tpid=$!
-for _ in $(seq 200); do # until tutti-run (timeout's child) has forked both ranks
-    trpid=$(pgrep -P $tpid) && [ "$(pgrep -c -P "$trpid")" = 2 ] && break
+for _ in $(seq 200); do # until tutti-run (timeout's child) has forked both ranks (and its cleaner)
+    trpid=$(pgrep -P $tpid) && [ "$(pgrep -c -P "$trpid")" = 3 ] && break
     sleep .005
 done
 t0=$(ms) # from the signal: start-up and the wait above are no part of the 2000 ms
@@ -128,5 +177,74 @@ kill -TERM $tpid # timeout passes it on to tutti-run
 wait $tpid; rc=$? t1=$(ms)
 [ "$rc" = 143 ] || fail "SIGTERM before exec: exit $rc, expected 143"
 [ $((t1 - t0)) -lt 2000 ] || fail "SIGTERM before exec: took $((t1 - t0)) ms (a rank missed it)"
+
+tmpdir_empty "SIGTERM before exec"
+
+# SIGKILL of tutti-run: its ranks (SIGKILLed by PR_SET_PDEATHSIG), what they started (the
+# cleaner kills their groups) and its temporary store, subdirectories included, are gone
+m=run-kill-$$; marks="$marks $m"
+TEST_MARK=$m "$run" -np 2 sh -c 'd=${TUTTI_STORE#file://}/r$TUTTI_RANK; mkdir -p $d/a/b
+    touch $d/a/b/f; sleep 21 & echo x >'"$tmp"'/k.$TUTTI_RANK; wait' </dev/null >/dev/null 2>&1 &
+lpid=$!
+for _ in $(seq 200); do [ -s $tmp/k.0 ] && [ -s $tmp/k.1 ] && break; sleep .05; done
+[ -s $tmp/k.0 ] && [ -s $tmp/k.1 ] || fail "tutti-run SIGKILL: the ranks did not start"
+kill -KILL $lpid; wait $lpid 2>/dev/null
+why=$(all_gone $m) || fail "SIGKILL of tutti-run: $why"
+
+# SIGKILL of tutti-bench -np 3 in a long benchmark: its ranks and its store are gone
+m=bench-kill-$$; marks="$marks $m"
+TEST_MARK=$m "$bench" -np 3 --coll barrier -n 1 -w 1000000000 -t 60 >/dev/null 2>&1 &
+lpid=$!
+for _ in $(seq 200); do
+    [ "$(pgrep -c -P $lpid)" -ge 3 ] && [ -n "$(ls -A "$TMPDIR")" ] && break; sleep .05
+done
+[ "$(pgrep -c -P $lpid)" -ge 3 ] || fail "tutti-bench SIGKILL: the ranks did not start"
+case $(ls -A "$TMPDIR") in tutti-bench-*) ;; *) fail "tutti-bench: no store in \$TMPDIR" ;; esac
+sleep .3 # in the benchmark loop
+kill -KILL $lpid; wait $lpid 2>/dev/null
+why=$(all_gone $m) || fail "SIGKILL of tutti-bench -np 3: $why"
+
+# SIGTERM of tutti-bench -np 3: it stops its ranks, removes its store, exits 143
+m=bench-term-$$; marks="$marks $m"
+TEST_MARK=$m "$bench" -np 3 --coll barrier -n 1 -w 1000000000 -t 60 >/dev/null 2>&1 &
+lpid=$!
+for _ in $(seq 200); do [ "$(pgrep -c -P $lpid)" -ge 3 ] && break; sleep .05; done
+sleep .3
+kill -TERM $lpid; wait_bounded $lpid; rc=$?
+[ "$rc" = 143 ] || fail "SIGTERM of tutti-bench: exit $rc, expected 143"
+why=$(all_gone $m) || fail "SIGTERM of tutti-bench -np 3: $why"
+
+# SIGHUP of tutti-run (a background job ignores SIGINT): the same
+m=run-hup-$$; marks="$marks $m"
+TEST_MARK=$m "$run" -np 2 sh -c 'sleep 21 & echo x >'"$tmp"'/h.$TUTTI_RANK; wait' </dev/null >/dev/null 2>&1 &
+lpid=$!
+for _ in $(seq 200); do [ -s $tmp/h.0 ] && [ -s $tmp/h.1 ] && break; sleep .05; done
+kill -HUP $lpid; wait_bounded $lpid; rc=$?
+[ "$rc" = 129 ] || fail "SIGHUP of tutti-run: exit $rc, expected 129"
+why=$(all_gone $m) || fail "SIGHUP of tutti-run: $why"
+
+# TUTTI_JOB_ID: the same on every rank of a launch, another on the next launch; the
+# user's kept; --job-id; nodes of one job agree without talking
+ids() { timeout 10 "$@" sh -c 'echo "$TUTTI_JOB_ID"' 2>&1 | sort -u | tr '\n' ' '; }
+a=$(ids "$run" -np 2) b=$(ids "$run" -np 2)
+case $a in *" "?*|" "|"") fail "tutti-run job ids: \"$a\" (one per launch, non-empty)" ;; esac
+[ "$a" != "$b" ] || fail "tutti-run: two launches got the same job id $a"
+[ "$(TUTTI_JOB_ID=mine ids "$run" -np 2)" = "mine " ] || fail "tutti-run replaced the user's TUTTI_JOB_ID"
+[ "$(ids "$run" -np 2 --job-id j7)" = "j7 " ] || fail "tutti-run --job-id j7: $(ids "$run" -np 2 --job-id j7)"
+TUTTI_JOB_ID=other timeout 10 "$run" -np 1 --job-id j7 true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--job-id j7 with TUTTI_JOB_ID=other: exit $rc, expected 2"
+timeout 10 "$run" -np 1 --job-id "a b" true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--job-id 'a b': exit $rc, expected 2"
+n0=$(ids "$run" -np 2 --nnodes 2 --node-rank 0 --store tcp://127.0.0.1:1)
+n1=$(ids "$run" -np 2 --nnodes 2 --node-rank 1 --store tcp://[::1]:1)
+[ "$n0" = "$n1" ] && [ "${n0% }" ] && [ "$n0" = "${n0%% *} " ] || fail "two nodes of one job: job ids \"$n0\" and \"$n1\""
+n0=$(SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 --store tcp://h:1)
+[ "$n0" = "slurm-77.3 " ] || fail "two nodes under Slurm: job id \"$n0\""
+bench_id() { timeout 60 "$bench" -np 2 -b 8 -e 8 -n 1 -w 0 2>&1 | sed -n 's/^# job //p'; }
+a=$(bench_id) b=$(bench_id)
+[ -n "$a" ] && [ "$a" != "$b" ] || fail "tutti-bench -np job ids: \"$a\" then \"$b\""
+a=$(TUTTI_JOB_ID=mine bench_id)
+[ "$a" = mine ] || fail "tutti-bench -np replaced the user's TUTTI_JOB_ID: \"$a\""
+tmpdir_empty "job ids"
 
 echo "test_run: all checks passed"

@@ -1,13 +1,17 @@
 /* tutti-run: start N ranks of a program on this host (mpirun/torchrun's job for tutti).
  *
- *   tutti-run -np N [--store URL] [--node-rank K --nnodes M] [--timeout S] [--tag]
- *             [--] PROGRAM [ARGS...]
+ *   tutti-run -np N [--store URL] [--node-rank K --nnodes M] [--job-id ID] [--timeout S]
+ *             [--tag] [--] PROGRAM [ARGS...]
  *
  * Each rank runs PROGRAM with TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK,
  * TUTTI_LOCAL_SIZE and TUTTI_STORE set, so tutti_comm_init_env() finds its place (and
- * RANK/WORLD_SIZE/LOCAL_RANK, as torchrun sets them). Without --store the ranks meet in
- * a file store in a fresh temporary directory, removed at the end. With several nodes,
- * start one tutti-run per node with the same tcp:// store (node 0's rank 0 hosts it).
+ * RANK/WORLD_SIZE/LOCAL_RANK, as torchrun sets them), and TUTTI_JOB_ID unless the user
+ * set it (see tt_launch_job_id). Without --store the ranks meet in a file store in a fresh
+ * directory in $TMPDIR, removed on every exit path (a cleaner process removes it if
+ * tutti-run is SIGKILLed). With several nodes, start one tutti-run per node with the same
+ * tcp:// store (node 0's rank 0 hosts it) and, outside a batch scheduler, the same
+ * --job-id. The launching itself (process groups, death with tutti-run, the cleaner) is
+ * tools/launch.c, shared with tutti-bench -np.
  *
  * The first rank to fail (non-zero exit or a signal) brings the others down: SIGTERM,
  * then SIGKILL after a grace period; so does --timeout and a SIGINT/SIGTERM to tutti-run.
@@ -16,32 +20,25 @@
  * the rank itself exited. With a terminal, the ranks stay in tutti-run's process group:
  * a background group would be stopped by SIGTTIN/SIGTTOU when it used the terminal (pdb,
  * breakpoint()), and Ctrl-C reaches every rank directly; the signals then go to each rank
- * alone. A rank also gets SIGKILL if tutti-run dies.
+ * alone. A rank, and its group, also get SIGKILL if tutti-run dies.
  * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
  * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define GRACE_MS 3000
+#include "launch.h"
+
 /* --tag: once every rank has exited, how long processes they left behind may keep
  * writing to (and holding open) their output pipes */
 #define DRAIN_MS 500
-
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig) { got_signal = sig; }
 
 static void usage(FILE *f, const char *argv0)
 {
@@ -52,17 +49,24 @@ static void usage(FILE *f, const char *argv0)
             "tutti_comm_init_env() reads.\n"
             "\n"
             "  -n, -np, --np N     ranks on this host\n"
-            "  -s, --store URL     rendezvous store (default: a file store in a fresh temp dir)\n"
+            "  -s, --store URL     rendezvous store (default: a file store in a fresh directory\n"
+            "                      in $TMPDIR or /tmp, removed however tutti-run ends)\n"
             "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
             "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
+            "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
+            "                      one unique to this launch; with several nodes, the job id\n"
+            "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
+            "                      from the store's port: when jobs share a standalone store,\n"
+            "                      give each job's nodes one --job-id of its own)\n"
             "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
             "      --tag           prefix each line of the ranks' output with [rank]\n"
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
             "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
-            "rank's status (128+signal for a signal, 124 for --timeout); 2 on bad usage.\n",
-            argv0, GRACE_MS);
+            "rank's status (128+signal for a signal, 124 for --timeout); 2 on bad usage.\n"
+            "The temporary store is made in $TMPDIR (default /tmp).\n",
+            argv0, TT_LAUNCH_GRACE_MS);
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out)
@@ -154,21 +158,44 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
     return nopen;
 }
 
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+/* What a rank runs: its variables, its output pipes (--tag), then the program. */
+typedef struct run_rank {
+    int node_rank, np, world, tag;
+    int out, err; /* --tag: write ends of this rank's pipes */
+    const char *store;
+    char **prog;
+} run_rank_t;
+
+static void run_rank(void *arg, int i)
 {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
+    const run_rank_t *r = arg;
+    int rank = r->node_rank * r->np + i;
+    setenv_int("TUTTI_RANK", rank);
+    setenv_int("TUTTI_WORLD_SIZE", r->world);
+    setenv_int("TUTTI_LOCAL_RANK", i);
+    setenv_int("TUTTI_LOCAL_SIZE", r->np);
+    setenv_int("RANK", rank);
+    setenv_int("WORLD_SIZE", r->world);
+    setenv_int("LOCAL_RANK", i);
+    setenv("TUTTI_STORE", r->store, 1);
+    if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
+        _exit(127);
+    execvp(r->prog[0], r->prog);
+    fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, r->prog[0],
+            strerror(errno));
+    _exit(127);
 }
 
 int main(int argc, char **argv)
 {
     int np = 0, nnodes = 1, node_rank = 0, timeout_s = 0, tag = 0;
-    const char *store = NULL;
+    const char *store = NULL, *job_id = NULL;
     static const struct option longopts[] = {
         {"np", required_argument, NULL, 'n'},       {"store", required_argument, NULL, 's'},
         {"nnodes", required_argument, NULL, 'N'},   {"node-rank", required_argument, NULL, 'K'},
         {"timeout", required_argument, NULL, 't'},  {"tag", no_argument, NULL, 'T'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"job-id", required_argument, NULL, 'J'},   {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
@@ -183,8 +210,9 @@ int main(int argc, char **argv)
                 }
                 optarg = argv[optind++];
             }
-            if (parse_int(optarg, 1, 4096, &np) < 0) {
-                fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..4096\n", optarg);
+            if (parse_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &np) < 0) {
+                fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..%d\n", optarg,
+                        TT_LAUNCH_MAX_RANKS);
                 return 2;
             }
             break;
@@ -208,6 +236,7 @@ int main(int argc, char **argv)
             }
             break;
         case 'T': tag = 1; break;
+        case 'J': job_id = optarg; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
@@ -231,60 +260,27 @@ int main(int argc, char **argv)
                         "(--store tcp://HOST:PORT)\n");
         return 2;
     }
-    /* a closed 0, 1 or 2 would be handed out again to a pipe, which a rank would then
-     * lose (dup2 onto itself keeps O_CLOEXEC) */
-    int fd;
-    while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd <= 2)
-        ;
-    if (fd > 2)
-        close(fd);
-    pid_t *pids = calloc((size_t)np, sizeof(pid_t));
-    char *exited = calloc((size_t)np, 1);
+    if (tt_launch_job_id("tutti-run", np, job_id, nnodes, store) < 0)
+        return 2;
+
+    tt_launch_t l;
+    if (tt_launch_start(&l, "tutti-run", np, !store) < 0)
+        return 1;
+    if (!store)
+        store = l.url;
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
     struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
-    if (!pids || !exited || (tag && (!tags || !pf))) {
+    int status = 0, first_failed = -1, spawn_failed = 0;
+    if (tag && (!tags || !pf)) {
         fprintf(stderr, "tutti-run: out of memory\n");
-        return 1;
+        status = 1;
+        goto out;
     }
     for (int k = 0; k < 2 * np && tag; k++)
         tags[k].fd = -1;
 
-    char dir[] = "/tmp/tutti-run-XXXXXX";
-    char url[512];
-    int own_dir = 0;
-    if (!store) {
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "tutti-run: cannot create a store directory in /tmp: %s\n",
-                    strerror(errno));
-            return 1;
-        }
-        own_dir = 1;
-        snprintf(url, sizeof(url), "file://%s", dir);
-        store = url;
-    }
-
-    /* SIGPIPE ignored: a --tag reader that goes away must not take us down before we stop
-     * the ranks and remove the store. The ranks get back the dispositions we started with
-     * (an ignored signal stays ignored through exec, ours would not); one that was ignored
-     * (nohup, a background job) stays ignored here too. */
-    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-    struct sigaction orig[4];
-    sigset_t stop_sigs, mask;
-    sigemptyset(&stop_sigs);
-    for (int k = 0; k < 4; k++) {
-        struct sigaction sa = {.sa_handler = sigs[k] == SIGPIPE ? SIG_IGN : on_signal};
-        sigemptyset(&sa.sa_mask);
-        sigaction(sigs[k], NULL, &orig[k]);
-        if (orig[k].sa_handler != SIG_IGN)
-            sigaction(sigs[k], &sa, NULL);
-        if (sigs[k] != SIGPIPE)
-            sigaddset(&stop_sigs, sigs[k]);
-    }
-
-    pid_t self = getpid();
-    /* a rank in a background group of our terminal would stop on its first use of it */
-    int own_groups = !isatty(0) && !isatty(1) && !isatty(2);
-    int world = np * nnodes, spawn_failed = 0;
+    run_rank_t rr = {.node_rank = node_rank, .np = np, .world = np * nnodes, .tag = tag,
+                     .store = store, .prog = argv + optind};
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
         int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -297,40 +293,9 @@ int main(int argc, char **argv)
             spawn_failed = 1;
             break;
         }
-        /* blocked until the child has its own dispositions back: a SIGTERM meant for it
-         * would otherwise run our handler there, and be lost */
-        sigprocmask(SIG_BLOCK, &stop_sigs, &mask);
-        pid_t pid = fork();
-        if (pid == 0) {
-            /* its own process group, so that stopping it stops what it started too */
-            if (own_groups)
-                setpgid(0, 0);
-            /* dies with us, even SIGKILLed; if we died before this call, ppid shows it */
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != self)
-                _exit(127);
-            for (int k = 0; k < 4; k++)
-                sigaction(sigs[k], &orig[k], NULL);
-            sigprocmask(SIG_SETMASK, &mask, NULL);
-            int rank = node_rank * np + i;
-            setenv_int("TUTTI_RANK", rank);
-            setenv_int("TUTTI_WORLD_SIZE", world);
-            setenv_int("TUTTI_LOCAL_RANK", i);
-            setenv_int("TUTTI_LOCAL_SIZE", np);
-            setenv_int("RANK", rank);
-            setenv_int("WORLD_SIZE", world);
-            setenv_int("LOCAL_RANK", i);
-            setenv("TUTTI_STORE", store, 1);
-            if (tag && (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0))
-                _exit(127);
-            execvp(argv[optind], argv + optind);
-            fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, argv[optind],
-                    strerror(errno));
-            _exit(127);
-        }
-        sigprocmask(SIG_SETMASK, &mask, NULL);
-        if (pid < 0) {
-            fprintf(stderr, "tutti-run: fork: %s\n", strerror(errno));
+        rr.out = out[1];
+        rr.err = err[1];
+        if (tt_launch_spawn(&l, i, run_rank, &rr) < 0) {
             if (tag) {
                 close(out[0]), close(out[1]);
                 close(err[0]), close(err[1]);
@@ -338,10 +303,6 @@ int main(int argc, char **argv)
             spawn_failed = 1;
             break;
         }
-        /* here too, so that the group exists before we may signal it */
-        if (own_groups)
-            setpgid(pid, pid);
-        pids[i] = pid;
         if (tag) {
             close(out[1]);
             close(err[1]);
@@ -350,69 +311,44 @@ int main(int argc, char **argv)
         }
     }
 
-    int status = 0, first_failed = -1, running = 0;
-    for (int i = 0; i < np; i++)
-        running += pids[i] > 0;
-    double deadline = timeout_s ? now_ms() + timeout_s * 1000.0 : 0, kill_at = 0;
-    int killing = spawn_failed;
-    if (killing)
+    double deadline = timeout_s ? now_ms() + timeout_s * 1000.0 : 0;
+    if (spawn_failed) {
         status = 1;
-    while (running > 0) {
+        tt_launch_stop(&l);
+    }
+    while (l.running > 0) {
         if (!tag || !tag_poll(tags, pf, 2 * np, 50))
             usleep(20000);
-        /* WNOWAIT: an exited rank stays a zombie until the end, so its pid, and with it
-         * its process group id, cannot be reused while we may still signal that group */
-        for (int i = 0; i < np; i++) {
-            siginfo_t si = {0};
-            if (pids[i] <= 0 || exited[i] ||
-                waitid(P_PID, (id_t)pids[i], &si, WEXITED | WNOHANG | WNOWAIT) < 0 ||
-                si.si_pid != pids[i])
+        int i, code, sig;
+        while ((i = tt_launch_reap(&l, &code, &sig)) >= 0) {
+            if (code == 0 || first_failed >= 0 || tt_launch_stopping(&l))
                 continue;
-            exited[i] = 1;
-            running--;
-            int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
-            int code = sig ? 128 + sig : si.si_status;
-            if (code != 0 && first_failed < 0 && !killing) {
-                first_failed = node_rank * np + i;
-                status = code;
-                if (!sig)
-                    fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
-                                    "other %d rank(s)\n", first_failed, code, running);
-                else
-                    fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
-                                    "stopping the other %d rank(s)\n",
-                            first_failed, sig, strsignal(sig), running);
-            }
+            first_failed = node_rank * np + i;
+            status = code;
+            if (!sig)
+                fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
+                                "other %d rank(s)\n", first_failed, code, l.running);
+            else
+                fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
+                                "stopping the other %d rank(s)\n",
+                        first_failed, sig, strsignal(sig), l.running);
         }
-        if (!killing && (first_failed >= 0 || got_signal ||
-                         (deadline && now_ms() > deadline))) {
-            if (first_failed < 0 && got_signal) {
-                status = 128 + got_signal;
-                fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got_signal),
-                        running);
+        int got = tt_launch_signal_received();
+        if (!tt_launch_stopping(&l) &&
+            (first_failed >= 0 || got || (deadline && now_ms() > deadline))) {
+            if (first_failed < 0 && got) {
+                status = 128 + got;
+                fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got),
+                        l.running);
             } else if (first_failed < 0) {
                 status = 124;
                 fprintf(stderr, "tutti-run: --timeout %d s passed: stopping %d rank(s)\n",
-                        timeout_s, running);
+                        timeout_s, l.running);
             }
-            killing = 1;
+            tt_launch_stop(&l);
         }
-        /* once at least, even when the last rank just exited: its group, and those of
-         * the ranks before it, may still hold what they started */
-        if (killing && (running > 0 || !kill_at)) {
-            int sig = !kill_at ? SIGTERM : now_ms() > kill_at ? SIGKILL : 0;
-            /* the groups of exited ranks too: what they left behind stops with the run */
-            for (int i = 0; i < np && sig; i++)
-                if (pids[i] > 0 && (own_groups || !exited[i]))
-                    kill(own_groups ? -pids[i] : pids[i], sig);
-            if (sig)
-                kill_at = now_ms() + (sig == SIGTERM ? GRACE_MS : 1e9);
-        }
+        tt_launch_tick(&l);
     }
-    for (int i = 0; i < np; i++) /* every rank has exited: reap them */
-        if (pids[i] > 0)
-            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR)
-                ;
     if (tag) {
         double left, drain_end = now_ms() + DRAIN_MS;
         while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, 2 * np, (int)left + 1))
@@ -421,10 +357,8 @@ int main(int argc, char **argv)
             if (tags[k].fd >= 0)
                 tag_close(&tags[k]);
     }
-    if (own_dir && nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        fprintf(stderr, "tutti-run: could not remove %s: %s\n", dir, strerror(errno));
-    free(pids);
-    free(exited);
+out:
+    tt_launch_finish(&l);
     free(tags);
     free(pf);
     return status;
