@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -256,7 +259,9 @@ static int shm_count(void)
 
 typedef struct cycles {
     int n;
-    int env;          /* 1: tutti_comm_init_env (a new store handle per cycle) */
+    int env;          /* 1: tutti_comm_init_env (a new store handle per cycle) over the
+                         file store; 2: the same over a tcp store hosted by rank 0 */
+    int port;         /* env 2: the store's port */
     const char *transport;
 } cycles_t;
 
@@ -266,7 +271,10 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
     const cycles_t *c = arg;
     char url[512], num[16];
     setenv("TUTTI_JOB_ID", "cycles", 1); /* one job: every cycle on the same prefix */
-    snprintf(url, sizeof(url), "file://%s", dir);
+    if (c->env == 2)
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", c->port);
+    else
+        snprintf(url, sizeof(url), "file://%s", dir);
     setenv("TUTTI_STORE", url, 1);
     snprintf(num, sizeof(num), "%d", rank);
     setenv("TUTTI_RANK", num, 1);
@@ -302,8 +310,8 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
     long rss1 = rss_kb();
     if (rank == 0)
         fprintf(stderr, "%d cycles (%s, %s): fds %d -> %d, RSS %ld -> %ld KiB, /dev/shm %d -> %d\n",
-                c->n, c->env ? "init_env" : "init", c->transport, fds0, fds1, rss0, rss1, shm0,
-                shm1);
+                c->n, c->env == 2 ? "init_env, tcp store" : c->env ? "init_env" : "init",
+                c->transport, fds0, fds1, rss0, rss1, shm0, shm1);
     FAIL_IF(fds1 > fds0, "fds grew from %d to %d over %d cycles", fds0, fds1, c->n - warm);
     FAIL_IF(rss1 > rss0 + 4096, "RSS grew from %ld to %ld KiB", rss0, rss1);
     FAIL_IF(shm1 > shm0, "/dev/shm grew from %d to %d entries", shm0, shm1);
@@ -312,11 +320,27 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
     return 0;
 }
 
+/* A port nobody listens on now (the kernel's pick for an ephemeral bind). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
 START_TEST(destroy_init_cycles)
 {
     static const char *const tps[] = {"tcp", "shm"};
-    for (int env = 0; env < 2; env++) {
-        cycles_t c = {.n = quick() ? 60 : 300, .env = env, .transport = tps[_i]};
+    for (int env = 0; env < 3; env++) {
+        cycles_t c = {.n = quick() ? 60 : 300, .env = env, .transport = tps[_i],
+                      .port = free_port()};
         th_spec_t spec = {.nranks = 2, .fn = rank_cycles, .arg = &c, .timeout_ms = 170000,
                           .flags = TH_NO_COMM};
         ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
