@@ -47,6 +47,7 @@
 
 #define SRV_READ_CHUNK 65536u
 #define SRV_HELLO_MS 10000
+#define SRV_HELLO_GRACE_MS 1000
 #define SRV_ACCEPT_PAUSE_MS 100
 #define SRV_ACCEPT_BURST 64
 #define SRV_WARN_EVERY_MS 10000
@@ -1010,20 +1011,24 @@ static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
     srv->evicted = srv->turned_away = 0;
 }
 
-/* The connection whose loss matters least: one still in its hello (oldest first), else
- * the longest idle, else the one waiting longest for a key; never one in the middle of a
- * request (its client could not tell whether it was served). */
+/* The connection whose loss matters least: one that had time for its hello and is still
+ * in it (oldest first), else the longest idle, else the one waiting longest for a key;
+ * never one in the middle of a request (its client could not tell whether it was
+ * served), nor one just accepted (evicting those would let none of a burst of new
+ * clients through). */
 static srv_conn_t *srv_pick_victim(tt_store_server_t *srv)
 {
     srv_conn_t *best = NULL;
     int best_class = 3;
-    uint64_t best_t = UINT64_MAX;
+    uint64_t best_t = UINT64_MAX, now = uv_now(&srv->loop);
     for (srv_conn_t *c = srv->conns; c; c = c->next) {
         int cls;
         uint64_t t;
         if (c->closing)
             continue;
         if (c->state != SRV_READY) {
+            if (now - c->since < SRV_HELLO_GRACE_MS)
+                continue;
             cls = 0;
             t = c->since;
         } else if (c->writes_pending || c->discard || (c->len && !c->waiter)) {
@@ -1053,17 +1058,21 @@ static int srv_evict(tt_store_server_t *srv, const char *why)
     return 1;
 }
 
-/* Tell a client we cannot take why, in the reply to the hello it is sending, and close. */
+/* Tell a client we cannot take why, in the reply to the hello it is sending, and close.
+ * What it sent already is read first: closing over unread bytes would send a reset, which
+ * may overtake the reply. */
 static void srv_turn_away(tt_store_server_t *srv, int fd, const char *why)
 {
     unsigned char frame[5 + 160];
-    int n = snprintf((char *)frame + 5, sizeof(frame) - 5, "store server busy: %s; try again",
+    int n = snprintf((char *)frame + 5, sizeof(frame) - 5, "busy (%s); try again",
                      why);
     n = TT_MIN(n, (int)sizeof(frame) - 6);
     put_be32(frame, (uint32_t)n + 1);
     frame[4] = (unsigned char)(int8_t)TUTTI_ERR_STORE;
-    ssize_t w = send(fd, frame, 5 + (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
-    TT_UNUSED(w);
+    ssize_t r = send(fd, frame, 5 + (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    for (int i = 0; i < 4 && r >= 0; i++)
+        r = recv(fd, srv->scratch, sizeof(srv->scratch), MSG_DONTWAIT);
+    shutdown(fd, SHUT_WR);
     close(fd);
     srv->turned_away++;
     srv_pressure_warn(srv, why);
@@ -1086,16 +1095,21 @@ static void srv_accept_pause(tt_store_server_t *srv)
     uv_timer_start(&srv->accept_timer, srv_accept_resume, SRV_ACCEPT_PAUSE_MS, 0);
 }
 
-/* Out of file descriptors and nobody to evict: spend the reserve fd on accepting one
- * client to tell it so. */
+/* Out of file descriptors and nobody to evict: spend the reserve fd on telling every
+ * client waiting in the backlog so (they retry), then pause accepting. */
 static void srv_out_of_fds(tt_store_server_t *srv)
 {
     if (srv->reserve_fd >= 0) {
         close(srv->reserve_fd);
         srv->reserve_fd = -1;
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0)
+        for (int i = 0; i < 1024; i++) {
+            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0 && (errno == EINTR || errno == ECONNABORTED))
+                continue;
+            if (fd < 0)
+                break;
             srv_turn_away(srv, fd, "out of file descriptors");
+        }
         srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
     srv_pressure_warn(srv, "out of file descriptors");

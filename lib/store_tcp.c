@@ -316,8 +316,11 @@ static int tcp_hello_lost(tcp_store_t *ts, int e, const char *step, char *cause,
         tt_store_err_set(err, "bad %s reply from %s: not a tutti store server?", step, ts->addr);
         return TUTTI_ERR_PROTOCOL;
     }
-    if (e == -ETIMEDOUT)
-        snprintf(cause, causelen, "no answer to the %s from %s", step, ts->addr);
+    if (e == -ETIMEDOUT) {
+        /* cut short by the deadline: the attempt before says more */
+        if (!cause[0] || !strncmp(cause, "connect to", 10))
+            snprintf(cause, causelen, "no answer to the %s from %s", step, ts->addr);
+    }
     else if (e == -EPIPE || e == -ECONNRESET)
         snprintf(cause, causelen, "%s closed the connection during the %s (busy, stopping, "
                  "or a tutti-store older than protocol %u)", ts->addr, step, TT_STORE_PROTOCOL);
