@@ -1264,6 +1264,9 @@ START_TEST(test_stopped_server)
     OK(NULL, tutti_store_open_prefixed(&quick, c, ""));
     tutti_store_set_timeout(quick, 500);
     kill(sc.pid, SIGSTOP);
+    int status; /* SIGSTOP takes effect a moment after kill returns */
+    ck_assert_int_eq(waitpid(sc.pid, &status, WUNTRACED), sc.pid);
+    ck_assert(WIFSTOPPED(status));
     double t0 = now_ms();
     int st = tutti_store_add(quick, "n", 1, NULL);
     double el = now_ms() - t0;
@@ -1299,6 +1302,63 @@ START_TEST(test_restarted_server)
     EXPECT(c, tutti_store_get(c, "k", &v, NULL, 500), TUTTI_ERR_STORE);
     tutti_store_close(c);
     tutti_store_close(b);
+}
+END_TEST
+
+typedef struct drain_get {
+    tutti_store_t *s;
+    int st;
+    char value[32];
+} drain_get_t;
+
+static void *drain_get_thread(void *arg)
+{
+    drain_get_t *g = arg;
+    void *v;
+    g->st = tutti_store_get(g->s, "late", &v, NULL, 3000);
+    if (g->st == 0) {
+        snprintf(g->value, sizeof(g->value), "%s", (char *)v);
+        free(v);
+    }
+    return NULL;
+}
+
+static void *close_thread(void *arg)
+{
+    tutti_store_close(arg);
+    return NULL;
+}
+
+START_TEST(test_drain)
+{
+    /* closing the server's handle: new clients are refused at once, connected ones are
+     * still served until they leave, and the close returns when they have */
+    tutti_store_t *a, *c1, *c2, *late = (tutti_store_t *)0x1;
+    OK(NULL, tutti_store_open_tcp(&a, "127.0.0.1", 0, 1, 3000));
+    int port = tutti_store_port(a);
+    OK(NULL, tutti_store_open_tcp(&c1, "127.0.0.1", port, 0, 3000));
+    OK(NULL, tutti_store_open_tcp(&c2, "127.0.0.1", port, 0, 3000));
+    drain_get_t g = {.s = c1};
+    pthread_t tg, tc;
+    ck_assert_int_eq(pthread_create(&tg, NULL, drain_get_thread, &g), 0);
+    sleep_ms(100);
+    double t0 = now_ms();
+    ck_assert_int_eq(pthread_create(&tc, NULL, close_thread, a), 0);
+    sleep_ms(100);
+    int st_late = tutti_store_open_tcp(&late, "127.0.0.1", port, 0, 200);
+    int st_set = tutti_store_set(c2, "late", "served", 6);
+    pthread_join(tg, NULL);
+    tutti_store_close(c1);
+    tutti_store_close(c2);
+    pthread_join(tc, NULL);
+    double closed = now_ms() - t0;
+    ck_assert_int_ne(st_late, 0);
+    ck_assert_msg(strstr(tutti_store_last_error(NULL), strerror(ECONNREFUSED)), "%s",
+                  tutti_store_last_error(NULL));
+    ck_assert_msg(st_set == 0, "set during the drain: %s", tutti_status_name(st_set));
+    ck_assert_msg(g.st == 0, "waiting get: %s", tutti_status_name(g.st));
+    ck_assert_str_eq(g.value, "served");
+    ck_assert_msg(closed < 1500, "close took %.0f ms after its clients left", closed);
 }
 END_TEST
 
@@ -1534,6 +1594,7 @@ static Suite *server_suite(void)
     tcase_add_test(dead, test_dead_server);
     tcase_add_test(dead, test_stopped_server);
     tcase_add_test(dead, test_restarted_server);
+    tcase_add_test(dead, test_drain);
     tcase_add_test(dead, test_refused_message);
     suite_add_tcase(s, dead);
 
