@@ -368,30 +368,33 @@ static int tcp_hello_check_auth(tcp_store_t *ts, const tcp_hello_reply_t *h,
     return TUTTI_OK;
 }
 
-/* Whether this is the server instance the handle talks to; remembers it the first time. */
+/* Whether this is the server instance the handle talks to; remembers it the first time.
+ * A handle that knows its server and meets another instance fails: its keys are gone. One
+ * that has not met its server yet passes over a server with another label (a previous
+ * run's, still stopping): its own may come up yet. */
 static int tcp_hello_check_server(tcp_store_t *ts, const tcp_hello_reply_t *h, char *cause,
                                   size_t causelen, tt_store_err_t *err)
 {
-    if (ts->instance && strcmp(ts->instance, h->label)) {
-        /* the server of a previous run, still going away: ours may come up yet */
-        snprintf(cause, causelen, "the store server at %s is instance '%.64s', not '%.64s' "
-                 "(a previous run's server still up?)", ts->addr, h->label, ts->instance);
-        return TCP_HELLO_RETRY;
-    }
-    int st = TUTTI_OK;
+    int st = TCP_HELLO_OK;
     pthread_mutex_lock(&ts->lock);
-    if (!ts->known) {
+    if (ts->known) {
+        if (memcmp(ts->server_id, h->id, TT_STORE_ID_LEN))
+            st = TUTTI_ERR_STORE;
+    } else if (ts->instance && strcmp(ts->instance, h->label)) {
+        st = TCP_HELLO_RETRY;
+    } else {
         ts->known = 1;
         memcpy(ts->server_id, h->id, TT_STORE_ID_LEN);
         ts->server_idle_ms = h->idle_ms;
         ts->server_quota = h->quota;
-    } else if (memcmp(ts->server_id, h->id, TT_STORE_ID_LEN)) {
-        st = TUTTI_ERR_STORE;
     }
     pthread_mutex_unlock(&ts->lock);
-    if (st < 0)
+    if (st == TUTTI_ERR_STORE)
         tt_store_err_set(err, "the store server at %s was restarted: another server instance "
                          "answered, without the keys set before", ts->addr);
+    else if (st == TCP_HELLO_RETRY)
+        snprintf(cause, causelen, "the store server at %s is instance '%.64s', not '%.64s' "
+                 "(a previous run's server still up?)", ts->addr, h->label, ts->instance);
     return st;
 }
 

@@ -1294,6 +1294,16 @@ START_TEST(test_restarted_server)
     int port = tutti_store_port(a);
     OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", port, 0, 3000));
     OK(c, tutti_store_set(c, "k", "v", 1));
+    /* a client that wants another label keeps away from this server */
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = 300;
+    o.instance = "run-2";
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    tutti_store_t *other = (tutti_store_t *)0x1;
+    EXPECT(NULL, tutti_store_open(&other, url, &o), TUTTI_ERR_TIMEOUT);
+    HAS(tutti_store_last_error(NULL), "is instance '', not 'run-2'");
     tutti_store_close(a); /* drains for 500 ms: c stays connected */
     OK(NULL, tutti_store_open_tcp(&b, "127.0.0.1", port, 1, 3000));
     EXPECT(c, tutti_store_set(c, "k2", "v", 1), TUTTI_ERR_STORE);
