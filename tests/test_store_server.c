@@ -691,6 +691,43 @@ START_TEST(test_opts_old_size)
 }
 END_TEST
 
+/* The hello reply's idle timeout and quota, from a raw hello to port. */
+static void hello_limits(int port, uint32_t *idle_p, uint64_t *quota_p)
+{
+    unsigned char f[128], body[1024];
+    int fd = raw_connect(port), status;
+    size_t n;
+    raw_send(fd, f, hello_frame(f, NULL));
+    ck_assert_int_eq(raw_reply(fd, &status, body, sizeof(body), &n), 0);
+    ck_assert_int_eq(status, 0);
+    const unsigned char *p = body;
+    p += 4 + get_be32(p); /* version */
+    p += 4 + get_be32(p); /* flags */
+    *idle_p = get_be32(p + 4);
+    p += 4 + get_be32(p);
+    *quota_p = get_be64(p + 4);
+    close(fd);
+}
+
+START_TEST(test_limits_from_env)
+{
+    /* the environment sets the limits of servers opened without opts */
+    setenv("TUTTI_STORE_IDLE_TIMEOUT_MS", "4321", 1);
+    setenv("TUTTI_STORE_CLIENT_QUOTA", "3M", 1);
+    tutti_store_t *s;
+    int st = tutti_store_open_tcp(&s, "127.0.0.1", 0, 1, 3000);
+    unsetenv("TUTTI_STORE_IDLE_TIMEOUT_MS");
+    unsetenv("TUTTI_STORE_CLIENT_QUOTA");
+    OK(NULL, st);
+    uint32_t idle;
+    uint64_t quota;
+    hello_limits(tutti_store_port(s), &idle, &quota);
+    ck_assert_uint_eq(idle, 4321);
+    ck_assert_uint_eq(quota, 3u << 20);
+    tutti_store_close(s);
+}
+END_TEST
+
 /* ---- where servers listen ---- */
 
 #ifdef TT_BUILD_DIR
@@ -798,17 +835,23 @@ START_TEST(test_tool_secret)
     fputs("tool-secret", f);
     fclose(f);
     pid_t pid;
-    const char *args[] = {tool, "--port", "0", "--auth-token-file", path, NULL};
+    const char *args[] = {tool, "--port", "0", "--auth-token-file", path,
+                          "--idle-timeout-ms", "1234", "--client-quota", "2M", NULL};
     int port = tool_start(args, &pid, line, sizeof(line));
     tutti_store_t *c = NULL;
     int st_none = port ? open_with(&c, port, 0, NULL, 2000) : -100;
     int st_good = port ? open_with(&c, port, 0, "tool-secret", 2000) : -100;
-    if (st_good == 0)
+    int st_big = -100;
+    if (st_good == 0) {
+        static char big[3u << 20];
+        st_big = tutti_store_set(c, "big", big, sizeof(big));
         tutti_store_close(c);
+    }
     tool_stop(pid);
     ck_assert_msg(port > 0, "tool printed '%s'", line);
     ck_assert_int_eq(st_none, TUTTI_ERR_AUTH);
     ck_assert_int_eq(st_good, 0);
+    ck_assert_int_eq(st_big, TUTTI_ERR_INVALID_ARG); /* over the --client-quota */
     /* a secret file that cannot be read: exit 1, not a server without a secret */
     const char *bad[] = {tool, "--port", "0", "--auth-token-file", "/nonexistent/x", NULL};
     pid_t p2 = fork();
@@ -1585,6 +1628,7 @@ static Suite *server_suite(void)
     tcase_add_test(auth, test_auth_raw);
     tcase_add_test(auth, test_auth_impostor);
     tcase_add_test(auth, test_opts_old_size);
+    tcase_add_test(auth, test_limits_from_env);
     tcase_add_test(auth, test_tool_binds_loopback);
     tcase_add_test(auth, test_tool_secret);
     suite_add_tcase(s, auth);
