@@ -1099,6 +1099,8 @@ static void srv_accept_pause(tt_store_server_t *srv)
  * client waiting in the backlog so (they retry), then pause accepting. */
 static void srv_out_of_fds(tt_store_server_t *srv)
 {
+    if (srv->reserve_fd < 0) /* none since start, or lost to a race: try again */
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (srv->reserve_fd >= 0) {
         close(srv->reserve_fd);
         srv->reserve_fd = -1;

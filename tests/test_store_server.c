@@ -1437,6 +1437,7 @@ enum { CYCLE_RANKS = 3, CYCLES = 300 };
 static int cycle_rank(int rank, int port)
 {
     int fd0 = -1; /* after the first cycle: libuv opens a pipe for good with its first loop */
+    long rss0 = -1;
     char url[64], label[32], key[32], want[32];
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
     for (int c = 0; c < CYCLES; c++) {
@@ -1481,16 +1482,25 @@ static int cycle_rank(int rank, int port)
             return 4;
         }
         tutti_store_close(s);
-        if (c == 0)
+        if (c == 0) {
             fd0 = count_fds();
+            rss0 = rss_kib(getpid());
+        }
     }
     int fd1 = count_fds();
+    long rss1 = rss_kib(getpid());
+    if (rss1 - rss0 > 8192) {
+        fprintf(stderr, "rank %d: RSS %ld KiB after the first cycle, %ld after %d\n", rank,
+                rss0, rss1, CYCLES);
+        return 6;
+    }
     if (fd1 != fd0) {
         fprintf(stderr, "rank %d: %d fds after the first cycle, %d after %d\n", rank, fd0,
                 fd1, CYCLES);
         return 5;
     }
-    fprintf(stderr, "rank %d: %d fds after the first cycle and after the last\n", rank, fd0);
+    fprintf(stderr, "rank %d: %d fds after the first cycle and after the last; RSS %ld -> %ld "
+            "KiB\n", rank, fd0, rss0, rss1);
     return 0;
 }
 
