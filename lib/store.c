@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "store_impl.h"
 
 /* Failures of the open functions have no handle to be recorded on; the caller's thread
@@ -141,6 +142,20 @@ static void open_fail(const char *url, int st, const tt_store_err_t *err)
     TT_INFO("%s", open_error);
 }
 
+/* A size from TUTTI_<name> ("64M"); def when unset, with a warning when unreadable. */
+static size_t env_size(const char *name, size_t def)
+{
+    const char *v = tt_env(name);
+    size_t n;
+    if (!v)
+        return def;
+    if (tt_parse_size(v, &n) < 0) {
+        TT_WARN("TUTTI_%s=%s is not a size (like 4096, 64K, 1M); using %zu", name, v, def);
+        return def;
+    }
+    return n;
+}
+
 int tutti_store_opts_init(tutti_store_opts_t *opts)
 {
     if (!opts)
@@ -149,6 +164,78 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
     opts->size = sizeof(*opts);
     opts->timeout_ms = tt_env_int("STORE_TIMEOUT_MS", 30000);
     opts->is_server = 0;
+    opts->auth_token = tt_env("AUTH_TOKEN");
+    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
+    opts->instance = NULL;
+    opts->idle_timeout_ms = tt_env_int("STORE_IDLE_TIMEOUT_MS", TT_STORE_DEFAULT_IDLE_MS);
+    opts->max_connections = tt_env_int("STORE_MAX_CONNECTIONS", 0);
+    opts->client_quota_bytes = env_size("STORE_CLIENT_QUOTA", TT_STORE_DEFAULT_QUOTA);
+    opts->memory_limit_bytes = env_size("STORE_MEMORY_LIMIT", 0);
+    return TUTTI_OK;
+}
+
+/* Whether a caller's opts (of its own size) has field: older callers' structs end sooner. */
+#define OPTS_HAS(o, field) \
+    ((o)->size >= offsetof(tutti_store_opts_t, field) + sizeof((o)->field))
+
+/* The caller's opts over the defaults, field by field as far as its struct reaches. */
+static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
+{
+    tutti_store_opts_init(o);
+    if (!in)
+        return TUTTI_OK;
+    if (!OPTS_HAS(in, timeout_ms))
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                          "opts->size is %zu: call tutti_store_opts_init first", in->size);
+    o->timeout_ms = in->timeout_ms;
+    if (OPTS_HAS(in, is_server))
+        o->is_server = in->is_server;
+    if (OPTS_HAS(in, auth_token))
+        o->auth_token = in->auth_token;
+    if (OPTS_HAS(in, auth_token_file))
+        o->auth_token_file = in->auth_token_file;
+    if (OPTS_HAS(in, instance))
+        o->instance = in->instance;
+    if (OPTS_HAS(in, idle_timeout_ms))
+        o->idle_timeout_ms = in->idle_timeout_ms;
+    if (OPTS_HAS(in, max_connections))
+        o->max_connections = in->max_connections;
+    if (OPTS_HAS(in, client_quota_bytes))
+        o->client_quota_bytes = in->client_quota_bytes;
+    if (OPTS_HAS(in, memory_limit_bytes))
+        o->memory_limit_bytes = in->memory_limit_bytes;
+    return TUTTI_OK;
+}
+
+/* The tcp settings from merged opts; defaults for zeros, and what makes no sense refused
+ * with the field named. */
+static int opts_to_cfg(const tutti_store_opts_t *o, tt_store_tcp_cfg_t *cfg)
+{
+    const char *bad = NULL;
+    if (o->idle_timeout_ms < 0)
+        bad = "idle_timeout_ms (TUTTI_STORE_IDLE_TIMEOUT_MS) is negative";
+    else if (o->max_connections < 0)
+        bad = "max_connections (TUTTI_STORE_MAX_CONNECTIONS) is negative";
+    else if (o->client_quota_bytes && o->client_quota_bytes < TT_STORE_MIN_QUOTA)
+        bad = "client_quota_bytes (TUTTI_STORE_CLIENT_QUOTA) is below 64K";
+    else if (o->instance && strlen(o->instance) > TT_STORE_MAX_INSTANCE)
+        bad = "instance is longer than 255 bytes";
+    if (bad)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL, "%s", bad);
+    *cfg = (tt_store_tcp_cfg_t){
+        .timeout_ms = o->timeout_ms,
+        .instance = o->instance,
+        .idle_timeout_ms = o->idle_timeout_ms,
+        .max_connections = o->max_connections,
+        .client_quota = o->client_quota_bytes ? o->client_quota_bytes : TT_STORE_DEFAULT_QUOTA,
+        /* stopping waits this long for clients to leave; less than the timeout they use */
+        .drain_ms = o->timeout_ms >= 0 && o->timeout_ms < 2000 ? o->timeout_ms : 2000,
+    };
+    cfg->memory_limit = o->memory_limit_bytes ? o->memory_limit_bytes : 2 * cfg->client_quota;
+    if (cfg->memory_limit < cfg->client_quota)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                          "memory_limit_bytes (%zu, TUTTI_STORE_MEMORY_LIMIT) is below "
+                          "client_quota_bytes (%zu)", cfg->memory_limit, cfg->client_quota);
     return TUTTI_OK;
 }
 
@@ -167,31 +254,56 @@ int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_
     return st;
 }
 
-int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
-                         int timeout_ms)
+/* Open a tcp store with merged opts: the job secret loaded, the settings checked. */
+static int open_tcp(tutti_store_t **store_p, const char *host, int port,
+                    const tutti_store_opts_t *o)
 {
     tt_store_err_t err = {{0}};
-    if (!store_p || !host || !*host)
+    tt_store_tcp_cfg_t cfg;
+    char *secret = NULL;
+    size_t secret_len = 0;
+    char url[300];
+    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host,
+             port);
+    if (!store_p || !*host)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
                           "%s is NULL or empty", !store_p ? "store_p" : "host");
-    if (port < 0 || port > 65535 || (port == 0 && !is_server))
+    if (port < 0 || port > 65535 || (port == 0 && !o->is_server))
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
-                          strchr(host, ':') ? "tcp://[%.256s]:%d: bad port (1..65535; 0 only "
-                                              "for a server)"
-                                            : "tcp://%.256s:%d: bad port (1..65535; 0 only "
-                                              "for a server)",
-                          host, port);
+                          "%.280s: bad port (1..65535; 0 only for a server)", url);
     if (strlen(host) > 255)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
                           "host name longer than 255 bytes");
-    int st = tt_store_tcp_open(store_p, host, port, is_server, timeout_ms, &err);
+    TT_CHECK(opts_to_cfg(o, &cfg));
+    int st = tt_auth_load_secret(o->auth_token, o->auth_token_file, &secret, &secret_len,
+                                 err.msg, sizeof(err.msg));
     if (st < 0) {
-        char url[300];
-        snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host,
-                 port);
         open_fail(url, st, &err);
+        return st;
     }
+    cfg.secret = secret;
+    cfg.secret_len = secret_len;
+    st = tt_store_tcp_open(store_p, host, port, o->is_server, &cfg, &err);
+    if (secret) {
+        memset(secret, 0, secret_len);
+        free(secret);
+    }
+    if (st < 0)
+        open_fail(url, st, &err);
     return st;
+}
+
+int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
+                         int timeout_ms)
+{
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.is_server = is_server;
+    if (!host)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
+                          "host is NULL or empty");
+    return open_tcp(store_p, host, port, &o);
 }
 
 /* "tcp://host:port" or "tcp://[v6]:port" into host (size hostlen) and port. */
@@ -233,20 +345,10 @@ static int parse_tcp_url(const char *rest, char *host, size_t hostlen, int *port
 int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts)
 {
     tutti_store_opts_t o;
-    tutti_store_opts_init(&o);
     if (!store_p || !url)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL, "%s is NULL",
                           !store_p ? "store_p" : "url");
-    if (opts) {
-        /* an older caller's smaller struct leaves the newer fields at their defaults */
-        if (opts->size < offsetof(tutti_store_opts_t, timeout_ms) + sizeof(int))
-            return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
-                              "opts->size is %zu: call tutti_store_opts_init first",
-                              opts->size);
-        o.timeout_ms = opts->timeout_ms;
-        if (opts->size >= offsetof(tutti_store_opts_t, is_server) + sizeof(int))
-            o.is_server = opts->is_server;
-    }
+    TT_CHECK(opts_merge(&o, opts));
     if (!strncmp(url, "file://", 7)) {
         const char *dir = url + 7;
         if (dir[0] != '/')
@@ -262,7 +364,7 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
                               "bad store URL '%s': expected tcp://host:port or "
                               "tcp://[v6addr]:port",
                               url);
-        return tutti_store_open_tcp(store_p, host, port, o.is_server, o.timeout_ms);
+        return open_tcp(store_p, host, port, &o);
     }
     return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                       "bad store URL '%s': scheme must be file:// or tcp://", url);

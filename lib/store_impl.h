@@ -81,16 +81,41 @@ const char *tt_store_key_display(const char *key, char *dst, size_t dstlen);
  * 0 or TUTTI_ERR_INVALID_ARG. */
 int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p);
 
+/* What a tcp store handle (and the server it may start) is told at open, from
+ * tutti_store_opts_t; strings belong to the caller and are copied. */
+typedef struct tt_store_tcp_cfg {
+    int timeout_ms;
+    const char *secret;       /* the job secret, NULL: no authentication */
+    size_t secret_len;
+    const char *instance;     /* server: label it announces; client: the only label it
+                                 accepts (NULL: any) */
+    int idle_timeout_ms;      /* server: close connections idle this long (0: never) */
+    int max_connections;      /* server: 0 picks one from RLIMIT_NOFILE */
+    size_t client_quota;      /* server: bytes one connection may have buffered */
+    size_t memory_limit;      /* server: bytes all connections may have buffered */
+    int drain_ms;             /* server: how long stopping serves connected clients */
+} tt_store_tcp_cfg_t;
+
 /* Backends. On failure they leave the cause in err and set nothing. */
 int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
                        tt_store_err_t *err);
 int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int is_server,
-                      int timeout_ms, tt_store_err_t *err);
+                      const tt_store_tcp_cfg_t *cfg, tt_store_err_t *err);
 
 /* Wire format shared by the TCP client and server. Every frame is a u32 length (big
  * endian, the bytes after it), then for a request a u8 command and fields, each a u32
  * length and bytes; for a reply an i8 tutti status and the payload (the value, an 8-byte
- * big-endian integer, a byte, or the error message when the status is negative). */
+ * big-endian integer, a byte, fields, or the error message when the status is negative).
+ *
+ * Protocol 2 begins every connection with a HELLO (magic, version, the client's challenge
+ * when it has a job secret). The reply's fields: version, flags (TT_STORE_HELLO_AUTH),
+ * the server's idle timeout in ms, the largest request it admits (8 bytes), its 16-byte
+ * instance id (new at every start), its label, and with a secret the server's challenge
+ * and its answer to the client's. The client checks that answer, then sends AUTH with its
+ * own answer; only then are requests served. Answers are tt_auth_answer with the
+ * contexts TT_STORE_CTX_SERVER and TT_STORE_CTX_CLIENT, so neither side's answer can be
+ * replayed as the other's. Protocol 1 had no hello; a server of protocol 2 answers a
+ * request before the hello with an error that says so. */
 enum {
     TT_STORE_CMD_SET = 1,     /* key value -> ok */
     TT_STORE_CMD_GET = 2,     /* key -> value, deferred until the key exists */
@@ -100,7 +125,19 @@ enum {
     TT_STORE_CMD_DELETE = 6,  /* key -> u8 existed */
     TT_STORE_CMD_WAIT = 7,    /* key... -> ok, deferred until all exist */
     TT_STORE_CMD_PING = 8,    /* -> ok */
+    TT_STORE_CMD_HELLO = 9,   /* magic version challenge -> hello fields (see above) */
+    TT_STORE_CMD_AUTH = 10,   /* answer -> ok */
 };
+#define TT_STORE_PROTOCOL 2u
+#define TT_STORE_MAGIC "tutti-store"
+#define TT_STORE_HELLO_AUTH 1u
+#define TT_STORE_ID_LEN 16
+#define TT_STORE_MAX_INSTANCE 255
+#define TT_STORE_CTX_SERVER "store-server"
+#define TT_STORE_CTX_CLIENT "store-client"
+/* Frames before the hello is done are small: nobody unauthenticated makes the server
+ * buffer more than this. */
+#define TT_STORE_HELLO_MAX_FRAME 1024u
 #define TT_STORE_FRAME_MARGIN 4096u
 /* Largest request: CAS with two maximal values. */
 #define TT_STORE_MAX_FRAME \
@@ -108,13 +145,20 @@ enum {
 /* Largest reply: a value plus the status byte. */
 #define TT_STORE_MAX_REPLY ((uint32_t)TUTTI_STORE_MAX_VALUE + TT_STORE_FRAME_MARGIN)
 
+/* Server defaults (tutti_store_opts_t documents them). */
+#define TT_STORE_DEFAULT_IDLE_MS 300000
+#define TT_STORE_DEFAULT_QUOTA ((size_t)TUTTI_STORE_MAX_VALUE + 65536u)
+#define TT_STORE_DEFAULT_MEMORY (2 * TT_STORE_DEFAULT_QUOTA)
+#define TT_STORE_MIN_QUOTA 65536u
+
 /* The TCP store server (libuv loop in a thread of its own). host may be NULL
- * ("0.0.0.0"); port 0 picks a free port, returned in *port_p. */
+ * ("127.0.0.1"); port 0 picks a free port, returned in *port_p. cfg is copied. */
 typedef struct tt_store_server tt_store_server_t;
-int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p, int *port_p,
-                          tt_store_err_t *err);
-/* Stop the loop thread and free everything; in a forked child (which has no loop thread)
- * it only forgets the server. */
+int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *cfg,
+                          tt_store_server_t **srv_p, int *port_p, tt_store_err_t *err);
+/* Stop accepting, serve the connected clients until they leave (at most cfg->drain_ms),
+ * close the rest, stop the loop thread and free everything. In a forked child (which has
+ * no loop thread) it only forgets the server. */
 void tt_store_server_stop(tt_store_server_t *srv);
 
 /* Big-endian 32-bit fields of the TCP store's wire format (client and server). */
@@ -129,6 +173,17 @@ static inline void put_be32(unsigned char *p, uint32_t v)
 static inline uint32_t get_be32(const unsigned char *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void put_be64(unsigned char *p, uint64_t v)
+{
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+static inline uint64_t get_be64(const unsigned char *p)
+{
+    return (uint64_t)get_be32(p) << 32 | get_be32(p + 4);
 }
 
 #endif /* TT_STORE_IMPL_H */

@@ -1,36 +1,67 @@
 /* TCP store server: a libuv loop in a thread of its own, holding the keys in a hash table.
  *
- * Each connection's requests are handled strictly in order, one at a time: while a GET
- * or WAIT waits for keys, or a reply is still being written, further bytes are only
- * buffered. That keeps replies in request order and bounds what one client can make the
- * server hold (one frame of input, one reply). Anything malformed closes that client's
- * connection, never the server. Waiters hang on the entries of the keys they wait for
- * (entries without a value exist only while someone waits on them) and leave with their
- * connection.
+ * A connection begins with a hello (protocol version; with a job secret, a mutual
+ * challenge-response) and nothing else is served before it is done. Then its requests
+ * are handled strictly in order, one at a time: while a GET or WAIT waits for keys, or a
+ * reply is being written, further input is only buffered, up to one read chunk, after
+ * which reading pauses. That keeps replies in request order. Anything malformed closes
+ * that client's connection, never the server. Waiters hang on the entries of the keys
+ * they wait for (entries without a value exist only while someone waits on them) and
+ * leave with their connection.
+ *
+ * Limits keep clients from starving each other:
+ *  - memory: a frame bigger than a read chunk is admitted only within the client's quota
+ *    and the server-wide limit; otherwise its bytes are read and dropped and the request
+ *    fails with a message naming the limit. Replies share the stored value rather than
+ *    copying it, so clients that do not read their replies cost no more than the value.
+ *  - connections: at the connection limit, or when accept fails for want of file
+ *    descriptors, the connection that matters least is evicted (one still in its hello,
+ *    else the longest idle, else the longest waiting): clients reconnect transparently.
+ *    When nothing can be evicted, a reserve fd lets the server tell the new client why it
+ *    is turned away, and accepting pauses briefly instead of spinning on a full table.
+ *  - time: a hello must finish within SRV_HELLO_MS; a connection with no request pending
+ *    that sends nothing for idle_timeout_ms is closed (waiters are not idle).
+ * Stopping closes the listener first, serves connected clients until they leave (at most
+ * drain_ms), then closes the rest, so a new server can take the port at once and no
+ * client reaches a server that is going away.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <uv.h>
 
+#include "auth.h"
 #include "store_impl.h"
 
 #define SRV_READ_CHUNK 65536u
-/* input one connection may buffer: a whole frame and one read beyond it */
-#define SRV_MAX_INPUT ((size_t)TT_STORE_MAX_FRAME + 4 + SRV_READ_CHUNK)
-#define SRV_KEEP_BUF (1u << 20) /* input buffers above this are freed when empty */
+#define SRV_HELLO_MS 10000
+#define SRV_HELLO_GRACE_MS 1000
+#define SRV_ACCEPT_PAUSE_MS 100
+#define SRV_ACCEPT_BURST 64
+#define SRV_WARN_EVERY_MS 10000
 
 typedef struct srv_conn srv_conn_t;
 typedef struct srv_waiter srv_waiter_t;
 typedef struct srv_entry srv_entry_t;
+
+/* A stored value, shared by the entry and the replies being written. */
+typedef struct srv_value {
+    unsigned refs;
+    size_t len;
+    char data[];
+} srv_value_t;
 
 typedef struct srv_link {
     srv_waiter_t *w;
@@ -41,11 +72,9 @@ typedef struct srv_link {
 struct srv_entry {
     srv_entry_t *next;             /* bucket chain */
     uint32_t hash;
-    int has_value;
     char *key;
     size_t keylen;
-    char *value;
-    size_t vlen;
+    srv_value_t *value;            /* NULL: no value, only waiters */
     srv_link_t *waiters;
 };
 
@@ -57,41 +86,95 @@ struct srv_waiter {
     srv_link_t links[];
 };
 
+enum { SRV_HELLO, SRV_AUTH, SRV_READY };
+
 struct srv_conn {
     uv_tcp_t tcp;
     tt_store_server_t *srv;
     char peer[80];
-    char *buf;
-    size_t len, cap, need;         /* need: bytes of the frame being received, once known */
+    int state;
+    uint8_t challenge[TT_AUTH_CHALLENGE_LEN]; /* ours, answered by the client's AUTH */
+    char *buf;                     /* input; freed whenever it is empty */
+    size_t len, cap;
+    size_t discard;                /* bytes of a refused frame still to read and drop */
+    int discard_status;
+    char discard_msg[200];
+    size_t reply_bytes;            /* copied bytes of replies being written */
     srv_waiter_t *waiter;
     int writes_pending;
+    int reading;
     int closing;
+    int close_after_write;         /* the reply being written is the last */
+    uint64_t since, last_active;   /* uv_now: accepted; last byte read or reply written */
     srv_conn_t *prev, *next;
 };
 
 typedef struct srv_write {
     uv_write_t req;
     srv_conn_t *conn;
+    srv_value_t *value;            /* a shared value sent, or NULL */
+    size_t owned;                  /* bytes of data[] */
     unsigned char head[5];
     char data[];
 } srv_write_t;
 
 struct tt_store_server {
     uv_loop_t loop;
-    uv_tcp_t listener;
+    int listen_fd;
+    uv_poll_t listen_poll;
+    uv_timer_t sweep_timer;        /* hello and idle timeouts */
+    uv_timer_t accept_timer;       /* resumes accepting after a pause */
+    uv_timer_t drain_timer;        /* ends the drain at stop */
     uv_async_t stop_async;
     pthread_t thread;
     pid_t pid;
     char addr[96];
+    tt_store_tcp_cfg_t cfg;        /* strings owned */
+    char *secret;
+    char *instance;
+    int max_conns;
+    int hello_ms;
+    uint8_t id[TT_STORE_ID_LEN];
+    int reserve_fd;                /* spent to turn a client away when fds run out */
+    int listening;
+    int stopping, finished;
     srv_conn_t *conns;
+    size_t nconns;                 /* in the list, closing ones included */
+    size_t nopen;                  /* not closing: what the limit counts */
+    size_t buffered;               /* input buffers and copied replies of all conns */
+    uint64_t last_warn;
+    size_t evicted, turned_away;   /* since the last warning */
     srv_entry_t **buckets;
     size_t nbuckets, nentries;
+    char scratch[SRV_READ_CHUNK];  /* where refused frames are read to be dropped */
 };
 
 static void srv_conn_close(srv_conn_t *c);
 static void srv_process(srv_conn_t *c);
+static void srv_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void srv_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+static void srv_finish(tt_store_server_t *srv);
 
-/* ---- key table ---- */
+/* ---- values and the key table ---- */
+
+static srv_value_t *srv_value_new(const void *data, size_t len)
+{
+    srv_value_t *v = malloc(sizeof(*v) + len + 1);
+    if (!v)
+        return NULL;
+    v->refs = 1;
+    v->len = len;
+    if (len)
+        memcpy(v->data, data, len);
+    v->data[len] = '\0';
+    return v;
+}
+
+static void srv_value_unref(srv_value_t *v)
+{
+    if (v && --v->refs == 0)
+        free(v);
+}
 
 static uint32_t srv_hash(const char *key, size_t len)
 {
@@ -158,7 +241,7 @@ static srv_entry_t *srv_find_or_add(tt_store_server_t *srv, const char *key, siz
 /* Drop an entry that has neither a value nor waiters. */
 static void srv_maybe_remove(tt_store_server_t *srv, srv_entry_t *e)
 {
-    if (e->has_value || e->waiters)
+    if (e->value || e->waiters)
         return;
     srv_entry_t **pp = &srv->buckets[e->hash & (srv->nbuckets - 1)];
     while (*pp != e)
@@ -166,7 +249,6 @@ static void srv_maybe_remove(tt_store_server_t *srv, srv_entry_t *e)
     *pp = e->next;
     srv->nentries--;
     free(e->key);
-    free(e->value);
     free(e);
 }
 
@@ -196,28 +278,82 @@ static void srv_waiter_free(tt_store_server_t *srv, srv_waiter_t *w)
     free(w);
 }
 
+/* ---- input buffers, counted against the limits ---- */
+
+static int srv_buf_resize(srv_conn_t *c, size_t cap)
+{
+    char *nb = realloc(c->buf, cap);
+    if (!nb)
+        return -1;
+    c->srv->buffered = c->srv->buffered - c->cap + cap;
+    c->buf = nb;
+    c->cap = cap;
+    return 0;
+}
+
+static void srv_buf_release(srv_conn_t *c)
+{
+    c->srv->buffered -= c->cap;
+    free(c->buf);
+    c->buf = NULL;
+    c->cap = 0;
+    c->len = 0;
+}
+
+/* Read while there is room for input, a refused frame to drop, and no last reply. */
+static void srv_update_reading(srv_conn_t *c)
+{
+    int want = !c->closing && !c->close_after_write &&
+               (c->discard || !c->buf || c->len < c->cap);
+    if (want == c->reading)
+        return;
+    c->reading = want;
+    if (!want) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        return;
+    }
+    int r = uv_read_start((uv_stream_t *)&c->tcp, srv_on_alloc, srv_on_read);
+    if (r < 0) {
+        TT_TRACE("store server %s: cannot read from %s: %s", c->srv->addr, c->peer,
+                 uv_strerror(r));
+        srv_conn_close(c);
+    }
+}
+
 /* ---- replies ---- */
 
 static void srv_on_write(uv_write_t *req, int status)
 {
     srv_write_t *w = (srv_write_t *)req;
     srv_conn_t *c = w->conn;
+    srv_value_unref(w->value);
+    c->reply_bytes -= w->owned;
+    c->srv->buffered -= w->owned;
     free(w);
     c->writes_pending--;
     if (c->closing)
         return;
+    c->last_active = uv_now(&c->srv->loop);
     if (status < 0) {
         TT_TRACE("store server %s: write to %s failed: %s", c->srv->addr, c->peer,
                  uv_strerror(status));
         srv_conn_close(c);
         return;
     }
+    if (c->close_after_write) {
+        if (!c->writes_pending)
+            srv_conn_close(c);
+        return;
+    }
     srv_process(c);
 }
 
-static void srv_reply(srv_conn_t *c, int status, const void *payload, size_t len)
+/* Send status and payload: copied (data, len), or a reference to a stored value. */
+static void srv_send(srv_conn_t *c, int status, const void *data, size_t len,
+                     srv_value_t *value)
 {
-    srv_write_t *w = malloc(sizeof(*w) + len);
+    size_t owned = value ? 0 : len;
+    srv_write_t *w = malloc(sizeof(*w) + owned);
     if (!w) {
         TT_WARN("store server %s: out of memory for a reply of %zu bytes to %s; closing it",
                 c->srv->addr, len, c->peer);
@@ -225,19 +361,39 @@ static void srv_reply(srv_conn_t *c, int status, const void *payload, size_t len
         return;
     }
     w->conn = c;
+    w->value = value;
+    w->owned = owned;
+    if (value) {
+        value->refs++;
+        data = value->data;
+        len = value->len;
+    } else if (len) {
+        memcpy(w->data, data, len);
+        data = w->data;
+    }
     put_be32(w->head, (uint32_t)(len + 1));
     w->head[4] = (unsigned char)(int8_t)status;
-    if (len)
-        memcpy(w->data, payload, len);
-    uv_buf_t bufs[2] = {uv_buf_init((char *)w->head, 5), uv_buf_init(w->data, (unsigned)len)};
+    uv_buf_t bufs[2] = {uv_buf_init((char *)w->head, 5), uv_buf_init((char *)data, (unsigned)len)};
+    c->reply_bytes += owned;
+    c->srv->buffered += owned;
+    c->writes_pending++;
     int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, len ? 2 : 1, srv_on_write);
     if (r < 0) {
+        c->writes_pending--;
+        c->reply_bytes -= owned;
+        c->srv->buffered -= owned;
+        srv_value_unref(value);
         free(w);
         srv_conn_close(c);
-        return;
     }
-    c->writes_pending++;
 }
+
+static void srv_reply(srv_conn_t *c, int status, const void *payload, size_t len)
+{
+    srv_send(c, status, payload, len, NULL);
+}
+
+static void srv_reply_value(srv_conn_t *c, srv_value_t *v) { srv_send(c, TUTTI_OK, NULL, 0, v); }
 
 static void srv_reply_error(srv_conn_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -263,7 +419,7 @@ static void srv_waiter_done(srv_waiter_t *w)
     tt_store_server_t *srv = c->srv;
     c->waiter = NULL;
     if (w->get_entry)
-        srv_reply(c, TUTTI_OK, w->get_entry->value, w->get_entry->vlen);
+        srv_reply_value(c, w->get_entry->value);
     else
         srv_reply(c, TUTTI_OK, NULL, 0);
     /* requests buffered behind this one go on when the reply is written */
@@ -285,16 +441,11 @@ static void srv_notify(srv_entry_t *e)
 
 static int srv_set_value(srv_entry_t *e, const void *value, size_t len)
 {
-    char *v = malloc(len + 1);
+    srv_value_t *v = srv_value_new(value, len);
     if (!v)
         return TUTTI_ERR_NOMEM;
-    if (len)
-        memcpy(v, value, len);
-    v[len] = '\0';
-    free(e->value);
+    srv_value_unref(e->value);
     e->value = v;
-    e->vlen = len;
-    e->has_value = 1;
     return TUTTI_OK;
 }
 
@@ -345,6 +496,8 @@ static const size_t max_kv[] = {TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE};
 static const size_t max_kvv[] = {TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE,
                                  TUTTI_STORE_MAX_VALUE};
 static const size_t max_k8[] = {TUTTI_STORE_MAX_KEY, 8};
+static const size_t max_hello[] = {32, 4, TT_AUTH_CHALLENGE_LEN};
+static const size_t max_auth[] = {TT_SHA256_LEN};
 
 static void srv_cmd_add(srv_conn_t *c, srv_field_t *f)
 {
@@ -353,17 +506,16 @@ static void srv_cmd_add(srv_conn_t *c, srv_field_t *f)
         srv_reply_error(c, TUTTI_ERR_PROTOCOL, "add: delta of %zu bytes", f[1].len);
         return;
     }
-    const unsigned char *d = (const unsigned char *)f[1].data;
-    int64_t delta = (int64_t)((uint64_t)get_be32(d) << 32 | get_be32(d + 4));
+    int64_t delta = (int64_t)get_be64((const unsigned char *)f[1].data);
     srv_entry_t *e = srv_find_or_add(srv, f[0].data, f[0].len);
     if (!e) {
         srv_reply_nomem(c);
         return;
     }
     int64_t v = 0;
-    if (e->has_value && tt_store_parse_i64(e->value, e->vlen, &v) < 0) {
+    if (e->value && tt_store_parse_i64(e->value->data, e->value->len, &v) < 0) {
         srv_reply_error(c, TUTTI_ERR_INVALID_ARG,
-                        "value (%zu bytes) is not a decimal 64-bit integer", e->vlen);
+                        "value (%zu bytes) is not a decimal 64-bit integer", e->value->len);
         return;
     }
     if (__builtin_add_overflow(v, delta, &v)) {
@@ -380,8 +532,7 @@ static void srv_cmd_add(srv_conn_t *c, srv_field_t *f)
         return;
     }
     unsigned char out[8];
-    put_be32(out, (uint32_t)((uint64_t)v >> 32));
-    put_be32(out + 4, (uint32_t)v);
+    put_be64(out, (uint64_t)v);
     srv_reply(c, TUTTI_OK, out, 8);
     srv_notify(e);
 }
@@ -390,11 +541,14 @@ static void srv_cmd_cas(srv_conn_t *c, srv_field_t *f)
 {
     tt_store_server_t *srv = c->srv;
     srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
-    int exists = e && e->has_value;
-    int equal = exists ? (e->vlen == f[1].len && !memcmp(e->value, f[1].data, f[1].len))
-                       : f[1].len == 0;
+    srv_value_t *cur = e ? e->value : NULL;
+    int equal = cur ? (cur->len == f[1].len && !memcmp(cur->data, f[1].data, f[1].len))
+                    : f[1].len == 0;
     if (!equal) {
-        srv_reply(c, TUTTI_OK, exists ? e->value : NULL, exists ? e->vlen : 0);
+        if (cur)
+            srv_reply_value(c, cur);
+        else
+            srv_reply(c, TUTTI_OK, NULL, 0);
         return;
     }
     if (!e)
@@ -405,7 +559,7 @@ static void srv_cmd_cas(srv_conn_t *c, srv_field_t *f)
         srv_reply_nomem(c);
         return;
     }
-    srv_reply(c, TUTTI_OK, e->value, e->vlen);
+    srv_reply_value(c, e->value);
     srv_notify(e);
 }
 
@@ -416,10 +570,10 @@ static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int i
     size_t missing = 0;
     for (size_t i = 0; i < n; i++) {
         srv_entry_t *e = srv_find(srv, keys[i].data, keys[i].len);
-        if (!e || !e->has_value)
+        if (!e || !e->value)
             missing++;
         else if (is_get) {
-            srv_reply(c, TUTTI_OK, e->value, e->vlen);
+            srv_reply_value(c, e->value);
             return;
         }
     }
@@ -440,7 +594,7 @@ static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int i
             srv_reply_nomem(c);
             return;
         }
-        if (e->has_value)
+        if (e->value)
             continue;
         srv_link_t *l = &w->links[w->nlinks++];
         l->w = w;
@@ -457,12 +611,144 @@ static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int i
     c->waiter = w;
 }
 
+static void srv_cmd_keys(srv_conn_t *c, int cmd, srv_field_t *keys, size_t n)
+{
+    if (cmd == TT_STORE_CMD_WAIT) {
+        srv_cmd_wait(c, keys, n, 0);
+        return;
+    }
+    unsigned char all = 1;
+    for (size_t i = 0; i < n && all; i++) {
+        srv_entry_t *e = srv_find(c->srv, keys[i].data, keys[i].len);
+        all = e && e->value;
+    }
+    srv_reply(c, TUTTI_OK, &all, 1);
+}
+
+/* Answer an error and close once it is written. */
+static void srv_refuse(srv_conn_t *c, int status, const char *msg)
+{
+    srv_reply(c, status, msg, strlen(msg));
+    c->close_after_write = 1;
+    srv_update_reading(c);
+}
+
+static unsigned char *srv_put_field(unsigned char *p, const void *data, size_t len)
+{
+    put_be32(p, (uint32_t)len);
+    if (len)
+        memcpy(p + 4, data, len);
+    return p + 4 + len;
+}
+
+static int srv_cmd_hello(srv_conn_t *c, const unsigned char *p, const unsigned char *end,
+                         const char **why)
+{
+    tt_store_server_t *srv = c->srv;
+    srv_field_t f[3];
+    if (srv_fields(p, end, f, 3, max_hello, why) < 0)
+        return -1;
+    if (f[0].len != strlen(TT_STORE_MAGIC) || memcmp(f[0].data, TT_STORE_MAGIC, f[0].len) ||
+        f[1].len != 4) {
+        *why = "not a tutti store hello";
+        return -1;
+    }
+    uint32_t version = get_be32((const unsigned char *)f[1].data);
+    if (version != TT_STORE_PROTOCOL) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "store protocol mismatch: the client speaks %" PRIu32
+                 ", this server %u (mixed tutti versions)", version, TT_STORE_PROTOCOL);
+        srv_refuse(c, TUTTI_ERR_PROTOCOL, msg);
+        return 0;
+    }
+    if (f[2].len != 0 && f[2].len != TT_AUTH_CHALLENGE_LEN) {
+        *why = "bad challenge length";
+        return -1;
+    }
+    if (srv->secret && f[2].len == 0) {
+        TT_WARN("store server %s: refusing %s: it has no job secret", srv->addr, c->peer);
+        srv_refuse(c, TUTTI_ERR_AUTH, "this store requires the job secret (TUTTI_AUTH_TOKEN "
+                                      "or TUTTI_AUTH_TOKEN_FILE) and the client has none");
+        return 0;
+    }
+    unsigned char out[8 * 4 + 4 + 4 + 4 + 8 + TT_STORE_ID_LEN + TT_STORE_MAX_INSTANCE +
+                      TT_AUTH_CHALLENGE_LEN + TT_SHA256_LEN];
+    unsigned char num[8], *q = out;
+    put_be32(num, TT_STORE_PROTOCOL);
+    q = srv_put_field(q, num, 4);
+    put_be32(num, srv->secret ? TT_STORE_HELLO_AUTH : 0);
+    q = srv_put_field(q, num, 4);
+    put_be32(num, (uint32_t)srv->cfg.idle_timeout_ms);
+    q = srv_put_field(q, num, 4);
+    put_be64(num, srv->cfg.client_quota);
+    q = srv_put_field(q, num, 8);
+    q = srv_put_field(q, srv->id, TT_STORE_ID_LEN);
+    q = srv_put_field(q, srv->instance, srv->instance ? strlen(srv->instance) : 0);
+    if (srv->secret) {
+        uint8_t answer[TT_SHA256_LEN];
+        if (tt_auth_random(c->challenge, sizeof(c->challenge)) < 0) {
+            srv_refuse(c, TUTTI_ERR_INTERNAL, "server has no random bytes for a challenge");
+            return 0;
+        }
+        tt_auth_answer(srv->secret, srv->cfg.secret_len, TT_STORE_CTX_SERVER,
+                       (const uint8_t *)f[2].data, answer);
+        q = srv_put_field(q, c->challenge, sizeof(c->challenge));
+        q = srv_put_field(q, answer, sizeof(answer));
+        c->state = SRV_AUTH;
+    } else {
+        c->state = SRV_READY;
+    }
+    srv_reply(c, TUTTI_OK, out, (size_t)(q - out));
+    return 0;
+}
+
+static int srv_cmd_auth(srv_conn_t *c, const unsigned char *p, const unsigned char *end,
+                        const char **why)
+{
+    tt_store_server_t *srv = c->srv;
+    srv_field_t f[1];
+    if (srv_fields(p, end, f, 1, max_auth, why) < 0)
+        return -1;
+    uint8_t want[TT_SHA256_LEN];
+    tt_auth_answer(srv->secret, srv->cfg.secret_len, TT_STORE_CTX_CLIENT, c->challenge, want);
+    if (f[0].len != sizeof(want) || !tt_auth_equal(f[0].data, want, sizeof(want))) {
+        TT_WARN("store server %s: %s failed authentication (wrong job secret)", srv->addr,
+                c->peer);
+        srv_refuse(c, TUTTI_ERR_AUTH, "wrong job secret");
+        return 0;
+    }
+    c->state = SRV_READY;
+    srv_reply(c, TUTTI_OK, NULL, 0);
+    return 0;
+}
+
+/* A frame before the hello is done. */
+static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t len,
+                            const char **why)
+{
+    const unsigned char *p = frame + 1, *end = frame + len;
+    if (c->state == SRV_HELLO && frame[0] == TT_STORE_CMD_HELLO)
+        return srv_cmd_hello(c, p, end, why);
+    if (c->state == SRV_AUTH && frame[0] == TT_STORE_CMD_AUTH)
+        return srv_cmd_auth(c, p, end, why);
+    if (c->state == SRV_HELLO && frame[0] >= TT_STORE_CMD_SET && frame[0] <= TT_STORE_CMD_PING) {
+        /* a protocol 1 client: tell it, in a reply it can read */
+        srv_refuse(c, TUTTI_ERR_PROTOCOL, "this store server speaks protocol 2 and expects a "
+                                          "hello first: the client is an older tutti");
+        return 0;
+    }
+    *why = c->state == SRV_HELLO ? "expected a hello" : "expected the authentication";
+    return -1;
+}
+
 /* Handle one frame (cmd and fields); returns -1 with why set when the frame is bad. */
 static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, const char **why)
 {
     tt_store_server_t *srv = c->srv;
     const unsigned char *p = frame + 1, *end = frame + len;
     srv_field_t f[3];
+    if (c->state != SRV_READY)
+        return srv_handle_hello(c, frame, len, why);
     switch (frame[0]) {
     case TT_STORE_CMD_SET: {
         if (srv_fields(p, end, f, 2, max_kv, why) < 0)
@@ -497,12 +783,10 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
         if (srv_fields(p, end, f, 1, max_k, why) < 0)
             return -1;
         srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
-        unsigned char existed = e && e->has_value;
+        unsigned char existed = e && e->value;
         if (existed) {
-            free(e->value);
+            srv_value_unref(e->value);
             e->value = NULL;
-            e->vlen = 0;
-            e->has_value = 0;
             srv_maybe_remove(srv, e);
         }
         srv_reply(c, TUTTI_OK, &existed, 1);
@@ -534,16 +818,7 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
         }
         for (size_t i = 0; i < n; i++)
             srv_next_field(&p, end, &keys[i]);
-        if (frame[0] == TT_STORE_CMD_WAIT) {
-            srv_cmd_wait(c, keys, n, 0);
-        } else {
-            unsigned char all = 1;
-            for (size_t i = 0; i < n && all; i++) {
-                srv_entry_t *e = srv_find(srv, keys[i].data, keys[i].len);
-                all = e && e->has_value;
-            }
-            srv_reply(c, TUTTI_OK, &all, 1);
-        }
+        srv_cmd_keys(c, frame[0], keys, n);
         free(keys);
         return 0;
     }
@@ -554,6 +829,10 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
         }
         srv_reply(c, TUTTI_OK, NULL, 0);
         return 0;
+    case TT_STORE_CMD_HELLO:
+    case TT_STORE_CMD_AUTH:
+        *why = "a second hello";
+        return -1;
     default:
         *why = "unknown command";
         return -1;
@@ -567,21 +846,56 @@ static void srv_bad_client(srv_conn_t *c, const char *why)
     srv_conn_close(c);
 }
 
+/* The frame at the head of the buffer needs total bytes, more than the buffer holds:
+ * grow the buffer to exactly that within the limits, or drop the frame as it arrives and
+ * answer it with an error. */
+static void srv_admit(srv_conn_t *c, size_t total)
+{
+    tt_store_server_t *srv = c->srv;
+    const tt_store_tcp_cfg_t *cfg = &srv->cfg;
+    char *msg = c->discard_msg;
+    size_t msglen = sizeof(c->discard_msg);
+    if (total + c->reply_bytes > cfg->client_quota) {
+        snprintf(msg, msglen, "request of %zu bytes is over this server's per-client quota "
+                 "of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)", total, cfg->client_quota);
+    } else if (srv->buffered - c->cap + total > cfg->memory_limit) {
+        snprintf(msg, msglen, "request of %zu bytes refused: the server's memory limit for "
+                 "requests in flight (%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by "
+                 "other clients; try again later", total, cfg->memory_limit);
+    } else if (srv_buf_resize(c, total) < 0) {
+        snprintf(msg, msglen, "server out of memory for a request of %zu bytes", total);
+    } else {
+        return;
+    }
+    TT_INFO("store server %s: %s: %s", srv->addr, c->peer, msg);
+    c->discard_status = TUTTI_ERR_NOMEM;
+    c->discard = total - c->len;
+    srv_buf_release(c);
+}
+
 /* Handle the complete frames buffered, while nothing is pending for this client. */
 static void srv_process(srv_conn_t *c)
 {
     size_t off = 0;
-    while (!c->closing && !c->waiter && !c->writes_pending && c->len - off >= 4) {
+    while (!c->closing && !c->close_after_write && !c->waiter && !c->writes_pending &&
+           !c->discard && c->len - off >= 4) {
         uint32_t flen = get_be32((unsigned char *)c->buf + off);
-        if (flen == 0 || flen > TT_STORE_MAX_FRAME) {
+        uint32_t limit = c->state == SRV_READY ? TT_STORE_MAX_FRAME : TT_STORE_HELLO_MAX_FRAME;
+        if (flen == 0 || flen > limit) {
             char why[96];
-            snprintf(why, sizeof(why), "frame length %" PRIu32 " (limit %u)", flen,
-                     TT_STORE_MAX_FRAME);
+            snprintf(why, sizeof(why), "frame length %" PRIu32 " (limit %" PRIu32 "%s)", flen,
+                     limit, c->state == SRV_READY ? "" : " before the hello");
             srv_bad_client(c, why);
             return;
         }
-        if (c->len - off < 4 + (size_t)flen) {
-            c->need = 4 + (size_t)flen;
+        size_t total = 4 + (size_t)flen;
+        if (c->len - off < total) {
+            if (total > c->cap) {
+                c->len -= off;
+                memmove(c->buf, c->buf + off, c->len);
+                off = 0;
+                srv_admit(c, total);
+            }
             break;
         }
         const char *why = NULL;
@@ -592,56 +906,58 @@ static void srv_process(srv_conn_t *c)
             srv_bad_client(c, msg);
             return;
         }
-        off += 4 + (size_t)flen;
-        c->need = 0;
+        off += total;
     }
-    if (c->closing || off == 0)
+    if (c->closing)
         return;
-    c->len -= off;
-    if (c->len)
+    if (off) {
+        c->len -= off;
         memmove(c->buf, c->buf + off, c->len);
-    else if (c->cap > SRV_KEEP_BUF) {
-        free(c->buf);
-        c->buf = NULL;
-        c->cap = 0;
     }
+    /* idle connections hold no buffer (a big one was exactly one frame: it goes too) */
+    if (c->buf && c->len == 0)
+        srv_buf_release(c);
+    srv_update_reading(c);
 }
 
 static void srv_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     TT_UNUSED(suggested);
     srv_conn_t *c = h->data;
-    size_t want = c->len + SRV_READ_CHUNK;
-    /* grow toward the announced frame size as its bytes arrive, not at once */
-    if (c->need > want)
-        want = TT_MIN(c->need, TT_MAX(want, 2 * c->cap));
-    want = TT_MIN(want, SRV_MAX_INPUT);
-    if (c->cap < want) {
-        char *nb = realloc(c->buf, want);
-        if (nb) {
-            c->buf = nb;
-            c->cap = want;
-        }
+    if (c->discard) {
+        *buf = uv_buf_init(c->srv->scratch,
+                           (unsigned)TT_MIN(c->discard, sizeof(c->srv->scratch)));
+        return;
     }
-    *buf = uv_buf_init(c->buf ? c->buf + c->len : NULL, (unsigned)(c->cap - c->len));
+    if (!c->buf && srv_buf_resize(c, SRV_READ_CHUNK) < 0) {
+        *buf = uv_buf_init(NULL, 0); /* UV_ENOBUFS */
+        return;
+    }
+    *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
 }
 
 static void srv_on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     TT_UNUSED(buf);
     srv_conn_t *c = stream->data;
-    if (c->closing)
+    if (c->closing || nread == 0)
         return;
     if (nread < 0) {
         if (nread == UV_ENOBUFS) {
-            srv_bad_client(c, c->len >= SRV_MAX_INPUT - SRV_READ_CHUNK
-                                  ? "sent more than a frame while a request was pending"
-                                  : "out of memory for its input");
+            srv_bad_client(c, "out of memory for its input");
         } else {
             TT_TRACE("store server %s: %s disconnected (%s)", c->srv->addr, c->peer,
                      uv_strerror((int)nread));
             srv_conn_close(c);
         }
+        return;
+    }
+    c->last_active = uv_now(&c->srv->loop);
+    if (c->discard) {
+        c->discard -= (size_t)nread;
+        if (!c->discard)
+            srv_reply_error(c, c->discard_status, "%s", c->discard_msg);
+        srv_update_reading(c);
         return;
     }
     c->len += (size_t)nread;
@@ -658,8 +974,11 @@ static void srv_on_close(uv_handle_t *h)
         srv->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    free(c->buf);
+    srv->nconns--;
+    srv_buf_release(c);
     free(c);
+    if (srv->stopping && !srv->conns)
+        srv_finish(srv);
 }
 
 static void srv_conn_close(srv_conn_t *c)
@@ -667,6 +986,8 @@ static void srv_conn_close(srv_conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    c->reading = 0;
+    c->srv->nopen--;
     if (c->waiter) {
         srv_waiter_free(c->srv, c->waiter);
         c->waiter = NULL;
@@ -674,15 +995,134 @@ static void srv_conn_close(srv_conn_t *c)
     uv_close((uv_handle_t *)&c->tcp, srv_on_close);
 }
 
-static void srv_on_connection(uv_stream_t *listener, int status)
+/* ---- connections: accepting, limits, eviction ---- */
+
+/* One warning per SRV_WARN_EVERY_MS about clients evicted or turned away: a flood must
+ * not become a flood of log lines. */
+static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
 {
-    tt_store_server_t *srv = listener->data;
-    if (status < 0) {
-        TT_WARN("store server %s: accept failed: %s", srv->addr, uv_strerror(status));
+    uint64_t now = uv_now(&srv->loop);
+    if (srv->last_warn && now - srv->last_warn < SRV_WARN_EVERY_MS)
         return;
+    TT_WARN("store server %s: %s: %zu idle connections evicted, %zu clients turned away "
+            "(%zu connections open, limit %d)", srv->addr, why, srv->evicted,
+            srv->turned_away, srv->nopen, srv->max_conns);
+    srv->last_warn = now;
+    srv->evicted = srv->turned_away = 0;
+}
+
+/* The connection whose loss matters least: one that had time for its hello and is still
+ * in it (oldest first), else the longest idle, else the one waiting longest for a key;
+ * never one in the middle of a request (its client could not tell whether it was
+ * served), nor one just accepted (evicting those would let none of a burst of new
+ * clients through). */
+static srv_conn_t *srv_pick_victim(tt_store_server_t *srv)
+{
+    srv_conn_t *best = NULL;
+    int best_class = 3;
+    uint64_t best_t = UINT64_MAX, now = uv_now(&srv->loop);
+    for (srv_conn_t *c = srv->conns; c; c = c->next) {
+        int cls;
+        uint64_t t;
+        if (c->closing)
+            continue;
+        if (c->state != SRV_READY) {
+            if (now - c->since < SRV_HELLO_GRACE_MS)
+                continue;
+            cls = 0;
+            t = c->since;
+        } else if (c->writes_pending || c->discard || (c->len && !c->waiter)) {
+            continue;
+        } else {
+            cls = c->waiter ? 2 : 1;
+            t = c->last_active;
+        }
+        if (cls < best_class || (cls == best_class && t < best_t)) {
+            best = c;
+            best_class = cls;
+            best_t = t;
+        }
     }
+    return best;
+}
+
+static int srv_evict(tt_store_server_t *srv, const char *why)
+{
+    srv_conn_t *c = srv_pick_victim(srv);
+    if (!c)
+        return 0;
+    TT_TRACE("store server %s: %s: evicting %s", srv->addr, why, c->peer);
+    srv_conn_close(c); /* its fd is closed now, the handle freed later */
+    srv->evicted++;
+    srv_pressure_warn(srv, why);
+    return 1;
+}
+
+/* Tell a client we cannot take why, in the reply to the hello it is sending, and close.
+ * What it sent already is read first: closing over unread bytes would send a reset, which
+ * may overtake the reply. */
+static void srv_turn_away(tt_store_server_t *srv, int fd, const char *why)
+{
+    unsigned char frame[5 + 160];
+    int n = snprintf((char *)frame + 5, sizeof(frame) - 5, "busy (%s); try again",
+                     why);
+    n = TT_MIN(n, (int)sizeof(frame) - 6);
+    put_be32(frame, (uint32_t)n + 1);
+    frame[4] = (unsigned char)(int8_t)TUTTI_ERR_STORE;
+    ssize_t r = send(fd, frame, 5 + (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    for (int i = 0; i < 4 && r >= 0; i++)
+        r = recv(fd, srv->scratch, sizeof(srv->scratch), MSG_DONTWAIT);
+    shutdown(fd, SHUT_WR);
+    close(fd);
+    srv->turned_away++;
+    srv_pressure_warn(srv, why);
+}
+
+static void srv_on_listen(uv_poll_t *p, int status, int events);
+
+static void srv_accept_resume(uv_timer_t *t)
+{
+    tt_store_server_t *srv = t->data;
+    if (srv->listening)
+        uv_poll_start(&srv->listen_poll, UV_READABLE, srv_on_listen);
+}
+
+/* Nothing can be accepted for now: stop polling the listener (level-triggered, it would
+ * wake the loop at once) and look again shortly. Clients wait in the backlog. */
+static void srv_accept_pause(tt_store_server_t *srv)
+{
+    uv_poll_stop(&srv->listen_poll);
+    uv_timer_start(&srv->accept_timer, srv_accept_resume, SRV_ACCEPT_PAUSE_MS, 0);
+}
+
+/* Out of file descriptors and nobody to evict: spend the reserve fd on telling every
+ * client waiting in the backlog so (they retry), then pause accepting. */
+static void srv_out_of_fds(tt_store_server_t *srv)
+{
+    if (srv->reserve_fd < 0) /* none since start, or lost to a race: try again */
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (srv->reserve_fd >= 0) {
+        close(srv->reserve_fd);
+        srv->reserve_fd = -1;
+        for (int i = 0; i < 1024; i++) {
+            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0 && (errno == EINTR || errno == ECONNABORTED))
+                continue;
+            if (fd < 0)
+                break;
+            srv_turn_away(srv, fd, "out of file descriptors");
+        }
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    srv_pressure_warn(srv, "out of file descriptors");
+    srv_accept_pause(srv);
+}
+
+static void srv_conn_add(tt_store_server_t *srv, int fd)
+{
     srv_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
+        close(fd);
         TT_WARN("store server %s: out of memory for a connection", srv->addr);
         return;
     }
@@ -693,14 +1133,20 @@ static void srv_on_connection(uv_stream_t *listener, int status)
     if (srv->conns)
         srv->conns->prev = c;
     srv->conns = c;
-    if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
+    srv->nconns++;
+    srv->nopen++;
+    c->since = c->last_active = uv_now(&srv->loop);
+    snprintf(c->peer, sizeof(c->peer), "?");
+    if (uv_tcp_open(&c->tcp, fd) < 0) {
+        close(fd);
         srv_conn_close(c);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    /* a waiting client whose host vanished sends no FIN: keepalive finds it */
+    uv_tcp_keepalive(&c->tcp, 1, 60);
     struct sockaddr_storage ss;
     int sslen = sizeof(ss);
-    snprintf(c->peer, sizeof(c->peer), "?");
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sslen) == 0) {
         char ip[64] = "?";
         if (ss.ss_family == AF_INET6) {
@@ -713,21 +1159,124 @@ static void srv_on_connection(uv_stream_t *listener, int status)
             snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, ntohs(a->sin_port));
         }
     }
-    int r = uv_read_start((uv_stream_t *)&c->tcp, srv_on_alloc, srv_on_read);
-    if (r < 0) {
-        TT_WARN("store server %s: cannot read from %s: %s", srv->addr, c->peer,
-                uv_strerror(r));
+    srv_update_reading(c);
+}
+
+static void srv_on_listen(uv_poll_t *p, int status, int events)
+{
+    TT_UNUSED(events);
+    tt_store_server_t *srv = p->data;
+    if (status < 0) {
+        TT_WARN("store server %s: listening socket: %s", srv->addr, uv_strerror(status));
+        srv_accept_pause(srv);
+        return;
+    }
+    /* a burst at a time, so connected clients are served between bursts */
+    for (int i = 0; i < SRV_ACCEPT_BURST && srv->listening; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED)
+                continue;
+            if (e == EAGAIN || e == EWOULDBLOCK)
+                return;
+            if (e == EMFILE || e == ENFILE) {
+                if (srv_evict(srv, "out of file descriptors"))
+                    continue;
+                srv_out_of_fds(srv);
+                return;
+            }
+            TT_WARN("store server %s: accept failed: %s", srv->addr, strerror(e));
+            srv_accept_pause(srv);
+            return;
+        }
+        if ((int)srv->nopen >= srv->max_conns && !srv_evict(srv, "connection limit")) {
+            srv_turn_away(srv, fd, "connection limit reached and every connection is busy");
+            continue;
+        }
+        srv_conn_add(srv, fd);
+    }
+}
+
+/* ---- timeouts ---- */
+
+static void srv_on_sweep(uv_timer_t *t)
+{
+    tt_store_server_t *srv = t->data;
+    uint64_t now = uv_now(&srv->loop);
+    uint64_t idle = (uint64_t)srv->cfg.idle_timeout_ms;
+    for (srv_conn_t *c = srv->conns; c; c = c->next) {
+        if (c->closing)
+            continue;
+        if (c->state != SRV_READY) {
+            if (now - c->since >= (uint64_t)srv->hello_ms) {
+                TT_INFO("store server %s: %s did not finish its hello within %d ms: closing",
+                        srv->addr, c->peer, srv->hello_ms);
+                srv_conn_close(c);
+            }
+            continue;
+        }
+        if (!idle || c->waiter || c->writes_pending)
+            continue;
+        if (now - c->last_active >= idle) {
+            TT_TRACE("store server %s: %s idle for %" PRIu64 " ms: closing", srv->addr,
+                     c->peer, now - c->last_active);
+            srv_conn_close(c);
+        }
+    }
+}
+
+/* ---- start and stop ---- */
+
+static void srv_stop_listening(tt_store_server_t *srv)
+{
+    if (!srv->listening)
+        return;
+    srv->listening = 0;
+    uv_poll_stop(&srv->listen_poll);
+    uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+    close(srv->listen_fd);
+    srv->listen_fd = -1;
+    uv_timer_stop(&srv->accept_timer);
+}
+
+static void srv_finish(tt_store_server_t *srv)
+{
+    if (srv->finished)
+        return;
+    srv->finished = 1;
+    uv_close((uv_handle_t *)&srv->sweep_timer, NULL);
+    uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+    uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+    uv_close((uv_handle_t *)&srv->stop_async, NULL);
+}
+
+static void srv_on_drained(uv_timer_t *t)
+{
+    tt_store_server_t *srv = t->data;
+    size_t n = 0;
+    for (srv_conn_t *c = srv->conns; c; c = c->next) {
+        n += !c->closing;
         srv_conn_close(c);
     }
+    if (n)
+        TT_INFO("store server %s: closing %zu connections still open %d ms after stop",
+                srv->addr, n, srv->cfg.drain_ms);
 }
 
 static void srv_on_stop(uv_async_t *a)
 {
     tt_store_server_t *srv = a->data;
-    uv_close((uv_handle_t *)&srv->listener, NULL);
+    srv->stopping = 1;
+    /* first: nobody new reaches a server that is going away */
+    srv_stop_listening(srv);
     for (srv_conn_t *c = srv->conns; c; c = c->next)
-        srv_conn_close(c);
-    uv_close((uv_handle_t *)&srv->stop_async, NULL);
+        if (c->state != SRV_READY)
+            srv_conn_close(c);
+    if (!srv->conns)
+        srv_finish(srv);
+    else
+        uv_timer_start(&srv->drain_timer, srv_on_drained, (uint64_t)srv->cfg.drain_ms, 0);
 }
 
 static void *srv_thread(void *arg)
@@ -737,25 +1286,27 @@ static void *srv_thread(void *arg)
     return NULL;
 }
 
-static void srv_free_table(tt_store_server_t *srv)
+static void srv_free(tt_store_server_t *srv)
 {
-    for (size_t i = 0; i < srv->nbuckets; i++) {
+    for (size_t i = 0; srv->buckets && i < srv->nbuckets; i++) {
         while (srv->buckets[i]) {
             srv_entry_t *e = srv->buckets[i];
             srv->buckets[i] = e->next;
             free(e->key);
-            free(e->value);
+            srv_value_unref(e->value);
             free(e);
         }
     }
     free(srv->buckets);
-}
-
-/* Close whatever the loop holds and run it until they are gone. */
-static void srv_loop_drain(tt_store_server_t *srv)
-{
-    uv_run(&srv->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&srv->loop);
+    if (srv->secret)
+        memset(srv->secret, 0, srv->cfg.secret_len);
+    free(srv->secret);
+    free(srv->instance);
+    if (srv->reserve_fd >= 0)
+        close(srv->reserve_fd);
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    free(srv);
 }
 
 static void srv_walk_close(uv_handle_t *h, void *arg)
@@ -765,6 +1316,8 @@ static void srv_walk_close(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
+/* A listening socket on host:port. SO_REUSEADDR lets a new server take the port of one
+ * that just stopped (its closed connections linger in TIME_WAIT). */
 static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_store_err_t *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -777,40 +1330,112 @@ static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_sto
         tt_store_err_set(err, "cannot resolve %s to listen on: %s", host, gai_strerror(r));
         return TUTTI_ERR_IO;
     }
-    r = UV_EINVAL;
+    int e = EINVAL;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        uv_tcp_init(&srv->loop, &srv->listener);
-        srv->listener.data = srv;
-        r = uv_tcp_bind(&srv->listener, ai->ai_addr, 0);
-        if (r == 0)
-            r = uv_listen((uv_stream_t *)&srv->listener, 1024, srv_on_connection);
-        if (r == 0)
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+            srv->listen_fd = fd;
             break;
-        /* run the loop once so the failed handle is closed before it is reused */
-        uv_close((uv_handle_t *)&srv->listener, NULL);
-        uv_run(&srv->loop, UV_RUN_NOWAIT);
+        }
+        e = errno;
+        close(fd);
     }
     freeaddrinfo(res);
-    if (r < 0) {
-        tt_store_err_set(err, "cannot listen on %s port %d: %s", host, port, uv_strerror(r));
+    if (srv->listen_fd < 0) {
+        tt_store_err_set(err, "cannot listen on %s port %d: %s", host, port, strerror(e));
         return TUTTI_ERR_IO;
     }
     return TUTTI_OK;
 }
 
-int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p, int *port_p,
-                          tt_store_err_t *err)
+/* Connections the server may hold when the caller sets no limit: most of the fd limit,
+ * leaving a quarter (at least 32) to the process, which an embedded server shares with
+ * the application and its transports. */
+static int srv_auto_max_conns(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > 65536 * 2)
+        return 65536;
+    long n = (long)rl.rlim_cur;
+    return (int)TT_MAX(16, n - TT_MAX(32, n / 4));
+}
+
+static int srv_copy_cfg(tt_store_server_t *srv, const tt_store_tcp_cfg_t *cfg)
+{
+    srv->cfg = *cfg;
+    srv->cfg.secret = NULL;
+    srv->cfg.instance = NULL;
+    if (cfg->secret) {
+        srv->secret = malloc(cfg->secret_len + 1);
+        if (!srv->secret)
+            return -1;
+        memcpy(srv->secret, cfg->secret, cfg->secret_len);
+        srv->secret[cfg->secret_len] = '\0';
+    }
+    if (cfg->instance && !(srv->instance = strdup(cfg->instance)))
+        return -1;
+    srv->max_conns = cfg->max_connections > 0 ? cfg->max_connections : srv_auto_max_conns();
+    srv->hello_ms = cfg->idle_timeout_ms > 0 ? TT_MIN(cfg->idle_timeout_ms, SRV_HELLO_MS)
+                                             : SRV_HELLO_MS;
+    return 0;
+}
+
+/* Handles of the loop besides the connections. */
+static int srv_init_handles(tt_store_server_t *srv, tt_store_err_t *err)
+{
+    int r = uv_poll_init_socket(&srv->loop, &srv->listen_poll, srv->listen_fd);
+    if (r < 0) {
+        tt_store_err_set(err, "cannot watch the listening socket: %s", uv_strerror(r));
+        return TUTTI_ERR_INTERNAL;
+    }
+    srv->listen_poll.data = srv;
+    srv->listening = 1;
+    uv_timer_init(&srv->loop, &srv->sweep_timer);
+    uv_timer_init(&srv->loop, &srv->accept_timer);
+    uv_timer_init(&srv->loop, &srv->drain_timer);
+    srv->sweep_timer.data = srv->accept_timer.data = srv->drain_timer.data = srv;
+    r = uv_async_init(&srv->loop, &srv->stop_async, srv_on_stop);
+    if (r < 0) {
+        tt_store_err_set(err, "cannot create the stop signal: %s", uv_strerror(r));
+        return TUTTI_ERR_INTERNAL;
+    }
+    srv->stop_async.data = srv;
+    uv_poll_start(&srv->listen_poll, UV_READABLE, srv_on_listen);
+    uint64_t period = (uint64_t)TT_MIN(srv->hello_ms, srv->cfg.idle_timeout_ms > 0
+                                                          ? srv->cfg.idle_timeout_ms
+                                                          : SRV_HELLO_MS) / 4;
+    period = TT_MAX(20u, TT_MIN(1000u, period));
+    uv_timer_start(&srv->sweep_timer, srv_on_sweep, period, period);
+    return TUTTI_OK;
+}
+
+int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *cfg,
+                          tt_store_server_t **srv_p, int *port_p, tt_store_err_t *err)
 {
     int st, r;
     if (!host)
-        host = "0.0.0.0";
+        host = "127.0.0.1";
     tt_store_server_t *srv = calloc(1, sizeof(*srv));
     if (!srv)
         goto err_nomem;
+    srv->listen_fd = srv->reserve_fd = -1;
     srv->nbuckets = 64;
     srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
-    if (!srv->buckets)
+    if (!srv->buckets || srv_copy_cfg(srv, cfg) < 0)
         goto err_free_srv_nomem;
+    if (tt_auth_random(srv->id, sizeof(srv->id)) < 0) {
+        tt_store_err_set(err, "no random bytes for the server's instance id");
+        st = TUTTI_ERR_IO;
+        goto err_free_srv;
+    }
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     r = uv_loop_init(&srv->loop);
     if (r < 0) {
         tt_store_err_set(err, "cannot start an event loop: %s", uv_strerror(r));
@@ -819,10 +1444,9 @@ int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p,
     }
     TT_CHECK_GOTO(srv_listen(srv, host, port, err), st, err_close_loop);
     struct sockaddr_storage ss;
-    int sslen = sizeof(ss);
-    r = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &sslen);
-    if (r < 0) {
-        tt_store_err_set(err, "cannot read the listening address: %s", uv_strerror(r));
+    socklen_t sslen = sizeof(ss);
+    if (getsockname(srv->listen_fd, (struct sockaddr *)&ss, &sslen) < 0) {
+        tt_store_err_set(err, "cannot read the listening address: %s", strerror(errno));
         st = TUTTI_ERR_IO;
         goto err_close_loop;
     }
@@ -830,13 +1454,7 @@ int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p,
                                               : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     snprintf(srv->addr, sizeof(srv->addr), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
              real_port);
-    r = uv_async_init(&srv->loop, &srv->stop_async, srv_on_stop);
-    if (r < 0) {
-        tt_store_err_set(err, "cannot create the stop signal: %s", uv_strerror(r));
-        st = TUTTI_ERR_INTERNAL;
-        goto err_close_loop;
-    }
-    srv->stop_async.data = srv;
+    TT_CHECK_GOTO(srv_init_handles(srv, err), st, err_close_loop);
     srv->pid = getpid();
 
     /* signals are for the application's threads, not for ours */
@@ -850,20 +1468,21 @@ int tt_store_server_start(const char *host, int port, tt_store_server_t **srv_p,
         st = TUTTI_ERR_INTERNAL;
         goto err_close_loop;
     }
-    TT_INFO("store server listening on %s", srv->addr);
+    TT_INFO("store server listening on %s%s (at most %d connections)", srv->addr,
+            srv->secret ? ", clients must prove the job secret" : "", srv->max_conns);
     *srv_p = srv;
     *port_p = real_port;
     return TUTTI_OK;
 
 err_close_loop:
     uv_walk(&srv->loop, srv_walk_close, NULL);
-    srv_loop_drain(srv);
+    uv_run(&srv->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&srv->loop);
 err_free_srv:
-    free(srv->buckets);
-    free(srv);
+    srv_free(srv);
     return st;
 err_free_srv_nomem:
-    free(srv);
+    srv_free(srv);
 err_nomem:
     tt_store_err_set(err, "out of memory");
     return TUTTI_ERR_NOMEM;
@@ -879,6 +1498,5 @@ void tt_store_server_stop(tt_store_server_t *srv)
     uv_async_send(&srv->stop_async);
     pthread_join(srv->thread, NULL);
     uv_loop_close(&srv->loop);
-    srv_free_table(srv);
-    free(srv);
+    srv_free(srv);
 }

@@ -914,6 +914,26 @@ static void raw_send(int fd, const void *buf, size_t len)
     ck_assert_int_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
+/* Protocol 2 hello without a secret; the reply is read and checked (status 0). */
+static void raw_hello(int fd)
+{
+    unsigned char f[5 + 4 + 11 + 4 + 4 + 4];
+    be32(f, sizeof(f) - 4);
+    f[4] = TT_STORE_CMD_HELLO;
+    be32(f + 5, 11);
+    memcpy(f + 9, TT_STORE_MAGIC, 11);
+    be32(f + 20, 4);
+    be32(f + 24, TT_STORE_PROTOCOL);
+    be32(f + 28, 0);
+    raw_send(fd, f, sizeof(f));
+    unsigned char head[5], body[1024];
+    ck_assert_int_eq(recv(fd, head, 5, MSG_WAITALL), 5);
+    uint32_t n = get_be32(head) - 1;
+    ck_assert_uint_le(n, sizeof(body));
+    ck_assert_int_eq(head[4], 0);
+    ck_assert_int_eq(recv(fd, body, n, MSG_WAITALL), (ssize_t)n);
+}
+
 static void check_still_serving(tutti_store_t *s, int port, int round)
 {
     char val[32];
@@ -978,6 +998,7 @@ START_TEST(test_tcp_bad_clients)
 
     /* a field running past its frame */
     fd = raw_connect(c.port);
+    raw_hello(fd);
     unsigned char tr[4 + 1 + 4 + 3 + 4 + 8];
     be32(tr, sizeof(tr) - 4);
     tr[4] = TT_STORE_CMD_SET;
@@ -992,6 +1013,7 @@ START_TEST(test_tcp_bad_clients)
 
     /* a key over the limit inside a well-formed frame */
     fd = raw_connect(c.port);
+    raw_hello(fd);
     size_t kl = TUTTI_STORE_MAX_KEY + 1;
     unsigned char *kf = calloc(1, 4 + 1 + 4 + kl);
     be32(kf, (uint32_t)(1 + 4 + kl));
@@ -1005,12 +1027,14 @@ START_TEST(test_tcp_bad_clients)
 
     /* half a frame, then the client goes away */
     fd = raw_connect(c.port);
+    raw_hello(fd);
     raw_send(fd, tr, 10);
     close(fd);
     check_still_serving(good, c.port, round++);
 
     /* a client that leaves while its GET waits: the waiter must go with it */
     fd = raw_connect(c.port);
+    raw_hello(fd);
     unsigned char gf[4 + 1 + 4 + 5];
     be32(gf, 1 + 4 + 5);
     gf[4] = TT_STORE_CMD_GET;
@@ -1025,6 +1049,7 @@ START_TEST(test_tcp_bad_clients)
 
     /* requests sent behind a waiting GET are answered in order, after it */
     fd = raw_connect(c.port);
+    raw_hello(fd);
     unsigned char pf[(4 + 1 + 4 + 4) + (4 + 1 + 4 + 4 + 4 + 1)];
     unsigned char *q = pf;
     be32(q, 1 + 4 + 4);
@@ -1060,7 +1085,8 @@ END_TEST
 START_TEST(test_tcp_random_frames)
 {
     /* frames with sane lengths and random contents, sent and dropped at once: whatever the
-     * server makes of them, it must go on serving (run under ASan to see the memory) */
+     * server makes of them, it must go on serving (run under ASan to see the memory); half
+     * before the hello, half after */
     setenv("TUTTI_DEBUG", "error", 1); /* 400 closed connections are 400 warnings */
     ctx_t c;
     ctx_open(&c, K_TCP, 3000);
@@ -1076,6 +1102,8 @@ START_TEST(test_tcp_random_frames)
             f[4 + k] = r < 5 ? 0 : (unsigned char)(r == 5 ? rand_r(&seed) % 12 : rand_r(&seed));
         }
         int fd = raw_connect(c.port);
+        if (i % 2) /* the others test the hello's own parsing */
+            raw_hello(fd);
         raw_send(fd, f, 4 + len);
         close(fd);
     }

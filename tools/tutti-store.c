@@ -1,9 +1,12 @@
 /* tutti-store: a standalone TCP store server for ranks that have no process to host one.
  *
- *   tutti-store [--host H] --port P
+ *   tutti-store [--host H] --port P [--auth-token-file PATH] [limits]
  *
- * Runs until SIGINT or SIGTERM. Exit status: 0 after a signal, 1 when it cannot listen,
- * 2 on bad usage. */
+ * Listens on loopback unless given --host: a store reachable from elsewhere lets anyone
+ * who can reach it steer the job, so that takes a decision (and, better, a job secret).
+ * Runs until SIGINT or SIGTERM, then stops accepting and lets connected clients finish.
+ * Exit status: 0 after a signal, 1 when it cannot listen (or read its secret), 2 on bad
+ * usage. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -16,49 +19,116 @@
 static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
-            "usage: %s [--host H] --port P\n"
+            "usage: %s [--host H] --port P [--auth-token-file PATH] [limits]\n"
             "\n"
             "Run a tutti TCP store server until SIGINT or SIGTERM.\n"
             "\n"
-            "  -H, --host H   address to listen on (default 0.0.0.0; \"::\" for IPv6)\n"
-            "  -p, --port P   TCP port (0 picks a free one, printed at start)\n"
-            "  -h, --help     show this help\n"
+            "  -H, --host H               address to listen on (default 127.0.0.1: this host\n"
+            "                             only; 0.0.0.0 or \"::\" for every interface)\n"
+            "  -p, --port P               TCP port (0 picks a free one, printed at start)\n"
+            "  -a, --auth-token-file PATH the job secret: serve only clients that prove they\n"
+            "                             know it (also TUTTI_AUTH_TOKEN[_FILE])\n"
+            "      --idle-timeout-ms MS   close connections idle this long (0: never; default\n"
+            "                             300000; TUTTI_STORE_IDLE_TIMEOUT_MS)\n"
+            "      --max-connections N    evict the idlest connection beyond N (default: 3/4\n"
+            "                             of the fd limit; TUTTI_STORE_MAX_CONNECTIONS)\n"
+            "      --client-quota SIZE    bytes one client may have buffered (default 64M+64K;\n"
+            "                             TUTTI_STORE_CLIENT_QUOTA)\n"
+            "      --memory-limit SIZE    bytes all clients may have buffered (default twice\n"
+            "                             the quota; TUTTI_STORE_MEMORY_LIMIT)\n"
+            "  -h, --help                 show this help\n"
             "\n"
             "Ranks connect with the store URL tcp://H:P (tcp://[H]:P for IPv6).\n"
-            "Exit status: 0 after a signal, 1 when the address cannot be used, 2 on bad "
-            "usage.\n",
+            "Exit status: 0 after a signal, 1 when the address cannot be used or the secret\n"
+            "cannot be read, 2 on bad usage.\n",
             argv0);
 }
 
-static int parse_port(const char *s, int *port_p)
+static int parse_long(const char *s, long lo, long hi, long *v_p)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 0 || v > 65535)
+    if (errno || end == s || *end || v < lo || v > hi)
         return -1;
-    *port_p = (int)v;
+    *v_p = v;
     return 0;
+}
+
+/* "4096", "64K", "1M", "2G" */
+static int parse_size(const char *s, size_t *v_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return -1;
+    int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20
+              : *end == 'G' || *end == 'g' ? 30 : 0;
+    if (shift)
+        end++;
+    if (*end || v > (~0ull >> shift))
+        return -1;
+    *v_p = (size_t)(v << shift);
+    return 0;
+}
+
+static int is_loopback(const char *host)
+{
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
 }
 
 int main(int argc, char **argv)
 {
+    enum { OPT_IDLE = 256, OPT_MAXCONN, OPT_QUOTA, OPT_MEMORY };
     static const struct option longopts[] = {
         {"host", required_argument, NULL, 'H'},
         {"port", required_argument, NULL, 'p'},
+        {"auth-token-file", required_argument, NULL, 'a'},
+        {"idle-timeout-ms", required_argument, NULL, OPT_IDLE},
+        {"max-connections", required_argument, NULL, OPT_MAXCONN},
+        {"client-quota", required_argument, NULL, OPT_QUOTA},
+        {"memory-limit", required_argument, NULL, OPT_MEMORY},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *host = "0.0.0.0";
-    int port = -1, opt;
-    while ((opt = getopt_long(argc, argv, "H:p:h", longopts, NULL)) != -1) {
+    tutti_store_opts_t opts;
+    tutti_store_opts_init(&opts);
+    opts.timeout_ms = 10000;
+    opts.is_server = 1;
+    const char *host = "127.0.0.1";
+    long port = -1, v;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "H:p:a:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 'H':
             host = optarg;
             break;
         case 'p':
-            if (parse_port(optarg, &port) < 0) {
+            if (parse_long(optarg, 0, 65535, &port) < 0) {
                 fprintf(stderr, "%s: bad port '%s' (0..65535)\n", argv[0], optarg);
+                return 2;
+            }
+            break;
+        case 'a':
+            /* a file named here wins over a token in the environment */
+            opts.auth_token = NULL;
+            opts.auth_token_file = optarg;
+            break;
+        case OPT_IDLE:
+        case OPT_MAXCONN:
+            if (parse_long(optarg, 0, 1L << 30, &v) < 0) {
+                fprintf(stderr, "%s: bad number '%s'\n", argv[0], optarg);
+                return 2;
+            }
+            *(opt == OPT_IDLE ? &opts.idle_timeout_ms : &opts.max_connections) = (int)v;
+            break;
+        case OPT_QUOTA:
+        case OPT_MEMORY:
+            if (parse_size(optarg, opt == OPT_QUOTA ? &opts.client_quota_bytes
+                                                    : &opts.memory_limit_bytes) < 0) {
+                fprintf(stderr, "%s: bad size '%s' (like 4096, 64K, 1M, 2G)\n", argv[0],
+                        optarg);
                 return 2;
             }
             break;
@@ -80,6 +150,8 @@ int main(int argc, char **argv)
         usage(stderr, argv[0]);
         return 2;
     }
+    if (opts.auth_token_file && getenv("TUTTI_AUTH_TOKEN"))
+        unsetenv("TUTTI_AUTH_TOKEN"); /* the file given on the command line wins */
 
     /* blocked before the server thread starts, so it inherits the mask and the signals
      * reach sigwait below */
@@ -89,14 +161,21 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     sigprocmask(SIG_BLOCK, &sigs, NULL);
 
+    char url[320];
+    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
+             port);
     tutti_store_t *store;
-    int st = tutti_store_open_tcp(&store, host, port, 1, 10000);
+    int st = tutti_store_open(&store, url, &opts);
     if (st < 0) {
-        fprintf(stderr, "%s: cannot serve on %s port %d: %s\n", argv[0], host, port,
+        fprintf(stderr, "%s: cannot serve on %s port %ld: %s\n", argv[0], host, port,
                 tutti_store_last_error(NULL)[0] ? tutti_store_last_error(NULL)
                                                 : tutti_strerror(st));
         return 1;
     }
+    if (!is_loopback(host) && !opts.auth_token && !opts.auth_token_file)
+        fprintf(stderr, "%s: warning: listening on %s without a job secret: anyone who can "
+                "reach this port can read and change the job's keys (--auth-token-file)\n",
+                argv[0], host);
     printf("tutti-store listening on %s\n", tutti_store_url(store));
     fflush(stdout);
 

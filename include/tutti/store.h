@@ -39,13 +39,38 @@ typedef struct tutti_store_opts {
     int timeout_ms;   /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
                          of connecting (default 30000) */
     int is_server;    /* tcp: host the server in this process (port 0 picks a free one) */
+    /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
+    const char *auth_token;      /* TUTTI_AUTH_TOKEN: the job secret. A tcp server with one
+                                    serves only clients that prove they know it, and a
+                                    client with one trusts only such a server (mutual
+                                    challenge-response: the secret never travels). Wins
+                                    over auth_token_file */
+    const char *auth_token_file; /* TUTTI_AUTH_TOKEN_FILE: a file holding the secret */
+    const char *instance;        /* tcp: a label (at most 255 bytes) the server announces;
+                                    a client with one keeps away from servers announcing
+                                    another (a previous run's, still stopping). NULL: none */
+    int idle_timeout_ms;         /* TUTTI_STORE_IDLE_TIMEOUT_MS, server: close a connection
+                                    with no request pending that sent nothing for this
+                                    long (clients reconnect transparently); 0 never.
+                                    Default 300000 */
+    int max_connections;         /* TUTTI_STORE_MAX_CONNECTIONS, server: beyond this many
+                                    the idlest connection is evicted. 0 (default): three
+                                    quarters of RLIMIT_NOFILE */
+    size_t client_quota_bytes;   /* TUTTI_STORE_CLIENT_QUOTA, server: bytes one connection
+                                    may have buffered (its request in flight and replies
+                                    being written); a bigger request fails. Default: one
+                                    maximal SET (64 MiB + 64 KiB) */
+    size_t memory_limit_bytes;   /* TUTTI_STORE_MEMORY_LIMIT, server: bytes all connections
+                                    together may have buffered; a request that would pass
+                                    it fails. Default: twice the client quota */
 } tutti_store_opts_t;
 
-/* Defaults, then the TUTTI_STORE_* environment. */
+/* Defaults, then the TUTTI_STORE_* and TUTTI_AUTH_* environment. */
 int tutti_store_opts_init(tutti_store_opts_t *opts);
 
 /* Open a store by URL ("file:///tmp/job", "tcp://10.0.0.1:29500", "tcp://[::1]:29500").
- * opts may be NULL. */
+ * opts may be NULL (defaults and the environment). A tcp server listens on the URL's
+ * host. Authentication and limits apply to tcp stores. */
 int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts);
 
 /* Open a file store rooted at dir (created if missing). */
@@ -53,7 +78,8 @@ int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_
 
 /* Open a TCP store. With is_server, start a server on host:port in this process (in a
  * thread of its own) and connect to it; port 0 picks a free port (see
- * tutti_store_port). Without, connect, retrying until timeout_ms passes. */
+ * tutti_store_port). Without, connect, retrying until timeout_ms passes. The job secret
+ * and the limits come from the environment (see tutti_store_opts_t). */
 int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
                          int timeout_ms);
 
@@ -61,7 +87,9 @@ int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, in
 int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base,
                               const char *prefix);
 
-/* Close a store handle (and stop its embedded server, if any). */
+/* Close a store handle. An embedded server stops accepting at once, serves the clients
+ * still connected until they leave (at most 2 s, or the store's timeout if shorter),
+ * then closes the rest; its port is free for a new server right after. */
 void tutti_store_close(tutti_store_t *store);
 
 /* The store's URL, e.g. "tcp://127.0.0.1:29500" (with the real port when 0 was asked). */
