@@ -1,6 +1,7 @@
 /* The communicator: options, creation through a store, the collective entry points
  * with their argument checks, and error recording. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -572,6 +573,9 @@ err_free:
     return st;
 }
 
+/* communicators of tutti_comm_init_env destroyed so far (the store servers' label) */
+static atomic_uint env_comms_done;
+
 /* torchrun / TUTTI_* conventions -> store URL, rank and size */
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
 {
@@ -609,11 +613,29 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     if (opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS"))
         so.timeout_ms = opts->timeout_ms;
     so.is_server = (rank == 0 && !strncmp(url, "tcp://", 6) && tt_env_int("STORE_SERVER", 1));
+    /* The job secret guards the store too. */
+    if (opts && opts->size >= offsetof(tutti_comm_opts_t, auth_token_file) + sizeof(char *)) {
+        if (opts->auth_token)
+            so.auth_token = opts->auth_token;
+        if (opts->auth_token_file)
+            so.auth_token_file = opts->auth_token_file;
+    }
+    /* A rank that destroyed a communicator and creates the next one can reach rank 0's
+     * previous store server before it stopped: label each server with the job and the
+     * count of such communicators this process destroyed (the same on every rank), so
+     * clients keep away from the previous one. */
+    char label[160], jid[80];
+    tt_job_id(opts && opts->size >= offsetof(tutti_comm_opts_t, job_id) + sizeof(char *)
+                  ? opts->job_id
+                  : NULL,
+              jid, sizeof(jid), NULL);
+    snprintf(label, sizeof(label), "%s#%u", jid[0] ? jid : "-", atomic_load(&env_comms_done));
+    so.instance = label;
     tutti_store_t *store;
     int st = tutti_store_open(&store, url, &so);
     if (st < 0) {
-        TT_WARN("tutti_comm_init_env: rank %ld cannot open store %s: %s", rank, url,
-                tutti_strerror(st));
+        TT_WARN("tutti_comm_init_env: rank %ld cannot open store %s: %s: %s", rank, url,
+                tutti_strerror(st), tutti_store_last_error(NULL));
         return st;
     }
     st = tutti_comm_init(comm_p, store, (int)rank, (int)size, opts);
@@ -656,6 +678,8 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         comm->tp_ops->destroy(comm->tp);
     comm->tp = NULL;
     tt_job_leave(comm);
+    if (comm->owned_store)
+        atomic_fetch_add(&env_comms_done, 1);
     comm_free(comm);
     return TUTTI_OK;
 }
