@@ -193,7 +193,7 @@ static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *d
         return 0;
     void *v = NULL;
     size_t len = 0;
-    if (tutti_store_get(js, key, &v, &len, 0) < 0)
+    if (tutti_store_get(js, key, &v, &len, 1000) < 0)
         return 0;
     char *end;
     long st = strtol(v, &end, 10);
@@ -210,21 +210,66 @@ static int slot_key(char *buf, size_t len, const char *nonce, int rank)
 }
 
 /* Every rank finished set-up: its membership is settled. */
-static int rec_ready(tutti_store_t *js, const job_rec_t *r)
+/* The value of key if it exists now (no waiting for it). */
+static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
+{
+    const char *k = key;
+    int exists = 0;
+    int st = tutti_store_check(js, &k, 1, &exists);
+    if (st < 0)
+        return st;
+    if (!exists)
+        return TUTTI_ERR_NOT_FOUND;
+    /* it exists: a get answers at once (a bound, not a wait) */
+    return tutti_store_get(js, key, v_p, len_p, 1000);
+}
+
+/* Does the record still hold value (len bytes)? A judgement of an instance (not ready,
+ * slot taken) holds only while the record still names it: its keys go after it. */
+static int record_still(tutti_store_t *js, const void *value, size_t len)
+{
+    void *v = NULL;
+    size_t vlen = 0;
+    int same = get_now(js, "instance", &v, &vlen) == 0 && vlen == len && !memcmp(v, value, len);
+    free(v);
+    return same;
+}
+
+/* A counter of r's, 0 if missing; read without creating it (adding 0 would leave a key
+ * behind in a namespace that is being removed). */
+static int64_t rec_counter(tutti_store_t *js, const job_rec_t *r, const char *name)
 {
     char key[96];
-    snprintf(key, sizeof(key), "%s/ready", r->nonce);
-    int64_t n = 0;
-    return tutti_store_add(js, key, 0, &n) == 0 && n >= r->nranks;
+    snprintf(key, sizeof(key), "%s/%s", r->nonce, name);
+    void *v = NULL;
+    size_t len = 0;
+    if (get_now(js, key, &v, &len) < 0)
+        return 0;
+    long long n = strtoll(v, NULL, 10);
+    free(v);
+    return n;
+}
+
+/* Every rank finished set-up: its membership is settled. */
+static int rec_ready(tutti_store_t *js, const job_rec_t *r)
+{
+    return rec_counter(js, r, "ready") >= r->nranks;
 }
 
 /* Every rank left (destroyed its communicator). */
 static int rec_finished(tutti_store_t *js, const job_rec_t *r)
 {
+    return rec_counter(js, r, "left") >= r->nranks;
+}
+
+/* Its rank 0 failed set-up (and said so). */
+static int rec_setup_failed(tutti_store_t *js, const job_rec_t *r)
+{
     char key[96];
-    snprintf(key, sizeof(key), "%s/left", r->nonce);
-    int64_t left = 0;
-    return tutti_store_add(js, key, 0, &left) == 0 && left >= r->nranks;
+    snprintf(key, sizeof(key), "%s/init_failed/0", r->nonce);
+    const char *k = key;
+    int exists = 0;
+    return tutti_store_check(js, &k, 1, &exists) == 0 && exists;
 }
 
 static void contest(tutti_store_t *js, const job_rec_t *r, const char *why)
@@ -293,14 +338,21 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
         if (parsed) {
             rec_describe(&r, desc, sizeof(desc));
             int fin = rec_finished(js, &r), stale = !fin && rec_stale(&r, my_host);
-            if (fin || stale) {
-                TT_INFO("job: replacing %s %s", stale ? "dead" : "finished", desc);
-                gc_instance(js, r.nonce);
-                replace = 1;
+            int failed = !fin && !stale && rec_setup_failed(js, &r);
+            if (fin || stale || failed) {
+                TT_INFO("job: replacing %s %s", fin ? "finished" : stale ? "dead" : "failed",
+                        desc);
+                replace = 2; /* its keys go once the record no longer names it */
             } else if (rec_ready(js, &r)) {
                 /* running: its ranks are all set up, none can join us by mistake */
                 TT_INFO("job: %s is running; this job takes the record over", desc);
                 replace = 1;
+            } else if (!record_still(js, cur, clen)) {
+                /* replaced or released meanwhile: judge what is there now */
+                free(cur);
+                cur = NULL;
+                st = tutti_store_compare_set(js, "instance", "", 0, mine, mlen, &cur, &clen);
+                continue;
             } else {
                 char why[1024];
                 snprintf(why, sizeof(why),
@@ -331,6 +383,8 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
         size_t elen = clen;
         cur = NULL;
         st = tutti_store_compare_set(js, "instance", expected, elen, mine, mlen, &cur, &clen);
+        if (st == 0 && replace == 2 && clen == mlen && !memcmp(cur, mine, mlen))
+            gc_instance(js, r.nonce);
         free(expected);
     }
     free(cur);
@@ -407,6 +461,17 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
             }
             if (hlen == claim_len && !memcmp(holder, claim, claim_len)) {
                 free(holder);
+                /* Still the record? A last leaver or a new rank 0 replaces the record
+                 * before removing an instance's keys (claims included): a claim made in
+                 * between is in a dead namespace. */
+                if (!record_still(js, cur, clen)) {
+                    tt_store_compare_delete(js, key, claim, claim_len);
+                    snprintf(rejected[nrej % JOB_REJECT_MAX], sizeof(rejected[0]), "%s",
+                             r.nonce);
+                    nrej++;
+                    free(cur);
+                    continue;
+                }
                 snprintf(comm->record, sizeof(comm->record), "%s", (char *)cur);
                 snprintf(comm->nonce, sizeof(comm->nonce), "%s", r.nonce);
                 free(cur);
@@ -415,7 +480,7 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
             snprintf(why, sizeof(why), "rank %d of %s is already taken (%.*s)", comm->rank,
                      desc, (int)TT_MIN(hlen, 200), holder ? (char *)holder : "");
             free(holder);
-            if (!rec_ready(js, &r)) {
+            if (!rec_ready(js, &r) && record_still(js, cur, clen)) {
                 char c[1024];
                 snprintf(c, sizeof(c),
                          "a second rank %d (pid %ld on host %s) tried to join this job "
@@ -541,11 +606,16 @@ void tt_job_leave(tutti_comm_t *comm)
     int64_t left = 0;
     if (tutti_store_add(js, key, 1, &left) < 0 || left < comm->nranks)
         return;
-    /* the last one out: the instance's keys, then its record if it is still ours */
-    gc_instance(js, comm->nonce);
+    /* The last one out: release the record if it is still ours (so nobody joins or
+     * judges this instance any more), then remove the instance's keys, then the empty
+     * record (only if nobody took it meanwhile). */
     void *cur = NULL;
     size_t clen = 0;
-    tutti_store_compare_set(js, "instance", comm->record, strlen(comm->record) + 1, "", 0,
-                            &cur, &clen);
+    int released = tutti_store_compare_set(js, "instance", comm->record,
+                                           strlen(comm->record) + 1, "", 0, &cur, &clen) == 0 &&
+                   clen == 0;
     free(cur);
+    gc_instance(js, comm->nonce);
+    if (released)
+        tt_store_compare_delete(js, "instance", "", 0);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "store_gc.h"
 #include "store_impl.h"
 
 /* Failures of the open functions have no handle to be recorded on; the caller's thread
@@ -721,4 +722,44 @@ out_free:
     free(vals);
     free(k);
     return st;
+}
+
+/* ---- garbage collection (store_gc.h) ---- */
+
+int tt_store_delete_prefix(tutti_store_t *store, const char *prefix)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store || !prefix)
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "delete_prefix", prefix, k));
+    tutti_store_t *b = store->base;
+    if (!k[0]) /* never the whole store */
+        return TUTTI_ERR_INVALID_ARG;
+    if (!b->ops->del_prefix)
+        return TUTTI_ERR_UNSUPPORTED;
+    size_t n = 0;
+    int st = b->ops->del_prefix(b, k, &n, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "delete_prefix", k, &err);
+    TT_TRACE("store %s: deleted %zu keys under %s", b->url, n, k);
+    return TUTTI_OK;
+}
+
+int tt_store_compare_delete(tutti_store_t *store, const char *key, const void *expected,
+                            size_t elen)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = {{0}};
+    if (!store || (!expected && elen))
+        return TUTTI_ERR_INVALID_ARG;
+    TT_CHECK(full_key(store, "compare_delete", key, k));
+    tutti_store_t *b = store->base;
+    if (!b->ops->compare_del)
+        return TUTTI_ERR_UNSUPPORTED;
+    int deleted = 0;
+    int st = b->ops->compare_del(b, k, expected, elen, &deleted, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "compare_delete", k, &err);
+    return TUTTI_OK;
 }

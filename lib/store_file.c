@@ -48,10 +48,9 @@ static fs_store_t *fs_of(tutti_store_t *s) { return s->impl; }
 
 /* Relative path of key's file into path; *dirlen_p is the length of its directory part
  * (with the trailing '/', 0 for the root). */
-static void fs_key_path(const char *key, char *path, size_t *dirlen_p)
+static size_t fs_escape(const char *key, char *esc)
 {
     static const char hex[] = "0123456789ABCDEF";
-    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
     size_t n = 0;
     for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
         unsigned char c = *p;
@@ -64,6 +63,14 @@ static void fs_key_path(const char *key, char *path, size_t *dirlen_p)
             esc[n++] = hex[c & 15];
         }
     }
+    esc[n] = '\0';
+    return n;
+}
+
+static void fs_key_path(const char *key, char *path, size_t *dirlen_p)
+{
+    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
+    size_t n = fs_escape(key, esc);
     size_t o = 0, i = 0;
     while (n - i > FS_PART_MAX) {
         path[o++] = 'd';
@@ -474,6 +481,104 @@ static int fs_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t de
     return st;
 }
 
+/* Remove the directory tree at name in dirfd (a long key's directory); counts files. */
+static void fs_rmtree_at(int dirfd, const char *name, size_t *count_p)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        DIR *d = fdopendir(fd);
+        if (!d) {
+            close(fd);
+            return;
+        }
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            if (unlinkat(fd, e->d_name, 0) == 0)
+                (*count_p)++;
+            else if (errno == EISDIR)
+                fs_rmtree_at(fd, e->d_name, count_p);
+        }
+        closedir(d);
+    }
+    unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+/* Delete the keys under dirfd whose escaped names start with esc (n bytes): key files
+ * "k<name>", and long keys' directories "d<part>/" (whole, or descended into). */
+static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_p)
+{
+    /* a fresh open, not a dup: a dup shares its directory offset with other readers */
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name + 1;
+        if (e->d_name[0] == 'k' && !strncmp(name, esc, n)) {
+            if (unlinkat(dirfd, e->d_name, 0) == 0)
+                (*count_p)++;
+        } else if (e->d_name[0] == 'd' && strlen(name) == FS_PART_MAX) {
+            if (n <= FS_PART_MAX && !strncmp(name, esc, n)) {
+                fs_rmtree_at(dirfd, e->d_name, count_p);
+            } else if (n > FS_PART_MAX && !strncmp(name, esc, FS_PART_MAX)) {
+                int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                 O_CLOEXEC);
+                if (sub >= 0) {
+                    fs_del_prefix_at(sub, esc + FS_PART_MAX, n - FS_PART_MAX, count_p);
+                    close(sub);
+                    unlinkat(dirfd, e->d_name, AT_REMOVEDIR); /* if now empty */
+                }
+            }
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+static int fs_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
+                         uint64_t deadline, tt_store_err_t *err)
+{
+    TT_UNUSED(deadline);
+    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
+    size_t n = fs_escape(prefix, esc);
+    *count_p = 0;
+    int r = fs_del_prefix_at(fs_of(s)->dirfd, esc, n, count_p);
+    if (r < 0)
+        return fs_io_error(s, err, "list", ".", -r);
+    return TUTTI_OK;
+}
+
+static int fs_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,
+                          int *deleted_p, uint64_t deadline, tt_store_err_t *err)
+{
+    char path[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd, st, exists = 0;
+    void *cur = NULL;
+    size_t curlen = 0;
+    fs_key_path(key, path, &dirlen);
+    *deleted_p = 0;
+    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
+    st = fs_read(s, path, &cur, &curlen, &exists, err);
+    if (st == 0 && exists && curlen == elen && !memcmp(cur, expected, elen)) {
+        if (unlinkat(fs_of(s)->dirfd, path, 0) == 0)
+            *deleted_p = 1;
+        else if (errno != ENOENT)
+            st = fs_io_error(s, err, "delete", path, errno);
+    }
+    free(cur);
+    close(lockfd);
+    return st;
+}
+
 static void fs_close(tutti_store_t *s)
 {
     fs_store_t *fs = fs_of(s);
@@ -487,7 +592,7 @@ static void fs_close(tutti_store_t *s)
  * is gone, from other hosts those older than FS_STALE_TMP_S. */
 static void fs_clean_tmp(fs_store_t *fs)
 {
-    int fd = dup(fs->dirfd);
+    int fd = openat(fs->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* own offset */
     if (fd < 0)
         return;
     DIR *d = fdopendir(fd);
@@ -533,6 +638,8 @@ static const tt_store_ops_t fs_ops = {
     .check = fs_check,
     .del = fs_del,
     .multi_get = NULL,
+    .del_prefix = fs_del_prefix,
+    .compare_del = fs_compare_del,
     .close = fs_close,
 };
 

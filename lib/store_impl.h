@@ -45,6 +45,12 @@ typedef struct tt_store_ops {
                tt_store_err_t *err);
     int (*multi_get)(tutti_store_t *s, const char *const *keys, size_t n, void **values_p,
                      size_t *lens_p, uint64_t deadline, tt_store_err_t *err);
+    /* Garbage collection (may be NULL: TUTTI_ERR_UNSUPPORTED): delete every key that
+     * starts with prefix, counting them; delete key only if its value is expected. */
+    int (*del_prefix)(tutti_store_t *s, const char *prefix, size_t *count_p,
+                      uint64_t deadline, tt_store_err_t *err);
+    int (*compare_del)(tutti_store_t *s, const char *key, const void *expected, size_t elen,
+                       int *deleted_p, uint64_t deadline, tt_store_err_t *err);
     /* Frees impl; the handle itself is freed by store.c. */
     void (*close)(tutti_store_t *s);
 } tt_store_ops_t;
@@ -127,6 +133,8 @@ enum {
     TT_STORE_CMD_PING = 8,    /* -> ok */
     TT_STORE_CMD_HELLO = 9,   /* magic version challenge -> hello fields (see above) */
     TT_STORE_CMD_AUTH = 10,   /* answer -> ok */
+    TT_STORE_CMD_DELETE_PREFIX = 11, /* prefix -> u64 keys deleted (waiters stay) */
+    TT_STORE_CMD_CAD = 12,    /* key expected -> u8 deleted (only if the value is expected) */
 };
 #define TT_STORE_PROTOCOL 2u
 #define TT_STORE_MAGIC "tutti-store"
@@ -160,6 +168,10 @@ int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *
  * close the rest, stop the loop thread and free everything. In a forked child (which has
  * no loop thread) it only forgets the server. */
 void tt_store_server_stop(tt_store_server_t *srv);
+/* Tests: how many keys the server holds (racy snapshot). */
+size_t tt_store_server_nkeys(tt_store_server_t *srv);
+/* Tests: keys held by the server embedded in this tcp store handle, (size_t)-1 if none. */
+size_t tt_store_tcp_server_keys(tutti_store_t *store);
 
 /* Big-endian 32-bit fields of the TCP store's wire format (client and server). */
 static inline void put_be32(unsigned char *p, uint32_t v)

@@ -563,6 +563,43 @@ static void srv_cmd_cas(srv_conn_t *c, srv_field_t *f)
     srv_notify(e);
 }
 
+/* Delete the value of every key that starts with the prefix (a finished communicator's
+ * keys); entries with waiters stay, as DELETE leaves them. */
+static void srv_cmd_delete_prefix(srv_conn_t *c, const srv_field_t *f)
+{
+    tt_store_server_t *srv = c->srv;
+    uint64_t n = 0;
+    for (size_t b = 0; b < srv->nbuckets; b++) {
+        for (srv_entry_t *e = srv->buckets[b], *next; e; e = next) {
+            next = e->next;
+            if (!e->value || e->keylen < f[0].len || memcmp(e->key, f[0].data, f[0].len))
+                continue;
+            srv_value_unref(e->value);
+            e->value = NULL;
+            srv_maybe_remove(srv, e);
+            n++;
+        }
+    }
+    unsigned char out[8];
+    put_be64(out, n);
+    srv_reply(c, TUTTI_OK, out, 8);
+}
+
+/* Delete key only if its value is the expected one (releasing a record that is still
+ * ours, never one a newer owner wrote). */
+static void srv_cmd_cad(srv_conn_t *c, const srv_field_t *f)
+{
+    srv_entry_t *e = srv_find(c->srv, f[0].data, f[0].len);
+    unsigned char deleted = e && e->value && e->value->len == f[1].len &&
+                            !memcmp(e->value->data, f[1].data, f[1].len);
+    if (deleted) {
+        srv_value_unref(e->value);
+        e->value = NULL;
+        srv_maybe_remove(c->srv, e);
+    }
+    srv_reply(c, TUTTI_OK, &deleted, 1);
+}
+
 /* WAIT (get_entry NULL) or GET on keys; answers now or leaves a waiter. */
 static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int is_get)
 {
@@ -822,6 +859,16 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
         free(keys);
         return 0;
     }
+    case TT_STORE_CMD_DELETE_PREFIX:
+        if (srv_fields(p, end, f, 1, max_k, why) < 0)
+            return -1;
+        srv_cmd_delete_prefix(c, f);
+        return 0;
+    case TT_STORE_CMD_CAD:
+        if (srv_fields(p, end, f, 2, max_kv, why) < 0)
+            return -1;
+        srv_cmd_cad(c, f);
+        return 0;
     case TT_STORE_CMD_PING:
         if (p != end) {
             *why = "bytes after the last field";
@@ -1499,4 +1546,9 @@ void tt_store_server_stop(tt_store_server_t *srv)
     pthread_join(srv->thread, NULL);
     uv_loop_close(&srv->loop);
     srv_free(srv);
+}
+
+size_t tt_store_server_nkeys(tt_store_server_t *srv)
+{
+    return __atomic_load_n(&srv->nentries, __ATOMIC_RELAXED);
 }

@@ -893,6 +893,35 @@ static int tcp_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t d
     return TUTTI_OK;
 }
 
+static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
+                          uint64_t deadline, tt_store_err_t *err)
+{
+    tcp_field_t f[1] = {{prefix, strlen(prefix)}};
+    void *r;
+    size_t rlen;
+    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_DELETE_PREFIX, f, 1, deadline, "no reply", &r, &rlen,
+                     err));
+    if (rlen != 8)
+        return tcp_bad_reply(s, err, r, rlen);
+    *count_p = (size_t)get_be64(r);
+    free(r);
+    return TUTTI_OK;
+}
+
+static int tcp_compare_del(tutti_store_t *s, const char *key, const void *expected,
+                           size_t elen, int *deleted_p, uint64_t deadline, tt_store_err_t *err)
+{
+    tcp_field_t f[2] = {{key, strlen(key)}, {expected, elen}};
+    void *r;
+    size_t rlen;
+    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_CAD, f, 2, deadline, "no reply", &r, &rlen, err));
+    if (rlen != 1)
+        return tcp_bad_reply(s, err, r, rlen);
+    *deleted_p = ((unsigned char *)r)[0] != 0;
+    free(r);
+    return TUTTI_OK;
+}
+
 static void tcp_free(tcp_store_t *ts)
 {
     tcp_pool_flush(ts);
@@ -924,6 +953,8 @@ static const tt_store_ops_t tcp_ops = {
     .wait = tcp_wait,
     .check = tcp_check,
     .del = tcp_del,
+    .del_prefix = tcp_del_prefix,
+    .compare_del = tcp_compare_del,
     .multi_get = NULL,
     .close = tcp_close,
 };
@@ -993,4 +1024,13 @@ int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int i
 err_free_ts:
     tcp_free(ts);
     return st;
+}
+
+size_t tt_store_tcp_server_keys(tutti_store_t *store)
+{
+    tutti_store_t *b = store ? store->base : NULL;
+    if (!b || b->ops != &tcp_ops)
+        return (size_t)-1;
+    tcp_store_t *ts = b->impl;
+    return ts->server ? tt_store_server_nkeys(ts->server) : (size_t)-1;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "store_impl.h"
 
 static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
 
@@ -195,6 +196,21 @@ static int count_entries(const char *dir)
     return n;
 }
 
+/* Keys in a file store directory (its few ".lock.NN" stripe files are the store's, not
+ * anybody's keys). */
+static int count_keys(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 /* Runs of a 3-rank job on one directory with the default transport (shm between local
  * ranks): a clean run, a rerun, a crashed run, a rerun, another crash (rank 0, which
  * holds the instance record), a rerun. */
@@ -350,33 +366,64 @@ END_TEST
 
 /* ---- a finished job leaves no keys ---- */
 
+static int litter_port;
+
 static int rank_litter(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    (void)arg;
+    const int tcp = *(const int *)arg;
     for (int k = 0; k < 3; k++) {
-        int rc = job_rank(0, rank, nranks, dir, NULL, NULL);
+        int rc;
+        if (tcp) {
+            /* a job on a tcp store this test's process serves */
+            tutti_store_t *store;
+            FAIL_IF(tutti_store_open_tcp(&store, "127.0.0.1", litter_port, 0, 10000) != 0,
+                    "tcp store");
+            tutti_comm_t *comm = NULL;
+            FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, NULL) != 0, "init");
+            int32_t v = 1;
+            FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM) != 0 ||
+                        v != nranks,
+                    "allreduce");
+            tutti_comm_destroy(comm);
+            tutti_store_close(store);
+            rc = 0;
+        } else {
+            rc = job_rank(0, rank, nranks, dir, NULL, NULL);
+        }
         FAIL_IF(rc != 0, "run %d exited %d", k, rc);
     }
     return 0;
 }
 
+/* Three runs of a job, one after the other, then nothing of theirs is left in the store:
+ * neither the instances' keys (transport addresses, claims, counters, cost model, host
+ * ids) nor their records. */
 START_TEST(no_litter)
 {
+    int tcp = _i;
     char dir[] = "/tmp/tt-session-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    th_spec_t spec = {.nranks = 3, .fn = rank_litter, .timeout_ms = 30000, .flags = TH_NO_COMM,
-                      .store_dir = dir};
+    tutti_store_t *server = NULL;
+    if (tcp) {
+        ck_assert_int_eq(tutti_store_open_tcp(&server, "127.0.0.1", 0, 1, 10000), 0);
+        litter_port = tutti_store_port(server);
+    }
+    th_spec_t spec = {.nranks = 3, .fn = rank_litter, .arg = &tcp, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM, .store_dir = dir};
     int rc = th_run_ex(&spec, NULL);
-    int left = count_entries(dir);
+    long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_keys(dir);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "ls -la %s >&2; rm -rf %s", dir, dir);
-    if (left)
+    if (left && !tcp)
         ck_assert_int_eq(system(cmd), 0);
     else
         rmdir(dir);
+    if (server)
+        tutti_store_close(server);
     ck_assert_int_eq(rc, 0);
-    ck_assert_msg(left == 0, "3 finished runs left %d entries in the store directory", left);
+    ck_assert_msg(left == 0, "3 finished runs left %ld keys in the %s store", left,
+                  tcp ? "tcp" : "file");
 }
 END_TEST
 
@@ -395,7 +442,7 @@ int main(void)
     add(s, "two_jobs_without_ids", two_jobs_without_ids, 2);
     add(s, "rerun_in_place", rerun_in_place, 1);
     add(s, "destroy_init_cycles", destroy_init_cycles, 2);
-    add(s, "no_litter", no_litter, 1);
+    add(s, "no_litter", no_litter, 2);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
