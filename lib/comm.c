@@ -473,6 +473,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
      * and each run of it (instance) its own within that (job.c). */
     const char *job_src;
     tt_job_id(comm->opts.job_id, comm->job_id, sizeof(comm->job_id), &job_src);
+    comm->job_src = job_src;
     char base[512];
     if (comm->opts.prefix)
         snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix,

@@ -48,6 +48,7 @@ struct tutti_comm {
     tutti_store_t *job_store;
     char job_base[512];
     char job_id[80];
+    const char *job_src;      /* where the job id came from ("TUTTI_JOB_ID", ...) */
     char nonce[40];
     char record[768];
     char *secret;             /* the job secret (NULL: authentication off) */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,16 +49,28 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
         src = "TORCHELASTIC_RUN_ID";
     }
     size_t n = strlen(buf);
+    int replaced = 0;
+    uint8_t raw_hash[TT_SHA256_LEN];
+    tt_sha256_t rc;
+    tt_sha256_init(&rc);
+    tt_sha256_update(&rc, buf, n);
+    tt_sha256_final(&rc, raw_hash);
     for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)buf[i]) && buf[i] != '.' && buf[i] != '-' && buf[i] != '_')
+        if (!isalnum((unsigned char)buf[i]) && buf[i] != '.' && buf[i] != '-' && buf[i] != '_') {
             buf[i] = '_';
+            replaced = 1;
+        }
+    if (replaced && n <= JOB_ID_MAX - 9) {
+        /* "a/b c" and "a_b_c" must stay two jobs: a hash of the raw id tells them apart */
+        snprintf(buf + n, sizeof(buf) - n, "~%02x%02x%02x%02x", raw_hash[0], raw_hash[1],
+                 raw_hash[2], raw_hash[3]);
+        n += 9;
+    } else if (replaced) {
+        n = JOB_ID_MAX + 1; /* shortened below, with the raw id's hash */
+    }
     if (n > JOB_ID_MAX) {
-        /* keep it readable and unique: a head, then a hash of the whole */
-        uint8_t h[TT_SHA256_LEN];
-        tt_sha256_t c;
-        tt_sha256_init(&c);
-        tt_sha256_update(&c, buf, n);
-        tt_sha256_final(&c, h);
+        /* keep it readable and unique: a head, then a hash of the raw id */
+        const uint8_t *h = raw_hash;
         char tail[20];
         for (int i = 0; i < 8; i++)
             snprintf(tail + 2 * i, 3, "%02x", h[i]);
@@ -75,10 +88,21 @@ typedef struct job_rec {
     int nranks;
     long pid;
     unsigned long long start; /* the process's start (clock ticks since boot) */
-    long long created_ms;     /* CLOCK_REALTIME */
+    unsigned long long pidns; /* its pid namespace (inode of /proc/self/ns/pid) */
+    long long created_ms;     /* CLOCK_REALTIME of its host */
     int timeout_ms;
     char host[256];
 } job_rec_t;
+
+/* Clocks of two hosts may differ; an instance whose creation lies further in the future
+ * than this is taken for garbage (never waited for). */
+#define JOB_MAX_SKEW_MS 60000LL
+
+static unsigned long long my_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
+}
 
 static long long realtime_ms(void)
 {
@@ -111,19 +135,27 @@ static unsigned long long proc_start(long pid)
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
-    return snprintf(buf, len, "tutti-instance 1 %s %d %ld %llu %lld %d %s", r->nonce,
-                    r->nranks, r->pid, r->start, r->created_ms, r->timeout_ms, r->host);
+    return snprintf(buf, len, "tutti-instance 2 %s %d %ld %llu %llu %lld %d %s", r->nonce,
+                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms,
+                    r->host);
 }
 
 static int rec_parse(const char *s, job_rec_t *r)
 {
     int off = 0;
     memset(r, 0, sizeof(*r));
-    if (sscanf(s, "tutti-instance 1 %39s %d %ld %llu %lld %d %n", r->nonce, &r->nranks, &r->pid,
-               &r->start, &r->created_ms, &r->timeout_ms, &off) < 6 || off == 0)
+    if (sscanf(s, "tutti-instance 2 %39s %d %ld %llu %llu %lld %d %n", r->nonce, &r->nranks,
+               &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, &off) < 7 ||
+        off == 0)
         return -1;
     snprintf(r->host, sizeof(r->host), "%s", s + off);
-    return r->nranks > 0 && r->timeout_ms > 0 ? 0 : -1;
+    return r->nranks > 0 && r->timeout_ms > 0 && r->pid > 0 ? 0 : -1;
+}
+
+/* Can this process see r's rank 0 in /proc (same host and pid namespace)? */
+static int rec_local(const job_rec_t *r, const char *my_host)
+{
+    return !strcmp(r->host, my_host) && r->pidns && r->pidns == my_pidns();
 }
 
 static void rec_describe(const job_rec_t *r, char *buf, size_t len)
@@ -137,16 +169,20 @@ static void rec_describe(const job_rec_t *r, char *buf, size_t len)
              r->nonce, r->nranks, r->pid, r->host, when);
 }
 
-/* Dead: its rank 0 is gone (known only on the same host), or its start is older than
- * its own timeout (every rank's set-up has ended by then, one way or the other). */
+/* Dead: its rank 0 is gone (seen where its pid is visible: same host and pid
+ * namespace), or its creation is older than its own timeout (every rank's set-up has
+ * ended by then, one way or the other; across hosts this trusts the clocks to agree
+ * within a second or two), or lies implausibly far in the future. */
 static int rec_stale(const job_rec_t *r, const char *my_host)
 {
-    if (!strcmp(r->host, my_host)) {
+    if (rec_local(r, my_host)) {
         unsigned long long st = proc_start(r->pid);
-        if (st == 0 || st != r->start)
-            return 1;
+        return st == 0 || st != r->start;
     }
-    return realtime_ms() > r->created_ms + r->timeout_ms + 2000;
+    long long now = realtime_ms();
+    if (r->created_ms > now + JOB_MAX_SKEW_MS)
+        return 1;
+    return now - r->created_ms > (long long)r->timeout_ms + 2000;
 }
 
 /* When this process started, in CLOCK_REALTIME milliseconds. */
@@ -202,6 +238,34 @@ static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *d
     snprintf(err, errlen, "rank 0 of %s failed its set-up: %s", desc, *end ? end + 1 : "");
     free(v);
     return (int)st;
+}
+
+/* A slot's claim names its process, so that a claim of a dead process (a rank restarted
+ * in place) can be taken over and this process's own earlier claim is not a contest. */
+typedef struct job_claim {
+    long pid;
+    unsigned long long start, pidns;
+    char nonce[40];
+    char host[256];
+} job_claim_t;
+
+static int claim_format(char *buf, size_t len, const char *host, const char *nonce)
+{
+    long pid = (long)getpid();
+    return snprintf(buf, len, "claim 1 %ld %llu %llu %s %s", pid, proc_start(pid), my_pidns(),
+                    nonce, host);
+}
+
+static int claim_parse(const char *s, size_t len, job_claim_t *c)
+{
+    int off = 0;
+    memset(c, 0, sizeof(*c));
+    if (!len || s[len - 1] != '\0' ||
+        sscanf(s, "claim 1 %ld %llu %llu %39s %n", &c->pid, &c->start, &c->pidns, c->nonce,
+               &off) < 4 || off == 0)
+        return -1;
+    snprintf(c->host, sizeof(c->host), "%s", s + off);
+    return 0;
 }
 
 static int slot_key(char *buf, size_t len, const char *nonce, int rank)
@@ -272,6 +336,15 @@ static int rec_setup_failed(tutti_store_t *js, const job_rec_t *r)
     return tutti_store_check(js, &k, 1, &exists) == 0 && exists;
 }
 
+static int rec_contested(tutti_store_t *js, const job_rec_t *r)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s/contested", r->nonce);
+    const char *k = key;
+    int exists = 0;
+    return tutti_store_check(js, &k, 1, &exists) < 0 || exists;
+}
+
 static void contest(tutti_store_t *js, const job_rec_t *r, const char *why)
 {
     char key[96];
@@ -319,8 +392,8 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
 {
     tutti_store_t *js = comm->job_store;
     job_rec_t me = {.nranks = comm->nranks, .pid = (long)getpid(),
-                    .start = proc_start((long)getpid()), .created_ms = realtime_ms(),
-                    .timeout_ms = comm->opts.timeout_ms};
+                    .start = proc_start((long)getpid()), .pidns = my_pidns(),
+                    .created_ms = realtime_ms(), .timeout_ms = comm->opts.timeout_ms};
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
     snprintf(me.host, sizeof(me.host), "%s", my_host);
     rec_format(&me, comm->record, sizeof(comm->record));
@@ -343,7 +416,7 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                 TT_INFO("job: replacing %s %s", fin ? "finished" : stale ? "dead" : "failed",
                         desc);
                 replace = 2; /* its keys go once the record no longer names it */
-            } else if (rec_ready(js, &r)) {
+            } else if (rec_ready(js, &r) && !rec_contested(js, &r)) {
                 /* running: its ranks are all set up, none can join us by mistake */
                 TT_INFO("job: %s is running; this job takes the record over", desc);
                 replace = 1;
@@ -396,17 +469,21 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     return TUTTI_OK;
 }
 
+static void reject_nonce(char rejected[][40], int *nrej, const char *nonce)
+{
+    snprintf(rejected[*nrej % JOB_REJECT_MAX], 40, "%s", nonce);
+    (*nrej)++;
+}
+
 static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
                           char *err, size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
     char rejected[JOB_REJECT_MAX][40];
-    int nrej = 0, dead_only = 1;
+    int nrej = 0, dead_only = 1, poll_ms = JOB_POLL_MS;
     char why[768] = "";
     char claim[384];
-    snprintf(claim, sizeof(claim), "pid %ld host %s claim %s", (long)getpid(), my_host,
-             comm->nonce);
-    size_t claim_len = strlen(claim) + 1;
+    size_t claim_len = (size_t)claim_format(claim, sizeof(claim), my_host, comm->nonce) + 1;
     for (;;) {
         int left = tt_ms_left(deadline);
         if (left <= 0)
@@ -424,96 +501,134 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         job_rec_t r;
         int ok = clen > 1 && rec_parse(cur, &r) == 0;
         int known = 0;
-        for (int i = 0; ok && i < nrej; i++)
+        for (int i = 0; ok && i < TT_MIN(nrej, JOB_REJECT_MAX); i++)
             known |= !strcmp(rejected[i], r.nonce);
         if (!ok || known) {
+            /* nothing (new) to join yet: back off, a late rank 0 may be minutes away */
             free(cur);
-            sleep_ms(JOB_POLL_MS);
+            sleep_ms(TT_MIN(poll_ms, tt_ms_left(deadline)));
+            poll_ms = TT_MIN(poll_ms * 2, 100);
             continue;
         }
+        poll_ms = JOB_POLL_MS;
         char desc[512];
         rec_describe(&r, desc, sizeof(desc));
-        int reject = 0;
         if (r.nranks != comm->nranks) {
-            snprintf(why, sizeof(why), "%s has %d ranks, this one %d", desc, r.nranks,
-                     comm->nranks);
-            reject = 1;
-            dead_only = 0;
-        } else if (rec_stale(&r, my_host)) {
+            if (!rec_stale(&r, my_host) && !rec_finished(js, &r)) {
+                snprintf(err, errlen,
+                         "store %s, prefix %s: %s, but this rank was told the job has %d: the "
+                         "ranks disagree on the world size (or another job uses this store)",
+                         comm->store_url, comm->job_base, desc, comm->nranks);
+                free(cur);
+                return TUTTI_ERR_MISMATCH;
+            }
+            reject_nonce(rejected, &nrej, r.nonce); /* a previous run's */
+            free(cur);
+            continue;
+        }
+        if (rec_stale(&r, my_host) || rec_setup_failed(js, &r)) {
             int fst = rec_failed_setup(js, &r, desc, err, errlen);
             if (fst < 0) {
                 free(cur);
                 return fst;
             }
             snprintf(why, sizeof(why), "%s is gone", desc);
-            reject = 1;
-        } else {
-            char key[96];
-            slot_key(key, sizeof(key), r.nonce, comm->rank);
-            void *holder = NULL;
-            size_t hlen = 0;
-            st = tutti_store_compare_set(js, key, "", 0, claim, claim_len, &holder, &hlen);
-            if (st < 0) {
-                free(cur);
-                snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
-                         tutti_store_last_error(js));
-                return st;
-            }
-            if (hlen == claim_len && !memcmp(holder, claim, claim_len)) {
-                free(holder);
-                /* Still the record? A last leaver or a new rank 0 replaces the record
-                 * before removing an instance's keys (claims included): a claim made in
-                 * between is in a dead namespace. */
-                if (!record_still(js, cur, clen)) {
-                    tt_store_compare_delete(js, key, claim, claim_len);
-                    snprintf(rejected[nrej % JOB_REJECT_MAX], sizeof(rejected[0]), "%s",
-                             r.nonce);
-                    nrej++;
-                    free(cur);
-                    continue;
-                }
-                snprintf(comm->record, sizeof(comm->record), "%s", (char *)cur);
-                snprintf(comm->nonce, sizeof(comm->nonce), "%s", r.nonce);
-                free(cur);
-                return TUTTI_OK;
-            }
-            snprintf(why, sizeof(why), "rank %d of %s is already taken (%.*s)", comm->rank,
-                     desc, (int)TT_MIN(hlen, 200), holder ? (char *)holder : "");
-            free(holder);
-            if (!rec_ready(js, &r) && record_still(js, cur, clen)) {
-                char c[1024];
-                snprintf(c, sizeof(c),
-                         "a second rank %d (pid %ld on host %s) tried to join this job "
-                         "instance while it was starting: ranks of two jobs may have met; "
-                         "give each job its own TUTTI_JOB_ID",
-                         comm->rank, (long)getpid(), my_host);
-                contest(js, &r, c);
-            }
-            reject = 1;
-            dead_only = 0;
-        }
-        if (reject) {
             TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
-            snprintf(rejected[nrej % JOB_REJECT_MAX], sizeof(rejected[0]), "%s", r.nonce);
-            nrej++;
+            reject_nonce(rejected, &nrej, r.nonce);
+            free(cur);
+            continue;
         }
+        char key[96];
+        slot_key(key, sizeof(key), r.nonce, comm->rank);
+        void *holder = NULL;
+        size_t hlen = 0;
+        st = tutti_store_compare_set(js, key, "", 0, claim, claim_len, &holder, &hlen);
+        job_claim_t h;
+        if (st == 0 && !(hlen == claim_len && !memcmp(holder, claim, claim_len)) &&
+            claim_parse(holder, hlen, &h) == 0 && !strcmp(h.host, my_host) &&
+            h.pidns == my_pidns() && h.pid != (long)getpid()) {
+            unsigned long long hs = proc_start(h.pid);
+            if (hs == 0 || hs != h.start) {
+                /* its holder died: this rank was restarted in place; take the slot */
+                TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it",
+                        comm->rank, desc, h.pid);
+                void *expected = holder;
+                size_t elen = hlen;
+                holder = NULL;
+                st = tutti_store_compare_set(js, key, expected, elen, claim, claim_len, &holder,
+                                             &hlen);
+                free(expected);
+            }
+        }
+        if (st < 0) {
+            free(cur);
+            snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
+                     tutti_store_last_error(js));
+            return st;
+        }
+        if (hlen == claim_len && !memcmp(holder, claim, claim_len)) {
+            free(holder);
+            /* Still the record? A last leaver or a new rank 0 replaces the record before
+             * removing an instance's keys (claims included): a claim made in between is
+             * in a dead namespace. */
+            if (!record_still(js, cur, clen)) {
+                tt_store_compare_delete(js, key, claim, claim_len);
+                reject_nonce(rejected, &nrej, r.nonce);
+                free(cur);
+                continue;
+            }
+            snprintf(comm->record, sizeof(comm->record), "%s", (char *)cur);
+            snprintf(comm->nonce, sizeof(comm->nonce), "%s", r.nonce);
+            free(cur);
+            return TUTTI_OK;
+        }
+        int own = claim_parse(holder, hlen, &h) == 0 && h.pid == (long)getpid() &&
+                  !strcmp(h.host, my_host) && h.pidns == my_pidns();
+        snprintf(why, sizeof(why), "rank %d of %s is already taken (%.*s)", comm->rank, desc,
+                 (int)TT_MIN(hlen, 300), holder ? (char *)holder : "");
+        free(holder);
+        dead_only = 0;
+        if (!own && !rec_ready(js, &r) && record_still(js, cur, clen)) {
+            /* two ranks r while it starts: two jobs share the prefix; both fail */
+            char c[1024];
+            snprintf(c, sizeof(c),
+                     "a second rank %d (pid %ld on host %s) tried to join this job instance "
+                     "while it was starting: ranks of two jobs may have met; give each job "
+                     "its own TUTTI_JOB_ID",
+                     comm->rank, (long)getpid(), my_host);
+            contest(js, &r, c);
+            snprintf(err, errlen,
+                     "store %s, prefix %s: %s, which is still starting: another job uses this "
+                     "store prefix; give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or "
+                     "store)",
+                     comm->store_url, comm->job_base, why);
+            free(cur);
+            return TUTTI_ERR_IN_USE;
+        }
+        /* a running job's slot, or this process's previous communicator: wait for ours */
+        TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
+        reject_nonce(rejected, &nrej, r.nonce);
         free(cur);
     }
+    char self[160];
+    snprintf(self, sizeof(self), "this rank's job id: %s (from %s)",
+             comm->job_id[0] ? comm->job_id : "none", comm->job_src ? comm->job_src : "?");
     if (nrej && dead_only)
         snprintf(err, errlen,
                  "store %s, prefix %s: %s, and no newer instance of this job appeared within "
-                 "%d ms (did this job's rank 0 fail or not start?)",
-                 comm->store_url, comm->job_base, why, comm->opts.timeout_ms);
+                 "%d ms (did this job's rank 0 fail or not start?); %s",
+                 comm->store_url, comm->job_base, why, comm->opts.timeout_ms, self);
     else if (nrej)
         snprintf(err, errlen,
                  "store %s, prefix %s: already used by another job, and no instance of this "
                  "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
-                 "TUTTI_PREFIX, or store)",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, why);
+                 "TUTTI_PREFIX, or store); %s",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, why, self);
     else
         snprintf(err, errlen,
-                 "store %s: rank 0 did not create a job instance at %sinstance within %d ms",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms);
+                 "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
+                 "(%s; rank 0 must have the same)",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self);
     return nrej && !dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
@@ -545,8 +660,7 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
         char key[96];
         slot_key(key, sizeof(key), comm->nonce, 0);
         char claim[384];
-        int n = snprintf(claim, sizeof(claim), "pid %ld host %s claim %s", (long)getpid(), host,
-                         comm->nonce);
+        int n = claim_format(claim, sizeof(claim), host, comm->nonce);
         if ((st = tutti_store_set(comm->job_store, key, claim, (size_t)n + 1)) < 0) {
             snprintf(err, errlen, "claiming rank 0: %s", tutti_store_last_error(comm->job_store));
             return st;
@@ -557,12 +671,34 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
     return open_views(comm, store, base, err, errlen);
 }
 
+/* Contested? 0 no, 1 yes (message in err), < 0 the store failed (message in err). */
+static int read_contest(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s/contested", comm->nonce);
+    void *v = NULL;
+    size_t len = 0;
+    int st = get_now(comm->job_store, key, &v, &len);
+    if (st == TUTTI_ERR_NOT_FOUND)
+        return 0;
+    if (st < 0) {
+        snprintf(err, errlen, "store %s: checking that no other job contested this instance: %s",
+                 comm->store_url, tutti_store_last_error(comm->job_store));
+        return st;
+    }
+    snprintf(err, errlen, "store %s, prefix %s: %s", comm->store_url, comm->job_base,
+             (char *)v);
+    free(v);
+    return 1;
+}
+
 int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen)
 {
     /* Without a job id, nothing tells two jobs' ranks apart but their timing: keep the
      * instance open to contest for a while after its creation, so that the other job's
-     * rank 0 or a second claimant of a slot that arrives meanwhile is seen. */
-    if (!comm->job_id[0] && comm->opts.job_settle_ms > 0) {
+     * rank 0 or a second claimant of a slot that arrives meanwhile is seen. (A single
+     * rank meets nobody.) */
+    if (!comm->job_id[0] && comm->opts.job_settle_ms > 0 && comm->nranks > 1) {
         job_rec_t r;
         if (rec_parse(comm->record, &r) == 0) {
             long long wait = r.created_ms + comm->opts.job_settle_ms - realtime_ms();
@@ -572,27 +708,24 @@ int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen)
                 sleep_ms((int)wait);
         }
     }
-    char key[96];
-    snprintf(key, sizeof(key), "%s/ready", comm->nonce);
-    int64_t ready = 0;
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
-    tutti_store_add(comm->job_store, key, 1, &ready);
-    snprintf(key, sizeof(key), "%s/contested", comm->nonce);
-    const char *k = key;
-    int exists = 0;
-    int st = tutti_store_check(comm->job_store, &k, 1, &exists);
-    if (st < 0 || !exists) {
-        tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
-        return TUTTI_OK;
+    /* Fail closed: a contest that cannot be read may be one. Check, count this rank
+     * ready (from then on a later job may take the record over rather than contest),
+     * and check again for a contest that raced the count. */
+    int st = read_contest(comm, err, errlen);
+    if (st == 0) {
+        char key[96];
+        snprintf(key, sizeof(key), "%s/ready", comm->nonce);
+        int64_t ready = 0;
+        st = tutti_store_add(comm->job_store, key, 1, &ready);
+        if (st < 0)
+            snprintf(err, errlen, "store %s: counting this rank ready: %s", comm->store_url,
+                     tutti_store_last_error(comm->job_store));
+        else
+            st = read_contest(comm, err, errlen);
     }
-    void *v = NULL;
-    size_t len = 0;
-    st = tutti_store_get(comm->job_store, key, &v, &len, tt_comm_quick_ms(comm));
     tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
-    snprintf(err, errlen, "store %s, prefix %s: %s", comm->store_url, comm->job_base,
-             st == 0 ? (char *)v : "another job contested this instance");
-    free(v);
-    return TUTTI_ERR_IN_USE;
+    return st == 1 ? TUTTI_ERR_IN_USE : st < 0 ? st : TUTTI_OK;
 }
 
 void tt_job_leave(tutti_comm_t *comm)
