@@ -1,0 +1,430 @@
+/* Review of job identity (lib/job.c): reproductions of defects, each failing on the code
+ * it was written against (676abfb). See the review report for the analysis. */
+#include <check.h>
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* CLOCK_REALTIME of this process, shifted by clock_skew_s seconds (set in one rank only):
+ * a host whose wall clock is off. Every other clock, and every other process, untouched. */
+static volatile long clock_skew_s;
+int clock_gettime(clockid_t c, struct timespec *ts)
+{
+    int r = (int)syscall(SYS_clock_gettime, c, ts);
+    if (r == 0 && c == CLOCK_REALTIME)
+        ts->tv_sec += clock_skew_s;
+    return r;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
+       JR_WRONG = 20, JR_SKIP = 77 };
+
+typedef struct jr {
+    const char *job_id;    /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
+    const char *transport;
+    const char *host_id;   /* NULL: the real one */
+    int timeout_ms;
+    const char *url;       /* a store URL (NULL: the file store in dir) */
+} jr_t;
+
+/* One rank of job `job`: init on the file store in dir, 5 allreduces of job*1000+rank+1
+ * checked against its own job's sum, destroy. */
+static int job_rank(int job, int rank, int nranks, const char *dir, const jr_t *j)
+{
+    if (!j->job_id)
+        unsetenv("TUTTI_JOB_ID");
+    else if (*j->job_id)
+        setenv("TUTTI_JOB_ID", j->job_id, 1);
+    tutti_store_t *store;
+    if ((j->url ? tutti_store_open(&store, j->url, NULL)
+                : tutti_store_open_file(&store, dir, 10000)) != 0)
+        return JR_INIT_OTHER;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = j->timeout_ms;
+    o.transport = j->transport;
+    o.host_id = j->host_id;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    if (st != 0) {
+        tutti_store_close(store);
+        fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
+        return st == TUTTI_ERR_IN_USE ? JR_IN_USE : st == TUTTI_ERR_TIMEOUT ? JR_TIMEOUT
+                                                                           : JR_INIT_OTHER;
+    }
+    int64_t expect = 0;
+    for (int r = 0; r < nranks; r++)
+        expect += job * 1000 + r + 1;
+    int rc = JR_OK;
+    for (int i = 0; i < 5 && rc == JR_OK; i++) {
+        int64_t v = job * 1000 + rank + 1;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT64, TUTTI_SUM);
+        if (st != 0) {
+            fprintf(stderr, "job %d rank %d: allreduce: %s\n", job, rank,
+                    tutti_comm_last_error(comm));
+            rc = JR_OP_FAILED;
+        } else if (v != expect) {
+            fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
+                    "ranks of two jobs met\n", job, rank, (long long)v, (long long)expect);
+            rc = JR_WRONG;
+        }
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+/* ---- 1. a rank that lost its slot to another job joins that job's next instance ----
+ *
+ * A0 creates A's instance; B1 (the other job, started 10 ms later) claims slot 1 in it;
+ * A1 finds slot 1 taken, contests A and waits for "its" rank 0; A0 and B1 fail (or, with
+ * ids, already ran together); B0, 500 ms later, finds A ready/finished and replaces it;
+ * A1 joins B0's instance: A1 and B0 form a communicator and sum each other's tensors. */
+
+typedef struct two {
+    const char *id;   /* both jobs' id (NULL: none) */
+    int delay_ms[4];  /* A0 A1 B0 B1 */
+} two_t;
+
+static int rank_two(int hr, int total, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)total;
+    (void)unused;
+    const two_t *t = arg;
+    sleep_ms(t->delay_ms[hr]);
+    jr_t j = {.job_id = t->id, .transport = "tcp", .timeout_ms = 4000};
+    return job_rank(hr / 2, hr % 2, 2, dir, &j);
+}
+
+START_TEST(rejected_rank_joins_next_job)
+{
+    two_t t = {.id = _i ? "same-id" : NULL, .delay_ms = {0, 30, 500, 10}};
+    th_spec_t spec = {.nranks = 4, .fn = rank_two, .arg = &t, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[4];
+    th_run_ex(&spec, codes);
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(codes[i] != JR_WRONG, "%s: job %c rank %d met the other job's ranks",
+                      _i ? "both jobs with one id" : "id-less jobs", 'A' + i / 2, i % 2);
+}
+END_TEST
+
+/* ---- 2. rank 0 retries init in the same process after its first attempt failed ----
+ *
+ * Its failed instance is neither finished, ready nor dead (its rank 0, this very
+ * process, is alive): the retry fails with TUTTI_ERR_IN_USE naming itself. */
+
+static int rank_retry(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 4000};
+    if (rank == 1) {
+        sleep_ms(1500); /* after rank 0's first attempt gave up, during its second */
+        return job_rank(0, rank, nranks, dir, &j);
+    }
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 1000;
+    o.transport = "tcp";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st == 0, "the first attempt should time out (rank 1 is not there yet)");
+    tutti_store_close(store); /* a new store handle for the retry, as init_env would */
+    int rc = job_rank(0, rank, nranks, dir, &j);
+    FAIL_IF(rc != JR_OK, "the retry failed (%d)", rc);
+    return 0;
+}
+
+START_TEST(root_retries_after_failed_init)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_retry, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[2];
+    th_run_ex(&spec, codes);
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
+                  codes[1]);
+}
+END_TEST
+
+/* ---- 3. ranks on one host in different pid namespaces (containers sharing the host's
+ * name and kernel: host networking) ----
+ *
+ * The record's pid is looked up in the reader's /proc: rank 1 finds no such process (or
+ * another one) and judges its own job's live instance dead. */
+
+static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    if (rank == 0)
+        return job_rank(0, rank, nranks, dir, &j);
+    sleep_ms(100);
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
+        fprintf(stderr, "rank 1: unshare: %s: skipping\n", strerror(errno));
+        return JR_SKIP;
+    }
+    FAIL_IF(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0, "mount private");
+    pid_t pid = fork();
+    FAIL_IF(pid < 0, "fork");
+    if (pid == 0) { /* pid 1 of the new namespace, with its own /proc */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (mount("proc", "/proc", "proc", 0, NULL) != 0)
+            _exit(JR_SKIP);
+        _exit(job_rank(0, rank, nranks, dir, &j));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+START_TEST(rank_in_own_pid_namespace)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_pidns, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[2];
+    th_run_ex(&spec, codes);
+    if (codes[1] == JR_SKIP)
+        return;
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
+                  codes[1]);
+}
+END_TEST
+
+/* ---- 4. wall clocks that differ between hosts ----
+ *
+ * Rank 1's host clock is 10 s ahead of rank 0's (timeout 2 s): it reads rank 0's fresh
+ * record as older than timeout + 2 s, judges it dead, and never joins its own job. */
+
+static int rank_skew(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 2000,
+              .host_id = rank ? "host-b" : "host-a"};
+    if (rank == 1)
+        clock_skew_s = 10;
+    return job_rank(0, rank, nranks, dir, &j);
+}
+
+START_TEST(clock_skew_between_hosts)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_skew, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[2];
+    th_run_ex(&spec, codes);
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
+                  codes[1]);
+}
+END_TEST
+
+/* ---- 5. a rank restarted during set-up, after its first process claimed its slot and
+ * died ----
+ *
+ * The claim names a pid on this host that no longer exists, yet the new process never
+ * gets the slot: it waits the whole timeout and fails with TUTTI_ERR_IN_USE ("already
+ * used by another job"), and the others time out. */
+
+static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                        void *arg)
+{
+    (void)unused;
+    (void)arg;
+    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    if (rank == 1) {
+        /* the first rank 1: claims its slot, then dies */
+        pid_t dead = fork();
+        FAIL_IF(dead < 0, "fork");
+        if (dead == 0)
+            _exit(0);
+        waitpid(dead, NULL, 0);
+        tutti_store_t *store;
+        FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+        char base[256], key[512];
+        snprintf(base, sizeof(base), "tutti/job/%s/comm0/", getenv("TUTTI_JOB_ID"));
+        FAIL_IF(th_comm_key(store, base, "claim/1", key, sizeof(key), 3000) != 0,
+                "no instance record");
+        char rk[300];
+        snprintf(rk, sizeof(rk), "%sinstance", base);
+        void *rec = NULL;
+        size_t rlen = 0;
+        FAIL_IF(tutti_store_get(store, rk, &rec, &rlen, 1000) != 0, "record");
+        const char *host = rec; /* the record's last field: rank 0's host, this host */
+        for (int f = 0; f < 8 && host; f++)
+            host = strchr(host, ' ') ? strchr(host, ' ') + 1 : NULL;
+        FAIL_IF(!host, "record %s", (char *)rec);
+        char claim[512];
+        int n = snprintf(claim, sizeof(claim), "pid %d host %s claim 0123456789abcdef",
+                         (int)dead, host);
+        FAIL_IF(tutti_store_set(store, key, claim, (size_t)n + 1) != 0, "claim");
+        free(rec);
+        tutti_store_close(store);
+    }
+    return job_rank(0, rank, nranks, dir, &j);
+}
+
+START_TEST(restarted_rank_rejoins)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_restart, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[2];
+    th_run_ex(&spec, codes);
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
+                  codes[1]);
+}
+END_TEST
+
+/* ---- 6. the contest check fails open when the store is slow ----
+ *
+ * tt_job_check_contested returns TUTTI_OK when reading "<nonce>/contested" fails. Two
+ * id-less jobs meet (A0 with B1; A1 finds its slot taken and marks A contested), and
+ * the store server stalls for 6 s during their settle wait: their contest check errs,
+ * they return from init as one communicator and sum each other's tensors. */
+
+typedef struct slow {
+    char url[64];
+    pid_t server;
+} slow_t;
+
+static int rank_slow(int hr, int total, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)total;
+    (void)unused;
+    const slow_t *s = arg;
+    if (hr == 3) { /* the store stalls (a busy server, a paused VM, a slow network) */
+        sleep_ms(120);
+        kill(s->server, SIGSTOP);
+        sleep_ms(6000);
+        kill(s->server, SIGCONT);
+        return 0;
+    }
+    static const int delay[] = {0, 10, 30};      /* A0, B1, A1 */
+    static const int job[] = {0, 1, 0}, rank[] = {0, 1, 1};
+    sleep_ms(delay[hr]);
+    jr_t j = {.job_id = NULL, .transport = "tcp", .timeout_ms = 4000, .url = s->url};
+    return job_rank(job[hr], rank[hr], 2, dir, &j);
+}
+
+START_TEST(contest_check_fails_open)
+{
+    int pfd[2];
+    ck_assert_int_eq(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t server = fork();
+    ck_assert_int_ge(server, 0);
+    if (server == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        tutti_store_t *st;
+        int port = -1;
+        if (tutti_store_open_tcp(&st, "127.0.0.1", 0, 1, 5000) == 0)
+            port = tutti_store_port(st);
+        if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    int port = -1;
+    ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (int)sizeof(port));
+    ck_assert_int_gt(port, 0);
+    slow_t s = {.server = server};
+    snprintf(s.url, sizeof(s.url), "tcp://127.0.0.1:%d", port);
+    th_spec_t spec = {.nranks = 4, .fn = rank_slow, .arg = &s, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    int codes[4];
+    th_run_ex(&spec, codes);
+    kill(server, SIGCONT);
+    kill(server, SIGKILL);
+    waitpid(server, NULL, 0);
+    close(pfd[0]);
+    close(pfd[1]);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(codes[i] != JR_WRONG, "harness rank %d (A0, B1, A1) met the other job",
+                      i);
+}
+END_TEST
+
+/* ---- 7. destroy + init cycles with no collective in between ----
+ *
+ * tutti_comm_init_env (a new store handle each time, so the same prefix comm0) in a loop
+ * that only creates and destroys: rank 1 finishes cycle k and starts cycle k+1 while
+ * rank 0 of cycle k has not yet counted itself ready. Rank 1 reads cycle k's record,
+ * finds its slot taken (by its own earlier claim), sees the instance "starting" and
+ * contests it: rank 0 fails with TUTTI_ERR_IN_USE ("a second rank 1 ... ranks of two
+ * jobs may have met"), then rank 1 too. */
+
+static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    char url[600], num[16];
+    snprintf(url, sizeof(url), "file://%s", dir);
+    setenv("TUTTI_STORE", url, 1);
+    snprintf(num, sizeof(num), "%d", rank);
+    setenv("TUTTI_RANK", num, 1);
+    snprintf(num, sizeof(num), "%d", nranks);
+    setenv("TUTTI_WORLD_SIZE", num, 1);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 3000;
+    o.transport = "tcp";
+    for (int i = 0; i < 60; i++) {
+        tutti_comm_t *comm = NULL;
+        int st = tutti_comm_init_env(&comm, &o);
+        FAIL_IF(st != 0, "cycle %d: init: %s", i, tutti_status_name(st));
+        FAIL_IF(tutti_comm_destroy(comm) != 0, "cycle %d: destroy", i);
+    }
+    return 0;
+}
+
+START_TEST(cycles_without_collectives)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_nocoll, .timeout_ms = 40000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+static void add(Suite *s, const char *name, const TTest *t, int loops)
+{
+    TCase *tc = tcase_create(name); /* CK_RUN_CASE=name runs one */
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, t, 0, loops);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("job_review");
+    add(s, "rejected_rank_joins_next_job", rejected_rank_joins_next_job, 2);
+    add(s, "root_retries_after_failed_init", root_retries_after_failed_init, 1);
+    add(s, "rank_in_own_pid_namespace", rank_in_own_pid_namespace, 1);
+    add(s, "clock_skew_between_hosts", clock_skew_between_hosts, 1);
+    add(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1);
+    add(s, "contest_check_fails_open", contest_check_fails_open, 1);
+    add(s, "cycles_without_collectives", cycles_without_collectives, 1);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
