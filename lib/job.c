@@ -1,6 +1,7 @@
 /* Job identity: the job id, the instance record, slot claims, contest and leaving.
  * The design is the comment atop job.h. */
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -79,6 +80,54 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
     snprintf(out, len, "%s", buf);
     if (source_p)
         *source_p = src;
+}
+
+/* ---- this process's live instances ---- */
+
+/* Nonces of this process's communicators between join and leave: a record this process
+ * wrote for a communicator it has since destroyed is over from its side, although its
+ * pid is alive (destroy + init in a loop). */
+typedef struct live_inst {
+    char nonce[40];
+    struct live_inst *next;
+} live_inst_t;
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static live_inst_t *live_head;
+
+static void live_add(const char *nonce)
+{
+    live_inst_t *l = calloc(1, sizeof(*l));
+    if (!l)
+        return;
+    snprintf(l->nonce, sizeof(l->nonce), "%s", nonce);
+    pthread_mutex_lock(&live_lock);
+    l->next = live_head;
+    live_head = l;
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_remove(const char *nonce)
+{
+    pthread_mutex_lock(&live_lock);
+    for (live_inst_t **pp = &live_head; *pp; pp = &(*pp)->next) {
+        if (!strcmp((*pp)->nonce, nonce)) {
+            live_inst_t *l = *pp;
+            *pp = l->next;
+            free(l);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+static int live_has(const char *nonce)
+{
+    int found = 0;
+    pthread_mutex_lock(&live_lock);
+    for (live_inst_t *l = live_head; l && !found; l = l->next)
+        found = !strcmp(l->nonce, nonce);
+    pthread_mutex_unlock(&live_lock);
+    return found;
 }
 
 /* ---- the instance record ---- */
@@ -170,9 +219,9 @@ static void rec_describe(const job_rec_t *r, char *buf, size_t len)
 }
 
 /* Dead: its rank 0 is gone (seen where its pid is visible: same host and pid
- * namespace), or its creation is older than its own timeout (every rank's set-up has
- * ended by then, one way or the other; across hosts this trusts the clocks to agree
- * within a second or two), or lies implausibly far in the future. */
+ * namespace); else (another host) its creation is older than its own timeout plus the
+ * clock difference hosts may have (every rank's set-up has ended by then, one way or
+ * the other), or lies implausibly far in the future. */
 static int rec_stale(const job_rec_t *r, const char *my_host)
 {
     if (rec_local(r, my_host)) {
@@ -182,7 +231,8 @@ static int rec_stale(const job_rec_t *r, const char *my_host)
     long long now = realtime_ms();
     if (r->created_ms > now + JOB_MAX_SKEW_MS)
         return 1;
-    return now - r->created_ms > (long long)r->timeout_ms + 2000;
+    /* another host's clock: allow it to differ from ours by up to JOB_MAX_SKEW_MS */
+    return now - r->created_ms > (long long)r->timeout_ms + JOB_MAX_SKEW_MS;
 }
 
 /* When this process started, in CLOCK_REALTIME milliseconds. */
@@ -206,6 +256,7 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
 {
     if (!comm->job_store || !comm->nonce[0] || !comm->record[0])
         return;
+    live_remove(comm->nonce);
     char key[96], val[TT_ERRMSG_LEN + 16];
     snprintf(key, sizeof(key), "%s/init_failed/%d", comm->nonce, comm->rank);
     int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
@@ -412,7 +463,14 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
             rec_describe(&r, desc, sizeof(desc));
             int fin = rec_finished(js, &r), stale = !fin && rec_stale(&r, my_host);
             int failed = !fin && !stale && rec_setup_failed(js, &r);
-            if (fin || stale || failed) {
+            int mine_over = rec_local(&r, my_host) && r.pid == (long)getpid() &&
+                            !live_has(r.nonce);
+            if (mine_over && !fin && !stale && !failed) {
+                /* this process's own earlier communicator, destroyed: its other ranks
+                 * may still be finishing; the last of them removes its keys */
+                TT_INFO("job: %s was this process's earlier communicator; replacing it", desc);
+                replace = 1;
+            } else if (fin || stale || failed) {
                 TT_INFO("job: replacing %s %s", fin ? "finished" : stale ? "dead" : "failed",
                         desc);
                 replace = 2; /* its keys go once the record no longer names it */
@@ -666,6 +724,7 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
             return st;
         }
     }
+    live_add(comm->nonce);
     TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)",
             comm->nonce, base);
     return open_views(comm, store, base, err, errlen);
@@ -733,6 +792,7 @@ void tt_job_leave(tutti_comm_t *comm)
     tutti_store_t *js = comm->job_store;
     if (!js || !comm->nonce[0] || !comm->record[0])
         return;
+    live_remove(comm->nonce);
     tutti_store_set_timeout(js, tt_comm_quick_ms(comm));
     char key[96];
     snprintf(key, sizeof(key), "%s/left", comm->nonce);

@@ -261,7 +261,7 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
     if (tutti_store_get(store, k, &v, &vlen, timeout_ms) != 0)
         return -1;
     char nonce[64] = "";
-    int ok = sscanf((const char *)v, "tutti-instance 1 %63s", nonce) == 1;
+    int ok = sscanf((const char *)v, "tutti-instance %*d %63s", nonce) == 1;
     free(v);
     if (!ok)
         return -1;
