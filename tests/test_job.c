@@ -4,7 +4,6 @@
  * contest check, destroy + init cycles with nothing in between. Each case failed on
  * 676abfb (the first job identity commit). */
 
-
 #include <check.h>
 #include <errno.h>
 #include <sched.h>
