@@ -47,6 +47,19 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
                 size_t len, int timeout_ms);
 
+/* 1 in an AddressSanitizer build: freed memory sits in its quarantine, so RSS checks
+ * measure the sanitizer, not the code. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TH_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TH_ASAN 1
+#endif
+#endif
+#ifndef TH_ASAN
+#define TH_ASAN 0
+#endif
+
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
 
