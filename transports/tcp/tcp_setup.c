@@ -369,7 +369,7 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (%s)", tp->rank, c->who,
          why, tutti_strerror(status));
     char note[400];
-    snprintf(note, sizeof(note), "a connection from %s claiming it was refused: %s", c->who, why);
+    snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
     note_slot(s, c->peer, status, note);
     unsigned char *buf = c->wbuf[1];
     size_t n = 0;
@@ -437,9 +437,9 @@ static int hello_check(conn_t *c, char *why, size_t len)
         return TUTTI_ERR_CONFIG;
     }
     if (h->auth != (uint32_t)tp->auth) {
-        snprintf(why, len, "rank %d (%s) %s a job secret and rank %d %s: give every rank the "
-                 "same TUTTI_AUTH_TOKEN (or TUTTI_AUTH_TOKEN_FILE)", h->rank, c->who,
-                 h->auth ? "has" : "has no", tp->rank, tp->auth ? "has one" : "has none");
+        snprintf(why, len, "rank %d (%s) has %s job secret and rank %d has %s: give every rank "
+                 "the same TUTTI_AUTH_TOKEN (or TUTTI_AUTH_TOKEN_FILE)", h->rank, c->who,
+                 h->auth ? "a" : "no", tp->rank, tp->auth ? "one" : "none");
         return TUTTI_ERR_AUTH;
     }
     return TUTTI_OK;
@@ -555,7 +555,8 @@ static void incoming_verdict(conn_t *c)
         printable(why, sizeof(why), c->preason, c->pv.reason_len);
         LOGF(TUTTI_LOG_WARN, "tcp: %s (claiming rank %d) refused rank %d: %s", c->who, c->peer,
              tp->rank, why);
-        snprintf(note, sizeof(note), "%s refused this rank: %s", c->who, why);
+        snprintf(note, sizeof(note), "%s, claiming rank %d, refused rank %d: %s", c->who,
+                 c->peer, tp->rank, why);
         note_slot(s, c->peer, c->pv.status, note);
         conn_close(c);
         return;
@@ -771,8 +772,8 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
     setup_t *s = c->s;
     tcp_tp_t *tp = s->tp;
     char note[400];
-    snprintf(note, sizeof(note), "the last attempt to connect to %s failed %s: %s%s", c->who,
-             what, uv_strerror(uv_status),
+    snprintf(note, sizeof(note), "the last attempt to connect to rank %d (%s) failed %s: %s%s",
+             c->peer, c->who, what, uv_strerror(uv_status),
              uv_status == UV_EOF && c->ph.magic == 0 ? " (it closed without answering the "
                                                        "hello: an older tutti?)" : "");
     note_slot(s, c->peer, 0, note);
@@ -904,8 +905,7 @@ static void on_deadline(uv_timer_t *t)
                 status = s->notes[i].status; /* the likely cause, rather than the clock */
                 first = i;
             }
-            nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn, "; rank %d: %s", i,
-                                   s->notes[i].msg);
+            nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn, "; %s", s->notes[i].msg);
         }
     }
     setup_fail(s, status, first,
