@@ -753,6 +753,8 @@ static int tcp_identity(tcp_tp_t *tp)
             return host->error(host->ctx, st, -1, 0,
                                "tcp: the library cannot answer challenges (status %d)", st);
     }
+    host->log(host->ctx, TUTTI_LOG_INFO, "tcp: job instance \"%s\"; %s", tp->instance,
+              tp->auth ? "hellos prove the job secret" : "no job secret");
     return TUTTI_OK;
 }
 

@@ -313,7 +313,8 @@ static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer,
         rl = TCP_MAX_REASON;
     v.reason_len = (uint32_t)rl;
     memcpy(buf, &v, sizeof(v));
-    memcpy(buf + sizeof(v), reason, rl);
+    if (rl)
+        memcpy(buf + sizeof(v), reason, rl);
     return sizeof(v) + rl;
 }
 
@@ -366,8 +367,8 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (%s)", tp->rank, c->who,
-         why, tutti_strerror(status));
+    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (status %d)",
+         tp->rank, c->who, why, status);
     char note[400];
     snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
     note_slot(s, c->peer, status, note);
