@@ -898,6 +898,35 @@ START_TEST(checksummed_data_path)
 }
 END_TEST
 
+/* The same code built as libtutti-transport-tcp.so (nothing from libtutti but the
+ * host struct): checksums and the secret work there too. */
+static int rank_plugin(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpplugin", 15000);
+    o.transport = TT_BUILD_DIR "/lib/libtutti-transport-tcp.so";
+    o.checksum = "crc32c";
+    o.auth_token = "plugin-token";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init with the plugin: %s", tutti_status_name(st));
+    st = check_allreduce(rank, nranks, comm, 200000);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return st;
+}
+
+START_TEST(plugin_with_checksums_and_secret)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_plugin, .timeout_ms = 30000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 /* ======================= (d) a byte flipped in flight ======================= */
 
 /* A proxy spliced between rank 0 and the ranks that connect to it, by rewriting rank
@@ -1151,6 +1180,7 @@ static Suite *suite(void)
     tcase_add_test(tc, checksum_modes_must_agree);
     tcase_add_test(tc, unknown_checksum_is_a_config_error);
     tcase_add_test(tc, checksummed_data_path);
+    tcase_add_test(tc, plugin_with_checksums_and_secret);
     tcase_add_test(tc, flipped_byte_fails_every_rank_with_crc32c);
     tcase_add_test(tc, flipped_byte_is_silent_without_checksums);
     suite_add_tcase(s, tc);
