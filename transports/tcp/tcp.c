@@ -148,9 +148,10 @@ static int link_salvage_report(tcp_link_t *L)
 }
 
 /* Push queued sends until the socket would block. In checksum mode a payload is
- * followed by its CRC: computed up front for small payloads (one sendmsg for the whole
- * frame), else over the bytes each sendmsg took (still in cache), the trailer going
- * with the last of them. */
+ * followed by its CRC, computed a step ahead of what is sent (the bytes are then in
+ * cache when the kernel copies them), so the trailer always leaves in the same sendmsg
+ * as the last payload bytes: computed after them, it would trail in a segment of its
+ * own and cost the receiver a wake-up per message. */
 static void link_send(tcp_tp_t *tp, tcp_link_t *L)
 {
     const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
@@ -165,24 +166,28 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
             L->strail_off = 0;
             r->tp_private[1] = L;
         }
+        size_t upto = r->len; /* payload bytes that may go now */
+        if (tlen) {
+            if (L->scrc_upto == r->xfer && r->xfer < r->len) {
+                size_t n = TCP_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
+                if (r->len - r->xfer - n <= TCP_CSUM_EAGER_BYTES)
+                    n = r->len - r->xfer; /* no small step left behind */
+                L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + r->xfer, n);
+                L->scrc_upto = r->xfer + n;
+            }
+            upto = L->scrc_upto;
+        }
         struct iovec iov[3];
         int n = 0;
         if (L->shdr_off < sizeof(L->shdr))
             iov[n++] = (struct iovec){(char *)&L->shdr + L->shdr_off,
                                       sizeof(L->shdr) - L->shdr_off};
-        if (r->xfer < r->len)
-            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, r->len - r->xfer};
-        if (tlen) {
-            if (L->scrc_upto < r->len && r->len - L->scrc_upto <= TCP_CSUM_EAGER_BYTES) {
-                L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + L->scrc_upto,
-                                     r->len - L->scrc_upto);
-                L->scrc_upto = r->len;
-            }
-            if (L->scrc_upto == r->len) {
-                L->strail = L->scrc;
-                iov[n++] = (struct iovec){(char *)&L->strail + L->strail_off,
-                                          tlen - L->strail_off};
-            }
+        if (r->xfer < upto)
+            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, upto - r->xfer};
+        if (tlen && upto == r->len) {
+            L->strail = L->scrc;
+            iov[n++] = (struct iovec){(char *)&L->strail + L->strail_off,
+                                      tlen - L->strail_off};
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -201,12 +206,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
         size_t take = TCP_MIN(left, sizeof(L->shdr) - L->shdr_off);
         L->shdr_off += take;
         left -= take;
-        take = TCP_MIN(left, r->len - r->xfer);
-        if (take && tlen && L->scrc_upto < r->xfer + take) {
-            /* scrc_upto == xfer here: sent bytes are checksummed in order */
-            L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + r->xfer, take);
-            L->scrc_upto = r->xfer + take;
-        }
+        take = TCP_MIN(left, upto - r->xfer);
         r->xfer += take;
         left -= take;
         L->strail_off += left;
@@ -274,6 +274,30 @@ static int link_read_trailer(tcp_link_t *L, const char *what)
         L->rtrail_got += (size_t)r;
     }
     return L->rtrail_got == TCP_TRAILER_BYTES;
+}
+
+/* link_read over several buffers. */
+static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *what)
+{
+    for (;;) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r == 0) {
+            link_fail(L, TUTTI_ERR_PEER, 0,
+                      "rank %d (%s) closed the connection %s (did it exit, crash or get "
+                      "killed?)", L->peer, L->addr, what);
+            return -1;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
+                  L->peer, L->addr);
+        return -1;
+    }
 }
 
 /* Read headers and payloads for posted receives until the socket would block. In
@@ -401,24 +425,36 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                 }
             }
         }
-        if (q->xfer < q->len) {
+        if (!tlen && q->xfer < q->len) {
             ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
                                   "in the middle of a message");
             if (r <= 0)
                 return;
-            if (tlen)
-                L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, (size_t)r);
             q->xfer += (size_t)r;
             if (q->xfer < q->len)
                 continue;
         }
-        if (tlen) {
-            if (!link_read_trailer(L, "in the middle of a message"))
-                return; /* would block, or the link failed */
-            if (L->rcrc != L->rtrail) {
-                link_fail_payload_crc(L, L->rcrc);
+        if (tlen && (q->xfer < q->len || L->rtrail_got < tlen)) {
+            /* the rest of the payload and the trailer behind it, in one call */
+            struct iovec iov[2];
+            int n = 0;
+            if (q->xfer < q->len)
+                iov[n++] = (struct iovec){(char *)q->buf + q->xfer, q->len - q->xfer};
+            iov[n++] = (struct iovec){(char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got};
+            ssize_t r = link_readv(L, iov, n, "in the middle of a message");
+            if (r <= 0)
                 return;
-            }
+            size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
+            if (p)
+                L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
+            q->xfer += p;
+            L->rtrail_got += (size_t)r - p;
+            if (q->xfer < q->len || L->rtrail_got < tlen)
+                continue;
+        }
+        if (tlen && L->rcrc != L->rtrail) {
+            link_fail_payload_crc(L, L->rcrc);
+            return;
         }
         tp_req_pop(&L->rq_head, &L->rq_tail);
         q->status = 0;

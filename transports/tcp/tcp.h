@@ -33,9 +33,10 @@
  * 4-byte trailer after it) */
 enum { TCP_CSUM_NONE = 0, TCP_CSUM_CRC32C = 1 };
 #define TCP_TRAILER_BYTES 4
-/* payloads up to this size are checksummed before their first byte goes, so header,
- * payload and trailer leave in one sendmsg; larger ones as their bytes go */
-#define TCP_CSUM_EAGER_BYTES 65536
+/* the sender checksums a payload this far ahead of what it sends; a smaller rest is
+ * taken with the step before it */
+#define TCP_CSUM_STEP_BYTES (256u << 10)
+#define TCP_CSUM_EAGER_BYTES (64u << 10)
 
 /* On the wire, little-endian hosts assumed (checked at set-up through the hello). */
 typedef struct tcp_hdr {
