@@ -930,15 +930,21 @@ END_TEST
 /* ======================= (d) a byte flipped in flight ======================= */
 
 /* A proxy spliced between rank 0 and the ranks that connect to it, by rewriting rank
- * 0's address in the store. It forwards both ways and flips one bit of one payload
- * byte: inside the first run of rank 0's input (int32 7s) it sees, which only rank 0's
- * untouched contribution contains (with the ring, rank 0 sends it to rank 1). */
+ * 0's address in the store. It forwards both ways and flips one bit of one byte going
+ * from rank 0: of a payload, inside the first run of rank 0's input (int32 7s) it sees,
+ * which only rank 0's untouched contribution contains (with the ring, rank 0 sends it
+ * to rank 1); or of the first frame header (found by its magic, "TUTI"). */
 #define FLIP_PREFIX "tcpflip"
 #define FLIP_COUNT (1u << 20)
 
+typedef struct flip_case {
+    const char *checksum; /* TUTTI_CHECKSUM of the ranks */
+    int header;           /* flip in a frame header, not a payload */
+} flip_case_t;
+
 typedef struct flow {
     int from, to;
-    int scan; /* look for rank 0's input in this direction */
+    int scan; /* 1: look for rank 0's input in this direction; 2: for a frame header */
     int eof;
     size_t head, tail;
     unsigned char buf[1 << 18];
@@ -953,6 +959,14 @@ typedef struct splice {
 static int flip_once(flow_t *f, size_t from, size_t to)
 {
     static const uint8_t pat[4] = {7, 0, 0, 0};
+    if (f->scan == 2) {
+        for (size_t i = from; i + 32 <= to; i++)
+            if (!memcmp(f->buf + i, "TUTI", 4)) {
+                f->buf[i + 24] ^= 0x10; /* in the envelope (its fingerprint) */
+                return 1;
+            }
+        return 0;
+    }
     for (size_t i = from; i + 32 <= to; i++) {
         int run = 1;
         for (size_t j = 0; j < 32 && run; j++)
@@ -966,7 +980,7 @@ static int flip_once(flow_t *f, size_t from, size_t to)
     return 0;
 }
 
-static int rank_proxy(const char *dir)
+static int rank_proxy(const char *dir, int header)
 {
     tutti_store_t *store;
     if (tutti_store_open_file(&store, dir, 10000) != 0)
@@ -1023,7 +1037,7 @@ static int rank_proxy(const char *dir)
             if (cfd >= 0 && ufd >= 0) {
                 splice_t *x = calloc(1, sizeof(*x));
                 x->up = (flow_t){.from = cfd, .to = ufd};
-                x->down = (flow_t){.from = ufd, .to = cfd, .scan = 1};
+                x->down = (flow_t){.from = ufd, .to = cfd, .scan = header ? 2 : 1};
                 sp[nsp++] = x;
                 live++;
             }
@@ -1088,9 +1102,10 @@ static int rank_proxy(const char *dir)
 static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    const char *checksum = arg;
+    const flip_case_t *fc = arg;
+    const char *checksum = fc->checksum;
     if (rank == nranks - 1)
-        return rank_proxy(dir);
+        return rank_proxy(dir, fc->header);
     nranks--; /* the last process is the proxy */
     tutti_store_t *store;
     FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
@@ -1128,7 +1143,8 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
     if (checksum) {
         /* every rank fails, each naming the corrupted link */
         if (st != TUTTI_ERR_PROTOCOL || !strstr(err, "data corrupted on the link from rank 0") ||
-            !strstr(err, "to rank 1") || !strstr(err, "crc32c")) {
+            !strstr(err, "to rank 1") || !strstr(err, "crc32c check") ||
+            !strstr(err, fc->header ? "a frame header fails" : "the message of")) {
             fprintf(stderr, "rank %d: allreduce gave %s (%zu wrong elements): %s\n", rank,
                     tutti_status_name(st), wrong, err);
             rc = 1;
@@ -1148,7 +1164,17 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 START_TEST(flipped_byte_fails_every_rank_with_crc32c)
 {
-    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = "crc32c", .timeout_ms = 60000,
+    flip_case_t fc = {.checksum = "crc32c"};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(flipped_header_byte_fails_every_rank_with_crc32c)
+{
+    flip_case_t fc = {.checksum = "crc32c", .header = 1};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
@@ -1156,7 +1182,8 @@ END_TEST
 
 START_TEST(flipped_byte_is_silent_without_checksums)
 {
-    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = NULL, .timeout_ms = 60000,
+    flip_case_t fc = {.checksum = NULL};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
@@ -1182,6 +1209,7 @@ static Suite *suite(void)
     tcase_add_test(tc, checksummed_data_path);
     tcase_add_test(tc, plugin_with_checksums_and_secret);
     tcase_add_test(tc, flipped_byte_fails_every_rank_with_crc32c);
+    tcase_add_test(tc, flipped_header_byte_fails_every_rank_with_crc32c);
     tcase_add_test(tc, flipped_byte_is_silent_without_checksums);
     suite_add_tcase(s, tc);
     return s;
