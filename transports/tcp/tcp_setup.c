@@ -493,10 +493,13 @@ static void on_written(uv_write_t *w, int status)
     if (status == UV_ECANCELED || !c->open)
         return;
     if (status < 0) {
-        if (c->outgoing)
+        if (c->outgoing) {
             outgoing_retry(c, "sending the hello", status);
-        else
+        } else {
+            if (w == &c->wreq[1])
+                c->s->claimed[c->peer] = 0; /* the genuine peer may come again */
             conn_close(c);
+        }
         return;
     }
     if (!c->outgoing && w == &c->wreq[1])
