@@ -1,6 +1,7 @@
 /* TCP transport: the data path. See tcp.h for the shape. */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "tcp.h"
 #include "../tp_queue.h"
 
@@ -55,13 +57,33 @@ static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...
     return L->failed;
 }
 
-static void hdr_for(tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
+/* The CRC a header carries: over everything before its hcrc field. */
+static uint32_t hdr_crc(const tcp_hdr_t *h)
 {
+    return tcp_crc32c(0, h, offsetof(tcp_hdr_t, hcrc));
+}
+
+static void hdr_for(const tcp_tp_t *tp, tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
+{
+    memset(h, 0, sizeof(*h));
     h->magic = TCP_MAGIC;
     h->type = TCP_FRAME_DATA;
-    h->flags = 0;
     h->len = r->len;
     memcpy(h->env, r->env, sizeof(h->env));
+    if (tp->csum)
+        h->hcrc = hdr_crc(h);
+}
+
+/* Checksum mode: the header arrived with a CRC that does not match it. */
+static void link_fail_hdr_crc(tcp_link_t *L)
+{
+    tcp_tp_t *tp = L->tp;
+    link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+              "data corrupted on the link from rank %d (%s) to rank %d: a frame header "
+              "fails its crc32c check (0x%08x computed, 0x%08x carried; the header claims "
+              "type %u, %llu bytes, seq %llu): the stream can no longer be trusted",
+              L->peer, L->addr, tp->rank, hdr_crc(&L->rhdr), L->rhdr.hcrc, L->rhdr.type,
+              (unsigned long long)L->rhdr.len, (unsigned long long)L->rhdr.env[0]);
 }
 
 /* A send broke: the peer may have reported why before it went away, and that report
@@ -70,8 +92,10 @@ static void hdr_for(tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
  * with the peer's report. */
 static int link_salvage_report(tcp_link_t *L)
 {
-    if (L->rhdr_matched)
-        return 0; /* mid-payload of a posted receive: the stream is not ours to skip */
+    const tcp_tp_t *tp = L->tp;
+    if (L->rhdr_matched || (L->rhdr_seen && L->rhdr.type != TCP_FRAME_DATA))
+        return 0; /* mid-payload of a posted receive or of a report: the stream is not
+                     ours to skip */
     char sink[16384];
     size_t budget = 64u << 20;
     for (;;) {
@@ -83,26 +107,33 @@ static int link_salvage_report(tcp_link_t *L)
             L->rhdr_got += (size_t)r;
             continue;
         }
-        if (L->rhdr.magic != TCP_MAGIC)
+        if (L->rhdr.magic != TCP_MAGIC || (tp->csum && L->rhdr.hcrc != hdr_crc(&L->rhdr)))
             return 0;
+        const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
         if (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len <= TCP_MAX_ERRMSG) {
-            char msg[TCP_MAX_ERRMSG + 1];
+            char msg[TCP_MAX_ERRMSG + TCP_TRAILER_BYTES + 1];
             size_t got = 0;
-            while (got < L->rhdr.len) {
-                ssize_t r = recv(L->fd, msg + got, L->rhdr.len - got, MSG_DONTWAIT);
+            while (got < L->rhdr.len + tlen) {
+                ssize_t r = recv(L->fd, msg + got, L->rhdr.len + tlen - got, MSG_DONTWAIT);
                 if (r <= 0)
                     return 0;
                 got += (size_t)r;
             }
-            msg[got] = '\0';
+            if (tlen) {
+                uint32_t trail;
+                memcpy(&trail, msg + L->rhdr.len, sizeof(trail));
+                if (trail != tcp_crc32c(0, msg, L->rhdr.len))
+                    return 0; /* a corrupted report: the generic cause is safer */
+            }
+            msg[L->rhdr.len] = '\0';
             int st = (int)(int64_t)L->rhdr.env[0];
             if (st >= 0 || st <= TUTTI_STATUS_LAST_)
                 st = TUTTI_ERR_PEER;
             link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr, msg);
             return 1;
         }
-        /* a data frame nobody will read now: skip its payload */
-        size_t left = L->rhdr.len;
+        /* a data frame nobody will read now: skip its payload (and trailer) */
+        size_t left = L->rhdr.len + tlen;
         while (left) {
             if (budget == 0)
                 return 0;
@@ -116,24 +147,48 @@ static int link_salvage_report(tcp_link_t *L)
     }
 }
 
-/* Push queued sends until the socket would block. */
+/* Push queued sends until the socket would block. In checksum mode a payload is
+ * followed by its CRC, computed a step ahead of what is sent (the bytes are then in
+ * cache when the kernel copies them), so the trailer always leaves in the same sendmsg
+ * as the last payload bytes: computed after them, it would trail in a segment of its
+ * own and cost the receiver a wake-up per message. */
 static void link_send(tcp_tp_t *tp, tcp_link_t *L)
 {
+    const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
     while (L->sq_head && !L->failed) {
         tutti_tp_req_v1_t *r = L->sq_head;
         if (r->tp_private[1] != (void *)L) {
             /* first bytes of this request: its header goes in front */
-            hdr_for(&L->shdr, r);
+            hdr_for(tp, &L->shdr, r);
             L->shdr_off = 0;
+            L->scrc = 0;
+            L->scrc_upto = 0;
+            L->strail_off = 0;
             r->tp_private[1] = L;
         }
-        struct iovec iov[2];
+        size_t upto = r->len; /* payload bytes that may go now */
+        if (tlen) {
+            if (L->scrc_upto == r->xfer && r->xfer < r->len) {
+                size_t n = TCP_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
+                if (r->len - r->xfer - n <= TCP_CSUM_EAGER_BYTES)
+                    n = r->len - r->xfer; /* no small step left behind */
+                L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + r->xfer, n);
+                L->scrc_upto = r->xfer + n;
+            }
+            upto = L->scrc_upto;
+        }
+        struct iovec iov[3];
         int n = 0;
         if (L->shdr_off < sizeof(L->shdr))
             iov[n++] = (struct iovec){(char *)&L->shdr + L->shdr_off,
                                       sizeof(L->shdr) - L->shdr_off};
-        if (r->xfer < r->len)
-            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, r->len - r->xfer};
+        if (r->xfer < upto)
+            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, upto - r->xfer};
+        if (tlen && upto == r->len) {
+            L->strail = L->scrc;
+            iov[n++] = (struct iovec){(char *)&L->strail + L->strail_off,
+                                      tlen - L->strail_off};
+        }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
@@ -147,14 +202,15 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
                           "connection to rank %d (%s) broke while sending", L->peer, L->addr);
             return;
         }
-        size_t hleft = sizeof(L->shdr) - L->shdr_off;
-        if ((size_t)w >= hleft) {
-            L->shdr_off = sizeof(L->shdr);
-            r->xfer += (size_t)w - hleft;
-        } else {
-            L->shdr_off += (size_t)w;
-        }
-        if (L->shdr_off == sizeof(L->shdr) && r->xfer == r->len) {
+        size_t left = (size_t)w;
+        size_t take = TCP_MIN(left, sizeof(L->shdr) - L->shdr_off);
+        L->shdr_off += take;
+        left -= take;
+        take = TCP_MIN(left, upto - r->xfer);
+        r->xfer += take;
+        left -= take;
+        L->strail_off += left;
+        if (L->shdr_off == sizeof(L->shdr) && r->xfer == r->len && L->strail_off == tlen) {
             tp_req_pop(&L->sq_head, &L->sq_tail);
             r->tp_private[1] = NULL;
             r->status = 0;
@@ -188,19 +244,81 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
     }
 }
 
-/* Read headers and payloads for posted receives until the socket would block. */
+/* Checksum mode: a payload (or a report) arrived with a CRC that does not match it.
+ * The request at the head of the receive queue fails with the link. */
+static void link_fail_payload_crc(tcp_link_t *L, uint32_t computed)
+{
+    tcp_tp_t *tp = L->tp;
+    const tcp_hdr_t *h = &L->rhdr;
+    link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+              "data corrupted on the link from rank %d (%s) to rank %d: the %s of %llu bytes "
+              "(seq %llu, fingerprint 0x%016llx, count %llu, algorithm %llu tag %llu) fails "
+              "its crc32c check (0x%08x computed, 0x%08x sent): the stream can no longer be "
+              "trusted",
+              L->peer, L->addr, tp->rank, h->type == TCP_FRAME_ERROR ? "error report" : "message",
+              (unsigned long long)h->len, (unsigned long long)h->env[0],
+              (unsigned long long)h->env[1], (unsigned long long)h->env[2],
+              (unsigned long long)(h->env[3] >> 32), (unsigned long long)(h->env[3] & 0xffffffffu),
+              computed, L->rtrail);
+}
+
+/* Checksum mode: read the rest of the trailer. 1: complete; 0: not yet, and the socket
+ * has no more for now (or the link failed). */
+static int link_read_trailer(tcp_link_t *L, const char *what)
+{
+    if (L->rtrail_got < TCP_TRAILER_BYTES) {
+        ssize_t r = link_read(L, (char *)&L->rtrail + L->rtrail_got,
+                              TCP_TRAILER_BYTES - L->rtrail_got, what);
+        if (r <= 0)
+            return 0;
+        L->rtrail_got += (size_t)r;
+    }
+    return L->rtrail_got == TCP_TRAILER_BYTES;
+}
+
+/* link_read over several buffers. */
+static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *what)
+{
+    for (;;) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r == 0) {
+            link_fail(L, TUTTI_ERR_PEER, 0,
+                      "rank %d (%s) closed the connection %s (did it exit, crash or get "
+                      "killed?)", L->peer, L->addr, what);
+            return -1;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
+                  L->peer, L->addr);
+        return -1;
+    }
+}
+
+/* Read headers and payloads for posted receives until the socket would block. In
+ * checksum mode the payload's CRC is computed over each piece just received into the
+ * caller's buffer (no extra copy), and checked against the trailer before the receive
+ * completes. */
 static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
 {
+    const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
     while (!L->failed) {
-        size_t staged = 0; /* payload bytes that came with the header */
+        size_t staged = 0; /* payload (and trailer) bytes that came with the header */
         if (L->rhdr_got == 0 && L->rq_head && L->rq_head->len <= TCP_STAGE_BYTES) {
-            /* Exactly header + expected payload: a shorter frame (an error report, a
-             * mismatch) leaves its tail to the normal path, nothing beyond is read. */
-            if (!L->stage && !(L->stage = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES))) {
+            /* Exactly header + expected payload (+ trailer): a shorter frame (an error
+             * report, a mismatch) leaves its tail to the normal path, nothing beyond is
+             * read. */
+            if (!L->stage &&
+                !(L->stage = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES + TCP_TRAILER_BYTES))) {
                 link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
                 return;
             }
-            ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len, NULL);
+            ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len + tlen, NULL);
             if (r <= 0)
                 return;
             size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
@@ -222,6 +340,12 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             L->rhdr_seen = 1;
             L->rhdr_matched = 0;
             L->errgot = 0;
+            L->rcrc = 0;
+            L->rtrail_got = 0;
+            if (tp->csum && L->rhdr.hcrc != hdr_crc(&L->rhdr)) {
+                link_fail_hdr_crc(L);
+                return;
+            }
             if (L->rhdr.magic != TCP_MAGIC ||
                 (L->rhdr.type != TCP_FRAME_DATA && L->rhdr.type != TCP_FRAME_ERROR) ||
                 (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len > TCP_MAX_ERRMSG)) {
@@ -238,6 +362,8 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                 }
                 L->errgot = TCP_MIN(staged, L->rhdr.len);
                 memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
+                L->rtrail_got = TCP_MIN(staged - L->errgot, tlen);
+                memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + L->errgot, L->rtrail_got);
                 staged = 0;
             }
         }
@@ -253,6 +379,15 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                     return;
                 L->errgot += (size_t)r;
                 continue;
+            }
+            if (tlen) {
+                if (!link_read_trailer(L, "while reporting an error"))
+                    return; /* would block, or the link failed */
+                uint32_t c = tcp_crc32c(0, L->errbuf, L->errgot);
+                if (c != L->rtrail) {
+                    link_fail_payload_crc(L, c);
+                    return;
+                }
             }
             L->errbuf[L->errgot] = '\0';
             int st = (int)(int64_t)L->rhdr.env[0];
@@ -280,11 +415,17 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             q->got_len = L->rhdr.len;
             L->rhdr_matched = 1;
             if (staged) {
-                memcpy(q->buf, L->stage + sizeof(L->rhdr), staged);
-                q->xfer = staged;
+                size_t p = TCP_MIN(staged, q->len);
+                memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
+                q->xfer = p;
+                if (tlen) {
+                    L->rcrc = tcp_crc32c(0, q->buf, p);
+                    L->rtrail_got = staged - p; /* <= tlen: the read stopped there */
+                    memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + p, L->rtrail_got);
+                }
             }
         }
-        if (q->xfer < q->len) {
+        if (!tlen && q->xfer < q->len) {
             ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
                                   "in the middle of a message");
             if (r <= 0)
@@ -292,6 +433,28 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             q->xfer += (size_t)r;
             if (q->xfer < q->len)
                 continue;
+        }
+        if (tlen && (q->xfer < q->len || L->rtrail_got < tlen)) {
+            /* the rest of the payload and the trailer behind it, in one call */
+            struct iovec iov[2];
+            int n = 0;
+            if (q->xfer < q->len)
+                iov[n++] = (struct iovec){(char *)q->buf + q->xfer, q->len - q->xfer};
+            iov[n++] = (struct iovec){(char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got};
+            ssize_t r = link_readv(L, iov, n, "in the middle of a message");
+            if (r <= 0)
+                return;
+            size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
+            if (p)
+                L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
+            q->xfer += p;
+            L->rtrail_got += (size_t)r - p;
+            if (q->xfer < q->len || L->rtrail_got < tlen)
+                continue;
+        }
+        if (tlen && L->rcrc != L->rtrail) {
+            link_fail_payload_crc(L, L->rcrc);
+            return;
         }
         tp_req_pop(&L->rq_head, &L->rq_tail);
         q->status = 0;
@@ -502,15 +665,22 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
         len = TCP_MAX_ERRMSG;
     tcp_hdr_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ERROR, .len = len};
     h.env[0] = (uint64_t)(int64_t)status;
+    char frame[sizeof(h) + TCP_MAX_ERRMSG + TCP_TRAILER_BYTES];
+    size_t total = sizeof(h) + len;
+    if (tp->csum) {
+        h.hcrc = hdr_crc(&h);
+        uint32_t trail = tcp_crc32c(0, msg, len);
+        memcpy(frame + total, &trail, sizeof(trail));
+        total += sizeof(trail);
+    }
+    memcpy(frame, &h, sizeof(h));
+    memcpy(frame + sizeof(h), msg, len);
     uint64_t deadline = now_ns() + 200000000ull; /* best effort, bounded */
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->fd < 0 || L->tx_broken)
             continue;
-        char frame[sizeof(h) + TCP_MAX_ERRMSG];
-        memcpy(frame, &h, sizeof(h));
-        memcpy(frame + sizeof(h), msg, len);
-        size_t off = 0, total = sizeof(h) + len;
+        size_t off = 0;
         while (off < total) {
             ssize_t w = send(L->fd, frame + off, total - off, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w > 0) {
@@ -585,9 +755,50 @@ static void tcp_destroy(void *vtp)
     free(tp);
 }
 
+/* TUTTI_CHECKSUM, the job instance, and whether the library holds a job secret. */
+static int tcp_identity(tcp_tp_t *tp)
+{
+    const tutti_tp_host_v1_t *host = tp->host;
+    const char *cs = host->config(host->ctx, "CHECKSUM");
+    if (!cs || !*cs || !strcmp(cs, "none"))
+        tp->csum = TCP_CSUM_NONE;
+    else if (!strcmp(cs, "crc32c"))
+        tp->csum = TCP_CSUM_CRC32C;
+    else
+        return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "tcp: TUTTI_CHECKSUM=\"%.64s\" is not a checksum this transport "
+                           "has (none, crc32c)", cs);
+    if (tp->csum)
+        host->log(host->ctx, TUTTI_LOG_INFO, "tcp: payload checksums crc32c (%s)",
+                  tcp_crc32c_impl());
+    tp->instance = "";
+    if (tutti_tp_host_has(host, instance) && host->instance)
+        tp->instance = host->instance;
+    if (strlen(tp->instance) > TCP_MAX_INSTANCE)
+        return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "tcp: the job instance \"%.64s...\" is longer than %d bytes",
+                           tp->instance, TCP_MAX_INSTANCE);
+    tp->auth = 0;
+    if (tutti_tp_host_has(host, auth_answer) && host->auth_answer) {
+        /* A throwaway answer says whether there is a secret (it never leaves here). */
+        uint8_t challenge[TCP_CHALLENGE_LEN] = {0}, answer[32];
+        int st = host->auth_answer(host->ctx, "tcp-probe", challenge, answer);
+        if (st == TUTTI_OK)
+            tp->auth = 1;
+        else if (st != TUTTI_ERR_UNSUPPORTED)
+            return host->error(host->ctx, st, -1, 0,
+                               "tcp: the library cannot answer challenges (status %d)", st);
+    }
+    host->log(host->ctx, TUTTI_LOG_INFO, "tcp: job instance \"%s\"; %s", tp->instance,
+              tp->auth ? "hellos prove the job secret" : "no job secret");
+    return TUTTI_OK;
+}
+
 static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    if (!host || host->size < sizeof(tutti_tp_host_v1_t) ||
+    /* ABI 1.0 hosts and later: fields appended since are looked up with
+     * tutti_tp_host_has. */
+    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
         host->abi_version != TUTTI_TRANSPORT_ABI_V1)
         return TUTTI_ERR_PLUGIN;
     tcp_tp_t *tp = calloc(1, sizeof(*tp));
@@ -596,6 +807,11 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
     tp->host = host;
     tp->rank = host->rank;
     tp->nranks = host->nranks;
+    int st = tcp_identity(tp);
+    if (st < 0) {
+        free(tp);
+        return st;
+    }
     tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t));
     if (!tp->links) {
         free(tp);
@@ -606,7 +822,7 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
         tp->links[i].peer = i;
         tp->links[i].fd = -1;
     }
-    int st = uv_loop_init(&tp->loop);
+    st = uv_loop_init(&tp->loop);
     if (st < 0) {
         free(tp->links);
         free(tp);

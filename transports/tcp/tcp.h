@@ -16,12 +16,27 @@
 
 #define TCP_MAGIC 0x49545554u /* "TUTI" */
 #define TCP_HELLO_MAGIC 0x4f4c4c48u
+#define TCP_VERDICT_MAGIC 0x54434456u
+/* 1: magic, version, rank, size. 2: + job instance, checksum mode, mutual
+ * challenge-response, verdicts; 56-byte frame headers with a header CRC. */
+#define TCP_HELLO_VERSION 2u
 #define TCP_FRAME_DATA 1
 #define TCP_FRAME_ERROR 2
 #define TCP_MAX_ERRMSG 2048
+#define TCP_MAX_INSTANCE 256
+#define TCP_MAX_REASON 512
+#define TCP_CHALLENGE_LEN 32
 /* receives up to this size come with their header in one recv() through a staging
  * buffer, instead of two */
 #define TCP_STAGE_BYTES 4096
+/* checksum mode: a CRC-32C of each frame header (in it) and of each payload (in a
+ * 4-byte trailer after it) */
+enum { TCP_CSUM_NONE = 0, TCP_CSUM_CRC32C = 1 };
+#define TCP_TRAILER_BYTES 4
+/* the sender checksums a payload this far ahead of what it sends; a smaller rest is
+ * taken with the step before it */
+#define TCP_CSUM_STEP_BYTES (256u << 10)
+#define TCP_CSUM_EAGER_BYTES (64u << 10)
 
 /* On the wire, little-endian hosts assumed (checked at set-up through the hello). */
 typedef struct tcp_hdr {
@@ -30,14 +45,41 @@ typedef struct tcp_hdr {
     uint16_t flags;
     uint64_t len;
     uint64_t env[4];
+    uint32_t hcrc;     /* checksum mode: CRC-32C of the 48 bytes above; else 0 */
+    uint32_t reserved;
 } tcp_hdr_t;
 
+/* Set-up (tcp_setup.c). The higher rank C connects to the lower rank A:
+ *   C -> A  hello (C's identity and challenge) + C's instance
+ *   A -> C  hello + A's instance, verdict (0 and A's answer to C's challenge, or a
+ *           refusal with its reason)
+ *   C -> A  verdict (0 and C's answer to A's challenge, or a refusal)
+ *   A -> C  verdict (0: the link is up; or a refusal)
+ * A connection takes its rank's slot only after the last step. The first 16 bytes are
+ * the version 1 hello, so an older peer is refused naming both versions. */
 typedef struct tcp_hello {
     uint32_t magic;
     uint32_t version;
     int32_t rank;
     int32_t nranks;
+    uint32_t checksum;   /* TCP_CSUM_* */
+    uint32_t auth;       /* 1: this rank has the job secret and wants proof of it */
+    uint32_t inst_len;   /* bytes of job instance that follow, <= TCP_MAX_INSTANCE */
+    uint32_t reserved;
+    uint8_t challenge[TCP_CHALLENGE_LEN]; /* fresh random bytes (zeros without auth) */
 } tcp_hello_t;
+#define TCP_HELLO_V1_BYTES 16
+_Static_assert(sizeof(tcp_hdr_t) == 56, "tcp frame header layout");
+_Static_assert(sizeof(tcp_hello_t) == 64, "tcp hello layout");
+
+typedef struct tcp_verdict {
+    uint32_t magic;      /* TCP_VERDICT_MAGIC */
+    int32_t status;      /* 0, or the TUTTI_ERR_* of a refusal */
+    uint32_t reason_len; /* bytes of reason text that follow, <= TCP_MAX_REASON */
+    uint32_t reserved;
+    uint8_t answer[32];  /* the answer to the peer's challenge (zeros without auth) */
+} tcp_verdict_t;
+_Static_assert(sizeof(tcp_verdict_t) == 48, "tcp verdict layout");
 
 typedef struct tcp_tp tcp_tp_t;
 
@@ -56,6 +98,10 @@ typedef struct tcp_link {
     tutti_tp_req_v1_t *sq_head, *sq_tail;
     tcp_hdr_t shdr;
     size_t shdr_off;
+    uint32_t scrc;            /* checksum mode: CRC of the head's payload so far */
+    size_t scrc_upto;         /* ... over its first scrc_upto bytes */
+    uint32_t strail;          /* the trailer, once scrc_upto == len */
+    size_t strail_off;        /* trailer bytes sent */
     /* receive side */
     tutti_tp_req_v1_t *rq_head, *rq_tail;
     tcp_hdr_t rhdr;
@@ -65,6 +111,9 @@ typedef struct tcp_link {
     char *stage;              /* header + small payload, read in one go */
     char *errbuf;             /* payload of an incoming error frame */
     size_t errgot;
+    uint32_t rcrc;            /* checksum mode: CRC of the payload received so far */
+    uint32_t rtrail;          /* the trailer that came after it */
+    size_t rtrail_got;
     /* libuv watcher used when blocking */
     uv_poll_t poll;
     int poll_inited;
@@ -82,7 +131,16 @@ struct tcp_tp {
     atomic_int aborted;
     unsigned long completions;
     int sockbuf;
+    int csum;                 /* TCP_CSUM_*, from TUTTI_CHECKSUM */
+    int auth;                 /* the library has a job secret: hellos prove it */
+    const char *instance;     /* the job instance hellos must agree on ("" if none) */
 };
+
+/* "none" or "crc32c" */
+static inline const char *tcp_csum_name(uint32_t mode)
+{
+    return mode == TCP_CSUM_NONE ? "none" : mode == TCP_CSUM_CRC32C ? "crc32c" : "unknown";
+}
 
 /* tcp_setup.c */
 int tcp_setup_connect(tcp_tp_t *tp);

@@ -1,6 +1,14 @@
 /* TCP transport: choosing an address, and connecting the full mesh on a libuv loop.
  * Rank r listens, publishes "ip port" under tcp/r, connects to every lower rank and
- * accepts every higher one; each connection starts with a hello naming its rank. */
+ * accepts every higher one. Each connection starts with the hello exchange described
+ * in tcp.h: both ends check the other's version, rank, job instance and checksum mode,
+ * and, when the job has a secret, each proves it by answering the other's fresh
+ * challenge (the secret stays in the library: host->auth_answer). A connection takes
+ * its rank's slot only once both ends are satisfied; anything else that reaches the
+ * listener (a stray, a forger, another job, an older tutti, a slow or silent client) is
+ * refused with its reason and the rank keeps waiting for the genuine peer until the
+ * deadline. A connecting rank that is refused, or that finds the listener is not its
+ * peer, fails at once with the reason. */
 #include <errno.h>
 #include <stdarg.h>
 #include <netinet/in.h>
@@ -8,30 +16,63 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "tcp.h"
 
 #define LOGF(lvl, ...) tp->host->log(tp->host->ctx, (lvl), __VA_ARGS__)
+/* a refused connecting rank retries after this long (transient failures only) */
+#define CONN_RETRY_MS 20
 
 typedef struct setup setup_t;
+typedef struct conn conn_t;
 
-typedef struct conn {
+/* What a connection is reading: the parts of a hello, then of a verdict. */
+enum {
+    PH_IDLE,           /* nothing: bytes that follow are not the set-up's */
+    PH_HELLO_V1,       /* the first 16 bytes of a hello (a version 1 hello's all) */
+    PH_HELLO_REST,     /* the rest of its fixed part */
+    PH_HELLO_INST,     /* the job instance */
+    PH_VERDICT,        /* a verdict's fixed part */
+    PH_VERDICT_REASON, /* its reason text */
+};
+
+/* Why a rank's slot is still empty: the last refusal of a connection that claimed it,
+ * or the last failure connecting to it; for the deadline's message. */
+typedef struct slot_note {
+    int status; /* < 0: a refusal with this status; 0: a transient failure */
+    char msg[400];
+} slot_note_t;
+
+#define WBUF_BYTES                                                                      \
+    (sizeof(tcp_hello_t) + TCP_MAX_INSTANCE + sizeof(tcp_verdict_t) + TCP_MAX_REASON)
+
+struct conn {
     setup_t *s;
     uv_tcp_t h;
     uv_connect_t creq;
-    uv_write_t wreq;
+    uv_write_t wreq[2];
     uv_timer_t retry;
-    int peer;           /* -1 until an accepted connection said hello */
+    int peer;           /* outgoing: the rank called; incoming: the rank claimed, -1 before */
     int outgoing;
     int open;           /* h initialised and not closed */
     int retry_open;
-    tcp_hello_t hello;  /* outgoing: ours; incoming: theirs */
-    size_t hello_got;
+    int phase;          /* PH_* */
+    size_t got;         /* bytes of the current part */
+    int verdicts;       /* verdicts received */
+    int hello_sent;
+    char who[128];      /* the peer's address */
+    uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
+    tcp_hello_t ph;     /* the peer's hello */
+    char pinst[TCP_MAX_INSTANCE + 1];
+    tcp_verdict_t pv;   /* the peer's latest verdict */
+    char preason[TCP_MAX_REASON + 1];
+    unsigned char wbuf[2][WBUF_BYTES];
     struct sockaddr_storage addr;
-    struct conn *next;
-} conn_t;
+    conn_t *prev, *next; /* incoming connections, newest first */
+};
 
 struct setup {
     tcp_tp_t *tp;
@@ -42,9 +83,12 @@ struct setup {
     uv_tcp_t listener;
     uv_timer_t deadline;
     int needed, done;
-    int status;
-    char err[512];
-    conn_t *conns;
+    int status, err_peer;
+    char err[1536];
+    conn_t *incoming;
+    int nincoming;
+    unsigned char *claimed; /* nranks: a connection holds the rank's slot */
+    slot_note_t *notes;     /* nranks */
 };
 
 static void fmt_addr(const struct sockaddr *sa, char *buf, size_t len)
@@ -148,11 +192,29 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
 
 static void on_handle_closed(uv_handle_t *h) { (void)h; }
 
+/* Incoming connections are freed when their handle has closed. */
+static void on_conn_closed(uv_handle_t *h)
+{
+    conn_t *c = h->data;
+    if (c->outgoing)
+        return;
+    setup_t *s = c->s;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->incoming = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nincoming--;
+    free(c);
+}
+
 static void conn_close(conn_t *c)
 {
     if (c->open) {
-        uv_close((uv_handle_t *)&c->h, on_handle_closed);
         c->open = 0;
+        c->phase = PH_IDLE;
+        uv_close((uv_handle_t *)&c->h, on_conn_closed);
     }
     if (c->retry_open) {
         uv_close((uv_handle_t *)&c->retry, on_handle_closed);
@@ -160,9 +222,9 @@ static void conn_close(conn_t *c)
     }
 }
 
-static void setup_fail(setup_t *s, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void setup_fail(setup_t *s, int status, const char *fmt, ...)
+static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
 {
     if (s->status < 0)
         return;
@@ -171,10 +233,101 @@ static void setup_fail(setup_t *s, int status, const char *fmt, ...)
     vsnprintf(s->err, sizeof(s->err), fmt, ap);
     va_end(ap);
     s->status = status;
+    s->err_peer = peer;
     uv_stop(&s->loop);
 }
 
-/* A connection said or heard hello: it becomes the link to c->peer. */
+/* Text from the network, made fit for a log line: printable ASCII only. */
+static void printable(char *dst, size_t cap, const char *src, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 1 < cap; i++)
+        dst[n++] = src[i] >= 0x20 && src[i] < 0x7f ? src[i] : '?';
+    dst[n] = '\0';
+}
+
+/* 1 if equal; the time taken does not depend on where they differ. */
+static int ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    volatile uint8_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+static int random_bytes(uint8_t *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(buf + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The answer `prover` gives `verifier` for challenge: the context names the direction,
+ * both ranks and the instance, so an answer cannot be replayed on another connection
+ * or reflected back at its asker. */
+static int hello_answer(setup_t *s, int prover, int verifier, const uint8_t *challenge,
+                        uint8_t answer[32])
+{
+    tcp_tp_t *tp = s->tp;
+    char ctx[64 + TCP_MAX_INSTANCE];
+    snprintf(ctx, sizeof(ctx), "tcp-hello %d->%d %s", prover, verifier, tp->instance);
+    int st = tp->host->auth_answer(tp->host->ctx, ctx, challenge, answer);
+    if (st < 0)
+        setup_fail(s, st, -1, "tcp: the library could not answer a challenge (status %d)", st);
+    return st;
+}
+
+static size_t put_hello(const conn_t *c, unsigned char *buf)
+{
+    const tcp_tp_t *tp = c->s->tp;
+    tcp_hello_t h = {
+        .magic = TCP_HELLO_MAGIC,
+        .version = TCP_HELLO_VERSION,
+        .rank = tp->rank,
+        .nranks = tp->nranks,
+        .checksum = (uint32_t)tp->csum,
+        .auth = (uint32_t)tp->auth,
+        .inst_len = (uint32_t)strlen(tp->instance),
+    };
+    memcpy(h.challenge, c->challenge, sizeof(h.challenge));
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), tp->instance, h.inst_len);
+    return sizeof(h) + h.inst_len;
+}
+
+static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer,
+                          const char *reason)
+{
+    tcp_verdict_t v = {.magic = TCP_VERDICT_MAGIC, .status = status};
+    if (answer)
+        memcpy(v.answer, answer, sizeof(v.answer));
+    size_t rl = reason ? strlen(reason) : 0;
+    if (rl > TCP_MAX_REASON)
+        rl = TCP_MAX_REASON;
+    v.reason_len = (uint32_t)rl;
+    memcpy(buf, &v, sizeof(v));
+    if (rl)
+        memcpy(buf + sizeof(v), reason, rl);
+    return sizeof(v) + rl;
+}
+
+/* Remember why a connection for `rank` got nowhere (the last reason wins). */
+static void note_slot(setup_t *s, int rank, int status, const char *msg)
+{
+    if (rank < 0 || rank >= s->tp->nranks)
+        return;
+    s->notes[rank].status = status;
+    snprintf(s->notes[rank].msg, sizeof(s->notes[rank].msg), "%s", msg);
+}
+
+/* A connection holds its rank's slot: it becomes the link to c->peer. */
 static void conn_established(conn_t *c)
 {
     setup_t *s = c->s;
@@ -182,8 +335,8 @@ static void conn_established(conn_t *c)
     tcp_link_t *L = &tp->links[c->peer];
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&c->h, &fd) < 0 || (L->fd = dup(fd)) < 0) {
-        setup_fail(s, TUTTI_ERR_IO, "tcp: cannot take over the socket of rank %d: %s", c->peer,
-                   strerror(errno));
+        setup_fail(s, TUTTI_ERR_IO, c->peer, "tcp: cannot take over the socket of rank %d: %s",
+                   c->peer, strerror(errno));
         return;
     }
     int one = 1;
@@ -192,28 +345,420 @@ static void conn_established(conn_t *c)
         setsockopt(L->fd, SOL_SOCKET, SO_SNDBUF, &tp->sockbuf, sizeof(tp->sockbuf));
         setsockopt(L->fd, SOL_SOCKET, SO_RCVBUF, &tp->sockbuf, sizeof(tp->sockbuf));
     }
-    if (c->outgoing) {
-        fmt_addr((struct sockaddr *)&c->addr, L->addr, sizeof(L->addr));
-    } else {
-        struct sockaddr_storage ss;
-        int len = sizeof(ss);
-        if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) == 0)
-            fmt_addr((struct sockaddr *)&ss, L->addr, sizeof(L->addr));
-    }
+    snprintf(L->addr, sizeof(L->addr), "%s", c->who);
+    LOGF(TUTTI_LOG_TRACE, "tcp: rank %d connected to rank %d (%s)", tp->rank, c->peer, c->who);
     conn_close(c);
     if (++s->done == s->needed)
         uv_stop(&s->loop);
 }
 
-static void on_hello_written(uv_write_t *w, int status)
+/* ---- refusals ---- */
+
+/* An incoming connection is not (or not yet provably) the peer it claims: tell it why
+ * (best effort, never waiting for a slow reader), remember it, close it. */
+static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    char why[TCP_MAX_REASON + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (status %d)",
+         tp->rank, c->who, why, status);
+    char note[400];
+    snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
+    note_slot(s, c->peer, status, note);
+    unsigned char *buf = c->wbuf[1];
+    size_t n = 0;
+    if (!c->hello_sent)
+        n = put_hello(c, buf);
+    n += put_verdict(buf + n, status, NULL, why);
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)n);
+    uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    conn_close(c);
+}
+
+/* The listener this rank called is not its peer, or refused it: tell it (best effort)
+ * and fail the set-up at once; retrying would meet the same answer. */
+static void outgoing_fail(conn_t *c, int status, int tell, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void outgoing_fail(conn_t *c, int status, int tell, const char *fmt, ...)
+{
+    char why[TCP_MAX_REASON + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    if (tell) {
+        size_t n = put_verdict(c->wbuf[1], status, NULL, why);
+        uv_buf_t b = uv_buf_init((char *)c->wbuf[1], (unsigned)n);
+        uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    }
+    setup_fail(c->s, status, c->peer, "tcp: rank %d could not connect to rank %d (%s): %s",
+               c->s->tp->rank, c->peer, c->who, why);
+}
+
+/* Whether the peer's hello fits this rank: 0, or a status with the reason in why. */
+static int hello_check(conn_t *c, char *why, size_t len)
+{
+    tcp_tp_t *tp = c->s->tp;
+    const tcp_hello_t *h = &c->ph;
+    char inst[96];
+    printable(inst, sizeof(inst), c->pinst, h->inst_len);
+    if (h->nranks != tp->nranks) {
+        snprintf(why, len, "%s says it is rank %d of %d, but this communicator has %d ranks",
+                 c->who, h->rank, h->nranks, tp->nranks);
+        return TUTTI_ERR_CONFIG;
+    }
+    if (c->outgoing && h->rank != c->peer) {
+        snprintf(why, len, "%s answered as rank %d, not rank %d (a stale or rewritten address "
+                 "in the store?)", c->who, h->rank, c->peer);
+        return TUTTI_ERR_PROTOCOL;
+    }
+    if (!c->outgoing && (h->rank <= tp->rank || h->rank >= tp->nranks ||
+                         !tutti_tp_host_serves(tp->host, h->rank))) {
+        snprintf(why, len, "%s claims rank %d, which does not connect to rank %d", c->who,
+                 h->rank, tp->rank);
+        return TUTTI_ERR_PROTOCOL;
+    }
+    if (h->inst_len != strlen(tp->instance) || memcmp(c->pinst, tp->instance, h->inst_len)) {
+        snprintf(why, len, "rank %d (%s) belongs to job instance \"%s\", rank %d to \"%s\": "
+                 "ranks of different jobs, or of different runs of one job, never connect",
+                 h->rank, c->who, inst, tp->rank, tp->instance);
+        return TUTTI_ERR_IN_USE;
+    }
+    if (h->checksum != (uint32_t)tp->csum) {
+        snprintf(why, len, "rank %d (%s) runs with TUTTI_CHECKSUM=%s, rank %d with %s: set it "
+                 "alike on every rank", h->rank, c->who, tcp_csum_name(h->checksum), tp->rank,
+                 tcp_csum_name((uint32_t)tp->csum));
+        return TUTTI_ERR_CONFIG;
+    }
+    if (h->auth != (uint32_t)tp->auth) {
+        snprintf(why, len, "rank %d (%s) has %s job secret and rank %d has %s: give every rank "
+                 "the same TUTTI_AUTH_TOKEN (or TUTTI_AUTH_TOKEN_FILE)", h->rank, c->who,
+                 h->auth ? "a" : "no", tp->rank, tp->auth ? "one" : "none");
+        return TUTTI_ERR_AUTH;
+    }
+    return TUTTI_OK;
+}
+
+/* ---- the steps ---- */
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void outgoing_retry(conn_t *c, const char *what, int uv_status);
+
+static void *part(conn_t *c, size_t *len)
+{
+    switch (c->phase) {
+    case PH_HELLO_V1:
+        *len = TCP_HELLO_V1_BYTES;
+        return &c->ph;
+    case PH_HELLO_REST:
+        *len = sizeof(tcp_hello_t) - TCP_HELLO_V1_BYTES;
+        return (char *)&c->ph + TCP_HELLO_V1_BYTES;
+    case PH_HELLO_INST:
+        *len = c->ph.inst_len;
+        return c->pinst;
+    case PH_VERDICT:
+        *len = sizeof(tcp_verdict_t);
+        return &c->pv;
+    case PH_VERDICT_REASON:
+        *len = c->pv.reason_len;
+        return c->preason;
+    }
+    *len = 0;
+    return NULL;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    conn_t *c = h->data;
+    size_t len;
+    char *p = part(c, &len);
+    /* exactly the part's bytes: what the peer sends after the set-up stays in the
+     * socket for the data path */
+    *buf = p && len > c->got ? uv_buf_init(p + c->got, (unsigned)(len - c->got))
+                             : uv_buf_init(NULL, 0);
+}
+
+static void on_written(uv_write_t *w, int status)
 {
     conn_t *c = w->data;
+    if (status == UV_ECANCELED || !c->open)
+        return;
     if (status < 0) {
-        setup_fail(c->s, TUTTI_ERR_PEER, "tcp: sending hello to rank %d failed: %s", c->peer,
-                   uv_strerror(status));
+        if (c->outgoing) {
+            outgoing_retry(c, "sending the hello", status);
+        } else {
+            if (w == &c->wreq[1])
+                c->s->claimed[c->peer] = 0; /* the genuine peer may come again */
+            conn_close(c);
+        }
+        return;
+    }
+    if (!c->outgoing && w == &c->wreq[1])
+        conn_established(c); /* the last verdict is out: the slot is taken */
+}
+
+static int conn_write(conn_t *c, int which, size_t len)
+{
+    uv_buf_t b = uv_buf_init((char *)c->wbuf[which], (unsigned)len);
+    c->wreq[which].data = c;
+    return uv_write(&c->wreq[which], (uv_stream_t *)&c->h, &b, 1, on_written);
+}
+
+/* Incoming: the claimant's whole hello is here. */
+static void incoming_hello(conn_t *c)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    char why[TCP_MAX_REASON + 1];
+    c->peer = c->ph.rank;
+    int st = hello_check(c, why, sizeof(why));
+    if (st < 0) {
+        incoming_refuse(c, st, "%s", why);
+        return;
+    }
+    if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
+        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d",
+                        c->peer, tp->rank);
+        return;
+    }
+    uint8_t answer[32] = {0};
+    if (tp->auth && (random_bytes(c->challenge, sizeof(c->challenge)) < 0 ||
+                     hello_answer(s, tp->rank, c->peer, c->ph.challenge, answer) < 0)) {
+        setup_fail(s, TUTTI_ERR_IO, -1, "tcp: no random bytes for a challenge: %s",
+                   strerror(errno));
+        return;
+    }
+    size_t n = put_hello(c, c->wbuf[0]);
+    n += put_verdict(c->wbuf[0] + n, TUTTI_OK, answer, NULL);
+    c->hello_sent = 1;
+    int w = conn_write(c, 0, n);
+    if (w < 0) {
+        LOGF(TUTTI_LOG_WARN, "tcp: cannot answer the hello from %s: %s", c->who, uv_strerror(w));
+        conn_close(c);
+        return;
+    }
+    c->phase = PH_VERDICT;
+}
+
+/* Incoming: the claimant's verdict on this rank's hello, with its proof. */
+static void incoming_verdict(conn_t *c)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    if (c->pv.status < 0) {
+        char why[TCP_MAX_REASON + 1], note[400];
+        printable(why, sizeof(why), c->preason, c->pv.reason_len);
+        LOGF(TUTTI_LOG_WARN, "tcp: %s (claiming rank %d) refused rank %d: %s", c->who, c->peer,
+             tp->rank, why);
+        snprintf(note, sizeof(note), "%s, claiming rank %d, refused rank %d: %s", c->who,
+                 c->peer, tp->rank, why);
+        note_slot(s, c->peer, c->pv.status, note);
+        conn_close(c);
+        return;
+    }
+    if (tp->auth) {
+        uint8_t want[32];
+        if (hello_answer(s, c->peer, tp->rank, c->challenge, want) < 0)
+            return;
+        if (!ct_equal(want, c->pv.answer, sizeof(want))) {
+            incoming_refuse(c, TUTTI_ERR_AUTH,
+                            "%s, claiming rank %d, failed to prove the job secret (a wrong "
+                            "TUTTI_AUTH_TOKEN, or not a rank of this job)", c->who, c->peer);
+            return;
+        }
+    }
+    if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
+        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d",
+                        c->peer, tp->rank);
+        return;
+    }
+    s->claimed[c->peer] = 1;
+    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, NULL, NULL);
+    int w = conn_write(c, 1, n);
+    if (w < 0) {
+        s->claimed[c->peer] = 0;
+        LOGF(TUTTI_LOG_WARN, "tcp: cannot accept rank %d from %s: %s", c->peer, c->who,
+             uv_strerror(w));
+        conn_close(c);
+    }
+}
+
+/* Outgoing: the peer's hello and its first verdict are here. */
+static void outgoing_first_verdict(conn_t *c)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    char why[TCP_MAX_REASON + 1];
+    if (c->pv.status < 0) {
+        printable(why, sizeof(why), c->preason, c->pv.reason_len);
+        outgoing_fail(c, c->pv.status, 0, "refused: %s", why);
+        return;
+    }
+    int st = hello_check(c, why, sizeof(why));
+    if (st < 0) {
+        outgoing_fail(c, st, 1, "%s", why);
+        return;
+    }
+    uint8_t answer[32] = {0};
+    if (tp->auth) {
+        uint8_t want[32];
+        if (hello_answer(s, c->peer, tp->rank, c->challenge, want) < 0)
+            return;
+        if (!ct_equal(want, c->pv.answer, sizeof(want))) {
+            outgoing_fail(c, TUTTI_ERR_AUTH, 1,
+                          "%s, answering as rank %d, failed to prove the job secret (a wrong "
+                          "TUTTI_AUTH_TOKEN, or not a rank of this job)", c->who, c->peer);
+            return;
+        }
+        if (hello_answer(s, tp->rank, c->peer, c->ph.challenge, answer) < 0)
+            return;
+    }
+    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, answer, NULL);
+    int w = conn_write(c, 1, n);
+    if (w < 0) {
+        outgoing_retry(c, "sending the verdict", w);
+        return;
+    }
+    c->phase = PH_VERDICT;
+}
+
+/* Outgoing: the peer's last verdict. */
+static void outgoing_last_verdict(conn_t *c)
+{
+    char why[TCP_MAX_REASON + 1];
+    if (c->pv.status < 0) {
+        printable(why, sizeof(why), c->preason, c->pv.reason_len);
+        outgoing_fail(c, c->pv.status, 0, "refused: %s", why);
         return;
     }
     conn_established(c);
+}
+
+/* The current part is complete: check it and move on. Returns 0 to read on, -1 when
+ * the connection stopped reading (closed, refused, waiting, or done). */
+static int conn_part_done(conn_t *c)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    c->got = 0;
+    switch (c->phase) {
+    case PH_HELLO_V1:
+        if (c->ph.magic != TCP_HELLO_MAGIC) {
+            if (c->outgoing) {
+                outgoing_fail(c, TUTTI_ERR_PROTOCOL, 0,
+                              "the listener there answered with something that is not a "
+                              "tutti hello (magic 0x%08x)", c->ph.magic);
+            } else {
+                /* not one of ours at all: no answer */
+                LOGF(TUTTI_LOG_WARN, "tcp: rank %d dropped a connection from %s: not a tutti "
+                     "hello (magic 0x%08x)", tp->rank, c->who, c->ph.magic);
+                conn_close(c);
+            }
+            return -1;
+        }
+        if (!c->outgoing)
+            c->peer = c->ph.rank; /* claimed: refusals are noted under it */
+        if (c->ph.version != TCP_HELLO_VERSION) {
+            if (c->outgoing)
+                outgoing_fail(c, TUTTI_ERR_PROTOCOL, 0,
+                              "it speaks hello version %u, this rank version %u (mixed tutti "
+                              "builds?)", c->ph.version, TCP_HELLO_VERSION);
+            else
+                incoming_refuse(c, TUTTI_ERR_PROTOCOL,
+                                "hello version %u from %s (claiming rank %d), but rank %d "
+                                "speaks version %u (mixed tutti builds?)",
+                                c->ph.version, c->who, c->ph.rank, tp->rank, TCP_HELLO_VERSION);
+            return -1;
+        }
+        c->phase = PH_HELLO_REST;
+        return 0;
+    case PH_HELLO_REST:
+        if (c->ph.inst_len > TCP_MAX_INSTANCE) {
+            if (c->outgoing)
+                outgoing_fail(c, TUTTI_ERR_PROTOCOL, 1, "its hello has a %u-byte instance",
+                              c->ph.inst_len);
+            else
+                incoming_refuse(c, TUTTI_ERR_PROTOCOL, "a %u-byte instance (at most %d)",
+                                c->ph.inst_len, TCP_MAX_INSTANCE);
+            return -1;
+        }
+        c->phase = PH_HELLO_INST;
+        return 0;
+    case PH_HELLO_INST:
+        c->pinst[c->ph.inst_len] = '\0';
+        if (c->outgoing) {
+            c->phase = PH_VERDICT;
+            return 0;
+        }
+        c->phase = PH_IDLE;
+        incoming_hello(c);
+        return c->phase == PH_IDLE ? -1 : 0;
+    case PH_VERDICT:
+        if (c->pv.magic != TCP_VERDICT_MAGIC || c->pv.reason_len > TCP_MAX_REASON ||
+            c->pv.status > 0 || c->pv.status <= TUTTI_STATUS_LAST_) {
+            if (c->outgoing)
+                outgoing_fail(c, TUTTI_ERR_PROTOCOL, 1, "a malformed verdict (magic 0x%08x)",
+                              c->pv.magic);
+            else
+                incoming_refuse(c, TUTTI_ERR_PROTOCOL, "a malformed verdict (magic 0x%08x)",
+                                c->pv.magic);
+            return -1;
+        }
+        c->phase = PH_VERDICT_REASON;
+        return 0;
+    case PH_VERDICT_REASON:
+        c->preason[c->pv.reason_len] = '\0';
+        c->phase = PH_IDLE;
+        c->verdicts++;
+        if (!c->outgoing)
+            incoming_verdict(c);
+        else if (c->verdicts == 1)
+            outgoing_first_verdict(c);
+        else
+            outgoing_last_verdict(c);
+        return c->phase == PH_IDLE ? -1 : 0;
+    }
+    return -1;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    conn_t *c = st->data;
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    if (nread == 0 || !c->open)
+        return;
+    if (nread < 0) {
+        if (c->outgoing) {
+            outgoing_retry(c, "during the hello", (int)nread);
+        } else {
+            LOGF(c->ph.magic ? TUTTI_LOG_INFO : TUTTI_LOG_WARN,
+                 "tcp: a connection from %s closed during the hello (%s)", c->who,
+                 uv_strerror((int)nread));
+            conn_close(c);
+        }
+        return;
+    }
+    c->got += (size_t)nread;
+    for (;;) {
+        size_t len;
+        if (!part(c, &len) || c->got < len)
+            break;
+        if (conn_part_done(c) < 0)
+            break;
+    }
+    if (c->open && c->phase == PH_IDLE)
+        uv_read_stop(st);
 }
 
 static void conn_start(conn_t *c);
@@ -224,82 +769,77 @@ static void on_retry(uv_timer_t *t)
     conn_start(c);
 }
 
+/* Outgoing: a transient failure (refused, reset, closed before answering): try again
+ * until the deadline, which names what happened last. */
+static void outgoing_retry(conn_t *c, const char *what, int uv_status)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    char note[400];
+    snprintf(note, sizeof(note), "the last attempt to connect to rank %d (%s) failed %s: %s%s",
+             c->peer, c->who, what, uv_strerror(uv_status),
+             uv_status == UV_EOF && c->ph.magic == 0 ? " (it closed without answering the "
+                                                       "hello: an older tutti?)" : "");
+    note_slot(s, c->peer, 0, note);
+    LOGF(TUTTI_LOG_TRACE, "tcp: %s; retrying", note);
+    if (c->open) {
+        c->open = 0;
+        uv_close((uv_handle_t *)&c->h, on_conn_closed);
+    }
+    c->phase = PH_IDLE;
+    uv_update_time(&s->loop);
+    uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
+}
+
 static void on_connect(uv_connect_t *req, int status)
 {
     conn_t *c = req->data;
+    if (status == UV_ECANCELED || !c->open)
+        return;
     if (status < 0) {
-        if (status == UV_ECANCELED)
-            return;
         /* The peer listens before it publishes its address, so a refusal is transient
-         * (a backlog overflow, a restarting host): retry until the deadline. */
-        tcp_tp_t *tp = c->s->tp;
-        LOGF(TUTTI_LOG_TRACE, "tcp: connect to rank %d failed (%s); retrying", c->peer,
-             uv_strerror(status));
-        uv_close((uv_handle_t *)&c->h, on_handle_closed);
-        c->open = 0;
-        uv_update_time(&c->s->loop);
-        uv_timer_start(&c->retry, on_retry, 20, 0);
+         * (a backlog overflow, a restarting host). */
+        outgoing_retry(c, "to connect", status);
         return;
     }
-    uv_buf_t b = uv_buf_init((char *)&c->hello, sizeof(c->hello));
-    c->wreq.data = c;
-    int st = uv_write(&c->wreq, (uv_stream_t *)&c->h, &b, 1, on_hello_written);
-    if (st < 0)
-        setup_fail(c->s, TUTTI_ERR_IO, "tcp: cannot send hello to rank %d: %s", c->peer,
-                   uv_strerror(st));
+    uv_tcp_nodelay(&c->h, 1);
+    size_t n = put_hello(c, c->wbuf[0]);
+    c->hello_sent = 1;
+    int st = conn_write(c, 0, n);
+    if (st < 0) {
+        outgoing_retry(c, "sending the hello", st);
+        return;
+    }
+    c->phase = PH_HELLO_V1;
+    uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
 static void conn_start(conn_t *c)
 {
-    uv_tcp_init(&c->s->loop, &c->h);
+    setup_t *s = c->s;
+    memset(&c->ph, 0, sizeof(c->ph));
+    memset(&c->pv, 0, sizeof(c->pv));
+    c->got = 0;
+    c->verdicts = 0;
+    c->hello_sent = 0;
+    c->phase = PH_IDLE;
+    if (s->tp->auth && random_bytes(c->challenge, sizeof(c->challenge)) < 0) {
+        setup_fail(s, TUTTI_ERR_IO, -1, "tcp: no random bytes for a challenge: %s",
+                   strerror(errno));
+        return;
+    }
+    uv_tcp_init(&s->loop, &c->h);
     c->h.data = c;
     c->open = 1;
     c->creq.data = c;
     int st = uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&c->addr, on_connect);
     if (st < 0)
-        on_connect(&c->creq, st);
+        outgoing_retry(c, "to connect", st);
 }
 
-static void on_hello_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)suggested;
-    conn_t *c = h->data;
-    /* exactly the hello's bytes: data the peer sends after it stays in the socket */
-    *buf = uv_buf_init((char *)&c->hello + c->hello_got, sizeof(c->hello) - c->hello_got);
-}
-
-static void on_hello_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    conn_t *c = st->data;
-    setup_t *s = c->s;
-    tcp_tp_t *tp = s->tp;
-    if (nread < 0) {
-        LOGF(TUTTI_LOG_WARN, "tcp: an incoming connection closed before saying hello (%s)",
-             uv_strerror((int)nread));
-        conn_close(c);
-        return;
-    }
-    c->hello_got += (size_t)nread;
-    if (c->hello_got < sizeof(c->hello))
-        return;
-    uv_read_stop(st);
-    const tcp_hello_t *h = &c->hello;
-    if (h->magic != TCP_HELLO_MAGIC || h->version != 1 || h->nranks != tp->nranks ||
-        h->rank <= tp->rank || h->rank >= tp->nranks || tp->links[h->rank].fd >= 0 ||
-        !tutti_tp_host_serves(tp->host, h->rank)) {
-        /* Not one of ours (a stray client, another job, a duplicate): drop it and keep
-         * waiting for the real peers. */
-        LOGF(TUTTI_LOG_WARN,
-             "tcp: rejected an incoming connection: hello magic 0x%08x version %u rank %d of "
-             "%d (this is rank %d of %d)",
-             h->magic, h->version, h->rank, h->nranks, tp->rank, tp->nranks);
-        conn_close(c);
-        return;
-    }
-    c->peer = h->rank;
-    conn_established(c);
-}
+/* At most this many connections wait in set-up at once; beyond, the oldest goes (a
+ * genuine peer that loses its place connects again). */
+static int incoming_cap(const tcp_tp_t *tp) { return 2 * tp->nranks + 64; }
 
 static void on_incoming(uv_stream_t *server, int status)
 {
@@ -309,40 +849,72 @@ static void on_incoming(uv_stream_t *server, int status)
         LOGF(TUTTI_LOG_WARN, "tcp: accept failed: %s", uv_strerror(status));
         return;
     }
+    if (s->nincoming >= incoming_cap(tp)) {
+        conn_t *old = NULL;
+        for (conn_t *c = s->incoming; c; c = c->next)
+            if (c->open && !(c->peer >= 0 && s->claimed[c->peer] && c->verdicts))
+                old = c; /* the last such in the list is the oldest */
+        if (old) {
+            LOGF(TUTTI_LOG_WARN, "tcp: rank %d has %d connections in set-up; dropping the "
+                 "oldest, from %s", tp->rank, s->nincoming, old->who);
+            conn_close(old);
+        }
+    }
     conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
-        setup_fail(s, TUTTI_ERR_NOMEM, "tcp: out of memory accepting a connection");
+        setup_fail(s, TUTTI_ERR_NOMEM, -1, "tcp: out of memory accepting a connection");
         return;
     }
     c->s = s;
     c->peer = -1;
-    c->next = s->conns;
-    s->conns = c;
+    c->next = s->incoming;
+    if (s->incoming)
+        s->incoming->prev = c;
+    s->incoming = c;
+    s->nincoming++;
     uv_tcp_init(&s->loop, &c->h);
     c->h.data = c;
     c->open = 1;
+    snprintf(c->who, sizeof(c->who), "?");
     if (uv_accept(server, (uv_stream_t *)&c->h) < 0) {
         conn_close(c);
         return;
     }
-    uv_read_start((uv_stream_t *)&c->h, on_hello_alloc, on_hello_read);
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) == 0)
+        fmt_addr((struct sockaddr *)&ss, c->who, sizeof(c->who));
+    uv_tcp_nodelay(&c->h, 1);
+    c->phase = PH_HELLO_V1;
+    uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
 static void on_deadline(uv_timer_t *t)
 {
     setup_t *s = t->data;
     tcp_tp_t *tp = s->tp;
-    char missing[256] = "";
+    char missing[256] = "", notes[1024] = "";
+    int status = TUTTI_ERR_TIMEOUT, first = -1;
+    size_t nn = 0;
     for (int i = 0; i < tp->nranks; i++) {
         if (!tutti_tp_host_serves(tp->host, i) || tp->links[i].fd >= 0)
             continue;
         size_t n = strlen(missing);
         if (n < sizeof(missing) - 16)
             snprintf(missing + n, sizeof(missing) - n, "%s%d", n ? ", " : "", i);
+        if (first < 0)
+            first = i;
+        if (s->notes[i].msg[0] && nn < sizeof(notes)) {
+            if (s->notes[i].status < 0 && status == TUTTI_ERR_TIMEOUT) {
+                status = s->notes[i].status; /* the likely cause, rather than the clock */
+                first = i;
+            }
+            nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn, "; %s", s->notes[i].msg);
+        }
     }
-    setup_fail(s, TUTTI_ERR_TIMEOUT,
-               "tcp: connected to %d of %d peers within %d ms; still missing rank(s) %s",
-               s->done, s->needed, tp->host->timeout_ms, missing);
+    setup_fail(s, status, first,
+               "tcp: rank %d connected to %d of %d peers within %d ms; still missing rank(s) "
+               "%s%s", tp->rank, s->done, s->needed, tp->host->timeout_ms, missing, notes);
 }
 
 static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage *out)
@@ -356,9 +928,14 @@ static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage 
         return tp->host->error(tp->host->ctx, st, peer, 0,
                                "tcp: rank %d never published its address (store key %s, "
                                "status %d)", peer, key, st);
-    char ip[INET6_ADDRSTRLEN + 1] = "";
+    char ip[INET6_ADDRSTRLEN + 1] = "", text[128];
     int port = 0;
-    int ok = len < 128 && sscanf((const char *)val, "%46s %d", ip, &port) == 2;
+    int ok = len < sizeof(text);
+    if (ok) {
+        memcpy(text, val, len); /* the value need not end in a NUL */
+        text[len] = '\0';
+        ok = sscanf(text, "%46s %d", ip, &port) == 2 && port > 0 && port < 65536;
+    }
     tp->host->free_value(val);
     memset(out, 0, sizeof(*out));
     if (ok && strchr(ip, ':'))
@@ -385,11 +962,19 @@ int tcp_setup_connect(tcp_tp_t *tp)
     int st = choose_address(tp, &me, ifname, sizeof(ifname));
     if (st < 0)
         return st;
-    int rc0;
-
-    rc0 = uv_loop_init(&s.loop);
-    if (rc0 < 0)
+    s.claimed = calloc((size_t)tp->nranks, 1);
+    s.notes = calloc((size_t)tp->nranks, sizeof(*s.notes));
+    if (!s.claimed || !s.notes) {
+        free(s.claimed);
+        free(s.notes);
+        return host->error(host->ctx, TUTTI_ERR_NOMEM, -1, 0, "tcp: out of memory");
+    }
+    int rc0 = uv_loop_init(&s.loop);
+    if (rc0 < 0) {
+        free(s.claimed);
+        free(s.notes);
         return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -rc0, "tcp: uv_loop_init failed");
+    }
     uv_tcp_init(&s.loop, &s.listener);
     s.listener.data = &s;
     uv_timer_init(&s.loop, &s.deadline);
@@ -438,10 +1023,10 @@ int tcp_setup_connect(tcp_tp_t *tp)
         c->s = &s;
         c->peer = j;
         c->outgoing = 1;
-        c->hello = (tcp_hello_t){TCP_HELLO_MAGIC, 1, tp->rank, tp->nranks};
         st = peer_addr_from_store(tp, j, &c->addr);
         if (st < 0)
             goto out_free;
+        fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
         uv_timer_init(&s.loop, &c->retry);
         c->retry.data = c;
         c->retry_open = 1;
@@ -453,7 +1038,7 @@ int tcp_setup_connect(tcp_tp_t *tp)
             uv_run(&s.loop, UV_RUN_ONCE);
     }
     if (s.status < 0) {
-        st = host->error(host->ctx, s.status, -1, 0, "%s", s.err);
+        st = host->error(host->ctx, s.status, s.err_peer, 0, "%s", s.err);
     } else {
         st = TUTTI_OK;
         LOGF(TUTTI_LOG_INFO, "tcp: rank %d connected to %d peers", tp->rank, s.needed);
@@ -463,7 +1048,7 @@ out_free:
     for (int j = 0; j < tp->rank; j++)
         conn_close(&out[j]);
 out_close:
-    for (conn_t *c = s.conns; c; c = c->next)
+    for (conn_t *c = s.incoming; c; c = c->next)
         conn_close(c);
     uv_close((uv_handle_t *)&s.listener, on_handle_closed);
     uv_close((uv_handle_t *)&s.deadline, on_handle_closed);
@@ -474,11 +1059,13 @@ out_close:
         uv_run(&s.loop, UV_RUN_DEFAULT);
         uv_loop_close(&s.loop);
     }
-    while (s.conns) {
-        conn_t *c = s.conns;
-        s.conns = c->next;
+    while (s.incoming) { /* freed by their close callbacks; this is only a safety net */
+        conn_t *c = s.incoming;
+        s.incoming = c->next;
         free(c);
     }
     free(out);
+    free(s.claimed);
+    free(s.notes);
     return st;
 }

@@ -1,0 +1,1226 @@
+/* The tcp transport's hello and checksums: what reaches a set-up port (forged, stale,
+ * garbage, silent, slow, or from another job) never takes a rank's slot; a job secret
+ * is proved both ways and a wrong one is refused naming the peer; TUTTI_CHECKSUM=crc32c
+ * turns a byte flipped in flight (by a proxy spliced in through the store) into an
+ * error naming the link on every rank, where without it the sums are silently wrong;
+ * and the CRC-32C code against published vectors and a bit-at-a-time reference.
+ *
+ * Some cases drive the transport's ops table directly with a host struct of their own,
+ * so that they choose the job instance and secret the library would give it. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tutti/store.h>
+#include <tutti/transport_v1.h>
+#include <tutti/tutti.h>
+
+#include "auth.h"
+#include "harness.h"
+#include "../transports/tcp/crc32c.h"
+#include "../transports/tcp/tcp.h"
+
+/* the built-in tcp transport's table (libtutti_internal) */
+const tutti_transport_ops_v1_t *tt_builtin_transport_tcp(void);
+
+static double elapsed_since(double t0) { return th_now_ms() - t0; }
+
+/* ======================= CRC-32C ======================= */
+
+/* Bit at a time, straight from the definition (reflected 0x1EDC6F41). */
+static uint32_t ref_crc32c(const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < len; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+typedef uint32_t (*crc_fn)(uint32_t, const void *, size_t);
+
+START_TEST(crc32c_vectors)
+{
+    /* RFC 3720 (iSCSI) appendix B.4, and the usual check value */
+    uint8_t zeros[32] = {0}, ones[32], inc[32], dec[32];
+    memset(ones, 0xff, sizeof(ones));
+    for (int i = 0; i < 32; i++) {
+        inc[i] = (uint8_t)i;
+        dec[i] = (uint8_t)(31 - i);
+    }
+    /* an iSCSI read command PDU */
+    static const uint8_t pdu[48] = {
+        0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00,
+        0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x18, 0x28, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+    crc_fn fns[3] = {tcp_crc32c, tcp_crc32c_sw, tcp_crc32c_hw};
+    for (int f = 0; f < 3; f++) {
+        ck_assert_uint_eq(fns[f](0, "123456789", 9), 0xe3069283u);
+        ck_assert_uint_eq(fns[f](0, zeros, 32), 0x8a9136aau);
+        ck_assert_uint_eq(fns[f](0, ones, 32), 0x62a8ab43u);
+        ck_assert_uint_eq(fns[f](0, inc, 32), 0x46dd794eu);
+        ck_assert_uint_eq(fns[f](0, dec, 32), 0x113fdb5cu);
+        ck_assert_uint_eq(fns[f](0, pdu, 48), 0xd9963a56u);
+        ck_assert_uint_eq(fns[f](0, "", 0), 0);
+        /* chaining */
+        ck_assert_uint_eq(fns[f](fns[f](0, "1234", 4), "56789", 5), 0xe3069283u);
+    }
+    ck_assert_uint_eq(ref_crc32c("123456789", 9), 0xe3069283u); /* the reference itself */
+    const char *impl = tcp_crc32c_impl();
+    ck_assert_msg(!strcmp(impl, "sse4.2") || !strcmp(impl, "armv8-crc") || !strcmp(impl, "table"),
+                  "impl %s", impl);
+    if (tcp_crc32c_hw_available())
+        ck_assert_str_ne(impl, "table");
+    fprintf(stderr, "crc32c: using %s\n", impl);
+}
+END_TEST
+
+/* Hardware and table against the reference on random data: every length up to a few
+ * blocks of the interleaved paths, random alignments, random split points. */
+START_TEST(crc32c_implementations_agree)
+{
+    const size_t max = 3 * 8192 * 2 + 3 * 256 * 2 + 100;
+    uint8_t *buf = malloc(max + 16);
+    ck_assert_ptr_nonnull(buf);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < max + 16; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+    for (int t = 0; t < 600; t++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t off = x % 16;
+        /* small lengths densely, and lengths around the block boundaries */
+        size_t len = t < 300 ? (size_t)t : (size_t)((x >> 8) % max);
+        if (t >= 560)
+            len = (size_t)(3 * 8192 + (t - 580)); /* 3*LONG_BLOCK +- 20 */
+        if (len > max)
+            len = max;
+        uint32_t want = ref_crc32c(buf + off, len);
+        ck_assert_msg(tcp_crc32c_sw(0, buf + off, len) == want, "table: len %zu off %zu", len,
+                      off);
+        ck_assert_msg(tcp_crc32c_hw(0, buf + off, len) == want, "hw: len %zu off %zu", len,
+                      off);
+        size_t cut = len ? (size_t)((x >> 20) % (len + 1)) : 0;
+        ck_assert_msg(tcp_crc32c_hw(tcp_crc32c_sw(0, buf + off, cut), buf + off + cut,
+                                    len - cut) == want,
+                      "split: len %zu cut %zu", len, cut);
+    }
+    /* one flipped bit anywhere changes it */
+    uint32_t base = tcp_crc32c(0, buf, 4096);
+    for (size_t bit = 0; bit < 4096 * 8; bit += 997) {
+        buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        ck_assert_uint_ne(tcp_crc32c(0, buf, 4096), base);
+        buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    }
+    free(buf);
+}
+END_TEST
+
+/* ======================= raw sockets ======================= */
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* 0 when all n bytes came within timeout_ms; -1 on EOF, error or timeout. */
+static int read_full(int fd, void *buf, size_t n, int timeout_ms)
+{
+    char *p = buf;
+    double end = th_now_ms() + timeout_ms;
+    while (n) {
+        int left = (int)(end - th_now_ms());
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&pf, 1, left) <= 0)
+            return -1;
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int send_hello(int fd, uint32_t version, int rank, int nranks, const char *instance,
+                      uint32_t checksum, uint32_t auth, const uint8_t *challenge)
+{
+    tcp_hello_t h = {.magic = TCP_HELLO_MAGIC, .version = version, .rank = rank,
+                     .nranks = nranks, .checksum = checksum, .auth = auth,
+                     .inst_len = (uint32_t)strlen(instance)};
+    if (challenge)
+        memcpy(h.challenge, challenge, sizeof(h.challenge));
+    if (write_full(fd, &h, sizeof(h)) < 0)
+        return -1;
+    return write_full(fd, instance, h.inst_len);
+}
+
+static int send_verdict(int fd, int status, const uint8_t *answer)
+{
+    tcp_verdict_t v = {.magic = TCP_VERDICT_MAGIC, .status = status};
+    if (answer)
+        memcpy(v.answer, answer, sizeof(v.answer));
+    return write_full(fd, &v, sizeof(v));
+}
+
+static int read_verdict(int fd, tcp_verdict_t *v, char *reason, size_t cap)
+{
+    if (read_full(fd, v, sizeof(*v), 5000) < 0 || v->magic != TCP_VERDICT_MAGIC ||
+        v->reason_len >= cap)
+        return -1;
+    if (read_full(fd, reason, v->reason_len, 5000) < 0)
+        return -1;
+    reason[v->reason_len] = '\0';
+    return 0;
+}
+
+/* The acceptor's answer to a hello: its hello (and instance), then its verdict. */
+static int read_reply(int fd, tcp_hello_t *h, tcp_verdict_t *v, char *reason, size_t cap)
+{
+    char inst[TCP_MAX_INSTANCE + 1];
+    if (read_full(fd, h, sizeof(*h), 5000) < 0 || h->magic != TCP_HELLO_MAGIC ||
+        h->inst_len > TCP_MAX_INSTANCE || read_full(fd, inst, h->inst_len, 5000) < 0)
+        return -1;
+    return read_verdict(fd, v, reason, cap);
+}
+
+/* "ip port" under key, waited for; only loopback IPv4 here. */
+static int published_port(tutti_store_t *store, const char *key)
+{
+    void *v = NULL;
+    size_t len = 0;
+    if (tutti_store_get(store, key, &v, &len, 10000) != 0)
+        return -1;
+    char ip[64];
+    int port = -1;
+    if (sscanf((const char *)v, "%63s %d", ip, &port) != 2 || strcmp(ip, "127.0.0.1"))
+        port = -1;
+    free(v);
+    return port;
+}
+
+/* stderr into a file for a while, to read what the library logged */
+typedef struct capture {
+    int saved;
+    FILE *f;
+} capture_t;
+
+static void capture_begin(capture_t *c)
+{
+    fflush(stderr);
+    c->f = tmpfile();
+    c->saved = dup(STDERR_FILENO);
+    dup2(fileno(c->f), STDERR_FILENO);
+}
+
+static char *capture_end(capture_t *c)
+{
+    fflush(stderr);
+    dup2(c->saved, STDERR_FILENO);
+    close(c->saved);
+    long n = ftell(c->f);
+    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+    rewind(c->f);
+    if (n > 0 && fread(text, 1, (size_t)n, c->f) != (size_t)n)
+        text[0] = '\0';
+    fclose(c->f);
+    fputs(text, stderr); /* still shown in the test log */
+    return text;
+}
+
+/* ======================= a host struct of our own ======================= */
+
+typedef struct thost {
+    tutti_tp_host_v1_t h;
+    tutti_store_t *store;
+    const char *prefix;
+    const char *secret;   /* NULL: no job secret */
+    const char *checksum; /* TUTTI_CHECKSUM */
+    int status, peer;
+    char msg[4096];
+} thost_t;
+
+static int th_store_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    thost_t *t = ctx;
+    char k[256];
+    snprintf(k, sizeof(k), "%s/%s", t->prefix, key);
+    return tutti_store_set(t->store, k, value, len);
+}
+
+static int th_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
+                        int timeout_ms)
+{
+    thost_t *t = ctx;
+    char k[256];
+    snprintf(k, sizeof(k), "%s/%s", t->prefix, key);
+    return tutti_store_get(t->store, k, value_p, len_p, timeout_ms);
+}
+
+static void th_free(void *v) { free(v); }
+
+static const char *th_config(void *ctx, const char *name)
+{
+    thost_t *t = ctx;
+    if (!strcmp(name, "CHECKSUM"))
+        return t->checksum;
+    if (!strcmp(name, "SOCKET_IFNAME"))
+        return "lo";
+    if (!strcmp(name, "SOCKET_FAMILY"))
+        return "4";
+    return NULL;
+}
+
+__attribute__((format(printf, 3, 4))) static void th_log(void *ctx, int level,
+                                                         const char *fmt, ...)
+{
+    thost_t *t = ctx;
+    if (level > TUTTI_LOG_WARN)
+        return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "[rank %d log] %s\n", t->h.rank, line);
+}
+
+__attribute__((format(printf, 5, 6))) static int th_error(void *ctx, int status, int peer,
+                                                          int err_no, const char *fmt, ...)
+{
+    thost_t *t = ctx;
+    (void)err_no;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->msg, sizeof(t->msg), fmt, ap);
+    va_end(ap);
+    t->status = status;
+    t->peer = peer;
+    fprintf(stderr, "[rank %d error] %s: %s\n", t->h.rank, tutti_status_name(status), t->msg);
+    return status;
+}
+
+/* What the library does with its secret (lib/auth.c); the transport never sees it. */
+static int th_auth(void *ctx, const char *context, const uint8_t challenge[32],
+                   uint8_t answer[32])
+{
+    thost_t *t = ctx;
+    if (!t->secret)
+        return TUTTI_ERR_UNSUPPORTED;
+    tt_auth_answer(t->secret, strlen(t->secret), context, challenge, answer);
+    return TUTTI_OK;
+}
+
+static void thost_init(thost_t *t, tutti_store_t *store, int rank, int nranks, int timeout_ms,
+                       const char *prefix, const char *instance, const char *secret,
+                       const char *checksum)
+{
+    memset(t, 0, sizeof(*t));
+    t->store = store;
+    t->prefix = prefix;
+    t->secret = secret;
+    t->checksum = checksum;
+    t->peer = -2;
+    t->h = (tutti_tp_host_v1_t){
+        .size = sizeof(tutti_tp_host_v1_t),
+        .abi_version = TUTTI_TRANSPORT_ABI_V1,
+        .rank = rank,
+        .nranks = nranks,
+        .timeout_ms = timeout_ms,
+        .spin_us = 0,
+        .ctx = t,
+        .store_set = th_store_set,
+        .store_get = th_store_get,
+        .free_value = th_free,
+        .config = th_config,
+        .log = th_log,
+        .error = th_error,
+        .instance = instance,
+        .auth_answer = th_auth,
+    };
+}
+
+/* Both directions of one link at once: len bytes of a pattern per rank, checked. */
+static int tp_exchange(const tutti_transport_ops_v1_t *ops, void *tp, int rank, int peer,
+                       size_t len)
+{
+    unsigned char *sbuf = malloc(len + 1), *rbuf = malloc(len + 1);
+    if (!sbuf || !rbuf)
+        return -1;
+    for (size_t i = 0; i < len; i++)
+        sbuf[i] = (unsigned char)(rank * 31 + i * 7);
+    memset(rbuf, 0, len);
+    tutti_tp_req_v1_t s = {.peer = peer, .buf = sbuf, .len = len, .env = {1, 2, 3, 4}};
+    tutti_tp_req_v1_t r = {.peer = peer, .buf = rbuf, .len = len, .env = {1, 2, 3, 4}};
+    int rc = -1;
+    if (ops->post_send(tp, &s) != 0 || ops->post_recv(tp, &r) != 0)
+        goto out;
+    double t0 = th_now_ms();
+    while ((s.status == 1 || r.status == 1) && elapsed_since(t0) < 10000)
+        ops->progress(tp, 100);
+    if (s.status != 0 || r.status != 0) {
+        fprintf(stderr, "rank %d: exchange with %d: send %d recv %d\n", rank, peer, s.status,
+                r.status);
+        goto out;
+    }
+    rc = 0;
+    for (size_t i = 0; i < len; i++)
+        if (rbuf[i] != (unsigned char)(peer * 31 + i * 7)) {
+            fprintf(stderr, "rank %d: byte %zu from rank %d is %u\n", rank, i, peer, rbuf[i]);
+            rc = -1;
+            break;
+        }
+out:
+    free(sbuf);
+    free(rbuf);
+    return rc;
+}
+
+/* ======================= communicator helpers ======================= */
+
+static void tcp_opts(tutti_comm_opts_t *o, const char *prefix, int timeout_ms)
+{
+    tutti_comm_opts_init(o);
+    o->transport = "tcp";
+    o->socket_ifname = "lo";
+    o->prefix = prefix; /* pinned: the tests find the address keys under it */
+    o->timeout_ms = timeout_ms;
+}
+
+/* allreduce of int32 rank*1000+i over n elements, checked against plain C */
+static int check_allreduce(int rank, int nranks, tutti_comm_t *comm, size_t n)
+{
+    int32_t *in = malloc(n * 4), *out = malloc(n * 4);
+    FAIL_IF(!in || !out, "malloc");
+    for (size_t i = 0; i < n; i++)
+        in[i] = rank * 1000 + (int32_t)(i % 977);
+    int st = tutti_allreduce(comm, in, out, n, TUTTI_INT32, TUTTI_SUM);
+    FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
+    for (size_t i = 0; i < n; i++) {
+        int32_t want = 1000 * nranks * (nranks - 1) / 2 + nranks * (int32_t)(i % 977);
+        FAIL_IF(out[i] != want, "out[%zu] = %d, want %d", i, out[i], want);
+    }
+    free(in);
+    free(out);
+    return 0;
+}
+
+/* ======================= (a) forged hellos during set-up ======================= */
+
+/* Rank 1, before it joins, throws at rank 0's listener: a version 1 hello claiming rank
+ * 1 (what took the slot before), a current hello from another job instance claiming
+ * rank 1, garbage, a connection that never speaks, and one that stops mid-hello. All
+ * stay open while the job sets up and runs; rank 0 must connect the genuine rank 1 (the
+ * allreduce is right) and have told the forgers that speak the protocol why not them. */
+static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    int fds[5] = {-1, -1, -1, -1, -1};
+    if (rank == 1) {
+        int port = published_port(store, "tcpforge/tcp/0");
+        FAIL_IF(port < 0, "rank 0's address");
+        for (int k = 0; k < 5; k++)
+            FAIL_IF((fds[k] = raw_connect(port)) < 0, "connect %d", k);
+        uint32_t v1[4] = {TCP_HELLO_MAGIC, 1, 1, (uint32_t)nranks};
+        FAIL_IF(write_full(fds[0], v1, sizeof(v1)) < 0, "v1 hello");
+        FAIL_IF(send_hello(fds[1], TCP_HELLO_VERSION, 1, nranks, "another-job/0", 0, 0, NULL),
+                "v2 hello");
+        char junk[300];
+        memset(junk, 0x5a, sizeof(junk));
+        FAIL_IF(write_full(fds[2], junk, sizeof(junk)) < 0, "garbage");
+        /* fds[3] says nothing; fds[4] the first 10 bytes of a hello */
+        tcp_hello_t h = {.magic = TCP_HELLO_MAGIC, .version = TCP_HELLO_VERSION, .rank = 1};
+        FAIL_IF(write_full(fds[4], &h, 10) < 0, "partial hello");
+        /* rank 0 has read the forged hellos before the genuine one can arrive */
+        struct pollfd pf = {.fd = fds[1], .events = POLLIN};
+        FAIL_IF(poll(&pf, 1, 5000) != 1, "rank 0 never answered the forged hello");
+    }
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpforge", 10000);
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    st = check_allreduce(rank, nranks, comm, 100000);
+    tutti_comm_destroy(comm);
+    if (rank == 1 && st == 0) {
+        tcp_hello_t rh;
+        tcp_verdict_t rv;
+        char reason[TCP_MAX_REASON + 1];
+        FAIL_IF(read_reply(fds[0], &rh, &rv, reason, sizeof(reason)) < 0,
+                "no refusal for the version 1 hello");
+        FAIL_IF(rv.status != TUTTI_ERR_PROTOCOL || !strstr(reason, "version 1") ||
+                    !strstr(reason, "version 2"),
+                "version 1 hello: %s: %s", tutti_status_name(rv.status), reason);
+        FAIL_IF(read_reply(fds[1], &rh, &rv, reason, sizeof(reason)) < 0,
+                "no refusal for the other instance");
+        FAIL_IF(rv.status != TUTTI_ERR_IN_USE || !strstr(reason, "another-job/0"),
+                "other instance: %s: %s", tutti_status_name(rv.status), reason);
+        FAIL_IF(rh.rank != 0, "the refusal came from rank %d", rh.rank);
+    }
+    for (int k = 0; k < 5; k++)
+        if (fds[k] >= 0)
+            close(fds[k]);
+    tutti_store_close(store);
+    return st;
+}
+
+START_TEST(forged_hellos_do_not_take_the_slot)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_forged, .timeout_ms = 30000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* With a job secret: a hello from the right instance that cannot answer, one that
+ * reflects rank 0's own answer back at it, one without proof, and a flood of idle
+ * connections beyond the set-up's limit. None takes the slot; the genuine rank 1 does,
+ * and data moves. (Driven through the ops table: the test chooses the instance.) */
+#define FORGE_INSTANCE "forge-job/n0nce"
+static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                            void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    enum { FLOOD = 150 };
+    int fds[3 + FLOOD];
+    for (int k = 0; k < 3 + FLOOD; k++)
+        fds[k] = -1;
+    if (rank == 1) {
+        int port = published_port(store, "tcpauth/tcp/0");
+        FAIL_IF(port < 0, "rank 0's address");
+        tcp_hello_t rh, rh2;
+        tcp_verdict_t rv, rv2;
+        char reason[TCP_MAX_REASON + 1];
+        uint8_t ch[32], wrong[32];
+        memset(ch, 0x11, sizeof(ch));
+        memset(wrong, 0x22, sizeof(wrong));
+
+        /* 1: right instance, claims the secret, answers with noise */
+        FAIL_IF((fds[0] = raw_connect(port)) < 0, "connect");
+        FAIL_IF(send_hello(fds[0], TCP_HELLO_VERSION, 1, nranks, FORGE_INSTANCE, 0, 1, ch),
+                "hello");
+        FAIL_IF(read_reply(fds[0], &rh, &rv, reason, sizeof(reason)) < 0 || rv.status != 0,
+                "rank 0 did not answer the hello");
+        uint8_t want[32];
+        tt_auth_answer("s3cret", 6, "tcp-hello 0->1 " FORGE_INSTANCE, ch, want);
+        FAIL_IF(memcmp(want, rv.answer, 32), "rank 0's answer is not HMAC(secret, 0->1, ch)");
+        FAIL_IF(send_verdict(fds[0], 0, wrong) < 0, "verdict");
+        FAIL_IF(read_verdict(fds[0], &rv, reason, sizeof(reason)) < 0, "no final verdict");
+        FAIL_IF(rv.status != TUTTI_ERR_AUTH || !strstr(reason, "failed to prove"),
+                "wrong answer: %s: %s", tutti_status_name(rv.status), reason);
+
+        /* 2: reflection: ask rank 0 to answer its own challenge on a second connection */
+        FAIL_IF((fds[1] = raw_connect(port)) < 0 || (fds[2] = raw_connect(port)) < 0,
+                "connect");
+        FAIL_IF(send_hello(fds[1], TCP_HELLO_VERSION, 1, nranks, FORGE_INSTANCE, 0, 1, ch),
+                "hello");
+        FAIL_IF(read_reply(fds[1], &rh, &rv, reason, sizeof(reason)) < 0 || rv.status != 0,
+                "no answer");
+        FAIL_IF(send_hello(fds[2], TCP_HELLO_VERSION, 1, nranks, FORGE_INSTANCE, 0, 1,
+                           rh.challenge),
+                "hello");
+        FAIL_IF(read_reply(fds[2], &rh2, &rv2, reason, sizeof(reason)) < 0 || rv2.status != 0,
+                "no answer");
+        FAIL_IF(!memcmp(rh.challenge, rh2.challenge, 32), "rank 0 reused a challenge");
+        FAIL_IF(send_verdict(fds[1], 0, rv2.answer) < 0, "verdict");
+        FAIL_IF(read_verdict(fds[1], &rv, reason, sizeof(reason)) < 0, "no final verdict");
+        FAIL_IF(rv.status != TUTTI_ERR_AUTH, "reflected answer: %s: %s",
+                tutti_status_name(rv.status), reason);
+        close(fds[2]);
+        fds[2] = -1;
+
+        /* 3: no proof offered */
+        FAIL_IF((fds[2] = raw_connect(port)) < 0, "connect");
+        FAIL_IF(send_hello(fds[2], TCP_HELLO_VERSION, 1, nranks, FORGE_INSTANCE, 0, 0, NULL),
+                "hello");
+        FAIL_IF(read_reply(fds[2], &rh, &rv, reason, sizeof(reason)) < 0, "no refusal");
+        FAIL_IF(rv.status != TUTTI_ERR_AUTH || !strstr(reason, "has no job secret"),
+                "no proof: %s: %s", tutti_status_name(rv.status), reason);
+
+        /* 4: idle connections, more than rank 0 keeps in set-up */
+        for (int k = 0; k < FLOOD; k++)
+            FAIL_IF((fds[3 + k] = raw_connect(port)) < 0, "flood connect %d: %s", k,
+                    strerror(errno));
+    }
+    thost_t t;
+    thost_init(&t, store, rank, nranks, 15000, "tcpauth", FORGE_INSTANCE, "s3cret", NULL);
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_tcp();
+    void *tp = NULL;
+    int st = ops->create(&t.h, &tp);
+    FAIL_IF(st != 0, "create: %s: %s", tutti_status_name(st), t.msg);
+    st = tp_exchange(ops, tp, rank, 1 - rank, 3 << 20);
+    ops->destroy(tp);
+    for (int k = 0; k < 3 + FLOOD; k++)
+        if (fds[k] >= 0)
+            close(fds[k]);
+    tutti_store_close(store);
+    FAIL_IF(st != 0, "exchange failed");
+    return 0;
+}
+
+START_TEST(forged_answers_are_refused)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_forged_auth, .timeout_ms = 40000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ======================= (b) different instances ======================= */
+
+typedef struct pair_case {
+    const char *inst[2];
+    const char *secret[2];
+    const char *checksum[2];
+    int want_status;         /* both ranks fail with it */
+    const char *needles[3];  /* in both ranks' error messages (NULL-terminated) */
+} pair_case_t;
+
+/* Rank 1 (the connecting side) must fail at once with the reason; rank 0 keeps
+ * listening for a genuine rank 1 until its deadline, then fails naming what it
+ * refused. */
+static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const pair_case_t *pc = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    const int timeout = rank == 0 ? 4000 : 20000;
+    thost_t t;
+    thost_init(&t, store, rank, nranks, timeout, "tcppair", pc->inst[rank], pc->secret[rank],
+               pc->checksum[rank]);
+    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_tcp();
+    void *tp = NULL;
+    double t0 = th_now_ms();
+    int st = ops->create(&t.h, &tp);
+    double ms = elapsed_since(t0);
+    if (st == 0)
+        ops->destroy(tp);
+    tutti_store_close(store);
+    FAIL_IF(st == 0, "connected although %s", pc->needles[0]);
+    FAIL_IF(st != pc->want_status, "%s, want %s: %s", tutti_status_name(st),
+            tutti_status_name(pc->want_status), t.msg);
+    FAIL_IF(t.peer != 1 - rank, "the error names peer %d, not %d", t.peer, 1 - rank);
+    for (int k = 0; k < 3 && pc->needles[k]; k++)
+        FAIL_IF(!strstr(t.msg, pc->needles[k]), "message lacks \"%s\": %s", pc->needles[k],
+                t.msg);
+    char peer[32];
+    snprintf(peer, sizeof(peer), "rank %d", 1 - rank);
+    FAIL_IF(!strstr(t.msg, peer), "message does not name %s: %s", peer, t.msg);
+    FAIL_IF(!strstr(t.msg, "127.0.0.1:"), "message lacks the peer's address: %s", t.msg);
+    if (rank == 1)
+        FAIL_IF(ms > 3000, "the connecting rank took %.0f ms to fail (rank 0's deadline is "
+                "4000 ms): it should not wait for a timeout", ms);
+    return 0;
+}
+
+static void run_pair(const pair_case_t *pc)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_pair, .arg = (void *)pc, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+
+START_TEST(different_instances_do_not_connect)
+{
+    pair_case_t pc = {.inst = {"job7/aaaa", "job7/bbbb"},
+                      .want_status = TUTTI_ERR_IN_USE,
+                      .needles = {"\"job7/aaaa\"", "\"job7/bbbb\""}};
+    run_pair(&pc);
+}
+END_TEST
+
+/* The same through the library: ranks given different job ids never form a
+ * communicator, on one store, under one prefix. */
+static int rank_job_ids(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpjobs", 4000);
+    o.job_id = rank == 0 ? "jobA" : "jobB";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    if (st == 0)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    FAIL_IF(st == 0, "ranks of jobA and jobB formed a communicator");
+    return st == TUTTI_ERR_IN_USE ? 0 : 2; /* 2: failed, for another reason */
+}
+
+START_TEST(different_job_ids_do_not_connect)
+{
+    int codes[2];
+    th_spec_t spec = {.nranks = 2, .fn = rank_job_ids, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    th_run_ex(&spec, codes);
+    ck_assert_msg(codes[0] != 1 && codes[1] != 1, "a rank connected (codes %d %d)", codes[0],
+                  codes[1]);
+    ck_assert_msg(codes[0] >= 0 && codes[1] >= 0, "a rank hung (codes %d %d)", codes[0],
+                  codes[1]);
+    ck_assert_msg(codes[0] == 0 || codes[1] == 0,
+                  "neither rank said TUTTI_ERR_IN_USE (codes %d %d)", codes[0], codes[1]);
+}
+END_TEST
+
+/* ======================= (c) the job secret ======================= */
+
+START_TEST(secret_on_one_side_only)
+{
+    pair_case_t pc = {.inst = {"j/1", "j/1"},
+                      .secret = {"s3cret", NULL},
+                      .want_status = TUTTI_ERR_AUTH,
+                      .needles = {"has no job secret and rank 0 has one"}};
+    run_pair(&pc);
+    pair_case_t rev = {.inst = {"j/1", "j/1"},
+                       .secret = {NULL, "s3cret"},
+                       .want_status = TUTTI_ERR_AUTH,
+                       .needles = {"has a job secret and rank 0 has none"}};
+    run_pair(&rev);
+}
+END_TEST
+
+START_TEST(wrong_secret_is_refused)
+{
+    pair_case_t pc = {.inst = {"j/2", "j/2"},
+                      .secret = {"right", "wrong"},
+                      .want_status = TUTTI_ERR_AUTH,
+                      .needles = {"failed to prove the job secret"}};
+    run_pair(&pc);
+}
+END_TEST
+
+/* Through the library: TUTTI_AUTH_TOKEN on every rank works; a rank with another token
+ * is refused with TUTTI_ERR_AUTH and the log names the peer. */
+static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    int bad_rank = *(int *)arg; /* -1: all agree */
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcptoken", bad_rank < 0 ? 15000 : 4000);
+    o.auth_token = rank == bad_rank ? "not-the-token" : "the-token";
+    tutti_comm_t *comm = NULL;
+    capture_t cap;
+    capture_begin(&cap);
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    char *log = capture_end(&cap);
+    int rc = 0;
+    if (bad_rank < 0) {
+        if (st != 0) {
+            fprintf(stderr, "rank %d: init: %s\n", rank, tutti_status_name(st));
+            rc = 1;
+        } else {
+            rc = check_allreduce(rank, nranks, comm, 5000);
+        }
+    } else if (st != TUTTI_ERR_AUTH) {
+        fprintf(stderr, "rank %d: init gave %s, want TUTTI_ERR_AUTH\n", rank,
+                tutti_status_name(st));
+        rc = 1;
+    } else {
+        int other = rank == bad_rank ? 0 : bad_rank;
+        char needle[64];
+        snprintf(needle, sizeof(needle), "rank %d", other);
+        if (!strstr(log, needle) || !strstr(log, "127.0.0.1:") ||
+            !strstr(log, "failed to prove the job secret")) {
+            fprintf(stderr, "rank %d: the log does not name rank %d's failed proof\n", rank,
+                    other);
+            rc = 1;
+        }
+    }
+    free(log);
+    if (st == 0)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(auth_token_on_every_rank)
+{
+    int bad = -1;
+    th_spec_t spec = {.nranks = 3, .fn = rank_token, .arg = &bad, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(auth_token_wrong_on_one_rank)
+{
+    int bad = 1;
+    th_spec_t spec = {.nranks = 2, .fn = rank_token, .arg = &bad, .timeout_ms = 30000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ======================= checksum mode agreement ======================= */
+
+START_TEST(checksum_modes_must_agree)
+{
+    pair_case_t pc = {.inst = {"j/3", "j/3"},
+                      .checksum = {"crc32c", "none"},
+                      .want_status = TUTTI_ERR_CONFIG,
+                      .needles = {"TUTTI_CHECKSUM=none", "with crc32c"}};
+    run_pair(&pc);
+}
+END_TEST
+
+static int rank_bad_checksum(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                             void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpbadsum", 4000);
+    o.checksum = "md5";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    if (st == 0)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_CHECKSUM=md5 gave %s", tutti_status_name(st));
+    return 0;
+}
+
+START_TEST(unknown_checksum_is_a_config_error)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_bad_checksum, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ======================= checksummed data path ======================= */
+
+/* Every size class of the data path (empty, staged, around the eager-checksum limit,
+ * many socket buffers) in both directions, then a mismatch whose error report itself
+ * travels checksummed. */
+static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                           void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpcsum", 15000);
+    o.checksum = "crc32c";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const size_t sizes[] = {0, 1, 7, 4095, 4096, 4097, 65535, 65536, 65537, (3u << 20) + 5};
+    uint8_t *buf = malloc((3u << 20) + 5);
+    FAIL_IF(!buf, "malloc");
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t n = sizes[k];
+        for (int dirn = 0; dirn < 2; dirn++) {
+            int sender = dirn == 0 ? 0 : 1;
+            if (rank == sender) {
+                for (size_t i = 0; i < n; i++)
+                    buf[i] = (uint8_t)(i * 13 + k + dirn);
+                st = tutti_send(comm, buf, n, TUTTI_UINT8, 1 - rank, (int)k);
+                FAIL_IF(st != 0, "send %zu: %s", n, tutti_comm_last_error(comm));
+            } else {
+                memset(buf, 0, n);
+                st = tutti_recv(comm, buf, n, TUTTI_UINT8, 1 - rank, (int)k);
+                FAIL_IF(st != 0, "recv %zu: %s", n, tutti_comm_last_error(comm));
+                for (size_t i = 0; i < n; i++)
+                    FAIL_IF(buf[i] != (uint8_t)(i * 13 + k + dirn), "size %zu byte %zu", n, i);
+            }
+        }
+    }
+    FAIL_IF(check_allreduce(rank, nranks, comm, 300000), "allreduce");
+    /* mismatched counts: both ranks fail, and the report crosses a checksummed link */
+    int32_t x[8] = {0}, y[8];
+    st = tutti_allreduce(comm, x, y, rank == 0 ? 8 : 6, TUTTI_INT32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "mismatch gave %s: %s", tutti_status_name(st),
+            tutti_comm_last_error(comm));
+    free(buf);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(checksummed_data_path)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_csum_sizes, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* The same code built as libtutti-transport-tcp.so (nothing from libtutti but the
+ * host struct): checksums and the secret work there too. */
+static int rank_plugin(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tcp_opts(&o, "tcpplugin", 15000);
+    o.transport = TT_BUILD_DIR "/lib/libtutti-transport-tcp.so";
+    o.checksum = "crc32c";
+    o.auth_token = "plugin-token";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init with the plugin: %s", tutti_status_name(st));
+    st = check_allreduce(rank, nranks, comm, 200000);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return st;
+}
+
+START_TEST(plugin_with_checksums_and_secret)
+{
+    th_spec_t spec = {.nranks = 3, .fn = rank_plugin, .timeout_ms = 30000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ======================= (d) a byte flipped in flight ======================= */
+
+/* A proxy spliced between rank 0 and the ranks that connect to it, by rewriting rank
+ * 0's address in the store. It forwards both ways and flips one bit of one byte going
+ * from rank 0: of a payload, inside the first run of rank 0's input (int32 7s) it sees,
+ * which only rank 0's untouched contribution contains (with the ring, rank 0 sends it
+ * to rank 1); or of the first frame header (found by its magic, "TUTI"). */
+#define FLIP_PREFIX "tcpflip"
+#define FLIP_COUNT (1u << 20)
+
+typedef struct flip_case {
+    const char *checksum; /* TUTTI_CHECKSUM of the ranks */
+    int header;           /* flip in a frame header, not a payload */
+} flip_case_t;
+
+typedef struct flow {
+    int from, to;
+    int scan; /* 1: look for rank 0's input in this direction; 2: for a frame header */
+    int eof;
+    size_t head, tail;
+    unsigned char buf[1 << 18];
+} flow_t;
+
+typedef struct splice {
+    flow_t up;   /* client -> rank 0 */
+    flow_t down; /* rank 0 -> client */
+    int done;
+} splice_t;
+
+static int flip_once(flow_t *f, size_t from, size_t to)
+{
+    static const uint8_t pat[4] = {7, 0, 0, 0};
+    if (f->scan == 2) {
+        for (size_t i = from; i + 32 <= to; i++)
+            if (!memcmp(f->buf + i, "TUTI", 4)) {
+                f->buf[i + 24] ^= 0x10; /* in the envelope (its fingerprint) */
+                return 1;
+            }
+        return 0;
+    }
+    for (size_t i = from; i + 32 <= to; i++) {
+        int run = 1;
+        for (size_t j = 0; j < 32 && run; j++)
+            run = f->buf[i + j] == pat[j % 4];
+        if (run) {
+            /* buf[i] is a 7, the low byte of an int (little-endian); so is buf[i + 16] */
+            f->buf[i + 16] ^= 0x10; /* 7 -> 23: that element's sum grows by 16 */
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int rank_proxy(const char *dir, int header)
+{
+    tutti_store_t *store;
+    if (tutti_store_open_file(&store, dir, 10000) != 0)
+        return 1;
+    int port0 = published_port(store, FLIP_PREFIX "/tcp/0");
+    if (port0 < 0) {
+        fprintf(stderr, "proxy: no address for rank 0\n");
+        return 1;
+    }
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, 16) ||
+        getsockname(lfd, (struct sockaddr *)&a, &alen)) {
+        fprintf(stderr, "proxy: listen: %s\n", strerror(errno));
+        return 1;
+    }
+    char val[64];
+    snprintf(val, sizeof(val), "127.0.0.1 %d", ntohs(a.sin_port));
+    if (tutti_store_set(store, FLIP_PREFIX "/tcp/0", val, strlen(val) + 1) ||
+        tutti_store_set(store, "proxy-ready", "1", 2))
+        return 1;
+    enum { MAXS = 8 };
+    splice_t *sp[MAXS] = {0};
+    int nsp = 0, flipped = 0, live = 0;
+    double t0 = th_now_ms();
+    while (elapsed_since(t0) < 40000 && (nsp < 2 || live > 0)) {
+        struct pollfd pf[1 + 4 * MAXS];
+        flow_t *pflow[1 + 4 * MAXS];
+        int pin[1 + 4 * MAXS];
+        int n = 0;
+        pf[n++] = (struct pollfd){.fd = nsp < MAXS ? lfd : -1, .events = POLLIN};
+        for (int s = 0; s < nsp; s++) {
+            if (sp[s]->done)
+                continue;
+            flow_t *fl[2] = {&sp[s]->up, &sp[s]->down};
+            for (int d = 0; d < 2; d++) {
+                flow_t *f = fl[d];
+                if (!f->eof && f->tail < sizeof(f->buf)) {
+                    pflow[n] = f, pin[n] = 1;
+                    pf[n++] = (struct pollfd){.fd = f->from, .events = POLLIN};
+                }
+                if (f->head < f->tail) {
+                    pflow[n] = f, pin[n] = 0;
+                    pf[n++] = (struct pollfd){.fd = f->to, .events = POLLOUT};
+                }
+            }
+        }
+        if (poll(pf, (nfds_t)n, 100) < 0 && errno != EINTR)
+            break;
+        if (pf[0].revents & POLLIN) {
+            int cfd = accept(lfd, NULL, NULL);
+            int ufd = cfd >= 0 ? raw_connect(port0) : -1;
+            if (cfd >= 0 && ufd >= 0) {
+                splice_t *x = calloc(1, sizeof(*x));
+                x->up = (flow_t){.from = cfd, .to = ufd};
+                x->down = (flow_t){.from = ufd, .to = cfd, .scan = header ? 2 : 1};
+                sp[nsp++] = x;
+                live++;
+            }
+        }
+        for (int i = 1; i < n; i++) {
+            flow_t *f = pflow[i];
+            if (!pf[i].revents)
+                continue;
+            if (pin[i]) {
+                ssize_t r = read(f->from, f->buf + f->tail, sizeof(f->buf) - f->tail);
+                if (r <= 0) {
+                    f->eof = 1;
+                } else {
+                    size_t from = f->tail >= 31 ? f->tail - 31 : 0;
+                    f->tail += (size_t)r;
+                    if (!flipped && f->scan)
+                        flipped = flip_once(f, from, f->tail);
+                }
+            } else {
+                ssize_t w = send(f->to, f->buf + f->head, f->tail - f->head,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (w > 0)
+                    f->head += (size_t)w;
+                else if (w < 0 && errno != EAGAIN && errno != EINTR)
+                    f->eof = 1, f->head = f->tail; /* the other side is gone */
+                if (f->head == f->tail)
+                    f->head = f->tail = 0;
+            }
+        }
+        for (int s = 0; s < nsp; s++) {
+            splice_t *x = sp[s];
+            if (x->done)
+                continue;
+            flow_t *fl[2] = {&x->up, &x->down};
+            for (int d = 0; d < 2; d++)
+                if (fl[d]->eof && fl[d]->head == fl[d]->tail && fl[d]->eof != 2) {
+                    shutdown(fl[d]->to, SHUT_WR);
+                    fl[d]->eof = 2;
+                }
+            if (x->up.eof == 2 && x->down.eof == 2) {
+                close(x->up.from);
+                close(x->up.to);
+                x->done = 1;
+                live--;
+            }
+        }
+    }
+    for (int s = 0; s < nsp; s++) {
+        if (!sp[s]->done) {
+            close(sp[s]->up.from);
+            close(sp[s]->up.to);
+        }
+        free(sp[s]);
+    }
+    close(lfd);
+    tutti_store_close(store);
+    if (!flipped)
+        fprintf(stderr, "proxy: never saw rank 0's input go by: nothing was flipped\n");
+    return flipped ? 0 : 1;
+}
+
+static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const flip_case_t *fc = arg;
+    const char *checksum = fc->checksum;
+    if (rank == nranks - 1)
+        return rank_proxy(dir, fc->header);
+    nranks--; /* the last process is the proxy */
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    if (rank > 0) {
+        void *v = NULL;
+        size_t len = 0;
+        FAIL_IF(tutti_store_get(store, "proxy-ready", &v, &len, 10000) != 0, "no proxy");
+        free(v);
+    }
+    tutti_comm_opts_t o;
+    tcp_opts(&o, FLIP_PREFIX, 15000);
+    o.checksum = checksum;
+    o.algo = "allreduce:ring"; /* rank 0's own input goes to rank 1, through the proxy */
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    int32_t *in = malloc(FLIP_COUNT * 4), *out = malloc(FLIP_COUNT * 4);
+    FAIL_IF(!in || !out, "malloc");
+    for (size_t i = 0; i < FLIP_COUNT; i++)
+        in[i] = rank == 0 ? 7 : rank * 1000 + (int32_t)(i % 1000);
+    st = tutti_allreduce(comm, in, out, FLIP_COUNT, TUTTI_INT32, TUTTI_SUM);
+    const char *err = tutti_comm_last_error(comm);
+    size_t wrong = 0;
+    long diff = 0;
+    for (size_t i = 0; i < FLIP_COUNT && st == 0; i++) {
+        int32_t want = 7;
+        for (int r = 1; r < nranks; r++)
+            want += r * 1000 + (int32_t)(i % 1000);
+        if (out[i] != want) {
+            wrong++;
+            diff = (long)out[i] - want;
+        }
+    }
+    int rc = 0;
+    if (checksum) {
+        /* every rank fails, each naming the corrupted link */
+        if (st != TUTTI_ERR_PROTOCOL || !strstr(err, "data corrupted on the link from rank 0") ||
+            !strstr(err, "to rank 1") || !strstr(err, "crc32c check") ||
+            !strstr(err, fc->header ? "a frame header fails" : "the message of")) {
+            fprintf(stderr, "rank %d: allreduce gave %s (%zu wrong elements): %s\n", rank,
+                    tutti_status_name(st), wrong, err);
+            rc = 1;
+        }
+    } else if (st != 0 || wrong != 1 || diff != 16) {
+        /* the defect, documented: success, and one element off by the flipped bit */
+        fprintf(stderr, "rank %d: without checksums: %s, %zu wrong elements (diff %ld): %s\n",
+                rank, tutti_status_name(st), wrong, diff, err);
+        rc = 1;
+    }
+    free(in);
+    free(out);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(flipped_byte_fails_every_rank_with_crc32c)
+{
+    flip_case_t fc = {.checksum = "crc32c"};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(flipped_header_byte_fails_every_rank_with_crc32c)
+{
+    flip_case_t fc = {.checksum = "crc32c", .header = 1};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(flipped_byte_is_silent_without_checksums)
+{
+    flip_case_t fc = {.checksum = NULL};
+    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("tcp");
+    TCase *tc = tcase_create("tcp");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, crc32c_vectors);
+    tcase_add_test(tc, crc32c_implementations_agree);
+    tcase_add_test(tc, forged_hellos_do_not_take_the_slot);
+    tcase_add_test(tc, forged_answers_are_refused);
+    tcase_add_test(tc, different_instances_do_not_connect);
+    tcase_add_test(tc, different_job_ids_do_not_connect);
+    tcase_add_test(tc, secret_on_one_side_only);
+    tcase_add_test(tc, wrong_secret_is_refused);
+    tcase_add_test(tc, auth_token_on_every_rank);
+    tcase_add_test(tc, auth_token_wrong_on_one_rank);
+    tcase_add_test(tc, checksum_modes_must_agree);
+    tcase_add_test(tc, unknown_checksum_is_a_config_error);
+    tcase_add_test(tc, checksummed_data_path);
+    tcase_add_test(tc, plugin_with_checksums_and_secret);
+    tcase_add_test(tc, flipped_byte_fails_every_rank_with_crc32c);
+    tcase_add_test(tc, flipped_header_byte_fails_every_rank_with_crc32c);
+    tcase_add_test(tc, flipped_byte_is_silent_without_checksums);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
