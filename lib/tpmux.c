@@ -119,6 +119,16 @@ __attribute__((format(printf, 3, 4))) static void sub_log(void *ctx, int level,
     s->parent->log(s->parent->ctx, level, "%s", msg);
 }
 
+/* The secret lives with the communicator: answer through the parent (ctx is ours). */
+static int sub_auth_answer(void *ctx, const char *context, const uint8_t challenge[32],
+                           uint8_t answer[32])
+{
+    mux_sub_t *s = ctx;
+    if (!tutti_tp_host_has(s->parent, auth_answer) || !s->parent->auth_answer)
+        return TUTTI_ERR_UNSUPPORTED;
+    return s->parent->auth_answer(s->parent->ctx, context, challenge, answer);
+}
+
 __attribute__((format(printf, 5, 6))) static int sub_error(void *ctx, int status, int peer,
                                                            int err_no, const char *fmt, ...)
 {
@@ -521,6 +531,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
         s->host.config = sub_config;
         s->host.log = sub_log;
         s->host.error = sub_error;
+        s->host.auth_answer = sub_auth_answer;
         s->parent = &comm->host;
         s->kprefix = role == 0 ? "local" : "remote";
         st = s->ops->create(&s->host, &s->tp);
