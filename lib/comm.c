@@ -107,9 +107,8 @@ size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
                                         comm->opts.chunk_bytes);
     if (!a || comm->nranks < 2)
         return 0;
+    /* the broadcast's confirm/release round (exec.c) is in the estimate */
     double lat = tt_cost_estimate(c, coll, a->name, 0, comm->nranks, comm->opts.chunk_bytes);
-    if (bcast)
-        lat += 2 * c->alpha_us; /* the confirm/release round (exec.c) */
     double copy_us = (bcast ? 1 : 2) * c->gamma_ns * 1e-3; /* per byte: in, and out */
     double below = lat / copy_us;
     return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
