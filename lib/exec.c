@@ -90,9 +90,13 @@ static int root_handshake(tt_op_t *op, int confirm)
         TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &req));
         return tt_p2p_wait(op, &req);
     }
-    tt_req_t *reqs = calloc((size_t)op->nranks, sizeof(*reqs));
-    if (!reqs)
-        return tt_p2p_fail(op, TUTTI_ERR_NOMEM);
+    tt_req_t few[16];
+    tt_req_t *reqs = op->nranks <= 16 ? few : malloc((size_t)op->nranks * sizeof(*reqs));
+    if (!reqs) {
+        tt_comm_record_failure(op->comm, op, TUTTI_ERR_NOMEM, "out of memory");
+        return TUTTI_ERR_NOMEM;
+    }
+    memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
     int st = TUTTI_OK;
     if (confirm) {
         for (int r = 0; r < op->nranks; r++)
@@ -106,7 +110,8 @@ static int root_handshake(tt_op_t *op, int confirm)
             TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[r]), st, out);
     st = tt_p2p_wait_all(op, reqs, (size_t)op->nranks);
 out:
-    free(reqs);
+    if (reqs != few)
+        free(reqs);
     return st;
 }
 

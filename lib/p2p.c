@@ -278,7 +278,13 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
     for (int hops = 0; hops < op->nranks && n < outlen; hops++) {
         const char *sep = hops ? "; " : "";
         stall_rec_t rec;
-        if (!stall_read(op, cur, &rec) || rec.seq > seq || rec.next == cur) {
+        int have = stall_read(op, cur, &rec);
+        if (!have && op->store_down) {
+            BLAME("%swhether rank %d waits on another is unknown: the store is unreachable",
+                  sep, cur);
+            break;
+        }
+        if (!have || rec.seq > seq || rec.next == cur) {
             if (seq == op->seq)
                 BLAME("%srank %d shows no sign of being in this collective (hung, dead, or "
                       "not calling it)", sep, cur);
