@@ -876,15 +876,21 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
      * this op (the ops in between completed: peers had sent everything before giving
      * up) counts while its peers could still be timing out on it; time spent outside
      * the library only where a peer's timeout is the failure. */
-    char stopped[224] = "";
+    char stopped[224] = "", me[3][48];
     uint64_t now = tt_now_ns(), since = now - comm->stop_end_ns;
     int recent = comm->stop_end_ns && since < 2 * (uint64_t)comm->opts.timeout_ms * 1000000ull;
+    /* a peer's timeout on this very rank (p2p.c's words) */
+    snprintf(me[0], sizeof(me[0]), "receiving from rank %d (", comm->rank);
+    snprintf(me[1], sizeof(me[1]), "sending to rank %d (", comm->rank);
+    snprintf(me[2], sizeof(me[2]), "rank %d shows no sign", comm->rank);
+    int blamed = strstr(msg, "no progress within") &&
+                 (strstr(msg, me[0]) || strstr(msg, me[1]) || strstr(msg, me[2]));
     if (op->stopped_ns)
         snprintf(stopped, sizeof(stopped),
                  "this rank was not running for at least %llu ms during this op (stopped or "
                  "starved: its peers may have timed out waiting for it), then: ",
                  (unsigned long long)(op->stopped_ns / 1000000ull));
-    else if (recent && (!comm->stop_between_ops || strstr(msg, "no progress within")))
+    else if (recent && (!comm->stop_between_ops || blamed))
         snprintf(stopped, sizeof(stopped),
                  "this rank was not running%s for at least %llu ms until %llu ms before this "
                  "failure (its peers may have timed out waiting for it), then: ",
