@@ -148,7 +148,8 @@ static void run_store_host(int scenario, int big)
         ck_assert_msg(codes[r] == 0, "scenario %d: rank %d exited %d", scenario, r, codes[r]);
         ck_assert_msg(sh->done[r], "scenario %d: rank %d never failed", scenario, r);
         double dt = sh->t_err[r] - sh->t_fail;
-        fprintf(stderr, "scenario %d%s: rank %d: %s %.0f ms after the failure: %s\n", scenario, big ? " (1 MiB)" : "", r,
+        fprintf(stderr, "scenario %d%s: rank %d: %s %.0f ms after the failure: %s\n",
+                scenario, big ? " (1 MiB)" : "", r,
                 tutti_status_name(sh->status[r]), dt, sh->msg[r]);
         ck_assert_msg(sh->status[r] < 0, "rank %d: status %d", r, sh->status[r]);
         /* A survivor that only saw another survivor's socket reset (a rank that exits
@@ -225,8 +226,10 @@ static int rank_stopped(int rank, int nranks, tutti_comm_t *comm, const char *di
     report(sh, rank, st, tutti_comm_last_error(comm));
     free(x);
     free(y);
-    if (rank == victim)
+    if (rank == victim) {
+        pthread_join(t, NULL);
         return 0;
+    }
     /* stay up (links open) until the victim, resumed by rank 0, has failed too */
     if (rank == 0) {
         for (int r = 0; r < victim; r++)
@@ -250,8 +253,9 @@ static int all_moved(const char *m)
     return 0;
 }
 
-/* Runs `runs` times; returns how many runs had a survivor that did not name the
- * stopped rank (or a resumed rank with a misleading message), after printing them. */
+/* `runs` runs of a 4-rank loop whose rank 3 stops itself at a random point: every
+ * survivor must name rank 3 as the hung one (and no other), and rank 3, resumed once they
+ * all failed, must say it was not running. Prints every rank that did otherwise. */
 static void run_stopped(int runs, int big)
 {
     const int n = 4, victim = n - 1;
@@ -359,7 +363,10 @@ enum { MC_ALLREDUCE, MC_BROADCAST, MC_REDUCE, MC_ALLGATHER, MC_ALLGATHERV, MC_RS
 static const char *const mc_name[MC_N_] = {
     "allreduce", "broadcast", "reduce", "allgather", "allgatherv", "reduce_scatter",
     "reduce_scatterv", "gather", "gatherv", "scatter", "scatterv", "alltoall", "alltoallv"};
-static int mc_has_op(int c) { return c == MC_ALLREDUCE || c == MC_REDUCE || c == MC_RS || c == MC_RSV; }
+static int mc_has_op(int c)
+{
+    return c == MC_ALLREDUCE || c == MC_REDUCE || c == MC_RS || c == MC_RSV;
+}
 static int mc_has_root(int c)
 {
     return c == MC_BROADCAST || c == MC_REDUCE || c == MC_GATHER || c == MC_GATHERV ||
