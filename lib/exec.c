@@ -148,7 +148,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
                                          op->coll == TT_COLL_BROADCAST ||
                                          op->coll == TT_COLL_REDUCE);
     /* Every rank must pick the same algorithm: select on the envelope's count, the same
-     * on every rank by construction (0 for the v-forms, whose own sizes differ). */
+     * on every rank by construction (0 for gatherv/scatterv/alltoallv, whose own sizes
+     * differ). */
     size_t sel_bytes = op->coll == TT_COLL_BARRIER ? 0 : (size_t)op->env_count * op->elem_size;
     int cacheable = (int)op->coll > TT_COLL_NONE && op->coll < TT_COLL_COUNT_;
     const tt_algo_t *algo = NULL;
