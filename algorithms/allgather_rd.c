@@ -35,19 +35,19 @@ static int ag_rd_pow2(tt_op_t *op)
         const int mine = r & ~(mask - 1), theirs = peer & ~(mask - 1);
         memset(reqs, 0, 2 * (size_t)n * sizeof(*reqs));
         /* receives first, in block order on both sides; sends likewise */
+        /* empty blocks go too: ranks that disagree about a block's size then fail on
+         * its length, instead of one rank skipping what the other sends */
         for (int i = 0; i < mask; i++) {
             int b = theirs + i;
-            if (cnt[b])
-                TT_CHECK_GOTO(tt_p2p_recv(op, peer, recv + dsp[b] * es, cnt[b] * es,
-                                          (uint32_t)(round * n + b), &reqs[i]),
-                              st, out);
+            TT_CHECK_GOTO(tt_p2p_recv(op, peer, recv + dsp[b] * es, cnt[b] * es,
+                                      (uint32_t)(round * n + b), &reqs[i]),
+                          st, out);
         }
         for (int i = 0; i < mask; i++) {
             int b = mine + i;
-            if (cnt[b])
-                TT_CHECK_GOTO(tt_p2p_send(op, peer, recv + dsp[b] * es, cnt[b] * es,
-                                          (uint32_t)(round * n + b), &reqs[n + i]),
-                              st, out);
+            TT_CHECK_GOTO(tt_p2p_send(op, peer, recv + dsp[b] * es, cnt[b] * es,
+                                      (uint32_t)(round * n + b), &reqs[n + i]),
+                          st, out);
         }
         TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, 2 * (size_t)n), st, out);
     }
@@ -85,14 +85,12 @@ static int ag_bruck(tt_op_t *op)
         const int m = TT_MIN(d, n - d);
         const size_t slen = poff[m], rlen = poff[d + m] - poff[d];
         memset(req, 0, sizeof(req));
-        if (rlen)
-            TT_CHECK_GOTO(tt_p2p_recv(op, (r + d) % n, pk + poff[d] * es, rlen * es,
-                                      (uint32_t)round, &req[0]),
-                          st, out);
-        if (slen)
-            TT_CHECK_GOTO(tt_p2p_send(op, (r - d + n) % n, pk, slen * es, (uint32_t)round,
-                                      &req[1]),
-                          st, out);
+        TT_CHECK_GOTO(tt_p2p_recv(op, (r + d) % n, pk + poff[d] * es, rlen * es,
+                                  (uint32_t)round, &req[0]),
+                      st, out);
+        TT_CHECK_GOTO(tt_p2p_send(op, (r - d + n) % n, pk, slen * es, (uint32_t)round,
+                                  &req[1]),
+                      st, out);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, req, 2), st, out);
     }
     for (int i = 1; i < n; i++) {

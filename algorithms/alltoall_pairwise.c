@@ -26,32 +26,32 @@ int tt_alltoall_pairwise(tt_op_t *op)
         for (int j = 0; j < n; j++)
             if (scnt[j])
                 extent = TT_MAX(extent, sdsp[j] + scnt[j]);
-        if (extent == 0)
-            return TUTTI_OK;
-        unsigned char *copy = tt_op_scratch(op, 0, extent * es);
-        if (!copy)
-            return TUTTI_ERR_NOMEM;
-        memcpy(copy, send, extent * es);
-        send = copy;
+        if (extent) {
+            unsigned char *copy = tt_op_scratch(op, 0, extent * es);
+            if (!copy)
+                return TUTTI_ERR_NOMEM;
+            memcpy(copy, send, extent * es);
+            send = copy;
+        }
     }
 
     tt_req_t *reqs = calloc(2 * (size_t)n, sizeof(*reqs));
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
+    /* empty blocks go too: a rank that expects nothing where its peer sends something
+     * (or the reverse) fails on the length, instead of leaving it in the stream */
     for (int s = 1; s < n; s++) {
         const int from = (r - s + n) % n;
-        if (rcnt[from])
-            TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
-                                      (uint32_t)s, &reqs[s]),
-                          st, out);
+        TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
+                                  (uint32_t)s, &reqs[s]),
+                      st, out);
     }
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n;
-        if (scnt[to])
-            TT_CHECK_GOTO(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
-                                      &reqs[n + s]),
-                          st, out);
+        TT_CHECK_GOTO(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
+                                  &reqs[n + s]),
+                      st, out);
     }
     if (rcnt[r] && recv + rdsp[r] * es != send + sdsp[r] * es)
         memcpy(recv + rdsp[r] * es, send + sdsp[r] * es, rcnt[r] * es);

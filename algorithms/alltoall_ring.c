@@ -35,10 +35,9 @@ static int a2a_swaps(tt_op_t *op)
         memset(req, 0, sizeof(req));
         if (scnt[p])
             memcpy(tmp, buf + sdsp[p] * es, scnt[p] * es);
-        if (rcnt[p])
-            TT_CHECK(tt_p2p_recv(op, p, buf + rdsp[p] * es, rcnt[p] * es, (uint32_t)s, &req[0]));
-        if (scnt[p])
-            TT_CHECK(tt_p2p_send(op, p, tmp, scnt[p] * es, (uint32_t)s, &req[1]));
+        /* empty blocks go too (see alltoall_pairwise.c) */
+        TT_CHECK(tt_p2p_recv(op, p, buf + rdsp[p] * es, rcnt[p] * es, (uint32_t)s, &req[0]));
+        TT_CHECK(tt_p2p_send(op, p, tmp, scnt[p] * es, (uint32_t)s, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;
@@ -62,12 +61,10 @@ int tt_alltoall_ring(tt_op_t *op)
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n, from = (r - s + n) % n;
         memset(req, 0, sizeof(req));
-        if (rcnt[from])
-            TT_CHECK(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
-                                 (uint32_t)s, &req[0]));
-        if (scnt[to])
-            TT_CHECK(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
-                                 &req[1]));
+        TT_CHECK(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
+                             (uint32_t)s, &req[0]));
+        TT_CHECK(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
+                             &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

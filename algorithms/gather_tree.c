@@ -60,9 +60,7 @@ int tt_gather_tree(tt_op_t *op)
         if (vr + mask >= n)
             break;
         const int c = (int)(vr + mask), csub = (int)TT_MIN(mask, n - c);
-        const size_t len = poff[c - vr + csub] - poff[c - vr];
-        if (!len)
-            continue;
+        const size_t len = poff[c - vr + csub] - poff[c - vr]; /* 0 goes too */
         void *dst = pk + poff[c - vr] * es;
         if (vr == 0) {
             /* straight into recvbuf if the child's blocks are back to back there */
@@ -87,12 +85,10 @@ int tt_gather_tree(tt_op_t *op)
         int plevel = 0;
         while ((1 << plevel) != lowbit)
             plevel++;
-        if (poff[sub]) {
-            TT_CHECK_GOTO(tt_p2p_send(op, (vr - lowbit + root) % n, src, poff[sub] * es,
-                                      (uint32_t)plevel, &reqs[0]),
-                          st, out);
-            TT_CHECK_GOTO(tt_p2p_wait(op, &reqs[0]), st, out);
-        }
+        TT_CHECK_GOTO(tt_p2p_send(op, (vr - lowbit + root) % n, src, poff[sub] * es,
+                                  (uint32_t)plevel, &reqs[0]),
+                      st, out);
+        TT_CHECK_GOTO(tt_p2p_wait(op, &reqs[0]), st, out);
         goto out;
     }
 

@@ -45,28 +45,26 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     unsigned char *acc = in_place ? scr + 2 * len * es : recv;
     int st = TUTTI_OK;
 
-    if (len)
-        for (int s = 1; s < n && s <= 2; s++)
-            TT_CHECK_GOTO(tt_p2p_recv(op, (r - s + n) % n, tmp[s & 1], len * es, (uint32_t)s,
-                                      &rreq[s & 1]),
-                          st, out);
+    /* empty blocks go too: a disagreement about a block's size fails on its length */
+    for (int s = 1; s < n && s <= 2; s++)
+        TT_CHECK_GOTO(tt_p2p_recv(op, (r - s + n) % n, tmp[s & 1], len * es, (uint32_t)s,
+                                  &rreq[s & 1]),
+                      st, out);
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n;
-        if (cnt[to])
-            TT_CHECK_GOTO(tt_p2p_send(op, to, send + dsp[to] * es, cnt[to] * es, (uint32_t)s,
-                                      &sreq[s]),
-                          st, out);
+        TT_CHECK_GOTO(tt_p2p_send(op, to, send + dsp[to] * es, cnt[to] * es, (uint32_t)s,
+                                  &sreq[s]),
+                      st, out);
     }
-    if (len) {
-        for (int s = 1; s < n; s++) {
-            TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[s & 1]), st, out);
+    for (int s = 1; s < n; s++) {
+        TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[s & 1]), st, out);
+        if (len)
             tt_reduce3(acc, s == 1 ? send + dsp[r] * es : acc, tmp[s & 1], len, op->dtype,
                        op->redop);
-            if (s + 2 < n)
-                TT_CHECK_GOTO(tt_p2p_recv(op, (r - s - 2 + 2 * n) % n, tmp[s & 1], len * es,
-                                          (uint32_t)(s + 2), &rreq[s & 1]),
-                              st, out);
-        }
+        if (s + 2 < n)
+            TT_CHECK_GOTO(tt_p2p_recv(op, (r - s - 2 + 2 * n) % n, tmp[s & 1], len * es,
+                                      (uint32_t)(s + 2), &rreq[s & 1]),
+                          st, out);
     }
     TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, (size_t)n), st, out);
     if (len && in_place)

@@ -35,10 +35,8 @@ int tt_reduce_scatter_ring(tt_op_t *op)
     size_t maxlen = 0;
     for (int i = 0; i < n; i++)
         maxlen = TT_MAX(maxlen, cnt[i]);
-    if (maxlen == 0)
-        return TUTTI_OK;
     unsigned char *half[2];
-    half[0] = tt_op_scratch(op, 0, 2 * maxlen * es);
+    half[0] = tt_op_scratch(op, 0, TT_MAX(2 * maxlen * es, (size_t)1));
     if (!half[0])
         return TUTTI_ERR_NOMEM;
     half[1] = half[0] + maxlen * es;
@@ -49,13 +47,11 @@ int tt_reduce_scatter_ring(tt_op_t *op)
     for (int t = 0; t < n - 1; t++) {
         const int sb = ((r - t - 1) % n + n) % n, rb = ((r - t - 2) % n + n) % n;
         unsigned char *in = half[t & 1];
-        if (t == 0 && cnt[sb])
+        if (t == 0)
             out = send + dsp[sb] * es;
-        memset(req, 0, sizeof(req));
-        if (cnt[rb])
-            TT_CHECK(tt_p2p_recv(op, prev, in, cnt[rb] * es, (uint32_t)t, &req[0]));
-        if (cnt[sb])
-            TT_CHECK(tt_p2p_send(op, next, out, cnt[sb] * es, (uint32_t)t, &req[1]));
+        /* empty blocks go too: a disagreement about a block's size fails on its length */
+        TT_CHECK(tt_p2p_recv(op, prev, in, cnt[rb] * es, (uint32_t)t, &req[0]));
+        TT_CHECK(tt_p2p_send(op, next, out, cnt[sb] * es, (uint32_t)t, &req[1]));
         /* both: the next step receives into the half this step's send reads */
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         if (cnt[rb])

@@ -14,9 +14,9 @@ int tt_scatter_linear(tt_op_t *op)
     const size_t es = op->elem_size;
     tt_req_t req;
 
+    /* empty blocks go too: a rank that expects another size (or none) then fails on its
+     * length */
     if (r != root) {
-        if (!op->count)
-            return TUTTI_OK;
         TT_CHECK(tt_p2p_recv(op, root, op->recvbuf, op->count * es, 0, &req));
         return tt_p2p_wait(op, &req);
     }
@@ -28,7 +28,7 @@ int tt_scatter_linear(tt_op_t *op)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
     for (int j = 0; j < n; j++)
-        if (j != root && cnt[j])
+        if (j != root)
             TT_CHECK_GOTO(tt_p2p_send(op, j, send + dsp[j] * es, cnt[j] * es, 0, &reqs[j]), st,
                           out);
     /* in place, the root's block stays where it is */

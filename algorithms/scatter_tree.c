@@ -56,12 +56,10 @@ int tt_scatter_tree(tt_op_t *op)
     if (vr) {
         /* a leaf's whole subtree is its own block */
         void *dst = sub > 1 ? (void *)pk : op->recvbuf;
-        if (poff[sub]) {
-            TT_CHECK_GOTO(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, poff[sub] * es,
-                                      (uint32_t)top, &reqs[0]),
-                          st, out);
-            TT_CHECK_GOTO(tt_p2p_wait(op, &reqs[0]), st, out);
-        }
+        TT_CHECK_GOTO(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, poff[sub] * es,
+                                  (uint32_t)top, &reqs[0]),
+                      st, out);
+        TT_CHECK_GOTO(tt_p2p_wait(op, &reqs[0]), st, out);
     }
 
     for (int level = top - 1; level >= 0; level--) {
@@ -69,9 +67,7 @@ int tt_scatter_tree(tt_op_t *op)
         if (vr + mask >= n)
             continue;
         const int c = (int)(vr + mask), csub = (int)TT_MIN(mask, n - c);
-        const size_t len = poff[c - vr + csub] - poff[c - vr];
-        if (!len)
-            continue;
+        const size_t len = poff[c - vr + csub] - poff[c - vr]; /* 0 goes too */
         const void *src = pk + poff[c - vr] * es;
         if (vr == 0) {
             int contig = 1;

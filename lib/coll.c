@@ -261,7 +261,8 @@ static int coll_issue(tutti_comm_t *comm, const coll_desc_t *d, tutti_work_t **w
         return st;
     }
     o.fingerprint = tt_fingerprint(d->coll, d->dtype, d->has_redop ? d->redop : 0,
-                                   d->has_root ? d->root : 0);
+                                   d->has_root ? d->root : 0) |
+                    (d->is_v ? TT_FP_V : 0);
     return tt_exec_issue(comm, &o, d->has_redop ? d->redop : TUTTI_SUM, layout,
                          async ? work_p : NULL);
 }

@@ -81,6 +81,11 @@ struct tutti_comm {
     atomic_int tp_error_gen;  /* counts transport failures */
     atomic_int failed;        /* 0, or the status of the failure */
     uint64_t failed_seq;
+    /* this process found not running (p2p.c): its peers may time out on it meanwhile */
+    uint64_t op_end_ns;       /* when the last op ended */
+    uint64_t stop_end_ns;     /* when the last stop seen ended (0: none), */
+    uint64_t stop_ns;         /* how long it was at least, */
+    int stop_between_ops;     /* and whether it was outside the library (maybe busy) */
     atomic_int aborted;
 
     /* the op queue: ops run one at a time, in issue order, by whichever thread holds
@@ -126,8 +131,11 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
 void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* "allreduce(count=10, f32, sum)" from an envelope */
-void tt_describe_env(const uint64_t env[4], size_t len, char *buf, size_t buflen);
+/* "reduce(count=10, f32, sum, root=0) seq 4 [tree tag 1, 40 bytes]" from an envelope;
+ * op gives the rank count, and with `mine` (op sent it) the v-forms' own count; len
+ * (size_t)-1: no message. */
+void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine,
+                     char *buf, size_t buflen);
 uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root);
 
 #endif /* TT_COMM_H */

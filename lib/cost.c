@@ -22,6 +22,10 @@
  * alltoall   pairwise (p-1)(a + n/p b)
  *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
  * barrier    dissemination: L a
+ * Rooted collectives end with a handshake with the root (exec.c): + a for reduce and
+ * gather (the root's release), + 2 a for broadcast and scatter (confirm, release). The
+ * same for every algorithm of a collective, so it never changes a choice; it counts
+ * where latencies are compared across collectives (tt_comm_pack_below).
  *
  * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. The table's
  * parameters were measured on loopback TCP and shared memory on a 2-core VM; a cluster
@@ -134,11 +138,9 @@ static int ceil_log2(int p)
     return l;
 }
 
-double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
+static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
                         int p, size_t chunk)
 {
-    if (p <= 1)
-        return 0;
     double a = c->alpha_us, b = c->beta_ns * 1e-3, g = c->gamma_ns * 1e-3; /* us per byte */
     double n = (double)bytes;
     int L = ceil_log2(p);
@@ -210,6 +212,17 @@ double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         break;
     }
     return HUGE_VAL; /* an algorithm the model does not know is never picked by it */
+}
+
+double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
+                        int p, size_t chunk)
+{
+    if (p <= 1)
+        return 0;
+    double handshake = coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER       ? 1
+                       : coll == TT_COLL_BROADCAST || coll == TT_COLL_SCATTER ? 2
+                                                                              : 0;
+    return algo_cost(c, coll, algo, bytes, p, chunk) + handshake * c->alpha_us;
 }
 
 void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)

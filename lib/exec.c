@@ -65,36 +65,54 @@ static void run_single_rank(tt_op_t *op)
     }
 }
 
-/* After a broadcast, every rank confirms to the root with an empty message and waits
- * for the root's empty release. A rank that disagrees about the root sends data or
- * nothing where the root expects the confirmation, so the disagreement surfaces as a
- * mismatch on every rank instead of one rank silently keeping its own data. It costs
- * two latencies, nothing in bandwidth. */
-static int confirm_to_root(tt_op_t *op)
+/* Rooted collectives end with a handshake with the root, so that every rank of a
+ * mismatched call fails, not only those whose messages revealed it: non-roots of a
+ * reduce or gather only send (eagerly: done before anyone looked), and a scatter's or
+ * broadcast's root only sends. The root's release (an empty message to every non-root,
+ * sent once its own part checked out) tells non-roots that the root agreed with all of
+ * them; where the root only sends (broadcast, scatter), each non-root first confirms
+ * its part to the root with an empty message. A rank that disagrees about the root,
+ * count or dtype sends or expects something else in these places, so the disagreement
+ * surfaces on every rank as a mismatch (or through the root's report), never as one
+ * rank keeping wrong data. Costs one latency on reduce and gather (the root's sends
+ * are posted at once, the non-roots wait for them), two on broadcast and scatter;
+ * nothing in bandwidth. */
+static int root_handshake(tt_op_t *op, int confirm)
 {
     enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
-    tt_req_t req;
+    char none = 0;
     if (op->rank != op->root) {
-        /* then wait for the root's release: a rank that got its data right but whose
-         * peers disagreed learns it here, from the root's report */
-        TT_CHECK(tt_p2p_send(op, op->root, NULL, 0, CONFIRM_TAG, &req));
-        TT_CHECK(tt_p2p_wait(op, &req));
-        TT_CHECK(tt_p2p_recv(op, op->root, NULL, 0, RELEASE_TAG, &req));
+        tt_req_t req;
+        if (confirm) {
+            TT_CHECK(tt_p2p_send(op, op->root, &none, 0, CONFIRM_TAG, &req));
+            TT_CHECK(tt_p2p_wait(op, &req));
+        }
+        TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &req));
         return tt_p2p_wait(op, &req);
     }
-    for (int r = 0; r < op->nranks; r++) {
-        if (r == op->root)
-            continue;
-        TT_CHECK(tt_p2p_recv(op, r, NULL, 0, CONFIRM_TAG, &req));
-        TT_CHECK(tt_p2p_wait(op, &req));
+    tt_req_t few[16];
+    tt_req_t *reqs = op->nranks <= 16 ? few : malloc((size_t)op->nranks * sizeof(*reqs));
+    if (!reqs) {
+        tt_comm_record_failure(op->comm, op, TUTTI_ERR_NOMEM, "out of memory");
+        return TUTTI_ERR_NOMEM;
     }
-    for (int r = 0; r < op->nranks; r++) {
-        if (r == op->root)
-            continue;
-        TT_CHECK(tt_p2p_send(op, r, NULL, 0, RELEASE_TAG, &req));
-        TT_CHECK(tt_p2p_wait(op, &req));
+    memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
+    int st = TUTTI_OK;
+    if (confirm) {
+        for (int r = 0; r < op->nranks; r++)
+            if (r != op->root)
+                TT_CHECK_GOTO(tt_p2p_recv(op, r, &none, 0, CONFIRM_TAG, &reqs[r]), st, out);
+        TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, (size_t)op->nranks), st, out);
+        memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
     }
-    return TUTTI_OK;
+    for (int r = 0; r < op->nranks; r++)
+        if (r != op->root)
+            TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[r]), st, out);
+    st = tt_p2p_wait_all(op, reqs, (size_t)op->nranks);
+out:
+    if (reqs != few)
+        free(reqs);
+    return st;
 }
 
 /* Run one op on the calling thread (the caller holds `executing`). */
@@ -119,19 +137,25 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return st;
     }
     size_t bytes = op->count * op->elem_size;
-    if ((op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_BROADCAST ||
-         op->coll == TT_COLL_REDUCE) && op->count == 0)
-        return TUTTI_OK;
     if (comm->nranks == 1) {
         run_single_rank(op);
         return TUTTI_OK;
     }
+    /* Nothing to move is still a call to check: a rank that passed count 0 where the
+     * others passed more must fail with them. Its fingerprint goes round in a barrier
+     * (under this op's envelope), which a mismatched peer's messages cannot satisfy. */
+    const int empty = op->count == 0 && (op->coll == TT_COLL_ALLREDUCE ||
+                                         op->coll == TT_COLL_BROADCAST ||
+                                         op->coll == TT_COLL_REDUCE);
     /* Every rank must pick the same algorithm: select on the envelope's count, the same
-     * on every rank by construction (0 for the v-forms, whose own sizes differ). */
+     * on every rank by construction (0 for gatherv/scatterv/alltoallv, whose own sizes
+     * differ). */
     size_t sel_bytes = op->coll == TT_COLL_BARRIER ? 0 : (size_t)op->env_count * op->elem_size;
     int cacheable = (int)op->coll > TT_COLL_NONE && op->coll < TT_COLL_COUNT_;
     const tt_algo_t *algo = NULL;
-    if (cacheable && comm->sel_cache[op->coll].bytes == sel_bytes)
+    if (empty)
+        algo = tt_algo_find(TT_COLL_BARRIER, "dissemination");
+    else if (cacheable && comm->sel_cache[op->coll].bytes == sel_bytes)
         algo = comm->sel_cache[op->coll].algo;
     if (!algo) {
         algo = tt_algo_select(comm->algo_ovr, &comm->cost, op->coll, sel_bytes, comm->nranks,
@@ -149,13 +173,17 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     op->chunk_bytes = tt_cost_chunk(sel_bytes, comm->nranks, comm->opts.chunk_bytes);
     op->algo_id = algo->id;
-    op->deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    tt_op_start(op, comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
     st = algo->run(op);
-    if (st == TUTTI_OK && op->coll == TT_COLL_BROADCAST)
-        st = confirm_to_root(op);
+    if (st == TUTTI_OK && !empty) {
+        if (op->coll == TT_COLL_BROADCAST || op->coll == TT_COLL_SCATTER)
+            st = root_handshake(op, 1);
+        else if (op->coll == TT_COLL_REDUCE || op->coll == TT_COLL_GATHER)
+            st = root_handshake(op, 0);
+    }
     if (st < 0) {
         /* The p2p layer described the failure in last_error already. */
         pthread_mutex_lock(&comm->err_lock);
@@ -163,6 +191,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }
+    tt_op_finish(op);
     if (user_redop == TUTTI_AVG) {
         if (op->coll == TT_COLL_ALLREDUCE ||
             (op->coll == TT_COLL_REDUCE && op->rank == op->root))
@@ -229,8 +258,8 @@ static void p2p_fail_comm(tutti_comm_t *comm, tutti_work_t *w, int st, char *err
     char msg[TT_ERRMSG_LEN];
     if (st == TUTTI_ERR_MISMATCH && r->got_env[1]) {
         char mine[256], theirs[256];
-        tt_describe_env(r->env, r->len, mine, sizeof(mine));
-        tt_describe_env(r->got_env, r->got_len, theirs, sizeof(theirs));
+        tt_describe_env(r->env, r->len, &w->op, 1, mine, sizeof(mine));
+        tt_describe_env(r->got_env, r->got_len, &w->op, 0, theirs, sizeof(theirs));
         snprintf(msg, sizeof(msg), "rank %d expected %s from rank %d (%s), but rank %d sent %s",
                  comm->rank, mine, r->peer, addr ? addr : "?", r->peer, theirs);
     } else if (st == TUTTI_ERR_TIMEOUT) {

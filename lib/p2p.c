@@ -7,6 +7,70 @@
 #include "comm.h"
 #include "internal.h"
 
+/* ---- the store on failure paths ---- */
+
+static int op_store_ms(tt_op_t *op)
+{
+    if (op->store_down)
+        return 0;
+    int ms = tt_comm_quick_ms(op->comm);
+    if (op->deadline_ns)
+        ms = TT_MIN(ms, TT_MAX(tt_ms_left(op->deadline_ns), TT_OP_STORE_FLOOR_MS));
+    /* the calls without a timeout argument take the handle's default; only the thread
+     * running the op makes them */
+    tutti_store_set_timeout(op->comm->qstore, ms);
+    return ms;
+}
+
+static int op_store_done(tt_op_t *op, int st)
+{
+    if (st < 0) {
+        op->store_down = 1;
+        TT_INFO("store unreachable on a failure path (%s): no more store calls in this op",
+                tutti_store_last_error(op->comm->qstore));
+    }
+    return st;
+}
+
+int tt_op_store_set(tt_op_t *op, const char *key, const void *value, size_t len)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_set(op->comm->qstore, key, value, len));
+}
+
+int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result_p)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_add(op->comm->qstore, key, delta, result_p));
+}
+
+int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p)
+{
+    const char *keys[1] = {key};
+    *exists_p = 0;
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_check(op->comm->qstore, keys, 1, exists_p));
+}
+
+/* only for a key that exists: a timeout here is the store's failure */
+int tt_op_store_get(tt_op_t *op, const char *key, void **value_p, size_t *len_p)
+{
+    int ms = op_store_ms(op);
+    if (!ms)
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_get(op->comm->qstore, key, value_p, len_p, ms));
+}
+
+int tt_op_store_delete(tt_op_t *op, const char *key)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_delete(op->comm->qstore, key, NULL));
+}
+
 static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len,
                      uint32_t tag, tt_req_t *req)
 {
@@ -22,7 +86,7 @@ static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t le
     req->status = 1;
 }
 
-static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len);
+static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len);
 
 static const char *peer_addr(tutti_comm_t *comm, int peer)
 {
@@ -46,8 +110,8 @@ static int req_failed(tt_op_t *op, tt_req_t *req)
     char msg[TT_ERRMSG_LEN];
     if (st == TUTTI_ERR_MISMATCH && req->got_env[1] != 0) {
         char mine[256], theirs[256];
-        tt_describe_env(req->env, req->len, mine, sizeof(mine));
-        tt_describe_env(req->got_env, req->got_len, theirs, sizeof(theirs));
+        tt_describe_env(req->env, req->len, op, 1, mine, sizeof(mine));
+        tt_describe_env(req->got_env, req->got_len, op, 0, theirs, sizeof(theirs));
         snprintf(msg, sizeof(msg),
                  "rank %d expected %s from rank %d (%s), but rank %d sent %s", op->rank, mine,
                  req->peer, peer_addr(comm, req->peer), req->peer, theirs);
@@ -59,7 +123,7 @@ static int req_failed(tt_op_t *op, tt_req_t *req)
                  comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
         pthread_mutex_unlock(&comm->err_lock);
         if (st == TUTTI_ERR_PEER)
-            add_peer_report(comm, req->peer, msg, sizeof(msg));
+            add_peer_report(op, req->peer, msg, sizeof(msg));
     }
     tt_p2p_fail(op, st);
     tt_comm_record_failure(comm, op, st, msg);
@@ -78,6 +142,9 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
         tt_comm_record_failure(comm, op, TUTTI_ERR_INTERNAL, msg);
         return TUTTI_ERR_INTERNAL;
     }
+    static char none;
+    if (!buf && !len)
+        buf = &none; /* empty messages still go, and transports get a valid pointer */
     req_init(op, kind, peer, buf, len, tag, req);
     int st = kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, req)
                                    : comm->tp_ops->post_recv(comm->tp, req);
@@ -102,17 +169,16 @@ int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_r
 
 /* A rank that failed left "<status> <message>" under failed/<rank> (comm.c). 1 and the
  * message (malloc'ed) and status if rank `peer` did, else 0. */
-static int peer_failure(tutti_comm_t *comm, int peer, int timeout_ms, char **msg_p, int *status_p)
+static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
 {
     char key[64];
     snprintf(key, sizeof(key), "failed/%d", peer);
-    const char *keys[1] = {key};
     int exists = 0;
-    if (peer < 0 || tutti_store_check(comm->store, keys, 1, &exists) < 0 || !exists)
+    if (peer < 0 || tt_op_store_check(op, key, &exists) < 0 || !exists)
         return 0;
     void *v = NULL;
     size_t vlen = 0;
-    if (tutti_store_get(comm->store, key, &v, &vlen, timeout_ms) < 0)
+    if (tt_op_store_get(op, key, &v, &vlen) < 0)
         return 0;
     char *end;
     long st = strtol((const char *)v, &end, 10);
@@ -126,16 +192,24 @@ static int peer_failure(tutti_comm_t *comm, int peer, int timeout_ms, char **msg
     return 1;
 }
 
-/* A peer that closed on us may have failed first and said why in the store. */
-static void add_peer_report(tutti_comm_t *comm, int peer, char *msg, size_t len)
+/* A peer that closed on us may have failed first and said why in the store. Not asked
+ * when the peer's own report is the failure (the built-in transports say "failed and
+ * reported"): the report carries the cause, and a store whose host died would cost
+ * every rank on the report's way a store deadline. */
+static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len)
 {
     char *why;
     int st;
-    if (!peer_failure(comm, peer, 200, &why, &st))
+    if (strstr(msg, "failed and reported"))
         return;
     size_t n = strlen(msg);
-    snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
-    free(why);
+    if (peer_failure(op, peer, &why, &st)) {
+        snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
+        free(why);
+    } else if (op->store_down) {
+        snprintf(msg + n, len - n, "; whether rank %d failed first is unknown: the store is "
+                 "unreachable too (%s)", peer, tutti_store_last_error(op->comm->qstore));
+    }
 }
 
 /* A failure the transport reported since the op started (a link to a peer failed, or a
@@ -150,55 +224,97 @@ static int transport_failed(tt_op_t *op)
     int peer = comm->tp_error_peer;
     pthread_mutex_unlock(&comm->err_lock);
     if (st == TUTTI_ERR_PEER)
-        add_peer_report(comm, peer, msg, sizeof(msg));
+        add_peer_report(op, peer, msg, sizeof(msg));
     tt_p2p_fail(op, st);
     tt_comm_record_failure(comm, op, st, msg);
     return st;
 }
 
+/* A stall record: "<seq> <fingerprint> <env count> <peer> <kind> <algorithm id>", what a
+ * rank blocked in an op waits on (stall_check publishes it, tt_op_finish removes it). */
+typedef struct stall_rec {
+    unsigned long long seq, fp, count;
+    int next, kind;
+    unsigned algo;
+} stall_rec_t;
+
+static int stall_read(tt_op_t *op, int rank, stall_rec_t *rec)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "stall/%d", rank);
+    int exists = 0;
+    void *v = NULL;
+    size_t len = 0;
+    if (tt_op_store_check(op, key, &exists) < 0 || !exists ||
+        tt_op_store_get(op, key, &v, &len) < 0)
+        return 0;
+    int ok = sscanf((const char *)v, "%llu %llx %llu %d %d %u", &rec->seq, &rec->fp,
+                    &rec->count, &rec->next, &rec->kind, &rec->algo) == 6 &&
+             rec->next >= 0 && rec->next < op->nranks;
+    free(v);
+    return ok;
+}
+
+static const char *fp_coll_name(uint64_t fp)
+{
+    tt_coll_t c = (tt_coll_t)(fp >> 56);
+    const char *name = tt_coll_name(c);
+    return c == TT_COLL_P2P ? "point-to-point" : name ? name : "?";
+}
+
 /* Who is the hung rank? Follow the stall records: the peer this rank waits on may
- * itself wait on another one; the chain ends at a rank with no record for this op. */
+ * itself wait on another one, in this collective or, when it is behind, in an earlier
+ * one (a 4-byte loop: rank 1 still waits on a stopped rank 3 in seq N while rank 0
+ * waits on rank 1 in seq N+1); the chain ends at a rank with no record for the op it
+ * is awaited in: the hung one. Records of later ops end it too (that rank is past the
+ * op, whatever it waits on now). */
 static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
 {
-    tutti_comm_t *comm = op->comm;
     int cur = first;
+    unsigned long long seq = op->seq, fp = op->fingerprint;
     size_t n = 0;
     out[0] = '\0';
-    for (int hops = 0; hops < op->nranks; hops++) {
-        char key[64];
-        snprintf(key, sizeof(key), "stall/%d", cur);
-        const char *keys[1] = {key};
-        int exists = 0;
-        void *v = NULL;
-        size_t len = 0;
-        unsigned long long seq = 0, fp = 0, count = 0;
-        int next = -1, kind = 0;
-        if (tutti_store_check(comm->store, keys, 1, &exists) == 0 && exists &&
-            tutti_store_get(comm->store, key, &v, &len, 500) == 0) {
-            if (sscanf((const char *)v, "%llu %llx %llu %d %d", &seq, &fp, &count, &next,
-                       &kind) != 5 || seq != op->seq)
-                next = -1;
-            free(v);
+#define BLAME(...) (n += (size_t)snprintf(out + n, n < outlen ? outlen - n : 0, __VA_ARGS__))
+    for (int hops = 0; hops < op->nranks && n < outlen; hops++) {
+        const char *sep = hops ? "; " : "";
+        stall_rec_t rec;
+        int have = stall_read(op, cur, &rec);
+        if (!have && op->store_down) {
+            BLAME("%swhether rank %d waits on another is unknown: the store is unreachable",
+                  sep, cur);
+            break;
         }
-        if (next < 0 || next == cur) {
-            n += (size_t)snprintf(out + n, outlen - n,
-                                  "%srank %d shows no sign of being in this collective "
-                                  "(hung, dead, or not calling it)", hops ? "; " : "", cur);
-            return;
+        if (!have || rec.seq > seq || rec.next == cur) {
+            if (seq == op->seq)
+                BLAME("%srank %d shows no sign of being in this collective (hung, dead, or "
+                      "not calling it)", sep, cur);
+            else
+                BLAME("%srank %d shows no sign of being in %s seq %llu (hung, dead, or not "
+                      "calling it)", sep, cur, fp_coll_name(fp), seq);
+            break;
         }
-        if (next == op->rank) {
-            n += (size_t)snprintf(out + n, outlen - n,
-                                  "%srank %d waits on this rank: a deadlock", hops ? "; " : "",
-                                  cur);
-            return;
+        const char *what = rec.kind ? "to receive from" : "to send to";
+        if (rec.next == op->rank) {
+            if (rec.seq != op->seq)
+                BLAME("%srank %d, still in %s seq %llu, waits %s this rank", sep, cur,
+                      fp_coll_name(rec.fp), rec.seq, what);
+            else if (op->stopped_ns)
+                BLAME("%srank %d waits %s this rank, which was not running for %llu ms", sep,
+                      cur, what, (unsigned long long)(op->stopped_ns / 1000000ull));
+            else
+                BLAME("%srank %d waits %s this rank: a deadlock", sep, cur, what);
+            break;
         }
-        n += (size_t)snprintf(out + n, outlen - n, "%srank %d itself waits %s rank %d",
-                              hops ? "; " : "", cur, kind ? "to receive from" : "to send to",
-                              next);
-        if (n >= outlen)
-            return;
-        cur = next;
+        if (rec.seq == seq)
+            BLAME("%srank %d itself waits %s rank %d", sep, cur, what, rec.next);
+        else
+            BLAME("%srank %d is still in %s seq %llu, waiting %s rank %d", sep, cur,
+                  fp_coll_name(rec.fp), rec.seq, what, rec.next);
+        seq = rec.seq;
+        fp = rec.fp;
+        cur = rec.next;
     }
+#undef BLAME
 }
 
 static int timed_out(tt_op_t *op, tt_req_t *req)
@@ -215,13 +331,14 @@ static int timed_out(tt_op_t *op, tt_req_t *req)
         if (atomic_load(&comm->tp_error_gen) != op->tp_error_gen)
             return transport_failed(op);
     }
-    char chain[512] = "";
+    char chain[512] = "", moved[64] = "";
     if (comm->opts.stall_check_ms > 0)
         blame_chain(op, req->peer, chain, sizeof(chain));
-    snprintf(msg, sizeof(msg),
-             "no progress within %d ms %s rank %d (%s): %zu of %zu bytes moved%s%s%s",
+    if (req->xfer < req->len)
+        snprintf(moved, sizeof(moved), ": %zu of %zu bytes moved", req->xfer, req->len);
+    snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s)%s%s%s%s",
              comm->opts.timeout_ms, req->kind == TUTTI_TP_SEND ? "sending to" : "receiving from",
-             req->peer, peer_addr(comm, req->peer), req->xfer, req->len,
+             req->peer, peer_addr(comm, req->peer), moved,
              chain[0] ? " (" : " (peer hung, slow, or not calling this collective",
              chain, ")");
     tt_p2p_fail(op, TUTTI_ERR_TIMEOUT);
@@ -230,22 +347,26 @@ static int timed_out(tt_op_t *op, tt_req_t *req)
 }
 
 /* Stall inspection: a rank blocked in one op for stall_check_ms publishes its op
- * (sequence number, fingerprint, count) under stall/<rank> and compares it with what the
- * other ranks published. Two ranks at the same sequence number in different ops is a
- * mismatch that exchanged no message to reveal it (say, both waiting to receive from
- * each other). Costs nothing while ops make progress. */
+ * (sequence number, fingerprint, count, whom it waits on) under stall/<rank> and
+ * compares it with what the other ranks published. Two ranks at the same sequence
+ * number in different ops is a mismatch that exchanged no message to reveal it (say,
+ * both waiting to receive from each other). Costs nothing while ops make progress; all
+ * best effort, through the failure paths' bounded store calls. */
 static int stall_check(tt_op_t *op, const tt_req_t *req)
 {
     tutti_comm_t *comm = op->comm;
-    char key[64], val[128];
-    if (!op->stall_published) {
+    char key[64], val[160];
+    if (!op->stall_published || op->stall_peer != req->peer || op->stall_kind != req->kind) {
+        /* again when the request waited on changed: timed-out ranks follow these */
         snprintf(key, sizeof(key), "stall/%d", op->rank);
-        snprintf(val, sizeof(val), "%llu %llx %llu %d %d", (unsigned long long)op->seq,
+        snprintf(val, sizeof(val), "%llu %llx %llu %d %d %u", (unsigned long long)op->seq,
                  (unsigned long long)op->fingerprint, (unsigned long long)op->env_count,
-                 req->peer, req->kind);
-        if (tutti_store_set(comm->store, key, val, strlen(val) + 1) < 0)
-            return TUTTI_OK; /* best effort: the timeout still bounds the wait */
+                 req->peer, req->kind, op->algo_id);
+        if (tt_op_store_set(op, key, val, strlen(val) + 1) < 0)
+            return TUTTI_OK; /* the timeout still bounds the wait */
         op->stall_published = 1;
+        op->stall_peer = req->peer;
+        op->stall_kind = req->kind;
     }
     /* A rank that failed left its reason under failed/<rank> and counted itself in
      * failed_count (comm.c). Its report reaches only the peers it was talking to
@@ -253,14 +374,14 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
      * is lost anyway: a rank blocked on a third, hung rank fails now with the first
      * cause, not at its own timeout. One counter read unless some rank failed. */
     int64_t nfailed = 0;
-    if (tutti_store_add(comm->store, "failed_count", 0, &nfailed) < 0)
-        nfailed = 0;
-    for (int p = 0; p < op->nranks; p++) {
+    if (tt_op_store_add(op, "failed_count", 0, &nfailed) < 0)
+        return TUTTI_OK;
+    for (int p = 0; p < op->nranks && !op->store_down; p++) {
         if (p == op->rank)
             continue;
         char *why;
         int fst;
-        if (nfailed > 0 && peer_failure(comm, p, 1000, &why, &fst)) {
+        if (nfailed > 0 && peer_failure(op, p, &why, &fst)) {
             /* its own status, as its report would have carried (a mismatch stays one);
              * its abort is its own business: here, a failed peer */
             if (fst == TUTTI_ERR_ABORTED)
@@ -274,26 +395,16 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
             tt_comm_record_failure(comm, op, fst, msg);
             return fst;
         }
-        snprintf(key, sizeof(key), "stall/%d", p);
-        const char *keys[1] = {key};
-        int exists = 0;
-        if (tutti_store_check(comm->store, keys, 1, &exists) < 0 || !exists)
-            continue;
-        void *v = NULL;
-        size_t len = 0;
-        if (tutti_store_get(comm->store, key, &v, &len, 1000) < 0)
-            continue;
-        unsigned long long seq = 0, fp = 0, count = 0;
-        int ok = sscanf((const char *)v, "%llu %llx %llu", &seq, &fp, &count) == 3;
-        free(v);
-            if (!ok || seq != op->seq || (fp == op->fingerprint && count == op->env_count))
+        stall_rec_t rec;
+        if (!stall_read(op, p, &rec) || rec.seq != op->seq ||
+            (rec.fp == op->fingerprint && rec.count == op->env_count))
             continue;
         uint64_t mine[4] = {op->seq, op->fingerprint, op->env_count,
                             (uint64_t)op->algo_id << 32};
-        uint64_t theirs[4] = {seq, fp, count, 0};
+        uint64_t theirs[4] = {rec.seq, rec.fp, rec.count, (uint64_t)rec.algo << 32};
         char a[256], b[256], msg[TT_ERRMSG_LEN];
-        tt_describe_env(mine, op->count * op->elem_size, a, sizeof(a));
-        tt_describe_env(theirs, 0, b, sizeof(b));
+        tt_describe_env(mine, (size_t)-1, op, 1, a, sizeof(a));
+        tt_describe_env(theirs, (size_t)-1, op, 0, b, sizeof(b));
         snprintf(msg, sizeof(msg),
                  "rank %d is in %s, but rank %d is in %s (found by the stall check: both "
                  "were blocked for over %d ms)",
@@ -305,25 +416,86 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
     return TUTTI_OK;
 }
 
+/* A wait that ended far later than it asked, or a long gap between waits: this process
+ * was not running (SIGSTOP, a debugger, a starved machine). Its peers are not to blame
+ * for that time: the deadline moves by it, so a resumed rank hears what its peers did
+ * meanwhile (their reports, or their failures in the store) instead of timing out at
+ * once, and a whole job stopped and resumed carries on. The op's error says it. */
+static void op_not_running(tt_op_t *op, uint64_t gap_ns)
+{
+    if (gap_ns <= (uint64_t)tt_comm_quick_ms(op->comm) * 1000000ull)
+        return;
+    op->stopped_ns += gap_ns;
+    op->deadline_ns += gap_ns;
+    op->comm->stop_end_ns = tt_now_ns();
+    op->comm->stop_ns = gap_ns;
+    op->comm->stop_between_ops = 0;
+    TT_INFO("%s seq %llu: this process was not running for %llu ms", fp_coll_name(op->fingerprint),
+            (unsigned long long)op->seq, (unsigned long long)(gap_ns / 1000000ull));
+}
+
+void tt_op_start(tt_op_t *op, int timeout_ms)
+{
+    tutti_comm_t *comm = op->comm;
+    uint64_t now = tt_now_ns();
+    op->deadline_ns = now + (uint64_t)timeout_ms * 1000000ull;
+    op->awake_ns = now;
+    /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
+     * waiting on this rank meanwhile may have timed out: said if one reports that. */
+    if (comm->op_end_ns && now > comm->op_end_ns &&
+        now - comm->op_end_ns > (uint64_t)tt_comm_quick_ms(comm) * 1000000ull) {
+        comm->stop_end_ns = now;
+        comm->stop_ns = now - comm->op_end_ns;
+        comm->stop_between_ops = 1;
+    }
+}
+
+void tt_op_finish(tt_op_t *op)
+{
+    tutti_comm_t *comm = op->comm;
+    uint64_t now = tt_now_ns();
+    /* stopped after its last wait: the rest completed without one */
+    if (op->awake_ns && now > op->awake_ns)
+        op_not_running(op, now - op->awake_ns);
+    comm->op_end_ns = now;
+    if (!op->stall_published)
+        return;
+    char key[64];
+    snprintf(key, sizeof(key), "stall/%d", op->rank);
+    tt_op_store_delete(op, key); /* best effort: a chain may otherwise follow it */
+    op->stall_published = 0;
+}
+
 static int progress_once(tt_op_t *op, tt_req_t *req)
 {
     tutti_comm_t *comm = op->comm;
+    uint64_t now = tt_now_ns();
+    if (op->awake_ns && now > op->awake_ns)
+        op_not_running(op, now - op->awake_ns);
     int ms = tt_ms_left(op->deadline_ns);
     if (ms == 0)
         return timed_out(op, req);
     /* before the timeout, so that a timed-out rank can read who waits on whom */
     int stall_ms = TT_MIN(comm->opts.stall_check_ms, comm->opts.timeout_ms / 2);
     if (stall_ms > 0) {
-        uint64_t now = tt_now_ns();
         if (!op->stall_next_ns)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;
         if (now >= op->stall_next_ns) {
             TT_CHECK(stall_check(op, req));
+            now = tt_now_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
+            ms = tt_ms_left(op->deadline_ns);
+            if (ms == 0)
+                return timed_out(op, req);
         }
         ms = TT_MIN(ms, (int)((op->stall_next_ns - now) / 1000000ull) + 1);
     }
+    uint64_t t0 = tt_now_ns();
     int st = comm->tp_ops->progress(comm->tp, ms);
+    uint64_t t1 = tt_now_ns();
+    if (t1 - t0 > (uint64_t)ms * 1000000ull)
+        op_not_running(op, t1 - t0 - (uint64_t)ms * 1000000ull);
+    op->awake_ns = t1;
     if (st >= 0 && atomic_load(&comm->tp_error_gen) != op->tp_error_gen) {
         /* A link failed (a peer died or reported a failure), maybe not the one this
          * request waits on: fail now rather than wait for the cascade or the timeout. */

@@ -79,8 +79,18 @@ typedef struct tt_op {
     uint64_t deadline_ns;
     int tp_error_gen;      /* transport failures seen before this op started */
     uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */
-    int stall_published;
+    int stall_published;   /* stall/<rank> holds this op (waiting on stall_peer) */
+    int stall_peer, stall_kind;
+    int store_down;        /* a store call on a failure path failed: no more this op */
+    uint64_t awake_ns;     /* when this rank last came back from a wait (0: not yet) */
+    uint64_t stopped_ns;   /* time this process was not running during the op (a
+                              SIGSTOP, a debugger, starvation): not counted against
+                              the deadline, and said in its error */
 } tt_op_t;
+
+/* Fingerprint bit set by the v-forms (gatherv, allgatherv ...), whose envelope count is
+ * 0: tells them from an equal-block call with count 0 in messages. */
+#define TT_FP_V (1ull << 32)
 
 /* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells
  * messages of one collective apart (e.g. step and chunk); both sides must use the same
@@ -100,5 +110,24 @@ int tt_p2p_fail(tt_op_t *op, int status);
  * across operations (valid until the operation ends). NULL if out of memory: get it
  * before posting anything. Index 0 and 1 are two independent buffers. */
 void *tt_op_scratch(tt_op_t *op, int index, size_t bytes);
+
+/* ---- for the library (comm.c, exec.c), not for algorithms ---- */
+
+/* Store calls made on a failure path or by a stall check: through comm->qstore, each
+ * bounded by the quick deadline (tt_comm_quick_ms) and by the op's time left (but at
+ * least TT_OP_STORE_FLOOR_MS, so that a timed-out op can still be diagnosed); after one
+ * of them failed, none for the rest of the op (the store's host may be the rank that
+ * died: every call would wait out its bound). A skipped call returns TUTTI_ERR_STORE. */
+#define TT_OP_STORE_FLOOR_MS 100
+int tt_op_store_set(tt_op_t *op, const char *key, const void *value, size_t len);
+int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result_p);
+int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p);
+int tt_op_store_get(tt_op_t *op, const char *key, void **value_p, size_t *len_p);
+int tt_op_store_delete(tt_op_t *op, const char *key);
+
+/* The op starts waiting now: deadline, stop detection, stall checks (exec.c). */
+void tt_op_start(tt_op_t *op, int timeout_ms);
+/* The op ended (exec.c): its stall record, if it published one, goes. */
+void tt_op_finish(tt_op_t *op);
 
 #endif /* TT_P2P_H */
