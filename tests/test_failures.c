@@ -326,7 +326,9 @@ static int rank_behind(int rank, int nranks, tutti_comm_t *comm, const char *dir
         /* seq 0 (the barrier), a barrier fingerprint, waiting to receive from rank 2 */
         char v[128];
         snprintf(v, sizeof(v), "0 %llx 0 2 1 5", (unsigned long long)3 << 56);
-        FAIL_IF(tutti_store_set(store, "tutti/comm0/stall/1", v, strlen(v) + 1) != 0, "set");
+        char key[256];
+        FAIL_IF(th_comm_key(store, NULL, "stall/1", key, sizeof(key), 5000) != 0, "instance");
+        FAIL_IF(tutti_store_set(store, key, v, strlen(v) + 1) != 0, "set");
         tutti_store_close(store);
         sleep(2); /* behind: never calls the allreduce */
         return 0;
