@@ -508,6 +508,14 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         snprintf(base, sizeof(base), "tutti/%s%s%scomm%u/", comm->job_id[0] ? "job/" : "",
                  comm->job_id, comm->job_id[0] ? "/" : "", tt_store_next_comm_id(store));
     snprintf(comm->store_url, sizeof(comm->store_url), "%s", tutti_store_url(store));
+    const char *ck = comm->opts.checksum;
+    if (ck && *ck && strcmp(ck, "none") && strcmp(ck, "crc32c")) {
+        /* checked here too: a job on shm alone never asks its transport */
+        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG,
+                               "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
+        TT_WARN("%s", comm->last_error);
+        goto err_free;
+    }
     st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
                              &comm->secret, &comm->secret_len, err, sizeof(err));
     if (st < 0) {

@@ -427,6 +427,29 @@ START_TEST(no_litter)
 }
 END_TEST
 
+/* TUTTI_CHECKSUM is checked by the library, not only by the transport that uses it: a
+ * job on shm alone once took any value silently. */
+START_TEST(bad_checksum_without_tcp)
+{
+    char dir[] = "/tmp/tt-session-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tutti_store_t *store;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "shm";
+    o.checksum = "md5";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, 0, 1, &o);
+    tutti_store_close(store);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(st, TUTTI_ERR_CONFIG);
+    ck_assert_ptr_null(comm);
+}
+END_TEST
+
 static void add(Suite *s, const char *name, const TTest *t, int loops)
 {
     TCase *tc = tcase_create(name); /* one case per test: CK_RUN_CASE=name runs one */
@@ -443,6 +466,7 @@ int main(void)
     add(s, "rerun_in_place", rerun_in_place, 1);
     add(s, "destroy_init_cycles", destroy_init_cycles, 2);
     add(s, "no_litter", no_litter, 2);
+    add(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
