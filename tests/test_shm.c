@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tutti/store.h>
@@ -33,6 +35,7 @@ const tutti_transport_ops_v1_t *tt_builtin_transport_shm(void);
 /* ---- shared between the test and its ranks ---- */
 
 typedef struct shared {
+    time_t since; /* when this case started (leftovers older than that are not its own) */
     int pids[16];
     int arg;
     int flag; /* set by one rank for the others */
@@ -48,6 +51,7 @@ static shared_t *shared_area(void)
         sh = p;
     }
     memset(sh, 0, sizeof(*sh));
+    sh->since = time(NULL) - 1;
     return sh;
 }
 
@@ -63,7 +67,13 @@ static int leftovers(const shared_t *sh, int n)
         for (int r = 0; r < n; r++) {
             char pre[64];
             snprintf(pre, sizeof(pre), "tutti-shm-%d-", sh->pids[r]);
-            if (sh->pids[r] > 0 && !strncmp(e->d_name, pre, strlen(pre))) {
+            struct stat sb;
+            char path[320];
+            snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+            /* a segment older than this case was left by another process whose pid this
+             * rank's reuses (a rank killed during set-up elsewhere) */
+            if (sh->pids[r] > 0 && !strncmp(e->d_name, pre, strlen(pre)) &&
+                !(stat(path, &sb) == 0 && sb.st_ctime < sh->since)) {
                 fprintf(stderr, "left over: /dev/shm/%s\n", e->d_name);
                 found++;
             }
