@@ -168,6 +168,13 @@ int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *
  * close the rest, stop the loop thread and free everything. In a forked child (which has
  * no loop thread) it only forgets the server. */
 void tt_store_server_stop(tt_store_server_t *srv);
+/* Fuzzing and tests only (fuzz/fuzz_store_server.c): run one client's bytes through the
+ * server's own frame splitting and request handling, on a fresh server with no listener
+ * and no thread (a socketpair stands in for the connection; replies are dropped). The
+ * bytes arrive in reads of at most chunk bytes (0: as many as fit), so frames split
+ * across reads are exercised too. with_secret: the server requires authentication.
+ * Returns 0, or -1 when it could not set up. */
+int tt_store_server_fuzz_input(const uint8_t *data, size_t len, int with_secret, size_t chunk);
 /* Tests: how many keys the server holds (racy snapshot). */
 size_t tt_store_server_nkeys(tt_store_server_t *srv);
 /* Tests: keys held by the server embedded in this tcp store handle, (size_t)-1 if none. */

@@ -144,5 +144,14 @@ static inline const char *tcp_csum_name(uint32_t mode)
 
 /* tcp_setup.c */
 int tcp_setup_connect(tcp_tp_t *tp);
+/* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
+ * hello/verdict exchange of a single connection, with no listener and no connect (a
+ * socketpair stands in; what this rank writes is dropped). outgoing: this rank called
+ * `peer` and has sent its hello; else the bytes arrive at its listener. tp needs host,
+ * rank, nranks, links (fds -1; a link the exchange establishes is closed again), csum,
+ * auth and instance. The bytes arrive in reads of at most chunk bytes (0: whole parts).
+ * Returns 0, or -1 when it could not set up. */
+int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data,
+                         size_t len, size_t chunk);
 
 #endif /* TCP_TCP_H */

@@ -1069,3 +1069,91 @@ out_close:
     free(s.notes);
     return st;
 }
+
+/* ---- fuzzing ---- */
+
+int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data,
+                         size_t len, size_t chunk)
+{
+    setup_t s = {.tp = tp, .needed = 1};
+    int sv[2];
+    s.claimed = calloc((size_t)tp->nranks, 1);
+    s.notes = calloc((size_t)tp->nranks, sizeof(*s.notes));
+    conn_t *c = calloc(1, sizeof(*c));
+    if (!s.claimed || !s.notes || !c || uv_loop_init(&s.loop) < 0) {
+        free(s.claimed);
+        free(s.notes);
+        free(c);
+        return -1;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0) {
+        uv_loop_close(&s.loop);
+        free(s.claimed);
+        free(s.notes);
+        free(c);
+        return -1;
+    }
+    c->s = &s;
+    c->outgoing = outgoing;
+    c->peer = outgoing ? peer : -1;
+    snprintf(c->who, sizeof(c->who), "fuzz");
+    uv_tcp_init(&s.loop, &c->h);
+    c->h.data = c;
+    c->open = 1;
+    uv_tcp_open(&c->h, sv[0]);
+    if (outgoing) {
+        /* as conn_start and a successful connect leave it: hello sent, reading */
+        uv_timer_init(&s.loop, &c->retry);
+        c->retry.data = c;
+        c->retry_open = 1;
+        c->creq.data = c;
+        on_connect(&c->creq, 0);
+    } else {
+        /* as on_incoming leaves an accepted connection */
+        s.incoming = c;
+        s.nincoming = 1;
+        c->phase = PH_HELLO_V1;
+        uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
+    }
+    /* libuv's reads, by hand, of at most chunk bytes each (0: whole parts), with the
+     * loop run between them for the writes; until the input is spent, the connection
+     * stops reading, or the set-up ends (done or failed). */
+    size_t off = 0;
+    char sink[4096];
+    while (off < len && s.status == 0 && s.done < s.needed) {
+        while (read(sv[1], sink, sizeof(sink)) > 0)
+            ;
+        uv_run(&s.loop, UV_RUN_NOWAIT);
+        if ((!outgoing && !s.nincoming) || !c->open || c->phase == PH_IDLE)
+            break; /* (an incoming one closed is freed by now) */
+        uv_buf_t buf;
+        on_alloc((uv_handle_t *)&c->h, 65536, &buf);
+        if (!buf.base || !buf.len)
+            break;
+        size_t n = len - off < buf.len ? len - off : buf.len;
+        if (chunk && n > chunk)
+            n = chunk;
+        memcpy(buf.base, data + off, n);
+        off += n;
+        on_read((uv_stream_t *)&c->h, (ssize_t)n, &buf);
+    }
+    if (outgoing || s.nincoming)
+        conn_close(c); /* an incoming one is freed by its close callback */
+    close(sv[1]);
+    uv_run(&s.loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(&s.loop) != 0) {
+        uv_run(&s.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s.loop);
+    }
+    if (outgoing)
+        free(c);
+    for (int i = 0; i < tp->nranks; i++) { /* links conn_established took */
+        if (tp->links[i].fd >= 0) {
+            close(tp->links[i].fd);
+            tp->links[i].fd = -1;
+        }
+    }
+    free(s.claimed);
+    free(s.notes);
+    return 0;
+}
