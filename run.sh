@@ -2,7 +2,8 @@
 # tutti's one entry point on a fresh Debian 12 machine (as root, or with sudo):
 #   ./run.sh bench   install what is missing, build, run tutti-bench allreduce on 4 local ranks
 #   ./run.sh test    install what is missing, build, run the whole test suite, then again
-#                    under ASan+UBSan, the fuser's suite under TSan, then the ibverbs
+#                    under ASan+UBSan, the fuser's suite under TSan, the fuzz targets
+#                    (fuzz/, libFuzzer) for FUZZ_SECONDS each (default 30), then the ibverbs
 #                    suites on soft-RoCE inside a qemu guest (tests/rdma/ci.sh;
 #                    TUTTI_RXE_VM=0 skips that step)
 # Extra arguments after `bench` go to tutti-bench (e.g. ./run.sh bench -np 2 -e 1G).
@@ -10,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev procps)
+# the fuzz step of `test`: clang and its libFuzzer runtime (libclang_rt.fuzzer)
+FUZZ_PKGS=(clang-14 libclang-rt-14-dev)
 # the RDMA step of `test`: a qemu guest with Debian's kernel and soft-RoCE (tests/rdma/)
 VM_PKGS=(qemu-system-x86 busybox-static cpio kmod)
 
@@ -58,6 +61,21 @@ test)
     ninja -C build-tsan tests/test_fuse
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
         meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuse
+    # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
+    # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in
+    # build-fuzz/ as crash-*, to add to the corpus once fixed).
+    if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
+        install_deps "${FUZZ_PKGS[@]}"
+        [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
+            -Dpeers=disabled -Db_lundef=false -Dtests=false
+        ninja -C build-fuzz fuzz/fuzz_store_server fuzz/fuzz_tcp_hello fuzz/fuzz_tcp_frames
+        for f in fuzz_store_server fuzz_tcp_hello fuzz_tcp_frames; do
+            mkdir -p "build-fuzz/corpus-$f"
+            (cd build-fuzz && "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-30}" \
+                -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
+                "../fuzz/corpus/$f" 2>&1 | grep -v -e ' NEW ' -e ' REDUCE ' -e 'Uses:')
+        done
+    fi
     # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs
     # device"); run them, and the correctness matrices over ibverbs, on rdma_rxe in a VM.
     if [ "${TUTTI_RXE_VM:-1}" != 0 ]; then

@@ -96,3 +96,52 @@ write(T, "out-csum", b"\x05" + tcp_hello(0, csum=1) + verdict() + verdict())
 write(T, "out-auth", b"\x03" + tcp_hello(0, auth=1, challenge=b"\x22" * 32)
       + verdict(answer=answer(b"tcp-hello 0->1 job-1")) + verdict())
 write(T, "out-auth-wrong", b"\x03" + tcp_hello(0, auth=1) + verdict(answer=b"\x01" * 32))
+
+
+# ---- tcp frames: byte 0 (bit 0 checksums, bits 1-2 receives - 1), 2-byte lengths, then
+# the peer's bytes; receives expect envelope {1, 2, 3, 4} ----
+TCP_MAGIC, DATA, ERROR = 0x49545554, 1, 2
+ENV = (1, 2, 3, 4)
+
+
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def tcp_frame(payload, ftype=DATA, env=ENV, csum=False):
+    head = struct.pack("<IHHQ4Q", TCP_MAGIC, ftype, 0, len(payload), *env)
+    hcrc = crc32c(head) if csum else 0
+    out = head + struct.pack("<II", hcrc, 0) + payload
+    if csum:
+        out += struct.pack("<I", crc32c(payload))
+    return out
+
+
+def frames_input(lens, body, csum=False):
+    return bytes([(1 if csum else 0) | (len(lens) - 1) << 1]) + b"".join(
+        struct.pack("<H", n) for n in lens) + body
+
+
+F = "fuzz_tcp_frames"
+write(F, "one", frames_input([5], tcp_frame(b"hello")))
+write(F, "one-csum", frames_input([5], tcp_frame(b"hello", csum=True), csum=True))
+write(F, "three", frames_input([0, 3, 4096], tcp_frame(b"") + tcp_frame(b"abc")
+                               + tcp_frame(b"x" * 4096)))
+write(F, "three-csum", frames_input([0, 3, 5000], tcp_frame(b"", csum=True)
+                                    + tcp_frame(b"abc", csum=True)
+                                    + tcp_frame(b"y" * 5000, csum=True), csum=True))
+write(F, "error-frame", frames_input([8], tcp_frame(b"rank 1 failed", ftype=ERROR,
+                                                    env=(2**64 - 5, 0, 0, 0))))
+write(F, "error-frame-csum", frames_input([8], tcp_frame(b"boom", ftype=ERROR,
+                                                         env=(2**64 - 5, 0, 0, 0), csum=True),
+                                          csum=True))
+write(F, "mismatch-len", frames_input([4], tcp_frame(b"hello")))
+write(F, "mismatch-env", frames_input([5], tcp_frame(b"hello", env=(9, 9, 9, 9))))
+write(F, "cut-mid-payload", frames_input([100], tcp_frame(b"z" * 100)[:80]))
+write(F, "bad-payload-crc", frames_input([5], tcp_frame(b"hello", csum=True)[:-1] + b"\0",
+                                         csum=True))

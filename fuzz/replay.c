@@ -9,7 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
+/* optional in a target, as with libFuzzer */
+int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int run_file(const char *path)
@@ -46,7 +47,8 @@ static int run_file(const char *path)
 int main(int argc, char **argv)
 {
     int files = 0;
-    LLVMFuzzerInitialize(&argc, &argv);
+    if (LLVMFuzzerInitialize)
+        LLVMFuzzerInitialize(&argc, &argv);
     for (int i = 1; i < argc; i++) {
         struct stat st;
         if (stat(argv[i], &st) < 0) {

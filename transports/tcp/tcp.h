@@ -142,6 +142,14 @@ static inline const char *tcp_csum_name(uint32_t mode)
     return mode == TCP_CSUM_NONE ? "none" : mode == TCP_CSUM_CRC32C ? "crc32c" : "unknown";
 }
 
+/* Fuzzing and tests only (fuzz/fuzz_tcp_frames.c): a transport whose link to rank 1 has
+ * received `data` (frame headers, payloads, trailers, error frames) and then closed,
+ * and the receive requests reqs posted on it, progressed until they are done or stuck;
+ * whatever is left is cancelled and the transport destroyed. host: rank 0 of at least
+ * 2, with log and error. csum: TCP_CSUM_*. Returns 0, or -1 when it could not set up. */
+int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data,
+                        size_t len, tutti_tp_req_v1_t *reqs, size_t nreqs);
+
 /* tcp_setup.c */
 int tcp_setup_connect(tcp_tp_t *tp);
 /* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
