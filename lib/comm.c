@@ -487,6 +487,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         comm->opts.chunk_bytes = 4096;
     if (comm->opts.spin_us < 0)
         comm->opts.spin_us = 0;
+    comm->quick_ns = (uint64_t)tt_comm_quick_ms(comm) * 1000000ull;
 
     st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
     if (st < 0) {

@@ -42,6 +42,7 @@ struct tutti_comm {
                                  calls on failure paths and stall checks, which must not
                                  outlast the communicator's timeout (a dead store server
                                  is retried only this long) */
+    uint64_t quick_ns;        /* tt_comm_quick_ms in ns, computed once (read per wait) */
     char instance[128];       /* "<job id>/<nonce>": this job instance (host.instance) */
     /* job identity (job.c): the prefix of this job's communicator, a view of it for the
      * instance record, the job id, this instance's nonce and record */

@@ -55,6 +55,8 @@ uint64_t tt_now_ns(void);
 uint64_t tt_deadline_ns(int timeout_ms);
 /* Milliseconds left until deadline, >= 0, capped at INT32_MAX/2. */
 int tt_ms_left(uint64_t deadline_ns);
+/* The same from a clock reading the caller already has (hot paths read it once). */
+int tt_ms_left_at(uint64_t deadline_ns, uint64_t now_ns);
 
 /* Environment: TUTTI_<name>. */
 const char *tt_env(const char *name);

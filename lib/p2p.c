@@ -423,7 +423,7 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
  * once, and a whole job stopped and resumed carries on. The op's error says it. */
 static void op_not_running(tt_op_t *op, uint64_t gap_ns)
 {
-    if (gap_ns <= (uint64_t)tt_comm_quick_ms(op->comm) * 1000000ull)
+    if (gap_ns <= op->comm->quick_ns)
         return;
     op->stopped_ns += gap_ns;
     op->deadline_ns += gap_ns;
@@ -443,7 +443,7 @@ void tt_op_start(tt_op_t *op, int timeout_ms)
     /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
      * waiting on this rank meanwhile may have timed out: said if one reports that. */
     if (comm->op_end_ns && now > comm->op_end_ns &&
-        now - comm->op_end_ns > (uint64_t)tt_comm_quick_ms(comm) * 1000000ull) {
+        now - comm->op_end_ns > comm->quick_ns) {
         comm->stop_end_ns = now;
         comm->stop_ns = now - comm->op_end_ns;
         comm->stop_between_ops = 1;
@@ -469,10 +469,10 @@ void tt_op_finish(tt_op_t *op)
 static int progress_once(tt_op_t *op, tt_req_t *req)
 {
     tutti_comm_t *comm = op->comm;
-    uint64_t now = tt_now_ns();
+    uint64_t now = tt_now_ns(); /* one reading serves the checks below (a hot path) */
     if (op->awake_ns && now > op->awake_ns)
         op_not_running(op, now - op->awake_ns);
-    int ms = tt_ms_left(op->deadline_ns);
+    int ms = tt_ms_left_at(op->deadline_ns, now);
     if (ms == 0)
         return timed_out(op, req);
     /* before the timeout, so that a timed-out rank can read who waits on whom */
@@ -484,13 +484,13 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
             TT_CHECK(stall_check(op, req));
             now = tt_now_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
-            ms = tt_ms_left(op->deadline_ns);
+            ms = tt_ms_left_at(op->deadline_ns, now);
             if (ms == 0)
                 return timed_out(op, req);
         }
         ms = TT_MIN(ms, (int)((op->stall_next_ns - now) / 1000000ull) + 1);
     }
-    uint64_t t0 = tt_now_ns();
+    uint64_t t0 = now;
     int st = comm->tp_ops->progress(comm->tp, ms);
     uint64_t t1 = tt_now_ns();
     if (t1 - t0 > (uint64_t)ms * 1000000ull)

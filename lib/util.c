@@ -23,11 +23,12 @@ uint64_t tt_deadline_ns(int timeout_ms)
     return tt_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
-int tt_ms_left(uint64_t deadline_ns)
+int tt_ms_left(uint64_t deadline_ns) { return tt_ms_left_at(deadline_ns, tt_now_ns()); }
+
+int tt_ms_left_at(uint64_t deadline_ns, uint64_t now)
 {
     if (deadline_ns == UINT64_MAX)
         return INT32_MAX / 2;
-    uint64_t now = tt_now_ns();
     if (now >= deadline_ns)
         return 0;
     uint64_t ms = (deadline_ns - now + 999999ull) / 1000000ull;
