@@ -264,6 +264,20 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     tutti_store_set(comm->job_store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
 }
 
+/* The value of key if it exists now (no waiting for it). */
+static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
+{
+    const char *k = key;
+    int exists = 0;
+    int st = tutti_store_check(js, &k, 1, &exists);
+    if (st < 0)
+        return st;
+    if (!exists)
+        return TUTTI_ERR_NOT_FOUND;
+    /* it exists: a get answers at once (a bound, not a wait) */
+    return tutti_store_get(js, key, v_p, len_p, 1000);
+}
+
 /* Rank 0 of r failed its set-up and left its reason: if r is this run's (created after
  * this process started, give or take a second; an older one is a previous run's, whose
  * rerun rank 0 is still to come), return its status with the reason in err. */
@@ -274,13 +288,9 @@ static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *d
         return 0;
     char key[96];
     snprintf(key, sizeof(key), "%s/init_failed/0", r->nonce);
-    const char *k = key;
-    int exists = 0;
-    if (tutti_store_check(js, &k, 1, &exists) < 0 || !exists)
-        return 0;
     void *v = NULL;
     size_t len = 0;
-    if (tutti_store_get(js, key, &v, &len, 1000) < 0)
+    if (get_now(js, key, &v, &len) < 0)
         return 0;
     char *end;
     long st = strtol(v, &end, 10);
@@ -325,20 +335,6 @@ static int slot_key(char *buf, size_t len, const char *nonce, int rank)
 }
 
 /* Every rank finished set-up: its membership is settled. */
-/* The value of key if it exists now (no waiting for it). */
-static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
-{
-    const char *k = key;
-    int exists = 0;
-    int st = tutti_store_check(js, &k, 1, &exists);
-    if (st < 0)
-        return st;
-    if (!exists)
-        return TUTTI_ERR_NOT_FOUND;
-    /* it exists: a get answers at once (a bound, not a wait) */
-    return tutti_store_get(js, key, v_p, len_p, 1000);
-}
-
 /* Does the record still hold value (len bytes)? A judgement of an instance (not ready,
  * slot taken) holds only while the record still names it: its keys go after it. */
 static int record_still(tutti_store_t *js, const void *value, size_t len)

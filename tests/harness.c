@@ -40,10 +40,19 @@ static void th_rmtree(const char *dir)
     nftw(dir, th_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static void th_sleep_ms(int ms)
+void th_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_loop_test(tc, t, 0, loops);
+    suite_add_tcase(s, tc);
 }
 
 __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,

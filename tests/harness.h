@@ -7,6 +7,8 @@
 
 #include <stdio.h>
 
+#include <check.h>
+
 #include <tutti/tutti.h>
 
 /* Body of one rank. comm is NULL with TH_NO_COMM (then store_dir is the file store's
@@ -62,6 +64,13 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
 
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
+
+/* Sleep ms milliseconds (signals do not cut it short). */
+void th_sleep_ms(int ms);
+
+/* A test case of its own (so CK_RUN_CASE=name runs just it), looped loops times with
+ * _i = 0..loops-1, under a timeout of timeout_s seconds. */
+void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
 
 /* In a rank body (where `rank` is in scope): fail the rank with a message naming it and
  * the line. */

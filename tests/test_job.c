@@ -32,11 +32,7 @@ int clock_gettime(clockid_t c, struct timespec *ts)
     return r;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+#define sleep_ms th_sleep_ms
 
 enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
        JR_WRONG = 20, JR_SKIP = 77 };
@@ -413,24 +409,16 @@ START_TEST(cycles_without_collectives)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int loops)
-{
-    TCase *tc = tcase_create(name); /* CK_RUN_CASE=name runs one */
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, t, 0, loops);
-    suite_add_tcase(s, tc);
-}
-
 int main(void)
 {
     Suite *s = suite_create("job");
-    add(s, "rejected_rank_joins_next_job", rejected_rank_joins_next_job, 1);
-    add(s, "root_retries_after_failed_init", root_retries_after_failed_init, 1);
-    add(s, "rank_in_own_pid_namespace", rank_in_own_pid_namespace, 1);
-    add(s, "clock_skew_between_hosts", clock_skew_between_hosts, 1);
-    add(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1);
-    add(s, "contest_check_fails_open", contest_check_fails_open, 1);
-    add(s, "cycles_without_collectives", cycles_without_collectives, 1);
+    th_add_case(s, "rejected_rank_joins_next_job", rejected_rank_joins_next_job, 1, 60);
+    th_add_case(s, "root_retries_after_failed_init", root_retries_after_failed_init, 1, 60);
+    th_add_case(s, "rank_in_own_pid_namespace", rank_in_own_pid_namespace, 1, 60);
+    th_add_case(s, "clock_skew_between_hosts", clock_skew_between_hosts, 1, 60);
+    th_add_case(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1, 60);
+    th_add_case(s, "contest_check_fails_open", contest_check_fails_open, 1, 60);
+    th_add_case(s, "cycles_without_collectives", cycles_without_collectives, 1, 60);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -21,11 +21,7 @@
 
 static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+#define sleep_ms th_sleep_ms
 
 /* exit codes of a job rank */
 enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
@@ -450,23 +446,15 @@ START_TEST(bad_checksum_without_tcp)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int loops)
-{
-    TCase *tc = tcase_create(name); /* one case per test: CK_RUN_CASE=name runs one */
-    tcase_set_timeout(tc, 200);
-    tcase_add_loop_test(tc, t, 0, loops);
-    suite_add_tcase(s, tc);
-}
-
 int main(void)
 {
     Suite *s = suite_create("session");
-    add(s, "two_jobs_with_ids", two_jobs_with_ids, 2);
-    add(s, "two_jobs_without_ids", two_jobs_without_ids, 2);
-    add(s, "rerun_in_place", rerun_in_place, 1);
-    add(s, "destroy_init_cycles", destroy_init_cycles, 2);
-    add(s, "no_litter", no_litter, 2);
-    add(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1);
+    th_add_case(s, "two_jobs_with_ids", two_jobs_with_ids, 2, 200);
+    th_add_case(s, "two_jobs_without_ids", two_jobs_without_ids, 2, 200);
+    th_add_case(s, "rerun_in_place", rerun_in_place, 1, 200);
+    th_add_case(s, "destroy_init_cycles", destroy_init_cycles, 2, 200);
+    th_add_case(s, "no_litter", no_litter, 2, 200);
+    th_add_case(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1, 200);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

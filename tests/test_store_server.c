@@ -32,38 +32,13 @@
 
 #include "auth.h"
 #include "harness.h"
+#include "store_checks.h"
 #include "store_impl.h"
 
 static char g_root[64]; /* temp dir of the whole run, removed by main */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-#define OK(s, call)                                                                      \
-    do {                                                                                 \
-        int st_ = (call);                                                                \
-        ck_assert_msg(st_ == 0, "%s -> %s: %s", #call, tutti_status_name(st_),           \
-                      tutti_store_last_error(s));                                        \
-    } while (0)
-
-#define EXPECT(s, call, want)                                                            \
-    do {                                                                                 \
-        int st_ = (call);                                                                \
-        ck_assert_msg(st_ == (want), "%s -> %s, wanted %s: %s", #call,                   \
-                      tutti_status_name(st_), tutti_status_name(want),                   \
-                      tutti_store_last_error(s));                                        \
-    } while (0)
+#define now_ms th_now_ms
+#define sleep_ms th_sleep_ms
 
 #define HAS(msg, needle)                                                                 \
     ck_assert_msg(strstr((msg), (needle)), "'%s' not in: %s", (needle), (msg))
