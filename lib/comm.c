@@ -973,3 +973,9 @@ void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const c
             tt_op_store_add(op, "failed_count", 1, &nfailed);
     }
 }
+
+void tt_comm_fail_op(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg)
+{
+    tt_comm_record_failure(comm, op, status, msg);
+    comm->tp_ops->cancel_all(comm->tp, status);
+}

@@ -130,6 +130,10 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
                       tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p);
 /* comm.c: record the failure of an op on the communicator */
 void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
+/* Fail `op`: record and report the failure (tt_comm_record_failure), then cancel every
+ * posted request. In that order: a send cut mid-message closes the link, and the peer
+ * that sees it close looks for this rank's failed/ record, which must be there first. */
+void tt_comm_fail_op(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* "reduce(count=10, f32, sum, root=0) seq 4 [tree tag 1, 40 bytes]" from an envelope;

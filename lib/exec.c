@@ -271,8 +271,7 @@ static void p2p_fail_comm(tutti_comm_t *comm, tutti_work_t *w, int st, char *err
                  comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
         pthread_mutex_unlock(&comm->err_lock);
     }
-    comm->tp_ops->cancel_all(comm->tp, st);
-    tt_comm_record_failure(comm, &w->op, st, msg);
+    tt_comm_fail_op(comm, &w->op, st, msg);
     pthread_mutex_lock(&comm->err_lock);
     snprintf(err, errlen, "%s", comm->last_error);
     pthread_mutex_unlock(&comm->err_lock);

@@ -125,8 +125,7 @@ static int req_failed(tt_op_t *op, tt_req_t *req)
         if (st == TUTTI_ERR_PEER)
             add_peer_report(op, req->peer, msg, sizeof(msg));
     }
-    tt_p2p_fail(op, st);
-    tt_comm_record_failure(comm, op, st, msg);
+    tt_comm_fail_op(comm, op, st, msg);
     return st;
 }
 
@@ -138,8 +137,7 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
         char msg[128];
         snprintf(msg, sizeof(msg), "algorithm bug: %s peer %d", kind ? "recv from" : "send to",
                  peer);
-        tt_p2p_fail(op, TUTTI_ERR_INTERNAL);
-        tt_comm_record_failure(comm, op, TUTTI_ERR_INTERNAL, msg);
+        tt_comm_fail_op(comm, op, TUTTI_ERR_INTERNAL, msg);
         return TUTTI_ERR_INTERNAL;
     }
     static char none;
@@ -225,8 +223,7 @@ static int transport_failed(tt_op_t *op)
     pthread_mutex_unlock(&comm->err_lock);
     if (st == TUTTI_ERR_PEER)
         add_peer_report(op, peer, msg, sizeof(msg));
-    tt_p2p_fail(op, st);
-    tt_comm_record_failure(comm, op, st, msg);
+    tt_comm_fail_op(comm, op, st, msg);
     return st;
 }
 
@@ -341,8 +338,7 @@ static int timed_out(tt_op_t *op, tt_req_t *req)
              req->peer, peer_addr(comm, req->peer), moved,
              chain[0] ? " (" : " (peer hung, slow, or not calling this collective",
              chain, ")");
-    tt_p2p_fail(op, TUTTI_ERR_TIMEOUT);
-    tt_comm_record_failure(comm, op, TUTTI_ERR_TIMEOUT, msg);
+    tt_comm_fail_op(comm, op, TUTTI_ERR_TIMEOUT, msg);
     return TUTTI_ERR_TIMEOUT;
 }
 
@@ -391,8 +387,7 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
                      "waiting on rank %d, but rank %d had failed (found by the stall check): %s",
                      req->peer, p, why);
             free(why);
-            tt_p2p_fail(op, fst);
-            tt_comm_record_failure(comm, op, fst, msg);
+            tt_comm_fail_op(comm, op, fst, msg);
             return fst;
         }
         stall_rec_t rec;
@@ -409,8 +404,7 @@ static int stall_check(tt_op_t *op, const tt_req_t *req)
                  "rank %d is in %s, but rank %d is in %s (found by the stall check: both "
                  "were blocked for over %d ms)",
                  op->rank, a, p, b, comm->opts.stall_check_ms);
-        tt_p2p_fail(op, TUTTI_ERR_MISMATCH);
-        tt_comm_record_failure(comm, op, TUTTI_ERR_MISMATCH, msg);
+        tt_comm_fail_op(comm, op, TUTTI_ERR_MISMATCH, msg);
         return TUTTI_ERR_MISMATCH;
     }
     return TUTTI_OK;
@@ -507,8 +501,7 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
         snprintf(msg, sizeof(msg), "%s", st == TUTTI_ERR_ABORTED ? "aborted while waiting"
                                          : comm->tp_error);
         pthread_mutex_unlock(&comm->err_lock);
-        tt_p2p_fail(op, st);
-        tt_comm_record_failure(comm, op, st, msg);
+        tt_comm_fail_op(comm, op, st, msg);
         return st;
     }
     return TUTTI_OK;

@@ -639,13 +639,19 @@ static int tcp_post_recv(void *vtp, tutti_tp_req_v1_t *r)
     return TUTTI_OK;
 }
 
+/* The head send has begun leaving: another frame now would land inside its payload. */
+static int link_mid_send(const tcp_link_t *L)
+{
+    return L->sq_head && L->sq_head->tp_private[1] == (void *)L &&
+           (L->shdr_off > 0 || L->sq_head->xfer > 0);
+}
+
 static void tcp_cancel_all(void *vtp, int status)
 {
     tcp_tp_t *tp = vtp;
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
-        if (L->sq_head && L->sq_head->tp_private[1] == (void *)L &&
-            (L->shdr_off > 0 || L->sq_head->xfer > 0)) {
+        if (link_mid_send(L)) {
             /* Cut mid-message: the peer must not take what follows for payload, so no
              * frame goes on this link again; closing our side tells the peer. */
             L->tx_broken = 1;
@@ -679,8 +685,8 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
     uint64_t deadline = now_ns() + 200000000ull; /* best effort, bounded */
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
-        if (L->fd < 0 || L->tx_broken)
-            continue;
+        if (L->fd < 0 || L->tx_broken || link_mid_send(L))
+            continue; /* a cut send: cancel_all() closes the link, the peer reads failed/ */
         size_t off = 0;
         while (off < total) {
             ssize_t w = send(L->fd, frame + off, total - off, MSG_NOSIGNAL | MSG_DONTWAIT);
