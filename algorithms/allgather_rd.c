@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 static int ag_rd_pow2(tt_op_t *op)
 {

@@ -7,8 +7,8 @@
  */
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_allgather_ring(tt_op_t *op)
 {

@@ -45,9 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/algo.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 enum { DBT_UP = 0, DBT_DOWN = 1 };
 

@@ -12,9 +12,9 @@
  */
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/algo.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 enum {
     RD_TAG_FOLD = 1,     /* odd rank -> even partner, before the rounds */

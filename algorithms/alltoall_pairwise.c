@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_alltoall_pairwise(tt_op_t *op)
 {

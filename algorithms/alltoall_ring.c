@@ -10,8 +10,8 @@
  */
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 static int a2a_swaps(tt_op_t *op)
 {

@@ -2,8 +2,8 @@
  * rank - 2^k (mod n). After ceil(log2 n) rounds each rank has heard, directly or
  * through others, from every rank, for any n, with no root to become a hot spot.
  */
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_barrier_dissemination(tt_op_t *op)
 {

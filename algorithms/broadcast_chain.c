@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_broadcast_chain(tt_op_t *op)
 {

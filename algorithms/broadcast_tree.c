@@ -5,8 +5,8 @@
  */
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_broadcast_tree(tt_op_t *op)
 {

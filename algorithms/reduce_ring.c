@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/algo.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 static size_t rr_block_len(size_t count, int n, int b)
 {

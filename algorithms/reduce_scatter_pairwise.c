@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/algo.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 int tt_reduce_scatter_pairwise(tt_op_t *op)
 {

@@ -9,9 +9,9 @@
  */
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/algo.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 int tt_reduce_tree(tt_op_t *op)
 {

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 int tt_scatter_tree(tt_op_t *op)
 {

@@ -16,9 +16,9 @@
 
 #include <tutti/tutti.h>
 
-#include "reduce.h"
+#include "reduce/reduce.h"
 
-/* Defined in lib/reduce.c (not yet declared in reduce.h). */
+/* Defined in lib/reduce/reduce.c (not yet declared in reduce.h). */
 const char *tt_reduce_isa_name(void);
 
 static double now_s(void)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora (corpus/NAME/seed-*) from the wire formats in lib/store_impl.h
+"""Writes the seed corpora (corpus/NAME/seed-*) from the wire formats in lib/store/store_impl.h
 and transports/tcp/tcp.h: valid exchanges and a few near misses, for the fuzzers to start
 from. Run it again after a format change; inputs found by fuzzing are added beside them."""
 import os

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "auth.h"
-#include "internal.h"
+#include "base/auth.h"
+#include "base/base.h"
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {

@@ -20,7 +20,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
-#include "internal.h" /* tt_exec_defer */
+#include "base/base.h" /* tt_exec_defer */
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>

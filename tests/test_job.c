@@ -1,4 +1,4 @@
-/* Job identity under attack (lib/job.c), from a review: a rank that lost its slot to
+/* Job identity under attack (lib/core/job.c), from a review: a rank that lost its slot to
  * another job, rank 0 retrying init in one process, ranks in other pid namespaces, clocks
  * that differ between hosts, a rank restarted in place, a stalled store during the
  * contest check, destroy + init cycles with nothing in between. Each case failed on
@@ -278,7 +278,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         FAIL_IF(!host, "record %s", (char *)rec);
         struct stat ns;
         FAIL_IF(stat("/proc/self/ns/pid", &ns) != 0, "pid namespace");
-        char claim[512]; /* as lib/job.c writes one: pid, start, pid namespace, nonce, host */
+        char claim[512]; /* as lib/core/job.c writes one: pid, start, pid namespace, nonce, host */
         int n = snprintf(claim, sizeof(claim), "claim 1 %d 12345 %llu 0123456789abcdef %s",
                          (int)dead, (unsigned long long)ns.st_ino, host);
         FAIL_IF(tutti_store_set(store, key, claim, (size_t)n + 1) != 0, "claim");

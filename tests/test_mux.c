@@ -14,8 +14,8 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
-#include "internal.h"
-#include "transport.h"
+#include "base/base.h"
+#include "plugin/transport.h"
 
 #define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"
 

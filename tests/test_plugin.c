@@ -9,7 +9,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
-#include "transport.h"
+#include "plugin/transport.h"
 
 #define BAD_PLUGIN TT_BUILD_DIR "/tests/libtutti-transport-badabi.so"
 #define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"

@@ -1,7 +1,7 @@
 /* Reduction kernels, fp16/bf16 conversions, dtype and op names.
  *
  * Every kernel is checked against a scalar reference written here independently of
- * lib/reduce.c (wider integer arithmetic, libm-based half/bf16 rounding). The suite
+ * lib/reduce/reduce.c (wider integer arithmetic, libm-based half/bf16 rounding). The suite
  * runs once per kernel set the CPU supports (TUTTI_REDUCE_ISA=generic, avx2, avx512),
  * unless TUTTI_REDUCE_ISA is already set or Check runs without fork. */
 #include <check.h>
@@ -17,9 +17,9 @@
 
 #include <tutti/tutti.h>
 
-#include "reduce.h"
+#include "reduce/reduce.h"
 
-/* Defined in lib/reduce.c (not yet declared in reduce.h). */
+/* Defined in lib/reduce/reduce.c (not yet declared in reduce.h). */
 const char *tt_reduce_isa_name(void);
 
 static const size_t lengths[] = {0, 1, 3, 7, 15, 17, 31, 33, 63, 65, 1000, 4097};
@@ -819,7 +819,7 @@ START_TEST(test_float_specials)
     check_float_case(TUTTI_MAX, -INFINITY, INFINITY, INFINITY);
     check_float_case(TUTTI_MIN, 2.0, -3.0, -3.0);
     check_float_case(TUTTI_MAX, 2.0, -3.0, 2.0);
-    /* equal operands: the second one (documented in lib/reduce.c) */
+    /* equal operands: the second one (documented in lib/reduce/reduce.c) */
     check_float_case(TUTTI_MIN, 0.0, -0.0, -0.0);
     check_float_case(TUTTI_MIN, -0.0, 0.0, 0.0);
     check_float_case(TUTTI_MAX, 0.0, -0.0, -0.0);

@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "algo.h"
+#include "coll/algo.h"
 #include "harness.h"
-#include "internal.h"
+#include "base/base.h"
 
 static const char *pick(const tt_algo_override_t *ovr, tt_coll_t coll, size_t bytes, int n)
 {

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "store_impl.h"
+#include "store/store_impl.h"
 
 static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
 

@@ -26,7 +26,7 @@
 
 #include "harness.h"
 #include "store_checks.h"
-#include "store_impl.h"
+#include "store/store_impl.h"
 
 enum { K_FILE = 0, K_TCP = 1 };
 static const char *kind_name[] = {"file", "tcp"};

@@ -30,10 +30,10 @@
 
 #include <tutti/store.h>
 
-#include "auth.h"
+#include "base/auth.h"
 #include "harness.h"
 #include "store_checks.h"
-#include "store_impl.h"
+#include "store/store_impl.h"
 
 static char g_root[64]; /* temp dir of the whole run, removed by main */
 

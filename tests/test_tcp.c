@@ -23,7 +23,7 @@
 #include <tutti/transport_v1.h>
 #include <tutti/tutti.h>
 
-#include "auth.h"
+#include "base/auth.h"
 #include "harness.h"
 #include "../transports/tcp/crc32c.h"
 #include "../transports/tcp/tcp.h"
@@ -225,7 +225,7 @@ static int read_reply(int fd, tcp_hello_t *h, tcp_verdict_t *v, char *reason, si
 
 /* "ip port" under key, waited for; only loopback IPv4 here. */
 /* The store key of a communicator key ("tcp/0") under a pinned prefix: the library puts
- * the job id and the job instance's nonce in between (lib/job.c). "" if rank 0 never
+ * the job id and the job instance's nonce in between (lib/core/job.c). "" if rank 0 never
  * created the instance. */
 static const char *comm_key(tutti_store_t *store, const char *prefix, const char *key)
 {
@@ -354,7 +354,7 @@ __attribute__((format(printf, 5, 6))) static int th_error(void *ctx, int status,
     return status;
 }
 
-/* What the library does with its secret (lib/auth.c); the transport never sees it. */
+/* What the library does with its secret (lib/base/auth.c); the transport never sees it. */
 static int th_auth(void *ctx, const char *context, const uint8_t challenge[32],
                    uint8_t answer[32])
 {

@@ -327,7 +327,7 @@ static int job_id_ok(const char *id)
 }
 
 /* The job id of what started every node's launcher (a batch scheduler, mpirun, torchrun),
- * spelled as the library spells it when it finds these itself (lib/job.c). */
+ * spelled as the library spells it when it finds these itself (lib/core/job.c). */
 static int outer_job_id(char *id, size_t n)
 {
     const char *v, *step;

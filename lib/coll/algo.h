@@ -1,12 +1,12 @@
-/* Algorithms: one file each in algorithms/, registered in one table (lib/select.c),
+/* Algorithms: one file each in algorithms/, registered in one table (lib/coll/select.c),
  * chosen per (collective, bytes, ranks) or by the TUTTI_ALGO override. */
 #ifndef TT_ALGO_H
 #define TT_ALGO_H
 
 #include <stddef.h>
 
-#include "cost.h"
-#include "p2p.h"
+#include "coll/cost.h"
+#include "core/p2p.h"
 
 typedef int (*tt_algo_fn)(tt_op_t *op);
 

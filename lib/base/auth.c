@@ -5,8 +5,8 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "auth.h"
-#include "internal.h"
+#include "base/auth.h"
+#include "base/base.h"
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,

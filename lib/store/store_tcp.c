@@ -32,8 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "auth.h"
-#include "store_impl.h"
+#include "base/auth.h"
+#include "store/store_impl.h"
 
 typedef struct tcp_conn {
     int fd;

@@ -8,8 +8,8 @@
 #include <tutti/transport_v1.h>
 #include <tutti/tutti.h>
 
-#include "algo.h"
-#include "p2p.h"
+#include "coll/algo.h"
+#include "core/p2p.h"
 
 #define TT_ERRMSG_LEN 1024
 

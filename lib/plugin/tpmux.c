@@ -23,10 +23,10 @@
 
 #include <tutti/store.h>
 
-#include "comm.h"
-#include "internal.h"
-#include "tpmux.h"
-#include "transport.h"
+#include "core/comm.h"
+#include "base/base.h"
+#include "plugin/tpmux.h"
+#include "plugin/transport.h"
 
 #define MUX_MAX 4
 

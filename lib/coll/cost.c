@@ -39,9 +39,9 @@
 
 #include <tutti/tutti.h>
 
-#include "cost.h"
-#include "internal.h"
-#include "reduce.h"
+#include "coll/cost.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 typedef struct cost_row {
     const char *transport;

@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "auth.h"
-#include "store_gc.h"
-#include "store_impl.h"
+#include "base/auth.h"
+#include "store/store_gc.h"
+#include "store/store_impl.h"
 
 /* Failures of the open functions have no handle to be recorded on; the caller's thread
  * keeps the latest one, returned by tutti_store_last_error(NULL). */

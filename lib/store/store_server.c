@@ -42,8 +42,8 @@
 
 #include <uv.h>
 
-#include "auth.h"
-#include "store_impl.h"
+#include "base/auth.h"
+#include "store/store_impl.h"
 
 #define SRV_READ_CHUNK 65536u
 #define SRV_HELLO_MS 10000

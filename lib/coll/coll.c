@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "internal.h"
+#include "core/comm.h"
+#include "base/base.h"
 
 /* What a public entry point knows; coll_issue turns it into an op. */
 typedef struct coll_desc {

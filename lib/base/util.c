@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 uint64_t tt_now_ns(void)
 {

@@ -11,12 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "auth.h"
-#include "comm.h"
-#include "internal.h"
-#include "job.h"
-#include "store_gc.h"
-#include "tpmux.h"
+#include "base/auth.h"
+#include "core/comm.h"
+#include "base/base.h"
+#include "core/job.h"
+#include "store/store_gc.h"
+#include "plugin/tpmux.h"
 
 #define JOB_ID_MAX 64
 #define JOB_POLL_MS 5

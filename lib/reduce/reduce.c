@@ -27,8 +27,8 @@
  * through a cast to a naturally aligned pointer. */
 #include <string.h>
 
-#include "internal.h"
-#include "reduce.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 /* GCC will not if-convert (so not vectorise) the fp16 conversions while it must keep FP
  * exception flags exact. Nothing here reads those flags or unmasks FP traps, and

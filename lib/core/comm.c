@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "auth.h"
-#include "comm.h"
-#include "internal.h"
-#include "job.h"
-#include "reduce.h"
-#include "store_impl.h"
-#include "tpmux.h"
-#include "transport.h"
+#include "base/auth.h"
+#include "core/comm.h"
+#include "base/base.h"
+#include "core/job.h"
+#include "reduce/reduce.h"
+#include "store/store_impl.h"
+#include "plugin/tpmux.h"
+#include "plugin/transport.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
 #define TT_DEFAULT_SPIN_US 50

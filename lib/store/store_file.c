@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store_impl.h"
+#include "store/store_impl.h"
 
 #define FS_PART_MAX 200       /* escaped bytes per path component (NAME_MAX is 255) */
 #define FS_LOCK_STRIPES 64

@@ -12,7 +12,7 @@
 
 #include <tutti/store.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 /* A backend writes the cause of a failure here (with strerror(errno) where one applies);
  * store.c adds the operation, key and store address before recording it on the handle. */

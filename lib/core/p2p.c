@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "internal.h"
+#include "core/comm.h"
+#include "base/base.h"
 
 /* ---- the store on failure paths ---- */
 

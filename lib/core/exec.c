@@ -13,9 +13,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm.h"
-#include "internal.h"
-#include "reduce.h"
+#include "core/comm.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 /* How long the progress thread leaves a deferred op to a waiter (far more than the gap
  * between the fuser's last mark and its wait), and how often it looks for one. */

@@ -7,7 +7,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 static atomic_int log_level = -1;
 static atomic_int log_rank = -1;

@@ -4,7 +4,7 @@
 
 #include <tutti/tutti.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 #define TT_EXPORT __attribute__((visibility("default")))
 

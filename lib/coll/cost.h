@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "p2p.h"
+#include "core/p2p.h"
 
 typedef struct tt_cost {
     double alpha_us; /* per message: latency plus software overhead */

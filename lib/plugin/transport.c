@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "transport.h"
+#include "base/base.h"
+#include "plugin/transport.h"
 
 static int check_table(const tutti_transport_ops_v1_t *ops, const char *what, char *err,
                        size_t errlen)

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "internal.h"
+#include "coll/algo.h"
+#include "base/base.h"
 
 /* The default choice is the cost model's (cost.c): the algorithm of the collective
  * with the least estimated time for (bytes, ranks) under the communicator's alpha, beta

@@ -11,8 +11,8 @@
 #include <tutti/fuse.h>
 #include <tutti/tutti.h>
 
-#include "internal.h"
-#include "reduce.h"
+#include "base/base.h"
+#include "reduce/reduce.h"
 
 #define TT_FUSE_ALIGN 64 /* every tensor starts on a cache line of its bucket */
 #define TT_FUSE_DEFAULT_CAP ((size_t)25 << 20)
