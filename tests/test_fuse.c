@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "base/base.h" /* tt_exec_defer */
+#include "core/stage.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
