@@ -4,13 +4,17 @@
 
 #include "coll/algo.h"
 
+/* Buffers may overlap (in place forms); dst NULL: nothing to receive. */
+static void move(void *dst, const void *src, size_t bytes)
+{
+    if (dst && dst != src)
+        memmove(dst, src, bytes);
+}
+
 /* allreduce, broadcast, reduce: the input is the result */
 int tt_local_copy(tt_op_t *op)
 {
-    const char *s = op->sendbuf;
-    char *r = op->recvbuf;
-    if (r && s != r)
-        memcpy(r, s, op->count * op->elem_size);
+    move(op->recvbuf, op->sendbuf, op->count * op->elem_size);
     return TUTTI_OK;
 }
 
@@ -18,40 +22,31 @@ int tt_local_copy(tt_op_t *op)
 int tt_local_gather(tt_op_t *op)
 {
     const size_t es = op->elem_size;
-    const char *s = op->sendbuf;
     char *r = op->recvbuf;
-    if (r && s != r + op->rdispls[0] * es)
-        memmove(r + op->rdispls[0] * es, s, op->recvcounts[0] * es);
+    move(r ? r + op->rdispls[0] * es : NULL, op->sendbuf, op->recvcounts[0] * es);
     return TUTTI_OK;
 }
 
 int tt_local_reduce_scatter(tt_op_t *op)
 {
     const size_t es = op->elem_size;
-    const char *s = op->sendbuf;
-    char *r = op->recvbuf;
-    if (s != r)
-        memmove(r, s + op->rdispls[0] * es, op->recvcounts[0] * es);
+    move(op->recvbuf, (const char *)op->sendbuf + op->rdispls[0] * es, op->recvcounts[0] * es);
     return TUTTI_OK;
 }
 
 int tt_local_scatter(tt_op_t *op)
 {
     const size_t es = op->elem_size;
-    const char *s = op->sendbuf;
-    char *r = op->recvbuf;
-    if (r && r != s + op->sdispls[0] * es)
-        memmove(r, s + op->sdispls[0] * es, op->sendcounts[0] * es);
+    move(op->recvbuf, (const char *)op->sendbuf + op->sdispls[0] * es, op->sendcounts[0] * es);
     return TUTTI_OK;
 }
 
 int tt_local_alltoall(tt_op_t *op)
 {
     const size_t es = op->elem_size;
-    const char *s = op->sendbuf;
     char *r = op->recvbuf;
-    if (s + op->sdispls[0] * es != r + op->rdispls[0] * es)
-        memmove(r + op->rdispls[0] * es, s + op->sdispls[0] * es, op->sendcounts[0] * es);
+    move(r ? r + op->rdispls[0] * es : NULL, (const char *)op->sendbuf + op->sdispls[0] * es,
+         op->sendcounts[0] * es);
     return TUTTI_OK;
 }
 

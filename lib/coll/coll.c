@@ -171,6 +171,21 @@ static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
     return TUTTI_OK;
 }
 
+/* allgather(v), reduce_scatter(v): a block per rank in recvcounts (displs: where they
+ * land, NULL: back to back), or equal blocks; the extent in *ext_p. */
+static int block_layout(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es,
+                        const size_t *displs, size_t *rc, size_t *rd, size_t *ext_p)
+{
+    const int n = comm->nranks;
+    TT_CHECK(check_count(comm, c, es));
+    if (c->is_v)
+        return copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, displs, rc, rd,
+                           ext_p);
+    fill_equal(n, c->equal, rc, rd);
+    *ext_p = (size_t)n * c->equal;
+    return TUTTI_OK;
+}
+
 static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
                           size_t *layout)
 {
@@ -178,12 +193,7 @@ static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     const size_t es = o->elem_size;
     size_t *rc = layout + 2 * n, *rd = layout + 3 * n, ext;
     char *r = c->recvbuf;
-    TT_CHECK(check_count(comm, c, es));
-    if (c->is_v)
-        TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, c->rdispls,
-                             rc, rd, &ext));
-    else
-        fill_equal(n, c->equal, rc, rd), ext = (size_t)n * c->equal;
+    TT_CHECK(block_layout(comm, c, es, c->rdispls, rc, rd, &ext));
     for (int i = 0; i < n; i++)
         o->count += rc[i];
     o->env_count = o->count;
@@ -203,12 +213,7 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
     const size_t es = o->elem_size;
     size_t *rc = layout + 2 * n, *rd = layout + 3 * n, ext;
     char *r = c->recvbuf;
-    TT_CHECK(check_count(comm, c, es));
-    if (c->is_v)
-        TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, NULL, rc, rd,
-                             &ext));
-    else
-        fill_equal(n, c->equal, rc, rd), ext = (size_t)n * c->equal;
+    TT_CHECK(block_layout(comm, c, es, NULL, rc, rd, &ext));
     o->count = o->env_count = ext;
     if (ext && !r && rc[me])
         return fail(comm, c->name, "recvbuf is NULL");
@@ -219,33 +224,46 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
     return TUTTI_OK;
 }
 
+/* gather(v) and scatter(v): the root's layout (counts/displs, named `what`) into
+ * counts/displs, whose extent goes to *ext_p; the root's own block must be the call's
+ * count (named `mine`). Elsewhere the layout holds this rank's own block only. */
+static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                         const char *what, const char *mine, const size_t *counts,
+                         const size_t *displs, size_t *dst_counts, size_t *dst_displs,
+                         size_t *ext_p)
+{
+    const int n = comm->nranks, me = comm->rank;
+    TT_CHECK(check_count(comm, c, o->elem_size));
+    o->count = c->count;
+    *ext_p = 0;
+    if (!c->is_v) {
+        fill_equal(n, c->count, dst_counts, dst_displs);
+        *ext_p = (size_t)n * c->count;
+        o->env_count = c->count;
+        return TUTTI_OK;
+    }
+    if (me != c->root) {
+        dst_counts[me] = c->count;
+        return TUTTI_OK;
+    }
+    TT_CHECK(copy_layout(comm, c->name, what, n, o->elem_size, counts, displs, dst_counts,
+                         dst_displs, ext_p));
+    if (dst_counts[me] != c->count)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: the root's %s %zu differs from %s[root] = %zu", c->name,
+                                 mine, c->count, what, dst_counts[me]);
+    return TUTTI_OK;
+}
+
 static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
                        size_t *layout)
 {
     const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
     const int is_root = me == c->root;
-    const size_t es = o->elem_size;
-    size_t *rc = layout + 2 * n, *rd = layout + 3 * n, ext = 0;
+    size_t *rd = layout + 3 * n, ext;
     char *r = c->recvbuf;
-    TT_CHECK(check_count(comm, c, es));
-    o->count = c->count;
-    if (c->is_v) {
-        /* recvcounts matter at the root only; elsewhere the layout holds this rank's
-         * own block */
-        if (is_root)
-            TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts,
-                                 c->rdispls, rc, rd, &ext));
-        else
-            rc[me] = c->count;
-        if (is_root && rc[me] != c->count)
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: the root's sendcount %zu differs from "
-                                     "recvcounts[root] = %zu", c->name, c->count, rc[me]);
-    } else {
-        fill_equal(n, c->count, rc, rd);
-        ext = (size_t)n * c->count;
-        o->env_count = c->count;
-    }
+    TT_CHECK(rooted_layout(comm, c, o, "recvcounts", "sendcount", c->recvcounts, c->rdispls,
+                           layout + 2 * n, rd, &ext));
     if (is_root && ext && !r)
         return fail(comm, c->name, "recvbuf is NULL at the root");
     if (c->count && !in_place && !c->sendbuf)
@@ -253,7 +271,7 @@ static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
     if (in_place && !is_root)
         return fail(comm, c->name, "TUTTI_IN_PLACE is for the root only");
     o->recvbuf = is_root ? r : NULL;
-    o->sendbuf = in_place ? r + rd[me] * es : c->sendbuf;
+    o->sendbuf = in_place ? r + rd[me] * o->elem_size : c->sendbuf;
     return TUTTI_OK;
 }
 
@@ -261,32 +279,18 @@ static int fill_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
                         size_t *layout)
 {
     const int n = comm->nranks, me = comm->rank, is_root = me == c->root;
-    const size_t es = o->elem_size;
-    size_t *sc = layout, *sd = layout + n, sext = 0;
+    size_t *sd = layout + n, sext;
     char *r = c->recvbuf;
-    TT_CHECK(check_count(comm, c, es));
-    o->count = c->count;
-    if (c->is_v) {
-        if (is_root)
-            TT_CHECK(copy_layout(comm, c->name, "sendcounts", n, es, c->sendcounts,
-                                 c->sdispls, sc, sd, &sext));
-        else
-            sc[me] = c->count;
-        if (is_root && sc[me] != c->count)
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: the root's recvcount %zu differs from "
-                                     "sendcounts[root] = %zu", c->name, c->count, sc[me]);
-    } else {
-        fill_equal(n, c->count, sc, sd);
-        sext = (size_t)n * c->count;
-        o->env_count = c->count;
-    }
+    TT_CHECK(rooted_layout(comm, c, o, "sendcounts", "recvcount", c->sendcounts, c->sdispls,
+                           layout, sd, &sext));
     if (is_root && sext && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL at the root");
     if (c->count && !r)
         return fail(comm, c->name, "recvbuf is NULL");
     o->sendbuf = is_root ? c->sendbuf : NULL;
-    o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT) ? (char *)c->sendbuf + sd[me] * es : r;
+    o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT)
+                     ? (char *)c->sendbuf + sd[me] * o->elem_size
+                     : r;
     return TUTTI_OK;
 }
 

@@ -43,27 +43,19 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     return TUTTI_OK;
 }
 
-void tt_comm_opts_free(tutti_comm_opts_t *o)
-{
-    free((char *)o->transport);
-    free((char *)o->plugin_path);
-    free((char *)o->algo);
-    free((char *)o->socket_ifname);
-    free((char *)o->prefix);
-    free((char *)o->host_id);
-    free((char *)o->cost_model);
-    free((char *)o->transport_options);
-    free((char *)o->job_id);
-    free((char *)o->auth_token);
-    free((char *)o->auth_token_file);
-    free((char *)o->checksum);
-}
-
 /* The string fields, which the communicator owns and the environment fills where the
  * caller's options leave them NULL. */
 #define TT_OPTS_STRINGS(X)                                                              \
     X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model)          \
     X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum)
+
+void tt_comm_opts_free(tutti_comm_opts_t *o)
+{
+    free((char *)o->transport);
+#define TT_OPTS_FREE(f) free((char *)o->f);
+    TT_OPTS_STRINGS(TT_OPTS_FREE)
+#undef TT_OPTS_FREE
+}
 
 int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
 {
