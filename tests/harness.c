@@ -35,7 +35,7 @@ static int th_rm_entry(const char *path, const struct stat *sb, int type, struct
     return 0;
 }
 
-static void th_rmtree(const char *dir)
+void th_rmtree(const char *dir)
 {
     nftw(dir, th_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
@@ -53,6 +53,25 @@ void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int time
     tcase_set_timeout(tc, timeout_s);
     tcase_add_loop_test(tc, t, 0, loops);
     suite_add_tcase(s, tc);
+}
+
+void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_test(tc, *tests);
+    suite_add_tcase(s, tc);
+}
+
+int th_main(Suite *s)
+{
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
 }
 
 __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,

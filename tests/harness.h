@@ -65,12 +65,22 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
 
+/* Remove dir and everything under it (best effort). */
+void th_rmtree(const char *dir);
+
 /* Sleep ms milliseconds (signals do not cut it short). */
 void th_sleep_ms(int ms);
 
 /* A test case of its own (so CK_RUN_CASE=name runs just it), looped loops times with
  * _i = 0..loops-1, under a timeout of timeout_s seconds. */
 void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
+
+/* A test case named name (so CK_RUN_CASE=name runs just it) holding the tests of the
+ * NULL-terminated list, under a timeout of timeout_s seconds each. */
+void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
+
+/* A suite's main: run s (tests stay on loopback), 0 when every test passed, else 1. */
+int th_main(Suite *s);
 
 /* In a rank body (where `rank` is in scope): fail the rank with a message naming it and
  * the line. */

@@ -419,9 +419,5 @@ int main(void)
     th_add_case(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1, 60);
     th_add_case(s, "contest_check_fails_open", contest_check_fails_open, 1, 60);
     th_add_case(s, "cycles_without_collectives", cycles_without_collectives, 1, 60);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

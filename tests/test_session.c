@@ -455,9 +455,5 @@ int main(void)
     th_add_case(s, "destroy_init_cycles", destroy_init_cycles, 2, 200);
     th_add_case(s, "no_litter", no_litter, 2, 200);
     th_add_case(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1, 200);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

@@ -1413,15 +1413,6 @@ static Suite *store_suite(void)
     return s;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
 int main(void)
 {
     snprintf(g_root, sizeof(g_root), "/tmp/tutti-test-store-XXXXXX");
@@ -1429,10 +1420,7 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
-    SRunner *sr = srunner_create(store_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int failed = th_main(store_suite());
+    th_rmtree(g_root);
     return failed ? 1 : 0;
 }

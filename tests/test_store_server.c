@@ -1651,15 +1651,6 @@ static Suite *server_suite(void)
     return s;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
 int main(void)
 {
     snprintf(g_root, sizeof(g_root), "/tmp/tutti-test-store-server-XXXXXX");
@@ -1668,10 +1659,7 @@ int main(void)
         return 1;
     }
     chmod(g_root, 0755); /* the nobody child of test_file_eacces must reach its dir */
-    SRunner *sr = srunner_create(server_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int failed = th_main(server_suite());
+    th_rmtree(g_root);
     return failed ? 1 : 0;
 }

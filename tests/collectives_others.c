@@ -1,12 +1,13 @@
-/* Multi-rank correctness of reduce, allgather(v), reduce_scatter(v), gather(v),
- * scatter(v) and alltoall(v): both algorithms of each, rank counts 1..5, every dtype and
+/* The collectives suite's second half (test_collectives.c has allreduce, broadcast and
+ * barrier). Multi-rank correctness of reduce, allgather(v), reduce_scatter(v), gather(v),
+ * scatter(v) and alltoall(v), blocking and async: both algorithms of each, rank counts 1..5, every dtype and
  * op for the reductions (a few dtypes of each element size for the data movement),
  * counts {0, 1, 7, 4097} and one larger one, in place and out of place, v forms with
  * uneven and empty blocks and displacements with gaps and out of rank order, against a
  * reference computed here in plain C, bit for bit. Bytes the call must not touch (gaps,
  * past the end, the input out of place) are checked too.
  *
- * The input generation and the reduction reference are test_coll.c's (floats carry
+ * The input generation and the reduction reference are ref.c's (floats carry
  * small integers, so every result is exact whatever the order of the reduction).
  * TT_TEST_QUICK=1 shrinks the larger count (for sanitizer builds).
  */
@@ -25,6 +26,7 @@
 #include "harness.h"
 
 
+#include "collectives.h"
 #include "ref.h"
 
 /* ---- one rank's matrix ---- */
@@ -545,21 +547,59 @@ START_TEST(matrix)
 }
 END_TEST
 
-static Suite *coll2_suite(void)
+/* The async forms run in issue order, waited on out of order, with the right results. */
+static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
-    Suite *s = suite_create("coll2");
-    TCase *tc = tcase_create("matrix");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, matrix, 0, 10);
-    suite_add_tcase(s, tc);
-    return s;
+    (void)dir;
+    (void)arg;
+    enum { C = 1000 };
+    int64_t *ag_in = malloc(C * sizeof(int64_t)), *ag_out = malloc((size_t)nranks * C * 8);
+    int64_t *rs_in = malloc((size_t)nranks * C * 8), rs_out[C];
+    int64_t a2a_in[8 * 16], a2a_out[8 * 16];
+    FAIL_IF(!ag_in || !ag_out || !rs_in, "malloc");
+    for (int i = 0; i < C; i++)
+        ag_in[i] = rank * 1000003LL + i;
+    for (int b = 0; b < nranks; b++)
+        for (int i = 0; i < C; i++)
+            rs_in[b * C + i] = (rank + 1) * (b * C + i);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            a2a_in[j * 16 + i] = rank * 1000 + j * 16 + i;
+    tutti_work_t *w[3];
+    FAIL_IF(tutti_allgather_async(comm, ag_in, ag_out, C, TUTTI_INT64, &w[0]) != 0, "ag");
+    FAIL_IF(tutti_reduce_scatter_async(comm, rs_in, rs_out, C, TUTTI_INT64, TUTTI_SUM, &w[1]),
+            "rs");
+    FAIL_IF(tutti_alltoall_async(comm, a2a_in, a2a_out, 16, TUTTI_INT64, &w[2]) != 0, "a2a");
+    for (int k = 2; k >= 0; k--) { /* waiting out of order is fine */
+        int st = tutti_wait(w[k], -1);
+        FAIL_IF(st != 0, "work %d: %s", k, tutti_work_error(w[k]));
+        tutti_work_free(w[k]);
+    }
+    for (int r = 0; r < nranks; r++)
+        for (int i = 0; i < C; i++)
+            FAIL_IF(ag_out[r * C + i] != r * 1000003LL + i, "allgather [%d][%d]", r, i);
+    int64_t tri = (int64_t)nranks * (nranks + 1) / 2;
+    for (int i = 0; i < C; i++)
+        FAIL_IF(rs_out[i] != tri * (rank * C + i), "reduce_scatter [%d] = %lld", i,
+                (long long)rs_out[i]);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            FAIL_IF(a2a_out[j * 16 + i] != j * 1000 + rank * 16 + i, "alltoall [%d][%d]", j, i);
+    free(ag_in);
+    free(ag_out);
+    free(rs_in);
+    return 0;
 }
 
-int main(void)
+START_TEST(async_other_collectives)
 {
-    SRunner *sr = srunner_create(coll2_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    for (int n = 2; n <= 4; n++)
+        ck_assert_int_eq(th_run(n, rank_new_async, NULL, 30000), 0);
+}
+END_TEST
+
+void collectives_others_add(Suite *s)
+{
+    th_add_case(s, "others_matrix", matrix, 10, 120);
+    th_add_tests(s, "others_async", 90, (const TTest *const[]){async_other_collectives, NULL});
 }
