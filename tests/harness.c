@@ -356,3 +356,17 @@ int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit
                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     return th_run_ex(&spec, exit_codes);
 }
+
+int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode)
+{
+    snprintf(root, len, "%s", template);
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    if (mode)
+        chmod(root, (mode_t)mode);
+    int failed = th_main(s);
+    th_rmtree(root);
+    return failed ? 1 : 0;
+}

@@ -118,4 +118,8 @@ int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *
 /* th_run_ex of ranks on their own: TH_NO_COMM | TH_NO_KILL_ON_FAIL. */
 int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit_codes);
 
+/* th_main with a fresh directory: root (len bytes) gets the mkdtemp of template, chmod
+ * to mode when mode is not 0, removed with everything under it afterwards. */
+int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
+
 #endif /* TH_HARNESS_H */
