@@ -94,4 +94,32 @@ int th_main(Suite *s);
         }                                                                               \
     } while (0)
 
+/* ---- one rank of a job that must not meet another job's ranks ---- */
+
+/* th_job_rank's exit codes */
+enum { TH_JR_OK = 0, TH_JR_IN_USE = 10, TH_JR_TIMEOUT = 11, TH_JR_OP_FAILED = 12,
+       TH_JR_INIT_OTHER = 13, TH_JR_WRONG = 20 };
+
+typedef struct th_job {
+    const char *job_id;    /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
+    const char *transport;
+    const char *host_id;   /* NULL: the real one */
+    int timeout_ms;
+    const char *url;       /* a store URL (NULL: the file store in dir) */
+    int iters, count;      /* allreduces of count int64 each (0: 5 of 1) */
+} th_job_t;
+
+/* Rank `rank` of job `job`: init on the store (TH_JR_IN_USE, TH_JR_TIMEOUT or
+ * TH_JR_INIT_OTHER when that fails), allreduces of job * 1000 + rank + 1, each element
+ * checked against its own job's sum (TH_JR_WRONG: ranks of two jobs met; TH_JR_OP_FAILED:
+ * an allreduce failed), destroy. Prints what failed to stderr. */
+int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *j);
+
+/* th_run_ex of ranks on their own: TH_NO_COMM | TH_NO_KILL_ON_FAIL. */
+int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit_codes);
+
+/* th_main with a fresh directory: root (len bytes) gets the mkdtemp of template, chmod
+ * to mode when mode is not 0, removed with everything under it afterwards. */
+int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
+
 #endif /* TH_HARNESS_H */
