@@ -58,9 +58,9 @@ test)
     # gcc's TSan refuses the shm transport's fences); only that suite is built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
         -Db_lundef=false -Dpeers=disabled -Dtransports=tcp
-    ninja -C build-tsan tests/test_fuse
+    ninja -C build-tsan tests/test_fuser
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
-        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuse
+        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
     # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in
     # build-fuzz/ as crash-*, to add to the corpus once fixed).

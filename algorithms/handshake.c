@@ -6,6 +6,7 @@
 #include "base/base.h"
 #include "coll/algo.h"
 #include "core/comm.h"
+#include "core/fault.h"
 
 /* Rooted collectives end with a handshake with the root, so that every rank of a
  * mismatched call fails, not only those whose messages revealed it: non-roots of a
@@ -35,7 +36,7 @@ static int root_handshake(tt_op_t *op, int confirm)
     tt_req_t few[16];
     tt_req_t *reqs = op->nranks <= 16 ? few : malloc((size_t)op->nranks * sizeof(*reqs));
     if (!reqs) {
-        tt_comm_record_failure(op->comm, op, TUTTI_ERR_NOMEM, "out of memory");
+        tt_fault_record(op, TUTTI_ERR_NOMEM, "out of memory");
         return TUTTI_ERR_NOMEM;
     }
     memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));

@@ -42,6 +42,7 @@
 
 #include <tutti/tutti.h>
 
+#include "cli.h"
 #include "launch.h" /* tools/: starting and stopping -np's ranks, shared with tutti-run */
 
 enum bench_coll {
@@ -263,13 +264,7 @@ static int parse_size(const char *s, size_t *size_p)
 
 static int parse_int(const char *s, int min, int *v_p)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > (1l << 30))
-        return -1;
-    *v_p = (int)v;
-    return 0;
+    return tt_cli_int(s, min, 1 << 30, v_p);
 }
 
 /* Returns 0 to run, 1 to exit 0 (help), -1 to exit 2 (bad usage). */

@@ -35,7 +35,7 @@ static int th_rm_entry(const char *path, const struct stat *sb, int type, struct
     return 0;
 }
 
-static void th_rmtree(const char *dir)
+void th_rmtree(const char *dir)
 {
     nftw(dir, th_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
@@ -53,6 +53,25 @@ void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int time
     tcase_set_timeout(tc, timeout_s);
     tcase_add_loop_test(tc, t, 0, loops);
     suite_add_tcase(s, tc);
+}
+
+void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_test(tc, *tests);
+    suite_add_tcase(s, tc);
+}
+
+int th_main(Suite *s)
+{
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
 }
 
 __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
@@ -276,4 +295,78 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
         return -1;
     snprintf(out, len, "%s%s/%s", base, nonce, key);
     return 0;
+}
+
+int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *j)
+{
+    if (!j->job_id)
+        unsetenv("TUTTI_JOB_ID");
+    else if (*j->job_id)
+        setenv("TUTTI_JOB_ID", j->job_id, 1);
+    tutti_store_t *store;
+    if ((j->url ? tutti_store_open(&store, j->url, NULL)
+                : tutti_store_open_file(&store, dir, 10000)) != 0)
+        return TH_JR_INIT_OTHER;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = j->timeout_ms;
+    o.transport = j->transport;
+    o.host_id = j->host_id;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    if (st != 0) {
+        tutti_store_close(store);
+        fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
+        return st == TUTTI_ERR_IN_USE  ? TH_JR_IN_USE
+               : st == TUTTI_ERR_TIMEOUT ? TH_JR_TIMEOUT
+                                         : TH_JR_INIT_OTHER;
+    }
+    const int iters = j->iters ? j->iters : 5, count = j->count ? j->count : 1;
+    int64_t expect = 0, v[16];
+    for (int r = 0; r < nranks; r++)
+        expect += job * 1000 + r + 1;
+    int rc = TH_JR_OK;
+    for (int i = 0; i < iters && rc == TH_JR_OK; i++) {
+        for (int k = 0; k < count; k++)
+            v[k] = job * 1000 + rank + 1;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, (size_t)count, TUTTI_INT64, TUTTI_SUM);
+        if (st != 0) {
+            fprintf(stderr, "job %d rank %d: allreduce: %s\n", job, rank,
+                    tutti_comm_last_error(comm));
+            rc = TH_JR_OP_FAILED;
+            break;
+        }
+        for (int k = 0; k < count && rc == TH_JR_OK; k++) {
+            if (v[k] != expect) {
+                fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
+                        "ranks of two jobs met\n", job, rank, (long long)v[k],
+                        (long long)expect);
+                rc = TH_JR_WRONG;
+            }
+        }
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit_codes)
+{
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    return th_run_ex(&spec, exit_codes);
+}
+
+int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode)
+{
+    snprintf(root, len, "%s", template);
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    if (mode)
+        chmod(root, (mode_t)mode);
+    int failed = th_main(s);
+    th_rmtree(root);
+    return failed ? 1 : 0;
 }

@@ -65,12 +65,22 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
 
+/* Remove dir and everything under it (best effort). */
+void th_rmtree(const char *dir);
+
 /* Sleep ms milliseconds (signals do not cut it short). */
 void th_sleep_ms(int ms);
 
 /* A test case of its own (so CK_RUN_CASE=name runs just it), looped loops times with
  * _i = 0..loops-1, under a timeout of timeout_s seconds. */
 void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
+
+/* A test case named name (so CK_RUN_CASE=name runs just it) holding the tests of the
+ * NULL-terminated list, under a timeout of timeout_s seconds each. */
+void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
+
+/* A suite's main: run s (tests stay on loopback), 0 when every test passed, else 1. */
+int th_main(Suite *s);
 
 /* In a rank body (where `rank` is in scope): fail the rank with a message naming it and
  * the line. */
@@ -83,5 +93,33 @@ void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int time
             return 1;                                                                   \
         }                                                                               \
     } while (0)
+
+/* ---- one rank of a job that must not meet another job's ranks ---- */
+
+/* th_job_rank's exit codes */
+enum { TH_JR_OK = 0, TH_JR_IN_USE = 10, TH_JR_TIMEOUT = 11, TH_JR_OP_FAILED = 12,
+       TH_JR_INIT_OTHER = 13, TH_JR_WRONG = 20 };
+
+typedef struct th_job {
+    const char *job_id;    /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
+    const char *transport;
+    const char *host_id;   /* NULL: the real one */
+    int timeout_ms;
+    const char *url;       /* a store URL (NULL: the file store in dir) */
+    int iters, count;      /* allreduces of count int64 each (0: 5 of 1) */
+} th_job_t;
+
+/* Rank `rank` of job `job`: init on the store (TH_JR_IN_USE, TH_JR_TIMEOUT or
+ * TH_JR_INIT_OTHER when that fails), allreduces of job * 1000 + rank + 1, each element
+ * checked against its own job's sum (TH_JR_WRONG: ranks of two jobs met; TH_JR_OP_FAILED:
+ * an allreduce failed), destroy. Prints what failed to stderr. */
+int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *j);
+
+/* th_run_ex of ranks on their own: TH_NO_COMM | TH_NO_KILL_ON_FAIL. */
+int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit_codes);
+
+/* th_main with a fresh directory: root (len bytes) gets the mkdtemp of template, chmod
+ * to mode when mode is not 0, removed with everything under it afterwards. */
+int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
 
 #endif /* TH_HARNESS_H */

@@ -1,4 +1,4 @@
-/* A rank for tests/test_run.sh: joins through tutti_comm_init_env (the variables
+/* A rank for tests/test_launcher.sh: joins through tutti_comm_init_env (the variables
  * tutti-run sets), checks an allreduce against plain C, prints "rank R of W ok".
  *   launch_child [fail=K | hang]
  * fail=K: rank K exits with status 3 after the first allreduce, while the others wait

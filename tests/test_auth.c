@@ -8,6 +8,7 @@
 
 #include "base/auth.h"
 #include "base/base.h"
+#include "harness.h"
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -143,9 +144,5 @@ int main(void)
     tcase_add_test(tc, answers_bind_everything);
     tcase_add_test(tc, secret_sources);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

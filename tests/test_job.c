@@ -34,63 +34,7 @@ int clock_gettime(clockid_t c, struct timespec *ts)
 
 #define sleep_ms th_sleep_ms
 
-enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
-       JR_WRONG = 20, JR_SKIP = 77 };
-
-typedef struct jr {
-    const char *job_id;    /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
-    const char *transport;
-    const char *host_id;   /* NULL: the real one */
-    int timeout_ms;
-    const char *url;       /* a store URL (NULL: the file store in dir) */
-} jr_t;
-
-/* One rank of job `job`: init on the file store in dir, 5 allreduces of job*1000+rank+1
- * checked against its own job's sum, destroy. */
-static int job_rank(int job, int rank, int nranks, const char *dir, const jr_t *j)
-{
-    if (!j->job_id)
-        unsetenv("TUTTI_JOB_ID");
-    else if (*j->job_id)
-        setenv("TUTTI_JOB_ID", j->job_id, 1);
-    tutti_store_t *store;
-    if ((j->url ? tutti_store_open(&store, j->url, NULL)
-                : tutti_store_open_file(&store, dir, 10000)) != 0)
-        return JR_INIT_OTHER;
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = j->timeout_ms;
-    o.transport = j->transport;
-    o.host_id = j->host_id;
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    if (st != 0) {
-        tutti_store_close(store);
-        fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
-        return st == TUTTI_ERR_IN_USE ? JR_IN_USE : st == TUTTI_ERR_TIMEOUT ? JR_TIMEOUT
-                                                                           : JR_INIT_OTHER;
-    }
-    int64_t expect = 0;
-    for (int r = 0; r < nranks; r++)
-        expect += job * 1000 + r + 1;
-    int rc = JR_OK;
-    for (int i = 0; i < 5 && rc == JR_OK; i++) {
-        int64_t v = job * 1000 + rank + 1;
-        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT64, TUTTI_SUM);
-        if (st != 0) {
-            fprintf(stderr, "job %d rank %d: allreduce: %s\n", job, rank,
-                    tutti_comm_last_error(comm));
-            rc = JR_OP_FAILED;
-        } else if (v != expect) {
-            fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
-                    "ranks of two jobs met\n", job, rank, (long long)v, (long long)expect);
-            rc = JR_WRONG;
-        }
-    }
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return rc;
-}
+enum { JR_SKIP = 77 }; /* th_job_rank's codes, and: this case cannot run here */
 
 /* ---- 1. a rank that lost its slot to another job joins that job's next instance ----
  *
@@ -112,19 +56,17 @@ static int rank_two(int hr, int total, tutti_comm_t *unused, const char *dir, vo
     (void)unused;
     const two_t *t = arg;
     sleep_ms(t->delay_ms[hr]);
-    jr_t j = {.job_id = t->id, .transport = "tcp", .timeout_ms = 4000};
-    return job_rank(hr / 2, hr % 2, 2, dir, &j);
+    th_job_t j = {.job_id = t->id, .transport = "tcp", .timeout_ms = 4000};
+    return th_job_rank(hr / 2, hr % 2, 2, dir, &j);
 }
 
 START_TEST(rejected_rank_joins_next_job)
 {
     two_t t = {.id = NULL, .delay_ms = {0, 30, 500, 10}};
-    th_spec_t spec = {.nranks = 4, .fn = rank_two, .arg = &t, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[4];
-    th_run_ex(&spec, codes);
+    th_run_apart(4, rank_two, &t, 30000, codes);
     for (int i = 0; i < 4; i++)
-        ck_assert_msg(codes[i] != JR_WRONG, "job %c rank %d met the other job's ranks",
+        ck_assert_msg(codes[i] != TH_JR_WRONG, "job %c rank %d met the other job's ranks",
                       'A' + i / 2, i % 2);
 }
 END_TEST
@@ -138,10 +80,10 @@ static int rank_retry(int rank, int nranks, tutti_comm_t *unused, const char *di
 {
     (void)unused;
     (void)arg;
-    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 4000};
+    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 4000};
     if (rank == 1) {
         sleep_ms(1500); /* after rank 0's first attempt gave up, during its second */
-        return job_rank(0, rank, nranks, dir, &j);
+        return th_job_rank(0, rank, nranks, dir, &j);
     }
     tutti_store_t *store;
     FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
@@ -153,17 +95,15 @@ static int rank_retry(int rank, int nranks, tutti_comm_t *unused, const char *di
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st == 0, "the first attempt should time out (rank 1 is not there yet)");
     tutti_store_close(store); /* a new store handle for the retry, as init_env would */
-    int rc = job_rank(0, rank, nranks, dir, &j);
-    FAIL_IF(rc != JR_OK, "the retry failed (%d)", rc);
+    int rc = th_job_rank(0, rank, nranks, dir, &j);
+    FAIL_IF(rc != TH_JR_OK, "the retry failed (%d)", rc);
     return 0;
 }
 
 START_TEST(root_retries_after_failed_init)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_retry, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[2];
-    th_run_ex(&spec, codes);
+    th_run_apart(2, rank_retry, NULL, 20000, codes);
     ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
                   codes[1]);
 }
@@ -179,9 +119,9 @@ static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *di
 {
     (void)unused;
     (void)arg;
-    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
     if (rank == 0)
-        return job_rank(0, rank, nranks, dir, &j);
+        return th_job_rank(0, rank, nranks, dir, &j);
     sleep_ms(100);
     if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
         fprintf(stderr, "rank 1: unshare: %s: skipping\n", strerror(errno));
@@ -194,7 +134,7 @@ static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *di
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (mount("proc", "/proc", "proc", 0, NULL) != 0)
             _exit(JR_SKIP);
-        _exit(job_rank(0, rank, nranks, dir, &j));
+        _exit(th_job_rank(0, rank, nranks, dir, &j));
     }
     int status = 0;
     waitpid(pid, &status, 0);
@@ -203,10 +143,8 @@ static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 START_TEST(rank_in_own_pid_namespace)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_pidns, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[2];
-    th_run_ex(&spec, codes);
+    th_run_apart(2, rank_pidns, NULL, 20000, codes);
     if (codes[1] == JR_SKIP)
         return;
     ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
@@ -223,19 +161,17 @@ static int rank_skew(int rank, int nranks, tutti_comm_t *unused, const char *dir
 {
     (void)unused;
     (void)arg;
-    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 2000,
+    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 2000,
               .host_id = rank ? "host-b" : "host-a"};
     if (rank == 1)
         clock_skew_s = 10;
-    return job_rank(0, rank, nranks, dir, &j);
+    return th_job_rank(0, rank, nranks, dir, &j);
 }
 
 START_TEST(clock_skew_between_hosts)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_skew, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[2];
-    th_run_ex(&spec, codes);
+    th_run_apart(2, rank_skew, NULL, 20000, codes);
     ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
                   codes[1]);
 }
@@ -253,7 +189,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
 {
     (void)unused;
     (void)arg;
-    jr_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
     if (rank == 1) {
         /* the first rank 1: claims its slot, then dies */
         pid_t dead = fork();
@@ -285,15 +221,13 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         free(rec);
         tutti_store_close(store);
     }
-    return job_rank(0, rank, nranks, dir, &j);
+    return th_job_rank(0, rank, nranks, dir, &j);
 }
 
 START_TEST(restarted_rank_rejoins)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_restart, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[2];
-    th_run_ex(&spec, codes);
+    th_run_apart(2, rank_restart, NULL, 20000, codes);
     ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
                   codes[1]);
 }
@@ -326,8 +260,8 @@ static int rank_slow(int hr, int total, tutti_comm_t *unused, const char *dir, v
     static const int delay[] = {0, 10, 30};      /* A0, B1, A1 */
     static const int job[] = {0, 1, 0}, rank[] = {0, 1, 1};
     sleep_ms(delay[hr]);
-    jr_t j = {.job_id = NULL, .transport = "tcp", .timeout_ms = 4000, .url = s->url};
-    return job_rank(job[hr], rank[hr], 2, dir, &j);
+    th_job_t j = {.job_id = NULL, .transport = "tcp", .timeout_ms = 4000, .url = s->url};
+    return th_job_rank(job[hr], rank[hr], 2, dir, &j);
 }
 
 START_TEST(contest_check_fails_open)
@@ -353,17 +287,15 @@ START_TEST(contest_check_fails_open)
     ck_assert_int_gt(port, 0);
     slow_t s = {.server = server};
     snprintf(s.url, sizeof(s.url), "tcp://127.0.0.1:%d", port);
-    th_spec_t spec = {.nranks = 4, .fn = rank_slow, .arg = &s, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
     int codes[4];
-    th_run_ex(&spec, codes);
+    th_run_apart(4, rank_slow, &s, 30000, codes);
     kill(server, SIGCONT);
     kill(server, SIGKILL);
     waitpid(server, NULL, 0);
     close(pfd[0]);
     close(pfd[1]);
     for (int i = 0; i < 3; i++)
-        ck_assert_msg(codes[i] != JR_WRONG, "harness rank %d (A0, B1, A1) met the other job",
+        ck_assert_msg(codes[i] != TH_JR_WRONG, "harness rank %d (A0, B1, A1) met the other job",
                       i);
 }
 END_TEST
@@ -419,9 +351,5 @@ int main(void)
     th_add_case(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1, 60);
     th_add_case(s, "contest_check_fails_open", contest_check_fails_open, 1, 60);
     th_add_case(s, "cycles_without_collectives", cycles_without_collectives, 1, 60);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

@@ -421,9 +421,5 @@ int main(void)
     tcase_add_test(tc, models_agree);
     tcase_add_loop_test(tc, probe_on_some_ranks, 0, 2);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

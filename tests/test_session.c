@@ -23,56 +23,13 @@ static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
 
 #define sleep_ms th_sleep_ms
 
-/* exit codes of a job rank */
-enum { JR_OK = 0, JR_IN_USE = 10, JR_TIMEOUT = 11, JR_OP_FAILED = 12, JR_INIT_OTHER = 13,
-       JR_WRONG = 20 };
-
-/* One rank of a job: contributes job * 1000 + rank + 1 to 20 allreduces and checks each
- * sum against its own job's: a rank that met another job's rank sees another sum. */
+/* One rank of a job (th_job_rank): 20 allreduces of 4 elements, on the file store in dir. */
 static int job_rank(int job, int rank, int nranks, const char *dir, const char *job_id,
                     const char *transport)
 {
-    if (job_id)
-        setenv("TUTTI_JOB_ID", job_id, 1);
-    else
-        unsetenv("TUTTI_JOB_ID");
-    tutti_store_t *store;
-    if (tutti_store_open_file(&store, dir, 10000) != 0)
-        return JR_INIT_OTHER;
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 4000;
-    o.transport = transport;
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    if (st != 0) {
-        tutti_store_close(store);
-        fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
-        return st == TUTTI_ERR_IN_USE ? JR_IN_USE : st == TUTTI_ERR_TIMEOUT ? JR_TIMEOUT
-                                                                           : JR_INIT_OTHER;
-    }
-    int64_t expect = 0;
-    for (int r = 0; r < nranks; r++)
-        expect += job * 1000 + r + 1;
-    int rc = JR_OK;
-    for (int i = 0; i < 20 && rc == JR_OK; i++) {
-        int64_t v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = job * 1000 + rank + 1;
-        st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 4, TUTTI_INT64, TUTTI_SUM);
-        if (st != 0) {
-            fprintf(stderr, "job %d rank %d: allreduce: %s\n", job, rank,
-                    tutti_comm_last_error(comm));
-            rc = JR_OP_FAILED;
-        } else if (v[0] != expect || v[3] != expect) {
-            fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
-                    "ranks of two jobs met\n", job, rank, (long long)v[0], (long long)expect);
-            rc = JR_WRONG;
-        }
-    }
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return rc;
+    th_job_t j = {.job_id = job_id, .transport = transport, .timeout_ms = 4000, .iters = 20,
+                  .count = 4};
+    return th_job_rank(job, rank, nranks, dir, &j);
 }
 
 /* ---- two jobs, one directory ---- */
@@ -106,9 +63,7 @@ static void run_two_jobs(const char *ida, const char *idb, const char *transport
 {
     two_jobs_t t = {.nranks = 2, .ids = {ida, idb}, .transport = transport};
     memcpy(t.delay_ms, orders[order], sizeof(orders[order]));
-    th_spec_t spec = {.nranks = 4, .fn = rank_two_jobs, .arg = &t, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    th_run_ex(&spec, codes);
+    th_run_apart(4, rank_two_jobs, &t, 30000, codes);
 }
 
 /* With job ids (as every launcher gives): both jobs always run, each on its own sums. */
@@ -119,7 +74,7 @@ START_TEST(two_jobs_with_ids)
         int codes[4];
         run_two_jobs("job-a", "job-b", tp, o, codes);
         for (int i = 0; i < 4; i++)
-            ck_assert_msg(codes[i] == JR_OK, "%s, order %d: job %d rank %d exited %d", tp, o,
+            ck_assert_msg(codes[i] == TH_JR_OK, "%s, order %d: job %d rank %d exited %d", tp, o,
                           i / 2, i % 2, codes[i]);
     }
 }
@@ -135,14 +90,14 @@ START_TEST(two_jobs_without_ids)
         int codes[4];
         run_two_jobs(NULL, NULL, tp, o, codes);
         for (int i = 0; i < 4; i++) {
-            ck_assert_msg(codes[i] != JR_WRONG, "%s, order %d: job %d rank %d met the other job",
+            ck_assert_msg(codes[i] != TH_JR_WRONG, "%s, order %d: job %d rank %d met the other job",
                           tp, o, i / 2, i % 2);
-            ck_assert_msg(codes[i] == JR_OK || codes[i] == JR_IN_USE || codes[i] == JR_TIMEOUT ||
-                              codes[i] == JR_OP_FAILED,
+            ck_assert_msg(codes[i] == TH_JR_OK || codes[i] == TH_JR_IN_USE || codes[i] == TH_JR_TIMEOUT ||
+                              codes[i] == TH_JR_OP_FAILED,
                           "%s, order %d: job %d rank %d exited %d", tp, o, i / 2, i % 2,
                           codes[i]);
-            ran += codes[i] == JR_OK;
-            refused += codes[i] == JR_IN_USE;
+            ran += codes[i] == TH_JR_OK;
+            refused += codes[i] == TH_JR_IN_USE;
         }
     }
     fprintf(stderr, "two_jobs_without_ids over %s: %d rank runs passed, %d refused (in use)\n",
@@ -455,9 +410,5 @@ int main(void)
     th_add_case(s, "destroy_init_cycles", destroy_init_cycles, 2, 200);
     th_add_case(s, "no_litter", no_litter, 2, 200);
     th_add_case(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1, 200);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s);
 }

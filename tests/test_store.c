@@ -1393,46 +1393,20 @@ static Suite *store_suite(void)
     tcase_add_test(both, test_args_and_urls);
     suite_add_tcase(s, both);
 
-    TCase *tcp = tcase_create("tcp");
-    tcase_set_timeout(tcp, 30);
-    tcase_add_test(tcp, test_tcp_url_and_port);
-    tcase_add_test(tcp, test_tcp_ipv6);
-    tcase_add_test(tcp, test_tcp_bad_clients);
-    tcase_add_test(tcp, test_tcp_random_frames);
-    tcase_add_test(tcp, test_tcp_timeout_no_desync);
-    tcase_add_test(tcp, test_tcp_unreachable);
-    tcase_add_test(tcp, test_tcp_tool);
-    suite_add_tcase(s, tcp);
+    th_add_tests(s, "tcp", 30,
+                 (const TTest *const[]){test_tcp_url_and_port, test_tcp_ipv6,
+                                        test_tcp_bad_clients, test_tcp_random_frames,
+                                        test_tcp_timeout_no_desync, test_tcp_unreachable,
+                                        test_tcp_tool, NULL});
 
-    TCase *file = tcase_create("file");
-    tcase_set_timeout(file, 60);
-    tcase_add_test(file, test_file_killed_writer);
-    tcase_add_test(file, test_file_full_disk);
-    tcase_add_test(file, test_file_unwritable);
-    suite_add_tcase(s, file);
+    th_add_tests(s, "file", 60,
+                 (const TTest *const[]){test_file_killed_writer, test_file_full_disk,
+                                        test_file_unwritable, NULL});
     return s;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
 }
 
 int main(void)
 {
-    snprintf(g_root, sizeof(g_root), "/tmp/tutti-test-store-XXXXXX");
-    if (!mkdtemp(g_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    SRunner *sr = srunner_create(store_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    return failed ? 1 : 0;
+    return th_main_in_tmpdir(store_suite(), g_root, sizeof(g_root),
+                             "/tmp/tutti-test-store-XXXXXX", 0);
 }

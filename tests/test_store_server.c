@@ -1608,16 +1608,10 @@ END_TEST
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("store_server");
-    TCase *auth = tcase_create("auth");
-    tcase_set_timeout(auth, 30);
-    tcase_add_test(auth, test_auth_mutual);
-    tcase_add_test(auth, test_auth_raw);
-    tcase_add_test(auth, test_auth_impostor);
-    tcase_add_test(auth, test_opts_old_size);
-    tcase_add_test(auth, test_limits_from_env);
-    tcase_add_test(auth, test_tool_binds_loopback);
-    tcase_add_test(auth, test_tool_secret);
-    suite_add_tcase(s, auth);
+    th_add_tests(s, "auth", 30,
+                 (const TTest *const[]){test_auth_mutual, test_auth_raw, test_auth_impostor,
+                                        test_opts_old_size, test_limits_from_env,
+                                        test_tool_binds_loopback, test_tool_secret, NULL});
 
     TCase *lim = tcase_create("limits");
     tcase_set_timeout(lim, 60);
@@ -1629,49 +1623,21 @@ static Suite *server_suite(void)
     tcase_add_test(lim, test_retry_rules);
     suite_add_tcase(s, lim);
 
-    TCase *dead = tcase_create("dead");
-    tcase_set_timeout(dead, 30);
-    tcase_add_test(dead, test_dead_server);
-    tcase_add_test(dead, test_stopped_server);
-    tcase_add_test(dead, test_restarted_server);
-    tcase_add_test(dead, test_drain);
-    tcase_add_test(dead, test_refused_message);
-    suite_add_tcase(s, dead);
+    th_add_tests(s, "dead", 30,
+                 (const TTest *const[]){test_dead_server, test_stopped_server,
+                                        test_restarted_server, test_drain,
+                                        test_refused_message, NULL});
 
-    TCase *restart = tcase_create("restart");
-    tcase_set_timeout(restart, 120);
-    tcase_add_test(restart, test_restart_cycles);
-    suite_add_tcase(s, restart);
+    th_add_tests(s, "restart", 120, (const TTest *const[]){test_restart_cycles, NULL});
 
-    TCase *file = tcase_create("errno");
-    tcase_set_timeout(file, 30);
-    tcase_add_test(file, test_file_errno);
-    tcase_add_test(file, test_file_eacces);
-    suite_add_tcase(s, file);
+    th_add_tests(s, "errno", 30,
+                 (const TTest *const[]){test_file_errno, test_file_eacces, NULL});
     return s;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
 }
 
 int main(void)
 {
-    snprintf(g_root, sizeof(g_root), "/tmp/tutti-test-store-server-XXXXXX");
-    if (!mkdtemp(g_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    chmod(g_root, 0755); /* the nobody child of test_file_eacces must reach its dir */
-    SRunner *sr = srunner_create(server_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    nftw(g_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    return failed ? 1 : 0;
+    /* the nobody child of test_file_eacces must reach its dir */
+    return th_main_in_tmpdir(server_suite(), g_root, sizeof(g_root),
+                             "/tmp/tutti-test-store-server-XXXXXX", 0755);
 }

@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "launch.h"
 
 /* --tag: once every rank has exited, how long processes they left behind may keep
@@ -67,17 +68,6 @@ static void usage(FILE *f, const char *argv0)
             "rank's status (128+signal for a signal, 124 for --timeout); 2 on bad usage.\n"
             "The temporary store is made in $TMPDIR (default /tmp).\n",
             argv0, TT_LAUNCH_GRACE_MS);
-}
-
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static double now_ms(void)
@@ -210,7 +200,7 @@ int main(int argc, char **argv)
                 }
                 optarg = argv[optind++];
             }
-            if (parse_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &np) < 0) {
+            if (tt_cli_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &np) < 0) {
                 fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..%d\n", optarg,
                         TT_LAUNCH_MAX_RANKS);
                 return 2;
@@ -218,19 +208,19 @@ int main(int argc, char **argv)
             break;
         case 's': store = optarg; break;
         case 'N':
-            if (parse_int(optarg, 1, 1 << 20, &nnodes) < 0) {
+            if (tt_cli_int(optarg, 1, 1 << 20, &nnodes) < 0) {
                 fprintf(stderr, "tutti-run: --nnodes %s: expected a positive count\n", optarg);
                 return 2;
             }
             break;
         case 'K':
-            if (parse_int(optarg, 0, 1 << 20, &node_rank) < 0) {
+            if (tt_cli_int(optarg, 0, 1 << 20, &node_rank) < 0) {
                 fprintf(stderr, "tutti-run: --node-rank %s: expected 0 or more\n", optarg);
                 return 2;
             }
             break;
         case 't':
-            if (parse_int(optarg, 1, 1 << 24, &timeout_s) < 0) {
+            if (tt_cli_int(optarg, 1, 1 << 24, &timeout_s) < 0) {
                 fprintf(stderr, "tutti-run: --timeout %s: expected seconds > 0\n", optarg);
                 return 2;
             }

@@ -16,6 +16,8 @@
 
 #include <tutti/store.h>
 
+#include "cli.h"
+
 static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
@@ -42,17 +44,6 @@ static void usage(FILE *f, const char *argv0)
             "Exit status: 0 after a signal, 1 when the address cannot be used or the secret\n"
             "cannot be read, 2 on bad usage.\n",
             argv0);
-}
-
-static int parse_long(const char *s, long lo, long hi, long *v_p)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *v_p = v;
-    return 0;
 }
 
 /* "4096", "64K", "1M", "2G" */
@@ -105,7 +96,7 @@ int main(int argc, char **argv)
             host = optarg;
             break;
         case 'p':
-            if (parse_long(optarg, 0, 65535, &port) < 0) {
+            if (tt_cli_long(optarg, 0, 65535, &port) < 0) {
                 fprintf(stderr, "%s: bad port '%s' (0..65535)\n", argv[0], optarg);
                 return 2;
             }
@@ -117,7 +108,7 @@ int main(int argc, char **argv)
             break;
         case OPT_IDLE:
         case OPT_MAXCONN:
-            if (parse_long(optarg, 0, 1L << 30, &v) < 0) {
+            if (tt_cli_long(optarg, 0, 1L << 30, &v) < 0) {
                 fprintf(stderr, "%s: bad number '%s'\n", argv[0], optarg);
                 return 2;
             }

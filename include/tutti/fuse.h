@@ -30,13 +30,9 @@
 
 #include <tutti/tutti.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include <tutti/export.h>
 
-#if defined(__GNUC__)
-#pragma GCC visibility push(default)
-#endif
+TUTTI_BEGIN_DECLS
 
 typedef struct tutti_fuse tutti_fuse_t;
 
@@ -168,11 +164,5 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
                               const tutti_dtype_t *dtypes, int n, tutti_redop_t op,
                               size_t cap_bytes);
 
-#if defined(__GNUC__)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+TUTTI_END_DECLS
 #endif /* TUTTI_FUSE_H */

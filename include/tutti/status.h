@@ -2,15 +2,9 @@
 #ifndef TUTTI_STATUS_H
 #define TUTTI_STATUS_H
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include <tutti/export.h>
 
-/* Everything declared in the public headers is exported from libtutti.so (the library
- * builds with -fvisibility=hidden). */
-#if defined(__GNUC__)
-#pragma GCC visibility push(default)
-#endif
+TUTTI_BEGIN_DECLS
 
 /* The whole status list: XX(NAME, value, description). Generates the enum,
  * tutti_strerror() and tutti_status_name(). */
@@ -47,11 +41,5 @@ const char *tutti_strerror(int status);
 /* Symbolic name of a status code ("TUTTI_ERR_TIMEOUT"); never NULL. */
 const char *tutti_status_name(int status);
 
-#if defined(__GNUC__)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+TUTTI_END_DECLS
 #endif /* TUTTI_STATUS_H */

@@ -19,15 +19,9 @@
 
 #include <tutti/status.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include <tutti/export.h>
 
-/* Everything declared in the public headers is exported from libtutti.so (the library
- * builds with -fvisibility=hidden). */
-#if defined(__GNUC__)
-#pragma GCC visibility push(default)
-#endif
+TUTTI_BEGIN_DECLS
 
 #define TUTTI_STORE_MAX_KEY 1024
 #define TUTTI_STORE_MAX_VALUE (64u << 20)
@@ -135,11 +129,5 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
 int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
                           void **values_p, size_t *lens_p, int timeout_ms);
 
-#if defined(__GNUC__)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+TUTTI_END_DECLS
 #endif /* TUTTI_STORE_H */

@@ -16,15 +16,9 @@
 #include <tutti/status.h>
 #include <tutti/store.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include <tutti/export.h>
 
-/* Everything declared in the public headers is exported from libtutti.so (the library
- * builds with -fvisibility=hidden). */
-#if defined(__GNUC__)
-#pragma GCC visibility push(default)
-#endif
+TUTTI_BEGIN_DECLS
 
 #define TUTTI_VERSION_MAJOR 0
 #define TUTTI_VERSION_MINOR 1
@@ -306,11 +300,5 @@ void tutti_work_free(tutti_work_t *work);
 /* The explanation of a finished operation's failure ("" if it succeeded). */
 const char *tutti_work_error(const tutti_work_t *work);
 
-#if defined(__GNUC__)
-#pragma GCC visibility pop
-#endif
-
-#ifdef __cplusplus
-}
-#endif
+TUTTI_END_DECLS
 #endif /* TUTTI_TUTTI_H */

@@ -1,6 +1,6 @@
 /* The communicator's lifecycle: creation through a store (or the environment), the
- * cost model all ranks agree on, abort and destruction, the accessors; and the
- * recording of errors and failures. */
+ * cost model all ranks agree on, abort and destruction, the accessors (failures are
+ * recorded in fault.c). */
 #include <errno.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -16,19 +16,6 @@
 #include "store/store_impl.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
-
-int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&comm->err_lock);
-    int n = snprintf(comm->last_error, sizeof(comm->last_error), "rank %d: ", comm->rank);
-    va_start(ap, fmt);
-    vsnprintf(comm->last_error + n, sizeof(comm->last_error) - (size_t)n, fmt, ap);
-    va_end(ap);
-    pthread_mutex_unlock(&comm->err_lock);
-    TT_INFO("%s", comm->last_error);
-    return status;
-}
 
 const char *tutti_comm_last_error(const tutti_comm_t *comm)
 {
@@ -64,83 +51,6 @@ int tt_comm_quick_ms(const tutti_comm_t *comm)
 {
     int t = comm->opts.timeout_ms / 4;
     return t < 100 ? 100 : t > 1000 ? 1000 : t;
-}
-
-/* ---- fingerprints and their descriptions ---- */
-
-uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root)
-{
-    return ((uint64_t)coll << 56) | ((uint64_t)(dtype & 0xff) << 48) |
-           ((uint64_t)(redop & 0xff) << 40) | (uint64_t)(uint32_t)root;
-}
-
-static const char *algo_name_by_id(uint32_t id)
-{
-    size_t n;
-    const tt_algo_t *const *all = tt_algo_all(&n);
-    for (size_t i = 0; i < n; i++)
-        if (all[i]->id == id)
-            return all[i]->name;
-    return "?";
-}
-
-/* What a rank's call was, from an envelope: op, count, dtype, redop and root where they
- * apply, the algorithm, the message. Counts are what the user passed (allgather's and
- * reduce_scatter's per rank, not the envelope's total); the v-forms' envelopes carry
- * none, so only this rank's own count can be told (`mine`: op is the sender's). */
-void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine,
-                     char *buf, size_t buflen)
-{
-    tt_coll_t coll = (tt_coll_t)(env[1] >> 56);
-    tutti_dtype_t dtype = (tutti_dtype_t)((env[1] >> 48) & 0xff);
-    tutti_redop_t redop = (tutti_redop_t)((env[1] >> 40) & 0xff);
-    int root = (int)(uint32_t)env[1];
-    int is_v = (env[1] & TT_FP_V) != 0;
-    const char *cname = tt_coll_name(coll);
-    const char *algo = algo_name_by_id((uint32_t)(env[3] >> 32));
-    unsigned tag = (unsigned)(uint32_t)env[3];
-    unsigned long long count = env[2], n = op && op->nranks > 0 ? (unsigned)op->nranks : 1;
-    char msglen[48] = "";
-    if (len != (size_t)-1)
-        snprintf(msglen, sizeof(msglen), ", %zu bytes", len);
-    if (coll == TT_COLL_P2P) {
-        snprintf(buf, buflen, "point-to-point message #%llu (count=%llu, %s, tag %u%s)",
-                 (unsigned long long)env[0], count, tutti_dtype_name(dtype), tag, msglen);
-        return;
-    }
-    int has_redop = coll == TT_COLL_ALLREDUCE || coll == TT_COLL_REDUCE ||
-                    coll == TT_COLL_REDUCE_SCATTER;
-    int has_root = coll == TT_COLL_BROADCAST || coll == TT_COLL_REDUCE ||
-                   coll == TT_COLL_GATHER || coll == TT_COLL_SCATTER;
-    char args[160] = "";
-    size_t k = 0;
-#define ARG(...) (k += (size_t)snprintf(args + k, k < sizeof(args) ? sizeof(args) - k : 0, \
-                                        __VA_ARGS__))
-    /* allgather(v) and reduce_scatter(v) envelopes carry the total, the other v-forms
-     * nothing (their layouts differ between ranks) */
-    int total = coll == TT_COLL_ALLGATHER || coll == TT_COLL_REDUCE_SCATTER;
-    if (coll != TT_COLL_BARRIER) {
-        if (!is_v)
-            ARG("count=%llu%s, ", total ? count / n : count, total ? " per rank" : "");
-        else if (total)
-            ARG("count=%llu in all, ", count);
-        ARG("%s", tutti_dtype_name(dtype));
-        if (has_redop)
-            ARG(", %s", tutti_redop_name(redop));
-        if (has_root)
-            ARG(", root=%d", root);
-        if (is_v && mine && op) {
-            /* what only this rank knows: its own part of the layout */
-            if (coll == TT_COLL_ALLTOALL)
-                ARG("; this rank sends %zu in all", op->count);
-            else
-                ARG("; this rank's count=%zu",
-                    total ? (op->recvcounts ? op->recvcounts[op->rank] : 0) : op->count);
-        }
-    }
-#undef ARG
-    snprintf(buf, buflen, "%s%s(%s) seq %llu [%s tag %u%s]", cname ? cname : "?",
-             is_v ? "v" : "", args, (unsigned long long)env[0], algo, tag, msglen);
 }
 
 /* ---- creation and destruction ---- */
@@ -506,75 +416,4 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         atomic_fetch_add(&env_comms_done, 1);
     comm_free(comm);
     return TUTTI_OK;
-}
-
-/* ---- failure bookkeeping ---- */
-
-void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg)
-{
-    const tt_algo_t *a = NULL;
-    size_t n;
-    const tt_algo_t *const *all = tt_algo_all(&n);
-    for (size_t i = 0; i < n; i++)
-        if (all[i]->id == op->algo_id)
-            a = all[i];
-    /* A rank that was stopped (SIGSTOP, a debugger) is likely the one its peers timed
-     * out on: say so, whatever failure it then found. A stop that ended a while before
-     * this op (the ops in between completed: peers had sent everything before giving
-     * up) counts while its peers could still be timing out on it; time spent outside
-     * the library only where a peer's timeout is the failure. */
-    char stopped[224] = "", me[3][48];
-    uint64_t now = tt_now_ns(), since = now - comm->stop_end_ns;
-    int recent = comm->stop_end_ns && since < 2 * (uint64_t)comm->opts.timeout_ms * 1000000ull;
-    /* a peer's timeout on this very rank (p2p.c's words) */
-    snprintf(me[0], sizeof(me[0]), "receiving from rank %d (", comm->rank);
-    snprintf(me[1], sizeof(me[1]), "sending to rank %d (", comm->rank);
-    snprintf(me[2], sizeof(me[2]), "rank %d shows no sign", comm->rank);
-    int blamed = strstr(msg, "no progress within") &&
-                 (strstr(msg, me[0]) || strstr(msg, me[1]) || strstr(msg, me[2]));
-    if (op->stopped_ns)
-        snprintf(stopped, sizeof(stopped),
-                 "this rank was not running for at least %llu ms during this op (stopped or "
-                 "starved: its peers may have timed out waiting for it), then: ",
-                 (unsigned long long)(op->stopped_ns / 1000000ull));
-    else if (recent && (!comm->stop_between_ops || blamed))
-        snprintf(stopped, sizeof(stopped),
-                 "this rank was not running%s for at least %llu ms until %llu ms before this "
-                 "failure (its peers may have timed out waiting for it), then: ",
-                 comm->stop_between_ops ? ", or busy outside the library," : "",
-                 (unsigned long long)(comm->stop_ns / 1000000ull),
-                 (unsigned long long)(since / 1000000ull));
-    tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
-                      op->coll == TT_COLL_P2P ? "point-to-point"
-                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
-                      op->fingerprint & TT_FP_V ? "v" : "",
-                      (unsigned long long)op->seq, a ? a->name : "-", op->count,
-                      tutti_dtype_name(op->dtype), tutti_strerror(status), stopped, msg);
-    TT_WARN("%s", comm->last_error);
-    int expected = 0;
-    if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
-        comm->failed_seq = op->seq;
-        /* Tell the peers, so that ranks waiting on us fail now instead of at the
-         * timeout. Each rank reports only its first failure, so a report travels on
-         * (a rank that fails because of it reports in turn) and then stops. */
-        if (comm->tp && status != TUTTI_ERR_ABORTED)
-            comm->tp_ops->notify_error(comm->tp, status, comm->last_error);
-        /* Also in the store: a rank that exits right after this may cut a message in
-         * half, and its peers then see only its socket close; they look here to name
-         * the first cause instead of this rank (best effort, and bounded: the store's
-         * host may be the rank that died). */
-        char key[64], val[TT_ERRMSG_LEN + 16];
-        snprintf(key, sizeof(key), "failed/%d", comm->rank);
-        int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* p2p.c */
-        size_t len = (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1;
-        int64_t nfailed;
-        if (tt_op_store_set(op, key, val, len) == 0)
-            tt_op_store_add(op, "failed_count", 1, &nfailed);
-    }
-}
-
-void tt_comm_fail_op(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg)
-{
-    tt_comm_record_failure(comm, op, status, msg);
-    comm->tp_ops->cancel_all(comm->tp, status);
 }

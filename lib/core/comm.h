@@ -9,6 +9,8 @@
 #include <tutti/tutti.h>
 
 #include "coll/algo.h"
+#include "core/envelope.h"
+#include "core/fault.h"
 #include "core/p2p.h"
 
 #define TT_ERRMSG_LEN 1024
@@ -135,19 +137,5 @@ void *tt_exec_worker_main(void *arg);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
                       tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p);
-/* comm.c: record the failure of an op on the communicator */
-void tt_comm_record_failure(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
-/* Fail `op`: record and report the failure (tt_comm_record_failure), then cancel every
- * posted request. In that order: a send cut mid-message closes the link, and the peer
- * that sees it close looks for this rank's failed/ record, which must be there first. */
-void tt_comm_fail_op(tutti_comm_t *comm, tt_op_t *op, int status, const char *msg);
-int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* "reduce(count=10, f32, sum, root=0) seq 4 [tree tag 1, 40 bytes]" from an envelope;
- * op gives the rank count, and with `mine` (op sent it) the v-forms' own count; len
- * (size_t)-1: no message. */
-void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine,
-                     char *buf, size_t buflen);
-uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop, int root);
 
 #endif /* TT_COMM_H */

@@ -147,38 +147,6 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     return TUTTI_OK;
 }
 
-/* A point-to-point request failed on its own (a dead peer, a mismatch, its deadline):
- * the streams with peers are in an unknown state, so the communicator fails like after
- * a failed collective. The caller holds `executing` and q_lock. */
-static void p2p_fail_comm(tutti_comm_t *comm, tutti_work_t *w, int st, char *err,
-                          size_t errlen)
-{
-    const tt_req_t *r = &w->req;
-    const char *what = r->kind == TUTTI_TP_SEND ? "sending to" : "receiving from";
-    const char *addr = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, r->peer)
-                                                  : "?";
-    char msg[TT_ERRMSG_LEN];
-    if (st == TUTTI_ERR_MISMATCH && r->got_env[1]) {
-        char mine[256], theirs[256];
-        tt_describe_env(r->env, r->len, &w->op, 1, mine, sizeof(mine));
-        tt_describe_env(r->got_env, r->got_len, &w->op, 0, theirs, sizeof(theirs));
-        snprintf(msg, sizeof(msg), "rank %d expected %s from rank %d (%s), but rank %d sent %s",
-                 comm->rank, mine, r->peer, addr ? addr : "?", r->peer, theirs);
-    } else if (st == TUTTI_ERR_TIMEOUT) {
-        snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s): %zu of %zu bytes",
-                 comm->opts.timeout_ms, what, r->peer, addr ? addr : "?", r->xfer, r->len);
-    } else {
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(msg, sizeof(msg), "%s rank %d (%s): %s", what, r->peer, addr ? addr : "?",
-                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
-        pthread_mutex_unlock(&comm->err_lock);
-    }
-    tt_comm_fail_op(comm, &w->op, st, msg);
-    pthread_mutex_lock(&comm->err_lock);
-    snprintf(err, errlen, "%s", comm->last_error);
-    pthread_mutex_unlock(&comm->err_lock);
-}
-
 /* Complete the in-flight requests the transport finished (q_lock and `executing` held). */
 static void reap_inflight_locked(tutti_comm_t *comm)
 {
@@ -187,7 +155,7 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
         if (w->req.status == 1 && now > w->p2p_deadline_ns) {
             char err[TT_ERRMSG_LEN];
-            p2p_fail_comm(comm, w, TUTTI_ERR_TIMEOUT, err, sizeof(err));
+            tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
         }
     }
@@ -203,7 +171,7 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         int st = w->req.status;
         if (st < 0) {
             if (atomic_load(&comm->failed) == 0)
-                p2p_fail_comm(comm, w, st, err, sizeof(err));
+                tt_fault_p2p(&w->op, &w->req, st, err, sizeof(err));
             else {
                 pthread_mutex_lock(&comm->err_lock);
                 snprintf(err, sizeof(err), "%s", comm->last_error);
@@ -461,10 +429,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
     w->req.peer = peer;
     w->req.buf = buf;
     w->req.len = count * es;
-    w->req.env[0] = seq;
-    w->req.env[1] = w->op.fingerprint;
-    w->req.env[2] = count;
-    w->req.env[3] = tag;
+    tt_env_encode(w->req.env, seq, w->op.fingerprint, count, 0, tag);
     return enqueue_locked(comm, w, work_p);
 }
 

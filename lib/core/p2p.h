@@ -88,10 +88,6 @@ typedef struct tt_op {
                               the deadline, and said in its error */
 } tt_op_t;
 
-/* Fingerprint bit set by the v-forms (gatherv, allgatherv ...), whose envelope count is
- * 0: tells them from an equal-block call with count 0 in messages. */
-#define TT_FP_V (1ull << 32)
-
 /* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells
  * messages of one collective apart (e.g. step and chunk); both sides must use the same
  * tag for the same message. */
@@ -110,24 +106,5 @@ int tt_p2p_fail(tt_op_t *op, int status);
  * across operations (valid until the operation ends). NULL if out of memory: get it
  * before posting anything. Index 0 and 1 are two independent buffers. */
 void *tt_op_scratch(tt_op_t *op, int index, size_t bytes);
-
-/* ---- for the library (comm.c, exec.c), not for algorithms ---- */
-
-/* Store calls made on a failure path or by a stall check: through comm->qstore, each
- * bounded by the quick deadline (tt_comm_quick_ms) and by the op's time left (but at
- * least TT_OP_STORE_FLOOR_MS, so that a timed-out op can still be diagnosed); after one
- * of them failed, none for the rest of the op (the store's host may be the rank that
- * died: every call would wait out its bound). A skipped call returns TUTTI_ERR_STORE. */
-#define TT_OP_STORE_FLOOR_MS 100
-int tt_op_store_set(tt_op_t *op, const char *key, const void *value, size_t len);
-int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result_p);
-int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p);
-int tt_op_store_get(tt_op_t *op, const char *key, void **value_p, size_t *len_p);
-int tt_op_store_delete(tt_op_t *op, const char *key);
-
-/* The op starts waiting now: deadline, stop detection, stall checks (exec.c). */
-void tt_op_start(tt_op_t *op, int timeout_ms);
-/* The op ended (exec.c): its stall record, if it published one, goes. */
-void tt_op_finish(tt_op_t *op);
 
 #endif /* TT_P2P_H */

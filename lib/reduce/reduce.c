@@ -174,6 +174,20 @@ uint16_t tt_float_to_bf16(float f)
 typedef void (*tt_k2_fn)(void *dst, const void *src, size_t n);
 typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
 
+/* d[i] = a[i] OP b[i] for i < n, in blocks of TT_BLK the compiler vectorises, then the
+ * tail. CT is the type computed in. */
+#define TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                 \
+    size_t i = 0;                                                                         \
+    for (; i + TT_BLK <= n; i += TT_BLK)                                                  \
+        for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                                 \
+            CT x = LD(a[j]), y = LD(b[j]);                                                \
+            d[j] = STO(OP(x, y));                                                         \
+        }                                                                                 \
+    for (; i < n; i++) {                                                                  \
+        CT x = LD(a[i]), y = LD(b[i]);                                                    \
+        d[i] = STO(OP(x, y));                                                             \
+    }
+
 /* One dtype x op, three shapes: k2 dst = dst op src, k2r dst = src op dst (tt_reduce3
  * with dst == b), k3 dst = a op b (a may equal b: both are only read). ST is the stored
  * element type, CT the type computed in. */
@@ -183,32 +197,14 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     {                                                                                     \
         ST *restrict d = dv;                                                              \
         const ST *restrict s = sv;                                                        \
-        size_t i = 0;                                                                     \
-        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
-            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
-                CT x = LD(d[j]), y = LD(s[j]);                                            \
-                d[j] = STO(OP(x, y));                                                     \
-            }                                                                             \
-        for (; i < n; i++) {                                                              \
-            CT x = LD(d[i]), y = LD(s[i]);                                                \
-            d[i] = STO(OP(x, y));                                                         \
-        }                                                                                 \
+        TT_KLOOP(d, d, s, CT, LD, STO, OP)                                                \
     }                                                                                     \
     attr static void tt_k2r_##nm##_##isa(void *restrict dv, const void *restrict sv,      \
                                          size_t n)                                        \
     {                                                                                     \
         ST *restrict d = dv;                                                              \
         const ST *restrict s = sv;                                                        \
-        size_t i = 0;                                                                     \
-        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
-            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
-                CT x = LD(s[j]), y = LD(d[j]);                                            \
-                d[j] = STO(OP(x, y));                                                     \
-            }                                                                             \
-        for (; i < n; i++) {                                                              \
-            CT x = LD(s[i]), y = LD(d[i]);                                                \
-            d[i] = STO(OP(x, y));                                                         \
-        }                                                                                 \
+        TT_KLOOP(d, s, d, CT, LD, STO, OP)                                                \
     }                                                                                     \
     attr static void tt_k3_##nm##_##isa(void *restrict dv, const void *restrict av,       \
                                         const void *restrict bv, size_t n)                \
@@ -216,16 +212,7 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
         ST *restrict d = dv;                                                              \
         const ST *restrict a = av;                                                        \
         const ST *restrict b = bv;                                                        \
-        size_t i = 0;                                                                     \
-        for (; i + TT_BLK <= n; i += TT_BLK)                                              \
-            for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                             \
-                CT x = LD(a[j]), y = LD(b[j]);                                            \
-                d[j] = STO(OP(x, y));                                                     \
-            }                                                                             \
-        for (; i < n; i++) {                                                              \
-            CT x = LD(a[i]), y = LD(b[i]);                                                \
-            d[i] = STO(OP(x, y));                                                         \
-        }                                                                                 \
+        TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                \
     }
 
 /* Every dtype x op for one ISA level. Sums and products of signed integers run on the

@@ -17,90 +17,6 @@
  * keeps the latest one, returned by tutti_store_last_error(NULL). */
 static __thread char open_error[1024];
 
-void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-    va_end(ap);
-}
-
-const char *tt_store_key_display(const char *key, char *dst, size_t dstlen)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    if (dstlen == 0)
-        return dst;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
-        /* room for one escaped byte, "..." and the NUL */
-        if (o + 4 + 4 >= dstlen) {
-            memcpy(dst + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (isprint(*p) && *p != '\\') {
-            dst[o++] = (char)*p;
-        } else {
-            dst[o++] = '\\';
-            dst[o++] = 'x';
-            dst[o++] = hex[*p >> 4];
-            dst[o++] = hex[*p & 15];
-        }
-    }
-    dst[o] = '\0';
-    return dst;
-}
-
-int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
-{
-    const char *p = value, *end = p + len;
-    int neg = 0;
-    if (p < end && (*p == '-' || *p == '+'))
-        neg = *p++ == '-';
-    if (p == end || end - p > 19)
-        return TUTTI_ERR_INVALID_ARG;
-    uint64_t v = 0;
-    for (; p < end; p++) {
-        if (*p < '0' || *p > '9')
-            return TUTTI_ERR_INVALID_ARG;
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
-        return TUTTI_ERR_INVALID_ARG;
-    *out_p = neg ? (int64_t)(0 - v) : (int64_t)v;
-    return TUTTI_OK;
-}
-
-tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
-                              int timeout_ms)
-{
-    tutti_store_t *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->url = strdup(url);
-    if (!s->url) {
-        free(s);
-        return NULL;
-    }
-    s->ops = ops;
-    s->base = s;
-    s->port = port;
-    atomic_init(&s->timeout_ms, timeout_ms);
-    atomic_init(&s->next_comm_id, 0);
-    pthread_mutex_init(&s->err_lock, NULL);
-    return s;
-}
-
-void tt_store_free(tutti_store_t *s)
-{
-    if (!s)
-        return;
-    pthread_mutex_destroy(&s->err_lock);
-    free(s->prefix);
-    free(s->url);
-    free(s);
-}
-
 unsigned tt_store_next_comm_id(tutti_store_t *store)
 {
     return atomic_fetch_add(&store->base->next_comm_id, 1u);
@@ -189,22 +105,18 @@ static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                           "opts->size is %zu: call tutti_store_opts_init first", in->size);
     o->timeout_ms = in->timeout_ms;
-    if (OPTS_HAS(in, is_server))
-        o->is_server = in->is_server;
-    if (OPTS_HAS(in, auth_token))
-        o->auth_token = in->auth_token;
-    if (OPTS_HAS(in, auth_token_file))
-        o->auth_token_file = in->auth_token_file;
-    if (OPTS_HAS(in, instance))
-        o->instance = in->instance;
-    if (OPTS_HAS(in, idle_timeout_ms))
-        o->idle_timeout_ms = in->idle_timeout_ms;
-    if (OPTS_HAS(in, max_connections))
-        o->max_connections = in->max_connections;
-    if (OPTS_HAS(in, client_quota_bytes))
-        o->client_quota_bytes = in->client_quota_bytes;
-    if (OPTS_HAS(in, memory_limit_bytes))
-        o->memory_limit_bytes = in->memory_limit_bytes;
+#define OPTS_TAKE(field)              \
+    if (OPTS_HAS(in, field))          \
+        o->field = in->field
+    OPTS_TAKE(is_server);
+    OPTS_TAKE(auth_token);
+    OPTS_TAKE(auth_token_file);
+    OPTS_TAKE(instance);
+    OPTS_TAKE(idle_timeout_ms);
+    OPTS_TAKE(max_connections);
+    OPTS_TAKE(client_quota_bytes);
+    OPTS_TAKE(memory_limit_bytes);
+#undef OPTS_TAKE
     return TUTTI_OK;
 }
 
@@ -450,6 +362,8 @@ static uint64_t op_deadline(tutti_store_t *s, int timeout_ms)
 /* A key with the view's prefix: in buf (TUTTI_STORE_MAX_KEY + 1 bytes). */
 static int full_key(tutti_store_t *s, const char *op, const char *key, char *buf)
 {
+    if (!s)
+        return TUTTI_ERR_INVALID_ARG;
     if (!key)
         return store_fail(s, TUTTI_ERR_INVALID_ARG, op, NULL, "key is NULL");
     size_t klen = strnlen(key, TUTTI_STORE_MAX_KEY + 1);
@@ -511,8 +425,6 @@ int tutti_store_set(tutti_store_t *store, const char *key, const void *value, si
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
     tt_store_err_t err = {{0}};
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "set", key, k));
     if (!value && len)
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "set", k, "value is NULL");
@@ -530,8 +442,6 @@ int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
     tt_store_err_t err = {{0}};
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "get", key, k));
     if (!value_p)
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "get", k, "value_p is NULL");
@@ -551,8 +461,6 @@ int tutti_store_add(tutti_store_t *store, const char *key, int64_t delta, int64_
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
     tt_store_err_t err = {{0}};
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "add", key, k));
     tutti_store_t *b = store->base;
     int64_t r = 0;
@@ -570,8 +478,6 @@ int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *e
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
     tt_store_err_t err = {{0}};
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "compare_set", key, k));
     if ((!expected && elen) || (!desired && dlen))
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "compare_set", k, "%s is NULL",
@@ -674,8 +580,6 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
     tt_store_err_t err = {{0}};
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "delete", key, k));
     tutti_store_t *b = store->base;
     int deleted = 0;

@@ -360,84 +360,109 @@ static int fs_get(tutti_store_t *s, const char *key, void **value_p, size_t *len
     }
 }
 
+/* A key's file, locked, with its value read (cur: malloc'ed, or NULL when !exists). */
+typedef struct fs_locked {
+    char path[FS_PATH_MAX];
+    size_t dirlen;
+    int lockfd;
+    int exists;
+    void *cur;
+    size_t curlen;
+} fs_locked_t;
+
+/* Lock key and read its value; on failure nothing is left locked or allocated. */
+static int fs_lock_read(tutti_store_t *s, const char *key, uint64_t deadline, fs_locked_t *l,
+                        tt_store_err_t *err)
+{
+    l->exists = 0;
+    l->cur = NULL;
+    l->curlen = 0;
+    fs_key_path(key, l->path, &l->dirlen);
+    TT_CHECK(fs_lock(s, key, deadline, &l->lockfd, err));
+    int st = fs_read(s, l->path, &l->cur, &l->curlen, &l->exists, err);
+    if (st < 0) {
+        free(l->cur);
+        close(l->lockfd);
+    }
+    return st;
+}
+
+static void fs_unlock(fs_locked_t *l)
+{
+    free(l->cur);
+    close(l->lockfd);
+}
+
 static int fs_add(tutti_store_t *s, const char *key, int64_t delta, int64_t *result_p,
                   uint64_t deadline, tt_store_err_t *err)
 {
-    char path[FS_PATH_MAX], tmp[FS_PATH_MAX];
-    size_t dirlen;
-    int lockfd, st, exists = 0;
-    void *cur = NULL;
-    size_t curlen = 0;
+    char tmp[FS_PATH_MAX];
+    fs_locked_t l;
+    int st;
     int64_t v = 0;
-    fs_key_path(key, path, &dirlen);
-    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
-    TT_CHECK_GOTO(fs_read(s, path, &cur, &curlen, &exists, err), st, out_unlock);
-    if (exists && tt_store_parse_i64(cur, curlen, &v) < 0) {
-        tt_store_err_set(err, "value (%zu bytes) is not a decimal 64-bit integer", curlen);
+    TT_CHECK(fs_lock_read(s, key, deadline, &l, err));
+    if (l.exists && tt_store_parse_i64(l.cur, l.curlen, &v) < 0) {
+        tt_store_err_set(err, "value (%zu bytes) is not a decimal 64-bit integer", l.curlen);
         st = TUTTI_ERR_INVALID_ARG;
-        goto out_free;
+        goto out;
     }
     if (__builtin_add_overflow(v, delta, &v)) {
         tt_store_err_set(err, "adding %" PRId64 " overflows 64 bits", delta);
         st = TUTTI_ERR_INVALID_ARG;
-        goto out_free;
+        goto out;
     }
     char text[32];
     int n = snprintf(text, sizeof(text), "%" PRId64, v);
-    TT_CHECK_GOTO(fs_write_tmp(s, path, dirlen, text, (size_t)n, tmp, err), st, out_free);
-    TT_CHECK_GOTO(fs_publish(s, tmp, path, err), st, out_free);
+    TT_CHECK_GOTO(fs_write_tmp(s, l.path, l.dirlen, text, (size_t)n, tmp, err), st, out);
+    TT_CHECK_GOTO(fs_publish(s, tmp, l.path, err), st, out);
     *result_p = v;
-out_free:
-    free(cur);
-out_unlock:
-    close(lockfd);
+out:
+    fs_unlock(&l);
     return st;
+}
+
+/* A malloc'ed copy of len bytes with a NUL after them; NULL when out of memory. */
+static void *fs_value_copy(const void *data, size_t len)
+{
+    char *copy = malloc(len + 1);
+    if (copy) {
+        memcpy(copy, data, len);
+        copy[len] = '\0';
+    }
+    return copy;
 }
 
 static int fs_compare_set(tutti_store_t *s, const char *key, const void *expected, size_t elen,
                           const void *desired, size_t dlen, void **current_p,
                           size_t *curlen_p, uint64_t deadline, tt_store_err_t *err)
 {
-    char path[FS_PATH_MAX], tmp[FS_PATH_MAX];
-    size_t dirlen;
-    int lockfd, st, exists = 0;
-    void *cur = NULL;
-    size_t curlen = 0;
-    fs_key_path(key, path, &dirlen);
-    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
-    TT_CHECK_GOTO(fs_read(s, path, &cur, &curlen, &exists, err), st, out_unlock);
-    int equal = exists ? (curlen == elen && !memcmp(cur, expected, elen)) : elen == 0;
-    if (equal) {
-        TT_CHECK_GOTO(fs_write_tmp(s, path, dirlen, desired, dlen, tmp, err), st, out_free);
-        TT_CHECK_GOTO(fs_publish(s, tmp, path, err), st, out_free);
-        void *copy = malloc(dlen + 1);
+    char tmp[FS_PATH_MAX];
+    fs_locked_t l;
+    int st;
+    TT_CHECK(fs_lock_read(s, key, deadline, &l, err));
+    int equal = l.exists ? (l.curlen == elen && !memcmp(l.cur, expected, elen)) : elen == 0;
+    if (equal || !l.exists) {
+        if (equal) {
+            TT_CHECK_GOTO(fs_write_tmp(s, l.path, l.dirlen, desired, dlen, tmp, err), st, out);
+            TT_CHECK_GOTO(fs_publish(s, tmp, l.path, err), st, out);
+        }
+        /* the value after: what was written, or empty for a key that stays absent */
+        void *copy = equal ? fs_value_copy(desired, dlen) : fs_value_copy("", 0);
         if (!copy) {
             tt_store_err_set(err, "out of memory");
             st = TUTTI_ERR_NOMEM;
-            goto out_free;
+            goto out;
         }
-        memcpy(copy, desired, dlen);
-        ((char *)copy)[dlen] = '\0';
-        free(cur);
-        cur = copy;
-        curlen = dlen;
-    } else if (!exists) {
-        cur = malloc(1);
-        if (!cur) {
-            tt_store_err_set(err, "out of memory");
-            st = TUTTI_ERR_NOMEM;
-            goto out_unlock;
-        }
-        ((char *)cur)[0] = '\0';
-        curlen = 0;
+        free(l.cur);
+        l.cur = copy;
+        l.curlen = equal ? dlen : 0;
     }
-    *current_p = cur;
-    *curlen_p = curlen;
-    cur = NULL;
-out_free:
-    free(cur);
-out_unlock:
-    close(lockfd);
+    *current_p = l.cur;
+    *curlen_p = l.curlen;
+    l.cur = NULL;
+    st = TUTTI_OK;
+out:
+    fs_unlock(&l);
     return st;
 }
 
@@ -559,23 +584,18 @@ static int fs_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
 static int fs_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,
                           int *deleted_p, uint64_t deadline, tt_store_err_t *err)
 {
-    char path[FS_PATH_MAX];
-    size_t dirlen;
-    int lockfd, st, exists = 0;
-    void *cur = NULL;
-    size_t curlen = 0;
-    fs_key_path(key, path, &dirlen);
+    fs_locked_t l;
     *deleted_p = 0;
-    TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
-    st = fs_read(s, path, &cur, &curlen, &exists, err);
-    if (st == 0 && exists && curlen == elen && !memcmp(cur, expected, elen)) {
-        if (unlinkat(fs_of(s)->dirfd, path, 0) == 0)
+    int st = fs_lock_read(s, key, deadline, &l, err);
+    if (st < 0)
+        return st;
+    if (l.exists && l.curlen == elen && !memcmp(l.cur, expected, elen)) {
+        if (unlinkat(fs_of(s)->dirfd, l.path, 0) == 0)
             *deleted_p = 1;
         else if (errno != ENOENT)
-            st = fs_io_error(s, err, "delete", path, errno);
+            st = fs_io_error(s, err, "delete", l.path, errno);
     }
-    free(cur);
-    close(lockfd);
+    fs_unlock(&l);
     return st;
 }
 

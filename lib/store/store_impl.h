@@ -1,6 +1,6 @@
 /* Store internals: the backend table behind tutti_store_t, shared by store.c (the public
  * functions, prefixing, error recording) and the backends (store_file.c, store_tcp.c,
- * store_server.c). Keys reaching a backend already carry the view's prefix and have been
+ * store_server.c), and the helpers they share (store_util.c). Keys reaching a backend already carry the view's prefix and have been
  * checked (length, NULL); values have been checked against TUTTI_STORE_MAX_VALUE. */
 #ifndef TT_STORE_IMPL_H
 #define TT_STORE_IMPL_H
@@ -20,6 +20,8 @@ typedef struct tt_store_err {
     char msg[512];
 } tt_store_err_t;
 
+/* (store_util.c, as are tt_store_alloc, tt_store_free, tt_store_key_display and
+ * tt_store_parse_i64 below) */
 void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -76,7 +78,8 @@ tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int po
 void tt_store_free(tutti_store_t *s);
 
 /* 0, 1, 2, ... on successive calls, counted on the base store of a view (thread-safe). The
- * communicator uses it to give each communicator on one store a key prefix of its own. */
+ * communicator uses it to give each communicator on one store a key prefix of its own.
+ * (store.c) */
 unsigned tt_store_next_comm_id(tutti_store_t *store);
 
 /* Copy key into dst (size dstlen) for messages: non-printable bytes as \xNN, long keys cut

@@ -499,7 +499,7 @@ static const size_t max_k8[] = {TUTTI_STORE_MAX_KEY, 8};
 static const size_t max_hello[] = {32, 4, TT_AUTH_CHALLENGE_LEN};
 static const size_t max_auth[] = {TT_SHA256_LEN};
 
-static void srv_cmd_add(srv_conn_t *c, srv_field_t *f)
+static void srv_cmd_add(srv_conn_t *c, const srv_field_t *f)
 {
     tt_store_server_t *srv = c->srv;
     if (f[1].len != 8) {
@@ -537,7 +537,7 @@ static void srv_cmd_add(srv_conn_t *c, srv_field_t *f)
     srv_notify(e);
 }
 
-static void srv_cmd_cas(srv_conn_t *c, srv_field_t *f)
+static void srv_cmd_cas(srv_conn_t *c, const srv_field_t *f)
 {
     tt_store_server_t *srv = c->srv;
     srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
@@ -678,13 +678,9 @@ static unsigned char *srv_put_field(unsigned char *p, const void *data, size_t l
     return p + 4 + len;
 }
 
-static int srv_cmd_hello(srv_conn_t *c, const unsigned char *p, const unsigned char *end,
-                         const char **why)
+static int srv_cmd_hello(srv_conn_t *c, const srv_field_t *f, const char **why)
 {
     tt_store_server_t *srv = c->srv;
-    srv_field_t f[3];
-    if (srv_fields(p, end, f, 3, max_hello, why) < 0)
-        return -1;
     if (f[0].len != strlen(TT_STORE_MAGIC) || memcmp(f[0].data, TT_STORE_MAGIC, f[0].len) ||
         f[1].len != 4) {
         *why = "not a tutti store hello";
@@ -739,13 +735,9 @@ static int srv_cmd_hello(srv_conn_t *c, const unsigned char *p, const unsigned c
     return 0;
 }
 
-static int srv_cmd_auth(srv_conn_t *c, const unsigned char *p, const unsigned char *end,
-                        const char **why)
+static int srv_cmd_auth(srv_conn_t *c, const srv_field_t *f)
 {
     tt_store_server_t *srv = c->srv;
-    srv_field_t f[1];
-    if (srv_fields(p, end, f, 1, max_auth, why) < 0)
-        return -1;
     uint8_t want[TT_SHA256_LEN];
     tt_auth_answer(srv->secret, srv->cfg.secret_len, TT_STORE_CTX_CLIENT, c->challenge, want);
     if (f[0].len != sizeof(want) || !tt_auth_equal(f[0].data, want, sizeof(want))) {
@@ -764,10 +756,11 @@ static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t le
                             const char **why)
 {
     const unsigned char *p = frame + 1, *end = frame + len;
+    srv_field_t f[3];
     if (c->state == SRV_HELLO && frame[0] == TT_STORE_CMD_HELLO)
-        return srv_cmd_hello(c, p, end, why);
+        return srv_fields(p, end, f, 3, max_hello, why) < 0 ? -1 : srv_cmd_hello(c, f, why);
     if (c->state == SRV_AUTH && frame[0] == TT_STORE_CMD_AUTH)
-        return srv_cmd_auth(c, p, end, why);
+        return srv_fields(p, end, f, 1, max_auth, why) < 0 ? -1 : srv_cmd_auth(c, f);
     if (c->state == SRV_HELLO && frame[0] >= TT_STORE_CMD_SET && frame[0] <= TT_STORE_CMD_PING) {
         /* a protocol 1 client: tell it, in a reply it can read */
         srv_refuse(c, TUTTI_ERR_PROTOCOL, "this store server speaks protocol 2 and expects a "
@@ -778,97 +771,100 @@ static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t le
     return -1;
 }
 
+static void srv_cmd_set(srv_conn_t *c, const srv_field_t *f)
+{
+    tt_store_server_t *srv = c->srv;
+    srv_entry_t *e = srv_find_or_add(srv, f[0].data, f[0].len);
+    if (!e || srv_set_value(e, f[1].data, f[1].len) < 0) {
+        if (e)
+            srv_maybe_remove(srv, e);
+        srv_reply_nomem(c);
+        return;
+    }
+    srv_reply(c, TUTTI_OK, NULL, 0);
+    srv_notify(e);
+}
+
+static void srv_cmd_get(srv_conn_t *c, const srv_field_t *f) { srv_cmd_wait(c, f, 1, 1); }
+
+static void srv_cmd_delete(srv_conn_t *c, const srv_field_t *f)
+{
+    tt_store_server_t *srv = c->srv;
+    srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
+    unsigned char existed = e && e->value;
+    if (existed) {
+        srv_value_unref(e->value);
+        e->value = NULL;
+        srv_maybe_remove(srv, e);
+    }
+    srv_reply(c, TUTTI_OK, &existed, 1);
+}
+
+/* CHECK and WAIT: any number of keys. */
+static int srv_handle_keys(srv_conn_t *c, int cmd, const unsigned char *p,
+                           const unsigned char *end, const char **why)
+{
+    /* count and check the keys first, then collect them */
+    size_t n = 0;
+    srv_field_t k;
+    for (const unsigned char *q = p; q != end; n++) {
+        if (srv_next_field(&q, end, &k) < 0) {
+            *why = "truncated field";
+            return -1;
+        }
+        if (k.len > TUTTI_STORE_MAX_KEY) {
+            *why = "key too long";
+            return -1;
+        }
+    }
+    if (n == 0) {
+        *why = "no keys";
+        return -1;
+    }
+    srv_field_t *keys = malloc(n * sizeof(*keys));
+    if (!keys) {
+        srv_reply_nomem(c);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        srv_next_field(&p, end, &keys[i]);
+    srv_cmd_keys(c, cmd, keys, n);
+    free(keys);
+    return 0;
+}
+
+/* The commands with a fixed number of fields: how many, their largest sizes, the handler. */
+static const struct {
+    size_t nfields;
+    const size_t *max;
+    void (*fn)(srv_conn_t *c, const srv_field_t *f);
+} srv_fixed[] = {
+    [TT_STORE_CMD_SET] = {2, max_kv, srv_cmd_set},
+    [TT_STORE_CMD_GET] = {1, max_k, srv_cmd_get},
+    [TT_STORE_CMD_ADD] = {2, max_k8, srv_cmd_add},
+    [TT_STORE_CMD_CAS] = {3, max_kvv, srv_cmd_cas},
+    [TT_STORE_CMD_DELETE] = {1, max_k, srv_cmd_delete},
+    [TT_STORE_CMD_DELETE_PREFIX] = {1, max_k, srv_cmd_delete_prefix},
+    [TT_STORE_CMD_CAD] = {2, max_kv, srv_cmd_cad},
+};
+
 /* Handle one frame (cmd and fields); returns -1 with why set when the frame is bad. */
 static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, const char **why)
 {
-    tt_store_server_t *srv = c->srv;
     const unsigned char *p = frame + 1, *end = frame + len;
     srv_field_t f[3];
     if (c->state != SRV_READY)
         return srv_handle_hello(c, frame, len, why);
+    if (frame[0] < sizeof(srv_fixed) / sizeof(srv_fixed[0]) && srv_fixed[frame[0]].fn) {
+        if (srv_fields(p, end, f, srv_fixed[frame[0]].nfields, srv_fixed[frame[0]].max, why) < 0)
+            return -1;
+        srv_fixed[frame[0]].fn(c, f);
+        return 0;
+    }
     switch (frame[0]) {
-    case TT_STORE_CMD_SET: {
-        if (srv_fields(p, end, f, 2, max_kv, why) < 0)
-            return -1;
-        srv_entry_t *e = srv_find_or_add(srv, f[0].data, f[0].len);
-        if (!e || srv_set_value(e, f[1].data, f[1].len) < 0) {
-            if (e)
-                srv_maybe_remove(srv, e);
-            srv_reply_nomem(c);
-            return 0;
-        }
-        srv_reply(c, TUTTI_OK, NULL, 0);
-        srv_notify(e);
-        return 0;
-    }
-    case TT_STORE_CMD_GET:
-        if (srv_fields(p, end, f, 1, max_k, why) < 0)
-            return -1;
-        srv_cmd_wait(c, f, 1, 1);
-        return 0;
-    case TT_STORE_CMD_ADD:
-        if (srv_fields(p, end, f, 2, max_k8, why) < 0)
-            return -1;
-        srv_cmd_add(c, f);
-        return 0;
-    case TT_STORE_CMD_CAS:
-        if (srv_fields(p, end, f, 3, max_kvv, why) < 0)
-            return -1;
-        srv_cmd_cas(c, f);
-        return 0;
-    case TT_STORE_CMD_DELETE: {
-        if (srv_fields(p, end, f, 1, max_k, why) < 0)
-            return -1;
-        srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
-        unsigned char existed = e && e->value;
-        if (existed) {
-            srv_value_unref(e->value);
-            e->value = NULL;
-            srv_maybe_remove(srv, e);
-        }
-        srv_reply(c, TUTTI_OK, &existed, 1);
-        return 0;
-    }
     case TT_STORE_CMD_CHECK:
-    case TT_STORE_CMD_WAIT: {
-        /* count and check the keys first, then collect them */
-        size_t n = 0;
-        srv_field_t k;
-        for (const unsigned char *q = p; q != end; n++) {
-            if (srv_next_field(&q, end, &k) < 0) {
-                *why = "truncated field";
-                return -1;
-            }
-            if (k.len > TUTTI_STORE_MAX_KEY) {
-                *why = "key too long";
-                return -1;
-            }
-        }
-        if (n == 0) {
-            *why = "no keys";
-            return -1;
-        }
-        srv_field_t *keys = malloc(n * sizeof(*keys));
-        if (!keys) {
-            srv_reply_nomem(c);
-            return 0;
-        }
-        for (size_t i = 0; i < n; i++)
-            srv_next_field(&p, end, &keys[i]);
-        srv_cmd_keys(c, frame[0], keys, n);
-        free(keys);
-        return 0;
-    }
-    case TT_STORE_CMD_DELETE_PREFIX:
-        if (srv_fields(p, end, f, 1, max_k, why) < 0)
-            return -1;
-        srv_cmd_delete_prefix(c, f);
-        return 0;
-    case TT_STORE_CMD_CAD:
-        if (srv_fields(p, end, f, 2, max_kv, why) < 0)
-            return -1;
-        srv_cmd_cad(c, f);
-        return 0;
+    case TT_STORE_CMD_WAIT:
+        return srv_handle_keys(c, frame[0], p, end, why);
     case TT_STORE_CMD_PING:
         if (p != end) {
             *why = "bytes after the last field";

@@ -98,6 +98,20 @@ static int tcp_poll(int fd, short events, uint64_t deadline)
     }
 }
 
+/* After a send or receive failed with errno: 0 to try again (interrupted, or fd became
+ * ready for events), else -errno, or -ETIMEDOUT at the deadline. */
+static int tcp_io_retry(int fd, short events, uint64_t deadline)
+{
+    if (errno == EINTR)
+        return 0;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return -errno;
+    int r = tcp_poll(fd, events, deadline);
+    if (r < 0)
+        return r;
+    return r == 0 ? -ETIMEDOUT : 0;
+}
+
 static void tcp_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
 {
     char ip[INET6_ADDRSTRLEN] = "?";
@@ -155,15 +169,9 @@ static int tcp_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                return -errno;
-            int r = tcp_poll(fd, POLLOUT, deadline);
+            int r = tcp_io_retry(fd, POLLOUT, deadline);
             if (r < 0)
                 return r;
-            if (r == 0)
-                return -ETIMEDOUT;
             continue;
         }
         size_t n = (size_t)w;
@@ -196,15 +204,9 @@ static int tcp_recv_all(int fd, void *buf, size_t len, uint64_t deadline, size_t
         }
         if (r == 0)
             return -EPIPE;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -errno;
-        int pr = tcp_poll(fd, POLLIN, deadline);
+        int pr = tcp_io_retry(fd, POLLIN, deadline);
         if (pr < 0)
             return pr;
-        if (pr == 0)
-            return -ETIMEDOUT;
     }
     return 0;
 }
@@ -781,6 +783,20 @@ static int tcp_bad_reply(tutti_store_t *s, tt_store_err_t *err, void *reply, siz
     return TUTTI_ERR_PROTOCOL;
 }
 
+/* An rpc whose reply is exactly len bytes, copied to out. */
+static int tcp_rpc_exact(tutti_store_t *s, uint8_t cmd, const tcp_field_t *f, size_t n,
+                         uint64_t deadline, void *out, size_t len, tt_store_err_t *err)
+{
+    void *r;
+    size_t rlen;
+    TT_CHECK(tcp_rpc(s, cmd, f, n, deadline, "no reply", &r, &rlen, err));
+    if (rlen != len)
+        return tcp_bad_reply(s, err, r, rlen);
+    memcpy(out, r, len);
+    free(r);
+    return TUTTI_OK;
+}
+
 static int tcp_set(tutti_store_t *s, const char *key, const void *value, size_t len,
                    uint64_t deadline, tt_store_err_t *err)
 {
@@ -809,13 +825,8 @@ static int tcp_add(tutti_store_t *s, const char *key, int64_t delta, int64_t *re
     unsigned char d[8];
     put_be64(d, (uint64_t)delta);
     tcp_field_t f[2] = {{key, strlen(key)}, {d, 8}};
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_ADD, f, 2, deadline, "no reply", &r, &rlen, err));
-    if (rlen != 8)
-        return tcp_bad_reply(s, err, r, rlen);
-    *result_p = (int64_t)get_be64(r);
-    free(r);
+    TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_ADD, f, 2, deadline, d, 8, err));
+    *result_p = (int64_t)get_be64(d);
     return TUTTI_OK;
 }
 
@@ -883,13 +894,9 @@ static int tcp_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t d
                    tt_store_err_t *err)
 {
     tcp_field_t f[1] = {{key, strlen(key)}};
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_DELETE, f, 1, deadline, "no reply", &r, &rlen, err));
-    if (rlen != 1)
-        return tcp_bad_reply(s, err, r, rlen);
-    *deleted_p = ((unsigned char *)r)[0] != 0;
-    free(r);
+    unsigned char r;
+    TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_DELETE, f, 1, deadline, &r, 1, err));
+    *deleted_p = r != 0;
     return TUTTI_OK;
 }
 
@@ -897,14 +904,9 @@ static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
                           uint64_t deadline, tt_store_err_t *err)
 {
     tcp_field_t f[1] = {{prefix, strlen(prefix)}};
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_DELETE_PREFIX, f, 1, deadline, "no reply", &r, &rlen,
-                     err));
-    if (rlen != 8)
-        return tcp_bad_reply(s, err, r, rlen);
+    unsigned char r[8];
+    TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_DELETE_PREFIX, f, 1, deadline, r, 8, err));
     *count_p = (size_t)get_be64(r);
-    free(r);
     return TUTTI_OK;
 }
 
@@ -912,13 +914,9 @@ static int tcp_compare_del(tutti_store_t *s, const char *key, const void *expect
                            size_t elen, int *deleted_p, uint64_t deadline, tt_store_err_t *err)
 {
     tcp_field_t f[2] = {{key, strlen(key)}, {expected, elen}};
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_CAD, f, 2, deadline, "no reply", &r, &rlen, err));
-    if (rlen != 1)
-        return tcp_bad_reply(s, err, r, rlen);
-    *deleted_p = ((unsigned char *)r)[0] != 0;
-    free(r);
+    unsigned char r;
+    TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_CAD, f, 2, deadline, &r, 1, err));
+    *deleted_p = r != 0;
     return TUTTI_OK;
 }
 

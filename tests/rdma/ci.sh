@@ -4,7 +4,7 @@
 #   tests/rdma/ci.sh [BUILD_DIR]     (default: build)
 # Inside the guest (guest-suite.sh), with TUTTI_TRANSPORT=ibverbs: test_ibverbs (no-device
 # path, registration cache, QP error, every collective on 2/3/4 ranks up to 3 MiB), then
-# the shared correctness matrices test_coll and test_coll2 (1..5 and 8 ranks, every
+# the shared correctness matrices of test_collectives (1..5 and 8 ranks, every
 # algorithm, dtype and op; TT_TEST_QUICK sizes), then a few tutti-bench rows for the
 # record (rxe under TCG: correctness, not speed).
 # Env: TUTTI_RXE_CACHE (download cache, default /var/cache/tutti-rxe), TUTTI_RXE_BENCH=0
@@ -12,7 +12,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 B=${1:-build}
-for f in tests/test_ibverbs tests/test_coll tests/test_coll2 bench/tutti-bench; do
+for f in tests/test_ibverbs tests/test_collectives bench/tutti-bench; do
     if [ ! -x "$B/$f" ]; then
         echo "tests/rdma/ci.sh: $B/$f is missing (is libibverbs-dev installed, and the ibverbs" \
             "transport built?)" >&2
@@ -20,6 +20,6 @@ for f in tests/test_ibverbs tests/test_coll tests/test_coll2 bench/tutti-bench; 
     fi
 done
 exec "$HERE/run-in-vm.sh" -t "${TUTTI_RXE_TIMEOUT:-1200}" \
-    -f "$B/tests/test_ibverbs" -f "$B/tests/test_coll" -f "$B/tests/test_coll2" \
+    -f "$B/tests/test_ibverbs" -f "$B/tests/test_collectives" \
     -f "$B/bench/tutti-bench" -f "$HERE/guest-suite.sh" \
     -- /payload/guest-suite.sh "${TUTTI_RXE_BENCH:-1}"

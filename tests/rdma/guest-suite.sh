@@ -18,8 +18,7 @@ run() { # name command...
     [ "$r" -eq 0 ] || rc=1
 }
 run test_ibverbs ./test_ibverbs
-run test_coll ./test_coll
-run test_coll2 ./test_coll2
+run test_collectives ./test_collectives
 if [ "${1:-1}" = 1 ] && [ "$rc" -eq 0 ]; then
     # the record, not a test: rxe under TCG measures the emulator, not RDMA
     for np in 2 4; do

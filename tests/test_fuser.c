@@ -20,6 +20,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "ref.h" /* mix64, ref_half_to_float, ref_bf16_to_float, is_float */
 #include "base/base.h" /* tt_exec_defer */
 #include "core/stage.h"
 
@@ -28,40 +29,14 @@
 #define HAVE_LSAN 1
 #endif
 
-#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-
 static int quick(void)
 {
     const char *q = getenv("TT_TEST_QUICK");
     return q && *q && *q != '0';
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-/* ---- fp16/bf16, written here so the reference does not share the library's ---- */
-
-static float ref_half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    float f;
-    if (exp == 0) {
-        f = ldexpf((float)mant, -24);
-        return sign ? -f : f;
-    }
-    uint32_t bits = exp == 31 ? sign | 0x7f800000u | (mant << 13)
-                              : sign | ((exp - 15 + 127) << 23) | (mant << 13);
-    memcpy(&f, &bits, 4);
-    return f;
-}
+/* ---- small integers to fp16/bf16, written here so the reference does not share the
+ * library's ---- */
 
 /* exact for the small integers used here */
 static uint16_t ref_small_int_to_half(int v)
@@ -75,14 +50,6 @@ static uint16_t ref_small_int_to_half(int v)
         e++;
     unsigned mant = (a << (10 - e)) & 0x3ff;
     return sign | (uint16_t)((e + 15) << 10) | (uint16_t)mant;
-}
-
-static float ref_bf16_to_float(uint16_t b)
-{
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
 }
 
 static uint16_t ref_small_int_to_bf16(int v)
@@ -143,11 +110,6 @@ static double get_val(const void *buf, tutti_dtype_t dt, size_t e)
     }
 }
 
-static int is_float(tutti_dtype_t dt)
-{
-    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
-}
-
 static void fill(void *buf, const tspec_t *t, int r, int i, int s)
 {
     for (size_t e = 0; e < t->count; e++)
@@ -180,6 +142,59 @@ static long check_tensor(const void *buf, const tspec_t *t, int nranks, int i, i
         }
     }
     return -1;
+}
+
+/* ---- fp32 tensors registered with a fuser ---- */
+
+/* Create a fuser on comm with o and register n fp32 tensors of c elements, allocated
+ * into t[0..n) and filled with this rank's step-0 values. 0 on success. */
+static int fp32_fuser(int rank, tutti_comm_t *comm, const tutti_fuse_opts_t *o, float **t,
+                      int n, size_t c, tutti_fuse_t **f_p)
+{
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, o) != TUTTI_OK, "create");
+    const tspec_t spec = {c, TUTTI_FP32};
+    for (int i = 0; i < n; i++) {
+        t[i] = malloc(c * sizeof(float));
+        fill(t[i], &spec, rank, i, 0);
+        int idx;
+        FAIL_IF(tutti_fuse_register(f, t[i], c, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    *f_p = f;
+    return 0;
+}
+
+static void fp32_fuser_free(tutti_fuse_t *f, float **t, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(t[i]);
+    tutti_fuse_destroy(f);
+}
+
+/* fp32_fuser, then steps steps: fill, mark ready last tensor first, wait, and check
+ * every tensor's sum. 0 on success. */
+static int fp32_fuser_steps(int rank, int nranks, tutti_comm_t *comm,
+                            const tutti_fuse_opts_t *o, float **t, int n, size_t c, int steps,
+                            tutti_fuse_t **f_p)
+{
+    if (fp32_fuser(rank, comm, o, t, n, c, f_p))
+        return 1;
+    tutti_fuse_t *f = *f_p;
+    const tspec_t spec = {c, TUTTI_FP32};
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < n; i++)
+            fill(t[i], &spec, rank, i, step);
+        for (int i = n - 1; i >= 0; i--)
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
+        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+        for (int i = 0; i < n; i++) {
+            double got, exp;
+            long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", step, i, e,
+                    got, exp);
+        }
+    }
+    return 0;
 }
 
 /* ---- marking from two threads ---- */
@@ -360,27 +375,9 @@ static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char
     o.first_bucket_cap_bytes = 4096;
     o.last_bucket_cap_bytes = 2 * 4096;
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
-    tspec_t spec = {C, TUTTI_FP32};
-    for (int i = 0; i < N; i++) {
-        t[i] = malloc(C * sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-    }
-    for (int step = 0; step < 3; step++) {
-        for (int i = 0; i < N; i++)
-            fill(t[i], &spec, rank, i, step);
-        for (int i = N - 1; i >= 0; i--) /* backward: last tensor first */
-            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
-        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
-        for (int i = 0; i < N; i++) {
-            double got, exp;
-            long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
-            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", step, i, e,
-                    got, exp);
-        }
-    }
+    if (fp32_fuser_steps(rank, nranks, comm, &o, t, N, C, 3, &f))
+        return 1;
     /* recorded order 9..0: {9} (first cap), {8,7,6,5} (cap), {4,3,2} (cut short by the
      * tail), {1,0} (the last 8 KiB) */
     int nb = 0, b[N];
@@ -392,9 +389,7 @@ static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char
                 b[0] != 3,
             "buckets %d %d %d %d %d %d %d %d %d %d", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
             b[7], b[8], b[9]);
-    for (int i = 0; i < N; i++)
-        free(t[i]);
-    tutti_fuse_destroy(f);
+    fp32_fuser_free(f, t, N);
     return 0;
 }
 
@@ -417,26 +412,9 @@ static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char
     o.min_buckets = min_buckets;
     o.last_bucket_cap_bytes = 0;
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
-    tspec_t spec = {C, TUTTI_FP32};
-    for (int i = 0; i < N; i++) {
-        t[i] = malloc(C * sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-    }
-    for (int step = 0; step < 2; step++) {
-        for (int i = 0; i < N; i++)
-            fill(t[i], &spec, rank, i, step);
-        for (int i = N - 1; i >= 0; i--)
-            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d", i);
-        FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
-        for (int i = 0; i < N; i++) {
-            double got, exp;
-            long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
-            FAIL_IF(e >= 0, "step %d tensor %d element %ld", step, i, e);
-        }
-    }
+    if (fp32_fuser_steps(rank, nranks, comm, &o, t, N, C, 2, &f))
+        return 1;
     /* 3 MiB: with min_buckets 2 the cap is 1.5 MiB (24 tensors), so 1 MiB first bucket
      * (16 tensors), then 24 and 8; with 0 the 25 MiB cap leaves 16 + 32 */
     int nb = 0, per[N] = {0};
@@ -452,9 +430,7 @@ static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char
     else
         FAIL_IF(nb != 2 || per[0] != 16 || per[1] != 32, "min_buckets 0: %d buckets of %d, %d",
                 nb, per[0], per[1]);
-    for (int i = 0; i < N; i++)
-        free(t[i]);
-    tutti_fuse_destroy(f);
+    fp32_fuser_free(f, t, N);
     return 0;
 }
 
@@ -477,17 +453,11 @@ static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir
     o.bucket_cap_bytes = 1000; /* ~2 tensors a bucket */
     o.find_unused = 1;
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
     tspec_t spec = {C, TUTTI_FP32};
-    for (int i = 0; i < N; i++) {
-        t[i] = malloc(C * sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-    }
+    if (fp32_fuser(rank, comm, &o, t, N, C, &f)) /* filled for step 0 */
+        return 1;
     /* step 0: tensors 2 and 5 unused everywhere: right sums elsewhere, 2 and 5 kept */
-    for (int i = 0; i < N; i++)
-        fill(t[i], &spec, rank, i, 0);
     for (int i = N - 1; i >= 0; i--) {
         int st = (i == 2 || i == 5) ? tutti_fuse_mark_unused(f, i) : tutti_fuse_mark_ready(f, i);
         FAIL_IF(st != TUTTI_OK, "mark %d: %s", i, tutti_fuse_last_error(f));
@@ -672,6 +642,14 @@ static int hook_finish(void *arg, const tutti_fuse_bucket_t *b)
     return TUTTI_OK;
 }
 
+static void hook_opts(tutti_fuse_opts_t *o, tutti_fuse_hook_t *hook)
+{
+    tutti_fuse_opts_init(o);
+    o->bucket_cap_bytes = 2000;
+    o->first_bucket_cap_bytes = 800;
+    o->hook = hook;
+}
+
 static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -680,19 +658,12 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     hook_state_t h = {.fail_step = 1, .fail_bucket = 1, .fail_rank = -1, .rank = rank};
     tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
     tutti_fuse_opts_t o;
-    tutti_fuse_opts_init(&o);
-    o.bucket_cap_bytes = 2000;
-    o.first_bucket_cap_bytes = 800;
-    o.hook = &hook;
+    hook_opts(&o, &hook);
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
     tspec_t spec = {C, TUTTI_FP32};
-    for (int i = 0; i < N; i++) {
-        t[i] = malloc(C * sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-    }
+    if (fp32_fuser(rank, comm, &o, t, N, C, &f))
+        return 1;
     for (int s = 0; s < 3; s++) {
         h.step = s;
         for (int i = 0; i < N; i++)
@@ -719,9 +690,7 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
         }
     }
     FAIL_IF(h.finish_calls == 0, "finish never called");
-    for (int i = 0; i < N; i++)
-        free(t[i]);
-    tutti_fuse_destroy(f);
+    fp32_fuser_free(f, t, N);
     return 0;
 }
 
@@ -736,20 +705,11 @@ static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *d
     hook_state_t h = {.fail_step = 0, .fail_bucket = 1, .fail_rank = 1, .rank = rank};
     tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
     tutti_fuse_opts_t o;
-    tutti_fuse_opts_init(&o);
-    o.bucket_cap_bytes = 2000;
-    o.first_bucket_cap_bytes = 800;
-    o.hook = &hook;
+    hook_opts(&o, &hook);
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
-    tspec_t spec = {C, TUTTI_FP32};
-    for (int i = 0; i < N; i++) {
-        t[i] = malloc(C * sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-        fill(t[i], &spec, rank, i, 0);
-    }
+    if (fp32_fuser(rank, comm, &o, t, N, C, &f)) /* filled for step 0 */
+        return 1;
     double t0 = th_now_ms();
     for (int i = 0; i < N; i++)
         FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
@@ -762,9 +722,7 @@ static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *d
         FAIL_IF(st == TUTTI_OK, "rank %d's wait succeeded although rank 1 skipped bucket 1",
                 rank);
     FAIL_IF(ms > 15000, "wait took %.0f ms", ms);
-    for (int i = 0; i < N; i++)
-        free(t[i]);
-    tutti_fuse_destroy(f);
+    fp32_fuser_free(f, t, N);
     return 0;
 }
 
@@ -795,13 +753,9 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     o.bucket_cap_bytes = 200000;
     o.static_layout = 1;
     tutti_fuse_t *f;
-    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float *t[N];
-    for (int i = 0; i < N; i++) {
-        t[i] = calloc(C, sizeof(float));
-        int idx;
-        FAIL_IF(tutti_fuse_register(f, t[i], C, TUTTI_FP32, &idx) != TUTTI_OK, "register");
-    }
+    if (fp32_fuser(rank, comm, &o, t, N, C, &f))
+        return 1;
     for (int i = 0; i < N / 2; i++)
         FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark");
     if (rank == 1)
@@ -816,9 +770,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
             tutti_status_name(st));
     FAIL_IF(!tutti_fuse_last_error(f)[0], "no error text");
     FAIL_IF(th_now_ms() - t0 > 15000, "wait took %.0f ms", th_now_ms() - t0);
-    for (int i = 0; i < N; i++)
-        free(t[i]);
-    tutti_fuse_destroy(f);
+    fp32_fuser_free(f, t, N);
     return 0;
 }
 

@@ -4,10 +4,10 @@
 # right exit status promptly; the temporary store (in $TMPDIR) goes away on every exit
 # path, SIGKILL of the launcher included; no rank or grandchild outlives the launcher's
 # stopping them, or the launcher; ranks get a TUTTI_JOB_ID unique per launch.
-#   test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH
+#   test_launcher.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH
 set -u
 run=$1 child=$2 bench=${3:-}
-[ -x "$bench" ] || { echo "FAIL: usage: test_run.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
+[ -x "$bench" ] || { echo "FAIL: usage: test_launcher.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
 unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
     TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
 tmp=$(mktemp -d /tmp/test-run.XXXXXX)

@@ -1,4 +1,5 @@
-/* Multi-rank correctness of the collectives: every algorithm, dtype, op, rank count 1..5,
+/* Multi-rank correctness of allreduce, broadcast and barrier (the other collectives are
+ * in collectives_others.c, the same suite): every algorithm, dtype, op, rank count 1..5,
  * awkward counts, in place and out of place, against a reference computed here in plain
  * C from every rank's input (regenerated locally, independent of the library's
  * kernels) and compared bit for bit. Also: async operations in flight together and
@@ -25,6 +26,7 @@
 #include "harness.h"
 
 
+#include "collectives.h"
 #include "ref.h"
 
 /* ---- one rank's matrix ---- */
@@ -716,37 +718,19 @@ START_TEST(nan_minmax)
 }
 END_TEST
 
-static Suite *coll_suite(void)
+static Suite *suite(void)
 {
-    Suite *s = suite_create("coll");
-    TCase *tc = tcase_create("matrix");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, matrix, 0, 5 * MATRIX_CONFIGS);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("async");
+    Suite *s = suite_create("collectives");
+    th_add_case(s, "matrix", matrix, 5 * MATRIX_CONFIGS, 120);
+    TCase *tc = tcase_create("async");
     tcase_set_timeout(tc, 90);
     tcase_add_loop_test(tc, async_inflight, 2, 5);
     tcase_add_test(tc, async_mixed);
     suite_add_tcase(s, tc);
-
-    tc = tcase_create("scale");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, eight_ranks);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("nan");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, nan_minmax, 0, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])));
-    suite_add_tcase(s, tc);
+    th_add_tests(s, "scale", 60, (const TTest *const[]){eight_ranks, NULL});
+    th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
+    collectives_others_add(s);
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(coll_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return th_main(suite()); }

@@ -1,12 +1,13 @@
-/* Multi-rank correctness of reduce, allgather(v), reduce_scatter(v), gather(v),
- * scatter(v) and alltoall(v): both algorithms of each, rank counts 1..5, every dtype and
+/* The collectives suite's second half (test_collectives.c has allreduce, broadcast and
+ * barrier). Multi-rank correctness of reduce, allgather(v), reduce_scatter(v), gather(v),
+ * scatter(v) and alltoall(v), blocking and async: both algorithms of each, rank counts 1..5, every dtype and
  * op for the reductions (a few dtypes of each element size for the data movement),
  * counts {0, 1, 7, 4097} and one larger one, in place and out of place, v forms with
  * uneven and empty blocks and displacements with gaps and out of rank order, against a
  * reference computed here in plain C, bit for bit. Bytes the call must not touch (gaps,
  * past the end, the input out of place) are checked too.
  *
- * The input generation and the reduction reference are test_coll.c's (floats carry
+ * The input generation and the reduction reference are ref.c's (floats carry
  * small integers, so every result is exact whatever the order of the reduction).
  * TT_TEST_QUICK=1 shrinks the larger count (for sanitizer builds).
  */
@@ -25,6 +26,7 @@
 #include "harness.h"
 
 
+#include "collectives.h"
 #include "ref.h"
 
 /* ---- one rank's matrix ---- */
@@ -115,7 +117,66 @@ static size_t packed_displs(int n, const size_t *counts, size_t *displs)
     return off;
 }
 
+/* The v forms' gappy displacements, or packed ones; returns the extent. */
+static size_t block_displs(int n, const size_t *counts, int vform, size_t *displs)
+{
+    return vform ? gappy_displs(n, counts, displs) : packed_displs(n, counts, displs);
+}
+
+/* Garbage over bytes, guard bytes after them. */
+static void garbage_guarded(unsigned char *buf, size_t bytes)
+{
+    memset(buf, GARBAGE_BYTE, bytes);
+    memset(buf + bytes, GUARD_BYTE, GUARD_BYTES);
+}
+
+
 static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
+
+/* The layout of a blocks collective (allgather, gather, scatter): the element size, the
+ * case's seed, every rank's displacement and the extent. */
+typedef struct blocks {
+    size_t es, extent, displs[16];
+    uint64_t seed;
+    char what[128]; /* the case, for messages */
+} blocks_t;
+
+/* root -1: a rootless collective (its case names the extent instead) */
+static void blocks_init(ctx_t *c, blocks_t *b, const char *name, tutti_dtype_t dt,
+                        const size_t *counts, int vform, int mode, int root)
+{
+    b->es = tutti_dtype_size(dt);
+    b->seed = mix64(++c->cases);
+    b->extent = block_displs(c->nranks, counts, vform, b->displs);
+    int len = snprintf(b->what, sizeof(b->what), "%s%s %s block %zu", name, vform ? "v" : "",
+                       mode_names[mode], counts[c->rank]);
+    if (root < 0)
+        snprintf(b->what + len, sizeof(b->what) - (size_t)len, " (extent %zu)", b->extent);
+    else
+        snprintf(b->what + len, sizeof(b->what) - (size_t)len, " root %d", root);
+}
+
+/* c->ref: every rank's block at its displacement, garbage in the gaps, guard bytes past
+ * the extent. */
+static void blocks_ref(ctx_t *c, tutti_dtype_t dt, const size_t *counts, const blocks_t *b)
+{
+    garbage_guarded(c->ref, b->extent * b->es);
+    for (int i = 0; i < c->nranks; i++)
+        for (size_t j = 0; j < counts[i]; j++)
+            gen_val(c->ref + (b->displs[i] + j) * b->es, dt, i, j, b->seed);
+}
+
+/* This rank's block for allgather and gather: generated in c->send, or in place (inp) at
+ * its displacement in c->recv. Returns the sendbuf (mode 1: TUTTI_IN_PLACE). */
+static const void *own_block(ctx_t *c, tutti_dtype_t dt, const size_t *counts,
+                             const blocks_t *b, int inp, int mode)
+{
+    const int me = c->rank;
+    unsigned char *in = inp ? c->recv + b->displs[me] * b->es : c->send;
+    for (size_t j = 0; j < counts[me]; j++)
+        gen_val(in + j * b->es, dt, me, j, b->seed);
+    return !inp ? (const void *)c->send : mode == 1 ? TUTTI_IN_PLACE : (const void *)in;
+}
 
 /* ---- reduce ---- */
 
@@ -200,34 +261,17 @@ static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const
 
 static void t_allgather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int mode)
 {
-    const int n = c->nranks, me = c->rank;
-    const size_t es = tutti_dtype_size(dt);
-    const uint64_t seed = mix64(++c->cases);
-    size_t displs[16];
-    const size_t extent = vform ? gappy_displs(n, counts, displs)
-                                : packed_displs(n, counts, displs);
-    char what[128];
-    snprintf(what, sizeof(what), "allgather%s %s block %zu (extent %zu)", vform ? "v" : "",
-             mode_names[mode], counts[me], extent);
+    blocks_t b;
+    blocks_init(c, &b, "allgather", dt, counts, vform, mode, -1);
 
-    memset(c->recv, GARBAGE_BYTE, extent * es);
-    memset(c->recv + extent * es, GUARD_BYTE, GUARD_BYTES);
-    unsigned char *in = mode ? c->recv + displs[me] * es : c->send;
-    for (size_t j = 0; j < counts[me]; j++)
-        gen_val(in + j * es, dt, me, j, seed);
-    const void *sendbuf = mode == 0 ? (const void *)c->send
-                          : mode == 1 ? TUTTI_IN_PLACE
-                                      : (const void *)(c->recv + displs[me] * es);
-    int st = vform ? tutti_allgatherv(c->comm, sendbuf, c->recv, counts, displs, dt)
+    garbage_guarded(c->recv, b.extent * b.es);
+    const void *sendbuf = own_block(c, dt, counts, &b, mode != 0, mode);
+    int st = vform ? tutti_allgatherv(c->comm, sendbuf, c->recv, counts, b.displs, dt)
                    : tutti_allgather(c->comm, sendbuf, c->recv, counts[0], dt);
-    if (!status_ok(c, st, what))
+    if (!status_ok(c, st, b.what))
         return;
-    memset(c->ref, GARBAGE_BYTE, extent * es);
-    memset(c->ref + extent * es, GUARD_BYTE, GUARD_BYTES);
-    for (int i = 0; i < n; i++)
-        for (size_t j = 0; j < counts[i]; j++)
-            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
-    compare(c, what, dt, c->recv, c->ref, extent * es + GUARD_BYTES);
+    blocks_ref(c, dt, counts, &b);
+    compare(c, b.what, dt, c->recv, c->ref, b.extent * b.es + GUARD_BYTES);
 }
 
 /* ---- gather(v) ---- */
@@ -235,40 +279,23 @@ static void t_allgather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vf
 static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
                      int mode)
 {
-    const int n = c->nranks, me = c->rank, is_root = me == root;
-    const size_t es = tutti_dtype_size(dt);
-    const uint64_t seed = mix64(++c->cases);
-    size_t displs[16];
-    const size_t extent = vform ? gappy_displs(n, counts, displs)
-                                : packed_displs(n, counts, displs);
-    char what[128];
-    snprintf(what, sizeof(what), "gather%s %s block %zu root %d", vform ? "v" : "",
-             mode_names[mode], counts[me], root);
+    const int me = c->rank, is_root = me == root;
+    blocks_t b;
+    blocks_init(c, &b, "gather", dt, counts, vform, mode, root);
 
-    if (is_root) {
-        memset(c->recv, GARBAGE_BYTE, extent * es);
-        memset(c->recv + extent * es, GUARD_BYTE, GUARD_BYTES);
-    }
+    if (is_root)
+        garbage_guarded(c->recv, b.extent * b.es);
     /* in place is for the root only */
     const int inp = is_root && mode;
-    unsigned char *in = inp ? c->recv + displs[me] * es : c->send;
-    for (size_t j = 0; j < counts[me]; j++)
-        gen_val(in + j * es, dt, me, j, seed);
-    const void *sendbuf = !inp ? (const void *)c->send
-                          : mode == 1 ? TUTTI_IN_PLACE
-                                      : (const void *)(c->recv + displs[me] * es);
+    const void *sendbuf = own_block(c, dt, counts, &b, inp, mode);
     void *recvbuf = is_root ? (void *)c->recv : NULL;
     int st = vform ? tutti_gatherv(c->comm, sendbuf, counts[me], recvbuf,
-                                   is_root ? counts : NULL, is_root ? displs : NULL, dt, root)
+                                   is_root ? counts : NULL, is_root ? b.displs : NULL, dt, root)
                    : tutti_gather(c->comm, sendbuf, recvbuf, counts[me], dt, root);
-    if (!status_ok(c, st, what) || !is_root)
+    if (!status_ok(c, st, b.what) || !is_root)
         return;
-    memset(c->ref, GARBAGE_BYTE, extent * es);
-    memset(c->ref + extent * es, GUARD_BYTE, GUARD_BYTES);
-    for (int i = 0; i < n; i++)
-        for (size_t j = 0; j < counts[i]; j++)
-            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
-    compare(c, what, dt, c->recv, c->ref, extent * es + GUARD_BYTES);
+    blocks_ref(c, dt, counts, &b);
+    compare(c, b.what, dt, c->recv, c->ref, b.extent * b.es + GUARD_BYTES);
 }
 
 /* ---- scatter(v) ---- */
@@ -276,42 +303,32 @@ static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform
 static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
                       int mode)
 {
-    const int n = c->nranks, me = c->rank, is_root = me == root;
-    const size_t es = tutti_dtype_size(dt);
-    const uint64_t seed = mix64(++c->cases);
-    size_t displs[16];
-    const size_t extent = vform ? gappy_displs(n, counts, displs)
-                                : packed_displs(n, counts, displs);
-    char what[128];
-    snprintf(what, sizeof(what), "scatter%s %s block %zu root %d", vform ? "v" : "",
-             mode_names[mode], counts[me], root);
+    const int me = c->rank, is_root = me == root;
+    blocks_t b;
+    blocks_init(c, &b, "scatter", dt, counts, vform, mode, root);
 
     /* the root's image: blocks, gaps of garbage */
-    memset(c->ref, GARBAGE_BYTE, extent * es);
-    for (int i = 0; i < n; i++)
-        for (size_t j = 0; j < counts[i]; j++)
-            gen_val(c->ref + (displs[i] + j) * es, dt, i, j, seed);
+    blocks_ref(c, dt, counts, &b); /* the guard is rewritten below */
     if (is_root)
-        memcpy(c->send, c->ref, extent * es);
-    memset(c->recv, GARBAGE_BYTE, counts[me] * es);
-    memset(c->recv + counts[me] * es, GUARD_BYTE, GUARD_BYTES);
+        memcpy(c->send, c->ref, b.extent * b.es);
+    garbage_guarded(c->recv, counts[me] * b.es);
     const int inp = is_root && mode;
     void *recvbuf = !inp ? (void *)c->recv
                     : mode == 1 ? TUTTI_IN_PLACE_OUT
-                                : (void *)(c->send + displs[me] * es);
+                                : (void *)(c->send + b.displs[me] * b.es);
     const void *sendbuf = is_root ? (const void *)c->send : NULL;
     int st = vform ? tutti_scatterv(c->comm, sendbuf, is_root ? counts : NULL,
-                                    is_root ? displs : NULL, recvbuf, counts[me], dt, root)
+                                    is_root ? b.displs : NULL, recvbuf, counts[me], dt, root)
                    : tutti_scatter(c->comm, sendbuf, recvbuf, counts[me], dt, root);
-    if (!status_ok(c, st, what))
+    if (!status_ok(c, st, b.what))
         return;
-    if (is_root && compare(c, what, dt, c->send, c->ref, extent * es))
+    if (is_root && compare(c, b.what, dt, c->send, c->ref, b.extent * b.es))
         return; /* the root's sendbuf (its own block, in place) is untouched */
     if (inp)
         return;
-    memcpy(c->ref + extent * es, c->ref + displs[me] * es, counts[me] * es);
-    memset(c->ref + (extent + counts[me]) * es, GUARD_BYTE, GUARD_BYTES);
-    compare(c, what, dt, c->recv, c->ref + extent * es, counts[me] * es + GUARD_BYTES);
+    memcpy(c->ref + b.extent * b.es, c->ref + b.displs[me] * b.es, counts[me] * b.es);
+    memset(c->ref + (b.extent + counts[me]) * b.es, GUARD_BYTE, GUARD_BYTES);
+    compare(c, b.what, dt, c->recv, c->ref + b.extent * b.es, counts[me] * b.es + GUARD_BYTES);
 }
 
 /* ---- alltoall(v) ---- */
@@ -545,21 +562,59 @@ START_TEST(matrix)
 }
 END_TEST
 
-static Suite *coll2_suite(void)
+/* The async forms run in issue order, waited on out of order, with the right results. */
+static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
-    Suite *s = suite_create("coll2");
-    TCase *tc = tcase_create("matrix");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, matrix, 0, 10);
-    suite_add_tcase(s, tc);
-    return s;
+    (void)dir;
+    (void)arg;
+    enum { C = 1000 };
+    int64_t *ag_in = malloc(C * sizeof(int64_t)), *ag_out = malloc((size_t)nranks * C * 8);
+    int64_t *rs_in = malloc((size_t)nranks * C * 8), rs_out[C];
+    int64_t a2a_in[8 * 16], a2a_out[8 * 16];
+    FAIL_IF(!ag_in || !ag_out || !rs_in, "malloc");
+    for (int i = 0; i < C; i++)
+        ag_in[i] = rank * 1000003LL + i;
+    for (int b = 0; b < nranks; b++)
+        for (int i = 0; i < C; i++)
+            rs_in[b * C + i] = (rank + 1) * (b * C + i);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            a2a_in[j * 16 + i] = rank * 1000 + j * 16 + i;
+    tutti_work_t *w[3];
+    FAIL_IF(tutti_allgather_async(comm, ag_in, ag_out, C, TUTTI_INT64, &w[0]) != 0, "ag");
+    FAIL_IF(tutti_reduce_scatter_async(comm, rs_in, rs_out, C, TUTTI_INT64, TUTTI_SUM, &w[1]),
+            "rs");
+    FAIL_IF(tutti_alltoall_async(comm, a2a_in, a2a_out, 16, TUTTI_INT64, &w[2]) != 0, "a2a");
+    for (int k = 2; k >= 0; k--) { /* waiting out of order is fine */
+        int st = tutti_wait(w[k], -1);
+        FAIL_IF(st != 0, "work %d: %s", k, tutti_work_error(w[k]));
+        tutti_work_free(w[k]);
+    }
+    for (int r = 0; r < nranks; r++)
+        for (int i = 0; i < C; i++)
+            FAIL_IF(ag_out[r * C + i] != r * 1000003LL + i, "allgather [%d][%d]", r, i);
+    int64_t tri = (int64_t)nranks * (nranks + 1) / 2;
+    for (int i = 0; i < C; i++)
+        FAIL_IF(rs_out[i] != tri * (rank * C + i), "reduce_scatter [%d] = %lld", i,
+                (long long)rs_out[i]);
+    for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < 16; i++)
+            FAIL_IF(a2a_out[j * 16 + i] != j * 1000 + rank * 16 + i, "alltoall [%d][%d]", j, i);
+    free(ag_in);
+    free(ag_out);
+    free(rs_in);
+    return 0;
 }
 
-int main(void)
+START_TEST(async_other_collectives)
 {
-    SRunner *sr = srunner_create(coll2_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    for (int n = 2; n <= 4; n++)
+        ck_assert_int_eq(th_run(n, rank_new_async, NULL, 30000), 0);
+}
+END_TEST
+
+void collectives_others_add(Suite *s)
+{
+    th_add_case(s, "others_matrix", matrix, 10, 120);
+    th_add_tests(s, "others_async", 90, (const TTest *const[]){async_other_collectives, NULL});
 }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# ab.sh: two tutti-bench builds (A, say main before a change, and B after it) in
+# alternating runs, A B A B ..., for each rank count and transport; per size, the median of
+# each side's p50 times and the median B/A ratio with its spread (min..max over the pairs).
+# Only ratios from the same run mean anything on a shared machine.
+#
+#   bench/ab.sh A/tutti-bench B/tutti-bench [-p PAIRS] [--ranks "2 4"]
+#               [--transports "tcp shm"] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
+#               [--coll NAME] [-o FILE]
+set -u
+a=$1 b=$2
+shift 2
+pairs=5 ranks="2 4" transports="tcp shm" min=8 max=16M factor=16 iters=100 coll=allreduce
+out=/dev/stdout
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -p) pairs=$2; shift ;;
+    --ranks) ranks=$2; shift ;;
+    --transports) transports=$2; shift ;;
+    -b) min=$2; shift ;;
+    -e) max=$2; shift ;;
+    -f) factor=$2; shift ;;
+    -n) iters=$2; shift ;;
+    --coll) coll=$2; shift ;;
+    -o) out=$2; shift ;;
+    *) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+raw=$(mktemp -d)
+trap 'rm -rf "$raw"' EXIT
+for p in $(seq 1 "$pairs"); do
+    for n in $ranks; do
+        for t in $transports; do
+            for side in A B; do
+                bin=$a
+                [ $side = B ] && bin=$b
+                # p50 of the out-of-place half (column 10), one line per size
+                timeout 600 "$bin" -np "$n" --transport "$t" --coll "$coll" -b "$min" -e "$max" \
+                    -f "$factor" -n "$iters" -w 10 2>/dev/null |
+                    awk '!/^#/ && NF >= 10 {print $1, $10}' >"$raw/$n.$t.$side.$p"
+            done
+        done
+    done
+done
+python3 - "$raw" "$pairs" "$ranks" "$transports" >"$out" <<'EOF'
+import statistics as st, sys
+raw, pairs, ranks, tps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+def load(path):
+    try:
+        return {int(l.split()[0]): float(l.split()[1]) for l in open(path) if l.strip()}
+    except (OSError, ValueError):
+        return {}
+print("| ranks | transport | size (B) | A p50 (us) | B p50 (us) | B/A median | B/A min..max | pairs |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for n in ranks:
+    for t in tps:
+        runs = [(load(f"{raw}/{n}.{t}.A.{p}"), load(f"{raw}/{n}.{t}.B.{p}")) for p in range(1, pairs + 1)]
+        sizes = sorted(set().union(*[set(x) & set(y) for x, y in runs]))
+        for s in sizes:
+            ok = [(x[s], y[s]) for x, y in runs if s in x and s in y and x[s] > 0]
+            if not ok:
+                continue
+            r = [y / x for x, y in ok]
+            print(f"| {n} | {t} | {s} | {st.median([x for x, _ in ok]):.2f} | "
+                  f"{st.median([y for _, y in ok]):.2f} | {st.median(r):.2f} | "
+                  f"{min(r):.2f}..{max(r):.2f} | {len(ok)} |")
+EOF

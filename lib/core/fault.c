@@ -1,0 +1,550 @@
+/* Failure handling: recording a failure on the communicator and reporting it, the
+ * messages of failed requests and timeouts, the store records other ranks read (with
+ * the bounded store calls that read and write them), the stall check and the blame
+ * chain, and time this process was not running. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "core/comm.h"
+
+/* ---- the store keys other ranks read ---- */
+
+/* failed/<rank>: "<status> <message>", left by a failing rank (tt_fault_record) */
+static void failed_key(char *key, size_t len, int rank) { snprintf(key, len, "failed/%d", rank); }
+/* failed_count: how many ranks left one (the stall check reads failed/ only past 0) */
+#define FAILED_COUNT_KEY "failed_count"
+/* stall/<rank>: a stall record (stall_rec_t), what a rank blocked in an op waits on */
+static void stall_key(char *key, size_t len, int rank) { snprintf(key, len, "stall/%d", rank); }
+
+/* ---- the store on failure paths ---- */
+
+static int op_store_ms(tt_op_t *op)
+{
+    if (op->store_down)
+        return 0;
+    int ms = (int)(op->comm->quick_ns / 1000000ull);
+    if (op->deadline_ns)
+        ms = TT_MIN(ms, TT_MAX(tt_ms_left(op->deadline_ns), TT_OP_STORE_FLOOR_MS));
+    /* the calls without a timeout argument take the handle's default; only the thread
+     * running the op makes them */
+    tutti_store_set_timeout(op->comm->qstore, ms);
+    return ms;
+}
+
+static int op_store_done(tt_op_t *op, int st)
+{
+    if (st < 0) {
+        op->store_down = 1;
+        TT_INFO("store unreachable on a failure path (%s): no more store calls in this op",
+                tutti_store_last_error(op->comm->qstore));
+    }
+    return st;
+}
+
+int tt_op_store_set(tt_op_t *op, const char *key, const void *value, size_t len)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_set(op->comm->qstore, key, value, len));
+}
+
+int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result_p)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_add(op->comm->qstore, key, delta, result_p));
+}
+
+int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p)
+{
+    const char *keys[1] = {key};
+    *exists_p = 0;
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_check(op->comm->qstore, keys, 1, exists_p));
+}
+
+/* only for a key that exists: a timeout here is the store's failure */
+int tt_op_store_get(tt_op_t *op, const char *key, void **value_p, size_t *len_p)
+{
+    int ms = op_store_ms(op);
+    if (!ms)
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_get(op->comm->qstore, key, value_p, len_p, ms));
+}
+
+int tt_op_store_delete(tt_op_t *op, const char *key)
+{
+    if (!op_store_ms(op))
+        return TUTTI_ERR_STORE;
+    return op_store_done(op, tutti_store_delete(op->comm->qstore, key, NULL));
+}
+
+/* ---- recording a failure ---- */
+
+int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&comm->err_lock);
+    int n = snprintf(comm->last_error, sizeof(comm->last_error), "rank %d: ", comm->rank);
+    va_start(ap, fmt);
+    vsnprintf(comm->last_error + n, sizeof(comm->last_error) - (size_t)n, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&comm->err_lock);
+    TT_INFO("%s", comm->last_error);
+    return status;
+}
+
+/* A rank that was stopped (SIGSTOP, a debugger) is likely the one its peers timed out
+ * on: say so, whatever failure it then found. A stop that ended a while before this op
+ * (the ops in between completed: peers had sent everything before giving up) counts
+ * while its peers could still be timing out on it; time spent outside the library only
+ * where a peer's timeout is the failure. */
+static void describe_stopped(const tt_op_t *op, const char *msg, char *out, size_t outlen)
+{
+    tutti_comm_t *comm = op->comm;
+    char me[3][48];
+    uint64_t now = tt_now_ns(), since = now - comm->stop_end_ns;
+    int recent = comm->stop_end_ns && since < 2 * (uint64_t)comm->opts.timeout_ms * 1000000ull;
+    /* a peer's timeout on this very rank (tt_fault_timed_out's words) */
+    snprintf(me[0], sizeof(me[0]), "receiving from rank %d (", comm->rank);
+    snprintf(me[1], sizeof(me[1]), "sending to rank %d (", comm->rank);
+    snprintf(me[2], sizeof(me[2]), "rank %d shows no sign", comm->rank);
+    int blamed = strstr(msg, "no progress within") &&
+                 (strstr(msg, me[0]) || strstr(msg, me[1]) || strstr(msg, me[2]));
+    out[0] = '\0';
+    if (op->stopped_ns)
+        snprintf(out, outlen,
+                 "this rank was not running for at least %llu ms during this op (stopped or "
+                 "starved: its peers may have timed out waiting for it), then: ",
+                 (unsigned long long)(op->stopped_ns / 1000000ull));
+    else if (recent && (!comm->stop_between_ops || blamed))
+        snprintf(out, outlen,
+                 "this rank was not running%s for at least %llu ms until %llu ms before this "
+                 "failure (its peers may have timed out waiting for it), then: ",
+                 comm->stop_between_ops ? ", or busy outside the library," : "",
+                 (unsigned long long)(comm->stop_ns / 1000000ull),
+                 (unsigned long long)(since / 1000000ull));
+}
+
+void tt_fault_record(tt_op_t *op, int status, const char *msg)
+{
+    tutti_comm_t *comm = op->comm;
+    const tt_algo_t *a = NULL;
+    size_t n;
+    const tt_algo_t *const *all = tt_algo_all(&n);
+    for (size_t i = 0; i < n; i++)
+        if (all[i]->id == op->algo_id)
+            a = all[i];
+    char stopped[224];
+    describe_stopped(op, msg, stopped, sizeof(stopped));
+    tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
+                      op->coll == TT_COLL_P2P ? "point-to-point"
+                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+                      op->fingerprint & TT_FP_V ? "v" : "",
+                      (unsigned long long)op->seq, a ? a->name : "-", op->count,
+                      tutti_dtype_name(op->dtype), tutti_strerror(status), stopped, msg);
+    TT_WARN("%s", comm->last_error);
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
+        comm->failed_seq = op->seq;
+        /* Tell the peers, so that ranks waiting on us fail now instead of at the
+         * timeout. Each rank reports only its first failure, so a report travels on
+         * (a rank that fails because of it reports in turn) and then stops. */
+        if (comm->tp && status != TUTTI_ERR_ABORTED)
+            comm->tp_ops->notify_error(comm->tp, status, comm->last_error);
+        /* Also in the store: a rank that exits right after this may cut a message in
+         * half, and its peers then see only its socket close; they look here to name
+         * the first cause instead of this rank (best effort, and bounded: the store's
+         * host may be the rank that died). */
+        char key[64], val[TT_ERRMSG_LEN + 16];
+        failed_key(key, sizeof(key), comm->rank);
+        int len = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* peer_failure */
+        int64_t nfailed;
+        if (tt_op_store_set(op, key, val, (size_t)TT_MIN(len, (int)sizeof(val) - 1) + 1) == 0)
+            tt_op_store_add(op, FAILED_COUNT_KEY, 1, &nfailed);
+    }
+}
+
+void tt_fault_fail_op(tt_op_t *op, int status, const char *msg)
+{
+    tt_fault_record(op, status, msg);
+    op->comm->tp_ops->cancel_all(op->comm->tp, status);
+}
+
+/* ---- what other ranks left: failed/<rank> ---- */
+
+/* A rank that failed left "<status> <message>" under failed/<rank> (tt_fault_record). 1
+ * and the message (malloc'ed) and status if rank `peer` did, else 0. */
+static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
+{
+    char key[64];
+    failed_key(key, sizeof(key), peer);
+    int exists = 0;
+    if (peer < 0 || tt_op_store_check(op, key, &exists) < 0 || !exists)
+        return 0;
+    void *v = NULL;
+    size_t vlen = 0;
+    if (tt_op_store_get(op, key, &v, &vlen) < 0)
+        return 0;
+    char *end;
+    long st = strtol((const char *)v, &end, 10);
+    if (end == (char *)v || *end != ' ' || st >= 0 || st < -1000) {
+        free(v);
+        return 0;
+    }
+    memmove(v, end + 1, strlen(end + 1) + 1);
+    *msg_p = v;
+    *status_p = (int)st;
+    return 1;
+}
+
+/* A peer that closed on us may have failed first and said why in the store. Not asked
+ * when the peer's own report is the failure (the built-in transports say "failed and
+ * reported"): the report carries the cause, and a store whose host died would cost
+ * every rank on the report's way a store deadline. */
+static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len)
+{
+    char *why;
+    int st;
+    if (strstr(msg, "failed and reported"))
+        return;
+    size_t n = strlen(msg);
+    if (peer_failure(op, peer, &why, &st)) {
+        snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
+        free(why);
+    } else if (op->store_down) {
+        snprintf(msg + n, len - n, "; whether rank %d failed first is unknown: the store is "
+                 "unreachable too (%s)", peer, tutti_store_last_error(op->comm->qstore));
+    }
+}
+
+/* ---- failed requests ---- */
+
+static const char *peer_addr(tutti_comm_t *comm, int peer)
+{
+    const char *a = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, peer)
+                                               : NULL;
+    return a ? a : "?";
+}
+
+static const char *req_what(const tt_req_t *req)
+{
+    return req->kind == TUTTI_TP_SEND ? "sending to" : "receiving from";
+}
+
+/* A mismatch names both envelopes; anything else, the transport's explanation. */
+static void describe_req(tt_op_t *op, const tt_req_t *req, int st, char *msg, size_t len)
+{
+    tutti_comm_t *comm = op->comm;
+    if (st == TUTTI_ERR_MISMATCH && req->got_env[1] != 0) {
+        char mine[256], theirs[256];
+        tt_describe_env(req->env, req->len, op, 1, mine, sizeof(mine));
+        tt_describe_env(req->got_env, req->got_len, op, 0, theirs, sizeof(theirs));
+        snprintf(msg, len, "rank %d expected %s from rank %d (%s), but rank %d sent %s",
+                 op->rank, mine, req->peer, peer_addr(comm, req->peer), req->peer, theirs);
+        return;
+    }
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(msg, len, "%s rank %d (%s): %s", req_what(req), req->peer,
+             peer_addr(comm, req->peer), comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
+int tt_fault_req(tt_op_t *op, const tt_req_t *req)
+{
+    int st = req->status;
+    char msg[TT_ERRMSG_LEN];
+    describe_req(op, req, st, msg, sizeof(msg));
+    if (st == TUTTI_ERR_PEER)
+        add_peer_report(op, req->peer, msg, sizeof(msg));
+    tt_fault_fail_op(op, st, msg);
+    return st;
+}
+
+/* A point-to-point request failed on its own (a dead peer, a mismatch, its deadline):
+ * the streams with peers are in an unknown state, so the communicator fails like after
+ * a failed collective. */
+void tt_fault_p2p(tt_op_t *op, const tt_req_t *req, int st, char *err, size_t errlen)
+{
+    tutti_comm_t *comm = op->comm;
+    char msg[TT_ERRMSG_LEN];
+    if (st == TUTTI_ERR_TIMEOUT)
+        snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s): %zu of %zu bytes",
+                 comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
+                 req->xfer, req->len);
+    else
+        describe_req(op, req, st, msg, sizeof(msg));
+    tt_fault_fail_op(op, st, msg);
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(err, errlen, "%s", comm->last_error);
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
+/* A failure the transport reported since the op started (a link to a peer failed, or a
+ * peer reported its failure): fail the op with it. */
+int tt_fault_transport(tt_op_t *op)
+{
+    tutti_comm_t *comm = op->comm;
+    char msg[TT_ERRMSG_LEN];
+    int st = comm->tp_error_status;
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(msg, sizeof(msg), "%s", comm->tp_error);
+    int peer = comm->tp_error_peer;
+    pthread_mutex_unlock(&comm->err_lock);
+    if (st == TUTTI_ERR_PEER)
+        add_peer_report(op, peer, msg, sizeof(msg));
+    tt_fault_fail_op(op, st, msg);
+    return st;
+}
+
+int tt_fault_progress(tt_op_t *op, int st)
+{
+    tutti_comm_t *comm = op->comm;
+    char msg[TT_ERRMSG_LEN];
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(msg, sizeof(msg), "%s", st == TUTTI_ERR_ABORTED ? "aborted while waiting"
+                                     : comm->tp_error);
+    pthread_mutex_unlock(&comm->err_lock);
+    tt_fault_fail_op(op, st, msg);
+    return st;
+}
+
+/* ---- stall records: stall/<rank> ---- */
+
+/* A stall record: "<seq> <fingerprint> <env count> <peer> <kind> <algorithm id>", what a
+ * rank blocked in an op waits on (stall_publish writes it, tt_op_finish removes it). */
+typedef struct stall_rec {
+    unsigned long long seq, fp, count;
+    int next, kind;
+    unsigned algo;
+} stall_rec_t;
+
+static int stall_read(tt_op_t *op, int rank, stall_rec_t *rec)
+{
+    char key[64];
+    stall_key(key, sizeof(key), rank);
+    int exists = 0;
+    void *v = NULL;
+    size_t len = 0;
+    if (tt_op_store_check(op, key, &exists) < 0 || !exists ||
+        tt_op_store_get(op, key, &v, &len) < 0)
+        return 0;
+    int ok = sscanf((const char *)v, "%llu %llx %llu %d %d %u", &rec->seq, &rec->fp,
+                    &rec->count, &rec->next, &rec->kind, &rec->algo) == 6 &&
+             rec->next >= 0 && rec->next < op->nranks;
+    free(v);
+    return ok;
+}
+
+/* 0, or the store failed (the timeout still bounds the wait). Again when the request
+ * waited on changed: timed-out ranks follow these. */
+static int stall_publish(tt_op_t *op, const tt_req_t *req)
+{
+    char key[64], val[160];
+    if (op->stall_published && op->stall_peer == req->peer && op->stall_kind == req->kind)
+        return 0;
+    stall_key(key, sizeof(key), op->rank);
+    snprintf(val, sizeof(val), "%llu %llx %llu %d %d %u", (unsigned long long)op->seq,
+             (unsigned long long)op->fingerprint, (unsigned long long)op->env_count,
+             req->peer, req->kind, op->algo_id);
+    if (tt_op_store_set(op, key, val, strlen(val) + 1) < 0)
+        return -1;
+    op->stall_published = 1;
+    op->stall_peer = req->peer;
+    op->stall_kind = req->kind;
+    return 0;
+}
+
+/* Who is the hung rank? Follow the stall records: the peer this rank waits on may
+ * itself wait on another one, in this collective or, when it is behind, in an earlier
+ * one (a 4-byte loop: rank 1 still waits on a stopped rank 3 in seq N while rank 0
+ * waits on rank 1 in seq N+1); the chain ends at a rank with no record for the op it
+ * is awaited in: the hung one. Records of later ops end it too (that rank is past the
+ * op, whatever it waits on now). */
+static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
+{
+    int cur = first;
+    unsigned long long seq = op->seq, fp = op->fingerprint;
+    size_t n = 0;
+    out[0] = '\0';
+#define BLAME(...) (n += (size_t)snprintf(out + n, n < outlen ? outlen - n : 0, __VA_ARGS__))
+    for (int hops = 0; hops < op->nranks && n < outlen; hops++) {
+        const char *sep = hops ? "; " : "";
+        stall_rec_t rec;
+        int have = stall_read(op, cur, &rec);
+        if (!have && op->store_down) {
+            BLAME("%swhether rank %d waits on another is unknown: the store is unreachable",
+                  sep, cur);
+            break;
+        }
+        if (!have || rec.seq > seq || rec.next == cur) {
+            if (seq == op->seq)
+                BLAME("%srank %d shows no sign of being in this collective (hung, dead, or "
+                      "not calling it)", sep, cur);
+            else
+                BLAME("%srank %d shows no sign of being in %s seq %llu (hung, dead, or not "
+                      "calling it)", sep, cur, tt_fp_coll_name(fp), seq);
+            break;
+        }
+        const char *what = rec.kind ? "to receive from" : "to send to";
+        if (rec.next == op->rank) {
+            if (rec.seq != op->seq)
+                BLAME("%srank %d, still in %s seq %llu, waits %s this rank", sep, cur,
+                      tt_fp_coll_name(rec.fp), rec.seq, what);
+            else if (op->stopped_ns)
+                BLAME("%srank %d waits %s this rank, which was not running for %llu ms", sep,
+                      cur, what, (unsigned long long)(op->stopped_ns / 1000000ull));
+            else
+                BLAME("%srank %d waits %s this rank: a deadlock", sep, cur, what);
+            break;
+        }
+        if (rec.seq == seq)
+            BLAME("%srank %d itself waits %s rank %d", sep, cur, what, rec.next);
+        else
+            BLAME("%srank %d is still in %s seq %llu, waiting %s rank %d", sep, cur,
+                  tt_fp_coll_name(rec.fp), rec.seq, what, rec.next);
+        seq = rec.seq;
+        fp = rec.fp;
+        cur = rec.next;
+    }
+#undef BLAME
+}
+
+int tt_fault_timed_out(tt_op_t *op, tt_req_t *req)
+{
+    tutti_comm_t *comm = op->comm;
+    char msg[TT_ERRMSG_LEN];
+    /* Ranks waiting on each other time out at about the same moment; a short grace lets
+     * the report of the rank that waits on the real culprit arrive, so that every rank
+     * names the hung one rather than its neighbour. */
+    int grace_ms = TT_MIN(200, comm->opts.timeout_ms / 10);
+    uint64_t grace_end = tt_deadline_ns(grace_ms);
+    while (tt_now_ns() < grace_end && req->status == 1) {
+        comm->tp_ops->progress(comm->tp, TT_MAX(1, tt_ms_left(grace_end)));
+        if (atomic_load(&comm->tp_error_gen) != op->tp_error_gen)
+            return tt_fault_transport(op);
+    }
+    char chain[512] = "", moved[64] = "";
+    if (comm->opts.stall_check_ms > 0)
+        blame_chain(op, req->peer, chain, sizeof(chain));
+    if (req->xfer < req->len)
+        snprintf(moved, sizeof(moved), ": %zu of %zu bytes moved", req->xfer, req->len);
+    snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s)%s%s%s%s",
+             comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
+             moved, chain[0] ? " (" : " (peer hung, slow, or not calling this collective",
+             chain, ")");
+    tt_fault_fail_op(op, TUTTI_ERR_TIMEOUT, msg);
+    return TUTTI_ERR_TIMEOUT;
+}
+
+/* Stall inspection: a rank blocked in one op for stall_check_ms publishes its op
+ * (sequence number, fingerprint, count, whom it waits on) under stall/<rank> and
+ * compares it with what the other ranks published. Two ranks at the same sequence
+ * number in different ops is a mismatch that exchanged no message to reveal it (say,
+ * both waiting to receive from each other). Costs nothing while ops make progress; all
+ * best effort, through the failure paths' bounded store calls. */
+int tt_fault_stall_check(tt_op_t *op, const tt_req_t *req)
+{
+    tutti_comm_t *comm = op->comm;
+    if (stall_publish(op, req) < 0)
+        return TUTTI_OK;
+    /* A rank that failed left its reason under failed/<rank> and counted itself in
+     * failed_count (tt_fault_record). Its report reaches only the peers it was talking
+     * to (transports read idle links only when a request uses them), and the
+     * communicator is lost anyway: a rank blocked on a third, hung rank fails now with
+     * the first cause, not at its own timeout. One counter read unless some rank failed. */
+    int64_t nfailed = 0;
+    if (tt_op_store_add(op, FAILED_COUNT_KEY, 0, &nfailed) < 0)
+        return TUTTI_OK;
+    for (int p = 0; p < op->nranks && !op->store_down; p++) {
+        if (p == op->rank)
+            continue;
+        char *why;
+        int fst;
+        if (nfailed > 0 && peer_failure(op, p, &why, &fst)) {
+            /* its own status, as its report would have carried (a mismatch stays one);
+             * its abort is its own business: here, a failed peer */
+            if (fst == TUTTI_ERR_ABORTED)
+                fst = TUTTI_ERR_PEER;
+            char msg[TT_ERRMSG_LEN];
+            snprintf(msg, sizeof(msg),
+                     "waiting on rank %d, but rank %d had failed (found by the stall check): %s",
+                     req->peer, p, why);
+            free(why);
+            tt_fault_fail_op(op, fst, msg);
+            return fst;
+        }
+        stall_rec_t rec;
+        if (!stall_read(op, p, &rec) || rec.seq != op->seq ||
+            (rec.fp == op->fingerprint && rec.count == op->env_count))
+            continue;
+        uint64_t mine[4], theirs[4];
+        tt_env_encode(mine, op->seq, op->fingerprint, op->env_count, op->algo_id, 0);
+        tt_env_encode(theirs, rec.seq, rec.fp, rec.count, rec.algo, 0);
+        char a[256], b[256], msg[TT_ERRMSG_LEN];
+        tt_describe_env(mine, (size_t)-1, op, 1, a, sizeof(a));
+        tt_describe_env(theirs, (size_t)-1, op, 0, b, sizeof(b));
+        snprintf(msg, sizeof(msg),
+                 "rank %d is in %s, but rank %d is in %s (found by the stall check: both "
+                 "were blocked for over %d ms)",
+                 op->rank, a, p, b, comm->opts.stall_check_ms);
+        tt_fault_fail_op(op, TUTTI_ERR_MISMATCH, msg);
+        return TUTTI_ERR_MISMATCH;
+    }
+    return TUTTI_OK;
+}
+
+/* ---- time not running ---- */
+
+/* A wait that ended far later than it asked, or a long gap between waits: this process
+ * was not running (SIGSTOP, a debugger, a starved machine). Its peers are not to blame
+ * for that time: the deadline moves by it, so a resumed rank hears what its peers did
+ * meanwhile (their reports, or their failures in the store) instead of timing out at
+ * once, and a whole job stopped and resumed carries on. The op's error says it. */
+void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns)
+{
+    op->stopped_ns += gap_ns;
+    op->deadline_ns += gap_ns;
+    op->comm->stop_end_ns = tt_now_ns();
+    op->comm->stop_ns = gap_ns;
+    op->comm->stop_between_ops = 0;
+    TT_INFO("%s seq %llu: this process was not running for %llu ms",
+            tt_fp_coll_name(op->fingerprint), (unsigned long long)op->seq,
+            (unsigned long long)(gap_ns / 1000000ull));
+}
+
+void tt_op_start(tt_op_t *op, int timeout_ms)
+{
+    tutti_comm_t *comm = op->comm;
+    uint64_t now = tt_now_ns();
+    op->deadline_ns = now + (uint64_t)timeout_ms * 1000000ull;
+    op->awake_ns = now;
+    /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
+     * waiting on this rank meanwhile may have timed out: said if one reports that. */
+    if (comm->op_end_ns && now > comm->op_end_ns &&
+        now - comm->op_end_ns > comm->quick_ns) {
+        comm->stop_end_ns = now;
+        comm->stop_ns = now - comm->op_end_ns;
+        comm->stop_between_ops = 1;
+    }
+}
+
+void tt_op_finish(tt_op_t *op)
+{
+    tutti_comm_t *comm = op->comm;
+    uint64_t now = tt_now_ns();
+    /* stopped after its last wait: the rest completed without one */
+    if (op->awake_ns && now > op->awake_ns && now - op->awake_ns > comm->quick_ns)
+        tt_fault_stopped(op, now - op->awake_ns);
+    comm->op_end_ns = now;
+    if (!op->stall_published)
+        return;
+    char key[64];
+    stall_key(key, sizeof(key), op->rank);
+    tt_op_store_delete(op, key); /* best effort: a chain may otherwise follow it */
+    op->stall_published = 0;
+}

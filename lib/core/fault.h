@@ -1,0 +1,66 @@
+/* Failure handling: recording a failure (last_error, the first one sticks, the peers and
+ * the store are told), what a failed request, a timeout or a transport failure says, the
+ * store records other ranks read (failed/<rank>, failed_count, stall/<rank>), the stall
+ * check, and time this process was not running.
+ * Calls:   envelope <- fault <- p2p <- exec <- comm (each calls only those to its left;
+ *          fault reaches the transport through comm->tp_ops, never through p2p.c).
+ * Headers: p2p.h (types) <- envelope.h <- fault.h <- comm.h (which includes both). */
+#ifndef TT_FAULT_H
+#define TT_FAULT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/p2p.h"
+
+/* comm->last_error = "rank <r>: " + the message; returns status. */
+int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Record the failure of op on its communicator: last_error; the first failure also
+ * sticks (later ops fail at once with it) and goes to the peers (the transport) and to
+ * the store (failed/<rank>, failed_count). */
+void tt_fault_record(tt_op_t *op, int status, const char *msg);
+/* Fail op: record and report the failure (tt_fault_record), then cancel every posted
+ * request. In that order: a send cut mid-message closes the link, and the peer that
+ * sees it close looks for this rank's failed/ record, which must be there first. */
+void tt_fault_fail_op(tt_op_t *op, int status, const char *msg);
+
+/* A request of op failed (req->status): describe it (a mismatch names both envelopes; a
+ * closed peer, what it left in the store), fail op; returns the status. */
+int tt_fault_req(tt_op_t *op, const tt_req_t *req);
+/* The same for a point-to-point work item (exec.c), status st (TUTTI_ERR_TIMEOUT: its
+ * deadline passed); err gets last_error. */
+void tt_fault_p2p(tt_op_t *op, const tt_req_t *req, int st, char *err, size_t errlen);
+/* op's deadline passed waiting on req: name whom it waited on (the stall records' blame
+ * chain), fail op; returns the status. */
+int tt_fault_timed_out(tt_op_t *op, tt_req_t *req);
+/* The transport reported a failure since op started (comm->tp_error_gen moved). */
+int tt_fault_transport(tt_op_t *op);
+/* The transport's progress failed with st (< 0). */
+int tt_fault_progress(tt_op_t *op, int st);
+/* Blocked for stall_check_ms: publish stall/<rank>, compare with the other ranks' and
+ * look for failed ranks. TUTTI_OK, or the status op failed with. */
+int tt_fault_stall_check(tt_op_t *op, const tt_req_t *req);
+/* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
+ * the deadline moves by it, and the op's error will say it. */
+void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns);
+
+/* The op starts waiting now: deadline, stop detection, stall checks (exec.c). */
+void tt_op_start(tt_op_t *op, int timeout_ms);
+/* The op ended (exec.c): its stall record, if it published one, goes. */
+void tt_op_finish(tt_op_t *op);
+
+/* Store calls made on a failure path or by a stall check: through comm->qstore, each
+ * bounded by the quick deadline (comm->quick_ns) and by the op's time left (but at
+ * least TT_OP_STORE_FLOOR_MS, so that a timed-out op can still be diagnosed); after one
+ * of them failed, none for the rest of the op (the store's host may be the rank that
+ * died: every call would wait out its bound). A skipped call returns TUTTI_ERR_STORE. */
+#define TT_OP_STORE_FLOOR_MS 100
+int tt_op_store_set(tt_op_t *op, const char *key, const void *value, size_t len);
+int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result_p);
+int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p);
+int tt_op_store_get(tt_op_t *op, const char *key, void **value_p, size_t *len_p);
+int tt_op_store_delete(tt_op_t *op, const char *key);
+
+#endif /* TT_FAULT_H */

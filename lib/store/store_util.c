@@ -1,0 +1,94 @@
+/* Helpers the store's dispatcher (store.c) and its backends (store_file.c, store_tcp.c,
+ * store_server.c) share: error text, key display, counter parsing, handle allocation. */
+#include <ctype.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_impl.h"
+
+void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+}
+
+const char *tt_store_key_display(const char *key, char *dst, size_t dstlen)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (dstlen == 0)
+        return dst;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        /* room for one escaped byte, "..." and the NUL */
+        if (o + 4 + 4 >= dstlen) {
+            memcpy(dst + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (isprint(*p) && *p != '\\') {
+            dst[o++] = (char)*p;
+        } else {
+            dst[o++] = '\\';
+            dst[o++] = 'x';
+            dst[o++] = hex[*p >> 4];
+            dst[o++] = hex[*p & 15];
+        }
+    }
+    dst[o] = '\0';
+    return dst;
+}
+
+int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
+{
+    const char *p = value, *end = p + len;
+    int neg = 0;
+    if (p < end && (*p == '-' || *p == '+'))
+        neg = *p++ == '-';
+    if (p == end || end - p > 19)
+        return TUTTI_ERR_INVALID_ARG;
+    uint64_t v = 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9')
+            return TUTTI_ERR_INVALID_ARG;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
+        return TUTTI_ERR_INVALID_ARG;
+    *out_p = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return TUTTI_OK;
+}
+
+tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
+                              int timeout_ms)
+{
+    tutti_store_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->url = strdup(url);
+    if (!s->url) {
+        free(s);
+        return NULL;
+    }
+    s->ops = ops;
+    s->base = s;
+    s->port = port;
+    atomic_init(&s->timeout_ms, timeout_ms);
+    atomic_init(&s->next_comm_id, 0);
+    pthread_mutex_init(&s->err_lock, NULL);
+    return s;
+}
+
+void tt_store_free(tutti_store_t *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_destroy(&s->err_lock);
+    free(s->prefix);
+    free(s->url);
+    free(s);
+}

@@ -1,0 +1,392 @@
+/* Arguments and set-up: status strings, bad arguments to init and to every collective,
+ * init from the environment, unreachable stores and interfaces, IPv6 loopback, and a
+ * stray connection during set-up. */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <tutti/tutti.h>
+
+#include "harness.h"
+
+
+static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    (void)arg;
+    float buf[8] = {0}, out[8];
+    int st;
+    st = tutti_allreduce(comm, buf, NULL, 8, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "NULL recvbuf gave %d", st);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "recvbuf"), "message: %s",
+            tutti_comm_last_error(comm));
+    st = tutti_allreduce(comm, NULL, out, 8, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "NULL sendbuf gave %d", st);
+    st = tutti_allreduce(comm, buf, out, 8, (tutti_dtype_t)42, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "bad dtype gave %d", st);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "dtype 42"), "message: %s",
+            tutti_comm_last_error(comm));
+    st = tutti_allreduce(comm, buf, out, 8, TUTTI_FP32, (tutti_redop_t)-3);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "bad op gave %d", st);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "op -3"), "message: %s",
+            tutti_comm_last_error(comm));
+    st = tutti_allreduce(comm, buf + 1, buf, 4, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "overlap gave %d", st);
+    st = tutti_allreduce(comm, buf, out, SIZE_MAX / 2, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "huge count gave %d", st);
+    st = tutti_broadcast(comm, buf, buf, 8, TUTTI_FP32, 7);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "root 7 gave %d", st);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "root 7"), "message: %s",
+            tutti_comm_last_error(comm));
+    st = tutti_broadcast(comm, buf, buf, 8, TUTTI_FP32, -1);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "root -1 gave %d", st);
+    st = tutti_allreduce_async(comm, buf, out, 8, TUTTI_FP32, TUTTI_SUM, NULL);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "NULL work_p gave %d", st);
+    FAIL_IF(tutti_allreduce(NULL, buf, out, 8, TUTTI_FP32, TUTTI_SUM) != TUTTI_ERR_INVALID_ARG,
+            "NULL comm accepted");
+    FAIL_IF(tutti_wait(NULL, 0) != TUTTI_ERR_INVALID_ARG, "wait(NULL) accepted");
+    /* Bad calls are caught before any communication: the communicator still works. */
+    for (int i = 0; i < 8; i++)
+        buf[i] = (float)(rank + i);
+    st = tutti_allreduce(comm, buf, out, 8, TUTTI_FP32, TUTTI_SUM);
+    FAIL_IF(st != TUTTI_OK, "allreduce after bad calls: %s", tutti_comm_last_error(comm));
+    for (int i = 0; i < 8; i++)
+        FAIL_IF(out[i] != (float)(1 + 2 * i), "out[%d] = %g", i, (double)out[i]);
+    return 0;
+}
+
+START_TEST(bad_arguments)
+{
+    ck_assert_int_eq(th_run(2, rank_bad_args, NULL, 30000), 0);
+}
+END_TEST
+
+static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                          void *arg)
+{
+    (void)dir;
+    (void)arg;
+    float buf[64] = {0};
+    size_t counts[2] = {4, 4}, huge[2] = {SIZE_MAX / 2, 1};
+    int st;
+#define EXPECT_BAD(call, needle)                                                        \
+    do {                                                                                \
+        st = (call);                                                                    \
+        FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "%s gave %s", #call, tutti_status_name(st)); \
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), needle), "%s: message \"%s\"", #call, \
+                tutti_comm_last_error(comm));                                           \
+    } while (0)
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, TUTTI_SUM, nranks), "root 2");
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, (tutti_redop_t)9, 0), "op 9");
+    EXPECT_BAD(tutti_allgather(comm, buf, NULL, 4, TUTTI_FP32), "recvbuf");
+    EXPECT_BAD(tutti_allgatherv(comm, buf, buf, NULL, NULL, TUTTI_FP32), "recvcounts is NULL");
+    EXPECT_BAD(tutti_allgatherv(comm, buf, buf, huge, NULL, TUTTI_FP32), "too large");
+    EXPECT_BAD(tutti_reduce_scatter(comm, NULL, buf, 4, TUTTI_FP32, TUTTI_SUM), "sendbuf");
+    EXPECT_BAD(tutti_reduce_scatterv(comm, buf, buf, counts, (tutti_dtype_t)77, TUTTI_SUM),
+               "dtype 77");
+    EXPECT_BAD(tutti_gather(comm, buf, buf, 4, TUTTI_FP32, -1), "root -1");
+    EXPECT_BAD(tutti_scatter(comm, buf, NULL, 4, TUTTI_FP32, 0), "recvbuf");
+    EXPECT_BAD(tutti_alltoall(comm, NULL, buf, 4, TUTTI_FP32), "sendbuf");
+    EXPECT_BAD(tutti_alltoallv(comm, buf, NULL, NULL, buf, counts, NULL, TUTTI_FP32),
+               "sendcounts is NULL");
+    EXPECT_BAD(tutti_allgather_async(comm, buf, buf, 4, TUTTI_FP32, NULL), "work_p");
+    if (rank == 0)
+        EXPECT_BAD(tutti_gatherv(comm, buf, 3, buf, counts, NULL, TUTTI_FP32, 0),
+                   "differs from recvcounts[root]");
+#undef EXPECT_BAD
+    /* nothing was sent: the communicator still works */
+    st = tutti_barrier(comm);
+    FAIL_IF(st != TUTTI_OK, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+START_TEST(bad_arguments_other_collectives)
+{
+    ck_assert_int_eq(th_run(2, rank_bad_args2, NULL, 30000), 0);
+}
+END_TEST
+
+START_TEST(bad_init_arguments)
+{
+    tutti_comm_t *comm = NULL;
+    tutti_store_t *store;
+    char dir[] = "/tmp/tutti-errXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 1000), 0);
+    ck_assert_int_eq(tutti_comm_init(&comm, store, 2, 2, NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_comm_init(&comm, store, -1, 2, NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_comm_init(&comm, NULL, 0, 1, NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_null(comm);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = "allreduce:rign";
+    ck_assert_int_lt(tutti_comm_init(&comm, store, 0, 1, &o), 0);
+    ck_assert_ptr_null(comm);
+    o.algo = NULL;
+    o.transport = "nosuch";
+    int st = tutti_comm_init(&comm, store, 0, 1, &o);
+    ck_assert_int_eq(st, TUTTI_ERR_PLUGIN);
+    ck_assert_ptr_null(comm);
+    tutti_store_close(store);
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- mismatched collectives ---- */
+
+static int closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(fd, (struct sockaddr *)&a, sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    close(fd); /* nobody listens there now */
+    return ntohs(a.sin_port);
+}
+
+START_TEST(unreachable_store_via_env)
+{
+    char url[64], port[16];
+    int p = closed_port();
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", p);
+    snprintf(port, sizeof(port), "%d", p);
+    setenv("TUTTI_STORE", url, 1);
+    setenv("TUTTI_RANK", "1", 1);
+    setenv("TUTTI_WORLD_SIZE", "2", 1);
+    setenv("TUTTI_STORE_TIMEOUT_MS", "500", 1);
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init_env(&comm, NULL);
+    double dt = th_now_ms() - t0;
+    ck_assert_msg(st == TUTTI_ERR_TIMEOUT || st == TUTTI_ERR_STORE, "got %s",
+                  tutti_status_name(st));
+    ck_assert_ptr_null(comm);
+    ck_assert_msg(dt >= 400 && dt < 3000, "took %.0f ms", dt);
+    /* and the store call itself says where it tried */
+    tutti_store_t *store = NULL;
+    st = tutti_store_open_tcp(&store, "127.0.0.1", p, 0, 300);
+    ck_assert_int_lt(st, 0);
+    ck_assert_ptr_null(store);
+}
+END_TEST
+
+static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                           void *arg)
+{
+    (void)comm;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 5000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.socket_ifname = "=nosuchif0";
+    o.timeout_ms = 5000;
+    o.transport = "tcp"; /* the interface choice is tcp's, whatever the suite runs over */
+    tutti_comm_t *c = NULL;
+    int st = tutti_comm_init(&c, store, rank, nranks, &o);
+    FAIL_IF(st != TUTTI_ERR_NO_DEVICE, "got %s", tutti_status_name(st));
+    FAIL_IF(c != NULL, "comm set on failure");
+    /* never silently falls back to loopback: the choice was explicit */
+    o.socket_ifname = "lo";
+    st = tutti_comm_init(&c, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "with lo: %s", tutti_status_name(st));
+    tutti_comm_destroy(c);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(bad_ifname)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_bad_ifname, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- init from the environment: TUTTI_* with a file store, torchrun's with TCP ---- */
+
+static int rank_env(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    int port = *(int *)arg; /* 0: TUTTI_* with a file store; else torchrun's, TCP */
+    int torchrun = port != 0;
+    char v[256];
+    if (torchrun) {
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        snprintf(v, sizeof(v), "%d", port);
+        setenv("MASTER_PORT", v, 1);
+        snprintf(v, sizeof(v), "%d", rank);
+        setenv("RANK", v, 1);
+        snprintf(v, sizeof(v), "%d", nranks);
+        setenv("WORLD_SIZE", v, 1);
+    } else {
+        snprintf(v, sizeof(v), "file://%s", dir);
+        setenv("TUTTI_STORE", v, 1);
+        snprintf(v, sizeof(v), "%d", rank);
+        setenv("TUTTI_RANK", v, 1);
+        snprintf(v, sizeof(v), "%d", nranks);
+        setenv("TUTTI_WORLD_SIZE", v, 1);
+    }
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init_env(&comm, NULL);
+    FAIL_IF(st != 0, "init_env: %s", tutti_status_name(st));
+    FAIL_IF(tutti_comm_rank(comm) != rank || tutti_comm_size(comm) != nranks, "rank/size");
+    int64_t x = rank + 1, y = 0;
+    st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
+    FAIL_IF(y != (int64_t)nranks * (nranks + 1) / 2, "sum %lld", (long long)y);
+    /* rank 0 hosts the TCP store: it must outlive the others' last store use */
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier");
+    tutti_comm_destroy(comm);
+    return 0;
+}
+
+START_TEST(init_from_env)
+{
+    int port = 0;
+    th_spec_t spec = {.nranks = 3, .fn = rank_env, .arg = &port, .timeout_ms = 20000,
+                      .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    port = closed_port();
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- IPv6 on loopback ---- */
+
+static int have_ipv6_loopback(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+static int rank_sum3(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    int64_t x[3] = {rank, 1, -rank}, y[3];
+    int st = tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
+    int64_t s = (int64_t)nranks * (nranks - 1) / 2;
+    FAIL_IF(y[0] != s || y[1] != nranks || y[2] != -s, "wrong sums");
+    return 0;
+}
+
+START_TEST(ipv6_loopback)
+{
+    if (!have_ipv6_loopback()) {
+        fprintf(stderr, "ipv6_loopback: skipped: ::1 is not available here\n");
+        return;
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.socket_family = 6;
+    o.socket_ifname = "lo";
+    o.transport = "tcp";
+    th_spec_t spec = {.nranks = 3, .fn = rank_sum3, .timeout_ms = 20000, .opts = &o};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* ---- a stray client sends garbage to a rank's listener during set-up ---- */
+
+static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    if (rank == 1) {
+        /* Before joining: find rank 0's listener and throw garbage (and a fake hello
+         * claiming rank 1) at it; rank 0 must drop both and wait for the real rank 1. */
+        void *v = NULL;
+        size_t len = 0;
+        char key[256];
+        FAIL_IF(th_comm_key(store, NULL, "tcp/0", key, sizeof(key), 10000) != 0,
+                "rank 0 never created the job instance");
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 10000) != 0,
+                "rank 0 never published its address");
+        char ip[64];
+        int port = 0;
+        FAIL_IF(sscanf((const char *)v, "%63s %d", ip, &port) != 2, "address %s", (char *)v);
+        free(v);
+        FAIL_IF(strcmp(ip, "127.0.0.1"), "rank 0 listens on %s, not loopback", ip);
+        for (int k = 0; k < 2; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            FAIL_IF(connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0, "connect");
+            if (k == 0) {
+                char junk[64];
+                memset(junk, 0xA5, sizeof(junk));
+                FAIL_IF(write(fd, junk, sizeof(junk)) != (ssize_t)sizeof(junk), "write");
+            } else {
+                uint32_t hello[4] = {0x4f4c4c48u, 1, 1, 99}; /* wrong size: 99 ranks */
+                FAIL_IF(write(fd, hello, sizeof(hello)) != (ssize_t)sizeof(hello), "write");
+            }
+            usleep(50000);
+            close(fd);
+        }
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 10000;
+    o.transport = "tcp"; /* the listener under test; auto would pick shm */
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    st = rank_sum3(rank, nranks, comm, dir, NULL);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return st;
+}
+
+START_TEST(stray_connection_during_setup)
+{
+    th_spec_t spec = {.nranks = 2, .fn = rank_stray, .timeout_ms = 20000, .flags = TH_NO_COMM};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+START_TEST(status_strings)
+{
+    ck_assert_str_eq(tutti_strerror(TUTTI_OK), "success");
+    ck_assert_str_eq(tutti_status_name(TUTTI_ERR_TIMEOUT), "TUTTI_ERR_TIMEOUT");
+    ck_assert_str_eq(tutti_strerror(-1000), "unknown status");
+    for (int s = 0; s > TUTTI_STATUS_LAST_; s--)
+        ck_assert_str_ne(tutti_strerror(s), "unknown status");
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("args");
+    th_add_tests(s, "status", 90, (const TTest *const[]){status_strings, NULL});
+    th_add_tests(s, "arguments", 90,
+                 (const TTest *const[]){bad_init_arguments, bad_arguments,
+                                        bad_arguments_other_collectives, NULL});
+    th_add_tests(s, "env", 90,
+                 (const TTest *const[]){unreachable_store_via_env, bad_ifname, init_from_env,
+                                        NULL});
+    th_add_tests(s, "setup", 90,
+                 (const TTest *const[]){ipv6_loopback, stray_connection_during_setup, NULL});
+    return s;
+}
+
+int main(void) { return th_main(suite()); }
