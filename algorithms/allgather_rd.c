@@ -113,7 +113,5 @@ int tt_allgather_rd(tt_op_t *op)
         if (op->sendbuf != own)
             memcpy(own, op->sendbuf, op->recvcounts[r] * es);
     }
-    if (n == 1)
-        return TUTTI_OK;
     return (n & (n - 1)) == 0 ? ag_rd_pow2(op) : ag_bruck(op);
 }

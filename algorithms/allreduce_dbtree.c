@@ -240,14 +240,10 @@ static int dbt_wait_sends(dbt_t *d)
 
 int tt_allreduce_dbtree(tt_op_t *op)
 {
-    const int n = op->nranks;
     const size_t es = op->elem_size;
 
-    if (n == 1 || op->count == 0) {
-        if (op->count && op->sendbuf != op->recvbuf)
-            memcpy(op->recvbuf, op->sendbuf, op->count * es);
+    if (op->count == 0)
         return TUTTI_OK;
-    }
 
     dbt_t d = {.op = op};
     if (op->chunk_bytes == 0) {

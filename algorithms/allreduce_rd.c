@@ -28,11 +28,8 @@ int tt_allreduce_rd(tt_op_t *op)
     const size_t bytes = op->count * op->elem_size;
     void *recv = op->recvbuf;
 
-    if (n == 1 || op->count == 0) {
-        if (bytes && op->sendbuf != recv)
-            memcpy(recv, op->sendbuf, bytes);
+    if (op->count == 0)
         return TUTTI_OK;
-    }
 
     int p = 1;
     while (p <= n / 2)

@@ -19,11 +19,6 @@ int tt_broadcast_chain(tt_op_t *op)
 
     if (count == 0)
         return TUTTI_OK;
-    if (n == 1) {
-        if (op->sendbuf != recv)
-            memcpy(recv, op->sendbuf, count * es);
-        return TUTTI_OK;
-    }
 
     size_t chunk = op->chunk_bytes ? op->chunk_bytes / es : SIZE_MAX;
     if (chunk == 0)

@@ -40,11 +40,6 @@ int tt_reduce_ring(tt_op_t *op)
 
     if (count == 0)
         return TUTTI_OK;
-    if (n == 1) {
-        if (op->sendbuf != op->recvbuf)
-            memcpy(op->recvbuf, op->sendbuf, count * es);
-        return TUTTI_OK;
-    }
 
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     const size_t maxlen = rr_block_len(count, n, 0);

@@ -26,11 +26,6 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     const size_t len = cnt[r];
     const int in_place = op->sendbuf == op->recvbuf;
 
-    if (n == 1) {
-        if (len && !in_place)
-            memcpy(recv, send + dsp[0] * es, len * es);
-        return TUTTI_OK;
-    }
 
     /* scratch 0: two receive buffers, then the accumulator in place (never asked for 0
      * bytes: the first request of a communicator's scratch would give NULL) */

@@ -26,11 +26,6 @@ int tt_reduce_scatter_ring(tt_op_t *op)
     const unsigned char *send = op->sendbuf;
     unsigned char *recv = op->recvbuf;
 
-    if (n == 1) {
-        if (cnt[0] && op->sendbuf != op->recvbuf)
-            memcpy(recv, send + dsp[0] * es, cnt[0] * es);
-        return TUTTI_OK;
-    }
 
     size_t maxlen = 0;
     for (int i = 0; i < n; i++)

@@ -21,11 +21,6 @@ int tt_reduce_tree(tt_op_t *op)
 
     if (bytes == 0)
         return TUTTI_OK;
-    if (n == 1) {
-        if (op->sendbuf != op->recvbuf)
-            memcpy(op->recvbuf, op->sendbuf, bytes);
-        return TUTTI_OK;
-    }
 
     /* the partial result: the root's recvbuf (which may be sendbuf: reduce3 allows
      * dst == a), a scratch buffer elsewhere; children's results land in tmp */

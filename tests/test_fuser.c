@@ -22,6 +22,7 @@
 #include "harness.h"
 #include "ref.h" /* mix64, ref_half_to_float, ref_bf16_to_float, is_float */
 #include "base/base.h" /* tt_exec_defer */
+#include "core/stage.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>

@@ -70,21 +70,6 @@ int tt_parse_size(const char *s, size_t *size_p);
  * progress thread does at its next tick (every 10 ms): progress without a waiter. */
 void tt_exec_defer(int on);
 
-/* comm.c: below this many bytes a tensor is cheaper packed with others into one
- * broadcast (bcast) or allreduce than sent alone: the copies into and out of the pack
- * cost less than the collective's latency. From the cost model, so the same on every
- * rank. */
-struct tutti_comm;
-size_t tt_comm_pack_below(const struct tutti_comm *comm, int bcast);
-
-/* comm.c: a staging buffer of at least `bytes` (its capacity in *cap_p) for the
- * coalesced collectives, and its return with that capacity. The communicator keeps the
- * two largest returned (their pages stay mapped: a fresh megabyte from malloc is fresh
- * pages, and faulting them in on every call cost more than a broadcast of them over
- * tcp). get is malloc's NULL without memory. */
-void *tt_comm_stage_get(struct tutti_comm *comm, size_t bytes, size_t *cap_p);
-void tt_comm_stage_put(struct tutti_comm *comm, void *buf, size_t cap);
-
 /* strdup that tolerates NULL. */
 char *tt_strdup(const char *s);
 

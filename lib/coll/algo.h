@@ -67,4 +67,16 @@ int tt_alltoall_ring(tt_op_t *op);
 int tt_allreduce_hd(tt_op_t *op);        /* halving-doubling (Rabenseifner) */
 int tt_allreduce_dbtree(tt_op_t *op);    /* NCCL's double binary tree, pipelined */
 
+/* The descriptor table's steps (lib/coll/coll.h), never selected: one rank's copies
+ * (algorithms/local.c), and the rooted collectives' closing handshake
+ * (algorithms/handshake.c). */
+int tt_local_copy(tt_op_t *op);          /* allreduce, broadcast, reduce */
+int tt_local_gather(tt_op_t *op);        /* allgather, gather */
+int tt_local_reduce_scatter(tt_op_t *op);
+int tt_local_scatter(tt_op_t *op);
+int tt_local_alltoall(tt_op_t *op);
+int tt_local_none(tt_op_t *op);          /* barrier */
+int tt_post_confirm_release(tt_op_t *op); /* broadcast, scatter */
+int tt_post_release(tt_op_t *op);         /* reduce, gather */
+
 #endif /* TT_ALGO_H */

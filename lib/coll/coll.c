@@ -1,32 +1,77 @@
-/* The collectives beyond allreduce/broadcast/barrier: argument checks, and the layout
- * arrays (counts and displacements per rank) copied into one block the executor owns,
- * so that async calls need not keep the caller's arrays alive. */
+/* The public entry points of the twelve collectives and of point-to-point: one
+ * descriptor table (a row per collective: its arguments, how its op is laid out, its
+ * one-rank, post and AVG steps) and one argument checker every collective goes
+ * through. Layout arrays (counts and displacements per rank) are copied into one
+ * block the executor owns, so that async calls need not keep the caller's alive. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/comm.h"
 #include "base/base.h"
+#include "coll/coll.h"
+#include "core/comm.h"
+#include "reduce/reduce.h"
 
 /* What a public entry point knows; coll_issue turns it into an op. */
-typedef struct coll_desc {
-    const char *name;
+struct tt_coll_call {
+    const char *name;      /* in messages: "allreduce", "gather_async" */
+    const char *wp_name;   /* in the message of a NULL work_p, where not `name` */
     tt_coll_t coll;
     const void *sendbuf;
     void *recvbuf;
-    size_t count;          /* reduce: elements; gather: sendcount; scatter: recvcount */
+    size_t count;          /* allreduce, broadcast, reduce: elements; gather: sendcount;
+                              scatter: recvcount; alltoall: the block */
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls; /* user's, may be NULL */
-    size_t equal;          /* equal-block forms: the block; 0 for v forms */
+    size_t equal;          /* allgather, reduce_scatter: the block; 0 for v forms */
     int is_v;
     tutti_dtype_t dtype;
     tutti_redop_t redop;
-    int has_redop;
     int root;
-    int has_root;
-} coll_desc_t;
+};
 
 static int fail(tutti_comm_t *comm, const char *name, const char *what)
 {
     return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", name, what);
+}
+
+/* One buffer (or a send and a receive buffer of the same size): allreduce, broadcast
+ * and point-to-point. */
+static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
+                      void *recvbuf, size_t count, tutti_dtype_t dtype, int need_send)
+{
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
+                                 (int)dtype);
+    size_t es = tutti_dtype_size(dtype);
+    if (count > SIZE_MAX / es / 2)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large",
+                                 name, count);
+    if (count == 0)
+        return TUTTI_OK;
+    if (!recvbuf)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: recvbuf is NULL with count %zu", name, count);
+    if (need_send && !sendbuf)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)",
+                                 name);
+    if (sendbuf && sendbuf != TUTTI_IN_PLACE && sendbuf != recvbuf) {
+        const char *s = sendbuf, *r = recvbuf;
+        size_t bytes = count * es;
+        if (s < r + bytes && r < s + bytes)
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "%s: sendbuf and recvbuf overlap without being equal",
+                                     name);
+    }
+    return TUTTI_OK;
+}
+
+/* The collectives whose counts add up over the ranks: a quarter of the address space. */
+static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es)
+{
+    if (c->count > SIZE_MAX / es / 4 || c->equal > SIZE_MAX / es / 4 / (size_t)comm->nranks)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large",
+                                 c->name);
+    return TUTTI_OK;
 }
 
 /* counts[i] (and displs[i], or prefix sums when displs is NULL) into dst_counts and
@@ -68,421 +113,530 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
     }
 }
 
-static int coll_issue(tutti_comm_t *comm, const coll_desc_t *d, tutti_work_t **work_p,
+/* ---- per collective: the op's buffers and counts from a call ---- */
+
+/* The small collectives' fills inline into their entry points (with coll_issue), so
+ * that their calls' descriptors stay in registers. */
+#define TT_HOT static inline __attribute__((always_inline))
+
+TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                          size_t *layout)
+{
+    (void)layout;
+    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, c->dtype, 1));
+    o->recvbuf = c->recvbuf;
+    o->sendbuf = (c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf : c->sendbuf;
+    o->count = o->env_count = c->count;
+    return TUTTI_OK;
+}
+
+TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                          size_t *layout)
+{
+    (void)layout;
+    const int is_root = comm->rank == c->root;
+    TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count,
+                        c->dtype, is_root));
+    o->recvbuf = c->recvbuf;
+    o->sendbuf = (!is_root || c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf
+                                                                            : c->sendbuf;
+    o->count = o->env_count = c->count;
+    return TUTTI_OK;
+}
+
+TT_HOT int fill_barrier(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                        size_t *layout)
+{
+    (void)comm, (void)c, (void)o, (void)layout;
+    return TUTTI_OK;
+}
+
+static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                       size_t *layout)
+{
+    (void)layout;
+    TT_CHECK(check_count(comm, c, o->elem_size));
+    const int is_root = comm->rank == c->root, in_place = c->sendbuf == TUTTI_IN_PLACE;
+    const char *s = in_place ? NULL : c->sendbuf;
+    char *r = c->recvbuf;
+    o->count = o->env_count = c->count;
+    if (c->count && !is_root && !s)
+        return fail(comm, c->name, "sendbuf is NULL");
+    if (c->count && is_root && !r)
+        return fail(comm, c->name, "recvbuf is NULL at the root");
+    if (c->count && is_root && !s && !in_place)
+        return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    o->sendbuf = (is_root && (in_place || !s)) ? r : s;
+    o->recvbuf = is_root ? r : NULL;
+    return TUTTI_OK;
+}
+
+/* allgather(v), reduce_scatter(v): a block per rank in recvcounts (displs: where they
+ * land, NULL: back to back), or equal blocks; the extent in *ext_p. */
+static int block_layout(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es,
+                        const size_t *displs, size_t *rc, size_t *rd, size_t *ext_p)
+{
+    const int n = comm->nranks;
+    TT_CHECK(check_count(comm, c, es));
+    if (c->is_v)
+        return copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, displs, rc, rd,
+                           ext_p);
+    fill_equal(n, c->equal, rc, rd);
+    *ext_p = (size_t)n * c->equal;
+    return TUTTI_OK;
+}
+
+static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                          size_t *layout)
+{
+    const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
+    const size_t es = o->elem_size;
+    size_t *rc = layout + 2 * n, *rd = layout + 3 * n, ext;
+    char *r = c->recvbuf;
+    TT_CHECK(block_layout(comm, c, es, c->rdispls, rc, rd, &ext));
+    for (int i = 0; i < n; i++)
+        o->count += rc[i];
+    o->env_count = o->count;
+    if (ext && !r)
+        return fail(comm, c->name, "recvbuf is NULL");
+    if (rc[me] && !in_place && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    o->recvbuf = r;
+    o->sendbuf = in_place ? r + rd[me] * es : c->sendbuf;
+    return TUTTI_OK;
+}
+
+static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                               size_t *layout)
+{
+    const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
+    const size_t es = o->elem_size;
+    size_t *rc = layout + 2 * n, *rd = layout + 3 * n, ext;
+    char *r = c->recvbuf;
+    TT_CHECK(block_layout(comm, c, es, NULL, rc, rd, &ext));
+    o->count = o->env_count = ext;
+    if (ext && !r && rc[me])
+        return fail(comm, c->name, "recvbuf is NULL");
+    if (ext && !in_place && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    o->recvbuf = r;
+    o->sendbuf = in_place ? r : c->sendbuf;
+    return TUTTI_OK;
+}
+
+/* gather(v) and scatter(v): the root's layout (counts/displs, named `what`) into
+ * counts/displs, whose extent goes to *ext_p; the root's own block must be the call's
+ * count (named `mine`). Elsewhere the layout holds this rank's own block only. */
+static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                         const char *what, const char *mine, const size_t *counts,
+                         const size_t *displs, size_t *dst_counts, size_t *dst_displs,
+                         size_t *ext_p)
+{
+    const int n = comm->nranks, me = comm->rank;
+    TT_CHECK(check_count(comm, c, o->elem_size));
+    o->count = c->count;
+    *ext_p = 0;
+    if (!c->is_v) {
+        fill_equal(n, c->count, dst_counts, dst_displs);
+        *ext_p = (size_t)n * c->count;
+        o->env_count = c->count;
+        return TUTTI_OK;
+    }
+    if (me != c->root) {
+        dst_counts[me] = c->count;
+        return TUTTI_OK;
+    }
+    TT_CHECK(copy_layout(comm, c->name, what, n, o->elem_size, counts, displs, dst_counts,
+                         dst_displs, ext_p));
+    if (dst_counts[me] != c->count)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: the root's %s %zu differs from %s[root] = %zu", c->name,
+                                 mine, c->count, what, dst_counts[me]);
+    return TUTTI_OK;
+}
+
+static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                       size_t *layout)
+{
+    const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
+    const int is_root = me == c->root;
+    size_t *rd = layout + 3 * n, ext;
+    char *r = c->recvbuf;
+    TT_CHECK(rooted_layout(comm, c, o, "recvcounts", "sendcount", c->recvcounts, c->rdispls,
+                           layout + 2 * n, rd, &ext));
+    if (is_root && ext && !r)
+        return fail(comm, c->name, "recvbuf is NULL at the root");
+    if (c->count && !in_place && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL");
+    if (in_place && !is_root)
+        return fail(comm, c->name, "TUTTI_IN_PLACE is for the root only");
+    o->recvbuf = is_root ? r : NULL;
+    o->sendbuf = in_place ? r + rd[me] * o->elem_size : c->sendbuf;
+    return TUTTI_OK;
+}
+
+static int fill_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                        size_t *layout)
+{
+    const int n = comm->nranks, me = comm->rank, is_root = me == c->root;
+    size_t *sd = layout + n, sext;
+    char *r = c->recvbuf;
+    TT_CHECK(rooted_layout(comm, c, o, "sendcounts", "recvcount", c->sendcounts, c->sdispls,
+                           layout, sd, &sext));
+    if (is_root && sext && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL at the root");
+    if (c->count && !r)
+        return fail(comm, c->name, "recvbuf is NULL");
+    o->sendbuf = is_root ? c->sendbuf : NULL;
+    o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT)
+                     ? (char *)c->sendbuf + sd[me] * o->elem_size
+                     : r;
+    return TUTTI_OK;
+}
+
+static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
+                         size_t *layout)
+{
+    const int n = comm->nranks, in_place = c->sendbuf == TUTTI_IN_PLACE;
+    const size_t es = o->elem_size;
+    size_t *sc = layout, *sd = layout + n, *rc = layout + 2 * n, *rd = layout + 3 * n;
+    size_t ext, sext;
+    char *r = c->recvbuf;
+    TT_CHECK(check_count(comm, c, es));
+    if (c->is_v) {
+        TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, c->rdispls,
+                             rc, rd, &ext));
+        if (!in_place) {
+            TT_CHECK(copy_layout(comm, c->name, "sendcounts", n, es, c->sendcounts,
+                                 c->sdispls, sc, sd, &sext));
+        } else {
+            memcpy(sc, rc, (size_t)n * sizeof(size_t));
+            memcpy(sd, rd, (size_t)n * sizeof(size_t));
+            sext = ext;
+        }
+    } else {
+        fill_equal(n, c->count, rc, rd);
+        fill_equal(n, c->count, sc, sd);
+        ext = sext = (size_t)n * c->count;
+        o->env_count = c->count;
+    }
+    for (int i = 0; i < n; i++)
+        o->count += sc[i];
+    if (ext && !r)
+        return fail(comm, c->name, "recvbuf is NULL");
+    if (sext && !in_place && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    o->recvbuf = r;
+    o->sendbuf = in_place ? r : c->sendbuf;
+    return TUTTI_OK;
+}
+
+/* ---- TUTTI_AVG: the sum divided by the rank count where it landed ---- */
+
+static void avg_all(tt_op_t *op)
+{
+    tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, op->nranks);
+}
+
+static void avg_root(tt_op_t *op)
+{
+    if (op->rank == op->root)
+        avg_all(op);
+}
+
+static void avg_own_block(tt_op_t *op)
+{
+    tt_reduce_avg_finish(op->recvbuf, op->recvcounts[op->rank], op->dtype, op->nranks);
+}
+
+/* ---- the table ---- */
+
+const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
+    [TT_COLL_ALLREDUCE] = {"allreduce", TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL,
+                           avg_all},
+    [TT_COLL_BROADCAST] = {"broadcast", TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy,
+                           tt_post_confirm_release, NULL},
+    [TT_COLL_BARRIER] = {"barrier", 0, fill_barrier, 0, tt_local_none, NULL, NULL},
+    [TT_COLL_REDUCE] = {"reduce", TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy,
+                        tt_post_release, avg_root},
+    [TT_COLL_ALLGATHER] = {"allgather", TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather,
+                           NULL, NULL},
+    [TT_COLL_REDUCE_SCATTER] = {"reduce_scatter", TT_ARG_REDOP | TT_ARG_LAYOUT,
+                                fill_reduce_scatter, 0, tt_local_reduce_scatter, NULL,
+                                avg_own_block},
+    [TT_COLL_GATHER] = {"gather", TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0,
+                        tt_local_gather, tt_post_release, NULL},
+    [TT_COLL_SCATTER] = {"scatter", TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0,
+                         tt_local_scatter, tt_post_confirm_release, NULL},
+    [TT_COLL_ALLTOALL] = {"alltoall", TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall,
+                          NULL, NULL},
+};
+
+/* ---- the one checker ---- */
+
+/* Inlined into each entry point: its collective is then a constant, so the row's
+ * reads fold away and the call descriptor never reaches memory (the 4-byte allreduce
+ * is ~0.5 us over shm: a few ns count). */
+TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
                       int async)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     if (async && !work_p)
-        return fail(comm, d->name, "work_p is NULL");
-    const int n = comm->nranks, me = comm->rank;
-    if ((unsigned)d->dtype >= TUTTI_DTYPE_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", d->name,
-                                 (int)d->dtype);
-    if (d->has_redop && (unsigned)d->redop >= TUTTI_REDOP_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d", d->name,
-                                 (int)d->redop);
-    if (d->has_root && (d->root < 0 || d->root >= n))
+        return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
+    const tt_coll_desc_t *t = &tt_coll_table[c->coll];
+    const int n = comm->nranks, has_redop = t->args & TT_ARG_REDOP;
+    const int has_root = t->args & TT_ARG_ROOT;
+    if ((unsigned)c->dtype >= TUTTI_DTYPE_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", c->name,
+                                 (int)c->dtype);
+    if (has_redop && (unsigned)c->redop >= TUTTI_REDOP_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d", c->name,
+                                 (int)c->redop);
+    if (has_root && (c->root < 0 || c->root >= n))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: root %d is not in [0, %d)",
-                                 d->name, d->root, n);
-    const size_t es = tutti_dtype_size(d->dtype);
-    if (d->count > SIZE_MAX / es / 4 || d->equal > SIZE_MAX / es / 4 / (size_t)n)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large",
-                                 d->name);
-    const int is_root = d->has_root && me == d->root;
-
-    size_t *layout = calloc(4 * (size_t)n, sizeof(size_t));
-    if (!layout)
-        return TUTTI_ERR_NOMEM;
-    size_t *sc = layout, *sd = layout + n, *rc = layout + 2 * n, *rd = layout + 3 * n;
+                                 c->name, c->root, n);
     tt_op_t o;
     memset(&o, 0, sizeof(o));
     o.comm = comm;
-    o.rank = me;
+    o.rank = comm->rank;
     o.nranks = n;
-    o.coll = d->coll;
-    o.dtype = d->dtype;
-    o.elem_size = es;
-    o.redop = d->has_redop && d->redop == TUTTI_AVG ? TUTTI_SUM : d->redop;
-    o.root = d->has_root ? d->root : 0;
+    o.coll = c->coll;
+    o.dtype = c->dtype;
+    o.elem_size = tutti_dtype_size(c->dtype);
+    o.redop = has_redop && c->redop == TUTTI_AVG ? TUTTI_SUM : c->redop;
+    o.root = has_root ? c->root : 0;
     o.chunk_bytes = comm->opts.chunk_bytes;
-    o.sendcounts = sc;
-    o.sdispls = sd;
-    o.recvcounts = rc;
-    o.rdispls = rd;
-    int in_place = d->sendbuf == TUTTI_IN_PLACE;
-    size_t ext = 0, sext = 0;
-    int st = TUTTI_OK;
-    const char *s = in_place ? NULL : d->sendbuf;
-    char *r = d->recvbuf;
-
-    switch (d->coll) {
-    case TT_COLL_REDUCE:
-        o.count = d->count;
-        o.env_count = d->count;
-        if (d->count && !is_root && !s)
-            st = fail(comm, d->name, "sendbuf is NULL");
-        else if (d->count && is_root && !r)
-            st = fail(comm, d->name, "recvbuf is NULL at the root");
-        else if (d->count && is_root && !s && !in_place)
-            st = fail(comm, d->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-        o.sendbuf = (is_root && (in_place || !s)) ? r : s;
-        o.recvbuf = is_root ? r : NULL;
-        break;
-    case TT_COLL_ALLGATHER:
-        if (d->is_v)
-            st = copy_layout(comm, d->name, "recvcounts", n, es, d->recvcounts, d->rdispls, rc,
-                             rd, &ext);
-        else
-            fill_equal(n, d->equal, rc, rd), ext = (size_t)n * d->equal;
-        if (st < 0)
-            break;
-        for (int i = 0; i < n; i++)
-            o.count += rc[i];
-        o.env_count = o.count;
-        if (ext && !r)
-            st = fail(comm, d->name, "recvbuf is NULL");
-        else if (rc[me] && !in_place && !s)
-            st = fail(comm, d->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-        o.recvbuf = r;
-        o.sendbuf = in_place ? r + rd[me] * es : s;
-        break;
-    case TT_COLL_REDUCE_SCATTER:
-        if (d->is_v)
-            st = copy_layout(comm, d->name, "recvcounts", n, es, d->recvcounts, NULL, rc, rd,
-                             &ext);
-        else
-            fill_equal(n, d->equal, rc, rd), ext = (size_t)n * d->equal;
-        if (st < 0)
-            break;
-        o.count = ext;
-        o.env_count = ext;
-        if (ext && !r && rc[me])
-            st = fail(comm, d->name, "recvbuf is NULL");
-        else if (ext && !in_place && !s)
-            st = fail(comm, d->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-        o.recvbuf = r;
-        o.sendbuf = in_place ? r : s;
-        break;
-    case TT_COLL_GATHER:
-        o.count = d->count;
-        if (d->is_v) {
-            /* recvcounts matter at the root only; elsewhere the layout holds this
-             * rank's own block */
-            if (is_root)
-                st = copy_layout(comm, d->name, "recvcounts", n, es, d->recvcounts, d->rdispls,
-                                 rc, rd, &ext);
-            else
-                rc[me] = d->count;
-            o.env_count = 0;
-            if (st == TUTTI_OK && is_root && rc[me] != d->count)
-                st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                       "%s: the root's sendcount %zu differs from "
-                                       "recvcounts[root] = %zu", d->name, d->count, rc[me]);
-        } else {
-            fill_equal(n, d->count, rc, rd);
-            ext = (size_t)n * d->count;
-            o.env_count = d->count;
-        }
-        if (st < 0)
-            break;
-        if (is_root && ext && !r)
-            st = fail(comm, d->name, "recvbuf is NULL at the root");
-        else if (d->count && !in_place && !s)
-            st = fail(comm, d->name, "sendbuf is NULL");
-        else if (in_place && !is_root)
-            st = fail(comm, d->name, "TUTTI_IN_PLACE is for the root only");
-        o.recvbuf = is_root ? r : NULL;
-        o.sendbuf = in_place ? r + rd[me] * es : s;
-        break;
-    case TT_COLL_SCATTER:
-        o.count = d->count;
-        if (d->is_v) {
-            if (is_root)
-                st = copy_layout(comm, d->name, "sendcounts", n, es, d->sendcounts, d->rdispls,
-                                 sc, sd, &sext);
-            else
-                sc[me] = d->count;
-            o.env_count = 0;
-            if (st == TUTTI_OK && is_root && sc[me] != d->count)
-                st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                       "%s: the root's recvcount %zu differs from "
-                                       "sendcounts[root] = %zu", d->name, d->count, sc[me]);
-        } else {
-            fill_equal(n, d->count, sc, sd);
-            sext = (size_t)n * d->count;
-            o.env_count = d->count;
-        }
-        if (st < 0)
-            break;
-        if (is_root && sext && !d->sendbuf)
-            st = fail(comm, d->name, "sendbuf is NULL at the root");
-        else if (d->count && !r)
-            st = fail(comm, d->name, "recvbuf is NULL");
-        o.sendbuf = is_root ? d->sendbuf : NULL;
-        o.recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT) ? (char *)d->sendbuf + sd[me] * es : r;
-        break;
-    case TT_COLL_ALLTOALL:
-        if (d->is_v) {
-            st = copy_layout(comm, d->name, "recvcounts", n, es, d->recvcounts, d->rdispls, rc,
-                             rd, &ext);
-            if (st == TUTTI_OK && !in_place)
-                st = copy_layout(comm, d->name, "sendcounts", n, es, d->sendcounts, d->sdispls,
-                                 sc, sd, &sext);
-            else if (st == TUTTI_OK) {
-                memcpy(sc, rc, (size_t)n * sizeof(size_t));
-                memcpy(sd, rd, (size_t)n * sizeof(size_t));
-                sext = ext;
-            }
-            o.env_count = 0;
-        } else {
-            fill_equal(n, d->count, rc, rd);
-            fill_equal(n, d->count, sc, sd);
-            ext = sext = (size_t)n * d->count;
-            o.env_count = d->count;
-        }
-        if (st < 0)
-            break;
-        for (int i = 0; i < n; i++)
-            o.count += sc[i];
-        if (ext && !r)
-            st = fail(comm, d->name, "recvbuf is NULL");
-        else if (sext && !in_place && !s)
-            st = fail(comm, d->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-        o.recvbuf = r;
-        o.sendbuf = in_place ? r : s;
-        break;
-    default:
-        st = TUTTI_ERR_INTERNAL;
-        break;
+    size_t *layout = NULL;
+    if (t->args & TT_ARG_LAYOUT) {
+        if (!(layout = calloc(4 * (size_t)n, sizeof(size_t))))
+            return TUTTI_ERR_NOMEM;
+        o.sendcounts = layout;
+        o.sdispls = layout + n;
+        o.recvcounts = layout + 2 * n;
+        o.rdispls = layout + 3 * n;
     }
+    int st = t->fill(comm, c, &o, layout);
     if (st < 0) {
         free(layout);
         return st;
     }
-    o.fingerprint = tt_fingerprint(d->coll, d->dtype, d->has_redop ? d->redop : 0,
-                                   d->has_root ? d->root : 0) |
-                    (d->is_v ? TT_FP_V : 0);
-    return tt_exec_issue(comm, &o, d->has_redop ? d->redop : TUTTI_SUM, layout,
+    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
+                    (c->is_v ? TT_FP_V : 0);
+    return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout,
                          async ? work_p : NULL);
 }
 
-/* ---- the entry points ---- */
+/* ---- the entry points: a call each, then the checker ---- */
 
-#define REDUCE_DESC(nm)                                                                 \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf,            \
-                     .recvbuf = recvbuf, .count = count, .dtype = dtype, .redop = op,   \
-                     .has_redop = 1, .root = root, .has_root = 1}
+#define SYNC(...)                                                                       \
+    {                                                                                   \
+        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
+        return coll_issue(comm, &c_, NULL, 0);                                          \
+    }
+#define ASYNC(...)                                                                      \
+    {                                                                                   \
+        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
+        return coll_issue(comm, &c_, work_p, 1);                                        \
+    }
+
+#define ALLREDUCE_ARGS(nm)                                                              \
+    .name = "allreduce", .wp_name = nm, .coll = TT_COLL_ALLREDUCE, .sendbuf = sendbuf,  \
+    .recvbuf = recvbuf, .count = count, .dtype = dtype, .redop = op
+
+int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(ALLREDUCE_ARGS(NULL))
+
+int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
+                          tutti_work_t **work_p)
+ASYNC(ALLREDUCE_ARGS("allreduce_async"))
+
+#define BROADCAST_ARGS(nm)                                                              \
+    .name = "broadcast", .wp_name = nm, .coll = TT_COLL_BROADCAST, .sendbuf = sendbuf,  \
+    .recvbuf = recvbuf, .count = count, .dtype = dtype, .root = root
+
+int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, int root)
+SYNC(BROADCAST_ARGS(NULL))
+
+int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(BROADCAST_ARGS("broadcast_async"))
+
+int tutti_barrier(tutti_comm_t *comm)
+SYNC(.name = "barrier", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
+
+int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
+ASYNC(.name = "barrier", .wp_name = "barrier_async", .coll = TT_COLL_BARRIER,
+      .dtype = TUTTI_UINT8)
+
+#define REDUCE_ARGS(nm)                                                                 \
+    .name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
+    .count = count, .dtype = dtype, .redop = op, .root = root
 
 int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                  tutti_dtype_t dtype, tutti_redop_t op, int root)
-{
-    REDUCE_DESC("reduce");
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(REDUCE_ARGS("reduce"))
 
 int tutti_reduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                        tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_work_t **work_p)
-{
-    REDUCE_DESC("reduce_async");
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(REDUCE_ARGS("reduce_async"))
 
-#define ALLGATHER_DESC(nm, v)                                                           \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf,         \
-                     .recvbuf = recvbuf, .dtype = dtype, .is_v = v}
+#define ALLGATHER_ARGS(nm)                                                              \
+    .name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,      \
+    .dtype = dtype
 
 int tutti_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
                     tutti_dtype_t dtype)
-{
-    ALLGATHER_DESC("allgather", 0);
-    d.equal = sendcount;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(ALLGATHER_ARGS("allgather"), .equal = sendcount)
 
 int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                           size_t sendcount, tutti_dtype_t dtype, tutti_work_t **work_p)
-{
-    ALLGATHER_DESC("allgather_async", 0);
-    d.equal = sendcount;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(ALLGATHER_ARGS("allgather_async"), .equal = sendcount)
 
 int tutti_allgatherv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                      const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype)
-{
-    ALLGATHER_DESC("allgatherv", 1);
-    d.recvcounts = recvcounts;
-    d.rdispls = displs;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(ALLGATHER_ARGS("allgatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
 int tutti_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                            const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
                            tutti_work_t **work_p)
-{
-    ALLGATHER_DESC("allgatherv_async", 1);
-    d.recvcounts = recvcounts;
-    d.rdispls = displs;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(ALLGATHER_ARGS("allgatherv_async"), .is_v = 1, .recvcounts = recvcounts,
+      .rdispls = displs)
 
-#define RS_DESC(nm, v)                                                                  \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf,    \
-                     .recvbuf = recvbuf, .dtype = dtype, .redop = op, .has_redop = 1,   \
-                     .is_v = v}
+#define RS_ARGS(nm)                                                                     \
+    .name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf, \
+    .dtype = dtype, .redop = op
 
 int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                          size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op)
-{
-    RS_DESC("reduce_scatter", 0);
-    d.equal = recvcount;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(RS_ARGS("reduce_scatter"), .equal = recvcount)
 
 int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                                size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
                                tutti_work_t **work_p)
-{
-    RS_DESC("reduce_scatter_async", 0);
-    d.equal = recvcount;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(RS_ARGS("reduce_scatter_async"), .equal = recvcount)
 
 int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                           const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op)
-{
-    RS_DESC("reduce_scatterv", 1);
-    d.recvcounts = recvcounts;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(RS_ARGS("reduce_scatterv"), .is_v = 1, .recvcounts = recvcounts)
 
 int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                                 const size_t *recvcounts, tutti_dtype_t dtype,
                                 tutti_redop_t op, tutti_work_t **work_p)
-{
-    RS_DESC("reduce_scatterv_async", 1);
-    d.recvcounts = recvcounts;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(RS_ARGS("reduce_scatterv_async"), .is_v = 1, .recvcounts = recvcounts)
 
-#define GATHER_DESC(nm, v, cnt)                                                         \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf,            \
-                     .recvbuf = recvbuf, .count = cnt, .dtype = dtype, .root = root,    \
-                     .has_root = 1, .is_v = v}
+#define GATHER_ARGS(nm)                                                                 \
+    .name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
+    .count = sendcount, .dtype = dtype, .root = root
 
 int tutti_gather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
                  tutti_dtype_t dtype, int root)
-{
-    GATHER_DESC("gather", 0, sendcount);
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(GATHER_ARGS("gather"))
 
 int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                        size_t sendcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    GATHER_DESC("gather_async", 0, sendcount);
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(GATHER_ARGS("gather_async"))
 
 int tutti_gatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                   const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype, int root)
-{
-    GATHER_DESC("gatherv", 1, sendcount);
-    d.recvcounts = recvcounts;
-    d.rdispls = displs;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
 int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
                         void *recvbuf, const size_t *recvcounts, const size_t *displs,
                         tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    GATHER_DESC("gatherv_async", 1, sendcount);
-    d.recvcounts = recvcounts;
-    d.rdispls = displs;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(GATHER_ARGS("gatherv_async"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
-#define SCATTER_DESC(nm, v, cnt)                                                        \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf,           \
-                     .recvbuf = recvbuf, .count = cnt, .dtype = dtype, .root = root,    \
-                     .has_root = 1, .is_v = v}
+#define SCATTER_ARGS(nm)                                                                \
+    .name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,        \
+    .count = recvcount, .dtype = dtype, .root = root
 
 int tutti_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
                   tutti_dtype_t dtype, int root)
-{
-    SCATTER_DESC("scatter", 0, recvcount);
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(SCATTER_ARGS("scatter"))
 
 int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                         size_t recvcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    SCATTER_DESC("scatter_async", 0, recvcount);
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(SCATTER_ARGS("scatter_async"))
 
 int tutti_scatterv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
                    const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
                    int root)
-{
-    SCATTER_DESC("scatterv", 1, recvcount);
-    d.sendcounts = sendcounts;
-    d.rdispls = displs; /* the root's displacements, read as sdispls */
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(SCATTER_ARGS("scatterv"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
 
 int tutti_scatterv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
                          const size_t *displs, void *recvbuf, size_t recvcount,
                          tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    SCATTER_DESC("scatterv_async", 1, recvcount);
-    d.sendcounts = sendcounts;
-    d.rdispls = displs;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(SCATTER_ARGS("scatterv_async"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
 
-#define A2A_DESC(nm, v)                                                                 \
-    coll_desc_t d = {.name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf,          \
-                     .recvbuf = recvbuf, .dtype = dtype, .is_v = v}
+#define A2A_ARGS(nm)                                                                    \
+    .name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf,       \
+    .dtype = dtype
 
 int tutti_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                    tutti_dtype_t dtype)
-{
-    A2A_DESC("alltoall", 0);
-    d.count = count;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(A2A_ARGS("alltoall"), .count = count)
 
 int tutti_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                          tutti_dtype_t dtype, tutti_work_t **work_p)
-{
-    A2A_DESC("alltoall_async", 0);
-    d.count = count;
-    return coll_issue(comm, &d, work_p, 1);
-}
+ASYNC(A2A_ARGS("alltoall_async"), .count = count)
+
+#define A2AV_ARGS(nm)                                                                   \
+    A2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,              \
+        .recvcounts = recvcounts, .rdispls = rdispls
 
 int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
                     const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                     const size_t *rdispls, tutti_dtype_t dtype)
-{
-    A2A_DESC("alltoallv", 1);
-    d.sendcounts = sendcounts;
-    d.sdispls = sdispls;
-    d.recvcounts = recvcounts;
-    d.rdispls = rdispls;
-    return coll_issue(comm, &d, NULL, 0);
-}
+SYNC(A2AV_ARGS("alltoallv"))
 
 int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
                           const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                           const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(A2AV_ARGS("alltoallv_async"))
+
+/* ---- point to point ---- */
+
+static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                     int async)
 {
-    A2A_DESC("alltoallv_async", 1);
-    d.sendcounts = sendcounts;
-    d.sdispls = sdispls;
-    d.recvcounts = recvcounts;
-    d.rdispls = rdispls;
-    return coll_issue(comm, &d, work_p, 1);
+    const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (async && !work_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
+    if (peer < 0 || peer >= comm->nranks || peer == comm->rank)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: peer %d is not another rank of [0, %d)", name, peer,
+                                 comm->nranks);
+    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0));
+    return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
+                             async ? work_p : NULL);
+}
+
+int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag)
+{
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, NULL, 0);
+}
+
+int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
+                     int peer, uint32_t tag, tutti_work_t **work_p)
+{
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, work_p, 1);
+}
+
+int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+               uint32_t tag)
+{
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, NULL, 0);
+}
+
+int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+                     uint32_t tag, tutti_work_t **work_p)
+{
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1);
 }

@@ -22,10 +22,11 @@
  * alltoall   pairwise (p-1)(a + n/p b)
  *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
  * barrier    dissemination: L a
- * Rooted collectives end with a handshake with the root (exec.c): + a for reduce and
- * gather (the root's release), + 2 a for broadcast and scatter (confirm, release). The
- * same for every algorithm of a collective, so it never changes a choice; it counts
- * where latencies are compared across collectives (tt_comm_pack_below).
+ * Rooted collectives end with a handshake with the root (algorithms/handshake.c): + a
+ * for reduce and gather (the root's release), + 2 a for broadcast and scatter (confirm,
+ * release). The same for every algorithm of a collective, so it never changes a
+ * choice; it counts where latencies are compared across collectives
+ * (tt_comm_pack_below).
  *
  * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. The table's
  * parameters were measured on loopback TCP and shared memory on a 2-core VM; a cluster

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "coll/coll.h"
 #include "base/base.h"
 
 /* The default choice is the cost model's (cost.c): the algorithm of the collective
@@ -63,23 +64,11 @@ static const tt_algo_t *const tt_algos[] = {
     &tt_algo_dbtree,
 };
 
-static const char *const tt_coll_names[TT_COLL_COUNT_] = {
-    [TT_COLL_ALLREDUCE] = "allreduce",
-    [TT_COLL_BROADCAST] = "broadcast",
-    [TT_COLL_BARRIER] = "barrier",
-    [TT_COLL_REDUCE] = "reduce",
-    [TT_COLL_ALLGATHER] = "allgather",
-    [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
-    [TT_COLL_GATHER] = "gather",
-    [TT_COLL_SCATTER] = "scatter",
-    [TT_COLL_ALLTOALL] = "alltoall",
-};
-
 const char *tt_coll_name(tt_coll_t coll)
 {
     if ((int)coll <= TT_COLL_NONE || coll >= TT_COLL_COUNT_)
         return NULL;
-    return tt_coll_names[coll];
+    return tt_coll_table[coll].name;
 }
 
 tt_coll_t tt_coll_parse(const char *name)
@@ -87,7 +76,7 @@ tt_coll_t tt_coll_parse(const char *name)
     if (!name)
         return TT_COLL_NONE;
     for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++)
-        if (strcmp(name, tt_coll_names[c]) == 0)
+        if (strcmp(name, tt_coll_table[c].name) == 0)
             return (tt_coll_t)c;
     return TT_COLL_NONE;
 }
@@ -204,7 +193,7 @@ static void tt_coll_list(char *buf, size_t buflen)
     buf[0] = '\0';
     for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++) {
         int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "",
-                         tt_coll_names[c]);
+                         tt_coll_table[c].name);
         if (n < 0 || (size_t)n >= buflen - used)
             return;
         used += (size_t)n;

@@ -1,5 +1,6 @@
-/* The communicator: options, creation through a store, the collective entry points
- * with their argument checks (failures are recorded in fault.c). */
+/* The communicator's lifecycle: creation through a store (or the environment), the
+ * cost model all ranks agree on, abort and destruction, the accessors (failures are
+ * recorded in fault.c). */
 #include <errno.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -15,43 +16,6 @@
 #include "store/store_impl.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
-
-#define TT_DEFAULT_TIMEOUT_MS 30000
-#define TT_DEFAULT_SPIN_US 50
-#define TT_DEFAULT_CHUNK (1u << 20)
-
-int tutti_comm_opts_init(tutti_comm_opts_t *opts)
-{
-    if (!opts)
-        return TUTTI_ERR_INVALID_ARG;
-    memset(opts, 0, sizeof(*opts));
-    opts->size = sizeof(*opts);
-    opts->timeout_ms = tt_env_int("TIMEOUT_MS", TT_DEFAULT_TIMEOUT_MS);
-    opts->transport = tt_env("TRANSPORT");
-    opts->plugin_path = tt_env("PLUGIN_PATH");
-    opts->algo = tt_env("ALGO");
-    opts->socket_ifname = tt_env("SOCKET_IFNAME");
-    opts->socket_family = tt_env_int("SOCKET_FAMILY", 0);
-    opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
-    opts->spin_us = tt_env_int("SPIN_US", TT_DEFAULT_SPIN_US);
-    opts->chunk_bytes = TT_DEFAULT_CHUNK;
-    const char *chunk = tt_env("CHUNK_BYTES");
-    if (chunk && tt_parse_size(chunk, &opts->chunk_bytes) < 0) {
-        TT_WARN("TUTTI_CHUNK_BYTES=%s is not a size; using %u", chunk, TT_DEFAULT_CHUNK);
-        opts->chunk_bytes = TT_DEFAULT_CHUNK;
-    }
-    opts->prefix = tt_env("PREFIX");
-    opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
-    opts->host_id = tt_env("HOST_ID");
-    opts->cost_model = tt_env("COST_MODEL");
-    opts->transport_options = tt_env("TRANSPORT_OPTIONS");
-    opts->job_id = tt_env("JOB_ID");
-    opts->auth_token = tt_env("AUTH_TOKEN");
-    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
-    opts->checksum = tt_env("CHECKSUM");
-    opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
-    return TUTTI_OK;
-}
 
 const char *tutti_comm_last_error(const tutti_comm_t *comm)
 {
@@ -89,185 +53,7 @@ int tt_comm_quick_ms(const tutti_comm_t *comm)
     return t < 100 ? 100 : t > 1000 ? 1000 : t;
 }
 
-size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
-{
-    const tt_coll_t coll = bcast ? TT_COLL_BROADCAST : TT_COLL_ALLREDUCE;
-    const tt_cost_t *c = &comm->cost;
-    const tt_algo_t *a = tt_algo_select(comm->algo_ovr, c, coll, 0, comm->nranks,
-                                        comm->opts.chunk_bytes);
-    if (!a || comm->nranks < 2)
-        return 0;
-    /* the broadcast's confirm/release round (exec.c) is in the estimate */
-    double lat = tt_cost_estimate(c, coll, a->name, 0, comm->nranks, comm->opts.chunk_bytes);
-    double copy_us = (bcast ? 1 : 2) * c->gamma_ns * 1e-3; /* per byte: in, and out */
-    double below = lat / copy_us;
-    return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
-}
-
-void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes, size_t *cap_p)
-{
-    void *buf = NULL;
-    *cap_p = bytes ? bytes : 1;
-    pthread_mutex_lock(&comm->stage_lock);
-    for (int i = 0; i < 2 && !buf; i++) {
-        if (comm->stage[i] && comm->stage_len[i] >= bytes) {
-            buf = comm->stage[i];
-            *cap_p = comm->stage_len[i];
-            comm->stage[i] = NULL;
-        }
-    }
-    pthread_mutex_unlock(&comm->stage_lock);
-    return buf ? buf : malloc(*cap_p);
-}
-
-void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t cap)
-{
-    if (!buf)
-        return;
-    pthread_mutex_lock(&comm->stage_lock);
-    /* keep the two largest */
-    int i = !comm->stage[0]                           ? 0
-            : !comm->stage[1]                         ? 1
-            : comm->stage_len[0] < comm->stage_len[1] ? 0
-                                                      : 1;
-    if (!comm->stage[i] || comm->stage_len[i] < cap) {
-        void *old = comm->stage[i];
-        comm->stage[i] = buf;
-        comm->stage_len[i] = cap;
-        buf = old;
-    }
-    pthread_mutex_unlock(&comm->stage_lock);
-    free(buf);
-}
-
-/* ---- the host interface the transport sees ---- */
-
-static int host_store_set(void *ctx, const char *key, const void *value, size_t len)
-{
-    tutti_comm_t *comm = ctx;
-    return tutti_store_set(comm->store, key, value, len);
-}
-
-static int host_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
-                          int timeout_ms)
-{
-    tutti_comm_t *comm = ctx;
-    return tutti_store_get(comm->store, key, value_p, len_p, timeout_ms);
-}
-
-static void host_free_value(void *value) { free(value); }
-
-static const char *host_config(void *ctx, const char *name)
-{
-    tutti_comm_t *comm = ctx;
-    static __thread char num[32];
-    if (!strcmp(name, "SOCKET_IFNAME"))
-        return comm->opts.socket_ifname;
-    if (!strcmp(name, "SOCKET_FAMILY")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_family);
-        return num;
-    }
-    if (!strcmp(name, "CHECKSUM"))
-        return comm->opts.checksum;
-    if (!strcmp(name, "SOCKET_BUFFER")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
-        return num;
-    }
-    /* opts.transport_options "NAME=VALUE,..." first, then TUTTI_NAME */
-    static __thread char val[256];
-    const char *v = tt_kv_lookup(comm->opts.transport_options, name, val, sizeof(val));
-    return v ? v : tt_env(name);
-}
-
-static void host_log(void *ctx, int level, const char *fmt, ...)
-{
-    (void)ctx;
-    if (tt_log_level() < level)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    tt_vlog(level, fmt, ap);
-    va_end(ap);
-}
-
-static int host_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
-{
-    tutti_comm_t *comm = ctx;
-    va_list ap;
-    pthread_mutex_lock(&comm->err_lock);
-    va_start(ap, fmt);
-    int n = vsnprintf(comm->tp_error, sizeof(comm->tp_error), fmt, ap);
-    va_end(ap);
-    if (err_no && n > 0 && (size_t)n < sizeof(comm->tp_error))
-        snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)",
-                 err_no, strerror(err_no));
-    comm->tp_error_peer = peer;
-    comm->tp_error_status = status;
-    atomic_fetch_add(&comm->tp_error_gen, 1);
-    pthread_mutex_unlock(&comm->err_lock);
-    TT_INFO("transport: %s", comm->tp_error);
-    return status;
-}
-
-static int host_auth_answer(void *ctx, const char *context, const uint8_t challenge[32],
-                            uint8_t answer[32])
-{
-    tutti_comm_t *comm = ctx;
-    if (!comm->secret)
-        return TUTTI_ERR_UNSUPPORTED;
-    tt_auth_answer(comm->secret, comm->secret_len, context, challenge, answer);
-    return TUTTI_OK;
-}
-
 /* ---- creation and destruction ---- */
-
-static void opts_free(tutti_comm_opts_t *o)
-{
-    free((char *)o->transport);
-    free((char *)o->plugin_path);
-    free((char *)o->algo);
-    free((char *)o->socket_ifname);
-    free((char *)o->prefix);
-    free((char *)o->host_id);
-    free((char *)o->cost_model);
-    free((char *)o->transport_options);
-    free((char *)o->job_id);
-    free((char *)o->auth_token);
-    free((char *)o->auth_token_file);
-    free((char *)o->checksum);
-}
-
-static int opts_copy(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
-{
-    tutti_comm_opts_t d;
-    tutti_comm_opts_init(&d);
-    /* Fields the caller's (possibly older, smaller) struct has win over defaults. */
-    size_t n = src->size && src->size < sizeof(d) ? src->size : sizeof(d);
-    memcpy(&d, src, n);
-    d.size = sizeof(d);
-    /* A NULL string means "not set here": the environment (then the default) fills it,
-     * so options made before the environment was set still honour it. */
-    d.transport = tt_strdup(d.transport ? d.transport : tt_env("TRANSPORT") ? tt_env("TRANSPORT") : "auto");
-    d.plugin_path = tt_strdup(d.plugin_path ? d.plugin_path : tt_env("PLUGIN_PATH"));
-    d.algo = tt_strdup(d.algo ? d.algo : tt_env("ALGO"));
-    d.socket_ifname = tt_strdup(d.socket_ifname ? d.socket_ifname : tt_env("SOCKET_IFNAME"));
-    d.prefix = tt_strdup(d.prefix ? d.prefix : tt_env("PREFIX"));
-    d.host_id = tt_strdup(d.host_id ? d.host_id : tt_env("HOST_ID"));
-    d.cost_model = tt_strdup(d.cost_model ? d.cost_model : tt_env("COST_MODEL"));
-    d.transport_options = tt_strdup(d.transport_options ? d.transport_options
-                                                        : tt_env("TRANSPORT_OPTIONS"));
-    d.job_id = tt_strdup(d.job_id ? d.job_id : tt_env("JOB_ID"));
-    d.auth_token = tt_strdup(d.auth_token ? d.auth_token : tt_env("AUTH_TOKEN"));
-    d.auth_token_file = tt_strdup(d.auth_token_file ? d.auth_token_file
-                                                    : tt_env("AUTH_TOKEN_FILE"));
-    d.checksum = tt_strdup(d.checksum ? d.checksum : tt_env("CHECKSUM"));
-    if (!d.transport) {
-        opts_free(&d);
-        return TUTTI_ERR_NOMEM;
-    }
-    *dst = d;
-    return TUTTI_OK;
-}
 
 static void comm_free(tutti_comm_t *comm)
 {
@@ -294,7 +80,7 @@ static void comm_free(tutti_comm_t *comm)
     if (comm->secret)
         memset(comm->secret, 0, comm->secret_len);
     free(comm->secret);
-    opts_free(&comm->opts);
+    tt_comm_opts_free(&comm->opts);
     pthread_mutex_destroy(&comm->err_lock);
     pthread_mutex_destroy(&comm->q_lock);
     pthread_cond_destroy(&comm->q_cv);
@@ -351,24 +137,30 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     return TUTTI_OK;
 }
 
-int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
-                    const tutti_comm_opts_t *opts)
+/* Log and record an init failure: "init: <what>" (returns st). */
+static int init_fail(tutti_comm_t *comm, int st, const char *what)
 {
-    char err[512] = "";
-    int st;
-    if (!comm_p || !store) {
-        TT_WARN("tutti_comm_init: %s is NULL", comm_p ? "store" : "comm_p");
-        return TUTTI_ERR_INVALID_ARG;
-    }
-    if (size < 1 || rank < 0 || rank >= size) {
-        TT_WARN("tutti_comm_init: rank %d is not in [0, %d)", rank, size);
-        return TUTTI_ERR_INVALID_ARG;
-    }
+    tt_comm_set_error(comm, st, "init: %s", what);
+    TT_WARN("%s", comm->last_error);
+    return st;
+}
+
+/* The communicator's memory and locks, before anything can fail halfway. */
+static tutti_comm_t *comm_alloc(int rank, int size)
+{
     tutti_comm_t *comm = calloc(1, sizeof(*comm));
     if (!comm)
-        return TUTTI_ERR_NOMEM;
+        return NULL;
     comm->rank = rank;
     comm->nranks = size;
+    comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
+    comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
+    if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
+        free(comm->p2p_send_seq);
+        free(comm->p2p_recv_seq);
+        free(comm);
+        return NULL;
+    }
     pthread_mutex_init(&comm->err_lock, NULL);
     pthread_mutex_init(&comm->q_lock, NULL);
     pthread_mutex_init(&comm->stage_lock, NULL);
@@ -378,40 +170,43 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     pthread_cond_init(&comm->q_cv, &ca);
     pthread_cond_init(&comm->done_cv, &ca);
     pthread_condattr_destroy(&ca);
-    tt_log_set_rank(rank);
-    comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
-    comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
-    if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
-        free(comm->p2p_send_seq);
-        free(comm->p2p_recv_seq);
-        free(comm);
-        return TUTTI_ERR_NOMEM;
-    }
+    return comm;
+}
 
-    tutti_comm_opts_t defaults;
-    tutti_comm_opts_init(&defaults);
-    TT_CHECK_GOTO(opts_copy(&comm->opts, opts ? opts : &defaults), st, err_free);
-    if (comm->opts.timeout_ms <= 0)
-        comm->opts.timeout_ms = TT_DEFAULT_TIMEOUT_MS;
-    if (comm->opts.chunk_bytes < 4096)
-        comm->opts.chunk_bytes = 4096;
-    if (comm->opts.spin_us < 0)
-        comm->opts.spin_us = 0;
+/* Options, the algorithm override, the checksum and the job secret: what this rank
+ * decides alone. */
+static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts)
+{
+    char err[512] = "";
+    TT_CHECK(tt_comm_opts_resolve(&comm->opts, opts));
     comm->quick_ns = (uint64_t)tt_comm_quick_ms(comm) * 1000000ull;
-
-    st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
+    int st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
     if (st < 0) {
         tt_comm_set_error(comm, st, "%s", err);
         TT_WARN("%s", comm->last_error);
-        goto err_free;
+        return st;
     }
+    const char *ck = comm->opts.checksum;
+    if (ck && *ck && strcmp(ck, "none") && strcmp(ck, "crc32c")) {
+        /* checked here too: a job on shm alone never asks its transport */
+        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG,
+                               "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
+        TT_WARN("%s", comm->last_error);
+        return st;
+    }
+    st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
+                             &comm->secret, &comm->secret_len, err, sizeof(err));
+    return st < 0 ? init_fail(comm, st, err) : TUTTI_OK;
+}
 
-    /* Each job gets its own key space on a store, each communicator its own within it,
-     * and each run of it (instance) its own within that (job.c). */
+/* Each job gets its own key space on a store, each communicator its own within it,
+ * and each run of it (instance) its own within that (job.c). */
+static int comm_join(tutti_comm_t *comm, tutti_store_t *store)
+{
+    char err[512] = "", base[512];
     const char *job_src;
     tt_job_id(comm->opts.job_id, comm->job_id, sizeof(comm->job_id), &job_src);
     comm->job_src = job_src;
-    char base[512];
     if (comm->opts.prefix)
         snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix,
                  comm->job_id[0] ? "job/" : "", comm->job_id, comm->job_id[0] ? "/" : "");
@@ -419,97 +214,90 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         snprintf(base, sizeof(base), "tutti/%s%s%scomm%u/", comm->job_id[0] ? "job/" : "",
                  comm->job_id, comm->job_id[0] ? "/" : "", tt_store_next_comm_id(store));
     snprintf(comm->store_url, sizeof(comm->store_url), "%s", tutti_store_url(store));
-    const char *ck = comm->opts.checksum;
-    if (ck && *ck && strcmp(ck, "none") && strcmp(ck, "crc32c")) {
-        /* checked here too: a job on shm alone never asks its transport */
-        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG,
-                               "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
-    st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
-                             &comm->secret, &comm->secret_len, err, sizeof(err));
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
-    st = tt_job_join(comm, store, base, err, sizeof(err));
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
+    int st = tt_job_join(comm, store, base, err, sizeof(err));
+    if (st < 0)
+        return init_fail(comm, st, err);
     TT_INFO("job id %s (from %s)", comm->job_id[0] ? comm->job_id : "none", job_src);
+    return TUTTI_OK;
+}
 
-    comm->host = (tutti_tp_host_v1_t){
-        .size = sizeof(tutti_tp_host_v1_t),
-        .abi_version = TUTTI_TRANSPORT_ABI_V1,
-        .rank = rank,
-        .nranks = size,
-        .timeout_ms = comm->opts.timeout_ms,
-        .spin_us = comm->opts.spin_us,
-        .ctx = comm,
-        .store_set = host_store_set,
-        .store_get = host_store_get,
-        .free_value = host_free_value,
-        .config = host_config,
-        .log = host_log,
-        .error = host_error,
-        .instance = comm->instance,
-        .auth_answer = host_auth_answer,
-    };
-    st = tt_transports_create(comm, err, sizeof(err));
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
+/* The transports, and the cost model every rank agrees on; *probe_p: measure it. */
+static int comm_connect(tutti_comm_t *comm, int *probe_p)
+{
+    char err[512] = "";
+    tt_comm_host_init(comm);
+    int st = tt_transports_create(comm, err, sizeof(err));
+    if (st < 0)
+        return init_fail(comm, st, err);
     const char *cm = comm->opts.cost_model;
-    int probe = cm && !strcmp(cm, "probe");
+    *probe_p = cm && !strcmp(cm, "probe");
     tt_cost_table(&comm->cost, comm->tp_name);
-    if (cm && *cm && !probe && strcmp(cm, "table")) {
+    if (cm && *cm && !*probe_p && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
-        if (st < 0) {
-            tt_comm_set_error(comm, st, "init: %s", err);
-            TT_WARN("%s", comm->last_error);
-            goto err_free;
-        }
+        if (st < 0)
+            return init_fail(comm, st, err);
     }
+    if (comm->nranks > 1 && (st = cost_agree(comm, probe_p, err, sizeof(err))) < 0)
+        return init_fail(comm, st, err);
+    return TUTTI_OK;
+}
 
-    if (size > 1 && (st = cost_agree(comm, &probe, err, sizeof(err))) < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        goto err_free;
-    }
-
-    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
-        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
-        goto err_free;
-    }
-    comm->worker_started = 1;
-    if (probe && size > 1) {
+/* The progress thread, the cost probe and the job's last check. On failure the
+ * communicator is gone (the progress thread ran: the full teardown). */
+static int comm_start(tutti_comm_t *comm, int probe)
+{
+    char err[TT_ERRMSG_LEN];
+    int st;
+    if (probe && comm->nranks > 1) {
         st = tt_cost_probe(comm, &comm->cost);
         if (st < 0) {
             snprintf(err, sizeof(err), "%s", comm->last_error);
             tt_comm_set_error(comm, st, "init: the cost probe failed: %s", err);
             TT_WARN("%s", comm->last_error);
             tt_job_init_failed(comm, st);
-            tutti_comm_destroy(comm); /* the progress thread runs: the full teardown */
+            tutti_comm_destroy(comm);
             return st;
         }
     }
     st = tt_job_check_contested(comm, err, sizeof(err));
     if (st < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
+        init_fail(comm, st, err);
         tutti_comm_destroy(comm);
         return st;
     }
     tt_cost_describe(&comm->cost, comm->cost_desc, sizeof(comm->cost_desc));
     TT_INFO("cost model %s", comm->cost_desc);
     TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, job instance %s under %s",
-            rank, size, comm->tp_name, comm->store_url, comm->instance, comm->job_base);
+            comm->rank, comm->nranks, comm->tp_name, comm->store_url, comm->instance,
+            comm->job_base);
+    return TUTTI_OK;
+}
+
+int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
+                    const tutti_comm_opts_t *opts)
+{
+    int st, probe = 0;
+    if (!comm_p || !store) {
+        TT_WARN("tutti_comm_init: %s is NULL", comm_p ? "store" : "comm_p");
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+        TT_WARN("tutti_comm_init: rank %d is not in [0, %d)", rank, size);
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    tutti_comm_t *comm = comm_alloc(rank, size);
+    if (!comm)
+        return TUTTI_ERR_NOMEM;
+    tt_log_set_rank(rank);
+    TT_CHECK_GOTO(comm_configure(comm, opts), st, err_free);
+    TT_CHECK_GOTO(comm_join(comm, store), st, err_free);
+    TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
+    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
+        goto err_free;
+    }
+    comm->worker_started = 1;
+    TT_CHECK(comm_start(comm, probe));
     *comm_p = comm;
     return TUTTI_OK;
 
@@ -628,193 +416,4 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         atomic_fetch_add(&env_comms_done, 1);
     comm_free(comm);
     return TUTTI_OK;
-}
-
-/* ---- collectives: argument checks, then the executor ---- */
-
-static int check_common(tutti_comm_t *comm, const char *name, const void *sendbuf,
-                        void *recvbuf, size_t count, tutti_dtype_t dtype, int need_send)
-{
-    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
-                                 (int)dtype);
-    size_t es = tutti_dtype_size(dtype);
-    if (count > SIZE_MAX / es / 2)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large",
-                                 name, count);
-    if (count == 0)
-        return TUTTI_OK;
-    if (!recvbuf)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: recvbuf is NULL with count %zu", name, count);
-    if (need_send && !sendbuf)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)",
-                                 name);
-    if (sendbuf && sendbuf != TUTTI_IN_PLACE && sendbuf != recvbuf) {
-        const char *s = sendbuf, *r = recvbuf;
-        size_t bytes = count * es;
-        if (s < r + bytes && r < s + bytes)
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: sendbuf and recvbuf overlap without being equal",
-                                     name);
-    }
-    return TUTTI_OK;
-}
-
-static void op_fill(tutti_comm_t *comm, tt_op_t *op, tt_coll_t coll)
-{
-    memset(op, 0, sizeof(*op));
-    op->comm = comm;
-    op->rank = comm->rank;
-    op->nranks = comm->nranks;
-    op->coll = coll;
-    op->chunk_bytes = comm->opts.chunk_bytes;
-}
-
-static int allreduce_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                           size_t count, tutti_dtype_t dtype, tutti_redop_t op,
-                           tutti_work_t **work_p)
-{
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    TT_CHECK(check_common(comm, "allreduce", sendbuf, recvbuf, count, dtype, 1));
-    if ((unsigned)op >= TUTTI_REDOP_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "allreduce: invalid op %d",
-                                 (int)op);
-    tt_op_t o;
-    op_fill(comm, &o, TT_COLL_ALLREDUCE);
-    o.recvbuf = recvbuf;
-    o.sendbuf = (sendbuf == TUTTI_IN_PLACE || !sendbuf) ? recvbuf : sendbuf;
-    o.count = count;
-    o.dtype = dtype;
-    o.elem_size = tutti_dtype_size(dtype);
-    o.redop = op == TUTTI_AVG ? TUTTI_SUM : op;
-    o.fingerprint = tt_fingerprint(TT_COLL_ALLREDUCE, dtype, op, 0);
-    o.env_count = count;
-    return tt_exec_issue(comm, &o, op, NULL, work_p);
-}
-
-int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    tutti_dtype_t dtype, tutti_redop_t op)
-{
-    return allreduce_issue(comm, sendbuf, recvbuf, count, dtype, op, NULL);
-}
-
-int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
-                          tutti_work_t **work_p)
-{
-    if (!work_p)
-        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                        "allreduce_async: work_p is NULL")
-                    : TUTTI_ERR_INVALID_ARG;
-    return allreduce_issue(comm, sendbuf, recvbuf, count, dtype, op, work_p);
-}
-
-static int broadcast_issue(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                           size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (root < 0 || root >= comm->nranks)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "broadcast: root %d is not in [0, %d)", root, comm->nranks);
-    TT_CHECK(check_common(comm, "broadcast", comm->rank == root ? sendbuf : NULL, recvbuf,
-                          count, dtype, comm->rank == root));
-    tt_op_t o;
-    op_fill(comm, &o, TT_COLL_BROADCAST);
-    o.recvbuf = recvbuf;
-    o.sendbuf = (comm->rank != root || sendbuf == TUTTI_IN_PLACE || !sendbuf) ? recvbuf
-                                                                              : sendbuf;
-    o.count = count;
-    o.dtype = dtype;
-    o.elem_size = tutti_dtype_size(dtype);
-    o.root = root;
-    o.fingerprint = tt_fingerprint(TT_COLL_BROADCAST, dtype, 0, root);
-    o.env_count = count;
-    return tt_exec_issue(comm, &o, TUTTI_SUM, NULL, work_p);
-}
-
-int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    tutti_dtype_t dtype, int root)
-{
-    return broadcast_issue(comm, sendbuf, recvbuf, count, dtype, root, NULL);
-}
-
-int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-{
-    if (!work_p)
-        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                        "broadcast_async: work_p is NULL")
-                    : TUTTI_ERR_INVALID_ARG;
-    return broadcast_issue(comm, sendbuf, recvbuf, count, dtype, root, work_p);
-}
-
-static int barrier_issue(tutti_comm_t *comm, tutti_work_t **work_p)
-{
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    tt_op_t o;
-    op_fill(comm, &o, TT_COLL_BARRIER);
-    o.dtype = TUTTI_UINT8;
-    o.elem_size = 1;
-    o.fingerprint = tt_fingerprint(TT_COLL_BARRIER, TUTTI_UINT8, 0, 0);
-    return tt_exec_issue(comm, &o, TUTTI_SUM, NULL, work_p);
-}
-
-int tutti_barrier(tutti_comm_t *comm) { return barrier_issue(comm, NULL); }
-
-int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
-{
-    if (!work_p)
-        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                        "barrier_async: work_p is NULL")
-                    : TUTTI_ERR_INVALID_ARG;
-    return barrier_issue(comm, work_p);
-}
-
-/* ---- point to point ---- */
-
-static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
-                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
-                     int async)
-{
-    const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (async && !work_p)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
-    if (peer < 0 || peer >= comm->nranks || peer == comm->rank)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: peer %d is not another rank of [0, %d)", name, peer,
-                                 comm->nranks);
-    TT_CHECK(check_common(comm, name, buf, (void *)buf, count, dtype, 0));
-    return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
-                             async ? work_p : NULL);
-}
-
-int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
-               uint32_t tag)
-{
-    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, NULL, 0);
-}
-
-int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
-                     int peer, uint32_t tag, tutti_work_t **work_p)
-{
-    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, work_p, 1);
-}
-
-int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
-               uint32_t tag)
-{
-    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, NULL, 0);
-}
-
-int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
-                     uint32_t tag, tutti_work_t **work_p)
-{
-    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1);
 }

@@ -117,6 +117,13 @@ struct tutti_comm {
     uint64_t *p2p_recv_seq;   /* messages, separate from the collectives' */
 };
 
+/* opts.c: the communicator's options: src's fields (NULL: all defaults) over the
+ * defaults and the environment (read once), strings copied, limits applied. */
+int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src);
+void tt_comm_opts_free(tutti_comm_opts_t *opts);
+/* host.c: comm->host, the callbacks a transport gets (before the transports open). */
+void tt_comm_host_init(tutti_comm_t *comm);
+
 /* comm.c: the default deadline of comm->qstore: a quarter of the timeout, within
  * 100..1000 ms. */
 int tt_comm_quick_ms(const tutti_comm_t *comm);

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/comm.h"
 #include "base/base.h"
-#include "reduce/reduce.h"
+#include "coll/coll.h"
+#include "core/comm.h"
 
 /* How long the progress thread leaves a deferred op to a waiter (far more than the gap
  * between the fuser's last mark and its wait), and how often it looks for one. */
@@ -28,91 +28,6 @@ static void work_unref(tutti_work_t *w)
         free(w->layout);
         free(w);
     }
-}
-
-/* One rank: the data only moves within this rank's buffers. */
-static void run_single_rank(tt_op_t *op)
-{
-    const size_t es = op->elem_size;
-    const char *s = op->sendbuf;
-    char *r = op->recvbuf;
-    switch (op->coll) {
-    case TT_COLL_ALLREDUCE:
-    case TT_COLL_BROADCAST:
-    case TT_COLL_REDUCE:
-        if (r && s != r)
-            memcpy(r, s, op->count * es);
-        break;
-    case TT_COLL_ALLGATHER:
-    case TT_COLL_GATHER:
-        if (r && s != r + op->rdispls[0] * es)
-            memmove(r + op->rdispls[0] * es, s, op->recvcounts[0] * es);
-        break;
-    case TT_COLL_REDUCE_SCATTER:
-        if (s != r)
-            memmove(r, s + op->rdispls[0] * es, op->recvcounts[0] * es);
-        break;
-    case TT_COLL_SCATTER:
-        if (r && r != s + op->sdispls[0] * es)
-            memmove(r, s + op->sdispls[0] * es, op->sendcounts[0] * es);
-        break;
-    case TT_COLL_ALLTOALL:
-        if (s + op->sdispls[0] * es != r + op->rdispls[0] * es)
-            memmove(r + op->rdispls[0] * es, s + op->sdispls[0] * es, op->sendcounts[0] * es);
-        break;
-    default:
-        break;
-    }
-}
-
-/* Rooted collectives end with a handshake with the root, so that every rank of a
- * mismatched call fails, not only those whose messages revealed it: non-roots of a
- * reduce or gather only send (eagerly: done before anyone looked), and a scatter's or
- * broadcast's root only sends. The root's release (an empty message to every non-root,
- * sent once its own part checked out) tells non-roots that the root agreed with all of
- * them; where the root only sends (broadcast, scatter), each non-root first confirms
- * its part to the root with an empty message. A rank that disagrees about the root,
- * count or dtype sends or expects something else in these places, so the disagreement
- * surfaces on every rank as a mismatch (or through the root's report), never as one
- * rank keeping wrong data. Costs one latency on reduce and gather (the root's sends
- * are posted at once, the non-roots wait for them), two on broadcast and scatter;
- * nothing in bandwidth. */
-static int root_handshake(tt_op_t *op, int confirm)
-{
-    enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
-    char none = 0;
-    if (op->rank != op->root) {
-        tt_req_t req;
-        if (confirm) {
-            TT_CHECK(tt_p2p_send(op, op->root, &none, 0, CONFIRM_TAG, &req));
-            TT_CHECK(tt_p2p_wait(op, &req));
-        }
-        TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &req));
-        return tt_p2p_wait(op, &req);
-    }
-    tt_req_t few[16];
-    tt_req_t *reqs = op->nranks <= 16 ? few : malloc((size_t)op->nranks * sizeof(*reqs));
-    if (!reqs) {
-        tt_fault_record(op, TUTTI_ERR_NOMEM, "out of memory");
-        return TUTTI_ERR_NOMEM;
-    }
-    memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
-    int st = TUTTI_OK;
-    if (confirm) {
-        for (int r = 0; r < op->nranks; r++)
-            if (r != op->root)
-                TT_CHECK_GOTO(tt_p2p_recv(op, r, &none, 0, CONFIRM_TAG, &reqs[r]), st, out);
-        TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, (size_t)op->nranks), st, out);
-        memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
-    }
-    for (int r = 0; r < op->nranks; r++)
-        if (r != op->root)
-            TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[r]), st, out);
-    st = tt_p2p_wait_all(op, reqs, (size_t)op->nranks);
-out:
-    if (reqs != few)
-        free(reqs);
-    return st;
 }
 
 /* Run one op on the calling thread (the caller holds `executing`). */
@@ -137,20 +52,17 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return st;
     }
     size_t bytes = op->count * op->elem_size;
-    if (comm->nranks == 1) {
-        run_single_rank(op);
-        return TUTTI_OK;
-    }
+    const tt_coll_desc_t *desc = &tt_coll_table[op->coll];
+    if (comm->nranks == 1)
+        return desc->local(op);
     /* Nothing to move is still a call to check: a rank that passed count 0 where the
      * others passed more must fail with them. Its fingerprint goes round in a barrier
      * (under this op's envelope), which a mismatched peer's messages cannot satisfy. */
-    const int empty = op->count == 0 && (op->coll == TT_COLL_ALLREDUCE ||
-                                         op->coll == TT_COLL_BROADCAST ||
-                                         op->coll == TT_COLL_REDUCE);
+    const int empty = op->count == 0 && desc->empty_barrier;
     /* Every rank must pick the same algorithm: select on the envelope's count, the same
-     * on every rank by construction (0 for gatherv/scatterv/alltoallv, whose own sizes
-     * differ). */
-    size_t sel_bytes = op->coll == TT_COLL_BARRIER ? 0 : (size_t)op->env_count * op->elem_size;
+     * on every rank by construction (0 for barrier and gatherv/scatterv/alltoallv, whose
+     * own sizes differ). */
+    size_t sel_bytes = (size_t)op->env_count * op->elem_size;
     int cacheable = (int)op->coll > TT_COLL_NONE && op->coll < TT_COLL_COUNT_;
     const tt_algo_t *algo = NULL;
     if (empty)
@@ -178,12 +90,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
     st = algo->run(op);
-    if (st == TUTTI_OK && !empty) {
-        if (op->coll == TT_COLL_BROADCAST || op->coll == TT_COLL_SCATTER)
-            st = root_handshake(op, 1);
-        else if (op->coll == TT_COLL_REDUCE || op->coll == TT_COLL_GATHER)
-            st = root_handshake(op, 0);
-    }
+    if (st == TUTTI_OK && !empty && desc->post)
+        st = desc->post(op);
     if (st < 0) {
         /* The p2p layer described the failure in last_error already. */
         pthread_mutex_lock(&comm->err_lock);
@@ -192,14 +100,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return st;
     }
     tt_op_finish(op);
-    if (user_redop == TUTTI_AVG) {
-        if (op->coll == TT_COLL_ALLREDUCE ||
-            (op->coll == TT_COLL_REDUCE && op->rank == op->root))
-            tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, comm->nranks);
-        else if (op->coll == TT_COLL_REDUCE_SCATTER)
-            tt_reduce_avg_finish(op->recvbuf, op->recvcounts[op->rank], op->dtype,
-                                 comm->nranks);
-    }
+    if (user_redop == TUTTI_AVG && desc->avg)
+        desc->avg(op);
     return TUTTI_OK;
 }
 

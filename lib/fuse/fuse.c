@@ -12,6 +12,7 @@
 #include <tutti/tutti.h>
 
 #include "base/base.h"
+#include "core/stage.h"
 #include "reduce/reduce.h"
 
 #define TT_FUSE_ALIGN 64 /* every tensor starts on a cache line of its bucket */

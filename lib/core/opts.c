@@ -1,0 +1,89 @@
+/* Communicator options: the defaults, the TUTTI_* environment over them, and the
+ * communicator's own copy (tutti_comm_opts_init, tt_comm_opts_resolve). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "core/comm.h"
+
+#define TT_DEFAULT_TIMEOUT_MS 30000
+#define TT_DEFAULT_SPIN_US 50
+#define TT_DEFAULT_CHUNK (1u << 20)
+
+int tutti_comm_opts_init(tutti_comm_opts_t *opts)
+{
+    if (!opts)
+        return TUTTI_ERR_INVALID_ARG;
+    memset(opts, 0, sizeof(*opts));
+    opts->size = sizeof(*opts);
+    opts->timeout_ms = tt_env_int("TIMEOUT_MS", TT_DEFAULT_TIMEOUT_MS);
+    opts->transport = tt_env("TRANSPORT");
+    opts->plugin_path = tt_env("PLUGIN_PATH");
+    opts->algo = tt_env("ALGO");
+    opts->socket_ifname = tt_env("SOCKET_IFNAME");
+    opts->socket_family = tt_env_int("SOCKET_FAMILY", 0);
+    opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
+    opts->spin_us = tt_env_int("SPIN_US", TT_DEFAULT_SPIN_US);
+    opts->chunk_bytes = TT_DEFAULT_CHUNK;
+    const char *chunk = tt_env("CHUNK_BYTES");
+    if (chunk && tt_parse_size(chunk, &opts->chunk_bytes) < 0) {
+        TT_WARN("TUTTI_CHUNK_BYTES=%s is not a size; using %u", chunk, TT_DEFAULT_CHUNK);
+        opts->chunk_bytes = TT_DEFAULT_CHUNK;
+    }
+    opts->prefix = tt_env("PREFIX");
+    opts->stall_check_ms = tt_env_int("STALL_CHECK_MS", 1000);
+    opts->host_id = tt_env("HOST_ID");
+    opts->cost_model = tt_env("COST_MODEL");
+    opts->transport_options = tt_env("TRANSPORT_OPTIONS");
+    opts->job_id = tt_env("JOB_ID");
+    opts->auth_token = tt_env("AUTH_TOKEN");
+    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
+    opts->checksum = tt_env("CHECKSUM");
+    opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
+    return TUTTI_OK;
+}
+
+/* The string fields, which the communicator owns and the environment fills where the
+ * caller's options leave them NULL. */
+#define TT_OPTS_STRINGS(X)                                                              \
+    X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model)          \
+    X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum)
+
+void tt_comm_opts_free(tutti_comm_opts_t *o)
+{
+    free((char *)o->transport);
+#define TT_OPTS_FREE(f) free((char *)o->f);
+    TT_OPTS_STRINGS(TT_OPTS_FREE)
+#undef TT_OPTS_FREE
+}
+
+int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
+{
+    tutti_comm_opts_t env, d;
+    tutti_comm_opts_init(&env); /* the one reading of the environment */
+    d = env;
+    if (src) {
+        /* Fields the caller's (possibly older, smaller) struct has win over defaults. */
+        size_t n = src->size && src->size < sizeof(d) ? src->size : sizeof(d);
+        memcpy(&d, src, n);
+        d.size = sizeof(d);
+    }
+    /* A NULL string means "not set here": the environment (then the default) fills it,
+     * so options made before the environment was set still honour it. */
+    d.transport = tt_strdup(d.transport ? d.transport : env.transport ? env.transport : "auto");
+#define TT_OPTS_DUP(f) d.f = tt_strdup(d.f ? d.f : env.f);
+    TT_OPTS_STRINGS(TT_OPTS_DUP)
+#undef TT_OPTS_DUP
+    if (!d.transport) {
+        tt_comm_opts_free(&d);
+        return TUTTI_ERR_NOMEM;
+    }
+    if (d.timeout_ms <= 0)
+        d.timeout_ms = TT_DEFAULT_TIMEOUT_MS;
+    if (d.chunk_bytes < 4096)
+        d.chunk_bytes = 4096;
+    if (d.spin_us < 0)
+        d.spin_us = 0;
+    *dst = d;
+    return TUTTI_OK;
+}
