@@ -148,7 +148,7 @@ static int rank_refused(int rank, int nranks, tutti_comm_t *unused, const char *
 
 static int have(const char *name)
 {
-    const tutti_transport_ops_v1_t *ops;
+    const tutti_transport_ops_v2_t *ops;
     void *h = NULL;
     char err[512];
     for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)

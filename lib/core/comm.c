@@ -247,20 +247,30 @@ static int host_store_get(void *ctx, const char *key, void **value_p, size_t *le
 
 static void host_free_value(void *value) { free(value); }
 
+/* Knobs that the public options struct carries as fields (tutti.h): a transport asks
+ * for them by name like for any other knob; which transport reads them is its business. */
+static const struct {
+    const char *name;
+    size_t off;
+    int is_int;
+} opts_knobs[] = {
+    {"SOCKET_IFNAME", offsetof(tutti_comm_opts_t, socket_ifname), 0},
+    {"SOCKET_FAMILY", offsetof(tutti_comm_opts_t, socket_family), 1},
+    {"SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1},
+    {"CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0},
+};
+
 static const char *host_config(void *ctx, const char *name)
 {
     tutti_comm_t *comm = ctx;
     static __thread char num[32];
-    if (!strcmp(name, "SOCKET_IFNAME"))
-        return comm->opts.socket_ifname;
-    if (!strcmp(name, "SOCKET_FAMILY")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_family);
-        return num;
-    }
-    if (!strcmp(name, "CHECKSUM"))
-        return comm->opts.checksum;
-    if (!strcmp(name, "SOCKET_BUFFER")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
+    for (size_t i = 0; i < TT_ARRAY_SIZE(opts_knobs); i++) {
+        if (strcmp(name, opts_knobs[i].name))
+            continue;
+        const char *field = (const char *)&comm->opts + opts_knobs[i].off;
+        if (!opts_knobs[i].is_int)
+            return *(const char *const *)field;
+        snprintf(num, sizeof(num), "%d", *(const int *)field);
         return num;
     }
     /* opts.transport_options "NAME=VALUE,..." first, then TUTTI_NAME */
@@ -532,8 +542,8 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     }
     TT_INFO("job id %s (from %s)", comm->job_id[0] ? comm->job_id : "none", job_src);
 
-    comm->host = (tutti_tp_host_v1_t){
-        .size = sizeof(tutti_tp_host_v1_t),
+    comm->host = (tutti_tp_host_v2_t){
+        .size = sizeof(tutti_tp_host_v2_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1,
         .rank = rank,
         .nranks = size,
@@ -557,7 +567,9 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     }
     const char *cm = comm->opts.cost_model;
     int probe = cm && !strcmp(cm, "probe");
-    tt_cost_table(&comm->cost, comm->tp_name);
+    const tutti_tp_props_v2_t *props[4];
+    int nprops = tt_transports_props(comm, props, 4);
+    tt_cost_from_props(&comm->cost, comm->tp_name, props, nprops);
     if (cm && *cm && !probe && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
         if (st < 0) {

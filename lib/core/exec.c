@@ -251,7 +251,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
 static void p2p_fail_comm(tutti_comm_t *comm, tutti_work_t *w, int st, char *err,
                           size_t errlen)
 {
-    const tt_req_t *r = &w->req;
+    const tutti_tp_req_v2_t *r = &w->req;
     const char *what = r->kind == TUTTI_TP_SEND ? "sending to" : "receiving from";
     const char *addr = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, r->peer)
                                                   : "?";

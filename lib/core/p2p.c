@@ -72,9 +72,10 @@ int tt_op_store_delete(tt_op_t *op, const char *key)
 }
 
 static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len,
-                     uint32_t tag, tt_req_t *req)
+                     uint32_t tag, tt_req_t *ireq)
 {
-    memset(req, 0, sizeof(*req));
+    tutti_tp_req_v2_t *req = &ireq->tp;
+    memset(req, 0, sizeof(*req)); /* also mem = TUTTI_MEM_HOST, no handle, no stream */
     req->kind = kind;
     req->peer = peer;
     req->buf = (void *)buf;
@@ -103,8 +104,9 @@ int tt_p2p_fail(tt_op_t *op, int status)
 }
 
 /* Describe a failed request, record it on the communicator, cancel the rest. */
-static int req_failed(tt_op_t *op, tt_req_t *req)
+static int req_failed(tt_op_t *op, tt_req_t *ireq)
 {
+    const tutti_tp_req_v2_t *req = &ireq->tp;
     tutti_comm_t *comm = op->comm;
     int st = req->status;
     char msg[TT_ERRMSG_LEN];
@@ -144,11 +146,11 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
     if (!buf && !len)
         buf = &none; /* empty messages still go, and transports get a valid pointer */
     req_init(op, kind, peer, buf, len, tag, req);
-    int st = kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, req)
-                                   : comm->tp_ops->post_recv(comm->tp, req);
+    int st = kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &req->tp)
+                                   : comm->tp_ops->post_recv(comm->tp, &req->tp);
     if (st < 0) {
-        if (req->status >= 0)
-            req->status = st;
+        if (req->tp.status >= 0)
+            req->tp.status = st;
         return req_failed(op, req);
     }
     return TUTTI_OK;
@@ -314,8 +316,9 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
 #undef BLAME
 }
 
-static int timed_out(tt_op_t *op, tt_req_t *req)
+static int timed_out(tt_op_t *op, tt_req_t *ireq)
 {
+    const tutti_tp_req_v2_t *req = &ireq->tp;
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
     /* Ranks waiting on each other time out at about the same moment; a short grace lets
@@ -348,7 +351,7 @@ static int timed_out(tt_op_t *op, tt_req_t *req)
  * number in different ops is a mismatch that exchanged no message to reveal it (say,
  * both waiting to receive from each other). Costs nothing while ops make progress; all
  * best effort, through the failure paths' bounded store calls. */
-static int stall_check(tt_op_t *op, const tt_req_t *req)
+static int stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
 {
     tutti_comm_t *comm = op->comm;
     char key[64], val[160];
@@ -475,7 +478,7 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
         if (!op->stall_next_ns)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;
         if (now >= op->stall_next_ns) {
-            TT_CHECK(stall_check(op, req));
+            TT_CHECK(stall_check(op, &req->tp));
             now = tt_now_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
             ms = tt_ms_left_at(op->deadline_ns, now);
@@ -509,9 +512,9 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
 
 int tt_p2p_wait(tt_op_t *op, tt_req_t *req)
 {
-    while (req->status == 1)
+    while (req->tp.status == 1)
         TT_CHECK(progress_once(op, req));
-    if (req->status < 0)
+    if (req->tp.status < 0)
         return req_failed(op, req);
     return TUTTI_OK;
 }
@@ -522,11 +525,11 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
     for (;;) {
         tt_req_t *pending = NULL;
         for (size_t i = first; i < n; i++) {
-            if (reqs[i].status < 0)
+            if (reqs[i].tp.status < 0)
                 return req_failed(op, &reqs[i]);
-            if (reqs[i].status == 1 && !pending)
+            if (reqs[i].tp.status == 1 && !pending)
                 pending = &reqs[i];
-            if (reqs[i].status == 0 && i == first)
+            if (reqs[i].tp.status == 0 && i == first)
                 first++;
         }
         if (!pending)
