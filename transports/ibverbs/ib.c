@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "ib.h"
+#include "../kit/progress.h"
 #include "../kit/queue.h"
 
 #define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -638,43 +639,23 @@ static void block(ib_tp_t *tp, int ms)
     }
 }
 
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    (void)c0;
+    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    sweep(tp);
+}
+
+static const tp_progress_ops_t ib_progress_ops = {
+    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+
 static int ib_progress(void *vtp, int timeout_ms)
 {
     ib_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = tp_now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        while (tp_now_ns() < end) {
-            sweep(tp);
-            if (tp->completions != c0)
-                return TUTTI_OK;
-            if (atomic_load(&tp->aborted))
-                break;
-            /* more ranks than cores: the peer we wait for may need this one */
-            sched_yield();
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = tp_now_ns();
-        if (now >= deadline)
-            break;
-        block(tp, (int)((deadline - now + 999999u) / 1000000u));
-        sweep(tp);
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
 static int check_req(ib_tp_t *tp, tp_req_t *r)

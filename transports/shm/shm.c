@@ -69,6 +69,7 @@
 #include <unistd.h>
 
 #include "shm.h"
+#include "../kit/progress.h"
 #include "../kit/queue.h"
 
 #define SHM_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -548,84 +549,83 @@ static void abort_all(shm_tp_t *tp)
 
 /* ---- the ops ---- */
 
+/* The spin of progress(), from t0 for up to spin_us; 1 when something completed. */
+static int spin(void *vtp, unsigned long c0, uint64_t t0)
+{
+    shm_tp_t *tp = vtp;
+    uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
+    /* Spin on the CPU only briefly, then yield on every round: the peer we wait for
+     * may need this CPU (more local ranks than CPUs, or the scheduler put both on
+     * one while other work runs); without peers in need, a yield is cheap. When the
+     * brief spin keeps failing (we share a CPU with the peer), skip it, trying it
+     * again every 64th wait. */
+    int pure = !tp->oversubscribed &&
+               (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
+    uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
+    uint64_t now = t0;
+    unsigned rounds = 0;
+    for (;;) {
+        if (now >= pure_end) {
+            sched_yield();
+        } else {
+            for (int k = 0; k < 4; k++)
+                cpu_relax();
+        }
+        sweep(tp);
+        if (tp->completions != c0) {
+            if (pure)
+                tp->spin_misses = now < pure_end ? 0 : tp->spin_misses + 1;
+            return 1;
+        }
+        /* the clock is not free (a VM's may trap): read it every few rounds */
+        if (++rounds & (now < pure_end ? 7 : 3))
+            continue;
+        now = tp_now_ns();
+        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed) || now >= end)
+            return 0;
+    }
+}
+
+/* Sleep on this rank's doorbell until a peer rings it or deadline passes; check the
+ * peers' liveness every liveness_ms. */
+static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    shm_tp_t *tp = vtp;
+    shm_bell_t *bell = tp->bell;
+    if (now >= tp->next_liveness_ns) {
+        shm_check_liveness(tp, 0);
+        tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
+        sweep(tp);
+        return;
+    }
+    uint32_t seq = atomic_load(&bell->seq);
+    atomic_store(&bell->sleeping, 1);
+    /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
+     * seq_cst, so only a full fence keeps them after the store above */
+    atomic_thread_fence(memory_order_seq_cst);
+    sweep(tp); /* whatever was published before `sleeping` became visible */
+    if (tp->completions != c0 || atomic_load(&tp->aborted)) {
+        atomic_store(&bell->sleeping, 0);
+        return;
+    }
+    uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
+    int ms = (int)((until - now + 999999u) / 1000000u);
+    shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
+    atomic_store(&bell->sleeping, 0);
+    sweep(tp);
+}
+
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+
+static const tp_progress_ops_t shm_progress_ops = {
+    .sweep = kit_sweep, .wait = wait_bell, .abort_all = kit_abort_all, .spin = spin};
+
 static int shm_progress(void *vtp, int timeout_ms)
 {
     shm_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = tp_now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        /* Spin on the CPU only briefly, then yield on every round: the peer we wait for
-         * may need this CPU (more local ranks than CPUs, or the scheduler put both on
-         * one while other work runs); without peers in need, a yield is cheap. When the
-         * brief spin keeps failing (we share a CPU with the peer), skip it, trying it
-         * again every 64th wait. */
-        int pure = !tp->oversubscribed &&
-                   (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
-        uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
-        uint64_t now = t0;
-        unsigned rounds = 0;
-        for (;;) {
-            if (now >= pure_end) {
-                sched_yield();
-            } else {
-                for (int k = 0; k < 4; k++)
-                    cpu_relax();
-            }
-            sweep(tp);
-            if (tp->completions != c0) {
-                if (pure)
-                    tp->spin_misses = now < pure_end ? 0 : tp->spin_misses + 1;
-                return TUTTI_OK;
-            }
-            /* the clock is not free (a VM's may trap): read it every few rounds */
-            if (++rounds & (now < pure_end ? 7 : 3))
-                continue;
-            now = tp_now_ns();
-            if (atomic_load_explicit(&tp->aborted, memory_order_relaxed) || now >= end)
-                break;
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    shm_bell_t *bell = tp->bell;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = tp_now_ns();
-        if (now >= deadline)
-            break;
-        if (now >= tp->next_liveness_ns) {
-            shm_check_liveness(tp, 0);
-            tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
-            sweep(tp);
-            continue;
-        }
-        uint32_t seq = atomic_load(&bell->seq);
-        atomic_store(&bell->sleeping, 1);
-        /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
-         * seq_cst, so only a full fence keeps them after the store above */
-        atomic_thread_fence(memory_order_seq_cst);
-        sweep(tp); /* whatever was published before `sleeping` became visible */
-        if (tp->completions != c0 || atomic_load(&tp->aborted)) {
-            atomic_store(&bell->sleeping, 0);
-            continue;
-        }
-        uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
-        int ms = (int)((until - now + 999999u) / 1000000u);
-        shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
-        atomic_store(&bell->sleeping, 0);
-        sweep(tp);
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
 static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)

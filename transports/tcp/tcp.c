@@ -13,6 +13,7 @@
 
 #include "crc32c.h"
 #include "tcp.h"
+#include "../kit/progress.h"
 #include "../kit/queue.h"
 
 #define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -533,43 +534,22 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    (void)c0;
+    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+}
+
+static const tp_progress_ops_t tcp_progress_ops = {
+    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+
 static int tcp_progress(void *vtp, int timeout_ms)
 {
     tcp_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = tp_now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        while (tp_now_ns() < end) {
-            sweep(tp);
-            if (tp->completions != c0)
-                return TUTTI_OK;
-            if (atomic_load(&tp->aborted))
-                break;
-            /* With more ranks than cores, the peer we wait for may share our core:
-             * spinning without yielding would keep it off the CPU for the whole spin. */
-            sched_yield();
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = tp_now_ns();
-        if (now >= deadline)
-            break;
-        block(tp, (int)((deadline - now + 999999u) / 1000000u));
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
 static int check_req(tcp_tp_t *tp, tp_req_t *r)
