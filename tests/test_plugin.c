@@ -9,6 +9,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "coll/cost.h"
 #include "plugin/transport.h"
 
 #define BAD_PLUGIN TT_BUILD_DIR "/tests/libtutti-transport-badabi.so"
@@ -100,6 +101,26 @@ START_TEST(v1_plugin_through_shim)
 }
 END_TEST
 
+/* The cost model takes the transports' own hints, whatever their names; a part without
+ * hints (a v1 plugin) counts as a socket transport, and the slowest part sets the pace. */
+START_TEST(cost_from_properties)
+{
+    tt_cost_t c, tcp;
+    tt_cost_table(&tcp, "tcp");
+    const tutti_tp_props_v2_t fast = {.mem_kinds = 1, .alpha_us = 0.5, .bw_gbs = 50},
+                              none = {.mem_kinds = 1};
+    const tutti_tp_props_v2_t *p[2] = {&fast, &none};
+    tt_cost_from_props(&c, "fab", p, 1);
+    ck_assert(c.alpha_us == 0.5 && c.beta_ns == 1.0 / 50);
+    ck_assert_str_eq(c.source, "table fab");
+    tt_cost_from_props(&c, "fab+old", p, 2);
+    ck_assert(c.alpha_us == tcp.alpha_us && c.beta_ns == tcp.beta_ns);
+    ck_assert_str_eq(c.source, "table tcp");
+    /* the built-ins' hints are what the name table used to say */
+    ck_assert(tcp.alpha_us == 10.0 && tcp.beta_ns == 1.0 / 2.0);
+}
+END_TEST
+
 static int rank_plugin(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -138,6 +159,7 @@ int main(void)
     tcase_add_test(tc, unknown_transport);
     tcase_add_test(tc, builtin_and_plugin_tables);
     tcase_add_test(tc, v1_plugin_through_shim);
+    tcase_add_test(tc, cost_from_properties);
     tcase_add_loop_test(tc, collectives_through_plugin, 0, 2);
     suite_add_tcase(s, tc);
     setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
