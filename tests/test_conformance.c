@@ -6,6 +6,7 @@
  * order with envelopes, zero-length messages, bad requests, envelope and length
  * mismatches, cancel_all, notify_error, abort, progress timeouts, and a killed peer. */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,17 +314,22 @@ static int body_cancel(conf_t *cf, int rank)
     return 0;
 }
 
-/* ---- notify_error reaches a peer's pending receive with the status and message ---- */
+/* ---- notify_error reaches a peer's pending receive with the status and message, after
+ * what was sent before it; later posts on that link fail at once ---- */
 
 static int body_notify(conf_t *cf, int rank)
 {
-    char buf[8];
+    char buf[8] = "m";
     tutti_tp_req_v2_t r;
+    req_set(&r, 1 - rank, buf, 8, 1, 1); /* one good message first */
+    CHECK((rank ? cf->ops->post_recv : cf->ops->post_send)(cf->tp, &r) == 0, "post");
+    drive(cf, &r, 1, 10000);
+    CHECK(r.status == 0, "the message before the report: status %d", r.status);
     if (rank == 0) {
-        th_sleep_ms(200); /* rank 1 waits in its receive by now */
+        th_sleep_ms(200); /* rank 1 waits in its second receive by now */
         cf->ops->notify_error(cf->tp, TUTTI_ERR_MISMATCH, "rank 0 saw something odd: boom");
     } else {
-        req_set(&r, 0, buf, 8, 1, 1);
+        req_set(&r, 0, buf, 8, 2, 1);
         CHECK(cf->ops->post_recv(cf->tp, &r) == 0, "post_recv");
         double t0 = th_now_ms();
         drive(cf, &r, 1, 10000);
@@ -332,12 +338,28 @@ static int body_notify(conf_t *cf, int rank)
         CHECK(dt < 5000, "took %.0f ms", dt);
         CHECK(strstr(cf->host.err, "boom") && cf->host.err_peer == 0, "error: peer %d: %s",
               cf->host.err_peer, cf->host.err);
+        req_set(&r, 0, buf, 8, 3, 1);
+        CHECK(cf->ops->post_recv(cf->tp, &r) < 0 && r.status < 0,
+              "a post after the report succeeded");
     }
     barrier(cf, "notify");
     return 0;
 }
 
-/* ---- progress() timeouts; abort() ---- */
+/* ---- progress() timeouts; abort() from another thread wakes a blocked progress() ---- */
+
+typedef struct aborter {
+    conf_t *cf;
+    int delay_ms;
+} aborter_t;
+
+static void *abort_later(void *arg)
+{
+    aborter_t *a = arg;
+    th_sleep_ms(a->delay_ms);
+    a->cf->ops->abort(a->cf->tp);
+    return NULL;
+}
 
 static int body_timeouts(conf_t *cf, int rank)
 {
@@ -354,12 +376,17 @@ static int body_timeouts(conf_t *cf, int rank)
     CHECK(dt < 1500, "progress(150) took %.0f ms", dt);
     CHECK(r.status == 1, "status %d with nothing sent", r.status);
     barrier(cf, "timeouts");
-    cf->ops->abort(cf->tp);
+    aborter_t a = {cf, 300};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, abort_later, &a) == 0, "pthread_create");
     t0 = th_now_ms();
-    CHECK(cf->ops->progress(cf->tp, 5000) == TUTTI_ERR_ABORTED, "progress after abort");
-    CHECK(th_now_ms() - t0 < 1000, "abort: progress took %.0f ms", th_now_ms() - t0);
-    cf->ops->cancel_all(cf->tp, TUTTI_ERR_ABORTED);
-    CHECK(r.status == TUTTI_ERR_ABORTED, "status %d", r.status);
+    int st = cf->ops->progress(cf->tp, 20000);
+    dt = th_now_ms() - t0;
+    pthread_join(th, NULL);
+    CHECK(st == TUTTI_ERR_ABORTED, "progress gave %d after %.0f ms", st, dt);
+    CHECK(dt >= 250 && dt < 2000, "progress returned after %.0f ms (abort at 300)", dt);
+    CHECK(r.status == TUTTI_ERR_ABORTED, "request status %d", r.status);
+    CHECK(cf->ops->progress(cf->tp, 1000) == TUTTI_ERR_ABORTED, "not aborted for good");
     barrier(cf, "aborted");
     return 0;
 }

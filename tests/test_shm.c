@@ -1,10 +1,11 @@
-/* The shared-memory transport: through its ABI directly (mismatched envelopes, error
- * reports, abort, dead peers, a subset of peers) and through the library with
- * TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both ways, on the
- * single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in flight, a rank killed mid-collective,
- * 8 ranks on 2 cores). Every case checks that nothing is left in /dev/shm.
- * The correctness matrices (test_coll, test_coll2) also run over shm with
- * TUTTI_TRANSPORT=shm. */
+/* The shared-memory transport: through its ABI directly (dead peers, a subset of peers,
+ * cancel at a message boundary, withdrawn pulls; the contract every transport keeps,
+ * mismatches, error reports and abort among it, is test_conformance's) and through the
+ * library with TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both
+ * ways, on the single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in
+ * flight, a rank killed mid-collective, 8 ranks on 2 cores). Every case checks that
+ * nothing is left in /dev/shm. The correctness matrices (test_coll, test_coll2) also run
+ * over shm with TUTTI_TRANSPORT=shm. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -133,169 +134,6 @@ static void store_barrier(th_host_t *t, const char *name, int nranks)
 }
 
 /* ---- through the ABI ---- */
-
-static int rank_tp_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
-{
-    (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
-    for (int round = 0; round < 2; round++) {
-        th_host_t t;
-        void *tp = NULL;
-        char prefix[32];
-        snprintf(prefix, sizeof(prefix), "mm%d/", round);
-        FAIL_IF(tp_open(&t, dir, prefix, rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
-        char data[64] = "hello", got[64] = {0};
-        tutti_tp_req_v2_t r;
-        /* round 0: same length, other tag; round 1: other length */
-        if (rank == 0) {
-            req_set(&r, 1, data, 16, 7, 100);
-            FAIL_IF(ops->post_send(tp, &r) != 0, "post_send");
-            drive(tp, &r, 5000);
-            FAIL_IF(r.status != 0, "send status %d", r.status);
-        } else {
-            req_set(&r, 0, got, round ? 24 : 16, 7, round ? 100 : 101);
-            FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
-            drive(tp, &r, 5000);
-            FAIL_IF(r.status != TUTTI_ERR_MISMATCH, "round %d: status %d", round, r.status);
-            FAIL_IF(r.got_len != 16, "got_len %zu", r.got_len);
-            FAIL_IF(r.got_env[0] != 7 || r.got_env[1] != 0x1234 || r.got_env[2] != 16 ||
-                        r.got_env[3] != 100,
-                    "got_env %llu %llx %llu %llu", (unsigned long long)r.got_env[0],
-                    (unsigned long long)r.got_env[1], (unsigned long long)r.got_env[2],
-                    (unsigned long long)r.got_env[3]);
-            FAIL_IF(got[0] != 0, "payload written on a mismatch");
-        }
-        store_barrier(&t, prefix, nranks);
-        ops->destroy(tp);
-        th_host_close(&t);
-    }
-    return 0;
-}
-
-START_TEST(abi_mismatch)
-{
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 2, .fn = rank_tp_mismatch, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    ck_assert_int_eq(leftovers(sh, 2), 0);
-}
-END_TEST
-
-/* notify_error reaches a peer blocked in a receive, with the status and the message. */
-static int rank_tp_notify(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
-{
-    (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
-    th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "nt/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
-    char buf[64];
-    if (rank == 0) {
-        /* one good message first: the report must come after it, not instead of it */
-        tutti_tp_req_v2_t s;
-        req_set(&s, 1, buf, 8, 1, 1);
-        FAIL_IF(ops->post_send(tp, &s) != 0, "post_send");
-        drive(tp, &s, 5000);
-        FAIL_IF(s.status != 0, "send %d", s.status);
-        usleep(200000); /* rank 1 is blocked in its second receive by now */
-        ops->notify_error(tp, TUTTI_ERR_MISMATCH, "rank 0 saw something odd: boom");
-        store_barrier(&t, "nt", nranks);
-    } else {
-        tutti_tp_req_v2_t r;
-        req_set(&r, 0, buf, 8, 1, 1);
-        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
-        drive(tp, &r, 5000);
-        FAIL_IF(r.status != 0, "first receive %d", r.status);
-        req_set(&r, 0, buf, 8, 2, 1);
-        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv 2");
-        double t0 = th_now_ms();
-        drive(tp, &r, 10000);
-        double dt = th_now_ms() - t0;
-        FAIL_IF(r.status != TUTTI_ERR_MISMATCH, "status %d after %.0f ms", r.status, dt);
-        FAIL_IF(dt > 2000, "took %.0f ms", dt);
-        FAIL_IF(!strstr(t.err, "boom") || !strstr(t.err, "rank 0"), "message: %s", t.err);
-        FAIL_IF(t.err_peer != 0, "peer %d", t.err_peer);
-        /* later posts on that link fail at once */
-        req_set(&r, 0, buf, 8, 3, 1);
-        FAIL_IF(ops->post_recv(tp, &r) == 0, "post after the report succeeded");
-        store_barrier(&t, "nt", nranks);
-    }
-    ops->destroy(tp);
-    th_host_close(&t);
-    return 0;
-}
-
-START_TEST(abi_notify_error)
-{
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 2, .fn = rank_tp_notify, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    ck_assert_int_eq(leftovers(sh, 2), 0);
-}
-END_TEST
-
-typedef struct {
-    void *tp;
-    int delay_ms;
-} abort_arg_t;
-
-static void *aborter(void *arg)
-{
-    abort_arg_t *a = arg;
-    usleep((useconds_t)a->delay_ms * 1000);
-    tt_builtin_transport_shm()->abort(a->tp);
-    return NULL;
-}
-
-/* abort() from another thread wakes a progress() blocked in the futex. */
-static int rank_tp_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
-{
-    (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
-    th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "ab/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
-    if (rank == 0) {
-        char buf[8];
-        tutti_tp_req_v2_t r;
-        req_set(&r, 1, buf, 8, 1, 1); /* never sent */
-        FAIL_IF(ops->post_recv(tp, &r) != 0, "post_recv");
-        abort_arg_t a = {tp, 300};
-        pthread_t th;
-        pthread_create(&th, NULL, aborter, &a);
-        double t0 = th_now_ms();
-        int st = ops->progress(tp, 20000);
-        double dt = th_now_ms() - t0;
-        pthread_join(th, NULL);
-        FAIL_IF(st != TUTTI_ERR_ABORTED, "progress gave %d after %.0f ms", st, dt);
-        FAIL_IF(dt < 250 || dt > 1000, "progress returned after %.0f ms (abort at 300)", dt);
-        FAIL_IF(r.status != TUTTI_ERR_ABORTED, "request status %d", r.status);
-        FAIL_IF(ops->progress(tp, 1000) != TUTTI_ERR_ABORTED, "not aborted for good");
-    }
-    store_barrier(&t, "ab", nranks);
-    ops->destroy(tp);
-    th_host_close(&t);
-    return 0;
-}
-
-START_TEST(abi_abort_wakes_progress)
-{
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 2, .fn = rank_tp_abort, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    ck_assert_int_eq(leftovers(sh, 2), 0);
-}
-END_TEST
 
 /* A peer process that vanishes (no destroy, no report) fails the requests on it with
  * TUTTI_ERR_PEER naming it, while a blocked progress() is waiting; a subset of peers
@@ -878,9 +716,6 @@ static Suite *suite(void)
     Suite *s = suite_create("shm");
     TCase *tc = tcase_create("abi");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, abi_mismatch);
-    tcase_add_test(tc, abi_notify_error);
-    tcase_add_test(tc, abi_abort_wakes_progress);
     tcase_add_test(tc, abi_dead_peer_and_subset);
     tcase_add_test(tc, abi_cancel_at_boundary_keeps_link);
     tcase_add_test(tc, abi_withdrawn_pull_never_delivered);
