@@ -104,14 +104,6 @@ typedef struct tutti_transport_ops_v2 {
     int (*deregister_mem)(void *tp, void *handle);
 } tutti_transport_ops_v2_t;
 
-/* Is the v2 request r acceptable to a transport with properties p (memory kind and
- * stream)? For the transports' post_* checks. */
-static inline int tutti_tp_req_v2_supported(const tutti_tp_props_v2_t *p,
-                                            const tutti_tp_req_v2_t *r)
-{
-    return r->mem < 32 && (p->mem_kinds & TUTTI_MEM_BIT(r->mem)) && !r->stream;
-}
-
 #define TUTTI_TRANSPORT_SYMBOL_V2 "tutti_transport_v2"
 typedef const tutti_transport_ops_v2_t *(*tutti_transport_entry_v2_fn)(void);
 
