@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .log = host_log,
         .error = host_error,
     };
-    tutti_tp_req_v1_t reqs[MAX_REQS];
+    tp_req_t reqs[MAX_REQS];
     memset(reqs, 0, sizeof(reqs));
     for (size_t i = 0; i < nreqs; i++) {
         reqs[i].peer = 1;

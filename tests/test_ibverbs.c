@@ -20,10 +20,11 @@
 #include <infiniband/verbs.h>
 
 #include <tutti/store.h>
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
 
 #include "../transports/ibverbs/ib.h"
+#include "fake_host.h"
 #include "harness.h"
 #include "ref.h"
 
@@ -382,97 +383,25 @@ END_TEST
 
 /* ---- through the ABI directly: cancel and failure semantics of the rendezvous ---- */
 
-const tutti_transport_ops_v1_t *tt_builtin_transport_ibverbs(void);
+const tutti_transport_ops_v2_t *tt_builtin_transport_ibverbs(void);
 #define IBOPS tt_builtin_transport_ibverbs()
 
-typedef struct thost {
-    tutti_tp_host_v1_t h;
-    tutti_store_t *base, *store;
-    int nerr;
-    int err_status;
-    char err[4096];
-} thost_t;
-
-static int th_set(void *ctx, const char *key, const void *value, size_t len)
+static int tp_open(th_host_t *t, const char *dir, int rank, int nranks, void **tp_p)
 {
-    return tutti_store_set(((thost_t *)ctx)->store, key, value, len);
-}
-
-static int th_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
-{
-    return tutti_store_get(((thost_t *)ctx)->store, key, value_p, len_p, timeout_ms);
-}
-
-static void th_free(void *v) { free(v); }
-
-static const char *th_config(void *ctx, const char *name)
-{
-    (void)ctx;
-    char full[128];
-    snprintf(full, sizeof(full), "TUTTI_%s", name);
-    return getenv(full);
-}
-
-static void th_log(void *ctx, int level, const char *fmt, ...)
-{
-    (void)ctx;
-    if (level > TUTTI_LOG_WARN && !getenv("TT_TEST_VERBOSE"))
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
-static int th_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
-{
-    thost_t *t = ctx;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->err, sizeof(t->err), fmt, ap);
-    va_end(ap);
-    (void)err_no;
-    (void)peer;
-    t->nerr++;
-    t->err_status = status;
-    return status;
-}
-
-static int tp_open(thost_t *t, const char *dir, int rank, int nranks, void **tp_p)
-{
-    memset(t, 0, sizeof(*t));
-    if (tutti_store_open_file(&t->base, dir, 20000) != 0 ||
-        tutti_store_open_prefixed(&t->store, t->base, "abi/") != 0)
+    if (th_host_open(t, dir, "abi/", rank, nranks, 20000) != 0)
         return -1;
-    t->h = (tutti_tp_host_v1_t){
-        .size = sizeof(tutti_tp_host_v1_t),
-        .abi_version = TUTTI_TRANSPORT_ABI_V1,
-        .rank = rank,
-        .nranks = nranks,
-        .timeout_ms = 20000,
-        .spin_us = 50,
-        .ctx = t,
-        .store_set = th_set,
-        .store_get = th_get,
-        .free_value = th_free,
-        .config = th_config,
-        .log = th_log,
-        .error = th_error,
-    };
     return IBOPS->create(&t->h, tp_p);
 }
 
-static void tp_close(thost_t *t, void *tp)
+static void tp_close(th_host_t *t, void *tp)
 {
     IBOPS->destroy(tp);
-    tutti_store_close(t->store);
-    tutti_store_close(t->base);
+    th_host_close(t);
 }
 
-static void signal_key(thost_t *t, const char *key) { tutti_store_set(t->store, key, "1", 1); }
+static void signal_key(th_host_t *t, const char *key) { tutti_store_set(t->store, key, "1", 1); }
 
-static int wait_key(thost_t *t, const char *key, int ms)
+static int wait_key(th_host_t *t, const char *key, int ms)
 {
     void *v = NULL;
     size_t n = 0;
@@ -482,19 +411,11 @@ static int wait_key(thost_t *t, const char *key, int ms)
     return 0;
 }
 
-static void req_init(tutti_tp_req_v1_t *r, int peer, void *buf, size_t len, uint64_t e0)
-{
-    memset(r, 0, sizeof(*r));
-    r->peer = peer;
-    r->buf = buf;
-    r->len = len;
-    r->env[0] = e0;
-    r->env[1] = 0xfeed;
-    r->env[2] = len;
-}
+/* envelope (e0, 0xfeed, len, 0) */
+#define req_init(r, peer, buf, len, e0) th_req_set(r, peer, buf, len, e0, 0xfeed, 0)
 
 /* progress for ms (until *a and *b, when given, are no longer pending) */
-static void drive2(void *tp, tutti_tp_req_v1_t *a, tutti_tp_req_v1_t *b, int ms)
+static void drive2(void *tp, tutti_tp_req_v2_t *a, tutti_tp_req_v2_t *b, int ms)
 {
     double end = th_now_ms() + ms;
     while (th_now_ms() < end) {
@@ -517,13 +438,13 @@ static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char 
 {
     (void)unused;
     int mode = (int)(intptr_t)arg;
-    thost_t t;
+    th_host_t t;
     void *tp = NULL;
     FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
     const size_t len = 1u << 20;
     unsigned char *buf = malloc(len);
     FAIL_IF(!buf, "malloc");
-    tutti_tp_req_v1_t r;
+    tutti_tp_req_v2_t r;
     if (rank == 0) {
         memset(buf, 0xa5, len);
         req_init(&r, 1, buf, len, 1);
@@ -582,14 +503,14 @@ static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const
 {
     (void)unused;
     (void)arg;
-    thost_t t;
+    th_host_t t;
     void *tp = NULL;
     FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
     const size_t len = 32u << 20;
     unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                               -1, 0);
     FAIL_IF(buf == MAP_FAILED, "mmap");
-    tutti_tp_req_v1_t r;
+    tutti_tp_req_v2_t r;
     if (rank == 0) {
         memset(buf, 0xa5, len);
         req_init(&r, 1, buf, len, 1);
@@ -629,7 +550,7 @@ static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const
         for (size_t i = 0; i < len; i++)
             FAIL_IF(buf[i] != 0, "byte %zu of the cancelled receive's buffer was written after "
                                  "cancel_all returned", i);
-        tutti_tp_req_v1_t r2;
+        tutti_tp_req_v2_t r2;
         req_init(&r2, 0, buf, 16, 2);
         FAIL_IF(IBOPS->post_recv(tp, &r2) == 0, "a receive on the cancelled link was taken");
         FAIL_IF(wait_key(&t, "done0", 60000) != 0, "rank 0 never finished");
@@ -657,13 +578,13 @@ static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
 {
     (void)unused;
     (void)arg;
-    thost_t t;
+    th_host_t t;
     void *tp = NULL;
     FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
     const size_t len = 32u << 20; /* 8 READs: still in flight when the mismatch is seen */
     unsigned char *big = malloc(len), small[16];
     FAIL_IF(!big, "malloc");
-    tutti_tp_req_v1_t a, b;
+    tutti_tp_req_v2_t a, b;
     if (rank == 0) {
         for (size_t i = 0; i < len; i++)
             big[i] = (unsigned char)(i * 7 + 1);

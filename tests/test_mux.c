@@ -18,6 +18,9 @@
 #include "plugin/transport.h"
 
 #define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"
+#define SHM_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-shm.so"
+/* the tcp sources built against ABI v1 (tests/meson.build), behind the loader's shim */
+#define V1_PLUGIN TT_BUILD_DIR "/tests/libtutti-transport-tcpv1.so"
 
 typedef struct mux_case {
     const char *transport;
@@ -148,7 +151,7 @@ static int rank_refused(int rank, int nranks, tutti_comm_t *unused, const char *
 
 static int have(const char *name)
 {
-    const tutti_transport_ops_v1_t *ops;
+    const tutti_transport_ops_v2_t *ops;
     void *h = NULL;
     char err[512];
     for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)
@@ -163,6 +166,7 @@ static const mux_case_t tcp_cases[] = {
     {"local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0},
     {"local=" TCP_PLUGIN, "AABBA", "tcp+tcp", 0},
     {"local=" TCP_PLUGIN ",remote=tcp", "AAAA", "tcp", 0}, /* one host: no mux */
+    {"local=tcp,remote=" V1_PLUGIN, "AAB", "tcp+tcp", 0},   /* a v1 plugin in the mux */
 };
 
 START_TEST(mixed_tcp)
@@ -180,6 +184,7 @@ static const mux_case_t shm_cases[] = {
     {"local=shm,remote=tcp", "AAB", "shm+tcp", 0},
     {"auto", "AAA", "shm", 0},
     {"auto", "ABC", "tcp", 0}, /* nobody local: tcp alone */
+    {"local=" SHM_PLUGIN ",remote=tcp", "AAB", "shm+tcp", 0},
 };
 
 START_TEST(mixed_shm)
@@ -201,10 +206,14 @@ START_TEST(shm_forced_across_hosts)
         fprintf(stderr, "shm_forced_across_hosts: shm is not built in; skipped\n");
         return;
     }
-    mux_case_t c = {"shm", "AB", NULL, TUTTI_ERR_CONFIG};
-    th_spec_t spec = {.nranks = 2, .fn = rank_refused, .arg = &c, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    /* by name, and as a plugin file: its properties say local-only, not its name */
+    mux_case_t c[] = {{"shm", "AB", NULL, TUTTI_ERR_CONFIG},
+                      {SHM_PLUGIN, "AB", NULL, TUTTI_ERR_CONFIG}};
+    for (int k = 0; k < 2; k++) {
+        th_spec_t spec = {.nranks = 2, .fn = rank_refused, .arg = &c[k], .timeout_ms = 30000,
+                          .flags = TH_NO_COMM};
+        ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s", c[k].transport);
+    }
 }
 END_TEST
 
@@ -277,7 +286,7 @@ START_TEST(bad_spec)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     tutti_store_t *store = NULL;
     ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
-    const char *bad[] = {"local=tcp,far=tcp", "remote=shm", "local="};
+    const char *bad[] = {"local=tcp,far=tcp", "remote=shm", "local=", "remote=" SHM_PLUGIN};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tutti_comm_opts_t o;
         tutti_comm_opts_init(&o);

@@ -20,16 +20,17 @@
 #include <unistd.h>
 
 #include <tutti/store.h>
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
 
 #include "base/auth.h"
+#include "fake_host.h"
 #include "harness.h"
 #include "../transports/tcp/crc32c.h"
 #include "../transports/tcp/tcp.h"
 
 /* the built-in tcp transport's table (libtutti_internal) */
-const tutti_transport_ops_v1_t *tt_builtin_transport_tcp(void);
+const tutti_transport_ops_v2_t *tt_builtin_transport_tcp(void);
 
 static double elapsed_since(double t0) { return th_now_ms() - t0; }
 
@@ -284,118 +285,26 @@ static char *capture_end(capture_t *c)
 
 /* ======================= a host struct of our own ======================= */
 
-typedef struct thost {
-    tutti_tp_host_v1_t h;
-    tutti_store_t *store;
-    const char *prefix;
-    const char *secret;   /* NULL: no job secret */
-    const char *checksum; /* TUTTI_CHECKSUM */
-    int status, peer;
-    char msg[4096];
-} thost_t;
-
-static int th_store_set(void *ctx, const char *key, const void *value, size_t len)
-{
-    thost_t *t = ctx;
-    char k[256];
-    snprintf(k, sizeof(k), "%s/%s", t->prefix, key);
-    return tutti_store_set(t->store, k, value, len);
-}
-
-static int th_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
-                        int timeout_ms)
-{
-    thost_t *t = ctx;
-    char k[256];
-    snprintf(k, sizeof(k), "%s/%s", t->prefix, key);
-    return tutti_store_get(t->store, k, value_p, len_p, timeout_ms);
-}
-
-static void th_free(void *v) { free(v); }
-
-static const char *th_config(void *ctx, const char *name)
-{
-    thost_t *t = ctx;
-    if (!strcmp(name, "CHECKSUM"))
-        return t->checksum;
-    if (!strcmp(name, "SOCKET_IFNAME"))
-        return "lo";
-    if (!strcmp(name, "SOCKET_FAMILY"))
-        return "4";
-    return NULL;
-}
-
-__attribute__((format(printf, 3, 4))) static void th_log(void *ctx, int level,
-                                                         const char *fmt, ...)
-{
-    thost_t *t = ctx;
-    if (level > TUTTI_LOG_WARN)
-        return;
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d log] %s\n", t->h.rank, line);
-}
-
-__attribute__((format(printf, 5, 6))) static int th_error(void *ctx, int status, int peer,
-                                                          int err_no, const char *fmt, ...)
-{
-    thost_t *t = ctx;
-    (void)err_no;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->msg, sizeof(t->msg), fmt, ap);
-    va_end(ap);
-    t->status = status;
-    t->peer = peer;
-    fprintf(stderr, "[rank %d error] %s: %s\n", t->h.rank, tutti_status_name(status), t->msg);
-    return status;
-}
-
-/* What the library does with its secret (lib/base/auth.c); the transport never sees it. */
-static int th_auth(void *ctx, const char *context, const uint8_t challenge[32],
-                   uint8_t answer[32])
-{
-    thost_t *t = ctx;
-    if (!t->secret)
-        return TUTTI_ERR_UNSUPPORTED;
-    tt_auth_answer(t->secret, strlen(t->secret), context, challenge, answer);
-    return TUTTI_OK;
-}
-
-static void thost_init(thost_t *t, tutti_store_t *store, int rank, int nranks, int timeout_ms,
+/* The fake host (fake_host.h) as the library would set it up: keys under "<prefix>/",
+ * the job instance and secret, TUTTI_CHECKSUM, loopback IPv4. One per process. */
+static void thost_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int timeout_ms,
                        const char *prefix, const char *instance, const char *secret,
                        const char *checksum)
 {
-    memset(t, 0, sizeof(*t));
-    t->store = store;
-    t->prefix = prefix;
+    static char knobs[128], pfx[64];
+    th_host_init(t, store, rank, nranks, timeout_ms, NULL);
+    snprintf(pfx, sizeof(pfx), "%s/", prefix);
+    snprintf(knobs, sizeof(knobs), "SOCKET_IFNAME=lo,SOCKET_FAMILY=4%s%s",
+             checksum ? ",CHECKSUM=" : "", checksum ? checksum : "");
+    t->prefix = pfx;
+    t->knobs = knobs;
     t->secret = secret;
-    t->checksum = checksum;
-    t->peer = -2;
-    t->h = (tutti_tp_host_v1_t){
-        .size = sizeof(tutti_tp_host_v1_t),
-        .abi_version = TUTTI_TRANSPORT_ABI_V1,
-        .rank = rank,
-        .nranks = nranks,
-        .timeout_ms = timeout_ms,
-        .spin_us = 0,
-        .ctx = t,
-        .store_set = th_store_set,
-        .store_get = th_store_get,
-        .free_value = th_free,
-        .config = th_config,
-        .log = th_log,
-        .error = th_error,
-        .instance = instance,
-        .auth_answer = th_auth,
-    };
+    t->h.spin_us = 0;
+    t->h.instance = instance;
 }
 
 /* Both directions of one link at once: len bytes of a pattern per rank, checked. */
-static int tp_exchange(const tutti_transport_ops_v1_t *ops, void *tp, int rank, int peer,
+static int tp_exchange(const tutti_transport_ops_v2_t *ops, void *tp, int rank, int peer,
                        size_t len)
 {
     unsigned char *sbuf = malloc(len + 1), *rbuf = malloc(len + 1);
@@ -404,8 +313,8 @@ static int tp_exchange(const tutti_transport_ops_v1_t *ops, void *tp, int rank, 
     for (size_t i = 0; i < len; i++)
         sbuf[i] = (unsigned char)(rank * 31 + i * 7);
     memset(rbuf, 0, len);
-    tutti_tp_req_v1_t s = {.peer = peer, .buf = sbuf, .len = len, .env = {1, 2, 3, 4}};
-    tutti_tp_req_v1_t r = {.peer = peer, .buf = rbuf, .len = len, .env = {1, 2, 3, 4}};
+    tutti_tp_req_v2_t s = {.peer = peer, .buf = sbuf, .len = len, .env = {1, 2, 3, 4}};
+    tutti_tp_req_v2_t r = {.peer = peer, .buf = rbuf, .len = len, .env = {1, 2, 3, 4}};
     int rc = -1;
     if (ops->post_send(tp, &s) != 0 || ops->post_recv(tp, &r) != 0)
         goto out;
@@ -601,12 +510,12 @@ static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const ch
             FAIL_IF((fds[3 + k] = raw_connect(port)) < 0, "flood connect %d: %s", k,
                     strerror(errno));
     }
-    thost_t t;
+    th_host_t t;
     thost_init(&t, store, rank, nranks, 15000, "tcpauth", FORGE_INSTANCE, "s3cret", NULL);
-    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_tcp();
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
     void *tp = NULL;
     int st = ops->create(&t.h, &tp);
-    FAIL_IF(st != 0, "create: %s: %s", tutti_status_name(st), t.msg);
+    FAIL_IF(st != 0, "create: %s: %s", tutti_status_name(st), t.err);
     st = tp_exchange(ops, tp, rank, 1 - rank, 3 << 20);
     ops->destroy(tp);
     for (int k = 0; k < 3 + FLOOD; k++)
@@ -645,10 +554,10 @@ static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir
     tutti_store_t *store;
     FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
     const int timeout = rank == 0 ? 4000 : 20000;
-    thost_t t;
+    th_host_t t;
     thost_init(&t, store, rank, nranks, timeout, "tcppair", pc->inst[rank], pc->secret[rank],
                pc->checksum[rank]);
-    const tutti_transport_ops_v1_t *ops = tt_builtin_transport_tcp();
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
     void *tp = NULL;
     double t0 = th_now_ms();
     int st = ops->create(&t.h, &tp);
@@ -658,15 +567,15 @@ static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir
     tutti_store_close(store);
     FAIL_IF(st == 0, "connected although %s", pc->needles[0]);
     FAIL_IF(st != pc->want_status, "%s, want %s: %s", tutti_status_name(st),
-            tutti_status_name(pc->want_status), t.msg);
-    FAIL_IF(t.peer != 1 - rank, "the error names peer %d, not %d", t.peer, 1 - rank);
+            tutti_status_name(pc->want_status), t.err);
+    FAIL_IF(t.err_peer != 1 - rank, "the error names peer %d, not %d", t.err_peer, 1 - rank);
     for (int k = 0; k < 3 && pc->needles[k]; k++)
-        FAIL_IF(!strstr(t.msg, pc->needles[k]), "message lacks \"%s\": %s", pc->needles[k],
-                t.msg);
+        FAIL_IF(!strstr(t.err, pc->needles[k]), "message lacks \"%s\": %s", pc->needles[k],
+                t.err);
     char peer[32];
     snprintf(peer, sizeof(peer), "rank %d", 1 - rank);
-    FAIL_IF(!strstr(t.msg, peer), "message does not name %s: %s", peer, t.msg);
-    FAIL_IF(!strstr(t.msg, "127.0.0.1:"), "message lacks the peer's address: %s", t.msg);
+    FAIL_IF(!strstr(t.err, peer), "message does not name %s: %s", peer, t.err);
+    FAIL_IF(!strstr(t.err, "127.0.0.1:"), "message lacks the peer's address: %s", t.err);
     if (rank == 1)
         FAIL_IF(ms > 3000, "the connecting rank took %.0f ms to fail (rank 0's deadline is "
                 "4000 ms): it should not wait for a timeout", ms);

@@ -4,8 +4,8 @@
 #ifndef TUTTI_TRANSPORT_H
 #define TUTTI_TRANSPORT_H
 
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 
-#define TUTTI_TRANSPORT_ABI_VERSION TUTTI_TRANSPORT_ABI_V1
+#define TUTTI_TRANSPORT_ABI_VERSION TUTTI_TRANSPORT_ABI_V2
 
 #endif /* TUTTI_TRANSPORT_H */

@@ -28,9 +28,10 @@
  * choice; it counts where latencies are compared across collectives
  * (tt_comm_pack_below).
  *
- * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. The table's
- * parameters were measured on loopback TCP and shared memory on a 2-core VM; a cluster
- * should use TUTTI_COST_MODEL=probe or its own numbers. */
+ * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. Alpha and beta come
+ * from each transport's own hints (ABI v2 properties; the built-in ones were measured on
+ * loopback TCP and shared memory on a 2-core VM); a cluster should use
+ * TUTTI_COST_MODEL=probe or its own numbers. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,43 +43,57 @@
 
 #include "coll/cost.h"
 #include "base/base.h"
+#include "plugin/transport.h"
 #include "reduce/reduce.h"
 
-typedef struct cost_row {
-    const char *transport;
-    double alpha_us, bw_gbs, reduce_gbs;
-} cost_row_t;
+/* reduce: fp32 sum of two vectors into a third, per byte of vector (reduce-bench); the
+ * same whatever the transport. A transport with no hints (a v1 plugin) counts as a
+ * socket transport: tcp's numbers, measured with tutti-bench. */
+#define COST_REDUCE_GBS 12.0
+#define COST_DEFAULT_ALPHA_US 10.0
+#define COST_DEFAULT_BW_GBS 2.0
 
-/* alpha: a 4-byte exchange; bw: one direction of a large exchange; reduce: fp32 sum of
- * two vectors into a third, per byte of vector (tutti-bench, reduce-bench). */
-static const cost_row_t cost_rows[] = {
-    {"tcp", 10.0, 2.0, 12.0},
-    {"shm", 1.0, 5.0, 12.0},
-    {"ibverbs", 3.0, 10.0, 12.0},
-};
+void tt_cost_from_props(tt_cost_t *c, const char *transport,
+                        const tutti_tp_props_v2_t *const *props, int n)
+{
+    /* "shm+tcp": every part counts, the slowest wins (a collective runs at its slowest
+     * link) */
+    const char *p = transport && *transport ? transport : "tcp";
+    double best_a = 0, best_bw = 0;
+    const char *best_name = NULL;
+    size_t best_len = 0;
+    for (int i = 0; *p; i++) {
+        size_t len = strcspn(p, "+");
+        const tutti_tp_props_v2_t *pr = i < n ? props[i] : NULL;
+        int hinted = pr && pr->alpha_us > 0 && pr->bw_gbs > 0;
+        double a = hinted ? pr->alpha_us : COST_DEFAULT_ALPHA_US;
+        double bw = hinted ? pr->bw_gbs : COST_DEFAULT_BW_GBS;
+        if (!best_name || a + 1.0 / bw > best_a + 1.0 / best_bw) {
+            best_a = a;
+            best_bw = bw;
+            best_name = hinted ? p : "tcp";
+            best_len = hinted ? len : 3;
+        }
+        p += len + (p[len] == '+');
+    }
+    c->alpha_us = best_a;
+    c->beta_ns = 1.0 / best_bw;
+    c->gamma_ns = 1.0 / COST_REDUCE_GBS;
+    snprintf(c->source, sizeof(c->source), "table %.*s", (int)best_len, best_name);
+}
 
 void tt_cost_table(tt_cost_t *c, const char *transport)
 {
-    /* "shm+tcp": every part counts, the slowest wins (a collective runs at its slowest
-     * link); a part the table does not know (a plugin) counts as tcp */
-    const char *p = transport && *transport ? transport : "tcp";
-    const cost_row_t *best = NULL;
-    while (*p) {
+    const tutti_tp_props_v2_t *props[8];
+    char name[64];
+    int n = 0;
+    for (const char *p = transport && *transport ? transport : "tcp"; *p && n < 8; n++) {
         size_t len = strcspn(p, "+");
-        const cost_row_t *row = &cost_rows[0];
-        for (size_t i = 0; i < TT_ARRAY_SIZE(cost_rows); i++)
-            if (strlen(cost_rows[i].transport) == len && !strncmp(p, cost_rows[i].transport, len))
-                row = &cost_rows[i];
-        if (!best || row->alpha_us + 1.0 / row->bw_gbs > best->alpha_us + 1.0 / best->bw_gbs)
-            best = row;
+        snprintf(name, sizeof(name), "%.*s", (int)len, p);
+        props[n] = tt_transport_builtin_props(name);
         p += len + (p[len] == '+');
     }
-    if (!best)
-        best = &cost_rows[0];
-    c->alpha_us = best->alpha_us;
-    c->beta_ns = 1.0 / best->bw_gbs;
-    c->gamma_ns = 1.0 / best->reduce_gbs;
-    snprintf(c->source, sizeof(c->source), "table %s", best->transport);
+    tt_cost_from_props(c, transport, props, n);
 }
 
 int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)

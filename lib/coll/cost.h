@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include <tutti/transport_v2.h>
+
 #include "core/p2p.h"
 
 typedef struct tt_cost {
@@ -18,8 +20,13 @@ typedef struct tt_cost {
     char source[48]; /* "table tcp", "probe", "user" */
 } tt_cost_t;
 
-/* The table's parameters for a transport name ("tcp", "shm", "ibverbs", "shm+tcp": the
- * slowest part counts; a part the table does not know counts as tcp). */
+/* The parameters from the transports' cost hints (ABI v2 properties): props[i] belongs
+ * to the i-th part of transport's name ("shm+tcp"), the slowest part counts, and a part
+ * without hints (or beyond n) counts as a socket transport (tcp's numbers). */
+void tt_cost_from_props(tt_cost_t *c, const char *transport,
+                        const tutti_tp_props_v2_t *const *props, int n);
+/* The same for built-in transports by name ("tcp", "shm+tcp"; a part not built in
+ * counts as tcp). */
 void tt_cost_table(tt_cost_t *c, const char *transport);
 
 /* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any

@@ -231,7 +231,9 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
         return init_fail(comm, st, err);
     const char *cm = comm->opts.cost_model;
     *probe_p = cm && !strcmp(cm, "probe");
-    tt_cost_table(&comm->cost, comm->tp_name);
+    const tutti_tp_props_v2_t *props[4];
+    int nprops = tt_transports_props(comm, props, 4);
+    tt_cost_from_props(&comm->cost, comm->tp_name, props, nprops);
     if (cm && *cm && !*probe_p && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
         if (st < 0)

@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
 
 #include "coll/algo.h"
@@ -26,7 +26,7 @@ struct tutti_work {
     /* tutti_send/recv: posted when its turn comes, then in flight until the transport
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
-    tt_req_t req;
+    tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns;  /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
@@ -58,10 +58,10 @@ struct tutti_comm {
     size_t secret_len;
     char store_url[256];
 
-    const tutti_transport_ops_v1_t *tp_ops;
+    const tutti_transport_ops_v2_t *tp_ops;
     void *tp;
     void *tp_handle;          /* dlopen handle of a plugin */
-    tutti_tp_host_v1_t host;
+    tutti_tp_host_v2_t host;
     char tp_name[64];         /* "tcp", or "shm+tcp" when several serve different peers */
     char host_id[256];        /* this host's identity (tpmux.c) */
 

@@ -231,13 +231,13 @@ static const char *peer_addr(tutti_comm_t *comm, int peer)
     return a ? a : "?";
 }
 
-static const char *req_what(const tt_req_t *req)
+static const char *req_what(const tutti_tp_req_v2_t *req)
 {
     return req->kind == TUTTI_TP_SEND ? "sending to" : "receiving from";
 }
 
 /* A mismatch names both envelopes; anything else, the transport's explanation. */
-static void describe_req(tt_op_t *op, const tt_req_t *req, int st, char *msg, size_t len)
+static void describe_req(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *msg, size_t len)
 {
     tutti_comm_t *comm = op->comm;
     if (st == TUTTI_ERR_MISMATCH && req->got_env[1] != 0) {
@@ -254,7 +254,7 @@ static void describe_req(tt_op_t *op, const tt_req_t *req, int st, char *msg, si
     pthread_mutex_unlock(&comm->err_lock);
 }
 
-int tt_fault_req(tt_op_t *op, const tt_req_t *req)
+int tt_fault_req(tt_op_t *op, const tutti_tp_req_v2_t *req)
 {
     int st = req->status;
     char msg[TT_ERRMSG_LEN];
@@ -268,7 +268,7 @@ int tt_fault_req(tt_op_t *op, const tt_req_t *req)
 /* A point-to-point request failed on its own (a dead peer, a mismatch, its deadline):
  * the streams with peers are in an unknown state, so the communicator fails like after
  * a failed collective. */
-void tt_fault_p2p(tt_op_t *op, const tt_req_t *req, int st, char *err, size_t errlen)
+void tt_fault_p2p(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *err, size_t errlen)
 {
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
@@ -342,7 +342,7 @@ static int stall_read(tt_op_t *op, int rank, stall_rec_t *rec)
 
 /* 0, or the store failed (the timeout still bounds the wait). Again when the request
  * waited on changed: timed-out ranks follow these. */
-static int stall_publish(tt_op_t *op, const tt_req_t *req)
+static int stall_publish(tt_op_t *op, const tutti_tp_req_v2_t *req)
 {
     char key[64], val[160];
     if (op->stall_published && op->stall_peer == req->peer && op->stall_kind == req->kind)
@@ -414,7 +414,7 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
 #undef BLAME
 }
 
-int tt_fault_timed_out(tt_op_t *op, tt_req_t *req)
+int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
 {
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
@@ -447,7 +447,7 @@ int tt_fault_timed_out(tt_op_t *op, tt_req_t *req)
  * number in different ops is a mismatch that exchanged no message to reveal it (say,
  * both waiting to receive from each other). Costs nothing while ops make progress; all
  * best effort, through the failure paths' bounded store calls. */
-int tt_fault_stall_check(tt_op_t *op, const tt_req_t *req)
+int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
 {
     tutti_comm_t *comm = op->comm;
     if (stall_publish(op, req) < 0)

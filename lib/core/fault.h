@@ -28,20 +28,20 @@ void tt_fault_fail_op(tt_op_t *op, int status, const char *msg);
 
 /* A request of op failed (req->status): describe it (a mismatch names both envelopes; a
  * closed peer, what it left in the store), fail op; returns the status. */
-int tt_fault_req(tt_op_t *op, const tt_req_t *req);
+int tt_fault_req(tt_op_t *op, const tutti_tp_req_v2_t *req);
 /* The same for a point-to-point work item (exec.c), status st (TUTTI_ERR_TIMEOUT: its
  * deadline passed); err gets last_error. */
-void tt_fault_p2p(tt_op_t *op, const tt_req_t *req, int st, char *err, size_t errlen);
+void tt_fault_p2p(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *err, size_t errlen);
 /* op's deadline passed waiting on req: name whom it waited on (the stall records' blame
  * chain), fail op; returns the status. */
-int tt_fault_timed_out(tt_op_t *op, tt_req_t *req);
+int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req);
 /* The transport reported a failure since op started (comm->tp_error_gen moved). */
 int tt_fault_transport(tt_op_t *op);
 /* The transport's progress failed with st (< 0). */
 int tt_fault_progress(tt_op_t *op, int st);
 /* Blocked for stall_check_ms: publish stall/<rank>, compare with the other ranks' and
  * look for failed ranks. TUTTI_OK, or the status op failed with. */
-int tt_fault_stall_check(tt_op_t *op, const tt_req_t *req);
+int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
 /* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
  * the deadline moves by it, and the op's error will say it. */
 void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns);

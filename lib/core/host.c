@@ -1,6 +1,7 @@
-/* The host interface the core gives a transport (tutti_tp_host_v1_t): the store, the
+/* The host interface the core gives a transport (tutti_tp_host_v2_t): the store, the
  * configuration knobs, logging, error reports and the job secret's answers. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,20 +25,30 @@ static int host_store_get(void *ctx, const char *key, void **value_p, size_t *le
 
 static void host_free_value(void *value) { free(value); }
 
+/* Knobs that the public options struct carries as fields (tutti.h): a transport asks
+ * for them by name like for any other knob; which transport reads them is its business. */
+static const struct {
+    const char *name;
+    size_t off;
+    int is_int;
+} opts_knobs[] = {
+    {"SOCKET_IFNAME", offsetof(tutti_comm_opts_t, socket_ifname), 0},
+    {"SOCKET_FAMILY", offsetof(tutti_comm_opts_t, socket_family), 1},
+    {"SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1},
+    {"CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0},
+};
+
 static const char *host_config(void *ctx, const char *name)
 {
     tutti_comm_t *comm = ctx;
     static __thread char num[32];
-    if (!strcmp(name, "SOCKET_IFNAME"))
-        return comm->opts.socket_ifname;
-    if (!strcmp(name, "SOCKET_FAMILY")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_family);
-        return num;
-    }
-    if (!strcmp(name, "CHECKSUM"))
-        return comm->opts.checksum;
-    if (!strcmp(name, "SOCKET_BUFFER")) {
-        snprintf(num, sizeof(num), "%d", comm->opts.socket_buffer_bytes);
+    for (size_t i = 0; i < TT_ARRAY_SIZE(opts_knobs); i++) {
+        if (strcmp(name, opts_knobs[i].name))
+            continue;
+        const char *field = (const char *)&comm->opts + opts_knobs[i].off;
+        if (!opts_knobs[i].is_int)
+            return *(const char *const *)field;
+        snprintf(num, sizeof(num), "%d", *(const int *)field);
         return num;
     }
     /* opts.transport_options "NAME=VALUE,..." first, then TUTTI_NAME */
@@ -88,8 +99,8 @@ static int host_auth_answer(void *ctx, const char *context, const uint8_t challe
 
 void tt_comm_host_init(tutti_comm_t *comm)
 {
-    comm->host = (tutti_tp_host_v1_t){
-        .size = sizeof(tutti_tp_host_v1_t),
+    comm->host = (tutti_tp_host_v2_t){
+        .size = sizeof(tutti_tp_host_v2_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1,
         .rank = comm->rank,
         .nranks = comm->nranks,

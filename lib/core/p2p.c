@@ -9,9 +9,10 @@
 #include "base/base.h"
 
 static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len,
-                     uint32_t tag, tt_req_t *req)
+                     uint32_t tag, tt_req_t *ireq)
 {
-    memset(req, 0, sizeof(*req));
+    tutti_tp_req_v2_t *req = &ireq->tp;
+    memset(req, 0, sizeof(*req)); /* also mem = TUTTI_MEM_HOST, no handle, no stream */
     req->kind = kind;
     req->peer = peer;
     req->buf = (void *)buf;
@@ -42,12 +43,12 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
     if (!buf && !len)
         buf = &none; /* empty messages still go, and transports get a valid pointer */
     req_init(op, kind, peer, buf, len, tag, req);
-    int st = kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, req)
-                                   : comm->tp_ops->post_recv(comm->tp, req);
+    int st = kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &req->tp)
+                                   : comm->tp_ops->post_recv(comm->tp, &req->tp);
     if (st < 0) {
-        if (req->status >= 0)
-            req->status = st;
-        return tt_fault_req(op, req);
+        if (req->tp.status >= 0)
+            req->tp.status = st;
+        return tt_fault_req(op, &req->tp);
     }
     return TUTTI_OK;
 }
@@ -79,19 +80,19 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
         not_running(op, now - op->awake_ns);
     int ms = tt_ms_left_at(op->deadline_ns, now);
     if (ms == 0)
-        return tt_fault_timed_out(op, req);
+        return tt_fault_timed_out(op, &req->tp);
     /* before the timeout, so that a timed-out rank can read who waits on whom */
     int stall_ms = TT_MIN(comm->opts.stall_check_ms, comm->opts.timeout_ms / 2);
     if (stall_ms > 0) {
         if (!op->stall_next_ns)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;
         if (now >= op->stall_next_ns) {
-            TT_CHECK(tt_fault_stall_check(op, req));
+            TT_CHECK(tt_fault_stall_check(op, &req->tp));
             now = tt_now_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
             ms = tt_ms_left_at(op->deadline_ns, now);
             if (ms == 0)
-                return tt_fault_timed_out(op, req);
+                return tt_fault_timed_out(op, &req->tp);
         }
         ms = TT_MIN(ms, (int)((op->stall_next_ns - now) / 1000000ull) + 1);
     }
@@ -113,10 +114,10 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
 
 int tt_p2p_wait(tt_op_t *op, tt_req_t *req)
 {
-    while (req->status == 1)
+    while (req->tp.status == 1)
         TT_CHECK(progress_once(op, req));
-    if (req->status < 0)
-        return tt_fault_req(op, req);
+    if (req->tp.status < 0)
+        return tt_fault_req(op, &req->tp);
     return TUTTI_OK;
 }
 
@@ -126,11 +127,11 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
     for (;;) {
         tt_req_t *pending = NULL;
         for (size_t i = first; i < n; i++) {
-            if (reqs[i].status < 0)
-                return tt_fault_req(op, &reqs[i]);
-            if (reqs[i].status == 1 && !pending)
+            if (reqs[i].tp.status < 0)
+                return tt_fault_req(op, &reqs[i].tp);
+            if (reqs[i].tp.status == 1 && !pending)
                 pending = &reqs[i];
-            if (reqs[i].status == 0 && i == first)
+            if (reqs[i].tp.status == 0 && i == first)
                 first++;
         }
         if (!pending)

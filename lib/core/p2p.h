@@ -15,10 +15,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
 
-typedef tutti_tp_req_v1_t tt_req_t;
+/* A posted send or receive, as algorithms hold it (opaque to them: they only pass it
+ * to tt_p2p_*). It embeds the transport ABI's request, which post hands to the
+ * transport by address (no copy), so ABI changes stay in p2p.c. */
+typedef struct tt_req {
+    tutti_tp_req_v2_t tp;
+} tt_req_t;
 typedef struct tutti_comm tt_comm_t;
 
 typedef enum tt_coll {

@@ -3,10 +3,10 @@
  * Choice: every rank publishes its host id (hostname + boot id, or TUTTI_HOST_ID) under
  * "hostid/<rank>" in the communicator's store and reads everyone's. A peer with the
  * same host id is local. TUTTI_TRANSPORT then says what serves whom:
- *   auto (default)          local peers: shm (when built in or loadable), others: tcp
+ *   auto (default)          local peers: the built-in local-only transport (shm), others: tcp
  *   local=NAME,remote=NAME  either half may be left out (it stays as in auto)
  *   NAME or a path          every peer
- * Transports that only reach this host (shm) refuse remote peers with a config error.
+ * Transports whose properties say local-only (shm) refuse remote peers: a config error.
  *
  * With one transport in use the library talks to it directly. With several, the
  * multiplexer below stands in: it routes each request by peer, remembers which
@@ -27,6 +27,7 @@
 #include "base/base.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
+#include "../../transports/kit/util.h"
 
 #define MUX_MAX 4
 
@@ -34,37 +35,22 @@
 
 void tt_host_id(const char *override, char *out, size_t len)
 {
-    if (override && *override) {
-        snprintf(out, len, "%s", override);
-        return;
-    }
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = 0;
-    char boot[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof(boot), f))
-            boot[0] = 0;
-        fclose(f);
-        boot[strcspn(boot, "\n")] = 0;
-    }
-    snprintf(out, len, "%s/%s", host, boot);
+    tp_host_id_fallback(override, out, len); /* the transports' kit does it for shm too */
 }
 
 /* ---- the multiplexer ---- */
 
 typedef struct mux_sub {
-    const tutti_transport_ops_v1_t *ops;
+    const tutti_transport_ops_v2_t *ops;
     void *tp;
     void *handle;                /* dlopen handle, or NULL */
-    tutti_tp_host_v1_t host;     /* the library's, with `peers` narrowed and store keys
+    tutti_tp_host_v2_t host;     /* the library's, with `peers` narrowed and store keys
                                     under "<local|remote>/" (two instances of one
                                     transport must not share keys); ctx is this sub */
-    const tutti_tp_host_v1_t *parent;
+    const tutti_tp_host_v2_t *parent;
     const char *kprefix;
     unsigned char *peers;
-    tutti_tp_req_v1_t **pend;    /* posted, possibly not complete */
+    tutti_tp_req_v2_t **pend;    /* posted, possibly not complete */
     size_t npend, cap;
 } mux_sub_t;
 
@@ -75,13 +61,6 @@ typedef struct mux {
     mux_sub_t sub[MUX_MAX];
     int *peer_sub;               /* nranks entries: index into sub[], -1 for self */
 } mux_t;
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The sub-transports' host callbacks: forward to the library's. */
 static int sub_store_set(void *ctx, const char *key, const void *value, size_t len)
@@ -155,7 +134,7 @@ static size_t prune(mux_sub_t *s)
     return done;
 }
 
-static int mux_post(void *vmux, tutti_tp_req_v1_t *req, int kind)
+static int mux_post(void *vmux, tutti_tp_req_v2_t *req, int kind)
 {
     mux_t *m = vmux;
     if (!req || req->peer < 0 || req->peer >= m->nranks || m->peer_sub[req->peer] < 0) {
@@ -169,7 +148,7 @@ static int mux_post(void *vmux, tutti_tp_req_v1_t *req, int kind)
                                      : s->ops->post_recv(s->tp, req);
     if (s->npend == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
-        tutti_tp_req_v1_t **p = realloc(s->pend, cap * sizeof(*p));
+        tutti_tp_req_v2_t **p = realloc(s->pend, cap * sizeof(*p));
         if (!p) {
             req->status = TUTTI_ERR_NOMEM;
             return TUTTI_ERR_NOMEM;
@@ -184,8 +163,8 @@ static int mux_post(void *vmux, tutti_tp_req_v1_t *req, int kind)
     return st;
 }
 
-static int mux_post_send(void *m, tutti_tp_req_v1_t *req) { return mux_post(m, req, TUTTI_TP_SEND); }
-static int mux_post_recv(void *m, tutti_tp_req_v1_t *req) { return mux_post(m, req, TUTTI_TP_RECV); }
+static int mux_post_send(void *m, tutti_tp_req_v2_t *req) { return mux_post(m, req, TUTTI_TP_SEND); }
+static int mux_post_recv(void *m, tutti_tp_req_v2_t *req) { return mux_post(m, req, TUTTI_TP_RECV); }
 
 static int mux_progress(void *vmux, int timeout_ms)
 {
@@ -203,12 +182,12 @@ static int mux_progress(void *vmux, int timeout_ms)
         prune(s);
         return st;
     }
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = tt_now_ns();
     uint64_t deadline = t0 + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
     uint64_t spin_end = t0 + (uint64_t)m->spin_us * 1000ull;
     for (;;) {
         size_t done = 0;
-        uint64_t now = mono_ns();
+        uint64_t now = tt_now_ns();
         /* after the spin budget, each transport blocks up to 1 ms in turn */
         int slice = 0;
         if (timeout_ms > 0 && now >= spin_end) {
@@ -224,7 +203,7 @@ static int mux_progress(void *vmux, int timeout_ms)
             if (done)
                 break;
         }
-        if (done || timeout_ms <= 0 || mono_ns() >= deadline)
+        if (done || timeout_ms <= 0 || tt_now_ns() >= deadline)
             return TUTTI_OK;
     }
 }
@@ -277,17 +256,19 @@ static void mux_free(mux_t *m)
 
 static void mux_destroy(void *vmux) { mux_free(vmux); }
 
-static int mux_create_unused(const tutti_tp_host_v1_t *host, void **tp_p)
+static int mux_create_unused(const tutti_tp_host_v2_t *host, void **tp_p)
 {
     (void)host;
     (void)tp_p;
     return TUTTI_ERR_INTERNAL; /* the multiplexer is built by tt_transports_create */
 }
 
-static const tutti_transport_ops_v1_t mux_ops = {
-    .size = sizeof(tutti_transport_ops_v1_t),
-    .abi_version = TUTTI_TRANSPORT_ABI_V1,
+static const tutti_transport_ops_v2_t mux_ops = {
+    .size = sizeof(tutti_transport_ops_v2_t),
+    .abi_version = TUTTI_TRANSPORT_ABI_V2,
     .name = "mux",
+    .props = {.mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST)}, /* its parts' are in
+                                                             tt_transports_props */
     .create = mux_create_unused,
     .destroy = mux_destroy,
     .post_send = mux_post_send,
@@ -301,21 +282,35 @@ static const tutti_transport_ops_v1_t mux_ops = {
 
 /* ---- choosing ---- */
 
-static int local_only(const char *name) { return !strcmp(name, "shm"); }
+/* Does transport `name` reach only this host (its properties say)? Loaded to ask; a
+ * transport that does not load is not local-only here (loading it for use says why). */
+static int local_only(const tutti_comm_t *comm, const char *name)
+{
+    const tutti_transport_ops_v2_t *ops;
+    void *h = NULL;
+    char err[64];
+    if (tt_transport_load(name, comm->opts.plugin_path, &ops, &h, err, sizeof(err)) < 0)
+        return 0;
+    int only = (ops->props.flags & TUTTI_TP_LOCAL_ONLY) != 0;
+    tt_transport_unload(h);
+    return only;
+}
 
-static int builtin(const char *name)
+/* auto's choice for local peers: the first built-in transport that is local-only (it
+ * exists to be faster than the network), else tcp. */
+static const char *auto_local(void)
 {
     for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)
-        if (!strcmp(b->name, name))
-            return 1;
-    return 0;
+        if (b->get()->props.flags & TUTTI_TP_LOCAL_ONLY)
+            return b->name;
+    return "tcp";
 }
 
 /* Parse opts.transport into the names for local and remote peers. */
-static int parse_spec(const char *spec, char *local, char *remote, size_t len, char *err,
-                      size_t errlen)
+static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, char *remote,
+                      size_t len, char *err, size_t errlen)
 {
-    snprintf(local, len, "%s", builtin("shm") ? "shm" : "tcp");
+    snprintf(local, len, "%s", auto_local());
     snprintf(remote, len, "tcp");
     if (!spec || !*spec || !strcmp(spec, "auto"))
         return TUTTI_OK;
@@ -341,7 +336,7 @@ static int parse_spec(const char *spec, char *local, char *remote, size_t len, c
             return TUTTI_ERR_CONFIG;
         }
     }
-    if (local_only(remote)) {
+    if (local_only(comm, remote)) {
         snprintf(err, errlen, "TUTTI_TRANSPORT=\"%s\": %s reaches only ranks on this host; "
                  "it cannot serve remote peers", spec, remote);
         return TUTTI_ERR_CONFIG;
@@ -403,7 +398,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 {
     int n = comm->nranks;
     char local_name[128], remote_name[128];
-    int st = parse_spec(comm->opts.transport, local_name, remote_name, sizeof(local_name), err,
+    int st = parse_spec(comm, comm->opts.transport, local_name, remote_name, sizeof(local_name), err,
                         errlen);
     if (st < 0)
         return st;
@@ -428,7 +423,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
      * whose sub-transports keep their store keys under "local/" and "remote/" (a rank
      * with no local peers still uses "remote/" keys, like its peers do). */
     int split = strcmp(local_name, remote_name) != 0;
-    if (split || local_only(local_name)) {
+    if (split || local_only(comm, local_name)) {
         st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
                                &remote_rank, err, errlen);
         if (st < 0)
@@ -442,7 +437,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     for (int r = 0; r < n; r++)
         nlocal += local[r];
     int nremote = n - 1 - nlocal;
-    if (nremote > 0 && local_only(local_name) && !strcmp(local_name, remote_name)) {
+    if (nremote > 0 && local_only(comm, local_name) && !strcmp(local_name, remote_name)) {
         snprintf(err, errlen,
                  "TUTTI_TRANSPORT=%s reaches only ranks on this host, but rank %d is on host "
                  "\"%s\" (this rank: \"%s\")",
@@ -451,7 +446,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
         goto out;
     }
     /* (auto without shm built in chose tcp for both halves in parse_spec) */
-    const tutti_transport_ops_v1_t *lops = NULL, *rops = NULL;
+    const tutti_transport_ops_v2_t *lops = NULL, *rops = NULL;
     void *lh = NULL, *rh = NULL;
     if (nlocal > 0) {
         st = tt_transport_load(local_name, comm->opts.plugin_path, &lops, &lh, err, errlen);
@@ -552,4 +547,19 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 out:
     free(local);
     return st;
+}
+
+int tt_transports_props(const tutti_comm_t *comm, const tutti_tp_props_v2_t **props, int max)
+{
+    if (!comm->tp_ops || max < 1)
+        return 0;
+    if (comm->tp_ops != &mux_ops) {
+        props[0] = &comm->tp_ops->props;
+        return 1;
+    }
+    const mux_t *m = comm->tp;
+    int n = 0;
+    for (int i = 0; i < m->nsub && n < max; i++)
+        props[n++] = &m->sub[i].ops->props;
+    return n;
 }

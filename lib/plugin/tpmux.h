@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include <tutti/transport_v1.h>
+#include <tutti/transport_v2.h>
 
 typedef struct tutti_comm tutti_comm_t;
 
@@ -14,6 +14,10 @@ typedef struct tutti_comm tutti_comm_t;
  * peer from comm->opts.transport, load and create them. Sets comm->tp_ops, comm->tp
  * (NULL for a single rank), comm->tp_handle and comm->host. Errors go to err. */
 int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen);
+
+/* The properties of the transports comm uses, in the order tp_name names them ("shm+tcp":
+ * shm's, then tcp's); returns how many (at most max). */
+int tt_transports_props(const tutti_comm_t *comm, const tutti_tp_props_v2_t **props, int max);
 
 /* This process's host identity: TUTTI_HOST_ID / opts.host_id, else hostname and boot
  * id. */

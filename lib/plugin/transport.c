@@ -1,6 +1,8 @@
 /* Transport registry: the built-in tables, and plugins found as
- * libtutti-transport-NAME.so, checked for size and ABI version before use. */
+ * libtutti-transport-NAME.so, checked for size and ABI version before use (ABI v2
+ * tables as they are, v1 tables through the shim in transport_v1shim.c). */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,34 +10,64 @@
 #include "base/base.h"
 #include "plugin/transport.h"
 
-static int check_table(const tutti_transport_ops_v1_t *ops, const char *what, char *err,
+/* What both table versions must have; NULL when all is there, else what is wrong. */
+#define TT_OPS_COMPLETE(o)                                                                  \
+    ((o)->name && (o)->create && (o)->destroy && (o)->post_send && (o)->post_recv &&        \
+     (o)->progress && (o)->cancel_all && (o)->notify_error && (o)->abort)
+
+static int refuse(const char *what, char *err, size_t errlen, unsigned version, size_t size,
+                  size_t need, int complete)
+{
+    if (version != TUTTI_TRANSPORT_ABI_V2 && version != TUTTI_TRANSPORT_ABI_V1)
+        snprintf(err, errlen,
+                 "transport %s: plugin ABI version %u, but this library speaks version %u "
+                 "(and %u); rebuild the plugin against this tutti",
+                 what, version, TUTTI_TRANSPORT_ABI_V2, TUTTI_TRANSPORT_ABI_V1);
+    else if (size < need)
+        snprintf(err, errlen, "transport %s: ops table is %zu bytes, ABI v%u needs %zu", what,
+                 size, version, need);
+    else if (!complete)
+        snprintf(err, errlen, "transport %s: ops table lacks a required function", what);
+    else
+        return TUTTI_OK;
+    return TUTTI_ERR_PLUGIN;
+}
+
+static int check_table(const tutti_transport_ops_v2_t *ops, const char *what, char *err,
                        size_t errlen)
 {
     if (!ops) {
         snprintf(err, errlen, "transport %s: entry point returned no table", what);
         return TUTTI_ERR_PLUGIN;
     }
-    if (ops->abi_version != TUTTI_TRANSPORT_ABI_V1) {
-        snprintf(err, errlen,
-                 "transport %s: plugin ABI version %u, but this library speaks version %u; "
-                 "rebuild the plugin against this tutti",
-                 what, ops->abi_version, TUTTI_TRANSPORT_ABI_V1);
-        return TUTTI_ERR_PLUGIN;
-    }
-    if (ops->size < sizeof(tutti_transport_ops_v1_t)) {
-        snprintf(err, errlen, "transport %s: ops table is %zu bytes, ABI v1 needs %zu", what,
-                 ops->size, sizeof(tutti_transport_ops_v1_t));
-        return TUTTI_ERR_PLUGIN;
-    }
-    if (!ops->name || !ops->create || !ops->destroy || !ops->post_send || !ops->post_recv ||
-        !ops->progress || !ops->cancel_all || !ops->notify_error || !ops->abort) {
-        snprintf(err, errlen, "transport %s: ops table lacks a required function", what);
+    /* a v2 table must say v2; register_mem/deregister_mem are optional, so the table
+     * may end before them */
+    unsigned v = ops->abi_version == TUTTI_TRANSPORT_ABI_V1 ? 0 : ops->abi_version;
+    TT_CHECK(refuse(what, err, errlen, v, ops->size,
+                    offsetof(tutti_transport_ops_v2_t, register_mem), TT_OPS_COMPLETE(ops)));
+    if (!(ops->props.mem_kinds & TUTTI_MEM_BIT(TUTTI_MEM_HOST))) {
+        snprintf(err, errlen, "transport %s: does not take host memory", what);
         return TUTTI_ERR_PLUGIN;
     }
     return TUTTI_OK;
 }
 
-int tt_transport_load_file(const char *path, const tutti_transport_ops_v1_t **ops_p,
+/* A v1 table: checked as v1 always was, then wrapped by the shim. */
+static const tutti_transport_ops_v2_t *load_v1(const tutti_transport_ops_v1_t *v1,
+                                               void *handle, const char *what, char *err,
+                                               size_t errlen)
+{
+    if (!v1) {
+        snprintf(err, errlen, "transport %s: entry point returned no table", what);
+        return NULL;
+    }
+    unsigned v = v1->abi_version == TUTTI_TRANSPORT_ABI_V2 ? 0 : v1->abi_version;
+    if (refuse(what, err, errlen, v, v1->size, sizeof(*v1), TT_OPS_COMPLETE(v1)) < 0)
+        return NULL;
+    return tt_transport_v1_wrap(v1, handle, err, errlen);
+}
+
+int tt_transport_load_file(const char *path, const tutti_transport_ops_v2_t **ops_p,
                            void **handle_p, char *err, size_t errlen)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -43,30 +75,48 @@ int tt_transport_load_file(const char *path, const tutti_transport_ops_v1_t **op
         snprintf(err, errlen, "cannot load transport plugin %s: %s", path, dlerror());
         return TUTTI_ERR_PLUGIN;
     }
-    tutti_transport_entry_v1_fn entry;
-    *(void **)&entry = dlsym(h, TUTTI_TRANSPORT_SYMBOL_V1);
-    if (!entry) {
+    /* the newest ABI first, as NCCL does with its net_vN tables */
+    tutti_transport_entry_v2_fn entry2;
+    tutti_transport_entry_v1_fn entry1;
+    *(void **)&entry2 = dlsym(h, TUTTI_TRANSPORT_SYMBOL_V2);
+    *(void **)&entry1 = entry2 ? NULL : dlsym(h, TUTTI_TRANSPORT_SYMBOL_V1);
+    if (!entry2 && !entry1) {
         snprintf(err, errlen,
-                 "transport plugin %s exports no %s(): not a tutti transport, or built for "
-                 "another ABI version",
-                 path, TUTTI_TRANSPORT_SYMBOL_V1);
+                 "transport plugin %s exports neither %s() nor %s(): not a tutti transport, "
+                 "or built for another ABI version",
+                 path, TUTTI_TRANSPORT_SYMBOL_V2, TUTTI_TRANSPORT_SYMBOL_V1);
         dlclose(h);
         return TUTTI_ERR_PLUGIN;
     }
-    const tutti_transport_ops_v1_t *ops = entry();
-    int st = check_table(ops, path, err, errlen);
+    const tutti_transport_ops_v2_t *ops;
+    int st = TUTTI_ERR_PLUGIN;
+    if (entry2) {
+        ops = entry2();
+        st = check_table(ops, path, err, errlen);
+    } else {
+        ops = load_v1(entry1(), h, path, err, errlen);
+        st = ops ? TUTTI_OK : TUTTI_ERR_PLUGIN;
+    }
     if (st < 0) {
         dlclose(h);
         return st;
     }
-    TT_INFO("loaded transport %s from %s", ops->name, path);
+    TT_INFO("loaded transport %s from %s (ABI v%u)", ops->name, path, entry2 ? 2u : 1u);
     *ops_p = ops;
     *handle_p = h;
     return TUTTI_OK;
 }
 
+const tutti_tp_props_v2_t *tt_transport_builtin_props(const char *name)
+{
+    for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++)
+        if (!strcmp(b->name, name))
+            return &b->get()->props;
+    return NULL;
+}
+
 int tt_transport_load(const char *name, const char *plugin_path,
-                      const tutti_transport_ops_v1_t **ops_p, void **handle_p, char *err,
+                      const tutti_transport_ops_v2_t **ops_p, void **handle_p, char *err,
                       size_t errlen)
 {
     if (!name || !*name)
@@ -76,7 +126,7 @@ int tt_transport_load(const char *name, const char *plugin_path,
     for (const tt_builtin_transport_t *b = tt_builtin_transports; b->name; b++) {
         if (strcmp(b->name, name))
             continue;
-        const tutti_transport_ops_v1_t *ops = b->get();
+        const tutti_transport_ops_v2_t *ops = b->get();
         TT_CHECK(check_table(ops, name, err, errlen));
         *ops_p = ops;
         *handle_p = NULL;
@@ -126,6 +176,8 @@ int tt_transport_load(const char *name, const char *plugin_path,
 
 void tt_transport_unload(void *handle)
 {
-    if (handle)
+    if (handle) {
+        tt_transport_v1_release(handle);
         dlclose(handle);
+    }
 }

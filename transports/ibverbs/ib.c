@@ -58,26 +58,20 @@
 #include <unistd.h>
 
 #include "ib.h"
-#include "../tp_queue.h"
+#include "../kit/progress.h"
+#include "../kit/queue.h"
 
 #define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define IB_RECV_BIT (1ull << 63)
 
 static ib_tp_t *ib_current; /* for the test hooks */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint32_t make_imm(unsigned type, unsigned a, unsigned b)
 {
     return (type << 28) | ((a & IB_IMM_FIELD_MAX) << 14) | (b & IB_IMM_FIELD_MAX);
 }
 
-static void fail_queue(ib_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+static void fail_queue(ib_tp_t *tp, tp_req_t **head, tp_req_t **tail,
                        int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
@@ -87,7 +81,7 @@ static void fail_queue(ib_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t 
 static void fail_fins(ib_tp_t *tp, ib_link_t *L, int status)
 {
     while (L->fin_head) {
-        tutti_tp_req_v1_t *r = L->fin_head;
+        tp_req_t *r = L->fin_head;
         tp_req_pop(&L->fin_head, &L->fin_tail);
         ib_mrc_put(&tp->mrc, r->tp_private[1]);
         r->tp_private[1] = NULL;
@@ -137,38 +131,31 @@ static void link_stop_dma(ib_link_t *L)
     }
 }
 
-/* The link is unusable from now on: record why (once) and fail what is queued on it.
- * A link that fails while nothing is posted on it is not this op's failure: the report
- * waits until a request uses the link (as in the TCP transport). */
+/* The link is unusable from now on: record why (once, kit/link.h) and fail what is
+ * queued on it. */
 static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
 {
     ib_tp_t *tp = L->tp;
-    if (!L->failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(L->fail_msg, sizeof(L->fail_msg), fmt, ap);
-        va_end(ap);
-        L->failed = status;
-        L->fail_errno = err_no;
-        if (L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req)
-            tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", L->fail_msg);
-        else
-            L->report_pending = 1;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tp_link_fail_v(tp->host, &L->fail, L->peer,
+                   L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req, status,
+                   err_no, fmt, ap);
+    va_end(ap);
     link_stop_dma(L);
-    fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
-    fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
-    fail_fins(tp, L, L->failed);
-    fail_reads(tp, L, L->failed);
+    fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
+    fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    fail_fins(tp, L, L->fail.status);
+    fail_reads(tp, L, L->fail.status);
     tp->completions++;
-    return L->failed;
+    return L->fail.status;
 }
 
 static unsigned sq_room(const ib_link_t *L) { return L->sq_depth - L->sqe_count; }
 
-static void sqe_push(ib_link_t *L, int kind, tutti_tp_req_v1_t *req, ib_mr_entry_t *mr,
+static void sqe_push(ib_link_t *L, int kind, tp_req_t *req, ib_mr_entry_t *mr,
                      int last)
 {
     ib_sqe_t *e = &L->sqe[(L->sqe_head + L->sqe_count) % L->sq_depth];
@@ -219,8 +206,8 @@ static void give_back_owed(ib_link_t *L, unsigned credits, unsigned fins)
 /* Write queued sends while the peer's ring has room. */
 static void link_send(ib_tp_t *tp, ib_link_t *L)
 {
-    while (L->sq_head && !L->failed && L->credits > 0 && sq_room(L) > IB_SQ_RESERVE) {
-        tutti_tp_req_v1_t *r = L->sq_head;
+    while (L->sq_head && !L->fail.status && L->credits > 0 && sq_room(L) > IB_SQ_RESERVE) {
+        tp_req_t *r = L->sq_head;
         size_t off = (size_t)(L->tx_seq % tp->slots) * tp->slot_bytes;
         ib_hdr_t *h = (ib_hdr_t *)(L->stage + off);
         memset(h, 0, sizeof(*h));
@@ -277,7 +264,7 @@ static void link_send(ib_tp_t *tp, ib_link_t *L)
 static void link_ctrl(ib_tp_t *tp, ib_link_t *L)
 {
     unsigned half = tp->slots / 2 ? tp->slots / 2 : 1;
-    if (L->failed || (L->credits_owed < half && !L->fins_owed) || sq_room(L) <= 2)
+    if (L->fail.status || (L->credits_owed < half && !L->fins_owed) || sq_room(L) <= 2)
         return;
     unsigned c, f;
     take_owed(L, &c, &f);
@@ -292,8 +279,8 @@ static void link_ctrl(ib_tp_t *tp, ib_link_t *L)
 /* Post the READ chunks of the receive being fetched, as far as the send queue allows. */
 static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
 {
-    while (L->rd_req && !L->failed && sq_room(L) > IB_SQ_RESERVE) {
-        tutti_tp_req_v1_t *q = L->rd_req;
+    while (L->rd_req && !L->fail.status && sq_room(L) > IB_SQ_RESERVE) {
+        tp_req_t *q = L->rd_req;
         size_t chunk = IB_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
         int last = L->rd_off + chunk == q->len;
         struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
@@ -326,7 +313,7 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
 /* Match arrived slots to posted receives, in order. */
 static void link_recv(ib_tp_t *tp, ib_link_t *L)
 {
-    while (L->rq_head && L->rx_next < L->rx_arrived && !L->failed && !L->rd_req) {
+    while (L->rq_head && L->rx_next < L->rx_arrived && !L->fail.status && !L->rd_req) {
         const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
         const ib_hdr_t *h = (const ib_hdr_t *)slot;
         if (h->magic != IB_MAGIC || (h->kind != IB_MSG_EAGER && h->kind != IB_MSG_RTS) ||
@@ -337,7 +324,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
                       L->peer, L->addr, h->magic, h->kind, (unsigned long long)h->len);
             return;
         }
-        tutti_tp_req_v1_t *q = L->rq_head;
+        tp_req_t *q = L->rq_head;
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
         if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
@@ -347,7 +334,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
              * receives still being READ are left to finish (their buffers stay ours until
              * they complete or cancel_all stops the queue pair): failing them here would
              * report a bare peer error in place of the mismatch. */
-            L->failed = TUTTI_ERR_MISMATCH;
+            L->fail.status = TUTTI_ERR_MISMATCH;
             tp->completions++;
             return;
         }
@@ -436,7 +423,7 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
             tp->errors_inflight--;
         return;
     }
-    L->last_heard_ns = now_ns();
+    L->last_heard_ns = tp_now_ns();
     if (!recv) {
         switch (e.kind) {
         case IB_WR_READ:
@@ -491,7 +478,7 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
                   L->addr, (int)wc->opcode, imm);
         return;
     }
-    if (L->failed)
+    if (L->fail.status)
         return;
     L->credits += a;
     for (unsigned i = 0; i < b; i++) {
@@ -501,7 +488,7 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
                       peer, L->addr);
             return;
         }
-        tutti_tp_req_v1_t *r = L->fin_head;
+        tp_req_t *r = L->fin_head;
         tp_req_pop(&L->fin_head, &L->fin_tail);
         ib_mrc_put(&tp->mrc, r->tp_private[1]);
         r->tp_private[1] = NULL;
@@ -538,7 +525,7 @@ static void sweep(ib_tp_t *tp)
     }
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || L->failed)
+        if (!L->served || L->fail.status)
             continue;
         if (L->rd_req)
             link_post_reads(tp, L);
@@ -570,8 +557,8 @@ static void cancel_everything(ib_tp_t *tp, int status)
         ib_link_t *L = &tp->links[i];
         if (L->reads || L->rd_req || L->fin_head) {
             link_stop_dma(L);
-            if (!L->failed)
-                L->failed = status;
+            if (!L->fail.status)
+                L->fail.status = status;
         }
         fail_queue(tp, &L->sq_head, &L->sq_tail, status);
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
@@ -581,12 +568,12 @@ static void cancel_everything(ib_tp_t *tp, int status)
     }
     if (!stopped)
         return;
-    uint64_t deadline = now_ns() + 2000000000ull;
+    uint64_t deadline = tp_now_ns() + 2000000000ull;
     for (;;) {
         int busy = 0;
         for (int i = 0; i < tp->nranks && !busy; i++)
             busy = tp->links[i].qp_stopped && link_reads_outstanding(&tp->links[i]);
-        if (!busy || poll_cq(tp) < 0 || now_ns() >= deadline)
+        if (!busy || poll_cq(tp) < 0 || tp_now_ns() >= deadline)
             return;
         sched_yield();
     }
@@ -600,10 +587,10 @@ static void keepalive(ib_tp_t *tp)
 {
     if (tp->keepalive_ms <= 0)
         return;
-    uint64_t now = now_ns(), quiet = (uint64_t)tp->keepalive_ms * 1000000ull;
+    uint64_t now = tp_now_ns(), quiet = (uint64_t)tp->keepalive_ms * 1000000ull;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || L->failed || L->nop_inflight || sq_room(L) <= 2)
+        if (!L->served || L->fail.status || L->nop_inflight || sq_room(L) <= 2)
             continue;
         if (!(L->rq_head || L->fin_head || L->reads || L->sq_head))
             continue;
@@ -652,71 +639,33 @@ static void block(ib_tp_t *tp, int ms)
     }
 }
 
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    (void)c0;
+    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    sweep(tp);
+}
+
+static const tp_progress_ops_t ib_progress_ops = {
+    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+
 static int ib_progress(void *vtp, int timeout_ms)
 {
     ib_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        while (now_ns() < end) {
-            sweep(tp);
-            if (tp->completions != c0)
-                return TUTTI_OK;
-            if (atomic_load(&tp->aborted))
-                break;
-            /* more ranks than cores: the peer we wait for may need this one */
-            sched_yield();
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = now_ns();
-        if (now >= deadline)
-            break;
-        block(tp, (int)((deadline - now + 999999u) / 1000000u));
-        sweep(tp);
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(ib_tp_t *tp, tutti_tp_req_v1_t *r)
+static int check_req(ib_tp_t *tp, tp_req_t *r)
 {
-    if (!r || r->peer < 0 || r->peer >= tp->nranks || !tp->links[r->peer].served ||
-        (!r->buf && r->len)) {
-        if (r)
-            r->status = TUTTI_ERR_INVALID_ARG;
-        return tp->host->error(tp->host->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
-                               "ibverbs: bad request (peer %d)", r ? r->peer : -1);
-    }
-    ib_link_t *L = &tp->links[r->peer];
-    if (L->failed) {
-        r->status = L->failed;
-        if (L->report_pending) {
-            L->report_pending = 0;
-            tp->host->error(tp->host->ctx, L->failed, L->peer, L->fail_errno, "%s",
-                            L->fail_msg);
-        }
-        return L->failed;
-    }
-    r->status = 1;
-    r->xfer = 0;
-    r->tp_private[0] = r->tp_private[1] = NULL;
-    return TUTTI_OK;
+    int ok = tp_req_peer_ok(r, tp->nranks);
+    return tp_check_req(tp->host, "ibverbs", ok && tp->links[r->peer].served,
+                        ok ? &tp->links[r->peer].fail : NULL, r);
 }
 
-static int ib_post_send(void *vtp, tutti_tp_req_v1_t *r)
+static int ib_post_send(void *vtp, tp_req_t *r)
 {
     ib_tp_t *tp = vtp;
     int st = check_req(tp, r);
@@ -730,7 +679,7 @@ static int ib_post_send(void *vtp, tutti_tp_req_v1_t *r)
     return TUTTI_OK;
 }
 
-static int ib_post_recv(void *vtp, tutti_tp_req_v1_t *r)
+static int ib_post_recv(void *vtp, tp_req_t *r)
 {
     ib_tp_t *tp = vtp;
     int st = check_req(tp, r);
@@ -768,8 +717,8 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
         }
     }
     /* best effort, bounded: let the reports leave before the caller tears down */
-    uint64_t deadline = now_ns() + 200000000ull;
-    while (tp->errors_inflight > 0 && now_ns() < deadline) {
+    uint64_t deadline = tp_now_ns() + 200000000ull;
+    while (tp->errors_inflight > 0 && tp_now_ns() < deadline) {
         if (poll_cq(tp) < 0)
             break;
         sched_yield();
@@ -804,7 +753,7 @@ static void ib_destroy(void *vtp)
     for (int i = 0; tp->links && i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
         while (L->fin_head) {
-            tutti_tp_req_v1_t *r = L->fin_head;
+            tp_req_t *r = L->fin_head;
             tp_req_pop(&L->fin_head, &L->fin_tail);
             ib_mrc_put(&tp->mrc, r->tp_private[1]);
             r->tp_private[1] = NULL;
@@ -823,22 +772,14 @@ static void ib_destroy(void *vtp)
     free(tp);
 }
 
-/* A TUTTI_IB_* integer knob within [lo, hi]. */
+/* A TUTTI_IB_* integer knob within [lo, hi]; another value is a config error. */
 static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long *out)
 {
-    const char *v = tp->host->config(tp->host->ctx, name);
-    if (!v || !*v) {
-        *out = def;
-        return TUTTI_OK;
-    }
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 0);
-    if (errno || *end || x < lo || x > hi)
+    const char *v;
+    if (tp_knob_long(tp->host, name, def, lo, hi, out, &v) < 0)
         return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
                                "ibverbs: TUTTI_%s=%s: expected an integer from %ld to %ld",
                                name, v, lo, hi);
-    *out = x;
     return TUTTI_OK;
 }
 
@@ -881,7 +822,7 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
     tp->max_inline = IB_HDR_BYTES + 64;
     if ((st = ib_setup_device(tp)) < 0 || (st = ib_setup_links(tp)) < 0)
         goto err_destroy;
-    uint64_t now = now_ns();
+    uint64_t now = tp_now_ns();
     for (int i = 0; i < tp->nranks; i++)
         tp->links[i].last_heard_ns = now;
     ib_current = tp;
@@ -926,10 +867,10 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
     return ibv_modify_qp(tp->links[peer].qp, &a, IBV_QP_STATE) ? TUTTI_ERR_IO : TUTTI_OK;
 }
 
-static const tutti_transport_ops_v1_t ib_ops = {
-    .size = sizeof(tutti_transport_ops_v1_t),
-    .abi_version = TUTTI_TRANSPORT_ABI_V1,
-    .name = "ibverbs",
+/* cost hints: a 4-byte exchange and one direction of a large one (soft RoCE on a VM) */
+static const tp_ops_t ib_ops = {
+    TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
+                    .bw_gbs = 10.0),
     .create = ib_create,
     .destroy = ib_destroy,
     .post_send = ib_post_send,
@@ -941,4 +882,4 @@ static const tutti_transport_ops_v1_t ib_ops = {
     .peer_address = ib_peer_address,
 };
 
-TUTTI_TRANSPORT_REGISTER_V1(ibverbs, ib_ops)
+TT_KIT_REGISTER(ibverbs, ib_ops)

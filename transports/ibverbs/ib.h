@@ -11,7 +11,9 @@
 
 #include <infiniband/verbs.h>
 
-#include <tutti/transport_v1.h>
+#include "../kit/link.h"
+#include "../kit/queue.h"
+#include "../kit/util.h"
 
 #define IB_MAGIC 0x42495454u      /* "TTIB": slot headers */
 #define IB_ADDR_MAGIC 0x52444154u /* the record each rank publishes */
@@ -124,7 +126,7 @@ enum { IB_WR_DATA = 1, IB_WR_CTRL, IB_WR_READ, IB_WR_ERROR, IB_WR_NOP };
 typedef struct ib_sqe {
     uint8_t kind;
     uint8_t last;           /* READ: the last chunk of its receive */
-    tutti_tp_req_v1_t *req; /* READ: the receive it fills (NULL once given up) */
+    tp_req_t *req; /* READ: the receive it fills (NULL once given up) */
     ib_mr_entry_t *mr;      /* READ, last chunk: the destination's registration */
 } ib_sqe_t;
 
@@ -135,10 +137,7 @@ typedef struct ib_link {
     struct ibv_qp *qp;
     uint32_t psn;
     char addr[96];
-    int failed;         /* 0 or a TUTTI_ERR_* */
-    int report_pending; /* failed while nothing was posted: report at the next use */
-    int fail_errno;
-    char fail_msg[IB_MAX_ERRMSG + 256];
+    tp_link_fail_t fail;
     /* the peer's ring */
     uint64_t r_ring;
     uint32_t r_rkey;
@@ -148,8 +147,8 @@ typedef struct ib_link {
     char *stage;
     struct ibv_mr *stage_mr;
     /* send side */
-    tutti_tp_req_v1_t *sq_head, *sq_tail;   /* posted sends not yet written */
-    tutti_tp_req_v1_t *fin_head, *fin_tail; /* RTS written, waiting for the peer's READ */
+    tp_req_t *sq_head, *sq_tail;   /* posted sends not yet written */
+    tp_req_t *fin_head, *fin_tail; /* RTS written, waiting for the peer's READ */
     uint64_t tx_seq;
     unsigned credits;      /* free slots in the peer's ring */
     unsigned credits_owed; /* slots of our ring freed, not yet returned */
@@ -157,11 +156,11 @@ typedef struct ib_link {
     ib_sqe_t *sqe;         /* ring of posted send WRs */
     unsigned sqe_head, sqe_count, sq_depth;
     /* receive side */
-    tutti_tp_req_v1_t *rq_head, *rq_tail; /* posted receives not yet matched */
+    tp_req_t *rq_head, *rq_tail; /* posted receives not yet matched */
     uint64_t rx_arrived, rx_next;         /* slots written by the peer / consumed */
     unsigned rq_depth;
     unsigned reads; /* receives being READ */
-    tutti_tp_req_v1_t *rd_req; /* the receive whose READs are being posted */
+    tp_req_t *rd_req; /* the receive whose READs are being posted */
     ib_mr_entry_t *rd_mr;
     size_t rd_off;
     uint64_t rd_raddr;

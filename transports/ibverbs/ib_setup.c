@@ -23,12 +23,7 @@
 #define ERRF(st, peer, err, ...) HOST->error(HOST->ctx, (st), (peer), (err), __VA_ARGS__)
 #define LOGF(lvl, ...) HOST->log(HOST->ctx, (lvl), __VA_ARGS__)
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return tp_now_ns() / 1000000u; }
 
 const char *ib_mtu_str(enum ibv_mtu m)
 {

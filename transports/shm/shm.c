@@ -69,7 +69,8 @@
 #include <unistd.h>
 
 #include "shm.h"
-#include "../tp_queue.h"
+#include "../kit/progress.h"
+#include "../kit/queue.h"
 
 #define SHM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SHM_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -96,7 +97,7 @@ static inline void cpu_relax(void)
 
 /* ---- request queues (tp_private[0] links them) ---- */
 
-static void fail_queue(shm_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+static void fail_queue(shm_tp_t *tp, tp_req_t **head, tp_req_t **tail,
                        int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
@@ -127,33 +128,24 @@ static void link_withdraw(shm_link_t *L)
         bell_ring(L->peer_bell);
 }
 
-/* The link is unusable from now on: record why (once), fail what is queued on it. As
- * in the TCP transport, a link that fails with nothing posted is reported when a
- * request next uses it. */
+/* The link is unusable from now on: record why (once, kit/link.h), fail what is queued
+ * on it. */
 static int link_fail(shm_link_t *L, int status, int err_no, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int link_fail(shm_link_t *L, int status, int err_no, const char *fmt, ...)
 {
     shm_tp_t *tp = L->tp;
-    if (!L->failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(L->fail_msg, sizeof(L->fail_msg), fmt, ap);
-        va_end(ap);
-        L->failed = status;
-        L->fail_errno = err_no;
-        if (link_busy(L))
-            tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", L->fail_msg);
-        else
-            L->report_pending = 1;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tp_link_fail_v(tp->host, &L->fail, L->peer, link_busy(L), status, err_no, fmt, ap);
+    va_end(ap);
     link_withdraw(L); /* the peer may still be alive, and pulling */
     L->tx_started = 0;
-    fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
-    fail_queue(tp, &L->aq_head, &L->aq_tail, L->failed);
-    fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
+    fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
+    fail_queue(tp, &L->aq_head, &L->aq_tail, L->fail.status);
+    fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
     tp->completions++;
-    return L->failed;
+    return L->fail.status;
 }
 
 /* ---- doorbells ---- */
@@ -246,7 +238,7 @@ static void link_check_peer(shm_link_t *L, int final)
         return;
     }
     if (L->rx_withdrawn || atomic_load_explicit(&L->rx->broken, memory_order_relaxed)) {
-        uint64_t now = shm_now_ns();
+        uint64_t now = tp_now_ns();
         if (!L->broken_seen_ns)
             L->broken_seen_ns = now;
         else if (now - L->broken_seen_ns > SHM_REPORT_GRACE_NS)
@@ -304,8 +296,8 @@ static inline int link_pulls(shm_link_t *L)
 static void link_tx(shm_tp_t *tp, shm_link_t *L)
 {
     int published = 0;
-    while (L->sq_head && !L->failed && !L->tx_broken) {
-        tutti_tp_req_v1_t *r = L->sq_head;
+    while (L->sq_head && !L->fail.status && !L->tx_broken) {
+        tp_req_t *r = L->sq_head;
         uint64_t want, need;
         int cma = 0;
         if (!L->tx_started) {
@@ -369,10 +361,10 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         L->progressed = 1;
         peer_wake(L);
     }
-    if (L->aq_head && !L->failed) {
+    if (L->aq_head && !L->fail.status) {
         uint64_t acked = atomic_load_explicit(&L->tx->acked, memory_order_acquire);
         while (L->aq_head && (uint64_t)(uintptr_t)L->aq_head->tp_private[1] <= acked) {
-            tutti_tp_req_v1_t *r = L->aq_head;
+            tp_req_t *r = L->aq_head;
             tp_req_pop(&L->aq_head, &L->aq_tail);
             r->tp_private[1] = NULL;
             r->xfer = r->len;
@@ -386,7 +378,7 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
 /* ---- receiving ---- */
 
 /* Pull a matched single-copy message into q->buf. 1: done; 0: the link failed. */
-static int link_pull(shm_link_t *L, tutti_tp_req_v1_t *q)
+static int link_pull(shm_link_t *L, tp_req_t *q)
 {
     size_t done = 0;
     while (done < q->len) {
@@ -429,7 +421,7 @@ static int link_pull(shm_link_t *L, tutti_tp_req_v1_t *q)
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
-    while (!L->failed && !L->rx_withdrawn) {
+    while (!L->fail.status && !L->rx_withdrawn) {
         uint64_t avail = L->rx_head_seen - L->rx_pos;
         if (avail == 0 || (!L->rhdr_valid && avail < SHM_HDR_BYTES)) {
             L->rx_head_seen = atomic_load_explicit(&L->rx->head, memory_order_acquire);
@@ -453,7 +445,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             L->rx_got = 0;
             L->rx_span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE : rec_span(L->rhdr.len);
         }
-        tutti_tp_req_v1_t *q = L->rq_head;
+        tp_req_t *q = L->rq_head;
         if (!q)
             break; /* parked until a receive is posted */
         if (!L->rhdr_matched) {
@@ -463,7 +455,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 tp_req_pop(&L->rq_head, &L->rq_tail);
                 q->status = TUTTI_ERR_MISMATCH;
                 /* The record stays unread: the stream position is lost for good. */
-                L->failed = TUTTI_ERR_MISMATCH;
+                L->fail.status = TUTTI_ERR_MISMATCH;
                 tp->completions++;
                 break;
             }
@@ -520,14 +512,14 @@ static void sweep(shm_tp_t *tp)
 {
     for (int i = 0; i < tp->nranks; i++) {
         shm_link_t *L = &tp->links[i];
-        if (L->failed || !link_busy(L))
+        if (L->fail.status || !link_busy(L))
             continue;
         L->progressed = 0;
         if (L->sq_head || L->aq_head)
             link_tx(tp, L);
-        if (L->rq_head && !L->failed)
+        if (L->rq_head && !L->fail.status)
             link_rx(tp, L);
-        if (!L->progressed && !L->failed && link_busy(L))
+        if (!L->progressed && !L->fail.status && link_busy(L))
             link_check_peer(L, 0);
     }
 }
@@ -543,7 +535,7 @@ static void link_drop_all(shm_tp_t *tp, shm_link_t *L, int status)
     fail_queue(tp, &L->sq_head, &L->sq_tail, status);
     fail_queue(tp, &L->aq_head, &L->aq_tail, status);
     if (L->rq_head && L->rhdr_valid && L->rhdr_matched)
-        L->failed = L->failed ? L->failed : status; /* mid-payload: position lost */
+        L->fail.status = L->fail.status ? L->fail.status : status; /* mid-payload: position lost */
     fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     L->tx_started = 0;
 }
@@ -557,105 +549,93 @@ static void abort_all(shm_tp_t *tp)
 
 /* ---- the ops ---- */
 
+/* The spin of progress(), from t0 for up to spin_us; 1 when something completed. */
+static int spin(void *vtp, unsigned long c0, uint64_t t0)
+{
+    shm_tp_t *tp = vtp;
+    uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
+    /* Spin on the CPU only briefly, then yield on every round: the peer we wait for
+     * may need this CPU (more local ranks than CPUs, or the scheduler put both on
+     * one while other work runs); without peers in need, a yield is cheap. When the
+     * brief spin keeps failing (we share a CPU with the peer), skip it, trying it
+     * again every 64th wait. */
+    int pure = !tp->oversubscribed &&
+               (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
+    uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
+    uint64_t now = t0;
+    unsigned rounds = 0;
+    for (;;) {
+        if (now >= pure_end) {
+            sched_yield();
+        } else {
+            for (int k = 0; k < 4; k++)
+                cpu_relax();
+        }
+        sweep(tp);
+        if (tp->completions != c0) {
+            if (pure)
+                tp->spin_misses = now < pure_end ? 0 : tp->spin_misses + 1;
+            return 1;
+        }
+        /* the clock is not free (a VM's may trap): read it every few rounds */
+        if (++rounds & (now < pure_end ? 7 : 3))
+            continue;
+        now = tp_now_ns();
+        if (atomic_load_explicit(&tp->aborted, memory_order_relaxed) || now >= end)
+            return 0;
+    }
+}
+
+/* Sleep on this rank's doorbell until a peer rings it or deadline passes; check the
+ * peers' liveness every liveness_ms. */
+static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    shm_tp_t *tp = vtp;
+    shm_bell_t *bell = tp->bell;
+    if (now >= tp->next_liveness_ns) {
+        shm_check_liveness(tp, 0);
+        tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
+        sweep(tp);
+        return;
+    }
+    uint32_t seq = atomic_load(&bell->seq);
+    atomic_store(&bell->sleeping, 1);
+    /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
+     * seq_cst, so only a full fence keeps them after the store above */
+    atomic_thread_fence(memory_order_seq_cst);
+    sweep(tp); /* whatever was published before `sleeping` became visible */
+    if (tp->completions != c0 || atomic_load(&tp->aborted)) {
+        atomic_store(&bell->sleeping, 0);
+        return;
+    }
+    uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
+    int ms = (int)((until - now + 999999u) / 1000000u);
+    shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
+    atomic_store(&bell->sleeping, 0);
+    sweep(tp);
+}
+
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+
+static const tp_progress_ops_t shm_progress_ops = {
+    .sweep = kit_sweep, .wait = wait_bell, .abort_all = kit_abort_all, .spin = spin};
+
 static int shm_progress(void *vtp, int timeout_ms)
 {
     shm_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = shm_now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        /* Spin on the CPU only briefly, then yield on every round: the peer we wait for
-         * may need this CPU (more local ranks than CPUs, or the scheduler put both on
-         * one while other work runs); without peers in need, a yield is cheap. When the
-         * brief spin keeps failing (we share a CPU with the peer), skip it, trying it
-         * again every 64th wait. */
-        int pure = !tp->oversubscribed &&
-                   (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
-        uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
-        uint64_t now = t0;
-        unsigned rounds = 0;
-        for (;;) {
-            if (now >= pure_end) {
-                sched_yield();
-            } else {
-                for (int k = 0; k < 4; k++)
-                    cpu_relax();
-            }
-            sweep(tp);
-            if (tp->completions != c0) {
-                if (pure)
-                    tp->spin_misses = now < pure_end ? 0 : tp->spin_misses + 1;
-                return TUTTI_OK;
-            }
-            /* the clock is not free (a VM's may trap): read it every few rounds */
-            if (++rounds & (now < pure_end ? 7 : 3))
-                continue;
-            now = shm_now_ns();
-            if (atomic_load_explicit(&tp->aborted, memory_order_relaxed) || now >= end)
-                break;
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    shm_bell_t *bell = tp->bell;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = shm_now_ns();
-        if (now >= deadline)
-            break;
-        if (now >= tp->next_liveness_ns) {
-            shm_check_liveness(tp, 0);
-            tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
-            sweep(tp);
-            continue;
-        }
-        uint32_t seq = atomic_load(&bell->seq);
-        atomic_store(&bell->sleeping, 1);
-        /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
-         * seq_cst, so only a full fence keeps them after the store above */
-        atomic_thread_fence(memory_order_seq_cst);
-        sweep(tp); /* whatever was published before `sleeping` became visible */
-        if (tp->completions != c0 || atomic_load(&tp->aborted)) {
-            atomic_store(&bell->sleeping, 0);
-            continue;
-        }
-        uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
-        int ms = (int)((until - now + 999999u) / 1000000u);
-        shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
-        atomic_store(&bell->sleeping, 0);
-        sweep(tp);
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(shm_tp_t *tp, tutti_tp_req_v1_t *r, int kind)
+static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
 {
-    if (!r || r->peer < 0 || r->peer >= tp->nranks || r->peer == tp->rank ||
-        !tp->links[r->peer].served || (!r->buf && r->len)) {
-        if (r)
-            r->status = TUTTI_ERR_INVALID_ARG;
-        return tp->host->error(tp->host->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
-                               "shm: bad request (peer %d)", r ? r->peer : -1);
-    }
+    int ok = tp_req_peer_ok(r, tp->nranks) && r->peer != tp->rank;
+    int st = tp_check_req(tp->host, "shm", ok && tp->links[r->peer].served,
+                          ok ? &tp->links[r->peer].fail : NULL, r);
+    if (st < 0)
+        return st;
     shm_link_t *L = &tp->links[r->peer];
-    if (L->failed) {
-        r->status = L->failed;
-        if (L->report_pending) {
-            L->report_pending = 0;
-            tp->host->error(tp->host->ctx, L->failed, L->peer, L->fail_errno, "%s",
-                            L->fail_msg);
-        }
-        return L->failed;
-    }
     if (kind == TUTTI_TP_SEND && L->tx_broken) {
         r->status = TUTTI_ERR_FAILED;
         return tp->host->error(tp->host->ctx, TUTTI_ERR_FAILED, L->peer, 0,
@@ -663,13 +643,10 @@ static int check_req(shm_tp_t *tp, tutti_tp_req_v1_t *r, int kind)
                                L->peer);
     }
     r->kind = kind;
-    r->status = 1;
-    r->xfer = 0;
-    r->tp_private[0] = r->tp_private[1] = NULL;
     return TUTTI_OK;
 }
 
-static int shm_post_send(void *vtp, tutti_tp_req_v1_t *r)
+static int shm_post_send(void *vtp, tp_req_t *r)
 {
     shm_tp_t *tp = vtp;
     int st = check_req(tp, r, TUTTI_TP_SEND);
@@ -682,7 +659,7 @@ static int shm_post_send(void *vtp, tutti_tp_req_v1_t *r)
     return TUTTI_OK;
 }
 
-static int shm_post_recv(void *vtp, tutti_tp_req_v1_t *r)
+static int shm_post_recv(void *vtp, tp_req_t *r)
 {
     shm_tp_t *tp = vtp;
     int st = check_req(tp, r, TUTTI_TP_RECV);
@@ -749,44 +726,13 @@ static void shm_destroy(void *vtp)
     free(tp);
 }
 
-/* A size knob: bytes with an optional k/m/g suffix (powers of 1024). */
-static size_t knob_size(shm_tp_t *tp, const char *name, size_t def)
-{
-    const char *v = tp->host->config(tp->host->ctx, name);
-    if (!v || !*v)
-        return def;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    int shift = 0;
-    if (*end == 'k' || *end == 'K')
-        shift = 10;
-    else if (*end == 'm' || *end == 'M')
-        shift = 20;
-    else if (*end == 'g' || *end == 'G')
-        shift = 30;
-    if (shift)
-        end++;
-    if (errno || end == v || *end || x > ((1ull << 40) >> shift)) {
-        tp->host->log(tp->host->ctx, TUTTI_LOG_WARN, "TUTTI_%s=%s is not a size; using %zu",
-                      name, v, def);
-        return def;
-    }
-    return (size_t)(x << shift);
-}
-
 static int knob_int(shm_tp_t *tp, const char *name, int def)
 {
-    const char *v = tp->host->config(tp->host->ctx, name);
-    if (!v || !*v)
-        return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || end == v || x < INT_MIN || x > INT_MAX) {
+    long x;
+    const char *v;
+    if (tp_knob_long(tp->host, name, def, INT_MIN, INT_MAX, &x, &v) < 0)
         tp->host->log(tp->host->ctx, TUTTI_LOG_WARN, "TUTTI_%s=%s is not an integer; using %d",
                       name, v, def);
-        return def;
-    }
     return (int)x;
 }
 
@@ -824,13 +770,13 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     size_t def_ring = SHM_RING_BUDGET / (size_t)(nserved > 0 ? nserved : 1);
     def_ring = def_ring < SHM_RING_MIN ? SHM_RING_MIN : def_ring > SHM_RING_MAX ? SHM_RING_MAX
                                                                                : def_ring;
-    size_t ring = knob_size(tp, "SHM_RING_BYTES", def_ring);
+    size_t ring = tp_knob_size(tp->host, "SHM_RING_BYTES", def_ring);
     size_t r2 = 4096;
     while (r2 < ring && r2 < ((size_t)1 << 30))
         r2 <<= 1;
     tp->ring_bytes = r2;
-    tp->cma_min = knob_size(tp, "SHM_CMA_BYTES", 0);
-    tp->step = knob_size(tp, "SHM_STEP_BYTES", SHM_STEP);
+    tp->cma_min = tp_knob_size(tp->host, "SHM_CMA_BYTES", 0);
+    tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;
     tp->liveness_ms = knob_int(tp, "SHM_LIVENESS_MS", SHM_DEFAULT_LIVENESS_MS);
@@ -845,10 +791,10 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     return TUTTI_OK;
 }
 
-static const tutti_transport_ops_v1_t shm_ops = {
-    .size = sizeof(tutti_transport_ops_v1_t),
-    .abi_version = TUTTI_TRANSPORT_ABI_V1,
-    .name = "shm",
+/* cost hints: a 4-byte exchange and one direction of a large one between processes */
+static const tp_ops_t shm_ops = {
+    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY,
+                    .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
     .create = shm_create,
     .destroy = shm_destroy,
     .post_send = shm_post_send,
@@ -860,4 +806,4 @@ static const tutti_transport_ops_v1_t shm_ops = {
     .peer_address = shm_peer_address,
 };
 
-TUTTI_TRANSPORT_REGISTER_V1(shm, shm_ops)
+TT_KIT_REGISTER(shm, shm_ops)

@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include <tutti/transport_v1.h>
+#include "../kit/link.h"
+#include "../kit/queue.h"
+#include "../kit/util.h"
 
 #define SHM_LINE 64
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
@@ -95,17 +97,14 @@ typedef struct shm_link {
     shm_bell_t *peer_bell;
     size_t peer_bell_bytes;
     /* link state */
-    int failed;                  /* 0 or a TUTTI_ERR_* */
-    int report_pending;
-    int fail_errno;
-    char fail_msg[SHM_MAX_ERRMSG + 256];
+    tp_link_fail_t fail;
     int peer_dead;               /* its process is gone (seen by a liveness check) */
     int progressed;              /* moved something in this sweep */
     int notify;                  /* published something the peer may sleep on */
     int cma;                     /* sender side: -1 unknown, 0 stream, 1 pull */
     /* send side */
-    tutti_tp_req_v1_t *sq_head, *sq_tail; /* queued, the head possibly half written */
-    tutti_tp_req_v1_t *aq_head, *aq_tail; /* pulls published, waiting for their ack */
+    tp_req_t *sq_head, *sq_tail; /* queued, the head possibly half written */
+    tp_req_t *aq_head, *aq_tail; /* pulls published, waiting for their ack */
     uint64_t tx_pos, tx_tail_seen;
     uint64_t tx_rec, tx_span, tx_sent; /* current record: start, size, bytes written */
     int tx_cur_cma;
@@ -113,7 +112,7 @@ typedef struct shm_link {
     int tx_broken;               /* a message was cut or withdrawn: nothing more goes */
     uint64_t cma_sent;
     /* receive side */
-    tutti_tp_req_v1_t *rq_head, *rq_tail;
+    tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
     shm_hdr_t rhdr;
     int rhdr_valid;              /* rhdr holds the record at rx_pos (maybe parked) */
@@ -158,7 +157,6 @@ void shm_teardown(shm_tp_t *tp);
 int shm_peer_gone(shm_link_t *L);
 /* Poll every peer with pending work (or all with `all`); marks peer_dead. */
 void shm_check_liveness(shm_tp_t *tp, int all);
-uint64_t shm_now_ns(void);
 long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms);
 
 #endif /* SHM_SHM_H */

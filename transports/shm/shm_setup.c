@@ -33,13 +33,6 @@
 #define LOGF(lvl, ...) tp->host->log(tp->host->ctx, (lvl), __VA_ARGS__)
 #define ERRF(st, peer, err, ...) tp->host->error(tp->host->ctx, (st), (peer), (err), __VA_ARGS__)
 
-uint64_t shm_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms)
 {
     struct timespec ts, *tsp = NULL;
@@ -64,23 +57,7 @@ static void host_identity(shm_tp_t *tp, char *out, size_t len)
         snprintf(out, len, "%s", h->host_id);
         return;
     }
-    const char *over = h->config(h->ctx, "HOST_ID");
-    if (over && *over) {
-        snprintf(out, len, "%s", over);
-        return;
-    }
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = 0;
-    char boot[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof(boot), f))
-            boot[0] = 0;
-        fclose(f);
-        boot[strcspn(boot, "\n")] = 0;
-    }
-    snprintf(out, len, "%s/%s", host, boot);
+    tp_host_id_fallback(h->config(h->ctx, "HOST_ID"), out, len);
 }
 
 static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
@@ -261,11 +238,11 @@ int shm_setup(shm_tp_t *tp)
 {
     const tutti_tp_host_v1_t *h = tp->host;
     int st = TUTTI_OK;
-    uint64_t deadline = shm_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
+    uint64_t deadline = tp_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
                                            1000000ull;
     tp->pid = getpid();
     if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
-        tp->nonce = shm_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
+        tp->nonce = tp_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
     char myhost[512];
     host_identity(tp, myhost, sizeof(myhost));
     int nserved = 0;
@@ -324,7 +301,7 @@ int shm_setup(shm_tp_t *tp)
         snprintf(key, sizeof(key), "shm/%d", p);
         void *v = NULL;
         size_t vlen = 0;
-        uint64_t now = shm_now_ns();
+        uint64_t now = tp_now_ns();
         int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 1;
         st = h->store_get(h->ctx, key, &v, &vlen, ms);
         if (st < 0)
@@ -397,7 +374,7 @@ int shm_setup(shm_tp_t *tp)
                 missing = p;
         if (missing == -1)
             break;
-        if (shm_now_ns() >= deadline) {
+        if (tp_now_ns() >= deadline) {
             if (missing >= 0)
                 return ERRF(TUTTI_ERR_TIMEOUT, missing, 0, "shm: rank %d did not map its "
                             "shared-memory segment within %d ms", missing, h->timeout_ms);

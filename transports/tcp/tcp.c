@@ -13,48 +13,33 @@
 
 #include "crc32c.h"
 #include "tcp.h"
-#include "../tp_queue.h"
+#include "../kit/progress.h"
+#include "../kit/queue.h"
 
 #define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void fail_queue(tcp_tp_t *tp, tutti_tp_req_v1_t **head, tutti_tp_req_v1_t **tail,
+static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail,
                        int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
 }
 
-/* The link is unusable from now on: record why (once), fail what is queued on it. A
- * link that fails while nothing is posted on it (a peer that finished and closed, or
- * reported a failure after this rank got all it needed) is not this op's failure: the
- * report waits until a request uses the link. */
+/* The link is unusable from now on: record why (once, kit/link.h), fail what is queued
+ * on it. */
 static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
 {
     tcp_tp_t *tp = L->tp;
-    if (!L->failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(L->fail_msg, sizeof(L->fail_msg), fmt, ap);
-        va_end(ap);
-        L->failed = status;
-        L->fail_errno = err_no;
-        if (L->sq_head || L->rq_head)
-            tp->host->error(tp->host->ctx, status, L->peer, err_no, "%s", L->fail_msg);
-        else
-            L->report_pending = 1;
-    }
-    fail_queue(tp, &L->sq_head, &L->sq_tail, L->failed);
-    fail_queue(tp, &L->rq_head, &L->rq_tail, L->failed);
+    va_list ap;
+    va_start(ap, fmt);
+    tp_link_fail_v(tp->host, &L->fail, L->peer, L->sq_head || L->rq_head, status, err_no, fmt,
+                   ap);
+    va_end(ap);
+    fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
+    fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
     tp->completions++;
-    return L->failed;
+    return L->fail.status;
 }
 
 /* The CRC a header carries: over everything before its hcrc field. */
@@ -63,7 +48,7 @@ static uint32_t hdr_crc(const tcp_hdr_t *h)
     return tcp_crc32c(0, h, offsetof(tcp_hdr_t, hcrc));
 }
 
-static void hdr_for(const tcp_tp_t *tp, tcp_hdr_t *h, const tutti_tp_req_v1_t *r)
+static void hdr_for(const tcp_tp_t *tp, tcp_hdr_t *h, const tp_req_t *r)
 {
     memset(h, 0, sizeof(*h));
     h->magic = TCP_MAGIC;
@@ -155,8 +140,8 @@ static int link_salvage_report(tcp_link_t *L)
 static void link_send(tcp_tp_t *tp, tcp_link_t *L)
 {
     const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
-    while (L->sq_head && !L->failed) {
-        tutti_tp_req_v1_t *r = L->sq_head;
+    while (L->sq_head && !L->fail.status) {
+        tp_req_t *r = L->sq_head;
         if (r->tp_private[1] != (void *)L) {
             /* first bytes of this request: its header goes in front */
             hdr_for(tp, &L->shdr, r);
@@ -307,7 +292,7 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
 static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
 {
     const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
-    while (!L->failed) {
+    while (!L->fail.status) {
         size_t staged = 0; /* payload (and trailer) bytes that came with the header */
         if (L->rhdr_got == 0 && L->rq_head && L->rq_head->len <= TCP_STAGE_BYTES) {
             /* Exactly header + expected payload (+ trailer): a shorter frame (an error
@@ -397,7 +382,7 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                       L->errbuf);
             return;
         }
-        tutti_tp_req_v1_t *q = L->rq_head;
+        tp_req_t *q = L->rq_head;
         if (!q)
             return; /* header parked until a receive is posted */
         if (!L->rhdr_matched) {
@@ -407,7 +392,7 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
                 tp_req_pop(&L->rq_head, &L->rq_tail);
                 q->status = TUTTI_ERR_MISMATCH;
                 /* The payload stays unread: the stream position is lost for good. */
-                L->failed = TUTTI_ERR_MISMATCH;
+                L->fail.status = TUTTI_ERR_MISMATCH;
                 tp->completions++;
                 return;
             }
@@ -472,7 +457,7 @@ static void sweep(tcp_tp_t *tp)
 {
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
-        if (L->fd < 0 || L->failed)
+        if (L->fd < 0 || L->fail.status)
             continue;
         if (L->sq_head)
             link_send(tp, L);
@@ -521,7 +506,7 @@ static void block(tcp_tp_t *tp, int ms)
         if (L->fd < 0)
             continue;
         int ev = 0;
-        if (!L->failed) {
+        if (!L->fail.status) {
             /* Reading also while only sending, to hear a peer that reports failure or
              * dies; but not behind a parked header, which would wake us for nothing. */
             int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head &&
@@ -549,71 +534,32 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
+static void kit_sweep(void *tp) { sweep(tp); }
+static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
+{
+    (void)c0;
+    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+}
+
+static const tp_progress_ops_t tcp_progress_ops = {
+    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+
 static int tcp_progress(void *vtp, int timeout_ms)
 {
     tcp_tp_t *tp = vtp;
-    if (atomic_load(&tp->aborted)) {
-        abort_all(tp);
-        return TUTTI_ERR_ABORTED;
-    }
-    unsigned long c0 = tp->completions;
-    sweep(tp);
-    if (tp->completions != c0 || timeout_ms <= 0)
-        return TUTTI_OK;
-    uint64_t t0 = now_ns();
-    if (tp->host->spin_us > 0) {
-        uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
-        while (now_ns() < end) {
-            sweep(tp);
-            if (tp->completions != c0)
-                return TUTTI_OK;
-            if (atomic_load(&tp->aborted))
-                break;
-            /* With more ranks than cores, the peer we wait for may share our core:
-             * spinning without yielding would keep it off the CPU for the whole spin. */
-            sched_yield();
-        }
-    }
-    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    while (tp->completions == c0) {
-        if (atomic_load(&tp->aborted)) {
-            abort_all(tp);
-            return TUTTI_ERR_ABORTED;
-        }
-        uint64_t now = now_ns();
-        if (now >= deadline)
-            break;
-        block(tp, (int)((deadline - now + 999999u) / 1000000u));
-    }
-    return TUTTI_OK;
+    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions,
+                       tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(tcp_tp_t *tp, tutti_tp_req_v1_t *r)
+static int check_req(tcp_tp_t *tp, tp_req_t *r)
 {
-    if (!r || r->peer < 0 || r->peer >= tp->nranks || !tutti_tp_host_serves(tp->host, r->peer) ||
-        (!r->buf && r->len)) {
-        if (r)
-            r->status = TUTTI_ERR_INVALID_ARG;
-        return tp->host->error(tp->host->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
-                               "tcp: bad request (peer %d)", r ? r->peer : -1);
-    }
-    tcp_link_t *L = &tp->links[r->peer];
-    if (L->failed) {
-        r->status = L->failed;
-        if (L->report_pending) {
-            L->report_pending = 0;
-            tp->host->error(tp->host->ctx, L->failed, L->peer, L->fail_errno, "%s",
-                            L->fail_msg);
-        }
-        return L->failed;
-    }
-    r->status = 1;
-    r->xfer = 0;
-    r->tp_private[0] = r->tp_private[1] = NULL;
-    return TUTTI_OK;
+    int ok = tp_req_peer_ok(r, tp->nranks);
+    return tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
+                        ok ? &tp->links[r->peer].fail : NULL, r);
 }
 
-static int tcp_post_send(void *vtp, tutti_tp_req_v1_t *r)
+static int tcp_post_send(void *vtp, tp_req_t *r)
 {
     tcp_tp_t *tp = vtp;
     int st = check_req(tp, r);
@@ -627,7 +573,7 @@ static int tcp_post_send(void *vtp, tutti_tp_req_v1_t *r)
     return TUTTI_OK;
 }
 
-static int tcp_post_recv(void *vtp, tutti_tp_req_v1_t *r)
+static int tcp_post_recv(void *vtp, tp_req_t *r)
 {
     tcp_tp_t *tp = vtp;
     int st = check_req(tp, r);
@@ -659,7 +605,7 @@ static void tcp_cancel_all(void *vtp, int status)
         }
         fail_queue(tp, &L->sq_head, &L->sq_tail, status);
         if (L->rq_head && L->rhdr_matched)
-            L->failed = L->failed ? L->failed : status; /* mid-payload: position lost */
+            L->fail.status = L->fail.status ? L->fail.status : status; /* mid-payload: position lost */
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     }
 }
@@ -682,7 +628,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
     }
     memcpy(frame, &h, sizeof(h));
     memcpy(frame + sizeof(h), msg, len);
-    uint64_t deadline = now_ns() + 200000000ull; /* best effort, bounded */
+    uint64_t deadline = tp_now_ns() + 200000000ull; /* best effort, bounded */
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->fd < 0 || L->tx_broken || link_mid_send(L))
@@ -697,7 +643,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
             if (w < 0 && errno == EINTR)
                 continue;
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                uint64_t now = now_ns();
+                uint64_t now = tp_now_ns();
                 if (now >= deadline)
                     break;
                 struct pollfd p = {.fd = L->fd, .events = POLLOUT};
@@ -857,7 +803,7 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 /* Fuzzing and tests only (see tcp.h). Built like tcp_create, with a socketpair for the
  * link to rank 1 in place of the set-up. */
 int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data,
-                        size_t len, tutti_tp_req_v1_t *reqs, size_t nreqs)
+                        size_t len, tp_req_t *reqs, size_t nreqs)
 {
     int sv[2];
     tcp_tp_t *tp = calloc(1, sizeof(*tp));
@@ -911,10 +857,10 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
     return 0;
 }
 
-static const tutti_transport_ops_v1_t tcp_ops = {
-    .size = sizeof(tutti_transport_ops_v1_t),
-    .abi_version = TUTTI_TRANSPORT_ABI_V1,
-    .name = "tcp",
+/* cost hints: a 4-byte exchange and one direction of a large one on loopback */
+static const tp_ops_t tcp_ops = {
+    TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
+                    .bw_gbs = 2.0),
     .create = tcp_create,
     .destroy = tcp_destroy,
     .post_send = tcp_post_send,
@@ -926,4 +872,4 @@ static const tutti_transport_ops_v1_t tcp_ops = {
     .peer_address = tcp_peer_address,
 };
 
-TUTTI_TRANSPORT_REGISTER_V1(tcp, tcp_ops)
+TT_KIT_REGISTER(tcp, tcp_ops)

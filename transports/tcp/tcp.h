@@ -12,7 +12,9 @@
 
 #include <uv.h>
 
-#include <tutti/transport_v1.h>
+#include "../kit/link.h"
+#include "../kit/queue.h"
+#include "../kit/util.h"
 
 #define TCP_MAGIC 0x49545554u /* "TUTI" */
 #define TCP_HELLO_MAGIC 0x4f4c4c48u
@@ -88,14 +90,10 @@ typedef struct tcp_link {
     int peer;
     int fd;
     char addr[96];
-    int failed;               /* 0 or a TUTTI_ERR_* */
-    int report_pending;       /* failed while nothing was posted: tell the library when
-                                 a request next uses the link */
-    char fail_msg[TCP_MAX_ERRMSG + 256];
-    int fail_errno;
+    tp_link_fail_t fail;
     int tx_broken;            /* a send was cut mid-message: no more frames fit */
     /* send side: queue of requests, the head one possibly half sent */
-    tutti_tp_req_v1_t *sq_head, *sq_tail;
+    tp_req_t *sq_head, *sq_tail;
     tcp_hdr_t shdr;
     size_t shdr_off;
     uint32_t scrc;            /* checksum mode: CRC of the head's payload so far */
@@ -103,7 +101,7 @@ typedef struct tcp_link {
     uint32_t strail;          /* the trailer, once scrc_upto == len */
     size_t strail_off;        /* trailer bytes sent */
     /* receive side */
-    tutti_tp_req_v1_t *rq_head, *rq_tail;
+    tp_req_t *rq_head, *rq_tail;
     tcp_hdr_t rhdr;
     size_t rhdr_got;          /* == sizeof(rhdr): a header is parked, waiting */
     int rhdr_seen;            /* the complete header was validated */
@@ -148,7 +146,7 @@ static inline const char *tcp_csum_name(uint32_t mode)
  * whatever is left is cancelled and the transport destroyed. host: rank 0 of at least
  * 2, with log and error. csum: TCP_CSUM_*. Returns 0, or -1 when it could not set up. */
 int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data,
-                        size_t len, tutti_tp_req_v1_t *reqs, size_t nreqs);
+                        size_t len, tp_req_t *reqs, size_t nreqs);
 
 /* tcp_setup.c */
 int tcp_setup_connect(tcp_tp_t *tp);

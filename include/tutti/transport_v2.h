@@ -1,0 +1,129 @@
+/* tutti transport plugin ABI, version 2.
+ *
+ * The contract of version 1 (transport_v1.h: ordered, reliable point-to-point streams
+ * with a checked 32-byte envelope; the host struct; the threading rules) holds
+ * unchanged. Version 2 adds what the library needs to stop knowing transports by name,
+ * and room for device memory:
+ *   - a properties block in the ops table (reach, cost hints, memory kinds);
+ *   - a memory kind, a registration handle and a stream on every request;
+ *   - optional register_mem/deregister_mem.
+ * A transport registers with TUTTI_TRANSPORT_REGISTER_V2(name, table); a plugin exports
+ * `tutti_transport_v2()`. The loader tries that symbol first and runs a plugin that only
+ * exports `tutti_transport_v1()` through a shim, so v1 plugins keep working.
+ */
+#ifndef TUTTI_TRANSPORT_V2_H
+#define TUTTI_TRANSPORT_V2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tutti/transport_v1.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TUTTI_TRANSPORT_ABI_V2 2u
+
+/* The host struct is v1's, unchanged: its abi_version stays TUTTI_TRANSPORT_ABI_V1 (it
+ * names the host struct's layout) and its size field lets it grow. */
+typedef tutti_tp_host_v1_t tutti_tp_host_v2_t;
+
+/* Where a request's buffer lives. */
+enum {
+    TUTTI_MEM_HOST = 0, /* ordinary process memory */
+    TUTTI_MEM_CUDA = 1  /* reserved: device memory (no transport takes it yet) */
+};
+#define TUTTI_MEM_BIT(kind) (1u << (kind))
+
+/* Properties flags. */
+#define TUTTI_TP_LOCAL_ONLY 0x1u /* reaches only ranks on this host (same host id) */
+
+/* What the library may assume about a transport, constant for the table. */
+typedef struct tutti_tp_props_v2 {
+    uint32_t flags;     /* TUTTI_TP_* bits */
+    uint32_t mem_kinds; /* TUTTI_MEM_BIT(kind) for each memory kind post_* accepts;
+                           TUTTI_MEM_HOST must be among them */
+    /* Cost hints for algorithm selection (lib/coll/cost.c): latency of a small
+     * message in microseconds, and one direction's bandwidth of a large one in GB/s.
+     * 0 means "no idea": the library assumes a socket-like transport (10 us, 2 GB/s). */
+    double alpha_us;
+    double bw_gbs;
+} tutti_tp_props_v2_t;
+
+/* One posted send or receive. The first fields are v1's, in v1's order (a v1 plugin is
+ * handed a v2 request as its own type); v2 fields follow. Owned by the library until it
+ * completes or cancel_all() returns. */
+typedef struct tutti_tp_req_v2 {
+    /* set by the library before posting (as in v1) */
+    int kind;            /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
+    int peer;            /* rank of the peer */
+    void *buf;           /* send: the data; receive: where it lands */
+    size_t len;          /* bytes; 0 is allowed (the envelope still travels) */
+    uint64_t env[4];     /* send: envelope to transmit; receive: envelope expected */
+    /* set by the transport (as in v1) */
+    volatile int status; /* 1 while pending, 0 done, a TUTTI_ERR_* on failure;
+                            TUTTI_ERR_MISMATCH when the envelope or length differ */
+    uint64_t got_env[4]; /* receive: the envelope that arrived (also on mismatch) */
+    size_t got_len;      /* receive: the length that arrived (also on mismatch) */
+    size_t xfer;         /* bytes moved so far */
+    void *tp_private[4]; /* the transport's own */
+    /* ---- v2, set by the library before posting ---- */
+    /* TUTTI_MEM_* of buf; a kind outside props.mem_kinds is refused with
+     * TUTTI_ERR_UNSUPPORTED. */
+    uint32_t mem;
+    /* What register_mem returned for memory that holds buf, or NULL (the transport
+     * then copies or registers on its own, as in v1). */
+    void *mem_handle;
+    /* Reserved for a device stream or event to order the transfer after: must be NULL
+     * for now; a transport refuses a request with another value (TUTTI_ERR_UNSUPPORTED). */
+    void *stream;
+} tutti_tp_req_v2_t;
+
+typedef struct tutti_transport_ops_v2 {
+    size_t size;          /* sizeof(tutti_transport_ops_v2_t) as the transport was built:
+                             fields appended later are read only when size covers them */
+    uint32_t abi_version; /* TUTTI_TRANSPORT_ABI_V2 */
+    const char *name;     /* "tcp" */
+    tutti_tp_props_v2_t props;
+    /* The calls below behave as their v1 namesakes (see transport_v1.h). */
+    int (*create)(const tutti_tp_host_v2_t *host, void **tp_p);
+    void (*destroy)(void *tp);
+    int (*post_send)(void *tp, tutti_tp_req_v2_t *req);
+    int (*post_recv)(void *tp, tutti_tp_req_v2_t *req);
+    int (*progress)(void *tp, int timeout_ms);
+    void (*cancel_all)(void *tp, int status);
+    void (*notify_error)(void *tp, int status, const char *msg);
+    void (*abort)(void *tp);
+    const char *(*peer_address)(void *tp, int peer);
+    /* Optional (NULL: nothing to register, requests carry mem_handle NULL): make len
+     * bytes at buf, of memory kind mem, ready for transfers and return a handle for
+     * requests on that memory; undone by deregister_mem, before the memory is freed
+     * and before destroy(). */
+    int (*register_mem)(void *tp, void *buf, size_t len, uint32_t mem, void **handle_p);
+    int (*deregister_mem)(void *tp, void *handle);
+} tutti_transport_ops_v2_t;
+
+#define TUTTI_TRANSPORT_SYMBOL_V2 "tutti_transport_v2"
+typedef const tutti_transport_ops_v2_t *(*tutti_transport_entry_v2_fn)(void);
+
+/* Inside libtutti the entry is a lookup function the built-in registry lists; in
+ * libtutti-transport-NAME.so it is the exported tutti_transport_v2(). */
+#ifdef TUTTI_TRANSPORT_BUILTIN
+#define TUTTI_TP_ENTRY_V2_(name) tt_builtin_transport_##name
+#define TUTTI_TP_EXPORT_V2_
+#else
+#define TUTTI_TP_ENTRY_V2_(name) tutti_transport_v2
+#define TUTTI_TP_EXPORT_V2_ __attribute__((visibility("default")))
+#endif
+#define TUTTI_TRANSPORT_REGISTER_V2(name, table)                                        \
+    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void);  \
+    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void)   \
+    {                                                                                   \
+        return &(table);                                                                \
+    }
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TUTTI_TRANSPORT_V2_H */

@@ -1,0 +1,78 @@
+/* Transport kit: a link's failure, and the checks every post makes. A link fails once;
+ * the first reason is kept. A link that fails while nothing is posted on it (a peer
+ * that finished and closed, or reported a failure after this rank got all it needed)
+ * is not the current op's failure: the report waits until a request uses the link. */
+#ifndef TT_KIT_LINK_H
+#define TT_KIT_LINK_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "abi.h"
+
+#define TT_KIT_ERRMSG 2304
+
+typedef struct tp_link_fail {
+    int status;         /* 0, or the TUTTI_ERR_* the link failed with */
+    int report_pending; /* failed while nothing was posted: report at the next use */
+    int err_no;
+    char msg[TT_KIT_ERRMSG];
+} tp_link_fail_t;
+
+/* Record the link's failure (only the first counts); busy: requests are posted on the
+ * link, so the library hears of it now. Returns the link's status. */
+static inline int tp_link_fail_v(const tp_host_t *h, tp_link_fail_t *f, int peer, int busy,
+                                 int status, int err_no, const char *fmt, va_list ap)
+{
+    if (f->status)
+        return f->status;
+    vsnprintf(f->msg, sizeof(f->msg), fmt, ap);
+    f->status = status;
+    f->err_no = err_no;
+    if (busy)
+        h->error(h->ctx, status, peer, err_no, "%s", f->msg);
+    else
+        f->report_pending = 1;
+    return status;
+}
+
+/* Does r name a peer in [0, nranks)? (Only then may the caller look at its link.) */
+static inline int tp_req_peer_ok(const tp_req_t *r, int nranks)
+{
+    return r && r->peer >= 0 && r->peer < nranks;
+}
+
+/* The checks of post_send/post_recv: a valid request (served: r names a peer this
+ * transport serves, as it judges) whose link (f: that peer's failure record) has not
+ * failed; then r is pending. An error is recorded with the host and left in r->status.
+ * name: the transport, for messages. */
+static inline int tp_check_req(const tp_host_t *h, const char *name, int served,
+                               tp_link_fail_t *f, tp_req_t *r)
+{
+    if (!r || !served || (!r->buf && r->len)) {
+        if (r)
+            r->status = TUTTI_ERR_INVALID_ARG;
+        return h->error(h->ctx, TUTTI_ERR_INVALID_ARG, r ? r->peer : -1, 0,
+                        "%s: bad request (peer %d)", name, r ? r->peer : -1);
+    }
+    if (!TT_KIT_REQ_SUPPORTED(r)) {
+        r->status = TUTTI_ERR_UNSUPPORTED;
+        return h->error(h->ctx, TUTTI_ERR_UNSUPPORTED, r->peer, 0,
+                        "%s: request to rank %d is not in host memory, or names a stream",
+                        name, r->peer);
+    }
+    if (f->status) {
+        r->status = f->status;
+        if (f->report_pending) {
+            f->report_pending = 0;
+            h->error(h->ctx, f->status, r->peer, f->err_no, "%s", f->msg);
+        }
+        return f->status;
+    }
+    r->status = 1;
+    r->xfer = 0;
+    r->tp_private[0] = r->tp_private[1] = NULL;
+    return TUTTI_OK;
+}
+
+#endif

@@ -1,0 +1,71 @@
+/* Transport kit: the loop of progress(). One sweep; when nothing completed and the
+ * caller may wait, spin (sweeping) for up to the host's spin_us, then wait in the
+ * transport's own way until a request completes, the timeout passes or abort() is
+ * called (then every request fails with TUTTI_ERR_ABORTED). Static inline over a
+ * constant ops table, so the calls below compile to direct ones. */
+#ifndef TT_KIT_PROGRESS_H
+#define TT_KIT_PROGRESS_H
+
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "abi.h"
+#include "util.h"
+
+typedef struct tp_progress_ops {
+    /* move what can be moved without waiting */
+    void (*sweep)(void *tp);
+    /* wait for something to do (and do it), returning by deadline (tp_now_ns's clock) at
+     * the latest; c0: the completion count the loop waits to see move */
+    void (*wait)(void *tp, unsigned long c0, uint64_t now, uint64_t deadline);
+    /* fail every request with TUTTI_ERR_ABORTED */
+    void (*abort_all)(void *tp);
+    /* optional: the transport's own spin from t0 (NULL: sweep and yield); 1 when
+     * something completed */
+    int (*spin)(void *tp, unsigned long c0, uint64_t t0);
+} tp_progress_ops_t;
+
+/* progress(): completions counts finished requests; aborted is set by abort(). */
+static inline int tp_progress(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
+                              const unsigned long *completions, int spin_us, int timeout_ms)
+{
+    if (atomic_load(aborted)) {
+        o->abort_all(tp);
+        return TUTTI_ERR_ABORTED;
+    }
+    unsigned long c0 = *completions;
+    o->sweep(tp);
+    if (*completions != c0 || timeout_ms <= 0)
+        return TUTTI_OK;
+    uint64_t t0 = tp_now_ns();
+    if (spin_us > 0 && o->spin && o->spin(tp, c0, t0))
+        return TUTTI_OK;
+    if (spin_us > 0 && !o->spin) {
+        uint64_t end = t0 + (uint64_t)spin_us * 1000u;
+        while (tp_now_ns() < end) {
+            o->sweep(tp);
+            if (*completions != c0)
+                return TUTTI_OK;
+            if (atomic_load(aborted))
+                break;
+            /* With more ranks than cores, the peer we wait for may share our core:
+             * spinning without yielding would keep it off the CPU for the whole spin. */
+            sched_yield();
+        }
+    }
+    uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
+    while (*completions == c0) {
+        if (atomic_load(aborted)) {
+            o->abort_all(tp);
+            return TUTTI_ERR_ABORTED;
+        }
+        uint64_t now = tp_now_ns();
+        if (now >= deadline)
+            break;
+        o->wait(tp, c0, now, deadline);
+    }
+    return TUTTI_OK;
+}
+
+#endif

@@ -1,0 +1,88 @@
+/* Transport kit: the monotonic clock, TUTTI_* knobs read through the host, and this
+ * host's identity. */
+#ifndef TT_KIT_UTIL_H
+#define TT_KIT_UTIL_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tutti/transport_v1.h>
+
+static inline uint64_t tp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Knob TUTTI_<name> as an integer (strtol base 0) within [lo, hi]. 0 with *out set
+ * (def when unset); TUTTI_ERR_CONFIG when it is set but not such a number (*out = def,
+ * *raw_p the text): the caller decides whether that is fatal. */
+static inline int tp_knob_long(const tutti_tp_host_v1_t *h, const char *name, long def,
+                               long lo, long hi, long *out, const char **raw_p)
+{
+    const char *v = h->config(h->ctx, name);
+    *out = def;
+    if (raw_p)
+        *raw_p = v;
+    if (!v || !*v)
+        return TUTTI_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 0);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return TUTTI_ERR_CONFIG;
+    *out = x;
+    return TUTTI_OK;
+}
+
+/* Knob TUTTI_<name> as a size: bytes with an optional k/m/g suffix (powers of 1024), at
+ * most 1 TiB; a value that is not one is warned about and def used. */
+static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name, size_t def)
+{
+    const char *v = h->config(h->ctx, name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    const char *units = "kKmMgG";
+    const char *u = *end ? strchr(units, *end) : NULL;
+    int shift = u ? 10 * (1 + (int)(u - units) / 2) : 0;
+    if (shift)
+        end++;
+    if (errno || end == v || *end || x > ((1ull << 40) >> shift)) {
+        h->log(h->ctx, TUTTI_LOG_WARN, "TUTTI_%s=%s is not a size; using %zu", name, v, def);
+        return def;
+    }
+    return (size_t)(x << shift);
+}
+
+/* This host's identity when nothing better is given: hostname and boot id (ranks with
+ * equal ids share a kernel). override, when set, wins. */
+static inline void tp_host_id_fallback(const char *override, char *out, size_t len)
+{
+    if (override && *override) {
+        snprintf(out, len, "%s", override);
+        return;
+    }
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(out, len, "%s/%s", host, boot);
+}
+
+#endif
