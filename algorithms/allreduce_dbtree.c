@@ -3,45 +3,7 @@
  * tree. The trees are complementary: the leaves of one (about half the ranks) are
  * interior nodes of the other, so every rank sends and receives about the same in
  * total, and the depth is log2(n) either way.
- *
- * The trees (NCCL's ncclGetBtree / ncclGetDtree). Tree 0 is an in-order binary tree on
- * the ranks: with b the lowest set bit of v, node v's children are v - b/2 and v + b/2
- * (the latter halved until it is below n), its parent v + b or v - b (whichever of the
- * two has bit 2b set: (v ^ b) | 2b, or v ^ b if that is out of range). Odd ranks are the
- * leaves; rank 0 is the root, with the single child 2^floor(log2(n-1)). For 14 ranks:
- *
- *     0---------------8
- *              ______/ \______
- *             4               12
- *           /   \            /  \
- *         2       6       10     \
- *        / \     / \     /  \     \
- *       1   3   5   7   9   11    13
- *
- * Tree 1 is the same tree on virtual ranks: mirrored (v = n-1-rank) when n is even,
- * shifted by one (v = rank-1 mod n) when n is odd, so that the odd ranks, tree 0's
- * leaves, sit at even virtual positions, which are tree 1's interior nodes.
- *
- * Pipelining: each half is cut into chunks of chunk_bytes. Iteration k reduces chunk k
- * of each tree (the children's chunk k with this rank's own) and sends it up, while
- * chunk k-1 comes down: a non-root receives it from its parent and forwards it to its
- * children; the root sends chunk k down as soon as it has reduced it. Children's data
- * lands in two scratch slots per child and tree (chunk k in slot k % 2); receives for
- * iteration k+1 are posted at the start of iteration k. The partial result of a chunk
- * is written into recvbuf (a leaf sends its input as it is) and the final one arrives
- * over it: it cannot arrive before the parent got the partial, since it is computed
- * from it.
- *
- * Message order: a link delivers in posting order, so both ends of a link must post in
- * the same order. Every message has a key (iteration, tree, phase: up before down) at
- * which its sender posts it, and each rank posts its sends and its receives in key
- * order: the up message of chunk k and a root's down message of chunk k have key
- * (k, t, up), a non-root's down message of chunk k-1 key (k, t, down).
- *
- * Reproducible: each node reduces in the in-order of the tree's virtual positions,
- * left child's partial result, its own data, right child's, and the root's result is
- * only copied from there on, so every rank gets the same bits.
- */
+ * Design notes: docs/internals.md, "The double binary tree allreduce". */
 #include <stdlib.h>
 #include <string.h>
 

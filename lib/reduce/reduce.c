@@ -1,30 +1,6 @@
 /* Reduction kernels: dst = dst op src over every dtype x op, the inner loop of every
  * reducing collective.
- *
- * Semantics, beyond what reduce.h promises:
- * - Integer SUM/PROD are computed in the unsigned type of the same width, so they wrap
- *   (two's complement) without undefined behaviour.
- * - Float MIN/MAX (f32, f64, and fp16/bf16 in fp32): a NaN in either operand gives NaN
- *   (that operand, the first one if both are NaN). When the operands compare equal (+0
- *   and -0) the result is the second operand: src for tt_reduce, b for tt_reduce3. So the
- *   result is bitwise one of the operands (for fp16/bf16, up to NaN quieting).
- * - fp16/bf16 convert to fp32, apply the op and round back to nearest even. Rounding
- *   back, a NaN keeps its sign and top payload bits and becomes quiet, so it never turns
- *   into an infinity; fp16 -> fp32 quiets NaN too (both as F16C does), bf16 -> fp32 is
- *   exact (a shift). The F16C path and the portable path give bit-identical results
- *   (checked over all 2^32 floats and all 65536 halves).
- * - AVG reduces as SUM; tt_reduce_avg_finish divides by nranks (integers: C division in
- *   the element type, truncating toward zero; fp16/bf16: in fp32, rounded back).
- * - Invalid dtype or op, count 0 or nranks < 1: nothing happens.
- *
- * Speed: the loops are written so that the compiler vectorises them (restrict pointers,
- * one loop per dtype x op, fixed-size inner blocks that GCC's -O2 "very cheap" cost model
- * accepts) and are compiled once per ISA level (baseline, AVX2, AVX-512); the best level
- * the CPU supports is picked at the first call. fp16 uses F16C conversions when the CPU
- * has them. TUTTI_REDUCE_ISA=generic|avx2|avx512 caps the level (tests, benchmarks).
- *
- * Buffers may be unaligned: elements are accessed through aligned(1) typedefs, never
- * through a cast to a naturally aligned pointer. */
+ * Design notes: docs/internals.md, "The reduction kernels". */
 #include <string.h>
 
 #include "base/base.h"

@@ -1,30 +1,5 @@
 /* TCP store server: a libuv loop in a thread of its own, holding the keys in a hash table.
- *
- * A connection begins with a hello (protocol version; with a job secret, a mutual
- * challenge-response) and nothing else is served before it is done. Then its requests
- * are handled strictly in order, one at a time: while a GET or WAIT waits for keys, or a
- * reply is being written, further input is only buffered, up to one read chunk, after
- * which reading pauses. That keeps replies in request order. Anything malformed closes
- * that client's connection, never the server. Waiters hang on the entries of the keys
- * they wait for (entries without a value exist only while someone waits on them) and
- * leave with their connection.
- *
- * Limits keep clients from starving each other:
- *  - memory: a frame bigger than a read chunk is admitted only within the client's quota
- *    and the server-wide limit; otherwise its bytes are read and dropped and the request
- *    fails with a message naming the limit. Replies share the stored value rather than
- *    copying it, so clients that do not read their replies cost no more than the value.
- *  - connections: at the connection limit, or when accept fails for want of file
- *    descriptors, the connection that matters least is evicted (one still in its hello,
- *    else the longest idle, else the longest waiting): clients reconnect transparently.
- *    When nothing can be evicted, a reserve fd lets the server tell the new client why it
- *    is turned away, and accepting pauses briefly instead of spinning on a full table.
- *  - time: a hello must finish within SRV_HELLO_MS; a connection with no request pending
- *    that sends nothing for idle_timeout_ms is closed (waiters are not idle).
- * Stopping closes the listener first, serves connected clients until they leave (at most
- * drain_ms), then closes the rest, so a new server can take the port at once and no
- * client reaches a server that is going away.
- */
+ * Design notes: docs/internals.md, "The TCP store server". */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>

@@ -1,51 +1,5 @@
 /* ibverbs (RDMA) transport: the data path.
- *
- * Shape
- * - One reliable-connected (RC) queue pair per peer, all on one completion queue with
- *   one completion channel. Set-up (ib_setup.c): device and port from TUTTI_IB_DEV
- *   ("mlx5_0", "rxe0:1"; default the first active port), GID from TUTTI_IB_GID_INDEX or
- *   chosen (RoCE v2 IPv4-mapped first), QP number, PSN, LID, GID and the receive ring's
- *   address and rkey exchanged through the store, then a readiness round so nobody
- *   sends to a QP that cannot receive yet.
- * - Every message is one RDMA WRITE WITH IMMEDIATE into a slot of the peer's receive
- *   ring (TUTTI_IB_SLOTS slots of a 64-byte header plus TUTTI_IB_EAGER_BYTES). The header
- *   carries the kind, the length and the 32-byte envelope; the receiver checks length and
- *   envelope against the posted receive before it touches the payload (a mismatch sets
- *   TUTTI_ERR_MISMATCH with got_env/got_len, as TCP does).
- *   - EAGER (len <= TUTTI_IB_EAGER_BYTES): the payload follows the header; the sender
- *     copies it into a registered staging slot, so the send completes when posted; the
- *     receiver copies it out.
- *   - RTS (larger): the header carries the address and rkey of the sender's buffer,
- *     registered through the MR cache. The receiver RDMA READs it straight into its own
- *     registered buffer (in chunks of up to 4 MiB, the port's max_msg_sz at most), then
- *     sends a FIN; the sender's request completes on the FIN. No copy on either side.
- * - Flow control: the sender spends a credit per slot; the receiver returns credits
- *   when it has consumed half the ring, piggybacked on its own writes or in a CTRL write
- *   (zero bytes, immediate only). Immediates: type (4 bits), credits (14), FINs (14).
- *   RC delivers writes in order, so slot k of the ring holds message k and FINs match
- *   RTSs in order. Receive WRs (no buffer: immediates only) are reposted as they
- *   complete; each QP has 2*slots+8, enough for every write the peer can have in flight
- *   (slots data writes, at most slots+2 control writes, an error report, a probe).
- * - Progress: poll the CQ, match arrived slots to posted receives, post READs, issue
- *   queued sends, return credits. progress(timeout) spins up to host->spin_us (yielding
- *   the CPU), then arms the CQ (ibv_req_notify_cq) and blocks in poll() on the
- *   completion channel's fd and an eventfd that abort() writes.
- * - Errors: a work completion with an error fails the peer's link and is recorded with
- *   host->error naming the rank, its device, GID and QP and ibv_wc_status_str(); "retry
- *   counter exceeded" (the peer's QP is gone: it exited or died) says so. A link with
- *   requests waiting on a silent peer probes it every TUTTI_IB_KEEPALIVE_MS with a
- *   zero-byte write, so a dead peer is noticed by the retry counter (about 7 x
- *   4.096 us x 2^TUTTI_IB_TIMEOUT) rather than by the op's deadline. notify_error writes
- *   the message into an error box at the end of each peer's ring (WRITE WITH IMMEDIATE,
- *   type ERROR) and waits up to 200 ms for those writes to leave.
- * - cancel_all: queued requests fail; a link with READs in flight into buffers the
- *   library takes back, or with RTSs the peer may still READ (it would deliver whatever
- *   the library writes there next), is moved to the error state and marked failed, as
- *   TCP marks a link cut mid-message; cancel_all then waits (at most 2 s) for the
- *   stopped READs' flush completions, so the HCA is done with those buffers when it
- *   returns.
- * - Memory registration cache: see ib_mr.c (TUTTI_IB_MR_CACHE, TUTTI_IB_MR_CACHE_BYTES).
- */
+ * Design notes: docs/internals.md, "The ibverbs data path". */
 #include <errno.h>
 #include <endian.h>
 #include <poll.h>

@@ -1,31 +1,5 @@
 /* ibverbs transport: the memory registration cache.
- *
- * Registering memory pins it and costs a system call and page-table walk per page, so
- * buffers that collectives use again and again are registered once and kept, most
- * recently used first, up to a byte limit (least recently used unreferenced entries are
- * deregistered beyond it). A lookup hits an entry whose range covers the buffer.
- *
- * The hard part is "invalidate on free": a cached registration pins the physical pages
- * that backed the range when it was registered. If the application frees the buffer and
- * the range is unmapped and mapped again (glibc's free() of a large block calls munmap
- * from inside libc, where no symbol interposition can see it), the cache would hand out
- * a registration of the old pages: the data would silently go to, or come from, memory
- * the process no longer sees. Modes (TUTTI_IB_MR_CACHE):
- *
- *   odp      the device supports on-demand paging: registrations follow the process's
- *            mappings through the kernel's MMU notifiers, so a cached one is always right.
- *   pagemap  each registration records the page frame of every page it pinned (from
- *            /proc/self/pagemap); every hit reads them again for the range used and
- *            drops the entry if any changed or went away: a freed and remapped buffer is
- *            a miss, never a stale hit. Pinned pages cannot move, so an unchanged frame
- *            means the same memory. Costs one pread of 8 bytes per 4 KiB page per hit.
- *            Needs page frame numbers, which Linux shows only with CAP_SYS_ADMIN.
- *   trust    cached without checks: only for applications that keep their buffers
- *            mapped for the communicator's life (like NCCL's registered buffers).
- *   off      register for each message, deregister when it completes: always right.
- *   auto     (default) odp if the device has it, else pagemap if frames are readable,
- *            else off.
- */
+ * Design notes: docs/internals.md, "The ibverbs registration cache". */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
