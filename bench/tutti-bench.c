@@ -267,21 +267,68 @@ static int parse_int(const char *s, int min, int *v_p)
     return tt_cli_int(s, min, 1 << 30, v_p);
 }
 
+/* --name=value: the value, with *a_p the name (copied into name); else NULL with *a_p
+ * the argument itself. */
+static const char *split_value(const char *arg, char *name, size_t len, const char **a_p)
+{
+    *a_p = arg;
+    const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+    if (!eq || (size_t)(eq - arg) >= len)
+        return NULL;
+    memcpy(name, arg, (size_t)(eq - arg));
+    name[eq - arg] = '\0';
+    *a_p = name;
+    return eq + 1;
+}
+
+/* --coll NAME, with the other spellings of broadcast and reduce_scatter; nonzero when
+ * NAME is none of them. */
+static int parse_coll(const char *v, enum bench_coll *coll_p)
+{
+    int bad = 1;
+    for (int c = 0; c < COLL_COUNT; c++)
+        if (!strcmp(v, coll_names[c])) {
+            *coll_p = (enum bench_coll)c;
+            bad = 0;
+        }
+    if (!strcmp(v, "bcast"))
+        *coll_p = COLL_BROADCAST, bad = 0;
+    else if (!strcmp(v, "reducescatter") || !strcmp(v, "reduce-scatter"))
+        *coll_p = COLL_REDUCE_SCATTER, bad = 0;
+    return bad;
+}
+
+/* The settings that are checked once all are read: 0, or -1 (bad usage). */
+static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
+{
+    if (tutti_dtype_parse(dtype, &cfg_p->dtype) != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: unknown dtype %s\n", dtype);
+        return -1;
+    }
+    if (tutti_redop_parse(op, &cfg_p->op) != TUTTI_OK) {
+        fprintf(stderr, "tutti-bench: unknown op %s\n", op);
+        return -1;
+    }
+    if (cfg_p->min_bytes == 0 || cfg_p->min_bytes > cfg_p->max_bytes) {
+        fprintf(stderr, "tutti-bench: need 0 < MIN <= MAX\n");
+        return -1;
+    }
+    if (cfg_p->np > 0 && cfg_p->root >= cfg_p->np) {
+        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg_p->root,
+                cfg_p->np);
+        return -1;
+    }
+    return 0;
+}
+
 /* Returns 0 to run, 1 to exit 0 (help), -1 to exit 2 (bad usage). */
 static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
 {
     const char *dtype = "float", *op = "sum";
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
+        const char *a;
         char name[64];
-        /* --name=value */
-        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-        if (eq && (size_t)(eq - a) < sizeof(name)) {
-            memcpy(name, a, (size_t)(eq - a));
-            name[eq - a] = '\0';
-            a = name;
-            v = eq + 1;
-        }
+        const char *v = split_value(argv[i], name, sizeof(name), &a);
 #define FLAG(s, l) (!strcmp(a, s) || !strcmp(a, l))
 #define VALUE()                                                                           \
     do {                                                                                  \
@@ -333,16 +380,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             bad = parse_int(v, 1, &cfg->timeout_s);
         } else if (FLAG("--coll", "--collective")) {
             VALUE();
-            bad = 1;
-            for (int c = 0; c < COLL_COUNT; c++)
-                if (!strcmp(v, coll_names[c])) {
-                    cfg->coll = (enum bench_coll)c;
-                    bad = 0;
-                }
-            if (!strcmp(v, "bcast"))
-                cfg->coll = COLL_BROADCAST, bad = 0;
-            else if (!strcmp(v, "reducescatter") || !strcmp(v, "reduce-scatter"))
-                cfg->coll = COLL_REDUCE_SCATTER, bad = 0;
+            bad = parse_coll(v, &cfg->coll);
         } else if (FLAG("--algo", "--algorithm")) {
             VALUE();
             cfg->algo_all = !strcmp(v, "all");
@@ -364,23 +402,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             return -1;
         }
     }
-    if (tutti_dtype_parse(dtype, &cfg->dtype) != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: unknown dtype %s\n", dtype);
-        return -1;
-    }
-    if (tutti_redop_parse(op, &cfg->op) != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: unknown op %s\n", op);
-        return -1;
-    }
-    if (cfg->min_bytes == 0 || cfg->min_bytes > cfg->max_bytes) {
-        fprintf(stderr, "tutti-bench: need 0 < MIN <= MAX\n");
-        return -1;
-    }
-    if (cfg->np > 0 && cfg->root >= cfg->np) {
-        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, cfg->np);
-        return -1;
-    }
-    return 0;
+    return check_cfg(dtype, op, cfg);
 }
 
 /* ---- elements ------------------------------------------------------------------ */
@@ -1079,6 +1101,119 @@ static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_
     return 0;
 }
 
+/* The rows of a run, one per size from MIN to MAX by FACTOR (barrier: one); unit is the
+ * bytes of one count. Returns 0, or -1 out of memory. */
+static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p,
+                     size_t *nsizes_p)
+{
+    int barrier = cfg->coll == COLL_BARRIER;
+    size_t nsizes = 0, cap = 0;
+    bench_row_t *rows = NULL;
+    for (size_t s = barrier ? 0 : cfg->min_bytes;; s *= cfg->factor) {
+        if (!barrier && (s > cfg->max_bytes || s / unit == 0)) {
+            if (s > cfg->max_bytes)
+                break;
+            continue; /* smaller than one element (per rank) */
+        }
+        if (nsizes == cap) {
+            cap = cap ? 2 * cap : 32;
+            bench_row_t *nr = realloc(rows, cap * sizeof(*rows));
+            if (!nr) {
+                free(rows);
+                return -1;
+            }
+            rows = nr;
+        }
+        memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
+        rows[nsizes].count = s / unit;
+        rows[nsizes].bytes = rows[nsizes].count * unit;
+        nsizes++;
+        if (barrier || s > SIZE_MAX / cfg->factor)
+            break;
+    }
+    *rows_p = rows;
+    *nsizes_p = nsizes;
+    return 0;
+}
+
+/* What the summary adds up over the sizes. */
+typedef struct bench_tally {
+    double bw_sum;
+    int bw_n, model_hits, model_rows;
+    double worst_miss; /* --algo all: the model's worst time over the fastest's */
+    size_t worst_bytes;
+    long long total_wrong;
+} bench_tally_t;
+
+/* --algo all: time one size out of place on each algorithm's communicator. */
+static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *row,
+                         bench_tally_t *tally_p)
+{
+    row->best = 0;
+    row->model = -1;
+    for (int a = 0; a < set->nalgos; a++) {
+        b->comm = set->comms[a];
+        if (run_half(b, row->count, row->bytes, 0, &row->per_algo[a]) != TUTTI_OK)
+            return -1;
+        if (row->per_algo[a].wrong > 0)
+            tally_p->total_wrong += row->per_algo[a].wrong;
+        if (row->per_algo[a].p50_us < row->per_algo[row->best].p50_us)
+            row->best = a;
+        if (row->algo && !strcmp(row->algo, set->names[a]))
+            row->model = a;
+    }
+    b->comm = set->main;
+    if (b->cfg->coll != COLL_BARRIER) {
+        tally_p->bw_sum += algo_busbw(b, row, row->best);
+        tally_p->bw_n++;
+    }
+    if (row->model >= 0) {
+        double r = row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us;
+        tally_p->model_rows++;
+        tally_p->model_hits += row->model == row->best;
+        if (r > tally_p->worst_miss) {
+            tally_p->worst_miss = r;
+            tally_p->worst_bytes = row->bytes;
+        }
+    }
+    return 0;
+}
+
+/* Time one size out of place and in place (barrier: once). */
+static int run_row_halves(const bench_ctx_t *b, bench_row_t *row, bench_tally_t *tally_p)
+{
+    int barrier = b->cfg->coll == COLL_BARRIER;
+    for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+        if (run_half(b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK)
+            return -1;
+        if (row->half[ip].wrong > 0)
+            tally_p->total_wrong += row->half[ip].wrong;
+        if (!barrier) {
+            tally_p->bw_sum += row->half[ip].busbw;
+            tally_p->bw_n++;
+        }
+    }
+    return 0;
+}
+
+static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
+{
+    if (cfg->check)
+        printf("# Out of bounds values : %lld %s\n", t->total_wrong,
+               t->total_wrong ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g%s\n", t->bw_n ? t->bw_sum / t->bw_n : 0.0,
+           cfg->algo_all ? " (the fastest algorithm of each size)" : "");
+    if (cfg->algo_all) {
+        printf("# Model picked the fastest at %d of %d sizes", t->model_hits, t->model_rows);
+        if (t->worst_bytes)
+            printf("; worst miss +%.1f%% at %zu B", 100.0 * (t->worst_miss - 1.0),
+                   t->worst_bytes);
+        printf("\n");
+    }
+    printf("#\n");
+    fflush(stdout);
+}
+
 /* Run every size on initialized communicators. Returns 0, 1 when results were wrong,
  * or 3 when a call failed. */
 static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
@@ -1096,31 +1231,10 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     }
     /* blocked collectives: size = nranks x count x elem */
     size_t unit = coll_blocked(cfg->coll) ? (size_t)b.size * esize : esize;
-
-    size_t nsizes = 0, cap = 0;
-    bench_row_t *rows = NULL;
-    for (size_t s = barrier ? 0 : cfg->min_bytes;; s *= cfg->factor) {
-        if (!barrier && (s > cfg->max_bytes || s / unit == 0)) {
-            if (s > cfg->max_bytes)
-                break;
-            continue; /* smaller than one element (per rank) */
-        }
-        if (nsizes == cap) {
-            cap = cap ? 2 * cap : 32;
-            bench_row_t *nr = realloc(rows, cap * sizeof(*rows));
-            if (!nr) {
-                free(rows);
-                return 3;
-            }
-            rows = nr;
-        }
-        memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
-        rows[nsizes].count = s / unit;
-        rows[nsizes].bytes = rows[nsizes].count * unit;
-        nsizes++;
-        if (barrier || s > SIZE_MAX / cfg->factor)
-            break;
-    }
+    size_t nsizes;
+    bench_row_t *rows;
+    if (make_rows(cfg, unit, &rows, &nsizes) < 0)
+        return 3;
 
     size_t alloc = barrier ? 64 : (cfg->max_bytes / esize) * esize;
     alloc = (alloc + 4095) & ~(size_t)4095;
@@ -1140,81 +1254,25 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
         print_header(&b, set);
         fflush(stdout);
     }
-    double bw_sum = 0.0;
-    int bw_n = 0, model_hits = 0, model_rows = 0;
-    double worst_miss = 1.0;
-    size_t worst_bytes = 0;
-    long long total_wrong = 0;
+    bench_tally_t tally = {.worst_miss = 1.0};
     for (size_t k = 0; k < nsizes; k++) {
         bench_row_t *row = &rows[k];
         size_t sel = select_bytes(cfg->coll, row->count, esize, b.size);
         row->algo = tutti_comm_algo_for(comm, coll_names[cfg->coll], sel);
-        if (cfg->algo_all) {
-            row->best = 0;
-            row->model = -1;
-            for (int a = 0; a < set->nalgos; a++) {
-                b.comm = set->comms[a];
-                if (run_half(&b, row->count, row->bytes, 0, &row->per_algo[a]) != TUTTI_OK) {
-                    rc = 3;
-                    goto out_free;
-                }
-                if (row->per_algo[a].wrong > 0)
-                    total_wrong += row->per_algo[a].wrong;
-                if (row->per_algo[a].p50_us < row->per_algo[row->best].p50_us)
-                    row->best = a;
-                if (row->algo && !strcmp(row->algo, set->names[a]))
-                    row->model = a;
-            }
-            b.comm = comm;
-            if (!barrier) {
-                bw_sum += algo_busbw(&b, row, row->best);
-                bw_n++;
-            }
-            if (row->model >= 0) {
-                double r = row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us;
-                model_rows++;
-                model_hits += row->model == row->best;
-                if (r > worst_miss) {
-                    worst_miss = r;
-                    worst_bytes = row->bytes;
-                }
-            }
-        } else {
-            for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
-                if (run_half(&b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK) {
-                    rc = 3;
-                    goto out_free;
-                }
-                if (row->half[ip].wrong > 0)
-                    total_wrong += row->half[ip].wrong;
-                if (!barrier) {
-                    bw_sum += row->half[ip].busbw;
-                    bw_n++;
-                }
-            }
+        if ((cfg->algo_all ? run_row_algos(&b, set, row, &tally)
+                           : run_row_halves(&b, row, &tally)) < 0) {
+            rc = 3;
+            goto out_free;
         }
         if (b.rank == 0)
             print_row(&b, set, row);
     }
     if (b.rank == 0) {
-        if (cfg->check)
-            printf("# Out of bounds values : %lld %s\n", total_wrong,
-                   total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g%s\n", bw_n ? bw_sum / bw_n : 0.0,
-               cfg->algo_all ? " (the fastest algorithm of each size)" : "");
-        if (cfg->algo_all) {
-            printf("# Model picked the fastest at %d of %d sizes", model_hits, model_rows);
-            if (worst_bytes)
-                printf("; worst miss +%.1f%% at %zu B", 100.0 * (worst_miss - 1.0),
-                       worst_bytes);
-            printf("\n");
-        }
-        printf("#\n");
-        fflush(stdout);
+        print_summary(cfg, &tally);
         if (cfg->json && write_json(&b, set, rows, nsizes) != 0)
             rc = 3;
     }
-    if (total_wrong && !rc)
+    if (tally.total_wrong && !rc)
         rc = 1;
 out_free:
     free(b.times);

@@ -176,10 +176,18 @@ static void run_rank(void *arg, int i)
     _exit(127);
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+typedef struct run_opts {
+    int np, nnodes, node_rank, timeout_s, tag;
+    const char *store, *job_id;
+    char **prog;
+} run_opts_t;
+
+/* Returns -1 when the command line asks for a run, else the exit status (0 for --help,
+ * 2 for bad usage). */
+static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
-    int np = 0, nnodes = 1, node_rank = 0, timeout_s = 0, tag = 0;
-    const char *store = NULL, *job_id = NULL;
+    *o_p = (run_opts_t){.nnodes = 1};
     static const struct option longopts[] = {
         {"np", required_argument, NULL, 'n'},       {"store", required_argument, NULL, 's'},
         {"nnodes", required_argument, NULL, 'N'},   {"node-rank", required_argument, NULL, 'K'},
@@ -200,77 +208,77 @@ int main(int argc, char **argv)
                 }
                 optarg = argv[optind++];
             }
-            if (tt_cli_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &np) < 0) {
+            if (tt_cli_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &o_p->np) < 0) {
                 fprintf(stderr, "tutti-run: -np %s: expected a rank count 1..%d\n", optarg,
                         TT_LAUNCH_MAX_RANKS);
                 return 2;
             }
             break;
-        case 's': store = optarg; break;
+        case 's': o_p->store = optarg; break;
         case 'N':
-            if (tt_cli_int(optarg, 1, 1 << 20, &nnodes) < 0) {
+            if (tt_cli_int(optarg, 1, 1 << 20, &o_p->nnodes) < 0) {
                 fprintf(stderr, "tutti-run: --nnodes %s: expected a positive count\n", optarg);
                 return 2;
             }
             break;
         case 'K':
-            if (tt_cli_int(optarg, 0, 1 << 20, &node_rank) < 0) {
+            if (tt_cli_int(optarg, 0, 1 << 20, &o_p->node_rank) < 0) {
                 fprintf(stderr, "tutti-run: --node-rank %s: expected 0 or more\n", optarg);
                 return 2;
             }
             break;
         case 't':
-            if (tt_cli_int(optarg, 1, 1 << 24, &timeout_s) < 0) {
+            if (tt_cli_int(optarg, 1, 1 << 24, &o_p->timeout_s) < 0) {
                 fprintf(stderr, "tutti-run: --timeout %s: expected seconds > 0\n", optarg);
                 return 2;
             }
             break;
-        case 'T': tag = 1; break;
-        case 'J': job_id = optarg; break;
+        case 'T': o_p->tag = 1; break;
+        case 'J': o_p->job_id = optarg; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
     }
-    if (np <= 0 || optind >= argc) {
-        fprintf(stderr, "tutti-run: %s\n", np <= 0 ? "-np N is required" : "no program given");
+    if (o_p->np <= 0 || optind >= argc) {
+        fprintf(stderr, "tutti-run: %s\n",
+                o_p->np <= 0 ? "-np N is required" : "no program given");
         usage(stderr, argv[0]);
         return 2;
     }
-    if (node_rank >= nnodes) {
+    o_p->prog = argv + optind;
+    return -1;
+}
+
+/* The options that only make sense together; sets TUTTI_JOB_ID. 0, or -1: bad usage. */
+static int check_args(const run_opts_t *o)
+{
+    if (o->node_rank >= o->nnodes) {
         fprintf(stderr, "tutti-run: --node-rank %d with --nnodes %d: expected 0..%d\n",
-                node_rank, nnodes, nnodes - 1);
-        return 2;
+                o->node_rank, o->nnodes, o->nnodes - 1);
+        return -1;
     }
-    if ((long long)np * nnodes > INT_MAX) {
-        fprintf(stderr, "tutti-run: -np %d times --nnodes %d is too many ranks\n", np, nnodes);
-        return 2;
+    if ((long long)o->np * o->nnodes > INT_MAX) {
+        fprintf(stderr, "tutti-run: -np %d times --nnodes %d is too many ranks\n", o->np,
+                o->nnodes);
+        return -1;
     }
-    if (nnodes > 1 && (!store || strncmp(store, "tcp://", 6))) {
+    if (o->nnodes > 1 && (!o->store || strncmp(o->store, "tcp://", 6))) {
         fprintf(stderr, "tutti-run: several nodes need a tcp:// store that all of them reach "
                         "(--store tcp://HOST:PORT)\n");
-        return 2;
+        return -1;
     }
-    if (tt_launch_job_id("tutti-run", np, job_id, nnodes, store) < 0)
-        return 2;
+    if (tt_launch_job_id("tutti-run", o->np, o->job_id, o->nnodes, o->store) < 0)
+        return -1;
+    return 0;
+}
 
-    tt_launch_t l;
-    if (tt_launch_start(&l, "tutti-run", np, !store) < 0)
-        return 1;
-    if (!store)
-        store = l.url;
-    tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
-    struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
-    int status = 0, first_failed = -1, spawn_failed = 0;
-    if (tag && (!tags || !pf)) {
-        fprintf(stderr, "tutti-run: out of memory\n");
-        status = 1;
-        goto out;
-    }
-    for (int k = 0; k < 2 * np && tag; k++)
-        tags[k].fd = -1;
-
-    run_rank_t rr = {.node_rank = node_rank, .np = np, .world = np * nnodes, .tag = tag,
-                     .store = store, .prog = argv + optind};
+/* Start the ranks (with --tag, each with its output pipes in tags). -1 if one failed to
+ * start: the ones started are left running for the caller to stop. */
+static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags)
+{
+    int np = o->np, tag = o->tag;
+    run_rank_t rr = {.node_rank = o->node_rank, .np = np, .world = np * o->nnodes,
+                     .tag = tag, .store = o->store, .prog = o->prog};
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
         int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -280,73 +288,116 @@ int main(int argc, char **argv)
                 close(out[0]);
                 close(out[1]);
             }
-            spawn_failed = 1;
-            break;
+            return -1;
         }
         rr.out = out[1];
         rr.err = err[1];
-        if (tt_launch_spawn(&l, i, run_rank, &rr) < 0) {
+        if (tt_launch_spawn(l, i, run_rank, &rr) < 0) {
             if (tag) {
                 close(out[0]), close(out[1]);
                 close(err[0]), close(err[1]);
             }
-            spawn_failed = 1;
-            break;
+            return -1;
         }
         if (tag) {
+            int rank = o->node_rank * np + i;
             close(out[1]);
             close(err[1]);
-            tags[2 * i] = (tagger_t){.fd = out[0], .rank = node_rank * np + i, .out = stdout};
-            tags[2 * i + 1] = (tagger_t){.fd = err[0], .rank = node_rank * np + i, .out = stderr};
+            tags[2 * i] = (tagger_t){.fd = out[0], .rank = rank, .out = stdout};
+            tags[2 * i + 1] = (tagger_t){.fd = err[0], .rank = rank, .out = stderr};
         }
     }
+    return 0;
+}
 
-    double deadline = timeout_s ? now_ms() + timeout_s * 1000.0 : 0;
-    if (spawn_failed) {
-        status = 1;
-        tt_launch_stop(&l);
-    }
-    while (l.running > 0) {
-        if (!tag || !tag_poll(tags, pf, 2 * np, 50))
+/* Wait for every rank, forwarding --tag output; the first failure, a signal to us or
+ * the deadline (0: none) stops the rest. Returns the exit status (status so far in). */
+static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
+                     double deadline, int status)
+{
+    int first_failed = -1;
+    while (l->running > 0) {
+        if (!o->tag || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
         int i, code, sig;
-        while ((i = tt_launch_reap(&l, &code, &sig)) >= 0) {
-            if (code == 0 || first_failed >= 0 || tt_launch_stopping(&l))
+        while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
+            if (code == 0 || first_failed >= 0 || tt_launch_stopping(l))
                 continue;
-            first_failed = node_rank * np + i;
+            first_failed = o->node_rank * o->np + i;
             status = code;
             if (!sig)
                 fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
-                                "other %d rank(s)\n", first_failed, code, l.running);
+                                "other %d rank(s)\n", first_failed, code, l->running);
             else
                 fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
                                 "stopping the other %d rank(s)\n",
-                        first_failed, sig, strsignal(sig), l.running);
+                        first_failed, sig, strsignal(sig), l->running);
         }
         int got = tt_launch_signal_received();
-        if (!tt_launch_stopping(&l) &&
+        if (!tt_launch_stopping(l) &&
             (first_failed >= 0 || got || (deadline && now_ms() > deadline))) {
             if (first_failed < 0 && got) {
                 status = 128 + got;
                 fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got),
-                        l.running);
+                        l->running);
             } else if (first_failed < 0) {
                 status = 124;
                 fprintf(stderr, "tutti-run: --timeout %d s passed: stopping %d rank(s)\n",
-                        timeout_s, l.running);
+                        o->timeout_s, l->running);
             }
-            tt_launch_stop(&l);
+            tt_launch_stop(l);
         }
-        tt_launch_tick(&l);
+        tt_launch_tick(l);
     }
-    if (tag) {
-        double left, drain_end = now_ms() + DRAIN_MS;
-        while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, 2 * np, (int)left + 1))
-            ;
-        for (int k = 0; k < 2 * np; k++)
-            if (tags[k].fd >= 0)
-                tag_close(&tags[k]);
+    return status;
+}
+
+/* --tag: forward what the ranks' leftover processes still write, for up to DRAIN_MS. */
+static void tag_drain(tagger_t *tags, struct pollfd *pf, int n)
+{
+    double left, drain_end = now_ms() + DRAIN_MS;
+    while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, n, (int)left + 1))
+        ;
+    for (int k = 0; k < n; k++)
+        if (tags[k].fd >= 0)
+            tag_close(&tags[k]);
+}
+
+int main(int argc, char **argv)
+{
+    run_opts_t o;
+    int st = parse_args(argc, argv, &o);
+    if (st >= 0)
+        return st;
+    if (check_args(&o) < 0)
+        return 2;
+
+    tt_launch_t l;
+    if (tt_launch_start(&l, "tutti-run", o.np, !o.store) < 0)
+        return 1;
+    if (!o.store)
+        o.store = l.url;
+    int np = o.np, tag = o.tag;
+    tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
+    struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
+    int status = 0;
+    if (tag && (!tags || !pf)) {
+        fprintf(stderr, "tutti-run: out of memory\n");
+        status = 1;
+        goto out;
     }
+    for (int k = 0; k < 2 * np && tag; k++)
+        tags[k].fd = -1;
+
+    int spawn_failed = spawn_ranks(&l, &o, tags) < 0;
+    double deadline = o.timeout_s ? now_ms() + o.timeout_s * 1000.0 : 0;
+    if (spawn_failed) {
+        status = 1;
+        tt_launch_stop(&l);
+    }
+    status = supervise(&l, &o, tags, pf, deadline, status);
+    if (tag)
+        tag_drain(tags, pf, 2 * np);
 out:
     tt_launch_finish(&l);
     free(tags);

@@ -69,7 +69,10 @@ static int is_loopback(const char *host)
     return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
 }
 
-int main(int argc, char **argv)
+/* Returns -1 when the command line asks to serve, else the exit status (0 for --help,
+ * 2 for bad usage). */
+static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const char **host_p,
+                      long *port_p)
 {
     enum { OPT_IDLE = 256, OPT_MAXCONN, OPT_QUOTA, OPT_MEMORY };
     static const struct option longopts[] = {
@@ -83,28 +86,28 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    tutti_store_opts_t opts;
-    tutti_store_opts_init(&opts);
-    opts.timeout_ms = 10000;
-    opts.is_server = 1;
-    const char *host = "127.0.0.1";
-    long port = -1, v;
+    tutti_store_opts_init(opts_p);
+    opts_p->timeout_ms = 10000;
+    opts_p->is_server = 1;
+    *host_p = "127.0.0.1";
+    *port_p = -1;
+    long v;
     int opt;
     while ((opt = getopt_long(argc, argv, "H:p:a:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 'H':
-            host = optarg;
+            *host_p = optarg;
             break;
         case 'p':
-            if (tt_cli_long(optarg, 0, 65535, &port) < 0) {
+            if (tt_cli_long(optarg, 0, 65535, port_p) < 0) {
                 fprintf(stderr, "%s: bad port '%s' (0..65535)\n", argv[0], optarg);
                 return 2;
             }
             break;
         case 'a':
             /* a file named here wins over a token in the environment */
-            opts.auth_token = NULL;
-            opts.auth_token_file = optarg;
+            opts_p->auth_token = NULL;
+            opts_p->auth_token_file = optarg;
             break;
         case OPT_IDLE:
         case OPT_MAXCONN:
@@ -112,12 +115,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "%s: bad number '%s'\n", argv[0], optarg);
                 return 2;
             }
-            *(opt == OPT_IDLE ? &opts.idle_timeout_ms : &opts.max_connections) = (int)v;
+            *(opt == OPT_IDLE ? &opts_p->idle_timeout_ms : &opts_p->max_connections) = (int)v;
             break;
         case OPT_QUOTA:
         case OPT_MEMORY:
-            if (parse_size(optarg, opt == OPT_QUOTA ? &opts.client_quota_bytes
-                                                    : &opts.memory_limit_bytes) < 0) {
+            if (parse_size(optarg, opt == OPT_QUOTA ? &opts_p->client_quota_bytes
+                                                    : &opts_p->memory_limit_bytes) < 0) {
                 fprintf(stderr, "%s: bad size '%s' (like 4096, 64K, 1M, 2G)\n", argv[0],
                         optarg);
                 return 2;
@@ -136,14 +139,17 @@ int main(int argc, char **argv)
         usage(stderr, argv[0]);
         return 2;
     }
-    if (port < 0) {
+    if (*port_p < 0) {
         fprintf(stderr, "%s: --port is required\n", argv[0]);
         usage(stderr, argv[0]);
         return 2;
     }
-    if (opts.auth_token_file && getenv("TUTTI_AUTH_TOKEN"))
-        unsetenv("TUTTI_AUTH_TOKEN"); /* the file given on the command line wins */
+    return -1;
+}
 
+/* Serve until SIGINT or SIGTERM; returns the exit status. */
+static int serve(const char *argv0, const char *host, long port, const tutti_store_opts_t *opts)
+{
     /* blocked before the server thread starts, so it inherits the mask and the signals
      * reach sigwait below */
     sigset_t sigs;
@@ -156,24 +162,37 @@ int main(int argc, char **argv)
     snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
              port);
     tutti_store_t *store;
-    int st = tutti_store_open(&store, url, &opts);
+    int st = tutti_store_open(&store, url, opts);
     if (st < 0) {
-        fprintf(stderr, "%s: cannot serve on %s port %ld: %s\n", argv[0], host, port,
+        fprintf(stderr, "%s: cannot serve on %s port %ld: %s\n", argv0, host, port,
                 tutti_store_last_error(NULL)[0] ? tutti_store_last_error(NULL)
                                                 : tutti_strerror(st));
         return 1;
     }
-    if (!is_loopback(host) && !opts.auth_token && !opts.auth_token_file)
+    if (!is_loopback(host) && !opts->auth_token && !opts->auth_token_file)
         fprintf(stderr, "%s: warning: listening on %s without a job secret: anyone who can "
                 "reach this port can read and change the job's keys (--auth-token-file)\n",
-                argv[0], host);
+                argv0, host);
     printf("tutti-store listening on %s\n", tutti_store_url(store));
     fflush(stdout);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;
-    fprintf(stderr, "%s: %s, stopping\n", argv[0], strsignal(sig));
+    fprintf(stderr, "%s: %s, stopping\n", argv0, strsignal(sig));
     tutti_store_close(store);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    tutti_store_opts_t opts;
+    const char *host;
+    long port;
+    int st = parse_args(argc, argv, &opts, &host, &port);
+    if (st >= 0)
+        return st;
+    if (opts.auth_token_file && getenv("TUTTI_AUTH_TOKEN"))
+        unsetenv("TUTTI_AUTH_TOKEN"); /* the file given on the command line wins */
+    return serve(argv[0], host, port, &opts);
 }

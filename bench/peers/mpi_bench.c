@@ -197,12 +197,11 @@ static void print_half(const struct half *h, size_t bytes, double factor, int ba
     }
 }
 
-int main(int argc, char **argv)
+/* Returns -1 when the command line asks for a run, else the exit status (0 for --help,
+ * 2 for bad usage); rank 0 says why. */
+static int parse_args(int argc, char **argv, struct config *cfg_p)
 {
-    struct config cfg = {COLL_ALLREDUCE, 8, 64u << 20, 2, 20, 5, 0, 0};
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    *cfg_p = (struct config){COLL_ALLREDUCE, 8, 64u << 20, 2, 20, 5, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -210,33 +209,32 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank_ == 0)
                 usage(stdout);
-            MPI_Finalize();
             return 0;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--check")) {
-            cfg.check = 1, takes = 0;
+            cfg_p->check = 1, takes = 0;
         } else if (!v) {
             bad = 1;
         } else if (!strcmp(a, "--coll")) {
             if (!strcmp(v, "allreduce"))
-                cfg.coll = COLL_ALLREDUCE;
+                cfg_p->coll = COLL_ALLREDUCE;
             else if (!strcmp(v, "broadcast"))
-                cfg.coll = COLL_BROADCAST;
+                cfg_p->coll = COLL_BROADCAST;
             else if (!strcmp(v, "barrier"))
-                cfg.coll = COLL_BARRIER;
+                cfg_p->coll = COLL_BARRIER;
             else
                 bad = 1;
         } else if (!strcmp(a, "-b")) {
-            bad = parse_size(v, &cfg.min_bytes);
+            bad = parse_size(v, &cfg_p->min_bytes);
         } else if (!strcmp(a, "-e")) {
-            bad = parse_size(v, &cfg.max_bytes);
+            bad = parse_size(v, &cfg_p->max_bytes);
         } else if (!strcmp(a, "-f")) {
-            bad = parse_size(v, &cfg.factor) || cfg.factor < 2;
+            bad = parse_size(v, &cfg_p->factor) || cfg_p->factor < 2;
         } else if (!strcmp(a, "-n")) {
-            bad = parse_int(v, &cfg.iters, 1);
+            bad = parse_int(v, &cfg_p->iters, 1);
         } else if (!strcmp(a, "-w")) {
-            bad = parse_int(v, &cfg.warmup, 0);
+            bad = parse_int(v, &cfg_p->warmup, 0);
         } else if (!strcmp(a, "-r") || !strcmp(a, "--root")) {
-            bad = parse_int(v, &cfg.root, 0) || cfg.root >= size_;
+            bad = parse_int(v, &cfg_p->root, 0) || cfg_p->root >= size_;
         } else {
             bad = 1;
         }
@@ -245,61 +243,57 @@ int main(int argc, char **argv)
                 fprintf(stderr, "mpi-bench: bad argument %s\n", a);
                 usage(stderr);
             }
-            MPI_Finalize();
             return 2;
         }
         i += takes;
     }
-    if (cfg.min_bytes == 0 || cfg.min_bytes > cfg.max_bytes) {
+    if (cfg_p->min_bytes == 0 || cfg_p->min_bytes > cfg_p->max_bytes) {
         if (rank_ == 0)
             fprintf(stderr, "mpi-bench: need 0 < MIN <= MAX\n");
-        MPI_Finalize();
         return 2;
     }
+    return -1;
+}
 
-    const int barrier = cfg.coll == COLL_BARRIER;
+static void print_header(const struct config *cfg)
+{
     static const char *const names[] = {"allreduce", "broadcast", "barrier"};
-    const double factor = cfg.coll == COLL_ALLREDUCE ? 2.0 * (size_ - 1) / size_ : 1.0;
-    if (rank_ == 0) {
-        char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-        int len;
-        MPI_Get_library_version(lib, &len);
-        lib[strcspn(lib, ",\n")] = '\0'; /* "Open MPI v4.1.4" */
-        printf("# mpi-bench: %s, %d ranks, %s, dtype float, op sum\n", names[cfg.coll], size_,
-               lib);
-        printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n",
-               cfg.iters, cfg.warmup);
-        printf("#%41s %-60s %s\n", "", "out-of-place", "in-place");
-        printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
-        for (int h = 0; h < 2; h++)
-            printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50",
-                   "p99");
-        printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
-        for (int h = 0; h < 2; h++)
-            printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
-        printf("\n");
-        fflush(stdout);
-    }
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len;
+    MPI_Get_library_version(lib, &len);
+    lib[strcspn(lib, ",\n")] = '\0'; /* "Open MPI v4.1.4" */
+    printf("# mpi-bench: %s, %d ranks, %s, dtype float, op sum\n", names[cfg->coll], size_,
+           lib);
+    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n",
+           cfg->iters, cfg->warmup);
+    printf("#%41s %-60s %s\n", "", "out-of-place", "in-place");
+    printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
+    printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+    printf("\n");
+    fflush(stdout);
+}
 
-    double *times = malloc(sizeof(double) * (size_t)(cfg.iters + 1));
-    float *send = malloc(cfg.max_bytes + sizeof(float));
-    float *recv = malloc(cfg.max_bytes + sizeof(float));
-    if (!times || !send || !recv) {
-        fprintf(stderr, "mpi-bench: out of memory\n");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+/* Time and print every size, then the summary; returns the number of wrong values. */
+static long bench_sizes(const struct config *cfg, double *times, float *send, float *recv)
+{
+    const int barrier = cfg->coll == COLL_BARRIER;
+    const double factor = cfg->coll == COLL_ALLREDUCE ? 2.0 * (size_ - 1) / size_ : 1.0;
     double bw_sum = 0.0;
     int rows = 0;
     long total_wrong = 0;
-    for (size_t size = barrier ? 0 : cfg.min_bytes; barrier || size <= cfg.max_bytes;
-         size *= cfg.factor) {
+    for (size_t size = barrier ? 0 : cfg->min_bytes; barrier || size <= cfg->max_bytes;
+         size *= cfg->factor) {
         size_t count = size / sizeof(float);
         if (!barrier && count == 0)
             continue;
         size_t bytes = count * sizeof(float);
         struct half h[2];
-        run_half(&cfg, send, recv, count, 0, times, &h[0]);
-        run_half(&cfg, send, recv, count, 1, times, &h[1]);
+        run_half(cfg, send, recv, count, 0, times, &h[0]);
+        run_half(cfg, send, recv, count, 1, times, &h[1]);
         for (int k = 0; k < 2; k++) {
             total_wrong += h[k].wrong > 0 ? h[k].wrong : 0;
             bw_sum += barrier ? 0.0 : (double)bytes / 1e3 / h[k].mean * factor;
@@ -307,8 +301,8 @@ int main(int argc, char **argv)
         rows += 2;
         if (rank_ == 0) {
             printf(" %11zu %12zu %6s %6s %5d", bytes, count, barrier ? "none" : "float",
-                   cfg.coll == COLL_ALLREDUCE ? "sum" : "none",
-                   cfg.coll == COLL_BROADCAST ? cfg.root : -1);
+                   cfg->coll == COLL_ALLREDUCE ? "sum" : "none",
+                   cfg->coll == COLL_BROADCAST ? cfg->root : -1);
             print_half(&h[0], bytes, factor, barrier);
             print_half(&h[1], bytes, factor, barrier);
             printf("\n");
@@ -322,6 +316,31 @@ int main(int argc, char **argv)
         printf("# Avg bus bandwidth    : %g\n", rows ? bw_sum / rows : 0.0);
         fflush(stdout);
     }
+    return total_wrong;
+}
+
+int main(int argc, char **argv)
+{
+    struct config cfg;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    int st = parse_args(argc, argv, &cfg);
+    if (st >= 0) {
+        MPI_Finalize();
+        return st;
+    }
+    if (rank_ == 0)
+        print_header(&cfg);
+
+    double *times = malloc(sizeof(double) * (size_t)(cfg.iters + 1));
+    float *send = malloc(cfg.max_bytes + sizeof(float));
+    float *recv = malloc(cfg.max_bytes + sizeof(float));
+    if (!times || !send || !recv) {
+        fprintf(stderr, "mpi-bench: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    long total_wrong = bench_sizes(&cfg, times, send, recv);
     free(times);
     free(send);
     free(recv);

@@ -523,21 +523,185 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     return TUTTI_OK;
 }
 
-static void reject_nonce(char rejected[][40], int *nrej, const char *nonce)
+/* What a joining rank has learnt while it waits for its job's instance. */
+typedef struct {
+    char rejected[JOB_REJECT_MAX][40];
+    int nrej, dead_only;
+    char why[768];
+    char claim[384];
+    size_t claim_len;
+} member_wait_t;
+
+static void reject_nonce(member_wait_t *w, const char *nonce)
 {
-    snprintf(rejected[*nrej % JOB_REJECT_MAX], 40, "%s", nonce);
-    (*nrej)++;
+    snprintf(w->rejected[w->nrej % JOB_REJECT_MAX], 40, "%s", nonce);
+    w->nrej++;
+}
+
+static int nonce_rejected(const member_wait_t *w, const char *nonce)
+{
+    int known = 0;
+    for (int i = 0; i < TT_MIN(w->nrej, JOB_REJECT_MAX); i++)
+        known |= !strcmp(w->rejected[i], nonce);
+    return known;
+}
+
+/* Can this rank join the instance r? 0 yes, 1 no (rejected: wait on), < 0 error. */
+static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
+                        const char *desc, member_wait_t *w, char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    if (r->nranks != comm->nranks) {
+        if (!rec_stale(r, my_host) && !rec_finished(js, r)) {
+            snprintf(err, errlen,
+                     "store %s, prefix %s: %s, but this rank was told the job has %d: the "
+                     "ranks disagree on the world size (or another job uses this store)",
+                     comm->store_url, comm->job_base, desc, comm->nranks);
+            return TUTTI_ERR_MISMATCH;
+        }
+        reject_nonce(w, r->nonce); /* a previous run's */
+        return 1;
+    }
+    if (rec_stale(r, my_host) || rec_setup_failed(js, r)) {
+        int fst = rec_failed_setup(js, r, desc, err, errlen);
+        if (fst < 0)
+            return fst;
+        snprintf(w->why, sizeof(w->why), "%s is gone", desc);
+        TT_INFO("job: not joining: %s; waiting for this job's rank 0", w->why);
+        reject_nonce(w, r->nonce);
+        return 1;
+    }
+    return 0;
+}
+
+/* Claim slot key for this rank, taking it over from a holder on this host that died
+ * (this rank restarted in place). The store's answer: the holder now. */
+static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc,
+                     const char *key, const member_wait_t *w, void **holder_p, size_t *hlen_p)
+{
+    tutti_store_t *js = comm->job_store;
+    int st = tutti_store_compare_set(js, key, "", 0, w->claim, w->claim_len, holder_p, hlen_p);
+    job_claim_t h;
+    if (st == 0 && !(*hlen_p == w->claim_len && !memcmp(*holder_p, w->claim, w->claim_len)) &&
+        claim_parse(*holder_p, *hlen_p, &h) == 0 && !strcmp(h.host, my_host) &&
+        h.pidns == my_pidns() && h.pid != (long)getpid()) {
+        unsigned long long hs = proc_start(h.pid);
+        if (hs == 0 || hs != h.start) {
+            /* its holder died: this rank was restarted in place; take the slot */
+            TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it",
+                    comm->rank, desc, h.pid);
+            void *expected = *holder_p;
+            size_t elen = *hlen_p;
+            *holder_p = NULL;
+            st = tutti_store_compare_set(js, key, expected, elen, w->claim, w->claim_len,
+                                         holder_p, hlen_p);
+            free(expected);
+        }
+    }
+    return st;
+}
+
+/* The slot is someone else's: wait on (1), or fail if two jobs met (< 0). */
+static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
+                      const char *desc, const void *cur, size_t clen, const void *holder,
+                      size_t hlen, member_wait_t *w, char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    job_claim_t h;
+    int own = claim_parse(holder, hlen, &h) == 0 && h.pid == (long)getpid() &&
+              !strcmp(h.host, my_host) && h.pidns == my_pidns();
+    snprintf(w->why, sizeof(w->why), "rank %d of %s is already taken (%.*s)", comm->rank, desc,
+             (int)TT_MIN(hlen, 300), holder ? (const char *)holder : "");
+    w->dead_only = 0;
+    if (!own && !rec_ready(js, r) && record_still(js, cur, clen)) {
+        /* two ranks r while it starts: two jobs share the prefix; both fail */
+        char c[1024];
+        snprintf(c, sizeof(c),
+                 "a second rank %d (pid %ld on host %s) tried to join this job instance "
+                 "while it was starting: ranks of two jobs may have met; give each job "
+                 "its own TUTTI_JOB_ID",
+                 comm->rank, (long)getpid(), my_host);
+        contest(js, r, c);
+        snprintf(err, errlen,
+                 "store %s, prefix %s: %s, which is still starting: another job uses this "
+                 "store prefix; give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or "
+                 "store)",
+                 comm->store_url, comm->job_base, w->why);
+        return TUTTI_ERR_IN_USE;
+    }
+    /* a running job's slot, or this process's previous communicator: wait for ours */
+    TT_INFO("job: not joining: %s; waiting for this job's rank 0", w->why);
+    reject_nonce(w, r->nonce);
+    return 1;
+}
+
+/* Claim this rank's slot of the instance r (record cur): 0 joined, 1 wait on, < 0 error. */
+static int claim_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
+                      const char *desc, const void *cur, size_t clen, member_wait_t *w,
+                      char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    char key[96];
+    slot_key(key, sizeof(key), r->nonce, comm->rank);
+    void *holder = NULL;
+    size_t hlen = 0;
+    int st = take_slot(comm, my_host, desc, key, w, &holder, &hlen);
+    if (st < 0) {
+        snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
+                 tutti_store_last_error(js));
+        return st;
+    }
+    if (hlen == w->claim_len && !memcmp(holder, w->claim, w->claim_len)) {
+        free(holder);
+        /* Still the record? A last leaver or a new rank 0 replaces the record before
+         * removing an instance's keys (claims included): a claim made in between is
+         * in a dead namespace. */
+        if (!record_still(js, cur, clen)) {
+            tt_store_compare_delete(js, key, w->claim, w->claim_len);
+            reject_nonce(w, r->nonce);
+            return 1;
+        }
+        snprintf(comm->record, sizeof(comm->record), "%s", (const char *)cur);
+        snprintf(comm->nonce, sizeof(comm->nonce), "%s", r->nonce);
+        return TUTTI_OK;
+    }
+    st = slot_taken(comm, my_host, r, desc, cur, clen, holder, hlen, w, err, errlen);
+    free(holder);
+    return st;
+}
+
+/* No instance of this job appeared in time: say what was seen instead. */
+static int member_give_up(tutti_comm_t *comm, const member_wait_t *w, char *err, size_t errlen)
+{
+    char self[160];
+    snprintf(self, sizeof(self), "this rank's job id: %s (from %s)",
+             comm->job_id[0] ? comm->job_id : "none", comm->job_src ? comm->job_src : "?");
+    if (w->nrej && w->dead_only)
+        snprintf(err, errlen,
+                 "store %s, prefix %s: %s, and no newer instance of this job appeared within "
+                 "%d ms (did this job's rank 0 fail or not start?); %s",
+                 comm->store_url, comm->job_base, w->why, comm->opts.timeout_ms, self);
+    else if (w->nrej)
+        snprintf(err, errlen,
+                 "store %s, prefix %s: already used by another job, and no instance of this "
+                 "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
+                 "TUTTI_PREFIX, or store); %s",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, w->why, self);
+    else
+        snprintf(err, errlen,
+                 "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
+                 "(%s; rank 0 must have the same)",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self);
+    return w->nrej && !w->dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
 static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
                           char *err, size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
-    char rejected[JOB_REJECT_MAX][40];
-    int nrej = 0, dead_only = 1, poll_ms = JOB_POLL_MS;
-    char why[768] = "";
-    char claim[384];
-    size_t claim_len = (size_t)claim_format(claim, sizeof(claim), my_host, comm->nonce) + 1;
+    member_wait_t w = {.dead_only = 1};
+    int poll_ms = JOB_POLL_MS;
+    w.claim_len = (size_t)claim_format(w.claim, sizeof(w.claim), my_host, comm->nonce) + 1;
     for (;;) {
         int left = tt_ms_left(deadline);
         if (left <= 0)
@@ -554,10 +718,7 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         }
         job_rec_t r;
         int ok = clen > 1 && rec_parse(cur, &r) == 0;
-        int known = 0;
-        for (int i = 0; ok && i < TT_MIN(nrej, JOB_REJECT_MAX); i++)
-            known |= !strcmp(rejected[i], r.nonce);
-        if (!ok || known) {
+        if (!ok || nonce_rejected(&w, r.nonce)) {
             /* nothing (new) to join yet: back off, a late rank 0 may be minutes away */
             free(cur);
             sleep_ms(TT_MIN(poll_ms, tt_ms_left(deadline)));
@@ -567,123 +728,14 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         poll_ms = JOB_POLL_MS;
         char desc[512];
         rec_describe(&r, desc, sizeof(desc));
-        if (r.nranks != comm->nranks) {
-            if (!rec_stale(&r, my_host) && !rec_finished(js, &r)) {
-                snprintf(err, errlen,
-                         "store %s, prefix %s: %s, but this rank was told the job has %d: the "
-                         "ranks disagree on the world size (or another job uses this store)",
-                         comm->store_url, comm->job_base, desc, comm->nranks);
-                free(cur);
-                return TUTTI_ERR_MISMATCH;
-            }
-            reject_nonce(rejected, &nrej, r.nonce); /* a previous run's */
-            free(cur);
-            continue;
-        }
-        if (rec_stale(&r, my_host) || rec_setup_failed(js, &r)) {
-            int fst = rec_failed_setup(js, &r, desc, err, errlen);
-            if (fst < 0) {
-                free(cur);
-                return fst;
-            }
-            snprintf(why, sizeof(why), "%s is gone", desc);
-            TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
-            reject_nonce(rejected, &nrej, r.nonce);
-            free(cur);
-            continue;
-        }
-        char key[96];
-        slot_key(key, sizeof(key), r.nonce, comm->rank);
-        void *holder = NULL;
-        size_t hlen = 0;
-        st = tutti_store_compare_set(js, key, "", 0, claim, claim_len, &holder, &hlen);
-        job_claim_t h;
-        if (st == 0 && !(hlen == claim_len && !memcmp(holder, claim, claim_len)) &&
-            claim_parse(holder, hlen, &h) == 0 && !strcmp(h.host, my_host) &&
-            h.pidns == my_pidns() && h.pid != (long)getpid()) {
-            unsigned long long hs = proc_start(h.pid);
-            if (hs == 0 || hs != h.start) {
-                /* its holder died: this rank was restarted in place; take the slot */
-                TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it",
-                        comm->rank, desc, h.pid);
-                void *expected = holder;
-                size_t elen = hlen;
-                holder = NULL;
-                st = tutti_store_compare_set(js, key, expected, elen, claim, claim_len, &holder,
-                                             &hlen);
-                free(expected);
-            }
-        }
-        if (st < 0) {
-            free(cur);
-            snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
-                     tutti_store_last_error(js));
-            return st;
-        }
-        if (hlen == claim_len && !memcmp(holder, claim, claim_len)) {
-            free(holder);
-            /* Still the record? A last leaver or a new rank 0 replaces the record before
-             * removing an instance's keys (claims included): a claim made in between is
-             * in a dead namespace. */
-            if (!record_still(js, cur, clen)) {
-                tt_store_compare_delete(js, key, claim, claim_len);
-                reject_nonce(rejected, &nrej, r.nonce);
-                free(cur);
-                continue;
-            }
-            snprintf(comm->record, sizeof(comm->record), "%s", (char *)cur);
-            snprintf(comm->nonce, sizeof(comm->nonce), "%s", r.nonce);
-            free(cur);
-            return TUTTI_OK;
-        }
-        int own = claim_parse(holder, hlen, &h) == 0 && h.pid == (long)getpid() &&
-                  !strcmp(h.host, my_host) && h.pidns == my_pidns();
-        snprintf(why, sizeof(why), "rank %d of %s is already taken (%.*s)", comm->rank, desc,
-                 (int)TT_MIN(hlen, 300), holder ? (char *)holder : "");
-        free(holder);
-        dead_only = 0;
-        if (!own && !rec_ready(js, &r) && record_still(js, cur, clen)) {
-            /* two ranks r while it starts: two jobs share the prefix; both fail */
-            char c[1024];
-            snprintf(c, sizeof(c),
-                     "a second rank %d (pid %ld on host %s) tried to join this job instance "
-                     "while it was starting: ranks of two jobs may have met; give each job "
-                     "its own TUTTI_JOB_ID",
-                     comm->rank, (long)getpid(), my_host);
-            contest(js, &r, c);
-            snprintf(err, errlen,
-                     "store %s, prefix %s: %s, which is still starting: another job uses this "
-                     "store prefix; give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or "
-                     "store)",
-                     comm->store_url, comm->job_base, why);
-            free(cur);
-            return TUTTI_ERR_IN_USE;
-        }
-        /* a running job's slot, or this process's previous communicator: wait for ours */
-        TT_INFO("job: not joining: %s; waiting for this job's rank 0", why);
-        reject_nonce(rejected, &nrej, r.nonce);
+        st = check_record(comm, my_host, &r, desc, &w, err, errlen);
+        if (st == 0)
+            st = claim_slot(comm, my_host, &r, desc, cur, clen, &w, err, errlen);
         free(cur);
+        if (st <= 0)
+            return st;
     }
-    char self[160];
-    snprintf(self, sizeof(self), "this rank's job id: %s (from %s)",
-             comm->job_id[0] ? comm->job_id : "none", comm->job_src ? comm->job_src : "?");
-    if (nrej && dead_only)
-        snprintf(err, errlen,
-                 "store %s, prefix %s: %s, and no newer instance of this job appeared within "
-                 "%d ms (did this job's rank 0 fail or not start?); %s",
-                 comm->store_url, comm->job_base, why, comm->opts.timeout_ms, self);
-    else if (nrej)
-        snprintf(err, errlen,
-                 "store %s, prefix %s: already used by another job, and no instance of this "
-                 "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
-                 "TUTTI_PREFIX, or store); %s",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, why, self);
-    else
-        snprintf(err, errlen,
-                 "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
-                 "(%s; rank 0 must have the same)",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self);
-    return nrej && !dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
+    return member_give_up(comm, &w, err, errlen);
 }
 
 int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char *err,

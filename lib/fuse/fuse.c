@@ -240,31 +240,12 @@ out_unlock:
 
 /* ---- layout ---- */
 
-/* Assign tensors to buckets following `order` (a permutation of the tensors): one open
- * bucket per dtype; a bucket closes when the next tensor would overflow its cap; a
- * tensor at least as large as the cap gets a bucket of its own. Buckets are numbered in
- * the order they were opened, i.e. by their first tensor's position. Called with the
- * lock held. With views, the old buffers' contents move into the new ones. */
-static int layout_build(tutti_fuse_t *f, const int *order)
+/* The tensors ready last, up to the last-bucket cap, get buckets of their own: their
+ * allreduce cannot start before backward ends, so they set the exposed tail. Returns the
+ * position in `order` where that tail starts (n: no tail). */
+static int layout_tail(const tutti_fuse_t *f, const int *order)
 {
-    int n = f->ntensors, nb = 0;
-    int open[TUTTI_DTYPE_COUNT];
-    for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
-        open[d] = -1;
-    int *tb = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    size_t *toff = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
-    tt_fuse_bucket_t *b = calloc((size_t)(n ? n : 1), sizeof(*b));
-    int *lo = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    if (!tb || !toff || !b || !lo) {
-        free(tb);
-        free(toff);
-        free(b);
-        free(lo);
-        return TUTTI_ERR_NOMEM;
-    }
-    /* The tensors ready last, up to the last-bucket cap, get buckets of their own: their
-     * allreduce cannot start before backward ends, so they set the exposed tail. */
-    int tail = n;
+    int n = f->ntensors, tail = n;
     size_t tail_bytes = 0;
     while (f->opts.last_bucket_cap_bytes && tail > 0 &&
            tail_bytes + align_up(f->tensors[order[tail - 1]].bytes) <=
@@ -272,22 +253,39 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         tail_bytes += align_up(f->tensors[order[--tail]].bytes);
     if (tail == 0)
         tail = n; /* everything fits in the cap: the usual rules alone */
-    /* When backward computes about as fast as the buckets communicate, a bucket's
-     * allreduce lags its last tensor by the bucket's own length, so the step ends about
-     * one large bucket after backward: keep buckets to 1/min_buckets of the model (not
-     * below 1 MiB, where per-bucket latency would start to count). */
+    return tail;
+}
+
+/* When backward computes about as fast as the buckets communicate, a bucket's
+ * allreduce lags its last tensor by the bucket's own length, so the step ends about
+ * one large bucket after backward: keep buckets to 1/min_buckets of the model (not
+ * below 1 MiB, where per-bucket latency would start to count). */
+static size_t layout_cap(const tutti_fuse_t *f)
+{
     size_t cap = f->opts.bucket_cap_bytes;
     if (f->opts.min_buckets > 0) {
         size_t total = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < f->ntensors; i++)
             total += align_up(f->tensors[i].bytes);
         size_t share = TT_MAX(total / (size_t)f->opts.min_buckets, (size_t)1 << 20);
         cap = TT_MIN(cap, share);
     }
+    return cap;
+}
+
+/* Size the buckets: tensor i goes to bucket tb[i] at offset toff[i]; lo gets `order`.
+ * Returns the number of buckets. */
+static int layout_assign(const tutti_fuse_t *f, const int *order, int tail, size_t cap,
+                         tt_fuse_bucket_t *b, int *tb, size_t *toff, int *lo)
+{
+    int n = f->ntensors, nb = 0;
+    int open[TUTTI_DTYPE_COUNT];
+    for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
+        open[d] = -1;
     for (int k = 0; k < n; k++) {
         int i = order[k];
         lo[k] = i;
-        tt_fuse_tensor_t *t = &f->tensors[i];
+        const tt_fuse_tensor_t *t = &f->tensors[i];
         size_t need = align_up(t->bytes);
         if (k == tail)
             for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
@@ -313,6 +311,12 @@ static int layout_build(tutti_fuse_t *f, const int *order)
         toff[i] = 0;
         open[t->dtype] = need >= b[nbk].cap ? -1 : nbk;
     }
+    return nb;
+}
+
+/* Allocate the sized buckets' buffers, tensor lists and arrival words. */
+static int buckets_alloc(const tutti_fuse_t *f, tt_fuse_bucket_t *b, int nb)
+{
     int st = TUTTI_OK;
     for (int j = 0; j < nb; j++) {
         size_t es = tutti_dtype_size(b[j].dtype);
@@ -335,16 +339,16 @@ static int layout_build(tutti_fuse_t *f, const int *order)
             if (!b[j].scratch)
                 st = TUTTI_ERR_NOMEM;
         }
-        b[j].ntensors = 0; /* refilled below */
+        b[j].ntensors = 0; /* refilled by buckets_fill */
     }
-    if (st < 0) {
-        buckets_free(b, nb);
-        free(tb);
-        free(toff);
-        free(lo);
-        return st;
-    }
-    for (int k = 0; k < n; k++) {
+    return st;
+}
+
+/* List each bucket's tensors in `order` and give each tensor its arrival bit. */
+static void buckets_fill(tutti_fuse_t *f, const int *order, tt_fuse_bucket_t *b, int nb,
+                         const int *tb)
+{
+    for (int k = 0; k < f->ntensors; k++) {
         int i = order[k];
         tt_fuse_bucket_t *bk = &b[tb[i]];
         bk->tensors[bk->ntensors++] = i;
@@ -358,6 +362,37 @@ static int layout_build(tutti_fuse_t *f, const int *order)
             t->full = in_word == 64 ? ~(uint64_t)0 : ((uint64_t)1 << in_word) - 1;
         }
     }
+}
+
+/* Assign tensors to buckets following `order` (a permutation of the tensors): one open
+ * bucket per dtype; a bucket closes when the next tensor would overflow its cap; a
+ * tensor at least as large as the cap gets a bucket of its own. Buckets are numbered in
+ * the order they were opened, i.e. by their first tensor's position. Called with the
+ * lock held. With views, the old buffers' contents move into the new ones. */
+static int layout_build(tutti_fuse_t *f, const int *order)
+{
+    int n = f->ntensors;
+    int *tb = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    size_t *toff = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+    tt_fuse_bucket_t *b = calloc((size_t)(n ? n : 1), sizeof(*b));
+    int *lo = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!tb || !toff || !b || !lo) {
+        free(tb);
+        free(toff);
+        free(b);
+        free(lo);
+        return TUTTI_ERR_NOMEM;
+    }
+    int nb = layout_assign(f, order, layout_tail(f, order), layout_cap(f), b, tb, toff, lo);
+    int st = buckets_alloc(f, b, nb);
+    if (st < 0) {
+        buckets_free(b, nb);
+        free(tb);
+        free(toff);
+        free(lo);
+        return st;
+    }
+    buckets_fill(f, order, b, nb, tb);
     for (int i = 0; i < n; i++) {
         tt_fuse_tensor_t *t = &f->tensors[i];
         if (f->opts.bucket_views && f->built)
