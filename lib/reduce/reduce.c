@@ -330,6 +330,12 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
                             _mm256_packus_epi32(tt_bf16_round(lo_), tt_bf16_round(hi_)));  \
     } while (0)
 
+/* STEP elements of d = a VOP b per BODY (16-bit elements; byte pointers). */
+#define TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                                \
+    size_t i = 0;                                                                          \
+    for (; i + STEP <= n; i += STEP)                                                       \
+        BODY(d + 2 * i, a + 2 * i, b + 2 * i, VOP);
+
 /* k2, k2r and k3 for one 16-bit float type and op: STEP elements per BODY, then the
  * portable kernel of the same shape for the tail. */
 #define TT_DEF_V16(dt, nm, ATTR, STEP, BODY, VOP)                                           \
@@ -338,9 +344,7 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
     {                                                                                      \
         char *restrict d = dv;                                                             \
         const char *restrict s = sv;                                                       \
-        size_t i = 0;                                                                      \
-        for (; i + STEP <= n; i += STEP)                                                   \
-            BODY(d + 2 * i, d + 2 * i, s + 2 * i, VOP);                                    \
+        TT_V16LOOP(d, d, s, STEP, BODY, VOP)                                               \
         tt_k2_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                          \
     }                                                                                      \
     ATTR static void tt_k2r_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,  \
@@ -348,9 +352,7 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
     {                                                                                      \
         char *restrict d = dv;                                                             \
         const char *restrict s = sv;                                                       \
-        size_t i = 0;                                                                      \
-        for (; i + STEP <= n; i += STEP)                                                   \
-            BODY(d + 2 * i, s + 2 * i, d + 2 * i, VOP);                                    \
+        TT_V16LOOP(d, s, d, STEP, BODY, VOP)                                               \
         tt_k2r_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                         \
     }                                                                                      \
     ATTR static void tt_k3_##dt##_##nm##_x86(void *restrict dv, const void *restrict av,   \
@@ -359,9 +361,7 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
         char *restrict d = dv;                                                             \
         const char *restrict a = av;                                                       \
         const char *restrict b = bv;                                                       \
-        size_t i = 0;                                                                      \
-        for (; i + STEP <= n; i += STEP)                                                   \
-            BODY(d + 2 * i, a + 2 * i, b + 2 * i, VOP);                                    \
+        TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                               \
         tt_k3_##dt##_##nm##_generic(d + 2 * i, a + 2 * i, b + 2 * i, n - i);               \
     }
 
