@@ -8,25 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tcp.h"
+#include "fuzz_host.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void host_log(void *ctx, int level, const char *fmt, ...)
-{
-    (void)ctx;
-    (void)level;
-    (void)fmt;
-}
-
-static int host_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
-{
-    (void)ctx;
-    (void)peer;
-    (void)err_no;
-    (void)fmt;
-    return status;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -36,15 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t nreqs = 1 + ((data[0] >> 1) & 3);
     if (size < 1 + 2 * nreqs)
         return 0;
-    tutti_tp_host_v1_t host = {
-        .size = sizeof(host),
-        .abi_version = TUTTI_TRANSPORT_ABI_V1,
-        .rank = 0,
-        .nranks = 2,
-        .timeout_ms = 1000,
-        .log = host_log,
-        .error = host_error,
-    };
+    tutti_tp_host_v1_t host = fuzz_host(0, 2);
     tp_req_t reqs[MAX_REQS];
     memset(reqs, 0, sizeof(reqs));
     for (size_t i = 0; i < nreqs; i++) {

@@ -9,25 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tcp.h"
+#include "fuzz_host.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void host_log(void *ctx, int level, const char *fmt, ...)
-{
-    (void)ctx;
-    (void)level;
-    (void)fmt;
-}
-
-static int host_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
-{
-    (void)ctx;
-    (void)peer;
-    (void)err_no;
-    (void)fmt;
-    return status;
-}
 
 /* Not an HMAC: the harness only needs answers that are deterministic and differ by
  * context and challenge (a peer that computes the same function passes). */
@@ -46,17 +30,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     enum { NRANKS = 4 };
-    tutti_tp_host_v1_t host = {
-        .size = sizeof(host),
-        .abi_version = TUTTI_TRANSPORT_ABI_V1,
-        .rank = 1,
-        .nranks = NRANKS,
-        .timeout_ms = 1000,
-        .log = host_log,
-        .error = host_error,
-        .instance = "job-1",
-        .auth_answer = host_auth_answer,
-    };
+    tutti_tp_host_v1_t host = fuzz_host(1, NRANKS);
+    host.instance = "job-1";
+    host.auth_answer = host_auth_answer;
     tcp_link_t links[NRANKS];
     memset(links, 0, sizeof(links));
     for (int i = 0; i < NRANKS; i++)
