@@ -370,3 +370,32 @@ int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, in
     th_rmtree(root);
     return failed ? 1 : 0;
 }
+
+void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s)
+{
+    for (size_t i = 0; i < n; i++)
+        th_add_case(s, cases[i].name, cases[i].test, cases[i].loops, timeout_s);
+}
+
+void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms)
+{
+    for (int n = from; n <= to; n++)
+        ck_assert_msg(th_run(n, fn, arg, timeout_ms) == 0, "%d ranks failed", n);
+}
+
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
+                        int comm_timeout_ms)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = comm_timeout_ms;
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .opts = &o};
+    return th_run_ex(&spec, NULL);
+}
+
+int th_quick(void)
+{
+    const char *q = getenv("TT_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}

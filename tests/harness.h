@@ -122,4 +122,29 @@ int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit
  * to mode when mode is not 0, removed with everything under it afterwards. */
 int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
 
+
+/* One th_add_case: the test named as in the source, looped loops times. */
+typedef struct th_case {
+    const char *name;
+    const TTest *test;
+    int loops;
+} th_case_t;
+#define TH_CASE(t, loops) {#t, t, loops}
+
+/* th_add_case for each of the n cases, under a timeout of timeout_s seconds each. */
+void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s);
+
+/* th_run with from, from + 1, ..., to ranks: each run must pass (a check failure names
+ * the rank count). */
+void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* th_run_ex of nranks ranks whose communicators time out after comm_timeout_ms (other
+ * options: defaults + environment). */
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
+                        int comm_timeout_ms);
+
+/* 1 when TT_TEST_QUICK is set to something other than "0" (sanitizer builds shrink
+ * their larger cases). */
+int th_quick(void);
+
 #endif /* TH_HARNESS_H */

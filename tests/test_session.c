@@ -134,22 +134,10 @@ static int rank_rerun(int rank, int nranks, tutti_comm_t *unused, const char *di
     _exit(0);
 }
 
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
-/* Keys in a file store directory (its few ".lock.NN" stripe files are the store's, not
+/* Names in dir: every entry but "." and ".." (dot_files 1), or only those not starting
+ * with '.' (dot_files 0: a file store's few ".lock.NN" stripe files are the store's, not
  * anybody's keys). */
-static int count_keys(const char *dir)
+static int count_names(const char *dir, int dot_files)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -157,7 +145,8 @@ static int count_keys(const char *dir)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
+        n += dot_files ? strcmp(e->d_name, ".") && strcmp(e->d_name, "..")
+                       : e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -194,7 +183,7 @@ END_TEST
 
 /* ---- destroy + init in one process ---- */
 
-static int fd_count(void) { return count_entries("/proc/self/fd"); }
+static int fd_count(void) { return count_names("/proc/self/fd", 1); }
 
 static long rss_kb(void)
 {
@@ -363,7 +352,7 @@ START_TEST(no_litter)
     th_spec_t spec = {.nranks = 3, .fn = rank_litter, .arg = &tcp, .timeout_ms = 30000,
                       .flags = TH_NO_COMM, .store_dir = dir};
     int rc = th_run_ex(&spec, NULL);
-    long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_keys(dir);
+    long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_names(dir, 0);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "ls -la %s >&2; rm -rf %s", dir, dir);
     if (left && !tcp)
@@ -404,11 +393,11 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("session");
-    th_add_case(s, "two_jobs_with_ids", two_jobs_with_ids, 2, 200);
-    th_add_case(s, "two_jobs_without_ids", two_jobs_without_ids, 2, 200);
-    th_add_case(s, "rerun_in_place", rerun_in_place, 1, 200);
-    th_add_case(s, "destroy_init_cycles", destroy_init_cycles, 2, 200);
-    th_add_case(s, "no_litter", no_litter, 2, 200);
-    th_add_case(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1, 200);
+    const th_case_t cases[] = {
+        TH_CASE(two_jobs_with_ids, 2), TH_CASE(two_jobs_without_ids, 2),
+        TH_CASE(rerun_in_place, 1),    TH_CASE(destroy_init_cycles, 2),
+        TH_CASE(no_litter, 2),         TH_CASE(bad_checksum_without_tcp, 1),
+    };
+    th_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 200);
     return th_main(s);
 }

@@ -55,33 +55,36 @@ static int count_fds(void)
     return n;
 }
 
+/* /proc/<pid>/<name> into buf (at most len - 1 bytes, NUL-terminated); 0 on success. */
+static int read_proc(pid_t pid, const char *name, char *buf, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, len - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return 0;
+}
+
 /* VmRSS of a process in KiB. */
 static long rss_kib(pid_t pid)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long v = -1;
-    if (!f)
+    char buf[8192];
+    if (read_proc(pid, "status", buf, sizeof(buf)))
         return -1;
-    while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, "VmRSS:", 6))
-            v = atol(line + 6);
-    fclose(f);
-    return v;
+    const char *line = strstr(buf, "\nVmRSS:");
+    return line ? atol(line + 7) : -1;
 }
 
 /* CPU time of a process (user + system) in ms. */
 static long cpu_ms(pid_t pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    char buf[1024];
+    if (read_proc(pid, "stat", buf, sizeof(buf)))
         return -1;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
     char *p = strrchr(buf, ')');
     unsigned long ut = 0, stt = 0;
     if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stt) != 2)
