@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -384,18 +387,67 @@ void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms)
 }
 
 int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
-                        int comm_timeout_ms)
+                        int comm_timeout_ms, int flags, int *exit_codes)
 {
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = comm_timeout_ms;
     th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .opts = &o};
-    return th_run_ex(&spec, NULL);
+                      .flags = flags, .opts = &o};
+    return th_run_ex(&spec, exit_codes);
 }
 
 int th_quick(void)
 {
     const char *q = getenv("TT_TEST_QUICK");
     return q && *q && strcmp(q, "0") != 0;
+}
+
+int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
+{
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = TH_NO_COMM};
+    return th_run_ex(&spec, NULL);
+}
+
+int th_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    ck_assert_msg(port > 0, "no loopback port: %s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+void th_setenv_int(const char *name, int v)
+{
+    char s[16];
+    snprintf(s, sizeof(s), "%d", v);
+    setenv(name, s, 1);
+}
+
+void th_set_rank_env(const char *url, int rank, int nranks)
+{
+    setenv("TUTTI_STORE", url, 1);
+    th_setenv_int("TUTTI_RANK", rank);
+    th_setenv_int("TUTTI_WORLD_SIZE", nranks);
+}
+
+int th_main_cases(const char *name, const th_case_t *cases, size_t n, int timeout_s)
+{
+    Suite *s = suite_create(name);
+    th_add_cases(s, cases, n, timeout_s);
+    return th_main(s);
+}
+
+void th_rmtree_gone(const char *dir)
+{
+    th_rmtree(dir);
+    ck_assert_msg(access(dir, F_OK) != 0, "%s is still there", dir);
 }

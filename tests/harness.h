@@ -134,17 +134,45 @@ typedef struct th_case {
 /* th_add_case for each of the n cases, under a timeout of timeout_s seconds each. */
 void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s);
 
+/* th_main of a suite named name holding the n cases (th_add_cases). */
+int th_main_cases(const char *name, const th_case_t *cases, size_t n, int timeout_s);
+
+/* A suite's whole main: the cases listed (TH_CASE ...), each under timeout_s seconds. */
+#define TH_CASES_MAIN(name, timeout_s, ...)                                             \
+    int main(void)                                                                      \
+    {                                                                                   \
+        const th_case_t cases_[] = {__VA_ARGS__};                                       \
+        return th_main_cases(name, cases_, sizeof(cases_) / sizeof(cases_[0]),          \
+                             timeout_s);                                                \
+    }
+
 /* th_run with from, from + 1, ..., to ranks: each run must pass (a check failure names
  * the rank count). */
 void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms);
 
-/* th_run_ex of nranks ranks whose communicators time out after comm_timeout_ms (other
- * options: defaults + environment). */
+/* th_run_ex of nranks ranks with flags (TH_*) whose communicators time out after
+ * comm_timeout_ms (other options: defaults + environment); exit_codes may be NULL. */
 int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
-                        int comm_timeout_ms);
+                        int comm_timeout_ms, int flags, int *exit_codes);
 
 /* 1 when TT_TEST_QUICK is set to something other than "0" (sanitizer builds shrink
  * their larger cases). */
 int th_quick(void);
+
+/* th_run_ex of nranks ranks with TH_NO_COMM (they make their own communicators). */
+int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* A loopback TCP port that nobody listens on (bound once, then closed). */
+int th_free_port(void);
+
+/* setenv(name, v in decimal). */
+void th_setenv_int(const char *name, int v);
+
+/* A launcher's environment for tutti_comm_init_env: TUTTI_STORE=url, TUTTI_RANK=rank,
+ * TUTTI_WORLD_SIZE=nranks. */
+void th_set_rank_env(const char *url, int rank, int nranks);
+
+/* th_rmtree, then a check that dir is gone. */
+void th_rmtree_gone(const char *dir);
 
 #endif /* TH_HARNESS_H */

@@ -311,13 +311,9 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused;
     (void)arg;
-    char url[600], num[16];
+    char url[600];
     snprintf(url, sizeof(url), "file://%s", dir);
-    setenv("TUTTI_STORE", url, 1);
-    snprintf(num, sizeof(num), "%d", rank);
-    setenv("TUTTI_RANK", num, 1);
-    snprintf(num, sizeof(num), "%d", nranks);
-    setenv("TUTTI_WORLD_SIZE", num, 1);
+    th_set_rank_env(url, rank, nranks);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 3000;
@@ -333,21 +329,11 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(cycles_without_collectives)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_nocoll, .timeout_ms = 40000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_nocomm(2, rank_nocoll, NULL, 40000), 0);
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("job");
-    const th_case_t cases[] = {
-        TH_CASE(rejected_rank_joins_next_job, 1), TH_CASE(root_retries_after_failed_init, 1),
-        TH_CASE(rank_in_own_pid_namespace, 1),    TH_CASE(clock_skew_between_hosts, 1),
-        TH_CASE(restarted_rank_rejoins, 1),       TH_CASE(contest_check_fails_open, 1),
-        TH_CASE(cycles_without_collectives, 1),
-    };
-    th_add_cases(s, cases, sizeof(cases) / sizeof(cases[0]), 60);
-    return th_main(s);
-}
+TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
+              TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
+              TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
+              TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1))
