@@ -1,12 +1,14 @@
 /* Multi-rank test harness: see harness.h. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ftw.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -450,4 +452,59 @@ void th_rmtree_gone(const char *dir)
 {
     th_rmtree(dir);
     ck_assert_msg(access(dir, F_OK) != 0, "%s is still there", dir);
+}
+
+void *th_shared_zeroed(size_t size)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    memset(p, 0, size);
+    return p;
+}
+
+typedef struct th_after {
+    int ms;
+    void (*fn)(void *);
+    void *arg;
+} th_after_t;
+
+static void *th_after_run(void *p)
+{
+    th_after_t a = *(th_after_t *)p;
+    free(p);
+    th_sleep_ms(a.ms);
+    a.fn(a.arg);
+    return NULL;
+}
+
+pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg)
+{
+    th_after_t *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    *a = (th_after_t){ms, fn, arg};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, th_after_run, a), 0);
+    return t;
+}
+
+static void th_kill_self(void *unused)
+{
+    (void)unused;
+    kill(getpid(), SIGKILL);
+}
+
+void th_kill_self_after(int ms)
+{
+    pthread_detach(th_after_ms(ms, th_kill_self, NULL));
+}
+
+int th_check_peer_died(int rank, int victim, int st, const char *msg)
+{
+    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
+    FAIL_IF(rank == victim, "the victim survived");
+    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", victim);
+    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    return 0;
 }

@@ -5,6 +5,7 @@
 #ifndef TH_HARNESS_H
 #define TH_HARNESS_H
 
+#include <pthread.h>
 #include <stdio.h>
 
 #include <check.h>
@@ -174,5 +175,20 @@ void th_set_rank_env(const char *url, int rank, int nranks);
 
 /* th_rmtree, then a check that dir is gone. */
 void th_rmtree_gone(const char *dir);
+
+/* size zeroed bytes shared with the ranks forked after (MAP_SHARED); checked. */
+void *th_shared_zeroed(size_t size);
+
+/* SIGKILL this process ms milliseconds from now (from a thread of its own): a rank that
+ * dies in the middle of whatever it is doing then. */
+void th_kill_self_after(int ms);
+
+/* fn(arg) from a thread of its own, ms milliseconds from now; the thread, to join. */
+pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg);
+
+/* In rank, after victim died under it: st (printed, with msg) must be TUTTI_ERR_PEER and
+ * msg must name "rank <victim>"; the victim itself must not get here. 0 when so, else 1
+ * (printed why). */
+int th_check_peer_died(int rank, int victim, int st, const char *msg);
 
 #endif /* TH_HARNESS_H */

@@ -227,13 +227,9 @@ typedef struct shared {
 static shared_t *shared_area(void)
 {
     static shared_t *sh;
-    if (!sh) {
-        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        ck_assert_ptr_ne(p, MAP_FAILED);
-        sh = p;
-    }
-    memset(sh, 0, sizeof(*sh));
+    if (!sh)
+        sh = th_shared_zeroed(sizeof(*sh));
+    memset(sh, 0, sizeof(*sh)); /* each run starts from zero */
     return sh;
 }
 

@@ -38,11 +38,7 @@ typedef struct shared {
 
 static shared_t *shared_new(void)
 {
-    shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                        -1, 0);
-    ck_assert_ptr_ne(sh, MAP_FAILED);
-    memset(sh, 0, sizeof(*sh));
-    return sh;
+    return th_shared_zeroed(sizeof(shared_t));
 }
 
 static void shared_free(shared_t *sh) { munmap(sh, sizeof(*sh)); }
@@ -177,12 +173,10 @@ END_TEST
 
 #define STOP_TIMEOUT_MS 1000
 
-static void *self_stopper(void *arg)
+static void stop_self(void *unused)
 {
-    int delay_ms = *(int *)arg;
-    usleep((useconds_t)delay_ms * 1000);
+    (void)unused;
     kill(getpid(), SIGSTOP);
-    return NULL;
 }
 
 static int wait_flag(volatile int *flag, int ms)
@@ -199,10 +193,10 @@ static int rank_stopped(int rank, int nranks, tutti_comm_t *comm, const char *di
     shared_t *sh = arg;
     const int victim = nranks - 1;
     sh->pid[rank] = getpid();
-    pthread_t t;
+    pthread_t t = pthread_self(); /* the stopper's, on the victim */
     int delay_ms = 100 + (int)(getpid() % 200); /* anywhere in the loop */
     if (rank == victim)
-        pthread_create(&t, NULL, self_stopper, &delay_ms);
+        t = th_after_ms(delay_ms, stop_self, NULL);
     const size_t count = sh->big ? (size_t)1 << 18 : 1;
     int32_t *x = calloc(count, 4), *y = calloc(count, 4);
     FAIL_IF(!x || !y, "calloc");
@@ -476,10 +470,7 @@ static int mm_names_both(int c, int kind, const char *m)
 
 static void run_mm(int kind)
 {
-    mm_shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_ptr_ne(sh, MAP_FAILED);
-    memset(sh, 0, sizeof(*sh));
+    mm_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = kind;
     for (int c = 0; c < MC_N_; c++) {
         if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)))
@@ -640,13 +631,6 @@ END_TEST
 
 /* ---- a rank SIGKILLed in the middle of an allreduce ---- */
 
-static void *killer(void *arg)
-{
-    usleep((useconds_t)(*(int *)arg) * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -657,23 +641,16 @@ static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f;
     int victim = nranks - 1;
-    pthread_t t;
-    int delay_ms = 300;
     if (rank == victim)
-        pthread_create(&t, NULL, killer, &delay_ms);
+        th_kill_self_after(300);
     double t_fail = 0;
     int st = TUTTI_OK;
     for (int it = 0; it < 10000 && st == TUTTI_OK; it++) {
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
         t_fail = th_now_ms();
     }
-    const char *msg = tutti_comm_last_error(comm);
-    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
-    FAIL_IF(rank == victim, "the victim survived");
-    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
-    char name[32];
-    snprintf(name, sizeof(name), "rank %d", victim);
-    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    if (th_check_peer_died(rank, victim, st, tutti_comm_last_error(comm)))
+        return 1;
     (void)t_fail;
     free(buf);
     return 0;
@@ -747,17 +724,9 @@ END_TEST
 
 /* ---- abort ---- */
 
-typedef struct {
-    tutti_comm_t *comm;
-    int delay_ms;
-} abort_arg_t;
-
-static void *aborter(void *arg)
+static void abort_comm(void *comm)
 {
-    abort_arg_t *a = arg;
-    usleep((useconds_t)a->delay_ms * 1000);
-    tutti_comm_abort(a->comm);
-    return NULL;
+    tutti_comm_abort(comm);
 }
 
 static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -777,9 +746,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     int done = 1;
     FAIL_IF(tutti_test(w[0], &done) != 0 || done, "test reported done");
     FAIL_IF(tutti_wait(w[0], 100) != TUTTI_ERR_TIMEOUT, "wait with 100 ms did not time out");
-    abort_arg_t a = {comm, 200};
-    pthread_t t;
-    pthread_create(&t, NULL, aborter, &a);
+    pthread_t t = th_after_ms(200, abort_comm, comm);
     double t0 = th_now_ms();
     for (int i = 0; i < 3; i++) {
         int st = tutti_wait(w[i], -1);
@@ -812,9 +779,7 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
     if (rank == 1) {
         tutti_work_t *w;
         FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, 0, 9, &w) != 0, "irecv");
-        abort_arg_t a = {comm, 100};
-        pthread_t t;
-        pthread_create(&t, NULL, aborter, &a);
+        pthread_t t = th_after_ms(100, abort_comm, comm);
         int st = tutti_wait(w, -1);
         pthread_join(t, NULL);
         tutti_work_free(w);

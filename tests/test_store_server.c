@@ -1129,17 +1129,26 @@ static int is_conn_cause(const char *msg)
            strstr(msg, "closed by the server");
 }
 
-START_TEST(test_dead_server)
+/* A server child with default options; *c_p a client of it and, when quick_p is not
+ * NULL, *quick_p a view of that client with a 500 ms timeout. */
+static void srv_child_clients(srv_child_t *sc, tutti_store_t **c_p, tutti_store_t **quick_p)
 {
     tutti_store_opts_t o;
     tutti_store_opts_init(&o);
+    srv_child_start(sc, &o, 0, 0);
+    OK(NULL, tutti_store_open_tcp(c_p, "127.0.0.1", sc->port, 0, 5000));
+    if (quick_p) {
+        OK(NULL, tutti_store_open_prefixed(quick_p, *c_p, ""));
+        tutti_store_set_timeout(*quick_p, 500);
+    }
+}
+
+START_TEST(test_dead_server)
+{
     srv_child_t sc;
-    srv_child_start(&sc, &o, 0, 0);
     tutti_store_t *c, *quick;
-    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", sc.port, 0, 5000));
+    srv_child_clients(&sc, &c, &quick);
     OK(c, tutti_store_set(c, "k", "v", 1));
-    OK(NULL, tutti_store_open_prefixed(&quick, c, ""));
-    tutti_store_set_timeout(quick, 500);
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", sc.port);
     srv_child_kill(&sc);
@@ -1173,8 +1182,7 @@ START_TEST(test_dead_server)
     tutti_store_close(c);
 
     /* a get waiting when the server dies returns at once */
-    srv_child_start(&sc, &o, 0, 0);
-    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", sc.port, 0, 5000));
+    srv_child_clients(&sc, &c, NULL);
     pid_t killer = fork();
     if (killer == 0) {
         sleep_ms(200);
@@ -1198,14 +1206,9 @@ END_TEST
 START_TEST(test_stopped_server)
 {
     /* alive but frozen (SIGSTOP): nothing is refused, and the deadline still bounds */
-    tutti_store_opts_t o;
-    tutti_store_opts_init(&o);
     srv_child_t sc;
-    srv_child_start(&sc, &o, 0, 0);
     tutti_store_t *c, *quick;
-    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", sc.port, 0, 5000));
-    OK(NULL, tutti_store_open_prefixed(&quick, c, ""));
-    tutti_store_set_timeout(quick, 500);
+    srv_child_clients(&sc, &c, &quick);
     kill(sc.pid, SIGSTOP);
     int status; /* SIGSTOP takes effect a moment after kill returns */
     ck_assert_int_eq(waitpid(sc.pid, &status, WUNTRACED), sc.pid);
