@@ -44,16 +44,7 @@ typedef struct ctx {
 
 #define MAX_REPORTS 6
 
-static int status_ok(ctx_t *c, int st, const char *what)
-{
-    if (st == TUTTI_OK)
-        return 1;
-    fprintf(stderr, "rank %d/%d [%s] %s: %s: %s\n", c->rank, c->nranks, c->algo, what,
-            tutti_status_name(st), tutti_comm_last_error(c->comm));
-    c->failures++;
-    c->comm_failed = 1;
-    return 0;
-}
+TH_DEFINE_STATUS_OK(ctx_t)
 
 /* got vs exp over bytes (es-sized elements); one line naming the first difference */
 static int compare(ctx_t *c, const char *what, tutti_dtype_t dt, const unsigned char *got,
@@ -142,8 +133,9 @@ typedef struct blocks {
 } blocks_t;
 
 /* root -1: a rootless collective (its case names the extent instead) */
-static void blocks_init(ctx_t *c, blocks_t *b, const char *name, tutti_dtype_t dt,
-                        const size_t *counts, int vform, int mode, int root)
+/* 1 when this rank is the root (root < 0: none). */
+static int blocks_init(ctx_t *c, blocks_t *b, const char *name, tutti_dtype_t dt,
+                       const size_t *counts, int vform, int mode, int root)
 {
     b->es = tutti_dtype_size(dt);
     b->seed = mix64(++c->cases);
@@ -154,6 +146,7 @@ static void blocks_init(ctx_t *c, blocks_t *b, const char *name, tutti_dtype_t d
         snprintf(b->what + len, sizeof(b->what) - (size_t)len, " (extent %zu)", b->extent);
     else
         snprintf(b->what + len, sizeof(b->what) - (size_t)len, " root %d", root);
+    return root >= 0 && c->rank == root;
 }
 
 /* c->ref: every rank's block at its displacement, garbage in the gaps, guard bytes past
@@ -279,9 +272,9 @@ static void t_allgather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vf
 static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
                      int mode)
 {
-    const int me = c->rank, is_root = me == root;
+    const int me = c->rank;
     blocks_t b;
-    blocks_init(c, &b, "gather", dt, counts, vform, mode, root);
+    const int is_root = blocks_init(c, &b, "gather", dt, counts, vform, mode, root);
 
     if (is_root)
         garbage_guarded(c->recv, b.extent * b.es);
@@ -303,9 +296,8 @@ static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform
 static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform, int root,
                       int mode)
 {
-    const int me = c->rank, is_root = me == root;
     blocks_t b;
-    blocks_init(c, &b, "scatter", dt, counts, vform, mode, root);
+    const int me = c->rank, is_root = blocks_init(c, &b, "scatter", dt, counts, vform, mode, root);
 
     /* the root's image: blocks, gaps of garbage */
     blocks_ref(c, dt, counts, &b); /* the guard is rewritten below */
@@ -421,8 +413,7 @@ static const size_t small_counts[] = {0, 1, 7, 4097};
 
 static size_t big_count(void)
 {
-    const char *q = getenv("TT_TEST_QUICK");
-    return (q && *q && strcmp(q, "0") != 0) ? (16u << 10) + 3 : (256u << 10) + 3;
+    return th_quick() ? (16u << 10) + 3 : (256u << 10) + 3;
 }
 
 static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -530,9 +521,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     free(c.send);
     free(c.recv);
     free(c.ref);
-    if (c.failures > MAX_REPORTS)
-        fprintf(stderr, "rank %d/%d [%s]: %d more failures not shown\n", rank, nranks,
-                set->label, c.failures - MAX_REPORTS);
+    coll_more_failures(rank, nranks, set->label, c.failures, MAX_REPORTS);
     FAIL_IF(c.failures, "%d failure(s), %llu cases", c.failures, (unsigned long long)c.cases);
     return 0;
 }
@@ -542,17 +531,7 @@ static void run_matrix(int nranks, const set_t *set)
     tutti_comm_opts_t opts;
     ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
     opts.algo = set->algo;
-    th_spec_t spec = {
-        .nranks = nranks,
-        .fn = rank_matrix,
-        .arg = (void *)set,
-        .timeout_ms = 100000,
-        .opts = &opts,
-    };
-    double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    fprintf(stderr, "matrix %s on %d rank(s): %.0f ms\n", set->label, nranks, th_now_ms() - t0);
-    ck_assert_msg(rc == 0, "%s on %d rank(s) failed (see above)", set->label, nranks);
+    coll_run_matrix(nranks, rank_matrix, (void *)set, &opts, set->label);
 }
 
 START_TEST(matrix)
@@ -608,8 +587,7 @@ static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *
 
 START_TEST(async_other_collectives)
 {
-    for (int n = 2; n <= 4; n++)
-        ck_assert_int_eq(th_run(n, rank_new_async, NULL, 30000), 0);
+    th_run_each(2, 4, rank_new_async, NULL, 30000);
 }
 END_TEST
 

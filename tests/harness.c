@@ -1,11 +1,16 @@
 /* Multi-rank test harness: see harness.h. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ftw.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -369,4 +374,137 @@ int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, in
     int failed = th_main(s);
     th_rmtree(root);
     return failed ? 1 : 0;
+}
+
+void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s)
+{
+    for (size_t i = 0; i < n; i++)
+        th_add_case(s, cases[i].name, cases[i].test, cases[i].loops, timeout_s);
+}
+
+void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms)
+{
+    for (int n = from; n <= to; n++)
+        ck_assert_msg(th_run(n, fn, arg, timeout_ms) == 0, "%d ranks failed", n);
+}
+
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
+                        int comm_timeout_ms, int flags, int *exit_codes)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = comm_timeout_ms;
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = flags, .opts = &o};
+    return th_run_ex(&spec, exit_codes);
+}
+
+int th_quick(void)
+{
+    const char *q = getenv("TT_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
+{
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = TH_NO_COMM};
+    return th_run_ex(&spec, NULL);
+}
+
+int th_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    ck_assert_msg(port > 0, "no loopback port: %s", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+void th_setenv_int(const char *name, int v)
+{
+    char s[16];
+    snprintf(s, sizeof(s), "%d", v);
+    setenv(name, s, 1);
+}
+
+void th_set_rank_env(const char *url, int rank, int nranks)
+{
+    setenv("TUTTI_STORE", url, 1);
+    th_setenv_int("TUTTI_RANK", rank);
+    th_setenv_int("TUTTI_WORLD_SIZE", nranks);
+}
+
+int th_main_cases(const char *name, const th_case_t *cases, size_t n, int timeout_s)
+{
+    Suite *s = suite_create(name);
+    th_add_cases(s, cases, n, timeout_s);
+    return th_main(s);
+}
+
+void th_rmtree_gone(const char *dir)
+{
+    th_rmtree(dir);
+    ck_assert_msg(access(dir, F_OK) != 0, "%s is still there", dir);
+}
+
+void *th_shared_zeroed(size_t size)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    memset(p, 0, size);
+    return p;
+}
+
+typedef struct th_after {
+    int ms;
+    void (*fn)(void *);
+    void *arg;
+} th_after_t;
+
+static void *th_after_run(void *p)
+{
+    th_after_t a = *(th_after_t *)p;
+    free(p);
+    th_sleep_ms(a.ms);
+    a.fn(a.arg);
+    return NULL;
+}
+
+pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg)
+{
+    th_after_t *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    *a = (th_after_t){ms, fn, arg};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, th_after_run, a), 0);
+    return t;
+}
+
+static void th_kill_self(void *unused)
+{
+    (void)unused;
+    kill(getpid(), SIGKILL);
+}
+
+void th_kill_self_after(int ms)
+{
+    pthread_detach(th_after_ms(ms, th_kill_self, NULL));
+}
+
+int th_check_peer_died(int rank, int victim, int st, const char *msg)
+{
+    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
+    FAIL_IF(rank == victim, "the victim survived");
+    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", victim);
+    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    return 0;
 }

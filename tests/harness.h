@@ -5,6 +5,7 @@
 #ifndef TH_HARNESS_H
 #define TH_HARNESS_H
 
+#include <pthread.h>
 #include <stdio.h>
 
 #include <check.h>
@@ -121,5 +122,73 @@ int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit
 /* th_main with a fresh directory: root (len bytes) gets the mkdtemp of template, chmod
  * to mode when mode is not 0, removed with everything under it afterwards. */
 int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
+
+
+/* One th_add_case: the test named as in the source, looped loops times. */
+typedef struct th_case {
+    const char *name;
+    const TTest *test;
+    int loops;
+} th_case_t;
+#define TH_CASE(t, loops) {#t, t, loops}
+
+/* th_add_case for each of the n cases, under a timeout of timeout_s seconds each. */
+void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s);
+
+/* th_main of a suite named name holding the n cases (th_add_cases). */
+int th_main_cases(const char *name, const th_case_t *cases, size_t n, int timeout_s);
+
+/* A suite's whole main: the cases listed (TH_CASE ...), each under timeout_s seconds. */
+#define TH_CASES_MAIN(name, timeout_s, ...)                                             \
+    int main(void)                                                                      \
+    {                                                                                   \
+        const th_case_t cases_[] = {__VA_ARGS__};                                       \
+        return th_main_cases(name, cases_, sizeof(cases_) / sizeof(cases_[0]),          \
+                             timeout_s);                                                \
+    }
+
+/* th_run with from, from + 1, ..., to ranks: each run must pass (a check failure names
+ * the rank count). */
+void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* th_run_ex of nranks ranks with flags (TH_*) whose communicators time out after
+ * comm_timeout_ms (other options: defaults + environment); exit_codes may be NULL. */
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
+                        int comm_timeout_ms, int flags, int *exit_codes);
+
+/* 1 when TT_TEST_QUICK is set to something other than "0" (sanitizer builds shrink
+ * their larger cases). */
+int th_quick(void);
+
+/* th_run_ex of nranks ranks with TH_NO_COMM (they make their own communicators). */
+int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
+
+/* A loopback TCP port that nobody listens on (bound once, then closed). */
+int th_free_port(void);
+
+/* setenv(name, v in decimal). */
+void th_setenv_int(const char *name, int v);
+
+/* A launcher's environment for tutti_comm_init_env: TUTTI_STORE=url, TUTTI_RANK=rank,
+ * TUTTI_WORLD_SIZE=nranks. */
+void th_set_rank_env(const char *url, int rank, int nranks);
+
+/* th_rmtree, then a check that dir is gone. */
+void th_rmtree_gone(const char *dir);
+
+/* size zeroed bytes shared with the ranks forked after (MAP_SHARED); checked. */
+void *th_shared_zeroed(size_t size);
+
+/* SIGKILL this process ms milliseconds from now (from a thread of its own): a rank that
+ * dies in the middle of whatever it is doing then. */
+void th_kill_self_after(int ms);
+
+/* fn(arg) from a thread of its own, ms milliseconds from now; the thread, to join. */
+pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg);
+
+/* In rank, after victim died under it: st (printed, with msg) must be TUTTI_ERR_PEER and
+ * msg must name "rank <victim>"; the victim itself must not get here. 0 when so, else 1
+ * (printed why). */
+int th_check_peer_died(int rank, int victim, int st, const char *msg);
 
 #endif /* TH_HARNESS_H */

@@ -136,29 +136,16 @@ START_TEST(bad_init_arguments)
     ck_assert_int_eq(st, TUTTI_ERR_PLUGIN);
     ck_assert_ptr_null(comm);
     tutti_store_close(store);
-    char cmd[64];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    th_rmtree_gone(dir);
 }
 END_TEST
 
 /* ---- mismatched collectives ---- */
 
-static int closed_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bind(fd, (struct sockaddr *)&a, sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd); /* nobody listens there now */
-    return ntohs(a.sin_port);
-}
-
 START_TEST(unreachable_store_via_env)
 {
     char url[64], port[16];
-    int p = closed_port();
+    int p = th_free_port();
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", p);
     snprintf(port, sizeof(port), "%d", p);
     setenv("TUTTI_STORE", url, 1);
@@ -208,9 +195,7 @@ static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char 
 
 START_TEST(bad_ifname)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_bad_ifname, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_nocomm(2, rank_bad_ifname, NULL, 20000), 0);
 }
 END_TEST
 
@@ -224,19 +209,12 @@ static int rank_env(int rank, int nranks, tutti_comm_t *unused, const char *dir,
     char v[256];
     if (torchrun) {
         setenv("MASTER_ADDR", "127.0.0.1", 1);
-        snprintf(v, sizeof(v), "%d", port);
-        setenv("MASTER_PORT", v, 1);
-        snprintf(v, sizeof(v), "%d", rank);
-        setenv("RANK", v, 1);
-        snprintf(v, sizeof(v), "%d", nranks);
-        setenv("WORLD_SIZE", v, 1);
+        th_setenv_int("MASTER_PORT", port);
+        th_setenv_int("RANK", rank);
+        th_setenv_int("WORLD_SIZE", nranks);
     } else {
         snprintf(v, sizeof(v), "file://%s", dir);
-        setenv("TUTTI_STORE", v, 1);
-        snprintf(v, sizeof(v), "%d", rank);
-        setenv("TUTTI_RANK", v, 1);
-        snprintf(v, sizeof(v), "%d", nranks);
-        setenv("TUTTI_WORLD_SIZE", v, 1);
+        th_set_rank_env(v, rank, nranks);
     }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init_env(&comm, NULL);
@@ -255,11 +233,9 @@ static int rank_env(int rank, int nranks, tutti_comm_t *unused, const char *dir,
 START_TEST(init_from_env)
 {
     int port = 0;
-    th_spec_t spec = {.nranks = 3, .fn = rank_env, .arg = &port, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    port = closed_port();
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_nocomm(3, rank_env, &port, 20000), 0);
+    port = th_free_port();
+    ck_assert_int_eq(th_run_nocomm(3, rank_env, &port, 20000), 0);
 }
 END_TEST
 
@@ -359,8 +335,7 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 START_TEST(stray_connection_during_setup)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_stray, .timeout_ms = 20000, .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_nocomm(2, rank_stray, NULL, 20000), 0);
 }
 END_TEST
 

@@ -71,16 +71,7 @@ static int guard_intact(const unsigned char *p)
     return 1;
 }
 
-static int status_ok(coll_ctx_t *c, int st, const char *what)
-{
-    if (st == TUTTI_OK)
-        return 1;
-    fprintf(stderr, "rank %d/%d [%s] %s: %s: %s\n", c->rank, c->nranks, c->algo, what,
-            tutti_status_name(st), tutti_comm_last_error(c->comm));
-    c->failures++;
-    c->comm_failed = 1;
-    return 0;
-}
+TH_DEFINE_STATUS_OK(coll_ctx_t)
 
 /* mode 0: out of place; 1: TUTTI_IN_PLACE; 2: sendbuf == recvbuf */
 static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
@@ -236,13 +227,9 @@ typedef struct shared {
 static shared_t *shared_area(void)
 {
     static shared_t *sh;
-    if (!sh) {
-        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        ck_assert_ptr_ne(p, MAP_FAILED);
-        sh = p;
-    }
-    memset(sh, 0, sizeof(*sh));
+    if (!sh)
+        sh = th_shared_zeroed(sizeof(*sh));
+    memset(sh, 0, sizeof(*sh)); /* each run starts from zero */
     return sh;
 }
 
@@ -281,8 +268,7 @@ typedef struct matrix_arg {
 
 static size_t big_count(void)
 {
-    const char *q = getenv("TT_TEST_QUICK");
-    return (q && *q && strcmp(q, "0") != 0) ? (64u << 10) + 3 : (1u << 20) + 3;
+    return th_quick() ? (64u << 10) + 3 : (1u << 20) + 3;
 }
 
 static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -345,9 +331,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     free(c.recv);
     free(c.orig);
     free(c.ref);
-    if (c.failures > MAX_REPORTS)
-        fprintf(stderr, "rank %d/%d [%s]: %d more failures not shown\n", rank, nranks,
-                a->label, c.failures - MAX_REPORTS);
+    coll_more_failures(rank, nranks, a->label, c.failures, MAX_REPORTS);
     if (c.failures)
         return 1;
     return barrier_rounds(rank, nranks, comm, a->sh, 12);
@@ -361,53 +345,29 @@ static void run_matrix(int nranks, int config)
 {
     tutti_comm_opts_t opts;
     ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
-    matrix_arg_t arg = {.sh = shared_area()};
-    switch (config) {
-    case 0:
-        opts.algo = "allreduce:rd;broadcast:tree";
-        arg.allreduce = "rd";
-        arg.broadcast = "tree";
-        arg.label = "rd/tree";
-        break;
-    case 1:
-        opts.algo = "allreduce:ring;broadcast:chain";
-        /* not a multiple of any element size above 1 (each rounds it down its own way),
-         * and small enough that the 4097 count of the wider types spans several chunks
-         * per block */
-        opts.chunk_bytes = 4099;
-        arg.allreduce = "ring";
-        arg.broadcast = "chain";
-        arg.label = "ring/chain";
-        break;
-    case 2:
-        opts.algo = "allreduce:hd;broadcast:tree";
-        arg.allreduce = "hd";
-        arg.broadcast = "tree";
-        arg.label = "hd";
-        arg.allreduce_only = 1;
-        break;
-    default:
-        /* as for the ring: several chunks per half from the 4097 count of the wider
-         * types on, so that chunks go up and down the trees at the same time */
-        opts.algo = "allreduce:dbtree;broadcast:chain";
-        opts.chunk_bytes = 4099;
-        arg.allreduce = "dbtree";
-        arg.broadcast = "chain";
-        arg.label = "dbtree";
-        arg.allreduce_only = 1;
-        break;
-    }
-    th_spec_t spec = {
-        .nranks = nranks,
-        .fn = rank_matrix,
-        .arg = &arg,
-        .timeout_ms = 100000,
-        .opts = &opts,
+    /* ring and dbtree get a chunk size that is not a multiple of any element size above 1
+     * (each rounds it down its own way), and small enough that the 4097 count of the
+     * wider types spans several chunks per block (for dbtree: so that chunks go up and
+     * down the trees at the same time) */
+    static const struct {
+        const char *algo, *allreduce, *broadcast, *label;
+        size_t chunk_bytes;
+        int allreduce_only;
+    } configs[] = {
+        {"allreduce:rd;broadcast:tree", "rd", "tree", "rd/tree", 0, 0},
+        {"allreduce:ring;broadcast:chain", "ring", "chain", "ring/chain", 4099, 0},
+        {"allreduce:hd;broadcast:tree", "hd", "tree", "hd", 0, 1},
+        {"allreduce:dbtree;broadcast:chain", "dbtree", "chain", "dbtree", 4099, 1},
     };
-    double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    fprintf(stderr, "matrix %s on %d rank(s): %.0f ms\n", arg.label, nranks, th_now_ms() - t0);
-    ck_assert_msg(rc == 0, "%s on %d rank(s) failed (see above)", arg.label, nranks);
+    _Static_assert(sizeof(configs) / sizeof(configs[0]) == MATRIX_CONFIGS, "configs");
+    const int k = config;
+    opts.algo = configs[k].algo;
+    if (configs[k].chunk_bytes)
+        opts.chunk_bytes = configs[k].chunk_bytes;
+    matrix_arg_t arg = {.allreduce = configs[k].allreduce, .broadcast = configs[k].broadcast,
+                        .label = configs[k].label, .allreduce_only = configs[k].allreduce_only,
+                        .sh = shared_area()};
+    coll_run_matrix(nranks, rank_matrix, &arg, &opts, arg.label);
 }
 
 START_TEST(matrix)

@@ -38,11 +38,7 @@ typedef struct shared {
 
 static shared_t *shared_new(void)
 {
-    shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                        -1, 0);
-    ck_assert_ptr_ne(sh, MAP_FAILED);
-    memset(sh, 0, sizeof(*sh));
-    return sh;
+    return th_shared_zeroed(sizeof(shared_t));
 }
 
 static void shared_free(shared_t *sh) { munmap(sh, sizeof(*sh)); }
@@ -56,29 +52,13 @@ static void report(shared_t *sh, int rank, int st, const char *msg)
     sh->done[rank] = 1;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bind(fd, (struct sockaddr *)&a, sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* tutti_comm_init_env with rank 0 hosting a tcp store, as a launcher would set it up. */
 static int init_env_tcp(int rank, int nranks, int port, int timeout_ms, tutti_comm_t **comm_p)
 {
     char v[64];
-    snprintf(v, sizeof(v), "%d", rank);
-    setenv("TUTTI_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", nranks);
-    setenv("TUTTI_WORLD_SIZE", v, 1);
     snprintf(v, sizeof(v), "tcp://127.0.0.1:%d", port);
-    setenv("TUTTI_STORE", v, 1);
-    snprintf(v, sizeof(v), "%d", timeout_ms);
-    setenv("TUTTI_TIMEOUT_MS", v, 1);
+    th_set_rank_env(v, rank, nranks);
+    th_setenv_int("TUTTI_TIMEOUT_MS", timeout_ms);
     return tutti_comm_init_env(comm_p, NULL);
 }
 
@@ -134,7 +114,7 @@ static void run_store_host(int scenario, int big)
     shared_t *sh = shared_new();
     sh->scenario = scenario;
     sh->big = big;
-    sh->port = free_port();
+    sh->port = th_free_port();
     sh->nranks = n;
     th_spec_t spec = {.nranks = n, .fn = rank_store_host, .arg = sh, .timeout_ms = 60000,
                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
@@ -193,12 +173,10 @@ END_TEST
 
 #define STOP_TIMEOUT_MS 1000
 
-static void *self_stopper(void *arg)
+static void stop_self(void *unused)
 {
-    int delay_ms = *(int *)arg;
-    usleep((useconds_t)delay_ms * 1000);
+    (void)unused;
     kill(getpid(), SIGSTOP);
-    return NULL;
 }
 
 static int wait_flag(volatile int *flag, int ms)
@@ -215,10 +193,10 @@ static int rank_stopped(int rank, int nranks, tutti_comm_t *comm, const char *di
     shared_t *sh = arg;
     const int victim = nranks - 1;
     sh->pid[rank] = getpid();
-    pthread_t t;
+    pthread_t t = pthread_self(); /* the stopper's, on the victim */
     int delay_ms = 100 + (int)(getpid() % 200); /* anywhere in the loop */
     if (rank == victim)
-        pthread_create(&t, NULL, self_stopper, &delay_ms);
+        t = th_after_ms(delay_ms, stop_self, NULL);
     const size_t count = sh->big ? (size_t)1 << 18 : 1;
     int32_t *x = calloc(count, 4), *y = calloc(count, 4);
     FAIL_IF(!x || !y, "calloc");
@@ -265,13 +243,9 @@ static void run_stopped(int runs, int big)
     for (int run = 0; run < runs; run++) {
         shared_t *sh = shared_new();
         sh->big = big;
-        tutti_comm_opts_t o;
-        tutti_comm_opts_init(&o);
-        o.timeout_ms = STOP_TIMEOUT_MS;
-        th_spec_t spec = {.nranks = n, .fn = rank_stopped, .arg = sh, .timeout_ms = 30000,
-                          .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
         int codes[MAXR];
-        th_run_ex(&spec, codes);
+        th_run_comm_timeout(n, rank_stopped, sh, 30000, STOP_TIMEOUT_MS, TH_NO_KILL_ON_FAIL,
+                            codes);
         for (int r = 0; r < n; r++) {
             const char *m = sh->msg[r];
             int ok = codes[r] == 0 && sh->done[r] && sh->status[r] < 0;
@@ -496,10 +470,7 @@ static int mm_names_both(int c, int kind, const char *m)
 
 static void run_mm(int kind)
 {
-    mm_shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_ptr_ne(sh, MAP_FAILED);
-    memset(sh, 0, sizeof(*sh));
+    mm_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = kind;
     for (int c = 0; c < MC_N_; c++) {
         if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)))
@@ -575,13 +546,9 @@ static int rank_new_mismatch(int rank, int nranks, tutti_comm_t *comm, const cha
 START_TEST(mismatch_other_collectives)
 {
     for (int which = 0; which < 3; which++) {
-        tutti_comm_opts_t o;
-        tutti_comm_opts_init(&o);
-        o.timeout_ms = 20000;
-        th_spec_t spec = {.nranks = 3, .fn = rank_new_mismatch, .arg = &which,
-                          .timeout_ms = 30000, .opts = &o};
         double t0 = th_now_ms();
-        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        ck_assert_int_eq(th_run_comm_timeout(3, rank_new_mismatch, &which, 30000, 20000, 0, NULL),
+                         0);
         ck_assert_msg(th_now_ms() - t0 < 10000, "collective %d: took %.0f ms", which,
                       th_now_ms() - t0);
     }
@@ -630,23 +597,12 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
             tutti_status_name(st), msg);
     FAIL_IF(dt > 5000, "took %.0f ms (timeout is 20000): should fail at once", dt);
     /* Every rank's message shows both fingerprints (directly or as reported). */
-    switch (kind) {
-    case MM_COUNT:
-        FAIL_IF(!strstr(msg, "count=10") || !strstr(msg, "count=11"), "message: %s", msg);
-        break;
-    case MM_DTYPE:
-        FAIL_IF(!strstr(msg, "i32") || !strstr(msg, "f32"), "message: %s", msg);
-        break;
-    case MM_OP:
-        FAIL_IF(!strstr(msg, "max") || !strstr(msg, "sum"), "message: %s", msg);
-        break;
-    case MM_COLL:
-        FAIL_IF(!strstr(msg, "broadcast") || !strstr(msg, "allreduce"), "message: %s", msg);
-        break;
-    case MM_ROOT:
-        FAIL_IF(!strstr(msg, "root=1") || !strstr(msg, "root=0"), "message: %s", msg);
-        break;
-    }
+    static const char *const shows[][2] = {
+        [MM_COUNT] = {"count=10", "count=11"}, [MM_DTYPE] = {"i32", "f32"},
+        [MM_OP] = {"max", "sum"},              [MM_COLL] = {"broadcast", "allreduce"},
+        [MM_ROOT] = {"root=1", "root=0"},
+    };
+    FAIL_IF(!strstr(msg, shows[kind][0]) || !strstr(msg, shows[kind][1]), "message: %s", msg);
     /* The communicator stays failed: later calls fail at once, naming the cause. */
     st = tutti_barrier(comm);
     FAIL_IF(st != TUTTI_ERR_MISMATCH, "barrier after failure gave %s", tutti_status_name(st));
@@ -655,13 +611,9 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 static void run_mismatch(mm_kind_t kind, int nranks)
 {
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 20000;
-    th_spec_t spec = {.nranks = nranks, .fn = rank_mismatch, .arg = &kind,
-                      .timeout_ms = 30000, .opts = &o};
     int codes[8];
-    ck_assert_int_eq(th_run_ex(&spec, codes), 0);
+    ck_assert_int_eq(th_run_comm_timeout(nranks, rank_mismatch, &kind, 30000, 20000, 0, codes),
+                     0);
 }
 
 START_TEST(mismatch_count) { run_mismatch(MM_COUNT, 3); }
@@ -679,13 +631,6 @@ END_TEST
 
 /* ---- a rank SIGKILLed in the middle of an allreduce ---- */
 
-static void *killer(void *arg)
-{
-    usleep((useconds_t)(*(int *)arg) * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -696,23 +641,16 @@ static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f;
     int victim = nranks - 1;
-    pthread_t t;
-    int delay_ms = 300;
     if (rank == victim)
-        pthread_create(&t, NULL, killer, &delay_ms);
+        th_kill_self_after(300);
     double t_fail = 0;
     int st = TUTTI_OK;
     for (int it = 0; it < 10000 && st == TUTTI_OK; it++) {
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
         t_fail = th_now_ms();
     }
-    const char *msg = tutti_comm_last_error(comm);
-    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
-    FAIL_IF(rank == victim, "the victim survived");
-    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
-    char name[32];
-    snprintf(name, sizeof(name), "rank %d", victim);
-    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    if (th_check_peer_died(rank, victim, st, tutti_comm_last_error(comm)))
+        return 1;
     (void)t_fail;
     free(buf);
     return 0;
@@ -766,34 +704,29 @@ static int rank_hung(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     return 0;
 }
 
+/* Ranks on their own (TH_NO_KILL_ON_FAIL) whose exit codes must be as want says, a
+ * character a rank: '0' exited 0, 'x' did not, '?' either. */
+static void run_apart_expect(th_rank_fn fn, int timeout_ms, int comm_timeout_ms,
+                             const char *want)
+{
+    int n = (int)strlen(want), codes[8];
+    th_run_comm_timeout(n, fn, NULL, timeout_ms, comm_timeout_ms, TH_NO_KILL_ON_FAIL, codes);
+    for (int r = 0; r < n; r++)
+        ck_assert_msg(want[r] == '?' || (codes[r] == 0) == (want[r] == '0'),
+                      "rank %d exited %d (want %c)", r, codes[r], want[r]);
+}
+
 START_TEST(hung_rank_times_out)
 {
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 1000;
-    th_spec_t spec = {.nranks = 3, .fn = rank_hung, .timeout_ms = 5000,
-                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
-    int codes[8];
-    th_run_ex(&spec, codes);
-    ck_assert_int_eq(codes[0], 0);
-    ck_assert_int_eq(codes[1], 0);
-    ck_assert_int_ne(codes[2], 0); /* stopped, then killed by the harness */
+    run_apart_expect(rank_hung, 5000, 1000, "00x"); /* x: stopped, then killed */
 }
 END_TEST
 
 /* ---- abort ---- */
 
-typedef struct {
-    tutti_comm_t *comm;
-    int delay_ms;
-} abort_arg_t;
-
-static void *aborter(void *arg)
+static void abort_comm(void *comm)
 {
-    abort_arg_t *a = arg;
-    usleep((useconds_t)a->delay_ms * 1000);
-    tutti_comm_abort(a->comm);
-    return NULL;
+    tutti_comm_abort(comm);
 }
 
 static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -813,9 +746,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     int done = 1;
     FAIL_IF(tutti_test(w[0], &done) != 0 || done, "test reported done");
     FAIL_IF(tutti_wait(w[0], 100) != TUTTI_ERR_TIMEOUT, "wait with 100 ms did not time out");
-    abort_arg_t a = {comm, 200};
-    pthread_t t;
-    pthread_create(&t, NULL, aborter, &a);
+    pthread_t t = th_after_ms(200, abort_comm, comm);
     double t0 = th_now_ms();
     for (int i = 0; i < 3; i++) {
         int st = tutti_wait(w[i], -1);
@@ -831,14 +762,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 START_TEST(abort_fails_pending)
 {
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 20000;
-    th_spec_t spec = {.nranks = 2, .fn = rank_abort, .timeout_ms = 15000,
-                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
-    int codes[2];
-    th_run_ex(&spec, codes);
-    ck_assert_int_eq(codes[0], 0);
+    run_apart_expect(rank_abort, 15000, 20000, "0?");
 }
 END_TEST
 
@@ -855,9 +779,7 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
     if (rank == 1) {
         tutti_work_t *w;
         FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, 0, 9, &w) != 0, "irecv");
-        abort_arg_t a = {comm, 100};
-        pthread_t t;
-        pthread_create(&t, NULL, aborter, &a);
+        pthread_t t = th_after_ms(100, abort_comm, comm);
         int st = tutti_wait(w, -1);
         pthread_join(t, NULL);
         tutti_work_free(w);
@@ -878,15 +800,7 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
 
 START_TEST(peer_abort_is_peer_failure)
 {
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 20000;
-    th_spec_t spec = {.nranks = 2, .fn = rank_peer_abort, .timeout_ms = 15000,
-                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
-    int codes[2];
-    th_run_ex(&spec, codes);
-    ck_assert_int_eq(codes[0], 0);
-    ck_assert_int_eq(codes[1], 0);
+    run_apart_expect(rank_peer_abort, 15000, 20000, "00");
 }
 END_TEST
 

@@ -776,11 +776,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 START_TEST(abort_mid_step)
 {
-    tutti_comm_opts_t opts;
-    tutti_comm_opts_init(&opts);
-    opts.timeout_ms = 5000;
-    th_spec_t spec = {.nranks = 2, .fn = rank_abort, .timeout_ms = 60000, .opts = &opts};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_comm_timeout(2, rank_abort, NULL, 60000, 5000, 0, NULL), 0);
 }
 END_TEST
 
@@ -866,9 +862,7 @@ START_TEST(no_leaks)
     ck_assert_int_eq(tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0), 0);
     tutti_comm_destroy(comm);
     tutti_store_close(store);
-    char cmd[64];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    th_rmtree_gone(dir);
 #ifdef HAVE_LSAN
     ck_assert_msg(__lsan_do_recoverable_leak_check() == 0, "leaks (see above)");
 #endif

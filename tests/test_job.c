@@ -36,6 +36,18 @@ int clock_gettime(clockid_t c, struct timespec *ts)
 
 enum { JR_SKIP = 77 }; /* th_job_rank's codes, and: this case cannot run here */
 
+/* Two ranks of one job apart: both must exit 0, unless rank 1 exits skip_code (this
+ * case cannot run here). */
+static void run_two(th_rank_fn fn, int skip_code)
+{
+    int codes[2];
+    th_run_apart(2, fn, NULL, 20000, codes);
+    if (codes[1] == skip_code)
+        return;
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
+                  codes[1]);
+}
+
 /* ---- 1. a rank that lost its slot to another job joins that job's next instance ----
  *
  * A0 creates A's instance; B1 (the other job, started 10 ms later) claims slot 1 in it;
@@ -102,10 +114,7 @@ static int rank_retry(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 START_TEST(root_retries_after_failed_init)
 {
-    int codes[2];
-    th_run_apart(2, rank_retry, NULL, 20000, codes);
-    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
-                  codes[1]);
+    run_two(rank_retry, -1);
 }
 END_TEST
 
@@ -143,12 +152,7 @@ static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 START_TEST(rank_in_own_pid_namespace)
 {
-    int codes[2];
-    th_run_apart(2, rank_pidns, NULL, 20000, codes);
-    if (codes[1] == JR_SKIP)
-        return;
-    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
-                  codes[1]);
+    run_two(rank_pidns, JR_SKIP);
 }
 END_TEST
 
@@ -170,10 +174,7 @@ static int rank_skew(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 START_TEST(clock_skew_between_hosts)
 {
-    int codes[2];
-    th_run_apart(2, rank_skew, NULL, 20000, codes);
-    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
-                  codes[1]);
+    run_two(rank_skew, -1);
 }
 END_TEST
 
@@ -226,10 +227,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
 
 START_TEST(restarted_rank_rejoins)
 {
-    int codes[2];
-    th_run_apart(2, rank_restart, NULL, 20000, codes);
-    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "rank 0 exited %d, rank 1 %d", codes[0],
-                  codes[1]);
+    run_two(rank_restart, -1);
 }
 END_TEST
 
@@ -313,13 +311,9 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused;
     (void)arg;
-    char url[600], num[16];
+    char url[600];
     snprintf(url, sizeof(url), "file://%s", dir);
-    setenv("TUTTI_STORE", url, 1);
-    snprintf(num, sizeof(num), "%d", rank);
-    setenv("TUTTI_RANK", num, 1);
-    snprintf(num, sizeof(num), "%d", nranks);
-    setenv("TUTTI_WORLD_SIZE", num, 1);
+    th_set_rank_env(url, rank, nranks);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 3000;
@@ -335,21 +329,11 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(cycles_without_collectives)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_nocoll, .timeout_ms = 40000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_nocomm(2, rank_nocoll, NULL, 40000), 0);
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("job");
-    th_add_case(s, "rejected_rank_joins_next_job", rejected_rank_joins_next_job, 1, 60);
-    th_add_case(s, "root_retries_after_failed_init", root_retries_after_failed_init, 1, 60);
-    th_add_case(s, "rank_in_own_pid_namespace", rank_in_own_pid_namespace, 1, 60);
-    th_add_case(s, "clock_skew_between_hosts", clock_skew_between_hosts, 1, 60);
-    th_add_case(s, "restarted_rank_rejoins", restarted_rank_rejoins, 1, 60);
-    th_add_case(s, "contest_check_fails_open", contest_check_fails_open, 1, 60);
-    th_add_case(s, "cycles_without_collectives", cycles_without_collectives, 1, 60);
-    return th_main(s);
-}
+TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
+              TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
+              TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
+              TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1))

@@ -71,8 +71,7 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
 
 START_TEST(point_to_point)
 {
-    for (int n = 2; n <= 4; n++)
-        ck_assert_int_eq(th_run(n, rank_p2p, NULL, 60000), 0);
+    th_run_each(2, 4, rank_p2p, NULL, 60000);
 }
 END_TEST
 
@@ -100,12 +99,8 @@ static int rank_p2p_mismatch(int rank, int nranks, tutti_comm_t *comm, const cha
 
 START_TEST(point_to_point_mismatch)
 {
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 20000;
-    th_spec_t spec = {.nranks = 2, .fn = rank_p2p_mismatch, .timeout_ms = 30000, .opts = &o};
     double t0 = th_now_ms();
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(th_run_comm_timeout(2, rank_p2p_mismatch, NULL, 30000, 20000, 0, NULL), 0);
     ck_assert_msg(th_now_ms() - t0 < 10000, "took %.0f ms", th_now_ms() - t0);
 }
 END_TEST

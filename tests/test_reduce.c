@@ -63,83 +63,58 @@ static uint32_t f32_bits(float f)
     return u;
 }
 
-static uint64_t f64_bits(double f)
-{
-    uint64_t u;
-    memcpy(&u, &f, 8);
-    return u;
-}
+/* A 16-bit float format: exponent and mantissa widths (sign in bit 15). */
+typedef struct fmt16 {
+    int ebits, mbits;
+} fmt16_t;
 
-static double ref_h2d(uint16_t h)
+static const fmt16_t F_HALF = {5, 10}, F_BF16 = {8, 7};
+
+static int fmt_bias(fmt16_t f) { return (1 << (f.ebits - 1)) - 1; }
+
+static double ref_16to_d(fmt16_t f, uint16_t h)
 {
-    int e = (h >> 10) & 31, m = h & 1023;
+    int emax = (1 << f.ebits) - 1, e = (h >> f.mbits) & emax, m = h & ((1 << f.mbits) - 1);
+    int bias = fmt_bias(f);
     double v;
-    if (e == 31)
+    if (e == emax)
         v = m ? NAN : INFINITY;
     else if (e == 0)
-        v = ldexp(m, -24);
+        v = ldexp(m, 1 - bias - f.mbits);
     else
-        v = ldexp(1024 + m, e - 25);
+        v = ldexp((1 << f.mbits) + m, e - bias - f.mbits);
     return (h & 0x8000) ? -v : v;
 }
 
-/* Nearest half to x (a float value), ties to even; NaN -> 0x7e00. */
-static uint16_t ref_d2h(double x)
+/* Nearest value of format f to x (a float value), ties to even; NaN -> the quiet NaN
+ * with only the top mantissa bit. */
+static uint16_t ref_d_to16(fmt16_t f, double x)
 {
+    int bias = fmt_bias(f);
+    uint16_t inf = (uint16_t)(((1 << f.ebits) - 1) << f.mbits);
     if (isnan(x))
-        return 0x7e00;
+        return inf | (uint16_t)(1 << (f.mbits - 1));
     uint16_t sign = signbit(x) ? 0x8000 : 0;
     double ax = fabs(x);
-    if (ax >= 65520.0)
-        return sign | 0x7c00;
-    if (ax < 0x1p-14)
-        return sign | (uint16_t)nearbyint(ax * 0x1p24);
+    if (ax >= ldexp(1, bias + 1)) /* inf, or past the largest binade */
+        return sign | inf;
+    if (ax < ldexp(1, 1 - bias)) /* zero or subnormal */
+        return sign | (uint16_t)nearbyint(ldexp(ax, bias - 1 + f.mbits));
     int e;
     frexp(ax, &e);
     int E = e - 1;
-    double q = nearbyint(ldexp(ax, 10 - E)); /* 1024 .. 2048 */
-    return sign | (uint16_t)(((E + 15) << 10) + ((int)q - 1024));
+    double q = nearbyint(ldexp(ax, f.mbits - E)); /* 2^mbits .. 2^(mbits+1); overflow
+                                                      lands on inf */
+    return sign | (uint16_t)(((E + bias) << f.mbits) + ((int)q - (1 << f.mbits)));
 }
 
-static double ref_bf2d(uint16_t b)
-{
-    int e = (b >> 7) & 255, m = b & 127;
-    double v;
-    if (e == 255)
-        v = m ? NAN : INFINITY;
-    else if (e == 0)
-        v = ldexp(m, -133);
-    else
-        v = ldexp(128 + m, e - 134);
-    return (b & 0x8000) ? -v : v;
-}
+static double ref_h2d(uint16_t h) { return ref_16to_d(F_HALF, h); }
+static uint16_t ref_d2h(double x) { return ref_d_to16(F_HALF, x); }
+static double ref_bf2d(uint16_t b) { return ref_16to_d(F_BF16, b); }
+static uint16_t ref_d2bf(double x) { return ref_d_to16(F_BF16, x); }
 
-static uint16_t ref_d2bf(double x)
-{
-    if (isnan(x))
-        return 0x7fc0;
-    uint16_t sign = signbit(x) ? 0x8000 : 0;
-    double ax = fabs(x);
-    if (isinf(ax))
-        return sign | 0x7f80;
-    if (ax < 0x1p-126)
-        return sign | (uint16_t)nearbyint(ldexp(ax, 133));
-    int e;
-    frexp(ax, &e);
-    int E = e - 1;
-    double q = nearbyint(ldexp(ax, 7 - E)); /* 128 .. 256; overflow lands on 0x7f80 */
-    return sign | (uint16_t)(((E + 127) << 7) + ((int)q - 128));
-}
-
-static int half_is_nan(uint16_t h)
-{
-    return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
-}
-
-static int bf16_is_nan(uint16_t b)
-{
-    return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
-}
+static int half_is_nan(uint16_t h) { return isnan(ref_h2d(h)); }
+static int bf16_is_nan(uint16_t b) { return isnan(ref_bf2d(b)); }
 
 /* ---- reference reduction ------------------------------------------------------- */
 
@@ -190,131 +165,96 @@ static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits)
     }
 }
 
+static int is_float(tutti_dtype_t dt) { return dt >= TUTTI_FP16; }
+
+/* One element of any dtype, as memcpy'd from a buffer. */
+typedef union elem {
+    int8_t i8;
+    uint8_t u8;
+    int32_t i32;
+    int64_t i64;
+    uint16_t h; /* fp16 or bf16 bits */
+    float f;
+    double d;
+} elem_t;
+
+/* Integer element at p, widened. */
+static int64_t load_int(tutti_dtype_t dt, const void *p)
+{
+    elem_t v;
+    memcpy(&v, p, dsize[dt]);
+    return dt == TUTTI_INT8 ? v.i8 : dt == TUTTI_UINT8 ? v.u8 : dt == TUTTI_INT32 ? v.i32 : v.i64;
+}
+
+/* x (already in range, or to be truncated to the low bits) into the integer element p. */
+static void store_int(tutti_dtype_t dt, void *p, int64_t x)
+{
+    elem_t v;
+    if (dt == TUTTI_INT8)
+        v.i8 = (int8_t)x;
+    else if (dt == TUTTI_UINT8)
+        v.u8 = (uint8_t)x;
+    else if (dt == TUTTI_INT32)
+        v.i32 = (int32_t)x;
+    else
+        v.i64 = x;
+    memcpy(p, &v, dsize[dt]);
+}
+
+/* Float element at p, exactly, as a double (reference conversions for fp16/bf16). */
+static double load_f(tutti_dtype_t dt, const void *p)
+{
+    elem_t v;
+    memcpy(&v, p, dsize[dt]);
+    return dt == TUTTI_FP16 ? ref_h2d(v.h) : dt == TUTTI_BF16 ? ref_bf2d(v.h)
+                            : dt == TUTTI_FP32 ? v.f : v.d;
+}
+
+/* x rounded to the float element p (fp16/bf16: from a float value, as the kernels do). */
+static void store_f(tutti_dtype_t dt, void *p, double x)
+{
+    elem_t v;
+    if (dt == TUTTI_FP16)
+        v.h = ref_d2h(x);
+    else if (dt == TUTTI_BF16)
+        v.h = ref_d2bf(x);
+    else if (dt == TUTTI_FP32)
+        v.f = (float)x;
+    else
+        v.d = x;
+    memcpy(p, &v, dsize[dt]);
+}
+
+/* Bits of the integer arithmetic per integer dtype (uint8 in 64, truncated on store). */
+static const int ibits[] = {8, 64, 32, 64};
+
 /* out = a op b for one element of dtype. */
 static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa,
                      const void *pb)
 {
-    switch (dt) {
-    case TUTTI_INT8: {
-        int8_t a, b;
-        memcpy(&a, pa, 1);
-        memcpy(&b, pb, 1);
-        int8_t r = (int8_t)ref_iop(op, a, b, 8);
-        memcpy(out, &r, 1);
-        break;
+    if (!is_float(dt)) {
+        store_int(dt, out, ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits[dt]));
+        return;
     }
-    case TUTTI_UINT8: {
-        uint8_t a, b;
-        memcpy(&a, pa, 1);
-        memcpy(&b, pb, 1);
-        int64_t r64 = ref_iop(op, a, b, 64);
-        uint8_t r = (uint8_t)(r64 & 0xff);
-        memcpy(out, &r, 1);
-        break;
-    }
-    case TUTTI_INT32: {
-        int32_t a, b;
-        memcpy(&a, pa, 4);
-        memcpy(&b, pb, 4);
-        int32_t r = (int32_t)ref_iop(op, a, b, 32);
-        memcpy(out, &r, 4);
-        break;
-    }
-    case TUTTI_INT64: {
-        int64_t a, b;
-        memcpy(&a, pa, 8);
-        memcpy(&b, pb, 8);
-        int64_t r = ref_iop(op, a, b, 64);
-        memcpy(out, &r, 8);
-        break;
-    }
-    case TUTTI_FP16:
-    case TUTTI_BF16: {
-        uint16_t a, b;
-        memcpy(&a, pa, 2);
-        memcpy(&b, pb, 2);
-        int half = dt == TUTTI_FP16, nan;
-        double x = half ? ref_h2d(a) : ref_bf2d(a);
-        double y = half ? ref_h2d(b) : ref_bf2d(b);
-        uint16_t r;
-        if (is_minmax(op)) {
-            r = ref_fpick(op, x, y, &nan) ? b : a;
-            if (nan)
-                r = half ? 0x7e00 : 0x7fc0;
-        } else {
-            /* computed in fp32 (double then float: exact or one innocuous rounding) */
-            float f = (float)ref_fop(op, x, y);
-            r = half ? ref_d2h(f) : ref_d2bf(f);
-        }
-        memcpy(out, &r, 2);
-        break;
-    }
-    case TUTTI_FP32: {
-        float a, b, r;
+    double x = load_f(dt, pa), y = load_f(dt, pb);
+    if (is_minmax(op)) {
         int nan;
-        memcpy(&a, pa, 4);
-        memcpy(&b, pb, 4);
-        if (is_minmax(op)) {
-            r = ref_fpick(op, a, b, &nan) ? b : a;
-            if (nan)
-                r = NAN;
-        } else {
-            r = (float)ref_fop(op, a, b);
-        }
-        memcpy(out, &r, 4);
-        break;
+        memcpy(out, ref_fpick(op, x, y, &nan) ? pb : pa, dsize[dt]);
+        if (nan)
+            store_f(dt, out, NAN);
+        return;
     }
-    case TUTTI_FP64: {
-        double a, b, r;
-        int nan;
-        memcpy(&a, pa, 8);
-        memcpy(&b, pb, 8);
-        if (is_minmax(op)) {
-            r = ref_fpick(op, a, b, &nan) ? b : a;
-            if (nan)
-                r = NAN;
-        } else {
-            r = ref_fop(op, a, b);
-        }
-        memcpy(out, &r, 8);
-        break;
-    }
-    default:
-        abort();
-    }
+    /* below fp64 computed in fp32 (double then float: exact or one innocuous rounding) */
+    double r = ref_fop(op, x, y);
+    store_f(dt, out, dt == TUTTI_FP64 ? r : (float)r);
 }
 
 /* Same element? Bitwise, except that any NaN matches any NaN. */
 static int elem_equal(tutti_dtype_t dt, const void *got, const void *want)
 {
-    switch (dt) {
-    case TUTTI_FP16: {
-        uint16_t g, w;
-        memcpy(&g, got, 2);
-        memcpy(&w, want, 2);
-        return half_is_nan(w) ? half_is_nan(g) : g == w;
-    }
-    case TUTTI_BF16: {
-        uint16_t g, w;
-        memcpy(&g, got, 2);
-        memcpy(&w, want, 2);
-        return bf16_is_nan(w) ? bf16_is_nan(g) : g == w;
-    }
-    case TUTTI_FP32: {
-        float g, w;
-        memcpy(&g, got, 4);
-        memcpy(&w, want, 4);
-        return isnan(w) ? isnan(g) : f32_bits(g) == f32_bits(w);
-    }
-    case TUTTI_FP64: {
-        double g, w;
-        memcpy(&g, got, 8);
-        memcpy(&w, want, 8);
-        return isnan(w) ? isnan(g) : f64_bits(g) == f64_bits(w);
-    }
-    default:
-        return memcmp(got, want, dsize[dt]) == 0;
-    }
+    if (is_float(dt) && isnan(load_f(dt, want)))
+        return isnan(load_f(dt, got));
+    return memcmp(got, want, dsize[dt]) == 0;
 }
 
 static void elem_hex(char *buf, size_t len, tutti_dtype_t dt, const void *p)
@@ -324,6 +264,21 @@ static void elem_hex(char *buf, size_t len, tutti_dtype_t dt, const void *p)
     buf[0] = 0;
     for (size_t i = dsize[dt]; i-- > 0 && n + 3 < len;)
         n += (size_t)snprintf(buf + n, len - n, "%02x", b[i]);
+}
+
+/* Index of the first of n elements where got differs from want (elem_equal), or n;
+ * that element's hex forms in g and w (20 bytes each). */
+static size_t first_diff(tutti_dtype_t dt, const unsigned char *got, const unsigned char *want,
+                         size_t n, char *g, char *w)
+{
+    size_t es = dsize[dt], i = 0;
+    while (i < n && elem_equal(dt, got + i * es, want + i * es))
+        i++;
+    if (i < n) {
+        elem_hex(g, 20, dt, got + i * es);
+        elem_hex(w, 20, dt, want + i * es);
+    }
+    return i;
 }
 
 /* ---- test data ----------------------------------------------------------------- */
@@ -337,29 +292,19 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint64_t r = rng();
         switch (dt) {
-        case TUTTI_FP32: {
-            float f;
-            unsigned kind = (unsigned)(r >> 56);
-            if (kind < 20)
-                f = f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))];
-            else if (kind < 60)
-                f = bits_f32((uint32_t)r); /* anything, NaNs included */
-            else
-                f = (float)((double)(int32_t)(uint32_t)r / 65536.0);
-            memcpy(p + i * 4, &f, 4);
-            break;
-        }
+        case TUTTI_FP32:
         case TUTTI_FP64: {
-            double d;
             unsigned kind = (unsigned)(r >> 56);
-            if (kind < 20) {
-                d = f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))];
-            } else if (kind < 60) {
-                memcpy(&d, &r, 8);
-            } else {
-                d = (double)(int64_t)r / 0x1p40;
-            }
-            memcpy(p + i * 8, &d, 8);
+            uint32_t u = (uint32_t)r;
+            if (kind >= 20 && kind < 60) /* any bits, NaNs included */
+                memcpy(p + i * dsize[dt], dt == TUTTI_FP32 ? (void *)&u : (void *)&r,
+                       dsize[dt]);
+            else if (kind < 20)
+                store_f(dt, p + i * dsize[dt],
+                        f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))]);
+            else
+                store_f(dt, p + i * dsize[dt], dt == TUTTI_FP32 ? (double)(int32_t)u / 65536.0
+                                                                : (double)(int64_t)r / 0x1p40);
             break;
         }
         case TUTTI_FP16:
@@ -436,42 +381,23 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
     for (size_t i = 0; i < n; i++)
         ref_elem(dt, op, want + i * es, a.p + i * es, b.p + i * es);
 
-    switch (alias) {
-    case -1:
-        tt_reduce(d.p, b.p, n, dt, op);
-        break;
-    case -2:
-        tt_reduce(d.p, d.p, n, dt, op);
-        break;
-    case 0:
-        tt_reduce3(d.p, a.p, b.p, n, dt, op);
-        break;
-    case 1:
-        tt_reduce3(d.p, d.p, b.p, n, dt, op);
-        break;
-    case 2:
-        tt_reduce3(d.p, a.p, d.p, n, dt, op);
-        break;
-    case 3:
-        tt_reduce3(d.p, a.p, a.p, n, dt, op);
-        break;
-    case 4:
-        tt_reduce3(d.p, d.p, d.p, n, dt, op);
-        break;
+    if (alias < 0) {
+        tt_reduce(d.p, alias == -1 ? b.p : d.p, n, dt, op);
+    } else {
+        unsigned char *s1 = alias == 1 || alias == 4 ? d.p : a.p;
+        unsigned char *s2 = alias == 2 || alias == 4 ? d.p : alias == 3 ? a.p : b.p;
+        tt_reduce3(d.p, s1, s2, n, dt, op);
     }
 
-    for (size_t i = 0; i < n; i++) {
-        if (!elem_equal(dt, d.p + i * es, want + i * es)) {
-            char g[20], w[20], x[20], y[20];
-            elem_hex(g, sizeof(g), dt, d.p + i * es);
-            elem_hex(w, sizeof(w), dt, want + i * es);
-            elem_hex(x, sizeof(x), dt, a.p + i * es);
-            elem_hex(y, sizeof(y), dt, b.p + i * es);
-            ck_abort_msg("%s %s n=%zu offsets %zu/%zu/%zu alias %d [%zu]: %s op %s gave %s, "
-                         "want %s",
-                         tutti_dtype_name(dt), tutti_redop_name(op), n, doff, aoff, boff,
-                         alias, i, x, y, g, w);
-        }
+    char g[20], w[20], x[20], y[20];
+    size_t i = first_diff(dt, d.p, want, n, g, w);
+    if (i < n) {
+        elem_hex(x, sizeof(x), dt, a.p + i * es);
+        elem_hex(y, sizeof(y), dt, b.p + i * es);
+        ck_abort_msg("%s %s n=%zu offsets %zu/%zu/%zu alias %d [%zu]: %s op %s gave %s, "
+                     "want %s",
+                     tutti_dtype_name(dt), tutti_redop_name(op), n, doff, aoff, boff, alias,
+                     i, x, y, g, w);
     }
     gbuf_check(&d, "dst");
     gbuf_check(&a, "a");
@@ -555,108 +481,55 @@ END_TEST
 
 /* ---- kernels against the reference --------------------------------------------- */
 
-/* Loop test over dtypes: every op, length and a spread of unaligned offsets. */
-START_TEST(test_reduce_vs_reference)
-{
-    tutti_dtype_t dt = (tutti_dtype_t)_i;
-    rng_seed(100 + (uint64_t)_i);
-    for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
-        for (size_t l = 0; l < NLENGTHS; l++)
-            for (size_t off = 0; off < 8; off++)
-                check_one(dt, (tutti_redop_t)op, lengths[l], off, 0, (off * 5 + 3) % 8, -1);
-}
-END_TEST
+/* The kernel sweeps, each a loop test over dtypes (i): every op and length, at offsets
+ * and aliasings of its own. */
+typedef enum {
+    SW_REDUCE,  /* tt_reduce(dst, src) at a spread of unaligned offsets */
+    SW_REDUCE3, /* tt_reduce3 with every aliasing */
+    SW_SELF,    /* tt_reduce(dst, dst) */
+} sweep_t;
 
-START_TEST(test_reduce3_vs_reference)
+static void sweep(sweep_t w, int i)
 {
-    tutti_dtype_t dt = (tutti_dtype_t)_i;
-    rng_seed(200 + (uint64_t)_i);
+    tutti_dtype_t dt = (tutti_dtype_t)i;
+    rng_seed(100 * (uint64_t)(w + 1) + (uint64_t)i);
+    const int variants = w == SW_REDUCE ? 8 : w == SW_REDUCE3 ? 5 : 1;
     for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
         for (size_t l = 0; l < NLENGTHS; l++)
-            for (int alias = 0; alias <= 4; alias++) {
-                size_t off = (l + (size_t)alias) % 8;
-                check_one(dt, (tutti_redop_t)op, lengths[l], off, (off + 1) % 8,
-                          (off + 6) % 8, alias);
+            for (int v = 0; v < variants; v++) {
+                size_t d = (size_t)v, a = 0, b = (d * 5 + 3) % 8;
+                int alias = -1;
+                if (w == SW_REDUCE3) {
+                    d = (l + (size_t)v) % 8, a = (d + 1) % 8, b = (d + 6) % 8;
+                    alias = v;
+                } else if (w == SW_SELF) {
+                    d = l % 8, a = (l + 3) % 8, b = 0;
+                    alias = -2;
+                }
+                check_one(dt, (tutti_redop_t)op, lengths[l], d, a, b, alias);
             }
 }
+
+START_TEST(test_reduce_vs_reference) { sweep(SW_REDUCE, _i); }
 END_TEST
 
-START_TEST(test_reduce_self)
-{
-    tutti_dtype_t dt = (tutti_dtype_t)_i;
-    rng_seed(300 + (uint64_t)_i);
-    for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
-        for (size_t l = 0; l < NLENGTHS; l++)
-            check_one(dt, (tutti_redop_t)op, lengths[l], l % 8, (l + 3) % 8, 0, -2);
-}
+START_TEST(test_reduce3_vs_reference) { sweep(SW_REDUCE3, _i); }
+END_TEST
+
+START_TEST(test_reduce_self) { sweep(SW_SELF, _i); }
 END_TEST
 
 /* ---- AVG ----------------------------------------------------------------------- */
 
 static void ref_div(tutti_dtype_t dt, void *p, int n)
 {
-    switch (dt) {
-    case TUTTI_INT8: {
-        int8_t v;
-        memcpy(&v, p, 1);
-        v = (int8_t)(v < 0 ? -(-v / n) : v / n);
-        memcpy(p, &v, 1);
-        break;
+    if (!is_float(dt)) {
+        __int128 w = load_int(dt, p);
+        store_int(dt, p, (int64_t)(w < 0 ? -(-w / n) : w / n));
+        return;
     }
-    case TUTTI_UINT8: {
-        uint8_t v;
-        memcpy(&v, p, 1);
-        v = (uint8_t)(v / n);
-        memcpy(p, &v, 1);
-        break;
-    }
-    case TUTTI_INT32: {
-        int32_t v;
-        memcpy(&v, p, 4);
-        int64_t w = v;
-        v = (int32_t)(w < 0 ? -(-w / n) : w / n);
-        memcpy(p, &v, 4);
-        break;
-    }
-    case TUTTI_INT64: {
-        int64_t v;
-        memcpy(&v, p, 8);
-        __int128 w = v;
-        v = (int64_t)(w < 0 ? -(-w / n) : w / n);
-        memcpy(p, &v, 8);
-        break;
-    }
-    case TUTTI_FP16: {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        h = ref_d2h((float)(ref_h2d(h) / n));
-        memcpy(p, &h, 2);
-        break;
-    }
-    case TUTTI_BF16: {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        h = ref_d2bf((float)(ref_bf2d(h) / n));
-        memcpy(p, &h, 2);
-        break;
-    }
-    case TUTTI_FP32: {
-        float f;
-        memcpy(&f, p, 4);
-        f = (float)((double)f / n);
-        memcpy(p, &f, 4);
-        break;
-    }
-    case TUTTI_FP64: {
-        double f;
-        memcpy(&f, p, 8);
-        f = f / n;
-        memcpy(p, &f, 8);
-        break;
-    }
-    default:
-        abort();
-    }
+    double v = load_f(dt, p) / n;
+    store_f(dt, p, dt == TUTTI_FP64 ? v : (float)v);
 }
 
 START_TEST(test_avg)
@@ -681,15 +554,11 @@ START_TEST(test_avg)
             }
             tt_reduce(d.p, s.p, n, dt, TUTTI_AVG);
             tt_reduce_avg_finish(d.p, n, dt, nranks[r]);
-            for (size_t i = 0; i < n; i++) {
-                if (!elem_equal(dt, d.p + i * es, want + i * es)) {
-                    char g[20], w[20];
-                    elem_hex(g, sizeof(g), dt, d.p + i * es);
-                    elem_hex(w, sizeof(w), dt, want + i * es);
-                    ck_abort_msg("avg %s n=%zu nranks=%d [%zu]: got %s want %s",
-                                 tutti_dtype_name(dt), n, nranks[r], i, g, w);
-                }
-            }
+            char g[20], w[20];
+            size_t i = first_diff(dt, d.p, want, n, g, w);
+            if (i < n)
+                ck_abort_msg("avg %s n=%zu nranks=%d [%zu]: got %s want %s",
+                             tutti_dtype_name(dt), n, nranks[r], i, g, w);
             gbuf_check(&d, "avg");
             free(want);
             gbuf_free(&d);

@@ -290,20 +290,45 @@ static int same_model_everywhere(int rank, int nranks, tutti_comm_t *comm, tutti
     return 0;
 }
 
-/* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
- * ranks would pick different algorithms), and they are plausible. */
-static int rank_probe(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+/* A 3-rank case of cost models: rank r starts from TUTTI_COST_MODEL models[r] (through
+ * its own store handle), then check runs on its communicator. */
+typedef struct model_case model_case_t;
+struct model_case {
+    const char *models[3];
+    int (*check)(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                 const model_case_t *mc);
+};
+
+static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    (void)arg;
+    const model_case_t *mc = arg;
     tutti_store_t *store;
     FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    o.cost_model = "probe";
+    o.cost_model = mc->models[rank];
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    if (mc->check(rank, nranks, comm, store, mc))
+        return 1;
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+static void run_models(const model_case_t *mc)
+{
+    ck_assert_int_eq(th_run_nocomm(3, rank_model, (void *)mc, 60000), 0);
+}
+
+/* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
+ * ranks would pick different algorithms), and they are plausible. */
+static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                       const model_case_t *mc)
+{
+    (void)mc;
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF(strncmp(d, "probe: alpha ", 13), "cost model %s", d);
     double a = 0, bw = 0, red = 0;
@@ -311,15 +336,13 @@ static int rank_probe(int rank, int nranks, tutti_comm_t *unused, const char *di
             "cannot read %s", d);
     FAIL_IF(!(a > 0 && a < 100000 && bw > 0 && red > 0), "implausible: %s", d);
     FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
     return 0;
 }
 
 START_TEST(probe_agrees)
 {
-    th_spec_t spec = {.nranks = 3, .fn = rank_probe, .timeout_ms = 60000, .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    static const model_case_t mc = {{"probe", "probe", "probe"}, check_probe};
+    run_models(&mc);
 }
 END_TEST
 
@@ -327,21 +350,11 @@ END_TEST
  * in the field, transport names that differ between a rank with host-mates and one
  * alone) all take rank 0's, so they pick the same algorithm at every size: an allreduce
  * at a size where their own models disagree gives the right sum. */
-static int rank_disagree(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+static int check_disagree(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                          const model_case_t *mc)
 {
-    (void)unused;
-    (void)arg;
-    static const char *const models[3] = {"alpha=0.5,bw=100,reduce=100",
-                                          "alpha=5000,bw=0.01,reduce=0.01",
-                                          "alpha=50,bw=1,reduce=50"};
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.cost_model = models[rank % 3];
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    (void)store;
+    (void)mc;
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF(!strstr(d, "alpha 0.50 us"), "rank %d kept its own model: %s", rank, d);
     enum { N = 3 };
@@ -351,57 +364,44 @@ static int rank_disagree(int rank, int nranks, tutti_comm_t *unused, const char 
         int32_t *x = malloc(n * sizeof(int32_t));
         for (size_t e = 0; e < n; e++)
             x[e] = (int32_t)(e % 1000) + rank;
-        st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, n, TUTTI_INT32, TUTTI_SUM);
+        int st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, n, TUTTI_INT32, TUTTI_SUM);
         FAIL_IF(st != 0, "allreduce of %zu bytes: %s", sizes[k], tutti_comm_last_error(comm));
         for (size_t e = 0; e < n; e++)
             FAIL_IF(x[e] != (int32_t)(nranks * (e % 1000) + nranks * (nranks - 1) / 2),
                     "%zu bytes: element %zu is %d", sizes[k], e, x[e]);
         free(x);
     }
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
     return 0;
 }
 
 START_TEST(models_agree)
 {
-    th_spec_t spec = {.nranks = 3, .fn = rank_disagree, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    static const model_case_t mc = {{"alpha=0.5,bw=100,reduce=100",
+                                     "alpha=5000,bw=0.01,reduce=0.01", "alpha=50,bw=1,reduce=50"},
+                                    check_disagree};
+    run_models(&mc);
 }
 END_TEST
 
 /* The probe is a collective: ranks whose TUTTI_COST_MODEL disagree about probing follow
- * rank 0 (_i 0: rank 0 probes, the others not; 1: only rank 1 probes), and end with one
- * model. */
-static int rank_probe_some(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                           void *arg)
+ * rank 0 (_i 0: rank 0 probes, the others not; 1: rank 0 does not, the others do), and
+ * end with one model. */
+static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                            const model_case_t *mc)
 {
-    (void)unused;
-    const int r0_probes = *(const int *)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.cost_model = (rank == 0) == r0_probes ? "probe" : "table";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const int r0_probes = strcmp(mc->models[0], "probe") == 0;
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF((strncmp(d, "probe", 5) == 0) != r0_probes, "rank 0 %s, this rank has %s",
             r0_probes ? "probes" : "does not probe", d);
     FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
     return 0;
 }
 
 START_TEST(probe_on_some_ranks)
 {
-    int r0_probes = _i == 0;
-    th_spec_t spec = {.nranks = 3, .fn = rank_probe_some, .arg = &r0_probes,
-                      .timeout_ms = 60000, .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    static const model_case_t mcs[2] = {{{"probe", "table", "table"}, check_probe_some},
+                                        {{"table", "probe", "probe"}, check_probe_some}};
+    run_models(&mcs[_i]);
 }
 END_TEST
 

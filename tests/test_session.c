@@ -134,22 +134,10 @@ static int rank_rerun(int rank, int nranks, tutti_comm_t *unused, const char *di
     _exit(0);
 }
 
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
-/* Keys in a file store directory (its few ".lock.NN" stripe files are the store's, not
+/* Names in dir: every entry but "." and ".." (dot_files 1), or only those not starting
+ * with '.' (dot_files 0: a file store's few ".lock.NN" stripe files are the store's, not
  * anybody's keys). */
-static int count_keys(const char *dir)
+static int count_names(const char *dir, int dot_files)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -157,7 +145,8 @@ static int count_keys(const char *dir)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
+        n += dot_files ? strcmp(e->d_name, ".") && strcmp(e->d_name, "..")
+                       : e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -185,16 +174,14 @@ START_TEST(rerun_in_place)
                          i, codes[i]);
         }
     }
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    th_rmtree_gone(dir);
     ck_assert_msg(!why[0], "%s", why);
 }
 END_TEST
 
 /* ---- destroy + init in one process ---- */
 
-static int fd_count(void) { return count_entries("/proc/self/fd"); }
+static int fd_count(void) { return count_names("/proc/self/fd", 1); }
 
 static long rss_kb(void)
 {
@@ -236,17 +223,13 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused;
     const cycles_t *c = arg;
-    char url[512], num[16];
+    char url[512];
     setenv("TUTTI_JOB_ID", "cycles", 1); /* one job: every cycle on the same prefix */
     if (c->env == 2)
         snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", c->port);
     else
         snprintf(url, sizeof(url), "file://%s", dir);
-    setenv("TUTTI_STORE", url, 1);
-    snprintf(num, sizeof(num), "%d", rank);
-    setenv("TUTTI_RANK", num, 1);
-    snprintf(num, sizeof(num), "%d", nranks);
-    setenv("TUTTI_WORLD_SIZE", num, 1);
+    th_set_rank_env(url, rank, nranks);
     tutti_store_t *store = NULL;
     if (!c->env)
         FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
@@ -287,30 +270,13 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
     return 0;
 }
 
-/* A port nobody listens on now (the kernel's pick for an ephemeral bind). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 START_TEST(destroy_init_cycles)
 {
     static const char *const tps[] = {"tcp", "shm"};
     for (int env = 0; env < 3; env++) {
         cycles_t c = {.n = quick() ? 60 : 300, .env = env, .transport = tps[_i],
-                      .port = free_port()};
-        th_spec_t spec = {.nranks = 2, .fn = rank_cycles, .arg = &c, .timeout_ms = 170000,
-                          .flags = TH_NO_COMM};
-        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+                      .port = th_free_port()};
+        ck_assert_int_eq(th_run_nocomm(2, rank_cycles, &c, 170000), 0);
     }
 }
 END_TEST
@@ -363,7 +329,7 @@ START_TEST(no_litter)
     th_spec_t spec = {.nranks = 3, .fn = rank_litter, .arg = &tcp, .timeout_ms = 30000,
                       .flags = TH_NO_COMM, .store_dir = dir};
     int rc = th_run_ex(&spec, NULL);
-    long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_keys(dir);
+    long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_names(dir, 0);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "ls -la %s >&2; rm -rf %s", dir, dir);
     if (left && !tcp)
@@ -393,22 +359,12 @@ START_TEST(bad_checksum_without_tcp)
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, 0, 1, &o);
     tutti_store_close(store);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    th_rmtree_gone(dir);
     ck_assert_int_eq(st, TUTTI_ERR_CONFIG);
     ck_assert_ptr_null(comm);
 }
 END_TEST
 
-int main(void)
-{
-    Suite *s = suite_create("session");
-    th_add_case(s, "two_jobs_with_ids", two_jobs_with_ids, 2, 200);
-    th_add_case(s, "two_jobs_without_ids", two_jobs_without_ids, 2, 200);
-    th_add_case(s, "rerun_in_place", rerun_in_place, 1, 200);
-    th_add_case(s, "destroy_init_cycles", destroy_init_cycles, 2, 200);
-    th_add_case(s, "no_litter", no_litter, 2, 200);
-    th_add_case(s, "bad_checksum_without_tcp", bad_checksum_without_tcp, 1, 200);
-    return th_main(s);
-}
+TH_CASES_MAIN("session", 200, TH_CASE(two_jobs_with_ids, 2), TH_CASE(two_jobs_without_ids, 2),
+              TH_CASE(rerun_in_place, 1), TH_CASE(destroy_init_cycles, 2), TH_CASE(no_litter, 2),
+              TH_CASE(bad_checksum_without_tcp, 1))

@@ -78,6 +78,17 @@ static int ctx_client(const ctx_t *c, tutti_store_t **s_p, int timeout_ms)
     return tutti_store_open_tcp(s_p, "127.0.0.1", c->port, 0, timeout_ms);
 }
 
+/* Forks a child with its own client of c's store in *s_p (the child exits 2 when it
+ * cannot open one): 0 in the child, the child's pid in the parent. */
+static pid_t fork_client(const ctx_t *c, tutti_store_t **s_p, int timeout_ms)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        CHILD_OK(ctx_client(c, s_p, timeout_ms), 2);
+    return pid;
+}
+
 static void ctx_close(ctx_t *c)
 {
     tutti_store_close(c->s);
@@ -274,11 +285,9 @@ START_TEST(test_add_many_procs)
     pid_t pids[NCHILD];
     double t0 = now_ms();
     for (int i = 0; i < NCHILD; i++) {
-        pids[i] = fork();
-        ck_assert_int_ge(pids[i], 0);
+        tutti_store_t *s;
+        pids[i] = fork_client(&c, &s, 10000);
         if (pids[i] == 0) {
-            tutti_store_t *s;
-            CHILD_OK(ctx_client(&c, &s, 10000), 2);
             int64_t last = 0;
             for (int k = 0; k < NADD; k++) {
                 int64_t r;
@@ -318,31 +327,25 @@ START_TEST(test_compare_set)
     OK(c.s, tutti_store_check(c.s, k, 1, &exists));
     ck_assert_int_eq(exists, 0);
 
-    /* missing key, empty expected: set */
-    OK(c.s, tutti_store_compare_set(c.s, "cas", NULL, 0, "first", 5, &cur, &curlen));
-    ck_assert_uint_eq(curlen, 5);
-    ck_assert_str_eq(cur, "first");
-    free(cur);
-
-    /* existing key, empty expected: not equal, the current value comes back */
-    OK(c.s, tutti_store_compare_set(c.s, "cas", "", 0, "other", 5, &cur, &curlen));
-    ck_assert_str_eq(cur, "first");
-    free(cur);
-
-    /* mismatch */
-    OK(c.s, tutti_store_compare_set(c.s, "cas", "firsT", 5, "second", 6, &cur, &curlen));
-    ck_assert_str_eq(cur, "first");
-    free(cur);
-    /* a prefix of the value is not equal either */
-    OK(c.s, tutti_store_compare_set(c.s, "cas", "firs", 4, "second", 6, &cur, &curlen));
-    ck_assert_str_eq(cur, "first");
-    free(cur);
-
-    /* match */
-    OK(c.s, tutti_store_compare_set(c.s, "cas", "first", 5, "second", 6, &cur, &curlen));
-    ck_assert_uint_eq(curlen, 6);
-    ck_assert_str_eq(cur, "second");
-    free(cur);
+    /* each step: expected, desired, and the value after it (which comes back) */
+    static const struct {
+        const char *why, *expected, *desired, *after;
+    } steps[] = {
+        {"missing key, empty expected: set", NULL, "first", "first"},
+        {"existing key, empty expected: not equal", "", "other", "first"},
+        {"mismatch", "firsT", "second", "first"},
+        {"a prefix of the value is not equal either", "firs", "second", "first"},
+        {"match", "first", "second", "second"},
+    };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        const char *e = steps[i].expected, *d = steps[i].desired;
+        OK(c.s, tutti_store_compare_set(c.s, "cas", e, e ? strlen(e) : 0, d, strlen(d), &cur,
+                                        &curlen));
+        ck_assert_msg(curlen == strlen(steps[i].after) && strcmp(cur, steps[i].after) == 0,
+                      "%s: %zu bytes \"%s\", want \"%s\"", steps[i].why, curlen, (char *)cur,
+                      steps[i].after);
+        free(cur);
+    }
     void *v;
     OK(c.s, tutti_store_get(c.s, "cas", &v, NULL, 100));
     ck_assert_str_eq(v, "second");
@@ -372,11 +375,9 @@ START_TEST(test_wait_other_process)
 {
     ctx_t c;
     ctx_open(&c, _i, 5000);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    tutti_store_t *s;
+    pid_t pid = fork_client(&c, &s, 5000);
     if (pid == 0) {
-        tutti_store_t *s;
-        CHILD_OK(ctx_client(&c, &s, 5000), 2);
         sleep_ms(150);
         CHILD_OK(tutti_store_set(s, "w1", "one", 3), 3);
         sleep_ms(50);
@@ -400,11 +401,8 @@ START_TEST(test_wait_other_process)
     ck_assert_msg(el >= 200 && el < 3000, "wait returned after %.0f ms", el);
 
     /* multi_get of keys set later by another process */
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid = fork_client(&c, &s, 5000);
     if (pid == 0) {
-        tutti_store_t *s;
-        CHILD_OK(ctx_client(&c, &s, 5000), 2);
         sleep_ms(100);
         CHILD_OK(tutti_store_set(s, "m2", "bb", 2), 3);
         CHILD_OK(tutti_store_set(s, "m1", "a", 1), 3);
@@ -851,32 +849,6 @@ START_TEST(test_tcp_ipv6)
 }
 END_TEST
 
-static int raw_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    struct timeval tv = {3, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-}
-
-/* 1 when the server closed fd (EOF or reset) within 3 s, without replying. */
-static int raw_closed_by_server(int fd)
-{
-    char buf[256];
-    for (;;) {
-        ssize_t r = recv(fd, buf, sizeof(buf), 0);
-        if (r == 0 || (r < 0 && errno == ECONNRESET))
-            return 1;
-        if (r < 0 && errno == EINTR)
-            continue;
-        return 0;
-    }
-}
-
 static void be32(unsigned char *p, uint32_t v)
 {
     p[0] = (unsigned char)(v >> 24);
@@ -940,7 +912,7 @@ START_TEST(test_tcp_bad_clients)
     int fd = raw_connect(c.port);
     const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     raw_send(fd, http, sizeof(http) - 1);
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client sending HTTP");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client sending HTTP");
     close(fd);
     check_still_serving(good, c.port, round++);
 
@@ -951,7 +923,7 @@ START_TEST(test_tcp_bad_clients)
     for (int i = 4; i < 64; i++)
         junk[i] = (unsigned char)(0xee ^ (i * 37));
     raw_send(fd, junk, sizeof(junk));
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client sending junk");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client sending junk");
     close(fd);
     check_still_serving(good, c.port, round++);
 
@@ -961,7 +933,7 @@ START_TEST(test_tcp_bad_clients)
     be32(hdr, 0xffffffffu);
     hdr[4] = TT_STORE_CMD_SET;
     raw_send(fd, hdr, 5);
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a 4 GiB frame");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client with a 4 GiB frame");
     close(fd);
     check_still_serving(good, c.port, round++);
 
@@ -969,7 +941,7 @@ START_TEST(test_tcp_bad_clients)
     fd = raw_connect(c.port);
     be32(hdr, 0);
     raw_send(fd, hdr, 4);
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with an empty frame");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client with an empty frame");
     close(fd);
 
     /* a field running past its frame */
@@ -983,7 +955,7 @@ START_TEST(test_tcp_bad_clients)
     be32(tr + 12, 1000); /* claims 1000 bytes, 8 follow */
     memset(tr + 16, 'x', 8);
     raw_send(fd, tr, sizeof(tr));
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a truncated field");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client with a truncated field");
     close(fd);
     check_still_serving(good, c.port, round++);
 
@@ -998,7 +970,7 @@ START_TEST(test_tcp_bad_clients)
     memset(kf + 9, 'k', kl);
     raw_send(fd, kf, 4 + 1 + 4 + kl);
     free(kf);
-    ck_assert_msg(raw_closed_by_server(fd), "server kept a client with a long key");
+    ck_assert_msg(raw_closed(fd, 0), "server kept a client with a long key");
     close(fd);
 
     /* half a frame, then the client goes away */
@@ -1156,40 +1128,15 @@ END_TEST
 /* Run the standalone server (when it was built) and talk to it. */
 START_TEST(test_tcp_tool)
 {
-#ifdef TT_BUILD_DIR
-    const char *tool = TT_BUILD_DIR "/tools/tutti-store";
-#else
-    const char *tool = "tools/tutti-store";
-#endif
+    const char *tool = TH_STORE_TOOL;
     if (access(tool, X_OK) < 0) {
         fprintf(stderr, "test_tcp_tool: skipped, %s not built\n", tool);
         return;
     }
-    int p[2];
-    ck_assert_int_eq(pipe(p), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(p[1], 1);
-        close(p[0]);
-        execl(tool, tool, "--host", "127.0.0.1", "--port", "0", (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    char line[256] = "";
-    size_t n = 0;
-    double end = now_ms() + 5000;
-    while (n < sizeof(line) - 1 && !strchr(line, '\n') && now_ms() < end) {
-        struct pollfd pf = {p[0], POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0)
-            continue;
-        ssize_t r = read(p[0], line + n, sizeof(line) - 1 - n);
-        if (r <= 0)
-            break;
-        n += (size_t)r;
-        line[n] = '\0';
-    }
-    close(p[0]);
+    const char *const first[] = {tool, "--host", "127.0.0.1", "--port", "0", NULL};
+    char line[256];
+    pid_t pid;
+    tool_start(first, &pid, line, sizeof(line));
     int port = 0;
     if (sscanf(line, "tutti-store listening on tcp://127.0.0.1:%d", &port) != 1) {
         kill(pid, SIGKILL);
@@ -1248,11 +1195,9 @@ START_TEST(test_file_killed_writer)
     OK(c.s, tutti_store_set(c.s, "big", buf, sz));
     free(buf);
 
-    pid_t reader = fork();
-    ck_assert_int_ge(reader, 0);
+    tutti_store_t *s;
+    pid_t reader = fork_client(&c, &s, 10000);
     if (reader == 0) {
-        tutti_store_t *s;
-        CHILD_OK(ctx_client(&c, &s, 10000), 2);
         const char *stop[] = {"stop"};
         int stopped = 0, reads = 0;
         double end = now_ms() + 20000;
@@ -1320,15 +1265,13 @@ START_TEST(test_file_full_disk)
 {
     ctx_t c;
     ctx_open(&c, K_FILE, 2000);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    tutti_store_t *s;
+    pid_t pid = fork_client(&c, &s, 2000);
     if (pid == 0) {
         struct rlimit rl = {1u << 20, 1u << 20};
         signal(SIGXFSZ, SIG_IGN);
         if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
-            _exit(2);
-        tutti_store_t *s;
-        CHILD_OK(ctx_client(&c, &s, 2000), 3);
+            _exit(3);
         size_t sz = 4u << 20;
         char *b = calloc(1, sz);
         int st = tutti_store_set(s, "full", b, sz);
