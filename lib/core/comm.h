@@ -124,7 +124,7 @@ void tt_comm_opts_free(tutti_comm_opts_t *opts);
 /* host.c: comm->host, the callbacks a transport gets (before the transports open). */
 void tt_comm_host_init(tutti_comm_t *comm);
 
-/* comm.c: the default deadline of comm->qstore: a quarter of the timeout, within
+/* opts.c: the default deadline of comm->qstore: a quarter of the timeout, within
  * 100..1000 ms. */
 int tt_comm_quick_ms(const tutti_comm_t *comm);
 
