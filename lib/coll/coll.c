@@ -402,6 +402,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.rank = comm->rank;
     o.nranks = n;
     o.coll = c->coll;
+    o.desc = t;
     o.dtype = c->dtype;
     o.elem_size = tutti_dtype_size(c->dtype);
     o.redop = has_redop && c->redop == TUTTI_AVG ? TUTTI_SUM : c->redop;

@@ -1,6 +1,7 @@
 /* The collectives' descriptor table (coll.c): per collective, the arguments
  * its calls have, and the steps the executor runs in place of or around the chosen
- * algorithm (exec.c reads it, and knows no collective by name). */
+ * algorithm (exec.c reads an op's row through op->desc, and knows no collective by
+ * name). */
 #ifndef TT_COLL_H
 #define TT_COLL_H
 

@@ -75,6 +75,9 @@ typedef struct tt_op {
     const size_t *sendcounts, *sdispls;
     const size_t *recvcounts, *rdispls;
     size_t chunk_bytes;    /* pipelining chunk (TUTTI_CHUNK_BYTES) */
+    /* the collective's row of the descriptor table (coll.h), set where the call is
+     * checked, so that the executor below it needs no reference to the table */
+    const struct tt_coll_desc *desc;
     /* filled by the library for the envelope: */
     uint64_t seq;
     uint64_t fingerprint;
