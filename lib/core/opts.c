@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "core/comm.h"
+#include "core/opts.h"
+#include "core/state.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
 #define TT_DEFAULT_SPIN_US 50
