@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 static int ag_rd_pow2(tt_op_t *op)

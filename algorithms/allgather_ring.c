@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 int tt_allgather_ring(tt_op_t *op)

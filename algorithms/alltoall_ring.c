@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 static int a2a_swaps(tt_op_t *op)

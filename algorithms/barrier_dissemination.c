@@ -3,6 +3,7 @@
  * through others, from every rank, for any n, with no root to become a hot spot.
  */
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 int tt_barrier_dissemination(tt_op_t *op)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 int tt_broadcast_tree(tt_op_t *op)

@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "core/comm.h"
 #include "core/fault.h"
 

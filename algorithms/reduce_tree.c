@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 #include "reduce/reduce.h"
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "core/p2p.h"
 #include "base/base.h"
 
 int tt_scatter_tree(tt_op_t *op)

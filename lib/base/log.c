@@ -1,13 +1,23 @@
-/* Logging: TUTTI_DEBUG=warn|info|trace, one line each, "tutti host:pid:rank LEVEL msg". */
+/* Logging: TUTTI_DEBUG=warn|info|trace, one line each, "tutti host:pid:rank LEVEL msg".
+ * Also tt_env, which the log level reads, so that logging depends on nothing. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
 
 #include "base/base.h"
+
+const char *tt_env(const char *name)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "TUTTI_%s", name);
+    const char *v = getenv(full);
+    return (v && *v) ? v : NULL;
+}
 
 static atomic_int log_level = -1;
 static atomic_int log_rank = -1;

@@ -35,14 +35,6 @@ int tt_ms_left_at(uint64_t deadline_ns, uint64_t now)
     return ms > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ms;
 }
 
-const char *tt_env(const char *name)
-{
-    char full[128];
-    snprintf(full, sizeof(full), "TUTTI_%s", name);
-    const char *v = getenv(full);
-    return (v && *v) ? v : NULL;
-}
-
 int tt_env_int(const char *name, int def)
 {
     const char *v = tt_env(name);

@@ -6,7 +6,7 @@
 #include <stddef.h>
 
 #include "coll/cost.h"
-#include "core/p2p.h"
+#include "core/op.h"
 
 typedef int (*tt_algo_fn)(tt_op_t *op);
 

@@ -352,23 +352,23 @@ static void avg_own_block(tt_op_t *op)
 /* ---- the table ---- */
 
 const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
-    [TT_COLL_ALLREDUCE] = {"allreduce", TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL,
+    [TT_COLL_ALLREDUCE] = {TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL,
                            avg_all},
-    [TT_COLL_BROADCAST] = {"broadcast", TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy,
+    [TT_COLL_BROADCAST] = {TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy,
                            tt_post_confirm_release, NULL},
-    [TT_COLL_BARRIER] = {"barrier", 0, fill_barrier, 0, tt_local_none, NULL, NULL},
-    [TT_COLL_REDUCE] = {"reduce", TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy,
+    [TT_COLL_BARRIER] = {0, fill_barrier, 0, tt_local_none, NULL, NULL},
+    [TT_COLL_REDUCE] = {TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy,
                         tt_post_release, avg_root},
-    [TT_COLL_ALLGATHER] = {"allgather", TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather,
+    [TT_COLL_ALLGATHER] = {TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather,
                            NULL, NULL},
-    [TT_COLL_REDUCE_SCATTER] = {"reduce_scatter", TT_ARG_REDOP | TT_ARG_LAYOUT,
+    [TT_COLL_REDUCE_SCATTER] = {TT_ARG_REDOP | TT_ARG_LAYOUT,
                                 fill_reduce_scatter, 0, tt_local_reduce_scatter, NULL,
                                 avg_own_block},
-    [TT_COLL_GATHER] = {"gather", TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0,
+    [TT_COLL_GATHER] = {TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0,
                         tt_local_gather, tt_post_release, NULL},
-    [TT_COLL_SCATTER] = {"scatter", TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0,
+    [TT_COLL_SCATTER] = {TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0,
                          tt_local_scatter, tt_post_confirm_release, NULL},
-    [TT_COLL_ALLTOALL] = {"alltoall", TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall,
+    [TT_COLL_ALLTOALL] = {TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall,
                           NULL, NULL},
 };
 
@@ -402,6 +402,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.rank = comm->rank;
     o.nranks = n;
     o.coll = c->coll;
+    o.desc = t;
     o.dtype = c->dtype;
     o.elem_size = tutti_dtype_size(c->dtype);
     o.redop = has_redop && c->redop == TUTTI_AVG ? TUTTI_SUM : c->redop;

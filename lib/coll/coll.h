@@ -1,6 +1,7 @@
-/* The collectives' descriptor table (coll.c): per collective, its name, the arguments
+/* The collectives' descriptor table (coll.c): per collective, the arguments
  * its calls have, and the steps the executor runs in place of or around the chosen
- * algorithm (exec.c reads it, and knows no collective by name). */
+ * algorithm (exec.c reads an op's row through op->desc, and knows no collective by
+ * name). */
 #ifndef TT_COLL_H
 #define TT_COLL_H
 
@@ -16,7 +17,6 @@ typedef struct tt_coll_call tt_coll_call_t;
                             owned copy (tt_exec_issue's layout) */
 
 typedef struct tt_coll_desc {
-    const char *name; /* "allreduce": in messages, and what TUTTI_ALGO names */
     unsigned args;    /* TT_ARG_* */
     /* the call's buffers and counts into the op, with their checks; layout: 4 x nranks
      * (sendcounts, sdispls, recvcounts, rdispls) where args has TT_ARG_LAYOUT */

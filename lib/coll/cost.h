@@ -11,7 +11,7 @@
 
 #include <tutti/transport_v2.h>
 
-#include "core/p2p.h"
+#include "core/op.h"
 
 typedef struct tt_cost {
     double alpha_us; /* per message: latency plus software overhead */

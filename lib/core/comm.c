@@ -47,12 +47,6 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
     return a ? a->name : NULL;
 }
 
-int tt_comm_quick_ms(const tutti_comm_t *comm)
-{
-    int t = comm->opts.timeout_ms / 4;
-    return t < 100 ? 100 : t > 1000 ? 1000 : t;
-}
-
 /* ---- creation and destruction ---- */
 
 static void comm_free(tutti_comm_t *comm)

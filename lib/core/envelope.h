@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "core/p2p.h"
+#include "core/op.h"
 
 /* Fingerprint bit set by the v-forms (gatherv, allgatherv ...), whose envelope count is
  * 0: tells them from an equal-block call with count 0 in messages. */

@@ -52,7 +52,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         return st;
     }
     size_t bytes = op->count * op->elem_size;
-    const tt_coll_desc_t *desc = &tt_coll_table[op->coll];
+    const tt_coll_desc_t *desc = op->desc;
     if (comm->nranks == 1)
         return desc->local(op);
     /* Nothing to move is still a call to check: a rank that passed count 0 where the

@@ -8,7 +8,10 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "core/comm.h"
+#include "coll/algo.h"
+#include "core/envelope.h"
+#include "core/fault.h"
+#include "core/state.h"
 
 /* ---- the store keys other ranks read ---- */
 

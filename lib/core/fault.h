@@ -4,14 +4,15 @@
  * check, and time this process was not running.
  * Calls:   envelope <- fault <- p2p <- exec <- comm (each calls only those to its left;
  *          fault reaches the transport through comm->tp_ops, never through p2p.c).
- * Headers: p2p.h (types) <- envelope.h <- fault.h <- comm.h (which includes both). */
+ * Headers: op.h (types) <- envelope.h, fault.h, p2p.h <- comm.h (which includes all);
+ *          fault.c reads the communicator through state.h. */
 #ifndef TT_FAULT_H
 #define TT_FAULT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/p2p.h"
+#include "core/op.h"
 
 /* comm->last_error = "rank <r>: " + the message; returns status. */
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "base/auth.h"
-#include "core/comm.h"
+#include "core/fault.h"
+#include "core/opts.h"
+#include "core/state.h"
 #include "base/base.h"
 #include "core/job.h"
 #include "store/store_gc.h"

@@ -1,10 +1,12 @@
 /* Communicator options: the defaults, the TUTTI_* environment over them, and the
- * communicator's own copy (tutti_comm_opts_init, tt_comm_opts_resolve). */
+ * communicator's own copy (tutti_comm_opts_init, tt_comm_opts_resolve); the quick store
+ * deadline derived from them (tt_comm_quick_ms). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
-#include "core/comm.h"
+#include "core/opts.h"
+#include "core/state.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
 #define TT_DEFAULT_SPIN_US 50
@@ -86,4 +88,10 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
         d.spin_us = 0;
     *dst = d;
     return TUTTI_OK;
+}
+
+int tt_comm_quick_ms(const tutti_comm_t *comm)
+{
+    int t = comm->opts.timeout_ms / 4;
+    return t < 100 ? 100 : t > 1000 ? 1000 : t;
 }

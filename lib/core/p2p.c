@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/comm.h"
+#include "core/envelope.h"
+#include "core/fault.h"
+#include "core/p2p.h"
+#include "core/state.h"
 #include "base/base.h"
 
 static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len,

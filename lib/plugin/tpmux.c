@@ -23,7 +23,7 @@
 
 #include <tutti/store.h>
 
-#include "core/comm.h"
+#include "core/state.h"
 #include "base/base.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"

@@ -1,0 +1,15 @@
+/* The communicator's options (opts.c). */
+#ifndef TT_OPTS_H
+#define TT_OPTS_H
+
+#include <tutti/tutti.h>
+
+/* The communicator's options: src's fields (NULL: all defaults) over the
+ * defaults and the environment (read once), strings copied, limits applied. */
+int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src);
+void tt_comm_opts_free(tutti_comm_opts_t *opts);
+/* The default deadline of comm->qstore: a quarter of the timeout, within
+ * 100..1000 ms. */
+int tt_comm_quick_ms(const tutti_comm_t *comm);
+
+#endif /* TT_OPTS_H */
