@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "coll/cost.h"
+#include "coll/names.h"
 #include "core/op.h"
 
 typedef int (*tt_algo_fn)(tt_op_t *op);
@@ -16,10 +17,6 @@ typedef struct tt_algo {
     uint32_t id;       /* unique, nonzero; travels in envelopes */
     tt_algo_fn run;
 } tt_algo_t;
-
-/* "allreduce", "broadcast", "barrier"; NULL for an invalid value. */
-const char *tt_coll_name(tt_coll_t coll);
-tt_coll_t tt_coll_parse(const char *name);
 
 /* Every algorithm, and those of one collective. */
 const tt_algo_t *const *tt_algo_all(size_t *n_p);

@@ -78,11 +78,37 @@ static int tt_is_size_char(char c)
     return isalnum((unsigned char)c) != 0;
 }
 
+/* The algorithms with their functions (the list is coll/algos.def). */
+#define TT_ALGO_X(name, coll, id, fn) static const tt_algo_t tt_algo_##id = {name, coll, id, fn};
+#include "coll/algos.def"
+#undef TT_ALGO_X
+static const tt_algo_t *const tt_algos[] = {
+#define TT_ALGO_X(name, coll, id, fn) &tt_algo_##id,
+#include "coll/algos.def"
+#undef TT_ALGO_X
+};
+
+const tt_algo_t *const *tt_algo_all(size_t *n_p)
+{
+    if (n_p)
+        *n_p = TT_ARRAY_SIZE(tt_algos);
+    return tt_algos;
+}
+
+const tt_algo_t *tt_algo_find(tt_coll_t coll, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < TT_ARRAY_SIZE(tt_algos); i++)
+        if (tt_algos[i]->coll == coll && strcmp(tt_algos[i]->name, name) == 0)
+            return tt_algos[i];
+    return NULL;
+}
+
 /* "ring, rd" for the error messages */
 static void tt_algo_names(tt_coll_t coll, char *buf, size_t buflen)
 {
-    size_t used = 0, n_algos;
-    const tt_algo_t *const *tt_algos = tt_algo_all(&n_algos);
+    size_t used = 0, n_algos = TT_ARRAY_SIZE(tt_algos);
     buf[0] = '\0';
     for (size_t i = 0; i < n_algos; i++) {
         if (coll != TT_COLL_NONE && tt_algos[i]->coll != coll)
@@ -357,8 +383,7 @@ static const tt_algo_t *tt_algo_default(const tt_cost_t *cost, tt_coll_t coll, s
     size_t chunk = tt_cost_chunk(bytes, nranks, chunk_max);
     const tt_algo_t *best = NULL;
     double best_us = 0;
-    size_t n_algos;
-    const tt_algo_t *const *tt_algos = tt_algo_all(&n_algos);
+    size_t n_algos = TT_ARRAY_SIZE(tt_algos);
     for (size_t i = 0; i < n_algos; i++) {
         if (tt_algos[i]->coll != coll)
             continue;

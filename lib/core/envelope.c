@@ -2,17 +2,13 @@
  * one of its messages (encoding and the fingerprint are inline in envelope.h). */
 #include <stdio.h>
 
-#include "coll/algo.h"
+#include "coll/names.h"
 #include "core/envelope.h"
 
 static const char *algo_name_by_id(uint32_t id)
 {
-    size_t n;
-    const tt_algo_t *const *all = tt_algo_all(&n);
-    for (size_t i = 0; i < n; i++)
-        if (all[i]->id == id)
-            return all[i]->name;
-    return "?";
+    const char *name = tt_algo_name(id);
+    return name ? name : "?";
 }
 
 const char *tt_fp_coll_name(uint64_t fp)

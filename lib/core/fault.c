@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "coll/algo.h"
+#include "coll/names.h"
 #include "core/envelope.h"
 #include "core/fault.h"
 #include "core/state.h"
@@ -136,19 +136,14 @@ static void describe_stopped(const tt_op_t *op, const char *msg, char *out, size
 void tt_fault_record(tt_op_t *op, int status, const char *msg)
 {
     tutti_comm_t *comm = op->comm;
-    const tt_algo_t *a = NULL;
-    size_t n;
-    const tt_algo_t *const *all = tt_algo_all(&n);
-    for (size_t i = 0; i < n; i++)
-        if (all[i]->id == op->algo_id)
-            a = all[i];
+    const char *algo = tt_algo_name(op->algo_id);
     char stopped[224];
     describe_stopped(op, msg, stopped, sizeof(stopped));
     tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
                       op->coll == TT_COLL_P2P ? "point-to-point"
                       : tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
                       op->fingerprint & TT_FP_V ? "v" : "",
-                      (unsigned long long)op->seq, a ? a->name : "-", op->count,
+                      (unsigned long long)op->seq, algo ? algo : "-", op->count,
                       tutti_dtype_name(op->dtype), tutti_strerror(status), stopped, msg);
     TT_WARN("%s", comm->last_error);
     int expected = 0;
