@@ -394,6 +394,159 @@ out:
     return st;
 }
 
+/* Which peers are local (local[r] = 1), *nlocal_p of them; a config error when the one
+ * transport named reaches only this host and some peer is not on it. */
+static int classify_peers(tutti_comm_t *comm, const char *local_name, const char *remote_name,
+                          unsigned char *local, int *nlocal_p, char *err, size_t errlen)
+{
+    int n = comm->nranks;
+    char remote_host[256] = "";
+    int remote_rank = -1;
+    /* With two names, ranks must agree on who serves whom: through the multiplexer,
+     * whose sub-transports keep their store keys under "local/" and "remote/" (a rank
+     * with no local peers still uses "remote/" keys, like its peers do). */
+    int split = strcmp(local_name, remote_name) != 0;
+    if (split || local_only(comm, local_name)) {
+        int st = exchange_host_ids(comm, comm->host_id, local, remote_host,
+                                   sizeof(remote_host), &remote_rank, err, errlen);
+        if (st < 0)
+            return st;
+    } else {
+        /* one transport that reaches every host: who is local does not matter */
+        for (int r = 0; r < n; r++)
+            local[r] = r != comm->rank;
+    }
+    int nlocal = 0;
+    for (int r = 0; r < n; r++)
+        nlocal += local[r];
+    *nlocal_p = nlocal;
+    int nremote = n - 1 - nlocal;
+    if (nremote > 0 && local_only(comm, local_name) && !strcmp(local_name, remote_name)) {
+        snprintf(err, errlen,
+                 "TUTTI_TRANSPORT=%s reaches only ranks on this host, but rank %d is on host "
+                 "\"%s\" (this rank: \"%s\")",
+                 local_name, remote_rank, remote_host, comm->host_id);
+        return TUTTI_ERR_CONFIG;
+    }
+    return TUTTI_OK;
+}
+
+/* Load the transport for the local peers (ops[0], handle[0]) and the one for the remote
+ * peers (ops[1], handle[1]), each only if it has peers; the same one is loaded once. */
+static int load_transports(tutti_comm_t *comm, const char *local_name, const char *remote_name,
+                           const int npeers[2], const tutti_transport_ops_v2_t *ops[2],
+                           void *handle[2], char *err, size_t errlen)
+{
+    /* (auto without shm built in chose tcp for both halves in parse_spec) */
+    if (npeers[0] > 0) {
+        int st = tt_transport_load(local_name, comm->opts.plugin_path, &ops[0], &handle[0],
+                                   err, errlen);
+        if (st < 0)
+            return st;
+    }
+    if (npeers[1] > 0 && (npeers[0] == 0 || strcmp(local_name, remote_name))) {
+        int st = tt_transport_load(remote_name, comm->opts.plugin_path, &ops[1], &handle[1],
+                                   err, errlen);
+        if (st < 0) {
+            tt_transport_unload(handle[0]);
+            return st;
+        }
+    } else if (npeers[1] > 0) {
+        ops[1] = ops[0]; /* the same transport for everyone */
+    }
+    return TUTTI_OK;
+}
+
+/* One transport for every peer: no multiplexer. */
+static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops,
+                         void *handle, char *err, size_t errlen)
+{
+    comm->tp_ops = ops;
+    comm->tp_handle = handle;
+    snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", comm->tp_ops->name);
+    int st = comm->tp_ops->create(&comm->host, &comm->tp);
+    if (st < 0) {
+        comm->tp = NULL;
+        snprintf(err, errlen, "transport %s failed to connect %d ranks: %s",
+                 comm->tp_ops->name, comm->nranks, comm->tp_error);
+    }
+    return st;
+}
+
+/* The multiplexer's sub-transports (the ones with peers, local first) and which serves
+ * each peer; role_sub[role] the sub of role 0 (local) or 1 (remote), -1 if none. NULL
+ * when out of memory (the transports are then unloaded). */
+static mux_t *mux_new(const tutti_comm_t *comm, const unsigned char *local, const int npeers[2],
+                      const tutti_transport_ops_v2_t *ops[2], void *handle[2], int role_sub[2])
+{
+    int n = comm->nranks;
+    mux_t *m = calloc(1, sizeof(*m));
+    int *peer_sub = calloc((size_t)n, sizeof(int));
+    if (!m || !peer_sub) {
+        free(m);
+        free(peer_sub);
+        tt_transport_unload(handle[0]);
+        tt_transport_unload(handle[1]);
+        return NULL;
+    }
+    m->nranks = n;
+    m->spin_us = comm->opts.spin_us;
+    m->peer_sub = peer_sub;
+    for (int role = 0; role < 2; role++) {
+        if (npeers[role] == 0)
+            continue;
+        mux_sub_t *s = &m->sub[m->nsub];
+        role_sub[role] = m->nsub++;
+        s->ops = ops[role];
+        s->handle = handle[role];
+        s->peers = calloc((size_t)n, 1);
+        if (!s->peers) {
+            mux_free(m);
+            return NULL;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        peer_sub[r] = r == comm->rank ? -1 : role_sub[local[r] ? 0 : 1];
+        if (peer_sub[r] >= 0)
+            m->sub[peer_sub[r]].peers[r] = 1;
+    }
+    return m;
+}
+
+/* Create each sub-transport on a host of its own, which keeps its store keys apart and
+ * names only its peers. */
+static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2],
+                       const int npeers[2], char *err, size_t errlen)
+{
+    /* Every rank creates its local transport first, then the remote one, so the
+     * connection set-ups (each among the ranks it serves) cannot wait on each other. */
+    int st = TUTTI_OK;
+    for (int i = 0; i < m->nsub; i++) {
+        mux_sub_t *s = &m->sub[i];
+        int role = i == role_sub[0] ? 0 : 1;
+        s->host = comm->host;
+        s->host.peers = s->peers;
+        s->host.ctx = s;
+        s->host.store_set = sub_store_set;
+        s->host.store_get = sub_store_get;
+        s->host.config = sub_config;
+        s->host.log = sub_log;
+        s->host.error = sub_error;
+        s->host.auth_answer = sub_auth_answer;
+        s->parent = &comm->host;
+        s->kprefix = role == 0 ? "local" : "remote";
+        st = s->ops->create(&s->host, &s->tp);
+        if (st < 0) {
+            s->tp = NULL;
+            snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
+                     s->ops->name, npeers[role], role == 0 ? "local" : "remote",
+                     comm->tp_error);
+            return st;
+        }
+    }
+    return st;
+}
+
 int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 {
     int n = comm->nranks;
@@ -417,130 +570,38 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     unsigned char *local = calloc((size_t)n, 1);
     if (!local)
         return TUTTI_ERR_NOMEM;
-    char remote_host[256] = "";
-    int remote_rank = -1;
-    /* With two names, ranks must agree on who serves whom: through the multiplexer,
-     * whose sub-transports keep their store keys under "local/" and "remote/" (a rank
-     * with no local peers still uses "remote/" keys, like its peers do). */
-    int split = strcmp(local_name, remote_name) != 0;
-    if (split || local_only(comm, local_name)) {
-        st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
-                               &remote_rank, err, errlen);
-        if (st < 0)
-            goto out;
-    } else {
-        /* one transport that reaches every host: who is local does not matter */
-        for (int r = 0; r < n; r++)
-            local[r] = r != comm->rank;
-    }
-    int nlocal = 0;
-    for (int r = 0; r < n; r++)
-        nlocal += local[r];
-    int nremote = n - 1 - nlocal;
-    if (nremote > 0 && local_only(comm, local_name) && !strcmp(local_name, remote_name)) {
-        snprintf(err, errlen,
-                 "TUTTI_TRANSPORT=%s reaches only ranks on this host, but rank %d is on host "
-                 "\"%s\" (this rank: \"%s\")",
-                 local_name, remote_rank, remote_host, comm->host_id);
-        st = TUTTI_ERR_CONFIG;
+    int npeers[2] = {0, 0}; /* local, remote */
+    const tutti_transport_ops_v2_t *ops[2] = {NULL, NULL};
+    void *handle[2] = {NULL, NULL};
+    int role_sub[2] = {-1, -1};
+    mux_t *m = NULL;
+    st = classify_peers(comm, local_name, remote_name, local, &npeers[0], err, errlen);
+    if (st < 0)
+        goto out;
+    npeers[1] = n - 1 - npeers[0];
+    st = load_transports(comm, local_name, remote_name, npeers, ops, handle, err, errlen);
+    if (st < 0)
+        goto out;
+    if (!strcmp(local_name, remote_name)) {
+        st = create_single(comm, ops[0] ? ops[0] : ops[1], ops[0] ? handle[0] : handle[1], err,
+                           errlen);
         goto out;
     }
-    /* (auto without shm built in chose tcp for both halves in parse_spec) */
-    const tutti_transport_ops_v2_t *lops = NULL, *rops = NULL;
-    void *lh = NULL, *rh = NULL;
-    if (nlocal > 0) {
-        st = tt_transport_load(local_name, comm->opts.plugin_path, &lops, &lh, err, errlen);
-        if (st < 0)
-            goto out;
-    }
-    if (nremote > 0 && (nlocal == 0 || strcmp(local_name, remote_name))) {
-        st = tt_transport_load(remote_name, comm->opts.plugin_path, &rops, &rh, err, errlen);
-        if (st < 0) {
-            tt_transport_unload(lh);
-            goto out;
-        }
-    } else if (nremote > 0) {
-        rops = lops; /* the same transport for everyone */
-    }
-    if (!split) {
-        /* One transport for every peer: no multiplexer. */
-        comm->tp_ops = lops ? lops : rops;
-        comm->tp_handle = lops ? lh : rh;
-        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", comm->tp_ops->name);
-        st = comm->tp_ops->create(&comm->host, &comm->tp);
-        if (st < 0) {
-            comm->tp = NULL;
-            snprintf(err, errlen, "transport %s failed to connect %d ranks: %s",
-                     comm->tp_ops->name, n, comm->tp_error);
-        }
-        goto out;
-    }
-
-    mux_t *m = calloc(1, sizeof(*m));
-    int *peer_sub = calloc((size_t)n, sizeof(int));
-    if (!m || !peer_sub) {
-        free(m);
-        free(peer_sub);
-        tt_transport_unload(lh);
-        tt_transport_unload(rh);
+    if (!(m = mux_new(comm, local, npeers, ops, handle, role_sub))) {
         st = TUTTI_ERR_NOMEM;
         goto out;
     }
-    m->nranks = n;
-    m->spin_us = comm->opts.spin_us;
-    m->peer_sub = peer_sub;
-    /* Every rank creates its local transport first, then the remote one, so the
-     * connection set-ups (each among the ranks it serves) cannot wait on each other. */
-    int role_sub[2] = {-1, -1};
-    for (int role = 0; role < 2; role++) {
-        if ((role == 0 ? nlocal : nremote) == 0)
-            continue;
-        mux_sub_t *s = &m->sub[m->nsub];
-        role_sub[role] = m->nsub++;
-        s->ops = role == 0 ? lops : rops;
-        s->handle = role == 0 ? lh : rh;
-        s->peers = calloc((size_t)n, 1);
-        if (!s->peers) {
-            mux_free(m);
-            st = TUTTI_ERR_NOMEM;
-            goto out;
-        }
-    }
-    for (int r = 0; r < n; r++) {
-        peer_sub[r] = r == comm->rank ? -1 : role_sub[local[r] ? 0 : 1];
-        if (peer_sub[r] >= 0)
-            m->sub[peer_sub[r]].peers[r] = 1;
-    }
     if (m->nsub == 2)
-        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s+%s", lops->name, rops->name);
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s+%s", ops[0]->name, ops[1]->name);
     else
         snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", m->sub[0].ops->name);
-    for (int i = 0; i < m->nsub; i++) {
-        mux_sub_t *s = &m->sub[i];
-        int role = i == role_sub[0] ? 0 : 1;
-        s->host = comm->host;
-        s->host.peers = s->peers;
-        s->host.ctx = s;
-        s->host.store_set = sub_store_set;
-        s->host.store_get = sub_store_get;
-        s->host.config = sub_config;
-        s->host.log = sub_log;
-        s->host.error = sub_error;
-        s->host.auth_answer = sub_auth_answer;
-        s->parent = &comm->host;
-        s->kprefix = role == 0 ? "local" : "remote";
-        st = s->ops->create(&s->host, &s->tp);
-        if (st < 0) {
-            s->tp = NULL;
-            snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
-                     s->ops->name, role == 0 ? nlocal : nremote, role == 0 ? "local" : "remote",
-                     comm->tp_error);
-            mux_free(m);
-            goto out;
-        }
+    st = mux_connect(comm, m, role_sub, npeers, err, errlen);
+    if (st < 0) {
+        mux_free(m);
+        goto out;
     }
     TT_INFO("transports: %s for %d local peers, %s for %d remote peers",
-            lops ? lops->name : "-", nlocal, rops ? rops->name : "-", nremote);
+            ops[0] ? ops[0]->name : "-", npeers[0], ops[1] ? ops[1]->name : "-", npeers[1]);
     comm->tp_ops = &mux_ops;
     comm->tp = m;
     comm->tp_handle = NULL;

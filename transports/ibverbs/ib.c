@@ -342,64 +342,79 @@ static const char *wc_hint(enum ibv_wc_status s)
     }
 }
 
-static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
+/* A work request failed: fail the link with the completion's status, and release what
+ * the popped send entry e held. */
+static void wc_failed(ib_tp_t *tp, ib_link_t *L, int peer, int recv, const ib_sqe_t *e,
+                      const struct ibv_wc *wc)
 {
-    int recv = (wc->wr_id & IB_RECV_BIT) != 0;
-    int peer = (int)(wc->wr_id & 0xffffffffu);
-    if (peer < 0 || peer >= tp->nranks)
-        return;
-    ib_link_t *L = &tp->links[peer];
-    ib_sqe_t e = {0};
-    if (!recv && L->sqe_count) {
-        e = L->sqe[L->sqe_head];
-        L->sqe_head = (L->sqe_head + 1) % L->sq_depth;
-        L->sqe_count--;
+    static const char *const what[] = {"", "a write to", "a control write to",
+                                       "a read from", "an error report to",
+                                       "a keep-alive probe of"};
+    const char *w = recv ? "a receive from" : what[e->kind < 6 ? e->kind : 0];
+    /* link_fail first: the receive being READ still counts in L->reads, so the
+     * failure is reported now (with the work completion's status) rather than left
+     * pending on an idle-looking link; e was popped, so fail_reads cannot see it */
+    link_fail(L, TUTTI_ERR_PEER, 0,
+              "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w,
+              peer, L->addr, ibv_wc_status_str(wc->status), (int)wc->status,
+              wc->vendor_err, wc_hint(wc->status));
+    if (e->kind == IB_WR_READ && e->req && e->req->status == 1) {
+        e->req->status = TUTTI_ERR_PEER;
+        tp->completions++;
     }
-    if (wc->status != IBV_WC_SUCCESS) {
-        static const char *const what[] = {"", "a write to", "a control write to",
-                                           "a read from", "an error report to",
-                                           "a keep-alive probe of"};
-        const char *w = recv ? "a receive from" : what[e.kind < 6 ? e.kind : 0];
-        /* link_fail first: the receive being READ still counts in L->reads, so the
-         * failure is reported now (with the work completion's status) rather than left
-         * pending on an idle-looking link; e was popped, so fail_reads cannot see it */
-        link_fail(L, TUTTI_ERR_PEER, 0,
-                  "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w,
-                  peer, L->addr, ibv_wc_status_str(wc->status), (int)wc->status,
-                  wc->vendor_err, wc_hint(wc->status));
-        if (e.kind == IB_WR_READ && e.req && e.req->status == 1) {
-            e.req->status = TUTTI_ERR_PEER;
-            tp->completions++;
-        }
-        if (e.kind == IB_WR_READ)
-            ib_mrc_put(&tp->mrc, e.mr);
-        if (e.kind == IB_WR_ERROR)
-            tp->errors_inflight--;
-        return;
-    }
-    L->last_heard_ns = tp_now_ns();
-    if (!recv) {
-        switch (e.kind) {
-        case IB_WR_READ:
-            if (e.last) {
-                if (e.req && e.req->status == 1) {
-                    e.req->xfer = e.req->len;
-                    e.req->status = 0;
-                    tp->completions++;
-                    L->fins_owed++;
-                    if (L->reads)
-                        L->reads--;
-                }
-                ib_mrc_put(&tp->mrc, e.mr);
+    if (e->kind == IB_WR_READ)
+        ib_mrc_put(&tp->mrc, e->mr);
+    if (e->kind == IB_WR_ERROR)
+        tp->errors_inflight--;
+}
+
+/* A send-queue work request completed: the last READ of a receive completes it. */
+static inline void wc_send_done(ib_tp_t *tp, ib_link_t *L, const ib_sqe_t *e)
+{
+    switch (e->kind) {
+    case IB_WR_READ:
+        if (e->last) {
+            if (e->req && e->req->status == 1) {
+                e->req->xfer = e->req->len;
+                e->req->status = 0;
+                tp->completions++;
+                L->fins_owed++;
+                if (L->reads)
+                    L->reads--;
             }
-            break;
-        case IB_WR_NOP: L->nop_inflight = 0; break;
-        case IB_WR_ERROR: tp->errors_inflight--; break;
-        default: break;
+            ib_mrc_put(&tp->mrc, e->mr);
         }
-        return;
+        break;
+    case IB_WR_NOP: L->nop_inflight = 0; break;
+    case IB_WR_ERROR: tp->errors_inflight--; break;
+    default: break;
     }
-    /* a write with immediate arrived: repost the receive it used */
+}
+
+/* The peer finished reading nfins of our sends: they complete, in order. */
+static inline void complete_fins(ib_tp_t *tp, ib_link_t *L, int peer, unsigned nfins)
+{
+    for (unsigned i = 0; i < nfins; i++) {
+        if (!L->fin_head) {
+            link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                      "ibverbs: rank %d (%s) finished reading a message that was never sent",
+                      peer, L->addr);
+            return;
+        }
+        tp_req_t *r = L->fin_head;
+        tp_req_pop(&L->fin_head, &L->fin_tail);
+        ib_mrc_put(&tp->mrc, r->tp_private[1]);
+        r->tp_private[1] = NULL;
+        r->xfer = r->len;
+        r->status = 0;
+        tp->completions++;
+    }
+}
+
+/* A write with immediate arrived: repost the receive it used, then act on the
+ * immediate (type, credits returned, sends finished). */
+static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv_wc *wc)
+{
     if (!L->qp_stopped) {
         struct ibv_recv_wr wr = {.wr_id = IB_RECV_BIT | (uint64_t)peer}, *bad;
         ibv_post_recv(L->qp, &wr, &bad);
@@ -435,21 +450,31 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
     if (L->fail.status)
         return;
     L->credits += a;
-    for (unsigned i = 0; i < b; i++) {
-        if (!L->fin_head) {
-            link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                      "ibverbs: rank %d (%s) finished reading a message that was never sent",
-                      peer, L->addr);
-            return;
-        }
-        tp_req_t *r = L->fin_head;
-        tp_req_pop(&L->fin_head, &L->fin_tail);
-        ib_mrc_put(&tp->mrc, r->tp_private[1]);
-        r->tp_private[1] = NULL;
-        r->xfer = r->len;
-        r->status = 0;
-        tp->completions++;
+    complete_fins(tp, L, peer, b);
+}
+
+static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
+{
+    int recv = (wc->wr_id & IB_RECV_BIT) != 0;
+    int peer = (int)(wc->wr_id & 0xffffffffu);
+    if (peer < 0 || peer >= tp->nranks)
+        return;
+    ib_link_t *L = &tp->links[peer];
+    ib_sqe_t e = {0};
+    if (!recv && L->sqe_count) {
+        e = L->sqe[L->sqe_head];
+        L->sqe_head = (L->sqe_head + 1) % L->sq_depth;
+        L->sqe_count--;
     }
+    if (wc->status != IBV_WC_SUCCESS) {
+        wc_failed(tp, L, peer, recv, &e, wc);
+        return;
+    }
+    L->last_heard_ns = tp_now_ns();
+    if (!recv)
+        wc_send_done(tp, L, &e);
+    else
+        wc_recv(tp, L, peer, wc);
 }
 
 static int poll_cq(ib_tp_t *tp)

@@ -119,7 +119,47 @@ static const char *port_state_str(enum ibv_port_state s)
     return ibv_port_state_str(s);
 }
 
-int ib_setup_device(ib_tp_t *tp)
+/* Open dev and take its first active port (want_port if not 0) into tp;
+ * otherwise close it and say why in why. */
+static void try_device(ib_tp_t *tp, struct ibv_device *dev, int want_port, char *why,
+                       size_t whylen)
+{
+    const char *name = ibv_get_device_name(dev);
+    struct ibv_context *ctx = ibv_open_device(dev);
+    if (!ctx) {
+        snprintf(why, whylen, "cannot open %s: %s", name, strerror(errno));
+        return;
+    }
+    struct ibv_device_attr da;
+    if (ibv_query_device(ctx, &da)) {
+        snprintf(why, whylen, "cannot query %s: %s", name, strerror(errno));
+        ibv_close_device(ctx);
+        return;
+    }
+    for (int p = 1; p <= da.phys_port_cnt; p++) {
+        if (want_port && p != want_port)
+            continue;
+        struct ibv_port_attr pa;
+        if (ibv_query_port(ctx, (uint8_t)p, &pa))
+            continue;
+        if (pa.state != IBV_PORT_ACTIVE) {
+            snprintf(why, whylen, "%s port %d is %s", name, p, port_state_str(pa.state));
+            continue;
+        }
+        tp->ctx = ctx;
+        tp->port = p;
+        break;
+    }
+    if (want_port && want_port > da.phys_port_cnt)
+        snprintf(why, whylen, "%s has %d port(s), not %d", name, da.phys_port_cnt, want_port);
+    if (!tp->ctx)
+        ibv_close_device(ctx);
+    else
+        snprintf(tp->dev_name, sizeof(tp->dev_name), "%s", name);
+}
+
+/* Open the device and port to use: TUTTI_IB_DEV=name[:port], or the first active. */
+static int open_port(ib_tp_t *tp)
 {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -158,39 +198,7 @@ int ib_setup_device(ib_tp_t *tp)
         snprintf(seen + sl, sizeof(seen) - sl, "%s%s", sl ? ", " : "", name);
         if (want[0] && strcmp(want, name))
             continue;
-        struct ibv_context *ctx = ibv_open_device(list[d]);
-        if (!ctx) {
-            snprintf(why, sizeof(why), "cannot open %s: %s", name, strerror(errno));
-            continue;
-        }
-        struct ibv_device_attr da;
-        if (ibv_query_device(ctx, &da)) {
-            snprintf(why, sizeof(why), "cannot query %s: %s", name, strerror(errno));
-            ibv_close_device(ctx);
-            continue;
-        }
-        for (int p = 1; p <= da.phys_port_cnt; p++) {
-            if (want_port && p != want_port)
-                continue;
-            struct ibv_port_attr pa;
-            if (ibv_query_port(ctx, (uint8_t)p, &pa))
-                continue;
-            if (pa.state != IBV_PORT_ACTIVE) {
-                snprintf(why, sizeof(why), "%s port %d is %s", name, p,
-                         port_state_str(pa.state));
-                continue;
-            }
-            tp->ctx = ctx;
-            tp->port = p;
-            break;
-        }
-        if (want_port && want_port > da.phys_port_cnt)
-            snprintf(why, sizeof(why), "%s has %d port(s), not %d", name, da.phys_port_cnt,
-                     want_port);
-        if (!tp->ctx)
-            ibv_close_device(ctx);
-        else
-            snprintf(tp->dev_name, sizeof(tp->dev_name), "%s", name);
+        try_device(tp, list[d], want_port, why, sizeof(why));
     }
     ibv_free_device_list(list);
     if (!tp->ctx) {
@@ -202,36 +210,43 @@ int ib_setup_device(ib_tp_t *tp)
                     "ibverbs: no active ibverbs port%s%s (devices: %s; %s)", want[0] ? " on " : "",
                     want, seen, why[0] ? why : "none active");
     }
+    return TUTTI_OK;
+}
 
-    struct ibv_device_attr_ex dax;
-    memset(&dax, 0, sizeof(dax));
-    if (ibv_query_device_ex(tp->ctx, NULL, &dax)) {
-        memset(&dax, 0, sizeof(dax));
-        if (ibv_query_device(tp->ctx, &dax.orig_attr))
+/* The device's and the port's attributes (*dax, *pa), and the limits and GID taken
+ * from them. */
+static int query_port(ib_tp_t *tp, struct ibv_device_attr_ex *dax, struct ibv_port_attr *pa)
+{
+    memset(dax, 0, sizeof(*dax));
+    if (ibv_query_device_ex(tp->ctx, NULL, dax)) {
+        memset(dax, 0, sizeof(*dax));
+        if (ibv_query_device(tp->ctx, &dax->orig_attr))
             return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: cannot query %s",
                         tp->dev_name);
     }
-    struct ibv_port_attr pa;
-    if (ibv_query_port(tp->ctx, (uint8_t)tp->port, &pa))
+    if (ibv_query_port(tp->ctx, (uint8_t)tp->port, pa))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: cannot query %s port %d",
                     tp->dev_name, tp->port);
-    tp->lid = pa.lid;
-    tp->mtu = pa.active_mtu;
-    tp->link_layer = pa.link_layer;
-    tp->max_msg = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
+    tp->lid = pa->lid;
+    tp->mtu = pa->active_mtu;
+    tp->link_layer = pa->link_layer;
+    tp->max_msg = pa->max_msg_sz ? pa->max_msg_sz : (1u << 30);
     if (tp->max_msg > (4u << 20))
         tp->max_msg = 4u << 20; /* READ chunks: several in flight pipeline better */
-    tp->max_rd_atomic = dax.orig_attr.max_qp_rd_atom < dax.orig_attr.max_qp_init_rd_atom
-                            ? dax.orig_attr.max_qp_rd_atom
-                            : dax.orig_attr.max_qp_init_rd_atom;
+    tp->max_rd_atomic = dax->orig_attr.max_qp_rd_atom < dax->orig_attr.max_qp_init_rd_atom
+                            ? dax->orig_attr.max_qp_rd_atom
+                            : dax->orig_attr.max_qp_init_rd_atom;
     if (tp->max_rd_atomic > 16)
         tp->max_rd_atomic = 16;
     if (tp->max_rd_atomic < 1)
         tp->max_rd_atomic = 1;
-    int st = choose_gid(tp, &pa);
-    if (st < 0)
-        return st;
+    return choose_gid(tp, pa);
+}
 
+/* The protection domain and the MR cache (TUTTI_IB_MR_CACHE, TUTTI_IB_MR_CACHE_BYTES,
+ * on-demand paging where the device has it for RC). */
+static int setup_mr_cache(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
+{
     const char *mrc_mode = HOST->config(HOST->ctx, "IB_MR_CACHE");
     const char *lim = HOST->config(HOST->ctx, "IB_MR_CACHE_BYTES");
     size_t limit = (size_t)1 << 30;
@@ -250,8 +265,8 @@ int ib_setup_device(ib_tp_t *tp)
         limit = (size_t)(v << shift);
     }
     uint32_t rc_odp = IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SEND;
-    int odp_ok = (dax.odp_caps.general_caps & IBV_ODP_SUPPORT) &&
-                 (dax.odp_caps.per_transport_caps.rc_odp_caps & rc_odp) == rc_odp;
+    int odp_ok = (dax->odp_caps.general_caps & IBV_ODP_SUPPORT) &&
+                 (dax->odp_caps.per_transport_caps.rc_odp_caps & rc_odp) == rc_odp;
 
     if (!(tp->pd = ibv_alloc_pd(tp->ctx)))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: ibv_alloc_pd on %s failed",
@@ -259,6 +274,12 @@ int ib_setup_device(ib_tp_t *tp)
     char err[256];
     if (ib_mrc_init(&tp->mrc, tp->pd, mrc_mode, limit, odp_ok, err, sizeof(err)) < 0)
         return ERRF(TUTTI_ERR_CONFIG, -1, 0, "ibverbs: %s", err);
+    return TUTTI_OK;
+}
+
+/* The completion channel, the one CQ and the queue depths of every link. */
+static int setup_cq(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
+{
     if (!(tp->chan = ibv_create_comp_channel(tp->ctx)))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno,
                     "ibverbs: ibv_create_comp_channel on %s failed", tp->dev_name);
@@ -270,18 +291,18 @@ int ib_setup_device(ib_tp_t *tp)
     for (int i = 0; i < tp->nranks; i++)
         served += tutti_tp_host_serves(HOST, i);
     unsigned sq = 4 * tp->slots + 16, rq = 2 * tp->slots + 8;
-    if (sq > (unsigned)dax.orig_attr.max_qp_wr)
-        sq = (unsigned)dax.orig_attr.max_qp_wr;
-    if (rq > (unsigned)dax.orig_attr.max_qp_wr)
+    if (sq > (unsigned)dax->orig_attr.max_qp_wr)
+        sq = (unsigned)dax->orig_attr.max_qp_wr;
+    if (rq > (unsigned)dax->orig_attr.max_qp_wr)
         return ERRF(TUTTI_ERR_CONFIG, -1, 0,
                     "ibverbs: TUTTI_IB_SLOTS=%u needs %u receive WRs per QP; %s allows %d",
-                    tp->slots, rq, tp->dev_name, dax.orig_attr.max_qp_wr);
+                    tp->slots, rq, tp->dev_name, dax->orig_attr.max_qp_wr);
     long cqe = (long)served * (long)(sq + rq) + 16;
-    if (cqe > dax.orig_attr.max_cqe)
+    if (cqe > dax->orig_attr.max_cqe)
         return ERRF(TUTTI_ERR_CONFIG, -1, 0,
                     "ibverbs: %d peers x %u work requests need a CQ of %ld entries; %s allows "
                     "%d (lower TUTTI_IB_SLOTS)",
-                    served, sq + rq, cqe, tp->dev_name, dax.orig_attr.max_cqe);
+                    served, sq + rq, cqe, tp->dev_name, dax->orig_attr.max_cqe);
     if (!(tp->cq = ibv_create_cq(tp->ctx, (int)cqe, NULL, tp->chan, 0)))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno,
                     "ibverbs: ibv_create_cq of %ld entries on %s failed", cqe, tp->dev_name);
@@ -290,6 +311,17 @@ int ib_setup_device(ib_tp_t *tp)
         tp->links[i].sq_depth = sq;
         tp->links[i].rq_depth = rq;
     }
+    return TUTTI_OK;
+}
+
+int ib_setup_device(ib_tp_t *tp)
+{
+    struct ibv_device_attr_ex dax;
+    struct ibv_port_attr pa;
+    int st = open_port(tp);
+    if (st < 0 || (st = query_port(tp, &dax, &pa)) < 0 || (st = setup_mr_cache(tp, &dax)) < 0 ||
+        (st = setup_cq(tp, &dax)) < 0)
+        return st;
     tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (tp->wake_fd < 0)
         return ERRF(TUTTI_ERR_INTERNAL, -1, errno, "ibverbs: eventfd failed");

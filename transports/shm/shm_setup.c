@@ -234,22 +234,11 @@ static int cpus_available(void)
     return n > 0 ? (int)n : 1;
 }
 
-int shm_setup(shm_tp_t *tp)
+/* Our doorbell and the pairs we own (with the higher ranks), then our record in the
+ * store for the peers to find them. */
+static int setup_publish(shm_tp_t *tp, const char *myhost)
 {
     const tutti_tp_host_v1_t *h = tp->host;
-    int st = TUTTI_OK;
-    uint64_t deadline = tp_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
-                                           1000000ull;
-    tp->pid = getpid();
-    if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
-        tp->nonce = tp_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
-    char myhost[512];
-    host_identity(tp, myhost, sizeof(myhost));
-    int nserved = 0;
-    for (int p = 0; p < tp->nranks; p++)
-        nserved += tp->links[p].served;
-
-    /* our doorbell and the pairs we own */
     tp->bell_bytes = 4096;
     bell_name(tp->bell_name, sizeof(tp->bell_name), tp->pid, tp->nonce);
     tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes);
@@ -289,82 +278,111 @@ int shm_setup(shm_tp_t *tp)
     snprintf(key, sizeof(key), "shm/%d", tp->rank);
     snprintf(val, sizeof(val), "1 %d %016llx %s", (int)tp->pid, (unsigned long long)tp->nonce,
              myhost);
-    st = h->store_set(h->ctx, key, val, strlen(val) + 1);
+    int st = h->store_set(h->ctx, key, val, strlen(val) + 1);
     if (st < 0)
         return ERRF(st, -1, 0, "shm: cannot publish %s in the store", key);
+    return TUTTI_OK;
+}
 
-    /* the peers' records, doorbells and the pairs they own */
-    for (int p = 0; p < tp->nranks; p++) {
-        shm_link_t *L = &tp->links[p];
-        if (!L->served)
-            continue;
-        snprintf(key, sizeof(key), "shm/%d", p);
-        void *v = NULL;
-        size_t vlen = 0;
-        uint64_t now = tp_now_ns();
-        int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 1;
-        st = h->store_get(h->ctx, key, &v, &vlen, ms);
-        if (st < 0)
-            return ERRF(st, p, 0, "shm: rank %d did not publish its shared-memory address "
-                        "within %d ms", p, h->timeout_ms);
-        char text[700];
-        snprintf(text, sizeof(text), "%.*s", (int)(vlen < sizeof(text) ? vlen : sizeof(text) - 1),
-                 (const char *)v);
-        h->free_value(v);
-        int ver = 0, pid = 0, off = 0;
-        unsigned long long nonce = 0;
-        if (sscanf(text, "%d %d %llx %n", &ver, &pid, &nonce, &off) != 3 || ver != 1 || pid <= 0)
-            return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: rank %d published \"%s\"", p, text);
-        if (strcmp(text + off, myhost))
-            return ERRF(TUTTI_ERR_CONFIG, p, 0,
-                        "shm: rank %d is on another host (%s, this is %s): shared memory cannot "
-                        "reach it (use TUTTI_TRANSPORT=auto or tcp)",
-                        p, text + off, myhost);
-        L->pid = pid;
-        snprintf(L->addr, sizeof(L->addr), "shm:pid %d", pid);
-        char name[64];
-        bell_name(name, sizeof(name), pid, nonce);
-        size_t bb = 0;
-        L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb);
-        if (!L->peer_bell)
-            return TUTTI_ERR_PEER;
-        L->peer_bell_bytes = bb;
-        if (L->peer_bell->magic != SHM_SEG_MAGIC || L->peer_bell->owner != p)
-            return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: %s is not rank %d's doorbell", name, p);
-        atomic_fetch_add(&L->peer_bell->attached, 1);
-        if (p < tp->rank) {
-            pair_name(name, sizeof(name), pid, nonce, tp->rank);
-            size_t sb = 0;
-            shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb);
-            if (!seg)
-                return TUTTI_ERR_PEER;
-            shm_unlink(name); /* both ends have it mapped: the name has done its job */
-            if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
-                seg->hi != tp->rank || seg->ring_bytes < 4096 ||
-                (seg->ring_bytes & (seg->ring_bytes - 1)) ||
-                seg->rings_off + 2 * seg->ring_bytes > sb) {
-                munmap(seg, sb);
-                return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: segment %s from rank %d is not "
-                            "one this version understands", name, p);
-            }
-            link_bind(tp, L, seg, sb);
-            atomic_store(&seg->attached, 1);
-            probe_pull(tp, L);
-        }
-        L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-        if (L->pidfd < 0) {
-            L->pidfd = -1;
-            if (proc_start_time(pid, &L->start_time, NULL) < 0) {
-                /* not visible from here (another pid namespace, hidepid): as said
-                 * below, not "gone" at the first stall */
-                L->unwatched = 1;
-                LOGF(TUTTI_LOG_WARN, "shm: cannot watch rank %d (pid %d): %s; a crash of it "
-                     "shows only as a timeout", p, pid, strerror(errno));
-            }
+/* Rank p's record from the store: its pid and nonce (*pid_p, *nonce_p), checked to be
+ * on this host. */
+static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t deadline,
+                             int *pid_p, unsigned long long *nonce_p)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
+    char key[64];
+    snprintf(key, sizeof(key), "shm/%d", p);
+    void *v = NULL;
+    size_t vlen = 0;
+    uint64_t now = tp_now_ns();
+    int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 1;
+    int st = h->store_get(h->ctx, key, &v, &vlen, ms);
+    if (st < 0)
+        return ERRF(st, p, 0, "shm: rank %d did not publish its shared-memory address "
+                    "within %d ms", p, h->timeout_ms);
+    char text[700];
+    snprintf(text, sizeof(text), "%.*s", (int)(vlen < sizeof(text) ? vlen : sizeof(text) - 1),
+             (const char *)v);
+    h->free_value(v);
+    int ver = 0, off = 0;
+    if (sscanf(text, "%d %d %llx %n", &ver, pid_p, nonce_p, &off) != 3 || ver != 1 ||
+        *pid_p <= 0)
+        return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: rank %d published \"%s\"", p, text);
+    if (strcmp(text + off, myhost))
+        return ERRF(TUTTI_ERR_CONFIG, p, 0,
+                    "shm: rank %d is on another host (%s, this is %s): shared memory cannot "
+                    "reach it (use TUTTI_TRANSPORT=auto or tcp)",
+                    p, text + off, myhost);
+    return TUTTI_OK;
+}
+
+/* Map the pair a lower rank p owns with us, check it, and drop its name. */
+static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid,
+                           unsigned long long nonce)
+{
+    char name[64];
+    pair_name(name, sizeof(name), pid, nonce, tp->rank);
+    size_t sb = 0;
+    shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb);
+    if (!seg)
+        return TUTTI_ERR_PEER;
+    shm_unlink(name); /* both ends have it mapped: the name has done its job */
+    if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
+        seg->hi != tp->rank || seg->ring_bytes < 4096 ||
+        (seg->ring_bytes & (seg->ring_bytes - 1)) ||
+        seg->rings_off + 2 * seg->ring_bytes > sb) {
+        munmap(seg, sb);
+        return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: segment %s from rank %d is not "
+                    "one this version understands", name, p);
+    }
+    link_bind(tp, L, seg, sb);
+    atomic_store(&seg->attached, 1);
+    probe_pull(tp, L);
+    return TUTTI_OK;
+}
+
+/* Rank p: its record, its doorbell, the pair it owns with us (if lower), and a watch on
+ * its process. */
+static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t deadline)
+{
+    shm_link_t *L = &tp->links[p];
+    int pid = 0;
+    unsigned long long nonce = 0;
+    int st = setup_peer_record(tp, p, myhost, deadline, &pid, &nonce);
+    if (st < 0)
+        return st;
+    L->pid = pid;
+    snprintf(L->addr, sizeof(L->addr), "shm:pid %d", pid);
+    char name[64];
+    bell_name(name, sizeof(name), pid, nonce);
+    size_t bb = 0;
+    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb);
+    if (!L->peer_bell)
+        return TUTTI_ERR_PEER;
+    L->peer_bell_bytes = bb;
+    if (L->peer_bell->magic != SHM_SEG_MAGIC || L->peer_bell->owner != p)
+        return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: %s is not rank %d's doorbell", name, p);
+    atomic_fetch_add(&L->peer_bell->attached, 1);
+    if (p < tp->rank && (st = setup_open_pair(tp, L, p, pid, nonce)) < 0)
+        return st;
+    L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (L->pidfd < 0) {
+        L->pidfd = -1;
+        if (proc_start_time(pid, &L->start_time, NULL) < 0) {
+            /* not visible from here (another pid namespace, hidepid): as said
+             * below, not "gone" at the first stall */
+            L->unwatched = 1;
+            LOGF(TUTTI_LOG_WARN, "shm: cannot watch rank %d (pid %d): %s; a crash of it "
+                 "shows only as a timeout", p, pid, strerror(errno));
         }
     }
+    return TUTTI_OK;
+}
 
-    /* wait for the peers to map ours, then unlink the names */
+/* Wait for the peers to map ours, then unlink the names. */
+static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
     for (;;) {
         int missing = -1;
         if ((int)atomic_load(&tp->bell->attached) < nserved)
@@ -394,8 +412,12 @@ int shm_setup(shm_tp_t *tp)
         tp->pair_names[p] = NULL;
         probe_pull(tp, &tp->links[p]);
     }
+    return TUTTI_OK;
+}
 
-    /* liveness watch list */
+/* The liveness watch list, and a line on how messages will travel. */
+static int setup_finish(shm_tp_t *tp, int nserved)
+{
     tp->pfds = calloc((size_t)tp->nranks, sizeof(*tp->pfds));
     tp->pfd_peer = calloc((size_t)tp->nranks, sizeof(int));
     if (!tp->pfds || !tp->pfd_peer)
@@ -424,6 +446,31 @@ int shm_setup(shm_tp_t *tp)
              nserved, tp->ring_bytes,
              tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
     return TUTTI_OK;
+}
+
+int shm_setup(shm_tp_t *tp)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
+    uint64_t deadline = tp_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
+                                           1000000ull;
+    tp->pid = getpid();
+    if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
+        tp->nonce = tp_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
+    char myhost[512];
+    host_identity(tp, myhost, sizeof(myhost));
+    int nserved = 0;
+    for (int p = 0; p < tp->nranks; p++)
+        nserved += tp->links[p].served;
+
+    int st = setup_publish(tp, myhost);
+    if (st < 0)
+        return st;
+    for (int p = 0; p < tp->nranks; p++)
+        if (tp->links[p].served && (st = setup_attach_peer(tp, p, myhost, deadline)) < 0)
+            return st;
+    if ((st = setup_wait_mapped(tp, nserved, deadline)) < 0)
+        return st;
+    return setup_finish(tp, nserved);
 }
 
 void shm_teardown(shm_tp_t *tp)

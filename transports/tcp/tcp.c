@@ -285,6 +285,194 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
     }
 }
 
+/* What one step of link_recv asks of its loop: stop (the socket would block, a header
+ * waits for its receive, or the link failed), go around again, or go on to the next
+ * step. The steps are forced inline: link_recv is the data path. */
+enum { RX_STOP, RX_AGAIN, RX_NEXT };
+#define TCP_RX_STEP static inline __attribute__((always_inline)) int
+
+/* The buffer for an error report's text, allocated on the first report. 0: no memory
+ * (the link failed). */
+static inline int link_errbuf(tcp_link_t *L)
+{
+    if (!L->errbuf && !(L->errbuf = malloc(TCP_MAX_ERRMSG + 1))) {
+        link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+        return 0;
+    }
+    return 1;
+}
+
+/* Read (the rest of) a frame header. When none is started and a small receive is
+ * posted, the payload (and trailer) come in the same read through the stage;
+ * *staged_p is how many bytes beyond the header it brought. */
+TCP_RX_STEP rx_header(tcp_link_t *L, size_t tlen, size_t *staged_p)
+{
+    if (L->rhdr_got == 0 && L->rq_head && L->rq_head->len <= TCP_STAGE_BYTES) {
+        /* Exactly header + expected payload (+ trailer): a shorter frame (an error
+         * report, a mismatch) leaves its tail to the normal path, nothing beyond is
+         * read. */
+        if (!L->stage &&
+            !(L->stage = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES + TCP_TRAILER_BYTES))) {
+            link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+            return RX_STOP;
+        }
+        ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len + tlen, NULL);
+        if (r <= 0)
+            return RX_STOP;
+        size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
+        memcpy(&L->rhdr, L->stage, h);
+        L->rhdr_got = h;
+        *staged_p = (size_t)r - h;
+        if (L->rhdr_got < sizeof(L->rhdr))
+            return RX_AGAIN;
+    } else if (L->rhdr_got < sizeof(L->rhdr)) {
+        ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got,
+                              sizeof(L->rhdr) - L->rhdr_got, NULL);
+        if (r <= 0)
+            return RX_STOP;
+        L->rhdr_got += (size_t)r;
+        if (L->rhdr_got < sizeof(L->rhdr))
+            return RX_AGAIN;
+    }
+    return RX_NEXT;
+}
+
+/* A header just completed: check it, and move a staged error report's text (and
+ * trailer) to where the error path reads them (*staged_p then 0). */
+TCP_RX_STEP rx_open_frame(tcp_tp_t *tp, tcp_link_t *L, size_t tlen, size_t *staged_p)
+{
+    L->rhdr_seen = 1;
+    L->rhdr_matched = 0;
+    L->errgot = 0;
+    L->rcrc = 0;
+    L->rtrail_got = 0;
+    if (tp->csum && L->rhdr.hcrc != hdr_crc(&L->rhdr)) {
+        link_fail_hdr_crc(L);
+        return RX_STOP;
+    }
+    if (L->rhdr.magic != TCP_MAGIC ||
+        (L->rhdr.type != TCP_FRAME_DATA && L->rhdr.type != TCP_FRAME_ERROR) ||
+        (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len > TCP_MAX_ERRMSG)) {
+        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                  "garbage from rank %d (%s): frame magic 0x%08x type %u length %llu",
+                  L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
+                  (unsigned long long)L->rhdr.len);
+        return RX_STOP;
+    }
+    size_t staged = *staged_p;
+    if (staged && L->rhdr.type == TCP_FRAME_ERROR) {
+        if (!link_errbuf(L))
+            return RX_STOP;
+        L->errgot = TCP_MIN(staged, L->rhdr.len);
+        memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
+        L->rtrail_got = TCP_MIN(staged - L->errgot, tlen);
+        memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + L->errgot, L->rtrail_got);
+        *staged_p = 0;
+    }
+    return RX_NEXT;
+}
+
+/* An error frame: read the peer's report (and check it in checksum mode), then fail
+ * the link with it. Never RX_NEXT. */
+TCP_RX_STEP rx_error_frame(tcp_link_t *L, size_t tlen)
+{
+    if (!link_errbuf(L))
+        return RX_STOP;
+    if (L->errgot < L->rhdr.len) {
+        ssize_t r = link_read(L, L->errbuf + L->errgot, L->rhdr.len - L->errgot,
+                              "while reporting an error");
+        if (r <= 0)
+            return RX_STOP;
+        L->errgot += (size_t)r;
+        return RX_AGAIN;
+    }
+    if (tlen) {
+        if (!link_read_trailer(L, "while reporting an error"))
+            return RX_STOP; /* would block, or the link failed */
+        uint32_t c = tcp_crc32c(0, L->errbuf, L->errgot);
+        if (c != L->rtrail) {
+            link_fail_payload_crc(L, c);
+            return RX_STOP;
+        }
+    }
+    L->errbuf[L->errgot] = '\0';
+    int st = (int)(int64_t)L->rhdr.env[0];
+    if (st >= 0 || st <= TUTTI_STATUS_LAST_)
+        st = TUTTI_ERR_PEER;
+    link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr,
+              L->errbuf);
+    return RX_STOP;
+}
+
+/* Match the header against the receive at the head of the queue, and hand it what the
+ * stage already holds of its payload (and trailer). */
+TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size_t staged)
+{
+    if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
+        memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
+        q->got_len = L->rhdr.len;
+        tp_req_pop(&L->rq_head, &L->rq_tail);
+        q->status = TUTTI_ERR_MISMATCH;
+        /* The payload stays unread: the stream position is lost for good. */
+        L->fail.status = TUTTI_ERR_MISMATCH;
+        tp->completions++;
+        return RX_STOP;
+    }
+    memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
+    q->got_len = L->rhdr.len;
+    L->rhdr_matched = 1;
+    if (staged) {
+        size_t p = TCP_MIN(staged, q->len);
+        if (p) /* a zero-length receive may have no buffer (NULL) */
+            memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
+        q->xfer = p;
+        if (tlen) {
+            L->rcrc = p ? tcp_crc32c(0, q->buf, p) : 0;
+            L->rtrail_got = staged - p; /* <= tlen: the read stopped there */
+            memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + p, L->rtrail_got);
+        }
+    }
+    return RX_NEXT;
+}
+
+/* Read the rest of the matched payload straight into the receive's buffer, and in
+ * checksum mode the trailer behind it, folding each piece into the CRC. */
+TCP_RX_STEP rx_payload(tcp_link_t *L, tp_req_t *q, size_t tlen)
+{
+    if (!tlen && q->xfer < q->len) {
+        ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
+                              "in the middle of a message");
+        if (r <= 0)
+            return RX_STOP;
+        q->xfer += (size_t)r;
+        if (q->xfer < q->len)
+            return RX_AGAIN;
+    }
+    if (tlen && (q->xfer < q->len || L->rtrail_got < tlen)) {
+        /* the rest of the payload and the trailer behind it, in one call */
+        struct iovec iov[2];
+        int n = 0;
+        if (q->xfer < q->len)
+            iov[n++] = (struct iovec){(char *)q->buf + q->xfer, q->len - q->xfer};
+        iov[n++] = (struct iovec){(char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got};
+        ssize_t r = link_readv(L, iov, n, "in the middle of a message");
+        if (r <= 0)
+            return RX_STOP;
+        size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
+        if (p)
+            L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
+        q->xfer += p;
+        L->rtrail_got += (size_t)r - p;
+        if (q->xfer < q->len || L->rtrail_got < tlen)
+            return RX_AGAIN;
+    }
+    if (tlen && L->rcrc != L->rtrail) {
+        link_fail_payload_crc(L, L->rcrc);
+        return RX_STOP;
+    }
+    return RX_NEXT;
+}
+
 /* Read headers and payloads for posted receives until the socket would block. In
  * checksum mode the payload's CRC is computed over each piece just received into the
  * caller's buffer (no extra copy), and checked against the trailer before the receive
@@ -294,154 +482,29 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
     const size_t tlen = tp->csum ? TCP_TRAILER_BYTES : 0;
     while (!L->fail.status) {
         size_t staged = 0; /* payload (and trailer) bytes that came with the header */
-        if (L->rhdr_got == 0 && L->rq_head && L->rq_head->len <= TCP_STAGE_BYTES) {
-            /* Exactly header + expected payload (+ trailer): a shorter frame (an error
-             * report, a mismatch) leaves its tail to the normal path, nothing beyond is
-             * read. */
-            if (!L->stage &&
-                !(L->stage = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES + TCP_TRAILER_BYTES))) {
-                link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
-                return;
-            }
-            ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len + tlen, NULL);
-            if (r <= 0)
-                return;
-            size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
-            memcpy(&L->rhdr, L->stage, h);
-            L->rhdr_got = h;
-            staged = (size_t)r - h;
-            if (L->rhdr_got < sizeof(L->rhdr))
-                continue;
-        } else if (L->rhdr_got < sizeof(L->rhdr)) {
-            ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got,
-                                  sizeof(L->rhdr) - L->rhdr_got, NULL);
-            if (r <= 0)
-                return;
-            L->rhdr_got += (size_t)r;
-            if (L->rhdr_got < sizeof(L->rhdr))
-                continue;
-        }
-        if (L->rhdr_got == sizeof(L->rhdr) && !L->rhdr_seen) {
-            L->rhdr_seen = 1;
-            L->rhdr_matched = 0;
-            L->errgot = 0;
-            L->rcrc = 0;
-            L->rtrail_got = 0;
-            if (tp->csum && L->rhdr.hcrc != hdr_crc(&L->rhdr)) {
-                link_fail_hdr_crc(L);
-                return;
-            }
-            if (L->rhdr.magic != TCP_MAGIC ||
-                (L->rhdr.type != TCP_FRAME_DATA && L->rhdr.type != TCP_FRAME_ERROR) ||
-                (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len > TCP_MAX_ERRMSG)) {
-                link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                          "garbage from rank %d (%s): frame magic 0x%08x type %u length %llu",
-                          L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
-                          (unsigned long long)L->rhdr.len);
-                return;
-            }
-            if (staged && L->rhdr.type == TCP_FRAME_ERROR) {
-                if (!L->errbuf && !(L->errbuf = malloc(TCP_MAX_ERRMSG + 1))) {
-                    link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
-                    return;
-                }
-                L->errgot = TCP_MIN(staged, L->rhdr.len);
-                memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
-                L->rtrail_got = TCP_MIN(staged - L->errgot, tlen);
-                memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + L->errgot, L->rtrail_got);
-                staged = 0;
-            }
-        }
-        if (L->rhdr.type == TCP_FRAME_ERROR) {
-            if (!L->errbuf && !(L->errbuf = malloc(TCP_MAX_ERRMSG + 1))) {
-                link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
-                return;
-            }
-            if (L->errgot < L->rhdr.len) {
-                ssize_t r = link_read(L, L->errbuf + L->errgot, L->rhdr.len - L->errgot,
-                                      "while reporting an error");
-                if (r <= 0)
-                    return;
-                L->errgot += (size_t)r;
-                continue;
-            }
-            if (tlen) {
-                if (!link_read_trailer(L, "while reporting an error"))
-                    return; /* would block, or the link failed */
-                uint32_t c = tcp_crc32c(0, L->errbuf, L->errgot);
-                if (c != L->rtrail) {
-                    link_fail_payload_crc(L, c);
-                    return;
-                }
-            }
-            L->errbuf[L->errgot] = '\0';
-            int st = (int)(int64_t)L->rhdr.env[0];
-            if (st >= 0 || st <= TUTTI_STATUS_LAST_)
-                st = TUTTI_ERR_PEER;
-            link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr,
-                      L->errbuf);
+        int s = rx_header(L, tlen, &staged);
+        if (s == RX_STOP)
             return;
+        if (s == RX_AGAIN)
+            continue;
+        if (L->rhdr_got == sizeof(L->rhdr) && !L->rhdr_seen &&
+            rx_open_frame(tp, L, tlen, &staged) == RX_STOP)
+            return;
+        if (L->rhdr.type == TCP_FRAME_ERROR) {
+            if (rx_error_frame(L, tlen) == RX_STOP)
+                return;
+            continue;
         }
         tp_req_t *q = L->rq_head;
         if (!q)
             return; /* header parked until a receive is posted */
-        if (!L->rhdr_matched) {
-            if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
-                memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
-                q->got_len = L->rhdr.len;
-                tp_req_pop(&L->rq_head, &L->rq_tail);
-                q->status = TUTTI_ERR_MISMATCH;
-                /* The payload stays unread: the stream position is lost for good. */
-                L->fail.status = TUTTI_ERR_MISMATCH;
-                tp->completions++;
-                return;
-            }
-            memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
-            q->got_len = L->rhdr.len;
-            L->rhdr_matched = 1;
-            if (staged) {
-                size_t p = TCP_MIN(staged, q->len);
-                if (p) /* a zero-length receive may have no buffer (NULL) */
-                    memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
-                q->xfer = p;
-                if (tlen) {
-                    L->rcrc = p ? tcp_crc32c(0, q->buf, p) : 0;
-                    L->rtrail_got = staged - p; /* <= tlen: the read stopped there */
-                    memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + p, L->rtrail_got);
-                }
-            }
-        }
-        if (!tlen && q->xfer < q->len) {
-            ssize_t r = link_read(L, (char *)q->buf + q->xfer, q->len - q->xfer,
-                                  "in the middle of a message");
-            if (r <= 0)
-                return;
-            q->xfer += (size_t)r;
-            if (q->xfer < q->len)
-                continue;
-        }
-        if (tlen && (q->xfer < q->len || L->rtrail_got < tlen)) {
-            /* the rest of the payload and the trailer behind it, in one call */
-            struct iovec iov[2];
-            int n = 0;
-            if (q->xfer < q->len)
-                iov[n++] = (struct iovec){(char *)q->buf + q->xfer, q->len - q->xfer};
-            iov[n++] = (struct iovec){(char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got};
-            ssize_t r = link_readv(L, iov, n, "in the middle of a message");
-            if (r <= 0)
-                return;
-            size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
-            if (p)
-                L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
-            q->xfer += p;
-            L->rtrail_got += (size_t)r - p;
-            if (q->xfer < q->len || L->rtrail_got < tlen)
-                continue;
-        }
-        if (tlen && L->rcrc != L->rtrail) {
-            link_fail_payload_crc(L, L->rcrc);
+        if (!L->rhdr_matched && rx_match(tp, L, q, tlen, staged) == RX_STOP)
             return;
-        }
+        s = rx_payload(L, q, tlen);
+        if (s == RX_STOP)
+            return;
+        if (s == RX_AGAIN)
+            continue;
         tp_req_pop(&L->rq_head, &L->rq_tail);
         q->status = 0;
         tp->completions++;

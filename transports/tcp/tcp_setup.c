@@ -948,6 +948,115 @@ static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage 
     return TUTTI_OK;
 }
 
+/* Bind the listener to the chosen address (the kernel picks the port) and listen. */
+static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifname)
+{
+    tcp_tp_t *tp = s->tp;
+    char mine[96];
+    int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)me, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, tp->nranks + 64, on_incoming);
+    int len = sizeof(*me);
+    if (rc == 0)
+        rc = uv_tcp_getsockname(&s->listener, (struct sockaddr *)me, &len);
+    fmt_addr((struct sockaddr *)me, mine, sizeof(mine));
+    if (rc < 0)
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_IO, -1, -rc,
+                               "tcp: cannot listen on %s (%s): %s", mine, ifname,
+                               uv_strerror(rc));
+    LOGF(TUTTI_LOG_INFO, "tcp: rank %d listens on %s (interface %s)", tp->rank, mine, ifname);
+    return TUTTI_OK;
+}
+
+/* Publish "ip port" of the listener under tcp/<rank>, for the higher ranks to connect. */
+static int publish_address(tcp_tp_t *tp, const struct sockaddr_storage *me)
+{
+    const tutti_tp_host_v1_t *host = tp->host;
+    char ip[INET6_ADDRSTRLEN], val[128];
+    if (me->ss_family == AF_INET6)
+        uv_ip6_name((const struct sockaddr_in6 *)me, ip, sizeof(ip));
+    else
+        uv_ip4_name((const struct sockaddr_in *)me, ip, sizeof(ip));
+    snprintf(val, sizeof(val), "%s %d",  ip,
+             ntohs(me->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)me)->sin6_port
+                                             : ((const struct sockaddr_in *)me)->sin_port));
+    char key[64];
+    snprintf(key, sizeof(key), "tcp/%d", tp->rank);
+    int st = host->store_set(host->ctx, key, val, strlen(val) + 1);
+    if (st < 0)
+        host->error(host->ctx, st, -1, 0,
+                    "tcp: cannot publish this rank's address (store status %d)", st);
+    return st;
+}
+
+/* Outgoing connections to every lower rank, all at once; *out_p the array of them
+ * (NULL when it could not be allocated), for setup_close. */
+static int connect_lower(setup_t *s, conn_t **out_p)
+{
+    tcp_tp_t *tp = s->tp;
+    conn_t *out = *out_p = calloc((size_t)tp->nranks, sizeof(conn_t));
+    if (!out)
+        return TUTTI_ERR_NOMEM;
+    for (int j = 0; j < tp->rank; j++) {
+        if (!tutti_tp_host_serves(tp->host, j))
+            continue;
+        conn_t *c = &out[j];
+        c->s = s;
+        c->peer = j;
+        c->outgoing = 1;
+        int st = peer_addr_from_store(tp, j, &c->addr);
+        if (st < 0)
+            return st;
+        fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
+        uv_timer_init(&s->loop, &c->retry);
+        c->retry.data = c;
+        c->retry_open = 1;
+        conn_start(c);
+    }
+    return TUTTI_OK;
+}
+
+/* Run the loop until every link is up, something failed, or the deadline passed. */
+static int setup_wait(setup_t *s)
+{
+    tcp_tp_t *tp = s->tp;
+    if (s->needed > 0) {
+        uv_timer_start(&s->deadline, on_deadline, (uint64_t)tp->host->timeout_ms, 0);
+        while (s->done < s->needed && s->status == 0)
+            uv_run(&s->loop, UV_RUN_ONCE);
+    }
+    if (s->status < 0)
+        return tp->host->error(tp->host->ctx, s->status, s->err_peer, 0, "%s", s->err);
+    LOGF(TUTTI_LOG_INFO, "tcp: rank %d connected to %d peers", tp->rank, s->needed);
+    return TUTTI_OK;
+}
+
+/* Close every connection still in setup and the loop, and free what setup held. */
+static void setup_close(setup_t *s, conn_t *out)
+{
+    for (int j = 0; out && j < s->tp->rank; j++)
+        conn_close(&out[j]);
+    for (conn_t *c = s->incoming; c; c = c->next)
+        conn_close(c);
+    uv_close((uv_handle_t *)&s->listener, on_handle_closed);
+    uv_close((uv_handle_t *)&s->deadline, on_handle_closed);
+    /* One loop turn runs every close callback (and cancels pending connects and
+     * writes) requested above, before the memory behind the handles goes. */
+    uv_run(&s->loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(&s->loop) != 0) {
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+    }
+    while (s->incoming) { /* freed by their close callbacks; this is only a safety net */
+        conn_t *c = s->incoming;
+        s->incoming = c->next;
+        free(c);
+    }
+    free(out);
+    free(s->claimed);
+    free(s->notes);
+}
+
 int tcp_setup_connect(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
@@ -958,7 +1067,7 @@ int tcp_setup_connect(tcp_tp_t *tp)
     tp->sockbuf = sb ? atoi(sb) : 0;
     struct sockaddr_storage me;
     conn_t *out = NULL;
-    char ifname[64], mine[96];
+    char ifname[64];
     int st = choose_address(tp, &me, ifname, sizeof(ifname));
     if (st < 0)
         return st;
@@ -979,94 +1088,10 @@ int tcp_setup_connect(tcp_tp_t *tp)
     s.listener.data = &s;
     uv_timer_init(&s.loop, &s.deadline);
     s.deadline.data = &s;
-    int rc = uv_tcp_bind(&s.listener, (struct sockaddr *)&me, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&s.listener, tp->nranks + 64, on_incoming);
-    int len = sizeof(me);
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&s.listener, (struct sockaddr *)&me, &len);
-    fmt_addr((struct sockaddr *)&me, mine, sizeof(mine));
-    if (rc < 0) {
-        st = host->error(host->ctx, TUTTI_ERR_IO, -1, -rc, "tcp: cannot listen on %s (%s): %s",
-                         mine, ifname, uv_strerror(rc));
-        goto out_close;
-    }
-    LOGF(TUTTI_LOG_INFO, "tcp: rank %d listens on %s (interface %s)", tp->rank, mine, ifname);
-
-    char ip[INET6_ADDRSTRLEN], val[128];
-    if (me.ss_family == AF_INET6)
-        uv_ip6_name((struct sockaddr_in6 *)&me, ip, sizeof(ip));
-    else
-        uv_ip4_name((struct sockaddr_in *)&me, ip, sizeof(ip));
-    snprintf(val, sizeof(val), "%s %d",  ip,
-             ntohs(me.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&me)->sin6_port
-                                            : ((struct sockaddr_in *)&me)->sin_port));
-    char key[64];
-    snprintf(key, sizeof(key), "tcp/%d", tp->rank);
-    st = host->store_set(host->ctx, key, val, strlen(val) + 1);
-    if (st < 0) {
-        host->error(host->ctx, st, -1, 0,
-                    "tcp: cannot publish this rank's address (store status %d)", st);
-        goto out_close;
-    }
-
-    /* Outgoing connections to every lower rank, all at once. */
-    out = calloc((size_t)tp->nranks, sizeof(conn_t));
-    if (!out) {
-        st = TUTTI_ERR_NOMEM;
-        goto out_close;
-    }
-    for (int j = 0; j < tp->rank; j++) {
-        if (!tutti_tp_host_serves(host, j))
-            continue;
-        conn_t *c = &out[j];
-        c->s = &s;
-        c->peer = j;
-        c->outgoing = 1;
-        st = peer_addr_from_store(tp, j, &c->addr);
-        if (st < 0)
-            goto out_free;
-        fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
-        uv_timer_init(&s.loop, &c->retry);
-        c->retry.data = c;
-        c->retry_open = 1;
-        conn_start(c);
-    }
-    if (s.needed > 0) {
-        uv_timer_start(&s.deadline, on_deadline, (uint64_t)host->timeout_ms, 0);
-        while (s.done < s.needed && s.status == 0)
-            uv_run(&s.loop, UV_RUN_ONCE);
-    }
-    if (s.status < 0) {
-        st = host->error(host->ctx, s.status, s.err_peer, 0, "%s", s.err);
-    } else {
-        st = TUTTI_OK;
-        LOGF(TUTTI_LOG_INFO, "tcp: rank %d connected to %d peers", tp->rank, s.needed);
-    }
-
-out_free:
-    for (int j = 0; j < tp->rank; j++)
-        conn_close(&out[j]);
-out_close:
-    for (conn_t *c = s.incoming; c; c = c->next)
-        conn_close(c);
-    uv_close((uv_handle_t *)&s.listener, on_handle_closed);
-    uv_close((uv_handle_t *)&s.deadline, on_handle_closed);
-    /* One loop turn runs every close callback (and cancels pending connects and
-     * writes) requested above, before the memory behind the handles goes. */
-    uv_run(&s.loop, UV_RUN_NOWAIT);
-    if (uv_loop_close(&s.loop) != 0) {
-        uv_run(&s.loop, UV_RUN_DEFAULT);
-        uv_loop_close(&s.loop);
-    }
-    while (s.incoming) { /* freed by their close callbacks; this is only a safety net */
-        conn_t *c = s.incoming;
-        s.incoming = c->next;
-        free(c);
-    }
-    free(out);
-    free(s.claimed);
-    free(s.notes);
+    if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(tp, &me)) >= 0 &&
+        (st = connect_lower(&s, &out)) >= 0)
+        st = setup_wait(&s);
+    setup_close(&s, out);
     return st;
 }
 
