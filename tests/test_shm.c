@@ -95,6 +95,25 @@ static void set_cma(int on)
         unsetenv("TUTTI_SHM_CMA_BYTES");
 }
 
+/* One run of fn on nranks with a fresh shared area (sh->arg = arg) as its arg, single
+ * copy set as cma says for the run (-1: left as it is): th_run_ex's result, and in
+ * *sh_p the area, for leftovers(). */
+static int run_shm(int nranks, th_rank_fn fn, int arg, int cma, const tutti_comm_opts_t *o,
+                   int timeout_ms, int flags, int *codes, shared_t **sh_p)
+{
+    if (cma >= 0)
+        set_cma(cma);
+    shared_t *sh = shared_area();
+    sh->arg = arg;
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = sh, .timeout_ms = timeout_ms,
+                      .flags = flags, .opts = o};
+    int rc = th_run_ex(&spec, codes);
+    if (cma >= 0)
+        set_cma(0);
+    *sh_p = sh;
+    return rc;
+}
+
 /* ---- a host for driving the transport through its ABI (fake_host.h) ---- */
 
 /* Open a transport instance for this rank under its own store prefix. */
@@ -190,11 +209,10 @@ static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *di
 
 START_TEST(abi_dead_peer_and_subset)
 {
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 3, .fn = rank_tp_dead, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    shared_t *sh;
     int codes[3];
-    ck_assert_int_eq(th_run_ex(&spec, codes), 0);
+    ck_assert_int_eq(run_shm(3, rank_tp_dead, 0, -1, NULL, 30000,
+                             TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh), 0);
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
 END_TEST
@@ -266,12 +284,8 @@ static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const c
 
 START_TEST(abi_cancel_at_boundary_keeps_link)
 {
-    set_cma(1);
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 2, .fn = rank_tp_cancel_idle, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
+    shared_t *sh;
+    int rc = run_shm(2, rank_tp_cancel_idle, 0, 1, NULL, 30000, TH_NO_COMM, NULL, &sh);
     ck_assert_int_eq(rc, 0);
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
@@ -350,13 +364,8 @@ static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char
 START_TEST(abi_withdrawn_pull_never_delivered)
 {
     for (int how = 0; how < 3; how++) {
-        set_cma(1);
-        shared_t *sh = shared_area();
-        sh->arg = how;
-        th_spec_t spec = {.nranks = 2, .fn = rank_tp_withdraw, .arg = sh, .timeout_ms = 30000,
-                          .flags = TH_NO_COMM};
-        int rc = th_run_ex(&spec, NULL);
-        set_cma(0);
+        shared_t *sh;
+        int rc = run_shm(2, rank_tp_withdraw, how, 1, NULL, 30000, TH_NO_COMM, NULL, &sh);
         ck_assert_msg(rc == 0, "%s",
                       how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all");
         ck_assert_int_eq(leftovers(sh, 2), 0);
@@ -430,14 +439,9 @@ static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 static void run_sizes(int cma)
 {
-    set_cma(cma);
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(30000);
-    th_spec_t spec = {.nranks = 3, .fn = rank_sizes, .arg = sh, .timeout_ms = 60000,
-                      .opts = &o};
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
-    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(run_shm(3, rank_sizes, 0, cma, &o, 60000, 0, NULL, &sh), 0);
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
 
@@ -489,15 +493,10 @@ static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 static void run_inflight(int cma)
 {
-    set_cma(cma);
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(20000);
-    th_spec_t spec = {.nranks = 2, .fn = rank_inflight, .arg = sh, .timeout_ms = 30000,
-                      .opts = &o};
     double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
-    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(run_shm(2, rank_inflight, 0, cma, &o, 30000, 0, NULL, &sh), 0);
     ck_assert_msg(th_now_ms() - t0 < 15000, "took %.0f ms", th_now_ms() - t0);
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
@@ -535,13 +534,9 @@ START_TEST(allreduce_ranks)
 {
     for (int cma = 1; cma >= 0; cma--) {
         for (int n = 2; n <= 5; n++) {
-            set_cma(cma);
-            shared_t *sh = shared_area();
+            shared_t *sh;
             tutti_comm_opts_t o = shm_opts(30000);
-            th_spec_t spec = {.nranks = n, .fn = rank_allreduce, .arg = sh,
-                              .timeout_ms = 60000, .opts = &o};
-            int rc = th_run_ex(&spec, NULL);
-            set_cma(0);
+            int rc = run_shm(n, rank_allreduce, 0, cma, &o, 60000, 0, NULL, &sh);
             ck_assert_msg(rc == 0, "%d ranks, single copy %d", n, cma);
             ck_assert_int_eq(leftovers(sh, n), 0);
         }
@@ -576,12 +571,9 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 START_TEST(mismatch_fails_everywhere)
 {
     for (int big = 0; big <= 1; big++) {
-        shared_t *sh = shared_area();
-        sh->arg = big;
+        shared_t *sh;
         tutti_comm_opts_t o = shm_opts(20000);
-        th_spec_t spec = {.nranks = 3, .fn = rank_mismatch, .arg = sh, .timeout_ms = 30000,
-                          .opts = &o};
-        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        ck_assert_int_eq(run_shm(3, rank_mismatch, big, -1, &o, 30000, 0, NULL, &sh), 0);
         ck_assert_int_eq(leftovers(sh, 3), 0);
     }
 }
@@ -628,17 +620,13 @@ static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir
 static void run_killed(int cma)
 {
     for (int n = 2; n <= 4; n++) {
-        set_cma(cma);
-        shared_t *sh = shared_area();
+        shared_t *sh;
         tutti_comm_opts_t o = shm_opts(60000); /* survivors must not need it */
         o.algo = "allreduce:ring";
-        th_spec_t spec = {.nranks = n, .fn = rank_killed, .arg = sh, .timeout_ms = 20000,
-                          .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
         int codes[8];
         double t0 = th_now_ms();
-        th_run_ex(&spec, codes);
+        run_shm(n, rank_killed, 0, cma, &o, 20000, TH_NO_KILL_ON_FAIL, codes, &sh);
         double dt = th_now_ms() - t0;
-        set_cma(0);
         for (int r = 0; r < n - 1; r++)
             ck_assert_msg(codes[r] == 0, "%d ranks: survivor %d exited %d", n, r, codes[r]);
         ck_assert_int_eq(codes[n - 1], 128 + SIGKILL);
@@ -699,12 +687,10 @@ static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 START_TEST(eight_ranks_two_cpus)
 {
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(20000);
-    th_spec_t spec = {.nranks = 8, .fn = rank_eight, .arg = sh, .timeout_ms = 30000,
-                      .opts = &o};
     double t0 = th_now_ms();
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(run_shm(8, rank_eight, 0, -1, &o, 30000, 0, NULL, &sh), 0);
     double dt = th_now_ms() - t0;
     ck_assert_msg(dt < 10000, "8 ranks took %.0f ms", dt);
     ck_assert_int_eq(leftovers(sh, 8), 0);
@@ -714,33 +700,17 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
-    TCase *tc = tcase_create("abi");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, abi_dead_peer_and_subset);
-    tcase_add_test(tc, abi_cancel_at_boundary_keeps_link);
-    tcase_add_test(tc, abi_withdrawn_pull_never_delivered);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("library");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, sizes_single_copy);
-    tcase_add_test(tc, sizes_ring);
-    tcase_add_test(tc, inflight_both_ways_single_copy);
-    tcase_add_test(tc, inflight_both_ways_ring);
-    tcase_add_test(tc, allreduce_ranks);
-    tcase_add_test(tc, mismatch_fails_everywhere);
-    tcase_add_test(tc, rank_killed_mid_allreduce);
-    tcase_add_test(tc, rank_killed_mid_allreduce_single_copy);
-    tcase_add_test(tc, eight_ranks_two_cpus);
-    suite_add_tcase(s, tc);
+    const TTest *const abi[] = {abi_dead_peer_and_subset,
+                                       abi_cancel_at_boundary_keeps_link,
+                                       abi_withdrawn_pull_never_delivered, NULL};
+    const TTest *const library[] = {
+        sizes_single_copy,         sizes_ring,           inflight_both_ways_single_copy,
+        inflight_both_ways_ring,   allreduce_ranks,      mismatch_fails_everywhere,
+        rank_killed_mid_allreduce, rank_killed_mid_allreduce_single_copy,
+        eight_ranks_two_cpus,      NULL};
+    th_add_tests(s, "abi", 60, abi);
+    th_add_tests(s, "library", 120, library);
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return th_main(suite()); }
