@@ -1118,23 +1118,20 @@ static Suite *suite(void)
     Suite *s = suite_create("tcp");
     TCase *tc = tcase_create("tcp");
     tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, crc32c_vectors);
-    tcase_add_test(tc, crc32c_implementations_agree);
-    tcase_add_test(tc, forged_hellos_do_not_take_the_slot);
-    tcase_add_test(tc, forged_answers_are_refused);
-    tcase_add_test(tc, different_instances_do_not_connect);
-    tcase_add_test(tc, different_job_ids_do_not_connect);
-    tcase_add_test(tc, secret_on_one_side_only);
-    tcase_add_test(tc, wrong_secret_is_refused);
-    tcase_add_loop_test(tc, auth_token_on_every_rank, 0, 2);
-    tcase_add_loop_test(tc, auth_token_wrong_on_one_rank, 0, 2);
-    tcase_add_test(tc, checksum_modes_must_agree);
-    tcase_add_test(tc, unknown_checksum_is_a_config_error);
-    tcase_add_test(tc, checksummed_data_path);
-    tcase_add_test(tc, plugin_with_checksums_and_secret);
-    tcase_add_test(tc, flipped_byte_fails_every_rank_with_crc32c);
-    tcase_add_test(tc, flipped_header_byte_fails_every_rank_with_crc32c);
-    tcase_add_test(tc, flipped_byte_is_silent_without_checksums);
+    const TTest *const tests[] = {
+        crc32c_vectors, crc32c_implementations_agree, forged_hellos_do_not_take_the_slot,
+        forged_answers_are_refused, different_instances_do_not_connect,
+        different_job_ids_do_not_connect, secret_on_one_side_only, wrong_secret_is_refused,
+        auth_token_on_every_rank, auth_token_wrong_on_one_rank, checksum_modes_must_agree,
+        unknown_checksum_is_a_config_error, checksummed_data_path,
+        plugin_with_checksums_and_secret, flipped_byte_fails_every_rank_with_crc32c,
+        flipped_header_byte_fails_every_rank_with_crc32c,
+        flipped_byte_is_silent_without_checksums, NULL};
+    for (const TTest *const *t = tests; *t; t++) {
+        /* the auth_token tests run twice: _i = 1 under the multiplexer */
+        int loops = *t == auth_token_on_every_rank || *t == auth_token_wrong_on_one_rank ? 2 : 1;
+        tcase_add_loop_test(tc, *t, 0, loops);
+    }
     suite_add_tcase(s, tc);
     return s;
 }
