@@ -11,7 +11,6 @@
 #endif
 #include <check.h>
 #include <dirent.h>
-#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,12 +44,9 @@ typedef struct shared {
 static shared_t *shared_area(void)
 {
     static shared_t *sh;
-    if (!sh) {
-        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        ck_assert_ptr_ne(p, MAP_FAILED);
-        sh = p;
-    }
+    if (!sh)
+        sh = th_map_shared(sizeof(*sh));
+    ck_assert_ptr_nonnull(sh);
     memset(sh, 0, sizeof(*sh));
     sh->since = time(NULL) - 1;
     return sh;
@@ -117,13 +112,26 @@ static int run_shm(int nranks, th_rank_fn fn, int arg, int cma, const tutti_comm
 /* ---- a host for driving the transport through its ABI (fake_host.h) ---- */
 
 /* Open a transport instance for this rank under its own store prefix. */
-static int tp_open(th_host_t *t, const char *dir, const char *prefix, int rank, int nranks,
-                   const unsigned char *peers, void **tp_p)
+/* This rank's process in the shared area sh (leftovers() looks for its segments). */
+static shared_t *enlist(void *sh, int rank)
 {
+    ((shared_t *)sh)->pids[rank] = getpid();
+    return sh;
+}
+
+/* Open a transport instance for this rank, enlisted in sh, under its own store prefix:
+ * the instance, or NULL (t->err says why). */
+static void *tp_open(th_host_t *t, void *sh, const char *dir, const char *prefix, int rank,
+                     int nranks, const unsigned char *peers)
+{
+    void *tp = NULL;
+    enlist(sh, rank);
     if (th_host_open(t, dir, prefix, rank, nranks, 10000) != 0)
-        return -1;
+        return NULL;
     t->h.peers = peers;
-    return tt_builtin_transport_shm()->create(&t->h, tp_p);
+    if (tt_builtin_transport_shm()->create(&t->h, &tp) != 0)
+        return NULL;
+    return tp;
 }
 
 /* Progress until req is no longer pending or ms pass. */
@@ -160,15 +168,13 @@ static void store_barrier(th_host_t *t, const char *name, int nranks)
 static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     unsigned char peers[3] = {0};
     if (rank < 2)
         peers[1 - rank] = 1;
     th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "dd/", rank, nranks, peers, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open(&t, arg, dir, "dd/", rank, nranks, peers);
+    FAIL_IF(!tp, "create: %s", t.err);
     if (rank == 2) {
         /* served nobody: nothing to do, nothing addressed */
         FAIL_IF(ops->peer_address(tp, 0) != NULL, "rank 2 has an address for rank 0");
@@ -225,12 +231,10 @@ static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const c
                                void *arg)
 {
     (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "ci/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open(&t, arg, dir, "ci/", rank, nranks, NULL);
+    FAIL_IF(!tp, "create: %s", t.err);
     const size_t big = 64u << 10;
     unsigned char *buf = malloc(big);
     FAIL_IF(!buf, "malloc");
@@ -302,11 +306,10 @@ static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char
     (void)comm;
     shared_t *sh = arg;
     int how = sh->arg;
-    sh->pids[rank] = getpid();
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "wd/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open(&t, sh, dir, "wd/", rank, nranks, NULL);
+    FAIL_IF(!tp, "create: %s", t.err);
     const size_t len = 64u << 10;
     unsigned char *buf = malloc(len);
     FAIL_IF(!buf, "malloc");
@@ -393,8 +396,7 @@ static unsigned char pattern(int from, int to, size_t i, int k)
 static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     static const size_t sizes[] = {0,     1,         7,         56,         57,
                                    4095,  16383,     16384,     16385,      65537,
                                    (1u << 20) + 3, (4u << 20) + 1};
@@ -456,8 +458,7 @@ static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *d
 {
     (void)dir;
     (void)nranks;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     enum { M = 6 };
     const size_t len = 4u << 20;
     int peer = 1 - rank;
@@ -510,8 +511,7 @@ END_TEST
 static int rank_allreduce(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     static const size_t counts[] = {1, 3, 4095, 4096, 4097, 65536 + 5, (1u << 20) + 7};
     for (size_t k = 0; k < ARRAY_SIZE(counts); k++) {
         size_t c = counts[k];
@@ -549,8 +549,7 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 {
     (void)dir;
     (void)nranks;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    shared_t *sh = enlist(arg, rank);
     size_t big = sh->arg ? (1u << 20) : 16;
     float *buf = calloc(big + 64, sizeof(float));
     FAIL_IF(!buf, "calloc");
@@ -581,28 +580,18 @@ END_TEST
 
 /* A rank SIGKILLed in the middle of an allreduce: the survivors fail with
  * TUTTI_ERR_PEER naming it, long before the timeout, and nothing stays in /dev/shm. */
-static void *killer(void *arg)
-{
-    usleep((useconds_t)(*(int *)arg) * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     const size_t count = 4u << 20;
     float *buf = malloc(count * sizeof(float));
     FAIL_IF(!buf, "malloc");
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f;
     int victim = nranks - 1;
-    pthread_t t;
-    int delay_ms = 300;
     if (rank == victim)
-        pthread_create(&t, NULL, killer, &delay_ms);
+        th_kill_self_after(300);
     int st = TUTTI_OK;
     for (int it = 0; it < 100000 && st == TUTTI_OK; it++)
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
@@ -645,8 +634,7 @@ END_TEST
 static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     cpu_set_t all, two;
     CPU_ZERO(&two);
     if (sched_getaffinity(0, sizeof(all), &all) == 0) {
