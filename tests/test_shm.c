@@ -447,11 +447,6 @@ static void run_sizes(int cma)
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
 
-START_TEST(sizes_single_copy) { run_sizes(1); }
-END_TEST
-START_TEST(sizes_ring) { run_sizes(0); }
-END_TEST
-
 /* Many large messages in flight both ways, posted sends first: the transport must
  * receive while its sends wait. */
 static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -501,11 +496,6 @@ static void run_inflight(int cma)
     ck_assert_msg(th_now_ms() - t0 < 15000, "took %.0f ms", th_now_ms() - t0);
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
-
-START_TEST(inflight_both_ways_single_copy) { run_inflight(1); }
-END_TEST
-START_TEST(inflight_both_ways_ring) { run_inflight(0); }
-END_TEST
 
 /* Allreduce around the eager/single-copy threshold and on big buffers, 2..5 ranks. */
 static int rank_allreduce(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -595,12 +585,12 @@ static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir
     int st = TUTTI_OK;
     for (int it = 0; it < 100000 && st == TUTTI_OK; it++)
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", victim);
     const char *msg = tutti_comm_last_error(comm);
     fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
     FAIL_IF(rank == victim, "the victim survived");
     FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
-    char name[32];
-    snprintf(name, sizeof(name), "rank %d", victim);
     FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
     free(buf);
     return 0;
@@ -624,6 +614,14 @@ static void run_killed(int cma)
     }
 }
 
+START_TEST(sizes_single_copy) { run_sizes(1); }
+END_TEST
+START_TEST(sizes_ring) { run_sizes(0); }
+END_TEST
+START_TEST(inflight_both_ways_single_copy) { run_inflight(1); }
+END_TEST
+START_TEST(inflight_both_ways_ring) { run_inflight(0); }
+END_TEST
 START_TEST(rank_killed_mid_allreduce) { run_killed(0); }
 END_TEST
 START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); }

@@ -146,40 +146,37 @@ static int raw_connect(int port)
     return fd;
 }
 
-static int write_full(int fd, const void *buf, size_t n)
+/* All n bytes written from wbuf, or (wbuf NULL) read into rbuf within timeout_ms: 0, or
+ * -1 on EOF, error or timeout. */
+static int io_full(int fd, const void *wbuf, void *rbuf, size_t n, int timeout_ms)
 {
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
+    double end = th_now_ms() + timeout_ms;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k;
+        if (wbuf) {
+            k = write(fd, (const char *)wbuf + done, n - done);
+        } else {
+            int left = (int)(end - th_now_ms());
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            if (left <= 0 || poll(&pf, 1, left) <= 0)
+                return -1;
+            k = read(fd, (char *)rbuf + done, n - done);
+        }
+        if (k < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
+        if (k <= 0)
             return -1;
-        p += w;
-        n -= (size_t)w;
+        done += (size_t)k;
     }
     return 0;
 }
 
-/* 0 when all n bytes came within timeout_ms; -1 on EOF, error or timeout. */
+static int write_full(int fd, const void *buf, size_t n) { return io_full(fd, buf, NULL, n, 0); }
+
 static int read_full(int fd, void *buf, size_t n, int timeout_ms)
 {
-    char *p = buf;
-    double end = th_now_ms() + timeout_ms;
-    while (n) {
-        int left = (int)(end - th_now_ms());
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (left <= 0 || poll(&pf, 1, left) <= 0)
-            return -1;
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return io_full(fd, NULL, buf, n, timeout_ms);
 }
 
 static int send_hello(int fd, uint32_t version, int rank, int nranks, const char *instance,
@@ -349,8 +346,9 @@ typedef struct tcp_rank {
     tutti_comm_t *comm; /* NULL until tcp_join succeeds */
 } tcp_rank_t;
 
-/* 0, or 1 when the store does not open */
-static int tcp_begin(tcp_rank_t *r, const char *dir, const char *prefix, int timeout_ms)
+/* 0, or 1 when the store does not open; checksum: TUTTI_CHECKSUM (NULL: default) */
+static int tcp_begin(tcp_rank_t *r, const char *dir, const char *prefix, int timeout_ms,
+                     const char *checksum)
 {
     r->comm = NULL;
     tutti_comm_opts_init(&r->o);
@@ -358,6 +356,7 @@ static int tcp_begin(tcp_rank_t *r, const char *dir, const char *prefix, int tim
     r->o.socket_ifname = "lo";
     r->o.prefix = prefix; /* pinned: the tests find the address keys under it */
     r->o.timeout_ms = timeout_ms;
+    r->o.checksum = checksum;
     return tutti_store_open_file(&r->store, dir, 10000) != 0;
 }
 
@@ -414,7 +413,7 @@ static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcpforge", 10000) != 0, "store");
+    FAIL_IF(tcp_begin(&r, dir, "tcpforge", 10000, NULL) != 0, "store");
     tutti_store_t *store = r.store;
     int fds[5] = {-1, -1, -1, -1, -1};
     if (rank == 1) {
@@ -632,7 +631,7 @@ static int rank_job_ids(int rank, int nranks, tutti_comm_t *unused, const char *
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcpjobs", 4000) != 0, "store");
+    FAIL_IF(tcp_begin(&r, dir, "tcpjobs", 4000, NULL) != 0, "store");
     r.o.job_id = rank == 0 ? "jobA" : "jobB";
     int st = tcp_join(&r, rank, nranks);
     tcp_end(&r);
@@ -695,7 +694,7 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
     (void)unused;
     int bad_rank = *(int *)arg; /* -1: all agree */
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcptoken", bad_rank < 0 ? 15000 : 4000) != 0, "store");
+    FAIL_IF(tcp_begin(&r, dir, "tcptoken", bad_rank < 0 ? 15000 : 4000, NULL) != 0, "store");
     char host[32];
     if (token_mux) {
         snprintf(host, sizeof(host), "host-%d", rank);
@@ -768,8 +767,7 @@ static int rank_bad_checksum(int rank, int nranks, tutti_comm_t *unused, const c
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcpbadsum", 4000) != 0, "store");
-    r.o.checksum = "md5";
+    FAIL_IF(tcp_begin(&r, dir, "tcpbadsum", 4000, "md5") != 0, "store");
     int st = tcp_join(&r, rank, nranks);
     tcp_end(&r);
     FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_CHECKSUM=md5 gave %s", tutti_status_name(st));
@@ -792,8 +790,7 @@ static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const cha
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcpcsum", 15000) != 0, "store");
-    r.o.checksum = "crc32c";
+    FAIL_IF(tcp_begin(&r, dir, "tcpcsum", 15000, "crc32c") != 0, "store");
     int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
     tutti_comm_t *comm = r.comm;
@@ -841,9 +838,8 @@ static int rank_plugin(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, "tcpplugin", 15000) != 0, "store");
+    FAIL_IF(tcp_begin(&r, dir, "tcpplugin", 15000, "crc32c") != 0, "store");
     r.o.transport = TT_BUILD_DIR "/lib/libtutti-transport-tcp.so";
-    r.o.checksum = "crc32c";
     r.o.auth_token = "plugin-token";
     int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init with the plugin: %s", tutti_status_name(st));
@@ -1041,14 +1037,13 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
         return rank_proxy(dir, fc->header);
     nranks--; /* the last process is the proxy */
     tcp_rank_t r;
-    FAIL_IF(tcp_begin(&r, dir, FLIP_PREFIX, 15000) != 0, "store");
+    FAIL_IF(tcp_begin(&r, dir, FLIP_PREFIX, 15000, checksum) != 0, "store");
     if (rank > 0) {
         void *v = NULL;
         size_t len = 0;
         FAIL_IF(tutti_store_get(r.store, "proxy-ready", &v, &len, 10000) != 0, "no proxy");
         free(v);
     }
-    r.o.checksum = checksum;
     r.o.algo = "allreduce:ring"; /* rank 0's own input goes to rank 1, through the proxy */
     int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
