@@ -231,13 +231,13 @@ static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const c
                                void *arg)
 {
     (void)comm;
+    const size_t big = 64u << 10;
+    unsigned char *buf = malloc(big);
+    FAIL_IF(!buf, "malloc");
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
     void *tp = tp_open(&t, arg, dir, "ci/", rank, nranks, NULL);
     FAIL_IF(!tp, "create: %s", t.err);
-    const size_t big = 64u << 10;
-    unsigned char *buf = malloc(big);
-    FAIL_IF(!buf, "malloc");
     for (int round = 0; round < 2; round++) {
         size_t len = round ? big : 8;
         char bar[32];
@@ -614,18 +614,12 @@ static void run_killed(int cma)
     }
 }
 
-START_TEST(sizes_single_copy) { run_sizes(1); }
-END_TEST
-START_TEST(sizes_ring) { run_sizes(0); }
-END_TEST
-START_TEST(inflight_both_ways_single_copy) { run_inflight(1); }
-END_TEST
-START_TEST(inflight_both_ways_ring) { run_inflight(0); }
-END_TEST
-START_TEST(rank_killed_mid_allreduce) { run_killed(0); }
-END_TEST
-START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); }
-END_TEST
+START_TEST(sizes_single_copy) { run_sizes(1); } END_TEST
+START_TEST(sizes_ring) { run_sizes(0); } END_TEST
+START_TEST(inflight_both_ways_single_copy) { run_inflight(1); } END_TEST
+START_TEST(inflight_both_ways_ring) { run_inflight(0); } END_TEST
+START_TEST(rank_killed_mid_allreduce) { run_killed(0); } END_TEST
+START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); } END_TEST
 
 /* 8 ranks on 2 CPUs: spinning must give way, so many small collectives and a few
  * large ones finish promptly. */
