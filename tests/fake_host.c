@@ -93,11 +93,10 @@ __attribute__((format(printf, 5, 6))) static int fh_error(void *ctx, int status,
 static int fh_auth(void *ctx, const char *context, const uint8_t challenge[32],
                    uint8_t answer[32])
 {
-    th_host_t *t = ctx;
-    if (!t->secret)
-        return TUTTI_ERR_UNSUPPORTED;
-    tt_auth_answer(t->secret, strlen(t->secret), context, challenge, answer);
-    return TUTTI_OK;
+    const char *secret = ((th_host_t *)ctx)->secret;
+    if (secret)
+        tt_auth_answer(secret, strlen(secret), context, challenge, answer);
+    return secret ? TUTTI_OK : TUTTI_ERR_UNSUPPORTED;
 }
 
 void th_host_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int timeout_ms,

@@ -341,7 +341,7 @@ static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char 
 
 START_TEST(mr_cache_comm)
 {
-    ck_assert_int_eq(th_run(2, rank_cache_comm, NULL, 120000), 0);
+    run_pair(rank_cache_comm, NULL, 120000, 0, NULL);
 }
 END_TEST
 
@@ -349,9 +349,7 @@ END_TEST
 
 static int rank_qp_error(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
-    (void)dir;
-    (void)arg;
-    (void)nranks;
+    (void)dir, (void)arg, (void)nranks;
     float buf[1024], out[1024];
     for (int i = 0; i < 1024; i++)
         buf[i] = (float)i;
