@@ -1,13 +1,8 @@
 /* The tests' transport host (see fake_host.h). */
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <tutti/tutti.h>
 
@@ -159,24 +154,4 @@ void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t 
     r->env[1] = fp;
     r->env[2] = len;
     r->env[3] = tag;
-}
-
-void *th_map_shared(size_t size)
-{
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-static void *kill_self(void *arg)
-{
-    usleep((useconds_t)(intptr_t)arg * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
-void th_kill_self_after(int ms)
-{
-    pthread_t t;
-    if (pthread_create(&t, NULL, kill_self, (void *)(intptr_t)ms) == 0)
-        pthread_detach(t);
 }

@@ -1,9 +1,7 @@
 /* A transport host of the tests' own (what the library gives a transport, without the
  * library): store calls on a file store under a prefix, knobs from a "NAME=VALUE,..."
  * list then the TUTTI_* environment, log lines to stderr, and errors recorded where a
- * test can read them. Shared by the tests that drive a transport's ops table; with two
- * process helpers of the transport tests (memory shared with forked ranks, a rank that
- * kills itself). */
+ * test can read them. Shared by the tests that drive a transport's ops table. */
 #ifndef TH_FAKE_HOST_H
 #define TH_FAKE_HOST_H
 
@@ -38,11 +36,5 @@ void th_host_close(th_host_t *t);
 /* A request to post: host memory, no handle, no stream; envelope (seq, fp, len, tag). */
 void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t seq,
                 uint64_t fp, uint64_t tag);
-
-/* size bytes mapped MAP_SHARED (visible to ranks forked afterwards), or NULL. */
-void *th_map_shared(size_t size);
-
-/* SIGKILL this process ms milliseconds from now (from a thread of its own). */
-void th_kill_self_after(int ms);
 
 #endif
