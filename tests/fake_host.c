@@ -103,8 +103,7 @@ void th_host_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int 
     t->h = (tutti_tp_host_v2_t){
         .size = sizeof(tutti_tp_host_v2_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1, /* the host struct's layout version */
-        .rank = rank,
-        .nranks = nranks,
+        .rank = rank, .nranks = nranks,
         .timeout_ms = timeout_ms,
         .spin_us = 50,
         .ctx = t,

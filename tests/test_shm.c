@@ -573,12 +573,12 @@ static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir
 {
     (void)dir;
     enlist(arg, rank);
+    int victim = nranks - 1;
     const size_t count = 4u << 20;
     float *buf = malloc(count * sizeof(float));
     FAIL_IF(!buf, "malloc");
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f;
-    int victim = nranks - 1;
     if (rank == victim)
         th_kill_self_after(300);
     int st = TUTTI_OK;
