@@ -88,11 +88,10 @@ __attribute__((format(printf, 5, 6))) static int fh_error(void *ctx, int status,
 static int fh_auth(void *ctx, const char *context, const uint8_t challenge[32],
                    uint8_t answer[32])
 {
-    th_host_t *t = ctx;
-    if (!t->secret)
-        return TUTTI_ERR_UNSUPPORTED;
-    tt_auth_answer(t->secret, strlen(t->secret), context, challenge, answer);
-    return TUTTI_OK;
+    const char *secret = ((th_host_t *)ctx)->secret;
+    if (secret)
+        tt_auth_answer(secret, strlen(secret), context, challenge, answer);
+    return secret ? TUTTI_OK : TUTTI_ERR_UNSUPPORTED;
 }
 
 void th_host_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int timeout_ms,
@@ -104,8 +103,7 @@ void th_host_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int 
     t->h = (tutti_tp_host_v2_t){
         .size = sizeof(tutti_tp_host_v2_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1, /* the host struct's layout version */
-        .rank = rank,
-        .nranks = nranks,
+        .rank = rank, .nranks = nranks,
         .timeout_ms = timeout_ms,
         .spin_us = 50,
         .ctx = t,

@@ -56,6 +56,15 @@ static int device_count(int *active_p)
     return l ? n : 0;
 }
 
+/* Two ranks of fn; both must exit 0. */
+static void run_pair(th_rank_fn fn, void *arg, int timeout_ms, int flags,
+                     const tutti_comm_opts_t *o)
+{
+    th_spec_t spec = {.nranks = 2, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = flags, .opts = o};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+
 /* ---- no device: init fails with TUTTI_ERR_NO_DEVICE and says why ---- */
 
 static int rank_no_device(int rank, int nranks, tutti_comm_t *unused, const char *dir,
@@ -106,9 +115,7 @@ START_TEST(no_device)
     } else {
         snprintf(want, sizeof(want), "no ibverbs device");
     }
-    th_spec_t spec = {.nranks = 2, .fn = rank_no_device, .arg = want, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_pair(rank_no_device, want, 20000, TH_NO_COMM, NULL);
 }
 END_TEST
 
@@ -334,7 +341,7 @@ static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char 
 
 START_TEST(mr_cache_comm)
 {
-    ck_assert_int_eq(th_run(2, rank_cache_comm, NULL, 120000), 0);
+    run_pair(rank_cache_comm, NULL, 120000, 0, NULL);
 }
 END_TEST
 
@@ -342,9 +349,7 @@ END_TEST
 
 static int rank_qp_error(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
-    (void)dir;
-    (void)arg;
-    (void)nranks;
+    (void)dir, (void)arg, (void)nranks;
     float buf[1024], out[1024];
     for (int i = 0; i < 1024; i++)
         buf[i] = (float)i;
@@ -375,9 +380,7 @@ START_TEST(qp_error)
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 20000;
-    th_spec_t spec = {.nranks = 2, .fn = rank_qp_error, .timeout_ms = 60000,
-                      .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_pair(rank_qp_error, NULL, 60000, TH_NO_KILL_ON_FAIL, &o);
 }
 END_TEST
 
@@ -488,9 +491,8 @@ static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char 
 
 START_TEST(rdv_cancel)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_rdv_fail, .arg = (void *)(intptr_t)_i,
-                      .timeout_ms = 90000, .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_pair(rank_rdv_fail, (void *)(intptr_t)_i, 90000, TH_NO_COMM | TH_NO_KILL_ON_FAIL,
+             NULL);
 }
 END_TEST
 
@@ -563,9 +565,7 @@ static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const
 
 START_TEST(cancel_reading)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_cancel_reading, .timeout_ms = 110000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_pair(rank_cancel_reading, NULL, 110000, TH_NO_COMM | TH_NO_KILL_ON_FAIL, NULL);
 }
 END_TEST
 
@@ -623,9 +623,7 @@ static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
 
 START_TEST(mismatch_after_rts)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_mismatch_after_rts, .timeout_ms = 90000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_pair(rank_mismatch_after_rts, NULL, 90000, TH_NO_COMM | TH_NO_KILL_ON_FAIL, NULL);
 }
 END_TEST
 

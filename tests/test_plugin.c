@@ -155,17 +155,11 @@ int main(void)
     Suite *s = suite_create("plugin");
     TCase *tc = tcase_create("plugin");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, bad_abi_refused);
-    tcase_add_test(tc, unknown_transport);
-    tcase_add_test(tc, builtin_and_plugin_tables);
-    tcase_add_test(tc, v1_plugin_through_shim);
-    tcase_add_test(tc, cost_from_properties);
+    const TTest *const tests[] = {bad_abi_refused, unknown_transport, builtin_and_plugin_tables,
+                                  v1_plugin_through_shim, cost_from_properties, NULL};
+    for (const TTest *const *t = tests; *t; t++)
+        tcase_add_test(tc, *t);
     tcase_add_loop_test(tc, collectives_through_plugin, 0, 2);
     suite_add_tcase(s, tc);
-    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(s); /* tests stay on loopback */
 }

@@ -11,7 +11,6 @@
 #endif
 #include <check.h>
 #include <dirent.h>
-#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,12 +44,8 @@ typedef struct shared {
 static shared_t *shared_area(void)
 {
     static shared_t *sh;
-    if (!sh) {
-        void *p = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        ck_assert_ptr_ne(p, MAP_FAILED);
-        sh = p;
-    }
+    if (!sh)
+        sh = th_shared_zeroed(sizeof(*sh));
     memset(sh, 0, sizeof(*sh));
     sh->since = time(NULL) - 1;
     return sh;
@@ -95,16 +89,48 @@ static void set_cma(int on)
         unsetenv("TUTTI_SHM_CMA_BYTES");
 }
 
+/* One run of fn on nranks with a fresh shared area (sh->arg = arg) as its arg, single
+ * copy set as cma says for the run (-1: left as it is): th_run_ex's result, and in
+ * *sh_p the area, for leftovers(). */
+static int run_shm(int nranks, th_rank_fn fn, int arg, int cma, const tutti_comm_opts_t *o,
+                   int timeout_ms, int flags, int *codes, shared_t **sh_p)
+{
+    if (cma >= 0)
+        set_cma(cma);
+    shared_t *sh = shared_area();
+    sh->arg = arg;
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = sh, .timeout_ms = timeout_ms,
+                      .flags = flags, .opts = o};
+    int rc = th_run_ex(&spec, codes);
+    if (cma >= 0)
+        set_cma(0);
+    *sh_p = sh;
+    return rc;
+}
+
 /* ---- a host for driving the transport through its ABI (fake_host.h) ---- */
 
 /* Open a transport instance for this rank under its own store prefix. */
-static int tp_open(th_host_t *t, const char *dir, const char *prefix, int rank, int nranks,
-                   const unsigned char *peers, void **tp_p)
+/* This rank's process in the shared area sh (leftovers() looks for its segments). */
+static shared_t *enlist(void *sh, int rank)
 {
+    ((shared_t *)sh)->pids[rank] = getpid();
+    return sh;
+}
+
+/* Open a transport instance for this rank, enlisted in sh, under its own store prefix:
+ * the instance, or NULL (t->err says why). */
+static void *tp_open(th_host_t *t, void *sh, const char *dir, const char *prefix, int rank,
+                     int nranks, const unsigned char *peers)
+{
+    void *tp = NULL;
+    enlist(sh, rank);
     if (th_host_open(t, dir, prefix, rank, nranks, 10000) != 0)
-        return -1;
+        return NULL;
     t->h.peers = peers;
-    return tt_builtin_transport_shm()->create(&t->h, tp_p);
+    if (tt_builtin_transport_shm()->create(&t->h, &tp) != 0)
+        return NULL;
+    return tp;
 }
 
 /* Progress until req is no longer pending or ms pass. */
@@ -141,15 +167,13 @@ static void store_barrier(th_host_t *t, const char *name, int nranks)
 static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     unsigned char peers[3] = {0};
     if (rank < 2)
         peers[1 - rank] = 1;
     th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "dd/", rank, nranks, peers, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open(&t, arg, dir, "dd/", rank, nranks, peers);
+    FAIL_IF(!tp, "create: %s", t.err);
     if (rank == 2) {
         /* served nobody: nothing to do, nothing addressed */
         FAIL_IF(ops->peer_address(tp, 0) != NULL, "rank 2 has an address for rank 0");
@@ -190,11 +214,10 @@ static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *di
 
 START_TEST(abi_dead_peer_and_subset)
 {
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 3, .fn = rank_tp_dead, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    shared_t *sh;
     int codes[3];
-    ck_assert_int_eq(th_run_ex(&spec, codes), 0);
+    ck_assert_int_eq(run_shm(3, rank_tp_dead, 0, -1, NULL, 30000,
+                             TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh), 0);
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
 END_TEST
@@ -207,15 +230,13 @@ static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const c
                                void *arg)
 {
     (void)comm;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
-    th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "ci/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
     const size_t big = 64u << 10;
     unsigned char *buf = malloc(big);
     FAIL_IF(!buf, "malloc");
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
+    th_host_t t;
+    void *tp = tp_open(&t, arg, dir, "ci/", rank, nranks, NULL);
+    FAIL_IF(!tp, "create: %s", t.err);
     for (int round = 0; round < 2; round++) {
         size_t len = round ? big : 8;
         char bar[32];
@@ -266,12 +287,8 @@ static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const c
 
 START_TEST(abi_cancel_at_boundary_keeps_link)
 {
-    set_cma(1);
-    shared_t *sh = shared_area();
-    th_spec_t spec = {.nranks = 2, .fn = rank_tp_cancel_idle, .arg = sh, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
+    shared_t *sh;
+    int rc = run_shm(2, rank_tp_cancel_idle, 0, 1, NULL, 30000, TH_NO_COMM, NULL, &sh);
     ck_assert_int_eq(rc, 0);
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
@@ -288,11 +305,10 @@ static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char
     (void)comm;
     shared_t *sh = arg;
     int how = sh->arg;
-    sh->pids[rank] = getpid();
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
-    void *tp = NULL;
-    FAIL_IF(tp_open(&t, dir, "wd/", rank, nranks, NULL, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open(&t, sh, dir, "wd/", rank, nranks, NULL);
+    FAIL_IF(!tp, "create: %s", t.err);
     const size_t len = 64u << 10;
     unsigned char *buf = malloc(len);
     FAIL_IF(!buf, "malloc");
@@ -350,13 +366,8 @@ static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char
 START_TEST(abi_withdrawn_pull_never_delivered)
 {
     for (int how = 0; how < 3; how++) {
-        set_cma(1);
-        shared_t *sh = shared_area();
-        sh->arg = how;
-        th_spec_t spec = {.nranks = 2, .fn = rank_tp_withdraw, .arg = sh, .timeout_ms = 30000,
-                          .flags = TH_NO_COMM};
-        int rc = th_run_ex(&spec, NULL);
-        set_cma(0);
+        shared_t *sh;
+        int rc = run_shm(2, rank_tp_withdraw, how, 1, NULL, 30000, TH_NO_COMM, NULL, &sh);
         ck_assert_msg(rc == 0, "%s",
                       how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all");
         ck_assert_int_eq(leftovers(sh, 2), 0);
@@ -384,8 +395,7 @@ static unsigned char pattern(int from, int to, size_t i, int k)
 static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     static const size_t sizes[] = {0,     1,         7,         56,         57,
                                    4095,  16383,     16384,     16385,      65537,
                                    (1u << 20) + 3, (4u << 20) + 1};
@@ -430,21 +440,11 @@ static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 static void run_sizes(int cma)
 {
-    set_cma(cma);
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(30000);
-    th_spec_t spec = {.nranks = 3, .fn = rank_sizes, .arg = sh, .timeout_ms = 60000,
-                      .opts = &o};
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
-    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(run_shm(3, rank_sizes, 0, cma, &o, 60000, 0, NULL, &sh), 0);
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
-
-START_TEST(sizes_single_copy) { run_sizes(1); }
-END_TEST
-START_TEST(sizes_ring) { run_sizes(0); }
-END_TEST
 
 /* Many large messages in flight both ways, posted sends first: the transport must
  * receive while its sends wait. */
@@ -452,8 +452,7 @@ static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *d
 {
     (void)dir;
     (void)nranks;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     enum { M = 6 };
     const size_t len = 4u << 20;
     int peer = 1 - rank;
@@ -489,30 +488,19 @@ static int rank_inflight(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 static void run_inflight(int cma)
 {
-    set_cma(cma);
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(20000);
-    th_spec_t spec = {.nranks = 2, .fn = rank_inflight, .arg = sh, .timeout_ms = 30000,
-                      .opts = &o};
     double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    set_cma(0);
-    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(run_shm(2, rank_inflight, 0, cma, &o, 30000, 0, NULL, &sh), 0);
     ck_assert_msg(th_now_ms() - t0 < 15000, "took %.0f ms", th_now_ms() - t0);
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
-
-START_TEST(inflight_both_ways_single_copy) { run_inflight(1); }
-END_TEST
-START_TEST(inflight_both_ways_ring) { run_inflight(0); }
-END_TEST
 
 /* Allreduce around the eager/single-copy threshold and on big buffers, 2..5 ranks. */
 static int rank_allreduce(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     static const size_t counts[] = {1, 3, 4095, 4096, 4097, 65536 + 5, (1u << 20) + 7};
     for (size_t k = 0; k < ARRAY_SIZE(counts); k++) {
         size_t c = counts[k];
@@ -535,13 +523,9 @@ START_TEST(allreduce_ranks)
 {
     for (int cma = 1; cma >= 0; cma--) {
         for (int n = 2; n <= 5; n++) {
-            set_cma(cma);
-            shared_t *sh = shared_area();
+            shared_t *sh;
             tutti_comm_opts_t o = shm_opts(30000);
-            th_spec_t spec = {.nranks = n, .fn = rank_allreduce, .arg = sh,
-                              .timeout_ms = 60000, .opts = &o};
-            int rc = th_run_ex(&spec, NULL);
-            set_cma(0);
+            int rc = run_shm(n, rank_allreduce, 0, cma, &o, 60000, 0, NULL, &sh);
             ck_assert_msg(rc == 0, "%d ranks, single copy %d", n, cma);
             ck_assert_int_eq(leftovers(sh, n), 0);
         }
@@ -554,8 +538,7 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 {
     (void)dir;
     (void)nranks;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    shared_t *sh = enlist(arg, rank);
     size_t big = sh->arg ? (1u << 20) : 16;
     float *buf = calloc(big + 64, sizeof(float));
     FAIL_IF(!buf, "calloc");
@@ -576,12 +559,9 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 START_TEST(mismatch_fails_everywhere)
 {
     for (int big = 0; big <= 1; big++) {
-        shared_t *sh = shared_area();
-        sh->arg = big;
+        shared_t *sh;
         tutti_comm_opts_t o = shm_opts(20000);
-        th_spec_t spec = {.nranks = 3, .fn = rank_mismatch, .arg = sh, .timeout_ms = 30000,
-                          .opts = &o};
-        ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        ck_assert_int_eq(run_shm(3, rank_mismatch, big, -1, &o, 30000, 0, NULL, &sh), 0);
         ck_assert_int_eq(leftovers(sh, 3), 0);
     }
 }
@@ -589,56 +569,36 @@ END_TEST
 
 /* A rank SIGKILLed in the middle of an allreduce: the survivors fail with
  * TUTTI_ERR_PEER naming it, long before the timeout, and nothing stays in /dev/shm. */
-static void *killer(void *arg)
-{
-    usleep((useconds_t)(*(int *)arg) * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
+    int victim = nranks - 1;
     const size_t count = 4u << 20;
     float *buf = malloc(count * sizeof(float));
     FAIL_IF(!buf, "malloc");
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f;
-    int victim = nranks - 1;
-    pthread_t t;
-    int delay_ms = 300;
     if (rank == victim)
-        pthread_create(&t, NULL, killer, &delay_ms);
+        th_kill_self_after(300);
     int st = TUTTI_OK;
     for (int it = 0; it < 100000 && st == TUTTI_OK; it++)
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
-    const char *msg = tutti_comm_last_error(comm);
-    fprintf(stderr, "rank %d: %s: %s\n", rank, tutti_status_name(st), msg);
-    FAIL_IF(rank == victim, "the victim survived");
-    FAIL_IF(st != TUTTI_ERR_PEER, "got %s, want TUTTI_ERR_PEER", tutti_status_name(st));
-    char name[32];
-    snprintf(name, sizeof(name), "rank %d", victim);
-    FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
+    int failed = th_check_peer_died(rank, victim, st, tutti_comm_last_error(comm));
     free(buf);
-    return 0;
+    return failed;
 }
 
 static void run_killed(int cma)
 {
     for (int n = 2; n <= 4; n++) {
-        set_cma(cma);
-        shared_t *sh = shared_area();
+        shared_t *sh;
         tutti_comm_opts_t o = shm_opts(60000); /* survivors must not need it */
         o.algo = "allreduce:ring";
-        th_spec_t spec = {.nranks = n, .fn = rank_killed, .arg = sh, .timeout_ms = 20000,
-                          .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
         int codes[8];
         double t0 = th_now_ms();
-        th_run_ex(&spec, codes);
+        run_shm(n, rank_killed, 0, cma, &o, 20000, TH_NO_KILL_ON_FAIL, codes, &sh);
         double dt = th_now_ms() - t0;
-        set_cma(0);
         for (int r = 0; r < n - 1; r++)
             ck_assert_msg(codes[r] == 0, "%d ranks: survivor %d exited %d", n, r, codes[r]);
         ck_assert_int_eq(codes[n - 1], 128 + SIGKILL);
@@ -647,18 +607,19 @@ static void run_killed(int cma)
     }
 }
 
-START_TEST(rank_killed_mid_allreduce) { run_killed(0); }
-END_TEST
-START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); }
-END_TEST
+START_TEST(sizes_single_copy) { run_sizes(1); } END_TEST
+START_TEST(sizes_ring) { run_sizes(0); } END_TEST
+START_TEST(inflight_both_ways_single_copy) { run_inflight(1); } END_TEST
+START_TEST(inflight_both_ways_ring) { run_inflight(0); } END_TEST
+START_TEST(rank_killed_mid_allreduce) { run_killed(0); } END_TEST
+START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); } END_TEST
 
 /* 8 ranks on 2 CPUs: spinning must give way, so many small collectives and a few
  * large ones finish promptly. */
 static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
-    shared_t *sh = arg;
-    sh->pids[rank] = getpid();
+    enlist(arg, rank);
     cpu_set_t all, two;
     CPU_ZERO(&two);
     if (sched_getaffinity(0, sizeof(all), &all) == 0) {
@@ -699,12 +660,10 @@ static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 START_TEST(eight_ranks_two_cpus)
 {
-    shared_t *sh = shared_area();
+    shared_t *sh;
     tutti_comm_opts_t o = shm_opts(20000);
-    th_spec_t spec = {.nranks = 8, .fn = rank_eight, .arg = sh, .timeout_ms = 30000,
-                      .opts = &o};
     double t0 = th_now_ms();
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(run_shm(8, rank_eight, 0, -1, &o, 30000, 0, NULL, &sh), 0);
     double dt = th_now_ms() - t0;
     ck_assert_msg(dt < 10000, "8 ranks took %.0f ms", dt);
     ck_assert_int_eq(leftovers(sh, 8), 0);
@@ -714,33 +673,17 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
-    TCase *tc = tcase_create("abi");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, abi_dead_peer_and_subset);
-    tcase_add_test(tc, abi_cancel_at_boundary_keeps_link);
-    tcase_add_test(tc, abi_withdrawn_pull_never_delivered);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("library");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, sizes_single_copy);
-    tcase_add_test(tc, sizes_ring);
-    tcase_add_test(tc, inflight_both_ways_single_copy);
-    tcase_add_test(tc, inflight_both_ways_ring);
-    tcase_add_test(tc, allreduce_ranks);
-    tcase_add_test(tc, mismatch_fails_everywhere);
-    tcase_add_test(tc, rank_killed_mid_allreduce);
-    tcase_add_test(tc, rank_killed_mid_allreduce_single_copy);
-    tcase_add_test(tc, eight_ranks_two_cpus);
-    suite_add_tcase(s, tc);
+    const TTest *const abi[] = {abi_dead_peer_and_subset,
+                                       abi_cancel_at_boundary_keeps_link,
+                                       abi_withdrawn_pull_never_delivered, NULL};
+    const TTest *const library[] = {
+        sizes_single_copy,         sizes_ring,           inflight_both_ways_single_copy,
+        inflight_both_ways_ring,   allreduce_ranks,      mismatch_fails_everywhere,
+        rank_killed_mid_allreduce, rank_killed_mid_allreduce_single_copy,
+        eight_ranks_two_cpus,      NULL};
+    th_add_tests(s, "abi", 60, abi);
+    th_add_tests(s, "library", 120, library);
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return th_main(suite()); }

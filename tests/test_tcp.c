@@ -146,40 +146,36 @@ static int raw_connect(int port)
     return fd;
 }
 
-static int write_full(int fd, const void *buf, size_t n)
+/* All n bytes written from wbuf, or (wbuf NULL) read into rbuf within timeout_ms: 0, or
+ * -1 on EOF, error or timeout. */
+static int io_full(int fd, const void *wbuf, void *rbuf, size_t n, int timeout_ms)
 {
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
+    double end = th_now_ms() + timeout_ms;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k;
+        if (wbuf) {
+            k = write(fd, (const char *)wbuf + done, n - done);
+        } else {
+            int left = (int)(end - th_now_ms());
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            if (left <= 0 || poll(&pf, 1, left) <= 0)
+                return -1;
+            k = read(fd, (char *)rbuf + done, n - done);
+        }
+        if (k > 0)
+            done += (size_t)k;
+        else if (k == 0 || errno != EINTR)
             return -1;
-        p += w;
-        n -= (size_t)w;
     }
     return 0;
 }
 
-/* 0 when all n bytes came within timeout_ms; -1 on EOF, error or timeout. */
+static int write_full(int fd, const void *buf, size_t n) { return io_full(fd, buf, NULL, n, 0); }
+
 static int read_full(int fd, void *buf, size_t n, int timeout_ms)
 {
-    char *p = buf;
-    double end = th_now_ms() + timeout_ms;
-    while (n) {
-        int left = (int)(end - th_now_ms());
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (left <= 0 || poll(&pf, 1, left) <= 0)
-            return -1;
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return io_full(fd, NULL, buf, n, timeout_ms);
 }
 
 static int send_hello(int fd, uint32_t version, int rank, int nranks, const char *instance,
@@ -341,13 +337,50 @@ out:
 
 /* ======================= communicator helpers ======================= */
 
-static void tcp_opts(tutti_comm_opts_t *o, const char *prefix, int timeout_ms)
+/* One rank's store and communicator: tcp_begin opens the store and fills o, the case
+ * changes o, tcp_join makes the communicator, tcp_end closes what is open. */
+typedef struct tcp_rank {
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    tutti_comm_t *comm; /* NULL until tcp_join succeeds */
+} tcp_rank_t;
+
+/* 0, or 1 when the store does not open; checksum: TUTTI_CHECKSUM (NULL: default) */
+static int tcp_begin(tcp_rank_t *r, const char *dir, const char *prefix, int timeout_ms,
+                     const char *checksum)
 {
-    tutti_comm_opts_init(o);
-    o->transport = "tcp";
-    o->socket_ifname = "lo";
-    o->prefix = prefix; /* pinned: the tests find the address keys under it */
-    o->timeout_ms = timeout_ms;
+    r->comm = NULL;
+    tutti_comm_opts_init(&r->o);
+    r->o.transport = "tcp";
+    r->o.socket_ifname = "lo";
+    r->o.prefix = prefix; /* pinned: the tests find the address keys under it */
+    r->o.timeout_ms = timeout_ms;
+    r->o.checksum = checksum;
+    return tutti_store_open_file(&r->store, dir, 10000) != 0;
+}
+
+static int tcp_join(tcp_rank_t *r, int rank, int nranks)
+{
+    int st = tutti_comm_init(&r->comm, r->store, rank, nranks, &r->o);
+    if (st != 0)
+        r->comm = NULL;
+    return st;
+}
+
+static void tcp_end(tcp_rank_t *r)
+{
+    if (r->comm)
+        tutti_comm_destroy(r->comm);
+    r->comm = NULL;
+    tutti_store_close(r->store);
+}
+
+/* Every rank of fn (no communicator from the harness) must exit 0. */
+static void run_ranks(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int flags)
+{
+    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
+                      .flags = TH_NO_COMM | flags};
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 
 /* allreduce of int32 rank*1000+i over n elements, checked against plain C */
@@ -377,10 +410,10 @@ static int check_allreduce(int rank, int nranks, tutti_comm_t *comm, size_t n)
  * allreduce is right) and have told the forgers that speak the protocol why not them. */
 static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
-    (void)unused;
-    (void)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcpforge", 10000, NULL) != 0, "store");
+    tutti_store_t *store = r.store;
     int fds[5] = {-1, -1, -1, -1, -1};
     if (rank == 1) {
         int port = published_port(store, comm_key(store, "tcpforge", "tcp/0"));
@@ -401,13 +434,10 @@ static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *d
         struct pollfd pf = {.fd = fds[1], .events = POLLIN};
         FAIL_IF(poll(&pf, 1, 5000) != 1, "rank 0 never answered the forged hello");
     }
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcpforge", 10000);
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
-    st = check_allreduce(rank, nranks, comm, 100000);
-    tutti_comm_destroy(comm);
+    st = check_allreduce(rank, nranks, r.comm, 100000);
+    tutti_comm_destroy(r.comm);
     if (rank == 1 && st == 0) {
         tcp_hello_t rh;
         tcp_verdict_t rv;
@@ -432,8 +462,7 @@ static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(forged_hellos_do_not_take_the_slot)
 {
-    th_spec_t spec = {.nranks = 3, .fn = rank_forged, .timeout_ms = 30000, .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(3, rank_forged, NULL, 30000, 0);
 }
 END_TEST
 
@@ -445,8 +474,7 @@ END_TEST
 static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const char *dir,
                             void *arg)
 {
-    (void)unused;
-    (void)arg;
+    (void)unused, (void)arg;
     tutti_store_t *store;
     FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
     enum { FLOOD = 150 };
@@ -528,9 +556,7 @@ static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const ch
 
 START_TEST(forged_answers_are_refused)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_forged_auth, .timeout_ms = 40000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(2, rank_forged_auth, NULL, 40000, 0);
 }
 END_TEST
 
@@ -584,9 +610,7 @@ static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 static void run_pair(const pair_case_t *pc)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_pair, .arg = (void *)pc, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(2, rank_pair, (void *)pc, 30000, TH_NO_KILL_ON_FAIL);
 }
 
 START_TEST(different_instances_do_not_connect)
@@ -604,18 +628,12 @@ END_TEST
  * of another instance is the test above.) */
 static int rank_job_ids(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
-    (void)unused;
-    (void)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcpjobs", 4000);
-    o.job_id = rank == 0 ? "jobA" : "jobB";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    if (st == 0)
-        tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcpjobs", 4000, NULL) != 0, "store");
+    r.o.job_id = rank == 0 ? "jobA" : "jobB";
+    int st = tcp_join(&r, rank, nranks);
+    tcp_end(&r);
     FAIL_IF(st == 0, "ranks of jobA and jobB formed a communicator");
     return st == TUTTI_ERR_IN_USE || st == TUTTI_ERR_TIMEOUT ? 0 : 2; /* 2: another reason */
 }
@@ -674,21 +692,18 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
 {
     (void)unused;
     int bad_rank = *(int *)arg; /* -1: all agree */
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcptoken", bad_rank < 0 ? 15000 : 4000);
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcptoken", bad_rank < 0 ? 15000 : 4000, NULL) != 0, "store");
     char host[32];
     if (token_mux) {
         snprintf(host, sizeof(host), "host-%d", rank);
-        o.transport = "auto";
-        o.host_id = host;
+        r.o.transport = "auto";
+        r.o.host_id = host;
     }
-    o.auth_token = rank == bad_rank ? "not-the-token" : "the-token";
-    tutti_comm_t *comm = NULL;
+    r.o.auth_token = rank == bad_rank ? "not-the-token" : "the-token";
     capture_t cap;
     capture_begin(&cap);
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    int st = tcp_join(&r, rank, nranks);
     char *log = capture_end(&cap);
     int rc = 0;
     if (bad_rank < 0) {
@@ -696,7 +711,7 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
             fprintf(stderr, "rank %d: init: %s\n", rank, tutti_status_name(st));
             rc = 1;
         } else {
-            rc = check_allreduce(rank, nranks, comm, 5000);
+            rc = check_allreduce(rank, nranks, r.comm, 5000);
         }
     } else if (st != TUTTI_ERR_AUTH) {
         fprintf(stderr, "rank %d: init gave %s, want TUTTI_ERR_AUTH\n", rank,
@@ -714,9 +729,7 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
         }
     }
     free(log);
-    if (st == 0)
-        tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    tcp_end(&r);
     return rc;
 }
 
@@ -724,9 +737,7 @@ START_TEST(auth_token_on_every_rank)
 {
     token_mux = _i;
     int bad = -1;
-    th_spec_t spec = {.nranks = 3, .fn = rank_token, .arg = &bad, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(3, rank_token, &bad, 30000, 0);
 }
 END_TEST
 
@@ -734,9 +745,7 @@ START_TEST(auth_token_wrong_on_one_rank)
 {
     token_mux = _i;
     int bad = 1;
-    th_spec_t spec = {.nranks = 2, .fn = rank_token, .arg = &bad, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(2, rank_token, &bad, 30000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
@@ -756,26 +765,18 @@ static int rank_bad_checksum(int rank, int nranks, tutti_comm_t *unused, const c
                              void *arg)
 {
     (void)unused;
-    (void)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcpbadsum", 4000);
-    o.checksum = "md5";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    if (st == 0)
-        tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_CHECKSUM=md5 gave %s", tutti_status_name(st));
+    const char *mode = arg; /* not a checksum tutti knows */
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcpbadsum", 4000, mode) != 0, "store");
+    int st = tcp_join(&r, rank, nranks);
+    tcp_end(&r);
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_CHECKSUM=%s gave %s", mode, tutti_status_name(st));
     return 0;
 }
 
 START_TEST(unknown_checksum_is_a_config_error)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_bad_checksum, .timeout_ms = 20000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(2, rank_bad_checksum, "md5", 20000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
@@ -787,16 +788,12 @@ END_TEST
 static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const char *dir,
                            void *arg)
 {
-    (void)unused;
-    (void)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcpcsum", 15000);
-    o.checksum = "crc32c";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcpcsum", 15000, "crc32c") != 0, "store");
+    int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    tutti_comm_t *comm = r.comm;
     const size_t sizes[] = {0, 1, 7, 4095, 4096, 4097, 65535, 65536, 65537, (3u << 20) + 5};
     uint8_t *buf = malloc((3u << 20) + 5);
     FAIL_IF(!buf, "malloc");
@@ -825,16 +822,13 @@ static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const cha
     FAIL_IF(st != TUTTI_ERR_MISMATCH, "mismatch gave %s: %s", tutti_status_name(st),
             tutti_comm_last_error(comm));
     free(buf);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    tcp_end(&r);
     return 0;
 }
 
 START_TEST(checksummed_data_path)
 {
-    th_spec_t spec = {.nranks = 2, .fn = rank_csum_sizes, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(2, rank_csum_sizes, NULL, 60000, 0);
 }
 END_TEST
 
@@ -842,28 +836,21 @@ END_TEST
  * host struct): checksums and the secret work there too. */
 static int rank_plugin(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
-    (void)unused;
-    (void)arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    tutti_comm_opts_t o;
-    tcp_opts(&o, "tcpplugin", 15000);
-    o.transport = TT_BUILD_DIR "/lib/libtutti-transport-tcp.so";
-    o.checksum = "crc32c";
-    o.auth_token = "plugin-token";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcpplugin", 15000, "crc32c") != 0, "store");
+    r.o.transport = TT_BUILD_DIR "/lib/libtutti-transport-tcp.so";
+    r.o.auth_token = "plugin-token";
+    int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init with the plugin: %s", tutti_status_name(st));
-    st = check_allreduce(rank, nranks, comm, 200000);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    st = check_allreduce(rank, nranks, r.comm, 200000);
+    tcp_end(&r);
     return st;
 }
 
 START_TEST(plugin_with_checksums_and_secret)
 {
-    th_spec_t spec = {.nranks = 3, .fn = rank_plugin, .timeout_ms = 30000, .flags = TH_NO_COMM};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(3, rank_plugin, NULL, 30000, 0);
 }
 END_TEST
 
@@ -1049,21 +1036,18 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
     if (rank == nranks - 1)
         return rank_proxy(dir, fc->header);
     nranks--; /* the last process is the proxy */
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, FLIP_PREFIX, 15000, checksum) != 0, "store");
     if (rank > 0) {
         void *v = NULL;
         size_t len = 0;
-        FAIL_IF(tutti_store_get(store, "proxy-ready", &v, &len, 10000) != 0, "no proxy");
+        FAIL_IF(tutti_store_get(r.store, "proxy-ready", &v, &len, 10000) != 0, "no proxy");
         free(v);
     }
-    tutti_comm_opts_t o;
-    tcp_opts(&o, FLIP_PREFIX, 15000);
-    o.checksum = checksum;
-    o.algo = "allreduce:ring"; /* rank 0's own input goes to rank 1, through the proxy */
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    r.o.algo = "allreduce:ring"; /* rank 0's own input goes to rank 1, through the proxy */
+    int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    tutti_comm_t *comm = r.comm;
     int32_t *in = malloc(FLIP_COUNT * 4), *out = malloc(FLIP_COUNT * 4);
     FAIL_IF(!in || !out, "malloc");
     for (size_t i = 0; i < FLIP_COUNT; i++)
@@ -1099,35 +1083,28 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
     }
     free(in);
     free(out);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    tcp_end(&r);
     return rc;
 }
 
 START_TEST(flipped_byte_fails_every_rank_with_crc32c)
 {
     flip_case_t fc = {.checksum = "crc32c"};
-    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
 START_TEST(flipped_header_byte_fails_every_rank_with_crc32c)
 {
     flip_case_t fc = {.checksum = "crc32c", .header = 1};
-    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
 START_TEST(flipped_byte_is_silent_without_checksums)
 {
     flip_case_t fc = {.checksum = NULL};
-    th_spec_t spec = {.nranks = 4, .fn = rank_flip, .arg = &fc, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
@@ -1136,33 +1113,22 @@ static Suite *suite(void)
     Suite *s = suite_create("tcp");
     TCase *tc = tcase_create("tcp");
     tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, crc32c_vectors);
-    tcase_add_test(tc, crc32c_implementations_agree);
-    tcase_add_test(tc, forged_hellos_do_not_take_the_slot);
-    tcase_add_test(tc, forged_answers_are_refused);
-    tcase_add_test(tc, different_instances_do_not_connect);
-    tcase_add_test(tc, different_job_ids_do_not_connect);
-    tcase_add_test(tc, secret_on_one_side_only);
-    tcase_add_test(tc, wrong_secret_is_refused);
-    tcase_add_loop_test(tc, auth_token_on_every_rank, 0, 2);
-    tcase_add_loop_test(tc, auth_token_wrong_on_one_rank, 0, 2);
-    tcase_add_test(tc, checksum_modes_must_agree);
-    tcase_add_test(tc, unknown_checksum_is_a_config_error);
-    tcase_add_test(tc, checksummed_data_path);
-    tcase_add_test(tc, plugin_with_checksums_and_secret);
-    tcase_add_test(tc, flipped_byte_fails_every_rank_with_crc32c);
-    tcase_add_test(tc, flipped_header_byte_fails_every_rank_with_crc32c);
-    tcase_add_test(tc, flipped_byte_is_silent_without_checksums);
+    const TTest *const tests[] = {
+        crc32c_vectors, crc32c_implementations_agree, forged_hellos_do_not_take_the_slot,
+        forged_answers_are_refused, different_instances_do_not_connect,
+        different_job_ids_do_not_connect, secret_on_one_side_only, wrong_secret_is_refused,
+        auth_token_on_every_rank, auth_token_wrong_on_one_rank, checksum_modes_must_agree,
+        unknown_checksum_is_a_config_error, checksummed_data_path,
+        plugin_with_checksums_and_secret, flipped_byte_fails_every_rank_with_crc32c,
+        flipped_header_byte_fails_every_rank_with_crc32c,
+        flipped_byte_is_silent_without_checksums, NULL};
+    for (const TTest *const *t = tests; *t; t++) {
+        /* the auth_token tests run twice: _i = 1 under the multiplexer */
+        int loops = *t == auth_token_on_every_rank || *t == auth_token_wrong_on_one_rank ? 2 : 1;
+        tcase_add_loop_test(tc, *t, 0, loops);
+    }
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void)
-{
-    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* tests stay on loopback */
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return th_main(suite()); }
