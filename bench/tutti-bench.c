@@ -44,6 +44,7 @@
 
 #include "cli.h"
 #include "launch.h" /* tools/: starting and stopping -np's ranks, shared with tutti-run */
+#include "stats.h"
 
 enum bench_coll {
     COLL_ALLREDUCE,
@@ -650,27 +651,6 @@ static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, co
 }
 
 /* ---- timing ---------------------------------------------------------------------- */
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of n sorted values. */
-static double percentile(const double *sorted, int n, double p)
-{
-    int k = (int)ceil(p / 100.0 * n);
-    k = k < 1 ? 1 : k > n ? n : k;
-    return sorted[k - 1];
-}
 
 /* ---- one rank ---------------------------------------------------------------------- */
 

@@ -19,6 +19,8 @@
 
 #include <mpi.h>
 
+#include "../stats.h"
+
 enum coll { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER };
 
 struct config {
@@ -68,30 +70,6 @@ static int parse_int(const char *s, int *out, int min)
         return -1;
     *out = (int)v;
     return 0;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of n sorted values. */
-static double percentile(const double *sorted, int n, double p)
-{
-    int k = (int)ceil(p / 100.0 * n);
-    if (k < 1)
-        k = 1;
-    if (k > n)
-        k = n;
-    return sorted[k - 1];
 }
 
 /* Small integers, so float sums are exact and the reference is too. */
