@@ -138,11 +138,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("auth");
-    TCase *tc = tcase_create("auth");
-    tcase_add_test(tc, sha256_vectors);
-    tcase_add_test(tc, hmac_vectors);
-    tcase_add_test(tc, answers_bind_everything);
-    tcase_add_test(tc, secret_sources);
-    suite_add_tcase(s, tc);
+    th_add_tests(s, "auth", 30,
+                 (const TTest *const[]){sha256_vectors, hmac_vectors, answers_bind_everything,
+                                        secret_sources, NULL});
     return th_main(s);
 }

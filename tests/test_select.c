@@ -408,18 +408,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("select");
-    TCase *tc = tcase_create("select");
-    tcase_add_test(tc, names);
-    tcase_add_test(tc, ids_unique);
-    tcase_add_test(tc, force_each);
-    tcase_add_test(tc, bounds_and_bare);
-    tcase_add_test(tc, bad_strings);
-    tcase_add_test(tc, allreduce_hd_dbtree);
-    tcase_add_test(tc, defaults);
-    tcase_add_test(tc, cost_tables_and_strings);
-    tcase_add_test(tc, probe_agrees);
-    tcase_add_test(tc, models_agree);
-    tcase_add_loop_test(tc, probe_on_some_ranks, 0, 2);
-    suite_add_tcase(s, tc);
+    th_add_tests(s, "select", 60, (const TTest *const[]){names, ids_unique, force_each, bounds_and_bare, bad_strings, allreduce_hd_dbtree, defaults, cost_tables_and_strings, probe_agrees, models_agree, NULL});
+    th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     return th_main(s);
 }
