@@ -615,38 +615,18 @@ static int tcp_progress(void *vtp, int timeout_ms)
                        tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(tcp_tp_t *tp, tp_req_t *r)
+static int check_req(tcp_tp_t *tp, tp_req_t *r, int kind)
 {
     int ok = tp_req_peer_ok(r, tp->nranks);
-    return tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
-                        ok ? &tp->links[r->peer].fail : NULL, r);
-}
-
-static int tcp_post_send(void *vtp, tp_req_t *r)
-{
-    tcp_tp_t *tp = vtp;
-    int st = check_req(tp, r);
+    int st = tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
+                          ok ? &tp->links[r->peer].fail : NULL, r);
     if (st < 0)
         return st;
-    r->kind = TUTTI_TP_SEND;
-    tcp_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->sq_head, &L->sq_tail, r);
-    if (L->sq_head == r)
-        link_send(tp, L); /* eager: small messages leave right away */
+    r->kind = kind;
     return TUTTI_OK;
 }
 
-static int tcp_post_recv(void *vtp, tp_req_t *r)
-{
-    tcp_tp_t *tp = vtp;
-    int st = check_req(tp, r);
-    if (st < 0)
-        return st;
-    r->kind = TUTTI_TP_RECV;
-    tcp_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->rq_head, &L->rq_tail, r);
-    return TUTTI_OK;
-}
+TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
 
 /* The head send has begun leaving: another frame now would land inside its payload. */
 static int link_mid_send(const tcp_link_t *L)
