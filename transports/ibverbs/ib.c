@@ -827,15 +827,7 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
 static const tp_ops_t ib_ops = {
     TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
                     .bw_gbs = 10.0),
-    .create = ib_create,
-    .destroy = ib_destroy,
-    .post_send = ib_post_send,
-    .post_recv = ib_post_recv,
-    .progress = ib_progress,
-    .cancel_all = ib_cancel_all,
-    .notify_error = ib_notify_error,
-    .abort = ib_abort,
-    .peer_address = ib_peer_address,
+    TT_KIT_OPS_FNS(ib),
 };
 
 TT_KIT_REGISTER(ibverbs, ib_ops)

@@ -717,15 +717,7 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
 static const tp_ops_t shm_ops = {
     TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
-    .create = shm_create,
-    .destroy = shm_destroy,
-    .post_send = shm_post_send,
-    .post_recv = shm_post_recv,
-    .progress = shm_progress,
-    .cancel_all = shm_cancel_all,
-    .notify_error = shm_notify_error,
-    .abort = shm_abort,
-    .peer_address = shm_peer_address,
+    TT_KIT_OPS_FNS(shm),
 };
 
 TT_KIT_REGISTER(shm, shm_ops)

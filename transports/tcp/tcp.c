@@ -904,15 +904,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
                     .bw_gbs = 2.0),
-    .create = tcp_create,
-    .destroy = tcp_destroy,
-    .post_send = tcp_post_send,
-    .post_recv = tcp_post_recv,
-    .progress = tcp_progress,
-    .cancel_all = tcp_cancel_all,
-    .notify_error = tcp_notify_error,
-    .abort = tcp_abort,
-    .peer_address = tcp_peer_address,
+    TT_KIT_OPS_FNS(tcp),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)
