@@ -86,15 +86,21 @@ static const char *sub_config(void *ctx, const char *name)
     return s->parent->config(s->parent->ctx, name);
 }
 
+/* char msg[2048], formatted from fmt and the variadic arguments that follow it */
+#define SUB_FORMAT(msg, fmt)                                                                \
+    char msg[2048];                                                                         \
+    do {                                                                                    \
+        va_list ap_;                                                                        \
+        va_start(ap_, fmt);                                                                 \
+        vsnprintf(msg, sizeof(msg), fmt, ap_);                                              \
+        va_end(ap_);                                                                        \
+    } while (0)
+
 __attribute__((format(printf, 3, 4))) static void sub_log(void *ctx, int level,
                                                           const char *fmt, ...)
 {
     mux_sub_t *s = ctx;
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    SUB_FORMAT(msg, fmt);
     s->parent->log(s->parent->ctx, level, "%s", msg);
 }
 
@@ -112,11 +118,7 @@ __attribute__((format(printf, 5, 6))) static int sub_error(void *ctx, int status
                                                            int err_no, const char *fmt, ...)
 {
     mux_sub_t *s = ctx;
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    SUB_FORMAT(msg, fmt);
     return s->parent->error(s->parent->ctx, status, peer, err_no, "%s", msg);
 }
 

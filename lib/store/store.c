@@ -534,15 +534,29 @@ err_free_values:
     return st;
 }
 
-int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms)
+/* The opening of a call over n keys, in the order its errors win: no store; no keys
+ * (done at once: TUTTI_OK with *k_p NULL); bad, the caller's other argument error (NULL:
+ * none); then the keys themselves, whose full names land in *k_p. */
+static int keys_open(tutti_store_t *store, const char *op, const char *bad,
+                     const char *const *keys, size_t n, char ***k_p)
 {
-    tt_store_err_t err = {{0}};
-    char **k;
+    *k_p = NULL;
     if (!store)
         return TUTTI_ERR_INVALID_ARG;
     if (n == 0)
         return TUTTI_OK;
-    TT_CHECK(full_keys(store, "wait", keys, n, &k));
+    if (bad)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, op, NULL, "%s", bad);
+    return full_keys(store, op, keys, n, k_p);
+}
+
+int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms)
+{
+    tt_store_err_t err = {{0}};
+    char **k;
+    TT_CHECK(keys_open(store, "wait", NULL, keys, n, &k));
+    if (!k)
+        return TUTTI_OK;
     tutti_store_t *b = store->base;
     uint64_t deadline = op_deadline(store, timeout_ms);
     const char *const *ck = (const char *const *)k;
@@ -596,13 +610,9 @@ int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t 
 {
     tt_store_err_t err = {{0}};
     char **k;
-    if (!store)
-        return TUTTI_ERR_INVALID_ARG;
-    if (n == 0)
+    TT_CHECK(keys_open(store, "multi_get", values_p ? NULL : "values_p is NULL", keys, n, &k));
+    if (!k)
         return TUTTI_OK;
-    if (!values_p)
-        return store_fail(store, TUTTI_ERR_INVALID_ARG, "multi_get", NULL, "values_p is NULL");
-    TT_CHECK(full_keys(store, "multi_get", keys, n, &k));
     int st = TUTTI_ERR_NOMEM;
     void **vals = calloc(n, sizeof(*vals));
     size_t *lens = calloc(n, sizeof(*lens));

@@ -637,41 +637,18 @@ static int ib_progress(void *vtp, int timeout_ms)
                        tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(ib_tp_t *tp, tp_req_t *r)
+static int check_req(ib_tp_t *tp, tp_req_t *r, int kind)
 {
     int ok = tp_req_peer_ok(r, tp->nranks);
-    return tp_check_req(tp->host, "ibverbs", ok && tp->links[r->peer].served,
-                        ok ? &tp->links[r->peer].fail : NULL, r);
-}
-
-static int ib_post_send(void *vtp, tp_req_t *r)
-{
-    ib_tp_t *tp = vtp;
-    int st = check_req(tp, r);
+    int st = tp_check_req(tp->host, "ibverbs", ok && tp->links[r->peer].served,
+                          ok ? &tp->links[r->peer].fail : NULL, r);
     if (st < 0)
         return st;
-    r->kind = TUTTI_TP_SEND;
-    ib_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->sq_head, &L->sq_tail, r);
-    if (L->sq_head == r)
-        link_send(tp, L); /* eager: small messages leave right away */
+    r->kind = kind;
     return TUTTI_OK;
 }
 
-static int ib_post_recv(void *vtp, tp_req_t *r)
-{
-    ib_tp_t *tp = vtp;
-    int st = check_req(tp, r);
-    if (st < 0)
-        return st;
-    r->kind = TUTTI_TP_RECV;
-    ib_link_t *L = &tp->links[r->peer];
-    /* Matched in progress(), not here: a mismatch found at post time would fail the
-     * link under the library's next post, which would then report that post instead of
-     * the mismatch. */
-    tp_req_push(&L->rq_head, &L->rq_tail, r);
-    return TUTTI_OK;
-}
+TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_req, link_send)
 
 static void ib_cancel_all(void *vtp, int status)
 {
@@ -850,15 +827,7 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
 static const tp_ops_t ib_ops = {
     TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
                     .bw_gbs = 10.0),
-    .create = ib_create,
-    .destroy = ib_destroy,
-    .post_send = ib_post_send,
-    .post_recv = ib_post_recv,
-    .progress = ib_progress,
-    .cancel_all = ib_cancel_all,
-    .notify_error = ib_notify_error,
-    .abort = ib_abort,
-    .peer_address = ib_peer_address,
+    TT_KIT_OPS_FNS(ib),
 };
 
 TT_KIT_REGISTER(ibverbs, ib_ops)

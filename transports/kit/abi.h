@@ -30,4 +30,11 @@ typedef tutti_tp_host_v1_t tp_host_t;
 #define TT_KIT_OPS_HEAD(nm, ...)                                                            \
     .size = sizeof(tp_ops_t), .abi_version = TT_KIT_ABI, .name = (nm) TT_KIT_PROPS(__VA_ARGS__)
 
+/* The rest of a tp_ops_t whose entry points are named pfx##_create, pfx##_destroy, ... */
+#define TT_KIT_OPS_FNS(pfx)                                                                 \
+    .create = pfx##_create, .destroy = pfx##_destroy, .post_send = pfx##_post_send,         \
+    .post_recv = pfx##_post_recv, .progress = pfx##_progress,                               \
+    .cancel_all = pfx##_cancel_all, .notify_error = pfx##_notify_error,                     \
+    .abort = pfx##_abort, .peer_address = pfx##_peer_address
+
 #endif

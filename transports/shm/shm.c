@@ -592,31 +592,7 @@ static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
     return TUTTI_OK;
 }
 
-static int shm_post_send(void *vtp, tp_req_t *r)
-{
-    shm_tp_t *tp = vtp;
-    int st = check_req(tp, r, TUTTI_TP_SEND);
-    if (st < 0)
-        return st;
-    shm_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->sq_head, &L->sq_tail, r);
-    if (L->sq_head == r)
-        link_tx(tp, L); /* eager: small messages leave right away */
-    return TUTTI_OK;
-}
-
-static int shm_post_recv(void *vtp, tp_req_t *r)
-{
-    shm_tp_t *tp = vtp;
-    int st = check_req(tp, r, TUTTI_TP_RECV);
-    if (st < 0)
-        return st;
-    shm_link_t *L = &tp->links[r->peer];
-    /* Not read here even if it is there: a mismatch found at post time would fail the
-     * link before the op's other posts (say, its eager send) went out. */
-    tp_req_push(&L->rq_head, &L->rq_tail, r);
-    return TUTTI_OK;
-}
+TT_KIT_POST_FNS(shm, shm_tp_t, shm_link_t, check_req, link_tx)
 
 static void shm_cancel_all(void *vtp, int status)
 {
@@ -741,15 +717,7 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
 static const tp_ops_t shm_ops = {
     TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
-    .create = shm_create,
-    .destroy = shm_destroy,
-    .post_send = shm_post_send,
-    .post_recv = shm_post_recv,
-    .progress = shm_progress,
-    .cancel_all = shm_cancel_all,
-    .notify_error = shm_notify_error,
-    .abort = shm_abort,
-    .peer_address = shm_peer_address,
+    TT_KIT_OPS_FNS(shm),
 };
 
 TT_KIT_REGISTER(shm, shm_ops)

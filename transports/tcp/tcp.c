@@ -615,38 +615,18 @@ static int tcp_progress(void *vtp, int timeout_ms)
                        tp->host->spin_us, timeout_ms);
 }
 
-static int check_req(tcp_tp_t *tp, tp_req_t *r)
+static int check_req(tcp_tp_t *tp, tp_req_t *r, int kind)
 {
     int ok = tp_req_peer_ok(r, tp->nranks);
-    return tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
-                        ok ? &tp->links[r->peer].fail : NULL, r);
-}
-
-static int tcp_post_send(void *vtp, tp_req_t *r)
-{
-    tcp_tp_t *tp = vtp;
-    int st = check_req(tp, r);
+    int st = tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
+                          ok ? &tp->links[r->peer].fail : NULL, r);
     if (st < 0)
         return st;
-    r->kind = TUTTI_TP_SEND;
-    tcp_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->sq_head, &L->sq_tail, r);
-    if (L->sq_head == r)
-        link_send(tp, L); /* eager: small messages leave right away */
+    r->kind = kind;
     return TUTTI_OK;
 }
 
-static int tcp_post_recv(void *vtp, tp_req_t *r)
-{
-    tcp_tp_t *tp = vtp;
-    int st = check_req(tp, r);
-    if (st < 0)
-        return st;
-    r->kind = TUTTI_TP_RECV;
-    tcp_link_t *L = &tp->links[r->peer];
-    tp_req_push(&L->rq_head, &L->rq_tail, r);
-    return TUTTI_OK;
-}
+TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
 
 /* The head send has begun leaving: another frame now would land inside its payload. */
 static int link_mid_send(const tcp_link_t *L)
@@ -924,15 +904,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
                     .bw_gbs = 2.0),
-    .create = tcp_create,
-    .destroy = tcp_destroy,
-    .post_send = tcp_post_send,
-    .post_recv = tcp_post_recv,
-    .progress = tcp_progress,
-    .cancel_all = tcp_cancel_all,
-    .notify_error = tcp_notify_error,
-    .abort = tcp_abort,
-    .peer_address = tcp_peer_address,
+    TT_KIT_OPS_FNS(tcp),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)
