@@ -38,6 +38,19 @@ void tt_btree_free(tt_btree_t *t)
     free(t->reqs);
 }
 
+int tt_btree_run(tt_op_t *op, const size_t *cnt, int (*linear)(tt_op_t *),
+                 int (*body)(tt_op_t *, const tt_btree_t *))
+{
+    if (op->env_count == 0)
+        return linear(op);
+    tt_btree_t t;
+    int st = tt_btree_init(op, cnt, &t);
+    if (st == TUTTI_OK)
+        st = body(op, &t);
+    tt_btree_free(&t);
+    return st;
+}
+
 int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int c, int csub)
 {
     const int n = op->nranks, root = op->root;

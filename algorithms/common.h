@@ -28,6 +28,11 @@ typedef struct {
 int tt_btree_init(tt_op_t *op, const size_t *cnt, tt_btree_t *t_p);
 void tt_btree_free(tt_btree_t *t);
 
+/* Runs body on this rank's tree (cnt as for tt_btree_init), or linear instead for the v
+ * form (env_count 0 on every rank): non-roots there lack the other ranks' counts. */
+int tt_btree_run(tt_op_t *op, const size_t *cnt, int (*linear)(tt_op_t *),
+                 int (*body)(tt_op_t *, const tt_btree_t *));
+
 /* 1 if the blocks of relative ranks c .. c + csub - 1 lie back to back in the root's
  * buffer (layout cnt, dsp): then they travel straight from or to it */
 int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int c, int csub);
