@@ -10,6 +10,7 @@
  */
 #include <string.h>
 
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
@@ -46,26 +47,23 @@ static int a2a_swaps(tt_op_t *op)
 
 int tt_alltoall_ring(tt_op_t *op)
 {
-    const int n = op->nranks, r = op->rank;
-    const size_t es = op->elem_size;
-    const size_t *scnt = op->sendcounts, *sdsp = op->sdispls;
-    const size_t *rcnt = op->recvcounts, *rdsp = op->rdispls;
-    const unsigned char *send = op->sendbuf;
-    unsigned char *recv = op->recvbuf;
-
-    if (send == recv)
+    if (op->sendbuf == op->recvbuf)
         return a2a_swaps(op);
 
+    const int n = op->nranks, r = op->rank;
+    const size_t es = op->elem_size;
+    const size_t *scnt = op->sendcounts, *rcnt = op->recvcounts;
     if (rcnt[r])
-        memcpy(recv + rdsp[r] * es, send + sdsp[r] * es, rcnt[r] * es);
+        memcpy(tt_blk(op->recvbuf, op->rdispls, r, es), tt_cblk(op->sendbuf, op->sdispls, r, es),
+               rcnt[r] * es);
     tt_req_t req[2];
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n, from = (r - s + n) % n;
         memset(req, 0, sizeof(req));
-        TT_CHECK(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
-                             (uint32_t)s, &req[0]));
-        TT_CHECK(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
-                             &req[1]));
+        TT_CHECK(tt_p2p_recv(op, from, tt_blk(op->recvbuf, op->rdispls, from, es),
+                             rcnt[from] * es, (uint32_t)s, &req[0]));
+        TT_CHECK(tt_p2p_send(op, to, tt_cblk(op->sendbuf, op->sdispls, to, es), scnt[to] * es,
+                             (uint32_t)s, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

@@ -22,11 +22,9 @@
 int tt_reduce_scatter_ring(tt_op_t *op)
 {
     const int n = op->nranks, r = op->rank;
-    const size_t es = op->elem_size;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
+    const size_t es = op->elem_size;
     const unsigned char *send = op->sendbuf;
-    unsigned char *recv = op->recvbuf;
-
 
     size_t maxlen = 0;
     for (int i = 0; i < n; i++)
@@ -56,6 +54,6 @@ int tt_reduce_scatter_ring(tt_op_t *op)
     }
     /* out holds block r; every send is done and the input fully read */
     if (cnt[r])
-        memcpy(recv, out, cnt[r] * es);
+        memcpy(op->recvbuf, out, cnt[r] * es);
     return TUTTI_OK;
 }

@@ -11,56 +11,29 @@
  * The root sends a child's blocks straight from sendbuf when they are back to back
  * there, else packs them into scratch first. A leaf receives straight into recvbuf.
  */
-#include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
 
-int tt_scatter_tree(tt_op_t *op)
+static int scatter_down(tt_op_t *op, const tt_btree_t *t)
 {
     const int n = op->nranks, root = op->root;
-    const int vr = (op->rank - root + n) % n;
     const size_t es = op->elem_size;
     const size_t *cnt = op->sendcounts, *dsp = op->sdispls;
     const unsigned char *send = op->sendbuf;
-
-    /* the v form (env_count 0 on every rank): non-roots lack the other ranks' counts */
-    if (op->env_count == 0)
-        return tt_scatter_linear(op);
-
-    int sub = n, lowbit = 0;
-    if (vr) {
-        lowbit = vr & -vr;
-        sub = TT_MIN(lowbit, n - vr);
-    }
-    size_t *poff = malloc(((size_t)sub + 1) * sizeof(*poff));
-    tt_req_t *reqs = calloc(8 * sizeof(int) + 1, sizeof(*reqs));
-    int st = TUTTI_OK;
-    if (!poff || !reqs) {
-        st = TUTTI_ERR_NOMEM;
-        goto out;
-    }
-    poff[0] = 0;
-    for (int i = 0; i < sub; i++)
-        poff[i + 1] = poff[i] + (i == 0 ? op->count : cnt[(vr + i + root) % n]);
-    unsigned char *pk = tt_op_scratch(op, 0, TT_MAX(poff[sub] * es, (size_t)1));
-    if (!pk) {
-        st = TUTTI_ERR_NOMEM;
-        goto out;
-    }
-
+    const int vr = t->vr, sub = t->sub, lowbit = t->lowbit;
     int top = 0; /* levels below lowbit (all of them at the root) */
     while ((1L << top) < (vr ? lowbit : n))
         top++;
     if (vr) {
         /* a leaf's whole subtree is its own block */
-        void *dst = sub > 1 ? (void *)pk : op->recvbuf;
-        TT_CHECK_GOTO(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, poff[sub] * es,
-                                  (uint32_t)top, &reqs[0]),
-                      st, out);
-        TT_CHECK_GOTO(tt_p2p_wait(op, &reqs[0]), st, out);
+        void *dst = sub > 1 ? (void *)t->pk : op->recvbuf;
+        TT_CHECK(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, t->poff[sub] * es,
+                             (uint32_t)top, &t->reqs[0]));
+        TT_CHECK(tt_p2p_wait(op, &t->reqs[0]));
     }
 
     for (int level = top - 1; level >= 0; level--) {
@@ -68,38 +41,33 @@ int tt_scatter_tree(tt_op_t *op)
         if (vr + mask >= n)
             continue;
         const int c = (int)(vr + mask), csub = (int)TT_MIN(mask, n - c);
-        const size_t len = poff[c - vr + csub] - poff[c - vr]; /* 0 goes too */
-        const void *src = pk + poff[c - vr] * es;
+        const size_t len = t->poff[c - vr + csub] - t->poff[c - vr]; /* 0 goes too */
+        const void *src = t->pk + t->poff[c - vr] * es;
         if (vr == 0) {
-            int contig = 1;
-            for (int i = c; i + 1 < c + csub && contig; i++) {
-                int a = (i + root) % n, b = (i + 1 + root) % n;
-                contig = dsp[b] == dsp[a] + cnt[a];
-            }
-            if (contig) {
+            if (tt_btree_contig(op, cnt, dsp, c, csub)) {
                 src = send + dsp[(c + root) % n] * es;
             } else {
                 for (int i = c; i < c + csub; i++) {
                     int b = (i + root) % n;
                     if (cnt[b])
-                        memcpy(pk + poff[i] * es, send + dsp[b] * es, cnt[b] * es);
+                        memcpy(t->pk + t->poff[i] * es, send + dsp[b] * es, cnt[b] * es);
                 }
             }
         }
-        TT_CHECK_GOTO(tt_p2p_send(op, (c + root) % n, src, len * es, (uint32_t)level,
-                                  &reqs[level + 1]),
-                      st, out);
+        TT_CHECK(tt_p2p_send(op, (c + root) % n, src, len * es, (uint32_t)level,
+                             &t->reqs[level + 1]));
     }
 
     /* this rank's own block: at the root from sendbuf (unless in place) */
     if (op->count) {
-        const void *own = vr ? (const void *)pk : (const void *)(send + dsp[root] * es);
+        const void *own = vr ? (const void *)t->pk : (const void *)(send + dsp[root] * es);
         if ((vr == 0 || sub > 1) && own != op->recvbuf)
             memcpy(op->recvbuf, own, op->count * es);
     }
-    st = tt_p2p_wait_all(op, reqs, 8 * sizeof(int) + 1);
-out:
-    free(poff);
-    free(reqs);
-    return st;
+    return tt_p2p_wait_all(op, t->reqs, TT_BTREE_REQS);
+}
+
+int tt_scatter_tree(tt_op_t *op)
+{
+    return tt_btree_run(op, op->sendcounts, tt_scatter_linear, scatter_down);
 }

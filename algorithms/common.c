@@ -1,0 +1,113 @@
+/* Helpers shared by the algorithms (see common.h): the binomial tree's layout and the
+ * linear rooted exchange behind gather_linear and scatter_linear.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "coll/algo.h"
+#include "base/base.h"
+
+int tt_btree_init(tt_op_t *op, const size_t *cnt, tt_btree_t *t_p)
+{
+    const int n = op->nranks, root = op->root;
+    tt_btree_t *t = t_p;
+
+    t->vr = (op->rank - root + n) % n;
+    t->sub = n; /* the root's bound: no parent */
+    t->lowbit = 0;
+    if (t->vr) {
+        t->lowbit = t->vr & -t->vr;
+        t->sub = TT_MIN(t->lowbit, n - t->vr);
+    }
+    t->pk = NULL;
+    t->poff = malloc(((size_t)t->sub + 1) * sizeof(*t->poff));
+    t->reqs = calloc(TT_BTREE_REQS, sizeof(*t->reqs));
+    if (!t->poff || !t->reqs)
+        return TUTTI_ERR_NOMEM;
+    t->poff[0] = 0;
+    for (int i = 0; i < t->sub; i++)
+        t->poff[i + 1] = t->poff[i] + (i == 0 ? op->count : cnt[(t->vr + i + root) % n]);
+    t->pk = tt_op_scratch(op, 0, TT_MAX(t->poff[t->sub] * op->elem_size, (size_t)1));
+    return t->pk ? TUTTI_OK : TUTTI_ERR_NOMEM;
+}
+
+void tt_btree_free(tt_btree_t *t)
+{
+    free(t->poff);
+    free(t->reqs);
+}
+
+int tt_btree_run(tt_op_t *op, const size_t *cnt, int (*linear)(tt_op_t *),
+                 int (*body)(tt_op_t *, const tt_btree_t *))
+{
+    if (op->env_count == 0)
+        return linear(op);
+    tt_btree_t t;
+    int st = tt_btree_init(op, cnt, &t);
+    if (st == TUTTI_OK)
+        st = body(op, &t);
+    tt_btree_free(&t);
+    return st;
+}
+
+int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int c, int csub)
+{
+    const int n = op->nranks, root = op->root;
+    int contig = 1;
+    for (int i = c; i + 1 < c + csub && contig; i++) {
+        int a = (i + root) % n, b = (i + 1 + root) % n;
+        contig = dsp[b] == dsp[a] + cnt[a];
+    }
+    return contig;
+}
+
+/* The root posts all n-1 operations at once, each straight to or from its place in the
+ * root's buffer (recvbuf for gather, sendbuf for scatter). */
+int tt_linear_rooted(tt_op_t *op, int to_root)
+{
+    const int n = op->nranks, root = op->root;
+    const size_t es = op->elem_size;
+    tt_req_t req;
+
+    /* an empty block goes too: a rank that expects one of another size (or none) then
+     * fails on its length */
+    if (op->rank != root) {
+        if (to_root)
+            TT_CHECK(tt_p2p_send(op, root, op->sendbuf, op->count * es, 0, &req));
+        else
+            TT_CHECK(tt_p2p_recv(op, root, op->recvbuf, op->count * es, 0, &req));
+        return tt_p2p_wait(op, &req);
+    }
+
+    const size_t *cnt = to_root ? op->recvcounts : op->sendcounts;
+    const size_t *dsp = to_root ? op->rdispls : op->sdispls;
+    tt_req_t *reqs = calloc((size_t)n, sizeof(*reqs));
+    if (!reqs)
+        return TUTTI_ERR_NOMEM;
+    int st = TUTTI_OK;
+    if (to_root) {
+        for (int j = 0; j < n; j++)
+            if (j != root)
+                TT_CHECK_GOTO(tt_p2p_recv(op, j, tt_blk(op->recvbuf, dsp, j, es), cnt[j] * es,
+                                          0, &reqs[j]),
+                              st, out);
+    } else {
+        for (int j = 0; j < n; j++)
+            if (j != root)
+                TT_CHECK_GOTO(tt_p2p_send(op, j, tt_cblk(op->sendbuf, dsp, j, es), cnt[j] * es,
+                                          0, &reqs[j]),
+                              st, out);
+    }
+    /* in place, the root's block is already where it belongs */
+    if (op->count) {
+        unsigned char *own = to_root ? tt_blk(op->recvbuf, dsp, root, es) : op->recvbuf;
+        const void *from = to_root ? op->sendbuf : tt_cblk(op->sendbuf, dsp, root, es);
+        if (own != from)
+            memcpy(own, from, op->count * es);
+    }
+    st = tt_p2p_wait_all(op, reqs, (size_t)n);
+out:
+    free(reqs);
+    return st;
+}

@@ -1,0 +1,54 @@
+/* Helpers shared by the algorithms, written against core/p2p.h as they are: the linear
+ * rooted exchange (gather, scatter), the binomial tree's layout for the tree gather and
+ * scatter, and where a rank's block lies in a buffer.
+ */
+#ifndef TT_ALGORITHMS_COMMON_H
+#define TT_ALGORITHMS_COMMON_H
+
+#include <stddef.h>
+
+#include "core/p2p.h"
+
+/* requests a binomial tree rank may post: one a level and one for its parent */
+#define TT_BTREE_REQS (8 * sizeof(int) + 1)
+
+/* This rank's place in a binomial tree rooted at op->root, in relative ranks (rank -
+ * root mod n), and the packed layout of its subtree's blocks. */
+typedef struct {
+    int vr;            /* relative rank */
+    int lowbit;        /* vr's lowest set bit (the parent is vr - lowbit); 0 at the root */
+    int sub;           /* ranks in the subtree: relative ranks vr .. vr + sub - 1 */
+    size_t *poff;      /* poff[i]: relative rank vr + i's place in pk; poff[sub]: the total */
+    unsigned char *pk; /* scratch 0, the subtree's blocks packed in relative rank order */
+    tt_req_t *reqs;    /* TT_BTREE_REQS requests */
+} tt_btree_t;
+
+/* Fills *t_p for this rank; cnt: every rank's block count (this rank's is op->count).
+ * On failure too *t_p is ready for tt_btree_free. */
+int tt_btree_init(tt_op_t *op, const size_t *cnt, tt_btree_t *t_p);
+void tt_btree_free(tt_btree_t *t);
+
+/* Runs body on this rank's tree (cnt as for tt_btree_init), or linear instead for the v
+ * form (env_count 0 on every rank): non-roots there lack the other ranks' counts. */
+int tt_btree_run(tt_op_t *op, const size_t *cnt, int (*linear)(tt_op_t *),
+                 int (*body)(tt_op_t *, const tt_btree_t *));
+
+/* 1 if the blocks of relative ranks c .. c + csub - 1 lie back to back in the root's
+ * buffer (layout cnt, dsp): then they travel straight from or to it */
+int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int c, int csub);
+
+/* The linear gather (to_root 1) or scatter (to_root 0) */
+int tt_linear_rooted(tt_op_t *op, int to_root);
+
+/* rank j's block in buf, laid out by dsp */
+static inline unsigned char *tt_blk(void *buf, const size_t *dsp, int j, size_t es)
+{
+    return (unsigned char *)buf + dsp[j] * es;
+}
+
+static inline const unsigned char *tt_cblk(const void *buf, const size_t *dsp, int j, size_t es)
+{
+    return (const unsigned char *)buf + dsp[j] * es;
+}
+
+#endif
