@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tutti's one entry point on a fresh Debian 12 machine (as root, or with sudo):
 #   ./run.sh bench   install what is missing, build, run tutti-bench allreduce on 4 local ranks
-#   ./run.sh test    install what is missing, build, run the whole test suite, then again
-#                    under ASan+UBSan, the fuser's suite under TSan, the fuzz targets
-#                    (fuzz/, libFuzzer) for FUZZ_SECONDS each (default 30), then the ibverbs
+#   ./run.sh test    install what is missing, check the C style (.clang-format), build, run
+#                    the whole test suite, then again under ASan+UBSan, the fuser's suite
+#                    under TSan, the fuzz targets (fuzz/, libFuzzer) for FUZZ_SECONDS each
+#                    (default 30), then the ibverbs
 #                    suites on soft-RoCE inside a qemu guest (tests/rdma/ci.sh;
 #                    TUTTI_RXE_VM=0 skips that step)
 # Extra arguments after `bench` go to tutti-bench (e.g. ./run.sh bench -np 2 -e 1G).
@@ -47,6 +48,8 @@ bench)
     ;;
 test)
     install_deps
+    install_deps clang-format-14
+    tools/dev/format.sh --check # the tree follows .clang-format
     build build
     meson test -C build --print-errorlogs
     # Sanitizers: the same suite, with the big cases shrunk (TT_TEST_QUICK) for time.

@@ -86,12 +86,11 @@ static int ag_bruck(tt_op_t *op)
         const int m = TT_MIN(d, n - d);
         const size_t slen = poff[m], rlen = poff[d + m] - poff[d];
         memset(req, 0, sizeof(req));
-        TT_CHECK_GOTO(tt_p2p_recv(op, (r + d) % n, pk + poff[d] * es, rlen * es,
-                                  (uint32_t)round, &req[0]),
+        TT_CHECK_GOTO(tt_p2p_recv(op, (r + d) % n, pk + poff[d] * es, rlen * es, (uint32_t)round,
+                                  &req[0]),
                       st, out);
-        TT_CHECK_GOTO(tt_p2p_send(op, (r - d + n) % n, pk, slen * es, (uint32_t)round,
-                                  &req[1]),
-                      st, out);
+        TT_CHECK_GOTO(tt_p2p_send(op, (r - d + n) % n, pk, slen * es, (uint32_t)round, &req[1]), st,
+                      out);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, req, 2), st, out);
     }
     for (int i = 1; i < n; i++) {

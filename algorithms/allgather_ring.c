@@ -27,10 +27,8 @@ int tt_allgather_ring(tt_op_t *op)
     for (int t = 0; t < n - 1; t++) {
         const int sb = ((r - t) % n + n) % n, rb = ((r - t - 1) % n + n) % n;
         /* empty blocks go too: a disagreement about a block's size fails on its length */
-        TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t,
-                             &req[0]));
-        TT_CHECK(tt_p2p_send(op, next, recv + dsp[sb] * es, cnt[sb] * es, (uint32_t)t,
-                             &req[1]));
+        TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t, &req[0]));
+        TT_CHECK(tt_p2p_send(op, next, recv + dsp[sb] * es, cnt[sb] * es, (uint32_t)t, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

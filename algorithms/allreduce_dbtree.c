@@ -15,10 +15,10 @@
 enum { DBT_UP = 0, DBT_DOWN = 1 };
 
 typedef struct dbt_tree {
-    int parent;            /* -1 at the root */
-    int child[2];          /* left, right (in virtual order); -1 where absent */
-    int parent_is_root;    /* the parent sends chunk k down at key (k, t, up) */
-    size_t off, len;       /* the half of the vector this tree carries, in elements */
+    int parent;         /* -1 at the root */
+    int child[2];       /* left, right (in virtual order); -1 where absent */
+    int parent_is_root; /* the parent sends chunk k down at key (k, t, up) */
+    size_t off, len;    /* the half of the vector this tree carries, in elements */
     size_t nchunks;
     /* per chunk: receives from child 0, child 1 and the parent; sends to the parent
      * (or none) and to the two children */
@@ -27,8 +27,8 @@ typedef struct dbt_tree {
 
 typedef struct dbt {
     tt_op_t *op;
-    size_t chunk;          /* elements per chunk */
-    size_t slot;           /* elements per scratch slot */
+    size_t chunk; /* elements per chunk */
+    size_t slot;  /* elements per scratch slot */
     unsigned char *scratch;
     dbt_tree_t tree[2];
 } dbt_t;
@@ -96,8 +96,7 @@ static uint32_t dbt_tag(size_t k, int t, int dir)
     return (uint32_t)(((uint64_t)k * 2 + (uint64_t)t) * 2 + (uint64_t)dir);
 }
 
-static void dbt_chunk(const dbt_t *d, const dbt_tree_t *tr, size_t k, size_t *off_p,
-                      size_t *len_p)
+static void dbt_chunk(const dbt_t *d, const dbt_tree_t *tr, size_t k, size_t *off_p, size_t *len_p)
 {
     size_t c0 = k * d->chunk;
     *off_p = tr->off + c0;
@@ -180,8 +179,7 @@ static int dbt_up(dbt_t *d, int t, size_t k)
     if (tr->parent < 0)
         return dbt_send_down(d, tr, t, k); /* the root: acc == dst, the final result */
     /* a leaf sends its input as it is */
-    return tt_p2p_send(op, tr->parent, acc, len * es, dbt_tag(k, t, DBT_UP),
-                       &tr->sreq[3 * k]);
+    return tt_p2p_send(op, tr->parent, acc, len * es, dbt_tag(k, t, DBT_UP), &tr->sreq[3 * k]);
 }
 
 /* Key (k, t, down): chunk k-1 arrived from the parent; pass it on. */
@@ -208,7 +206,7 @@ int tt_allreduce_dbtree(tt_op_t *op)
     if (op->count == 0)
         return TUTTI_OK;
 
-    dbt_t d = {.op = op};
+    dbt_t d = { .op = op };
     if (op->chunk_bytes == 0) {
         d.chunk = SIZE_MAX; /* no pipelining */
     } else {

@@ -29,10 +29,10 @@
 #include "reduce/reduce.h"
 
 enum {
-    HD_TAG_FOLD = 1,    /* odd rank -> even partner, before the rounds */
-    HD_TAG_UNFOLD = 2,  /* the result back, after them */
-    HD_TAG_RS0 = 16,    /* + reduce-scatter round */
-    HD_TAG_AG0 = 80,    /* + allgather round */
+    HD_TAG_FOLD = 1,   /* odd rank -> even partner, before the rounds */
+    HD_TAG_UNFOLD = 2, /* the result back, after them */
+    HD_TAG_RS0 = 16,   /* + reduce-scatter round */
+    HD_TAG_AG0 = 80,   /* + allgather round */
 };
 
 typedef struct hd {
@@ -55,8 +55,8 @@ static int hd_unfold(const hd_t *h, int f)
 /* Exchange with peer: send blocks [sb, sb + nb) from src, receive the peer's blocks
  * [rb, rb + nb) into dst (both in elements from the start of the vector), then wait
  * for both. Empty runs are skipped on both sides alike. */
-static int hd_exchange(tt_op_t *op, const hd_t *h, int peer, uint32_t tag,
-                       const unsigned char *src, int sb, unsigned char *dst, int rb, int nb)
+static int hd_exchange(tt_op_t *op, const hd_t *h, int peer, uint32_t tag, const unsigned char *src,
+                       int sb, unsigned char *dst, int rb, int nb)
 {
     const size_t es = op->elem_size;
     const size_t soff = hd_block_off(h, sb), slen = hd_block_off(h, sb + nb) - soff;
@@ -148,8 +148,8 @@ int tt_allreduce_hd(tt_op_t *op)
     for (int mask = 1; mask < p; mask <<= 1, round++) {
         const int pf = f ^ mask, peer = hd_unfold(&h, pf);
         TT_CHECK(hd_exchange(op, &h, peer, HD_TAG_AG0 + round, recv, f & ~(mask - 1),
-                             recv + hd_block_off(&h, pf & ~(mask - 1)) * es,
-                             pf & ~(mask - 1), mask));
+                             recv + hd_block_off(&h, pf & ~(mask - 1)) * es, pf & ~(mask - 1),
+                             mask));
     }
 
     if (folds) {

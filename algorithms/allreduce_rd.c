@@ -18,9 +18,9 @@
 #include "reduce/reduce.h"
 
 enum {
-    RD_TAG_FOLD = 1,     /* odd rank -> even partner, before the rounds */
-    RD_TAG_UNFOLD = 2,   /* the result back, after them */
-    RD_TAG_ROUND0 = 16,  /* + round number */
+    RD_TAG_FOLD = 1,    /* odd rank -> even partner, before the rounds */
+    RD_TAG_UNFOLD = 2,  /* the result back, after them */
+    RD_TAG_ROUND0 = 16, /* + round number */
 };
 
 int tt_allreduce_rd(tt_op_t *op)

@@ -19,9 +19,9 @@
 
 typedef struct ring {
     tt_op_t *op;
-    size_t base, rem;     /* block b: base + (b < rem) elements */
-    size_t chunk;         /* elements per chunk */
-    size_t max_chunks;    /* chunks of the largest block (block 0) */
+    size_t base, rem;  /* block b: base + (b < rem) elements */
+    size_t chunk;      /* elements per chunk */
+    size_t max_chunks; /* chunks of the largest block (block 0) */
 } ring_t;
 
 static size_t ring_block_len(const ring_t *rg, int b)
@@ -77,8 +77,8 @@ static int ring_post_recvs(const ring_t *rg, int t, tt_req_t *rreq, unsigned cha
         size_t c0 = k * rg->chunk, clen = TT_MIN(rg->chunk, len - c0);
         void *dst = t < n - 1 ? (void *)(scratch + c0 * es)
                               : (void *)((unsigned char *)op->recvbuf + (off + c0) * es);
-        TT_CHECK(tt_p2p_recv(op, (op->rank + n - 1) % n, dst, clen * es, ring_tag(rg, t, k),
-                             &rreq[k]));
+        TT_CHECK(
+            tt_p2p_recv(op, (op->rank + n - 1) % n, dst, clen * es, ring_tag(rg, t, k), &rreq[k]));
     }
     return TUTTI_OK;
 }
@@ -112,7 +112,7 @@ int tt_allreduce_ring(tt_op_t *op)
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     tt_req_t *rreq = reqs;
-    tt_req_t *sreq[2] = {reqs + rg.max_chunks, reqs + 2 * rg.max_chunks};
+    tt_req_t *sreq[2] = { reqs + rg.max_chunks, reqs + 2 * rg.max_chunks };
     int st = TUTTI_OK;
 
     /* Step 0 sends this rank's own block unreduced, straight from sendbuf; later
@@ -153,8 +153,7 @@ int tt_allreduce_ring(tt_op_t *op)
         if (t + 1 < steps)
             TT_CHECK_GOTO(ring_post_recvs(&rg, t + 1, rreq, scratch), st, out);
         int sb = ring_mod(&rg, r - t);
-        TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq[t & 1],
-                                      ring_nchunks(&rg, ring_block_len(&rg, sb))),
+        TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq[t & 1], ring_nchunks(&rg, ring_block_len(&rg, sb))),
                       st, out);
     }
 

@@ -44,8 +44,8 @@ int tt_alltoall_pairwise(tt_op_t *op)
      * (or the reverse) fails on the length, instead of leaving it in the stream */
     for (int s = 1; s < n; s++) {
         const int from = (r - s + n) % n;
-        TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es,
-                                  (uint32_t)s, &reqs[s]),
+        TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es, (uint32_t)s,
+                                  &reqs[s]),
                       st, out);
     }
     for (int s = 1; s < n; s++) {

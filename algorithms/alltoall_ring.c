@@ -60,8 +60,8 @@ int tt_alltoall_ring(tt_op_t *op)
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n, from = (r - s + n) % n;
         memset(req, 0, sizeof(req));
-        TT_CHECK(tt_p2p_recv(op, from, tt_blk(op->recvbuf, op->rdispls, from, es),
-                             rcnt[from] * es, (uint32_t)s, &req[0]));
+        TT_CHECK(tt_p2p_recv(op, from, tt_blk(op->recvbuf, op->rdispls, from, es), rcnt[from] * es,
+                             (uint32_t)s, &req[0]));
         TT_CHECK(tt_p2p_send(op, to, tt_cblk(op->sendbuf, op->sdispls, to, es), scnt[to] * es,
                              (uint32_t)s, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));

@@ -37,8 +37,7 @@ int tt_broadcast_chain(tt_op_t *op)
         const unsigned char *src = op->sendbuf;
         for (size_t k = 0; k < nck; k++) {
             size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
-            TT_CHECK_GOTO(tt_p2p_send(op, next, src + c0 * es, clen * es, (uint32_t)k,
-                                      &sreq[k]),
+            TT_CHECK_GOTO(tt_p2p_send(op, next, src + c0 * es, clen * es, (uint32_t)k, &sreq[k]),
                           st, out);
         }
         /* The copy overlaps whatever the transport does with the sends meanwhile. */
@@ -50,16 +49,15 @@ int tt_broadcast_chain(tt_op_t *op)
 
     for (size_t k = 0; k < nck; k++) {
         size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
-        TT_CHECK_GOTO(tt_p2p_recv(op, prev, recv + c0 * es, clen * es, (uint32_t)k, &rreq[k]),
-                      st, out);
+        TT_CHECK_GOTO(tt_p2p_recv(op, prev, recv + c0 * es, clen * es, (uint32_t)k, &rreq[k]), st,
+                      out);
     }
     const int last = vr == n - 1;
     for (size_t k = 0; k < nck; k++) {
         size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
         TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[k]), st, out);
         if (!last)
-            TT_CHECK_GOTO(tt_p2p_send(op, next, recv + c0 * es, clen * es, (uint32_t)k,
-                                      &sreq[k]),
+            TT_CHECK_GOTO(tt_p2p_send(op, next, recv + c0 * es, clen * es, (uint32_t)k, &sreq[k]),
                           st, out);
     }
     if (!last)

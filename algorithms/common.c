@@ -89,14 +89,14 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     if (to_root) {
         for (int j = 0; j < n; j++)
             if (j != root)
-                TT_CHECK_GOTO(tt_p2p_recv(op, j, tt_blk(op->recvbuf, dsp, j, es), cnt[j] * es,
-                                          0, &reqs[j]),
+                TT_CHECK_GOTO(tt_p2p_recv(op, j, tt_blk(op->recvbuf, dsp, j, es), cnt[j] * es, 0,
+                                          &reqs[j]),
                               st, out);
     } else {
         for (int j = 0; j < n; j++)
             if (j != root)
-                TT_CHECK_GOTO(tt_p2p_send(op, j, tt_cblk(op->sendbuf, dsp, j, es), cnt[j] * es,
-                                          0, &reqs[j]),
+                TT_CHECK_GOTO(tt_p2p_send(op, j, tt_cblk(op->sendbuf, dsp, j, es), cnt[j] * es, 0,
+                                          &reqs[j]),
                               st, out);
     }
     /* in place, the root's block is already where it belongs */

@@ -29,7 +29,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
 
     /* children: vr + 2^j for 2^j below lowbit (every 2^j < n at the root) */
     unsigned char *recv = op->recvbuf;
-    int direct[8 * sizeof(int)] = {0};
+    int direct[8 * sizeof(int)] = { 0 };
     int level = 0;
     for (long mask = 1; mask < n && (vr == 0 || mask < lowbit); mask <<= 1, level++) {
         if (vr + mask >= n)
@@ -44,8 +44,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
                 direct[level] = 1;
             }
         }
-        TT_CHECK(tt_p2p_recv(op, (c + root) % n, dst, len * es, (uint32_t)level,
-                             &t->reqs[level]));
+        TT_CHECK(tt_p2p_recv(op, (c + root) % n, dst, len * es, (uint32_t)level, &t->reqs[level]));
     }
     TT_CHECK(tt_p2p_wait_all(op, t->reqs, TT_BTREE_REQS));
 
@@ -54,8 +53,8 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
         int plevel = 0;
         while ((1 << plevel) != lowbit)
             plevel++;
-        TT_CHECK(tt_p2p_send(op, (vr - lowbit + root) % n, src, t->poff[sub] * es,
-                             (uint32_t)plevel, &t->reqs[0]));
+        TT_CHECK(tt_p2p_send(op, (vr - lowbit + root) % n, src, t->poff[sub] * es, (uint32_t)plevel,
+                             &t->reqs[0]));
         TT_CHECK(tt_p2p_wait(op, &t->reqs[0]));
         return TUTTI_OK;
     }

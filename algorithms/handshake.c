@@ -60,7 +60,13 @@ out:
 }
 
 /* broadcast, scatter: the root only sends */
-int tt_post_confirm_release(tt_op_t *op) { return root_handshake(op, 1); }
+int tt_post_confirm_release(tt_op_t *op)
+{
+    return root_handshake(op, 1);
+}
 
 /* reduce, gather: the non-roots only send */
-int tt_post_release(tt_op_t *op) { return root_handshake(op, 0); }
+int tt_post_release(tt_op_t *op)
+{
+    return root_handshake(op, 0);
+}

@@ -27,7 +27,6 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     const size_t len = cnt[r];
     const int in_place = op->sendbuf == op->recvbuf;
 
-
     /* scratch 0: two receive buffers, then the accumulator in place (never asked for 0
      * bytes: the first request of a communicator's scratch would give NULL) */
     unsigned char *scr = tt_op_scratch(op, 0, TT_MAX((in_place ? 3 : 2) * len * es, (size_t)1));
@@ -37,7 +36,7 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
         return TUTTI_ERR_NOMEM;
     }
     tt_req_t *sreq = reqs, *rreq = reqs + n; /* by step; rreq[s & 1] */
-    unsigned char *tmp[2] = {scr, scr + len * es};
+    unsigned char *tmp[2] = { scr, scr + len * es };
     unsigned char *acc = in_place ? scr + 2 * len * es : recv;
     int st = TUTTI_OK;
 
@@ -48,8 +47,7 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
                       st, out);
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n;
-        TT_CHECK_GOTO(tt_p2p_send(op, to, send + dsp[to] * es, cnt[to] * es, (uint32_t)s,
-                                  &sreq[s]),
+        TT_CHECK_GOTO(tt_p2p_send(op, to, send + dsp[to] * es, cnt[to] * es, (uint32_t)s, &sreq[s]),
                       st, out);
     }
     for (int s = 1; s < n; s++) {

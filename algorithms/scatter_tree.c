@@ -31,8 +31,8 @@ static int scatter_down(tt_op_t *op, const tt_btree_t *t)
     if (vr) {
         /* a leaf's whole subtree is its own block */
         void *dst = sub > 1 ? (void *)t->pk : op->recvbuf;
-        TT_CHECK(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, t->poff[sub] * es,
-                             (uint32_t)top, &t->reqs[0]));
+        TT_CHECK(tt_p2p_recv(op, (vr - lowbit + root) % n, dst, t->poff[sub] * es, (uint32_t)top,
+                             &t->reqs[0]));
         TT_CHECK(tt_p2p_wait(op, &t->reqs[0]));
     }
 
@@ -54,8 +54,8 @@ static int scatter_down(tt_op_t *op, const tt_btree_t *t)
                 }
             }
         }
-        TT_CHECK(tt_p2p_send(op, (c + root) % n, src, len * es, (uint32_t)level,
-                             &t->reqs[level + 1]));
+        TT_CHECK(
+            tt_p2p_send(op, (c + root) % n, src, len * es, (uint32_t)level, &t->reqs[level + 1]));
     }
 
     /* this rank's own block: at the root from sendbuf (unless in place) */

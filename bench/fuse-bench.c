@@ -67,8 +67,7 @@ static void add(tset_t *s, size_t count, int new_layer)
 }
 
 /* conv weight, then its batch norm's weight and bias: one layer */
-static void conv_bn(tset_t *s, size_t cin, size_t cout, size_t k, int with_bn_state,
-                    tset_t *state)
+static void conv_bn(tset_t *s, size_t cin, size_t cout, size_t k, int with_bn_state, tset_t *state)
 {
     add(s, cout * cin * k * k, 1);
     add(s, cout, 0);
@@ -91,7 +90,7 @@ static void make_resnet(tset_t *s, tset_t *state)
     s->name = "resnet50 (161 tensors)";
     state->name = "resnet50 state";
     conv_bn(s, 3, 64, 7, 1, state);
-    static const int blocks[4] = {3, 4, 6, 3}, widths[4] = {64, 128, 256, 512};
+    static const int blocks[4] = { 3, 4, 6, 3 }, widths[4] = { 64, 128, 256, 512 };
     size_t in = 64;
     for (int st = 0; st < 4; st++) {
         size_t w = (size_t)widths[st];
@@ -137,14 +136,14 @@ static double median_max(tutti_comm_t *comm, double *t, int n)
     return t[n / 2];
 }
 
-#define CHECK(call)                                                                     \
-    do {                                                                                \
-        int st_ = (call);                                                               \
-        if (st_ != TUTTI_OK) {                                                          \
-            fprintf(stderr, "fuse-bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,   \
-                    tutti_strerror(st_));                                               \
-            exit(3);                                                                    \
-        }                                                                               \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int st_ = (call);                                                                          \
+        if (st_ != TUTTI_OK) {                                                                     \
+            fprintf(stderr, "fuse-bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
+                    tutti_strerror(st_));                                                          \
+            exit(3);                                                                               \
+        }                                                                                          \
     } while (0)
 
 typedef struct backward {
@@ -158,7 +157,7 @@ static void sleep_s(double s)
 {
     if (s <= 0)
         return;
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
     nanosleep(&ts, NULL);
 }
 
@@ -247,8 +246,8 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
             printf("%-24s %2d ranks %8.2f MB  per-tensor %9.3f ms  fuser %8.3f ms  "
                    "fuser-views %8.3f ms  flat %8.3f ms  fuser/flat %.2f  views/flat %.2f  "
                    "per-tensor/fuser %.1f  per-tensor/views %.1f\n",
-                   s->name, tutti_comm_size(comm), (double)s->total * 4 / 1e6, per * 1e3,
-                   fz * 1e3, fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz, per / fzv);
+                   s->name, tutti_comm_size(comm), (double)s->total * 4 / 1e6, per * 1e3, fz * 1e3,
+                   fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz, per / fzv);
             fflush(stdout);
         }
     }
@@ -325,8 +324,8 @@ static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     if (tutti_comm_rank(comm) == 0) {
         printf("%-24s %2d ranks %3d tensors %8.2f MB  broadcast one by one %8.2f ms  "
                "coalesced %8.2f ms  speed-up %.2f\n",
-               s->name, tutti_comm_size(comm), n, (double)s->total * 4 / 1e6, one * 1e3,
-               co * 1e3, one / co);
+               s->name, tutti_comm_size(comm), n, (double)s->total * 4 / 1e6, one * 1e3, co * 1e3,
+               one / co);
         fflush(stdout);
     }
     for (int i = 0; i < n; i++)
@@ -367,7 +366,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 int main(int argc, char **argv)
 {
-    cfg_t cfg = {.np = 2, .iters = 7, .set = "all"};
+    cfg_t cfg = { .np = 2, .iters = 7, .set = "all" };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-np") && i + 1 < argc)
             cfg.np = atoi(argv[++i]);

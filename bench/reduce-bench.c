@@ -40,7 +40,8 @@ __attribute__((noinline, optimize("no-tree-vectorize")))
 #else
 __attribute__((noinline))
 #endif
-static void naive_sum_scalar(float *dst, const float *src, size_t n)
+static void
+naive_sum_scalar(float *dst, const float *src, size_t n)
 {
 #if defined(__clang__)
 #pragma clang loop vectorize(disable) interleave(disable)
@@ -71,15 +72,9 @@ static double time_run(run_kind_t kind, tutti_dtype_t dt, tutti_redop_t op)
     for (int r = -1; r < reps; r++) { /* one warm-up pass */
         double t0 = now_s();
         switch (kind) {
-        case RUN_REDUCE:
-            tt_reduce(dst_buf, src_buf, count, dt, op);
-            break;
-        case RUN_REDUCE3:
-            tt_reduce3(dst_buf, src_buf, src2_buf, count, dt, op);
-            break;
-        case RUN_MEMCPY:
-            memcpy(dst_buf, src_buf, buf_bytes);
-            break;
+        case RUN_REDUCE: tt_reduce(dst_buf, src_buf, count, dt, op); break;
+        case RUN_REDUCE3: tt_reduce3(dst_buf, src_buf, src2_buf, count, dt, op); break;
+        case RUN_MEMCPY: memcpy(dst_buf, src_buf, buf_bytes); break;
         case RUN_NAIVE:
             naive_sum_scalar((float *)dst_buf, (const float *)src_buf, buf_bytes / 4);
             break;
@@ -103,29 +98,14 @@ static void fill(void *buf, tutti_dtype_t dt)
     for (size_t i = 0; i < n; i++) {
         switch (dt) {
         case TUTTI_INT8:
-        case TUTTI_UINT8:
-            ((uint8_t *)buf)[i] = (uint8_t)(i & 1);
-            break;
-        case TUTTI_INT32:
-            ((int32_t *)buf)[i] = (int32_t)(i & 1);
-            break;
-        case TUTTI_INT64:
-            ((int64_t *)buf)[i] = (int64_t)(i & 1);
-            break;
-        case TUTTI_FP16:
-            ((uint16_t *)buf)[i] = tt_float_to_half(1.0f);
-            break;
-        case TUTTI_BF16:
-            ((uint16_t *)buf)[i] = tt_float_to_bf16(1.0f);
-            break;
-        case TUTTI_FP32:
-            ((float *)buf)[i] = 1.0f;
-            break;
-        case TUTTI_FP64:
-            ((double *)buf)[i] = 1.0;
-            break;
-        default:
-            break;
+        case TUTTI_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(i & 1); break;
+        case TUTTI_INT32: ((int32_t *)buf)[i] = (int32_t)(i & 1); break;
+        case TUTTI_INT64: ((int64_t *)buf)[i] = (int64_t)(i & 1); break;
+        case TUTTI_FP16: ((uint16_t *)buf)[i] = tt_float_to_half(1.0f); break;
+        case TUTTI_BF16: ((uint16_t *)buf)[i] = tt_float_to_bf16(1.0f); break;
+        case TUTTI_FP32: ((float *)buf)[i] = 1.0f; break;
+        case TUTTI_FP64: ((double *)buf)[i] = 1.0; break;
+        default: break;
         }
     }
 }
@@ -163,8 +143,7 @@ int main(int argc, char **argv)
     printf("kernels: %s, buffer %zu MiB, median of %d\n", tt_reduce_isa_name(), mib, reps);
     printf("in GB/s: buffer bytes / time; traffic GB/s: bytes moved / time (reduce 3x: "
            "read dst, read src, write dst; memcpy 2x)\n\n");
-    printf("%-22s %9s %9s %12s %10s\n", "kernel", "ms", "in GB/s", "traffic GB/s",
-           "vs memcpy");
+    printf("%-22s %9s %9s %12s %10s\n", "kernel", "ms", "in GB/s", "traffic GB/s", "vs memcpy");
 
     double t_memcpy = time_run(RUN_MEMCPY, TUTTI_DTYPE_COUNT, TUTTI_SUM);
     double memcpy_traffic = 2.0 * (double)buf_bytes / t_memcpy / 1e9;
@@ -172,13 +151,11 @@ int main(int argc, char **argv)
 
     fill(dst_buf, TUTTI_FP32);
     fill(src_buf, TUTTI_FP32);
-    row("f32 sum naive scalar", time_run(RUN_NAIVE, TUTTI_FP32, TUTTI_SUM), 3.0,
-        memcpy_traffic);
+    row("f32 sum naive scalar", time_run(RUN_NAIVE, TUTTI_FP32, TUTTI_SUM), 3.0, memcpy_traffic);
     row("f32 sum naive default", time_run(RUN_NAIVE_DEFAULT, TUTTI_FP32, TUTTI_SUM), 3.0,
         memcpy_traffic);
     fill(src2_buf, TUTTI_FP32);
-    row("f32 sum tt_reduce3", time_run(RUN_REDUCE3, TUTTI_FP32, TUTTI_SUM), 3.0,
-        memcpy_traffic);
+    row("f32 sum tt_reduce3", time_run(RUN_REDUCE3, TUTTI_FP32, TUTTI_SUM), 3.0, memcpy_traffic);
 
     for (int dt = 0; dt < TUTTI_DTYPE_COUNT; dt++) {
         fill(dst_buf, (tutti_dtype_t)dt);

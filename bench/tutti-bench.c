@@ -61,23 +61,23 @@ enum bench_coll {
 
 /* The names tutti_comm_algo_for and TUTTI_ALGO use. */
 static const char *const coll_names[COLL_COUNT] = {
-    "allreduce", "broadcast", "barrier", "reduce",  "allgather",
-    "reduce_scatter", "gather", "scatter", "alltoall",
+    "allreduce",      "broadcast", "barrier", "reduce",   "allgather",
+    "reduce_scatter", "gather",    "scatter", "alltoall",
 };
 
 /* --algo all: every algorithm name the library may have per collective. A name the
  * library rejects (tutti_comm_init fails on it in opts.algo) is absent and skipped. */
 #define MAX_ALGOS 8
 static const char *const algo_candidates[COLL_COUNT][MAX_ALGOS + 1] = {
-    [COLL_ALLREDUCE] = {"ring", "rd", "hd", "dbtree", NULL},
-    [COLL_BROADCAST] = {"chain", "tree", NULL},
-    [COLL_BARRIER] = {"dissemination", NULL},
-    [COLL_REDUCE] = {"tree", "ring", NULL},
-    [COLL_ALLGATHER] = {"ring", "rd", NULL},
-    [COLL_REDUCE_SCATTER] = {"ring", "pairwise", NULL},
-    [COLL_GATHER] = {"linear", "tree", NULL},
-    [COLL_SCATTER] = {"linear", "tree", NULL},
-    [COLL_ALLTOALL] = {"pairwise", "ring", NULL},
+    [COLL_ALLREDUCE] = { "ring", "rd", "hd", "dbtree", NULL },
+    [COLL_BROADCAST] = { "chain", "tree", NULL },
+    [COLL_BARRIER] = { "dissemination", NULL },
+    [COLL_REDUCE] = { "tree", "ring", NULL },
+    [COLL_ALLGATHER] = { "ring", "rd", NULL },
+    [COLL_REDUCE_SCATTER] = { "ring", "pairwise", NULL },
+    [COLL_GATHER] = { "linear", "tree", NULL },
+    [COLL_SCATTER] = { "linear", "tree", NULL },
+    [COLL_ALLTOALL] = { "pairwise", "ring", NULL },
 };
 
 /* Collectives that take a reduction op / a root. */
@@ -103,7 +103,10 @@ static double busbw_factor(enum bench_coll c, int n)
 {
     switch (c) {
     case COLL_ALLREDUCE: return 2.0 * (n - 1) / n;
-    case COLL_ALLGATHER: case COLL_REDUCE_SCATTER: case COLL_GATHER: case COLL_SCATTER:
+    case COLL_ALLGATHER:
+    case COLL_REDUCE_SCATTER:
+    case COLL_GATHER:
+    case COLL_SCATTER:
     case COLL_ALLTOALL: return (double)(n - 1) / n;
     default: return 1.0;
     }
@@ -116,7 +119,8 @@ static size_t select_bytes(enum bench_coll c, size_t count, size_t esize, int n)
 {
     switch (c) {
     case COLL_BARRIER: return 0;
-    case COLL_ALLGATHER: case COLL_REDUCE_SCATTER: return (size_t)n * count * esize;
+    case COLL_ALLGATHER:
+    case COLL_REDUCE_SCATTER: return (size_t)n * count * esize;
     default: return count * esize;
     }
 }
@@ -155,7 +159,8 @@ typedef struct bench_row {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
         "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [-d DTYPE] [-o OP]\n"
         "                   [-r ROOT] [--algo NAME|all] [--transport NAME] [--json FILE]\n"
@@ -216,7 +221,8 @@ static void usage(FILE *f)
         "  TUTTI_COST_MODEL        algorithm cost model: table (default), probe, or\n"
         "                          alpha=<us>,bw=<GB/s>,reduce=<GB/s>\n"
         "  TUTTI_PLUGIN_PATH       ':'-separated dirs searched for libtutti-transport-NAME.so\n"
-        "  TUTTI_ALGO              algorithm override, e.g. \"allreduce:rd@<64K,ring;broadcast:tree\"\n"
+        "  TUTTI_ALGO              algorithm override, e.g. "
+        "\"allreduce:rd@<64K,ring;broadcast:tree\"\n"
         "  TUTTI_SOCKET_IFNAME     interfaces: \"eth0,ib\" prefixes, \"^docker,lo\" exclusions,\n"
         "                          \"=eth0\" exact names\n"
         "  TUTTI_SOCKET_FAMILY     address family: 0 any, 4 IPv4, 6 IPv6\n"
@@ -236,7 +242,8 @@ static void usage(FILE *f)
         "  TUTTI_REDUCE_ISA        cap the reduce kernels: generic, avx2, avx512\n"
         "  TUTTI_JOB_ID            the job the ranks belong to: ranks of different jobs never\n"
         "                          meet (-np sets one per run)\n"
-        "(all listed in docs/configuration.md)\n", TT_LAUNCH_MAX_RANKS);
+        "(all listed in docs/configuration.md)\n",
+        TT_LAUNCH_MAX_RANKS);
 }
 
 static int parse_size(const char *s, size_t *size_p)
@@ -248,9 +255,21 @@ static int parse_size(const char *s, size_t *size_p)
         return -1;
     unsigned shift = 0;
     switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
     default: break;
     }
     if (*end == 'i')
@@ -315,8 +334,7 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
         return -1;
     }
     if (cfg_p->np > 0 && cfg_p->root >= cfg_p->np) {
-        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg_p->root,
-                cfg_p->np);
+        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg_p->root, cfg_p->np);
         return -1;
     }
     return 0;
@@ -331,15 +349,15 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
         char name[64];
         const char *v = split_value(argv[i], name, sizeof(name), &a);
 #define FLAG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-#define VALUE()                                                                           \
-    do {                                                                                  \
-        if (!v) {                                                                         \
-            if (i + 1 >= argc) {                                                          \
-                fprintf(stderr, "tutti-bench: %s needs a value\n", a);                    \
-                return -1;                                                                \
-            }                                                                             \
-            v = argv[++i];                                                                \
-        }                                                                                 \
+#define VALUE()                                                                                    \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            if (i + 1 >= argc) {                                                                   \
+                fprintf(stderr, "tutti-bench: %s needs a value\n", a);                             \
+                return -1;                                                                         \
+            }                                                                                      \
+            v = argv[++i];                                                                         \
+        }                                                                                          \
     } while (0)
         int bad = 0;
         if (FLAG("-h", "--help")) {
@@ -433,7 +451,7 @@ static uint16_t float_to_half(float f)
     if (f < ldexpf(1.0f, -14)) /* subnormal */
         return sign | (uint16_t)lrintf(ldexpf(f, 24));
     int e;
-    float m = frexpf(f, &e); /* f = m * 2^e, m in [0.5, 1) */
+    float m = frexpf(f, &e);          /* f = m * 2^e, m in [0.5, 1) */
     long man = lrintf(ldexpf(m, 11)); /* 11 significant bits */
     if (man == 2048) {
         man = 1024;
@@ -505,21 +523,18 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 {
     const int sgn = cfg->dtype != TUTTI_UINT8; /* negative values allowed */
     switch (cfg->op) {
-    case TUTTI_SUM:
-        return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
+    case TUTTI_SUM: return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
     case TUTTI_PROD: /* at most two of the first six ranks give 2 (or -2): |prod| <= 4 */
         if (r < 6 && ((size_t)r + i) % 4 == 0)
             return sgn && i % 3 == 1 ? -2.0 : 2.0;
         return 1.0;
     case TUTTI_MIN:
-    case TUTTI_MAX:
-        return (double)(((size_t)r * 7 + i * 3) % 17) - (sgn ? 8 : 0);
+    case TUTTI_MAX: return (double)(((size_t)r * 7 + i * 3) % 17) - (sgn ? 8 : 0);
     case TUTTI_AVG: { /* rank 0 adds (n-1)*s, the others subtract s: the sum is n*base */
         double base = (double)(1 + i % 5), s = (double)(i % 2);
         return base + (r == 0 ? (double)(n - 1) * s : -s);
     }
-    default:
-        return 0.0;
+    default: return 0.0;
     }
 }
 
@@ -553,7 +568,8 @@ static double red_expected(const bench_cfg_t *cfg, int n, size_t i)
     for (int r = 1; r < n; r++) {
         double v = red_value(cfg, r, n, i);
         switch (cfg->op) {
-        case TUTTI_SUM: case TUTTI_AVG: acc += v; break;
+        case TUTTI_SUM:
+        case TUTTI_AVG: acc += v; break;
         case TUTTI_PROD: acc *= v; break;
         case TUTTI_MIN: acc = v < acc ? v : acc; break;
         case TUTTI_MAX: acc = v > acc ? v : acc; break;
@@ -571,7 +587,9 @@ static size_t send_count(enum bench_coll coll, int n, size_t c)
 {
     switch (coll) {
     case COLL_BARRIER: return 0;
-    case COLL_REDUCE_SCATTER: case COLL_SCATTER: case COLL_ALLTOALL: return (size_t)n * c;
+    case COLL_REDUCE_SCATTER:
+    case COLL_SCATTER:
+    case COLL_ALLTOALL: return (size_t)n * c;
     default: return c;
     }
 }
@@ -580,7 +598,9 @@ static size_t recv_count(enum bench_coll coll, int n, size_t c)
 {
     switch (coll) {
     case COLL_BARRIER: return 0;
-    case COLL_ALLGATHER: case COLL_GATHER: case COLL_ALLTOALL: return (size_t)n * c;
+    case COLL_ALLGATHER:
+    case COLL_GATHER:
+    case COLL_ALLTOALL: return (size_t)n * c;
     default: return c;
     }
 }
@@ -590,7 +610,8 @@ static double send_value(const bench_cfg_t *cfg, int me, int n, size_t c, size_t
 {
     switch (cfg->coll) {
     case COLL_BROADCAST: return bcast_value(cfg, me, i);
-    case COLL_ALLGATHER: case COLL_GATHER: return move_value(cfg, (size_t)me, i);
+    case COLL_ALLGATHER:
+    case COLL_GATHER: return move_value(cfg, (size_t)me, i);
     case COLL_SCATTER: return move_value(cfg, i / c, i % c);
     case COLL_ALLTOALL: return move_value(cfg, (size_t)me * (size_t)n + i / c, i % c);
     default: return red_value(cfg, me, n, i); /* allreduce, reduce, reduce_scatter */
@@ -602,7 +623,8 @@ static double expected_value(const bench_cfg_t *cfg, int me, int n, size_t c, si
 {
     switch (cfg->coll) {
     case COLL_BROADCAST: return bcast_value(cfg, cfg->root, i);
-    case COLL_ALLGATHER: case COLL_GATHER: return move_value(cfg, i / c, i % c);
+    case COLL_ALLGATHER:
+    case COLL_GATHER: return move_value(cfg, i / c, i % c);
     case COLL_SCATTER: return move_value(cfg, (size_t)me, i);
     case COLL_ALLTOALL: return move_value(cfg, (i / c) * (size_t)n + (size_t)me, i % c);
     case COLL_REDUCE_SCATTER: return red_expected(cfg, n, (size_t)me * c + i);
@@ -665,8 +687,8 @@ typedef struct bench_ctx {
 static int report_failure(const bench_ctx_t *b, const char *what, size_t bytes, int in_place,
                           int st)
 {
-    fprintf(stderr, "tutti-bench: rank %d: %s failed (%zu B, %s): %s (%s): %s\n", b->rank,
-            what, bytes, in_place ? "in-place" : "out-of-place", tutti_strerror(st),
+    fprintf(stderr, "tutti-bench: rank %d: %s failed (%zu B, %s): %s (%s): %s\n", b->rank, what,
+            bytes, in_place ? "in-place" : "out-of-place", tutti_strerror(st),
             tutti_status_name(st), tutti_comm_last_error(b->comm));
     return st;
 }
@@ -690,17 +712,13 @@ static int run_once(const bench_ctx_t *b, size_t count, int in_place)
     const void *src = in_place ? TUTTI_IN_PLACE : b->send;
     int root = cfg->root, is_root = b->rank == root;
     switch (cfg->coll) {
-    case COLL_ALLREDUCE:
-        return tutti_allreduce(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
-    case COLL_BROADCAST:
-        return tutti_broadcast(b->comm, src, b->recv, count, cfg->dtype, root);
-    case COLL_BARRIER:
-        return tutti_barrier(b->comm);
+    case COLL_ALLREDUCE: return tutti_allreduce(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
+    case COLL_BROADCAST: return tutti_broadcast(b->comm, src, b->recv, count, cfg->dtype, root);
+    case COLL_BARRIER: return tutti_barrier(b->comm);
     case COLL_REDUCE:
         return tutti_reduce(b->comm, in_place ? b->recv : b->send, b->recv, count, cfg->dtype,
                             cfg->op, root);
-    case COLL_ALLGATHER:
-        return tutti_allgather(b->comm, src, b->recv, count, cfg->dtype);
+    case COLL_ALLGATHER: return tutti_allgather(b->comm, src, b->recv, count, cfg->dtype);
     case COLL_REDUCE_SCATTER:
         return tutti_reduce_scatter(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
     case COLL_GATHER:
@@ -710,13 +728,11 @@ static int run_once(const bench_ctx_t *b, size_t count, int in_place)
     case COLL_SCATTER:
         if (!in_place)
             return tutti_scatter(b->comm, b->send, b->recv, count, cfg->dtype, root);
-        return tutti_scatter(b->comm, b->recv, is_root ? TUTTI_IN_PLACE_OUT
-                                                       : block_at(b, count, b->rank),
-                             count, cfg->dtype, root);
-    case COLL_ALLTOALL:
-        return tutti_alltoall(b->comm, src, b->recv, count, cfg->dtype);
-    default:
-        break;
+        return tutti_scatter(b->comm, b->recv,
+                             is_root ? TUTTI_IN_PLACE_OUT : block_at(b, count, b->rank), count,
+                             cfg->dtype, root);
+    case COLL_ALLTOALL: return tutti_alltoall(b->comm, src, b->recv, count, cfg->dtype);
+    default: break;
     }
     return TUTTI_ERR_INVALID_ARG;
 }
@@ -770,8 +786,7 @@ static const void *result_at(const bench_ctx_t *b, size_t count, int in_place)
     return b->recv;
 }
 
-static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place,
-                    bench_half_t *h)
+static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place, bench_half_t *h)
 {
     const bench_cfg_t *cfg = b->cfg;
     const char *what = coll_names[cfg->coll];
@@ -856,22 +871,21 @@ static const char *dtype_col(const bench_cfg_t *cfg)
 static void print_header(const bench_ctx_t *b, const bench_set_t *set)
 {
     const bench_cfg_t *cfg = b->cfg;
-    printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n",
-           coll_names[cfg->coll], b->size, tutti_comm_transport(set->main), dtype_col(cfg),
-           redop_col(cfg));
+    printf("# tutti-bench: %s, %d ranks, transport %s, dtype %s, op %s\n", coll_names[cfg->coll],
+           b->size, tutti_comm_transport(set->main), dtype_col(cfg), redop_col(cfg));
     const char *job = getenv("TUTTI_JOB_ID");
     if (job && *job)
         printf("# job %s\n", job);
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
-           cfg->sync ? ", barrier before each" : "",
-           cfg->algo ? ", algo " : "", cfg->algo ? cfg->algo : "");
+           cfg->sync ? ", barrier before each" : "", cfg->algo ? ", algo " : "",
+           cfg->algo ? cfg->algo : "");
     if (cfg->coll != COLL_BARRIER)
         printf("# busbw = algbw x %s%s\n",
-               cfg->coll == COLL_ALLREDUCE ? "2(n-1)/n"
+               cfg->coll == COLL_ALLREDUCE         ? "2(n-1)/n"
                : busbw_factor(cfg->coll, 2) == 1.0 ? "1"
-                                                  : "(n-1)/n",
+                                                   : "(n-1)/n",
                coll_blocked(cfg->coll) ? "; count = per-rank block, size = nranks x count x "
                                          "elem"
                                        : "");
@@ -886,8 +900,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
         printf("#%11s %12s %6s %6s %5s ", "size", "count", "type", "redop", "root");
         for (int a = 0; a < set->nalgos; a++)
             printf(" %10s", set->names[a]);
-        printf("  %-13s %8s  %-13s %8s %7s\n", "fastest", "busbw", "model", "vs best",
-               "#wrong");
+        printf("  %-13s %8s  %-13s %8s %7s\n", "fastest", "busbw", "model", "vs best", "#wrong");
         printf("#%11s %12s %6s %6s %5s ", "(B)", "(elements)", "", "", "");
         for (int a = 0; a < set->nalgos; a++)
             printf(" %10s", "(us)");
@@ -897,8 +910,8 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     if (cfg->coll == COLL_BARRIER) {
         printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "size", "count", "type",
                "redop", "root", "time", "algbw", "busbw", "#wrong", "p50", "p99");
-        printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "(B)", "(elements)", "",
-               "", "", "(us)", "", "", "", "(us)", "(us)");
+        printf("#%11s %12s %6s %6s %5s  %9s %8s %8s %7s %9s %9s\n", "(B)", "(elements)", "", "", "",
+               "(us)", "", "", "", "(us)", "(us)");
         return;
     }
     printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
@@ -930,9 +943,9 @@ static void print_half(const bench_half_t *h, int barrier)
 static double algo_busbw(const bench_ctx_t *b, const bench_row_t *row, int a)
 {
     const bench_half_t *h = &row->per_algo[a];
-    return h->p50_us > 0 ? (double)row->bytes / 1e3 / h->p50_us *
-                               busbw_factor(b->cfg->coll, b->size)
-                         : 0.0;
+    return h->p50_us > 0
+               ? (double)row->bytes / 1e3 / h->p50_us * busbw_factor(b->cfg->coll, b->size)
+               : 0.0;
 }
 
 /* --algo all: the model's time against the fastest's, "best" when it is the fastest. */
@@ -944,8 +957,8 @@ static void vs_best(const bench_row_t *row, char *buf, size_t len)
         snprintf(buf, len, "best");
     else
         snprintf(buf, len, "+%.1f%%",
-                 100.0 * (row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us -
-                          1.0));
+                 100.0 *
+                     (row->per_algo[row->model].p50_us / row->per_algo[row->best].p50_us - 1.0));
 }
 
 static long long algo_wrong(const bench_set_t *set, const bench_row_t *row)
@@ -1008,8 +1021,8 @@ static void json_string(FILE *f, const char *s)
 
 static void json_half_body(FILE *f, const bench_half_t *h, int barrier)
 {
-    fprintf(f, "{\"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f", h->mean_us,
-            h->p50_us, h->p99_us);
+    fprintf(f, "{\"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f", h->mean_us, h->p50_us,
+            h->p99_us);
     if (!barrier)
         fprintf(f, ", \"algbw_gbps\": %.6f, \"busbw_gbps\": %.6f", h->algbw, h->busbw);
     if (h->wrong >= 0)
@@ -1042,8 +1055,9 @@ static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_
         json_string(f, tutti_comm_transport(set->main));
         fprintf(f, ", \"algo\": ");
         json_string(f, r->algo);
-        fprintf(f, ", \"size\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"redop\": \"%s\", "
-                   "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"busbw_factor\": %.6f",
+        fprintf(f,
+                ", \"size\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"redop\": \"%s\", "
+                "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"busbw_factor\": %.6f",
                 r->bytes, r->count, dtype_col(cfg), redop_col(cfg), root_col(cfg), cfg->iters,
                 cfg->warmup, barrier ? 0.0 : busbw_factor(cfg->coll, b->size));
         if (cfg->algo_all) {
@@ -1083,8 +1097,7 @@ static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_
 
 /* The rows of a run, one per size from MIN to MAX by FACTOR (barrier: one); unit is the
  * bytes of one count. Returns 0, or -1 out of memory. */
-static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p,
-                     size_t *nsizes_p)
+static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, size_t *nsizes_p)
 {
     int barrier = cfg->coll == COLL_BARRIER;
     size_t nsizes = 0, cap = 0;
@@ -1186,8 +1199,7 @@ static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
     if (cfg->algo_all) {
         printf("# Model picked the fastest at %d of %d sizes", t->model_hits, t->model_rows);
         if (t->worst_bytes)
-            printf("; worst miss +%.1f%% at %zu B", 100.0 * (t->worst_miss - 1.0),
-                   t->worst_bytes);
+            printf("; worst miss +%.1f%% at %zu B", 100.0 * (t->worst_miss - 1.0), t->worst_bytes);
         printf("\n");
     }
     printf("#\n");
@@ -1199,14 +1211,12 @@ static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
 static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
 {
     tutti_comm_t *comm = set->main;
-    bench_ctx_t b = {cfg, comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL,
-                     NULL};
+    bench_ctx_t b = { cfg, comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL, NULL };
     int barrier = cfg->coll == COLL_BARRIER;
     size_t esize = tutti_dtype_size(cfg->dtype);
     if (cfg->root >= b.size) {
         if (b.rank == 0)
-            fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root,
-                    b.size);
+            fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, b.size);
         return 3;
     }
     /* blocked collectives: size = nranks x count x elem */
@@ -1234,7 +1244,7 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
         print_header(&b, set);
         fflush(stdout);
     }
-    bench_tally_t tally = {.worst_miss = 1.0};
+    bench_tally_t tally = { .worst_miss = 1.0 };
     for (size_t k = 0; k < nsizes; k++) {
         bench_row_t *row = &rows[k];
         size_t sel = select_bytes(cfg->coll, row->count, esize, b.size);
@@ -1361,9 +1371,8 @@ static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int
             continue;
         }
         if (st != TUTTI_OK) {
-            fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init (%s): %s (%s): %s\n",
-                    rank, spec, tutti_strerror(st), tutti_status_name(st),
-                    tutti_store_last_error(store));
+            fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init (%s): %s (%s): %s\n", rank, spec,
+                    tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
             rc = 3;
             goto out;
         }
@@ -1394,8 +1403,7 @@ static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
     tutti_store_t *store;
     int st = tutti_store_open_file(&store, dir, sopts.timeout_ms);
     if (st != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: rank %d: file store %s: %s\n", rank, dir,
-                tutti_strerror(st));
+        fprintf(stderr, "tutti-bench: rank %d: file store %s: %s\n", rank, dir, tutti_strerror(st));
         return 3;
     }
     tutti_comm_opts_t opts;
@@ -1444,7 +1452,7 @@ static int run_local(const bench_cfg_t *cfg)
     tt_launch_t l;
     if (tt_launch_start(&l, "tutti-bench", cfg->np, 1) < 0)
         return 3;
-    local_rank_t arg = {.cfg = cfg, .dir = l.dir};
+    local_rank_t arg = { .cfg = cfg, .dir = l.dir };
     int rc = 0;
     fflush(stdout);
     fflush(stderr);
@@ -1475,8 +1483,7 @@ static int run_local(const bench_cfg_t *cfg)
         }
         int got = tt_launch_signal_received();
         if (!tt_launch_stopping(&l) && got) {
-            fprintf(stderr, "tutti-bench: %s: stopping %d rank(s)\n", strsignal(got),
-                    l.running);
+            fprintf(stderr, "tutti-bench: %s: stopping %d rank(s)\n", strsignal(got), l.running);
             rc = 128 + got;
             tt_launch_stop(&l);
         } else if (!tt_launch_stopping(&l) && now_us() > deadline) {
@@ -1509,13 +1516,13 @@ static int run_env_all(const bench_cfg_t *cfg)
         size_s = getenv("WORLD_SIZE");
     if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
         const char *addr = getenv("MASTER_ADDR");
-        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
-                 addr, getenv("MASTER_PORT"));
+        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s", addr,
+                 getenv("MASTER_PORT"));
         url = urlbuf;
     }
     int rank, size;
-    if (!rank_s || !size_s || !url || parse_int(rank_s, 0, &rank) ||
-        parse_int(size_s, 1, &size) || rank >= size) {
+    if (!rank_s || !size_s || !url || parse_int(rank_s, 0, &rank) || parse_int(size_s, 1, &size) ||
+        rank >= size) {
         fprintf(stderr, "tutti-bench: need the rank, the world size and the store in the "
                         "environment (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE)\n");
         return 3;
@@ -1538,8 +1545,10 @@ static int run_env(const bench_cfg_t *cfg)
 {
     /* mpirun: TUTTI_RANK/TUTTI_WORLD_SIZE from Open MPI's (or PMI's) variables. */
     static const char *const map[][2] = {
-        {"OMPI_COMM_WORLD_RANK", "TUTTI_RANK"}, {"OMPI_COMM_WORLD_SIZE", "TUTTI_WORLD_SIZE"},
-        {"PMI_RANK", "TUTTI_RANK"},             {"PMI_SIZE", "TUTTI_WORLD_SIZE"},
+        { "OMPI_COMM_WORLD_RANK", "TUTTI_RANK" },
+        { "OMPI_COMM_WORLD_SIZE", "TUTTI_WORLD_SIZE" },
+        { "PMI_RANK", "TUTTI_RANK" },
+        { "PMI_SIZE", "TUTTI_WORLD_SIZE" },
     };
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
         const char *v = getenv(map[i][0]);

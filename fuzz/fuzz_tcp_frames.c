@@ -30,8 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int k = 0; k < 4; k++)
             reqs[i].env[k] = (uint64_t)k + 1;
     }
-    tcp_recv_fuzz_input(&host, data[0] & 1 ? TCP_CSUM_CRC32C : TCP_CSUM_NONE,
-                        data + 1 + 2 * nreqs, size - 1 - 2 * nreqs, reqs, nreqs);
+    tcp_recv_fuzz_input(&host, data[0] & 1 ? TCP_CSUM_CRC32C : TCP_CSUM_NONE, data + 1 + 2 * nreqs,
+                        size - 1 - 2 * nreqs, reqs, nreqs);
     for (size_t i = 0; i < nreqs; i++)
         free(reqs[i].buf);
     return 0;

@@ -25,7 +25,6 @@
 
 #include "harness.h"
 
-
 #include "collectives.h"
 #include "ref.h"
 
@@ -36,7 +35,7 @@ typedef struct ctx {
     tutti_comm_t *comm;
     const char *algo;
     unsigned char *send, *recv, *ref;
-    size_t cap;         /* bytes in each buffer, guard included */
+    size_t cap; /* bytes in each buffer, guard included */
     uint64_t cases;
     int failures;
     int comm_failed;
@@ -82,7 +81,7 @@ static size_t a2a_key(int dst, size_t j)
 /* Uneven per-rank counts, some empty: the k-th pattern. */
 static size_t vcount(int i, int k)
 {
-    static const size_t pick[] = {0, 3, 17, 1000, 1, 4097};
+    static const size_t pick[] = { 0, 3, 17, 1000, 1, 4097 };
     return pick[((size_t)i * 5 + (size_t)k) % ARRAY_SIZE(pick)];
 }
 
@@ -121,8 +120,7 @@ static void garbage_guarded(unsigned char *buf, size_t bytes)
     memset(buf + bytes, GUARD_BYTE, GUARD_BYTES);
 }
 
-
-static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
+static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer" };
 
 /* The layout of a blocks collective (allgather, gather, scatter): the element size, the
  * case's seed, every rank's displacement and the extent. */
@@ -161,8 +159,8 @@ static void blocks_ref(ctx_t *c, tutti_dtype_t dt, const size_t *counts, const b
 
 /* This rank's block for allgather and gather: generated in c->send, or in place (inp) at
  * its displacement in c->recv. Returns the sendbuf (mode 1: TUTTI_IN_PLACE). */
-static const void *own_block(ctx_t *c, tutti_dtype_t dt, const size_t *counts,
-                             const blocks_t *b, int inp, int mode)
+static const void *own_block(ctx_t *c, tutti_dtype_t dt, const size_t *counts, const blocks_t *b,
+                             int inp, int mode)
 {
     const int me = c->rank;
     unsigned char *in = inp ? c->recv + b->displs[me] * b->es : c->send;
@@ -173,8 +171,7 @@ static const void *own_block(ctx_t *c, tutti_dtype_t dt, const size_t *counts,
 
 /* ---- reduce ---- */
 
-static void t_reduce(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count, int root,
-                     int mode)
+static void t_reduce(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count, int root, int mode)
 {
     const size_t es = tutti_dtype_size(dt), bytes = count * es;
     const uint64_t seed = mix64(++c->cases);
@@ -221,8 +218,8 @@ static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const
     size_t displs[16];
     const size_t total = packed_displs(n, counts, displs);
     char what[128];
-    snprintf(what, sizeof(what), "reduce_scatter%s %s %s block %zu (total %zu)",
-             vform ? "v" : "", mode_names[mode], tutti_redop_name(op), counts[me], total);
+    snprintf(what, sizeof(what), "reduce_scatter%s %s %s block %zu (total %zu)", vform ? "v" : "",
+             mode_names[mode], tutti_redop_name(op), counts[me], total);
 
     unsigned char *in = mode ? c->recv : c->send;
     fill_input(in, dt, op, me, total, seed);
@@ -230,7 +227,7 @@ static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const
     if (!mode)
         memset(c->recv, GARBAGE_BYTE, out_bytes);
     memset(c->recv + out_bytes, GUARD_BYTE, GUARD_BYTES);
-    const void *sendbuf = mode == 0 ? (const void *)c->send
+    const void *sendbuf = mode == 0   ? (const void *)c->send
                           : mode == 1 ? TUTTI_IN_PLACE
                                       : (const void *)c->recv;
     int st = vform ? tutti_reduce_scatterv(c->comm, sendbuf, c->recv, counts, dt, op)
@@ -282,8 +279,8 @@ static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform
     const int inp = is_root && mode;
     const void *sendbuf = own_block(c, dt, counts, &b, inp, mode);
     void *recvbuf = is_root ? (void *)c->recv : NULL;
-    int st = vform ? tutti_gatherv(c->comm, sendbuf, counts[me], recvbuf,
-                                   is_root ? counts : NULL, is_root ? b.displs : NULL, dt, root)
+    int st = vform ? tutti_gatherv(c->comm, sendbuf, counts[me], recvbuf, is_root ? counts : NULL,
+                                   is_root ? b.displs : NULL, dt, root)
                    : tutti_gather(c->comm, sendbuf, recvbuf, counts[me], dt, root);
     if (!status_ok(c, st, b.what) || !is_root)
         return;
@@ -305,7 +302,7 @@ static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vfor
         memcpy(c->send, c->ref, b.extent * b.es);
     garbage_guarded(c->recv, counts[me] * b.es);
     const int inp = is_root && mode;
-    void *recvbuf = !inp ? (void *)c->recv
+    void *recvbuf = !inp        ? (void *)c->recv
                     : mode == 1 ? TUTTI_IN_PLACE_OUT
                                 : (void *)(c->send + b.displs[me] * b.es);
     const void *sendbuf = is_root ? (const void *)c->send : NULL;
@@ -367,7 +364,7 @@ static void t_alltoall(ctx_t *c, tutti_dtype_t dt, size_t count, int vk, int mod
     for (int j = 0; j < n; j++)
         for (size_t e = 0; e < scnt[j]; e++)
             gen_val(in + (ind[j] + e) * es, dt, me, a2a_key(j, e), seed);
-    const void *sendbuf = mode == 0 ? (const void *)c->send
+    const void *sendbuf = mode == 0   ? (const void *)c->send
                           : mode == 1 ? TUTTI_IN_PLACE
                                       : (const void *)c->recv;
     int st;
@@ -390,26 +387,26 @@ static void t_alltoall(ctx_t *c, tutti_dtype_t dt, size_t count, int vk, int mod
 
 typedef struct set {
     const char *label;
-    const char *algo;  /* TUTTI_ALGO */
+    const char *algo;     /* TUTTI_ALGO */
     const char *names[6]; /* reduce, allgather, reduce_scatter, gather, scatter, alltoall */
 } set_t;
 
-static const char *const coll_names[6] = {"reduce", "allgather", "reduce_scatter",
-                                          "gather", "scatter", "alltoall"};
+static const char *const coll_names[6] = { "reduce", "allgather", "reduce_scatter",
+                                           "gather", "scatter",   "alltoall" };
 
 static const set_t sets[2] = {
-    {"tree/rd/pairwise/tree/tree/ring",
-     "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
-     "alltoall:ring",
-     {"tree", "rd", "pairwise", "tree", "tree", "ring"}},
-    {"ring/ring/ring/linear/linear/pairwise",
-     "reduce:ring;allgather:ring;reduce_scatter:ring;gather:linear;scatter:linear;"
-     "alltoall:pairwise",
-     {"ring", "ring", "ring", "linear", "linear", "pairwise"}},
+    { "tree/rd/pairwise/tree/tree/ring",
+      "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
+      "alltoall:ring",
+      { "tree", "rd", "pairwise", "tree", "tree", "ring" } },
+    { "ring/ring/ring/linear/linear/pairwise",
+      "reduce:ring;allgather:ring;reduce_scatter:ring;gather:linear;scatter:linear;"
+      "alltoall:pairwise",
+      { "ring", "ring", "ring", "linear", "linear", "pairwise" } },
 };
 
-static const tutti_dtype_t move_dtypes[] = {TUTTI_INT8, TUTTI_BF16, TUTTI_INT32, TUTTI_FP64};
-static const size_t small_counts[] = {0, 1, 7, 4097};
+static const tutti_dtype_t move_dtypes[] = { TUTTI_INT8, TUTTI_BF16, TUTTI_INT32, TUTTI_FP64 };
+static const size_t small_counts[] = { 0, 1, 7, 4097 };
 
 static size_t big_count(void)
 {
@@ -424,7 +421,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     const size_t big = big_count();
 
     /* the override must reach the selection, or this tests some other algorithm */
-    static const size_t probe_bytes[] = {1, 4096, 64 << 20};
+    static const size_t probe_bytes[] = { 1, 4096, 64 << 20 };
     for (int k = 0; k < 6; k++)
         for (size_t i = 0; i < ARRAY_SIZE(probe_bytes); i++) {
             const char *got = tutti_comm_algo_for(comm, coll_names[k], probe_bytes[i]);
@@ -432,7 +429,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                     coll_names[k], probe_bytes[i], got ? got : "NULL", set->names[k]);
         }
 
-    ctx_t c = {.rank = rank, .nranks = n, .comm = comm, .algo = set->label};
+    ctx_t c = { .rank = rank, .nranks = n, .comm = comm, .algo = set->label };
     /* the largest extent: n blocks of up to 4097 elements with gaps, or about big; the
      * scatter reference holds an extent and a block */
     c.cap = 2 * ((size_t)n * 4100 + big + 64) * 8 + 2 * GUARD_BYTES;
@@ -447,8 +444,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
         for (size_t o = 0; o < ARRAY_SIZE(all_ops) && !c.comm_failed; o++)
             for (size_t k = 0; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
                 const int mode = (int)((o + k + d) % 3);
-                t_reduce(&c, dt, all_ops[o], small_counts[k], (int)((d + o + k) % (size_t)n),
-                         mode);
+                t_reduce(&c, dt, all_ops[o], small_counts[k], (int)((d + o + k) % (size_t)n), mode);
                 for (int i = 0; i < n; i++)
                     counts[i] = small_counts[k];
                 if (!c.comm_failed)
@@ -594,5 +590,5 @@ END_TEST
 void collectives_others_add(Suite *s)
 {
     th_add_case(s, "others_matrix", matrix, 10, 120);
-    th_add_tests(s, "others_async", 90, (const TTest *const[]){async_other_collectives, NULL});
+    th_add_tests(s, "others_async", 90, (const TTest *const[]){ async_other_collectives, NULL });
 }

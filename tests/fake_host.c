@@ -31,7 +31,10 @@ static int fh_get(void *ctx, const char *key, void **value_p, size_t *len_p, int
     return tutti_store_get(t->store, fh_key(t, key, k, sizeof(k)), value_p, len_p, timeout_ms);
 }
 
-static void fh_free(void *v) { free(v); }
+static void fh_free(void *v)
+{
+    free(v);
+}
 
 static const char *fh_config(void *ctx, const char *name)
 {
@@ -52,8 +55,7 @@ static const char *fh_config(void *ctx, const char *name)
     return getenv(full);
 }
 
-__attribute__((format(printf, 3, 4))) static void fh_log(void *ctx, int level,
-                                                         const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void fh_log(void *ctx, int level, const char *fmt, ...)
 {
     th_host_t *t = ctx;
     if (level > TUTTI_LOG_WARN && !getenv("TT_TEST_VERBOSE"))
@@ -79,14 +81,12 @@ __attribute__((format(printf, 5, 6))) static int fh_error(void *ctx, int status,
     t->err_status = status;
     t->err_peer = peer;
     if (getenv("TT_TEST_VERBOSE"))
-        fprintf(stderr, "[rank %d error] %s: %s\n", t->h.rank, tutti_status_name(status),
-                t->err);
+        fprintf(stderr, "[rank %d error] %s: %s\n", t->h.rank, tutti_status_name(status), t->err);
     return status;
 }
 
 /* What the library does with its secret (lib/base/auth.c); the transport never sees it. */
-static int fh_auth(void *ctx, const char *context, const uint8_t challenge[32],
-                   uint8_t answer[32])
+static int fh_auth(void *ctx, const char *context, const uint8_t challenge[32], uint8_t answer[32])
 {
     const char *secret = ((th_host_t *)ctx)->secret;
     if (secret)
@@ -103,7 +103,8 @@ void th_host_init(th_host_t *t, tutti_store_t *store, int rank, int nranks, int 
     t->h = (tutti_tp_host_v2_t){
         .size = sizeof(tutti_tp_host_v2_t),
         .abi_version = TUTTI_TRANSPORT_ABI_V1, /* the host struct's layout version */
-        .rank = rank, .nranks = nranks,
+        .rank = rank,
+        .nranks = nranks,
         .timeout_ms = timeout_ms,
         .spin_us = 50,
         .ctx = t,
@@ -142,8 +143,8 @@ void th_host_close(th_host_t *t)
     }
 }
 
-void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t seq,
-                uint64_t fp, uint64_t tag)
+void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t seq, uint64_t fp,
+                uint64_t tag)
 {
     memset(r, 0, sizeof(*r));
     r->peer = peer;

@@ -10,12 +10,12 @@
 
 typedef struct th_host {
     tutti_tp_host_v2_t h;
-    tutti_store_t *base;  /* opened by th_host_open (NULL when the test gave a store) */
-    tutti_store_t *store; /* where the transport's keys go */
-    const char *prefix;   /* put before every key the transport uses (NULL: none) */
-    const char *knobs;    /* "NAME=VALUE,..." answered before the environment, or NULL */
+    tutti_store_t *base;   /* opened by th_host_open (NULL when the test gave a store) */
+    tutti_store_t *store;  /* where the transport's keys go */
+    const char *prefix;    /* put before every key the transport uses (NULL: none) */
+    const char *knobs;     /* "NAME=VALUE,..." answered before the environment, or NULL */
     char knob_val[8][128]; /* the answers (the i-th entry's in [i]: they stay valid) */
-    const char *secret;   /* the job secret for auth_answer (NULL: authentication off) */
+    const char *secret;    /* the job secret for auth_answer (NULL: authentication off) */
     /* the last error the transport recorded, and how many */
     int nerr;
     int err_status;
@@ -34,7 +34,7 @@ int th_host_open(th_host_t *t, const char *dir, const char *prefix, int rank, in
 void th_host_close(th_host_t *t);
 
 /* A request to post: host memory, no handle, no stream; envelope (seq, fp, len, tag). */
-void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t seq,
-                uint64_t fp, uint64_t tag);
+void th_req_set(tutti_tp_req_v2_t *r, int peer, void *buf, size_t len, uint64_t seq, uint64_t fp,
+                uint64_t tag);
 
 #endif

@@ -47,7 +47,7 @@ void th_rmtree(const char *dir)
 
 void th_sleep_ms(int ms)
 {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
 }
@@ -79,9 +79,8 @@ int th_main(Suite *s)
     return failed ? 1 : 0;
 }
 
-__attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
-                                               const char *dir, pid_t parent,
-                                               const char *job_id)
+__attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank, const char *dir,
+                                               pid_t parent, const char *job_id)
 {
     /* A harness that dies (Check's timeout kills it) must not leave ranks behind; the
      * getppid check closes the race with a parent that died before the prctl. */
@@ -107,24 +106,23 @@ __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
         }
         st = tutti_comm_init(&comm, store, rank, spec->nranks, spec->opts);
         if (st != TUTTI_OK) {
-            fprintf(stderr, "th: rank %d: tutti_comm_init: %s: %s\n", rank,
-                    tutti_status_name(st), tutti_store_last_error(store));
+            fprintf(stderr, "th: rank %d: tutti_comm_init: %s: %s\n", rank, tutti_status_name(st),
+                    tutti_store_last_error(store));
             fflush(NULL);
             _exit(TH_EXIT_SETUP);
         }
         rc = spec->fn(rank, spec->nranks, comm, dir, spec->arg);
         st = tutti_comm_destroy(comm);
         if (st != TUTTI_OK) {
-            fprintf(stderr, "th: rank %d: tutti_comm_destroy: %s\n", rank,
-                    tutti_status_name(st));
+            fprintf(stderr, "th: rank %d: tutti_comm_destroy: %s\n", rank, tutti_status_name(st));
             if (rc == 0)
                 rc = TH_EXIT_DESTROY;
         }
         tutti_store_close(store);
     }
     if (rc < 0 || rc > 125) {
-        fprintf(stderr, "th: rank %d: body returned %d, outside 0..125; exiting with 125\n",
-                rank, rc);
+        fprintf(stderr, "th: rank %d: body returned %d, outside 0..125; exiting with 125\n", rank,
+                rc);
         rc = 125;
     }
     fflush(NULL);
@@ -134,11 +132,9 @@ __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank,
 static void th_describe_exit(int rank, int nranks, int code)
 {
     if (code == TH_EXIT_SETUP)
-        fprintf(stderr, "th: rank %d/%d failed to set up (store or communicator)\n", rank,
-                nranks);
+        fprintf(stderr, "th: rank %d/%d failed to set up (store or communicator)\n", rank, nranks);
     else if (code == TH_EXIT_DESTROY)
-        fprintf(stderr, "th: rank %d/%d passed but tutti_comm_destroy failed\n", rank,
-                nranks);
+        fprintf(stderr, "th: rank %d/%d passed but tutti_comm_destroy failed\n", rank, nranks);
     else if (code > 128)
         fprintf(stderr, "th: rank %d/%d died of signal %d (%s)\n", rank, nranks, code - 128,
                 strsignal(code - 128));
@@ -183,8 +179,7 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
     const pid_t self = getpid();
     static unsigned runs;
     char job_id[64];
-    snprintf(job_id, sizeof(job_id), "th-%ld-%u-%lld", (long)self, runs++,
-             (long long)th_now_ms());
+    snprintf(job_id, sizeof(job_id), "th-%ld-%u-%lld", (long)self, runs++, (long long)th_now_ms());
     int started = 0, fork_failed = 0;
     for (; started < n; started++) {
         pid_t pid = fork();
@@ -235,8 +230,10 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
                         if (pids[o])
                             kill(pids[o], SIGKILL);
                     if (alive)
-                        fprintf(stderr, "th: killing the %d other running rank(s) after "
-                                        "rank %d failed\n", alive, r);
+                        fprintf(stderr,
+                                "th: killing the %d other running rank(s) after "
+                                "rank %d failed\n",
+                                alive, r);
                 }
             }
         }
@@ -278,8 +275,8 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
     return th_run_ex(&spec, NULL);
 }
 
-int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
-                size_t len, int timeout_ms)
+int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out, size_t len,
+                int timeout_ms)
 {
     char k[512], def[256];
     if (!base) {
@@ -322,7 +319,7 @@ int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *
     if (st != 0) {
         tutti_store_close(store);
         fprintf(stderr, "job %d rank %d: init: %s\n", job, rank, tutti_status_name(st));
-        return st == TUTTI_ERR_IN_USE  ? TH_JR_IN_USE
+        return st == TUTTI_ERR_IN_USE    ? TH_JR_IN_USE
                : st == TUTTI_ERR_TIMEOUT ? TH_JR_TIMEOUT
                                          : TH_JR_INIT_OTHER;
     }
@@ -343,9 +340,10 @@ int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *
         }
         for (int k = 0; k < count && rc == TH_JR_OK; k++) {
             if (v[k] != expect) {
-                fprintf(stderr, "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
-                        "ranks of two jobs met\n", job, rank, (long long)v[k],
-                        (long long)expect);
+                fprintf(stderr,
+                        "job %d rank %d: allreduce gave %lld, its job's sum is %lld: "
+                        "ranks of two jobs met\n",
+                        job, rank, (long long)v[k], (long long)expect);
                 rc = TH_JR_WRONG;
             }
         }
@@ -357,8 +355,11 @@ int th_job_rank(int job, int rank, int nranks, const char *dir, const th_job_t *
 
 int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit_codes)
 {
-    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    th_spec_t spec = { .nranks = nranks,
+                       .fn = fn,
+                       .arg = arg,
+                       .timeout_ms = timeout_ms,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
     return th_run_ex(&spec, exit_codes);
 }
 
@@ -388,14 +389,15 @@ void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms)
         ck_assert_msg(th_run(n, fn, arg, timeout_ms) == 0, "%d ranks failed", n);
 }
 
-int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
-                        int comm_timeout_ms, int flags, int *exit_codes)
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int comm_timeout_ms,
+                        int flags, int *exit_codes)
 {
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = comm_timeout_ms;
-    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .flags = flags, .opts = &o};
+    th_spec_t spec = {
+        .nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms, .flags = flags, .opts = &o
+    };
     return th_run_ex(&spec, exit_codes);
 }
 
@@ -407,15 +409,16 @@ int th_quick(void)
 
 int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
 {
-    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .flags = TH_NO_COMM};
+    th_spec_t spec = {
+        .nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms, .flags = TH_NO_COMM
+    };
     return th_run_ex(&spec, NULL);
 }
 
 int th_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t len = sizeof(a);
     int port = -1;
     if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
@@ -481,7 +484,7 @@ pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg)
 {
     th_after_t *a = malloc(sizeof(*a));
     ck_assert_ptr_nonnull(a);
-    *a = (th_after_t){ms, fn, arg};
+    *a = (th_after_t){ ms, fn, arg };
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, th_after_run, a), 0);
     return t;

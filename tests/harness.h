@@ -28,10 +28,10 @@ typedef struct th_spec {
     int nranks;
     th_rank_fn fn;
     void *arg;
-    int timeout_ms;                  /* whole run; children killed after it */
-    int flags;                       /* TH_* */
-    const tutti_comm_opts_t *opts;   /* comm options (NULL: defaults + environment) */
-    const char *store_dir;           /* the file store's directory, kept afterwards (NULL:
+    int timeout_ms;                /* whole run; children killed after it */
+    int flags;                     /* TH_* */
+    const tutti_comm_opts_t *opts; /* comm options (NULL: defaults + environment) */
+    const char *store_dir;         /* the file store's directory, kept afterwards (NULL:
                                         a fresh temp dir, removed afterwards) */
 } th_spec_t;
 
@@ -47,8 +47,8 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
  * under base (e.g. "tutti/comm0/"; NULL: the first communicator's default with this
  * process's TUTTI_JOB_ID): keys live under the job instance's nonce, which rank 0
  * publishes in base + "instance". Waits up to timeout_ms for it. 0 on success. */
-int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out,
-                size_t len, int timeout_ms);
+int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out, size_t len,
+                int timeout_ms);
 
 /* 1 in an AddressSanitizer build: freed memory sits in its quarantine, so RSS checks
  * measure the sanitizer, not the code. */
@@ -85,29 +85,35 @@ int th_main(Suite *s);
 
 /* In a rank body (where `rank` is in scope): fail the rank with a message naming it and
  * the line. */
-#define FAIL_IF(cond, ...)                                                              \
-    do {                                                                                \
-        if (cond) {                                                                     \
-            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                               \
-            fprintf(stderr, "\n");                                                      \
-            return 1;                                                                   \
-        }                                                                               \
+#define FAIL_IF(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                         \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* ---- one rank of a job that must not meet another job's ranks ---- */
 
 /* th_job_rank's exit codes */
-enum { TH_JR_OK = 0, TH_JR_IN_USE = 10, TH_JR_TIMEOUT = 11, TH_JR_OP_FAILED = 12,
-       TH_JR_INIT_OTHER = 13, TH_JR_WRONG = 20 };
+enum {
+    TH_JR_OK = 0,
+    TH_JR_IN_USE = 10,
+    TH_JR_TIMEOUT = 11,
+    TH_JR_OP_FAILED = 12,
+    TH_JR_INIT_OTHER = 13,
+    TH_JR_WRONG = 20
+};
 
 typedef struct th_job {
-    const char *job_id;    /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
+    const char *job_id; /* NULL: none (unset TUTTI_JOB_ID); "": keep the harness's */
     const char *transport;
-    const char *host_id;   /* NULL: the real one */
+    const char *host_id; /* NULL: the real one */
     int timeout_ms;
-    const char *url;       /* a store URL (NULL: the file store in dir) */
-    int iters, count;      /* allreduces of count int64 each (0: 5 of 1) */
+    const char *url;  /* a store URL (NULL: the file store in dir) */
+    int iters, count; /* allreduces of count int64 each (0: 5 of 1) */
 } th_job_t;
 
 /* Rank `rank` of job `job`: init on the store (TH_JR_IN_USE, TH_JR_TIMEOUT or
@@ -123,14 +129,16 @@ int th_run_apart(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int *exit
  * to mode when mode is not 0, removed with everything under it afterwards. */
 int th_main_in_tmpdir(Suite *s, char *root, size_t len, const char *template, int mode);
 
-
 /* One th_add_case: the test named as in the source, looped loops times. */
 typedef struct th_case {
     const char *name;
     const TTest *test;
     int loops;
 } th_case_t;
-#define TH_CASE(t, loops) {#t, t, loops}
+#define TH_CASE(t, loops)                                                                          \
+    {                                                                                              \
+#t, t, loops                                                                               \
+    }
 
 /* th_add_case for each of the n cases, under a timeout of timeout_s seconds each. */
 void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s);
@@ -139,12 +147,11 @@ void th_add_cases(Suite *s, const th_case_t *cases, size_t n, int timeout_s);
 int th_main_cases(const char *name, const th_case_t *cases, size_t n, int timeout_s);
 
 /* A suite's whole main: the cases listed (TH_CASE ...), each under timeout_s seconds. */
-#define TH_CASES_MAIN(name, timeout_s, ...)                                             \
-    int main(void)                                                                      \
-    {                                                                                   \
-        const th_case_t cases_[] = {__VA_ARGS__};                                       \
-        return th_main_cases(name, cases_, sizeof(cases_) / sizeof(cases_[0]),          \
-                             timeout_s);                                                \
+#define TH_CASES_MAIN(name, timeout_s, ...)                                                        \
+    int main(void)                                                                                 \
+    {                                                                                              \
+        const th_case_t cases_[] = { __VA_ARGS__ };                                                \
+        return th_main_cases(name, cases_, sizeof(cases_) / sizeof(cases_[0]), timeout_s);         \
     }
 
 /* th_run with from, from + 1, ..., to ranks: each run must pass (a check failure names
@@ -153,8 +160,8 @@ void th_run_each(int from, int to, th_rank_fn fn, void *arg, int timeout_ms);
 
 /* th_run_ex of nranks ranks with flags (TH_*) whose communicators time out after
  * comm_timeout_ms (other options: defaults + environment); exit_codes may be NULL. */
-int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms,
-                        int comm_timeout_ms, int flags, int *exit_codes);
+int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int comm_timeout_ms,
+                        int flags, int *exit_codes);
 
 /* 1 when TT_TEST_QUICK is set to something other than "0" (sanitizer builds shrink
  * their larger cases). */

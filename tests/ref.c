@@ -64,9 +64,9 @@ uint16_t ref_float_to_bf16(float f)
 
 /* ---- inputs and reference ---- */
 
-const tutti_dtype_t all_dtypes[8] = {TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
-                                           TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64};
-const tutti_redop_t all_ops[5] = {TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG};
+const tutti_dtype_t all_dtypes[8] = { TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
+                                      TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64 };
+const tutti_redop_t all_ops[5] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG };
 
 int is_float(tutti_dtype_t dt)
 {
@@ -91,7 +91,7 @@ uint64_t gen_bits(uint64_t seed, int rank, size_t i)
 
 double gen_float(tutti_redop_t op, uint64_t bits)
 {
-    static const double prod_vals[4] = {1, -1, 2, 0.5};
+    static const double prod_vals[4] = { 1, -1, 2, 0.5 };
     switch (op) {
     case TUTTI_PROD: return prod_vals[bits & 3];
     case TUTTI_MIN:
@@ -113,19 +113,34 @@ void put_elem(void *buf, tutti_dtype_t dt, size_t i, uint64_t u, double d)
     switch (dt) {
     case TUTTI_INT8:
     case TUTTI_UINT8: *p = (uint8_t)u; break;
-    case TUTTI_INT32: { uint32_t v = (uint32_t)u; memcpy(p, &v, 4); break; }
+    case TUTTI_INT32: {
+        uint32_t v = (uint32_t)u;
+        memcpy(p, &v, 4);
+        break;
+    }
     case TUTTI_INT64: memcpy(p, &u, 8); break;
-    case TUTTI_FP16: { uint16_t v = ref_float_to_half((float)d); memcpy(p, &v, 2); break; }
-    case TUTTI_BF16: { uint16_t v = ref_float_to_bf16((float)d); memcpy(p, &v, 2); break; }
-    case TUTTI_FP32: { float v = (float)d; memcpy(p, &v, 4); break; }
+    case TUTTI_FP16: {
+        uint16_t v = ref_float_to_half((float)d);
+        memcpy(p, &v, 2);
+        break;
+    }
+    case TUTTI_BF16: {
+        uint16_t v = ref_float_to_bf16((float)d);
+        memcpy(p, &v, 2);
+        break;
+    }
+    case TUTTI_FP32: {
+        float v = (float)d;
+        memcpy(p, &v, 4);
+        break;
+    }
     case TUTTI_FP64: memcpy(p, &d, 8); break;
     default: break;
     }
 }
 
 /* Rank `rank`'s input element i into out[0]. */
-void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i,
-                     uint64_t seed)
+void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i, uint64_t seed)
 {
     uint64_t bits = gen_bits(seed, rank, i);
     if (is_float(dt))
@@ -135,7 +150,7 @@ void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i,
 }
 
 void fill_input(void *buf, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t count,
-                       uint64_t seed)
+                uint64_t seed)
 {
     size_t es = tutti_dtype_size(dt);
     for (size_t i = 0; i < count; i++)
@@ -155,7 +170,7 @@ int64_t int_value(tutti_dtype_t dt, uint64_t u)
 
 /* The reduction of every rank's element i into out[0]. */
 void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, size_t i,
-                          uint64_t seed)
+                   uint64_t seed)
 {
     if (is_float(dt)) {
         double acc = gen_float(op, gen_bits(seed, 0, i));
@@ -205,7 +220,15 @@ void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, si
 
 double elem_as_double(const void *p, tutti_dtype_t dt)
 {
-    union { int8_t i8; uint8_t u8; int32_t i32; int64_t i64; uint16_t u16; float f; double d; } v;
+    union {
+        int8_t i8;
+        uint8_t u8;
+        int32_t i32;
+        int64_t i64;
+        uint16_t u16;
+        float f;
+        double d;
+    } v;
     memcpy(&v, p, tutti_dtype_size(dt));
     switch (dt) {
     case TUTTI_INT8: return v.i8;

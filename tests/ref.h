@@ -27,13 +27,12 @@ uint64_t gen_bits(uint64_t seed, int rank, size_t i);
 double gen_float(tutti_redop_t op, uint64_t bits);
 uint64_t gen_int(tutti_redop_t op, uint64_t bits);
 void put_elem(void *buf, tutti_dtype_t dt, size_t i, uint64_t u, double d);
-void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i,
-                     uint64_t seed);
+void gen_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t i, uint64_t seed);
 void fill_input(void *buf, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t count,
-                       uint64_t seed);
+                uint64_t seed);
 int64_t int_value(tutti_dtype_t dt, uint64_t u);
 void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, size_t i,
-                          uint64_t seed);
+                   uint64_t seed);
 double elem_as_double(const void *p, tutti_dtype_t dt);
 uint64_t elem_bits(const void *p, size_t es);
 

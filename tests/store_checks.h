@@ -18,19 +18,18 @@
 
 #include "harness.h"
 
-#define OK(s, call)                                                                      \
-    do {                                                                                 \
-        int st_ = (call);                                                                \
-        ck_assert_msg(st_ == 0, "%s -> %s: %s", #call, tutti_status_name(st_),           \
-                      tutti_store_last_error(s));                                        \
+#define OK(s, call)                                                                                \
+    do {                                                                                           \
+        int st_ = (call);                                                                          \
+        ck_assert_msg(st_ == 0, "%s -> %s: %s", #call, tutti_status_name(st_),                     \
+                      tutti_store_last_error(s));                                                  \
     } while (0)
 
-#define EXPECT(s, call, want)                                                            \
-    do {                                                                                 \
-        int st_ = (call);                                                                \
-        ck_assert_msg(st_ == (want), "%s -> %s, wanted %s: %s", #call,                   \
-                      tutti_status_name(st_), tutti_status_name(want),                   \
-                      tutti_store_last_error(s));                                        \
+#define EXPECT(s, call, want)                                                                      \
+    do {                                                                                           \
+        int st_ = (call);                                                                          \
+        ck_assert_msg(st_ == (want), "%s -> %s, wanted %s: %s", #call, tutti_status_name(st_),     \
+                      tutti_status_name(want), tutti_store_last_error(s));                         \
     } while (0)
 
 /* A TCP connection to ip:port with a 3 s receive timeout; -errno when connect fails. */
@@ -38,14 +37,14 @@ static inline int raw_connect_to(const char *ip, int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     inet_pton(AF_INET, ip, &a.sin_addr);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
         int e = errno;
         close(fd);
         return -e;
     }
-    struct timeval tv = {3, 0};
+    struct timeval tv = { 3, 0 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
 }
@@ -84,8 +83,7 @@ static inline int raw_closed(int fd, int replies_ok)
 
 /* Start the tool with args (args[0] is its path); the first line it prints (up to 5 s)
  * into line; its port from that line, 0 if it printed none. */
-static inline int tool_start(const char *const *args, pid_t *pid_p, char *line,
-                             size_t linelen)
+static inline int tool_start(const char *const *args, pid_t *pid_p, char *line, size_t linelen)
 {
     int p[2];
     ck_assert_int_eq(pipe(p), 0);
@@ -102,7 +100,7 @@ static inline int tool_start(const char *const *args, pid_t *pid_p, char *line,
     line[0] = '\0';
     double end = th_now_ms() + 5000;
     while (n < linelen - 1 && !strchr(line, '\n') && th_now_ms() < end) {
-        struct pollfd pf = {p[0], POLLIN, 0};
+        struct pollfd pf = { p[0], POLLIN, 0 };
         if (poll(&pf, 1, 100) <= 0)
             continue;
         ssize_t r = read(p[0], line + n, linelen - 1 - n);

@@ -16,13 +16,12 @@
 
 #include "harness.h"
 
-
 static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)nranks;
     (void)dir;
     (void)arg;
-    float buf[8] = {0}, out[8];
+    float buf[8] = { 0 }, out[8];
     int st;
     st = tutti_allreduce(comm, buf, NULL, 8, TUTTI_FP32, TUTTI_SUM);
     FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "NULL recvbuf gave %d", st);
@@ -69,20 +68,19 @@ START_TEST(bad_arguments)
 }
 END_TEST
 
-static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                          void *arg)
+static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
-    float buf[64] = {0};
-    size_t counts[2] = {4, 4}, huge[2] = {SIZE_MAX / 2, 1};
+    float buf[64] = { 0 };
+    size_t counts[2] = { 4, 4 }, huge[2] = { SIZE_MAX / 2, 1 };
     int st;
-#define EXPECT_BAD(call, needle)                                                        \
-    do {                                                                                \
-        st = (call);                                                                    \
-        FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "%s gave %s", #call, tutti_status_name(st)); \
-        FAIL_IF(!strstr(tutti_comm_last_error(comm), needle), "%s: message \"%s\"", #call, \
-                tutti_comm_last_error(comm));                                           \
+#define EXPECT_BAD(call, needle)                                                                   \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "%s gave %s", #call, tutti_status_name(st));          \
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), needle), "%s: message \"%s\"", #call,         \
+                tutti_comm_last_error(comm));                                                      \
     } while (0)
     EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, TUTTI_SUM, nranks), "root 2");
     EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, (tutti_redop_t)9, 0), "op 9");
@@ -168,8 +166,7 @@ START_TEST(unreachable_store_via_env)
 }
 END_TEST
 
-static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                           void *arg)
+static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
     (void)arg;
@@ -246,7 +243,7 @@ static int have_ipv6_loopback(void)
     int fd = socket(AF_INET6, SOCK_STREAM, 0);
     if (fd < 0)
         return 0;
-    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    struct sockaddr_in6 a = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
     int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     close(fd);
     return ok;
@@ -256,7 +253,7 @@ static int rank_sum3(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 {
     (void)dir;
     (void)arg;
-    int64_t x[3] = {rank, 1, -rank}, y[3];
+    int64_t x[3] = { rank, 1, -rank }, y[3];
     int st = tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM);
     FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
     int64_t s = (int64_t)nranks * (nranks - 1) / 2;
@@ -275,7 +272,7 @@ START_TEST(ipv6_loopback)
     o.socket_family = 6;
     o.socket_ifname = "lo";
     o.transport = "tcp";
-    th_spec_t spec = {.nranks = 3, .fn = rank_sum3, .timeout_ms = 20000, .opts = &o};
+    th_spec_t spec = { .nranks = 3, .fn = rank_sum3, .timeout_ms = 20000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 END_TEST
@@ -305,15 +302,16 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
         FAIL_IF(strcmp(ip, "127.0.0.1"), "rank 0 listens on %s, not loopback", ip);
         for (int k = 0; k < 2; k++) {
             int fd = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            struct sockaddr_in a = { .sin_family = AF_INET,
+                                     .sin_port = htons((uint16_t)port),
+                                     .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
             FAIL_IF(connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0, "connect");
             if (k == 0) {
                 char junk[64];
                 memset(junk, 0xA5, sizeof(junk));
                 FAIL_IF(write(fd, junk, sizeof(junk)) != (ssize_t)sizeof(junk), "write");
             } else {
-                uint32_t hello[4] = {0x4f4c4c48u, 1, 1, 99}; /* wrong size: 99 ranks */
+                uint32_t hello[4] = { 0x4f4c4c48u, 1, 1, 99 }; /* wrong size: 99 ranks */
                 FAIL_IF(write(fd, hello, sizeof(hello)) != (ssize_t)sizeof(hello), "write");
             }
             usleep(50000);
@@ -352,16 +350,19 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("args");
-    th_add_tests(s, "status", 90, (const TTest *const[]){status_strings, NULL});
+    th_add_tests(s, "status", 90, (const TTest *const[]){ status_strings, NULL });
     th_add_tests(s, "arguments", 90,
-                 (const TTest *const[]){bad_init_arguments, bad_arguments,
-                                        bad_arguments_other_collectives, NULL});
+                 (const TTest *const[]){ bad_init_arguments, bad_arguments,
+                                         bad_arguments_other_collectives, NULL });
     th_add_tests(s, "env", 90,
-                 (const TTest *const[]){unreachable_store_via_env, bad_ifname, init_from_env,
-                                        NULL});
+                 (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
+                                         NULL });
     th_add_tests(s, "setup", 90,
-                 (const TTest *const[]){ipv6_loopback, stray_connection_during_setup, NULL});
+                 (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

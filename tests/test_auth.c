@@ -127,8 +127,7 @@ START_TEST(secret_sources)
     ck_assert_uint_eq(n, 11);
     free(s);
     unlink(path);
-    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)),
-                     TUTTI_ERR_CONFIG);
+    ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)), TUTTI_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(err, path));
     ck_assert_int_eq(tt_auth_load_secret("", NULL, &s, &n, err, sizeof(err)), TUTTI_ERR_CONFIG);
     unsetenv("TUTTI_AUTH_TOKEN_FILE");
@@ -139,7 +138,7 @@ int main(void)
 {
     Suite *s = suite_create("auth");
     th_add_tests(s, "auth", 30,
-                 (const TTest *const[]){sha256_vectors, hmac_vectors, answers_bind_everything,
-                                        secret_sources, NULL});
+                 (const TTest *const[]){ sha256_vectors, hmac_vectors, answers_bind_everything,
+                                         secret_sources, NULL });
     return th_main(s);
 }

@@ -25,7 +25,6 @@
 
 #include "harness.h"
 
-
 #include "collectives.h"
 #include "ref.h"
 
@@ -34,9 +33,9 @@
 typedef struct coll_ctx {
     int rank, nranks;
     tutti_comm_t *comm;
-    const char *algo;      /* what the comm was forced to, for messages */
+    const char *algo; /* what the comm was forced to, for messages */
     unsigned char *send, *recv;
-    unsigned char *orig, *ref;  /* an allreduce case's input and expected result */
+    unsigned char *orig, *ref; /* an allreduce case's input and expected result */
     uint64_t cases;
     int failures;
     int comm_failed; /* a failed call fails the communicator: stop there */
@@ -45,8 +44,8 @@ typedef struct coll_ctx {
 /* Most failures print one line; stop reporting after a few per run. */
 #define MAX_REPORTS 6
 
-static void report(coll_ctx_t *c, const char *what, tutti_dtype_t dt, const char *op,
-                   size_t count, int root, size_t i, const void *got, const void *exp)
+static void report(coll_ctx_t *c, const char *what, tutti_dtype_t dt, const char *op, size_t count,
+                   int root, size_t i, const void *got, const void *exp)
 {
     c->failures++;
     if (c->failures > MAX_REPORTS)
@@ -74,11 +73,10 @@ static int guard_intact(const unsigned char *p)
 TH_DEFINE_STATUS_OK(coll_ctx_t)
 
 /* mode 0: out of place; 1: TUTTI_IN_PLACE; 2: sendbuf == recvbuf */
-static const char *const mode_names[] = {"out-of-place", "in-place", "same-buffer"};
+static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer" };
 
 /* Index of the first element where a and b differ, or count. */
-static size_t first_diff(const unsigned char *a, const unsigned char *b, size_t count,
-                         size_t es)
+static size_t first_diff(const unsigned char *a, const unsigned char *b, size_t count, size_t es)
 {
     if (memcmp(a, b, count * es) == 0)
         return count;
@@ -111,7 +109,7 @@ static int check_allreduce(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, si
     if (!mode)
         memset(c->recv, GARBAGE_BYTE, count * es);
     memset(c->recv + count * es, GUARD_BYTE, GUARD_BYTES);
-    const void *sendbuf = mode == 0 ? (const void *)c->send
+    const void *sendbuf = mode == 0   ? (const void *)c->send
                           : mode == 1 ? TUTTI_IN_PLACE
                                       : (const void *)c->recv;
     int st = tutti_allreduce(c->comm, sendbuf, c->recv, count, dt, op);
@@ -120,8 +118,7 @@ static int check_allreduce(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, si
 
     size_t i = first_diff(c->recv, c->ref, count, es);
     if (i < count) {
-        report(c, what, dt, tutti_redop_name(op), count, -1, i, c->recv + i * es,
-               c->ref + i * es);
+        report(c, what, dt, tutti_redop_name(op), count, -1, i, c->recv + i * es, c->ref + i * es);
         return 1;
     }
     if (!guard_intact(c->recv + count * es)) {
@@ -132,9 +129,10 @@ static int check_allreduce(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, si
         return 1;
     }
     if (mode == 0 && (i = first_diff(c->send, c->orig, count, es)) < count) {
-        fprintf(stderr, "rank %d/%d [%s] allreduce %s %s count %zu modified sendbuf at index "
-                        "%zu\n", c->rank, c->nranks, c->algo, tutti_dtype_name(dt),
-                tutti_redop_name(op), count, i);
+        fprintf(stderr,
+                "rank %d/%d [%s] allreduce %s %s count %zu modified sendbuf at index "
+                "%zu\n",
+                c->rank, c->nranks, c->algo, tutti_dtype_name(dt), tutti_redop_name(op), count, i);
         c->failures++;
         return 1;
     }
@@ -161,7 +159,7 @@ static int check_broadcast(coll_ctx_t *c, tutti_dtype_t dt, size_t count, int ro
         memset(c->recv, GARBAGE_BYTE, count * es);
     memset(c->recv + count * es, GUARD_BYTE, GUARD_BYTES);
     /* non-roots pass every kind of ignored sendbuf */
-    const void *sendbuf = mode == 0 ? (is_root ? (const void *)c->send : NULL)
+    const void *sendbuf = mode == 0   ? (is_root ? (const void *)c->send : NULL)
                           : mode == 1 ? TUTTI_IN_PLACE
                                       : (const void *)(is_root ? c->recv : c->send);
     int st = tutti_broadcast(c->comm, sendbuf, c->recv, count, dt, root);
@@ -175,15 +173,15 @@ static int check_broadcast(coll_ctx_t *c, tutti_dtype_t dt, size_t count, int ro
             return 1;
         }
         if (is_root && mode == 0 && memcmp(c->send + i * es, &exp, es) != 0) {
-            fprintf(stderr, "rank %d/%d [%s] broadcast root modified sendbuf at %zu\n",
-                    c->rank, c->nranks, c->algo, i);
+            fprintf(stderr, "rank %d/%d [%s] broadcast root modified sendbuf at %zu\n", c->rank,
+                    c->nranks, c->algo, i);
             c->failures++;
             return 1;
         }
     }
     if (!guard_intact(c->recv + count * es)) {
-        fprintf(stderr, "rank %d/%d [%s] %s %s count %zu root %d wrote past the end\n",
-                c->rank, c->nranks, c->algo, what, tutti_dtype_name(dt), count, root);
+        fprintf(stderr, "rank %d/%d [%s] %s %s count %zu root %d wrote past the end\n", c->rank,
+                c->nranks, c->algo, what, tutti_dtype_name(dt), count, root);
         c->failures++;
         return 1;
     }
@@ -209,9 +207,10 @@ static int check_identical(coll_ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, si
         return 1;
     size_t i = first_diff(c->recv, c->send, count, es);
     if (i < count) {
-        fprintf(stderr, "rank %d/%d [%s] allreduce %s %s count %zu: index %zu differs from "
-                        "rank 0: %.17g here, %.17g there\n", c->rank, c->nranks, c->algo,
-                tutti_dtype_name(dt), tutti_redop_name(op), count, i,
+        fprintf(stderr,
+                "rank %d/%d [%s] allreduce %s %s count %zu: index %zu differs from "
+                "rank 0: %.17g here, %.17g there\n",
+                c->rank, c->nranks, c->algo, tutti_dtype_name(dt), tutti_redop_name(op), count, i,
                 elem_as_double(c->recv + i * es, dt), elem_as_double(c->send + i * es, dt));
         c->failures++;
         return 1;
@@ -235,7 +234,7 @@ static shared_t *shared_area(void)
 
 static void sleep_us(long us)
 {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
     nanosleep(&ts, NULL);
 }
 
@@ -276,10 +275,10 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     (void)dir;
     const matrix_arg_t *a = arg;
     const size_t big = big_count();
-    const size_t small_counts[] = {0, 1, 7, 4097};
+    const size_t small_counts[] = { 0, 1, 7, 4097 };
 
     /* the override must reach the selection, or this tests some other algorithm */
-    static const size_t probe_bytes[] = {1, 4096, 64 << 20};
+    static const size_t probe_bytes[] = { 1, 4096, 64 << 20 };
     for (size_t i = 0; i < ARRAY_SIZE(probe_bytes); i++) {
         const char *ar = tutti_comm_algo_for(comm, "allreduce", probe_bytes[i]);
         const char *bc = tutti_comm_algo_for(comm, "broadcast", probe_bytes[i]);
@@ -289,14 +288,14 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 probe_bytes[i], bc ? bc : "NULL", a->broadcast);
     }
 
-    coll_ctx_t c = {.rank = rank, .nranks = nranks, .comm = comm, .algo = a->label};
+    coll_ctx_t c = { .rank = rank, .nranks = nranks, .comm = comm, .algo = a->label };
     c.send = malloc(big * 8 + GUARD_BYTES);
     c.recv = malloc(big * 8 + GUARD_BYTES);
     c.orig = malloc(big * 8);
     c.ref = malloc(big * 8);
     FAIL_IF(!c.send || !c.recv || !c.orig || !c.ref, "out of memory");
 
-    const tutti_redop_t big_ops[] = {TUTTI_SUM, TUTTI_AVG};
+    const tutti_redop_t big_ops[] = { TUTTI_SUM, TUTTI_AVG };
     for (size_t d = 0; d < ARRAY_SIZE(all_dtypes) && !c.comm_failed; d++) {
         tutti_dtype_t dt = all_dtypes[d];
         for (size_t o = 0; o < ARRAY_SIZE(all_ops); o++)
@@ -313,7 +312,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
         }
 
         if (is_float(dt)) {
-            const tutti_redop_t inexact_ops[] = {TUTTI_SUM, TUTTI_PROD, TUTTI_AVG};
+            const tutti_redop_t inexact_ops[] = { TUTTI_SUM, TUTTI_PROD, TUTTI_AVG };
             for (int o = 0; o < 3 && !c.comm_failed; o++)
                 for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++)
                     check_identical(&c, dt, inexact_ops[o], small_counts[k]);
@@ -354,19 +353,21 @@ static void run_matrix(int nranks, int config)
         size_t chunk_bytes;
         int allreduce_only;
     } configs[] = {
-        {"allreduce:rd;broadcast:tree", "rd", "tree", "rd/tree", 0, 0},
-        {"allreduce:ring;broadcast:chain", "ring", "chain", "ring/chain", 4099, 0},
-        {"allreduce:hd;broadcast:tree", "hd", "tree", "hd", 0, 1},
-        {"allreduce:dbtree;broadcast:chain", "dbtree", "chain", "dbtree", 4099, 1},
+        { "allreduce:rd;broadcast:tree", "rd", "tree", "rd/tree", 0, 0 },
+        { "allreduce:ring;broadcast:chain", "ring", "chain", "ring/chain", 4099, 0 },
+        { "allreduce:hd;broadcast:tree", "hd", "tree", "hd", 0, 1 },
+        { "allreduce:dbtree;broadcast:chain", "dbtree", "chain", "dbtree", 4099, 1 },
     };
     _Static_assert(sizeof(configs) / sizeof(configs[0]) == MATRIX_CONFIGS, "configs");
     const int k = config;
     opts.algo = configs[k].algo;
     if (configs[k].chunk_bytes)
         opts.chunk_bytes = configs[k].chunk_bytes;
-    matrix_arg_t arg = {.allreduce = configs[k].allreduce, .broadcast = configs[k].broadcast,
-                        .label = configs[k].label, .allreduce_only = configs[k].allreduce_only,
-                        .sh = shared_area()};
+    matrix_arg_t arg = { .allreduce = configs[k].allreduce,
+                         .broadcast = configs[k].broadcast,
+                         .label = configs[k].label,
+                         .allreduce_only = configs[k].allreduce_only,
+                         .sh = shared_area() };
     coll_run_matrix(nranks, rank_matrix, &arg, &opts, arg.label);
 }
 
@@ -425,13 +426,12 @@ static int async_verify(int rank, int nranks, async_case_t *ac, const char *what
     return 0;
 }
 
-static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                               void *arg)
+static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
     /* sizes on both sides of the rd/ring switch, so both run interleaved */
-    static const size_t counts[N_ASYNC] = {1, 33, 4097, 70000, 250000, 3, 1000, 20000};
+    static const size_t counts[N_ASYNC] = { 1, 33, 4097, 70000, 250000, 3, 1000, 20000 };
     async_case_t ac[N_ASYNC];
     for (int i = 0; i < N_ASYNC; i++) {
         ac[i] = (async_case_t){
@@ -451,7 +451,7 @@ static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const c
     }
 
     /* completion in issue order: no handle may report done before an earlier one */
-    int done_seen[N_ASYNC] = {0}, ndone = 0;
+    int done_seen[N_ASYNC] = { 0 }, ndone = 0;
     double deadline = th_now_ms() + 30000;
     while (ndone < N_ASYNC) {
         for (int j = N_ASYNC - 1; j >= 0; j--) {
@@ -473,8 +473,8 @@ static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const c
             done_seen[j] = 1;
             ndone++;
         }
-        FAIL_IF(th_now_ms() > deadline, "only %d of %d async allreduces done after 30 s",
-                ndone, N_ASYNC);
+        FAIL_IF(th_now_ms() > deadline, "only %d of %d async allreduces done after 30 s", ndone,
+                N_ASYNC);
     }
     for (int i = 0; i < N_ASYNC; i++) {
         int st = tutti_wait(ac[i].w, -1);
@@ -496,14 +496,13 @@ START_TEST(async_inflight)
 }
 END_TEST
 
-static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
+static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
-    async_case_t a = {TUTTI_FP32, TUTTI_SUM, 100000, 0, mix64(77), NULL, NULL, NULL};
-    async_case_t d = {TUTTI_INT64, TUTTI_MAX, 77, 1, mix64(78), NULL, NULL, NULL};
-    async_case_t e = {TUTTI_BF16, TUTTI_AVG, 4097, 0, mix64(79), NULL, NULL, NULL};
+    async_case_t a = { TUTTI_FP32, TUTTI_SUM, 100000, 0, mix64(77), NULL, NULL, NULL };
+    async_case_t d = { TUTTI_INT64, TUTTI_MAX, 77, 1, mix64(78), NULL, NULL, NULL };
+    async_case_t e = { TUTTI_BF16, TUTTI_AVG, 4097, 0, mix64(79), NULL, NULL, NULL };
     if (async_setup(rank, &a) || async_setup(rank, &d) || async_setup(rank, &e))
         return 1;
     const int root = nranks - 1;
@@ -527,7 +526,7 @@ static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char
     FAIL_IF(st != TUTTI_OK, "allreduce E: %s", tutti_comm_last_error(comm));
 
     /* E ran after A, C and D: they are done by now */
-    tutti_work_t *earlier[3] = {a.w, barrier_w, d.w};
+    tutti_work_t *earlier[3] = { a.w, barrier_w, d.w };
     for (int i = 0; i < 3; i++) {
         int done = 0;
         st = tutti_test(earlier[i], &done);
@@ -549,7 +548,7 @@ static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char
         return 1;
 
     /* a handle freed while its op still runs must not disturb the next ones */
-    async_case_t f = {TUTTI_INT8, TUTTI_PROD, 300000, 1, mix64(80), NULL, NULL, NULL};
+    async_case_t f = { TUTTI_INT8, TUTTI_PROD, 300000, 1, mix64(80), NULL, NULL, NULL };
     if (async_setup(rank, &f))
         return 1;
     st = tutti_allreduce_async(comm, async_sendbuf(&f), f.recv, f.count, f.dt, f.op, &f.w);
@@ -580,8 +579,8 @@ static int rank_eight(int rank, int nranks, tutti_comm_t *comm, const char *dir,
         FAIL_IF(st != TUTTI_OK, "allreduce %d: %s", it, tutti_comm_last_error(comm));
         for (int i = 0; i < 16; i++) {
             int32_t exp = 100 * nranks * (nranks - 1) / 2 + nranks * (i + it);
-            FAIL_IF(buf[i] != exp, "iteration %d index %d: got %d, expected %d", it, i,
-                    (int)buf[i], (int)exp);
+            FAIL_IF(buf[i] != exp, "iteration %d index %d: got %d, expected %d", it, i, (int)buf[i],
+                    (int)exp);
         }
         st = tutti_barrier(comm);
         FAIL_IF(st != TUTTI_OK, "barrier %d: %s", it, tutti_comm_last_error(comm));
@@ -600,10 +599,9 @@ END_TEST
 
 /* ---- NaN and infinities through MIN/MAX, every allreduce algorithm ---- */
 
-static const char *const nan_algos[] = {"ring", "rd", "hd", "dbtree"};
+static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree" };
 
-static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                           void *arg)
+static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     const char *algo = arg;
@@ -670,8 +668,11 @@ static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const cha
 
 START_TEST(nan_minmax)
 {
-    th_spec_t spec = {.nranks = 4, .fn = rank_nan_minmax, .arg = (void *)nan_algos[_i],
-                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    th_spec_t spec = { .nranks = 4,
+                       .fn = rank_nan_minmax,
+                       .arg = (void *)nan_algos[_i],
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     spec.nranks = 3;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
@@ -687,10 +688,13 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, async_inflight, 2, 5);
     tcase_add_test(tc, async_mixed);
     suite_add_tcase(s, tc);
-    th_add_tests(s, "scale", 60, (const TTest *const[]){eight_ranks, NULL});
+    th_add_tests(s, "scale", 60, (const TTest *const[]){ eight_ranks, NULL });
     th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     collectives_others_add(s);
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

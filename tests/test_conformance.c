@@ -27,12 +27,12 @@ typedef struct conf_tp {
 } conf_tp_t;
 
 static const conf_tp_t tps[] = {
-    {"tcp", "tcp", NULL},
-    {"shm", "shm", NULL},
-    {"ibverbs", "ibverbs", NULL},
-    {"tcp plugin", NULL, TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"},
-    {"shm plugin", NULL, TT_BUILD_DIR "/lib/libtutti-transport-shm.so"},
-    {"tcp ABI v1 plugin", NULL, TT_BUILD_DIR "/tests/libtutti-transport-tcpv1.so"},
+    { "tcp", "tcp", NULL },
+    { "shm", "shm", NULL },
+    { "ibverbs", "ibverbs", NULL },
+    { "tcp plugin", NULL, TT_BUILD_DIR "/lib/libtutti-transport-tcp.so" },
+    { "shm plugin", NULL, TT_BUILD_DIR "/lib/libtutti-transport-shm.so" },
+    { "tcp ABI v1 plugin", NULL, TT_BUILD_DIR "/tests/libtutti-transport-tcpv1.so" },
 };
 #define NTPS ((int)(sizeof(tps) / sizeof(tps[0])))
 
@@ -46,12 +46,10 @@ typedef struct conf {
     th_host_t host;
 } conf_t;
 
-static int conf_load(const conf_tp_t *c, const tutti_transport_ops_v2_t **ops_p,
-                     void **handle_p)
+static int conf_load(const conf_tp_t *c, const tutti_transport_ops_v2_t **ops_p, void **handle_p)
 {
     char err[1024];
-    int st = c->name ? tt_transport_load(c->name, "/nonexistent", ops_p, handle_p, err,
-                                         sizeof(err))
+    int st = c->name ? tt_transport_load(c->name, "/nonexistent", ops_p, handle_p, err, sizeof(err))
                      : tt_transport_load_file(c->file, ops_p, handle_p, err, sizeof(err));
     if (st < 0)
         fprintf(stderr, "%s: %s\n", c->label, err);
@@ -71,8 +69,8 @@ static int conf_open(conf_t *cf, const conf_tp_t *c, const char *dir, int rank, 
     if (st == TUTTI_ERR_NO_DEVICE)
         return SKIP_CODE;
     if (st < 0) {
-        fprintf(stderr, "rank %d: %s: create: %s: %s\n", rank, c->label,
-                tutti_status_name(st), cf->host.err);
+        fprintf(stderr, "rank %d: %s: create: %s: %s\n", rank, c->label, tutti_status_name(st),
+                cf->host.err);
         return 1;
     }
     return 0;
@@ -146,9 +144,12 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
         return;
     }
     tt_transport_unload(h);
-    conf_arg_t a = {.tp = &tps[i], .body = body};
-    th_spec_t spec = {.nranks = 2, .fn = conf_rank, .arg = &a, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM | (peer_dies ? TH_NO_KILL_ON_FAIL : 0)};
+    conf_arg_t a = { .tp = &tps[i], .body = body };
+    th_spec_t spec = { .nranks = 2,
+                       .fn = conf_rank,
+                       .arg = &a,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM | (peer_dies ? TH_NO_KILL_ON_FAIL : 0) };
     int codes[2];
     th_run_ex(&spec, codes);
     if (codes[0] == SKIP_CODE || codes[1] == SKIP_CODE) { /* the other may be killed */
@@ -157,20 +158,19 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
     }
     ck_assert_msg(codes[0] == 0, "%s: rank 0 exited %d", tps[i].label, codes[0]);
     if (peer_dies)
-        ck_assert_msg(codes[1] == 128 + SIGKILL, "%s: rank 1 exited %d", tps[i].label,
-                      codes[1]);
+        ck_assert_msg(codes[1] == 128 + SIGKILL, "%s: rank 1 exited %d", tps[i].label, codes[1]);
     else
         ck_assert_msg(codes[1] == 0, "%s: rank 1 exited %d", tps[i].label, codes[1]);
 }
 
-#define CHECK(cond, ...)                                                                \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                               \
-            fprintf(stderr, " (last error: %s)\n", cf->host.err);                       \
-            return 1;                                                                   \
-        }                                                                               \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                         \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (last error: %s)\n", cf->host.err);                                  \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* ---- message order per peer, with envelopes and lengths; zero-length messages ---- */
@@ -179,7 +179,7 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
 
 static size_t order_len(int k)
 {
-    static const size_t lens[] = {0, 1, 7, 0, 4096, 65536, 3, 1 << 20, 0, 100};
+    static const size_t lens[] = { 0, 1, 7, 0, 4096, 65536, 3, 1 << 20, 0, 100 };
     return lens[k % 10];
 }
 
@@ -261,7 +261,7 @@ static int body_bad_requests(conf_t *cf, int rank)
 /* rank 0 sends 16 bytes (seq 7, tag 100); rank 1 expects tag `tag` and rlen bytes */
 static int mismatch(conf_t *cf, int rank, uint64_t tag, size_t rlen)
 {
-    char data[64] = "hello", got[64] = {0};
+    char data[64] = "hello", got[64] = { 0 };
     tutti_tp_req_v2_t r;
     if (rank == 0) {
         req_set(&r, 1, data, 16, 7, 100);
@@ -283,8 +283,14 @@ static int mismatch(conf_t *cf, int rank, uint64_t tag, size_t rlen)
     return 0;
 }
 
-static int body_mismatch(conf_t *cf, int rank) { return mismatch(cf, rank, 101, 16); }
-static int body_len_mismatch(conf_t *cf, int rank) { return mismatch(cf, rank, 100, 24); }
+static int body_mismatch(conf_t *cf, int rank)
+{
+    return mismatch(cf, rank, 101, 16);
+}
+static int body_len_mismatch(conf_t *cf, int rank)
+{
+    return mismatch(cf, rank, 100, 24);
+}
 
 /* ---- cancel_all: posted requests fail with its status; a link at a message boundary
  * stays usable ---- */
@@ -376,7 +382,7 @@ static int body_timeouts(conf_t *cf, int rank)
     CHECK(dt < 1500, "progress(150) took %.0f ms", dt);
     CHECK(r.status == 1, "status %d with nothing sent", r.status);
     barrier(cf, "timeouts");
-    aborter_t a = {cf, 300};
+    aborter_t a = { cf, 300 };
     pthread_t th;
     CHECK(pthread_create(&th, NULL, abort_later, &a) == 0, "pthread_create");
     t0 = th_now_ms();
@@ -419,8 +425,11 @@ static int body_peer_killed(conf_t *cf, int rank)
 }
 
 /* One test per contract point, looped over the transports. */
-#define CONF_CASE(name, body, peer_dies)                                                \
-    START_TEST(name) { conf_run(_i, body, peer_dies); }                                 \
+#define CONF_CASE(name, body, peer_dies)                                                           \
+    START_TEST(name)                                                                               \
+    {                                                                                              \
+        conf_run(_i, body, peer_dies);                                                             \
+    }                                                                                              \
     END_TEST
 CONF_CASE(order_and_zero_length, body_order, 0)
 CONF_CASE(bad_requests, body_bad_requests, 0)
@@ -438,14 +447,14 @@ int main(void)
         const char *name;
         const TTest *test;
     } cases[] = {
-        {"order_and_zero_length", order_and_zero_length},
-        {"bad_requests", bad_requests},
-        {"envelope_mismatch", envelope_mismatch},
-        {"length_mismatch", length_mismatch},
-        {"cancel_all", cancel_all},
-        {"notify_error", notify_error},
-        {"timeouts_and_abort", timeouts_and_abort},
-        {"peer_killed", peer_killed},
+        { "order_and_zero_length", order_and_zero_length },
+        { "bad_requests", bad_requests },
+        { "envelope_mismatch", envelope_mismatch },
+        { "length_mismatch", length_mismatch },
+        { "cancel_all", cancel_all },
+        { "notify_error", notify_error },
+        { "timeouts_and_abort", timeouts_and_abort },
+        { "peer_killed", peer_killed },
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
         th_add_case(s, cases[k].name, cases[k].test, NTPS, 120);

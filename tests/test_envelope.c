@@ -54,7 +54,7 @@ END_TEST
 
 START_TEST(describe_collectives)
 {
-    tt_op_t op = {.rank = 1, .nranks = 4};
+    tt_op_t op = { .rank = 1, .nranks = 4 };
     uint64_t env[4];
     char buf[256];
     tt_env_encode(env, 4, tt_fingerprint(TT_COLL_REDUCE, TUTTI_FP32, TUTTI_SUM, 0), 10,
@@ -74,8 +74,8 @@ END_TEST
 
 START_TEST(describe_v_and_p2p)
 {
-    size_t counts[3] = {5, 6, 7};
-    tt_op_t op = {.rank = 1, .nranks = 3, .count = 6, .recvcounts = counts};
+    size_t counts[3] = { 5, 6, 7 };
+    tt_op_t op = { .rank = 1, .nranks = 3, .count = 6, .recvcounts = counts };
     uint64_t env[4];
     char buf[256];
     uint64_t fp = tt_fingerprint(TT_COLL_GATHER, TUTTI_FP64, 0, 2) | TT_FP_V;
@@ -106,8 +106,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("envelope");
-    th_add_tests(s, "encode", 30, (const TTest *const[]){encode_layout, fingerprint_fields, NULL});
+    th_add_tests(s, "encode", 30,
+                 (const TTest *const[]){ encode_layout, fingerprint_fields, NULL });
     th_add_tests(s, "describe", 30,
-                 (const TTest *const[]){describe_collectives, describe_v_and_p2p, NULL});
+                 (const TTest *const[]){ describe_collectives, describe_v_and_p2p, NULL });
     return th_main(s);
 }

@@ -25,12 +25,12 @@
 
 typedef struct shared {
     int scenario;
-    int big;          /* 1 MiB per call instead of 4 bytes */
+    int big; /* 1 MiB per call instead of 4 bytes */
     int port;
     int nranks;
     volatile pid_t pid[MAXR];
-    volatile double t_fail;       /* when the failure was caused */
-    volatile double t_err[MAXR];  /* when each rank's call returned its error */
+    volatile double t_fail;      /* when the failure was caused */
+    volatile double t_err[MAXR]; /* when each rank's call returned its error */
     volatile int status[MAXR];
     volatile int done[MAXR];
     char msg[MAXR][1024];
@@ -41,7 +41,10 @@ static shared_t *shared_new(void)
     return th_shared_zeroed(sizeof(shared_t));
 }
 
-static void shared_free(shared_t *sh) { munmap(sh, sizeof(*sh)); }
+static void shared_free(shared_t *sh)
+{
+    munmap(sh, sizeof(*sh));
+}
 
 static void report(shared_t *sh, int rank, int st, const char *msg)
 {
@@ -65,15 +68,14 @@ static int init_env_tcp(int rank, int nranks, int port, int timeout_ms, tutti_co
 /* ---- bounded failure paths: the store host among the dead ---- */
 
 enum {
-    SH_KILL_RANK1,    /* rank 1 SIGKILLed mid-loop; rank 0 exits after its error */
-    SH_KILL_HOST,     /* rank 0, the store's host, SIGKILLed mid-loop */
-    SH_HOST_FAILS,    /* rank 0 fails its own call (a mismatch) and exits */
+    SH_KILL_RANK1, /* rank 1 SIGKILLed mid-loop; rank 0 exits after its error */
+    SH_KILL_HOST,  /* rank 0, the store's host, SIGKILLed mid-loop */
+    SH_HOST_FAILS, /* rank 0 fails its own call (a mismatch) and exits */
 };
 
 #define SH_TIMEOUT_MS 5000
 
-static int rank_store_host(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                           void *arg)
+static int rank_store_host(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     (void)dir;
@@ -116,8 +118,11 @@ static void run_store_host(int scenario, int big)
     sh->big = big;
     sh->port = th_free_port();
     sh->nranks = n;
-    th_spec_t spec = {.nranks = n, .fn = rank_store_host, .arg = sh, .timeout_ms = 60000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    th_spec_t spec = { .nranks = n,
+                       .fn = rank_store_host,
+                       .arg = sh,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
     int codes[MAXR];
     th_run_ex(&spec, codes);
     const int victim = scenario == SH_KILL_RANK1 ? 1 : 0;
@@ -130,9 +135,8 @@ static void run_store_host(int scenario, int big)
         ck_assert_msg(codes[r] == 0, "scenario %d: rank %d exited %d", scenario, r, codes[r]);
         ck_assert_msg(sh->done[r], "scenario %d: rank %d never failed", scenario, r);
         double dt = sh->t_err[r] - sh->t_fail;
-        fprintf(stderr, "scenario %d%s: rank %d: %s %.0f ms after the failure: %s\n",
-                scenario, big ? " (1 MiB)" : "", r,
-                tutti_status_name(sh->status[r]), dt, sh->msg[r]);
+        fprintf(stderr, "scenario %d%s: rank %d: %s %.0f ms after the failure: %s\n", scenario,
+                big ? " (1 MiB)" : "", r, tutti_status_name(sh->status[r]), dt, sh->msg[r]);
         ck_assert_msg(sh->status[r] < 0, "rank %d: status %d", r, sh->status[r]);
         /* A survivor that only saw another survivor's socket reset (a rank that exits
          * with unread data resets its sockets, and the kernel drops the error report
@@ -146,7 +150,8 @@ static void run_store_host(int scenario, int big)
     /* the bound is the communicator's timeout; the slack is for a loaded machine */
     ck_assert_msg(worst <= SH_TIMEOUT_MS + 1000,
                   "scenario %d: the last survivor failed %.0f ms after the failure "
-                  "(timeout %d ms)", scenario, worst, SH_TIMEOUT_MS);
+                  "(timeout %d ms)",
+                  scenario, worst, SH_TIMEOUT_MS);
     shared_free(sh);
 }
 
@@ -193,7 +198,7 @@ static int rank_stopped(int rank, int nranks, tutti_comm_t *comm, const char *di
     shared_t *sh = arg;
     const int victim = nranks - 1;
     sh->pid[rank] = getpid();
-    pthread_t t = pthread_self(); /* the stopper's, on the victim */
+    pthread_t t = pthread_self();               /* the stopper's, on the victim */
     int delay_ms = 100 + (int)(getpid() % 200); /* anywhere in the loop */
     if (rank == victim)
         t = th_after_ms(delay_ms, stop_self, NULL);
@@ -244,8 +249,7 @@ static void run_stopped(int runs, int big)
         shared_t *sh = shared_new();
         sh->big = big;
         int codes[MAXR];
-        th_run_comm_timeout(n, rank_stopped, sh, 30000, STOP_TIMEOUT_MS, TH_NO_KILL_ON_FAIL,
-                            codes);
+        th_run_comm_timeout(n, rank_stopped, sh, 30000, STOP_TIMEOUT_MS, TH_NO_KILL_ON_FAIL, codes);
         for (int r = 0; r < n; r++) {
             const char *m = sh->msg[r];
             int ok = codes[r] == 0 && sh->done[r] && sh->status[r] < 0;
@@ -262,14 +266,12 @@ static void run_stopped(int runs, int big)
             } else {
                 /* says it was stopped and its peers gave up on it; no deadlock, and no
                  * "all bytes moved" */
-                ok = ok && strstr(m, "not running") && !strstr(m, "deadlock") &&
-                     !all_moved(m);
+                ok = ok && strstr(m, "not running") && !strstr(m, "deadlock") && !all_moved(m);
             }
             if (!ok) {
                 bad++;
-                fprintf(stderr, "run %d%s: rank %d (exit %d, %s): %s\n", run,
-                        big ? " (1 MiB)" : "", r, codes[r], tutti_status_name(sh->status[r]),
-                        m);
+                fprintf(stderr, "run %d%s: rank %d (exit %d, %s): %s\n", run, big ? " (1 MiB)" : "",
+                        r, codes[r], tutti_status_name(sh->status[r]), m);
             }
         }
         shared_free(sh);
@@ -278,9 +280,15 @@ static void run_stopped(int runs, int big)
                   runs);
 }
 
-START_TEST(stopped_rank_is_blamed) { run_stopped(6, 0); }
+START_TEST(stopped_rank_is_blamed)
+{
+    run_stopped(6, 0);
+}
 END_TEST
-START_TEST(stopped_rank_is_blamed_1mib) { run_stopped(2, 1); }
+START_TEST(stopped_rank_is_blamed_1mib)
+{
+    run_stopped(2, 1);
+}
 END_TEST
 
 /* A deterministic form of the mis-blame above: rank 0 waits on rank 1, which is still
@@ -322,25 +330,41 @@ START_TEST(blame_follows_a_rank_behind)
     tutti_comm_opts_init(&o);
     o.timeout_ms = 1000;
     o.algo = "allreduce:rd"; /* rank 0 waits on rank 1 first */
-    th_spec_t spec = {.nranks = 3, .fn = rank_behind, .arg = sh, .timeout_ms = 20000,
-                      .opts = &o};
+    th_spec_t spec = { .nranks = 3, .fn = rank_behind, .arg = sh, .timeout_ms = 20000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     fprintf(stderr, "rank 0: %s\n", sh->msg[0]);
     ck_assert_int_eq(sh->status[0], TUTTI_ERR_TIMEOUT);
     ck_assert_msg(strstr(sh->msg[0], "rank 2 shows no sign") &&
-                  strstr(sh->msg[0], "rank 1 is still in barrier seq 0") &&
-                  !strstr(sh->msg[0], "rank 1 shows no sign"), "rank 0: %s", sh->msg[0]);
+                      strstr(sh->msg[0], "rank 1 is still in barrier seq 0") &&
+                      !strstr(sh->msg[0], "rank 1 shows no sign"),
+                  "rank 0: %s", sh->msg[0]);
     shared_free(sh);
 }
 END_TEST
 
 /* ---- mismatched calls: every collective, every rank fails, both sides described ---- */
 
-enum { MC_ALLREDUCE, MC_BROADCAST, MC_REDUCE, MC_ALLGATHER, MC_ALLGATHERV, MC_RS, MC_RSV,
-       MC_GATHER, MC_GATHERV, MC_SCATTER, MC_SCATTERV, MC_ALLTOALL, MC_ALLTOALLV, MC_N_ };
-static const char *const mc_name[MC_N_] = {
-    "allreduce", "broadcast", "reduce", "allgather", "allgatherv", "reduce_scatter",
-    "reduce_scatterv", "gather", "gatherv", "scatter", "scatterv", "alltoall", "alltoallv"};
+enum {
+    MC_ALLREDUCE,
+    MC_BROADCAST,
+    MC_REDUCE,
+    MC_ALLGATHER,
+    MC_ALLGATHERV,
+    MC_RS,
+    MC_RSV,
+    MC_GATHER,
+    MC_GATHERV,
+    MC_SCATTER,
+    MC_SCATTERV,
+    MC_ALLTOALL,
+    MC_ALLTOALLV,
+    MC_N_
+};
+static const char *const mc_name[MC_N_] = { "allreduce",       "broadcast",  "reduce",
+                                            "allgather",       "allgatherv", "reduce_scatter",
+                                            "reduce_scatterv", "gather",     "gatherv",
+                                            "scatter",         "scatterv",   "alltoall",
+                                            "alltoallv" };
 static int mc_has_op(int c)
 {
     return c == MC_ALLREDUCE || c == MC_REDUCE || c == MC_RS || c == MC_RSV;
@@ -358,7 +382,7 @@ static int mc_is_v(int c)
 
 /* What differs on rank MM_ODD (a non-root: the root is rank 0). */
 enum { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP, MK_ROOT };
-static const char *const mk_name[] = {"count", "0 vs N", "N vs 0", "dtype", "op", "root"};
+static const char *const mk_name[] = { "count", "0 vs N", "N vs 0", "dtype", "op", "root" };
 #define MM_ODD 1
 #define MM_N 8
 #define MM_CASES 64
@@ -407,8 +431,7 @@ static int mm_call(tutti_comm_t *comm, int c, int kind, int rank, int n)
     case MC_SCATTER: return tutti_scatter(comm, in, out, cnt, dt, root);
     case MC_SCATTERV: return tutti_scatterv(comm, in, counts, NULL, out, cnt, dt, root);
     case MC_ALLTOALL: return tutti_alltoall(comm, in, out, cnt, dt);
-    case MC_ALLTOALLV:
-        return tutti_alltoallv(comm, in, counts, NULL, out, counts, NULL, dt);
+    case MC_ALLTOALLV: return tutti_alltoallv(comm, in, counts, NULL, out, counts, NULL, dt);
     }
     return TUTTI_ERR_INTERNAL;
 }
@@ -477,8 +500,9 @@ static void run_mm(int kind)
             continue;
         sh->colls[sh->ncases++] = c;
     }
-    th_spec_t spec = {.nranks = MM_RANKS, .fn = rank_mm, .arg = sh, .timeout_ms = 120000,
-                      .flags = TH_NO_COMM};
+    th_spec_t spec = {
+        .nranks = MM_RANKS, .fn = rank_mm, .arg = sh, .timeout_ms = 120000, .flags = TH_NO_COMM
+    };
     int rc = th_run_ex(&spec, NULL);
     int bad = 0;
     for (int k = 0; k < sh->ncases; k++) {
@@ -498,30 +522,48 @@ static void run_mm(int kind)
         }
     }
     ck_assert_msg(rc == 0, "a rank failed to run the cases");
-    ck_assert_msg(bad == 0, "%s mismatches: %d rank(s) of %d cases succeeded, failed "
-                  "otherwise, too slowly, or without saying both sides", mk_name[kind], bad,
-                  sh->ncases);
+    ck_assert_msg(bad == 0,
+                  "%s mismatches: %d rank(s) of %d cases succeeded, failed "
+                  "otherwise, too slowly, or without saying both sides",
+                  mk_name[kind], bad, sh->ncases);
     munmap(sh, sizeof(*sh));
 }
 
-START_TEST(mismatch_count_every_collective) { run_mm(MK_COUNT); }
+START_TEST(mismatch_count_every_collective)
+{
+    run_mm(MK_COUNT);
+}
 END_TEST
-START_TEST(mismatch_zero_every_collective) { run_mm(MK_ZERO); }
+START_TEST(mismatch_zero_every_collective)
+{
+    run_mm(MK_ZERO);
+}
 END_TEST
-START_TEST(mismatch_zero_rev_every_collective) { run_mm(MK_ZERO_REV); }
+START_TEST(mismatch_zero_rev_every_collective)
+{
+    run_mm(MK_ZERO_REV);
+}
 END_TEST
-START_TEST(mismatch_dtype_every_collective) { run_mm(MK_DTYPE); }
+START_TEST(mismatch_dtype_every_collective)
+{
+    run_mm(MK_DTYPE);
+}
 END_TEST
-START_TEST(mismatch_op_every_collective) { run_mm(MK_OP); }
+START_TEST(mismatch_op_every_collective)
+{
+    run_mm(MK_OP);
+}
 END_TEST
-START_TEST(mismatch_root_every_collective) { run_mm(MK_ROOT); }
+START_TEST(mismatch_root_every_collective)
+{
+    run_mm(MK_ROOT);
+}
 END_TEST
 
 /* ---- mismatched collectives, killed, hung and aborting ranks ---- */
 
 /* The newer collectives: counts that differ between ranks are a mismatch on every rank. */
-static int rank_new_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                             void *arg)
+static int rank_new_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     int which = *(int *)arg;
@@ -562,7 +604,7 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
     (void)nranks;
     (void)dir;
     mm_kind_t kind = *(mm_kind_t *)arg;
-    float buf[64] = {0};
+    float buf[64] = { 0 };
     int odd = rank == 1;
     int st = TUTTI_OK;
     double t0 = th_now_ms();
@@ -585,22 +627,21 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
         st = odd ? tutti_broadcast(comm, buf, buf, 16, TUTTI_FP32, 0)
                  : tutti_allreduce(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_FP32, TUTTI_SUM);
         break;
-    case MM_ROOT:
-        st = tutti_broadcast(comm, buf, buf, 16, TUTTI_FP32, odd ? 1 : 0);
-        break;
+    case MM_ROOT: st = tutti_broadcast(comm, buf, buf, 16, TUTTI_FP32, odd ? 1 : 0); break;
     }
     double dt = th_now_ms() - t0;
     const char *msg = tutti_comm_last_error(comm);
-    fprintf(stderr, "rank %d: status %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt,
+    fprintf(stderr, "rank %d: status %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt, msg);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "got %s, want TUTTI_ERR_MISMATCH: %s", tutti_status_name(st),
             msg);
-    FAIL_IF(st != TUTTI_ERR_MISMATCH, "got %s, want TUTTI_ERR_MISMATCH: %s",
-            tutti_status_name(st), msg);
     FAIL_IF(dt > 5000, "took %.0f ms (timeout is 20000): should fail at once", dt);
     /* Every rank's message shows both fingerprints (directly or as reported). */
     static const char *const shows[][2] = {
-        [MM_COUNT] = {"count=10", "count=11"}, [MM_DTYPE] = {"i32", "f32"},
-        [MM_OP] = {"max", "sum"},              [MM_COLL] = {"broadcast", "allreduce"},
-        [MM_ROOT] = {"root=1", "root=0"},
+        [MM_COUNT] = { "count=10", "count=11" },
+        [MM_DTYPE] = { "i32", "f32" },
+        [MM_OP] = { "max", "sum" },
+        [MM_COLL] = { "broadcast", "allreduce" },
+        [MM_ROOT] = { "root=1", "root=0" },
     };
     FAIL_IF(!strstr(msg, shows[kind][0]) || !strstr(msg, shows[kind][1]), "message: %s", msg);
     /* The communicator stays failed: later calls fail at once, naming the cause. */
@@ -612,21 +653,38 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
 static void run_mismatch(mm_kind_t kind, int nranks)
 {
     int codes[8];
-    ck_assert_int_eq(th_run_comm_timeout(nranks, rank_mismatch, &kind, 30000, 20000, 0, codes),
-                     0);
+    ck_assert_int_eq(th_run_comm_timeout(nranks, rank_mismatch, &kind, 30000, 20000, 0, codes), 0);
 }
 
-START_TEST(mismatch_count) { run_mismatch(MM_COUNT, 3); }
+START_TEST(mismatch_count)
+{
+    run_mismatch(MM_COUNT, 3);
+}
 END_TEST
-START_TEST(mismatch_count_2ranks) { run_mismatch(MM_COUNT, 2); }
+START_TEST(mismatch_count_2ranks)
+{
+    run_mismatch(MM_COUNT, 2);
+}
 END_TEST
-START_TEST(mismatch_dtype) { run_mismatch(MM_DTYPE, 4); }
+START_TEST(mismatch_dtype)
+{
+    run_mismatch(MM_DTYPE, 4);
+}
 END_TEST
-START_TEST(mismatch_op) { run_mismatch(MM_OP, 3); }
+START_TEST(mismatch_op)
+{
+    run_mismatch(MM_OP, 3);
+}
 END_TEST
-START_TEST(mismatch_coll) { run_mismatch(MM_COLL, 3); }
+START_TEST(mismatch_coll)
+{
+    run_mismatch(MM_COLL, 3);
+}
 END_TEST
-START_TEST(mismatch_root) { run_mismatch(MM_ROOT, 3); }
+START_TEST(mismatch_root)
+{
+    run_mismatch(MM_ROOT, 3);
+}
 END_TEST
 
 /* ---- a rank SIGKILLed in the middle of an allreduce ---- */
@@ -663,8 +721,11 @@ START_TEST(rank_killed_mid_allreduce)
         tutti_comm_opts_init(&o);
         o.timeout_ms = 60000; /* survivors must not need it */
         o.algo = "allreduce:ring";
-        th_spec_t spec = {.nranks = n, .fn = rank_killed, .timeout_ms = 20000,
-                          .flags = TH_NO_KILL_ON_FAIL, .opts = &o};
+        th_spec_t spec = { .nranks = n,
+                           .fn = rank_killed,
+                           .timeout_ms = 20000,
+                           .flags = TH_NO_KILL_ON_FAIL,
+                           .opts = &o };
         int codes[8];
         double t0 = th_now_ms();
         th_run_ex(&spec, codes);
@@ -684,7 +745,7 @@ static int rank_hung(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 {
     (void)dir;
     (void)arg;
-    float buf[16] = {0};
+    float buf[16] = { 0 };
     if (rank == nranks - 1) {
         raise(SIGSTOP);
         return 0;
@@ -706,8 +767,7 @@ static int rank_hung(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 
 /* Ranks on their own (TH_NO_KILL_ON_FAIL) whose exit codes must be as want says, a
  * character a rank: '0' exited 0, 'x' did not, '?' either. */
-static void run_apart_expect(th_rank_fn fn, int timeout_ms, int comm_timeout_ms,
-                             const char *want)
+static void run_apart_expect(th_rank_fn fn, int timeout_ms, int comm_timeout_ms, const char *want)
 {
     int n = (int)strlen(want), codes[8];
     th_run_comm_timeout(n, fn, NULL, timeout_ms, comm_timeout_ms, TH_NO_KILL_ON_FAIL, codes);
@@ -734,7 +794,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     (void)nranks;
     (void)dir;
     (void)arg;
-    float buf[1024] = {0};
+    float buf[1024] = { 0 };
     if (rank == 1) {
         sleep(3); /* never joins: rank 0's allreduce cannot finish */
         return 0;
@@ -742,7 +802,8 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     tutti_work_t *w[3];
     for (int i = 0; i < 3; i++)
         FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, buf, 1024, TUTTI_FP32, TUTTI_SUM,
-                                      &w[i]) != 0, "async");
+                                      &w[i]) != 0,
+                "async");
     int done = 1;
     FAIL_IF(tutti_test(w[0], &done) != 0 || done, "test reported done");
     FAIL_IF(tutti_wait(w[0], 100) != TUTTI_ERR_TIMEOUT, "wait with 100 ms did not time out");
@@ -769,8 +830,7 @@ END_TEST
 /* A rank that aborts its own communicator leaves that in the store; a peer blocked on it
  * learns it at its stall check as a failed peer (TUTTI_ERR_PEER naming it), not as an
  * abort of its own (callers read TUTTI_ERR_ABORTED as "I asked for this"). */
-static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                           void *arg)
+static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)nranks;
     (void)dir;
@@ -811,27 +871,28 @@ static Suite *suite(void)
     Suite *s = suite_create("faults");
     /* CK_RUN_CASE=<name> runs one of them */
     th_add_tests(s, "store_host", 120,
-                 (const TTest *const[]){store_host_survives_rank_killed, store_host_killed,
-                                        store_host_fails_and_exits, NULL});
+                 (const TTest *const[]){ store_host_survives_rank_killed, store_host_killed,
+                                         store_host_fails_and_exits, NULL });
     th_add_tests(s, "stopped", 120,
-                 (const TTest *const[]){stopped_rank_is_blamed, stopped_rank_is_blamed_1mib,
-                                        blame_follows_a_rank_behind, NULL});
+                 (const TTest *const[]){ stopped_rank_is_blamed, stopped_rank_is_blamed_1mib,
+                                         blame_follows_a_rank_behind, NULL });
     th_add_tests(s, "mismatch", 90,
-                 (const TTest *const[]){mismatch_other_collectives, mismatch_count,
-                                        mismatch_count_2ranks, mismatch_dtype, mismatch_op,
-                                        mismatch_coll, mismatch_root, NULL});
+                 (const TTest *const[]){ mismatch_other_collectives, mismatch_count,
+                                         mismatch_count_2ranks, mismatch_dtype, mismatch_op,
+                                         mismatch_coll, mismatch_root, NULL });
     th_add_tests(s, "mismatch_every", 150,
-                 (const TTest *const[]){mismatch_count_every_collective,
-                                        mismatch_zero_every_collective,
-                                        mismatch_zero_rev_every_collective,
-                                        mismatch_dtype_every_collective,
-                                        mismatch_op_every_collective,
-                                        mismatch_root_every_collective, NULL});
+                 (const TTest *const[]){
+                     mismatch_count_every_collective, mismatch_zero_every_collective,
+                     mismatch_zero_rev_every_collective, mismatch_dtype_every_collective,
+                     mismatch_op_every_collective, mismatch_root_every_collective, NULL });
     th_add_tests(s, "killed", 90,
-                 (const TTest *const[]){rank_killed_mid_allreduce, hung_rank_times_out, NULL});
+                 (const TTest *const[]){ rank_killed_mid_allreduce, hung_rank_times_out, NULL });
     th_add_tests(s, "abort", 90,
-                 (const TTest *const[]){abort_fails_pending, peer_abort_is_peer_failure, NULL});
+                 (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure, NULL });
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

@@ -20,7 +20,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
-#include "ref.h" /* mix64, ref_half_to_float, ref_bf16_to_float, is_float */
+#include "ref.h"       /* mix64, ref_half_to_float, ref_bf16_to_float, is_float */
 #include "base/base.h" /* tt_exec_defer */
 #include "core/stage.h"
 
@@ -82,14 +82,46 @@ static void put_val(void *buf, tutti_dtype_t dt, size_t e, int v)
 {
     unsigned char *p = (unsigned char *)buf + e * tutti_dtype_size(dt);
     switch (dt) {
-    case TUTTI_INT8: { int8_t x = (int8_t)v; memcpy(p, &x, 1); break; }
-    case TUTTI_UINT8: { uint8_t x = (uint8_t)v; memcpy(p, &x, 1); break; }
-    case TUTTI_INT32: { int32_t x = v; memcpy(p, &x, 4); break; }
-    case TUTTI_INT64: { int64_t x = v; memcpy(p, &x, 8); break; }
-    case TUTTI_FP16: { uint16_t x = ref_small_int_to_half(v); memcpy(p, &x, 2); break; }
-    case TUTTI_BF16: { uint16_t x = ref_small_int_to_bf16(v); memcpy(p, &x, 2); break; }
-    case TUTTI_FP32: { float x = (float)v; memcpy(p, &x, 4); break; }
-    case TUTTI_FP64: { double x = v; memcpy(p, &x, 8); break; }
+    case TUTTI_INT8: {
+        int8_t x = (int8_t)v;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case TUTTI_UINT8: {
+        uint8_t x = (uint8_t)v;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case TUTTI_INT32: {
+        int32_t x = v;
+        memcpy(p, &x, 4);
+        break;
+    }
+    case TUTTI_INT64: {
+        int64_t x = v;
+        memcpy(p, &x, 8);
+        break;
+    }
+    case TUTTI_FP16: {
+        uint16_t x = ref_small_int_to_half(v);
+        memcpy(p, &x, 2);
+        break;
+    }
+    case TUTTI_BF16: {
+        uint16_t x = ref_small_int_to_bf16(v);
+        memcpy(p, &x, 2);
+        break;
+    }
+    case TUTTI_FP32: {
+        float x = (float)v;
+        memcpy(p, &x, 4);
+        break;
+    }
+    case TUTTI_FP64: {
+        double x = v;
+        memcpy(p, &x, 8);
+        break;
+    }
     default: break;
     }
 }
@@ -98,14 +130,46 @@ static double get_val(const void *buf, tutti_dtype_t dt, size_t e)
 {
     const unsigned char *p = (const unsigned char *)buf + e * tutti_dtype_size(dt);
     switch (dt) {
-    case TUTTI_INT8: { int8_t x; memcpy(&x, p, 1); return x; }
-    case TUTTI_UINT8: { uint8_t x; memcpy(&x, p, 1); return x; }
-    case TUTTI_INT32: { int32_t x; memcpy(&x, p, 4); return x; }
-    case TUTTI_INT64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
-    case TUTTI_FP16: { uint16_t x; memcpy(&x, p, 2); return ref_half_to_float(x); }
-    case TUTTI_BF16: { uint16_t x; memcpy(&x, p, 2); return ref_bf16_to_float(x); }
-    case TUTTI_FP32: { float x; memcpy(&x, p, 4); return x; }
-    case TUTTI_FP64: { double x; memcpy(&x, p, 8); return x; }
+    case TUTTI_INT8: {
+        int8_t x;
+        memcpy(&x, p, 1);
+        return x;
+    }
+    case TUTTI_UINT8: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return x;
+    }
+    case TUTTI_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    case TUTTI_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        return (double)x;
+    }
+    case TUTTI_FP16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return ref_half_to_float(x);
+    }
+    case TUTTI_BF16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return ref_bf16_to_float(x);
+    }
+    case TUTTI_FP32: {
+        float x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    case TUTTI_FP64: {
+        double x;
+        memcpy(&x, p, 8);
+        return x;
+    }
     default: return NAN;
     }
 }
@@ -130,7 +194,7 @@ static long check_tensor(const void *buf, const tspec_t *t, int nranks, int i, i
             if (is_float(t->dt)) {
                 exp = (double)sum / nranks;
                 tol = (t->dt == TUTTI_FP16 || t->dt == TUTTI_BF16) ? 0.01 * fabs(exp) + 1e-3
-                                                                 : 1e-6 * fabs(exp);
+                                                                   : 1e-6 * fabs(exp);
             } else {
                 exp = (double)(sum / nranks);
             }
@@ -148,12 +212,12 @@ static long check_tensor(const void *buf, const tspec_t *t, int nranks, int i, i
 
 /* Create a fuser on comm with o and register n fp32 tensors of c elements, allocated
  * into t[0..n) and filled with this rank's step-0 values. 0 on success. */
-static int fp32_fuser(int rank, tutti_comm_t *comm, const tutti_fuse_opts_t *o, float **t,
-                      int n, size_t c, tutti_fuse_t **f_p)
+static int fp32_fuser(int rank, tutti_comm_t *comm, const tutti_fuse_opts_t *o, float **t, int n,
+                      size_t c, tutti_fuse_t **f_p)
 {
     tutti_fuse_t *f;
     FAIL_IF(tutti_fuse_create(&f, comm, o) != TUTTI_OK, "create");
-    const tspec_t spec = {c, TUTTI_FP32};
+    const tspec_t spec = { c, TUTTI_FP32 };
     for (int i = 0; i < n; i++) {
         t[i] = malloc(c * sizeof(float));
         fill(t[i], &spec, rank, i, 0);
@@ -173,14 +237,13 @@ static void fp32_fuser_free(tutti_fuse_t *f, float **t, int n)
 
 /* fp32_fuser, then steps steps: fill, mark ready last tensor first, wait, and check
  * every tensor's sum. 0 on success. */
-static int fp32_fuser_steps(int rank, int nranks, tutti_comm_t *comm,
-                            const tutti_fuse_opts_t *o, float **t, int n, size_t c, int steps,
-                            tutti_fuse_t **f_p)
+static int fp32_fuser_steps(int rank, int nranks, tutti_comm_t *comm, const tutti_fuse_opts_t *o,
+                            float **t, int n, size_t c, int steps, tutti_fuse_t **f_p)
 {
     if (fp32_fuser(rank, comm, o, t, n, c, f_p))
         return 1;
     tutti_fuse_t *f = *f_p;
-    const tspec_t spec = {c, TUTTI_FP32};
+    const tspec_t spec = { c, TUTTI_FP32 };
     for (int step = 0; step < steps; step++) {
         for (int i = 0; i < n; i++)
             fill(t[i], &spec, rank, i, step);
@@ -190,8 +253,8 @@ static int fp32_fuser_steps(int rank, int nranks, tutti_comm_t *comm,
         for (int i = 0; i < n; i++) {
             double got, exp;
             long e = check_tensor(t[i], &spec, nranks, i, step, TUTTI_SUM, &got, &exp);
-            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", step, i, e,
-                    got, exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", step, i, e, got,
+                    exp);
         }
     }
     return 0;
@@ -222,7 +285,7 @@ static void *marker_main(void *arg)
  * both at once. */
 static int mark_two_threads(tutti_fuse_t *f, const int *order, int n)
 {
-    marker_t a = {f, order, n / 2, 0}, b = {f, order + n / 2, n - n / 2, 0};
+    marker_t a = { f, order, n / 2, 0 }, b = { f, order + n / 2, n - n / 2, 0 };
     pthread_t t;
     if (pthread_create(&t, NULL, marker_main, &a) != 0)
         return TUTTI_ERR_INTERNAL;
@@ -245,11 +308,11 @@ static void shuffle(int *v, int n, uint64_t seed)
 /* ---- the main sums test: random orders, mixed dtypes, big tensors, views ---- */
 
 static const tspec_t mixed[] = {
-    {300, TUTTI_FP32},  {17, TUTTI_FP64},   {5000, TUTTI_FP32}, {64, TUTTI_INT32},
-    {1, TUTTI_FP32},    {999, TUTTI_FP16},  {256, TUTTI_BF16},  {40, TUTTI_INT64},
-    {3000, TUTTI_FP32}, {100, TUTTI_INT8},  {77, TUTTI_UINT8},  {128, TUTTI_FP32},
-    {2048, TUTTI_FP64}, {11, TUTTI_FP16},   {700, TUTTI_FP32},  {9, TUTTI_INT32},
-    {65, TUTTI_FP32},   {4500, TUTTI_BF16}, {33, TUTTI_FP32},   {1024, TUTTI_FP32},
+    { 300, TUTTI_FP32 },  { 17, TUTTI_FP64 },   { 5000, TUTTI_FP32 }, { 64, TUTTI_INT32 },
+    { 1, TUTTI_FP32 },    { 999, TUTTI_FP16 },  { 256, TUTTI_BF16 },  { 40, TUTTI_INT64 },
+    { 3000, TUTTI_FP32 }, { 100, TUTTI_INT8 },  { 77, TUTTI_UINT8 },  { 128, TUTTI_FP32 },
+    { 2048, TUTTI_FP64 }, { 11, TUTTI_FP16 },   { 700, TUTTI_FP32 },  { 9, TUTTI_INT32 },
+    { 65, TUTTI_FP32 },   { 4500, TUTTI_BF16 }, { 33, TUTTI_FP32 },   { 1024, TUTTI_FP32 },
 };
 
 typedef struct sums_arg {
@@ -278,8 +341,7 @@ static int rank_sums(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
         own[i] = a->views ? NULL : malloc(mixed[i].count * tutti_dtype_size(mixed[i].dt));
         int idx = -1;
         int st = tutti_fuse_register(f, own[i], mixed[i].count, mixed[i].dt, &idx);
-        FAIL_IF(st != TUTTI_OK || idx != i, "register %d: %d %s", i, st,
-                tutti_fuse_last_error(f));
+        FAIL_IF(st != TUTTI_OK || idx != i, "register %d: %d %s", i, st, tutti_fuse_last_error(f));
     }
     int nb0 = 0;
     FAIL_IF(tutti_fuse_num_buckets(f, &nb0) != TUTTI_OK || nb0 < 8, "only %d buckets", nb0);
@@ -306,8 +368,8 @@ static int rank_sums(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
             FAIL_IF(tutti_fuse_tensor_data(f, i, &p) != TUTTI_OK, "tensor_data");
             double got, exp;
             long e = check_tensor(p, &mixed[i], nranks, i, s, a->op, &got, &exp);
-            FAIL_IF(e >= 0, "step %d tensor %d (%s x %zu) element %ld: got %g expected %g",
-                    s, i, tutti_dtype_name(mixed[i].dt), mixed[i].count, e, got, exp);
+            FAIL_IF(e >= 0, "step %d tensor %d (%s x %zu) element %ld: got %g expected %g", s, i,
+                    tutti_dtype_name(mixed[i].dt), mixed[i].count, e, got, exp);
         }
         if (s == 0 && !a->static_layout) {
             /* the rebuilt layout (from rank 0's recorded order) is the same everywhere */
@@ -317,14 +379,14 @@ static int rank_sums(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
                 FAIL_IF(tutti_fuse_tensor_bucket(f, i, &b) != TUTTI_OK, "tensor_bucket");
                 lo[i] = hi[i] = b;
             }
-            FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, lo, (size_t)n, TUTTI_INT32,
-                                    TUTTI_MIN) != TUTTI_OK ||
+            FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, lo, (size_t)n, TUTTI_INT32, TUTTI_MIN) !=
+                            TUTTI_OK ||
                         tutti_allreduce(comm, TUTTI_IN_PLACE, hi, (size_t)n, TUTTI_INT32,
                                         TUTTI_MAX) != TUTTI_OK,
                     "allreduce");
             for (int i = 0; i < n; i++)
-                FAIL_IF(lo[i] != hi[i], "tensor %d is in buckets %d..%d on different ranks",
-                        i, lo[i], hi[i]);
+                FAIL_IF(lo[i] != hi[i], "tensor %d is in buckets %d..%d on different ranks", i,
+                        lo[i], hi[i]);
         }
         if (a->static_layout) {
             int b = -1;
@@ -342,29 +404,28 @@ START_TEST(sums)
 {
     /* _i: rank count 1..4 x {sum, avg} */
     int nranks = _i / 2 + 1;
-    sums_arg_t a = {_i % 2 ? TUTTI_AVG : TUTTI_SUM, 0, 0, quick() ? 3 : 6};
+    sums_arg_t a = { _i % 2 ? TUTTI_AVG : TUTTI_SUM, 0, 0, quick() ? 3 : 6 };
     ck_assert_int_eq(th_run(nranks, rank_sums, &a, 60000), 0);
 }
 END_TEST
 
 START_TEST(views)
 {
-    sums_arg_t a = {_i ? TUTTI_AVG : TUTTI_SUM, 1, 0, quick() ? 3 : 5};
+    sums_arg_t a = { _i ? TUTTI_AVG : TUTTI_SUM, 1, 0, quick() ? 3 : 5 };
     ck_assert_int_eq(th_run(3, rank_sums, &a, 60000), 0);
 }
 END_TEST
 
 START_TEST(static_layout)
 {
-    sums_arg_t a = {TUTTI_SUM, _i, 1, 3};
+    sums_arg_t a = { TUTTI_SUM, _i, 1, 3 };
     ck_assert_int_eq(th_run(2, rank_sums, &a, 60000), 0);
 }
 END_TEST
 
 /* ---- the last-ready tensors get a small bucket of their own ---- */
 
-static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
+static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
@@ -385,10 +446,9 @@ static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char
     for (int i = 0; i < N; i++)
         FAIL_IF(tutti_fuse_tensor_bucket(f, i, &b[i]) != TUTTI_OK, "tensor_bucket %d", i);
     FAIL_IF(nb != 4, "%d buckets, expected 4", nb);
-    FAIL_IF(b[9] != 0 || b[8] != 1 || b[5] != 1 || b[4] != 2 || b[2] != 2 || b[1] != 3 ||
-                b[0] != 3,
-            "buckets %d %d %d %d %d %d %d %d %d %d", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
-            b[7], b[8], b[9]);
+    FAIL_IF(b[9] != 0 || b[8] != 1 || b[5] != 1 || b[4] != 2 || b[2] != 2 || b[1] != 3 || b[0] != 3,
+            "buckets %d %d %d %d %d %d %d %d %d %d", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+            b[8], b[9]);
     fp32_fuser_free(f, t, N);
     return 0;
 }
@@ -401,8 +461,7 @@ END_TEST
 
 /* ---- min_buckets: no bucket is a large share of the model ---- */
 
-static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
+static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     int min_buckets = *(int *)arg;
@@ -417,7 +476,7 @@ static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char
         return 1;
     /* 3 MiB: with min_buckets 2 the cap is 1.5 MiB (24 tensors), so 1 MiB first bucket
      * (16 tensors), then 24 and 8; with 0 the 25 MiB cap leaves 16 + 32 */
-    int nb = 0, per[N] = {0};
+    int nb = 0, per[N] = { 0 };
     FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
     for (int i = 0; i < N; i++) {
         int b;
@@ -428,8 +487,8 @@ static int rank_min_buckets(int rank, int nranks, tutti_comm_t *comm, const char
         FAIL_IF(nb != 3 || per[0] != 16 || per[1] != 24 || per[2] != 8,
                 "min_buckets 2: %d buckets of %d, %d, %d", nb, per[0], per[1], per[2]);
     else
-        FAIL_IF(nb != 2 || per[0] != 16 || per[1] != 32, "min_buckets 0: %d buckets of %d, %d",
-                nb, per[0], per[1]);
+        FAIL_IF(nb != 2 || per[0] != 16 || per[1] != 32, "min_buckets 0: %d buckets of %d, %d", nb,
+                per[0], per[1]);
     fp32_fuser_free(f, t, N);
     return 0;
 }
@@ -454,7 +513,7 @@ static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir
     o.find_unused = 1;
     tutti_fuse_t *f;
     float *t[N];
-    tspec_t spec = {C, TUTTI_FP32};
+    tspec_t spec = { C, TUTTI_FP32 };
     if (fp32_fuser(rank, comm, &o, t, N, C, &f)) /* filled for step 0 */
         return 1;
     /* step 0: tensors 2 and 5 unused everywhere: right sums elsewhere, 2 and 5 kept */
@@ -536,7 +595,7 @@ static int rank_compress(int rank, int nranks, tutti_comm_t *comm, const char *d
     (void)dir;
     int mode = *(const int *)arg; /* bit 0: bf16; bit 1: avg */
     enum { N = 6 };
-    static const size_t counts[N] = {1000, 3, 20000, 517, 64, 4096};
+    static const size_t counts[N] = { 1000, 3, 20000, 517, 64, 4096 };
     tutti_fuse_opts_t o;
     tutti_fuse_opts_init(&o);
     o.compress = mode & 1 ? TUTTI_FUSE_COMPRESS_BF16 : TUTTI_FUSE_COMPRESS_FP16;
@@ -556,7 +615,11 @@ static int rank_compress(int rank, int nranks, tutti_comm_t *comm, const char *d
         /* uniform in [-1, 1); the int32 tensor carries small integers and stays exact */
         for (int i = 0; i < N; i++) {
             for (size_t e = 0; e < counts[i]; e++) {
-                double x = (double)(mix64((uint64_t)(rank * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^ e) >> 11) * ldexp(1, -53) * 2 - 1;
+                double x = (double)(mix64((uint64_t)(rank * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^
+                                          e) >>
+                                    11) *
+                               ldexp(1, -53) * 2 -
+                           1;
                 if (i == 1)
                     ((double *)t[i])[e] = x;
                 else if (i == 4)
@@ -573,7 +636,11 @@ static int rank_compress(int rank, int nranks, tutti_comm_t *comm, const char *d
             for (size_t e = 0; e < counts[i]; e++) {
                 double exact = 0, mag = 0;
                 for (int r = 0; r < nranks; r++) {
-                    double x = (double)(mix64((uint64_t)(r * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^ e) >> 11) * ldexp(1, -53) * 2 - 1;
+                    double x = (double)(mix64((uint64_t)(r * 7919 + s) << 32 ^ (uint64_t)(i << 24) ^
+                                              e) >>
+                                        11) *
+                                   ldexp(1, -53) * 2 -
+                               1;
                     if (i == 4)
                         x = gen_val(r, i, e, s, TUTTI_INT32);
                     else if (i != 1)
@@ -585,15 +652,15 @@ static int rank_compress(int rank, int nranks, tutti_comm_t *comm, const char *d
                     exact = i == 4 ? (double)((long)exact / nranks) : exact / nranks;
                     mag /= nranks;
                 }
-                double got = i == 1 ? ((double *)t[i])[e]
+                double got = i == 1   ? ((double *)t[i])[e]
                              : i == 4 ? ((int32_t *)t[i])[e]
                                       : ((float *)t[i])[e];
                 /* fuse.h: nranks * u * sum|x| (+ fp16 subnormal spacing) */
                 double tol = i == 4 ? 0 : nranks * (u * mag + ldexp(1, -24));
                 FAIL_IF(fabs(got - exact) > tol,
                         "%s %s step %d tensor %d elem %zu: got %.9g exact %.9g tol %.3g",
-                        mode & 1 ? "bf16" : "fp16", mode & 2 ? "avg" : "sum", s, i, e, got,
-                        exact, tol);
+                        mode & 1 ? "bf16" : "fp16", mode & 2 ? "avg" : "sum", s, i, e, got, exact,
+                        tol);
             }
         }
     }
@@ -655,13 +722,13 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     (void)dir;
     (void)arg;
     enum { N = 10, C = 200 };
-    hook_state_t h = {.fail_step = 1, .fail_bucket = 1, .fail_rank = -1, .rank = rank};
-    tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
+    hook_state_t h = { .fail_step = 1, .fail_bucket = 1, .fail_rank = -1, .rank = rank };
+    tutti_fuse_hook_t hook = { hook_issue, hook_finish, &h };
     tutti_fuse_opts_t o;
     hook_opts(&o, &hook);
     tutti_fuse_t *f;
     float *t[N];
-    tspec_t spec = {C, TUTTI_FP32};
+    tspec_t spec = { C, TUTTI_FP32 };
     if (fp32_fuser(rank, comm, &o, t, N, C, &f))
         return 1;
     for (int s = 0; s < 3; s++) {
@@ -684,8 +751,8 @@ static int rank_hook(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
                 double sum = 0;
                 for (int r = 0; r < nranks; r++)
                     sum += gen_val(r, i, e, s, TUTTI_FP32);
-                FAIL_IF(t[i][e] != (float)(2 * sum), "step %d tensor %d: got %g expected %g",
-                        s, i, t[i][e], 2 * sum);
+                FAIL_IF(t[i][e] != (float)(2 * sum), "step %d tensor %d: got %g expected %g", s, i,
+                        t[i][e], 2 * sum);
             }
         }
     }
@@ -702,8 +769,8 @@ static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *d
     (void)arg;
     (void)nranks;
     enum { N = 10, C = 200 };
-    hook_state_t h = {.fail_step = 0, .fail_bucket = 1, .fail_rank = 1, .rank = rank};
-    tutti_fuse_hook_t hook = {hook_issue, hook_finish, &h};
+    hook_state_t h = { .fail_step = 0, .fail_bucket = 1, .fail_rank = 1, .rank = rank };
+    tutti_fuse_hook_t hook = { hook_issue, hook_finish, &h };
     tutti_fuse_opts_t o;
     hook_opts(&o, &hook);
     tutti_fuse_t *f;
@@ -716,11 +783,9 @@ static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *d
     int st = tutti_fuse_wait(f);
     double ms = th_now_ms() - t0;
     if (rank == 1)
-        FAIL_IF(st != TUTTI_ERR_IO, "the failing rank's wait returned %s",
-                tutti_status_name(st));
+        FAIL_IF(st != TUTTI_ERR_IO, "the failing rank's wait returned %s", tutti_status_name(st));
     else
-        FAIL_IF(st == TUTTI_OK, "rank %d's wait succeeded although rank 1 skipped bucket 1",
-                rank);
+        FAIL_IF(st == TUTTI_OK, "rank %d's wait succeeded although rank 1 skipped bucket 1", rank);
     FAIL_IF(ms > 15000, "wait took %.0f ms", ms);
     fp32_fuser_free(f, t, N);
     return 0;
@@ -728,8 +793,9 @@ static int rank_hook_one(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 START_TEST(hook_fails_on_one_rank)
 {
-    th_spec_t spec = {.nranks = 3, .fn = rank_hook_one, .timeout_ms = 60000,
-                      .flags = TH_NO_KILL_ON_FAIL};
+    th_spec_t spec = {
+        .nranks = 3, .fn = rank_hook_one, .timeout_ms = 60000, .flags = TH_NO_KILL_ON_FAIL
+    };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 END_TEST
@@ -801,7 +867,7 @@ static int rank_many(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
         tspec_t spec[N];
         void *own[N];
         for (int i = 0; i < N; i++) {
-            spec[i] = (tspec_t){(size_t)(1 + (i * 37) % 300), i % 3 ? TUTTI_FP32 : TUTTI_INT32};
+            spec[i] = (tspec_t){ (size_t)(1 + (i * 37) % 300), i % 3 ? TUTTI_FP32 : TUTTI_INT32 };
             own[i] = o.bucket_views ? NULL : malloc(spec[i].count * 4);
             int idx;
             FAIL_IF(tutti_fuse_register(f, own[i], spec[i].count, spec[i].dt, &idx), "reg");
@@ -825,8 +891,8 @@ static int rank_many(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
                     double got, exp;
                     tutti_fuse_tensor_data(f, i, &p);
                     long e = check_tensor(p, &spec[i], nranks, i, s, TUTTI_SUM, &got, &exp);
-                    FAIL_IF(e >= 0, "round %d step %d tensor %d: got %g expected %g", round,
-                            s, i, got, exp);
+                    FAIL_IF(e >= 0, "round %d step %d tensor %d: got %g expected %g", round, s, i,
+                            got, exp);
                 }
             }
         }
@@ -854,10 +920,10 @@ START_TEST(no_leaks)
     tutti_comm_t *comm;
     ck_assert_int_eq(tutti_comm_init(&comm, store, 0, 1, NULL), TUTTI_OK);
     ck_assert_int_eq(rank_many(0, 1, comm, dir, NULL), 0);
-    float a[100] = {0}, b[3000] = {0};
-    void *bufs[2] = {a, b};
-    size_t counts[2] = {100, 3000};
-    tutti_dtype_t dts[2] = {TUTTI_FP32, TUTTI_FP32};
+    float a[100] = { 0 }, b[3000] = { 0 };
+    void *bufs[2] = { a, b };
+    size_t counts[2] = { 100, 3000 };
+    tutti_dtype_t dts[2] = { TUTTI_FP32, TUTTI_FP32 };
     ck_assert_int_eq(tutti_broadcast_coalesced(comm, bufs, counts, dts, 2, 0, 1024), 0);
     ck_assert_int_eq(tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0), 0);
     tutti_comm_destroy(comm);
@@ -877,9 +943,9 @@ static int rank_coalesced(int rank, int nranks, tutti_comm_t *comm, const char *
     (void)arg;
     enum { N = 12 };
     static const tspec_t spec[N] = {
-        {100, TUTTI_FP32}, {0, TUTTI_FP32},    {7, TUTTI_INT8},   {5000, TUTTI_FP32},
-        {33, TUTTI_FP64},  {1200, TUTTI_FP16}, {1, TUTTI_INT64},  {900, TUTTI_FP32},
-        {64, TUTTI_BF16},  {300, TUTTI_INT32}, {2, TUTTI_UINT8},  {4096, TUTTI_FP64},
+        { 100, TUTTI_FP32 }, { 0, TUTTI_FP32 },    { 7, TUTTI_INT8 },  { 5000, TUTTI_FP32 },
+        { 33, TUTTI_FP64 },  { 1200, TUTTI_FP16 }, { 1, TUTTI_INT64 }, { 900, TUTTI_FP32 },
+        { 64, TUTTI_BF16 },  { 300, TUTTI_INT32 }, { 2, TUTTI_UINT8 }, { 4096, TUTTI_FP64 },
     };
     void *bufs[N];
     size_t counts[N];
@@ -906,14 +972,12 @@ static int rank_coalesced(int rank, int nranks, tutti_comm_t *comm, const char *
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < N; i++)
             fill(bufs[i], &spec[i], rank, i, pass + 1);
-        int st = tutti_allreduce_coalesced(comm, bufs, counts, dts, N, TUTTI_SUM,
-                                           pass ? 0 : 3000);
+        int st = tutti_allreduce_coalesced(comm, bufs, counts, dts, N, TUTTI_SUM, pass ? 0 : 3000);
         FAIL_IF(st != TUTTI_OK, "allreduce_coalesced: %s", tutti_comm_last_error(comm));
         for (int i = 0; i < N; i++) {
             double got, exp;
             long e = check_tensor(bufs[i], &spec[i], nranks, i, pass + 1, TUTTI_SUM, &got, &exp);
-            FAIL_IF(e >= 0, "allreduce tensor %d element %ld: got %g expected %g", i, e, got,
-                    exp);
+            FAIL_IF(e >= 0, "allreduce tensor %d element %ld: got %g expected %g", i, e, got, exp);
         }
     }
     for (int i = 0; i < N; i++)
@@ -946,8 +1010,7 @@ typedef struct ms_arg {
     int views, static_layout;
 } ms_arg_t;
 
-static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                           void *varg)
+static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *varg)
 {
     (void)dir;
     const ms_arg_t *a = varg;
@@ -966,7 +1029,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
     static void *own[MS_N];
     static int order[MS_N], forgot[MS_N];
     for (int i = 0; i < MS_N; i++) {
-        spec[i] = (tspec_t){4, i % 10 == 9 ? TUTTI_INT32 : TUTTI_FP32};
+        spec[i] = (tspec_t){ 4, i % 10 == 9 ? TUTTI_INT32 : TUTTI_FP32 };
         own[i] = views ? NULL : malloc(16);
         int idx;
         FAIL_IF(tutti_fuse_register(f, own[i], 4, spec[i].dt, &idx) != TUTTI_OK, "register");
@@ -981,7 +1044,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
         }
         shuffle(order, MS_N, mix64((uint64_t)(s * 13 + rank)));
         int twice = -1; /* a tensor of bucket 0, marked again in step 2 */
-        if (s == 2) { /* the same tensors on every rank: buckets are the same everywhere */
+        if (s == 2) {   /* the same tensors on every rank: buckets are the same everywhere */
             int nb = 0;
             FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK, "num_buckets");
             int *per = calloc((size_t)nb, sizeof(int)), *size = calloc((size_t)nb, sizeof(int));
@@ -1016,7 +1079,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
         marker_t m[MS_THREADS];
         pthread_t th[MS_THREADS];
         for (int t = 0; t < MS_THREADS; t++) {
-            m[t] = (marker_t){f, idx[t], 0, 0};
+            m[t] = (marker_t){ f, idx[t], 0, 0 };
             for (int k = t; k < kept; k += MS_THREADS)
                 idx[t][m[t].n++] = order[k];
         }
@@ -1054,8 +1117,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
                 continue;
             }
             long e = check_tensor(p, &spec[i], nranks, i, s, TUTTI_SUM, &got, &exp);
-            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", s, i, e, got,
-                    exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", s, i, e, got, exp);
         }
     }
     tutti_fuse_destroy(f);
@@ -1067,7 +1129,7 @@ static int rank_many_small(int rank, int nranks, tutti_comm_t *comm, const char 
 START_TEST(many_small)
 {
     /* _i: 2 or 3 ranks x {recorded, static layout} x {registered, views} */
-    ms_arg_t a = {_i % 2, (_i / 2) % 2};
+    ms_arg_t a = { _i % 2, (_i / 2) % 2 };
     ck_assert_int_eq(th_run(2 + _i / 4, rank_many_small, &a, 60000), 0);
 }
 END_TEST
@@ -1081,7 +1143,7 @@ static int rank_defer(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 {
     (void)dir;
     (void)arg;
-    int32_t v[3] = {rank, 1, -rank};
+    int32_t v[3] = { rank, 1, -rank };
     for (int how = 0; how < 2; how++) {
         /* let the progress thread go to sleep (a new one would find the op queued) */
         FAIL_IF(tutti_barrier(comm) != TUTTI_OK, "barrier");
@@ -1157,8 +1219,8 @@ static int rank_progress(int rank, int nranks, tutti_comm_t *comm, const char *d
             free(v);
             FAIL_IF(st != TUTTI_OK || th_now_ms() - t0 > 3000,
                     "step %d: rank 1 finished its step only after %.0f ms (%s): rank 0's "
-                    "deferred bucket made no progress", step, th_now_ms() - t0,
-                    tutti_strerror(st));
+                    "deferred bucket made no progress",
+                    step, th_now_ms() - t0, tutti_strerror(st));
         }
         FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
         if (rank == 1)
@@ -1174,8 +1236,7 @@ static int rank_progress(int rank, int nranks, tutti_comm_t *comm, const char *d
 /* The coalesced calls' staging buffers stay on the communicator: a small call that
  * borrows the big buffers gives them back with their real size, so the next big call
  * reuses them (fresh pages cost more than broadcasting them). */
-static int rank_stage_cache(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
+static int rank_stage_cache(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)nranks;
     (void)dir;
@@ -1247,7 +1308,7 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
     FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_ERR_INVALID_ARG, "MAX accepted");
     o.op = TUTTI_SUM;
     FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
-    float x[4] = {1, 2, 3, 4};
+    float x[4] = { 1, 2, 3, 4 };
     int idx;
     FAIL_IF(tutti_fuse_register(f, NULL, 4, TUTTI_FP32, &idx) != TUTTI_ERR_INVALID_ARG,
             "NULL data accepted without views");

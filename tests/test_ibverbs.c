@@ -60,15 +60,15 @@ static int device_count(int *active_p)
 static void run_pair(th_rank_fn fn, void *arg, int timeout_ms, int flags,
                      const tutti_comm_opts_t *o)
 {
-    th_spec_t spec = {.nranks = 2, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .flags = flags, .opts = o};
+    th_spec_t spec = {
+        .nranks = 2, .fn = fn, .arg = arg, .timeout_ms = timeout_ms, .flags = flags, .opts = o
+    };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 
 /* ---- no device: init fails with TUTTI_ERR_NO_DEVICE and says why ---- */
 
-static int rank_no_device(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                          void *arg)
+static int rank_no_device(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     const char *want = arg;
@@ -164,13 +164,13 @@ START_TEST(mr_cache_hits_misses)
     ck_assert_int_eq(ib_mrc_get(&c, a, len, 0, &e1), 0);
     ck_assert_uint_eq(c.misses, 1);
     ib_mrc_put(&c, e1);
-    ck_assert_int_eq(ib_mrc_get(&c, a, len, 1, &e2), 0);    /* same buffer, receive */
+    ck_assert_int_eq(ib_mrc_get(&c, a, len, 1, &e2), 0);         /* same buffer, receive */
     ck_assert_int_eq(ib_mrc_get(&c, a + 4096, 8192, 0, &e3), 0); /* inside it */
     ck_assert_ptr_eq(e2, e1);
     ck_assert_ptr_eq(e3, e1);
     ck_assert_uint_eq(c.hits, 2);
     ck_assert_uint_eq(c.misses, 1);
-    ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e4), 0);  /* another buffer */
+    ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e4), 0); /* another buffer */
     ck_assert_uint_eq(c.misses, 2);
     ck_assert_int_eq(c.entries, 2);
     ib_mrc_put(&c, e2);
@@ -179,8 +179,7 @@ START_TEST(mr_cache_hits_misses)
     ib_mrc_destroy(&c);
 
     /* the byte limit: least recently used idle entries go */
-    ck_assert_int_eq(ib_mrc_init(&c, d.pd, "trust", len + len / 2 + 8192, 0, err,
-                                 sizeof(err)), 0);
+    ck_assert_int_eq(ib_mrc_init(&c, d.pd, "trust", len + len / 2 + 8192, 0, err, sizeof(err)), 0);
     ck_assert_int_eq(ib_mrc_get(&c, a, len, 0, &e1), 0);
     ib_mrc_put(&c, e1);
     ck_assert_int_eq(ib_mrc_get(&c, b, len, 0, &e2), 0);
@@ -218,8 +217,9 @@ START_TEST(mr_cache_invalidate_on_free)
     char err[256];
     if (ib_mrc_init(&c, d.pd, NULL, 64u << 20, 0, err, sizeof(err)) != 0 ||
         c.mode != IB_MRC_PAGEMAP) {
-        fprintf(stderr, "mr_cache_invalidate_on_free: the cache runs in mode %s here (page "
-                        "frames need CAP_SYS_ADMIN): nothing to check\n",
+        fprintf(stderr,
+                "mr_cache_invalidate_on_free: the cache runs in mode %s here (page "
+                "frames need CAP_SYS_ADMIN): nothing to check\n",
                 ib_mrc_mode_name(c.mode));
         ib_mrc_destroy(&c);
         dev_close(&d);
@@ -268,14 +268,12 @@ static int check_sum(int rank, const float *out, size_t n, int nranks, float sca
 {
     for (size_t i = 0; i < n; i++) {
         float exp = scale * (float)((i % 1000) * nranks + nranks * (nranks - 1) / 2);
-        FAIL_IF(out[i] != exp, "index %zu: got %g, expected %g", i, (double)out[i],
-                (double)exp);
+        FAIL_IF(out[i] != exp, "index %zu: got %g, expected %g", i, (double)out[i], (double)exp);
     }
     return 0;
 }
 
-static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                           void *arg)
+static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
@@ -305,8 +303,8 @@ static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char 
     fprintf(stderr,
             "rank %d: MR cache %s: after 1 allreduce %lu hits %lu misses; after 3: %lu hits "
             "%lu misses, %d entries %zu bytes; %lu eager, %lu RDMA READ messages\n",
-            rank, s2.mr_mode, s1.mr_hits, s1.mr_misses, s2.mr_hits, s2.mr_misses,
-            s2.mr_entries, s2.mr_bytes, s2.eager_msgs, s2.rdv_msgs);
+            rank, s2.mr_mode, s1.mr_hits, s1.mr_misses, s2.mr_hits, s2.mr_misses, s2.mr_entries,
+            s2.mr_bytes, s2.eager_msgs, s2.rdv_msgs);
     FAIL_IF(s1.rdv_msgs == 0, "4 MiB allreduce used no RDMA READ");
     FAIL_IF(s1.mr_misses == 0, "nothing registered");
     if (strcmp(s2.mr_mode, "off") != 0) {
@@ -319,10 +317,10 @@ static int rank_cache_comm(int rank, int nranks, tutti_comm_t *comm, const char 
     /* free both buffers, get new memory at the same addresses with other contents: the
      * result must come from the new pages */
     FAIL_IF(munmap(in, len) || munmap(out, len), "munmap");
-    float *in2 = mmap(in, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                      -1, 0);
-    float *out2 = mmap(out, len, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    float *in2 = mmap(in, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+                      0);
+    float *out2 = mmap(out, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                       -1, 0);
     FAIL_IF(in2 != in || out2 != out, "remap");
     for (size_t i = 0; i < n; i++)
         in2[i] = 2.0f * (float)(i % 1000 + (size_t)rank);
@@ -363,8 +361,8 @@ static int rank_qp_error(int rank, int nranks, tutti_comm_t *comm, const char *d
     st = tutti_allreduce(comm, buf, out, 1024, TUTTI_FP32, TUTTI_SUM);
     double ms = th_now_ms() - t0;
     const char *err = tutti_comm_last_error(comm);
-    fprintf(stderr, "rank %d failed after %.0f ms with %s: %s\n", rank, ms,
-            tutti_status_name(st), err);
+    fprintf(stderr, "rank %d failed after %.0f ms with %s: %s\n", rank, ms, tutti_status_name(st),
+            err);
     FAIL_IF(st == TUTTI_OK, "allreduce over a broken QP succeeded");
     if (rank == 0) {
         FAIL_IF(st != TUTTI_ERR_PEER, "got %s, not TUTTI_ERR_PEER", tutti_status_name(st));
@@ -402,7 +400,10 @@ static void tp_close(th_host_t *t, void *tp)
     th_host_close(t);
 }
 
-static void signal_key(th_host_t *t, const char *key) { tutti_store_set(t->store, key, "1", 1); }
+static void signal_key(th_host_t *t, const char *key)
+{
+    tutti_store_set(t->store, key, "1", 1);
+}
 
 static int wait_key(th_host_t *t, const char *key, int ms)
 {
@@ -436,8 +437,7 @@ enum { RDV_CANCEL = 0, RDV_BREAK = 1 };
  * buffer back and writes something else there) or has its queue pair break (RDV_BREAK).
  * Rank 1's receive must then fail, with the reason recorded: never complete with what
  * the buffer holds after the cancel. */
-static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                         void *arg)
+static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     int mode = (int)(intptr_t)arg;
@@ -477,8 +477,10 @@ static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char 
                 mode == RDV_CANCEL ? "cancel" : "break", tutti_status_name(r.status),
                 th_now_ms() - t0, t.nerr ? t.err : "(none recorded)");
         signal_key(&t, "done");
-        FAIL_IF(r.status == 0, "the receive completed with the sender's cancelled buffer "
-                               "(first byte 0x%02x)", buf[0]);
+        FAIL_IF(r.status == 0,
+                "the receive completed with the sender's cancelled buffer "
+                "(first byte 0x%02x)",
+                buf[0]);
         FAIL_IF(r.status == 1, "the receive never failed");
         FAIL_IF(t.nerr == 0, "the receive failed with %s, but no reason was recorded",
                 tutti_status_name(r.status));
@@ -491,8 +493,7 @@ static int rank_rdv_fail(int rank, int nranks, tutti_comm_t *unused, const char 
 
 START_TEST(rdv_cancel)
 {
-    run_pair(rank_rdv_fail, (void *)(intptr_t)_i, 90000, TH_NO_COMM | TH_NO_KILL_ON_FAIL,
-             NULL);
+    run_pair(rank_rdv_fail, (void *)(intptr_t)_i, 90000, TH_NO_COMM | TH_NO_KILL_ON_FAIL, NULL);
 }
 END_TEST
 
@@ -509,8 +510,8 @@ static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const
     void *tp = NULL;
     FAIL_IF(tp_open(&t, dir, rank, nranks, &tp) != 0, "create: %s", t.err);
     const size_t len = 32u << 20;
-    unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                              -1, 0);
+    unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                              0);
     FAIL_IF(buf == MAP_FAILED, "mmap");
     tutti_tp_req_v2_t r;
     if (rank == 0) {
@@ -550,8 +551,10 @@ static int rank_cancel_reading(int rank, int nranks, tutti_comm_t *unused, const
         drive2(tp, NULL, NULL, 300);
         usleep(300000);
         for (size_t i = 0; i < len; i++)
-            FAIL_IF(buf[i] != 0, "byte %zu of the cancelled receive's buffer was written after "
-                                 "cancel_all returned", i);
+            FAIL_IF(buf[i] != 0,
+                    "byte %zu of the cancelled receive's buffer was written after "
+                    "cancel_all returned",
+                    i);
         tutti_tp_req_v2_t r2;
         req_init(&r2, 0, buf, 16, 2);
         FAIL_IF(IBOPS->post_recv(tp, &r2) == 0, "a receive on the cancelled link was taken");
@@ -573,8 +576,8 @@ END_TEST
  * reported on its receive (with got_env/got_len), and the earlier receive, whose buffer
  * the transport still owns, completes with its data instead of failing with a bare
  * peer error. */
-static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
-                                   const char *dir, void *arg)
+static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                   void *arg)
 {
     (void)unused;
     (void)arg;
@@ -591,8 +594,7 @@ static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
         memset(small, 0x33, sizeof(small));
         req_init(&a, 1, big, len, 1);
         req_init(&b, 1, small, sizeof(small), 2);
-        FAIL_IF(IBOPS->post_send(tp, &a) != 0 || IBOPS->post_send(tp, &b) != 0, "post: %s",
-                t.err);
+        FAIL_IF(IBOPS->post_send(tp, &a) != 0 || IBOPS->post_send(tp, &b) != 0, "post: %s", t.err);
         drive2(tp, NULL, NULL, 500); /* both reach rank 1's ring */
         signal_key(&t, "sent");
         FAIL_IF(wait_key(&t, "done", 60000) != 0, "rank 1 never finished");
@@ -602,8 +604,7 @@ static int rank_mismatch_after_rts(int rank, int nranks, tutti_comm_t *unused,
         memset(big, 0, len);
         req_init(&a, 0, big, len, 1);
         req_init(&b, 0, small, sizeof(small), 3); /* rank 0 sent 2 */
-        FAIL_IF(IBOPS->post_recv(tp, &a) != 0 || IBOPS->post_recv(tp, &b) != 0, "post: %s",
-                t.err);
+        FAIL_IF(IBOPS->post_recv(tp, &a) != 0 || IBOPS->post_recv(tp, &b) != 0, "post: %s", t.err);
         drive2(tp, &a, &b, 30000);
         signal_key(&t, "done");
         FAIL_IF(b.status != TUTTI_ERR_MISMATCH, "second receive: %s, not a mismatch",
@@ -629,7 +630,10 @@ END_TEST
 
 /* ---- every collective on 2, 3, 4 ranks, 0 bytes to 3 MiB ---- */
 
-static uint32_t val(int rank, size_t i) { return (uint32_t)rank * 2654435761u + (uint32_t)i * 40503u + 7u; }
+static uint32_t val(int rank, size_t i)
+{
+    return (uint32_t)rank * 2654435761u + (uint32_t)i * 40503u + 7u;
+}
 
 static uint32_t sum_at(int n, size_t i)
 {
@@ -639,11 +643,11 @@ static uint32_t sum_at(int n, size_t i)
     return s;
 }
 
-#define CHECK_BLOCK(what, cond_idx, exp_expr)                                             \
-    for (size_t i = 0; i < (cond_idx); i++) {                                              \
-        uint32_t exp = (exp_expr);                                                         \
-        FAIL_IF(out[i] != exp, "%s count %zu: index %zu: got 0x%x, expected 0x%x", what,  \
-                count, i, out[i], exp);                                                    \
+#define CHECK_BLOCK(what, cond_idx, exp_expr)                                                      \
+    for (size_t i = 0; i < (cond_idx); i++) {                                                      \
+        uint32_t exp = (exp_expr);                                                                 \
+        FAIL_IF(out[i] != exp, "%s count %zu: index %zu: got 0x%x, expected 0x%x", what, count, i, \
+                out[i], exp);                                                                      \
     }
 
 static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
@@ -652,7 +656,7 @@ static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, voi
     (void)arg;
     FAIL_IF(strcmp(tutti_comm_transport(comm), "ibverbs") != 0, "transport is %s",
             tutti_comm_transport(comm));
-    static const size_t counts[] = {0, 1, 7, 2047, 4097, 65539, 786435}; /* up to 3 MiB */
+    static const size_t counts[] = { 0, 1, 7, 2047, 4097, 65539, 786435 }; /* up to 3 MiB */
     const size_t cap = 786435 * 4 + 64;
     uint32_t *in = malloc(cap * sizeof(uint32_t)), *out = malloc(cap * sizeof(uint32_t));
     FAIL_IF(!in || !out, "out of memory");
@@ -742,8 +746,7 @@ static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, voi
         fprintf(stderr,
                 "matrix on %d ranks: %.0f ms; %lu eager and %lu RDMA READ messages; MR cache "
                 "%s: %lu hits, %lu misses\n",
-                n, th_now_ms() - t0, s.eager_msgs, s.rdv_msgs, s.mr_mode, s.mr_hits,
-                s.mr_misses);
+                n, th_now_ms() - t0, s.eager_msgs, s.rdv_msgs, s.mr_mode, s.mr_hits, s.mr_misses);
     FAIL_IF(s.eager_msgs == 0 || s.rdv_msgs == 0, "eager %lu, rdv %lu: a path went unused",
             s.eager_msgs, s.rdv_msgs);
     free(in);

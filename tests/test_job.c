@@ -58,8 +58,8 @@ static void run_two(th_rank_fn fn, int skip_code)
  * run, as launchers make it; not tested.) */
 
 typedef struct two {
-    const char *id;   /* both jobs' id (NULL: none) */
-    int delay_ms[4];  /* A0 A1 B0 B1 */
+    const char *id;  /* both jobs' id (NULL: none) */
+    int delay_ms[4]; /* A0 A1 B0 B1 */
 } two_t;
 
 static int rank_two(int hr, int total, tutti_comm_t *unused, const char *dir, void *arg)
@@ -68,13 +68,13 @@ static int rank_two(int hr, int total, tutti_comm_t *unused, const char *dir, vo
     (void)unused;
     const two_t *t = arg;
     sleep_ms(t->delay_ms[hr]);
-    th_job_t j = {.job_id = t->id, .transport = "tcp", .timeout_ms = 4000};
+    th_job_t j = { .job_id = t->id, .transport = "tcp", .timeout_ms = 4000 };
     return th_job_rank(hr / 2, hr % 2, 2, dir, &j);
 }
 
 START_TEST(rejected_rank_joins_next_job)
 {
-    two_t t = {.id = NULL, .delay_ms = {0, 30, 500, 10}};
+    two_t t = { .id = NULL, .delay_ms = { 0, 30, 500, 10 } };
     int codes[4];
     th_run_apart(4, rank_two, &t, 30000, codes);
     for (int i = 0; i < 4; i++)
@@ -92,7 +92,7 @@ static int rank_retry(int rank, int nranks, tutti_comm_t *unused, const char *di
 {
     (void)unused;
     (void)arg;
-    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 4000};
+    th_job_t j = { .job_id = "", .transport = "tcp", .timeout_ms = 4000 };
     if (rank == 1) {
         sleep_ms(1500); /* after rank 0's first attempt gave up, during its second */
         return th_job_rank(0, rank, nranks, dir, &j);
@@ -128,7 +128,7 @@ static int rank_pidns(int rank, int nranks, tutti_comm_t *unused, const char *di
 {
     (void)unused;
     (void)arg;
-    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    th_job_t j = { .job_id = "", .transport = "tcp", .timeout_ms = 3000 };
     if (rank == 0)
         return th_job_rank(0, rank, nranks, dir, &j);
     sleep_ms(100);
@@ -165,8 +165,9 @@ static int rank_skew(int rank, int nranks, tutti_comm_t *unused, const char *dir
 {
     (void)unused;
     (void)arg;
-    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 2000,
-              .host_id = rank ? "host-b" : "host-a"};
+    th_job_t j = {
+        .job_id = "", .transport = "tcp", .timeout_ms = 2000, .host_id = rank ? "host-b" : "host-a"
+    };
     if (rank == 1)
         clock_skew_s = 10;
     return th_job_rank(0, rank, nranks, dir, &j);
@@ -185,12 +186,11 @@ END_TEST
  * gets the slot: it waits the whole timeout and fails with TUTTI_ERR_IN_USE ("already
  * used by another job"), and the others time out. */
 
-static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                        void *arg)
+static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     (void)arg;
-    th_job_t j = {.job_id = "", .transport = "tcp", .timeout_ms = 3000};
+    th_job_t j = { .job_id = "", .transport = "tcp", .timeout_ms = 3000 };
     if (rank == 1) {
         /* the first rank 1: claims its slot, then dies */
         pid_t dead = fork();
@@ -255,10 +255,10 @@ static int rank_slow(int hr, int total, tutti_comm_t *unused, const char *dir, v
         kill(s->server, SIGCONT);
         return 0;
     }
-    static const int delay[] = {0, 10, 30};      /* A0, B1, A1 */
-    static const int job[] = {0, 1, 0}, rank[] = {0, 1, 1};
+    static const int delay[] = { 0, 10, 30 }; /* A0, B1, A1 */
+    static const int job[] = { 0, 1, 0 }, rank[] = { 0, 1, 1 };
     sleep_ms(delay[hr]);
-    th_job_t j = {.job_id = NULL, .transport = "tcp", .timeout_ms = 4000, .url = s->url};
+    th_job_t j = { .job_id = NULL, .transport = "tcp", .timeout_ms = 4000, .url = s->url };
     return th_job_rank(job[hr], rank[hr], 2, dir, &j);
 }
 
@@ -283,7 +283,7 @@ START_TEST(contest_check_fails_open)
     int port = -1;
     ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (int)sizeof(port));
     ck_assert_int_gt(port, 0);
-    slow_t s = {.server = server};
+    slow_t s = { .server = server };
     snprintf(s.url, sizeof(s.url), "tcp://127.0.0.1:%d", port);
     int codes[4];
     th_run_apart(4, rank_slow, &s, 30000, codes);
@@ -293,8 +293,7 @@ START_TEST(contest_check_fails_open)
     close(pfd[0]);
     close(pfd[1]);
     for (int i = 0; i < 3; i++)
-        ck_assert_msg(codes[i] != TH_JR_WRONG, "harness rank %d (A0, B1, A1) met the other job",
-                      i);
+        ck_assert_msg(codes[i] != TH_JR_WRONG, "harness rank %d (A0, B1, A1) met the other job", i);
 }
 END_TEST
 

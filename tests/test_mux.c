@@ -73,7 +73,7 @@ static int rank_mixed(int rank, int nranks, tutti_comm_t *unused, const char *di
             tutti_comm_transport(comm), want);
 
     /* allreduce, small to pipelined */
-    const size_t counts[] = {1, 1000, 300001};
+    const size_t counts[] = { 1, 1000, 300001 };
     for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
         size_t n = counts[k];
         int64_t *x = malloc(n * sizeof(int64_t)), *y = malloc(n * sizeof(int64_t));
@@ -82,7 +82,8 @@ static int rank_mixed(int rank, int nranks, tutti_comm_t *unused, const char *di
             x[i] = (int64_t)(rank + 1) * (int64_t)(i % 977) - rank;
         st = tutti_allreduce(comm, x, y, n, TUTTI_INT64, TUTTI_SUM);
         FAIL_IF(st != 0, "allreduce %zu: %s", n, tutti_comm_last_error(comm));
-        int64_t ranksum = (int64_t)nranks * (nranks + 1) / 2, rsum = (int64_t)nranks * (nranks - 1) / 2;
+        int64_t ranksum = (int64_t)nranks * (nranks + 1) / 2,
+                rsum = (int64_t)nranks * (nranks - 1) / 2;
         for (size_t i = 0; i < n; i++)
             FAIL_IF(y[i] != ranksum * (int64_t)(i % 977) - rsum, "allreduce %zu: [%zu] = %lld", n,
                     i, (long long)y[i]);
@@ -127,7 +128,8 @@ static int rank_mixed(int rank, int nranks, tutti_comm_t *unused, const char *di
     FAIL_IF(st != 0, "isend: %s", tutti_comm_last_error(comm));
     st = tutti_recv_async(comm, in, 64, TUTTI_INT32, (rank + nranks - 1) % nranks, 7, &wr);
     FAIL_IF(st != 0, "irecv: %s", tutti_comm_last_error(comm));
-    FAIL_IF(tutti_wait(wr, -1) != 0 || tutti_wait(ws, -1) != 0, "p2p: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_wait(wr, -1) != 0 || tutti_wait(ws, -1) != 0, "p2p: %s",
+            tutti_comm_last_error(comm));
     tutti_work_free(ws);
     tutti_work_free(wr);
     int from = (rank + nranks - 1) % nranks;
@@ -164,30 +166,33 @@ static int have(const char *name)
 }
 
 static const mux_case_t tcp_cases[] = {
-    {"local=" TCP_PLUGIN ",remote=tcp", "AABB", "tcp+tcp", 0},
-    {"local=" TCP_PLUGIN ",remote=tcp", "ABAB", "tcp+tcp", 0},
-    {"local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0},
-    {"local=" TCP_PLUGIN, "AABBA", "tcp+tcp", 0},
-    {"local=" TCP_PLUGIN ",remote=tcp", "AAAA", "tcp", 0}, /* one host: no mux */
-    {"local=tcp,remote=" V1_PLUGIN, "AAB", "tcp+tcp", 0},   /* a v1 plugin in the mux */
+    { "local=" TCP_PLUGIN ",remote=tcp", "AABB", "tcp+tcp", 0 },
+    { "local=" TCP_PLUGIN ",remote=tcp", "ABAB", "tcp+tcp", 0 },
+    { "local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0 },
+    { "local=" TCP_PLUGIN, "AABBA", "tcp+tcp", 0 },
+    { "local=" TCP_PLUGIN ",remote=tcp", "AAAA", "tcp", 0 }, /* one host: no mux */
+    { "local=tcp,remote=" V1_PLUGIN, "AAB", "tcp+tcp", 0 },  /* a v1 plugin in the mux */
 };
 
 START_TEST(mixed_tcp)
 {
     const mux_case_t *c = &tcp_cases[_i];
-    th_spec_t spec = {.nranks = (int)strlen(c->hosts), .fn = rank_mixed, .arg = (void *)c,
-                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    th_spec_t spec = { .nranks = (int)strlen(c->hosts),
+                       .fn = rank_mixed,
+                       .arg = (void *)c,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
     ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
 }
 END_TEST
 
 static const mux_case_t shm_cases[] = {
-    {"auto", "AABB", "shm+tcp", 0},
-    {NULL, "ABBA", "shm+tcp", 0},
-    {"local=shm,remote=tcp", "AAB", "shm+tcp", 0},
-    {"auto", "AAA", "shm", 0},
-    {"auto", "ABC", "tcp", 0}, /* nobody local: tcp alone */
-    {"local=" SHM_PLUGIN ",remote=tcp", "AAB", "shm+tcp", 0},
+    { "auto", "AABB", "shm+tcp", 0 },
+    { NULL, "ABBA", "shm+tcp", 0 },
+    { "local=shm,remote=tcp", "AAB", "shm+tcp", 0 },
+    { "auto", "AAA", "shm", 0 },
+    { "auto", "ABC", "tcp", 0 }, /* nobody local: tcp alone */
+    { "local=" SHM_PLUGIN ",remote=tcp", "AAB", "shm+tcp", 0 },
 };
 
 START_TEST(mixed_shm)
@@ -197,8 +202,11 @@ START_TEST(mixed_shm)
         return;
     }
     const mux_case_t *c = &shm_cases[_i];
-    th_spec_t spec = {.nranks = (int)strlen(c->hosts), .fn = rank_mixed, .arg = (void *)c,
-                      .timeout_ms = 60000, .flags = TH_NO_COMM};
+    th_spec_t spec = { .nranks = (int)strlen(c->hosts),
+                       .fn = rank_mixed,
+                       .arg = (void *)c,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
     ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
 }
 END_TEST
@@ -210,11 +218,12 @@ START_TEST(shm_forced_across_hosts)
         return;
     }
     /* by name, and as a plugin file: its properties say local-only, not its name */
-    mux_case_t c[] = {{"shm", "AB", NULL, TUTTI_ERR_CONFIG},
-                      {SHM_PLUGIN, "AB", NULL, TUTTI_ERR_CONFIG}};
+    mux_case_t c[] = { { "shm", "AB", NULL, TUTTI_ERR_CONFIG },
+                       { SHM_PLUGIN, "AB", NULL, TUTTI_ERR_CONFIG } };
     for (int k = 0; k < 2; k++) {
-        th_spec_t spec = {.nranks = 2, .fn = rank_refused, .arg = &c[k], .timeout_ms = 30000,
-                          .flags = TH_NO_COMM};
+        th_spec_t spec = {
+            .nranks = 2, .fn = rank_refused, .arg = &c[k], .timeout_ms = 30000, .flags = TH_NO_COMM
+        };
         ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s", c[k].transport);
     }
 }
@@ -244,8 +253,8 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, 3, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
-    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? "tcp" : c->expect),
-            "transport %s", tutti_comm_transport(comm));
+    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? "tcp" : c->expect), "transport %s",
+            tutti_comm_transport(comm));
     FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
     int32_t v = 0;
     double t0 = th_now_ms();
@@ -255,8 +264,10 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
         FAIL_IF(st != TUTTI_ERR_TIMEOUT, "got %s, want rank 2's own status, TIMEOUT: %s",
                 tutti_status_name(st), tutti_comm_last_error(comm));
         FAIL_IF(ms > 3000, "failed only after %.0f ms: %s", ms, tutti_comm_last_error(comm));
-        FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 2"), "after %.0f ms: \"%s\" names "
-                "no rank 2", ms, tutti_comm_last_error(comm));
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 2"),
+                "after %.0f ms: \"%s\" names "
+                "no rank 2",
+                ms, tutti_comm_last_error(comm));
     } else if (rank == 1) {
         usleep(4000000); /* silent, then gone */
     } else {
@@ -271,11 +282,14 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(report_on_idle_transport)
 {
-    mux_case_t c[2] = {{"local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0},
-                       {"local=shm,remote=tcp", "AAB", "shm+tcp", 0}};
+    mux_case_t c[2] = { { "local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0 },
+                        { "local=shm,remote=tcp", "AAB", "shm+tcp", 0 } };
     for (int k = 0; k < (have("shm") ? 2 : 1); k++) {
-        th_spec_t spec = {.nranks = 3, .fn = rank_report, .arg = &c[k], .timeout_ms = 30000,
-                          .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+        th_spec_t spec = { .nranks = 3,
+                           .fn = rank_report,
+                           .arg = &c[k],
+                           .timeout_ms = 30000,
+                           .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
         int codes[3];
         ck_assert_msg(th_run_ex(&spec, codes) == 0, "%s: exit codes %d %d %d", c[k].transport,
                       codes[0], codes[1], codes[2]);
@@ -297,7 +311,7 @@ START_TEST(bad_spec)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     tutti_store_t *store = NULL;
     ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
-    const char *bad[] = {"local=tcp,far=tcp", "remote=shm", "local=", "remote=" SHM_PLUGIN};
+    const char *bad[] = { "local=tcp,far=tcp", "remote=shm", "local=", "remote=" SHM_PLUGIN };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tutti_comm_opts_t o;
         tutti_comm_opts_init(&o);

@@ -15,7 +15,6 @@
 
 #include "harness.h"
 
-
 static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -75,13 +74,12 @@ START_TEST(point_to_point)
 }
 END_TEST
 
-static int rank_p2p_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                             void *arg)
+static int rank_p2p_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
     (void)nranks;
-    int32_t v[4] = {1, 2, 3, 4};
+    int32_t v[4] = { 1, 2, 3, 4 };
     int st;
     if (rank == 0)
         st = tutti_send(comm, v, 4, TUTTI_INT32, 1, 5);
@@ -109,8 +107,11 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("p2p");
     th_add_tests(s, "p2p", 90,
-                 (const TTest *const[]){point_to_point, point_to_point_mismatch, NULL});
+                 (const TTest *const[]){ point_to_point, point_to_point_mismatch, NULL });
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

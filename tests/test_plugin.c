@@ -42,7 +42,8 @@ START_TEST(unknown_transport)
     char err[1024];
     int st = tt_transport_load("nosuch", "/nonexistent", &ops, &h, err, sizeof(err));
     ck_assert_int_eq(st, TUTTI_ERR_PLUGIN);
-    ck_assert_msg(strstr(err, "nosuch") && strstr(err, "built in: ") && strstr(err, "tcp"), "%s", err);
+    ck_assert_msg(strstr(err, "nosuch") && strstr(err, "built in: ") && strstr(err, "tcp"), "%s",
+                  err);
     st = tt_transport_load("../evil", NULL, &ops, &h, err, sizeof(err));
     ck_assert_int_lt(st, 0);
 }
@@ -88,14 +89,15 @@ START_TEST(v1_plugin_through_shim)
     ck_assert(ops->props.alpha_us == 0 && ops->props.bw_gbs == 0); /* no hints in v1 */
     ck_assert_ptr_null(ops->register_mem);
     ck_assert_int_eq(tt_transport_load("tcpv1", TT_BUILD_DIR "/tests", &again, &h2, err,
-                                       sizeof(err)), 0);
+                                       sizeof(err)),
+                     0);
     ck_assert_ptr_eq(again, ops);
     tt_transport_unload(h2);
     /* device memory and streams do not pass the shim (the v1 plugin never sees them) */
-    tutti_tp_req_v2_t r = {.peer = 1, .len = 0, .mem = TUTTI_MEM_CUDA};
+    tutti_tp_req_v2_t r = { .peer = 1, .len = 0, .mem = TUTTI_MEM_CUDA };
     ck_assert_int_eq(ops->post_send(NULL, &r), TUTTI_ERR_UNSUPPORTED);
     ck_assert_int_eq(r.status, TUTTI_ERR_UNSUPPORTED);
-    r = (tutti_tp_req_v2_t){.peer = 1, .stream = &r};
+    r = (tutti_tp_req_v2_t){ .peer = 1, .stream = &r };
     ck_assert_int_eq(ops->post_recv(NULL, &r), TUTTI_ERR_UNSUPPORTED);
     tt_transport_unload(h);
 }
@@ -107,9 +109,9 @@ START_TEST(cost_from_properties)
 {
     tt_cost_t c, tcp;
     tt_cost_table(&tcp, "tcp");
-    const tutti_tp_props_v2_t fast = {.mem_kinds = 1, .alpha_us = 0.5, .bw_gbs = 50},
-                              none = {.mem_kinds = 1};
-    const tutti_tp_props_v2_t *p[2] = {&fast, &none};
+    const tutti_tp_props_v2_t fast = { .mem_kinds = 1, .alpha_us = 0.5, .bw_gbs = 50 },
+                              none = { .mem_kinds = 1 };
+    const tutti_tp_props_v2_t *p[2] = { &fast, &none };
     tt_cost_from_props(&c, "fab", p, 1);
     ck_assert(c.alpha_us == 0.5 && c.beta_ns == 1.0 / 50);
     ck_assert_str_eq(c.source, "table fab");
@@ -129,7 +131,7 @@ static int rank_plugin(int rank, int nranks, tutti_comm_t *comm, const char *dir
         fprintf(stderr, "transport %s\n", tutti_comm_transport(comm));
         return 1;
     }
-    int32_t x[3] = {rank, rank * 2, 7}, y[3];
+    int32_t x[3] = { rank, rank * 2, 7 }, y[3];
     if (tutti_allreduce(comm, x, y, 3, TUTTI_INT32, TUTTI_SUM) != 0) {
         fprintf(stderr, "%s\n", tutti_comm_last_error(comm));
         return 2;
@@ -141,11 +143,11 @@ static int rank_plugin(int rank, int nranks, tutti_comm_t *comm, const char *dir
 /* collectives through the v2 plugin, then through the v1 one (behind the shim) */
 START_TEST(collectives_through_plugin)
 {
-    static const char *const paths[] = {TCP_PLUGIN, V1_PLUGIN};
+    static const char *const paths[] = { TCP_PLUGIN, V1_PLUGIN };
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.transport = paths[_i]; /* a path loads that file */
-    th_spec_t spec = {.nranks = 3, .fn = rank_plugin, .timeout_ms = 20000, .opts = &o};
+    th_spec_t spec = { .nranks = 3, .fn = rank_plugin, .timeout_ms = 20000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 END_TEST
@@ -155,8 +157,9 @@ int main(void)
     Suite *s = suite_create("plugin");
     TCase *tc = tcase_create("plugin");
     tcase_set_timeout(tc, 60);
-    const TTest *const tests[] = {bad_abi_refused, unknown_transport, builtin_and_plugin_tables,
-                                  v1_plugin_through_shim, cost_from_properties, NULL};
+    const TTest *const tests[] = { bad_abi_refused,           unknown_transport,
+                                   builtin_and_plugin_tables, v1_plugin_through_shim,
+                                   cost_from_properties,      NULL };
     for (const TTest *const *t = tests; *t; t++)
         tcase_add_test(tc, *t);
     tcase_add_loop_test(tc, collectives_through_plugin, 0, 2);

@@ -22,7 +22,7 @@
 /* Defined in lib/reduce/reduce.c (not yet declared in reduce.h). */
 const char *tt_reduce_isa_name(void);
 
-static const size_t lengths[] = {0, 1, 3, 7, 15, 17, 31, 33, 63, 65, 1000, 4097};
+static const size_t lengths[] = { 0, 1, 3, 7, 15, 17, 31, 33, 63, 65, 1000, 4097 };
 #define NLENGTHS (sizeof(lengths) / sizeof(lengths[0]))
 #define MAXLEN 4097
 #define GUARD 16
@@ -68,9 +68,12 @@ typedef struct fmt16 {
     int ebits, mbits;
 } fmt16_t;
 
-static const fmt16_t F_HALF = {5, 10}, F_BF16 = {8, 7};
+static const fmt16_t F_HALF = { 5, 10 }, F_BF16 = { 8, 7 };
 
-static int fmt_bias(fmt16_t f) { return (1 << (f.ebits - 1)) - 1; }
+static int fmt_bias(fmt16_t f)
+{
+    return (1 << (f.ebits - 1)) - 1;
+}
 
 static double ref_16to_d(fmt16_t f, uint16_t h)
 {
@@ -108,17 +111,35 @@ static uint16_t ref_d_to16(fmt16_t f, double x)
     return sign | (uint16_t)(((E + bias) << f.mbits) + ((int)q - (1 << f.mbits)));
 }
 
-static double ref_h2d(uint16_t h) { return ref_16to_d(F_HALF, h); }
-static uint16_t ref_d2h(double x) { return ref_d_to16(F_HALF, x); }
-static double ref_bf2d(uint16_t b) { return ref_16to_d(F_BF16, b); }
-static uint16_t ref_d2bf(double x) { return ref_d_to16(F_BF16, x); }
+static double ref_h2d(uint16_t h)
+{
+    return ref_16to_d(F_HALF, h);
+}
+static uint16_t ref_d2h(double x)
+{
+    return ref_d_to16(F_HALF, x);
+}
+static double ref_bf2d(uint16_t b)
+{
+    return ref_16to_d(F_BF16, b);
+}
+static uint16_t ref_d2bf(double x)
+{
+    return ref_d_to16(F_BF16, x);
+}
 
-static int half_is_nan(uint16_t h) { return isnan(ref_h2d(h)); }
-static int bf16_is_nan(uint16_t b) { return isnan(ref_bf2d(b)); }
+static int half_is_nan(uint16_t h)
+{
+    return isnan(ref_h2d(h));
+}
+static int bf16_is_nan(uint16_t b)
+{
+    return isnan(ref_bf2d(b));
+}
 
 /* ---- reference reduction ------------------------------------------------------- */
 
-static const size_t dsize[TUTTI_DTYPE_COUNT] = {1, 1, 4, 8, 2, 2, 4, 8};
+static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8 };
 
 static int64_t wrap_signed(unsigned __int128 v, int bits)
 {
@@ -152,20 +173,18 @@ static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits)
 {
     switch (op) {
     case TUTTI_SUM:
-    case TUTTI_AVG:
-        return wrap_signed((unsigned __int128)((__int128)a + b), bits);
-    case TUTTI_PROD:
-        return wrap_signed((unsigned __int128)((__int128)a * b), bits);
-    case TUTTI_MIN:
-        return a < b ? a : b;
-    case TUTTI_MAX:
-        return a > b ? a : b;
-    default:
-        abort();
+    case TUTTI_AVG: return wrap_signed((unsigned __int128)((__int128)a + b), bits);
+    case TUTTI_PROD: return wrap_signed((unsigned __int128)((__int128)a * b), bits);
+    case TUTTI_MIN: return a < b ? a : b;
+    case TUTTI_MAX: return a > b ? a : b;
+    default: abort();
     }
 }
 
-static int is_float(tutti_dtype_t dt) { return dt >= TUTTI_FP16; }
+static int is_float(tutti_dtype_t dt)
+{
+    return dt >= TUTTI_FP16;
+}
 
 /* One element of any dtype, as memcpy'd from a buffer. */
 typedef union elem {
@@ -206,8 +225,10 @@ static double load_f(tutti_dtype_t dt, const void *p)
 {
     elem_t v;
     memcpy(&v, p, dsize[dt]);
-    return dt == TUTTI_FP16 ? ref_h2d(v.h) : dt == TUTTI_BF16 ? ref_bf2d(v.h)
-                            : dt == TUTTI_FP32 ? v.f : v.d;
+    return dt == TUTTI_FP16   ? ref_h2d(v.h)
+           : dt == TUTTI_BF16 ? ref_bf2d(v.h)
+           : dt == TUTTI_FP32 ? v.f
+                              : v.d;
 }
 
 /* x rounded to the float element p (fp16/bf16: from a float value, as the kernels do). */
@@ -226,11 +247,10 @@ static void store_f(tutti_dtype_t dt, void *p, double x)
 }
 
 /* Bits of the integer arithmetic per integer dtype (uint8 in 64, truncated on store). */
-static const int ibits[] = {8, 64, 32, 64};
+static const int ibits[] = { 8, 64, 32, 64 };
 
 /* out = a op b for one element of dtype. */
-static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa,
-                     const void *pb)
+static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa, const void *pb)
 {
     if (!is_float(dt)) {
         store_int(dt, out, ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits[dt]));
@@ -283,8 +303,8 @@ static size_t first_diff(tutti_dtype_t dt, const unsigned char *got, const unsig
 
 /* ---- test data ----------------------------------------------------------------- */
 
-static const float f32_specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN,
-                                     1e-40f, -1e-45f, 3.4028235e38f, 1.0f, -1.0f};
+static const float f32_specials[] = { 0.0f,   -0.0f,   INFINITY,      -INFINITY, NAN,  -NAN,
+                                      1e-40f, -1e-45f, 3.4028235e38f, 1.0f,      -1.0f };
 
 static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
 {
@@ -297,14 +317,14 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
             unsigned kind = (unsigned)(r >> 56);
             uint32_t u = (uint32_t)r;
             if (kind >= 20 && kind < 60) /* any bits, NaNs included */
-                memcpy(p + i * dsize[dt], dt == TUTTI_FP32 ? (void *)&u : (void *)&r,
-                       dsize[dt]);
+                memcpy(p + i * dsize[dt], dt == TUTTI_FP32 ? (void *)&u : (void *)&r, dsize[dt]);
             else if (kind < 20)
                 store_f(dt, p + i * dsize[dt],
                         f32_specials[(r >> 8) % (sizeof(f32_specials) / sizeof(f32_specials[0]))]);
             else
-                store_f(dt, p + i * dsize[dt], dt == TUTTI_FP32 ? (double)(int32_t)u / 65536.0
-                                                                : (double)(int64_t)r / 0x1p40);
+                store_f(dt, p + i * dsize[dt],
+                        dt == TUTTI_FP32 ? (double)(int32_t)u / 65536.0
+                                         : (double)(int64_t)r / 0x1p40);
             break;
         }
         case TUTTI_FP16:
@@ -316,8 +336,7 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
             memcpy(p + i * 2, &h, 2);
             break;
         }
-        default:
-            memcpy(p + i * dsize[dt], &r, dsize[dt]);
+        default: memcpy(p + i * dsize[dt], &r, dsize[dt]);
         }
     }
 }
@@ -396,8 +415,8 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
         elem_hex(y, sizeof(y), dt, b.p + i * es);
         ck_abort_msg("%s %s n=%zu offsets %zu/%zu/%zu alias %d [%zu]: %s op %s gave %s, "
                      "want %s",
-                     tutti_dtype_name(dt), tutti_redop_name(op), n, doff, aoff, boff, alias,
-                     i, x, y, g, w);
+                     tutti_dtype_name(dt), tutti_redop_name(op), n, doff, aoff, boff, alias, i, x,
+                     y, g, w);
     }
     gbuf_check(&d, "dst");
     gbuf_check(&a, "a");
@@ -412,7 +431,7 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
 
 START_TEST(test_dtype_names)
 {
-    static const char *const names[] = {"i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+    static const char *const names[] = { "i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64" };
     for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
         ck_assert_str_eq(tutti_dtype_name((tutti_dtype_t)i), names[i]);
@@ -424,21 +443,20 @@ START_TEST(test_dtype_names)
         const char *name;
         tutti_dtype_t dt;
     } aliases[] = {
-        {"int8", TUTTI_INT8},      {"uint8", TUTTI_UINT8},   {"int32", TUTTI_INT32},
-        {"int", TUTTI_INT32},      {"int64", TUTTI_INT64},   {"long", TUTTI_INT64},
-        {"half", TUTTI_FP16},      {"float16", TUTTI_FP16},  {"fp16", TUTTI_FP16},
-        {"bfloat16", TUTTI_BF16},  {"float", TUTTI_FP32},    {"float32", TUTTI_FP32},
-        {"fp32", TUTTI_FP32},      {"double", TUTTI_FP64},   {"float64", TUTTI_FP64},
-        {"fp64", TUTTI_FP64},      {"FP32", TUTTI_FP32},     {"Float", TUTTI_FP32},
-        {"BF16", TUTTI_BF16},
+        { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },  { "int32", TUTTI_INT32 },
+        { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },  { "long", TUTTI_INT64 },
+        { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 }, { "fp16", TUTTI_FP16 },
+        { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },   { "float32", TUTTI_FP32 },
+        { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },  { "float64", TUTTI_FP64 },
+        { "fp64", TUTTI_FP64 },     { "FP32", TUTTI_FP32 },    { "Float", TUTTI_FP32 },
+        { "BF16", TUTTI_BF16 },
     };
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
-        ck_assert_msg(tutti_dtype_parse(aliases[i].name, &dt) == TUTTI_OK, "%s",
-                      aliases[i].name);
+        ck_assert_msg(tutti_dtype_parse(aliases[i].name, &dt) == TUTTI_OK, "%s", aliases[i].name);
         ck_assert_msg(dt == aliases[i].dt, "%s -> %d", aliases[i].name, dt);
     }
-    static const char *const bad[] = {"", "f31", "float128", "i16", "f32 ", " f32", "bf", "fp"};
+    static const char *const bad[] = { "", "f31", "float128", "i16", "f32 ", " f32", "bf", "fp" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tutti_dtype_t dt = TUTTI_FP64;
         ck_assert_int_eq(tutti_dtype_parse(bad[i], &dt), TUTTI_ERR_INVALID_ARG);
@@ -456,7 +474,7 @@ END_TEST
 
 START_TEST(test_redop_names)
 {
-    static const char *const names[] = {"sum", "prod", "min", "max", "avg"};
+    static const char *const names[] = { "sum", "prod", "min", "max", "avg" };
     for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
         tutti_redop_t op = TUTTI_REDOP_COUNT;
         ck_assert_str_eq(tutti_redop_name((tutti_redop_t)i), names[i]);
@@ -466,7 +484,7 @@ START_TEST(test_redop_names)
     tutti_redop_t op = TUTTI_REDOP_COUNT;
     ck_assert_int_eq(tutti_redop_parse("SUM", &op), TUTTI_OK);
     ck_assert_int_eq(op, TUTTI_SUM);
-    static const char *const bad[] = {"", "sums", "su", "minimum", "avg ", "xor"};
+    static const char *const bad[] = { "", "sums", "su", "minimum", "avg ", "xor" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         op = TUTTI_MAX;
         ck_assert_int_eq(tutti_redop_parse(bad[i], &op), TUTTI_ERR_INVALID_ARG);
@@ -510,13 +528,22 @@ static void sweep(sweep_t w, int i)
             }
 }
 
-START_TEST(test_reduce_vs_reference) { sweep(SW_REDUCE, _i); }
+START_TEST(test_reduce_vs_reference)
+{
+    sweep(SW_REDUCE, _i);
+}
 END_TEST
 
-START_TEST(test_reduce3_vs_reference) { sweep(SW_REDUCE3, _i); }
+START_TEST(test_reduce3_vs_reference)
+{
+    sweep(SW_REDUCE3, _i);
+}
 END_TEST
 
-START_TEST(test_reduce_self) { sweep(SW_SELF, _i); }
+START_TEST(test_reduce_self)
+{
+    sweep(SW_SELF, _i);
+}
 END_TEST
 
 /* ---- AVG ----------------------------------------------------------------------- */
@@ -536,7 +563,7 @@ START_TEST(test_avg)
 {
     tutti_dtype_t dt = (tutti_dtype_t)_i;
     size_t es = dsize[dt];
-    static const int nranks[] = {1, 2, 3, 5, 8, 1000};
+    static const int nranks[] = { 1, 2, 3, 5, 8, 1000 };
     rng_seed(400 + (uint64_t)_i);
     for (size_t r = 0; r < sizeof(nranks) / sizeof(nranks[0]); r++) {
         for (size_t l = 0; l < NLENGTHS; l++) {
@@ -557,8 +584,8 @@ START_TEST(test_avg)
             char g[20], w[20];
             size_t i = first_diff(dt, d.p, want, n, g, w);
             if (i < n)
-                ck_abort_msg("avg %s n=%zu nranks=%d [%zu]: got %s want %s",
-                             tutti_dtype_name(dt), n, nranks[r], i, g, w);
+                ck_abort_msg("avg %s n=%zu nranks=%d [%zu]: got %s want %s", tutti_dtype_name(dt),
+                             n, nranks[r], i, g, w);
             gbuf_check(&d, "avg");
             free(want);
             gbuf_free(&d);
@@ -570,7 +597,7 @@ END_TEST
 
 START_TEST(test_avg_cases)
 {
-    int32_t i32[] = {-7, 7, -1, 1, INT32_MIN, INT32_MAX};
+    int32_t i32[] = { -7, 7, -1, 1, INT32_MIN, INT32_MAX };
     tt_reduce_avg_finish(i32, 6, TUTTI_INT32, 2);
     ck_assert_int_eq(i32[0], -3); /* truncation toward zero */
     ck_assert_int_eq(i32[1], 3);
@@ -578,27 +605,27 @@ START_TEST(test_avg_cases)
     ck_assert_int_eq(i32[3], 0);
     ck_assert_int_eq(i32[4], INT32_MIN / 2);
     ck_assert_int_eq(i32[5], INT32_MAX / 2);
-    int64_t i64[] = {INT64_MIN, -9};
+    int64_t i64[] = { INT64_MIN, -9 };
     tt_reduce_avg_finish(i64, 2, TUTTI_INT64, 3);
     ck_assert(i64[0] == INT64_MIN / 3 && i64[1] == -3);
-    int8_t i8[] = {-128, 127, -5};
+    int8_t i8[] = { -128, 127, -5 };
     tt_reduce_avg_finish(i8, 3, TUTTI_INT8, 4);
     ck_assert(i8[0] == -32 && i8[1] == 31 && i8[2] == -1);
-    uint8_t u8[] = {255, 200, 2};
+    uint8_t u8[] = { 255, 200, 2 };
     tt_reduce_avg_finish(u8, 3, TUTTI_UINT8, 3);
     ck_assert(u8[0] == 85 && u8[1] == 66 && u8[2] == 0);
-    float f[] = {3.0f, -1.0f, INFINITY};
+    float f[] = { 3.0f, -1.0f, INFINITY };
     tt_reduce_avg_finish(f, 3, TUTTI_FP32, 4);
     ck_assert(f[0] == 0.75f && f[1] == -0.25f && isinf(f[2]));
-    uint16_t h[] = {0x4200 /* 3.0 */, 0x0001 /* 2^-24 */};
+    uint16_t h[] = { 0x4200 /* 3.0 */, 0x0001 /* 2^-24 */ };
     tt_reduce_avg_finish(h, 2, TUTTI_FP16, 2);
     ck_assert_uint_eq(h[0], 0x3e00); /* 1.5 */
     ck_assert_uint_eq(h[1], 0x0000); /* 2^-25: tie, to even */
-    uint16_t bf[] = {0x4040 /* 3.0 */};
+    uint16_t bf[] = { 0x4040 /* 3.0 */ };
     tt_reduce_avg_finish(bf, 1, TUTTI_BF16, 2);
     ck_assert_uint_eq(bf[0], 0x3fc0);
     /* nranks < 1 and invalid dtypes leave the buffer alone */
-    int32_t keep[] = {10, -10};
+    int32_t keep[] = { 10, -10 };
     tt_reduce_avg_finish(keep, 2, TUTTI_INT32, 0);
     tt_reduce_avg_finish(keep, 2, TUTTI_INT32, -3);
     tt_reduce_avg_finish(keep, 2, TUTTI_DTYPE_COUNT, 2);
@@ -611,28 +638,28 @@ END_TEST
 
 START_TEST(test_int_wrap)
 {
-    int8_t a8[] = {127, -128, -128, 64, -1}, b8[] = {1, -1, -1, 2, -1};
+    int8_t a8[] = { 127, -128, -128, 64, -1 }, b8[] = { 1, -1, -1, 2, -1 };
     tt_reduce(a8, b8, 2, TUTTI_INT8, TUTTI_SUM);
     tt_reduce(a8 + 2, b8 + 2, 3, TUTTI_INT8, TUTTI_PROD);
     ck_assert(a8[0] == -128 && a8[1] == 127 && a8[2] == -128 && a8[3] == -128 && a8[4] == 1);
-    uint8_t u8[] = {255, 16, 0}, v8[] = {1, 16, 1};
+    uint8_t u8[] = { 255, 16, 0 }, v8[] = { 1, 16, 1 };
     tt_reduce(u8, v8, 1, TUTTI_UINT8, TUTTI_SUM);
     tt_reduce(u8 + 1, v8 + 1, 1, TUTTI_UINT8, TUTTI_PROD);
     ck_assert(u8[0] == 0 && u8[1] == 0);
-    uint8_t m8[] = {0, 255}, n8[] = {255, 0};
+    uint8_t m8[] = { 0, 255 }, n8[] = { 255, 0 };
     tt_reduce(m8, n8, 2, TUTTI_UINT8, TUTTI_MIN); /* unsigned compare */
     ck_assert(m8[0] == 0 && m8[1] == 0);
-    int32_t a32[] = {INT32_MAX, INT32_MIN, 65536, INT32_MIN}, b32[] = {1, -1, 65536, -1};
+    int32_t a32[] = { INT32_MAX, INT32_MIN, 65536, INT32_MIN }, b32[] = { 1, -1, 65536, -1 };
     tt_reduce(a32, b32, 2, TUTTI_INT32, TUTTI_SUM);
     tt_reduce(a32 + 2, b32 + 2, 2, TUTTI_INT32, TUTTI_PROD);
     ck_assert(a32[0] == INT32_MIN && a32[1] == INT32_MAX && a32[2] == 0 && a32[3] == INT32_MIN);
-    int64_t a64[] = {INT64_MAX, INT64_MIN, INT64_C(1) << 32, INT64_MIN, 3};
-    int64_t b64[] = {1, -1, INT64_C(1) << 32, -1, INT64_MAX};
+    int64_t a64[] = { INT64_MAX, INT64_MIN, INT64_C(1) << 32, INT64_MIN, 3 };
+    int64_t b64[] = { 1, -1, INT64_C(1) << 32, -1, INT64_MAX };
     tt_reduce(a64, b64, 2, TUTTI_INT64, TUTTI_SUM);
     tt_reduce(a64 + 2, b64 + 2, 3, TUTTI_INT64, TUTTI_PROD);
-    ck_assert(a64[0] == INT64_MIN && a64[1] == INT64_MAX && a64[2] == 0 &&
-              a64[3] == INT64_MIN && a64[4] == INT64_MAX - 2);
-    int64_t c64[] = {INT64_MIN, -1}, d64[] = {INT64_MAX, INT64_MIN};
+    ck_assert(a64[0] == INT64_MIN && a64[1] == INT64_MAX && a64[2] == 0 && a64[3] == INT64_MIN &&
+              a64[4] == INT64_MAX - 2);
+    int64_t c64[] = { INT64_MIN, -1 }, d64[] = { INT64_MAX, INT64_MIN };
     tt_reduce(c64, d64, 2, TUTTI_INT64, TUTTI_MAX);
     ck_assert(c64[0] == INT64_MAX && c64[1] == -1);
 }
@@ -650,8 +677,8 @@ static void check_float_case(tutti_redop_t op, double a, double b, double want)
     tt_reduce(&h, &hb, 1, TUTTI_FP16, op);
     uint16_t bf = tt_float_to_bf16(fa), bfb = tt_float_to_bf16(fb);
     tt_reduce(&bf, &bfb, 1, TUTTI_BF16, op);
-    double got[] = {f32, f64, tt_half_to_float(h), tt_bf16_to_float(bf)};
-    static const char *const names[] = {"f32", "f64", "f16", "bf16"};
+    double got[] = { f32, f64, tt_half_to_float(h), tt_bf16_to_float(bf) };
+    static const char *const names[] = { "f32", "f64", "f16", "bf16" };
     for (int i = 0; i < 4; i++) {
         if (isnan(want))
             ck_assert_msg(isnan(got[i]), "%s %s(%g, %g) = %g, want NaN", names[i],
@@ -704,7 +731,7 @@ END_TEST
  * buffer with specials at every position. */
 START_TEST(test_float_specials_vector)
 {
-    static const tutti_dtype_t dts[] = {TUTTI_FP16, TUTTI_BF16, TUTTI_FP32, TUTTI_FP64};
+    static const tutti_dtype_t dts[] = { TUTTI_FP16, TUTTI_BF16, TUTTI_FP32, TUTTI_FP64 };
     for (size_t t = 0; t < 4; t++)
         for (int op = 0; op < TUTTI_REDOP_COUNT; op++) {
             rng_seed(500 + t * 10 + (uint64_t)op);
@@ -716,7 +743,7 @@ END_TEST
 
 START_TEST(test_invalid_args)
 {
-    int32_t a[] = {1, 2}, b[] = {3, 4};
+    int32_t a[] = { 1, 2 }, b[] = { 3, 4 };
     tt_reduce(a, b, 2, TUTTI_DTYPE_COUNT, TUTTI_SUM);
     tt_reduce(a, b, 2, (tutti_dtype_t)-1, TUTTI_SUM);
     tt_reduce(a, b, 2, TUTTI_INT32, TUTTI_REDOP_COUNT);
@@ -748,8 +775,7 @@ START_TEST(test_half_exhaustive)
                 ck_abort_msg("half NaN %04x came back as %04x", h, back);
             /* quieted, payload kept (what F16C does) */
             if (back != (h | 0x200))
-                ck_abort_msg("half NaN %04x came back as %04x, want %04x", h, back,
-                             h | 0x200);
+                ck_abort_msg("half NaN %04x came back as %04x, want %04x", h, back, h | 0x200);
             continue;
         }
         if ((double)f != want || !signbit(f) != !signbit(want))
@@ -767,40 +793,40 @@ START_TEST(test_half_rounding)
         float f;
         uint16_t h;
     } cases[] = {
-        {0.0f, 0x0000},
-        {-0.0f, 0x8000},
-        {1.0f, 0x3c00},
-        {-2.0f, 0xc000},
-        {65504.0f, 0x7bff},           /* largest finite */
-        {65519.99f, 0x7bff},          /* just below the overflow tie */
-        {65520.0f, 0x7c00},           /* tie: 65504 is odd, rounds up to inf */
-        {-65520.0f, 0xfc00},
-        {1e10f, 0x7c00},
-        {3.4028235e38f, 0x7c00},
-        {INFINITY, 0x7c00},
-        {-INFINITY, 0xfc00},
-        {1.0f + 0x1p-11f, 0x3c00},    /* tie between 1 and 1+2^-10: even (1) */
-        {1.0f + 3 * 0x1p-11f, 0x3c02},/* tie between 1+2^-10 and 1+2^-9: even (up) */
-        {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01}, /* just above a tie */
-        {0x1p-14f, 0x0400},           /* smallest normal */
-        {0x1p-14f - 0x1p-25f, 0x0400},/* tie between largest subnormal and it: even */
-        {0x1p-14f - 0x1p-24f, 0x03ff},/* largest subnormal */
-        {0x1p-24f, 0x0001},           /* smallest subnormal */
-        {0x1p-25f, 0x0000},           /* tie between 0 and 2^-24: even (0) */
-        {0x1p-25f * 1.0001f, 0x0001}, /* above the tie */
-        {3 * 0x1p-25f, 0x0002},       /* tie between 1 and 2 units: even (2) */
-        {5 * 0x1p-25f, 0x0002},       /* tie between 2 and 3 units: even (2) */
-        {0x1p-26f, 0x0000},
-        {-0x1p-26f, 0x8000},
-        {1e-40f, 0x0000},             /* fp32 subnormal */
-        {-0x1p-24f, 0x8001},
-        {2049.0f, 0x6800},            /* tie between 2048 and 2050: even (2048) */
-        {2051.0f, 0x6802},            /* tie between 2050 and 2052: even (2052) */
+        { 0.0f, 0x0000 },
+        { -0.0f, 0x8000 },
+        { 1.0f, 0x3c00 },
+        { -2.0f, 0xc000 },
+        { 65504.0f, 0x7bff },  /* largest finite */
+        { 65519.99f, 0x7bff }, /* just below the overflow tie */
+        { 65520.0f, 0x7c00 },  /* tie: 65504 is odd, rounds up to inf */
+        { -65520.0f, 0xfc00 },
+        { 1e10f, 0x7c00 },
+        { 3.4028235e38f, 0x7c00 },
+        { INFINITY, 0x7c00 },
+        { -INFINITY, 0xfc00 },
+        { 1.0f + 0x1p-11f, 0x3c00 },            /* tie between 1 and 1+2^-10: even (1) */
+        { 1.0f + 3 * 0x1p-11f, 0x3c02 },        /* tie between 1+2^-10 and 1+2^-9: even (up) */
+        { 1.0f + 0x1p-11f + 0x1p-20f, 0x3c01 }, /* just above a tie */
+        { 0x1p-14f, 0x0400 },                   /* smallest normal */
+        { 0x1p-14f - 0x1p-25f, 0x0400 },        /* tie between largest subnormal and it: even */
+        { 0x1p-14f - 0x1p-24f, 0x03ff },        /* largest subnormal */
+        { 0x1p-24f, 0x0001 },                   /* smallest subnormal */
+        { 0x1p-25f, 0x0000 },                   /* tie between 0 and 2^-24: even (0) */
+        { 0x1p-25f * 1.0001f, 0x0001 },         /* above the tie */
+        { 3 * 0x1p-25f, 0x0002 },               /* tie between 1 and 2 units: even (2) */
+        { 5 * 0x1p-25f, 0x0002 },               /* tie between 2 and 3 units: even (2) */
+        { 0x1p-26f, 0x0000 },
+        { -0x1p-26f, 0x8000 },
+        { 1e-40f, 0x0000 }, /* fp32 subnormal */
+        { -0x1p-24f, 0x8001 },
+        { 2049.0f, 0x6800 }, /* tie between 2048 and 2050: even (2048) */
+        { 2051.0f, 0x6802 }, /* tie between 2050 and 2052: even (2052) */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint16_t h = tt_float_to_half(cases[i].f);
-        ck_assert_msg(h == cases[i].h, "float %a -> half %04x, want %04x", (double)cases[i].f,
-                      h, cases[i].h);
+        ck_assert_msg(h == cases[i].h, "float %a -> half %04x, want %04x", (double)cases[i].f, h,
+                      cases[i].h);
         ck_assert_msg(ref_d2h(cases[i].f) == cases[i].h, "reference: %a", (double)cases[i].f);
     }
     /* NaN stays NaN, sign and top payload bits kept */
@@ -821,7 +847,7 @@ START_TEST(test_half_rounding)
     for (uint32_t i = 0; i < 0x7c00; i++) {
         double lo = ref_h2d((uint16_t)i), hi = ref_h2d((uint16_t)(i + 1));
         double mid = (lo + hi) / 2; /* exact in float */
-        float probes[] = {(float)mid, nextafterf((float)mid, 0), nextafterf((float)mid, 1e30f)};
+        float probes[] = { (float)mid, nextafterf((float)mid, 0), nextafterf((float)mid, 1e30f) };
         for (int k = 0; k < 3; k++) {
             for (int s = 0; s < 2; s++) {
                 float f = s ? -probes[k] : probes[k];
@@ -851,26 +877,26 @@ START_TEST(test_bf16)
         uint32_t f;
         uint16_t b;
     } cases[] = {
-        {0x3f800000, 0x3f80}, /* 1.0 */
-        {0x3f808000, 0x3f80}, /* tie: even (down) */
-        {0x3f818000, 0x3f82}, /* tie: even (up) */
-        {0x3f808001, 0x3f81}, /* above a tie */
-        {0x3f807fff, 0x3f80}, /* below a tie */
-        {0x7f7fffff, 0x7f80}, /* FLT_MAX rounds to inf */
-        {0x7f7f7fff, 0x7f7f}, /* stays finite */
-        {0xff7fffff, 0xff80},
-        {0x7f800000, 0x7f80}, /* inf */
-        {0xff800000, 0xff80},
-        {0x00008000, 0x0000}, /* subnormal tie: even */
-        {0x00018000, 0x0002}, /* subnormal tie: even (up) */
-        {0x007fffff, 0x0080}, /* largest subnormal rounds to smallest normal */
-        {0x80000000, 0x8000},
-        {0x7fc00000, 0x7fc0}, /* qNaN kept */
-        {0xffc00001, 0xffc0},
-        {0x7fa00000, 0x7fe0}, /* sNaN: quieted, top payload kept */
-        {0xffa50000, 0xffe5},
-        {0x7f800001, 0x7fc0}, /* NaN with only low payload: stays NaN (quieted) */
-        {0x7f80ffff, 0x7fc0},
+        { 0x3f800000, 0x3f80 }, /* 1.0 */
+        { 0x3f808000, 0x3f80 }, /* tie: even (down) */
+        { 0x3f818000, 0x3f82 }, /* tie: even (up) */
+        { 0x3f808001, 0x3f81 }, /* above a tie */
+        { 0x3f807fff, 0x3f80 }, /* below a tie */
+        { 0x7f7fffff, 0x7f80 }, /* FLT_MAX rounds to inf */
+        { 0x7f7f7fff, 0x7f7f }, /* stays finite */
+        { 0xff7fffff, 0xff80 },
+        { 0x7f800000, 0x7f80 }, /* inf */
+        { 0xff800000, 0xff80 },
+        { 0x00008000, 0x0000 }, /* subnormal tie: even */
+        { 0x00018000, 0x0002 }, /* subnormal tie: even (up) */
+        { 0x007fffff, 0x0080 }, /* largest subnormal rounds to smallest normal */
+        { 0x80000000, 0x8000 },
+        { 0x7fc00000, 0x7fc0 }, /* qNaN kept */
+        { 0xffc00001, 0xffc0 },
+        { 0x7fa00000, 0x7fe0 }, /* sNaN: quieted, top payload kept */
+        { 0xffa50000, 0xffe5 },
+        { 0x7f800001, 0x7fc0 }, /* NaN with only low payload: stays NaN (quieted) */
+        { 0x7f80ffff, 0x7fc0 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint16_t b = tt_float_to_bf16(bits_f32(cases[i].f));
@@ -899,8 +925,11 @@ START_TEST(test_half_kernel_vs_scalar)
         tutti_redop_t op;
         uint16_t c;
         float fc;
-    } ops[] = {{TUTTI_SUM, 0x0000, 0.0f}, {TUTTI_SUM, 0x8000, -0.0f}, {TUTTI_PROD, 0x3c00, 1.0f},
-               {TUTTI_PROD, 0xc000, -2.0f}, {TUTTI_SUM, 0x3c00, 1.0f}};
+    } ops[] = { { TUTTI_SUM, 0x0000, 0.0f },
+                { TUTTI_SUM, 0x8000, -0.0f },
+                { TUTTI_PROD, 0x3c00, 1.0f },
+                { TUTTI_PROD, 0xc000, -2.0f },
+                { TUTTI_SUM, 0x3c00, 1.0f } };
     for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
         for (uint32_t i = 0; i < N; i++)
             c[i] = ops[k].c;
@@ -923,8 +952,7 @@ START_TEST(test_half_kernel_vs_scalar)
         for (uint32_t i = 0; i < N; i++) {
             uint16_t want = half_is_nan(x[i]) ? (uint16_t)(x[i] | 0x200) : x[i];
             if (d[i] != want)
-                ck_abort_msg("fp16 %s(%04x, %04x) = %04x", tutti_redop_name(op), x[i], x[i],
-                             d[i]);
+                ck_abort_msg("fp16 %s(%04x, %04x) = %04x", tutti_redop_name(op), x[i], x[i], d[i]);
         }
     }
     free(x);
@@ -1004,7 +1032,7 @@ static int run_suite(void)
 
 int main(void)
 {
-    static const char *const isas[] = {"generic", "avx2", "avx512"};
+    static const char *const isas[] = { "generic", "avx2", "avx512" };
     SRunner *probe = srunner_create(suite_create("probe"));
     int forked = srunner_fork_status(probe) != CK_NOFORK;
     srunner_free(probe);

@@ -20,8 +20,8 @@ static const char *pick(const tt_algo_override_t *ovr, tt_coll_t coll, size_t by
 
 START_TEST(names)
 {
-    static const char *const names[] = {"reduce", "allgather", "reduce_scatter",
-                                        "gather", "scatter",   "alltoall"};
+    static const char *const names[] = { "reduce", "allgather", "reduce_scatter",
+                                         "gather", "scatter",   "alltoall" };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         tt_coll_t c = tt_coll_parse(names[i]);
         ck_assert_int_ne(c, TT_COLL_NONE);
@@ -51,27 +51,29 @@ END_TEST
 
 START_TEST(force_each)
 {
-    static const struct { tt_coll_t coll; const char *spec, *name; } cases[] = {
-        {TT_COLL_REDUCE, "reduce:tree", "tree"},
-        {TT_COLL_REDUCE, "reduce:ring", "ring"},
-        {TT_COLL_ALLGATHER, "allgather:ring", "ring"},
-        {TT_COLL_ALLGATHER, "allgather:rd", "rd"},
-        {TT_COLL_REDUCE_SCATTER, "reduce_scatter:ring", "ring"},
-        {TT_COLL_REDUCE_SCATTER, "reduce_scatter:pairwise", "pairwise"},
-        {TT_COLL_GATHER, "gather:linear", "linear"},
-        {TT_COLL_GATHER, "gather:tree", "tree"},
-        {TT_COLL_SCATTER, "scatter:linear", "linear"},
-        {TT_COLL_SCATTER, "scatter:tree", "tree"},
-        {TT_COLL_ALLTOALL, "alltoall:pairwise", "pairwise"},
-        {TT_COLL_ALLTOALL, "alltoall:ring", "ring"},
-        {TT_COLL_ALLREDUCE, "allreduce:hd", "hd"},
-        {TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree"},
+    static const struct {
+        tt_coll_t coll;
+        const char *spec, *name;
+    } cases[] = {
+        { TT_COLL_REDUCE, "reduce:tree", "tree" },
+        { TT_COLL_REDUCE, "reduce:ring", "ring" },
+        { TT_COLL_ALLGATHER, "allgather:ring", "ring" },
+        { TT_COLL_ALLGATHER, "allgather:rd", "rd" },
+        { TT_COLL_REDUCE_SCATTER, "reduce_scatter:ring", "ring" },
+        { TT_COLL_REDUCE_SCATTER, "reduce_scatter:pairwise", "pairwise" },
+        { TT_COLL_GATHER, "gather:linear", "linear" },
+        { TT_COLL_GATHER, "gather:tree", "tree" },
+        { TT_COLL_SCATTER, "scatter:linear", "linear" },
+        { TT_COLL_SCATTER, "scatter:tree", "tree" },
+        { TT_COLL_ALLTOALL, "alltoall:pairwise", "pairwise" },
+        { TT_COLL_ALLTOALL, "alltoall:ring", "ring" },
+        { TT_COLL_ALLREDUCE, "allreduce:hd", "hd" },
+        { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
         char err[256];
-        ck_assert_int_eq(tt_algo_override_parse(cases[i].spec, &ovr, err, sizeof(err)),
-                         TUTTI_OK);
+        ck_assert_int_eq(tt_algo_override_parse(cases[i].spec, &ovr, err, sizeof(err)), TUTTI_OK);
         ck_assert_str_eq(pick(ovr, cases[i].coll, 1, 8), cases[i].name);
         ck_assert_str_eq(pick(ovr, cases[i].coll, (size_t)1 << 30, 8), cases[i].name);
         ck_assert_ptr_eq(tt_algo_find(cases[i].coll, cases[i].name),
@@ -112,17 +114,19 @@ END_TEST
 
 START_TEST(bad_strings)
 {
-    static const struct { const char *spec, *needle; } cases[] = {
-        {"reduce:linear", "expected one of: tree, ring"},
-        {"gather:rd", "expected one of: linear, tree"},
-        {"alltoall:", "expected an algorithm for alltoall"},
-        {"reduce_scatter:pairwise,ring", "never chosen"},
-        {"scatter:tree@<0", "never applies"},
-        {"reducescatter:ring", "reduce_scatter"},
-        {"allgather", "expected ':' after \"allgather\""},
-        {"bogus", "pairwise"},
-        {"allreduce:tree", "expected one of: ring, rd, hd, dbtree"},
-        {"bogus", "dbtree"},
+    static const struct {
+        const char *spec, *needle;
+    } cases[] = {
+        { "reduce:linear", "expected one of: tree, ring" },
+        { "gather:rd", "expected one of: linear, tree" },
+        { "alltoall:", "expected an algorithm for alltoall" },
+        { "reduce_scatter:pairwise,ring", "never chosen" },
+        { "scatter:tree@<0", "never applies" },
+        { "reducescatter:ring", "reduce_scatter" },
+        { "allgather", "expected ':' after \"allgather\"" },
+        { "bogus", "pairwise" },
+        { "allreduce:tree", "expected one of: ring, rd, hd, dbtree" },
+        { "bogus", "dbtree" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = (tt_algo_override_t *)1;
@@ -130,8 +134,8 @@ START_TEST(bad_strings)
         ck_assert_int_eq(tt_algo_override_parse(cases[i].spec, &ovr, err, sizeof(err)),
                          TUTTI_ERR_CONFIG);
         ck_assert_ptr_null(ovr);
-        ck_assert_msg(strstr(err, cases[i].needle), "\"%s\": \"%s\" lacks \"%s\"",
-                      cases[i].spec, err, cases[i].needle);
+        ck_assert_msg(strstr(err, cases[i].needle), "\"%s\": \"%s\" lacks \"%s\"", cases[i].spec,
+                      err, cases[i].needle);
     }
 }
 END_TEST
@@ -218,8 +222,8 @@ START_TEST(defaults)
      * 16 ranks: 4.5a against 4a + 1.5 N g: tree while N < a / (3 g) = 40000 */
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_GATHER, 1, 4), "linear");
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_GATHER, 1 << 20, 4), "linear");
-    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2400, 16), "tree");     /* N = 38400 */
-    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2600, 16), "linear");   /* N = 41600 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2400, 16), "tree");   /* N = 38400 */
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2600, 16), "linear"); /* N = 41600 */
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1 << 20, 16), "pairwise");
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_BARRIER, 0, 5), "dissemination");
 
@@ -254,8 +258,8 @@ START_TEST(cost_tables_and_strings)
     char err[256];
     ck_assert_int_eq(tt_cost_parse("alpha=2.5,bw=10,reduce=4", &c, err, sizeof(err)), TUTTI_OK);
     ck_assert(c.alpha_us == 2.5 && c.beta_ns == 0.1 && c.gamma_ns == 0.25);
-    const char *bad[] = {"alpha", "alpha=", "alpha=-1", "alpha=x", "bw=0", "latency=3",
-                         "alpha=1,", "reduce=nan"};
+    const char *bad[] = { "alpha", "alpha=",    "alpha=-1", "alpha=x",
+                          "bw=0",  "latency=3", "alpha=1,", "reduce=nan" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int st = tt_cost_parse(bad[i], &c, err, sizeof(err));
         ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s accepted", bad[i]);
@@ -341,7 +345,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = {{"probe", "probe", "probe"}, check_probe};
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe };
     run_models(&mc);
 }
 END_TEST
@@ -358,7 +362,7 @@ static int check_disagree(int rank, int nranks, tutti_comm_t *comm, tutti_store_
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF(!strstr(d, "alpha 0.50 us"), "rank %d kept its own model: %s", rank, d);
     enum { N = 3 };
-    static const size_t sizes[N] = {4096, 262144, 4 << 20};
+    static const size_t sizes[N] = { 4096, 262144, 4 << 20 };
     for (int k = 0; k < N; k++) {
         size_t n = sizes[k] / 4;
         int32_t *x = malloc(n * sizeof(int32_t));
@@ -376,9 +380,10 @@ static int check_disagree(int rank, int nranks, tutti_comm_t *comm, tutti_store_
 
 START_TEST(models_agree)
 {
-    static const model_case_t mc = {{"alpha=0.5,bw=100,reduce=100",
-                                     "alpha=5000,bw=0.01,reduce=0.01", "alpha=50,bw=1,reduce=50"},
-                                    check_disagree};
+    static const model_case_t mc = { { "alpha=0.5,bw=100,reduce=100",
+                                       "alpha=5000,bw=0.01,reduce=0.01",
+                                       "alpha=50,bw=1,reduce=50" },
+                                     check_disagree };
     run_models(&mc);
 }
 END_TEST
@@ -399,8 +404,8 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 
 START_TEST(probe_on_some_ranks)
 {
-    static const model_case_t mcs[2] = {{{"probe", "table", "table"}, check_probe_some},
-                                        {{"table", "probe", "probe"}, check_probe_some}};
+    static const model_case_t mcs[2] = { { { "probe", "table", "table" }, check_probe_some },
+                                         { { "table", "probe", "probe" }, check_probe_some } };
     run_models(&mcs[_i]);
 }
 END_TEST
@@ -408,7 +413,11 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("select");
-    th_add_tests(s, "select", 60, (const TTest *const[]){names, ids_unique, force_each, bounds_and_bare, bad_strings, allreduce_hd_dbtree, defaults, cost_tables_and_strings, probe_agrees, models_agree, NULL});
+    th_add_tests(s, "select", 60,
+                 (const TTest *const[]){ names, ids_unique, force_each, bounds_and_bare,
+                                         bad_strings, allreduce_hd_dbtree, defaults,
+                                         cost_tables_and_strings, probe_agrees, models_agree,
+                                         NULL });
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     return th_main(s);
 }

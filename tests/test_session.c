@@ -19,7 +19,10 @@
 #include "harness.h"
 #include "store/store_impl.h"
 
-static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
+static int quick(void)
+{
+    return getenv("TT_TEST_QUICK") != NULL;
+}
 
 #define sleep_ms th_sleep_ms
 
@@ -27,17 +30,18 @@ static int quick(void) { return getenv("TT_TEST_QUICK") != NULL; }
 static int job_rank(int job, int rank, int nranks, const char *dir, const char *job_id,
                     const char *transport)
 {
-    th_job_t j = {.job_id = job_id, .transport = transport, .timeout_ms = 4000, .iters = 20,
-                  .count = 4};
+    th_job_t j = {
+        .job_id = job_id, .transport = transport, .timeout_ms = 4000, .iters = 20, .count = 4
+    };
     return th_job_rank(job, rank, nranks, dir, &j);
 }
 
 /* ---- two jobs, one directory ---- */
 
 typedef struct two_jobs {
-    int nranks;          /* per job */
-    int delay_ms[8];     /* start delay of harness rank i: job i / nranks, rank i % nranks */
-    const char *ids[2];  /* job ids (NULL: none) */
+    int nranks;         /* per job */
+    int delay_ms[8];    /* start delay of harness rank i: job i / nranks, rank i % nranks */
+    const char *ids[2]; /* job ids (NULL: none) */
     const char *transport;
 } two_jobs_t;
 
@@ -53,15 +57,15 @@ static int rank_two_jobs(int hr, int total, tutti_comm_t *unused, const char *di
 
 /* Interleavings of 2 jobs x 2 ranks: start delays in ms for A0 A1 B0 B1. */
 static const int orders[][4] = {
-    {0, 0, 0, 0},     {0, 40, 20, 60}, {0, 60, 40, 20}, {40, 0, 60, 20}, {0, 30, 0, 30},
-    {20, 60, 0, 40},  {0, 20, 10, 30}, {60, 0, 0, 60},  {0, 200, 100, 300},
+    { 0, 0, 0, 0 },    { 0, 40, 20, 60 }, { 0, 60, 40, 20 }, { 40, 0, 60, 20 },    { 0, 30, 0, 30 },
+    { 20, 60, 0, 40 }, { 0, 20, 10, 30 }, { 60, 0, 0, 60 },  { 0, 200, 100, 300 },
 };
 #define NORDERS ((int)(sizeof(orders) / sizeof(orders[0])))
 
 static void run_two_jobs(const char *ida, const char *idb, const char *transport, int order,
                          int codes[4])
 {
-    two_jobs_t t = {.nranks = 2, .ids = {ida, idb}, .transport = transport};
+    two_jobs_t t = { .nranks = 2, .ids = { ida, idb }, .transport = transport };
     memcpy(t.delay_ms, orders[order], sizeof(orders[order]));
     th_run_apart(4, rank_two_jobs, &t, 30000, codes);
 }
@@ -92,23 +96,22 @@ START_TEST(two_jobs_without_ids)
         for (int i = 0; i < 4; i++) {
             ck_assert_msg(codes[i] != TH_JR_WRONG, "%s, order %d: job %d rank %d met the other job",
                           tp, o, i / 2, i % 2);
-            ck_assert_msg(codes[i] == TH_JR_OK || codes[i] == TH_JR_IN_USE || codes[i] == TH_JR_TIMEOUT ||
-                              codes[i] == TH_JR_OP_FAILED,
-                          "%s, order %d: job %d rank %d exited %d", tp, o, i / 2, i % 2,
-                          codes[i]);
+            ck_assert_msg(codes[i] == TH_JR_OK || codes[i] == TH_JR_IN_USE ||
+                              codes[i] == TH_JR_TIMEOUT || codes[i] == TH_JR_OP_FAILED,
+                          "%s, order %d: job %d rank %d exited %d", tp, o, i / 2, i % 2, codes[i]);
             ran += codes[i] == TH_JR_OK;
             refused += codes[i] == TH_JR_IN_USE;
         }
     }
-    fprintf(stderr, "two_jobs_without_ids over %s: %d rank runs passed, %d refused (in use)\n",
-            tp, ran, refused);
+    fprintf(stderr, "two_jobs_without_ids over %s: %d rank runs passed, %d refused (in use)\n", tp,
+            ran, refused);
 }
 END_TEST
 
 /* ---- reruns in place ---- */
 
 typedef struct rerun {
-    int crash_rank;  /* -1: none; else this rank SIGKILLs itself after set-up */
+    int crash_rank; /* -1: none; else this rank SIGKILLs itself after set-up */
 } rerun_t;
 
 static int rank_rerun(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -145,8 +148,7 @@ static int count_names(const char *dir, int dot_files)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
-        n += dot_files ? strcmp(e->d_name, ".") && strcmp(e->d_name, "..")
-                       : e->d_name[0] != '.';
+        n += dot_files ? strcmp(e->d_name, ".") && strcmp(e->d_name, "..") : e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -158,20 +160,24 @@ START_TEST(rerun_in_place)
 {
     char dir[] = "/tmp/tt-session-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    static const int crash[] = {-1, -1, 1, -1, 0, -1};
+    static const int crash[] = { -1, -1, 1, -1, 0, -1 };
     char why[256] = "";
     for (size_t k = 0; k < sizeof(crash) / sizeof(crash[0]) && !why[0]; k++) {
-        rerun_t r = {.crash_rank = crash[k]};
-        th_spec_t spec = {.nranks = 3, .fn = rank_rerun, .arg = &r, .timeout_ms = 20000,
-                          .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL, .store_dir = dir};
+        rerun_t r = { .crash_rank = crash[k] };
+        th_spec_t spec = { .nranks = 3,
+                           .fn = rank_rerun,
+                           .arg = &r,
+                           .timeout_ms = 20000,
+                           .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL,
+                           .store_dir = dir };
         int codes[3];
         th_run_ex(&spec, codes);
         for (int i = 0; i < 3 && !why[0]; i++) {
             if (crash[k] < 0 && codes[i] != 0)
                 snprintf(why, sizeof(why), "run %zu (clean): rank %d exited %d", k, i, codes[i]);
             else if (crash[k] == i && codes[i] != 128 + SIGKILL)
-                snprintf(why, sizeof(why), "run %zu: rank %d should have crashed, exited %d", k,
-                         i, codes[i]);
+                snprintf(why, sizeof(why), "run %zu: rank %d should have crashed, exited %d", k, i,
+                         codes[i]);
         }
     }
     th_rmtree_gone(dir);
@@ -181,7 +187,10 @@ END_TEST
 
 /* ---- destroy + init in one process ---- */
 
-static int fd_count(void) { return count_names("/proc/self/fd", 1); }
+static int fd_count(void)
+{
+    return count_names("/proc/self/fd", 1);
+}
 
 static long rss_kb(void)
 {
@@ -213,9 +222,9 @@ static int shm_count(void)
 
 typedef struct cycles {
     int n;
-    int env;          /* 1: tutti_comm_init_env (a new store handle per cycle) over the
+    int env;  /* 1: tutti_comm_init_env (a new store handle per cycle) over the
                          file store; 2: the same over a tcp store hosted by rank 0 */
-    int port;         /* env 2: the store's port */
+    int port; /* env 2: the store's port */
     const char *transport;
 } cycles_t;
 
@@ -260,7 +269,10 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
     long rss1 = rss_kb();
     if (rank == 0)
         fprintf(stderr, "%d cycles (%s, %s): fds %d -> %d, RSS %ld -> %ld KiB, /dev/shm %d -> %d\n",
-                c->n, c->env == 2 ? "init_env, tcp store" : c->env ? "init_env" : "init",
+                c->n,
+                c->env == 2 ? "init_env, tcp store"
+                : c->env    ? "init_env"
+                            : "init",
                 c->transport, fds0, fds1, rss0, rss1, shm0, shm1);
     FAIL_IF(fds1 > fds0, "fds grew from %d to %d over %d cycles", fds0, fds1, c->n - warm);
     FAIL_IF(!TH_ASAN && rss1 > rss0 + 4096, "RSS grew from %ld to %ld KiB", rss0, rss1);
@@ -272,10 +284,11 @@ static int rank_cycles(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(destroy_init_cycles)
 {
-    static const char *const tps[] = {"tcp", "shm"};
+    static const char *const tps[] = { "tcp", "shm" };
     for (int env = 0; env < 3; env++) {
-        cycles_t c = {.n = quick() ? 60 : 300, .env = env, .transport = tps[_i],
-                      .port = th_free_port()};
+        cycles_t c = {
+            .n = quick() ? 60 : 300, .env = env, .transport = tps[_i], .port = th_free_port()
+        };
         ck_assert_int_eq(th_run_nocomm(2, rank_cycles, &c, 170000), 0);
     }
 }
@@ -326,8 +339,12 @@ START_TEST(no_litter)
         ck_assert_int_eq(tutti_store_open_tcp(&server, "127.0.0.1", 0, 1, 10000), 0);
         litter_port = tutti_store_port(server);
     }
-    th_spec_t spec = {.nranks = 3, .fn = rank_litter, .arg = &tcp, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM, .store_dir = dir};
+    th_spec_t spec = { .nranks = 3,
+                       .fn = rank_litter,
+                       .arg = &tcp,
+                       .timeout_ms = 30000,
+                       .flags = TH_NO_COMM,
+                       .store_dir = dir };
     int rc = th_run_ex(&spec, NULL);
     long left = tcp ? (long)tt_store_tcp_server_keys(server) : count_names(dir, 0);
     char cmd[600];

@@ -99,8 +99,9 @@ static int run_shm(int nranks, th_rank_fn fn, int arg, int cma, const tutti_comm
         set_cma(cma);
     shared_t *sh = shared_area();
     sh->arg = arg;
-    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = sh, .timeout_ms = timeout_ms,
-                      .flags = flags, .opts = o};
+    th_spec_t spec = {
+        .nranks = nranks, .fn = fn, .arg = sh, .timeout_ms = timeout_ms, .flags = flags, .opts = o
+    };
     int rc = th_run_ex(&spec, codes);
     if (cma >= 0)
         set_cma(0);
@@ -168,7 +169,7 @@ static int rank_tp_dead(int rank, int nranks, tutti_comm_t *comm, const char *di
 {
     (void)comm;
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
-    unsigned char peers[3] = {0};
+    unsigned char peers[3] = { 0 };
     if (rank < 2)
         peers[1 - rank] = 1;
     th_host_t t;
@@ -216,8 +217,9 @@ START_TEST(abi_dead_peer_and_subset)
 {
     shared_t *sh;
     int codes[3];
-    ck_assert_int_eq(run_shm(3, rank_tp_dead, 0, -1, NULL, 30000,
-                             TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh), 0);
+    ck_assert_int_eq(run_shm(3, rank_tp_dead, 0, -1, NULL, 30000, TH_NO_COMM | TH_NO_KILL_ON_FAIL,
+                             codes, &sh),
+                     0);
     ck_assert_int_eq(leftovers(sh, 3), 0);
 }
 END_TEST
@@ -226,8 +228,7 @@ END_TEST
  * message complete) fails that receive only: the stream is at a record boundary, so the
  * link stays usable, as in the TCP transport. Round 0 through the ring, round 1 pulled
  * (where process_vm_readv is allowed). */
-static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                               void *arg)
+static int rank_tp_cancel_idle(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
     const size_t big = 64u << 10;
@@ -299,8 +300,7 @@ END_TEST
  * notify_error() then cancel_all() (the report comes first: it sets tx_broken, which
  * must not stop the revocation); 1 destroy() with the send still pending; 2 the link
  * fails under the send (rank 1 reports a failure, and then still receives). */
-static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char *dir,
-                            void *arg)
+static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
     shared_t *sh = arg;
@@ -349,7 +349,9 @@ static int rank_tp_withdraw(int rank, int nranks, tutti_comm_t *comm, const char
         if (pulled) {
             FAIL_IF(r.status == 0 || r.status == 1,
                     "%s: the receive gave %d, data 0x%02x (a withdrawn pull taken for data)",
-                    how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all",
+                    how == 2 ? "link failed"
+                    : how    ? "destroy"
+                             : "notify_error + cancel_all",
                     r.status, buf[0]);
         } else {
             FAIL_IF(r.status != 0 || buf[len - 1] != 0xAB, "ring path: status %d", r.status);
@@ -369,7 +371,9 @@ START_TEST(abi_withdrawn_pull_never_delivered)
         shared_t *sh;
         int rc = run_shm(2, rank_tp_withdraw, how, 1, NULL, 30000, TH_NO_COMM, NULL, &sh);
         ck_assert_msg(rc == 0, "%s",
-                      how == 2 ? "link failed" : how ? "destroy" : "notify_error + cancel_all");
+                      how == 2 ? "link failed"
+                      : how    ? "destroy"
+                               : "notify_error + cancel_all");
         ck_assert_int_eq(leftovers(sh, 2), 0);
     }
 }
@@ -396,9 +400,9 @@ static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 {
     (void)dir;
     enlist(arg, rank);
-    static const size_t sizes[] = {0,     1,         7,         56,         57,
-                                   4095,  16383,     16384,     16385,      65537,
-                                   (1u << 20) + 3, (4u << 20) + 1};
+    static const size_t sizes[] = {
+        0, 1, 7, 56, 57, 4095, 16383, 16384, 16385, 65537, (1u << 20) + 3, (4u << 20) + 1
+    };
     const size_t n = ARRAY_SIZE(sizes);
     size_t maxb = (4u << 20) + 1 + 8;
     for (int peer = 0; peer < nranks; peer++) {
@@ -417,8 +421,7 @@ static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir,
                     "send %zu", len);
             FAIL_IF(tutti_recv_async(comm, in + ro, len, TUTTI_UINT8, peer, (uint32_t)k, &wr),
                     "recv %zu", len);
-            FAIL_IF(tutti_wait(ws, -1) != 0, "send %zu to %d: %s", len, peer,
-                    tutti_work_error(ws));
+            FAIL_IF(tutti_wait(ws, -1) != 0, "send %zu to %d: %s", len, peer, tutti_work_error(ws));
             FAIL_IF(tutti_wait(wr, -1) != 0, "recv %zu from %d: %s", len, peer,
                     tutti_work_error(wr));
             tutti_work_free(ws);
@@ -501,7 +504,7 @@ static int rank_allreduce(int rank, int nranks, tutti_comm_t *comm, const char *
 {
     (void)dir;
     enlist(arg, rank);
-    static const size_t counts[] = {1, 3, 4095, 4096, 4097, 65536 + 5, (1u << 20) + 7};
+    static const size_t counts[] = { 1, 3, 4095, 4096, 4097, 65536 + 5, (1u << 20) + 7 };
     for (size_t k = 0; k < ARRAY_SIZE(counts); k++) {
         size_t c = counts[k];
         int32_t *buf = malloc(c * sizeof(int32_t));
@@ -607,12 +610,36 @@ static void run_killed(int cma)
     }
 }
 
-START_TEST(sizes_single_copy) { run_sizes(1); } END_TEST
-START_TEST(sizes_ring) { run_sizes(0); } END_TEST
-START_TEST(inflight_both_ways_single_copy) { run_inflight(1); } END_TEST
-START_TEST(inflight_both_ways_ring) { run_inflight(0); } END_TEST
-START_TEST(rank_killed_mid_allreduce) { run_killed(0); } END_TEST
-START_TEST(rank_killed_mid_allreduce_single_copy) { run_killed(1); } END_TEST
+START_TEST(sizes_single_copy)
+{
+    run_sizes(1);
+}
+END_TEST
+START_TEST(sizes_ring)
+{
+    run_sizes(0);
+}
+END_TEST
+START_TEST(inflight_both_ways_single_copy)
+{
+    run_inflight(1);
+}
+END_TEST
+START_TEST(inflight_both_ways_ring)
+{
+    run_inflight(0);
+}
+END_TEST
+START_TEST(rank_killed_mid_allreduce)
+{
+    run_killed(0);
+}
+END_TEST
+START_TEST(rank_killed_mid_allreduce_single_copy)
+{
+    run_killed(1);
+}
+END_TEST
 
 /* 8 ranks on 2 CPUs: spinning must give way, so many small collectives and a few
  * large ones finish promptly. */
@@ -673,17 +700,24 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
-    const TTest *const abi[] = {abi_dead_peer_and_subset,
-                                       abi_cancel_at_boundary_keeps_link,
-                                       abi_withdrawn_pull_never_delivered, NULL};
-    const TTest *const library[] = {
-        sizes_single_copy,         sizes_ring,           inflight_both_ways_single_copy,
-        inflight_both_ways_ring,   allreduce_ranks,      mismatch_fails_everywhere,
-        rank_killed_mid_allreduce, rank_killed_mid_allreduce_single_copy,
-        eight_ranks_two_cpus,      NULL};
+    const TTest *const abi[] = { abi_dead_peer_and_subset, abi_cancel_at_boundary_keeps_link,
+                                 abi_withdrawn_pull_never_delivered, NULL };
+    const TTest *const library[] = { sizes_single_copy,
+                                     sizes_ring,
+                                     inflight_both_ways_single_copy,
+                                     inflight_both_ways_ring,
+                                     allreduce_ranks,
+                                     mismatch_fails_everywhere,
+                                     rank_killed_mid_allreduce,
+                                     rank_killed_mid_allreduce_single_copy,
+                                     eight_ranks_two_cpus,
+                                     NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

@@ -29,7 +29,7 @@
 #include "store/store_impl.h"
 
 enum { K_FILE = 0, K_TCP = 1 };
-static const char *kind_name[] = {"file", "tcp"};
+static const char *kind_name[] = { "file", "tcp" };
 
 static char g_root[64]; /* temp dir of the whole run, removed by main */
 
@@ -37,14 +37,13 @@ static char g_root[64]; /* temp dir of the whole run, removed by main */
 #define sleep_ms th_sleep_ms
 
 /* in children: fail with a code and a line on stderr */
-#define CHILD_OK(call, code)                                                             \
-    do {                                                                                 \
-        int st_ = (call);                                                                \
-        if (st_ != 0) {                                                                  \
-            fprintf(stderr, "child %d: %s -> %s\n", (int)getpid(), #call,                \
-                    tutti_status_name(st_));                                             \
-            _exit(code);                                                                 \
-        }                                                                                \
+#define CHILD_OK(call, code)                                                                       \
+    do {                                                                                           \
+        int st_ = (call);                                                                          \
+        if (st_ != 0) {                                                                            \
+            fprintf(stderr, "child %d: %s -> %s\n", (int)getpid(), #call, tutti_status_name(st_)); \
+            _exit(code);                                                                           \
+        }                                                                                          \
     } while (0)
 
 typedef struct ctx {
@@ -107,7 +106,7 @@ static int reap_children_ex(pid_t *pids, int n, int timeout_ms, int *codes, int 
 {
     double end = now_ms() + timeout_ms;
     int left = n, failed = 0;
-    int done[64] = {0};
+    int done[64] = { 0 };
     ck_assert_int_le(n, 64);
     while (left > 0) {
         for (int i = 0; i < n; i++) {
@@ -132,8 +131,7 @@ static int reap_children_ex(pid_t *pids, int n, int timeout_ms, int *codes, int 
         int timed_out = now_ms() > end;
         if ((failed && !(flags & REAP_KEEP)) || timed_out) {
             if (timed_out)
-                fprintf(stderr, "children still running after %d ms: killing them\n",
-                        timeout_ms);
+                fprintf(stderr, "children still running after %d ms: killing them\n", timeout_ms);
             for (int i = 0; i < n; i++) {
                 if (done[i])
                     continue;
@@ -227,7 +225,7 @@ START_TEST(test_get_timeout)
 
     /* wait names a missing key */
     OK(c.s, tutti_store_set(c.s, "here", "1", 1));
-    const char *keys[] = {"here", "not-here-either"};
+    const char *keys[] = { "here", "not-here-either" };
     t0 = now_ms();
     EXPECT(c.s, tutti_store_wait(c.s, keys, 2, 200), TUTTI_ERR_TIMEOUT);
     el = now_ms() - t0;
@@ -318,7 +316,7 @@ START_TEST(test_compare_set)
     void *cur;
     size_t curlen;
     int exists;
-    const char *k[] = {"cas"};
+    const char *k[] = { "cas" };
 
     /* missing key, non-empty expected: nothing set, the value after is empty */
     OK(c.s, tutti_store_compare_set(c.s, "cas", "x", 1, "first", 5, &cur, &curlen));
@@ -331,16 +329,16 @@ START_TEST(test_compare_set)
     static const struct {
         const char *why, *expected, *desired, *after;
     } steps[] = {
-        {"missing key, empty expected: set", NULL, "first", "first"},
-        {"existing key, empty expected: not equal", "", "other", "first"},
-        {"mismatch", "firsT", "second", "first"},
-        {"a prefix of the value is not equal either", "firs", "second", "first"},
-        {"match", "first", "second", "second"},
+        { "missing key, empty expected: set", NULL, "first", "first" },
+        { "existing key, empty expected: not equal", "", "other", "first" },
+        { "mismatch", "firsT", "second", "first" },
+        { "a prefix of the value is not equal either", "firs", "second", "first" },
+        { "match", "first", "second", "second" },
     };
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         const char *e = steps[i].expected, *d = steps[i].desired;
-        OK(c.s, tutti_store_compare_set(c.s, "cas", e, e ? strlen(e) : 0, d, strlen(d), &cur,
-                                        &curlen));
+        OK(c.s,
+           tutti_store_compare_set(c.s, "cas", e, e ? strlen(e) : 0, d, strlen(d), &cur, &curlen));
         ck_assert_msg(curlen == strlen(steps[i].after) && strcmp(cur, steps[i].after) == 0,
                       "%s: %zu bytes \"%s\", want \"%s\"", steps[i].why, curlen, (char *)cur,
                       steps[i].after);
@@ -352,10 +350,10 @@ START_TEST(test_compare_set)
     free(v);
 
     /* binary values and NULL out-parameters */
-    const char bin1[] = {0, 1, 0, 2}, bin2[] = {0, 0, 0};
+    const char bin1[] = { 0, 1, 0, 2 }, bin2[] = { 0, 0, 0 };
     OK(c.s, tutti_store_set(c.s, "cbin", bin1, sizeof(bin1)));
-    OK(c.s, tutti_store_compare_set(c.s, "cbin", bin1, sizeof(bin1), bin2, sizeof(bin2), NULL,
-                                    NULL));
+    OK(c.s,
+       tutti_store_compare_set(c.s, "cbin", bin1, sizeof(bin1), bin2, sizeof(bin2), NULL, NULL));
     size_t len;
     OK(c.s, tutti_store_get(c.s, "cbin", &v, &len, 100));
     ck_assert_uint_eq(len, 3);
@@ -387,7 +385,7 @@ START_TEST(test_wait_other_process)
         tutti_store_close(s);
         _exit(0);
     }
-    const char *keys[] = {"w1", "w2", "w3"};
+    const char *keys[] = { "w1", "w2", "w3" };
     double t0 = now_ms();
     int st = tutti_store_wait(c.s, keys, 3, 5000);
     double el = now_ms() - t0;
@@ -409,7 +407,7 @@ START_TEST(test_wait_other_process)
         tutti_store_close(s);
         _exit(0);
     }
-    const char *mk[] = {"m1", "m2", "w2"};
+    const char *mk[] = { "m1", "m2", "w2" };
     void *vals[3];
     size_t lens[3];
     st = tutti_store_multi_get(c.s, mk, 3, vals, lens, 5000);
@@ -430,7 +428,7 @@ START_TEST(test_check_delete)
 {
     ctx_t c;
     ctx_open(&c, _i, 2000);
-    const char *ka[] = {"a"}, *kab[] = {"a", "b"};
+    const char *ka[] = { "a" }, *kab[] = { "a", "b" };
     int exists = -1, deleted = -1;
     OK(c.s, tutti_store_check(c.s, ka, 1, &exists));
     ck_assert_int_eq(exists, 0);
@@ -465,7 +463,7 @@ START_TEST(test_multi_get)
     OK(c.s, tutti_store_set(c.s, "x", "xx", 2));
     OK(c.s, tutti_store_set(c.s, "y", "", 0));
     OK(c.s, tutti_store_set(c.s, "z", "zzz", 3));
-    const char *keys[] = {"z", "x", "y", "x"};
+    const char *keys[] = { "z", "x", "y", "x" };
     void *vals[4];
     size_t lens[4];
     OK(c.s, tutti_store_multi_get(c.s, keys, 4, vals, lens, 100));
@@ -478,8 +476,8 @@ START_TEST(test_multi_get)
     for (int i = 0; i < 4; i++)
         free(vals[i]);
     /* one missing: nothing returned */
-    const char *keys2[] = {"x", "nope", "z"};
-    void *vals2[3] = {(void *)1, (void *)1, (void *)1};
+    const char *keys2[] = { "x", "nope", "z" };
+    void *vals2[3] = { (void *)1, (void *)1, (void *)1 };
     EXPECT(c.s, tutti_store_multi_get(c.s, keys2, 3, vals2, NULL, 100), TUTTI_ERR_TIMEOUT);
     ck_assert_ptr_eq(vals2[0], (void *)1);
     ck_assert_ptr_eq(vals2[2], (void *)1);
@@ -514,7 +512,7 @@ START_TEST(test_prefix)
     OK(c.s, tutti_store_get(c.s, "b/k", &v, NULL, 100));
     ck_assert_str_eq(v, "in b");
     free(v);
-    const char *kk[] = {"k"};
+    const char *kk[] = { "k" };
     int exists, deleted;
     EXPECT(c.s, tutti_store_get(c.s, "k", &v, NULL, 50), TUTTI_ERR_TIMEOUT);
     OK(b, tutti_store_delete(b, "k", &deleted));
@@ -575,9 +573,10 @@ START_TEST(test_binary_and_keys)
     for (int i = 0; i < TUTTI_STORE_MAX_KEY; i++)
         longk[i] = (char)(1 + i % 250);
     longk[TUTTI_STORE_MAX_KEY] = '\0';
-    const char *keys[] = {"bin", "A", "%41", "a/b", "a%2Fb", "..", "../../etc/passwd",
-                          ".tmp.1.2.x", ".lock.00", "with space", "\x01\xff\x7f", "",
-                          longk};
+    const char *keys[] = {
+        "bin",        "A",        "%41",        "a/b",          "a%2Fb", "..", "../../etc/passwd",
+        ".tmp.1.2.x", ".lock.00", "with space", "\x01\xff\x7f", "",      longk
+    };
     size_t n = sizeof(keys) / sizeof(keys[0]);
     for (size_t i = 0; i < n; i++) {
         unsigned char val[260];
@@ -611,7 +610,7 @@ START_TEST(test_binary_and_keys)
     toolong[sizeof(toolong) - 1] = '\0';
     EXPECT(c.s, tutti_store_set(c.s, toolong, "1", 1), TUTTI_ERR_INVALID_ARG);
     int exists;
-    const char *kl[] = {longk};
+    const char *kl[] = { longk };
     OK(c.s, tutti_store_check(c.s, kl, 1, &exists));
     ck_assert_int_eq(exists, 1);
     int deleted;
@@ -697,12 +696,12 @@ START_TEST(test_threads)
     /* one handle used by several threads: a blocked get must not hold up a set */
     ctx_t c;
     ctx_open(&c, _i, 5000);
-    thr_arg_t g = {&c, c.s, -1, 0};
+    thr_arg_t g = { &c, c.s, -1, 0 };
     pthread_t tg, ta[4];
     thr_arg_t aa[4];
     ck_assert_int_eq(pthread_create(&tg, NULL, thr_get, &g), 0);
     for (int i = 0; i < 4; i++) {
-        aa[i] = (thr_arg_t){&c, c.s, 0, 0};
+        aa[i] = (thr_arg_t){ &c, c.s, 0, 0 };
         ck_assert_int_eq(pthread_create(&ta[i], NULL, thr_add, &aa[i]), 0);
     }
     sleep_ms(100);
@@ -726,10 +725,20 @@ END_TEST
 START_TEST(test_args_and_urls)
 {
     tutti_store_t *s = (tutti_store_t *)0x1;
-    const char *bad[] = {"", "http://x:1", "tcp://host", "tcp://host:", "tcp://:5",
-                         "tcp://host:99999", "tcp://host:12a", "tcp://::1:5", "tcp://[::1]5",
-                         "tcp://[::1:5", "file://relative/dir", "file://", "tcp://h:1/x",
-                         "tcp://h:0"};
+    const char *bad[] = { "",
+                          "http://x:1",
+                          "tcp://host",
+                          "tcp://host:",
+                          "tcp://:5",
+                          "tcp://host:99999",
+                          "tcp://host:12a",
+                          "tcp://::1:5",
+                          "tcp://[::1]5",
+                          "tcp://[::1:5",
+                          "file://relative/dir",
+                          "file://",
+                          "tcp://h:1/x",
+                          "tcp://h:0" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int st = tutti_store_open(&s, bad[i], NULL);
         ck_assert_msg(st == TUTTI_ERR_INVALID_ARG, "'%s' -> %s", bad[i], tutti_status_name(st));
@@ -742,7 +751,7 @@ START_TEST(test_args_and_urls)
     EXPECT(NULL, tutti_store_open_file(&s, "", 100), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_open_tcp(&s, NULL, 1, 0, 100), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_open_tcp(&s, "127.0.0.1", 70000, 0, 100), TUTTI_ERR_INVALID_ARG);
-    tutti_store_opts_t o = {0};
+    tutti_store_opts_t o = { 0 };
     EXPECT(NULL, tutti_store_open(&s, "file:///tmp/x", &o), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_opts_init(NULL), TUTTI_ERR_INVALID_ARG);
     ck_assert_ptr_eq(s, (void *)0x1);
@@ -774,11 +783,10 @@ START_TEST(test_args_and_urls)
     EXPECT(s, tutti_store_set(s, "k", NULL, 1), TUTTI_ERR_INVALID_ARG);
     EXPECT(s, tutti_store_get(s, "k", NULL, NULL, 10), TUTTI_ERR_INVALID_ARG);
     EXPECT(s, tutti_store_check(s, NULL, 1, &x), TUTTI_ERR_INVALID_ARG);
-    EXPECT(s, tutti_store_check(s, (const char *const[]){"k"}, 1, NULL), TUTTI_ERR_INVALID_ARG);
-    EXPECT(s, tutti_store_wait(s, (const char *const[]){"k", NULL}, 2, 10),
+    EXPECT(s, tutti_store_check(s, (const char *const[]){ "k" }, 1, NULL), TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_wait(s, (const char *const[]){ "k", NULL }, 2, 10),
            TUTTI_ERR_INVALID_ARG);
-    EXPECT(s, tutti_store_compare_set(s, "k", NULL, 3, "x", 1, NULL, NULL),
-           TUTTI_ERR_INVALID_ARG);
+    EXPECT(s, tutti_store_compare_set(s, "k", NULL, 3, "x", 1, NULL, NULL), TUTTI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(tutti_store_last_error(s), "expected"));
     EXPECT(NULL, tutti_store_set(NULL, "k", "v", 1), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_get(NULL, "k", &v, NULL, 1), TUTTI_ERR_INVALID_ARG);
@@ -827,8 +835,7 @@ START_TEST(test_tcp_ipv6)
     tutti_store_t *s;
     int st = tutti_store_open_tcp(&s, "::1", 0, 1, 2000);
     if (st < 0) {
-        fprintf(stderr, "test_tcp_ipv6: skipped, no ::1 here (%s)\n",
-                tutti_store_last_error(NULL));
+        fprintf(stderr, "test_tcp_ipv6: skipped, no ::1 here (%s)\n", tutti_store_last_error(NULL));
         return;
     }
     int port = tutti_store_port(s);
@@ -1016,7 +1023,7 @@ START_TEST(test_tcp_bad_clients)
     OK(good, tutti_store_set(good, "pipe", "y", 1));
     unsigned char rb[11];
     ck_assert_int_eq(recv(fd, rb, sizeof(rb), MSG_WAITALL), (ssize_t)sizeof(rb));
-    const unsigned char want[11] = {0, 0, 0, 2, 0, 'y', 0, 0, 0, 1, 0};
+    const unsigned char want[11] = { 0, 0, 0, 2, 0, 'y', 0, 0, 0, 1, 0 };
     ck_assert_mem_eq(rb, want, sizeof(want));
     close(fd);
     void *pv;
@@ -1086,7 +1093,7 @@ START_TEST(test_tcp_unreachable)
 {
     /* a port nobody listens on: bind one, then close it */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
+    struct sockaddr_in a = { .sin_family = AF_INET };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     socklen_t alen = sizeof(a);
@@ -1105,8 +1112,7 @@ START_TEST(test_tcp_unreachable)
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
     const char *msg = tutti_store_last_error(NULL);
-    ck_assert_msg(strstr(msg, addr) && strstr(msg, strerror(ECONNREFUSED)), "message: %s",
-                  msg);
+    ck_assert_msg(strstr(msg, addr) && strstr(msg, strerror(ECONNREFUSED)), "message: %s", msg);
 
     /* a server that goes away: calls fail with the address, and do not hang */
     ctx_t c;
@@ -1133,7 +1139,7 @@ START_TEST(test_tcp_tool)
         fprintf(stderr, "test_tcp_tool: skipped, %s not built\n", tool);
         return;
     }
-    const char *const first[] = {tool, "--host", "127.0.0.1", "--port", "0", NULL};
+    const char *const first[] = { tool, "--host", "127.0.0.1", "--port", "0", NULL };
     char line[256];
     pid_t pid;
     tool_start(first, &pid, line, sizeof(line));
@@ -1153,10 +1159,10 @@ START_TEST(test_tcp_tool)
     char ports[16];
     snprintf(ports, sizeof(ports), "%d", port);
     pid_t pids[4];
-    const char *args[4][6] = {{tool, "--host", "127.0.0.1", "--port", ports, NULL},
-                              {tool, "--help", NULL},
-                              {tool, "--port", "x", NULL},
-                              {tool, NULL}};
+    const char *args[4][6] = { { tool, "--host", "127.0.0.1", "--port", ports, NULL },
+                               { tool, "--help", NULL },
+                               { tool, "--port", "x", NULL },
+                               { tool, NULL } };
     for (int i = 0; i < 4; i++) {
         pids[i] = fork();
         if (pids[i] == 0) {
@@ -1198,7 +1204,7 @@ START_TEST(test_file_killed_writer)
     tutti_store_t *s;
     pid_t reader = fork_client(&c, &s, 10000);
     if (reader == 0) {
-        const char *stop[] = {"stop"};
+        const char *stop[] = { "stop" };
         int stopped = 0, reads = 0;
         double end = now_ms() + 20000;
         while (!stopped && now_ms() < end) {
@@ -1268,7 +1274,7 @@ START_TEST(test_file_full_disk)
     tutti_store_t *s;
     pid_t pid = fork_client(&c, &s, 2000);
     if (pid == 0) {
-        struct rlimit rl = {1u << 20, 1u << 20};
+        struct rlimit rl = { 1u << 20, 1u << 20 };
         signal(SIGXFSZ, SIG_IGN);
         if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
             _exit(3);
@@ -1281,7 +1287,7 @@ START_TEST(test_file_full_disk)
             !strstr(msg, "full"))
             _exit(4);
         int exists = 1;
-        const char *k[] = {"full"};
+        const char *k[] = { "full" };
         CHILD_OK(tutti_store_check(s, k, 1, &exists), 5);
         if (exists || count_tmp_files(c.dir) != 0)
             _exit(6);
@@ -1337,19 +1343,18 @@ static Suite *store_suite(void)
     suite_add_tcase(s, both);
 
     th_add_tests(s, "tcp", 30,
-                 (const TTest *const[]){test_tcp_url_and_port, test_tcp_ipv6,
-                                        test_tcp_bad_clients, test_tcp_random_frames,
-                                        test_tcp_timeout_no_desync, test_tcp_unreachable,
-                                        test_tcp_tool, NULL});
+                 (const TTest *const[]){ test_tcp_url_and_port, test_tcp_ipv6, test_tcp_bad_clients,
+                                         test_tcp_random_frames, test_tcp_timeout_no_desync,
+                                         test_tcp_unreachable, test_tcp_tool, NULL });
 
     th_add_tests(s, "file", 60,
-                 (const TTest *const[]){test_file_killed_writer, test_file_full_disk,
-                                        test_file_unwritable, NULL});
+                 (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,
+                                         test_file_unwritable, NULL });
     return s;
 }
 
 int main(void)
 {
-    return th_main_in_tmpdir(store_suite(), g_root, sizeof(g_root),
-                             "/tmp/tutti-test-store-XXXXXX", 0);
+    return th_main_in_tmpdir(store_suite(), g_root, sizeof(g_root), "/tmp/tutti-test-store-XXXXXX",
+                             0);
 }

@@ -40,8 +40,7 @@ static char g_root[64]; /* temp dir of the whole run, removed by main */
 #define now_ms th_now_ms
 #define sleep_ms th_sleep_ms
 
-#define HAS(msg, needle)                                                                 \
-    ck_assert_msg(strstr((msg), (needle)), "'%s' not in: %s", (needle), (msg))
+#define HAS(msg, needle) ck_assert_msg(strstr((msg), (needle)), "'%s' not in: %s", (needle), (msg))
 
 static int count_fds(void)
 {
@@ -130,8 +129,7 @@ typedef struct srv_child {
 
 /* Fork a server on 127.0.0.1 (port 0: a free one) with opts, under RLIMIT_NOFILE nofile
  * (0: unchanged). It runs until ctl closes (or 60 s). */
-static void srv_child_start(srv_child_t *sc, const tutti_store_opts_t *opts, int port,
-                            int nofile)
+static void srv_child_start(srv_child_t *sc, const tutti_store_opts_t *opts, int port, int nofile)
 {
     int up[2], ctl[2];
     ck_assert_int_eq(pipe(up), 0);
@@ -142,7 +140,7 @@ static void srv_child_start(srv_child_t *sc, const tutti_store_opts_t *opts, int
         close(up[0]);
         close(ctl[1]);
         if (nofile) {
-            struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
+            struct rlimit rl = { (rlim_t)nofile, (rlim_t)nofile };
             if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
                 _exit(3);
         }
@@ -159,7 +157,7 @@ static void srv_child_start(srv_child_t *sc, const tutti_store_opts_t *opts, int
         int p = tutti_store_port(s);
         if (write(up[1], &p, sizeof(p)) != sizeof(p))
             _exit(5);
-        struct pollfd pf = {ctl[0], POLLIN, 0};
+        struct pollfd pf = { ctl[0], POLLIN, 0 };
         poll(&pf, 1, 60000);
         tutti_store_close(s);
         _exit(0);
@@ -168,9 +166,9 @@ static void srv_child_start(srv_child_t *sc, const tutti_store_opts_t *opts, int
     close(ctl[0]);
     sc->pid = pid;
     sc->ctl = ctl[1];
-    struct pollfd pf = {up[0], POLLIN, 0};
-    int ok = poll(&pf, 1, 10000) == 1 && read(up[0], &sc->port, sizeof(sc->port)) ==
-                                             (ssize_t)sizeof(sc->port);
+    struct pollfd pf = { up[0], POLLIN, 0 };
+    int ok = poll(&pf, 1, 10000) == 1 &&
+             read(up[0], &sc->port, sizeof(sc->port)) == (ssize_t)sizeof(sc->port);
     close(up[0]);
     if (!ok) {
         kill(pid, SIGKILL);
@@ -256,8 +254,7 @@ static int raw_hello(int fd)
 }
 
 /* A frame of one command and fields; its length. */
-static size_t req_frame(unsigned char *f, int cmd, const char *key, const void *val,
-                        size_t vlen)
+static size_t req_frame(unsigned char *f, int cmd, const char *key, const void *val, size_t vlen)
 {
     size_t n = 5;
     n += put_field(f + n, key, strlen(key));
@@ -287,9 +284,9 @@ static void raw_set_and_check(int fd, tutti_store_t *s, const char *key, const c
 /* ---- a fake server (a thread) for what a real one never does ---- */
 
 enum {
-    FAKE_IMPOSTOR,     /* claims authentication, answers the challenge with junk */
-    FAKE_NOAUTH,       /* no authentication at all */
-    FAKE_DROP_FIRST,   /* closes the connection on its first request, serves later ones */
+    FAKE_IMPOSTOR,   /* claims authentication, answers the challenge with junk */
+    FAKE_NOAUTH,     /* no authentication at all */
+    FAKE_DROP_FIRST, /* closes the connection on its first request, serves later ones */
 };
 
 typedef struct fake {
@@ -297,7 +294,7 @@ typedef struct fake {
     int lfd, port;
     pthread_t th;
     atomic_int stop;
-    atomic_int requests;   /* request frames received (not hellos) */
+    atomic_int requests; /* request frames received (not hellos) */
     atomic_int auth_frames;
     unsigned char got[4096]; /* the first bytes received, over all connections */
     size_t ngot;
@@ -384,13 +381,13 @@ static void *fake_thread(void *arg)
 {
     fake_t *fk = arg;
     while (!atomic_load(&fk->stop)) {
-        struct pollfd pf = {fk->lfd, POLLIN, 0};
+        struct pollfd pf = { fk->lfd, POLLIN, 0 };
         if (poll(&pf, 1, 50) <= 0)
             continue;
         int fd = accept(fk->lfd, NULL, NULL);
         if (fd < 0)
             continue;
-        struct timeval tv = {2, 0};
+        struct timeval tv = { 2, 0 };
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         fake_serve(fk, fd);
         close(fd);
@@ -403,7 +400,7 @@ static void fake_start(fake_t *fk, int mode)
     memset(fk, 0, sizeof(*fk));
     fk->mode = mode;
     fk->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
+    struct sockaddr_in a = { .sin_family = AF_INET };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(bind(fk->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
     ck_assert_int_eq(listen(fk->lfd, 16), 0);
@@ -455,8 +452,8 @@ START_TEST(test_auth_mutual)
 
     /* no secret, a wrong one: refused at once (no retrying until the deadline), saying
      * where and why */
-    const char *tokens[] = {NULL, "job-secret-B"};
-    const char *why[] = {"requires the job secret", "does not know this job secret"};
+    const char *tokens[] = { NULL, "job-secret-B" };
+    const char *why[] = { "requires the job secret", "does not know this job secret" };
     for (int i = 0; i < 2; i++) {
         tutti_store_t *bad = (tutti_store_t *)0x1;
         double t0 = now_ms();
@@ -696,7 +693,7 @@ START_TEST(test_tool_binds_loopback)
      * it stands in for another interface */
     char line[256];
     pid_t pid;
-    const char *a1[] = {tool, "--port", "0", NULL};
+    const char *a1[] = { tool, "--port", "0", NULL };
     int port = tool_start(a1, &pid, line, sizeof(line));
     int fd2 = port ? raw_connect_to("127.0.0.2", port) : 0;
     int fd1 = port ? raw_connect_to("127.0.0.1", port) : 0;
@@ -708,7 +705,7 @@ START_TEST(test_tool_binds_loopback)
     close(fd1);
 
     /* --host names the address: reachable there only */
-    const char *a2[] = {tool, "--host", "127.0.0.2", "--port", "0", NULL};
+    const char *a2[] = { tool, "--host", "127.0.0.2", "--port", "0", NULL };
     port = tool_start(a2, &pid, line, sizeof(line));
     fd2 = port ? raw_connect_to("127.0.0.2", port) : 0;
     fd1 = port ? raw_connect_to("127.0.0.1", port) : 0;
@@ -744,8 +741,11 @@ START_TEST(test_tool_secret)
     fputs("tool-secret", f);
     fclose(f);
     pid_t pid;
-    const char *args[] = {tool, "--port", "0", "--auth-token-file", path,
-                          "--idle-timeout-ms", "1234", "--client-quota", "2M", NULL};
+    const char *args[] = { tool,   "--port",
+                           "0",    "--auth-token-file",
+                           path,   "--idle-timeout-ms",
+                           "1234", "--client-quota",
+                           "2M",   NULL };
     int port = tool_start(args, &pid, line, sizeof(line));
     tutti_store_t *c = NULL;
     int st_none = port ? open_with(&c, port, 0, NULL, 2000) : -100;
@@ -762,7 +762,7 @@ START_TEST(test_tool_secret)
     ck_assert_int_eq(st_good, 0);
     ck_assert_int_eq(st_big, TUTTI_ERR_INVALID_ARG); /* over the --client-quota */
     /* a secret file that cannot be read: exit 1, not a server without a secret */
-    const char *bad[] = {tool, "--port", "0", "--auth-token-file", "/nonexistent/x", NULL};
+    const char *bad[] = { tool, "--port", "0", "--auth-token-file", "/nonexistent/x", NULL };
     pid_t p2 = fork();
     if (p2 == 0) {
         int devnull = open("/dev/null", O_WRONLY);
@@ -846,9 +846,10 @@ START_TEST(test_fd_exhaustion)
         tutti_store_close(h[i]);
     if (c)
         tutti_store_close(c);
-    fprintf(stderr, "fd exhaustion (%s): %d handles opened, new client %s in %.0f ms, "
-            "server cpu %ld ms in 500 ms\n", _i ? "EMFILE" : "connection limit", opened,
-            tutti_status_name(st), took, cpu1 - cpu0);
+    fprintf(stderr,
+            "fd exhaustion (%s): %d handles opened, new client %s in %.0f ms, "
+            "server cpu %ld ms in 500 ms\n",
+            _i ? "EMFILE" : "connection limit", opened, tutti_status_name(st), took, cpu1 - cpu0);
     ck_assert_msg(st == 0, "a new client was not served: %s", msg);
     ck_assert_str_eq(v, "served");
     free(v);
@@ -893,9 +894,10 @@ START_TEST(test_fd_exhaustion_all_busy)
     srv_child_kill(&sc);
     for (int i = 0; i < made; i++)
         close(fds[i]);
-    fprintf(stderr, "all busy: %d stalled connections, server cpu %ld ms in 500 ms; short "
-            "call: %s; long call %s after %.0f ms\n", made, cpu1 - cpu0, busy_msg,
-            tutti_status_name(st), took);
+    fprintf(stderr,
+            "all busy: %d stalled connections, server cpu %ld ms in 500 ms; short "
+            "call: %s; long call %s after %.0f ms\n",
+            made, cpu1 - cpu0, busy_msg, tutti_status_name(st), took);
     ck_assert_int_ge(made, 128);
     ck_assert_msg(cpu1 - cpu0 < 250, "server spun: %ld ms of cpu in 500 ms", cpu1 - cpu0);
     ck_assert_int_eq(st_busy, TUTTI_ERR_TIMEOUT);
@@ -983,9 +985,10 @@ START_TEST(test_memory_limit)
     tutti_store_close(c);
     srv_child_kill(&sc);
     free(buf);
-    fprintf(stderr, "memory: server RSS %ld MiB -> %ld MiB under %d x 64 MiB unfinished "
-            "frames; small client served in %.0f ms; %d served, %d refused\n", rss0 / 1024,
-            rss1 / 1024, CLIENTS, took, served, refused);
+    fprintf(stderr,
+            "memory: server RSS %ld MiB -> %ld MiB under %d x 64 MiB unfinished "
+            "frames; small client served in %.0f ms; %d served, %d refused\n",
+            rss0 / 1024, rss1 / 1024, CLIENTS, took, served, refused);
     ck_assert_msg(rss1 - rss0 < 180 * 1024, "server grew by %ld MiB", (rss1 - rss0) / 1024);
     ck_assert_int_eq(served, 2);
     ck_assert_int_eq(refused, 2);
@@ -1028,7 +1031,7 @@ START_TEST(test_client_quota)
     HAS((char *)body, "quota");
     raw_set_and_check(fd, c, "after", "yes");
     int exists = 1;
-    const char *k[] = {"k"};
+    const char *k[] = { "k" };
     OK(c, tutti_store_check(c, k, 1, &exists));
     ck_assert_int_eq(exists, 0);
     free(b);
@@ -1162,7 +1165,7 @@ START_TEST(test_dead_server)
             int st;
             void *v;
             int ex;
-            const char *k[] = {"k"};
+            const char *k[] = { "k" };
             switch (op) {
             case 0: st = tutti_store_set(s, "x", "y", 1); break;
             case 1: st = tutti_store_get(s, "k", &v, NULL, -1); break;
@@ -1171,8 +1174,8 @@ START_TEST(test_dead_server)
             }
             double el = now_ms() - t0;
             const char *msg = tutti_store_last_error(s);
-            fprintf(stderr, "dead server, %s deadline, op %d: %.0f ms: %s\n",
-                    h ? "5 s" : "500 ms", op, el, msg);
+            fprintf(stderr, "dead server, %s deadline, op %d: %.0f ms: %s\n", h ? "5 s" : "500 ms",
+                    op, el, msg);
             ck_assert_int_lt(st, 0);
             ck_assert_msg(el < 700, "op %d took %.0f ms", op, el);
             ck_assert_msg(is_conn_cause(msg) && strstr(msg, addr), "op %d: %s", op, msg);
@@ -1294,7 +1297,7 @@ START_TEST(test_drain)
     int port = tutti_store_port(a);
     OK(NULL, tutti_store_open_tcp(&c1, "127.0.0.1", port, 0, 3000));
     OK(NULL, tutti_store_open_tcp(&c2, "127.0.0.1", port, 0, 3000));
-    drain_get_t g = {.s = c1};
+    drain_get_t g = { .s = c1 };
     pthread_t tg, tc;
     ck_assert_int_eq(pthread_create(&tg, NULL, drain_get_thread, &g), 0);
     sleep_ms(100);
@@ -1376,7 +1379,7 @@ static int cycle_rank(int rank, int port)
         snprintf(key, sizeof(key), "done/%d", rank);
         if (st == 0)
             st = tutti_store_set(s, key, "", 0);
-        const char *done[] = {"done/0", "done/1", "done/2"};
+        const char *done[] = { "done/0", "done/1", "done/2" };
         if (st == 0)
             st = tutti_store_wait(s, done, CYCLE_RANKS, -1);
         if (st < 0) {
@@ -1393,17 +1396,19 @@ static int cycle_rank(int rank, int port)
     int fd1 = count_fds();
     long rss1 = rss_kib(getpid());
     if (!TH_ASAN && rss1 - rss0 > 8192) { /* ASan's quarantine keeps freed memory */
-        fprintf(stderr, "rank %d: RSS %ld KiB after the first cycle, %ld after %d\n", rank,
-                rss0, rss1, CYCLES);
+        fprintf(stderr, "rank %d: RSS %ld KiB after the first cycle, %ld after %d\n", rank, rss0,
+                rss1, CYCLES);
         return 6;
     }
     if (fd1 != fd0) {
-        fprintf(stderr, "rank %d: %d fds after the first cycle, %d after %d\n", rank, fd0,
-                fd1, CYCLES);
+        fprintf(stderr, "rank %d: %d fds after the first cycle, %d after %d\n", rank, fd0, fd1,
+                CYCLES);
         return 5;
     }
-    fprintf(stderr, "rank %d: %d fds after the first cycle and after the last; RSS %ld -> %ld "
-            "KiB\n", rank, fd0, rss0, rss1);
+    fprintf(stderr,
+            "rank %d: %d fds after the first cycle and after the last; RSS %ld -> %ld "
+            "KiB\n",
+            rank, fd0, rss0, rss1);
     return 0;
 }
 
@@ -1536,9 +1541,9 @@ static Suite *server_suite(void)
 {
     Suite *s = suite_create("store_server");
     th_add_tests(s, "auth", 30,
-                 (const TTest *const[]){test_auth_mutual, test_auth_raw, test_auth_impostor,
-                                        test_opts_old_size, test_limits_from_env,
-                                        test_tool_binds_loopback, test_tool_secret, NULL});
+                 (const TTest *const[]){ test_auth_mutual, test_auth_raw, test_auth_impostor,
+                                         test_opts_old_size, test_limits_from_env,
+                                         test_tool_binds_loopback, test_tool_secret, NULL });
 
     TCase *lim = tcase_create("limits");
     tcase_set_timeout(lim, 60);
@@ -1551,14 +1556,13 @@ static Suite *server_suite(void)
     suite_add_tcase(s, lim);
 
     th_add_tests(s, "dead", 30,
-                 (const TTest *const[]){test_dead_server, test_stopped_server,
-                                        test_restarted_server, test_drain,
-                                        test_refused_message, NULL});
+                 (const TTest *const[]){ test_dead_server, test_stopped_server,
+                                         test_restarted_server, test_drain, test_refused_message,
+                                         NULL });
 
-    th_add_tests(s, "restart", 120, (const TTest *const[]){test_restart_cycles, NULL});
+    th_add_tests(s, "restart", 120, (const TTest *const[]){ test_restart_cycles, NULL });
 
-    th_add_tests(s, "errno", 30,
-                 (const TTest *const[]){test_file_errno, test_file_eacces, NULL});
+    th_add_tests(s, "errno", 30, (const TTest *const[]){ test_file_errno, test_file_eacces, NULL });
     return s;
 }
 

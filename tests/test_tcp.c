@@ -32,7 +32,10 @@
 /* the built-in tcp transport's table (libtutti_internal) */
 const tutti_transport_ops_v2_t *tt_builtin_transport_tcp(void);
 
-static double elapsed_since(double t0) { return th_now_ms() - t0; }
+static double elapsed_since(double t0)
+{
+    return th_now_ms() - t0;
+}
 
 /* ======================= CRC-32C ======================= */
 
@@ -54,19 +57,19 @@ typedef uint32_t (*crc_fn)(uint32_t, const void *, size_t);
 START_TEST(crc32c_vectors)
 {
     /* RFC 3720 (iSCSI) appendix B.4, and the usual check value */
-    uint8_t zeros[32] = {0}, ones[32], inc[32], dec[32];
+    uint8_t zeros[32] = { 0 }, ones[32], inc[32], dec[32];
     memset(ones, 0xff, sizeof(ones));
     for (int i = 0; i < 32; i++) {
         inc[i] = (uint8_t)i;
         dec[i] = (uint8_t)(31 - i);
     }
     /* an iSCSI read command PDU */
-    static const uint8_t pdu[48] = {
-        0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
-        0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00,
-        0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x18, 0x28, 0x00, 0x00, 0x00,
-        0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
-    crc_fn fns[3] = {tcp_crc32c, tcp_crc32c_sw, tcp_crc32c_hw};
+    static const uint8_t pdu[48] = { 0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00,
+                                     0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00,
+                                     0x00, 0x18, 0x28, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                     0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00 };
+    crc_fn fns[3] = { tcp_crc32c, tcp_crc32c_sw, tcp_crc32c_hw };
     for (int f = 0; f < 3; f++) {
         ck_assert_uint_eq(fns[f](0, "123456789", 9), 0xe3069283u);
         ck_assert_uint_eq(fns[f](0, zeros, 32), 0x8a9136aau);
@@ -110,13 +113,11 @@ START_TEST(crc32c_implementations_agree)
         if (len > max)
             len = max;
         uint32_t want = ref_crc32c(buf + off, len);
-        ck_assert_msg(tcp_crc32c_sw(0, buf + off, len) == want, "table: len %zu off %zu", len,
-                      off);
-        ck_assert_msg(tcp_crc32c_hw(0, buf + off, len) == want, "hw: len %zu off %zu", len,
-                      off);
+        ck_assert_msg(tcp_crc32c_sw(0, buf + off, len) == want, "table: len %zu off %zu", len, off);
+        ck_assert_msg(tcp_crc32c_hw(0, buf + off, len) == want, "hw: len %zu off %zu", len, off);
         size_t cut = len ? (size_t)((x >> 20) % (len + 1)) : 0;
-        ck_assert_msg(tcp_crc32c_hw(tcp_crc32c_sw(0, buf + off, cut), buf + off + cut,
-                                    len - cut) == want,
+        ck_assert_msg(tcp_crc32c_hw(tcp_crc32c_sw(0, buf + off, cut), buf + off + cut, len - cut) ==
+                          want,
                       "split: len %zu cut %zu", len, cut);
     }
     /* one flipped bit anywhere changes it */
@@ -137,8 +138,9 @@ static int raw_connect(int port)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = { .sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
         close(fd);
         return -1;
@@ -158,7 +160,7 @@ static int io_full(int fd, const void *wbuf, void *rbuf, size_t n, int timeout_m
             k = write(fd, (const char *)wbuf + done, n - done);
         } else {
             int left = (int)(end - th_now_ms());
-            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            struct pollfd pf = { .fd = fd, .events = POLLIN };
             if (left <= 0 || poll(&pf, 1, left) <= 0)
                 return -1;
             k = read(fd, (char *)rbuf + done, n - done);
@@ -171,7 +173,10 @@ static int io_full(int fd, const void *wbuf, void *rbuf, size_t n, int timeout_m
     return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t n) { return io_full(fd, buf, NULL, n, 0); }
+static int write_full(int fd, const void *buf, size_t n)
+{
+    return io_full(fd, buf, NULL, n, 0);
+}
 
 static int read_full(int fd, void *buf, size_t n, int timeout_ms)
 {
@@ -181,9 +186,13 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms)
 static int send_hello(int fd, uint32_t version, int rank, int nranks, const char *instance,
                       uint32_t checksum, uint32_t auth, const uint8_t *challenge)
 {
-    tcp_hello_t h = {.magic = TCP_HELLO_MAGIC, .version = version, .rank = rank,
-                     .nranks = nranks, .checksum = checksum, .auth = auth,
-                     .inst_len = (uint32_t)strlen(instance)};
+    tcp_hello_t h = { .magic = TCP_HELLO_MAGIC,
+                      .version = version,
+                      .rank = rank,
+                      .nranks = nranks,
+                      .checksum = checksum,
+                      .auth = auth,
+                      .inst_len = (uint32_t)strlen(instance) };
     if (challenge)
         memcpy(h.challenge, challenge, sizeof(h.challenge));
     if (write_full(fd, &h, sizeof(h)) < 0)
@@ -193,7 +202,7 @@ static int send_hello(int fd, uint32_t version, int rank, int nranks, const char
 
 static int send_verdict(int fd, int status, const uint8_t *answer)
 {
-    tcp_verdict_t v = {.magic = TCP_VERDICT_MAGIC, .status = status};
+    tcp_verdict_t v = { .magic = TCP_VERDICT_MAGIC, .status = status };
     if (answer)
         memcpy(v.answer, answer, sizeof(v.answer));
     return write_full(fd, &v, sizeof(v));
@@ -309,8 +318,8 @@ static int tp_exchange(const tutti_transport_ops_v2_t *ops, void *tp, int rank, 
     for (size_t i = 0; i < len; i++)
         sbuf[i] = (unsigned char)(rank * 31 + i * 7);
     memset(rbuf, 0, len);
-    tutti_tp_req_v2_t s = {.peer = peer, .buf = sbuf, .len = len, .env = {1, 2, 3, 4}};
-    tutti_tp_req_v2_t r = {.peer = peer, .buf = rbuf, .len = len, .env = {1, 2, 3, 4}};
+    tutti_tp_req_v2_t s = { .peer = peer, .buf = sbuf, .len = len, .env = { 1, 2, 3, 4 } };
+    tutti_tp_req_v2_t r = { .peer = peer, .buf = rbuf, .len = len, .env = { 1, 2, 3, 4 } };
     int rc = -1;
     if (ops->post_send(tp, &s) != 0 || ops->post_recv(tp, &r) != 0)
         goto out;
@@ -378,8 +387,11 @@ static void tcp_end(tcp_rank_t *r)
 /* Every rank of fn (no communicator from the harness) must exit 0. */
 static void run_ranks(int nranks, th_rank_fn fn, void *arg, int timeout_ms, int flags)
 {
-    th_spec_t spec = {.nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = timeout_ms,
-                      .flags = TH_NO_COMM | flags};
+    th_spec_t spec = { .nranks = nranks,
+                       .fn = fn,
+                       .arg = arg,
+                       .timeout_ms = timeout_ms,
+                       .flags = TH_NO_COMM | flags };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 
@@ -414,13 +426,13 @@ static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *d
     tcp_rank_t r;
     FAIL_IF(tcp_begin(&r, dir, "tcpforge", 10000, NULL) != 0, "store");
     tutti_store_t *store = r.store;
-    int fds[5] = {-1, -1, -1, -1, -1};
+    int fds[5] = { -1, -1, -1, -1, -1 };
     if (rank == 1) {
         int port = published_port(store, comm_key(store, "tcpforge", "tcp/0"));
         FAIL_IF(port < 0, "rank 0's address");
         for (int k = 0; k < 5; k++)
             FAIL_IF((fds[k] = raw_connect(port)) < 0, "connect %d", k);
-        uint32_t v1[4] = {TCP_HELLO_MAGIC, 1, 1, (uint32_t)nranks};
+        uint32_t v1[4] = { TCP_HELLO_MAGIC, 1, 1, (uint32_t)nranks };
         FAIL_IF(write_full(fds[0], v1, sizeof(v1)) < 0, "v1 hello");
         FAIL_IF(send_hello(fds[1], TCP_HELLO_VERSION, 1, nranks, "another-job/0", 0, 0, NULL),
                 "v2 hello");
@@ -428,10 +440,10 @@ static int rank_forged(int rank, int nranks, tutti_comm_t *unused, const char *d
         memset(junk, 0x5a, sizeof(junk));
         FAIL_IF(write_full(fds[2], junk, sizeof(junk)) < 0, "garbage");
         /* fds[3] says nothing; fds[4] the first 10 bytes of a hello */
-        tcp_hello_t h = {.magic = TCP_HELLO_MAGIC, .version = TCP_HELLO_VERSION, .rank = 1};
+        tcp_hello_t h = { .magic = TCP_HELLO_MAGIC, .version = TCP_HELLO_VERSION, .rank = 1 };
         FAIL_IF(write_full(fds[4], &h, 10) < 0, "partial hello");
         /* rank 0 has read the forged hellos before the genuine one can arrive */
-        struct pollfd pf = {.fd = fds[1], .events = POLLIN};
+        struct pollfd pf = { .fd = fds[1], .events = POLLIN };
         FAIL_IF(poll(&pf, 1, 5000) != 1, "rank 0 never answered the forged hello");
     }
     int st = tcp_join(&r, rank, nranks);
@@ -471,8 +483,7 @@ END_TEST
  * connections beyond the set-up's limit. None takes the slot; the genuine rank 1 does,
  * and data moves. (Driven through the ops table: the test chooses the instance.) */
 #define FORGE_INSTANCE "forge-job/n0nce"
-static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                            void *arg)
+static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused, (void)arg;
     tutti_store_t *store;
@@ -506,8 +517,7 @@ static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const ch
                 "wrong answer: %s: %s", tutti_status_name(rv.status), reason);
 
         /* 2: reflection: ask rank 0 to answer its own challenge on a second connection */
-        FAIL_IF((fds[1] = raw_connect(port)) < 0 || (fds[2] = raw_connect(port)) < 0,
-                "connect");
+        FAIL_IF((fds[1] = raw_connect(port)) < 0 || (fds[2] = raw_connect(port)) < 0, "connect");
         FAIL_IF(send_hello(fds[1], TCP_HELLO_VERSION, 1, nranks, FORGE_INSTANCE, 0, 1, ch),
                 "hello");
         FAIL_IF(read_reply(fds[1], &rh, &rv, reason, sizeof(reason)) < 0 || rv.status != 0,
@@ -566,8 +576,8 @@ typedef struct pair_case {
     const char *inst[2];
     const char *secret[2];
     const char *checksum[2];
-    int want_status;         /* both ranks fail with it */
-    const char *needles[3];  /* in both ranks' error messages (NULL-terminated) */
+    int want_status;        /* both ranks fail with it */
+    const char *needles[3]; /* in both ranks' error messages (NULL-terminated) */
 } pair_case_t;
 
 /* Rank 1 (the connecting side) must fail at once with the reason; rank 0 keeps
@@ -596,15 +606,16 @@ static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir
             tutti_status_name(pc->want_status), t.err);
     FAIL_IF(t.err_peer != 1 - rank, "the error names peer %d, not %d", t.err_peer, 1 - rank);
     for (int k = 0; k < 3 && pc->needles[k]; k++)
-        FAIL_IF(!strstr(t.err, pc->needles[k]), "message lacks \"%s\": %s", pc->needles[k],
-                t.err);
+        FAIL_IF(!strstr(t.err, pc->needles[k]), "message lacks \"%s\": %s", pc->needles[k], t.err);
     char peer[32];
     snprintf(peer, sizeof(peer), "rank %d", 1 - rank);
     FAIL_IF(!strstr(t.err, peer), "message does not name %s: %s", peer, t.err);
     FAIL_IF(!strstr(t.err, "127.0.0.1:"), "message lacks the peer's address: %s", t.err);
     if (rank == 1)
-        FAIL_IF(ms > 3000, "the connecting rank took %.0f ms to fail (rank 0's deadline is "
-                "4000 ms): it should not wait for a timeout", ms);
+        FAIL_IF(ms > 3000,
+                "the connecting rank took %.0f ms to fail (rank 0's deadline is "
+                "4000 ms): it should not wait for a timeout",
+                ms);
     return 0;
 }
 
@@ -615,9 +626,9 @@ static void run_pair(const pair_case_t *pc)
 
 START_TEST(different_instances_do_not_connect)
 {
-    pair_case_t pc = {.inst = {"job7/aaaa", "job7/bbbb"},
-                      .want_status = TUTTI_ERR_IN_USE,
-                      .needles = {"\"job7/aaaa\"", "\"job7/bbbb\""}};
+    pair_case_t pc = { .inst = { "job7/aaaa", "job7/bbbb" },
+                       .want_status = TUTTI_ERR_IN_USE,
+                       .needles = { "\"job7/aaaa\"", "\"job7/bbbb\"" } };
     run_pair(&pc);
 }
 END_TEST
@@ -641,16 +652,17 @@ static int rank_job_ids(int rank, int nranks, tutti_comm_t *unused, const char *
 START_TEST(different_job_ids_do_not_connect)
 {
     int codes[2];
-    th_spec_t spec = {.nranks = 2, .fn = rank_job_ids, .timeout_ms = 30000,
-                      .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL};
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_job_ids,
+                       .timeout_ms = 30000,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
     th_run_ex(&spec, codes);
     ck_assert_msg(codes[0] != 1 && codes[1] != 1, "a rank connected (codes %d %d)", codes[0],
                   codes[1]);
-    ck_assert_msg(codes[0] >= 0 && codes[1] >= 0, "a rank hung (codes %d %d)", codes[0],
-                  codes[1]);
+    ck_assert_msg(codes[0] >= 0 && codes[1] >= 0, "a rank hung (codes %d %d)", codes[0], codes[1]);
     ck_assert_msg(codes[0] == 0 && codes[1] == 0,
-                  "a rank failed for another reason than the other job (codes %d %d)",
-                  codes[0], codes[1]);
+                  "a rank failed for another reason than the other job (codes %d %d)", codes[0],
+                  codes[1]);
 }
 END_TEST
 
@@ -658,25 +670,25 @@ END_TEST
 
 START_TEST(secret_on_one_side_only)
 {
-    pair_case_t pc = {.inst = {"j/1", "j/1"},
-                      .secret = {"s3cret", NULL},
-                      .want_status = TUTTI_ERR_AUTH,
-                      .needles = {"has no job secret and rank 0 has one"}};
-    run_pair(&pc);
-    pair_case_t rev = {.inst = {"j/1", "j/1"},
-                       .secret = {NULL, "s3cret"},
+    pair_case_t pc = { .inst = { "j/1", "j/1" },
+                       .secret = { "s3cret", NULL },
                        .want_status = TUTTI_ERR_AUTH,
-                       .needles = {"has a job secret and rank 0 has none"}};
+                       .needles = { "has no job secret and rank 0 has one" } };
+    run_pair(&pc);
+    pair_case_t rev = { .inst = { "j/1", "j/1" },
+                        .secret = { NULL, "s3cret" },
+                        .want_status = TUTTI_ERR_AUTH,
+                        .needles = { "has a job secret and rank 0 has none" } };
     run_pair(&rev);
 }
 END_TEST
 
 START_TEST(wrong_secret_is_refused)
 {
-    pair_case_t pc = {.inst = {"j/2", "j/2"},
-                      .secret = {"right", "wrong"},
-                      .want_status = TUTTI_ERR_AUTH,
-                      .needles = {"failed to prove the job secret"}};
+    pair_case_t pc = { .inst = { "j/2", "j/2" },
+                       .secret = { "right", "wrong" },
+                       .want_status = TUTTI_ERR_AUTH,
+                       .needles = { "failed to prove the job secret" } };
     run_pair(&pc);
 }
 END_TEST
@@ -723,8 +735,7 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
         snprintf(needle, sizeof(needle), "rank %d", other);
         if (!strstr(log, needle) || !strstr(log, "127.0.0.1:") ||
             !strstr(log, "failed to prove the job secret")) {
-            fprintf(stderr, "rank %d: the log does not name rank %d's failed proof\n", rank,
-                    other);
+            fprintf(stderr, "rank %d: the log does not name rank %d's failed proof\n", rank, other);
             rc = 1;
         }
     }
@@ -753,16 +764,15 @@ END_TEST
 
 START_TEST(checksum_modes_must_agree)
 {
-    pair_case_t pc = {.inst = {"j/3", "j/3"},
-                      .checksum = {"crc32c", "none"},
-                      .want_status = TUTTI_ERR_CONFIG,
-                      .needles = {"TUTTI_CHECKSUM=none", "with crc32c"}};
+    pair_case_t pc = { .inst = { "j/3", "j/3" },
+                       .checksum = { "crc32c", "none" },
+                       .want_status = TUTTI_ERR_CONFIG,
+                       .needles = { "TUTTI_CHECKSUM=none", "with crc32c" } };
     run_pair(&pc);
 }
 END_TEST
 
-static int rank_bad_checksum(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                             void *arg)
+static int rank_bad_checksum(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     const char *mode = arg; /* not a checksum tutti knows */
@@ -785,8 +795,7 @@ END_TEST
 /* Every size class of the data path (empty, staged, around the eager-checksum limit,
  * many socket buffers) in both directions, then a mismatch whose error report itself
  * travels checksummed. */
-static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const char *dir,
-                           void *arg)
+static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused, (void)arg;
     tcp_rank_t r;
@@ -794,7 +803,7 @@ static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const cha
     int st = tcp_join(&r, rank, nranks);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
     tutti_comm_t *comm = r.comm;
-    const size_t sizes[] = {0, 1, 7, 4095, 4096, 4097, 65535, 65536, 65537, (3u << 20) + 5};
+    const size_t sizes[] = { 0, 1, 7, 4095, 4096, 4097, 65535, 65536, 65537, (3u << 20) + 5 };
     uint8_t *buf = malloc((3u << 20) + 5);
     FAIL_IF(!buf, "malloc");
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
@@ -817,7 +826,7 @@ static int rank_csum_sizes(int rank, int nranks, tutti_comm_t *unused, const cha
     }
     FAIL_IF(check_allreduce(rank, nranks, comm, 300000), "allreduce");
     /* mismatched counts: both ranks fail, and the report crosses a checksummed link */
-    int32_t x[8] = {0}, y[8];
+    int32_t x[8] = { 0 }, y[8];
     st = tutti_allreduce(comm, x, y, rank == 0 ? 8 : 6, TUTTI_INT32, TUTTI_SUM);
     FAIL_IF(st != TUTTI_ERR_MISMATCH, "mismatch gave %s: %s", tutti_status_name(st),
             tutti_comm_last_error(comm));
@@ -885,7 +894,7 @@ typedef struct splice {
 
 static int flip_once(flow_t *f, size_t from, size_t to)
 {
-    static const uint8_t pat[4] = {7, 0, 0, 0};
+    static const uint8_t pat[4] = { 7, 0, 0, 0 };
     if (f->scan == 2) {
         for (size_t i = from; i + 32 <= to; i++)
             if (!memcmp(f->buf + i, "TUTI", 4)) {
@@ -920,7 +929,7 @@ static int rank_proxy(const char *dir, int header)
         return 1;
     }
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t alen = sizeof(a);
     if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, 16) ||
         getsockname(lfd, (struct sockaddr *)&a, &alen)) {
@@ -933,7 +942,7 @@ static int rank_proxy(const char *dir, int header)
         tutti_store_set(store, "proxy-ready", "1", 2))
         return 1;
     enum { MAXS = 8 };
-    splice_t *sp[MAXS] = {0};
+    splice_t *sp[MAXS] = { 0 };
     int nsp = 0, flipped = 0, live = 0;
     double t0 = th_now_ms();
     while (elapsed_since(t0) < 40000 && (nsp < 2 || live > 0)) {
@@ -941,20 +950,20 @@ static int rank_proxy(const char *dir, int header)
         flow_t *pflow[1 + 4 * MAXS];
         int pin[1 + 4 * MAXS];
         int n = 0;
-        pf[n++] = (struct pollfd){.fd = nsp < MAXS ? lfd : -1, .events = POLLIN};
+        pf[n++] = (struct pollfd){ .fd = nsp < MAXS ? lfd : -1, .events = POLLIN };
         for (int s = 0; s < nsp; s++) {
             if (sp[s]->done)
                 continue;
-            flow_t *fl[2] = {&sp[s]->up, &sp[s]->down};
+            flow_t *fl[2] = { &sp[s]->up, &sp[s]->down };
             for (int d = 0; d < 2; d++) {
                 flow_t *f = fl[d];
                 if (!f->eof && f->tail < sizeof(f->buf)) {
                     pflow[n] = f, pin[n] = 1;
-                    pf[n++] = (struct pollfd){.fd = f->from, .events = POLLIN};
+                    pf[n++] = (struct pollfd){ .fd = f->from, .events = POLLIN };
                 }
                 if (f->head < f->tail) {
                     pflow[n] = f, pin[n] = 0;
-                    pf[n++] = (struct pollfd){.fd = f->to, .events = POLLOUT};
+                    pf[n++] = (struct pollfd){ .fd = f->to, .events = POLLOUT };
                 }
             }
         }
@@ -965,8 +974,8 @@ static int rank_proxy(const char *dir, int header)
             int ufd = cfd >= 0 ? raw_connect(port0) : -1;
             if (cfd >= 0 && ufd >= 0) {
                 splice_t *x = calloc(1, sizeof(*x));
-                x->up = (flow_t){.from = cfd, .to = ufd};
-                x->down = (flow_t){.from = ufd, .to = cfd, .scan = header ? 2 : 1};
+                x->up = (flow_t){ .from = cfd, .to = ufd };
+                x->down = (flow_t){ .from = ufd, .to = cfd, .scan = header ? 2 : 1 };
                 sp[nsp++] = x;
                 live++;
             }
@@ -1000,7 +1009,7 @@ static int rank_proxy(const char *dir, int header)
             splice_t *x = sp[s];
             if (x->done)
                 continue;
-            flow_t *fl[2] = {&x->up, &x->down};
+            flow_t *fl[2] = { &x->up, &x->down };
             for (int d = 0; d < 2; d++)
                 if (fl[d]->eof && fl[d]->head == fl[d]->tail && fl[d]->eof != 2) {
                     shutdown(fl[d]->to, SHUT_WR);
@@ -1077,8 +1086,8 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
         }
     } else if (st != 0 || wrong != 1 || diff != 16) {
         /* the defect, documented: success, and one element off by the flipped bit */
-        fprintf(stderr, "rank %d: without checksums: %s, %zu wrong elements (diff %ld): %s\n",
-                rank, tutti_status_name(st), wrong, diff, err);
+        fprintf(stderr, "rank %d: without checksums: %s, %zu wrong elements (diff %ld): %s\n", rank,
+                tutti_status_name(st), wrong, diff, err);
         rc = 1;
     }
     free(in);
@@ -1089,21 +1098,21 @@ static int rank_flip(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 START_TEST(flipped_byte_fails_every_rank_with_crc32c)
 {
-    flip_case_t fc = {.checksum = "crc32c"};
+    flip_case_t fc = { .checksum = "crc32c" };
     run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
 START_TEST(flipped_header_byte_fails_every_rank_with_crc32c)
 {
-    flip_case_t fc = {.checksum = "crc32c", .header = 1};
+    flip_case_t fc = { .checksum = "crc32c", .header = 1 };
     run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
 START_TEST(flipped_byte_is_silent_without_checksums)
 {
-    flip_case_t fc = {.checksum = NULL};
+    flip_case_t fc = { .checksum = NULL };
     run_ranks(4, rank_flip, &fc, 60000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
@@ -1113,15 +1122,24 @@ static Suite *suite(void)
     Suite *s = suite_create("tcp");
     TCase *tc = tcase_create("tcp");
     tcase_set_timeout(tc, 90);
-    const TTest *const tests[] = {
-        crc32c_vectors, crc32c_implementations_agree, forged_hellos_do_not_take_the_slot,
-        forged_answers_are_refused, different_instances_do_not_connect,
-        different_job_ids_do_not_connect, secret_on_one_side_only, wrong_secret_is_refused,
-        auth_token_on_every_rank, auth_token_wrong_on_one_rank, checksum_modes_must_agree,
-        unknown_checksum_is_a_config_error, checksummed_data_path,
-        plugin_with_checksums_and_secret, flipped_byte_fails_every_rank_with_crc32c,
-        flipped_header_byte_fails_every_rank_with_crc32c,
-        flipped_byte_is_silent_without_checksums, NULL};
+    const TTest *const tests[] = { crc32c_vectors,
+                                   crc32c_implementations_agree,
+                                   forged_hellos_do_not_take_the_slot,
+                                   forged_answers_are_refused,
+                                   different_instances_do_not_connect,
+                                   different_job_ids_do_not_connect,
+                                   secret_on_one_side_only,
+                                   wrong_secret_is_refused,
+                                   auth_token_on_every_rank,
+                                   auth_token_wrong_on_one_rank,
+                                   checksum_modes_must_agree,
+                                   unknown_checksum_is_a_config_error,
+                                   checksummed_data_path,
+                                   plugin_with_checksums_and_secret,
+                                   flipped_byte_fails_every_rank_with_crc32c,
+                                   flipped_header_byte_fails_every_rank_with_crc32c,
+                                   flipped_byte_is_silent_without_checksums,
+                                   NULL };
     for (const TTest *const *t = tests; *t; t++) {
         /* the auth_token tests run twice: _i = 1 under the multiplexer */
         int loops = *t == auth_token_on_every_rank || *t == auth_token_wrong_on_one_rank ? 2 : 1;
@@ -1131,4 +1149,7 @@ static Suite *suite(void)
     return s;
 }
 
-int main(void) { return th_main(suite()); }
+int main(void)
+{
+    return th_main(suite());
+}

@@ -28,10 +28,16 @@ typedef struct cleaner_msg {
 } cleaner_msg_t;
 
 static volatile sig_atomic_t got_signal;
-static void on_signal(int sig) { got_signal = sig; }
-int tt_launch_signal_received(void) { return got_signal; }
+static void on_signal(int sig)
+{
+    got_signal = sig;
+}
+int tt_launch_signal_received(void)
+{
+    return got_signal;
+}
 
-static const int caught[4] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+static const int caught[4] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
 
 static double now_ms(void)
 {
@@ -119,7 +125,7 @@ static void cleaner_main(tt_launch_t *l, int fd)
     /* its own session: no terminal's Ctrl-C or hangup, no kill of the launcher's group
      * (timeout(1), a shell's job control) reaches it, and writes never stop it */
     setsid();
-    static const int ignored[] = {SIGINT, SIGHUP, SIGPIPE, SIGQUIT, SIGTTIN, SIGTTOU, SIGTSTP};
+    static const int ignored[] = { SIGINT, SIGHUP, SIGPIPE, SIGQUIT, SIGTTIN, SIGTTOU, SIGTSTP };
     for (size_t k = 0; k < sizeof(ignored) / sizeof(ignored[0]); k++)
         signal(ignored[k], SIG_IGN);
     signal(SIGTERM, SIG_DFL);
@@ -193,7 +199,7 @@ static void cleaner_main(tt_launch_t *l, int fd)
 
 static void cleaner_tell(tt_launch_t *l, int type, pid_t pid)
 {
-    cleaner_msg_t m = {.type = type, .pid = (int32_t)pid};
+    cleaner_msg_t m = { .type = type, .pid = (int32_t)pid };
     if (l->cleaner_fd < 0)
         return;
     /* a cleaner that died (someone killed it) costs its service, not the launch */
@@ -245,8 +251,8 @@ static int make_dir(tt_launch_t *l)
         return -1;
     }
     if (!mkdtemp(path)) {
-        fprintf(stderr, "%s: cannot create a store directory in %s (TMPDIR): %s\n", l->tool,
-                tmp, strerror(errno));
+        fprintf(stderr, "%s: cannot create a store directory in %s (TMPDIR): %s\n", l->tool, tmp,
+                strerror(errno));
         return -1;
     }
     /* absolute: the ranks' file:// URL, and the cleaner, which may run elsewhere */
@@ -261,7 +267,7 @@ static int make_dir(tt_launch_t *l)
 
 int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir)
 {
-    *l = (tt_launch_t){.tool = tool, .np = np, .cleaner_fd = -1, .self = getpid()};
+    *l = (tt_launch_t){ .tool = tool, .np = np, .cleaner_fd = -1, .self = getpid() };
     /* a closed 0, 1 or 2 would be handed out again to a pipe, which a rank would then
      * lose (dup2 onto itself keeps O_CLOEXEC) */
     int fd;
@@ -288,7 +294,7 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir)
      * that was ignored (nohup, a background job) stays ignored here too. */
     sigemptyset(&l->stop_sigs);
     for (int k = 0; k < 4; k++) {
-        struct sigaction sa = {.sa_handler = caught[k] == SIGPIPE ? SIG_IGN : on_signal};
+        struct sigaction sa = { .sa_handler = caught[k] == SIGPIPE ? SIG_IGN : on_signal };
         sigemptyset(&sa.sa_mask);
         sigaction(caught[k], NULL, &l->orig[k]);
         if (l->orig[k].sa_handler != SIG_IGN)
@@ -356,19 +362,22 @@ static int outer_job_id(char *id, size_t n)
     return 1;
 }
 
-int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
-                     const char *store)
+int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes, const char *store)
 {
     const char *user = getenv("TUTTI_JOB_ID");
     if (given && !job_id_ok(given)) {
-        fprintf(stderr, "%s: --job-id \"%s\": expected 1..64 letters, digits, '.', '-' "
-                        "or '_'\n", tool, given);
+        fprintf(stderr,
+                "%s: --job-id \"%s\": expected 1..64 letters, digits, '.', '-' "
+                "or '_'\n",
+                tool, given);
         return -1;
     }
     if (user && *user) { /* the user's: never replaced */
         if (given && strcmp(given, user)) {
-            fprintf(stderr, "%s: --job-id %s differs from TUTTI_JOB_ID=%s in the "
-                            "environment: give one of them\n", tool, given, user);
+            fprintf(stderr,
+                    "%s: --job-id %s differs from TUTTI_JOB_ID=%s in the "
+                    "environment: give one of them\n",
+                    tool, given, user);
             return -1;
         }
         return 0;
@@ -404,9 +413,11 @@ int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
         snprintf(id, sizeof(id), "%s-tcp%s-%dx%d", tool, port, nnodes, np);
         const char *srv = getenv("TUTTI_STORE_SERVER");
         if (srv && !strcmp(srv, "0"))
-            fprintf(stderr, "%s: note: job id %s comes from the store's port: jobs that "
-                            "share this standalone store at once need distinct --job-id "
-                            "(the same on every node)\n", tool, id);
+            fprintf(stderr,
+                    "%s: note: job id %s comes from the store's port: jobs that "
+                    "share this standalone store at once need distinct --job-id "
+                    "(the same on every node)\n",
+                    tool, id);
     }
     if (setenv("TUTTI_JOB_ID", id, 1) < 0) {
         fprintf(stderr, "%s: setenv: %s\n", tool, strerror(errno));
@@ -457,7 +468,7 @@ int tt_launch_reap(tt_launch_t *l, int *code_p, int *sig_p)
     /* WNOWAIT: an exited rank stays a zombie until the end, so its pid, and with it its
      * process group id, cannot be reused while we (or the cleaner) may signal that group */
     for (int i = 0; i < l->np; i++) {
-        siginfo_t si = {0};
+        siginfo_t si = { 0 };
         if (l->pids[i] <= 0 || l->exited[i] ||
             waitid(P_PID, (id_t)l->pids[i], &si, WEXITED | WNOHANG | WNOWAIT) < 0 ||
             si.si_pid != l->pids[i])
@@ -498,7 +509,10 @@ void tt_launch_tick(tt_launch_t *l)
     }
 }
 
-int tt_launch_stopping(const tt_launch_t *l) { return l->kill_at != 0; }
+int tt_launch_stopping(const tt_launch_t *l)
+{
+    return l->kill_at != 0;
+}
 
 int tt_launch_finish(tt_launch_t *l)
 {

@@ -35,19 +35,19 @@
 #define TT_LAUNCH_MAX_RANKS 4096
 
 typedef struct tt_launch {
-    const char *tool;   /* prefixes messages and names the temp directory */
+    const char *tool; /* prefixes messages and names the temp directory */
     int np;
-    int own_groups;     /* each rank leads its own process group */
-    int running;        /* ranks started and not yet exited */
+    int own_groups; /* each rank leads its own process group */
+    int running;    /* ranks started and not yet exited */
     pid_t self;
-    pid_t *pids;        /* 0: not started */
+    pid_t *pids; /* 0: not started */
     char *exited;
-    char dir[PATH_MAX]; /* the temporary store directory (absolute), "" when none */
+    char dir[PATH_MAX];     /* the temporary store directory (absolute), "" when none */
     char url[PATH_MAX + 8]; /* file://dir */
-    int cleaner_fd;     /* write end of the cleaner's pipe, -1 when none */
+    int cleaner_fd;         /* write end of the cleaner's pipe, -1 when none */
     pid_t cleaner;
-    double kill_at;     /* stopping: when SIGKILL follows; 0 when not stopping */
-    int killed;         /* SIGKILL went out */
+    double kill_at; /* stopping: when SIGKILL follows; 0 when not stopping */
+    int killed;     /* SIGKILL went out */
     struct sigaction orig[4];
     sigset_t stop_sigs;
 } tt_launch_t;
@@ -62,8 +62,7 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir);
  * started them (Slurm, PMIx, Open MPI, torchrun, PBS, LSF, Flux), else one derived from
  * the store's port and the job's shape (a note says when that is not enough). Returns 0,
  * or -1 having said why. */
-int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes,
-                     const char *store);
+int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes, const char *store);
 
 /* What a rank runs in the child, after the launch set it up: must not return (exec or
  * _exit); if it does, the rank exits 127. */

@@ -134,7 +134,7 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
 {
     int nopen = 0;
     for (int k = 0; k < n; k++) { /* poll skips the closed ones (fd -1) */
-        pf[k] = (struct pollfd){.fd = tags[k].fd, .events = POLLIN};
+        pf[k] = (struct pollfd){ .fd = tags[k].fd, .events = POLLIN };
         nopen += tags[k].fd >= 0;
     }
     if (!nopen || poll(pf, (nfds_t)n, ms) <= 0)
@@ -171,8 +171,7 @@ static void run_rank(void *arg, int i)
     if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
         _exit(127);
     execvp(r->prog[0], r->prog);
-    fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, r->prog[0],
-            strerror(errno));
+    fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, r->prog[0], strerror(errno));
     _exit(127);
 }
 
@@ -187,13 +186,17 @@ typedef struct run_opts {
  * 2 for bad usage). */
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
-    *o_p = (run_opts_t){.nnodes = 1};
+    *o_p = (run_opts_t){ .nnodes = 1 };
     static const struct option longopts[] = {
-        {"np", required_argument, NULL, 'n'},       {"store", required_argument, NULL, 's'},
-        {"nnodes", required_argument, NULL, 'N'},   {"node-rank", required_argument, NULL, 'K'},
-        {"timeout", required_argument, NULL, 't'},  {"tag", no_argument, NULL, 'T'},
-        {"job-id", required_argument, NULL, 'J'},   {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "np", required_argument, NULL, 'n' },
+        { "store", required_argument, NULL, 's' },
+        { "nnodes", required_argument, NULL, 'N' },
+        { "node-rank", required_argument, NULL, 'K' },
+        { "timeout", required_argument, NULL, 't' },
+        { "tag", no_argument, NULL, 'T' },
+        { "job-id", required_argument, NULL, 'J' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     int c;
     while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
@@ -240,8 +243,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         }
     }
     if (o_p->np <= 0 || optind >= argc) {
-        fprintf(stderr, "tutti-run: %s\n",
-                o_p->np <= 0 ? "-np N is required" : "no program given");
+        fprintf(stderr, "tutti-run: %s\n", o_p->np <= 0 ? "-np N is required" : "no program given");
         usage(stderr, argv[0]);
         return 2;
     }
@@ -277,11 +279,15 @@ static int check_args(const run_opts_t *o)
 static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags)
 {
     int np = o->np, tag = o->tag;
-    run_rank_t rr = {.node_rank = o->node_rank, .np = np, .world = np * o->nnodes,
-                     .tag = tag, .store = o->store, .prog = o->prog};
+    run_rank_t rr = { .node_rank = o->node_rank,
+                      .np = np,
+                      .world = np * o->nnodes,
+                      .tag = tag,
+                      .store = o->store,
+                      .prog = o->prog };
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
-        int out[2] = {-1, -1}, err[2] = {-1, -1};
+        int out[2] = { -1, -1 }, err[2] = { -1, -1 };
         if (tag && (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)) {
             fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
             if (out[0] >= 0) {
@@ -303,8 +309,8 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags)
             int rank = o->node_rank * np + i;
             close(out[1]);
             close(err[1]);
-            tags[2 * i] = (tagger_t){.fd = out[0], .rank = rank, .out = stdout};
-            tags[2 * i + 1] = (tagger_t){.fd = err[0], .rank = rank, .out = stderr};
+            tags[2 * i] = (tagger_t){ .fd = out[0], .rank = rank, .out = stdout };
+            tags[2 * i + 1] = (tagger_t){ .fd = err[0], .rank = rank, .out = stderr };
         }
     }
     return 0;
@@ -326,11 +332,14 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
             first_failed = o->node_rank * o->np + i;
             status = code;
             if (!sig)
-                fprintf(stderr, "tutti-run: rank %d exited with status %d; stopping the "
-                                "other %d rank(s)\n", first_failed, code, l->running);
+                fprintf(stderr,
+                        "tutti-run: rank %d exited with status %d; stopping the "
+                        "other %d rank(s)\n",
+                        first_failed, code, l->running);
             else
-                fprintf(stderr, "tutti-run: rank %d was killed by signal %d (%s); "
-                                "stopping the other %d rank(s)\n",
+                fprintf(stderr,
+                        "tutti-run: rank %d was killed by signal %d (%s); "
+                        "stopping the other %d rank(s)\n",
                         first_failed, sig, strsignal(sig), l->running);
         }
         int got = tt_launch_signal_received();
@@ -338,8 +347,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
             (first_failed >= 0 || got || (deadline && now_ms() > deadline))) {
             if (first_failed < 0 && got) {
                 status = 128 + got;
-                fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got),
-                        l->running);
+                fprintf(stderr, "tutti-run: %s: stopping %d rank(s)\n", strsignal(got), l->running);
             } else if (first_failed < 0) {
                 status = 124;
                 fprintf(stderr, "tutti-run: --timeout %d s passed: stopping %d rank(s)\n",

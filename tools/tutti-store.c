@@ -54,8 +54,10 @@ static int parse_size(const char *s, size_t *v_p)
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *s == '-')
         return -1;
-    int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20
-              : *end == 'G' || *end == 'g' ? 30 : 0;
+    int shift = *end == 'K' || *end == 'k'   ? 10
+                : *end == 'M' || *end == 'm' ? 20
+                : *end == 'G' || *end == 'g' ? 30
+                                             : 0;
     if (shift)
         end++;
     if (*end || v > (~0ull >> shift))
@@ -76,15 +78,15 @@ static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const c
 {
     enum { OPT_IDLE = 256, OPT_MAXCONN, OPT_QUOTA, OPT_MEMORY };
     static const struct option longopts[] = {
-        {"host", required_argument, NULL, 'H'},
-        {"port", required_argument, NULL, 'p'},
-        {"auth-token-file", required_argument, NULL, 'a'},
-        {"idle-timeout-ms", required_argument, NULL, OPT_IDLE},
-        {"max-connections", required_argument, NULL, OPT_MAXCONN},
-        {"client-quota", required_argument, NULL, OPT_QUOTA},
-        {"memory-limit", required_argument, NULL, OPT_MEMORY},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "host", required_argument, NULL, 'H' },
+        { "port", required_argument, NULL, 'p' },
+        { "auth-token-file", required_argument, NULL, 'a' },
+        { "idle-timeout-ms", required_argument, NULL, OPT_IDLE },
+        { "max-connections", required_argument, NULL, OPT_MAXCONN },
+        { "client-quota", required_argument, NULL, OPT_QUOTA },
+        { "memory-limit", required_argument, NULL, OPT_MEMORY },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     tutti_store_opts_init(opts_p);
     opts_p->timeout_ms = 10000;
@@ -95,9 +97,7 @@ static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const c
     int opt;
     while ((opt = getopt_long(argc, argv, "H:p:a:h", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'H':
-            *host_p = optarg;
-            break;
+        case 'H': *host_p = optarg; break;
         case 'p':
             if (tt_cli_long(optarg, 0, 65535, port_p) < 0) {
                 fprintf(stderr, "%s: bad port '%s' (0..65535)\n", argv[0], optarg);
@@ -121,17 +121,12 @@ static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const c
         case OPT_MEMORY:
             if (parse_size(optarg, opt == OPT_QUOTA ? &opts_p->client_quota_bytes
                                                     : &opts_p->memory_limit_bytes) < 0) {
-                fprintf(stderr, "%s: bad size '%s' (like 4096, 64K, 1M, 2G)\n", argv[0],
-                        optarg);
+                fprintf(stderr, "%s: bad size '%s' (like 4096, 64K, 1M, 2G)\n", argv[0], optarg);
                 return 2;
             }
             break;
-        case 'h':
-            usage(stdout, argv[0]);
-            return 0;
-        default:
-            usage(stderr, argv[0]);
-            return 2;
+        case 'h': usage(stdout, argv[0]); return 0;
+        default: usage(stderr, argv[0]); return 2;
         }
     }
     if (optind < argc) {
@@ -159,8 +154,7 @@ static int serve(const char *argv0, const char *host, long port, const tutti_sto
     sigprocmask(SIG_BLOCK, &sigs, NULL);
 
     char url[320];
-    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
-             port);
+    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host, port);
     tutti_store_t *store;
     int st = tutti_store_open(&store, url, opts);
     if (st < 0) {
@@ -170,7 +164,8 @@ static int serve(const char *argv0, const char *host, long port, const tutti_sto
         return 1;
     }
     if (!is_loopback(host) && !opts->auth_token && !opts->auth_token_file)
-        fprintf(stderr, "%s: warning: listening on %s without a job secret: anyone who can "
+        fprintf(stderr,
+                "%s: warning: listening on %s without a job secret: anyone who can "
                 "reach this port can read and change the job's keys (--auth-token-file)\n",
                 argv0, host);
     printf("tutti-store listening on %s\n", tutti_store_url(store));

@@ -102,8 +102,7 @@ static long count_wrong(const struct config *cfg, const float *buf, size_t count
     return wrong;
 }
 
-static void run_once(const struct config *cfg, float *send, float *recv, size_t count,
-                     int in_place)
+static void run_once(const struct config *cfg, float *send, float *recv, size_t count, int in_place)
 {
     switch (cfg->coll) {
     case COLL_ALLREDUCE:
@@ -115,9 +114,7 @@ static void run_once(const struct config *cfg, float *send, float *recv, size_t 
             memcpy(recv, send, count * sizeof(float));
         MPI_Bcast(recv, (int)count, MPI_FLOAT, cfg->root, MPI_COMM_WORLD);
         break;
-    case COLL_BARRIER:
-        MPI_Barrier(MPI_COMM_WORLD);
-        break;
+    case COLL_BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
     }
 }
 
@@ -127,8 +124,8 @@ struct half {
 };
 
 /* Time one half (out-of-place or in-place) of a row. */
-static void run_half(const struct config *cfg, float *send, float *recv, size_t count,
-                     int in_place, double *times, struct half *h)
+static void run_half(const struct config *cfg, float *send, float *recv, size_t count, int in_place,
+                     double *times, struct half *h)
 {
     fill(cfg, send, count, 1);
     fill(cfg, recv, count, in_place);
@@ -170,8 +167,8 @@ static void print_half(const struct half *h, size_t bytes, double factor, int ba
         printf("  %9.2f %8s %8s %7s %9.2f %9.2f", h->mean, "-", "-", wrong, h->p50, h->p99);
     } else {
         double algbw = (double)bytes / 1e3 / h->mean; /* bytes/us / 1e3 = GB/s */
-        printf("  %9.2f %8.3f %8.3f %7s %9.2f %9.2f", h->mean, algbw, algbw * factor, wrong,
-               h->p50, h->p99);
+        printf("  %9.2f %8.3f %8.3f %7s %9.2f %9.2f", h->mean, algbw, algbw * factor, wrong, h->p50,
+               h->p99);
     }
 }
 
@@ -179,7 +176,7 @@ static void print_half(const struct half *h, size_t bytes, double factor, int ba
  * 2 for bad usage); rank 0 says why. */
 static int parse_args(int argc, char **argv, struct config *cfg_p)
 {
-    *cfg_p = (struct config){COLL_ALLREDUCE, 8, 64u << 20, 2, 20, 5, 0, 0};
+    *cfg_p = (struct config){ COLL_ALLREDUCE, 8, 64u << 20, 2, 20, 5, 0, 0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -235,15 +232,14 @@ static int parse_args(int argc, char **argv, struct config *cfg_p)
 
 static void print_header(const struct config *cfg)
 {
-    static const char *const names[] = {"allreduce", "broadcast", "barrier"};
+    static const char *const names[] = { "allreduce", "broadcast", "barrier" };
     char lib[MPI_MAX_LIBRARY_VERSION_STRING];
     int len;
     MPI_Get_library_version(lib, &len);
     lib[strcspn(lib, ",\n")] = '\0'; /* "Open MPI v4.1.4" */
-    printf("# mpi-bench: %s, %d ranks, %s, dtype float, op sum\n", names[cfg->coll], size_,
-           lib);
-    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n",
-           cfg->iters, cfg->warmup);
+    printf("# mpi-bench: %s, %d ranks, %s, dtype float, op sum\n", names[cfg->coll], size_, lib);
+    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n", cfg->iters,
+           cfg->warmup);
     printf("#%41s %-60s %s\n", "", "out-of-place", "in-place");
     printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
     for (int h = 0; h < 2; h++)

@@ -29,10 +29,10 @@ TUTTI_BEGIN_DECLS
 typedef struct tutti_store tutti_store_t;
 
 typedef struct tutti_store_opts {
-    size_t size;      /* sizeof(tutti_store_opts_t), set by tutti_store_opts_init */
-    int timeout_ms;   /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
+    size_t size;    /* sizeof(tutti_store_opts_t), set by tutti_store_opts_init */
+    int timeout_ms; /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
                          of connecting (default 30000) */
-    int is_server;    /* tcp: host the server in this process (port 0 picks a free one) */
+    int is_server;  /* tcp: host the server in this process (port 0 picks a free one) */
     /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
     const char *auth_token;      /* TUTTI_AUTH_TOKEN: the job secret. A tcp server with one
                                     serves only clients that prove they know it, and a
@@ -78,8 +78,7 @@ int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, in
                          int timeout_ms);
 
 /* A view of base that puts prefix before every key. base must outlive the view. */
-int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base,
-                              const char *prefix);
+int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, const char *prefix);
 
 /* Close a store handle. An embedded server stops accepting at once, serves the clients
  * still connected until they leave (at most 2 s, or the store's timeout if shorter),
@@ -126,8 +125,8 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
 
 /* Get n keys, waiting for each; values_p[i] are malloc'ed (free() each). On error no
  * value is returned. */
-int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
-                          void **values_p, size_t *lens_p, int timeout_ms);
+int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n, void **values_p,
+                          size_t *lens_p, int timeout_ms);
 
 TUTTI_END_DECLS
 #endif /* TUTTI_STORE_H */

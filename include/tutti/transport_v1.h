@@ -89,7 +89,7 @@ typedef struct tutti_tp_host_v1 {
 } tutti_tp_host_v1_t;
 
 /* Does this host struct have `field` (appended in a later minor version)? */
-#define tutti_tp_host_has(h, field)                                                     \
+#define tutti_tp_host_has(h, field)                                                                \
     ((h)->size >= __builtin_offsetof(tutti_tp_host_v1_t, field) + sizeof((h)->field))
 
 /* Does the transport serve `peer`? (ABI 1.1 field, absent in older hosts.) */
@@ -106,11 +106,11 @@ enum { TUTTI_TP_SEND = 0, TUTTI_TP_RECV = 1 };
  * cancel_all() returns. */
 typedef struct tutti_tp_req_v1 {
     /* set by the library before posting */
-    int kind;            /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
-    int peer;            /* rank of the peer */
-    void *buf;           /* send: the data; receive: where it lands */
-    size_t len;          /* bytes; 0 is allowed (the envelope still travels) */
-    uint64_t env[4];     /* send: envelope to transmit; receive: envelope expected */
+    int kind;        /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
+    int peer;        /* rank of the peer */
+    void *buf;       /* send: the data; receive: where it lands */
+    size_t len;      /* bytes; 0 is allowed (the envelope still travels) */
+    uint64_t env[4]; /* send: envelope to transmit; receive: envelope expected */
     /* set by the transport */
     volatile int status; /* 1 while pending, 0 done, a TUTTI_ERR_* on failure;
                             TUTTI_ERR_MISMATCH when the envelope or length differ */
@@ -159,16 +159,22 @@ typedef const tutti_transport_ops_v1_t *(*tutti_transport_entry_v1_fn)(void);
 
 #ifdef TUTTI_TRANSPORT_BUILTIN
 /* Inside libtutti: a lookup function the built-in registry lists. */
-#define TUTTI_TRANSPORT_REGISTER_V1(name, table)                                        \
-    const tutti_transport_ops_v1_t *tt_builtin_transport_##name(void);                 \
-    const tutti_transport_ops_v1_t *tt_builtin_transport_##name(void) { return &(table); }
+#define TUTTI_TRANSPORT_REGISTER_V1(name, table)                                                   \
+    const tutti_transport_ops_v1_t *tt_builtin_transport_##name(void);                             \
+    const tutti_transport_ops_v1_t *tt_builtin_transport_##name(void)                              \
+    {                                                                                              \
+        return &(table);                                                                           \
+    }
 #else
 /* In libtutti-transport-NAME.so: the exported entry point. */
-#define TUTTI_TRANSPORT_REGISTER_V1(name, table)                                        \
-    __attribute__((visibility("default"))) const tutti_transport_ops_v1_t *              \
-    tutti_transport_v1(void);                                                           \
-    __attribute__((visibility("default"))) const tutti_transport_ops_v1_t *              \
-    tutti_transport_v1(void) { return &(table); }
+#define TUTTI_TRANSPORT_REGISTER_V1(name, table)                                                   \
+    __attribute__((visibility("default"))) const tutti_transport_ops_v1_t *tutti_transport_v1(     \
+        void);                                                                                     \
+    __attribute__((visibility("default"))) const tutti_transport_ops_v1_t *tutti_transport_v1(     \
+        void)                                                                                      \
+    {                                                                                              \
+        return &(table);                                                                           \
+    }
 #endif
 
 #ifdef __cplusplus

@@ -56,11 +56,11 @@ typedef struct tutti_tp_props_v2 {
  * completes or cancel_all() returns. */
 typedef struct tutti_tp_req_v2 {
     /* set by the library before posting (as in v1) */
-    int kind;            /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
-    int peer;            /* rank of the peer */
-    void *buf;           /* send: the data; receive: where it lands */
-    size_t len;          /* bytes; 0 is allowed (the envelope still travels) */
-    uint64_t env[4];     /* send: envelope to transmit; receive: envelope expected */
+    int kind;        /* TUTTI_TP_SEND or TUTTI_TP_RECV (set by post_send/post_recv too) */
+    int peer;        /* rank of the peer */
+    void *buf;       /* send: the data; receive: where it lands */
+    size_t len;      /* bytes; 0 is allowed (the envelope still travels) */
+    uint64_t env[4]; /* send: envelope to transmit; receive: envelope expected */
     /* set by the transport (as in v1) */
     volatile int status; /* 1 while pending, 0 done, a TUTTI_ERR_* on failure;
                             TUTTI_ERR_MISMATCH when the envelope or length differ */
@@ -116,11 +116,11 @@ typedef const tutti_transport_ops_v2_t *(*tutti_transport_entry_v2_fn)(void);
 #define TUTTI_TP_ENTRY_V2_(name) tutti_transport_v2
 #define TUTTI_TP_EXPORT_V2_ __attribute__((visibility("default")))
 #endif
-#define TUTTI_TRANSPORT_REGISTER_V2(name, table)                                        \
-    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void);  \
-    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void)   \
-    {                                                                                   \
-        return &(table);                                                                \
+#define TUTTI_TRANSPORT_REGISTER_V2(name, table)                                                   \
+    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void);            \
+    TUTTI_TP_EXPORT_V2_ const tutti_transport_ops_v2_t *TUTTI_TP_ENTRY_V2_(name)(void)             \
+    {                                                                                              \
+        return &(table);                                                                           \
     }
 
 #ifdef __cplusplus

@@ -89,16 +89,16 @@ typedef struct tutti_comm_opts {
     int socket_family;         /* TUTTI_SOCKET_FAMILY: 0 any, 4 IPv4, 6 IPv6 */
     int socket_buffer_bytes;   /* TUTTI_SOCKET_BUFFER: SO_SNDBUF/SO_RCVBUF, 0 = kernel autotuning */
     int spin_us;               /* TUTTI_SPIN_US: busy-poll this long before blocking (default 50) */
-    size_t chunk_bytes;        /* TUTTI_CHUNK_BYTES: pipelining chunk of ring/chain (default 1 MiB) */
-    const char *prefix;        /* TUTTI_PREFIX: store key prefix of this communicator
+    size_t chunk_bytes;     /* TUTTI_CHUNK_BYTES: pipelining chunk of ring/chain (default 1 MiB) */
+    const char *prefix;     /* TUTTI_PREFIX: store key prefix of this communicator
                                   (default: "tutti/comm<N>/", N counting comms on the store) */
-    int stall_check_ms;        /* TUTTI_STALL_CHECK_MS: a rank blocked this long in one op
+    int stall_check_ms;     /* TUTTI_STALL_CHECK_MS: a rank blocked this long in one op
                                   compares its op with the other ranks' through the store,
                                   so ranks deadlocked by mismatched calls fail with
                                   TUTTI_ERR_MISMATCH (default 1000; 0 disables) */
-    const char *host_id;       /* TUTTI_HOST_ID: ranks with the same id share a host (and
+    const char *host_id;    /* TUTTI_HOST_ID: ranks with the same id share a host (and
                                   shm); default hostname + kernel boot id */
-    const char *cost_model;    /* TUTTI_COST_MODEL: parameters of the model that picks
+    const char *cost_model; /* TUTTI_COST_MODEL: parameters of the model that picks
                                   algorithms: "table" (default: per transport), "probe"
                                   (measured at init, averaged over the ranks), or
                                   "alpha=<us>,bw=<GB/s>,reduce=<GB/s>" (any subset) */
@@ -107,17 +107,17 @@ typedef struct tutti_comm_opts {
                                       TUTTI_ ("SHM_RING_BYTES=1M,IB_DEV=mlx5_0"); a knob
                                       not listed comes from its TUTTI_ variable */
     /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
-    const char *job_id;        /* TUTTI_JOB_ID: the job this rank belongs to (default: a
+    const char *job_id;          /* TUTTI_JOB_ID: the job this rank belongs to (default: a
                                   launcher's id: tutti-run, Slurm, torchrun, Open MPI,
                                   PMIx; else none). Ranks of different jobs never meet,
                                   even on one store */
-    const char *auth_token;    /* TUTTI_AUTH_TOKEN: the job secret; the store server and
+    const char *auth_token;      /* TUTTI_AUTH_TOKEN: the job secret; the store server and
                                   every connection set-up check that peers know it
                                   (challenge-response: it never travels) */
     const char *auth_token_file; /* TUTTI_AUTH_TOKEN_FILE: a file holding the secret */
-    const char *checksum;      /* TUTTI_CHECKSUM: "crc32c" checks every payload on
+    const char *checksum;        /* TUTTI_CHECKSUM: "crc32c" checks every payload on
                                   links that can corrupt (tcp); "none" (default) */
-    int job_settle_ms;         /* TUTTI_JOB_SETTLE_MS: without a job id, set-up waits
+    int job_settle_ms;           /* TUTTI_JOB_SETTLE_MS: without a job id, set-up waits
                                   until its job instance is this old (default 250), so
                                   that another id-less job starting on the same store
                                   at about the same time is caught, not mixed in */
@@ -172,16 +172,15 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
  * work handle. */
 int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                     tutti_dtype_t dtype, tutti_redop_t op);
-int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
-                          tutti_work_t **work_p);
+int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                          tutti_dtype_t dtype, tutti_redop_t op, tutti_work_t **work_p);
 
 /* Root's sendbuf (or recvbuf, in place) reaches every rank's recvbuf. Non-roots
  * may pass sendbuf NULL. */
 int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                     tutti_dtype_t dtype, int root);
-int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                          tutti_dtype_t dtype, int root, tutti_work_t **work_p);
 
 int tutti_barrier(tutti_comm_t *comm);
 int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p);
@@ -202,8 +201,8 @@ int tutti_reduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, s
  * recvbuf + rank * sendcount. */
 int tutti_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
                     tutti_dtype_t dtype);
-int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t sendcount, tutti_dtype_t dtype, tutti_work_t **work_p);
+int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                          tutti_dtype_t dtype, tutti_work_t **work_p);
 /* Rank i contributes recvcounts[i] elements, landing at recvbuf + displs[i] (displs NULL:
  * back to back). In place: this rank's block already at its place in recvbuf. */
 int tutti_allgatherv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -215,8 +214,8 @@ int tutti_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbu
 /* sendbuf holds nranks blocks of recvcount elements; rank i gets the reduction of every
  * rank's block i. In place: sendbuf TUTTI_IN_PLACE, the input is recvbuf (all blocks) and
  * the result goes to its start. */
-int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                         size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op);
+int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                         tutti_dtype_t dtype, tutti_redop_t op);
 int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                                size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
                                tutti_work_t **work_p);
@@ -224,36 +223,36 @@ int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *re
 int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                           const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op);
 int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                const size_t *recvcounts, tutti_dtype_t dtype,
-                                tutti_redop_t op, tutti_work_t **work_p);
+                                const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op,
+                                tutti_work_t **work_p);
 
 /* Every rank's sendcount elements into the root's recvbuf, in rank order. In place at
  * the root: sendbuf TUTTI_IN_PLACE, its block already in recvbuf. */
 int tutti_gather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
                  tutti_dtype_t dtype, int root);
-int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                       size_t sendcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                       tutti_dtype_t dtype, int root, tutti_work_t **work_p);
 /* Rank i sends sendcount elements, landing at the root's recvbuf + displs[i] (displs
  * NULL: back to back); recvcounts and displs matter at the root only. */
 int tutti_gatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
                   const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype, int root);
-int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                        void *recvbuf, const size_t *recvcounts, const size_t *displs,
-                        tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                        const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                        int root, tutti_work_t **work_p);
 
 /* The root's sendbuf, nranks blocks of recvcount elements: block i to rank i's recvbuf.
  * In place at the root: recvbuf TUTTI_IN_PLACE_OUT (its block stays in sendbuf). */
 int tutti_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
                   tutti_dtype_t dtype, int root);
-int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                        size_t recvcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                        tutti_dtype_t dtype, int root, tutti_work_t **work_p);
 /* Block i: sendcounts[i] elements at sendbuf + displs[i] (the root's arrays only). */
 int tutti_scatterv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
                    const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
                    int root);
 int tutti_scatterv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
-                         const size_t *displs, void *recvbuf, size_t recvcount,
-                         tutti_dtype_t dtype, int root, tutti_work_t **work_p);
+                         const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
+                         int root, tutti_work_t **work_p);
 
 /* Block j of sendbuf (count elements) to rank j; block from rank i to recvbuf block i.
  * In place: sendbuf TUTTI_IN_PLACE, blocks exchanged within recvbuf. */

@@ -9,18 +9,20 @@
 #include "base/base.h"
 
 static const uint32_t K[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2
+};
 
-static inline uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+static inline uint32_t ror(uint32_t x, int n)
+{
+    return (x >> n) | (x << (32 - n));
+}
 
 static void sha256_block(uint32_t h[8], const uint8_t *p)
 {
@@ -55,8 +57,8 @@ static void sha256_block(uint32_t h[8], const uint8_t *p)
 
 void tt_sha256_init(tt_sha256_t *c)
 {
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    static const uint32_t iv[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
     memcpy(c->h, iv, sizeof(iv));
     c->bytes = 0;
     c->fill = 0;
@@ -84,7 +86,7 @@ void tt_sha256_update(tt_sha256_t *c, const void *data, size_t len)
 void tt_sha256_final(tt_sha256_t *c, uint8_t out[TT_SHA256_LEN])
 {
     uint64_t bits = c->bytes * 8;
-    uint8_t pad[72] = {0x80};
+    uint8_t pad[72] = { 0x80 };
     size_t padlen = (c->fill < 56 ? 56 : 120) - c->fill;
     for (int i = 0; i < 8; i++)
         pad[padlen + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
@@ -100,7 +102,7 @@ void tt_sha256_final(tt_sha256_t *c, uint8_t out[TT_SHA256_LEN])
 void tt_hmac_sha256(const void *key, size_t keylen, const void *part1, size_t len1,
                     const void *part2, size_t len2, uint8_t out[TT_SHA256_LEN])
 {
-    uint8_t k[64] = {0}, pad[64], inner[TT_SHA256_LEN];
+    uint8_t k[64] = { 0 }, pad[64], inner[TT_SHA256_LEN];
     tt_sha256_t c;
     if (keylen > 64) {
         tt_sha256_init(&c);
@@ -148,8 +150,8 @@ int tt_auth_random(void *buf, size_t n)
     return TUTTI_OK;
 }
 
-int tt_auth_load_secret(const char *token, const char *token_file, char **secret_p,
-                        size_t *len_p, char *err, size_t errlen)
+int tt_auth_load_secret(const char *token, const char *token_file, char **secret_p, size_t *len_p,
+                        char *err, size_t errlen)
 {
     *secret_p = NULL;
     *len_p = 0;
@@ -190,8 +192,9 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
         n--;
     if (n && buf[n - 1] == '\r')
         n--;
-    const char *why = rerr ? "read error" : n == 0 ? "it is empty"
-                    : n > TT_AUTH_MAX_SECRET   ? "it is longer than 4096 bytes"
+    const char *why = rerr                     ? "read error"
+                      : n == 0                 ? "it is empty"
+                      : n > TT_AUTH_MAX_SECRET ? "it is longer than 4096 bytes"
                                                : NULL;
     if (why) {
         snprintf(err, errlen, "the job secret TUTTI_AUTH_TOKEN_FILE=%s: %s", path, why);
@@ -205,8 +208,7 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
 }
 
 void tt_auth_answer(const void *secret, size_t secret_len, const char *context,
-                    const uint8_t challenge[TT_AUTH_CHALLENGE_LEN],
-                    uint8_t answer[TT_SHA256_LEN])
+                    const uint8_t challenge[TT_AUTH_CHALLENGE_LEN], uint8_t answer[TT_SHA256_LEN])
 {
     size_t clen = strlen(context);
     uint8_t msg[11 + 512 + 1 + TT_AUTH_CHALLENGE_LEN];

@@ -42,14 +42,13 @@ int tt_auth_random(void *buf, size_t n);
  * is malloc'ed (NULL when there is no secret: authentication off) and *len_p its
  * length. A file that cannot be read, or an empty secret, is TUTTI_ERR_CONFIG with the
  * reason in err. */
-int tt_auth_load_secret(const char *token, const char *token_file, char **secret_p,
-                        size_t *len_p, char *err, size_t errlen);
+int tt_auth_load_secret(const char *token, const char *token_file, char **secret_p, size_t *len_p,
+                        char *err, size_t errlen);
 
 /* The answer to a challenge: HMAC-SHA256(secret, "tutti-auth\0" || context || '\0' ||
  * challenge). context names what is being proved ("store", "tcp-hello 3->1 <instance>")
  * so an answer cannot be replayed elsewhere. */
 void tt_auth_answer(const void *secret, size_t secret_len, const char *context,
-                    const uint8_t challenge[TT_AUTH_CHALLENGE_LEN],
-                    uint8_t answer[TT_SHA256_LEN]);
+                    const uint8_t challenge[TT_AUTH_CHALLENGE_LEN], uint8_t answer[TT_SHA256_LEN]);
 
 #endif /* TT_AUTH_H */

@@ -23,31 +23,42 @@ void tt_log_set_rank(int rank);
 void tt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tt_vlog(int level, const char *fmt, va_list ap);
 
-#define TT_WARN(...) do { if (tt_log_level() >= TUTTI_LOG_WARN) tt_log(TUTTI_LOG_WARN, __VA_ARGS__); } while (0)
-#define TT_INFO(...) do { if (tt_log_level() >= TUTTI_LOG_INFO) tt_log(TUTTI_LOG_INFO, __VA_ARGS__); } while (0)
-#define TT_TRACE(...) do { if (tt_log_level() >= TUTTI_LOG_TRACE) tt_log(TUTTI_LOG_TRACE, __VA_ARGS__); } while (0)
+#define TT_WARN(...)                                                                               \
+    do {                                                                                           \
+        if (tt_log_level() >= TUTTI_LOG_WARN)                                                      \
+            tt_log(TUTTI_LOG_WARN, __VA_ARGS__);                                                   \
+    } while (0)
+#define TT_INFO(...)                                                                               \
+    do {                                                                                           \
+        if (tt_log_level() >= TUTTI_LOG_INFO)                                                      \
+            tt_log(TUTTI_LOG_INFO, __VA_ARGS__);                                                   \
+    } while (0)
+#define TT_TRACE(...)                                                                              \
+    do {                                                                                           \
+        if (tt_log_level() >= TUTTI_LOG_TRACE)                                                     \
+            tt_log(TUTTI_LOG_TRACE, __VA_ARGS__);                                                  \
+    } while (0)
 
 /* Return early on a negative status, leaving a breadcrumb (file:line -> status) at
  * trace level so that a failure deep down reads as a trail. */
-#define TT_CHECK(call)                                                                  \
-    do {                                                                                \
-        int tt_check_st_ = (call);                                                      \
-        if (tt_check_st_ < 0) {                                                         \
-            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call,                       \
-                     tutti_status_name(tt_check_st_));                                  \
-            return tt_check_st_;                                                        \
-        }                                                                               \
+#define TT_CHECK(call)                                                                             \
+    do {                                                                                           \
+        int tt_check_st_ = (call);                                                                 \
+        if (tt_check_st_ < 0) {                                                                    \
+            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call,                                  \
+                     tutti_status_name(tt_check_st_));                                             \
+            return tt_check_st_;                                                                   \
+        }                                                                                          \
     } while (0)
 
-#define TT_CHECK_GOTO(call, st, label)                                                  \
-    do {                                                                                \
-        (st) = (call);                                                                  \
-        if ((st) < 0) {                                                                 \
-            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call, tutti_status_name(st)); \
-            goto label;                                                                 \
-        }                                                                               \
+#define TT_CHECK_GOTO(call, st, label)                                                             \
+    do {                                                                                           \
+        (st) = (call);                                                                             \
+        if ((st) < 0) {                                                                            \
+            TT_TRACE("%s:%d %s -> %s", __FILE__, __LINE__, #call, tutti_status_name(st));          \
+            goto label;                                                                            \
+        }                                                                                          \
     } while (0)
-
 
 /* Monotonic clock in nanoseconds. */
 uint64_t tt_now_ns(void);

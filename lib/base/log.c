@@ -41,16 +41,22 @@ int tt_log_level(void)
     return lvl;
 }
 
-void tt_log_set_rank(int rank) { atomic_store(&log_rank, rank); }
+void tt_log_set_rank(int rank)
+{
+    atomic_store(&log_rank, rank);
+}
 
 void tt_vlog(int level, const char *fmt, va_list ap)
 {
-    static const char *names[] = {"ERROR", "WARN", "INFO", "TRACE"};
+    static const char *names[] = { "ERROR", "WARN", "INFO", "TRACE" };
     char host[64] = "?";
     char line[2048];
     gethostname(host, sizeof(host) - 1);
     int n = snprintf(line, sizeof(line), "tutti %s:%d:%d %s ", host, (int)getpid(),
-                     atomic_load(&log_rank), names[level < 0 ? 0 : level > 3 ? 3 : level]);
+                     atomic_load(&log_rank),
+                     names[level < 0   ? 0
+                           : level > 3 ? 3
+                                       : level]);
     if (n < 0 || (size_t)n >= sizeof(line))
         n = 0;
     int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);

@@ -4,25 +4,21 @@
 const char *tutti_strerror(int status)
 {
     switch (status) {
-#define TT_DESC_(name, val, desc) \
-    case (val):                   \
-        return desc;
+#define TT_DESC_(name, val, desc)                                                                  \
+    case (val): return desc;
         TUTTI_STATUS_MAP(TT_DESC_)
 #undef TT_DESC_
-    default:
-        return "unknown status";
+    default: return "unknown status";
     }
 }
 
 const char *tutti_status_name(int status)
 {
     switch (status) {
-#define TT_NAME_(name, val, desc) \
-    case (val):                   \
-        return "TUTTI_" #name;
+#define TT_NAME_(name, val, desc)                                                                  \
+    case (val): return "TUTTI_" #name;
         TUTTI_STATUS_MAP(TT_NAME_)
 #undef TT_NAME_
-    default:
-        return "TUTTI_UNKNOWN";
+    default: return "TUTTI_UNKNOWN";
     }
 }

@@ -23,7 +23,10 @@ uint64_t tt_deadline_ns(int timeout_ms)
     return tt_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
-int tt_ms_left(uint64_t deadline_ns) { return tt_ms_left_at(deadline_ns, tt_now_ns()); }
+int tt_ms_left(uint64_t deadline_ns)
+{
+    return tt_ms_left_at(deadline_ns, tt_now_ns());
+}
 
 int tt_ms_left_at(uint64_t deadline_ns, uint64_t now)
 {
@@ -62,9 +65,18 @@ int tt_parse_size(const char *s, size_t *size_p)
     unsigned shift = 0;
     switch (toupper((unsigned char)*end)) {
     case '\0': break;
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'G':
+        shift = 30;
+        end++;
+        break;
     default: return TUTTI_ERR_INVALID_ARG;
     }
     if (shift && (*end == 'B' || *end == 'b'))
@@ -77,7 +89,10 @@ int tt_parse_size(const char *s, size_t *size_p)
     return TUTTI_OK;
 }
 
-char *tt_strdup(const char *s) { return s ? strdup(s) : NULL; }
+char *tt_strdup(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
 
 const char *tt_kv_lookup(const char *list, const char *name, char *buf, size_t buflen)
 {

@@ -12,9 +12,9 @@
 typedef int (*tt_algo_fn)(tt_op_t *op);
 
 typedef struct tt_algo {
-    const char *name;  /* "ring", "rd", "chain", "tree", "dissemination" */
+    const char *name; /* "ring", "rd", "chain", "tree", "dissemination" */
     tt_coll_t coll;
-    uint32_t id;       /* unique, nonzero; travels in envelopes */
+    uint32_t id; /* unique, nonzero; travels in envelopes */
     tt_algo_fn run;
 } tt_algo_t;
 
@@ -32,8 +32,7 @@ const tt_algo_t *tt_algo_find(tt_coll_t coll, const char *name);
 typedef struct tt_algo_override tt_algo_override_t;
 /* spec NULL or "" gives NULL (no override) and TUTTI_OK. On error, err says what was
  * expected and where. */
-int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err,
-                           size_t errlen);
+int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err, size_t errlen);
 void tt_algo_override_free(tt_algo_override_t *ovr);
 
 /* The algorithm to run: the override's choice if it names one, else the cost model's
@@ -49,30 +48,30 @@ int tt_broadcast_chain(tt_op_t *op);
 int tt_broadcast_tree(tt_op_t *op);
 int tt_barrier_dissemination(tt_op_t *op);
 /* issue 3: the other collectives */
-int tt_reduce_tree(tt_op_t *op);           /* binomial tree to the root */
-int tt_reduce_ring(tt_op_t *op);           /* ring reduce-scatter, then gather to root */
-int tt_allgather_ring(tt_op_t *op);        /* any layout (allgatherv too) */
-int tt_allgather_rd(tt_op_t *op);          /* recursive doubling; any rank count */
-int tt_reduce_scatter_ring(tt_op_t *op);   /* any layout */
+int tt_reduce_tree(tt_op_t *op);         /* binomial tree to the root */
+int tt_reduce_ring(tt_op_t *op);         /* ring reduce-scatter, then gather to root */
+int tt_allgather_ring(tt_op_t *op);      /* any layout (allgatherv too) */
+int tt_allgather_rd(tt_op_t *op);        /* recursive doubling; any rank count */
+int tt_reduce_scatter_ring(tt_op_t *op); /* any layout */
 int tt_reduce_scatter_pairwise(tt_op_t *op);
 int tt_gather_linear(tt_op_t *op);
-int tt_gather_tree(tt_op_t *op);           /* binomial */
+int tt_gather_tree(tt_op_t *op); /* binomial */
 int tt_scatter_linear(tt_op_t *op);
-int tt_scatter_tree(tt_op_t *op);          /* binomial */
+int tt_scatter_tree(tt_op_t *op); /* binomial */
 int tt_alltoall_pairwise(tt_op_t *op);
 int tt_alltoall_ring(tt_op_t *op);
-int tt_allreduce_hd(tt_op_t *op);        /* halving-doubling (Rabenseifner) */
-int tt_allreduce_dbtree(tt_op_t *op);    /* NCCL's double binary tree, pipelined */
+int tt_allreduce_hd(tt_op_t *op);     /* halving-doubling (Rabenseifner) */
+int tt_allreduce_dbtree(tt_op_t *op); /* NCCL's double binary tree, pipelined */
 
 /* The descriptor table's steps (lib/coll/coll.h), never selected: one rank's copies
  * (algorithms/local.c), and the rooted collectives' closing handshake
  * (algorithms/handshake.c). */
-int tt_local_copy(tt_op_t *op);          /* allreduce, broadcast, reduce */
-int tt_local_gather(tt_op_t *op);        /* allgather, gather */
+int tt_local_copy(tt_op_t *op);   /* allreduce, broadcast, reduce */
+int tt_local_gather(tt_op_t *op); /* allgather, gather */
 int tt_local_reduce_scatter(tt_op_t *op);
 int tt_local_scatter(tt_op_t *op);
 int tt_local_alltoall(tt_op_t *op);
-int tt_local_none(tt_op_t *op);          /* barrier */
+int tt_local_none(tt_op_t *op);           /* barrier */
 int tt_post_confirm_release(tt_op_t *op); /* broadcast, scatter */
 int tt_post_release(tt_op_t *op);         /* reduce, gather */
 

@@ -13,15 +13,15 @@
 
 /* What a public entry point knows; coll_issue turns it into an op. */
 struct tt_coll_call {
-    const char *name;      /* in messages: "allreduce", "gather_async" */
-    const char *wp_name;   /* in the message of a NULL work_p, where not `name` */
+    const char *name;    /* in messages: "allreduce", "gather_async" */
+    const char *wp_name; /* in the message of a NULL work_p, where not `name` */
     tt_coll_t coll;
     const void *sendbuf;
     void *recvbuf;
-    size_t count;          /* allreduce, broadcast, reduce: elements; gather: sendcount;
+    size_t count; /* allreduce, broadcast, reduce: elements; gather: sendcount;
                               scatter: recvcount; alltoall: the block */
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls; /* user's, may be NULL */
-    size_t equal;          /* allgather, reduce_scatter: the block; 0 for v forms */
+    size_t equal; /* allgather, reduce_scatter: the block; 0 for v forms */
     int is_v;
     tutti_dtype_t dtype;
     tutti_redop_t redop;
@@ -35,32 +35,30 @@ static int fail(tutti_comm_t *comm, const char *name, const char *what)
 
 /* One buffer (or a send and a receive buffer of the same size): allreduce, broadcast
  * and point-to-point. */
-static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
-                      void *recvbuf, size_t count, tutti_dtype_t dtype, int need_send)
+static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf, void *recvbuf,
+                      size_t count, tutti_dtype_t dtype, int need_send)
 {
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
                                  (int)dtype);
     size_t es = tutti_dtype_size(dtype);
     if (count > SIZE_MAX / es / 2)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large",
-                                 name, count);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large", name,
+                                 count);
     if (count == 0)
         return TUTTI_OK;
     if (!recvbuf)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: recvbuf is NULL with count %zu", name, count);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: recvbuf is NULL with count %zu",
+                                 name, count);
     if (need_send && !sendbuf)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)",
-                                 name);
+                                 "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)", name);
     if (sendbuf && sendbuf != TUTTI_IN_PLACE && sendbuf != recvbuf) {
         const char *s = sendbuf, *r = recvbuf;
         size_t bytes = count * es;
         if (s < r + bytes && r < s + bytes)
             return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: sendbuf and recvbuf overlap without being equal",
-                                     name);
+                                     "%s: sendbuf and recvbuf overlap without being equal", name);
     }
     return TUTTI_OK;
 }
@@ -69,16 +67,15 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
 static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es)
 {
     if (c->count > SIZE_MAX / es / 4 || c->equal > SIZE_MAX / es / 4 / (size_t)comm->nranks)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large",
-                                 c->name);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large", c->name);
     return TUTTI_OK;
 }
 
 /* counts[i] (and displs[i], or prefix sums when displs is NULL) into dst_counts and
  * dst_displs; checks that every block fits in SIZE_MAX bytes. Returns the extent (the
  * elements a buffer must hold) in *extent_p. */
-static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, int n,
-                       size_t es, const size_t *counts, const size_t *displs, size_t *dst_counts,
+static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, int n, size_t es,
+                       const size_t *counts, const size_t *displs, size_t *dst_counts,
                        size_t *dst_displs, size_t *extent_p)
 {
     size_t extent = 0, sum = 0;
@@ -97,8 +94,8 @@ static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, i
         dst_displs[i] = d;
         sum += counts[i];
         if (sum > limit)
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s sum to too much",
-                                     name, what);
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s sum to too much", name,
+                                     what);
         extent = TT_MAX(extent, d + counts[i]);
     }
     *extent_p = extent;
@@ -119,8 +116,7 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
  * that their calls' descriptors stay in registers. */
 #define TT_HOT static inline __attribute__((always_inline))
 
-TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                          size_t *layout)
+TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
     TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, c->dtype, 1));
@@ -130,29 +126,26 @@ TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     return TUTTI_OK;
 }
 
-TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                          size_t *layout)
+TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
     const int is_root = comm->rank == c->root;
-    TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count,
-                        c->dtype, is_root));
+    TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count, c->dtype,
+                        is_root));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (!is_root || c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf
-                                                                            : c->sendbuf;
+                                                                           : c->sendbuf;
     o->count = o->env_count = c->count;
     return TUTTI_OK;
 }
 
-TT_HOT int fill_barrier(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                        size_t *layout)
+TT_HOT int fill_barrier(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)comm, (void)c, (void)o, (void)layout;
     return TUTTI_OK;
 }
 
-static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                       size_t *layout)
+static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
     TT_CHECK(check_count(comm, c, o->elem_size));
@@ -186,8 +179,7 @@ static int block_layout(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es,
     return TUTTI_OK;
 }
 
-static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                          size_t *layout)
+static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
     const size_t es = o->elem_size;
@@ -227,10 +219,9 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
 /* gather(v) and scatter(v): the root's layout (counts/displs, named `what`) into
  * counts/displs, whose extent goes to *ext_p; the root's own block must be the call's
  * count (named `mine`). Elsewhere the layout holds this rank's own block only. */
-static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                         const char *what, const char *mine, const size_t *counts,
-                         const size_t *displs, size_t *dst_counts, size_t *dst_displs,
-                         size_t *ext_p)
+static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, const char *what,
+                         const char *mine, const size_t *counts, const size_t *displs,
+                         size_t *dst_counts, size_t *dst_displs, size_t *ext_p)
 {
     const int n = comm->nranks, me = comm->rank;
     TT_CHECK(check_count(comm, c, o->elem_size));
@@ -250,13 +241,12 @@ static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
                          dst_displs, ext_p));
     if (dst_counts[me] != c->count)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: the root's %s %zu differs from %s[root] = %zu", c->name,
-                                 mine, c->count, what, dst_counts[me]);
+                                 "%s: the root's %s %zu differs from %s[root] = %zu", c->name, mine,
+                                 c->count, what, dst_counts[me]);
     return TUTTI_OK;
 }
 
-static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                       size_t *layout)
+static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     const int n = comm->nranks, me = comm->rank, in_place = c->sendbuf == TUTTI_IN_PLACE;
     const int is_root = me == c->root;
@@ -275,27 +265,24 @@ static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
     return TUTTI_OK;
 }
 
-static int fill_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                        size_t *layout)
+static int fill_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     const int n = comm->nranks, me = comm->rank, is_root = me == c->root;
     size_t *sd = layout + n, sext;
     char *r = c->recvbuf;
-    TT_CHECK(rooted_layout(comm, c, o, "sendcounts", "recvcount", c->sendcounts, c->sdispls,
-                           layout, sd, &sext));
+    TT_CHECK(rooted_layout(comm, c, o, "sendcounts", "recvcount", c->sendcounts, c->sdispls, layout,
+                           sd, &sext));
     if (is_root && sext && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL at the root");
     if (c->count && !r)
         return fail(comm, c->name, "recvbuf is NULL");
     o->sendbuf = is_root ? c->sendbuf : NULL;
-    o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT)
-                     ? (char *)c->sendbuf + sd[me] * o->elem_size
-                     : r;
+    o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT) ? (char *)c->sendbuf + sd[me] * o->elem_size
+                                                      : r;
     return TUTTI_OK;
 }
 
-static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
-                         size_t *layout)
+static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     const int n = comm->nranks, in_place = c->sendbuf == TUTTI_IN_PLACE;
     const size_t es = o->elem_size;
@@ -304,11 +291,11 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
     char *r = c->recvbuf;
     TT_CHECK(check_count(comm, c, es));
     if (c->is_v) {
-        TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, c->rdispls,
-                             rc, rd, &ext));
+        TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, c->rdispls, rc, rd,
+                             &ext));
         if (!in_place) {
-            TT_CHECK(copy_layout(comm, c->name, "sendcounts", n, es, c->sendcounts,
-                                 c->sdispls, sc, sd, &sext));
+            TT_CHECK(copy_layout(comm, c->name, "sendcounts", n, es, c->sendcounts, c->sdispls, sc,
+                                 sd, &sext));
         } else {
             memcpy(sc, rc, (size_t)n * sizeof(size_t));
             memcpy(sd, rd, (size_t)n * sizeof(size_t));
@@ -352,24 +339,20 @@ static void avg_own_block(tt_op_t *op)
 /* ---- the table ---- */
 
 const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
-    [TT_COLL_ALLREDUCE] = {TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL,
-                           avg_all},
-    [TT_COLL_BROADCAST] = {TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy,
-                           tt_post_confirm_release, NULL},
-    [TT_COLL_BARRIER] = {0, fill_barrier, 0, tt_local_none, NULL, NULL},
-    [TT_COLL_REDUCE] = {TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy,
-                        tt_post_release, avg_root},
-    [TT_COLL_ALLGATHER] = {TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather,
-                           NULL, NULL},
-    [TT_COLL_REDUCE_SCATTER] = {TT_ARG_REDOP | TT_ARG_LAYOUT,
-                                fill_reduce_scatter, 0, tt_local_reduce_scatter, NULL,
-                                avg_own_block},
-    [TT_COLL_GATHER] = {TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0,
-                        tt_local_gather, tt_post_release, NULL},
-    [TT_COLL_SCATTER] = {TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0,
-                         tt_local_scatter, tt_post_confirm_release, NULL},
-    [TT_COLL_ALLTOALL] = {TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall,
-                          NULL, NULL},
+    [TT_COLL_ALLREDUCE] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL, avg_all },
+    [TT_COLL_BROADCAST] = { TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy, tt_post_confirm_release,
+                            NULL },
+    [TT_COLL_BARRIER] = { 0, fill_barrier, 0, tt_local_none, NULL, NULL },
+    [TT_COLL_REDUCE] = { TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy, tt_post_release,
+                         avg_root },
+    [TT_COLL_ALLGATHER] = { TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather, NULL, NULL },
+    [TT_COLL_REDUCE_SCATTER] = { TT_ARG_REDOP | TT_ARG_LAYOUT, fill_reduce_scatter, 0,
+                                 tt_local_reduce_scatter, NULL, avg_own_block },
+    [TT_COLL_GATHER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0, tt_local_gather,
+                         tt_post_release, NULL },
+    [TT_COLL_SCATTER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0, tt_local_scatter,
+                          tt_post_confirm_release, NULL },
+    [TT_COLL_ALLTOALL] = { TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall, NULL, NULL },
 };
 
 /* ---- the one checker ---- */
@@ -377,8 +360,7 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
 /* Inlined into each entry point: its collective is then a constant, so the row's
  * reads fold away and the call descriptor never reaches memory (the 4-byte allreduce
  * is ~0.5 us over shm: a few ns count). */
-TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
-                      int async)
+TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p, int async)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
@@ -424,185 +406,359 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     }
     o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
                     (c->is_v ? TT_FP_V : 0);
-    return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout,
-                         async ? work_p : NULL);
+    return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, async ? work_p : NULL);
 }
 
 /* ---- the entry points: a call each, then the checker ---- */
 
-#define SYNC(...)                                                                       \
-    {                                                                                   \
-        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
-        return coll_issue(comm, &c_, NULL, 0);                                          \
+#define SYNC(...)                                                                                  \
+    {                                                                                              \
+        tt_coll_call_t c_ = { __VA_ARGS__ };                                                       \
+        return coll_issue(comm, &c_, NULL, 0);                                                     \
     }
-#define ASYNC(...)                                                                      \
-    {                                                                                   \
-        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
-        return coll_issue(comm, &c_, work_p, 1);                                        \
+#define ASYNC(...)                                                                                 \
+    {                                                                                              \
+        tt_coll_call_t c_ = { __VA_ARGS__ };                                                       \
+        return coll_issue(comm, &c_, work_p, 1);                                                   \
     }
 
-#define ALLREDUCE_ARGS(nm)                                                              \
-    .name = "allreduce", .wp_name = nm, .coll = TT_COLL_ALLREDUCE, .sendbuf = sendbuf,  \
+#define ALLREDUCE_ARGS(nm)                                                                         \
+    .name = "allreduce", .wp_name = nm, .coll = TT_COLL_ALLREDUCE, .sendbuf = sendbuf,             \
     .recvbuf = recvbuf, .count = count, .dtype = dtype, .redop = op
 
 int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    tutti_dtype_t dtype, tutti_redop_t op)
-SYNC(ALLREDUCE_ARGS(NULL))
+                    tutti_dtype_t dtype, tutti_redop_t op) SYNC(ALLREDUCE_ARGS(NULL))
 
-int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
-                          tutti_work_t **work_p)
-ASYNC(ALLREDUCE_ARGS("allreduce_async"))
+    int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                              tutti_dtype_t dtype, tutti_redop_t op,
+                              tutti_work_t **work_p) ASYNC(ALLREDUCE_ARGS("allreduce_async"))
 
-#define BROADCAST_ARGS(nm)                                                              \
-    .name = "broadcast", .wp_name = nm, .coll = TT_COLL_BROADCAST, .sendbuf = sendbuf,  \
+#define BROADCAST_ARGS(nm)                                                                         \
+    .name = "broadcast", .wp_name = nm, .coll = TT_COLL_BROADCAST, .sendbuf = sendbuf,             \
     .recvbuf = recvbuf, .count = count, .dtype = dtype, .root = root
 
-int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    tutti_dtype_t dtype, int root)
-SYNC(BROADCAST_ARGS(NULL))
+        int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                            tutti_dtype_t dtype, int root) SYNC(BROADCAST_ARGS(NULL))
 
-int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-ASYNC(BROADCAST_ARGS("broadcast_async"))
+            int tutti_broadcast_async(
+                tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                tutti_dtype_t dtype, int root,
+                tutti_work_t **work_p) ASYNC(BROADCAST_ARGS("broadcast_async"))
 
-int tutti_barrier(tutti_comm_t *comm)
-SYNC(.name = "barrier", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
+                int tutti_barrier(tutti_comm_t *comm) SYNC(.name = "barrier",
+                                                           .coll = TT_COLL_BARRIER,
+                                                           .dtype = TUTTI_UINT8)
 
-int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
-ASYNC(.name = "barrier", .wp_name = "barrier_async", .coll = TT_COLL_BARRIER,
-      .dtype = TUTTI_UINT8)
+                    int tutti_barrier_async(tutti_comm_t *comm,
+                                            tutti_work_t **work_p) ASYNC(.name = "barrier",
+                                                                         .wp_name = "barrier_async",
+                                                                         .coll = TT_COLL_BARRIER,
+                                                                         .dtype = TUTTI_UINT8)
 
-#define REDUCE_ARGS(nm)                                                                 \
-    .name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
-    .count = count, .dtype = dtype, .redop = op, .root = root
+#define REDUCE_ARGS(nm)                                                                            \
+    .name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,    \
+    .dtype = dtype, .redop = op, .root = root
 
-int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                 tutti_dtype_t dtype, tutti_redop_t op, int root)
-SYNC(REDUCE_ARGS("reduce"))
+                        int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, tutti_dtype_t dtype, tutti_redop_t op,
+                                         int root) SYNC(REDUCE_ARGS("reduce"))
 
-int tutti_reduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                       tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_work_t **work_p)
-ASYNC(REDUCE_ARGS("reduce_async"))
+                            int tutti_reduce_async(
+                                tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                size_t count, tutti_dtype_t dtype, tutti_redop_t op, int root,
+                                tutti_work_t **work_p) ASYNC(REDUCE_ARGS("reduce_async"))
 
-#define ALLGATHER_ARGS(nm)                                                              \
-    .name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,      \
-    .dtype = dtype
+#define ALLGATHER_ARGS(nm)                                                                         \
+    .name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf, .dtype = dtype
 
-int tutti_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
-                    tutti_dtype_t dtype)
-SYNC(ALLGATHER_ARGS("allgather"), .equal = sendcount)
+                                int tutti_allgather(
+                                    tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                    size_t sendcount,
+                                    tutti_dtype_t dtype) SYNC(ALLGATHER_ARGS("allgather"),
+                                                              .equal = sendcount)
 
-int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          size_t sendcount, tutti_dtype_t dtype, tutti_work_t **work_p)
-ASYNC(ALLGATHER_ARGS("allgather_async"), .equal = sendcount)
+                                    int tutti_allgather_async(
+                                        tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t sendcount, tutti_dtype_t dtype,
+                                        tutti_work_t *
+                                            *work_p) ASYNC(ALLGATHER_ARGS("allgather_async"),
+                                                           .equal = sendcount)
 
-int tutti_allgatherv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                     const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype)
-SYNC(ALLGATHER_ARGS("allgatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
+                                        int tutti_allgatherv(
+                                            tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                            const size_t *recvcounts, const size_t *displs,
+                                            tutti_dtype_t dtype) SYNC(ALLGATHER_ARGS("allgatherv"),
+                                                                      .is_v = 1,
+                                                                      .recvcounts = recvcounts,
+                                                                      .rdispls = displs)
 
-int tutti_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                           const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
-                           tutti_work_t **work_p)
-ASYNC(ALLGATHER_ARGS("allgatherv_async"), .is_v = 1, .recvcounts = recvcounts,
-      .rdispls = displs)
+                                            int tutti_allgatherv_async(
+                                                tutti_comm_t *comm, const void *sendbuf,
+                                                void *recvbuf, const size_t *recvcounts,
+                                                const size_t *displs, tutti_dtype_t dtype,
+                                                tutti_work_t *
+                                                    *work_p) ASYNC(ALLGATHER_ARGS("allgatherv_"
+                                                                                  "async"),
+                                                                   .is_v = 1,
+                                                                   .recvcounts = recvcounts,
+                                                                   .rdispls = displs)
 
-#define RS_ARGS(nm)                                                                     \
-    .name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf, \
+#define RS_ARGS(nm)                                                                                \
+    .name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,            \
     .dtype = dtype, .redop = op
 
-int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                         size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op)
-SYNC(RS_ARGS("reduce_scatter"), .equal = recvcount)
+                                                int tutti_reduce_scatter(
+                                                    tutti_comm_t *comm, const void *sendbuf,
+                                                    void *recvbuf, size_t recvcount,
+                                                    tutti_dtype_t dtype,
+                                                    tutti_redop_t
+                                                        op) SYNC(RS_ARGS("reduce_scatter"),
+                                                                 .equal = recvcount)
 
-int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                               size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
-                               tutti_work_t **work_p)
-ASYNC(RS_ARGS("reduce_scatter_async"), .equal = recvcount)
+                                                    int tutti_reduce_scatter_async(
+                                                        tutti_comm_t *comm, const void *sendbuf,
+                                                        void *recvbuf, size_t recvcount,
+                                                        tutti_dtype_t dtype, tutti_redop_t op,
+                                                        tutti_work_t *
+                                                            *work_p) ASYNC(RS_ARGS("reduce_scatter_"
+                                                                                   "async"),
+                                                                           .equal = recvcount)
 
-int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                          const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op)
-SYNC(RS_ARGS("reduce_scatterv"), .is_v = 1, .recvcounts = recvcounts)
+                                                        int tutti_reduce_scatterv(
+                                                            tutti_comm_t *comm, const void *sendbuf,
+                                                            void *recvbuf, const size_t *recvcounts,
+                                                            tutti_dtype_t dtype,
+                                                            tutti_redop_t
+                                                                op) SYNC(RS_ARGS("reduce_scatterv"),
+                                                                         .is_v = 1,
+                                                                         .recvcounts = recvcounts)
 
-int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                const size_t *recvcounts, tutti_dtype_t dtype,
-                                tutti_redop_t op, tutti_work_t **work_p)
-ASYNC(RS_ARGS("reduce_scatterv_async"), .is_v = 1, .recvcounts = recvcounts)
+                                                            int tutti_reduce_scatterv_async(
+                                                                tutti_comm_t *comm,
+                                                                const void *sendbuf, void *recvbuf,
+                                                                const size_t *recvcounts,
+                                                                tutti_dtype_t dtype,
+                                                                tutti_redop_t op,
+                                                                tutti_work_t **
+                                                                    work_p) ASYNC(RS_ARGS("reduce_"
+                                                                                          "scatterv"
+                                                                                          "_async"),
+                                                                                  .is_v = 1,
+                                                                                  .recvcounts =
+                                                                                      recvcounts)
 
-#define GATHER_ARGS(nm)                                                                 \
-    .name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
+#define GATHER_ARGS(nm)                                                                            \
+    .name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,                    \
     .count = sendcount, .dtype = dtype, .root = root
 
-int tutti_gather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
-                 tutti_dtype_t dtype, int root)
-SYNC(GATHER_ARGS("gather"))
+                                                                int tutti_gather(
+                                                                    tutti_comm_t *comm,
+                                                                    const void *sendbuf,
+                                                                    void *recvbuf, size_t sendcount,
+                                                                    tutti_dtype_t dtype,
+                                                                    int root) SYNC(GATHER_ARGS("gat"
+                                                                                               "he"
+                                                                                               "r"))
 
-int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                       size_t sendcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-ASYNC(GATHER_ARGS("gather_async"))
+                                                                    int tutti_gather_async(
+                                                                        tutti_comm_t *comm,
+                                                                        const void *sendbuf,
+                                                                        void *recvbuf,
+                                                                        size_t sendcount,
+                                                                        tutti_dtype_t dtype,
+                                                                        int root,
+                                                                        tutti_work_t **
+                                                                            work_p) ASYNC(GATHER_ARGS("gather_async"))
 
-int tutti_gatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
-                  const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype, int root)
-SYNC(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
+                                                                        int tutti_gatherv(
+                                                                            tutti_comm_t *comm,
+                                                                            const void *sendbuf,
+                                                                            size_t sendcount,
+                                                                            void *recvbuf,
+                                                                            const size_t
+                                                                                *recvcounts,
+                                                                            const size_t *displs,
+                                                                            tutti_dtype_t dtype,
+                                                                            int root) SYNC(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts,
+                                                                                           .rdispls = displs)
 
-int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                        void *recvbuf, const size_t *recvcounts, const size_t *displs,
-                        tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-ASYNC(GATHER_ARGS("gatherv_async"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
+                                                                            int tutti_gatherv_async(
+                                                                                tutti_comm_t *comm,
+                                                                                const void
+                                                                                    *sendbuf,
+                                                                                size_t sendcount,
+                                                                                void *recvbuf,
+                                                                                const size_t
+                                                                                    *recvcounts,
+                                                                                const size_t
+                                                                                    *displs,
+                                                                                tutti_dtype_t dtype,
+                                                                                int root,
+                                                                                tutti_work_t *
+                                                                                    *work_p) ASYNC(GATHER_ARGS("gatherv_async"),
+                                                                                                   .is_v =
+                                                                                                       1,
+                                                                                                   .recvcounts = recvcounts, .rdispls = displs)
 
-#define SCATTER_ARGS(nm)                                                                \
-    .name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,        \
+#define SCATTER_ARGS(nm)                                                                           \
+    .name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,                   \
     .count = recvcount, .dtype = dtype, .root = root
 
-int tutti_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
-                  tutti_dtype_t dtype, int root)
-SYNC(SCATTER_ARGS("scatter"))
+                                                                                int tutti_scatter(
+                                                                                    tutti_comm_t
+                                                                                        *comm,
+                                                                                    const void
+                                                                                        *sendbuf,
+                                                                                    void *recvbuf,
+                                                                                    size_t
+                                                                                        recvcount,
+                                                                                    tutti_dtype_t
+                                                                                        dtype,
+                                                                                    int root) SYNC(SCATTER_ARGS("scatter"))
 
-int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                        size_t recvcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-ASYNC(SCATTER_ARGS("scatter_async"))
+                                                                                    int tutti_scatter_async(
+                                                                                        tutti_comm_t
+                                                                                            *comm,
+                                                                                        const void *
+                                                                                            sendbuf,
+                                                                                        void *
+                                                                                            recvbuf,
+                                                                                        size_t
+                                                                                            recvcount,
+                                                                                        tutti_dtype_t
+                                                                                            dtype,
+                                                                                        int root,
+                                                                                        tutti_work_t **
+                                                                                            work_p) ASYNC(SCATTER_ARGS("scatter_async"))
 
-int tutti_scatterv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
-                   const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
-                   int root)
-SYNC(SCATTER_ARGS("scatterv"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
+                                                                                        int tutti_scatterv(
+                                                                                            tutti_comm_t
+                                                                                                *comm,
+                                                                                            const void
+                                                                                                *sendbuf,
+                                                                                            const size_t
+                                                                                                *sendcounts,
+                                                                                            const size_t
+                                                                                                *displs,
+                                                                                            void *
+                                                                                                recvbuf,
+                                                                                            size_t
+                                                                                                recvcount,
+                                                                                            tutti_dtype_t
+                                                                                                dtype,
+                                                                                            int root) SYNC(SCATTER_ARGS("scatterv"),
+                                                                                                           .is_v =
+                                                                                                               1,
+                                                                                                           .sendcounts = sendcounts,
+                                                                                                           .sdispls = displs)
 
-int tutti_scatterv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
-                         const size_t *displs, void *recvbuf, size_t recvcount,
-                         tutti_dtype_t dtype, int root, tutti_work_t **work_p)
-ASYNC(SCATTER_ARGS("scatterv_async"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
+                                                                                            int tutti_scatterv_async(
+                                                                                                tutti_comm_t
+                                                                                                    *comm,
+                                                                                                const void
+                                                                                                    *sendbuf,
+                                                                                                const size_t
+                                                                                                    *sendcounts,
+                                                                                                const size_t
+                                                                                                    *displs,
+                                                                                                void *
+                                                                                                    recvbuf,
+                                                                                                size_t
+                                                                                                    recvcount,
+                                                                                                tutti_dtype_t
+                                                                                                    dtype,
+                                                                                                int root,
+                                                                                                tutti_work_t
+                                                                                                    **work_p)
+                                                                                                ASYNC(
+                                                                                                    SCATTER_ARGS(
+                                                                                                        "scatterv_async"),
+                                                                                                    .is_v =
+                                                                                                        1,
+                                                                                                    .sendcounts =
+                                                                                                        sendcounts,
+                                                                                                    .sdispls =
+                                                                                                        displs)
 
-#define A2A_ARGS(nm)                                                                    \
-    .name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf,       \
-    .dtype = dtype
+#define A2A_ARGS(nm)                                                                               \
+    .name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf, .dtype = dtype
 
-int tutti_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                   tutti_dtype_t dtype)
-SYNC(A2A_ARGS("alltoall"), .count = count)
+                                                                                                    int tutti_alltoall(
+                                                                                                        tutti_comm_t
+                                                                                                            *comm,
+                                                                                                        const void
+                                                                                                            *sendbuf,
+                                                                                                        void *
+                                                                                                            recvbuf,
+                                                                                                        size_t
+                                                                                                            count,
+                                                                                                        tutti_dtype_t
+                                                                                                            dtype) SYNC(A2A_ARGS("alltoall"),
+                                                                                                                        .count =
+                                                                                                                            count)
 
-int tutti_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                         tutti_dtype_t dtype, tutti_work_t **work_p)
-ASYNC(A2A_ARGS("alltoall_async"), .count = count)
+                                                                                                        int tutti_alltoall_async(
+                                                                                                            tutti_comm_t
+                                                                                                                *comm,
+                                                                                                            const void
+                                                                                                                *sendbuf,
+                                                                                                            void *
+                                                                                                                recvbuf,
+                                                                                                            size_t
+                                                                                                                count,
+                                                                                                            tutti_dtype_t
+                                                                                                                dtype,
+                                                                                                            tutti_work_t
+                                                                                                                **work_p)
+                                                                                                            ASYNC(
+                                                                                                                A2A_ARGS(
+                                                                                                                    "alltoall_async"),
+                                                                                                                .count =
+                                                                                                                    count)
 
-#define A2AV_ARGS(nm)                                                                   \
-    A2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,              \
-        .recvcounts = recvcounts, .rdispls = rdispls
+#define A2AV_ARGS(nm)                                                                              \
+    A2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,                         \
+                  .recvcounts = recvcounts, .rdispls = rdispls
 
-int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
-                    const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
-                    const size_t *rdispls, tutti_dtype_t dtype)
-SYNC(A2AV_ARGS("alltoallv"))
+                                                                                                                int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                                                                                                                                    void *
+                                                                                                                                        recvbuf,
+                                                                                                                                    const size_t
+                                                                                                                                        *recvcounts,
+                                                                                                                                    const size_t
+                                                                                                                                        *rdispls,
+                                                                                                                                    tutti_dtype_t
+                                                                                                                                        dtype)
+                                                                                                                    SYNC(A2AV_ARGS(
+                                                                                                                        "alltoallv"))
 
-int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
-                          const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
-                          const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p)
-ASYNC(A2AV_ARGS("alltoallv_async"))
+                                                                                                                        int tutti_alltoallv_async(
+                                                                                                                            tutti_comm_t
+                                                                                                                                *comm,
+                                                                                                                            const void
+                                                                                                                                *sendbuf,
+                                                                                                                            const size_t
+                                                                                                                                *sendcounts,
+                                                                                                                            const size_t
+                                                                                                                                *sdispls,
+                                                                                                                            void *
+                                                                                                                                recvbuf,
+                                                                                                                            const size_t
+                                                                                                                                *recvcounts,
+                                                                                                                            const size_t
+                                                                                                                                *rdispls,
+                                                                                                                            tutti_dtype_t
+                                                                                                                                dtype,
+                                                                                                                            tutti_work_t
+                                                                                                                                **work_p)
+                                                                                                                            ASYNC(A2AV_ARGS(
+                                                                                                                                "alltoallv_async"))
 
-/* ---- point to point ---- */
+    /* ---- point to point ---- */
 
-static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
-                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
-                     int async)
+    static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                         tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                         int async)
 {
     const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
     if (!comm)

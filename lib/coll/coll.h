@@ -11,21 +11,22 @@
 typedef struct tt_coll_call tt_coll_call_t;
 
 /* Which arguments a collective's calls have. */
-#define TT_ARG_REDOP 1u  /* a reduction: TUTTI_AVG sums, then divides (avg) */
-#define TT_ARG_ROOT 2u   /* a root rank */
-#define TT_ARG_LAYOUT 4u /* per-rank counts and displacements: the op points into an
+#define TT_ARG_REDOP 1u /* a reduction: TUTTI_AVG sums, then divides (avg) */
+#define TT_ARG_ROOT 2u  /* a root rank */
+#define TT_ARG_LAYOUT                                                                              \
+    4u /* per-rank counts and displacements: the op points into an
                             owned copy (tt_exec_issue's layout) */
 
 typedef struct tt_coll_desc {
-    unsigned args;    /* TT_ARG_* */
+    unsigned args; /* TT_ARG_* */
     /* the call's buffers and counts into the op, with their checks; layout: 4 x nranks
      * (sendcounts, sdispls, recvcounts, rdispls) where args has TT_ARG_LAYOUT */
     int (*fill)(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout);
     /* count 0 still checks the call against the peers' (a barrier under its
      * envelope), where a count-0 call must fail with mismatched peers */
     int empty_barrier;
-    tt_algo_fn local; /* one rank: the data moves within this rank's buffers */
-    tt_algo_fn post;  /* after the algorithm on every rank (NULL: nothing) */
+    tt_algo_fn local;         /* one rank: the data moves within this rank's buffers */
+    tt_algo_fn post;          /* after the algorithm on every rank (NULL: nothing) */
     void (*avg)(tt_op_t *op); /* TUTTI_AVG: divide the sum where it landed */
 } tt_coll_desc_t;
 

@@ -104,7 +104,8 @@ int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
     if (!len || spec[0] == ',' || spec[len - 1] == ',' || strstr(spec, ",,")) {
         snprintf(err, errlen,
                  "TUTTI_COST_MODEL=\"%s\": empty item; expected table, probe, or "
-                 "alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, any subset)", spec);
+                 "alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, any subset)",
+                 spec);
         return TUTTI_ERR_CONFIG;
     }
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
@@ -129,7 +130,8 @@ int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
         } else {
             snprintf(err, errlen,
                      "TUTTI_COST_MODEL=\"%s\": unknown parameter \"%s\"; expected alpha, bw or "
-                     "reduce", spec, tok);
+                     "reduce",
+                     spec, tok);
             return TUTTI_ERR_CONFIG;
         }
     }
@@ -154,8 +156,8 @@ static int ceil_log2(int p)
     return l;
 }
 
-static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
-                        int p, size_t chunk)
+static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
+                        size_t chunk)
 {
     double a = c->alpha_us, b = c->beta_ns * 1e-3, g = c->gamma_ns * 1e-3; /* us per byte */
     double n = (double)bytes;
@@ -222,16 +224,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "ring"))
             return (p - 1) * a + (p - 1) / 2.0 * n * b;
         break;
-    case TT_COLL_BARRIER:
-        return L * a;
-    default:
-        break;
+    case TT_COLL_BARRIER: return L * a;
+    default: break;
     }
     return HUGE_VAL; /* an algorithm the model does not know is never picked by it */
 }
 
-double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes,
-                        int p, size_t chunk)
+double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
+                        size_t chunk)
 {
     if (p <= 1)
         return 0;
@@ -243,6 +243,6 @@ double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
 
 void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s: alpha %.2f us, bw %.2f GB/s, reduce %.2f GB/s", c->source,
-             c->alpha_us, 1.0 / c->beta_ns, 1.0 / c->gamma_ns);
+    snprintf(buf, len, "%s: alpha %.2f us, bw %.2f GB/s, reduce %.2f GB/s", c->source, c->alpha_us,
+             1.0 / c->beta_ns, 1.0 / c->gamma_ns);
 }

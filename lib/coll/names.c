@@ -12,20 +12,16 @@ static const struct {
     tt_coll_t coll;
     uint32_t id;
 } tt_algo_names[] = {
-#define TT_ALGO_X(name, coll, id, fn) {name, coll, id},
+#define TT_ALGO_X(name, coll, id, fn) { name, coll, id },
 #include "coll/algos.def"
 #undef TT_ALGO_X
 };
 
 static const char *const tt_coll_names[TT_COLL_COUNT_] = {
-    [TT_COLL_ALLREDUCE] = "allreduce",
-    [TT_COLL_BROADCAST] = "broadcast",
-    [TT_COLL_BARRIER] = "barrier",
-    [TT_COLL_REDUCE] = "reduce",
-    [TT_COLL_ALLGATHER] = "allgather",
-    [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
-    [TT_COLL_GATHER] = "gather",
-    [TT_COLL_SCATTER] = "scatter",
+    [TT_COLL_ALLREDUCE] = "allreduce", [TT_COLL_BROADCAST] = "broadcast",
+    [TT_COLL_BARRIER] = "barrier",     [TT_COLL_REDUCE] = "reduce",
+    [TT_COLL_ALLGATHER] = "allgather", [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [TT_COLL_GATHER] = "gather",       [TT_COLL_SCATTER] = "scatter",
     [TT_COLL_ALLTOALL] = "alltoall",
 };
 

@@ -51,7 +51,7 @@ int tt_cost_probe(tutti_comm_t *comm, tt_cost_t *c)
     memset(b, 2, big);
     memset(d, 0, big);
     int st = TUTTI_OK;
-    double v[3] = {0, 0, 0};
+    double v[3] = { 0, 0, 0 };
     /* alpha: the dissemination barrier is ceil(log2 p) rounds of empty messages, on the
      * collectives' own path (point-to-point calls add a queue hop) */
     int p = comm->nranks, rounds = 0;

@@ -79,7 +79,7 @@ static int tt_is_size_char(char c)
 }
 
 /* The algorithms with their functions (the list is coll/algos.def). */
-#define TT_ALGO_X(name, coll, id, fn) static const tt_algo_t tt_algo_##id = {name, coll, id, fn};
+#define TT_ALGO_X(name, coll, id, fn) static const tt_algo_t tt_algo_##id = { name, coll, id, fn };
 #include "coll/algos.def"
 #undef TT_ALGO_X
 static const tt_algo_t *const tt_algos[] = {
@@ -120,8 +120,7 @@ static void tt_algo_names(tt_coll_t coll, char *buf, size_t buflen)
                    (coll == TT_COLL_NONE || tt_algos[j]->coll == coll);
         if (seen)
             continue;
-        int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "",
-                         tt_algos[i]->name);
+        int n = snprintf(buf + used, buflen - used, "%s%s", used ? ", " : "", tt_algos[i]->name);
         if (n < 0 || (size_t)n >= buflen - used)
             return;
         used += (size_t)n;
@@ -180,20 +179,25 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
         size_t len = tt_parse_word(p, name, sizeof(name), tt_is_name_char);
         if (len == 0) {
             tt_describe_char(p, what, sizeof(what));
-            st = tt_parse_error(p, "expected an algorithm for %s at offset %zu, got %s "
-                                "(expected one of: %s)", cname, off, what, names);
+            st = tt_parse_error(p,
+                                "expected an algorithm for %s at offset %zu, got %s "
+                                "(expected one of: %s)",
+                                cname, off, what, names);
             goto err_free;
         }
         const tt_algo_t *algo = len < sizeof(name) ? tt_algo_find(coll, name) : NULL;
         if (!algo) {
-            st = tt_parse_error(p, "unknown %s algorithm \"%.*s\" at offset %zu (expected "
-                                "one of: %s)", cname, (int)len, p->s + off, off, names);
+            st = tt_parse_error(p,
+                                "unknown %s algorithm \"%.*s\" at offset %zu (expected "
+                                "one of: %s)",
+                                cname, (int)len, p->s + off, off, names);
             goto err_free;
         }
         if (n && choices[n - 1].bound == 0) {
-            st = tt_parse_error(p, "%s algorithm \"%s\" at offset %zu is never chosen: "
-                                "\"%s\" before it has no size bound", cname, algo->name, off,
-                                choices[n - 1].algo->name);
+            st = tt_parse_error(p,
+                                "%s algorithm \"%s\" at offset %zu is never chosen: "
+                                "\"%s\" before it has no size bound",
+                                cname, algo->name, off, choices[n - 1].algo->name);
             goto err_free;
         }
 
@@ -203,8 +207,10 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
             p->pos++;
             if (p->s[p->pos] != '<') {
                 tt_describe_char(p, what, sizeof(what));
-                st = tt_parse_error(p, "expected '<' after '@' at offset %zu, got %s (as in "
-                                    "\"%s@<64K\")", p->pos, what, algo->name);
+                st = tt_parse_error(p,
+                                    "expected '<' after '@' at offset %zu, got %s (as in "
+                                    "\"%s@<64K\")",
+                                    p->pos, what, algo->name);
                 goto err_free;
             }
             p->pos++;
@@ -213,25 +219,31 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
             size_t slen = tt_parse_word(p, size, sizeof(size), tt_is_size_char);
             if (slen == 0) {
                 tt_describe_char(p, what, sizeof(what));
-                st = tt_parse_error(p, "expected a size after \"@<\" at offset %zu, got %s "
-                                    "(a byte count such as 4096, 64K or 1M)", soff, what);
+                st = tt_parse_error(p,
+                                    "expected a size after \"@<\" at offset %zu, got %s "
+                                    "(a byte count such as 4096, 64K or 1M)",
+                                    soff, what);
                 goto err_free;
             }
             if (slen >= sizeof(size) || tt_parse_size(size, &bound) != TUTTI_OK) {
-                st = tt_parse_error(p, "bad size \"%.*s\" at offset %zu (expected a byte "
-                                    "count such as 4096, 64K or 1M)", (int)TT_MIN(slen, 32),
-                                    p->s + soff, soff);
+                st = tt_parse_error(p,
+                                    "bad size \"%.*s\" at offset %zu (expected a byte "
+                                    "count such as 4096, 64K or 1M)",
+                                    (int)TT_MIN(slen, 32), p->s + soff, soff);
                 goto err_free;
             }
             if (bound == 0) {
-                st = tt_parse_error(p, "size bound at offset %zu is 0: \"%s@<0\" never "
-                                    "applies", soff, algo->name);
+                st = tt_parse_error(p,
+                                    "size bound at offset %zu is 0: \"%s@<0\" never "
+                                    "applies",
+                                    soff, algo->name);
                 goto err_free;
             }
             if (n && choices[n - 1].bound >= bound) {
-                st = tt_parse_error(p, "%s algorithm \"%s\" at offset %zu is never chosen: "
-                                    "the bound before it is already %zu bytes", cname,
-                                    algo->name, off, choices[n - 1].bound);
+                st = tt_parse_error(p,
+                                    "%s algorithm \"%s\" at offset %zu is never chosen: "
+                                    "the bound before it is already %zu bytes",
+                                    cname, algo->name, off, choices[n - 1].bound);
                 goto err_free;
             }
         }
@@ -243,7 +255,7 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
             goto err_free;
         }
         choices = grown;
-        choices[n++] = (tt_algo_choice_t){algo, bound};
+        choices[n++] = (tt_algo_choice_t){ algo, bound };
 
         tt_parse_skip_ws(p);
         if (p->s[p->pos] != ',')
@@ -258,16 +270,18 @@ err_free:
 }
 
 /* name: every collective that has an algorithm of that name uses it */
-static int tt_parse_bare(tt_parser_t *p, tt_algo_override_t *ovr, const char *name,
-                         size_t len, size_t off)
+static int tt_parse_bare(tt_parser_t *p, tt_algo_override_t *ovr, const char *name, size_t len,
+                         size_t off)
 {
     char names[256];
     int found = 0;
     tt_coll_t coll = tt_coll_parse(name);
     if (coll != TT_COLL_NONE) {
         tt_algo_names(coll, names, sizeof(names));
-        return tt_parse_error(p, "expected ':' after \"%s\" at offset %zu, then one or more "
-                              "of: %s", name, off + len, names);
+        return tt_parse_error(p,
+                              "expected ':' after \"%s\" at offset %zu, then one or more "
+                              "of: %s",
+                              name, off + len, names);
     }
     for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++) {
         const tt_algo_t *algo = tt_algo_find((tt_coll_t)c, name);
@@ -278,21 +292,21 @@ static int tt_parse_bare(tt_parser_t *p, tt_algo_override_t *ovr, const char *na
             tt_parse_error(p, "out of memory");
             return TUTTI_ERR_NOMEM;
         }
-        *one = (tt_algo_choice_t){algo, 0};
+        *one = (tt_algo_choice_t){ algo, 0 };
         tt_set_choices(ovr, (tt_coll_t)c, one, 1);
         found = 1;
     }
     if (!found) {
         tt_algo_names(TT_COLL_NONE, names, sizeof(names));
-        return tt_parse_error(p, "unknown algorithm \"%.*s\" at offset %zu (expected "
-                              "\"collective:algorithm\" or one of: %s)", (int)len, p->s + off,
-                              off, names);
+        return tt_parse_error(p,
+                              "unknown algorithm \"%.*s\" at offset %zu (expected "
+                              "\"collective:algorithm\" or one of: %s)",
+                              (int)len, p->s + off, off, names);
     }
     return TUTTI_OK;
 }
 
-int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err,
-                           size_t errlen)
+int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err, size_t errlen)
 {
     if (err && errlen)
         err[0] = '\0';
@@ -305,7 +319,7 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
     tt_algo_override_t *ovr = calloc(1, sizeof(*ovr));
     if (!ovr)
         return TUTTI_ERR_NOMEM;
-    tt_parser_t p = {.s = spec, .pos = 0, .err = err, .errlen = errlen};
+    tt_parser_t p = { .s = spec, .pos = 0, .err = err, .errlen = errlen };
     char word[64], what[32], colls[256];
     int st = TUTTI_OK;
     tt_coll_list(colls, sizeof(colls));
@@ -323,16 +337,20 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
         size_t len = tt_parse_word(&p, word, sizeof(word), tt_is_name_char);
         if (len == 0) {
             tt_describe_char(&p, what, sizeof(what));
-            st = tt_parse_error(&p, "expected a collective or an algorithm name at offset "
-                                "%zu, got %s", off, what);
+            st = tt_parse_error(&p,
+                                "expected a collective or an algorithm name at offset "
+                                "%zu, got %s",
+                                off, what);
             goto err_free;
         }
         tt_parse_skip_ws(&p);
         if (p.s[p.pos] == ':') {
             tt_coll_t coll = len < sizeof(word) ? tt_coll_parse(word) : TT_COLL_NONE;
             if (coll == TT_COLL_NONE) {
-                st = tt_parse_error(&p, "unknown collective \"%.*s\" at offset %zu (expected "
-                                    "one of: %s)", (int)len, spec + off, off, colls);
+                st = tt_parse_error(&p,
+                                    "unknown collective \"%.*s\" at offset %zu (expected "
+                                    "one of: %s)",
+                                    (int)len, spec + off, off, colls);
                 goto err_free;
             }
             p.pos++;

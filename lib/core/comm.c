@@ -22,8 +22,14 @@ const char *tutti_comm_last_error(const tutti_comm_t *comm)
     return comm ? comm->last_error : "no communicator";
 }
 
-int tutti_comm_rank(const tutti_comm_t *comm) { return comm ? comm->rank : -1; }
-int tutti_comm_size(const tutti_comm_t *comm) { return comm ? comm->nranks : -1; }
+int tutti_comm_rank(const tutti_comm_t *comm)
+{
+    return comm ? comm->rank : -1;
+}
+int tutti_comm_size(const tutti_comm_t *comm)
+{
+    return comm ? comm->nranks : -1;
+}
 
 const char *tutti_comm_transport(const tutti_comm_t *comm)
 {
@@ -91,8 +97,8 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     tt_cost_t *c = &comm->cost;
     char buf[256];
     if (comm->rank == 0) {
-        int n = snprintf(buf, sizeof(buf), "%a %a %a %d %s", c->alpha_us, c->beta_ns,
-                         c->gamma_ns, *probe_p, c->source);
+        int n = snprintf(buf, sizeof(buf), "%a %a %a %d %s", c->alpha_us, c->beta_ns, c->gamma_ns,
+                         *probe_p, c->source);
         int st = tutti_store_set(comm->store, "cost_model", buf, (size_t)n + 1);
         if (st < 0)
             snprintf(err, errlen, "publishing the cost model: %s", tutti_strerror(st));
@@ -102,8 +108,7 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     size_t len;
     int st = tutti_store_get(comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
     if (st < 0) {
-        snprintf(err, errlen, "rank %d: rank 0's cost model: %s", comm->rank,
-                 tutti_strerror(st));
+        snprintf(err, errlen, "rank %d: rank 0's cost model: %s", comm->rank, tutti_strerror(st));
         return st;
     }
     tt_cost_t r0 = *c;
@@ -112,8 +117,8 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     r0.beta_ns = strtod(end, &end);
     r0.gamma_ns = strtod(end, &end);
     long probe = strtol(end, &end, 10);
-    int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 &&
-             r0.gamma_ns > 0 && (probe == 0 || probe == 1);
+    int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
+             (probe == 0 || probe == 1);
     if (ok) {
         snprintf(r0.source, sizeof(r0.source), "%s", end + 1);
         if (probe != *probe_p)
@@ -188,8 +193,8 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts)
         TT_WARN("%s", comm->last_error);
         return st;
     }
-    st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file,
-                             &comm->secret, &comm->secret_len, err, sizeof(err));
+    st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file, &comm->secret,
+                             &comm->secret_len, err, sizeof(err));
     return st < 0 ? init_fail(comm, st, err) : TUTTI_OK;
 }
 
@@ -202,8 +207,8 @@ static int comm_join(tutti_comm_t *comm, tutti_store_t *store)
     tt_job_id(comm->opts.job_id, comm->job_id, sizeof(comm->job_id), &job_src);
     comm->job_src = job_src;
     if (comm->opts.prefix)
-        snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix,
-                 comm->job_id[0] ? "job/" : "", comm->job_id, comm->job_id[0] ? "/" : "");
+        snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix, comm->job_id[0] ? "job/" : "",
+                 comm->job_id, comm->job_id[0] ? "/" : "");
     else
         snprintf(base, sizeof(base), "tutti/%s%s%scomm%u/", comm->job_id[0] ? "job/" : "",
                  comm->job_id, comm->job_id[0] ? "/" : "", tt_store_next_comm_id(store));
@@ -319,14 +324,16 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
         size_s = getenv("WORLD_SIZE");
     if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
         const char *addr = getenv("MASTER_ADDR");
-        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
-                 addr, getenv("MASTER_PORT"));
+        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s", addr,
+                 getenv("MASTER_PORT"));
         url = urlbuf;
     }
     if (!comm_p || !rank_s || !size_s || !url) {
         TT_WARN("tutti_comm_init_env: need TUTTI_RANK (or RANK), TUTTI_WORLD_SIZE (or "
                 "WORLD_SIZE) and TUTTI_STORE (or MASTER_ADDR and MASTER_PORT); missing %s",
-                !rank_s ? "the rank" : !size_s ? "the world size" : "the store");
+                !rank_s   ? "the rank"
+                : !size_s ? "the world size"
+                          : "the store");
         return TUTTI_ERR_CONFIG;
     }
     char *end;

@@ -18,11 +18,11 @@ void tt_comm_host_init(tutti_comm_t *comm);
 /* exec.c: issue an op (blocking or async) */
 /* layout: a malloc'ed block the op's layout arrays point into (or NULL); the executor
  * owns it from here on, also when this fails. */
-int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
-                  size_t *layout, tutti_work_t **work_p);
+int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
+                  tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
-int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
-                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p);
+int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
+                      int peer, uint32_t tag, tutti_work_t **work_p);
 
 #endif /* TT_COMM_H */

@@ -22,8 +22,8 @@ const char *tt_fp_coll_name(uint64_t fp)
  * apply, the algorithm, the message. Counts are what the user passed (allgather's and
  * reduce_scatter's per rank, not the envelope's total); the v-forms' envelopes carry
  * none, so only this rank's own count can be told (`mine`: op is the sender's). */
-void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine,
-                     char *buf, size_t buflen)
+void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine, char *buf,
+                     size_t buflen)
 {
     tt_coll_t coll = tt_fp_coll(env[1]);
     tutti_dtype_t dtype = (tutti_dtype_t)((env[1] >> 48) & 0xff);
@@ -44,12 +44,12 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
     }
     int has_redop = coll == TT_COLL_ALLREDUCE || coll == TT_COLL_REDUCE ||
                     coll == TT_COLL_REDUCE_SCATTER;
-    int has_root = coll == TT_COLL_BROADCAST || coll == TT_COLL_REDUCE ||
-                   coll == TT_COLL_GATHER || coll == TT_COLL_SCATTER;
+    int has_root = coll == TT_COLL_BROADCAST || coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER ||
+                   coll == TT_COLL_SCATTER;
     char args[160] = "";
     size_t k = 0;
-#define ARG(...) (k += (size_t)snprintf(args + k, k < sizeof(args) ? sizeof(args) - k : 0, \
-                                        __VA_ARGS__))
+#define ARG(...)                                                                                   \
+    (k += (size_t)snprintf(args + k, k < sizeof(args) ? sizeof(args) - k : 0, __VA_ARGS__))
     /* allgather(v) and reduce_scatter(v) envelopes carry the total, the other v-forms
      * nothing (their layouts differ between ranks) */
     int total = coll == TT_COLL_ALLGATHER || coll == TT_COLL_REDUCE_SCATTER;
@@ -73,6 +73,6 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
         }
     }
 #undef ARG
-    snprintf(buf, buflen, "%s%s(%s) seq %llu [%s tag %u%s]", cname ? cname : "?",
-             is_v ? "v" : "", args, (unsigned long long)env[0], algo, tag, msglen);
+    snprintf(buf, buflen, "%s%s(%s) seq %llu [%s tag %u%s]", cname ? cname : "?", is_v ? "v" : "",
+             args, (unsigned long long)env[0], algo, tag, msglen);
 }

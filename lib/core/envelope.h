@@ -21,7 +21,10 @@ static inline uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti
            ((uint64_t)(redop & 0xff) << 40) | (uint64_t)(uint32_t)root;
 }
 
-static inline tt_coll_t tt_fp_coll(uint64_t fp) { return (tt_coll_t)(fp >> 56); }
+static inline tt_coll_t tt_fp_coll(uint64_t fp)
+{
+    return (tt_coll_t)(fp >> 56);
+}
 
 /* env[0] seq, env[1] fingerprint, env[2] count, env[3] algorithm id << 32 | tag. Inline:
  * every posted message is stamped with it. */
@@ -34,8 +37,14 @@ static inline void tt_env_encode(uint64_t env[4], uint64_t seq, uint64_t fp, uin
     env[3] = ((uint64_t)algo_id << 32) | tag;
 }
 
-static inline uint32_t tt_env_algo(const uint64_t env[4]) { return (uint32_t)(env[3] >> 32); }
-static inline uint32_t tt_env_tag(const uint64_t env[4]) { return (uint32_t)env[3]; }
+static inline uint32_t tt_env_algo(const uint64_t env[4])
+{
+    return (uint32_t)(env[3] >> 32);
+}
+static inline uint32_t tt_env_tag(const uint64_t env[4])
+{
+    return (uint32_t)env[3];
+}
 
 /* "allreduce", ..., "point-to-point" for a fingerprint's collective ("?" if none). */
 const char *tt_fp_coll_name(uint64_t fp);
@@ -43,7 +52,7 @@ const char *tt_fp_coll_name(uint64_t fp);
 /* "reduce(count=10, f32, sum, root=0) seq 4 [tree tag 1, 40 bytes]" from an envelope;
  * op gives the rank count, and with `mine` (op sent it) the v-forms' own count; len
  * (size_t)-1: no message. */
-void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine,
-                     char *buf, size_t buflen);
+void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int mine, char *buf,
+                     size_t buflen);
 
 #endif /* TT_ENVELOPE_H */

@@ -44,10 +44,11 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     st = atomic_load(&comm->failed);
     if (st < 0) {
         pthread_mutex_lock(&comm->err_lock);
-        snprintf(err, errlen, "rank %d: %s seq %llu not started: the communicator failed at "
-                 "seq %llu: %s", comm->rank, tt_coll_name(op->coll),
-                 (unsigned long long)op->seq, (unsigned long long)comm->failed_seq,
-                 comm->last_error);
+        snprintf(err, errlen,
+                 "rank %d: %s seq %llu not started: the communicator failed at "
+                 "seq %llu: %s",
+                 comm->rank, tt_coll_name(op->coll), (unsigned long long)op->seq,
+                 (unsigned long long)comm->failed_seq, comm->last_error);
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }
@@ -78,8 +79,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         }
     }
     if (!algo) {
-        snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective",
-                 comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+        snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective", comm->rank,
+                 tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
                  (unsigned long long)op->seq);
         return TUTTI_ERR_UNSUPPORTED;
     }
@@ -253,8 +254,8 @@ void *tt_exec_worker_main(void *arg)
             uint64_t until = comm->q_head->defer_until_ns;
             if (until && !comm->stopping && tt_now_ns() < until) {
                 /* deferred: its issuer should be waiting for it soon and run it */
-                struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-                                      .tv_nsec = (long)(until % 1000000000ull)};
+                struct timespec ts = { .tv_sec = (time_t)(until / 1000000000ull),
+                                       .tv_nsec = (long)(until % 1000000000ull) };
                 pthread_cond_timedwait(&comm->q_cv, &comm->q_lock, &ts);
                 continue;
             }
@@ -290,7 +291,10 @@ void *tt_exec_worker_main(void *arg)
 /* Calls nest; per thread, so other threads' async ops are not deferred. */
 static _Thread_local int defer_depth;
 
-void tt_exec_defer(int on) { defer_depth += on ? 1 : -1; }
+void tt_exec_defer(int on)
+{
+    defer_depth += on ? 1 : -1;
+}
 
 static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 {
@@ -323,8 +327,8 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
                 pthread_mutex_unlock(&comm->q_lock);
                 return TUTTI_ERR_TIMEOUT;
             }
-            struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-                                  .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+            struct timespec ts = { .tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                                   .tv_nsec = (long)(deadline_ns % 1000000000ull) };
             pthread_cond_timedwait(&comm->done_cv, &comm->q_lock, &ts);
         }
     }
@@ -367,8 +371,8 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     return st;
 }
 
-int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop,
-                  size_t *layout, tutti_work_t **work_p)
+int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
+                  tutti_work_t **work_p)
 {
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
@@ -407,8 +411,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
     return enqueue_locked(comm, w, work_p);
 }
 
-int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
-                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p)
+int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
+                      int peer, uint32_t tag, tutti_work_t **work_p)
 {
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
@@ -419,12 +423,17 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count,
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 2);
     pthread_mutex_lock(&comm->q_lock);
-    uint64_t seq = kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++
-                                         : comm->p2p_recv_seq[peer]++;
-    w->op = (tt_op_t){.comm = comm, .rank = comm->rank, .nranks = comm->nranks,
-                      .coll = TT_COLL_P2P, .count = count, .elem_size = es, .dtype = dtype,
-                      .seq = seq, .env_count = count,
-                      .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0)};
+    uint64_t seq = kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++ : comm->p2p_recv_seq[peer]++;
+    w->op = (tt_op_t){ .comm = comm,
+                       .rank = comm->rank,
+                       .nranks = comm->nranks,
+                       .coll = TT_COLL_P2P,
+                       .count = count,
+                       .elem_size = es,
+                       .dtype = dtype,
+                       .seq = seq,
+                       .env_count = count,
+                       .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0) };
     w->req.kind = kind;
     w->req.peer = peer;
     w->req.buf = buf;

@@ -16,11 +16,17 @@
 /* ---- the store keys other ranks read ---- */
 
 /* failed/<rank>: "<status> <message>", left by a failing rank (tt_fault_record) */
-static void failed_key(char *key, size_t len, int rank) { snprintf(key, len, "failed/%d", rank); }
+static void failed_key(char *key, size_t len, int rank)
+{
+    snprintf(key, len, "failed/%d", rank);
+}
 /* failed_count: how many ranks left one (the stall check reads failed/ only past 0) */
 #define FAILED_COUNT_KEY "failed_count"
 /* stall/<rank>: a stall record (stall_rec_t), what a rank blocked in an op waits on */
-static void stall_key(char *key, size_t len, int rank) { snprintf(key, len, "stall/%d", rank); }
+static void stall_key(char *key, size_t len, int rank)
+{
+    snprintf(key, len, "stall/%d", rank);
+}
 
 /* ---- the store on failure paths ---- */
 
@@ -63,7 +69,7 @@ int tt_op_store_add(tt_op_t *op, const char *key, int64_t delta, int64_t *result
 
 int tt_op_store_check(tt_op_t *op, const char *key, int *exists_p)
 {
-    const char *keys[1] = {key};
+    const char *keys[1] = { key };
     *exists_p = 0;
     if (!op_store_ms(op))
         return TUTTI_ERR_STORE;
@@ -140,11 +146,12 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     char stopped[224];
     describe_stopped(op, msg, stopped, sizeof(stopped));
     tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
-                      op->coll == TT_COLL_P2P ? "point-to-point"
-                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
-                      op->fingerprint & TT_FP_V ? "v" : "",
-                      (unsigned long long)op->seq, algo ? algo : "-", op->count,
-                      tutti_dtype_name(op->dtype), tutti_strerror(status), stopped, msg);
+                      op->coll == TT_COLL_P2P  ? "point-to-point"
+                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll)
+                                               : "?",
+                      op->fingerprint & TT_FP_V ? "v" : "", (unsigned long long)op->seq,
+                      algo ? algo : "-", op->count, tutti_dtype_name(op->dtype),
+                      tutti_strerror(status), stopped, msg);
     TT_WARN("%s", comm->last_error);
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
@@ -215,8 +222,10 @@ static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len)
         snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
         free(why);
     } else if (op->store_down) {
-        snprintf(msg + n, len - n, "; whether rank %d failed first is unknown: the store is "
-                 "unreachable too (%s)", peer, tutti_store_last_error(op->comm->qstore));
+        snprintf(msg + n, len - n,
+                 "; whether rank %d failed first is unknown: the store is "
+                 "unreachable too (%s)",
+                 peer, tutti_store_last_error(op->comm->qstore));
     }
 }
 
@@ -224,8 +233,7 @@ static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len)
 
 static const char *peer_addr(tutti_comm_t *comm, int peer)
 {
-    const char *a = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, peer)
-                                               : NULL;
+    const char *a = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, peer) : NULL;
     return a ? a : "?";
 }
 
@@ -242,13 +250,13 @@ static void describe_req(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char
         char mine[256], theirs[256];
         tt_describe_env(req->env, req->len, op, 1, mine, sizeof(mine));
         tt_describe_env(req->got_env, req->got_len, op, 0, theirs, sizeof(theirs));
-        snprintf(msg, len, "rank %d expected %s from rank %d (%s), but rank %d sent %s",
-                 op->rank, mine, req->peer, peer_addr(comm, req->peer), req->peer, theirs);
+        snprintf(msg, len, "rank %d expected %s from rank %d (%s), but rank %d sent %s", op->rank,
+                 mine, req->peer, peer_addr(comm, req->peer), req->peer, theirs);
         return;
     }
     pthread_mutex_lock(&comm->err_lock);
-    snprintf(msg, len, "%s rank %d (%s): %s", req_what(req), req->peer,
-             peer_addr(comm, req->peer), comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
+    snprintf(msg, len, "%s rank %d (%s): %s", req_what(req), req->peer, peer_addr(comm, req->peer),
+             comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
     pthread_mutex_unlock(&comm->err_lock);
 }
 
@@ -304,8 +312,8 @@ int tt_fault_progress(tt_op_t *op, int st)
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
     pthread_mutex_lock(&comm->err_lock);
-    snprintf(msg, sizeof(msg), "%s", st == TUTTI_ERR_ABORTED ? "aborted while waiting"
-                                     : comm->tp_error);
+    snprintf(msg, sizeof(msg), "%s",
+             st == TUTTI_ERR_ABORTED ? "aborted while waiting" : comm->tp_error);
     pthread_mutex_unlock(&comm->err_lock);
     tt_fault_fail_op(op, st, msg);
     return st;
@@ -331,8 +339,8 @@ static int stall_read(tt_op_t *op, int rank, stall_rec_t *rec)
     if (tt_op_store_check(op, key, &exists) < 0 || !exists ||
         tt_op_store_get(op, key, &v, &len) < 0)
         return 0;
-    int ok = sscanf((const char *)v, "%llu %llx %llu %d %d %u", &rec->seq, &rec->fp,
-                    &rec->count, &rec->next, &rec->kind, &rec->algo) == 6 &&
+    int ok = sscanf((const char *)v, "%llu %llx %llu %d %d %u", &rec->seq, &rec->fp, &rec->count,
+                    &rec->next, &rec->kind, &rec->algo) == 6 &&
              rec->next >= 0 && rec->next < op->nranks;
     free(v);
     return ok;
@@ -347,8 +355,8 @@ static int stall_publish(tt_op_t *op, const tutti_tp_req_v2_t *req)
         return 0;
     stall_key(key, sizeof(key), op->rank);
     snprintf(val, sizeof(val), "%llu %llx %llu %d %d %u", (unsigned long long)op->seq,
-             (unsigned long long)op->fingerprint, (unsigned long long)op->env_count,
-             req->peer, req->kind, op->algo_id);
+             (unsigned long long)op->fingerprint, (unsigned long long)op->env_count, req->peer,
+             req->kind, op->algo_id);
     if (tt_op_store_set(op, key, val, strlen(val) + 1) < 0)
         return -1;
     op->stall_published = 1;
@@ -375,17 +383,19 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
         stall_rec_t rec;
         int have = stall_read(op, cur, &rec);
         if (!have && op->store_down) {
-            BLAME("%swhether rank %d waits on another is unknown: the store is unreachable",
-                  sep, cur);
+            BLAME("%swhether rank %d waits on another is unknown: the store is unreachable", sep,
+                  cur);
             break;
         }
         if (!have || rec.seq > seq || rec.next == cur) {
             if (seq == op->seq)
                 BLAME("%srank %d shows no sign of being in this collective (hung, dead, or "
-                      "not calling it)", sep, cur);
+                      "not calling it)",
+                      sep, cur);
             else
                 BLAME("%srank %d shows no sign of being in %s seq %llu (hung, dead, or not "
-                      "calling it)", sep, cur, tt_fp_coll_name(fp), seq);
+                      "calling it)",
+                      sep, cur, tt_fp_coll_name(fp), seq);
             break;
         }
         const char *what = rec.kind ? "to receive from" : "to send to";
@@ -394,8 +404,8 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
                 BLAME("%srank %d, still in %s seq %llu, waits %s this rank", sep, cur,
                       tt_fp_coll_name(rec.fp), rec.seq, what);
             else if (op->stopped_ns)
-                BLAME("%srank %d waits %s this rank, which was not running for %llu ms", sep,
-                      cur, what, (unsigned long long)(op->stopped_ns / 1000000ull));
+                BLAME("%srank %d waits %s this rank, which was not running for %llu ms", sep, cur,
+                      what, (unsigned long long)(op->stopped_ns / 1000000ull));
             else
                 BLAME("%srank %d waits %s this rank: a deadlock", sep, cur, what);
             break;
@@ -432,9 +442,8 @@ int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
     if (req->xfer < req->len)
         snprintf(moved, sizeof(moved), ": %zu of %zu bytes moved", req->xfer, req->len);
     snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s)%s%s%s%s",
-             comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
-             moved, chain[0] ? " (" : " (peer hung, slow, or not calling this collective",
-             chain, ")");
+             comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer), moved,
+             chain[0] ? " (" : " (peer hung, slow, or not calling this collective", chain, ")");
     tt_fault_fail_op(op, TUTTI_ERR_TIMEOUT, msg);
     return TUTTI_ERR_TIMEOUT;
 }
@@ -523,8 +532,7 @@ void tt_op_start(tt_op_t *op, int timeout_ms)
     op->awake_ns = now;
     /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
      * waiting on this rank meanwhile may have timed out: said if one reports that. */
-    if (comm->op_end_ns && now > comm->op_end_ns &&
-        now - comm->op_end_ns > comm->quick_ns) {
+    if (comm->op_end_ns && now > comm->op_end_ns && now - comm->op_end_ns > comm->quick_ns) {
         comm->stop_end_ns = now;
         comm->stop_ns = now - comm->op_end_ns;
         comm->stop_between_ops = 1;

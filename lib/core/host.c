@@ -16,14 +16,16 @@ static int host_store_set(void *ctx, const char *key, const void *value, size_t 
     return tutti_store_set(comm->store, key, value, len);
 }
 
-static int host_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
-                          int timeout_ms)
+static int host_store_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
 {
     tutti_comm_t *comm = ctx;
     return tutti_store_get(comm->store, key, value_p, len_p, timeout_ms);
 }
 
-static void host_free_value(void *value) { free(value); }
+static void host_free_value(void *value)
+{
+    free(value);
+}
 
 /* Knobs that the public options struct carries as fields (tutti.h): a transport asks
  * for them by name like for any other knob; which transport reads them is its business. */
@@ -32,10 +34,10 @@ static const struct {
     size_t off;
     int is_int;
 } opts_knobs[] = {
-    {"SOCKET_IFNAME", offsetof(tutti_comm_opts_t, socket_ifname), 0},
-    {"SOCKET_FAMILY", offsetof(tutti_comm_opts_t, socket_family), 1},
-    {"SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1},
-    {"CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0},
+    { "SOCKET_IFNAME", offsetof(tutti_comm_opts_t, socket_ifname), 0 },
+    { "SOCKET_FAMILY", offsetof(tutti_comm_opts_t, socket_family), 1 },
+    { "SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1 },
+    { "CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0 },
 };
 
 static const char *host_config(void *ctx, const char *name)
@@ -77,8 +79,8 @@ static int host_error(void *ctx, int status, int peer, int err_no, const char *f
     int n = vsnprintf(comm->tp_error, sizeof(comm->tp_error), fmt, ap);
     va_end(ap);
     if (err_no && n > 0 && (size_t)n < sizeof(comm->tp_error))
-        snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)",
-                 err_no, strerror(err_no));
+        snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)", err_no,
+                 strerror(err_no));
     comm->tp_error_peer = peer;
     comm->tp_error_status = status;
     atomic_fetch_add(&comm->tp_error_gen, 1);

@@ -178,8 +178,10 @@ static unsigned long long proc_start(long pid)
         return 0;
     unsigned long long start = 0;
     /* after ')': state (field 3) ... starttime (field 22) */
-    if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                      "%*d %*d %llu", &start) != 1)
+    if (sscanf(p + 1,
+               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+               "%*d %*d %llu",
+               &start) != 1)
         return 0;
     return start;
 }
@@ -187,8 +189,7 @@ static unsigned long long proc_start(long pid)
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
     return snprintf(buf, len, "tutti-instance 2 %s %d %ld %llu %llu %lld %d %s", r->nonce,
-                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms,
-                    r->host);
+                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms, r->host);
 }
 
 static int rec_parse(const char *s, job_rec_t *r)
@@ -324,8 +325,9 @@ static int claim_parse(const char *s, size_t len, job_claim_t *c)
     int off = 0;
     memset(c, 0, sizeof(*c));
     if (!len || s[len - 1] != '\0' ||
-        sscanf(s, "claim 1 %ld %llu %llu %39s %n", &c->pid, &c->start, &c->pidns, c->nonce,
-               &off) < 4 || off == 0)
+        sscanf(s, "claim 1 %ld %llu %llu %39s %n", &c->pid, &c->start, &c->pidns, c->nonce, &off) <
+            4 ||
+        off == 0)
         return -1;
     snprintf(c->host, sizeof(c->host), "%s", s + off);
     return 0;
@@ -403,7 +405,7 @@ static void contest(tutti_store_t *js, const job_rec_t *r, const char *why)
 
 static void sleep_ms(int ms)
 {
-    struct timespec ts = {0, (long)ms * 1000000L};
+    struct timespec ts = { 0, (long)ms * 1000000L };
     nanosleep(&ts, NULL);
 }
 
@@ -417,8 +419,8 @@ static void gc_instance(tutti_store_t *js, const char *nonce)
         TT_INFO("removing the keys of old job instance %s: %s", nonce, tutti_strerror(st));
 }
 
-static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base,
-                      char *err, size_t errlen)
+static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base, char *err,
+                      size_t errlen)
 {
     char prefix[512];
     snprintf(prefix, sizeof(prefix), "%s%s/", base, comm->nonce);
@@ -431,18 +433,21 @@ static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base
     }
     tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
     tutti_store_set_timeout(comm->qstore, tt_comm_quick_ms(comm));
-    snprintf(comm->instance, sizeof(comm->instance), "%s/%s",
-             comm->job_id[0] ? comm->job_id : "-", comm->nonce);
+    snprintf(comm->instance, sizeof(comm->instance), "%s/%s", comm->job_id[0] ? comm->job_id : "-",
+             comm->nonce);
     return TUTTI_OK;
 }
 
-static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
-                        char *err, size_t errlen)
+static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadline, char *err,
+                        size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
-    job_rec_t me = {.nranks = comm->nranks, .pid = (long)getpid(),
-                    .start = proc_start((long)getpid()), .pidns = my_pidns(),
-                    .created_ms = realtime_ms(), .timeout_ms = comm->opts.timeout_ms};
+    job_rec_t me = { .nranks = comm->nranks,
+                     .pid = (long)getpid(),
+                     .start = proc_start((long)getpid()),
+                     .pidns = my_pidns(),
+                     .created_ms = realtime_ms(),
+                     .timeout_ms = comm->opts.timeout_ms };
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
     snprintf(me.host, sizeof(me.host), "%s", my_host);
     rec_format(&me, comm->record, sizeof(comm->record));
@@ -461,16 +466,14 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
             rec_describe(&r, desc, sizeof(desc));
             int fin = rec_finished(js, &r), stale = !fin && rec_stale(&r, my_host);
             int failed = !fin && !stale && rec_setup_failed(js, &r);
-            int mine_over = rec_local(&r, my_host) && r.pid == (long)getpid() &&
-                            !live_has(r.nonce);
+            int mine_over = rec_local(&r, my_host) && r.pid == (long)getpid() && !live_has(r.nonce);
             if (mine_over && !fin && !stale && !failed) {
                 /* this process's own earlier communicator, destroyed: its other ranks
                  * may still be finishing; the last of them removes its keys */
                 TT_INFO("job: %s was this process's earlier communicator; replacing it", desc);
                 replace = 1;
             } else if (fin || stale || failed) {
-                TT_INFO("job: replacing %s %s", fin ? "finished" : stale ? "dead" : "failed",
-                        desc);
+                TT_INFO("job: replacing %s %s", fin ? "finished" : stale ? "dead" : "failed", desc);
                 replace = 2; /* its keys go once the record no longer names it */
             } else if (rec_ready(js, &r) && !rec_contested(js, &r)) {
                 /* running: its ranks are all set up, none can join us by mistake */
@@ -518,8 +521,8 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     }
     free(cur);
     if (st < 0) {
-        snprintf(err, errlen, "creating the job instance at %sinstance: %s",
-                 comm->job_base, tutti_store_last_error(js));
+        snprintf(err, errlen, "creating the job instance at %sinstance: %s", comm->job_base,
+                 tutti_store_last_error(js));
         return st;
     }
     return TUTTI_OK;
@@ -578,8 +581,8 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
 
 /* Claim slot key for this rank, taking it over from a holder on this host that died
  * (this rank restarted in place). The store's answer: the holder now. */
-static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc,
-                     const char *key, const member_wait_t *w, void **holder_p, size_t *hlen_p)
+static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc, const char *key,
+                     const member_wait_t *w, void **holder_p, size_t *hlen_p)
 {
     tutti_store_t *js = comm->job_store;
     int st = tutti_store_compare_set(js, key, "", 0, w->claim, w->claim_len, holder_p, hlen_p);
@@ -590,13 +593,13 @@ static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc,
         unsigned long long hs = proc_start(h.pid);
         if (hs == 0 || hs != h.start) {
             /* its holder died: this rank was restarted in place; take the slot */
-            TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it",
-                    comm->rank, desc, h.pid);
+            TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it", comm->rank,
+                    desc, h.pid);
             void *expected = *holder_p;
             size_t elen = *hlen_p;
             *holder_p = NULL;
-            st = tutti_store_compare_set(js, key, expected, elen, w->claim, w->claim_len,
-                                         holder_p, hlen_p);
+            st = tutti_store_compare_set(js, key, expected, elen, w->claim, w->claim_len, holder_p,
+                                         hlen_p);
             free(expected);
         }
     }
@@ -604,9 +607,9 @@ static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc,
 }
 
 /* The slot is someone else's: wait on (1), or fail if two jobs met (< 0). */
-static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
-                      const char *desc, const void *cur, size_t clen, const void *holder,
-                      size_t hlen, member_wait_t *w, char *err, size_t errlen)
+static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *r, const char *desc,
+                      const void *cur, size_t clen, const void *holder, size_t hlen,
+                      member_wait_t *w, char *err, size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
     job_claim_t h;
@@ -638,9 +641,8 @@ static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *
 }
 
 /* Claim this rank's slot of the instance r (record cur): 0 joined, 1 wait on, < 0 error. */
-static int claim_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
-                      const char *desc, const void *cur, size_t clen, member_wait_t *w,
-                      char *err, size_t errlen)
+static int claim_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *r, const char *desc,
+                      const void *cur, size_t clen, member_wait_t *w, char *err, size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
     char key[96];
@@ -697,11 +699,11 @@ static int member_give_up(tutti_comm_t *comm, const member_wait_t *w, char *err,
     return w->nrej && !w->dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
-static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t deadline,
-                          char *err, size_t errlen)
+static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t deadline, char *err,
+                          size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
-    member_wait_t w = {.dead_only = 1};
+    member_wait_t w = { .dead_only = 1 };
     int poll_ms = JOB_POLL_MS;
     w.claim_len = (size_t)claim_format(w.claim, sizeof(w.claim), my_host, comm->nonce) + 1;
     for (;;) {
@@ -775,8 +777,8 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
         }
     }
     live_add(comm->nonce);
-    TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)",
-            comm->nonce, base);
+    TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)", comm->nonce,
+            base);
     return open_views(comm, store, base, err, errlen);
 }
 
@@ -795,8 +797,7 @@ static int read_contest(tutti_comm_t *comm, char *err, size_t errlen)
                  comm->store_url, tutti_store_last_error(comm->job_store));
         return st;
     }
-    snprintf(err, errlen, "store %s, prefix %s: %s", comm->store_url, comm->job_base,
-             (char *)v);
+    snprintf(err, errlen, "store %s, prefix %s: %s", comm->store_url, comm->job_base, (char *)v);
     free(v);
     return 1;
 }
@@ -854,8 +855,8 @@ void tt_job_leave(tutti_comm_t *comm)
      * record (only if nobody took it meanwhile). */
     void *cur = NULL;
     size_t clen = 0;
-    int released = tutti_store_compare_set(js, "instance", comm->record,
-                                           strlen(comm->record) + 1, "", 0, &cur, &clen) == 0 &&
+    int released = tutti_store_compare_set(js, "instance", comm->record, strlen(comm->record) + 1,
+                                           "", 0, &cur, &clen) == 0 &&
                    clen == 0;
     free(cur);
     gc_instance(js, comm->nonce);

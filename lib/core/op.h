@@ -39,15 +39,15 @@ typedef struct tt_op {
     tt_comm_t *comm;
     int rank, nranks;
     tt_coll_t coll;
-    const void *sendbuf;   /* never TUTTI_IN_PLACE: equals recvbuf when in place (for
+    const void *sendbuf; /* never TUTTI_IN_PLACE: equals recvbuf when in place (for
                               allgather: recvbuf + rdispls[rank]; for reduce_scatter
                               in place the input is recvbuf... see the layouts below);
                               for broadcast, the root's data (may equal recvbuf) */
     void *recvbuf;
-    size_t count;          /* elements */
+    size_t count; /* elements */
     size_t elem_size;
     tutti_dtype_t dtype;
-    tutti_redop_t redop;   /* the reduction to apply (AVG arrives here as SUM) */
+    tutti_redop_t redop; /* the reduction to apply (AVG arrives here as SUM) */
     int root;
     /* Per-rank layouts, in elements, nranks entries each (never NULL for the
      * collectives below; the library fills them for the equal-block forms):
@@ -66,24 +66,24 @@ typedef struct tt_op {
      * recvcounts matter at the root only, and so on). */
     const size_t *sendcounts, *sdispls;
     const size_t *recvcounts, *rdispls;
-    size_t chunk_bytes;    /* pipelining chunk (TUTTI_CHUNK_BYTES) */
+    size_t chunk_bytes; /* pipelining chunk (TUTTI_CHUNK_BYTES) */
     /* the collective's row of the descriptor table (coll.h), set where the call is
      * checked, so that the executor below it needs no reference to the table */
     const struct tt_coll_desc *desc;
     /* filled by the library for the envelope: */
     uint64_t seq;
     uint64_t fingerprint;
-    uint64_t env_count;    /* the count in envelopes: the same on every rank (0 where
+    uint64_t env_count; /* the count in envelopes: the same on every rank (0 where
                               per-rank layouts legitimately differ) */
     uint32_t algo_id;
     uint64_t deadline_ns;
-    int tp_error_gen;      /* transport failures seen before this op started */
+    int tp_error_gen;       /* transport failures seen before this op started */
     uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */
-    int stall_published;   /* stall/<rank> holds this op (waiting on stall_peer) */
+    int stall_published;    /* stall/<rank> holds this op (waiting on stall_peer) */
     int stall_peer, stall_kind;
-    int store_down;        /* a store call on a failure path failed: no more this op */
-    uint64_t awake_ns;     /* when this rank last came back from a wait (0: not yet) */
-    uint64_t stopped_ns;   /* time this process was not running during the op (a
+    int store_down;      /* a store call on a failure path failed: no more this op */
+    uint64_t awake_ns;   /* when this rank last came back from a wait (0: not yet) */
+    uint64_t stopped_ns; /* time this process was not running during the op (a
                               SIGSTOP, a debugger, starvation): not counted against
                               the deadline, and said in its error */
 } tt_op_t;

@@ -47,9 +47,11 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 
 /* The string fields, which the communicator owns and the environment fills where the
  * caller's options leave them NULL. */
-#define TT_OPTS_STRINGS(X)                                                              \
-    X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model)          \
+/* clang-format off */
+#define TT_OPTS_STRINGS(X) \
+    X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model) \
     X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum)
+/* clang-format on */
 
 void tt_comm_opts_free(tutti_comm_opts_t *o)
 {

@@ -11,8 +11,8 @@
 #include "core/state.h"
 #include "base/base.h"
 
-static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len,
-                     uint32_t tag, tt_req_t *ireq)
+static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t len, uint32_t tag,
+                     tt_req_t *ireq)
 {
     tutti_tp_req_v2_t *req = &ireq->tp;
     memset(req, 0, sizeof(*req)); /* also mem = TUTTI_MEM_HOST, no handle, no stream */
@@ -56,8 +56,7 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
     return TUTTI_OK;
 }
 
-int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag,
-                tt_req_t *req)
+int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag, tt_req_t *req)
 {
     return post(op, TUTTI_TP_SEND, peer, buf, len, tag, req);
 }

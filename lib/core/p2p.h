@@ -20,8 +20,7 @@
 /* Post a send of len bytes to peer / a receive of len bytes from peer. tag tells
  * messages of one collective apart (e.g. step and chunk); both sides must use the same
  * tag for the same message. */
-int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag,
-                tt_req_t *req);
+int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag, tt_req_t *req);
 int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_req_t *req);
 
 /* Wait for one / all of n requests (bounded by the operation's deadline). */

@@ -20,18 +20,18 @@ struct tt_algo_override;
 
 struct tutti_work {
     tutti_comm_t *comm;
-    atomic_int refs;       /* the user's handle + the queue */
+    atomic_int refs; /* the user's handle + the queue */
     atomic_int done;
     int status;
     tt_op_t op;
     tutti_redop_t user_redop; /* AVG stays AVG here (op.redop is SUM then) */
-    size_t *layout;        /* owned copy of the op's layout arrays, or NULL */
+    size_t *layout;           /* owned copy of the op's layout arrays, or NULL */
     /* tutti_send/recv: posted when its turn comes, then in flight until the transport
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
     tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
     uint64_t p2p_deadline_ns;
-    uint64_t defer_until_ns;  /* issued deferred: the progress thread leaves it to a
+    uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
     struct tutti_work *inflight_next;
     struct tutti_work *next;
@@ -40,37 +40,37 @@ struct tutti_work {
 
 struct tutti_comm {
     int rank, nranks;
-    tutti_comm_opts_t opts;   /* strings owned (strdup'ed) */
-    tutti_store_t *store;     /* this communicator's prefixed view */
+    tutti_comm_opts_t opts;     /* strings owned (strdup'ed) */
+    tutti_store_t *store;       /* this communicator's prefixed view */
     tutti_store_t *owned_store; /* opened by tutti_comm_init_env */
-    tutti_store_t *qstore;    /* the same keys with a short default deadline: for store
+    tutti_store_t *qstore;      /* the same keys with a short default deadline: for store
                                  calls on failure paths and stall checks, which must not
                                  outlast the communicator's timeout (a dead store server
                                  is retried only this long) */
-    uint64_t quick_ns;        /* tt_comm_quick_ms in ns, computed once (read per wait) */
-    char instance[128];       /* "<job id>/<nonce>": this job instance (host.instance) */
+    uint64_t quick_ns;          /* tt_comm_quick_ms in ns, computed once (read per wait) */
+    char instance[128];         /* "<job id>/<nonce>": this job instance (host.instance) */
     /* job identity (job.c): the prefix of this job's communicator, a view of it for the
      * instance record, the job id, this instance's nonce and record */
     tutti_store_t *job_store;
     char job_base[512];
     char job_id[80];
-    const char *job_src;      /* where the job id came from ("TUTTI_JOB_ID", ...) */
+    const char *job_src; /* where the job id came from ("TUTTI_JOB_ID", ...) */
     char nonce[40];
     char record[768];
-    char *secret;             /* the job secret (NULL: authentication off) */
+    char *secret; /* the job secret (NULL: authentication off) */
     size_t secret_len;
     char store_url[256];
 
     const tutti_transport_ops_v2_t *tp_ops;
     void *tp;
-    void *tp_handle;          /* dlopen handle of a plugin */
+    void *tp_handle; /* dlopen handle of a plugin */
     tutti_tp_host_v2_t host;
-    char tp_name[64];         /* "tcp", or "shm+tcp" when several serve different peers */
-    char host_id[256];        /* this host's identity (tpmux.c) */
+    char tp_name[64];  /* "tcp", or "shm+tcp" when several serve different peers */
+    char host_id[256]; /* this host's identity (tpmux.c) */
 
     struct tt_algo_override *algo_ovr;
-    tt_cost_t cost;           /* the cost model's parameters (the same on every rank) */
-    struct {                  /* the last choice per collective (used by the thread
+    tt_cost_t cost; /* the cost model's parameters (the same on every rank) */
+    struct {        /* the last choice per collective (used by the thread
                                  running ops only): small messages skip the model */
         size_t bytes;
         const struct tt_algo *algo;
@@ -84,25 +84,25 @@ struct tutti_comm {
     char tp_error[TT_ERRMSG_LEN]; /* the transport's latest explanation */
     int tp_error_peer;
     int tp_error_status;
-    atomic_int tp_error_gen;  /* counts transport failures */
-    atomic_int failed;        /* 0, or the status of the failure */
+    atomic_int tp_error_gen; /* counts transport failures */
+    atomic_int failed;       /* 0, or the status of the failure */
     uint64_t failed_seq;
     /* this process found not running (p2p.c): its peers may time out on it meanwhile */
-    uint64_t op_end_ns;       /* when the last op ended */
-    uint64_t stop_end_ns;     /* when the last stop seen ended (0: none), */
-    uint64_t stop_ns;         /* how long it was at least, */
-    int stop_between_ops;     /* and whether it was outside the library (maybe busy) */
+    uint64_t op_end_ns;   /* when the last op ended */
+    uint64_t stop_end_ns; /* when the last stop seen ended (0: none), */
+    uint64_t stop_ns;     /* how long it was at least, */
+    int stop_between_ops; /* and whether it was outside the library (maybe busy) */
     atomic_int aborted;
 
     /* the op queue: ops run one at a time, in issue order, by whichever thread holds
      * `executing`: the caller of a blocking op, a waiter, or the progress thread */
     pthread_mutex_t q_lock;
-    pthread_cond_t q_cv;      /* the progress thread waits for work */
-    pthread_cond_t done_cv;   /* waiters wait for completions */
+    pthread_cond_t q_cv;    /* the progress thread waits for work */
+    pthread_cond_t done_cv; /* waiters wait for completions */
     tutti_work_t *q_head, *q_tail;
     int executing;
     int stopping;
-    int defer_seen;           /* an op was issued deferred: the progress thread ticks */
+    int defer_seen; /* an op was issued deferred: the progress thread ticks */
     uint64_t next_seq;
     pthread_t worker;
     int worker_started;
@@ -115,9 +115,9 @@ struct tutti_comm {
     void *stage[2];
     size_t stage_len[2];
 
-    tutti_work_t *inflight;   /* posted sends/recvs, in posting order */
-    uint64_t *p2p_send_seq;   /* per peer: the sequence numbers of point-to-point */
-    uint64_t *p2p_recv_seq;   /* messages, separate from the collectives' */
+    tutti_work_t *inflight; /* posted sends/recvs, in posting order */
+    uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
+    uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
 };
 
 #endif /* TT_STATE_H */

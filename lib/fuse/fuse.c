@@ -26,7 +26,7 @@ typedef struct tt_fuse_tensor {
     size_t count, bytes;
     tutti_dtype_t dtype;
     int bucket;
-    size_t offset; /* bytes into the bucket buffer */
+    size_t offset;          /* bytes into the bucket buffer */
     _Atomic uint64_t *word; /* its word of the bucket's arrival bitmap, */
     uint64_t bit, full;     /* its bit there, and the word's value when full */
     atomic_uchar unused;    /* declared (or went out as) unused this step */
@@ -41,10 +41,10 @@ typedef struct tt_fuse_bucket {
     int ntensors;
     size_t bytes, count, cap;
     unsigned char *buf;
-    uint16_t *scratch; /* fp16/bf16 copy when compressed */
+    uint16_t *scratch;         /* fp16/bf16 copy when compressed */
     _Atomic uint64_t *arrived; /* one bit per tensor, this step */
     int nwords;
-    atomic_int words_left;     /* words of `arrived` not yet full */
+    atomic_int words_left; /* words of `arrived` not yet full */
     int status;
     tutti_work_t *work;
 } tt_fuse_bucket_t;
@@ -64,10 +64,10 @@ struct tutti_fuse {
     int *layout_order; /* tensor order the layout was built from */
     atomic_int built;  /* marks read it without the lock */
     int steps_done;
-    int next_issue; /* next bucket to issue this step */
+    int next_issue;   /* next bucket to issue this step */
     int *ready_order; /* first step: order of arrival */
     atomic_int nready;
-    int no_rebuild; /* static, or the rebuild already happened (else this step records) */
+    int no_rebuild;        /* static, or the rebuild already happened (else this step records) */
     atomic_int any_unused; /* some tensor is unused this step */
     char err[256];
 };
@@ -87,7 +87,10 @@ static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
     return st;
 }
 
-static size_t align_up(size_t x) { return (x + TT_FUSE_ALIGN - 1) & ~(size_t)(TT_FUSE_ALIGN - 1); }
+static size_t align_up(size_t x)
+{
+    return (x + TT_FUSE_ALIGN - 1) & ~(size_t)(TT_FUSE_ALIGN - 1);
+}
 
 static int compressible(const tutti_fuse_t *f, tutti_dtype_t dt)
 {
@@ -108,10 +111,10 @@ int tutti_fuse_opts_init(tutti_fuse_opts_t *opts)
     opts->last_bucket_cap_bytes = TT_FUSE_DEFAULT_LAST_CAP;
     opts->min_buckets = tt_env_int("FUSE_MIN_BUCKETS", TT_FUSE_DEFAULT_MIN_BUCKETS);
     opts->op = TUTTI_SUM;
-    static const char *const names[3] = {"FUSE_BUCKET_CAP", "FUSE_FIRST_BUCKET_CAP",
-                                          "FUSE_LAST_BUCKET_CAP"};
-    size_t *fields[3] = {&opts->bucket_cap_bytes, &opts->first_bucket_cap_bytes,
-                         &opts->last_bucket_cap_bytes};
+    static const char *const names[3] = { "FUSE_BUCKET_CAP", "FUSE_FIRST_BUCKET_CAP",
+                                          "FUSE_LAST_BUCKET_CAP" };
+    size_t *fields[3] = { &opts->bucket_cap_bytes, &opts->first_bucket_cap_bytes,
+                          &opts->last_bucket_cap_bytes };
     for (int i = 0; i < 3; i++) {
         const char *v = tt_env(names[i]);
         size_t x;
@@ -302,7 +305,7 @@ static int layout_assign(const tutti_fuse_t *f, const int *order, int tail, size
         }
         int nbk = nb++;
         b[nbk].dtype = t->dtype;
-        b[nbk].cap = nbk == 0   ? f->opts.first_bucket_cap_bytes
+        b[nbk].cap = nbk == 0    ? f->opts.first_bucket_cap_bytes
                      : k >= tail ? f->opts.last_bucket_cap_bytes
                                  : cap;
         b[nbk].bytes = need;
@@ -326,8 +329,7 @@ static int buckets_alloc(const tutti_fuse_t *f, tt_fuse_bucket_t *b, int nb)
         b[j].arrived = calloc((size_t)b[j].nwords, sizeof(*b[j].arrived));
         atomic_init(&b[j].words_left, b[j].nwords);
         void *p = NULL;
-        if (!b[j].tensors || !b[j].arrived ||
-            posix_memalign(&p, TT_FUSE_ALIGN, b[j].bytes) != 0) {
+        if (!b[j].tensors || !b[j].arrived || posix_memalign(&p, TT_FUSE_ALIGN, b[j].bytes) != 0) {
             st = TUTTI_ERR_NOMEM;
             b[j].buf = NULL;
             continue;
@@ -478,7 +480,10 @@ int tutti_fuse_tensor_bucket(tutti_fuse_t *f, int index, int *bucket_p)
     return st;
 }
 
-const char *tutti_fuse_last_error(const tutti_fuse_t *f) { return f ? f->err : ""; }
+const char *tutti_fuse_last_error(const tutti_fuse_t *f)
+{
+    return f ? f->err : "";
+}
 
 /* ---- issuing buckets ---- */
 
@@ -517,8 +522,12 @@ static void compress_up(tutti_fuse_t *f, tt_fuse_bucket_t *b)
 static void bucket_info(tutti_fuse_t *f, int j, tutti_fuse_bucket_t *info)
 {
     tt_fuse_bucket_t *b = &f->buckets[j];
-    *info = (tutti_fuse_bucket_t){.index = j, .data = b->buf, .count = b->count,
-                                  .dtype = b->dtype, .op = f->opts.op, .nranks = f->nranks};
+    *info = (tutti_fuse_bucket_t){ .index = j,
+                                   .data = b->buf,
+                                   .count = b->count,
+                                   .dtype = b->dtype,
+                                   .op = f->opts.op,
+                                   .nranks = f->nranks };
 }
 
 static void bucket_issue(tutti_fuse_t *f, int j)
@@ -536,13 +545,12 @@ static void bucket_issue(tutti_fuse_t *f, int j)
             fuse_error(f, st, "bucket %d: hook failed: %s", j, tutti_strerror(st));
     } else if (b->scratch) {
         compress_down(f, b);
-        tutti_dtype_t wire =
-            f->opts.compress == TUTTI_FUSE_COMPRESS_BF16 ? TUTTI_BF16 : TUTTI_FP16;
-        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->scratch, b->count, wire,
-                                   TUTTI_SUM, &b->work);
+        tutti_dtype_t wire = f->opts.compress == TUTTI_FUSE_COMPRESS_BF16 ? TUTTI_BF16 : TUTTI_FP16;
+        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->scratch, b->count, wire, TUTTI_SUM,
+                                   &b->work);
     } else {
-        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->buf, b->count, b->dtype,
-                                   f->opts.op, &b->work);
+        st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, b->buf, b->count, b->dtype, f->opts.op,
+                                   &b->work);
     }
     if (st < 0 && !f->has_hook)
         fuse_error(f, st, "bucket %d: %s", j, tutti_comm_last_error(f->comm));
@@ -586,14 +594,14 @@ static int arrive_bit(tutti_fuse_t *f, const tt_fuse_tensor_t *t)
         return -1;
     if ((old | t->bit) != t->full)
         return 0;
-    return atomic_fetch_sub_explicit(&f->buckets[t->bucket].words_left, 1,
-                                     memory_order_acq_rel) == 1;
+    return atomic_fetch_sub_explicit(&f->buckets[t->bucket].words_left, 1, memory_order_acq_rel) ==
+           1;
 }
 
 static int arrive_error(tutti_fuse_t *f, int index, const char *what)
 {
-    return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step",
-                      what, index);
+    return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: tensor %d already arrived this step", what,
+                      index);
 }
 
 /* t counts as zeros this step (declared unused, or forgotten): its place is zeroed, and
@@ -673,10 +681,9 @@ static int unused_agree(tutti_fuse_t *f)
         for (int i = 0; i < n; i++) {
             if (v[i] != 0 && v[i] != f->nranks) {
                 st = fuse_error(f, TUTTI_ERR_MISMATCH,
-                                "tensor %d is unused on %d of %d ranks (this rank: %s)", i,
-                                v[i], f->nranks,
-                                atomic_load_explicit(&f->tensors[i].unused,
-                                                     memory_order_relaxed)
+                                "tensor %d is unused on %d of %d ranks (this rank: %s)", i, v[i],
+                                f->nranks,
+                                atomic_load_explicit(&f->tensors[i].unused, memory_order_relaxed)
                                     ? "unused"
                                     : "used");
                 break;
@@ -715,16 +722,17 @@ static int rebuild_from_order(tutti_fuse_t *f)
             ord[k++] = i;
     st = tutti_broadcast(f->comm, TUTTI_IN_PLACE, ord, (size_t)n, TUTTI_INT32, 0);
     if (st < 0) {
-        fuse_error(f, st, "broadcasting the recorded order: %s",
-                   tutti_comm_last_error(f->comm));
+        fuse_error(f, st, "broadcasting the recorded order: %s", tutti_comm_last_error(f->comm));
         goto out_free;
     }
     memset(seen, 0, sizeof(int) * (size_t)n);
     int same = 1;
     for (int i = 0; i < n; i++) {
         if (ord[i] < 0 || ord[i] >= n || seen[ord[i]]) {
-            st = fuse_error(f, TUTTI_ERR_PROTOCOL, "recorded order from rank 0 is not a "
-                                                   "permutation (entry %d)", i);
+            st = fuse_error(f, TUTTI_ERR_PROTOCOL,
+                            "recorded order from rank 0 is not a "
+                            "permutation (entry %d)",
+                            i);
             goto out_free;
         }
         seen[ord[i]] = 1;
@@ -879,9 +887,9 @@ static int coal_issue(const tt_coal_t *c, void *buf, size_t bytes, tutti_work_t 
         return work_p ? tutti_broadcast_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype,
                                               c->root, work_p)
                       : tutti_broadcast(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->root);
-    return work_p ? tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op,
-                                          work_p)
-                  : tutti_allreduce(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op);
+    return work_p
+               ? tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op, work_p)
+               : tutti_allreduce(c->comm, TUTTI_IN_PLACE, buf, count, c->dtype, c->op);
 }
 
 /* A tensor this big is bandwidth-bound on its own on any transport: packing it would
@@ -993,8 +1001,14 @@ int tutti_broadcast_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
     for (int i = 0; i < n; i++)
         if (bytes[i])
             idx[m++] = i;
-    tt_coal_t c = {.comm = comm, .bcast = 1, .root = root, .rank = tutti_comm_rank(comm),
-                   .dtype = TUTTI_UINT8, .bufs = bufs, .bytes = bytes, .idx = idx};
+    tt_coal_t c = { .comm = comm,
+                    .bcast = 1,
+                    .root = root,
+                    .rank = tutti_comm_rank(comm),
+                    .dtype = TUTTI_UINT8,
+                    .bufs = bufs,
+                    .bytes = bytes,
+                    .idx = idx };
     int st = coal_run(&c, m, cap_bytes ? cap_bytes : TT_FUSE_DEFAULT_CAP);
     free(bytes);
     free(idx);
@@ -1018,8 +1032,13 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
                 idx[m++] = i;
         if (!m)
             continue;
-        tt_coal_t c = {.comm = comm, .op = op, .rank = tutti_comm_rank(comm),
-                       .dtype = (tutti_dtype_t)d, .bufs = bufs, .bytes = bytes, .idx = idx};
+        tt_coal_t c = { .comm = comm,
+                        .op = op,
+                        .rank = tutti_comm_rank(comm),
+                        .dtype = (tutti_dtype_t)d,
+                        .bufs = bufs,
+                        .bytes = bytes,
+                        .idx = idx };
         st = coal_run(&c, m, cap_bytes ? cap_bytes : TT_FUSE_DEFAULT_CAP);
     }
     free(bytes);

@@ -43,14 +43,14 @@ void tt_host_id(const char *override, char *out, size_t len)
 typedef struct mux_sub {
     const tutti_transport_ops_v2_t *ops;
     void *tp;
-    void *handle;                /* dlopen handle, or NULL */
-    tutti_tp_host_v2_t host;     /* the library's, with `peers` narrowed and store keys
+    void *handle;            /* dlopen handle, or NULL */
+    tutti_tp_host_v2_t host; /* the library's, with `peers` narrowed and store keys
                                     under "<local|remote>/" (two instances of one
                                     transport must not share keys); ctx is this sub */
     const tutti_tp_host_v2_t *parent;
     const char *kprefix;
     unsigned char *peers;
-    tutti_tp_req_v2_t **pend;    /* posted, possibly not complete */
+    tutti_tp_req_v2_t **pend; /* posted, possibly not complete */
     size_t npend, cap;
 } mux_sub_t;
 
@@ -59,7 +59,7 @@ typedef struct mux {
     int spin_us;
     int nsub;
     mux_sub_t sub[MUX_MAX];
-    int *peer_sub;               /* nranks entries: index into sub[], -1 for self */
+    int *peer_sub; /* nranks entries: index into sub[], -1 for self */
 } mux_t;
 
 /* The sub-transports' host callbacks: forward to the library's. */
@@ -71,8 +71,7 @@ static int sub_store_set(void *ctx, const char *key, const void *value, size_t l
     return s->parent->store_set(s->parent->ctx, k, value, len);
 }
 
-static int sub_store_get(void *ctx, const char *key, void **value_p, size_t *len_p,
-                         int timeout_ms)
+static int sub_store_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
 {
     mux_sub_t *s = ctx;
     char k[512];
@@ -87,17 +86,17 @@ static const char *sub_config(void *ctx, const char *name)
 }
 
 /* char msg[2048], formatted from fmt and the variadic arguments that follow it */
-#define SUB_FORMAT(msg, fmt)                                                                \
-    char msg[2048];                                                                         \
-    do {                                                                                    \
-        va_list ap_;                                                                        \
-        va_start(ap_, fmt);                                                                 \
-        vsnprintf(msg, sizeof(msg), fmt, ap_);                                              \
-        va_end(ap_);                                                                        \
+#define SUB_FORMAT(msg, fmt)                                                                       \
+    char msg[2048];                                                                                \
+    do {                                                                                           \
+        va_list ap_;                                                                               \
+        va_start(ap_, fmt);                                                                        \
+        vsnprintf(msg, sizeof(msg), fmt, ap_);                                                     \
+        va_end(ap_);                                                                               \
     } while (0)
 
-__attribute__((format(printf, 3, 4))) static void sub_log(void *ctx, int level,
-                                                          const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void sub_log(void *ctx, int level, const char *fmt,
+                                                          ...)
 {
     mux_sub_t *s = ctx;
     SUB_FORMAT(msg, fmt);
@@ -158,15 +157,20 @@ static int mux_post(void *vmux, tutti_tp_req_v2_t *req, int kind)
         s->pend = p;
         s->cap = cap;
     }
-    int st = kind == TUTTI_TP_SEND ? s->ops->post_send(s->tp, req)
-                                   : s->ops->post_recv(s->tp, req);
+    int st = kind == TUTTI_TP_SEND ? s->ops->post_send(s->tp, req) : s->ops->post_recv(s->tp, req);
     if (st == TUTTI_OK && req->status == 1)
         s->pend[s->npend++] = req;
     return st;
 }
 
-static int mux_post_send(void *m, tutti_tp_req_v2_t *req) { return mux_post(m, req, TUTTI_TP_SEND); }
-static int mux_post_recv(void *m, tutti_tp_req_v2_t *req) { return mux_post(m, req, TUTTI_TP_RECV); }
+static int mux_post_send(void *m, tutti_tp_req_v2_t *req)
+{
+    return mux_post(m, req, TUTTI_TP_SEND);
+}
+static int mux_post_recv(void *m, tutti_tp_req_v2_t *req)
+{
+    return mux_post(m, req, TUTTI_TP_RECV);
+}
 
 static int mux_progress(void *vmux, int timeout_ms)
 {
@@ -256,7 +260,10 @@ static void mux_free(mux_t *m)
     free(m);
 }
 
-static void mux_destroy(void *vmux) { mux_free(vmux); }
+static void mux_destroy(void *vmux)
+{
+    mux_free(vmux);
+}
 
 static int mux_create_unused(const tutti_tp_host_v2_t *host, void **tp_p)
 {
@@ -269,7 +276,7 @@ static const tutti_transport_ops_v2_t mux_ops = {
     .size = sizeof(tutti_transport_ops_v2_t),
     .abi_version = TUTTI_TRANSPORT_ABI_V2,
     .name = "mux",
-    .props = {.mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST)}, /* its parts' are in
+    .props = { .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST) }, /* its parts' are in
                                                              tt_transports_props */
     .create = mux_create_unused,
     .destroy = mux_destroy,
@@ -339,8 +346,10 @@ static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, c
         }
     }
     if (local_only(comm, remote)) {
-        snprintf(err, errlen, "TUTTI_TRANSPORT=\"%s\": %s reaches only ranks on this host; "
-                 "it cannot serve remote peers", spec, remote);
+        snprintf(err, errlen,
+                 "TUTTI_TRANSPORT=\"%s\": %s reaches only ranks on this host; "
+                 "it cannot serve remote peers",
+                 spec, remote);
         return TUTTI_ERR_CONFIG;
     }
     return TUTTI_OK;
@@ -348,8 +357,8 @@ static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, c
 
 /* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host. */
 static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *local,
-                             char *first_remote, size_t frlen, int *first_remote_rank,
-                             char *err, size_t errlen)
+                             char *first_remote, size_t frlen, int *first_remote_rank, char *err,
+                             size_t errlen)
 {
     int n = comm->nranks;
     char key[64];
@@ -363,7 +372,7 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
     char **keys = calloc((size_t)n, sizeof(char *));
     void **vals = calloc((size_t)n, sizeof(void *));
     size_t *lens = calloc((size_t)n, sizeof(size_t));
-    char (*kbuf)[32] = calloc((size_t)n, 32);
+    char(*kbuf)[32] = calloc((size_t)n, 32);
     if (!keys || !vals || !lens || !kbuf) {
         st = TUTTI_ERR_NOMEM;
         goto out;
@@ -409,8 +418,8 @@ static int classify_peers(tutti_comm_t *comm, const char *local_name, const char
      * with no local peers still uses "remote/" keys, like its peers do). */
     int split = strcmp(local_name, remote_name) != 0;
     if (split || local_only(comm, local_name)) {
-        int st = exchange_host_ids(comm, comm->host_id, local, remote_host,
-                                   sizeof(remote_host), &remote_rank, err, errlen);
+        int st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
+                                   &remote_rank, err, errlen);
         if (st < 0)
             return st;
     } else {
@@ -441,14 +450,14 @@ static int load_transports(tutti_comm_t *comm, const char *local_name, const cha
 {
     /* (auto without shm built in chose tcp for both halves in parse_spec) */
     if (npeers[0] > 0) {
-        int st = tt_transport_load(local_name, comm->opts.plugin_path, &ops[0], &handle[0],
-                                   err, errlen);
+        int st = tt_transport_load(local_name, comm->opts.plugin_path, &ops[0], &handle[0], err,
+                                   errlen);
         if (st < 0)
             return st;
     }
     if (npeers[1] > 0 && (npeers[0] == 0 || strcmp(local_name, remote_name))) {
-        int st = tt_transport_load(remote_name, comm->opts.plugin_path, &ops[1], &handle[1],
-                                   err, errlen);
+        int st = tt_transport_load(remote_name, comm->opts.plugin_path, &ops[1], &handle[1], err,
+                                   errlen);
         if (st < 0) {
             tt_transport_unload(handle[0]);
             return st;
@@ -460,8 +469,8 @@ static int load_transports(tutti_comm_t *comm, const char *local_name, const cha
 }
 
 /* One transport for every peer: no multiplexer. */
-static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops,
-                         void *handle, char *err, size_t errlen)
+static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops, void *handle,
+                         char *err, size_t errlen)
 {
     comm->tp_ops = ops;
     comm->tp_handle = handle;
@@ -469,8 +478,8 @@ static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops
     int st = comm->tp_ops->create(&comm->host, &comm->tp);
     if (st < 0) {
         comm->tp = NULL;
-        snprintf(err, errlen, "transport %s failed to connect %d ranks: %s",
-                 comm->tp_ops->name, comm->nranks, comm->tp_error);
+        snprintf(err, errlen, "transport %s failed to connect %d ranks: %s", comm->tp_ops->name,
+                 comm->nranks, comm->tp_error);
     }
     return st;
 }
@@ -517,8 +526,8 @@ static mux_t *mux_new(const tutti_comm_t *comm, const unsigned char *local, cons
 
 /* Create each sub-transport on a host of its own, which keeps its store keys apart and
  * names only its peers. */
-static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2],
-                       const int npeers[2], char *err, size_t errlen)
+static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], const int npeers[2],
+                       char *err, size_t errlen)
 {
     /* Every rank creates its local transport first, then the remote one, so the
      * connection set-ups (each among the ranks it serves) cannot wait on each other. */
@@ -541,8 +550,7 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2],
         if (st < 0) {
             s->tp = NULL;
             snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
-                     s->ops->name, npeers[role], role == 0 ? "local" : "remote",
-                     comm->tp_error);
+                     s->ops->name, npeers[role], role == 0 ? "local" : "remote", comm->tp_error);
             return st;
         }
     }
@@ -553,8 +561,8 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 {
     int n = comm->nranks;
     char local_name[128], remote_name[128];
-    int st = parse_spec(comm, comm->opts.transport, local_name, remote_name, sizeof(local_name), err,
-                        errlen);
+    int st = parse_spec(comm, comm->opts.transport, local_name, remote_name, sizeof(local_name),
+                        err, errlen);
     if (st < 0)
         return st;
     tt_host_id(comm->opts.host_id, comm->host_id, sizeof(comm->host_id));
@@ -562,8 +570,8 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     comm->host.peers = NULL;
 
     if (n == 1) { /* no peers: load the transport, connect nothing */
-        st = tt_transport_load(local_name, comm->opts.plugin_path, &comm->tp_ops,
-                               &comm->tp_handle, err, errlen);
+        st = tt_transport_load(local_name, comm->opts.plugin_path, &comm->tp_ops, &comm->tp_handle,
+                               err, errlen);
         if (st == TUTTI_OK)
             snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", comm->tp_ops->name);
         return st;
@@ -572,10 +580,10 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     unsigned char *local = calloc((size_t)n, 1);
     if (!local)
         return TUTTI_ERR_NOMEM;
-    int npeers[2] = {0, 0}; /* local, remote */
-    const tutti_transport_ops_v2_t *ops[2] = {NULL, NULL};
-    void *handle[2] = {NULL, NULL};
-    int role_sub[2] = {-1, -1};
+    int npeers[2] = { 0, 0 }; /* local, remote */
+    const tutti_transport_ops_v2_t *ops[2] = { NULL, NULL };
+    void *handle[2] = { NULL, NULL };
+    int role_sub[2] = { -1, -1 };
     mux_t *m = NULL;
     st = classify_peers(comm, local_name, remote_name, local, &npeers[0], err, errlen);
     if (st < 0)

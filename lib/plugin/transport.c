@@ -11,8 +11,8 @@
 #include "plugin/transport.h"
 
 /* What both table versions must have; NULL when all is there, else what is wrong. */
-#define TT_OPS_COMPLETE(o)                                                                  \
-    ((o)->name && (o)->create && (o)->destroy && (o)->post_send && (o)->post_recv &&        \
+#define TT_OPS_COMPLETE(o)                                                                         \
+    ((o)->name && (o)->create && (o)->destroy && (o)->post_send && (o)->post_recv &&               \
      (o)->progress && (o)->cancel_all && (o)->notify_error && (o)->abort)
 
 static int refuse(const char *what, char *err, size_t errlen, unsigned version, size_t size,
@@ -24,8 +24,8 @@ static int refuse(const char *what, char *err, size_t errlen, unsigned version, 
                  "(and %u); rebuild the plugin against this tutti",
                  what, version, TUTTI_TRANSPORT_ABI_V2, TUTTI_TRANSPORT_ABI_V1);
     else if (size < need)
-        snprintf(err, errlen, "transport %s: ops table is %zu bytes, ABI v%u needs %zu", what,
-                 size, version, need);
+        snprintf(err, errlen, "transport %s: ops table is %zu bytes, ABI v%u needs %zu", what, size,
+                 version, need);
     else if (!complete)
         snprintf(err, errlen, "transport %s: ops table lacks a required function", what);
     else
@@ -53,9 +53,8 @@ static int check_table(const tutti_transport_ops_v2_t *ops, const char *what, ch
 }
 
 /* A v1 table: checked as v1 always was, then wrapped by the shim. */
-static const tutti_transport_ops_v2_t *load_v1(const tutti_transport_ops_v1_t *v1,
-                                               void *handle, const char *what, char *err,
-                                               size_t errlen)
+static const tutti_transport_ops_v2_t *load_v1(const tutti_transport_ops_v1_t *v1, void *handle,
+                                               const char *what, char *err, size_t errlen)
 {
     if (!v1) {
         snprintf(err, errlen, "transport %s: entry point returned no table", what);

@@ -9,8 +9,7 @@
 #include "base/base.h"
 #include "plugin/transport.h"
 
-_Static_assert(offsetof(tutti_tp_req_v2_t, tp_private) ==
-                   offsetof(tutti_tp_req_v1_t, tp_private),
+_Static_assert(offsetof(tutti_tp_req_v2_t, tp_private) == offsetof(tutti_tp_req_v1_t, tp_private),
                "a v2 request must begin with v1's fields");
 _Static_assert(offsetof(tutti_tp_req_v2_t, mem) >= sizeof(tutti_tp_req_v1_t),
                "v2 fields follow v1's");
@@ -49,17 +48,18 @@ static int shim_create(int slot, const tutti_tp_host_v2_t *host, void **tp_p)
     return TUTTI_OK;
 }
 
-#define SHIM_CREATE(i)                                                                      \
-    static int shim_create_##i(const tutti_tp_host_v2_t *host, void **tp_p)                 \
-    {                                                                                       \
-        return shim_create(i, host, tp_p);                                                  \
+#define SHIM_CREATE(i)                                                                             \
+    static int shim_create_##i(const tutti_tp_host_v2_t *host, void **tp_p)                        \
+    {                                                                                              \
+        return shim_create(i, host, tp_p);                                                         \
     }
 SHIM_CREATE(0)
 SHIM_CREATE(1)
 SHIM_CREATE(2)
 SHIM_CREATE(3)
-static int (*const shim_creates[SHIM_SLOTS])(const tutti_tp_host_v2_t *, void **) = {
-    shim_create_0, shim_create_1, shim_create_2, shim_create_3};
+static int (*const shim_creates[SHIM_SLOTS])(const tutti_tp_host_v2_t *,
+                                             void **) = { shim_create_0, shim_create_1,
+                                                          shim_create_2, shim_create_3 };
 
 static void shim_destroy(void *tp)
 {
@@ -142,7 +142,7 @@ const tutti_transport_ops_v2_t *tt_transport_v1_wrap(const tutti_transport_ops_v
             .size = sizeof(tutti_transport_ops_v2_t),
             .abi_version = TUTTI_TRANSPORT_ABI_V2,
             .name = v1->name,
-            .props = {.flags = 0, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST)},
+            .props = { .flags = 0, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST) },
             .create = shim_creates[free_slot],
             .destroy = shim_destroy,
             .post_send = shim_post_send,
@@ -157,8 +157,10 @@ const tutti_transport_ops_v2_t *tt_transport_v1_wrap(const tutti_transport_ops_v
     }
     pthread_mutex_unlock(&slots_lock);
     if (!ops)
-        snprintf(err, errlen, "transport %s: ABI v1 plugin, but %d v1 plugins are loaded "
-                 "already (the most this library runs at once)", v1->name, SHIM_SLOTS);
+        snprintf(err, errlen,
+                 "transport %s: ABI v1 plugin, but %d v1 plugins are loaded "
+                 "already (the most this library runs at once)",
+                 v1->name, SHIM_SLOTS);
     return ops;
 }
 

@@ -152,85 +152,83 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
 
 /* d[i] = a[i] OP b[i] for i < n, in blocks of TT_BLK the compiler vectorises, then the
  * tail. CT is the type computed in. */
-#define TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                 \
-    size_t i = 0;                                                                         \
-    for (; i + TT_BLK <= n; i += TT_BLK)                                                  \
-        for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                                 \
-            CT x = LD(a[j]), y = LD(b[j]);                                                \
-            d[j] = STO(OP(x, y));                                                         \
-        }                                                                                 \
-    for (; i < n; i++) {                                                                  \
-        CT x = LD(a[i]), y = LD(b[i]);                                                    \
-        d[i] = STO(OP(x, y));                                                             \
+#define TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                         \
+    size_t i = 0;                                                                                  \
+    for (; i + TT_BLK <= n; i += TT_BLK)                                                           \
+        for (size_t k = 0, j = i; k < TT_BLK; k++, j++) {                                          \
+            CT x = LD(a[j]), y = LD(b[j]);                                                         \
+            d[j] = STO(OP(x, y));                                                                  \
+        }                                                                                          \
+    for (; i < n; i++) {                                                                           \
+        CT x = LD(a[i]), y = LD(b[i]);                                                             \
+        d[i] = STO(OP(x, y));                                                                      \
     }
 
 /* One dtype x op, three shapes: k2 dst = dst op src, k2r dst = src op dst (tt_reduce3
  * with dst == b), k3 dst = a op b (a may equal b: both are only read). ST is the stored
  * element type, CT the type computed in. */
-#define TT_DEF_KERNELS(isa, attr, nm, ST, CT, LD, STO, OP)                                \
-    attr static void tt_k2_##nm##_##isa(void *restrict dv, const void *restrict sv,       \
-                                        size_t n)                                         \
-    {                                                                                     \
-        ST *restrict d = dv;                                                              \
-        const ST *restrict s = sv;                                                        \
-        TT_KLOOP(d, d, s, CT, LD, STO, OP)                                                \
-    }                                                                                     \
-    attr static void tt_k2r_##nm##_##isa(void *restrict dv, const void *restrict sv,      \
-                                         size_t n)                                        \
-    {                                                                                     \
-        ST *restrict d = dv;                                                              \
-        const ST *restrict s = sv;                                                        \
-        TT_KLOOP(d, s, d, CT, LD, STO, OP)                                                \
-    }                                                                                     \
-    attr static void tt_k3_##nm##_##isa(void *restrict dv, const void *restrict av,       \
-                                        const void *restrict bv, size_t n)                \
-    {                                                                                     \
-        ST *restrict d = dv;                                                              \
-        const ST *restrict a = av;                                                        \
-        const ST *restrict b = bv;                                                        \
-        TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                \
+#define TT_DEF_KERNELS(isa, attr, nm, ST, CT, LD, STO, OP)                                         \
+    attr static void tt_k2_##nm##_##isa(void *restrict dv, const void *restrict sv, size_t n)      \
+    {                                                                                              \
+        ST *restrict d = dv;                                                                       \
+        const ST *restrict s = sv;                                                                 \
+        TT_KLOOP(d, d, s, CT, LD, STO, OP)                                                         \
+    }                                                                                              \
+    attr static void tt_k2r_##nm##_##isa(void *restrict dv, const void *restrict sv, size_t n)     \
+    {                                                                                              \
+        ST *restrict d = dv;                                                                       \
+        const ST *restrict s = sv;                                                                 \
+        TT_KLOOP(d, s, d, CT, LD, STO, OP)                                                         \
+    }                                                                                              \
+    attr static void tt_k3_##nm##_##isa(void *restrict dv, const void *restrict av,                \
+                                        const void *restrict bv, size_t n)                         \
+    {                                                                                              \
+        ST *restrict d = dv;                                                                       \
+        const ST *restrict a = av;                                                                 \
+        const ST *restrict b = bv;                                                                 \
+        TT_KLOOP(d, a, b, CT, LD, STO, OP)                                                         \
     }
 
 /* Every dtype x op for one ISA level. Sums and products of signed integers run on the
  * unsigned type of the same width (same bits, defined wraparound). */
-#define TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)             \
-    TT_DEF_KERNELS(isa, attr, dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                     \
-    TT_DEF_KERNELS(isa, attr, dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                   \
-    TT_DEF_KERNELS(isa, attr, dt##_min, SST, SCT, LD, STO, OPMIN)                         \
+#define TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)                       \
+    TT_DEF_KERNELS(isa, attr, dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                              \
+    TT_DEF_KERNELS(isa, attr, dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                            \
+    TT_DEF_KERNELS(isa, attr, dt##_min, SST, SCT, LD, STO, OPMIN)                                  \
     TT_DEF_KERNELS(isa, attr, dt##_max, SST, SCT, LD, STO, OPMAX)
 
-#define TT_DEF_ISA(isa, attr, HALF_OPS)                                                   \
-    TT_DEF_OPS(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID,    \
-               TT_OP_MIN, TT_OP_MAX)                                                      \
-    TT_DEF_OPS(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID,   \
-               TT_OP_MIN, TT_OP_MAX)                                                      \
-    TT_DEF_OPS(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID,         \
-               TT_ST_ID, TT_OP_MIN, TT_OP_MAX)                                            \
-    TT_DEF_OPS(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID,         \
-               TT_ST_ID, TT_OP_MIN, TT_OP_MAX)                                            \
-    HALF_OPS(isa, attr)                                                                   \
-    TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID,    \
-               TT_OP_FMIN, TT_OP_FMAX)                                                    \
-    TT_DEF_OPS(isa, attr, f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,  \
+#define TT_DEF_ISA(isa, attr, HALF_OPS)                                                            \
+    TT_DEF_OPS(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,  \
+               TT_OP_MAX)                                                                          \
+    TT_DEF_OPS(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, \
+               TT_OP_MAX)                                                                          \
+    TT_DEF_OPS(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID,        \
+               TT_OP_MIN, TT_OP_MAX)                                                               \
+    TT_DEF_OPS(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID,        \
+               TT_OP_MIN, TT_OP_MAX)                                                               \
+    HALF_OPS(isa, attr)                                                                            \
+    TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, \
+               TT_OP_FMAX)                                                                         \
+    TT_DEF_OPS(isa, attr, f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,           \
                TT_OP_FMIN, TT_OP_FMAX)
 
 /* fp16 and bf16 through the portable conversions. */
-#define TT_HALF_PORTABLE(isa, attr)                                                       \
-    TT_DEF_OPS(isa, attr, f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H,      \
-               TT_OP_FMIN, TT_OP_FMAX)                                                    \
-    TT_DEF_OPS(isa, attr, bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF,   \
+#define TT_HALF_PORTABLE(isa, attr)                                                                \
+    TT_DEF_OPS(isa, attr, f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN,   \
+               TT_OP_FMAX)                                                                         \
+    TT_DEF_OPS(isa, attr, bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF,            \
                TT_OP_FMIN, TT_OP_FMAX)
 
-#define TT_ROW(k, isa, dt)                                                                \
-    [TUTTI_SUM] = k##_##dt##_sum_##isa, [TUTTI_PROD] = k##_##dt##_prod_##isa,             \
+#define TT_ROW(k, isa, dt)                                                                         \
+    [TUTTI_SUM] = k##_##dt##_sum_##isa, [TUTTI_PROD] = k##_##dt##_prod_##isa,                      \
     [TUTTI_MIN] = k##_##dt##_min_##isa, [TUTTI_MAX] = k##_##dt##_max_##isa
 
-#define TT_TABLE(k, isa, hisa)                                                            \
-    {                                                                                     \
-        [TUTTI_INT8] = {TT_ROW(k, isa, i8)}, [TUTTI_UINT8] = {TT_ROW(k, isa, u8)},        \
-        [TUTTI_INT32] = {TT_ROW(k, isa, i32)}, [TUTTI_INT64] = {TT_ROW(k, isa, i64)},     \
-        [TUTTI_FP16] = {TT_ROW(k, hisa, f16)}, [TUTTI_BF16] = {TT_ROW(k, hisa, bf16)}, \
-        [TUTTI_FP32] = {TT_ROW(k, isa, f32)}, [TUTTI_FP64] = {TT_ROW(k, isa, f64)},       \
+#define TT_TABLE(k, isa, hisa)                                                                     \
+    {                                                                                              \
+        [TUTTI_INT8] = { TT_ROW(k, isa, i8) }, [TUTTI_UINT8] = { TT_ROW(k, isa, u8) },             \
+        [TUTTI_INT32] = { TT_ROW(k, isa, i32) }, [TUTTI_INT64] = { TT_ROW(k, isa, i64) },          \
+        [TUTTI_FP16] = { TT_ROW(k, hisa, f16) }, [TUTTI_BF16] = { TT_ROW(k, hisa, bf16) },         \
+        [TUTTI_FP32] = { TT_ROW(k, isa, f32) }, [TUTTI_FP64] = { TT_ROW(k, isa, f64) },            \
     }
 
 #define TT_NOPS 4 /* SUM, PROD, MIN, MAX; AVG runs as SUM */
@@ -242,10 +240,10 @@ typedef struct tt_reduce_isa {
     tt_k3_fn k3[TUTTI_DTYPE_COUNT][TT_NOPS];
 } tt_reduce_isa_t;
 
-#define TT_ISA_TABLE(isa, hisa)                                                           \
-    {                                                                                     \
-        .name = #isa, .k2 = TT_TABLE(tt_k2, isa, hisa),                                    \
-        .k2r = TT_TABLE(tt_k2r, isa, hisa), .k3 = TT_TABLE(tt_k3, isa, hisa),              \
+#define TT_ISA_TABLE(isa, hisa)                                                                    \
+    {                                                                                              \
+        .name = #isa, .k2 = TT_TABLE(tt_k2, isa, hisa), .k2r = TT_TABLE(tt_k2r, isa, hisa),        \
+        .k3 = TT_TABLE(tt_k3, isa, hisa),                                                          \
     }
 
 /* Baseline: whatever the build targets (SSE2 on x86-64). */
@@ -285,12 +283,11 @@ TT_AVX_INLINE __m256 tt_v_max(__m256 x, __m256 y)
 /* 8 fp16 at p <-> 8 floats. */
 #define TT_F16C_ATTR __attribute__((target("avx,f16c")))
 #define TT_F16C_STEP 8
-#define TT_F16C_BODY(d, x, y, VOP)                                                         \
-    _mm_storeu_si128((__m128i_u *)(d),                                                     \
-                     _mm256_cvtps_ph(VOP(_mm256_cvtph_ps(_mm_loadu_si128(                  \
-                                                 (const __m128i_u *)(x))),                  \
-                                         _mm256_cvtph_ps(_mm_loadu_si128(                  \
-                                                 (const __m128i_u *)(y)))),                 \
+#define TT_F16C_BODY(d, x, y, VOP)                                                                 \
+    _mm_storeu_si128((__m128i_u *)(d),                                                             \
+                     _mm256_cvtps_ph(VOP(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i_u *)(x))), \
+                                         _mm256_cvtph_ps(                                          \
+                                             _mm_loadu_si128((const __m128i_u *)(y)))),            \
                                      _MM_FROUND_TO_NEAREST_INT))
 
 /* 16 bf16: unpacking with zeros below gives the fp32 bits of elements 0-3 and 8-11 (lo),
@@ -320,55 +317,54 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
     return _mm256_srli_epi32(_mm256_add_epi32(_mm256_or_si256(u, quiet), bias), 16);
 }
 
-#define TT_BF16_BODY(d, x, y, VOP)                                                         \
-    do {                                                                                   \
-        __m256i vx_ = _mm256_loadu_si256((const __m256i_u *)(x));                          \
-        __m256i vy_ = _mm256_loadu_si256((const __m256i_u *)(y));                          \
-        __m256 lo_ = VOP(tt_bf16_lo(vx_), tt_bf16_lo(vy_));                                \
-        __m256 hi_ = VOP(tt_bf16_hi(vx_), tt_bf16_hi(vy_));                                \
-        _mm256_storeu_si256((__m256i_u *)(d),                                              \
-                            _mm256_packus_epi32(tt_bf16_round(lo_), tt_bf16_round(hi_)));  \
+#define TT_BF16_BODY(d, x, y, VOP)                                                                 \
+    do {                                                                                           \
+        __m256i vx_ = _mm256_loadu_si256((const __m256i_u *)(x));                                  \
+        __m256i vy_ = _mm256_loadu_si256((const __m256i_u *)(y));                                  \
+        __m256 lo_ = VOP(tt_bf16_lo(vx_), tt_bf16_lo(vy_));                                        \
+        __m256 hi_ = VOP(tt_bf16_hi(vx_), tt_bf16_hi(vy_));                                        \
+        _mm256_storeu_si256((__m256i_u *)(d),                                                      \
+                            _mm256_packus_epi32(tt_bf16_round(lo_), tt_bf16_round(hi_)));          \
     } while (0)
 
 /* STEP elements of d = a VOP b per BODY (16-bit elements; byte pointers). */
-#define TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                                \
-    size_t i = 0;                                                                          \
-    for (; i + STEP <= n; i += STEP)                                                       \
+#define TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                                       \
+    size_t i = 0;                                                                                  \
+    for (; i + STEP <= n; i += STEP)                                                               \
         BODY(d + 2 * i, a + 2 * i, b + 2 * i, VOP);
 
 /* k2, k2r and k3 for one 16-bit float type and op: STEP elements per BODY, then the
  * portable kernel of the same shape for the tail. */
-#define TT_DEF_V16(dt, nm, ATTR, STEP, BODY, VOP)                                           \
-    ATTR static void tt_k2_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,   \
-                                            size_t n)                                      \
-    {                                                                                      \
-        char *restrict d = dv;                                                             \
-        const char *restrict s = sv;                                                       \
-        TT_V16LOOP(d, d, s, STEP, BODY, VOP)                                               \
-        tt_k2_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                          \
-    }                                                                                      \
-    ATTR static void tt_k2r_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,  \
-                                             size_t n)                                     \
-    {                                                                                      \
-        char *restrict d = dv;                                                             \
-        const char *restrict s = sv;                                                       \
-        TT_V16LOOP(d, s, d, STEP, BODY, VOP)                                               \
-        tt_k2r_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                         \
-    }                                                                                      \
-    ATTR static void tt_k3_##dt##_##nm##_x86(void *restrict dv, const void *restrict av,   \
-                                            const void *restrict bv, size_t n)             \
-    {                                                                                      \
-        char *restrict d = dv;                                                             \
-        const char *restrict a = av;                                                       \
-        const char *restrict b = bv;                                                       \
-        TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                               \
-        tt_k3_##dt##_##nm##_generic(d + 2 * i, a + 2 * i, b + 2 * i, n - i);               \
+#define TT_DEF_V16(dt, nm, ATTR, STEP, BODY, VOP)                                                  \
+    ATTR static void tt_k2_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv, size_t n) \
+    {                                                                                              \
+        char *restrict d = dv;                                                                     \
+        const char *restrict s = sv;                                                               \
+        TT_V16LOOP(d, d, s, STEP, BODY, VOP)                                                       \
+        tt_k2_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                                  \
+    }                                                                                              \
+    ATTR static void tt_k2r_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,          \
+                                              size_t n)                                            \
+    {                                                                                              \
+        char *restrict d = dv;                                                                     \
+        const char *restrict s = sv;                                                               \
+        TT_V16LOOP(d, s, d, STEP, BODY, VOP)                                                       \
+        tt_k2r_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                                 \
+    }                                                                                              \
+    ATTR static void tt_k3_##dt##_##nm##_x86(void *restrict dv, const void *restrict av,           \
+                                             const void *restrict bv, size_t n)                    \
+    {                                                                                              \
+        char *restrict d = dv;                                                                     \
+        const char *restrict a = av;                                                               \
+        const char *restrict b = bv;                                                               \
+        TT_V16LOOP(d, a, b, STEP, BODY, VOP)                                                       \
+        tt_k3_##dt##_##nm##_generic(d + 2 * i, a + 2 * i, b + 2 * i, n - i);                       \
     }
 
-#define TT_DEF_V16_OPS(dt, ATTR, STEP, BODY)                                               \
-    TT_DEF_V16(dt, sum, ATTR, STEP, BODY, TT_V_SUM)                                        \
-    TT_DEF_V16(dt, prod, ATTR, STEP, BODY, TT_V_PROD)                                      \
-    TT_DEF_V16(dt, min, ATTR, STEP, BODY, TT_V_MIN)                                        \
+#define TT_DEF_V16_OPS(dt, ATTR, STEP, BODY)                                                       \
+    TT_DEF_V16(dt, sum, ATTR, STEP, BODY, TT_V_SUM)                                                \
+    TT_DEF_V16(dt, prod, ATTR, STEP, BODY, TT_V_PROD)                                              \
+    TT_DEF_V16(dt, min, ATTR, STEP, BODY, TT_V_MIN)                                                \
     TT_DEF_V16(dt, max, ATTR, STEP, BODY, TT_V_MAX)
 
 TT_DEF_V16_OPS(f16, TT_F16C_ATTR, TT_F16C_STEP, TT_F16C_BODY)
@@ -437,49 +433,45 @@ const char *tt_reduce_isa_name(void)
 
 /* dst[i] = dst[i] op dst[i]: the only case where tt_reduce's operands alias. Rare, so
  * the baseline code only. */
-#define TT_DEF_SELF(nm, ST, CT, LD, STO, OP)                                               \
-    static void tt_k1_##nm(void *dv, size_t n)                                             \
-    {                                                                                      \
-        ST *d = dv;                                                                        \
-        for (size_t i = 0; i < n; i++) {                                                   \
-            CT x = LD(d[i]);                                                               \
-            d[i] = STO(OP(x, x));                                                          \
-        }                                                                                  \
+#define TT_DEF_SELF(nm, ST, CT, LD, STO, OP)                                                       \
+    static void tt_k1_##nm(void *dv, size_t n)                                                     \
+    {                                                                                              \
+        ST *d = dv;                                                                                \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            CT x = LD(d[i]);                                                                       \
+            d[i] = STO(OP(x, x));                                                                  \
+        }                                                                                          \
     }
-#define TT_DEF_SELF_OPS(dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)                    \
-    TT_DEF_SELF(dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                                    \
-    TT_DEF_SELF(dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                                  \
-    TT_DEF_SELF(dt##_min, SST, SCT, LD, STO, OPMIN)                                        \
+#define TT_DEF_SELF_OPS(dt, SST, SCT, UST, UCT, LD, STO, OPMIN, OPMAX)                             \
+    TT_DEF_SELF(dt##_sum, UST, UCT, LD, STO, TT_OP_SUM)                                            \
+    TT_DEF_SELF(dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                                          \
+    TT_DEF_SELF(dt##_min, SST, SCT, LD, STO, OPMIN)                                                \
     TT_DEF_SELF(dt##_max, SST, SCT, LD, STO, OPMAX)
 
-TT_DEF_SELF_OPS(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
+TT_DEF_SELF_OPS(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)
+TT_DEF_SELF_OPS(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)
+TT_DEF_SELF_OPS(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
                 TT_OP_MAX)
-TT_DEF_SELF_OPS(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
+TT_DEF_SELF_OPS(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
                 TT_OP_MAX)
-TT_DEF_SELF_OPS(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID,
-                TT_OP_MIN, TT_OP_MAX)
-TT_DEF_SELF_OPS(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID,
-                TT_OP_MIN, TT_OP_MAX)
-TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN,
-                TT_OP_FMAX)
+TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN, TT_OP_FMAX)
 TT_DEF_SELF_OPS(bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF, TT_OP_FMIN,
                 TT_OP_FMAX)
-TT_DEF_SELF_OPS(f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN,
+TT_DEF_SELF_OPS(f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, TT_OP_FMAX)
+TT_DEF_SELF_OPS(f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID, TT_OP_FMIN,
                 TT_OP_FMAX)
-TT_DEF_SELF_OPS(f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,
-                TT_OP_FMIN, TT_OP_FMAX)
 
 typedef void (*tt_k1_fn)(void *dst, size_t n);
-#define TT_SELF_ROW(dt)                                                                    \
-    {                                                                                      \
-        [TUTTI_SUM] = tt_k1_##dt##_sum, [TUTTI_PROD] = tt_k1_##dt##_prod,                  \
-        [TUTTI_MIN] = tt_k1_##dt##_min, [TUTTI_MAX] = tt_k1_##dt##_max                     \
+#define TT_SELF_ROW(dt)                                                                            \
+    {                                                                                              \
+        [TUTTI_SUM] = tt_k1_##dt##_sum, [TUTTI_PROD] = tt_k1_##dt##_prod,                          \
+        [TUTTI_MIN] = tt_k1_##dt##_min, [TUTTI_MAX] = tt_k1_##dt##_max                             \
     }
 static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
-    [TUTTI_INT8] = TT_SELF_ROW(i8), [TUTTI_UINT8] = TT_SELF_ROW(u8),
+    [TUTTI_INT8] = TT_SELF_ROW(i8),   [TUTTI_UINT8] = TT_SELF_ROW(u8),
     [TUTTI_INT32] = TT_SELF_ROW(i32), [TUTTI_INT64] = TT_SELF_ROW(i64),
-    [TUTTI_FP16] = TT_SELF_ROW(f16), [TUTTI_BF16] = TT_SELF_ROW(bf16),
-    [TUTTI_FP32] = TT_SELF_ROW(f32), [TUTTI_FP64] = TT_SELF_ROW(f64),
+    [TUTTI_FP16] = TT_SELF_ROW(f16),  [TUTTI_BF16] = TT_SELF_ROW(bf16),
+    [TUTTI_FP32] = TT_SELF_ROW(f32),  [TUTTI_FP64] = TT_SELF_ROW(f64),
 };
 
 /* Row and column of (dtype, op) in the tables, or -1. */
@@ -521,13 +513,13 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
 
 /* ---- AVG: the final division ------------------------------------------------------- */
 
-#define TT_DEF_DIV(nm, ST, CT, LD, STO)                                                    \
-    static void tt_div_##nm(void *bv, size_t n, int nranks)                                \
-    {                                                                                      \
-        ST *b = bv;                                                                        \
-        CT div = (CT)nranks;                                                               \
-        for (size_t i = 0; i < n; i++)                                                     \
-            b[i] = STO(LD(b[i]) / div);                                                    \
+#define TT_DEF_DIV(nm, ST, CT, LD, STO)                                                            \
+    static void tt_div_##nm(void *bv, size_t n, int nranks)                                        \
+    {                                                                                              \
+        ST *b = bv;                                                                                \
+        CT div = (CT)nranks;                                                                       \
+        for (size_t i = 0; i < n; i++)                                                             \
+            b[i] = STO(LD(b[i]) / div);                                                            \
     }
 
 /* Integer quotients are computed in int64_t / the element's own type: |q| <= |x|, so the
@@ -544,9 +536,9 @@ TT_DEF_DIV(f64, tt_uf64_t, double, TT_LD_ID, TT_ST_ID)
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks)
 {
     static void (*const div[TUTTI_DTYPE_COUNT])(void *, size_t, int) = {
-        [TUTTI_INT8] = tt_div_i8, [TUTTI_UINT8] = tt_div_u8,   [TUTTI_INT32] = tt_div_i32,
+        [TUTTI_INT8] = tt_div_i8,   [TUTTI_UINT8] = tt_div_u8, [TUTTI_INT32] = tt_div_i32,
         [TUTTI_INT64] = tt_div_i64, [TUTTI_FP16] = tt_div_f16, [TUTTI_BF16] = tt_div_bf16,
-        [TUTTI_FP32] = tt_div_f32, [TUTTI_FP64] = tt_div_f64,
+        [TUTTI_FP32] = tt_div_f32,  [TUTTI_FP64] = tt_div_f64,
     };
     if (count == 0 || nranks <= 1 || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return;

@@ -23,10 +23,10 @@ unsigned tt_store_next_comm_id(tutti_store_t *store)
 }
 
 /* Record "store URL: op 'key': cause" as the handle's last error. */
-static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
-                      const char *fmt, ...)
+static int store_fail(tutti_store_t *s, int st, const char *op, const char *key, const char *fmt,
+                      ...) __attribute__((format(printf, 5, 6)));
+static int store_fail(tutti_store_t *s, int st, const char *op, const char *key, const char *fmt,
+                      ...)
 {
     char cause[600];
     char kd[160];
@@ -92,8 +92,7 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
 }
 
 /* Whether a caller's opts (of its own size) has field: older callers' structs end sooner. */
-#define OPTS_HAS(o, field) \
-    ((o)->size >= offsetof(tutti_store_opts_t, field) + sizeof((o)->field))
+#define OPTS_HAS(o, field) ((o)->size >= offsetof(tutti_store_opts_t, field) + sizeof((o)->field))
 
 /* The caller's opts over the defaults, field by field as far as its struct reaches. */
 static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
@@ -105,9 +104,9 @@ static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                           "opts->size is %zu: call tutti_store_opts_init first", in->size);
     o->timeout_ms = in->timeout_ms;
-#define OPTS_TAKE(field)              \
-    if (OPTS_HAS(in, field))          \
-        o->field = in->field
+#define OPTS_TAKE(field)                                                                           \
+    if (OPTS_HAS(in, field))                                                                       \
+    o->field = in->field
     OPTS_TAKE(is_server);
     OPTS_TAKE(auth_token);
     OPTS_TAKE(auth_token_file);
@@ -148,16 +147,17 @@ static int opts_to_cfg(const tutti_store_opts_t *o, tt_store_tcp_cfg_t *cfg)
     if (cfg->memory_limit < cfg->client_quota)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                           "memory_limit_bytes (%zu, TUTTI_STORE_MEMORY_LIMIT) is below "
-                          "client_quota_bytes (%zu)", cfg->memory_limit, cfg->client_quota);
+                          "client_quota_bytes (%zu)",
+                          cfg->memory_limit, cfg->client_quota);
     return TUTTI_OK;
 }
 
 int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms)
 {
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     if (!store_p || !dir || !*dir)
-        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open file store",
-                          NULL, "%s is NULL or empty", !store_p ? "store_p" : "dir");
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open file store", NULL,
+                          "%s is NULL or empty", !store_p ? "store_p" : "dir");
     int st = tt_store_file_open(store_p, dir, timeout_ms, &err);
     if (st < 0) {
         char url[PATH_MAX + 16];
@@ -171,13 +171,12 @@ int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_
 static int open_tcp(tutti_store_t **store_p, const char *host, int port,
                     const tutti_store_opts_t *o)
 {
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     tt_store_tcp_cfg_t cfg;
     char *secret = NULL;
     size_t secret_len = 0;
     char url[300];
-    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host,
-             port);
+    snprintf(url, sizeof(url), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host, port);
     if (!store_p || !*host)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
                           "%s is NULL or empty", !store_p ? "store_p" : "host");
@@ -188,8 +187,8 @@ static int open_tcp(tutti_store_t **store_p, const char *host, int port,
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,
                           "host name longer than 255 bytes");
     TT_CHECK(opts_to_cfg(o, &cfg));
-    int st = tt_auth_load_secret(o->auth_token, o->auth_token_file, &secret, &secret_len,
-                                 err.msg, sizeof(err.msg));
+    int st = tt_auth_load_secret(o->auth_token, o->auth_token_file, &secret, &secret_len, err.msg,
+                                 sizeof(err.msg));
     if (st < 0) {
         open_fail(url, st, &err);
         return st;
@@ -286,8 +285,10 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
 int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, const char *prefix)
 {
     if (!store_p || !base || !prefix)
-        return store_fail(base, TUTTI_ERR_INVALID_ARG, "open prefixed view", NULL,
-                          "%s is NULL", !store_p ? "store_p" : !base ? "base" : "prefix");
+        return store_fail(base, TUTTI_ERR_INVALID_ARG, "open prefixed view", NULL, "%s is NULL",
+                          !store_p ? "store_p"
+                          : !base  ? "base"
+                                   : "prefix");
     size_t plen = strlen(prefix);
     if (base->prefix_len + plen > TUTTI_STORE_MAX_KEY)
         return store_fail(base, TUTTI_ERR_INVALID_ARG, "open prefixed view", prefix,
@@ -331,9 +332,15 @@ void tutti_store_close(tutti_store_t *store)
     tt_store_free(store);
 }
 
-const char *tutti_store_url(const tutti_store_t *store) { return store ? store->url : ""; }
+const char *tutti_store_url(const tutti_store_t *store)
+{
+    return store ? store->url : "";
+}
 
-int tutti_store_port(const tutti_store_t *store) { return store ? store->port : -1; }
+int tutti_store_port(const tutti_store_t *store)
+{
+    return store ? store->port : -1;
+}
 
 const char *tutti_store_last_error(const tutti_store_t *store)
 {
@@ -424,14 +431,13 @@ static int op_result(tutti_store_t *s, int st, const char *op, const char *key,
 int tutti_store_set(tutti_store_t *store, const char *key, const void *value, size_t len)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     TT_CHECK(full_key(store, "set", key, k));
     if (!value && len)
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "set", k, "value is NULL");
     if (len > TUTTI_STORE_MAX_VALUE)
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "set", k,
-                          "value of %zu bytes is over the limit of %u", len,
-                          TUTTI_STORE_MAX_VALUE);
+                          "value of %zu bytes is over the limit of %u", len, TUTTI_STORE_MAX_VALUE);
     tutti_store_t *b = store->base;
     int st = b->ops->set(b, k, value ? value : "", len, op_deadline(store, -1), &err);
     return op_result(store, st, "set", k, &err);
@@ -441,7 +447,7 @@ int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_
                     int timeout_ms)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     TT_CHECK(full_key(store, "get", key, k));
     if (!value_p)
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "get", k, "value_p is NULL");
@@ -460,7 +466,7 @@ int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_
 int tutti_store_add(tutti_store_t *store, const char *key, int64_t delta, int64_t *result_p)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     TT_CHECK(full_key(store, "add", key, k));
     tutti_store_t *b = store->base;
     int64_t r = 0;
@@ -477,7 +483,7 @@ int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *e
                             size_t *curlen_p)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     TT_CHECK(full_key(store, "compare_set", key, k));
     if ((!expected && elen) || (!desired && dlen))
         return store_fail(store, TUTTI_ERR_INVALID_ARG, "compare_set", k, "%s is NULL",
@@ -488,8 +494,8 @@ int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *e
     tutti_store_t *b = store->base;
     void *cur = NULL;
     size_t curlen = 0;
-    int st = b->ops->compare_set(b, k, expected ? expected : "", elen, desired ? desired : "",
-                                 dlen, &cur, &curlen, op_deadline(store, -1), &err);
+    int st = b->ops->compare_set(b, k, expected ? expected : "", elen, desired ? desired : "", dlen,
+                                 &cur, &curlen, op_deadline(store, -1), &err);
     if (st < 0)
         return op_result(store, st, "compare_set", k, &err);
     if (current_p)
@@ -502,8 +508,8 @@ int tutti_store_compare_set(tutti_store_t *store, const char *key, const void *e
 }
 
 /* wait built from get, for backends without their own. */
-static int generic_wait(tutti_store_t *b, const char *const *keys, size_t n,
-                        uint64_t deadline, tt_store_err_t *err)
+static int generic_wait(tutti_store_t *b, const char *const *keys, size_t n, uint64_t deadline,
+                        tt_store_err_t *err)
 {
     for (size_t i = 0; i < n; i++) {
         void *v;
@@ -514,9 +520,8 @@ static int generic_wait(tutti_store_t *b, const char *const *keys, size_t n,
     return TUTTI_OK;
 }
 
-static int generic_multi_get(tutti_store_t *b, const char *const *keys, size_t n,
-                             void **values_p, size_t *lens_p, uint64_t deadline,
-                             tt_store_err_t *err)
+static int generic_multi_get(tutti_store_t *b, const char *const *keys, size_t n, void **values_p,
+                             size_t *lens_p, uint64_t deadline, tt_store_err_t *err)
 {
     int st = TUTTI_OK;
     size_t i;
@@ -537,8 +542,8 @@ err_free_values:
 /* The opening of a call over n keys, in the order its errors win: no store; no keys
  * (done at once: TUTTI_OK with *k_p NULL); bad, the caller's other argument error (NULL:
  * none); then the keys themselves, whose full names land in *k_p. */
-static int keys_open(tutti_store_t *store, const char *op, const char *bad,
-                     const char *const *keys, size_t n, char ***k_p)
+static int keys_open(tutti_store_t *store, const char *op, const char *bad, const char *const *keys,
+                     size_t n, char ***k_p)
 {
     *k_p = NULL;
     if (!store)
@@ -552,7 +557,7 @@ static int keys_open(tutti_store_t *store, const char *op, const char *bad,
 
 int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms)
 {
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     char **k;
     TT_CHECK(keys_open(store, "wait", NULL, keys, n, &k));
     if (!k)
@@ -569,7 +574,7 @@ int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, in
 
 int tutti_store_check(tutti_store_t *store, const char *const *keys, size_t n, int *exists_p)
 {
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     char **k;
     if (!store)
         return TUTTI_ERR_INVALID_ARG;
@@ -593,7 +598,7 @@ int tutti_store_check(tutti_store_t *store, const char *const *keys, size_t n, i
 int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     TT_CHECK(full_key(store, "delete", key, k));
     tutti_store_t *b = store->base;
     int deleted = 0;
@@ -605,10 +610,10 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p)
     return TUTTI_OK;
 }
 
-int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n,
-                          void **values_p, size_t *lens_p, int timeout_ms)
+int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n, void **values_p,
+                          size_t *lens_p, int timeout_ms)
 {
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     char **k;
     TT_CHECK(keys_open(store, "multi_get", values_p ? NULL : "values_p is NULL", keys, n, &k));
     if (!k)
@@ -643,7 +648,7 @@ out_free:
 int tt_store_delete_prefix(tutti_store_t *store, const char *prefix)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     if (!store || !prefix)
         return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "delete_prefix", prefix, k));
@@ -664,7 +669,7 @@ int tt_store_compare_delete(tutti_store_t *store, const char *key, const void *e
                             size_t elen)
 {
     char k[TUTTI_STORE_MAX_KEY + 1];
-    tt_store_err_t err = {{0}};
+    tt_store_err_t err = { { 0 } };
     if (!store || (!expected && elen))
         return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(full_key(store, "compare_delete", key, k));

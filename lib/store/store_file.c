@@ -28,15 +28,15 @@
 
 #include "store/store_impl.h"
 
-#define FS_PART_MAX 200       /* escaped bytes per path component (NAME_MAX is 255) */
+#define FS_PART_MAX 200 /* escaped bytes per path component (NAME_MAX is 255) */
 #define FS_LOCK_STRIPES 64
 #define FS_PATH_MAX (TUTTI_STORE_MAX_KEY * 3 + (TUTTI_STORE_MAX_KEY * 3 / FS_PART_MAX + 1) * 2 + 64)
-#define FS_STALE_TMP_S 3600   /* temp files of writers on other hosts older than this go */
+#define FS_STALE_TMP_S 3600 /* temp files of writers on other hosts older than this go */
 
 typedef struct fs_store {
-    char *dir;        /* absolute */
+    char *dir; /* absolute */
     int dirfd;
-    int do_fsync;     /* TUTTI_STORE_FSYNC=1: fsync values before they become visible */
+    int do_fsync; /* TUTTI_STORE_FSYNC=1: fsync values before they become visible */
     char host[64];
 } fs_store_t;
 
@@ -44,7 +44,10 @@ typedef struct fs_store {
  * directory: host and pid tell processes apart, this counter the writes of one process. */
 static atomic_ulong fs_tmp_counter;
 
-static fs_store_t *fs_of(tutti_store_t *s) { return s->impl; }
+static fs_store_t *fs_of(tutti_store_t *s)
+{
+    return s->impl;
+}
 
 /* Relative path of key's file into path; *dirlen_p is the length of its directory part
  * (with the trailing '/', 0 for the root). */
@@ -86,17 +89,16 @@ static void fs_key_path(const char *key, char *path, size_t *dirlen_p)
     path[o] = '\0';
 }
 
-static int fs_io_error(tutti_store_t *s, tt_store_err_t *err, const char *what,
-                       const char *relpath, int errnum)
+static int fs_io_error(tutti_store_t *s, tt_store_err_t *err, const char *what, const char *relpath,
+                       int errnum)
 {
-    tt_store_err_set(err, "cannot %s %s/%s: %s", what, fs_of(s)->dir, relpath,
-                     strerror(errnum));
+    tt_store_err_set(err, "cannot %s %s/%s: %s", what, fs_of(s)->dir, relpath, strerror(errnum));
     return TUTTI_ERR_IO;
 }
 
 static void fs_sleep_ns(uint64_t ns)
 {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
 }
@@ -113,8 +115,8 @@ static void fs_backoff(uint64_t *step_ns, uint64_t max_ns, uint64_t deadline)
 }
 
 /* Read key's value: *exists_p 0 when there is none. */
-static int fs_read(tutti_store_t *s, const char *path, void **value_p, size_t *len_p,
-                   int *exists_p, tt_store_err_t *err)
+static int fs_read(tutti_store_t *s, const char *path, void **value_p, size_t *len_p, int *exists_p,
+                   tt_store_err_t *err)
 {
     fs_store_t *fs = fs_of(s);
     int fd = openat(fs->dirfd, path, O_RDONLY | O_CLOEXEC);
@@ -132,8 +134,8 @@ static int fs_read(tutti_store_t *s, const char *path, void **value_p, size_t *l
         goto out_close;
     }
     if (sb.st_size < 0 || (uint64_t)sb.st_size > TUTTI_STORE_MAX_VALUE) {
-        tt_store_err_set(err, "%s/%s holds %lld bytes, more than a value may have", fs->dir,
-                         path, (long long)sb.st_size);
+        tt_store_err_set(err, "%s/%s holds %lld bytes, more than a value may have", fs->dir, path,
+                         (long long)sb.st_size);
         st = TUTTI_ERR_IO;
         goto out_close;
     }
@@ -195,15 +197,14 @@ static int fs_mkdirs(tutti_store_t *s, char *path, size_t dirlen, tt_store_err_t
 }
 
 /* Write value to a fresh temp file beside path; its name goes to tmp. */
-static int fs_write_tmp(tutti_store_t *s, char *path, size_t dirlen, const void *value,
-                        size_t len, char *tmp, tt_store_err_t *err)
+static int fs_write_tmp(tutti_store_t *s, char *path, size_t dirlen, const void *value, size_t len,
+                        char *tmp, tt_store_err_t *err)
 {
     fs_store_t *fs = fs_of(s);
     TT_CHECK(fs_mkdirs(s, path, dirlen, err));
     unsigned long n = atomic_fetch_add(&fs_tmp_counter, 1);
     memcpy(tmp, path, dirlen);
-    snprintf(tmp + dirlen, FS_PATH_MAX - dirlen, ".tmp.%ld.%lu.%s", (long)getpid(), n,
-             fs->host);
+    snprintf(tmp + dirlen, FS_PATH_MAX - dirlen, ".tmp.%ld.%lu.%s", (long)getpid(), n, fs->host);
     int fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
         return fs_io_error(s, err, "create", tmp, errno);
@@ -287,7 +288,7 @@ static int fs_lock(tutti_store_t *s, const char *key, uint64_t deadline, int *fd
     for (;;) {
         int r, e;
         if (!use_flock) {
-            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+            struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
             r = fcntl(fd, F_OFD_SETLK, &fl);
             e = errno;
             if (r < 0 && e == EINVAL) {
@@ -307,8 +308,7 @@ static int fs_lock(tutti_store_t *s, const char *key, uint64_t deadline, int *fd
         }
         if (tt_now_ns() >= deadline) {
             close(fd);
-            tt_store_err_set(err, "lock %s/%s still held by another process after %" PRIu64
-                             " ms",
+            tt_store_err_set(err, "lock %s/%s still held by another process after %" PRIu64 " ms",
                              fs->dir, name, (tt_now_ns() - start) / 1000000u);
             return TUTTI_ERR_TIMEOUT;
         }
@@ -433,8 +433,8 @@ static void *fs_value_copy(const void *data, size_t len)
 }
 
 static int fs_compare_set(tutti_store_t *s, const char *key, const void *expected, size_t elen,
-                          const void *desired, size_t dlen, void **current_p,
-                          size_t *curlen_p, uint64_t deadline, tt_store_err_t *err)
+                          const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                          uint64_t deadline, tt_store_err_t *err)
 {
     char tmp[FS_PATH_MAX];
     fs_locked_t l;
@@ -554,8 +554,7 @@ static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_
             if (n <= FS_PART_MAX && !strncmp(name, esc, n)) {
                 fs_rmtree_at(dirfd, e->d_name, count_p);
             } else if (n > FS_PART_MAX && !strncmp(name, esc, FS_PART_MAX)) {
-                int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-                                 O_CLOEXEC);
+                int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 if (sub >= 0) {
                     fs_del_prefix_at(sub, esc + FS_PART_MAX, n - FS_PART_MAX, count_p);
                     close(sub);
@@ -568,8 +567,8 @@ static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_
     return 0;
 }
 
-static int fs_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
-                         uint64_t deadline, tt_store_err_t *err)
+static int fs_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                         tt_store_err_t *err)
 {
     TT_UNUSED(deadline);
     char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
@@ -640,8 +639,7 @@ static void fs_clean_tmp(fs_store_t *fs)
                     now - sb.st_mtime > FS_STALE_TMP_S;
         }
         if (stale) {
-            TT_TRACE("store file://%s: removing %s left by a dead writer", fs->dir,
-                     e->d_name);
+            TT_TRACE("store file://%s: removing %s left by a dead writer", fs->dir, e->d_name);
             unlinkat(fs->dirfd, e->d_name, 0);
         }
     }

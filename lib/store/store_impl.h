@@ -30,10 +30,10 @@ void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
  * after them. wait and multi_get may be NULL: store.c builds them from get. */
 typedef struct tt_store_ops {
     const char *name;
-    int (*set)(tutti_store_t *s, const char *key, const void *value, size_t len,
-               uint64_t deadline, tt_store_err_t *err);
-    int (*get)(tutti_store_t *s, const char *key, void **value_p, size_t *len_p,
-               uint64_t deadline, tt_store_err_t *err);
+    int (*set)(tutti_store_t *s, const char *key, const void *value, size_t len, uint64_t deadline,
+               tt_store_err_t *err);
+    int (*get)(tutti_store_t *s, const char *key, void **value_p, size_t *len_p, uint64_t deadline,
+               tt_store_err_t *err);
     int (*add)(tutti_store_t *s, const char *key, int64_t delta, int64_t *result_p,
                uint64_t deadline, tt_store_err_t *err);
     int (*compare_set)(tutti_store_t *s, const char *key, const void *expected, size_t elen,
@@ -49,8 +49,8 @@ typedef struct tt_store_ops {
                      size_t *lens_p, uint64_t deadline, tt_store_err_t *err);
     /* Garbage collection (may be NULL: TUTTI_ERR_UNSUPPORTED): delete every key that
      * starts with prefix, counting them; delete key only if its value is expected. */
-    int (*del_prefix)(tutti_store_t *s, const char *prefix, size_t *count_p,
-                      uint64_t deadline, tt_store_err_t *err);
+    int (*del_prefix)(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                      tt_store_err_t *err);
     int (*compare_del)(tutti_store_t *s, const char *key, const void *expected, size_t elen,
                        int *deleted_p, uint64_t deadline, tt_store_err_t *err);
     /* Frees impl; the handle itself is freed by store.c. */
@@ -59,21 +59,20 @@ typedef struct tt_store_ops {
 
 struct tutti_store {
     const tt_store_ops_t *ops;
-    tutti_store_t *base;     /* the store that owns the backend; itself for a base store */
-    char *prefix;            /* views: the whole prefix (a view of a view concatenates) */
+    tutti_store_t *base; /* the store that owns the backend; itself for a base store */
+    char *prefix;        /* views: the whole prefix (a view of a view concatenates) */
     size_t prefix_len;
-    char *url;               /* "file:///dir", "tcp://host:port", "tcp://[::1]:port" */
-    int port;                /* -1 for non-tcp stores */
+    char *url; /* "file:///dir", "tcp://host:port", "tcp://[::1]:port" */
+    int port;  /* -1 for non-tcp stores */
     atomic_int timeout_ms;
     atomic_uint next_comm_id; /* used on the base only */
     pthread_mutex_t err_lock;
     char last_error[1024];
-    void *impl;              /* backend state; NULL for views */
+    void *impl; /* backend state; NULL for views */
 };
 
 /* Allocate a base store handle for a backend (url copied); NULL when out of memory. */
-tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
-                              int timeout_ms);
+tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms);
 /* Free a handle made by tt_store_alloc without calling ops->close. */
 void tt_store_free(tutti_store_t *s);
 
@@ -94,15 +93,15 @@ int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p);
  * tutti_store_opts_t; strings belong to the caller and are copied. */
 typedef struct tt_store_tcp_cfg {
     int timeout_ms;
-    const char *secret;       /* the job secret, NULL: no authentication */
+    const char *secret; /* the job secret, NULL: no authentication */
     size_t secret_len;
-    const char *instance;     /* server: label it announces; client: the only label it
+    const char *instance; /* server: label it announces; client: the only label it
                                  accepts (NULL: any) */
-    int idle_timeout_ms;      /* server: close connections idle this long (0: never) */
-    int max_connections;      /* server: 0 picks one from RLIMIT_NOFILE */
-    size_t client_quota;      /* server: bytes one connection may have buffered */
-    size_t memory_limit;      /* server: bytes all connections may have buffered */
-    int drain_ms;             /* server: how long stopping serves connected clients */
+    int idle_timeout_ms;  /* server: close connections idle this long (0: never) */
+    int max_connections;  /* server: 0 picks one from RLIMIT_NOFILE */
+    size_t client_quota;  /* server: bytes one connection may have buffered */
+    size_t memory_limit;  /* server: bytes all connections may have buffered */
+    int drain_ms;         /* server: how long stopping serves connected clients */
 } tt_store_tcp_cfg_t;
 
 /* Backends. On failure they leave the cause in err and set nothing. */
@@ -126,18 +125,18 @@ int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int i
  * replayed as the other's. Protocol 1 had no hello; a server of protocol 2 answers a
  * request before the hello with an error that says so. */
 enum {
-    TT_STORE_CMD_SET = 1,     /* key value -> ok */
-    TT_STORE_CMD_GET = 2,     /* key -> value, deferred until the key exists */
-    TT_STORE_CMD_ADD = 3,     /* key delta(8 bytes) -> new value (8 bytes) */
-    TT_STORE_CMD_CAS = 4,     /* key expected desired -> value after */
-    TT_STORE_CMD_CHECK = 5,   /* key... -> u8 all exist */
-    TT_STORE_CMD_DELETE = 6,  /* key -> u8 existed */
-    TT_STORE_CMD_WAIT = 7,    /* key... -> ok, deferred until all exist */
-    TT_STORE_CMD_PING = 8,    /* -> ok */
-    TT_STORE_CMD_HELLO = 9,   /* magic version challenge -> hello fields (see above) */
-    TT_STORE_CMD_AUTH = 10,   /* answer -> ok */
+    TT_STORE_CMD_SET = 1,            /* key value -> ok */
+    TT_STORE_CMD_GET = 2,            /* key -> value, deferred until the key exists */
+    TT_STORE_CMD_ADD = 3,            /* key delta(8 bytes) -> new value (8 bytes) */
+    TT_STORE_CMD_CAS = 4,            /* key expected desired -> value after */
+    TT_STORE_CMD_CHECK = 5,          /* key... -> u8 all exist */
+    TT_STORE_CMD_DELETE = 6,         /* key -> u8 existed */
+    TT_STORE_CMD_WAIT = 7,           /* key... -> ok, deferred until all exist */
+    TT_STORE_CMD_PING = 8,           /* -> ok */
+    TT_STORE_CMD_HELLO = 9,          /* magic version challenge -> hello fields (see above) */
+    TT_STORE_CMD_AUTH = 10,          /* answer -> ok */
     TT_STORE_CMD_DELETE_PREFIX = 11, /* prefix -> u64 keys deleted (waiters stay) */
-    TT_STORE_CMD_CAD = 12,    /* key expected -> u8 deleted (only if the value is expected) */
+    TT_STORE_CMD_CAD = 12, /* key expected -> u8 deleted (only if the value is expected) */
 };
 #define TT_STORE_PROTOCOL 2u
 #define TT_STORE_MAGIC "tutti-store"
@@ -151,7 +150,7 @@ enum {
 #define TT_STORE_HELLO_MAX_FRAME 1024u
 #define TT_STORE_FRAME_MARGIN 4096u
 /* Largest request: CAS with two maximal values. */
-#define TT_STORE_MAX_FRAME \
+#define TT_STORE_MAX_FRAME                                                                         \
     (2u * (uint32_t)TUTTI_STORE_MAX_VALUE + TUTTI_STORE_MAX_KEY + TT_STORE_FRAME_MARGIN)
 /* Largest reply: a value plus the status byte. */
 #define TT_STORE_MAX_REPLY ((uint32_t)TUTTI_STORE_MAX_VALUE + TT_STORE_FRAME_MARGIN)

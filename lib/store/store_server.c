@@ -40,22 +40,22 @@ typedef struct srv_value {
 
 typedef struct srv_link {
     srv_waiter_t *w;
-    srv_entry_t *entry;            /* NULL once the key was set */
-    struct srv_link *prev, *next;  /* in entry->waiters */
+    srv_entry_t *entry;           /* NULL once the key was set */
+    struct srv_link *prev, *next; /* in entry->waiters */
 } srv_link_t;
 
 struct srv_entry {
-    srv_entry_t *next;             /* bucket chain */
+    srv_entry_t *next; /* bucket chain */
     uint32_t hash;
     char *key;
     size_t keylen;
-    srv_value_t *value;            /* NULL: no value, only waiters */
+    srv_value_t *value; /* NULL: no value, only waiters */
     srv_link_t *waiters;
 };
 
 struct srv_waiter {
     srv_conn_t *conn;
-    srv_entry_t *get_entry;        /* GET: reply with this entry's value */
+    srv_entry_t *get_entry; /* GET: reply with this entry's value */
     size_t remaining;
     size_t nlinks;
     srv_link_t links[];
@@ -69,26 +69,26 @@ struct srv_conn {
     char peer[80];
     int state;
     uint8_t challenge[TT_AUTH_CHALLENGE_LEN]; /* ours, answered by the client's AUTH */
-    char *buf;                     /* input; freed whenever it is empty */
+    char *buf;                                /* input; freed whenever it is empty */
     size_t len, cap;
-    size_t discard;                /* bytes of a refused frame still to read and drop */
+    size_t discard; /* bytes of a refused frame still to read and drop */
     int discard_status;
     char discard_msg[200];
-    size_t reply_bytes;            /* copied bytes of replies being written */
+    size_t reply_bytes; /* copied bytes of replies being written */
     srv_waiter_t *waiter;
     int writes_pending;
     int reading;
     int closing;
-    int close_after_write;         /* the reply being written is the last */
-    uint64_t since, last_active;   /* uv_now: accepted; last byte read or reply written */
+    int close_after_write;       /* the reply being written is the last */
+    uint64_t since, last_active; /* uv_now: accepted; last byte read or reply written */
     srv_conn_t *prev, *next;
 };
 
 typedef struct srv_write {
     uv_write_t req;
     srv_conn_t *conn;
-    srv_value_t *value;            /* a shared value sent, or NULL */
-    size_t owned;                  /* bytes of data[] */
+    srv_value_t *value; /* a shared value sent, or NULL */
+    size_t owned;       /* bytes of data[] */
     unsigned char head[5];
     char data[];
 } srv_write_t;
@@ -97,31 +97,31 @@ struct tt_store_server {
     uv_loop_t loop;
     int listen_fd;
     uv_poll_t listen_poll;
-    uv_timer_t sweep_timer;        /* hello and idle timeouts */
-    uv_timer_t accept_timer;       /* resumes accepting after a pause */
-    uv_timer_t drain_timer;        /* ends the drain at stop */
+    uv_timer_t sweep_timer;  /* hello and idle timeouts */
+    uv_timer_t accept_timer; /* resumes accepting after a pause */
+    uv_timer_t drain_timer;  /* ends the drain at stop */
     uv_async_t stop_async;
     pthread_t thread;
     pid_t pid;
     char addr[96];
-    tt_store_tcp_cfg_t cfg;        /* strings owned */
+    tt_store_tcp_cfg_t cfg; /* strings owned */
     char *secret;
     char *instance;
     int max_conns;
     int hello_ms;
     uint8_t id[TT_STORE_ID_LEN];
-    int reserve_fd;                /* spent to turn a client away when fds run out */
+    int reserve_fd; /* spent to turn a client away when fds run out */
     int listening;
     int stopping, finished;
     srv_conn_t *conns;
-    size_t nconns;                 /* in the list, closing ones included */
-    size_t nopen;                  /* not closing: what the limit counts */
-    size_t buffered;               /* input buffers and copied replies of all conns */
+    size_t nconns;   /* in the list, closing ones included */
+    size_t nopen;    /* not closing: what the limit counts */
+    size_t buffered; /* input buffers and copied replies of all conns */
     uint64_t last_warn;
-    size_t evicted, turned_away;   /* since the last warning */
+    size_t evicted, turned_away; /* since the last warning */
     srv_entry_t **buckets;
     size_t nbuckets, nentries;
-    char scratch[SRV_READ_CHUNK];  /* where refused frames are read to be dropped */
+    char scratch[SRV_READ_CHUNK]; /* where refused frames are read to be dropped */
 };
 
 static void srv_conn_close(srv_conn_t *c);
@@ -278,8 +278,7 @@ static void srv_buf_release(srv_conn_t *c)
 /* Read while there is room for input, a refused frame to drop, and no last reply. */
 static void srv_update_reading(srv_conn_t *c)
 {
-    int want = !c->closing && !c->close_after_write &&
-               (c->discard || !c->buf || c->len < c->cap);
+    int want = !c->closing && !c->close_after_write && (c->discard || !c->buf || c->len < c->cap);
     if (want == c->reading)
         return;
     c->reading = want;
@@ -289,8 +288,7 @@ static void srv_update_reading(srv_conn_t *c)
     }
     int r = uv_read_start((uv_stream_t *)&c->tcp, srv_on_alloc, srv_on_read);
     if (r < 0) {
-        TT_TRACE("store server %s: cannot read from %s: %s", c->srv->addr, c->peer,
-                 uv_strerror(r));
+        TT_TRACE("store server %s: cannot read from %s: %s", c->srv->addr, c->peer, uv_strerror(r));
         srv_conn_close(c);
     }
 }
@@ -324,8 +322,7 @@ static void srv_on_write(uv_write_t *req, int status)
 }
 
 /* Send status and payload: copied (data, len), or a reference to a stored value. */
-static void srv_send(srv_conn_t *c, int status, const void *data, size_t len,
-                     srv_value_t *value)
+static void srv_send(srv_conn_t *c, int status, const void *data, size_t len, srv_value_t *value)
 {
     size_t owned = value ? 0 : len;
     srv_write_t *w = malloc(sizeof(*w) + owned);
@@ -348,7 +345,8 @@ static void srv_send(srv_conn_t *c, int status, const void *data, size_t len,
     }
     put_be32(w->head, (uint32_t)(len + 1));
     w->head[4] = (unsigned char)(int8_t)status;
-    uv_buf_t bufs[2] = {uv_buf_init((char *)w->head, 5), uv_buf_init((char *)data, (unsigned)len)};
+    uv_buf_t bufs[2] = { uv_buf_init((char *)w->head, 5),
+                         uv_buf_init((char *)data, (unsigned)len) };
     c->reply_bytes += owned;
     c->srv->buffered += owned;
     c->writes_pending++;
@@ -368,7 +366,10 @@ static void srv_reply(srv_conn_t *c, int status, const void *payload, size_t len
     srv_send(c, status, payload, len, NULL);
 }
 
-static void srv_reply_value(srv_conn_t *c, srv_value_t *v) { srv_send(c, TUTTI_OK, NULL, 0, v); }
+static void srv_reply_value(srv_conn_t *c, srv_value_t *v)
+{
+    srv_send(c, TUTTI_OK, NULL, 0, v);
+}
 
 static void srv_reply_error(srv_conn_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -446,8 +447,8 @@ static int srv_next_field(const unsigned char **p, const unsigned char *end, srv
 }
 
 /* Parse exactly n fields with the given maximum lengths; why says what was wrong. */
-static int srv_fields(const unsigned char *p, const unsigned char *end, srv_field_t *f,
-                      size_t n, const size_t *max, const char **why)
+static int srv_fields(const unsigned char *p, const unsigned char *end, srv_field_t *f, size_t n,
+                      const size_t *max, const char **why)
 {
     for (size_t i = 0; i < n; i++) {
         if (srv_next_field(&p, end, &f[i]) < 0) {
@@ -466,13 +467,13 @@ static int srv_fields(const unsigned char *p, const unsigned char *end, srv_fiel
     return 0;
 }
 
-static const size_t max_k[] = {TUTTI_STORE_MAX_KEY};
-static const size_t max_kv[] = {TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE};
-static const size_t max_kvv[] = {TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE,
-                                 TUTTI_STORE_MAX_VALUE};
-static const size_t max_k8[] = {TUTTI_STORE_MAX_KEY, 8};
-static const size_t max_hello[] = {32, 4, TT_AUTH_CHALLENGE_LEN};
-static const size_t max_auth[] = {TT_SHA256_LEN};
+static const size_t max_k[] = { TUTTI_STORE_MAX_KEY };
+static const size_t max_kv[] = { TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE };
+static const size_t max_kvv[] = { TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_VALUE,
+                                  TUTTI_STORE_MAX_VALUE };
+static const size_t max_k8[] = { TUTTI_STORE_MAX_KEY, 8 };
+static const size_t max_hello[] = { 32, 4, TT_AUTH_CHALLENGE_LEN };
+static const size_t max_auth[] = { TT_SHA256_LEN };
 
 static void srv_cmd_add(srv_conn_t *c, const srv_field_t *f)
 {
@@ -494,8 +495,7 @@ static void srv_cmd_add(srv_conn_t *c, const srv_field_t *f)
         return;
     }
     if (__builtin_add_overflow(v, delta, &v)) {
-        srv_reply_error(c, TUTTI_ERR_INVALID_ARG, "adding %" PRId64 " overflows 64 bits",
-                        delta);
+        srv_reply_error(c, TUTTI_ERR_INVALID_ARG, "adding %" PRId64 " overflows 64 bits", delta);
         srv_maybe_remove(srv, e);
         return;
     }
@@ -664,8 +664,10 @@ static int srv_cmd_hello(srv_conn_t *c, const srv_field_t *f, const char **why)
     uint32_t version = get_be32((const unsigned char *)f[1].data);
     if (version != TT_STORE_PROTOCOL) {
         char msg[160];
-        snprintf(msg, sizeof(msg), "store protocol mismatch: the client speaks %" PRIu32
-                 ", this server %u (mixed tutti versions)", version, TT_STORE_PROTOCOL);
+        snprintf(msg, sizeof(msg),
+                 "store protocol mismatch: the client speaks %" PRIu32
+                 ", this server %u (mixed tutti versions)",
+                 version, TT_STORE_PROTOCOL);
         srv_refuse(c, TUTTI_ERR_PROTOCOL, msg);
         return 0;
     }
@@ -675,8 +677,9 @@ static int srv_cmd_hello(srv_conn_t *c, const srv_field_t *f, const char **why)
     }
     if (srv->secret && f[2].len == 0) {
         TT_WARN("store server %s: refusing %s: it has no job secret", srv->addr, c->peer);
-        srv_refuse(c, TUTTI_ERR_AUTH, "this store requires the job secret (TUTTI_AUTH_TOKEN "
-                                      "or TUTTI_AUTH_TOKEN_FILE) and the client has none");
+        srv_refuse(c, TUTTI_ERR_AUTH,
+                   "this store requires the job secret (TUTTI_AUTH_TOKEN "
+                   "or TUTTI_AUTH_TOKEN_FILE) and the client has none");
         return 0;
     }
     unsigned char out[8 * 4 + 4 + 4 + 4 + 8 + TT_STORE_ID_LEN + TT_STORE_MAX_INSTANCE +
@@ -716,8 +719,7 @@ static int srv_cmd_auth(srv_conn_t *c, const srv_field_t *f)
     uint8_t want[TT_SHA256_LEN];
     tt_auth_answer(srv->secret, srv->cfg.secret_len, TT_STORE_CTX_CLIENT, c->challenge, want);
     if (f[0].len != sizeof(want) || !tt_auth_equal(f[0].data, want, sizeof(want))) {
-        TT_WARN("store server %s: %s failed authentication (wrong job secret)", srv->addr,
-                c->peer);
+        TT_WARN("store server %s: %s failed authentication (wrong job secret)", srv->addr, c->peer);
         srv_refuse(c, TUTTI_ERR_AUTH, "wrong job secret");
         return 0;
     }
@@ -727,8 +729,7 @@ static int srv_cmd_auth(srv_conn_t *c, const srv_field_t *f)
 }
 
 /* A frame before the hello is done. */
-static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t len,
-                            const char **why)
+static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t len, const char **why)
 {
     const unsigned char *p = frame + 1, *end = frame + len;
     srv_field_t f[3];
@@ -738,8 +739,9 @@ static int srv_handle_hello(srv_conn_t *c, const unsigned char *frame, size_t le
         return srv_fields(p, end, f, 1, max_auth, why) < 0 ? -1 : srv_cmd_auth(c, f);
     if (c->state == SRV_HELLO && frame[0] >= TT_STORE_CMD_SET && frame[0] <= TT_STORE_CMD_PING) {
         /* a protocol 1 client: tell it, in a reply it can read */
-        srv_refuse(c, TUTTI_ERR_PROTOCOL, "this store server speaks protocol 2 and expects a "
-                                          "hello first: the client is an older tutti");
+        srv_refuse(c, TUTTI_ERR_PROTOCOL,
+                   "this store server speaks protocol 2 and expects a "
+                   "hello first: the client is an older tutti");
         return 0;
     }
     *why = c->state == SRV_HELLO ? "expected a hello" : "expected the authentication";
@@ -760,7 +762,10 @@ static void srv_cmd_set(srv_conn_t *c, const srv_field_t *f)
     srv_notify(e);
 }
 
-static void srv_cmd_get(srv_conn_t *c, const srv_field_t *f) { srv_cmd_wait(c, f, 1, 1); }
+static void srv_cmd_get(srv_conn_t *c, const srv_field_t *f)
+{
+    srv_cmd_wait(c, f, 1, 1);
+}
 
 static void srv_cmd_delete(srv_conn_t *c, const srv_field_t *f)
 {
@@ -776,8 +781,8 @@ static void srv_cmd_delete(srv_conn_t *c, const srv_field_t *f)
 }
 
 /* CHECK and WAIT: any number of keys. */
-static int srv_handle_keys(srv_conn_t *c, int cmd, const unsigned char *p,
-                           const unsigned char *end, const char **why)
+static int srv_handle_keys(srv_conn_t *c, int cmd, const unsigned char *p, const unsigned char *end,
+                           const char **why)
 {
     /* count and check the keys first, then collect them */
     size_t n = 0;
@@ -814,13 +819,13 @@ static const struct {
     const size_t *max;
     void (*fn)(srv_conn_t *c, const srv_field_t *f);
 } srv_fixed[] = {
-    [TT_STORE_CMD_SET] = {2, max_kv, srv_cmd_set},
-    [TT_STORE_CMD_GET] = {1, max_k, srv_cmd_get},
-    [TT_STORE_CMD_ADD] = {2, max_k8, srv_cmd_add},
-    [TT_STORE_CMD_CAS] = {3, max_kvv, srv_cmd_cas},
-    [TT_STORE_CMD_DELETE] = {1, max_k, srv_cmd_delete},
-    [TT_STORE_CMD_DELETE_PREFIX] = {1, max_k, srv_cmd_delete_prefix},
-    [TT_STORE_CMD_CAD] = {2, max_kv, srv_cmd_cad},
+    [TT_STORE_CMD_SET] = { 2, max_kv, srv_cmd_set },
+    [TT_STORE_CMD_GET] = { 1, max_k, srv_cmd_get },
+    [TT_STORE_CMD_ADD] = { 2, max_k8, srv_cmd_add },
+    [TT_STORE_CMD_CAS] = { 3, max_kvv, srv_cmd_cas },
+    [TT_STORE_CMD_DELETE] = { 1, max_k, srv_cmd_delete },
+    [TT_STORE_CMD_DELETE_PREFIX] = { 1, max_k, srv_cmd_delete_prefix },
+    [TT_STORE_CMD_CAD] = { 2, max_kv, srv_cmd_cad },
 };
 
 /* Handle one frame (cmd and fields); returns -1 with why set when the frame is bad. */
@@ -838,8 +843,7 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
     }
     switch (frame[0]) {
     case TT_STORE_CMD_CHECK:
-    case TT_STORE_CMD_WAIT:
-        return srv_handle_keys(c, frame[0], p, end, why);
+    case TT_STORE_CMD_WAIT: return srv_handle_keys(c, frame[0], p, end, why);
     case TT_STORE_CMD_PING:
         if (p != end) {
             *why = "bytes after the last field";
@@ -848,19 +852,14 @@ static int srv_handle(srv_conn_t *c, const unsigned char *frame, size_t len, con
         srv_reply(c, TUTTI_OK, NULL, 0);
         return 0;
     case TT_STORE_CMD_HELLO:
-    case TT_STORE_CMD_AUTH:
-        *why = "a second hello";
-        return -1;
-    default:
-        *why = "unknown command";
-        return -1;
+    case TT_STORE_CMD_AUTH: *why = "a second hello"; return -1;
+    default: *why = "unknown command"; return -1;
     }
 }
 
 static void srv_bad_client(srv_conn_t *c, const char *why)
 {
-    TT_WARN("store server %s: closing the connection from %s: %s", c->srv->addr, c->peer,
-            why);
+    TT_WARN("store server %s: closing the connection from %s: %s", c->srv->addr, c->peer, why);
     srv_conn_close(c);
 }
 
@@ -874,12 +873,16 @@ static void srv_admit(srv_conn_t *c, size_t total)
     char *msg = c->discard_msg;
     size_t msglen = sizeof(c->discard_msg);
     if (total + c->reply_bytes > cfg->client_quota) {
-        snprintf(msg, msglen, "request of %zu bytes is over this server's per-client quota "
-                 "of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)", total, cfg->client_quota);
+        snprintf(msg, msglen,
+                 "request of %zu bytes is over this server's per-client quota "
+                 "of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
+                 total, cfg->client_quota);
     } else if (srv->buffered - c->cap + total > cfg->memory_limit) {
-        snprintf(msg, msglen, "request of %zu bytes refused: the server's memory limit for "
+        snprintf(msg, msglen,
+                 "request of %zu bytes refused: the server's memory limit for "
                  "requests in flight (%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by "
-                 "other clients; try again later", total, cfg->memory_limit);
+                 "other clients; try again later",
+                 total, cfg->memory_limit);
     } else if (srv_buf_resize(c, total) < 0) {
         snprintf(msg, msglen, "server out of memory for a request of %zu bytes", total);
     } else {
@@ -943,8 +946,7 @@ static void srv_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     TT_UNUSED(suggested);
     srv_conn_t *c = h->data;
     if (c->discard) {
-        *buf = uv_buf_init(c->srv->scratch,
-                           (unsigned)TT_MIN(c->discard, sizeof(c->srv->scratch)));
+        *buf = uv_buf_init(c->srv->scratch, (unsigned)TT_MIN(c->discard, sizeof(c->srv->scratch)));
         return;
     }
     if (!c->buf && srv_buf_resize(c, SRV_READ_CHUNK) < 0) {
@@ -1023,8 +1025,8 @@ static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
     if (srv->last_warn && now - srv->last_warn < SRV_WARN_EVERY_MS)
         return;
     TT_WARN("store server %s: %s: %zu idle connections evicted, %zu clients turned away "
-            "(%zu connections open, limit %d)", srv->addr, why, srv->evicted,
-            srv->turned_away, srv->nopen, srv->max_conns);
+            "(%zu connections open, limit %d)",
+            srv->addr, why, srv->evicted, srv->turned_away, srv->nopen, srv->max_conns);
     srv->last_warn = now;
     srv->evicted = srv->turned_away = 0;
 }
@@ -1082,8 +1084,7 @@ static int srv_evict(tt_store_server_t *srv, const char *why)
 static void srv_turn_away(tt_store_server_t *srv, int fd, const char *why)
 {
     unsigned char frame[5 + 160];
-    int n = snprintf((char *)frame + 5, sizeof(frame) - 5, "busy (%s); try again",
-                     why);
+    int n = snprintf((char *)frame + 5, sizeof(frame) - 5, "busy (%s); try again", why);
     n = TT_MIN(n, (int)sizeof(frame) - 6);
     put_be32(frame, (uint32_t)n + 1);
     frame[4] = (unsigned char)(int8_t)TUTTI_ERR_STORE;
@@ -1237,8 +1238,8 @@ static void srv_on_sweep(uv_timer_t *t)
         if (!idle || c->waiter || c->writes_pending)
             continue;
         if (now - c->last_active >= idle) {
-            TT_TRACE("store server %s: %s idle for %" PRIu64 " ms: closing", srv->addr,
-                     c->peer, now - c->last_active);
+            TT_TRACE("store server %s: %s idle for %" PRIu64 " ms: closing", srv->addr, c->peer,
+                     now - c->last_active);
             srv_conn_close(c);
         }
     }
@@ -1278,8 +1279,8 @@ static void srv_on_drained(uv_timer_t *t)
         srv_conn_close(c);
     }
     if (n)
-        TT_INFO("store server %s: closing %zu connections still open %d ms after stop",
-                srv->addr, n, srv->cfg.drain_ms);
+        TT_INFO("store server %s: closing %zu connections still open %d ms after stop", srv->addr,
+                n, srv->cfg.drain_ms);
 }
 
 static void srv_on_stop(uv_async_t *a)
@@ -1338,8 +1339,9 @@ static void srv_walk_close(uv_handle_t *h, void *arg)
  * that just stopped (its closed connections linger in TIME_WAIT). */
 static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_store_err_t *err)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE};
+    struct addrinfo hints = { .ai_family = AF_UNSPEC,
+                              .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_PASSIVE };
     struct addrinfo *res = NULL;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
@@ -1428,7 +1430,8 @@ static int srv_init_handles(tt_store_server_t *srv, tt_store_err_t *err)
     uv_poll_start(&srv->listen_poll, UV_READABLE, srv_on_listen);
     uint64_t period = (uint64_t)TT_MIN(srv->hello_ms, srv->cfg.idle_timeout_ms > 0
                                                           ? srv->cfg.idle_timeout_ms
-                                                          : SRV_HELLO_MS) / 4;
+                                                          : SRV_HELLO_MS) /
+                      4;
     period = TT_MAX(20u, TT_MIN(1000u, period));
     uv_timer_start(&srv->sweep_timer, srv_on_sweep, period, period);
     return TUTTI_OK;
@@ -1469,7 +1472,7 @@ int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *
         goto err_close_loop;
     }
     int real_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+                                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     snprintf(srv->addr, sizeof(srv->addr), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
              real_port);
     TT_CHECK_GOTO(srv_init_handles(srv, err), st, err_close_loop);
@@ -1537,19 +1540,19 @@ static void srv_fuzz_drain(int fd)
 int tt_store_server_fuzz_input(const uint8_t *data, size_t len, int with_secret, size_t chunk)
 {
     tt_store_server_t *srv = calloc(1, sizeof(*srv));
-    int sv[2] = {-1, -1};
+    int sv[2] = { -1, -1 };
     if (!srv)
         return -1;
     srv->listen_fd = srv->reserve_fd = -1;
     srv->nbuckets = 4; /* small: the fuzzer reaches srv_grow */
     srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
-    tt_store_tcp_cfg_t cfg = {.secret = with_secret ? "fuzz-secret" : NULL,
-                              .secret_len = with_secret ? 11 : 0,
-                              .instance = "fuzz",
-                              .idle_timeout_ms = TT_STORE_DEFAULT_IDLE_MS,
-                              .max_connections = 4,
-                              .client_quota = TT_STORE_DEFAULT_QUOTA,
-                              .memory_limit = TT_STORE_DEFAULT_MEMORY};
+    tt_store_tcp_cfg_t cfg = { .secret = with_secret ? "fuzz-secret" : NULL,
+                               .secret_len = with_secret ? 11 : 0,
+                               .instance = "fuzz",
+                               .idle_timeout_ms = TT_STORE_DEFAULT_IDLE_MS,
+                               .max_connections = 4,
+                               .client_quota = TT_STORE_DEFAULT_QUOTA,
+                               .memory_limit = TT_STORE_DEFAULT_MEMORY };
     if (!srv->buckets || srv_copy_cfg(srv, &cfg) < 0 || uv_loop_init(&srv->loop) < 0) {
         srv_free(srv);
         return -1;

@@ -37,22 +37,22 @@
 
 typedef struct tcp_conn {
     int fd;
-    pid_t pid;              /* a forked child must not talk on its parent's sockets */
-    uint64_t used_ns;       /* when its last request ended */
+    pid_t pid;        /* a forked child must not talk on its parent's sockets */
+    uint64_t used_ns; /* when its last request ended */
     struct tcp_conn *next;
 } tcp_conn_t;
 
 typedef struct tcp_store {
-    char *host;             /* where the client connects */
+    char *host; /* where the client connects */
     int port;
-    char addr[300];         /* host:port for messages */
-    char *secret;           /* the job secret; NULL: none */
+    char addr[300]; /* host:port for messages */
+    char *secret;   /* the job secret; NULL: none */
     size_t secret_len;
-    char *instance;         /* the only server label this handle accepts; NULL: any */
-    pthread_mutex_t lock;   /* guards idle, ai and what the hello told */
+    char *instance;       /* the only server label this handle accepts; NULL: any */
+    pthread_mutex_t lock; /* guards idle, ai and what the hello told */
     tcp_conn_t *idle;
-    struct addrinfo *ai;    /* resolved once: reconnecting must not wait on name service */
-    int known;              /* a hello succeeded, so the server's facts below are set */
+    struct addrinfo *ai; /* resolved once: reconnecting must not wait on name service */
+    int known;           /* a hello succeeded, so the server's facts below are set */
     uint8_t server_id[TT_STORE_ID_LEN];
     uint32_t server_idle_ms;
     uint64_t server_quota;
@@ -68,14 +68,17 @@ typedef struct tcp_field {
 #define TCP_MAX_FIELDS_INLINE 8
 #define TCP_MAX_HELLO_REPLY 1024u
 
-static tcp_store_t *ts_of(tutti_store_t *s) { return s->impl; }
+static tcp_store_t *ts_of(tutti_store_t *s)
+{
+    return s->impl;
+}
 
 static void tcp_sleep_until(uint64_t ns, uint64_t deadline)
 {
     uint64_t now = tt_now_ns();
     if (deadline != UINT64_MAX)
         ns = deadline <= now ? 0 : TT_MIN(ns, deadline - now);
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
 }
@@ -84,7 +87,7 @@ static void tcp_sleep_until(uint64_t ns, uint64_t deadline)
 static int tcp_poll(int fd, short events, uint64_t deadline)
 {
     for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
+        struct pollfd p = { .fd = fd, .events = events };
         int ms = tt_ms_left(deadline);
         if (ms == 0 && tt_now_ns() >= deadline)
             return 0;
@@ -166,7 +169,7 @@ err_close:
 static int tcp_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
 {
     while (iovcnt > 0) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             int r = tcp_io_retry(fd, POLLOUT, deadline);
@@ -243,10 +246,10 @@ static int tcp_take_field(const unsigned char **p, const unsigned char *end,
 
 /* A small frame out, its reply in (payload NUL-terminated in reply, at most cap bytes):
  * 0 or -errno as tcp_recv_all; -EPROTO for a reply longer than cap. */
-static int tcp_exchange(int fd, unsigned char *frame, size_t len, uint64_t deadline,
-                        int *status_p, unsigned char *reply, size_t cap, size_t *rlen_p)
+static int tcp_exchange(int fd, unsigned char *frame, size_t len, uint64_t deadline, int *status_p,
+                        unsigned char *reply, size_t cap, size_t *rlen_p)
 {
-    struct iovec iov = {frame, len};
+    struct iovec iov = { frame, len };
     unsigned char head[5];
     int e = tcp_send_iov(fd, &iov, 1, deadline);
     if (!e)
@@ -278,7 +281,7 @@ typedef struct tcp_hello_reply {
 
 static int tcp_parse_hello(const unsigned char *p, size_t len, tcp_hello_reply_t *h)
 {
-    static const uint32_t sizes[] = {4, 4, 4, 8, TT_STORE_ID_LEN};
+    static const uint32_t sizes[] = { 4, 4, 4, 8, TT_STORE_ID_LEN };
     const unsigned char *end = p + len, *f[8];
     uint32_t flen[8];
     int n = 0;
@@ -311,8 +314,8 @@ static int tcp_parse_hello(const unsigned char *p, size_t len, tcp_hello_reply_t
 
 /* The connection failed during the hello (e as tcp_recv_all): worth another try, unless
  * the server's reply made no sense. */
-static int tcp_hello_lost(tcp_store_t *ts, int e, const char *step, char *cause,
-                          size_t causelen, tt_store_err_t *err)
+static int tcp_hello_lost(tcp_store_t *ts, int e, const char *step, char *cause, size_t causelen,
+                          tt_store_err_t *err)
 {
     if (e == -EPROTO) {
         tt_store_err_set(err, "bad %s reply from %s: not a tutti store server?", step, ts->addr);
@@ -322,10 +325,11 @@ static int tcp_hello_lost(tcp_store_t *ts, int e, const char *step, char *cause,
         /* cut short by the deadline: the attempt before says more */
         if (!cause[0] || !strncmp(cause, "connect to", 10))
             snprintf(cause, causelen, "no answer to the %s from %s", step, ts->addr);
-    }
-    else if (e == -EPIPE || e == -ECONNRESET)
-        snprintf(cause, causelen, "%s closed the connection during the %s (busy, stopping, "
-                 "or a tutti-store older than protocol %u)", ts->addr, step, TT_STORE_PROTOCOL);
+    } else if (e == -EPIPE || e == -ECONNRESET)
+        snprintf(cause, causelen,
+                 "%s closed the connection during the %s (busy, stopping, "
+                 "or a tutti-store older than protocol %u)",
+                 ts->addr, step, TT_STORE_PROTOCOL);
     else
         snprintf(cause, causelen, "%s from %s: %s", step, ts->addr, strerror(-e));
     return TCP_HELLO_RETRY;
@@ -349,22 +353,28 @@ static int tcp_hello_check_auth(tcp_store_t *ts, const tcp_hello_reply_t *h,
 {
     if (!ts->secret && !h->challenge) {
         if (h->flags & TT_STORE_HELLO_AUTH) {
-            tt_store_err_set(err, "store server %s requires the job secret (TUTTI_AUTH_TOKEN "
-                             "or TUTTI_AUTH_TOKEN_FILE) and this client has none", ts->addr);
+            tt_store_err_set(err,
+                             "store server %s requires the job secret (TUTTI_AUTH_TOKEN "
+                             "or TUTTI_AUTH_TOKEN_FILE) and this client has none",
+                             ts->addr);
             return TUTTI_ERR_AUTH;
         }
         return TUTTI_OK;
     }
     if (!ts->secret || !(h->flags & TT_STORE_HELLO_AUTH) || !h->challenge) {
-        tt_store_err_set(err, "store server %s does not check the job secret (it was started "
-                         "without one) but this client has one: not trusting it", ts->addr);
+        tt_store_err_set(err,
+                         "store server %s does not check the job secret (it was started "
+                         "without one) but this client has one: not trusting it",
+                         ts->addr);
         return TUTTI_ERR_AUTH;
     }
     uint8_t want[TT_SHA256_LEN];
     tt_auth_answer(ts->secret, ts->secret_len, TT_STORE_CTX_SERVER, challenge, want);
     if (!tt_auth_equal(want, h->answer, sizeof(want))) {
-        tt_store_err_set(err, "store server %s does not know this job secret: the secrets "
-                         "differ, or it is not this job's store", ts->addr);
+        tt_store_err_set(err,
+                         "store server %s does not know this job secret: the secrets "
+                         "differ, or it is not this job's store",
+                         ts->addr);
         return TUTTI_ERR_AUTH;
     }
     return TUTTI_OK;
@@ -392,18 +402,21 @@ static int tcp_hello_check_server(tcp_store_t *ts, const tcp_hello_reply_t *h, c
     }
     pthread_mutex_unlock(&ts->lock);
     if (st == TUTTI_ERR_STORE)
-        tt_store_err_set(err, "the store server at %s was restarted: another server instance "
-                         "answered, without the keys set before", ts->addr);
+        tt_store_err_set(err,
+                         "the store server at %s was restarted: another server instance "
+                         "answered, without the keys set before",
+                         ts->addr);
     else if (st == TCP_HELLO_RETRY)
-        snprintf(cause, causelen, "the store server at %s is instance '%.64s', not '%.64s' "
-                 "(a previous run's server still up?)", ts->addr, h->label, ts->instance);
+        snprintf(cause, causelen,
+                 "the store server at %s is instance '%.64s', not '%.64s' "
+                 "(a previous run's server still up?)",
+                 ts->addr, h->label, ts->instance);
     return st;
 }
 
 /* Prove the secret to the server, answering its challenge. */
-static int tcp_hello_auth(tcp_store_t *ts, int fd, const tcp_hello_reply_t *h,
-                          uint64_t deadline, char *cause, size_t causelen,
-                          tt_store_err_t *err)
+static int tcp_hello_auth(tcp_store_t *ts, int fd, const tcp_hello_reply_t *h, uint64_t deadline,
+                          char *cause, size_t causelen, tt_store_err_t *err)
 {
     unsigned char frame[5 + 4 + TT_SHA256_LEN], reply[256];
     uint8_t answer[TT_SHA256_LEN];
@@ -449,8 +462,10 @@ static int tcp_hello(tcp_store_t *ts, int fd, uint64_t deadline, char *cause, si
         return tcp_hello_refused(ts, status, (char *)reply, cause, causelen, err);
     tcp_hello_reply_t h;
     if (status > 0 || tcp_parse_hello(reply, rlen, &h) < 0 || h.version != TT_STORE_PROTOCOL) {
-        tt_store_err_set(err, "bad hello reply from %s (%zu bytes): not a tutti store server "
-                         "of protocol %u?", ts->addr, rlen, TT_STORE_PROTOCOL);
+        tt_store_err_set(err,
+                         "bad hello reply from %s (%zu bytes): not a tutti store server "
+                         "of protocol %u?",
+                         ts->addr, rlen, TT_STORE_PROTOCOL);
         return TUTTI_ERR_PROTOCOL;
     }
     TT_CHECK(tcp_hello_check_auth(ts, &h, challenge, err));
@@ -479,7 +494,7 @@ static const struct addrinfo *tcp_resolve(tcp_store_t *ts, char *cause, size_t c
         return ai;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", ts->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
     int r = getaddrinfo(ts->host, portstr, &hints, &ai);
     if (r != 0) {
         snprintf(cause, causelen, "cannot resolve %s: %s", ts->host, gai_strerror(r));
@@ -553,7 +568,7 @@ static int tcp_conn_usable(tcp_store_t *ts, tcp_conn_t *c, uint64_t now)
 {
     if (c->pid != getpid())
         return 0;
-    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    struct pollfd p = { .fd = c->fd, .events = POLLIN };
     if (poll(&p, 1, 0) != 0)
         return 0;
     uint64_t idle = ts->server_idle_ms;
@@ -648,8 +663,7 @@ static int tcp_rpc_send(tcp_conn_t *c, const struct iovec *iov, struct iovec *wo
 
 /* The reply's payload, after its head: 0 with *reply_p malloc'ed, or a status. */
 static int tcp_rpc_payload(tcp_store_t *ts, tcp_conn_t *c, const unsigned char rhead[5],
-                           uint64_t deadline, char **reply_p, size_t *plen_p,
-                           tt_store_err_t *err)
+                           uint64_t deadline, char **reply_p, size_t *plen_p, tt_store_err_t *err)
 {
     uint32_t rlen = get_be32(rhead);
     if (rlen < 1 || rlen > TT_STORE_MAX_REPLY) {
@@ -679,8 +693,8 @@ static int tcp_rpc_payload(tcp_store_t *ts, tcp_conn_t *c, const unsigned char r
  * and the return value the server's status; a negative server status comes back with
  * its message in err. timeout_what names what a deadline means, for the message. */
 static int tcp_rpc(tutti_store_t *s, uint8_t cmd, const tcp_field_t *fields, size_t nfields,
-                   uint64_t deadline, const char *timeout_what, void **reply_p,
-                   size_t *replylen_p, tt_store_err_t *err)
+                   uint64_t deadline, const char *timeout_what, void **reply_p, size_t *replylen_p,
+                   tt_store_err_t *err)
 {
     tcp_store_t *ts = ts_of(s);
     struct iovec iov_inline[2 * (2 + 2 * TCP_MAX_FIELDS_INLINE)];
@@ -702,19 +716,21 @@ static int tcp_rpc(tutti_store_t *s, uint8_t cmd, const tcp_field_t *fields, siz
     }
     uint64_t total = 1;
     int iovcnt = 0;
-    iov[iovcnt++] = (struct iovec){head, sizeof(head)};
+    iov[iovcnt++] = (struct iovec){ head, sizeof(head) };
     for (size_t i = 0; i < nfields; i++) {
         put_be32(lens + 4 * i, (uint32_t)fields[i].len);
-        iov[iovcnt++] = (struct iovec){lens + 4 * i, 4};
+        iov[iovcnt++] = (struct iovec){ lens + 4 * i, 4 };
         if (fields[i].len)
-            iov[iovcnt++] = (struct iovec){(void *)fields[i].data, fields[i].len};
+            iov[iovcnt++] = (struct iovec){ (void *)fields[i].data, fields[i].len };
         total += 4 + fields[i].len;
     }
     uint64_t quota = ts->server_quota;
     if (total > TT_STORE_MAX_FRAME || (quota && total + 4 > quota)) {
         tt_store_err_set(err, "request of %" PRIu64 " bytes is over %s of %" PRIu64 " bytes",
-                         total + 4, total > TT_STORE_MAX_FRAME ? "the limit"
-                         : "the store server's per-client quota (TUTTI_STORE_CLIENT_QUOTA)",
+                         total + 4,
+                         total > TT_STORE_MAX_FRAME
+                             ? "the limit"
+                             : "the store server's per-client quota (TUTTI_STORE_CLIENT_QUOTA)",
                          total > TT_STORE_MAX_FRAME ? (uint64_t)TT_STORE_MAX_FRAME : quota);
         st = TUTTI_ERR_INVALID_ARG;
         goto out_free_iov;
@@ -730,8 +746,7 @@ static int tcp_rpc(tutti_store_t *s, uint8_t cmd, const tcp_field_t *fields, siz
         if (!e)
             break;
         tcp_conn_drop(c);
-        if (attempt == 0 && got == 0 && (e == -EPIPE || e == -ECONNRESET) &&
-            tcp_retry_safe(cmd)) {
+        if (attempt == 0 && got == 0 && (e == -EPIPE || e == -ECONNRESET) && tcp_retry_safe(cmd)) {
             tcp_pool_flush(ts);
             continue;
         }
@@ -800,7 +815,7 @@ static int tcp_rpc_exact(tutti_store_t *s, uint8_t cmd, const tcp_field_t *f, si
 static int tcp_set(tutti_store_t *s, const char *key, const void *value, size_t len,
                    uint64_t deadline, tt_store_err_t *err)
 {
-    tcp_field_t f[2] = {{key, strlen(key)}, {value, len}};
+    tcp_field_t f[2] = { { key, strlen(key) }, { value, len } };
     void *r;
     size_t rlen;
     TT_CHECK(tcp_rpc(s, TT_STORE_CMD_SET, f, 2, deadline, "no reply", &r, &rlen, err));
@@ -811,10 +826,9 @@ static int tcp_set(tutti_store_t *s, const char *key, const void *value, size_t 
 static int tcp_get(tutti_store_t *s, const char *key, void **value_p, size_t *len_p,
                    uint64_t deadline, tt_store_err_t *err)
 {
-    tcp_field_t f[1] = {{key, strlen(key)}};
+    tcp_field_t f[1] = { { key, strlen(key) } };
     char what[200], kd[160];
-    snprintf(what, sizeof(what), "key '%s' not set",
-             tt_store_key_display(key, kd, sizeof(kd)));
+    snprintf(what, sizeof(what), "key '%s' not set", tt_store_key_display(key, kd, sizeof(kd)));
     TT_CHECK(tcp_rpc(s, TT_STORE_CMD_GET, f, 1, deadline, what, value_p, len_p, err));
     return TUTTI_OK;
 }
@@ -824,19 +838,18 @@ static int tcp_add(tutti_store_t *s, const char *key, int64_t delta, int64_t *re
 {
     unsigned char d[8];
     put_be64(d, (uint64_t)delta);
-    tcp_field_t f[2] = {{key, strlen(key)}, {d, 8}};
+    tcp_field_t f[2] = { { key, strlen(key) }, { d, 8 } };
     TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_ADD, f, 2, deadline, d, 8, err));
     *result_p = (int64_t)get_be64(d);
     return TUTTI_OK;
 }
 
 static int tcp_compare_set(tutti_store_t *s, const char *key, const void *expected, size_t elen,
-                           const void *desired, size_t dlen, void **current_p,
-                           size_t *curlen_p, uint64_t deadline, tt_store_err_t *err)
+                           const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                           uint64_t deadline, tt_store_err_t *err)
 {
-    tcp_field_t f[3] = {{key, strlen(key)}, {expected, elen}, {desired, dlen}};
-    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_CAS, f, 3, deadline, "no reply", current_p, curlen_p,
-                     err));
+    tcp_field_t f[3] = { { key, strlen(key) }, { expected, elen }, { desired, dlen } };
+    TT_CHECK(tcp_rpc(s, TT_STORE_CMD_CAS, f, 3, deadline, "no reply", current_p, curlen_p, err));
     return TUTTI_OK;
 }
 
@@ -844,14 +857,14 @@ static int tcp_keys_rpc(tutti_store_t *s, uint8_t cmd, const char *const *keys, 
                         uint64_t deadline, const char *what, void **reply_p, size_t *rlen_p,
                         tt_store_err_t *err)
 {
-    tcp_field_t inline_f[TCP_MAX_FIELDS_INLINE] = {{0}};
+    tcp_field_t inline_f[TCP_MAX_FIELDS_INLINE] = { { 0 } };
     tcp_field_t *f = n > TCP_MAX_FIELDS_INLINE ? malloc(n * sizeof(*f)) : inline_f;
     if (!f) {
         tt_store_err_set(err, "out of memory for %zu keys", n);
         return TUTTI_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++)
-        f[i] = (tcp_field_t){keys[i], strlen(keys[i])};
+        f[i] = (tcp_field_t){ keys[i], strlen(keys[i]) };
     int st = tcp_rpc(s, cmd, f, n, deadline, what, reply_p, rlen_p, err);
     if (f != inline_f)
         free(f);
@@ -881,8 +894,7 @@ static int tcp_check(tutti_store_t *s, const char *const *keys, size_t n, int *e
 {
     void *r;
     size_t rlen;
-    TT_CHECK(tcp_keys_rpc(s, TT_STORE_CMD_CHECK, keys, n, deadline, "no reply", &r, &rlen,
-                          err));
+    TT_CHECK(tcp_keys_rpc(s, TT_STORE_CMD_CHECK, keys, n, deadline, "no reply", &r, &rlen, err));
     if (rlen != 1)
         return tcp_bad_reply(s, err, r, rlen);
     *exists_p = ((unsigned char *)r)[0] != 0;
@@ -893,27 +905,27 @@ static int tcp_check(tutti_store_t *s, const char *const *keys, size_t n, int *e
 static int tcp_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t deadline,
                    tt_store_err_t *err)
 {
-    tcp_field_t f[1] = {{key, strlen(key)}};
+    tcp_field_t f[1] = { { key, strlen(key) } };
     unsigned char r;
     TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_DELETE, f, 1, deadline, &r, 1, err));
     *deleted_p = r != 0;
     return TUTTI_OK;
 }
 
-static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
-                          uint64_t deadline, tt_store_err_t *err)
+static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                          tt_store_err_t *err)
 {
-    tcp_field_t f[1] = {{prefix, strlen(prefix)}};
+    tcp_field_t f[1] = { { prefix, strlen(prefix) } };
     unsigned char r[8];
     TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_DELETE_PREFIX, f, 1, deadline, r, 8, err));
     *count_p = (size_t)get_be64(r);
     return TUTTI_OK;
 }
 
-static int tcp_compare_del(tutti_store_t *s, const char *key, const void *expected,
-                           size_t elen, int *deleted_p, uint64_t deadline, tt_store_err_t *err)
+static int tcp_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,
+                           int *deleted_p, uint64_t deadline, tt_store_err_t *err)
 {
-    tcp_field_t f[2] = {{key, strlen(key)}, {expected, elen}};
+    tcp_field_t f[2] = { { key, strlen(key) }, { expected, elen } };
     unsigned char r;
     TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_CAD, f, 2, deadline, &r, 1, err));
     *deleted_p = r != 0;

@@ -63,8 +63,7 @@ int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
     return TUTTI_OK;
 }
 
-tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port,
-                              int timeout_ms)
+tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms)
 {
     tutti_store_t *s = calloc(1, sizeof(*s));
     if (!s)

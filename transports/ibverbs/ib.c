@@ -25,8 +25,7 @@ static uint32_t make_imm(unsigned type, unsigned a, unsigned b)
     return (type << 28) | ((a & IB_IMM_FIELD_MAX) << 14) | (b & IB_IMM_FIELD_MAX);
 }
 
-static void fail_queue(ib_tp_t *tp, tp_req_t **head, tp_req_t **tail,
-                       int status)
+static void fail_queue(ib_tp_t *tp, tp_req_t **head, tp_req_t **tail, int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
 }
@@ -79,7 +78,7 @@ static void fail_reads(ib_tp_t *tp, ib_link_t *L, int status)
 static void link_stop_dma(ib_link_t *L)
 {
     if (L->qp && (L->reads || L->rd_req || L->fin_head) && !L->qp_stopped) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
         ibv_modify_qp(L->qp, &a, IBV_QP_STATE);
         L->qp_stopped = 1;
     }
@@ -95,8 +94,8 @@ static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     tp_link_fail_v(tp->host, &L->fail, L->peer,
-                   L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req, status,
-                   err_no, fmt, ap);
+                   L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req, status, err_no,
+                   fmt, ap);
     va_end(ap);
     link_stop_dma(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
@@ -107,10 +106,12 @@ static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
     return L->fail.status;
 }
 
-static unsigned sq_room(const ib_link_t *L) { return L->sq_depth - L->sqe_count; }
+static unsigned sq_room(const ib_link_t *L)
+{
+    return L->sq_depth - L->sqe_count;
+}
 
-static void sqe_push(ib_link_t *L, int kind, tp_req_t *req, ib_mr_entry_t *mr,
-                     int last)
+static void sqe_push(ib_link_t *L, int kind, tp_req_t *req, ib_mr_entry_t *mr, int last)
 {
     ib_sqe_t *e = &L->sqe[(L->sqe_head + L->sqe_count) % L->sq_depth];
     e->kind = (uint8_t)kind;
@@ -121,12 +122,11 @@ static void sqe_push(ib_link_t *L, int kind, tp_req_t *req, ib_mr_entry_t *mr,
 }
 
 /* RDMA WRITE WITH IMMEDIATE of len bytes at stage+off to the peer's ring at off. */
-static int post_write(ib_tp_t *tp, ib_link_t *L, int kind, uint32_t imm, size_t off,
-                      size_t len)
+static int post_write(ib_tp_t *tp, ib_link_t *L, int kind, uint32_t imm, size_t off, size_t len)
 {
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(L->stage + off),
-                          .length = (uint32_t)len,
-                          .lkey = L->stage_mr->lkey};
+    struct ibv_sge sge = { .addr = (uint64_t)(uintptr_t)(L->stage + off),
+                           .length = (uint32_t)len,
+                           .lkey = L->stage_mr->lkey };
     struct ibv_send_wr wr = {
         .wr_id = (uint64_t)L->peer,
         .sg_list = len ? &sge : NULL,
@@ -225,8 +225,8 @@ static void link_ctrl(ib_tp_t *tp, ib_link_t *L)
     int e = post_write(tp, L, IB_WR_CTRL, make_imm(IB_IMM_CTRL, c, f), 0, 0);
     if (e) {
         give_back_owed(L, c, f);
-        link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a write to rank %d (%s) failed",
-                  L->peer, L->addr);
+        link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a write to rank %d (%s) failed", L->peer,
+                  L->addr);
     }
 }
 
@@ -237,9 +237,9 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
         tp_req_t *q = L->rd_req;
         size_t chunk = IB_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
         int last = L->rd_off + chunk == q->len;
-        struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
-                              .length = (uint32_t)chunk,
-                              .lkey = L->rd_mr->mr->lkey};
+        struct ibv_sge sge = { .addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
+                               .length = (uint32_t)chunk,
+                               .lkey = L->rd_mr->mr->lkey };
         struct ibv_send_wr wr = {
             .wr_id = (uint64_t)L->peer,
             .sg_list = &sge,
@@ -330,15 +330,11 @@ static const char *wc_hint(enum ibv_wc_status s)
     switch (s) {
     case IBV_WC_RETRY_EXC_ERR:
         return " (the peer stopped answering: did it exit, crash or get killed?)";
-    case IBV_WC_RNR_RETRY_EXC_ERR:
-        return " (the peer stopped taking messages)";
-    case IBV_WC_WR_FLUSH_ERR:
-        return " (the queue pair is in the error state)";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return " (the peer stopped taking messages)";
+    case IBV_WC_WR_FLUSH_ERR: return " (the queue pair is in the error state)";
     case IBV_WC_REM_ACCESS_ERR:
-    case IBV_WC_LOC_PROT_ERR:
-        return " (a buffer was deregistered or unmapped while in use)";
-    default:
-        return "";
+    case IBV_WC_LOC_PROT_ERR: return " (a buffer was deregistered or unmapped while in use)";
+    default: return "";
     }
 }
 
@@ -347,17 +343,20 @@ static const char *wc_hint(enum ibv_wc_status s)
 static void wc_failed(ib_tp_t *tp, ib_link_t *L, int peer, int recv, const ib_sqe_t *e,
                       const struct ibv_wc *wc)
 {
-    static const char *const what[] = {"", "a write to", "a control write to",
-                                       "a read from", "an error report to",
-                                       "a keep-alive probe of"};
+    static const char *const what[] = { "",
+                                        "a write to",
+                                        "a control write to",
+                                        "a read from",
+                                        "an error report to",
+                                        "a keep-alive probe of" };
     const char *w = recv ? "a receive from" : what[e->kind < 6 ? e->kind : 0];
     /* link_fail first: the receive being READ still counts in L->reads, so the
      * failure is reported now (with the work completion's status) rather than left
      * pending on an idle-looking link; e was popped, so fail_reads cannot see it */
     link_fail(L, TUTTI_ERR_PEER, 0,
-              "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w,
-              peer, L->addr, ibv_wc_status_str(wc->status), (int)wc->status,
-              wc->vendor_err, wc_hint(wc->status));
+              "ibverbs: %s rank %d (%s) failed: %s (status %d, vendor error 0x%x)%s", w, peer,
+              L->addr, ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err,
+              wc_hint(wc->status));
     if (e->kind == IB_WR_READ && e->req && e->req->status == 1) {
         e->req->status = TUTTI_ERR_PEER;
         tp->completions++;
@@ -397,8 +396,8 @@ static inline void complete_fins(ib_tp_t *tp, ib_link_t *L, int peer, unsigned n
     for (unsigned i = 0; i < nfins; i++) {
         if (!L->fin_head) {
             link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                      "ibverbs: rank %d (%s) finished reading a message that was never sent",
-                      peer, L->addr);
+                      "ibverbs: rank %d (%s) finished reading a message that was never sent", peer,
+                      L->addr);
             return;
         }
         tp_req_t *r = L->fin_head;
@@ -416,7 +415,7 @@ static inline void complete_fins(ib_tp_t *tp, ib_link_t *L, int peer, unsigned n
 static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv_wc *wc)
 {
     if (!L->qp_stopped) {
-        struct ibv_recv_wr wr = {.wr_id = IB_RECV_BIT | (uint64_t)peer}, *bad;
+        struct ibv_recv_wr wr = { .wr_id = IB_RECV_BIT | (uint64_t)peer }, *bad;
         ibv_post_recv(L->qp, &wr, &bad);
     }
     uint32_t imm = be32toh(wc->imm_data);
@@ -424,12 +423,9 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
     if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc->wc_flags & IBV_WC_WITH_IMM))
         type = 0;
     switch (type) {
-    case IB_IMM_DATA:
-        L->rx_arrived++;
-        break;
+    case IB_IMM_DATA: L->rx_arrived++; break;
     case IB_IMM_CTRL:
-    case IB_IMM_NOP:
-        break;
+    case IB_IMM_NOP: break;
     case IB_IMM_ERROR: {
         char msg[IB_MAX_ERRMSG + 1];
         size_t n = IB_MIN((size_t)wc->byte_len, (size_t)IB_MAX_ERRMSG);
@@ -443,8 +439,8 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
     }
     default:
         link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                  "ibverbs: garbage from rank %d (%s): opcode %d, immediate 0x%08x", peer,
-                  L->addr, (int)wc->opcode, imm);
+                  "ibverbs: garbage from rank %d (%s): opcode %d, immediate 0x%08x", peer, L->addr,
+                  (int)wc->opcode, imm);
         return;
     }
     if (L->fail.status)
@@ -460,7 +456,7 @@ static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
     if (peer < 0 || peer >= tp->nranks)
         return;
     ib_link_t *L = &tp->links[peer];
-    ib_sqe_t e = {0};
+    ib_sqe_t e = { 0 };
     if (!recv && L->sqe_count) {
         e = L->sqe[L->sqe_head];
         L->sqe_head = (L->sqe_head + 1) % L->sq_depth;
@@ -558,7 +554,10 @@ static void cancel_everything(ib_tp_t *tp, int status)
     }
 }
 
-static void abort_all(ib_tp_t *tp) { cancel_everything(tp, TUTTI_ERR_ABORTED); }
+static void abort_all(ib_tp_t *tp)
+{
+    cancel_everything(tp, TUTTI_ERR_ABORTED);
+}
 
 /* Probe peers we wait on and have not heard from for a while: a dead peer's QP is gone,
  * and the probe's retries running out is how we learn it. */
@@ -586,7 +585,7 @@ static void block(ib_tp_t *tp, int ms)
 {
     keepalive(tp);
     if (ibv_req_notify_cq(tp->cq, 0) != 0) {
-        struct timespec ts = {0, 200000};
+        struct timespec ts = { 0, 200000 };
         nanosleep(&ts, NULL);
         return;
     }
@@ -595,8 +594,8 @@ static void block(ib_tp_t *tp, int ms)
     sweep(tp);
     if (tp->completions != c0)
         return;
-    struct pollfd p[2] = {{.fd = tp->chan->fd, .events = POLLIN},
-                          {.fd = tp->wake_fd, .events = POLLIN}};
+    struct pollfd p[2] = { { .fd = tp->chan->fd, .events = POLLIN },
+                           { .fd = tp->wake_fd, .events = POLLIN } };
     if (tp->keepalive_ms > 0 && ms > tp->keepalive_ms)
         ms = tp->keepalive_ms;
     if (poll(p, 2, ms) <= 0)
@@ -618,8 +617,14 @@ static void block(ib_tp_t *tp, int ms)
     }
 }
 
-static void kit_sweep(void *tp) { sweep(tp); }
-static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_sweep(void *tp)
+{
+    sweep(tp);
+}
+static void kit_abort_all(void *tp)
+{
+    abort_all(tp);
+}
 static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
 {
     (void)c0;
@@ -627,14 +632,15 @@ static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline
     sweep(tp);
 }
 
-static const tp_progress_ops_t ib_progress_ops = {
-    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+static const tp_progress_ops_t ib_progress_ops = { .sweep = kit_sweep,
+                                                   .wait = kit_wait,
+                                                   .abort_all = kit_abort_all };
 
 static int ib_progress(void *vtp, int timeout_ms)
 {
     ib_tp_t *tp = vtp;
-    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions,
-                       tp->host->spin_us, timeout_ms);
+    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
+                       timeout_ms);
 }
 
 static int check_req(ib_tp_t *tp, tp_req_t *r, int kind)
@@ -661,7 +667,7 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
     size_t len = IB_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
     size_t off = (size_t)tp->slots * tp->slot_bytes;
     unsigned code = status < 0 && status > TUTTI_STATUS_LAST_ ? (unsigned)-status
-                                                               : (unsigned)-TUTTI_ERR_PEER;
+                                                              : (unsigned)-TUTTI_ERR_PEER;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
         if (!L->served || !L->qp || L->qp_stopped || L->error_sent || sq_room(L) == 0)
@@ -734,8 +740,8 @@ static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long 
     const char *v;
     if (tp_knob_long(tp->host, name, def, lo, hi, out, &v) < 0)
         return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
-                               "ibverbs: TUTTI_%s=%s: expected an integer from %ld to %ld",
-                               name, v, lo, hi);
+                               "ibverbs: TUTTI_%s=%s: expected an integer from %ld to %ld", name, v,
+                               lo, hi);
     return TUTTI_OK;
 }
 
@@ -792,7 +798,10 @@ err_destroy:
 
 /* ---- test hooks ---- */
 
-void *tt_ib_debug_current(void) { return ib_current; }
+void *tt_ib_debug_current(void)
+{
+    return ib_current;
+}
 
 int tt_ib_debug_stats(void *vtp, tt_ib_stats_t *out)
 {
@@ -819,7 +828,7 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
     ib_tp_t *tp = vtp ? vtp : ib_current;
     if (!tp || peer < 0 || peer >= tp->nranks || !tp->links[peer].qp)
         return TUTTI_ERR_INVALID_ARG;
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
     return ibv_modify_qp(tp->links[peer].qp, &a, IBV_QP_STATE) ? TUTTI_ERR_IO : TUTTI_OK;
 }
 

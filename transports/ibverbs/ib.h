@@ -19,9 +19,9 @@
 #define IB_ADDR_MAGIC 0x52444154u /* the record each rank publishes */
 #define IB_VERSION 1u
 #define IB_HDR_BYTES 64u
-#define IB_ERRBOX_BYTES 2048u     /* an incoming error report lands here (ring's tail) */
+#define IB_ERRBOX_BYTES 2048u /* an incoming error report lands here (ring's tail) */
 #define IB_MAX_ERRMSG (IB_ERRBOX_BYTES - 1)
-#define IB_SQ_RESERVE 4u          /* send-queue entries kept for control and error writes */
+#define IB_SQ_RESERVE 4u /* send-queue entries kept for control and error writes */
 
 /* ---- on the wire (little-endian hosts; checked through the published record) ---- */
 
@@ -87,7 +87,7 @@ typedef struct ib_mr_entry {
     struct ibv_mr *mr;
     int access;
     int refs;
-    int cached;   /* in the list (else freed on the last put) */
+    int cached;    /* in the list (else freed on the last put) */
     uint64_t *pfn; /* IB_MRC_PAGEMAP: the page frames pinned, one per page */
 } ib_mr_entry_t;
 
@@ -106,12 +106,11 @@ typedef struct ib_mrc {
 
 /* mode: "auto" (NULL), "off", "pagemap", "odp", "trust"; odp_ok: the device can do
  * on-demand paging for RC READ. Writes a reason to err when the mode cannot be had. */
-int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_bytes,
-                int odp_ok, char *err, size_t errlen);
+int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_bytes, int odp_ok,
+                char *err, size_t errlen);
 /* A registration covering [addr, addr+len) for the peer to READ (remote_read) or for us
  * to write into (local_write); holds a reference until ib_mrc_put. errno on failure. */
-int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write,
-               ib_mr_entry_t **e_p);
+int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write, ib_mr_entry_t **e_p);
 void ib_mrc_put(ib_mrc_t *c, ib_mr_entry_t *e);
 void ib_mrc_destroy(ib_mrc_t *c);
 const char *ib_mrc_mode_name(int mode);
@@ -125,9 +124,9 @@ enum { IB_WR_DATA = 1, IB_WR_CTRL, IB_WR_READ, IB_WR_ERROR, IB_WR_NOP };
 /* One posted send-queue work request; completions come back in this order. */
 typedef struct ib_sqe {
     uint8_t kind;
-    uint8_t last;           /* READ: the last chunk of its receive */
-    tp_req_t *req; /* READ: the receive it fills (NULL once given up) */
-    ib_mr_entry_t *mr;      /* READ, last chunk: the destination's registration */
+    uint8_t last;      /* READ: the last chunk of its receive */
+    tp_req_t *req;     /* READ: the receive it fills (NULL once given up) */
+    ib_mr_entry_t *mr; /* READ, last chunk: the destination's registration */
 } ib_sqe_t;
 
 typedef struct ib_link {
@@ -156,10 +155,10 @@ typedef struct ib_link {
     ib_sqe_t *sqe;         /* ring of posted send WRs */
     unsigned sqe_head, sqe_count, sq_depth;
     /* receive side */
-    tp_req_t *rq_head, *rq_tail; /* posted receives not yet matched */
-    uint64_t rx_arrived, rx_next;         /* slots written by the peer / consumed */
+    tp_req_t *rq_head, *rq_tail;  /* posted receives not yet matched */
+    uint64_t rx_arrived, rx_next; /* slots written by the peer / consumed */
     unsigned rq_depth;
-    unsigned reads; /* receives being READ */
+    unsigned reads;   /* receives being READ */
     tp_req_t *rd_req; /* the receive whose READs are being posted */
     ib_mr_entry_t *rd_mr;
     size_t rd_off;
@@ -189,15 +188,15 @@ struct ib_tp {
     uint16_t lid;
     uint8_t link_layer;
     enum ibv_mtu mtu;
-    uint32_t max_msg;      /* bytes per READ work request */
+    uint32_t max_msg; /* bytes per READ work request */
     int max_rd_atomic;
     uint32_t max_inline;
-    unsigned slots;        /* ring slots per peer */
-    size_t slot_bytes;     /* header + eager payload */
+    unsigned slots;    /* ring slots per peer */
+    size_t slot_bytes; /* header + eager payload */
     size_t eager_max;
-    int qp_timeout;        /* local ACK timeout exponent: 4.096 us * 2^t */
+    int qp_timeout; /* local ACK timeout exponent: 4.096 us * 2^t */
     int keepalive_ms;
-    int wake_fd;           /* eventfd: abort() wakes a blocked progress() */
+    int wake_fd; /* eventfd: abort() wakes a blocked progress() */
     atomic_int aborted;
     unsigned long completions;
     ib_mrc_t mrc;

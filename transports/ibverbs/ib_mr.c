@@ -68,8 +68,8 @@ static int pagemap_usable(ib_mrc_t *c)
     return read_pfns(c, a, 1, &pfn) == 0 && pfn != 0 && probe[0] == 1;
 }
 
-int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_bytes,
-                int odp_ok, char *err, size_t errlen)
+int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_bytes, int odp_ok,
+                char *err, size_t errlen)
 {
     memset(c, 0, sizeof(*c));
     c->pd = pd;
@@ -82,15 +82,17 @@ int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_b
         c->mode = IB_MRC_OFF;
     } else if (!strcasecmp(mode, "odp")) {
         if (!odp_ok) {
-            snprintf(err, errlen, "TUTTI_IB_MR_CACHE=odp, but the device has no on-demand "
-                                  "paging for RC READ");
+            snprintf(err, errlen,
+                     "TUTTI_IB_MR_CACHE=odp, but the device has no on-demand "
+                     "paging for RC READ");
             return -1;
         }
         c->mode = IB_MRC_ODP;
     } else if (!strcasecmp(mode, "pagemap")) {
         if (!pagemap_usable(c)) {
-            snprintf(err, errlen, "TUTTI_IB_MR_CACHE=pagemap, but /proc/self/pagemap shows "
-                                  "no page frames (they need CAP_SYS_ADMIN)");
+            snprintf(err, errlen,
+                     "TUTTI_IB_MR_CACHE=pagemap, but /proc/self/pagemap shows "
+                     "no page frames (they need CAP_SYS_ADMIN)");
             return -1;
         }
         c->mode = IB_MRC_PAGEMAP;
@@ -182,8 +184,7 @@ static int entry_valid(ib_mrc_t *c, ib_mr_entry_t *e, uintptr_t s, uintptr_t end
     return 1;
 }
 
-int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write,
-               ib_mr_entry_t **e_p)
+int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write, ib_mr_entry_t **e_p)
 {
     uintptr_t s = (uintptr_t)addr & ~(uintptr_t)(c->page - 1);
     uintptr_t end = ((uintptr_t)addr + (len ? len : 1) + c->page - 1) & ~(uintptr_t)(c->page - 1);
@@ -217,7 +218,7 @@ int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write,
     int odp = c->mode == IB_MRC_ODP ? IBV_ACCESS_ON_DEMAND : 0;
     /* Both directions where the memory allows, so one entry serves sends and receives
      * of the same buffer; a read-only send buffer cannot take LOCAL_WRITE. */
-    int tries[2] = {IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_READ};
+    int tries[2] = { IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_READ };
     int err = 0;
     for (int t = 0; t < (local_write ? 1 : 2) && !e->mr; t++) {
         for (int attempt = 0; attempt < 2 && !e->mr; attempt++) {

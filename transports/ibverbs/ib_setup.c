@@ -23,7 +23,10 @@
 #define ERRF(st, peer, err, ...) HOST->error(HOST->ctx, (st), (peer), (err), __VA_ARGS__)
 #define LOGF(lvl, ...) HOST->log(HOST->ctx, (lvl), __VA_ARGS__)
 
-static uint64_t now_ms(void) { return tp_now_ns() / 1000000u; }
+static uint64_t now_ms(void)
+{
+    return tp_now_ns() / 1000000u;
+}
 
 const char *ib_mtu_str(enum ibv_mtu m)
 {
@@ -51,7 +54,7 @@ static int gid_is_zero(const union ibv_gid *g)
 
 static int gid_is_v4mapped(const union ibv_gid *g)
 {
-    static const uint8_t pfx[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    static const uint8_t pfx[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
     return !memcmp(g->raw, pfx, 12);
 }
 
@@ -71,8 +74,8 @@ static int choose_gid(ib_tp_t *tp, const struct ibv_port_attr *pa)
                         spec, tp->dev_name, tp->port, pa->gid_tbl_len - 1);
         if (ibv_query_gid(tp->ctx, (uint8_t)tp->port, (int)idx, &tp->gid) || gid_is_zero(&tp->gid))
             return ERRF(TUTTI_ERR_CONFIG, -1, 0,
-                        "ibverbs: TUTTI_IB_GID_INDEX=%s: %s port %d has no GID at that index",
-                        spec, tp->dev_name, tp->port);
+                        "ibverbs: TUTTI_IB_GID_INDEX=%s: %s port %d has no GID at that index", spec,
+                        tp->dev_name, tp->port);
         tp->gid_index = (int)idx;
         return TUTTI_OK;
     }
@@ -121,8 +124,7 @@ static const char *port_state_str(enum ibv_port_state s)
 
 /* Open dev and take its first active port (want_port if not 0) into tp;
  * otherwise close it and say why in why. */
-static void try_device(ib_tp_t *tp, struct ibv_device *dev, int want_port, char *why,
-                       size_t whylen)
+static void try_device(ib_tp_t *tp, struct ibv_device *dev, int want_port, char *why, size_t whylen)
 {
     const char *name = ibv_get_device_name(dev);
     struct ibv_context *ctx = ibv_open_device(dev);
@@ -204,8 +206,8 @@ static int open_port(ib_tp_t *tp)
     if (!tp->ctx) {
         if (want[0] && !why[0])
             return ERRF(TUTTI_ERR_NO_DEVICE, -1, 0,
-                        "ibverbs: no ibverbs device named %s (TUTTI_IB_DEV=%s; devices: %s)",
-                        want, spec, seen);
+                        "ibverbs: no ibverbs device named %s (TUTTI_IB_DEV=%s; devices: %s)", want,
+                        spec, seen);
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, 0,
                     "ibverbs: no active ibverbs port%s%s (devices: %s; %s)", want[0] ? " on " : "",
                     want, seen, why[0] ? why : "none active");
@@ -221,8 +223,7 @@ static int query_port(ib_tp_t *tp, struct ibv_device_attr_ex *dax, struct ibv_po
     if (ibv_query_device_ex(tp->ctx, NULL, dax)) {
         memset(dax, 0, sizeof(*dax));
         if (ibv_query_device(tp->ctx, &dax->orig_attr))
-            return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: cannot query %s",
-                        tp->dev_name);
+            return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: cannot query %s", tp->dev_name);
     }
     if (ibv_query_port(tp->ctx, (uint8_t)tp->port, pa))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: cannot query %s port %d",
@@ -254,14 +255,15 @@ static int setup_mr_cache(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
         char *end;
         errno = 0;
         unsigned long long v = strtoull(lim, &end, 0);
-        unsigned shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20
-                         : *end == 'G' || *end == 'g' ? 30 : 0;
+        unsigned shift = *end == 'K' || *end == 'k'   ? 10
+                         : *end == 'M' || *end == 'm' ? 20
+                         : *end == 'G' || *end == 'g' ? 30
+                                                      : 0;
         if (shift)
             end++;
         if (errno || *end || lim[0] == '-' || v > (~0ull >> shift))
             return ERRF(TUTTI_ERR_CONFIG, -1, 0,
-                        "ibverbs: TUTTI_IB_MR_CACHE_BYTES=%s: expected bytes, with K, M or G",
-                        lim);
+                        "ibverbs: TUTTI_IB_MR_CACHE_BYTES=%s: expected bytes, with K, M or G", lim);
         limit = (size_t)(v << shift);
     }
     uint32_t rc_odp = IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SEND;
@@ -281,8 +283,8 @@ static int setup_mr_cache(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
 static int setup_cq(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
 {
     if (!(tp->chan = ibv_create_comp_channel(tp->ctx)))
-        return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno,
-                    "ibverbs: ibv_create_comp_channel on %s failed", tp->dev_name);
+        return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: ibv_create_comp_channel on %s failed",
+                    tp->dev_name);
     int fl = fcntl(tp->chan->fd, F_GETFL);
     fcntl(tp->chan->fd, F_SETFL, fl | O_NONBLOCK);
 
@@ -366,8 +368,11 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
     struct ibv_qp_init_attr ia = {
         .send_cq = tp->cq,
         .recv_cq = tp->cq,
-        .cap = {.max_send_wr = L->sq_depth, .max_recv_wr = L->rq_depth, .max_send_sge = 1,
-                .max_recv_sge = 1, .max_inline_data = tp->max_inline},
+        .cap = { .max_send_wr = L->sq_depth,
+                 .max_recv_wr = L->rq_depth,
+                 .max_send_sge = 1,
+                 .max_recv_sge = 1,
+                 .max_inline_data = tp->max_inline },
         .qp_type = IBV_QPT_RC,
     };
     L->qp = ibv_create_qp(tp->pd, &ia);
@@ -378,8 +383,7 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
     }
     if (!L->qp)
         return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
-                    "ibverbs: cannot create a queue pair for rank %d on %s", L->peer,
-                    tp->dev_name);
+                    "ibverbs: cannot create a queue pair for rank %d on %s", L->peer, tp->dev_name);
     tp->max_inline = ia.cap.max_inline_data < tp->max_inline ? ia.cap.max_inline_data
                                                              : tp->max_inline;
     struct ibv_qp_attr a = {
@@ -394,7 +398,7 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
         return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
                     "ibverbs: queue pair for rank %d: RESET -> INIT failed", L->peer);
     for (unsigned i = 0; i < L->rq_depth; i++) {
-        struct ibv_recv_wr wr = {.wr_id = (1ull << 63) | (uint64_t)L->peer}, *bad;
+        struct ibv_recv_wr wr = { .wr_id = (1ull << 63) | (uint64_t)L->peer }, *bad;
         if (ibv_post_recv(L->qp, &wr, &bad))
             return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
                         "ibverbs: posting receives for rank %d failed", L->peer);
@@ -425,7 +429,7 @@ static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
         .rq_psn = pr->psn,
         .max_dest_rd_atomic = (uint8_t)tp->max_rd_atomic,
         .min_rnr_timer = 12,
-        .ah_attr = {.dlid = rec->lid, .sl = 0, .port_num = (uint8_t)tp->port},
+        .ah_attr = { .dlid = rec->lid, .sl = 0, .port_num = (uint8_t)tp->port },
     };
     if (tp->link_layer == IBV_LINK_LAYER_ETHERNET || !gid_is_zero(&g)) {
         a.ah_attr.is_global = 1;
@@ -434,8 +438,8 @@ static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
         a.ah_attr.grh.hop_limit = 64;
     }
     if (ibv_modify_qp(L->qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
                     "ibverbs: queue pair to rank %d (%s): INIT -> RTR failed (GID index %d; "
                     "set TUTTI_IB_GID_INDEX?)",
@@ -468,10 +472,16 @@ int ib_setup_links(ib_tp_t *tp)
         return ERRF(TUTTI_ERR_NOMEM, -1, 0, "ibverbs: out of memory");
     ib_addr_rec_t *rec = (ib_addr_rec_t *)mine;
     ib_peer_rec_t *prs = (ib_peer_rec_t *)(mine + sizeof(*rec));
-    *rec = (ib_addr_rec_t){.magic = IB_ADDR_MAGIC, .version = IB_VERSION, .rank = tp->rank,
-                           .nranks = n, .slots = tp->slots, .slot_bytes = (uint32_t)tp->slot_bytes,
-                           .lid = tp->lid, .mtu = (uint8_t)tp->mtu,
-                           .link_layer = tp->link_layer, .gid_index = (uint32_t)tp->gid_index};
+    *rec = (ib_addr_rec_t){ .magic = IB_ADDR_MAGIC,
+                            .version = IB_VERSION,
+                            .rank = tp->rank,
+                            .nranks = n,
+                            .slots = tp->slots,
+                            .slot_bytes = (uint32_t)tp->slot_bytes,
+                            .lid = tp->lid,
+                            .mtu = (uint8_t)tp->mtu,
+                            .link_layer = tp->link_layer,
+                            .gid_index = (uint32_t)tp->gid_index };
     memcpy(rec->gid, tp->gid.raw, 16);
     snprintf(rec->dev, sizeof(rec->dev), "%s", tp->dev_name);
     int st = TUTTI_OK;
@@ -481,9 +491,10 @@ int ib_setup_links(ib_tp_t *tp)
             continue;
         st = link_create(tp, L);
         if (st == TUTTI_OK)
-            prs[i] = (ib_peer_rec_t){.qpn = L->qp->qp_num, .psn = L->psn,
-                                     .ring_addr = (uint64_t)(uintptr_t)L->ring,
-                                     .ring_rkey = L->ring_mr->rkey};
+            prs[i] = (ib_peer_rec_t){ .qpn = L->qp->qp_num,
+                                      .psn = L->psn,
+                                      .ring_addr = (uint64_t)(uintptr_t)L->ring,
+                                      .ring_rkey = L->ring_mr->rkey };
     }
     char key[64];
     if (st == TUTTI_OK) {
@@ -526,8 +537,9 @@ int ib_setup_links(ib_tp_t *tp)
                       pr->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
                       tp->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
         } else {
-            const ib_peer_rec_t *mine_at_peer =
-                (const ib_peer_rec_t *)((const char *)v + sizeof(ib_addr_rec_t)) + tp->rank;
+            const ib_peer_rec_t *mine_at_peer = (const ib_peer_rec_t *)((const char *)v +
+                                                                        sizeof(ib_addr_rec_t)) +
+                                                tp->rank;
             st = link_connect(tp, L, pr, mine_at_peer);
         }
         HOST->free_value(v);

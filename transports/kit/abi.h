@@ -18,7 +18,7 @@ typedef tutti_transport_ops_v1_t tp_ops_t;
 typedef tutti_tp_req_v2_t tp_req_t;
 typedef tutti_transport_ops_v2_t tp_ops_t;
 #define TT_KIT_ABI TUTTI_TRANSPORT_ABI_V2
-#define TT_KIT_PROPS(...) , .props = {__VA_ARGS__}
+#define TT_KIT_PROPS(...) , .props = { __VA_ARGS__ }
 #define TT_KIT_REGISTER TUTTI_TRANSPORT_REGISTER_V2
 /* the kit's transports move host memory only, and order nothing after a stream */
 #define TT_KIT_REQ_SUPPORTED(r) ((r)->mem == TUTTI_MEM_HOST && !(r)->stream)
@@ -27,14 +27,13 @@ typedef tutti_tp_host_v1_t tp_host_t;
 
 /* The start of an ops table: size, ABI version, name, and (v2) properties, e.g.
  * TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10). */
-#define TT_KIT_OPS_HEAD(nm, ...)                                                            \
-    .size = sizeof(tp_ops_t), .abi_version = TT_KIT_ABI, .name = (nm) TT_KIT_PROPS(__VA_ARGS__)
+#define TT_KIT_OPS_HEAD(nm, ...)                                                                   \
+    .size = sizeof(tp_ops_t), .abi_version = TT_KIT_ABI, .name = (nm)TT_KIT_PROPS(__VA_ARGS__)
 
 /* The rest of a tp_ops_t whose entry points are named pfx##_create, pfx##_destroy, ... */
-#define TT_KIT_OPS_FNS(pfx)                                                                 \
-    .create = pfx##_create, .destroy = pfx##_destroy, .post_send = pfx##_post_send,         \
-    .post_recv = pfx##_post_recv, .progress = pfx##_progress,                               \
-    .cancel_all = pfx##_cancel_all, .notify_error = pfx##_notify_error,                     \
-    .abort = pfx##_abort, .peer_address = pfx##_peer_address
+#define TT_KIT_OPS_FNS(pfx)                                                                        \
+    .create = pfx##_create, .destroy = pfx##_destroy, .post_send = pfx##_post_send,                \
+    .post_recv = pfx##_post_recv, .progress = pfx##_progress, .cancel_all = pfx##_cancel_all,      \
+    .notify_error = pfx##_notify_error, .abort = pfx##_abort, .peer_address = pfx##_peer_address
 
 #endif

@@ -46,8 +46,8 @@ static inline int tp_req_peer_ok(const tp_req_t *r, int nranks)
  * transport serves, as it judges) whose link (f: that peer's failure record) has not
  * failed; then r is pending. An error is recorded with the host and left in r->status.
  * name: the transport, for messages. */
-static inline int tp_check_req(const tp_host_t *h, const char *name, int served,
-                               tp_link_fail_t *f, tp_req_t *r)
+static inline int tp_check_req(const tp_host_t *h, const char *name, int served, tp_link_fail_t *f,
+                               tp_req_t *r)
 {
     if (!r || !served || (!r->buf && r->len)) {
         if (r)
@@ -58,8 +58,8 @@ static inline int tp_check_req(const tp_host_t *h, const char *name, int served,
     if (!TT_KIT_REQ_SUPPORTED(r)) {
         r->status = TUTTI_ERR_UNSUPPORTED;
         return h->error(h->ctx, TUTTI_ERR_UNSUPPORTED, r->peer, 0,
-                        "%s: request to rank %d is not in host memory, or names a stream",
-                        name, r->peer);
+                        "%s: request to rank %d is not in host memory, or names a stream", name,
+                        r->peer);
     }
     if (f->status) {
         r->status = f->status;

@@ -44,29 +44,29 @@ static inline unsigned tp_fail_queue(tp_req_t **head, tp_req_t **tail, int statu
  * (eager: small messages leave right away). A receive is only queued, and matched in
  * progress(): a mismatch found at post time would fail the link before the op's other
  * posts (say, its eager send) went out, and be reported under the library's next post. */
-#define TT_KIT_POST_FNS(pfx, tp_type, link_type, check, start)                            \
-    static inline int pfx##_post(tp_type *tp, tp_req_t *r, int kind)                    \
-    {                                                                                   \
-        int st = check(tp, r, kind);                                                    \
-        if (st < 0)                                                                     \
-            return st;                                                                  \
-        link_type *L = &tp->links[r->peer];                                             \
-        if (kind == TUTTI_TP_RECV) {                                                    \
-            tp_req_push(&L->rq_head, &L->rq_tail, r);                                   \
-            return TUTTI_OK;                                                            \
-        }                                                                               \
-        tp_req_push(&L->sq_head, &L->sq_tail, r);                                       \
-        if (L->sq_head == r)                                                            \
-            start(tp, L);                                                               \
-        return TUTTI_OK;                                                                \
-    }                                                                                   \
-    static int pfx##_post_send(void *vtp, tp_req_t *r)                                  \
-    {                                                                                   \
-        return pfx##_post(vtp, r, TUTTI_TP_SEND);                                       \
-    }                                                                                   \
-    static int pfx##_post_recv(void *vtp, tp_req_t *r)                                  \
-    {                                                                                   \
-        return pfx##_post(vtp, r, TUTTI_TP_RECV);                                       \
+#define TT_KIT_POST_FNS(pfx, tp_type, link_type, check, start)                                     \
+    static inline int pfx##_post(tp_type *tp, tp_req_t *r, int kind)                               \
+    {                                                                                              \
+        int st = check(tp, r, kind);                                                               \
+        if (st < 0)                                                                                \
+            return st;                                                                             \
+        link_type *L = &tp->links[r->peer];                                                        \
+        if (kind == TUTTI_TP_RECV) {                                                               \
+            tp_req_push(&L->rq_head, &L->rq_tail, r);                                              \
+            return TUTTI_OK;                                                                       \
+        }                                                                                          \
+        tp_req_push(&L->sq_head, &L->sq_tail, r);                                                  \
+        if (L->sq_head == r)                                                                       \
+            start(tp, L);                                                                          \
+        return TUTTI_OK;                                                                           \
+    }                                                                                              \
+    static int pfx##_post_send(void *vtp, tp_req_t *r)                                             \
+    {                                                                                              \
+        return pfx##_post(vtp, r, TUTTI_TP_SEND);                                                  \
+    }                                                                                              \
+    static int pfx##_post_recv(void *vtp, tp_req_t *r)                                             \
+    {                                                                                              \
+        return pfx##_post(vtp, r, TUTTI_TP_RECV);                                                  \
     }
 
 #endif

@@ -23,8 +23,8 @@ static inline uint64_t tp_now_ns(void)
 /* Knob TUTTI_<name> as an integer (strtol base 0) within [lo, hi]. 0 with *out set
  * (def when unset); TUTTI_ERR_CONFIG when it is set but not such a number (*out = def,
  * *raw_p the text): the caller decides whether that is fatal. */
-static inline int tp_knob_long(const tutti_tp_host_v1_t *h, const char *name, long def,
-                               long lo, long hi, long *out, const char **raw_p)
+static inline int tp_knob_long(const tutti_tp_host_v1_t *h, const char *name, long def, long lo,
+                               long hi, long *out, const char **raw_p)
 {
     const char *v = h->config(h->ctx, name);
     *out = def;

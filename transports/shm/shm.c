@@ -43,13 +43,15 @@ static inline void cpu_relax(void)
 
 /* ---- request queues (tp_private[0] links them) ---- */
 
-static void fail_queue(shm_tp_t *tp, tp_req_t **head, tp_req_t **tail,
-                       int status)
+static void fail_queue(shm_tp_t *tp, tp_req_t **head, tp_req_t **tail, int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
 }
 
-static int link_busy(const shm_link_t *L) { return L->sq_head || L->aq_head || L->rq_head; }
+static int link_busy(const shm_link_t *L)
+{
+    return L->sq_head || L->aq_head || L->rq_head;
+}
 
 static void bell_ring(shm_bell_t *b);
 
@@ -179,8 +181,7 @@ static void link_check_peer(shm_link_t *L, int final)
         link_fail(L, TUTTI_ERR_PEER, 0,
                   "rank %d (%s) is gone: its process exited while this rank %s it (did it "
                   "crash or get killed?)",
-                  L->peer, L->addr,
-                  L->rq_head ? "waited for data from" : "was sending to");
+                  L->peer, L->addr, L->rq_head ? "waited for data from" : "was sending to");
         return;
     }
     if (L->rx_withdrawn || atomic_load_explicit(&L->rx->broken, memory_order_relaxed)) {
@@ -328,8 +329,8 @@ static int link_pull(shm_link_t *L, tp_req_t *q)
 {
     size_t done = 0;
     while (done < q->len) {
-        struct iovec lo = {(char *)q->buf + done, q->len - done};
-        struct iovec re = {(void *)(uintptr_t)(L->rhdr.addr + done), q->len - done};
+        struct iovec lo = { (char *)q->buf + done, q->len - done };
+        struct iovec re = { (void *)(uintptr_t)(L->rhdr.addr + done), q->len - done };
         ssize_t n = process_vm_readv(L->pid, &lo, 1, &re, 1, 0);
         if (n > 0) {
             done += (size_t)n;
@@ -505,8 +506,7 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0)
      * one while other work runs); without peers in need, a yield is cheap. When the
      * brief spin keeps failing (we share a CPU with the peer), skip it, trying it
      * again every 64th wait. */
-    int pure = !tp->oversubscribed &&
-               (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
+    int pure = !tp->oversubscribed && (tp->spin_misses < 4 || (++tp->spin_probe & 63) == 0);
     uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
     uint64_t now = t0;
     unsigned rounds = 0;
@@ -561,17 +561,24 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
     sweep(tp);
 }
 
-static void kit_sweep(void *tp) { sweep(tp); }
-static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_sweep(void *tp)
+{
+    sweep(tp);
+}
+static void kit_abort_all(void *tp)
+{
+    abort_all(tp);
+}
 
 static const tp_progress_ops_t shm_progress_ops = {
-    .sweep = kit_sweep, .wait = wait_bell, .abort_all = kit_abort_all, .spin = spin};
+    .sweep = kit_sweep, .wait = wait_bell, .abort_all = kit_abort_all, .spin = spin
+};
 
 static int shm_progress(void *vtp, int timeout_ms)
 {
     shm_tp_t *tp = vtp;
-    return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions,
-                       tp->host->spin_us, timeout_ms);
+    return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
+                       timeout_ms);
 }
 
 static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
@@ -585,8 +592,7 @@ static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
     if (kind == TUTTI_TP_SEND && L->tx_broken) {
         r->status = TUTTI_ERR_FAILED;
         return tp->host->error(tp->host->ctx, TUTTI_ERR_FAILED, L->peer, 0,
-                               "shm: the link to rank %d was cut by an earlier failure",
-                               L->peer);
+                               "shm: the link to rank %d was cut by an earlier failure", L->peer);
     }
     r->kind = kind;
     return TUTTI_OK;
@@ -690,8 +696,9 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     for (int i = 0; i < host->nranks; i++)
         nserved += tp->links[i].served;
     size_t def_ring = SHM_RING_BUDGET / (size_t)(nserved > 0 ? nserved : 1);
-    def_ring = def_ring < SHM_RING_MIN ? SHM_RING_MIN : def_ring > SHM_RING_MAX ? SHM_RING_MAX
-                                                                               : def_ring;
+    def_ring = def_ring < SHM_RING_MIN   ? SHM_RING_MIN
+               : def_ring > SHM_RING_MAX ? SHM_RING_MAX
+                                         : def_ring;
     size_t ring = tp_knob_size(tp->host, "SHM_RING_BYTES", def_ring);
     size_t r2 = 4096;
     while (r2 < ring && r2 < ((size_t)1 << 30))
@@ -715,8 +722,8 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
 
 /* cost hints: a 4-byte exchange and one direction of a large one between processes */
 static const tp_ops_t shm_ops = {
-    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY,
-                    .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
+    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
+                    .alpha_us = 1.0, .bw_gbs = 5.0),
     TT_KIT_OPS_FNS(shm),
 };
 

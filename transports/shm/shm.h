@@ -50,14 +50,14 @@ typedef struct shm_dir {
     /* written by the sender */
     _Alignas(SHM_LINE) _Atomic uint64_t head; /* bytes published */
     /* written by the receiver */
-    _Alignas(SHM_LINE) _Atomic uint64_t tail;  /* bytes consumed */
-    _Atomic uint64_t acked;                    /* single-copy records pulled */
-    _Atomic uint32_t cma_ok;                   /* 0 unknown, 1 pull works, 2 refused */
+    _Alignas(SHM_LINE) _Atomic uint64_t tail; /* bytes consumed */
+    _Atomic uint64_t acked;                   /* single-copy records pulled */
+    _Atomic uint32_t cma_ok;                  /* 0 unknown, 1 pull works, 2 refused */
     /* written by the sender, rarely */
-    _Alignas(SHM_LINE) uint64_t probe_addr;    /* &probe_val in the sender's mapping */
-    uint64_t probe_val;                        /* random: proves the pid is the sender */
-    _Atomic uint32_t revoked;                  /* the sender withdrew unacked pulls */
-    _Atomic uint32_t broken;                   /* ... or cut a message: nothing more comes */
+    _Alignas(SHM_LINE) uint64_t probe_addr; /* &probe_val in the sender's mapping */
+    uint64_t probe_val;                     /* random: proves the pid is the sender */
+    _Atomic uint32_t revoked;               /* the sender withdrew unacked pulls */
+    _Atomic uint32_t broken;                /* ... or cut a message: nothing more comes */
     /* the sender's failure report (seqlock: odd while being written) */
     _Alignas(SHM_LINE) _Atomic uint32_t err_seq;
     _Atomic uint32_t err_set;
@@ -84,8 +84,8 @@ typedef struct shm_link {
     int peer;
     int served;
     pid_t pid;
-    int pidfd;                   /* -1: liveness through /proc */
-    int unwatched;               /* neither pidfd nor /proc sees it: never "gone" */
+    int pidfd;                     /* -1: liveness through /proc */
+    int unwatched;                 /* neither pidfd nor /proc sees it: never "gone" */
     unsigned long long start_time; /* /proc/PID/stat field 22, for the fallback */
     char addr[48];
     /* shared */
@@ -98,10 +98,10 @@ typedef struct shm_link {
     size_t peer_bell_bytes;
     /* link state */
     tp_link_fail_t fail;
-    int peer_dead;               /* its process is gone (seen by a liveness check) */
-    int progressed;              /* moved something in this sweep */
-    int notify;                  /* published something the peer may sleep on */
-    int cma;                     /* sender side: -1 unknown, 0 stream, 1 pull */
+    int peer_dead;  /* its process is gone (seen by a liveness check) */
+    int progressed; /* moved something in this sweep */
+    int notify;     /* published something the peer may sleep on */
+    int cma;        /* sender side: -1 unknown, 0 stream, 1 pull */
     /* send side */
     tp_req_t *sq_head, *sq_tail; /* queued, the head possibly half written */
     tp_req_t *aq_head, *aq_tail; /* pulls published, waiting for their ack */
@@ -109,43 +109,43 @@ typedef struct shm_link {
     uint64_t tx_rec, tx_span, tx_sent; /* current record: start, size, bytes written */
     int tx_cur_cma;
     int tx_started;
-    int tx_broken;               /* a message was cut or withdrawn: nothing more goes */
+    int tx_broken; /* a message was cut or withdrawn: nothing more goes */
     uint64_t cma_sent;
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
     shm_hdr_t rhdr;
-    int rhdr_valid;              /* rhdr holds the record at rx_pos (maybe parked) */
+    int rhdr_valid; /* rhdr holds the record at rx_pos (maybe parked) */
     int rhdr_matched;
     uint64_t rx_span, rx_got;
     uint64_t rx_acked;
-    int rx_withdrawn;            /* the matched pull was revoked by the sender */
-    uint64_t broken_seen_ns;     /* when we found the sender's direction broken */
+    int rx_withdrawn;        /* the matched pull was revoked by the sender */
+    uint64_t broken_seen_ns; /* when we found the sender's direction broken */
 } shm_link_t;
 
 struct shm_tp {
     const tutti_tp_host_v1_t *host;
     int rank, nranks;
     shm_link_t *links;
-    shm_bell_t *bell;            /* ours */
+    shm_bell_t *bell; /* ours */
     size_t bell_bytes;
     atomic_int aborted;
     unsigned long completions;
-    size_t cma_min;              /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
+    size_t cma_min; /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
                                     with process_vm_readv where the peer allows it; 0 never */
     size_t ring_bytes;
-    size_t step;                 /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
+    size_t step; /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
     int liveness_ms;
-    int oversubscribed;          /* more local ranks than CPUs: yield while spinning */
-    unsigned spin_misses;        /* waits in a row the brief pure spin did not end */
+    int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
+    unsigned spin_misses; /* waits in a row the brief pure spin did not end */
     unsigned spin_probe;
     uint64_t next_liveness_ns;
     /* names still linked (unlinked as soon as the peers mapped them) */
     char bell_name[64];
-    char **pair_names;           /* nranks entries, for the pairs this rank created */
+    char **pair_names; /* nranks entries, for the pairs this rank created */
     pid_t pid;
     uint64_t nonce;
-    struct pollfd *pfds;         /* liveness: one per peer with a pidfd */
+    struct pollfd *pfds; /* liveness: one per peer with a pidfd */
     int *pfd_peer;
     int npfds;
 };

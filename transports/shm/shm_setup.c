@@ -46,7 +46,7 @@ long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms)
 
 static void sleep_us(long us)
 {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
     nanosleep(&ts, NULL);
 }
 
@@ -72,8 +72,8 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
     if (st == EOPNOTSUPP || st == EINVAL)
         st = ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
     if (st) {
-        ERRF(TUTTI_ERR_NOMEM, -1, st, "shm: cannot size segment %s to %zu bytes (is /dev/shm full?)",
-             name, bytes);
+        ERRF(TUTTI_ERR_NOMEM, -1, st,
+             "shm: cannot size segment %s to %zu bytes (is /dev/shm full?)", name, bytes);
         close(fd);
         shm_unlink(name);
         return NULL;
@@ -89,14 +89,12 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
     return p;
 }
 
-static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes,
-                      size_t *bytes_p)
+static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes, size_t *bytes_p)
 {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
         ERRF(errno == ENOENT ? TUTTI_ERR_PEER : TUTTI_ERR_IO, peer, errno,
-             "shm: cannot open rank %d's segment %s (is it on this host, and alive?)", peer,
-             name);
+             "shm: cannot open rank %d's segment %s (is it on this host, and alive?)", peer, name);
         return NULL;
     }
     struct stat sb;
@@ -165,8 +163,9 @@ static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
     char state = 0;
     unsigned long long v = 0;
     /* after ")": state, then fields 4..21, then starttime (22) */
-    if (sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
-                      "%*d %llu",
+    if (sscanf(p + 1,
+               " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+               "%*d %llu",
                &state, &v) != 2)
         return -1;
     *st_p = v;
@@ -178,7 +177,7 @@ static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
 int shm_peer_gone(shm_link_t *L)
 {
     if (L->pidfd >= 0) {
-        struct pollfd p = {.fd = L->pidfd, .events = POLLIN};
+        struct pollfd p = { .fd = L->pidfd, .events = POLLIN };
         return poll(&p, 1, 0) > 0;
     }
     if (L->pid <= 0 || L->unwatched)
@@ -211,8 +210,8 @@ static void probe_pull(shm_tp_t *tp, shm_link_t *L)
     uint32_t verdict = 2;
     if (tp->cma_min) {
         uint64_t v = 0;
-        struct iovec lo = {&v, sizeof(v)};
-        struct iovec re = {(void *)(uintptr_t)L->rx->probe_addr, sizeof(v)};
+        struct iovec lo = { &v, sizeof(v) };
+        struct iovec re = { (void *)(uintptr_t)L->rx->probe_addr, sizeof(v) };
         ssize_t n = process_vm_readv(L->pid, &lo, 1, &re, 1, 0);
         if (n == (ssize_t)sizeof(v) && v == L->rx->probe_val)
             verdict = 1;
@@ -286,8 +285,8 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
 
 /* Rank p's record from the store: its pid and nonce (*pid_p, *nonce_p), checked to be
  * on this host. */
-static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t deadline,
-                             int *pid_p, unsigned long long *nonce_p)
+static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t deadline, int *pid_p,
+                             unsigned long long *nonce_p)
 {
     const tutti_tp_host_v1_t *h = tp->host;
     char key[64];
@@ -298,15 +297,16 @@ static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     int ms = now < deadline ? (int)((deadline - now) / 1000000u) + 1 : 1;
     int st = h->store_get(h->ctx, key, &v, &vlen, ms);
     if (st < 0)
-        return ERRF(st, p, 0, "shm: rank %d did not publish its shared-memory address "
-                    "within %d ms", p, h->timeout_ms);
+        return ERRF(st, p, 0,
+                    "shm: rank %d did not publish its shared-memory address "
+                    "within %d ms",
+                    p, h->timeout_ms);
     char text[700];
     snprintf(text, sizeof(text), "%.*s", (int)(vlen < sizeof(text) ? vlen : sizeof(text) - 1),
              (const char *)v);
     h->free_value(v);
     int ver = 0, off = 0;
-    if (sscanf(text, "%d %d %llx %n", &ver, pid_p, nonce_p, &off) != 3 || ver != 1 ||
-        *pid_p <= 0)
+    if (sscanf(text, "%d %d %llx %n", &ver, pid_p, nonce_p, &off) != 3 || ver != 1 || *pid_p <= 0)
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: rank %d published \"%s\"", p, text);
     if (strcmp(text + off, myhost))
         return ERRF(TUTTI_ERR_CONFIG, p, 0,
@@ -317,8 +317,7 @@ static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t d
 }
 
 /* Map the pair a lower rank p owns with us, check it, and drop its name. */
-static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid,
-                           unsigned long long nonce)
+static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned long long nonce)
 {
     char name[64];
     pair_name(name, sizeof(name), pid, nonce, tp->rank);
@@ -329,11 +328,12 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid,
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
     if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
         seg->hi != tp->rank || seg->ring_bytes < 4096 ||
-        (seg->ring_bytes & (seg->ring_bytes - 1)) ||
-        seg->rings_off + 2 * seg->ring_bytes > sb) {
+        (seg->ring_bytes & (seg->ring_bytes - 1)) || seg->rings_off + 2 * seg->ring_bytes > sb) {
         munmap(seg, sb);
-        return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: segment %s from rank %d is not "
-                    "one this version understands", name, p);
+        return ERRF(TUTTI_ERR_PROTOCOL, p, 0,
+                    "shm: segment %s from rank %d is not "
+                    "one this version understands",
+                    name, p);
     }
     link_bind(tp, L, seg, sb);
     atomic_store(&seg->attached, 1);
@@ -372,8 +372,10 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
             /* not visible from here (another pid namespace, hidepid): as said
              * below, not "gone" at the first stall */
             L->unwatched = 1;
-            LOGF(TUTTI_LOG_WARN, "shm: cannot watch rank %d (pid %d): %s; a crash of it "
-                 "shows only as a timeout", p, pid, strerror(errno));
+            LOGF(TUTTI_LOG_WARN,
+                 "shm: cannot watch rank %d (pid %d): %s; a crash of it "
+                 "shows only as a timeout",
+                 p, pid, strerror(errno));
         }
     }
     return TUTTI_OK;
@@ -394,11 +396,14 @@ static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
             break;
         if (tp_now_ns() >= deadline) {
             if (missing >= 0)
-                return ERRF(TUTTI_ERR_TIMEOUT, missing, 0, "shm: rank %d did not map its "
-                            "shared-memory segment within %d ms", missing, h->timeout_ms);
-            return ERRF(TUTTI_ERR_TIMEOUT, -1, 0, "shm: only %u of %d peers mapped this rank's "
-                        "doorbell within %d ms", atomic_load(&tp->bell->attached), nserved,
-                        h->timeout_ms);
+                return ERRF(TUTTI_ERR_TIMEOUT, missing, 0,
+                            "shm: rank %d did not map its "
+                            "shared-memory segment within %d ms",
+                            missing, h->timeout_ms);
+            return ERRF(TUTTI_ERR_TIMEOUT, -1, 0,
+                        "shm: only %u of %d peers mapped this rank's "
+                        "doorbell within %d ms",
+                        atomic_load(&tp->bell->attached), nserved, h->timeout_ms);
         }
         sleep_us(200);
     }
@@ -424,7 +429,7 @@ static int setup_finish(shm_tp_t *tp, int nserved)
         return ERRF(TUTTI_ERR_NOMEM, -1, 0, "shm: out of memory");
     for (int p = 0; p < tp->nranks; p++) {
         if (tp->links[p].served && tp->links[p].pidfd >= 0) {
-            tp->pfds[tp->npfds] = (struct pollfd){.fd = tp->links[p].pidfd, .events = POLLIN};
+            tp->pfds[tp->npfds] = (struct pollfd){ .fd = tp->links[p].pidfd, .events = POLLIN };
             tp->pfd_peer[tp->npfds++] = p;
         }
     }
@@ -451,8 +456,8 @@ static int setup_finish(shm_tp_t *tp, int nserved)
 int shm_setup(shm_tp_t *tp)
 {
     const tutti_tp_host_v1_t *h = tp->host;
-    uint64_t deadline = tp_now_ns() + (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) *
-                                           1000000ull;
+    uint64_t deadline = tp_now_ns() +
+                        (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) * 1000000ull;
     tp->pid = getpid();
     if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
         tp->nonce = tp_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;

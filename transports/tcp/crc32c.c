@@ -121,8 +121,8 @@ uint32_t tcp_crc32c_sw(uint32_t crc, const void *buf, size_t len)
     for (; len >= 8; p += 8, len -= 8) {
         uint64_t w = load64(p) ^ c;
         c = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff] ^
-            table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^
-            table[2][(w >> 40) & 0xff] ^ table[1][(w >> 48) & 0xff] ^ table[0][w >> 56];
+            table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^ table[2][(w >> 40) & 0xff] ^
+            table[1][(w >> 48) & 0xff] ^ table[0][w >> 56];
     }
 #endif
     while (len--)

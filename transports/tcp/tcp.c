@@ -18,8 +18,7 @@
 
 #define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
 
-static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail,
-                       int status)
+static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail, int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
 }
@@ -33,8 +32,7 @@ static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...
     tcp_tp_t *tp = L->tp;
     va_list ap;
     va_start(ap, fmt);
-    tp_link_fail_v(tp->host, &L->fail, L->peer, L->sq_head || L->rq_head, status, err_no, fmt,
-                   ap);
+    tp_link_fail_v(tp->host, &L->fail, L->peer, L->sq_head || L->rq_head, status, err_no, fmt, ap);
     va_end(ap);
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
@@ -85,8 +83,8 @@ static int link_salvage_report(tcp_link_t *L)
     size_t budget = 64u << 20;
     for (;;) {
         if (L->rhdr_got < sizeof(L->rhdr)) {
-            ssize_t r = recv(L->fd, (char *)&L->rhdr + L->rhdr_got,
-                             sizeof(L->rhdr) - L->rhdr_got, MSG_DONTWAIT);
+            ssize_t r = recv(L->fd, (char *)&L->rhdr + L->rhdr_got, sizeof(L->rhdr) - L->rhdr_got,
+                             MSG_DONTWAIT);
             if (r <= 0)
                 return 0;
             L->rhdr_got += (size_t)r;
@@ -165,16 +163,15 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
         struct iovec iov[3];
         int n = 0;
         if (L->shdr_off < sizeof(L->shdr))
-            iov[n++] = (struct iovec){(char *)&L->shdr + L->shdr_off,
-                                      sizeof(L->shdr) - L->shdr_off};
+            iov[n++] = (struct iovec){ (char *)&L->shdr + L->shdr_off,
+                                       sizeof(L->shdr) - L->shdr_off };
         if (r->xfer < upto)
-            iov[n++] = (struct iovec){(char *)r->buf + r->xfer, upto - r->xfer};
+            iov[n++] = (struct iovec){ (char *)r->buf + r->xfer, upto - r->xfer };
         if (tlen && upto == r->len) {
             L->strail = L->scrc;
-            iov[n++] = (struct iovec){(char *)&L->strail + L->strail_off,
-                                      tlen - L->strail_off};
+            iov[n++] = (struct iovec){ (char *)&L->strail + L->strail_off, tlen - L->strail_off };
         }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
         ssize_t w = sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -183,8 +180,8 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
                 continue;
             int err = errno;
             if (!link_salvage_report(L))
-                link_fail(L, TUTTI_ERR_PEER, err,
-                          "connection to rank %d (%s) broke while sending", L->peer, L->addr);
+                link_fail(L, TUTTI_ERR_PEER, err, "connection to rank %d (%s) broke while sending",
+                          L->peer, L->addr);
             return;
         }
         size_t left = (size_t)w;
@@ -265,14 +262,15 @@ static int link_read_trailer(tcp_link_t *L, const char *what)
 static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *what)
 {
     for (;;) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
         ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
         if (r > 0)
             return r;
         if (r == 0) {
             link_fail(L, TUTTI_ERR_PEER, 0,
                       "rank %d (%s) closed the connection %s (did it exit, crash or get "
-                      "killed?)", L->peer, L->addr, what);
+                      "killed?)",
+                      L->peer, L->addr, what);
             return -1;
         }
         if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -326,8 +324,8 @@ TCP_RX_STEP rx_header(tcp_link_t *L, size_t tlen, size_t *staged_p)
         if (L->rhdr_got < sizeof(L->rhdr))
             return RX_AGAIN;
     } else if (L->rhdr_got < sizeof(L->rhdr)) {
-        ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got,
-                              sizeof(L->rhdr) - L->rhdr_got, NULL);
+        ssize_t r = link_read(L, (char *)&L->rhdr + L->rhdr_got, sizeof(L->rhdr) - L->rhdr_got,
+                              NULL);
         if (r <= 0)
             return RX_STOP;
         L->rhdr_got += (size_t)r;
@@ -354,9 +352,8 @@ TCP_RX_STEP rx_open_frame(tcp_tp_t *tp, tcp_link_t *L, size_t tlen, size_t *stag
         (L->rhdr.type != TCP_FRAME_DATA && L->rhdr.type != TCP_FRAME_ERROR) ||
         (L->rhdr.type == TCP_FRAME_ERROR && L->rhdr.len > TCP_MAX_ERRMSG)) {
         link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                  "garbage from rank %d (%s): frame magic 0x%08x type %u length %llu",
-                  L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
-                  (unsigned long long)L->rhdr.len);
+                  "garbage from rank %d (%s): frame magic 0x%08x type %u length %llu", L->peer,
+                  L->addr, L->rhdr.magic, L->rhdr.type, (unsigned long long)L->rhdr.len);
         return RX_STOP;
     }
     size_t staged = *staged_p;
@@ -399,8 +396,7 @@ TCP_RX_STEP rx_error_frame(tcp_link_t *L, size_t tlen)
     int st = (int)(int64_t)L->rhdr.env[0];
     if (st >= 0 || st <= TUTTI_STATUS_LAST_)
         st = TUTTI_ERR_PEER;
-    link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr,
-              L->errbuf);
+    link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", L->peer, L->addr, L->errbuf);
     return RX_STOP;
 }
 
@@ -453,8 +449,8 @@ TCP_RX_STEP rx_payload(tcp_link_t *L, tp_req_t *q, size_t tlen)
         struct iovec iov[2];
         int n = 0;
         if (q->xfer < q->len)
-            iov[n++] = (struct iovec){(char *)q->buf + q->xfer, q->len - q->xfer};
-        iov[n++] = (struct iovec){(char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got};
+            iov[n++] = (struct iovec){ (char *)q->buf + q->xfer, q->len - q->xfer };
+        iov[n++] = (struct iovec){ (char *)&L->rtrail + L->rtrail_got, tlen - L->rtrail_got };
         ssize_t r = link_readv(L, iov, n, "in the middle of a message");
         if (r <= 0)
             return RX_STOP;
@@ -548,8 +544,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
         socklen_t len = sizeof(err);
         if (getsockopt(L->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || !err)
             err = -status;
-        link_fail(L, TUTTI_ERR_PEER, err, "connection to rank %d (%s) failed", L->peer,
-                  L->addr);
+        link_fail(L, TUTTI_ERR_PEER, err, "connection to rank %d (%s) failed", L->peer, L->addr);
         return;
     }
     if (events & UV_WRITABLE)
@@ -558,8 +553,14 @@ static void on_poll(uv_poll_t *h, int status, int events)
         link_recv(tp, L);
 }
 
-static void on_timer(uv_timer_t *t) { (void)t; }
-static void on_wake(uv_async_t *a) { (void)a; }
+static void on_timer(uv_timer_t *t)
+{
+    (void)t;
+}
+static void on_wake(uv_async_t *a)
+{
+    (void)a;
+}
 
 /* Block in the libuv loop until something completes or ms pass. */
 static void block(tcp_tp_t *tp, int ms)
@@ -597,22 +598,29 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
-static void kit_sweep(void *tp) { sweep(tp); }
-static void kit_abort_all(void *tp) { abort_all(tp); }
+static void kit_sweep(void *tp)
+{
+    sweep(tp);
+}
+static void kit_abort_all(void *tp)
+{
+    abort_all(tp);
+}
 static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
 {
     (void)c0;
     block(tp, (int)((deadline - now + 999999u) / 1000000u));
 }
 
-static const tp_progress_ops_t tcp_progress_ops = {
-    .sweep = kit_sweep, .wait = kit_wait, .abort_all = kit_abort_all};
+static const tp_progress_ops_t tcp_progress_ops = { .sweep = kit_sweep,
+                                                    .wait = kit_wait,
+                                                    .abort_all = kit_abort_all };
 
 static int tcp_progress(void *vtp, int timeout_ms)
 {
     tcp_tp_t *tp = vtp;
-    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions,
-                       tp->host->spin_us, timeout_ms);
+    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
+                       timeout_ms);
 }
 
 static int check_req(tcp_tp_t *tp, tp_req_t *r, int kind)
@@ -648,7 +656,8 @@ static void tcp_cancel_all(void *vtp, int status)
         }
         fail_queue(tp, &L->sq_head, &L->sq_tail, status);
         if (L->rq_head && L->rhdr_matched)
-            L->fail.status = L->fail.status ? L->fail.status : status; /* mid-payload: position lost */
+            L->fail.status = L->fail.status ? L->fail.status
+                                            : status; /* mid-payload: position lost */
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     }
 }
@@ -659,7 +668,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
     size_t len = strlen(msg);
     if (len > TCP_MAX_ERRMSG)
         len = TCP_MAX_ERRMSG;
-    tcp_hdr_t h = {.magic = TCP_MAGIC, .type = TCP_FRAME_ERROR, .len = len};
+    tcp_hdr_t h = { .magic = TCP_MAGIC, .type = TCP_FRAME_ERROR, .len = len };
     h.env[0] = (uint64_t)(int64_t)status;
     char frame[sizeof(h) + TCP_MAX_ERRMSG + TCP_TRAILER_BYTES];
     size_t total = sizeof(h) + len;
@@ -689,7 +698,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
                 uint64_t now = tp_now_ns();
                 if (now >= deadline)
                     break;
-                struct pollfd p = {.fd = L->fd, .events = POLLOUT};
+                struct pollfd p = { .fd = L->fd, .events = POLLOUT };
                 poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
                 continue;
             }
@@ -717,7 +726,10 @@ static const char *tcp_peer_address(void *vtp, int peer)
     return tp->links[peer].addr;
 }
 
-static void on_close_noop(uv_handle_t *h) { (void)h; }
+static void on_close_noop(uv_handle_t *h)
+{
+    (void)h;
+}
 
 static void tcp_destroy(void *vtp)
 {
@@ -735,8 +747,7 @@ static void tcp_destroy(void *vtp)
             char sink[16384];
             size_t drained = 0;
             ssize_t r;
-            while (drained < (64u << 20) &&
-                   (r = recv(L->fd, sink, sizeof(sink), MSG_DONTWAIT)) > 0)
+            while (drained < (64u << 20) && (r = recv(L->fd, sink, sizeof(sink), MSG_DONTWAIT)) > 0)
                 drained += (size_t)r;
             close(L->fd);
         }
@@ -763,7 +774,8 @@ static int tcp_identity(tcp_tp_t *tp)
     else
         return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
                            "tcp: TUTTI_CHECKSUM=\"%.64s\" is not a checksum this transport "
-                           "has (none, crc32c)", cs);
+                           "has (none, crc32c)",
+                           cs);
     if (tp->csum)
         host->log(host->ctx, TUTTI_LOG_INFO, "tcp: payload checksums crc32c (%s)",
                   tcp_crc32c_impl());
@@ -777,7 +789,7 @@ static int tcp_identity(tcp_tp_t *tp)
     tp->auth = 0;
     if (tutti_tp_host_has(host, auth_answer) && host->auth_answer) {
         /* A throwaway answer says whether there is a secret (it never leaves here). */
-        uint8_t challenge[TCP_CHALLENGE_LEN] = {0}, answer[32];
+        uint8_t challenge[TCP_CHALLENGE_LEN] = { 0 }, answer[32];
         int st = host->auth_answer(host->ctx, "tcp-probe", challenge, answer);
         if (st == TUTTI_OK)
             tp->auth = 1;
@@ -845,8 +857,8 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 
 /* Fuzzing and tests only (see tcp.h). Built like tcp_create, with a socketpair for the
  * link to rank 1 in place of the set-up. */
-int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data,
-                        size_t len, tp_req_t *reqs, size_t nreqs)
+int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data, size_t len,
+                        tp_req_t *reqs, size_t nreqs)
 {
     int sv[2];
     tcp_tp_t *tp = calloc(1, sizeof(*tp));

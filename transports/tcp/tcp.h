@@ -47,7 +47,7 @@ typedef struct tcp_hdr {
     uint16_t flags;
     uint64_t len;
     uint64_t env[4];
-    uint32_t hcrc;     /* checksum mode: CRC-32C of the 48 bytes above; else 0 */
+    uint32_t hcrc; /* checksum mode: CRC-32C of the 48 bytes above; else 0 */
     uint32_t reserved;
 } tcp_hdr_t;
 
@@ -64,9 +64,9 @@ typedef struct tcp_hello {
     uint32_t version;
     int32_t rank;
     int32_t nranks;
-    uint32_t checksum;   /* TCP_CSUM_* */
-    uint32_t auth;       /* 1: this rank has the job secret and wants proof of it */
-    uint32_t inst_len;   /* bytes of job instance that follow, <= TCP_MAX_INSTANCE */
+    uint32_t checksum; /* TCP_CSUM_* */
+    uint32_t auth;     /* 1: this rank has the job secret and wants proof of it */
+    uint32_t inst_len; /* bytes of job instance that follow, <= TCP_MAX_INSTANCE */
     uint32_t reserved;
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* fresh random bytes (zeros without auth) */
 } tcp_hello_t;
@@ -79,7 +79,7 @@ typedef struct tcp_verdict {
     int32_t status;      /* 0, or the TUTTI_ERR_* of a refusal */
     uint32_t reason_len; /* bytes of reason text that follow, <= TCP_MAX_REASON */
     uint32_t reserved;
-    uint8_t answer[32];  /* the answer to the peer's challenge (zeros without auth) */
+    uint8_t answer[32]; /* the answer to the peer's challenge (zeros without auth) */
 } tcp_verdict_t;
 _Static_assert(sizeof(tcp_verdict_t) == 48, "tcp verdict layout");
 
@@ -91,26 +91,26 @@ typedef struct tcp_link {
     int fd;
     char addr[96];
     tp_link_fail_t fail;
-    int tx_broken;            /* a send was cut mid-message: no more frames fit */
+    int tx_broken; /* a send was cut mid-message: no more frames fit */
     /* send side: queue of requests, the head one possibly half sent */
     tp_req_t *sq_head, *sq_tail;
     tcp_hdr_t shdr;
     size_t shdr_off;
-    uint32_t scrc;            /* checksum mode: CRC of the head's payload so far */
-    size_t scrc_upto;         /* ... over its first scrc_upto bytes */
-    uint32_t strail;          /* the trailer, once scrc_upto == len */
-    size_t strail_off;        /* trailer bytes sent */
+    uint32_t scrc;     /* checksum mode: CRC of the head's payload so far */
+    size_t scrc_upto;  /* ... over its first scrc_upto bytes */
+    uint32_t strail;   /* the trailer, once scrc_upto == len */
+    size_t strail_off; /* trailer bytes sent */
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     tcp_hdr_t rhdr;
-    size_t rhdr_got;          /* == sizeof(rhdr): a header is parked, waiting */
-    int rhdr_seen;            /* the complete header was validated */
-    int rhdr_matched;         /* the parked header was matched to rq_head */
-    char *stage;              /* header + small payload, read in one go */
-    char *errbuf;             /* payload of an incoming error frame */
+    size_t rhdr_got;  /* == sizeof(rhdr): a header is parked, waiting */
+    int rhdr_seen;    /* the complete header was validated */
+    int rhdr_matched; /* the parked header was matched to rq_head */
+    char *stage;      /* header + small payload, read in one go */
+    char *errbuf;     /* payload of an incoming error frame */
     size_t errgot;
-    uint32_t rcrc;            /* checksum mode: CRC of the payload received so far */
-    uint32_t rtrail;          /* the trailer that came after it */
+    uint32_t rcrc;   /* checksum mode: CRC of the payload received so far */
+    uint32_t rtrail; /* the trailer that came after it */
     size_t rtrail_got;
     /* libuv watcher used when blocking */
     uv_poll_t poll;
@@ -122,16 +122,16 @@ typedef struct tcp_link {
 struct tcp_tp {
     const tutti_tp_host_v1_t *host;
     int rank, nranks;
-    tcp_link_t *links;        /* nranks entries, links[rank] unused */
+    tcp_link_t *links; /* nranks entries, links[rank] unused */
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t timer;
     atomic_int aborted;
     unsigned long completions;
     int sockbuf;
-    int csum;                 /* TCP_CSUM_*, from TUTTI_CHECKSUM */
-    int auth;                 /* the library has a job secret: hellos prove it */
-    const char *instance;     /* the job instance hellos must agree on ("" if none) */
+    int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
+    int auth;             /* the library has a job secret: hellos prove it */
+    const char *instance; /* the job instance hellos must agree on ("" if none) */
 };
 
 /* "none" or "crc32c" */
@@ -145,8 +145,8 @@ static inline const char *tcp_csum_name(uint32_t mode)
  * and the receive requests reqs posted on it, progressed until they are done or stuck;
  * whatever is left is cancelled and the transport destroyed. host: rank 0 of at least
  * 2, with log and error. csum: TCP_CSUM_*. Returns 0, or -1 when it could not set up. */
-int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data,
-                        size_t len, tp_req_t *reqs, size_t nreqs);
+int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t *data, size_t len,
+                        tp_req_t *reqs, size_t nreqs);
 
 /* tcp_setup.c */
 int tcp_setup_connect(tcp_tp_t *tp);
@@ -157,7 +157,7 @@ int tcp_setup_connect(tcp_tp_t *tp);
  * rank, nranks, links (fds -1; a link the exchange establishes is closed again), csum,
  * auth and instance. The bytes arrive in reads of at most chunk bytes (0: whole parts).
  * Returns 0, or -1 when it could not set up. */
-int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data,
-                         size_t len, size_t chunk);
+int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data, size_t len,
+                         size_t chunk);
 
 #endif /* TCP_TCP_H */

@@ -46,8 +46,7 @@ typedef struct slot_note {
     char msg[400];
 } slot_note_t;
 
-#define WBUF_BYTES                                                                      \
-    (sizeof(tcp_hello_t) + TCP_MAX_INSTANCE + sizeof(tcp_verdict_t) + TCP_MAX_REASON)
+#define WBUF_BYTES (sizeof(tcp_hello_t) + TCP_MAX_INSTANCE + sizeof(tcp_verdict_t) + TCP_MAX_REASON)
 
 struct conn {
     setup_t *s;
@@ -55,19 +54,19 @@ struct conn {
     uv_connect_t creq;
     uv_write_t wreq[2];
     uv_timer_t retry;
-    int peer;           /* outgoing: the rank called; incoming: the rank claimed, -1 before */
+    int peer; /* outgoing: the rank called; incoming: the rank claimed, -1 before */
     int outgoing;
-    int open;           /* h initialised and not closed */
+    int open; /* h initialised and not closed */
     int retry_open;
-    int phase;          /* PH_* */
-    size_t got;         /* bytes of the current part */
-    int verdicts;       /* verdicts received */
+    int phase;    /* PH_* */
+    size_t got;   /* bytes of the current part */
+    int verdicts; /* verdicts received */
     int hello_sent;
-    char who[128];      /* the peer's address */
+    char who[128];                        /* the peer's address */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
-    tcp_hello_t ph;     /* the peer's hello */
+    tcp_hello_t ph;                       /* the peer's hello */
     char pinst[TCP_MAX_INSTANCE + 1];
-    tcp_verdict_t pv;   /* the peer's latest verdict */
+    tcp_verdict_t pv; /* the peer's latest verdict */
     char preason[TCP_MAX_REASON + 1];
     unsigned char wbuf[2][WBUF_BYTES];
     struct sockaddr_storage addr;
@@ -134,8 +133,7 @@ static int is_link_local6(const uv_interface_address_t *a)
     return a->address.address4.sin_family == AF_INET6 && b[0] == 0xfe && (b[1] & 0xc0) == 0x80;
 }
 
-static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifname,
-                          size_t iflen)
+static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifname, size_t iflen)
 {
     const char *spec = tp->host->config(tp->host->ctx, "SOCKET_IFNAME");
     const char *fams = tp->host->config(tp->host->ctx, "SOCKET_FAMILY");
@@ -190,7 +188,10 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
 
 /* ---- the mesh ---- */
 
-static void on_handle_closed(uv_handle_t *h) { (void)h; }
+static void on_handle_closed(uv_handle_t *h)
+{
+    (void)h;
+}
 
 /* Incoming connections are freed when their handle has closed. */
 static void on_conn_closed(uv_handle_t *h)
@@ -302,10 +303,9 @@ static size_t put_hello(const conn_t *c, unsigned char *buf)
     return sizeof(h) + h.inst_len;
 }
 
-static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer,
-                          const char *reason)
+static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer, const char *reason)
 {
-    tcp_verdict_t v = {.magic = TCP_VERDICT_MAGIC, .status = status};
+    tcp_verdict_t v = { .magic = TCP_VERDICT_MAGIC, .status = status };
     if (answer)
         memcpy(v.answer, answer, sizeof(v.answer));
     size_t rl = reason ? strlen(reason) : 0;
@@ -367,8 +367,8 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (status %d)",
-         tp->rank, c->who, why, status);
+    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (status %d)", tp->rank,
+         c->who, why, status);
     char note[400];
     snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
     note_slot(s, c->peer, status, note);
@@ -415,32 +415,38 @@ static int hello_check(conn_t *c, char *why, size_t len)
         return TUTTI_ERR_CONFIG;
     }
     if (c->outgoing && h->rank != c->peer) {
-        snprintf(why, len, "%s answered as rank %d, not rank %d (a stale or rewritten address "
-                 "in the store?)", c->who, h->rank, c->peer);
+        snprintf(why, len,
+                 "%s answered as rank %d, not rank %d (a stale or rewritten address "
+                 "in the store?)",
+                 c->who, h->rank, c->peer);
         return TUTTI_ERR_PROTOCOL;
     }
     if (!c->outgoing && (h->rank <= tp->rank || h->rank >= tp->nranks ||
                          !tutti_tp_host_serves(tp->host, h->rank))) {
-        snprintf(why, len, "%s claims rank %d, which does not connect to rank %d", c->who,
-                 h->rank, tp->rank);
+        snprintf(why, len, "%s claims rank %d, which does not connect to rank %d", c->who, h->rank,
+                 tp->rank);
         return TUTTI_ERR_PROTOCOL;
     }
     if (h->inst_len != strlen(tp->instance) || memcmp(c->pinst, tp->instance, h->inst_len)) {
-        snprintf(why, len, "rank %d (%s) belongs to job instance \"%s\", rank %d to \"%s\": "
+        snprintf(why, len,
+                 "rank %d (%s) belongs to job instance \"%s\", rank %d to \"%s\": "
                  "ranks of different jobs, or of different runs of one job, never connect",
                  h->rank, c->who, inst, tp->rank, tp->instance);
         return TUTTI_ERR_IN_USE;
     }
     if (h->checksum != (uint32_t)tp->csum) {
-        snprintf(why, len, "rank %d (%s) runs with TUTTI_CHECKSUM=%s, rank %d with %s: set it "
-                 "alike on every rank", h->rank, c->who, tcp_csum_name(h->checksum), tp->rank,
+        snprintf(why, len,
+                 "rank %d (%s) runs with TUTTI_CHECKSUM=%s, rank %d with %s: set it "
+                 "alike on every rank",
+                 h->rank, c->who, tcp_csum_name(h->checksum), tp->rank,
                  tcp_csum_name((uint32_t)tp->csum));
         return TUTTI_ERR_CONFIG;
     }
     if (h->auth != (uint32_t)tp->auth) {
-        snprintf(why, len, "rank %d (%s) has %s job secret and rank %d has %s: give every rank "
-                 "the same TUTTI_AUTH_TOKEN (or TUTTI_AUTH_TOKEN_FILE)", h->rank, c->who,
-                 h->auth ? "a" : "no", tp->rank, tp->auth ? "one" : "none");
+        snprintf(why, len,
+                 "rank %d (%s) has %s job secret and rank %d has %s: give every rank "
+                 "the same TUTTI_AUTH_TOKEN (or TUTTI_AUTH_TOKEN_FILE)",
+                 h->rank, c->who, h->auth ? "a" : "no", tp->rank, tp->auth ? "one" : "none");
         return TUTTI_ERR_AUTH;
     }
     return TUTTI_OK;
@@ -455,21 +461,13 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status);
 static void *part(conn_t *c, size_t *len)
 {
     switch (c->phase) {
-    case PH_HELLO_V1:
-        *len = TCP_HELLO_V1_BYTES;
-        return &c->ph;
+    case PH_HELLO_V1: *len = TCP_HELLO_V1_BYTES; return &c->ph;
     case PH_HELLO_REST:
         *len = sizeof(tcp_hello_t) - TCP_HELLO_V1_BYTES;
         return (char *)&c->ph + TCP_HELLO_V1_BYTES;
-    case PH_HELLO_INST:
-        *len = c->ph.inst_len;
-        return c->pinst;
-    case PH_VERDICT:
-        *len = sizeof(tcp_verdict_t);
-        return &c->pv;
-    case PH_VERDICT_REASON:
-        *len = c->pv.reason_len;
-        return c->preason;
+    case PH_HELLO_INST: *len = c->ph.inst_len; return c->pinst;
+    case PH_VERDICT: *len = sizeof(tcp_verdict_t); return &c->pv;
+    case PH_VERDICT_REASON: *len = c->pv.reason_len; return c->preason;
     }
     *len = 0;
     return NULL;
@@ -526,11 +524,11 @@ static void incoming_hello(conn_t *c)
         return;
     }
     if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
-        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d",
-                        c->peer, tp->rank);
+        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d", c->peer,
+                        tp->rank);
         return;
     }
-    uint8_t answer[32] = {0};
+    uint8_t answer[32] = { 0 };
     if (tp->auth && (random_bytes(c->challenge, sizeof(c->challenge)) < 0 ||
                      hello_answer(s, tp->rank, c->peer, c->ph.challenge, answer) < 0)) {
         setup_fail(s, TUTTI_ERR_IO, -1, "tcp: no random bytes for a challenge: %s",
@@ -559,8 +557,8 @@ static void incoming_verdict(conn_t *c)
         printable(why, sizeof(why), c->preason, c->pv.reason_len);
         LOGF(TUTTI_LOG_WARN, "tcp: %s (claiming rank %d) refused rank %d: %s", c->who, c->peer,
              tp->rank, why);
-        snprintf(note, sizeof(note), "%s, claiming rank %d, refused rank %d: %s", c->who,
-                 c->peer, tp->rank, why);
+        snprintf(note, sizeof(note), "%s, claiming rank %d, refused rank %d: %s", c->who, c->peer,
+                 tp->rank, why);
         note_slot(s, c->peer, c->pv.status, note);
         conn_close(c);
         return;
@@ -572,13 +570,14 @@ static void incoming_verdict(conn_t *c)
         if (!ct_equal(want, c->pv.answer, sizeof(want))) {
             incoming_refuse(c, TUTTI_ERR_AUTH,
                             "%s, claiming rank %d, failed to prove the job secret (a wrong "
-                            "TUTTI_AUTH_TOKEN, or not a rank of this job)", c->who, c->peer);
+                            "TUTTI_AUTH_TOKEN, or not a rank of this job)",
+                            c->who, c->peer);
             return;
         }
     }
     if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
-        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d",
-                        c->peer, tp->rank);
+        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d", c->peer,
+                        tp->rank);
         return;
     }
     s->claimed[c->peer] = 1;
@@ -608,7 +607,7 @@ static void outgoing_first_verdict(conn_t *c)
         outgoing_fail(c, st, 1, "%s", why);
         return;
     }
-    uint8_t answer[32] = {0};
+    uint8_t answer[32] = { 0 };
     if (tp->auth) {
         uint8_t want[32];
         if (hello_answer(s, c->peer, tp->rank, c->challenge, want) < 0)
@@ -616,7 +615,8 @@ static void outgoing_first_verdict(conn_t *c)
         if (!ct_equal(want, c->pv.answer, sizeof(want))) {
             outgoing_fail(c, TUTTI_ERR_AUTH, 1,
                           "%s, answering as rank %d, failed to prove the job secret (a wrong "
-                          "TUTTI_AUTH_TOKEN, or not a rank of this job)", c->who, c->peer);
+                          "TUTTI_AUTH_TOKEN, or not a rank of this job)",
+                          c->who, c->peer);
             return;
         }
         if (hello_answer(s, tp->rank, c->peer, c->ph.challenge, answer) < 0)
@@ -656,11 +656,14 @@ static int conn_part_done(conn_t *c)
             if (c->outgoing) {
                 outgoing_fail(c, TUTTI_ERR_PROTOCOL, 0,
                               "the listener there answered with something that is not a "
-                              "tutti hello (magic 0x%08x)", c->ph.magic);
+                              "tutti hello (magic 0x%08x)",
+                              c->ph.magic);
             } else {
                 /* not one of ours at all: no answer */
-                LOGF(TUTTI_LOG_WARN, "tcp: rank %d dropped a connection from %s: not a tutti "
-                     "hello (magic 0x%08x)", tp->rank, c->who, c->ph.magic);
+                LOGF(TUTTI_LOG_WARN,
+                     "tcp: rank %d dropped a connection from %s: not a tutti "
+                     "hello (magic 0x%08x)",
+                     tp->rank, c->who, c->ph.magic);
                 conn_close(c);
             }
             return -1;
@@ -671,7 +674,8 @@ static int conn_part_done(conn_t *c)
             if (c->outgoing)
                 outgoing_fail(c, TUTTI_ERR_PROTOCOL, 0,
                               "it speaks hello version %u, this rank version %u (mixed tutti "
-                              "builds?)", c->ph.version, TCP_HELLO_VERSION);
+                              "builds?)",
+                              c->ph.version, TCP_HELLO_VERSION);
             else
                 incoming_refuse(c, TUTTI_ERR_PROTOCOL,
                                 "hello version %u from %s (claiming rank %d), but rank %d "
@@ -779,7 +783,8 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
     snprintf(note, sizeof(note), "the last attempt to connect to rank %d (%s) failed %s: %s%s",
              c->peer, c->who, what, uv_strerror(uv_status),
              uv_status == UV_EOF && c->ph.magic == 0 ? " (it closed without answering the "
-                                                       "hello: an older tutti?)" : "");
+                                                       "hello: an older tutti?)"
+                                                     : "");
     note_slot(s, c->peer, 0, note);
     LOGF(TUTTI_LOG_TRACE, "tcp: %s; retrying", note);
     if (c->open) {
@@ -839,7 +844,10 @@ static void conn_start(conn_t *c)
 
 /* At most this many connections wait in set-up at once; beyond, the oldest goes (a
  * genuine peer that loses its place connects again). */
-static int incoming_cap(const tcp_tp_t *tp) { return 2 * tp->nranks + 64; }
+static int incoming_cap(const tcp_tp_t *tp)
+{
+    return 2 * tp->nranks + 64;
+}
 
 static void on_incoming(uv_stream_t *server, int status)
 {
@@ -855,8 +863,10 @@ static void on_incoming(uv_stream_t *server, int status)
             if (c->open && !(c->peer >= 0 && s->claimed[c->peer] && c->verdicts))
                 old = c; /* the last such in the list is the oldest */
         if (old) {
-            LOGF(TUTTI_LOG_WARN, "tcp: rank %d has %d connections in set-up; dropping the "
-                 "oldest, from %s", tp->rank, s->nincoming, old->who);
+            LOGF(TUTTI_LOG_WARN,
+                 "tcp: rank %d has %d connections in set-up; dropping the "
+                 "oldest, from %s",
+                 tp->rank, s->nincoming, old->who);
             conn_close(old);
         }
     }
@@ -914,7 +924,8 @@ static void on_deadline(uv_timer_t *t)
     }
     setup_fail(s, status, first,
                "tcp: rank %d connected to %d of %d peers within %d ms; still missing rank(s) "
-               "%s%s", tp->rank, s->done, s->needed, tp->host->timeout_ms, missing, notes);
+               "%s%s",
+               tp->rank, s->done, s->needed, tp->host->timeout_ms, missing, notes);
 }
 
 static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage *out)
@@ -927,7 +938,8 @@ static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage 
     if (st < 0)
         return tp->host->error(tp->host->ctx, st, peer, 0,
                                "tcp: rank %d never published its address (store key %s, "
-                               "status %d)", peer, key, st);
+                               "status %d)",
+                               peer, key, st);
     char ip[INET6_ADDRSTRLEN + 1] = "", text[128];
     int port = 0;
     int ok = len < sizeof(text);
@@ -962,8 +974,7 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
     fmt_addr((struct sockaddr *)me, mine, sizeof(mine));
     if (rc < 0)
         return tp->host->error(tp->host->ctx, TUTTI_ERR_IO, -1, -rc,
-                               "tcp: cannot listen on %s (%s): %s", mine, ifname,
-                               uv_strerror(rc));
+                               "tcp: cannot listen on %s (%s): %s", mine, ifname, uv_strerror(rc));
     LOGF(TUTTI_LOG_INFO, "tcp: rank %d listens on %s (interface %s)", tp->rank, mine, ifname);
     return TUTTI_OK;
 }
@@ -977,7 +988,7 @@ static int publish_address(tcp_tp_t *tp, const struct sockaddr_storage *me)
         uv_ip6_name((const struct sockaddr_in6 *)me, ip, sizeof(ip));
     else
         uv_ip4_name((const struct sockaddr_in *)me, ip, sizeof(ip));
-    snprintf(val, sizeof(val), "%s %d",  ip,
+    snprintf(val, sizeof(val), "%s %d", ip,
              ntohs(me->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)me)->sin6_port
                                              : ((const struct sockaddr_in *)me)->sin_port));
     char key[64];
@@ -1060,7 +1071,7 @@ static void setup_close(setup_t *s, conn_t *out)
 int tcp_setup_connect(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
-    setup_t s = {.tp = tp};
+    setup_t s = { .tp = tp };
     for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
         s.needed += tutti_tp_host_serves(host, i);
     const char *sb = host->config(host->ctx, "SOCKET_BUFFER");
@@ -1097,10 +1108,10 @@ int tcp_setup_connect(tcp_tp_t *tp)
 
 /* ---- fuzzing ---- */
 
-int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data,
-                         size_t len, size_t chunk)
+int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *data, size_t len,
+                         size_t chunk)
 {
-    setup_t s = {.tp = tp, .needed = 1};
+    setup_t s = { .tp = tp, .needed = 1 };
     int sv[2];
     s.claimed = calloc((size_t)tp->nranks, 1);
     s.notes = calloc((size_t)tp->nranks, sizeof(*s.notes));
