@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ab.sh: two tutti-bench builds (A, say main before a change, and B after it) in
-# alternating runs, A B A B ..., for each rank count and transport; per size, the median of
+# alternating runs, A B B A A B ..., for each rank count and transport; per size, the median of
 # each side's p50 times and the median B/A ratio with its spread (min..max over the pairs).
 # Only ratios from the same run mean anything on a shared machine.
 #
@@ -32,7 +32,10 @@ trap 'rm -rf "$raw"' EXIT
 for p in $(seq 1 "$pairs"); do
     for n in $ranks; do
         for t in $transports; do
-            for side in A B; do
+            # A B in odd pairs, B A in even ones: neither side always runs first
+            order="A B"
+            [ $((p % 2)) = 0 ] && order="B A"
+            for side in $order; do
                 bin=$a
                 [ $side = B ] && bin=$b
                 # p50 of the out-of-place half (column 10), one line per size
