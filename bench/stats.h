@@ -5,6 +5,7 @@
 #define TT_BENCH_STATS_H
 
 #include <math.h>
+#include <stdio.h>
 #include <time.h>
 
 static inline double now_us(void)
@@ -26,6 +27,19 @@ static inline double percentile(const double *sorted, int n, double p)
     int k = (int)ceil(p / 100.0 * n);
     k = k < 1 ? 1 : k > n ? n : k;
     return sorted[k - 1];
+}
+
+/* The two column-title lines of nccl-tests' table: size, count, type, redop, root, then
+ * time, algbw, busbw, #wrong, p50 and p99 for out-of-place and for in-place. */
+static inline void print_column_titles(void)
+{
+    printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
+    printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
+    for (int h = 0; h < 2; h++)
+        printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+    printf("\n");
 }
 
 #endif /* TT_BENCH_STATS_H */

@@ -915,13 +915,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
         return;
     }
     printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
-    printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
-    for (int h = 0; h < 2; h++)
-        printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
-    printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
-    for (int h = 0; h < 2; h++)
-        printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
-    printf("\n");
+    print_column_titles();
 }
 
 static void print_half(const bench_half_t *h, int barrier)

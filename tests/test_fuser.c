@@ -35,31 +35,6 @@ static int quick(void)
     return q && *q && *q != '0';
 }
 
-/* ---- small integers to fp16/bf16, written here so the reference does not share the
- * library's ---- */
-
-/* exact for the small integers used here */
-static uint16_t ref_small_int_to_half(int v)
-{
-    if (v == 0)
-        return 0;
-    uint16_t sign = v < 0 ? 0x8000 : 0;
-    unsigned a = (unsigned)(v < 0 ? -v : v);
-    int e = 0;
-    while ((a >> e) > 1)
-        e++;
-    unsigned mant = (a << (10 - e)) & 0x3ff;
-    return sign | (uint16_t)((e + 15) << 10) | (uint16_t)mant;
-}
-
-static uint16_t ref_small_int_to_bf16(int v)
-{
-    float f = (float)v;
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    return (uint16_t)(x >> 16); /* exact: small integers have short mantissas */
-}
-
 /* ---- tensors with small-integer contents ---- */
 
 typedef struct tspec {
@@ -78,52 +53,11 @@ static int gen_val(int r, int i, size_t e, int s, tutti_dtype_t dt)
     return dt == TUTTI_UINT8 ? v + 8 : v;
 }
 
+/* v is small (|v| <= 16): exact in every dtype, fp16 and bf16 included (ref.c's plain-C
+ * conversions, not the library's). */
 static void put_val(void *buf, tutti_dtype_t dt, size_t e, int v)
 {
-    unsigned char *p = (unsigned char *)buf + e * tutti_dtype_size(dt);
-    switch (dt) {
-    case TUTTI_INT8: {
-        int8_t x = (int8_t)v;
-        memcpy(p, &x, 1);
-        break;
-    }
-    case TUTTI_UINT8: {
-        uint8_t x = (uint8_t)v;
-        memcpy(p, &x, 1);
-        break;
-    }
-    case TUTTI_INT32: {
-        int32_t x = v;
-        memcpy(p, &x, 4);
-        break;
-    }
-    case TUTTI_INT64: {
-        int64_t x = v;
-        memcpy(p, &x, 8);
-        break;
-    }
-    case TUTTI_FP16: {
-        uint16_t x = ref_small_int_to_half(v);
-        memcpy(p, &x, 2);
-        break;
-    }
-    case TUTTI_BF16: {
-        uint16_t x = ref_small_int_to_bf16(v);
-        memcpy(p, &x, 2);
-        break;
-    }
-    case TUTTI_FP32: {
-        float x = (float)v;
-        memcpy(p, &x, 4);
-        break;
-    }
-    case TUTTI_FP64: {
-        double x = v;
-        memcpy(p, &x, 8);
-        break;
-    }
-    default: break;
-    }
+    put_elem(buf, dt, e, (uint64_t)(int64_t)v, (double)v);
 }
 
 static double get_val(const void *buf, tutti_dtype_t dt, size_t e)

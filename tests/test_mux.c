@@ -174,15 +174,21 @@ static const mux_case_t tcp_cases[] = {
     { "local=tcp,remote=" V1_PLUGIN, "AAB", "tcp+tcp", 0 },  /* a v1 plugin in the mux */
 };
 
-START_TEST(mixed_tcp)
+/* One mixed-transport case: a rank per letter of c->hosts. */
+static void run_mixed(const mux_case_t *c)
 {
-    const mux_case_t *c = &tcp_cases[_i];
     th_spec_t spec = { .nranks = (int)strlen(c->hosts),
                        .fn = rank_mixed,
                        .arg = (void *)c,
                        .timeout_ms = 60000,
                        .flags = TH_NO_COMM };
     ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
+}
+
+START_TEST(mixed_tcp)
+{
+    const mux_case_t *c = &tcp_cases[_i];
+    run_mixed(c);
 }
 END_TEST
 
@@ -202,12 +208,7 @@ START_TEST(mixed_shm)
         return;
     }
     const mux_case_t *c = &shm_cases[_i];
-    th_spec_t spec = { .nranks = (int)strlen(c->hosts),
-                       .fn = rank_mixed,
-                       .arg = (void *)c,
-                       .timeout_ms = 60000,
-                       .flags = TH_NO_COMM };
-    ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s on hosts %s", c->transport, c->hosts);
+    run_mixed(c);
 }
 END_TEST
 

@@ -241,13 +241,7 @@ static void print_header(const struct config *cfg)
     printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n", cfg->iters,
            cfg->warmup);
     printf("#%41s %-60s %s\n", "", "out-of-place", "in-place");
-    printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
-    for (int h = 0; h < 2; h++)
-        printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
-    printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
-    for (int h = 0; h < 2; h++)
-        printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
-    printf("\n");
+    print_column_titles();
     fflush(stdout);
 }
 

@@ -411,354 +411,181 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
 
 /* ---- the entry points: a call each, then the checker ---- */
 
-#define SYNC(...)                                                                                  \
-    {                                                                                              \
-        tt_coll_call_t c_ = { __VA_ARGS__ };                                                       \
-        return coll_issue(comm, &c_, NULL, 0);                                                     \
+/* clang-format cannot read a macro as a function body (it indents all that follows) */
+/* clang-format off */
+#define SYNC(...)                                                                       \
+    {                                                                                   \
+        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
+        return coll_issue(comm, &c_, NULL, 0);                                          \
     }
-#define ASYNC(...)                                                                                 \
-    {                                                                                              \
-        tt_coll_call_t c_ = { __VA_ARGS__ };                                                       \
-        return coll_issue(comm, &c_, work_p, 1);                                                   \
+#define ASYNC(...)                                                                      \
+    {                                                                                   \
+        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
+        return coll_issue(comm, &c_, work_p, 1);                                        \
     }
 
-#define ALLREDUCE_ARGS(nm)                                                                         \
-    .name = "allreduce", .wp_name = nm, .coll = TT_COLL_ALLREDUCE, .sendbuf = sendbuf,             \
+#define ALLREDUCE_ARGS(nm)                                                              \
+    .name = "allreduce", .wp_name = nm, .coll = TT_COLL_ALLREDUCE, .sendbuf = sendbuf,  \
     .recvbuf = recvbuf, .count = count, .dtype = dtype, .redop = op
 
 int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                    tutti_dtype_t dtype, tutti_redop_t op) SYNC(ALLREDUCE_ARGS(NULL))
+                    tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(ALLREDUCE_ARGS(NULL))
 
-    int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                              tutti_dtype_t dtype, tutti_redop_t op,
-                              tutti_work_t **work_p) ASYNC(ALLREDUCE_ARGS("allreduce_async"))
+int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, tutti_redop_t op,
+                          tutti_work_t **work_p)
+ASYNC(ALLREDUCE_ARGS("allreduce_async"))
 
-#define BROADCAST_ARGS(nm)                                                                         \
-    .name = "broadcast", .wp_name = nm, .coll = TT_COLL_BROADCAST, .sendbuf = sendbuf,             \
+#define BROADCAST_ARGS(nm)                                                              \
+    .name = "broadcast", .wp_name = nm, .coll = TT_COLL_BROADCAST, .sendbuf = sendbuf,  \
     .recvbuf = recvbuf, .count = count, .dtype = dtype, .root = root
 
-        int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                            tutti_dtype_t dtype, int root) SYNC(BROADCAST_ARGS(NULL))
+int tutti_broadcast(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, int root)
+SYNC(BROADCAST_ARGS(NULL))
 
-            int tutti_broadcast_async(
-                tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
-                tutti_dtype_t dtype, int root,
-                tutti_work_t **work_p) ASYNC(BROADCAST_ARGS("broadcast_async"))
+int tutti_broadcast_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t count, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(BROADCAST_ARGS("broadcast_async"))
 
-                int tutti_barrier(tutti_comm_t *comm) SYNC(.name = "barrier",
-                                                           .coll = TT_COLL_BARRIER,
-                                                           .dtype = TUTTI_UINT8)
+int tutti_barrier(tutti_comm_t *comm)
+SYNC(.name = "barrier", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
 
-                    int tutti_barrier_async(tutti_comm_t *comm,
-                                            tutti_work_t **work_p) ASYNC(.name = "barrier",
-                                                                         .wp_name = "barrier_async",
-                                                                         .coll = TT_COLL_BARRIER,
-                                                                         .dtype = TUTTI_UINT8)
+int tutti_barrier_async(tutti_comm_t *comm, tutti_work_t **work_p)
+ASYNC(.name = "barrier", .wp_name = "barrier_async", .coll = TT_COLL_BARRIER,
+      .dtype = TUTTI_UINT8)
 
-#define REDUCE_ARGS(nm)                                                                            \
-    .name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,    \
-    .dtype = dtype, .redop = op, .root = root
+#define REDUCE_ARGS(nm)                                                                 \
+    .name = nm, .coll = TT_COLL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
+    .count = count, .dtype = dtype, .redop = op, .root = root
 
-                        int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                         size_t count, tutti_dtype_t dtype, tutti_redop_t op,
-                                         int root) SYNC(REDUCE_ARGS("reduce"))
+int tutti_reduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 tutti_dtype_t dtype, tutti_redop_t op, int root)
+SYNC(REDUCE_ARGS("reduce"))
 
-                            int tutti_reduce_async(
-                                tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                size_t count, tutti_dtype_t dtype, tutti_redop_t op, int root,
-                                tutti_work_t **work_p) ASYNC(REDUCE_ARGS("reduce_async"))
+int tutti_reduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_work_t **work_p)
+ASYNC(REDUCE_ARGS("reduce_async"))
 
-#define ALLGATHER_ARGS(nm)                                                                         \
-    .name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf, .dtype = dtype
+#define ALLGATHER_ARGS(nm)                                                              \
+    .name = nm, .coll = TT_COLL_ALLGATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,      \
+    .dtype = dtype
 
-                                int tutti_allgather(
-                                    tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                    size_t sendcount,
-                                    tutti_dtype_t dtype) SYNC(ALLGATHER_ARGS("allgather"),
-                                                              .equal = sendcount)
+int tutti_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                    tutti_dtype_t dtype)
+SYNC(ALLGATHER_ARGS("allgather"), .equal = sendcount)
 
-                                    int tutti_allgather_async(
-                                        tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                        size_t sendcount, tutti_dtype_t dtype,
-                                        tutti_work_t *
-                                            *work_p) ASYNC(ALLGATHER_ARGS("allgather_async"),
-                                                           .equal = sendcount)
+int tutti_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          size_t sendcount, tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(ALLGATHER_ARGS("allgather_async"), .equal = sendcount)
 
-                                        int tutti_allgatherv(
-                                            tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
-                                            const size_t *recvcounts, const size_t *displs,
-                                            tutti_dtype_t dtype) SYNC(ALLGATHER_ARGS("allgatherv"),
-                                                                      .is_v = 1,
-                                                                      .recvcounts = recvcounts,
-                                                                      .rdispls = displs)
+int tutti_allgatherv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                     const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype)
+SYNC(ALLGATHER_ARGS("allgatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
-                                            int tutti_allgatherv_async(
-                                                tutti_comm_t *comm, const void *sendbuf,
-                                                void *recvbuf, const size_t *recvcounts,
-                                                const size_t *displs, tutti_dtype_t dtype,
-                                                tutti_work_t *
-                                                    *work_p) ASYNC(ALLGATHER_ARGS("allgatherv_"
-                                                                                  "async"),
-                                                                   .is_v = 1,
-                                                                   .recvcounts = recvcounts,
-                                                                   .rdispls = displs)
+int tutti_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                           const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                           tutti_work_t **work_p)
+ASYNC(ALLGATHER_ARGS("allgatherv_async"), .is_v = 1, .recvcounts = recvcounts,
+      .rdispls = displs)
 
-#define RS_ARGS(nm)                                                                                \
-    .name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,            \
+#define RS_ARGS(nm)                                                                     \
+    .name = nm, .coll = TT_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf, \
     .dtype = dtype, .redop = op
 
-                                                int tutti_reduce_scatter(
-                                                    tutti_comm_t *comm, const void *sendbuf,
-                                                    void *recvbuf, size_t recvcount,
-                                                    tutti_dtype_t dtype,
-                                                    tutti_redop_t
-                                                        op) SYNC(RS_ARGS("reduce_scatter"),
-                                                                 .equal = recvcount)
+int tutti_reduce_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                         size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(RS_ARGS("reduce_scatter"), .equal = recvcount)
 
-                                                    int tutti_reduce_scatter_async(
-                                                        tutti_comm_t *comm, const void *sendbuf,
-                                                        void *recvbuf, size_t recvcount,
-                                                        tutti_dtype_t dtype, tutti_redop_t op,
-                                                        tutti_work_t *
-                                                            *work_p) ASYNC(RS_ARGS("reduce_scatter_"
-                                                                                   "async"),
-                                                                           .equal = recvcount)
+int tutti_reduce_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
+                               tutti_work_t **work_p)
+ASYNC(RS_ARGS("reduce_scatter_async"), .equal = recvcount)
 
-                                                        int tutti_reduce_scatterv(
-                                                            tutti_comm_t *comm, const void *sendbuf,
-                                                            void *recvbuf, const size_t *recvcounts,
-                                                            tutti_dtype_t dtype,
-                                                            tutti_redop_t
-                                                                op) SYNC(RS_ARGS("reduce_scatterv"),
-                                                                         .is_v = 1,
-                                                                         .recvcounts = recvcounts)
+int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(RS_ARGS("reduce_scatterv"), .is_v = 1, .recvcounts = recvcounts)
 
-                                                            int tutti_reduce_scatterv_async(
-                                                                tutti_comm_t *comm,
-                                                                const void *sendbuf, void *recvbuf,
-                                                                const size_t *recvcounts,
-                                                                tutti_dtype_t dtype,
-                                                                tutti_redop_t op,
-                                                                tutti_work_t **
-                                                                    work_p) ASYNC(RS_ARGS("reduce_"
-                                                                                          "scatterv"
-                                                                                          "_async"),
-                                                                                  .is_v = 1,
-                                                                                  .recvcounts =
-                                                                                      recvcounts)
+int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                const size_t *recvcounts, tutti_dtype_t dtype,
+                                tutti_redop_t op, tutti_work_t **work_p)
+ASYNC(RS_ARGS("reduce_scatterv_async"), .is_v = 1, .recvcounts = recvcounts)
 
-#define GATHER_ARGS(nm)                                                                            \
-    .name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,                    \
+#define GATHER_ARGS(nm)                                                                 \
+    .name = nm, .coll = TT_COLL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,         \
     .count = sendcount, .dtype = dtype, .root = root
 
-                                                                int tutti_gather(
-                                                                    tutti_comm_t *comm,
-                                                                    const void *sendbuf,
-                                                                    void *recvbuf, size_t sendcount,
-                                                                    tutti_dtype_t dtype,
-                                                                    int root) SYNC(GATHER_ARGS("gat"
-                                                                                               "he"
-                                                                                               "r"))
+int tutti_gather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                 tutti_dtype_t dtype, int root)
+SYNC(GATHER_ARGS("gather"))
 
-                                                                    int tutti_gather_async(
-                                                                        tutti_comm_t *comm,
-                                                                        const void *sendbuf,
-                                                                        void *recvbuf,
-                                                                        size_t sendcount,
-                                                                        tutti_dtype_t dtype,
-                                                                        int root,
-                                                                        tutti_work_t **
-                                                                            work_p) ASYNC(GATHER_ARGS("gather_async"))
+int tutti_gather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                       size_t sendcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(GATHER_ARGS("gather_async"))
 
-                                                                        int tutti_gatherv(
-                                                                            tutti_comm_t *comm,
-                                                                            const void *sendbuf,
-                                                                            size_t sendcount,
-                                                                            void *recvbuf,
-                                                                            const size_t
-                                                                                *recvcounts,
-                                                                            const size_t *displs,
-                                                                            tutti_dtype_t dtype,
-                                                                            int root) SYNC(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts,
-                                                                                           .rdispls = displs)
+int tutti_gatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                  const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype, int root)
+SYNC(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
-                                                                            int tutti_gatherv_async(
-                                                                                tutti_comm_t *comm,
-                                                                                const void
-                                                                                    *sendbuf,
-                                                                                size_t sendcount,
-                                                                                void *recvbuf,
-                                                                                const size_t
-                                                                                    *recvcounts,
-                                                                                const size_t
-                                                                                    *displs,
-                                                                                tutti_dtype_t dtype,
-                                                                                int root,
-                                                                                tutti_work_t *
-                                                                                    *work_p) ASYNC(GATHER_ARGS("gatherv_async"),
-                                                                                                   .is_v =
-                                                                                                       1,
-                                                                                                   .recvcounts = recvcounts, .rdispls = displs)
+int tutti_gatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                        void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                        tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(GATHER_ARGS("gatherv_async"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
 
-#define SCATTER_ARGS(nm)                                                                           \
-    .name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,                   \
+#define SCATTER_ARGS(nm)                                                                \
+    .name = nm, .coll = TT_COLL_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,        \
     .count = recvcount, .dtype = dtype, .root = root
 
-                                                                                int tutti_scatter(
-                                                                                    tutti_comm_t
-                                                                                        *comm,
-                                                                                    const void
-                                                                                        *sendbuf,
-                                                                                    void *recvbuf,
-                                                                                    size_t
-                                                                                        recvcount,
-                                                                                    tutti_dtype_t
-                                                                                        dtype,
-                                                                                    int root) SYNC(SCATTER_ARGS("scatter"))
+int tutti_scatter(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                  tutti_dtype_t dtype, int root)
+SYNC(SCATTER_ARGS("scatter"))
 
-                                                                                    int tutti_scatter_async(
-                                                                                        tutti_comm_t
-                                                                                            *comm,
-                                                                                        const void *
-                                                                                            sendbuf,
-                                                                                        void *
-                                                                                            recvbuf,
-                                                                                        size_t
-                                                                                            recvcount,
-                                                                                        tutti_dtype_t
-                                                                                            dtype,
-                                                                                        int root,
-                                                                                        tutti_work_t **
-                                                                                            work_p) ASYNC(SCATTER_ARGS("scatter_async"))
+int tutti_scatter_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                        size_t recvcount, tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(SCATTER_ARGS("scatter_async"))
 
-                                                                                        int tutti_scatterv(
-                                                                                            tutti_comm_t
-                                                                                                *comm,
-                                                                                            const void
-                                                                                                *sendbuf,
-                                                                                            const size_t
-                                                                                                *sendcounts,
-                                                                                            const size_t
-                                                                                                *displs,
-                                                                                            void *
-                                                                                                recvbuf,
-                                                                                            size_t
-                                                                                                recvcount,
-                                                                                            tutti_dtype_t
-                                                                                                dtype,
-                                                                                            int root) SYNC(SCATTER_ARGS("scatterv"),
-                                                                                                           .is_v =
-                                                                                                               1,
-                                                                                                           .sendcounts = sendcounts,
-                                                                                                           .sdispls = displs)
+int tutti_scatterv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                   const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
+                   int root)
+SYNC(SCATTER_ARGS("scatterv"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
 
-                                                                                            int tutti_scatterv_async(
-                                                                                                tutti_comm_t
-                                                                                                    *comm,
-                                                                                                const void
-                                                                                                    *sendbuf,
-                                                                                                const size_t
-                                                                                                    *sendcounts,
-                                                                                                const size_t
-                                                                                                    *displs,
-                                                                                                void *
-                                                                                                    recvbuf,
-                                                                                                size_t
-                                                                                                    recvcount,
-                                                                                                tutti_dtype_t
-                                                                                                    dtype,
-                                                                                                int root,
-                                                                                                tutti_work_t
-                                                                                                    **work_p)
-                                                                                                ASYNC(
-                                                                                                    SCATTER_ARGS(
-                                                                                                        "scatterv_async"),
-                                                                                                    .is_v =
-                                                                                                        1,
-                                                                                                    .sendcounts =
-                                                                                                        sendcounts,
-                                                                                                    .sdispls =
-                                                                                                        displs)
+int tutti_scatterv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                         const size_t *displs, void *recvbuf, size_t recvcount,
+                         tutti_dtype_t dtype, int root, tutti_work_t **work_p)
+ASYNC(SCATTER_ARGS("scatterv_async"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
 
-#define A2A_ARGS(nm)                                                                               \
-    .name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf, .dtype = dtype
+#define A2A_ARGS(nm)                                                                    \
+    .name = nm, .coll = TT_COLL_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf,       \
+    .dtype = dtype
 
-                                                                                                    int tutti_alltoall(
-                                                                                                        tutti_comm_t
-                                                                                                            *comm,
-                                                                                                        const void
-                                                                                                            *sendbuf,
-                                                                                                        void *
-                                                                                                            recvbuf,
-                                                                                                        size_t
-                                                                                                            count,
-                                                                                                        tutti_dtype_t
-                                                                                                            dtype) SYNC(A2A_ARGS("alltoall"),
-                                                                                                                        .count =
-                                                                                                                            count)
+int tutti_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                   tutti_dtype_t dtype)
+SYNC(A2A_ARGS("alltoall"), .count = count)
 
-                                                                                                        int tutti_alltoall_async(
-                                                                                                            tutti_comm_t
-                                                                                                                *comm,
-                                                                                                            const void
-                                                                                                                *sendbuf,
-                                                                                                            void *
-                                                                                                                recvbuf,
-                                                                                                            size_t
-                                                                                                                count,
-                                                                                                            tutti_dtype_t
-                                                                                                                dtype,
-                                                                                                            tutti_work_t
-                                                                                                                **work_p)
-                                                                                                            ASYNC(
-                                                                                                                A2A_ARGS(
-                                                                                                                    "alltoall_async"),
-                                                                                                                .count =
-                                                                                                                    count)
+int tutti_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(A2A_ARGS("alltoall_async"), .count = count)
 
-#define A2AV_ARGS(nm)                                                                              \
-    A2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,                         \
-                  .recvcounts = recvcounts, .rdispls = rdispls
+#define A2AV_ARGS(nm)                                                                   \
+    A2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,              \
+        .recvcounts = recvcounts, .rdispls = rdispls
 
-                                                                                                                int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
-                                                                                                                                    void *
-                                                                                                                                        recvbuf,
-                                                                                                                                    const size_t
-                                                                                                                                        *recvcounts,
-                                                                                                                                    const size_t
-                                                                                                                                        *rdispls,
-                                                                                                                                    tutti_dtype_t
-                                                                                                                                        dtype)
-                                                                                                                    SYNC(A2AV_ARGS(
-                                                                                                                        "alltoallv"))
+int tutti_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                    const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                    const size_t *rdispls, tutti_dtype_t dtype)
+SYNC(A2AV_ARGS("alltoallv"))
 
-                                                                                                                        int tutti_alltoallv_async(
-                                                                                                                            tutti_comm_t
-                                                                                                                                *comm,
-                                                                                                                            const void
-                                                                                                                                *sendbuf,
-                                                                                                                            const size_t
-                                                                                                                                *sendcounts,
-                                                                                                                            const size_t
-                                                                                                                                *sdispls,
-                                                                                                                            void *
-                                                                                                                                recvbuf,
-                                                                                                                            const size_t
-                                                                                                                                *recvcounts,
-                                                                                                                            const size_t
-                                                                                                                                *rdispls,
-                                                                                                                            tutti_dtype_t
-                                                                                                                                dtype,
-                                                                                                                            tutti_work_t
-                                                                                                                                **work_p)
-                                                                                                                            ASYNC(A2AV_ARGS(
-                                                                                                                                "alltoallv_async"))
+int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                          const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                          const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(A2AV_ARGS("alltoallv_async"))
 
-    /* ---- point to point ---- */
+/* ---- point to point ---- */
 
-    static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
-                         tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
-                         int async)
+static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                     int async)
 {
     const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
     if (!comm)
@@ -797,3 +624,4 @@ int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t 
 {
     return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1);
 }
+/* clang-format on */

@@ -167,19 +167,18 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
 /* One dtype x op, three shapes: k2 dst = dst op src, k2r dst = src op dst (tt_reduce3
  * with dst == b), k3 dst = a op b (a may equal b: both are only read). ST is the stored
  * element type, CT the type computed in. */
+/* k2 (X = d, Y = s) or k2r (X = s, Y = d) for one dtype and op. */
+#define TT_DEF_K2(k, isa, attr, nm, ST, CT, LD, STO, OP, X, Y)                                     \
+    attr static void tt_##k##_##nm##_##isa(void *restrict dv, const void *restrict sv, size_t n)   \
+    {                                                                                              \
+        ST *restrict d = dv;                                                                       \
+        const ST *restrict s = sv;                                                                 \
+        TT_KLOOP(d, X, Y, CT, LD, STO, OP)                                                         \
+    }
+
 #define TT_DEF_KERNELS(isa, attr, nm, ST, CT, LD, STO, OP)                                         \
-    attr static void tt_k2_##nm##_##isa(void *restrict dv, const void *restrict sv, size_t n)      \
-    {                                                                                              \
-        ST *restrict d = dv;                                                                       \
-        const ST *restrict s = sv;                                                                 \
-        TT_KLOOP(d, d, s, CT, LD, STO, OP)                                                         \
-    }                                                                                              \
-    attr static void tt_k2r_##nm##_##isa(void *restrict dv, const void *restrict sv, size_t n)     \
-    {                                                                                              \
-        ST *restrict d = dv;                                                                       \
-        const ST *restrict s = sv;                                                                 \
-        TT_KLOOP(d, s, d, CT, LD, STO, OP)                                                         \
-    }                                                                                              \
+    TT_DEF_K2(k2, isa, attr, nm, ST, CT, LD, STO, OP, d, s)                                        \
+    TT_DEF_K2(k2r, isa, attr, nm, ST, CT, LD, STO, OP, s, d)                                       \
     attr static void tt_k3_##nm##_##isa(void *restrict dv, const void *restrict av,                \
                                         const void *restrict bv, size_t n)                         \
     {                                                                                              \
@@ -335,22 +334,20 @@ TT_BF16_ATTR static inline __attribute__((always_inline)) __m256i tt_bf16_round(
 
 /* k2, k2r and k3 for one 16-bit float type and op: STEP elements per BODY, then the
  * portable kernel of the same shape for the tail. */
+/* k2 (X = d, Y = s) or k2r (X = s, Y = d) for one 16-bit float type and op. */
+#define TT_DEF_V16_K2(k, dt, nm, ATTR, STEP, BODY, VOP, X, Y)                                      \
+    ATTR static void tt_##k##_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,        \
+                                                size_t n)                                          \
+    {                                                                                              \
+        char *restrict d = dv;                                                                     \
+        const char *restrict s = sv;                                                               \
+        TT_V16LOOP(d, X, Y, STEP, BODY, VOP)                                                       \
+        tt_##k##_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                               \
+    }
+
 #define TT_DEF_V16(dt, nm, ATTR, STEP, BODY, VOP)                                                  \
-    ATTR static void tt_k2_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv, size_t n) \
-    {                                                                                              \
-        char *restrict d = dv;                                                                     \
-        const char *restrict s = sv;                                                               \
-        TT_V16LOOP(d, d, s, STEP, BODY, VOP)                                                       \
-        tt_k2_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                                  \
-    }                                                                                              \
-    ATTR static void tt_k2r_##dt##_##nm##_x86(void *restrict dv, const void *restrict sv,          \
-                                              size_t n)                                            \
-    {                                                                                              \
-        char *restrict d = dv;                                                                     \
-        const char *restrict s = sv;                                                               \
-        TT_V16LOOP(d, s, d, STEP, BODY, VOP)                                                       \
-        tt_k2r_##dt##_##nm##_generic(d + 2 * i, s + 2 * i, n - i);                                 \
-    }                                                                                              \
+    TT_DEF_V16_K2(k2, dt, nm, ATTR, STEP, BODY, VOP, d, s)                                         \
+    TT_DEF_V16_K2(k2r, dt, nm, ATTR, STEP, BODY, VOP, s, d)                                        \
     ATTR static void tt_k3_##dt##_##nm##_x86(void *restrict dv, const void *restrict av,           \
                                              const void *restrict bv, size_t n)                    \
     {                                                                                              \
