@@ -201,6 +201,23 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
     }
 }
 
+/* A read that moved nothing: 0 when the socket would block, else the link fails (the
+ * peer closed it, or an error) and -1. */
+static ssize_t read_ended(tcp_link_t *L, ssize_t r, const char *what)
+{
+    if (r == 0) {
+        link_fail(L, TUTTI_ERR_PEER, 0,
+                  "rank %d (%s) closed the connection%s%s (did it exit, crash or get killed?)",
+                  L->peer, L->addr, what ? " " : "", what ? what : "");
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 0;
+    link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving", L->peer,
+              L->addr);
+    return -1;
+}
+
 /* recv() with the error handling every read shares: > 0 bytes, 0 would block, < 0 the
  * link failed. */
 static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
@@ -209,20 +226,8 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
         if (r > 0)
             return r;
-        if (r == 0) {
-            link_fail(L, TUTTI_ERR_PEER, 0,
-                      "rank %d (%s) closed the connection%s%s (did it exit, crash or get "
-                      "killed?)",
-                      L->peer, L->addr, what ? " " : "", what ? what : "");
-            return -1;
-        }
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
-                  L->peer, L->addr);
-        return -1;
+        if (r == 0 || errno != EINTR)
+            return read_ended(L, r, what);
     }
 }
 
@@ -266,20 +271,8 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
         ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
         if (r > 0)
             return r;
-        if (r == 0) {
-            link_fail(L, TUTTI_ERR_PEER, 0,
-                      "rank %d (%s) closed the connection %s (did it exit, crash or get "
-                      "killed?)",
-                      L->peer, L->addr, what);
-            return -1;
-        }
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
-                  L->peer, L->addr);
-        return -1;
+        if (r == 0 || errno != EINTR)
+            return read_ended(L, r, what);
     }
 }
 
