@@ -49,6 +49,7 @@ bench)
 test)
     install_deps
     install_deps clang-format-14
+    install_deps python3-numpy python3-pytest # the python suite (python/tests)
     tools/dev/format.sh --check # the tree follows .clang-format
     build build
     meson test -C build --print-errorlogs

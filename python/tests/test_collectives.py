@@ -1,0 +1,167 @@
+"""Every collective x dtype x op on 2, 3 and 4 ranks, against NumPy references computed
+here from every rank's inputs (which each rank can rebuild: they depend on the rank)."""
+import numpy as np
+import pytest
+
+import tutti
+from ranks import run
+
+# (tutti dtype, NumPy storage type): bf16 travels as its 16 bits in uint16.
+DTYPES = [("i8", np.int8), ("u8", np.uint8), ("i32", np.int32), ("i64", np.int64),
+          ("f16", np.float16), ("bf16", np.uint16), ("f32", np.float32), ("f64", np.float64)]
+OPS = ["sum", "prod", "min", "max", "avg"]
+N = 37  # elements per rank: not a multiple of anything the algorithms chunk by
+
+
+def values(rank, dt, n=N, op="sum"):
+    """Small integers, exact in every dtype and every reduction of up to 4 ranks."""
+    rng = np.random.default_rng(1000 + rank)
+    lo, hi = (0, 3) if dt == "u8" else (-2, 3)
+    v = rng.integers(lo, hi, n).astype(np.float64)
+    if op == "prod":
+        v[v == 0] = 1
+    return v
+
+
+def encode(v, dt, storage):
+    if dt == "bf16":
+        return (v.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return v.astype(storage)
+
+
+def decode(a, dt):
+    if dt == "bf16":
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def reference(op, dt, size, n=N):
+    stack = np.stack([values(r, dt, n, op) for r in range(size)])
+    if op == "sum":
+        return stack.sum(0)
+    if op == "prod":
+        return stack.prod(0)
+    if op == "min":
+        return stack.min(0)
+    if op == "max":
+        return stack.max(0)
+    s = stack.sum(0) / size
+    return np.trunc(s) if dt in ("i8", "u8", "i32", "i64") else s
+
+
+def close(got, want, dt):
+    tol = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-6}.get(dt, 1e-12)
+    return np.allclose(got, want, rtol=tol, atol=tol)
+
+
+def reductions(comm):
+    """allreduce (in and out of place, async), reduce, reduce_scatter(v): every dtype
+    and op. Returns a list of failures (empty when all agree)."""
+    bad, size, rank = [], comm.size, comm.rank
+    for dt, storage in DTYPES:
+        for op in OPS:
+            want = reference(op, dt, size)
+            mine = encode(values(rank, dt, op=op), dt, storage)
+            a = mine.copy()
+            comm.allreduce(a, op=op, dtype=dt)
+            out = np.zeros_like(mine)
+            comm.allreduce(mine, out, op=op, dtype=dt, async_op=True).wait()
+            for name, got in (("allreduce in place", a), ("allreduce", out)):
+                if not close(decode(got, dt), want, dt):
+                    bad.append(f"{name} {dt} {op}")
+            red = np.zeros_like(mine)
+            comm.reduce(mine, red if rank == 1 % size else None, op=op, root=1 % size,
+                        dtype=dt)
+            if rank == 1 % size and not close(decode(red, dt), want, dt):
+                bad.append(f"reduce {dt} {op}")
+            big = encode(np.concatenate([values(rank * 10 + b, dt, 5, op)
+                                         for b in range(size)]), dt, storage)
+            rs = np.zeros(5, storage)
+            comm.reduce_scatter(big, rs, op=op, dtype=dt)
+            want_rs = np.stack([values(r * 10 + rank, dt, 5, op) for r in range(size)])
+            want_rs = {"sum": want_rs.sum(0), "prod": want_rs.prod(0), "min": want_rs.min(0),
+                       "max": want_rs.max(0), "avg": want_rs.sum(0) / size}[op]
+            if op == "avg" and dt in ("i8", "u8", "i32", "i64"):
+                want_rs = np.trunc(want_rs)
+            if not close(decode(rs, dt), want_rs, dt):
+                bad.append(f"reduce_scatter {dt} {op}")
+    return bad
+
+
+def movements(comm):
+    """broadcast, allgather(v), gather(v), scatter(v), alltoall(v), send/recv, barrier on
+    bytes-exact data; returns the failures."""
+    bad, size, rank = [], comm.size, comm.rank
+    blk = lambda r, n=6: (np.arange(n, dtype=np.int64) + 100 * r + 1)  # noqa: E731
+    b = blk(rank) if rank == 0 else np.zeros(6, np.int64)
+    comm.broadcast(b, root=0)
+    bad += [] if np.array_equal(b, blk(0)) else ["broadcast"]
+    ag = np.zeros(6 * size, np.int64)
+    comm.allgather(blk(rank), ag)
+    bad += [] if np.array_equal(ag, np.concatenate([blk(r) for r in range(size)])) else ["allgather"]
+    counts = [r + 1 for r in range(size)]
+    agv = np.zeros(sum(counts), np.int64)
+    comm.allgatherv(blk(rank, counts[rank]), agv, counts)
+    want = np.concatenate([blk(r, counts[r]) for r in range(size)])
+    bad += [] if np.array_equal(agv, want) else ["allgatherv"]
+    root = size - 1
+    g = np.zeros(6 * size, np.int64)
+    comm.gather(blk(rank), g, root=root)
+    if rank == root and not np.array_equal(g, np.concatenate([blk(r) for r in range(size)])):
+        bad.append("gather")
+    gv = np.zeros(sum(counts), np.int64)
+    comm.gatherv(blk(rank, counts[rank]), gv, counts, root=root)
+    if rank == root and not np.array_equal(gv, want):
+        bad.append("gatherv")
+    s = np.zeros(6, np.int64)
+    comm.scatter(np.concatenate([blk(r) for r in range(size)]), s, root=root)
+    bad += [] if np.array_equal(s, blk(rank)) else ["scatter"]
+    sv = np.zeros(counts[rank], np.int64)
+    comm.scatterv(want, counts, sv, root=root)
+    bad += [] if np.array_equal(sv, blk(rank, counts[rank])) else ["scatterv"]
+    a2a = np.concatenate([blk(rank * size + j, 3) for j in range(size)])
+    out = np.zeros_like(a2a)
+    comm.alltoall(a2a, out)
+    want = np.concatenate([blk(i * size + rank, 3) for i in range(size)])
+    bad += [] if np.array_equal(out, want) else ["alltoall"]
+    sc = [j + 1 for j in range(size)]          # rank -> j: j+1 elements
+    rc = [rank + 1] * size                     # from every i: rank+1 elements
+    send = np.concatenate([blk(rank * size + j, sc[j]) for j in range(size)])
+    recv = np.zeros(sum(rc), np.int64)
+    comm.alltoallv(send, sc, recv, rc)
+    want = np.concatenate([blk(i * size + rank, rank + 1) for i in range(size)])
+    bad += [] if np.array_equal(recv, want) else ["alltoallv"]
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = np.zeros(4, np.float32)
+    w = comm.recv(got, prv, tag=7, async_op=True)
+    comm.send(np.full(4, rank, np.float32), nxt, tag=7)
+    w.wait()
+    bad += [] if np.array_equal(got, np.full(4, prv, np.float32)) else ["send/recv"]
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_reductions(size, transport):
+    assert run(reductions, size, transport=transport) == [[]] * size
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_movements(size, transport):
+    assert run(movements, size, transport=transport) == [[]] * size
+
+
+def test_torch_tensors_through_dlpack():
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        t = torch.full((3, 4), float(comm.rank + 1), dtype=torch.bfloat16)
+        comm.allreduce(t)
+        o = torch.zeros(8, dtype=torch.float64)
+        comm.allgather(torch.arange(4, dtype=torch.float64) + comm.rank, o)
+        return t.float().sum().item(), o.tolist()
+
+    got = run(body, 2)
+    assert got[0] == got[1] == (12 * 3.0, [0, 1, 2, 3, 1, 2, 3, 4])

@@ -1,0 +1,154 @@
+"""Bad arguments, mismatched calls and dead ranks raise tutti errors naming what went
+wrong; nothing crashes or hangs; the GIL is free while a call blocks."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tutti
+from ranks import launch, run
+
+
+def test_error_classes_follow_the_status_list():
+    assert issubclass(tutti.TimeoutError, tutti.Error)
+    assert issubclass(tutti.TimeoutError, TimeoutError)
+    assert issubclass(tutti.InvalidArgError, ValueError)
+    assert tutti.MismatchError.status == -5 and tutti.InUseError.status == -18
+    assert tutti.PeerError("x").status_name == "TUTTI_ERR_PEER"
+
+
+def bad_arguments(comm):
+    seen = []
+
+    def expect(cls, fn, *words):
+        try:
+            fn()
+        except cls as e:
+            missing = [w for w in words if w not in str(e)]
+            seen.append(f"{cls.__name__}: {e}" if not missing else f"MISSING {missing}: {e}")
+        else:
+            seen.append(f"no {cls.__name__}")
+
+    a = np.zeros(8, np.float32)
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, np.zeros(9, np.float32)),
+           "32 bytes", "36")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, ro), "read-only")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros((4, 4))[:, 1]), "contiguous")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.uint32)), "element type")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, np.zeros(8, np.int32)), "f32", "i32")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, op="band"), "band")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, dtype="f64"), "8-byte")
+    expect(TypeError, lambda: comm.allreduce(3.5), "neither a buffer")
+    expect(tutti.InvalidArgError, lambda: comm.broadcast(a, root=comm.size), "root")
+    expect(tutti.InvalidArgError, lambda: comm.allgather(a, np.zeros(3, np.float32)), "bytes")
+    expect(tutti.InvalidArgError, lambda: comm.alltoall(np.zeros(3 * comm.size + 1)), "blocks")
+    expect(tutti.InvalidArgError, lambda: comm.allgatherv(a, a, [1]), "entries")
+    # the communicator still works after all that
+    b = np.ones(3, np.int32)
+    comm.allreduce(b)
+    seen.append(b.tolist())
+    return seen
+
+
+def test_bad_arguments_raise_clearly():
+    for rank_seen in run(bad_arguments, 2):
+        assert rank_seen[-1] == [2, 2, 2]
+        assert not [s for s in rank_seen[:-1] if s.startswith(("no ", "MISSING"))], rank_seen
+
+
+def mismatched(comm):
+    a = np.zeros(10 + comm.rank, np.float32)
+    try:
+        comm.allreduce(a)
+    except tutti.MismatchError as e:
+        return str(e)
+    return "no error"
+
+
+def test_mismatched_collective_raises_on_every_rank():
+    got = run(mismatched, 2, stall_check_ms=200)
+    for text in got:
+        assert "mismatch" in text.lower() or "10" in text, got
+        assert "no error" not in text
+
+
+def killed(comm):
+    a = np.ones(1 << 16, np.float32)
+    comm.allreduce(a)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            comm.allreduce(a)
+    except tutti.Error as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "no error", "", 0
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_killed_rank_is_named(transport):
+    got = launch(killed, 3, timeout=30, transport=transport, timeout_ms=5000)
+    assert 1 not in got
+    for r in (0, 2):
+        kind, (cls, text, secs) = got[r]
+        assert kind == "ok" and cls != "no error", got[r]
+        assert "rank 1" in text, text
+        assert secs < 5.5, secs
+
+
+def gil_free(comm):
+    a = np.ones(4, np.float32)
+    if comm.rank == 0:
+        time.sleep(1.0)
+        comm.allreduce(a)
+        return None
+    ticks = [0]
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    comm.allreduce(a)  # blocks ~1 s waiting for rank 0
+    stop.set()
+    t.join()
+    return ticks[0]
+
+
+def test_gil_is_released_while_blocking():
+    ticks = run(gil_free, 2)[1]
+    assert ticks > 200, ticks
+
+
+def work_timeout(comm):
+    a = np.ones(4, np.float32)
+    if comm.rank == 0:
+        w = comm.allreduce(a, async_op=True)
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=0.3)
+            r = "no timeout"
+        except tutti.TimeoutError:
+            r = round(time.monotonic() - t0, 1)
+        done_before = w.is_completed()
+        comm.barrier()  # rank 1 joins the allreduce, then the barrier
+        w.wait()
+        return r, done_before, a.tolist()
+    time.sleep(1.0)
+    comm.allreduce(a)
+    comm.barrier()
+    return None
+
+
+def test_work_wait_timeout_then_completes():
+    r, done_before, vals = run(work_timeout, 2)[0]
+    assert r == 0.3 and done_before is False and vals == [2.0] * 4

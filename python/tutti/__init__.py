@@ -1,0 +1,462 @@
+"""tutti: collective communication for CPU processes, from Python.
+
+A thin binding over libtutti (ctypes): every collective and send/recv works on any
+buffer-protocol object (NumPy arrays, bytearray, memoryview) and on DLPack tensors (CPU
+torch tensors) without copying, blocking or async. The GIL is released while a call
+blocks. Failures raise tutti.Error subclasses carrying the status and the library's
+explanation (rank, peer, op). See docs/python.md.
+"""
+import ctypes
+
+from . import _lib
+from ._buffer import Buffer, dtype_of
+from ._errors import *  # noqa: F401,F403 (the Error classes)
+from ._errors import Error, InvalidArgError, error_for
+
+__all__ = ["Store", "Communicator", "Work", "Error", "version"]
+
+version = "0.1.0"
+_lib_ = _lib.lib
+SUM, PROD, MIN, MAX, AVG = range(5)
+
+
+def _op(op):
+    if isinstance(op, int):
+        return op
+    out = ctypes.c_int()
+    if _lib_.tutti_redop_parse(str(op).encode(), ctypes.byref(out)) < 0:
+        raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg)")
+    return out.value
+
+
+def _sizes(values, n, what):
+    if values is None:
+        return None
+    values = list(values)
+    if len(values) != n:
+        raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} ranks")
+    if any(v < 0 for v in values):
+        raise InvalidArgError(f"tutti: {what} has a negative entry")
+    return (ctypes.c_size_t * n)(*values)
+
+
+class Store:
+    """A rendezvous store: Store("file:///tmp/job") or Store("tcp://host:port",
+    is_server=True, auth_token=...). Options are tutti_store_opts_t's fields."""
+
+    def __init__(self, url, **opts):
+        o, keep = _lib.store_opts(opts)
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
+        del keep
+        if st < 0:
+            raise error_for(st, f"tutti: cannot open store {url}: {_lib_.tutti_strerror(st).decode()}")
+        self._h = h
+        self._base = None
+
+    @classmethod
+    def _view(cls, base, prefix):
+        self = cls.__new__(cls)
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_store_open_prefixed(ctypes.byref(h), base._handle(), prefix.encode())
+        if st < 0:
+            raise error_for(st, "tutti: cannot open a prefixed store view")
+        self._h, self._base = h, base
+        return self
+
+    def prefixed(self, prefix):
+        """A view that puts prefix before every key (keeps this store alive)."""
+        return Store._view(self, prefix)
+
+    def _handle(self):
+        if not self._h:
+            raise Error("tutti: the store is closed", -15)
+        return self._h
+
+    def _check(self, st):
+        if st < 0:
+            raise error_for(st, _lib_.tutti_store_last_error(self._h).decode())
+        return st
+
+    @property
+    def url(self):
+        return _lib_.tutti_store_url(self._handle()).decode()
+
+    @property
+    def port(self):
+        return _lib_.tutti_store_port(self._handle())
+
+    def set(self, key, value):
+        value = bytes(value)
+        self._check(_lib_.tutti_store_set(self._handle(), key.encode(), value, len(value)))
+
+    def get(self, key, timeout_ms=-1):
+        p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        self._check(_lib_.tutti_store_get(self._handle(), key.encode(), ctypes.byref(p),
+                                          ctypes.byref(n), timeout_ms))
+        try:
+            return ctypes.string_at(p, n.value)
+        finally:
+            _lib.libc.free(p)
+
+    def add(self, key, delta=1):
+        out = ctypes.c_int64()
+        self._check(_lib_.tutti_store_add(self._handle(), key.encode(), delta, ctypes.byref(out)))
+        return out.value
+
+    def compare_set(self, key, expected, desired):
+        """Set key to desired if its value is expected (b"" for a missing key); returns
+        the value after the call."""
+        p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        expected, desired = bytes(expected), bytes(desired)
+        self._check(_lib_.tutti_store_compare_set(self._handle(), key.encode(), expected,
+                                                  len(expected), desired, len(desired),
+                                                  ctypes.byref(p), ctypes.byref(n)))
+        try:
+            return ctypes.string_at(p, n.value)
+        finally:
+            _lib.libc.free(p)
+
+    @staticmethod
+    def _keys(keys):
+        arr = (ctypes.c_char_p * len(keys))(*[k.encode() for k in keys])
+        return arr, len(keys)
+
+    def check(self, keys):
+        arr, n = self._keys(keys)
+        out = ctypes.c_int()
+        self._check(_lib_.tutti_store_check(self._handle(), arr, n, ctypes.byref(out)))
+        return bool(out.value)
+
+    def wait(self, keys, timeout_ms=-1):
+        arr, n = self._keys(keys)
+        self._check(_lib_.tutti_store_wait(self._handle(), arr, n, timeout_ms))
+
+    def delete(self, key):
+        out = ctypes.c_int()
+        self._check(_lib_.tutti_store_delete(self._handle(), key.encode(), ctypes.byref(out)))
+        return bool(out.value)
+
+    def close(self):
+        if self._h:
+            _lib_.tutti_store_close(self._h)
+            self._h = None
+        self._base = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Work:
+    """An operation in flight. It holds the buffers it uses until it completes."""
+
+    __slots__ = ("_w", "_bufs", "_comm", "_status")
+
+    def __init__(self, handle, bufs, comm):
+        self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
+
+    def is_completed(self):
+        """Whether the operation finished (successfully or not); never blocks."""
+        if self._w is None:
+            return True
+        done = ctypes.c_int()
+        st = _lib_.tutti_test(self._w, ctypes.byref(done))
+        if done.value:
+            self._finish_and_keep(st)
+            return True
+        return False
+
+    def _finish_and_keep(self, st):
+        msg = _lib_.tutti_work_error(self._w).decode() if st < 0 else ""
+        self._finish_plain(st, msg)
+
+    def _finish_plain(self, st, msg):
+        _lib_.tutti_work_free(self._w)
+        self._w = None
+        for b in self._bufs:
+            b.release()
+        self._bufs = ()
+        self._status = (st, msg)
+
+    def wait(self, timeout=None):
+        """Wait until done (timeout in seconds; None: the communicator's timeout). Raises
+        the operation's error, or tutti.TimeoutError if it still runs at the timeout."""
+        if self._w is not None:
+            ms = -1 if timeout is None else max(0, int(timeout * 1000))
+            st = _lib_.tutti_wait(self._w, ms)
+            done = ctypes.c_int()
+            if st == -3 and _lib_.tutti_test(self._w, ctypes.byref(done)) == 0 and not done.value:
+                raise error_for(-3, f"tutti: the operation still runs after {timeout} s")
+            self._finish_and_keep(st)
+        st, msg = self._status
+        if st < 0:
+            raise error_for(st, msg)
+        return True
+
+    def exception(self):
+        """The operation's error once it completed with one, else None."""
+        if not self.is_completed():
+            return None
+        st, msg = self._status
+        return error_for(st, msg) if st < 0 else None
+
+    def __del__(self):
+        # The library may still write the buffers: keep them until it is done.
+        if getattr(self, "_w", None) is not None:
+            _lib_.tutti_wait(self._w, -1)
+            self._finish_plain(0, "")
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Communicator(store, rank, size, **opts) joins through a Store; from_env() reads
+    TUTTI_RANK/TUTTI_WORLD_SIZE/TUTTI_STORE or torchrun's variables. opts are
+    tutti_comm_opts_t's fields (timeout_ms, transport, algo, job_id ...)."""
+
+    def __init__(self, store, rank, size, **opts):
+        self._init(store, lambda h, o: _lib_.tutti_comm_init(h, store._handle(), rank, size, o),
+                   opts)
+
+    @classmethod
+    def from_env(cls, **opts):
+        self = cls.__new__(cls)
+        self._init(None, lambda h, o: _lib_.tutti_comm_init_env(h, o), opts)
+        return self
+
+    def _init(self, store, call, opts):
+        self._h = None
+        o, keep = _lib.comm_opts(opts)
+        h = ctypes.c_void_p()
+        st = call(ctypes.byref(h), ctypes.byref(o))
+        del keep
+        if st < 0:
+            # A failed init leaves no communicator to ask: the log has the detail.
+            where = store.url if store is not None else "the environment"
+            raise error_for(st, f"tutti: communicator set-up through {where} failed: "
+                                f"{_lib_.tutti_strerror(st).decode()} (TUTTI_DEBUG=info "
+                                "logs the cause)")
+        self._h, self._store = h, store
+        self.rank = _lib_.tutti_comm_rank(h)
+        self.size = _lib_.tutti_comm_size(h)
+
+    def _handle(self):
+        if not self._h:
+            raise error_for(-15, "tutti: the communicator was destroyed")
+        return self._h
+
+    @property
+    def transport(self):
+        return _lib_.tutti_comm_transport(self._handle()).decode()
+
+    def algo_for(self, coll, nbytes):
+        return _lib_.tutti_comm_algo_for(self._handle(), coll.encode(), nbytes).decode()
+
+    @property
+    def last_error(self):
+        return _lib_.tutti_comm_last_error(self._handle()).decode()
+
+    def abort(self):
+        _lib_.tutti_comm_abort(self._handle())
+
+    def destroy(self):
+        if self._h:
+            _lib_.tutti_comm_destroy(self._h)
+            self._h = None
+        self._store = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    def __del__(self):
+        self.destroy()
+
+    # ---- the calls: buffers in, the C function, errors out ----
+
+    def _run(self, name, bufs, args, async_op):
+        h = self._handle()
+        if not async_op:
+            try:
+                st = getattr(_lib_, "tutti_" + name)(h, *args)
+            finally:
+                for b in bufs:
+                    b.release()
+            if st < 0:
+                raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
+            return None
+        w = ctypes.c_void_p()
+        st = getattr(_lib_, f"tutti_{name}_async")(h, *args, ctypes.byref(w))
+        if st < 0:
+            for b in bufs:
+                b.release()
+            raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
+        return Work(w, bufs, self)
+
+    @staticmethod
+    def _pair(send, recv, dtype, what):
+        """recv (written) and send (read; None or recv itself: in place), same dtype."""
+        out = Buffer(recv, f"{what}'s output", True, dtype)
+        if send is None or send is recv:
+            return out, None, _lib.IN_PLACE
+        try:
+            inp = Buffer(send, f"{what}'s input", False, dtype)
+        except Exception:
+            out.release()
+            raise
+        if dtype is None and inp.dtype != out.dtype:
+            inp.release(), out.release()
+            raise InvalidArgError(f"tutti: {what}'s input is {_name(inp.dtype)} and its "
+                                  f"output {_name(out.dtype)}")
+        return out, inp, inp.ptr
+
+    @staticmethod
+    def _expect(buf, nbytes, what, others=()):
+        if buf is not None and buf.nbytes != nbytes:
+            for b in (buf,) + tuple(others):
+                if b is not None:
+                    b.release()
+            raise InvalidArgError(f"tutti: {what} holds {buf.nbytes} bytes, the call "
+                                  f"needs {nbytes}")
+
+    def allreduce(self, buf, out=None, op="sum", dtype=None, async_op=False):
+        """Reduce buf over the ranks into out (None: in place into buf)."""
+        if out is None:
+            o, i, sp = self._pair(None, buf, dtype, "allreduce")
+        else:
+            o, i, sp = self._pair(buf, out, dtype, "allreduce")
+            self._expect(i, o.nbytes, "allreduce's input", (o,))
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("allreduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op)
+
+    def broadcast(self, buf, root=0, dtype=None, async_op=False):
+        """root's buf to every rank's buf."""
+        b = Buffer(buf, "broadcast's buffer", True, dtype)
+        return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op)
+
+    def barrier(self, async_op=False):
+        return self._run("barrier", [], (), async_op)
+
+    def reduce(self, buf, out=None, op="sum", root=0, dtype=None, async_op=False):
+        """Reduce every rank's buf into root's out (None: in place into buf at root)."""
+        if self.rank != root or out is None:
+            i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype)
+            sp = _lib.IN_PLACE if self.rank == root else i.ptr
+            rp = i.ptr if self.rank == root else None
+            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, _op(op), root), async_op)
+        o, i, sp = self._pair(buf, out, dtype, "reduce")
+        self._expect(i, o.nbytes, "reduce's input", (o,))
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op), root), async_op)
+
+    def allgather(self, buf, out, dtype=None, async_op=False):
+        """Every rank's buf, in rank order, into every rank's out (size x buf)."""
+        o, i, sp = self._pair(buf, out, dtype, "allgather")
+        self._expect(o, i.nbytes * self.size, "allgather's output", (i,))
+        return self._run("allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
+
+    def allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
+        o, i, sp = self._pair(None if buf is None else buf, out, dtype, "allgatherv")
+        c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("allgatherv", bufs, (sp, o.ptr, c, d, o.dtype), async_op)
+
+    def reduce_scatter(self, buf, out, op="sum", dtype=None, async_op=False):
+        """Rank r gets the reduction of every rank's block r of buf (size x out)."""
+        o, i, sp = self._pair(buf, out, dtype, "reduce_scatter")
+        self._expect(i, o.nbytes * self.size, "reduce_scatter's input", (o,))
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("reduce_scatter", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)),
+                         async_op)
+
+    def reduce_scatterv(self, buf, out, counts, op="sum", dtype=None, async_op=False):
+        o, i, sp = self._pair(buf, out, dtype, "reduce_scatterv")
+        c = _sizes(counts, self.size, "counts")
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, _op(op)), async_op)
+
+    def gather(self, buf, out=None, root=0, dtype=None, async_op=False):
+        """Every rank's buf into root's out (size x buf), in rank order."""
+        i = Buffer(buf, "gather's input", False, dtype)
+        bufs, rp = [i], None
+        if self.rank == root:
+            o = Buffer(out, "gather's output", True, i.dtype)
+            bufs.append(o)
+            self._expect(o, i.nbytes * self.size, "gather's output", (i,))
+            rp = o.ptr
+        return self._run("gather", bufs, (i.ptr, rp, i.count, i.dtype, root), async_op)
+
+    def gatherv(self, buf, out, counts, displs=None, root=0, dtype=None, async_op=False):
+        i = Buffer(buf, "gatherv's input", False, dtype)
+        bufs, rp, c, d = [i], None, None, None
+        if self.rank == root:
+            o = Buffer(out, "gatherv's output", True, i.dtype)
+            bufs.append(o)
+            rp = o.ptr
+            c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        return self._run("gatherv", bufs, (i.ptr, i.count, rp, c, d, i.dtype, root), async_op)
+
+    def scatter(self, buf, out, root=0, dtype=None, async_op=False):
+        """Block r of root's buf (size x out) to rank r's out."""
+        o = Buffer(out, "scatter's output", True, dtype)
+        bufs, sp = [o], None
+        if self.rank == root:
+            i = Buffer(buf, "scatter's input", False, o.dtype)
+            bufs.append(i)
+            self._expect(i, o.nbytes * self.size, "scatter's input", (o,))
+            sp = i.ptr
+        return self._run("scatter", bufs, (sp, o.ptr, o.count, o.dtype, root), async_op)
+
+    def scatterv(self, buf, counts, out, displs=None, root=0, dtype=None, async_op=False):
+        o = Buffer(out, "scatterv's output", True, dtype)
+        bufs, sp, c, d = [o], None, None, None
+        if self.rank == root:
+            i = Buffer(buf, "scatterv's input", False, o.dtype)
+            bufs.append(i)
+            sp = i.ptr
+            c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        return self._run("scatterv", bufs, (sp, c, d, o.ptr, o.count, o.dtype, root), async_op)
+
+    def alltoall(self, buf, out=None, dtype=None, async_op=False):
+        """Block j of buf to rank j; block i of out from rank i (out None: in place)."""
+        if out is None:
+            o, i, sp = self._pair(None, buf, dtype, "alltoall")
+        else:
+            o, i, sp = self._pair(buf, out, dtype, "alltoall")
+            self._expect(i, o.nbytes, "alltoall's input", (o,))
+        if o.count % self.size:
+            o.release(), i and i.release()
+            raise InvalidArgError(f"tutti: alltoall's buffer of {o.count} elements does not "
+                                  f"split into {self.size} blocks")
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("alltoall", bufs, (sp, o.ptr, o.count // self.size, o.dtype), async_op)
+
+    def alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None,
+                  recv_displs=None, dtype=None, async_op=False):
+        o, i, sp = self._pair(buf, out, dtype, "alltoallv")
+        n = self.size
+        args = (sp, _sizes(send_counts, n, "send_counts"), _sizes(send_displs, n, "send_displs"),
+                o.ptr, _sizes(recv_counts, n, "recv_counts"),
+                _sizes(recv_displs, n, "recv_displs"), o.dtype)
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run("alltoallv", bufs, args, async_op)
+
+    def send(self, buf, peer, tag=0, dtype=None, async_op=False):
+        b = Buffer(buf, "send's buffer", False, dtype)
+        return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
+
+    def recv(self, buf, peer, tag=0, dtype=None, async_op=False):
+        b = Buffer(buf, "recv's buffer", True, dtype)
+        return self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
+
+
+def _name(dtype):
+    return _lib_.tutti_dtype_name(dtype).decode()

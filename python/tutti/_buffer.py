@@ -1,0 +1,160 @@
+"""Buffers without copies: the buffer protocol (NumPy arrays, bytearray, memoryview) and
+DLPack (CPU torch tensors). A Buffer holds the exporter's buffer (or the DLPack capsule)
+until released, so the memory cannot move or go away while an operation uses it."""
+import ctypes
+
+from . import _lib
+from ._errors import InvalidArgError
+
+# tutti_dtype_t values by name, from the library's own names (TUTTI_INT8 = 0 ...).
+_DTYPE_NAMES = ["i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64"]
+
+
+def dtype_of(name):
+    """A dtype given as a tutti name ("f32", "bf16", "float" ...) or a NumPy/torch dtype."""
+    if isinstance(name, int):
+        return name
+    text = str(name)
+    for prefix in ("torch.", "numpy."):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    aliases = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+               "int8": "i8", "uint8": "u8", "int32": "i32", "int64": "i64",
+               "float": "f32", "double": "f64", "half": "f16", "int": "i32", "long": "i64"}
+    text = aliases.get(text, text)
+    out = ctypes.c_int()
+    if _lib.lib.tutti_dtype_parse(text.encode(), ctypes.byref(out)) < 0:
+        raise InvalidArgError(f"tutti: unknown dtype {name!r}")
+    return out.value
+
+
+# struct format characters (PEP 3118) by item size -> dtype.
+_FORMATS = {("b", 1): 0, ("B", 1): 1, ("c", 1): 1, ("i", 4): 2, ("l", 4): 2, ("q", 4): 2,
+            ("i", 8): 3, ("l", 8): 3, ("q", 8): 3, ("n", 8): 3, ("e", 2): 4, ("f", 4): 6,
+            ("d", 8): 7}
+
+
+class Py_buffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("internal", ctypes.c_void_p)]
+
+
+_api = ctypes.pythonapi
+_api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int]
+_api.PyObject_GetBuffer.restype = ctypes.c_int
+_api.PyBuffer_Release.argtypes = [ctypes.POINTER(Py_buffer)]
+_api.PyBuffer_Release.restype = None
+_api.PyBuffer_IsContiguous.argtypes = [ctypes.POINTER(Py_buffer), ctypes.c_char]
+_api.PyBuffer_IsContiguous.restype = ctypes.c_int
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_PYBUF_RECORDS_RO = 0x0004 | 0x0018  # PyBUF_FORMAT | PyBUF_STRIDES
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+# DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4.
+_DL_DTYPES = {(0, 8): 0, (1, 8): 1, (0, 32): 2, (0, 64): 3, (2, 16): 4, (4, 16): 5,
+              (2, 32): 6, (2, 64): 7}
+_KDLCPU = 1
+
+
+class Buffer:
+    """One exported buffer: address, size in bytes, element count and dtype."""
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "_view", "_capsule", "_obj")
+
+    def __init__(self, obj, what, writable, dtype=None):
+        self._view = None
+        self._capsule = None
+        self._obj = obj
+        view = Py_buffer()
+        try:
+            _api.PyObject_GetBuffer(obj, ctypes.byref(view), _PYBUF_RECORDS_RO)
+        except (BufferError, TypeError) as e:
+            if not hasattr(obj, "__dlpack__"):
+                raise TypeError(f"tutti: {what} ({type(obj).__name__}) is neither a buffer "
+                                f"nor a DLPack tensor: {e}") from None
+            src_dtype, itemsize = self._from_dlpack(obj, what)
+        else:
+            self._view = view
+            src_dtype, itemsize = self._from_buffer(what, writable)
+        if dtype is None:
+            if src_dtype is None:
+                self.release()
+                raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
+                                      "reduce (int8, uint8, int32, int64, float16, bfloat16, "
+                                      "float32, float64); pass dtype= to read it as one")
+            self.dtype = src_dtype
+        else:
+            self.dtype = dtype_of(dtype)
+            size = _lib.lib.tutti_dtype_size(self.dtype)
+            if itemsize not in (1, size) or self.nbytes % size:
+                self.release()
+                raise InvalidArgError(f"tutti: {what} holds {self.nbytes} bytes of "
+                                      f"{itemsize}-byte items, not {size}-byte "
+                                      f"{_DTYPE_NAMES[self.dtype]} elements")
+        self.count = self.nbytes // _lib.lib.tutti_dtype_size(self.dtype)
+
+    def _from_buffer(self, what, writable):
+        view = self._view
+        if not _api.PyBuffer_IsContiguous(ctypes.byref(view), b"C"):
+            self.release()
+            raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous copy, "
+                                  "e.g. numpy.ascontiguousarray)")
+        if writable and view.readonly:
+            self.release()
+            raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
+        self.ptr, self.nbytes = view.buf, view.len
+        fmt = (view.format or b"B").decode().lstrip("@=<>!")
+        return _FORMATS.get((fmt, view.itemsize)), view.itemsize
+
+    def _from_dlpack(self, obj, what):
+        try:
+            capsule = obj.__dlpack__()
+        except Exception as e:  # torch: tensors that require grad, ...
+            raise InvalidArgError(f"tutti: {what} cannot be shared through DLPack: {e}") from None
+        self._capsule = capsule  # its destructor runs the tensor's deleter
+        t = DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
+        if t.device.device_type != _KDLCPU:
+            raise InvalidArgError(f"tutti: {what} is on device type {t.device.device_type}; "
+                                  "this build moves host memory only")
+        n, expect = 1, 1
+        for i in range(t.ndim - 1, -1, -1):
+            dim = t.shape[i]
+            if t.strides and dim != 1 and t.strides[i] != expect:
+                raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous())")
+            expect *= dim
+            n *= dim
+        bits = t.dtype.bits
+        if t.dtype.lanes != 1 or bits % 8:
+            raise InvalidArgError(f"tutti: {what} has a vector or sub-byte element type")
+        self.ptr = (t.data or 0) + t.byte_offset
+        self.nbytes = n * (bits // 8)
+        return _DL_DTYPES.get((t.dtype.code, bits)), bits // 8
+
+    def release(self):
+        if self._view is not None:
+            _api.PyBuffer_Release(ctypes.byref(self._view))
+            self._view = None
+        self._capsule = None
+        self._obj = None
+
+    def __del__(self):
+        self.release()

@@ -1,0 +1,190 @@
+"""libtutti through ctypes: finding the library, the option structs, the prototypes.
+
+ctypes.CDLL releases the GIL around every foreign call, so a blocking collective lets
+other Python threads run.
+"""
+import ctypes
+import ctypes.util
+import os
+
+from . import _paths
+
+c_size_p = ctypes.POINTER(ctypes.c_size_t)
+c_void_pp = ctypes.POINTER(ctypes.c_void_p)
+
+# The sentinels of <tutti/tutti.h>.
+IN_PLACE = ctypes.c_void_p(1)
+IN_PLACE_OUT = ctypes.c_void_p(1)
+
+
+def _candidates():
+    env = os.environ.get("TUTTI_LIBRARY")
+    if env:
+        return [env]
+    found = ctypes.util.find_library("tutti")
+    return [p for p in (_paths.LIBRARY, found, "libtutti.so.0") if p]
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("tutti: cannot load libtutti (set TUTTI_LIBRARY to its path): "
+                      + "; ".join(errors))
+
+
+lib = _load()
+
+
+class CommOpts(ctypes.Structure):
+    """tutti_comm_opts_t, field for field (include/tutti/tutti.h)."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("timeout_ms", ctypes.c_int),
+        ("transport", ctypes.c_char_p),
+        ("plugin_path", ctypes.c_char_p),
+        ("algo", ctypes.c_char_p),
+        ("socket_ifname", ctypes.c_char_p),
+        ("socket_family", ctypes.c_int),
+        ("socket_buffer_bytes", ctypes.c_int),
+        ("spin_us", ctypes.c_int),
+        ("chunk_bytes", ctypes.c_size_t),
+        ("prefix", ctypes.c_char_p),
+        ("stall_check_ms", ctypes.c_int),
+        ("host_id", ctypes.c_char_p),
+        ("cost_model", ctypes.c_char_p),
+        ("transport_options", ctypes.c_char_p),
+        ("job_id", ctypes.c_char_p),
+        ("auth_token", ctypes.c_char_p),
+        ("auth_token_file", ctypes.c_char_p),
+        ("checksum", ctypes.c_char_p),
+        ("job_settle_ms", ctypes.c_int),
+    ]
+
+
+class StoreOpts(ctypes.Structure):
+    """tutti_store_opts_t, field for field (include/tutti/store.h)."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("timeout_ms", ctypes.c_int),
+        ("is_server", ctypes.c_int),
+        ("auth_token", ctypes.c_char_p),
+        ("auth_token_file", ctypes.c_char_p),
+        ("instance", ctypes.c_char_p),
+        ("idle_timeout_ms", ctypes.c_int),
+        ("max_connections", ctypes.c_int),
+        ("client_quota_bytes", ctypes.c_size_t),
+        ("memory_limit_bytes", ctypes.c_size_t),
+    ]
+
+
+def _fill(struct, init, kwargs, what):
+    """A struct from its C init function (defaults and the environment), then kwargs."""
+    s = struct()
+    init(ctypes.byref(s))
+    keep = []
+    names = {f[0]: f[1] for f in struct._fields_}
+    for key, value in kwargs.items():
+        if key not in names or key == "size":
+            raise TypeError(f"tutti: unknown {what} option {key!r} "
+                            f"(known: {', '.join(n for n in names if n != 'size')})")
+        if value is None:
+            continue
+        if names[key] is ctypes.c_char_p:
+            value = str(value).encode()
+            keep.append(value)
+        setattr(s, key, value)
+    return s, keep
+
+
+def comm_opts(kwargs):
+    return _fill(CommOpts, lib.tutti_comm_opts_init, kwargs, "communicator")
+
+
+def store_opts(kwargs):
+    return _fill(StoreOpts, lib.tutti_store_opts_init, kwargs, "store")
+
+
+_I, _P, _S, _U32 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32
+_WP = c_void_pp
+
+# name: (restype, argtypes). Every collective's blocking form and its _async form (one
+# more argument: the work handle out-pointer) come from one row.
+_COLLECTIVES = {
+    "allreduce": [_P, _P, _P, _S, _I, _I],
+    "broadcast": [_P, _P, _P, _S, _I, _I],
+    "barrier": [_P],
+    "reduce": [_P, _P, _P, _S, _I, _I, _I],
+    "allgather": [_P, _P, _P, _S, _I],
+    "allgatherv": [_P, _P, _P, c_size_p, c_size_p, _I],
+    "reduce_scatter": [_P, _P, _P, _S, _I, _I],
+    "reduce_scatterv": [_P, _P, _P, c_size_p, _I, _I],
+    "gather": [_P, _P, _P, _S, _I, _I],
+    "gatherv": [_P, _P, _S, _P, c_size_p, c_size_p, _I, _I],
+    "scatter": [_P, _P, _P, _S, _I, _I],
+    "scatterv": [_P, _P, c_size_p, c_size_p, _P, _S, _I, _I],
+    "alltoall": [_P, _P, _P, _S, _I],
+    "alltoallv": [_P, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I],
+    "send": [_P, _P, _S, _I, _I, _U32],
+    "recv": [_P, _P, _S, _I, _I, _U32],
+}
+
+_OTHERS = {
+    "tutti_strerror": (ctypes.c_char_p, [_I]),
+    "tutti_status_name": (ctypes.c_char_p, [_I]),
+    "tutti_dtype_size": (_S, [_I]),
+    "tutti_dtype_name": (ctypes.c_char_p, [_I]),
+    "tutti_redop_name": (ctypes.c_char_p, [_I]),
+    "tutti_dtype_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "tutti_redop_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "tutti_comm_opts_init": (_I, [ctypes.POINTER(CommOpts)]),
+    "tutti_comm_init": (_I, [_WP, _P, _I, _I, ctypes.POINTER(CommOpts)]),
+    "tutti_comm_init_env": (_I, [_WP, ctypes.POINTER(CommOpts)]),
+    "tutti_comm_destroy": (_I, [_P]),
+    "tutti_comm_abort": (_I, [_P]),
+    "tutti_comm_rank": (_I, [_P]),
+    "tutti_comm_size": (_I, [_P]),
+    "tutti_comm_last_error": (ctypes.c_char_p, [_P]),
+    "tutti_comm_transport": (ctypes.c_char_p, [_P]),
+    "tutti_comm_algo_for": (ctypes.c_char_p, [_P, ctypes.c_char_p, _S]),
+    "tutti_test": (_I, [_P, ctypes.POINTER(_I)]),
+    "tutti_wait": (_I, [_P, _I]),
+    "tutti_work_free": (None, [_P]),
+    "tutti_work_error": (ctypes.c_char_p, [_P]),
+    "tutti_store_opts_init": (_I, [ctypes.POINTER(StoreOpts)]),
+    "tutti_store_open": (_I, [_WP, ctypes.c_char_p, ctypes.POINTER(StoreOpts)]),
+    "tutti_store_open_prefixed": (_I, [_WP, _P, ctypes.c_char_p]),
+    "tutti_store_close": (None, [_P]),
+    "tutti_store_url": (ctypes.c_char_p, [_P]),
+    "tutti_store_port": (_I, [_P]),
+    "tutti_store_last_error": (ctypes.c_char_p, [_P]),
+    "tutti_store_set": (_I, [_P, ctypes.c_char_p, ctypes.c_char_p, _S]),
+    "tutti_store_get": (_I, [_P, ctypes.c_char_p, _WP, c_size_p, _I]),
+    "tutti_store_add": (_I, [_P, ctypes.c_char_p, ctypes.c_int64,
+                             ctypes.POINTER(ctypes.c_int64)]),
+    "tutti_store_compare_set": (_I, [_P, ctypes.c_char_p, ctypes.c_char_p, _S,
+                                     ctypes.c_char_p, _S, _WP, c_size_p]),
+    "tutti_store_check": (_I, [_P, ctypes.POINTER(ctypes.c_char_p), _S, ctypes.POINTER(_I)]),
+    "tutti_store_wait": (_I, [_P, ctypes.POINTER(ctypes.c_char_p), _S, _I]),
+    "tutti_store_delete": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_I)]),
+}
+
+
+def _declare():
+    for name, args in _COLLECTIVES.items():
+        for fn, argtypes in ((f"tutti_{name}", args), (f"tutti_{name}_async", args + [_WP])):
+            f = getattr(lib, fn)
+            f.restype, f.argtypes = _I, argtypes
+    for fn, (restype, argtypes) in _OTHERS.items():
+        f = getattr(lib, fn)
+        f.restype, f.argtypes = restype, argtypes
+
+
+_declare()
+
+libc = ctypes.CDLL(None)
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free.restype = None
