@@ -1,6 +1,8 @@
 /* Point to point: send/recv around a ring (messages larger than the socket buffers),
- * and a send and a receive whose tags do not match failing as a mismatch. */
+ * and a send and a receive whose tags do not match failing as a mismatch; completion
+ * callbacks on work handles (tutti_work_on_done). */
 #include <check.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -103,11 +105,73 @@ START_TEST(point_to_point_mismatch)
 }
 END_TEST
 
+struct cb_seen {
+    atomic_int calls;
+    int status;
+    int64_t value_seen; /* the result as the callback found it in the buffer */
+    const int64_t *buf;
+};
+
+static void on_done(void *arg, int status)
+{
+    struct cb_seen *c = arg;
+    c->status = status;
+    c->value_seen = c->buf ? *c->buf : 0;
+    atomic_fetch_add(&c->calls, 1);
+}
+
+static int rank_callbacks(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    int64_t x = rank + 1, y = 0, want = (int64_t)nranks * (nranks + 1) / 2;
+    struct cb_seen a = { .buf = &y }, b = { .buf = &y }, c = { 0 };
+    tutti_work_t *w;
+    /* set before completion (the peer holds it back), called once with the result */
+    if (rank == 0)
+        usleep(100000);
+    FAIL_IF(tutti_allreduce_async(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM, &w) != 0, "issue");
+    FAIL_IF(tutti_work_on_done(w, on_done, &a) != 0, "on_done");
+    FAIL_IF(tutti_work_on_done(w, on_done, &b) != TUTTI_ERR_INVALID_ARG, "second callback");
+    FAIL_IF(tutti_wait(w, -1) != 0, "wait: %s", tutti_work_error(w));
+    FAIL_IF(atomic_load(&a.calls) != 1 || a.status != 0, "calls %d status %d",
+            atomic_load(&a.calls), a.status);
+    FAIL_IF(a.value_seen != want, "callback saw %lld, want %lld", (long long)a.value_seen,
+            (long long)want);
+    /* set after completion: called at once, in this thread */
+    FAIL_IF(tutti_work_on_done(w, on_done, &b) != TUTTI_ERR_INVALID_ARG, "after a callback");
+    tutti_work_free(w);
+    FAIL_IF(tutti_barrier_async(comm, &w) != 0 || tutti_wait(w, -1) != 0, "barrier");
+    FAIL_IF(tutti_work_on_done(w, on_done, &c) != 0 || atomic_load(&c.calls) != 1, "late");
+    tutti_work_free(w);
+    /* a failed op reports its status: tags that do not match */
+    struct cb_seen f = { 0 };
+    int32_t v[2] = { 1, 2 };
+    if (rank == 1) {
+        FAIL_IF(tutti_recv_async(comm, v, 2, TUTTI_INT32, 0, 6, &w) != 0, "recv");
+        FAIL_IF(tutti_work_on_done(w, on_done, &f) != 0, "on_done recv");
+        FAIL_IF(tutti_wait(w, -1) != TUTTI_ERR_MISMATCH, "recv: %s", tutti_work_error(w));
+        FAIL_IF(atomic_load(&f.calls) != 1 || f.status != TUTTI_ERR_MISMATCH, "failed op: %d %d",
+                atomic_load(&f.calls), f.status);
+        tutti_work_free(w);
+    } else if (rank == 0) {
+        tutti_send(comm, v, 2, TUTTI_INT32, 1, 5);
+    }
+    return 0;
+}
+
+START_TEST(work_callbacks)
+{
+    ck_assert_int_eq(th_run_comm_timeout(2, rank_callbacks, NULL, 30000, 20000, 0, NULL), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("p2p");
     th_add_tests(s, "p2p", 90,
-                 (const TTest *const[]){ point_to_point, point_to_point_mismatch, NULL });
+                 (const TTest *const[]){ point_to_point, point_to_point_mismatch, work_callbacks,
+                                         NULL });
     return s;
 }
 

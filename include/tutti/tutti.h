@@ -299,5 +299,12 @@ void tutti_work_free(tutti_work_t *work);
 /* The explanation of a finished operation's failure ("" if it succeeded). */
 const char *tutti_work_error(const tutti_work_t *work);
 
+/* Call fn(arg, status) once the operation finishes: from the thread that completes it
+ * (the communicator's progress thread, or a thread waiting on it), or at once in this
+ * call if it finished already. At most one callback per work; fn must not block or call
+ * into this communicator (hand the news to another thread: futures, condition
+ * variables). The work handle stays valid for fn even if freed before. */
+int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg);
+
 TUTTI_END_DECLS
 #endif /* TUTTI_TUTTI_H */

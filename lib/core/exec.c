@@ -112,7 +112,20 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
     if (st < 0)
         snprintf(w->err, sizeof(w->err), "%s", err);
     atomic_store_explicit(&w->done, 1, memory_order_release);
+    if (atomic_fetch_or(&w->cb_state, 2) & 1)
+        w->cb(w->cb_arg, st);
     (void)comm;
+}
+
+int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg)
+{
+    if (!work || !fn || (atomic_load(&work->cb_state) & 1))
+        return TUTTI_ERR_INVALID_ARG;
+    work->cb = fn;
+    work->cb_arg = arg;
+    if (atomic_fetch_or(&work->cb_state, 1) & 2) /* done already: call it here */
+        fn(arg, work->status);
+    return TUTTI_OK;
 }
 
 /* ---- point to point: posted in queue order, then in flight ---- */

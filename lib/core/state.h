@@ -33,6 +33,11 @@ struct tutti_work {
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
+    /* tutti_work_on_done: bit 0 a callback is set, bit 1 the op completed; whichever side
+     * sets its bit second calls the callback (exactly once, without a lock) */
+    atomic_int cb_state;
+    void (*cb)(void *arg, int status);
+    void *cb_arg;
     struct tutti_work *inflight_next;
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
