@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -779,6 +780,15 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
     live_add(comm->nonce);
     TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)", comm->nonce,
             base);
+    /* Two id-less jobs whose starts overlap by more than the settle time cannot be told
+     * apart by anything in their processes (docs/architecture.md, job identity): say so
+     * once, where the user can act on it. */
+    static atomic_int warned;
+    if (!comm->job_id[0] && comm->nranks > 1 && comm->rank == 0 && !atomic_exchange(&warned, 1))
+        TT_WARN("job: no job id (TUTTI_JOB_ID or a launcher's): another id-less job started on "
+                "store %s more than %d ms apart from this one could not be told from it; give "
+                "each run its own TUTTI_JOB_ID",
+                comm->store_url, comm->opts.job_settle_ms);
     return open_views(comm, store, base, err, errlen);
 }
 
