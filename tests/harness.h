@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 
 #include <check.h>
 
@@ -185,6 +186,12 @@ void th_rmtree_gone(const char *dir);
 
 /* size zeroed bytes shared with the ranks forked after (MAP_SHARED); checked. */
 void *th_shared_zeroed(size_t size);
+
+/* Entries of /dev/shm named after one of the processes pids[n] (those > 0), as the shm
+ * transport names its segments ("tutti-shm-<pid>-..."), created at `since` or later
+ * (older ones were left by an earlier process with the same pid): how many, each named
+ * on stderr. */
+int th_shm_leftovers(const int *pids, int n, time_t since);
 
 /* SIGKILL this process ms milliseconds from now (from a thread of its own): a rank that
  * dies in the middle of whatever it is doing then. */

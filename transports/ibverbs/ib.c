@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ib.h"
+#include "ib_wire.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
@@ -269,9 +270,9 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
 {
     while (L->rq_head && L->rx_next < L->rx_arrived && !L->fail.status && !L->rd_req) {
         const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
-        const ib_hdr_t *h = (const ib_hdr_t *)slot;
-        if (h->magic != IB_MAGIC || (h->kind != IB_MSG_EAGER && h->kind != IB_MSG_RTS) ||
-            (h->kind == IB_MSG_EAGER && h->len > tp->eager_max)) {
+        ib_hdr_t hdr;
+        const ib_hdr_t *h = &hdr;
+        if (ib_slot_decode(slot, tp->eager_max, &hdr) < 0) {
             link_fail(L, TUTTI_ERR_PROTOCOL, 0,
                       "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length "
                       "%llu",
@@ -419,34 +420,28 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
         ibv_post_recv(L->qp, &wr, &bad);
     }
     uint32_t imm = be32toh(wc->imm_data);
-    unsigned type = imm >> 28, a = (imm >> 14) & IB_IMM_FIELD_MAX, b = imm & IB_IMM_FIELD_MAX;
-    if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc->wc_flags & IBV_WC_WITH_IMM))
-        type = 0;
-    switch (type) {
-    case IB_IMM_DATA: L->rx_arrived++; break;
-    case IB_IMM_CTRL:
-    case IB_IMM_NOP: break;
-    case IB_IMM_ERROR: {
-        char msg[IB_MAX_ERRMSG + 1];
-        size_t n = IB_MIN((size_t)wc->byte_len, (size_t)IB_MAX_ERRMSG);
-        memcpy(msg, L->ring + (size_t)tp->slots * tp->slot_bytes, n);
-        msg[n] = '\0';
-        int st = -(int)b;
-        if (st >= 0 || st <= TUTTI_STATUS_LAST_)
-            st = TUTTI_ERR_PEER;
-        link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", peer, L->addr, msg);
+    ib_window_t w = { tp->slots, L->credits, L->rx_arrived - L->rx_next };
+    ib_imm_t m;
+    const char *why = ib_imm_decode(
+        imm, wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc->wc_flags & IBV_WC_WITH_IMM), &w, &m);
+    if (why) {
+        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                  "ibverbs: garbage from rank %d (%s): %s (opcode %d, immediate 0x%08x)", peer,
+                  L->addr, why, (int)wc->opcode, imm);
         return;
     }
-    default:
-        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                  "ibverbs: garbage from rank %d (%s): opcode %d, immediate 0x%08x", peer, L->addr,
-                  (int)wc->opcode, imm);
+    if (m.type == IB_IMM_DATA)
+        L->rx_arrived++;
+    if (m.type == IB_IMM_ERROR) {
+        char msg[IB_MAX_ERRMSG + 1];
+        ib_errbox_read(L->ring + (size_t)tp->slots * tp->slot_bytes, wc->byte_len, msg);
+        link_fail(L, m.status, 0, "rank %d (%s) failed and reported: %s", peer, L->addr, msg);
         return;
     }
     if (L->fail.status)
         return;
-    L->credits += a;
-    complete_fins(tp, L, peer, b);
+    L->credits += m.credits;
+    complete_fins(tp, L, peer, m.fins);
 }
 
 static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
