@@ -416,7 +416,11 @@ static void gc_instance(tutti_store_t *js, const char *nonce)
     char prefix[64];
     snprintf(prefix, sizeof(prefix), "%s/", nonce);
     int st = tt_store_delete_prefix(js, prefix);
-    if (st < 0)
+    if (st == TUTTI_ERR_UNSUPPORTED)
+        TT_INFO("store %s cannot delete keys by prefix (a caller's store without "
+                "delete_prefix): the keys of job instance %s stay under its %s",
+                tutti_store_url(js), nonce, prefix);
+    else if (st < 0)
         TT_INFO("removing the keys of old job instance %s: %s", nonce, tutti_strerror(st));
 }
 
@@ -536,6 +540,7 @@ typedef struct {
     char why[768];
     char claim[384];
     size_t claim_len;
+    char store_said[600]; /* the store's explanation of the wait that timed out */
 } member_wait_t;
 
 static void reject_nonce(member_wait_t *w, const char *nonce)
@@ -695,8 +700,9 @@ static int member_give_up(tutti_comm_t *comm, const member_wait_t *w, char *err,
     else
         snprintf(err, errlen,
                  "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
-                 "(%s; rank 0 must have the same)",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self);
+                 "(%s; rank 0 must have the same)%s%s",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self,
+                 w->store_said[0] ? "; the store: " : "", w->store_said);
     return w->nrej && !w->dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
@@ -714,8 +720,10 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         void *cur = NULL;
         size_t clen = 0;
         int st = tutti_store_get(js, "instance", &cur, &clen, left);
-        if (st == TUTTI_ERR_TIMEOUT)
+        if (st == TUTTI_ERR_TIMEOUT) {
+            snprintf(w.store_said, sizeof(w.store_said), "%s", tutti_store_last_error(js));
             break;
+        }
         if (st < 0) {
             snprintf(err, errlen, "reading the job instance %sinstance: %s", comm->job_base,
                      tutti_store_last_error(js));
