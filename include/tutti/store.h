@@ -120,9 +120,11 @@ typedef struct tutti_store_ops {
     int (*wait)(void *ctx, const char *const *keys, size_t n, int timeout_ms, char *errbuf,
                 size_t errlen);
     /* delete_prefix: delete every key that starts with prefix, *count_p of them. Without
-     * it, the last rank to destroy a communicator leaves the keys of its job instance
-     * ("<prefix>tutti/[job/<id>/]comm<N>/<nonce>/...", and for a split the same under
-     * "<nonce>-split<S>-<color>/") in the store and says so at info level. */
+     * it, the last rank to destroy a communicator leaves the keys of its job instance in
+     * the store, all under "<communicator prefix><nonce>/" (the communicator prefix:
+     * "tutti/[job/<id>/]comm<N>/" or TUTTI_PREFIX's; a split's:
+     * "<parent's communicator prefix><parent's nonce>-split<S>-<color>/"), and says so
+     * at info level. */
     int (*delete_prefix)(void *ctx, const char *prefix, size_t *count_p, int timeout_ms,
                          char *errbuf, size_t errlen);
     /* compare_delete: delete key only if its value is expected (atomically). Without it,
