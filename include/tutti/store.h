@@ -138,7 +138,8 @@ typedef struct tutti_store_ops {
 
 /* Open a store whose every operation is a callback of ops (copied; as far as ops->size
  * reaches). label (at most 200 bytes; NULL: "store") names the store in messages and
- * gives its URL, "ops://<label>". The store works everywhere a store handle does:
+ * gives its URL, "ops://<label>". Its default deadline is TUTTI_STORE_TIMEOUT_MS (30000;
+ * tutti_store_set_timeout changes it). The store works everywhere a store handle does:
  * prefixed views, tutti_comm_init, tutti_comm_split. */
 int tutti_store_open_ops(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
                          const char *label);
