@@ -295,6 +295,21 @@ class Communicator:
     def last_error(self):
         return _lib_.tutti_comm_last_error(self._handle()).decode()
 
+    def split(self, color, key=0):
+        """MPI_Comm_split: every rank calls it; ranks with the same color (>= 0) form a new
+        communicator ordered by (key, rank). A negative color takes part and gets None."""
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_split(self._handle(), color, key, ctypes.byref(h))
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+        if not h:
+            return None
+        child = Communicator.__new__(Communicator)
+        child._h, child._store = h, self._store
+        child.rank, child.size = _lib_.tutti_comm_rank(h), _lib_.tutti_comm_size(h)
+        _live_comms.add(child)
+        return child
+
     def abort(self):
         _lib_.tutti_comm_abort(self._handle())
 
