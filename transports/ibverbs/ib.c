@@ -13,6 +13,7 @@
 
 #include "ib.h"
 #include "ib_wire.h"
+#include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
@@ -85,27 +86,23 @@ static void link_stop_dma(ib_link_t *L)
     }
 }
 
-/* The link is unusable from now on: record why (once, kit/link.h) and fail what is
- * queued on it. */
-static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
+static int link_busy(const ib_link_t *L)
+{
+    return L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req;
+}
+
+static void link_drop(ib_link_t *L)
 {
     ib_tp_t *tp = L->tp;
-    va_list ap;
-    va_start(ap, fmt);
-    tp_link_fail_v(tp->host, &L->fail, L->peer,
-                   L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req, status, err_no,
-                   fmt, ap);
-    va_end(ap);
     link_stop_dma(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
     fail_fins(tp, L, L->fail.status);
     fail_reads(tp, L, L->fail.status);
     tp->completions++;
-    return L->fail.status;
 }
+
+TT_KIT_LINK_FAIL_FN(ib_link_t, link_busy, link_drop)
 
 static unsigned sq_room(const ib_link_t *L)
 {
@@ -612,43 +609,21 @@ static void block(ib_tp_t *tp, int ms)
     }
 }
 
-static void kit_sweep(void *tp)
+/* block() only waits: what woke it is taken in by the sweep */
+static void block_and_sweep(ib_tp_t *tp, int ms)
 {
-    sweep(tp);
-}
-static void kit_abort_all(void *tp)
-{
-    abort_all(tp);
-}
-static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
-{
-    (void)c0;
-    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    block(tp, ms);
     sweep(tp);
 }
 
-static const tp_progress_ops_t ib_progress_ops = { .sweep = kit_sweep,
-                                                   .wait = kit_wait,
-                                                   .abort_all = kit_abort_all };
+TT_KIT_PROGRESS_FN(ib, ib_tp_t, sweep, block_and_sweep, abort_all)
 
-static int ib_progress(void *vtp, int timeout_ms)
+static int link_served(const ib_tp_t *tp, int peer)
 {
-    ib_tp_t *tp = vtp;
-    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
-                       timeout_ms);
+    return tp->links[peer].served;
 }
 
-static int check_req(ib_tp_t *tp, tp_req_t *r, int kind)
-{
-    int ok = tp_req_peer_ok(r, tp->nranks);
-    int st = tp_check_req(tp->host, "ibverbs", ok && tp->links[r->peer].served,
-                          ok ? &tp->links[r->peer].fail : NULL, r);
-    if (st < 0)
-        return st;
-    r->kind = kind;
-    return TUTTI_OK;
-}
-
+TT_KIT_CHECK_FN(ib_tp_t, "ibverbs", link_served)
 TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_req, link_send)
 
 static void ib_cancel_all(void *vtp, int status)
@@ -725,8 +700,7 @@ static void ib_destroy(void *vtp)
         L->sqe_count = 0;
     }
     ib_teardown(tp);
-    free(tp->links);
-    free(tp);
+    TT_KIT_CTX_FREE(tp);
 }
 
 /* A TUTTI_IB_* integer knob within [lo, hi]; another value is a config error. */
@@ -742,30 +716,17 @@ static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long 
 
 static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
-        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
-        return TUTTI_ERR_PLUGIN;
-    ib_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp)
-        return TUTTI_ERR_NOMEM;
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
+    ib_tp_t *tp;
+    int st = TT_KIT_CTX_NEW(tp, host);
+    if (st < 0)
+        return st;
     tp->wake_fd = -1;
     tp->mrc.pagemap_fd = -1;
-    tp->links = calloc((size_t)host->nranks, sizeof(ib_link_t));
-    if (!tp->links) {
-        free(tp);
-        return TUTTI_ERR_NOMEM;
-    }
     for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
         tp->links[i].served = tutti_tp_host_serves(host, i);
         snprintf(tp->links[i].addr, sizeof(tp->links[i].addr), "?");
     }
     long slots, eager, timeout, keep;
-    int st;
     if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
         (st = knob(tp, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager)) < 0 ||
         (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||

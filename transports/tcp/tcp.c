@@ -13,6 +13,7 @@
 
 #include "crc32c.h"
 #include "tcp.h"
+#include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
@@ -23,22 +24,19 @@ static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail, int statu
     tp->completions += tp_fail_queue(head, tail, status);
 }
 
-/* The link is unusable from now on: record why (once, kit/link.h), fail what is queued
- * on it. */
-static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
+static int link_busy(const tcp_link_t *L)
 {
-    tcp_tp_t *tp = L->tp;
-    va_list ap;
-    va_start(ap, fmt);
-    tp_link_fail_v(tp->host, &L->fail, L->peer, L->sq_head || L->rq_head, status, err_no, fmt, ap);
-    va_end(ap);
-    fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
-    fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
-    tp->completions++;
-    return L->fail.status;
+    return L->sq_head || L->rq_head;
 }
+
+static void link_drop(tcp_link_t *L)
+{
+    fail_queue(L->tp, &L->sq_head, &L->sq_tail, L->fail.status);
+    fail_queue(L->tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    L->tp->completions++;
+}
+
+TT_KIT_LINK_FAIL_FN(tcp_link_t, link_busy, link_drop)
 
 /* The CRC a header carries: over everything before its hcrc field. */
 static uint32_t hdr_crc(const tcp_hdr_t *h)
@@ -591,42 +589,14 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
-static void kit_sweep(void *tp)
+TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all)
+
+static int link_served(const tcp_tp_t *tp, int peer)
 {
-    sweep(tp);
-}
-static void kit_abort_all(void *tp)
-{
-    abort_all(tp);
-}
-static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
-{
-    (void)c0;
-    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    return tutti_tp_host_serves(tp->host, peer);
 }
 
-static const tp_progress_ops_t tcp_progress_ops = { .sweep = kit_sweep,
-                                                    .wait = kit_wait,
-                                                    .abort_all = kit_abort_all };
-
-static int tcp_progress(void *vtp, int timeout_ms)
-{
-    tcp_tp_t *tp = vtp;
-    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
-                       timeout_ms);
-}
-
-static int check_req(tcp_tp_t *tp, tp_req_t *r, int kind)
-{
-    int ok = tp_req_peer_ok(r, tp->nranks);
-    int st = tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
-                          ok ? &tp->links[r->peer].fail : NULL, r);
-    if (st < 0)
-        return st;
-    r->kind = kind;
-    return TUTTI_OK;
-}
-
+TT_KIT_CHECK_FN(tcp_tp_t, "tcp", link_served)
 TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
 
 /* The head send has begun leaving: another frame now would land inside its payload. */
@@ -751,8 +721,28 @@ static void tcp_destroy(void *vtp)
     uv_close((uv_handle_t *)&tp->wake, on_close_noop);
     uv_run(&tp->loop, UV_RUN_DEFAULT);
     uv_loop_close(&tp->loop);
-    free(tp->links);
-    free(tp);
+    TT_KIT_CTX_FREE(tp);
+}
+
+/* The context, its links (none connected yet) and its libuv loop: where tcp_create and
+ * tcp_recv_fuzz_input start. */
+static int tcp_ctx_new(const tutti_tp_host_v1_t *host, tcp_tp_t **tp_p)
+{
+    tcp_tp_t *tp;
+    int st = TT_KIT_CTX_NEW(tp, host);
+    if (st < 0)
+        return st;
+    for (int i = 0; i < host->nranks; i++)
+        tp->links[i].fd = -1;
+    st = uv_loop_init(&tp->loop);
+    if (st < 0) {
+        TT_KIT_CTX_FREE(tp);
+        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -st, "tcp: uv_loop_init failed");
+    }
+    uv_timer_init(&tp->loop, &tp->timer);
+    uv_async_init(&tp->loop, &tp->wake, on_wake);
+    *tp_p = tp;
+    return TUTTI_OK;
 }
 
 /* TUTTI_CHECKSUM, the job instance, and whether the library holds a job secret. */
@@ -797,42 +787,11 @@ static int tcp_identity(tcp_tp_t *tp)
 
 static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    /* ABI 1.0 hosts and later: fields appended since are looked up with
-     * tutti_tp_host_has. */
-    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
-        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
-        return TUTTI_ERR_PLUGIN;
-    tcp_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp)
-        return TUTTI_ERR_NOMEM;
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
-    int st = tcp_identity(tp);
-    if (st < 0) {
-        free(tp);
+    tcp_tp_t *tp;
+    int st = tcp_ctx_new(host, &tp);
+    if (st < 0)
         return st;
-    }
-    tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t));
-    if (!tp->links) {
-        free(tp);
-        return TUTTI_ERR_NOMEM;
-    }
-    for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
-        tp->links[i].fd = -1;
-    }
-    st = uv_loop_init(&tp->loop);
-    if (st < 0) {
-        free(tp->links);
-        free(tp);
-        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -st, "tcp: uv_loop_init failed");
-    }
-    uv_timer_init(&tp->loop, &tp->timer);
-    uv_async_init(&tp->loop, &tp->wake, on_wake);
-    st = tcp_setup_connect(tp);
-    if (st < 0) {
+    if ((st = tcp_identity(tp)) < 0 || (st = tcp_setup_connect(tp)) < 0) {
         tcp_destroy(tp);
         return st;
     }
@@ -854,26 +813,11 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
                         tp_req_t *reqs, size_t nreqs)
 {
     int sv[2];
-    tcp_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp || !(tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t))) ||
-        uv_loop_init(&tp->loop) < 0) {
-        if (tp)
-            free(tp->links);
-        free(tp);
+    tcp_tp_t *tp;
+    if (tcp_ctx_new(host, &tp) < 0)
         return -1;
-    }
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
     tp->csum = csum;
     tp->instance = "";
-    for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
-        tp->links[i].fd = -1;
-    }
-    uv_timer_init(&tp->loop, &tp->timer);
-    uv_async_init(&tp->loop, &tp->wake, on_wake);
     if (host->nranks < 2 ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0) {
         tcp_destroy(tp);
