@@ -96,6 +96,23 @@ int th_main(Suite *s);
         }                                                                                          \
     } while (0)
 
+/* A test whose whole body is one run of ranks that must pass (return 0), e.g.
+ * TH_RUN_TEST(defer, th_run(3, rank_defer, NULL, 60000)); _i is in scope, as in any test. */
+#define TH_RUN_TEST(name, run)                                                                     \
+    START_TEST(name)                                                                               \
+    {                                                                                              \
+        ck_assert_int_eq((run), 0);                                                                \
+    }                                                                                              \
+    END_TEST
+
+/* A test whose whole body is th_run_each(from, to, fn, arg, timeout_ms). */
+#define TH_EACH_TEST(name, from, to, fn, arg, timeout_ms)                                          \
+    START_TEST(name)                                                                               \
+    {                                                                                              \
+        th_run_each((from), (to), (fn), (arg), (timeout_ms));                                      \
+    }                                                                                              \
+    END_TEST
+
 /* ---- one rank of a job that must not meet another job's ranks ---- */
 
 /* th_job_rank's exit codes */

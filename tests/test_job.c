@@ -326,11 +326,7 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
     return 0;
 }
 
-START_TEST(cycles_without_collectives)
-{
-    ck_assert_int_eq(th_run_nocomm(2, rank_nocoll, NULL, 40000), 0);
-}
-END_TEST
+TH_RUN_TEST(cycles_without_collectives, th_run_nocomm(2, rank_nocoll, NULL, 40000))
 
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
