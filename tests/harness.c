@@ -70,6 +70,17 @@ void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const 
     suite_add_tcase(s, tc);
 }
 
+TCase *th_add_looped(Suite *s, const char *name, int timeout_s, int loops,
+                     const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_loop_test(tc, *tests, 0, loops);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int th_main(Suite *s)
 {
     setenv("TUTTI_SOCKET_IFNAME", "lo", 0);

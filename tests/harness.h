@@ -81,6 +81,11 @@ void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int time
  * NULL-terminated list, under a timeout of timeout_s seconds each. */
 void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
 
+/* th_add_tests for tests each run loops times (_i = 0..loops-1); the test case, to add
+ * more to. */
+TCase *th_add_looped(Suite *s, const char *name, int timeout_s, int loops,
+                     const TTest *const *tests);
+
 /* A suite's main: run s (tests stay on loopback), 0 when every test passed, else 1. */
 int th_main(Suite *s);
 

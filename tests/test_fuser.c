@@ -1222,9 +1222,5 @@ static Suite *fuse_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fuse_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(fuse_suite());
 }
