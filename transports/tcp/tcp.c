@@ -17,8 +17,6 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-#define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
-
 static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail, int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
@@ -118,11 +116,11 @@ static int link_salvage_report(tcp_link_t *L)
         while (left) {
             if (budget == 0)
                 return 0;
-            ssize_t r = recv(L->fd, sink, TCP_MIN(left, sizeof(sink)), MSG_DONTWAIT);
+            ssize_t r = recv(L->fd, sink, TT_KIT_MIN(left, sizeof(sink)), MSG_DONTWAIT);
             if (r <= 0)
                 return 0;
             left -= (size_t)r;
-            budget -= TCP_MIN(budget, (size_t)r);
+            budget -= TT_KIT_MIN(budget, (size_t)r);
         }
         L->rhdr_got = 0;
     }
@@ -150,7 +148,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
         size_t upto = r->len; /* payload bytes that may go now */
         if (tlen) {
             if (L->scrc_upto == r->xfer && r->xfer < r->len) {
-                size_t n = TCP_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
+                size_t n = TT_KIT_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
                 if (r->len - r->xfer - n <= TCP_CSUM_EAGER_BYTES)
                     n = r->len - r->xfer; /* no small step left behind */
                 L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + r->xfer, n);
@@ -183,10 +181,10 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
             return;
         }
         size_t left = (size_t)w;
-        size_t take = TCP_MIN(left, sizeof(L->shdr) - L->shdr_off);
+        size_t take = TT_KIT_MIN(left, sizeof(L->shdr) - L->shdr_off);
         L->shdr_off += take;
         left -= take;
-        take = TCP_MIN(left, upto - r->xfer);
+        take = TT_KIT_MIN(left, upto - r->xfer);
         r->xfer += take;
         left -= take;
         L->strail_off += left;
@@ -308,7 +306,7 @@ TCP_RX_STEP rx_header(tcp_link_t *L, size_t tlen, size_t *staged_p)
         ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len + tlen, NULL);
         if (r <= 0)
             return RX_STOP;
-        size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
+        size_t h = TT_KIT_MIN((size_t)r, sizeof(L->rhdr));
         memcpy(&L->rhdr, L->stage, h);
         L->rhdr_got = h;
         *staged_p = (size_t)r - h;
@@ -351,9 +349,9 @@ TCP_RX_STEP rx_open_frame(tcp_tp_t *tp, tcp_link_t *L, size_t tlen, size_t *stag
     if (staged && L->rhdr.type == TCP_FRAME_ERROR) {
         if (!link_errbuf(L))
             return RX_STOP;
-        L->errgot = TCP_MIN(staged, L->rhdr.len);
+        L->errgot = TT_KIT_MIN(staged, L->rhdr.len);
         memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
-        L->rtrail_got = TCP_MIN(staged - L->errgot, tlen);
+        L->rtrail_got = TT_KIT_MIN(staged - L->errgot, tlen);
         memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + L->errgot, L->rtrail_got);
         *staged_p = 0;
     }
@@ -409,7 +407,7 @@ TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size
     q->got_len = L->rhdr.len;
     L->rhdr_matched = 1;
     if (staged) {
-        size_t p = TCP_MIN(staged, q->len);
+        size_t p = TT_KIT_MIN(staged, q->len);
         if (p) /* a zero-length receive may have no buffer (NULL) */
             memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
         q->xfer = p;
@@ -445,7 +443,7 @@ TCP_RX_STEP rx_payload(tcp_link_t *L, tp_req_t *q, size_t tlen)
         ssize_t r = link_readv(L, iov, n, "in the middle of a message");
         if (r <= 0)
             return RX_STOP;
-        size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
+        size_t p = TT_KIT_MIN((size_t)r, q->len - q->xfer);
         if (p)
             L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
         q->xfer += p;
