@@ -57,8 +57,8 @@ typedef struct tt_store_ops {
     void (*close)(tutti_store_t *s);
 } tt_store_ops_t;
 
-/* The entries every backend has, named pfx##_set, pfx##_get, ... (the optional wait and
- * multi_get are set apart). */
+/* A backend's entries named pfx##_set, pfx##_get, ..., for a backend with all of them
+ * but the optional wait and multi_get (set those apart). */
 #define TT_STORE_OPS_FNS(pfx)                                                                      \
     .set = pfx##_set, .get = pfx##_get, .add = pfx##_add, .compare_set = pfx##_compare_set,        \
     .check = pfx##_check, .del = pfx##_del, .del_prefix = pfx##_del_prefix,                        \
