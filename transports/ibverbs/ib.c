@@ -17,7 +17,6 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-#define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define IB_RECV_BIT (1ull << 63)
 
 static ib_tp_t *ib_current; /* for the test hooks */
@@ -143,8 +142,8 @@ static int post_write(ib_tp_t *tp, ib_link_t *L, int kind, uint32_t imm, size_t 
 
 static void take_owed(ib_link_t *L, unsigned *credits, unsigned *fins)
 {
-    *credits = IB_MIN(L->credits_owed, IB_IMM_FIELD_MAX);
-    *fins = IB_MIN(L->fins_owed, IB_IMM_FIELD_MAX);
+    *credits = TT_KIT_MIN(L->credits_owed, IB_IMM_FIELD_MAX);
+    *fins = TT_KIT_MIN(L->fins_owed, IB_IMM_FIELD_MAX);
     L->credits_owed -= *credits;
     L->fins_owed -= *fins;
 }
@@ -233,7 +232,7 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
 {
     while (L->rd_req && !L->fail.status && sq_room(L) > IB_SQ_RESERVE) {
         tp_req_t *q = L->rd_req;
-        size_t chunk = IB_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
+        size_t chunk = TT_KIT_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
         int last = L->rd_off + chunk == q->len;
         struct ibv_sge sge = { .addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
                                .length = (uint32_t)chunk,
@@ -634,7 +633,7 @@ static void ib_cancel_all(void *vtp, int status)
 static void ib_notify_error(void *vtp, int status, const char *msg)
 {
     ib_tp_t *tp = vtp;
-    size_t len = IB_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
+    size_t len = TT_KIT_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
     size_t off = (size_t)tp->slots * tp->slot_bytes;
     unsigned code = status < 0 && status > TUTTI_STATUS_LAST_ ? (unsigned)-status
                                                               : (unsigned)-TUTTI_ERR_PEER;
