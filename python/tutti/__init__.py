@@ -65,7 +65,21 @@ def _sizes(values, n, what):
     return (ctypes.c_size_t * n)(*values)
 
 
-class Store:
+class _Handle:
+    """A library handle released on `with` exit and when dropped (subclasses name
+    their release `_release`)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+    def __del__(self):
+        self._release()
+
+
+class Store(_Handle):
     """A rendezvous store: Store("file:///tmp/job") or Store("tcp://host:port",
     is_server=True, auth_token=...). Options are tutti_store_opts_t's fields."""
 
@@ -175,14 +189,7 @@ class Store:
             self._h = None
         self._base = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
+    _release = close
 
 
 class Work:
@@ -245,7 +252,7 @@ class Work:
             self._finish_plain(0, "")
 
 
-class Communicator:
+class Communicator(_Handle):
     """A group of ranks that run collectives together.
 
     Communicator(store, rank, size, **opts) joins through a Store; from_env() reads
@@ -319,14 +326,7 @@ class Communicator:
             self._h = None
         self._store = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-
-    def __del__(self):
-        self.destroy()
+    _release = destroy
 
     # ---- the calls: buffers in, the C function, errors out ----
 
