@@ -84,6 +84,7 @@ class Store(_Handle):
     is_server=True, auth_token=...). Options are tutti_store_opts_t's fields."""
 
     def __init__(self, url, **opts):
+        self._h = self._base = None
         o, keep = _lib.store_opts(opts)
         h = ctypes.c_void_p()
         st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
