@@ -90,7 +90,9 @@ class Store(_Handle):
         st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
         del keep
         if st < 0:
-            raise error_for(st, f"tutti: cannot open store {url}: {_lib_.tutti_strerror(st).decode()}")
+            raise error_for(st, f"tutti: cannot open store {url}: "
+                                f"{_lib_.tutti_strerror(st).decode()} (stores are file:///dir or "
+                                "tcp://host:port; TUTTI_DEBUG=info logs the cause)")
         self._h = h
         self._base = None
         _live_stores.add(self)
