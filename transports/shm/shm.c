@@ -18,9 +18,6 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-#define SHM_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define SHM_MAX(a, b) ((a) > (b) ? (a) : (b))
-
 /* Ring per direction: 16 MiB over the local peers, within [64 KiB, 1 MiB]. */
 #define SHM_RING_BUDGET (16u << 20)
 #define SHM_RING_MIN (64u << 10)
@@ -291,10 +288,10 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
             L->tx_cur_cma = cma;
             L->tx_started = 1;
         }
-        uint64_t n = SHM_MIN(SHM_MIN(freeb, L->tx_span - L->tx_sent), tp->step);
+        uint64_t n = TT_KIT_MIN(TT_KIT_MIN(freeb, L->tx_span - L->tx_sent), tp->step);
         if (!L->tx_cur_cma) {
-            uint64_t a = SHM_MAX(L->tx_sent, SHM_HDR_BYTES);
-            uint64_t b = SHM_MIN(L->tx_sent + n, SHM_HDR_BYTES + r->len);
+            uint64_t a = TT_KIT_MAX(L->tx_sent, SHM_HDR_BYTES);
+            uint64_t b = TT_KIT_MIN(L->tx_sent + n, SHM_HDR_BYTES + r->len);
             if (b > a) {
                 ring_put(L, L->tx_rec + a, (const char *)r->buf + (a - SHM_HDR_BYTES),
                          (size_t)(b - a));
@@ -442,12 +439,12 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 continue;
             }
         }
-        uint64_t n = SHM_MIN(SHM_MIN(avail, L->rx_span - L->rx_got), tp->step);
+        uint64_t n = TT_KIT_MIN(TT_KIT_MIN(avail, L->rx_span - L->rx_got), tp->step);
         if (n == 0)
             break;
         uint64_t rec = L->rx_pos - L->rx_got;
-        uint64_t a = SHM_MAX(L->rx_got, SHM_HDR_BYTES);
-        uint64_t b = SHM_MIN(L->rx_got + n, SHM_HDR_BYTES + q->len);
+        uint64_t a = TT_KIT_MAX(L->rx_got, SHM_HDR_BYTES);
+        uint64_t b = TT_KIT_MIN(L->rx_got + n, SHM_HDR_BYTES + q->len);
         if (b > a) {
             ring_get(L, rec + a, (char *)q->buf + (a - SHM_HDR_BYTES), (size_t)(b - a));
             q->xfer = (size_t)(b - SHM_HDR_BYTES);
@@ -575,7 +572,7 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
         atomic_store(&bell->sleeping, 0);
         return;
     }
-    uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
+    uint64_t until = TT_KIT_MIN(deadline, tp->next_liveness_ns);
     int ms = (int)((until - now + 999999u) / 1000000u);
     shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
     atomic_store(&bell->sleeping, 0);
