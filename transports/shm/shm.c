@@ -618,6 +618,27 @@ static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
 
 TT_KIT_POST_FNS(shm, shm_tp_t, shm_link_t, check_req, link_tx)
 
+#ifndef TT_KIT_ABI_V1
+/* The next record's header, if it is published (link_rx with no receive posted checks
+ * a header and parks it). */
+static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
+{
+    shm_tp_t *tp = vtp;
+    if (peer < 0 || peer >= tp->nranks || peer == tp->rank || !tp->links[peer].served)
+        return TUTTI_ERR_INVALID_ARG;
+    shm_link_t *L = &tp->links[peer];
+    if (!L->fail.status && !L->rq_head && !L->rhdr_valid)
+        link_rx(tp, L);
+    if (L->fail.status)
+        return L->fail.status;
+    if (L->rq_head || !L->rhdr_valid)
+        return 0;
+    memcpy(found_p->env, L->rhdr.env, sizeof(found_p->env));
+    found_p->len = (size_t)L->rhdr.len;
+    return 1;
+}
+#endif
+
 static void shm_cancel_all(void *vtp, int status)
 {
     shm_tp_t *tp = vtp;
@@ -790,7 +811,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 static const tp_ops_t shm_ops = {
     TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
                     .alpha_us = 1.0, .bw_gbs = 5.0),
-    TT_KIT_OPS_FNS(shm),
+    TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe),
 };
 
 TT_KIT_REGISTER(shm, shm_ops)

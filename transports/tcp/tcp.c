@@ -597,6 +597,27 @@ static int link_served(const tcp_tp_t *tp, int peer)
 TT_KIT_CHECK_FN(tcp_tp_t, "tcp", link_served)
 TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
 
+#ifndef TT_KIT_ABI_V1
+/* The next frame's header, read and parked if it has come (link_recv with no receive
+ * posted reads a header and stops there). */
+static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
+{
+    tcp_tp_t *tp = vtp;
+    if (peer < 0 || peer >= tp->nranks || peer == tp->rank || !link_served(tp, peer))
+        return TUTTI_ERR_INVALID_ARG;
+    tcp_link_t *L = &tp->links[peer];
+    if (!L->fail.status && !L->rq_head && L->fd >= 0 && L->rhdr_got < sizeof(L->rhdr))
+        link_recv(tp, L);
+    if (L->fail.status)
+        return L->fail.status;
+    if (L->rq_head || !L->rhdr_seen || L->rhdr.type != TCP_FRAME_DATA)
+        return 0;
+    memcpy(found_p->env, L->rhdr.env, sizeof(found_p->env));
+    found_p->len = (size_t)L->rhdr.len;
+    return 1;
+}
+#endif
+
 /* The head send has begun leaving: another frame now would land inside its payload. */
 static int link_mid_send(const tcp_link_t *L)
 {
@@ -851,7 +872,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
                     .bw_gbs = 2.0),
-    TT_KIT_OPS_FNS(tcp),
+    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)
