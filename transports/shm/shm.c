@@ -411,8 +411,12 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             L->rx_span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE : rec_span(L->rhdr.len);
         }
         tp_req_t *q = L->rq_head;
-        if (!q)
-            break; /* parked until a receive is posted */
+        if (!q) {
+            /* parked until a receive is posted; news for a prober */
+            tp->completions += L->probe_watch;
+            L->probe_watch = 0;
+            break;
+        }
         if (!L->rhdr_matched) {
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
@@ -477,12 +481,12 @@ static void sweep(shm_tp_t *tp)
 {
     for (int i = 0; i < tp->nranks; i++) {
         shm_link_t *L = &tp->links[i];
-        if (L->fail.status || !link_busy(L))
+        if (L->fail.status || !(link_busy(L) || L->probe_watch))
             continue;
         L->progressed = 0;
         if (L->sq_head || L->aq_head)
             link_tx(tp, L);
-        if (L->rq_head && !L->fail.status)
+        if ((L->rq_head || L->probe_watch) && !L->fail.status)
             link_rx(tp, L);
         if (!L->progressed && !L->fail.status && link_busy(L))
             link_check_peer(L, 0);
@@ -631,11 +635,8 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         link_rx(tp, L);
     if (L->fail.status)
         return L->fail.status;
-    if (L->rq_head || !L->rhdr_valid)
-        return 0;
-    memcpy(found_p->env, L->rhdr.env, sizeof(found_p->env));
-    found_p->len = (size_t)L->rhdr.len;
-    return 1;
+    return tp_probe_answer(L->rhdr_valid, L->rq_head, L->rhdr.env, L->rhdr.len, &L->probe_watch,
+                           found_p);
 }
 #endif
 

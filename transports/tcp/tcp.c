@@ -481,8 +481,12 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             continue;
         }
         tp_req_t *q = L->rq_head;
-        if (!q)
-            return; /* header parked until a receive is posted */
+        if (!q) {
+            /* header parked until a receive is posted; news for a prober */
+            tp->completions += L->probe_watch;
+            L->probe_watch = 0;
+            return;
+        }
         if (!L->rhdr_matched && rx_match(tp, L, q, tlen, staged) == RX_STOP)
             return;
         s = rx_payload(L, q, tlen);
@@ -509,7 +513,7 @@ static void sweep(tcp_tp_t *tp)
             continue;
         if (L->sq_head)
             link_send(tp, L);
-        if (L->rq_head)
+        if (L->rq_head || L->probe_watch)
             link_recv(tp, L);
     }
 }
@@ -564,7 +568,7 @@ static void block(tcp_tp_t *tp, int ms)
              * dies; but not behind a parked header, which would wake us for nothing. */
             int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head &&
                          L->rhdr.type == TCP_FRAME_DATA;
-            if ((L->rq_head || L->sq_head) && !parked)
+            if ((L->rq_head || L->sq_head || L->probe_watch) && !parked)
                 ev |= UV_READABLE;
             if (L->sq_head && !L->tx_broken)
                 ev |= UV_WRITABLE;
@@ -606,15 +610,13 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     if (peer < 0 || peer >= tp->nranks || peer == tp->rank || !link_served(tp, peer))
         return TUTTI_ERR_INVALID_ARG;
     tcp_link_t *L = &tp->links[peer];
-    if (!L->fail.status && !L->rq_head && L->fd >= 0 && L->rhdr_got < sizeof(L->rhdr))
-        link_recv(tp, L);
+    if (!L->fail.status && !L->rq_head && L->fd >= 0 &&
+        (L->rhdr_got < sizeof(L->rhdr) || L->rhdr.type != TCP_FRAME_DATA))
+        link_recv(tp, L); /* a report's text, too */
     if (L->fail.status)
         return L->fail.status;
-    if (L->rq_head || !L->rhdr_seen || L->rhdr.type != TCP_FRAME_DATA)
-        return 0;
-    memcpy(found_p->env, L->rhdr.env, sizeof(found_p->env));
-    found_p->len = (size_t)L->rhdr.len;
-    return 1;
+    return tp_probe_answer(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, L->rhdr.env,
+                           L->rhdr.len, &L->probe_watch, found_p);
 }
 #endif
 
