@@ -299,9 +299,10 @@ static int same_model_everywhere(int rank, int nranks, tutti_comm_t *comm, tutti
  * its own store handle), then check runs on its communicator. */
 typedef struct model_case model_case_t;
 struct model_case {
-    const char *models[3];
+    const char *models[4];
     int (*check)(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
                  const model_case_t *mc);
+    const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
 };
 
 static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -313,6 +314,12 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.cost_model = mc->models[rank];
+    char hid[16];
+    if (mc->hosts) {
+        snprintf(hid, sizeof(hid), "host-%c", mc->hosts[rank]);
+        o.host_id = hid;
+        o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
+    }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
@@ -325,7 +332,8 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 static void run_models(const model_case_t *mc)
 {
-    ck_assert_int_eq(th_run_nocomm(3, rank_model, (void *)mc, 60000), 0);
+    int n = mc->hosts ? (int)strlen(mc->hosts) : 3;
+    ck_assert_int_eq(th_run_nocomm(n, rank_model, (void *)mc, 60000), 0);
 }
 
 /* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
@@ -346,7 +354,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe };
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL };
     run_models(&mc);
 }
 END_TEST
@@ -384,7 +392,8 @@ START_TEST(models_agree)
     static const model_case_t mc = { { "alpha=0.5,bw=100,reduce=100",
                                        "alpha=5000,bw=0.01,reduce=0.01",
                                        "alpha=50,bw=1,reduce=50" },
-                                     check_disagree };
+                                     check_disagree,
+                                     NULL };
     run_models(&mc);
 }
 END_TEST
@@ -405,8 +414,10 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 
 START_TEST(probe_on_some_ranks)
 {
-    static const model_case_t mcs[2] = { { { "probe", "table", "table" }, check_probe_some },
-                                         { { "table", "probe", "probe" }, check_probe_some } };
+    static const model_case_t mcs[2] = {
+        { { "probe", "table", "table" }, check_probe_some, NULL },
+        { { "table", "probe", "probe" }, check_probe_some, NULL }
+    };
     run_models(&mcs[_i]);
 }
 END_TEST
@@ -457,25 +468,10 @@ END_TEST
  * across): every rank has the same model, which says so and picks hier for large
  * vectors on 2 hosts of 2 (_i 0), never with rank 0 alone on its host (_i 1: its local
  * beta is unknown, and one shard), and the allreduce it picks is right. */
-static const char *const host_maps[] = { "aabb", "abbb" };
-
-static int rank_hosts(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+static int check_hosts(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                       const model_case_t *mc)
 {
-    (void)unused;
-    const char *map = arg;
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    char hid[16];
-    snprintf(hid, sizeof(hid), "host-%c", map[rank]);
-    o.host_id = hid;
-    o.algo = "";
-    /* shm within a host, tcp across, whatever the suite runs over */
-    o.transport = "auto";
-    o.cost_model = "table";
-    tutti_comm_t *comm = NULL;
-    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    const char *map = mc->hosts;
     const char *d = tutti_comm_cost_model(comm);
     FAIL_IF(!strstr(d, "; 2 hosts of "), "cost model %s", d);
     const char *big = tutti_comm_algo_for(comm, "allreduce", 64 << 20);
@@ -495,14 +491,14 @@ static int rank_hosts(int rank, int nranks, tutti_comm_t *unused, const char *di
     for (int e = 0; e < N; e++)
         FAIL_IF(x[e] != (e % 1000) * nranks * (nranks + 1) / 2, "element %d is %d", e, x[e]);
     free(x);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
     return 0;
 }
 
 START_TEST(hier_from_hosts)
 {
-    ck_assert_int_eq(th_run_nocomm(4, rank_hosts, (void *)host_maps[_i], 60000), 0);
+    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb" },
+                                         { { NULL }, check_hosts, "abbb" } };
+    run_models(&mcs[_i]);
 }
 END_TEST
 
