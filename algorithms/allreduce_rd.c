@@ -9,9 +9,12 @@
  *
  * Every rank must end with the same bits, floats included, so each reduction takes the
  * lower rank's partial result as the first operand, whichever side computes it.
+ *
+ * The same rounds run among a group of ranks (tt_rd_group): hier's step across hosts.
  */
 #include <string.h>
 
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
@@ -23,41 +26,39 @@ enum {
     RD_TAG_ROUND0 = 16, /* + round number */
 };
 
-int tt_allreduce_rd(tt_op_t *op)
+static int rd_rank(const int *grp, int i)
 {
-    const int n = op->nranks, r = op->rank;
-    const size_t bytes = op->count * op->elem_size;
-    void *recv = op->recvbuf;
+    return grp ? grp[i] : i;
+}
 
-    if (op->count == 0)
-        return TUTTI_OK;
+int tt_rd_group(tt_op_t *op, const int *grp, int n, int r, const void *send, void *recv,
+                size_t count, void *tmp, uint32_t tag0)
+{
+    const size_t bytes = count * op->elem_size;
 
     int p = 1;
     while (p <= n / 2)
         p *= 2;
     const int extra = n - p;
 
-    void *tmp = tt_op_scratch(op, 0, bytes);
-    if (!tmp)
-        return TUTTI_ERR_NOMEM;
-
     tt_req_t req[2];
-    /* This rank's partial result: sendbuf until the first reduction writes recvbuf, so
-     * that out of place needs no copy. */
-    const void *cur = op->sendbuf;
+    /* This rank's partial result: send until the first reduction writes recv, so that
+     * out of place needs no copy. */
+    const void *cur = send;
     int folded;
 
     if (r < 2 * extra) {
         if (r & 1) {
             /* In place, the result lands where the send reads: finish the send first. */
-            TT_CHECK(tt_p2p_send(op, r - 1, cur, bytes, RD_TAG_FOLD, &req[0]));
+            TT_CHECK(tt_p2p_send(op, rd_rank(grp, r - 1), cur, bytes, tag0 + RD_TAG_FOLD, &req[0]));
             TT_CHECK(tt_p2p_wait(op, &req[0]));
-            TT_CHECK(tt_p2p_recv(op, r - 1, recv, bytes, RD_TAG_UNFOLD, &req[0]));
+            TT_CHECK(
+                tt_p2p_recv(op, rd_rank(grp, r - 1), recv, bytes, tag0 + RD_TAG_UNFOLD, &req[0]));
             return tt_p2p_wait(op, &req[0]);
         }
-        TT_CHECK(tt_p2p_recv(op, r + 1, tmp, bytes, RD_TAG_FOLD, &req[0]));
+        TT_CHECK(tt_p2p_recv(op, rd_rank(grp, r + 1), tmp, bytes, tag0 + RD_TAG_FOLD, &req[0]));
         TT_CHECK(tt_p2p_wait(op, &req[0]));
-        tt_reduce3(recv, cur, tmp, op->count, op->dtype, op->redop);
+        tt_reduce3(recv, cur, tmp, count, op->dtype, op->redop);
         cur = recv;
         folded = r / 2;
     } else {
@@ -67,21 +68,31 @@ int tt_allreduce_rd(tt_op_t *op)
     for (int mask = 1, round = 0; mask < p; mask <<= 1, round++) {
         int pf = folded ^ mask;
         int peer = pf < extra ? 2 * pf : pf + extra;
-        uint32_t tag = RD_TAG_ROUND0 + (uint32_t)round;
-        TT_CHECK(tt_p2p_recv(op, peer, tmp, bytes, tag, &req[0]));
-        TT_CHECK(tt_p2p_send(op, peer, cur, bytes, tag, &req[1]));
+        uint32_t tag = tag0 + RD_TAG_ROUND0 + (uint32_t)round;
+        TT_CHECK(tt_p2p_recv(op, rd_rank(grp, peer), tmp, bytes, tag, &req[0]));
+        TT_CHECK(tt_p2p_send(op, rd_rank(grp, peer), cur, bytes, tag, &req[1]));
         /* both: the reduction may overwrite what the send reads */
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         if (r < peer)
-            tt_reduce3(recv, cur, tmp, op->count, op->dtype, op->redop);
+            tt_reduce3(recv, cur, tmp, count, op->dtype, op->redop);
         else
-            tt_reduce3(recv, tmp, cur, op->count, op->dtype, op->redop);
+            tt_reduce3(recv, tmp, cur, count, op->dtype, op->redop);
         cur = recv;
     }
 
     if (r < 2 * extra) {
-        TT_CHECK(tt_p2p_send(op, r + 1, recv, bytes, RD_TAG_UNFOLD, &req[0]));
+        TT_CHECK(tt_p2p_send(op, rd_rank(grp, r + 1), recv, bytes, tag0 + RD_TAG_UNFOLD, &req[0]));
         TT_CHECK(tt_p2p_wait(op, &req[0]));
     }
     return TUTTI_OK;
+}
+
+int tt_allreduce_rd(tt_op_t *op)
+{
+    if (op->count == 0)
+        return TUTTI_OK;
+    void *tmp = tt_op_scratch(op, 0, op->count * op->elem_size);
+    if (!tmp)
+        return TUTTI_ERR_NOMEM;
+    return tt_rd_group(op, NULL, op->nranks, op->rank, op->sendbuf, op->recvbuf, op->count, tmp, 0);
 }

@@ -1,6 +1,6 @@
 /* Helpers shared by the algorithms, written against core/p2p.h as they are: the linear
  * rooted exchange (gather, scatter), the binomial tree's layout for the tree gather and
- * scatter, and where a rank's block lies in a buffer.
+ * scatter, recursive doubling among a group, and where a rank's block lies in a buffer.
  */
 #ifndef TT_ALGORITHMS_COMMON_H
 #define TT_ALGORITHMS_COMMON_H
@@ -39,6 +39,12 @@ int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int
 
 /* The linear gather (to_root 1) or scatter (to_root 0) */
 int tt_linear_rooted(tt_op_t *op, int to_root);
+
+/* Recursive doubling allreduce (allreduce_rd.c) of count elements among n ranks: grp[i]
+ * is member i's rank (NULL: rank i), this rank is member r; from send (may equal recv)
+ * into recv, tmp holding count elements; tags from tag0 up to tag0 + 16 + log2(n). */
+int tt_rd_group(tt_op_t *op, const int *grp, int n, int r, const void *send, void *recv,
+                size_t count, void *tmp, uint32_t tag0);
 
 /* rank j's block in buf, laid out by dsp */
 static inline unsigned char *tt_blk(void *buf, const size_t *dsp, int j, size_t es)

@@ -69,7 +69,7 @@ static const char *const coll_names[COLL_COUNT] = {
  * library rejects (tutti_comm_init fails on it in opts.algo) is absent and skipped. */
 #define MAX_ALGOS 8
 static const char *const algo_candidates[COLL_COUNT][MAX_ALGOS + 1] = {
-    [COLL_ALLREDUCE] = { "ring", "rd", "hd", "dbtree", NULL },
+    [COLL_ALLREDUCE] = { "ring", "rd", "hd", "dbtree", "hier", NULL },
     [COLL_BROADCAST] = { "chain", "tree", NULL },
     [COLL_BARRIER] = { "dissemination", NULL },
     [COLL_REDUCE] = { "tree", "ring", NULL },

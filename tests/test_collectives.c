@@ -378,6 +378,62 @@ START_TEST(matrix)
 }
 END_TEST
 
+/* ---- hier: ranks on hosts of their own (TUTTI_HOST_ID per rank: shm within a host,
+ * tcp across), even and uneven ---- */
+
+static const char *const hier_maps[] = {
+    "aabb",   /* 2 hosts of 2 */
+    "abab",   /* the same, hosts interleaved in rank order */
+    "aaabbb", /* 2 hosts of 3 */
+    "aabbcc", /* 3 hosts of 2 */
+    "aaabbc", /* uneven: 3, 2 and 1 (one shard) */
+    "aaabb",  /* uneven: 3 and 2 (two shards, one rank without) */
+};
+
+static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *map = ((const matrix_arg_t *)arg)->label + strlen("hier ");
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = "allreduce:hier;broadcast:tree";
+    o.chunk_bytes = 4099; /* several chunks per block, an odd size */
+    char hid[16];
+    snprintf(hid, sizeof(hid), "host-%c", map[rank]);
+    o.host_id = hid;
+    o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    int rc = rank_matrix(rank, nranks, comm, dir, arg);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(hier_hosts)
+{
+    char label[32];
+    snprintf(label, sizeof(label), "hier %s", hier_maps[_i]);
+    matrix_arg_t arg = { .allreduce = "hier",
+                         .broadcast = "tree",
+                         .label = label,
+                         .allreduce_only = 1,
+                         .sh = shared_area() };
+    th_spec_t spec = { .nranks = (int)strlen(hier_maps[_i]),
+                       .fn = rank_hier,
+                       .arg = &arg,
+                       .timeout_ms = 100000,
+                       .flags = TH_NO_COMM };
+    double t0 = th_now_ms();
+    int rc = th_run_ex(&spec, NULL);
+    fprintf(stderr, "matrix %s: %.0f ms\n", label, th_now_ms() - t0);
+    ck_assert_msg(rc == 0, "%s failed (see above)", label);
+}
+END_TEST
+
 /* ---- async ---- */
 
 enum { N_ASYNC = 8 };
@@ -591,7 +647,7 @@ END_TEST
 
 /* ---- NaN and infinities through MIN/MAX, every allreduce algorithm ---- */
 
-static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree" };
+static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree", "hier" };
 
 static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
@@ -675,6 +731,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("collectives");
     th_add_case(s, "matrix", matrix, 5 * MATRIX_CONFIGS, 120);
+    th_add_case(s, "hier", hier_hosts, (int)(sizeof(hier_maps) / sizeof(hier_maps[0])), 120);
     TCase *tc = tcase_create("async");
     tcase_set_timeout(tc, 90);
     tcase_add_loop_test(tc, async_inflight, 2, 5);

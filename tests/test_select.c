@@ -36,7 +36,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 19);
+    ck_assert_uint_eq(n, 20);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -69,6 +69,7 @@ START_TEST(force_each)
         { TT_COLL_ALLTOALL, "alltoall:ring", "ring" },
         { TT_COLL_ALLREDUCE, "allreduce:hd", "hd" },
         { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
+        { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -125,7 +126,7 @@ START_TEST(bad_strings)
         { "reducescatter:ring", "reduce_scatter" },
         { "allgather", "expected ':' after \"allgather\"" },
         { "bogus", "pairwise" },
-        { "allreduce:tree", "expected one of: ring, rd, hd, dbtree" },
+        { "allreduce:tree", "expected one of: ring, rd, hd, dbtree, hier" },
         { "bogus", "dbtree" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -298,9 +299,10 @@ static int same_model_everywhere(int rank, int nranks, tutti_comm_t *comm, tutti
  * its own store handle), then check runs on its communicator. */
 typedef struct model_case model_case_t;
 struct model_case {
-    const char *models[3];
+    const char *models[4];
     int (*check)(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
                  const model_case_t *mc);
+    const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
 };
 
 static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -312,6 +314,12 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.cost_model = mc->models[rank];
+    char hid[16];
+    if (mc->hosts) {
+        snprintf(hid, sizeof(hid), "host-%c", mc->hosts[rank]);
+        o.host_id = hid;
+        o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
+    }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
@@ -324,7 +332,8 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 static void run_models(const model_case_t *mc)
 {
-    ck_assert_int_eq(th_run_nocomm(3, rank_model, (void *)mc, 60000), 0);
+    int n = mc->hosts ? (int)strlen(mc->hosts) : 3;
+    ck_assert_int_eq(th_run_nocomm(n, rank_model, (void *)mc, 60000), 0);
 }
 
 /* TUTTI_COST_MODEL=probe: every rank ends with the same measured parameters (or the
@@ -345,7 +354,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe };
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL };
     run_models(&mc);
 }
 END_TEST
@@ -383,7 +392,8 @@ START_TEST(models_agree)
     static const model_case_t mc = { { "alpha=0.5,bw=100,reduce=100",
                                        "alpha=5000,bw=0.01,reduce=0.01",
                                        "alpha=50,bw=1,reduce=50" },
-                                     check_disagree };
+                                     check_disagree,
+                                     NULL };
     run_models(&mc);
 }
 END_TEST
@@ -404,8 +414,90 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 
 START_TEST(probe_on_some_ranks)
 {
-    static const model_case_t mcs[2] = { { { "probe", "table", "table" }, check_probe_some },
-                                         { { "table", "probe", "probe" }, check_probe_some } };
+    static const model_case_t mcs[2] = {
+        { { "probe", "table", "table" }, check_probe_some, NULL },
+        { { "table", "probe", "probe" }, check_probe_some, NULL }
+    };
+    run_models(&mcs[_i]);
+}
+END_TEST
+
+/* hier from the host map: the formulas of cost.c worked by hand for the shm+tcp table
+ * (a 10 us, b 0.5 ns/B across, bl 0.2 ns/B within a host, g 1/12 ns/B), 2 hosts of 2
+ * ranks, 1 MiB chunks */
+START_TEST(hier_model)
+{
+    tt_cost_t c;
+    tt_cost_table(&c, "shm+tcp");
+    ck_assert(c.beta_ns == 0.5 && c.local_beta_ns == 0.2);
+    ck_assert_int_eq(c.nhosts, 0);
+    const int aabb[] = { 0, 0, 1, 1 }, abcd[] = { 0, 1, 2, 3 }, aaab[] = { 0, 0, 0, 1 };
+    /* no map: never hier */
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    tt_cost_set_hosts(&c, aabb, 4);
+    ck_assert(c.nhosts == 2 && c.lmin == 2 && c.lmax == 2);
+    /* 64 MiB, m = n/2: within hosts 2(a + m bl) + m g = 16238 us; across, b doubled (two
+     * ranks share the link): ring 2a + m 2b/2 + m g/8 = 33924 < rd 36360; total 50162
+     * against the flat ring's 6a + 1.5 n b + .75 n g / 4 = 51440 */
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "hier");
+    /* 64 KiB: 35.8 + rd across 45.5 = 81.3 against hd's 93.3 and rd's 96.5 */
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 10, 4), "hier");
+    /* 4 KiB: three latencies against rd's two */
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 4 << 10, 4), "rd");
+    ck_assert(tt_cost_hier_cross_rd(&c, 32 << 10, 2, 2, 1 << 20));
+    ck_assert(!tt_cost_hier_cross_rd(&c, 32 << 20, 2, 2, 1 << 20));
+    /* local links no faster than the remote ones (rank 0 alone on its host): 2(a + m b)
+     * + m g within hosts = 36370 us, more than the ring altogether */
+    tt_cost_t slow = c;
+    slow.local_beta_ns = 0;
+    ck_assert_str_eq(pick_c(&slow, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    /* one rank per host: hier would be the flat algorithm */
+    tt_cost_set_hosts(&c, abcd, 4);
+    ck_assert(c.nhosts == 4 && c.lmax == 1);
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    /* uneven 3 + 1: one shard, the whole vector through each host's chain */
+    tt_cost_set_hosts(&c, aaab, 4);
+    ck_assert(c.nhosts == 2 && c.lmin == 1 && c.lmax == 3);
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    tt_cost_set_hosts(&c, NULL, 4);
+    ck_assert_int_eq(c.nhosts, 0);
+}
+END_TEST
+
+/* The communicator learns the host map from TUTTI_HOST_ID (shm within a host, tcp
+ * across): every rank has the same model, which says so and picks hier for large
+ * vectors on 2 hosts of 2 (_i 0), never with rank 0 alone on its host (_i 1: its local
+ * beta is unknown, and one shard), and the allreduce it picks is right. */
+static int check_hosts(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                       const model_case_t *mc)
+{
+    const char *map = mc->hosts;
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(!strstr(d, "; 2 hosts of "), "cost model %s", d);
+    const char *big = tutti_comm_algo_for(comm, "allreduce", 64 << 20);
+    const int even = map[0] == map[1];
+    FAIL_IF(strcmp(big, even ? "hier" : "ring"), "%s: 64 MiB picks %s", map, big);
+    FAIL_IF(strcmp(tutti_comm_algo_for(comm, "allreduce", 4), "rd"), "4 bytes");
+    FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
+    enum { N = 1 << 18 };
+    int32_t *x = malloc(N * sizeof(int32_t));
+    FAIL_IF(!x, "malloc");
+    for (int e = 0; e < N; e++)
+        x[e] = (e % 1000) * (rank + 1);
+    const char *mid = tutti_comm_algo_for(comm, "allreduce", N * sizeof(int32_t));
+    FAIL_IF(strcmp(mid, even ? "hier" : "hd"), "%s: 1 MiB picks %s", map, mid);
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, x, N, TUTTI_INT32, TUTTI_SUM) != 0, "%s",
+            tutti_comm_last_error(comm));
+    for (int e = 0; e < N; e++)
+        FAIL_IF(x[e] != (e % 1000) * nranks * (nranks + 1) / 2, "element %d is %d", e, x[e]);
+    free(x);
+    return 0;
+}
+
+START_TEST(hier_from_hosts)
+{
+    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb" },
+                                         { { NULL }, check_hosts, "abbb" } };
     run_models(&mcs[_i]);
 }
 END_TEST
@@ -419,5 +511,7 @@ int main(void)
                                          cost_tables_and_strings, probe_agrees, models_agree,
                                          NULL });
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
+    th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
+    th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);
     return th_main(s);
 }

@@ -62,6 +62,12 @@ int tt_alltoall_pairwise(tt_op_t *op);
 int tt_alltoall_ring(tt_op_t *op);
 int tt_allreduce_hd(tt_op_t *op);     /* halving-doubling (Rabenseifner) */
 int tt_allreduce_dbtree(tt_op_t *op); /* NCCL's double binary tree, pipelined */
+int tt_allreduce_hier(tt_op_t *op);   /* within hosts, then across them (NCCL's split) */
+
+/* For hier (lib/coll/hosts.c): the communicator's host map, rank -> host index (NULL:
+ * not known), and its cost model. */
+const int *tt_op_host_map(const tt_op_t *op);
+const tt_cost_t *tt_op_cost(const tt_op_t *op);
 
 /* The descriptor table's steps (lib/coll/coll.h), never selected: one rank's copies
  * (algorithms/local.c), and the rooted collectives' closing handshake

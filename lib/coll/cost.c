@@ -7,6 +7,13 @@
  *            hd      2 log2(P) a + 2(P-1)/P n b + (P-1)/P n g + x (2 a + 2 n b + n g)
  *            dbtree  2 (L + c - 1) a + 2 n b + n g     (c chunks through the trees; each
  *                    rank receives up to the whole vector and sends it on)
+ *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
+ *                    carries across, bl the local transport's beta)
+ *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
+ *                    allgather within the host; a is the slowest link's, as everywhere)
+ *                    + min(ring, rd) of m bytes among H ranks with S b for b (the S
+ *                    ranks of a host share its link); never chosen below 2 hosts or
+ *                    with one rank per host (it would be the flat algorithm)
  * broadcast  tree    L (a + n b)
  *            chain   (p - 1 + c - 1)(a + min(n, chunk) b)
  * reduce     tree    L (a + n b + n g)
@@ -78,6 +85,11 @@ void tt_cost_from_props(tt_cost_t *c, const char *transport,
     }
     c->alpha_us = best_a;
     c->beta_ns = 1.0 / best_bw;
+    /* with two parts the first serves this host's peers (tpmux.c names them so) */
+    const tutti_tp_props_v2_t *lp = n > 1 && strchr(transport ? transport : "", '+') ? props[0]
+                                                                                     : NULL;
+    c->local_beta_ns = lp && lp->alpha_us > 0 && lp->bw_gbs > 0 ? 1.0 / lp->bw_gbs : 0;
+    c->nhosts = c->lmin = c->lmax = 0; /* not known until tt_cost_set_hosts */
     c->gamma_ns = 1.0 / COST_REDUCE_GBS;
     snprintf(c->source, sizeof(c->source), "table %.*s", (int)best_len, best_name);
 }
@@ -156,6 +168,58 @@ static int ceil_log2(int p)
     return l;
 }
 
+void tt_cost_set_hosts(tt_cost_t *c, const int *host_of, int nranks)
+{
+    c->nhosts = c->lmin = c->lmax = 0;
+    if (!host_of)
+        return;
+    for (int r = 0; r < nranks; r++)
+        c->nhosts = TT_MAX(c->nhosts, host_of[r] + 1);
+    for (int h = 0; h < c->nhosts; h++) {
+        int l = 0;
+        for (int r = 0; r < nranks; r++)
+            l += host_of[r] == h;
+        c->lmin = h == 0 ? l : TT_MIN(c->lmin, l);
+        c->lmax = TT_MAX(c->lmax, l);
+    }
+}
+
+static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
+                        size_t chunk);
+
+/* The step across hosts as the flat model sees it, on links shared by `sharers` ranks */
+static double hier_cross(const tt_cost_t *c, double m, int nhosts, int sharers, size_t chunk,
+                         int *rd_p)
+{
+    tt_cost_t x = *c;
+    x.beta_ns *= sharers;
+    x.nhosts = 0;
+    double ring = algo_cost(&x, TT_COLL_ALLREDUCE, "ring", (size_t)m, nhosts, chunk);
+    double rd = algo_cost(&x, TT_COLL_ALLREDUCE, "rd", (size_t)m, nhosts, chunk);
+    *rd_p = rd < ring;
+    return TT_MIN(ring, rd);
+}
+
+int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, int sharers,
+                          size_t chunk)
+{
+    int rd = 0;
+    if (nhosts > 1)
+        hier_cross(c, (double)shard_bytes, nhosts, sharers, chunk, &rd);
+    return rd;
+}
+
+static double hier_cost(const tt_cost_t *c, double n, int p, size_t chunk)
+{
+    if (c->nhosts < 2 || c->lmax < 2 || c->nhosts > p)
+        return HUGE_VAL;
+    double a = c->alpha_us, g = c->gamma_ns * 1e-3;
+    double bl = (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns) * 1e-3;
+    double m = n / c->lmin, l1 = c->lmax - 1;
+    int rd;
+    return 2 * l1 * (a + m * bl) + l1 * m * g + hier_cross(c, m, c->nhosts, c->lmin, chunk, &rd);
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk)
 {
@@ -186,6 +250,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    x * (2 * a + 2 * n * b + n * g);
         if (!strcmp(algo, "dbtree"))
             return 2 * (L + chunks - 1) * a + 2 * n * b + n * g;
+        if (!strcmp(algo, "hier"))
+            return hier_cost(c, n, p, chunk);
         break;
     case TT_COLL_BROADCAST:
         if (!strcmp(algo, "tree"))
@@ -243,6 +309,10 @@ double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
 
 void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s: alpha %.2f us, bw %.2f GB/s, reduce %.2f GB/s", c->source, c->alpha_us,
-             1.0 / c->beta_ns, 1.0 / c->gamma_ns);
+    int n = snprintf(buf, len, "%s: alpha %.2f us, bw %.2f GB/s, reduce %.2f GB/s", c->source,
+                     c->alpha_us, 1.0 / c->beta_ns, 1.0 / c->gamma_ns);
+    if (c->nhosts > 1 && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, "; %d hosts of %d..%d ranks, local bw %.2f GB/s",
+                 c->nhosts, c->lmin, c->lmax,
+                 1.0 / (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns));
 }

@@ -18,6 +18,11 @@ typedef struct tt_cost {
     double beta_ns;  /* per byte sent over the transport (1 / bandwidth) */
     double gamma_ns; /* per byte of vector reduced (or copied) in memory */
     char source[48]; /* "table tcp", "probe", "user" */
+    /* For hier (tt_cost_set_hosts): the local transport's beta (shm's hint; 0: as
+     * beta_ns), and the host map's shape: hosts (0: not known, one transport served
+     * every peer), the fewest and the most ranks on one host. */
+    double local_beta_ns;
+    int nhosts, lmin, lmax;
 } tt_cost_t;
 
 /* The parameters from the transports' cost hints (ABI v2 properties): props[i] belongs
@@ -28,6 +33,15 @@ void tt_cost_from_props(tt_cost_t *c, const char *transport,
 /* The same for built-in transports by name ("tcp", "shm+tcp"; a part not built in
  * counts as tcp). */
 void tt_cost_table(tt_cost_t *c, const char *transport);
+
+/* The host map's shape from host_of[r] (rank r's host, 0 .. hosts - 1; NULL: not
+ * known) into c. */
+void tt_cost_set_hosts(tt_cost_t *c, const int *host_of, int nranks);
+
+/* hier's step across hosts: 1 when recursive doubling beats the ring for an allreduce
+ * of shard_bytes among nhosts ranks, `sharers` of which share each host's link. */
+int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, int sharers,
+                          size_t chunk);
 
 /* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any
  * subset, the rest from c). "table" and "probe" are handled by the caller. */

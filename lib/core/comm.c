@@ -62,6 +62,7 @@ static void comm_free(tutti_comm_t *comm)
     if (comm->tp_handle)
         tt_transport_unload(comm->tp_handle);
     tt_algo_override_free(comm->algo_ovr);
+    free(comm->host_of);
     if (comm->qstore)
         tutti_store_close(comm->qstore);
     if (comm->job_store)
@@ -99,8 +100,8 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     tt_cost_t *c = &comm->cost;
     char buf[256];
     if (comm->rank == 0) {
-        int n = snprintf(buf, sizeof(buf), "%a %a %a %d %s", c->alpha_us, c->beta_ns, c->gamma_ns,
-                         *probe_p, c->source);
+        int n = snprintf(buf, sizeof(buf), "%a %a %a %a %d %s", c->alpha_us, c->beta_ns,
+                         c->gamma_ns, c->local_beta_ns, *probe_p, c->source);
         int st = tutti_store_set(comm->store, "cost_model", buf, (size_t)n + 1);
         if (st < 0)
             snprintf(err, errlen, "publishing the cost model: %s", tutti_strerror(st));
@@ -118,9 +119,10 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     r0.alpha_us = strtod(s, &end);
     r0.beta_ns = strtod(end, &end);
     r0.gamma_ns = strtod(end, &end);
+    r0.local_beta_ns = strtod(end, &end); /* 0 where rank 0 has no host-mates */
     long probe = strtol(end, &end, 10);
     int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
-             (probe == 0 || probe == 1);
+             r0.local_beta_ns >= 0 && (probe == 0 || probe == 1);
     if (ok) {
         snprintf(r0.source, sizeof(r0.source), "%s", end + 1);
         if (probe != *probe_p)
@@ -132,7 +134,8 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         snprintf(err, errlen, "rank %d: rank 0's cost model is garbled", comm->rank);
         return TUTTI_ERR_PROTOCOL;
     }
-    if (r0.alpha_us != c->alpha_us || r0.beta_ns != c->beta_ns || r0.gamma_ns != c->gamma_ns)
+    if (r0.alpha_us != c->alpha_us || r0.beta_ns != c->beta_ns || r0.gamma_ns != c->gamma_ns ||
+        r0.local_beta_ns != c->local_beta_ns)
         TT_INFO("cost model: rank 0's (%s) instead of this rank's (%s)", r0.source, c->source);
     *c = r0;
     return TUTTI_OK;
@@ -238,6 +241,7 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
     const tutti_tp_props_v2_t *props[4];
     int nprops = tt_transports_props(comm, props, 4);
     tt_cost_from_props(&comm->cost, comm->tp_name, props, nprops);
+    tt_cost_set_hosts(&comm->cost, comm->host_of, comm->nranks);
     if (cm && *cm && !*probe_p && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
         if (st < 0)

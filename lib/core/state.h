@@ -76,6 +76,9 @@ struct tutti_comm {
     tutti_tp_host_v2_t host;
     char tp_name[64];  /* "tcp", or "shm+tcp" when several serve different peers */
     char host_id[256]; /* this host's identity (tpmux.c) */
+    int *host_of;      /* rank -> host index (NULL: not exchanged, one transport for
+                          every peer), nhosts of them (tpmux.c) */
+    int nhosts;
 
     struct tt_algo_override *algo_ovr;
     tt_cost_t cost; /* the cost model's parameters (the same on every rank) */

@@ -396,6 +396,16 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
         goto out;
     }
     *first_remote_rank = -1;
+    /* the host map (hosts numbered as they first appear), for hier and its cost */
+    free(comm->host_of);
+    if (!(comm->host_of = calloc((size_t)n, sizeof(int))))
+        st = TUTTI_ERR_NOMEM;
+    for (int r = 0; r < n && comm->host_of; r++)
+        for (int q = 0; q <= r; q++)
+            if (!strcmp((const char *)vals[q], (const char *)vals[r])) {
+                comm->host_of[r] = q == r ? comm->nhosts++ : comm->host_of[q];
+                break;
+            }
     for (int r = 0; r < n; r++) {
         local[r] = r != comm->rank && !strcmp((const char *)vals[r], me);
         if (r != comm->rank && !local[r] && *first_remote_rank < 0) {
