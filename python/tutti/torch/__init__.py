@@ -22,3 +22,14 @@ def _create(store, rank, world_size, timeout):
 
 if not hasattr(_dist.Backend, BACKEND.upper()):
     _dist.Backend.register_backend(BACKEND, _create)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for tutti groups (torch 1.x's refuses every
+    backend but gloo): rank 0 raises naming the ranks that did not arrive in timeout
+    (a timedelta; default: the group's timeout). A failed one leaves the group unusable."""
+    from torch.distributed import distributed_c10d as c10d
+    pg = group if group is not None else c10d._get_default_group()
+    if timeout is None:
+        return pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

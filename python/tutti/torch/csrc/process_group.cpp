@@ -3,6 +3,8 @@
  * the store torch hands the backend's creator. */
 #include "process_group.hpp"
 
+#include <Python.h>
+
 #include <climits>
 #include <cstdlib>
 #include <numeric>
@@ -176,8 +178,11 @@ constexpr uint32_t kMonitorTag = 0x7474ffffu; /* monitoredBarrier's messages */
 
 /* ---- Completer ---- */
 
-Completer::Completer() : thread_([this] { run(); })
+Completer::Completer()
 {
+    std::lock_guard<std::mutex> g(mu_);
+    idle_ = 1;
+    threads_.emplace_back([this] { run(); });
 }
 
 Completer::~Completer()
@@ -194,17 +199,21 @@ void Completer::push(WorkTutti *work, int status)
 
 void Completer::stop()
 {
-    {
-        std::lock_guard<std::mutex> g(mu_);
-        stopping_ = true;
-        cv_.notify_one();
+    std::unique_lock<std::mutex> g(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+    while (!threads_.empty()) {
+        std::vector<std::thread> ts;
+        ts.swap(threads_);
+        g.unlock();
+        for (auto &t : ts) {
+            if (t.get_id() == std::this_thread::get_id())
+                t.detach(); /* the group's last reference went in a continuation */
+            else
+                t.join();
+        }
+        g.lock();
     }
-    if (!thread_.joinable())
-        return;
-    if (thread_.get_id() == std::this_thread::get_id())
-        thread_.detach(); /* the group's last reference went in a continuation */
-    else
-        thread_.join();
 }
 
 void Completer::run()
@@ -216,11 +225,16 @@ void Completer::run()
             return;
         auto item = queue_.front();
         queue_.pop_front();
+        if (--idle_ == 0 && threads_.size() < kMaxThreads && !stopping_) {
+            idle_++;
+            threads_.emplace_back([this] { run(); });
+        }
         g.unlock();
         auto work = c10::intrusive_ptr<WorkTutti>::reclaim(item.first);
         work->complete(item.second);
         work.reset();
         g.lock();
+        idle_++;
     }
 }
 
@@ -350,11 +364,16 @@ void ProcessGroupTutti::rendezvous(c10d::Store &store, tutti_comm_opts_t *opts)
     }
 }
 
+/* Without the GIL: the completer threads may need it to finish (Python continuations,
+ * Python objects the futures hold), and destroy_process_group drops the group with it. */
 ProcessGroupTutti::~ProcessGroupTutti()
 {
+    PyThreadState *py = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
     tutti_comm_destroy(comm_); /* the queued works' callbacks have run when it returns */
     completer_.stop();
     tutti_store_close(store_);
+    if (py)
+        PyEval_RestoreThread(py);
 }
 
 std::string ProcessGroupTutti::transport() const

@@ -38,8 +38,11 @@ using PGBase = c10d::ProcessGroup;
 
 class WorkTutti;
 
-/* The thread that finishes works: tutti's completion callback only queues them here,
- * since finishing may run Future continuations (DDP's) that issue more collectives. */
+/* The threads that finish works: tutti's completion callback only queues them here,
+ * since finishing runs Future continuations, which may issue collectives and wait for
+ * them (PowerSGD's hook does): while every thread is busy in one, another is started
+ * (up to kMaxThreads), so that a waiting continuation never holds up the completions
+ * it waits for. */
 class Completer {
   public:
     Completer();
@@ -48,12 +51,14 @@ class Completer {
     void stop();                            /* finish what is queued, then end */
 
   private:
+    static constexpr size_t kMaxThreads = 8;
     void run();
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::pair<WorkTutti *, int>> queue_;
     bool stopping_ = false;
-    std::thread thread_;
+    size_t idle_ = 0;
+    std::vector<std::thread> threads_;
 };
 
 class WorkTutti : public c10d::Work {
