@@ -74,8 +74,9 @@ test)
         install_deps "${FUZZ_PKGS[@]}"
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
             -Dpeers=disabled -Db_lundef=false -Dtests=false
-        ninja -C build-fuzz fuzz/fuzz_store_server fuzz/fuzz_tcp_hello fuzz/fuzz_tcp_frames
-        for f in fuzz_store_server fuzz_tcp_hello fuzz_tcp_frames; do
+        ninja -C build-fuzz fuzz/fuzz_store_server fuzz/fuzz_tcp_hello fuzz/fuzz_tcp_frames \
+            fuzz/fuzz_shm_ring fuzz/fuzz_ib_wire
+        for f in fuzz_store_server fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring fuzz_ib_wire; do
             mkdir -p "build-fuzz/corpus-$f"
             (cd build-fuzz && "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-30}" \
                 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \

@@ -246,42 +246,6 @@ static void usage(FILE *f)
         TT_LAUNCH_MAX_RANKS);
 }
 
-static int parse_size(const char *s, size_t *size_p)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    default: break;
-    }
-    if (*end == 'i')
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end || (shift && v > (~0ull >> shift)))
-        return -1;
-    *size_p = (size_t)(v << shift);
-    return 0;
-}
-
 static int parse_int(const char *s, int min, int *v_p)
 {
     return tt_cli_int(s, min, 1 << 30, v_p);
@@ -372,13 +336,13 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             bad = parse_int(v, 1, &cfg->np) || cfg->np > TT_LAUNCH_MAX_RANKS;
         } else if (FLAG("-b", "--minbytes")) {
             VALUE();
-            bad = parse_size(v, &cfg->min_bytes);
+            bad = tt_cli_size(v, &cfg->min_bytes);
         } else if (FLAG("-e", "--maxbytes")) {
             VALUE();
-            bad = parse_size(v, &cfg->max_bytes);
+            bad = tt_cli_size(v, &cfg->max_bytes);
         } else if (FLAG("-f", "--stepfactor")) {
             VALUE();
-            bad = parse_size(v, &cfg->factor) || cfg->factor < 2;
+            bad = tt_cli_size(v, &cfg->factor) || cfg->factor < 2;
         } else if (FLAG("-n", "--iters")) {
             VALUE();
             bad = parse_int(v, 1, &cfg->iters);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fuzz_host.h"
+#include "tcp.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -22,17 +23,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     tutti_tp_host_v1_t host = fuzz_host(0, 2);
     tp_req_t reqs[MAX_REQS];
-    memset(reqs, 0, sizeof(reqs));
-    for (size_t i = 0; i < nreqs; i++) {
-        reqs[i].peer = 1;
-        reqs[i].len = (size_t)data[1 + 2 * i] | (size_t)data[2 + 2 * i] << 8;
-        reqs[i].buf = reqs[i].len ? malloc(reqs[i].len) : NULL;
-        for (int k = 0; k < 4; k++)
-            reqs[i].env[k] = (uint64_t)k + 1;
-    }
+    fuzz_reqs_init(reqs, nreqs, data + 1);
     tcp_recv_fuzz_input(&host, data[0] & 1 ? TCP_CSUM_CRC32C : TCP_CSUM_NONE, data + 1 + 2 * nreqs,
                         size - 1 - 2 * nreqs, reqs, nreqs);
-    for (size_t i = 0; i < nreqs; i++)
-        free(reqs[i].buf);
+    fuzz_reqs_check_free(reqs, nreqs);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fuzz_host.h"
+#include "tcp.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora (corpus/NAME/seed-*) from the wire formats in lib/store/store_impl.h
-and transports/tcp/tcp.h: valid exchanges and a few near misses, for the fuzzers to start
+"""Writes the seed corpora (corpus/NAME/seed-*) from the wire formats in lib/store/store_impl.h,
+transports/tcp/tcp.h, transports/shm/shm.h and transports/ibverbs/ib.h: valid exchanges and a few near misses, for the fuzzers to start
 from. Run it again after a format change; inputs found by fuzzing are added beside them."""
 import os
 import struct
@@ -145,3 +145,85 @@ write(F, "mismatch-env", frames_input([5], tcp_frame(b"hello", env=(9, 9, 9, 9))
 write(F, "cut-mid-payload", frames_input([100], tcp_frame(b"z" * 100)[:80]))
 write(F, "bad-payload-crc", frames_input([5], tcp_frame(b"hello", csum=True)[:-1] + b"\0",
                                          csum=True))
+
+
+# ---- shm rings: byte 0 (bits 0-1 receives - 1, 2 broken, 3 revoked, 4 report, 5-7 step
+# 64 << 2k), byte 1 start line, byte 2 (bits 0-1 heads - 1, 2-7 -status), 2-byte heads
+# (from the start) and lengths, then the stream; receives expect envelope {1, 2, 3, 4} ----
+SHM_MAGIC, INLINE, CMA = 0x5453, 1, 2
+PEER_MEM = 1 << 63  # a pull address into the harness's buffer for the peer
+
+
+def shm_rec(payload=b"", env=ENV, rtype=INLINE, addr=0, length=None, magic=SHM_MAGIC):
+    n = len(payload) if length is None else length
+    rec = struct.pack("<HHIQ4QQ", magic, rtype, 0, n, *env, addr) + payload
+    return rec + b"\0" * (-len(rec) % 64)
+
+
+def shm_input(lens, stream, heads=None, flags=0, start=0, step=5, status=0):
+    heads = [len(stream)] if heads is None else heads
+    return (bytes([(len(lens) - 1) | flags << 2 | step << 5, start,
+                   (len(heads) - 1) | status << 2])
+            + b"".join(struct.pack("<H", h) for h in heads)
+            + b"".join(struct.pack("<H", n) for n in lens) + stream)
+
+
+S = "fuzz_shm_ring"
+three = shm_rec(b"") + shm_rec(b"abc") + shm_rec(b"q" * 1000)
+write(S, "one", shm_input([5], shm_rec(b"hello")))
+write(S, "three", shm_input([0, 3, 1000], three))
+write(S, "three-small-steps", shm_input([0, 3, 1000], three, step=0))
+write(S, "three-in-parts", shm_input([0, 3, 1000], three, heads=[64, 100, 700, len(three)],
+                                     step=1))
+write(S, "wraps", shm_input([1000, 7], shm_rec(b"w" * 1000) + shm_rec(b"seven!!"), start=60))
+write(S, "pull", shm_input([3000], shm_rec(rtype=CMA, addr=PEER_MEM | 128, length=3000)))
+write(S, "pull-then-inline", shm_input([3000, 4], shm_rec(rtype=CMA, addr=PEER_MEM, length=3000)
+                                       + shm_rec(b"tail")))
+write(S, "pull-bad-address", shm_input([100], shm_rec(rtype=CMA, addr=0x1000, length=100)))
+write(S, "pull-revoked", shm_input([100], shm_rec(rtype=CMA, addr=PEER_MEM, length=100),
+                                   flags=2))
+write(S, "mismatch-len", shm_input([4], shm_rec(b"hello")))
+write(S, "mismatch-env", shm_input([5], shm_rec(b"hello", env=(9, 9, 9, 9))))
+write(S, "bad-magic", shm_input([5], shm_rec(b"hello", magic=0x1234)))
+write(S, "bad-type", shm_input([5], shm_rec(b"hello", rtype=7)))
+write(S, "huge-length", shm_input([5], shm_rec(b"hello", length=1 << 60)))
+write(S, "report", shm_input([5], b"rank 1 failed: out of memory", heads=[0], flags=4,
+                             status=5))
+write(S, "broken-mid-record", shm_input([500], shm_rec(b"b" * 500)[:200], flags=1))
+write(S, "head-past-ring", shm_input([5000], shm_rec(b"h" * 5000)[:4096], heads=[8192]))
+
+
+# ---- ibverbs wire: byte 0 slots - 2, byte 1 eager bytes / 16; then events: 0 imm, 1 imm
+# without the immediate flag, 2 imm + error box length, 3 spend a credit, 4 next slot,
+# 5 error box (64 bytes) ----
+IB_MAGIC, EAGER, RTS = 0x42495454, 1, 2
+IMM_DATA, IMM_CTRL, IMM_ERROR, IMM_NOP = 1, 2, 3, 4
+
+
+def imm(t, a=0, b=0, op=0):
+    return bytes([op]) + struct.pack(">I", t << 28 | (a & 0x3FFF) << 14 | (b & 0x3FFF))
+
+
+def ib_slot(kind=EAGER, payload=b"", length=None, magic=IB_MAGIC, addr=0, rkey=0):
+    n = len(payload) if length is None else length
+    return b"\x04" + struct.pack("<IHHIIQQ4Q", magic, kind, 0, rkey, 0, n, addr, *ENV) + payload
+
+
+SPEND = b"\x03"
+B = "fuzz_ib_wire"
+write(B, "exchange", bytes([2, 16]) + SPEND * 2 + imm(IMM_DATA) + imm(IMM_DATA)
+      + ib_slot(payload=b"hello") + ib_slot(payload=b"world") + imm(IMM_CTRL, a=2))
+write(B, "rts", bytes([2, 16]) + SPEND + imm(IMM_DATA) + ib_slot(RTS, length=1 << 20,
+                                                               addr=0x7F0000001000, rkey=7)
+      + imm(IMM_CTRL, a=1, b=1) + imm(IMM_NOP))
+write(B, "error", bytes([2, 16]) + b"\x05" + b"rank 1 failed: out of memory".ljust(64, b"\0")
+      + imm(IMM_ERROR, b=5, op=2) + struct.pack("<H", 28))
+write(B, "error-long", bytes([2, 16]) + b"\x05" + b"x" * 64 + imm(IMM_ERROR, b=0x3FFF, op=2)
+      + struct.pack("<H", 0xFFFF))
+write(B, "too-many-credits", bytes([2, 16]) + SPEND + imm(IMM_CTRL, a=2))
+write(B, "ring-full", bytes([2, 16]) + imm(IMM_DATA) * 5)
+write(B, "bad-magic", bytes([2, 16]) + imm(IMM_DATA) + ib_slot(payload=b"x", magic=1))
+write(B, "eager-too-long", bytes([2, 1]) + imm(IMM_DATA) + ib_slot(payload=b"y" * 17))
+write(B, "eager-full-slot", bytes([2, 4]) + imm(IMM_DATA) + ib_slot(payload=b"z" * 64))
+write(B, "no-immediate", bytes([2, 16]) + imm(IMM_DATA, op=1))
+write(B, "unknown-type", bytes([2, 16]) + imm(9))

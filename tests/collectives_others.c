@@ -581,11 +581,7 @@ static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *
     return 0;
 }
 
-START_TEST(async_other_collectives)
-{
-    th_run_each(2, 4, rank_new_async, NULL, 30000);
-}
-END_TEST
+TH_EACH_TEST(async_other_collectives, 2, 4, rank_new_async, NULL, 30000)
 
 void collectives_others_add(Suite *s)
 {

@@ -1,5 +1,6 @@
 /* Multi-rank test harness: see harness.h. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <netinet/in.h>
@@ -67,6 +68,17 @@ void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const 
     for (; *tests; tests++)
         tcase_add_test(tc, *tests);
     suite_add_tcase(s, tc);
+}
+
+TCase *th_add_looped(Suite *s, const char *name, int timeout_s, int loops,
+                     const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_loop_test(tc, *tests, 0, loops);
+    suite_add_tcase(s, tc);
+    return tc;
 }
 
 int th_main(Suite *s)
@@ -463,6 +475,30 @@ void *th_shared_zeroed(size_t size)
     ck_assert_ptr_ne(p, MAP_FAILED);
     memset(p, 0, size);
     return p;
+}
+
+int th_shm_leftovers(const int *pids, int n, time_t since)
+{
+    int found = 0;
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int r = 0; r < n; r++) {
+            char pre[64], path[320];
+            struct stat sb;
+            snprintf(pre, sizeof(pre), "tutti-shm-%d-", pids[r]);
+            snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+            if (pids[r] > 0 && !strncmp(e->d_name, pre, strlen(pre)) &&
+                !(stat(path, &sb) == 0 && sb.st_ctime < since)) {
+                fprintf(stderr, "left over: %s\n", path);
+                found++;
+            }
+        }
+    }
+    closedir(d);
+    return found;
 }
 
 typedef struct th_after {

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 
 #include <check.h>
 
@@ -80,6 +81,11 @@ void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int time
  * NULL-terminated list, under a timeout of timeout_s seconds each. */
 void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
 
+/* th_add_tests for tests each run loops times (_i = 0..loops-1); the test case, to add
+ * more to. */
+TCase *th_add_looped(Suite *s, const char *name, int timeout_s, int loops,
+                     const TTest *const *tests);
+
 /* A suite's main: run s (tests stay on loopback), 0 when every test passed, else 1. */
 int th_main(Suite *s);
 
@@ -94,6 +100,23 @@ int th_main(Suite *s);
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+/* A test whose whole body is one run of ranks that must pass (return 0), e.g.
+ * TH_RUN_TEST(defer, th_run(3, rank_defer, NULL, 60000)); _i is in scope, as in any test. */
+#define TH_RUN_TEST(name, run)                                                                     \
+    START_TEST(name)                                                                               \
+    {                                                                                              \
+        ck_assert_int_eq((run), 0);                                                                \
+    }                                                                                              \
+    END_TEST
+
+/* A test whose whole body is th_run_each(from, to, fn, arg, timeout_ms). */
+#define TH_EACH_TEST(name, from, to, fn, arg, timeout_ms)                                          \
+    START_TEST(name)                                                                               \
+    {                                                                                              \
+        th_run_each((from), (to), (fn), (arg), (timeout_ms));                                      \
+    }                                                                                              \
+    END_TEST
 
 /* ---- one rank of a job that must not meet another job's ranks ---- */
 
@@ -185,6 +208,12 @@ void th_rmtree_gone(const char *dir);
 
 /* size zeroed bytes shared with the ranks forked after (MAP_SHARED); checked. */
 void *th_shared_zeroed(size_t size);
+
+/* Entries of /dev/shm named after one of the processes pids[n] (those > 0), as the shm
+ * transport names its segments ("tutti-shm-<pid>-..."), created at `since` or later
+ * (older ones were left by an earlier process with the same pid): how many, each named
+ * on stderr. */
+int th_shm_leftovers(const int *pids, int n, time_t since);
 
 /* SIGKILL this process ms milliseconds from now (from a thread of its own): a rank that
  * dies in the middle of whatever it is doing then. */

@@ -62,11 +62,7 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
     return 0;
 }
 
-START_TEST(bad_arguments)
-{
-    ck_assert_int_eq(th_run(2, rank_bad_args, NULL, 30000), 0);
-}
-END_TEST
+TH_RUN_TEST(bad_arguments, th_run(2, rank_bad_args, NULL, 30000))
 
 static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -106,11 +102,7 @@ static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *
     return 0;
 }
 
-START_TEST(bad_arguments_other_collectives)
-{
-    ck_assert_int_eq(th_run(2, rank_bad_args2, NULL, 30000), 0);
-}
-END_TEST
+TH_RUN_TEST(bad_arguments_other_collectives, th_run(2, rank_bad_args2, NULL, 30000))
 
 START_TEST(bad_init_arguments)
 {
@@ -190,11 +182,7 @@ static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char 
     return 0;
 }
 
-START_TEST(bad_ifname)
-{
-    ck_assert_int_eq(th_run_nocomm(2, rank_bad_ifname, NULL, 20000), 0);
-}
-END_TEST
+TH_RUN_TEST(bad_ifname, th_run_nocomm(2, rank_bad_ifname, NULL, 20000))
 
 /* ---- init from the environment: TUTTI_* with a file store, torchrun's with TCP ---- */
 
@@ -331,11 +319,7 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
     return st;
 }
 
-START_TEST(stray_connection_during_setup)
-{
-    ck_assert_int_eq(th_run_nocomm(2, rank_stray, NULL, 20000), 0);
-}
-END_TEST
+TH_RUN_TEST(stray_connection_during_setup, th_run_nocomm(2, rank_stray, NULL, 20000))
 
 START_TEST(status_strings)
 {

@@ -490,11 +490,7 @@ static int rank_async_inflight(int rank, int nranks, tutti_comm_t *comm, const c
     return 0;
 }
 
-START_TEST(async_inflight)
-{
-    ck_assert_int_eq(th_run(_i, rank_async_inflight, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(async_inflight, th_run(_i, rank_async_inflight, NULL, 60000))
 
 static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -559,11 +555,7 @@ static int rank_async_mixed(int rank, int nranks, tutti_comm_t *comm, const char
     return async_verify(rank, nranks, &f, "F (handle freed early)");
 }
 
-START_TEST(async_mixed)
-{
-    ck_assert_int_eq(th_run(3, rank_async_mixed, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(async_mixed, th_run(3, rank_async_mixed, NULL, 60000))
 
 /* ---- 8 ranks on a small machine ---- */
 

@@ -4,13 +4,15 @@
  * the tcp sources built as an ABI v1 plugin (through the loader's shim). Two ranks, each
  * a process with a fake host (fake_host.h) over a file store. Checked: per-peer message
  * order with envelopes, zero-length messages, bad requests, envelope and length
- * mismatches, cancel_all, notify_error, abort, progress timeouts, and a killed peer. */
+ * mismatches, cancel_all, notify_error, abort, progress timeouts, and a killed peer;
+ * after every shm run, that /dev/shm holds none of its segments. */
 #include <check.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tutti/transport_v2.h>
@@ -120,12 +122,14 @@ typedef int (*conf_body_fn)(conf_t *cf, int rank);
 typedef struct conf_arg {
     const conf_tp_t *tp;
     conf_body_fn body;
+    int *pids; /* shared with the ranks: their processes, for th_shm_leftovers */
 } conf_arg_t;
 
 static int conf_rank(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *varg)
 {
     (void)comm;
     conf_arg_t *a = varg;
+    a->pids[rank] = getpid();
     conf_t cf;
     int rc = conf_open(&cf, a->tp, dir, rank, nranks);
     if (rc == 0)
@@ -144,7 +148,12 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
         return;
     }
     tt_transport_unload(h);
-    conf_arg_t a = { .tp = &tps[i], .body = body };
+    static int *pids;
+    if (!pids)
+        pids = th_shared_zeroed(2 * sizeof(*pids));
+    pids[0] = pids[1] = 0;
+    time_t since = time(NULL) - 1;
+    conf_arg_t a = { .tp = &tps[i], .body = body, .pids = pids };
     th_spec_t spec = { .nranks = 2,
                        .fn = conf_rank,
                        .arg = &a,
@@ -161,6 +170,11 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
         ck_assert_msg(codes[1] == 128 + SIGKILL, "%s: rank 1 exited %d", tps[i].label, codes[1]);
     else
         ck_assert_msg(codes[1] == 0, "%s: rank 1 exited %d", tps[i].label, codes[1]);
+    /* the shm transports unlink their segments once both ranks mapped them: nothing stays
+     * in /dev/shm, even after a rank was killed */
+    if (strstr(tps[i].label, "shm"))
+        ck_assert_msg(th_shm_leftovers(pids, 2, since) == 0, "%s: segments left in /dev/shm",
+                      tps[i].label);
 }
 
 #define CHECK(cond, ...)                                                                           \

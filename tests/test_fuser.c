@@ -62,50 +62,7 @@ static void put_val(void *buf, tutti_dtype_t dt, size_t e, int v)
 
 static double get_val(const void *buf, tutti_dtype_t dt, size_t e)
 {
-    const unsigned char *p = (const unsigned char *)buf + e * tutti_dtype_size(dt);
-    switch (dt) {
-    case TUTTI_INT8: {
-        int8_t x;
-        memcpy(&x, p, 1);
-        return x;
-    }
-    case TUTTI_UINT8: {
-        uint8_t x;
-        memcpy(&x, p, 1);
-        return x;
-    }
-    case TUTTI_INT32: {
-        int32_t x;
-        memcpy(&x, p, 4);
-        return x;
-    }
-    case TUTTI_INT64: {
-        int64_t x;
-        memcpy(&x, p, 8);
-        return (double)x;
-    }
-    case TUTTI_FP16: {
-        uint16_t x;
-        memcpy(&x, p, 2);
-        return ref_half_to_float(x);
-    }
-    case TUTTI_BF16: {
-        uint16_t x;
-        memcpy(&x, p, 2);
-        return ref_bf16_to_float(x);
-    }
-    case TUTTI_FP32: {
-        float x;
-        memcpy(&x, p, 4);
-        return x;
-    }
-    case TUTTI_FP64: {
-        double x;
-        memcpy(&x, p, 8);
-        return x;
-    }
-    default: return NAN;
-    }
+    return elem_as_double((const unsigned char *)buf + e * tutti_dtype_size(dt), dt);
 }
 
 static void fill(void *buf, const tspec_t *t, int r, int i, int s)
@@ -387,11 +344,7 @@ static int rank_last_bucket(int rank, int nranks, tutti_comm_t *comm, const char
     return 0;
 }
 
-START_TEST(last_bucket)
-{
-    ck_assert_int_eq(th_run(2, rank_last_bucket, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(last_bucket, th_run(2, rank_last_bucket, NULL, 60000))
 
 /* ---- min_buckets: no bucket is a large share of the model ---- */
 
@@ -516,11 +469,7 @@ static int rank_unused(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return 0;
 }
 
-START_TEST(unused)
-{
-    ck_assert_int_eq(th_run(_i, rank_unused, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(unused, th_run(_i, rank_unused, NULL, 60000))
 
 /* ---- compression ---- */
 
@@ -734,11 +683,7 @@ START_TEST(hook_fails_on_one_rank)
 }
 END_TEST
 
-START_TEST(hook)
-{
-    ck_assert_int_eq(th_run(_i, rank_hook, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(hook, th_run(_i, rank_hook, NULL, 60000))
 
 /* A communicator aborted in mid-step: its wait fails with the bucket's error; the peers
  * fail too, within their timeout, instead of hanging. */
@@ -774,11 +719,7 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     return 0;
 }
 
-START_TEST(abort_mid_step)
-{
-    ck_assert_int_eq(th_run_comm_timeout(2, rank_abort, NULL, 60000, 5000, 0, NULL), 0);
-}
-END_TEST
+TH_RUN_TEST(abort_mid_step, th_run_comm_timeout(2, rank_abort, NULL, 60000, 5000, 0, NULL))
 
 /* ---- many steps, fusers created and destroyed, no leaks ---- */
 
@@ -837,11 +778,7 @@ static int rank_many(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     return 0;
 }
 
-START_TEST(many_steps)
-{
-    ck_assert_int_eq(th_run(2, rank_many, NULL, 100000), 0);
-}
-END_TEST
+TH_RUN_TEST(many_steps, th_run(2, rank_many, NULL, 100000))
 
 /* The same in this process on one rank, where LeakSanitizer can look (the harness's
  * ranks leave with _exit): everything the fusers and coalesced calls allocated is gone. */
@@ -919,11 +856,7 @@ static int rank_coalesced(int rank, int nranks, tutti_comm_t *comm, const char *
     return 0;
 }
 
-START_TEST(coalesced)
-{
-    ck_assert_int_eq(th_run(_i, rank_coalesced, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(coalesced, th_run(_i, rank_coalesced, NULL, 60000))
 
 /* ---- arguments ---- */
 
@@ -1108,11 +1041,7 @@ static int rank_defer(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     return 0;
 }
 
-START_TEST(defer)
-{
-    ck_assert_int_eq(th_run(3, rank_defer, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(defer, th_run(3, rank_defer, NULL, 60000))
 
 /* The buckets of a step's last mark are deferred to the rank's wait, but must make
  * progress without it: rank 0 marks every tensor, then blocks (bounded) on a store key
@@ -1205,17 +1134,9 @@ static int rank_stage_cache(int rank, int nranks, tutti_comm_t *comm, const char
     return 0;
 }
 
-START_TEST(stage_cache)
-{
-    ck_assert_int_eq(th_run(1, rank_stage_cache, NULL, 30000), 0);
-}
-END_TEST
+TH_RUN_TEST(stage_cache, th_run(1, rank_stage_cache, NULL, 30000))
 
-START_TEST(progress_without_wait)
-{
-    ck_assert_int_eq(th_run(2, rank_progress, NULL, 60000), 0);
-}
-END_TEST
+TH_RUN_TEST(progress_without_wait, th_run(2, rank_progress, NULL, 60000))
 
 START_TEST(bad_args)
 {
@@ -1261,11 +1182,7 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
     return 0;
 }
 
-START_TEST(bad_args_comm)
-{
-    ck_assert_int_eq(th_run(1, rank_bad_args, NULL, 30000), 0);
-}
-END_TEST
+TH_RUN_TEST(bad_args_comm, th_run(1, rank_bad_args, NULL, 30000))
 
 static Suite *fuse_suite(void)
 {
@@ -1305,9 +1222,5 @@ static Suite *fuse_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fuse_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_main(fuse_suite());
 }

@@ -754,11 +754,7 @@ static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, voi
     return 0;
 }
 
-START_TEST(matrix)
-{
-    ck_assert_int_eq(th_run(_i, rank_matrix, NULL, 240000), 0);
-}
-END_TEST
+TH_RUN_TEST(matrix, th_run(_i, rank_matrix, NULL, 240000))
 
 int main(void)
 {

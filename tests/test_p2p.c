@@ -70,11 +70,7 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
     return 0;
 }
 
-START_TEST(point_to_point)
-{
-    th_run_each(2, 4, rank_p2p, NULL, 60000);
-}
-END_TEST
+TH_EACH_TEST(point_to_point, 2, 4, rank_p2p, NULL, 60000)
 
 static int rank_p2p_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {

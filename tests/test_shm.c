@@ -10,7 +10,6 @@
 #define _GNU_SOURCE
 #endif
 #include <check.h>
-#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,32 +49,11 @@ static shared_t *shared_area(void)
     return sh;
 }
 
-/* Segments of these processes still in /dev/shm (their names carry the creator's pid). */
+/* Segments of these processes still in /dev/shm (their names carry the creator's pid;
+ * one older than this case was left by another process whose pid a rank reuses). */
 static int leftovers(const shared_t *sh, int n)
 {
-    int found = 0;
-    DIR *d = opendir("/dev/shm");
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        for (int r = 0; r < n; r++) {
-            char pre[64];
-            snprintf(pre, sizeof(pre), "tutti-shm-%d-", sh->pids[r]);
-            struct stat sb;
-            char path[320];
-            snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-            /* a segment older than this case was left by another process whose pid this
-             * rank's reuses (a rank killed during set-up elsewhere) */
-            if (sh->pids[r] > 0 && !strncmp(e->d_name, pre, strlen(pre)) &&
-                !(stat(path, &sb) == 0 && sb.st_ctime < sh->since)) {
-                fprintf(stderr, "left over: /dev/shm/%s\n", e->d_name);
-                found++;
-            }
-        }
-    }
-    closedir(d);
-    return found;
+    return th_shm_leftovers(sh->pids, n, sh->since);
 }
 
 /* on: messages of 16 KiB or more are pulled with process_vm_readv; off (the default):

@@ -1325,22 +1325,14 @@ END_TEST
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
-    TCase *both = tcase_create("both");
-    tcase_set_timeout(both, 30);
-    tcase_add_loop_test(both, test_set_get, 0, 2);
-    tcase_add_loop_test(both, test_get_timeout, 0, 2);
-    tcase_add_loop_test(both, test_add_basic, 0, 2);
-    tcase_add_loop_test(both, test_add_many_procs, 0, 2);
-    tcase_add_loop_test(both, test_compare_set, 0, 2);
-    tcase_add_loop_test(both, test_wait_other_process, 0, 2);
-    tcase_add_loop_test(both, test_check_delete, 0, 2);
-    tcase_add_loop_test(both, test_multi_get, 0, 2);
-    tcase_add_loop_test(both, test_prefix, 0, 2);
-    tcase_add_loop_test(both, test_binary_and_keys, 0, 2);
-    tcase_add_loop_test(both, test_large_values, 0, 2);
-    tcase_add_loop_test(both, test_threads, 0, 2);
+    /* _i: 0 the file store, 1 the tcp one */
+    TCase *both = th_add_looped(s, "both", 30, 2,
+                                (const TTest *const[]){
+                                    test_set_get, test_get_timeout, test_add_basic,
+                                    test_add_many_procs, test_compare_set, test_wait_other_process,
+                                    test_check_delete, test_multi_get, test_prefix,
+                                    test_binary_and_keys, test_large_values, test_threads, NULL });
     tcase_add_test(both, test_args_and_urls);
-    suite_add_tcase(s, both);
 
     th_add_tests(s, "tcp", 30,
                  (const TTest *const[]){ test_tcp_url_and_port, test_tcp_ipv6, test_tcp_bad_clients,

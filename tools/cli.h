@@ -3,6 +3,7 @@
 #define TT_CLI_H
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 /* s as a decimal integer in [lo, hi] into *v_p; -1 (and *v_p untouched) otherwise. */
@@ -23,6 +24,31 @@ static inline int tt_cli_int(const char *s, int lo, int hi, int *v_p)
     if (tt_cli_long(s, lo, hi, &v) < 0)
         return -1;
     *v_p = (int)v;
+    return 0;
+}
+
+/* s as a byte count into *v_p: "4096", "64K", "1M", "2G" (powers of 1024; also spelt
+ * "64KiB", "64kb"); -1 (and *v_p untouched) when it is not one or does not fit. */
+static inline int tt_cli_size(const char *s, size_t *v_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return -1;
+    int shift = *end == 'K' || *end == 'k'   ? 10
+                : *end == 'M' || *end == 'm' ? 20
+                : *end == 'G' || *end == 'g' ? 30
+                                             : 0;
+    if (shift)
+        end++;
+    if (*end == 'i')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end || v > (~0ull >> shift))
+        return -1;
+    *v_p = (size_t)(v << shift);
     return 0;
 }
 

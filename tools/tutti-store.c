@@ -46,26 +46,6 @@ static void usage(FILE *f, const char *argv0)
             argv0);
 }
 
-/* "4096", "64K", "1M", "2G" */
-static int parse_size(const char *s, size_t *v_p)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return -1;
-    int shift = *end == 'K' || *end == 'k'   ? 10
-                : *end == 'M' || *end == 'm' ? 20
-                : *end == 'G' || *end == 'g' ? 30
-                                             : 0;
-    if (shift)
-        end++;
-    if (*end || v > (~0ull >> shift))
-        return -1;
-    *v_p = (size_t)(v << shift);
-    return 0;
-}
-
 static int is_loopback(const char *host)
 {
     return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
@@ -119,8 +99,8 @@ static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const c
             break;
         case OPT_QUOTA:
         case OPT_MEMORY:
-            if (parse_size(optarg, opt == OPT_QUOTA ? &opts_p->client_quota_bytes
-                                                    : &opts_p->memory_limit_bytes) < 0) {
+            if (tt_cli_size(optarg, opt == OPT_QUOTA ? &opts_p->client_quota_bytes
+                                                     : &opts_p->memory_limit_bytes) < 0) {
                 fprintf(stderr, "%s: bad size '%s' (like 4096, 64K, 1M, 2G)\n", argv[0], optarg);
                 return 2;
             }

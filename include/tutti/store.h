@@ -3,6 +3,8 @@
  *   file:///dir          a directory shared by the ranks (the embedded default, no server)
  *   tcp://host:port      a TCP store server, embedded in one process or run standalone
  *                        (tools/tutti-store)
+ *   ops://label          the caller's own store behind a table of callbacks
+ *                        (tutti_store_open_ops), e.g. a framework's rendezvous store
  *
  * Keys are strings (any bytes but NUL, at most TUTTI_STORE_MAX_KEY bytes), values are
  * byte strings of at most TUTTI_STORE_MAX_VALUE bytes. A prefixed view shares its base
@@ -77,10 +79,77 @@ int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_
 int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, int is_server,
                          int timeout_ms);
 
+/* ---- A store of the caller's: callbacks ----
+ *
+ * Every callback gets the ctx given to tutti_store_open_ops, full keys (the views'
+ * prefixes already put before them), and timeout_ms: the milliseconds left of the
+ * library's deadline for the call, 0 "answer from what is there now, do not wait", -1
+ * "no deadline". A callback must honour it: the library's own error paths (fault
+ * records, stall checks, the last rank's clean-up) pass short timeouts so that a store
+ * that hangs cannot hang them, and nothing can interrupt a callback that overruns.
+ * Callbacks may be called from several threads at once.
+ *
+ * A callback returns a tutti status: TUTTI_OK, TUTTI_ERR_TIMEOUT when timeout_ms passed,
+ * any other TUTTI_ERR_* for other failures (a value that is not a tutti status counts as
+ * TUTTI_ERR_STORE). On failure it may write a NUL-terminated explanation into errbuf
+ * (errlen bytes, "" on entry); the library puts the store's label, the operation and the
+ * key before it in tutti_store_last_error and in communicators' error messages. Values
+ * handed back (get, compare_set) are malloc()ed by the callback; the library free()s them.
+ * Semantics are those of the tutti_store_* functions below. */
+typedef struct tutti_store_ops {
+    size_t size; /* sizeof(tutti_store_ops_t): fields appended later stay NULL for
+                    callers built against an older table */
+    /* Required. */
+    int (*set)(void *ctx, const char *key, const void *value, size_t len, int timeout_ms,
+               char *errbuf, size_t errlen);
+    /* Wait until key exists (at most timeout_ms): TUTTI_ERR_TIMEOUT if it does not. */
+    int (*get)(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms,
+               char *errbuf, size_t errlen);
+    int (*add)(void *ctx, const char *key, int64_t delta, int64_t *result_p, int timeout_ms,
+               char *errbuf, size_t errlen);
+    /* A missing key equals an empty expected (elen 0); *current_p: the value after. */
+    int (*compare_set)(void *ctx, const char *key, const void *expected, size_t elen,
+                       const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                       int timeout_ms, char *errbuf, size_t errlen);
+    int (*check)(void *ctx, const char *const *keys, size_t n, int *exists_p, int timeout_ms,
+                 char *errbuf, size_t errlen);
+    int (*del)(void *ctx, const char *key, int *deleted_p, int timeout_ms, char *errbuf,
+               size_t errlen);
+    /* Optional (NULL: the library does without). wait: the library gets each key in turn
+     * instead. */
+    int (*wait)(void *ctx, const char *const *keys, size_t n, int timeout_ms, char *errbuf,
+                size_t errlen);
+    /* delete_prefix: delete every key that starts with prefix, *count_p of them. Without
+     * it, the last rank to destroy a communicator leaves the keys of its job instance in
+     * the store, all under "<communicator prefix><nonce>/" (the communicator prefix:
+     * "tutti/[job/<id>/]comm<N>/" or TUTTI_PREFIX's; a split's:
+     * "<parent's communicator prefix><parent's nonce>-split<S>-<color>/"), and says so
+     * at info level. */
+    int (*delete_prefix)(void *ctx, const char *prefix, size_t *count_p, int timeout_ms,
+                         char *errbuf, size_t errlen);
+    /* compare_delete: delete key only if its value is expected (atomically). Without it,
+     * an instance record the last rank emptied stays as an empty value (which counts as
+     * missing everywhere the library looks). */
+    int (*compare_delete)(void *ctx, const char *key, const void *expected, size_t elen,
+                          int *deleted_p, int timeout_ms, char *errbuf, size_t errlen);
+    /* close: called once, by tutti_store_close of the store (not of its views). */
+    void (*close)(void *ctx);
+} tutti_store_ops_t;
+
+/* Open a store whose every operation is a callback of ops (copied; as far as ops->size
+ * reaches). label (at most 200 bytes; NULL: "store") names the store in messages and
+ * gives its URL, "ops://<label>". Its default deadline is TUTTI_STORE_TIMEOUT_MS (30000;
+ * tutti_store_set_timeout changes it). The store works everywhere a store handle does:
+ * prefixed views, tutti_comm_init, tutti_comm_split. */
+int tutti_store_open_ops(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
+                         const char *label);
+
 /* A view of base that puts prefix before every key. base must outlive the view. */
 int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, const char *prefix);
 
-/* Close a store handle. An embedded server stops accepting at once, serves the clients
+/* Close a store handle. A communicator split from another holds a reference to the
+ * store: closing it then only gives up the caller's, and the store closes when the last
+ * such communicator is destroyed. An embedded server stops accepting at once, serves the clients
  * still connected until they leave (at most 2 s, or the store's timeout if shorter),
  * then closes the rest; its port is free for a new server right after. */
 void tutti_store_close(tutti_store_t *store);

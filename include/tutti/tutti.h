@@ -138,6 +138,26 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
  * TUTTI_STORE_SERVER=0. The communicator owns the store it opened. */
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
 
+/* Pass as color to tutti_comm_split to take part without joining a new communicator
+ * (any negative color does the same). */
+#define TUTTI_SPLIT_NOCOLOR (-1)
+
+/* Split comm (MPI_Comm_split, ncclCommSplit): collective over comm, every rank calls it
+ * (in the same order as its other collectives on comm). The ranks that pass the same
+ * color form a new communicator, *newcomm_p, ranked by key (ties: by rank in comm); a
+ * rank passing TUTTI_SPLIT_NOCOLOR gets NULL. The new communicator has comm's options
+ * (timeout, transport, algorithms, job id and secret, checksum...) and its own
+ * connections, and meets through comm's store in a key space of its own: beside comm's
+ * job instance, named by that instance, the count of splits of comm before this one
+ * and the color, so colors and repeated splits never meet (its keys go when its last
+ * rank destroys it, as a communicator's do). Communicators may be destroyed in any
+ * order: the new one holds a reference to comm's store, which closes (for
+ * tutti_comm_init_env, which owns it) when the last of them is destroyed, or (for a
+ * caller's store) at the last of the caller's tutti_store_close and those destroys.
+ * Bounded by comm's timeout; a rank that does not call it makes the others fail with
+ * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
+int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
+
 /* Wait for queued operations (each bounded by its deadline), then free everything.
  * Their errors are reported through their work handles, not here. */
 int tutti_comm_destroy(tutti_comm_t *comm);

@@ -30,6 +30,7 @@ typedef struct tt_parser {
     size_t pos;
     char *err;
     size_t errlen;
+    char here[32]; /* tt_parse_here's answer */
 } tt_parser_t;
 
 static int tt_parse_error(tt_parser_t *p, const char *fmt, ...)
@@ -60,10 +61,13 @@ static int tt_is_name_char(char c)
     return isalnum((unsigned char)c) || c == '_' || c == '-';
 }
 
-/* The name at the current position (possibly empty) into buf, truncated to fit. */
-static size_t tt_parse_word(tt_parser_t *p, char *buf, size_t buflen, int (*is_char)(char))
+/* After white space, the word at the current position (possibly empty) into buf,
+ * truncated to fit; *start_p: its offset. Returns its whole length. */
+static size_t tt_parse_word(tt_parser_t *p, char *buf, size_t buflen, int (*is_char)(char),
+                            size_t *start_p)
 {
-    size_t start = p->pos;
+    tt_parse_skip_ws(p);
+    size_t start = *start_p = p->pos;
     while (p->s[p->pos] && is_char(p->s[p->pos]))
         p->pos++;
     size_t len = p->pos - start;
@@ -141,16 +145,18 @@ static void tt_coll_list(char *buf, size_t buflen)
     }
 }
 
-/* What the character at the current position is, for "unexpected ..." messages. */
-static void tt_describe_char(const tt_parser_t *p, char *buf, size_t buflen)
+/* What the character at the current position is, for "got ..." and "unexpected ..."
+ * messages (in p->here: valid until the next call). */
+static const char *tt_parse_here(tt_parser_t *p)
 {
     unsigned char c = (unsigned char)p->s[p->pos];
     if (!c)
-        snprintf(buf, buflen, "end of string");
+        snprintf(p->here, sizeof(p->here), "end of string");
     else if (isprint(c))
-        snprintf(buf, buflen, "'%c'", c);
+        snprintf(p->here, sizeof(p->here), "'%c'", c);
     else
-        snprintf(buf, buflen, "byte 0x%02x", c);
+        snprintf(p->here, sizeof(p->here), "byte 0x%02x", c);
+    return p->here;
 }
 
 static int tt_set_choices(tt_algo_override_t *ovr, tt_coll_t coll, tt_algo_choice_t *choices,
@@ -170,19 +176,16 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
     tt_algo_choice_t *choices = NULL;
     size_t n = 0;
     int st;
-    char name[64], size[64], names[256], what[32];
+    char name[64], size[64], names[256];
 
     tt_algo_names(coll, names, sizeof(names));
     for (;;) {
-        tt_parse_skip_ws(p);
-        size_t off = p->pos;
-        size_t len = tt_parse_word(p, name, sizeof(name), tt_is_name_char);
+        size_t off, len = tt_parse_word(p, name, sizeof(name), tt_is_name_char, &off);
         if (len == 0) {
-            tt_describe_char(p, what, sizeof(what));
             st = tt_parse_error(p,
                                 "expected an algorithm for %s at offset %zu, got %s "
                                 "(expected one of: %s)",
-                                cname, off, what, names);
+                                cname, off, tt_parse_here(p), names);
             goto err_free;
         }
         const tt_algo_t *algo = len < sizeof(name) ? tt_algo_find(coll, name) : NULL;
@@ -206,23 +209,19 @@ static int tt_parse_choices(tt_parser_t *p, tt_algo_override_t *ovr, tt_coll_t c
         if (p->s[p->pos] == '@') {
             p->pos++;
             if (p->s[p->pos] != '<') {
-                tt_describe_char(p, what, sizeof(what));
                 st = tt_parse_error(p,
                                     "expected '<' after '@' at offset %zu, got %s (as in "
                                     "\"%s@<64K\")",
-                                    p->pos, what, algo->name);
+                                    p->pos, tt_parse_here(p), algo->name);
                 goto err_free;
             }
             p->pos++;
-            tt_parse_skip_ws(p);
-            size_t soff = p->pos;
-            size_t slen = tt_parse_word(p, size, sizeof(size), tt_is_size_char);
+            size_t soff, slen = tt_parse_word(p, size, sizeof(size), tt_is_size_char, &soff);
             if (slen == 0) {
-                tt_describe_char(p, what, sizeof(what));
                 st = tt_parse_error(p,
                                     "expected a size after \"@<\" at offset %zu, got %s "
                                     "(a byte count such as 4096, 64K or 1M)",
-                                    soff, what);
+                                    soff, tt_parse_here(p));
                 goto err_free;
             }
             if (slen >= sizeof(size) || tt_parse_size(size, &bound) != TUTTI_OK) {
@@ -320,7 +319,7 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
     if (!ovr)
         return TUTTI_ERR_NOMEM;
     tt_parser_t p = { .s = spec, .pos = 0, .err = err, .errlen = errlen };
-    char word[64], what[32], colls[256];
+    char word[64], colls[256];
     int st = TUTTI_OK;
     tt_coll_list(colls, sizeof(colls));
 
@@ -333,14 +332,12 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
         }
         if (!p.s[p.pos])
             break;
-        size_t off = p.pos;
-        size_t len = tt_parse_word(&p, word, sizeof(word), tt_is_name_char);
+        size_t off, len = tt_parse_word(&p, word, sizeof(word), tt_is_name_char, &off);
         if (len == 0) {
-            tt_describe_char(&p, what, sizeof(what));
             st = tt_parse_error(&p,
                                 "expected a collective or an algorithm name at offset "
                                 "%zu, got %s",
-                                off, what);
+                                off, tt_parse_here(&p));
             goto err_free;
         }
         tt_parse_skip_ws(&p);
@@ -364,8 +361,8 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
         if (!p.s[p.pos])
             break;
         if (p.s[p.pos] != ';') {
-            tt_describe_char(&p, what, sizeof(what));
-            st = tt_parse_error(&p, "unexpected %s at offset %zu (expected %s)", what, p.pos,
+            st = tt_parse_error(&p, "unexpected %s at offset %zu (expected %s)", tt_parse_here(&p),
+                                p.pos,
                                 p.s[p.pos] == '@' ? "';' or the end: size bounds need a "
                                                     "collective, as in \"allreduce:rd@<64K\""
                                                   : "',', ';' or the end");

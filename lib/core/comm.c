@@ -1,6 +1,6 @@
-/* The communicator's lifecycle: creation through a store (or the environment), the
- * cost model all ranks agree on, abort and destruction, the accessors (failures are
- * recorded in fault.c). */
+/* The communicator's lifecycle: creation through a store (or the environment) or by
+ * splitting another, the cost model all ranks agree on, abort and destruction, the
+ * accessors (failures are recorded in fault.c). */
 #include <errno.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -70,6 +70,8 @@ static void comm_free(tutti_comm_t *comm)
         tutti_store_close(comm->store);
     if (comm->owned_store)
         tutti_store_close(comm->owned_store);
+    if (comm->split_store)
+        tutti_store_close(comm->split_store);
     free(comm->scratch[0]);
     free(comm->scratch[1]);
     free(comm->stage[0]);
@@ -199,14 +201,17 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts)
 }
 
 /* Each job gets its own key space on a store, each communicator its own within it,
- * and each run of it (instance) its own within that (job.c). */
-static int comm_join(tutti_comm_t *comm, tutti_store_t *store)
+ * and each run of it (instance) its own within that (job.c). split_base: a split's key
+ * space (NULL: the default or TUTTI_PREFIX). */
+static int comm_join(tutti_comm_t *comm, tutti_store_t *store, const char *split_base)
 {
     char err[512] = "", base[512];
     const char *job_src;
     tt_job_id(comm->opts.job_id, comm->job_id, sizeof(comm->job_id), &job_src);
     comm->job_src = job_src;
-    if (comm->opts.prefix)
+    if (split_base)
+        snprintf(base, sizeof(base), "%s", split_base);
+    else if (comm->opts.prefix)
         snprintf(base, sizeof(base), "%s/%s%s%s", comm->opts.prefix, comm->job_id[0] ? "job/" : "",
                  comm->job_id, comm->job_id[0] ? "/" : "");
     else
@@ -244,8 +249,9 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
 }
 
 /* The progress thread, the cost probe and the job's last check. On failure the
- * communicator is gone (the progress thread ran: the full teardown). */
-static int comm_start(tutti_comm_t *comm, int probe)
+ * communicator is gone (the progress thread ran: the full teardown), its last error in
+ * errout. */
+static int comm_start(tutti_comm_t *comm, int probe, char *errout, size_t errlen)
 {
     char err[TT_ERRMSG_LEN];
     int st;
@@ -256,6 +262,7 @@ static int comm_start(tutti_comm_t *comm, int probe)
             tt_comm_set_error(comm, st, "init: the cost probe failed: %s", err);
             TT_WARN("%s", comm->last_error);
             tt_job_init_failed(comm, st);
+            snprintf(errout, errlen, "%s", comm->last_error);
             tutti_comm_destroy(comm);
             return st;
         }
@@ -263,6 +270,7 @@ static int comm_start(tutti_comm_t *comm, int probe)
     st = tt_job_check_contested(comm, err, sizeof(err));
     if (st < 0) {
         init_fail(comm, st, err);
+        snprintf(errout, errlen, "%s", comm->last_error);
         tutti_comm_destroy(comm);
         return st;
     }
@@ -274,10 +282,42 @@ static int comm_start(tutti_comm_t *comm, int probe)
     return TUTTI_OK;
 }
 
+/* A communicator of rank of size through store, its key space split_base (NULL: the
+ * default). On failure, err (errlen bytes) gets its last error. */
+static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const char *split_base,
+                       int rank, int size, const tutti_comm_opts_t *opts, char *err, size_t errlen)
+{
+    int st, probe = 0;
+    tutti_comm_t *comm = comm_alloc(rank, size);
+    if (!comm) {
+        snprintf(err, errlen, "out of memory for a communicator of %d ranks", size);
+        return TUTTI_ERR_NOMEM;
+    }
+    TT_CHECK_GOTO(comm_configure(comm, opts), st, err_free);
+    TT_CHECK_GOTO(comm_join(comm, store, split_base), st, err_free);
+    TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
+    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
+        goto err_free;
+    }
+    comm->worker_started = 1;
+    st = comm_start(comm, probe, err, errlen);
+    if (st < 0)
+        return st;
+    *comm_p = comm;
+    return TUTTI_OK;
+
+err_free:
+    snprintf(err, errlen, "%s", comm->last_error);
+    tt_job_init_failed(comm, st);
+    comm_free(comm);
+    return st;
+}
+
 int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
                     const tutti_comm_opts_t *opts)
 {
-    int st, probe = 0;
+    char err[TT_ERRMSG_LEN];
     if (!comm_p || !store) {
         TT_WARN("tutti_comm_init: %s is NULL", comm_p ? "store" : "comm_p");
         return TUTTI_ERR_INVALID_ARG;
@@ -286,25 +326,72 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
         TT_WARN("tutti_comm_init: rank %d is not in [0, %d)", rank, size);
         return TUTTI_ERR_INVALID_ARG;
     }
-    tutti_comm_t *comm = comm_alloc(rank, size);
-    if (!comm)
-        return TUTTI_ERR_NOMEM;
     tt_log_set_rank(rank);
-    TT_CHECK_GOTO(comm_configure(comm, opts), st, err_free);
-    TT_CHECK_GOTO(comm_join(comm, store), st, err_free);
-    TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
-    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
-        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
-        goto err_free;
-    }
-    comm->worker_started = 1;
-    TT_CHECK(comm_start(comm, probe));
-    *comm_p = comm;
-    return TUTTI_OK;
+    return comm_create(comm_p, store, NULL, rank, size, opts, err, sizeof(err));
+}
 
-err_free:
-    tt_job_init_failed(comm, st);
-    comm_free(comm);
+/* This rank's place among the ranks of its color (colors and keys: (color, key) pairs
+ * of every rank): rank by (key, parent rank), and the count. */
+static void split_place(const int32_t *ck, int nranks, int me, int *rank_p, int *size_p)
+{
+    int rank = 0, size = 0;
+    for (int j = 0; j < nranks; j++) {
+        if (ck[2 * j] != ck[2 * me])
+            continue;
+        size++;
+        if (ck[2 * j + 1] < ck[2 * me + 1] || (ck[2 * j + 1] == ck[2 * me + 1] && j < me))
+            rank++;
+    }
+    *rank_p = rank;
+    *size_p = size;
+}
+
+/* The child of split number seq, color: the parent's options (no settle wait: its key
+ * space, beside the parent instance's, belongs to that instance alone), through the
+ * parent's store, holding a reference to it. */
+static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, int size,
+                        tutti_comm_t **newcomm_p)
+{
+    char base[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
+    tutti_store_t *js = comm->job_store;
+    snprintf(base, sizeof(base), "%s%s-split%u-%d/", js->prefix, comm->nonce, seq, color);
+    tutti_comm_opts_t o = comm->opts;
+    o.job_settle_ms = 0;
+    int st = comm_create(newcomm_p, js->base, base, rank, size, &o, err, sizeof(err));
+    if (st < 0)
+        return tt_comm_set_error(comm, st, "split %u (color %d, new rank %d of %d): %s", seq, color,
+                                 rank, size, err);
+    (*newcomm_p)->split_store = tt_store_retain(js);
+    TT_INFO("split %u: color %d, rank %d of %d under %s", seq, color, rank, size, base);
+    return TUTTI_OK;
+}
+
+int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p)
+        return TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    if (color < 0)
+        color = TUTTI_SPLIT_NOCOLOR;
+    unsigned seq = comm->split_seq++;
+    int32_t mine[2] = { color, key };
+    int32_t *all = malloc(2 * (size_t)comm->nranks * sizeof(*all));
+    if (!all)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "split %u: out of memory", seq);
+    int st = tutti_allgather(comm, mine, all, 2, TUTTI_INT32);
+    if (st < 0) {
+        char cause[TT_ERRMSG_LEN];
+        snprintf(cause, sizeof(cause), "%s", comm->last_error);
+        tt_comm_set_error(comm, st,
+                          "split %u: exchanging colors and keys with the other ranks (every "
+                          "rank must call tutti_comm_split): %s",
+                          seq, cause);
+    } else if (color != TUTTI_SPLIT_NOCOLOR) {
+        int rank, size;
+        split_place(all, comm->nranks, comm->rank, &rank, &size);
+        st = split_create(comm, seq, color, rank, size, newcomm_p);
+    }
+    free(all);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -415,7 +416,11 @@ static void gc_instance(tutti_store_t *js, const char *nonce)
     char prefix[64];
     snprintf(prefix, sizeof(prefix), "%s/", nonce);
     int st = tt_store_delete_prefix(js, prefix);
-    if (st < 0)
+    if (st == TUTTI_ERR_UNSUPPORTED)
+        TT_INFO("store %s cannot delete keys by prefix (a caller's store without "
+                "delete_prefix): the keys of job instance %s stay under its %s",
+                tutti_store_url(js), nonce, prefix);
+    else if (st < 0)
         TT_INFO("removing the keys of old job instance %s: %s", nonce, tutti_strerror(st));
 }
 
@@ -535,6 +540,7 @@ typedef struct {
     char why[768];
     char claim[384];
     size_t claim_len;
+    char store_said[600]; /* the store's explanation of the wait that timed out */
 } member_wait_t;
 
 static void reject_nonce(member_wait_t *w, const char *nonce)
@@ -694,8 +700,9 @@ static int member_give_up(tutti_comm_t *comm, const member_wait_t *w, char *err,
     else
         snprintf(err, errlen,
                  "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
-                 "(%s; rank 0 must have the same)",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self);
+                 "(%s; rank 0 must have the same)%s%s",
+                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self,
+                 w->store_said[0] ? "; the store: " : "", w->store_said);
     return w->nrej && !w->dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
 
@@ -713,8 +720,10 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         void *cur = NULL;
         size_t clen = 0;
         int st = tutti_store_get(js, "instance", &cur, &clen, left);
-        if (st == TUTTI_ERR_TIMEOUT)
+        if (st == TUTTI_ERR_TIMEOUT) {
+            snprintf(w.store_said, sizeof(w.store_said), "%s", tutti_store_last_error(js));
             break;
+        }
         if (st < 0) {
             snprintf(err, errlen, "reading the job instance %sinstance: %s", comm->job_base,
                      tutti_store_last_error(js));
@@ -779,6 +788,15 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
     live_add(comm->nonce);
     TT_INFO("job %s: instance %s under %s", comm->job_id[0] ? comm->job_id : "(no id)", comm->nonce,
             base);
+    /* Two id-less jobs whose starts overlap by more than the settle time cannot be told
+     * apart by anything in their processes (docs/architecture.md, job identity): say so
+     * once, where the user can act on it. */
+    static atomic_int warned;
+    if (!comm->job_id[0] && comm->nranks > 1 && comm->rank == 0 && !atomic_exchange(&warned, 1))
+        TT_WARN("job: no job id (TUTTI_JOB_ID or a launcher's): another id-less job started on "
+                "store %s more than %d ms apart from this one could not be told from it; give "
+                "each run its own TUTTI_JOB_ID",
+                comm->store_url, comm->opts.job_settle_ms);
     return open_views(comm, store, base, err, errlen);
 }
 

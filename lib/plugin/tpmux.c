@@ -27,6 +27,7 @@
 #include "base/base.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
+#include "../../transports/kit/queue.h"
 #include "../../transports/kit/util.h"
 
 #define MUX_MAX 4
@@ -163,14 +164,7 @@ static int mux_post(void *vmux, tutti_tp_req_v2_t *req, int kind)
     return st;
 }
 
-static int mux_post_send(void *m, tutti_tp_req_v2_t *req)
-{
-    return mux_post(m, req, TUTTI_TP_SEND);
-}
-static int mux_post_recv(void *m, tutti_tp_req_v2_t *req)
-{
-    return mux_post(m, req, TUTTI_TP_RECV);
-}
+TT_KIT_SEND_RECV_FNS(mux)
 
 static int mux_progress(void *vmux, int timeout_ms)
 {

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "plugin/transport.h"
+#include "../../transports/kit/queue.h"
 
 _Static_assert(offsetof(tutti_tp_req_v2_t, tp_private) == offsetof(tutti_tp_req_v1_t, tp_private),
                "a v2 request must begin with v1's fields");
@@ -79,15 +80,7 @@ static int shim_post(void *tp, tutti_tp_req_v2_t *req, int kind)
     return kind == TUTTI_TP_SEND ? s->v1->post_send(s->tp, r) : s->v1->post_recv(s->tp, r);
 }
 
-static int shim_post_send(void *tp, tutti_tp_req_v2_t *req)
-{
-    return shim_post(tp, req, TUTTI_TP_SEND);
-}
-
-static int shim_post_recv(void *tp, tutti_tp_req_v2_t *req)
-{
-    return shim_post(tp, req, TUTTI_TP_RECV);
-}
+TT_KIT_SEND_RECV_FNS(shim)
 
 static int shim_progress(void *tp, int timeout_ms)
 {

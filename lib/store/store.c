@@ -282,6 +282,26 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
                       "bad store URL '%s': scheme must be file:// or tcp://", url);
 }
 
+int tutti_store_open_ops(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
+                         const char *label)
+{
+    tt_store_err_t err = { { 0 } };
+    char url[256];
+    if (!label)
+        label = "store";
+    snprintf(url, sizeof(url), "ops://%.200s", label);
+    if (!store_p || !ops)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL, "%s: %s is NULL", url,
+                          !store_p ? "store_p" : "ops");
+    if (strlen(label) > 200)
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                          "%s...: label longer than 200 bytes", url);
+    int st = tt_store_ops_open(store_p, ops, ctx, url, &err);
+    if (st < 0)
+        open_fail(url, st, &err);
+    return st;
+}
+
 int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, const char *prefix)
 {
     if (!store_p || !base || !prefix)
@@ -323,9 +343,17 @@ err_nomem:
     return store_fail(base, TUTTI_ERR_NOMEM, "open prefixed view", prefix, "out of memory");
 }
 
+tutti_store_t *tt_store_retain(tutti_store_t *store)
+{
+    atomic_fetch_add(&store->base->refs, 1);
+    return store->base;
+}
+
 void tutti_store_close(tutti_store_t *store)
 {
     if (!store)
+        return;
+    if (store->base == store && atomic_fetch_sub(&store->refs, 1) > 1)
         return;
     if (store->base == store && store->ops && store->ops->close)
         store->ops->close(store);

@@ -646,19 +646,10 @@ static void fs_clean_tmp(fs_store_t *fs)
     closedir(d);
 }
 
+/* no wait, no multi_get: store.c builds them from get */
 static const tt_store_ops_t fs_ops = {
     .name = "file",
-    .set = fs_set,
-    .get = fs_get,
-    .add = fs_add,
-    .compare_set = fs_compare_set,
-    .wait = NULL,
-    .check = fs_check,
-    .del = fs_del,
-    .multi_get = NULL,
-    .del_prefix = fs_del_prefix,
-    .compare_del = fs_compare_del,
-    .close = fs_close,
+    TT_STORE_OPS_FNS(fs),
 };
 
 /* mkdir -p */

@@ -1,6 +1,6 @@
 /* Store internals: the backend table behind tutti_store_t, shared by store.c (the public
  * functions, prefixing, error recording) and the backends (store_file.c, store_tcp.c,
- * store_server.c), and the helpers they share (store_util.c). Keys reaching a backend already carry the view's prefix and have been
+ * store_server.c, store_ops.c), and the helpers they share (store_util.c). Keys reaching a backend already carry the view's prefix and have been
  * checked (length, NULL); values have been checked against TUTTI_STORE_MAX_VALUE. */
 #ifndef TT_STORE_IMPL_H
 #define TT_STORE_IMPL_H
@@ -57,6 +57,13 @@ typedef struct tt_store_ops {
     void (*close)(tutti_store_t *s);
 } tt_store_ops_t;
 
+/* A backend's entries named pfx##_set, pfx##_get, ..., for a backend with all of them
+ * but the optional wait and multi_get (set those apart). */
+#define TT_STORE_OPS_FNS(pfx)                                                                      \
+    .set = pfx##_set, .get = pfx##_get, .add = pfx##_add, .compare_set = pfx##_compare_set,        \
+    .check = pfx##_check, .del = pfx##_del, .del_prefix = pfx##_del_prefix,                        \
+    .compare_del = pfx##_compare_del, .close = pfx##_close
+
 struct tutti_store {
     const tt_store_ops_t *ops;
     tutti_store_t *base; /* the store that owns the backend; itself for a base store */
@@ -66,6 +73,7 @@ struct tutti_store {
     int port;  /* -1 for non-tcp stores */
     atomic_int timeout_ms;
     atomic_uint next_comm_id; /* used on the base only */
+    atomic_int refs;          /* base only: the opener's, plus one per tt_store_retain */
     pthread_mutex_t err_lock;
     char last_error[1024];
     void *impl; /* backend state; NULL for views */
@@ -80,6 +88,10 @@ void tt_store_free(tutti_store_t *s);
  * communicator uses it to give each communicator on one store a key prefix of its own.
  * (store.c) */
 unsigned tt_store_next_comm_id(tutti_store_t *store);
+
+/* Take a reference to store's base store, which tutti_store_close of it gives back: the
+ * base closes with its last reference. Returns the base. (store.c) */
+tutti_store_t *tt_store_retain(tutti_store_t *store);
 
 /* Copy key into dst (size dstlen) for messages: non-printable bytes as \xNN, long keys cut
  * with "...". Returns dst. */
@@ -109,6 +121,9 @@ int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
                        tt_store_err_t *err);
 int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int is_server,
                       const tt_store_tcp_cfg_t *cfg, tt_store_err_t *err);
+/* The caller's callbacks (ops checked: size and the required ones); url "ops://label". */
+int tt_store_ops_open(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
+                      const char *url, tt_store_err_t *err);
 
 /* Wire format shared by the TCP client and server. Every frame is a u32 length (big
  * endian, the bytes after it), then for a request a u8 command and fields, each a u32

@@ -954,19 +954,11 @@ static void tcp_close(tutti_store_t *s)
     s->impl = NULL;
 }
 
+/* no multi_get: store.c builds it from get */
 static const tt_store_ops_t tcp_ops = {
     .name = "tcp",
-    .set = tcp_set,
-    .get = tcp_get,
-    .add = tcp_add,
-    .compare_set = tcp_compare_set,
+    TT_STORE_OPS_FNS(tcp),
     .wait = tcp_wait,
-    .check = tcp_check,
-    .del = tcp_del,
-    .del_prefix = tcp_del_prefix,
-    .compare_del = tcp_compare_del,
-    .multi_get = NULL,
-    .close = tcp_close,
 };
 
 static int tcp_copy_cfg(tcp_store_t *ts, const tt_store_tcp_cfg_t *cfg)

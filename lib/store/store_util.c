@@ -78,6 +78,7 @@ tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int po
     s->port = port;
     atomic_init(&s->timeout_ms, timeout_ms);
     atomic_init(&s->next_comm_id, 0);
+    atomic_init(&s->refs, 1);
     pthread_mutex_init(&s->err_lock, NULL);
     return s;
 }

@@ -165,3 +165,48 @@ def test_torch_tensors_through_dlpack():
 
     got = run(body, 2)
     assert got[0] == got[1] == (12 * 3.0, [0, 1, 2, 3, 1, 2, 3, 4])
+
+
+class DLPackOnly:
+    """An object that offers DLPack and nothing else (no buffer protocol)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_objects():
+    def body(comm):
+        a = np.arange(6, dtype=np.int64) + comm.rank
+        comm.allreduce(DLPackOnly(a))  # in place, through the capsule's pointer
+        out = np.zeros(6, np.int64)
+        comm.allreduce(DLPackOnly(np.arange(6, dtype=np.int64)), DLPackOnly(out), op="max")
+        return a.tolist(), out.tolist()
+
+    got = run(body, 2)
+    assert got[0] == got[1] == ([1, 3, 5, 7, 9, 11], [0, 1, 2, 3, 4, 5])
+
+
+def test_split():
+    def body(comm):
+        half = comm.split(comm.rank % 2, key=-comm.rank)  # reversed order within a color
+        a = np.array([comm.rank], np.int64)
+        half.allreduce(a)
+        got = (half.rank, half.size, int(a[0]))
+        half.destroy()
+        none = comm.split(-1 if comm.rank == 3 else 0)
+        if none is not None:
+            b = np.ones(1, np.int32)
+            none.allreduce(b)
+            got += (none.size, int(b[0]))
+            none.destroy()
+        return got
+
+    got = run(body, 4)
+    # color 0: ranks 0, 2 (keys 0, -2: rank 2 first); color 1: ranks 1, 3
+    assert got == [(1, 2, 2, 3, 3), (1, 2, 4, 3, 3), (0, 2, 2, 3, 3), (0, 2, 4)]

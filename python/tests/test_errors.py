@@ -152,3 +152,12 @@ def work_timeout(comm):
 def test_work_wait_timeout_then_completes():
     r, done_before, vals = run(work_timeout, 2)[0]
     assert r == 0.3 and done_before is False and vals == [2.0] * 4
+
+
+def test_store_close_refused_while_used(tmp_path):
+    store = tutti.Store(f"file://{tmp_path}")
+    comm = tutti.Communicator(store, 0, 1, job_id="close-test")
+    with pytest.raises(tutti.Error, match="still used by 1 communicator"):
+        store.close()
+    comm.destroy()
+    store.close()

@@ -6,7 +6,9 @@ torch tensors) without copying, blocking or async. The GIL is released while a c
 blocks. Failures raise tutti.Error subclasses carrying the status and the library's
 explanation (rank, peer, op). See docs/python.md.
 """
+import atexit
 import ctypes
+import weakref
 
 from . import _lib
 from ._buffer import Buffer, dtype_of
@@ -19,13 +21,36 @@ version = "0.1.0"
 _lib_ = _lib.lib
 SUM, PROD, MIN, MAX, AVG = range(5)
 
+# Communicators, then stores, still open when the interpreter exits are closed before
+# Python tears its modules down (a communicator's progress thread must not outlive them).
+_live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for c in list(_live_comms):
+        c.destroy()
+    for s in list(_live_stores):
+        s.close()
+
+
+_OPS = {}
+# The C functions by collective name, blocking and async (one lookup per call).
+_FN = {n: getattr(_lib_, "tutti_" + n) for n in _lib._COLLECTIVES}
+_FN_ASYNC = {n: getattr(_lib_, f"tutti_{n}_async") for n in _lib._COLLECTIVES}
+
 
 def _op(op):
+    """A reduce op by name ("sum", "avg" ... as the library parses them) or number."""
+    v = _OPS.get(op)
+    if v is not None:
+        return v
     if isinstance(op, int):
         return op
     out = ctypes.c_int()
     if _lib_.tutti_redop_parse(str(op).encode(), ctypes.byref(out)) < 0:
         raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg)")
+    _OPS[op] = out.value
     return out.value
 
 
@@ -40,19 +65,37 @@ def _sizes(values, n, what):
     return (ctypes.c_size_t * n)(*values)
 
 
-class Store:
+class _Handle:
+    """A library handle released on `with` exit and when dropped (subclasses name
+    their release `_release`)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+    def __del__(self):
+        self._release()
+
+
+class Store(_Handle):
     """A rendezvous store: Store("file:///tmp/job") or Store("tcp://host:port",
     is_server=True, auth_token=...). Options are tutti_store_opts_t's fields."""
 
     def __init__(self, url, **opts):
+        self._h = self._base = None
         o, keep = _lib.store_opts(opts)
         h = ctypes.c_void_p()
         st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
         del keep
         if st < 0:
-            raise error_for(st, f"tutti: cannot open store {url}: {_lib_.tutti_strerror(st).decode()}")
+            raise error_for(st, f"tutti: cannot open store {url}: "
+                                f"{_lib_.tutti_strerror(st).decode()} (stores are file:///dir or "
+                                "tcp://host:port; TUTTI_DEBUG=info logs the cause)")
         self._h = h
         self._base = None
+        _live_stores.add(self)
 
     @classmethod
     def _view(cls, base, prefix):
@@ -62,6 +105,7 @@ class Store:
         if st < 0:
             raise error_for(st, "tutti: cannot open a prefixed store view")
         self._h, self._base = h, base
+        _live_stores.add(self)
         return self
 
     def prefixed(self, prefix):
@@ -138,19 +182,17 @@ class Store:
         return bool(out.value)
 
     def close(self):
+        """Close the handle. Communicators made on it must be destroyed first."""
+        users = [c for c in _live_comms if c._store is self and c._h]
+        if users:
+            raise Error(f"tutti: the store {self.url} is still used by {len(users)} "
+                        "communicator(s); destroy them first", -1)
         if self._h:
             _lib_.tutti_store_close(self._h)
             self._h = None
         self._base = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
+    _release = close
 
 
 class Work:
@@ -213,7 +255,7 @@ class Work:
             self._finish_plain(0, "")
 
 
-class Communicator:
+class Communicator(_Handle):
     """A group of ranks that run collectives together.
 
     Communicator(store, rank, size, **opts) joins through a Store; from_env() reads
@@ -243,6 +285,7 @@ class Communicator:
                                 f"{_lib_.tutti_strerror(st).decode()} (TUTTI_DEBUG=info "
                                 "logs the cause)")
         self._h, self._store = h, store
+        _live_comms.add(self)
         self.rank = _lib_.tutti_comm_rank(h)
         self.size = _lib_.tutti_comm_size(h)
 
@@ -262,6 +305,21 @@ class Communicator:
     def last_error(self):
         return _lib_.tutti_comm_last_error(self._handle()).decode()
 
+    def split(self, color, key=0):
+        """MPI_Comm_split: every rank calls it; ranks with the same color (>= 0) form a new
+        communicator ordered by (key, rank). A negative color takes part and gets None."""
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_split(self._handle(), color, key, ctypes.byref(h))
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+        if not h:
+            return None
+        child = Communicator.__new__(Communicator)
+        child._h, child._store = h, self._store
+        child.rank, child.size = _lib_.tutti_comm_rank(h), _lib_.tutti_comm_size(h)
+        _live_comms.add(child)
+        return child
+
     def abort(self):
         _lib_.tutti_comm_abort(self._handle())
 
@@ -271,30 +329,19 @@ class Communicator:
             self._h = None
         self._store = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-
-    def __del__(self):
-        self.destroy()
+    _release = destroy
 
     # ---- the calls: buffers in, the C function, errors out ----
 
     def _run(self, name, bufs, args, async_op):
-        h = self._handle()
+        h = self._h or self._handle()
         if not async_op:
-            try:
-                st = getattr(_lib_, "tutti_" + name)(h, *args)
-            finally:
-                for b in bufs:
-                    b.release()
+            st = _FN[name](h, *args)  # the buffers are held until they go out of scope
             if st < 0:
                 raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
             return None
         w = ctypes.c_void_p()
-        st = getattr(_lib_, f"tutti_{name}_async")(h, *args, ctypes.byref(w))
+        st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
         if st < 0:
             for b in bufs:
                 b.release()

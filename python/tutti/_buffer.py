@@ -2,6 +2,7 @@
 DLPack (CPU torch tensors). A Buffer holds the exporter's buffer (or the DLPack capsule)
 until released, so the memory cannot move or go away while an operation uses it."""
 import ctypes
+import sys
 
 from . import _lib
 from ._errors import InvalidArgError
@@ -49,8 +50,6 @@ _api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer),
 _api.PyObject_GetBuffer.restype = ctypes.c_int
 _api.PyBuffer_Release.argtypes = [ctypes.POINTER(Py_buffer)]
 _api.PyBuffer_Release.restype = None
-_api.PyBuffer_IsContiguous.argtypes = [ctypes.POINTER(Py_buffer), ctypes.c_char]
-_api.PyBuffer_IsContiguous.restype = ctypes.c_int
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _PYBUF_RECORDS_RO = 0x0004 | 0x0018  # PyBUF_FORMAT | PyBUF_STRIDES
@@ -76,61 +75,95 @@ _DL_DTYPES = {(0, 8): 0, (1, 8): 1, (0, 32): 2, (0, 64): 3, (2, 16): 4, (4, 16):
 _KDLCPU = 1
 
 
+class _Export:
+    """A Py_buffer taken with PyObject_GetBuffer (read-only inputs), released on drop."""
+    __slots__ = ("view",)
+
+    def __init__(self, obj):
+        self.view = Py_buffer()
+        _api.PyObject_GetBuffer(obj, ctypes.byref(self.view), _PYBUF_RECORDS_RO)
+
+    def __del__(self):
+        _api.PyBuffer_Release(ctypes.byref(self.view))
+
+
 class Buffer:
-    """One exported buffer: address, size in bytes, element count and dtype."""
-    __slots__ = ("ptr", "nbytes", "count", "dtype", "_view", "_capsule", "_obj")
+    """One exported buffer: address, size in bytes, element count and dtype. It holds the
+    export (or the DLPack capsule) until released or dropped."""
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "_hold")
 
     def __init__(self, obj, what, writable, dtype=None):
-        self._view = None
-        self._capsule = None
-        self._obj = obj
-        view = Py_buffer()
-        try:
-            _api.PyObject_GetBuffer(obj, ctypes.byref(view), _PYBUF_RECORDS_RO)
-        except (BufferError, TypeError) as e:
-            if not hasattr(obj, "__dlpack__"):
-                raise TypeError(f"tutti: {what} ({type(obj).__name__}) is neither a buffer "
-                                f"nor a DLPack tensor: {e}") from None
-            src_dtype, itemsize = self._from_dlpack(obj, what)
+        tensor = _torch_tensor()
+        if tensor is not None and isinstance(obj, tensor):
+            src_dtype, itemsize = self._from_torch(obj, what)
         else:
-            self._view = view
-            src_dtype, itemsize = self._from_buffer(what, writable)
+            src_dtype, itemsize = self._from_other(obj, what, writable)
         if dtype is None:
+
             if src_dtype is None:
-                self.release()
+                self._hold = None
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
                                       "reduce (int8, uint8, int32, int64, float16, bfloat16, "
                                       "float32, float64); pass dtype= to read it as one")
             self.dtype = src_dtype
-        else:
-            self.dtype = dtype_of(dtype)
-            size = _lib.lib.tutti_dtype_size(self.dtype)
-            if itemsize not in (1, size) or self.nbytes % size:
-                self.release()
-                raise InvalidArgError(f"tutti: {what} holds {self.nbytes} bytes of "
-                                      f"{itemsize}-byte items, not {size}-byte "
-                                      f"{_DTYPE_NAMES[self.dtype]} elements")
-        self.count = self.nbytes // _lib.lib.tutti_dtype_size(self.dtype)
+            self.count = self.nbytes // itemsize
+            return
+        self.dtype = dtype_of(dtype)
+        size = _SIZES[self.dtype]
+        if itemsize not in (1, size) or self.nbytes % size:
+            self._hold = None
+            raise InvalidArgError(f"tutti: {what} holds {self.nbytes} bytes of "
+                                  f"{itemsize}-byte items, not {size}-byte "
+                                  f"{_DTYPE_NAMES[self.dtype]} elements")
+        self.count = self.nbytes // size
 
-    def _from_buffer(self, what, writable):
-        view = self._view
-        if not _api.PyBuffer_IsContiguous(ctypes.byref(view), b"C"):
-            self.release()
+    def _from_other(self, obj, what, writable):
+        try:
+            m = memoryview(obj)
+        except TypeError as e:
+            if not hasattr(obj, "__dlpack__"):
+                raise TypeError(f"tutti: {what} ({type(obj).__name__}) is neither a buffer "
+                                f"nor a DLPack tensor: {e}") from None
+            return self._from_dlpack(obj, what)
+        return self._from_memoryview(m, obj, what, writable)
+
+    def _from_torch(self, t, what):
+        """torch tensors directly (DLPack would cost a capsule per call)."""
+        if t.device.type != "cpu":
+            raise InvalidArgError(f"tutti: {what} is on {t.device}; this build moves host "
+                                  "memory only")
+        if not t.is_contiguous():
+            raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous())")
+        self._hold = t
+        self.ptr = t.data_ptr()
+        size = t.element_size()
+        self.nbytes = t.numel() * size
+        return _TORCH_DTYPES.get(t.dtype), size
+
+    def _from_memoryview(self, m, obj, what, writable):
+        if not m.c_contiguous:
             raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous copy, "
                                   "e.g. numpy.ascontiguousarray)")
-        if writable and view.readonly:
-            self.release()
-            raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
-        self.ptr, self.nbytes = view.buf, view.len
-        fmt = (view.format or b"B").decode().lstrip("@=<>!")
-        return _FORMATS.get((fmt, view.itemsize)), view.itemsize
+        self.nbytes = n = m.nbytes
+        if m.readonly:
+            if writable:
+                raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
+            self._hold = e = _Export(obj)
+            self.ptr = e.view.buf
+        elif n:
+            self._hold = h = ctypes.c_char.from_buffer(m)  # holds the export
+            self.ptr = ctypes.addressof(h)
+        else:
+            self._hold, self.ptr = None, None
+        fmt = m.format
+        return _FORMATS.get((fmt.lstrip("@=<>!") if len(fmt) > 1 else fmt, m.itemsize)), m.itemsize
 
     def _from_dlpack(self, obj, what):
         try:
             capsule = obj.__dlpack__()
         except Exception as e:  # torch: tensors that require grad, ...
             raise InvalidArgError(f"tutti: {what} cannot be shared through DLPack: {e}") from None
-        self._capsule = capsule  # its destructor runs the tensor's deleter
+        self._hold = capsule  # its destructor runs the tensor's deleter
         t = DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
         if t.device.device_type != _KDLCPU:
             raise InvalidArgError(f"tutti: {what} is on device type {t.device.device_type}; "
@@ -150,11 +183,23 @@ class Buffer:
         return _DL_DTYPES.get((t.dtype.code, bits)), bits // 8
 
     def release(self):
-        if self._view is not None:
-            _api.PyBuffer_Release(ctypes.byref(self._view))
-            self._view = None
-        self._capsule = None
-        self._obj = None
+        self._hold = None
 
-    def __del__(self):
-        self.release()
+
+_SIZES = [_lib.lib.tutti_dtype_size(d) for d in range(len(_DTYPE_NAMES))]
+_TORCH_DTYPES = {}
+_TORCH = []
+
+
+def _torch_tensor():
+    """torch.Tensor once torch is imported (tutti never imports it itself), else None."""
+    if _TORCH:
+        return _TORCH[0]
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return None
+    names = {"int8": 0, "uint8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
+             "float32": 6, "float64": 7}
+    _TORCH_DTYPES.update({getattr(torch, n): d for n, d in names.items()})
+    _TORCH.append(torch.Tensor)
+    return torch.Tensor

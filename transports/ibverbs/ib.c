@@ -12,10 +12,11 @@
 #include <unistd.h>
 
 #include "ib.h"
+#include "ib_wire.h"
+#include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-#define IB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define IB_RECV_BIT (1ull << 63)
 
 static ib_tp_t *ib_current; /* for the test hooks */
@@ -84,27 +85,23 @@ static void link_stop_dma(ib_link_t *L)
     }
 }
 
-/* The link is unusable from now on: record why (once, kit/link.h) and fail what is
- * queued on it. */
-static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int link_fail(ib_link_t *L, int status, int err_no, const char *fmt, ...)
+static int link_busy(const ib_link_t *L)
+{
+    return L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req;
+}
+
+static void link_drop(ib_link_t *L)
 {
     ib_tp_t *tp = L->tp;
-    va_list ap;
-    va_start(ap, fmt);
-    tp_link_fail_v(tp->host, &L->fail, L->peer,
-                   L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req, status, err_no,
-                   fmt, ap);
-    va_end(ap);
     link_stop_dma(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
     fail_fins(tp, L, L->fail.status);
     fail_reads(tp, L, L->fail.status);
     tp->completions++;
-    return L->fail.status;
 }
+
+TT_KIT_LINK_FAIL_FN(ib_link_t, link_busy, link_drop)
 
 static unsigned sq_room(const ib_link_t *L)
 {
@@ -145,8 +142,8 @@ static int post_write(ib_tp_t *tp, ib_link_t *L, int kind, uint32_t imm, size_t 
 
 static void take_owed(ib_link_t *L, unsigned *credits, unsigned *fins)
 {
-    *credits = IB_MIN(L->credits_owed, IB_IMM_FIELD_MAX);
-    *fins = IB_MIN(L->fins_owed, IB_IMM_FIELD_MAX);
+    *credits = TT_KIT_MIN(L->credits_owed, IB_IMM_FIELD_MAX);
+    *fins = TT_KIT_MIN(L->fins_owed, IB_IMM_FIELD_MAX);
     L->credits_owed -= *credits;
     L->fins_owed -= *fins;
 }
@@ -235,7 +232,7 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
 {
     while (L->rd_req && !L->fail.status && sq_room(L) > IB_SQ_RESERVE) {
         tp_req_t *q = L->rd_req;
-        size_t chunk = IB_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
+        size_t chunk = TT_KIT_MIN(q->len - L->rd_off, (size_t)tp->max_msg);
         int last = L->rd_off + chunk == q->len;
         struct ibv_sge sge = { .addr = (uint64_t)(uintptr_t)q->buf + L->rd_off,
                                .length = (uint32_t)chunk,
@@ -269,9 +266,9 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
 {
     while (L->rq_head && L->rx_next < L->rx_arrived && !L->fail.status && !L->rd_req) {
         const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
-        const ib_hdr_t *h = (const ib_hdr_t *)slot;
-        if (h->magic != IB_MAGIC || (h->kind != IB_MSG_EAGER && h->kind != IB_MSG_RTS) ||
-            (h->kind == IB_MSG_EAGER && h->len > tp->eager_max)) {
+        ib_hdr_t hdr;
+        const ib_hdr_t *h = &hdr;
+        if (ib_slot_decode(slot, tp->eager_max, &hdr) < 0) {
             link_fail(L, TUTTI_ERR_PROTOCOL, 0,
                       "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length "
                       "%llu",
@@ -419,34 +416,28 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
         ibv_post_recv(L->qp, &wr, &bad);
     }
     uint32_t imm = be32toh(wc->imm_data);
-    unsigned type = imm >> 28, a = (imm >> 14) & IB_IMM_FIELD_MAX, b = imm & IB_IMM_FIELD_MAX;
-    if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc->wc_flags & IBV_WC_WITH_IMM))
-        type = 0;
-    switch (type) {
-    case IB_IMM_DATA: L->rx_arrived++; break;
-    case IB_IMM_CTRL:
-    case IB_IMM_NOP: break;
-    case IB_IMM_ERROR: {
-        char msg[IB_MAX_ERRMSG + 1];
-        size_t n = IB_MIN((size_t)wc->byte_len, (size_t)IB_MAX_ERRMSG);
-        memcpy(msg, L->ring + (size_t)tp->slots * tp->slot_bytes, n);
-        msg[n] = '\0';
-        int st = -(int)b;
-        if (st >= 0 || st <= TUTTI_STATUS_LAST_)
-            st = TUTTI_ERR_PEER;
-        link_fail(L, st, 0, "rank %d (%s) failed and reported: %s", peer, L->addr, msg);
+    ib_window_t w = { tp->slots, L->credits, L->rx_arrived - L->rx_next };
+    ib_imm_t m;
+    const char *why = ib_imm_decode(
+        imm, wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc->wc_flags & IBV_WC_WITH_IMM), &w, &m);
+    if (why) {
+        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                  "ibverbs: garbage from rank %d (%s): %s (opcode %d, immediate 0x%08x)", peer,
+                  L->addr, why, (int)wc->opcode, imm);
         return;
     }
-    default:
-        link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                  "ibverbs: garbage from rank %d (%s): opcode %d, immediate 0x%08x", peer, L->addr,
-                  (int)wc->opcode, imm);
+    if (m.type == IB_IMM_DATA)
+        L->rx_arrived++;
+    if (m.type == IB_IMM_ERROR) {
+        char msg[IB_MAX_ERRMSG + 1];
+        ib_errbox_read(L->ring + (size_t)tp->slots * tp->slot_bytes, wc->byte_len, msg);
+        link_fail(L, m.status, 0, "rank %d (%s) failed and reported: %s", peer, L->addr, msg);
         return;
     }
     if (L->fail.status)
         return;
-    L->credits += a;
-    complete_fins(tp, L, peer, b);
+    L->credits += m.credits;
+    complete_fins(tp, L, peer, m.fins);
 }
 
 static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
@@ -617,43 +608,21 @@ static void block(ib_tp_t *tp, int ms)
     }
 }
 
-static void kit_sweep(void *tp)
+/* block() only waits: what woke it is taken in by the sweep */
+static void block_and_sweep(ib_tp_t *tp, int ms)
 {
-    sweep(tp);
-}
-static void kit_abort_all(void *tp)
-{
-    abort_all(tp);
-}
-static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
-{
-    (void)c0;
-    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    block(tp, ms);
     sweep(tp);
 }
 
-static const tp_progress_ops_t ib_progress_ops = { .sweep = kit_sweep,
-                                                   .wait = kit_wait,
-                                                   .abort_all = kit_abort_all };
+TT_KIT_PROGRESS_FN(ib, ib_tp_t, sweep, block_and_sweep, abort_all)
 
-static int ib_progress(void *vtp, int timeout_ms)
+static int link_served(const ib_tp_t *tp, int peer)
 {
-    ib_tp_t *tp = vtp;
-    return tp_progress(tp, &ib_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
-                       timeout_ms);
+    return tp->links[peer].served;
 }
 
-static int check_req(ib_tp_t *tp, tp_req_t *r, int kind)
-{
-    int ok = tp_req_peer_ok(r, tp->nranks);
-    int st = tp_check_req(tp->host, "ibverbs", ok && tp->links[r->peer].served,
-                          ok ? &tp->links[r->peer].fail : NULL, r);
-    if (st < 0)
-        return st;
-    r->kind = kind;
-    return TUTTI_OK;
-}
-
+TT_KIT_CHECK_FN(ib_tp_t, "ibverbs", link_served)
 TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_req, link_send)
 
 static void ib_cancel_all(void *vtp, int status)
@@ -664,7 +633,7 @@ static void ib_cancel_all(void *vtp, int status)
 static void ib_notify_error(void *vtp, int status, const char *msg)
 {
     ib_tp_t *tp = vtp;
-    size_t len = IB_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
+    size_t len = TT_KIT_MIN(strlen(msg), (size_t)IB_MAX_ERRMSG);
     size_t off = (size_t)tp->slots * tp->slot_bytes;
     unsigned code = status < 0 && status > TUTTI_STATUS_LAST_ ? (unsigned)-status
                                                               : (unsigned)-TUTTI_ERR_PEER;
@@ -730,8 +699,7 @@ static void ib_destroy(void *vtp)
         L->sqe_count = 0;
     }
     ib_teardown(tp);
-    free(tp->links);
-    free(tp);
+    TT_KIT_CTX_FREE(tp);
 }
 
 /* A TUTTI_IB_* integer knob within [lo, hi]; another value is a config error. */
@@ -747,30 +715,17 @@ static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long 
 
 static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
-        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
-        return TUTTI_ERR_PLUGIN;
-    ib_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp)
-        return TUTTI_ERR_NOMEM;
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
+    ib_tp_t *tp;
+    int st = TT_KIT_CTX_NEW(tp, host);
+    if (st < 0)
+        return st;
     tp->wake_fd = -1;
     tp->mrc.pagemap_fd = -1;
-    tp->links = calloc((size_t)host->nranks, sizeof(ib_link_t));
-    if (!tp->links) {
-        free(tp);
-        return TUTTI_ERR_NOMEM;
-    }
     for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
         tp->links[i].served = tutti_tp_host_serves(host, i);
         snprintf(tp->links[i].addr, sizeof(tp->links[i].addr), "?");
     }
     long slots, eager, timeout, keep;
-    int st;
     if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
         (st = knob(tp, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager)) < 0 ||
         (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||

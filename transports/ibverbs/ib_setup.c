@@ -462,6 +462,28 @@ static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
     return TUTTI_OK;
 }
 
+/* Rank i's address record agrees with this rank's set-up; else the error, reported. */
+static int check_peer_rec(ib_tp_t *tp, int i, const ib_addr_rec_t *pr, size_t vlen, size_t rec_len)
+{
+    if (vlen != rec_len || pr->magic != IB_ADDR_MAGIC || pr->version != IB_VERSION ||
+        pr->rank != i || pr->nranks != tp->nranks)
+        return ERRF(TUTTI_ERR_PROTOCOL, i, 0,
+                    "ibverbs: rank %d published a malformed or incompatible address record "
+                    "(%zu bytes)",
+                    i, vlen);
+    if (pr->slots != tp->slots || pr->slot_bytes != tp->slot_bytes)
+        return ERRF(TUTTI_ERR_CONFIG, i, 0,
+                    "ibverbs: rank %d uses %u ring slots of %u bytes, this rank %u of %zu: "
+                    "TUTTI_IB_SLOTS and TUTTI_IB_EAGER_BYTES must agree on every rank",
+                    i, pr->slots, pr->slot_bytes, tp->slots, tp->slot_bytes);
+    if (pr->link_layer != tp->link_layer)
+        return ERRF(TUTTI_ERR_CONFIG, i, 0,
+                    "ibverbs: rank %d is on %s, this rank on %s: the link layers differ", i,
+                    pr->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+                    tp->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
+    return TUTTI_OK;
+}
+
 int ib_setup_links(ib_tp_t *tp)
 {
     const int n = tp->nranks;
@@ -520,23 +542,8 @@ int ib_setup_links(ib_tp_t *tp)
             break;
         }
         const ib_addr_rec_t *pr = v;
-        if (vlen != rec_len || pr->magic != IB_ADDR_MAGIC || pr->version != IB_VERSION ||
-            pr->rank != i || pr->nranks != n) {
-            st = ERRF(TUTTI_ERR_PROTOCOL, i, 0,
-                      "ibverbs: rank %d published a malformed or incompatible address record "
-                      "(%zu bytes)",
-                      i, vlen);
-        } else if (pr->slots != tp->slots || pr->slot_bytes != tp->slot_bytes) {
-            st = ERRF(TUTTI_ERR_CONFIG, i, 0,
-                      "ibverbs: rank %d uses %u ring slots of %u bytes, this rank %u of %zu: "
-                      "TUTTI_IB_SLOTS and TUTTI_IB_EAGER_BYTES must agree on every rank",
-                      i, pr->slots, pr->slot_bytes, tp->slots, tp->slot_bytes);
-        } else if (pr->link_layer != tp->link_layer) {
-            st = ERRF(TUTTI_ERR_CONFIG, i, 0,
-                      "ibverbs: rank %d is on %s, this rank on %s: the link layers differ", i,
-                      pr->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-                      tp->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
-        } else {
+        st = check_peer_rec(tp, i, pr, vlen, rec_len);
+        if (st == TUTTI_OK) {
             const ib_peer_rec_t *mine_at_peer = (const ib_peer_rec_t *)((const char *)v +
                                                                         sizeof(ib_addr_rec_t)) +
                                                 tp->rank;

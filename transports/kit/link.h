@@ -75,4 +75,36 @@ static inline int tp_check_req(const tp_host_t *h, const char *name, int served,
     return TUTTI_OK;
 }
 
+/* Defines check_req(tp, r, kind), the check of TT_KIT_POST_FNS, for a transport named
+ * name whose context (tp_type) has host, nranks and links[peer].fail: tp_check_req, with
+ * served(tp, peer) asked only of a peer in range; then r->kind = kind. */
+#define TT_KIT_CHECK_FN(tp_type, name, served)                                                     \
+    static int check_req(tp_type *tp, tp_req_t *r, int kind)                                       \
+    {                                                                                              \
+        int ok = tp_req_peer_ok(r, tp->nranks);                                                    \
+        int st = tp_check_req(tp->host, name, ok && served(tp, r->peer),                           \
+                              ok ? &tp->links[r->peer].fail : NULL, r);                            \
+        if (st < 0)                                                                                \
+            return st;                                                                             \
+        r->kind = kind;                                                                            \
+        return TUTTI_OK;                                                                           \
+    }
+
+/* Defines link_fail(L, status, err_no, fmt, ...): the link is unusable from now on. Its
+ * failure is recorded (once: tp_link_fail_v; busy(L): requests are posted on it, so the
+ * library hears of it now), then drop(L) fails what is queued on it, each time. For links
+ * (link_type) with tp (its context, with host), peer and fail. Returns the link's status. */
+#define TT_KIT_LINK_FAIL_FN(link_type, busy, drop)                                                 \
+    static int link_fail(link_type *L, int status, int err_no, const char *fmt, ...)               \
+        __attribute__((format(printf, 4, 5)));                                                     \
+    static int link_fail(link_type *L, int status, int err_no, const char *fmt, ...)               \
+    {                                                                                              \
+        va_list ap;                                                                                \
+        va_start(ap, fmt);                                                                         \
+        tp_link_fail_v(L->tp->host, &L->fail, L->peer, busy(L), status, err_no, fmt, ap);          \
+        va_end(ap);                                                                                \
+        drop(L);                                                                                   \
+        return L->fail.status;                                                                     \
+    }
+
 #endif

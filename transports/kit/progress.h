@@ -68,4 +68,32 @@ static inline int tp_progress(void *tp, const tp_progress_ops_t *o, atomic_int *
     return TUTTI_OK;
 }
 
+/* Defines pfx##_progress, the progress() of a transport whose context (tp_type) has host,
+ * aborted and completions, and which waits in its own way: sweep(tp) and abort_all(tp) as
+ * in tp_progress_ops_t; wait_ms(tp, ms): wait up to ms milliseconds (the deadline rounded
+ * up) for something to do, and do it. */
+#define TT_KIT_PROGRESS_FN(pfx, tp_type, sweep, wait_ms, abort_all)                                \
+    static void pfx##_kit_sweep(void *tp)                                                          \
+    {                                                                                              \
+        sweep((tp_type *)tp);                                                                      \
+    }                                                                                              \
+    static void pfx##_kit_abort_all(void *tp)                                                      \
+    {                                                                                              \
+        abort_all((tp_type *)tp);                                                                  \
+    }                                                                                              \
+    static void pfx##_kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)        \
+    {                                                                                              \
+        (void)c0;                                                                                  \
+        wait_ms((tp_type *)tp, (int)((deadline - now + 999999u) / 1000000u));                      \
+    }                                                                                              \
+    static const tp_progress_ops_t pfx##_progress_ops = { .sweep = pfx##_kit_sweep,                \
+                                                          .wait = pfx##_kit_wait,                  \
+                                                          .abort_all = pfx##_kit_abort_all };      \
+    static int pfx##_progress(void *vtp, int timeout_ms)                                           \
+    {                                                                                              \
+        tp_type *tp = vtp;                                                                         \
+        return tp_progress(tp, &pfx##_progress_ops, &tp->aborted, &tp->completions,                \
+                           tp->host->spin_us, timeout_ms);                                         \
+    }
+
 #endif

@@ -37,6 +37,18 @@ static inline unsigned tp_fail_queue(tp_req_t **head, tp_req_t **tail, int statu
     return n;
 }
 
+/* Defines pfx##_post_send and pfx##_post_recv, the ops table's entries, over
+ * pfx##_post(tp, r, kind). */
+#define TT_KIT_SEND_RECV_FNS(pfx)                                                                  \
+    static int pfx##_post_send(void *vtp, tp_req_t *r)                                             \
+    {                                                                                              \
+        return pfx##_post(vtp, r, TUTTI_TP_SEND);                                                  \
+    }                                                                                              \
+    static int pfx##_post_recv(void *vtp, tp_req_t *r)                                             \
+    {                                                                                              \
+        return pfx##_post(vtp, r, TUTTI_TP_RECV);                                                  \
+    }
+
 /* Defines pfx##_post_send and pfx##_post_recv for a transport (tp_type) whose links
  * (tp->links[peer], link_type) keep sq_head/sq_tail and rq_head/rq_tail.
  * check(tp, r, kind): the transport's checks (tp_check_req and its own), setting r->kind
@@ -60,13 +72,6 @@ static inline unsigned tp_fail_queue(tp_req_t **head, tp_req_t **tail, int statu
             start(tp, L);                                                                          \
         return TUTTI_OK;                                                                           \
     }                                                                                              \
-    static int pfx##_post_send(void *vtp, tp_req_t *r)                                             \
-    {                                                                                              \
-        return pfx##_post(vtp, r, TUTTI_TP_SEND);                                                  \
-    }                                                                                              \
-    static int pfx##_post_recv(void *vtp, tp_req_t *r)                                             \
-    {                                                                                              \
-        return pfx##_post(vtp, r, TUTTI_TP_RECV);                                                  \
-    }
+    TT_KIT_SEND_RECV_FNS(pfx)
 
 #endif

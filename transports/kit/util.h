@@ -1,5 +1,5 @@
-/* Transport kit: the monotonic clock, TUTTI_* knobs read through the host, and this
- * host's identity. */
+/* Transport kit: the monotonic clock, TUTTI_* knobs read through the host, this host's
+ * identity, and TT_KIT_MIN/TT_KIT_MAX (the kit's TT_MIN: transports do not see lib/base). */
 #ifndef TT_KIT_UTIL_H
 #define TT_KIT_UTIL_H
 
@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <tutti/transport_v1.h>
+
+#define TT_KIT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TT_KIT_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 static inline uint64_t tp_now_ns(void)
 {

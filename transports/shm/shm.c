@@ -18,9 +18,6 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-#define SHM_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define SHM_MAX(a, b) ((a) > (b) ? (a) : (b))
-
 /* Ring per direction: 16 MiB over the local peers, within [64 KiB, 1 MiB]. */
 #define SHM_RING_BUDGET (16u << 20)
 #define SHM_RING_MIN (64u << 10)
@@ -227,6 +224,17 @@ static inline void ring_get(const shm_link_t *L, uint64_t pos, void *dst, size_t
     }
 }
 
+/* The peer moved its end of a ring (head or tail) to pos, more than a ring away from
+ * ours: copying by it would run past the ring. */
+static void ring_garbage(shm_link_t *L, const char *end, uint64_t pos, uint64_t ours)
+{
+    link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+              "garbage from rank %d (%s): ring %s at byte %llu, this rank's end at %llu, in a "
+              "%llu-byte ring",
+              L->peer, L->addr, end, (unsigned long long)pos, (unsigned long long)ours,
+              (unsigned long long)L->cap);
+}
+
 /* Does the receiver pull large messages? (It says so once, at set-up.) */
 static inline int link_pulls(shm_link_t *L)
 {
@@ -258,6 +266,10 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         uint64_t freeb = L->cap - (L->tx_pos - L->tx_tail_seen);
         if (freeb < want) {
             L->tx_tail_seen = atomic_load_explicit(&L->tx->tail, memory_order_acquire);
+            if (L->tx_pos - L->tx_tail_seen > L->cap) { /* read past what we wrote */
+                ring_garbage(L, "tail", L->tx_tail_seen, L->tx_pos);
+                break;
+            }
             freeb = L->cap - (L->tx_pos - L->tx_tail_seen);
         }
         if (freeb < need)
@@ -276,10 +288,10 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
             L->tx_cur_cma = cma;
             L->tx_started = 1;
         }
-        uint64_t n = SHM_MIN(SHM_MIN(freeb, L->tx_span - L->tx_sent), tp->step);
+        uint64_t n = TT_KIT_MIN(TT_KIT_MIN(freeb, L->tx_span - L->tx_sent), tp->step);
         if (!L->tx_cur_cma) {
-            uint64_t a = SHM_MAX(L->tx_sent, SHM_HDR_BYTES);
-            uint64_t b = SHM_MIN(L->tx_sent + n, SHM_HDR_BYTES + r->len);
+            uint64_t a = TT_KIT_MAX(L->tx_sent, SHM_HDR_BYTES);
+            uint64_t b = TT_KIT_MIN(L->tx_sent + n, SHM_HDR_BYTES + r->len);
             if (b > a) {
                 ring_put(L, L->tx_rec + a, (const char *)r->buf + (a - SHM_HDR_BYTES),
                          (size_t)(b - a));
@@ -369,13 +381,19 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
     while (!L->fail.status && !L->rx_withdrawn) {
+        /* A record starts with at least a line published (all of a pull record): less
+         * is not a record yet, whatever a garbled head says. */
         uint64_t avail = L->rx_head_seen - L->rx_pos;
-        if (avail == 0 || (!L->rhdr_valid && avail < SHM_HDR_BYTES)) {
+        if (avail == 0 || (!L->rhdr_valid && avail < SHM_LINE)) {
             L->rx_head_seen = atomic_load_explicit(&L->rx->head, memory_order_acquire);
             avail = L->rx_head_seen - L->rx_pos;
+            if (avail > L->cap) { /* the sender never gets a ring ahead (or goes back) */
+                ring_garbage(L, "head", L->rx_head_seen, L->rx_pos);
+                break;
+            }
         }
         if (!L->rhdr_valid) {
-            if (avail < SHM_HDR_BYTES)
+            if (avail < SHM_LINE)
                 break;
             memcpy(&L->rhdr, L->rxring + (L->rx_pos & L->mask), sizeof(L->rhdr));
             if (L->rhdr.magic != SHM_REC_MAGIC ||
@@ -421,12 +439,12 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 continue;
             }
         }
-        uint64_t n = SHM_MIN(SHM_MIN(avail, L->rx_span - L->rx_got), tp->step);
+        uint64_t n = TT_KIT_MIN(TT_KIT_MIN(avail, L->rx_span - L->rx_got), tp->step);
         if (n == 0)
             break;
         uint64_t rec = L->rx_pos - L->rx_got;
-        uint64_t a = SHM_MAX(L->rx_got, SHM_HDR_BYTES);
-        uint64_t b = SHM_MIN(L->rx_got + n, SHM_HDR_BYTES + q->len);
+        uint64_t a = TT_KIT_MAX(L->rx_got, SHM_HDR_BYTES);
+        uint64_t b = TT_KIT_MIN(L->rx_got + n, SHM_HDR_BYTES + q->len);
         if (b > a) {
             ring_get(L, rec + a, (char *)q->buf + (a - SHM_HDR_BYTES), (size_t)(b - a));
             q->xfer = (size_t)(b - SHM_HDR_BYTES);
@@ -554,7 +572,7 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
         atomic_store(&bell->sleeping, 0);
         return;
     }
-    uint64_t until = SHM_MIN(deadline, tp->next_liveness_ns);
+    uint64_t until = TT_KIT_MIN(deadline, tp->next_liveness_ns);
     int ms = (int)((until - now + 999999u) / 1000000u);
     shm_futex(&bell->seq, FUTEX_WAIT, seq, ms > 0 ? ms : 1);
     atomic_store(&bell->sleeping, 0);
@@ -664,14 +682,12 @@ static int knob_int(shm_tp_t *tp, const char *name, int def)
     return (int)x;
 }
 
-static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
+/* A transport with its links, nothing shared yet; NULL when out of memory. */
+static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
 {
-    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
-        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
-        return TUTTI_ERR_PLUGIN;
     shm_tp_t *tp = calloc(1, sizeof(*tp));
     if (!tp)
-        return TUTTI_ERR_NOMEM;
+        return NULL;
     tp->host = host;
     tp->rank = host->rank;
     tp->nranks = host->nranks;
@@ -681,7 +697,7 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
         free(tp->links);
         free(tp->pair_names);
         free(tp);
-        return TUTTI_ERR_NOMEM;
+        return NULL;
     }
     for (int i = 0; i < host->nranks; i++) {
         shm_link_t *L = &tp->links[i];
@@ -692,6 +708,17 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
         L->served = tutti_tp_host_serves(host, i);
         snprintf(L->addr, sizeof(L->addr), "shm:rank %d", i);
     }
+    return tp;
+}
+
+static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
+{
+    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
+        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
+        return TUTTI_ERR_PLUGIN;
+    shm_tp_t *tp = tp_new(host);
+    if (!tp)
+        return TUTTI_ERR_NOMEM;
     int nserved = 0;
     for (int i = 0; i < host->nranks; i++)
         nserved += tp->links[i].served;
@@ -718,6 +745,45 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     }
     *tp_p = tp;
     return TUTTI_OK;
+}
+
+/* Fuzzing and tests only (see shm.h). Built like shm_create, with the caller's memory
+ * in place of the shared segment and a doorbell for the peer that nobody waits on. */
+int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned char *ring,
+                        uint64_t cap, size_t step, uint64_t start, tp_req_t *reqs, size_t nreqs,
+                        int (*publish)(void *ctx), void *ctx)
+{
+    shm_bell_t peer_bell;
+    memset(&peer_bell, 0, sizeof(peer_bell));
+    shm_tp_t *tp = host->nranks < 2 ? NULL : tp_new(host);
+    if (!tp)
+        return -1;
+    tp->step = step;
+    shm_link_t *L = &tp->links[1];
+    L->served = 1;
+    L->pid = getpid();
+    L->unwatched = 1;
+    L->rx = rx;
+    L->rxring = ring;
+    L->cap = cap;
+    L->mask = cap - 1;
+    L->peer_bell = &peer_bell;
+    L->rx_pos = L->rx_head_seen = start;
+    for (size_t i = 0; i < nreqs; i++)
+        shm_post_recv(tp, &reqs[i]);
+    /* sweep until every receive is done, or a sweep moves nothing and the peer is done */
+    for (int i = 0; i < 1000 && L->rq_head; i++) {
+        unsigned long c0 = tp->completions;
+        L->progressed = 0;
+        sweep(tp);
+        if (!publish(ctx) && !L->progressed && tp->completions == c0)
+            break;
+    }
+    shm_cancel_all(tp, TUTTI_ERR_ABORTED);
+    free(tp->pair_names);
+    free(tp->links);
+    free(tp);
+    return 0;
 }
 
 /* cost hints: a 4-byte exchange and one direction of a large one between processes */

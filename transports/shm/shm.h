@@ -150,6 +150,18 @@ struct shm_tp {
     int npfds;
 };
 
+/* Fuzzing and tests only (fuzz/fuzz_shm_ring.c): a transport whose link to rank 1
+ * receives through the direction rx and its ring (cap bytes, a power of two) as a peer
+ * fills them: the receives reqs are posted on it and the link is swept; after every sweep
+ * publish(ctx) may write more (head, the ring, the report), and returns 0 once the peer
+ * is done. What is left is cancelled. The peer's process is this one (single-copy pulls
+ * read its memory). host: rank 0 of at least 2. step: TUTTI_SHM_STEP_BYTES (>= SHM_LINE).
+ * start: the stream position reading begins at (a multiple of SHM_LINE). Returns 0, or
+ * -1 when it could not set up. */
+int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned char *ring,
+                        uint64_t cap, size_t step, uint64_t start, tp_req_t *reqs, size_t nreqs,
+                        int (*publish)(void *ctx), void *ctx);
+
 /* shm_setup.c */
 int shm_setup(shm_tp_t *tp);
 void shm_teardown(shm_tp_t *tp);

@@ -13,32 +13,28 @@
 
 #include "crc32c.h"
 #include "tcp.h"
+#include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
-
-#define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail, int status)
 {
     tp->completions += tp_fail_queue(head, tail, status);
 }
 
-/* The link is unusable from now on: record why (once, kit/link.h), fail what is queued
- * on it. */
-static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int link_fail(tcp_link_t *L, int status, int err_no, const char *fmt, ...)
+static int link_busy(const tcp_link_t *L)
 {
-    tcp_tp_t *tp = L->tp;
-    va_list ap;
-    va_start(ap, fmt);
-    tp_link_fail_v(tp->host, &L->fail, L->peer, L->sq_head || L->rq_head, status, err_no, fmt, ap);
-    va_end(ap);
-    fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
-    fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
-    tp->completions++;
-    return L->fail.status;
+    return L->sq_head || L->rq_head;
 }
+
+static void link_drop(tcp_link_t *L)
+{
+    fail_queue(L->tp, &L->sq_head, &L->sq_tail, L->fail.status);
+    fail_queue(L->tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    L->tp->completions++;
+}
+
+TT_KIT_LINK_FAIL_FN(tcp_link_t, link_busy, link_drop)
 
 /* The CRC a header carries: over everything before its hcrc field. */
 static uint32_t hdr_crc(const tcp_hdr_t *h)
@@ -120,11 +116,11 @@ static int link_salvage_report(tcp_link_t *L)
         while (left) {
             if (budget == 0)
                 return 0;
-            ssize_t r = recv(L->fd, sink, TCP_MIN(left, sizeof(sink)), MSG_DONTWAIT);
+            ssize_t r = recv(L->fd, sink, TT_KIT_MIN(left, sizeof(sink)), MSG_DONTWAIT);
             if (r <= 0)
                 return 0;
             left -= (size_t)r;
-            budget -= TCP_MIN(budget, (size_t)r);
+            budget -= TT_KIT_MIN(budget, (size_t)r);
         }
         L->rhdr_got = 0;
     }
@@ -152,7 +148,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
         size_t upto = r->len; /* payload bytes that may go now */
         if (tlen) {
             if (L->scrc_upto == r->xfer && r->xfer < r->len) {
-                size_t n = TCP_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
+                size_t n = TT_KIT_MIN(r->len - r->xfer, TCP_CSUM_STEP_BYTES);
                 if (r->len - r->xfer - n <= TCP_CSUM_EAGER_BYTES)
                     n = r->len - r->xfer; /* no small step left behind */
                 L->scrc = tcp_crc32c(L->scrc, (const char *)r->buf + r->xfer, n);
@@ -185,10 +181,10 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
             return;
         }
         size_t left = (size_t)w;
-        size_t take = TCP_MIN(left, sizeof(L->shdr) - L->shdr_off);
+        size_t take = TT_KIT_MIN(left, sizeof(L->shdr) - L->shdr_off);
         L->shdr_off += take;
         left -= take;
-        take = TCP_MIN(left, upto - r->xfer);
+        take = TT_KIT_MIN(left, upto - r->xfer);
         r->xfer += take;
         left -= take;
         L->strail_off += left;
@@ -310,7 +306,7 @@ TCP_RX_STEP rx_header(tcp_link_t *L, size_t tlen, size_t *staged_p)
         ssize_t r = link_read(L, L->stage, sizeof(L->rhdr) + L->rq_head->len + tlen, NULL);
         if (r <= 0)
             return RX_STOP;
-        size_t h = TCP_MIN((size_t)r, sizeof(L->rhdr));
+        size_t h = TT_KIT_MIN((size_t)r, sizeof(L->rhdr));
         memcpy(&L->rhdr, L->stage, h);
         L->rhdr_got = h;
         *staged_p = (size_t)r - h;
@@ -353,9 +349,9 @@ TCP_RX_STEP rx_open_frame(tcp_tp_t *tp, tcp_link_t *L, size_t tlen, size_t *stag
     if (staged && L->rhdr.type == TCP_FRAME_ERROR) {
         if (!link_errbuf(L))
             return RX_STOP;
-        L->errgot = TCP_MIN(staged, L->rhdr.len);
+        L->errgot = TT_KIT_MIN(staged, L->rhdr.len);
         memcpy(L->errbuf, L->stage + sizeof(L->rhdr), L->errgot);
-        L->rtrail_got = TCP_MIN(staged - L->errgot, tlen);
+        L->rtrail_got = TT_KIT_MIN(staged - L->errgot, tlen);
         memcpy(&L->rtrail, L->stage + sizeof(L->rhdr) + L->errgot, L->rtrail_got);
         *staged_p = 0;
     }
@@ -411,7 +407,7 @@ TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size
     q->got_len = L->rhdr.len;
     L->rhdr_matched = 1;
     if (staged) {
-        size_t p = TCP_MIN(staged, q->len);
+        size_t p = TT_KIT_MIN(staged, q->len);
         if (p) /* a zero-length receive may have no buffer (NULL) */
             memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
         q->xfer = p;
@@ -447,7 +443,7 @@ TCP_RX_STEP rx_payload(tcp_link_t *L, tp_req_t *q, size_t tlen)
         ssize_t r = link_readv(L, iov, n, "in the middle of a message");
         if (r <= 0)
             return RX_STOP;
-        size_t p = TCP_MIN((size_t)r, q->len - q->xfer);
+        size_t p = TT_KIT_MIN((size_t)r, q->len - q->xfer);
         if (p)
             L->rcrc = tcp_crc32c(L->rcrc, (const char *)q->buf + q->xfer, p);
         q->xfer += p;
@@ -591,42 +587,14 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
-static void kit_sweep(void *tp)
+TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all)
+
+static int link_served(const tcp_tp_t *tp, int peer)
 {
-    sweep(tp);
-}
-static void kit_abort_all(void *tp)
-{
-    abort_all(tp);
-}
-static void kit_wait(void *tp, unsigned long c0, uint64_t now, uint64_t deadline)
-{
-    (void)c0;
-    block(tp, (int)((deadline - now + 999999u) / 1000000u));
+    return tutti_tp_host_serves(tp->host, peer);
 }
 
-static const tp_progress_ops_t tcp_progress_ops = { .sweep = kit_sweep,
-                                                    .wait = kit_wait,
-                                                    .abort_all = kit_abort_all };
-
-static int tcp_progress(void *vtp, int timeout_ms)
-{
-    tcp_tp_t *tp = vtp;
-    return tp_progress(tp, &tcp_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
-                       timeout_ms);
-}
-
-static int check_req(tcp_tp_t *tp, tp_req_t *r, int kind)
-{
-    int ok = tp_req_peer_ok(r, tp->nranks);
-    int st = tp_check_req(tp->host, "tcp", ok && tutti_tp_host_serves(tp->host, r->peer),
-                          ok ? &tp->links[r->peer].fail : NULL, r);
-    if (st < 0)
-        return st;
-    r->kind = kind;
-    return TUTTI_OK;
-}
-
+TT_KIT_CHECK_FN(tcp_tp_t, "tcp", link_served)
 TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
 
 /* The head send has begun leaving: another frame now would land inside its payload. */
@@ -751,8 +719,28 @@ static void tcp_destroy(void *vtp)
     uv_close((uv_handle_t *)&tp->wake, on_close_noop);
     uv_run(&tp->loop, UV_RUN_DEFAULT);
     uv_loop_close(&tp->loop);
-    free(tp->links);
-    free(tp);
+    TT_KIT_CTX_FREE(tp);
+}
+
+/* The context, its links (none connected yet) and its libuv loop: where tcp_create and
+ * tcp_recv_fuzz_input start. */
+static int tcp_ctx_new(const tutti_tp_host_v1_t *host, tcp_tp_t **tp_p)
+{
+    tcp_tp_t *tp;
+    int st = TT_KIT_CTX_NEW(tp, host);
+    if (st < 0)
+        return st;
+    for (int i = 0; i < host->nranks; i++)
+        tp->links[i].fd = -1;
+    st = uv_loop_init(&tp->loop);
+    if (st < 0) {
+        TT_KIT_CTX_FREE(tp);
+        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -st, "tcp: uv_loop_init failed");
+    }
+    uv_timer_init(&tp->loop, &tp->timer);
+    uv_async_init(&tp->loop, &tp->wake, on_wake);
+    *tp_p = tp;
+    return TUTTI_OK;
 }
 
 /* TUTTI_CHECKSUM, the job instance, and whether the library holds a job secret. */
@@ -797,42 +785,11 @@ static int tcp_identity(tcp_tp_t *tp)
 
 static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    /* ABI 1.0 hosts and later: fields appended since are looked up with
-     * tutti_tp_host_has. */
-    if (!host || host->size < offsetof(tutti_tp_host_v1_t, peers) ||
-        host->abi_version != TUTTI_TRANSPORT_ABI_V1)
-        return TUTTI_ERR_PLUGIN;
-    tcp_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp)
-        return TUTTI_ERR_NOMEM;
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
-    int st = tcp_identity(tp);
-    if (st < 0) {
-        free(tp);
+    tcp_tp_t *tp;
+    int st = tcp_ctx_new(host, &tp);
+    if (st < 0)
         return st;
-    }
-    tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t));
-    if (!tp->links) {
-        free(tp);
-        return TUTTI_ERR_NOMEM;
-    }
-    for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
-        tp->links[i].fd = -1;
-    }
-    st = uv_loop_init(&tp->loop);
-    if (st < 0) {
-        free(tp->links);
-        free(tp);
-        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -st, "tcp: uv_loop_init failed");
-    }
-    uv_timer_init(&tp->loop, &tp->timer);
-    uv_async_init(&tp->loop, &tp->wake, on_wake);
-    st = tcp_setup_connect(tp);
-    if (st < 0) {
+    if ((st = tcp_identity(tp)) < 0 || (st = tcp_setup_connect(tp)) < 0) {
         tcp_destroy(tp);
         return st;
     }
@@ -854,26 +811,11 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
                         tp_req_t *reqs, size_t nreqs)
 {
     int sv[2];
-    tcp_tp_t *tp = calloc(1, sizeof(*tp));
-    if (!tp || !(tp->links = calloc((size_t)host->nranks, sizeof(tcp_link_t))) ||
-        uv_loop_init(&tp->loop) < 0) {
-        if (tp)
-            free(tp->links);
-        free(tp);
+    tcp_tp_t *tp;
+    if (tcp_ctx_new(host, &tp) < 0)
         return -1;
-    }
-    tp->host = host;
-    tp->rank = host->rank;
-    tp->nranks = host->nranks;
     tp->csum = csum;
     tp->instance = "";
-    for (int i = 0; i < host->nranks; i++) {
-        tp->links[i].tp = tp;
-        tp->links[i].peer = i;
-        tp->links[i].fd = -1;
-    }
-    uv_timer_init(&tp->loop, &tp->timer);
-    uv_async_init(&tp->loop, &tp->wake, on_wake);
     if (host->nranks < 2 ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0) {
         tcp_destroy(tp);

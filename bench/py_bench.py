@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Per-call time of a collective from Python, measured as tutti-bench measures it: W
+untimed iterations, then N timed ones, each rank timing every iteration; an iteration's
+time is the slowest rank's; prints p50 and mean (us) of those, one line of JSON.
+
+  py_bench.py [--api tutti|torch-tutti|torch-gloo] [-np N] [-b BYTES] [-n N] [-w W]
+              [--transport shm|tcp]
+
+tutti: the Python package (tutti.Communicator.allreduce, in place, float32).
+torch-*: torch.distributed.all_reduce of a float32 tensor on the named backend.
+Run with PYTHONPATH=build/python and /usr/bin/python3."""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import tempfile
+import time
+
+import numpy as np
+
+
+def rank_main(a, rank, url, port, q):
+    os.environ.setdefault("TUTTI_SOCKET_IFNAME", "lo")
+    n, w, count = a.n, a.w, max(1, a.bytes // 4)
+    times = np.zeros(n, np.float64)
+    if a.api == "tutti":
+        import tutti
+        store = tutti.Store(url)
+        comm = tutti.Communicator(store, rank, a.np, transport=a.transport,
+                                  job_id=f"py-bench-{os.getppid()}")
+        buf = np.ones(count, np.float32)
+        call = lambda: comm.allreduce(buf)  # noqa: E731
+        gather_max = lambda t: comm.allreduce(t, op="max")  # noqa: E731
+    else:
+        import torch
+        import torch.distributed as dist
+        backend = a.api.split("-", 1)[1]
+        if backend == "tutti":
+            import tutti.torch  # noqa: F401 (registers the backend)
+            os.environ["TUTTI_TRANSPORT"] = a.transport
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=a.np)
+        buf = torch.ones(count, dtype=torch.float32)
+        call = lambda: dist.all_reduce(buf)  # noqa: E731
+
+        def gather_max(t):
+            tt = torch.from_numpy(t)
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    for _ in range(w):
+        call()
+    clock = time.perf_counter
+    for i in range(n):
+        t0 = clock()
+        call()
+        times[i] = clock() - t0
+    gather_max(times)
+    if rank == 0:
+        us = times * 1e6
+        q.put({"api": a.api, "np": a.np, "bytes": count * 4, "transport": a.transport,
+               "iters": n, "p50_us": float(np.percentile(us, 50)), "mean_us": float(us.mean())})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--api", default="tutti", choices=["tutti", "torch-tutti", "torch-gloo"])
+    p.add_argument("-np", dest="np", type=int, default=2)
+    p.add_argument("-b", dest="bytes", type=int, default=4)
+    p.add_argument("-n", type=int, default=5000)
+    p.add_argument("-w", type=int, default=200)
+    p.add_argument("--transport", default="shm")
+    a = p.parse_args()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="py-bench-") as d:
+        procs = [ctx.Process(target=rank_main, args=(a, r, "file://" + d, port, q))
+                 for r in range(a.np)]
+        for pr in procs:
+            pr.start()
+        try:
+            print(json.dumps(q.get(timeout=600)))
+        finally:
+            for pr in procs:
+                pr.join(30)
+                if pr.is_alive():
+                    pr.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+/* tutti_comm_split: 4 ranks split by parity with reversed keys, ranks that take no
+ * color, a split of a split with the parents destroyed first, 20 splits in a row, a rank
+ * that does not take part, and a parent that owns its store (tutti_comm_init_env)
+ * destroyed before its children. Each new communicator is checked against the members
+ * the test expects: its rank and size, an allgather of the parent ranks, an allreduce. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tutti/tutti.h>
+
+#include "harness.h"
+
+/* In a rank body: a failed step (which printed why) fails the rank. */
+#define TRY(step)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (step);                                                                          \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+    } while (0)
+
+#define NR 4
+
+/* The parent ranks that form color's communicator, in their new order (by key, then by
+ * parent rank); their count. */
+static int expected_members(const int *colors, const int *keys, int n, int color, int *out)
+{
+    int m = 0;
+    for (int r = 0; r < n; r++) {
+        if (colors[r] != color)
+            continue;
+        int at = m++;
+        while (at > 0 && keys[out[at - 1]] > keys[r]) {
+            out[at] = out[at - 1];
+            at--;
+        }
+        out[at] = r;
+    }
+    return m;
+}
+
+/* child (of the rank whose parent rank is prank) must be members[0..n): rank, size, the
+ * parent ranks through an allgather, and an allreduce of (prank + 1) * (i + 1). */
+static int check_child(int rank, int prank, tutti_comm_t *child, const int *members, int n)
+{
+    enum { COUNT = 5000 };
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (members[i] == prank)
+            me = i;
+    FAIL_IF(!child, "no communicator for a rank with a color");
+    FAIL_IF(tutti_comm_size(child) != n || tutti_comm_rank(child) != me,
+            "rank %d of %d, wanted %d of %d", tutti_comm_rank(child), tutti_comm_size(child), me,
+            n);
+    int32_t mine = prank, got[NR * 2];
+    int st = tutti_allgather(child, &mine, got, 1, TUTTI_INT32);
+    FAIL_IF(st, "allgather: %s", tutti_comm_last_error(child));
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        FAIL_IF(got[i] != members[i], "new rank %d is parent rank %d, wanted %d", i, got[i],
+                members[i]);
+        sum += members[i] + 1;
+    }
+    int64_t *buf = malloc(COUNT * sizeof(*buf));
+    for (int i = 0; i < COUNT; i++)
+        buf[i] = (int64_t)(prank + 1) * (i + 1);
+    st = tutti_allreduce(child, TUTTI_IN_PLACE, buf, COUNT, TUTTI_INT64, TUTTI_SUM);
+    int bad = -1;
+    for (int i = 0; !st && bad < 0 && i < COUNT; i++)
+        if (buf[i] != sum * (i + 1))
+            bad = i;
+    free(buf);
+    FAIL_IF(st, "allreduce: %s", tutti_comm_last_error(child));
+    FAIL_IF(bad >= 0, "allreduce: element %d wrong", bad);
+    return 0;
+}
+
+/* Split comm (where this rank is prank of n) with every rank's color and key, and check
+ * this rank's result; the new communicator in *child_p (NULL for no color). */
+static int split_checked(int rank, int prank, tutti_comm_t *comm, int n, const int *colors,
+                         const int *keys, tutti_comm_t **child_p)
+{
+    int members[NR];
+    int st = tutti_comm_split(comm, colors[prank], keys[prank], child_p);
+    FAIL_IF(st, "split: %s", tutti_comm_last_error(comm));
+    if (colors[prank] < 0) {
+        FAIL_IF(*child_p, "a communicator for no color");
+        return 0;
+    }
+    int m = expected_members(colors, keys, n, colors[prank], members);
+    return check_child(rank, prank, *child_p, members, m);
+}
+
+static int rank_parity(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int colors[NR], keys[NR], all[NR] = { 0, 1, 2, 3 };
+    for (int r = 0; r < nranks; r++) {
+        colors[r] = r % 2;
+        keys[r] = -r;
+    }
+    tutti_comm_t *half;
+    TRY(split_checked(rank, rank, comm, nranks, colors, keys, &half));
+    /* the parent still works, and so does the child after it */
+    int members[NR];
+    TRY(check_child(rank, rank, comm, all, nranks));
+    TRY(check_child(rank, rank, half, members,
+                    expected_members(colors, keys, nranks, rank % 2, members)));
+    tutti_comm_destroy(half);
+    return 0;
+}
+
+/* Ranks 1 and 3 take no color (3 with another negative number); then a second split of
+ * everyone, whose key space must not meet the first's. */
+static int rank_nocolor(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int colors[NR] = { 7, TUTTI_SPLIT_NOCOLOR, 7, -5 }, keys[NR] = { 0 };
+    int same[NR] = { 0 }, order[NR] = { 3, 2, 1, 0 };
+    tutti_comm_t *a, *b;
+    TRY(split_checked(rank, rank, comm, nranks, colors, keys, &a));
+    TRY(split_checked(rank, rank, comm, nranks, same, order, &b));
+    tutti_comm_destroy(a);
+    tutti_comm_destroy(b);
+    return 0;
+}
+
+/* world -> reversed (everyone, keys reversed) -> pairs of the reversed; the reversed
+ * destroyed before the pairs are used again. */
+static int rank_nested(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int zero[NR] = { 0 }, rev[NR], pair[NR], key0[NR] = { 0 };
+    for (int r = 0; r < nranks; r++) {
+        rev[r] = nranks - r;
+        pair[r] = r / 2; /* by rank in the reversed communicator */
+    }
+    tutti_comm_t *r1, *r2;
+    TRY(split_checked(rank, rank, comm, nranks, zero, rev, &r1));
+    int rrank = tutti_comm_rank(r1);
+    TRY(split_checked(rank, rrank, r1, nranks, pair, key0, &r2));
+    int members[NR];
+    int n = expected_members(pair, key0, nranks, pair[rrank], members);
+    tutti_comm_destroy(r1);
+    TRY(check_child(rank, rrank, r2, members, n));
+    tutti_comm_destroy(r2);
+    return 0;
+}
+
+/* 20 splits in a row, each with other colors (three of them: groups of 1 and 2 ranks)
+ * and keys, each checked and destroyed. */
+static int rank_twenty(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    double t0 = th_now_ms();
+    for (int i = 0; i < 20; i++) {
+        int colors[NR], keys[NR];
+        for (int r = 0; r < nranks; r++) {
+            colors[r] = (r + i) % 3;
+            keys[r] = i % 2 ? r : -r;
+        }
+        tutti_comm_t *c;
+        TRY(split_checked(rank, rank, comm, nranks, colors, keys, &c));
+        tutti_comm_destroy(c);
+    }
+    if (rank == 0)
+        printf("20 splits (checked and destroyed) in %.0f ms\n", th_now_ms() - t0);
+    return 0;
+}
+
+/* Rank 3 calls a barrier instead (arg NULL), or nothing while the others wait (it sleeps
+ * past their timeout): the others' split fails within the timeout, saying what failed. */
+static int rank_missing(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks, (void)dir;
+    double t0 = th_now_ms();
+    tutti_comm_t *c = (tutti_comm_t *)1;
+    if (rank == 3 && arg) {
+        th_sleep_ms(2000 + 3000);
+        return 0;
+    }
+    int st = rank == 3 ? tutti_barrier(comm) : tutti_comm_split(comm, 0, 0, &c);
+    double took = th_now_ms() - t0;
+    FAIL_IF(st != TUTTI_ERR_MISMATCH && st != TUTTI_ERR_TIMEOUT, "%s: %s", tutti_status_name(st),
+            tutti_comm_last_error(comm));
+    FAIL_IF(took > 2000 + 2500, "took %.0f ms with a timeout of 2000", took);
+    if (rank != 3) {
+        const char *e = tutti_comm_last_error(comm);
+        FAIL_IF(c, "a communicator after a failed split");
+        FAIL_IF(!strstr(e, "split 0: exchanging colors and keys") ||
+                    !strstr(e, "every rank must call tutti_comm_split"),
+                "unclear error: %s", e);
+    }
+    return 0;
+}
+
+START_TEST(rank_that_does_not_take_part)
+{
+    int codes[NR];
+    th_run_comm_timeout(NR, rank_missing, _i ? "silent" : NULL, 30000, 2000, TH_NO_KILL_ON_FAIL,
+                        codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (%s)", r, codes[r],
+                      _i ? "rank 3 silent" : "rank 3 in a barrier");
+}
+END_TEST
+
+/* A parent from tutti_comm_init_env (rank 0 hosts the tcp store server) destroyed
+ * before its halves: they keep the store, and its server, until they go. */
+static int rank_env(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)dir;
+    th_set_rank_env(arg, rank, nranks);
+    tutti_comm_t *world, *half;
+    int st = tutti_comm_init_env(&world, NULL);
+    FAIL_IF(st, "init_env: %s", tutti_status_name(st));
+    int colors[NR], keys[NR], members[NR];
+    for (int r = 0; r < nranks; r++) {
+        colors[r] = r / 2;
+        keys[r] = 0;
+    }
+    TRY(split_checked(rank, rank, world, nranks, colors, keys, &half));
+    tutti_comm_destroy(world);
+    tutti_comm_t *quarter;
+    int one[NR] = { 0 };
+    st = tutti_comm_split(half, tutti_comm_rank(half), 0, &quarter); /* through the store */
+    FAIL_IF(st, "split after the parent went: %s", tutti_comm_last_error(half));
+    TRY(check_child(rank, 0, quarter, one, 1));
+    tutti_comm_destroy(quarter);
+    TRY(check_child(rank, rank, half, members,
+                    expected_members(colors, keys, nranks, rank / 2, members)));
+    tutti_comm_destroy(half);
+    return 0;
+}
+
+START_TEST(parent_that_owns_its_store_goes_first)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", th_free_port());
+    ck_assert_int_eq(th_run_nocomm(NR, rank_env, url, 60000), 0);
+}
+END_TEST
+
+/* The cases that run on the harness's communicators (of NR ranks), one per loop index. */
+static const struct {
+    const char *name;
+    th_rank_fn fn;
+} on_world[] = {
+    { "parity with reversed keys", rank_parity },
+    { "ranks without color", rank_nocolor },
+    { "split of a split", rank_nested },
+    { "twenty splits in a row", rank_twenty },
+};
+
+START_TEST(on_the_world)
+{
+    ck_assert_msg(th_run(NR, on_world[_i].fn, NULL, 120000) == 0, "%s failed", on_world[_i].name);
+}
+END_TEST
+
+TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
+              TH_CASE(parent_that_owns_its_store_goes_first, 1))
