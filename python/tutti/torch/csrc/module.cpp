@@ -9,11 +9,12 @@
 
 namespace py = pybind11;
 
-namespace {
+namespace
+{
 
-c10::intrusive_ptr<tutti_torch::ProcessGroupTutti>
-create(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
-       std::chrono::milliseconds timeout)
+c10::intrusive_ptr<tutti_torch::ProcessGroupTutti> create(
+    const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+    std::chrono::milliseconds timeout)
 {
     py::gil_scoped_release nogil; /* set-up waits for the other ranks */
     return c10::make_intrusive<tutti_torch::ProcessGroupTutti>(store, rank, size, timeout);

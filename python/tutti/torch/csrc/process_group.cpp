@@ -9,29 +9,23 @@
 #include <cstdlib>
 #include <numeric>
 
-namespace tutti_torch {
+namespace tutti_torch
+{
 
-namespace {
+namespace
+{
 
 tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
 {
     switch (t.scalar_type()) {
-    case at::kChar:
-        return TUTTI_INT8;
-    case at::kByte:
-        return TUTTI_UINT8;
-    case at::kInt:
-        return TUTTI_INT32;
-    case at::kLong:
-        return TUTTI_INT64;
-    case at::kHalf:
-        return TUTTI_FP16;
-    case at::kBFloat16:
-        return TUTTI_BF16;
-    case at::kFloat:
-        return TUTTI_FP32;
-    case at::kDouble:
-        return TUTTI_FP64;
+    case at::kChar: return TUTTI_INT8;
+    case at::kByte: return TUTTI_UINT8;
+    case at::kInt: return TUTTI_INT32;
+    case at::kLong: return TUTTI_INT64;
+    case at::kHalf: return TUTTI_FP16;
+    case at::kBFloat16: return TUTTI_BF16;
+    case at::kFloat: return TUTTI_FP32;
+    case at::kDouble: return TUTTI_FP64;
     default:
         TORCH_CHECK(false, "tutti backend: ", op, ": dtype ", t.scalar_type(),
                     " is not supported (int8, uint8, int32, int64, float16, bfloat16, "
@@ -42,32 +36,22 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
 const char *redop_name(c10d::ReduceOp::RedOpType op)
 {
     switch (op) {
-    case c10d::ReduceOp::BAND:
-        return "BAND";
-    case c10d::ReduceOp::BOR:
-        return "BOR";
-    case c10d::ReduceOp::BXOR:
-        return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM:
-        return "PREMUL_SUM";
-    default:
-        return "UNUSED";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
     }
 }
 
 tutti_redop_t to_redop(const c10d::ReduceOp &op, const char *name)
 {
     switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-        return TUTTI_SUM;
-    case c10d::ReduceOp::PRODUCT:
-        return TUTTI_PROD;
-    case c10d::ReduceOp::MIN:
-        return TUTTI_MIN;
-    case c10d::ReduceOp::MAX:
-        return TUTTI_MAX;
-    case c10d::ReduceOp::AVG:
-        return TUTTI_AVG;
+    case c10d::ReduceOp::SUM: return TUTTI_SUM;
+    case c10d::ReduceOp::PRODUCT: return TUTTI_PROD;
+    case c10d::ReduceOp::MIN: return TUTTI_MIN;
+    case c10d::ReduceOp::MAX: return TUTTI_MAX;
+    case c10d::ReduceOp::AVG: return TUTTI_AVG;
     default:
         TORCH_CHECK(false, "tutti backend: ", name, ": reduce op ", redop_name(op.op_),
                     " is not supported (SUM, PRODUCT, MIN, MAX, AVG are)");
@@ -76,8 +60,8 @@ tutti_redop_t to_redop(const c10d::ReduceOp &op, const char *name)
 
 void check_cpu(const at::Tensor &t, const char *op)
 {
-    TORCH_CHECK(t.device().is_cpu(), "tutti backend: ", op, ": only CPU tensors are supported, got ",
-                t.device());
+    TORCH_CHECK(t.device().is_cpu(), "tutti backend: ", op,
+                ": only CPU tensors are supported, got ", t.device());
     TORCH_CHECK(t.layout() == at::kStrided, "tutti backend: ", op,
                 ": only dense (strided) tensors are supported");
 }
@@ -96,8 +80,8 @@ tutti_dtype_t same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &li
     for (const auto &t : ts) {
         check_cpu(t, op);
         TORCH_CHECK(t.scalar_type() == like.scalar_type(), "tutti backend: ", op,
-                    ": tensors of different dtypes (", t.scalar_type(), " and ",
-                    like.scalar_type(), ")");
+                    ": tensors of different dtypes (", t.scalar_type(), " and ", like.scalar_type(),
+                    ")");
     }
     return to_dtype(like, op);
 }
@@ -121,7 +105,7 @@ at::Tensor flatten(const std::vector<at::Tensor> &ts)
     std::vector<at::Tensor> flat;
     flat.reserve(ts.size());
     for (const auto &t : ts)
-        flat.push_back(t.reshape({-1}));
+        flat.push_back(t.reshape({ -1 }));
     return at::cat(flat);
 }
 
@@ -167,8 +151,8 @@ std::vector<size_t> split_counts(const at::Tensor &t, const std::vector<int64_t>
         counts[i] = (size_t)(splits[i] * row);
         sum += splits[i];
     }
-    TORCH_CHECK(sum == rows, "tutti backend: alltoall_base: ", side, " split sizes add up to ",
-                sum, ", the tensor has ", rows, " rows");
+    TORCH_CHECK(sum == rows, "tutti backend: alltoall_base: ", side, " split sizes add up to ", sum,
+                ", the tensor has ", rows, " rows");
     return counts;
 }
 
@@ -244,9 +228,8 @@ WorkTutti::WorkTutti(int rank, c10d::OpType type, const char *name_,
                      std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                      Completer *completer_)
     : c10d::Work(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
-      timeout_(timeout),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get())))
+      timeout_(timeout), future_(c10::make_intrusive<c10::ivalue::Future>(
+                             c10::ListType::create(c10::TensorType::get())))
 {
 }
 
@@ -272,10 +255,10 @@ void WorkTutti::complete(int status)
             err = std::current_exception();
         }
     } else if (status != TUTTI_OK) {
-        err = std::make_exception_ptr(c10::Error(
-            c10::str("tutti backend: ", name, " failed on rank ", rank_, ": ",
-                     tutti_status_name(status), ": ", tutti_work_error(handle)),
-            ""));
+        err = std::make_exception_ptr(
+            c10::Error(c10::str("tutti backend: ", name, " failed on rank ", rank_, ": ",
+                                tutti_status_name(status), ": ", tutti_work_error(handle)),
+                       ""));
     }
     finisher = nullptr;
     buffers.clear();
@@ -318,6 +301,7 @@ ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &stor
     tutti_comm_opts_t opts;
     tutti_comm_opts_init(&opts);
     opts.timeout_ms = (int)std::min<int64_t>(timeout.count(), INT_MAX);
+    torch_store_ = store;
     rendezvous(*store, &opts);
     int st = tutti_comm_init(&comm_, store_, rank, size, &opts);
     if (st != TUTTI_OK) {
@@ -331,32 +315,146 @@ ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &stor
 #endif
 }
 
-/* The tutti store the communicator meets through, found through torch's (per-group)
- * store: rank 0 serves a tutti tcp store on MASTER_ADDR (default 127.0.0.1) and
- * publishes its URL; the others read it. The arrival counter numbers the instances of
- * this group on the same torch store, so that a re-created group finds its own URL and
- * job id. */
+/* ---- torch's store as a tutti store (tutti_store_ops_t) ---- */
+
+namespace
+{
+
+/* Runs a c10d::Store call; a thrown error becomes TUTTI_ERR_STORE with its text, or
+ * TUTTI_ERR_TIMEOUT when keys (those waited for) are still missing after it. */
+template <class Fn>
+int store_call(c10d::Store *st, const std::vector<std::string> &keys, char *errbuf, size_t errlen,
+               Fn &&fn)
+{
+    try {
+        fn();
+        return TUTTI_OK;
+    } catch (const std::exception &e) {
+        const auto *ce = dynamic_cast<const c10::Error *>(&e);
+        snprintf(errbuf, errlen, "%s", ce ? ce->what_without_backtrace() : e.what());
+    }
+    try {
+        if (!keys.empty() && !st->check(keys))
+            return TUTTI_ERR_TIMEOUT;
+    } catch (const std::exception &) {
+    }
+    return TUTTI_ERR_STORE;
+}
+
+/* Waits for keys within timeout_ms (0: only looks, -1: a day) by polling check():
+ * TCPStore's own wait with a timeout leaves its reply unread on the connection when it
+ * times out, and the next call on the store then reads that reply as its own. */
+void store_wait(c10d::Store *st, const std::vector<std::string> &keys, int timeout_ms)
+{
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(timeout_ms < 0 ? 86400000 : timeout_ms);
+    auto pause = std::chrono::microseconds(200);
+    while (!st->check(keys)) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "not there after ", timeout_ms,
+                    " ms");
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    }
+}
+
+uint8_t *malloc_copy(const std::vector<uint8_t> &v, size_t *len_p)
+{
+    auto *p = static_cast<uint8_t *>(malloc(v.size() + 1));
+    TORCH_CHECK(p, "out of memory");
+    std::copy(v.begin(), v.end(), p);
+    p[v.size()] = 0;
+    *len_p = v.size();
+    return p;
+}
+
+const tutti_store_ops_t *torch_store_ops()
+{
+    static tutti_store_ops_t ops = [] {
+        tutti_store_ops_t o{};
+        o.size = sizeof(o);
+        o.set = [](void *ctx, const char *key, const void *value, size_t len, int, char *eb,
+                   size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            auto *v = static_cast<const uint8_t *>(value);
+            return store_call(st, {}, eb, el, [&] { st->set(key, { v, v + len }); });
+        };
+        o.get = [](void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms,
+                   char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, { key }, eb, el, [&] {
+                store_wait(st, { key }, timeout_ms);
+                *value_p = malloc_copy(st->get(key), len_p);
+            });
+        };
+        o.add = [](void *ctx, const char *key, int64_t delta, int64_t *result_p, int, char *eb,
+                   size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                int64_t r = st->add(key, delta);
+                if (result_p)
+                    *result_p = r;
+            });
+        };
+        o.compare_set = [](void *ctx, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                           int, char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            auto *e = static_cast<const uint8_t *>(expected);
+            auto *d = static_cast<const uint8_t *>(desired);
+            std::vector<uint8_t> ev(e, e + elen), dv(d, d + dlen);
+            return store_call(st, {}, eb, el, [&] {
+                std::vector<uint8_t> cur = st->compareSet(key, ev, dv);
+                /* torch's stores answer `expected` for a missing key (a swap that took
+                 * place answers `desired`): the value after is then none */
+                if (elen && cur == ev && ev != dv)
+                    cur.clear();
+                if (current_p) {
+                    size_t n;
+                    *current_p = malloc_copy(cur, &n);
+                    if (curlen_p)
+                        *curlen_p = n;
+                }
+            });
+        };
+        o.check = [](void *ctx, const char *const *keys, size_t n, int *exists_p, int, char *eb,
+                     size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                *exists_p = st->check({ keys, keys + n }) ? 1 : 0;
+            });
+        };
+        o.del = [](void *ctx, const char *key, int *deleted_p, int, char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                bool d = st->deleteKey(key);
+                if (deleted_p)
+                    *deleted_p = d ? 1 : 0;
+            });
+        };
+        o.wait = [](void *ctx, const char *const *keys, size_t n, int timeout_ms, char *eb,
+                    size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            std::vector<std::string> ks(keys, keys + n);
+            return store_call(st, ks, eb, el, [&] { store_wait(st, ks, timeout_ms); });
+        };
+        return o;
+    }();
+    return &ops;
+}
+
+} // namespace
+
+/* The communicator meets through torch's store for this group (a PrefixStore per group).
+ * The arrival counter numbers this group's instances on that store, and the job id
+ * taken from it keeps a re-created group's set-up apart from the last one's. */
 void ProcessGroupTutti::rendezvous(c10d::Store &store, tutti_comm_opts_t *opts)
 {
     int64_t arrived = store.add("tutti/arrivals", 1);
     std::string gen = std::to_string((arrived - 1) / size_);
-    std::string key = "tutti/url/" + gen;
-    int st;
-    if (rank_ == 0) {
-        const char *host = std::getenv("MASTER_ADDR");
-        st = tutti_store_open_tcp(&store_, host && *host ? host : "127.0.0.1", 0, 1,
-                                  opts->timeout_ms);
-        TORCH_CHECK(st == TUTTI_OK, "tutti backend: rank 0: cannot serve a tutti store: ",
-                    tutti_status_name(st));
-        std::string url = tutti_store_url(store_);
-        store.set(key, std::vector<uint8_t>(url.begin(), url.end()));
-    } else {
-        std::vector<uint8_t> v = store.get(key);
-        std::string url(v.begin(), v.end());
-        st = tutti_store_open(&store_, url.c_str(), nullptr);
-        TORCH_CHECK(st == TUTTI_OK, "tutti backend: rank ", rank_, ": cannot reach rank 0's store ",
-                    url, ": ", tutti_status_name(st));
-    }
+    int st = tutti_store_open_ops(&store_, torch_store_ops(), &store, "torch");
+    TORCH_CHECK(st == TUTTI_OK, "tutti backend: rank ", rank_,
+                ": cannot open torch's store: ", tutti_status_name(st));
+    tutti_store_set_timeout(store_, opts->timeout_ms);
     const char *env_job = std::getenv("TUTTI_JOB_ID");
     if (!env_job || !*env_job) {
         job_id_ = "torch-" + gen;
@@ -383,8 +481,8 @@ std::string ProcessGroupTutti::transport() const
 
 void ProcessGroupTutti::fail(const char *name, int status)
 {
-    TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": ",
-                tutti_status_name(status), ": ", tutti_comm_last_error(comm_));
+    TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": ", tutti_status_name(status),
+                ": ", tutti_comm_last_error(comm_));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, const char *name,
@@ -420,7 +518,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
     check_root(opts.rootRank, size_, "broadcast");
     tutti_dtype_t dt = to_dtype(t, "broadcast");
     at::Tensor buf = contig(t);
-    return launch(c10d::OpType::BROADCAST, "broadcast", tensors, {buf}, copy_back(t, buf),
+    return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
                                                    buf.numel(), dt, (int)opts.rootRank, w);
@@ -434,28 +532,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
     tutti_dtype_t dt = to_dtype(t, "allreduce");
     tutti_redop_t op = to_redop(opts.reduceOp, "allreduce");
     at::Tensor buf = contig(t);
-    return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, {buf}, copy_back(t, buf),
+    return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
                                                    buf.numel(), dt, op, w);
                   });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::allreduce_coalesced(std::vector<at::Tensor> &tensors,
-                                       const c10d::AllreduceCoalescedOptions &opts)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
+    std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts)
 {
     TORCH_CHECK(!tensors.empty(), "tutti backend: allreduce_coalesced: no tensors");
     tutti_dtype_t dt = same_dtype(tensors, tensors[0], "allreduce_coalesced");
     tutti_redop_t op = to_redop(opts.reduceOp, "allreduce_coalesced");
     at::Tensor flat = flatten(tensors);
     auto outs = tensors;
-    return launch(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, {flat},
-                  [flat, outs]() mutable { unflatten(flat, 0, outs); },
-                  [&](tutti_work_t **w) {
-                      return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, flat.data_ptr(),
-                                                   flat.numel(), dt, op, w);
-                  });
+    return launch(
+        c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, { flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, flat.data_ptr(), flat.numel(), dt,
+                                         op, w);
+        });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor> &tensors,
@@ -467,17 +565,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
     tutti_redop_t op = to_redop(opts.reduceOp, "reduce");
     at::Tensor buf = contig(t);
     int root = (int)opts.rootRank;
-    return launch(c10d::OpType::REDUCE, "reduce", tensors, {buf}, copy_back(t, buf),
+    return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
-                      return tutti_reduce_async(comm_, rank_ == root ? TUTTI_IN_PLACE : buf.data_ptr(),
+                      return tutti_reduce_async(comm_,
+                                                rank_ == root ? TUTTI_IN_PLACE : buf.data_ptr(),
                                                 rank_ == root ? buf.data_ptr() : nullptr,
                                                 buf.numel(), dt, op, root, w);
                   });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::allgather(std::vector<std::vector<at::Tensor>> &outputs,
-                             std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &)
 {
     at::Tensor in = contig(single(inputs, "allgather"));
     TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_,
@@ -486,14 +585,14 @@ ProcessGroupTutti::allgather(std::vector<std::vector<at::Tensor>> &outputs,
     for (const auto &o : outputs[0])
         TORCH_CHECK(o.numel() == in.numel(), "tutti backend: allgather: output tensor of ",
                     o.numel(), " elements for an input of ", in.numel());
-    at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
+    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
     auto outs = outputs[0];
-    return launch(c10d::OpType::ALLGATHER, "allgather", outputs[0], {in, flat},
-                  [flat, outs]() mutable { unflatten(flat, 0, outs); },
-                  [&](tutti_work_t **w) {
-                      return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(),
-                                                   in.numel(), dt, w);
-                  });
+    return launch(
+        c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+        });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &output,
@@ -501,21 +600,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &ou
                                                                   const c10d::AllgatherOptions &)
 {
     check_cpu(input, "_allgather_base");
-    tutti_dtype_t dt = same_dtype({output}, input, "_allgather_base");
-    TORCH_CHECK(output.numel() == size_ * input.numel(), "tutti backend: _allgather_base: output of ",
-                output.numel(), " elements, needs ", size_, " x ", input.numel());
+    tutti_dtype_t dt = same_dtype({ output }, input, "_allgather_base");
+    TORCH_CHECK(output.numel() == size_ * input.numel(),
+                "tutti backend: _allgather_base: output of ", output.numel(), " elements, needs ",
+                size_, " x ", input.numel());
     at::Tensor in = contig(input), out = contig(output);
-    return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output}, {in, out},
+    return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
-                      return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(),
-                                                   in.numel(), dt, w);
+                      return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(), in.numel(),
+                                                   dt, w);
                   });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
-                                       std::vector<at::Tensor> &inputs,
-                                       const c10d::AllgatherOptions &)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &)
 {
     TORCH_CHECK(!inputs.empty(), "tutti backend: allgather_coalesced: no tensors");
     tutti_dtype_t dt = same_dtype(inputs, inputs[0], "allgather_coalesced");
@@ -523,8 +622,10 @@ ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tensor>> &out
                 " output lists, got ", outputs.size());
     std::vector<at::Tensor> outs;
     for (const auto &list : outputs) {
-        TORCH_CHECK(list.size() == inputs.size(), "tutti backend: allgather_coalesced: an output "
-                    "list of ", list.size(), " tensors for ", inputs.size(), " inputs");
+        TORCH_CHECK(list.size() == inputs.size(),
+                    "tutti backend: allgather_coalesced: an output "
+                    "list of ",
+                    list.size(), " tensors for ", inputs.size(), " inputs");
         same_dtype(list, inputs[0], "allgather_coalesced");
         for (size_t j = 0; j < list.size(); j++)
             TORCH_CHECK(list[j].numel() == inputs[j].numel(),
@@ -532,18 +633,18 @@ ProcessGroupTutti::allgather_coalesced(std::vector<std::vector<at::Tensor>> &out
         outs.insert(outs.end(), list.begin(), list.end());
     }
     at::Tensor in = flatten(inputs);
-    at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
-    return launch(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outs, {in, flat},
-                  [flat, outs]() mutable { unflatten(flat, 0, outs); },
-                  [&](tutti_work_t **w) {
-                      return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(),
-                                                   in.numel(), dt, w);
-                  });
+    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
+    return launch(
+        c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outs, { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+        });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::gather(std::vector<std::vector<at::Tensor>> &outputs,
-                          std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::GatherOptions &opts)
 {
     at::Tensor in = contig(single(inputs, "gather"));
     check_root(opts.rootRank, size_, "gather");
@@ -557,9 +658,9 @@ ProcessGroupTutti::gather(std::vector<std::vector<at::Tensor>> &outputs,
         same_dtype(outputs[0], in, "gather");
         for (const auto &o : outputs[0])
             TORCH_CHECK(o.numel() == in.numel(), "tutti backend: gather: output and input sizes "
-                        "differ");
+                                                 "differ");
         outs = outputs[0];
-        flat = at::empty({size_ * in.numel()}, in.options());
+        flat = at::empty({ size_ * in.numel() }, in.options());
     } else {
         TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                     "tutti backend: gather: only the root rank takes output tensors");
@@ -567,16 +668,15 @@ ProcessGroupTutti::gather(std::vector<std::vector<at::Tensor>> &outputs,
     std::function<void()> fin;
     if (rank_ == root)
         fin = [flat, outs]() mutable { unflatten(flat, 0, outs); };
-    return launch(c10d::OpType::GATHER, "gather", outs, {in, flat}, fin, [&](tutti_work_t **w) {
+    return launch(c10d::OpType::GATHER, "gather", outs, { in, flat }, fin, [&](tutti_work_t **w) {
         return tutti_gather_async(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
                                   in.numel(), dt, root, w);
     });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::scatter(std::vector<at::Tensor> &outputs,
-                           std::vector<std::vector<at::Tensor>> &inputs,
-                           const c10d::ScatterOptions &opts)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ScatterOptions &opts)
 {
     const at::Tensor &o = single(outputs, "scatter");
     check_root(opts.rootRank, size_, "scatter");
@@ -589,24 +689,23 @@ ProcessGroupTutti::scatter(std::vector<at::Tensor> &outputs,
         same_dtype(inputs[0], o, "scatter");
         for (const auto &i : inputs[0])
             TORCH_CHECK(i.numel() == o.numel(), "tutti backend: scatter: output and input sizes "
-                        "differ");
+                                                "differ");
         flat = flatten(inputs[0]);
     } else {
         TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                     "tutti backend: scatter: only the root rank takes input tensors");
     }
     at::Tensor out = contig(o);
-    return launch(c10d::OpType::SCATTER, "scatter", outputs, {flat, out}, copy_back(o, out),
+    return launch(c10d::OpType::SCATTER, "scatter", outputs, { flat, out }, copy_back(o, out),
                   [&](tutti_work_t **w) {
                       return tutti_scatter_async(comm_, flat.defined() ? flat.data_ptr() : nullptr,
                                                  out.data_ptr(), out.numel(), dt, root, w);
                   });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::reduce_scatter(std::vector<at::Tensor> &outputs,
-                                  std::vector<std::vector<at::Tensor>> &inputs,
-                                  const c10d::ReduceScatterOptions &opts)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ReduceScatterOptions &opts)
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
     TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_,
@@ -615,27 +714,28 @@ ProcessGroupTutti::reduce_scatter(std::vector<at::Tensor> &outputs,
     tutti_redop_t op = to_redop(opts.reduceOp, "reduce_scatter");
     for (const auto &i : inputs[0])
         TORCH_CHECK(i.numel() == o.numel(), "tutti backend: reduce_scatter: output and input "
-                    "sizes differ");
+                                            "sizes differ");
     at::Tensor flat = flatten(inputs[0]), out = contig(o);
-    return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, {flat, out},
+    return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
                                                         out.numel(), dt, op, w);
                   });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupTutti::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
-                                        const c10d::ReduceScatterOptions &opts)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
+    at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts)
 {
     check_cpu(input, "_reduce_scatter_base");
-    tutti_dtype_t dt = same_dtype({output}, input, "_reduce_scatter_base");
+    tutti_dtype_t dt = same_dtype({ output }, input, "_reduce_scatter_base");
     tutti_redop_t op = to_redop(opts.reduceOp, "_reduce_scatter_base");
-    TORCH_CHECK(input.numel() == size_ * output.numel(), "tutti backend: _reduce_scatter_base: "
-                "input of ", input.numel(), " elements, needs ", size_, " x ", output.numel());
+    TORCH_CHECK(input.numel() == size_ * output.numel(),
+                "tutti backend: _reduce_scatter_base: "
+                "input of ",
+                input.numel(), " elements, needs ", size_, " x ", output.numel());
     at::Tensor in = contig(input), out = contig(output);
-    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output}, {in, out},
-                  copy_back(output, out), [&](tutti_work_t **w) {
+    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", { output },
+                  { in, out }, copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(),
                                                         out.numel(), dt, op, w);
                   });
@@ -648,13 +748,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
                                                                 const c10d::AllToAllOptions &)
 {
     check_cpu(input, "alltoall_base");
-    tutti_dtype_t dt = same_dtype({output}, input, "alltoall_base");
+    tutti_dtype_t dt = same_dtype({ output }, input, "alltoall_base");
     std::vector<size_t> sc = split_counts(input, inputSplits, size_, "input");
     std::vector<size_t> rc = split_counts(output, outputSplits, size_, "output");
     TORCH_CHECK(total(sc) == (size_t)input.numel() && total(rc) == (size_t)output.numel(),
                 "tutti backend: alltoall_base: split sizes do not cover the tensors");
     at::Tensor in = contig(input), out = contig(output);
-    return launch(c10d::OpType::ALLTOALL_BASE, "alltoall_base", {output}, {in, out},
+    return launch(c10d::OpType::ALLTOALL_BASE, "alltoall_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr,
                                                    out.data_ptr(), rc.data(), nullptr, dt, w);
@@ -675,14 +775,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tenso
         rc.push_back((size_t)outputs[i].numel());
     }
     at::Tensor in = flatten(inputs);
-    at::Tensor flat = at::empty({(int64_t)total(rc)}, in.options());
+    at::Tensor flat = at::empty({ (int64_t)total(rc) }, in.options());
     auto outs = outputs;
-    return launch(c10d::OpType::ALLTOALL, "alltoall", outputs, {in, flat},
-                  [flat, outs]() mutable { unflatten(flat, 0, outs); },
-                  [&](tutti_work_t **w) {
-                      return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr,
-                                                   flat.data_ptr(), rc.data(), nullptr, dt, w);
-                  });
+    return launch(
+        c10d::OpType::ALLTOALL, "alltoall", outputs, { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr, flat.data_ptr(),
+                                         rc.data(), nullptr, dt, w);
+        });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &tensors, int dst,
@@ -691,7 +792,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &
     at::Tensor buf = contig(single(tensors, "send"));
     check_root(dst, size_, "send");
     tutti_dtype_t dt = to_dtype(buf, "send");
-    return launch(c10d::OpType::SEND, "send", tensors, {buf}, nullptr, [&](tutti_work_t **w) {
+    return launch(c10d::OpType::SEND, "send", tensors, { buf }, nullptr, [&](tutti_work_t **w) {
         return tutti_send_async(comm_, buf.data_ptr(), buf.numel(), dt, dst, (uint32_t)tag, w);
     });
 }
@@ -703,7 +804,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recv(std::vector<at::Tensor> &
     check_root(src, size_, "recv");
     tutti_dtype_t dt = to_dtype(t, "recv");
     at::Tensor buf = contig(t);
-    return launch(c10d::OpType::RECV, "recv", tensors, {buf}, copy_back(t, buf),
+    return launch(c10d::OpType::RECV, "recv", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_recv_async(comm_, buf.data_ptr(), buf.numel(), dt, src,
                                               (uint32_t)tag, w);
@@ -713,7 +814,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recv(std::vector<at::Tensor> &
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recvAnysource(std::vector<at::Tensor> &, int)
 {
     TORCH_CHECK(false, "tutti backend: recv from any source (recvAnysource) is not supported: "
-                "the tutti C library has no any-source receive yet; pass the source rank");
+                       "the tutti C library has no any-source receive yet; pass the source rank");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOptions &)
@@ -735,21 +836,23 @@ void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool 
             deadline - std::chrono::steady_clock::now());
         return std::max(d, std::chrono::milliseconds(1));
     };
-    std::vector<at::Tensor> token = {at::zeros({1}, at::kInt)};
+    std::vector<at::Tensor> token = { at::zeros({ 1 }, at::kInt) };
     if (rank_ != 0) {
         try {
             send(token, 0, kMonitorTag)->wait(left());
             recv(token, 0, kMonitorTag)->wait(left());
         } catch (const std::exception &e) {
             tutti_comm_abort(comm_);
-            TORCH_CHECK(false, "tutti backend: rank ", rank_, ": monitoredBarrier: rank 0 did "
-                        "not release this rank within ", timeout.count(), " ms: ", e.what());
+            TORCH_CHECK(false, "tutti backend: rank ", rank_,
+                        ": monitoredBarrier: rank 0 did "
+                        "not release this rank within ",
+                        timeout.count(), " ms: ", e.what());
         }
         return;
     }
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (int r = 1; r < size_; r++) {
-        std::vector<at::Tensor> t = {at::zeros({1}, at::kInt)};
+        std::vector<at::Tensor> t = { at::zeros({ 1 }, at::kInt) };
         works.push_back(recv(t, r, kMonitorTag));
     }
     std::vector<int> failed;

@@ -28,7 +28,8 @@
 
 #include <tutti/tutti.h>
 
-namespace tutti_torch {
+namespace tutti_torch
+{
 
 #if TORCH_VERSION_MAJOR >= 2
 using PGBase = c10d::Backend;
@@ -43,7 +44,8 @@ class WorkTutti;
  * them (PowerSGD's hook does): while every thread is busy in one, another is started
  * (up to kMaxThreads), so that a waiting continuation never holds up the completions
  * it waits for. */
-class Completer {
+class Completer
+{
   public:
     Completer();
     ~Completer();
@@ -61,7 +63,8 @@ class Completer {
     std::vector<std::thread> threads_;
 };
 
-class WorkTutti : public c10d::Work {
+class WorkTutti : public c10d::Work
+{
   public:
     WorkTutti(int rank, c10d::OpType type, const char *name, std::vector<at::Tensor> outputs,
               std::chrono::milliseconds timeout, Completer *completer);
@@ -69,9 +72,7 @@ class WorkTutti : public c10d::Work {
     bool wait(std::chrono::milliseconds timeout) override;
     std::vector<at::Tensor> result() override;
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
-    void synchronize() override
-    {
-    }
+    void synchronize() override {}
 
     /* Called once, on the completer thread, with the tutti status. */
     void complete(int status);
@@ -79,8 +80,8 @@ class WorkTutti : public c10d::Work {
 
     const char *name;
     tutti_work_t *handle = nullptr;
-    std::vector<at::Tensor> buffers;  /* what tutti reads and writes: kept alive */
-    std::function<void()> finisher;   /* copies results into the caller's tensors */
+    std::vector<at::Tensor> buffers; /* what tutti reads and writes: kept alive */
+    std::function<void()> finisher;  /* copies results into the caller's tensors */
     Completer *completer;
 
   private:
@@ -89,7 +90,8 @@ class WorkTutti : public c10d::Work {
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-class ProcessGroupTutti : public PGBase {
+class ProcessGroupTutti : public PGBase
+{
   public:
     ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
                       std::chrono::milliseconds timeout);
@@ -104,9 +106,8 @@ class ProcessGroupTutti : public PGBase {
                                              const c10d::BroadcastOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                              const c10d::AllreduceOptions &opts) override;
-    c10::intrusive_ptr<c10d::Work>
-    allreduce_coalesced(std::vector<at::Tensor> &tensors,
-                        const c10d::AllreduceCoalescedOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+        std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
                                           const c10d::ReduceOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
@@ -114,10 +115,9 @@ class ProcessGroupTutti : public PGBase {
                                              const c10d::AllgatherOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
                                                    const c10d::AllgatherOptions &opts) override;
-    c10::intrusive_ptr<c10d::Work>
-    allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
-                        std::vector<at::Tensor> &inputs,
-                        const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::AllgatherOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
                                           std::vector<at::Tensor> &inputs,
                                           const c10d::GatherOptions &opts) override;
@@ -127,9 +127,8 @@ class ProcessGroupTutti : public PGBase {
     c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
                                                   std::vector<std::vector<at::Tensor>> &inputs,
                                                   const c10d::ReduceScatterOptions &opts) override;
-    c10::intrusive_ptr<c10d::Work>
-    _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
-                         const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+        at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
                                                  std::vector<int64_t> &outputSplits,
                                                  std::vector<int64_t> &inputSplits,
@@ -159,6 +158,7 @@ class ProcessGroupTutti : public PGBase {
 
     std::chrono::milliseconds timeout_;
     std::mutex issue_mu_; /* one caller at a time in tutti (last_error is per comm) */
+    c10::intrusive_ptr<c10d::Store> torch_store_; /* behind store_ */
     tutti_store_t *store_ = nullptr;
     tutti_comm_t *comm_ = nullptr;
     std::string job_id_;
