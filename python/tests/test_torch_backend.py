@@ -6,7 +6,6 @@ import datetime
 import faulthandler
 import multiprocessing as mp
 import os
-import queue
 import signal
 import socket
 import tempfile
@@ -14,6 +13,7 @@ import time
 import traceback
 
 import pytest
+from ranks import collect
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -60,23 +60,7 @@ def launch(fn, size, timeout=60, init="file", group_timeout=20):
         url = f"env://{_free_port()}" if init == "env" else f"file://{d}/rdv"
         procs = [ctx.Process(target=_child, args=(fn, r, size, url, group_timeout, max(timeout - 5, 1), q))
                  for r in range(size)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        try:
-            while len(got) < size and time.monotonic() < deadline:
-                try:
-                    rank, kind, value = q.get(timeout=0.1)
-                    got[rank] = (kind, value)
-                except queue.Empty:
-                    if all(p.exitcode is not None for p in procs) and q.empty():
-                        break
-        finally:
-            for p in procs:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        collect(procs, q, got, timeout)
     return got
 
 

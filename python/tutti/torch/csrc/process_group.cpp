@@ -86,6 +86,27 @@ tutti_dtype_t same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &li
     return to_dtype(like, op);
 }
 
+/* The one list of `size` tensors, each of like's dtype and length, that op takes (the
+ * root's, or every rank's). */
+const std::vector<at::Tensor> &rank_list(const std::vector<std::vector<at::Tensor>> &lists,
+                                         const at::Tensor &like, int size, const char *op)
+{
+    TORCH_CHECK(lists.size() == 1 && (int)lists[0].size() == size, "tutti backend: ", op,
+                ": needs one list of ", size, " tensors");
+    same_dtype(lists[0], like, op);
+    for (const auto &t : lists[0])
+        TORCH_CHECK(t.numel() == like.numel(), "tutti backend: ", op, ": tensors of ", t.numel(),
+                    " and ", like.numel(), " elements");
+    return lists[0];
+}
+
+/* What a non-root passes for the root's list: nothing, or one empty list. */
+void check_no_list(const std::vector<std::vector<at::Tensor>> &lists, const char *op)
+{
+    TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "tutti backend: ", op,
+                ": only the root rank takes a list of tensors");
+}
+
 /* A contiguous buffer for t: t itself, or a copy written back by the returned step. */
 at::Tensor contig(const at::Tensor &t)
 {
@@ -579,14 +600,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
     const c10d::AllgatherOptions &)
 {
     at::Tensor in = contig(single(inputs, "allgather"));
-    TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_,
-                "tutti backend: allgather: needs one output list of ", size_, " tensors");
-    tutti_dtype_t dt = same_dtype(outputs[0], in, "allgather");
-    for (const auto &o : outputs[0])
-        TORCH_CHECK(o.numel() == in.numel(), "tutti backend: allgather: output tensor of ",
-                    o.numel(), " elements for an input of ", in.numel());
+    auto outs = rank_list(outputs, in, size_, "allgather");
+    tutti_dtype_t dt = to_dtype(in, "allgather");
     at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
-    auto outs = outputs[0];
     return launch(
         c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
@@ -653,17 +669,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
     at::Tensor flat;
     std::vector<at::Tensor> outs;
     if (rank_ == root) {
-        TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_,
-                    "tutti backend: gather: the root needs one output list of ", size_, " tensors");
-        same_dtype(outputs[0], in, "gather");
-        for (const auto &o : outputs[0])
-            TORCH_CHECK(o.numel() == in.numel(), "tutti backend: gather: output and input sizes "
-                                                 "differ");
-        outs = outputs[0];
+        outs = rank_list(outputs, in, size_, "gather");
         flat = at::empty({ size_ * in.numel() }, in.options());
     } else {
-        TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                    "tutti backend: gather: only the root rank takes output tensors");
+        check_no_list(outputs, "gather");
     }
     std::function<void()> fin;
     if (rank_ == root)
@@ -683,18 +692,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
     tutti_dtype_t dt = to_dtype(o, "scatter");
     int root = (int)opts.rootRank;
     at::Tensor flat;
-    if (rank_ == root) {
-        TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_,
-                    "tutti backend: scatter: the root needs one input list of ", size_, " tensors");
-        same_dtype(inputs[0], o, "scatter");
-        for (const auto &i : inputs[0])
-            TORCH_CHECK(i.numel() == o.numel(), "tutti backend: scatter: output and input sizes "
-                                                "differ");
-        flat = flatten(inputs[0]);
-    } else {
-        TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                    "tutti backend: scatter: only the root rank takes input tensors");
-    }
+    if (rank_ == root)
+        flat = flatten(rank_list(inputs, o, size_, "scatter"));
+    else
+        check_no_list(inputs, "scatter");
     at::Tensor out = contig(o);
     return launch(c10d::OpType::SCATTER, "scatter", outputs, { flat, out }, copy_back(o, out),
                   [&](tutti_work_t **w) {
@@ -708,14 +709,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
     const c10d::ReduceScatterOptions &opts)
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
-    TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_,
-                "tutti backend: reduce_scatter: needs one input list of ", size_, " tensors");
-    tutti_dtype_t dt = same_dtype(inputs[0], o, "reduce_scatter");
+    tutti_dtype_t dt = to_dtype(o, "reduce_scatter");
     tutti_redop_t op = to_redop(opts.reduceOp, "reduce_scatter");
-    for (const auto &i : inputs[0])
-        TORCH_CHECK(i.numel() == o.numel(), "tutti backend: reduce_scatter: output and input "
-                                            "sizes differ");
-    at::Tensor flat = flatten(inputs[0]), out = contig(o);
+    at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = contig(o);
     return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
