@@ -295,6 +295,25 @@ def test_async_works():
     assert "not done after 300 ms" in res[0]["timeout"], res[0]
 
 
+def absent_peer(rank, size):
+    if rank == 1:
+        time.sleep(6)  # never joins; leaves after rank 0 gave up
+        return None
+    t0 = time.monotonic()
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    try:
+        w.wait()  # no timeout given: the group's (3 s) bounds it
+        return "no error", 0
+    except RuntimeError as e:
+        return str(e), time.monotonic() - t0
+
+
+def test_wait_is_bounded_by_the_group_timeout():
+    text, secs = run(absent_peer, 2, group_timeout=3)[0]
+    assert "allreduce" in text and "rank 0" in text and "rank 1" in text, text
+    assert 2.5 < secs < 5, (secs, text)
+
+
 # ---- subgroups ----
 
 def subgroup(rank, size):
@@ -440,6 +459,10 @@ def ddp_params(pg, setup):
         state, hook = setup["hook"](pg)
         ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    averager = None
+    if setup.get("average"):
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=pg)
     gen = torch.Generator().manual_seed(100 + dist.get_rank())
     for _ in range(5):
         x = torch.randn(32, 8, generator=gen)
@@ -447,6 +470,8 @@ def ddp_params(pg, setup):
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
+        if averager:
+            averager.average_parameters(ddp.module.parameters())
     return [p.detach().clone() for p in ddp.module.parameters()]
 
 
@@ -479,6 +504,13 @@ def _powersgd(pg):
                             start_powerSGD_iter=2, random_seed=0), ps.powerSGD_hook
 
 
+def _localsgd(pg):
+    """post-localSGD: from step 2 each rank steps alone, parameters averaged every 2."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pl
+    return pl.PostLocalSGDState(process_group=pg, subgroup=pg, start_localSGD_iter=2,
+                                post_local_gradient_allreduce=False), pl.post_localSGD_hook
+
+
 DDP_SETUPS = {
     "default": {},
     "bucket_cap_mb": {"opts": {"bucket_cap_mb": 0.0005}},
@@ -488,6 +520,7 @@ DDP_SETUPS = {
     "fp16_compress_hook": {"hook": _fp16},
     "bf16_compress_hook": {"hook": _bf16},
     "powerSGD": {"hook": _powersgd},
+    "post_localSGD": {"hook": _localsgd, "average": True},
 }
 
 

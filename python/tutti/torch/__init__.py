@@ -5,8 +5,11 @@
     dist.init_process_group("tutti", init_method=..., rank=r, world_size=n)
 
 CPU tensors; the collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG) and dtypes (int8,
-uint8, int32, int64, float16, bfloat16, float32, float64) of tutti. The group's timeout is
-tutti's timeout_ms; the TUTTI_* environment applies as for any communicator.
+uint8, int32, int64, float16, bfloat16, float32, float64) of tutti. The ranks meet through
+torch's store for the group. The group's timeout is tutti's timeout_ms (unless
+TUTTI_TIMEOUT_MS is set) and bounds Work.wait(); the rest of the TUTTI_* environment
+applies as for any communicator. A job id is derived per group instance unless
+TUTTI_JOB_ID is set.
 """
 import torch.distributed as _dist  # before _C: its pybind types are _C's bases
 
@@ -21,7 +24,10 @@ def _create(store, rank, world_size, timeout):
 
 
 if not hasattr(_dist.Backend, BACKEND.upper()):
-    _dist.Backend.register_backend(BACKEND, _create)
+    if _C.TORCH_VERSION_MAJOR >= 2:  # per-device backends (not built or tested here)
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        _dist.Backend.register_backend(BACKEND, _create)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
