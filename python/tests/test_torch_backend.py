@@ -33,9 +33,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _child(fn, rank, size, init, tmo, limit, q):
+def _child(fn, rank, size, init, tmo, limit, env, q):
     try:
         torch.set_num_threads(1)
+        os.environ.update(env)
         faulthandler.dump_traceback_later(limit, exit=True)  # a hang shows where
         if init.startswith("env://"):
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=init[len("env://"):])
@@ -50,7 +51,7 @@ def _child(fn, rank, size, init, tmo, limit, q):
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def launch(fn, size, timeout=60, init="file", group_timeout=20):
+def launch(fn, size, timeout=60, init="file", group_timeout=20, env=None):
     """fn(rank, size) on `size` forked ranks in one tutti process group;
     {rank: ("ok", result) | ("error", text)}, ranks that did not answer are missing."""
     ctx = mp.get_context("fork")
@@ -58,7 +59,8 @@ def launch(fn, size, timeout=60, init="file", group_timeout=20):
     got = {}
     with tempfile.TemporaryDirectory(prefix="tutti-torch-") as d:
         url = f"env://{_free_port()}" if init == "env" else f"file://{d}/rdv"
-        procs = [ctx.Process(target=_child, args=(fn, r, size, url, group_timeout, max(timeout - 5, 1), q))
+        procs = [ctx.Process(target=_child, args=(fn, r, size, url, group_timeout,
+                                                     max(timeout - 5, 1), env or {}, q))
                  for r in range(size)]
         collect(procs, q, got, timeout)
     return got
@@ -251,9 +253,10 @@ def everything(rank, size):
     return ck.count
 
 
-@pytest.mark.parametrize("size,init", [(2, "file"), (3, "env"), (4, "file")])
-def test_every_collective(size, init):
-    counts = run(everything, size, timeout=120, init=init)
+@pytest.mark.parametrize("size,init,transport", [(2, "file", "shm"), (3, "env", "tcp"),
+                                                (4, "file", "shm"), (4, "env", "tcp")])
+def test_every_collective(size, init, transport):
+    counts = run(everything, size, timeout=120, init=init, env={"TUTTI_TRANSPORT": transport})
     assert min(counts) > 300
 
 
@@ -297,7 +300,7 @@ def test_async_works():
 
 def absent_peer(rank, size):
     if rank == 1:
-        time.sleep(6)  # never joins; leaves after rank 0 gave up
+        time.sleep(4.5)  # never joins; leaves after rank 0 gave up
         return None
     t0 = time.monotonic()
     w = dist.all_reduce(torch.ones(4), async_op=True)
@@ -417,7 +420,7 @@ def monitored(rank, size):
     for skip, wait_all in (({2}, False), ({1, 2}, True)):
         g = dist.new_group(list(range(size)))
         if rank in skip:
-            time.sleep(2.0)
+            time.sleep(1.5)  # past rank 0's 700 ms
             out.append("skipped")
             continue
         try:
