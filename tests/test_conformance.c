@@ -4,8 +4,9 @@
  * the tcp sources built as an ABI v1 plugin (through the loader's shim). Two ranks, each
  * a process with a fake host (fake_host.h) over a file store. Checked: per-peer message
  * order with envelopes, zero-length messages, bad requests, envelope and length
- * mismatches, cancel_all, notify_error, abort, progress timeouts, and a killed peer;
- * after every shm run, that /dev/shm holds none of its segments. */
+ * mismatches, cancel_all, notify_error, abort, progress timeouts, a killed peer, and
+ * probe (the optional slot: messages that arrived before their receive, consuming
+ * nothing); after every shm run, that /dev/shm holds none of its segments. */
 #include <check.h>
 #include <pthread.h>
 #include <signal.h>
@@ -46,6 +47,7 @@ typedef struct conf {
     void *handle;
     void *tp;
     th_host_t host;
+    const char *label;
 } conf_t;
 
 static int conf_load(const conf_tp_t *c, const tutti_transport_ops_v2_t **ops_p, void **handle_p)
@@ -62,6 +64,7 @@ static int conf_load(const conf_tp_t *c, const tutti_transport_ops_v2_t **ops_p,
 static int conf_open(conf_t *cf, const conf_tp_t *c, const char *dir, int rank, int nranks)
 {
     memset(cf, 0, sizeof(*cf));
+    cf->label = c->label;
     if (conf_load(c, &cf->ops, &cf->handle) < 0)
         return 1;
     if (th_host_open(&cf->host, dir, "conf/", rank, nranks, 10000) != 0)
@@ -438,6 +441,74 @@ static int body_peer_killed(conf_t *cf, int rank)
     return 0;
 }
 
+/* ---- probe: the next arrived message of a peer whose receive is not posted, its
+ * envelope and length, nothing consumed; nothing for a posted receive or no message ---- */
+
+/* Progress and probe peer until it finds a message (1), fails, or 5 s pass (0). */
+static int probe_wait(conf_t *cf, int peer, tutti_tp_probe_t *m)
+{
+    double end = th_now_ms() + 5000;
+    int st;
+    while ((st = cf->ops->probe(cf->tp, peer, m)) == 0 && th_now_ms() < end)
+        cf->ops->progress(cf->tp, 10);
+    return st;
+}
+
+static int body_probe(conf_t *cf, int rank)
+{
+    int has = tutti_tp_ops_has(cf->ops, probe) && cf->ops->probe;
+    /* every v2 transport of the tree probes; a v1 plugin cannot (the shim leaves it NULL) */
+    CHECK(has == !strstr(cf->label, "ABI v1"), "%s: probe slot %s", cf->label,
+          has ? "set" : "missing");
+    if (!has) {
+        barrier(cf, "probe");
+        return 0;
+    }
+    char a[24] = "first message", b[8] = "second", got[24] = { 0 };
+    tutti_tp_req_v2_t r[2];
+    tutti_tp_probe_t m;
+    if (rank == 0) {
+        barrier(cf, "probe empty");
+        req_set(&r[0], 1, a, sizeof(a), 1, 77);
+        req_set(&r[1], 1, b, sizeof(b), 2, 78);
+        CHECK(cf->ops->post_send(cf->tp, &r[0]) == 0 && cf->ops->post_send(cf->tp, &r[1]) == 0,
+              "post_send");
+        drive(cf, r, 2, 10000);
+        CHECK(r[0].status == 0 && r[1].status == 0, "sends: %d %d", r[0].status, r[1].status);
+        barrier(cf, "probe");
+        return 0;
+    }
+    cf->ops->progress(cf->tp, 50);
+    CHECK(cf->ops->probe(cf->tp, 0, &m) == 0, "a message before any was sent");
+    CHECK(cf->ops->probe(cf->tp, 1, &m) == TUTTI_ERR_INVALID_ARG, "probe of this rank");
+    CHECK(cf->ops->probe(cf->tp, 5, &m) == TUTTI_ERR_INVALID_ARG, "probe out of range");
+    barrier(cf, "probe empty");
+    for (int k = 0; k < 2; k++) { /* twice: the first probe consumed nothing */
+        memset(&m, 0, sizeof(m));
+        CHECK(probe_wait(cf, 0, &m) == 1, "probe %d found nothing", k);
+        CHECK(m.len == sizeof(a) && m.env[0] == 1 && m.env[1] == 0xc0ffee &&
+                  m.env[2] == sizeof(a) && m.env[3] == 77,
+              "probe %d: len %zu env %llu %llx %llu %llu", k, m.len, (unsigned long long)m.env[0],
+              (unsigned long long)m.env[1], (unsigned long long)m.env[2],
+              (unsigned long long)m.env[3]);
+    }
+    req_set(&r[0], 0, got, sizeof(a), 1, 77);
+    CHECK(cf->ops->post_recv(cf->tp, &r[0]) == 0, "post_recv");
+    CHECK(cf->ops->probe(cf->tp, 0, &m) == 0, "a message for a posted receive");
+    drive(cf, r, 1, 10000);
+    CHECK(r[0].status == 0 && !memcmp(got, a, sizeof(a)), "first: status %d", r[0].status);
+    CHECK(probe_wait(cf, 0, &m) == 1 && m.len == sizeof(b) && m.env[0] == 2 && m.env[3] == 78,
+          "second: len %zu seq %llu", m.len, (unsigned long long)m.env[0]);
+    req_set(&r[1], 0, got, sizeof(b), 2, 78);
+    CHECK(cf->ops->post_recv(cf->tp, &r[1]) == 0, "post_recv");
+    drive(cf, &r[1], 1, 10000);
+    CHECK(r[1].status == 0 && !memcmp(got, b, sizeof(b)), "second: status %d", r[1].status);
+    cf->ops->progress(cf->tp, 20);
+    CHECK(cf->ops->probe(cf->tp, 0, &m) == 0, "a third message?");
+    barrier(cf, "probe");
+    return 0;
+}
+
 /* One test per contract point, looped over the transports. */
 #define CONF_CASE(name, body, peer_dies)                                                           \
     START_TEST(name)                                                                               \
@@ -453,6 +524,7 @@ CONF_CASE(cancel_all, body_cancel, 0)
 CONF_CASE(notify_error, body_notify, 0)
 CONF_CASE(timeouts_and_abort, body_timeouts, 0)
 CONF_CASE(peer_killed, body_peer_killed, 1)
+CONF_CASE(probe, body_probe, 0)
 
 int main(void)
 {
@@ -469,6 +541,7 @@ int main(void)
         { "notify_error", notify_error },
         { "timeouts_and_abort", timeouts_and_abort },
         { "peer_killed", peer_killed },
+        { "probe", probe },
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
         th_add_case(s, cases[k].name, cases[k].test, NTPS, 120);

@@ -1,6 +1,8 @@
 /* Point to point: send/recv around a ring (messages larger than the socket buffers),
  * and a send and a receive whose tags do not match failing as a mismatch; completion
- * callbacks on work handles (tutti_work_on_done). */
+ * callbacks on work handles (tutti_work_on_done); receives from TUTTI_ANY_SOURCE (the
+ * senders' order, other tags left alone, a mismatch, a timeout, a sender that left, a
+ * transport that cannot probe) and tutti_work_source. */
 #include <check.h>
 #include <stdatomic.h>
 #include <errno.h>
@@ -162,12 +164,248 @@ START_TEST(work_callbacks)
 }
 END_TEST
 
+/* ---- receives from any source ---- */
+
+#define ANY_K 20   /* tag-9 messages per sender */
+#define ANY_N 4096 /* int32 each: 16 KiB */
+#define ANY_VAL(s, k, j) ((int32_t)((s)*1000003 + (k)*4099 + (j)))
+
+/* Rank s > 0 sends one tag-5 message, then ANY_K tag-9 messages, then one tag-6 message
+ * to rank 0. Rank 0 opens every any-source receive of tag 9 first, then receives tag 5
+ * from each sender by name: the open any-source receives must leave those alone (else
+ * the named receives see tag 9 and fail), take each sender's tag-9 messages in the
+ * order it sent them, and never the tag-6 ones, received by name at the end. */
+static int rank_any_senders(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int nsend = nranks - 1, total = nsend * ANY_K;
+    int32_t *buf = malloc((size_t)total * ANY_N * sizeof(int32_t));
+    FAIL_IF(!buf, "malloc");
+    if (rank > 0) {
+        int32_t first = rank * 10 + 5, last = rank * 10 + 6;
+        FAIL_IF(tutti_send(comm, &first, 1, TUTTI_INT32, 0, 5) != 0, "send tag 5: %s",
+                tutti_comm_last_error(comm));
+        for (int k = 0; k < ANY_K; k++) {
+            for (int j = 0; j < ANY_N; j++)
+                buf[j] = ANY_VAL(rank, k, j);
+            FAIL_IF(tutti_send(comm, buf, ANY_N, TUTTI_INT32, 0, 9) != 0, "send %d: %s", k,
+                    tutti_comm_last_error(comm));
+        }
+        FAIL_IF(tutti_send(comm, &last, 1, TUTTI_INT32, 0, 6) != 0, "send tag 6: %s",
+                tutti_comm_last_error(comm));
+    } else {
+        tutti_work_t **w = calloc((size_t)total, sizeof(*w));
+        FAIL_IF(!w, "calloc");
+        for (int i = 0; i < total; i++)
+            FAIL_IF(tutti_recv_async(comm, buf + (size_t)i * ANY_N, ANY_N, TUTTI_INT32,
+                                     TUTTI_ANY_SOURCE, 9, &w[i]) != 0,
+                    "recv_async any %d: %s", i, tutti_comm_last_error(comm));
+        FAIL_IF(tutti_work_source(w[total - 1]) != -1, "source of an open receive: %d",
+                tutti_work_source(w[total - 1]));
+        for (int s = 1; s < nranks; s++) {
+            int32_t v = 0;
+            tutti_work_t *named;
+            FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, s, 5, &named) != 0, "recv 5");
+            FAIL_IF(tutti_wait(named, -1) != 0, "recv tag 5 from %d: %s", s,
+                    tutti_work_error(named));
+            FAIL_IF(v != s * 10 + 5, "tag 5 from %d: %d", s, v);
+            FAIL_IF(tutti_work_source(named) != s, "source of a named receive: %d",
+                    tutti_work_source(named));
+            tutti_work_free(named);
+        }
+        int next[8] = { 0 };
+        for (int i = 0; i < total; i++) {
+            FAIL_IF(tutti_wait(w[i], -1) != 0, "any %d: %s", i, tutti_work_error(w[i]));
+            int s = tutti_work_source(w[i]);
+            FAIL_IF(s < 1 || s >= nranks, "any %d: source %d", i, s);
+            /* in posting order, each sender's messages come in its sending order */
+            const int32_t *m = buf + (size_t)i * ANY_N;
+            int k = next[s]++;
+            for (int j = 0; j < ANY_N; j++)
+                FAIL_IF(m[j] != ANY_VAL(s, k, j), "any %d from %d: element %d is %d, want %d", i, s,
+                        j, m[j], ANY_VAL(s, k, j));
+            tutti_work_free(w[i]);
+        }
+        for (int s = 1; s < nranks; s++)
+            FAIL_IF(next[s] != ANY_K, "rank %d: %d messages", s, next[s]);
+        for (int s = 1; s < nranks; s++) {
+            int32_t v = 0;
+            FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, s, 6) != 0, "recv tag 6 from %d: %s", s,
+                    tutti_comm_last_error(comm));
+            FAIL_IF(v != s * 10 + 6, "tag 6 from %d: %d", s, v);
+        }
+        free(w);
+    }
+    /* what tutti_work_source says of a send and a collective */
+    tutti_work_t *wb;
+    FAIL_IF(tutti_barrier_async(comm, &wb) != 0 || tutti_wait(wb, -1) != 0, "barrier: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(tutti_work_source(wb) != -1, "source of a barrier: %d", tutti_work_source(wb));
+    tutti_work_free(wb);
+    FAIL_IF(tutti_work_source(NULL) != -1, "source of NULL");
+    if (rank < 2) {
+        int32_t v = 3;
+        tutti_work_t *ws;
+        FAIL_IF(tutti_send_async(comm, &v, 1, TUTTI_INT32, 1 - rank, 1, &ws) != 0, "send");
+        FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, 1 - rank, 1) != 0, "recv");
+        FAIL_IF(tutti_wait(ws, -1) != 0 || tutti_work_source(ws) != -1, "source of a send: %d",
+                tutti_work_source(ws));
+        tutti_work_free(ws);
+    }
+    free(buf);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_senders, th_run(4, rank_any_senders, NULL, 60000))
+
+/* A message with the receive's tag but another count: a mismatch naming both sides. */
+static int rank_any_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t v[5] = { 1, 2, 3, 4, 5 };
+    int st = TUTTI_OK;
+    if (rank == 1) {
+        st = tutti_send(comm, v, 4, TUTTI_INT32, 0, 9);
+        if (st == TUTTI_OK)
+            st = tutti_barrier(comm); /* learns of the mismatch from rank 0 */
+    } else if (rank == 0) {
+        tutti_work_t *w;
+        FAIL_IF(tutti_recv_async(comm, v, 5, TUTTI_INT32, TUTTI_ANY_SOURCE, 9, &w) != 0, "issue");
+        st = tutti_wait(w, -1);
+        const char *msg = tutti_work_error(w);
+        FAIL_IF(st != TUTTI_ERR_MISMATCH, "got %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(!strstr(msg, "count=5") || !strstr(msg, "count=4") || !strstr(msg, "rank 1"),
+                "message: %s", msg);
+        FAIL_IF(tutti_work_source(w) != 1, "source %d", tutti_work_source(w));
+        FAIL_IF(v[0] != 1 || v[4] != 5, "payload written on a mismatch");
+        tutti_work_free(w);
+    } else {
+        st = tutti_barrier(comm);
+    }
+    FAIL_IF(st != TUTTI_ERR_MISMATCH && rank != 2, "rank %d got %s", rank, tutti_status_name(st));
+    FAIL_IF(st == TUTTI_OK, "rank %d succeeded", rank);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_mismatch,
+            th_run_comm_timeout(3, rank_any_mismatch, NULL, 30000, 20000, 0, NULL))
+
+/* Nobody sends the tag: a timeout at the communicator's, naming the tag; the other rank
+ * fails too (the timeout fails the communicator, as an ordinary receive's does). */
+static int rank_any_timeout(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    if (rank == 1) {
+        int32_t v = 1;
+        FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, 0, 4) != 0, "send"); /* another tag */
+        FAIL_IF(tutti_barrier(comm) == TUTTI_OK, "barrier succeeded");
+        return 0;
+    }
+    int32_t v = 0;
+    double t0 = th_now_ms();
+    int st = tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 3);
+    double dt = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT, "got %s: %s", tutti_status_name(st), msg);
+    FAIL_IF(dt < 1400 || dt > 6000, "timed out after %.0f ms (timeout 1500)", dt);
+    FAIL_IF(!strstr(msg, "no rank sent tag 3 within 1500 ms") || !strstr(msg, "rank 0"),
+            "message: %s", msg);
+    FAIL_IF(v != 0, "the tag-4 message was taken");
+    return 0;
+}
+
+TH_RUN_TEST(any_source_timeout,
+            th_run_comm_timeout(2, rank_any_timeout, NULL, 30000, 1500, 0, NULL))
+
+/* Rank 2 leaves (its links close) before rank 1 sends: the any-source receive passes it
+ * over and takes rank 1's message. */
+static int rank_any_left(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t v = 0;
+    if (rank == 2)
+        return 0; /* the harness destroys its communicator: its links close */
+    if (rank == 1) {
+        th_sleep_ms(500);
+        v = 77;
+        FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, 0, 9) != 0, "send: %s",
+                tutti_comm_last_error(comm));
+        return 0;
+    }
+    tutti_work_t *w;
+    FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 9, &w) != 0, "issue");
+    FAIL_IF(tutti_wait(w, -1) != 0, "recv: %s", tutti_work_error(w));
+    FAIL_IF(v != 77 || tutti_work_source(w) != 1, "got %d from %d", v, tutti_work_source(w));
+    tutti_work_free(w);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_sender_left,
+            th_run_comm_timeout(3, rank_any_left, NULL, 30000, 10000, 0, NULL))
+
+/* Bad uses, and a transport that cannot probe (tcp built as an ABI v1 plugin). */
+static int rank_any_unsupported(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                                void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t v = 0;
+    FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 0) != TUTTI_ERR_INVALID_ARG,
+            "send to any source");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "any source is for receives"), "message: %s",
+            tutti_comm_last_error(comm));
+    if (rank == 0) {
+        int st = tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 0);
+        const char *msg = tutti_comm_last_error(comm);
+        FAIL_IF(st != TUTTI_ERR_UNSUPPORTED, "got %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(!strstr(msg, "transport tcp") || !strstr(msg, "probe"), "message: %s", msg);
+    }
+    /* nothing was consumed or failed: the communicator goes on */
+    if (rank == 1)
+        v = 5;
+    FAIL_IF(tutti_broadcast(comm, &v, &v, 1, TUTTI_INT32, 1) != 0, "broadcast: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(v != 5, "broadcast gave %d", v);
+    return 0;
+}
+
+START_TEST(any_source_unsupported)
+{
+    const char *plugin = TT_BUILD_DIR "/tests/libtutti-transport-tcpv1.so";
+    if (access(plugin, R_OK) != 0)
+        return;
+    tutti_comm_opts_t opts;
+    tutti_comm_opts_init(&opts);
+    opts.transport = plugin;
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_any_unsupported, .timeout_ms = 30000, .opts = &opts
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+static int rank_one(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t v;
+    FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 0) != TUTTI_ERR_INVALID_ARG,
+            "any source alone");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "no other rank"), "message: %s",
+            tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(any_source_alone, th_run(1, rank_one, NULL, 20000))
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("p2p");
     th_add_tests(s, "p2p", 90,
                  (const TTest *const[]){ point_to_point, point_to_point_mismatch, work_callbacks,
                                          NULL });
+    th_add_tests(s, "any_source", 90,
+                 (const TTest *const[]){ any_source_senders, any_source_mismatch,
+                                         any_source_timeout, any_source_sender_left,
+                                         any_source_unsupported, any_source_alone, NULL });
     return s;
 }
 

@@ -6,7 +6,8 @@
  * and room for device memory:
  *   - a properties block in the ops table (reach, cost hints, memory kinds);
  *   - a memory kind, a registration handle and a stream on every request;
- *   - optional register_mem/deregister_mem.
+ *   - optional register_mem/deregister_mem;
+ *   - optional probe (appended: v2 tables built before it end before the slot).
  * A transport registers with TUTTI_TRANSPORT_REGISTER_V2(name, table); a plugin exports
  * `tutti_transport_v2()`. The loader tries that symbol first and runs a plugin that only
  * exports `tutti_transport_v1()` through a shim, so v1 plugins keep working.
@@ -80,6 +81,12 @@ typedef struct tutti_tp_req_v2 {
     void *stream;
 } tutti_tp_req_v2_t;
 
+/* What probe() found: the next message from a peer, arrived and not yet taken. */
+typedef struct tutti_tp_probe {
+    uint64_t env[4]; /* its envelope */
+    size_t len;      /* its length in bytes */
+} tutti_tp_probe_t;
+
 typedef struct tutti_transport_ops_v2 {
     size_t size;          /* sizeof(tutti_transport_ops_v2_t) as the transport was built:
                              fields appended later are read only when size covers them */
@@ -102,7 +109,24 @@ typedef struct tutti_transport_ops_v2 {
      * and before destroy(). */
     int (*register_mem)(void *tp, void *buf, size_t len, uint32_t mem, void **handle_p);
     int (*deregister_mem)(void *tp, void *handle);
+    /* ---- appended after the first v2 tables: read only where size covers the slot
+     * (tutti_tp_ops_has) ---- */
+    /* Optional (NULL: the library cannot receive from any source over this transport,
+     * and TUTTI_ANY_SOURCE fails with TUTTI_ERR_UNSUPPORTED). Whether the next message
+     * from peer has arrived (its header is visible to this rank) while no receive is
+     * posted for peer: 1 with *found_p filled (its envelope and length); 0 when there
+     * is none (nothing arrived yet, or a posted receive will take it); < 0 when the link
+     * to peer failed (its status: not reported through host->error for this), or
+     * TUTTI_ERR_INVALID_ARG for a peer the transport does not serve. Consumes nothing:
+     * the message goes, as ever, to the next receive posted for peer. It may read from
+     * the link to see a header (never a payload byte) and keep it for that receive.
+     * Called by the thread that calls progress(), under the same rules. */
+    int (*probe)(void *tp, int peer, tutti_tp_probe_t *found_p);
 } tutti_transport_ops_v2_t;
+
+/* Does ops (a v2 table) have the appended slot `field`? (It may still be NULL.) */
+#define tutti_tp_ops_has(ops, field)                                                               \
+    ((ops)->size >= __builtin_offsetof(tutti_transport_ops_v2_t, field) + sizeof((ops)->field))
 
 #define TUTTI_TRANSPORT_SYMBOL_V2 "tutti_transport_v2"
 typedef const tutti_transport_ops_v2_t *(*tutti_transport_entry_v2_fn)(void);

@@ -300,10 +300,26 @@ int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t 
                uint32_t tag);
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
                      int peer, uint32_t tag, tutti_work_t **work_p);
+/* peer may be TUTTI_ANY_SOURCE: the receive takes the first message, from whichever
+ * rank, that carries its tag (as MPI_ANY_SOURCE with a tag), and tutti_work_source says
+ * who sent it. A message with its tag but another count or dtype is
+ * TUTTI_ERR_MISMATCH; messages with other tags are left to the receives they belong
+ * to; a rank's messages are still taken in the order it sent them. A receive issued
+ * for a named rank keeps its place in that rank's stream: issued while an any-source
+ * receive is still open, it takes the message its place says, so order the two with a
+ * wait where both could take the same rank's message. Bounded by the communicator's
+ * timeout (TUTTI_ERR_TIMEOUT: no rank sent that tag); a rank whose link failed (say,
+ * it exited) does not fail it while others are left, but a failed communicator does.
+ * Needs a transport that can probe (tcp, shm, ibverbs; else TUTTI_ERR_UNSUPPORTED). */
+#define TUTTI_ANY_SOURCE (-2)
 int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                      uint32_t tag, tutti_work_t **work_p);
+/* The rank a finished receive got its message from (its peer, or for TUTTI_ANY_SOURCE
+ * the rank that sent it); -1 while it runs, if it failed before a sender was known, or
+ * for anything but a receive. */
+int tutti_work_source(const tutti_work_t *work);
 
 /* Non-blocking check: *done_p = 1 and the operation's status once it finished,
  * *done_p = 0 and TUTTI_OK while it runs. */

@@ -130,44 +130,166 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 
 /* ---- point to point: posted in queue order, then in flight ---- */
 
-/* Post w's request (the caller holds `executing`). 0: in flight; else an error. */
-static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+/* "send to rank 3", "recv from rank 1", "recv from any source (tag 7)" */
+static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
-    const char *what = w->req.kind == TUTTI_TP_SEND ? "send to" : "recv from";
+    if (w->any_source && w->req.peer < 0)
+        snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
+    else
+        snprintf(buf, len, "%s rank %d", w->req.kind == TUTTI_TP_SEND ? "send to" : "recv from",
+                 w->req.peer);
+    return buf;
+}
+
+/* Hand w's request to the transport (the caller holds `executing`). 0: in flight. */
+static int p2p_post_req(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    char what[64];
+    int st = w->req.kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &w->req)
+                                          : comm->tp_ops->post_recv(comm->tp, &w->req);
+    if (st < 0) {
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "rank %d: %s: %s", comm->rank, p2p_what(w, what, sizeof(what)),
+                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
+        pthread_mutex_unlock(&comm->err_lock);
+    }
+    return st;
+}
+
+/* w cannot start: the communicator was aborted or failed (TUTTI_OK if neither). */
+static int p2p_refused(tutti_comm_t *comm, const tutti_work_t *w, const char *how, char *err,
+                       size_t errlen)
+{
+    char what[64];
     int st;
     if (atomic_load(&comm->aborted)) {
-        snprintf(err, errlen, "rank %d: %s rank %d: communicator aborted", comm->rank, what,
-                 w->req.peer);
+        snprintf(err, errlen, "rank %d: %s: communicator aborted", comm->rank,
+                 p2p_what(w, what, sizeof(what)));
         return TUTTI_ERR_ABORTED;
     }
     if ((st = atomic_load(&comm->failed)) < 0) {
         pthread_mutex_lock(&comm->err_lock);
-        snprintf(err, errlen, "rank %d: %s rank %d not started: the communicator failed: %s",
-                 comm->rank, what, w->req.peer, comm->last_error);
+        snprintf(err, errlen, "rank %d: %s %s: the communicator failed: %s", comm->rank,
+                 p2p_what(w, what, sizeof(what)), how, comm->last_error);
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }
-    w->req.status = 1;
-    st = w->req.kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &w->req)
-                                      : comm->tp_ops->post_recv(comm->tp, &w->req);
-    if (st < 0) {
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(err, errlen, "rank %d: %s rank %d: %s", comm->rank, what, w->req.peer,
-                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(st));
-        pthread_mutex_unlock(&comm->err_lock);
-        return st;
-    }
-    w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
     return TUTTI_OK;
 }
 
-/* Complete the in-flight requests the transport finished (q_lock and `executing` held). */
+static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err, size_t errlen)
+{
+    char what[64];
+    snprintf(err, errlen,
+             "rank %d: %s: transport %s cannot look for arrived messages (it has no probe); "
+             "receive from a named rank",
+             comm->rank, p2p_what(w, what, sizeof(what)), comm->tp_name);
+    return TUTTI_ERR_UNSUPPORTED;
+}
+
+/* Post w's request (the caller holds `executing`). 0: in flight; else an error. A
+ * receive from any source is in flight unposted: any_step looks for its message. */
+static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    int st = p2p_refused(comm, w, "not started", err, errlen);
+    if (st < 0)
+        return st;
+    w->req.status = 1;
+    w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    if (w->any_source)
+        return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
+                   ? TUTTI_OK
+                   : any_unsupported(comm, w, err, errlen);
+    return p2p_post_req(comm, w, err, errlen);
+}
+
+/* ---- receives from any source ---- */
+
+static void last_error_to(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(err, errlen, "%s", comm->last_error);
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
+/* Might w take the message m that arrived from peer? It must be point to point, carry
+ * w's tag, and stand where no receive issued for peer stands (those took their sequence
+ * numbers at issue): else it belongs to another receive, posted or to come. Its count
+ * and dtype are the receive's own check: a message with w's tag and another size is
+ * w's mismatch, as with a named sender. */
+static int any_matches(const tutti_comm_t *comm, const tutti_work_t *w, int peer,
+                       const tutti_tp_probe_t *m)
+{
+    return tt_fp_coll(m->env[1]) == TT_COLL_P2P && tt_env_algo(m->env) == 0 &&
+           tt_env_tag(m->env) == tt_env_tag(w->req.env) && m->env[0] == comm->p2p_recv_seq[peer];
+}
+
+/* Look for w's message at every peer, starting after the last peer that had one (round
+ * robin, so that a busy rank cannot starve the others), and post w's receive to the
+ * first that has it. 1: w is posted (or still looking); < 0: it failed (err says why).
+ * A peer whose link failed (it exited, say) is passed over while others are left. */
+static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    int n = comm->nranks, dead = 0, dead_st = 0;
+    for (int k = 0; k < n; k++) {
+        int peer = (comm->any_next + k) % n;
+        tutti_tp_probe_t m;
+        int st = peer == comm->rank ? 0 : comm->tp_ops->probe(comm->tp, peer, &m);
+        if (st == TUTTI_ERR_UNSUPPORTED)
+            return any_unsupported(comm, w, err, errlen);
+        if (st < 0) {
+            dead++;
+            dead_st = st;
+        }
+        if (st <= 0 || !any_matches(comm, w, peer, &m))
+            continue;
+        comm->any_next = (peer + 1) % n;
+        w->req.peer = peer;
+        w->op.seq = comm->p2p_recv_seq[peer]++;
+        w->req.env[0] = w->op.seq;
+        st = p2p_post_req(comm, w, err, errlen);
+        return st < 0 ? st : 1;
+    }
+    if (dead < n - 1)
+        return 1;
+    char what[64], msg[TT_ERRMSG_LEN];
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(msg, sizeof(msg), "%s: no sender left: the links to all %d other ranks failed (%s)",
+             p2p_what(w, what, sizeof(what)), n - 1,
+             comm->tp_error[0] ? comm->tp_error : tutti_strerror(dead_st));
+    pthread_mutex_unlock(&comm->err_lock);
+    tt_fault_fail_op(&w->op, dead_st, msg);
+    last_error_to(comm, err, errlen);
+    return dead_st;
+}
+
+/* One step of an open any-source receive w (q_lock and `executing` held): fail it with
+ * its communicator, look for its message, or time it out (failing the communicator, as
+ * an ordinary receive's timeout does). 1: still in flight; < 0: failed, err says why. */
+static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *err, size_t errlen)
+{
+    int st = p2p_refused(comm, w, "not completed", err, errlen);
+    if (st < 0)
+        return st;
+    st = any_search(comm, w, err, errlen);
+    if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
+        return st;
+    char what[64], msg[TT_ERRMSG_LEN];
+    snprintf(msg, sizeof(msg), "%s: no rank sent tag %u within %d ms",
+             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), comm->opts.timeout_ms);
+    tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
+    last_error_to(comm, err, errlen);
+    return TUTTI_ERR_TIMEOUT;
+}
+
+/* Complete the in-flight requests the transport finished (q_lock and `executing` held);
+ * open any-source receives take a step. */
 static void reap_inflight_locked(tutti_comm_t *comm)
 {
     int any = 0;
     uint64_t now = comm->inflight ? tt_now_ns() : 0;
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
-        if (w->req.status == 1 && now > w->p2p_deadline_ns) {
+        if (w->req.status == 1 && w->req.peer >= 0 && now > w->p2p_deadline_ns) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
@@ -176,22 +298,22 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     tutti_work_t **pp = &comm->inflight;
     while (*pp) {
         tutti_work_t *w = *pp;
-        if (w->req.status == 1) {
+        char err[TT_ERRMSG_LEN] = "";
+        int st = w->req.status;
+        if (st == 1 && w->req.peer < 0)
+            st = any_step(comm, w, now, err, sizeof(err));
+        if (st == 1) {
             pp = &w->inflight_next;
             continue;
         }
         *pp = w->inflight_next;
-        char err[TT_ERRMSG_LEN] = "";
-        int st = w->req.status;
-        if (st < 0) {
+        if (st < 0 && !err[0]) {
             if (atomic_load(&comm->failed) == 0)
                 tt_fault_p2p(&w->op, &w->req, st, err, sizeof(err));
-            else {
-                pthread_mutex_lock(&comm->err_lock);
-                snprintf(err, sizeof(err), "%s", comm->last_error);
-                pthread_mutex_unlock(&comm->err_lock);
-            }
+            else
+                last_error_to(comm, err, sizeof(err));
         }
+        w->req.status = st;
         complete(comm, w, st, err);
         work_unref(w); /* the in-flight list's reference */
         any = 1;
@@ -436,7 +558,11 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 2);
     pthread_mutex_lock(&comm->q_lock);
-    uint64_t seq = kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++ : comm->p2p_recv_seq[peer]++;
+    /* an any-source receive takes its number when its sender is found (exec.c's any_step) */
+    w->any_source = peer == TUTTI_ANY_SOURCE;
+    uint64_t seq = w->any_source           ? 0
+                   : kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++
+                                           : comm->p2p_recv_seq[peer]++;
     w->op = (tt_op_t){ .comm = comm,
                        .rank = comm->rank,
                        .nranks = comm->nranks,
@@ -491,6 +617,14 @@ void tutti_work_free(tutti_work_t *work)
 {
     if (work)
         work_unref(work);
+}
+
+int tutti_work_source(const tutti_work_t *work)
+{
+    if (!work || !work->is_p2p || work->req.kind != TUTTI_TP_RECV ||
+        !atomic_load(&((tutti_work_t *)work)->done))
+        return -1;
+    return work->req.peer >= 0 ? work->req.peer : -1;
 }
 
 const char *tutti_work_error(const tutti_work_t *work)

@@ -30,6 +30,8 @@ struct tutti_work {
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
     tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
+    int any_source;        /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
+                              < 0 until the executor finds its message (exec.c) */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
@@ -125,6 +127,7 @@ struct tutti_comm {
     tutti_work_t *inflight; /* posted sends/recvs, in posting order */
     uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
+    int any_next;           /* the peer the next any-source search probes first */
 };
 
 #endif /* TT_STATE_H */

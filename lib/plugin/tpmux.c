@@ -240,6 +240,18 @@ static const char *mux_peer_address(void *vmux, int peer)
     return s->ops->peer_address ? s->ops->peer_address(s->tp, peer) : NULL;
 }
 
+/* By peer, to the transport that serves it; one without the slot cannot probe. */
+static int mux_probe(void *vmux, int peer, tutti_tp_probe_t *found_p)
+{
+    mux_t *m = vmux;
+    if (peer < 0 || peer >= m->nranks || m->peer_sub[peer] < 0)
+        return TUTTI_ERR_INVALID_ARG;
+    mux_sub_t *s = &m->sub[m->peer_sub[peer]];
+    if (!tutti_tp_ops_has(s->ops, probe) || !s->ops->probe)
+        return TUTTI_ERR_UNSUPPORTED;
+    return s->ops->probe(s->tp, peer, found_p);
+}
+
 static void mux_free(mux_t *m)
 {
     for (int i = 0; i < m->nsub; i++) {
@@ -281,6 +293,7 @@ static const tutti_transport_ops_v2_t mux_ops = {
     .notify_error = mux_notify_error,
     .abort = mux_abort,
     .peer_address = mux_peer_address,
+    .probe = mux_probe,
 };
 
 /* ---- choosing ---- */

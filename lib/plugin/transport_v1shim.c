@@ -145,6 +145,7 @@ const tutti_transport_ops_v2_t *tt_transport_v1_wrap(const tutti_transport_ops_v
             .notify_error = shim_notify_error,
             .abort = shim_abort,
             .peer_address = shim_peer_address,
+            .probe = NULL, /* v1 cannot: TUTTI_ANY_SOURCE is refused over it */
         };
         ops = &sl->ops;
     }

@@ -15,7 +15,10 @@ from ._buffer import Buffer, dtype_of
 from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
-__all__ = ["Store", "Communicator", "Work", "Error", "version"]
+__all__ = ["Store", "Communicator", "Work", "Error", "version", "ANY_SOURCE"]
+
+#: recv's peer for "whichever rank sends this tag" (so is peer=None)
+ANY_SOURCE = _lib.ANY_SOURCE
 
 version = "0.1.0"
 _lib_ = _lib.lib
@@ -198,10 +201,11 @@ class Store(_Handle):
 class Work:
     """An operation in flight. It holds the buffers it uses until it completes."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status")
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source")
 
     def __init__(self, handle, bufs, comm):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
+        self._source = -1
 
     def is_completed(self):
         """Whether the operation finished (successfully or not); never blocks."""
@@ -216,7 +220,17 @@ class Work:
 
     def _finish_and_keep(self, st):
         msg = _lib_.tutti_work_error(self._w).decode() if st < 0 else ""
+        self._source = _lib_.tutti_work_source(self._w)
         self._finish_plain(st, msg)
+
+    @property
+    def source(self):
+        """The rank a completed receive got its message from (for peer=None, whichever
+        rank sent it); None while it runs, when it failed before a sender was known, or
+        when the operation is not a receive."""
+        if self._w is not None and not self.is_completed():
+            return None
+        return self._source if self._source >= 0 else None
 
     def _finish_plain(self, st, msg):
         _lib_.tutti_work_free(self._w)
@@ -500,9 +514,17 @@ class Communicator(_Handle):
         b = Buffer(buf, "send's buffer", False, dtype)
         return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
 
-    def recv(self, buf, peer, tag=0, dtype=None, async_op=False):
+    def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False):
+        """Receive into buf from rank peer, or from whichever rank sends this tag first
+        (peer None or tutti.ANY_SOURCE). Returns the sending rank, or with async_op a
+        Work whose source says it once done."""
         b = Buffer(buf, "recv's buffer", True, dtype)
-        return self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
+        peer = _lib.ANY_SOURCE if peer is None else peer
+        w = self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), True)
+        if async_op:
+            return w
+        w.wait()
+        return w.source
 
 
 def _name(dtype):

@@ -15,6 +15,7 @@ c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 # The sentinels of <tutti/tutti.h>.
 IN_PLACE = ctypes.c_void_p(1)
 IN_PLACE_OUT = ctypes.c_void_p(1)
+ANY_SOURCE = -2  # TUTTI_ANY_SOURCE: recv's peer for "whichever rank sends this tag"
 
 
 def _candidates():
@@ -155,6 +156,7 @@ _OTHERS = {
     "tutti_wait": (_I, [_P, _I]),
     "tutti_work_free": (None, [_P]),
     "tutti_work_error": (ctypes.c_char_p, [_P]),
+    "tutti_work_source": (_I, [_P]),
     "tutti_store_opts_init": (_I, [ctypes.POINTER(StoreOpts)]),
     "tutti_store_open": (_I, [_WP, ctypes.c_char_p, ctypes.POINTER(StoreOpts)]),
     "tutti_store_open_prefixed": (_I, [_WP, _P, ctypes.c_char_p]),

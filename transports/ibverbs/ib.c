@@ -261,20 +261,28 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
     }
 }
 
+/* The slot of the next arrived message and a checked copy of its header; NULL when its
+ * header is garbage (the link failed). */
+static const char *link_next_slot(ib_tp_t *tp, ib_link_t *L, ib_hdr_t *h)
+{
+    const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
+    if (ib_slot_decode(slot, tp->eager_max, h) == 0)
+        return slot;
+    link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+              "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length %llu", L->peer,
+              L->addr, h->magic, h->kind, (unsigned long long)h->len);
+    return NULL;
+}
+
 /* Match arrived slots to posted receives, in order. */
 static void link_recv(ib_tp_t *tp, ib_link_t *L)
 {
     while (L->rq_head && L->rx_next < L->rx_arrived && !L->fail.status && !L->rd_req) {
-        const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
         ib_hdr_t hdr;
         const ib_hdr_t *h = &hdr;
-        if (ib_slot_decode(slot, tp->eager_max, &hdr) < 0) {
-            link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                      "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length "
-                      "%llu",
-                      L->peer, L->addr, h->magic, h->kind, (unsigned long long)h->len);
+        const char *slot = link_next_slot(tp, L, &hdr);
+        if (!slot)
             return;
-        }
         tp_req_t *q = L->rq_head;
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
@@ -625,6 +633,28 @@ static int link_served(const ib_tp_t *tp, int peer)
 TT_KIT_CHECK_FN(ib_tp_t, "ibverbs", link_served)
 TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_req, link_send)
 
+#ifndef TT_KIT_ABI_V1
+/* The header of the next arrived slot (progress polls the completion queue, which counts
+ * them in rx_arrived); the slot stays unconsumed. */
+static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
+{
+    ib_tp_t *tp = vtp;
+    if (peer < 0 || peer >= tp->nranks || !link_served(tp, peer))
+        return TUTTI_ERR_INVALID_ARG;
+    ib_link_t *L = &tp->links[peer];
+    ib_hdr_t h;
+    if (L->fail.status)
+        return L->fail.status;
+    if (L->rq_head || L->rx_next >= L->rx_arrived)
+        return 0;
+    if (!link_next_slot(tp, L, &h))
+        return L->fail.status;
+    memcpy(found_p->env, h.env, sizeof(found_p->env));
+    found_p->len = (size_t)h.len;
+    return 1;
+}
+#endif
+
 static void ib_cancel_all(void *vtp, int status)
 {
     cancel_everything(vtp, status);
@@ -791,7 +821,7 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
 static const tp_ops_t ib_ops = {
     TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
                     .bw_gbs = 10.0),
-    TT_KIT_OPS_FNS(ib),
+    TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe),
 };
 
 TT_KIT_REGISTER(ibverbs, ib_ops)

@@ -13,6 +13,7 @@ typedef tutti_transport_ops_v1_t tp_ops_t;
 #define TT_KIT_PROPS(...) /* v1 tables have no properties */
 #define TT_KIT_REGISTER TUTTI_TRANSPORT_REGISTER_V1
 #define TT_KIT_REQ_SUPPORTED(r) 1
+#define TT_KIT_PROBE(fn) /* v1 tables have no probe: define fn only without TT_KIT_ABI_V1 */
 #else
 #include <tutti/transport_v2.h>
 typedef tutti_tp_req_v2_t tp_req_t;
@@ -22,6 +23,8 @@ typedef tutti_transport_ops_v2_t tp_ops_t;
 #define TT_KIT_REGISTER TUTTI_TRANSPORT_REGISTER_V2
 /* the kit's transports move host memory only, and order nothing after a stream */
 #define TT_KIT_REQ_SUPPORTED(r) ((r)->mem == TUTTI_MEM_HOST && !(r)->stream)
+/* the optional probe slot, after TT_KIT_OPS_FNS */
+#define TT_KIT_PROBE(fn) , .probe = (fn)
 #endif
 typedef tutti_tp_host_v1_t tp_host_t;
 

@@ -117,6 +117,7 @@ typedef struct shm_link {
     shm_hdr_t rhdr;
     int rhdr_valid; /* rhdr holds the record at rx_pos (maybe parked) */
     int rhdr_matched;
+    int probe_watch; /* probe found nothing: a record that comes ends progress() */
     uint64_t rx_span, rx_got;
     uint64_t rx_acked;
     int rx_withdrawn;        /* the matched pull was revoked by the sender */

@@ -481,8 +481,12 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             continue;
         }
         tp_req_t *q = L->rq_head;
-        if (!q)
-            return; /* header parked until a receive is posted */
+        if (!q) {
+            /* header parked until a receive is posted; news for a prober */
+            tp->completions += L->probe_watch;
+            L->probe_watch = 0;
+            return;
+        }
         if (!L->rhdr_matched && rx_match(tp, L, q, tlen, staged) == RX_STOP)
             return;
         s = rx_payload(L, q, tlen);
@@ -509,7 +513,7 @@ static void sweep(tcp_tp_t *tp)
             continue;
         if (L->sq_head)
             link_send(tp, L);
-        if (L->rq_head)
+        if (L->rq_head || L->probe_watch)
             link_recv(tp, L);
     }
 }
@@ -564,7 +568,7 @@ static void block(tcp_tp_t *tp, int ms)
              * dies; but not behind a parked header, which would wake us for nothing. */
             int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head &&
                          L->rhdr.type == TCP_FRAME_DATA;
-            if ((L->rq_head || L->sq_head) && !parked)
+            if ((L->rq_head || L->sq_head || L->probe_watch) && !parked)
                 ev |= UV_READABLE;
             if (L->sq_head && !L->tx_broken)
                 ev |= UV_WRITABLE;
@@ -596,6 +600,25 @@ static int link_served(const tcp_tp_t *tp, int peer)
 
 TT_KIT_CHECK_FN(tcp_tp_t, "tcp", link_served)
 TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
+
+#ifndef TT_KIT_ABI_V1
+/* The next frame's header, read and parked if it has come (link_recv with no receive
+ * posted reads a header and stops there). */
+static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
+{
+    tcp_tp_t *tp = vtp;
+    if (peer < 0 || peer >= tp->nranks || peer == tp->rank || !link_served(tp, peer))
+        return TUTTI_ERR_INVALID_ARG;
+    tcp_link_t *L = &tp->links[peer];
+    if (!L->fail.status && !L->rq_head && L->fd >= 0 &&
+        (L->rhdr_got < sizeof(L->rhdr) || L->rhdr.type != TCP_FRAME_DATA))
+        link_recv(tp, L); /* a report's text, too */
+    if (L->fail.status)
+        return L->fail.status;
+    return tp_probe_answer(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, L->rhdr.env,
+                           L->rhdr.len, &L->probe_watch, found_p);
+}
+#endif
 
 /* The head send has begun leaving: another frame now would land inside its payload. */
 static int link_mid_send(const tcp_link_t *L)
@@ -851,7 +874,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
                     .bw_gbs = 2.0),
-    TT_KIT_OPS_FNS(tcp),
+    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)

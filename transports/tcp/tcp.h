@@ -106,6 +106,7 @@ typedef struct tcp_link {
     size_t rhdr_got;  /* == sizeof(rhdr): a header is parked, waiting */
     int rhdr_seen;    /* the complete header was validated */
     int rhdr_matched; /* the parked header was matched to rq_head */
+    int probe_watch;  /* probe found nothing: a header that comes ends progress() */
     char *stage;      /* header + small payload, read in one go */
     char *errbuf;     /* payload of an incoming error frame */
     size_t errgot;
