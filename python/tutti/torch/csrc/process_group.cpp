@@ -305,6 +305,14 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout)
     return true;
 }
 
+int WorkTutti::sourceRank() const
+{
+    int src = handle ? tutti_work_source(handle) : -1;
+    TORCH_CHECK(src >= 0, "tutti backend: ", name, " on rank ", rank_,
+                ": no source rank (not a finished receive)");
+    return src;
+}
+
 std::vector<at::Tensor> WorkTutti::result()
 {
     return outputs_;
@@ -800,21 +808,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recv(std::vector<at::Tensor> &tensors, int src,
                                                        int tag)
 {
-    const at::Tensor &t = single(tensors, "recv");
     check_root(src, size_, "recv");
-    tutti_dtype_t dt = to_dtype(t, "recv");
-    at::Tensor buf = contig(t);
-    return launch(c10d::OpType::RECV, "recv", tensors, { buf }, copy_back(t, buf),
-                  [&](tutti_work_t **w) {
-                      return tutti_recv_async(comm_, buf.data_ptr(), buf.numel(), dt, src,
-                                              (uint32_t)tag, w);
-                  });
+    return receive(c10d::OpType::RECV, "recv", tensors, src, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recvAnysource(std::vector<at::Tensor> &, int)
+/* The sender: Work::sourceRank(), from tutti_work_source. */
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recvAnysource(std::vector<at::Tensor> &tensors,
+                                                                int tag)
 {
-    TORCH_CHECK(false, "tutti backend: recv from any source (recvAnysource) is not supported: "
-                       "the tutti C library has no any-source receive yet; pass the source rank");
+    return receive(c10d::OpType::RECVANYSOURCE, "recvAnysource", tensors, TUTTI_ANY_SOURCE, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, const char *name,
+                                                          std::vector<at::Tensor> &tensors, int src,
+                                                          int tag)
+{
+    const at::Tensor &t = single(tensors, name);
+    tutti_dtype_t dt = to_dtype(t, name);
+    at::Tensor buf = contig(t);
+    return launch(type, name, tensors, { buf }, copy_back(t, buf), [&](tutti_work_t **w) {
+        return tutti_recv_async(comm_, buf.data_ptr(), buf.numel(), dt, src, (uint32_t)tag, w);
+    });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOptions &)

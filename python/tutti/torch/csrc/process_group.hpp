@@ -71,6 +71,7 @@ class WorkTutti : public c10d::Work
     ~WorkTutti() override;
     bool wait(std::chrono::milliseconds timeout) override;
     std::vector<at::Tensor> result() override;
+    int sourceRank() const override;
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
     void synchronize() override {}
 
@@ -153,6 +154,8 @@ class ProcessGroupTutti : public PGBase
                                           std::vector<at::Tensor> outputs,
                                           std::vector<at::Tensor> buffers,
                                           std::function<void()> finisher, const Call &call);
+    c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, const char *name,
+                                           std::vector<at::Tensor> &tensors, int src, int tag);
     void rendezvous(c10d::Store &store, tutti_comm_opts_t *opts);
     [[noreturn]] void fail(const char *name, int status);
 
