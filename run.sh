@@ -50,6 +50,8 @@ test)
     install_deps
     install_deps clang-format-14
     install_deps python3-numpy python3-pytest # the python suite (python/tests)
+    # tutti.torch, the torch.distributed backend, and its tests (python/tests/test_torch_*)
+    install_deps python3-torch libtorch-dev pybind11-dev g++
     tools/dev/format.sh --check # the tree follows .clang-format
     build build
     meson test -C build --print-errorlogs

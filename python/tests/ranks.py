@@ -34,24 +34,30 @@ def launch(fn, size, timeout=60, **opts):
     with tempfile.TemporaryDirectory(prefix="tutti-py-") as d:
         procs = [ctx.Process(target=_child, args=(fn, r, size, "file://" + d, opts, q))
                  for r in range(size)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        try:
-            while len(got) < size and time.monotonic() < deadline:
-                try:
-                    rank, kind, value = q.get(timeout=0.1)
-                    got[rank] = (kind, value)
-                except queue.Empty:
-                    if all(p.exitcode is not None for p in procs) and q.empty():
-                        break  # every rank is gone: the missing ones died
-        finally:
-            for p in procs:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        collect(procs, q, got, timeout)
     return got
+
+
+def collect(procs, q, got, timeout):
+    """Start procs, put their (rank, kind, value) answers from q into got until all have
+    answered, all are gone, or timeout seconds pass; then kill what is left."""
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < len(procs) and time.monotonic() < deadline:
+            try:
+                rank, kind, value = q.get(timeout=0.1)
+                got[rank] = (kind, value)
+            except queue.Empty:
+                if all(p.exitcode is not None for p in procs) and q.empty():
+                    break  # every rank is gone: the missing ones died
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def run(fn, size, timeout=60, **opts):

@@ -1,0 +1,569 @@
+"""torch.distributed on the "tutti" backend (tutti.torch): every collective x dtype x
+reduce op at 2, 3 and 4 ranks against references computed here from every rank's known
+inputs, async works, subgroups, errors (mismatch, killed rank, unsupported ops and
+dtypes, monitored barrier), and DDP whose parameters match the same run on gloo."""
+import datetime
+import faulthandler
+import multiprocessing as mp
+import os
+import signal
+import socket
+import tempfile
+import time
+import traceback
+
+import pytest
+from ranks import collect
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+try:
+    import tutti.torch  # noqa: F401  (registers the backend)
+except ImportError as e:  # built without -Dtorch
+    pytest.skip(f"tutti.torch not built: {e}", allow_module_level=True)
+
+DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64]
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, size, init, tmo, limit, env, q):
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(env)
+        faulthandler.dump_traceback_later(limit, exit=True)  # a hang shows where
+        if init.startswith("env://"):
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=init[len("env://"):])
+            init = "env://"
+        dist.init_process_group("tutti", init_method=init, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=tmo))
+        try:
+            q.put((rank, "ok", fn(rank, size)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:
+        q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def launch(fn, size, timeout=60, init="file", group_timeout=20, env=None):
+    """fn(rank, size) on `size` forked ranks in one tutti process group;
+    {rank: ("ok", result) | ("error", text)}, ranks that did not answer are missing."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    got = {}
+    with tempfile.TemporaryDirectory(prefix="tutti-torch-") as d:
+        url = f"env://{_free_port()}" if init == "env" else f"file://{d}/rdv"
+        procs = [ctx.Process(target=_child, args=(fn, r, size, url, group_timeout,
+                                                     max(timeout - 5, 1), env or {}, q))
+                 for r in range(size)]
+        collect(procs, q, got, timeout)
+    return got
+
+
+def run(fn, size, **kw):
+    got = launch(fn, size, **kw)
+    missing = [r for r in range(size) if r not in got]
+    assert not missing, f"ranks {missing} did not answer"
+    errors = [f"rank {r}: {v}" for r, (k, v) in sorted(got.items()) if k == "error"]
+    assert not errors, "\n".join(errors)
+    return [got[r][1] for r in range(size)]
+
+
+# ---- inputs and references ----
+
+def inp(rank, dtype, op="SUM", n=6, salt=0):
+    """Small integers, exact in every dtype (products of up to 4 ranks stay in int8)."""
+    i = torch.arange(n, dtype=torch.int64)
+    if op == "PRODUCT":
+        v = (rank + i + salt) % 3 + 1
+    else:
+        v = (rank * 7 + i * 3 + salt) % 9 - 4
+        if dtype == torch.uint8:
+            v = v + 4
+    return v.to(dtype)
+
+
+def reduce_ref(xs, op, dtype, size):
+    s = torch.stack([x.double() for x in xs])
+    if op == "SUM":
+        r = s.sum(0)
+    elif op == "PRODUCT":
+        r = s.prod(0)
+    elif op == "MIN":
+        r = s.min(0).values
+    elif op == "MAX":
+        r = s.max(0).values
+    else:
+        r = s.sum(0) / size
+        if not dtype.is_floating_point:
+            r = torch.trunc(r)
+    return r.to(dtype)
+
+
+def same(got, want):
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    if want.dtype in (torch.float16, torch.bfloat16):
+        return torch.allclose(got.double(), want.double(), rtol=1e-2, atol=1e-2)
+    if want.is_floating_point():
+        return torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    return torch.equal(got, want)
+
+
+class Checker:
+    def __init__(self):
+        self.bad = []
+        self.count = 0
+
+    def __call__(self, what, got, want):
+        self.count += 1
+        if not same(got, want):
+            self.bad.append(f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+
+# ---- every collective x dtype x op ----
+
+def reductions(rank, size, ck):
+    for dt in DTYPES:
+        for name in OPS:
+            op = getattr(dist.ReduceOp, name)
+            all_in = [inp(r, dt, name) for r in range(size)]
+            want = reduce_ref(all_in, name, dt, size)
+            t = inp(rank, dt, name)
+            dist.all_reduce(t, op)
+            ck(f"all_reduce {dt} {name}", t, want)
+            root = (size - 1) % size
+            t = inp(rank, dt, name)
+            dist.reduce(t, root, op)
+            ck(f"reduce {dt} {name}", t, want if rank == root else inp(rank, dt, name))
+            # reduce_scatter: rank r's block b is inp(r, salt=b)
+            blocks = [inp(rank, dt, name, salt=b) for b in range(size)]
+            want_rs = reduce_ref([inp(r, dt, name, salt=rank) for r in range(size)], name, dt,
+                                 size)
+            out = torch.empty(6, dtype=dt)
+            dist.reduce_scatter(out, blocks, op)
+            ck(f"reduce_scatter {dt} {name}", out, want_rs)
+            out = torch.empty(6, dtype=dt)
+            dist._reduce_scatter_base(out, torch.cat(blocks), op)
+            ck(f"_reduce_scatter_base {dt} {name}", out, want_rs)
+            ts = [inp(rank, dt, name, n=3), inp(rank, dt, name, n=5, salt=1)]
+            dist.all_reduce_coalesced(ts, op)
+            ck(f"all_reduce_coalesced[0] {dt} {name}", ts[0],
+               reduce_ref([inp(r, dt, name, n=3) for r in range(size)], name, dt, size))
+            ck(f"all_reduce_coalesced[1] {dt} {name}", ts[1],
+               reduce_ref([inp(r, dt, name, n=5, salt=1) for r in range(size)], name, dt, size))
+
+
+def movers(rank, size, ck):
+    for dt in DTYPES:
+        mine = inp(rank, dt)
+        for root in range(size):
+            t = inp(rank, dt)
+            dist.broadcast(t, root)
+            ck(f"broadcast {dt} root {root}", t, inp(root, dt))
+        outs = [torch.empty(6, dtype=dt) for _ in range(size)]
+        dist.all_gather(outs, mine)
+        for r in range(size):
+            ck(f"all_gather {dt} [{r}]", outs[r], inp(r, dt))
+        out = torch.empty(6 * size, dtype=dt)
+        dist._all_gather_base(out, mine)
+        ck(f"_all_gather_base {dt}", out, torch.cat([inp(r, dt) for r in range(size)]))
+        lists = [[torch.empty(2, dtype=dt), torch.empty(4, dtype=dt)] for _ in range(size)]
+        dist.all_gather_coalesced(lists, [inp(rank, dt, n=2), inp(rank, dt, n=4, salt=5)])
+        for r in range(size):
+            ck(f"all_gather_coalesced {dt} [{r}][0]", lists[r][0], inp(r, dt, n=2))
+            ck(f"all_gather_coalesced {dt} [{r}][1]", lists[r][1], inp(r, dt, n=4, salt=5))
+        root = 1 % size
+        outs = [torch.empty(6, dtype=dt) for _ in range(size)] if rank == root else None
+        dist.gather(mine, outs, dst=root)
+        if rank == root:
+            for r in range(size):
+                ck(f"gather {dt} [{r}]", outs[r], inp(r, dt))
+        out = torch.empty(6, dtype=dt)
+        ins = [inp(root, dt, salt=b) for b in range(size)] if rank == root else None
+        dist.scatter(out, ins, src=root)
+        ck(f"scatter {dt}", out, inp(root, dt, salt=rank))
+        alltoalls(rank, size, dt, ck)
+        p2p(rank, size, dt, ck)
+
+
+def alltoalls(rank, size, dt, ck):
+    # block b of rank r: inp(r, salt=b), 2 elements per block
+    send = torch.cat([inp(rank, dt, n=2, salt=b) for b in range(size)])
+    out = torch.empty(2 * size, dtype=dt)
+    dist.all_to_all_single(out, send)
+    ck(f"all_to_all_single {dt}", out, torch.cat([inp(r, dt, n=2, salt=rank)
+                                                   for r in range(size)]))
+    # uneven: rank r sends r+b+1 rows of 2 to rank b
+    rows = lambda r, b: r + b + 1  # noqa: E731
+    send = torch.cat([inp(rank, dt, n=2 * rows(rank, b), salt=b) for b in range(size)])
+    send = send.view(-1, 2)
+    out = torch.empty(sum(rows(r, rank) for r in range(size)), 2, dtype=dt)
+    dist.all_to_all_single(out, send, [rows(r, rank) for r in range(size)],
+                           [rows(rank, b) for b in range(size)])
+    ck(f"all_to_all_single splits {dt}", out.reshape(-1),
+       torch.cat([inp(r, dt, n=2 * rows(r, rank), salt=rank) for r in range(size)]))
+    outs = [torch.empty(rows(r, rank), dtype=dt) for r in range(size)]
+    dist.all_to_all(outs, [inp(rank, dt, n=rows(rank, b), salt=b) for b in range(size)])
+    for r in range(size):
+        ck(f"all_to_all {dt} [{r}]", outs[r], inp(r, dt, n=rows(r, rank), salt=rank))
+
+
+def p2p(rank, size, dt, ck):
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = torch.empty(6, dtype=dt)
+    reqs = [dist.isend(inp(rank, dt, salt=9), nxt, tag=7), dist.irecv(got, prv, tag=7)]
+    for w in reqs:
+        w.wait()
+    ck(f"isend/irecv {dt}", got, inp(prv, dt, salt=9))
+    if rank == 0:
+        dist.send(inp(rank, dt, salt=3), size - 1)
+    elif rank == size - 1:
+        t = torch.empty(6, dtype=dt)
+        dist.recv(t, 0)
+        ck(f"send/recv {dt}", t, inp(0, dt, salt=3))
+
+
+def noncontiguous(rank, size, ck):
+    base = torch.arange(12, dtype=torch.float32).view(3, 4) + rank
+    t = base.t()  # not contiguous
+    dist.all_reduce(t)
+    want = sum(torch.arange(12, dtype=torch.float32).view(3, 4) + r for r in range(size)).t()
+    ck("all_reduce non-contiguous", t.contiguous(), want.contiguous())
+    t = (torch.arange(12, dtype=torch.float64).view(3, 4) * (rank + 1))[:, ::2]
+    dist.broadcast(t, 0)
+    ck("broadcast non-contiguous", t.contiguous(),
+       torch.arange(12, dtype=torch.float64).view(3, 4)[:, ::2].contiguous())
+
+
+def everything(rank, size):
+    ck = Checker()
+    reductions(rank, size, ck)
+    movers(rank, size, ck)
+    noncontiguous(rank, size, ck)
+    dist.barrier()
+    tutti.torch.monitored_barrier(timeout=datetime.timedelta(seconds=10), wait_all_ranks=True)
+    assert not ck.bad, f"{len(ck.bad)} of {ck.count} wrong:\n" + "\n".join(ck.bad[:20])
+    return ck.count
+
+
+@pytest.mark.parametrize("size,init,transport", [(2, "file", "shm"), (3, "env", "tcp"),
+                                                (4, "file", "shm"), (4, "env", "tcp")])
+def test_every_collective(size, init, transport):
+    counts = run(everything, size, timeout=120, init=init, env={"TUTTI_TRANSPORT": transport})
+    assert min(counts) > 300
+
+
+# ---- async works ----
+
+def async_works(rank, size):
+    late = datetime.timedelta(milliseconds=300)
+    t = torch.full((4,), float(rank + 1))
+    if rank == 1:
+        time.sleep(1.5)
+    w = dist.all_reduce(t, async_op=True)
+    res = {}
+    if rank == 0:
+        res["done_early"] = w.is_completed()
+        try:
+            w.wait(timeout=late)
+            res["timeout"] = "no error"
+        except RuntimeError as e:
+            res["timeout"] = str(e)
+    assert w.wait(timeout=datetime.timedelta(seconds=10))
+    assert w.is_completed() and w.is_success()
+    fut = w.get_future()
+    value = fut.wait()
+    assert torch.equal(value[0], torch.full((4,), 3.0)), value
+    assert torch.equal(t, torch.full((4,), 3.0)), t
+    assert w.result()[0] is not None
+    # a continuation issuing another collective (as DDP's hooks do)
+    t2 = torch.ones(2)
+    chained = dist.all_reduce(t2, async_op=True).get_future().then(
+        lambda f: dist.all_reduce(f.value()[0].mul(10), async_op=True).get_future()
+        .wait()[0])
+    assert torch.equal(chained.wait(), torch.full((2,), 40.0)), chained.value()
+    return res
+
+
+def test_async_works():
+    res = run(async_works, 2)
+    assert res[0]["done_early"] is False
+    assert "not done after 300 ms" in res[0]["timeout"], res[0]
+
+
+def absent_peer(rank, size):
+    if rank == 1:
+        time.sleep(4.5)  # never joins; leaves after rank 0 gave up
+        return None
+    t0 = time.monotonic()
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    try:
+        w.wait()  # no timeout given: the group's (3 s) bounds it
+        return "no error", 0
+    except RuntimeError as e:
+        return str(e), time.monotonic() - t0
+
+
+def test_wait_is_bounded_by_the_group_timeout():
+    text, secs = run(absent_peer, 2, group_timeout=3)[0]
+    assert "allreduce" in text and "rank 0" in text and "rank 1" in text, text
+    assert 2.5 < secs < 5, (secs, text)
+
+
+# ---- subgroups ----
+
+def subgroup(rank, size):
+    g = dist.new_group([0, 2])
+    out = None
+    if rank in (0, 2):
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        out = t.tolist()
+        b = torch.full((2,), float(rank))
+        dist.broadcast(b, src=2, group=g)
+        assert b.tolist() == [2.0, 2.0], b
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == size
+    return out
+
+
+def test_new_group():
+    res = run(subgroup, 4)
+    assert res[0] == [4.0] * 3 and res[2] == [4.0] * 3
+    assert res[1] is None and res[3] is None
+
+
+# ---- errors ----
+
+def mismatch(rank, size):
+    t = torch.ones(4)
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, 1)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_mismatched_collectives_raise():
+    got = run(mismatch, 2, group_timeout=10)
+    for text in got:
+        assert "mismatch" in text.lower(), got
+
+
+def killed(rank, size):
+    t = torch.ones(1 << 14)
+    dist.all_reduce(t)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0
+
+
+def test_killed_rank_is_named():
+    got = launch(killed, 3, timeout=40, group_timeout=8)
+    assert 1 not in got
+    for r in (0, 2):
+        kind, value = got[r]
+        assert kind == "ok", value
+        text, secs = value
+        assert "rank 1" in text, text
+        assert secs < 8, secs
+
+
+def unsupported(rank, size):
+    msgs = []
+    for call in (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.BAND),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.BXOR),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool))):
+        try:
+            call()
+            msgs.append("no error")
+        except RuntimeError as e:
+            msgs.append(str(e))
+    t = torch.ones(2)  # the group still works
+    dist.all_reduce(t)
+    assert t.tolist() == [size] * 2
+    return msgs
+
+
+def test_unsupported_ops_and_dtypes_are_named():
+    band, bxor, short, bool_ = run(unsupported, 2)[0]
+    assert "reduce op BAND is not supported" in band, band
+    assert "reduce op BXOR is not supported" in bxor, bxor
+    assert "dtype Short is not supported" in short, short
+    assert "Bool is not supported" in bool_, bool_
+
+
+def any_source(rank, size):
+    """Every other rank sends its rank (tag 5) after a delay that puts rank size-1 first;
+    rank 0 receives without naming a source."""
+    if rank:
+        time.sleep(0.3 * (size - 1 - rank))
+        dist.send(torch.full((3,), float(rank), dtype=torch.float64), 0, tag=5)
+        return None
+    got = []
+    for _ in range(size - 1):
+        t = torch.zeros(3, dtype=torch.float64)
+        src = dist.recv(t, tag=5)
+        assert torch.equal(t, torch.full((3,), float(src), dtype=torch.float64)), (src, t)
+        got.append(src)
+    return got
+
+
+def test_recv_from_any_source():
+    assert run(any_source, 4)[0] == [3, 2, 1]
+
+
+def monitored(rank, size):
+    """Two groups of all ranks: in the first rank 2 skips the monitored barrier, in the
+    second ranks 1 and 2 do (wait_all_ranks)."""
+    out = []
+    for skip, wait_all in (({2}, False), ({1, 2}, True)):
+        g = dist.new_group(list(range(size)))
+        if rank in skip:
+            time.sleep(1.5)  # past rank 0's 700 ms
+            out.append("skipped")
+            continue
+        try:
+            tutti.torch.monitored_barrier(g, timeout=datetime.timedelta(milliseconds=700),
+                                   wait_all_ranks=wait_all)
+            out.append("passed")
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+def test_monitored_barrier_names_missing_ranks():
+    res = run(monitored, 3)
+    assert "Rank 2 failed to pass monitoredBarrier in 700 ms" in res[0][0], res[0]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 700 ms" in res[0][1], res[0]
+    assert "monitoredBarrier" in res[1][0], res[1]  # rank 0 never released it
+
+
+# ---- DDP against gloo ----
+
+class Net(torch.nn.Module):
+    def __init__(self, unused):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 16)
+        self.l2 = torch.nn.Linear(16, 4)
+        self.spare = torch.nn.Linear(4, 4) if unused else None  # takes no part
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+def ddp_params(pg, setup):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model = Net(setup.get("unused", False))
+    opts = dict(setup.get("opts", {}))
+    ddp = DDP(model, process_group=pg, **opts)
+    if "hook" in setup:
+        state, hook = setup["hook"](pg)
+        ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    averager = None
+    if setup.get("average"):
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=pg)
+    gen = torch.Generator().manual_seed(100 + dist.get_rank())
+    for _ in range(5):
+        x = torch.randn(32, 8, generator=gen)
+        y = torch.randn(32, 4, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        if averager:
+            averager.average_parameters(ddp.module.parameters())
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def _fp16(pg):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return pg, default_hooks.fp16_compress_hook
+
+
+def _bf16(pg):
+    """default_hooks.bf16_compress_hook's steps (torch 1.13's own refuses to run without
+    NCCL): the bucket averaged in bfloat16."""
+    def hook(group, bucket):
+        buf = bucket.buffer()
+        comp = buf.to(torch.bfloat16).div_(group.size())
+        if dist.get_backend(group) != "gloo":
+            fut = dist.all_reduce(comp, group=group, async_op=True).get_future()
+            return fut.then(lambda f: buf.copy_(f.value()[0]))
+        # gloo has no bfloat16: the same sum, exact in float32, rounded once
+        parts = [torch.empty_like(buf) for _ in range(group.size())]
+        dist.all_gather(parts, comp.float(), group=group)
+        fut = torch.futures.Future()
+        fut.set_result(buf.copy_(sum(parts).to(torch.bfloat16)))
+        return fut
+    return pg, hook
+
+
+def _powersgd(pg):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+    return ps.PowerSGDState(process_group=pg, matrix_approximation_rank=1,
+                            start_powerSGD_iter=2, random_seed=0), ps.powerSGD_hook
+
+
+def _localsgd(pg):
+    """post-localSGD: from step 2 each rank steps alone, parameters averaged every 2."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pl
+    return pl.PostLocalSGDState(process_group=pg, subgroup=pg, start_localSGD_iter=2,
+                                post_local_gradient_allreduce=False), pl.post_localSGD_hook
+
+
+DDP_SETUPS = {
+    "default": {},
+    "bucket_cap_mb": {"opts": {"bucket_cap_mb": 0.0005}},
+    "static_graph": {"opts": {"static_graph": True}},
+    "gradient_as_bucket_view": {"opts": {"gradient_as_bucket_view": True}},
+    "find_unused_parameters": {"opts": {"find_unused_parameters": True}, "unused": True},
+    "fp16_compress_hook": {"hook": _fp16},
+    "bf16_compress_hook": {"hook": _bf16},
+    "powerSGD": {"hook": _powersgd},
+    "post_localSGD": {"hook": _localsgd, "average": True},
+}
+
+
+def ddp_parity(rank, size):
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    tutti_pg = dist.new_group(list(range(size)))
+    diffs = {}
+    for name, setup in DDP_SETUPS.items():
+        want = ddp_params(gloo, setup)
+        got = ddp_params(tutti_pg, setup)
+        diffs[name] = max((a - b).abs().max().item() for a, b in zip(got, want))
+    # training moved the parameters (the comparison is not between two untouched models)
+    torch.manual_seed(0)
+    fresh = torch.nn.Linear(8, 16).weight
+    diffs["moved"] = (fresh - ddp_params(tutti_pg, {})[0]).abs().max().item()
+    return diffs
+
+
+def test_ddp_matches_gloo():
+    res = run(ddp_parity, 2, timeout=150)
+    for rank, diffs in enumerate(res):
+        moved = diffs.pop("moved")
+        assert moved > 1e-3, moved
+        bad = {k: v for k, v in diffs.items() if v > 1e-6}
+        assert not bad, f"rank {rank}: parameters differ from gloo's: {bad}"

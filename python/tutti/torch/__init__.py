@@ -1,0 +1,41 @@
+"""tutti as a torch.distributed backend: importing this module registers "tutti".
+
+    import torch.distributed as dist
+    import tutti.torch  # noqa: F401
+    dist.init_process_group("tutti", init_method=..., rank=r, world_size=n)
+
+CPU tensors; the collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG) and dtypes (int8,
+uint8, int32, int64, float16, bfloat16, float32, float64) of tutti. The ranks meet through
+torch's store for the group. The group's timeout is tutti's timeout_ms (unless
+TUTTI_TIMEOUT_MS is set) and bounds Work.wait(); the rest of the TUTTI_* environment
+applies as for any communicator. A job id is derived per group instance unless
+TUTTI_JOB_ID is set.
+"""
+import torch.distributed as _dist  # before _C: its pybind types are _C's bases
+
+from . import _C
+
+ProcessGroupTutti = _C.ProcessGroupTutti
+BACKEND = "tutti"
+
+
+def _create(store, rank, world_size, timeout):
+    return _C.create_process_group(store, rank, world_size, timeout)
+
+
+if not hasattr(_dist.Backend, BACKEND.upper()):
+    if _C.TORCH_VERSION_MAJOR >= 2:  # per-device backends (not built or tested here)
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        _dist.Backend.register_backend(BACKEND, _create)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for tutti groups (torch 1.x's refuses every
+    backend but gloo): rank 0 raises naming the ranks that did not arrive in timeout
+    (a timedelta; default: the group's timeout). A failed one leaves the group unusable."""
+    from torch.distributed import distributed_c10d as c10d
+    pg = group if group is not None else c10d._get_default_group()
+    if timeout is None:
+        return pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

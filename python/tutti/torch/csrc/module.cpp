@@ -1,0 +1,34 @@
+/* tutti.torch._C: the Python face of ProcessGroupTutti, the creator that
+ * torch.distributed.Backend.register_backend("tutti", ...) calls. torch must be imported
+ * first (its pybind types, c10d.ProcessGroup and Store, are this module's bases). */
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.hpp"
+
+namespace py = pybind11;
+
+namespace
+{
+
+c10::intrusive_ptr<tutti_torch::ProcessGroupTutti> create(
+    const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+    std::chrono::milliseconds timeout)
+{
+    py::gil_scoped_release nogil; /* set-up waits for the other ranks */
+    return c10::make_intrusive<tutti_torch::ProcessGroupTutti>(store, rank, size, timeout);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m)
+{
+    m.doc() = "tutti's c10d process group (torch.distributed backend \"tutti\")";
+    py::class_<tutti_torch::ProcessGroupTutti, tutti_torch::PGBase,
+               c10::intrusive_ptr<tutti_torch::ProcessGroupTutti>>(m, "ProcessGroupTutti")
+        .def_property_readonly("transport", &tutti_torch::ProcessGroupTutti::transport);
+    m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
+          py::arg("timeout"));
+    m.attr("TORCH_VERSION_MAJOR") = TORCH_VERSION_MAJOR;
+}

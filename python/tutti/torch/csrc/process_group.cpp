@@ -1,0 +1,898 @@
+/* ProcessGroupTutti and WorkTutti (process_group.hpp): torch tensors and options mapped
+ * onto tutti's async collectives, the completion thread, and the rendezvous through
+ * the store torch hands the backend's creator. */
+#include "process_group.hpp"
+
+#include <Python.h>
+
+#include <climits>
+#include <cstdlib>
+#include <numeric>
+
+namespace tutti_torch
+{
+
+namespace
+{
+
+tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
+{
+    switch (t.scalar_type()) {
+    case at::kChar: return TUTTI_INT8;
+    case at::kByte: return TUTTI_UINT8;
+    case at::kInt: return TUTTI_INT32;
+    case at::kLong: return TUTTI_INT64;
+    case at::kHalf: return TUTTI_FP16;
+    case at::kBFloat16: return TUTTI_BF16;
+    case at::kFloat: return TUTTI_FP32;
+    case at::kDouble: return TUTTI_FP64;
+    default:
+        TORCH_CHECK(false, "tutti backend: ", op, ": dtype ", t.scalar_type(),
+                    " is not supported (int8, uint8, int32, int64, float16, bfloat16, "
+                    "float32, float64 are)");
+    }
+}
+
+const char *redop_name(c10d::ReduceOp::RedOpType op)
+{
+    switch (op) {
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+    }
+}
+
+tutti_redop_t to_redop(const c10d::ReduceOp &op, const char *name)
+{
+    switch (op.op_) {
+    case c10d::ReduceOp::SUM: return TUTTI_SUM;
+    case c10d::ReduceOp::PRODUCT: return TUTTI_PROD;
+    case c10d::ReduceOp::MIN: return TUTTI_MIN;
+    case c10d::ReduceOp::MAX: return TUTTI_MAX;
+    case c10d::ReduceOp::AVG: return TUTTI_AVG;
+    default:
+        TORCH_CHECK(false, "tutti backend: ", name, ": reduce op ", redop_name(op.op_),
+                    " is not supported (SUM, PRODUCT, MIN, MAX, AVG are)");
+    }
+}
+
+void check_cpu(const at::Tensor &t, const char *op)
+{
+    TORCH_CHECK(t.device().is_cpu(), "tutti backend: ", op,
+                ": only CPU tensors are supported, got ", t.device());
+    TORCH_CHECK(t.layout() == at::kStrided, "tutti backend: ", op,
+                ": only dense (strided) tensors are supported");
+}
+
+const at::Tensor &single(const std::vector<at::Tensor> &ts, const char *op)
+{
+    TORCH_CHECK(ts.size() == 1, "tutti backend: ", op, " takes one tensor per call, got ",
+                ts.size());
+    check_cpu(ts[0], op);
+    return ts[0];
+}
+
+/* Tensors of one dtype, all on the CPU; their dtype. */
+tutti_dtype_t same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &like, const char *op)
+{
+    for (const auto &t : ts) {
+        check_cpu(t, op);
+        TORCH_CHECK(t.scalar_type() == like.scalar_type(), "tutti backend: ", op,
+                    ": tensors of different dtypes (", t.scalar_type(), " and ", like.scalar_type(),
+                    ")");
+    }
+    return to_dtype(like, op);
+}
+
+/* The one list of `size` tensors, each of like's dtype and length, that op takes (the
+ * root's, or every rank's). */
+const std::vector<at::Tensor> &rank_list(const std::vector<std::vector<at::Tensor>> &lists,
+                                         const at::Tensor &like, int size, const char *op)
+{
+    TORCH_CHECK(lists.size() == 1 && (int)lists[0].size() == size, "tutti backend: ", op,
+                ": needs one list of ", size, " tensors");
+    same_dtype(lists[0], like, op);
+    for (const auto &t : lists[0])
+        TORCH_CHECK(t.numel() == like.numel(), "tutti backend: ", op, ": tensors of ", t.numel(),
+                    " and ", like.numel(), " elements");
+    return lists[0];
+}
+
+/* What a non-root passes for the root's list: nothing, or one empty list. */
+void check_no_list(const std::vector<std::vector<at::Tensor>> &lists, const char *op)
+{
+    TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "tutti backend: ", op,
+                ": only the root rank takes a list of tensors");
+}
+
+/* A contiguous buffer for t: t itself, or a copy written back by the returned step. */
+at::Tensor contig(const at::Tensor &t)
+{
+    return t.is_contiguous() ? t : t.contiguous();
+}
+
+std::function<void()> copy_back(at::Tensor t, at::Tensor buf)
+{
+    if (buf.is_same(t))
+        return nullptr;
+    return [t, buf]() mutable { t.copy_(buf); };
+}
+
+/* Every tensor's elements, back to back, in one new 1-d tensor. */
+at::Tensor flatten(const std::vector<at::Tensor> &ts)
+{
+    std::vector<at::Tensor> flat;
+    flat.reserve(ts.size());
+    for (const auto &t : ts)
+        flat.push_back(t.reshape({ -1 }));
+    return at::cat(flat);
+}
+
+/* Copies consecutive pieces of flat into ts (the inverse of flatten), from element off. */
+void unflatten(const at::Tensor &flat, int64_t off, std::vector<at::Tensor> &ts)
+{
+    for (auto &t : ts) {
+        t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+        off += t.numel();
+    }
+}
+
+void check_root(int64_t root, int size, const char *op)
+{
+    TORCH_CHECK(root >= 0 && root < size, "tutti backend: ", op, ": root rank ", root,
+                " out of range (group of ", size, ")");
+}
+
+size_t total(const std::vector<size_t> &v)
+{
+    return std::accumulate(v.begin(), v.end(), size_t(0));
+}
+
+/* Element counts of the rank blocks of t along dim 0: splits (rows), or equal ones. */
+std::vector<size_t> split_counts(const at::Tensor &t, const std::vector<int64_t> &splits, int size,
+                                 const char *side)
+{
+    std::vector<size_t> counts(size);
+    int64_t rows = t.dim() ? t.size(0) : 1;
+    int64_t row = rows ? t.numel() / rows : 0;
+    if (splits.empty()) {
+        TORCH_CHECK(rows % size == 0, "tutti backend: alltoall_base: ", side, " has ", rows,
+                    " rows, not a multiple of the group size ", size);
+        for (auto &c : counts)
+            c = (size_t)(rows / size * row);
+        return counts;
+    }
+    TORCH_CHECK((int)splits.size() == size, "tutti backend: alltoall_base: ", side, " split has ",
+                splits.size(), " sizes for a group of ", size);
+    int64_t sum = 0;
+    for (int i = 0; i < size; i++) {
+        TORCH_CHECK(splits[i] >= 0, "tutti backend: alltoall_base: negative split size");
+        counts[i] = (size_t)(splits[i] * row);
+        sum += splits[i];
+    }
+    TORCH_CHECK(sum == rows, "tutti backend: alltoall_base: ", side, " split sizes add up to ", sum,
+                ", the tensor has ", rows, " rows");
+    return counts;
+}
+
+constexpr uint32_t kMonitorTag = 0x7474ffffu; /* monitoredBarrier's messages */
+
+} // namespace
+
+/* ---- Completer ---- */
+
+Completer::Completer()
+{
+    std::lock_guard<std::mutex> g(mu_);
+    idle_ = 1;
+    threads_.emplace_back([this] { run(); });
+}
+
+Completer::~Completer()
+{
+    stop();
+}
+
+void Completer::push(WorkTutti *work, int status)
+{
+    std::lock_guard<std::mutex> g(mu_);
+    queue_.emplace_back(work, status);
+    cv_.notify_one();
+}
+
+void Completer::stop()
+{
+    std::unique_lock<std::mutex> g(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+    while (!threads_.empty()) {
+        std::vector<std::thread> ts;
+        ts.swap(threads_);
+        g.unlock();
+        for (auto &t : ts) {
+            if (t.get_id() == std::this_thread::get_id())
+                t.detach(); /* the group's last reference went in a continuation */
+            else
+                t.join();
+        }
+        g.lock();
+    }
+}
+
+void Completer::run()
+{
+    std::unique_lock<std::mutex> g(mu_);
+    for (;;) {
+        cv_.wait(g, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty())
+            return;
+        auto item = queue_.front();
+        queue_.pop_front();
+        if (--idle_ == 0 && threads_.size() < kMaxThreads && !stopping_) {
+            idle_++;
+            threads_.emplace_back([this] { run(); });
+        }
+        g.unlock();
+        auto work = c10::intrusive_ptr<WorkTutti>::reclaim(item.first);
+        work->complete(item.second);
+        work.reset();
+        g.lock();
+        idle_++;
+    }
+}
+
+/* ---- WorkTutti ---- */
+
+WorkTutti::WorkTutti(int rank, c10d::OpType type, const char *name_,
+                     std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                     Completer *completer_)
+    : c10d::Work(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
+      timeout_(timeout), future_(c10::make_intrusive<c10::ivalue::Future>(
+                             c10::ListType::create(c10::TensorType::get())))
+{
+}
+
+WorkTutti::~WorkTutti()
+{
+    if (handle)
+        tutti_work_free(handle);
+}
+
+void WorkTutti::on_done(void *arg, int status)
+{
+    auto *work = static_cast<WorkTutti *>(arg);
+    work->completer->push(work, status);
+}
+
+void WorkTutti::complete(int status)
+{
+    std::exception_ptr err;
+    if (status == TUTTI_OK && finisher) {
+        try {
+            finisher();
+        } catch (...) {
+            err = std::current_exception();
+        }
+    } else if (status != TUTTI_OK) {
+        err = std::make_exception_ptr(
+            c10::Error(c10::str("tutti backend: ", name, " failed on rank ", rank_, ": ",
+                                tutti_status_name(status), ": ", tutti_work_error(handle)),
+                       ""));
+    }
+    finisher = nullptr;
+    buffers.clear();
+    finish(err);
+    if (err)
+        future_->setError(err);
+    else
+        future_->markCompleted(c10::IValue(outputs_));
+}
+
+bool WorkTutti::wait(std::chrono::milliseconds timeout)
+{
+    /* By default the group's timeout, and a second more: the op's own deadline in tutti
+     * (the same timeout, from its start) then fails it first, naming the peer. */
+    if (timeout == kNoTimeout)
+        timeout = timeout_ + std::chrono::milliseconds(1000);
+    std::unique_lock<std::mutex> g(mutex_);
+    if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
+        TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, " not done after ",
+                    timeout.count(), " ms");
+    if (exception_)
+        std::rethrow_exception(exception_);
+    return true;
+}
+
+int WorkTutti::sourceRank() const
+{
+    int src = handle ? tutti_work_source(handle) : -1;
+    TORCH_CHECK(src >= 0, "tutti backend: ", name, " on rank ", rank_,
+                ": no source rank (not a finished receive)");
+    return src;
+}
+
+std::vector<at::Tensor> WorkTutti::result()
+{
+    return outputs_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkTutti::getFuture()
+{
+    return future_;
+}
+
+/* ---- ProcessGroupTutti: set-up ---- */
+
+ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                                     int size, std::chrono::milliseconds timeout)
+    : PGBase(rank, size), timeout_(timeout)
+{
+    tutti_comm_opts_t opts;
+    tutti_comm_opts_init(&opts);
+    const char *env_timeout = std::getenv("TUTTI_TIMEOUT_MS"); /* set on purpose: wins */
+    if (!env_timeout || !*env_timeout)
+        opts.timeout_ms = (int)std::min<int64_t>(timeout.count(), INT_MAX);
+    torch_store_ = store;
+    rendezvous(*store, &opts);
+    int st = tutti_comm_init(&comm_, store_, rank, size, &opts);
+    if (st != TUTTI_OK) {
+        std::string why = tutti_store_last_error(store_);
+        tutti_store_close(store_);
+        TORCH_CHECK(false, "tutti backend: rank ", rank, " of ", size,
+                    ": communicator set-up failed: ", tutti_status_name(st), " (", why, ")");
+    }
+#if TORCH_VERSION_MAJOR < 2
+    init();
+#endif
+}
+
+/* ---- torch's store as a tutti store (tutti_store_ops_t) ---- */
+
+namespace
+{
+
+/* Runs a c10d::Store call; a thrown error becomes TUTTI_ERR_STORE with its text, or
+ * TUTTI_ERR_TIMEOUT when keys (those waited for) are still missing after it. */
+template <class Fn>
+int store_call(c10d::Store *st, const std::vector<std::string> &keys, char *errbuf, size_t errlen,
+               Fn &&fn)
+{
+    try {
+        fn();
+        return TUTTI_OK;
+    } catch (const std::exception &e) {
+        const auto *ce = dynamic_cast<const c10::Error *>(&e);
+        snprintf(errbuf, errlen, "%s", ce ? ce->what_without_backtrace() : e.what());
+    }
+    try {
+        if (!keys.empty() && !st->check(keys))
+            return TUTTI_ERR_TIMEOUT;
+    } catch (const std::exception &) {
+    }
+    return TUTTI_ERR_STORE;
+}
+
+/* Waits for keys within timeout_ms (0: only looks, -1: a day) by polling check():
+ * TCPStore's own wait with a timeout leaves its reply unread on the connection when it
+ * times out, and the next call on the store then reads that reply as its own. */
+void store_wait(c10d::Store *st, const std::vector<std::string> &keys, int timeout_ms)
+{
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(timeout_ms < 0 ? 86400000 : timeout_ms);
+    auto pause = std::chrono::microseconds(200);
+    while (!st->check(keys)) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "not there after ", timeout_ms,
+                    " ms");
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    }
+}
+
+uint8_t *malloc_copy(const std::vector<uint8_t> &v, size_t *len_p)
+{
+    auto *p = static_cast<uint8_t *>(malloc(v.size() + 1));
+    TORCH_CHECK(p, "out of memory");
+    std::copy(v.begin(), v.end(), p);
+    p[v.size()] = 0;
+    *len_p = v.size();
+    return p;
+}
+
+const tutti_store_ops_t *torch_store_ops()
+{
+    static tutti_store_ops_t ops = [] {
+        tutti_store_ops_t o{};
+        o.size = sizeof(o);
+        o.set = [](void *ctx, const char *key, const void *value, size_t len, int, char *eb,
+                   size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            auto *v = static_cast<const uint8_t *>(value);
+            return store_call(st, {}, eb, el, [&] { st->set(key, { v, v + len }); });
+        };
+        o.get = [](void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms,
+                   char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, { key }, eb, el, [&] {
+                store_wait(st, { key }, timeout_ms);
+                *value_p = malloc_copy(st->get(key), len_p);
+            });
+        };
+        o.add = [](void *ctx, const char *key, int64_t delta, int64_t *result_p, int, char *eb,
+                   size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                int64_t r = st->add(key, delta);
+                if (result_p)
+                    *result_p = r;
+            });
+        };
+        o.compare_set = [](void *ctx, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, void **current_p, size_t *curlen_p,
+                           int, char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            auto *e = static_cast<const uint8_t *>(expected);
+            auto *d = static_cast<const uint8_t *>(desired);
+            std::vector<uint8_t> ev(e, e + elen), dv(d, d + dlen);
+            return store_call(st, {}, eb, el, [&] {
+                std::vector<uint8_t> cur = st->compareSet(key, ev, dv);
+                /* torch's stores answer `expected` for a missing key (a swap that took
+                 * place answers `desired`): the value after is then none */
+                if (elen && cur == ev && ev != dv)
+                    cur.clear();
+                if (current_p) {
+                    size_t n;
+                    *current_p = malloc_copy(cur, &n);
+                    if (curlen_p)
+                        *curlen_p = n;
+                }
+            });
+        };
+        o.check = [](void *ctx, const char *const *keys, size_t n, int *exists_p, int, char *eb,
+                     size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                *exists_p = st->check({ keys, keys + n }) ? 1 : 0;
+            });
+        };
+        o.del = [](void *ctx, const char *key, int *deleted_p, int, char *eb, size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            return store_call(st, {}, eb, el, [&] {
+                bool d = st->deleteKey(key);
+                if (deleted_p)
+                    *deleted_p = d ? 1 : 0;
+            });
+        };
+        o.wait = [](void *ctx, const char *const *keys, size_t n, int timeout_ms, char *eb,
+                    size_t el) {
+            auto *st = static_cast<c10d::Store *>(ctx);
+            std::vector<std::string> ks(keys, keys + n);
+            return store_call(st, ks, eb, el, [&] { store_wait(st, ks, timeout_ms); });
+        };
+        return o;
+    }();
+    return &ops;
+}
+
+} // namespace
+
+/* The communicator meets through torch's store for this group (a PrefixStore per group).
+ * The arrival counter numbers this group's instances on that store, and the job id
+ * taken from it keeps a re-created group's set-up apart from the last one's. */
+void ProcessGroupTutti::rendezvous(c10d::Store &store, tutti_comm_opts_t *opts)
+{
+    int64_t arrived = store.add("tutti/arrivals", 1);
+    std::string gen = std::to_string((arrived - 1) / size_);
+    int st = tutti_store_open_ops(&store_, torch_store_ops(), &store, "torch");
+    TORCH_CHECK(st == TUTTI_OK, "tutti backend: rank ", rank_,
+                ": cannot open torch's store: ", tutti_status_name(st));
+    tutti_store_set_timeout(store_, opts->timeout_ms);
+    const char *env_job = std::getenv("TUTTI_JOB_ID");
+    if (!env_job || !*env_job) {
+        job_id_ = "torch-" + gen;
+        opts->job_id = job_id_.c_str();
+    }
+}
+
+/* Without the GIL: the completer threads may need it to finish (Python continuations,
+ * Python objects the futures hold), and destroy_process_group drops the group with it. */
+ProcessGroupTutti::~ProcessGroupTutti()
+{
+    PyThreadState *py = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+    tutti_comm_destroy(comm_); /* the queued works' callbacks have run when it returns */
+    completer_.stop();
+    tutti_store_close(store_);
+    if (py)
+        PyEval_RestoreThread(py);
+}
+
+std::string ProcessGroupTutti::transport() const
+{
+    return tutti_comm_transport(comm_);
+}
+
+void ProcessGroupTutti::fail(const char *name, int status)
+{
+    TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": ", tutti_status_name(status),
+                ": ", tutti_comm_last_error(comm_));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, const char *name,
+                                                         std::vector<at::Tensor> outputs,
+                                                         std::vector<at::Tensor> buffers,
+                                                         std::function<void()> finisher,
+                                                         const Call &call)
+{
+    auto work = c10::make_intrusive<WorkTutti>(rank_, type, name, std::move(outputs), timeout_,
+                                               &completer_);
+    work->buffers = std::move(buffers);
+    work->finisher = std::move(finisher);
+    std::lock_guard<std::mutex> g(issue_mu_);
+    int st = call(&work->handle);
+    if (st != TUTTI_OK)
+        fail(name, st);
+    /* the callback's reference, given back by the completer */
+    WorkTutti *ref = c10::intrusive_ptr<WorkTutti>(work).release();
+    st = tutti_work_on_done(work->handle, WorkTutti::on_done, ref);
+    if (st != TUTTI_OK) {
+        c10::intrusive_ptr<WorkTutti>::reclaim(ref);
+        fail(name, st);
+    }
+    return work;
+}
+
+/* ---- collectives ---- */
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tensor> &tensors,
+                                                            const c10d::BroadcastOptions &opts)
+{
+    const at::Tensor &t = single(tensors, "broadcast");
+    check_root(opts.rootRank, size_, "broadcast");
+    tutti_dtype_t dt = to_dtype(t, "broadcast");
+    at::Tensor buf = contig(t);
+    return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf }, copy_back(t, buf),
+                  [&](tutti_work_t **w) {
+                      return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
+                                                   buf.numel(), dt, (int)opts.rootRank, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tensor> &tensors,
+                                                            const c10d::AllreduceOptions &opts)
+{
+    const at::Tensor &t = single(tensors, "allreduce");
+    tutti_dtype_t dt = to_dtype(t, "allreduce");
+    tutti_redop_t op = to_redop(opts.reduceOp, "allreduce");
+    at::Tensor buf = contig(t);
+    return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, { buf }, copy_back(t, buf),
+                  [&](tutti_work_t **w) {
+                      return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
+                                                   buf.numel(), dt, op, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
+    std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts)
+{
+    TORCH_CHECK(!tensors.empty(), "tutti backend: allreduce_coalesced: no tensors");
+    tutti_dtype_t dt = same_dtype(tensors, tensors[0], "allreduce_coalesced");
+    tutti_redop_t op = to_redop(opts.reduceOp, "allreduce_coalesced");
+    at::Tensor flat = flatten(tensors);
+    auto outs = tensors;
+    return launch(
+        c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, { flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, flat.data_ptr(), flat.numel(), dt,
+                                         op, w);
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor> &tensors,
+                                                         const c10d::ReduceOptions &opts)
+{
+    const at::Tensor &t = single(tensors, "reduce");
+    check_root(opts.rootRank, size_, "reduce");
+    tutti_dtype_t dt = to_dtype(t, "reduce");
+    tutti_redop_t op = to_redop(opts.reduceOp, "reduce");
+    at::Tensor buf = contig(t);
+    int root = (int)opts.rootRank;
+    return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf }, copy_back(t, buf),
+                  [&](tutti_work_t **w) {
+                      return tutti_reduce_async(comm_,
+                                                rank_ == root ? TUTTI_IN_PLACE : buf.data_ptr(),
+                                                rank_ == root ? buf.data_ptr() : nullptr,
+                                                buf.numel(), dt, op, root, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &)
+{
+    at::Tensor in = contig(single(inputs, "allgather"));
+    auto outs = rank_list(outputs, in, size_, "allgather");
+    tutti_dtype_t dt = to_dtype(in, "allgather");
+    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
+    return launch(
+        c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &output,
+                                                                  at::Tensor &input,
+                                                                  const c10d::AllgatherOptions &)
+{
+    check_cpu(input, "_allgather_base");
+    tutti_dtype_t dt = same_dtype({ output }, input, "_allgather_base");
+    TORCH_CHECK(output.numel() == size_ * input.numel(),
+                "tutti backend: _allgather_base: output of ", output.numel(), " elements, needs ",
+                size_, " x ", input.numel());
+    at::Tensor in = contig(input), out = contig(output);
+    return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", { output }, { in, out },
+                  copy_back(output, out), [&](tutti_work_t **w) {
+                      return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(), in.numel(),
+                                                   dt, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &)
+{
+    TORCH_CHECK(!inputs.empty(), "tutti backend: allgather_coalesced: no tensors");
+    tutti_dtype_t dt = same_dtype(inputs, inputs[0], "allgather_coalesced");
+    TORCH_CHECK((int)outputs.size() == size_, "tutti backend: allgather_coalesced: needs ", size_,
+                " output lists, got ", outputs.size());
+    std::vector<at::Tensor> outs;
+    for (const auto &list : outputs) {
+        TORCH_CHECK(list.size() == inputs.size(),
+                    "tutti backend: allgather_coalesced: an output "
+                    "list of ",
+                    list.size(), " tensors for ", inputs.size(), " inputs");
+        same_dtype(list, inputs[0], "allgather_coalesced");
+        for (size_t j = 0; j < list.size(); j++)
+            TORCH_CHECK(list[j].numel() == inputs[j].numel(),
+                        "tutti backend: allgather_coalesced: output and input sizes differ");
+        outs.insert(outs.end(), list.begin(), list.end());
+    }
+    at::Tensor in = flatten(inputs);
+    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
+    return launch(
+        c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outs, { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::GatherOptions &opts)
+{
+    at::Tensor in = contig(single(inputs, "gather"));
+    check_root(opts.rootRank, size_, "gather");
+    tutti_dtype_t dt = to_dtype(in, "gather");
+    int root = (int)opts.rootRank;
+    at::Tensor flat;
+    std::vector<at::Tensor> outs;
+    if (rank_ == root) {
+        outs = rank_list(outputs, in, size_, "gather");
+        flat = at::empty({ size_ * in.numel() }, in.options());
+    } else {
+        check_no_list(outputs, "gather");
+    }
+    std::function<void()> fin;
+    if (rank_ == root)
+        fin = [flat, outs]() mutable { unflatten(flat, 0, outs); };
+    return launch(c10d::OpType::GATHER, "gather", outs, { in, flat }, fin, [&](tutti_work_t **w) {
+        return tutti_gather_async(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
+                                  in.numel(), dt, root, w);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ScatterOptions &opts)
+{
+    const at::Tensor &o = single(outputs, "scatter");
+    check_root(opts.rootRank, size_, "scatter");
+    tutti_dtype_t dt = to_dtype(o, "scatter");
+    int root = (int)opts.rootRank;
+    at::Tensor flat;
+    if (rank_ == root)
+        flat = flatten(rank_list(inputs, o, size_, "scatter"));
+    else
+        check_no_list(inputs, "scatter");
+    at::Tensor out = contig(o);
+    return launch(c10d::OpType::SCATTER, "scatter", outputs, { flat, out }, copy_back(o, out),
+                  [&](tutti_work_t **w) {
+                      return tutti_scatter_async(comm_, flat.defined() ? flat.data_ptr() : nullptr,
+                                                 out.data_ptr(), out.numel(), dt, root, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ReduceScatterOptions &opts)
+{
+    const at::Tensor &o = single(outputs, "reduce_scatter");
+    tutti_dtype_t dt = to_dtype(o, "reduce_scatter");
+    tutti_redop_t op = to_redop(opts.reduceOp, "reduce_scatter");
+    at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = contig(o);
+    return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
+                  copy_back(o, out), [&](tutti_work_t **w) {
+                      return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
+                                                        out.numel(), dt, op, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
+    at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts)
+{
+    check_cpu(input, "_reduce_scatter_base");
+    tutti_dtype_t dt = same_dtype({ output }, input, "_reduce_scatter_base");
+    tutti_redop_t op = to_redop(opts.reduceOp, "_reduce_scatter_base");
+    TORCH_CHECK(input.numel() == size_ * output.numel(),
+                "tutti backend: _reduce_scatter_base: "
+                "input of ",
+                input.numel(), " elements, needs ", size_, " x ", output.numel());
+    at::Tensor in = contig(input), out = contig(output);
+    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", { output },
+                  { in, out }, copy_back(output, out), [&](tutti_work_t **w) {
+                      return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(),
+                                                        out.numel(), dt, op, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &output,
+                                                                at::Tensor &input,
+                                                                std::vector<int64_t> &outputSplits,
+                                                                std::vector<int64_t> &inputSplits,
+                                                                const c10d::AllToAllOptions &)
+{
+    check_cpu(input, "alltoall_base");
+    tutti_dtype_t dt = same_dtype({ output }, input, "alltoall_base");
+    std::vector<size_t> sc = split_counts(input, inputSplits, size_, "input");
+    std::vector<size_t> rc = split_counts(output, outputSplits, size_, "output");
+    TORCH_CHECK(total(sc) == (size_t)input.numel() && total(rc) == (size_t)output.numel(),
+                "tutti backend: alltoall_base: split sizes do not cover the tensors");
+    at::Tensor in = contig(input), out = contig(output);
+    return launch(c10d::OpType::ALLTOALL_BASE, "alltoall_base", { output }, { in, out },
+                  copy_back(output, out), [&](tutti_work_t **w) {
+                      return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr,
+                                                   out.data_ptr(), rc.data(), nullptr, dt, w);
+                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tensor> &outputs,
+                                                           std::vector<at::Tensor> &inputs,
+                                                           const c10d::AllToAllOptions &)
+{
+    TORCH_CHECK((int)inputs.size() == size_ && (int)outputs.size() == size_,
+                "tutti backend: alltoall: needs ", size_, " input and output tensors");
+    tutti_dtype_t dt = same_dtype(inputs, inputs[0], "alltoall");
+    same_dtype(outputs, inputs[0], "alltoall");
+    std::vector<size_t> sc, rc;
+    for (int i = 0; i < size_; i++) {
+        sc.push_back((size_t)inputs[i].numel());
+        rc.push_back((size_t)outputs[i].numel());
+    }
+    at::Tensor in = flatten(inputs);
+    at::Tensor flat = at::empty({ (int64_t)total(rc) }, in.options());
+    auto outs = outputs;
+    return launch(
+        c10d::OpType::ALLTOALL, "alltoall", outputs, { in, flat },
+        [flat, outs]() mutable { unflatten(flat, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr, flat.data_ptr(),
+                                         rc.data(), nullptr, dt, w);
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &tensors, int dst,
+                                                       int tag)
+{
+    at::Tensor buf = contig(single(tensors, "send"));
+    check_root(dst, size_, "send");
+    tutti_dtype_t dt = to_dtype(buf, "send");
+    return launch(c10d::OpType::SEND, "send", tensors, { buf }, nullptr, [&](tutti_work_t **w) {
+        return tutti_send_async(comm_, buf.data_ptr(), buf.numel(), dt, dst, (uint32_t)tag, w);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recv(std::vector<at::Tensor> &tensors, int src,
+                                                       int tag)
+{
+    check_root(src, size_, "recv");
+    return receive(c10d::OpType::RECV, "recv", tensors, src, tag);
+}
+
+/* The sender: Work::sourceRank(), from tutti_work_source. */
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recvAnysource(std::vector<at::Tensor> &tensors,
+                                                                int tag)
+{
+    return receive(c10d::OpType::RECVANYSOURCE, "recvAnysource", tensors, TUTTI_ANY_SOURCE, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, const char *name,
+                                                          std::vector<at::Tensor> &tensors, int src,
+                                                          int tag)
+{
+    const at::Tensor &t = single(tensors, name);
+    tutti_dtype_t dt = to_dtype(t, name);
+    at::Tensor buf = contig(t);
+    return launch(type, name, tensors, { buf }, copy_back(t, buf), [&](tutti_work_t **w) {
+        return tutti_recv_async(comm_, buf.data_ptr(), buf.numel(), dt, src, (uint32_t)tag, w);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOptions &)
+{
+    return launch(c10d::OpType::BARRIER, "barrier", {}, {}, nullptr,
+                  [&](tutti_work_t **w) { return tutti_barrier_async(comm_, w); });
+}
+
+/* Gloo's protocol: every rank reports to rank 0, which names the ranks that did not
+ * within the timeout (the first, or all of them with waitAllRanks), then releases them.
+ * A failed monitored barrier aborts the communicator: the receive it left posted cannot
+ * be taken back, so the group is unusable afterwards (as with gloo). */
+void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks)
+{
+    auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto left = [&] {
+        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        return std::max(d, std::chrono::milliseconds(1));
+    };
+    std::vector<at::Tensor> token = { at::zeros({ 1 }, at::kInt) };
+    if (rank_ != 0) {
+        try {
+            send(token, 0, kMonitorTag)->wait(left());
+            recv(token, 0, kMonitorTag)->wait(left());
+        } catch (const std::exception &e) {
+            tutti_comm_abort(comm_);
+            TORCH_CHECK(false, "tutti backend: rank ", rank_,
+                        ": monitoredBarrier: rank 0 did "
+                        "not release this rank within ",
+                        timeout.count(), " ms: ", e.what());
+        }
+        return;
+    }
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int r = 1; r < size_; r++) {
+        std::vector<at::Tensor> t = { at::zeros({ 1 }, at::kInt) };
+        works.push_back(recv(t, r, kMonitorTag));
+    }
+    std::vector<int> failed;
+    std::string cause;
+    for (int r = 1; r < size_ && (failed.empty() || waitAllRanks); r++) {
+        try {
+            works[r - 1]->wait(left());
+        } catch (const std::exception &e) {
+            failed.push_back(r);
+            if (cause.empty())
+                cause = e.what();
+        }
+    }
+    if (!failed.empty()) {
+        tutti_comm_abort(comm_);
+        std::string ranks;
+        for (int r : failed)
+            ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        TORCH_CHECK(false, failed.size() == 1 ? "Rank " : "Ranks ", ranks,
+                    " failed to pass monitoredBarrier in ", timeout.count(),
+                    " ms (tutti backend; first cause: ", cause, ")");
+    }
+    for (int r = 1; r < size_; r++)
+        works[r - 1] = send(token, r, kMonitorTag);
+    for (auto &w : works)
+        w->wait(left());
+}
+
+} // namespace tutti_torch

@@ -1,0 +1,171 @@
+/* ProcessGroupTutti: torch.distributed's c10d backend "tutti", one tutti communicator
+ * under a process group, for CPU tensors. Every collective is issued async; WorkTutti
+ * holds the tutti work handle and the buffers it uses, and is finished (results copied
+ * back, exception set, Future completed) by the group's Completer thread, never under
+ * tutti's lock. The base class is c10d::ProcessGroup on torch 1.x and c10d::Backend on
+ * torch >= 2 (the 2.x branch follows torch-ccl's and is not built here). */
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <tutti/tutti.h>
+
+namespace tutti_torch
+{
+
+#if TORCH_VERSION_MAJOR >= 2
+using PGBase = c10d::Backend;
+#else
+using PGBase = c10d::ProcessGroup;
+#endif
+
+class WorkTutti;
+
+/* The threads that finish works: tutti's completion callback only queues them here,
+ * since finishing runs Future continuations, which may issue collectives and wait for
+ * them (PowerSGD's hook does): while every thread is busy in one, another is started
+ * (up to kMaxThreads), so that a waiting continuation never holds up the completions
+ * it waits for. */
+class Completer
+{
+  public:
+    Completer();
+    ~Completer();
+    void push(WorkTutti *work, int status); /* takes over one reference */
+    void stop();                            /* finish what is queued, then end */
+
+  private:
+    static constexpr size_t kMaxThreads = 8;
+    void run();
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::pair<WorkTutti *, int>> queue_;
+    bool stopping_ = false;
+    size_t idle_ = 0;
+    std::vector<std::thread> threads_;
+};
+
+class WorkTutti : public c10d::Work
+{
+  public:
+    WorkTutti(int rank, c10d::OpType type, const char *name, std::vector<at::Tensor> outputs,
+              std::chrono::milliseconds timeout, Completer *completer);
+    ~WorkTutti() override;
+    bool wait(std::chrono::milliseconds timeout) override;
+    std::vector<at::Tensor> result() override;
+    int sourceRank() const override;
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+    void synchronize() override {}
+
+    /* Called once, on the completer thread, with the tutti status. */
+    void complete(int status);
+    static void on_done(void *arg, int status);
+
+    const char *name;
+    tutti_work_t *handle = nullptr;
+    std::vector<at::Tensor> buffers; /* what tutti reads and writes: kept alive */
+    std::function<void()> finisher;  /* copies results into the caller's tensors */
+    Completer *completer;
+
+  private:
+    std::vector<at::Tensor> outputs_;
+    std::chrono::milliseconds timeout_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class ProcessGroupTutti : public PGBase
+{
+  public:
+    ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                      std::chrono::milliseconds timeout);
+    ~ProcessGroupTutti() override;
+
+    const std::string getBackendName() const override
+    {
+        return "tutti";
+    }
+
+    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
+                                             const c10d::BroadcastOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
+                                             const c10d::AllreduceOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+        std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
+                                          const c10d::ReduceOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                                             std::vector<at::Tensor> &inputs,
+                                             const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
+                                                   const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                          std::vector<at::Tensor> &inputs,
+                                          const c10d::GatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                           std::vector<std::vector<at::Tensor>> &inputs,
+                                           const c10d::ScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
+                                                  std::vector<std::vector<at::Tensor>> &inputs,
+                                                  const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+        at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> &outputSplits,
+                                                 std::vector<int64_t> &inputSplits,
+                                                 const c10d::AllToAllOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs,
+                                            std::vector<at::Tensor> &inputs,
+                                            const c10d::AllToAllOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dst,
+                                        int tag) override;
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src,
+                                        int tag) override;
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors,
+                                                 int tag) override;
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
+    void monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks) override;
+
+    std::string transport() const;
+
+  private:
+    using Call = std::function<int(tutti_work_t **)>;
+    c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char *name,
+                                          std::vector<at::Tensor> outputs,
+                                          std::vector<at::Tensor> buffers,
+                                          std::function<void()> finisher, const Call &call);
+    c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, const char *name,
+                                           std::vector<at::Tensor> &tensors, int src, int tag);
+    void rendezvous(c10d::Store &store, tutti_comm_opts_t *opts);
+    [[noreturn]] void fail(const char *name, int status);
+
+    std::chrono::milliseconds timeout_;
+    std::mutex issue_mu_; /* one caller at a time in tutti (last_error is per comm) */
+    c10::intrusive_ptr<c10d::Store> torch_store_; /* behind store_ */
+    tutti_store_t *store_ = nullptr;
+    tutti_comm_t *comm_ = nullptr;
+    std::string job_id_;
+    Completer completer_;
+};
+
+} // namespace tutti_torch
