@@ -56,14 +56,14 @@ test)
     build build
     meson test -C build --print-errorlogs
     # Sanitizers: the same suite, with the big cases shrunk (TT_TEST_QUICK) for time.
-    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dpeers=disabled
+    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dpeers=disabled -Dtorch=disabled
     TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --timeout-multiplier 3
     # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds (tcp only:
     # gcc's TSan refuses the shm transport's fences); only that suite is built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
-        -Db_lundef=false -Dpeers=disabled -Dtransports=tcp
+        -Db_lundef=false -Dpeers=disabled -Dtorch=disabled -Dtransports=tcp
     ninja -C build-tsan tests/test_fuser
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
         meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser
@@ -73,7 +73,7 @@ test)
     if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
         install_deps "${FUZZ_PKGS[@]}"
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
-            -Dpeers=disabled -Db_lundef=false -Dtests=false
+            -Dpeers=disabled -Dtorch=disabled -Db_lundef=false -Dtests=false
         ninja -C build-fuzz fuzz/fuzz_store_server fuzz/fuzz_tcp_hello fuzz/fuzz_tcp_frames \
             fuzz/fuzz_shm_ring fuzz/fuzz_ib_wire
         for f in fuzz_store_server fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring fuzz_ib_wire; do

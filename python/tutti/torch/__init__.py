@@ -15,6 +15,8 @@ import torch.distributed as _dist  # before _C: its pybind types are _C's bases
 
 from . import _C
 
+from .fused import FusedDataParallel  # noqa: E402,F401 (tutti's own fuser for DDP-style training)
+
 ProcessGroupTutti = _C.ProcessGroupTutti
 BACKEND = "tutti"
 
