@@ -5,7 +5,7 @@ Prints one line of JSON: the median step time (ms) over the timed steps, as the 
 rank saw each step.
 
   ddp_bench.py --backend gloo|tutti [--fused] [-np N] [--steps S] [--warmup W]
-               [--transport shm|tcp]
+               [--transport shm|tcp] [--batch B (default 8)]
 
 --fused: tutti.torch.FusedDataParallel (tutti's own fuser) instead of torch's DDP on the
 tutti backend. Run with PYTHONPATH=build/python and /usr/bin/python3."""
@@ -41,7 +41,7 @@ def rank_main(a, rank, port, q):
     else:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x, y = torch.randn(32, 560), torch.randn(32, 560)
+    x, y = torch.randn(a.batch, 560), torch.randn(a.batch, 560)
     times = torch.zeros(a.steps, dtype=torch.float64)
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -72,6 +72,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--transport", default="shm")
+    p.add_argument("--batch", type=int, default=8)
     a = p.parse_args()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
