@@ -10,14 +10,14 @@ rank saw each step.
 --fused: tutti.torch.FusedDataParallel (tutti's own fuser) instead of torch's DDP on the
 tutti backend. Run with PYTHONPATH=build/python and /usr/bin/python3."""
 import argparse
-import json
-import multiprocessing as mp
 import os
-import socket
 import time
 
+from forkranks import run_ranks
 
-def rank_main(a, rank, port, q):
+
+def rank_main(a, rank, q):
+    port = a.port
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -64,7 +64,6 @@ def rank_main(a, rank, port, q):
 
 
 def main():
-    import tempfile
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="tutti", choices=["tutti", "gloo"])
     p.add_argument("--fused", action="store_true")
@@ -74,24 +73,7 @@ def main():
     p.add_argument("--transport", default="shm")
     p.add_argument("--batch", type=int, default=8)
     a = p.parse_args()
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="ddp-bench-") as d:
-        a.dir = d
-        procs = [ctx.Process(target=rank_main, args=(a, r, port, q)) for r in range(a.np)]
-        for pr in procs:
-            pr.start()
-        try:
-            print(json.dumps(q.get(timeout=900)))
-        finally:
-            for pr in procs:
-                pr.join(60)
-                if pr.is_alive():
-                    pr.kill()
-
+    run_ranks(rank_main, a, a.np, 900)
 
 if __name__ == "__main__":
     main()

@@ -10,17 +10,16 @@ tutti: the Python package (tutti.Communicator.allreduce, in place, float32).
 torch-*: torch.distributed.all_reduce of a float32 tensor on the named backend.
 Run with PYTHONPATH=build/python and /usr/bin/python3."""
 import argparse
-import json
-import multiprocessing as mp
 import os
-import socket
-import tempfile
 import time
 
 import numpy as np
 
+from forkranks import run_ranks
 
-def rank_main(a, rank, url, port, q):
+
+def rank_main(a, rank, q):
+    url, port = "file://" + a.dir, a.port
     os.environ.setdefault("TUTTI_SOCKET_IFNAME", "lo")
     n, w, count = a.n, a.w, max(1, a.bytes // 4)
     times = np.zeros(n, np.float64)
@@ -70,24 +69,7 @@ def main():
     p.add_argument("-w", type=int, default=200)
     p.add_argument("--transport", default="shm")
     a = p.parse_args()
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="py-bench-") as d:
-        procs = [ctx.Process(target=rank_main, args=(a, r, "file://" + d, port, q))
-                 for r in range(a.np)]
-        for pr in procs:
-            pr.start()
-        try:
-            print(json.dumps(q.get(timeout=600)))
-        finally:
-            for pr in procs:
-                pr.join(30)
-                if pr.is_alive():
-                    pr.kill()
-
+    run_ranks(rank_main, a, a.np, 600)
 
 if __name__ == "__main__":
     main()

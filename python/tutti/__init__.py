@@ -444,46 +444,43 @@ class Communicator(_Handle):
         bufs = [b for b in (o, i) if b is not None]
         return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, _op(op)), async_op)
 
+    def _rooted(self, what, mine, mine_writes, roots, root, dtype, times=None):
+        """Every rank's buffer (gather's input, scatter's output) and the root's other one
+        (None elsewhere), which must hold `times` x mine when times is given."""
+        sides = ("output", "input") if mine_writes else ("input", "output")
+        m = Buffer(mine, f"{what}'s {sides[0]}", mine_writes, dtype)
+        if self.rank != root:
+            return m, None, [m]
+        r = Buffer(roots, f"{what}'s {sides[1]}", not mine_writes, m.dtype)
+        if times is not None:
+            self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}", (m,))
+        return m, r, [m, r]
+
+    def _layout(self, r, counts, displs):
+        if r is None:
+            return None, None, None
+        return r.ptr, _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+
     def gather(self, buf, out=None, root=0, dtype=None, async_op=False):
         """Every rank's buf into root's out (size x buf), in rank order."""
-        i = Buffer(buf, "gather's input", False, dtype)
-        bufs, rp = [i], None
-        if self.rank == root:
-            o = Buffer(out, "gather's output", True, i.dtype)
-            bufs.append(o)
-            self._expect(o, i.nbytes * self.size, "gather's output", (i,))
-            rp = o.ptr
+        i, o, bufs = self._rooted("gather", buf, False, out, root, dtype, self.size)
+        rp = o.ptr if o else None
         return self._run("gather", bufs, (i.ptr, rp, i.count, i.dtype, root), async_op)
 
     def gatherv(self, buf, out, counts, displs=None, root=0, dtype=None, async_op=False):
-        i = Buffer(buf, "gatherv's input", False, dtype)
-        bufs, rp, c, d = [i], None, None, None
-        if self.rank == root:
-            o = Buffer(out, "gatherv's output", True, i.dtype)
-            bufs.append(o)
-            rp = o.ptr
-            c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        i, o, bufs = self._rooted("gatherv", buf, False, out, root, dtype)
+        rp, c, d = self._layout(o, counts, displs)
         return self._run("gatherv", bufs, (i.ptr, i.count, rp, c, d, i.dtype, root), async_op)
 
     def scatter(self, buf, out, root=0, dtype=None, async_op=False):
         """Block r of root's buf (size x out) to rank r's out."""
-        o = Buffer(out, "scatter's output", True, dtype)
-        bufs, sp = [o], None
-        if self.rank == root:
-            i = Buffer(buf, "scatter's input", False, o.dtype)
-            bufs.append(i)
-            self._expect(i, o.nbytes * self.size, "scatter's input", (o,))
-            sp = i.ptr
+        o, i, bufs = self._rooted("scatter", out, True, buf, root, dtype, self.size)
+        sp = i.ptr if i else None
         return self._run("scatter", bufs, (sp, o.ptr, o.count, o.dtype, root), async_op)
 
     def scatterv(self, buf, counts, out, displs=None, root=0, dtype=None, async_op=False):
-        o = Buffer(out, "scatterv's output", True, dtype)
-        bufs, sp, c, d = [o], None, None, None
-        if self.rank == root:
-            i = Buffer(buf, "scatterv's input", False, o.dtype)
-            bufs.append(i)
-            sp = i.ptr
-            c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        o, i, bufs = self._rooted("scatterv", out, True, buf, root, dtype)
+        sp, c, d = self._layout(i, counts, displs)
         return self._run("scatterv", bufs, (sp, c, d, o.ptr, o.count, o.dtype, root), async_op)
 
     def alltoall(self, buf, out=None, dtype=None, async_op=False):
