@@ -210,3 +210,31 @@ def test_split():
     got = run(body, 4)
     # color 0: ranks 0, 2 (keys 0, -2: rank 2 first); color 1: ranks 1, 3
     assert got == [(1, 2, 2, 3, 3), (1, 2, 4, 3, 3), (0, 2, 2, 3, 3), (0, 2, 4)]
+
+
+def _from_env_rank(rank, size, url, q):
+    import os
+    os.environ.update({"TUTTI_RANK": str(rank), "TUTTI_WORLD_SIZE": str(size),
+                       "TUTTI_STORE": url, "TUTTI_JOB_ID": "from-env-test"})
+    with tutti.Communicator.from_env() as comm:
+        a = np.full(3, comm.rank + 1, np.int32)
+        comm.allreduce(a)
+        q.put((comm.rank, comm.size, a.tolist()))
+
+
+def test_from_env(tmp_path):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_from_env_rank, args=(r, 3, f"file://{tmp_path}", q))
+             for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q.get(timeout=30) for _ in range(3))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert got == [(r, 3, [6, 6, 6]) for r in range(3)]
