@@ -43,6 +43,8 @@ def bad_arguments(comm):
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, np.zeros(8, np.int32)), "f32", "i32")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, op="band"), "band")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, dtype="f64"), "8-byte")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, dtype=99), "not a tutti dtype")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(a, dtype="f128"), "unknown dtype")
     expect(TypeError, lambda: comm.allreduce(3.5), "neither a buffer")
     expect(tutti.InvalidArgError, lambda: comm.broadcast(a, root=comm.size), "root")
     expect(tutti.InvalidArgError, lambda: comm.allgather(a, np.zeros(3, np.float32)), "bytes")

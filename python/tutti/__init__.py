@@ -33,7 +33,7 @@ _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 def _close_all():
     for c in list(_live_comms):
         c.destroy()
-    for s in list(_live_stores):
+    for s in sorted(_live_stores, key=lambda s: s._base is None):  # views before bases
         s.close()
 
 
@@ -97,12 +97,12 @@ class Store(_Handle):
                                 f"{_lib_.tutti_strerror(st).decode()} (stores are file:///dir or "
                                 "tcp://host:port; TUTTI_DEBUG=info logs the cause)")
         self._h = h
-        self._base = None
         _live_stores.add(self)
 
     @classmethod
     def _view(cls, base, prefix):
         self = cls.__new__(cls)
+        self._h = self._base = None
         h = ctypes.c_void_p()
         st = _lib_.tutti_store_open_prefixed(ctypes.byref(h), base._handle(), prefix.encode())
         if st < 0:
@@ -357,8 +357,6 @@ class Communicator(_Handle):
         w = ctypes.c_void_p()
         st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
         if st < 0:
-            for b in bufs:
-                b.release()
             raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
         return Work(w, bufs, self)
 
@@ -368,23 +366,15 @@ class Communicator(_Handle):
         out = Buffer(recv, f"{what}'s output", True, dtype)
         if send is None or send is recv:
             return out, None, _lib.IN_PLACE
-        try:
-            inp = Buffer(send, f"{what}'s input", False, dtype)
-        except Exception:
-            out.release()
-            raise
+        inp = Buffer(send, f"{what}'s input", False, dtype)
         if dtype is None and inp.dtype != out.dtype:
-            inp.release(), out.release()
             raise InvalidArgError(f"tutti: {what}'s input is {_name(inp.dtype)} and its "
                                   f"output {_name(out.dtype)}")
         return out, inp, inp.ptr
 
     @staticmethod
-    def _expect(buf, nbytes, what, others=()):
+    def _expect(buf, nbytes, what):
         if buf is not None and buf.nbytes != nbytes:
-            for b in (buf,) + tuple(others):
-                if b is not None:
-                    b.release()
             raise InvalidArgError(f"tutti: {what} holds {buf.nbytes} bytes, the call "
                                   f"needs {nbytes}")
 
@@ -394,7 +384,7 @@ class Communicator(_Handle):
             o, i, sp = self._pair(None, buf, dtype, "allreduce")
         else:
             o, i, sp = self._pair(buf, out, dtype, "allreduce")
-            self._expect(i, o.nbytes, "allreduce's input", (o,))
+            self._expect(i, o.nbytes, "allreduce's input")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("allreduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op)
 
@@ -414,14 +404,14 @@ class Communicator(_Handle):
             rp = i.ptr if self.rank == root else None
             return self._run("reduce", [i], (sp, rp, i.count, i.dtype, _op(op), root), async_op)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
-        self._expect(i, o.nbytes, "reduce's input", (o,))
+        self._expect(i, o.nbytes, "reduce's input")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op), root), async_op)
 
     def allgather(self, buf, out, dtype=None, async_op=False):
         """Every rank's buf, in rank order, into every rank's out (size x buf)."""
         o, i, sp = self._pair(buf, out, dtype, "allgather")
-        self._expect(o, i.nbytes * self.size, "allgather's output", (i,))
+        self._expect(o, i.nbytes * self.size, "allgather's output")
         return self._run("allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
 
     def allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
@@ -433,7 +423,7 @@ class Communicator(_Handle):
     def reduce_scatter(self, buf, out, op="sum", dtype=None, async_op=False):
         """Rank r gets the reduction of every rank's block r of buf (size x out)."""
         o, i, sp = self._pair(buf, out, dtype, "reduce_scatter")
-        self._expect(i, o.nbytes * self.size, "reduce_scatter's input", (o,))
+        self._expect(i, o.nbytes * self.size, "reduce_scatter's input")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("reduce_scatter", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)),
                          async_op)
@@ -453,7 +443,7 @@ class Communicator(_Handle):
             return m, None, [m]
         r = Buffer(roots, f"{what}'s {sides[1]}", not mine_writes, m.dtype)
         if times is not None:
-            self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}", (m,))
+            self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}")
         return m, r, [m, r]
 
     def _layout(self, r, counts, displs):
@@ -489,9 +479,8 @@ class Communicator(_Handle):
             o, i, sp = self._pair(None, buf, dtype, "alltoall")
         else:
             o, i, sp = self._pair(buf, out, dtype, "alltoall")
-            self._expect(i, o.nbytes, "alltoall's input", (o,))
+            self._expect(i, o.nbytes, "alltoall's input")
         if o.count % self.size:
-            o.release(), i and i.release()
             raise InvalidArgError(f"tutti: alltoall's buffer of {o.count} elements does not "
                                   f"split into {self.size} blocks")
         bufs = [b for b in (o, i) if b is not None]
@@ -517,6 +506,10 @@ class Communicator(_Handle):
         Work whose source says it once done."""
         b = Buffer(buf, "recv's buffer", True, dtype)
         peer = _lib.ANY_SOURCE if peer is None else peer
+        if not async_op and peer != _lib.ANY_SOURCE:
+            self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), False)
+            return peer
+        # the blocking C call cannot say who sent: an async one and its work can
         w = self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), True)
         if async_op:
             return w

@@ -7,32 +7,35 @@ import sys
 from . import _lib
 from ._errors import InvalidArgError
 
-# tutti_dtype_t values by name, from the library's own names (TUTTI_INT8 = 0 ...).
-_DTYPE_NAMES = ["i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64"]
-
-
 def dtype_of(name):
-    """A dtype given as a tutti name ("f32", "bf16", "float" ...) or a NumPy/torch dtype."""
+    """A dtype given as a tutti name or one of the library's spellings ("f32", "bf16",
+    "float32", "half" ...), a NumPy/torch dtype, or a tutti_dtype_t value."""
     if isinstance(name, int):
+        if not 0 <= name < len(_DTYPE_NAMES):
+            raise InvalidArgError(f"tutti: {name} is not a tutti dtype value")
         return name
     text = str(name)
     for prefix in ("torch.", "numpy."):
         if text.startswith(prefix):
             text = text[len(prefix):]
-    aliases = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-               "int8": "i8", "uint8": "u8", "int32": "i32", "int64": "i64",
-               "float": "f32", "double": "f64", "half": "f16", "int": "i32", "long": "i64"}
-    text = aliases.get(text, text)
     out = ctypes.c_int()
     if _lib.lib.tutti_dtype_parse(text.encode(), ctypes.byref(out)) < 0:
         raise InvalidArgError(f"tutti: unknown dtype {name!r}")
     return out.value
 
 
+# The library's dtypes: names and sizes by tutti_dtype_t value (it names an invalid one "?").
+_DTYPE_NAMES = []
+while _lib.lib.tutti_dtype_name(len(_DTYPE_NAMES)) != b"?":
+    _DTYPE_NAMES.append(_lib.lib.tutti_dtype_name(len(_DTYPE_NAMES)).decode())
+_SIZES = [_lib.lib.tutti_dtype_size(d) for d in range(len(_DTYPE_NAMES))]
+
 # struct format characters (PEP 3118) by item size -> dtype.
-_FORMATS = {("b", 1): 0, ("B", 1): 1, ("c", 1): 1, ("i", 4): 2, ("l", 4): 2, ("q", 4): 2,
-            ("i", 8): 3, ("l", 8): 3, ("q", 8): 3, ("n", 8): 3, ("e", 2): 4, ("f", 4): 6,
-            ("d", 8): 7}
+_FORMATS = {k: dtype_of(v) for k, v in {
+    ("b", 1): "int8", ("B", 1): "uint8", ("c", 1): "uint8", ("i", 4): "int32",
+    ("l", 4): "int32", ("q", 4): "int32", ("i", 8): "int64", ("l", 8): "int64",
+    ("q", 8): "int64", ("n", 8): "int64", ("e", 2): "float16", ("f", 4): "float32",
+    ("d", 8): "float64"}.items()}
 
 
 class Py_buffer(ctypes.Structure):
@@ -70,8 +73,9 @@ class DLTensor(ctypes.Structure):
 
 
 # DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4.
-_DL_DTYPES = {(0, 8): 0, (1, 8): 1, (0, 32): 2, (0, 64): 3, (2, 16): 4, (4, 16): 5,
-              (2, 32): 6, (2, 64): 7}
+_DL_DTYPES = {k: dtype_of(v) for k, v in {
+    (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64", (2, 16): "float16",
+    (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64"}.items()}
 _KDLCPU = 1
 
 
@@ -99,7 +103,6 @@ class Buffer:
         else:
             src_dtype, itemsize = self._from_other(obj, what, writable)
         if dtype is None:
-
             if src_dtype is None:
                 self._hold = None
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
@@ -186,7 +189,6 @@ class Buffer:
         self._hold = None
 
 
-_SIZES = [_lib.lib.tutti_dtype_size(d) for d in range(len(_DTYPE_NAMES))]
 _TORCH_DTYPES = {}
 _TORCH = []
 
@@ -198,8 +200,7 @@ def _torch_tensor():
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return None
-    names = {"int8": 0, "uint8": 1, "int32": 2, "int64": 3, "float16": 4, "bfloat16": 5,
-             "float32": 6, "float64": 7}
-    _TORCH_DTYPES.update({getattr(torch, n): d for n, d in names.items()})
+    names = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+    _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names})
     _TORCH.append(torch.Tensor)
     return torch.Tensor
