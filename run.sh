@@ -80,7 +80,7 @@ test)
             mkdir -p "build-fuzz/corpus-$f"
             (cd build-fuzz && "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-30}" \
                 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
-                "../fuzz/corpus/$f" 2>&1 | grep -v -e ' NEW ' -e ' REDUCE ' -e 'Uses:')
+                "../fuzz/corpus/$f" 2>&1 | grep -v -E '(NEW|REDUCE) +cov:|Uses:')
         done
     fi
     # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs
