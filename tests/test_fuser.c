@@ -23,6 +23,7 @@
 #include "ref.h"       /* mix64, ref_half_to_float, ref_bf16_to_float, is_float */
 #include "base/base.h" /* tt_exec_defer */
 #include "core/stage.h"
+#include "core/state.h" /* the executor's deferral guess */
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -1096,6 +1097,80 @@ static int rank_progress(int rank, int nranks, tutti_comm_t *comm, const char *d
     return 0;
 }
 
+/* The executor's guess: async ops waited for at once get the next one deferred (left to
+ * the waiter); a guessed deferral nobody waits for, or one another op queues behind,
+ * turns the guess off and still completes. Rank 0 checks its own executor's state and
+ * blocks (bounded) on a store key that rank 1 sets after waiting for the op rank 0
+ * issued and left alone: only the progress thread can have run rank 0's side. */
+static int guessed(tutti_work_t *w)
+{
+    pthread_mutex_lock(&w->comm->q_lock);
+    int g = w->guessed;
+    pthread_mutex_unlock(&w->comm->q_lock);
+    return g;
+}
+
+static int rank_guess(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != TUTTI_OK, "store");
+    int32_t v = 1, u = 1;
+    tutti_work_t *w, *w2;
+    for (int i = 0; i < 4; i++) { /* issue + wait at once: the guess turns on */
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM, &w),
+                "async");
+        FAIL_IF(rank == 0 && i > 0 && !guessed(w), "op %d not deferred after prompt waits", i);
+        FAIL_IF(tutti_wait(w, -1) != TUTTI_OK, "wait: %s", tutti_work_error(w));
+        tutti_work_free(w);
+    }
+    FAIL_IF(v != 16, "4 sums of 2 ranks from 1: got %d", v);
+    for (int how = 0; how < 2; how++) {
+        char key[32];
+        snprintf(key, sizeof(key), "guess/%d", how);
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM, &w),
+                "async");
+        FAIL_IF(tutti_wait(w, -1) != TUTTI_OK, "wait"); /* the guess on again */
+        tutti_work_free(w);
+        double t0 = th_now_ms();
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM, &w),
+                "async");
+        FAIL_IF(rank == 0 && !guessed(w), "how %d: not deferred", how);
+        w2 = NULL;
+        if (how == 1) /* a second op behind the guessed one (DDP's next bucket) */
+            FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &u, 1, TUTTI_INT32, TUTTI_SUM,
+                                          &w2),
+                    "async");
+        if (rank == 0) {
+            void *val = NULL;
+            size_t len;
+            int st = tutti_store_get(store, key, &val, &len, 15000);
+            free(val);
+            FAIL_IF(st != TUTTI_OK || th_now_ms() - t0 > 3000,
+                    "how %d: rank 1's wait ended only after %.0f ms (%s): rank 0's guessed "
+                    "deferral made no progress",
+                    how, th_now_ms() - t0, tutti_strerror(st));
+            pthread_mutex_lock(&comm->q_lock);
+            int on = comm->defer_guess;
+            pthread_mutex_unlock(&comm->q_lock);
+            FAIL_IF(on, "how %d: the guess is still on after a deferral nobody waited for", how);
+        }
+        FAIL_IF(tutti_wait(w, -1) != TUTTI_OK, "wait: %s", tutti_work_error(w));
+        if (w2)
+            FAIL_IF(tutti_wait(w2, -1) != TUTTI_OK, "wait: %s", tutti_work_error(w2));
+        if (rank == 1)
+            FAIL_IF(tutti_store_set(store, key, "1", 1) != TUTTI_OK, "set");
+        tutti_work_free(w);
+        tutti_work_free(w2);
+    }
+    FAIL_IF(v != 16 * 16 || u != 2, "got %d and %d, want %d and 2", v, u, 16 * 16);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(guess, th_run(2, rank_guess, NULL, 60000))
+
 /* The coalesced calls' staging buffers stay on the communicator: a small call that
  * borrows the big buffers gives them back with their real size, so the next big call
  * reuses them (fresh pages cost more than broadcasting them). */
@@ -1207,6 +1282,7 @@ static Suite *fuse_suite(void)
     tcase_add_loop_test(tc, many_small, 0, 8);
     tcase_add_test(tc, defer);
     tcase_add_test(tc, progress_without_wait);
+    tcase_add_test(tc, guess);
     tcase_add_test(tc, stage_cache);
     tcase_add_test(tc, bad_args);
     tcase_add_test(tc, bad_args_comm);

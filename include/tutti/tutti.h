@@ -121,6 +121,11 @@ typedef struct tutti_comm_opts {
                                   until its job instance is this old (default 250), so
                                   that another id-less job starting on the same store
                                   at about the same time is caught, not mixed in */
+    int defer_us;                /* TUTTI_DEFER_US: while the caller waits for its async
+                                  ops as soon as it issues them, they run on its own
+                                  thread when it waits (no hand-off to the progress
+                                  thread); the progress thread runs one nobody waited
+                                  for after this long (default 200; 0: never defer) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

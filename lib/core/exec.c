@@ -1,12 +1,17 @@
 /* The executor: operations run one at a time, in issue order. Whoever finds the queue
  * idle runs the next op itself (the caller of a blocking op, or a thread waiting on a
  * work handle), so a blocking collective never pays for a thread handoff; the progress
- * thread runs async ops nobody waits for. An async op issued while its thread defers
- * (tt_exec_defer) is queued without waking the progress thread (a wake-up alone cost
- * 20-30 us on a 2-core VM: the woken thread preempts the issuer): its issuer is about
- * to wait and runs it itself. So that it makes progress anyway, a communicator that has
- * deferred once keeps its progress thread ticking (TT_DEFER_TICK_MS) while idle: a
- * deferred op nobody started within TT_DEFER_NS is run at the next tick. */
+ * thread runs async ops nobody waits for. A deferred async op is queued without waking
+ * the progress thread (a wake-up alone cost 20-30 us on a 2-core VM: the woken thread
+ * preempts the issuer): its issuer is about to wait and runs it itself. An op is
+ * deferred when its thread says so (tt_exec_defer: the fuser's last bucket) or on a
+ * guess: the last async op was waited for within a quarter of the deferral of its issue
+ * (a framework's blocking call made of issue + wait, like torch's dist.all_reduce). A
+ * guessed deferral that nobody waited for, or that another async op queued behind,
+ * turns the guess off (DDP's buckets, which only their futures wait for, are issued
+ * undeferred again). So that a deferred op makes progress anyway, a communicator that
+ * has deferred once keeps its progress thread ticking (TT_DEFER_TICK_MS) while idle: a
+ * deferred op nobody started within opts.defer_us is run then. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +22,7 @@
 #include "coll/coll.h"
 #include "core/comm.h"
 
-/* How long the progress thread leaves a deferred op to a waiter (far more than the gap
- * between the fuser's last mark and its wait), and how often it looks for one. */
-#define TT_DEFER_NS 200000ull
+/* How often an idle progress thread looks for deferred ops. */
 #define TT_DEFER_TICK_MS 10
 
 static void work_unref(tutti_work_t *w)
@@ -394,6 +397,8 @@ void *tt_exec_worker_main(void *arg)
                 pthread_cond_timedwait(&comm->q_cv, &comm->q_lock, &ts);
                 continue;
             }
+            if (until && comm->q_head->guessed)
+                comm->defer_guess = 0; /* nobody waited for it: a wrong guess */
             run_head_locked(comm);
             continue;
         }
@@ -435,6 +440,11 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 {
     tutti_comm_t *comm = w->comm;
     pthread_mutex_lock(&comm->q_lock);
+    /* waited for at once, by a waiter that runs ops (done or not: the progress thread
+     * may have been quicker this time): defer the next async op */
+    if (deadline_ns == UINT64_MAX && w->issued_ns &&
+        tt_now_ns() - w->issued_ns < (uint64_t)comm->opts.defer_us * 250)
+        comm->defer_guess = 1;
     while (!atomic_load_explicit(&w->done, memory_order_acquire)) {
         /* Only an unbounded waiter runs ops itself: one with a deadline must be free to
          * return on time, so it leaves the running to the progress thread. */
@@ -487,9 +497,20 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     else
         comm->q_head = w;
     comm->q_tail = w;
-    int defer = work_p && defer_depth;
-    if (defer)
-        w->defer_until_ns = tt_now_ns() + TT_DEFER_NS;
+    int defer = 0;
+    if (work_p && comm->opts.defer_us > 0) {
+        w->issued_ns = tt_now_ns();
+        tutti_work_t *head = comm->q_head;
+        if (head != w && head->guessed && head->defer_until_ns) {
+            /* an op queued behind a guessed deferral: its issuer is not waiting yet */
+            head->defer_until_ns = 0;
+            comm->defer_guess = 0;
+        }
+        w->guessed = !defer_depth && comm->defer_guess && head == w;
+        defer = defer_depth || w->guessed;
+        if (defer)
+            w->defer_until_ns = w->issued_ns + (uint64_t)comm->opts.defer_us * 1000;
+    }
     /* a deferred op wakes nobody, but the communicator's first: that starts the ticks */
     if (!defer || !comm->defer_seen)
         pthread_cond_signal(&comm->q_cv);

@@ -11,6 +11,7 @@
 #define TT_DEFAULT_TIMEOUT_MS 30000
 #define TT_DEFAULT_SPIN_US 50
 #define TT_DEFAULT_CHUNK (1u << 20)
+#define TT_DEFAULT_DEFER_US 200
 
 int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 {
@@ -42,6 +43,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
     opts->checksum = tt_env("CHECKSUM");
     opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
+    opts->defer_us = tt_env_int("DEFER_US", TT_DEFAULT_DEFER_US);
     return TUTTI_OK;
 }
 
@@ -88,6 +90,8 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
         d.chunk_bytes = 4096;
     if (d.spin_us < 0)
         d.spin_us = 0;
+    if (d.defer_us < 0)
+        d.defer_us = 0;
     *dst = d;
     return TUTTI_OK;
 }

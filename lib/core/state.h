@@ -35,6 +35,8 @@ struct tutti_work {
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
+    uint64_t issued_ns;      /* async: when it was issued (exec.c's deferral guess) */
+    int guessed;             /* deferred on the guess, not by tt_exec_defer */
     /* tutti_work_on_done: bit 0 a callback is set, bit 1 the op completed; whichever side
      * sets its bit second calls the callback (exactly once, without a lock) */
     atomic_int cb_state;
@@ -115,6 +117,7 @@ struct tutti_comm {
     int executing;
     int stopping;
     int defer_seen; /* an op was issued deferred: the progress thread ticks */
+    int defer_guess; /* async ops are being waited for as soon as issued: defer the next */
     uint64_t next_seq;
     pthread_t worker;
     int worker_started;

@@ -63,6 +63,7 @@ class CommOpts(ctypes.Structure):
         ("auth_token_file", ctypes.c_char_p),
         ("checksum", ctypes.c_char_p),
         ("job_settle_ms", ctypes.c_int),
+        ("defer_us", ctypes.c_int),
     ]
 
 

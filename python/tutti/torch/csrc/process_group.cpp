@@ -263,7 +263,11 @@ WorkTutti::~WorkTutti()
 void WorkTutti::on_done(void *arg, int status)
 {
     auto *work = static_cast<WorkTutti *>(arg);
-    work->completer->push(work, status);
+    int unclaimed = kUnclaimed;
+    if (work->finishing_.compare_exchange_strong(unclaimed, kCompleterFinishes))
+        work->completer->push(work, status);
+    else
+        c10::intrusive_ptr<WorkTutti>::reclaim(work); /* the waiter, which holds one too */
 }
 
 void WorkTutti::complete(int status)
@@ -296,6 +300,12 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout)
      * (the same timeout, from its start) then fails it first, naming the peer. */
     if (timeout == kNoTimeout)
         timeout = timeout_ + std::chrono::milliseconds(1000);
+    /* A wait at least as long as the op's own deadline may run the op on this thread
+     * (tutti_wait without a bound does, when the op has not started) and finish it here,
+     * unless the completion callback came first. */
+    int unclaimed = kUnclaimed;
+    if (timeout >= timeout_ && finishing_.compare_exchange_strong(unclaimed, kWaiterFinishes))
+        complete(tutti_wait(handle, -1));
     std::unique_lock<std::mutex> g(mutex_);
     if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
         TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, " not done after ",

@@ -6,6 +6,7 @@
  * torch >= 2 (the 2.x branch follows torch-ccl's and is not built here). */
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -75,7 +76,9 @@ class WorkTutti : public c10d::Work
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
     void synchronize() override {}
 
-    /* Called once, on the completer thread, with the tutti status. */
+    /* Called once with the tutti status: on the thread that waits for the work if one
+     * waited before tutti finished it (then tutti ran the op on that thread too: no
+     * hand-off at all), else on a completer thread. */
     void complete(int status);
     static void on_done(void *arg, int status);
 
@@ -86,6 +89,8 @@ class WorkTutti : public c10d::Work
     Completer *completer;
 
   private:
+    enum { kUnclaimed, kWaiterFinishes, kCompleterFinishes };
+    std::atomic<int> finishing_{ kUnclaimed };
     std::vector<at::Tensor> outputs_;
     std::chrono::milliseconds timeout_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;

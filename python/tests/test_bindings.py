@@ -1,0 +1,53 @@
+"""The ctypes mirrors of tutti's option structs match the C headers field for field: the
+C init functions write sizeof(the C struct) bytes into them, so a field added in C and
+not here would be a buffer overrun, not an error."""
+import ctypes
+import os
+import re
+
+import pytest
+
+from tutti import _lib, fuse
+
+INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "include", "tutti")
+C_TYPES = {"size_t": ctypes.sizeof(ctypes.c_size_t), "int": ctypes.sizeof(ctypes.c_int),
+           "tutti_redop_t": ctypes.sizeof(ctypes.c_int)}
+
+
+def c_fields(header, struct):
+    """(name, size) of each field of `typedef struct <struct> {...}` in header."""
+    text = open(os.path.join(INCLUDE, header)).read()
+    body = re.search(r"typedef struct %s \{(.*?)\} %s_t;" % (struct, struct), text, re.S)
+    assert body, f"{struct} not found in {header}"
+    code = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
+    fields = []
+    for decl in filter(None, (d.strip() for d in code.split(";"))):
+        m = re.fullmatch(r"(.*?)(\**)\s*(\w+)", " ".join(decl.split()))
+        assert m, f"cannot read the field {decl!r} of {struct}"
+        ctype, ptr, name = m.group(1).strip(), m.group(2), m.group(3)
+        size = ctypes.sizeof(ctypes.c_void_p) if ptr or "*" in ctype else C_TYPES[ctype]
+        fields.append((name, size))
+    return fields
+
+
+@pytest.mark.parametrize("mirror,header,struct", [
+    (_lib.CommOpts, "tutti.h", "tutti_comm_opts"),
+    (_lib.StoreOpts, "store.h", "tutti_store_opts"),
+    (fuse.FuseOpts, "fuse.h", "tutti_fuse_opts"),
+])
+def test_option_structs_match_the_headers(mirror, header, struct):
+    want = c_fields(header, struct)
+    got = [(name, ctypes.sizeof(t)) for name, t in mirror._fields_]
+    assert got == want
+
+
+@pytest.mark.parametrize("mirror,init", [
+    (_lib.CommOpts, "tutti_comm_opts_init"),
+    (_lib.StoreOpts, "tutti_store_opts_init"),
+    (fuse.FuseOpts, "tutti_fuse_opts_init"),
+])
+def test_init_writes_the_size_the_mirror_has(mirror, init):
+    # room for a C struct larger than the mirror: a mismatch fails here, not in memory
+    buf = ctypes.create_string_buffer(ctypes.sizeof(mirror) + 256)
+    assert getattr(_lib.lib, init)(ctypes.cast(buf, ctypes.POINTER(mirror))) == 0
+    assert ctypes.cast(buf, ctypes.POINTER(mirror)).contents.size == ctypes.sizeof(mirror)
