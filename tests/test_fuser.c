@@ -1139,8 +1139,7 @@ static int rank_guess(int rank, int nranks, tutti_comm_t *comm, const char *dir,
         FAIL_IF(rank == 0 && !guessed(w), "how %d: not deferred", how);
         w2 = NULL;
         if (how == 1) /* a second op behind the guessed one (DDP's next bucket) */
-            FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &u, 1, TUTTI_INT32, TUTTI_SUM,
-                                          &w2),
+            FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &u, 1, TUTTI_INT32, TUTTI_SUM, &w2),
                     "async");
         if (rank == 0) {
             void *val = NULL;

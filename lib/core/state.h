@@ -116,7 +116,7 @@ struct tutti_comm {
     tutti_work_t *q_head, *q_tail;
     int executing;
     int stopping;
-    int defer_seen; /* an op was issued deferred: the progress thread ticks */
+    int defer_seen;  /* an op was issued deferred: the progress thread ticks */
     int defer_guess; /* async ops are being waited for as soon as issued: defer the next */
     uint64_t next_seq;
     pthread_t worker;
