@@ -18,7 +18,8 @@ label() {
 # median, min and max over repeats of the per-run p50. The Gloo allreduce algorithms
 # collapse into "gloo", the one with the lowest median per size (its name in algo).
 cells() {
-    sort -k1,1 -k2,2n -k3,3 -k4,4 -k5,5n -k6,6g "$results" | awk '
+    # a run whose check failed at a size does not count there (notes list it)
+    awk '$9 == "N/A" || $9 == 0' "$results" | sort -k1,1 -k2,2n -k3,3 -k4,4 -k5,5n -k6,6g | awk '
         function flush() {
             if (k == "") return
             split(k, f, " ")

@@ -28,7 +28,7 @@ transports="tcp shm"
 # Iterations by size, so that a full run stays under ~40 minutes on a 2-core VM: one
 # process per band, each band MIN..MAX by x4 with its timed and warm-up iterations.
 bands_std="4:64K:100:10 256K:4M:30:5 16M:64M:8:2"
-bands_big="4:64K:100:10 256K:4M:30:5 16M:64M:8:2 256M:256M:5:1"
+bands_big="4:64K:100:10 256K:4M:20:3 16M:64M:6:1 256M:256M:3:1"
 bands_quick="4:4:20:3 64K:64K:20:3 4M:4M:10:2 64M:64M:4:1"
 bands=$bands_std
 mode=std
@@ -128,9 +128,9 @@ band_sizes() {
 }
 
 # --- estimate ---------------------------------------------------------------------
-# Rough: per process 1.5 s to start and meet; per call 60 us plus the bytes a rank moves
-# (2x for allreduce) at 0.4 GB/s (measured on this 2-core VM under load, tcp and shm
-# alike: the cores, not the transport, bound it); two halves per size; 4 ranks ~2x.
+# Rough: per process 0.5 s to start and meet; per call 60 us plus the bytes a rank moves
+# (2x for allreduce) at 1 GB/s; two halves per size; 4 ranks ~2x (fitted to a --quick
+# run on a 2-core VM under load: 3.7 min for 304 processes).
 estimate_s() {
     local nsys=0 nruns=0 sec=0 n coll fam b
     for n in $ranks_list; do for coll in $colls; do for fam in $transports; do
@@ -141,8 +141,8 @@ estimate_s() {
             sec=$(band_sizes "$bmin" "$bmax" | awk -v it="$it" -v wu="$wu" -v n="$n" \
                 -v c="$coll" -v k="$nsys" -v r="$repeats" -v acc="$sec" '
                 { mul = (c == "allreduce" ? 2 : 1) * (n > 2 ? 2 : 1)
-                  t += 2 * (it + wu + 1) * (60e-6 + $1 * mul / 0.4e9) }
-                END { printf "%d", acc + (t + 1.5) * k * r }')
+                  t += 2 * (it + wu + 1) * (60e-6 + $1 * mul / 1e9) }
+                END { printf "%d", acc + (t + 0.5) * k * r }')
         done
     done; done; done
     echo "$nruns $sec"
