@@ -1,14 +1,21 @@
-// gloo-bench: the tutti-bench measurement against Gloo, for side-by-side runs.
+// gloo-bench: tutti-bench's measurement of Gloo's collectives, for side-by-side runs.
 //
-//   gloo-bench -np N --algo ring|ring_chunked|halving_doubling|bcube|broadcast|barrier
-//              [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [-t SECONDS]
+//   gloo-bench -np N [--coll NAME] [--algo ring|ring_chunked|halving_doubling|bcube]
+//              [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync]
+//              [-r ROOT] [-t SECONDS]
 //
 // Forks N ranks that meet through a gloo::rendezvous::FileStore in a temp dir (behind a
-// PrefixStore) and connect a full mesh with the tcp transport on 127.0.0.1. Gloo
-// collectives run in place, so only the in-place half of tutti-bench's columns is
-// printed. Each rank times every call; after the timed loop the per-iteration times are
-// reduced with MAX over ranks (a Gloo allreduce of doubles), and time/p50/p99 come from
-// those maxima, exactly like tutti-bench.
+// PrefixStore) and connect a full mesh with the tcp transport on 127.0.0.1. Float sum,
+// tutti-bench's columns, sizes, inputs and iteration structure (peer.h): per size an
+// out-of-place and an in-place half, WARMUP untimed calls then ITERS timed ones with no
+// barrier between them, the per-iteration times reduced with MAX over ranks after the
+// loop. Gloo's forms: allreduce (--algo), broadcast (one-to-all) and reduce_scatter
+// (halving-doubling) are in place, so their out-of-place half times a copy of send into
+// recv plus the in-place call (reduce_scatter leaves each rank's block at the start,
+// as MPI_IN_PLACE does). allgather (AllgatherRing) and alltoall are out of place; their
+// in-place half copies the input aside and makes the out-of-place call. (gloo::allgather,
+// the unbound-buffer API, stalls here: 4 MiB on 2 ranks, p50 0.1 to 0.8 s.) The
+// comparison tables use a half every system has natively.
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -21,181 +28,203 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <gloo/algorithm.h>
+#include <gloo/allgather_ring.h>
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier_all_to_all.h>
 #include <gloo/broadcast_one_to_all.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "peer.h"
+
 namespace {
 
 struct Config {
+    peer_cfg_t p = peer_default_cfg();
     int np = 2;
     std::string algo = "ring";
-    size_t min_bytes = 8;
-    size_t max_bytes = 64u << 20;
-    size_t factor = 2;
-    int iters = 20;
-    int warmup = 5;
-    bool check = false;
     int timeout_s = 600;
-    int root = 0;
 };
 
-const char *const kAlgos[] = {"ring", "ring_chunked", "halving_doubling", "bcube",
-                              "broadcast", "barrier"};
+const char *const kAlgos[] = {"ring", "ring_chunked", "halving_doubling", "bcube"};
 
 void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: gloo-bench [-np N] [--algo ALGO] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                  [-n ITERS] [-w WARMUP] [-c] [-r ROOT] [-t SECONDS]\n"
-            "  -np N          ranks to fork on this host (default 2)\n"
-            "  --algo ALGO    ring (default), ring_chunked, halving_doubling, bcube\n"
-            "                 (allreduce, float sum), broadcast (one-to-all), barrier\n"
-            "  -b, -e SIZE    smallest/largest message in bytes, K/M/G suffixes\n"
-            "                 (default 8 .. 64M)\n"
-            "  -f FACTOR      size multiplier between rows (default 2)\n"
-            "  -n ITERS       timed iterations per size (default 20)\n"
-            "  -w WARMUP      untimed iterations per size (default 5)\n"
-            "  -c, --check    verify results (#wrong); without it #wrong prints N/A\n"
-            "  -r ROOT        broadcast root (default 0)\n"
-            "  -t SECONDS     kill the ranks after this long (default 600)\n"
-            "Ranks rendezvous through a FileStore in a temp dir and talk over 127.0.0.1.\n");
+    fprintf(f, "usage: gloo-bench [-np N] [--algo ALGO] [-t SECONDS] [flags]\n"
+               "  -np N         ranks to fork on this host (default 2)\n"
+               "  --algo ALGO   allreduce algorithm: ring (default), ring_chunked,\n"
+               "                halving_doubling, bcube\n"
+               "  -t SECONDS    kill the ranks after this long (default 600)\n" PEER_FLAGS_USAGE
+               "Ranks rendezvous through a FileStore in a temp dir and talk over 127.0.0.1.\n");
 }
 
-bool parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return false;
-    unsigned long long mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end)
-        return false;
-    *out = (size_t)(v * mul);
-    return true;
-}
+using Ctx = std::shared_ptr<gloo::Context>;
 
-bool parse_int(const char *s, int *out, int min)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > 1 << 30)
-        return false;
-    *out = (int)v;
-    return true;
-}
+// One size's calls, set up (and their pairs' buffers registered) before the timed loop.
+struct Calls {
+    const Config &cfg;
+    int rank;
+    size_t c;
+    float *send, *recv;
+    std::unique_ptr<gloo::Algorithm> algo; // on recv (allgather: send to recv)
+    std::unique_ptr<gloo::AlltoallOptions> a2a;
 
-double now_us()
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-// Nearest-rank percentile of sorted values.
-double percentile(const std::vector<double> &sorted, double p)
-{
-    if (sorted.empty())
-        return 0.0;
-    size_t k = (size_t)std::ceil(p / 100.0 * (double)sorted.size());
-    if (k == 0)
-        k = 1;
-    return sorted[std::min(k, sorted.size()) - 1];
-}
-
-// Small integers, so float sums are exact and the reference is too.
-float input_value(int rank, size_t i)
-{
-    return (float)((rank * 7 + (int)(i % 13)) % 17);
-}
-
-bool is_allreduce(const std::string &algo)
-{
-    return algo == "ring" || algo == "ring_chunked" || algo == "halving_doubling" ||
-           algo == "bcube";
-}
-
-std::unique_ptr<gloo::Algorithm> make_algo(const Config &cfg,
-                                           const std::shared_ptr<gloo::Context> &ctx,
-                                           float *buf, int count)
-{
-    std::vector<float *> ptrs{buf};
-    if (cfg.algo == "ring")
-        return std::unique_ptr<gloo::Algorithm>(new gloo::AllreduceRing<float>(ctx, ptrs, count));
-    if (cfg.algo == "ring_chunked")
-        return std::unique_ptr<gloo::Algorithm>(
-            new gloo::AllreduceRingChunked<float>(ctx, ptrs, count));
-    if (cfg.algo == "halving_doubling")
-        return std::unique_ptr<gloo::Algorithm>(
-            new gloo::AllreduceHalvingDoubling<float>(ctx, ptrs, count));
-    if (cfg.algo == "bcube")
-        return std::unique_ptr<gloo::Algorithm>(new gloo::AllreduceBcube<float>(ctx, ptrs, count));
-    if (cfg.algo == "broadcast")
-        return std::unique_ptr<gloo::Algorithm>(
-            new gloo::BroadcastOneToAll<float>(ctx, ptrs, (size_t)count, cfg.root));
-    return std::unique_ptr<gloo::Algorithm>(new gloo::BarrierAllToAll(ctx));
-}
-
-void fill(const Config &cfg, int rank, float *buf, size_t count)
-{
-    for (size_t i = 0; i < count; i++)
-        buf[i] = (cfg.algo == "broadcast" && rank != cfg.root) ? -1.0f : input_value(rank, i);
-}
-
-long count_wrong(const Config &cfg, const float *buf, size_t count)
-{
-    long wrong = 0;
-    for (size_t i = 0; i < count; i++) {
-        float expect = 0.0f;
-        if (cfg.algo == "broadcast") {
-            expect = input_value(cfg.root, i);
-        } else {
-            for (int r = 0; r < cfg.np; r++)
-                expect += input_value(r, i);
+    Calls(const Config &cfg, const Ctx &ctx, size_t c, float *send, float *recv)
+        : cfg(cfg), rank(ctx->rank), c(c), send(send), recv(recv)
+    {
+        std::vector<float *> ptrs{recv};
+        const int n = cfg.np, ic = (int)c;
+        switch (cfg.p.coll) {
+        case PEER_ALLREDUCE: algo = make_allreduce(ctx, ptrs, ic); break;
+        case PEER_BROADCAST:
+            algo.reset(new gloo::BroadcastOneToAll<float>(ctx, ptrs, c, cfg.p.root));
+            break;
+        case PEER_REDUCE_SCATTER:
+            algo.reset(new gloo::ReduceScatterHalvingDoubling<float>(ctx, ptrs, n * ic,
+                                                                     std::vector<int>(n, ic)));
+            break;
+        case PEER_ALLGATHER:
+            algo.reset(new gloo::AllgatherRing<float>(ctx, std::vector<const float *>{send}, recv,
+                                                      ic));
+            break;
+        case PEER_ALLTOALL:
+            a2a.reset(new gloo::AlltoallOptions(ctx));
+            a2a->setInput(send, (size_t)n * c);
+            a2a->setOutput(recv, (size_t)n * c);
+            break;
+        default: algo.reset(new gloo::BarrierAllToAll(ctx)); break;
         }
-        if (buf[i] != expect)
-            wrong++;
     }
-    return wrong;
+
+    std::unique_ptr<gloo::Algorithm> make_allreduce(const Ctx &ctx, std::vector<float *> &ptrs,
+                                                    int ic)
+    {
+        gloo::Algorithm *a;
+        if (cfg.algo == "ring_chunked")
+            a = new gloo::AllreduceRingChunked<float>(ctx, ptrs, ic);
+        else if (cfg.algo == "halving_doubling")
+            a = new gloo::AllreduceHalvingDoubling<float>(ctx, ptrs, ic);
+        else if (cfg.algo == "bcube")
+            a = new gloo::AllreduceBcube<float>(ctx, ptrs, ic);
+        else
+            a = new gloo::AllreduceRing<float>(ctx, ptrs, ic);
+        return std::unique_ptr<gloo::Algorithm>(a);
+    }
+
+    void run(bool in_place)
+    {
+        const size_t n = (size_t)cfg.np;
+        switch (cfg.p.coll) {
+        case PEER_ALLGATHER: // in place: this rank's block copied out, then out of place
+            if (in_place)
+                memcpy(send, recv + (size_t)rank * c, c * sizeof(float));
+            break;
+        case PEER_ALLTOALL:
+            if (in_place) // the input is in recv: set it aside, as an in-place form would
+                memcpy(send, recv, n * c * sizeof(float));
+            gloo::alltoall(*a2a);
+            return;
+        case PEER_BROADCAST:
+            if (!in_place && rank == cfg.p.root)
+                memcpy(recv, send, c * sizeof(float));
+            break;
+        case PEER_ALLREDUCE:
+        case PEER_REDUCE_SCATTER:
+            if (!in_place)
+                memcpy(recv, send, peer_send_count(cfg.p.coll, cfg.np, c) * sizeof(float));
+            break;
+        default: break;
+        }
+        algo->run();
+    }
+
+};
+
+// In place over ranks: the per-iteration times by max, #wrong by sum.
+void reduce_over_ranks(const Ctx &ctx, std::vector<double> &times, long long *wrong_p)
+{
+    std::vector<double *> ptrs{times.data()};
+    gloo::AllreduceRing<double>(ctx, ptrs, (int)times.size(), gloo::ReductionFunction<double>::max)
+        .run();
+    if (*wrong_p < 0)
+        return;
+    double w = (double)*wrong_p;
+    std::vector<double *> wp{&w};
+    gloo::AllreduceRing<double>(ctx, wp, 1, gloo::ReductionFunction<double>::sum).run();
+    *wrong_p = (long long)w;
 }
 
-void print_header(const Config &cfg)
+// Time one half of a row, as tutti-bench's run_half does.
+void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &barrier,
+              bool in_place, std::vector<double> &times, peer_half_t *h)
 {
-    const char *coll = is_allreduce(cfg.algo) ? "allreduce"
-                       : cfg.algo == "broadcast" ? "broadcast" : "barrier";
-    printf("# gloo-bench: %s (%s), %d ranks, transport tcp (127.0.0.1), dtype float, op sum\n",
-           coll, cfg.algo.c_str(), cfg.np);
-    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks\n",
-           cfg.iters, cfg.warmup);
-    printf("#%60s %s\n", "", "in-place");
-    printf("#%11s %12s %6s %6s %5s %9s %8s %8s %7s %9s %9s\n", "size", "count", "type",
-           "redop", "root", "time", "algbw", "busbw", "#wrong", "p50", "p99");
-    printf("#%11s %12s %6s %6s %5s %9s %8s %8s %7s %9s %9s\n", "(B)", "(elements)", "", "",
-           "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+    const peer_cfg_t &p = cfg.p;
+    peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
+    for (int i = 0; i < p.warmup; i++)
+        calls.run(in_place);
+    for (int i = 0; i < p.iters; i++) {
+        if (p.sync)
+            barrier.run();
+        double t0 = now_us();
+        calls.run(in_place);
+        times[(size_t)i] = now_us() - t0;
+    }
+    long long wrong = -1;
+    if (p.check && p.coll != PEER_BARRIER) {
+        // Out of place the last timed call left the result; in place the buffer was
+        // reduced (or exchanged) over and over, so run once more on fresh input.
+        if (in_place || p.coll == PEER_BROADCAST) {
+            peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
+            // Gloo's rings write straight into the peer's buffer: a fast neighbour's
+            // data must not land before this rank's fill.
+            barrier.run();
+            calls.run(in_place);
+        }
+        wrong = peer_count_wrong(&p, ctx->rank, cfg.np, calls.c, calls.recv);
+    }
+    reduce_over_ranks(ctx, times, &wrong);
+    h->wrong = wrong;
+    peer_stats(times.data(), p.iters, h);
+}
+
+// Every size on a connected context; returns the number of wrong values.
+long long bench_sizes(const Config &cfg, const Ctx &ctx, float *send, float *recv)
+{
+    const peer_cfg_t &p = cfg.p;
+    const bool barrier = p.coll == PEER_BARRIER;
+    gloo::BarrierAllToAll sync_barrier(ctx);
+    std::vector<double> times((size_t)p.iters);
+    long long total_wrong = 0;
+    for (size_t size = barrier ? 0 : p.min_bytes; barrier || size <= p.max_bytes;
+         size *= p.factor) {
+        size_t c = peer_row_count(&p, cfg.np, size);
+        if (!barrier && c == 0)
+            continue;
+        Calls calls(cfg, ctx, c, send, recv);
+        peer_half_t h[2];
+        for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+            run_half(cfg, ctx, calls, sync_barrier, ip != 0, times, &h[ip]);
+            total_wrong += h[ip].wrong > 0 ? h[ip].wrong : 0;
+        }
+        if (ctx->rank == 0)
+            peer_print_row(&p, cfg.np, c, h);
+        if (barrier)
+            break;
+    }
+    return total_wrong;
 }
 
 int run_rank(const Config &cfg, const std::string &dir, int rank)
@@ -207,85 +236,22 @@ int run_rank(const Config &cfg, const std::string &dir, int rank)
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, cfg.np);
     ctx->setTimeout(std::chrono::seconds(cfg.timeout_s));
     ctx->connectFullMesh(store, dev);
-
-    const bool barrier = cfg.algo == "barrier";
-    const double factor = is_allreduce(cfg.algo) ? 2.0 * (cfg.np - 1) / cfg.np : 1.0;
-    if (rank == 0)
-        print_header(cfg);
-
-    double bw_sum = 0.0;
-    int bw_rows = 0;
-    long total_wrong = 0;
-    std::vector<double> times((size_t)cfg.iters);
-    std::vector<size_t> sizes;
-    if (barrier) {
-        sizes.push_back(0);
-    } else {
-        for (size_t size = cfg.min_bytes; size <= cfg.max_bytes; size *= cfg.factor)
-            if (size >= sizeof(float))
-                sizes.push_back(size);
-    }
-    for (size_t size : sizes) {
-        size_t count = size / sizeof(float);
-        size_t bytes = count * sizeof(float);
-        std::vector<float> buf(count ? count : 1);
-        fill(cfg, rank, buf.data(), count);
-        auto algo = make_algo(cfg, ctx, buf.data(), (int)count);
-        for (int i = 0; i < cfg.warmup; i++)
-            algo->run();
-        for (int i = 0; i < cfg.iters; i++) {
-            double t0 = now_us();
-            algo->run();
-            times[(size_t)i] = now_us() - t0;
-        }
-        long wrong = -1;
-        if (cfg.check && !barrier) {
-            fill(cfg, rank, buf.data(), count);
-            algo->run();
-            wrong = count_wrong(cfg, buf.data(), count);
-        }
-        // Max over ranks per iteration, and the sum of #wrong, in one allreduce after
-        // the timed loop.
-        std::vector<double> red(times);
-        red.push_back(wrong > 0 ? (double)wrong : 0.0);
-        {
-            std::vector<double *> ptrs{red.data()};
-            gloo::AllreduceRing<double> maxred(ctx, ptrs, (int)red.size(),
-                                               gloo::ReductionFunction<double>::max);
-            maxred.run();
-        }
-        double max_wrong = red.back();
-        red.pop_back();
-        if (wrong >= 0 && max_wrong > 0)
-            wrong = (long)max_wrong; // the worst rank's count
-        total_wrong += wrong > 0 ? wrong : 0;
-        if (rank != 0)
-            continue;
-        double mean = 0.0;
-        for (double t : red)
-            mean += t;
-        mean /= (double)red.size();
-        std::sort(red.begin(), red.end());
-        char wrong_s[32];
-        if (wrong < 0)
-            snprintf(wrong_s, sizeof(wrong_s), "N/A");
-        else
-            snprintf(wrong_s, sizeof(wrong_s), "%ld", wrong);
-        if (barrier) {
-            printf(" %11zu %12d %6s %6s %5d %9.2f %8s %8s %7s %9.2f %9.2f\n", (size_t)0, 0,
-                   "none", "none", -1, mean, "-", "-", "N/A", percentile(red, 50),
-                   percentile(red, 99));
-        } else {
-            double algbw = (double)bytes / 1e3 / mean; // bytes/us / 1e3 = GB/s
-            double busbw = algbw * factor;
-            bw_sum += busbw;
-            bw_rows++;
-            printf(" %11zu %12zu %6s %6s %5d %9.2f %8.3f %8.3f %7s %9.2f %9.2f\n", bytes,
-                   count, "float", "sum", cfg.algo == "broadcast" ? cfg.root : -1, mean,
-                   algbw, busbw, wrong_s, percentile(red, 50), percentile(red, 99));
-        }
+    if (rank == 0) {
+        std::string what = "transport tcp (127.0.0.1)";
+        if (cfg.p.coll == PEER_ALLREDUCE)
+            what = "algo " + cfg.algo + ", " + what;
+        peer_print_header(&cfg.p, "gloo-bench", cfg.np, what.c_str());
         fflush(stdout);
     }
+    // tutti-bench's buffers: page-aligned, zeroed (touched) before the first row
+    size_t alloc = (cfg.p.max_bytes + sizeof(float) + 4095) & ~(size_t)4095;
+    std::unique_ptr<float, decltype(&free)> send((float *)aligned_alloc(4096, alloc), free);
+    std::unique_ptr<float, decltype(&free)> recv((float *)aligned_alloc(4096, alloc), free);
+    if (!send || !recv)
+        throw std::bad_alloc();
+    memset(send.get(), 0, alloc);
+    memset(recv.get(), 0, alloc);
+    long long total_wrong = bench_sizes(cfg, ctx, send.get(), recv.get());
     // A Gloo pair fails pending operations when its peer closes, even ones that were
     // about to complete, so nobody tears down until every rank is past its last
     // operation: a barrier through the store, not through the pairs.
@@ -294,11 +260,8 @@ int run_rank(const Config &cfg, const std::string &dir, int rank)
         done.push_back("done/" + std::to_string(r));
     store.set(done[(size_t)rank], std::vector<char>{'1'});
     store.wait(done);
-    if (rank == 0) {
-        printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n", bw_rows ? bw_sum / bw_rows : 0.0);
-        fflush(stdout);
-    }
+    if (rank == 0)
+        peer_print_summary(total_wrong);
     return total_wrong ? 1 : 0;
 }
 
@@ -308,61 +271,50 @@ int rm_entry(const char *path, const struct stat *, int, struct FTW *)
     return 0;
 }
 
+// Returns -1 when the command line asks for a run, else the exit status (0: --help).
+int parse_args(int argc, char **argv, Config *cfg)
+{
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
+        int takes = 1, ok = 1;
+        if (a == "-h" || a == "--help") {
+            usage(stdout);
+            return 0;
+        } else if (a == "-np" || a == "--np") {
+            ok = v && !peer_parse_int(v, &cfg->np, 1);
+        } else if (a == "--algo") {
+            ok = v && std::find(std::begin(kAlgos), std::end(kAlgos), std::string(v)) !=
+                          std::end(kAlgos);
+            if (ok)
+                cfg->algo = v;
+        } else if (a == "-t" || a == "--timeout") {
+            ok = v && !peer_parse_int(v, &cfg->timeout_s, 1);
+        } else {
+            ok = peer_parse_flag(&cfg->p, argv[i], v, &takes) > 0;
+        }
+        if (!ok) {
+            fprintf(stderr, "gloo-bench: bad argument %s\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+        i += takes;
+    }
+    if (cfg->p.root >= cfg->np || cfg->p.min_bytes == 0 || cfg->p.min_bytes > cfg->p.max_bytes) {
+        fprintf(stderr, "gloo-bench: need 0 <= root < np and 0 < MIN <= MAX\n");
+        return 2;
+    }
+    return -1;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
     Config cfg;
-    for (int i = 1; i < argc; i++) {
-        std::string a = argv[i];
-        auto val = [&](void) -> const char * {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "gloo-bench: %s needs a value\n", a.c_str());
-                exit(2);
-            }
-            return argv[++i];
-        };
-        bool ok = true;
-        if (a == "-h" || a == "--help") {
-            usage(stdout);
-            return 0;
-        } else if (a == "-np" || a == "--np") {
-            ok = parse_int(val(), &cfg.np, 1);
-        } else if (a == "--algo" || a == "-a") {
-            cfg.algo = val();
-            ok = std::find(std::begin(kAlgos), std::end(kAlgos), cfg.algo) != std::end(kAlgos);
-        } else if (a == "-b" || a == "--minbytes") {
-            ok = parse_size(val(), &cfg.min_bytes);
-        } else if (a == "-e" || a == "--maxbytes") {
-            ok = parse_size(val(), &cfg.max_bytes);
-        } else if (a == "-f" || a == "--stepfactor") {
-            size_t f;
-            ok = parse_size(val(), &f) && f >= 2;
-            cfg.factor = f;
-        } else if (a == "-n" || a == "--iters") {
-            ok = parse_int(val(), &cfg.iters, 1);
-        } else if (a == "-w" || a == "--warmup_iters") {
-            ok = parse_int(val(), &cfg.warmup, 0);
-        } else if (a == "-c" || a == "--check") {
-            cfg.check = true;
-        } else if (a == "-r" || a == "--root") {
-            ok = parse_int(val(), &cfg.root, 0);
-        } else if (a == "-t" || a == "--timeout") {
-            ok = parse_int(val(), &cfg.timeout_s, 1);
-        } else {
-            fprintf(stderr, "gloo-bench: unknown argument %s\n", a.c_str());
-            usage(stderr);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "gloo-bench: bad value for %s\n", a.c_str());
-            return 2;
-        }
-    }
-    if (cfg.root >= cfg.np || cfg.min_bytes == 0 || cfg.min_bytes > cfg.max_bytes) {
-        fprintf(stderr, "gloo-bench: need 0 <= root < np and 0 < MIN <= MAX\n");
-        return 2;
-    }
+    int st = parse_args(argc, argv, &cfg);
+    if (st >= 0)
+        return st;
 
     char dir[] = "/tmp/gloo-bench.XXXXXX";
     if (!mkdtemp(dir)) {

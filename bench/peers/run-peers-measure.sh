@@ -1,0 +1,142 @@
+# Sourced by run-peers.sh: find or build the harnesses, then run every case interleaved,
+# appending "system ranks coll family size p50 mean p99 wrong repeat" rows to $results
+# (the half half_of picks) and each process's output to $work.
+# shellcheck shell=bash disable=SC2154,SC2034,SC2054
+# (SC2154: run-peers.sh's variables; SC2034: the *_args arrays are read through a
+# nameref; SC2054: commas inside MCA values)
+
+# Open MPI: the ob1 PML and its byte-transfer layers named explicitly, out-of-band on lo.
+ompi_args=(--oversubscribe --bind-to none --mca pml ob1 --mca oob_tcp_if_include lo)
+[ "$(id -u)" = 0 ] && ompi_args+=(--allow-run-as-root)
+ompi_tcp_args=(--mca btl tcp,self --mca btl_tcp_if_include lo)
+ompi_vader_args=(--mca btl vader,self)
+# MPICH (ch4): MPIR_CVAR_NOLOCAL=1 treats every rank as remote, so nothing goes through
+# its shared memory, and UCX is held to TCP on lo (checked: the ranks hold TCP
+# connections on 127.0.0.1 and map no /dev/shm or SysV segment).
+mpich_tcp_env=(MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo)
+
+find_binaries() {
+    if [ -z "$build" ]; then
+        for d in build-bench build; do
+            if [ -x "$root/$d/bench/tutti-bench" ]; then build="$root/$d"; break; fi
+        done
+    fi
+    tutti_bin="" gloo_bin="" ompi_bin="" mpich_bin=""
+    if wants tutti; then
+        if [ -n "$build" ] && [ -x "$build/bench/tutti-bench" ]; then
+            tutti_bin="$build/bench/tutti-bench"
+        else
+            note "tutti-bench not built (meson setup build-bench && ninja -C build-bench): skipped"
+        fi
+    fi
+    if wants gloo; then
+        if [ -n "$build" ] && [ -x "$build/bench/peers/gloo-bench" ]; then
+            gloo_bin="$build/bench/peers/gloo-bench"
+        elif command -v g++ >/dev/null && [ -f /usr/include/gloo/allgather.h ]; then
+            # Not built by meson (e.g. -Dpeers=disabled): build it by hand.
+            if g++ -std=c++17 -O2 -o "$work/gloo-bench" "$here/gloo_bench.cc" -lgloo \
+                -lpthread 2>"$work/gloo-build.log"; then
+                gloo_bin="$work/gloo-bench"
+            else
+                note "gloo-bench failed to build ($(head -c 300 "$work/gloo-build.log")): skipped"
+            fi
+        else
+            note "Gloo not found (needs libgloo-dev and g++): skipped"
+        fi
+    fi
+    local v
+    for v in openmpi mpich; do
+        local name=${v/openmpi/ompi}
+        wants "$name" || continue
+        if command -v "mpicc.$v" >/dev/null && command -v "mpirun.$v" >/dev/null; then
+            if "mpicc.$v" -O2 -std=gnu11 -o "$work/mpi-bench-$v" "$here/mpi_bench.c" -lm \
+                2>"$work/mpi-build-$v.log"; then
+                printf -v "${name}_bin" '%s' "$work/mpi-bench-$v"
+            else
+                note "mpi-bench ($v) failed to build ($(head -c 300 "$work/mpi-build-$v.log")): skipped"
+            fi
+        else
+            note "mpicc.$v/mpirun.$v not found (apt-get install lib$v-dev): $name skipped"
+        fi
+    done
+}
+
+# cmd_of SYSTEM RANKS COLL: the command line of a system, less the size flags, into the
+# array cmd; empty when the system is missing.
+cmd_of() {
+    local sys=$1 n=$2 coll=$3
+    cmd=()
+    case $sys in
+    tutti_*)
+        [ -n "$tutti_bin" ] || return 0
+        cmd=(env "TUTTI_TRANSPORT=${sys#tutti_}" "$tutti_bin" -np "$n") ;;
+    ompi_*)
+        [ -n "$ompi_bin" ] || return 0
+        local -n extra="${sys}_args"
+        cmd=(mpirun.openmpi "${ompi_args[@]}" -np "$n" "${extra[@]}" "$ompi_bin") ;;
+    mpich_tcp)
+        [ -n "$mpich_bin" ] || return 0
+        cmd=(env "${mpich_tcp_env[@]}" mpiexec.mpich -np "$n" "$mpich_bin") ;;
+    mpich_shm)
+        [ -n "$mpich_bin" ] || return 0
+        cmd=(mpiexec.mpich -np "$n" "$mpich_bin") ;;
+    gloo*)
+        [ -n "$gloo_bin" ] || return 0
+        cmd=("$gloo_bin" -np "$n")
+        [ "$sys" = gloo ] || cmd+=(--algo "${sys#gloo:}") ;;
+    esac
+    cmd+=(--coll "$coll")
+}
+
+# run_one SYSTEM RANKS COLL FAMILY REPEAT BAND: one process, its rows into $results.
+run_one() {
+    local sys=$1 n=$2 coll=$3 fam=$4 rep=$5 band=$6 bmin bmax it wu
+    IFS=: read -r bmin bmax it wu <<<"$band"
+    cmd_of "$sys" "$n" "$coll"
+    [ "${#cmd[@]}" -gt 1 ] || return 0
+    # Gloo's alltoall (its unbound-buffer API) takes 0.5 to 2 s at 4 MiB here: not above.
+    if [ "$sys" = gloo ] && [ "$coll" = alltoall ] && [ "$(to_bytes "$bmin")" -gt 4194304 ]; then
+        grep -q "gloo alltoall" "$notes" ||
+            note "gloo alltoall is not run above 4 MiB (0.5 to 2 s a call at 4 MiB on this host)"
+        return 0
+    fi
+    local log="$work/${sys/:/-}.$coll.np$n.$fam.b$bmin.r$rep.txt" rc=0
+    echo "run-peers: $sys $coll np=$n $bmin..$bmax repeat $rep" >&2
+    # shellcheck disable=SC2086 # check is -c or nothing
+    timeout "$run_timeout" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check \
+        >"$log" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        note "$sys $coll np=$n $bmin..$bmax repeat $rep failed (rc $rc): $(grep -v '^#' "$log" |
+            grep -v '^ *[0-9]' | tail -n 2 | tr '\n' ' ' | head -c 300)"
+    fi
+    # Data rows: size count type redop root, then out-of-place and in-place halves of
+    # time algbw busbw #wrong p50 p99.
+    awk -v s="$sys" -v n="$n" -v c="$coll" -v f="$fam" -v r="$rep" -v h="$(half_of "$coll")" '
+        $1 ~ /^[0-9]+$/ && NF >= 17 {
+            o = h == "ip" ? 6 : 0
+            print s, n, c, f, $1, $(10 + o), $(6 + o), $(11 + o), $(9 + o), r }' \
+        "$log" >>"$results"
+}
+
+# Every case: per (ranks, coll, family) the systems in order, then reversed, R times.
+measure() {
+    local n coll fam rep sys band systems order
+    for n in $ranks_list; do
+        for coll in $colls; do
+            for fam in $transports; do
+                systems=$(family_systems "$fam" "$coll")
+                for rep in $(seq 1 "$repeats"); do
+                    order=$systems
+                    [ $((rep % 2)) = 0 ] && order=$(echo "$systems" | tr ' ' '\n' | tac | tr '\n' ' ')
+                    for sys in $order; do
+                        for band in $bands; do
+                            run_one "$sys" "$n" "$coll" "$fam" "$rep" "$band"
+                        done
+                    done
+                done
+            done
+        done
+    done
+    awk '$9 != "N/A" && $9 > 0 { print "- " $1 " " $3 " np=" $2 " " $5 " B repeat " $10 ": " $9 " wrong values" }' \
+        "$results" >>"$notes"
+}

@@ -1,0 +1,210 @@
+# Sourced by run-peers.sh: from $results (rows of "system ranks coll family size p50 mean
+# p99 wrong repeat"), the per-cell medians and ranges over repeats, the ratio tables, the
+# per-case tables and the plots, into $out.
+# shellcheck shell=bash disable=SC2154 # the variables are run-peers.sh's
+
+# Columns of a family, tutti's first, and their labels.
+family_columns() { [ "$1" = tcp ] && echo "tutti_tcp ompi_tcp mpich_tcp gloo" ||
+    echo "tutti_shm ompi_vader mpich_shm"; }
+label() {
+    case $1 in
+    tutti_tcp) echo "tutti tcp" ;; tutti_shm) echo "tutti shm" ;;
+    ompi_tcp) echo "Open MPI tcp" ;; ompi_vader) echo "Open MPI vader" ;;
+    mpich_tcp) echo "MPICH tcp" ;; mpich_shm) echo "MPICH shm" ;; gloo) echo "Gloo" ;;
+    esac
+}
+
+# cells: "system ranks coll family size median min max repeats algo" per cell: the
+# median, min and max over repeats of the per-run p50. The Gloo allreduce algorithms
+# collapse into "gloo", the one with the lowest median per size (its name in algo).
+cells() {
+    # a run whose check failed at a size does not count there (notes list it)
+    awk '$9 == "N/A" || $9 == 0' "$results" | sort -k1,1 -k2,2n -k3,3 -k4,4 -k5,5n -k6,6g | awk '
+        function flush() {
+            if (k == "") return
+            split(k, f, " ")
+            med = m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+            sys = f[1]; algo = "-"
+            if (sys ~ /^gloo:/) { algo = substr(sys, 6); sys = "gloo" }
+            key = sys " " f[2] " " f[3] " " f[4] " " f[5]
+            if (!(key in best) || med < best[key]) {
+                best[key] = med; line[key] = key " " med " " v[1] " " v[m] " " m " " algo
+            }
+        }
+        { key5 = $1 " " $2 " " $3 " " $4 " " $5
+          if (key5 != k) { flush(); k = key5; m = 0 }
+          v[++m] = $6 }
+        END { flush(); for (key in line) print line[key] }' | sort -k1,1 -k2,2n -k3,3 -k5,5n
+}
+
+human() {
+    awk -v b="$1" 'BEGIN { split("B KiB MiB GiB", u, " "); i = 1
+        while (b >= 1024 && b % 1024 == 0 && i < 4) { b /= 1024; i++ }
+        printf "%d %s", b, u[i] }'
+}
+
+# case_rows RANKS COLL FAMILY KIND: TSV rows of one case: size, per column its median
+# (kind time: "med (min-max)" in us; kind bw: busbw GB/s at the median; "-": none), the
+# best peer and tutti / best peer (time ratio; busbw ratio is its inverse).
+case_rows() {
+    awk -v n="$1" -v c="$2" -v fam="$3" -v kind="$4" -v cols="$(family_columns "$3")" '
+        BEGIN { nc = split(cols, col, " ")
+                fac = c == "allreduce" ? 2 * (n - 1) / n : c == "broadcast" ? 1 : (n - 1) / n }
+        $2 == n && $3 == c && $4 == fam {
+            if (!($5 in seen)) { seen[$5] = 1; sz[++ns] = $5 }
+            med[$1, $5] = $6; lo[$1, $5] = $7; hi[$1, $5] = $8; algo[$1, $5] = $10 }
+        function bw(s, t) { return s / 1e3 / t * fac }
+        function cell(p, s) {
+            if (!((p, s) in med)) return "-"
+            a = algo[p, s] != "-" ? " " algo[p, s] : ""
+            if (kind == "bw") return sprintf("%.3f%s", bw(s, med[p, s]), a)
+            return sprintf("%.1f (%.1f-%.1f)%s", med[p, s], lo[p, s], hi[p, s], a)
+        }
+        END {
+            for (i = 2; i <= ns; i++) { x = sz[i]; j = i - 1
+                while (j >= 1 && sz[j] + 0 > x + 0) { sz[j + 1] = sz[j]; j-- }
+                sz[j + 1] = x }
+            for (i = 1; i <= ns; i++) {
+                s = sz[i]; row = s; bp = ""
+                for (k = 1; k <= nc; k++) {
+                    row = row "\t" cell(col[k], s)
+                    if (k > 1 && (col[k], s) in med && (bp == "" || med[col[k], s] < med[bp, s]))
+                        bp = col[k]
+                }
+                r = "-"
+                if (bp != "" && (col[1], s) in med) {
+                    r = med[col[1], s] / med[bp, s]
+                    r = sprintf("%.3g", kind == "bw" ? 1 / r : r)
+                }
+                print row "\t" (bp == "" ? "-" : bp) "\t" r
+            }
+        }' "$work/cells"
+}
+
+# case_table RANKS COLL FAMILY KIND: the markdown of one case, its plot data on the side.
+case_table() {
+    local cols hdr="| size |" sep="|---:|" c
+    cols=$(family_columns "$3")
+    for c in $cols; do hdr="$hdr $(label "$c") |"; sep="$sep---:|"; done
+    if [ "$4" = bw ]; then hdr="$hdr best peer | busbw tutti / best |"
+    else hdr="$hdr best peer | time tutti / best |"; fi
+    echo "$hdr"
+    echo "$sep---|---:|"
+    case_rows "$@" | tee "$work/plot.$1.$2.$3.$4" | while IFS=$'\t' read -r -a f; do
+        local line i
+        line="| $(human "${f[0]}") |"
+        for ((i = 1; i < ${#f[@]}; i++)); do
+            [ "$i" = $((${#f[@]} - 2)) ] && f[i]=$(label "${f[i]}")
+            line="$line ${f[i]:--} |"
+        done
+        echo "$line"
+    done
+}
+
+# plot RANKS COLL FAMILY KIND: a PNG of the medians (gnuplot), one line per system.
+plot() {
+    local n=$1 coll=$2 fam=$3 kind=$4 c k=2 spec="" ylabel="busbw (GB/s)"
+    local data="$work/plot.$n.$coll.$fam.$kind" png="$imgdir/$coll-np$n-$fam-$kind.png"
+    [ "$kind" = time ] && ylabel="p50 time (us)"
+    [ -s "$data" ] || return 1
+    for c in $(family_columns "$fam"); do
+        spec="$spec${spec:+, }\"$data\" using 1:(\$$k) with linespoints lw 2 title \"$(label "$c")\""
+        k=$((k + 1))
+    done
+    gnuplot <<GP 2>>"$work/gnuplot.log" || return 1
+set terminal pngcairo size 800,480 font ",10"
+set output "$png"
+set title "$coll, $n ranks, $fam family, loopback: $ylabel (median of repeats)"
+set logscale x 2
+set logscale y 10
+set format x "%.0b%BB"
+set xlabel "size"
+set ylabel "$ylabel"
+set key top left
+set grid
+set datafile missing "-"
+set datafile separator "\t"
+plot $spec
+GP
+    echo "$(basename "$imgdir")/$(basename "$png")"
+}
+
+# ratio_table FAMILY: tutti / best peer (time, p50 medians) per size and case.
+ratio_table() {
+    local fam=$1 n coll hdr="| size |" sep="|---:|"
+    for coll in $colls; do for n in $ranks_list; do
+        hdr="$hdr $coll np$n |"; sep="$sep---:|"
+        case_rows "$n" "$coll" "$fam" time | cut -f1,$(($(family_columns "$fam" | wc -w) + 2)),$(($(family_columns "$fam" | wc -w) + 3)) |
+            awk -v k="$coll.$n" '{ print $1 "\t" k "\t" $3 " " $2 }'
+    done; done >"$work/ratios.$fam"
+    echo "$hdr"
+    echo "$sep"
+    awk -v cases="$(for coll in $colls; do for n in $ranks_list; do printf '%s.%s ' "$coll" "$n"; done; done)" -F'\t' '
+        { v[$1, $2] = $3; if (!($1 in seen)) { seen[$1] = 1; sz[++ns] = $1 } }
+        END { nc = split(cases, cs, " ")
+              for (i = 2; i <= ns; i++) { x = sz[i]; j = i - 1
+                  while (j >= 1 && sz[j] + 0 > x + 0) { sz[j + 1] = sz[j]; j-- }
+                  sz[j + 1] = x }
+              for (i = 1; i <= ns; i++) { printf "%s", sz[i]
+                  for (k = 1; k <= nc; k++) printf "\t%s", ((sz[i], cs[k]) in v) ? v[sz[i], cs[k]] : "-"
+                  printf "\n" } }' "$work/ratios.$fam" |
+        while IFS=$'\t' read -r -a f; do
+            local line i
+            line="| $(human "${f[0]}") |"
+            for ((i = 1; i < ${#f[@]}; i++)); do line="$line ${f[i]/_/ } |"; done
+            echo "$line"
+        done
+}
+
+report_header() {
+    echo "# Benchmarks: tutti vs Open MPI, MPICH and Gloo (loopback)"
+    echo
+    echo "Generated by \`bench/peers/run-peers.sh\` (run started $started, $((${elapsed:-0} / 60)) min),"
+    echo "host $(uname -n) ($(nproc) cores, $(uname -r)); method: docs/benchmarks-method.md."
+    echo "Bands (sizes MIN..MAX x4 : timed : warm-up iterations): \`$bands\`; $repeats interleaved"
+    echo "repeats; ranks $ranks_list; check ${check:-off}. Each figure is the median over the repeats"
+    echo "of a run's p50 (over iterations) of the per-iteration maximum over ranks, with the"
+    echo "range over repeats in parentheses; busbw = size / that time x the nccl-tests factor"
+    echo "(2(n-1)/n allreduce, 1 broadcast, (n-1)/n allgather, reduce_scatter, alltoall)."
+    echo "In-place half for allreduce, broadcast and reduce_scatter, out-of-place half for"
+    echo "allgather and alltoall: a form every system has natively."
+    echo "Gloo allreduce: the fastest of ring, ring_chunked, halving_doubling, bcube per size."
+    if [ -s "$notes" ]; then echo; echo "Notes:"; echo; cat "$notes"; fi
+}
+
+report() {
+    cells >"$work/cells"
+    # shellcheck source=/dev/null
+    [ -n "${started:-}" ] || . "$work/meta"
+    mkdir -p "$(dirname "$out")"
+    imgdir="$(dirname "$out")/img"
+    local have_gnuplot=0 fam coll n kind img
+    if command -v gnuplot >/dev/null; then have_gnuplot=1; mkdir -p "$imgdir"
+    else note "gnuplot not found (apt-get install gnuplot-nox): no plots"; fi
+    {
+        report_header
+        for fam in $transports; do
+            echo
+            echo "## Ratios, $fam family: time tutti / best peer (< 1: tutti faster)"
+            echo
+            ratio_table "$fam"
+        done
+        for coll in $colls; do for n in $ranks_list; do for fam in $transports; do
+            echo
+            echo "## $coll, $n ranks, $fam"
+            for kind in time bw; do
+                echo
+                [ "$kind" = time ] && echo "p50 time (us), median (min-max over repeats), lower is better:" ||
+                    echo "busbw (GB/s) at the median time, higher is better:"
+                echo
+                case_table "$n" "$coll" "$fam" "$kind"
+                if [ "$have_gnuplot" = 1 ] && img=$(plot "$n" "$coll" "$fam" "$kind"); then
+                    echo
+                    echo "![$coll, $n ranks, $fam, $kind]($img)"
+                fi
+            done
+        done; done; done
+    } >"$out.tmp" && mv "$out.tmp" "$out"
+    cat "$out"
+    echo "run-peers: wrote $out" >&2
+}
