@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "coll/algo.h"
 #include "harness.h"
@@ -303,6 +304,7 @@ struct model_case {
     int (*check)(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
                  const model_case_t *mc);
     const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
+    const char *algo;  /* TUTTI_ALGO of every rank (NULL: none) */
 };
 
 static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -314,6 +316,7 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.cost_model = mc->models[rank];
+    o.algo = mc->algo;
     char hid[16];
     if (mc->hosts) {
         snprintf(hid, sizeof(hid), "host-%c", mc->hosts[rank]);
@@ -354,7 +357,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL };
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL, NULL };
     run_models(&mc);
 }
 END_TEST
@@ -393,6 +396,7 @@ START_TEST(models_agree)
                                        "alpha=5000,bw=0.01,reduce=0.01",
                                        "alpha=50,bw=1,reduce=50" },
                                      check_disagree,
+                                     NULL,
                                      NULL };
     run_models(&mc);
 }
@@ -415,8 +419,8 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 START_TEST(probe_on_some_ranks)
 {
     static const model_case_t mcs[2] = {
-        { { "probe", "table", "table" }, check_probe_some, NULL },
-        { { "table", "probe", "probe" }, check_probe_some, NULL }
+        { { "probe", "table", "table" }, check_probe_some, NULL, NULL },
+        { { "table", "probe", "probe" }, check_probe_some, NULL, NULL }
     };
     run_models(&mcs[_i]);
 }
@@ -496,9 +500,89 @@ static int check_hosts(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(hier_from_hosts)
 {
-    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb" },
-                                         { { NULL }, check_hosts, "abbb" } };
+    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb", NULL },
+                                         { { NULL }, check_hosts, "abbb", NULL } };
     run_models(&mcs[_i]);
+}
+END_TEST
+
+/* ---- tuning files (TUTTI_COST_MODEL tune=FILE, bench/tune.py) ---- */
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The line for (transport, ranks), or none; a bad spec or a missing file is a
+ * configuration error naming the file. */
+START_TEST(tune_file_lines)
+{
+    char path[64], err[512], *spec;
+    snprintf(path, sizeof(path), "/tmp/tutti-tune-%d.txt", (int)getpid());
+    write_text(path, "# transport ranks spec\n"
+                     "shm 3 allreduce:rd@<1K,ring   # trailing comment\n"
+                     "  tcp 3   allreduce:hd ; broadcast:chain\n"
+                     "shm 4 allreduce:ring\n");
+    ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_OK);
+    ck_assert_str_eq(spec, "allreduce:rd@<1K,ring");
+    free(spec);
+    ck_assert_int_eq(tt_algo_tune_load(path, "tcp", 3, &spec, err, sizeof(err)), TUTTI_OK);
+    ck_assert_str_eq(spec, "allreduce:hd ; broadcast:chain");
+    free(spec);
+    ck_assert_int_eq(tt_algo_tune_load(path, "shm", 2, &spec, err, sizeof(err)), TUTTI_OK);
+    ck_assert_ptr_null(spec);
+    write_text(path, "shm 3 allreduce:bogus\n");
+    ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
+    ck_assert_ptr_null(spec);
+    ck_assert_msg(strstr(err, path) && strstr(err, "bogus"), "%s", err);
+    unlink(path);
+    ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
+    ck_assert_msg(strstr(err, path) && strstr(err, "No such file"), "%s", err);
+}
+END_TEST
+
+/* Every rank takes rank 0's tuned choices (rank 1's file says otherwise, rank 2 has
+ * none), under the user's TUTTI_ALGO where it names the collective; the allreduce at a
+ * size the tuning decides sums right. */
+static int check_tune(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                      const model_case_t *mc)
+{
+    (void)store;
+    (void)mc;
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(!strstr(d, "tuned: allreduce:hd@<1K,ring"), "rank %d: cost model %s", rank, d);
+    FAIL_IF(strcmp(tutti_comm_algo_for(comm, "allreduce", 512), "hd"), "512 B");
+    FAIL_IF(strcmp(tutti_comm_algo_for(comm, "allreduce", 4096), "ring"), "4 KiB");
+    FAIL_IF(strcmp(tutti_comm_algo_for(comm, "broadcast", 4096), "tree"),
+            "the user's broadcast:tree lost to the tuning file's chain");
+    enum { N = 1024 };
+    int32_t x[N];
+    for (int e = 0; e < N; e++)
+        x[e] = e * (rank + 1);
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, x, N, TUTTI_INT32, TUTTI_SUM) != 0, "%s",
+            tutti_comm_last_error(comm));
+    for (int e = 0; e < N; e++)
+        FAIL_IF(x[e] != e * nranks * (nranks + 1) / 2, "element %d is %d", e, x[e]);
+    return 0;
+}
+
+START_TEST(tune_agrees)
+{
+    static char p0[64], p1[64], m0[80], m1[80];
+    snprintf(p0, sizeof(p0), "/tmp/tutti-tune0-%d.txt", (int)getpid());
+    snprintf(p1, sizeof(p1), "/tmp/tutti-tune1-%d.txt", (int)getpid());
+    write_text(p0, "tcp 3 allreduce:hd@<1K,ring;broadcast:chain\n"
+                   "shm 3 allreduce:hd@<1K,ring;broadcast:chain\n");
+    write_text(p1, "tcp 3 allreduce:rd\nshm 3 allreduce:rd\n");
+    snprintf(m0, sizeof(m0), "tune=%s", p0);
+    snprintf(m1, sizeof(m1), "table,tune=%s", p1);
+    model_case_t mc = { { m0, m1, "table" }, check_tune, NULL, "broadcast:tree" };
+    run_models(&mc);
+    unlink(p0);
+    unlink(p1);
 }
 END_TEST
 
@@ -513,5 +597,6 @@ int main(void)
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);
+    th_add_tests(s, "tune", 60, (const TTest *const[]){ tune_file_lines, tune_agrees, NULL });
     return th_main(s);
 }

@@ -34,6 +34,14 @@ typedef struct tt_algo_override tt_algo_override_t;
  * expected and where. */
 int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err, size_t errlen);
 void tt_algo_override_free(tt_algo_override_t *ovr);
+/* Add spec's choices (TUTTI_ALGO syntax) to *ovr_p for the collectives it leaves to the
+ * model (*ovr_p may be NULL: then spec's alone). */
+int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *err, size_t errlen);
+/* From tuning file `path` (lines "<transport> <ranks> <TUTTI_ALGO spec>", written by
+ * bench/tune.py), the spec for this transport and rank count into *spec_p (malloc'ed;
+ * NULL: the file has none). An unreadable file or a bad spec is TUTTI_ERR_CONFIG. */
+int tt_algo_tune_load(const char *path, const char *transport, int nranks, char **spec_p, char *err,
+                      size_t errlen);
 
 /* The algorithm to run: the override's choice if it names one, else the cost model's
  * (cost NULL: the tcp table) for this size, rank count and largest pipelining chunk.

@@ -110,7 +110,7 @@ void tt_cost_table(tt_cost_t *c, const char *transport)
 
 int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
 {
-    char buf[256];
+    char buf[512];
     snprintf(buf, sizeof(buf), "%s", spec);
     size_t len = strlen(spec);
     if (!len || spec[0] == ',' || spec[len - 1] == ',' || strstr(spec, ",,")) {
@@ -120,15 +120,24 @@ int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
                  spec);
         return TUTTI_ERR_CONFIG;
     }
+    int params = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(tok, "table"))
+            continue;
+        if (!strncmp(tok, "tune=", 5) && tok[5]) {
+            snprintf(c->tune, sizeof(c->tune), "%s", tok + 5);
+            continue;
+        }
+        params++;
         char *eq = strchr(tok, '=');
         char *end = NULL;
         double v = eq ? strtod(eq + 1, &end) : 0;
         if (!eq || end == eq + 1 || *end || !(v > 0) || !isfinite(v)) {
             snprintf(err, errlen,
-                     "TUTTI_COST_MODEL=\"%s\": cannot read \"%s\"; expected table, probe, or "
-                     "alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, any subset)",
+                     "TUTTI_COST_MODEL=\"%s\": cannot read \"%s\"; expected table, probe, "
+                     "tune=<file> or alpha=<us>,bw=<GB/s>,reduce=<GB/s> (positive numbers, "
+                     "any subset)",
                      spec, tok);
             return TUTTI_ERR_CONFIG;
         }
@@ -147,7 +156,8 @@ int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
             return TUTTI_ERR_CONFIG;
         }
     }
-    snprintf(c->source, sizeof(c->source), "user");
+    if (params)
+        snprintf(c->source, sizeof(c->source), "user");
     return TUTTI_OK;
 }
 

@@ -23,6 +23,7 @@ typedef struct tt_cost {
      * every peer), the fewest and the most ranks on one host. */
     double local_beta_ns;
     int nhosts, lmin, lmax;
+    char tune[256]; /* TUTTI_COST_MODEL's tune=FILE: measured choices over the model's */
 } tt_cost_t;
 
 /* The parameters from the transports' cost hints (ABI v2 properties): props[i] belongs
@@ -44,7 +45,8 @@ int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, in
                           size_t chunk);
 
 /* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any
- * subset, the rest from c). "table" and "probe" are handled by the caller. */
+ * subset, the rest from c), with "table" (the rest) and "tune=FILE" (c->tune) as items.
+ * A lone "probe" is handled by the caller. */
 int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen);
 
 /* Estimated microseconds of one algorithm (by name) of a collective. bytes is what

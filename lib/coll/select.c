@@ -1,6 +1,7 @@
 /* The TUTTI_ALGO override and the default selection model (the algorithm table is in
  * names.c). */
 #include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,6 +377,78 @@ int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *e
 err_free:
     tt_algo_override_free(ovr);
     return st;
+}
+
+int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *err, size_t errlen)
+{
+    tt_algo_override_t *tune;
+    int st = tt_algo_override_parse(spec, &tune, err, errlen);
+    if (st < 0 || !tune)
+        return st;
+    if (!*ovr_p) {
+        *ovr_p = tune;
+        return TUTTI_OK;
+    }
+    for (int c = 0; c < TT_COLL_COUNT_; c++) {
+        if ((*ovr_p)->nchoices[c] || !tune->nchoices[c])
+            continue; /* the user's override of this collective wins */
+        (*ovr_p)->choices[c] = tune->choices[c];
+        (*ovr_p)->nchoices[c] = tune->nchoices[c];
+        tune->choices[c] = NULL;
+    }
+    tt_algo_override_free(tune);
+    return TUTTI_OK;
+}
+
+/* A line of a tuning file: "<transport> <ranks> <TUTTI_ALGO spec>"; '#' starts a
+ * comment. 1: it is (transport, nranks)'s, its spec in *spec_p (malloc'ed). */
+static int tune_line(char *line, const char *transport, int nranks, char **spec_p)
+{
+    line[strcspn(line, "#\n")] = '\0';
+    char tp[64];
+    int n, at = 0;
+    if (sscanf(line, " %63s %d %n", tp, &n, &at) < 2 || !at)
+        return 0;
+    if (strcmp(tp, transport) || n != nranks)
+        return 0;
+    char *spec = line + at;
+    size_t len = strlen(spec);
+    while (len && isspace((unsigned char)spec[len - 1]))
+        spec[--len] = '\0';
+    *spec_p = tt_strdup(spec);
+    return *spec_p ? 1 : -1;
+}
+
+int tt_algo_tune_load(const char *path, const char *transport, int nranks, char **spec_p, char *err,
+                      size_t errlen)
+{
+    *spec_p = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "TUTTI_COST_MODEL: tuning file %s: %s", path, strerror(errno));
+        return TUTTI_ERR_CONFIG;
+    }
+    char line[4096];
+    int st = 0;
+    while (st == 0 && fgets(line, sizeof(line), f))
+        st = tune_line(line, transport, nranks, spec_p);
+    fclose(f);
+    if (st < 0)
+        return TUTTI_ERR_NOMEM;
+    if (!*spec_p)
+        return TUTTI_OK;
+    /* checked here, on the rank that read it, so the error names the file */
+    tt_algo_override_t *ovr = NULL;
+    char why[256];
+    int pst = tt_algo_override_parse(*spec_p, &ovr, why, sizeof(why));
+    tt_algo_override_free(ovr);
+    if (pst < 0) {
+        snprintf(err, errlen, "tuning file %s, line for %s on %d ranks: %s", path, transport,
+                 nranks, why);
+        free(*spec_p);
+        *spec_p = NULL;
+    }
+    return pst;
 }
 
 void tt_algo_override_free(tt_algo_override_t *ovr)

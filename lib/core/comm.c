@@ -62,6 +62,7 @@ static void comm_free(tutti_comm_t *comm)
     if (comm->tp_handle)
         tt_transport_unload(comm->tp_handle);
     tt_algo_override_free(comm->algo_ovr);
+    free(comm->tune_spec);
     free(comm->host_of);
     if (comm->qstore)
         tutti_store_close(comm->qstore);
@@ -98,11 +99,16 @@ static void comm_free(tutti_comm_t *comm)
 static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen)
 {
     tt_cost_t *c = &comm->cost;
-    char buf[256];
     if (comm->rank == 0) {
-        int n = snprintf(buf, sizeof(buf), "%a %a %a %a %d %s", c->alpha_us, c->beta_ns,
-                         c->gamma_ns, c->local_beta_ns, *probe_p, c->source);
-        int st = tutti_store_set(comm->store, "cost_model", buf, (size_t)n + 1);
+        /* and the line of its tuning file, if any, after a newline */
+        char *pub = NULL;
+        int n = asprintf(&pub, "%a %a %a %a %d %s\n%s", c->alpha_us, c->beta_ns, c->gamma_ns,
+                         c->local_beta_ns, *probe_p, c->source,
+                         comm->tune_spec ? comm->tune_spec : "");
+        if (n < 0)
+            return TUTTI_ERR_NOMEM;
+        int st = tutti_store_set(comm->store, "cost_model", pub, (size_t)n + 1);
+        free(pub);
         if (st < 0)
             snprintf(err, errlen, "publishing the cost model: %s", tutti_strerror(st));
         return st;
@@ -123,8 +129,13 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     long probe = strtol(end, &end, 10);
     int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
              r0.local_beta_ns >= 0 && (probe == 0 || probe == 1);
+    char *nl = ok ? strchr(end + 1, '\n') : NULL;
+    ok = ok && nl && memchr(v, '\0', len);
     if (ok) {
+        *nl = '\0';
         snprintf(r0.source, sizeof(r0.source), "%s", end + 1);
+        free(comm->tune_spec);
+        comm->tune_spec = nl[1] ? tt_strdup(nl + 1) : NULL;
         if (probe != *probe_p)
             TT_INFO("cost model: %s, as rank 0 does", probe ? "probing" : "not probing");
         *probe_p = (int)probe;
@@ -247,7 +258,20 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
         if (st < 0)
             return init_fail(comm, st, err);
     }
+    if (comm->rank == 0 && comm->cost.tune[0]) {
+        st = tt_algo_tune_load(comm->cost.tune, comm->tp_name, comm->nranks, &comm->tune_spec, err,
+                               sizeof(err));
+        if (st < 0)
+            return init_fail(comm, st, err);
+        if (!comm->tune_spec)
+            TT_INFO("tuning file %s has no line for %s on %d ranks: the model alone decides",
+                    comm->cost.tune, comm->tp_name, comm->nranks);
+    }
     if (comm->nranks > 1 && (st = cost_agree(comm, probe_p, err, sizeof(err))) < 0)
+        return init_fail(comm, st, err);
+    /* rank 0's measured choices, under this rank's own TUTTI_ALGO */
+    if (comm->tune_spec &&
+        (st = tt_algo_override_merge(&comm->algo_ovr, comm->tune_spec, err, sizeof(err))) < 0)
         return init_fail(comm, st, err);
     return TUTTI_OK;
 }
@@ -279,6 +303,10 @@ static int comm_start(tutti_comm_t *comm, int probe, char *errout, size_t errlen
         return st;
     }
     tt_cost_describe(&comm->cost, comm->cost_desc, sizeof(comm->cost_desc));
+    if (comm->tune_spec) {
+        size_t n = strlen(comm->cost_desc);
+        snprintf(comm->cost_desc + n, sizeof(comm->cost_desc) - n, "; tuned: %s", comm->tune_spec);
+    }
     TT_INFO("cost model %s", comm->cost_desc);
     TT_INFO("communicator ready: rank %d of %d, transport %s, store %s, job instance %s under %s",
             comm->rank, comm->nranks, comm->tp_name, comm->store_url, comm->instance,

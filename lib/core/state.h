@@ -76,6 +76,7 @@ struct tutti_comm {
     void *tp;
     void *tp_handle; /* dlopen handle of a plugin */
     tutti_tp_host_v2_t host;
+    char *tune_spec;   /* rank 0's tuning-file line for this comm (TUTTI_COST_MODEL tune=) */
     char tp_name[64];  /* "tcp", or "shm+tcp" when several serve different peers */
     char host_id[256]; /* this host's identity (tpmux.c) */
     int *host_of;      /* rank -> host index (NULL: not exchanged, one transport for
@@ -89,7 +90,7 @@ struct tutti_comm {
         size_t bytes;
         const struct tt_algo *algo;
     } sel_cache[TT_COLL_COUNT_];
-    char cost_desc[160];
+    char cost_desc[512];
 
     /* errors: the first failure sticks (the stream position with peers is unknown
      * after it); later operations fail at once with its status */

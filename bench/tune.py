@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Write a tuning file for TUTTI_COST_MODEL=tune=FILE: for each transport, rank count and
+collective, time every algorithm with `tutti-bench --algo all` R times, take per size
+the algorithm with the least median p50, and write one line per (transport, ranks):
+
+    <transport> <ranks> <TUTTI_ALGO spec>     e.g.  shm 2 allreduce:rd@<64K,hd@<16M,ring
+
+A measured size's winner serves from that size up to the next measured size (TUTTI_ALGO
+bounds are "below"); sizes under the first measured one take the first winner. Lines of
+FILE for other (transport, ranks) pairs are kept; the rest is replaced.
+
+  bench/tune.py [-o FILE] [--build DIR] [--transports "shm tcp"] [--ranks "2 4"]
+                [--colls "allreduce broadcast ..."] [-b 4] [-e 256M] [-f 4] [-n 20] [-w 5]
+                [-R 3] [--from-json F.json ...]
+
+--from-json builds the file from `tutti-bench --algo all --json` outputs instead of
+running anything (repeats of one configuration are medianed)."""
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLS = "allreduce broadcast reduce allgather reduce_scatter gather scatter alltoall"
+PER_RANK_BLOCK = {"gather", "scatter", "alltoall"}  # selection sees one rank's block
+
+
+def selection_bytes(row):
+    """What the library's selection sees for this row (tutti-bench's select_bytes)."""
+    if row["coll"] in PER_RANK_BLOCK:
+        return row["size"] // row["ranks"]
+    return row["size"]
+
+
+def run_bench(a, transport, ranks, coll):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [os.path.join(a.build, "bench", "tutti-bench"), "-np", str(ranks), "--coll", coll,
+           "--transport", transport, "--algo", "all", "-b", a.b, "-e", a.e, "-f", str(a.f),
+           "-n", str(a.n), "-w", str(a.w), "--json", path]
+    env = dict(os.environ)
+    env.pop("TUTTI_COST_MODEL", None)
+    env.pop("TUTTI_ALGO", None)
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, timeout=3600)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+
+
+def spec_of(rows):
+    """The TUTTI_ALGO spec of one collective from its rows (one per size and repeat)."""
+    times = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        for algo, t in r["algos"].items():
+            if t and t.get("p50_us") is not None:
+                times[selection_bytes(r)][algo].append(t["p50_us"])
+    sizes = sorted(times)
+    if not sizes:
+        return None
+    best = [min(times[s], key=lambda al: statistics.median(times[s][al])) for s in sizes]
+    parts = []
+    for i, algo in enumerate(best):
+        if i + 1 < len(best) and best[i + 1] == algo:
+            continue  # the next size's winner is the same: one range
+        parts.append(algo if i + 1 == len(best) else f"{algo}@<{sizes[i + 1]}")
+    return f"{rows[0]['coll']}:" + ",".join(parts)
+
+
+def write_file(out, lines):
+    kept = []
+    if os.path.exists(out):
+        with open(out) as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 2 and (words[0], words[1]) in lines:
+                    continue
+                kept.append(line.rstrip("\n"))
+    with open(out, "w") as f:
+        if not kept:
+            f.write("# tutti tuning file (bench/tune.py): <transport> <ranks> <TUTTI_ALGO spec>\n")
+        for line in kept:
+            f.write(line + "\n")
+        for (tp, ranks), specs in sorted(lines.items()):
+            f.write(f"{tp} {ranks} {';'.join(specs)}\n")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("-o", default="tutti-tune.txt")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--transports", default="shm tcp")
+    p.add_argument("--ranks", default="2 4")
+    p.add_argument("--colls", default=COLLS)
+    p.add_argument("-b", default="4")
+    p.add_argument("-e", default="64M")
+    p.add_argument("-f", type=int, default=4)
+    p.add_argument("-n", type=int, default=20)
+    p.add_argument("-w", type=int, default=5)
+    p.add_argument("-R", type=int, default=3)
+    p.add_argument("--from-json", nargs="+")
+    a = p.parse_args()
+
+    groups = collections.defaultdict(list)  # (transport, ranks, coll) -> rows
+    if a.from_json:
+        for path in a.from_json:
+            with open(path) as f:
+                for r in json.load(f):
+                    if r.get("mode") == "algo_all":
+                        groups[(r["transport"], r["ranks"], r["coll"])].append(r)
+    else:
+        for rep in range(a.R):
+            for tp in a.transports.split():
+                for ranks in map(int, a.ranks.split()):
+                    for coll in a.colls.split():
+                        print(f"tune: {tp} {ranks} ranks {coll} (run {rep + 1} of {a.R})",
+                              file=sys.stderr)
+                        for r in run_bench(a, tp, ranks, coll):
+                            groups[(tp, ranks, coll)].append(r)
+    lines = collections.defaultdict(list)
+    for (tp, ranks, coll), rows in sorted(groups.items()):
+        spec = spec_of(rows)
+        if spec:
+            lines[(tp, str(ranks))].append(spec)
+    write_file(a.o, lines)
+    for (tp, ranks), specs in sorted(lines.items()):
+        print(f"{tp} {ranks} {';'.join(specs)}")
+
+
+if __name__ == "__main__":
+    main()
