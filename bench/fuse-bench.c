@@ -3,13 +3,17 @@
  *
  *   fuse-bench -np 2 [-iters 7] [-set resnet|small|all] [-overlap-only]
  *
+ * Without -np, with TUTTI_RANK set: one rank of the job the environment describes
+ * (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE), e.g. one per network namespace.
+ *
  * Sets: "resnet" = the 161 gradients of ResNet-50 (25.6 M fp32 parameters, shapes
  * generated below), "small" = 1,000 tensors of 1 KiB (256 fp32). For each set:
  *   per-tensor  one blocking allreduce per tensor
  *   fuser       register once; each step marks every tensor (last first) and waits
  *   fuser-views the same with bucket views (no copies)
  *   flat        one allreduce of all the bytes
- * and the ratios fuser/flat, views/flat, per-tensor/fuser and per-tensor/views.
+ * and the ratios fuser/flat, views/flat, per-tensor/fuser and per-tensor/views. The
+ * broadcast set alternates one-by-one and coalesced iterations.
  * Each iteration starts after a barrier; its time is the maximum over ranks; the
  * median of -iters iterations is printed.
  *
@@ -301,26 +305,24 @@ static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     int it = cfg->iters, n = s->n;
     void **bufs = calloc((size_t)n, sizeof(void *));
     tutti_dtype_t *dts = calloc((size_t)n, sizeof(*dts));
-    double *t = calloc((size_t)it, sizeof(double));
+    double *t = calloc((size_t)(2 * it), sizeof(double));
     for (int i = 0; i < n; i++) {
         bufs[i] = calloc(s->count[i], sizeof(float));
         dts[i] = TUTTI_FP32;
     }
-    for (int k = 0; k < it; k++) {
+    /* alternating, the first of each pair by turns, so that drift favours neither */
+    for (int k = 0; k < 2 * it; k++) {
+        int coal = (k ^ (k >> 1)) & 1;
         tutti_barrier(comm);
         double t0 = now_s();
-        for (int i = 0; i < n; i++)
-            CHECK(tutti_broadcast(comm, TUTTI_IN_PLACE, bufs[i], s->count[i], TUTTI_FP32, 0));
-        t[k] = now_s() - t0;
+        if (coal)
+            CHECK(tutti_broadcast_coalesced(comm, bufs, s->count, dts, n, 0, 0));
+        else
+            for (int i = 0; i < n; i++)
+                CHECK(tutti_broadcast(comm, TUTTI_IN_PLACE, bufs[i], s->count[i], TUTTI_FP32, 0));
+        t[coal * it + k / 2] = now_s() - t0;
     }
-    double one = median_max(comm, t, it);
-    for (int k = 0; k < it; k++) {
-        tutti_barrier(comm);
-        double t0 = now_s();
-        CHECK(tutti_broadcast_coalesced(comm, bufs, s->count, dts, n, 0, 0));
-        t[k] = now_s() - t0;
-    }
-    double co = median_max(comm, t, it);
+    double one = median_max(comm, t, it), co = median_max(comm, t + it, it);
     if (tutti_comm_rank(comm) == 0) {
         printf("%-24s %2d ranks %3d tensors %8.2f MB  broadcast one by one %8.2f ms  "
                "coalesced %8.2f ms  speed-up %.2f\n",
@@ -335,13 +337,8 @@ static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     free(t);
 }
 
-static int run_rank(const cfg_t *cfg, const char *dir, int rank)
+static void run_sets(tutti_comm_t *comm, const cfg_t *cfg)
 {
-    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
-    tutti_store_t *store;
-    CHECK(tutti_store_open_file(&store, dir, 30000));
-    tutti_comm_t *comm;
-    CHECK(tutti_comm_init(&comm, store, rank, cfg->np, NULL));
     static tset_t resnet, state, small;
     make_resnet(&resnet, &state);
     make_small(&small);
@@ -352,6 +349,16 @@ static int run_rank(const cfg_t *cfg, const char *dir, int rank)
         bench_set(comm, cfg, &resnet);
     if ((all || !strcmp(cfg->set, "bcast")) && !cfg->overlap_only)
         bench_bcast(comm, cfg, &state);
+}
+
+static int run_rank(const cfg_t *cfg, const char *dir, int rank)
+{
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+    tutti_store_t *store;
+    CHECK(tutti_store_open_file(&store, dir, 30000));
+    tutti_comm_t *comm;
+    CHECK(tutti_comm_init(&comm, store, rank, cfg->np, NULL));
+    run_sets(comm, cfg);
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return 0;
@@ -366,7 +373,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 int main(int argc, char **argv)
 {
-    cfg_t cfg = { .np = 2, .iters = 7, .set = "all" };
+    cfg_t cfg = { .iters = 7, .set = "all" };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-np") && i + 1 < argc)
             cfg.np = atoi(argv[++i]);
@@ -382,8 +389,17 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    int from_env = !cfg.np && getenv("TUTTI_RANK");
+    cfg.np = cfg.np ? cfg.np : 2;
     if (cfg.np < 1 || cfg.iters < 1)
         return 2;
+    if (from_env) { /* one rank of a job the environment describes */
+        tutti_comm_t *comm;
+        CHECK(tutti_comm_init_env(&comm, NULL));
+        run_sets(comm, &cfg);
+        tutti_comm_destroy(comm);
+        return 0;
+    }
     char dir[] = "/tmp/fuse-bench.XXXXXX";
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
