@@ -269,12 +269,13 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
 /* One step of an open any-source receive w (q_lock and `executing` held): fail it with
  * its communicator, look for its message, or time it out (failing the communicator, as
  * an ordinary receive's timeout does). 1: still in flight; < 0: failed, err says why. */
-static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *err, size_t errlen)
+static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_search, char *err,
+                    size_t errlen)
 {
     int st = p2p_refused(comm, w, "not completed", err, errlen);
     if (st < 0)
         return st;
-    st = any_search(comm, w, err, errlen);
+    st = may_search ? any_search(comm, w, err, errlen) : 1;
     if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
         return st;
     char what[64], msg[TT_ERRMSG_LEN];
@@ -283,6 +284,18 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *err
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
+}
+
+/* Is an any-source receive with w's tag, issued before w, still looking? Then w must not
+ * look: a probe may read (tcp's reads the next header), so a message that came after
+ * the earlier receive's probe would go to the later receive, against issue order. */
+static int any_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
+        if (e->any_source && e->req.status == 1 && e->req.peer < 0 &&
+            tt_env_tag(e->req.env) == tt_env_tag(w->req.env))
+            return 1;
+    return 0;
 }
 
 /* Complete the in-flight requests the transport finished (q_lock and `executing` held);
@@ -304,7 +317,7 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         char err[TT_ERRMSG_LEN] = "";
         int st = w->req.status;
         if (st == 1 && w->req.peer < 0)
-            st = any_step(comm, w, now, err, sizeof(err));
+            st = any_step(comm, w, now, !any_blocked(comm, w), err, sizeof(err));
         if (st == 1) {
             pp = &w->inflight_next;
             continue;
