@@ -337,13 +337,16 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkTutti::getFuture()
 
 ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                                      int size, std::chrono::milliseconds timeout)
-    : PGBase(rank, size), timeout_(timeout)
+    : PGBase(rank, size), timeout_(timeout), op_timeout_(timeout)
 {
     tutti_comm_opts_t opts;
     tutti_comm_opts_init(&opts);
     const char *env_timeout = std::getenv("TUTTI_TIMEOUT_MS"); /* set on purpose: wins */
     if (!env_timeout || !*env_timeout)
         opts.timeout_ms = (int)std::min<int64_t>(timeout.count(), INT_MAX);
+    /* what bounds every op in tutti: a wait at least this long may run the op itself */
+    if (opts.timeout_ms > 0)
+        op_timeout_ = std::chrono::milliseconds(opts.timeout_ms);
     torch_store_ = store;
     rendezvous(*store, &opts);
     int st = tutti_comm_init(&comm_, store_, rank, size, &opts);
@@ -534,7 +537,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
                                                          std::function<void()> finisher,
                                                          const Call &call)
 {
-    auto work = c10::make_intrusive<WorkTutti>(rank_, type, name, std::move(outputs), timeout_,
+    auto work = c10::make_intrusive<WorkTutti>(rank_, type, name, std::move(outputs), op_timeout_,
                                                &completer_);
     work->buffers = std::move(buffers);
     work->finisher = std::move(finisher);

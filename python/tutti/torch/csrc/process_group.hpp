@@ -165,6 +165,7 @@ class ProcessGroupTutti : public PGBase
     [[noreturn]] void fail(const char *name, int status);
 
     std::chrono::milliseconds timeout_;
+    std::chrono::milliseconds op_timeout_; /* tutti's own (TUTTI_TIMEOUT_MS wins over torch's) */
     std::mutex issue_mu_; /* one caller at a time in tutti (last_error is per comm) */
     c10::intrusive_ptr<c10d::Store> torch_store_; /* behind store_ */
     tutti_store_t *store_ = nullptr;
