@@ -11,6 +11,8 @@ TUTTI_TIMEOUT_MS is set) and bounds Work.wait(); the rest of the TUTTI_* environ
 applies as for any communicator. A job id is derived per group instance unless
 TUTTI_JOB_ID is set.
 """
+import inspect
+
 import torch.distributed as _dist  # before _C: its pybind types are _C's bases
 
 from . import _C
@@ -25,11 +27,18 @@ def _create(store, rank, world_size, timeout):
     return _C.create_process_group(store, rank, world_size, timeout)
 
 
-if not hasattr(_dist.Backend, BACKEND.upper()):
-    if _C.TORCH_VERSION_MAJOR >= 2:  # per-device backends (not built or tested here)
+def _register():
+    # torch 2.x maps devices to backends and warns when a backend names none (2.2, 2.4 and
+    # later); 1.x takes no devices argument. Asking the signature avoids a version table.
+    params = inspect.signature(_dist.Backend.register_backend).parameters
+    if "devices" in params:
         _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
     else:
         _dist.Backend.register_backend(BACKEND, _create)
+
+
+if not hasattr(_dist.Backend, BACKEND.upper()):
+    _register()
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

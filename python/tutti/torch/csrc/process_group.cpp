@@ -281,9 +281,10 @@ void WorkTutti::complete(int status)
         }
     } else if (status != TUTTI_OK) {
         err = std::make_exception_ptr(
+            /* {}: no backtrace (a string in torch 1.x, a lazy value in 2.x) */
             c10::Error(c10::str("tutti backend: ", name, " failed on rank ", rank_, ": ",
                                 tutti_status_name(status), ": ", tutti_work_error(handle)),
-                       ""));
+                       {}));
     }
     finisher = nullptr;
     buffers.clear();
@@ -356,9 +357,7 @@ ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &stor
         TORCH_CHECK(false, "tutti backend: rank ", rank, " of ", size,
                     ": communicator set-up failed: ", tutti_status_name(st), " (", why, ")");
     }
-#if TORCH_VERSION_MAJOR < 2
-    init();
-#endif
+    init(); /* torch's API-usage logging, as ProcessGroupGloo does (1.x and 2.x) */
 }
 
 /* ---- torch's store as a tutti store (tutti_store_ops_t) ---- */
@@ -422,7 +421,8 @@ const tutti_store_ops_t *torch_store_ops()
                    size_t el) {
             auto *st = static_cast<c10d::Store *>(ctx);
             auto *v = static_cast<const uint8_t *>(value);
-            return store_call(st, {}, eb, el, [&] { st->set(key, { v, v + len }); });
+            return store_call(st, {}, eb, el,
+                              [&] { st->set(key, std::vector<uint8_t>(v, v + len)); });
         };
         o.get = [](void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms,
                    char *eb, size_t el) {

@@ -3,7 +3,8 @@
  * holds the tutti work handle and the buffers it uses, and is finished (results copied
  * back, exception set, Future completed) by the group's Completer thread, never under
  * tutti's lock. The base class is c10d::ProcessGroup on torch 1.x and c10d::Backend on
- * torch >= 2 (the 2.x branch follows torch-ccl's and is not built here). */
+ * torch >= 2 (the 2.x branch follows torch-ccl's; type-checked against torch 2.2 and 2.4
+ * headers by tools/dev/check-torch2.sh, never linked or run). */
 #pragma once
 
 #include <atomic>
