@@ -7,6 +7,7 @@
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "core/comm.h"
+#include "core/agree.h"
 #include "core/fault.h"
 
 /* Rooted collectives end with a handshake with the root, so that every rank of a
@@ -18,12 +19,42 @@
  * its part to the root with an empty message. A rank that disagrees about the root,
  * count or dtype sends or expects something else in these places, so the disagreement
  * surfaces on every rank as a mismatch (or through the root's report), never as one
- * rank keeping wrong data. Costs one latency on reduce and gather (the root's sends
- * are posted at once, the non-roots wait for them), two on broadcast and scatter;
- * nothing in bandwidth. */
+ * rank keeping wrong data.
+ *
+ * Waited for in the call (TUTTI_AGREE_LAG=0), this costs one latency on reduce and
+ * gather, two on broadcast and scatter (a small broadcast took three times the one-way
+ * latency MPI's does). By default the messages are checked later (lib/core/agree.c):
+ * a broadcast's or scatter's non-roots confirm without waiting and the root checks the
+ * confirms at later calls; a reduce's or gather's root releases without waiting and
+ * the non-roots check the release later. No release follows a confirm then: a non-root
+ * whose own data matched has the root's data. What is given up: a rank whose own
+ * messages matched returns from a mismatched call, and fails at a later one (within
+ * agree_lag calls), naming this one; and two ranks that both take themselves for a
+ * broadcast's root both return, the one that is not keeping its own buffer. Nothing in
+ * bandwidth either way. */
+enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
+
+static int agree_later(tt_op_t *op, int confirm)
+{
+    static char none;
+    const int is_root = op->rank == op->root;
+    /* confirm: non-roots send, the root receives; release: the reverse */
+    const int nreq = is_root ? op->nranks - 1 : 1;
+    tt_req_t *reqs;
+    TT_CHECK(tt_agree_begin(op, nreq, &reqs));
+    const uint32_t tag = confirm ? CONFIRM_TAG : RELEASE_TAG;
+    if (!is_root)
+        return confirm ? tt_p2p_send(op, op->root, &none, 0, tag, &reqs[0])
+                       : tt_p2p_recv(op, op->root, &none, 0, tag, &reqs[0]);
+    for (int r = 0, k = 0; r < op->nranks; r++)
+        if (r != op->root)
+            TT_CHECK(confirm ? tt_p2p_recv(op, r, &none, 0, tag, &reqs[k++])
+                             : tt_p2p_send(op, r, &none, 0, tag, &reqs[k++]));
+    return TUTTI_OK;
+}
+
 static int root_handshake(tt_op_t *op, int confirm)
 {
-    enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
     char none = 0;
     if (op->rank != op->root) {
         tt_req_t req;
@@ -62,11 +93,15 @@ out:
 /* broadcast, scatter: the root only sends */
 int tt_post_confirm_release(tt_op_t *op)
 {
+    if (op->comm->opts.agree_lag > 0)
+        return agree_later(op, 1);
     return root_handshake(op, 1);
 }
 
 /* reduce, gather: the non-roots only send */
 int tt_post_release(tt_op_t *op)
 {
+    if (op->comm->opts.agree_lag > 0)
+        return agree_later(op, 0);
     return root_handshake(op, 0);
 }

@@ -390,6 +390,7 @@ static const char *const mk_name[] = { "count", "0 vs N", "N vs 0", "dtype", "op
 
 typedef struct mm_shared {
     int kind;
+    int lag; /* TUTTI_AGREE_LAG of the run: > 0 lets a rooted call's check come later */
     int ncases;
     int colls[MM_CASES];
     int status[MM_CASES][MM_RANKS];
@@ -447,8 +448,9 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
         tutti_comm_opts_init(&o);
         o.timeout_ms = 4000;
         o.stall_check_ms = 300;
+        o.agree_lag = sh->lag;
         char prefix[64];
-        snprintf(prefix, sizeof(prefix), "mm%d/%d", sh->kind, k);
+        snprintf(prefix, sizeof(prefix), "mm%d/%d/%d", sh->kind, sh->lag, k);
         o.prefix = prefix;
         tutti_comm_t *comm = NULL;
         int st = tutti_comm_init(&comm, store, rank, nranks, &o);
@@ -457,6 +459,10 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
         FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
         double t0 = th_now_ms();
         st = mm_call(comm, sh->colls[k], sh->kind, rank, nranks);
+        /* checked later: a rank that returned from a mismatched rooted call fails its
+         * next call, naming this one */
+        if (st == TUTTI_OK && sh->lag > 0 && mc_has_root(sh->colls[k]))
+            st = tutti_barrier(comm);
         sh->ms[k][rank] = th_now_ms() - t0;
         sh->status[k][rank] = st;
         snprintf(sh->msg[k][rank], sizeof(sh->msg[k][rank]), "%s",
@@ -491,10 +497,11 @@ static int mm_names_both(int c, int kind, const char *m)
     return 0;
 }
 
-static void run_mm(int kind)
+static void run_mm_lag(int kind, int lag)
 {
     mm_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = kind;
+    sh->lag = lag;
     for (int c = 0; c < MC_N_; c++) {
         if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)))
             continue;
@@ -512,7 +519,12 @@ static void run_mm(int kind)
             const char *m = sh->msg[k][r];
             int failed = st == TUTTI_ERR_MISMATCH ||
                          (st == TUTTI_ERR_PEER && strstr(m, "mismatched collectives"));
-            int named = failed && strstr(m, mc_name[c]) && mm_names_both(c, kind, m);
+            /* checked later, a rank may fail at its next call, on what the mismatched
+             * one left: its message names that call or the mismatch, not always both
+             * sides of the disagreement */
+            int late = lag > 0 && mc_has_root(c);
+            int named = failed && (late ? strstr(m, mc_name[c]) || strstr(m, "mismatched")
+                                        : strstr(m, mc_name[c]) && mm_names_both(c, kind, m));
             if (!failed || !named || sh->ms[k][r] > 3000 || getenv("TT_TEST_VERBOSE")) {
                 bad++;
                 fprintf(stderr, "%s mismatch in %s: rank %d: %s after %.0f ms%s: %s\n",
@@ -523,10 +535,17 @@ static void run_mm(int kind)
     }
     ck_assert_msg(rc == 0, "a rank failed to run the cases");
     ck_assert_msg(bad == 0,
-                  "%s mismatches: %d rank(s) of %d cases succeeded, failed "
+                  "%s mismatches (agree_lag %d): %d rank(s) of %d cases succeeded, failed "
                   "otherwise, too slowly, or without saying both sides",
-                  mk_name[kind], bad, sh->ncases);
+                  mk_name[kind], lag, bad, sh->ncases);
     munmap(sh, sizeof(*sh));
+}
+
+/* Every rank fails: in the call (agree_lag 0), or by the next call (the default). */
+static void run_mm(int kind)
+{
+    run_mm_lag(kind, 0);
+    run_mm_lag(kind, 64);
 }
 
 START_TEST(mismatch_count_every_collective)
@@ -557,6 +576,62 @@ END_TEST
 START_TEST(mismatch_root_every_collective)
 {
     run_mm(MK_ROOT);
+}
+END_TEST
+
+/* Rooted calls back to back, their agreement checked later through a ring of 2
+ * records (so it fills and waits): every result right, against values computed here. */
+static int rank_lagged(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    enum { N = 5 };
+    int32_t in[N], out[N * 4], want[N * 4];
+    for (int it = 0; it < 400; it++) {
+        const int root = it % nranks, c = (it / nranks) % 4;
+        for (int i = 0; i < N; i++)
+            in[i] = it * 1000 + rank * 10 + i;
+        memset(out, 0, sizeof(out));
+        int st, check = 1, len = N;
+        if (c == 0) { /* broadcast: the root's input everywhere */
+            st = tutti_broadcast(comm, in, out, N, TUTTI_INT32, root);
+            for (int i = 0; i < N; i++)
+                want[i] = it * 1000 + root * 10 + i;
+        } else if (c == 1) { /* reduce: the sum at the root */
+            st = tutti_reduce(comm, in, out, N, TUTTI_INT32, TUTTI_SUM, root);
+            for (int i = 0; i < N; i++) {
+                want[i] = 0;
+                for (int r = 0; r < nranks; r++)
+                    want[i] += it * 1000 + r * 10 + i;
+            }
+            check = rank == root;
+        } else if (c == 2) { /* gather: every rank's input, in rank order, at the root */
+            st = tutti_gather(comm, in, out, N, TUTTI_INT32, root);
+            for (int r = 0; r < nranks; r++)
+                for (int i = 0; i < N; i++)
+                    want[r * N + i] = it * 1000 + r * 10 + i;
+            check = rank == root;
+            len = N * nranks;
+        } else { /* scatter: block `rank` of the root's input (N / nranks = 1 each) */
+            st = tutti_scatter(comm, in, out, 1, TUTTI_INT32, root);
+            want[0] = it * 1000 + root * 10 + rank;
+            len = 1;
+        }
+        FAIL_IF(st != 0, "call %d (kind %d, root %d): %s", it, c, root,
+                tutti_comm_last_error(comm));
+        for (int i = 0; check && i < len; i++)
+            FAIL_IF(out[i] != want[i], "call %d (kind %d, root %d): [%d] = %d, want %d", it, c,
+                    root, i, out[i], want[i]);
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+START_TEST(agree_lag_back_to_back)
+{
+    setenv("TUTTI_AGREE_LAG", "2", 1);
+    ck_assert_int_eq(th_run_comm_timeout(3, rank_lagged, NULL, 60000, 20000, 0, NULL), 0);
+    unsetenv("TUTTI_AGREE_LAG");
 }
 END_TEST
 
@@ -629,6 +704,11 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
         break;
     case MM_ROOT: st = tutti_broadcast(comm, buf, buf, 16, TUTTI_FP32, odd ? 1 : 0); break;
     }
+    /* with the agreement checked later, a rank whose own messages matched learns at its
+     * next call */
+    const char *lag = getenv("TUTTI_AGREE_LAG");
+    if (st == TUTTI_OK && kind == MM_ROOT && !(lag && !strcmp(lag, "0")))
+        st = tutti_barrier(comm);
     double dt = th_now_ms() - t0;
     const char *msg = tutti_comm_last_error(comm);
     fprintf(stderr, "rank %d: status %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt, msg);
@@ -683,6 +763,9 @@ START_TEST(mismatch_coll)
 END_TEST
 START_TEST(mismatch_root)
 {
+    setenv("TUTTI_AGREE_LAG", "0", 1); /* every rank fails in the call */
+    run_mismatch(MM_ROOT, 3);
+    unsetenv("TUTTI_AGREE_LAG"); /* by its next call */
     run_mismatch(MM_ROOT, 3);
 }
 END_TEST
@@ -879,7 +962,8 @@ static Suite *suite(void)
     th_add_tests(s, "mismatch", 90,
                  (const TTest *const[]){ mismatch_other_collectives, mismatch_count,
                                          mismatch_count_2ranks, mismatch_dtype, mismatch_op,
-                                         mismatch_coll, mismatch_root, NULL });
+                                         mismatch_coll, mismatch_root, agree_lag_back_to_back,
+                                         NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

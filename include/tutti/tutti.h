@@ -126,6 +126,14 @@ typedef struct tutti_comm_opts {
                                   thread when it waits (no hand-off to the progress
                                   thread); the progress thread runs one nobody waited
                                   for after this long (default 200; 0: never defer) */
+    int agree_lag;               /* TUTTI_AGREE_LAG: rooted collectives (broadcast,
+                                  reduce, gather, scatter) check that every rank agreed
+                                  on the call with messages that up to this many later
+                                  calls may overtake (default 64): a disagreement a
+                                  rank's own data did not reveal fails its next call,
+                                  naming the earlier one. 0: each call waits for its
+                                  check, so every rank of a mismatched call fails in it
+                                  (a round trip more per call) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -29,9 +29,9 @@
  * alltoall   pairwise (p-1)(a + n/p b)
  *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
  * barrier    dissemination: L a
- * Rooted collectives end with a handshake with the root (algorithms/handshake.c): + a
- * for reduce and gather (the root's release), + 2 a for broadcast and scatter (confirm,
- * release). The same for every algorithm of a collective, so it never changes a
+ * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
+ * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
+ * and scatter (confirm, release); by default it is checked later, off the call's path. The same for every algorithm of a collective, so it never changes a
  * choice; it counts where latencies are compared across collectives
  * (tt_comm_pack_below).
  *
@@ -311,7 +311,9 @@ double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
 {
     if (p <= 1)
         return 0;
-    double handshake = coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER       ? 1
+    /* waited for in the call only (agree_lag 0); else it overlaps the calls after */
+    double handshake = c->agree_lag > 0                                       ? 0
+                       : coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER     ? 1
                        : coll == TT_COLL_BROADCAST || coll == TT_COLL_SCATTER ? 2
                                                                               : 0;
     return algo_cost(c, coll, algo, bytes, p, chunk) + handshake * c->alpha_us;

@@ -24,6 +24,7 @@ typedef struct tt_cost {
     double local_beta_ns;
     int nhosts, lmin, lmax;
     char tune[256]; /* TUTTI_COST_MODEL's tune=FILE: measured choices over the model's */
+    int agree_lag;  /* TUTTI_AGREE_LAG: 0 when rooted calls wait for their handshake */
 } tt_cost_t;
 
 /* The parameters from the transports' cost hints (ABI v2 properties): props[i] belongs

@@ -3,6 +3,7 @@
  * accessors (failures are recorded in fault.c). */
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "base/auth.h"
 #include "core/comm.h"
+#include "core/agree.h"
 #include "base/base.h"
 #include "core/job.h"
 #include "reduce/reduce.h"
@@ -74,6 +76,7 @@ static void comm_free(tutti_comm_t *comm)
         tutti_store_close(comm->owned_store);
     if (comm->split_store)
         tutti_store_close(comm->split_store);
+    tt_agree_free(comm); /* after the transport: nothing of it is posted now */
     free(comm->scratch[0]);
     free(comm->scratch[1]);
     free(comm->stage[0]);
@@ -95,15 +98,18 @@ static void comm_free(tutti_comm_t *comm)
 /* Every rank must pick the same algorithms, so every rank takes rank 0's cost
  * parameters, and its choice to probe (a collective): ranks can see different transport
  * names (a rank alone on its host has no local part: "tcp+ibverbs" on some, "ibverbs" on
- * others) or different TUTTI_COST_MODEL values. Exact: hex floats through the store. */
+ * others) or different TUTTI_COST_MODEL values. Exact: hex floats through the store.
+ * Rank 0's TUTTI_AGREE_LAG comes with them: whether rooted calls wait for their
+ * agreement messages is part of their protocol (algorithms/handshake.c). */
 static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen)
 {
     tt_cost_t *c = &comm->cost;
     if (comm->rank == 0) {
+        c->agree_lag = comm->opts.agree_lag;
         /* and the line of its tuning file, if any, after a newline */
         char *pub = NULL;
-        int n = asprintf(&pub, "%a %a %a %a %d %s\n%s", c->alpha_us, c->beta_ns, c->gamma_ns,
-                         c->local_beta_ns, *probe_p, c->source,
+        int n = asprintf(&pub, "%a %a %a %a %d %d %s\n%s", c->alpha_us, c->beta_ns, c->gamma_ns,
+                         c->local_beta_ns, *probe_p, comm->opts.agree_lag, c->source,
                          comm->tune_spec ? comm->tune_spec : "");
         if (n < 0)
             return TUTTI_ERR_NOMEM;
@@ -127,8 +133,9 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     r0.gamma_ns = strtod(end, &end);
     r0.local_beta_ns = strtod(end, &end); /* 0 where rank 0 has no host-mates */
     long probe = strtol(end, &end, 10);
+    long lag = strtol(end, &end, 10);
     int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
-             r0.local_beta_ns >= 0 && (probe == 0 || probe == 1);
+             r0.local_beta_ns >= 0 && (probe == 0 || probe == 1) && lag >= 0 && lag <= INT32_MAX;
     char *nl = ok ? strchr(end + 1, '\n') : NULL;
     ok = ok && nl && memchr(v, '\0', len);
     if (ok) {
@@ -139,6 +146,9 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         if (probe != *probe_p)
             TT_INFO("cost model: %s, as rank 0 does", probe ? "probing" : "not probing");
         *probe_p = (int)probe;
+        if (lag != comm->opts.agree_lag)
+            TT_INFO("agreement lag %ld, as rank 0's (TUTTI_AGREE_LAG)", lag);
+        comm->opts.agree_lag = r0.agree_lag = (int)lag;
     }
     free(v);
     if (!ok) {

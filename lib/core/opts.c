@@ -12,6 +12,7 @@
 #define TT_DEFAULT_SPIN_US 50
 #define TT_DEFAULT_CHUNK (1u << 20)
 #define TT_DEFAULT_DEFER_US 200
+#define TT_DEFAULT_AGREE_LAG 64
 
 int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 {
@@ -44,6 +45,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->checksum = tt_env("CHECKSUM");
     opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
     opts->defer_us = tt_env_int("DEFER_US", TT_DEFAULT_DEFER_US);
+    opts->agree_lag = tt_env_int("AGREE_LAG", TT_DEFAULT_AGREE_LAG);
     return TUTTI_OK;
 }
 
@@ -92,6 +94,8 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
         d.spin_us = 0;
     if (d.defer_us < 0)
         d.defer_us = 0;
+    if (d.agree_lag < 0)
+        d.agree_lag = 0;
     *dst = d;
     return TUTTI_OK;
 }

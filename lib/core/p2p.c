@@ -74,7 +74,7 @@ static inline void not_running(tt_op_t *op, uint64_t gap_ns)
         tt_fault_stopped(op, gap_ns);
 }
 
-static int progress_once(tt_op_t *op, tt_req_t *req)
+int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
 {
     tutti_comm_t *comm = op->comm;
     uint64_t now = tt_now_ns(); /* one reading serves the checks below (a hot path) */
@@ -117,7 +117,7 @@ static int progress_once(tt_op_t *op, tt_req_t *req)
 int tt_p2p_wait(tt_op_t *op, tt_req_t *req)
 {
     while (req->tp.status == 1)
-        TT_CHECK(progress_once(op, req));
+        TT_CHECK(tt_p2p_progress(op, req));
     if (req->tp.status < 0)
         return tt_fault_req(op, &req->tp);
     return TUTTI_OK;
@@ -138,7 +138,7 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
         }
         if (!pending)
             return TUTTI_OK;
-        TT_CHECK(progress_once(op, pending));
+        TT_CHECK(tt_p2p_progress(op, pending));
     }
 }
 

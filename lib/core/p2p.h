@@ -27,6 +27,10 @@ int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_r
 int tt_p2p_wait(tt_op_t *op, tt_req_t *req);
 int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n);
 
+/* One step of progress while req is pending, bounded by the op's deadline: < 0 when
+ * the op failed (timed out, a link failed), described as req's wait. */
+int tt_p2p_progress(tt_op_t *op, tt_req_t *req);
+
 /* Cancel every posted request of op and record status; returns status. */
 int tt_p2p_fail(tt_op_t *op, int status);
 

@@ -14,7 +14,7 @@ size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
                                         comm->opts.chunk_bytes);
     if (!a || comm->nranks < 2)
         return 0;
-    /* the broadcast's confirm/release round (algorithms/handshake.c) is in the estimate */
+    /* with TUTTI_AGREE_LAG=0, the broadcast's confirm/release round is in the estimate */
     double lat = tt_cost_estimate(c, coll, a->name, 0, comm->nranks, comm->opts.chunk_bytes);
     double copy_us = (bcast ? 1 : 2) * c->gamma_ns * 1e-3; /* per byte: in, and out */
     double below = lat / copy_us;

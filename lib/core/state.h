@@ -132,6 +132,10 @@ struct tutti_comm {
     size_t stage_len[2];
 
     tutti_work_t *inflight; /* posted sends/recvs, in posting order */
+    /* rooted calls' agreement messages not yet checked (agree.c): a ring of
+     * opts.agree_lag records, the oldest at agree_head */
+    struct tt_agree_rec *agree;
+    int agree_head, agree_count;
     uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
     int any_next;           /* the peer the next any-source search probes first */

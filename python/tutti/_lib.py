@@ -64,6 +64,7 @@ class CommOpts(ctypes.Structure):
         ("checksum", ctypes.c_char_p),
         ("job_settle_ms", ctypes.c_int),
         ("defer_us", ctypes.c_int),
+        ("agree_lag", ctypes.c_int),
     ]
 
 
