@@ -350,6 +350,9 @@ def mismatch(rank, size):
             dist.all_reduce(t)
         else:
             dist.broadcast(t, 1)
+        # a broadcast's root checks the others' agreement later (TUTTI_AGREE_LAG): it
+        # returns, and fails at its next call
+        dist.barrier()
     except RuntimeError as e:
         return str(e)
     return "no error"
