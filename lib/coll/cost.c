@@ -31,9 +31,9 @@
  * barrier    dissemination: L a
  * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
  * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
- * and scatter (confirm, release); by default it is checked later, off the call's path. The same for every algorithm of a collective, so it never changes a
- * choice; it counts where latencies are compared across collectives
- * (tt_comm_pack_below).
+ * and scatter (confirm, release); by default it is checked later, off the call's path.
+ * The same for every algorithm of a collective, so it never changes a choice; it counts
+ * where latencies are compared across collectives (tt_comm_pack_below).
  *
  * These are the textbook (Thakur, Rabenseifner & Gropp 2005) costs. Alpha and beta come
  * from each transport's own hints (ABI v2 properties; the built-in ones were measured on

@@ -21,7 +21,7 @@ static tt_agree_rec_t *ring_at(tutti_comm_t *comm, int k)
     return &comm->agree[(comm->agree_head + k) % comm->opts.agree_lag];
 }
 
-/* A finished record's requests: 1 when all completed, 0 when some are still posted,
+/* A record's requests: 1 when all completed, 0 when some are still posted,
  * < 0 (the failed one in *bad_p) when one failed. */
 static int rec_state(tt_agree_rec_t *rec, tt_req_t **bad_p)
 {

@@ -92,16 +92,12 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     op->algo_id = algo->id;
     tt_op_start(op, comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
-    /* earlier rooted calls' agreement checks that came in (a full ring waits) */
-    if (comm->agree_count && (st = tt_agree_settle(op, 0)) < 0) {
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(err, errlen, "%s", comm->last_error);
-        pthread_mutex_unlock(&comm->err_lock);
-        return st;
-    }
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
-    st = algo->run(op);
+    /* first, the earlier rooted calls' agreement checks that came in (a poll) */
+    st = comm->agree_count ? tt_agree_settle(op, 0) : TUTTI_OK;
+    if (st == TUTTI_OK)
+        st = algo->run(op);
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
     if (st < 0) {
