@@ -3,13 +3,15 @@
  * mismatches, error reports and abort among it, is test_conformance's) and through the
  * library with TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both
  * ways, on the single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in
- * flight, a rank killed mid-collective, 8 ranks on 2 cores). Every case checks that
+ * flight, a rank killed mid-collective, 8 ranks on 2 cores, two ranks left on one CPU
+ * parting, no page faults on a first pass through the rings). Every case checks that
  * nothing is left in /dev/shm. The correctness matrices (test_coll, test_coll2) also run
  * over shm with TUTTI_TRANSPORT=shm. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <check.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -674,6 +677,135 @@ START_TEST(eight_ranks_two_cpus)
 }
 END_TEST
 
+/* Two ranks made to share one CPU (pinned there after set-up, then given their whole
+ * affinity back: the kernel leaves two cache-hot runnable tasks where they are, for 6 to
+ * 28 ms here) must part: the higher rank, waiting for the other on its own CPU, moves
+ * itself (within a millisecond here) and says so in its log (TUTTI_DEBUG=info, its
+ * stderr sent to a file for the loop). Values checked on every call; every call carries
+ * each rank's CPU, and the loop ends when they differ. */
+/* The rings are mapped in full at set-up (MAP_POPULATE, on both sides): a first pass
+ * through them takes no page fault (it took one per page on each side, 4 to 5 us in a
+ * VM). 2 ranks get rings of 1 MiB; 600 calls of 2 KiB each way go past the end of both. */
+static int rank_no_faults(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    enlist(arg, rank);
+    enum { COUNT = 512, CALLS = 600 }; /* int32 per peer: 2 KiB each way */
+    int32_t *in = malloc((size_t)nranks * COUNT * 4), *out = malloc((size_t)nranks * COUNT * 4);
+    FAIL_IF(!in || !out, "malloc");
+    for (int p = 0; p < nranks; p++)
+        for (int i = 0; i < COUNT; i++)
+            in[p * COUNT + i] = rank * 1000000 + p * 1000 + i;
+    memset(out, 0, (size_t)nranks * COUNT * 4);
+    FAIL_IF(tutti_alltoall(comm, in, out, COUNT, TUTTI_INT32) != 0, "alltoall: %s",
+            tutti_comm_last_error(comm));
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    for (int it = 0; it < CALLS; it++)
+        FAIL_IF(tutti_alltoall(comm, in, out, COUNT, TUTTI_INT32) != 0, "alltoall %d: %s", it,
+                tutti_comm_last_error(comm));
+    getrusage(RUSAGE_SELF, &r1);
+    for (int p = 0; p < nranks; p++)
+        for (int i = 0; i < COUNT; i++)
+            FAIL_IF(out[p * COUNT + i] != p * 1000000 + rank * 1000 + i, "from %d [%d] = %d", p, i,
+                    out[p * COUNT + i]);
+    long faults = r1.ru_minflt - r0.ru_minflt;
+    fprintf(stderr, "rank %d: %d alltoalls of 2 KiB each way, %ld minor faults\n", rank, CALLS,
+            faults);
+    FAIL_IF(faults > 32, "%ld page faults in %d calls (the rings are not mapped up front?)", faults,
+            CALLS);
+    free(in);
+    free(out);
+    return 0;
+}
+
+START_TEST(rings_mapped_up_front)
+{
+    shared_t *sh;
+    tutti_comm_opts_t o = shm_opts(20000);
+    ck_assert_int_eq(run_shm(2, rank_no_faults, 0, 0, &o, 60000, 0, NULL, &sh), 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+#define CALLS_TO_PART 100000
+static int rank_part(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    shared_t *sh = enlist(arg, rank);
+    cpu_set_t all, one;
+    FAIL_IF(sched_getaffinity(0, sizeof(all), &all) != 0, "sched_getaffinity");
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+        if (CPU_ISSET(c, &all))
+            first = c;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "pin to CPU %d", first);
+    int64_t want = (int64_t)nranks * (nranks - 1) / 2;
+    for (int it = 0; it < 200; it++) { /* both on `first`, taking turns */
+        int64_t x = rank, y = 0;
+        FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(y != want, "pinned: sum %lld, want %lld", (long long)y, (long long)want);
+    }
+    char logpath[512];
+    snprintf(logpath, sizeof(logpath), "%s/part-log.%d", dir, rank);
+    fflush(stderr);
+    int saved = dup(2), fd = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    FAIL_IF(saved < 0 || fd < 0 || dup2(fd, 2) < 0, "stderr to %s", logpath);
+    close(fd);
+    FAIL_IF(sched_setaffinity(0, sizeof(all), &all) != 0, "unpin");
+    /* Each call carries the CPU each rank is on; the first call that finds them apart
+     * ends the loop on both (they see the same sums). */
+    int parted = -1;
+    double t0 = th_now_ms();
+    for (int it = 0; it < CALLS_TO_PART && parted < 0; it++) {
+        int64_t x[3] = { rank + it, 0, 0 }, y[3];
+        x[1 + rank] = sched_getcpu() + 1;
+        FAIL_IF(tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(y[0] != want + (int64_t)nranks * it, "sum %lld at %d", (long long)y[0], it);
+        if (y[1] != y[2])
+            parted = it;
+    }
+    double dt = th_now_ms() - t0;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[8192] = "";
+    FILE *f = fopen(logpath, "r");
+    FAIL_IF(!f, "reopen %s", logpath);
+    size_t got = fread(text, 1, sizeof(text) - 1, f);
+    text[got] = 0;
+    fclose(f);
+    if (rank == 1)
+        sh->flag = strstr(text, "rank 1 waited for rank 0 on the same CPU") ? 1 : 0;
+    if (rank == 0) {
+        fprintf(stderr, "two ranks on CPU %d: apart after %d calls (%.1f ms)\n", first, parted, dt);
+        FAIL_IF(parted < 0, "still on one CPU after %d calls", CALLS_TO_PART);
+    }
+    return 0;
+}
+
+START_TEST(ranks_sharing_a_cpu_part)
+{
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
+        fprintf(stderr, "ranks_sharing_a_cpu_part: fewer than 2 CPUs, nothing to part to\n");
+        return;
+    }
+    shared_t *sh;
+    tutti_comm_opts_t o = shm_opts(20000);
+    setenv("TUTTI_DEBUG", "info", 1);
+    int rc = run_shm(2, rank_part, 0, -1, &o, 60000, 0, NULL, &sh);
+    unsetenv("TUTTI_DEBUG");
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(sh->flag == 1, "rank 1 did not say it left the CPU it shared with rank 0");
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
@@ -688,6 +820,8 @@ static Suite *suite(void)
                                      rank_killed_mid_allreduce,
                                      rank_killed_mid_allreduce_single_copy,
                                      eight_ranks_two_cpus,
+                                     ranks_sharing_a_cpu_part,
+                                     rings_mapped_up_front,
                                      NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);

@@ -17,7 +17,7 @@
 
 #define SHM_LINE 64
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
@@ -43,6 +43,8 @@ typedef struct shm_bell {
     _Alignas(SHM_LINE) _Atomic uint32_t attached; /* set-up: peers that mapped it */
     uint32_t magic;
     int32_t owner;
+    /* the CPU the owner last waited on (-1: not known); written when it changes */
+    _Alignas(SHM_LINE) _Atomic int32_t cpu;
 } shm_bell_t;
 
 /* One direction of a pair: sender -> receiver. Each line has one writer. */
@@ -140,6 +142,9 @@ struct shm_tp {
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */
     unsigned spin_probe;
+    int cpu;               /* the CPU we last waited on, as published in our bell */
+    unsigned moves;        /* times we left a CPU shared with a peer */
+    uint64_t next_move_ns; /* not before this */
     uint64_t next_liveness_ns;
     /* names still linked (unlinked as soon as the peers mapped them) */
     char bell_name[64];
