@@ -180,6 +180,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
                           L->peer, L->addr);
             return;
         }
+        tp->moved++;
         size_t left = (size_t)w;
         size_t take = TT_KIT_MIN(left, sizeof(L->shdr) - L->shdr_off);
         L->shdr_off += take;
@@ -220,8 +221,10 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
 {
     for (;;) {
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
-        if (r > 0)
+        if (r > 0) {
+            L->tp->moved++;
             return r;
+        }
         if (r == 0 || errno != EINTR)
             return read_ended(L, r, what);
     }
@@ -265,8 +268,10 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
     for (;;) {
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
         ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
-        if (r > 0)
+        if (r > 0) {
+            L->tp->moved++;
             return r;
+        }
         if (r == 0 || errno != EINTR)
             return read_ended(L, r, what);
     }
@@ -591,7 +596,7 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
-TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all)
+TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all, &tp->moved)
 
 static int link_served(const tcp_tp_t *tp, int peer)
 {

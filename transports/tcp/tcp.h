@@ -129,6 +129,7 @@ struct tcp_tp {
     uv_timer_t timer;
     atomic_int aborted;
     unsigned long completions;
+    unsigned long moved; /* reads and writes that moved bytes (tp_progress_moved) */
     int sockbuf;
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */
