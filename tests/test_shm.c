@@ -683,6 +683,39 @@ END_TEST
  * itself (within a millisecond here) and says so in its log (TUTTI_DEBUG=info, its
  * stderr sent to a file for the loop). Values checked on every call; every call carries
  * each rank's CPU, and the loop ends when they differ. */
+/* stderr into a file (TUTTI_DEBUG=info lines) until log_end(), which reads it back into
+ * text (len bytes). 0, or -1 (said in msg). */
+typedef struct log_capture {
+    char path[512];
+    int saved;
+} log_capture_t;
+
+static int log_begin(log_capture_t *c, const char *dir, const char *what, int rank)
+{
+    snprintf(c->path, sizeof(c->path), "%s/%s-log.%d", dir, what, rank);
+    fflush(stderr);
+    c->saved = dup(2);
+    int fd = open(c->path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    if (c->saved < 0 || fd < 0 || dup2(fd, 2) < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+static int log_end(log_capture_t *c, char *text, size_t len)
+{
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    FILE *f = fopen(c->path, "r");
+    if (!f)
+        return -1;
+    size_t got = fread(text, 1, len - 1, f);
+    text[got] = 0;
+    fclose(f);
+    return 0;
+}
+
 /* The rings are mapped in full at set-up (MAP_POPULATE, on both sides): a first pass
  * through them takes no page fault (it took one per page on each side, 4 to 5 us in a
  * VM). 2 ranks get rings of 1 MiB; 600 calls of 2 KiB each way go past the end of both. */
@@ -749,12 +782,8 @@ static int rank_part(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
                 tutti_comm_last_error(comm));
         FAIL_IF(y != want, "pinned: sum %lld, want %lld", (long long)y, (long long)want);
     }
-    char logpath[512];
-    snprintf(logpath, sizeof(logpath), "%s/part-log.%d", dir, rank);
-    fflush(stderr);
-    int saved = dup(2), fd = open(logpath, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    FAIL_IF(saved < 0 || fd < 0 || dup2(fd, 2) < 0, "stderr to %s", logpath);
-    close(fd);
+    log_capture_t cap;
+    FAIL_IF(log_begin(&cap, dir, "part", rank) != 0, "stderr to a file");
     FAIL_IF(sched_setaffinity(0, sizeof(all), &all) != 0, "unpin");
     /* Each call carries the CPU each rank is on; the first call that finds them apart
      * ends the loop on both (they see the same sums). */
@@ -770,15 +799,8 @@ static int rank_part(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
             parted = it;
     }
     double dt = th_now_ms() - t0;
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char text[8192] = "";
-    FILE *f = fopen(logpath, "r");
-    FAIL_IF(!f, "reopen %s", logpath);
-    size_t got = fread(text, 1, sizeof(text) - 1, f);
-    text[got] = 0;
-    fclose(f);
+    char text[8192];
+    FAIL_IF(log_end(&cap, text, sizeof(text)) != 0, "read back %s", cap.path);
     if (rank == 1)
         sh->flag = strstr(text, "rank 1 waited for rank 0 on the same CPU") ? 1 : 0;
     if (rank == 0) {
@@ -806,6 +828,75 @@ START_TEST(ranks_sharing_a_cpu_part)
 }
 END_TEST
 
+/* Ranks pinned each to a CPU of its own (as mpirun --bind-to core does) are not more
+ * ranks than CPUs: they spin on the CPU before they yield. Each rank pins itself, then
+ * makes its communicator with TUTTI_DEBUG=info and reads the shm transport's line. */
+static int rank_pinned(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    shared_t *sh = enlist(arg, rank);
+    cpu_set_t all, one;
+    FAIL_IF(sched_getaffinity(0, sizeof(all), &all) != 0, "sched_getaffinity");
+    int cpu = -1;
+    for (int c = 0, k = 0; c < CPU_SETSIZE && cpu < 0; c++)
+        if (CPU_ISSET(c, &all) && k++ == rank)
+            cpu = c;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "pin to CPU %d", cpu);
+    log_capture_t cap;
+    FAIL_IF(log_begin(&cap, dir, "pinned", rank) != 0, "stderr to a file");
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    tutti_comm_opts_t o = shm_opts(20000);
+    int st = tutti_store_open_file(&store, dir, 20000);
+    if (st == TUTTI_OK)
+        st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    int64_t x = rank + 1, y = 0;
+    int ar = st == TUTTI_OK ? tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) : st;
+    if (comm)
+        tutti_comm_destroy(comm);
+    if (store)
+        tutti_store_close(store);
+    char text[16384];
+    FAIL_IF(log_end(&cap, text, sizeof(text)) != 0, "read back %s", cap.path);
+    FAIL_IF(st != TUTTI_OK, "init on CPU %d: %s", cpu, tutti_status_name(st));
+    FAIL_IF(ar != TUTTI_OK || y != (int64_t)nranks * (nranks + 1) / 2, "allreduce: %d, sum %lld",
+            ar, (long long)y);
+    const char *line = strstr(text, "shm: 1 local peers");
+    FAIL_IF(!line, "no shm line in the log:\n%s", text);
+    const char *eol = strchr(line, '\n');
+    int over = strstr(line, "more ranks than CPUs") &&
+               (!eol || strstr(line, "more ranks than CPUs") < eol);
+    if (rank == 0)
+        fprintf(stderr, "rank 0 pinned to CPU %d: %.*s\n", cpu,
+                (int)(eol ? eol - line : (long)strlen(line)), line);
+    if (over)
+        sh->flag = 1;
+    return 0;
+}
+
+START_TEST(pinned_ranks_spin)
+{
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
+        fprintf(stderr, "pinned_ranks_spin: fewer than 2 CPUs\n");
+        return;
+    }
+    shared_t *sh = shared_area();
+    setenv("TUTTI_DEBUG", "info", 1);
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_pinned, .arg = sh, .timeout_ms = 30000, .flags = TH_NO_COMM
+    };
+    int rc = th_run_ex(&spec, NULL);
+    unsetenv("TUTTI_DEBUG");
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(sh->flag == 0,
+                  "two ranks pinned to two CPUs were taken for more ranks than CPUs");
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
@@ -822,6 +913,7 @@ static Suite *suite(void)
                                      eight_ranks_two_cpus,
                                      ranks_sharing_a_cpu_part,
                                      rings_mapped_up_front,
+                                     pinned_ranks_spin,
                                      NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);

@@ -23,6 +23,7 @@
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
 #define SHM_HDR_BYTES 56 /* header bytes of a record; inline payload starts here */
 #define SHM_MAX_ERRMSG 2048
+#define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
 /* A record in a ring: 64-byte aligned, so a header never wraps. */
 typedef struct shm_hdr {
@@ -45,6 +46,9 @@ typedef struct shm_bell {
     int32_t owner;
     /* the CPU the owner last waited on (-1: not known); written when it changes */
     _Alignas(SHM_LINE) _Atomic int32_t cpu;
+    /* set-up: the CPUs the owner may run on (a bit per CPU, SHM_CPU_WORDS words), written
+     * before its record goes to the store */
+    uint64_t cpus[SHM_CPU_WORDS];
 } shm_bell_t;
 
 /* One direction of a pair: sender -> receiver. Each line has one writer. */

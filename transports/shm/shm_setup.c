@@ -228,13 +228,36 @@ static void probe_pull(shm_tp_t *tp, shm_link_t *L)
     atomic_store(&L->rx->cma_ok, verdict);
 }
 
-static int cpus_available(void)
+/* The CPUs this process may run on, a bit per CPU, into the doorbell for the peers. */
+static void publish_cpus(shm_tp_t *tp)
 {
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
+    memset(tp->bell->cpus, 0, sizeof(tp->bell->cpus));
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        CPU_ZERO(&set);
+        for (long c = 0; c < (n > 0 ? n : 1) && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, &set);
+    }
+    for (int c = 0; c < CPU_SETSIZE && c < SHM_CPU_WORDS * 64; c++)
+        if (CPU_ISSET(c, &set))
+            tp->bell->cpus[c / 64] |= 1ull << (c % 64);
+}
+
+/* The CPUs this rank and its local peers may run on between them: ranks each pinned to a
+ * CPU of its own are not oversubscribed, though each may use one CPU only. */
+static int cpus_available(shm_tp_t *tp)
+{
+    uint64_t all[SHM_CPU_WORDS];
+    memcpy(all, tp->bell->cpus, sizeof(all));
+    for (int p = 0; p < tp->nranks; p++)
+        if (tp->links[p].served && tp->links[p].peer_bell)
+            for (int w = 0; w < SHM_CPU_WORDS; w++)
+                all[w] |= tp->links[p].peer_bell->cpus[w];
+    int n = 0;
+    for (int w = 0; w < SHM_CPU_WORDS; w++)
+        n += __builtin_popcountll(all[w]);
+    return n > 0 ? n : 1;
 }
 
 /* Our doorbell and the pairs we own (with the higher ranks), then our record in the
@@ -253,6 +276,7 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
     tp->bell->owner = tp->rank;
     atomic_store(&tp->bell->cpu, -1);
     tp->cpu = -1;
+    publish_cpus(tp);
     size_t hdr = pair_header_bytes();
     size_t pair_bytes = hdr + 2 * tp->ring_bytes;
     for (int p = tp->rank + 1; p < tp->nranks; p++) {
@@ -439,7 +463,7 @@ static int setup_finish(shm_tp_t *tp, int nserved)
             tp->pfd_peer[tp->npfds++] = p;
         }
     }
-    tp->oversubscribed = nserved + 1 > cpus_available();
+    tp->oversubscribed = nserved + 1 > cpus_available(tp);
     int pulls = 0;
     for (int p = 0; p < tp->nranks; p++)
         pulls += tp->links[p].served && atomic_load(&tp->links[p].rx->cma_ok) == 1;
