@@ -683,6 +683,33 @@ END_TEST
  * itself (within a millisecond here) and says so in its log (TUTTI_DEBUG=info, its
  * stderr sent to a file for the loop). Values checked on every call; every call carries
  * each rank's CPU, and the loop ends when they differ. */
+/* Pin the calling thread to the k-th CPU it may run on (the mask it had goes to *all):
+ * that CPU, or -1. */
+static int pin_to_cpu(int k, cpu_set_t *all)
+{
+    cpu_set_t one;
+    if (sched_getaffinity(0, sizeof(*all), all) != 0)
+        return -1;
+    for (int c = 0, n = 0; c < CPU_SETSIZE; c++) {
+        if (CPU_ISSET(c, all) && n++ == k) {
+            CPU_ZERO(&one);
+            CPU_SET(c, &one);
+            return sched_setaffinity(0, sizeof(one), &one) == 0 ? c : -1;
+        }
+    }
+    return -1;
+}
+
+/* Placement tests need two CPUs: 1 (said on stderr) where there are fewer. */
+static int fewer_than_two_cpus(const char *test)
+{
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) == 0 && CPU_COUNT(&all) >= 2)
+        return 0;
+    fprintf(stderr, "%s: fewer than 2 CPUs, skipped\n", test);
+    return 1;
+}
+
 /* stderr into a file (TUTTI_DEBUG=info lines) until log_end(), which reads it back into
  * text (len bytes). 0, or -1 (said in msg). */
 typedef struct log_capture {
@@ -766,15 +793,9 @@ static int rank_part(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 {
     (void)dir;
     shared_t *sh = enlist(arg, rank);
-    cpu_set_t all, one;
-    FAIL_IF(sched_getaffinity(0, sizeof(all), &all) != 0, "sched_getaffinity");
-    int first = -1;
-    for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
-        if (CPU_ISSET(c, &all))
-            first = c;
-    CPU_ZERO(&one);
-    CPU_SET(first, &one);
-    FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "pin to CPU %d", first);
+    cpu_set_t all;
+    int first = pin_to_cpu(0, &all);
+    FAIL_IF(first < 0, "pin to the first CPU");
     int64_t want = (int64_t)nranks * (nranks - 1) / 2;
     for (int it = 0; it < 200; it++) { /* both on `first`, taking turns */
         int64_t x = rank, y = 0;
@@ -812,11 +833,8 @@ static int rank_part(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 
 START_TEST(ranks_sharing_a_cpu_part)
 {
-    cpu_set_t all;
-    if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
-        fprintf(stderr, "ranks_sharing_a_cpu_part: fewer than 2 CPUs, nothing to part to\n");
+    if (fewer_than_two_cpus("ranks_sharing_a_cpu_part"))
         return;
-    }
     shared_t *sh;
     tutti_comm_opts_t o = shm_opts(20000);
     setenv("TUTTI_DEBUG", "info", 1);
@@ -835,15 +853,9 @@ static int rank_pinned(int rank, int nranks, tutti_comm_t *unused, const char *d
 {
     (void)unused;
     shared_t *sh = enlist(arg, rank);
-    cpu_set_t all, one;
-    FAIL_IF(sched_getaffinity(0, sizeof(all), &all) != 0, "sched_getaffinity");
-    int cpu = -1;
-    for (int c = 0, k = 0; c < CPU_SETSIZE && cpu < 0; c++)
-        if (CPU_ISSET(c, &all) && k++ == rank)
-            cpu = c;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "pin to CPU %d", cpu);
+    cpu_set_t all;
+    int cpu = pin_to_cpu(rank, &all);
+    FAIL_IF(cpu < 0, "pin to CPU number %d", rank);
     log_capture_t cap;
     FAIL_IF(log_begin(&cap, dir, "pinned", rank) != 0, "stderr to a file");
     tutti_store_t *store = NULL;
@@ -878,11 +890,8 @@ static int rank_pinned(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 START_TEST(pinned_ranks_spin)
 {
-    cpu_set_t all;
-    if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) {
-        fprintf(stderr, "pinned_ranks_spin: fewer than 2 CPUs\n");
+    if (fewer_than_two_cpus("pinned_ranks_spin"))
         return;
-    }
     shared_t *sh = shared_area();
     setenv("TUTTI_DEBUG", "info", 1);
     th_spec_t spec = {
