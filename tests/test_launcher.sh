@@ -214,14 +214,20 @@ kill -TERM $lpid; wait_bounded $lpid; rc=$?
 [ "$rc" = 143 ] || fail "SIGTERM of tutti-bench: exit $rc, expected 143"
 why=$(all_gone $m) || fail "SIGTERM of tutti-bench -np 3: $why"
 
-# SIGHUP of tutti-run (a background job ignores SIGINT): the same
-m=run-hup-$$; marks="$marks $m"
-TEST_MARK=$m "$run" -np 2 sh -c 'sleep 21 & echo x >'"$tmp"'/h.$TUTTI_RANK; wait' </dev/null >/dev/null 2>&1 &
-lpid=$!
-for _ in $(seq 200); do [ -s $tmp/h.0 ] && [ -s $tmp/h.1 ] && break; sleep .05; done
-kill -HUP $lpid; wait_bounded $lpid; rc=$?
-[ "$rc" = 129 ] || fail "SIGHUP of tutti-run: exit $rc, expected 129"
-why=$(all_gone $m) || fail "SIGHUP of tutti-run: $why"
+# SIGHUP of tutti-run (a background job ignores SIGINT): the same. Where this script
+# started with SIGHUP ignored (under nohup), tutti-run keeps it ignored, as it should, and
+# a shell cannot undo that: the case has nothing to test there.
+if (( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$$/status) & 1 )); then
+    echo "SIGHUP is ignored in this environment (nohup?): its case skipped"
+else
+    m=run-hup-$$; marks="$marks $m"
+    TEST_MARK=$m "$run" -np 2 sh -c 'sleep 21 & echo x >'"$tmp"'/h.$TUTTI_RANK; wait' </dev/null >/dev/null 2>&1 &
+    lpid=$!
+    for _ in $(seq 200); do [ -s $tmp/h.0 ] && [ -s $tmp/h.1 ] && break; sleep .05; done
+    kill -HUP $lpid; wait_bounded $lpid; rc=$?
+    [ "$rc" = 129 ] || fail "SIGHUP of tutti-run: exit $rc, expected 129"
+    why=$(all_gone $m) || fail "SIGHUP of tutti-run: $why"
+fi
 
 # TUTTI_JOB_ID: the same on every rank of a launch, another on the next launch; the
 # user's kept; --job-id; nodes of one job agree without talking
