@@ -521,8 +521,8 @@ static void abort_all(shm_tp_t *tp)
 /* Two local ranks that wait for each other on one CPU while another CPU idles take turns
  * through sched_yield (7 us a switch here, against 0.5 us for a message between two
  * CPUs), and the kernel leaves them so: both stay runnable and cache-hot, which its load
- * balancer does not move. A rank that finds the peer it waits for on its own CPU, with
- * fewer local ranks than CPUs, moves itself (the higher rank of the two): its affinity
+ * balancer does not move. A rank that finds a peer it has traffic pending with on its own
+ * CPU, with fewer local ranks than CPUs, moves itself (the higher rank of the two): its affinity
  * narrowed to a CPU no local peer was seen on, then given back as it was, so the kernel's
  * placement holds from there. Tried again after a pause that doubles from 1 ms to 128 ms
  * while moves keep coming (someone may keep moving us back). */
