@@ -1314,7 +1314,7 @@ static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int
     int st = tutti_comm_init(&set.main, store, rank, size, &opts);
     if (st != TUTTI_OK) {
         fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init: %s (%s): %s\n", rank,
-                tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
+                tutti_strerror(st), tutti_status_name(st), tutti_comm_last_error(NULL));
         return 3;
     }
     int rc = 0;
@@ -1330,7 +1330,7 @@ static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int
         }
         if (st != TUTTI_OK) {
             fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init (%s): %s (%s): %s\n", rank, spec,
-                    tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
+                    tutti_strerror(st), tutti_status_name(st), tutti_comm_last_error(NULL));
             rc = 3;
             goto out;
         }
@@ -1376,7 +1376,7 @@ static int run_local_rank(const bench_cfg_t *cfg, const char *dir, int rank)
     st = tutti_comm_init(&comm, store, rank, cfg->np, &opts);
     if (st != TUTTI_OK) {
         fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init: %s (%s): %s\n", rank,
-                tutti_strerror(st), tutti_status_name(st), tutti_store_last_error(store));
+                tutti_strerror(st), tutti_status_name(st), tutti_comm_last_error(NULL));
         goto out_store;
     }
     rc = bench_one(cfg, comm);
@@ -1527,8 +1527,8 @@ static int run_env(const bench_cfg_t *cfg)
     tutti_comm_t *comm;
     int st = tutti_comm_init_env(&comm, &opts);
     if (st != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: tutti_comm_init_env: %s (%s)\n", tutti_strerror(st),
-                tutti_status_name(st));
+        fprintf(stderr, "tutti-bench: tutti_comm_init_env: %s (%s): %s\n", tutti_strerror(st),
+                tutti_status_name(st), tutti_comm_last_error(NULL));
         return 3;
     }
     return bench_one(cfg, comm);

@@ -538,9 +538,68 @@ START_TEST(tune_file_lines)
     ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
     ck_assert_ptr_null(spec);
     ck_assert_msg(strstr(err, path) && strstr(err, "bogus"), "%s", err);
+    /* a garbled line anywhere is an error naming it, even after the line that matches */
+    static const char *const garbled[] = { "shm 3 ring\nrubbish here\n", "shm three ring\n",
+                                           "tcp 3\n", "shm 0 allreduce:ring\n" };
+    static const int at_line[] = { 2, 1, 1, 1 };
+    for (size_t i = 0; i < sizeof(garbled) / sizeof(*garbled); i++) {
+        write_text(path, garbled[i]);
+        ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)),
+                         TUTTI_ERR_CONFIG);
+        ck_assert_ptr_null(spec);
+        char want[96];
+        snprintf(want, sizeof(want), "line %d: expected", at_line[i]);
+        ck_assert_msg(strstr(err, path) && strstr(err, want), "%s: %s", garbled[i], err);
+    }
+    /* a line past the buffer is refused, not split into two */
+    char longl[5000];
+    memset(longl, 'x', sizeof(longl) - 2);
+    memcpy(longl, "shm 3 ", 6);
+    longl[sizeof(longl) - 2] = '\n';
+    longl[sizeof(longl) - 1] = '\0';
+    write_text(path, longl);
+    ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
+    ck_assert_msg(strstr(err, "line 1: longer than"), "%s", err);
     unlink(path);
     ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
     ck_assert_msg(strstr(err, path) && strstr(err, "No such file"), "%s", err);
+}
+END_TEST
+
+/* Rank 0's tuning file is bad: every rank's init fails at once (not after the store's
+ * 20 s timeout), and tutti_comm_last_error(NULL) says why, naming the file. */
+static int rank_bad_tune(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cost_model = rank == 0 ? arg : "table";
+    tutti_comm_t *comm = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "rank %d: init gave %s", rank, tutti_status_name(st));
+    const char *why = tutti_comm_last_error(NULL);
+    FAIL_IF(!strstr(why, (const char *)arg + 5) || !strstr(why, "line 2"), "rank %d: %s", rank,
+            why);
+    FAIL_IF(rank && !strstr(why, "rank 0 failed its cost model"), "rank %d: %s", rank, why);
+    FAIL_IF(s > 10, "rank %d waited %.1f s", rank, s);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(tune_bad_on_rank0)
+{
+    static char path[64], model[80];
+    snprintf(path, sizeof(path), "/tmp/tutti-tune-bad-%d.txt", (int)getpid());
+    write_text(path, "shm 3 allreduce:ring\nnot a tuning line\n");
+    snprintf(model, sizeof(model), "tune=%s", path);
+    ck_assert_int_eq(th_run_nocomm(3, rank_bad_tune, model, 60000), 0);
+    unlink(path);
 }
 END_TEST
 
@@ -597,6 +656,6 @@ int main(void)
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);
-    th_add_tests(s, "tune", 60, (const TTest *const[]){ tune_file_lines, tune_agrees, NULL });
+    th_add_tests(s, "tune", 60, (const TTest *const[]){ tune_file_lines, tune_agrees, tune_bad_on_rank0, NULL });
     return th_main(s);
 }

@@ -183,7 +183,9 @@ int tutti_comm_rank(const tutti_comm_t *comm);
 int tutti_comm_size(const tutti_comm_t *comm);
 
 /* What went wrong last: op, sequence number, peer rank, address, errno. Never NULL;
- * "" when nothing failed. Valid until the next call on comm. */
+ * "" when nothing failed. Valid until the next call on comm. With comm NULL: why this
+ * thread's last tutti_comm_init or tutti_comm_init_env failed (a failed set-up leaves no
+ * communicator to ask; "" if it succeeded), valid until this thread's next one. */
 const char *tutti_comm_last_error(const tutti_comm_t *comm);
 
 /* Transport(s) the communicator uses: "tcp", "shm", or "shm+tcp" when local and

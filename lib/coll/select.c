@@ -401,16 +401,19 @@ int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *e
 }
 
 /* A line of a tuning file: "<transport> <ranks> <TUTTI_ALGO spec>"; '#' starts a
- * comment. 1: it is (transport, nranks)'s, its spec in *spec_p (malloc'ed). */
+ * comment. 0: blank or not ours; 1: (transport, nranks)'s, its spec in *spec_p
+ * (malloc'ed; spec_p NULL once found); -1 out of memory; -2 garbled. */
 static int tune_line(char *line, const char *transport, int nranks, char **spec_p)
 {
     line[strcspn(line, "#\n")] = '\0';
     char tp[64];
     int n, at = 0;
-    if (sscanf(line, " %63s %d %n", tp, &n, &at) < 2 || !at)
+    if (line[strspn(line, " \t\r")] == '\0')
         return 0;
-    if (strcmp(tp, transport) || n != nranks)
-        return 0;
+    if (sscanf(line, " %63s %d %n", tp, &n, &at) < 2 || !at || n < 1 || !line[at])
+        return -2;
+    if (!spec_p || strcmp(tp, transport) || n != nranks)
+        return 0; /* not ours, or ours again after the first (which wins) */
     char *spec = line + at;
     size_t len = strlen(spec);
     while (len && isspace((unsigned char)spec[len - 1]))
@@ -429,10 +432,29 @@ int tt_algo_tune_load(const char *path, const char *transport, int nranks, char 
         return TUTTI_ERR_CONFIG;
     }
     char line[4096];
-    int st = 0;
-    while (st == 0 && fgets(line, sizeof(line), f))
-        st = tune_line(line, transport, nranks, spec_p);
+    int st = 0, lineno = 0;
+    while (st >= 0 && st != -2 && fgets(line, sizeof(line), f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "tuning file %s, line %d: longer than %zu bytes", path, lineno,
+                     sizeof(line) - 2);
+            free(*spec_p);
+            *spec_p = NULL;
+            fclose(f);
+            return TUTTI_ERR_CONFIG;
+        }
+        int r = tune_line(line, transport, nranks, *spec_p ? NULL : spec_p);
+        st = r ? r : st; /* every line is checked; the first of ours decides */
+    }
     fclose(f);
+    if (st == -2) {
+        free(*spec_p);
+        *spec_p = NULL;
+        snprintf(err, errlen,
+                 "tuning file %s, line %d: expected \"<transport> <ranks> <TUTTI_ALGO spec>\"",
+                 path, lineno);
+        return TUTTI_ERR_CONFIG;
+    }
     if (st < 0)
         return TUTTI_ERR_NOMEM;
     if (!*spec_p)

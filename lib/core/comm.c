@@ -19,9 +19,23 @@
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
 
+/* Why this thread's last tutti_comm_init or tutti_comm_init_env failed ("" when it did
+ * not): a failed set-up leaves no communicator to ask (ncclGetLastError(NULL) does the same). */
+static __thread char init_error[TT_ERRMSG_LEN];
+
+static int init_error_set(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int init_error_set(int st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(init_error, sizeof(init_error), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 const char *tutti_comm_last_error(const tutti_comm_t *comm)
 {
-    return comm ? comm->last_error : "no communicator";
+    return comm ? comm->last_error : init_error;
 }
 
 int tutti_comm_rank(const tutti_comm_t *comm)
@@ -123,8 +137,13 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     size_t len;
     int st = tutti_store_get(comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
     if (st < 0) {
-        snprintf(err, errlen, "rank %d: rank 0's cost model: %s", comm->rank, tutti_strerror(st));
+        snprintf(err, errlen, "rank 0's cost model: %s", tutti_strerror(st));
         return st;
+    }
+    if (len >= 2 && ((char *)v)[0] == '!' && memchr(v, '\0', len)) {
+        snprintf(err, errlen, "rank 0 failed its cost model: %s", (char *)v + 1);
+        free(v);
+        return TUTTI_ERR_CONFIG;
     }
     tt_cost_t r0 = *c;
     char *s = v, *end;
@@ -152,7 +171,7 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     }
     free(v);
     if (!ok) {
-        snprintf(err, errlen, "rank %d: rank 0's cost model is garbled", comm->rank);
+        snprintf(err, errlen, "rank 0's cost model is garbled");
         return TUTTI_ERR_PROTOCOL;
     }
     if (r0.alpha_us != c->alpha_us || r0.beta_ns != c->beta_ns || r0.gamma_ns != c->gamma_ns ||
@@ -249,6 +268,19 @@ static int comm_join(tutti_comm_t *comm, tutti_store_t *store, const char *split
     return TUTTI_OK;
 }
 
+/* Rank 0's cost model (TUTTI_COST_MODEL, its tuning file) failed: the others would wait
+ * for it until the store's timeout, so rank 0 publishes the failure in its place ("!" and
+ * the reason) and they fail at once, naming it. */
+static int cost_fail(tutti_comm_t *comm, int st, const char *why)
+{
+    if (comm->rank == 0 && comm->nranks > 1) {
+        char pub[600];
+        int n = snprintf(pub, sizeof(pub), "!%s", why);
+        (void)tutti_store_set(comm->store, "cost_model", pub, (size_t)n + 1);
+    }
+    return init_fail(comm, st, why);
+}
+
 /* The transports, and the cost model every rank agrees on; *probe_p: measure it. */
 static int comm_connect(tutti_comm_t *comm, int *probe_p)
 {
@@ -266,13 +298,13 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
     if (cm && *cm && !*probe_p && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
         if (st < 0)
-            return init_fail(comm, st, err);
+            return cost_fail(comm, st, err);
     }
     if (comm->rank == 0 && comm->cost.tune[0]) {
         st = tt_algo_tune_load(comm->cost.tune, comm->tp_name, comm->nranks, &comm->tune_spec, err,
                                sizeof(err));
         if (st < 0)
-            return init_fail(comm, st, err);
+            return cost_fail(comm, st, err);
         if (!comm->tune_spec)
             TT_INFO("tuning file %s has no line for %s on %d ranks: the model alone decides",
                     comm->cost.tune, comm->tp_name, comm->nranks);
@@ -362,14 +394,20 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     char err[TT_ERRMSG_LEN];
     if (!comm_p || !store) {
         TT_WARN("tutti_comm_init: %s is NULL", comm_p ? "store" : "comm_p");
-        return TUTTI_ERR_INVALID_ARG;
+        return init_error_set(TUTTI_ERR_INVALID_ARG, "tutti_comm_init: %s is NULL",
+                              comm_p ? "store" : "comm_p");
     }
     if (size < 1 || rank < 0 || rank >= size) {
         TT_WARN("tutti_comm_init: rank %d is not in [0, %d)", rank, size);
-        return TUTTI_ERR_INVALID_ARG;
+        return init_error_set(TUTTI_ERR_INVALID_ARG, "tutti_comm_init: rank %d is not in [0, %d)",
+                              rank, size);
     }
     tt_log_set_rank(rank);
-    return comm_create(comm_p, store, NULL, rank, size, opts, err, sizeof(err));
+    init_error[0] = '\0';
+    int st = comm_create(comm_p, store, NULL, rank, size, opts, err, sizeof(err));
+    if (st < 0)
+        init_error_set(st, "%s", err);
+    return st;
 }
 
 /* This rank's place among the ranks of its color (colors and keys: (color, key) pairs
@@ -457,21 +495,25 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
                  getenv("MASTER_PORT"));
         url = urlbuf;
     }
+    init_error[0] = '\0';
     if (!comm_p || !rank_s || !size_s || !url) {
-        TT_WARN("tutti_comm_init_env: need TUTTI_RANK (or RANK), TUTTI_WORLD_SIZE (or "
-                "WORLD_SIZE) and TUTTI_STORE (or MASTER_ADDR and MASTER_PORT); missing %s",
-                !rank_s   ? "the rank"
-                : !size_s ? "the world size"
-                          : "the store");
+        init_error_set(0,
+                       "tutti_comm_init_env: need TUTTI_RANK (or RANK), TUTTI_WORLD_SIZE (or "
+                       "WORLD_SIZE) and TUTTI_STORE (or MASTER_ADDR and MASTER_PORT); missing %s",
+                       !comm_p   ? "comm_p"
+                       : !rank_s ? "the rank"
+                       : !size_s ? "the world size"
+                                 : "the store");
+        TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
     char *end;
     long rank = strtol(rank_s, &end, 10);
-    if (*end || rank < 0)
-        return TUTTI_ERR_CONFIG;
-    long size = strtol(size_s, &end, 10);
-    if (*end || size < 1 || rank >= size) {
-        TT_WARN("tutti_comm_init_env: rank %ld, world size %s: bad values", rank, size_s);
+    long size = rank_s[0] && !*end ? strtol(size_s, &end, 10) : -1;
+    if (!rank_s[0] || !size_s[0] || *end || rank < 0 || size < 1 || rank >= size) {
+        init_error_set(0, "tutti_comm_init_env: rank \"%s\", world size \"%s\": not a rank in [0, size)",
+                       rank_s, size_s);
+        TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
     tutti_store_opts_t so;
@@ -500,8 +542,9 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     tutti_store_t *store;
     int st = tutti_store_open(&store, url, &so);
     if (st < 0) {
-        TT_WARN("tutti_comm_init_env: rank %ld cannot open store %s: %s: %s", rank, url,
-                tutti_strerror(st), tutti_store_last_error(NULL));
+        init_error_set(st, "tutti_comm_init_env: rank %ld cannot open store %s: %s: %s", rank, url,
+                       tutti_strerror(st), tutti_store_last_error(NULL));
+        TT_WARN("%s", init_error);
         return st;
     }
     st = tutti_comm_init(comm_p, store, (int)rank, (int)size, opts);

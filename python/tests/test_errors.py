@@ -163,3 +163,14 @@ def test_store_close_refused_while_used(tmp_path):
         store.close()
     comm.destroy()
     store.close()
+
+
+def test_failed_setup_says_why(tmp_path):
+    """A communicator that cannot be set up raises with the library's cause (there is no
+    communicator to ask: tutti_comm_last_error(NULL)), here a tuning file's bad line."""
+    bad = tmp_path / "bad.tune"
+    bad.write_text("shm 1 allreduce:ring\nnonsense\n")
+    store = tutti.Store(f"file://{tmp_path}")
+    with pytest.raises(tutti.Error, match=r"bad\.tune, line 2: expected"):
+        tutti.Communicator(store, 0, 1, job_id="bad-tune", cost_model=f"tune={bad}")
+    store.close()

@@ -293,11 +293,10 @@ class Communicator(_Handle):
         st = call(ctypes.byref(h), ctypes.byref(o))
         del keep
         if st < 0:
-            # A failed init leaves no communicator to ask: the log has the detail.
+            # A failed init leaves no communicator: the library keeps this thread's cause.
             where = store.url if store is not None else "the environment"
-            raise error_for(st, f"tutti: communicator set-up through {where} failed: "
-                                f"{_lib_.tutti_strerror(st).decode()} (TUTTI_DEBUG=info "
-                                "logs the cause)")
+            why = _lib_.tutti_comm_last_error(None).decode() or _lib_.tutti_strerror(st).decode()
+            raise error_for(st, f"tutti: communicator set-up through {where} failed: {why}")
         self._h, self._store = h, store
         _live_comms.add(self)
         self.rank = _lib_.tutti_comm_rank(h)
