@@ -14,7 +14,14 @@ FILE for other (transport, ranks) pairs are kept; the rest is replaced.
                 [-R 3] [--from-json F.json ...]
 
 --from-json builds the file from `tutti-bench --algo all --json` outputs instead of
-running anything (repeats of one configuration are medianed)."""
+running anything (repeats of one configuration are medianed); --save DIR keeps each
+run's JSON there.
+
+--check (with runs or --from-json) writes no file: per (transport, ranks, collective)
+and size it prints how much slower the model's pick (the JSON's "model": the cost model
+the runs had, --model SPEC sets their TUTTI_COST_MODEL, e.g. tune=FILE; none: the table)
+was than the fastest algorithm, each by its median p50 over the repeats, and lists the
+sizes where that exceeds --slack (default 10 %)."""
 import argparse
 import collections
 import json
@@ -45,12 +52,61 @@ def run_bench(a, transport, ranks, coll):
     env = dict(os.environ)
     env.pop("TUTTI_COST_MODEL", None)
     env.pop("TUTTI_ALGO", None)
+    if a.model:
+        env["TUTTI_COST_MODEL"] = a.model
     try:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, timeout=3600)
         with open(path) as f:
-            return json.load(f)
+            rows = json.load(f)
+        if a.save:
+            os.makedirs(a.save, exist_ok=True)
+            with open(os.path.join(a.save, f"{transport}-{ranks}-{coll}-{a.rep}.json"), "w") as f:
+                json.dump(rows, f)
+        return rows
     finally:
         os.unlink(path)
+
+
+def medians(rows):
+    """size -> algorithm -> median p50 over the repeats, and size -> the model's picks."""
+    times = collections.defaultdict(lambda: collections.defaultdict(list))
+    picks = collections.defaultdict(list)
+    for r in rows:
+        for algo, t in r["algos"].items():
+            if t and t.get("p50_us") is not None:
+                times[r["size"]][algo].append(t["p50_us"])
+        if r.get("model"):
+            picks[r["size"]].append(r["model"])
+    return ({s: {al: statistics.median(v) for al, v in d.items()} for s, d in times.items()},
+            picks)
+
+
+def check(groups, slack):
+    """Print the model's pick against the fastest per size; return (misses, sizes)."""
+    misses = total = 0
+    worst = (0.0, None)
+    for (tp, ranks, coll), rows in sorted(groups.items()):
+        med, picks = medians(rows)
+        line = []
+        for size in sorted(med):
+            if not picks[size]:
+                continue
+            pick = collections.Counter(picks[size]).most_common(1)[0][0]
+            best = min(med[size], key=med[size].get)
+            if pick not in med[size]:
+                continue
+            over = med[size][pick] / med[size][best] - 1
+            total += 1
+            if over > slack:
+                misses += 1
+                line.append(f"{size} B {pick} +{100 * over:.0f}% (fastest {best})")
+            if over > worst[0]:
+                worst = (over, f"{tp} {ranks} {coll} {size} B: {pick} against {best}")
+        n = len(rows) // max(1, len(med))
+        print(f"{tp} {ranks} {coll:14s} x{n}: " + ("; ".join(line) if line else "within"))
+    print(f"# the model's pick within {100 * slack:.0f}% of the fastest at {total - misses} of "
+          f"{total} sizes" + (f"; worst +{100 * worst[0]:.1f}% ({worst[1]})" if worst[1] else ""))
+    return misses, total
 
 
 def spec_of(rows):
@@ -104,6 +160,10 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-R", type=int, default=3)
     p.add_argument("--from-json", nargs="+")
+    p.add_argument("--save")
+    p.add_argument("--model")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--slack", type=float, default=0.10)
     a = p.parse_args()
 
     groups = collections.defaultdict(list)  # (transport, ranks, coll) -> rows
@@ -115,6 +175,7 @@ def main():
                         groups[(r["transport"], r["ranks"], r["coll"])].append(r)
     else:
         for rep in range(a.R):
+            a.rep = rep
             for tp in a.transports.split():
                 for ranks in map(int, a.ranks.split()):
                     for coll in a.colls.split():
@@ -122,6 +183,9 @@ def main():
                               file=sys.stderr)
                         for r in run_bench(a, tp, ranks, coll):
                             groups[(tp, ranks, coll)].append(r)
+    if a.check:
+        check(groups, a.slack)
+        return
     lines = collections.defaultdict(list)
     for (tp, ranks, coll), rows in sorted(groups.items()):
         spec = spec_of(rows)
