@@ -21,7 +21,11 @@ run's JSON there.
 and size it prints how much slower the model's pick (the JSON's "model": the cost model
 the runs had, --model SPEC sets their TUTTI_COST_MODEL, e.g. tune=FILE; none: the table)
 was than the fastest algorithm, each by its median p50 over the repeats, and lists the
-sizes where that exceeds --slack (default 10 %)."""
+sizes where that exceeds --slack (default 10 %).
+
+--cross (repeats of each configuration needed) tests the tuning out of sample: each
+repeat in turn is held out, the pick measured on the others is timed against that
+repeat's fastest, and the table model's pick (the runs' "model") likewise."""
 import argparse
 import collections
 import json
@@ -79,6 +83,48 @@ def medians(rows):
             picks[r["size"]].append(r["model"])
     return ({s: {al: statistics.median(v) for al, v in d.items()} for s, d in times.items()},
             picks)
+
+
+def cross(groups, slack):
+    """Leave-one-out over the repeats: the choice measured on the other repeats (the
+    tuning file's pick) against the fastest of the held-out repeat, per size; and the
+    table model's pick (the runs' "model") the same way. Return (misses, sizes) of the
+    tuned picks."""
+    misses = total = tmiss = 0
+    worst = (0.0, None)
+    for (tp, ranks, coll), rows in sorted(groups.items()):
+        seen = collections.Counter()
+        reps = collections.defaultdict(list)  # the k-th row of a size is repeat k's
+        for r in rows:
+            reps[seen[r["size"]]].append(r)
+            seen[r["size"]] += 1
+        if len(reps) < 2:
+            continue
+        line = []
+        for k, held in sorted(reps.items()):
+            train, _ = medians([r for j, rs in reps.items() if j != k for r in rs])
+            for r in held:
+                t = {al: v["p50_us"] for al, v in r["algos"].items()
+                     if v and v.get("p50_us") is not None}
+                if r["size"] not in train or not t:
+                    continue
+                pick = min(train[r["size"]], key=train[r["size"]].get)
+                best = min(t, key=t.get)
+                over = t[pick] / t[best] - 1 if pick in t else 0.0
+                total += 1
+                if r.get("model") in t and t[r["model"]] / t[best] - 1 > slack:
+                    tmiss += 1
+                if over > slack:
+                    misses += 1
+                    line.append(f"{r['size']} B {pick} +{100 * over:.0f}% ({best}, run {k + 1})")
+                if over > worst[0]:
+                    worst = (over, f"{tp} {ranks} {coll} {r['size']} B run {k + 1}: {pick} "
+                                   f"against {best}")
+        print(f"{tp} {ranks} {coll:14s} x{len(reps)}: " + ("; ".join(line) if line else "within"))
+    print(f"# leave-one-out: the tuned pick within {100 * slack:.0f}% of the held-out run's "
+          f"fastest at {total - misses} of {total} (size, run)s; the table model's at "
+          f"{total - tmiss}" + (f"; worst +{100 * worst[0]:.1f}% ({worst[1]})" if worst[1] else ""))
+    return misses, total
 
 
 def check(groups, slack):
@@ -163,6 +209,7 @@ def main():
     p.add_argument("--save")
     p.add_argument("--model")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--cross", action="store_true")
     p.add_argument("--slack", type=float, default=0.10)
     a = p.parse_args()
 
@@ -185,6 +232,9 @@ def main():
                             groups[(tp, ranks, coll)].append(r)
     if a.check:
         check(groups, a.slack)
+        return
+    if a.cross:
+        cross(groups, a.slack)
         return
     lines = collections.defaultdict(list)
     for (tp, ranks, coll), rows in sorted(groups.items()):

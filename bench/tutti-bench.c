@@ -640,6 +640,8 @@ static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, co
 
 /* ---- one rank ---------------------------------------------------------------------- */
 
+enum { ALGO_ROUNDS = 5 }; /* --algo all: the algorithms alternate this many times a size */
+
 typedef struct bench_ctx {
     const bench_cfg_t *cfg;
     tutti_comm_t *comm;
@@ -750,26 +752,30 @@ static const void *result_at(const bench_ctx_t *b, size_t count, int in_place)
     return b->recv;
 }
 
-static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place, bench_half_t *h)
+/* warmup untimed calls, then iters timed ones: each one's max over ranks into times.
+ * With check, the result is checked after (*wrong_p: wrong elements over every rank;
+ * -1 unchecked). */
+static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_place, int warmup,
+                      int iters, double *times, int check, long long *wrong_p)
 {
     const bench_cfg_t *cfg = b->cfg;
     const char *what = coll_names[cfg->coll];
     int st;
     prepare(b, count, in_place);
-    for (int i = 0; i < cfg->warmup; i++)
+    for (int i = 0; i < warmup; i++)
         if ((st = run_once(b, count, in_place)) != TUTTI_OK)
             return report_failure(b, what, bytes, in_place, st);
-    for (int i = 0; i < cfg->iters; i++) {
+    for (int i = 0; i < iters; i++) {
         if (cfg->sync && (st = tutti_barrier(b->comm)) != TUTTI_OK)
             return report_failure(b, "barrier (--sync)", bytes, in_place, st);
         double t0 = now_us();
         st = run_once(b, count, in_place);
-        b->times[i] = now_us() - t0;
+        times[i] = now_us() - t0;
         if (st != TUTTI_OK)
             return report_failure(b, what, bytes, in_place, st);
     }
     long long wrong = -1;
-    if (cfg->check && cfg->coll != COLL_BARRIER) {
+    if (check && cfg->coll != COLL_BARRIER) {
         /* Out of place the last timed call left the result; in place the buffer was
          * reduced (or exchanged) over and over, so run once more on fresh input. */
         if (in_place || cfg->coll == COLL_BROADCAST) {
@@ -781,8 +787,7 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
     }
 
     /* After the timed loop: per-iteration max over ranks, and #wrong summed. */
-    st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, b->times, (size_t)cfg->iters, TUTTI_FP64,
-                         TUTTI_MAX);
+    st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, times, (size_t)iters, TUTTI_FP64, TUTTI_MAX);
     if (st != TUTTI_OK)
         return report_failure(b, "allreduce of the times", bytes, in_place, st);
     if (wrong >= 0) {
@@ -792,17 +797,36 @@ static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_pla
             return report_failure(b, "allreduce of #wrong", bytes, in_place, st);
         wrong = w;
     }
+    *wrong_p = wrong;
+    return TUTTI_OK;
+}
+
+/* Mean, p50, p99 and bandwidths of iters per-iteration times (sorted here). */
+static void half_stats(const bench_ctx_t *b, size_t bytes, double *times, int iters,
+                       long long wrong, bench_half_t *h)
+{
     h->wrong = wrong;
     h->mean_us = 0.0;
-    for (int i = 0; i < cfg->iters; i++)
-        h->mean_us += b->times[i];
-    h->mean_us /= cfg->iters;
-    qsort(b->times, (size_t)cfg->iters, sizeof(double), cmp_double);
-    h->p50_us = percentile(b->times, cfg->iters, 50);
-    h->p99_us = percentile(b->times, cfg->iters, 99);
-    double factor = busbw_factor(cfg->coll, b->size);
-    h->algbw = cfg->coll == COLL_BARRIER ? 0.0 : (double)bytes / 1e3 / h->mean_us; /* GB/s */
+    for (int i = 0; i < iters; i++)
+        h->mean_us += times[i];
+    h->mean_us /= iters;
+    qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    h->p50_us = percentile(times, iters, 50);
+    h->p99_us = percentile(times, iters, 99);
+    double factor = busbw_factor(b->cfg->coll, b->size);
+    h->algbw = b->cfg->coll == COLL_BARRIER ? 0.0 : (double)bytes / 1e3 / h->mean_us; /* GB/s */
     h->busbw = h->algbw * factor;
+}
+
+static int run_half(const bench_ctx_t *b, size_t count, size_t bytes, int in_place, bench_half_t *h)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    long long wrong;
+    int st = time_calls(b, count, bytes, in_place, cfg->warmup, cfg->iters, b->times, cfg->check,
+                        &wrong);
+    if (st != TUTTI_OK)
+        return st;
+    half_stats(b, bytes, b->times, cfg->iters, wrong, h);
     return TUTTI_OK;
 }
 
@@ -854,11 +878,14 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
                                          "elem"
                                        : "");
     if (cfg->algo_all) {
-        printf("# --algo all: out of place, one communicator per algorithm; per algorithm "
+        printf("# --algo all: out of place, one communicator per algorithm, the algorithms "
+               "taking turns (%d rounds of iters/%d calls each); per algorithm "
                "the p50 (us) of the per-iteration max over ranks (the median: one stalled "
                "iteration on a busy host moves the mean), the fastest by it and its busbw, "
                "the default model's choice (tutti_comm_algo_for, no override) and its p50 "
-               "against the fastest's\n");
+               "against the fastest's\n",
+               cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS,
+               cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS);
         if (set->absent[0])
             printf("# not in this library (rejected by tutti_comm_init): %s\n", set->absent);
         printf("#%11s %12s %6s %6s %5s ", "size", "count", "type", "redop", "root");
@@ -1100,12 +1127,44 @@ typedef struct bench_tally {
 static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *row,
                          bench_tally_t *tally_p)
 {
+    const bench_cfg_t *cfg = b->cfg;
     row->best = 0;
     row->model = -1;
+    /* The algorithms take turns, ALGO_ROUNDS rounds of iters/ALGO_ROUNDS calls each (the
+     * warm-up before the first round, one untimed call before each later one), so a
+     * host that drifts between a fast and a slow state within the row slows them all
+     * alike rather than whichever ran then. */
+    int rounds = cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS;
+    double *times = malloc(sizeof(double) * (size_t)cfg->iters * (size_t)set->nalgos);
+    long long *wrong = calloc((size_t)set->nalgos, sizeof(*wrong));
+    if (!times || !wrong) {
+        free(times);
+        free(wrong);
+        fprintf(stderr, "tutti-bench: rank %d: out of memory\n", b->rank);
+        return -1;
+    }
+    for (int r = 0, done = 0; r < rounds; r++) {
+        int part = (cfg->iters - done) / (rounds - r), last = r + 1 == rounds;
+        for (int a = 0; a < set->nalgos; a++) {
+            b->comm = set->comms[a];
+            long long w;
+            if (time_calls(b, row->count, row->bytes, 0, r ? 1 : cfg->warmup, part,
+                           times + (size_t)a * (size_t)cfg->iters + done, cfg->check && last,
+                           &w) != TUTTI_OK) {
+                free(times);
+                free(wrong);
+                return -1;
+            }
+            wrong[a] = w;
+        }
+        done += part;
+    }
+    for (int a = 0; a < set->nalgos; a++)
+        half_stats(b, row->bytes, times + (size_t)a * (size_t)cfg->iters, cfg->iters, wrong[a],
+                   &row->per_algo[a]);
+    free(times);
+    free(wrong);
     for (int a = 0; a < set->nalgos; a++) {
-        b->comm = set->comms[a];
-        if (run_half(b, row->count, row->bytes, 0, &row->per_algo[a]) != TUTTI_OK)
-            return -1;
         if (row->per_algo[a].wrong > 0)
             tally_p->total_wrong += row->per_algo[a].wrong;
         if (row->per_algo[a].p50_us < row->per_algo[row->best].p50_us)
