@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tutti/tutti.h>
 
@@ -242,6 +243,43 @@ START_TEST(parent_that_owns_its_store_goes_first)
 }
 END_TEST
 
+/* A job secret from a file (TUTTI_AUTH_TOKEN_FILE), the file removed after init: a split
+ * keeps the parent's secret, it does not read the file again (it would fail, or take a
+ * secret the other ranks never had). */
+static int rank_secret(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/secret-%d", dir, rank);
+    FILE *f = fopen(path, "w");
+    FAIL_IF(!f || fputs("split-secret\n", f) < 0 || fclose(f), "writing %s", path);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.auth_token_file = path;
+    tutti_comm_t *world, *half;
+    int st = tutti_comm_init(&world, store, rank, nranks, &o);
+    FAIL_IF(st, "init: %s", tutti_comm_last_error(NULL));
+    FAIL_IF(unlink(path), "unlink %s", path);
+    int colors[NR], keys[NR];
+    for (int r = 0; r < nranks; r++) {
+        colors[r] = r % 2;
+        keys[r] = -r;
+    }
+    TRY(split_checked(rank, rank, world, nranks, colors, keys, &half)); /* checks its values */
+    tutti_comm_destroy(half);
+    tutti_comm_destroy(world);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(secret_file_gone_after_init)
+{
+    ck_assert_int_eq(th_run_nocomm(NR, rank_secret, NULL, 60000), 0);
+}
+END_TEST
+
 /* The cases that run on the harness's communicators (of NR ranks), one per loop index. */
 static const struct {
     const char *name;
@@ -260,4 +298,5 @@ START_TEST(on_the_world)
 END_TEST
 
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
-              TH_CASE(parent_that_owns_its_store_goes_first, 1))
+              TH_CASE(parent_that_owns_its_store_goes_first, 1),
+              TH_CASE(secret_file_gone_after_init, 1))

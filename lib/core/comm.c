@@ -219,7 +219,8 @@ static tutti_comm_t *comm_alloc(int rank, int size)
 
 /* Options, the algorithm override, the checksum and the job secret: what this rank
  * decides alone. */
-static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts)
+static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
+                          const tutti_comm_t *parent)
 {
     char err[512] = "";
     TT_CHECK(tt_comm_opts_resolve(&comm->opts, opts));
@@ -237,6 +238,14 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts)
                                "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
         TT_WARN("%s", comm->last_error);
         return st;
+    }
+    if (parent) { /* a split keeps its parent's secret: the file may have changed since */
+        if (parent->secret && !(comm->secret = malloc(parent->secret_len)))
+            return init_fail(comm, TUTTI_ERR_NOMEM, "out of memory for the job secret");
+        if (parent->secret)
+            memcpy(comm->secret, parent->secret, parent->secret_len);
+        comm->secret_len = parent->secret_len;
+        return TUTTI_OK;
     }
     st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file, &comm->secret,
                              &comm->secret_len, err, sizeof(err));
@@ -357,9 +366,11 @@ static int comm_start(tutti_comm_t *comm, int probe, char *errout, size_t errlen
 }
 
 /* A communicator of rank of size through store, its key space split_base (NULL: the
- * default). On failure, err (errlen bytes) gets its last error. */
-static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const char *split_base,
-                       int rank, int size, const tutti_comm_opts_t *opts, char *err, size_t errlen)
+ * default); parent: the communicator a split comes from (its job secret is kept), NULL
+ * for tutti_comm_init. On failure, err (errlen bytes) gets its last error. */
+static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_comm_t *parent,
+                       const char *split_base, int rank, int size, const tutti_comm_opts_t *opts,
+                       char *err, size_t errlen)
 {
     int st, probe = 0;
     tutti_comm_t *comm = comm_alloc(rank, size);
@@ -367,7 +378,7 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const char *
         snprintf(err, errlen, "out of memory for a communicator of %d ranks", size);
         return TUTTI_ERR_NOMEM;
     }
-    TT_CHECK_GOTO(comm_configure(comm, opts), st, err_free);
+    TT_CHECK_GOTO(comm_configure(comm, opts, parent), st, err_free);
     TT_CHECK_GOTO(comm_join(comm, store, split_base), st, err_free);
     TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
     if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
@@ -404,7 +415,7 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
     }
     tt_log_set_rank(rank);
     init_error[0] = '\0';
-    int st = comm_create(comm_p, store, NULL, rank, size, opts, err, sizeof(err));
+    int st = comm_create(comm_p, store, NULL, NULL, rank, size, opts, err, sizeof(err));
     if (st < 0)
         init_error_set(st, "%s", err);
     return st;
@@ -437,7 +448,7 @@ static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, i
     snprintf(base, sizeof(base), "%s%s-split%u-%d/", js->prefix, comm->nonce, seq, color);
     tutti_comm_opts_t o = comm->opts;
     o.job_settle_ms = 0;
-    int st = comm_create(newcomm_p, js->base, base, rank, size, &o, err, sizeof(err));
+    int st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     if (st < 0)
         return tt_comm_set_error(comm, st, "split %u (color %d, new rank %d of %d): %s", seq, color,
                                  rank, size, err);
