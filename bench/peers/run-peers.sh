@@ -11,7 +11,7 @@
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
 #        [--check] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
-#        [--estimate]
+#        [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
 # go on.
@@ -38,7 +38,7 @@ keep=0
 from=""
 estimate=0
 peers="tutti ompi mpich gloo"
-run_timeout=900
+run_timeout=300
 ranks_set=0
 
 usage() {
@@ -61,6 +61,8 @@ Options:
   --keep           keep the raw outputs (their dir is printed)
   --from DIR       run nothing: rebuild the tables from the raw outputs kept in DIR
   --estimate       print the plan and a rough duration, run nothing
+  --run-timeout S  kill one band's run after S seconds, noted as failed (default 300:
+                   a band takes 1-2 min here; a hung peer no longer costs 15)
 EOF
 }
 
@@ -80,6 +82,7 @@ while [ $# -gt 0 ]; do
     --keep) keep=1 ;;
     --from) from=$2; keep=1; shift ;;
     --estimate) estimate=1 ;;
+    --run-timeout) run_timeout=$2; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run-peers.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac

@@ -141,7 +141,11 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts);
 
 /* Create a communicator of `size` ranks through `store` (which must outlive the
  * communicator). Collective: every rank calls it; returns when all ranks are
- * connected or the timeout passes. opts may be NULL (defaults + environment). */
+ * connected or the timeout passes. opts may be NULL (defaults + environment).
+ * Communicators made through one store handle are numbered in the order of these calls
+ * (their key spaces on the store), so every rank must create them in the same order, as
+ * MPI's communicator constructors require: threads that create communicators at the
+ * same time on one handle give each a distinct opts.prefix (TUTTI_PREFIX) instead. */
 int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
                     const tutti_comm_opts_t *opts);
 
