@@ -656,6 +656,7 @@ int main(void)
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);
-    th_add_tests(s, "tune", 60, (const TTest *const[]){ tune_file_lines, tune_agrees, tune_bad_on_rank0, NULL });
+    th_add_tests(s, "tune", 60,
+                 (const TTest *const[]){ tune_file_lines, tune_agrees, tune_bad_on_rank0, NULL });
     return th_main(s);
 }

@@ -522,8 +522,9 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     long rank = strtol(rank_s, &end, 10);
     long size = rank_s[0] && !*end ? strtol(size_s, &end, 10) : -1;
     if (!rank_s[0] || !size_s[0] || *end || rank < 0 || size < 1 || rank >= size) {
-        init_error_set(0, "tutti_comm_init_env: rank \"%s\", world size \"%s\": not a rank in [0, size)",
-                       rank_s, size_s);
+        init_error_set(
+            0, "tutti_comm_init_env: rank \"%s\", world size \"%s\": not a rank in [0, size)",
+            rank_s, size_s);
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
