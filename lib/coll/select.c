@@ -433,7 +433,7 @@ int tt_algo_tune_load(const char *path, const char *transport, int nranks, char 
     }
     char line[4096];
     int st = 0, lineno = 0;
-    while (st >= 0 && st != -2 && fgets(line, sizeof(line), f)) {
+    while (st >= 0 && fgets(line, sizeof(line), f)) {
         lineno++;
         if (!strchr(line, '\n') && !feof(f)) {
             snprintf(err, errlen, "tuning file %s, line %d: longer than %zu bytes", path, lineno,
