@@ -642,6 +642,12 @@ static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, co
 
 enum { ALGO_ROUNDS = 5 }; /* --algo all: the algorithms alternate this many times a size */
 
+/* --algo all's rounds at this iteration count (one where there are too few to split) */
+static int algo_rounds(const bench_cfg_t *cfg)
+{
+    return cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS;
+}
+
 typedef struct bench_ctx {
     const bench_cfg_t *cfg;
     tutti_comm_t *comm;
@@ -884,8 +890,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
                "iteration on a busy host moves the mean), the fastest by it and its busbw, "
                "the default model's choice (tutti_comm_algo_for, no override) and its p50 "
                "against the fastest's\n",
-               cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS,
-               cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS);
+               algo_rounds(cfg), algo_rounds(cfg));
         if (set->absent[0])
             printf("# not in this library (rejected by tutti_comm_init): %s\n", set->absent);
         printf("#%11s %12s %6s %6s %5s ", "size", "count", "type", "redop", "root");
@@ -1134,7 +1139,7 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
      * warm-up before the first round, one untimed call before each later one), so a
      * host that drifts between a fast and a slow state within the row slows them all
      * alike rather than whichever ran then. */
-    int rounds = cfg->iters < ALGO_ROUNDS ? 1 : ALGO_ROUNDS;
+    const int rounds = algo_rounds(cfg);
     double *times = malloc(sizeof(double) * (size_t)cfg->iters * (size_t)set->nalgos);
     long long *wrong = calloc((size_t)set->nalgos, sizeof(*wrong));
     if (!times || !wrong) {
