@@ -26,7 +26,8 @@ static int ag_rd_pow2(tt_op_t *op)
     unsigned char *recv = op->recvbuf;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
 
-    tt_req_t *reqs = calloc(2 * (size_t)n, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
@@ -53,7 +54,7 @@ static int ag_rd_pow2(tt_op_t *op)
         TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, 2 * (size_t)n), st, out);
     }
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }
 

@@ -225,7 +225,8 @@ int tt_allreduce_dbtree(tt_op_t *op)
     if (!d.scratch)
         return TUTTI_ERR_NOMEM;
     const size_t nck = d.tree[0].nchunks + d.tree[1].nchunks;
-    tt_req_t *reqs = calloc(6 * nck, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 6 * nck);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     d.tree[0].rreq = reqs;
@@ -251,6 +252,6 @@ int tt_allreduce_dbtree(tt_op_t *op)
     TT_CHECK_GOTO(dbt_wait_sends(&d), st, out);
 
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

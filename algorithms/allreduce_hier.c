@@ -172,7 +172,8 @@ static int hier_run(tt_op_t *op, const hier_t *h)
     lg.chunk = op->chunk_bytes ? TT_MAX(op->chunk_bytes / es, (size_t)1) : SIZE_MAX;
     lg.maxck = grp_nchunks(&lg, grp_len(&lg, 0));
     unsigned char *scratch = tt_op_scratch(op, 0, TT_MAX(grp_len(&lg, 0) * es, (size_t)1));
-    tt_req_t *reqs = calloc(2 * lg.maxck, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 2 * lg.maxck);
     int st = scratch && reqs ? TUTTI_OK : TUTTI_ERR_NOMEM;
     if (st == TUTTI_OK && h->nl > 1)
         st = grp_ring(&lg, op->sendbuf, op->recvbuf, 1, scratch, reqs, HIER_TAG_LOCAL_RS);
@@ -183,7 +184,7 @@ static int hier_run(tt_op_t *op, const hier_t *h)
         st = hier_cross(op, h, &lg, scratch, reqs);
     if (st == TUTTI_OK && h->nl > 1)
         st = grp_ring(&lg, op->recvbuf, op->recvbuf, 0, scratch, reqs, HIER_TAG_LOCAL_AG);
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }
 

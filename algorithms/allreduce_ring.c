@@ -108,7 +108,8 @@ int tt_allreduce_ring(tt_op_t *op)
         return TUTTI_ERR_NOMEM;
     /* receives of one step; sends of this step and of the next, posted while this
      * step's chunks arrive */
-    tt_req_t *reqs = calloc(3 * rg.max_chunks, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 3 * rg.max_chunks);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     tt_req_t *rreq = reqs;
@@ -158,6 +159,6 @@ int tt_allreduce_ring(tt_op_t *op)
     }
 
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

@@ -36,7 +36,8 @@ int tt_alltoall_pairwise(tt_op_t *op)
         }
     }
 
-    tt_req_t *reqs = calloc(2 * (size_t)n, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
@@ -58,6 +59,6 @@ int tt_alltoall_pairwise(tt_op_t *op)
         memcpy(recv + rdsp[r] * es, send + sdsp[r] * es, rcnt[r] * es);
     st = tt_p2p_wait_all(op, reqs, 2 * (size_t)n);
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

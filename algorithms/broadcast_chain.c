@@ -27,7 +27,8 @@ int tt_broadcast_chain(tt_op_t *op)
     const size_t nck = count / chunk + (count % chunk != 0);
     const int next = (op->rank + 1) % n, prev = (op->rank + n - 1) % n;
 
-    tt_req_t *reqs = calloc(2 * nck, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 2 * nck);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     tt_req_t *rreq = reqs, *sreq = reqs + nck;
@@ -64,6 +65,6 @@ int tt_broadcast_chain(tt_op_t *op)
         TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, nck), st, out);
 
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

@@ -82,7 +82,8 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
 
     const size_t *cnt = to_root ? op->recvcounts : op->sendcounts;
     const size_t *dsp = to_root ? op->rdispls : op->sdispls;
-    tt_req_t *reqs = calloc((size_t)n, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, (size_t)n);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
@@ -108,6 +109,6 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     }
     st = tt_p2p_wait_all(op, reqs, (size_t)n);
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

@@ -24,32 +24,31 @@
  * Waited for in the call (TUTTI_AGREE_LAG=0), this costs one latency on reduce and
  * gather, two on broadcast and scatter (a small broadcast took three times the one-way
  * latency MPI's does). By default the messages are checked later (lib/core/agree.c):
- * a broadcast's or scatter's non-roots confirm without waiting and the root checks the
- * confirms at later calls; a reduce's or gather's root releases without waiting and
+ * a broadcast's or scatter's non-roots confirm without waiting (one message for a
+ * batch of calls with one root, lib/core/agree.c) and the root checks the confirms at
+ * later calls; a reduce's or gather's root releases without waiting and
  * the non-roots check the release later. No release follows a confirm then: a non-root
  * whose own data matched has the root's data. What is given up: a rank whose own
  * messages matched returns from a mismatched call, and fails at a later one (within
  * agree_lag calls), naming this one; and two ranks that both take themselves for a
  * broadcast's root both return, the one that is not keeping its own buffer. Nothing in
  * bandwidth either way. */
-enum { CONFIRM_TAG = 0x7fff0001, RELEASE_TAG = 0x7fff0002 };
+enum { CONFIRM_TAG = TT_CONFIRM_TAG, RELEASE_TAG = TT_RELEASE_TAG };
 
-static int agree_later(tt_op_t *op, int confirm)
+/* The root's release, checked later: non-roots receive, the root sends. (A confirm,
+ * checked later, joins lib/core/agree.c's batch.) */
+static int release_later(tt_op_t *op)
 {
     static char none;
     const int is_root = op->rank == op->root;
-    /* confirm: non-roots send, the root receives; release: the reverse */
     const int nreq = is_root ? op->nranks - 1 : 1;
     tt_req_t *reqs;
     TT_CHECK(tt_agree_begin(op, nreq, &reqs));
-    const uint32_t tag = confirm ? CONFIRM_TAG : RELEASE_TAG;
     if (!is_root)
-        return confirm ? tt_p2p_send(op, op->root, &none, 0, tag, &reqs[0])
-                       : tt_p2p_recv(op, op->root, &none, 0, tag, &reqs[0]);
+        return tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &reqs[0]);
     for (int r = 0, k = 0; r < op->nranks; r++)
         if (r != op->root)
-            TT_CHECK(confirm ? tt_p2p_recv(op, r, &none, 0, tag, &reqs[k++])
-                             : tt_p2p_send(op, r, &none, 0, tag, &reqs[k++]));
+            TT_CHECK(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[k++]));
     return TUTTI_OK;
 }
 
@@ -65,13 +64,12 @@ static int root_handshake(tt_op_t *op, int confirm)
         TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &req));
         return tt_p2p_wait(op, &req);
     }
-    tt_req_t few[16];
-    tt_req_t *reqs = op->nranks <= 16 ? few : malloc((size_t)op->nranks * sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, (size_t)op->nranks);
     if (!reqs) {
         tt_fault_record(op, TUTTI_ERR_NOMEM, "out of memory");
         return TUTTI_ERR_NOMEM;
     }
-    memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
     int st = TUTTI_OK;
     if (confirm) {
         for (int r = 0; r < op->nranks; r++)
@@ -85,8 +83,7 @@ static int root_handshake(tt_op_t *op, int confirm)
             TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[r]), st, out);
     st = tt_p2p_wait_all(op, reqs, (size_t)op->nranks);
 out:
-    if (reqs != few)
-        free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }
 
@@ -94,7 +91,7 @@ out:
 int tt_post_confirm_release(tt_op_t *op)
 {
     if (op->comm->opts.agree_lag > 0)
-        return agree_later(op, 1);
+        return tt_agree_confirm_later(op);
     return root_handshake(op, 1);
 }
 
@@ -102,6 +99,6 @@ int tt_post_confirm_release(tt_op_t *op)
 int tt_post_release(tt_op_t *op)
 {
     if (op->comm->opts.agree_lag > 0)
-        return agree_later(op, 0);
+        return release_later(op);
     return root_handshake(op, 0);
 }

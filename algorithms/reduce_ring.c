@@ -78,7 +78,8 @@ int tt_reduce_ring(tt_op_t *op)
     }
 
     unsigned char *recv = op->recvbuf;
-    tt_req_t *reqs = calloc((size_t)n, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, (size_t)n);
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     for (int j = 0; j < n; j++) {
@@ -88,7 +89,7 @@ int tt_reduce_ring(tt_op_t *op)
             continue;
         int st = tt_p2p_recv(op, j, recv + off * es, len * es, tag, &reqs[j]);
         if (st < 0) {
-            free(reqs);
+            tt_reqs_put(&hold);
             return st;
         }
     }
@@ -97,6 +98,6 @@ int tt_reduce_ring(tt_op_t *op)
         memcpy(recv + rr_block_off(count, n, b) * es, out, rr_block_len(count, n, b) * es);
     }
     int st = tt_p2p_wait_all(op, reqs, (size_t)n);
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

@@ -30,9 +30,10 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     /* scratch 0: two receive buffers, then the accumulator in place (never asked for 0
      * bytes: the first request of a communicator's scratch would give NULL) */
     unsigned char *scr = tt_op_scratch(op, 0, TT_MAX((in_place ? 3 : 2) * len * es, (size_t)1));
-    tt_req_t *reqs = calloc(2 * (size_t)n, sizeof(*reqs));
+    tt_reqs_t hold;
+    tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);
     if (!scr || !reqs) {
-        free(reqs);
+        tt_reqs_put(&hold);
         return TUTTI_ERR_NOMEM;
     }
     tt_req_t *sreq = reqs, *rreq = reqs + n; /* by step; rreq[s & 1] */
@@ -64,6 +65,6 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     if (len && in_place)
         memcpy(recv, acc, len * es);
 out:
-    free(reqs);
+    tt_reqs_put(&hold);
     return st;
 }

@@ -62,6 +62,10 @@ void tt_vlog(int level, const char *fmt, va_list ap);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t tt_now_ns(void);
+/* The same clock at the kernel tick's resolution (1-4 ms; never ahead of tt_now_ns):
+ * a quarter of tt_now_ns's price (7 against 28 ns here), for the per-op bookkeeping of
+ * deadlines and stopped-process checks, whose thresholds are 100 ms and up. */
+uint64_t tt_coarse_ns(void);
 /* Deadline timeout_ms from now (timeout_ms < 0: never). */
 uint64_t tt_deadline_ns(int timeout_ms);
 /* Milliseconds left until deadline, >= 0, capped at INT32_MAX/2. */

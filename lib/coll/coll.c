@@ -390,9 +390,14 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.redop = has_redop && c->redop == TUTTI_AVG ? TUTTI_SUM : c->redop;
     o.root = has_root ? c->root : 0;
     o.chunk_bytes = comm->opts.chunk_bytes;
+    /* A blocking call's layout lives on this stack while it runs (no malloc per call) */
+    size_t few[4 * 16];
     size_t *layout = NULL;
+    const int heap = async || n > 16;
     if (t->args & TT_ARG_LAYOUT) {
-        if (!(layout = calloc(4 * (size_t)n, sizeof(size_t))))
+        if (!heap)
+            layout = memset(few, 0, 4 * (size_t)n * sizeof(size_t));
+        else if (!(layout = calloc(4 * (size_t)n, sizeof(size_t))))
             return TUTTI_ERR_NOMEM;
         o.sendcounts = layout;
         o.sdispls = layout + n;
@@ -401,12 +406,14 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     }
     int st = t->fill(comm, c, &o, layout);
     if (st < 0) {
-        free(layout);
+        if (heap)
+            free(layout);
         return st;
     }
     o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
                     (c->is_v ? TT_FP_V : 0);
-    return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, async ? work_p : NULL);
+    return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
+                         async ? work_p : NULL);
 }
 
 /* ---- the entry points: a call each, then the checker ---- */

@@ -4,26 +4,58 @@
 
 #include "core/op.h"
 
-/* One call's record in the communicator's ring. */
-typedef struct tt_agree_rec {
-    tt_req_t *reqs; /* cap of them allocated, nreq in use */
-    int nreq, cap;
-    tt_coll_t coll; /* the call, to name it if its check fails */
+/* The agreement messages' tags (algorithms/handshake.c) */
+#define TT_CONFIRM_TAG 0x7fff0001u
+#define TT_RELEASE_TAG 0x7fff0002u
+
+/* A call, as its agreement check names it. */
+typedef struct tt_agree_call {
+    tt_coll_t coll;
     uint64_t seq, fingerprint, env_count;
     uint32_t algo_id;
     size_t count;
     tutti_dtype_t dtype;
     int root;
+} tt_agree_call_t;
+
+/* One record in the communicator's ring: a call's messages, or a batch of confirms. */
+typedef struct tt_agree_rec {
+    tt_req_t *reqs; /* cap of them allocated, nreq in use */
+    uint64_t *got;  /* a batch's root: the digest each non-root sent (cap of them) */
+    int nreq, cap;
+    tt_agree_call_t call; /* the call (a batch's last), to name it if its check fails */
+    int ncalls;           /* calls it checks: 1, or a batch's (from seq0) */
+    int batch;            /* a batch of confirms: digests to check at its root */
+    uint64_t seq0, want;  /* a batch: its first call; its digest (sent, or expected) */
 } tt_agree_rec_t;
+
+/* The broadcasts and scatters whose confirms are not sent yet (comm->confirm): calls
+ * back to back with one root share one confirm message, whose payload is a digest of
+ * every call's envelope. */
+typedef struct tt_confirm_batch {
+    int n; /* calls in it (0: none) */
+    uint64_t seq0, digest;
+    tt_agree_call_t last;
+} tt_confirm_batch_t;
 
 /* Room for op's nreq agreement requests (zeroed, for tt_p2p_send/recv to post into),
  * after reaping the ring; waits for the oldest record when the ring is full. < 0 when
  * an earlier record failed (op failed with its description) or out of memory. */
 int tt_agree_begin(tt_op_t *op, int nreq, tt_req_t **reqs_p);
 
-/* Reap finished records (oldest first); wait for the oldest while fewer than `room`
- * slots are free. < 0 when one failed: op fails with it, named as the earlier call's. */
+/* Reap finished records (oldest first); wait for the oldest while the calls they check
+ * and `room` more are over agree_lag. < 0 when one failed: op fails with it, named as
+ * the earlier call's. */
 int tt_agree_settle(tt_op_t *op, int room);
+
+/* A broadcast's or scatter's confirm, checked later: op joins the batch (sent when it
+ * holds TT_CONFIRM_BATCH calls, or at the next op that does not join it). */
+int tt_agree_confirm_later(tt_op_t *op);
+
+/* Before op's algorithm runs: the pending batch of confirms goes out (posted before
+ * any message of op, on every rank alike) unless op will join it (`joins`: op is a
+ * broadcast or scatter, checked later, with the batch's root). */
+int tt_agree_flush(tt_op_t *op, int joins);
 
 /* Free the ring (the transport is gone: nothing is posted any more). */
 struct tutti_comm;

@@ -16,10 +16,11 @@
 void tt_comm_host_init(tutti_comm_t *comm);
 
 /* exec.c: issue an op (blocking or async) */
-/* layout: a malloc'ed block the op's layout arrays point into (or NULL); the executor
- * owns it from here on, also when this fails. */
+/* layout: the block the op's layout arrays point into (or NULL). layout_heap: it was
+ * malloc'ed, and the executor owns it from here on, also when this fails; else it is
+ * the blocking caller's (on its stack), valid until this returns. */
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
-                  tutti_work_t **work_p);
+                  int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,

@@ -96,6 +96,9 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
              (unsigned long long)op->seq, bytes, algo->name);
     /* first, the earlier rooted calls' agreement checks that came in (a poll) */
     st = comm->agree_count ? tt_agree_settle(op, 0) : TUTTI_OK;
+    /* then the batch of confirms, unless this op joins it (agree.c) */
+    if (st == TUTTI_OK && comm->confirm.n)
+        st = tt_agree_flush(op, !empty && desc->post == tt_post_confirm_release);
     if (st == TUTTI_OK)
         st = algo->run(op);
     if (st == TUTTI_OK && !empty && desc->post)
@@ -545,8 +548,10 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
 }
 
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
-                  tutti_work_t **work_p)
+                  int layout_heap, tutti_work_t **work_p)
 {
+    if (!layout_heap && work_p)
+        return TUTTI_ERR_INTERNAL; /* an async op outlives its caller's stack */
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
     if (!work_p && !comm->q_head && !comm->executing) {
@@ -557,7 +562,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         o.seq = seq;
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, &o, user_redop, err, sizeof(err));
-        free(layout);
+        if (layout_heap)
+            free(layout);
         pthread_mutex_lock(&comm->q_lock);
         reap_inflight_locked(comm);
         comm->executing = 0;
@@ -572,10 +578,11 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w) {
         pthread_mutex_unlock(&comm->q_lock);
-        free(layout);
+        if (layout_heap)
+            free(layout);
         return TUTTI_ERR_NOMEM;
     }
-    w->layout = layout;
+    w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */
     w->comm = comm;
     w->op = *op;
     w->op.seq = seq;

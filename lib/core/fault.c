@@ -527,7 +527,7 @@ void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns)
 void tt_op_start(tt_op_t *op, int timeout_ms)
 {
     tutti_comm_t *comm = op->comm;
-    uint64_t now = tt_now_ns();
+    uint64_t now = tt_coarse_ns(); /* every op reads it: the cheap clock (base.h) */
     op->deadline_ns = now + (uint64_t)timeout_ms * 1000000ull;
     op->awake_ns = now;
     /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
@@ -542,7 +542,7 @@ void tt_op_start(tt_op_t *op, int timeout_ms)
 void tt_op_finish(tt_op_t *op)
 {
     tutti_comm_t *comm = op->comm;
-    uint64_t now = tt_now_ns();
+    uint64_t now = tt_coarse_ns();
     /* stopped after its last wait: the rest completed without one */
     if (op->awake_ns && now > op->awake_ns && now - op->awake_ns > comm->quick_ns)
         tt_fault_stopped(op, now - op->awake_ns);

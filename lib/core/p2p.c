@@ -77,7 +77,9 @@ static inline void not_running(tt_op_t *op, uint64_t gap_ns)
 int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
 {
     tutti_comm_t *comm = op->comm;
-    uint64_t now = tt_now_ns(); /* one reading serves the checks below (a hot path) */
+    /* one reading serves the checks below (a hot path), of the cheap clock: the
+     * thresholds here are the timeout and quick_ns (100 ms and up) */
+    uint64_t now = tt_coarse_ns();
     if (op->awake_ns && now > op->awake_ns)
         not_running(op, now - op->awake_ns);
     int ms = tt_ms_left_at(op->deadline_ns, now);
@@ -90,7 +92,7 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;
         if (now >= op->stall_next_ns) {
             TT_CHECK(tt_fault_stall_check(op, &req->tp));
-            now = tt_now_ns();
+            now = tt_coarse_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
             ms = tt_ms_left_at(op->deadline_ns, now);
             if (ms == 0)
@@ -100,7 +102,7 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
     }
     uint64_t t0 = now;
     int st = comm->tp_ops->progress(comm->tp, ms);
-    uint64_t t1 = tt_now_ns();
+    uint64_t t1 = tt_coarse_ns();
     if (t1 - t0 > (uint64_t)ms * 1000000ull)
         not_running(op, t1 - t0 - (uint64_t)ms * 1000000ull);
     op->awake_ns = t1;
@@ -140,6 +142,22 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
             return TUTTI_OK;
         TT_CHECK(tt_p2p_progress(op, pending));
     }
+}
+
+tt_req_t *tt_reqs_get(tt_reqs_t *r, size_t n)
+{
+    r->heap = NULL;
+    if (n <= TT_REQS_FEW) {
+        memset(r->few, 0, n * sizeof(*r->few));
+        return r->few;
+    }
+    return r->heap = calloc(n, sizeof(*r->heap));
+}
+
+void tt_reqs_put(tt_reqs_t *r)
+{
+    free(r->heap);
+    r->heap = NULL;
 }
 
 void *tt_op_scratch(tt_op_t *op, int index, size_t bytes)

@@ -11,6 +11,7 @@
 #include <tutti/tutti.h>
 
 #include "coll/cost.h"
+#include "core/agree.h"
 #include "core/op.h"
 
 struct tt_algo;
@@ -135,10 +136,11 @@ struct tutti_comm {
     /* rooted calls' agreement messages not yet checked (agree.c): a ring of
      * opts.agree_lag records, the oldest at agree_head */
     struct tt_agree_rec *agree;
-    int agree_head, agree_count;
-    uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
-    uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
-    int any_next;           /* the peer the next any-source search probes first */
+    int agree_head, agree_count, agree_calls; /* records, the calls they check */
+    tt_confirm_batch_t confirm;               /* confirms not sent yet (agree.c) */
+    uint64_t *p2p_send_seq;                   /* per peer: the sequence numbers of point-to-point */
+    uint64_t *p2p_recv_seq;                   /* messages, separate from the collectives' */
+    int any_next;                             /* the peer the next any-source search probes first */
 };
 
 #endif /* TT_STATE_H */
