@@ -391,9 +391,10 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.root = has_root ? c->root : 0;
     o.chunk_bytes = comm->opts.chunk_bytes;
     /* A blocking call's layout lives on this stack while it runs (no malloc per call) */
-    size_t few[4 * 16];
+    enum { FEW_RANKS = 16 };
+    size_t few[4 * FEW_RANKS];
     size_t *layout = NULL;
-    const int heap = async || n > 16;
+    const int heap = async || n > FEW_RANKS;
     if (t->args & TT_ARG_LAYOUT) {
         if (!heap)
             layout = memset(few, 0, 4 * (size_t)n * sizeof(size_t));
