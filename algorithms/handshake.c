@@ -30,11 +30,9 @@
  * the non-roots check the release later. No release follows a confirm then: a non-root
  * whose own data matched has the root's data. What is given up: a rank whose own
  * messages matched returns from a mismatched call, and fails at a later one (within
- * agree_lag calls), naming this one; and two ranks that both take themselves for a
+ * agree_lag calls, a broadcast's or scatter's up to a batch more), naming this one; and two ranks that both take themselves for a
  * broadcast's root both return, the one that is not keeping its own buffer. Nothing in
  * bandwidth either way. */
-enum { CONFIRM_TAG = TT_CONFIRM_TAG, RELEASE_TAG = TT_RELEASE_TAG };
-
 /* The root's release, checked later: non-roots receive, the root sends. (A confirm,
  * checked later, joins lib/core/agree.c's batch.) */
 static int release_later(tt_op_t *op)
@@ -45,10 +43,10 @@ static int release_later(tt_op_t *op)
     tt_req_t *reqs;
     TT_CHECK(tt_agree_begin(op, nreq, &reqs));
     if (!is_root)
-        return tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &reqs[0]);
+        return tt_p2p_recv(op, op->root, &none, 0, TT_RELEASE_TAG, &reqs[0]);
     for (int r = 0, k = 0; r < op->nranks; r++)
         if (r != op->root)
-            TT_CHECK(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[k++]));
+            TT_CHECK(tt_p2p_send(op, r, &none, 0, TT_RELEASE_TAG, &reqs[k++]));
     return TUTTI_OK;
 }
 
@@ -58,10 +56,10 @@ static int root_handshake(tt_op_t *op, int confirm)
     if (op->rank != op->root) {
         tt_req_t req;
         if (confirm) {
-            TT_CHECK(tt_p2p_send(op, op->root, &none, 0, CONFIRM_TAG, &req));
+            TT_CHECK(tt_p2p_send(op, op->root, &none, 0, TT_CONFIRM_TAG, &req));
             TT_CHECK(tt_p2p_wait(op, &req));
         }
-        TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, RELEASE_TAG, &req));
+        TT_CHECK(tt_p2p_recv(op, op->root, &none, 0, TT_RELEASE_TAG, &req));
         return tt_p2p_wait(op, &req);
     }
     tt_reqs_t hold;
@@ -74,13 +72,13 @@ static int root_handshake(tt_op_t *op, int confirm)
     if (confirm) {
         for (int r = 0; r < op->nranks; r++)
             if (r != op->root)
-                TT_CHECK_GOTO(tt_p2p_recv(op, r, &none, 0, CONFIRM_TAG, &reqs[r]), st, out);
+                TT_CHECK_GOTO(tt_p2p_recv(op, r, &none, 0, TT_CONFIRM_TAG, &reqs[r]), st, out);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, (size_t)op->nranks), st, out);
         memset(reqs, 0, (size_t)op->nranks * sizeof(*reqs));
     }
     for (int r = 0; r < op->nranks; r++)
         if (r != op->root)
-            TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, RELEASE_TAG, &reqs[r]), st, out);
+            TT_CHECK_GOTO(tt_p2p_send(op, r, &none, 0, TT_RELEASE_TAG, &reqs[r]), st, out);
     st = tt_p2p_wait_all(op, reqs, (size_t)op->nranks);
 out:
     tt_reqs_put(&hold);
