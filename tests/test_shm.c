@@ -1,5 +1,5 @@
 /* The shared-memory transport: through its ABI directly (dead peers, a subset of peers,
- * cancel at a message boundary, withdrawn pulls; the contract every transport keeps,
+ * cancel at a message boundary, withdrawn pulls, single copy on a hint; the contract every transport keeps,
  * mismatches, error reports and abort among it, is test_conformance's) and through the
  * library with TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both
  * ways, on the single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in
@@ -354,6 +354,84 @@ START_TEST(abi_withdrawn_pull_never_delivered)
                       how == 2 ? "link failed"
                       : how    ? "destroy"
                                : "notify_error + cancel_all");
+        ck_assert_int_eq(leftovers(sh, 2), 0);
+    }
+}
+END_TEST
+
+/* Single copy on a hint (ABI 1.3): a send hinted TUTTI_TP_HINT_SINGLE_COPY of at least
+ * TUTTI_SHM_CMA_HINT_BYTES (64 KiB) is published as a pull, so it is still pending after
+ * post_send while nobody receives; unhinted, under the threshold, with the threshold 0,
+ * or from a library whose requests have no hints field (req_size 0) it goes into the
+ * ring and is done at once. Either way the receiver gets every byte. */
+static const struct hint_case {
+    const char *what;
+    int hinted, req_size, pulled;
+    size_t len;
+    const char *knobs;
+} hint_cases[] = {
+    { "hinted 128 KiB", 1, 1, 1, 128u << 10, NULL },
+    { "unhinted 128 KiB", 0, 1, 0, 128u << 10, NULL },
+    { "hinted 32 KiB (under 64 KiB)", 1, 1, 0, 32u << 10, NULL },
+    { "hinted 128 KiB, threshold 0", 1, 1, 0, 128u << 10, "SHM_CMA_HINT_BYTES=0" },
+    { "hinted 32 KiB, threshold 16K", 1, 1, 1, 32u << 10, "SHM_CMA_HINT_BYTES=16K" },
+    { "hinted 128 KiB from a library without hints", 1, 0, 0, 128u << 10, NULL },
+};
+
+static int rank_tp_hint(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    const struct hint_case *c = &hint_cases[sh->arg];
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
+    th_host_t t;
+    void *tp = NULL;
+    enlist(sh, rank);
+    FAIL_IF(th_host_open(&t, dir, "hint/", rank, nranks, 10000) != 0, "host: %s", t.err);
+    t.knobs = c->knobs;
+    t.h.req_size = c->req_size ? sizeof(tutti_tp_req_v2_t) : 0;
+    FAIL_IF(ops->create(&t.h, &tp) != 0, "create: %s", t.err);
+    unsigned char *buf = malloc(c->len);
+    FAIL_IF(!buf, "malloc");
+    tutti_tp_req_v2_t r;
+    if (rank == 0) {
+        for (size_t i = 0; i < c->len; i++)
+            buf[i] = (unsigned char)(i * 7 + 3);
+        req_set(&r, 1, buf, c->len, 1, 1);
+        r.hints = c->hinted ? TUTTI_TP_HINT_SINGLE_COPY : 0;
+        FAIL_IF(ops->post_send(tp, &r) != 0, "%s: post_send", c->what);
+        int pending = r.status == 1; /* published as a pull (else: copied into the ring) */
+        FAIL_IF(pending != c->pulled, "%s: %s", c->what,
+                pending ? "pulled, where it should stream through the ring"
+                        : "streamed through the ring, where it should be pulled");
+        store_barrier(&t, "h1", nranks);
+        drive(tp, &r, 5000);
+        FAIL_IF(r.status != 0, "%s: send status %d", c->what, r.status);
+        store_barrier(&t, "h2", nranks); /* alive (and the buffer intact) until it landed */
+    } else {
+        store_barrier(&t, "h1", nranks);
+        memset(buf, 0, c->len);
+        req_set(&r, 0, buf, c->len, 1, 1);
+        FAIL_IF(ops->post_recv(tp, &r) != 0, "%s: post_recv", c->what);
+        drive(tp, &r, 5000);
+        FAIL_IF(r.status != 0, "%s: receive status %d", c->what, r.status);
+        for (size_t i = 0; i < c->len; i++)
+            FAIL_IF(buf[i] != (unsigned char)(i * 7 + 3), "%s: byte %zu is 0x%02x", c->what, i,
+                    buf[i]);
+        store_barrier(&t, "h2", nranks);
+    }
+    free(buf);
+    ops->destroy(tp);
+    th_host_close(&t);
+    return 0;
+}
+
+START_TEST(abi_single_copy_hint)
+{
+    for (int k = 0; k < (int)(sizeof(hint_cases) / sizeof(hint_cases[0])); k++) {
+        shared_t *sh;
+        int rc = run_shm(2, rank_tp_hint, k, 0, NULL, 30000, TH_NO_COMM, NULL, &sh);
+        ck_assert_msg(rc == 0, "%s", hint_cases[k].what);
         ck_assert_int_eq(leftovers(sh, 2), 0);
     }
 }
@@ -912,7 +990,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
     const TTest *const abi[] = { abi_dead_peer_and_subset, abi_cancel_at_boundary_keeps_link,
-                                 abi_withdrawn_pull_never_delivered, NULL };
+                                 abi_withdrawn_pull_never_delivered, abi_single_copy_hint, NULL };
     const TTest *const library[] = { sizes_single_copy,
                                      sizes_ring,
                                      inflight_both_ways_single_copy,

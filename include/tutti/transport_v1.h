@@ -86,6 +86,11 @@ typedef struct tutti_tp_host_v1 {
      * replayed. */
     int (*auth_answer)(void *ctx, const char *context, const uint8_t challenge[32],
                        uint8_t answer[32]);
+    /* ---- Appended in ABI 1.3. Read it only when tutti_tp_host_has(h, req_size). ---- */
+    /* sizeof the request struct the library posts (tutti_tp_req_v2_t as the library was
+     * built): a request field appended later is read only where this covers it
+     * (tutti_tp_req_has in transport_v2.h). 0 or absent: only the first v2 fields. */
+    size_t req_size;
 } tutti_tp_host_v1_t;
 
 /* Does this host struct have `field` (appended in a later minor version)? */

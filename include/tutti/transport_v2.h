@@ -79,7 +79,25 @@ typedef struct tutti_tp_req_v2 {
     /* Reserved for a device stream or event to order the transfer after: must be NULL
      * for now; a transport refuses a request with another value (TUTTI_ERR_UNSUPPORTED). */
     void *stream;
+    /* ---- appended in ABI 1.3: read only where tutti_tp_req_has(host, hints) ---- */
+    /* TUTTI_TP_HINT_* bits: advice about this transfer, which a transport may ignore. */
+    uint32_t hints;
 } tutti_tp_req_v2_t;
+
+/* Request hints. */
+/* The sender has nothing to overlap with this send (it waits for it, and its peer is
+ * busy sending to it as well, as in an all-to-all exchange): a transport that can move
+ * the bytes once, straight from the sender's buffer into the receiver's (a pull,
+ * RDMA read), should, even where it would otherwise stage them to free the sender
+ * early. */
+#define TUTTI_TP_HINT_SINGLE_COPY 0x1u
+
+/* Does the library that made host post requests with `field` (a request field appended
+ * after the first v2 ones)? */
+#define tutti_tp_req_has(h, field)                                                                 \
+    (tutti_tp_host_has(h, req_size) &&                                                             \
+     (h)->req_size >= __builtin_offsetof(tutti_tp_req_v2_t, field) +                               \
+                          sizeof(((const tutti_tp_req_v2_t *)0)->field))
 
 /* What probe() found: the next message from a peer, arrived and not yet taken. */
 typedef struct tutti_tp_probe {

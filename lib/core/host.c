@@ -117,5 +117,6 @@ void tt_comm_host_init(tutti_comm_t *comm)
         .error = host_error,
         .instance = comm->instance,
         .auth_answer = host_auth_answer,
+        .req_size = sizeof(tutti_tp_req_v2_t),
     };
 }

@@ -76,6 +76,9 @@ typedef struct tt_op {
     uint64_t env_count; /* the count in envelopes: the same on every rank (0 where
                               per-rank layouts legitimately differ) */
     uint32_t algo_id;
+    /* TUTTI_TP_HINT_* for every request the op posts (an algorithm sets it at its
+     * start, e.g. single copy for exchanges where both sides wait anyway) */
+    uint32_t tp_hints;
     uint64_t deadline_ns;
     int tp_error_gen;       /* transport failures seen before this op started */
     uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */

@@ -20,6 +20,7 @@ static void req_init(tt_op_t *op, int kind, int peer, const void *buf, size_t le
     req->peer = peer;
     req->buf = (void *)buf;
     req->len = len;
+    req->hints = op->tp_hints;
     tt_env_encode(req->env, op->seq, op->fingerprint, op->env_count, op->algo_id, tag);
     req->status = 1;
 }

@@ -25,6 +25,9 @@
 /* Copies into and out of a ring go in steps of this much, each published at once, so
  * that sender and receiver copy at the same time. */
 #define SHM_STEP (64u << 10)
+/* Hinted single-copy requests (all-to-all exchanges) this large are pulled: one copy
+ * instead of two, where both sides wait for the exchange anyway (docs/internals.md). */
+#define SHM_CMA_HINT_DEFAULT (64u << 10)
 #define SHM_DEFAULT_LIVENESS_MS 100
 #define SHM_REPORT_GRACE_NS 200000000ull
 #define SHM_PURE_SPIN_NS 3000u /* then spinning yields the CPU on every round */
@@ -248,6 +251,18 @@ static inline int link_pulls(shm_link_t *L)
 
 /* ---- sending ---- */
 
+/* Should r go single-copy (pulled by the receiver), where the receiver can pull? */
+static inline int want_pull(const shm_tp_t *tp, const tp_req_t *r)
+{
+    if (tp->cma_min && r->len >= tp->cma_min)
+        return 1;
+#ifndef TT_KIT_ABI_V1
+    if (tp->cma_hint_min && r->len >= tp->cma_hint_min && (r->hints & TUTTI_TP_HINT_SINGLE_COPY))
+        return 1;
+#endif
+    return 0;
+}
+
 static void link_tx(shm_tp_t *tp, shm_link_t *L)
 {
     int published = 0;
@@ -256,7 +271,7 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         uint64_t want, need;
         int cma = 0;
         if (!L->tx_started) {
-            cma = tp->cma_min && r->len >= tp->cma_min && link_pulls(L);
+            cma = want_pull(tp, r) && link_pulls(L);
             want = cma ? SHM_LINE : rec_span(r->len);
             need = SHM_LINE;
         } else {
@@ -815,6 +830,11 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
         r2 <<= 1;
     tp->ring_bytes = r2;
     tp->cma_min = tp_knob_size(tp->host, "SHM_CMA_BYTES", 0);
+    /* hints are read only from a library that posts them (else the field is not there) */
+#ifndef TT_KIT_ABI_V1
+    if (tutti_tp_req_has(host, hints))
+        tp->cma_hint_min = tp_knob_size(tp->host, "SHM_CMA_HINT_BYTES", SHM_CMA_HINT_DEFAULT);
+#endif
     tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;

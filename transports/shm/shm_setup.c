@@ -212,7 +212,7 @@ void shm_check_liveness(shm_tp_t *tp, int all)
 static void probe_pull(shm_tp_t *tp, shm_link_t *L)
 {
     uint32_t verdict = 2;
-    if (tp->cma_min) {
+    if (tp->cma_min || tp->cma_hint_min) {
         uint64_t v = 0;
         struct iovec lo = { &v, sizeof(v) };
         struct iovec re = { (void *)(uintptr_t)L->rx->probe_addr, sizeof(v) };
@@ -467,19 +467,20 @@ static int setup_finish(shm_tp_t *tp, int nserved)
     int pulls = 0;
     for (int p = 0; p < tp->nranks; p++)
         pulls += tp->links[p].served && atomic_load(&tp->links[p].rx->cma_ok) == 1;
-    if (tp->cma_min)
-        LOGF(TUTTI_LOG_INFO,
-             "shm: %d local peers, rings of %zu bytes; messages of %zu bytes or more are "
-             "pulled with process_vm_readv from %d of them, the others stream through the "
-             "ring%s",
-             nserved, tp->ring_bytes, tp->cma_min, pulls,
-             tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
-    else
-        LOGF(TUTTI_LOG_INFO,
-             "shm: %d local peers, rings of %zu bytes, every message streams through the "
-             "ring (TUTTI_SHM_CMA_BYTES unset)%s",
-             nserved, tp->ring_bytes,
-             tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
+    char pulled[160] = "";
+    if (tp->cma_min || tp->cma_hint_min) {
+        char all[48] = "", hinted[64] = "";
+        if (tp->cma_min)
+            snprintf(all, sizeof(all), "messages of %zu bytes or more", tp->cma_min);
+        if (tp->cma_hint_min)
+            snprintf(hinted, sizeof(hinted), "%sexchange messages of %zu bytes or more",
+                     tp->cma_min ? " and " : "", tp->cma_hint_min);
+        snprintf(pulled, sizeof(pulled), "; %s%s are pulled with process_vm_readv from %d of them",
+                 all, hinted, pulls);
+    }
+    LOGF(TUTTI_LOG_INFO, "shm: %d local peers, rings of %zu bytes%s%s", nserved, tp->ring_bytes,
+         pulled[0] ? pulled : ", every message streams through the ring",
+         tp->oversubscribed ? "; more ranks than CPUs: spinning yields" : "");
     return TUTTI_OK;
 }
 
