@@ -139,7 +139,7 @@ struct shm_tp {
     atomic_int aborted;
     unsigned long completions;
     size_t cma_min;      /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
-                                    with process_vm_readv where the peer allows it; 0 never */
+                            with process_vm_readv where the peer allows it; 0 never */
     size_t cma_hint_min; /* TUTTI_SHM_CMA_HINT_BYTES: the same for requests hinted
                             TUTTI_TP_HINT_SINGLE_COPY; 0 never */
     size_t ring_bytes;
