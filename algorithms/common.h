@@ -6,6 +6,7 @@
 #define TT_ALGORITHMS_COMMON_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/p2p.h"
 
@@ -45,6 +46,29 @@ int tt_linear_rooted(tt_op_t *op, int to_root);
  * into recv, tmp holding count elements; tags from tag0 up to tag0 + 16 + log2(n). */
 int tt_rd_group(tt_op_t *op, const int *grp, int n, int r, const void *send, void *recv,
                 size_t count, void *tmp, uint32_t tag0);
+
+/* Blocks that travel in pieces (the reduce-scatters): elements per piece, from the op's
+ * chunk_bytes (0: one piece per block); how many pieces a block of count elements
+ * makes (an empty block still sends one, empty); and a piece's tag, which carries its
+ * step s (0 <= s < n), its index k and whether it is the last of nk. Ranks that disagree
+ * about a block's size then fail on a tag or a length instead of waiting for a piece
+ * that will not come. */
+static inline size_t tt_piece_elems(const tt_op_t *op)
+{
+    size_t p = op->chunk_bytes ? op->chunk_bytes / op->elem_size : SIZE_MAX;
+    return p ? p : 1;
+}
+
+static inline size_t tt_pieces(size_t count, size_t piece)
+{
+    return count ? count / piece + (count % piece != 0) : 1;
+}
+
+static inline uint32_t tt_piece_tag(int n, int s, size_t k, size_t nk)
+{
+    uint64_t kl = (uint64_t)k * 2 + (k + 1 == nk);
+    return (uint32_t)(kl * (uint64_t)n + (uint64_t)s); /* wraps alike on both ends */
+}
 
 /* rank j's block in buf, laid out by dsp */
 static inline unsigned char *tt_blk(void *buf, const size_t *dsp, int j, size_t es)

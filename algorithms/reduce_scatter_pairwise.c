@@ -4,11 +4,18 @@
  * from the input to its final reducer: n-1 messages per rank, no forwarding, which
  * suits a network where every pair of ranks has its own path.
  *
- * All sends are posted at once (they only read the input); receives run two ahead of
- * the reduction, in two scratch buffers. Operand order: own block, then ranks r-1,
- * r-2, ... : fixed for a given rank count. Out of place the accumulator is recvbuf; in
- * place it is scratch, copied to the start of the buffer once every send has finished.
+ * Each block travels in pieces of chunk_bytes. All sends are posted at once (they only
+ * read the input); the receives stream through two piece-sized slots, two pieces ahead
+ * of the reduction, so that each piece is reduced while it is still in cache and while
+ * the next one arrives. (Whole blocks landed out of cache first: over loopback tcp the
+ * 2-rank 16 MiB call took half as long again as an allgather of the same traffic.)
+ *
+ * Pieces and their tags: common.h.
+ * Operand order: own block, then ranks r-1, r-2, ... : fixed for a given rank count.
+ * Out of place the accumulator is recvbuf; in place it is scratch, copied to the start
+ * of the buffer once every send has finished.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +23,8 @@
 #include "core/p2p.h"
 #include "base/base.h"
 #include "reduce/reduce.h"
+
+#include "common.h"
 
 int tt_reduce_scatter_pairwise(tt_op_t *op)
 {
@@ -28,42 +37,63 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
     unsigned char *recv = op->recvbuf;
     const size_t len = cnt[r];
     const int in_place = op->sendbuf == op->recvbuf;
+    const size_t piece = tt_piece_elems(op);
+    const size_t slot = TT_MIN(len, piece);
+    const size_t rk = tt_pieces(len, piece);   /* pieces received per step */
+    const size_t total = (size_t)(n - 1) * rk; /* pieces received in all */
+    size_t nsend = 0;
+    for (int s = 1; s < n; s++)
+        nsend += tt_pieces(cnt[(r + s) % n], piece);
 
-    /* scratch 0: two receive buffers, then the accumulator in place (never asked for 0
+    /* scratch 0: two receive slots, then the accumulator in place (never asked for 0
      * bytes: the first request of a communicator's scratch would give NULL) */
-    unsigned char *scr = tt_op_scratch(op, 0, TT_MAX((in_place ? 3 : 2) * len * es, (size_t)1));
+    unsigned char *scr = tt_op_scratch(op, 0,
+                                       TT_MAX((2 * slot + (in_place ? len : 0)) * es, (size_t)1));
     tt_reqs_t hold;
-    tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);
+    tt_req_t *reqs = tt_reqs_get(&hold, nsend + 2);
     if (!scr || !reqs) {
         tt_reqs_put(&hold);
         return TUTTI_ERR_NOMEM;
     }
-    tt_req_t *sreq = reqs, *rreq = reqs + n; /* by step; rreq[s & 1] */
-    unsigned char *tmp[2] = { scr, scr + len * es };
-    unsigned char *acc = in_place ? scr + 2 * len * es : recv;
+    tt_req_t *rreq = reqs, *sreq = reqs + 2; /* rreq[i & 1] for piece i */
+    unsigned char *tmp[2] = { scr, scr + slot * es };
+    unsigned char *acc = in_place ? scr + 2 * slot * es : recv;
     int st = TUTTI_OK;
 
-    /* empty blocks go too: a disagreement about a block's size fails on its length */
-    for (int s = 1; s < n && s <= 2; s++)
-        TT_CHECK_GOTO(tt_p2p_recv(op, (r - s + n) % n, tmp[s & 1], len * es, (uint32_t)s,
-                                  &rreq[s & 1]),
-                      st, out);
-    for (int s = 1; s < n; s++) {
+#define PIECE_POST(i)                                                                              \
+    do {                                                                                           \
+        size_t s_ = 1 + (i) / rk, k_ = (i) % rk, c0_ = k_ * piece;                                 \
+        size_t cl_ = len ? TT_MIN(piece, len - c0_) : 0;                                           \
+        TT_CHECK_GOTO(tt_p2p_recv(op, (r - (int)s_ + n) % n, tmp[(i)&1], cl_ * es,                 \
+                                  tt_piece_tag(n, (int)s_, k_, rk), &rreq[(i)&1]),                 \
+                      st, out);                                                                    \
+    } while (0)
+
+    for (size_t i = 0; i < total && i < 2; i++)
+        PIECE_POST(i);
+    for (int s = 1, j = 0; s < n; s++) {
         const int to = (r + s) % n;
-        TT_CHECK_GOTO(tt_p2p_send(op, to, send + dsp[to] * es, cnt[to] * es, (uint32_t)s, &sreq[s]),
-                      st, out);
-    }
-    for (int s = 1; s < n; s++) {
-        TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[s & 1]), st, out);
-        if (len)
-            tt_reduce3(acc, s == 1 ? send + dsp[r] * es : acc, tmp[s & 1], len, op->dtype,
-                       op->redop);
-        if (s + 2 < n)
-            TT_CHECK_GOTO(tt_p2p_recv(op, (r - s - 2 + 2 * n) % n, tmp[s & 1], len * es,
-                                      (uint32_t)(s + 2), &rreq[s & 1]),
+        const size_t c = cnt[to], nk = tt_pieces(c, piece);
+        const unsigned char *src = send + dsp[to] * es;
+        for (size_t k = 0; k < nk; k++, j++) {
+            size_t c0 = k * piece, cl = c ? TT_MIN(piece, c - c0) : 0;
+            TT_CHECK_GOTO(tt_p2p_send(op, to, src + c0 * es, cl * es, tt_piece_tag(n, s, k, nk),
+                                      &sreq[j]),
                           st, out);
+        }
     }
-    TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, (size_t)n), st, out);
+    for (size_t i = 0; i < total; i++) {
+        size_t s = 1 + i / rk, c0 = (i % rk) * piece;
+        size_t cl = len ? TT_MIN(piece, len - c0) : 0;
+        TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[i & 1]), st, out);
+        if (cl)
+            tt_reduce3(acc + c0 * es, s == 1 ? send + (dsp[r] + c0) * es : acc + c0 * es,
+                       tmp[i & 1], cl, op->dtype, op->redop);
+        if (i + 2 < total)
+            PIECE_POST(i + 2);
+    }
+#undef PIECE_POST
+    TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, nsend), st, out);
     if (len && in_place)
         memcpy(recv, acc, len * es);
 out:

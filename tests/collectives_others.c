@@ -389,6 +389,7 @@ typedef struct set {
     const char *label;
     const char *algo;     /* TUTTI_ALGO */
     const char *names[6]; /* reduce, allgather, reduce_scatter, gather, scatter, alltoall */
+    size_t chunk_bytes;   /* 0: the default */
 } set_t;
 
 static const char *const coll_names[6] = { "reduce", "allgather", "reduce_scatter",
@@ -398,11 +399,13 @@ static const set_t sets[2] = {
     { "tree/rd/pairwise/tree/tree/ring",
       "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
       "alltoall:ring",
-      { "tree", "rd", "pairwise", "tree", "tree", "ring" } },
+      { "tree", "rd", "pairwise", "tree", "tree", "ring" },
+      4099 },
     { "ring/ring/ring/linear/linear/pairwise",
       "reduce:ring;allgather:ring;reduce_scatter:ring;gather:linear;scatter:linear;"
       "alltoall:pairwise",
-      { "ring", "ring", "ring", "linear", "linear", "pairwise" } },
+      { "ring", "ring", "ring", "linear", "linear", "pairwise" },
+      4099 },
 };
 
 static const tutti_dtype_t move_dtypes[] = { TUTTI_INT8, TUTTI_BF16, TUTTI_INT32, TUTTI_FP64 };
@@ -527,6 +530,10 @@ static void run_matrix(int nranks, const set_t *set)
     tutti_comm_opts_t opts;
     ck_assert_int_eq(tutti_comm_opts_init(&opts), TUTTI_OK);
     opts.algo = set->algo;
+    /* a chunk size no element size divides, small enough that blocks of the wider types
+     * go in several pieces (reduce_scatter) or chunks (reduce ring) */
+    if (set->chunk_bytes)
+        opts.chunk_bytes = set->chunk_bytes;
     coll_run_matrix(nranks, rank_matrix, (void *)set, &opts, set->label);
 }
 

@@ -830,6 +830,61 @@ START_TEST(mismatch_root)
 }
 END_TEST
 
+/* reduce_scatterv whose blocks travel in pieces (chunk_bytes 4096: 1024 floats a piece):
+ * rank 1 counts its own block as 1000 or 3000 floats (one piece, three) and rank 2's as
+ * the rest, the others both as 2048 (two pieces). The totals agree, so the envelope's
+ * count cannot tell: a piece's length or tag (which says "last of its block") does, and
+ * every rank fails at once, none waiting for a piece that will not come (the timeout is
+ * 20 s). A rank whose own pieces all matched (rank 0 under pairwise) may return first:
+ * its next call fails, naming the mismatch. Both reduce-scatter algorithms. */
+static int rank_pieces(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    const size_t odd_view = *(const size_t *)arg;
+    size_t counts[4];
+    float *in = calloc(4 * 3000, sizeof(float)), *out = calloc(3000, sizeof(float));
+    FAIL_IF(!in || !out || nranks > 4, "setup");
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, out, 64, TUTTI_FP32, TUTTI_SUM) != 0,
+            "warm-up: %s", tutti_comm_last_error(comm));
+    for (int i = 0; i < nranks; i++)
+        counts[i] = rank != 1 || i == 0 ? 2048 : i == 1 ? odd_view : 4096 - odd_view;
+    double t0 = th_now_ms();
+    int st = tutti_reduce_scatterv(comm, in, out, counts, TUTTI_FP32, TUTTI_SUM);
+    if (st == TUTTI_OK)
+        st = tutti_barrier(comm);
+    double dt = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt, msg);
+    free(in);
+    free(out);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH && !(st == TUTTI_ERR_PEER && strstr(msg, "mismatched")),
+            "got %s, want a mismatch: %s", tutti_status_name(st), msg);
+    FAIL_IF(!strstr(msg, "reduce_scatterv"), "message does not name the call: %s", msg);
+    FAIL_IF(dt > 5000, "took %.0f ms (timeout is 20000): should fail at once", dt);
+    return 0;
+}
+
+START_TEST(mismatch_pieces)
+{
+    static const char *const algos[] = { "reduce_scatter:pairwise", "reduce_scatter:ring" };
+    static const size_t views[] = { 1000, 3000 };
+    for (int a = 0; a < 2; a++)
+        for (int v = 0; v < 2; v++) {
+            tutti_comm_opts_t o;
+            tutti_comm_opts_init(&o);
+            o.timeout_ms = 20000;
+            o.chunk_bytes = 4096;
+            o.algo = algos[a];
+            size_t view = views[v];
+            fprintf(stderr, "%s, rank 1 counts %zu of 2048\n", algos[a], view);
+            th_spec_t spec = {
+                .nranks = 3, .fn = rank_pieces, .arg = &view, .timeout_ms = 30000, .opts = &o
+            };
+            ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+        }
+}
+END_TEST
+
 /* ---- a rank SIGKILLed in the middle of an allreduce ---- */
 
 static int rank_killed(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -1023,7 +1078,7 @@ static Suite *suite(void)
                  (const TTest *const[]){ mismatch_other_collectives, mismatch_count,
                                          mismatch_count_2ranks, mismatch_dtype, mismatch_op,
                                          mismatch_coll, mismatch_root, agree_lag_back_to_back,
-                                         confirm_batch_mismatch_midway, NULL });
+                                         confirm_batch_mismatch_midway, mismatch_pieces, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,
