@@ -17,10 +17,12 @@
  * broadcast  tree    L (a + n b)
  *            chain   (p - 1 + c - 1)(a + min(n, chunk) b)
  * reduce     tree    L (a + n b + n g)
- *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
+ *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g / k   (k as above: its
+ *                    reduce-scatter goes in pieces)
  * allgather  ring    (p-1)(a + n/p b)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
- * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g); pairwise talks to a
+ * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g / k), k as above (the
+ *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
  *                    previous step's on one link: it gets a 0.9 factor on the b term
  * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
@@ -246,13 +248,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     double chunks = chunk ? ceil(n / (double)chunk) : 1;
     if (chunks < 1)
         chunks = 1;
+    /* chunks of a ring block that pipeline, at most 4: reducing one overlaps the next's
+     * transfer (the ring allreduce, reduce and reduce-scatters) */
+    double k = chunk ? ceil(n / p / (double)chunk) : 1;
+    k = k < 1 ? 1 : k > 4 ? 4 : k;
     switch (coll) {
     case TT_COLL_ALLREDUCE:
-        if (!strcmp(algo, "ring")) {
-            double k = chunk ? ceil(n / p / (double)chunk) : 1;
-            k = k < 1 ? 1 : k > 4 ? 4 : k;
+        if (!strcmp(algo, "ring"))
             return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g / k;
-        }
         if (!strcmp(algo, "rd"))
             return lP * (a + n * b + n * g) + x * (2 * a + 2 * n * b + n * g);
         if (!strcmp(algo, "hd"))
@@ -273,7 +276,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "tree"))
             return L * (a + n * b + n * g);
         if (!strcmp(algo, "ring"))
-            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g;
+            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g / k;
         break;
     case TT_COLL_ALLGATHER:
         if (!strcmp(algo, "ring"))
@@ -283,9 +286,9 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
-            return (p - 1) * (a + n / p * b + n / p * g);
+            return (p - 1) * (a + n / p * b + n / p * g / k);
         if (!strcmp(algo, "pairwise"))
-            return (p - 1) * (a + 0.9 * n / p * b + n / p * g);
+            return (p - 1) * (a + 0.9 * n / p * b + n / p * g / k);
         break;
     case TT_COLL_GATHER:
     case TT_COLL_SCATTER:
