@@ -90,12 +90,13 @@ static inline size_t tt_blocks_off(const tt_blocks_t *b, int n, int i)
     return (size_t)i * q + ((size_t)i < rem ? (size_t)i : rem);
 }
 
-/* The ring reduce-scatter in pieces (reduce_scatter_ring.c has the design), for the
- * reduce-scatter and the ring reduce: step t of n-1 sends the partial result of block
- * (rank - t - 1 + shift) to the next rank and receives that of block (rank - t - 2 +
- * shift), reducing this rank's input (op->sendbuf, laid out by blk) into it, so that this
- * rank finishes block (rank + shift). The finished block goes to dst, or with dst NULL to
- * scratch 0 (which it uses either way); *out_p says where it is. */
+/* The ring reduce-scatter in pieces (reduce_scatter_ring.c has the design): step t of
+ * n-1 sends the partial result of block (rank - t - 1 + shift) to the next rank and
+ * receives that of block (rank - t - 2 + shift), reducing this rank's input
+ * (op->sendbuf, laid out by blk) into it, so that this rank finishes block (rank +
+ * shift). The finished block goes to dst, or with dst NULL to scratch 0 (which it uses
+ * either way); *out_p says where it is. The ring reduce (shift
+ * 1) measured slower through it over shm: see reduce_ring.c. */
 int tt_ring_rs(tt_op_t *op, const tt_blocks_t *blk, int shift, void *dst,
                const unsigned char **out_p);
 

@@ -4,11 +4,19 @@
  * times in sequence: the choice for large messages.
  *
  * The vector is cut into n blocks (count/n elements, the remainder spread over the
- * first blocks). The reduce-scatter is tt_ring_rs (common.c: blocks in pieces, each
- * reduced as it lands), shifted by one: step t (of n-1) sends block (rank - t) and
- * receives block (rank - t - 1), so that rank r finishes block r + 1. Partial results
- * start at the block's own rank and grow around the ring, so the operand order is fixed
- * for a given rank count (not for the root, unlike the tree's).
+ * first blocks). Step t (of n-1) sends block (rank - t) to the next rank and receives
+ * block (rank - t - 1) from the previous one, reducing it with this rank's input; after
+ * the last step rank r holds the full reduction of block r + 1. The partial results
+ * live in two block-sized scratch halves used in turn: the one received at step t is
+ * sent at step t+1 while step t+1's arrives in the other. Partial results start at the
+ * block's own rank and grow around the ring, so the operand order is fixed for a given
+ * rank count (not for the root, unlike the tree's).
+ *
+ * Not in pieces (tt_ring_rs, which the reduce-scatter uses): through it, in one
+ * bench/ab.sh run (5 pairs, the thirteenth session), the 16-64 MiB reduce went 0.75-0.88
+ * of the time over tcp but 1.07-1.49 over shm at 1-16 MiB (1.29-1.49 at 1-4 MiB even
+ * with the single-copy hint), where this version reduces into the block it just
+ * received, in cache, and the pieced one writes a third buffer. Not investigated further.
  *
  * The root's input is only read during the ring, and the blocks are received into its
  * recvbuf only after it, so in place needs nothing special.
@@ -21,30 +29,54 @@
 #include "base/base.h"
 #include "reduce/reduce.h"
 
-#include "common.h"
+static size_t rr_block_len(size_t count, int n, int b)
+{
+    return count / (size_t)n + ((size_t)b < count % (size_t)n);
+}
+
+static size_t rr_block_off(size_t count, int n, int b)
+{
+    return (size_t)b * (count / (size_t)n) + TT_MIN((size_t)b, count % (size_t)n);
+}
 
 int tt_reduce_ring(tt_op_t *op)
 {
     const int n = op->nranks, r = op->rank, root = op->root;
     const size_t es = op->elem_size, count = op->count;
+    const unsigned char *send = op->sendbuf;
 
     if (count == 0)
         return TUTTI_OK;
 
-    /* the root's own block straight into recvbuf, unless in place (its input may be
-     * read until the ring ends) */
-    const tt_blocks_t blk = { .count = count };
-    const unsigned char *out = NULL;
-    unsigned char *dst = NULL;
-    if (r == root && op->sendbuf != op->recvbuf)
-        dst = (unsigned char *)op->recvbuf + tt_blocks_off(&blk, n, (r + 1) % n) * es;
-    TT_CHECK(tt_ring_rs(op, &blk, 1, dst, &out));
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    const size_t maxlen = rr_block_len(count, n, 0);
+    unsigned char *half[2];
+    half[0] = tt_op_scratch(op, 0, 2 * maxlen * es);
+    if (!half[0])
+        return TUTTI_ERR_NOMEM;
+    half[1] = half[0] + maxlen * es;
+
+    tt_req_t req[2];
+    const unsigned char *out = send + rr_block_off(count, n, r) * es; /* step 0: own block */
+    for (int t = 0; t < n - 1; t++) {
+        const int sb = ((r - t) % n + n) % n, rb = ((r - t - 1) % n + n) % n;
+        const size_t slen = rr_block_len(count, n, sb), rlen = rr_block_len(count, n, rb);
+        unsigned char *in = half[t & 1];
+        memset(req, 0, sizeof(req));
+        if (rlen)
+            TT_CHECK(tt_p2p_recv(op, prev, in, rlen * es, (uint32_t)t, &req[0]));
+        if (slen)
+            TT_CHECK(tt_p2p_send(op, next, out, slen * es, (uint32_t)t, &req[1]));
+        /* both: the next step receives into the half this step's send reads */
+        TT_CHECK(tt_p2p_wait_all(op, req, 2));
+        tt_reduce(in, send + rr_block_off(count, n, rb) * es, rlen, op->dtype, op->redop);
+        out = in;
+    }
 
     /* rank j finished block j + 1 */
-    const uint32_t tag = (uint32_t)0xfffffff0u; /* apart from the ring's piece tags */
-    tt_req_t req[1];
+    const uint32_t tag = (uint32_t)n;
     if (r != root) {
-        size_t len = tt_blocks_len(&blk, n, (r + 1) % n);
+        size_t len = rr_block_len(count, n, (r + 1) % n);
         if (!len)
             return TUTTI_OK;
         TT_CHECK(tt_p2p_send(op, root, out, len * es, tag, &req[0]));
@@ -58,7 +90,7 @@ int tt_reduce_ring(tt_op_t *op)
         return TUTTI_ERR_NOMEM;
     for (int j = 0; j < n; j++) {
         const int b = (j + 1) % n;
-        const size_t len = tt_blocks_len(&blk, n, b), off = tt_blocks_off(&blk, n, b);
+        const size_t len = rr_block_len(count, n, b), off = rr_block_off(count, n, b);
         if (j == root || !len)
             continue;
         int st = tt_p2p_recv(op, j, recv + off * es, len * es, tag, &reqs[j]);
@@ -67,9 +99,9 @@ int tt_reduce_ring(tt_op_t *op)
             return st;
         }
     }
-    if (!dst) {
+    {
         const int b = (root + 1) % n;
-        memcpy(recv + tt_blocks_off(&blk, n, b) * es, out, tt_blocks_len(&blk, n, b) * es);
+        memcpy(recv + rr_block_off(count, n, b) * es, out, rr_block_len(count, n, b) * es);
     }
     int st = tt_p2p_wait_all(op, reqs, (size_t)n);
     tt_reqs_put(&hold);

@@ -5,7 +5,7 @@
  * receives (n-1)/n of the input once: bandwidth optimal. Any layout (reduce_scatterv):
  * message sizes come from recvcounts.
  *
- * The body is tt_ring_rs (common.c), which the ring reduce shares. Blocks travel in
+ * The body is tt_ring_rs (common.c). Blocks travel in
  * pieces of chunk_bytes (common.h), pipelined across steps as in the ring allreduce:
  * the receives stream through two piece-sized slots, two pieces ahead, and each piece
  * is reduced while still in cache and forwarded at once as the next step's piece. Partial results live in two scratch halves used in turn (step t reduces

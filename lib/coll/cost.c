@@ -17,8 +17,7 @@
  * broadcast  tree    L (a + n b)
  *            chain   (p - 1 + c - 1)(a + min(n, chunk) b)
  * reduce     tree    L (a + n b + n g)
- *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g / k   (k as above: its
- *                    reduce-scatter goes in pieces)
+ *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
  * allgather  ring    (p-1)(a + n/p b)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g / k), k as above (the
@@ -249,7 +248,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     if (chunks < 1)
         chunks = 1;
     /* chunks of a ring block that pipeline, at most 4: reducing one overlaps the next's
-     * transfer (the ring allreduce, reduce and reduce-scatters) */
+     * transfer (the ring allreduce and the reduce-scatters) */
     double k = chunk ? ceil(n / p / (double)chunk) : 1;
     k = k < 1 ? 1 : k > 4 ? 4 : k;
     switch (coll) {
@@ -276,7 +275,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "tree"))
             return L * (a + n * b + n * g);
         if (!strcmp(algo, "ring"))
-            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g / k;
+            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g;
         break;
     case TT_COLL_ALLGATHER:
         if (!strcmp(algo, "ring"))
