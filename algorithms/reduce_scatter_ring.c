@@ -5,16 +5,17 @@
  * receives (n-1)/n of the input once: bandwidth optimal. Any layout (reduce_scatterv):
  * message sizes come from recvcounts.
  *
- * The body is tt_ring_rs (common.c). Blocks travel in
- * pieces of chunk_bytes (common.h), pipelined across steps as in the ring allreduce:
- * the receives stream through two piece-sized slots, two pieces ahead, and each piece
- * is reduced while still in cache and forwarded at once as the next step's piece. Partial results live in two scratch halves used in turn (step t reduces
- * into half t & 1, which step t+1 sends from); before step t+1 writes a half, step t's
- * sends, which read it, are waited for. Step 0 sends straight from the input. Out of
- * place the last step reduces straight into recvbuf. In place the result goes to the
- * start of the input buffer, which other blocks' input may still occupy until the last
- * step: it is written only at the end. Operand order: block b's partial result starts
- * at rank b+1 and grows around the ring, fixed for a given rank count.
+ * The body is tt_ring_rs (common.c). Blocks travel in pieces of chunk_bytes (common.h),
+ * pipelined across steps as in the ring allreduce: the receives stream through two
+ * piece-sized slots, two pieces ahead, and each piece is reduced while still in cache
+ * and forwarded at once as the next step's piece. Partial results live in two scratch
+ * halves used in turn (step t reduces into half t & 1, which step t+1 sends from);
+ * before step t+1 writes a half, step t's sends, which read it, are waited for. Step 0
+ * sends straight from the input. Out of place the last step reduces straight into
+ * recvbuf. In place the result goes to the start of the input buffer, which other
+ * blocks' input may still occupy until the last step: it is written only at the end.
+ * Operand order: block b's partial result starts at rank b+1 and grows around the ring,
+ * fixed for a given rank count.
  */
 #include <string.h>
 
