@@ -70,36 +70,6 @@ static inline uint32_t tt_piece_tag(int n, int s, size_t k, size_t nk)
     return (uint32_t)(kl * (uint64_t)n + (uint64_t)s); /* wraps alike on both ends */
 }
 
-/* n blocks of a vector: cnt/dsp (elements, n entries each), or with cnt NULL, count split
- * evenly (count / n each, the remainder spread over the first blocks, back to back). */
-typedef struct {
-    const size_t *cnt, *dsp;
-    size_t count;
-} tt_blocks_t;
-
-static inline size_t tt_blocks_len(const tt_blocks_t *b, int n, int i)
-{
-    return b->cnt ? b->cnt[i] : b->count / (size_t)n + ((size_t)i < b->count % (size_t)n);
-}
-
-static inline size_t tt_blocks_off(const tt_blocks_t *b, int n, int i)
-{
-    if (b->dsp)
-        return b->dsp[i];
-    size_t q = b->count / (size_t)n, rem = b->count % (size_t)n;
-    return (size_t)i * q + ((size_t)i < rem ? (size_t)i : rem);
-}
-
-/* The ring reduce-scatter in pieces (reduce_scatter_ring.c has the design): step t of
- * n-1 sends the partial result of block (rank - t - 1 + shift) to the next rank and
- * receives that of block (rank - t - 2 + shift), reducing this rank's input
- * (op->sendbuf, laid out by blk) into it, so that this rank finishes block (rank +
- * shift). The finished block goes to dst, or with dst NULL to scratch 0 (which it uses
- * either way); *out_p says where it is. The ring reduce (shift
- * 1) measured slower through it over shm: see reduce_ring.c. */
-int tt_ring_rs(tt_op_t *op, const tt_blocks_t *blk, int shift, void *dst,
-               const unsigned char **out_p);
-
 /* rank j's block in buf, laid out by dsp */
 static inline unsigned char *tt_blk(void *buf, const size_t *dsp, int j, size_t es)
 {

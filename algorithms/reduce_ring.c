@@ -12,7 +12,7 @@
  * block's own rank and grow around the ring, so the operand order is fixed for a given
  * rank count (not for the root, unlike the tree's).
  *
- * Not in pieces (tt_ring_rs, which the reduce-scatter uses): through it, in one
+ * Not in pieces (as reduce_scatter_ring.c is): through them, in one
  * bench/ab.sh run (5 pairs, the thirteenth session), the 16-64 MiB reduce went 0.75-0.88
  * of the time over tcp but 1.07-1.49 over shm at 1-16 MiB (1.29-1.49 at 1-4 MiB even
  * with the single-copy hint), where this version reduces into the block it just
