@@ -141,6 +141,56 @@ __attribute__((noreturn)) static void th_child(const th_spec_t *spec, int rank, 
     _exit(rc);
 }
 
+/* A rank that outlived the harness's deadline: where each of its threads waits (from
+ * /proc), and their stacks when gdb is there, so that a hang seen once in CI says where
+ * it was. TH_NO_GDB=1 skips gdb. */
+static void th_dump_hung(int rank, pid_t pid)
+{
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char f[160], comm[64] = "?", wchan[64] = "?", sys[64] = "?", stat[512] = "";
+        const char *names[] = { "comm", "wchan", "syscall", "stat" };
+        char *outs[] = { comm, wchan, sys, stat };
+        const size_t lens[] = { sizeof(comm), sizeof(wchan), sizeof(sys), sizeof(stat) };
+        for (int k = 0; k < 4; k++) {
+            snprintf(f, sizeof(f), "%s/%s/%s", path, e->d_name, names[k]);
+            FILE *fp = fopen(f, "r");
+            if (fp) {
+                if (!fgets(outs[k], (int)lens[k], fp))
+                    outs[k][0] = 0;
+                fclose(fp);
+                outs[k][strcspn(outs[k], "\n")] = 0;
+            }
+        }
+        /* stat: "tid (comm) S ...": the state follows the last ')' */
+        const char *rp = strrchr(stat, ')');
+        char state = rp && rp[1] && rp[2] ? rp[2] : '?';
+        sys[strcspn(sys, " ")] = 0; /* the syscall number alone */
+        fprintf(stderr, "th: rank %d pid %ld thread %s (%s): state %c, wchan %s, syscall %s\n",
+                rank, (long)pid, e->d_name, comm, state, wchan, sys);
+    }
+    closedir(d);
+    const char *no = getenv("TH_NO_GDB");
+    if ((!no || strcmp(no, "1")) && access("/usr/bin/gdb", X_OK) == 0) {
+        char cmd[256];
+        snprintf(
+            cmd, sizeof(cmd),
+            "timeout -s KILL 20 /usr/bin/gdb -nx -batch -p %ld -ex 'thread apply all bt' "
+            "</dev/null 2>&1 | grep -E '^(Thread |#)' | head -80 | sed 's/^/th: rank %d: /' >&2",
+            (long)pid, rank);
+        fflush(NULL);
+        if (system(cmd) != 0)
+            fprintf(stderr, "th: rank %d: gdb could not show its stacks\n", rank);
+    }
+}
+
 static void th_describe_exit(int rank, int nranks, int code)
 {
     if (code == TH_EXIT_SETUP)
@@ -206,6 +256,7 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
     }
 
     const double deadline = th_now_ms() + timeout;
+    double last_look = th_now_ms();
     int alive = started, killing = fork_failed, timed_out = 0;
     if (killing)
         for (int r = 0; r < started; r++)
@@ -249,8 +300,19 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
                 }
             }
         }
-        if (alive && !timed_out && th_now_ms() >= deadline) {
+        const double now = th_now_ms();
+        if (now - last_look > 5000)
+            fprintf(stderr,
+                    "th: this harness was not scheduled for %.0f ms: the machine stalled, "
+                    "so the ranks' own timers may not have run either\n",
+                    now - last_look);
+        last_look = now;
+        if (alive && !timed_out && now >= deadline) {
             timed_out = 1;
+            fprintf(stderr, "th: timed out after %d ms; where the living ranks are:\n", timeout);
+            for (int r = 0; r < started; r++)
+                if (pids[r])
+                    th_dump_hung(r, pids[r]);
             fprintf(stderr, "th: timed out after %d ms; killing rank(s):", timeout);
             for (int r = 0; r < started; r++)
                 if (pids[r]) {
@@ -258,6 +320,7 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
                     kill(pids[r], SIGKILL);
                 }
             fprintf(stderr, "\n");
+            last_look = th_now_ms();
         }
         if (alive && !reaped)
             th_sleep_ms(2);
