@@ -485,9 +485,18 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                 TT_INFO("job: %s is running; this job takes the record over", desc);
                 replace = 1;
             } else if (!record_still(js, cur, clen)) {
-                /* replaced or released meanwhile: judge what is there now */
+                /* replaced or released meanwhile: judge what is there now (until the
+                 * deadline: a record that keeps changing, or a store that answers the
+                 * swap but not the read, must not hold this rank here for ever) */
                 free(cur);
                 cur = NULL;
+                if (tt_now_ns() > deadline) {
+                    snprintf(err, errlen,
+                             "store %s, prefix %s: could not take the job record over: it "
+                             "changed under every attempt until the timeout (%s when last read)",
+                             comm->store_url, comm->job_base, desc);
+                    return TUTTI_ERR_TIMEOUT;
+                }
                 st = tutti_store_compare_set(js, "instance", "", 0, mine, mlen, &cur, &clen);
                 continue;
             } else {
