@@ -12,11 +12,14 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tutti/store.h>
@@ -1117,12 +1120,63 @@ START_TEST(flipped_byte_is_silent_without_checksums)
 }
 END_TEST
 
+/* ======================= one deadline for the whole set-up ======================= */
+
+/* Rank 3 of 4, alone, with a 1.5 s timeout: ranks 0, 1 and 2 publish their addresses at
+ * 1, 2 and 3 s (each within a timeout of the one before; nobody listens there). The
+ * set-up fails within one timeout, not one per lower rank's address plus one for the
+ * connections (it once did: about 4.5 s here). */
+START_TEST(setup_is_bounded_by_one_timeout)
+{
+    char dir[] = "/tmp/tt-tcp-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    fflush(NULL);
+    pid_t pub = fork();
+    ck_assert_int_ge(pub, 0);
+    if (pub == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        tutti_store_t *ps;
+        if (tutti_store_open_file(&ps, dir, 10000) != 0)
+            _exit(1);
+        for (int j = 0; j < 3; j++) {
+            th_sleep_ms(1000);
+            char key[64];
+            snprintf(key, sizeof(key), "tcpalone/tcp/%d", j);
+            if (tutti_store_set(ps, key, "127.0.0.1 9", 12) != 0)
+                _exit(1);
+        }
+        tutti_store_close(ps);
+        _exit(0);
+    }
+    tutti_store_t *store;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 10000), 0);
+    th_host_t t;
+    thost_init(&t, store, 3, 4, 1500, "tcpalone", "inst-alone", NULL, NULL);
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
+    void *tp = NULL;
+    double t0 = th_now_ms();
+    int st = ops->create(&t.h, &tp);
+    double ms = elapsed_since(t0);
+    if (st == 0)
+        ops->destroy(tp);
+    kill(pub, SIGKILL);
+    waitpid(pub, NULL, 0);
+    tutti_store_close(store);
+    th_rmtree(dir);
+    ck_assert_int_eq(st, TUTTI_ERR_TIMEOUT);
+    ck_assert_msg(ms < 1500 + 1000, "set-up took %.0f ms with a timeout of 1500", ms);
+    ck_assert_msg(ms > 1400, "set-up gave up after %.0f ms, before its timeout of 1500", ms);
+    ck_assert_msg(strstr(t.err, "rank 1") != NULL, "the error does not name rank 1: %s", t.err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tcp");
     TCase *tc = tcase_create("tcp");
     tcase_set_timeout(tc, 90);
-    const TTest *const tests[] = { crc32c_vectors,
+    const TTest *const tests[] = { setup_is_bounded_by_one_timeout,
+                                   crc32c_vectors,
                                    crc32c_implementations_agree,
                                    forged_hellos_do_not_take_the_slot,
                                    forged_answers_are_refused,

@@ -10,6 +10,7 @@
  * deadline. A connecting rank that is refused, or that finds the listener is not its
  * peer, fails at once with the reason. */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -81,6 +82,7 @@ struct setup {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_timer_t deadline;
+    uint64_t deadline_ns; /* tp_now_ns: the whole set-up's, store reads included */
     int needed, done;
     int status, err_peer;
     char err[1536];
@@ -928,13 +930,26 @@ static void on_deadline(uv_timer_t *t)
                tp->rank, s->done, s->needed, tp->host->timeout_ms, missing, notes);
 }
 
-static int peer_addr_from_store(tcp_tp_t *tp, int peer, struct sockaddr_storage *out)
+/* What is left of the set-up's time, in ms (at least 1: a store read of 0 ms is not
+ * "no wait" everywhere). */
+static int setup_ms_left(const setup_t *s)
 {
+    uint64_t now = tp_now_ns();
+    if (now >= s->deadline_ns)
+        return 1;
+    uint64_t ms = (s->deadline_ns - now + 999999u) / 1000000u;
+    return ms > (uint64_t)INT_MAX ? INT_MAX : (int)ms;
+}
+
+static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out)
+{
+    tcp_tp_t *tp = s->tp;
     char key[64];
     snprintf(key, sizeof(key), "tcp/%d", peer);
     void *val = NULL;
     size_t len = 0;
-    int st = tp->host->store_get(tp->host->ctx, key, &val, &len, tp->host->timeout_ms);
+    /* one deadline for every lower rank's address, not a whole timeout each */
+    int st = tp->host->store_get(tp->host->ctx, key, &val, &len, setup_ms_left(s));
     if (st < 0)
         return tp->host->error(tp->host->ctx, st, peer, 0,
                                "tcp: rank %d never published its address (store key %s, "
@@ -1015,7 +1030,7 @@ static int connect_lower(setup_t *s, conn_t **out_p)
         c->s = s;
         c->peer = j;
         c->outgoing = 1;
-        int st = peer_addr_from_store(tp, j, &c->addr);
+        int st = peer_addr_from_store(s, j, &c->addr);
         if (st < 0)
             return st;
         fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
@@ -1032,7 +1047,11 @@ static int setup_wait(setup_t *s)
 {
     tcp_tp_t *tp = s->tp;
     if (s->needed > 0) {
-        uv_timer_start(&s->deadline, on_deadline, (uint64_t)tp->host->timeout_ms, 0);
+        /* what is left of the one deadline, on a fresh clock: the loop's goes stale
+         * while connect_lower waits on the store, and a timer armed from it would fire
+         * early */
+        uv_update_time(&s->loop);
+        uv_timer_start(&s->deadline, on_deadline, (uint64_t)setup_ms_left(s), 0);
         while (s->done < s->needed && s->status == 0)
             uv_run(&s->loop, UV_RUN_ONCE);
     }
@@ -1071,7 +1090,9 @@ static void setup_close(setup_t *s, conn_t *out)
 int tcp_setup_connect(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
-    setup_t s = { .tp = tp };
+    setup_t s = {
+        .tp = tp, .deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(host->timeout_ms, 0) * 1000000u
+    };
     for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
         s.needed += tutti_tp_host_serves(host, i);
     const char *sb = host->config(host->ctx, "SOCKET_BUFFER");
