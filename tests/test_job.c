@@ -312,7 +312,39 @@ static int rank_nocoll(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 TH_RUN_TEST(cycles_without_collectives, th_run_nocomm(2, rank_nocoll, NULL, 40000))
 
+/* ---- 8. a settle time of a second or more is waited for ----
+ *
+ * An id-less job's set-up waits until its instance is job_settle_ms old. A wait of 1000
+ * ms or more once went into nanosleep's nanoseconds whole, was refused, and did not
+ * happen: TUTTI_JOB_SETTLE_MS=1500 waited 0 ms. */
+
+static int rank_settle(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    unsetenv("TUTTI_JOB_ID");
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 10000;
+    o.transport = "tcp";
+    o.job_settle_ms = 1500;
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    double took = th_now_ms() - t0;
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    FAIL_IF(took < 1400, "rank %d: set-up took %.0f ms with job_settle_ms 1500", rank, took);
+    return 0;
+}
+
+TH_RUN_TEST(settle_of_seconds_is_waited, th_run_nocomm(2, rank_settle, NULL, 20000))
+
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
-              TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1))
+              TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1),
+              TH_CASE(settle_of_seconds_is_waited, 1))

@@ -406,7 +406,8 @@ static void contest(tutti_store_t *js, const job_rec_t *r, const char *why)
 
 static void sleep_ms(int ms)
 {
-    struct timespec ts = { 0, (long)ms * 1000000L };
+    /* tv_nsec must stay below 1e9: nanosleep refuses 1000 ms or more put there */
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
     nanosleep(&ts, NULL);
 }
 
