@@ -986,6 +986,49 @@ START_TEST(pinned_ranks_spin)
 }
 END_TEST
 
+/* A long TUTTI_SPIN_US does not stretch a wait past its timeout: rank 0 waits for a
+ * message rank 1 never sends, spinning up to 8 s per progress call with a timeout of 1
+ * s. (The spin once ignored the caller's deadline: about 8 s.) */
+static int rank_long_spin(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "shm";
+    o.timeout_ms = 1000;
+    o.spin_us = 8000000;
+    tutti_comm_t *comm = NULL;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    int rc = 0;
+    if (rank == 0) {
+        int32_t v = 0;
+        double t0 = th_now_ms();
+        int st = tutti_recv(comm, &v, 1, TUTTI_INT32, 1, 7);
+        double took = th_now_ms() - t0;
+        if (st != TUTTI_ERR_TIMEOUT) {
+            fprintf(stderr, "recv: %s, wanted TUTTI_ERR_TIMEOUT\n", tutti_status_name(st));
+            rc = 1;
+        } else if (took > 1000 + 1500) {
+            fprintf(stderr, "recv gave up after %.0f ms with a timeout of 1000\n", took);
+            rc = 1;
+        }
+    } else {
+        th_sleep_ms(5000); /* alive, silent, until rank 0 has given up */
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(long_spin_keeps_the_timeout)
+{
+    ck_assert_int_eq(th_run_nocomm(2, rank_long_spin, NULL, 30000), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
@@ -1004,8 +1047,10 @@ static Suite *suite(void)
                                      rings_mapped_up_front,
                                      pinned_ranks_spin,
                                      NULL };
+    const TTest *const timeouts[] = { long_spin_keeps_the_timeout, NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);
+    th_add_tests(s, "timeouts", 30, timeouts);
     return s;
 }
 

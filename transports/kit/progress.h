@@ -21,9 +21,9 @@ typedef struct tp_progress_ops {
     void (*wait)(void *tp, unsigned long c0, uint64_t now, uint64_t deadline);
     /* fail every request with TUTTI_ERR_ABORTED */
     void (*abort_all)(void *tp);
-    /* optional: the transport's own spin from t0 (NULL: sweep and yield); 1 when
-     * something completed */
-    int (*spin)(void *tp, unsigned long c0, uint64_t t0);
+    /* optional: the transport's own spin from t0 until spin_us pass or the deadline
+     * (NULL: sweep and yield); 1 when something completed */
+    int (*spin)(void *tp, unsigned long c0, uint64_t t0, uint64_t deadline);
 } tp_progress_ops_t;
 
 /* progress(): completions counts finished requests; aborted is set by abort(); moved
@@ -47,7 +47,7 @@ static inline int tp_progress_moved(void *tp, const tp_progress_ops_t *o, atomic
         return TUTTI_OK;
     uint64_t t0 = tp_now_ns();
     uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    if (spin_us > 0 && o->spin && o->spin(tp, c0, t0))
+    if (spin_us > 0 && o->spin && o->spin(tp, c0, t0, deadline))
         return TUTTI_OK;
     const uint64_t spin_ns = (uint64_t)spin_us * 1000u;
     int spin = spin_us > 0 && !o->spin;

@@ -585,11 +585,12 @@ static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
                   shared_with, mine, to);
 }
 
-/* The spin of progress(), from t0 for up to spin_us; 1 when something completed. */
-static int spin(void *vtp, unsigned long c0, uint64_t t0)
+/* The spin of progress(), from t0 for up to spin_us (and not past the caller's
+ * deadline); 1 when something completed. */
+static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
 {
     shm_tp_t *tp = vtp;
-    uint64_t end = t0 + (uint64_t)tp->host->spin_us * 1000u;
+    uint64_t end = TT_KIT_MIN(t0 + (uint64_t)tp->host->spin_us * 1000u, deadline);
     if (!tp->oversubscribed) {
         int c = sched_getcpu();
         if (c != tp->cpu) {
