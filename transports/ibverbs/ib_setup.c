@@ -285,8 +285,11 @@ static int setup_cq(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
     if (!(tp->chan = ibv_create_comp_channel(tp->ctx)))
         return ERRF(TUTTI_ERR_NO_DEVICE, -1, errno, "ibverbs: ibv_create_comp_channel on %s failed",
                     tp->dev_name);
+    /* non-blocking, or draining its events would block with no timeout */
     int fl = fcntl(tp->chan->fd, F_GETFL);
-    fcntl(tp->chan->fd, F_SETFL, fl | O_NONBLOCK);
+    if (fl < 0 || fcntl(tp->chan->fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return ERRF(TUTTI_ERR_INTERNAL, -1, errno,
+                    "ibverbs: cannot make the completion channel of %s non-blocking", tp->dev_name);
 
     /* one CQ for every QP: sized so it can hold every WR that can be outstanding */
     int served = 0;
