@@ -623,7 +623,7 @@ static void block_and_sweep(ib_tp_t *tp, int ms)
     sweep(tp);
 }
 
-TT_KIT_PROGRESS_FN(ib, ib_tp_t, sweep, block_and_sweep, abort_all, NULL)
+TT_KIT_PROGRESS_FN(ib, ib_tp_t, sweep, block_and_sweep, abort_all, NULL, NULL)
 
 static int link_served(const ib_tp_t *tp, int peer)
 {

@@ -596,7 +596,52 @@ static void block(tcp_tp_t *tp, int ms)
     uv_timer_stop(&tp->timer);
 }
 
-TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all, &tp->moved)
+/* The CPU pid last ran on (field 39 of /proc/<pid>/stat), or -1. */
+static int proc_cpu(long pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* the command (field 2) may hold spaces and parentheses: count from its last ')',
+     * which ends field 2; each space after it starts the next field */
+    const char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 39; field++)
+        p = strchr(p + 1, ' ');
+    if (!p)
+        return -1;
+    char *end;
+    long cpu = strtol(p + 1, &end, 10);
+    if (end == p + 1 || cpu < 0 || cpu > 1 << 20)
+        return -1;
+    return (int)cpu;
+}
+
+/* tp_hop_t's shares(): does a lower rank on this host run on CPU mine? Only the higher
+ * rank of two moves, so that they do not chase each other. */
+static int tcp_shares(void *vtp, int mine, cpu_set_t *busy)
+{
+    tcp_tp_t *tp = vtp;
+    int shared = 0;
+    for (int i = 0; i < tp->rank; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->pid <= 0 || L->fd < 0)
+            continue;
+        int c = proc_cpu(L->pid);
+        if (c < 0 || c >= CPU_SETSIZE)
+            continue;
+        CPU_SET(c, busy);
+        if (c == mine)
+            shared = 1;
+    }
+    return shared;
+}
+
+TT_KIT_PROGRESS_FN(tcp, tcp_tp_t, sweep, block, abort_all, &tp->moved, &tp->hop)
 
 static int link_served(const tcp_tp_t *tp, int peer)
 {
@@ -821,6 +866,14 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
         tcp_destroy(tp);
         return st;
     }
+    /* leaving a CPU shared with a lower local rank (while there are CPUs for every rank:
+     * with fewer, sharing is unavoidable and moving only churns) */
+    int local_lower = 0;
+    for (int i = 0; i < tp->rank; i++)
+        local_lower += tp->links[i].pid > 0;
+    tp->hop.shares = tcp_shares;
+    tp->hop.min_cpus = host->nranks;
+    tp->hop.enabled = local_lower > 0 && host->spin_us > 0;
     for (int i = 0; i < host->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->fd < 0)

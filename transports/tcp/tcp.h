@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "../kit/link.h"
+#include "../kit/progress.h"
 #include "../kit/queue.h"
 #include "../kit/util.h"
 
@@ -31,6 +32,8 @@
 /* receives up to this size come with their header in one recv() through a staging
  * buffer, instead of two */
 #define TCP_STAGE_BYTES 4096
+/* a rank's store value "ip port pid pidns host" (tcp_setup.c) */
+#define TCP_ADDR_VALUE_MAX 512
 /* checksum mode: a CRC-32C of each frame header (in it) and of each payload (in a
  * 4-byte trailer after it) */
 enum { TCP_CSUM_NONE = 0, TCP_CSUM_CRC32C = 1 };
@@ -88,6 +91,7 @@ typedef struct tcp_tp tcp_tp_t;
 typedef struct tcp_link {
     tcp_tp_t *tp;
     int peer;
+    long pid; /* a lower rank's pid when it runs on this host in this pid namespace, else 0 */
     int fd;
     char addr[96];
     tp_link_fail_t fail;
@@ -130,6 +134,7 @@ struct tcp_tp {
     atomic_int aborted;
     unsigned long completions;
     unsigned long moved; /* reads and writes that moved bytes (tp_progress_moved) */
+    tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
     int sockbuf;
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */

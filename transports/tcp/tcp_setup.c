@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tcp.h"
@@ -941,6 +942,13 @@ static int setup_ms_left(const setup_t *s)
     return ms > (uint64_t)INT_MAX ? INT_MAX : (int)ms;
 }
 
+/* This process's pid namespace (inode of /proc/self/ns/pid), 0 if unknown. */
+static unsigned long long my_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
+}
+
 static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out)
 {
     tcp_tp_t *tp = s->tp;
@@ -955,13 +963,21 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
                                "tcp: rank %d never published its address (store key %s, "
                                "status %d)",
                                peer, key, st);
-    char ip[INET6_ADDRSTRLEN + 1] = "", text[128];
+    char ip[INET6_ADDRSTRLEN + 1] = "", text[TCP_ADDR_VALUE_MAX];
     int port = 0;
     int ok = len < sizeof(text);
     if (ok) {
         memcpy(text, val, len); /* the value need not end in a NUL */
         text[len] = '\0';
         ok = sscanf(text, "%46s %d", ip, &port) == 2 && port > 0 && port < 65536;
+        /* its pid, when it runs on this host in this pid namespace (tcp_shares) */
+        long pid = 0;
+        unsigned long long ns = 0;
+        int off = 0;
+        const char *me = tp->host->host_id;
+        if (ok && sscanf(text, "%*s %*d %ld %llu %n", &pid, &ns, &off) == 2 && off > 0 && me &&
+            *me && !strcmp(text + off, me) && ns && ns == my_pidns())
+            tp->links[peer].pid = pid;
     }
     tp->host->free_value(val);
     memset(out, 0, sizeof(*out));
@@ -998,14 +1014,17 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
 static int publish_address(tcp_tp_t *tp, const struct sockaddr_storage *me)
 {
     const tutti_tp_host_v1_t *host = tp->host;
-    char ip[INET6_ADDRSTRLEN], val[128];
+    char ip[INET6_ADDRSTRLEN], val[TCP_ADDR_VALUE_MAX];
     if (me->ss_family == AF_INET6)
         uv_ip6_name((const struct sockaddr_in6 *)me, ip, sizeof(ip));
     else
         uv_ip4_name((const struct sockaddr_in *)me, ip, sizeof(ip));
-    snprintf(val, sizeof(val), "%s %d", ip,
+    /* the address, then what tells a rank on the same host where this one runs (a pid
+     * is only meaningful in its own pid namespace): "ip port pid pidns host" */
+    snprintf(val, sizeof(val), "%s %d %ld %llu %s", ip,
              ntohs(me->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)me)->sin6_port
-                                             : ((const struct sockaddr_in *)me)->sin_port));
+                                             : ((const struct sockaddr_in *)me)->sin_port),
+             (long)getpid(), my_pidns(), host->host_id ? host->host_id : "");
     char key[64];
     snprintf(key, sizeof(key), "tcp/%d", tp->rank);
     int st = host->store_set(host->ctx, key, val, strlen(val) + 1);
