@@ -617,6 +617,31 @@ START_TEST(without_gc_callbacks_keys_stay_where_promised)
 }
 END_TEST
 
+/* tutti_comm_init expected to fail, with what it writes on stderr captured into text
+ * (a file in dir) and its duration in *took_ms. Returns its status, or 1 when stderr
+ * could not be redirected. */
+static int init_captured(tutti_store_t *s, int rank, int nranks, const tutti_comm_opts_t *o,
+                         const char *dir, char *text, size_t len, double *took_ms)
+{
+    char log[512];
+    snprintf(log, sizeof(log), "%s/stderr.%d", dir, rank);
+    int fd = open(log, O_CREAT | O_TRUNC | O_RDWR, 0600), saved = dup(2);
+    FAIL_IF(fd < 0 || saved < 0, "cannot redirect stderr");
+    dup2(fd, 2);
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, s, rank, nranks, o);
+    *took_ms = th_now_ms() - t0;
+    dup2(saved, 2);
+    close(saved);
+    ssize_t n = pread(fd, text, len - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    close(fd);
+    if (st == 0)
+        tutti_comm_destroy(comm);
+    return st;
+}
+
 /* A store that fails every call: init fails with the store's label and the callback's
  * words, in the status and on stderr (the communicator's error message), within its
  * bounds when the failure is a timeout. */
@@ -627,23 +652,12 @@ static int rank_broken(int rank, int nranks, tutti_comm_t *unused, const char *d
     tutti_store_t *s;
     if (open_map(rank, j, &s))
         return 1;
-    char log[512];
-    snprintf(log, sizeof(log), "%s/stderr.%d", dir, rank);
-    int fd = open(log, O_CREAT | O_TRUNC | O_RDWR, 0600), saved = dup(2);
-    FAIL_IF(fd < 0 || saved < 0, "cannot redirect stderr");
-    dup2(fd, 2);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 1500;
-    tutti_comm_t *comm = NULL;
-    double t0 = th_now_ms();
-    int st = tutti_comm_init(&comm, s, rank, nranks, &o);
-    double took = th_now_ms() - t0;
-    dup2(saved, 2);
     char text[8192] = "";
-    ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
-    text[n > 0 ? n : 0] = '\0';
-    close(fd);
+    double took;
+    int st = init_captured(s, rank, nranks, &o, dir, text, sizeof(text), &took);
     FAIL_IF(st != j->map->fail_status, "init: %s, wanted %s", tutti_status_name(st),
             tutti_status_name(j->map->fail_status));
     FAIL_IF(took > 1500 + 3000, "init took %.0f ms with a timeout of 1500", took);
@@ -698,20 +712,9 @@ static int rank_unreadable_record(int rank, int nranks, tutti_comm_t *unused, co
     tutti_comm_opts_init(&o);
     o.timeout_ms = 1500;
     o.transport = "tcp";
-    char log[512];
-    snprintf(log, sizeof(log), "%s/stderr.%d", dir, rank);
-    int fd = open(log, O_CREAT | O_TRUNC | O_RDWR, 0600), saved = dup(2);
-    FAIL_IF(fd < 0 || saved < 0, "cannot redirect stderr");
-    dup2(fd, 2);
-    tutti_comm_t *comm = NULL;
-    double t0 = th_now_ms();
-    int st = tutti_comm_init(&comm, s, rank, nranks, &o);
-    double took = th_now_ms() - t0;
-    dup2(saved, 2);
     char text[8192] = "";
-    ssize_t got = pread(fd, text, sizeof(text) - 1, 0);
-    text[got > 0 ? got : 0] = '\0';
-    close(fd);
+    double took;
+    int st = init_captured(s, rank, nranks, &o, dir, text, sizeof(text), &took);
     FAIL_IF(st != TUTTI_ERR_TIMEOUT, "init: %s, wanted TUTTI_ERR_TIMEOUT", tutti_status_name(st));
     FAIL_IF(took > 1500 + 3000, "init took %.0f ms with a timeout of 1500", took);
     FAIL_IF(!contains(text, "could not take the job record over") ||

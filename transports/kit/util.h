@@ -16,6 +16,33 @@
 #define TT_KIT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TT_KIT_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* /proc/<pid>/stat read into buf: a pointer to its field 3 (the state), or NULL when the
+ * process is gone. The command (field 2) may hold spaces and parentheses: the fields
+ * after it count from its last ')'. */
+static inline const char *tp_proc_stat(long pid, char *buf, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    size_t n = fread(buf, 1, len - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] ? p + 2 : NULL;
+}
+
+/* Field `field` (3 or more, as proc(5) numbers them) of what tp_proc_stat returned, or
+ * NULL when the line is shorter. */
+static inline const char *tp_stat_field(const char *f3, int field)
+{
+    for (int f = 3; f3 && f < field; f++)
+        if ((f3 = strchr(f3, ' ')))
+            f3++;
+    return f3 && *f3 ? f3 : NULL;
+}
+
 static inline uint64_t tp_now_ns(void)
 {
     struct timespec ts;

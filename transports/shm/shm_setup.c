@@ -153,28 +153,15 @@ static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes
 
 static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p)
-        return -1;
-    char state = 0;
-    unsigned long long v = 0;
-    /* after ")": state, then fields 4..21, then starttime (22) */
-    if (sscanf(p + 1,
-               " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
-               "%*d %llu",
-               &state, &v) != 2)
+    char buf[1024], *end;
+    const char *state = tp_proc_stat(pid, buf, sizeof(buf));
+    const char *f22 = tp_stat_field(state, 22); /* starttime */
+    unsigned long long v = f22 ? strtoull(f22, &end, 10) : 0;
+    if (!f22 || end == f22)
         return -1;
     *st_p = v;
     if (state_p)
-        *state_p = state;
+        *state_p = *state;
     return 0;
 }
 

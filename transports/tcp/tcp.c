@@ -599,26 +599,10 @@ static void block(tcp_tp_t *tp, int ms)
 /* The CPU pid last ran on (field 39 of /proc/<pid>/stat), or -1. */
 static int proc_cpu(long pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    /* the command (field 2) may hold spaces and parentheses: count from its last ')',
-     * which ends field 2; each space after it starts the next field */
-    const char *p = strrchr(buf, ')');
-    for (int field = 2; p && field < 39; field++)
-        p = strchr(p + 1, ' ');
-    if (!p)
-        return -1;
-    char *end;
-    long cpu = strtol(p + 1, &end, 10);
-    if (end == p + 1 || cpu < 0 || cpu > 1 << 20)
-        return -1;
-    return (int)cpu;
+    char buf[1024], *end;
+    const char *f = tp_stat_field(tp_proc_stat(pid, buf, sizeof(buf)), 39);
+    long cpu = f ? strtol(f, &end, 10) : -1;
+    return f && end != f && cpu >= 0 && cpu < CPU_SETSIZE ? (int)cpu : -1;
 }
 
 /* tp_hop_t's shares(): does a lower rank on this host run on CPU mine? Only the higher
@@ -632,7 +616,7 @@ static int tcp_shares(void *vtp, int mine, cpu_set_t *busy)
         if (L->pid <= 0 || L->fd < 0)
             continue;
         int c = proc_cpu(L->pid);
-        if (c < 0 || c >= CPU_SETSIZE)
+        if (c < 0)
             continue;
         CPU_SET(c, busy);
         if (c == mine)
