@@ -9,7 +9,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "abi.h"
 #include "util.h"
@@ -40,8 +39,8 @@ typedef struct tp_progress_ops {
 typedef struct tp_hop {
     int enabled;
     int min_cpus; /* moves only while this thread may use this many CPUs (the ranks') */
-    /* 1 when a peer this rank waits on last ran on CPU mine; the CPUs of the peers it
-     * can see go into *busy */
+    /* 1 when a peer this rank should not share a CPU with last ran on CPU mine; the CPUs
+     * of the peers it can see go into *busy */
     int (*shares)(void *tp, int mine, cpu_set_t *busy);
     unsigned moves;
     uint64_t next_ns;
@@ -83,19 +82,8 @@ static inline void tp_hop_wait_ended(void *tp, tp_hop_t *h, uint64_t now)
  * not since the call: a large message over a socket completes only after hundreds of
  * microseconds of steady movement, and sleeping in the middle of it (then a wake-up,
  * 20-50 us in a VM, every time the socket buffer runs dry) halved loopback tcp's
- * bandwidth at 1 MiB. A wait that moved something goes back to spinning. */
-static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
-                                  const unsigned long *completions, const unsigned long *moved,
-                                  tp_hop_t *hop, int spin_us, int timeout_ms);
-
-static inline int tp_progress_moved(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
-                                    const unsigned long *completions, const unsigned long *moved,
-                                    int spin_us, int timeout_ms)
-{
-    return tp_progress_hop(tp, o, aborted, completions, moved, NULL, spin_us, timeout_ms);
-}
-
-/* tp_progress_moved, leaving a CPU shared with a peer through hop (NULL: never) */
+ * bandwidth at 1 MiB. A wait that moved something goes back to spinning. hop (NULL:
+ * never): leaving a CPU shared with a peer, above. */
 static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
                                   const unsigned long *completions, const unsigned long *moved,
                                   tp_hop_t *hop, int spin_us, int timeout_ms)
@@ -160,14 +148,14 @@ static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_i
 static inline int tp_progress(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
                               const unsigned long *completions, int spin_us, int timeout_ms)
 {
-    return tp_progress_moved(tp, o, aborted, completions, NULL, spin_us, timeout_ms);
+    return tp_progress_hop(tp, o, aborted, completions, NULL, NULL, spin_us, timeout_ms);
 }
 
 /* Defines pfx##_progress, the progress() of a transport whose context (tp_type) has host,
  * aborted and completions, and which waits in its own way: sweep(tp) and abort_all(tp) as
  * in tp_progress_ops_t; wait_ms(tp, ms): wait up to ms milliseconds (the deadline rounded
  * up) for something to do, and do it; moved: an expression of tp, the address of its
- * count of moves short of a completion (tp_progress_moved), or NULL; hop: the address of
+ * count of moves short of a completion (tp_progress_hop), or NULL; hop: the address of
  * its tp_hop_t, or NULL. */
 #define TT_KIT_PROGRESS_FN(pfx, tp_type, sweep, wait_ms, abort_all, moved, hop)                    \
     static void pfx##_kit_sweep(void *tp)                                                          \

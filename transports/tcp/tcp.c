@@ -551,9 +551,15 @@ static void on_poll(uv_poll_t *h, int status, int events)
         link_recv(tp, L);
 }
 
+/* The wait's timer: it ends uv_run. Without uv_stop, a timer that came due before
+ * uv_run polled (its first step runs due timers, then computes the poll's timeout from
+ * the timers left) left epoll waiting with no timeout at all: a thread preempted for
+ * the 1 ms of a short wait between arming it and polling slept until a socket woke it,
+ * past every deadline (seen in CI under load: test_p2p any_source_timeout, epoll_wait
+ * with timeout -1 in block(ms = 1)). */
 static void on_timer(uv_timer_t *t)
 {
-    (void)t;
+    uv_stop(t->loop);
 }
 static void on_wake(uv_async_t *a)
 {
@@ -588,8 +594,8 @@ static void block(tcp_tp_t *tp, int ms)
         }
     }
     /* The loop's clock only advances while it runs; between our calls it goes stale,
-     * and a timer armed from a stale clock is already due: it would fire at once and
-     * leave epoll waiting with no timeout at all. */
+     * and a timer armed from a stale clock is already due (it would fire at once; see
+     * on_timer for what then keeps epoll from waiting for ever). */
     uv_update_time(&tp->loop);
     uv_timer_start(&tp->timer, on_timer, (uint64_t)ms, 0);
     uv_run(&tp->loop, UV_RUN_ONCE);

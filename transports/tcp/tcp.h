@@ -133,7 +133,7 @@ struct tcp_tp {
     uv_timer_t timer;
     atomic_int aborted;
     unsigned long completions;
-    unsigned long moved; /* reads and writes that moved bytes (tp_progress_moved) */
+    unsigned long moved; /* reads and writes that moved bytes (tp_progress_hop) */
     tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
     int sockbuf;
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */

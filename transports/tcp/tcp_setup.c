@@ -83,7 +83,8 @@ struct setup {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_timer_t deadline;
-    uint64_t deadline_ns; /* tp_now_ns: the whole set-up's, store reads included */
+    uint64_t deadline_ns;     /* tp_now_ns: the whole set-up's, store reads included */
+    unsigned long long pidns; /* this process's pid namespace (my_pidns), 0 unknown */
     int needed, done;
     int status, err_peer;
     char err[1536];
@@ -976,7 +977,7 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
         int off = 0;
         const char *me = tp->host->host_id;
         if (ok && sscanf(text, "%*s %*d %ld %llu %n", &pid, &ns, &off) == 2 && off > 0 && me &&
-            *me && !strcmp(text + off, me) && ns && ns == my_pidns())
+            *me && !strcmp(text + off, me) && ns && ns == s->pidns)
             tp->links[peer].pid = pid;
     }
     tp->host->free_value(val);
@@ -1011,8 +1012,9 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
 }
 
 /* Publish "ip port" of the listener under tcp/<rank>, for the higher ranks to connect. */
-static int publish_address(tcp_tp_t *tp, const struct sockaddr_storage *me)
+static int publish_address(const setup_t *s, const struct sockaddr_storage *me)
 {
+    tcp_tp_t *tp = s->tp;
     const tutti_tp_host_v1_t *host = tp->host;
     char ip[INET6_ADDRSTRLEN], val[TCP_ADDR_VALUE_MAX];
     if (me->ss_family == AF_INET6)
@@ -1024,7 +1026,7 @@ static int publish_address(tcp_tp_t *tp, const struct sockaddr_storage *me)
     snprintf(val, sizeof(val), "%s %d %ld %llu %s", ip,
              ntohs(me->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)me)->sin6_port
                                              : ((const struct sockaddr_in *)me)->sin_port),
-             (long)getpid(), my_pidns(), host->host_id ? host->host_id : "");
+             (long)getpid(), s->pidns, host->host_id ? host->host_id : "");
     char key[64];
     snprintf(key, sizeof(key), "tcp/%d", tp->rank);
     int st = host->store_set(host->ctx, key, val, strlen(val) + 1);
@@ -1109,9 +1111,9 @@ static void setup_close(setup_t *s, conn_t *out)
 int tcp_setup_connect(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
-    setup_t s = {
-        .tp = tp, .deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(host->timeout_ms, 0) * 1000000u
-    };
+    setup_t s = { .tp = tp,
+                  .deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(host->timeout_ms, 0) * 1000000u,
+                  .pidns = my_pidns() };
     for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
         s.needed += tutti_tp_host_serves(host, i);
     const char *sb = host->config(host->ctx, "SOCKET_BUFFER");
@@ -1139,7 +1141,7 @@ int tcp_setup_connect(tcp_tp_t *tp)
     s.listener.data = &s;
     uv_timer_init(&s.loop, &s.deadline);
     s.deadline.data = &s;
-    if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(tp, &me)) >= 0 &&
+    if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(&s, &me)) >= 0 &&
         (st = connect_lower(&s, &out)) >= 0)
         st = setup_wait(&s);
     setup_close(&s, out);
