@@ -64,6 +64,13 @@ static inline size_t tt_pieces(size_t count, size_t piece)
     return count ? count / piece + (count % piece != 0) : 1;
 }
 
+/* Elements in piece k of a block of count elements (0 for the one piece of an empty
+ * block); the piece starts at element k * piece. */
+static inline size_t tt_piece_len(size_t count, size_t piece, size_t k)
+{
+    return count ? (piece < count - k * piece ? piece : count - k * piece) : 0;
+}
+
 static inline uint32_t tt_piece_tag(int n, int s, size_t k, size_t nk)
 {
     uint64_t kl = (uint64_t)k * 2 + (k + 1 == nk);

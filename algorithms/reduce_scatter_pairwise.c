@@ -62,8 +62,7 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
 
 #define PIECE_POST(i)                                                                              \
     do {                                                                                           \
-        size_t s_ = 1 + (i) / rk, k_ = (i) % rk, c0_ = k_ * piece;                                 \
-        size_t cl_ = len ? TT_MIN(piece, len - c0_) : 0;                                           \
+        size_t s_ = 1 + (i) / rk, k_ = (i) % rk, cl_ = tt_piece_len(len, piece, k_);               \
         TT_CHECK_GOTO(tt_p2p_recv(op, (r - (int)s_ + n) % n, tmp[(i)&1], cl_ * es,                 \
                                   tt_piece_tag(n, (int)s_, k_, rk), &rreq[(i)&1]),                 \
                       st, out);                                                                    \
@@ -76,15 +75,13 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
         const size_t c = cnt[to], nk = tt_pieces(c, piece);
         const unsigned char *src = send + dsp[to] * es;
         for (size_t k = 0; k < nk; k++, j++) {
-            size_t c0 = k * piece, cl = c ? TT_MIN(piece, c - c0) : 0;
-            TT_CHECK_GOTO(tt_p2p_send(op, to, src + c0 * es, cl * es, tt_piece_tag(n, s, k, nk),
-                                      &sreq[j]),
+            TT_CHECK_GOTO(tt_p2p_send(op, to, src + k * piece * es, tt_piece_len(c, piece, k) * es,
+                                      tt_piece_tag(n, s, k, nk), &sreq[j]),
                           st, out);
         }
     }
     for (size_t i = 0; i < total; i++) {
-        size_t s = 1 + i / rk, c0 = (i % rk) * piece;
-        size_t cl = len ? TT_MIN(piece, len - c0) : 0;
+        size_t s = 1 + i / rk, c0 = (i % rk) * piece, cl = tt_piece_len(len, piece, i % rk);
         TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[i & 1]), st, out);
         if (cl)
             tt_reduce3(acc + c0 * es, s == 1 ? send + (dsp[r] + c0) * es : acc + c0 * es,

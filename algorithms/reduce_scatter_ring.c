@@ -44,8 +44,7 @@ static int post_piece(const rs_ring_t *g, size_t i, size_t t, size_t k)
     tt_op_t *op = g->op;
     const int n = op->nranks;
     const size_t c = op->recvcounts[rmod(op->rank - (int)t - 2, n)];
-    const size_t nk = tt_pieces(c, g->piece), c0 = k * g->piece;
-    const size_t cl = c ? TT_MIN(g->piece, c - c0) : 0;
+    const size_t nk = tt_pieces(c, g->piece), cl = tt_piece_len(c, g->piece, k);
     return tt_p2p_recv(op, rmod(op->rank - 1, n), g->sl + (i & 1) * g->slot * op->elem_size,
                        cl * op->elem_size, tt_piece_tag(n, (int)t, k, nk), &g->rreq[i & 1]);
 }
@@ -101,7 +100,7 @@ int tt_reduce_scatter_ring(tt_op_t *op)
         const int sb = rmod(r - 1, n);
         const size_t c = cnt[sb], nk = tt_pieces(c, g.piece);
         for (size_t k = 0; k < nk; k++) {
-            size_t c0 = k * g.piece, cl = c ? TT_MIN(g.piece, c - c0) : 0;
+            size_t c0 = k * g.piece, cl = tt_piece_len(c, g.piece, k);
             TT_CHECK_GOTO(tt_p2p_send(op, next, send + (dsp[sb] + c0) * es, cl * es,
                                       tt_piece_tag(n, 0, k, nk), &sreq[0][k]),
                           st, out);
@@ -114,7 +113,7 @@ int tt_reduce_scatter_ring(tt_op_t *op)
         const int last = t + 1 == steps;
         unsigned char *part = last && !in_place ? op->recvbuf : half[t & 1];
         for (size_t k = 0; k < nk; k++, i++) {
-            size_t c0 = k * g.piece, cl = c ? TT_MIN(g.piece, c - c0) : 0;
+            size_t c0 = k * g.piece, cl = tt_piece_len(c, g.piece, k);
             TT_CHECK_GOTO(tt_p2p_wait(op, &g.rreq[i & 1]), st, out);
             if (cl)
                 tt_reduce3(part + c0 * es, send + (dsp[rb] + c0) * es, g.sl + (i & 1) * g.slot * es,

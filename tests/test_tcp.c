@@ -573,6 +573,20 @@ START_TEST(forged_answers_are_refused)
 }
 END_TEST
 
+/* A tcp transport created on t that is expected to fail: its status and how long
+ * create took (a transport that came up is destroyed). */
+static int create_timed(th_host_t *t, double *ms)
+{
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
+    void *tp = NULL;
+    double t0 = th_now_ms();
+    int st = ops->create(&t->h, &tp);
+    *ms = elapsed_since(t0);
+    if (st == 0)
+        ops->destroy(tp);
+    return st;
+}
+
 /* ======================= (b) different instances ======================= */
 
 typedef struct pair_case {
@@ -596,13 +610,8 @@ static int rank_pair(int rank, int nranks, tutti_comm_t *unused, const char *dir
     th_host_t t;
     thost_init(&t, store, rank, nranks, timeout, "tcppair", pc->inst[rank], pc->secret[rank],
                pc->checksum[rank]);
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
-    void *tp = NULL;
-    double t0 = th_now_ms();
-    int st = ops->create(&t.h, &tp);
-    double ms = elapsed_since(t0);
-    if (st == 0)
-        ops->destroy(tp);
+    double ms;
+    int st = create_timed(&t, &ms);
     tutti_store_close(store);
     FAIL_IF(st == 0, "connected although %s", pc->needles[0]);
     FAIL_IF(st != pc->want_status, "%s, want %s: %s", tutti_status_name(st),
@@ -1152,13 +1161,8 @@ START_TEST(setup_is_bounded_by_one_timeout)
     ck_assert_int_eq(tutti_store_open_file(&store, dir, 10000), 0);
     th_host_t t;
     thost_init(&t, store, 3, 4, 1500, "tcpalone", "inst-alone", NULL, NULL);
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
-    void *tp = NULL;
-    double t0 = th_now_ms();
-    int st = ops->create(&t.h, &tp);
-    double ms = elapsed_since(t0);
-    if (st == 0)
-        ops->destroy(tp);
+    double ms;
+    int st = create_timed(&t, &ms);
     kill(pub, SIGKILL);
     waitpid(pub, NULL, 0);
     tutti_store_close(store);

@@ -612,21 +612,28 @@ static int proc_cpu(long pid)
 }
 
 /* tp_hop_t's shares(): does a lower rank on this host run on CPU mine? Only the higher
- * rank of two moves, so that they do not chase each other. */
+ * rank of two moves, so that they do not chase each other. One /proc read per call, the
+ * lower local ranks in turn (a rank with dozens of them must not read dozens of files
+ * every check); the others' CPUs as last read. */
 static int tcp_shares(void *vtp, int mine, cpu_set_t *busy)
 {
     tcp_tp_t *tp = vtp;
+    for (int n = 0; n < tp->rank; n++) {
+        int i = tp->hop_look;
+        tp->hop_look = (i + 1) % tp->rank;
+        tcp_link_t *L = &tp->links[i];
+        if (L->pid > 0 && L->fd >= 0) {
+            L->cpu = proc_cpu(L->pid);
+            break;
+        }
+    }
     int shared = 0;
     for (int i = 0; i < tp->rank; i++) {
-        tcp_link_t *L = &tp->links[i];
-        if (L->pid <= 0 || L->fd < 0)
+        const tcp_link_t *L = &tp->links[i];
+        if (L->pid <= 0 || L->fd < 0 || L->cpu < 0)
             continue;
-        int c = proc_cpu(L->pid);
-        if (c < 0)
-            continue;
-        CPU_SET(c, busy);
-        if (c == mine)
-            shared = 1;
+        CPU_SET(L->cpu, busy);
+        shared |= L->cpu == mine;
     }
     return shared;
 }
@@ -793,8 +800,10 @@ static int tcp_ctx_new(const tutti_tp_host_v1_t *host, tcp_tp_t **tp_p)
     int st = TT_KIT_CTX_NEW(tp, host);
     if (st < 0)
         return st;
-    for (int i = 0; i < host->nranks; i++)
+    for (int i = 0; i < host->nranks; i++) {
         tp->links[i].fd = -1;
+        tp->links[i].cpu = -1;
+    }
     st = uv_loop_init(&tp->loop);
     if (st < 0) {
         TT_KIT_CTX_FREE(tp);

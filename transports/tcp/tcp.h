@@ -92,6 +92,7 @@ typedef struct tcp_link {
     tcp_tp_t *tp;
     int peer;
     long pid; /* a lower rank's pid when it runs on this host in this pid namespace, else 0 */
+    int cpu;  /* with pid: the CPU it last ran on when last looked at (tcp_shares), or -1 */
     int fd;
     char addr[96];
     tp_link_fail_t fail;
@@ -135,6 +136,7 @@ struct tcp_tp {
     unsigned long completions;
     unsigned long moved; /* reads and writes that moved bytes (tp_progress_hop) */
     tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
+    int hop_look;        /* the lower rank tcp_shares looks at next */
     int sockbuf;
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */
