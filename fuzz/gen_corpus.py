@@ -150,14 +150,30 @@ write(F, "bad-payload-crc", frames_input([5], tcp_frame(b"hello", csum=True)[:-1
 # ---- shm rings: byte 0 (bits 0-1 receives - 1, 2 broken, 3 revoked, 4 report, 5-7 step
 # 64 << 2k), byte 1 start line, byte 2 (bits 0-1 heads - 1, 2-7 -status), 2-byte heads
 # (from the start) and lengths, then the stream; receives expect envelope {1, 2, 3, 4} ----
-SHM_MAGIC, INLINE, CMA = 0x5453, 1, 2
+SHM_MAGIC, INLINE, CMA, WHOLE = 0x5453, 1, 2, 1
 PEER_MEM = 1 << 63  # a pull address into the harness's buffer for the peer
 
 
-def shm_rec(payload=b"", env=ENV, rtype=INLINE, addr=0, length=None, magic=SHM_MAGIC):
+def shm_rec(payload=b"", env=ENV, rtype=INLINE, addr=0, length=None, magic=SHM_MAGIC,
+            whole=True, stamp=None):
+    """A record as a function of its stream position (the stamp is position ^ key, and
+    the harness's key is 0); a pull record's payload is its address."""
     n = len(payload) if length is None else length
-    rec = struct.pack("<HHIQ4QQ", magic, rtype, 0, n, *env, addr) + payload
-    return rec + b"\0" * (-len(rec) % 64)
+    body = struct.pack("<Q", addr) if rtype == CMA else payload
+
+    def at(pos):
+        rec = struct.pack("<HHIQ4QQ", magic, rtype, WHOLE if whole else 0, n, *env,
+                          pos if stamp is None else stamp) + body
+        return rec + b"\0" * (-len(rec) % 64)
+    return at
+
+
+def shm_stream(*recs, start=0):
+    """Records laid out from line `start` on."""
+    out = b""
+    for r in recs:
+        out += r(start * 64 + len(out))
+    return out
 
 
 def shm_input(lens, stream, heads=None, flags=0, start=0, step=5, status=0):
@@ -169,28 +185,36 @@ def shm_input(lens, stream, heads=None, flags=0, start=0, step=5, status=0):
 
 
 S = "fuzz_shm_ring"
-three = shm_rec(b"") + shm_rec(b"abc") + shm_rec(b"q" * 1000)
-write(S, "one", shm_input([5], shm_rec(b"hello")))
+three = shm_stream(shm_rec(b""), shm_rec(b"abc"), shm_rec(b"q" * 1000))
+three_parts = shm_stream(shm_rec(b""), shm_rec(b"abc"), shm_rec(b"q" * 1000, whole=False))
+write(S, "one", shm_input([5], shm_stream(shm_rec(b"hello"))))
 write(S, "three", shm_input([0, 3, 1000], three))
-write(S, "three-small-steps", shm_input([0, 3, 1000], three, step=0))
-write(S, "three-in-parts", shm_input([0, 3, 1000], three, heads=[64, 100, 700, len(three)],
-                                     step=1))
-write(S, "wraps", shm_input([1000, 7], shm_rec(b"w" * 1000) + shm_rec(b"seven!!"), start=60))
-write(S, "pull", shm_input([3000], shm_rec(rtype=CMA, addr=PEER_MEM | 128, length=3000)))
-write(S, "pull-then-inline", shm_input([3000, 4], shm_rec(rtype=CMA, addr=PEER_MEM, length=3000)
-                                       + shm_rec(b"tail")))
-write(S, "pull-bad-address", shm_input([100], shm_rec(rtype=CMA, addr=0x1000, length=100)))
-write(S, "pull-revoked", shm_input([100], shm_rec(rtype=CMA, addr=PEER_MEM, length=100),
-                                   flags=2))
-write(S, "mismatch-len", shm_input([4], shm_rec(b"hello")))
-write(S, "mismatch-env", shm_input([5], shm_rec(b"hello", env=(9, 9, 9, 9))))
-write(S, "bad-magic", shm_input([5], shm_rec(b"hello", magic=0x1234)))
-write(S, "bad-type", shm_input([5], shm_rec(b"hello", rtype=7)))
-write(S, "huge-length", shm_input([5], shm_rec(b"hello", length=1 << 60)))
+write(S, "three-small-steps", shm_input([0, 3, 1000], three_parts, step=0))
+write(S, "three-in-parts", shm_input([0, 3, 1000], three_parts,
+                                     heads=[64, 100, 700, len(three)], step=1))
+write(S, "wraps", shm_input([1000, 7], shm_stream(shm_rec(b"w" * 1000), shm_rec(b"seven!!"),
+                                                  start=60), start=60))
+write(S, "pull", shm_input([3000], shm_stream(shm_rec(rtype=CMA, addr=PEER_MEM | 128,
+                                                      length=3000))))
+write(S, "pull-then-inline", shm_input([3000, 4], shm_stream(
+    shm_rec(rtype=CMA, addr=PEER_MEM, length=3000), shm_rec(b"tail"))))
+write(S, "pull-bad-address", shm_input([100], shm_stream(shm_rec(rtype=CMA, addr=0x1000,
+                                                                 length=100))))
+write(S, "pull-revoked", shm_input([100], shm_stream(shm_rec(rtype=CMA, addr=PEER_MEM,
+                                                             length=100)), flags=2))
+write(S, "mismatch-len", shm_input([4], shm_stream(shm_rec(b"hello"))))
+write(S, "mismatch-env", shm_input([5], shm_stream(shm_rec(b"hello", env=(9, 9, 9, 9)))))
+write(S, "bad-magic", shm_input([5], shm_stream(shm_rec(b"hello", magic=0x1234))))
+write(S, "bad-type", shm_input([5], shm_stream(shm_rec(b"hello", rtype=7))))
+write(S, "bad-stamp", shm_input([5], shm_stream(shm_rec(b"hello", stamp=12345))))
+write(S, "huge-length", shm_input([5], shm_stream(shm_rec(b"hello", length=1 << 60))))
 write(S, "report", shm_input([5], b"rank 1 failed: out of memory", heads=[0], flags=4,
                              status=5))
-write(S, "broken-mid-record", shm_input([500], shm_rec(b"b" * 500)[:200], flags=1))
-write(S, "head-past-ring", shm_input([5000], shm_rec(b"h" * 5000)[:4096], heads=[8192]))
+write(S, "broken-mid-record", shm_input([500], shm_stream(shm_rec(b"b" * 500,
+                                                                  whole=False))[:200], flags=1))
+write(S, "head-past-ring", shm_input([5000], shm_stream(shm_rec(b"h" * 5000,
+                                                                whole=False))[:4096],
+                                     heads=[8192]))
 
 
 # ---- ibverbs wire: byte 0 slots - 2, byte 1 eager bytes / 16; then events: 0 imm, 1 imm

@@ -5,7 +5,9 @@
  * ways, on the single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in
  * flight, a rank killed mid-collective, 8 ranks on 2 cores, two ranks left on one CPU
  * parting, no page faults on a first pass through the rings). Every case checks that
- * nothing is left in /dev/shm. The correctness matrices (test_coll, test_coll2) also run
+ * nothing is left in /dev/shm; the receive path on a ring in this process: a record is
+ * found by its stamp alone, a stale stamp is not taken, a wrong one past the head is a
+ * protocol error). The correctness matrices (test_coll, test_coll2) also run
  * over shm with TUTTI_TRANSPORT=shm. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -30,6 +32,7 @@
 #include "fake_host.h"
 #include "harness.h"
 #include "ref.h"
+#include "shm.h"
 
 const tutti_transport_ops_v2_t *tt_builtin_transport_shm(void);
 
@@ -1029,6 +1032,119 @@ START_TEST(long_spin_keeps_the_timeout)
 }
 END_TEST
 
+/* ---- the receive path on a ring in this process (shm_recv_fuzz_input) ---- */
+
+static char ring_err[512];
+
+static void ring_log(void *ctx, int level, const char *fmt, ...)
+{
+    (void)ctx;
+    (void)level;
+    (void)fmt;
+}
+
+static int ring_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
+{
+    (void)ctx;
+    (void)peer;
+    (void)err_no;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ring_err, sizeof(ring_err), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+typedef struct ring_peer {
+    shm_dir_t *dir;
+    uint64_t head; /* published once, then done; 0: never */
+} ring_peer_t;
+
+static int ring_publish(void *ctx)
+{
+    ring_peer_t *p = ctx;
+    if (!p->head)
+        return 0;
+    atomic_store(&p->dir->head, p->head);
+    p->head = 0;
+    return 1;
+}
+
+enum { RING_CAP = 4096 };
+#define RING_KEY 0x5a17c0ffee123457ull
+
+/* One 5-byte record at stream position pos, stamped `stamp`, flagged whole; a receive
+ * for it is posted and the ring swept (the head published at `head`, 0: never). The
+ * receive's status, its buffer in got. */
+static int ring_receive(uint64_t pos, uint64_t stamp, uint64_t head, char got[6])
+{
+    static _Alignas(64) unsigned char ring[RING_CAP];
+    static shm_dir_t dir;
+    memset(ring, 0xa5, sizeof(ring)); /* not zeros: a stale lap's bytes */
+    memset(&dir, 0, sizeof(dir));
+    dir.key = RING_KEY;
+    atomic_store(&dir.head, pos);
+    atomic_store(&dir.tail, pos);
+    shm_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = SHM_REC_MAGIC;
+    h.type = SHM_REC_INLINE;
+    h.flags = SHM_HDR_WHOLE;
+    h.len = 5;
+    for (int k = 0; k < 4; k++)
+        h.env[k] = (uint64_t)k + 1;
+    atomic_store(&h.stamp, stamp);
+    unsigned char *rec = ring + (pos & (RING_CAP - 1));
+    memcpy(rec, &h, sizeof(h));
+    memcpy(rec + SHM_HDR_BYTES, "hello", 5);
+    tutti_tp_host_v1_t host = { .size = sizeof(host),
+                                .abi_version = TUTTI_TRANSPORT_ABI_V1,
+                                .rank = 0,
+                                .nranks = 2,
+                                .timeout_ms = 1000,
+                                .log = ring_log,
+                                .error = ring_error };
+    tp_req_t r;
+    memset(&r, 0, sizeof(r));
+    memset(got, 0, 6);
+    r.peer = 1;
+    r.len = 5;
+    r.buf = got;
+    for (int k = 0; k < 4; k++)
+        r.env[k] = (uint64_t)k + 1;
+    ring_err[0] = '\0';
+    ring_peer_t peer = { .dir = &dir, .head = head };
+    ck_assert_int_eq(shm_recv_fuzz_input(&host, &dir, ring, RING_CAP, 65536, pos, &r, 1,
+                                         ring_publish, &peer),
+                     0);
+    return r.status;
+}
+
+START_TEST(ring_record_found_by_its_stamp)
+{
+    char got[6];
+    /* no head published: the stamp alone delivers a whole record (at a later lap too) */
+    for (uint64_t pos = 0; pos <= 3 * RING_CAP; pos += RING_CAP + 192) {
+        ck_assert_int_eq(ring_receive(pos, pos ^ RING_KEY, 0, got), 0);
+        ck_assert_str_eq(got, "hello");
+    }
+    /* a stamp from the lap before: not this record, nothing is taken (the receive is
+     * cancelled when the sweeps end), and no error */
+    uint64_t pos = 2 * RING_CAP + 128;
+    ck_assert_int_eq(ring_receive(pos, (pos - RING_CAP) ^ RING_KEY, 0, got), TUTTI_ERR_ABORTED);
+    ck_assert_str_eq(got, "");
+    ck_assert_str_eq(ring_err, "");
+    /* a stamp without the key (the position alone) is not one either */
+    ck_assert_int_eq(ring_receive(pos, pos, 0, got), TUTTI_ERR_ABORTED);
+    /* the same stale stamp with the head past it: garbage, named */
+    ck_assert_int_eq(ring_receive(pos, (pos - RING_CAP) ^ RING_KEY, pos + 64, got),
+                     TUTTI_ERR_PROTOCOL);
+    ck_assert_str_eq(got, "");
+    ck_assert_msg(strstr(ring_err, "carries stamp") && strstr(ring_err, "rank 1"), "error: %s",
+                  ring_err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
@@ -1048,9 +1164,11 @@ static Suite *suite(void)
                                      pinned_ranks_spin,
                                      NULL };
     const TTest *const timeouts[] = { long_spin_keeps_the_timeout, NULL };
+    const TTest *const ring[] = { ring_record_found_by_its_stamp, NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);
     th_add_tests(s, "timeouts", 30, timeouts);
+    th_add_tests(s, "ring", 30, ring);
     return s;
 }
 

@@ -156,7 +156,14 @@ static int link_more_to_read(shm_link_t *L)
 {
     if (!L->rq_head || L->rx_withdrawn)
         return 0;
-    return atomic_load_explicit(&L->rx->head, memory_order_acquire) != L->rx_head_seen;
+    if (!L->rhdr_valid) {
+        const shm_hdr_t *h = (const shm_hdr_t *)(L->rxring + (L->rx_pos & L->mask));
+        if (atomic_load_explicit(&h->stamp, memory_order_acquire) == (L->rx_pos ^ L->rx_key))
+            return 1;
+    }
+    /* ahead, not just other: a head may lag what the stamps published */
+    uint64_t hd = atomic_load_explicit(&L->rx->head, memory_order_acquire);
+    return (int64_t)(hd - L->rx_head_seen) > 0;
 }
 
 /* The link can make no progress: fail it if the peer reported a failure or is gone.
@@ -296,7 +303,10 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
             h->flags = 0;
             h->len = r->len;
             memcpy(h->env, r->env, sizeof(h->env));
-            h->addr = cma ? (uint64_t)(uintptr_t)r->buf : 0;
+            if (cma) {
+                uint64_t addr = (uint64_t)(uintptr_t)r->buf;
+                memcpy((unsigned char *)h + SHM_HDR_BYTES, &addr, sizeof(addr));
+            }
             L->tx_rec = L->tx_pos;
             L->tx_span = want;
             L->tx_sent = 0;
@@ -313,9 +323,17 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
                 r->xfer = (size_t)(b - SHM_HDR_BYTES);
             }
         }
+        if (L->tx_sent == 0) {
+            /* the header and the first step are written: stamp the record */
+            shm_hdr_t *h = (shm_hdr_t *)(L->txring + (L->tx_rec & L->mask));
+            if (n == L->tx_span)
+                h->flags = SHM_HDR_WHOLE;
+            atomic_store_explicit(&h->stamp, L->tx_rec ^ L->tx_key, memory_order_release);
+        }
         L->tx_sent += n;
         L->tx_pos += n;
-        atomic_store(&L->tx->head, L->tx_pos); /* seq_cst: pairs with peer_wake */
+        /* seq_cst: pairs with peer_wake, for the stamp above too (it comes first) */
+        atomic_store(&L->tx->head, L->tx_pos);
         published = 1;
         if (L->tx_sent < L->tx_span) {
             peer_wake(L);
@@ -357,7 +375,7 @@ static int link_pull(shm_link_t *L, tp_req_t *q)
     size_t done = 0;
     while (done < q->len) {
         struct iovec lo = { (char *)q->buf + done, q->len - done };
-        struct iovec re = { (void *)(uintptr_t)(L->rhdr.addr + done), q->len - done };
+        struct iovec re = { (void *)(uintptr_t)(L->raddr + done), q->len - done };
         ssize_t n = process_vm_readv(L->pid, &lo, 1, &re, 1, 0);
         if (n > 0) {
             done += (size_t)n;
@@ -392,38 +410,81 @@ static int link_pull(shm_link_t *L, tp_req_t *q)
     return 1;
 }
 
+/* The sender's head read at rx_pos, more than a ring away from it (either way: a head
+ * may lag the records already read by their stamps, by less than a ring): garbage. */
+static int head_read(shm_link_t *L, uint64_t *head_p, int64_t *ahead_p)
+{
+    uint64_t hd = atomic_load_explicit(&L->rx->head, memory_order_acquire);
+    int64_t d = (int64_t)(hd - L->rx_pos);
+    if (d > (int64_t)L->cap || d < -(int64_t)L->cap) {
+        ring_garbage(L, "head", hd, L->rx_pos);
+        return 0;
+    }
+    if ((int64_t)(hd - L->rx_head_seen) > 0)
+        L->rx_head_seen = hd;
+    *head_p = hd;
+    *ahead_p = d;
+    return 1;
+}
+
+/* Is a record's header at rx_pos? 1: yes (its stamp is there); 0: not yet; < 0: the
+ * link failed (garbage). Only the record's own line is read while its stamp is there:
+ * the head is read only to tell a line not yet written from garbage. */
+static int rec_ready(shm_link_t *L)
+{
+    const shm_hdr_t *h = (const shm_hdr_t *)(L->rxring + (L->rx_pos & L->mask));
+    const uint64_t want = L->rx_pos ^ L->rx_key;
+    uint64_t stamp = atomic_load_explicit(&h->stamp, memory_order_acquire);
+    if (stamp == want)
+        return 1;
+    uint64_t hd;
+    int64_t ahead;
+    if (!head_read(L, &hd, &ahead))
+        return L->fail.status;
+    /* A record starts with at least a line published: less is not one yet. */
+    if (ahead < SHM_LINE)
+        return 0;
+    /* The head is published after the stamp: the stamp must be there now. */
+    stamp = atomic_load_explicit(&h->stamp, memory_order_acquire);
+    if (stamp == want)
+        return 1;
+    return link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+                     "garbage from rank %d (%s): the record at byte %llu carries stamp "
+                     "0x%016llx, not 0x%016llx, and the head says %llu bytes are written",
+                     L->peer, L->addr, (unsigned long long)L->rx_pos, (unsigned long long)stamp,
+                     (unsigned long long)want, (unsigned long long)hd);
+}
+
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
     while (!L->fail.status && !L->rx_withdrawn) {
-        /* A record starts with at least a line published (all of a pull record): less
-         * is not a record yet, whatever a garbled head says. */
-        uint64_t avail = L->rx_head_seen - L->rx_pos;
-        if (avail == 0 || (!L->rhdr_valid && avail < SHM_LINE)) {
-            L->rx_head_seen = atomic_load_explicit(&L->rx->head, memory_order_acquire);
-            avail = L->rx_head_seen - L->rx_pos;
-            if (avail > L->cap) { /* the sender never gets a ring ahead (or goes back) */
-                ring_garbage(L, "head", L->rx_head_seen, L->rx_pos);
-                break;
-            }
-        }
         if (!L->rhdr_valid) {
-            if (avail < SHM_LINE)
+            if (rec_ready(L) <= 0)
                 break;
-            memcpy(&L->rhdr, L->rxring + (L->rx_pos & L->mask), sizeof(L->rhdr));
+            const unsigned char *line = L->rxring + (L->rx_pos & L->mask);
+            memcpy(&L->rhdr, line, sizeof(L->rhdr));
+            uint64_t span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE : rec_span(L->rhdr.len);
+            int whole = L->rhdr.type == SHM_REC_CMA || (L->rhdr.flags & SHM_HDR_WHOLE);
             if (L->rhdr.magic != SHM_REC_MAGIC ||
                 (L->rhdr.type != SHM_REC_INLINE && L->rhdr.type != SHM_REC_CMA) ||
-                L->rhdr.len > (1ull << 56)) {
+                L->rhdr.len > (1ull << 56) || (whole && span > L->cap)) {
                 link_fail(L, TUTTI_ERR_PROTOCOL, 0,
-                          "garbage from rank %d (%s): record magic 0x%04x type %u length %llu",
-                          L->peer, L->addr, L->rhdr.magic, L->rhdr.type,
+                          "garbage from rank %d (%s): record magic 0x%04x type %u flags 0x%x "
+                          "length %llu",
+                          L->peer, L->addr, L->rhdr.magic, L->rhdr.type, L->rhdr.flags,
                           (unsigned long long)L->rhdr.len);
                 break;
             }
+            if (L->rhdr.type == SHM_REC_CMA)
+                memcpy(&L->raddr, line + SHM_HDR_BYTES, sizeof(L->raddr));
+            /* a whole record is all there: no need to read the head for it */
+            if (whole && (int64_t)(L->rx_head_seen - (L->rx_pos + span)) < 0)
+                L->rx_head_seen = L->rx_pos + span;
             L->rhdr_valid = 1;
             L->rhdr_matched = 0;
             L->rx_got = 0;
-            L->rx_span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE : rec_span(L->rhdr.len);
+            L->rx_span = span;
         }
         tp_req_t *q = L->rq_head;
         if (!q) {
@@ -457,6 +518,15 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 L->rhdr_matched = 0;
                 continue;
             }
+        }
+        /* rx_head_seen >= rx_pos: published by the head or by a whole record's stamp */
+        uint64_t avail = L->rx_head_seen - L->rx_pos;
+        if (avail == 0) {
+            uint64_t hd;
+            int64_t ahead;
+            if (!head_read(L, &hd, &ahead))
+                break;
+            avail = ahead > 0 ? (uint64_t)ahead : 0;
         }
         uint64_t n = TT_KIT_MIN(TT_KIT_MIN(avail, L->rx_span - L->rx_got), tp->step);
         if (n == 0)
@@ -873,6 +943,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
     L->mask = cap - 1;
     L->peer_bell = &peer_bell;
     L->rx_pos = L->rx_head_seen = start;
+    L->rx_key = rx->key;
     for (size_t i = 0; i < nreqs; i++)
         shm_post_recv(tp, &reqs[i]);
     /* sweep until every receive is done, or a sweep moves nothing and the peer is done */

@@ -17,22 +17,29 @@
 
 #define SHM_LINE 64
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
 #define SHM_HDR_BYTES 56 /* header bytes of a record; inline payload starts here */
+#define SHM_HDR_WHOLE 1u /* flags: the whole record was written before its stamp */
 #define SHM_MAX_ERRMSG 2048
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
-/* A record in a ring: 64-byte aligned, so a header never wraps. */
+/* A record in a ring: 64-byte aligned, so a header never wraps. The stamp, written last
+ * (release), is the record's stream position XOR the direction's key: the receiver polls
+ * the record's own line for it instead of the sender's head, one cache line from the
+ * sender to the receiver per small message instead of two. A stale line from an earlier
+ * lap (a header at another position, or payload) carries another value, short of a
+ * 2^-64 chance for payload bytes, as the key is random. A SHM_REC_CMA record's payload
+ * is the sender's buffer address (8 bytes at SHM_HDR_BYTES). */
 typedef struct shm_hdr {
     uint16_t magic;
     uint16_t type;
-    uint32_t flags;
-    uint64_t len;    /* the message's length */
-    uint64_t env[4]; /* its envelope */
-    uint64_t addr;   /* SHM_REC_CMA: where the payload sits in the sender */
+    uint32_t flags;         /* SHM_HDR_WHOLE */
+    uint64_t len;           /* the message's length */
+    uint64_t env[4];        /* its envelope */
+    _Atomic uint64_t stamp; /* position ^ key: the header (and, whole, the record) is there */
 } shm_hdr_t;
 _Static_assert(sizeof(shm_hdr_t) == SHM_HDR_BYTES, "record header layout");
 
@@ -62,6 +69,7 @@ typedef struct shm_dir {
     /* written by the sender, rarely */
     _Alignas(SHM_LINE) uint64_t probe_addr; /* &probe_val in the sender's mapping */
     uint64_t probe_val;                     /* random: proves the pid is the sender */
+    uint64_t key;                           /* records' stamps (shm_hdr_t), random, set-up */
     _Atomic uint32_t revoked;               /* the sender withdrew unacked pulls */
     _Atomic uint32_t broken;                /* ... or cut a message: nothing more comes */
     /* the sender's failure report (seqlock: odd while being written) */
@@ -120,7 +128,9 @@ typedef struct shm_link {
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
+    uint64_t tx_key, rx_key; /* the directions' stamp keys */
     shm_hdr_t rhdr;
+    uint64_t raddr; /* rhdr's SHM_REC_CMA address */
     int rhdr_valid; /* rhdr holds the record at rx_pos (maybe parked) */
     int rhdr_matched;
     int probe_watch; /* probe found nothing: a record that comes ends progress() */

@@ -149,6 +149,17 @@ static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes
     L->rxring = rings + (lo ? seg->ring_bytes : 0);
     L->tx->probe_val = tp->nonce ^ ((uint64_t)L->peer << 48) ^ 0x9e3779b97f4a7c15ull;
     L->tx->probe_addr = (uint64_t)(uintptr_t)&L->tx->probe_val;
+    L->tx_key = L->tx->key;
+    L->rx_key = L->rx->key;
+}
+
+/* splitmix64's finalizer: a bijection, so a key is as random as the nonce it mixes */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
 }
 
 static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
@@ -288,6 +299,9 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
         seg->hi = p;
         seg->ring_bytes = tp->ring_bytes;
         seg->rings_off = hdr;
+        /* the stamp keys of both directions, before hi can map the segment */
+        seg->dir[0].key = mix64(tp->nonce ^ ((uint64_t)p << 33));
+        seg->dir[1].key = mix64(tp->nonce ^ ((uint64_t)p << 33) ^ 1);
         link_bind(tp, L, seg, pair_bytes);
     }
     char key[64], val[700];
