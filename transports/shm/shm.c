@@ -152,15 +152,21 @@ static int report_read(const shm_dir_t *d, int *status_p, char *msg, size_t len)
 /* Did the sender publish more since link_rx last looked? Checked after seeing its
  * report (or its death): the report is written after what came before it, but the
  * sweep may have loaded `head` just before both landed. */
+/* The stamp of the line at rx_pos, and the one a record there must carry. */
+static inline uint64_t rx_stamp(const shm_link_t *L, uint64_t *want_p)
+{
+    const shm_hdr_t *h = (const shm_hdr_t *)(L->rxring + (L->rx_pos & L->mask));
+    *want_p = L->rx_pos ^ L->rx_key;
+    return atomic_load_explicit(&h->stamp, memory_order_acquire);
+}
+
 static int link_more_to_read(shm_link_t *L)
 {
     if (!L->rq_head || L->rx_withdrawn)
         return 0;
-    if (!L->rhdr_valid) {
-        const shm_hdr_t *h = (const shm_hdr_t *)(L->rxring + (L->rx_pos & L->mask));
-        if (atomic_load_explicit(&h->stamp, memory_order_acquire) == (L->rx_pos ^ L->rx_key))
-            return 1;
-    }
+    uint64_t want;
+    if (!L->rhdr_valid && rx_stamp(L, &want) == want)
+        return 1;
     /* ahead, not just other: a head may lag what the stamps published */
     uint64_t hd = atomic_load_explicit(&L->rx->head, memory_order_acquire);
     return (int64_t)(hd - L->rx_head_seen) > 0;
@@ -432,9 +438,7 @@ static int head_read(shm_link_t *L, uint64_t *head_p, int64_t *ahead_p)
  * the head is read only to tell a line not yet written from garbage. */
 static int rec_ready(shm_link_t *L)
 {
-    const shm_hdr_t *h = (const shm_hdr_t *)(L->rxring + (L->rx_pos & L->mask));
-    const uint64_t want = L->rx_pos ^ L->rx_key;
-    uint64_t stamp = atomic_load_explicit(&h->stamp, memory_order_acquire);
+    uint64_t want, stamp = rx_stamp(L, &want);
     if (stamp == want)
         return 1;
     uint64_t hd;
@@ -445,8 +449,7 @@ static int rec_ready(shm_link_t *L)
     if (ahead < SHM_LINE)
         return 0;
     /* The head is published after the stamp: the stamp must be there now. */
-    stamp = atomic_load_explicit(&h->stamp, memory_order_acquire);
-    if (stamp == want)
+    if ((stamp = rx_stamp(L, &want)) == want)
         return 1;
     return link_fail(L, TUTTI_ERR_PROTOCOL, 0,
                      "garbage from rank %d (%s): the record at byte %llu carries stamp "
