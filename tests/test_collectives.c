@@ -390,6 +390,59 @@ static const char *const hier_maps[] = {
     "aaabb",  /* uneven: 3 and 2 (two shards, one rank without) */
 };
 
+/* Rank r's element i in the pipeline check: small enough that the sum over 6 ranks
+ * cannot overflow */
+static int32_t hier_elem(size_t i, int r)
+{
+    return (int32_t)((mix64(i * 8 + (uint64_t)r) & 0xffff) - 0x8000);
+}
+
+/* hier pipelines vectors of two 4 MiB segments and more (TT_HIER_SEG_BYTES): 20 MiB and
+ * 20 bytes of int32 make five segments, the last one shorter, with up to 2 (hosts - 1) + 1
+ * of them on their way across hosts at once; out of place, then in place, against the
+ * sum worked here */
+static int check_hier_pipeline(int rank, int nranks, tutti_comm_t *comm)
+{
+    const size_t count = (5u << 20) + 5;
+    int32_t *send = malloc(count * sizeof(int32_t)), *recv = malloc(count * sizeof(int32_t));
+    int bad = 0;
+    if (!send || !recv) {
+        fprintf(stderr, "rank %d: hier pipeline: out of memory\n", rank);
+        bad = 1;
+    }
+    for (size_t i = 0; !bad && i < count; i++)
+        send[i] = hier_elem(i, rank);
+    for (int mode = 0; mode < 2 && !bad; mode++) {
+        memset(recv, 0x5a, count * sizeof(int32_t));
+        if (mode)
+            memcpy(recv, send, count * sizeof(int32_t));
+        int st = tutti_allreduce(comm, mode ? TUTTI_IN_PLACE : send, recv, count, TUTTI_INT32,
+                                 TUTTI_SUM);
+        if (st != 0) {
+            fprintf(stderr, "rank %d: hier pipeline (%s): %s\n", rank,
+                    mode ? "in place" : "out of place", tutti_status_name(st));
+            bad = 1;
+            break;
+        }
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < count; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += hier_elem(i, r);
+            if (recv[i] != want && wrong++ == 0)
+                first = i;
+        }
+        if (wrong) {
+            fprintf(stderr, "rank %d: hier pipeline (%s): %zu of %zu elements wrong, first %zu\n",
+                    rank, mode ? "in place" : "out of place", wrong, count, first);
+            bad = 1;
+        }
+    }
+    free(send);
+    free(recv);
+    return bad;
+}
+
 static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
@@ -408,6 +461,8 @@ static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
     int rc = rank_matrix(rank, nranks, comm, dir, arg);
+    if (rc == 0)
+        rc = check_hier_pipeline(rank, nranks, comm);
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return rc;

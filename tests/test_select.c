@@ -441,8 +441,14 @@ START_TEST(hier_model)
     tt_cost_set_hosts(&c, aabb, 4);
     ck_assert(c.nhosts == 2 && c.lmin == 2 && c.lmax == 2);
     /* 64 MiB, m = n/2: within hosts 2(a + m bl) + m g = 16238 us; across, b doubled (two
-     * ranks share the link): ring 2a + m 2b/2 + m g/8 = 33924 < rd 36360; total 50162
-     * against the flat ring's 6a + 1.5 n b + .75 n g / 4 = 51440 */
+     * ranks share the link), in 16 segments of 4 MiB: the ring, 16 x 2205 = 35273 (rd is
+     * more); pipelined, max(16238, 35273) + (16238 + 35273) / 16 = 38492 against the
+     * flat ring's 6a + 1.5 n b + .75 n g / 4 = 51440 */
+    ck_assert_int_eq(tt_cost_hier_segments(&c, 64 << 20, 2, 2, 1 << 20), 16);
+    ck_assert_int_eq(tt_cost_hier_segments(&c, (8 << 20) - 1, 2, 2, 1 << 20), 1);
+    ck_assert_int_eq(tt_cost_hier_segments(&c, 8 << 20, 2, 2, 1 << 20), 2);
+    ck_assert_int_eq(tt_cost_hier_segments(&c, 1 << 30, 2, 2, 1 << 20), 16);
+    ck_assert_int_eq(tt_cost_hier_segments(&c, 64 << 20, 1, 2, 1 << 20), 1);
     ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "hier");
     /* 64 KiB: 35.8 + rd across 45.5 = 81.3 against hd's 93.3 and rd's 96.5 */
     ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 10, 4), "hier");
@@ -451,9 +457,13 @@ START_TEST(hier_model)
     ck_assert(tt_cost_hier_cross_rd(&c, 32 << 10, 2, 2, 1 << 20));
     ck_assert(!tt_cost_hier_cross_rd(&c, 32 << 20, 2, 2, 1 << 20));
     /* local links no faster than the remote ones (rank 0 alone on its host): 2(a + m b)
-     * + m g within hosts = 36370 us, more than the ring altogether */
+     * + m g within hosts = 36370 us, but the pipeline runs it beside the 35273 across:
+     * 36370 + 71643 / 16 = 40848, still under the ring's 51440; local links four times
+     * slower than the remote ones (2 ns/B): 137034 within hosts, more than the ring */
     tt_cost_t slow = c;
     slow.local_beta_ns = 0;
+    ck_assert_str_eq(pick_c(&slow, TT_COLL_ALLREDUCE, 64 << 20, 4), "hier");
+    slow.local_beta_ns = 2.0;
     ck_assert_str_eq(pick_c(&slow, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
     /* one rank per host: hier would be the flat algorithm */
     tt_cost_set_hosts(&c, abcd, 4);

@@ -220,6 +220,17 @@ int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, in
     return rd;
 }
 
+int tt_cost_hier_segments(const tt_cost_t *c, size_t bytes, int nhosts, int sharers, size_t chunk)
+{
+    if (nhosts < 2 || nhosts > TT_HIER_MAX_HOSTS || sharers < 1 || bytes < 2 * TT_HIER_SEG_BYTES)
+        return 1;
+    size_t n = TT_MIN(bytes / TT_HIER_SEG_BYTES, (size_t)TT_HIER_MAX_SEGS);
+    return tt_cost_hier_cross_rd(c, bytes / n / (size_t)sharers, nhosts, sharers, chunk) ? 1
+                                                                                         : (int)n;
+}
+
+/* The local reduce-scatter and allgather, and the step across hosts; pipelined in k
+ * segments, the two overlap but for one segment's worth of each (filling and draining) */
 static double hier_cost(const tt_cost_t *c, double n, int p, size_t chunk)
 {
     if (c->nhosts < 2 || c->lmax < 2 || c->nhosts > p)
@@ -227,8 +238,12 @@ static double hier_cost(const tt_cost_t *c, double n, int p, size_t chunk)
     double a = c->alpha_us, g = c->gamma_ns * 1e-3;
     double bl = (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns) * 1e-3;
     double m = n / c->lmin, l1 = c->lmax - 1;
-    int rd;
-    return 2 * l1 * (a + m * bl) + l1 * m * g + hier_cross(c, m, c->nhosts, c->lmin, chunk, &rd);
+    int rd, k = tt_cost_hier_segments(c, (size_t)n, c->nhosts, c->lmin, chunk);
+    double local = 2 * l1 * (a + m * bl) + l1 * m * g;
+    double cross = hier_cross(c, m / k, c->nhosts, c->lmin, chunk, &rd) * k;
+    if (k == 1)
+        return local + cross;
+    return TT_MAX(local, cross) + (local + cross) / k;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,

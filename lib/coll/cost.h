@@ -45,6 +45,16 @@ void tt_cost_set_hosts(tt_cost_t *c, const int *host_of, int nranks);
 int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, int sharers,
                           size_t chunk);
 
+/* hier's segments: a vector of `bytes` goes in this many pieces of at least
+ * TT_HIER_SEG_BYTES (at most TT_HIER_MAX_SEGS), pipelined so that one piece crosses
+ * hosts while the next is reduced and an earlier one spread within the host; 1 (no
+ * pipeline) below two pieces' worth, with one host or more than TT_HIER_MAX_HOSTS,
+ * or where recursive doubling takes the step across hosts. Every rank computes the same from the same arguments. */
+#define TT_HIER_SEG_BYTES ((size_t)4 << 20)
+#define TT_HIER_MAX_SEGS 16
+#define TT_HIER_MAX_HOSTS 64
+int tt_cost_hier_segments(const tt_cost_t *c, size_t bytes, int nhosts, int sharers, size_t chunk);
+
 /* Parse TUTTI_COST_MODEL's explicit form "alpha=10,bw=2,reduce=6" (µs, GB/s, GB/s; any
  * subset, the rest from c), with "table" (the rest) and "tune=FILE" (c->tune) as items.
  * A lone "probe" is handled by the caller. */
