@@ -211,6 +211,13 @@ static int hier_slots(int nseg, int D)
     return TT_MIN(nseg, D + 1);
 }
 
+/* Segment s's tag offset in a phase: each segment's ring passes of m - 1 steps, maxck
+ * messages a step, after those of the segments before it */
+static uint32_t hier_seg_tag(int s, int m, size_t maxck)
+{
+    return (uint32_t)((size_t)s * (size_t)(m - 1) * maxck);
+}
+
 static size_t hier_align(size_t bytes)
 {
     return (bytes + 63) & ~(size_t)63;
@@ -237,7 +244,7 @@ static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd,
     for (int t = 0; t < nseg + D; t++) {
         if (t < nseg) {
             hier_seg(lg, h, op->count, nseg, t);
-            const uint32_t ltag = (uint32_t)((size_t)t * (size_t)(h->nl - 1) * lg->maxck);
+            const uint32_t ltag = hier_seg_tag(t, h->nl, lg->maxck);
             if (h->nl > 1)
                 TT_CHECK(grp_ring(lg, op->sendbuf, op->recvbuf, 1, lscratch, lreqs,
                                   HIER_TAG_LOCAL_RS + ltag));
@@ -257,7 +264,7 @@ static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd,
                 x->maxck = xg0->maxck;
                 TT_CHECK(hier_xstep(x, 0, 1, xscratch + (size_t)(t % nslot) * xstride,
                                     xreqs + (size_t)(t % nslot) * 2 * xg0->maxck,
-                                    (uint32_t)((size_t)t * (size_t)(h->nx - 1) * xg0->maxck)));
+                                    hier_seg_tag(t, h->nx, xg0->maxck)));
             }
         }
         for (int s = TT_MAX(0, t - D); s <= t && s < nseg; s++) {
@@ -267,13 +274,13 @@ static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd,
                 const grp_t *x = &xs[s % nslot];
                 unsigned char *sc = xscratch + (size_t)(s % nslot) * xstride;
                 tt_req_t *rq = xreqs + (size_t)(s % nslot) * 2 * xg0->maxck;
-                const uint32_t stag = (uint32_t)((size_t)s * (size_t)(h->nx - 1) * xg0->maxck);
+                const uint32_t stag = hier_seg_tag(s, h->nx, xg0->maxck);
                 TT_CHECK(hier_xstep(x, i - 1, 0, sc, rq, stag));
                 if (i < D)
                     TT_CHECK(hier_xstep(x, i, 1, sc, rq, stag));
             }
             if (i == D && h->nl > 1) {
-                const uint32_t ltag = (uint32_t)((size_t)s * (size_t)(h->nl - 1) * lg->maxck);
+                const uint32_t ltag = hier_seg_tag(s, h->nl, lg->maxck);
                 TT_CHECK(grp_ring(lg, op->recvbuf, op->recvbuf, 0, lscratch, lreqs,
                                   HIER_TAG_LOCAL_AG + ltag));
             }
