@@ -253,29 +253,26 @@ static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd,
                        (const unsigned char *)op->sendbuf + lg->start * es,
                        (lg->base * (size_t)h->shards + lg->rem) * es);
             /* a shard of the same length on every host: all of them skip an empty one */
-            const int crosses = h->li < h->shards && h->nx > 1 && grp_len(lg, h->li) > 0;
-            if (crosses && rd) {
+            if (rd && h->li < h->shards && grp_len(lg, h->li) > 0) {
                 unsigned char *b = (unsigned char *)op->recvbuf + grp_off(lg, h->li) * es;
                 TT_CHECK(tt_rd_group(op, h->cross, h->nx, h->xi, b, b, grp_len(lg, h->li), xscratch,
                                      HIER_TAG_CROSS_RD));
-            } else if (crosses && D) {
-                grp_t *x = &xs[t % nslot];
-                *x = hier_xgrp(h, lg, xg0->chunk);
-                x->maxck = xg0->maxck;
-                TT_CHECK(hier_xstep(x, 0, 1, xscratch + (size_t)(t % nslot) * xstride,
-                                    xreqs + (size_t)(t % nslot) * 2 * xg0->maxck,
-                                    hier_seg_tag(t, h->nx, xg0->maxck)));
             }
         }
         for (int s = TT_MAX(0, t - D); s <= t && s < nseg; s++) {
             const int i = t - s; /* steps across hosts segment s has finished by now */
             hier_seg(lg, h, op->count, nseg, s);
-            if (i > 0 && h->li < h->shards && grp_len(lg, h->li) > 0) {
-                const grp_t *x = &xs[s % nslot];
+            if (D && h->li < h->shards && grp_len(lg, h->li) > 0) {
+                grp_t *x = &xs[s % nslot];
                 unsigned char *sc = xscratch + (size_t)(s % nslot) * xstride;
                 tt_req_t *rq = xreqs + (size_t)(s % nslot) * 2 * xg0->maxck;
                 const uint32_t stag = hier_seg_tag(s, h->nx, xg0->maxck);
-                TT_CHECK(hier_xstep(x, i - 1, 0, sc, rq, stag));
+                if (i == 0) { /* just reduce-scattered: on its way */
+                    *x = hier_xgrp(h, lg, xg0->chunk);
+                    x->maxck = xg0->maxck;
+                } else {
+                    TT_CHECK(hier_xstep(x, i - 1, 0, sc, rq, stag));
+                }
                 if (i < D)
                     TT_CHECK(hier_xstep(x, i, 1, sc, rq, stag));
             }

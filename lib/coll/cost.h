@@ -49,7 +49,8 @@ int tt_cost_hier_cross_rd(const tt_cost_t *c, size_t shard_bytes, int nhosts, in
  * TT_HIER_SEG_BYTES (at most TT_HIER_MAX_SEGS), pipelined so that one piece crosses
  * hosts while the next is reduced and an earlier one spread within the host; 1 (no
  * pipeline) below two pieces' worth, with one host or more than TT_HIER_MAX_HOSTS,
- * or where recursive doubling takes the step across hosts. Every rank computes the same from the same arguments. */
+ * or where recursive doubling takes the step across hosts. Every rank computes the
+ * same from the same arguments. */
 #define TT_HIER_SEG_BYTES ((size_t)4 << 20)
 #define TT_HIER_MAX_SEGS 16
 #define TT_HIER_MAX_HOSTS 64
