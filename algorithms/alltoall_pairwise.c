@@ -15,8 +15,6 @@
 
 int tt_alltoall_pairwise(tt_op_t *op)
 {
-    /* every step waits for its send and its receive alike: nothing to overlap */
-    op->tp_hints |= TUTTI_TP_HINT_SINGLE_COPY;
     const int n = op->nranks, r = op->rank;
     const size_t es = op->elem_size;
     const size_t *scnt = op->sendcounts, *sdsp = op->sdispls;

@@ -47,8 +47,6 @@ static int a2a_swaps(tt_op_t *op)
 
 int tt_alltoall_ring(tt_op_t *op)
 {
-    /* every step waits for its send and its receive alike: nothing to overlap */
-    op->tp_hints |= TUTTI_TP_HINT_SINGLE_COPY;
     if (op->sendbuf == op->recvbuf)
         return a2a_swaps(op);
 

@@ -28,8 +28,6 @@
 
 int tt_reduce_scatter_pairwise(tt_op_t *op)
 {
-    /* every step waits for its send and its receive alike: nothing to overlap */
-    op->tp_hints |= TUTTI_TP_HINT_SINGLE_COPY;
     const int n = op->nranks, r = op->rank;
     const size_t es = op->elem_size;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;

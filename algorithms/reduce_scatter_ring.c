@@ -51,8 +51,6 @@ static int post_piece(const rs_ring_t *g, size_t i, size_t t, size_t k)
 
 int tt_reduce_scatter_ring(tt_op_t *op)
 {
-    /* every step waits for its send and its receive alike: nothing to overlap */
-    op->tp_hints |= TUTTI_TP_HINT_SINGLE_COPY;
     const int n = op->nranks, r = op->rank;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
     const size_t es = op->elem_size;

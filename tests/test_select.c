@@ -172,6 +172,52 @@ START_TEST(allreduce_hd_dbtree)
 }
 END_TEST
 
+/* Which algorithms ask for single-copy transfers (algos.def, TT_1COPY): those where each
+ * receiving rank also sends in the same step, or a root only sends. Not where one rank
+ * receives from many: gather and reduce, streamed, share the copying among the senders
+ * (pulled, the root copied alone: 1.11-1.36x the time for a 4-64 MiB gather). A change
+ * of this policy must be measured, then made here too. */
+START_TEST(single_copy_hints)
+{
+    static const struct {
+        tt_coll_t coll;
+        const char *name;
+        int single_copy;
+    } want[] = {
+        { TT_COLL_ALLREDUCE, "ring", 1 },
+        { TT_COLL_ALLREDUCE, "hd", 1 },
+        { TT_COLL_ALLREDUCE, "hier", 1 },
+        { TT_COLL_ALLREDUCE, "rd", 0 },
+        { TT_COLL_ALLREDUCE, "dbtree", 0 },
+        { TT_COLL_BROADCAST, "chain", 1 },
+        { TT_COLL_BROADCAST, "tree", 1 },
+        { TT_COLL_ALLGATHER, "ring", 1 },
+        { TT_COLL_ALLGATHER, "rd", 1 },
+        { TT_COLL_REDUCE_SCATTER, "ring", 1 },
+        { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
+        { TT_COLL_ALLTOALL, "ring", 1 },
+        { TT_COLL_ALLTOALL, "pairwise", 1 },
+        { TT_COLL_SCATTER, "linear", 1 },
+        { TT_COLL_SCATTER, "tree", 1 },
+        { TT_COLL_GATHER, "linear", 0 },
+        { TT_COLL_GATHER, "tree", 0 },
+        { TT_COLL_REDUCE, "tree", 0 },
+        { TT_COLL_REDUCE, "ring", 0 },
+        { TT_COLL_BARRIER, "dissemination", 0 },
+    };
+    size_t n = 0;
+    tt_algo_all(&n);
+    ck_assert_uint_eq(n, TT_ARRAY_SIZE(want)); /* a new algorithm takes a side here */
+    for (size_t i = 0; i < TT_ARRAY_SIZE(want); i++) {
+        const tt_algo_t *a = tt_algo_find(want[i].coll, want[i].name);
+        ck_assert_msg(a, "%s", want[i].name);
+        ck_assert_msg(!!(a->tp_hints & TUTTI_TP_HINT_SINGLE_COPY) == want[i].single_copy,
+                      "%s %s: single copy %s", tt_coll_name(want[i].coll), want[i].name,
+                      want[i].single_copy ? "not asked for" : "asked for");
+    }
+}
+END_TEST
+
 /* The default choice is the cost model's: check its crossovers against the formulas
  * worked by hand here (cost.c lists them). */
 static const char *pick_c(const tt_cost_t *c, tt_coll_t coll, size_t bytes, int n)
@@ -660,9 +706,9 @@ int main(void)
     Suite *s = suite_create("select");
     th_add_tests(s, "select", 60,
                  (const TTest *const[]){ names, ids_unique, force_each, bounds_and_bare,
-                                         bad_strings, allreduce_hd_dbtree, defaults,
-                                         cost_tables_and_strings, probe_agrees, models_agree,
-                                         NULL });
+                                         bad_strings, allreduce_hd_dbtree, single_copy_hints,
+                                         defaults, cost_tables_and_strings, probe_agrees,
+                                         models_agree, NULL });
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);

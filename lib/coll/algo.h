@@ -16,6 +16,7 @@ typedef struct tt_algo {
     tt_coll_t coll;
     uint32_t id; /* unique, nonzero; travels in envelopes */
     tt_algo_fn run;
+    uint32_t tp_hints; /* TUTTI_TP_HINT_*: set on every request of its ops (algos.def) */
 } tt_algo_t;
 
 /* Every algorithm, and those of one collective. */

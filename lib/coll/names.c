@@ -12,7 +12,7 @@ static const struct {
     tt_coll_t coll;
     uint32_t id;
 } tt_algo_names[] = {
-#define TT_ALGO_X(name, coll, id, fn) { name, coll, id },
+#define TT_ALGO_X(name, coll, id, fn, hints) { name, coll, id },
 #include "coll/algos.def"
 #undef TT_ALGO_X
 };

@@ -83,15 +83,18 @@ static int tt_is_size_char(char c)
     return isalnum((unsigned char)c) != 0;
 }
 
-/* The algorithms with their functions (the list is coll/algos.def). */
-#define TT_ALGO_X(name, coll, id, fn) static const tt_algo_t tt_algo_##id = { name, coll, id, fn };
+/* The algorithms with their functions and hints (the list is coll/algos.def). */
+#define TT_1COPY TUTTI_TP_HINT_SINGLE_COPY
+#define TT_ALGO_X(name, coll, id, fn, hints)                                                       \
+    static const tt_algo_t tt_algo_##id = { name, coll, id, fn, hints };
 #include "coll/algos.def"
 #undef TT_ALGO_X
 static const tt_algo_t *const tt_algos[] = {
-#define TT_ALGO_X(name, coll, id, fn) &tt_algo_##id,
+#define TT_ALGO_X(name, coll, id, fn, hints) &tt_algo_##id,
 #include "coll/algos.def"
 #undef TT_ALGO_X
 };
+#undef TT_1COPY
 
 const tt_algo_t *const *tt_algo_all(size_t *n_p)
 {

@@ -99,8 +99,10 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     /* then the batch of confirms, unless this op joins it (agree.c) */
     if (st == TUTTI_OK && comm->confirm.n)
         st = tt_agree_flush(op, !empty && desc->post == tt_post_confirm_release);
-    if (st == TUTTI_OK)
+    if (st == TUTTI_OK) {
+        op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
         st = algo->run(op);
+    }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
     if (st < 0) {
