@@ -19,12 +19,18 @@
 #include "core/p2p.h"
 #include "base/base.h"
 
+#include "common.h"
+
 static int ag_rd_pow2(tt_op_t *op)
 {
     const int n = op->nranks, r = op->rank;
     const size_t es = op->elem_size;
     unsigned char *recv = op->recvbuf;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
+    /* in place, this rank's block is already there; out of place, round 0 sends it from
+     * sendbuf and copies it into recvbuf while the messages move */
+    int copy_own;
+    const unsigned char *own_src = tt_ag_own_src(op, &copy_own);
 
     tt_reqs_t hold;
     tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);
@@ -47,9 +53,14 @@ static int ag_rd_pow2(tt_op_t *op)
         }
         for (int i = 0; i < mask; i++) {
             int b = mine + i;
-            TT_CHECK_GOTO(tt_p2p_send(op, peer, recv + dsp[b] * es, cnt[b] * es,
-                                      (uint32_t)(round * n + b), &reqs[n + i]),
+            const void *src = b == r && round == 0 ? own_src : recv + dsp[b] * es;
+            TT_CHECK_GOTO(tt_p2p_send(op, peer, src, cnt[b] * es, (uint32_t)(round * n + b),
+                                      &reqs[n + i]),
                           st, out);
+        }
+        if (copy_own) {
+            memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
+            copy_own = 0;
         }
         TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, 2 * (size_t)n), st, out);
     }
@@ -108,11 +119,13 @@ int tt_allgather_rd(tt_op_t *op)
 {
     const int n = op->nranks, r = op->rank;
     const size_t es = op->elem_size;
+    if ((n & (n - 1)) == 0)
+        return ag_rd_pow2(op);
     /* in place, this rank's block is already there */
     if (op->recvcounts[r]) {
         unsigned char *own = (unsigned char *)op->recvbuf + op->rdispls[r] * es;
         if (op->sendbuf != own)
             memcpy(own, op->sendbuf, op->recvcounts[r] * es);
     }
-    return (n & (n - 1)) == 0 ? ag_rd_pow2(op) : ag_bruck(op);
+    return ag_bruck(op);
 }

@@ -11,6 +11,8 @@
 #include "core/p2p.h"
 #include "base/base.h"
 
+#include "common.h"
+
 int tt_allgather_ring(tt_op_t *op)
 {
     const int n = op->nranks, r = op->rank;
@@ -18,17 +20,21 @@ int tt_allgather_ring(tt_op_t *op)
     unsigned char *recv = op->recvbuf;
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
 
-    /* in place, this rank's block is already there */
-    if (cnt[r] && op->sendbuf != recv + dsp[r] * es)
-        memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
+    /* in place, this rank's block is already there; out of place, the first step sends
+     * it from sendbuf and copies it into recvbuf while the transfer runs */
+    int copy_own;
+    const unsigned char *own_src = tt_ag_own_src(op, &copy_own);
 
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     tt_req_t req[2];
     for (int t = 0; t < n - 1; t++) {
         const int sb = ((r - t) % n + n) % n, rb = ((r - t - 1) % n + n) % n;
+        const void *src = t == 0 ? own_src : recv + dsp[sb] * es;
         /* empty blocks go too: a disagreement about a block's size fails on its length */
         TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t, &req[0]));
-        TT_CHECK(tt_p2p_send(op, next, recv + dsp[sb] * es, cnt[sb] * es, (uint32_t)t, &req[1]));
+        TT_CHECK(tt_p2p_send(op, next, src, cnt[sb] * es, (uint32_t)t, &req[1]));
+        if (t == 0 && copy_own)
+            memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

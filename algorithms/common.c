@@ -112,3 +112,23 @@ out:
     tt_reqs_put(&hold);
     return st;
 }
+
+const unsigned char *tt_ag_own_src(const tt_op_t *op, int *copy_later)
+{
+    const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
+    const int r = op->rank;
+    unsigned char *own = (unsigned char *)op->recvbuf + dsp[r] * es;
+    const unsigned char *s = op->sendbuf, *rb = op->recvbuf;
+    *copy_later = 0;
+    if (!cnt[r] || s == own)
+        return own;
+    size_t ext = 0;
+    for (int i = 0; i < op->nranks; i++)
+        ext = TT_MAX(ext, (dsp[i] + cnt[i]) * es);
+    if (s + cnt[r] * es <= rb || rb + ext <= s) {
+        *copy_later = 1;
+        return s;
+    }
+    memcpy(own, s, cnt[r] * es);
+    return own;
+}

@@ -120,7 +120,9 @@ static void garbage_guarded(unsigned char *buf, size_t bytes)
     memset(buf + bytes, GUARD_BYTE, GUARD_BYTES);
 }
 
-static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer" };
+/* "aliased" (allgather only): sendbuf is the next rank's block in recvbuf, so this
+ * rank's block must be read before that one lands */
+static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer", "aliased" };
 
 /* The layout of a blocks collective (allgather, gather, scatter): the element size, the
  * case's seed, every rank's displacement and the extent. */
@@ -255,7 +257,15 @@ static void t_allgather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vf
     blocks_init(c, &b, "allgather", dt, counts, vform, mode, -1);
 
     garbage_guarded(c->recv, b.extent * b.es);
-    const void *sendbuf = own_block(c, dt, counts, &b, mode != 0, mode);
+    const void *sendbuf;
+    if (mode == 3) { /* equal blocks only: this rank's fits in the next one's place */
+        unsigned char *in = c->recv + b.displs[(c->rank + 1) % c->nranks] * b.es;
+        for (size_t j = 0; j < counts[c->rank]; j++)
+            gen_val(in + j * b.es, dt, c->rank, j, b.seed);
+        sendbuf = in;
+    } else {
+        sendbuf = own_block(c, dt, counts, &b, mode != 0, mode);
+    }
     int st = vform ? tutti_allgatherv(c->comm, sendbuf, c->recv, counts, b.displs, dt)
                    : tutti_allgather(c->comm, sendbuf, c->recv, counts[0], dt);
     if (!status_ok(c, st, b.what))
@@ -474,6 +484,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
             const size_t cnt = small_counts[k];
             for (int i = 0; i < n; i++)
                 counts[i] = cnt;
+            if (!c.comm_failed)
+                t_allgather(&c, dt, counts, 0, 3);
             for (int mode = 0; mode < 3 && !c.comm_failed; mode++) {
                 t_allgather(&c, dt, counts, 0, mode);
                 if (!c.comm_failed)
@@ -508,6 +520,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
             for (int i = 0; i < n; i++)
                 counts[i] = big / (size_t)n;
             t_allgather(&c, dt, counts, 0, (int)(d % 2));
+            if (!c.comm_failed)
+                t_allgather(&c, dt, counts, 0, 3);
             if (!c.comm_failed)
                 t_gather(&c, dt, counts, 0, (int)(d % (size_t)n), 0);
             if (!c.comm_failed)
