@@ -30,7 +30,7 @@ static int ag_rd_pow2(tt_op_t *op)
     /* in place, this rank's block is already there; out of place, round 0 sends it from
      * sendbuf and copies it into recvbuf while the messages move */
     int copy_own;
-    const unsigned char *own_src = tt_ag_own_src(op, &copy_own);
+    const unsigned char *own_src = tt_own_block_src(op, &copy_own);
 
     tt_reqs_t hold;
     tt_req_t *reqs = tt_reqs_get(&hold, 2 * (size_t)n);

@@ -23,7 +23,7 @@ int tt_allgather_ring(tt_op_t *op)
     /* in place, this rank's block is already there; out of place, the first step sends
      * it from sendbuf and copies it into recvbuf while the transfer runs */
     int copy_own;
-    const unsigned char *own_src = tt_ag_own_src(op, &copy_own);
+    const unsigned char *own_src = tt_own_block_src(op, &copy_own);
 
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     tt_req_t req[2];

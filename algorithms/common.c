@@ -87,6 +87,10 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
+    /* the root's own block: copied now if sendbuf lies where a block will land */
+    int copy_own = 0;
+    if (to_root)
+        tt_own_block_src(op, &copy_own);
     if (to_root) {
         for (int j = 0; j < n; j++)
             if (j != root)
@@ -101,11 +105,12 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
                               st, out);
     }
     /* in place, the root's block is already where it belongs */
-    if (op->count) {
-        unsigned char *own = to_root ? tt_blk(op->recvbuf, dsp, root, es) : op->recvbuf;
-        const void *from = to_root ? op->sendbuf : tt_cblk(op->sendbuf, dsp, root, es);
-        if (own != from)
-            memcpy(own, from, op->count * es);
+    if (to_root && copy_own)
+        memcpy(tt_blk(op->recvbuf, dsp, root, es), op->sendbuf, op->count * es);
+    if (!to_root && op->count) {
+        const void *from = tt_cblk(op->sendbuf, dsp, root, es);
+        if (op->recvbuf != from)
+            memcpy(op->recvbuf, from, op->count * es);
     }
     st = tt_p2p_wait_all(op, reqs, (size_t)n);
 out:
@@ -113,7 +118,7 @@ out:
     return st;
 }
 
-const unsigned char *tt_ag_own_src(const tt_op_t *op, int *copy_later)
+const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)
 {
     const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
     const int r = op->rank;

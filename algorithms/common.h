@@ -88,10 +88,11 @@ static inline const unsigned char *tt_cblk(const void *buf, const size_t *dsp, i
     return (const unsigned char *)buf + dsp[j] * es;
 }
 
-/* Allgather, out of place: where round 0 reads this rank's block. From sendbuf, with
- * the copy into its place in recvbuf left for *copy_later (done while the first messages
- * move), unless sendbuf lies among recvbuf's blocks (a caller passing one buffer for
- * both, not at its own block): then the copy comes first, before anything lands there. */
-const unsigned char *tt_ag_own_src(const tt_op_t *op, int *copy_later);
+/* Allgather out of place, and a gather's root: where this rank's block is read from.
+ * From sendbuf, with the copy into its place in recvbuf left for *copy_later (done while
+ * the first messages move), unless sendbuf lies among recvbuf's blocks (a caller passing
+ * one buffer for both, not at its own block): then the copy comes first, before anything
+ * lands there. Needs recvcounts, rdispls and recvbuf (at a gather, the root's). */
+const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later);
 
 #endif

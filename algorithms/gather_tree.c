@@ -27,6 +27,11 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
     if (vr && sub > 1 && op->count)
         memcpy(t->pk, op->sendbuf, op->count * es);
 
+    /* the root's own block: copied now if sendbuf lies where a child's block will land */
+    int copy_own = 0;
+    if (vr == 0)
+        tt_own_block_src(op, &copy_own);
+
     /* children: vr + 2^j for 2^j below lowbit (every 2^j < n at the root) */
     unsigned char *recv = op->recvbuf;
     int direct[8 * sizeof(int)] = { 0 };
@@ -60,7 +65,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
     }
 
     /* the root: its own block (unless in place), then what landed in scratch */
-    if (op->count && op->sendbuf != recv + dsp[root] * es)
+    if (copy_own)
         memcpy(recv + dsp[root] * es, op->sendbuf, op->count * es);
     level = 0;
     for (long mask = 1; mask < n; mask <<= 1, level++) {

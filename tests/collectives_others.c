@@ -120,8 +120,8 @@ static void garbage_guarded(unsigned char *buf, size_t bytes)
     memset(buf + bytes, GUARD_BYTE, GUARD_BYTES);
 }
 
-/* "aliased" (allgather only): sendbuf is the next rank's block in recvbuf, so this
- * rank's block must be read before that one lands */
+/* "aliased" (allgather, and gather at the root): sendbuf is the next rank's block in
+ * recvbuf, so this rank's block must be read before that one lands */
 static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer", "aliased" };
 
 /* The layout of a blocks collective (allgather, gather, scatter): the element size, the
@@ -287,7 +287,15 @@ static void t_gather(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vform
         garbage_guarded(c->recv, b.extent * b.es);
     /* in place is for the root only */
     const int inp = is_root && mode;
-    const void *sendbuf = own_block(c, dt, counts, &b, inp, mode);
+    const void *sendbuf;
+    if (mode == 3 && is_root) { /* equal blocks only: the root's fits in the next one's place */
+        unsigned char *in = c->recv + b.displs[(me + 1) % c->nranks] * b.es;
+        for (size_t j = 0; j < counts[me]; j++)
+            gen_val(in + j * b.es, dt, me, j, b.seed);
+        sendbuf = in;
+    } else {
+        sendbuf = own_block(c, dt, counts, &b, inp && mode < 3, mode);
+    }
     void *recvbuf = is_root ? (void *)c->recv : NULL;
     int st = vform ? tutti_gatherv(c->comm, sendbuf, counts[me], recvbuf, is_root ? counts : NULL,
                                    is_root ? b.displs : NULL, dt, root)
@@ -486,6 +494,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 counts[i] = cnt;
             if (!c.comm_failed)
                 t_allgather(&c, dt, counts, 0, 3);
+            for (int root = 0; root < n && !c.comm_failed; root++)
+                t_gather(&c, dt, counts, 0, root, 3);
             for (int mode = 0; mode < 3 && !c.comm_failed; mode++) {
                 t_allgather(&c, dt, counts, 0, mode);
                 if (!c.comm_failed)
@@ -524,6 +534,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 t_allgather(&c, dt, counts, 0, 3);
             if (!c.comm_failed)
                 t_gather(&c, dt, counts, 0, (int)(d % (size_t)n), 0);
+            if (!c.comm_failed)
+                t_gather(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 3);
             if (!c.comm_failed)
                 t_scatter(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 0);
             if (!c.comm_failed)

@@ -64,8 +64,13 @@ int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
 typedef struct tutti_comm tutti_comm_t;
 typedef struct tutti_work tutti_work_t;
 
-/* Pass as the send buffer to run a collective in place on the receive buffer
- * (passing the same pointer for both works too). */
+/* Pass as the send buffer to run a collective in place on the receive buffer. For
+ * allreduce, broadcast, reduce, reduce_scatter and alltoall, passing the same pointer
+ * for both means the same. Not for allgather and gather: there TUTTI_IN_PLACE says
+ * "this rank's block is already at its place in recvbuf", while a sendbuf that points
+ * anywhere into recvbuf (recvbuf itself included) is read as an ordinary send buffer
+ * (its block is copied out before any other block lands on it). Buffers that overlap
+ * in other ways are not allowed (allreduce and broadcast refuse them). */
 #define TUTTI_IN_PLACE ((const void *)1)
 /* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
 #define TUTTI_IN_PLACE_OUT ((void *)1)
