@@ -107,12 +107,15 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     /* in place, the root's block is already where it belongs */
     if (to_root && copy_own)
         memcpy(tt_blk(op->recvbuf, dsp, root, es), op->sendbuf, op->count * es);
-    if (!to_root && op->count) {
+    const int late = !to_root && tt_scatter_own_late(op);
+    if (!to_root && op->count && !late) {
         const void *from = tt_cblk(op->sendbuf, dsp, root, es);
         if (op->recvbuf != from)
             memcpy(op->recvbuf, from, op->count * es);
     }
     st = tt_p2p_wait_all(op, reqs, (size_t)n);
+    if (st == TUTTI_OK && late)
+        memmove(op->recvbuf, tt_cblk(op->sendbuf, dsp, root, es), op->count * es);
 out:
     tt_reqs_put(&hold);
     return st;
@@ -136,4 +139,16 @@ const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)
     }
     memcpy(own, s, cnt[r] * es);
     return own;
+}
+
+int tt_scatter_own_late(const tt_op_t *op)
+{
+    const size_t es = op->elem_size, *cnt = op->sendcounts, *dsp = op->sdispls;
+    const unsigned char *s = op->sendbuf, *r = op->recvbuf;
+    if (op->rank != op->root || !op->count || !s || !r || r == s + dsp[op->rank] * es)
+        return 0;
+    size_t ext = 0;
+    for (int i = 0; i < op->nranks; i++)
+        ext = TT_MAX(ext, (dsp[i] + cnt[i]) * es);
+    return r < s + ext && s < r + op->count * es;
 }

@@ -95,4 +95,9 @@ static inline const unsigned char *tt_cblk(const void *buf, const size_t *dsp, i
  * lands there. Needs recvcounts, rdispls and recvbuf (at a gather, the root's). */
 const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later);
 
+/* A scatter's root whose recvbuf lies among sendbuf's blocks, not at its own (a caller
+ * passing one buffer for both): 1 when its own block must be written only after every
+ * send is done (with memmove), since it lands on blocks still being sent. */
+int tt_scatter_own_late(const tt_op_t *op);
+
 #endif

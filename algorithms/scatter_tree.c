@@ -58,13 +58,16 @@ static int scatter_down(tt_op_t *op, const tt_btree_t *t)
             tt_p2p_send(op, (c + root) % n, src, len * es, (uint32_t)level, &t->reqs[level + 1]));
     }
 
-    /* this rank's own block: at the root from sendbuf (unless in place) */
-    if (op->count) {
-        const void *own = vr ? (const void *)t->pk : (const void *)(send + dsp[root] * es);
-        if ((vr == 0 || sub > 1) && own != op->recvbuf)
-            memcpy(op->recvbuf, own, op->count * es);
-    }
-    return tt_p2p_wait_all(op, t->reqs, TT_BTREE_REQS);
+    /* this rank's own block: at the root from sendbuf (unless in place; after the sends
+     * where recvbuf lies on blocks being sent) */
+    const int late = vr == 0 && tt_scatter_own_late(op);
+    const void *own = vr ? (const void *)t->pk : (const void *)(send + dsp[root] * es);
+    if (op->count && !late && (vr == 0 || sub > 1) && own != op->recvbuf)
+        memcpy(op->recvbuf, own, op->count * es);
+    TT_CHECK(tt_p2p_wait_all(op, t->reqs, TT_BTREE_REQS));
+    if (late)
+        memmove(op->recvbuf, own, op->count * es);
+    return TUTTI_OK;
 }
 
 int tt_scatter_tree(tt_op_t *op)

@@ -120,8 +120,9 @@ static void garbage_guarded(unsigned char *buf, size_t bytes)
     memset(buf + bytes, GUARD_BYTE, GUARD_BYTES);
 }
 
-/* "aliased" (allgather, and gather at the root): sendbuf is the next rank's block in
- * recvbuf, so this rank's block must be read before that one lands */
+/* "aliased" (allgather; gather and scatter at the root): sendbuf is the next rank's
+ * block in recvbuf (scatter: recvbuf is the next rank's block in sendbuf), so this
+ * rank's block must be read before that one lands (scatter: written after it left) */
 static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer", "aliased" };
 
 /* The layout of a blocks collective (allgather, gather, scatter): the element size, the
@@ -320,8 +321,11 @@ static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vfor
         memcpy(c->send, c->ref, b.extent * b.es);
     garbage_guarded(c->recv, counts[me] * b.es);
     const int inp = is_root && mode;
+    /* aliased: the root's block goes over the next rank's, which is being sent */
+    unsigned char *alias = c->send + b.displs[(me + 1) % c->nranks] * b.es;
     void *recvbuf = !inp        ? (void *)c->recv
                     : mode == 1 ? TUTTI_IN_PLACE_OUT
+                    : mode == 3 ? (void *)alias
                                 : (void *)(c->send + b.displs[me] * b.es);
     const void *sendbuf = is_root ? (const void *)c->send : NULL;
     int st = vform ? tutti_scatterv(c->comm, sendbuf, is_root ? counts : NULL,
@@ -329,6 +333,10 @@ static void t_scatter(ctx_t *c, tutti_dtype_t dt, const size_t *counts, int vfor
                    : tutti_scatter(c->comm, sendbuf, recvbuf, counts[me], dt, root);
     if (!status_ok(c, st, b.what))
         return;
+    if (is_root && mode == 3) {
+        compare(c, b.what, dt, alias, c->ref + b.displs[me] * b.es, counts[me] * b.es);
+        return;
+    }
     if (is_root && compare(c, b.what, dt, c->send, c->ref, b.extent * b.es))
         return; /* the root's sendbuf (its own block, in place) is untouched */
     if (inp)
@@ -494,8 +502,11 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 counts[i] = cnt;
             if (!c.comm_failed)
                 t_allgather(&c, dt, counts, 0, 3);
-            for (int root = 0; root < n && !c.comm_failed; root++)
+            for (int root = 0; root < n && !c.comm_failed; root++) {
                 t_gather(&c, dt, counts, 0, root, 3);
+                if (!c.comm_failed)
+                    t_scatter(&c, dt, counts, 0, root, 3);
+            }
             for (int mode = 0; mode < 3 && !c.comm_failed; mode++) {
                 t_allgather(&c, dt, counts, 0, mode);
                 if (!c.comm_failed)
@@ -536,6 +547,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 t_gather(&c, dt, counts, 0, (int)(d % (size_t)n), 0);
             if (!c.comm_failed)
                 t_gather(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 3);
+            if (!c.comm_failed)
+                t_scatter(&c, dt, counts, 0, (int)(d % (size_t)n), 3);
             if (!c.comm_failed)
                 t_scatter(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 0);
             if (!c.comm_failed)
