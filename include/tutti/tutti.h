@@ -69,7 +69,8 @@ typedef struct tutti_work tutti_work_t;
  * for both means the same. Not for allgather and gather: there TUTTI_IN_PLACE says
  * "this rank's block is already at its place in recvbuf", while a sendbuf that points
  * anywhere into recvbuf (recvbuf itself included) is read as an ordinary send buffer
- * (its block is copied out before any other block lands on it). Buffers that overlap
+ * (its block is copied out before any other block lands on it); likewise a scatter
+ * root's recvbuf inside sendbuf is written after every block has left. Buffers that overlap
  * in other ways are not allowed (allreduce and broadcast refuse them). */
 #define TUTTI_IN_PLACE ((const void *)1)
 /* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
