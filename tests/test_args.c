@@ -92,6 +92,15 @@ static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *
     EXPECT_BAD(tutti_alltoallv(comm, buf, NULL, NULL, buf, counts, NULL, TUTTI_FP32),
                "sendcounts is NULL");
     EXPECT_BAD(tutti_allgather_async(comm, buf, buf, 4, TUTTI_FP32, NULL), "work_p");
+    /* buffers that overlap without being one (no algorithm reads them as in place) */
+    EXPECT_BAD(tutti_reduce(comm, buf + 1, buf, 4, TUTTI_FP32, TUTTI_SUM, rank), "overlap");
+    EXPECT_BAD(tutti_reduce_scatter(comm, buf, buf + 3, 4, TUTTI_FP32, TUTTI_SUM), "overlap");
+    EXPECT_BAD(tutti_alltoall(comm, buf + 2, buf, 4, TUTTI_FP32), "overlap");
+    {
+        size_t sc[2] = { 2, 6 }, rc[2] = { 4, 4 };
+        EXPECT_BAD(tutti_alltoallv(comm, buf, sc, NULL, buf, rc, NULL, TUTTI_FP32),
+                   "layouts that differ");
+    }
     if (rank == 0)
         EXPECT_BAD(tutti_gatherv(comm, buf, 3, buf, counts, NULL, TUTTI_FP32, 0),
                    "differs from recvcounts[root]");

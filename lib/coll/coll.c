@@ -63,6 +63,16 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     return TUTTI_OK;
 }
 
+/* sbytes at s and rbytes at r share a byte without s being r: buffers that no
+ * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
+ * common.h) */
+static int overlap_unequal(const void *s, size_t sbytes, const void *r, size_t rbytes)
+{
+    const char *a = s, *b = r;
+    return a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
+           a < b + rbytes && b < a + sbytes;
+}
+
 /* The collectives whose counts add up over the ranks: a quarter of the address space. */
 static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es)
 {
@@ -159,6 +169,8 @@ static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, 
         return fail(comm, c->name, "recvbuf is NULL at the root");
     if (c->count && is_root && !s && !in_place)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    if (is_root && overlap_unequal(s, c->count * o->elem_size, r, c->count * o->elem_size))
+        return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
     o->sendbuf = (is_root && (in_place || !s)) ? r : s;
     o->recvbuf = is_root ? r : NULL;
     return TUTTI_OK;
@@ -211,6 +223,10 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
         return fail(comm, c->name, "recvbuf is NULL");
     if (ext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    if (!in_place && overlap_unequal(c->sendbuf, ext * es, r, rc[me] * es))
+        return fail(comm, c->name,
+                    "sendbuf and recvbuf overlap without being equal (in place: the same "
+                    "pointer, or TUTTI_IN_PLACE, and the result lands at its start)");
     o->recvbuf = r;
     o->sendbuf = in_place ? r : c->sendbuf;
     return TUTTI_OK;
@@ -313,6 +329,13 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return fail(comm, c->name, "recvbuf is NULL");
     if (sext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
+    if (!in_place && overlap_unequal(c->sendbuf, sext * es, r, ext * es))
+        return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
+    /* one buffer for both is in place, which needs one layout */
+    if (!in_place && c->sendbuf == r && r && c->is_v &&
+        (memcmp(sc, rc, (size_t)n * sizeof(size_t)) || memcmp(sd, rd, (size_t)n * sizeof(size_t))))
+        return fail(comm, c->name,
+                    "sendbuf == recvbuf (in place) with send and receive layouts that differ");
     o->recvbuf = r;
     o->sendbuf = in_place ? r : c->sendbuf;
     return TUTTI_OK;
