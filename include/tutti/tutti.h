@@ -70,8 +70,11 @@ typedef struct tutti_work tutti_work_t;
  * "this rank's block is already at its place in recvbuf", while a sendbuf that points
  * anywhere into recvbuf (recvbuf itself included) is read as an ordinary send buffer
  * (its block is copied out before any other block lands on it); likewise a scatter
- * root's recvbuf inside sendbuf is written after every block has left. Buffers that overlap
- * in other ways are not allowed (allreduce and broadcast refuse them). */
+ * root's recvbuf inside sendbuf is written after every block has left. Buffers that
+ * overlap in other ways are refused (TUTTI_ERR_INVALID_ARG), as is alltoallv with one
+ * pointer for both and two layouts. NCCL's in-place reduce_scatter (recvbuf at this
+ * rank's block of sendbuf) is such an overlap: pass one pointer, and the result lands at
+ * its start. */
 #define TUTTI_IN_PLACE ((const void *)1)
 /* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
 #define TUTTI_IN_PLACE_OUT ((void *)1)
