@@ -87,11 +87,10 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     if (!reqs)
         return TUTTI_ERR_NOMEM;
     int st = TUTTI_OK;
-    /* the root's own block: copied now if sendbuf lies where a block will land */
     int copy_own = 0;
-    if (to_root)
-        tt_own_block_src(op, &copy_own);
     if (to_root) {
+        /* the root's own block: copied now if sendbuf lies where a block will land */
+        tt_own_block_src(op, &copy_own);
         for (int j = 0; j < n; j++)
             if (j != root)
                 TT_CHECK_GOTO(tt_p2p_recv(op, j, tt_blk(op->recvbuf, dsp, j, es), cnt[j] * es, 0,

@@ -33,6 +33,16 @@ static int fail(tutti_comm_t *comm, const char *name, const char *what)
     return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", name, what);
 }
 
+/* sbytes at s and rbytes at r share a byte without s being r: buffers that no
+ * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
+ * common.h) */
+static int overlap_unequal(const void *s, size_t sbytes, const void *r, size_t rbytes)
+{
+    const char *a = s, *b = r;
+    return a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
+           a < b + rbytes && b < a + sbytes;
+}
+
 /* One buffer (or a send and a receive buffer of the same size): allreduce, broadcast
  * and point-to-point. */
 static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf, void *recvbuf,
@@ -53,24 +63,9 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     if (need_send && !sendbuf)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)", name);
-    if (sendbuf && sendbuf != TUTTI_IN_PLACE && sendbuf != recvbuf) {
-        const char *s = sendbuf, *r = recvbuf;
-        size_t bytes = count * es;
-        if (s < r + bytes && r < s + bytes)
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: sendbuf and recvbuf overlap without being equal", name);
-    }
+    if (overlap_unequal(sendbuf, count * es, recvbuf, count * es))
+        return fail(comm, name, "sendbuf and recvbuf overlap without being equal");
     return TUTTI_OK;
-}
-
-/* sbytes at s and rbytes at r share a byte without s being r: buffers that no
- * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
- * common.h) */
-static int overlap_unequal(const void *s, size_t sbytes, const void *r, size_t rbytes)
-{
-    const char *a = s, *b = r;
-    return a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
-           a < b + rbytes && b < a + sbytes;
 }
 
 /* The collectives whose counts add up over the ranks: a quarter of the address space. */
