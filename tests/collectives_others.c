@@ -122,7 +122,8 @@ static void garbage_guarded(unsigned char *buf, size_t bytes)
 
 /* "aliased" (allgather; gather and scatter at the root): sendbuf is the next rank's
  * block in recvbuf (scatter: recvbuf is the next rank's block in sendbuf), so this
- * rank's block must be read before that one lands (scatter: written after it left) */
+ * rank's block must be read before that one lands (scatter: written after it left);
+ * reduce_scatter: recvbuf is this rank's block of sendbuf (NCCL's in place) */
 static const char *const mode_names[] = { "out-of-place", "in-place", "same-buffer", "aliased" };
 
 /* The layout of a blocks collective (allgather, gather, scatter): the element size, the
@@ -212,6 +213,8 @@ static void t_reduce(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, size_t count,
 
 /* ---- reduce_scatter(v) ---- */
 
+/* mode 3 ("aliased"): NCCL's in place, recvbuf at this rank's block of sendbuf; the
+ * result lands there and the other blocks' input is left as it was. */
 static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const size_t *counts,
                              int vform, int mode)
 {
@@ -233,17 +236,21 @@ static void t_reduce_scatter(ctx_t *c, tutti_dtype_t dt, tutti_redop_t op, const
     const void *sendbuf = mode == 0   ? (const void *)c->send
                           : mode == 1 ? TUTTI_IN_PLACE
                                       : (const void *)c->recv;
-    int st = vform ? tutti_reduce_scatterv(c->comm, sendbuf, c->recv, counts, dt, op)
-                   : tutti_reduce_scatter(c->comm, sendbuf, c->recv, counts[0], dt, op);
+    unsigned char *out = mode == 3 ? c->recv + displs[me] * es : c->recv;
+    int st = vform ? tutti_reduce_scatterv(c->comm, sendbuf, out, counts, dt, op)
+                   : tutti_reduce_scatter(c->comm, sendbuf, out, counts[0], dt, op);
     if (!status_ok(c, st, what))
         return;
     for (size_t j = 0; j < counts[me]; j++)
         expected_elem(c->ref + j * es, dt, op, n, displs[me] + j, seed);
-    if (compare(c, what, dt, c->recv, c->ref, counts[me] * es))
+    if (compare(c, what, dt, out, c->ref, counts[me] * es))
         return;
-    if (!mode) {
+    if (mode == 0 || mode == 3) {
+        /* the input (mode 3: but for the result's block) as it was */
         fill_input(c->ref, dt, op, me, total, seed);
-        if (compare(c, what, dt, c->send, c->ref, total * es))
+        if (mode == 3)
+            memcpy(c->ref + displs[me] * es, out, counts[me] * es);
+        if (compare(c, what, dt, in, c->ref, total * es))
             return;
     }
     memset(c->ref, GUARD_BYTE, GUARD_BYTES);
@@ -472,16 +479,16 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
         const tutti_dtype_t dt = all_dtypes[d];
         for (size_t o = 0; o < ARRAY_SIZE(all_ops) && !c.comm_failed; o++)
             for (size_t k = 0; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
-                const int mode = (int)((o + k + d) % 3);
+                const int mode = (int)((o + k + d) % 3), rs_mode = (int)((o + k + d) % 4);
                 t_reduce(&c, dt, all_ops[o], small_counts[k], (int)((d + o + k) % (size_t)n), mode);
                 for (int i = 0; i < n; i++)
                     counts[i] = small_counts[k];
                 if (!c.comm_failed)
-                    t_reduce_scatter(&c, dt, all_ops[o], counts, 0, mode);
+                    t_reduce_scatter(&c, dt, all_ops[o], counts, 0, rs_mode);
                 for (int i = 0; i < n; i++)
                     counts[i] = vcount(i, (int)(o + k));
                 if (!c.comm_failed)
-                    t_reduce_scatter(&c, dt, all_ops[o], counts, 1, (mode + 1) % 3);
+                    t_reduce_scatter(&c, dt, all_ops[o], counts, 1, (rs_mode + 1) % 4);
             }
         /* larger: sum and avg (the final division) */
         for (int m = 0; m < 2 && !c.comm_failed; m++) {
@@ -491,6 +498,10 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 counts[i] = big / (size_t)n + (size_t)i;
             if (!c.comm_failed)
                 t_reduce_scatter(&c, dt, op, counts, 1, m);
+            for (int i = 0; i < n; i++)
+                counts[i] = big / (size_t)n;
+            if (!c.comm_failed) /* NCCL's in place, pieces and single copy included */
+                t_reduce_scatter(&c, dt, op, counts, (int)(d % 2), 3);
         }
     }
 

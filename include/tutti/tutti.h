@@ -72,9 +72,9 @@ typedef struct tutti_work tutti_work_t;
  * (its block is copied out before any other block lands on it); likewise a scatter
  * root's recvbuf inside sendbuf is written after every block has left. Buffers that
  * overlap in other ways are refused (TUTTI_ERR_INVALID_ARG), as is alltoallv with one
- * pointer for both and two layouts. NCCL's in-place reduce_scatter (recvbuf at this
- * rank's block of sendbuf) is such an overlap: pass one pointer, and the result lands at
- * its start. */
+ * pointer for both and two layouts. reduce_scatter(v) also takes NCCL's in-place form,
+ * recvbuf at this rank's block of sendbuf (sendbuf + rank * recvcount): the result lands
+ * there and the other blocks are left as they were. */
 #define TUTTI_IN_PLACE ((const void *)1)
 /* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
 #define TUTTI_IN_PLACE_OUT ((void *)1)

@@ -218,10 +218,17 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
         return fail(comm, c->name, "recvbuf is NULL");
     if (ext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-    if (!in_place && overlap_unequal(c->sendbuf, ext * es, r, rc[me] * es))
+    /* NCCL's in place: recvbuf is this rank's block of sendbuf. Run as out of place:
+     * both algorithms read the other blocks' input only for messages and partial
+     * results, and write recvbuf only by reducing this rank's input into it element by
+     * element (tt_reduce3 with dst == a), so the other blocks are left as they were. */
+    const int own_block = !in_place && r && c->sendbuf &&
+                          (const char *)c->sendbuf + rd[me] * es == r;
+    if (!in_place && !own_block && overlap_unequal(c->sendbuf, ext * es, r, rc[me] * es))
         return fail(comm, c->name,
                     "sendbuf and recvbuf overlap without being equal (in place: the same "
-                    "pointer, or TUTTI_IN_PLACE, and the result lands at its start)");
+                    "pointer or TUTTI_IN_PLACE, the result at its start; or recvbuf at "
+                    "this rank's block of sendbuf, as NCCL's)");
     o->recvbuf = r;
     o->sendbuf = in_place ? r : c->sendbuf;
     return TUTTI_OK;

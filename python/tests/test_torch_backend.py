@@ -152,6 +152,15 @@ def reductions(rank, size, ck):
             out = torch.empty(6, dtype=dt)
             dist._reduce_scatter_base(out, torch.cat(blocks), op)
             ck(f"_reduce_scatter_base {dt} {name}", out, want_rs)
+            # NCCL's in place: the output is this rank's chunk of the input
+            whole = torch.cat(blocks)
+            mine = whole.chunk(size)[rank]
+            dist._reduce_scatter_base(mine, whole, op)
+            ck(f"_reduce_scatter_base in place {dt} {name}", mine, want_rs)
+            for b in range(size):
+                if b != rank:
+                    ck(f"_reduce_scatter_base in place {dt} {name}: block {b} unchanged",
+                       whole.chunk(size)[b], blocks[b])
             ts = [inp(rank, dt, name, n=3), inp(rank, dt, name, n=5, salt=1)]
             dist.all_reduce_coalesced(ts, op)
             ck(f"all_reduce_coalesced[0] {dt} {name}", ts[0],
