@@ -13,7 +13,8 @@ int tt_broadcast_tree(tt_op_t *op)
 {
     const int n = op->nranks;
     const size_t bytes = op->count * op->elem_size;
-    const int vr = (op->rank - op->root + n) % n;
+    /* relative ranks and back without divisions (a small call is ~0.1 us) */
+    const int vr = op->rank >= op->root ? op->rank - op->root : op->rank - op->root + n;
     void *recv = op->recvbuf;
     const void *src = recv;
 
@@ -35,7 +36,8 @@ int tt_broadcast_tree(tt_op_t *op)
             mask <<= 1;
             level++;
         }
-        int parent = (int)((vr - mask + op->root) % n);
+        int parent = (int)(vr - mask + op->root);
+        parent -= parent >= n ? n : 0;
         TT_CHECK(tt_p2p_recv(op, parent, recv, bytes, (uint32_t)level, &req[0]));
         TT_CHECK(tt_p2p_wait(op, &req[0]));
     }
@@ -45,7 +47,8 @@ int tt_broadcast_tree(tt_op_t *op)
         mask >>= 1;
         level--;
         if (vr + mask < n) {
-            int child = (int)((vr + mask + op->root) % n);
+            int child = (int)(vr + mask + op->root);
+            child -= child >= n ? n : 0;
             TT_CHECK(tt_p2p_send(op, child, src, bytes, (uint32_t)level, &req[nsend++]));
         }
     }

@@ -51,8 +51,9 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
                                  (int)dtype);
-    size_t es = tutti_dtype_size(dtype);
-    if (count > SIZE_MAX / es / 2)
+    size_t es = tutti_dtype_size(dtype), bytes2;
+    /* count > SIZE_MAX / es / 2, without the divisions (every call passes here) */
+    if (__builtin_mul_overflow(count, 2 * es, &bytes2))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large", name,
                                  count);
     if (count == 0)
@@ -71,7 +72,9 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
 /* The collectives whose counts add up over the ranks: a quarter of the address space. */
 static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es)
 {
-    if (c->count > SIZE_MAX / es / 4 || c->equal > SIZE_MAX / es / 4 / (size_t)comm->nranks)
+    size_t b; /* count > SIZE_MAX / es / 4 and the like, without the divisions */
+    if (__builtin_mul_overflow(c->count, 4 * es, &b) ||
+        __builtin_mul_overflow(c->equal, 4 * es * (size_t)comm->nranks, &b))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large", c->name);
     return TUTTI_OK;
 }

@@ -167,8 +167,10 @@ size_t tt_cost_chunk(size_t bytes, int nranks, size_t chunk_max)
     /* Pipelining needs a few chunks per block: aim for 4 per ring block, at most the
      * configured chunk, at least 256 KiB (smaller chunks cost more in per-message
      * overhead than they win in overlap; measured on loopback, 2 and 4 ranks). */
-    size_t per_block = bytes / (size_t)(nranks > 0 ? nranks : 1) / 4;
-    return TT_MIN(chunk_max, TT_MAX(per_block, (size_t)256 << 10));
+    const size_t lo = (size_t)256 << 10, n = (size_t)(nranks > 0 ? nranks : 1);
+    if (bytes <= lo * 4 * n) /* no division on every small call */
+        return TT_MIN(chunk_max, lo);
+    return TT_MIN(chunk_max, TT_MAX(bytes / n / 4, lo));
 }
 
 static int ceil_log2(int p)

@@ -484,7 +484,9 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             continue;
         }
         if (deadline_ns == UINT64_MAX) {
+            comm->done_waiters++;
             pthread_cond_wait(&comm->done_cv, &comm->q_lock);
+            comm->done_waiters--;
         } else {
             /* a deferred op waits for a waiter; this one does not run ops: wake the
              * progress thread rather than leave it to the next tick */
@@ -496,7 +498,9 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             }
             struct timespec ts = { .tv_sec = (time_t)(deadline_ns / 1000000000ull),
                                    .tv_nsec = (long)(deadline_ns % 1000000000ull) };
+            comm->done_waiters++;
             pthread_cond_timedwait(&comm->done_cv, &comm->q_lock, &ts);
+            comm->done_waiters--;
         }
     }
     pthread_mutex_unlock(&comm->q_lock);
@@ -571,7 +575,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         comm->executing = 0;
         if (comm->q_head)
             pthread_cond_signal(&comm->q_cv);
-        pthread_cond_broadcast(&comm->done_cv);
+        if (comm->done_waiters) /* a waiter for `executing` to clear (wait_work) */
+            pthread_cond_broadcast(&comm->done_cv);
         pthread_mutex_unlock(&comm->q_lock);
         if (st < 0 && err[0])
             set_last_error(comm, err);

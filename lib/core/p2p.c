@@ -149,7 +149,10 @@ tt_req_t *tt_reqs_get(tt_reqs_t *r, size_t n)
 {
     r->heap = NULL;
     if (n <= TT_REQS_FEW) {
-        memset(r->few, 0, n * sizeof(*r->few));
+        /* posting sets every field (req_init): only the status of one never posted,
+         * which waits pass over as complete, is read before that */
+        for (size_t i = 0; i < n; i++)
+            r->few[i].tp.status = 0;
         return r->few;
     }
     return r->heap = calloc(n, sizeof(*r->heap));

@@ -33,8 +33,10 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req);
 
 /* An op's request array: up to TT_REQS_FEW requests in the holder (on the caller's
  * stack), more from the heap. A small call is a few hundred nanoseconds over shm, and a
- * malloc and free per call was a tenth of that. tt_reqs_get returns n zeroed requests
- * (NULL when out of memory); tt_reqs_put frees what get allocated. */
+ * malloc and free per call was a tenth of that. tt_reqs_get returns n requests that
+ * read as complete (status 0) until posted, so that a wait may pass over one never
+ * posted; posting sets the rest (NULL when out of memory); tt_reqs_put frees what get
+ * allocated. */
 #define TT_REQS_FEW 8
 typedef struct tt_reqs {
     tt_req_t few[TT_REQS_FEW];

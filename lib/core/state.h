@@ -115,6 +115,7 @@ struct tutti_comm {
     pthread_mutex_t q_lock;
     pthread_cond_t q_cv;    /* the progress thread waits for work */
     pthread_cond_t done_cv; /* waiters wait for completions */
+    int done_waiters;       /* how many wait on done_cv (under q_lock) */
     tutti_work_t *q_head, *q_tail;
     int executing;
     int stopping;
