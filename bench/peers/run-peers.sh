@@ -14,7 +14,7 @@
 #        [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
-# go on.
+# go on; a system that hangs twice at a rank count is dropped there for the rest of the run.
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -62,7 +62,9 @@ Options:
   --from DIR       run nothing: rebuild the tables from the raw outputs kept in DIR
   --estimate       print the plan and a rough duration, run nothing
   --run-timeout S  kill one band's run after S seconds, noted as failed (default 300:
-                   a band takes 1-2 min here; a hung peer no longer costs 15)
+                   a band takes 1-2 min here; a hung peer no longer costs 15); a system
+                   killed twice at one rank count is not run again at it in this run
+                   (noted), so that one run of every case finishes
 EOF
 }
 
