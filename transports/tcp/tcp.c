@@ -161,7 +161,7 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
         if (L->shdr_off < sizeof(L->shdr))
             iov[n++] = (struct iovec){ (char *)&L->shdr + L->shdr_off,
                                        sizeof(L->shdr) - L->shdr_off };
-        if (upto - r->xfer > TCP_SEND_SLICE_BYTES)
+        if (upto > r->xfer + TCP_SEND_SLICE_BYTES)
             upto = r->xfer + TCP_SEND_SLICE_BYTES; /* the trailer waits for the last slice */
         if (r->xfer < upto)
             iov[n++] = (struct iovec){ (char *)r->buf + r->xfer, upto - r->xfer };

@@ -44,10 +44,10 @@ enum { TCP_CSUM_NONE = 0, TCP_CSUM_CRC32C = 1 };
 #define TCP_CSUM_EAGER_BYTES (64u << 10)
 /* The most payload one sendmsg offers. By our reading of tcp_sendmsg the kernel pushes
  * what a call queued when the call ends (within one, only past half the window), so a
- * 64 MiB sendmsg reaches the receiver in a few late bursts: capped at 1 MiB, a 2-rank
- * 64 MiB broadcast over
- * loopback went from 24 to 13 ms, 16 MiB from 4.0-4.7 to 2.4-2.9 ms (sizes of 1 MiB
- * and below are unchanged; 512 KiB was slower, 2 MiB the same). */
+ * 64 MiB sendmsg reaches the receiver in a few late bursts. Capped at 1 MiB, a 2-rank
+ * 64 MiB broadcast over loopback went from 24 to 13 ms and 16 MiB from 4.0-4.7 to
+ * 2.4-2.9 ms; messages of 1 MiB and less are unchanged (512 KiB gained less, 2 MiB the
+ * same). */
 #define TCP_SEND_SLICE_BYTES ((size_t)1 << 20)
 
 /* On the wire, little-endian hosts assumed (checked at set-up through the hello). */
