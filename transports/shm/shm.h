@@ -17,7 +17,7 @@
 
 #define SHM_LINE 64
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 3u
+#define SHM_VERSION 4u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
@@ -65,6 +65,7 @@ typedef struct shm_dir {
     /* written by the receiver */
     _Alignas(SHM_LINE) _Atomic uint64_t tail; /* bytes consumed */
     _Atomic uint64_t acked;                   /* single-copy records pulled */
+    _Atomic uint64_t pulled;                  /* bytes of the pulls begun so far */
     _Atomic uint32_t cma_ok;                  /* 0 unknown, 1 pull works, 2 refused */
     /* written by the sender, rarely */
     _Alignas(SHM_LINE) uint64_t probe_addr; /* &probe_val in the sender's mapping */
@@ -125,6 +126,7 @@ typedef struct shm_link {
     int tx_started;
     int tx_broken; /* a message was cut or withdrawn: nothing more goes */
     uint64_t cma_sent;
+    uint64_t pulled_seen; /* the receiver's `pulled` when we last looked */
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
@@ -136,6 +138,7 @@ typedef struct shm_link {
     int probe_watch; /* probe found nothing: a record that comes ends progress() */
     uint64_t rx_span, rx_got;
     uint64_t rx_acked;
+    uint64_t rx_pulled;      /* what we published in rx->pulled */
     int rx_withdrawn;        /* the matched pull was revoked by the sender */
     uint64_t broken_seen_ns; /* when we found the sender's direction broken */
 } shm_link_t;
@@ -148,9 +151,11 @@ struct shm_tp {
     size_t bell_bytes;
     atomic_int aborted;
     unsigned long completions;
-    size_t cma_min;      /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
+    unsigned long pulls_moved; /* pulls of our buffers seen to begin */
+    uint64_t pull_bytes;       /* the bytes of the last one seen */
+    size_t cma_min;            /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
                             with process_vm_readv where the peer allows it; 0 never */
-    size_t cma_hint_min; /* TUTTI_SHM_CMA_HINT_BYTES: the same for requests hinted
+    size_t cma_hint_min;       /* TUTTI_SHM_CMA_HINT_BYTES: the same for requests hinted
                             TUTTI_TP_HINT_SINGLE_COPY; 0 never */
     size_t ring_bytes;
     size_t step; /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
