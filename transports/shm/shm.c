@@ -674,8 +674,8 @@ static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
 }
 
 /* The spin of progress(), from t0 for up to spin_us (and not past the caller's
- * deadline), or spin_us since a peer's pull of our buffers last moved; 1 when something
- * completed. */
+ * deadline); from a peer's announcement that it pulls from us, at least as long as that
+ * pull takes at 1 GB/s. 1 when something completed. */
 static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
 {
     shm_tp_t *tp = vtp;
