@@ -675,7 +675,7 @@ START_TEST(sizes_single_copy)
 {
     run_sizes(1, 3);
     /* 2 ranks on 2 or more CPUs: not oversubscribed, so a sender spins through the
-     * pull its peer announced (3 on 2 CPUs sleep on their doorbells instead) */
+     * pull its peer announced (3 on 2 CPUs keep the plain spin, then sleep) */
     run_sizes(1, 2);
 }
 END_TEST
