@@ -129,7 +129,8 @@ typedef struct bench_cfg {
     enum bench_coll coll;
     size_t min_bytes, max_bytes, factor;
     int iters, warmup, check;
-    int sync; /* --sync: a barrier before each timed iteration */
+    int sync;  /* --sync: a barrier before each timed iteration */
+    int fresh; /* --fresh: the input rewritten before each (then sync's barrier) */
     tutti_dtype_t dtype;
     tutti_redop_t op;
     int root;
@@ -162,8 +163,9 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
-        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [-d DTYPE] [-o OP]\n"
-        "                   [-r ROOT] [--algo NAME|all] [--transport NAME] [--json FILE]\n"
+        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh]\n"
+        "                   [-d DTYPE] [-o OP] [-r ROOT] [--algo NAME|all] [--transport NAME] "
+        "[--json FILE]\n"
         "\n"
         "  -np N               fork N (1..%d) local ranks that meet through a file store in\n"
         "                      a fresh directory in $TMPDIR or /tmp, removed however\n"
@@ -186,6 +188,11 @@ static void usage(FILE *f)
         "  --sync              barrier (untimed) before each timed iteration: without it\n"
         "                      iterations of rooted collectives (reduce, gather, scatter,\n"
         "                      broadcast) overlap across ranks, as in nccl-tests\n"
+        "  --fresh             rewrite every rank's input (and the result's sentinel)\n"
+        "                      before each timed iteration, untimed, then --sync's\n"
+        "                      barrier: the data moved was just written by its own rank\n"
+        "                      (a gradient just computed), not left clean in the peers'\n"
+        "                      caches by the previous call (bench/peers' harnesses too)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int32,\n"
         "                      int64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg\n"
@@ -331,6 +338,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->check = 1;
         } else if (FLAG("--sync", "--sync")) {
             cfg->sync = 1;
+        } else if (FLAG("--fresh", "--fresh")) {
+            cfg->fresh = cfg->sync = 1;
         } else if (FLAG("-np", "--np")) {
             VALUE();
             bad = parse_int(v, 1, &cfg->np) || cfg->np > TT_LAUNCH_MAX_RANKS;
@@ -772,6 +781,8 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
         if ((st = run_once(b, count, in_place)) != TUTTI_OK)
             return report_failure(b, what, bytes, in_place, st);
     for (int i = 0; i < iters; i++) {
+        if (cfg->fresh)
+            prepare(b, count, in_place);
         if (cfg->sync && (st = tutti_barrier(b->comm)) != TUTTI_OK)
             return report_failure(b, "barrier (--sync)", bytes, in_place, st);
         double t0 = now_us();
@@ -871,8 +882,9 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     if (job && *job)
         printf("# job %s\n", job);
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
-    printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s\n",
+    printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
+           cfg->fresh ? ", input rewritten before each" : "",
            cfg->sync ? ", barrier before each" : "", cfg->algo ? ", algo " : "",
            cfg->algo ? cfg->algo : "");
     if (cfg->coll != COLL_BARRIER)

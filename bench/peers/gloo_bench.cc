@@ -1,7 +1,7 @@
 // gloo-bench: tutti-bench's measurement of Gloo's collectives, for side-by-side runs.
 //
 //   gloo-bench -np N [--coll NAME] [--algo ring|ring_chunked|halving_doubling|bcube]
-//              [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync]
+//              [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh]
 //              [-r ROOT] [-t SECONDS]
 //
 // Forks N ranks that meet through a gloo::rendezvous::FileStore in a temp dir (behind a
@@ -176,6 +176,8 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
     for (int i = 0; i < p.warmup; i++)
         calls.run(in_place);
     for (int i = 0; i < p.iters; i++) {
+        if (p.fresh) // before the barrier (--fresh sets sync): no peer writes into it yet
+            peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
         if (p.sync)
             barrier.run();
         double t0 = now_us();

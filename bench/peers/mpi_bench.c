@@ -3,7 +3,7 @@
  * run-peers.sh with mpicc.openmpi and with mpicc.mpich; not part of the meson build).
  *
  *   mpirun -np N mpi-bench [--coll NAME] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
- *                          [-w WARMUP] [-c] [--sync] [-r ROOT]
+ *                          [-w WARMUP] [-c] [--sync] [--fresh] [-r ROOT]
  *
  * Float sum, tutti-bench's columns, sizes, inputs and iteration structure (peer.h): per
  * size, an out-of-place and an in-place half, each WARMUP untimed calls then ITERS timed
@@ -53,6 +53,8 @@ static void run_half(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
     for (int i = 0; i < cfg->warmup; i++)
         run_once(cfg, send, recv, c, in_place);
     for (int i = 0; i < cfg->iters; i++) {
+        if (cfg->fresh)
+            peer_prepare(cfg, rank_, size_, c, in_place, send, recv);
         if (cfg->sync)
             MPI_Barrier(MPI_COMM_WORLD);
         double t0 = now_us();

@@ -30,7 +30,7 @@ static const char *const peer_coll_names[PEER_NCOLLS] = {
 typedef struct peer_cfg {
     int coll; /* enum peer_coll */
     size_t min_bytes, max_bytes, factor;
-    int iters, warmup, check, sync, root;
+    int iters, warmup, check, sync, fresh, root;
 } peer_cfg_t;
 
 /* One half (out-of-place or in-place) of a row; wrong -1: not checked. */
@@ -244,6 +244,10 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         cfg->sync = 1;
         return 1;
     }
+    if (!strcmp(a, "--fresh")) { /* the fill, then the barrier: --sync too */
+        cfg->fresh = cfg->sync = 1;
+        return 1;
+    }
     if (!strcmp(a, "--coll"))
         bad = !v || peer_parse_coll(v, &cfg->coll);
     else if (!strcmp(a, "-b"))
@@ -274,6 +278,9 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
     "  -w WARMUP     untimed iterations per size (default 5)\n"                                    \
     "  -c, --check   verify results against a reference computed here (#wrong)\n"                  \
     "  --sync        barrier (untimed) before each timed iteration\n"                              \
+    "  --fresh       rewrite the input before each timed iteration (untimed; then --sync's\n"      \
+    "                barrier): the data moved was just written by its rank, not left clean\n"      \
+    "                in the peers' caches by the previous call\n"                                  \
     "  -r ROOT       broadcast root (default 0)\n"
 
 static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int n,
@@ -281,8 +288,9 @@ static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int
 {
     printf("# %s: %s, %d ranks, %s, dtype float, op sum\n", who, peer_coll_names[cfg->coll], n,
            what);
-    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s\n",
-           cfg->iters, cfg->warmup, cfg->sync ? ", barrier before each" : "");
+    printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
+           cfg->iters, cfg->warmup, cfg->fresh ? ", input rewritten before each" : "",
+           cfg->sync ? ", barrier before each" : "");
     printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
     print_column_titles();
 }

@@ -110,8 +110,8 @@ run_one() {
     fi
     local log="$work/${sys/:/-}.$coll.np$n.$fam.b$bmin.r$rep.txt" rc=0
     echo "run-peers: $sys $coll np=$n $bmin..$bmax repeat $rep" >&2
-    # shellcheck disable=SC2086 # check is -c or nothing
-    timeout "$run_timeout" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check \
+    # shellcheck disable=SC2086 # check is -c or nothing, fresh --fresh or nothing
+    timeout "$run_timeout" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check $fresh \
         >"$log" 2>&1 || rc=$?
     if [ "$rc" != 0 ]; then
         note "$sys $coll np=$n $bmin..$bmax repeat $rep failed (rc $rc): $(grep -v '^#' "$log" |

@@ -10,7 +10,7 @@
 #
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
-#        [--check] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
+#        [--check] [--fresh] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
 #        [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
@@ -33,6 +33,7 @@ bands_quick="4:4:20:3 64K:64K:20:3 4M:4M:10:2 64M:64M:4:1"
 bands=$bands_std
 mode=std
 check=""
+fresh=""
 build=""
 keep=0
 from=""
@@ -55,6 +56,9 @@ Options:
   --bands LIST     MIN:MAX:ITERS:WARMUP per band, sizes MIN..MAX x4
                    (default "$bands_std")
   --check          every harness verifies its results (-c) against its own reference
+  --fresh          every harness rewrites its input before each timed call (untimed,
+                   then a barrier): the data moved was just written by its own rank,
+                   not left clean in the peers' caches by the previous call
   --peers LIST     which systems (default "$peers")
   --build DIR      meson build dir with bench/tutti-bench (default build-bench, then build)
   -o FILE          markdown output (default docs/benchmarks-latest.md)
@@ -79,6 +83,7 @@ while [ $# -gt 0 ]; do
     --big) mode=big; bands=$bands_big ;;
     --bands) bands=$2; mode=custom; shift ;;
     --check) check="-c" ;;
+    --fresh) fresh="--fresh" ;;
     --build) build=$2; shift ;;
     --peers) peers=$2; shift ;;
     --keep) keep=1 ;;
@@ -188,7 +193,7 @@ if [ -z "$from" ]; then
     : >"$notes"
     : >"$results"
     {
-        for v in repeats ranks_list colls transports bands mode check peers; do
+        for v in repeats ranks_list colls transports bands mode check fresh peers; do
             printf '%s=%q\n' "$v" "${!v}"
         done
         printf 'started=%q\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
