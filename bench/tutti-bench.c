@@ -794,8 +794,9 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
     long long wrong = -1;
     if (check && cfg->coll != COLL_BARRIER) {
         /* Out of place the last timed call left the result; in place the buffer was
-         * reduced (or exchanged) over and over, so run once more on fresh input. */
-        if (in_place || cfg->coll == COLL_BROADCAST) {
+         * reduced (or exchanged) over and over, so run once more on fresh input
+         * (--fresh: the last timed call had it). */
+        if (!cfg->fresh && (in_place || cfg->coll == COLL_BROADCAST)) {
             prepare(b, count, in_place);
             if ((st = run_once(b, count, in_place)) != TUTTI_OK)
                 return report_failure(b, what, bytes, in_place, st);

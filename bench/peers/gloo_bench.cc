@@ -187,8 +187,9 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
     long long wrong = -1;
     if (p.check && p.coll != PEER_BARRIER) {
         // Out of place the last timed call left the result; in place the buffer was
-        // reduced (or exchanged) over and over, so run once more on fresh input.
-        if (in_place || p.coll == PEER_BROADCAST) {
+        // reduced (or exchanged) over and over, so run once more on fresh input
+        // (--fresh: the last timed call had it).
+        if (!p.fresh && (in_place || p.coll == PEER_BROADCAST)) {
             peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
             // Gloo's rings write straight into the peer's buffer: a fast neighbour's
             // data must not land before this rank's fill.

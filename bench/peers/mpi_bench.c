@@ -64,8 +64,9 @@ static void run_half(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
     long long wrong = -1;
     if (cfg->check && cfg->coll != PEER_BARRIER) {
         /* Out of place the last timed call left the result; in place the buffer was
-         * reduced (or exchanged) over and over, so run once more on fresh input. */
-        if (in_place || cfg->coll == PEER_BROADCAST) {
+         * reduced (or exchanged) over and over, so run once more on fresh input
+         * (--fresh: the last timed call had it). */
+        if (!cfg->fresh && (in_place || cfg->coll == PEER_BROADCAST)) {
             peer_prepare(cfg, rank_, size_, c, in_place, send, recv);
             run_once(cfg, send, recv, c, in_place);
         }
