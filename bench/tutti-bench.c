@@ -164,8 +164,8 @@ static void usage(FILE *f)
         f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
         "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh]\n"
-        "                   [-d DTYPE] [-o OP] [-r ROOT] [--algo NAME|all] [--transport NAME] "
-        "[--json FILE]\n"
+        "                   [-d DTYPE] [-o OP] [-r ROOT] [--algo NAME|all]\n"
+        "                   [--transport NAME] [--json FILE]\n"
         "\n"
         "  -np N               fork N (1..%d) local ranks that meet through a file store in\n"
         "                      a fresh directory in $TMPDIR or /tmp, removed however\n"
