@@ -933,15 +933,18 @@ START_TEST(ranks_sharing_a_cpu_part)
 END_TEST
 
 /* Ranks pinned each to a CPU of its own (as mpirun --bind-to core does) are not more
- * ranks than CPUs: they spin on the CPU before they yield. Each rank pins itself, then
- * makes its communicator with TUTTI_DEBUG=info and reads the shm transport's line. */
+ * ranks than CPUs: they spin on the CPU before they yield, and the default ("auto")
+ * spin is the long one. Ranks pinned to one CPU are more ranks than CPUs: the short
+ * spin. Each rank pins itself, then makes its communicator with TUTTI_DEBUG=info and
+ * reads the shm transport's line and the spin's. */
+static int pinned_one_cpu; /* 1: every rank on the first CPU (set before the fork) */
 static int rank_pinned(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     shared_t *sh = enlist(arg, rank);
     cpu_set_t all;
-    int cpu = pin_to_cpu(rank, &all);
-    FAIL_IF(cpu < 0, "pin to CPU number %d", rank);
+    int cpu = pin_to_cpu(pinned_one_cpu ? 0 : rank, &all);
+    FAIL_IF(cpu < 0, "pin to CPU number %d", pinned_one_cpu ? 0 : rank);
     log_capture_t cap;
     FAIL_IF(log_begin(&cap, dir, "pinned", rank) != 0, "stderr to a file");
     tutti_store_t *store = NULL;
@@ -971,6 +974,10 @@ static int rank_pinned(int rank, int nranks, tutti_comm_t *unused, const char *d
                 (int)(eol ? eol - line : (long)strlen(line)), line);
     if (over)
         sh->flag = 1;
+    char want[96];
+    snprintf(want, sizeof(want), "spin: %d us before blocking (2 ranks on this host, %d CPU",
+             pinned_one_cpu ? 50 : 200, pinned_one_cpu ? 1 : 2);
+    FAIL_IF(!strstr(text, want), "no \"%s\" in the log:\n%s", want, text);
     return 0;
 }
 
@@ -988,6 +995,24 @@ START_TEST(pinned_ranks_spin)
     ck_assert_int_eq(rc, 0);
     ck_assert_msg(sh->flag == 0,
                   "two ranks pinned to two CPUs were taken for more ranks than CPUs");
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
+START_TEST(pinned_to_one_cpu_spin_short)
+{
+    shared_t *sh = shared_area();
+    setenv("TUTTI_DEBUG", "info", 1);
+    pinned_one_cpu = 1;
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_pinned, .arg = sh, .timeout_ms = 30000, .flags = TH_NO_COMM
+    };
+    int rc = th_run_ex(&spec, NULL);
+    pinned_one_cpu = 0;
+    unsetenv("TUTTI_DEBUG");
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(sh->flag == 1, "two ranks pinned to one CPU were not taken for more ranks "
+                                 "than CPUs");
     ck_assert_int_eq(leftovers(sh, 2), 0);
 }
 END_TEST
@@ -1165,6 +1190,7 @@ static Suite *suite(void)
                                      ranks_sharing_a_cpu_part,
                                      rings_mapped_up_front,
                                      pinned_ranks_spin,
+                                     pinned_to_one_cpu_spin_short,
                                      NULL };
     const TTest *const timeouts[] = { long_spin_keeps_the_timeout, NULL };
     const TTest *const ring[] = { ring_record_found_by_its_stamp, NULL };

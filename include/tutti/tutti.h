@@ -97,7 +97,9 @@ typedef struct tutti_comm_opts {
                                   exclusions, "=eth0" exact names */
     int socket_family;         /* TUTTI_SOCKET_FAMILY: 0 any, 4 IPv4, 6 IPv6 */
     int socket_buffer_bytes;   /* TUTTI_SOCKET_BUFFER: SO_SNDBUF/SO_RCVBUF, 0 = kernel autotuning */
-    int spin_us;               /* TUTTI_SPIN_US: busy-poll this long before blocking (default 50) */
+    int spin_us;               /* TUTTI_SPIN_US: busy-poll this long before blocking; < 0
+                                  (default, TUTTI_SPIN_US unset or "auto"): 200 where this
+                                  host's ranks have a CPU each, else 50 */
     size_t chunk_bytes;     /* TUTTI_CHUNK_BYTES: pipelining chunk of ring/chain (default 1 MiB) */
     const char *prefix;     /* TUTTI_PREFIX: store key prefix of this communicator
                                   (default: "tutti/comm<N>/", N counting comms on the store) */

@@ -9,7 +9,12 @@
 #include "core/state.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
-#define TT_DEFAULT_SPIN_US 50
+/* TUTTI_SPIN_US unset (or "auto", or a negative spin_us): spin this long where the ranks
+ * on this host have a CPU each, and the short spin where they outnumber the CPUs (each
+ * spinning rank then holds a CPU another rank needs). docs/internals.md, "Waiting". */
+#define TT_SPIN_AUTO (-1)
+#define TT_SPIN_AUTO_FREE_US 200
+#define TT_SPIN_AUTO_SHARED_US 50
 #define TT_DEFAULT_CHUNK (1u << 20)
 #define TT_DEFAULT_DEFER_US 200
 #define TT_DEFAULT_AGREE_LAG 64
@@ -27,7 +32,9 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->socket_ifname = tt_env("SOCKET_IFNAME");
     opts->socket_family = tt_env_int("SOCKET_FAMILY", 0);
     opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
-    opts->spin_us = tt_env_int("SPIN_US", TT_DEFAULT_SPIN_US);
+    const char *spin = tt_env("SPIN_US");
+    opts->spin_us = spin && !strcmp(spin, "auto") ? TT_SPIN_AUTO
+                                                  : tt_env_int("SPIN_US", TT_SPIN_AUTO);
     opts->chunk_bytes = TT_DEFAULT_CHUNK;
     const char *chunk = tt_env("CHUNK_BYTES");
     if (chunk && tt_parse_size(chunk, &opts->chunk_bytes) < 0) {
@@ -91,13 +98,18 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     if (d.chunk_bytes < 4096)
         d.chunk_bytes = 4096;
     if (d.spin_us < 0)
-        d.spin_us = 0;
+        d.spin_us = TT_SPIN_AUTO;
     if (d.defer_us < 0)
         d.defer_us = 0;
     if (d.agree_lag < 0)
         d.agree_lag = 0;
     *dst = d;
     return TUTTI_OK;
+}
+
+int tt_spin_auto_us(int local_ranks, int cpus)
+{
+    return local_ranks <= cpus ? TT_SPIN_AUTO_FREE_US : TT_SPIN_AUTO_SHARED_US;
 }
 
 int tt_comm_quick_ms(const tutti_comm_t *comm)

@@ -8,6 +8,9 @@
  * defaults and the environment (read once), strings copied, limits applied. */
 int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src);
 void tt_comm_opts_free(tutti_comm_opts_t *opts);
+/* The spin of an "auto" spin_us (a negative one, the default) for local_ranks ranks on
+ * this host (this one among them) that may run on cpus CPUs between them. */
+int tt_spin_auto_us(int local_ranks, int cpus);
 /* The default deadline of comm->qstore: a quarter of the timeout, within
  * 100..1000 ms. */
 int tt_comm_quick_ms(const tutti_comm_t *comm);

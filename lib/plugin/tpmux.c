@@ -13,6 +13,7 @@
  * transport has requests pending, and drives them: the only one with pending work
  * blocks natively (futex, epoll, completion channel); when several have work, they are
  * polled, then given slices of up to 1 ms in turn. */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 
 #include <tutti/store.h>
 
+#include "core/opts.h"
 #include "core/state.h"
 #include "base/base.h"
 #include "plugin/tpmux.h"
@@ -362,15 +364,68 @@ static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, c
     return TUTTI_OK;
 }
 
-/* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host. */
+/* The CPUs this thread may run on, as hex digits, CPUs 0-3 in the first (at most 256
+ * digits: CPU_SETSIZE); "" when the mask cannot be read. */
+static void affinity_hex(char *out, size_t len)
+{
+    cpu_set_t set;
+    out[0] = 0;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0)
+        return;
+    size_t n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n + 1 < len; c += 4) {
+        int d = 0;
+        for (int b = 0; b < 4; b++)
+            d |= CPU_ISSET(c + b, &set) ? 1 << b : 0;
+        out[n++] = "0123456789abcdef"[d];
+    }
+    while (n > 0 && out[n - 1] == '0')
+        n--;
+    out[n] = 0;
+}
+
+/* OR the CPUs of a mask affinity_hex wrote (a peer's: a character that is not a hex digit
+ * counts as no CPU) into set. */
+static void affinity_merge(cpu_set_t *set, const char *hex, size_t len)
+{
+    for (size_t i = 0; i < len && hex[i] && (int)(4 * i) < CPU_SETSIZE; i++) {
+        const char *p = strchr("0123456789abcdef", hex[i]);
+        int d = p ? (int)(p - "0123456789abcdef") : 0;
+        for (int b = 0; b < 4; b++)
+            if (d & 1 << b)
+                CPU_SET((int)(4 * i) + b, set);
+    }
+}
+
+/* The CPUs this rank may run on, for the spin's "auto" when no host ids are exchanged. */
+static int own_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0)
+        return 1;
+    int n = CPU_COUNT(&set);
+    return n > 0 ? n : 1;
+}
+
+/* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host.
+ * Each record also carries the rank's CPU affinity after the id's NUL: *cpus_p is the
+ * number of CPUs the ranks on this host may run on between them (ranks pinned each to a
+ * CPU of its own are not oversubscribed). */
 static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *local,
-                             char *first_remote, size_t frlen, int *first_remote_rank, char *err,
-                             size_t errlen)
+                             char *first_remote, size_t frlen, int *first_remote_rank, int *cpus_p,
+                             char *err, size_t errlen)
 {
     int n = comm->nranks;
     char key[64];
     snprintf(key, sizeof(key), "hostid/%d", comm->rank);
-    int st = tutti_store_set(comm->store, key, me, strlen(me) + 1);
+    char rec[600], mask[CPU_SETSIZE / 4 + 1];
+    affinity_hex(mask, sizeof(mask));
+    size_t idlen = strnlen(me, 255);
+    memcpy(rec, me, idlen);
+    rec[idlen] = 0;
+    size_t masklen = strlen(mask);
+    memcpy(rec + idlen + 1, mask, masklen + 1);
+    int st = tutti_store_set(comm->store, key, rec, idlen + masklen + 2);
     if (st < 0) {
         snprintf(err, errlen, "cannot publish this rank's host id: %s",
                  tutti_store_last_error(comm->store));
@@ -406,14 +461,20 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
                 comm->host_of[r] = q == r ? comm->nhosts++ : comm->host_of[q];
                 break;
             }
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
     for (int r = 0; r < n; r++) {
         local[r] = r != comm->rank && !strcmp((const char *)vals[r], me);
+        size_t id = strnlen((const char *)vals[r], lens[r]);
+        if ((local[r] || r == comm->rank) && id + 1 < lens[r])
+            affinity_merge(&cpus, (const char *)vals[r] + id + 1, lens[r] - id - 1);
         if (r != comm->rank && !local[r] && *first_remote_rank < 0) {
             *first_remote_rank = r;
             snprintf(first_remote, frlen, "%s", (const char *)vals[r]);
         }
         free(vals[r]);
     }
+    *cpus_p = CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : own_cpus();
 out:
     free(keys);
     free(vals);
@@ -425,7 +486,8 @@ out:
 /* Which peers are local (local[r] = 1), *nlocal_p of them; a config error when the one
  * transport named reaches only this host and some peer is not on it. */
 static int classify_peers(tutti_comm_t *comm, const char *local_name, const char *remote_name,
-                          unsigned char *local, int *nlocal_p, char *err, size_t errlen)
+                          unsigned char *local, int *nlocal_p, int *cpus_p, char *err,
+                          size_t errlen)
 {
     int n = comm->nranks;
     char remote_host[256] = "";
@@ -436,13 +498,15 @@ static int classify_peers(tutti_comm_t *comm, const char *local_name, const char
     int split = strcmp(local_name, remote_name) != 0;
     if (split || local_only(comm, local_name)) {
         int st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
-                                   &remote_rank, err, errlen);
+                                   &remote_rank, cpus_p, err, errlen);
         if (st < 0)
             return st;
     } else {
-        /* one transport that reaches every host: who is local does not matter */
+        /* one transport that reaches every host: who is local does not matter (for the
+         * spin, every peer counts as local) */
         for (int r = 0; r < n; r++)
             local[r] = r != comm->rank;
+        *cpus_p = own_cpus();
     }
     int nlocal = 0;
     for (int r = 0; r < n; r++)
@@ -574,6 +638,18 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
     return st;
 }
 
+/* An "auto" spin (opts.spin_us < 0) becomes this host's (tt_spin_auto_us), before any
+ * transport reads it. */
+static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus)
+{
+    if (comm->opts.spin_us >= 0)
+        return;
+    comm->opts.spin_us = tt_spin_auto_us(local_ranks, cpus);
+    comm->host.spin_us = comm->opts.spin_us;
+    TT_INFO("spin: %d us before blocking (%d ranks on this host, %d CPUs between them)",
+            comm->opts.spin_us, local_ranks, cpus);
+}
+
 int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 {
     int n = comm->nranks;
@@ -587,6 +663,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     comm->host.peers = NULL;
 
     if (n == 1) { /* no peers: load the transport, connect nothing */
+        spin_resolve(comm, 1, own_cpus());
         st = tt_transport_load(local_name, comm->opts.plugin_path, &comm->tp_ops, &comm->tp_handle,
                                err, errlen);
         if (st == TUTTI_OK)
@@ -602,10 +679,12 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     void *handle[2] = { NULL, NULL };
     int role_sub[2] = { -1, -1 };
     mux_t *m = NULL;
-    st = classify_peers(comm, local_name, remote_name, local, &npeers[0], err, errlen);
+    int cpus = 1;
+    st = classify_peers(comm, local_name, remote_name, local, &npeers[0], &cpus, err, errlen);
     if (st < 0)
         goto out;
     npeers[1] = n - 1 - npeers[0];
+    spin_resolve(comm, npeers[0] + 1, cpus);
     st = load_transports(comm, local_name, remote_name, npeers, ops, handle, err, errlen);
     if (st < 0)
         goto out;
