@@ -11,7 +11,8 @@
 #define TT_DEFAULT_TIMEOUT_MS 30000
 /* TUTTI_SPIN_US unset (or "auto", or a negative spin_us): spin this long where the ranks
  * on this host have a CPU each, and the short spin where they outnumber the CPUs (each
- * spinning rank then holds a CPU another rank needs). docs/internals.md, "Waiting". */
+ * spinning rank then holds a CPU another rank needs); resolved per host in lib/plugin/tpmux.c
+ * (spin_resolve). docs/internals.md, "How long to spin". */
 #define TT_SPIN_AUTO (-1)
 #define TT_SPIN_AUTO_FREE_US 200
 #define TT_SPIN_AUTO_SHARED_US 50
