@@ -234,6 +234,8 @@ static void usage(FILE *f)
         "                          \"=eth0\" exact names\n"
         "  TUTTI_SOCKET_FAMILY     address family: 0 any, 4 IPv4, 6 IPv6\n"
         "  TUTTI_SOCKET_BUFFER     SO_SNDBUF/SO_RCVBUF bytes, 0 = kernel autotuning\n"
+        "  TUTTI_TCP_CONGESTION    auto (default: reno on links within this host, the\n"
+        "                          system's across), system, or a name for every link\n"
         "  TUTTI_SPIN_US           busy-poll this long before blocking, us (default auto:\n"
         "                          200 with a CPU per local rank, else 50)\n"
         "  TUTTI_CHUNK_BYTES       largest pipelining chunk of ring/chain (default 1 MiB)\n"

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -802,6 +803,118 @@ START_TEST(unknown_checksum_is_a_config_error)
 }
 END_TEST
 
+/* ======================= congestion control per link ======================= */
+
+/* The first line of a /proc/sys file ("" when unreadable). */
+static void read_sysctl(const char *path, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    if (!fgets(buf, (int)cap, f))
+        buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+/* A congestion control this kernel has other than reno (its allowed list first, for
+ * a test not run as root), or NULL. */
+static const char *other_congestion(char *buf, size_t cap)
+{
+    static const char *const files[] = { "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
+                                         "/proc/sys/net/ipv4/tcp_available_congestion_control" };
+    for (int f = geteuid() == 0; f < 2; f++) {
+        char list[256];
+        read_sysctl(files[f], list, sizeof(list));
+        for (char *save = NULL, *tok = strtok_r(list, " ", &save); tok;
+             tok = strtok_r(NULL, " ", &save))
+            if (strcmp(tok, "reno") && strlen(tok) < cap) {
+                snprintf(buf, cap, "%s", tok);
+                return buf;
+            }
+    }
+    return NULL;
+}
+
+typedef struct cc_case {
+    const char *knob; /* TUTTI_TCP_CONGESTION (NULL: unset) */
+    const char *want; /* the link's congestion control, or NULL when set-up must fail */
+    const char *needle;
+} cc_case_t;
+
+/* Both ranks set up a loopback link with TUTTI_TCP_CONGESTION=knob; the kernel's own
+ * answer (getsockopt TCP_CONGESTION on the link) must be want, and 1 MiB must cross it
+ * both ways; or set-up fails with TUTTI_ERR_CONFIG naming the knob. */
+static int rank_congestion(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const cc_case_t *cc = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    th_host_t t;
+    thost_init(&t, store, rank, nranks, 10000, "tcpcc", NULL, NULL, NULL);
+    char knobs[160];
+    snprintf(knobs, sizeof(knobs), "%s%s%s", t.knobs, cc->knob ? ",TCP_CONGESTION=" : "",
+             cc->knob ? cc->knob : "");
+    t.knobs = knobs;
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
+    void *tp = NULL;
+    int st = ops->create(&t.h, &tp);
+    int rc = 0;
+    if (!cc->want) {
+        if (st == 0)
+            ops->destroy(tp);
+        tutti_store_close(store);
+        FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_TCP_CONGESTION=%s gave %s", cc->knob,
+                tutti_status_name(st));
+        FAIL_IF(!strstr(t.err, cc->needle), "message lacks \"%s\": %s", cc->needle, t.err);
+        return 0;
+    }
+    if (st != 0) {
+        tutti_store_close(store);
+        FAIL_IF(1, "TUTTI_TCP_CONGESTION=%s: create gave %s: %s", cc->knob ? cc->knob : "(unset)",
+                tutti_status_name(st), t.err);
+    }
+    char got[32] = "";
+    socklen_t len = sizeof(got) - 1;
+    int fd = ((tcp_tp_t *)tp)->links[1 - rank].fd;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, got, &len) != 0) {
+        fprintf(stderr, "rank %d: getsockopt TCP_CONGESTION: %s\n", rank, strerror(errno));
+        rc = 1;
+    } else if (strcmp(got, cc->want)) {
+        fprintf(stderr, "rank %d: TUTTI_TCP_CONGESTION=%s: the link runs %s, want %s\n", rank,
+                cc->knob ? cc->knob : "(unset)", got, cc->want);
+        rc = 1;
+    }
+    if (!rc && tp_exchange(ops, tp, rank, 1 - rank, (size_t)1 << 20) != 0)
+        rc = 1;
+    ops->destroy(tp);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(congestion_control_per_link)
+{
+    char sys[32], other[32];
+    read_sysctl("/proc/sys/net/ipv4/tcp_congestion_control", sys, sizeof(sys));
+    ck_assert_msg(sys[0], "cannot read net.ipv4.tcp_congestion_control");
+    /* unset and auto: reno, since a loopback link never leaves the host */
+    cc_case_t cases[6] = { { NULL, "reno", NULL },
+                           { "auto", "reno", NULL },
+                           { "system", sys, NULL },
+                           { "nosuchcc", NULL, "cannot use congestion control \"nosuchcc\"" },
+                           { "Bad-Name", NULL, "TUTTI_TCP_CONGESTION=\"Bad-Name\"" } };
+    int n = 5;
+    if (other_congestion(other, sizeof(other)))
+        cases[n++] = (cc_case_t){ other, other, NULL };
+    else
+        fprintf(stderr, "congestion_control_per_link: no congestion control but reno to name\n");
+    for (int i = 0; i < n; i++)
+        run_ranks(2, rank_congestion, &cases[i], 30000, cases[i].want ? 0 : TH_NO_KILL_ON_FAIL);
+}
+END_TEST
+
 /* ======================= checksummed data path ======================= */
 
 /* Every size class of the data path (empty, staged, around the eager-checksum limit,
@@ -1192,6 +1305,7 @@ static Suite *suite(void)
                                    auth_token_wrong_on_one_rank,
                                    checksum_modes_must_agree,
                                    unknown_checksum_is_a_config_error,
+                                   congestion_control_per_link,
                                    checksummed_data_path,
                                    plugin_with_checksums_and_secret,
                                    flipped_byte_fails_every_rank_with_crc32c,

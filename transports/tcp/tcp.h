@@ -145,9 +145,18 @@ struct tcp_tp {
     tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
     int hop_look;        /* the lower rank tcp_shares looks at next */
     int sockbuf;
+    int cc_mode;          /* TCP_CC_*, from TUTTI_TCP_CONGESTION */
+    char cc_name[16];     /* TCP_CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */
     const char *instance; /* the job instance hellos must agree on ("" if none) */
+};
+
+/* TUTTI_TCP_CONGESTION: which congestion control a link runs (tcp_setup.c). */
+enum {
+    TCP_CC_AUTO,   /* reno on links that never leave this host, the system's elsewhere */
+    TCP_CC_SYSTEM, /* the system's (net.ipv4.tcp_congestion_control) everywhere */
+    TCP_CC_NAMED,  /* cc_name on every link */
 };
 
 /* "none" or "crc32c" */
