@@ -409,11 +409,10 @@ static void conn_established(conn_t *c)
     }
     snprintf(L->addr, sizeof(L->addr), "%s", c->who);
     LOGF(TUTTI_LOG_TRACE, "tcp: rank %d connected to rank %d (%s)", tp->rank, c->peer, c->who);
-    if (link_congestion(s, L, c->peer) < 0) {
-        conn_close(c);
-        return;
-    }
+    int cc = link_congestion(s, L, c->peer);
     conn_close(c);
+    if (cc < 0)
+        return;
     if (++s->done == s->needed)
         uv_stop(&s->loop);
 }
