@@ -818,22 +818,20 @@ static void read_sysctl(const char *path, char *buf, size_t cap)
     buf[strcspn(buf, "\n")] = '\0';
 }
 
-/* A congestion control this kernel has other than reno (its allowed list first, for
- * a test not run as root), or NULL. */
+/* A congestion control other than reno that this process may set (as root any the
+ * kernel has, else only the allowed ones), or NULL. */
 static const char *other_congestion(char *buf, size_t cap)
 {
-    static const char *const files[] = { "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
-                                         "/proc/sys/net/ipv4/tcp_available_congestion_control" };
-    for (int f = geteuid() == 0; f < 2; f++) {
-        char list[256];
-        read_sysctl(files[f], list, sizeof(list));
-        for (char *save = NULL, *tok = strtok_r(list, " ", &save); tok;
-             tok = strtok_r(NULL, " ", &save))
-            if (strcmp(tok, "reno") && strlen(tok) < cap) {
-                snprintf(buf, cap, "%s", tok);
-                return buf;
-            }
-    }
+    char list[256];
+    read_sysctl(geteuid() == 0 ? "/proc/sys/net/ipv4/tcp_available_congestion_control"
+                               : "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
+                list, sizeof(list));
+    for (char *save = NULL, *tok = strtok_r(list, " ", &save); tok;
+         tok = strtok_r(NULL, " ", &save))
+        if (strcmp(tok, "reno") && strlen(tok) < cap) {
+            snprintf(buf, cap, "%s", tok);
+            return buf;
+        }
     return NULL;
 }
 
@@ -841,6 +839,7 @@ typedef struct cc_case {
     const char *knob; /* TUTTI_TCP_CONGESTION (NULL: unset) */
     const char *want; /* the link's congestion control, or NULL when set-up must fail */
     const char *needle;
+    int on_a_link; /* the failure comes from a link (it must name the rank and the peer) */
 } cc_case_t;
 
 /* Both ranks set up a loopback link with TUTTI_TCP_CONGESTION=knob; the kernel's own
@@ -869,6 +868,15 @@ static int rank_congestion(int rank, int nranks, tutti_comm_t *unused, const cha
         FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_TCP_CONGESTION=%s gave %s", cc->knob,
                 tutti_status_name(st));
         FAIL_IF(!strstr(t.err, cc->needle), "message lacks \"%s\": %s", cc->needle, t.err);
+        if (cc->on_a_link) { /* refused by the kernel on a link: the link is named */
+            char link[64];
+            snprintf(link, sizeof(link), "rank %d cannot use", rank);
+            FAIL_IF(!strstr(t.err, link), "message does not name this rank: %s", t.err);
+            snprintf(link, sizeof(link), "on the link to rank %d", 1 - rank);
+            FAIL_IF(!strstr(t.err, link), "message does not name the peer: %s", t.err);
+            FAIL_IF(t.err_peer != 1 - rank, "the error names peer %d, not %d", t.err_peer,
+                    1 - rank);
+        }
         return 0;
     }
     if (st != 0) {
@@ -900,14 +908,18 @@ START_TEST(congestion_control_per_link)
     read_sysctl("/proc/sys/net/ipv4/tcp_congestion_control", sys, sizeof(sys));
     ck_assert_msg(sys[0], "cannot read net.ipv4.tcp_congestion_control");
     /* unset and auto: reno, since a loopback link never leaves the host */
-    cc_case_t cases[6] = { { NULL, "reno", NULL },
-                           { "auto", "reno", NULL },
-                           { "system", sys, NULL },
-                           { "nosuchcc", NULL, "cannot use congestion control \"nosuchcc\"" },
-                           { "Bad-Name", NULL, "TUTTI_TCP_CONGESTION=\"Bad-Name\"" } };
+    cc_case_t cases[6] = {
+        { .knob = NULL, .want = "reno" },
+        { .knob = "auto", .want = "reno" },
+        { .knob = "system", .want = sys },
+        { .knob = "nosuchcc",
+          .needle = "cannot use congestion control \"nosuchcc\"",
+          .on_a_link = 1 },
+        { .knob = "Bad-Name", .needle = "TUTTI_TCP_CONGESTION=\"Bad-Name\"" },
+    };
     int n = 5;
     if (other_congestion(other, sizeof(other)))
-        cases[n++] = (cc_case_t){ other, other, NULL };
+        cases[n++] = (cc_case_t){ .knob = other, .want = other };
     else
         fprintf(stderr, "congestion_control_per_link: no congestion control but reno to name\n");
     for (int i = 0; i < n; i++)
