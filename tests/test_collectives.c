@@ -259,7 +259,7 @@ static int barrier_rounds(int rank, int nranks, tutti_comm_t *comm, shared_t *sh
 }
 
 typedef struct matrix_arg {
-    const char *allreduce, *broadcast; /* the algorithms the comm is forced to */
+    const char *allreduce, *broadcast, *barrier; /* the algorithms the comm is forced to */
     const char *label;
     int allreduce_only; /* the broadcast cases ran under another configuration */
     shared_t *sh;
@@ -287,6 +287,9 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
         FAIL_IF(!bc || strcmp(bc, a->broadcast) != 0, "broadcast of %zu bytes picks %s, not %s",
                 probe_bytes[i], bc ? bc : "NULL", a->broadcast);
     }
+    const char *br = nranks > 1 ? tutti_comm_algo_for(comm, "barrier", 0) : a->barrier;
+    FAIL_IF(!br || strcmp(br, a->barrier) != 0, "barrier picks %s, not %s", br ? br : "NULL",
+            a->barrier);
 
     coll_ctx_t c = { .rank = rank, .nranks = nranks, .comm = comm, .algo = a->label };
     c.send = malloc(big * 8 + GUARD_BYTES);
@@ -349,14 +352,17 @@ static void run_matrix(int nranks, int config)
      * wider types spans several chunks per block (for dbtree: so that chunks go up and
      * down the trees at the same time) */
     static const struct {
-        const char *algo, *allreduce, *broadcast, *label;
+        const char *algo, *allreduce, *broadcast, *barrier, *label;
         size_t chunk_bytes;
         int allreduce_only;
     } configs[] = {
-        { "allreduce:rd;broadcast:tree", "rd", "tree", "rd/tree", 0, 0 },
-        { "allreduce:ring;broadcast:chain", "ring", "chain", "ring/chain", 4099, 0 },
-        { "allreduce:hd;broadcast:tree", "hd", "tree", "hd", 0, 1 },
-        { "allreduce:dbtree;broadcast:chain", "dbtree", "chain", "dbtree", 4099, 1 },
+        { "allreduce:rd;broadcast:tree;barrier:tree", "rd", "tree", "tree", "rd/tree", 0, 0 },
+        { "allreduce:ring;broadcast:chain;barrier:dissemination", "ring", "chain", "dissemination",
+          "ring/chain", 4099, 0 },
+        { "allreduce:hd;broadcast:tree;barrier:dissemination", "hd", "tree", "dissemination", "hd",
+          0, 1 },
+        { "allreduce:dbtree;broadcast:chain;barrier:tree", "dbtree", "chain", "tree", "dbtree",
+          4099, 1 },
     };
     _Static_assert(sizeof(configs) / sizeof(configs[0]) == MATRIX_CONFIGS, "configs");
     const int k = config;
@@ -365,6 +371,7 @@ static void run_matrix(int nranks, int config)
         opts.chunk_bytes = configs[k].chunk_bytes;
     matrix_arg_t arg = { .allreduce = configs[k].allreduce,
                          .broadcast = configs[k].broadcast,
+                         .barrier = configs[k].barrier,
                          .label = configs[k].label,
                          .allreduce_only = configs[k].allreduce_only,
                          .sh = shared_area() };
@@ -451,7 +458,7 @@ static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir
     FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    o.algo = "allreduce:hier;broadcast:tree";
+    o.algo = "allreduce:hier;broadcast:tree;barrier:tree"; /* the tree over shm and tcp */
     o.chunk_bytes = 4099; /* several chunks per block, an odd size */
     char hid[16];
     snprintf(hid, sizeof(hid), "host-%c", map[rank]);
@@ -474,6 +481,7 @@ START_TEST(hier_hosts)
     snprintf(label, sizeof(label), "hier %s", hier_maps[_i]);
     matrix_arg_t arg = { .allreduce = "hier",
                          .broadcast = "tree",
+                         .barrier = "tree",
                          .label = label,
                          .allreduce_only = 1,
                          .sh = shared_area() };

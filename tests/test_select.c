@@ -3,7 +3,9 @@
  * with a message that names what was expected, ids are unique, and the defaults are
  * what the model says. */
 #include <check.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +39,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 20);
+    ck_assert_uint_eq(n, 21);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -204,6 +206,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_REDUCE, "tree", 0 },
         { TT_COLL_REDUCE, "ring", 0 },
         { TT_COLL_BARRIER, "dissemination", 0 },
+        { TT_COLL_BARRIER, "tree", 0 },
     };
     size_t n = 0;
     tt_algo_all(&n);
@@ -274,6 +277,29 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_SCATTER, 2600, 16), "linear"); /* N = 41600 */
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1 << 20, 16), "pairwise");
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_BARRIER, 0, 5), "dissemination");
+    /* barrier on a crowded host (more ranks than CPUs): messages over CPUs, p L for
+     * dissemination, 2 (p - 1) for the tree; the host's share p_h / p of them */
+    tt_cost_t crowd = tcp;
+    crowd.host_ranks = 4;
+    crowd.host_cpus = 2;
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 4), "tree"); /* 8 against 6 */
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 3), "tree"); /* 6 against 4 */
+    /* 2 ranks on 1 CPU: 2 messages each, a tie, and the tie keeps dissemination */
+    crowd.host_ranks = 2;
+    crowd.host_cpus = 1;
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 2), "dissemination");
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "tree", 0, 2, 0) ==
+              tt_cost_estimate(&crowd, TT_COLL_BARRIER, "dissemination", 0, 2, 0));
+    /* 8 ranks on 8 CPUs: not crowded, rounds count: 3a against 6a */
+    crowd.host_ranks = crowd.host_cpus = 8;
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 8), "dissemination");
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "tree", 0, 8, 0) == 6 * tcp.alpha_us);
+    /* 16 ranks, 4 on each host of 2 CPUs: a host's share of 64 and 30 messages */
+    crowd.host_ranks = 4;
+    crowd.host_cpus = 2;
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "dissemination", 0, 16, 0) ==
+              64.0 * 4 / 16 / 2 * tcp.alpha_us);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 16), "tree");
 
     /* NULL cost is the tcp table */
     ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 239000, 2), "rd");
@@ -351,6 +377,7 @@ struct model_case {
                  const model_case_t *mc);
     const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
     const char *algo;  /* TUTTI_ALGO of every rank (NULL: none) */
+    int pin0;          /* rank 0 runs on one CPU only, the transport is tcp */
 };
 
 static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -368,6 +395,21 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
         snprintf(hid, sizeof(hid), "host-%c", mc->hosts[rank]);
         o.host_id = hid;
         o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
+    }
+    if (mc->pin0) {
+        /* tcp counts every peer as a host-mate and the CPUs this rank may use (shm
+         * would count the CPUs of all its ranks): rank 0 alone sees a crowded host */
+        o.transport = "tcp";
+        cpu_set_t set;
+        FAIL_IF(sched_getaffinity(0, sizeof(set), &set) != 0, "sched_getaffinity");
+        int first = 0;
+        while (first < CPU_SETSIZE && !CPU_ISSET(first, &set))
+            first++;
+        if (rank == 0) {
+            CPU_ZERO(&set);
+            CPU_SET(first, &set);
+            FAIL_IF(sched_setaffinity(0, sizeof(set), &set) != 0, "sched_setaffinity");
+        }
     }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
@@ -403,7 +445,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL, NULL };
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL, NULL, 0 };
     run_models(&mc);
 }
 END_TEST
@@ -443,7 +485,51 @@ START_TEST(models_agree)
                                        "alpha=50,bw=1,reduce=50" },
                                      check_disagree,
                                      NULL,
-                                     NULL };
+                                     NULL,
+                                     0 };
+    run_models(&mc);
+}
+END_TEST
+
+/* A crowded host is rank 0's view, like the rest of the model: rank 0 runs on one CPU,
+ * the others on what they were given (on a 2-CPU machine, 3 ranks on 2 CPUs: crowded
+ * too, but not by as much); every rank describes rank 0's host and picks the tree
+ * barrier, and the barrier holds (a rank that counts arrivals too early fails). */
+static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
+                         const model_case_t *mc)
+{
+    (void)mc;
+    const char *d = tutti_comm_cost_model(comm);
+    char want[64];
+    snprintf(want, sizeof(want), "; crowded: %d ranks on 1 CPU", nranks);
+    FAIL_IF(!strstr(d, want) || strstr(d, "CPUs"), "rank %d: cost model %s, want \"%s\"", rank, d,
+            want);
+    const char *b = tutti_comm_algo_for(comm, "barrier", 0);
+    FAIL_IF(!b || strcmp(b, "tree"), "rank %d: barrier picks %s, not tree", rank, b ? b : "NULL");
+    FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
+    /* the tree under its envelope: each round a different rank arrives late */
+    char key[32];
+    for (int k = 0; k < 6; k++) {
+        if (k % nranks == rank) {
+            struct timespec ts = { 0, 20 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+            snprintf(key, sizeof(key), "late/%d", k);
+            FAIL_IF(tutti_store_set(store, key, "x", 1) != 0, "store set");
+        }
+        FAIL_IF(tutti_barrier(comm) != 0, "barrier %d: %s", k, tutti_comm_last_error(comm));
+        /* the late rank set its key before it entered: every rank sees it now */
+        snprintf(key, sizeof(key), "late/%d", k);
+        const char *keys[1] = { key };
+        int there = 0;
+        FAIL_IF(tutti_store_check(store, keys, 1, &there) != 0, "store check");
+        FAIL_IF(!there, "rank %d left barrier %d before rank %d entered it", rank, k, k % nranks);
+    }
+    return 0;
+}
+
+START_TEST(crowded_host)
+{
+    static const model_case_t mc = { { NULL, NULL, NULL }, check_crowded, NULL, NULL, 1 };
     run_models(&mc);
 }
 END_TEST
@@ -465,8 +551,8 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 START_TEST(probe_on_some_ranks)
 {
     static const model_case_t mcs[2] = {
-        { { "probe", "table", "table" }, check_probe_some, NULL, NULL },
-        { { "table", "probe", "probe" }, check_probe_some, NULL, NULL }
+        { { "probe", "table", "table" }, check_probe_some, NULL, NULL, 0 },
+        { { "table", "probe", "probe" }, check_probe_some, NULL, NULL, 0 }
     };
     run_models(&mcs[_i]);
 }
@@ -556,8 +642,8 @@ static int check_hosts(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(hier_from_hosts)
 {
-    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb", NULL },
-                                         { { NULL }, check_hosts, "abbb", NULL } };
+    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb", NULL, 0 },
+                                         { { NULL }, check_hosts, "abbb", NULL, 0 } };
     run_models(&mcs[_i]);
 }
 END_TEST
@@ -694,7 +780,7 @@ START_TEST(tune_agrees)
     write_text(p1, "tcp 3 allreduce:rd\nshm 3 allreduce:rd\n");
     snprintf(m0, sizeof(m0), "tune=%s", p0);
     snprintf(m1, sizeof(m1), "table,tune=%s", p1);
-    model_case_t mc = { { m0, m1, "table" }, check_tune, NULL, "broadcast:tree" };
+    model_case_t mc = { { m0, m1, "table" }, check_tune, NULL, "broadcast:tree", 0 };
     run_models(&mc);
     unlink(p0);
     unlink(p1);
@@ -708,7 +794,7 @@ int main(void)
                  (const TTest *const[]){ names, ids_unique, force_each, bounds_and_bare,
                                          bad_strings, allreduce_hd_dbtree, single_copy_hints,
                                          defaults, cost_tables_and_strings, probe_agrees,
-                                         models_agree, NULL });
+                                         models_agree, crowded_host, NULL });
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);

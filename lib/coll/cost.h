@@ -23,6 +23,10 @@ typedef struct tt_cost {
      * every peer), the fewest and the most ranks on one host. */
     double local_beta_ns;
     int nhosts, lmin, lmax;
+    /* Rank 0's host as the spin counts it: its ranks and the CPUs they may run on (0:
+     * not known). More ranks than CPUs is a crowded host: a message wakes a process that
+     * must wait for a CPU, and the barrier's cost is its messages over the CPUs. */
+    int host_ranks, host_cpus;
     char tune[256]; /* TUTTI_COST_MODEL's tune=FILE: measured choices over the model's */
     int agree_lag;  /* TUTTI_AGREE_LAG: 0 when rooted calls wait for their handshake */
 } tt_cost_t;

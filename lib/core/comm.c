@@ -122,8 +122,9 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         c->agree_lag = comm->opts.agree_lag;
         /* and the line of its tuning file, if any, after a newline */
         char *pub = NULL;
-        int n = asprintf(&pub, "%a %a %a %a %d %d %s\n%s", c->alpha_us, c->beta_ns, c->gamma_ns,
-                         c->local_beta_ns, *probe_p, comm->opts.agree_lag, c->source,
+        int n = asprintf(&pub, "%a %a %a %a %d %d %d %d %s\n%s", c->alpha_us, c->beta_ns,
+                         c->gamma_ns, c->local_beta_ns, *probe_p, comm->opts.agree_lag,
+                         c->host_ranks, c->host_cpus, c->source,
                          comm->tune_spec ? comm->tune_spec : "");
         if (n < 0)
             return TUTTI_ERR_NOMEM;
@@ -153,8 +154,10 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     r0.local_beta_ns = strtod(end, &end); /* 0 where rank 0 has no host-mates */
     long probe = strtol(end, &end, 10);
     long lag = strtol(end, &end, 10);
+    long hranks = strtol(end, &end, 10), hcpus = strtol(end, &end, 10); /* rank 0's host */
     int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
-             r0.local_beta_ns >= 0 && (probe == 0 || probe == 1) && lag >= 0 && lag <= INT32_MAX;
+             r0.local_beta_ns >= 0 && (probe == 0 || probe == 1) && lag >= 0 && lag <= INT32_MAX &&
+             hranks >= 0 && hranks <= INT32_MAX && hcpus >= 0 && hcpus <= INT32_MAX;
     char *nl = ok ? strchr(end + 1, '\n') : NULL;
     ok = ok && nl && memchr(v, '\0', len);
     if (ok) {
@@ -168,6 +171,8 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         if (lag != comm->opts.agree_lag)
             TT_INFO("agreement lag %ld, as rank 0's (TUTTI_AGREE_LAG)", lag);
         comm->opts.agree_lag = r0.agree_lag = (int)lag;
+        r0.host_ranks = (int)hranks;
+        r0.host_cpus = (int)hcpus;
     }
     free(v);
     if (!ok) {
@@ -304,6 +309,8 @@ static int comm_connect(tutti_comm_t *comm, int *probe_p)
     int nprops = tt_transports_props(comm, props, 4);
     tt_cost_from_props(&comm->cost, comm->tp_name, props, nprops);
     tt_cost_set_hosts(&comm->cost, comm->host_of, comm->nranks);
+    comm->cost.host_ranks = comm->host_ranks;
+    comm->cost.host_cpus = comm->host_cpus;
     if (cm && *cm && !*probe_p && strcmp(cm, "table")) {
         st = tt_cost_parse(cm, &comm->cost, err, sizeof(err));
         if (st < 0)

@@ -83,6 +83,8 @@ struct tutti_comm {
     int *host_of;      /* rank -> host index (NULL: not exchanged, one transport for
                           every peer), nhosts of them (tpmux.c) */
     int nhosts;
+    int host_ranks, host_cpus; /* ranks on this host and the CPUs they may run on between
+                                  them, as the spin's "auto" counts them (tpmux.c) */
 
     struct tt_algo_override *algo_ovr;
     tt_cost_t cost; /* the cost model's parameters (the same on every rank) */

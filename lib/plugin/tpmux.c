@@ -642,6 +642,8 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
  * transport reads it. */
 static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus)
 {
+    comm->host_ranks = local_ranks; /* and for the cost model (a crowded host) */
+    comm->host_cpus = cpus;
     if (comm->opts.spin_us >= 0)
         return;
     comm->opts.spin_us = tt_spin_auto_us(local_ranks, cpus);
