@@ -287,13 +287,14 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
         if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
-            /* The slot stays unconsumed: the stream position is lost for good; the head
-             * and the receives queued behind it fail, told what came. Earlier receives
-             * still being READ are left to finish (their buffers stay ours until they
-             * complete or cancel_all stops the queue pair): failing them here would
+            tp_req_pop(&L->rq_head, &L->rq_tail);
+            q->status = TUTTI_ERR_MISMATCH;
+            /* The slot stays unconsumed: the stream position is lost for good. Earlier
+             * receives still being READ are left to finish (their buffers stay ours until
+             * they complete or cancel_all stops the queue pair): failing them here would
              * report a bare peer error in place of the mismatch. */
-            tp->completions += tp_fail_mismatch(&L->rq_head, &L->rq_tail, h->env, h->len);
             L->fail.status = TUTTI_ERR_MISMATCH;
+            tp->completions++;
             return;
         }
         if (h->kind == IB_MSG_EAGER) {

@@ -37,29 +37,6 @@ static inline unsigned tp_fail_queue(tp_req_t **head, tp_req_t **tail, int statu
     return n;
 }
 
-/* A link whose next message does not match the receive at the head of its queue: the
- * head and every receive queued behind it fail with TUTTI_ERR_MISMATCH, each told what
- * came instead (env, len: the message the link holds, left unread; the stream position
- * is lost for good, so nothing queued behind can match either). Failing only the head
- * left a receive posted behind it, in the same op, waiting until the timeout (a later
- * op's receive queued behind an earlier rooted call's agreement message). Returns how
- * many. */
-static inline unsigned tp_fail_mismatch(tp_req_t **head, tp_req_t **tail, const uint64_t env[4],
-                                        size_t len)
-{
-    unsigned n = 0;
-    while (*head) {
-        tp_req_t *r = *head;
-        tp_req_pop(head, tail);
-        for (int i = 0; i < 4; i++)
-            r->got_env[i] = env[i];
-        r->got_len = len;
-        r->status = TUTTI_ERR_MISMATCH;
-        n++;
-    }
-    return n;
-}
-
 #ifndef TT_KIT_ABI_V1
 /* probe()'s answer once the link looked for a header: 1 with *found_p filled when one
  * is parked (env, len) and no receive is posted (rq_head, which would take it); else 0,

@@ -515,10 +515,11 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
             if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
+                tp_req_pop(&L->rq_head, &L->rq_tail);
+                q->status = TUTTI_ERR_MISMATCH;
                 /* The record stays unread: the stream position is lost for good. */
-                tp->completions += tp_fail_mismatch(&L->rq_head, &L->rq_tail, L->rhdr.env,
-                                                    (size_t)L->rhdr.len);
                 L->fail.status = TUTTI_ERR_MISMATCH;
+                tp->completions++;
                 break;
             }
             L->rhdr_matched = 1;

@@ -401,9 +401,13 @@ TCP_RX_STEP rx_error_frame(tcp_link_t *L, size_t tlen)
 TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size_t staged)
 {
     if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
+        memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
+        q->got_len = L->rhdr.len;
+        tp_req_pop(&L->rq_head, &L->rq_tail);
+        q->status = TUTTI_ERR_MISMATCH;
         /* The payload stays unread: the stream position is lost for good. */
-        tp->completions += tp_fail_mismatch(&L->rq_head, &L->rq_tail, L->rhdr.env, L->rhdr.len);
         L->fail.status = TUTTI_ERR_MISMATCH;
+        tp->completions++;
         return RX_STOP;
     }
     memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
