@@ -449,6 +449,11 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
         o.timeout_ms = 4000;
         o.stall_check_ms = 300;
         o.agree_lag = sh->lag;
+        /* checked later, the barrier after a rooted call finds its mismatch; the tree
+         * barrier posts its receives before it reads any link, so one may sit behind
+         * the failed agreement message (the stall check must find it, not the timeout),
+         * whatever the cost model would pick on this machine */
+        o.algo = sh->lag > 0 ? "barrier:tree" : "barrier:dissemination";
         char prefix[64];
         snprintf(prefix, sizeof(prefix), "mm%d/%d/%d", sh->kind, sh->lag, k);
         o.prefix = prefix;

@@ -109,6 +109,18 @@ static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
     return TUTTI_OK;
 }
 
+int tt_agree_failed(tt_op_t *op)
+{
+    tutti_comm_t *comm = op->comm;
+    for (int k = 0; k < comm->agree_count; k++) {
+        tt_agree_rec_t *rec = ring_at(comm, k);
+        tt_req_t *bad = NULL;
+        if (rec_state(rec, &bad) < 0)
+            return rec_fail(op, rec, bad);
+    }
+    return TUTTI_OK;
+}
+
 int tt_agree_settle(tt_op_t *op, int room)
 {
     tutti_comm_t *comm = op->comm;

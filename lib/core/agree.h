@@ -43,6 +43,12 @@ typedef struct tt_confirm_batch {
  * an earlier record failed (op failed with its description) or out of memory. */
 int tt_agree_begin(tt_op_t *op, int nreq, tt_req_t **reqs_p);
 
+/* Whether any record in the ring failed, reaping nothing: < 0 when one did (op fails
+ * with it, named as the earlier call's), else TUTTI_OK. For the stall check: a receive
+ * of op queued on a link behind a failed agreement message never completes (the
+ * transport stops reading a link at a mismatch), and op would wait out its timeout. */
+int tt_agree_failed(tt_op_t *op);
+
 /* Reap finished records (oldest first); wait for the oldest while the calls they check
  * and `room` more are over agree_lag. < 0 when one failed: op fails with it, named as
  * the earlier call's. */

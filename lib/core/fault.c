@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "coll/names.h"
+#include "core/agree.h"
 #include "core/envelope.h"
 #include "core/fault.h"
 #include "core/state.h"
@@ -502,7 +503,13 @@ int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
         tt_fault_fail_op(op, TUTTI_ERR_MISMATCH, msg);
         return TUTTI_ERR_MISMATCH;
     }
-    return TUTTI_OK;
+    /* No peer failed and none is in another call: an earlier rooted call's agreement
+     * message may have failed on a link this op waits on (a scatter whose ranks
+     * disagreed about the root, then a barrier whose first receive from that peer is
+     * queued behind the failed one): that call's mismatch, now rather than at the
+     * timeout (agree.c; seen with the tree barrier, whose receives are posted before it
+     * reads any link) */
+    return comm->agree_count ? tt_agree_failed(op) : TUTTI_OK;
 }
 
 /* ---- time not running ---- */
