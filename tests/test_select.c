@@ -377,7 +377,8 @@ struct model_case {
                  const model_case_t *mc);
     const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
     const char *algo;  /* TUTTI_ALGO of every rank (NULL: none) */
-    int pin0;          /* rank 0 runs on one CPU only, the transport is tcp */
+    int pin;           /* every rank runs on one CPU (the same one), the transport is tcp */
+    int crowd;         /* the ranks on rank 0's crowded host check_crowded expects (0: none) */
 };
 
 static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -396,20 +397,18 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
         o.host_id = hid;
         o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
     }
-    if (mc->pin0) {
-        /* tcp counts every peer as a host-mate and the CPUs this rank may use (shm
-         * would count the CPUs of all its ranks): rank 0 alone sees a crowded host */
+    if (mc->pin) {
+        /* one transport for every peer: host-mates are counted from the host ids all
+         * the same (tcp alone once took every peer for one) */
         o.transport = "tcp";
         cpu_set_t set;
         FAIL_IF(sched_getaffinity(0, sizeof(set), &set) != 0, "sched_getaffinity");
         int first = 0;
         while (first < CPU_SETSIZE && !CPU_ISSET(first, &set))
             first++;
-        if (rank == 0) {
-            CPU_ZERO(&set);
-            CPU_SET(first, &set);
-            FAIL_IF(sched_setaffinity(0, sizeof(set), &set) != 0, "sched_setaffinity");
-        }
+        CPU_ZERO(&set);
+        CPU_SET(first, &set);
+        FAIL_IF(sched_setaffinity(0, sizeof(set), &set) != 0, "sched_setaffinity");
     }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
@@ -445,7 +444,7 @@ static int check_probe(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(probe_agrees)
 {
-    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL, NULL, 0 };
+    static const model_case_t mc = { { "probe", "probe", "probe" }, check_probe, NULL, NULL, 0, 0 };
     run_models(&mc);
 }
 END_TEST
@@ -486,28 +485,33 @@ START_TEST(models_agree)
                                      check_disagree,
                                      NULL,
                                      NULL,
+                                     0,
                                      0 };
     run_models(&mc);
 }
 END_TEST
 
-/* A crowded host is rank 0's view, like the rest of the model: rank 0 runs on one CPU,
- * the others on what they were given (on a 2-CPU machine, 3 ranks on 2 CPUs: crowded
- * too, but not by as much); every rank describes rank 0's host and picks the tree
- * barrier, and the barrier holds (a rank that counts arrivals too early fails). */
+/* A crowded host is rank 0's view, like the rest of the model, counted from the host
+ * ids even where one transport (tcp) serves every peer; every rank pinned to one CPU.
+ * With mc->crowd ranks on rank 0's host every rank describes that host and picks the
+ * tree barrier (a rank alone on its host too); with none crowded, dissemination. Either
+ * way the barrier holds (a rank that counts arrivals too early fails). */
 static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *store,
                          const model_case_t *mc)
 {
-    (void)mc;
     const char *d = tutti_comm_cost_model(comm);
     char want[64];
-    snprintf(want, sizeof(want), "; crowded: %d ranks on 1 CPU", nranks);
-    FAIL_IF(!strstr(d, want) || strstr(d, "CPUs"), "rank %d: cost model %s, want \"%s\"", rank, d,
-            want);
+    snprintf(want, sizeof(want), "; crowded: %d ranks on 1 CPU", mc->crowd);
+    if (mc->crowd)
+        FAIL_IF(!strstr(d, want) || strstr(d, "CPUs"), "rank %d: cost model %s, want \"%s\"", rank,
+                d, want);
+    else
+        FAIL_IF(strstr(d, "crowded") != NULL, "rank %d: cost model %s, not crowded", rank, d);
     const char *b = tutti_comm_algo_for(comm, "barrier", 0);
-    FAIL_IF(!b || strcmp(b, "tree"), "rank %d: barrier picks %s, not tree", rank, b ? b : "NULL");
+    const char *wb = mc->crowd ? "tree" : "dissemination";
+    FAIL_IF(!b || strcmp(b, wb), "rank %d: barrier picks %s, not %s", rank, b ? b : "NULL", wb);
     FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
-    /* the tree under its envelope: each round a different rank arrives late */
+    /* the barrier under its envelope: each round a different rank arrives late */
     char key[32];
     for (int k = 0; k < 6; k++) {
         if (k % nranks == rank) {
@@ -527,9 +531,14 @@ static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t
     return 0;
 }
 
+/* _i 0: three ranks on this host; 1: ranks 0 and 1 on host-a, rank 2 alone on host-b
+ * (rank 0's host is crowded, rank 2 takes rank 0's view); 2: each rank on a host of its
+ * own (none crowded, though all share one CPU of this machine) */
 START_TEST(crowded_host)
 {
-    static const model_case_t mc = { { NULL, NULL, NULL }, check_crowded, NULL, NULL, 1 };
+    static const char *hosts[3] = { NULL, "aab", "abc" };
+    static const int crowd[3] = { 3, 2, 0 };
+    model_case_t mc = { { NULL, NULL, NULL }, check_crowded, hosts[_i], NULL, 1, crowd[_i] };
     run_models(&mc);
 }
 END_TEST
@@ -551,8 +560,8 @@ static int check_probe_some(int rank, int nranks, tutti_comm_t *comm, tutti_stor
 START_TEST(probe_on_some_ranks)
 {
     static const model_case_t mcs[2] = {
-        { { "probe", "table", "table" }, check_probe_some, NULL, NULL, 0 },
-        { { "table", "probe", "probe" }, check_probe_some, NULL, NULL, 0 }
+        { { "probe", "table", "table" }, check_probe_some, NULL, NULL, 0, 0 },
+        { { "table", "probe", "probe" }, check_probe_some, NULL, NULL, 0, 0 }
     };
     run_models(&mcs[_i]);
 }
@@ -642,8 +651,8 @@ static int check_hosts(int rank, int nranks, tutti_comm_t *comm, tutti_store_t *
 
 START_TEST(hier_from_hosts)
 {
-    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb", NULL, 0 },
-                                         { { NULL }, check_hosts, "abbb", NULL, 0 } };
+    static const model_case_t mcs[2] = { { { NULL }, check_hosts, "aabb", NULL, 0, 0 },
+                                         { { NULL }, check_hosts, "abbb", NULL, 0, 0 } };
     run_models(&mcs[_i]);
 }
 END_TEST
@@ -780,7 +789,7 @@ START_TEST(tune_agrees)
     write_text(p1, "tcp 3 allreduce:rd\nshm 3 allreduce:rd\n");
     snprintf(m0, sizeof(m0), "tune=%s", p0);
     snprintf(m1, sizeof(m1), "table,tune=%s", p1);
-    model_case_t mc = { { m0, m1, "table" }, check_tune, NULL, "broadcast:tree", 0 };
+    model_case_t mc = { { m0, m1, "table" }, check_tune, NULL, "broadcast:tree", 0, 0 };
     run_models(&mc);
     unlink(p0);
     unlink(p1);
@@ -794,7 +803,8 @@ int main(void)
                  (const TTest *const[]){ names, ids_unique, force_each, bounds_and_bare,
                                          bad_strings, allreduce_hd_dbtree, single_copy_hints,
                                          defaults, cost_tables_and_strings, probe_agrees,
-                                         models_agree, crowded_host, NULL });
+                                         models_agree, NULL });
+    th_add_case(s, "crowded_host", crowded_host, 3, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);

@@ -483,11 +483,15 @@ out:
     return st;
 }
 
-/* Which peers are local (local[r] = 1), *nlocal_p of them; a config error when the one
- * transport named reaches only this host and some peer is not on it. */
+/* Which peers are local (local[r] = 1), *nlocal_p of them, and *mates_p the peers on
+ * this host, from the host ids (for the spin and the cost model's crowded host); a config
+ * error when the one transport named reaches only this host and some peer is not on it.
+ * With one transport that reaches every host (*single_p) that transport serves every
+ * peer and nothing is exchanged here: tt_transports_create exchanges the host ids once it
+ * is connected (a rank then publishes its address without waiting for every peer). */
 static int classify_peers(tutti_comm_t *comm, const char *local_name, const char *remote_name,
-                          unsigned char *local, int *nlocal_p, int *cpus_p, char *err,
-                          size_t errlen)
+                          unsigned char *local, int *nlocal_p, int *mates_p, int *cpus_p,
+                          int *single_p, char *err, size_t errlen)
 {
     int n = comm->nranks;
     char remote_host[256] = "";
@@ -496,17 +500,20 @@ static int classify_peers(tutti_comm_t *comm, const char *local_name, const char
      * whose sub-transports keep their store keys under "local/" and "remote/" (a rank
      * with no local peers still uses "remote/" keys, like its peers do). */
     int split = strcmp(local_name, remote_name) != 0;
-    if (split || local_only(comm, local_name)) {
+    *single_p = !split && !local_only(comm, local_name);
+    if (*single_p) {
+        for (int r = 0; r < n; r++)
+            local[r] = r != comm->rank;
+        *mates_p = n - 1; /* until the host ids say */
+        *cpus_p = own_cpus();
+    } else {
         int st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
                                    &remote_rank, cpus_p, err, errlen);
         if (st < 0)
             return st;
-    } else {
-        /* one transport that reaches every host: who is local does not matter (for the
-         * spin, every peer counts as local) */
+        *mates_p = 0;
         for (int r = 0; r < n; r++)
-            local[r] = r != comm->rank;
-        *cpus_p = own_cpus();
+            *mates_p += local[r];
     }
     int nlocal = 0;
     for (int r = 0; r < n; r++)
@@ -640,11 +647,11 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
 
 /* An "auto" spin (opts.spin_us < 0) becomes this host's (tt_spin_auto_us), before any
  * transport reads it. */
-static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus)
+static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus, int is_auto)
 {
     comm->host_ranks = local_ranks; /* and for the cost model (a crowded host) */
     comm->host_cpus = cpus;
-    if (comm->opts.spin_us >= 0)
+    if (!is_auto)
         return;
     comm->opts.spin_us = tt_spin_auto_us(local_ranks, cpus);
     comm->host.spin_us = comm->opts.spin_us;
@@ -665,7 +672,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     comm->host.peers = NULL;
 
     if (n == 1) { /* no peers: load the transport, connect nothing */
-        spin_resolve(comm, 1, own_cpus());
+        spin_resolve(comm, 1, own_cpus(), comm->opts.spin_us < 0);
         st = tt_transport_load(local_name, comm->opts.plugin_path, &comm->tp_ops, &comm->tp_handle,
                                err, errlen);
         if (st == TUTTI_OK)
@@ -681,18 +688,32 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     void *handle[2] = { NULL, NULL };
     int role_sub[2] = { -1, -1 };
     mux_t *m = NULL;
-    int cpus = 1;
-    st = classify_peers(comm, local_name, remote_name, local, &npeers[0], &cpus, err, errlen);
+    int cpus = 1, mates = 0, single = 0, spin_auto = comm->opts.spin_us < 0;
+    st = classify_peers(comm, local_name, remote_name, local, &npeers[0], &mates, &cpus, &single,
+                        err, errlen);
     if (st < 0)
         goto out;
     npeers[1] = n - 1 - npeers[0];
-    spin_resolve(comm, npeers[0] + 1, cpus);
+    spin_resolve(comm, mates + 1, cpus, spin_auto);
     st = load_transports(comm, local_name, remote_name, npeers, ops, handle, err, errlen);
     if (st < 0)
         goto out;
     if (!strcmp(local_name, remote_name)) {
         st = create_single(comm, ops[0] ? ops[0] : ops[1], ops[0] ? handle[0] : handle[1], err,
                            errlen);
+        if (st == TUTTI_OK && single) {
+            /* the host map and this host's ranks and CPUs, now that every rank is
+             * connected (the transport reads the spin as it waits) */
+            char remote_host[256];
+            int remote_rank = -1;
+            st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
+                                   &remote_rank, &cpus, err, errlen);
+            mates = 0;
+            for (int r = 0; r < n; r++)
+                mates += local[r];
+            if (st == TUTTI_OK)
+                spin_resolve(comm, mates + 1, cpus, spin_auto);
+        }
         goto out;
     }
     if (!(m = mux_new(comm, local, npeers, ops, handle, role_sub))) {
