@@ -65,20 +65,9 @@ static const char *const coll_names[COLL_COUNT] = {
     "reduce_scatter", "gather",    "scatter", "alltoall",
 };
 
-/* --algo all: every algorithm name the library may have per collective. A name the
- * library rejects (tutti_comm_init fails on it in opts.algo) is absent and skipped. */
-#define MAX_ALGOS 8
-static const char *const algo_candidates[COLL_COUNT][MAX_ALGOS + 1] = {
-    [COLL_ALLREDUCE] = { "ring", "rd", "hd", "dbtree", "hier", NULL },
-    [COLL_BROADCAST] = { "chain", "tree", NULL },
-    [COLL_BARRIER] = { "dissemination", "tree", NULL },
-    [COLL_REDUCE] = { "tree", "ring", NULL },
-    [COLL_ALLGATHER] = { "ring", "rd", NULL },
-    [COLL_REDUCE_SCATTER] = { "ring", "pairwise", NULL },
-    [COLL_GATHER] = { "linear", "tree", NULL },
-    [COLL_SCATTER] = { "linear", "tree", NULL },
-    [COLL_ALLTOALL] = { "pairwise", "ring", NULL },
-};
+/* --algo all: every algorithm the library has for the collective (tutti_algo_name), at
+ * most this many; one tutti_comm_init rejects (opts.algo) is noted and skipped. */
+#define MAX_ALGOS 16
 
 /* Collectives that take a reduction op / a root. */
 static int coll_has_op(enum bench_coll c)
@@ -910,7 +899,7 @@ typedef struct bench_set {
     int nalgos;         /* --algo all: how many algorithms the library has */
     const char *names[MAX_ALGOS];
     tutti_comm_t *comms[MAX_ALGOS];
-    char absent[256]; /* --algo all: candidate names the library rejected */
+    char absent[256]; /* --algo all: the library's algorithms tutti_comm_init rejected */
 } bench_set_t;
 
 static const char *redop_col(const bench_cfg_t *cfg)
@@ -959,7 +948,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
                "against the fastest's\n",
                algo_rounds(cfg), algo_rounds(cfg));
         if (set->absent[0])
-            printf("# not in this library (rejected by tutti_comm_init): %s\n", set->absent);
+            printf("# rejected by tutti_comm_init: %s\n", set->absent);
         printf("#%11s %12s %6s %6s %5s ", "size", "count", "type", "redop", "root");
         for (int a = 0; a < set->nalgos; a++)
             printf(" %10s", set->names[a]);
@@ -1449,14 +1438,15 @@ static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int
         return 3;
     }
     int rc = 0;
-    for (const char *const *name = algo_candidates[cfg->coll]; *name; name++) {
+    const char *name;
+    for (int i = 0; (name = tutti_algo_name(coll_names[cfg->coll], i)) && i < MAX_ALGOS; i++) {
         char spec[128];
-        snprintf(spec, sizeof(spec), "%s:%s", coll_names[cfg->coll], *name);
+        snprintf(spec, sizeof(spec), "%s:%s", coll_names[cfg->coll], name);
         opts.algo = spec;
         tutti_comm_t *c;
         st = init_probe(&c, store, rank, size, &opts);
-        if (st == TUTTI_ERR_CONFIG) { /* not in this library */
-            append_name(set.absent, sizeof(set.absent), *name);
+        if (st == TUTTI_ERR_CONFIG) { /* not for this job */
+            append_name(set.absent, sizeof(set.absent), name);
             continue;
         }
         if (st != TUTTI_OK) {
@@ -1465,12 +1455,12 @@ static int bench_all(const bench_cfg_t *cfg, tutti_store_t *store, int rank, int
             rc = 3;
             goto out;
         }
-        set.names[set.nalgos] = *name;
+        set.names[set.nalgos] = name;
         set.comms[set.nalgos++] = c;
     }
     if (set.nalgos == 0) {
         if (rank == 0)
-            fprintf(stderr, "tutti-bench: the library has none of the %s algorithms %s\n",
+            fprintf(stderr, "tutti-bench: tutti_comm_init rejected every %s algorithm: %s\n",
                     coll_names[cfg->coll], set.absent);
         rc = 3;
         goto out;

@@ -35,6 +35,37 @@ START_TEST(names)
 }
 END_TEST
 
+/* tutti_algo_name lists each collective's algorithms in id order: every one the
+ * table has (tt_algo_all) and no other, then NULL; NULL for an unknown collective. */
+START_TEST(public_algo_list)
+{
+    size_t n;
+    const tt_algo_t *const *all = tt_algo_all(&n);
+    size_t seen = 0;
+    for (int c = TT_COLL_NONE + 1; c < TT_COLL_COUNT_; c++) {
+        const char *coll = tt_coll_name((tt_coll_t)c);
+        uint32_t last = 0;
+        int i = 0;
+        for (const char *name; (name = tutti_algo_name(coll, i)); i++) {
+            const tt_algo_t *a = NULL;
+            for (size_t k = 0; k < n && !a; k++)
+                if (all[k]->coll == (tt_coll_t)c && !strcmp(all[k]->name, name))
+                    a = all[k];
+            ck_assert_msg(a != NULL, "%s:%s is not in the table", coll, name);
+            ck_assert_msg(a->id > last, "%s:%s out of id order", coll, name);
+            last = a->id;
+        }
+        ck_assert_msg(i > 0, "%s has no algorithm", coll);
+        seen += (size_t)i;
+    }
+    ck_assert_uint_eq(seen, n);
+    ck_assert_ptr_null(tutti_algo_name("reduce-scatter", 0));
+    ck_assert_ptr_null(tutti_algo_name(NULL, 0));
+    ck_assert_ptr_null(tutti_algo_name("allreduce", -1));
+    ck_assert_str_eq(tutti_algo_name("barrier", 1), "tree");
+}
+END_TEST
+
 START_TEST(ids_unique)
 {
     size_t n;
@@ -800,10 +831,10 @@ int main(void)
 {
     Suite *s = suite_create("select");
     th_add_tests(s, "select", 60,
-                 (const TTest *const[]){ names, ids_unique, force_each, bounds_and_bare,
-                                         bad_strings, allreduce_hd_dbtree, single_copy_hints,
-                                         defaults, cost_tables_and_strings, probe_agrees,
-                                         models_agree, NULL });
+                 (const TTest *const[]){ names, public_algo_list, ids_unique, force_each,
+                                         bounds_and_bare, bad_strings, allreduce_hd_dbtree,
+                                         single_copy_hints, defaults, cost_tables_and_strings,
+                                         probe_agrees, models_agree, NULL });
     th_add_case(s, "crowded_host", crowded_host, 3, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });

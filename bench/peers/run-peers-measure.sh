@@ -120,9 +120,9 @@ run_one() {
         [ "$rc" = 124 ] || [ "$rc" = 137 ] && hangs[$hkey]=$((${hangs[$hkey]:-0} + 1))
     fi
     # Data rows: size count type redop root, then out-of-place and in-place halves of
-    # time algbw busbw #wrong p50 p99.
+    # time algbw busbw #wrong p50 p99 (tutti-bench's barrier rows have the one half).
     awk -v s="$sys" -v n="$n" -v c="$coll" -v f="$fam" -v r="$rep" -v h="$(half_of "$coll")" '
-        $1 ~ /^[0-9]+$/ && NF >= 17 {
+        $1 ~ /^[0-9]+$/ && NF >= (h == "ip" ? 17 : 11) {
             o = h == "ip" ? 6 : 0
             print s, n, c, f, $1, $(10 + o), $(6 + o), $(11 + o), $(9 + o), r }' \
         "$log" >>"$results"

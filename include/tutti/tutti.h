@@ -216,6 +216,11 @@ const char *tutti_comm_cost_model(const tutti_comm_t *comm);
  * "alltoall") of `bytes` bytes (for the v-forms the library selects with 0). */
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes);
 
+/* The i-th algorithm (from 0, in the order they were added) this library has for a
+ * collective named as above: what TUTTI_ALGO=coll:name accepts. NULL past the last one
+ * and for a collective it does not know. */
+const char *tutti_algo_name(const char *coll, int i);
+
 /* Collectives. sendbuf may be TUTTI_IN_PLACE or equal to recvbuf. Blocking calls
  * return when this rank's part is done; the _async variants queue the operation
  * (several may be in flight; they run and complete in issue order) and return a

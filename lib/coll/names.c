@@ -49,3 +49,11 @@ const char *tt_algo_name(uint32_t id)
             return tt_algo_names[i].name;
     return NULL;
 }
+
+const char *tt_algo_nth(tt_coll_t coll, int i)
+{
+    for (size_t k = 0; k < TT_ARRAY_SIZE(tt_algo_names) && i >= 0; k++)
+        if (tt_algo_names[k].coll == coll && i-- == 0)
+            return tt_algo_names[k].name;
+    return NULL;
+}

@@ -57,6 +57,12 @@ const char *tutti_comm_cost_model(const tutti_comm_t *comm)
     return comm ? comm->cost_desc : "no communicator";
 }
 
+const char *tutti_algo_name(const char *coll, int i)
+{
+    tt_coll_t c = tt_coll_parse(coll);
+    return c == TT_COLL_NONE ? NULL : tt_algo_nth(c, i);
+}
+
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes)
 {
     if (!comm || !coll)

@@ -51,3 +51,20 @@ def test_init_writes_the_size_the_mirror_has(mirror, init):
     buf = ctypes.create_string_buffer(ctypes.sizeof(mirror) + 256)
     assert getattr(_lib.lib, init)(ctypes.cast(buf, ctypes.POINTER(mirror))) == 0
     assert ctypes.cast(buf, ctypes.POINTER(mirror)).contents.size == ctypes.sizeof(mirror)
+
+
+def test_algorithms_are_the_ones_in_algos_def():
+    """tutti.algorithms(coll) lists what lib/coll/algos.def has for coll, in its order
+    (the file read here, not the library's table)."""
+    import tutti
+    src = open(os.path.join(INCLUDE, "..", "..", "lib", "coll", "algos.def")).read()
+    rows = re.findall(r'^TT_ALGO_X\("(\w+)", TT_COLL_(\w+), (\d+),', src, re.M)
+    assert len(rows) >= 21
+    for coll in ("allreduce", "broadcast", "barrier", "reduce", "allgather",
+                 "reduce_scatter", "gather", "scatter", "alltoall"):
+        want = [name for name, c, _ in sorted(rows, key=lambda r: int(r[2]))
+                if c == coll.upper()]
+        assert want, coll
+        assert tutti.algorithms(coll) == want, coll
+    with pytest.raises(ValueError):
+        tutti.algorithms("reduce-scatter")

@@ -15,7 +15,7 @@ from ._buffer import Buffer, dtype_of
 from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
-__all__ = ["Store", "Communicator", "Work", "Error", "version", "ANY_SOURCE"]
+__all__ = ["Store", "Communicator", "Work", "Error", "version", "ANY_SOURCE", "algorithms"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -30,6 +30,20 @@ _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 
 
 @atexit.register
+def algorithms(coll):
+    """The algorithms this library has for a collective ("allreduce", ...), in the order
+    they were added: the names TUTTI_ALGO=coll:name and Communicator.algo_for use."""
+    names, i = [], 0
+    while True:
+        n = _lib_.tutti_algo_name(coll.encode(), i)
+        if n is None:
+            if i == 0:
+                raise ValueError("tutti: no collective named %r" % (coll,))
+            return names
+        names.append(n.decode())
+        i += 1
+
+
 def _close_all():
     for c in list(_live_comms):
         c.destroy()

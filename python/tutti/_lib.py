@@ -154,6 +154,7 @@ _OTHERS = {
     "tutti_comm_last_error": (ctypes.c_char_p, [_P]),
     "tutti_comm_transport": (ctypes.c_char_p, [_P]),
     "tutti_comm_algo_for": (ctypes.c_char_p, [_P, ctypes.c_char_p, _S]),
+    "tutti_algo_name": (ctypes.c_char_p, [ctypes.c_char_p, _I]),
     "tutti_test": (_I, [_P, ctypes.POINTER(_I)]),
     "tutti_wait": (_I, [_P, _I]),
     "tutti_work_free": (None, [_P]),
