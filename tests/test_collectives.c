@@ -389,12 +389,13 @@ END_TEST
  * tcp across), even and uneven ---- */
 
 static const char *const hier_maps[] = {
-    "aabb",   /* 2 hosts of 2 */
-    "abab",   /* the same, hosts interleaved in rank order */
-    "aaabbb", /* 2 hosts of 3 */
-    "aabbcc", /* 3 hosts of 2 */
-    "aaabbc", /* uneven: 3, 2 and 1 (one shard) */
-    "aaabb",  /* uneven: 3 and 2 (two shards, one rank without) */
+    "aabb",      /* 2 hosts of 2 */
+    "abab",      /* the same, hosts interleaved in rank order */
+    "aaabbb",    /* 2 hosts of 3 */
+    "aabbcc",    /* 3 hosts of 2 */
+    "aaabbc",    /* uneven: 3, 2 and 1 (one shard) */
+    "aaabb",     /* uneven: 3 and 2 (two shards, one rank without) */
+    "aabbb/tcp", /* tcp alone, within hosts too: the host map all the same */
 };
 
 /* Rank r's element i in the pipeline check: small enough that the sum over 6 ranks
@@ -463,10 +464,15 @@ static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir
     char hid[16];
     snprintf(hid, sizeof(hid), "host-%c", map[rank]);
     o.host_id = hid;
-    o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
+    /* shm within a host, tcp across, whatever the suite runs over; or what the map says */
+    const char *tp = strchr(map, '/');
+    o.transport = tp ? tp + 1 : "auto";
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    /* every rank has the host map (the model describes it), whatever the transports */
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(!strstr(d, "hosts"), "rank %d: cost model %s has no host map", rank, d);
     int rc = rank_matrix(rank, nranks, comm, dir, arg);
     if (rc == 0)
         rc = check_hier_pipeline(rank, nranks, comm);
@@ -485,7 +491,7 @@ START_TEST(hier_hosts)
                          .label = label,
                          .allreduce_only = 1,
                          .sh = shared_area() };
-    th_spec_t spec = { .nranks = (int)strlen(hier_maps[_i]),
+    th_spec_t spec = { .nranks = (int)strcspn(hier_maps[_i], "/"),
                        .fn = rank_hier,
                        .arg = &arg,
                        .timeout_ms = 100000,
