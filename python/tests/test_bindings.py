@@ -68,3 +68,21 @@ def test_algorithms_are_the_ones_in_algos_def():
         assert tutti.algorithms(coll) == want, coll
     with pytest.raises(ValueError):
         tutti.algorithms("reduce-scatter")
+
+
+def test_exit_without_destroy_closes_cleanly(tmp_path):
+    """A program that leaves its communicator and store open exits with 0 and says
+    nothing: the module closes them at exit (and registers nothing else there)."""
+    import subprocess
+    import sys
+    code = ("import tutti\n"
+            "s = tutti.Store('file://%s')\n"
+            "c = tutti.Communicator(s, 0, 1)\n"
+            "c.allreduce(bytearray(8))\n"
+            "print('ran', c.size)\n" % tmp_path)
+    env = dict(os.environ)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "ran 1\n"
+    assert "Error" not in p.stderr and "Traceback" not in p.stderr, p.stderr

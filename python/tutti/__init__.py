@@ -29,7 +29,6 @@ SUM, PROD, MIN, MAX, AVG = range(5)
 _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 
 
-@atexit.register
 def algorithms(coll):
     """The algorithms this library has for a collective ("allreduce", ...), in the order
     they were added: the names TUTTI_ALGO=coll:name and Communicator.algo_for use."""
@@ -44,6 +43,7 @@ def algorithms(coll):
         i += 1
 
 
+@atexit.register
 def _close_all():
     for c in list(_live_comms):
         c.destroy()
