@@ -407,13 +407,14 @@ static int own_cpus(void)
     return n > 0 ? n : 1;
 }
 
-/* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host.
+/* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host,
+ * *mates_p of them.
  * Each record also carries the rank's CPU affinity after the id's NUL: *cpus_p is the
  * number of CPUs the ranks on this host may run on between them (ranks pinned each to a
  * CPU of its own are not oversubscribed). */
 static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *local,
-                             char *first_remote, size_t frlen, int *first_remote_rank, int *cpus_p,
-                             char *err, size_t errlen)
+                             char *first_remote, size_t frlen, int *first_remote_rank, int *mates_p,
+                             int *cpus_p, char *err, size_t errlen)
 {
     int n = comm->nranks;
     char key[64];
@@ -463,8 +464,10 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
             }
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
+    *mates_p = 0;
     for (int r = 0; r < n; r++) {
         local[r] = r != comm->rank && !strcmp((const char *)vals[r], me);
+        *mates_p += local[r];
         size_t id = strnlen((const char *)vals[r], lens[r]);
         if ((local[r] || r == comm->rank) && id + 1 < lens[r])
             affinity_merge(&cpus, (const char *)vals[r] + id + 1, lens[r] - id - 1);
@@ -508,12 +511,9 @@ static int classify_peers(tutti_comm_t *comm, const char *local_name, const char
         *cpus_p = own_cpus();
     } else {
         int st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
-                                   &remote_rank, cpus_p, err, errlen);
+                                   &remote_rank, mates_p, cpus_p, err, errlen);
         if (st < 0)
             return st;
-        *mates_p = 0;
-        for (int r = 0; r < n; r++)
-            *mates_p += local[r];
     }
     int nlocal = 0;
     for (int r = 0; r < n; r++)
@@ -645,8 +645,9 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
     return st;
 }
 
-/* An "auto" spin (opts.spin_us < 0) becomes this host's (tt_spin_auto_us), before any
- * transport reads it. */
+/* An "auto" spin (is_auto: opts.spin_us was negative) becomes this host's
+ * (tt_spin_auto_us), before any transport reads it; with one transport for every peer
+ * once more when the host ids are in (the transports read it as they wait). */
 static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus, int is_auto)
 {
     comm->host_ranks = local_ranks; /* and for the cost model (a crowded host) */
@@ -707,10 +708,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
             char remote_host[256];
             int remote_rank = -1;
             st = exchange_host_ids(comm, comm->host_id, local, remote_host, sizeof(remote_host),
-                                   &remote_rank, &cpus, err, errlen);
-            mates = 0;
-            for (int r = 0; r < n; r++)
-                mates += local[r];
+                                   &remote_rank, &mates, &cpus, err, errlen);
             if (st == TUTTI_OK)
                 spin_resolve(comm, mates + 1, cpus, spin_auto);
         }
