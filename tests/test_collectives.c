@@ -359,8 +359,7 @@ static void run_matrix(int nranks, int config)
         { "allreduce:rd;broadcast:tree;barrier:tree", "rd", "tree", "tree", "rd/tree", 0, 0 },
         { "allreduce:ring;broadcast:chain;barrier:dissemination", "ring", "chain", "dissemination",
           "ring/chain", 4099, 0 },
-        { "allreduce:hd;broadcast:tree;barrier:dissemination", "hd", "tree", "dissemination", "hd",
-          0, 1 },
+        { "allreduce:hd;broadcast:tree;barrier:linear", "hd", "tree", "linear", "hd", 0, 1 },
         { "allreduce:dbtree;broadcast:chain;barrier:tree", "dbtree", "chain", "tree", "dbtree",
           4099, 1 },
     };

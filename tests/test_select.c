@@ -3,6 +3,7 @@
  * with a message that names what was expected, ids are unique, and the defaults are
  * what the model says. */
 #include <check.h>
+#include <math.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>
@@ -63,6 +64,8 @@ START_TEST(public_algo_list)
     ck_assert_ptr_null(tutti_algo_name(NULL, 0));
     ck_assert_ptr_null(tutti_algo_name("allreduce", -1));
     ck_assert_str_eq(tutti_algo_name("barrier", 1), "tree");
+    ck_assert_str_eq(tutti_algo_name("barrier", 2), "linear");
+    ck_assert_ptr_null(tutti_algo_name("barrier", 3));
 }
 END_TEST
 
@@ -70,7 +73,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 21);
+    ck_assert_uint_eq(n, 22);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -238,6 +241,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_REDUCE, "ring", 0 },
         { TT_COLL_BARRIER, "dissemination", 0 },
         { TT_COLL_BARRIER, "tree", 0 },
+        { TT_COLL_BARRIER, "linear", 0 },
     };
     size_t n = 0;
     tt_algo_all(&n);
@@ -331,6 +335,33 @@ START_TEST(defaults)
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "dissemination", 0, 16, 0) ==
               64.0 * 4 / 16 / 2 * tcp.alpha_us);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 16), "tree");
+    /* linear over sockets: the tree's messages and rank 0's 2 (p - 2) queued ones at a/4:
+     * 4 ranks on 2 CPUs, 3a + a against the tree's 3a */
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "linear", 0, 4, 0) == 4 * tcp.alpha_us);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 4), "tree");
+    /* over shared memory the rounds cost a each and the messages over the CPUs a/10:
+     * 4 ranks on 2 CPUs, linear 2a + 0.3a, dissemination 2a + 0.4a, tree 4a + 0.3a; 16
+     * ranks, 4 on each host of 2 CPUs: 2a + 0.375a, 4a + 0.8a, 8a + 0.375a */
+    tt_cost_t shm_crowd = crowd;
+    tt_cost_table(&shm_crowd, "shm");
+    ck_assert_int_eq(shm_crowd.local_only, 1);
+    ck_assert_int_eq(crowd.local_only, 0);
+    shm_crowd.host_ranks = 4;
+    shm_crowd.host_cpus = 2;
+    const double sa = shm_crowd.alpha_us;
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_BARRIER, "linear", 0, 4, 0) - 2.3 * sa) <
+              1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_BARRIER, "dissemination", 0, 4, 0) -
+                   2.4 * sa) < 1e-9);
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, 16), "linear");
+    /* shm and tcp parts (ranks on several hosts): sockets */
+    tt_cost_table(&shm_crowd, "shm+tcp");
+    ck_assert_int_eq(shm_crowd.local_only, 0);
+    /* not crowded: linear 2a + 2 (p - 2) a/4 never beats dissemination's L a */
+    shm_crowd.host_ranks = shm_crowd.host_cpus = 0;
+    for (int p = 2; p <= 64; p++)
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, p), "dissemination");
 
     /* NULL cost is the tcp table */
     ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 239000, 2), "rd");
@@ -408,7 +439,7 @@ struct model_case {
                  const model_case_t *mc);
     const char *hosts; /* rank r on "host-<hosts[r]>" (NULL: 3 ranks on this host) */
     const char *algo;  /* TUTTI_ALGO of every rank (NULL: none) */
-    int pin;           /* every rank runs on one CPU (the same one), the transport is tcp */
+    const char *pin;   /* every rank runs on one CPU (the same one) over this transport */
     int crowd;         /* the ranks on rank 0's crowded host check_crowded expects (0: none) */
 };
 
@@ -431,7 +462,7 @@ static int rank_model(int rank, int nranks, tutti_comm_t *unused, const char *di
     if (mc->pin) {
         /* one transport for every peer: host-mates are counted from the host ids all
          * the same (tcp alone once took every peer for one) */
-        o.transport = "tcp";
+        o.transport = mc->pin;
         cpu_set_t set;
         FAIL_IF(sched_getaffinity(0, sizeof(set), &set) != 0, "sched_getaffinity");
         int first = 0;
@@ -539,7 +570,8 @@ static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t
     else
         FAIL_IF(strstr(d, "crowded") != NULL, "rank %d: cost model %s, not crowded", rank, d);
     const char *b = tutti_comm_algo_for(comm, "barrier", 0);
-    const char *wb = mc->crowd ? "tree" : "dissemination";
+    /* over shared memory the fewest rounds: every rank to rank 0 and back */
+    const char *wb = !mc->crowd ? "dissemination" : !strcmp(mc->pin, "shm") ? "linear" : "tree";
     FAIL_IF(!b || strcmp(b, wb), "rank %d: barrier picks %s, not %s", rank, b ? b : "NULL", wb);
     FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
     /* the barrier under its envelope: each round a different rank arrives late */
@@ -562,14 +594,16 @@ static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t
     return 0;
 }
 
-/* _i 0: three ranks on this host; 1: ranks 0 and 1 on host-a, rank 2 alone on host-b
- * (rank 0's host is crowded, rank 2 takes rank 0's view); 2: each rank on a host of its
- * own (none crowded, though all share one CPU of this machine) */
+/* Over tcp, _i 0: three ranks on this host; 1: ranks 0 and 1 on host-a, rank 2 alone on
+ * host-b (rank 0's host is crowded, rank 2 takes rank 0's view); 2: each rank on a host
+ * of its own (none crowded, though all share one CPU of this machine). 3: three ranks on
+ * this host over shm. */
 START_TEST(crowded_host)
 {
-    static const char *hosts[3] = { NULL, "aab", "abc" };
-    static const int crowd[3] = { 3, 2, 0 };
-    model_case_t mc = { { NULL, NULL, NULL }, check_crowded, hosts[_i], NULL, 1, crowd[_i] };
+    static const char *hosts[4] = { NULL, "aab", "abc", NULL };
+    static const char *tp[4] = { "tcp", "tcp", "tcp", "shm" };
+    static const int crowd[4] = { 3, 2, 0, 3 };
+    model_case_t mc = { { NULL, NULL, NULL }, check_crowded, hosts[_i], NULL, tp[_i], crowd[_i] };
     run_models(&mc);
 }
 END_TEST
@@ -835,7 +869,7 @@ int main(void)
                                          bounds_and_bare, bad_strings, allreduce_hd_dbtree,
                                          single_copy_hints, defaults, cost_tables_and_strings,
                                          probe_agrees, models_agree, NULL });
-    th_add_case(s, "crowded_host", crowded_host, 3, 60);
+    th_add_case(s, "crowded_host", crowded_host, 4, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });
     th_add_case(s, "hier_from_hosts", hier_from_hosts, 2, 60);

@@ -56,7 +56,8 @@ int tt_allreduce_rd(tt_op_t *op);
 int tt_broadcast_chain(tt_op_t *op);
 int tt_broadcast_tree(tt_op_t *op);
 int tt_barrier_dissemination(tt_op_t *op);
-int tt_barrier_tree(tt_op_t *op); /* binomial fan-in to rank 0 and back out */
+int tt_barrier_tree(tt_op_t *op);   /* binomial fan-in to rank 0 and back out */
+int tt_barrier_linear(tt_op_t *op); /* every rank to rank 0 and back */
 /* issue 3: the other collectives */
 int tt_reduce_tree(tt_op_t *op);         /* binomial tree to the root */
 int tt_reduce_ring(tt_op_t *op);         /* ring reduce-scatter, then gather to root */

@@ -29,13 +29,23 @@
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
  * alltoall   pairwise (p-1)(a + n/p b)
  *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
- * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a.
+ * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a;
+ *            linear (every rank to rank 0 and back): 2 a + 2 (p - 2) a/4 (rank 0's
+ *            messages after the first cost their overhead only, as gather's).
  *            On a crowded host (more ranks than CPUs, host_ranks and host_cpus) a
- *            message wakes a process that must wait for a CPU: the host's share of the
- *            messages over its CPUs, p L for dissemination and 2 (p - 1) for the tree,
- *            times a. Measured on 2 CPUs (tcp, p50 us, 3 runs each): 3 ranks 12.0-12.4
- *            against 8.9-10.7, 4 ranks 16.1-20.7 against 11.3-17.3, 8 ranks 84-88
- *            against 40-61; 2 ranks (not crowded) 2.8 against 5.6. The tree also lets
+ *            message wakes a process that must wait for a CPU. Over sockets each
+ *            message is system calls on both sides, and the CPUs are what costs: the
+ *            host's share of the messages over its CPUs, p L for dissemination and
+ *            2 (p - 1) for the trees, times a; linear adds rank 0's own 2 (p - 2)
+ *            messages after the first at a/4, as they queue on its CPU. Measured on 2
+ *            CPUs (tcp, p50 us, 3 runs each, dissemination against tree): 3 ranks
+ *            12.0-12.4 against 8.9-10.7, 4 ranks 16.1-20.7 against 11.3-17.3, 8 ranks
+ *            84-88 against 40-61; 2 ranks (not crowded) 2.8 against 5.6. Over shared
+ *            memory (local_only) a message is a store and its sender's CPU hardly
+ *            counts; what costs is each round's wait for a rank to be scheduled: the
+ *            rounds times a, plus the host's share of the messages over its CPUs at
+ *            a/10: dissemination L, tree 2 L, linear 2 rounds (4 ranks, 2 CPUs, shm:
+ *            2.3-3.6 us linear, 2.5-4.0 dissemination, 3.3-5.8 tree). The trees let
  *            rank 0 out first, so a broadcast from it that follows starts at once.
  * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
  * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
@@ -77,9 +87,12 @@ void tt_cost_from_props(tt_cost_t *c, const char *transport,
     double best_a = 0, best_bw = 0;
     const char *best_name = NULL;
     size_t best_len = 0;
+    int local_only = 1;
     for (int i = 0; *p; i++) {
         size_t len = strcspn(p, "+");
         const tutti_tp_props_v2_t *pr = i < n ? props[i] : NULL;
+        if (!pr || !(pr->flags & TUTTI_TP_LOCAL_ONLY))
+            local_only = 0;
         int hinted = pr && pr->alpha_us > 0 && pr->bw_gbs > 0;
         double a = hinted ? pr->alpha_us : COST_DEFAULT_ALPHA_US;
         double bw = hinted ? pr->bw_gbs : COST_DEFAULT_BW_GBS;
@@ -99,6 +112,7 @@ void tt_cost_from_props(tt_cost_t *c, const char *transport,
     c->local_beta_ns = lp && lp->alpha_us > 0 && lp->bw_gbs > 0 ? 1.0 / lp->bw_gbs : 0;
     c->nhosts = c->lmin = c->lmax = 0; /* not known until tt_cost_set_hosts */
     c->host_ranks = c->host_cpus = 0;  /* not known until the transports count them */
+    c->local_only = local_only;
     c->gamma_ns = 1.0 / COST_REDUCE_GBS;
     snprintf(c->source, sizeof(c->source), "table %.*s", (int)best_len, best_name);
 }
@@ -328,14 +342,21 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return (p - 1) * a + (p - 1) / 2.0 * n * b;
         break;
     case TT_COLL_BARRIER: {
-        /* crowded (rank 0's host has more ranks than CPUs): the messages over the CPUs,
-         * the host's share of them; dissemination sends p L, the tree 2 (p - 1) */
-        int tree = !strcmp(algo, "tree");
+        int tree = !strcmp(algo, "tree"), linear = !strcmp(algo, "linear");
+        if (!tree && !linear && strcmp(algo, "dissemination"))
+            break;
+        double rounds = tree ? 2.0 * L : linear ? 2 : L;
+        double root_extra = linear ? 2.0 * (p - 2) * a / 4 : 0; /* rank 0's queued messages */
         if (c->host_cpus > 0 && c->host_ranks > c->host_cpus) {
-            double msgs = tree ? 2.0 * (p - 1) : (double)p * L;
-            return msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus * a;
+            /* crowded (rank 0's host has more ranks than CPUs): the host's share of the
+             * messages over its CPUs; dissemination sends p L, the trees 2 (p - 1) */
+            double msgs = tree || linear ? 2.0 * (p - 1) : (double)p * L;
+            double cpu = msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus;
+            if (c->local_only) /* stores: the rounds' scheduling costs */
+                return rounds * a + cpu * a / 10;
+            return cpu * a + root_extra;
         }
-        return (tree ? 2 : 1) * L * a;
+        return rounds * a + root_extra;
     }
     default: break;
     }

@@ -27,6 +27,9 @@ typedef struct tt_cost {
      * not known). More ranks than CPUs is a crowded host: a message wakes a process that
      * must wait for a CPU, and the barrier's cost is its messages over the CPUs. */
     int host_ranks, host_cpus;
+    /* Every part of the transport reaches only host-mates (TUTTI_TP_LOCAL_ONLY: shm): a
+     * message is a store into memory its receiver polls, not a system call. */
+    int local_only;
     char tune[256]; /* TUTTI_COST_MODEL's tune=FILE: measured choices over the model's */
     int agree_lag;  /* TUTTI_AGREE_LAG: 0 when rooted calls wait for their handshake */
 } tt_cost_t;

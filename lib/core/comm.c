@@ -128,9 +128,9 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         c->agree_lag = comm->opts.agree_lag;
         /* and the line of its tuning file, if any, after a newline */
         char *pub = NULL;
-        int n = asprintf(&pub, "%a %a %a %a %d %d %d %d %s\n%s", c->alpha_us, c->beta_ns,
+        int n = asprintf(&pub, "%a %a %a %a %d %d %d %d %d %s\n%s", c->alpha_us, c->beta_ns,
                          c->gamma_ns, c->local_beta_ns, *probe_p, comm->opts.agree_lag,
-                         c->host_ranks, c->host_cpus, c->source,
+                         c->host_ranks, c->host_cpus, c->local_only, c->source,
                          comm->tune_spec ? comm->tune_spec : "");
         if (n < 0)
             return TUTTI_ERR_NOMEM;
@@ -161,9 +161,11 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     long probe = strtol(end, &end, 10);
     long lag = strtol(end, &end, 10);
     long hranks = strtol(end, &end, 10), hcpus = strtol(end, &end, 10); /* rank 0's host */
+    long local_only = strtol(end, &end, 10);
     int ok = end != s && *end == ' ' && r0.alpha_us > 0 && r0.beta_ns > 0 && r0.gamma_ns > 0 &&
              r0.local_beta_ns >= 0 && (probe == 0 || probe == 1) && lag >= 0 && lag <= INT32_MAX &&
-             hranks >= 0 && hranks <= INT32_MAX && hcpus >= 0 && hcpus <= INT32_MAX;
+             hranks >= 0 && hranks <= INT32_MAX && hcpus >= 0 && hcpus <= INT32_MAX &&
+             (local_only == 0 || local_only == 1);
     char *nl = ok ? strchr(end + 1, '\n') : NULL;
     ok = ok && nl && memchr(v, '\0', len);
     if (ok) {
@@ -179,6 +181,7 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
         comm->opts.agree_lag = r0.agree_lag = (int)lag;
         r0.host_ranks = (int)hranks;
         r0.host_cpus = (int)hcpus;
+        r0.local_only = (int)local_only;
     }
     free(v);
     if (!ok) {
