@@ -44,8 +44,9 @@
  *            memory (local_only) a message is a store and its sender's CPU hardly
  *            counts; what costs is each round's wait for a rank to be scheduled: the
  *            rounds times a, plus the host's share of the messages over its CPUs at
- *            a/10: dissemination L, tree 2 L, linear 2 rounds (4 ranks, 2 CPUs, shm:
- *            2.3-3.6 us linear, 2.5-4.0 dissemination, 3.3-5.8 tree). The trees let
+ *            a/10: dissemination L, tree 2 L, linear 2 rounds (shm, 2 CPUs, p50 us:
+ *            4 ranks 2.2-3.5 linear, 3.2-4.3 dissemination, 3.6-5.5 tree; 8 ranks
+ *            5.5-9.2, 10.0-16.5, 19.8-23.9). The trees let
  *            rank 0 out first, so a broadcast from it that follows starts at once.
  * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
  * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
