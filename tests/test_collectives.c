@@ -339,9 +339,9 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return barrier_rounds(rank, nranks, comm, a->sh, 12);
 }
 
-/* The configurations the matrix runs under, each on 1..5 ranks. hd and dbtree run the
- * allreduce cases only (their broadcasts are the ones above). */
-enum { MATRIX_CONFIGS = 4 };
+/* The configurations the matrix runs under, each on 1..5 ranks. hd, dbtree and linear run
+ * the allreduce cases only (their broadcasts are the ones above). */
+enum { MATRIX_CONFIGS = 5 };
 
 static void run_matrix(int nranks, int config)
 {
@@ -362,6 +362,8 @@ static void run_matrix(int nranks, int config)
         { "allreduce:hd;broadcast:tree;barrier:linear", "hd", "tree", "linear", "hd", 0, 1 },
         { "allreduce:dbtree;broadcast:chain;barrier:tree", "dbtree", "chain", "tree", "dbtree",
           4099, 1 },
+        { "allreduce:linear;broadcast:tree;barrier:linear", "linear", "tree", "linear", "linear", 0,
+          1 },
     };
     _Static_assert(sizeof(configs) / sizeof(configs[0]) == MATRIX_CONFIGS, "configs");
     const int k = config;
@@ -715,7 +717,7 @@ END_TEST
 
 /* ---- NaN and infinities through MIN/MAX, every allreduce algorithm ---- */
 
-static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree", "hier" };
+static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree", "hier", "linear" };
 
 static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {

@@ -66,6 +66,8 @@ START_TEST(public_algo_list)
     ck_assert_str_eq(tutti_algo_name("barrier", 1), "tree");
     ck_assert_str_eq(tutti_algo_name("barrier", 2), "linear");
     ck_assert_ptr_null(tutti_algo_name("barrier", 3));
+    ck_assert_str_eq(tutti_algo_name("allreduce", 5), "linear");
+    ck_assert_ptr_null(tutti_algo_name("allreduce", 6));
 }
 END_TEST
 
@@ -73,7 +75,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 22);
+    ck_assert_uint_eq(n, 23);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -107,6 +109,7 @@ START_TEST(force_each)
         { TT_COLL_ALLREDUCE, "allreduce:hd", "hd" },
         { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
         { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
+        { TT_COLL_ALLREDUCE, "allreduce:linear", "linear" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -220,27 +223,17 @@ START_TEST(single_copy_hints)
         const char *name;
         int single_copy;
     } want[] = {
-        { TT_COLL_ALLREDUCE, "ring", 1 },
-        { TT_COLL_ALLREDUCE, "hd", 1 },
-        { TT_COLL_ALLREDUCE, "hier", 1 },
-        { TT_COLL_ALLREDUCE, "rd", 0 },
-        { TT_COLL_ALLREDUCE, "dbtree", 0 },
-        { TT_COLL_BROADCAST, "chain", 1 },
-        { TT_COLL_BROADCAST, "tree", 1 },
-        { TT_COLL_ALLGATHER, "ring", 1 },
-        { TT_COLL_ALLGATHER, "rd", 1 },
-        { TT_COLL_REDUCE_SCATTER, "ring", 1 },
-        { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
-        { TT_COLL_ALLTOALL, "ring", 1 },
-        { TT_COLL_ALLTOALL, "pairwise", 1 },
-        { TT_COLL_SCATTER, "linear", 1 },
-        { TT_COLL_SCATTER, "tree", 1 },
-        { TT_COLL_GATHER, "linear", 0 },
-        { TT_COLL_GATHER, "tree", 0 },
-        { TT_COLL_REDUCE, "tree", 0 },
-        { TT_COLL_REDUCE, "ring", 0 },
-        { TT_COLL_BARRIER, "dissemination", 0 },
-        { TT_COLL_BARRIER, "tree", 0 },
+        { TT_COLL_ALLREDUCE, "ring", 1 },        { TT_COLL_ALLREDUCE, "hd", 1 },
+        { TT_COLL_ALLREDUCE, "hier", 1 },        { TT_COLL_ALLREDUCE, "rd", 0 },
+        { TT_COLL_ALLREDUCE, "dbtree", 0 },      { TT_COLL_ALLREDUCE, "linear", 0 },
+        { TT_COLL_BROADCAST, "chain", 1 },       { TT_COLL_BROADCAST, "tree", 1 },
+        { TT_COLL_ALLGATHER, "ring", 1 },        { TT_COLL_ALLGATHER, "rd", 1 },
+        { TT_COLL_REDUCE_SCATTER, "ring", 1 },   { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
+        { TT_COLL_ALLTOALL, "ring", 1 },         { TT_COLL_ALLTOALL, "pairwise", 1 },
+        { TT_COLL_SCATTER, "linear", 1 },        { TT_COLL_SCATTER, "tree", 1 },
+        { TT_COLL_GATHER, "linear", 0 },         { TT_COLL_GATHER, "tree", 0 },
+        { TT_COLL_REDUCE, "tree", 0 },           { TT_COLL_REDUCE, "ring", 0 },
+        { TT_COLL_BARRIER, "dissemination", 0 }, { TT_COLL_BARRIER, "tree", 0 },
         { TT_COLL_BARRIER, "linear", 0 },
     };
     size_t n = 0;
@@ -362,6 +355,38 @@ START_TEST(defaults)
     shm_crowd.host_ranks = shm_crowd.host_cpus = 0;
     for (int p = 2; p <= 64; p++)
         ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, p), "dissemination");
+
+    /* allreduce, linear (every rank to rank 0 and back) against rd. Not crowded, 4 B:
+     * linear 2a + 2 (p - 2) a/4 against rd's (log2 P + 2x) a: linear at 3 ranks (2.5a
+     * against 3a, rd folding in and out) and 5 (3.5a against 4a), rd at the others */
+    for (int p = 2; p <= 64; p++)
+        ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 4, p), p == 3 || p == 5 ? "linear" : "rd");
+    /* crowded over shm, 4 ranks on 2 CPUs: linear 2a + 6 / 2 a/10 + 3 n (b + g) = 2.3a +
+     * 0.85 ns/B, rd 2a + 8 / 2 a/10 + 2 n (b + g) = 2.4a + 0.567 ns/B: linear below
+     * 0.1a / 0.283 ns/B = 353 bytes; then rd, and hd (4a + 0.3625 ns/B, its rounds as
+     * not crowded) from 7836 */
+    tt_cost_table(&shm_crowd, "shm");
+    shm_crowd.host_ranks = 4;
+    shm_crowd.host_cpus = 2;
+    const double sg = shm_crowd.beta_ns + shm_crowd.gamma_ns;
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "linear", 4, 4, 0) -
+                   (2.3 * sa + 12 * sg * 1e-3)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "rd", 4, 4, 0) -
+                   (2.4 * sa + 8 * sg * 1e-3)) < 1e-9);
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 350, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 360, 4), "rd");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 7800, 4), "rd");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 7900, 4), "hd");
+    /* crowded over sockets: the messages' share of the CPUs, linear 6 / 2 a, rd 8 / 2 a:
+     * linear 3a + 3 n (b + g) below hd's 4a + 1.5 n b + .75 n g until n = a / 0.9375
+     * ns/B = 10667 */
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "rd", 0, 4, 0) == 4 * tcp.alpha_us);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10600, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10700, 4), "hd");
+    /* 2 ranks: rd's one round */
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
 
     /* NULL cost is the tcp table */
     ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 239000, 2), "rd");
@@ -573,6 +598,16 @@ static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t
     /* over shared memory the fewest rounds: every rank to rank 0 and back */
     const char *wb = !mc->crowd ? "dissemination" : !strcmp(mc->pin, "shm") ? "linear" : "tree";
     FAIL_IF(!b || strcmp(b, wb), "rank %d: barrier picks %s, not %s", rank, b ? b : "NULL", wb);
+    /* a 4 B allreduce at 3 ranks: linear's 2 rounds against rd's 3 (fold, exchange,
+     * unfold) where a rank has a CPU or over shared memory; over crowded sockets rd,
+     * linear, dbtree and hd all come to 4 a (4 messages on one CPU, or 4 rounds), a tie
+     * the bytes decide (measured on 2 CPUs: 12.0-13.3 us each), but never the ring's
+     * 12 messages */
+    const char *ar = tutti_comm_algo_for(comm, "allreduce", 4);
+    const char *war = mc->crowd && strcmp(mc->pin, "shm") ? NULL : "linear";
+    FAIL_IF(!ar || (war && strcmp(ar, war)) || !strcmp(ar, "ring"),
+            "rank %d: a 4 B allreduce picks %s, not %s", rank, ar ? ar : "NULL",
+            war ? war : "one of 4 messages");
     FAIL_IF(same_model_everywhere(rank, nranks, comm, store) != 0, "see above");
     /* the barrier under its envelope: each round a different rank arrives late */
     char key[32];

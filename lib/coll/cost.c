@@ -7,6 +7,16 @@
  *            hd      2 log2(P) a + 2(P-1)/P n b + (P-1)/P n g + x (2 a + 2 n b + n g)
  *            dbtree  2 (L + c - 1) a + 2 n b + n g     (c chunks through the trees; each
  *                    rank receives up to the whole vector and sends it on)
+ *            linear  2 a + 2 (p-2) a/4 + (p-1) n (b + g)   (every rank to rank 0, which
+ *                    reduces the p - 1 vectors in turn and sends the result back)
+ *            On a crowded host ring, rd and linear count their latency as the barrier's
+ *            below, with 2 p (p-1), P log2(P) + 2 (p-P) and 2 (p-1) messages: 4 ranks on
+ *            2 CPUs, p50 us, linear against rd: shm 4 B 2.2-3.2 against 3.5-3.9, 4 KiB
+ *            5.9-6.4 against 7.9-8.4; tcp 4 B 13.0 against 20.9, 4 KiB 16.9 against 25.2
+ *            (over tcp linear's bytes cost about n (b + g), not (p-1) n (b + g), so it
+ *            is the fastest to 16 KiB but picked to 10 KiB). hd and dbtree keep their
+ *            rounds: counted as messages over CPUs, hd would fall behind rd at 64 KiB
+ *            over tcp, where it took 66 us against rd's 134 (the model: 93 and 117)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -220,6 +230,25 @@ void tt_cost_set_hosts(tt_cost_t *c, const int *host_of, int nranks)
     }
 }
 
+static int crowded(const tt_cost_t *c)
+{
+    return c->host_cpus > 0 && c->host_ranks > c->host_cpus;
+}
+
+/* The latency part of an algorithm of `rounds` rounds that sends `msgs` messages in
+ * all, root_extra being what its root's queued messages add (the header's "crowded
+ * host"): rounds a (+ root_extra) on a host with a CPU per rank; crowded, the host's
+ * share of the messages over its CPUs, times a over sockets, and over shared memory
+ * rounds a plus that share times a/10. */
+static double latency(const tt_cost_t *c, int p, double rounds, double msgs, double root_extra)
+{
+    double a = c->alpha_us;
+    if (!crowded(c))
+        return rounds * a + root_extra;
+    double cpu = msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus;
+    return c->local_only ? rounds * a + cpu * a / 10 : cpu * a;
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -293,10 +322,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     k = k < 1 ? 1 : k > 4 ? 4 : k;
     switch (coll) {
     case TT_COLL_ALLREDUCE:
-        if (!strcmp(algo, "ring"))
-            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g / k;
-        if (!strcmp(algo, "rd"))
-            return lP * (a + n * b + n * g) + x * (2 * a + 2 * n * b + n * g);
+        if (!strcmp(algo, "ring")) /* 2 (p - 1) messages a rank */
+            return latency(c, p, 2.0 * (p - 1), 2.0 * p * (p - 1), 0) + 2 * fr * n * b +
+                   fr * n * g / k;
+        if (!strcmp(algo, "rd")) /* P lP messages in the rounds, 2 (p - P) to fold */
+            return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) + lP * (n * b + n * g) +
+                   x * (2 * n * b + n * g);
+        if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) + (p - 1) * n * (b + g);
         if (!strcmp(algo, "hd"))
             return 2 * lP * a + 2 * (P - 1) / P * n * b + (P - 1) / P * n * g +
                    x * (2 * a + 2 * n * b + n * g);
@@ -347,17 +380,13 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!tree && !linear && strcmp(algo, "dissemination"))
             break;
         double rounds = tree ? 2.0 * L : linear ? 2 : L;
+        double msgs = tree || linear ? 2.0 * (p - 1) : (double)p * L;
         double root_extra = linear ? 2.0 * (p - 2) * a / 4 : 0; /* rank 0's queued messages */
-        if (c->host_cpus > 0 && c->host_ranks > c->host_cpus) {
-            /* crowded (rank 0's host has more ranks than CPUs): the host's share of the
-             * messages over its CPUs; dissemination sends p L, the trees 2 (p - 1) */
-            double msgs = tree || linear ? 2.0 * (p - 1) : (double)p * L;
-            double cpu = msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus;
-            if (c->local_only) /* stores: the rounds' scheduling costs */
-                return rounds * a + cpu * a / 10;
-            return cpu * a + root_extra;
-        }
-        return rounds * a + root_extra;
+        /* crowded over sockets, the host's share already counts rank 0's messages; they
+         * count again for the linear one there, so that the tree (as many messages) keeps
+         * rank 0's releases off the path of the rooted call behind the barrier */
+        return latency(c, p, rounds, msgs, root_extra) +
+               (crowded(c) && !c->local_only ? root_extra : 0);
     }
     default: break;
     }
@@ -385,7 +414,7 @@ void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)
         n += snprintf(buf + n, len - (size_t)n, "; %d hosts of %d..%d ranks, local bw %.2f GB/s",
                       c->nhosts, c->lmin, c->lmax,
                       1.0 / (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns));
-    if (c->host_cpus > 0 && c->host_ranks > c->host_cpus && n > 0 && (size_t)n < len)
+    if (crowded(c) && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n, "; crowded: %d ranks on %d CPU%s", c->host_ranks,
                  c->host_cpus, c->host_cpus == 1 ? "" : "s");
 }
