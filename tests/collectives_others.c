@@ -428,7 +428,7 @@ typedef struct set {
 static const char *const coll_names[6] = { "reduce", "allgather", "reduce_scatter",
                                            "gather", "scatter",   "alltoall" };
 
-static const set_t sets[2] = {
+static const set_t sets[3] = {
     { "tree/rd/pairwise/tree/tree/ring",
       "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
       "alltoall:ring",
@@ -439,6 +439,11 @@ static const set_t sets[2] = {
       "alltoall:pairwise",
       { "ring", "ring", "ring", "linear", "linear", "pairwise" },
       4099 },
+    { "tree/linear/pairwise/tree/linear/ring",
+      "reduce:tree;allgather:linear;reduce_scatter:pairwise;gather:tree;scatter:linear;"
+      "alltoall:ring",
+      { "tree", "linear", "pairwise", "tree", "linear", "ring" },
+      0 },
 };
 
 static const tutti_dtype_t move_dtypes[] = { TUTTI_INT8, TUTTI_BF16, TUTTI_INT32, TUTTI_FP64 };
@@ -589,8 +594,8 @@ static void run_matrix(int nranks, const set_t *set)
 
 START_TEST(matrix)
 {
-    /* _i: 0..9 -> rank counts 1..5, each with both algorithm sets */
-    run_matrix(_i / 2 + 1, &sets[_i % 2]);
+    /* _i: 0..14 -> rank counts 1..5, each with every algorithm set */
+    run_matrix(_i / (int)ARRAY_SIZE(sets) + 1, &sets[_i % (int)ARRAY_SIZE(sets)]);
 }
 END_TEST
 
@@ -642,6 +647,6 @@ TH_EACH_TEST(async_other_collectives, 2, 4, rank_new_async, NULL, 30000)
 
 void collectives_others_add(Suite *s)
 {
-    th_add_case(s, "others_matrix", matrix, 10, 120);
+    th_add_case(s, "others_matrix", matrix, 5 * (int)ARRAY_SIZE(sets), 120);
     th_add_tests(s, "others_async", 90, (const TTest *const[]){ async_other_collectives, NULL });
 }

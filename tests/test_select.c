@@ -68,6 +68,7 @@ START_TEST(public_algo_list)
     ck_assert_ptr_null(tutti_algo_name("barrier", 3));
     ck_assert_str_eq(tutti_algo_name("allreduce", 5), "linear");
     ck_assert_ptr_null(tutti_algo_name("allreduce", 6));
+    ck_assert_str_eq(tutti_algo_name("allgather", 2), "linear");
 }
 END_TEST
 
@@ -75,7 +76,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 23);
+    ck_assert_uint_eq(n, 24);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -110,6 +111,7 @@ START_TEST(force_each)
         { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
         { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
         { TT_COLL_ALLREDUCE, "allreduce:linear", "linear" },
+        { TT_COLL_ALLGATHER, "allgather:linear", "linear" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -223,17 +225,29 @@ START_TEST(single_copy_hints)
         const char *name;
         int single_copy;
     } want[] = {
-        { TT_COLL_ALLREDUCE, "ring", 1 },        { TT_COLL_ALLREDUCE, "hd", 1 },
-        { TT_COLL_ALLREDUCE, "hier", 1 },        { TT_COLL_ALLREDUCE, "rd", 0 },
-        { TT_COLL_ALLREDUCE, "dbtree", 0 },      { TT_COLL_ALLREDUCE, "linear", 0 },
-        { TT_COLL_BROADCAST, "chain", 1 },       { TT_COLL_BROADCAST, "tree", 1 },
-        { TT_COLL_ALLGATHER, "ring", 1 },        { TT_COLL_ALLGATHER, "rd", 1 },
-        { TT_COLL_REDUCE_SCATTER, "ring", 1 },   { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
-        { TT_COLL_ALLTOALL, "ring", 1 },         { TT_COLL_ALLTOALL, "pairwise", 1 },
-        { TT_COLL_SCATTER, "linear", 1 },        { TT_COLL_SCATTER, "tree", 1 },
-        { TT_COLL_GATHER, "linear", 0 },         { TT_COLL_GATHER, "tree", 0 },
-        { TT_COLL_REDUCE, "tree", 0 },           { TT_COLL_REDUCE, "ring", 0 },
-        { TT_COLL_BARRIER, "dissemination", 0 }, { TT_COLL_BARRIER, "tree", 0 },
+        { TT_COLL_ALLREDUCE, "ring", 1 },
+        { TT_COLL_ALLREDUCE, "hd", 1 },
+        { TT_COLL_ALLREDUCE, "hier", 1 },
+        { TT_COLL_ALLREDUCE, "rd", 0 },
+        { TT_COLL_ALLREDUCE, "dbtree", 0 },
+        { TT_COLL_ALLREDUCE, "linear", 0 },
+        { TT_COLL_BROADCAST, "chain", 1 },
+        { TT_COLL_BROADCAST, "tree", 1 },
+        { TT_COLL_ALLGATHER, "ring", 1 },
+        { TT_COLL_ALLGATHER, "rd", 1 },
+        { TT_COLL_ALLGATHER, "linear", 0 },
+        { TT_COLL_REDUCE_SCATTER, "ring", 1 },
+        { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
+        { TT_COLL_ALLTOALL, "ring", 1 },
+        { TT_COLL_ALLTOALL, "pairwise", 1 },
+        { TT_COLL_SCATTER, "linear", 1 },
+        { TT_COLL_SCATTER, "tree", 1 },
+        { TT_COLL_GATHER, "linear", 0 },
+        { TT_COLL_GATHER, "tree", 0 },
+        { TT_COLL_REDUCE, "tree", 0 },
+        { TT_COLL_REDUCE, "ring", 0 },
+        { TT_COLL_BARRIER, "dissemination", 0 },
+        { TT_COLL_BARRIER, "tree", 0 },
         { TT_COLL_BARRIER, "linear", 0 },
     };
     size_t n = 0;
@@ -332,9 +346,9 @@ START_TEST(defaults)
      * 4 ranks on 2 CPUs, 3a + a against the tree's 3a */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_BARRIER, "linear", 0, 4, 0) == 4 * tcp.alpha_us);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_BARRIER, 0, 4), "tree");
-    /* over shared memory the rounds cost a each and the messages over the CPUs a/10:
-     * 4 ranks on 2 CPUs, linear 2a + 0.3a, dissemination 2a + 0.4a, tree 4a + 0.3a; 16
-     * ranks, 4 on each host of 2 CPUs: 2a + 0.375a, 4a + 0.8a, 8a + 0.375a */
+    /* over shared memory the rounds cost a each and the messages over the CPUs a/2:
+     * 4 ranks on 2 CPUs, linear 2a + 1.5a, dissemination 2a + 2a, tree 4a + 1.5a; 16
+     * ranks, 4 on each host of 2 CPUs: 2a + 1.875a, 4a + 4a, 8a + 1.875a */
     tt_cost_t shm_crowd = crowd;
     tt_cost_table(&shm_crowd, "shm");
     ck_assert_int_eq(shm_crowd.local_only, 1);
@@ -342,10 +356,10 @@ START_TEST(defaults)
     shm_crowd.host_ranks = 4;
     shm_crowd.host_cpus = 2;
     const double sa = shm_crowd.alpha_us;
-    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_BARRIER, "linear", 0, 4, 0) - 2.3 * sa) <
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_BARRIER, "linear", 0, 4, 0) - 3.5 * sa) <
               1e-9);
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_BARRIER, "dissemination", 0, 4, 0) -
-                   2.4 * sa) < 1e-9);
+                   4.0 * sa) < 1e-9);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, 4), "linear");
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_BARRIER, 0, 16), "linear");
     /* shm and tcp parts (ranks on several hosts): sockets */
@@ -361,23 +375,36 @@ START_TEST(defaults)
      * against 3a, rd folding in and out) and 5 (3.5a against 4a), rd at the others */
     for (int p = 2; p <= 64; p++)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 4, p), p == 3 || p == 5 ? "linear" : "rd");
-    /* crowded over shm, 4 ranks on 2 CPUs: linear 2a + 6 / 2 a/10 + 3 n (b + g) = 2.3a +
-     * 0.85 ns/B, rd 2a + 8 / 2 a/10 + 2 n (b + g) = 2.4a + 0.567 ns/B: linear below
-     * 0.1a / 0.283 ns/B = 353 bytes; then rd, and hd (4a + 0.3625 ns/B, its rounds as
-     * not crowded) from 7836 */
+    /* crowded over shm, 4 ranks on 2 CPUs: linear 2a + 6 / 2 a/2 + 3 n (b + g) = 3.5a +
+     * 0.85 ns/B, rd 2a + 8 / 2 a/2 + 2 n (b + g) = 4a + 0.567 ns/B, hd (its rounds as
+     * not crowded) 4a + 0.3625 ns/B: linear below 0.5a / 0.4875 ns/B = 1026 bytes, then
+     * hd */
     tt_cost_table(&shm_crowd, "shm");
     shm_crowd.host_ranks = 4;
     shm_crowd.host_cpus = 2;
     const double sg = shm_crowd.beta_ns + shm_crowd.gamma_ns;
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "linear", 4, 4, 0) -
-                   (2.3 * sa + 12 * sg * 1e-3)) < 1e-9);
+                   (3.5 * sa + 12 * sg * 1e-3)) < 1e-9);
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "rd", 4, 4, 0) -
-                   (2.4 * sa + 8 * sg * 1e-3)) < 1e-9);
+                   (4.0 * sa + 8 * sg * 1e-3)) < 1e-9);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 350, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 360, 4), "rd");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 7800, 4), "rd");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 7900, 4), "hd");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 1020, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 1030, 4), "hd");
+    /* allgather (n: the whole result), the same host: linear 3.5a + (3/4 + 3) n b = 3.5a +
+     * 0.75 ns/B; rd (4 ranks: each block a message, 12 in all) 2a + 12 / 2 a/2 + 3/4 n b
+     * + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B: linear
+     * below 1.5a / 0.5167 ns/B = 2903 bytes, rd below a / (g) = 12000, then the ring */
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "rd", 0, 4, 0) - 5.0 * sa) <
+              1e-9);
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 2900, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 2910, 4), "rd");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 11990, 4), "rd");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 12010, 4), "ring");
+    /* not crowded, Bruck's L rounds (the ring's p - 1 up to 3 ranks) win: linear's 2
+     * rounds and rank 0's queue never, at 2..64 ranks for 16 B */
+    for (int p = 2; p <= 64; p++)
+        ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLGATHER, 16, p), p <= 3 ? "ring" : "rd");
     /* crowded over sockets: the messages' share of the CPUs, linear 6 / 2 a, rd 8 / 2 a:
      * linear 3a + 3 n (b + g) below hd's 4a + 1.5 n b + .75 n g until n = a / 0.9375
      * ns/B = 10667 */
@@ -385,6 +412,10 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10600, 4), "linear");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10700, 4), "hd");
+    /* allgather: linear 3a + 3.75 n b, the ring 6a + 0.75 n b (rd as many messages,
+     * more bytes): linear below 3a / 1.5 ns/B = 20000 bytes */
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 19990, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 20010, 4), "ring");
     /* 2 ranks: rd's one round */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
 
@@ -600,8 +631,8 @@ static int check_crowded(int rank, int nranks, tutti_comm_t *comm, tutti_store_t
     FAIL_IF(!b || strcmp(b, wb), "rank %d: barrier picks %s, not %s", rank, b ? b : "NULL", wb);
     /* a 4 B allreduce at 3 ranks: linear's 2 rounds against rd's 3 (fold, exchange,
      * unfold) where a rank has a CPU or over shared memory; over crowded sockets rd,
-     * linear, dbtree and hd all come to 4 a (4 messages on one CPU, or 4 rounds), a tie
-     * the bytes decide (measured on 2 CPUs: 12.0-13.3 us each), but never the ring's
+     * linear and hd all come to 4 a (4 messages on one CPU, or hd's 4 rounds), a tie
+     * the bytes decide (measured on 2 CPUs: 12.0-12.9 us each), but never the ring's
      * 12 messages */
     const char *ar = tutti_comm_algo_for(comm, "allreduce", 4);
     const char *war = mc->crowd && strcmp(mc->pin, "shm") ? NULL : "linear";

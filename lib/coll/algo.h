@@ -75,6 +75,7 @@ int tt_allreduce_hd(tt_op_t *op);     /* halving-doubling (Rabenseifner) */
 int tt_allreduce_dbtree(tt_op_t *op); /* NCCL's double binary tree, pipelined */
 int tt_allreduce_hier(tt_op_t *op);   /* within hosts, then across them (NCCL's split) */
 int tt_allreduce_linear(tt_op_t *op); /* every rank to rank 0 and back */
+int tt_allgather_linear(tt_op_t *op); /* every block to rank 0, all of them back */
 
 /* For hier (lib/coll/hosts.c): the communicator's host map, rank -> host index (NULL:
  * not known), and its cost model. */

@@ -9,14 +9,15 @@
  *                    rank receives up to the whole vector and sends it on)
  *            linear  2 a + 2 (p-2) a/4 + (p-1) n (b + g)   (every rank to rank 0, which
  *                    reduces the p - 1 vectors in turn and sends the result back)
- *            On a crowded host ring, rd and linear count their latency as the barrier's
- *            below, with 2 p (p-1), P log2(P) + 2 (p-P) and 2 (p-1) messages: 4 ranks on
+ *            On a crowded host ring, rd, dbtree and linear count their latency as the
+ *            barrier's below, with 2 p (p-1), P log2(P) + 2 (p-P), 4 (p-1) c and 2 (p-1)
+ *            messages: 4 ranks on
  *            2 CPUs, p50 us, linear against rd: shm 4 B 2.2-3.2 against 3.5-3.9, 4 KiB
  *            5.9-6.4 against 7.9-8.4; tcp 4 B 13.0 against 20.9, 4 KiB 16.9 against 25.2
  *            (over tcp linear's bytes cost about n (b + g), not (p-1) n (b + g), so it
- *            is the fastest to 16 KiB but picked to 10 KiB). hd and dbtree keep their
- *            rounds: counted as messages over CPUs, hd would fall behind rd at 64 KiB
- *            over tcp, where it took 66 us against rd's 134 (the model: 93 and 117)
+ *            is the fastest to 16 KiB but picked to 10 KiB). hd keeps its rounds:
+ *            counted as messages over CPUs it would fall behind rd at 64 KiB over tcp,
+ *            where it took 66 us against rd's 134 (the model: 93 and 117)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -30,6 +31,15 @@
  *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
  * allgather  ring    (p-1)(a + n/p b)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
+ *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
+ *                    0, all of them back to each rank); on a crowded host the three
+ *                    count their latency as the barrier's, with p (p-1), p L (p (p-1)
+ *                    at powers of two: a block a message) and 2 (p-1) messages. 4
+ *                    ranks on 2 CPUs, p50 us, linear, ring, rd: shm 16 B 3.4-3.8,
+ *                    4.3-4.6, 6.7-7.3 (the model 3.5, 6, 5), 4 KiB 5.3-5.4, 5.5-6.0,
+ *                    6.3-7.7; tcp 16 B 14.9, 32.9, 25.8 (30, 60, 60), 16 KiB 20.4,
+ *                    35.7, 32.9. The model's b is a stream's: over 2 CPUs rank 0's
+ *                    p - 1 sends of a few KiB cost about n b, not (p-1) n b
  * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g / k), k as above (the
  *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
@@ -54,9 +64,12 @@
  *            memory (local_only) a message is a store and its sender's CPU hardly
  *            counts; what costs is each round's wait for a rank to be scheduled: the
  *            rounds times a, plus the host's share of the messages over its CPUs at
- *            a/10: dissemination L, tree 2 L, linear 2 rounds (shm, 2 CPUs, p50 us:
- *            4 ranks 2.2-3.5 linear, 3.2-4.3 dissemination, 3.6-5.5 tree; 8 ranks
- *            5.5-9.2, 10.0-16.5, 19.8-23.9). The trees let
+ *            a/2: dissemination L, tree 2 L, linear 2 rounds (shm, 2 CPUs, alpha 1
+ *            us, p50 us: 4 ranks linear 2.2-3.5, dissemination 3.2-4.3, tree 3.6-5.5
+ *            against the model's 3.5, 4 and 5.5; 8 ranks 5.5-9.2, 10.0-16.5, 19.8-23.9
+ *            against 5.5, 9 and 9.5; a/10 until session 28 fitted the barrier no worse
+ *            in its order, but put rd's allreduce and allgather at 2.4-2.6 against
+ *            the measured 3.5-7.7). The trees let
  *            rank 0 out first, so a broadcast from it that follows starts at once.
  * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
  * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
@@ -239,14 +252,14 @@ static int crowded(const tt_cost_t *c)
  * all, root_extra being what its root's queued messages add (the header's "crowded
  * host"): rounds a (+ root_extra) on a host with a CPU per rank; crowded, the host's
  * share of the messages over its CPUs, times a over sockets, and over shared memory
- * rounds a plus that share times a/10. */
+ * rounds a plus that share times a/2. */
 static double latency(const tt_cost_t *c, int p, double rounds, double msgs, double root_extra)
 {
     double a = c->alpha_us;
     if (!crowded(c))
         return rounds * a + root_extra;
     double cpu = msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus;
-    return c->local_only ? rounds * a + cpu * a / 10 : cpu * a;
+    return c->local_only ? rounds * a + cpu * a / 2 : cpu * a;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -333,8 +346,9 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "hd"))
             return 2 * lP * a + 2 * (P - 1) / P * n * b + (P - 1) / P * n * g +
                    x * (2 * a + 2 * n * b + n * g);
-        if (!strcmp(algo, "dbtree"))
-            return 2 * (L + chunks - 1) * a + 2 * n * b + n * g;
+        if (!strcmp(algo, "dbtree")) /* each chunk up and down two trees */
+            return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) + 2 * n * b +
+                   n * g;
         if (!strcmp(algo, "hier"))
             return hier_cost(c, n, p, chunk);
         break;
@@ -352,9 +366,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         break;
     case TT_COLL_ALLGATHER:
         if (!strcmp(algo, "ring"))
-            return (p - 1) * (a + n / p * b);
+            return latency(c, p, p - 1, (double)p * (p - 1), 0) + fr * n * b;
         if (!strcmp(algo, "rd"))
-            return L * a + fr * n * b + n * g;
+            /* powers of two send each block alone: p - 1 messages a rank */
+            return latency(c, p, L, (1 << L) == p ? (double)p * (p - 1) : (double)p * L, 0) +
+                   fr * n * b + n * g;
+        if (!strcmp(algo, "linear")) /* rank 0 takes in n (p-1)/p, sends n to p - 1 ranks */
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) + fr * n * b +
+                   (p - 1) * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
