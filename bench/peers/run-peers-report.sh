@@ -129,13 +129,44 @@ GP
     echo "$(basename "$imgdir")/$(basename "$png")"
 }
 
-# ratio_table FAMILY: tutti / best peer (time, p50 medians) per size and case.
+# paired_rows RANKS COLL FAMILY: TSV rows "size, paired ratio, best peer": the best peer
+# is the one with the lowest median (cells); each repeat gives one ratio, tutti's p50 over
+# that peer's p50 in the same repeat (the runs alternate, so a pair saw the same state of
+# the host); the median of those ratios and their range, "0.9 (0.8-1.1)".
+paired_rows() {
+    awk -v n="$1" -v c="$2" -v fam="$3" -v cols="$(family_columns "$3")" '
+        BEGIN { split(cols, col, " "); me = col[1] }
+        FNR == NR {
+            if ($2 != n || $3 != c || $4 != fam || $1 == me) next
+            if (!($5 in bm) || $6 < bm[$5]) {
+                bm[$5] = $6; bp[$5] = $1; bs[$5] = $1 == "gloo" && $10 != "-" ? "gloo:" $10 : $1
+            }
+            next
+        }
+        $2 == n && $3 == c && $4 == fam && ($9 == "N/A" || $9 == 0) { t[$1, $5, $10] = $6; sz[$5] = 1; rp[$10] = 1 }
+        END {
+            for (s in sz) {
+                if (!(s in bp)) continue
+                m = 0
+                for (r in rp)
+                    if ((me, s, r) in t && (bs[s], s, r) in t && t[bs[s], s, r] > 0)
+                        v[++m] = t[me, s, r] / t[bs[s], s, r]
+                if (!m) continue
+                for (i = 2; i <= m; i++) { x = v[i]; j = i - 1
+                    while (j >= 1 && v[j] > x) { v[j + 1] = v[j]; j-- }
+                    v[j + 1] = x }
+                med = m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+                printf "%s\t%.3g (%.3g-%.3g) %s\n", s, med, v[1], v[m], bp[s]
+            }
+        }' "$work/cells" "$results" | sort -k1,1n
+}
+
+# ratio_table FAMILY: tutti / best peer per size and case, paired by repeat.
 ratio_table() {
     local fam=$1 n coll hdr="| size |" sep="|---:|"
     for coll in $colls; do for n in $ranks_list; do
         hdr="$hdr $coll np$n |"; sep="$sep---:|"
-        case_rows "$n" "$coll" "$fam" time | cut -f1,$(($(family_columns "$fam" | wc -w) + 2)),$(($(family_columns "$fam" | wc -w) + 3)) |
-            awk -v k="$coll.$n" '{ print $1 "\t" k "\t" $3 " " $2 }'
+        paired_rows "$n" "$coll" "$fam" | awk -v k="$coll.$n" -F'\t' '{ print $1 "\t" k "\t" $2 }'
     done; done >"$work/ratios.$fam"
     echo "$hdr"
     echo "$sep"
@@ -187,6 +218,9 @@ report() {
         for fam in $transports; do
             echo
             echo "## Ratios, $fam family: time tutti / best peer (< 1: tutti faster)"
+            echo
+            echo "Per repeat, tutti's p50 over the best peer's (the lowest median) in the same"
+            echo "repeat; the median of those ratios, their range in parentheses."
             echo
             ratio_table "$fam"
         done
