@@ -439,10 +439,10 @@ static const set_t sets[3] = {
       "alltoall:pairwise",
       { "ring", "ring", "ring", "linear", "linear", "pairwise" },
       4099 },
-    { "tree/linear/pairwise/tree/linear/ring",
-      "reduce:tree;allgather:linear;reduce_scatter:pairwise;gather:tree;scatter:linear;"
+    { "tree/linear/linear/tree/linear/ring",
+      "reduce:tree;allgather:linear;reduce_scatter:linear;gather:tree;scatter:linear;"
       "alltoall:ring",
-      { "tree", "linear", "pairwise", "tree", "linear", "ring" },
+      { "tree", "linear", "linear", "tree", "linear", "ring" },
       0 },
 };
 

@@ -69,6 +69,8 @@ START_TEST(public_algo_list)
     ck_assert_str_eq(tutti_algo_name("allreduce", 5), "linear");
     ck_assert_ptr_null(tutti_algo_name("allreduce", 6));
     ck_assert_str_eq(tutti_algo_name("allgather", 2), "linear");
+    ck_assert_str_eq(tutti_algo_name("reduce_scatter", 2), "linear");
+    ck_assert_ptr_null(tutti_algo_name("reduce_scatter", 3));
 }
 END_TEST
 
@@ -76,7 +78,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 24);
+    ck_assert_uint_eq(n, 25);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -112,6 +114,7 @@ START_TEST(force_each)
         { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
         { TT_COLL_ALLREDUCE, "allreduce:linear", "linear" },
         { TT_COLL_ALLGATHER, "allgather:linear", "linear" },
+        { TT_COLL_REDUCE_SCATTER, "reduce_scatter:linear", "linear" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -151,6 +154,7 @@ START_TEST(bounds_and_bare)
     ck_assert_int_eq(tt_algo_override_parse("linear", &ovr, err, sizeof(err)), TUTTI_OK);
     ck_assert_str_eq(pick(ovr, TT_COLL_GATHER, 1, 64), "linear");
     ck_assert_str_eq(pick(ovr, TT_COLL_SCATTER, 1, 64), "linear");
+    ck_assert_str_eq(pick(ovr, TT_COLL_REDUCE_SCATTER, 1 << 30, 64), "linear");
     tt_algo_override_free(ovr);
 }
 END_TEST
@@ -238,6 +242,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_ALLGATHER, "linear", 0 },
         { TT_COLL_REDUCE_SCATTER, "ring", 1 },
         { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
+        { TT_COLL_REDUCE_SCATTER, "linear", 0 },
         { TT_COLL_ALLTOALL, "ring", 1 },
         { TT_COLL_ALLTOALL, "pairwise", 1 },
         { TT_COLL_SCATTER, "linear", 1 },
@@ -375,32 +380,37 @@ START_TEST(defaults)
      * against 3a, rd folding in and out) and 5 (3.5a against 4a), rd at the others */
     for (int p = 2; p <= 64; p++)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLREDUCE, 4, p), p == 3 || p == 5 ? "linear" : "rd");
-    /* crowded over shm, 4 ranks on 2 CPUs: linear 2a + 6 / 2 a/2 + 3 n (b + g) = 3.5a +
-     * 0.85 ns/B, rd 2a + 8 / 2 a/2 + 2 n (b + g) = 4a + 0.567 ns/B, hd (its rounds as
-     * not crowded) 4a + 0.3625 ns/B: linear below 0.5a / 0.4875 ns/B = 1026 bytes, then
-     * hd */
+    /* crowded over shm, 4 ranks on 2 CPUs, rank 0's copies at b/3 (in its cache): linear
+     * 2a + 6 / 2 a/2 + 3 n (b/3 + g) = 3.5a + 0.45 ns/B, rd 2a + 8 / 2 a/2 + 2 n (b + g)
+     * = 4a + 0.567 ns/B, hd (crowded over shm: 16 messages) 4a + 16 / 2 a/2 + 1.5 n b +
+     * 0.75 n g = 8a + 0.3625 ns/B, dbtree 4a + 12 / 2 a/2 + 2 n b + n g = 7a + 0.483
+     * ns/B: linear below 4.5a / 0.0875 ns/B = 51429 bytes, then hd */
     tt_cost_table(&shm_crowd, "shm");
     shm_crowd.host_ranks = 4;
     shm_crowd.host_cpus = 2;
-    const double sg = shm_crowd.beta_ns + shm_crowd.gamma_ns;
+    const double sb = shm_crowd.beta_ns, sg = shm_crowd.gamma_ns;
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "linear", 4, 4, 0) -
-                   (3.5 * sa + 12 * sg * 1e-3)) < 1e-9);
+                   (3.5 * sa + 12 * (sb / 3 + sg) * 1e-3)) < 1e-9);
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "rd", 4, 4, 0) -
-                   (4.0 * sa + 8 * sg * 1e-3)) < 1e-9);
+                   (4.0 * sa + 8 * (sb + sg) * 1e-3)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "hd", 0, 4, 0) - 8.0 * sa) <
+              1e-9);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 1020, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 1030, 4), "hd");
-    /* allgather (n: the whole result), the same host: linear 3.5a + (3/4 + 3) n b = 3.5a +
-     * 0.75 ns/B; rd (4 ranks: each block a message, 12 in all) 2a + 12 / 2 a/2 + 3/4 n b
-     * + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B: linear
-     * below 1.5a / 0.5167 ns/B = 2903 bytes, rd below a / (g) = 12000, then the ring */
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 16384, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 51400, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 51460, 4), "hd");
+    /* allgather (n: the whole result), the same host: linear 3.5a + (3/4 + 3) n b/3 =
+     * 3.5a + 0.25 ns/B; rd (4 ranks: each block a message, 12 in all) 2a + 12 / 2 a/2 +
+     * 3/4 n b + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B:
+     * linear below 2.5a / 0.1 ns/B = 25000 bytes, then the ring (rd would pass linear
+     * only at 90000, past the ring) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "rd", 0, 4, 0) - 5.0 * sa) <
               1e-9);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 2900, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 2910, 4), "rd");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 11990, 4), "rd");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 12010, 4), "ring");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16384, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 24990, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 25010, 4), "ring");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 4), "ring");
     /* not crowded, Bruck's L rounds (the ring's p - 1 up to 3 ranks) win: linear's 2
      * rounds and rank 0's queue never, at 2..64 ranks for 16 B */
     for (int p = 2; p <= 64; p++)
@@ -416,6 +426,27 @@ START_TEST(defaults)
      * more bytes): linear below 3a / 1.5 ns/B = 20000 bytes */
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 19990, 4), "linear");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 20010, 4), "ring");
+    /* reduce_scatter (n: the whole input), crowded over shm: linear 3.5a + 3 n (b/3 + g)
+     * + 3/4 n b/3 = 3.5a + 0.5 ns/B, pairwise 3a + 12 / 2 a/2 + 3 (0.9 n/4 b + n/4 g) =
+     * 6a + 0.1975 ns/B (the ring 6a + 0.2125): linear below 2.5a / 0.3025 ns/B = 8264 */
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE_SCATTER, "pairwise", 0, 4, 0) -
+                   6.0 * sa) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE_SCATTER, "linear", 4, 4, 0) -
+                   (3.5 * sa + (12 * (sb / 3 + sg) + 3 * sb / 3) * 1e-3)) < 1e-9);
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 16, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 8250, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 8280, 4), "pairwise");
+    /* over sockets: linear 6 / 2 a + 3 n (b + g) + 3/4 n b = 3a + 2.125 ns/B, pairwise
+     * 12 / 2 a + 0.4 ns/B: linear below 3a / 1.725 ns/B = 17391 bytes */
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_REDUCE_SCATTER, "pairwise", 0, 4, 0) ==
+              6 * tcp.alpha_us);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE_SCATTER, 17380, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE_SCATTER, 17400, 4), "pairwise");
+    /* not crowded, 16 B: linear's 2a + 2 (p - 2) a/4 against the others' (p - 1) a:
+     * level at 4 ranks (pairwise's fewer bytes win), linear from 5 */
+    for (int p = 2; p <= 64; p++)
+        ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE_SCATTER, 16, p),
+                         p <= 4 ? "pairwise" : "linear");
     /* 2 ranks: rd's one round */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
 

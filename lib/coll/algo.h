@@ -71,11 +71,12 @@ int tt_scatter_linear(tt_op_t *op);
 int tt_scatter_tree(tt_op_t *op); /* binomial */
 int tt_alltoall_pairwise(tt_op_t *op);
 int tt_alltoall_ring(tt_op_t *op);
-int tt_allreduce_hd(tt_op_t *op);     /* halving-doubling (Rabenseifner) */
-int tt_allreduce_dbtree(tt_op_t *op); /* NCCL's double binary tree, pipelined */
-int tt_allreduce_hier(tt_op_t *op);   /* within hosts, then across them (NCCL's split) */
-int tt_allreduce_linear(tt_op_t *op); /* every rank to rank 0 and back */
-int tt_allgather_linear(tt_op_t *op); /* every block to rank 0, all of them back */
+int tt_allreduce_hd(tt_op_t *op);          /* halving-doubling (Rabenseifner) */
+int tt_allreduce_dbtree(tt_op_t *op);      /* NCCL's double binary tree, pipelined */
+int tt_allreduce_hier(tt_op_t *op);        /* within hosts, then across them (NCCL's split) */
+int tt_allreduce_linear(tt_op_t *op);      /* every rank to rank 0 and back */
+int tt_allgather_linear(tt_op_t *op);      /* every block to rank 0, all of them back */
+int tt_reduce_scatter_linear(tt_op_t *op); /* every input to rank 0, a block back to each */
 
 /* For hier (lib/coll/hosts.c): the communicator's host map, rank -> host index (NULL:
  * not known), and its cost model. */

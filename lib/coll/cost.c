@@ -14,10 +14,13 @@
  *            messages: 4 ranks on
  *            2 CPUs, p50 us, linear against rd: shm 4 B 2.2-3.2 against 3.5-3.9, 4 KiB
  *            5.9-6.4 against 7.9-8.4; tcp 4 B 13.0 against 20.9, 4 KiB 16.9 against 25.2
- *            (over tcp linear's bytes cost about n (b + g), not (p-1) n (b + g), so it
- *            is the fastest to 16 KiB but picked to 10 KiB). hd keeps its rounds:
- *            counted as messages over CPUs it would fall behind rd at 64 KiB over tcp,
- *            where it took 66 us against rd's 134 (the model: 93 and 117)
+ *            (over tcp linear is the fastest to 16 KiB but picked to 10 KiB). Over
+ *            shm, crowded, linear's root copies at b/3 (root_copy_b): the linear
+ *            allreduce grew 0.4 ns a byte from 16 to 64 KiB (the model 0.45, at b 0.85)
+ *            and is picked to 51 KiB. hd keeps its rounds over sockets: counted as
+ *            messages over CPUs it would fall behind rd at 64 KiB over tcp, where it
+ *            took 66 us against rd's 134 (the model: 93 and 117); over shm its 2 P
+ *            log2(P) messages count (4 ranks, 1 KiB: 7.6-8.5 us; its rounds said 4.4)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -38,12 +41,18 @@
  *                    ranks on 2 CPUs, p50 us, linear, ring, rd: shm 16 B 3.4-3.8,
  *                    4.3-4.6, 6.7-7.3 (the model 3.5, 6, 5), 4 KiB 5.3-5.4, 5.5-6.0,
  *                    6.3-7.7; tcp 16 B 14.9, 32.9, 25.8 (30, 60, 60), 16 KiB 20.4,
- *                    35.7, 32.9. The model's b is a stream's: over 2 CPUs rank 0's
- *                    p - 1 sends of a few KiB cost about n b, not (p-1) n b
+ *                    35.7, 32.9. Over shm, crowded, the root copies at b/3 (in
+ *                    its cache): the time grew 0.2 ns a byte from 16 to 64 KiB (the
+ *                    model 0.25, at b 0.75); linear is picked to 25 KB, then the ring
  * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g / k), k as above (the
  *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
- *                    previous step's on one link: it gets a 0.9 factor on the b term
+ *                    previous step's on one link: it gets a 0.9 factor on the b term.
+ *            linear  2 a + 2 (p-2) a/4 + (p-1) n (b + g) + (p-1)/p n b   (every input to
+ *                    rank 0, which reduces them in turn and sends each rank its block).
+ *                    On a crowded host the three count their latency as the barrier's,
+ *                    p (p-1), p (p-1) and 2 (p-1) messages, and linear's root copies as
+ *                    the allreduce's
  * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
  *                    in flight at once: each one after the first costs its overhead only)
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
@@ -262,6 +271,16 @@ static double latency(const tt_cost_t *c, int p, double rounds, double msgs, dou
     return c->local_only ? rounds * a + cpu * a / 2 : cpu * a;
 }
 
+/* The per-byte cost (us) of a linear root's copies: on a crowded host over shared memory
+ * a third of b. Its vectors are small enough to stay in its cache (b is a large buffer's
+ * stream through a ring) and the receivers copy out on the other CPUs while it copies in
+ * (the header's linear allreduce and allgather). Its reductions keep g. */
+static double root_copy_b(const tt_cost_t *c)
+{
+    double b = c->beta_ns * 1e-3;
+    return crowded(c) && c->local_only ? b / 3 : b;
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -342,10 +361,12 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) + lP * (n * b + n * g) +
                    x * (2 * n * b + n * g);
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
-            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) + (p - 1) * n * (b + g);
-        if (!strcmp(algo, "hd"))
-            return 2 * lP * a + 2 * (P - 1) / P * n * b + (P - 1) / P * n * g +
-                   x * (2 * a + 2 * n * b + n * g);
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
+                   (p - 1) * n * (root_copy_b(c) + g);
+        if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds; crowded over shm only */
+            return (c->local_only ? latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0)
+                                  : (2 * lP + 2 * x) * a) +
+                   2 * (P - 1) / P * n * b + (P - 1) / P * n * g + x * (2 * n * b + n * g);
         if (!strcmp(algo, "dbtree")) /* each chunk up and down two trees */
             return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) + 2 * n * b +
                    n * g;
@@ -372,14 +393,19 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return latency(c, p, L, (1 << L) == p ? (double)p * (p - 1) : (double)p * L, 0) +
                    fr * n * b + n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in n (p-1)/p, sends n to p - 1 ranks */
-            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) + fr * n * b +
-                   (p - 1) * n * b;
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
+                   (fr + p - 1) * n * root_copy_b(c);
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
-            return (p - 1) * (a + n / p * b + n / p * g / k);
+            return latency(c, p, p - 1, (double)p * (p - 1), 0) +
+                   (p - 1) * (n / p * b + n / p * g / k);
         if (!strcmp(algo, "pairwise"))
-            return (p - 1) * (a + 0.9 * n / p * b + n / p * g / k);
+            return latency(c, p, p - 1, (double)p * (p - 1), 0) +
+                   (p - 1) * (0.9 * n / p * b + n / p * g / k);
+        if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
+                   (p - 1) * n * (root_copy_b(c) + g) + fr * n * root_copy_b(c);
         break;
     case TT_COLL_GATHER:
     case TT_COLL_SCATTER:
