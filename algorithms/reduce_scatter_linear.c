@@ -25,20 +25,23 @@ int tt_reduce_scatter_linear(tt_op_t *op)
     const int n = op->nranks, r = op->rank;
     const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
     const size_t total = op->count * es; /* the input: every block, back to back */
-    if (total == 0)
-        return TUTTI_OK;
+    /* Nothing to move still exchanges (empty) messages: their envelopes are what tells
+     * a rank that passed 0 from ranks that passed more (this collective has no empty
+     * barrier, lib/coll/coll.c) */
+    unsigned char none;
+    const unsigned char *in = total ? op->sendbuf : &none;
+    unsigned char *out = cnt[r] ? op->recvbuf : &none;
 
     if (r != 0) {
         tt_req_t req[2];
-        size_t nreq = 0;
-        TT_CHECK(tt_p2p_send(op, 0, op->sendbuf, total, LIN_TAG_IN, &req[nreq++]));
-        if (cnt[r])
-            TT_CHECK(tt_p2p_recv(op, 0, op->recvbuf, cnt[r] * es, LIN_TAG_OUT, &req[nreq++]));
-        return tt_p2p_wait_all(op, req, nreq);
+        TT_CHECK(tt_p2p_send(op, 0, in, total, LIN_TAG_IN, &req[0]));
+        TT_CHECK(tt_p2p_recv(op, 0, out, cnt[r] * es, LIN_TAG_OUT, &req[1]));
+        return tt_p2p_wait_all(op, req, 2);
     }
 
-    /* scratch 0: the n - 1 inputs received, then the result */
-    unsigned char *tmp = tt_op_scratch(op, 0, (size_t)n * total);
+    /* scratch 0: the n - 1 inputs received, then the result (never 0 bytes: the first
+     * request of a communicator's scratch would give NULL) */
+    unsigned char *tmp = tt_op_scratch(op, 0, TT_MAX((size_t)n * total, (size_t)1));
     if (!tmp)
         return TUTTI_ERR_NOMEM;
     unsigned char *acc = tmp + (size_t)(n - 1) * total;
@@ -52,18 +55,16 @@ int tt_reduce_scatter_linear(tt_op_t *op)
     if (rc == TUTTI_OK)
         rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     if (rc == TUTTI_OK) {
-        const void *cur = op->sendbuf;
-        for (int i = 1; i < n; i++, cur = acc)
+        const void *cur = in;
+        for (int i = 1; i < n && total; i++, cur = acc)
             tt_reduce3(acc, cur, tmp + (size_t)(i - 1) * total, op->count, op->dtype, op->redop);
-        size_t nreq = 0;
         for (int i = 1; i < n && rc == TUTTI_OK; i++)
-            if (cnt[i])
-                rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[nreq++]);
+            rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
         /* every input has been read: rank 0's block may overwrite its own input now */
         if (rc == TUTTI_OK && cnt[0])
-            memcpy(op->recvbuf, acc + dsp[0] * es, cnt[0] * es);
+            memcpy(out, acc + dsp[0] * es, cnt[0] * es);
         if (rc == TUTTI_OK)
-            rc = tt_p2p_wait_all(op, req, nreq);
+            rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     }
     tt_reqs_put(&hold);
     return rc;
