@@ -7,10 +7,10 @@
  * Every rank ends with rank 0's bits. The reduction order is fixed (rank 0's vector,
  * then rank 1's, ...), so a given rank count gives the same bits every time.
  */
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
-#include "reduce/reduce.h"
 
 enum { LIN_TAG_IN = 1, LIN_TAG_OUT = 2 };
 
@@ -37,16 +37,8 @@ int tt_allreduce_linear(tt_op_t *op)
     tt_req_t *req = tt_reqs_get(&hold, (size_t)(n - 1));
     if (!req)
         return TUTTI_ERR_NOMEM;
-    int rc = TUTTI_OK;
-    for (int i = 1; i < n && rc == TUTTI_OK; i++)
-        rc = tt_p2p_recv(op, i, tmp + (size_t)(i - 1) * bytes, bytes, LIN_TAG_IN, &req[i - 1]);
-    if (rc == TUTTI_OK)
-        rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
+    int rc = tt_linear_reduce_root(op, op->sendbuf, op->recvbuf, bytes, LIN_TAG_IN, tmp, req);
     if (rc == TUTTI_OK) {
-        const void *cur = op->sendbuf;
-        for (int i = 1; i < n; i++, cur = op->recvbuf)
-            tt_reduce3(op->recvbuf, cur, tmp + (size_t)(i - 1) * bytes, op->count, op->dtype,
-                       op->redop);
         for (int i = 1; i < n && rc == TUTTI_OK; i++)
             rc = tt_p2p_send(op, i, op->recvbuf, bytes, LIN_TAG_OUT, &req[i - 1]);
         if (rc == TUTTI_OK)

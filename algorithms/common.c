@@ -1,5 +1,6 @@
-/* Helpers shared by the algorithms (see common.h): the binomial tree's layout and the
- * linear rooted exchange behind gather_linear and scatter_linear.
+/* Helpers shared by the algorithms (see common.h): the binomial tree's layout, the
+ * linear rooted exchange behind gather_linear and scatter_linear, and the linear
+ * reducing root of allreduce_linear and reduce_scatter_linear.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "common.h"
 #include "coll/algo.h"
 #include "base/base.h"
+#include "reduce/reduce.h"
 
 int tt_btree_init(tt_op_t *op, const size_t *cnt, tt_btree_t *t_p)
 {
@@ -118,6 +120,18 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
 out:
     tt_reqs_put(&hold);
     return st;
+}
+
+int tt_linear_reduce_root(tt_op_t *op, const void *in, void *acc, size_t bytes, uint32_t tag,
+                          unsigned char *tmp, tt_req_t *req)
+{
+    const int n = op->nranks;
+    for (int i = 1; i < n; i++)
+        TT_CHECK(tt_p2p_recv(op, i, tmp + (size_t)(i - 1) * bytes, bytes, tag, &req[i - 1]));
+    TT_CHECK(tt_p2p_wait_all(op, req, (size_t)(n - 1)));
+    for (int i = 1; i < n && bytes; i++, in = acc)
+        tt_reduce3(acc, in, tmp + (size_t)(i - 1) * bytes, op->count, op->dtype, op->redop);
+    return TUTTI_OK;
 }
 
 const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)

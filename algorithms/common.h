@@ -41,6 +41,13 @@ int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int
 /* The linear gather (to_root 1) or scatter (to_root 0) */
 int tt_linear_rooted(tt_op_t *op, int to_root);
 
+/* Rank 0 of the linear allreduce and reduce-scatter: receives every other rank's vector
+ * of op->count elements (bytes long, tag) into tmp, rank i's at (i - 1) * bytes, waits for
+ * them all, and reduces them in rank order into acc: in, then rank 1's, ... (acc may be
+ * in). req: n - 1 requests. Nothing to reduce (bytes 0) still exchanges the envelopes. */
+int tt_linear_reduce_root(tt_op_t *op, const void *in, void *acc, size_t bytes, uint32_t tag,
+                          unsigned char *tmp, tt_req_t *req);
+
 /* Recursive doubling allreduce (allreduce_rd.c) of count elements among n ranks: grp[i]
  * is member i's rank (NULL: rank i), this rank is member r; from send (may equal recv)
  * into recv, tmp holding count elements; tags from tag0 up to tag0 + 16 + log2(n). */

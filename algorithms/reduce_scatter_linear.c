@@ -13,10 +13,10 @@
  */
 #include <string.h>
 
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
-#include "reduce/reduce.h"
 
 enum { LIN_TAG_IN = 1, LIN_TAG_OUT = 2 };
 
@@ -49,15 +49,8 @@ int tt_reduce_scatter_linear(tt_op_t *op)
     tt_req_t *req = tt_reqs_get(&hold, (size_t)(n - 1));
     if (!req)
         return TUTTI_ERR_NOMEM;
-    int rc = TUTTI_OK;
-    for (int i = 1; i < n && rc == TUTTI_OK; i++)
-        rc = tt_p2p_recv(op, i, tmp + (size_t)(i - 1) * total, total, LIN_TAG_IN, &req[i - 1]);
-    if (rc == TUTTI_OK)
-        rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
+    int rc = tt_linear_reduce_root(op, in, acc, total, LIN_TAG_IN, tmp, req);
     if (rc == TUTTI_OK) {
-        const void *cur = in;
-        for (int i = 1; i < n && total; i++, cur = acc)
-            tt_reduce3(acc, cur, tmp + (size_t)(i - 1) * total, op->count, op->dtype, op->redop);
         for (int i = 1; i < n && rc == TUTTI_OK; i++)
             rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
         /* every input has been read: rank 0's block may overwrite its own input now */
