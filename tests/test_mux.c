@@ -3,8 +3,11 @@
  * and every collective still gives the plain-C answer. Two copies of the TCP transport
  * (the built-in and the plugin .so) stand in for "local" and "remote" wherever shm is
  * not built; with shm, auto is shm+tcp. Also: bad TUTTI_TRANSPORT strings, and shm
- * forced on ranks of different hosts, are config errors that say why. */
+ * forced on ranks of different hosts, are config errors that say why. And TUTTI_BIND:
+ * which CPU each host's ranks hold their large collectives on when they outnumber its
+ * CPUs (from the host ids, as the transports are chosen). */
 #include <check.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +19,8 @@
 #include "harness.h"
 #include "base/base.h"
 #include "plugin/transport.h"
+#include "core/opts.h"
+#include "core/state.h"
 
 #define TCP_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-tcp.so"
 #define SHM_PLUGIN TT_BUILD_DIR "/lib/libtutti-transport-shm.so"
@@ -341,6 +346,129 @@ START_TEST(transport_options)
 }
 END_TEST
 
+/* TUTTI_BIND. The test process runs on two CPUs (a, b) and its ranks inherit them. */
+typedef struct bind_case {
+    const char *transport, *bind;
+    const char *hosts;  /* one letter per rank: its host id */
+    const char *expect; /* per rank: 'a' or 'b', the CPU it holds large ops on; '-' none */
+    int pin;            /* 1: each rank narrows itself to a or b first (a launcher's placement) */
+} bind_case_t;
+
+static const bind_case_t bind_cases[] = {
+    { "tcp", NULL, "AAA", "aab", 0 },      /* crowded: neighbours together */
+    { "auto", "auto", "AAAA", "aabb", 0 }, /* shm where built */
+    { "tcp", "none", "AAA", "---", 0 },
+    { "tcp", NULL, "AA", "--", 0 },     /* a CPU each: not crowded */
+    { "tcp", NULL, "AAA", "---", 1 },   /* placed by a launcher: left there */
+    { "tcp", NULL, "ABAA", "a-ab", 0 }, /* per host: ranks 0, 2, 3 share host A */
+};
+
+static int cpu_nth(const cpu_set_t *set, int k)
+{
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, set) && k-- == 0)
+            return c;
+    return -1;
+}
+
+static int rank_bind(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const bind_case_t *c = arg;
+    cpu_set_t two, now;
+    FAIL_IF(sched_getaffinity(0, sizeof(two), &two) != 0 || CPU_COUNT(&two) != 2, "two CPUs");
+    const int a = cpu_nth(&two, 0), b = cpu_nth(&two, 1);
+    const int want = c->expect[rank] == 'a' ? a : c->expect[rank] == 'b' ? b : -1;
+    cpu_set_t mine = two;
+    if (c->pin) {
+        CPU_ZERO(&mine);
+        CPU_SET(rank % 2 ? b : a, &mine);
+        FAIL_IF(sched_setaffinity(0, sizeof(mine), &mine) != 0, "pin");
+    }
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    o.transport = c->transport;
+    o.bind = c->bind;
+    char hid[8];
+    snprintf(hid, sizeof(hid), "host%c", c->hosts[rank]);
+    o.host_id = hid;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    FAIL_IF(comm->bind_cpu != want, "%s on %s: rank %d holds on CPU %d, expected %d", c->transport,
+            c->hosts, rank, comm->bind_cpu, want);
+
+    /* one op at TT_BIND_MIN_BYTES (held where a CPU was chosen) and one below (never),
+     * each checked against the plain-C sum, the thread's mask its own again after each */
+    const size_t sizes[] = { TT_BIND_MIN_BYTES / 4, TT_BIND_MIN_BYTES / 4 - 1 };
+    for (size_t k = 0; k < 2; k++) {
+        size_t n = sizes[k];
+        unsigned long before = atomic_load(&comm->bound_ops);
+        int32_t *x = malloc(n * 4), *y = malloc(n * 4);
+        FAIL_IF(!x || !y, "malloc");
+        for (size_t i = 0; i < n; i++)
+            x[i] = (int32_t)((size_t)(rank + 1) * (i % 1001));
+        st = tutti_allreduce(comm, x, y, n, TUTTI_INT32, TUTTI_SUM);
+        FAIL_IF(st != 0, "allreduce %zu: %s", n, tutti_comm_last_error(comm));
+        for (size_t i = 0; i < n; i++)
+            FAIL_IF(y[i] != (int32_t)((size_t)nranks * (nranks + 1) / 2 * (i % 1001)),
+                    "allreduce %zu: [%zu] = %d", n, i, y[i]);
+        free(x);
+        free(y);
+        unsigned long held = atomic_load(&comm->bound_ops) - before;
+        FAIL_IF(held != (k == 0 && want >= 0), "allreduce of %zu B: held %lu times", n * 4, held);
+        FAIL_IF(sched_getaffinity(0, sizeof(now), &now) != 0 || !CPU_EQUAL(&now, &mine),
+                "allreduce of %zu B: the thread's mask was not given back (%d CPUs)", n * 4,
+                CPU_COUNT(&now));
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(bind)
+{
+    const bind_case_t *c = &bind_cases[_i];
+    cpu_set_t all, two;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+    if (CPU_COUNT(&all) < 2) {
+        fprintf(stderr, "bind: this process may use 1 CPU; skipped\n");
+        return;
+    }
+    CPU_ZERO(&two);
+    CPU_SET(cpu_nth(&all, 0), &two);
+    CPU_SET(cpu_nth(&all, 1), &two);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof(two), &two), 0);
+    th_spec_t spec = { .nranks = (int)strlen(c->hosts),
+                       .fn = rank_bind,
+                       .arg = (void *)c,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
+    int rc = th_run_ex(&spec, NULL);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+    ck_assert_msg(rc == 0, "%s, bind %s, hosts %s", c->transport, c->bind ? c->bind : "(env)",
+                  c->hosts);
+
+    /* a value that is neither: a config error that names it */
+    tutti_store_t *store = NULL;
+    char dir[] = "/tmp/tutti-mux-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.bind = "always";
+    tutti_comm_t *comm = NULL;
+    ck_assert_int_eq(tutti_comm_init(&comm, store, 0, 1, &o), TUTTI_ERR_CONFIG);
+    ck_assert_ptr_null(comm);
+    ck_assert_ptr_nonnull(strstr(tutti_comm_last_error(NULL), "TUTTI_BIND=always"));
+    tutti_store_close(store);
+    ck_assert_int_eq(rm_rf(dir), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mux");
@@ -352,6 +480,7 @@ int main(void)
     tcase_add_test(tc, bad_spec);
     tcase_add_test(tc, report_on_idle_transport);
     tcase_add_test(tc, transport_options);
+    tcase_add_loop_test(tc, bind, 0, sizeof(bind_cases) / sizeof(bind_cases[0]));
     suite_add_tcase(s, tc);
     return th_main(s);
 }

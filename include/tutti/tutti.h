@@ -145,6 +145,12 @@ typedef struct tutti_comm_opts {
                                   naming the earlier one. 0: each call waits for its
                                   check, so every rank of a mismatched call fails in it
                                   (a round trip more per call) */
+    const char *bind;            /* TUTTI_BIND: "auto" (default): while this host's ranks
+                                  outnumber the CPUs they may run on (and each may run
+                                  on all of them), a collective of 128 KiB or more runs
+                                  with its thread held on one CPU, the ranks spread over
+                                  the CPUs in host order, and the thread's own mask
+                                  back when it returns; "none": never */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -211,6 +211,7 @@ static tutti_comm_t *comm_alloc(int rank, int size)
         return NULL;
     comm->rank = rank;
     comm->nranks = size;
+    comm->bind_cpu = -1;
     comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
     if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
@@ -250,6 +251,13 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
         /* checked here too: a job on shm alone never asks its transport */
         st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG,
                                "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
+        TT_WARN("%s", comm->last_error);
+        return st;
+    }
+    const char *bind = comm->opts.bind;
+    if (bind && *bind && strcmp(bind, "auto") && strcmp(bind, "none")) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG, "init: TUTTI_BIND=%s: expected auto or none",
+                               bind);
         TT_WARN("%s", comm->last_error);
         return st;
     }

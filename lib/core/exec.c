@@ -13,6 +13,7 @@
  * has deferred once keeps its progress thread ticking (TT_DEFER_TICK_MS) while idle: a
  * deferred op nobody started within opts.defer_us is run then. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "coll/coll.h"
 #include "core/agree.h"
 #include "core/comm.h"
+#include "core/opts.h"
 
 /* How often an idle progress thread looks for deferred ops. */
 #define TT_DEFER_TICK_MS 10
@@ -32,6 +34,28 @@ static void work_unref(tutti_work_t *w)
         free(w->layout);
         free(w);
     }
+}
+
+/* TUTTI_BIND: while this host's ranks outnumber its CPUs, an op of TT_BIND_MIN_BYTES or
+ * more runs with its thread held on comm->bind_cpu (tpmux.c chose it), so that the
+ * ranks stay spread over the CPUs, and the thread's own mask is given back after.
+ * Measured on 4 ranks over 2 CPUs (docs/benchmarks.md): unheld, the scheduler moves the
+ * ranks at each wake-up (3 or 4 on one CPU for a while), and a 4-rank allgather of 1 MiB
+ * took 300-870 us over tcp where held it took 305-420. Small ops are left alone: the
+ * two calls and the move cost them 2-4 us of their 5-30. Returns 1 when it held. */
+static int bind_enter(tutti_comm_t *comm, size_t bytes, cpu_set_t *saved)
+{
+    if (comm->bind_cpu < 0 || bytes < TT_BIND_MIN_BYTES ||
+        sched_getaffinity(0, sizeof(*saved), saved) != 0 || !CPU_ISSET(comm->bind_cpu, saved) ||
+        CPU_COUNT(saved) < 2)
+        return 0;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(comm->bind_cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        return 0;
+    atomic_fetch_add(&comm->bound_ops, 1);
+    return 1;
 }
 
 /* Run one op on the calling thread (the caller holds `executing`). */
@@ -101,7 +125,11 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         st = tt_agree_flush(op, !empty && desc->post == tt_post_confirm_release);
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
+        cpu_set_t saved;
+        const int held = bind_enter(comm, bytes, &saved);
         st = algo->run(op);
+        if (held)
+            sched_setaffinity(0, sizeof(saved), &saved);
     }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);

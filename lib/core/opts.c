@@ -54,6 +54,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
     opts->defer_us = tt_env_int("DEFER_US", TT_DEFAULT_DEFER_US);
     opts->agree_lag = tt_env_int("AGREE_LAG", TT_DEFAULT_AGREE_LAG);
+    opts->bind = tt_env("BIND");
     return TUTTI_OK;
 }
 
@@ -62,7 +63,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 /* clang-format off */
 #define TT_OPTS_STRINGS(X) \
     X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model) \
-    X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum)
+    X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum) X(bind)
 /* clang-format on */
 
 void tt_comm_opts_free(tutti_comm_opts_t *o)

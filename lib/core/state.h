@@ -85,6 +85,9 @@ struct tutti_comm {
     int nhosts;
     int host_ranks, host_cpus; /* ranks on this host and the CPUs they may run on between
                                   them, as the spin's "auto" counts them (tpmux.c) */
+    int bind_cpu;              /* TUTTI_BIND: the CPU large collectives run on while this
+                                  host is crowded, or -1 (tpmux.c, exec.c) */
+    atomic_ulong bound_ops;    /* collectives that ran so (for the tests) */
 
     struct tt_algo_override *algo_ovr;
     tt_cost_t cost; /* the cost model's parameters (the same on every rank) */

@@ -407,6 +407,26 @@ static int own_cpus(void)
     return n > 0 ? n : 1;
 }
 
+/* TUTTI_BIND=auto: the CPU this rank's large collectives run on (exec.c), or -1. Only
+ * while the host's nlocal ranks outnumber the CPUs between them (cpus) and this rank may
+ * run on every one of them (ranks a launcher placed stay where it put them). The ranks
+ * fill the CPUs in host order, neighbours together: 4 ranks on 2 CPUs put this host's
+ * first two on the first CPU. idx: this rank's place among them. */
+static int bind_choice(const tutti_comm_t *comm, const cpu_set_t *cpus, int idx, int nlocal)
+{
+    const char *b = comm->opts.bind;
+    const int ncpu = CPU_COUNT(cpus);
+    cpu_set_t own;
+    if ((b && !strcmp(b, "none")) || ncpu < 2 || nlocal <= ncpu ||
+        sched_getaffinity(0, sizeof(own), &own) != 0 || !CPU_EQUAL(&own, cpus))
+        return -1;
+    int k = (int)((long)idx * ncpu / nlocal);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, cpus) && k-- == 0)
+            return c;
+    return -1;
+}
+
 /* Publish this rank's host id and read everyone's; local[r] = 1 for ranks on this host,
  * *mates_p of them.
  * Each record also carries the rank's CPU affinity after the id's NUL: *cpus_p is the
@@ -465,9 +485,11 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
     *mates_p = 0;
+    int idx = 0; /* this rank's place among the host's ranks */
     for (int r = 0; r < n; r++) {
         local[r] = r != comm->rank && !strcmp((const char *)vals[r], me);
         *mates_p += local[r];
+        idx += local[r] && r < comm->rank;
         size_t id = strnlen((const char *)vals[r], lens[r]);
         if ((local[r] || r == comm->rank) && id + 1 < lens[r])
             affinity_merge(&cpus, (const char *)vals[r] + id + 1, lens[r] - id - 1);
@@ -478,6 +500,11 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
         free(vals[r]);
     }
     *cpus_p = CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : own_cpus();
+    comm->bind_cpu = bind_choice(comm, &cpus, idx, *mates_p + 1);
+    if (comm->bind_cpu >= 0)
+        TT_INFO("bind: collectives of %u KiB and more run on CPU %d (%d ranks on this host, %d "
+                "CPUs between them)",
+                TT_BIND_MIN_BYTES >> 10, comm->bind_cpu, *mates_p + 1, *cpus_p);
 out:
     free(keys);
     free(vals);
