@@ -424,6 +424,18 @@ static int rank_bind(int rank, int nranks, tutti_comm_t *unused, const char *dir
                 "allreduce of %zu B: the thread's mask was not given back (%d CPUs)", n * 4,
                 CPU_COUNT(&now));
     }
+    /* broadcast is never held (its chain wants neighbours apart) */
+    unsigned long before = atomic_load(&comm->bound_ops);
+    uint8_t *bb = malloc(TT_BIND_MIN_BYTES);
+    FAIL_IF(!bb, "malloc");
+    for (size_t i = 0; i < TT_BIND_MIN_BYTES; i++)
+        bb[i] = rank == 0 ? (uint8_t)(i * 5 + 1) : 0;
+    st = tutti_broadcast(comm, TUTTI_IN_PLACE, bb, TT_BIND_MIN_BYTES, TUTTI_UINT8, 0);
+    FAIL_IF(st != 0, "broadcast: %s", tutti_comm_last_error(comm));
+    for (size_t i = 0; i < TT_BIND_MIN_BYTES; i++)
+        FAIL_IF(bb[i] != (uint8_t)(i * 5 + 1), "broadcast [%zu] = %u", i, bb[i]);
+    free(bb);
+    FAIL_IF(atomic_load(&comm->bound_ops) != before, "a broadcast was held");
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return 0;

@@ -147,7 +147,8 @@ typedef struct tutti_comm_opts {
                                   (a round trip more per call) */
     const char *bind;            /* TUTTI_BIND: "auto" (default): while this host's ranks
                                   outnumber the CPUs they may run on (and each may run
-                                  on all of them), a collective of 128 KiB or more runs
+                                  on all of them), an allreduce, allgather or
+                                  reduce-scatter of 128 KiB or more runs
                                   with its thread held on one CPU, the ranks spread over
                                   the CPUs in host order, and the thread's own mask
                                   back when it returns; "none": never */

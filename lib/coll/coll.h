@@ -28,6 +28,11 @@ typedef struct tt_coll_desc {
     tt_algo_fn local;         /* one rank: the data moves within this rank's buffers */
     tt_algo_fn post;          /* after the algorithm on every rank (NULL: nothing) */
     void (*avg)(tt_op_t *op); /* TUTTI_AVG: divide the sum where it landed */
+    /* TUTTI_BIND may hold the thread on one CPU of a crowded host (exec.c): only where
+     * that measured no slower. Broadcast's chain runs neighbours in a pipeline, which
+     * neighbours on one CPU cannot overlap (4 ranks over tcp: 2-4x slower held at
+     * 256 KiB-1 MiB); alltoall was mixed (shm 4 MiB 1.16x slower, tcp 4 MiB 0.73x). */
+    int hold;
 } tt_coll_desc_t;
 
 /* Indexed by tt_coll_t; the entry of TT_COLL_NONE is empty. */

@@ -37,12 +37,13 @@ static void work_unref(tutti_work_t *w)
 }
 
 /* TUTTI_BIND: while this host's ranks outnumber its CPUs, an op of TT_BIND_MIN_BYTES or
- * more runs with its thread held on comm->bind_cpu (tpmux.c chose it), so that the
- * ranks stay spread over the CPUs, and the thread's own mask is given back after.
- * Measured on 4 ranks over 2 CPUs (docs/benchmarks.md): unheld, the scheduler moves the
- * ranks at each wake-up (3 or 4 on one CPU for a while), and a 4-rank allgather of 1 MiB
- * took 300-870 us over tcp where held it took 305-420. Small ops are left alone: the
- * two calls and the move cost them 2-4 us of their 5-30. Returns 1 when it held. */
+ * more, of a collective whose desc->hold allows it, runs with its thread held on
+ * comm->bind_cpu (tpmux.c chose it), so that the ranks stay spread over the CPUs, and
+ * the thread's own mask is given back after. On 4 ranks over 2 CPUs (docs/benchmarks.md,
+ * "The thirty-first session"), unheld, the scheduler moved the ranks at wake-ups (3 or
+ * 4 on one CPU for a while): a tcp allreduce of 256 KiB took 0.61x the time held, an
+ * allgather of 1 MiB 0.63x. Small ops are left alone: the two calls and the move cost
+ * them 2-4 us of their 5-30. Returns 1 when it held. */
 static int bind_enter(tutti_comm_t *comm, size_t bytes, cpu_set_t *saved)
 {
     if (comm->bind_cpu < 0 || bytes < TT_BIND_MIN_BYTES ||
@@ -126,7 +127,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
         cpu_set_t saved;
-        const int held = bind_enter(comm, bytes, &saved);
+        const int held = desc->hold && bind_enter(comm, bytes, &saved);
         st = algo->run(op);
         if (held)
             sched_setaffinity(0, sizeof(saved), &saved);
