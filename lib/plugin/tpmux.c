@@ -502,8 +502,8 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
     *cpus_p = CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : own_cpus();
     comm->bind_cpu = bind_choice(comm, &cpus, idx, *mates_p + 1);
     if (comm->bind_cpu >= 0)
-        TT_INFO("bind: collectives of %u KiB and more run on CPU %d (%d ranks on this host, %d "
-                "CPUs between them)",
+        TT_INFO("bind: allreduce, allgather and reduce-scatter of %u KiB and more run on CPU %d "
+                "(%d ranks on this host, %d CPUs between them)",
                 TT_BIND_MIN_BYTES >> 10, comm->bind_cpu, *mates_p + 1, *cpus_p);
 out:
     free(keys);
