@@ -65,6 +65,7 @@ class CommOpts(ctypes.Structure):
         ("job_settle_ms", ctypes.c_int),
         ("defer_us", ctypes.c_int),
         ("agree_lag", ctypes.c_int),
+        ("bind", ctypes.c_char_p),
     ]
 
 
