@@ -369,18 +369,18 @@ static void avg_own_block(tt_op_t *op)
 const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
     [TT_COLL_ALLREDUCE] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, NULL, avg_all, 1 },
     [TT_COLL_BROADCAST] = { TT_ARG_ROOT, fill_broadcast, 1, tt_local_copy, tt_post_confirm_release,
-                            NULL },
-    [TT_COLL_BARRIER] = { 0, fill_barrier, 0, tt_local_none, NULL, NULL },
+                            NULL, 0 },
+    [TT_COLL_BARRIER] = { 0, fill_barrier, 0, tt_local_none, NULL, NULL, 0 },
     [TT_COLL_REDUCE] = { TT_ARG_REDOP | TT_ARG_ROOT, fill_reduce, 1, tt_local_copy, tt_post_release,
-                         avg_root },
+                         avg_root, 0 },
     [TT_COLL_ALLGATHER] = { TT_ARG_LAYOUT, fill_allgather, 0, tt_local_gather, NULL, NULL, 1 },
     [TT_COLL_REDUCE_SCATTER] = { TT_ARG_REDOP | TT_ARG_LAYOUT, fill_reduce_scatter, 0,
                                  tt_local_reduce_scatter, NULL, avg_own_block, 1 },
     [TT_COLL_GATHER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_gather, 0, tt_local_gather,
-                         tt_post_release, NULL },
+                         tt_post_release, NULL, 0 },
     [TT_COLL_SCATTER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0, tt_local_scatter,
-                          tt_post_confirm_release, NULL },
-    [TT_COLL_ALLTOALL] = { TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall, NULL, NULL },
+                          tt_post_confirm_release, NULL, 0 },
+    [TT_COLL_ALLTOALL] = { TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall, NULL, NULL, 0 },
 };
 
 /* ---- the one checker ---- */
