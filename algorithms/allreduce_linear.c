@@ -38,12 +38,10 @@ int tt_allreduce_linear(tt_op_t *op)
     if (!req)
         return TUTTI_ERR_NOMEM;
     int rc = tt_linear_reduce_root(op, op->sendbuf, op->recvbuf, bytes, LIN_TAG_IN, tmp, req);
-    if (rc == TUTTI_OK) {
-        for (int i = 1; i < n && rc == TUTTI_OK; i++)
-            rc = tt_p2p_send(op, i, op->recvbuf, bytes, LIN_TAG_OUT, &req[i - 1]);
-        if (rc == TUTTI_OK)
-            rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
-    }
+    for (int i = 1; i < n && rc == TUTTI_OK; i++)
+        rc = tt_p2p_send(op, i, op->recvbuf, bytes, LIN_TAG_OUT, &req[i - 1]);
+    if (rc == TUTTI_OK)
+        rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     tt_reqs_put(&hold);
     return rc;
 }

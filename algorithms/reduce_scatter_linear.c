@@ -50,15 +50,13 @@ int tt_reduce_scatter_linear(tt_op_t *op)
     if (!req)
         return TUTTI_ERR_NOMEM;
     int rc = tt_linear_reduce_root(op, in, acc, total, LIN_TAG_IN, tmp, req);
-    if (rc == TUTTI_OK) {
-        for (int i = 1; i < n && rc == TUTTI_OK; i++)
-            rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
-        /* every input has been read: rank 0's block may overwrite its own input now */
-        if (rc == TUTTI_OK && cnt[0])
-            memcpy(out, acc + dsp[0] * es, cnt[0] * es);
-        if (rc == TUTTI_OK)
-            rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
-    }
+    for (int i = 1; i < n && rc == TUTTI_OK; i++)
+        rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
+    /* every input has been read: rank 0's block may overwrite its own input now */
+    if (rc == TUTTI_OK && cnt[0])
+        memcpy(out, acc + dsp[0] * es, cnt[0] * es);
+    if (rc == TUTTI_OK)
+        rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     tt_reqs_put(&hold);
     return rc;
 }

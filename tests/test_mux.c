@@ -463,8 +463,12 @@ START_TEST(bind)
     ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
     ck_assert_msg(rc == 0, "%s, bind %s, hosts %s", c->transport, c->bind ? c->bind : "(env)",
                   c->hosts);
+}
+END_TEST
 
-    /* a value that is neither: a config error that names it */
+/* TUTTI_BIND neither auto nor none: a config error that names it */
+START_TEST(bind_bad_value)
+{
     tutti_store_t *store = NULL;
     char dir[] = "/tmp/tutti-mux-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -493,6 +497,7 @@ int main(void)
     tcase_add_test(tc, report_on_idle_transport);
     tcase_add_test(tc, transport_options);
     tcase_add_loop_test(tc, bind, 0, sizeof(bind_cases) / sizeof(bind_cases[0]));
+    tcase_add_test(tc, bind_bad_value);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
