@@ -31,8 +31,8 @@ int tt_allgather_ring(tt_op_t *op)
         const int sb = ((r - t) % n + n) % n, rb = ((r - t - 1) % n + n) % n;
         const void *src = t == 0 ? own_src : recv + dsp[sb] * es;
         /* empty blocks go too: a disagreement about a block's size fails on its length */
-        TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t, &req[0]));
         TT_CHECK(tt_p2p_send(op, next, src, cnt[sb] * es, (uint32_t)t, &req[1]));
+        TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t, &req[0]));
         if (t == 0 && copy_own)
             memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
         TT_CHECK(tt_p2p_wait_all(op, req, 2));

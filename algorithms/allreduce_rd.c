@@ -69,8 +69,8 @@ int tt_rd_group(tt_op_t *op, const int *grp, int n, int r, const void *send, voi
         int pf = folded ^ mask;
         int peer = pf < extra ? 2 * pf : pf + extra;
         uint32_t tag = tag0 + RD_TAG_ROUND0 + (uint32_t)round;
-        TT_CHECK(tt_p2p_recv(op, rd_rank(grp, peer), tmp, bytes, tag, &req[0]));
         TT_CHECK(tt_p2p_send(op, rd_rank(grp, peer), cur, bytes, tag, &req[1]));
+        TT_CHECK(tt_p2p_recv(op, rd_rank(grp, peer), tmp, bytes, tag, &req[0]));
         /* both: the reduction may overwrite what the send reads */
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         if (r < peer)

@@ -1,7 +1,9 @@
-/* Pairwise alltoall: every receive (from rank - s, s = 1..n-1) and every send (to rank
- * + s) is posted at once, each straight between the user's buffers, and this rank's own
+/* Pairwise alltoall: every send (to rank + s, s = 1..n-1) and every receive (from rank
+ * - s) is posted at once, each straight between the user's buffers, and this rank's own
  * block is copied meanwhile. The transport drives all links together: the fastest way
- * when memory for n-1 messages in flight is no concern.
+ * when memory for n-1 messages in flight is no concern. Sends go first, as in every
+ * exchange step here (docs/architecture.md, "Algorithms"): a small one leaves at its
+ * post, and the peer waits for it, not for our receives.
  *
  * In place (sendbuf == recvbuf, one layout) the outgoing blocks are copied to scratch
  * first, since incoming ones overwrite them.
@@ -44,15 +46,15 @@ int tt_alltoall_pairwise(tt_op_t *op)
     /* empty blocks go too: a rank that expects nothing where its peer sends something
      * (or the reverse) fails on the length, instead of leaving it in the stream */
     for (int s = 1; s < n; s++) {
-        const int from = (r - s + n) % n;
-        TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es, (uint32_t)s,
-                                  &reqs[s]),
-                      st, out);
-    }
-    for (int s = 1; s < n; s++) {
         const int to = (r + s) % n;
         TT_CHECK_GOTO(tt_p2p_send(op, to, send + sdsp[to] * es, scnt[to] * es, (uint32_t)s,
                                   &reqs[n + s]),
+                      st, out);
+    }
+    for (int s = 1; s < n; s++) {
+        const int from = (r - s + n) % n;
+        TT_CHECK_GOTO(tt_p2p_recv(op, from, recv + rdsp[from] * es, rcnt[from] * es, (uint32_t)s,
+                                  &reqs[s]),
                       st, out);
     }
     if (rcnt[r] && recv + rdsp[r] * es != send + sdsp[r] * es)

@@ -17,8 +17,8 @@ int tt_barrier_dissemination(tt_op_t *op)
     for (long dist = 1; dist < n; dist <<= 1, round++) {
         int to = (int)((r + dist) % n);
         int from = (int)((r - dist + n) % n);
-        TT_CHECK(tt_p2p_recv(op, from, &none, 0, round, &req[0]));
         TT_CHECK(tt_p2p_send(op, to, &none, 0, round, &req[1]));
+        TT_CHECK(tt_p2p_recv(op, from, &none, 0, round, &req[0]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

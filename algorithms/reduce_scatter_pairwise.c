@@ -66,8 +66,6 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
                       st, out);                                                                    \
     } while (0)
 
-    for (size_t i = 0; i < total && i < 2; i++)
-        PIECE_POST(i);
     for (int s = 1, j = 0; s < n; s++) {
         const int to = (r + s) % n;
         const size_t c = cnt[to], nk = tt_pieces(c, piece);
@@ -78,6 +76,8 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
                           st, out);
         }
     }
+    for (size_t i = 0; i < total && i < 2; i++)
+        PIECE_POST(i);
     for (size_t i = 0; i < total; i++) {
         size_t s = 1 + i / rk, c0 = (i % rk) * piece, cl = tt_piece_len(len, piece, i % rk);
         TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[i & 1]), st, out);
