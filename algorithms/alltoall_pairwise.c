@@ -1,9 +1,9 @@
 /* Pairwise alltoall: every send (to rank + s, s = 1..n-1) and every receive (from rank
  * - s) is posted at once, each straight between the user's buffers, and this rank's own
  * block is copied meanwhile. The transport drives all links together: the fastest way
- * when memory for n-1 messages in flight is no concern. Sends go first, as in every
- * exchange step here (docs/architecture.md, "Sends first"): a small one leaves at its
- * post, and the peer waits for it, not for our receives.
+ * when memory for n-1 messages in flight is no concern. Sends go first
+ * (docs/architecture.md, "Sends first"): a small one leaves at its post, and the peer
+ * waits for it, not for our receives.
  *
  * In place (sendbuf == recvbuf, one layout) the outgoing blocks are copied to scratch
  * first, since incoming ones overwrite them.
