@@ -55,6 +55,7 @@ int tt_allreduce_ring(tt_op_t *op);
 int tt_allreduce_rd(tt_op_t *op);
 int tt_broadcast_chain(tt_op_t *op);
 int tt_broadcast_tree(tt_op_t *op);
+int tt_broadcast_linear(tt_op_t *op); /* the root to every rank */
 int tt_barrier_dissemination(tt_op_t *op);
 int tt_barrier_tree(tt_op_t *op);   /* binomial fan-in to rank 0 and back out */
 int tt_barrier_linear(tt_op_t *op); /* every rank to rank 0 and back */

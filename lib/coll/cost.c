@@ -30,6 +30,18 @@
  *                    with one rank per host (it would be the flat algorithm)
  * broadcast  tree    L (a + n b)
  *            chain   (p - 1 + c - 1)(a + min(n, chunk) b)
+ *            linear  a + (p - 2) a/4 + (p - 1) n b   (the root sends to every rank; its
+ *                    messages after the first cost their overhead only, as gather's).
+ *                    Crowded, its latency counts as the barrier's (p - 1 messages), and
+ *                    over sockets the root's queued ones count again (as the linear
+ *                    barrier's: the tree keeps the pick there). Over shared memory
+ *                    every receiver copies the message once (pulled from the root's
+ *                    buffer from the CMA hint up, else out of its ring), the receivers
+ *                    in parallel on the CPUs: (p - 1) / min(CPUs, p - 1) n b for linear
+ *                    and a floor under the tree's and the chain's bytes. 4 ranks on 2
+ *                    CPUs, p50 us, linear, tree, chain (3 runs): 4 B 0.24-0.43,
+ *                    0.26-4.0, 0.26-4.2 (the tree and the chain wait for an inner rank
+ *                    that may be off its CPU); 256 MiB 83-89 ms, 112-123, 124-142
  * reduce     tree    L (a + n b + n g)
  *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
  * allgather  ring    (p-1)(a + n/p b)
@@ -373,12 +385,23 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "hier"))
             return hier_cost(c, n, p, chunk);
         break;
-    case TT_COLL_BROADCAST:
+    case TT_COLL_BROADCAST: {
+        /* over shared memory every receiver copies the message once, and at most a CPU
+         * each copy at a time: no broadcast moves its bytes faster than that */
+        double cpus = c->host_cpus > 0 ? TT_MIN((double)c->host_cpus, p - 1.0) : p - 1.0;
+        double floor_b = c->local_only ? (p - 1) / cpus * n * b : 0;
         if (!strcmp(algo, "tree"))
-            return L * (a + n * b);
+            return L * a + TT_MAX(L * n * b, floor_b);
         if (!strcmp(algo, "chain"))
-            return (p - 1 + chunks - 1) * (a + TT_MIN(n, (double)(chunk ? chunk : bytes)) * b);
+            return (p - 1 + chunks - 1) * a +
+                   TT_MAX((p - 1 + chunks - 1) * TT_MIN(n, (double)(chunk ? chunk : bytes)) * b,
+                          floor_b);
+        if (!strcmp(algo, "linear")) /* the root's sends queue on its socket or ring */
+            return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
+                   (crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
+                   (c->local_only ? floor_b : (p - 1) * n * b);
         break;
+    }
     case TT_COLL_REDUCE:
         if (!strcmp(algo, "tree"))
             return L * (a + n * b + n * g);
