@@ -2,7 +2,8 @@
  * with root+1; every other rank receives from the root alone. One round, so no rank
  * waits for another to forward: on a crowded host (more ranks than CPUs) a tree's inner
  * rank may be off its CPU when its children wait for it, and each such wait is a
- * context switch (docs/architecture.md, "Broadcast on a crowded host"). Gloo's broadcast is this one.
+ * context switch (docs/architecture.md, "Broadcast on a crowded host"). Gloo's
+ * broadcast is this one.
  * With a single-copy transport each receiver pulls from the root's buffer itself, but
  * on a crowded host a pull waits for its receiver to get a CPU while the root waits for
  * every pull: there messages below TT_BCAST_STREAM_BYTES go through the rings (shm's
@@ -31,8 +32,7 @@ int tt_broadcast_linear(tt_op_t *op)
     if (bytes == 0)
         return TUTTI_OK;
     /* the same on every rank: rank 0's host as the cost model counts it */
-    const tt_cost_t *cost = tt_op_cost(op);
-    if (bytes < TT_BCAST_STREAM_BYTES && cost->host_cpus > 0 && cost->host_ranks > cost->host_cpus)
+    if (bytes < TT_BCAST_STREAM_BYTES && tt_cost_crowded(tt_op_cost(op)))
         op->tp_hints &= ~TUTTI_TP_HINT_SINGLE_COPY;
     if (op->rank != root) {
         TT_CHECK(tt_p2p_recv(op, root, op->recvbuf, bytes, 0, &req));

@@ -224,25 +224,41 @@ END_TEST
  * of this policy must be measured, then made here too. */
 START_TEST(single_copy_hints)
 {
+    /* one algorithm a line */
+    /* clang-format off */
     static const struct {
         tt_coll_t coll;
         const char *name;
         int single_copy;
     } want[] = {
-        { TT_COLL_ALLREDUCE, "ring", 1 },        { TT_COLL_ALLREDUCE, "hd", 1 },
-        { TT_COLL_ALLREDUCE, "hier", 1 },        { TT_COLL_ALLREDUCE, "rd", 0 },
-        { TT_COLL_ALLREDUCE, "dbtree", 0 },      { TT_COLL_ALLREDUCE, "linear", 0 },
-        { TT_COLL_BROADCAST, "chain", 1 },       { TT_COLL_BROADCAST, "tree", 1 },
-        { TT_COLL_BROADCAST, "linear", 1 },      { TT_COLL_ALLGATHER, "ring", 1 },
-        { TT_COLL_ALLGATHER, "rd", 1 },          { TT_COLL_ALLGATHER, "linear", 0 },
-        { TT_COLL_REDUCE_SCATTER, "ring", 1 },   { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
-        { TT_COLL_REDUCE_SCATTER, "linear", 0 }, { TT_COLL_ALLTOALL, "ring", 1 },
-        { TT_COLL_ALLTOALL, "pairwise", 1 },     { TT_COLL_SCATTER, "linear", 1 },
-        { TT_COLL_SCATTER, "tree", 1 },          { TT_COLL_GATHER, "linear", 0 },
-        { TT_COLL_GATHER, "tree", 0 },           { TT_COLL_REDUCE, "tree", 0 },
-        { TT_COLL_REDUCE, "ring", 0 },           { TT_COLL_BARRIER, "dissemination", 0 },
-        { TT_COLL_BARRIER, "tree", 0 },          { TT_COLL_BARRIER, "linear", 0 },
+        { TT_COLL_ALLREDUCE, "ring", 1 },
+        { TT_COLL_ALLREDUCE, "hd", 1 },
+        { TT_COLL_ALLREDUCE, "hier", 1 },
+        { TT_COLL_ALLREDUCE, "rd", 0 },
+        { TT_COLL_ALLREDUCE, "dbtree", 0 },
+        { TT_COLL_ALLREDUCE, "linear", 0 },
+        { TT_COLL_BROADCAST, "chain", 1 },
+        { TT_COLL_BROADCAST, "tree", 1 },
+        { TT_COLL_BROADCAST, "linear", 1 },
+        { TT_COLL_ALLGATHER, "ring", 1 },
+        { TT_COLL_ALLGATHER, "rd", 1 },
+        { TT_COLL_ALLGATHER, "linear", 0 },
+        { TT_COLL_REDUCE_SCATTER, "ring", 1 },
+        { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
+        { TT_COLL_REDUCE_SCATTER, "linear", 0 },
+        { TT_COLL_ALLTOALL, "ring", 1 },
+        { TT_COLL_ALLTOALL, "pairwise", 1 },
+        { TT_COLL_SCATTER, "linear", 1 },
+        { TT_COLL_SCATTER, "tree", 1 },
+        { TT_COLL_GATHER, "linear", 0 },
+        { TT_COLL_GATHER, "tree", 0 },
+        { TT_COLL_REDUCE, "tree", 0 },
+        { TT_COLL_REDUCE, "ring", 0 },
+        { TT_COLL_BARRIER, "dissemination", 0 },
+        { TT_COLL_BARRIER, "tree", 0 },
+        { TT_COLL_BARRIER, "linear", 0 },
     };
+    /* clang-format on */
     size_t n = 0;
     tt_algo_all(&n);
     ck_assert_uint_eq(n, TT_ARRAY_SIZE(want)); /* a new algorithm takes a side here */
@@ -321,6 +337,7 @@ START_TEST(defaults)
         bc.host_ranks = 4;
         bc.host_cpus = 2;
         bc.agree_lag = 1; /* the handshake off the call's path: not in the estimates */
+        ck_assert(tt_cost_crowded(&bc));
         ck_assert(fabs(tt_cost_estimate(&bc, TT_COLL_BROADCAST, "linear", 0, 4, 0) -
                        2 * tcp.alpha_us) < 1e-9);
         ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, 4, 4), "tree");
@@ -336,6 +353,10 @@ START_TEST(defaults)
                        (2 * ba + 2000 * bb)) < 1e-9);
         for (size_t n = 4; n <= (size_t)256 << 20; n *= 4)
             ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, n, 4), "linear");
+        bc.host_cpus = 4; /* 4 ranks on 4 CPUs, or CPUs not known: not crowded */
+        ck_assert(!tt_cost_crowded(&bc));
+        bc.host_cpus = 0;
+        ck_assert(!tt_cost_crowded(&bc));
     }
     /* allgather, 8 ranks: Bruck = 3a + 7/8 n b + n g, ring = 7a + 7/8 n b: the ring
      * once n g > 4a, n > 480000 */

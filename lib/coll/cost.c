@@ -264,7 +264,7 @@ void tt_cost_set_hosts(tt_cost_t *c, const int *host_of, int nranks)
     }
 }
 
-static int crowded(const tt_cost_t *c)
+int tt_cost_crowded(const tt_cost_t *c)
 {
     return c->host_cpus > 0 && c->host_ranks > c->host_cpus;
 }
@@ -277,7 +277,7 @@ static int crowded(const tt_cost_t *c)
 static double latency(const tt_cost_t *c, int p, double rounds, double msgs, double root_extra)
 {
     double a = c->alpha_us;
-    if (!crowded(c))
+    if (!tt_cost_crowded(c))
         return rounds * a + root_extra;
     double cpu = msgs * TT_MIN(c->host_ranks, p) / p / c->host_cpus;
     return c->local_only ? rounds * a + cpu * a / 2 : cpu * a;
@@ -290,7 +290,7 @@ static double latency(const tt_cost_t *c, int p, double rounds, double msgs, dou
 static double root_copy_b(const tt_cost_t *c)
 {
     double b = c->beta_ns * 1e-3;
-    return crowded(c) && c->local_only ? b / 3 : b;
+    return tt_cost_crowded(c) && c->local_only ? b / 3 : b;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -398,7 +398,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                           floor_b);
         if (!strcmp(algo, "linear")) /* the root's sends queue on its socket or ring */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
-                   (crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
+                   (tt_cost_crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
                    (c->local_only ? floor_b : (p - 1) * n * b);
         break;
     }
@@ -454,7 +454,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
          * count again for the linear one there, so that the tree (as many messages) keeps
          * rank 0's releases off the path of the rooted call behind the barrier */
         return latency(c, p, rounds, msgs, root_extra) +
-               (crowded(c) && !c->local_only ? root_extra : 0);
+               (tt_cost_crowded(c) && !c->local_only ? root_extra : 0);
     }
     default: break;
     }
@@ -482,7 +482,7 @@ void tt_cost_describe(const tt_cost_t *c, char *buf, size_t len)
         n += snprintf(buf + n, len - (size_t)n, "; %d hosts of %d..%d ranks, local bw %.2f GB/s",
                       c->nhosts, c->lmin, c->lmax,
                       1.0 / (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns));
-    if (crowded(c) && n > 0 && (size_t)n < len)
+    if (tt_cost_crowded(c) && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n, "; crowded: %d ranks on %d CPU%s", c->host_ranks,
                  c->host_cpus, c->host_cpus == 1 ? "" : "s");
 }

@@ -68,6 +68,9 @@ int tt_cost_hier_segments(const tt_cost_t *c, size_t bytes, int nhosts, int shar
  * A lone "probe" is handled by the caller. */
 int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen);
 
+/* 1 when rank 0's host runs more ranks than it has CPUs (host_ranks, host_cpus) */
+int tt_cost_crowded(const tt_cost_t *c);
+
 /* Estimated microseconds of one algorithm (by name) of a collective. bytes is what
  * selection sees (the envelope's count times the element size): the vector for
  * allreduce/broadcast/reduce, the total for allgather and reduce_scatter, one rank's
