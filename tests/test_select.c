@@ -78,7 +78,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 26);
+    ck_assert_uint_eq(n, 27);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -109,6 +109,7 @@ START_TEST(force_each)
         { TT_COLL_SCATTER, "scatter:tree", "tree" },
         { TT_COLL_ALLTOALL, "alltoall:pairwise", "pairwise" },
         { TT_COLL_ALLTOALL, "alltoall:ring", "ring" },
+        { TT_COLL_ALLTOALL, "alltoall:bruck", "bruck" },
         { TT_COLL_ALLREDUCE, "allreduce:hd", "hd" },
         { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
         { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
@@ -248,6 +249,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_REDUCE_SCATTER, "linear", 0 },
         { TT_COLL_ALLTOALL, "ring", 1 },
         { TT_COLL_ALLTOALL, "pairwise", 1 },
+        { TT_COLL_ALLTOALL, "bruck", 1 },
         { TT_COLL_SCATTER, "linear", 1 },
         { TT_COLL_SCATTER, "tree", 1 },
         { TT_COLL_GATHER, "linear", 0 },
@@ -494,6 +496,34 @@ START_TEST(defaults)
     for (int p = 2; p <= 64; p++)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE_SCATTER, 16, p),
                          p <= 4 ? "pairwise" : "linear");
+    /* alltoall (bytes: the block, n = p blocks). Bruck: L rounds of n/2, p L messages,
+     * (L + 2) n copied at g. Not crowded, 4 ranks: pairwise 3a + 3/4 n b, Bruck 2a + n b
+     * + 4 n g: Bruck while n < a / (b/4 + 4g) = 21818 bytes, blocks below 5454; 8 ranks:
+     * 7a + 7/8 n b against 3a + 3/2 n b + 5 n g, n < 4a / (5/8 b + 5g) = 54857, blocks
+     * below 6857; 2 and 3 ranks never (as many rounds as pairwise, more bytes) */
+    const double ta = tcp.alpha_us, tb = tcp.beta_ns * 1e-3, tg = tcp.gamma_ns * 1e-3;
+    ck_assert(fabs(tt_cost_estimate(&tcp, TT_COLL_ALLTOALL, "bruck", 1000, 4, 0) -
+                   (2 * ta + 4000 * (tb + 4 * tg))) < 1e-9);
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 5400, 4), "bruck");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 5500, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 6800, 8), "bruck");
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 6900, 8), "pairwise");
+    for (int p = 2; p <= 3; p++)
+        ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1, p), "pairwise");
+    /* crowded over sockets, 4 ranks on 2 CPUs: pairwise's 12 messages over 2 CPUs, 6a +
+     * 3/4 n b; Bruck's 8, 4a + n (b + 4g): Bruck below 2a / (b/4 + 4g) = 43636 bytes,
+     * blocks of 10909 */
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 6 * ta);
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * ta);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 16, 4), "bruck");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10900, 4), "bruck");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10920, 4), "pairwise");
+    /* crowded over shm, pairwise's one round of sends stays (p - 1) a = 3a; Bruck 2a +
+     * 8 / 2 a/2 = 4a and more bytes: pairwise at every size */
+    ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 3 * sa);
+    ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * sa);
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1 << 20, 4), "pairwise");
     /* 2 ranks: rd's one round */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
 

@@ -68,8 +68,19 @@
  * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
  *                    in flight at once: each one after the first costs its overhead only)
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
- * alltoall   pairwise (p-1)(a + n/p b)
- *            ring    (p-1) a + (p-1)/2 n b          (blocks travel hop by hop)
+ * alltoall   pairwise (p-1)(a + n/p b); crowded over sockets its messages' share of the
+ *                    CPUs, p (p-1) messages (over shm its one round of sends and receives,
+ *                    all posted at once, stays (p-1) a: 4 ranks on 2 CPUs, 16 B-4 KiB, p50
+ *                    7.1-10.8 us against Bruck's 11.6-15.5)
+ *            ring    pairwise's latency + (p-1)/2 n b   (one exchange a step; the bytes
+ *                    weighed as if they waited, so that the low-memory variant is picked
+ *                    by name only: over crowded tcp it was 10-30 % faster than pairwise
+ *                    at n 16-64 KiB, even from 256 KiB)
+ *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
+ *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
+ *                    copy streams through the cache as a reduction does). 4 ranks on 2
+ *                    CPUs over tcp, p50 us, n 256 B-16 KiB: 46-83 against pairwise's
+ *                    54-143; 8 ranks, 256 B-64 KiB: 182-274 against 300-389
  * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a;
  *            linear (every rank to rank 0 and back): 2 a + 2 (p - 2) a/4 (rank 0's
  *            messages after the first cost their overhead only, as gather's).
@@ -437,12 +448,17 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "tree"))
             return L * a + fr * n * b + (L - 1) / 2.0 * n * g;
         break;
-    case TT_COLL_ALLTOALL:
+    case TT_COLL_ALLTOALL: {
+        /* pairwise and ring: p - 1 messages a rank */
+        double lat = c->local_only ? (p - 1) * a : latency(c, p, p - 1, p * (p - 1.0), 0);
         if (!strcmp(algo, "pairwise"))
-            return (p - 1) * (a + n / p * b);
+            return lat + fr * n * b;
         if (!strcmp(algo, "ring"))
-            return (p - 1) * a + (p - 1) / 2.0 * n * b;
+            return lat + (p - 1) / 2.0 * n * b;
+        if (!strcmp(algo, "bruck"))
+            return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
         break;
+    }
     case TT_COLL_BARRIER: {
         int tree = !strcmp(algo, "tree"), linear = !strcmp(algo, "linear");
         if (!tree && !linear && strcmp(algo, "dissemination"))
