@@ -1,7 +1,7 @@
 /* Bruck's alltoall (Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005), for small
  * blocks: ceil(log2 n) messages a rank instead of pairwise's n - 1, each carrying about
- * half the blocks, at the price of copying every block in and out of a packed scratch
- * about log2(n)/2 times. MPICH and Open MPI use it for short messages.
+ * half the blocks, at the price of copies through a packed scratch: each block about
+ * log2(n)/2 + 2 times. MPICH and Open MPI use it for short messages.
  *
  * A scratch holds n blocks; slot i starts as this rank's block for rank r + i (mod n).
  * In round k (distance d = 2^k) the slots whose index has bit k set go, packed in

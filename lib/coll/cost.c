@@ -70,12 +70,12 @@
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
  * alltoall   pairwise (p-1)(a + n/p b); crowded over sockets its messages' share of the
  *                    CPUs, p (p-1) messages (over shm its one round of sends and receives,
- *                    all posted at once, stays (p-1) a: 4 ranks on 2 CPUs, 16 B-4 KiB, p50
- *                    7.1-10.8 us against Bruck's 11.6-15.5)
+ *                    all posted at once, stays (p-1) a: 4 ranks on 2 CPUs, n 256 B-4 KiB,
+ *                    p50 7.1-10.8 us against Bruck's 11.6-15.5 in one run)
  *            ring    pairwise's latency + (p-1)/2 n b   (one exchange a step; the bytes
  *                    weighed as if they waited, so that the low-memory variant is picked
  *                    by name only: over crowded tcp it was 10-30 % faster than pairwise
- *                    at n 16-64 KiB, even from 256 KiB)
+ *                    at n 16-64 KiB, and level with it from 256 KiB)
  *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
  *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
