@@ -1,10 +1,19 @@
 /* fuse-bench: the fuser against per-tensor and flat allreduce, overlap with a simulated
  * backward, and coalesced broadcast, on local ranks over loopback.
  *
- *   fuse-bench -np 2 [-iters 7] [-set resnet|small|all] [-overlap-only]
+ *   fuse-bench -np 2 [-iters 7] [-set resnet|small|bcast|all] [-overlap-only] [-c]
+ *              [-t SEC]
  *
- * Without -np, with TUTTI_RANK set: one rank of the job the environment describes
- * (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE), e.g. one per network namespace.
+ * -np N forks N local ranks as tutti-bench does (tools/launch.c): a TUTTI_JOB_ID of
+ * their own unless set, a file store in a fresh directory in $TMPDIR or /tmp, removed
+ * however fuse-bench ends; the ranks die with it, even SIGKILLed, and all stop when one
+ * fails or after -t SEC (default 1800). Without -np, with TUTTI_RANK set: one rank of
+ * the job the environment describes (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE), e.g.
+ * one per network namespace.
+ *
+ * -c checks every way's result once after its timed iterations, against sums (or the
+ * root's values) computed here: each line then ends with the number of wrong elements
+ * over all ranks, and fuse-bench exits 1 if any was wrong.
  *
  * Sets: "resnet" = the 161 gradients of ResNet-50 (25.6 M fp32 parameters, shapes
  * generated below), "small" = 1,000 tensors of 1 KiB (256 fp32). For each set:
@@ -28,19 +37,19 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <tutti/fuse.h>
 #include <tutti/tutti.h>
+
+#include "../tools/launch.h"
 
 #define MAX_T 2048
 
@@ -122,9 +131,60 @@ static void make_small(tset_t *s)
 }
 
 typedef struct cfg {
-    int np, iters, overlap_only;
+    int np, iters, overlap_only, check, timeout_s;
     const char *set;
 } cfg_t;
+
+/* -c: what a rank puts in element e of tensor i before a checked call (small integers,
+ * so every sum over ranks is exact in fp32), and what the sum over np ranks must be */
+static float fill_value(int rank, int i, size_t e)
+{
+    return (float)((rank + 1) * (int)((size_t)i % 7 + e % 13 + 1));
+}
+
+static float sum_value(int np, int i, size_t e)
+{
+    return (float)(np * (np + 1) / 2 * (int)((size_t)i % 7 + e % 13 + 1));
+}
+
+static void fill_set(float *const *bufs, const tset_t *s, int rank)
+{
+    for (int i = 0; i < s->n; i++)
+        for (size_t e = 0; e < s->count[i]; e++)
+            bufs[i][e] = fill_value(rank, i, e);
+}
+
+/* elements of the set that are not the sum over np ranks */
+static long long wrong_sums(float *const *bufs, const tset_t *s, int np)
+{
+    long long w = 0;
+    for (int i = 0; i < s->n; i++)
+        for (size_t e = 0; e < s->count[i]; e++)
+            w += bufs[i][e] != sum_value(np, i, e);
+    return w;
+}
+
+/* one count over all ranks (-1 when not checked) */
+static long long wrong_total(tutti_comm_t *comm, const cfg_t *cfg, long long w)
+{
+    if (!cfg->check)
+        return -1;
+    int64_t v = w;
+    tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT64, TUTTI_SUM);
+    return v;
+}
+
+static long long wrong_seen; /* over every checked line: the exit status */
+
+/* a line's tail: its wrong count under -c, nothing otherwise */
+static const char *wrong_text(char *buf, size_t len, long long w)
+{
+    if (w < 0)
+        return "";
+    wrong_seen += w;
+    snprintf(buf, len, "  wrong %lld", w);
+    return buf;
+}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -193,6 +253,16 @@ static tutti_fuse_t *make_fuser(tutti_comm_t *comm, const tset_t *s, float **buf
     return f;
 }
 
+/* the tensors' memory as the fuser holds it (with views: in its buckets) */
+static void fuser_data(tutti_fuse_t *f, const tset_t *s, float **data)
+{
+    for (int i = 0; i < s->n; i++) {
+        void *p;
+        CHECK(tutti_fuse_tensor_data(f, i, &p));
+        data[i] = p;
+    }
+}
+
 static double fuser_step(tutti_comm_t *comm, tutti_fuse_t *f, const tset_t *s)
 {
     tutti_barrier(comm);
@@ -205,8 +275,10 @@ static double fuser_step(tutti_comm_t *comm, tutti_fuse_t *f, const tset_t *s)
 
 static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
 {
-    int rank = tutti_comm_rank(comm), it = cfg->iters;
+    int rank = tutti_comm_rank(comm), np = tutti_comm_size(comm), it = cfg->iters;
+    long long w_per = 0, w_flat = 0, w_fz = 0, w_fzv = 0, w_ov = 0;
     float **bufs = calloc((size_t)s->n, sizeof(float *));
+    float **data = calloc((size_t)s->n, sizeof(float *));
     float *flat = calloc(s->total, sizeof(float));
     double *t = calloc((size_t)it, sizeof(double));
     for (int i = 0; i < s->n; i++) {
@@ -225,6 +297,13 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
             t[k] = now_s() - t0;
         }
         per = median_max(comm, t, it);
+        if (cfg->check) {
+            fill_set(bufs, s, rank);
+            for (int i = s->n - 1; i >= 0; i--)
+                CHECK(tutti_allreduce(comm, TUTTI_IN_PLACE, bufs[i], s->count[i], TUTTI_FP32,
+                                      TUTTI_SUM));
+            w_per = wrong_sums(bufs, s, np);
+        }
         for (int k = 0; k < it; k++) {
             tutti_barrier(comm);
             double t0 = now_s();
@@ -232,12 +311,23 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
             t[k] = now_s() - t0;
         }
         fl = median_max(comm, t, it);
+        if (cfg->check) {
+            const tset_t one = { .n = 1, .count = { s->total } };
+            fill_set(&flat, &one, rank);
+            CHECK(tutti_allreduce(comm, TUTTI_IN_PLACE, flat, s->total, TUTTI_FP32, TUTTI_SUM));
+            w_flat = wrong_sums(&flat, &one, np);
+        }
     }
     tutti_fuse_t *f = make_fuser(comm, s, bufs, 0);
     fuser_step(comm, f, s); /* step 1 records the order and rebuilds */
     for (int k = 0; k < it; k++)
         t[k] = fuser_step(comm, f, s);
     fz = median_max(comm, t, it);
+    if (cfg->check) {
+        fill_set(bufs, s, rank);
+        fuser_step(comm, f, s);
+        w_fz = wrong_sums(bufs, s, np);
+    }
     tutti_fuse_destroy(f);
     /* with views from here on, as DDP with gradient_as_bucket_view */
     f = make_fuser(comm, s, bufs, 1);
@@ -245,13 +335,22 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     for (int k = 0; k < it; k++)
         t[k] = fuser_step(comm, f, s);
     fzv = median_max(comm, t, it);
+    if (cfg->check) {
+        fuser_data(f, s, data);
+        fill_set(data, s, rank);
+        fuser_step(comm, f, s);
+        w_fzv = wrong_sums(data, s, np);
+    }
     if (!cfg->overlap_only) {
+        long long w = wrong_total(comm, cfg, w_per + w_flat + w_fz + w_fzv);
+        char wb[40];
         if (rank == 0) {
             printf("%-24s %2d ranks %8.2f MB  per-tensor %9.3f ms  fuser %8.3f ms  "
                    "fuser-views %8.3f ms  flat %8.3f ms  fuser/flat %.2f  views/flat %.2f  "
-                   "per-tensor/fuser %.1f  per-tensor/views %.1f\n",
+                   "per-tensor/fuser %.1f  per-tensor/views %.1f%s\n",
                    s->name, tutti_comm_size(comm), (double)s->total * 4 / 1e6, per * 1e3, fz * 1e3,
-                   fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz, per / fzv);
+                   fzv * 1e3, fl * 1e3, fz / fl, fzv / fl, per / fz, per / fzv,
+                   wrong_text(wb, sizeof(wb), w));
             fflush(stdout);
         }
     }
@@ -283,12 +382,24 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
         t[k] = now_s() - t0;
     }
     double ov = median_max(comm, t, it);
+    if (cfg->check) {
+        fuser_data(f, s, data);
+        fill_set(data, s, rank);
+        tutti_barrier(comm);
+        pthread_t th;
+        pthread_create(&th, NULL, backward_main, bw);
+        pthread_join(th, NULL);
+        CHECK(tutti_fuse_wait(f));
+        w_ov = wrong_sums(data, s, np);
+    }
+    long long w = wrong_total(comm, cfg, w_ov);
+    char wb[40];
     double mx = comp > comm_s ? comp : comm_s;
     if (rank == 0) {
         printf("%-24s %2d ranks overlap: compute %.2f ms, comm %.2f ms, step %.2f ms = "
-               "%.2f x max (sum would be %.2f x)\n",
+               "%.2f x max (sum would be %.2f x)%s\n",
                s->name, tutti_comm_size(comm), comp * 1e3, comm_s * 1e3, ov * 1e3, ov / mx,
-               (comp + comm_s) / mx);
+               (comp + comm_s) / mx, wrong_text(wb, sizeof(wb), w));
         fflush(stdout);
     }
     free(bw);
@@ -296,13 +407,14 @@ static void bench_set(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     for (int i = 0; i < s->n; i++)
         free(bufs[i]);
     free(bufs);
+    free(data);
     free(flat);
     free(t);
 }
 
 static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
 {
-    int it = cfg->iters, n = s->n;
+    int it = cfg->iters, n = s->n, rank = tutti_comm_rank(comm);
     void **bufs = calloc((size_t)n, sizeof(void *));
     tutti_dtype_t *dts = calloc((size_t)n, sizeof(*dts));
     double *t = calloc((size_t)(2 * it), sizeof(double));
@@ -323,11 +435,28 @@ static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
         t[coal * it + k / 2] = now_s() - t0;
     }
     double one = median_max(comm, t, it), co = median_max(comm, t + it, it);
-    if (tutti_comm_rank(comm) == 0) {
+    long long w = 0;
+    for (int coal = 0; cfg->check && coal < 2; coal++) {
+        /* the root's values (those of rank 0 in fill_value) everywhere after the call */
+        for (int i = 0; i < n; i++)
+            for (size_t e = 0; e < s->count[i]; e++)
+                ((float *)bufs[i])[e] = rank == 0 ? fill_value(0, i, e) : -1.0f;
+        if (coal)
+            CHECK(tutti_broadcast_coalesced(comm, bufs, s->count, dts, n, 0, 0));
+        else
+            for (int i = 0; i < n; i++)
+                CHECK(tutti_broadcast(comm, TUTTI_IN_PLACE, bufs[i], s->count[i], TUTTI_FP32, 0));
+        for (int i = 0; i < n; i++)
+            for (size_t e = 0; e < s->count[i]; e++)
+                w += ((float *)bufs[i])[e] != fill_value(0, i, e);
+    }
+    w = wrong_total(comm, cfg, w);
+    char wb[40];
+    if (rank == 0) {
         printf("%-24s %2d ranks %3d tensors %8.2f MB  broadcast one by one %8.2f ms  "
-               "coalesced %8.2f ms  speed-up %.2f\n",
+               "coalesced %8.2f ms  speed-up %.2f%s\n",
                s->name, tutti_comm_size(comm), n, (double)s->total * 4 / 1e6, one * 1e3, co * 1e3,
-               one / co);
+               one / co, wrong_text(wb, sizeof(wb), w));
         fflush(stdout);
     }
     for (int i = 0; i < n; i++)
@@ -337,7 +466,7 @@ static void bench_bcast(tutti_comm_t *comm, const cfg_t *cfg, const tset_t *s)
     free(t);
 }
 
-static void run_sets(tutti_comm_t *comm, const cfg_t *cfg)
+static int run_sets(tutti_comm_t *comm, const cfg_t *cfg)
 {
     static tset_t resnet, state, small;
     make_resnet(&resnet, &state);
@@ -349,31 +478,41 @@ static void run_sets(tutti_comm_t *comm, const cfg_t *cfg)
         bench_set(comm, cfg, &resnet);
     if ((all || !strcmp(cfg->set, "bcast")) && !cfg->overlap_only)
         bench_bcast(comm, cfg, &state);
+    return wrong_seen ? 1 : 0;
 }
 
-static int run_rank(const cfg_t *cfg, const char *dir, int rank)
+/* A forked rank (-np): runs the sets and exits with their status. */
+typedef struct local_rank {
+    const cfg_t *cfg;
+    const char *dir;
+} local_rank_t;
+
+static void local_rank(void *arg, int rank)
 {
-    setenv("TUTTI_SOCKET_IFNAME", "lo", 0);
+    const local_rank_t *a = arg;
+    setenv("TUTTI_SOCKET_IFNAME", "lo", 0); /* local ranks talk over loopback */
     tutti_store_t *store;
-    CHECK(tutti_store_open_file(&store, dir, 30000));
+    CHECK(tutti_store_open_file(&store, a->dir, 30000));
     tutti_comm_t *comm;
-    CHECK(tutti_comm_init(&comm, store, rank, cfg->np, NULL));
-    run_sets(comm, cfg);
+    CHECK(tutti_comm_init(&comm, store, rank, a->cfg->np, NULL));
+    int rc = run_sets(comm, a->cfg);
     tutti_comm_destroy(comm);
     tutti_store_close(store);
-    return 0;
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+static int usage(void)
 {
-    (void)sb, (void)flag, (void)ftw;
-    remove(path);
-    return 0;
+    fprintf(stderr, "usage: fuse-bench [-np N] [-iters K] [-set resnet|small|bcast|all] "
+                    "[-overlap-only] [-c] [-t SEC]\n");
+    return 2;
 }
 
 int main(int argc, char **argv)
 {
-    cfg_t cfg = { .iters = 7, .set = "all" };
+    cfg_t cfg = { .iters = 7, .set = "all", .timeout_s = 1800 };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-np") && i + 1 < argc)
             cfg.np = atoi(argv[++i]);
@@ -381,53 +520,49 @@ int main(int argc, char **argv)
             cfg.iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-set") && i + 1 < argc)
             cfg.set = argv[++i];
+        else if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            cfg.timeout_s = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-overlap-only"))
             cfg.overlap_only = 1;
-        else {
-            fprintf(stderr, "usage: fuse-bench [-np N] [-iters K] "
-                            "[-set resnet|small|bcast|all] [-overlap-only]\n");
-            return 2;
-        }
+        else if (!strcmp(argv[i], "-c"))
+            cfg.check = 1;
+        else
+            return usage();
     }
+    if (strcmp(cfg.set, "all") && strcmp(cfg.set, "resnet") && strcmp(cfg.set, "small") &&
+        strcmp(cfg.set, "bcast"))
+        return usage();
     int from_env = !cfg.np && getenv("TUTTI_RANK");
     cfg.np = cfg.np ? cfg.np : 2;
-    if (cfg.np < 1 || cfg.iters < 1)
-        return 2;
+    if (cfg.np < 1 || cfg.np > TT_LAUNCH_MAX_RANKS || cfg.iters < 1 || cfg.timeout_s < 1)
+        return usage();
     if (from_env) { /* one rank of a job the environment describes */
         tutti_comm_t *comm;
         CHECK(tutti_comm_init_env(&comm, NULL));
-        run_sets(comm, &cfg);
+        int rc = run_sets(comm, &cfg);
         tutti_comm_destroy(comm);
-        return 0;
+        return rc;
     }
-    char dir[] = "/tmp/fuse-bench.XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (tt_launch_job_id("fuse-bench", cfg.np, NULL, 1, NULL) < 0)
         return 3;
-    }
-    pid_t pids[64];
-    if (cfg.np > 64)
-        return 2;
-    fflush(stdout);
-    for (int r = 0; r < cfg.np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            int rc = run_rank(&cfg, dir, r);
-            fflush(stdout);
-            _exit(rc);
-        }
-    }
+    tt_launch_t l;
+    if (tt_launch_start(&l, "fuse-bench", cfg.np, 1) < 0)
+        return 3;
+    local_rank_t arg = { .cfg = &cfg, .dir = l.dir };
     int rc = 0;
+    fflush(stdout);
+    fflush(stderr);
     for (int r = 0; r < cfg.np; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-            rc = 1;
-            for (int q = 0; q < cfg.np; q++)
-                if (q != r)
-                    kill(pids[q], SIGKILL);
+        if (tt_launch_spawn(&l, r, local_rank, &arg) < 0) {
+            rc = 3;
+            tt_launch_stop(&l);
+            break;
         }
     }
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int w = tt_launch_wait_all(&l, cfg.timeout_s, 1);
+    if (rc == 0)
+        rc = w;
+    if (tt_launch_finish(&l) < 0 && rc == 0)
+        rc = 3;
     return rc;
 }

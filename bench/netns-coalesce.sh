@@ -27,12 +27,14 @@ LO_TRANSPORT=${LO_TRANSPORT-tcp}
 . "$(dirname "$0")/netns-lib.sh"
 netns_setup netns-coalesce "$BUILD" bench/fuse-bench
 
-# One fuse-bench line from run $1's output: "one coalesced" (ms) in MS
+# One fuse-bench line from run $1's output: "one coalesced" (ms) in MS; the run's
+# results must have been checked (-c) and right
 parse_run() {
     MS=$(python3 - "$1" <<'EOF'
 import re, sys
 t = open(sys.argv[1]).read()
-m = re.search(r"broadcast one by one\s+([0-9.]+) ms\s+coalesced\s+([0-9.]+) ms", t)
+m = re.search(r"broadcast one by one\s+([0-9.]+) ms\s+coalesced\s+([0-9.]+) ms\s+"
+              r"speed-up\s+[0-9.]+\s+wrong 0\b", t)
 if not m:
     sys.exit("netns-coalesce: no result in %s:\n%s" % (sys.argv[1], t))
 print(m.group(1), m.group(2))
@@ -49,7 +51,7 @@ run_link() {
         ip netns exec "${NS[$r]}" env TUTTI_RANK=$r TUTTI_WORLD_SIZE=2 \
             TUTTI_STORE="file://$WORK/store-$run" TUTTI_JOB_ID="netns-coalesce-$TAG-$run" \
             TUTTI_HOST_ID="netns-host-$r" TUTTI_SOCKET_IFNAME="${DEV[$r]}" \
-            "$BIN" -set bcast -iters "$ITERS" >"$WORK/out-$r-$run.txt" 2>&1 &
+            "$BIN" -set bcast -c -iters "$ITERS" >"$WORK/out-$r-$run.txt" 2>&1 &
         PIDS+=($!)
     done
     netns_wait "run $run" "$WORK"/out-*-"$run".txt
@@ -60,7 +62,7 @@ run_link() {
 run_lo() {
     local run=$1
     if ! env ${LO_TRANSPORT:+TUTTI_TRANSPORT=$LO_TRANSPORT} TUTTI_JOB_ID="netns-coalesce-$TAG-$run" \
-        "$BIN" -np 2 -set bcast -iters "$ITERS" >"$WORK/out-$run.txt" 2>&1; then
+        "$BIN" -np 2 -set bcast -c -iters "$ITERS" >"$WORK/out-$run.txt" 2>&1; then
         echo "netns-coalesce: loopback run $run failed:" >&2
         cat "$WORK/out-$run.txt" >&2
         return 1

@@ -1543,36 +1543,11 @@ static int run_local(const bench_cfg_t *cfg)
         }
     }
 
-    /* Wait for every rank. A rank that fails (status 3 or a signal) stops the others;
-     * one that only saw wrong results (status 1) lets the others finish. */
-    const double deadline = now_us() + cfg->timeout_s * 1e6;
-    while (l.running > 0) {
-        usleep(5000);
-        int r, code, sig;
-        while ((r = tt_launch_reap(&l, &code, &sig)) >= 0) {
-            if (sig && !tt_launch_stopping(&l))
-                fprintf(stderr, "tutti-bench: rank %d died of signal %d (%s)\n", r, sig,
-                        strsignal(sig));
-            if (sig)
-                code = 3;
-            if (code > rc)
-                rc = code;
-            if (code != 0 && code != 1)
-                tt_launch_stop(&l);
-        }
-        int got = tt_launch_signal_received();
-        if (!tt_launch_stopping(&l) && got) {
-            fprintf(stderr, "tutti-bench: %s: stopping %d rank(s)\n", strsignal(got), l.running);
-            rc = 128 + got;
-            tt_launch_stop(&l);
-        } else if (!tt_launch_stopping(&l) && now_us() > deadline) {
-            fprintf(stderr, "tutti-bench: ranks still running after %d s; stopping them\n",
-                    cfg->timeout_s);
-            rc = 3;
-            tt_launch_stop(&l);
-        }
-        tt_launch_tick(&l);
-    }
+    /* A rank that fails (status 3 or a signal) stops the others; one that only saw
+     * wrong results (status 1) lets the others finish. */
+    int w = tt_launch_wait_all(&l, cfg->timeout_s, 1);
+    if (rc == 0)
+        rc = w;
     if (tt_launch_finish(&l) < 0 && rc == 0)
         rc = 3;
     return rc;

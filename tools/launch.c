@@ -543,3 +543,37 @@ int tt_launch_finish(tt_launch_t *l)
     l->exited = NULL;
     return rc;
 }
+
+int tt_launch_wait_all(tt_launch_t *l, int timeout_s, int soft_code)
+{
+    int rc = 0;
+    const double deadline = now_ms() + timeout_s * 1000.0;
+    while (l->running > 0) {
+        usleep(5000);
+        int r, code, sig;
+        while ((r = tt_launch_reap(l, &code, &sig)) >= 0) {
+            if (sig && !tt_launch_stopping(l))
+                fprintf(stderr, "%s: rank %d died of signal %d (%s)\n", l->tool, r, sig,
+                        strsignal(sig));
+            if (sig)
+                code = 3;
+            if (code > rc)
+                rc = code;
+            if (code != 0 && code != soft_code)
+                tt_launch_stop(l);
+        }
+        int got = tt_launch_signal_received();
+        if (!tt_launch_stopping(l) && got) {
+            fprintf(stderr, "%s: %s: stopping %d rank(s)\n", l->tool, strsignal(got), l->running);
+            rc = 128 + got;
+            tt_launch_stop(l);
+        } else if (!tt_launch_stopping(l) && now_ms() > deadline) {
+            fprintf(stderr, "%s: ranks still running after %d s; stopping them\n", l->tool,
+                    timeout_s);
+            rc = 3;
+            tt_launch_stop(l);
+        }
+        tt_launch_tick(l);
+    }
+    return rc;
+}

@@ -84,6 +84,14 @@ int tt_launch_stopping(const tt_launch_t *l);
 /* SIGINT, SIGTERM or SIGHUP received by the launcher, or 0. */
 int tt_launch_signal_received(void);
 
+/* For a tool whose ranks only run and exit (tutti-bench, fuse-bench): waits for every
+ * rank, stopping them all when one exits with a status other than 0 and soft_code (a
+ * soft failure, such as wrong results, lets the others finish) or dies of a signal, when
+ * the launcher gets SIGINT, SIGTERM or SIGHUP, or when timeout_s pass (saying which).
+ * Returns the worst exit status: 0, soft_code, 3 for a rank that failed or a timeout,
+ * or 128 + the launcher's signal. tt_launch_finish follows. */
+int tt_launch_wait_all(tt_launch_t *l, int timeout_s, int soft_code);
+
 /* Once every rank has exited: reaps them, removes the directory, lets the cleaner go.
  * Returns 0, or -1 if the directory could not be removed (said why). */
 int tt_launch_finish(tt_launch_t *l);
