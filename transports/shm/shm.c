@@ -25,9 +25,6 @@
 /* Copies into and out of a ring go in steps of this much, each published at once, so
  * that sender and receiver copy at the same time. */
 #define SHM_STEP (64u << 10)
-/* Hinted single-copy requests (all-to-all exchanges) this large are pulled: one copy
- * instead of two, where both sides wait for the exchange anyway (docs/internals.md). */
-#define SHM_CMA_HINT_DEFAULT (64u << 10)
 #define SHM_DEFAULT_LIVENESS_MS 100
 #define SHM_REPORT_GRACE_NS 200000000ull
 /* A receiver announces each pull in `pulled` (its bytes) before its one process_vm_readv:
@@ -929,8 +926,14 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     tp->cma_min = tp_knob_size(tp->host, "SHM_CMA_BYTES", 0);
     /* hints are read only from a library that posts them (else the field is not there) */
 #ifndef TT_KIT_ABI_V1
-    if (tutti_tp_req_has(host, hints))
-        tp->cma_hint_min = tp_knob_size(tp->host, "SHM_CMA_HINT_BYTES", SHM_CMA_HINT_DEFAULT);
+    if (tutti_tp_req_has(host, hints)) {
+        /* hinted single-copy requests this large are pulled (docs/internals.md); by
+         * default (auto) a size set-up picks, see SHM_CMA_HINT_AUTO */
+        const char *v = host->config(host->ctx, "SHM_CMA_HINT_BYTES");
+        tp->cma_hint_min = v && strcmp(v, "auto")
+                               ? tp_knob_size(tp->host, "SHM_CMA_HINT_BYTES", SHM_CMA_HINT_AUTO)
+                               : SHM_CMA_HINT_AUTO;
+    }
 #endif
     tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)

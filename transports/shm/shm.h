@@ -24,6 +24,14 @@
 #define SHM_HDR_BYTES 56 /* header bytes of a record; inline payload starts here */
 #define SHM_HDR_WHOLE 1u /* flags: the whole record was written before its stamp */
 #define SHM_MAX_ERRMSG 2048
+/* TUTTI_SHM_CMA_HINT_BYTES unset or "auto": decided at set-up, once it is known whether
+ * this host's ranks outnumber its CPUs (docs/architecture.md, "Single copy"). Where each
+ * rank has a CPU, sender and receiver copy through a cache-hot ring at once, and two
+ * copies beat one pull below 2 MiB here (0.5-0.75x the time at 256 KiB-1 MiB, 2 ranks);
+ * where they do not, the ring's hand-offs wait for CPUs, and pulls win from 128 KiB. */
+#define SHM_CMA_HINT_AUTO ((size_t)-1)
+#define SHM_CMA_HINT_SPARE ((size_t)2 << 20)
+#define SHM_CMA_HINT_CROWDED ((size_t)128 << 10)
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
 /* A record in a ring: 64-byte aligned, so a header never wraps. The stamp, written last
@@ -156,7 +164,8 @@ struct shm_tp {
     size_t cma_min;            /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
                             with process_vm_readv where the peer allows it; 0 never */
     size_t cma_hint_min;       /* TUTTI_SHM_CMA_HINT_BYTES: the same for requests hinted
-                            TUTTI_TP_HINT_SINGLE_COPY; 0 never */
+                            TUTTI_TP_HINT_SINGLE_COPY; 0 never; SHM_CMA_HINT_AUTO until
+                            set-up resolves it */
     size_t ring_bytes;
     size_t step; /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
     int liveness_ms;

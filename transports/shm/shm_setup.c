@@ -465,6 +465,8 @@ static int setup_finish(shm_tp_t *tp, int nserved)
         }
     }
     tp->oversubscribed = nserved + 1 > cpus_available(tp);
+    if (tp->cma_hint_min == SHM_CMA_HINT_AUTO)
+        tp->cma_hint_min = tp->oversubscribed ? SHM_CMA_HINT_CROWDED : SHM_CMA_HINT_SPARE;
     int pulls = 0;
     for (int p = 0; p < tp->nranks; p++)
         pulls += tp->links[p].served && atomic_load(&tp->links[p].rx->cma_ok) == 1;
