@@ -25,7 +25,7 @@
 #define SHM_HDR_WHOLE 1u /* flags: the whole record was written before its stamp */
 #define SHM_MAX_ERRMSG 2048
 /* TUTTI_SHM_CMA_HINT_BYTES unset or "auto": decided at set-up, once it is known whether
- * this host's ranks outnumber its CPUs (docs/architecture.md, "Single copy"). Where each
+ * this host's ranks outnumber its CPUs (docs/architecture.md, "The shm transport"). Where each
  * rank has a CPU, sender and receiver copy through a cache-hot ring at once, and two
  * copies beat one pull below 2 MiB here (0.5-0.75x the time at 256 KiB-1 MiB, 2 ranks);
  * where they do not, the ring's hand-offs wait for CPUs, and pulls win from 128 KiB. */
