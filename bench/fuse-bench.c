@@ -164,6 +164,8 @@ static long long wrong_sums(float *const *bufs, const tset_t *s, int np)
     return w;
 }
 
+static long long wrong_seen; /* over every checked line, on every rank: the exit status */
+
 /* one count over all ranks (-1 when not checked) */
 static long long wrong_total(tutti_comm_t *comm, const cfg_t *cfg, long long w)
 {
@@ -171,17 +173,15 @@ static long long wrong_total(tutti_comm_t *comm, const cfg_t *cfg, long long w)
         return -1;
     int64_t v = w;
     tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT64, TUTTI_SUM);
+    wrong_seen += v;
     return v;
 }
-
-static long long wrong_seen; /* over every checked line: the exit status */
 
 /* a line's tail: its wrong count under -c, nothing otherwise */
 static const char *wrong_text(char *buf, size_t len, long long w)
 {
     if (w < 0)
         return "";
-    wrong_seen += w;
     snprintf(buf, len, "  wrong %lld", w);
     return buf;
 }
