@@ -428,7 +428,7 @@ typedef struct set {
 static const char *const coll_names[6] = { "reduce", "allgather", "reduce_scatter",
                                            "gather", "scatter",   "alltoall" };
 
-static const set_t sets[3] = {
+static const set_t sets[4] = {
     { "tree/rd/pairwise/tree/tree/ring",
       "reduce:tree;allgather:rd;reduce_scatter:pairwise;gather:tree;scatter:tree;"
       "alltoall:ring",
@@ -443,6 +443,11 @@ static const set_t sets[3] = {
       "reduce:tree;allgather:linear;reduce_scatter:linear;gather:tree;scatter:linear;"
       "alltoall:bruck",
       { "tree", "linear", "linear", "tree", "linear", "bruck" },
+      0 },
+    { "ring/rd/ring/linear/tree/linear",
+      "reduce:ring;allgather:rd;reduce_scatter:ring;gather:linear;scatter:tree;"
+      "alltoall:linear",
+      { "ring", "rd", "ring", "linear", "tree", "linear" },
       0 },
 };
 
@@ -594,7 +599,7 @@ static void run_matrix(int nranks, const set_t *set)
 
 START_TEST(matrix)
 {
-    /* _i: 0..14 -> rank counts 1..5, each with every algorithm set */
+    /* _i: 0..19 -> rank counts 1..5, each with every algorithm set */
     run_matrix(_i / (int)ARRAY_SIZE(sets) + 1, &sets[_i % (int)ARRAY_SIZE(sets)]);
 }
 END_TEST

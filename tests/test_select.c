@@ -78,7 +78,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 27);
+    ck_assert_uint_eq(n, 28);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -110,6 +110,7 @@ START_TEST(force_each)
         { TT_COLL_ALLTOALL, "alltoall:pairwise", "pairwise" },
         { TT_COLL_ALLTOALL, "alltoall:ring", "ring" },
         { TT_COLL_ALLTOALL, "alltoall:bruck", "bruck" },
+        { TT_COLL_ALLTOALL, "alltoall:linear", "linear" },
         { TT_COLL_ALLREDUCE, "allreduce:hd", "hd" },
         { TT_COLL_ALLREDUCE, "allreduce:dbtree", "dbtree" },
         { TT_COLL_ALLREDUCE, "allreduce:hier", "hier" },
@@ -250,6 +251,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_ALLTOALL, "ring", 1 },
         { TT_COLL_ALLTOALL, "pairwise", 1 },
         { TT_COLL_ALLTOALL, "bruck", 1 },
+        { TT_COLL_ALLTOALL, "linear", 0 },
         { TT_COLL_SCATTER, "linear", 1 },
         { TT_COLL_SCATTER, "tree", 1 },
         { TT_COLL_GATHER, "linear", 0 },
@@ -512,16 +514,23 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1, p), "pairwise");
     /* crowded over sockets, 4 ranks on 2 CPUs: pairwise's 12 messages over 2 CPUs, 6a +
      * 3/4 n b; Bruck's 8, 4a + n (b + 4g): Bruck below 2a / (b/4 + 4g) = 43636 bytes,
-     * blocks of 10909 */
+     * blocks of 10909; linear's 6, 3a + 9/4 n (b + g): linear below a / (5/4 b - 7/4 g)
+     * = 20870 bytes, blocks of 5217 */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 6 * ta);
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * ta);
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 16, 4), "bruck");
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "linear", 1000, 4, 0) -
+                   (3 * ta + 9000 * (tb + tg))) < 1e-9);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 16, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 5210, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 5230, 4), "bruck");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10900, 4), "bruck");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10920, 4), "pairwise");
     /* crowded over shm, pairwise's one round of sends stays (p - 1) a = 3a; Bruck 2a +
      * 8 / 2 a/2 = 4a and more bytes: pairwise at every size */
     ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 3 * sa);
     ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * sa);
+    /* linear: 2 rounds and its 6 messages over 2 CPUs at a/2, 3.5a, and more bytes */
+    ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "linear", 0, 4, 0) == 3.5 * sa);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1, 4), "pairwise");
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1 << 20, 4), "pairwise");
     /* 2 ranks: rd's one round */

@@ -73,6 +73,7 @@ int tt_scatter_tree(tt_op_t *op); /* binomial */
 int tt_alltoall_pairwise(tt_op_t *op);
 int tt_alltoall_ring(tt_op_t *op);
 int tt_alltoall_bruck(tt_op_t *op);
+int tt_alltoall_linear(tt_op_t *op);
 int tt_allreduce_hd(tt_op_t *op);          /* halving-doubling (Rabenseifner) */
 int tt_allreduce_dbtree(tt_op_t *op);      /* NCCL's double binary tree, pipelined */
 int tt_allreduce_hier(tt_op_t *op);        /* within hosts, then across them (NCCL's split) */

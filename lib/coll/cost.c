@@ -81,6 +81,16 @@
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
  *                    CPUs over tcp, p50 us, n 256 B-16 KiB: 46-83 against pairwise's
  *                    54-143; 8 ranks, 256 B-64 KiB: 182-274 against 300-389
+ *            linear  rows of p - 1 blocks to rank 0, columns back: 2 a + 2 (p-2) a/4
+ *                    (crowded: 2 (p-1) messages, as the linear allgather's) + (p-1)/p n
+ *                    (p-1) (b + g): rank 0 takes in and sends out (p-1)/p n per peer, each
+ *                    byte counted once at b (on loopback a peer's system call copies its
+ *                    side, on the other CPU: the root's time grew 0.16-0.29 ns a byte it
+ *                    moved, about b/2 each way), and packs the columns at g. 4 ranks on
+ *                    2 CPUs over tcp, p50 us, n 16 B-16 KiB: 29-47 against Bruck's 40-61
+ *                    and pairwise's 44-83; 64 KiB 87-89 against 61-89. Over shm, crowded,
+ *                    level with pairwise (6.4-9.0 against 7.0-9.9, and once 7.3 against
+ *                    5.9): its rounds keep pairwise's one there
  * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a;
  *            linear (every rank to rank 0 and back): 2 a + 2 (p - 2) a/4 (rank 0's
  *            messages after the first cost their overhead only, as gather's).
@@ -457,6 +467,9 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return lat + (p - 1) / 2.0 * n * b;
         if (!strcmp(algo, "bruck"))
             return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
+        if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 rows, packs and sends columns */
+            return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
+                   (p - 1) * fr * n * (root_copy_b(c) + g);
         break;
     }
     case TT_COLL_BARRIER: {
