@@ -4,7 +4,9 @@
  * (all in flight at once) and Bruck's log2(n) dependent rounds: for small blocks where
  * the ranks outnumber the CPUs and each message, and each wait for a rank to be
  * scheduled, costs more than copying the blocks twice more through rank 0's cache, as
- * for the linear barrier, allreduce and allgather.
+ * for the linear barrier, allreduce and allgather. Measured so over sockets; over shared
+ * memory it was level with pairwise, which keeps the pick there (docs/architecture.md,
+ * "Alltoall: linear").
  *
  * Rows and columns are packed: rank i's row holds its blocks for ranks i + 1, ..,
  * i + n - 1 (mod n) in that order; rank j's column holds the blocks from ranks j + 1, ..,
