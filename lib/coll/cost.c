@@ -87,10 +87,10 @@
  *                    byte counted once at b (on loopback a peer's system call copies its
  *                    side, on the other CPU: the root's time grew 0.16-0.29 ns a byte it
  *                    moved, about b/2 each way), and packs the columns at g. 4 ranks on
- *                    2 CPUs over tcp, p50 us, n 16 B-16 KiB: 29-47 against Bruck's 40-61
- *                    and pairwise's 44-83; 64 KiB 87-89 against 61-89. Over shm, crowded,
- *                    level with pairwise (6.4-9.0 against 7.0-9.9, and once 7.3 against
- *                    5.9): its rounds keep pairwise's one there
+ *                    2 CPUs over tcp, p50 us, n 16 B-16 KiB: 28-49 against Bruck's 40-61
+ *                    and pairwise's 44-83; 64 KiB 87-100 against the ring's 58-81. Over shm,
+ *                    crowded, level with pairwise (6.4-9.0 against 7.0-9.9, and once 7.3
+ *                    against 5.9): its rounds keep pairwise's one there
  * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a;
  *            linear (every rank to rank 0 and back): 2 a + 2 (p - 2) a/4 (rank 0's
  *            messages after the first cost their overhead only, as gather's).
