@@ -4,7 +4,7 @@
  * local index allreduce their shard across hosts (ring, or recursive doubling where the
  * cost model prefers it); a ring allgather within the host spreads the result. Only 1/S
  * of the vector per rank crosses the slow link, and the S ranks of a host share it.
- * Large vectors go in segments, pipelined (hier_ticks): one segment's shard crosses
+ * Large vectors go in segments, pipelined (tt_hosts_ticks): one segment's shard crosses
  * hosts while the next is reduce-scattered and an earlier one allgathered within the
  * host, so the link and the local copies overlap instead of taking turns.
  *
@@ -117,57 +117,9 @@ static int grp_ring(const grp_t *g, const unsigned char *src, unsigned char *dst
     return TUTTI_OK;
 }
 
-/* Where this rank sits: its host's ranks (local, in rank order), the ranks with its
- * local index on every host (cross, in host order), and S. */
-typedef struct hier {
-    int *local, nl, li;
-    int *cross, nx, xi;
-    int shards;
-} hier_t;
-
-static int hier_map(const tt_op_t *op, hier_t *h)
-{
-    const int n = op->nranks, r = op->rank;
-    const int *host = tt_op_host_map(op);
-    int nh = 0;
-    for (int q = 0; q < n; q++)
-        nh = TT_MAX(nh, host ? host[q] + 1 : q + 1);
-    int *cnt = calloc((size_t)nh, sizeof(int));
-    h->local = malloc((size_t)n * sizeof(int));
-    h->cross = malloc((size_t)nh * sizeof(int));
-    if (!cnt || !h->local || !h->cross) {
-        free(cnt);
-        return TUTTI_ERR_NOMEM;
-    }
-    h->nl = 0;
-    for (int q = 0; q < n; q++) {
-        int hq = host ? host[q] : q;
-        if (hq == (host ? host[r] : r)) {
-            if (q == r)
-                h->li = h->nl;
-            h->local[h->nl++] = q;
-        }
-        cnt[hq]++;
-    }
-    h->shards = n;
-    for (int k = 0; k < nh; k++)
-        h->shards = TT_MIN(h->shards, cnt[k]);
-    /* the li-th rank of each host: hosts with fewer ranks never reach here (li < S) */
-    h->nx = nh;
-    h->xi = host ? host[r] : r;
-    memset(cnt, 0, (size_t)nh * sizeof(int));
-    for (int q = 0; q < n; q++) {
-        int hq = host ? host[q] : q;
-        if (cnt[hq]++ == h->li)
-            h->cross[hq] = q;
-    }
-    free(cnt);
-    return TUTTI_OK;
-}
-
 /* The ring among the hosts for this rank's shard of local group lg (elements off ..
  * off + len of recvbuf), of 2(nx - 1) steps: a reduce-scatter, then an allgather */
-static grp_t hier_xgrp(const hier_t *h, const grp_t *lg, size_t chunk)
+static grp_t hier_xgrp(const tt_hosts_t *h, const grp_t *lg, size_t chunk)
 {
     grp_t xg = *lg;
     const size_t len = grp_len(lg, h->li);
@@ -194,7 +146,7 @@ static int hier_xstep(const grp_t *xg, int i, int post, unsigned char *scratch, 
 }
 
 /* Local group lg set to segment s of nseg (the segments lie back to back, as blocks) */
-static void hier_seg(grp_t *lg, const hier_t *h, size_t count, int nseg, int s)
+static void hier_seg(grp_t *lg, const tt_hosts_t *h, size_t count, int nseg, int s)
 {
     const grp_t all = {
         .m = nseg, .nb = nseg, .base = count / (size_t)nseg, .rem = count % (size_t)nseg
@@ -232,9 +184,9 @@ static size_t hier_align(size_t bytes)
  * ranks of a shard across hosts post their steps in the same order, which is how
  * messages of a pair match. D steps across hosts (0 with one host, or with recursive
  * doubling, which runs whole at the segment's tick: only ever with one segment). */
-static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd, int D,
-                      const grp_t *xg0, unsigned char *lscratch, tt_req_t *lreqs,
-                      unsigned char *xscratch, size_t xstride, tt_req_t *xreqs)
+static int tt_hosts_ticks(tt_op_t *op, const tt_hosts_t *h, grp_t *lg, int nseg, int rd, int D,
+                          const grp_t *xg0, unsigned char *lscratch, tt_req_t *lreqs,
+                          unsigned char *xscratch, size_t xstride, tt_req_t *xreqs)
 {
     const size_t es = op->elem_size;
     const int nslot = hier_slots(nseg, D);
@@ -286,7 +238,7 @@ static int hier_ticks(tt_op_t *op, const hier_t *h, grp_t *lg, int nseg, int rd,
     return TUTTI_OK;
 }
 
-static int hier_run(tt_op_t *op, const hier_t *h)
+static int hier_run(tt_op_t *op, const tt_hosts_t *h)
 {
     const size_t es = op->elem_size;
     const size_t chunk = op->chunk_bytes ? TT_MAX(op->chunk_bytes / es, (size_t)1) : SIZE_MAX;
@@ -315,8 +267,8 @@ static int hier_run(tt_op_t *op, const hier_t *h)
     tt_req_t *reqs = tt_reqs_get(&hold, 2 * lg.maxck + nslot * 2 * xg0.maxck);
     int st = scratch && reqs ? TUTTI_OK : TUTTI_ERR_NOMEM;
     if (st == TUTTI_OK)
-        st = hier_ticks(op, h, &lg, nseg, rd, D, &xg0, scratch, reqs, scratch + lbytes, xstride,
-                        reqs + 2 * lg.maxck);
+        st = tt_hosts_ticks(op, h, &lg, nseg, rd, D, &xg0, scratch, reqs, scratch + lbytes, xstride,
+                            reqs + 2 * lg.maxck);
     tt_reqs_put(&hold);
     return st;
 }
@@ -325,11 +277,10 @@ int tt_allreduce_hier(tt_op_t *op)
 {
     if (op->count == 0)
         return TUTTI_OK;
-    hier_t h = { 0 };
-    int st = hier_map(op, &h);
+    tt_hosts_t h;
+    int st = tt_hosts_map(op, &h);
     if (st == TUTTI_OK)
         st = hier_run(op, &h);
-    free(h.local);
-    free(h.cross);
+    tt_hosts_free(&h);
     return st;
 }

@@ -165,3 +165,62 @@ int tt_scatter_own_late(const tt_op_t *op)
         ext = TT_MAX(ext, (dsp[i] + cnt[i]) * es);
     return r < s + ext && s < r + op->count * es;
 }
+
+int tt_hosts_map(const tt_op_t *op, tt_hosts_t *h)
+{
+    const int n = op->nranks, r = op->rank;
+    const int *host = tt_op_host_map(op);
+    memset(h, 0, sizeof(*h));
+    int nh = 0;
+    for (int q = 0; q < n; q++)
+        nh = TT_MAX(nh, host ? host[q] + 1 : q + 1);
+    int *cnt = calloc((size_t)nh, sizeof(int));
+    h->local = malloc((size_t)n * sizeof(int));
+    h->cross = malloc((size_t)nh * sizeof(int));
+    if (!cnt || !h->local || !h->cross) {
+        free(cnt);
+        return TUTTI_ERR_NOMEM;
+    }
+    const int mine = host ? host[r] : r;
+    for (int q = 0; q < n; q++) {
+        int hq = host ? host[q] : q;
+        if (hq == mine) {
+            if (q == r)
+                h->li = h->nl;
+            h->local[h->nl++] = q;
+        }
+        cnt[hq]++;
+    }
+    h->shards = n;
+    int even = 1;
+    for (int k = 0; k < nh; k++) {
+        h->shards = TT_MIN(h->shards, cnt[k]);
+        even &= cnt[k] == h->nl;
+    }
+    h->nx = nh;
+    h->xi = mine;
+    /* the li-th rank of each host that has one; the grid, where hosts are even */
+    h->grid = even ? malloc((size_t)n * sizeof(int)) : NULL;
+    if (even && !h->grid) {
+        free(cnt);
+        return TUTTI_ERR_NOMEM;
+    }
+    memset(cnt, 0, (size_t)nh * sizeof(int));
+    for (int q = 0; q < n; q++) {
+        int hq = host ? host[q] : q, c = cnt[hq]++;
+        if (c == h->li)
+            h->cross[hq] = q;
+        if (h->grid)
+            h->grid[hq * h->nl + c] = q;
+    }
+    free(cnt);
+    return TUTTI_OK;
+}
+
+void tt_hosts_free(tt_hosts_t *h)
+{
+    free(h->local);
+    free(h->cross);
+    free(h->grid);
+    h->local = h->cross = h->grid = NULL;
+}

@@ -54,6 +54,22 @@ int tt_linear_reduce_root(tt_op_t *op, const void *in, void *acc, size_t bytes, 
 int tt_rd_group(tt_op_t *op, const int *grp, int n, int r, const void *send, void *recv,
                 size_t count, void *tmp, uint32_t tag0);
 
+/* Where this rank sits among the hosts (the communicator's host map; without one every
+ * rank is a host of its own): its host's ranks in rank order (local, nl of them, this
+ * rank the li-th), the li-th rank of every host that has one (cross, in host order, nx
+ * hosts, this rank's host xi) and S, the fewest ranks on any host (shards). Where every
+ * host has nl ranks (even), grid[h * nl + c] is the c-th rank of host h; else grid is
+ * NULL. For the hierarchical algorithms (allreduce_hier.c, allgather_hier.c,
+ * reduce_scatter_hier.c). On failure too *h is ready for tt_hosts_free. */
+typedef struct tt_hosts {
+    int *local, nl, li;
+    int *cross, nx, xi;
+    int shards;
+    int *grid;
+} tt_hosts_t;
+int tt_hosts_map(const tt_op_t *op, tt_hosts_t *h);
+void tt_hosts_free(tt_hosts_t *h);
+
 /* Blocks that travel in pieces (the reduce-scatters): elements per piece, from the op's
  * chunk_bytes (0: one piece per block); how many pieces a block of count elements
  * makes (an empty block still sends one, empty); and a piece's tag, which carries its

@@ -605,6 +605,105 @@ START_TEST(matrix)
 END_TEST
 
 /* The async forms run in issue order, waited on out of order, with the right results. */
+/* ---- hier: allgather and reduce_scatter across hosts (a host id per rank: shm within a
+ * host, tcp across), even hosts, interleaved in rank order, and uneven (the ring then) ---- */
+
+static const char *const hier_maps[] = {
+    "aabb",     /* 2 hosts of 2 */
+    "abab",     /* the same, hosts interleaved in rank order */
+    "aabbcc",   /* 3 hosts of 2 */
+    "aaabbb",   /* 2 hosts of 3 */
+    "aaabb",    /* uneven: the flat ring */
+    "abba/tcp", /* tcp alone, within hosts too */
+};
+
+typedef struct hier_arg {
+    set_t set;
+    const char *map;
+} hier_arg_t;
+
+/* Blocks of more than 1 MiB go across hosts in segments (reduce_scatter_hier.c), the
+ * next one's first step on its way while the last one's ends: blocks of 1.6-2.4 MB
+ * (2-3 segments, uneven ones in the v form), every mode, and allgathers of them */
+static int hier_segments(int rank, int nranks, tutti_comm_t *comm, const char *label)
+{
+    const size_t base = th_quick() ? 300000 : 400000;
+    ctx_t c = { .rank = rank, .nranks = nranks, .comm = comm, .algo = label };
+    c.cap = (size_t)nranks * (base * 3 / 2 + 64) * 4 + GUARD_BYTES;
+    c.send = malloc(c.cap);
+    c.recv = malloc(c.cap);
+    c.ref = malloc(c.cap);
+    FAIL_IF(!c.send || !c.recv || !c.ref, "out of memory");
+    size_t counts[16];
+    for (int mode = 0; mode < 4 && !c.comm_failed; mode++) {
+        for (int i = 0; i < nranks; i++)
+            counts[i] = base + 13 * (size_t)i;
+        t_reduce_scatter(&c, TUTTI_FP32, mode == 2 ? TUTTI_AVG : TUTTI_SUM, counts, 1, mode);
+        for (int i = 0; i < nranks && !c.comm_failed; i++)
+            counts[i] = base * 3 / 2;
+        if (!c.comm_failed)
+            t_reduce_scatter(&c, TUTTI_INT32, TUTTI_SUM, counts, 0, mode);
+        if (!c.comm_failed)
+            t_allgather(&c, TUTTI_INT32, counts, 0, mode);
+    }
+    free(c.send);
+    free(c.recv);
+    free(c.ref);
+    coll_more_failures(rank, nranks, label, c.failures, MAX_REPORTS);
+    FAIL_IF(c.failures, "%d failure(s) in the segmented cases", c.failures);
+    return 0;
+}
+
+static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const hier_arg_t *h = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = h->set.algo;
+    o.chunk_bytes = h->set.chunk_bytes;
+    char hid[16];
+    snprintf(hid, sizeof(hid), "host-%c", h->map[rank]);
+    o.host_id = hid;
+    const char *tp = strchr(h->map, '/');
+    o.transport = tp ? tp + 1 : "auto";
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    const char *d = tutti_comm_cost_model(comm);
+    FAIL_IF(!strstr(d, "hosts"), "rank %d: cost model %s has no host map", rank, d);
+    int rc = rank_matrix(rank, nranks, comm, dir, (void *)&h->set);
+    if (rc == 0)
+        rc = hier_segments(rank, nranks, comm, h->set.label);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return rc;
+}
+
+START_TEST(hier_hosts)
+{
+    char label[32];
+    snprintf(label, sizeof(label), "hier %s", hier_maps[_i]);
+    hier_arg_t arg = { .set = { label,
+                                "reduce:tree;allgather:hier;reduce_scatter:hier;gather:linear;"
+                                "scatter:tree;alltoall:pairwise",
+                                { "tree", "hier", "hier", "linear", "tree", "pairwise" },
+                                4099 },
+                       .map = hier_maps[_i] };
+    th_spec_t spec = { .nranks = (int)strcspn(hier_maps[_i], "/"),
+                       .fn = rank_hier,
+                       .arg = &arg,
+                       .timeout_ms = 100000,
+                       .flags = TH_NO_COMM };
+    double t0 = th_now_ms();
+    int rc = th_run_ex(&spec, NULL);
+    fprintf(stderr, "matrix %s: %.0f ms\n", label, th_now_ms() - t0);
+    ck_assert_msg(rc == 0, "%s failed (see above)", label);
+}
+END_TEST
+
 static int rank_new_async(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
@@ -653,5 +752,6 @@ TH_EACH_TEST(async_other_collectives, 2, 4, rank_new_async, NULL, 30000)
 void collectives_others_add(Suite *s)
 {
     th_add_case(s, "others_matrix", matrix, 5 * (int)ARRAY_SIZE(sets), 120);
+    th_add_case(s, "others_hier", hier_hosts, (int)ARRAY_SIZE(hier_maps), 120);
     th_add_tests(s, "others_async", 90, (const TTest *const[]){ async_other_collectives, NULL });
 }

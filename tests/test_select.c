@@ -70,7 +70,9 @@ START_TEST(public_algo_list)
     ck_assert_ptr_null(tutti_algo_name("allreduce", 6));
     ck_assert_str_eq(tutti_algo_name("allgather", 2), "linear");
     ck_assert_str_eq(tutti_algo_name("reduce_scatter", 2), "linear");
-    ck_assert_ptr_null(tutti_algo_name("reduce_scatter", 3));
+    ck_assert_str_eq(tutti_algo_name("allgather", 3), "hier");
+    ck_assert_str_eq(tutti_algo_name("reduce_scatter", 3), "hier");
+    ck_assert_ptr_null(tutti_algo_name("reduce_scatter", 4));
 }
 END_TEST
 
@@ -78,7 +80,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 28);
+    ck_assert_uint_eq(n, 30);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -117,6 +119,8 @@ START_TEST(force_each)
         { TT_COLL_ALLREDUCE, "allreduce:linear", "linear" },
         { TT_COLL_ALLGATHER, "allgather:linear", "linear" },
         { TT_COLL_REDUCE_SCATTER, "reduce_scatter:linear", "linear" },
+        { TT_COLL_ALLGATHER, "allgather:hier", "hier" },
+        { TT_COLL_REDUCE_SCATTER, "reduce_scatter:hier", "hier" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tt_algo_override_t *ovr = NULL;
@@ -245,9 +249,11 @@ START_TEST(single_copy_hints)
         { TT_COLL_ALLGATHER, "ring", 1 },
         { TT_COLL_ALLGATHER, "rd", 1 },
         { TT_COLL_ALLGATHER, "linear", 0 },
+        { TT_COLL_ALLGATHER, "hier", 1 },
         { TT_COLL_REDUCE_SCATTER, "ring", 1 },
         { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
         { TT_COLL_REDUCE_SCATTER, "linear", 0 },
+        { TT_COLL_REDUCE_SCATTER, "hier", 1 },
         { TT_COLL_ALLTOALL, "ring", 1 },
         { TT_COLL_ALLTOALL, "pairwise", 1 },
         { TT_COLL_ALLTOALL, "bruck", 1 },
@@ -854,14 +860,31 @@ START_TEST(hier_model)
     ck_assert_str_eq(pick_c(&slow, TT_COLL_ALLREDUCE, 64 << 20, 4), "hier");
     slow.local_beta_ns = 2.0;
     ck_assert_str_eq(pick_c(&slow, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    /* allgather of 64 MiB in all, blocks of 16 MiB: across, x = a + 2 blk b = 16787.2 us
+     * (the two ranks of a host share its link); within, l = a + blk bl = 3365.4; x + l =
+     * 20152.7 against the ring's 3 a + .75 n b = 25195.8 and rd's 30778.3 */
+    ck_assert(
+        fabs(tt_cost_estimate(&c, TT_COLL_ALLGATHER, "hier", 64 << 20, 4, 1 << 20) - 20152.6) < 1);
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLGATHER, 64 << 20, 4), "hier");
+    /* reduce_scatter: blk g = 1398.1 more in x and l: 18185.3 + 4763.5 = 22948.9 against
+     * pairwise's 3 a + 3 (.9 blk b + blk g / 4) = 23727.6 */
+    ck_assert(fabs(tt_cost_estimate(&c, TT_COLL_REDUCE_SCATTER, "hier", 64 << 20, 4, 1 << 20) -
+                   22948.9) < 1);
+    ck_assert_str_eq(pick_c(&c, TT_COLL_REDUCE_SCATTER, 64 << 20, 4), "hier");
     /* one rank per host: hier would be the flat algorithm */
     tt_cost_set_hosts(&c, abcd, 4);
     ck_assert(c.nhosts == 4 && c.lmax == 1);
     ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLGATHER, 64 << 20, 4), "ring");
     /* uneven 3 + 1: one shard, the whole vector through each host's chain */
     tt_cost_set_hosts(&c, aaab, 4);
     ck_assert(c.nhosts == 2 && c.lmin == 1 && c.lmax == 3);
     ck_assert_str_eq(pick_c(&c, TT_COLL_ALLREDUCE, 64 << 20, 4), "ring");
+    /* hosts of different sizes: never the hierarchical allgather and reduce_scatter */
+    ck_assert(isinf(tt_cost_estimate(&c, TT_COLL_ALLGATHER, "hier", 64 << 20, 4, 1 << 20)));
+    ck_assert(isinf(tt_cost_estimate(&c, TT_COLL_REDUCE_SCATTER, "hier", 64 << 20, 4, 1 << 20)));
+    ck_assert_str_eq(pick_c(&c, TT_COLL_ALLGATHER, 64 << 20, 4), "ring");
+    ck_assert_str_eq(pick_c(&c, TT_COLL_REDUCE_SCATTER, 64 << 20, 4), "pairwise");
     tt_cost_set_hosts(&c, NULL, 4);
     ck_assert_int_eq(c.nhosts, 0);
 }

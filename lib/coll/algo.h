@@ -78,6 +78,8 @@ int tt_allreduce_hd(tt_op_t *op);          /* halving-doubling (Rabenseifner) */
 int tt_allreduce_dbtree(tt_op_t *op);      /* NCCL's double binary tree, pipelined */
 int tt_allreduce_hier(tt_op_t *op);        /* within hosts, then across them (NCCL's split) */
 int tt_allreduce_linear(tt_op_t *op);      /* every rank to rank 0 and back */
+int tt_allgather_hier(tt_op_t *op);        /* across hosts by column, then within */
+int tt_reduce_scatter_hier(tt_op_t *op);   /* within hosts, then across by column */
 int tt_allgather_linear(tt_op_t *op);      /* every block to rank 0, all of them back */
 int tt_reduce_scatter_linear(tt_op_t *op); /* every input to rank 0, a block back to each */
 

@@ -56,6 +56,10 @@
  *                    35.7, 32.9. Over shm, crowded, the root copies at b/3 (in
  *                    its cache): the time grew 0.2 ns a byte from 16 to 64 KiB (the
  *                    model 0.25, at b 0.75); linear is picked to 25 KB, then the ring
+ *            hier    H hosts of S ranks each only (else never): (H-1) max(x, l) + l, x =
+ *                    a + S n/p b (a step across hosts: a block from each of the host's S
+ *                    ranks on its link), l = (S-1)(a + n/p bl) (a ring within the host
+ *                    over one host's blocks, run while a step across is on its way)
  * reduce_scatter     ring and pairwise: (p-1)(a + n/p b + n/p g / k), k as above (the
  *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
@@ -65,6 +69,7 @@
  *                    On a crowded host the three count their latency as the barrier's,
  *                    p (p-1), p (p-1) and 2 (p-1) messages, and linear's root copies as
  *                    the allreduce's
+ *            hier    as the allgather's, with n/p g more in x and in l's steps
  * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
  *                    in flight at once: each one after the first costs its overhead only)
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
@@ -365,6 +370,22 @@ static double hier_cost(const tt_cost_t *c, double n, int p, size_t chunk)
     return TT_MAX(local, cross) + (local + cross) / k;
 }
 
+/* The hierarchical allgather (reduce 0) and reduce-scatter (reduce 1) of n bytes in all:
+ * H - 1 steps across hosts of a block from each of a host's S ranks (they share its
+ * link), and H rings within the host of S - 1 steps each, one of which runs while each
+ * step across is on its way (the reduce-scatter's first, the allgather's last, alone) */
+static double hier_ag_rs_cost(const tt_cost_t *c, double n, int p, int reduce)
+{
+    if (c->nhosts < 2 || c->lmin < 2 || c->lmin != c->lmax || c->nhosts * c->lmin != p)
+        return HUGE_VAL;
+    double a = c->alpha_us, b = c->beta_ns * 1e-3, g = c->gamma_ns * 1e-3;
+    double bl = (c->local_beta_ns > 0 ? c->local_beta_ns : c->beta_ns) * 1e-3;
+    double blk = n / p, H = c->nhosts, S = c->lmin;
+    double cross = a + S * blk * b + (reduce ? blk * g : 0);
+    double local = (S - 1) * (a + blk * bl + (reduce ? blk * g : 0));
+    return (H - 1) * TT_MAX(cross, local) + local;
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk)
 {
@@ -439,6 +460,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) /* rank 0 takes in n (p-1)/p, sends n to p - 1 ranks */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (fr + p - 1) * n * root_copy_b(c);
+        if (!strcmp(algo, "hier"))
+            return hier_ag_rs_cost(c, n, p, 0);
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
@@ -450,6 +473,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (p - 1) * n * (root_copy_b(c) + g) + fr * n * root_copy_b(c);
+        if (!strcmp(algo, "hier"))
+            return hier_ag_rs_cost(c, n, p, 1);
         break;
     case TT_COLL_GATHER:
     case TT_COLL_SCATTER:
