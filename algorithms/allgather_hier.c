@@ -31,24 +31,6 @@
 /* tags: one range across hosts, one within (messages of a pair match in order) */
 #define AGH_TAG_CROSS (1u << 28)
 #define AGH_TAG_LOCAL (2u << 28)
-#define AGH_SEG_BYTES ((size_t)1 << 20) /* a block goes in segments of about this much */
-#define AGH_MAX_SEGS 16
-
-static int amod(int x, int m)
-{
-    return ((x % m) + m) % m;
-}
-
-/* Segment k of K of a block of c elements: where it starts, how long it is */
-static size_t seg_off(size_t c, int K, int k)
-{
-    return c / (size_t)K * (size_t)k + TT_MIN((size_t)k, c % (size_t)K);
-}
-
-static size_t seg_len(size_t c, int K, int k)
-{
-    return c / (size_t)K + ((size_t)k < c % (size_t)K);
-}
 
 typedef struct {
     tt_op_t *op;
@@ -68,16 +50,16 @@ static int agh_local(const agh_t *g, int k, int hh, uint32_t pass)
     const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
     unsigned char *recv = op->recvbuf;
     const int *row = h->grid + hh * S;
-    const int next = h->local[amod(li + 1, S)], prev = h->local[amod(li - 1, S)];
+    const int next = h->local[tt_mod(li + 1, S)], prev = h->local[tt_mod(li - 1, S)];
     tt_req_t req[2];
     for (int s = 0; s < S - 1; s++) {
-        const int sb = row[amod(li - s, S)], rb = row[amod(li - s - 1, S)];
-        const size_t so = seg_off(cnt[sb], g->K, k), ro = seg_off(cnt[rb], g->K, k);
+        const int sb = row[tt_mod(li - s, S)], rb = row[tt_mod(li - s - 1, S)];
+        const size_t so = tt_seg_off(cnt[sb], g->K, k), ro = tt_seg_off(cnt[rb], g->K, k);
         const void *src = sb == op->rank ? g->own + so * es : recv + (dsp[sb] + so) * es;
         const uint32_t tag = AGH_TAG_LOCAL + pass * (uint32_t)S + (uint32_t)s;
-        TT_CHECK(tt_p2p_send(op, next, src, seg_len(cnt[sb], g->K, k) * es, tag, &req[1]));
-        TT_CHECK(tt_p2p_recv(op, prev, recv + (dsp[rb] + ro) * es, seg_len(cnt[rb], g->K, k) * es,
-                             tag, &req[0]));
+        TT_CHECK(tt_p2p_send(op, next, src, tt_seg_len(cnt[sb], g->K, k) * es, tag, &req[1]));
+        TT_CHECK(tt_p2p_recv(op, prev, recv + (dsp[rb] + ro) * es,
+                             tt_seg_len(cnt[rb], g->K, k) * es, tag, &req[0]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;
@@ -92,14 +74,16 @@ static int agh_post(agh_t *g, int k, int t)
     const int H = h->nx, S = h->nl, li = h->li, xi = h->xi;
     const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
     unsigned char *recv = op->recvbuf;
-    const int sb = h->grid[amod(xi - t, H) * S + li], rb = h->grid[amod(xi - t - 1, H) * S + li];
-    const size_t so = seg_off(cnt[sb], g->K, k), ro = seg_off(cnt[rb], g->K, k);
+    const int sb = h->grid[tt_mod(xi - t, H) * S + li],
+              rb = h->grid[tt_mod(xi - t - 1, H) * S + li];
+    const size_t so = tt_seg_off(cnt[sb], g->K, k), ro = tt_seg_off(cnt[rb], g->K, k);
     const uint32_t tag = AGH_TAG_CROSS + (uint32_t)(k * (H - 1) + t);
-    const int xnext = h->grid[amod(xi + 1, H) * S + li], xprev = h->grid[amod(xi - 1, H) * S + li];
+    const int xnext = h->grid[tt_mod(xi + 1, H) * S + li],
+              xprev = h->grid[tt_mod(xi - 1, H) * S + li];
     TT_CHECK(tt_p2p_send(op, xnext, t == 0 ? g->own + so * es : recv + (dsp[sb] + so) * es,
-                         seg_len(cnt[sb], g->K, k) * es, tag, &g->xr[k & 1][1]));
-    return tt_p2p_recv(op, xprev, recv + (dsp[rb] + ro) * es, seg_len(cnt[rb], g->K, k) * es, tag,
-                       &g->xr[k & 1][0]);
+                         tt_seg_len(cnt[sb], g->K, k) * es, tag, &g->xr[k & 1][1]));
+    return tt_p2p_recv(op, xprev, recv + (dsp[rb] + ro) * es, tt_seg_len(cnt[rb], g->K, k) * es,
+                       tag, &g->xr[k & 1][0]);
 }
 
 /* Segment by segment: the ring within the host for host (xi - t)'s blocks while step t
@@ -113,8 +97,7 @@ static int agh_run(tt_op_t *op, const tt_hosts_t *h)
     size_t maxlen = 0;
     for (int q = 0; q < op->nranks; q++)
         maxlen = TT_MAX(maxlen, cnt[q]);
-    g.K = (int)TT_MIN((maxlen * es + AGH_SEG_BYTES - 1) / AGH_SEG_BYTES, (size_t)AGH_MAX_SEGS);
-    g.K = TT_MAX(g.K, 1);
+    g.K = tt_hier_block_segs(maxlen * es);
     int copy_own;
     g.own = tt_own_block_src(op, &copy_own);
     TT_CHECK(agh_post(&g, 0, 0));
@@ -124,7 +107,7 @@ static int agh_run(tt_op_t *op, const tt_hosts_t *h)
     uint32_t pass = 0;
     for (int k = 0; k < g.K; k++)
         for (int t = 0; t < H; t++) {
-            TT_CHECK(agh_local(&g, k, amod(h->xi - t, H), pass++));
+            TT_CHECK(agh_local(&g, k, tt_mod(h->xi - t, H), pass++));
             if (t == H - 1)
                 continue;
             TT_CHECK(tt_p2p_wait_all(op, g.xr[k & 1], 2));

@@ -70,6 +70,35 @@ typedef struct tt_hosts {
 int tt_hosts_map(const tt_op_t *op, tt_hosts_t *h);
 void tt_hosts_free(tt_hosts_t *h);
 
+/* The hierarchical allgather and reduce-scatter send blocks of more than
+ * TT_HIER_BLOCK_SEG_BYTES in segments (at most TT_HIER_BLOCK_SEGS): how many for blocks
+ * of at most max_bytes (the same on every rank: recvcounts are), where segment k of K of
+ * a block of c elements starts, and how long it is (the first c % K one longer). */
+#define TT_HIER_BLOCK_SEG_BYTES ((size_t)1 << 20)
+#define TT_HIER_BLOCK_SEGS 16
+static inline int tt_hier_block_segs(size_t max_bytes)
+{
+    size_t k = (max_bytes + TT_HIER_BLOCK_SEG_BYTES - 1) / TT_HIER_BLOCK_SEG_BYTES;
+    return k < 1 ? 1 : k > TT_HIER_BLOCK_SEGS ? TT_HIER_BLOCK_SEGS : (int)k;
+}
+
+static inline size_t tt_seg_off(size_t c, int K, int k)
+{
+    size_t base = c / (size_t)K, rem = c % (size_t)K;
+    return base * (size_t)k + ((size_t)k < rem ? (size_t)k : rem);
+}
+
+static inline size_t tt_seg_len(size_t c, int K, int k)
+{
+    return c / (size_t)K + ((size_t)k < c % (size_t)K);
+}
+
+/* x mod m in 0 .. m - 1, for x of either sign */
+static inline int tt_mod(int x, int m)
+{
+    return ((x % m) + m) % m;
+}
+
 /* Blocks that travel in pieces (the reduce-scatters): elements per piece, from the op's
  * chunk_bytes (0: one piece per block); how many pieces a block of count elements
  * makes (an empty block still sends one, empty); and a piece's tag, which carries its

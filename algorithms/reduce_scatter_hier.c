@@ -31,25 +31,6 @@
 
 #define RSH_TAG_CROSS (1u << 28)
 #define RSH_TAG_LOCAL (2u << 28)
-#define RSH_SEG_BYTES ((size_t)1 << 20) /* a block goes in segments of about this much */
-#define RSH_MAX_SEGS 16
-
-static int rmod(int x, int m)
-{
-    return ((x % m) + m) % m;
-}
-
-/* Segment k of K of a block of c elements: where it starts, and how long it is (the
- * first segments one element longer) */
-static size_t seg_off(size_t c, int K, int k)
-{
-    return c / (size_t)K * (size_t)k + TT_MIN((size_t)k, c % (size_t)K);
-}
-
-static size_t seg_len(size_t c, int K, int k)
-{
-    return c / (size_t)K + ((size_t)k < c % (size_t)K);
-}
 
 typedef struct {
     tt_op_t *op;
@@ -78,20 +59,20 @@ static int rsh_local(const rsh_t *g, int k, int hh, uint32_t pass)
     const size_t es = op->elem_size, *cnt = op->recvcounts, *dsp = op->rdispls;
     const unsigned char *send = op->sendbuf;
     const int *row = h->grid + hh * S;
-    const int next = h->local[rmod(li + 1, S)], prev = h->local[rmod(li - 1, S)];
+    const int next = h->local[tt_mod(li + 1, S)], prev = h->local[tt_mod(li - 1, S)];
     tt_req_t req[2];
     for (int s = 0; s < S - 1; s++) {
-        const int sb = row[rmod(li - s - 1, S)], rb = row[rmod(li - s - 2, S)];
-        const size_t sl = seg_len(cnt[sb], g->K, k), rl = seg_len(cnt[rb], g->K, k);
+        const int sb = row[tt_mod(li - s - 1, S)], rb = row[tt_mod(li - s - 2, S)];
+        const size_t sl = tt_seg_len(cnt[sb], g->K, k), rl = tt_seg_len(cnt[rb], g->K, k);
         const uint32_t tag = RSH_TAG_LOCAL + pass * (uint32_t)S + (uint32_t)s;
         TT_CHECK(tt_p2p_recv(op, prev, g->tmp, rl * es, tag, &req[0]));
         TT_CHECK(tt_p2p_send(op, next,
-                             s == 0 ? send + (dsp[sb] + seg_off(cnt[sb], g->K, k)) * es : g->cur,
+                             s == 0 ? send + (dsp[sb] + tt_seg_off(cnt[sb], g->K, k)) * es : g->cur,
                              sl * es, tag, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         unsigned char *dst = s == S - 2 ? g->part[k & 1] + g->poff[hh] * es : g->cur;
         if (rl)
-            tt_reduce3(dst, send + (dsp[rb] + seg_off(cnt[rb], g->K, k)) * es, g->tmp, rl,
+            tt_reduce3(dst, send + (dsp[rb] + tt_seg_off(cnt[rb], g->K, k)) * es, g->tmp, rl,
                        op->dtype, op->redop);
     }
     return TUTTI_OK;
@@ -103,13 +84,13 @@ static int rsh_post(rsh_t *g, int k, int t, int xnext, int xprev)
 {
     tt_op_t *op = g->op;
     const int H = g->h->nx, xi = g->h->xi;
-    const int sh = rmod(xi - t - 1, H), rh = rmod(xi - t - 2, H);
+    const int sh = tt_mod(xi - t - 1, H), rh = tt_mod(xi - t - 2, H);
     const size_t es = op->elem_size;
     const uint32_t tag = RSH_TAG_CROSS + (uint32_t)(k * (H - 1) + t);
-    TT_CHECK(tt_p2p_recv(op, xprev, g->xtmp[k & 1], seg_len(col_cnt(g, rh), g->K, k) * es, tag,
+    TT_CHECK(tt_p2p_recv(op, xprev, g->xtmp[k & 1], tt_seg_len(col_cnt(g, rh), g->K, k) * es, tag,
                          &g->xr[k & 1][0]));
     return tt_p2p_send(op, xnext, g->part[k & 1] + g->poff[sh] * es,
-                       seg_len(col_cnt(g, sh), g->K, k) * es, tag, &g->xr[k & 1][1]);
+                       tt_seg_len(col_cnt(g, sh), g->K, k) * es, tag, &g->xr[k & 1][1]);
 }
 
 /* Segment by segment, each segment's step t across hosts on its way while the ring
@@ -127,11 +108,11 @@ static int rsh_run(tt_op_t *op, const tt_hosts_t *h)
         maxlen = TT_MAX(maxlen, cnt[q]);
         extent = TT_MAX(extent, dsp[q] + cnt[q]);
     }
-    g.K = (int)TT_MIN((maxlen * es + RSH_SEG_BYTES - 1) / RSH_SEG_BYTES, (size_t)RSH_MAX_SEGS);
-    g.K = TT_MAX(g.K, 1);
-    size_t colsum = 0, colmax = 0, seg_max = seg_len(maxlen, g.K, 0);
+    g.K = tt_hier_block_segs(maxlen * es);
+    size_t colsum = 0, colmax = 0, seg_max = tt_seg_len(maxlen, g.K, 0);
     for (int j = 0; j < H; j++) {
-        const size_t c = seg_len(cnt[h->grid[j * S + li]], g.K, 0); /* segment 0 is the longest */
+        const size_t c = tt_seg_len(cnt[h->grid[j * S + li]], g.K,
+                                    0); /* segment 0 is the longest */
         g.poff[j] = colsum;
         colsum += c;
         colmax = TT_MAX(colmax, c);
@@ -151,23 +132,24 @@ static int rsh_run(tt_op_t *op, const tt_hosts_t *h)
     g.cur = g.xtmp[1] + colmax * es;
     g.tmp = g.cur + seg_max * es;
     g.res = overlap ? g.tmp + seg_max * es : op->recvbuf;
-    const int xnext = h->grid[rmod(xi + 1, H) * S + li], xprev = h->grid[rmod(xi - 1, H) * S + li];
+    const int xnext = h->grid[tt_mod(xi + 1, H) * S + li],
+              xprev = h->grid[tt_mod(xi - 1, H) * S + li];
     uint32_t pass = 0; /* local rings so far: their tags */
-    TT_CHECK(rsh_local(&g, 0, rmod(xi - 1, H), pass++));
+    TT_CHECK(rsh_local(&g, 0, tt_mod(xi - 1, H), pass++));
     TT_CHECK(rsh_post(&g, 0, 0, xnext, xprev));
     for (int k = 0; k < g.K; k++) {
         for (int t = 0; t < H - 1; t++) {
-            const int rh = rmod(xi - t - 2, H);
-            const size_t rl = seg_len(col_cnt(&g, rh), g.K, k);
+            const int rh = tt_mod(xi - t - 2, H);
+            const size_t rl = tt_seg_len(col_cnt(&g, rh), g.K, k);
             unsigned char *mine = g.part[k & 1] + g.poff[rh] * es;
             TT_CHECK(rsh_local(&g, k, rh, pass++)); /* this host's partial of what comes in */
             if (t == H - 2 && k + 1 < g.K) {        /* the next segment's first step, ready to go */
-                TT_CHECK(rsh_local(&g, k + 1, rmod(xi - 1, H), pass++));
+                TT_CHECK(rsh_local(&g, k + 1, tt_mod(xi - 1, H), pass++));
                 TT_CHECK(rsh_post(&g, k + 1, 0, xnext, xprev));
             }
             TT_CHECK(tt_p2p_wait_all(op, g.xr[k & 1], 2));
             /* the last step brings this rank's own block */
-            unsigned char *dst = t == H - 2 ? g.res + seg_off(cnt[op->rank], g.K, k) * es : mine;
+            unsigned char *dst = t == H - 2 ? g.res + tt_seg_off(cnt[op->rank], g.K, k) * es : mine;
             if (rl)
                 tt_reduce3(dst, mine, g.xtmp[k & 1], rl, op->dtype, op->redop);
             if (t < H - 2)

@@ -659,22 +659,11 @@ static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir
     (void)unused;
     const hier_arg_t *h = arg;
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.algo = h->set.algo;
-    o.chunk_bytes = h->set.chunk_bytes;
-    char hid[16];
-    snprintf(hid, sizeof(hid), "host-%c", h->map[rank]);
-    o.host_id = hid;
-    const char *tp = strchr(h->map, '/');
-    o.transport = tp ? tp + 1 : "auto";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
-    const char *d = tutti_comm_cost_model(comm);
-    FAIL_IF(!strstr(d, "hosts"), "rank %d: cost model %s has no host map", rank, d);
-    int rc = rank_matrix(rank, nranks, comm, dir, (void *)&h->set);
+    tutti_comm_t *comm;
+    int rc = coll_host_comm(rank, nranks, dir, h->map, h->set.algo, h->set.chunk_bytes, &store,
+                            &comm);
+    if (rc == 0)
+        rc = rank_matrix(rank, nranks, comm, dir, (void *)&h->set);
     if (rc == 0)
         rc = hier_segments(rank, nranks, comm, h->set.label);
     tutti_comm_destroy(comm);
@@ -692,15 +681,7 @@ START_TEST(hier_hosts)
                                 { "tree", "hier", "hier", "linear", "tree", "pairwise" },
                                 4099 },
                        .map = hier_maps[_i] };
-    th_spec_t spec = { .nranks = (int)strcspn(hier_maps[_i], "/"),
-                       .fn = rank_hier,
-                       .arg = &arg,
-                       .timeout_ms = 100000,
-                       .flags = TH_NO_COMM };
-    double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    fprintf(stderr, "matrix %s: %.0f ms\n", label, th_now_ms() - t0);
-    ck_assert_msg(rc == 0, "%s failed (see above)", label);
+    coll_run_hosts(hier_maps[_i], rank_hier, &arg, label);
 }
 END_TEST
 

@@ -457,24 +457,12 @@ static int rank_hier(int rank, int nranks, tutti_comm_t *unused, const char *dir
     (void)unused;
     const char *map = ((const matrix_arg_t *)arg)->label + strlen("hier ");
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.algo = "allreduce:hier;broadcast:tree;barrier:tree"; /* the tree over shm and tcp */
-    o.chunk_bytes = 4099; /* several chunks per block, an odd size */
-    char hid[16];
-    snprintf(hid, sizeof(hid), "host-%c", map[rank]);
-    o.host_id = hid;
-    /* shm within a host, tcp across, whatever the suite runs over; or what the map says */
-    const char *tp = strchr(map, '/');
-    o.transport = tp ? tp + 1 : "auto";
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
-    /* every rank has the host map (the model describes it), whatever the transports */
-    const char *d = tutti_comm_cost_model(comm);
-    FAIL_IF(!strstr(d, "hosts"), "rank %d: cost model %s has no host map", rank, d);
-    int rc = rank_matrix(rank, nranks, comm, dir, arg);
+    tutti_comm_t *comm;
+    /* the tree over shm and tcp; several chunks per block, an odd size */
+    int rc = coll_host_comm(rank, nranks, dir, map, "allreduce:hier;broadcast:tree;barrier:tree",
+                            4099, &store, &comm);
+    if (rc == 0)
+        rc = rank_matrix(rank, nranks, comm, dir, arg);
     if (rc == 0)
         rc = check_hier_pipeline(rank, nranks, comm);
     tutti_comm_destroy(comm);
@@ -492,15 +480,7 @@ START_TEST(hier_hosts)
                          .label = label,
                          .allreduce_only = 1,
                          .sh = shared_area() };
-    th_spec_t spec = { .nranks = (int)strcspn(hier_maps[_i], "/"),
-                       .fn = rank_hier,
-                       .arg = &arg,
-                       .timeout_ms = 100000,
-                       .flags = TH_NO_COMM };
-    double t0 = th_now_ms();
-    int rc = th_run_ex(&spec, NULL);
-    fprintf(stderr, "matrix %s: %.0f ms\n", label, th_now_ms() - t0);
-    ck_assert_msg(rc == 0, "%s failed (see above)", label);
+    coll_run_hosts(hier_maps[_i], rank_hier, &arg, label);
 }
 END_TEST
 
