@@ -35,9 +35,9 @@
 typedef struct {
     tt_op_t *op;
     const tt_hosts_t *h;
-    int K;
+    int K;                    /* segments a block */
     const unsigned char *own; /* this rank's block: sendbuf, or its place in recvbuf */
-    tt_req_t xr[2][2];        /* a segment's step across hosts, by parity */
+    tt_req_t xr[2];           /* the step across hosts on its way (one at a time) */
 } agh_t;
 
 /* The ring within this host over segment k of host hh's blocks (the c-th of which the
@@ -81,9 +81,9 @@ static int agh_post(agh_t *g, int k, int t)
     const int xnext = h->grid[tt_mod(xi + 1, H) * S + li],
               xprev = h->grid[tt_mod(xi - 1, H) * S + li];
     TT_CHECK(tt_p2p_send(op, xnext, t == 0 ? g->own + so * es : recv + (dsp[sb] + so) * es,
-                         tt_seg_len(cnt[sb], g->K, k) * es, tag, &g->xr[k & 1][1]));
+                         tt_seg_len(cnt[sb], g->K, k) * es, tag, &g->xr[1]));
     return tt_p2p_recv(op, xprev, recv + (dsp[rb] + ro) * es, tt_seg_len(cnt[rb], g->K, k) * es,
-                       tag, &g->xr[k & 1][0]);
+                       tag, &g->xr[0]);
 }
 
 /* Segment by segment: the ring within the host for host (xi - t)'s blocks while step t
@@ -110,7 +110,7 @@ static int agh_run(tt_op_t *op, const tt_hosts_t *h)
             TT_CHECK(agh_local(&g, k, tt_mod(h->xi - t, H), pass++));
             if (t == H - 1)
                 continue;
-            TT_CHECK(tt_p2p_wait_all(op, g.xr[k & 1], 2));
+            TT_CHECK(tt_p2p_wait_all(op, g.xr, 2));
             if (t + 1 < H - 1)
                 TT_CHECK(agh_post(&g, k, t + 1));
             else if (k + 1 < g.K)

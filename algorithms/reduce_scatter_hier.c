@@ -110,9 +110,8 @@ static int rsh_run(tt_op_t *op, const tt_hosts_t *h)
     }
     g.K = tt_hier_block_segs(maxlen * es);
     size_t colsum = 0, colmax = 0, seg_max = tt_seg_len(maxlen, g.K, 0);
-    for (int j = 0; j < H; j++) {
-        const size_t c = tt_seg_len(cnt[h->grid[j * S + li]], g.K,
-                                    0); /* segment 0 is the longest */
+    for (int j = 0; j < H; j++) { /* segment 0 is the longest */
+        const size_t c = tt_seg_len(cnt[h->grid[j * S + li]], g.K, 0);
         g.poff[j] = colsum;
         colsum += c;
         colmax = TT_MAX(colmax, c);
