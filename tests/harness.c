@@ -243,16 +243,35 @@ int th_run_ex(const th_spec_t *spec, int *exit_codes)
     char job_id[64];
     snprintf(job_id, sizeof(job_id), "th-%ld-%u-%lld", (long)self, runs++, (long long)th_now_ms());
     int started = 0, fork_failed = 0;
+    /* The ranks start together, once every one is forked: a rank that talks to a server
+     * thread of this process (a tcp store) while the next fork happens could leave that
+     * thread holding a lock (the allocator's, under ASan) in the next child, which then
+     * waits on it for ever. A child reads the gate until the parent closes it. */
+    int gate[2];
+    if (pipe(gate) != 0)
+        gate[0] = gate[1] = -1;
     for (; started < n; started++) {
         pid_t pid = fork();
-        if (pid == 0)
+        if (pid == 0) {
+            if (gate[1] >= 0) {
+                char c;
+                close(gate[1]);
+                while (read(gate[0], &c, 1) < 0 && errno == EINTR)
+                    ;
+                close(gate[0]);
+            }
             th_child(spec, started, dir, self, job_id);
+        }
         if (pid < 0) {
             fprintf(stderr, "th: fork of rank %d: %s\n", started, strerror(errno));
             fork_failed = 1;
             break;
         }
         pids[started] = pid;
+    }
+    if (gate[1] >= 0) {
+        close(gate[1]);
+        close(gate[0]);
     }
 
     const double deadline = th_now_ms() + timeout;
