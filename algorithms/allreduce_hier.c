@@ -4,7 +4,7 @@
  * local index allreduce their shard across hosts (ring, or recursive doubling where the
  * cost model prefers it); a ring allgather within the host spreads the result. Only 1/S
  * of the vector per rank crosses the slow link, and the S ranks of a host share it.
- * Large vectors go in segments, pipelined (tt_hosts_ticks): one segment's shard crosses
+ * Large vectors go in segments, pipelined (hier_ticks): one segment's shard crosses
  * hosts while the next is reduce-scattered and an earlier one allgathered within the
  * host, so the link and the local copies overlap instead of taking turns.
  *
@@ -184,9 +184,9 @@ static size_t hier_align(size_t bytes)
  * ranks of a shard across hosts post their steps in the same order, which is how
  * messages of a pair match. D steps across hosts (0 with one host, or with recursive
  * doubling, which runs whole at the segment's tick: only ever with one segment). */
-static int tt_hosts_ticks(tt_op_t *op, const tt_hosts_t *h, grp_t *lg, int nseg, int rd, int D,
-                          const grp_t *xg0, unsigned char *lscratch, tt_req_t *lreqs,
-                          unsigned char *xscratch, size_t xstride, tt_req_t *xreqs)
+static int hier_ticks(tt_op_t *op, const tt_hosts_t *h, grp_t *lg, int nseg, int rd, int D,
+                      const grp_t *xg0, unsigned char *lscratch, tt_req_t *lreqs,
+                      unsigned char *xscratch, size_t xstride, tt_req_t *xreqs)
 {
     const size_t es = op->elem_size;
     const int nslot = hier_slots(nseg, D);
@@ -267,8 +267,8 @@ static int hier_run(tt_op_t *op, const tt_hosts_t *h)
     tt_req_t *reqs = tt_reqs_get(&hold, 2 * lg.maxck + nslot * 2 * xg0.maxck);
     int st = scratch && reqs ? TUTTI_OK : TUTTI_ERR_NOMEM;
     if (st == TUTTI_OK)
-        st = tt_hosts_ticks(op, h, &lg, nseg, rd, D, &xg0, scratch, reqs, scratch + lbytes, xstride,
-                            reqs + 2 * lg.maxck);
+        st = hier_ticks(op, h, &lg, nseg, rd, D, &xg0, scratch, reqs, scratch + lbytes, xstride,
+                        reqs + 2 * lg.maxck);
     tt_reqs_put(&hold);
     return st;
 }
