@@ -6,8 +6,10 @@
  * order with envelopes, zero-length messages, bad requests, envelope and length
  * mismatches, cancel_all, notify_error, abort, progress timeouts, a killed peer, and
  * probe (the optional slot: messages that arrived before their receive, consuming
- * nothing); after every shm run, that /dev/shm holds none of its segments. */
+ * nothing), arm (the optional slot: a descriptor to sleep on outside progress()); after
+ * every shm run, that /dev/shm holds none of its segments. */
 #include <check.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,7 +63,8 @@ static int conf_load(const conf_tp_t *c, const tutti_transport_ops_v2_t **ops_p,
 }
 
 /* Load and connect; SKIP_CODE when the transport has no device here. */
-static int conf_open(conf_t *cf, const conf_tp_t *c, const char *dir, int rank, int nranks)
+static int conf_open(conf_t *cf, const conf_tp_t *c, const char *dir, int rank, int nranks,
+                     const char *knobs)
 {
     memset(cf, 0, sizeof(*cf));
     cf->label = c->label;
@@ -69,7 +72,7 @@ static int conf_open(conf_t *cf, const conf_tp_t *c, const char *dir, int rank, 
         return 1;
     if (th_host_open(&cf->host, dir, "conf/", rank, nranks, 10000) != 0)
         return 1;
-    cf->host.knobs = "SOCKET_IFNAME=lo";
+    cf->host.knobs = knobs;
     int st = cf->ops->create(&cf->host.h, &cf->tp);
     if (st == TUTTI_ERR_NO_DEVICE)
         return SKIP_CODE;
@@ -126,6 +129,7 @@ typedef struct conf_arg {
     const conf_tp_t *tp;
     conf_body_fn body;
     int *pids; /* shared with the ranks: their processes, for th_shm_leftovers */
+    const char *knobs;
 } conf_arg_t;
 
 static int conf_rank(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *varg)
@@ -134,12 +138,14 @@ static int conf_rank(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     conf_arg_t *a = varg;
     a->pids[rank] = getpid();
     conf_t cf;
-    int rc = conf_open(&cf, a->tp, dir, rank, nranks);
+    int rc = conf_open(&cf, a->tp, dir, rank, nranks, a->knobs);
     if (rc == 0)
         rc = a->body(&cf, rank);
     conf_close(&cf);
     return rc;
 }
+
+static int body_arm(conf_t *cf, int rank);
 
 /* Run body on two ranks over transport i; the killed-peer case lets rank 1 die. */
 static void conf_run(int i, conf_body_fn body, int peer_dies)
@@ -156,7 +162,12 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
         pids = th_shared_zeroed(2 * sizeof(*pids));
     pids[0] = pids[1] = 0;
     time_t since = time(NULL) - 1;
-    conf_arg_t a = { .tp = &tps[i], .body = body, .pids = pids };
+    /* arm's sleeps must end by a wake-up, not by shm's liveness checks (every 100 ms) */
+    conf_arg_t a = { .tp = &tps[i],
+                     .body = body,
+                     .pids = pids,
+                     .knobs = body == body_arm ? "SOCKET_IFNAME=lo,SHM_LIVENESS_MS=60000"
+                                               : "SOCKET_IFNAME=lo" };
     th_spec_t spec = { .nranks = 2,
                        .fn = conf_rank,
                        .arg = &a,
@@ -509,6 +520,142 @@ static int body_probe(conf_t *cf, int rank)
     return 0;
 }
 
+/* ---- arm: a descriptor that turns readable when progress() has something to do ---- */
+
+/* Arm until it says armed (0: *fd_p set) or fails; progress(0) while it says busy. */
+static int arm_wait(conf_t *cf, int *fd_p, int *tmo_p)
+{
+    for (int i = 0; i < 1000; i++) {
+        int st = cf->ops->arm(cf->tp, fd_p, tmo_p);
+        if (st != 1)
+            return st;
+        cf->ops->progress(cf->tp, 0);
+    }
+    return 1;
+}
+
+/* Drive reqs[n] only by arm, poll and progress(0), as the multiplexer does with several
+ * transports. A sleep that lasts 3 s while the peer is sending to us or waiting for our
+ * data is a lost wake-up: -1. 0 when all are done. */
+static int drive_armed(conf_t *cf, tutti_tp_req_v2_t *reqs, int n)
+{
+    double end = th_now_ms() + 20000;
+    while (th_now_ms() < end) {
+        int pending = 0;
+        for (int i = 0; i < n; i++)
+            pending += reqs[i].status == 1;
+        if (!pending)
+            return 0;
+        int fd = -1, tmo = -1;
+        int st = cf->ops->arm(cf->tp, &fd, &tmo);
+        if (st < 0)
+            return st;
+        if (st == 0) {
+            struct pollfd p = { .fd = fd, .events = POLLIN };
+            int ms = tmo >= 0 && tmo < 3000 ? tmo : 3000;
+            double t0 = th_now_ms();
+            int r = poll(&p, 1, ms);
+            if (r == 0 && ms == 3000 && th_now_ms() - t0 >= 2900)
+                return -1;
+        }
+        if (cf->ops->progress(cf->tp, 0) < 0)
+            return -2;
+    }
+    return -3;
+}
+
+static int body_arm(conf_t *cf, int rank)
+{
+    int has = tutti_tp_ops_has(cf->ops, arm) && cf->ops->arm;
+    /* tcp and shm arm; ibverbs does not (yet), nor can a v1 plugin */
+    int want = !strstr(cf->label, "ABI v1") && !strstr(cf->label, "ibverbs");
+    CHECK(has == want, "%s: arm slot %s", cf->label, has ? "set" : "missing");
+    if (!has) {
+        barrier(cf, "armed");
+        barrier(cf, "exchanged");
+        return 0;
+    }
+    int fd = -1, tmo = -1;
+    char small[16] = "wake up", got[16] = { 0 };
+    tutti_tp_req_v2_t r;
+    if (rank == 1) {
+        /* armed with a receive pending and nothing sent: not readable; the message
+         * makes it readable */
+        req_set(&r, 0, got, sizeof(got), 1, 5);
+        CHECK(cf->ops->post_recv(cf->tp, &r) == 0, "post_recv");
+        CHECK(arm_wait(cf, &fd, &tmo) == 0, "arm with a receive pending");
+        CHECK(fd >= 0 && tmo >= -1, "arm gave fd %d, timeout %d", fd, tmo);
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        CHECK(poll(&p, 1, 0) == 0, "readable with nothing sent");
+        barrier(cf, "armed");
+        double t0 = th_now_ms();
+        int pr = poll(&p, 1, tmo >= 0 && tmo < 5000 ? tmo : 5000);
+        CHECK(pr == 1 || (tmo >= 0 && tmo < 5000), "not readable %.0f ms after the send",
+              th_now_ms() - t0);
+        cf->ops->progress(cf->tp, 0);
+        drive(cf, &r, 1, 10000);
+        CHECK(r.status == 0 && !strcmp(got, small), "receive: status %d", r.status);
+    } else {
+        barrier(cf, "armed");
+        req_set(&r, 1, small, sizeof(small), 1, 5);
+        CHECK(cf->ops->post_send(cf->tp, &r) == 0, "post_send");
+        drive(cf, &r, 1, 10000);
+        CHECK(r.status == 0, "send: status %d", r.status);
+    }
+    /* both ways at once, large and small, driven only by arm, poll and progress(0) */
+    enum { XN = 6 };
+    static const size_t xlen[XN] = { 1 << 20, 3, 0, 4 << 20, 100, 65536 };
+    char *out[XN], *in[XN];
+    tutti_tp_req_v2_t xr[2 * XN];
+    for (int k = 0; k < XN; k++) {
+        out[k] = malloc(xlen[k] + 1);
+        in[k] = malloc(xlen[k] + 1);
+        CHECK(out[k] && in[k], "malloc");
+        for (size_t j = 0; j < xlen[k]; j++)
+            out[k][j] = (char)(j * 7 + (size_t)k + (size_t)rank);
+        req_set(&xr[k], 1 - rank, in[k], xlen[k], 10 + k, 6);
+        req_set(&xr[XN + k], 1 - rank, out[k], xlen[k], 10 + k, 6);
+        CHECK(cf->ops->post_recv(cf->tp, &xr[k]) == 0, "post_recv %d", k);
+    }
+    for (int k = 0; k < XN; k++)
+        CHECK(cf->ops->post_send(cf->tp, &xr[XN + k]) == 0, "post_send %d", k);
+    int dst = drive_armed(cf, xr, 2 * XN);
+    CHECK(dst == 0, "driven by arm: %s",
+          dst == -1 ? "a sleep of 3 s with messages under way (a lost wake-up)" : "failed");
+    for (int k = 0; k < XN; k++) {
+        CHECK(xr[k].status == 0 && xr[XN + k].status == 0, "message %d: %d %d", k, xr[k].status,
+              xr[XN + k].status);
+        for (size_t j = 0; j < xlen[k]; j++)
+            CHECK(in[k][j] == (char)(j * 7 + (size_t)k + (size_t)(1 - rank)), "message %d byte %zu",
+                  k, j);
+        free(out[k]);
+        free(in[k]);
+    }
+    barrier(cf, "exchanged");
+    /* abort() from another thread makes an armed descriptor readable */
+    req_set(&r, 1 - rank, got, sizeof(got), 99, 7); /* never sent */
+    CHECK(cf->ops->post_recv(cf->tp, &r) == 0, "post_recv");
+    CHECK(arm_wait(cf, &fd, &tmo) == 0, "arm before abort");
+    aborter_t a = { cf, 200 };
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, abort_later, &a) == 0, "pthread_create");
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    double t0 = th_now_ms();
+    int pr = 0;
+    /* a timeout the transport asked for (its liveness checks) ends a sleep early: again */
+    while (pr == 0 && th_now_ms() - t0 < 5000) {
+        pr = poll(&p, 1, tmo >= 0 && tmo < 5000 ? tmo : 5000);
+        if (pr == 0 && cf->ops->progress(cf->tp, 0) == 0 && arm_wait(cf, &fd, &tmo) != 0)
+            break;
+        p.fd = fd;
+    }
+    double dt = th_now_ms() - t0;
+    pthread_join(th, NULL);
+    CHECK(dt < 2000, "abort at 200 ms: the descriptor was readable after %.0f ms", dt);
+    CHECK(cf->ops->progress(cf->tp, 0) == TUTTI_ERR_ABORTED, "progress after abort");
+    return 0;
+}
+
 /* One test per contract point, looped over the transports. */
 #define CONF_CASE(name, body, peer_dies)                                                           \
     START_TEST(name)                                                                               \
@@ -525,6 +672,7 @@ CONF_CASE(notify_error, body_notify, 0)
 CONF_CASE(timeouts_and_abort, body_timeouts, 0)
 CONF_CASE(peer_killed, body_peer_killed, 1)
 CONF_CASE(probe, body_probe, 0)
+CONF_CASE(arm, body_arm, 0)
 
 int main(void)
 {
@@ -542,6 +690,7 @@ int main(void)
         { "timeouts_and_abort", timeouts_and_abort },
         { "peer_killed", peer_killed },
         { "probe", probe },
+        { "arm", arm },
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
         th_add_case(s, cases[k].name, cases[k].test, NTPS, 120);

@@ -35,8 +35,9 @@ typedef struct mux_case {
 } mux_case_t;
 
 /* comm may be NULL where init must fail (a communicator made anyway is not kept). */
-static int open_comm(int rank, int nranks, const char *dir, const mux_case_t *c,
-                     tutti_store_t **store, tutti_comm_t **comm)
+/* quiet: no spin, and a stall check every 60 s (waits end by wake-ups alone) */
+static int open_comm_q(int rank, int nranks, const char *dir, const mux_case_t *c, int quiet,
+                       tutti_store_t **store, tutti_comm_t **comm)
 {
     tutti_comm_t *unkept = NULL;
     if (!comm)
@@ -47,10 +48,20 @@ static int open_comm(int rank, int nranks, const char *dir, const mux_case_t *c,
     tutti_comm_opts_init(&o);
     o.timeout_ms = 20000;
     o.transport = c->transport;
+    if (quiet) {
+        o.spin_us = 0;
+        o.stall_check_ms = 60000;
+    }
     char hid[8];
     snprintf(hid, sizeof(hid), "host%c", c->hosts[rank]);
     o.host_id = hid;
     return tutti_comm_init(comm, *store, rank, nranks, &o);
+}
+
+static int open_comm(int rank, int nranks, const char *dir, const mux_case_t *c,
+                     tutti_store_t **store, tutti_comm_t **comm)
+{
+    return open_comm_q(rank, nranks, dir, c, 0, store, comm);
 }
 
 static int rank_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -303,6 +314,102 @@ START_TEST(report_on_idle_transport)
 }
 END_TEST
 
+/* ---- a wait with requests on two transports sleeps on both (the ABI's arm()) ----
+ * Through the communicator's transport table (the multiplexer), between collectives:
+ * rank 0 posts a receive from rank 1 (local) and one from rank 2 (remote) and calls
+ * progress() with a 10 s timeout until one of them is done, while the other stays
+ * pending; that one's sender sends 50 ms later, when rank 0 sleeps. Without a spin and
+ * with shm's liveness checks every 60 s, only the message's wake-up ends the sleep: a
+ * lost one holds progress() for 10 s. Then the same the other way round. */
+static void raw_req(tutti_tp_req_v2_t *r, int peer, int32_t *buf, int k)
+{
+    memset(r, 0, sizeof(*r));
+    r->peer = peer;
+    r->buf = buf;
+    r->len = sizeof(*buf);
+    r->env[0] = 0x5eed;
+    r->env[1] = (uint64_t)k;
+    r->mem = TUTTI_MEM_HOST;
+}
+
+static int rank_both(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const mux_case_t *c = arg;
+    setenv("TUTTI_SHM_LIVENESS_MS", "60000", 1);
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    int st = open_comm_q(rank, nranks, dir, c, 1, &store, &comm);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? "tcp" : c->expect), "transport %s",
+            tutti_comm_transport(comm));
+    const tutti_transport_ops_v2_t *ops = comm->tp_ops;
+    for (int k = 0; k < 2; k++) {
+        int awaited = k == 0 ? 2 : 1, other = 3 - awaited;
+        char posted[16], got[16];
+        snprintf(posted, sizeof(posted), "posted%d", k);
+        snprintf(got, sizeof(got), "got%d", k);
+        if (rank == 0) {
+            int32_t in[3] = { -1, -1, -1 };
+            tutti_tp_req_v2_t r[3];
+            for (int p = 1; p < 3; p++) {
+                raw_req(&r[p], p, &in[p], k);
+                FAIL_IF(ops->post_recv(comm->tp, &r[p]) != 0, "post_recv from %d", p);
+            }
+            FAIL_IF(tutti_store_set(store, posted, "1", 1) != 0, "store set");
+            double t0 = th_now_ms();
+            while (r[awaited].status == 1 && th_now_ms() - t0 < 20000)
+                FAIL_IF(ops->progress(comm->tp, 10000) < 0, "progress");
+            double dt = th_now_ms() - t0;
+            FAIL_IF(r[awaited].status != 0 || dt > 5000,
+                    "rank %d's message (rank %d's pending): status %d after %.0f ms (a lost "
+                    "wake-up?)",
+                    awaited, other, r[awaited].status, dt);
+            FAIL_IF(r[other].status != 1, "rank %d's message came early", other);
+            FAIL_IF(tutti_store_set(store, got, "1", 1) != 0, "store set");
+            t0 = th_now_ms();
+            while (r[other].status == 1 && th_now_ms() - t0 < 20000)
+                FAIL_IF(ops->progress(comm->tp, 10000) < 0, "progress");
+            FAIL_IF(r[other].status != 0, "rank %d's message: status %d", other, r[other].status);
+            for (int p = 1; p < 3; p++)
+                FAIL_IF(in[p] != 1000 * k + p, "from rank %d: %d", p, in[p]);
+        } else {
+            void *val = NULL;
+            size_t len = 0;
+            FAIL_IF(tutti_store_get(store, rank == awaited ? posted : got, &val, &len, 20000) != 0,
+                    "store get");
+            free(val);
+            if (rank == awaited)
+                th_sleep_ms(50);
+            int32_t v = 1000 * k + rank;
+            tutti_tp_req_v2_t r;
+            raw_req(&r, 0, &v, k);
+            FAIL_IF(ops->post_send(comm->tp, &r) != 0, "post_send");
+            double t0 = th_now_ms();
+            while (r.status == 1 && th_now_ms() - t0 < 20000)
+                FAIL_IF(ops->progress(comm->tp, 100) < 0, "progress");
+            FAIL_IF(r.status != 0, "send: status %d", r.status);
+        }
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(sleeps_on_both)
+{
+    mux_case_t c[2] = { { "local=shm,remote=tcp", "AAB", "shm+tcp", 0 },
+                        { "local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0 } };
+    for (int k = have("shm") ? 0 : 1; k < 2; k++) {
+        th_spec_t spec = {
+            .nranks = 3, .fn = rank_both, .arg = &c[k], .timeout_ms = 60000, .flags = TH_NO_COMM
+        };
+        ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s: see above", c[k].transport);
+    }
+}
+END_TEST
+
 /* rm -rf dir: system()'s result */
 static int rm_rf(const char *dir)
 {
@@ -495,6 +602,7 @@ int main(void)
     tcase_add_test(tc, shm_forced_across_hosts);
     tcase_add_test(tc, bad_spec);
     tcase_add_test(tc, report_on_idle_transport);
+    tcase_add_test(tc, sleeps_on_both);
     tcase_add_test(tc, transport_options);
     tcase_add_loop_test(tc, bind, 0, sizeof(bind_cases) / sizeof(bind_cases[0]));
     tcase_add_test(tc, bind_bad_value);

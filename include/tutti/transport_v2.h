@@ -140,6 +140,25 @@ typedef struct tutti_transport_ops_v2 {
      * the link to see a header (never a payload byte) and keep it for that receive.
      * Called by the thread that calls progress(), under the same rules. */
     int (*probe)(void *tp, int peer, tutti_tp_probe_t *found_p);
+    /* ---- appended in ABI 1.4 (read only where tutti_tp_ops_has(ops, arm)) ---- */
+    /* Optional (NULL: the library cannot sleep on this transport and another at once;
+     * with several in use it then blocks in each one's progress() in turn, a slice at a
+     * time). Get ready to sleep outside progress(), so that a caller with requests on
+     * several transports can sleep until any of them has something to do (as UCX's
+     * worker event fd and ucp_worker_arm):
+     *   0: armed. *fd_p is a descriptor that poll() reports readable (POLLIN) once
+     *      progress() has something to do (a peer sent, a request can move, abort() was
+     *      called), and *timeout_ms_p the longest the caller may sleep on it before it
+     *      calls progress() (-1: no limit; the transport's own checks, such as a peer's
+     *      liveness, need it).
+     *   1: there is something to do now: call progress() instead of sleeping.
+     *   < 0: a failure status, or TUTTI_ERR_UNSUPPORTED when this instance cannot (the
+     *      caller then takes turns as without the slot).
+     * An armed transport stays armed until the next progress() call, which the caller
+     * makes after its sleep whether the descriptor became readable or not (that call
+     * disarms it and drains the descriptor). The descriptor belongs to the transport.
+     * Called by the thread that calls progress(), under the same rules. */
+    int (*arm)(void *tp, int *fd_p, int *timeout_ms_p);
 } tutti_transport_ops_v2_t;
 
 /* Does ops (a v2 table) have the appended slot `field`? (It may still be NULL.) */

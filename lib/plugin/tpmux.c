@@ -12,7 +12,10 @@
  * multiplexer below stands in: it routes each request by peer, remembers which
  * transport has requests pending, and drives them: the only one with pending work
  * blocks natively (futex, epoll, completion channel); when several have work, they are
- * polled, then given slices of up to 1 ms in turn. */
+ * polled for the spin, then each is armed (the ABI's arm(): a descriptor that turns
+ * readable when it has something to do) and one poll() sleeps on them all. A transport
+ * without arm() makes them take turns instead, blocking in each for up to 1 ms. */
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -33,6 +36,7 @@
 #include "../../transports/kit/util.h"
 
 #define MUX_MAX 4
+#define MUX_PURE_SPIN_NS 3000u /* the spin's first part, without yielding */
 
 /* ---- host identity ---- */
 
@@ -55,6 +59,7 @@ typedef struct mux_sub {
     unsigned char *peers;
     tutti_tp_req_v2_t **pend; /* posted, possibly not complete */
     size_t npend, cap;
+    int can_arm; /* has arm(), and it has not said TUTTI_ERR_UNSUPPORTED */
 } mux_sub_t;
 
 typedef struct mux {
@@ -168,6 +173,33 @@ static int mux_post(void *vmux, tutti_tp_req_v2_t *req, int kind)
 
 TT_KIT_SEND_RECV_FNS(mux)
 
+/* Sleep until one of the active transports has something to do, or deadline: each is
+ * armed and one poll() waits on their descriptors. 1 when it slept, or found work
+ * without sleeping; 0 when one of them cannot be armed (the caller takes turns); < 0 a
+ * failure. Either way the caller's progress() calls that follow disarm them. */
+static int mux_sleep(mux_t *m, const int *active, int na, uint64_t deadline)
+{
+    struct pollfd pf[MUX_MAX];
+    uint64_t now = tt_now_ns();
+    int ms = now < deadline ? (int)((deadline - now + 999999u) / 1000000u) : 0;
+    for (int k = 0; k < na; k++) {
+        mux_sub_t *s = &m->sub[active[k]];
+        int fd = -1, t = -1;
+        int st = s->can_arm ? s->ops->arm(s->tp, &fd, &t) : TUTTI_ERR_UNSUPPORTED;
+        if (st == TUTTI_ERR_UNSUPPORTED) {
+            s->can_arm = 0;
+            return 0;
+        }
+        if (st != 0)
+            return st < 0 ? st : 1;
+        pf[k] = (struct pollfd){ .fd = fd, .events = POLLIN };
+        if (t >= 0 && t < ms)
+            ms = t;
+    }
+    poll(pf, (nfds_t)na, ms);
+    return 1;
+}
+
 static int mux_progress(void *vmux, int timeout_ms)
 {
     mux_t *m = vmux;
@@ -190,11 +222,21 @@ static int mux_progress(void *vmux, int timeout_ms)
     for (;;) {
         size_t done = 0;
         uint64_t now = tt_now_ns();
-        /* after the spin budget, each transport blocks up to 1 ms in turn */
-        int slice = 0;
+        /* after the spin budget, sleep on all at once, or (one cannot be armed) let each
+         * block up to 1 ms in turn */
+        int slice = 0, slept = 0;
+        /* Past a brief pure spin, yield on every round: a peer on this host may need the
+         * CPU (as the transports' own spins do; with nobody waiting a yield is cheap). */
+        if (timeout_ms > 0 && now >= t0 + MUX_PURE_SPIN_NS && now < spin_end)
+            sched_yield();
         if (timeout_ms > 0 && now >= spin_end) {
-            uint64_t left_ms = now < deadline ? (deadline - now + 999999u) / 1000000u : 0;
-            slice = left_ms > 1 ? 1 : (int)left_ms;
+            slept = mux_sleep(m, active, na, deadline);
+            if (slept < 0)
+                return slept;
+            if (!slept) {
+                uint64_t left_ms = now < deadline ? (deadline - now + 999999u) / 1000000u : 0;
+                slice = left_ms > 1 ? 1 : (int)left_ms;
+            }
         }
         for (int k = 0; k < na; k++) {
             mux_sub_t *s = &m->sub[active[k]];
@@ -202,7 +244,7 @@ static int mux_progress(void *vmux, int timeout_ms)
             done += prune(s);
             if (st < 0)
                 return st;
-            if (done)
+            if (done && !slept) /* after a sleep, every armed one must be disarmed */
                 break;
         }
         if (done || timeout_ms <= 0 || tt_now_ns() >= deadline)
@@ -624,6 +666,7 @@ static mux_t *mux_new(const tutti_comm_t *comm, const unsigned char *local, cons
         mux_sub_t *s = &m->sub[m->nsub];
         role_sub[role] = m->nsub++;
         s->ops = ops[role];
+        s->can_arm = tutti_tp_ops_has(s->ops, arm) && s->ops->arm;
         s->handle = handle[role];
         s->peers = calloc((size_t)n, 1);
         if (!s->peers) {

@@ -14,6 +14,7 @@ typedef tutti_transport_ops_v1_t tp_ops_t;
 #define TT_KIT_REGISTER TUTTI_TRANSPORT_REGISTER_V1
 #define TT_KIT_REQ_SUPPORTED(r) 1
 #define TT_KIT_PROBE(fn) /* v1 tables have no probe: define fn only without TT_KIT_ABI_V1 */
+#define TT_KIT_ARM(fn)   /* nor arm */
 #else
 #include <tutti/transport_v2.h>
 typedef tutti_tp_req_v2_t tp_req_t;
@@ -25,6 +26,8 @@ typedef tutti_transport_ops_v2_t tp_ops_t;
 #define TT_KIT_REQ_SUPPORTED(r) ((r)->mem == TUTTI_MEM_HOST && !(r)->stream)
 /* the optional probe slot, after TT_KIT_OPS_FNS */
 #define TT_KIT_PROBE(fn) , .probe = (fn)
+/* the optional arm slot, after TT_KIT_PROBE */
+#define TT_KIT_ARM(fn) , .arm = (fn)
 #endif
 typedef tutti_tp_host_v1_t tp_host_t;
 

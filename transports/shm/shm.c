@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -47,7 +48,7 @@ static int link_busy(const shm_link_t *L)
     return L->sq_head || L->aq_head || L->rq_head;
 }
 
-static void bell_ring(shm_bell_t *b);
+static void bell_ring(shm_bell_t *b, int wfd, uint32_t how);
 
 /* Before our sends on L are failed (or dropped), make what the peer might still read
  * unreadable: a half-written record breaks the direction, and pulls not yet acked are
@@ -67,7 +68,7 @@ static void link_withdraw(shm_link_t *L)
      * fence between the pull and the check in link_pull */
     atomic_thread_fence(memory_order_seq_cst);
     if (L->peer_bell)
-        bell_ring(L->peer_bell);
+        bell_ring(L->peer_bell, L->peer_wake_fd, SHM_SLEEP_FUTEX | SHM_SLEEP_FD);
 }
 
 /* The link is unusable from now on: record why (once, kit/link.h), fail what is queued
@@ -92,17 +93,29 @@ static int link_fail(shm_link_t *L, int status, int err_no, const char *fmt, ...
 
 /* ---- doorbells ---- */
 
-static void bell_ring(shm_bell_t *b)
+/* Wake the owner of b where it may sleep (how: SHM_SLEEP_* bits): on the futex, or with
+ * a byte to its wake-up socket (wfd: ours, connected to it; -1 for none). */
+static void bell_ring(shm_bell_t *b, int wfd, uint32_t how)
 {
     atomic_fetch_add(&b->seq, 1);
-    shm_futex(&b->seq, FUTEX_WAKE, INT_MAX, -1);
+    if ((how & SHM_SLEEP_FD) && wfd >= 0) {
+        char c = 1;
+        /* EAGAIN: its queue is full, so it is readable already; ECONNREFUSED: gone */
+        ssize_t w = send(wfd, &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+    }
+    if (how & SHM_SLEEP_FUTEX)
+        shm_futex(&b->seq, FUTEX_WAKE, INT_MAX, -1);
 }
 
-/* After a seq_cst store the peer may wait on: wake it if it said it sleeps. */
+/* After a seq_cst store the peer may wait on: wake it if it said it sleeps, the way it
+ * said. (An owner that changes how it sleeps announces it again, fences and sweeps, so
+ * it sees what we published, or we see its new announcement.) */
 static inline void peer_wake(shm_link_t *L)
 {
-    if (atomic_load(&L->peer_bell->sleeping))
-        bell_ring(L->peer_bell);
+    uint32_t how = atomic_load(&L->peer_bell->sleeping);
+    if (how)
+        bell_ring(L->peer_bell, L->peer_wake_fd, how);
 }
 
 /* ---- the peer's report slot ---- */
@@ -737,7 +750,7 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
         return;
     }
     uint32_t seq = atomic_load(&bell->seq);
-    atomic_store(&bell->sleeping, 1);
+    atomic_store(&bell->sleeping, SHM_SLEEP_FUTEX);
     /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
      * seq_cst, so only a full fence keeps them after the store above */
     atomic_thread_fence(memory_order_seq_cst);
@@ -752,6 +765,48 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
     atomic_store(&bell->sleeping, 0);
     sweep(tp);
 }
+
+/* The first progress() after arm(): sleep no more, and empty the socket. */
+static void disarm(shm_tp_t *tp)
+{
+    atomic_store(&tp->bell->sleeping, 0);
+    tp->armed = 0;
+    char buf[64];
+    while (recv(tp->wake_fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+    }
+}
+
+#ifndef TT_KIT_ABI_V1
+/* wait_bell's announcement, fence and sweep, with the pipe for the futex: the caller
+ * sleeps in poll() until the liveness check is due at the latest. */
+static int shm_arm(void *vtp, int *fd_p, int *timeout_ms_p)
+{
+    shm_tp_t *tp = vtp;
+    if (tp->wake_fd < 0)
+        return TUTTI_ERR_UNSUPPORTED;
+    if (tp->armed)
+        disarm(tp);
+    unsigned long c0 = tp->completions;
+    uint64_t now = tp_now_ns();
+    if (now >= tp->next_liveness_ns) {
+        shm_check_liveness(tp, 0);
+        tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
+        sweep(tp);
+        return 1;
+    }
+    atomic_store(&tp->bell->sleeping, SHM_SLEEP_FD);
+    atomic_thread_fence(memory_order_seq_cst); /* as in wait_bell */
+    tp->armed = 1;
+    sweep(tp);
+    if (tp->completions != c0 || atomic_load(&tp->aborted)) {
+        disarm(tp);
+        return 1;
+    }
+    *fd_p = tp->wake_fd;
+    *timeout_ms_p = (int)((tp->next_liveness_ns - now + 999999u) / 1000000u);
+    return 0;
+}
+#endif
 
 static void kit_sweep(void *tp)
 {
@@ -769,6 +824,8 @@ static const tp_progress_ops_t shm_progress_ops = {
 static int shm_progress(void *vtp, int timeout_ms)
 {
     shm_tp_t *tp = vtp;
+    if (tp->armed)
+        disarm(tp);
     return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
                        timeout_ms);
 }
@@ -828,7 +885,7 @@ static void shm_notify_error(void *vtp, int status, const char *msg)
         report_write(L->tx, status, msg);
         /* nothing sent after a report could be told apart from what came before it */
         L->tx_broken = 1;
-        bell_ring(L->peer_bell);
+        bell_ring(L->peer_bell, L->peer_wake_fd, SHM_SLEEP_FUTEX | SHM_SLEEP_FD);
     }
 }
 
@@ -837,7 +894,7 @@ static void shm_abort(void *vtp)
     shm_tp_t *tp = vtp;
     atomic_store(&tp->aborted, 1);
     if (tp->bell)
-        bell_ring(tp->bell);
+        bell_ring(tp->bell, tp->wake_self, SHM_SLEEP_FUTEX | SHM_SLEEP_FD);
 }
 
 static const char *shm_peer_address(void *vtp, int peer)
@@ -883,6 +940,7 @@ static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
     tp->host = host;
     tp->rank = host->rank;
     tp->nranks = host->nranks;
+    tp->wake_fd = tp->wake_self = -1;
     tp->links = calloc((size_t)host->nranks, sizeof(shm_link_t));
     tp->pair_names = calloc((size_t)host->nranks, sizeof(char *));
     if (!tp->links || !tp->pair_names) {
@@ -896,6 +954,7 @@ static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
         L->tp = tp;
         L->peer = i;
         L->pidfd = -1;
+        L->peer_wake_fd = -1;
         L->cma = -1;
         L->served = tutti_tp_host_serves(host, i);
         snprintf(L->addr, sizeof(L->addr), "shm:rank %d", i);
@@ -994,7 +1053,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 static const tp_ops_t shm_ops = {
     TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
                     .alpha_us = 1.0, .bw_gbs = 5.0),
-    TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe),
+    TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe) TT_KIT_ARM(shm_arm),
 };
 
 TT_KIT_REGISTER(shm, shm_ops)

@@ -17,7 +17,7 @@
 
 #define SHM_LINE 64
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 4u
+#define SHM_VERSION 5u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
@@ -51,14 +51,23 @@ typedef struct shm_hdr {
 } shm_hdr_t;
 _Static_assert(sizeof(shm_hdr_t) == SHM_HDR_BYTES, "record header layout");
 
-/* A rank's doorbell: every sender bumps `seq` and wakes it (FUTEX_WAKE) only while the
- * owner announced in `sleeping` that it waits on it. */
+/* How a doorbell's owner sleeps (its `sleeping`): not at all (0), on the futex, or armed
+ * (the ABI's arm(): in poll() on its wake-up socket, with other transports' descriptors). */
+#define SHM_SLEEP_FUTEX 1u
+#define SHM_SLEEP_FD 2u
+
+/* A rank's doorbell: every sender bumps `seq` and wakes its owner only while the owner
+ * announced in `sleeping` that it sleeps, and how: FUTEX_WAKE on `seq`, or a byte down
+ * the owner's wake-up socket (a datagram socket beside the segments, "...-wake"). */
 typedef struct shm_bell {
     _Alignas(SHM_LINE) _Atomic uint32_t seq;
-    _Atomic uint32_t sleeping;
+    _Atomic uint32_t sleeping;                    /* 0 or SHM_SLEEP_* */
     _Alignas(SHM_LINE) _Atomic uint32_t attached; /* set-up: peers that mapped it */
     uint32_t magic;
     int32_t owner;
+    _Atomic uint32_t wake_ok;      /* set-up: the owner made its wake-up socket */
+    _Atomic uint32_t wake_missing; /* set-up: peers that could not open it (the owner
+                                      then never sleeps armed) */
     /* the CPU the owner last waited on (-1: not known); written when it changes */
     _Alignas(SHM_LINE) _Atomic int32_t cpu;
     /* set-up: the CPUs the owner may run on (a bit per CPU, SHM_CPU_WORDS words), written
@@ -119,6 +128,7 @@ typedef struct shm_link {
     uint64_t cap, mask;
     shm_bell_t *peer_bell;
     size_t peer_bell_bytes;
+    int peer_wake_fd; /* connected to the peer's wake-up socket, or -1 */
     /* link state */
     tp_link_fail_t fail;
     int peer_dead;  /* its process is gone (seen by a liveness check) */
@@ -157,6 +167,9 @@ struct shm_tp {
     shm_link_t *links;
     shm_bell_t *bell; /* ours */
     size_t bell_bytes;
+    int wake_fd;   /* our wake-up socket, or -1: arm() unsupported */
+    int wake_self; /* connected to it, for abort() */
+    int armed;     /* arm() announced SHM_SLEEP_FD: the next progress() disarms */
     atomic_int aborted;
     unsigned long completions;
     unsigned long pulls_moved; /* pulls of our buffers seen to begin */
@@ -178,7 +191,8 @@ struct shm_tp {
     uint64_t next_liveness_ns;
     /* names still linked (unlinked as soon as the peers mapped them) */
     char bell_name[64];
-    char **pair_names; /* nranks entries, for the pairs this rank created */
+    char wake_path[96]; /* the wake-up socket's path, until unlinked */
+    char **pair_names;  /* nranks entries, for the pairs this rank created */
     pid_t pid;
     uint64_t nonce;
     struct pollfd *pfds; /* liveness: one per peer with a pidfd */

@@ -23,8 +23,10 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -127,6 +129,52 @@ static size_t pair_header_bytes(void)
 static void bell_name(char *out, size_t len, pid_t pid, uint64_t nonce)
 {
     snprintf(out, len, "/tutti-shm-%d-%016llx-bell", (int)pid, (unsigned long long)nonce);
+}
+
+/* The wake-up socket's path: where shm_open keeps the segments (/dev/shm on Linux). */
+static void wake_path(char *out, size_t len, pid_t pid, uint64_t nonce)
+{
+    snprintf(out, len, "/dev/shm/tutti-shm-%d-%016llx-wake", (int)pid, (unsigned long long)nonce);
+}
+
+/* A datagram socket connected to the wake-up socket at path, or -1 (errno set). A
+ * socket, not a FIFO: a send to a peer that is gone fails (ECONNREFUSED), where a write
+ * to a FIFO without a reader raises SIGPIPE in the writer. */
+static int wake_connect(const char *path)
+{
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Our wake-up socket, for arm(): peers send a byte to it where they would wake our
+ * futex, and abort() through wake_self. Without one this rank never sleeps armed;
+ * nothing else depends on it. */
+static void wake_create(shm_tp_t *tp)
+{
+    wake_path(tp->wake_path, sizeof(tp->wake_path), tp->pid, tp->nonce);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", tp->wake_path);
+    tp->wake_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (tp->wake_fd < 0 || bind(tp->wake_fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+        (tp->wake_self = wake_connect(tp->wake_path)) < 0) {
+        LOGF(TUTTI_LOG_INFO, "shm: cannot make the wake-up socket %s: %s", tp->wake_path,
+             strerror(errno));
+        if (tp->wake_fd >= 0)
+            close(tp->wake_fd);
+        tp->wake_fd = -1;
+        unlink(tp->wake_path);
+        tp->wake_path[0] = 0;
+        return;
+    }
+    atomic_store(&tp->bell->wake_ok, 1);
 }
 
 static void pair_name(char *out, size_t len, pid_t pid, uint64_t nonce, int hi)
@@ -274,6 +322,7 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
     tp->bell->owner = tp->rank;
     atomic_store(&tp->bell->cpu, -1);
     tp->cpu = -1;
+    wake_create(tp);
     publish_cpus(tp);
     size_t hdr = pair_header_bytes();
     size_t pair_bytes = hdr + 2 * tp->ring_bytes;
@@ -393,6 +442,16 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     L->peer_bell_bytes = bb;
     if (L->peer_bell->magic != SHM_SEG_MAGIC || L->peer_bell->owner != p)
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: %s is not rank %d's doorbell", name, p);
+    if (atomic_load(&L->peer_bell->wake_ok)) {
+        char path[96];
+        wake_path(path, sizeof(path), pid, nonce);
+        L->peer_wake_fd = wake_connect(path);
+        if (L->peer_wake_fd < 0) { /* then rank p must not sleep where we cannot wake it */
+            LOGF(TUTTI_LOG_INFO, "shm: cannot reach rank %d's wake-up socket %s: %s", p, path,
+                 strerror(errno));
+            atomic_fetch_add(&L->peer_bell->wake_missing, 1);
+        }
+    }
     atomic_fetch_add(&L->peer_bell->attached, 1);
     if (p < tp->rank && (st = setup_open_pair(tp, L, p, pid, nonce)) < 0)
         return st;
@@ -440,6 +499,15 @@ static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
     }
     shm_unlink(tp->bell_name);
     tp->bell_name[0] = 0;
+    if (tp->wake_path[0]) {
+        unlink(tp->wake_path);
+        tp->wake_path[0] = 0;
+    }
+    if (tp->wake_fd >= 0 && atomic_load(&tp->bell->wake_missing)) {
+        close(tp->wake_fd); /* some peer cannot reach it */
+        close(tp->wake_self);
+        tp->wake_fd = tp->wake_self = -1;
+    }
     for (int p = tp->rank + 1; p < tp->nranks; p++) {
         if (!tp->pair_names[p])
             continue;
@@ -516,6 +584,12 @@ void shm_teardown(shm_tp_t *tp)
 {
     if (tp->bell_name[0])
         shm_unlink(tp->bell_name);
+    if (tp->wake_path[0])
+        unlink(tp->wake_path);
+    if (tp->wake_fd >= 0) {
+        close(tp->wake_fd);
+        close(tp->wake_self);
+    }
     for (int p = 0; p < tp->nranks; p++) {
         shm_link_t *L = &tp->links[p];
         if (tp->pair_names && tp->pair_names[p]) {
@@ -528,6 +602,8 @@ void shm_teardown(shm_tp_t *tp)
             munmap(L->peer_bell, L->peer_bell_bytes);
         if (L->pidfd >= 0)
             close(L->pidfd);
+        if (L->peer_wake_fd >= 0)
+            close(L->peer_wake_fd);
     }
     if (tp->bell)
         munmap(tp->bell, tp->bell_bytes);

@@ -568,8 +568,9 @@ static void on_wake(uv_async_t *a)
     (void)a;
 }
 
-/* Block in the libuv loop until something completes or ms pass. */
-static void block(tcp_tp_t *tp, int ms)
+/* Register with the loop what each link waits for: readable while it receives (or
+ * sends: a failing peer speaks up), writable while it has something to send. */
+static void watch(tcp_tp_t *tp)
 {
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
@@ -595,6 +596,12 @@ static void block(tcp_tp_t *tp, int ms)
             L->poll_active = 0;
         }
     }
+}
+
+/* Block in the libuv loop until something completes or ms pass. */
+static void block(tcp_tp_t *tp, int ms)
+{
+    watch(tp);
     /* The loop's clock only advances while it runs; between our calls it goes stale,
      * and a timer armed from a stale clock is already due (it would fire at once; see
      * on_timer for what then keeps epoll from waiting for ever). */
@@ -666,6 +673,25 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         return L->fail.status;
     return tp_probe_answer(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, L->rhdr.env,
                            L->rhdr.len, &L->probe_watch, found_p);
+}
+
+/* Armed, the loop's epoll set holds what each link waits for (libuv adds a watcher to
+ * it on the loop's next turn, so a turn that does not wait flushes them, and runs what
+ * is ready): its descriptor turns readable when a link can move, or abort() sends the
+ * loop's wake-up. Nothing to disarm. */
+static int tcp_arm(void *vtp, int *fd_p, int *timeout_ms_p)
+{
+    tcp_tp_t *tp = vtp;
+    unsigned long c0 = tp->completions, m0 = tp->moved;
+    if (atomic_load(&tp->aborted))
+        return 1;
+    watch(tp);
+    uv_run(&tp->loop, UV_RUN_NOWAIT);
+    if (tp->completions != c0 || tp->moved != m0 || atomic_load(&tp->aborted))
+        return 1;
+    *fd_p = uv_backend_fd(&tp->loop);
+    *timeout_ms_p = -1;
+    return *fd_p >= 0 ? 0 : TUTTI_ERR_UNSUPPORTED;
 }
 #endif
 
@@ -933,7 +959,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
                     .bw_gbs = 2.0),
-    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe),
+    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe) TT_KIT_ARM(tcp_arm),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)
