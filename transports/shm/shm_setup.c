@@ -1,11 +1,12 @@
 /* Shared-memory transport: set-up and liveness.
  *
- * Rank r creates its doorbell segment and one segment per served peer p > r (POSIX shm,
- * names "/tutti-shm-<pid>-<nonce>-bell" and "...-<p>"), then publishes "shm/<r>" =
+ * Rank r creates its doorbell segment, its wake-up socket ("...-wake", bound in
+ * /dev/shm, for arm()) and one segment per served peer p > r (POSIX shm, names
+ * "/tutti-shm-<pid>-<nonce>-bell" and "...-<p>"), then publishes "shm/<r>" =
  * "1 <pid> <nonce> <host id>" in the store. For every served peer it reads that record,
- * checks the host id, maps the peer's doorbell and, for p < r, the pair segment (which
- * it unlinks at once). It then waits until every served peer has mapped its own
- * segments and unlinks them: from there on nothing is left in /dev/shm whatever
+ * checks the host id, maps the peer's doorbell, connects to its wake-up socket and, for
+ * p < r, maps the pair segment (which it unlinks at once). It then waits until every
+ * served peer has mapped its own segments and unlinks them and its socket: from there on nothing is left in /dev/shm whatever
  * happens to any process. Last, as the receiving side of each pair, it probes whether
  * it may pull from the sender with process_vm_readv (a random value at a published
  * address), and says so in the pair's shared state. */
