@@ -162,12 +162,14 @@ static void conf_run(int i, conf_body_fn body, int peer_dies)
         pids = th_shared_zeroed(2 * sizeof(*pids));
     pids[0] = pids[1] = 0;
     time_t since = time(NULL) - 1;
-    /* arm's sleeps must end by a wake-up, not by shm's liveness checks (every 100 ms) */
+    /* arm's sleeps must end by a wake-up, not by shm's liveness checks (every 100 ms) or
+     * ibverbs' keepalive probes (every second) */
     conf_arg_t a = { .tp = &tps[i],
                      .body = body,
                      .pids = pids,
-                     .knobs = body == body_arm ? "SOCKET_IFNAME=lo,SHM_LIVENESS_MS=60000"
-                                               : "SOCKET_IFNAME=lo" };
+                     .knobs = body == body_arm
+                                  ? "SOCKET_IFNAME=lo,SHM_LIVENESS_MS=60000,IB_KEEPALIVE_MS=60000"
+                                  : "SOCKET_IFNAME=lo" };
     th_spec_t spec = { .nranks = 2,
                        .fn = conf_rank,
                        .arg = &a,
@@ -567,8 +569,8 @@ static int drive_armed(conf_t *cf, tutti_tp_req_v2_t *reqs, int n)
 static int body_arm(conf_t *cf, int rank)
 {
     int has = tutti_tp_ops_has(cf->ops, arm) && cf->ops->arm;
-    /* tcp and shm arm; ibverbs does not (yet), nor can a v1 plugin */
-    int want = !strstr(cf->label, "ABI v1") && !strstr(cf->label, "ibverbs");
+    /* every v2 transport of the tree arms; a v1 plugin cannot */
+    int want = !strstr(cf->label, "ABI v1");
     CHECK(has == want, "%s: arm slot %s", cf->label, has ? "set" : "missing");
     if (!has) {
         barrier(cf, "armed");

@@ -319,8 +319,8 @@ END_TEST
  * rank 0 posts a receive from rank 1 (local) and one from rank 2 (remote) and calls
  * progress() with a 10 s timeout until one of them is done, while the other stays
  * pending; that one's sender sends 50 ms later, when rank 0 sleeps. Without a spin and
- * with shm's liveness checks every 60 s, only the message's wake-up ends the sleep: a
- * lost one holds progress() for 10 s. Then the same the other way round. */
+ * with shm's liveness checks and ibverbs' keepalive probes every 60 s, only the
+ * message's wake-up ends the sleep: a lost one holds progress() for 10 s. Then the same the other way round. */
 static void raw_req(tutti_tp_req_v2_t *r, int peer, int32_t *buf, int k)
 {
     memset(r, 0, sizeof(*r));
@@ -337,11 +337,13 @@ static int rank_both(int rank, int nranks, tutti_comm_t *unused, const char *dir
     (void)unused;
     const mux_case_t *c = arg;
     setenv("TUTTI_SHM_LIVENESS_MS", "60000", 1);
+    setenv("TUTTI_IB_KEEPALIVE_MS", "60000", 1);
     tutti_store_t *store = NULL;
     tutti_comm_t *comm = NULL;
     int st = open_comm_q(rank, nranks, dir, c, 1, &store, &comm);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
-    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? "tcp" : c->expect), "transport %s",
+    const char *remote = strchr(c->expect, '+') + 1; /* rank 2's only transport */
+    FAIL_IF(strcmp(tutti_comm_transport(comm), rank == 2 ? remote : c->expect), "transport %s",
             tutti_comm_transport(comm));
     const tutti_transport_ops_v2_t *ops = comm->tp_ops;
     for (int k = 0; k < 2; k++) {
@@ -397,11 +399,19 @@ static int rank_both(int rank, int nranks, tutti_comm_t *unused, const char *dir
     return 0;
 }
 
+/* TT_TEST_IB_MUX=1 (the soft-RoCE guest, tests/rdma/guest-suite.sh): shm+ibverbs too */
 START_TEST(sleeps_on_both)
 {
-    mux_case_t c[2] = { { "local=shm,remote=tcp", "AAB", "shm+tcp", 0 },
-                        { "local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0 } };
-    for (int k = have("shm") ? 0 : 1; k < 2; k++) {
+    mux_case_t c[3] = { { "local=" TCP_PLUGIN ",remote=tcp", "AAB", "tcp+tcp", 0 },
+                        { "local=shm,remote=tcp", "AAB", "shm+tcp", 0 },
+                        { "local=shm,remote=ibverbs", "AAB", "shm+ibverbs", 0 } };
+    const char *ib = getenv("TT_TEST_IB_MUX");
+    int n = ib && !strcmp(ib, "1") ? 3 : have("shm") ? 2 : 1;
+    for (int k = 0; k < n; k++) {
+        if (strstr(c[k].transport, ".so") && access(TCP_PLUGIN, R_OK) != 0) {
+            fprintf(stderr, "sleeps_on_both: %s is not here; skipped\n", TCP_PLUGIN);
+            continue;
+        }
         th_spec_t spec = {
             .nranks = 3, .fn = rank_both, .arg = &c[k], .timeout_ms = 60000, .flags = TH_NO_COMM
         };
@@ -602,10 +612,13 @@ int main(void)
     tcase_add_test(tc, shm_forced_across_hosts);
     tcase_add_test(tc, bad_spec);
     tcase_add_test(tc, report_on_idle_transport);
-    tcase_add_test(tc, sleeps_on_both);
     tcase_add_test(tc, transport_options);
     tcase_add_loop_test(tc, bind, 0, sizeof(bind_cases) / sizeof(bind_cases[0]));
     tcase_add_test(tc, bind_bad_value);
     suite_add_tcase(s, tc);
+    TCase *sl = tcase_create("sleeps"); /* alone in the soft-RoCE guest */
+    tcase_set_timeout(sl, 120);
+    tcase_add_test(sl, sleeps_on_both);
+    suite_add_tcase(s, sl);
     return th_main(s);
 }

@@ -19,6 +19,9 @@ run() { # name command...
 }
 run test_ibverbs ./test_ibverbs
 run test_collectives ./test_collectives
+# the transport ABI's arm() over ibverbs, and a wait on shm and ibverbs at once
+run test_conformance_arm env CK_RUN_CASE=arm ./test_conformance
+run test_mux_sleeps env CK_RUN_CASE=sleeps TT_TEST_IB_MUX=1 ./test_mux
 if [ "${1:-1}" = 1 ] && [ "$rc" -eq 0 ]; then
     # the record, not a test: rxe under TCG measures the emulator, not RDMA
     for np in 2 4; do

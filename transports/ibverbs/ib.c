@@ -579,6 +579,19 @@ static void keepalive(ib_tp_t *tp)
     }
 }
 
+/* Take what the completion channel says (the sweep takes the completions). */
+static void take_events(ib_tp_t *tp)
+{
+    struct ibv_cq *cq;
+    void *cctx;
+    while (ibv_get_cq_event(tp->chan, &cq, &cctx) == 0)
+        tp->cq_unacked++;
+    if (tp->cq_unacked >= 64) {
+        ibv_ack_cq_events(tp->cq, tp->cq_unacked);
+        tp->cq_unacked = 0;
+    }
+}
+
 /* Sleep on the completion channel until a completion, abort() or ms pass. */
 static void block(ib_tp_t *tp, int ms)
 {
@@ -599,16 +612,8 @@ static void block(ib_tp_t *tp, int ms)
         ms = tp->keepalive_ms;
     if (poll(p, 2, ms) <= 0)
         return;
-    if (p[0].revents & POLLIN) {
-        struct ibv_cq *cq;
-        void *cctx;
-        while (ibv_get_cq_event(tp->chan, &cq, &cctx) == 0)
-            tp->cq_unacked++;
-        if (tp->cq_unacked >= 64) {
-            ibv_ack_cq_events(tp->cq, tp->cq_unacked);
-            tp->cq_unacked = 0;
-        }
-    }
+    if (p[0].revents & POLLIN)
+        take_events(tp);
     if (p[1].revents & POLLIN) {
         uint64_t v;
         ssize_t r = read(tp->wake_fd, &v, sizeof(v));
@@ -624,6 +629,28 @@ static void block_and_sweep(ib_tp_t *tp, int ms)
 }
 
 TT_KIT_PROGRESS_FN(ib, ib_tp_t, sweep, block_and_sweep, abort_all, NULL, NULL)
+
+#ifndef TT_KIT_ABI_V1
+/* block()'s arming, with arm_fd for its two descriptors. The events of an earlier arm
+ * are taken here, not by progress() (a stale one would only end one sleep early). */
+static int ib_arm(void *vtp, int *fd_p, int *timeout_ms_p)
+{
+    ib_tp_t *tp = vtp;
+    if (tp->arm_fd < 0)
+        return TUTTI_ERR_UNSUPPORTED;
+    take_events(tp);
+    keepalive(tp);
+    if (ibv_req_notify_cq(tp->cq, 0) != 0)
+        return 1;
+    unsigned long c0 = tp->completions;
+    sweep(tp);
+    if (tp->completions != c0 || atomic_load(&tp->aborted))
+        return 1;
+    *fd_p = tp->arm_fd;
+    *timeout_ms_p = tp->keepalive_ms > 0 ? tp->keepalive_ms : -1;
+    return 0;
+}
+#endif
 
 static int link_served(const ib_tp_t *tp, int peer)
 {
@@ -749,7 +776,7 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
     int st = TT_KIT_CTX_NEW(tp, host);
     if (st < 0)
         return st;
-    tp->wake_fd = -1;
+    tp->wake_fd = tp->arm_fd = -1;
     tp->mrc.pagemap_fd = -1;
     for (int i = 0; i < host->nranks; i++) {
         tp->links[i].served = tutti_tp_host_serves(host, i);
@@ -821,7 +848,7 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
 static const tp_ops_t ib_ops = {
     TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
                     .bw_gbs = 10.0),
-    TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe),
+    TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe) TT_KIT_ARM(ib_arm),
 };
 
 TT_KIT_REGISTER(ibverbs, ib_ops)

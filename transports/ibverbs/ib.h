@@ -197,6 +197,7 @@ struct ib_tp {
     int qp_timeout; /* local ACK timeout exponent: 4.096 us * 2^t */
     int keepalive_ms;
     int wake_fd; /* eventfd: abort() wakes a blocked progress() */
+    int arm_fd;  /* epoll over the completion channel and wake_fd, for arm(); or -1 */
     atomic_int aborted;
     unsigned long completions;
     ib_mrc_t mrc;

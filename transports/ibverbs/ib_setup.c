@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -330,6 +331,15 @@ int ib_setup_device(ib_tp_t *tp)
     tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (tp->wake_fd < 0)
         return ERRF(TUTTI_ERR_INTERNAL, -1, errno, "ibverbs: eventfd failed");
+    /* arm()'s one descriptor for the two block() polls (without it arm() says
+     * unsupported, and nothing else changes) */
+    tp->arm_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = { .events = EPOLLIN };
+    if (tp->arm_fd >= 0 && (epoll_ctl(tp->arm_fd, EPOLL_CTL_ADD, tp->chan->fd, &ev) < 0 ||
+                            epoll_ctl(tp->arm_fd, EPOLL_CTL_ADD, tp->wake_fd, &ev) < 0)) {
+        close(tp->arm_fd);
+        tp->arm_fd = -1;
+    }
     char gs[64];
     gid_str(&tp->gid, gs, sizeof(gs));
     LOGF(TUTTI_LOG_INFO,
@@ -605,4 +615,6 @@ void ib_teardown(ib_tp_t *tp)
         ibv_close_device(tp->ctx);
     if (tp->wake_fd >= 0)
         close(tp->wake_fd);
+    if (tp->arm_fd >= 0)
+        close(tp->arm_fd);
 }
