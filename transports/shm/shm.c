@@ -777,8 +777,8 @@ static void disarm(shm_tp_t *tp)
 }
 
 #ifndef TT_KIT_ABI_V1
-/* wait_bell's announcement, fence and sweep, with the pipe for the futex: the caller
- * sleeps in poll() until the liveness check is due at the latest. */
+/* wait_bell's announcement, fence and sweep, with the wake-up socket for the futex: the
+ * caller sleeps in poll() until the liveness check is due at the latest. */
 static int shm_arm(void *vtp, int *fd_p, int *timeout_ms_p)
 {
     shm_tp_t *tp = vtp;
