@@ -320,7 +320,8 @@ END_TEST
  * progress() with a 10 s timeout until one of them is done, while the other stays
  * pending; that one's sender sends 50 ms later, when rank 0 sleeps. Without a spin and
  * with shm's liveness checks and ibverbs' keepalive probes every 60 s, only the
- * message's wake-up ends the sleep: a lost one holds progress() for 10 s. Then the same the other way round. */
+ * message's wake-up ends the sleep: a lost one holds progress() for 10 s. Then the same
+ * the other way round. */
 static void raw_req(tutti_tp_req_v2_t *r, int peer, int32_t *buf, int k)
 {
     memset(r, 0, sizeof(*r));

@@ -737,18 +737,26 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
     }
 }
 
+/* Before a sleep: when the peers' liveness check is due (every liveness_ms), run it and
+ * sweep, and return 1 (no sleep this time). */
+static int liveness_due(shm_tp_t *tp, uint64_t now)
+{
+    if (now < tp->next_liveness_ns)
+        return 0;
+    shm_check_liveness(tp, 0);
+    tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
+    sweep(tp);
+    return 1;
+}
+
 /* Sleep on this rank's doorbell until a peer rings it or deadline passes; check the
  * peers' liveness every liveness_ms. */
 static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadline)
 {
     shm_tp_t *tp = vtp;
     shm_bell_t *bell = tp->bell;
-    if (now >= tp->next_liveness_ns) {
-        shm_check_liveness(tp, 0);
-        tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
-        sweep(tp);
+    if (liveness_due(tp, now))
         return;
-    }
     uint32_t seq = atomic_load(&bell->seq);
     atomic_store(&bell->sleeping, SHM_SLEEP_FUTEX);
     /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
@@ -788,12 +796,8 @@ static int shm_arm(void *vtp, int *fd_p, int *timeout_ms_p)
         disarm(tp);
     unsigned long c0 = tp->completions;
     uint64_t now = tp_now_ns();
-    if (now >= tp->next_liveness_ns) {
-        shm_check_liveness(tp, 0);
-        tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
-        sweep(tp);
+    if (liveness_due(tp, now))
         return 1;
-    }
     atomic_store(&tp->bell->sleeping, SHM_SLEEP_FD);
     atomic_thread_fence(memory_order_seq_cst); /* as in wait_bell */
     tp->armed = 1;

@@ -6,8 +6,8 @@
  * "1 <pid> <nonce> <host id>" in the store. For every served peer it reads that record,
  * checks the host id, maps the peer's doorbell, connects to its wake-up socket and, for
  * p < r, maps the pair segment (which it unlinks at once). It then waits until every
- * served peer has mapped its own segments and unlinks them and its socket: from there on nothing is left in /dev/shm whatever
- * happens to any process. Last, as the receiving side of each pair, it probes whether
+ * served peer has mapped its own segments and unlinks them and its socket: from there
+ * on nothing is left in /dev/shm whatever happens to any process. Last, as the receiving side of each pair, it probes whether
  * it may pull from the sender with process_vm_readv (a random value at a published
  * address), and says so in the pair's shared state. */
 #ifndef _GNU_SOURCE
