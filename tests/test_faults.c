@@ -386,16 +386,20 @@ static const char *const mk_name[] = { "count", "0 vs N", "N vs 0", "dtype", "op
 #define MM_ODD 1
 #define MM_N 8
 #define MM_CASES 64
-#define MM_RANKS 3
+#define MM_RANKS 3 /* 4 with a host map (hier needs hosts of one size) */
+#define MM_MAX_RANKS 4
 
 typedef struct mm_shared {
     int kind;
     int lag; /* TUTTI_AGREE_LAG of the run: > 0 lets a rooted call's check come later */
+    /* "" or a host map such as "aba" (rank r on host-<map[r]>: shm within a host, tcp
+     * across, the hier algorithms forced where they exist) */
+    char map[8];
     int ncases;
     int colls[MM_CASES];
-    int status[MM_CASES][MM_RANKS];
-    double ms[MM_CASES][MM_RANKS];
-    char msg[MM_CASES][MM_RANKS][1024];
+    int status[MM_CASES][MM_MAX_RANKS];
+    double ms[MM_CASES][MM_MAX_RANKS];
+    char msg[MM_CASES][MM_MAX_RANKS][1024];
 } mm_shared_t;
 
 static int mm_call(tutti_comm_t *comm, int c, int kind, int rank, int n)
@@ -414,7 +418,7 @@ static int mm_call(tutti_comm_t *comm, int c, int kind, int rank, int n)
      * the odd rank's block (the odd rank holds its own count). gatherv, scatterv: the
      * root's layout is its count for every rank, each rank passes its own. alltoallv:
      * each rank its count to and from every rank. */
-    size_t counts[MM_RANKS], odd_view = MM_N;
+    size_t counts[MM_MAX_RANKS], odd_view = MM_N;
     if (kind == MK_COUNT || kind == MK_ZERO || kind == MK_ZERO_REV)
         odd_view = odd ? cnt : kind == MK_ZERO_REV ? 0 : MM_N;
     for (int i = 0; i < n; i++)
@@ -454,8 +458,16 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
          * the failed agreement message (the stall check must find it, not the timeout),
          * whatever the cost model would pick on this machine */
         o.algo = sh->lag > 0 ? "barrier:tree" : "barrier:dissemination";
+        char algo[128], hid[16];
+        if (sh->map[0]) {
+            snprintf(algo, sizeof(algo), "%s;allreduce:hier;allgather:hier;reduce_scatter:hier",
+                     o.algo);
+            o.algo = algo;
+            snprintf(hid, sizeof(hid), "host-%c", sh->map[rank]);
+            o.host_id = hid;
+        }
         char prefix[64];
-        snprintf(prefix, sizeof(prefix), "mm%d/%d/%d", sh->kind, sh->lag, k);
+        snprintf(prefix, sizeof(prefix), "mm%d/%d/%s/%d", sh->kind, sh->lag, sh->map, k);
         o.prefix = prefix;
         tutti_comm_t *comm = NULL;
         int st = tutti_comm_init(&comm, store, rank, nranks, &o);
@@ -502,24 +514,26 @@ static int mm_names_both(int c, int kind, const char *m)
     return 0;
 }
 
-static void run_mm_lag(int kind, int lag)
+static void run_mm_lag(int kind, int lag, const char *map)
 {
     mm_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = kind;
     sh->lag = lag;
+    snprintf(sh->map, sizeof(sh->map), "%s", map);
+    const int nranks = map[0] ? (int)strlen(map) : MM_RANKS;
     for (int c = 0; c < MC_N_; c++) {
         if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)))
             continue;
         sh->colls[sh->ncases++] = c;
     }
     th_spec_t spec = {
-        .nranks = MM_RANKS, .fn = rank_mm, .arg = sh, .timeout_ms = 120000, .flags = TH_NO_COMM
+        .nranks = nranks, .fn = rank_mm, .arg = sh, .timeout_ms = 120000, .flags = TH_NO_COMM
     };
     int rc = th_run_ex(&spec, NULL);
     int bad = 0;
     for (int k = 0; k < sh->ncases; k++) {
         int c = sh->colls[k];
-        for (int r = 0; r < MM_RANKS; r++) {
+        for (int r = 0; r < nranks; r++) {
             int st = sh->status[k][r];
             const char *m = sh->msg[k][r];
             int failed = st == TUTTI_ERR_MISMATCH ||
@@ -532,26 +546,40 @@ static void run_mm_lag(int kind, int lag)
                                         : strstr(m, mc_name[c]) && mm_names_both(c, kind, m));
             if (!failed || !named || sh->ms[k][r] > 3000 || getenv("TT_TEST_VERBOSE")) {
                 bad++;
-                fprintf(stderr, "%s mismatch in %s: rank %d: %s after %.0f ms%s: %s\n",
-                        mk_name[kind], mc_name[c], r, tutti_status_name(st), sh->ms[k][r],
+                fprintf(stderr, "%s mismatch in %s%s%s: rank %d: %s after %.0f ms%s: %s\n",
+                        mk_name[kind], mc_name[c], map[0] ? ", hosts " : "", map, r,
+                        tutti_status_name(st), sh->ms[k][r],
                         failed && !named ? " (message lacks both sides)" : "", m);
             }
         }
     }
     ck_assert_msg(rc == 0, "a rank failed to run the cases");
     ck_assert_msg(bad == 0,
-                  "%s mismatches (agree_lag %d): %d rank(s) of %d cases succeeded, failed "
-                  "otherwise, too slowly, or without saying both sides",
-                  mk_name[kind], lag, bad, sh->ncases);
+                  "%s mismatches (agree_lag %d, hosts '%s'): %d rank(s) of %d cases "
+                  "succeeded, failed otherwise, too slowly, or without saying both sides",
+                  mk_name[kind], lag, map, bad, sh->ncases);
     munmap(sh, sizeof(*sh));
 }
 
 /* Every rank fails: in the call (agree_lag 0), or by the next call (the default). */
 static void run_mm(int kind)
 {
-    run_mm_lag(kind, 0);
-    run_mm_lag(kind, 64);
+    run_mm_lag(kind, 0, "");
+    run_mm_lag(kind, 64, "");
 }
+
+/* The same on 2 hosts of 2 ranks, hier forced: the odd rank on the other host from the
+ * root ("abab": its disagreement crosses the link first) and on the root's ("aabb": hier's
+ * rounds within the host meet it first) */
+START_TEST(mismatch_hosts_every_collective)
+{
+    static const char *const maps[] = { "abab", "aabb" };
+    static const int kinds[] = { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP };
+    for (size_t m = 0; m < sizeof(maps) / sizeof(maps[0]); m++)
+        for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+            run_mm_lag(kinds[k], 0, maps[m]);
+}
+END_TEST
 
 START_TEST(mismatch_count_every_collective)
 {
@@ -1089,6 +1117,8 @@ static Suite *suite(void)
                      mismatch_count_every_collective, mismatch_zero_every_collective,
                      mismatch_zero_rev_every_collective, mismatch_dtype_every_collective,
                      mismatch_op_every_collective, mismatch_root_every_collective, NULL });
+    th_add_tests(s, "mismatch_hosts", 200,
+                 (const TTest *const[]){ mismatch_hosts_every_collective, NULL });
     th_add_tests(s, "killed", 90,
                  (const TTest *const[]){ rank_killed_mid_allreduce, hung_rank_times_out, NULL });
     th_add_tests(s, "abort", 90,
