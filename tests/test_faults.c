@@ -392,7 +392,7 @@ static const char *const mk_name[] = { "count", "0 vs N", "N vs 0", "dtype", "op
 typedef struct mm_shared {
     int kind;
     int lag; /* TUTTI_AGREE_LAG of the run: > 0 lets a rooted call's check come later */
-    /* "" or a host map such as "aba" (rank r on host-<map[r]>: shm within a host, tcp
+    /* "" or a host map such as "abab" (rank r on host-<map[r]>: shm within a host, tcp
      * across, the hier algorithms forced where they exist) */
     char map[8];
     int ncases;
@@ -465,6 +465,8 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
             o.algo = algo;
             snprintf(hid, sizeof(hid), "host-%c", sh->map[rank]);
             o.host_id = hid;
+            o.transport = "auto"; /* shm within a host, tcp across, whatever the run's
+                                     TUTTI_TRANSPORT */
         }
         char prefix[64];
         snprintf(prefix, sizeof(prefix), "mm%d/%d/%s/%d", sh->kind, sh->lag, sh->map, k);
