@@ -474,6 +474,9 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
         tutti_comm_t *comm = NULL;
         int st = tutti_comm_init(&comm, store, rank, nranks, &o);
         FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+        /* with a map, the model must have it, or hier would run as the flat ring */
+        FAIL_IF(sh->map[0] && !strstr(tutti_comm_cost_model(comm), "hosts"),
+                "rank %d: cost model %s has no host map", rank, tutti_comm_cost_model(comm));
         /* one good collective first: the mismatch is not on a fresh link */
         FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
         double t0 = th_now_ms();
