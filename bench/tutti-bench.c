@@ -184,7 +184,8 @@ static void usage(FILE *f)
         "                      caches by the previous call (bench/peers' harnesses too)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int32,\n"
         "                      int64 ...\n"
-        "  -o, --op NAME       sum (default), prod, min, max, avg\n"
+        "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
+        "                      bxor (the last three: integer dtypes)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
         "                      string (\"allreduce:rd@<64K,ring\")\n"
@@ -499,6 +500,11 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
         double base = (double)(1 + i % 5), s = (double)(i % 2);
         return base + (r == 0 ? (double)(n - 1) * s : -s);
     }
+    /* integers in [0, 127]: each rank clears (BAND) or sets (BOR) one of 7 bits, or
+     * brings 3 bits of its own (BXOR) */
+    case TUTTI_BAND: return (double)(127 ^ (1 << (((size_t)r + i) % 7)));
+    case TUTTI_BOR: return (double)(1 << (((size_t)r + i) % 7));
+    case TUTTI_BXOR: return (double)(((size_t)r * 3 + i) % 8);
     default: return 0.0;
     }
 }
@@ -538,6 +544,9 @@ static double red_expected(const bench_cfg_t *cfg, int n, size_t i)
         case TUTTI_PROD: acc *= v; break;
         case TUTTI_MIN: acc = v < acc ? v : acc; break;
         case TUTTI_MAX: acc = v > acc ? v : acc; break;
+        case TUTTI_BAND: acc = (double)((long)acc & (long)v); break;
+        case TUTTI_BOR: acc = (double)((long)acc | (long)v); break;
+        case TUTTI_BXOR: acc = (double)((long)acc ^ (long)v); break;
         default: break;
         }
     }
@@ -614,6 +623,9 @@ static size_t input_period(const bench_cfg_t *cfg)
     case TUTTI_MIN:
     case TUTTI_MAX: return 17;
     case TUTTI_AVG: return 10;
+    case TUTTI_BAND:
+    case TUTTI_BOR: return 7;
+    case TUTTI_BXOR: return 8;
     default: return 1;
     }
 }

@@ -500,6 +500,16 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 if (!c.comm_failed)
                     t_reduce_scatter(&c, dt, all_ops[o], counts, 1, (rs_mode + 1) % 4);
             }
+        /* the bitwise ops, integer dtypes only */
+        for (size_t o = 0; o < ARRAY_SIZE(bit_ops) && !is_float(dt) && !c.comm_failed; o++)
+            for (size_t k = 1; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+                const int mode = (int)((o + k + d) % 3), rs_mode = (int)((o + k + d) % 4);
+                t_reduce(&c, dt, bit_ops[o], small_counts[k], (int)((d + o + k) % (size_t)n), mode);
+                for (int i = 0; i < n; i++)
+                    counts[i] = vcount(i, (int)(o + k));
+                if (!c.comm_failed)
+                    t_reduce_scatter(&c, dt, bit_ops[o], counts, 1, rs_mode);
+            }
         /* larger: sum and avg (the final division) */
         for (int m = 0; m < 2 && !c.comm_failed; m++) {
             tutti_redop_t op = m ? TUTTI_AVG : TUTTI_SUM;

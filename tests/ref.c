@@ -67,6 +67,7 @@ uint16_t ref_float_to_bf16(float f)
 const tutti_dtype_t all_dtypes[8] = { TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
                                       TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64 };
 const tutti_redop_t all_ops[5] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG };
+const tutti_redop_t bit_ops[3] = { TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR };
 
 int is_float(tutti_dtype_t dt)
 {
@@ -100,10 +101,16 @@ double gen_float(tutti_redop_t op, uint64_t bits)
     }
 }
 
-/* odd factors keep integer products from collapsing to 0 */
+/* odd factors keep integer products from collapsing to 0; BAND's inputs have 3 bits
+ * of 4 set and BOR's 1 of 4, so that neither result is all zeros or all ones at 2-4 ranks */
 uint64_t gen_int(tutti_redop_t op, uint64_t bits)
 {
-    return op == TUTTI_PROD ? bits | 1 : bits;
+    switch (op) {
+    case TUTTI_PROD: return bits | 1;
+    case TUTTI_BAND: return bits | mix64(bits);
+    case TUTTI_BOR: return bits & mix64(bits);
+    default: return bits;
+    }
 }
 
 /* Store element i of a dtype from integer bits (integer types) or a double (floats). */
@@ -210,6 +217,9 @@ void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, si
             if (int_value(dt, v) > int_value(dt, acc))
                 acc = v;
             break;
+        case TUTTI_BAND: acc &= v; break;
+        case TUTTI_BOR: acc |= v; break;
+        case TUTTI_BXOR: acc ^= v; break;
         default: acc += v; break;
         }
     }

@@ -104,6 +104,20 @@ static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *
     if (rank == 0)
         EXPECT_BAD(tutti_gatherv(comm, buf, 3, buf, counts, NULL, TUTTI_FP32, 0),
                    "differs from recvcounts[root]");
+    /* bitwise ops on floats: refused on every reducing entry point, naming both */
+    EXPECT_BAD(tutti_allreduce(comm, buf, buf, 4, TUTTI_FP32, TUTTI_BAND),
+               "allreduce: op band reduces integer dtypes only, not f32");
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP64, TUTTI_BOR, 0),
+               "reduce: op bor reduces integer dtypes only, not f64");
+    EXPECT_BAD(tutti_reduce_scatter(comm, buf, buf + 8, 2, TUTTI_BF16, TUTTI_BXOR),
+               "op bxor reduces integer dtypes only, not bf16");
+    EXPECT_BAD(tutti_reduce_scatterv(comm, buf, buf + 8, counts, TUTTI_FP16, TUTTI_BXOR),
+               "op bxor reduces integer dtypes only, not f16");
+    {
+        tutti_work_t *w = NULL;
+        EXPECT_BAD(tutti_allreduce_async(comm, buf, buf, 4, TUTTI_FP32, TUTTI_BOR, &w), "op bor");
+        FAIL_IF(w != NULL, "a refused call handed back work");
+    }
 #undef EXPECT_BAD
     /* nothing was sent: the communicator still works */
     st = tutti_barrier(comm);

@@ -307,6 +307,12 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 for (int mode = 0; mode < 3 && !c.comm_failed; mode++)
                     check_allreduce(&c, dt, all_ops[o], small_counts[k], mode);
             }
+        /* the bitwise ops, integer dtypes only; one mode each, taking turns */
+        for (size_t o = 0; o < ARRAY_SIZE(bit_ops) && !is_float(dt) && !c.comm_failed; o++)
+            for (size_t k = 1; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+                prepare_allreduce(&c, dt, bit_ops[o], small_counts[k], mix64(++c.cases));
+                check_allreduce(&c, dt, bit_ops[o], small_counts[k], (int)((o + k + d) % 3));
+            }
         /* the big count: every dtype, but only two ops (sum, and avg's final division) */
         for (int o = 0; o < 2 && !c.comm_failed; o++) {
             prepare_allreduce(&c, dt, big_ops[o], big, mix64(++c.cases));

@@ -852,6 +852,43 @@ static int rank_coalesced(int rank, int nranks, tutti_comm_t *comm, const char *
             FAIL_IF(e >= 0, "allreduce tensor %d element %ld: got %g expected %g", i, e, got, exp);
         }
     }
+    /* BXOR over the integer tensors (int8, int64, int32, uint8), packed by dtype, against
+     * the XOR of every rank's bytes computed here; then over all twelve: refused before
+     * any tensor changes, naming the first float one */
+    enum { NI = 4 };
+    static const int ints[NI] = { 2, 6, 9, 10 };
+    void *ibufs[NI];
+    size_t icounts[NI];
+    tutti_dtype_t idts[NI];
+    for (int k = 0; k < NI; k++) {
+        const int i = ints[k];
+        ibufs[k] = bufs[i];
+        icounts[k] = counts[i];
+        idts[k] = dts[i];
+        unsigned char *b = bufs[i];
+        for (size_t j = 0; j < counts[i] * tutti_dtype_size(dts[i]); j++)
+            b[j] = (unsigned char)(mix64((uint64_t)rank * 1000003u + (uint64_t)i * 7919u + j));
+    }
+    int st = tutti_allreduce_coalesced(comm, ibufs, icounts, idts, NI, TUTTI_BXOR, 0);
+    FAIL_IF(st != TUTTI_OK, "allreduce_coalesced bxor: %s", tutti_comm_last_error(comm));
+    for (int k = 0; k < NI; k++) {
+        const int i = ints[k];
+        const unsigned char *b = bufs[i];
+        for (size_t j = 0; j < counts[i] * tutti_dtype_size(dts[i]); j++) {
+            unsigned char want = 0;
+            for (int r = 0; r < nranks; r++)
+                want ^= (unsigned char)(mix64((uint64_t)r * 1000003u + (uint64_t)i * 7919u + j));
+            FAIL_IF(b[j] != want, "bxor tensor %d byte %zu: %02x, want %02x", i, j, b[j], want);
+        }
+    }
+    ((unsigned char *)bufs[2])[0] ^= 0x5a;
+    const unsigned char before = ((unsigned char *)bufs[2])[0];
+    st = tutti_allreduce_coalesced(comm, bufs, counts, dts, N, TUTTI_BXOR, 0);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "bxor over floats gave %s", tutti_status_name(st));
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "tensor 0: op bxor reduces integer dtypes only, "
+                                                 "not f32"),
+            "message \"%s\"", tutti_comm_last_error(comm));
+    FAIL_IF(((unsigned char *)bufs[2])[0] != before, "a refused call changed an int8 tensor");
     for (int i = 0; i < N; i++)
         free(bufs[i]);
     return 0;

@@ -41,13 +41,19 @@ typedef enum tutti_dtype {
  * PROD wrap (two's complement). Float MIN/MAX propagate NaN: a NaN on any rank gives
  * NaN in that element (as torch.max and numpy.maximum do, unlike C's fmax); infinities
  * order as usual (MIN of -inf and x is -inf); +0 and -0 compare equal, so which of them
- * a MIN/MAX of both returns depends on the algorithm's order of operands. */
+ * a MIN/MAX of both returns depends on the algorithm's order of operands.
+ * BAND, BOR and BXOR (MPI_BAND/BOR/BXOR, torch's ReduceOp.BAND/BOR/BXOR) combine the
+ * bits of integer dtypes; with a float dtype a call fails with TUTTI_ERR_INVALID_ARG
+ * naming the op and the dtype (tutti_redop_supported says beforehand). */
 typedef enum tutti_redop {
     TUTTI_SUM = 0,
     TUTTI_PROD,
     TUTTI_MIN,
     TUTTI_MAX,
     TUTTI_AVG,
+    TUTTI_BAND,
+    TUTTI_BOR,
+    TUTTI_BXOR,
     TUTTI_REDOP_COUNT
 } tutti_redop_t;
 
@@ -60,6 +66,9 @@ const char *tutti_redop_name(tutti_redop_t op);
 /* Parse names as printed above (also "float", "int", "half", "double" ...). */
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
 int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
+/* 1 if collectives reduce dtype with op (every op reduces the integer dtypes; BAND,
+ * BOR and BXOR no float dtype), 0 if not or either is out of range. */
+int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
 
 typedef struct tutti_comm tutti_comm_t;
 typedef struct tutti_work tutti_work_t;

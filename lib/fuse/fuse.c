@@ -12,6 +12,7 @@
 #include <tutti/tutti.h>
 
 #include "base/base.h"
+#include "core/fault.h"
 #include "core/stage.h"
 #include "reduce/reduce.h"
 
@@ -1025,6 +1026,13 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
         return TUTTI_ERR_INVALID_ARG;
     TT_CHECK(coal_check(comm, bufs, counts, dtypes, n, &bytes, &idx));
     int st = TUTTI_OK;
+    /* refused before any tensor is reduced, not when its dtype's turn comes */
+    for (int i = 0; i < n && st == TUTTI_OK; i++)
+        if (!tutti_redop_supported(op, dtypes[i]))
+            st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                   "allreduce_coalesced: tensor %d: op %s reduces integer "
+                                   "dtypes only, not %s",
+                                   i, tutti_redop_name(op), tutti_dtype_name(dtypes[i]));
     for (int d = 0; d < TUTTI_DTYPE_COUNT && st == TUTTI_OK; d++) {
         int m = 0;
         for (int i = 0; i < n; i++)

@@ -31,16 +31,17 @@ static const struct {
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
-    [TUTTI_SUM] = "sum", [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min",
-    [TUTTI_MAX] = "max", [TUTTI_AVG] = "avg",
+    [TUTTI_SUM] = "sum", [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min", [TUTTI_MAX] = "max",
+    [TUTTI_AVG] = "avg", [TUTTI_BAND] = "band", [TUTTI_BOR] = "bor", [TUTTI_BXOR] = "bxor",
 };
 
 static const struct {
     const char *name;
     tutti_redop_t op;
 } tt_redop_aliases[] = {
-    { "add", TUTTI_SUM },  { "product", TUTTI_PROD }, { "mul", TUTTI_PROD },
-    { "mean", TUTTI_AVG }, { "average", TUTTI_AVG },
+    { "add", TUTTI_SUM },        { "product", TUTTI_PROD },     { "mul", TUTTI_PROD },
+    { "mean", TUTTI_AVG },       { "average", TUTTI_AVG },      { "bitwise_and", TUTTI_BAND },
+    { "bitwise_or", TUTTI_BOR }, { "bitwise_xor", TUTTI_BXOR },
 };
 
 TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)
@@ -56,6 +57,16 @@ TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
 TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 {
     return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : "?";
+}
+
+TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
+{
+    if ((unsigned)op >= TUTTI_REDOP_COUNT || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return 0;
+    const int bitwise = op == TUTTI_BAND || op == TUTTI_BOR || op == TUTTI_BXOR;
+    const int is_float = dtype == TUTTI_FP16 || dtype == TUTTI_BF16 || dtype == TUTTI_FP32 ||
+                         dtype == TUTTI_FP64;
+    return !(bitwise && is_float);
 }
 
 /* Names compare case-insensitively ("FP32", "Float"). */

@@ -134,6 +134,10 @@ uint16_t tt_float_to_bf16(float f)
 /* NaN in x: x; NaN in y only: the comparison fails and gives y; equal: y. */
 #define TT_OP_FMIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
 #define TT_OP_FMAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+/* integer types only (on the unsigned type of the width) */
+#define TT_OP_BAND(x, y) ((x) & (y))
+#define TT_OP_BOR(x, y) ((x) | (y))
+#define TT_OP_BXOR(x, y) ((x) ^ (y))
 
 #define TT_LD_ID(v) (v)
 #define TT_ST_ID(v) (v)
@@ -196,15 +200,22 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     TT_DEF_KERNELS(isa, attr, dt##_min, SST, SCT, LD, STO, OPMIN)                                  \
     TT_DEF_KERNELS(isa, attr, dt##_max, SST, SCT, LD, STO, OPMAX)
 
+/* The bitwise ops of one integer dtype, on its unsigned type. */
+#define TT_DEF_BITS(isa, attr, dt, UST, UCT)                                                       \
+    TT_DEF_KERNELS(isa, attr, dt##_band, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BAND)                 \
+    TT_DEF_KERNELS(isa, attr, dt##_bor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BOR)                   \
+    TT_DEF_KERNELS(isa, attr, dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)
+
+/* Every op of one integer dtype: arithmetic (signed compare for MIN/MAX), then bits. */
+#define TT_DEF_INT(isa, attr, dt, SST, SCT, UST, UCT)                                              \
+    TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)        \
+    TT_DEF_BITS(isa, attr, dt, UST, UCT)
+
 #define TT_DEF_ISA(isa, attr, HALF_OPS)                                                            \
-    TT_DEF_OPS(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,  \
-               TT_OP_MAX)                                                                          \
-    TT_DEF_OPS(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, \
-               TT_OP_MAX)                                                                          \
-    TT_DEF_OPS(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID,        \
-               TT_OP_MIN, TT_OP_MAX)                                                               \
-    TT_DEF_OPS(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID,        \
-               TT_OP_MIN, TT_OP_MAX)                                                               \
+    TT_DEF_INT(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t)                                 \
+    TT_DEF_INT(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t)                                \
+    TT_DEF_INT(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t)                            \
+    TT_DEF_INT(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t)                            \
     HALF_OPS(isa, attr)                                                                            \
     TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, \
                TT_OP_FMAX)                                                                         \
@@ -218,19 +229,24 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     TT_DEF_OPS(isa, attr, bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF,            \
                TT_OP_FMIN, TT_OP_FMAX)
 
+/* A dtype's kernels by op (AVG's column stays empty: it runs as SUM; a float dtype's
+ * bitwise columns too: tutti_redop_supported refuses them before a kernel is needed). */
 #define TT_ROW(k, isa, dt)                                                                         \
     [TUTTI_SUM] = k##_##dt##_sum_##isa, [TUTTI_PROD] = k##_##dt##_prod_##isa,                      \
     [TUTTI_MIN] = k##_##dt##_min_##isa, [TUTTI_MAX] = k##_##dt##_max_##isa
+#define TT_ROW_INT(k, isa, dt)                                                                     \
+    TT_ROW(k, isa, dt), [TUTTI_BAND] = k##_##dt##_band_##isa, [TUTTI_BOR] = k##_##dt##_bor_##isa,  \
+                        [TUTTI_BXOR] = k##_##dt##_bxor_##isa
 
 #define TT_TABLE(k, isa, hisa)                                                                     \
     {                                                                                              \
-        [TUTTI_INT8] = { TT_ROW(k, isa, i8) }, [TUTTI_UINT8] = { TT_ROW(k, isa, u8) },             \
-        [TUTTI_INT32] = { TT_ROW(k, isa, i32) }, [TUTTI_INT64] = { TT_ROW(k, isa, i64) },          \
+        [TUTTI_INT8] = { TT_ROW_INT(k, isa, i8) }, [TUTTI_UINT8] = { TT_ROW_INT(k, isa, u8) },     \
+        [TUTTI_INT32] = { TT_ROW_INT(k, isa, i32) }, [TUTTI_INT64] = { TT_ROW_INT(k, isa, i64) },  \
         [TUTTI_FP16] = { TT_ROW(k, hisa, f16) }, [TUTTI_BF16] = { TT_ROW(k, hisa, bf16) },         \
         [TUTTI_FP32] = { TT_ROW(k, isa, f32) }, [TUTTI_FP64] = { TT_ROW(k, isa, f64) },            \
     }
 
-#define TT_NOPS 4 /* SUM, PROD, MIN, MAX; AVG runs as SUM */
+#define TT_NOPS TUTTI_REDOP_COUNT
 
 typedef struct tt_reduce_isa {
     const char *name;
@@ -444,13 +460,16 @@ const char *tt_reduce_isa_name(void)
     TT_DEF_SELF(dt##_prod, UST, UCT, LD, STO, TT_OP_PROD)                                          \
     TT_DEF_SELF(dt##_min, SST, SCT, LD, STO, OPMIN)                                                \
     TT_DEF_SELF(dt##_max, SST, SCT, LD, STO, OPMAX)
+#define TT_DEF_SELF_INT(dt, SST, SCT, UST, UCT)                                                    \
+    TT_DEF_SELF_OPS(dt, SST, SCT, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)              \
+    TT_DEF_SELF(dt##_band, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BAND)                               \
+    TT_DEF_SELF(dt##_bor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BOR)                                 \
+    TT_DEF_SELF(dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)
 
-TT_DEF_SELF_OPS(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)
-TT_DEF_SELF_OPS(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)
-TT_DEF_SELF_OPS(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
-                TT_OP_MAX)
-TT_DEF_SELF_OPS(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID, TT_OP_MIN,
-                TT_OP_MAX)
+TT_DEF_SELF_INT(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t)
+TT_DEF_SELF_INT(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t)
+TT_DEF_SELF_INT(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t)
+TT_DEF_SELF_INT(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t)
 TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN, TT_OP_FMAX)
 TT_DEF_SELF_OPS(bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF, TT_OP_FMIN,
                 TT_OP_FMAX)
@@ -459,25 +478,33 @@ TT_DEF_SELF_OPS(f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID, T
                 TT_OP_FMAX)
 
 typedef void (*tt_k1_fn)(void *dst, size_t n);
+#define TT_SELF_COLS(dt)                                                                           \
+    [TUTTI_SUM] = tt_k1_##dt##_sum, [TUTTI_PROD] = tt_k1_##dt##_prod,                              \
+    [TUTTI_MIN] = tt_k1_##dt##_min, [TUTTI_MAX] = tt_k1_##dt##_max
 #define TT_SELF_ROW(dt)                                                                            \
     {                                                                                              \
-        [TUTTI_SUM] = tt_k1_##dt##_sum, [TUTTI_PROD] = tt_k1_##dt##_prod,                          \
-        [TUTTI_MIN] = tt_k1_##dt##_min, [TUTTI_MAX] = tt_k1_##dt##_max                             \
+        TT_SELF_COLS(dt)                                                                           \
+    }
+#define TT_SELF_ROW_INT(dt)                                                                        \
+    {                                                                                              \
+        TT_SELF_COLS(dt), [TUTTI_BAND] = tt_k1_##dt##_band, [TUTTI_BOR] = tt_k1_##dt##_bor,        \
+                          [TUTTI_BXOR] = tt_k1_##dt##_bxor                                         \
     }
 static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
-    [TUTTI_INT8] = TT_SELF_ROW(i8),   [TUTTI_UINT8] = TT_SELF_ROW(u8),
-    [TUTTI_INT32] = TT_SELF_ROW(i32), [TUTTI_INT64] = TT_SELF_ROW(i64),
-    [TUTTI_FP16] = TT_SELF_ROW(f16),  [TUTTI_BF16] = TT_SELF_ROW(bf16),
-    [TUTTI_FP32] = TT_SELF_ROW(f32),  [TUTTI_FP64] = TT_SELF_ROW(f64),
+    [TUTTI_INT8] = TT_SELF_ROW_INT(i8),   [TUTTI_UINT8] = TT_SELF_ROW_INT(u8),
+    [TUTTI_INT32] = TT_SELF_ROW_INT(i32), [TUTTI_INT64] = TT_SELF_ROW_INT(i64),
+    [TUTTI_FP16] = TT_SELF_ROW(f16),      [TUTTI_BF16] = TT_SELF_ROW(bf16),
+    [TUTTI_FP32] = TT_SELF_ROW(f32),      [TUTTI_FP64] = TT_SELF_ROW(f64),
 };
 
-/* Row and column of (dtype, op) in the tables, or -1. */
+/* Row and column of (dtype, op) in the tables, or -1 (out of range, or no kernel: a
+ * bitwise op on a float dtype, which every entry point refuses first). */
 static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_idx_p)
 {
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT || (unsigned)op >= TUTTI_REDOP_COUNT)
         return -1;
     *op_idx_p = op == TUTTI_AVG ? (unsigned)TUTTI_SUM : (unsigned)op;
-    return 0;
+    return tt_k1[dtype][*op_idx_p] ? 0 : -1;
 }
 
 void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op)

@@ -88,6 +88,53 @@ def reductions(comm):
     return bad
 
 
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def bits(rank, storage, op, n=N):
+    """Random bits of every width; BAND's inputs are 3 bits in 4 set and BOR's 1 in 4,
+    so that neither result is all zeros or all ones."""
+    rng = np.random.default_rng(2000 + rank)
+    v = [rng.integers(0, 256, n * np.dtype(storage).itemsize, dtype=np.uint8).view(storage)
+         for _ in range(2)]
+    return {"band": v[0] | v[1], "bor": v[0] & v[1], "bxor": v[0]}[op]
+
+
+def bitwise(comm):
+    """allreduce, reduce and reduce_scatter with BAND, BOR and BXOR on every integer
+    dtype against NumPy's bitwise reductions; a float buffer is refused naming both."""
+    bad, size, rank = [], comm.size, comm.rank
+    for dt, storage in DTYPES[:4]:
+        for op, fn in BITWISE.items():
+            want = fn.reduce(np.stack([bits(r, storage, op) for r in range(size)]), 0)
+            a = bits(rank, storage, op)
+            comm.allreduce(a, op=op)
+            out = np.zeros(N, storage)
+            comm.allreduce(bits(rank, storage, op), out, op=getattr(tutti, op.upper()),
+                           async_op=True).wait()
+            red = np.zeros(N, storage)
+            comm.reduce(bits(rank, storage, op), red if rank == 0 else None, op=op, root=0)
+            big = np.concatenate([bits(rank * 10 + b, storage, op, 5) for b in range(size)])
+            rs = np.zeros(5, storage)
+            comm.reduce_scatter(big, rs, op=op)
+            want_rs = fn.reduce(np.stack([bits(r * 10 + rank, storage, op, 5)
+                                          for r in range(size)]), 0)
+            for name, got, exp in (("allreduce in place", a, want), ("allreduce", out, want),
+                                   ("reduce", red if rank == 0 else want, want),
+                                   ("reduce_scatter", rs, want_rs)):
+                if not np.array_equal(got, exp):
+                    bad.append(f"{name} {dt} {op}")
+    for dt in (np.float32, np.float64):
+        try:
+            comm.allreduce(np.ones(4, dt), op="bxor")
+            bad.append(f"bxor on {np.dtype(dt)} was not refused")
+        except tutti.InvalidArgError as e:
+            if "op bxor reduces integer dtypes only" not in str(e):
+                bad.append(f"bxor on {np.dtype(dt)}: {e}")
+    comm.barrier()
+    return bad
+
+
 def movements(comm):
     """broadcast, allgather(v), gather(v), scatter(v), alltoall(v), send/recv, barrier on
     bytes-exact data; returns the failures."""
@@ -145,6 +192,12 @@ def movements(comm):
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_reductions(size, transport):
     assert run(reductions, size, transport=transport) == [[]] * size
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_bitwise(size, transport):
+    assert run(bitwise, size, transport=transport) == [[]] * size
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

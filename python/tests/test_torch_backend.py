@@ -4,6 +4,7 @@ inputs, async works, subgroups, errors (mismatch, killed rank, unsupported ops a
 dtypes, monitored barrier), and DDP whose parameters match the same run on gloo."""
 import datetime
 import faulthandler
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -25,6 +26,13 @@ except ImportError as e:  # built without -Dtorch
 DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64]
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+BITOPS = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
+# dtypes tutti has no type of its own for: data movement carries their bytes, bool reduces
+MOVE_DTYPES = DTYPES + [torch.bool, torch.int16, torch.complex64, torch.complex128]
+# bool's reductions as NCCL's backend maps them: SUM/MAX any, PRODUCT/MIN all, bitwise as is
+BOOL_OPS = {"SUM": torch.logical_or, "MAX": torch.logical_or, "PRODUCT": torch.logical_and,
+            "MIN": torch.logical_and, "BAND": torch.logical_and, "BOR": torch.logical_or,
+            "BXOR": torch.logical_xor}
 
 
 def _free_port():
@@ -82,14 +90,22 @@ def inp(rank, dtype, op="SUM", n=6, salt=0):
     i = torch.arange(n, dtype=torch.int64)
     if op == "PRODUCT":
         v = (rank + i + salt) % 3 + 1
+    elif op in BITOPS:  # 7 bits that differ between ranks (in int8's range)
+        v = (rank * 37 + i * 11 + salt * 5 + 3) % 128
     else:
         v = (rank * 7 + i * 3 + salt) % 9 - 4
         if dtype == torch.uint8:
             v = v + 4
+    if dtype == torch.bool:  # both values, in a pattern of each rank's own
+        return v % 2 == 1
+    if dtype.is_complex:
+        return torch.complex(v.double(), (v * 3 + rank + 1).double()).to(dtype)
     return v.to(dtype)
 
 
 def reduce_ref(xs, op, dtype, size):
+    if op in BITOPS:
+        return functools.reduce(BITOPS[op], xs)
     s = torch.stack([x.double() for x in xs])
     if op == "SUM":
         r = s.sum(0)
@@ -131,7 +147,7 @@ class Checker:
 
 def reductions(rank, size, ck):
     for dt in DTYPES:
-        for name in OPS:
+        for name in OPS + ([] if dt.is_floating_point else list(BITOPS)):
             op = getattr(dist.ReduceOp, name)
             all_in = [inp(r, dt, name) for r in range(size)]
             want = reduce_ref(all_in, name, dt, size)
@@ -169,8 +185,31 @@ def reductions(rank, size, ck):
                reduce_ref([inp(r, dt, name, n=5, salt=1) for r in range(size)], name, dt, size))
 
 
+def bool_reductions(rank, size, ck):
+    dt = torch.bool
+    for name, fn in BOOL_OPS.items():
+        op = getattr(dist.ReduceOp, name)
+        want = functools.reduce(fn, [inp(r, dt, name) for r in range(size)])
+        t = inp(rank, dt, name)
+        dist.all_reduce(t, op)
+        ck(f"all_reduce bool {name}", t, want)
+        t = inp(rank, dt, name)
+        dist.reduce(t, 0, op)
+        ck(f"reduce bool {name}", t, want if rank == 0 else inp(rank, dt, name))
+        out = torch.empty(6, dtype=dt)
+        dist.reduce_scatter(out, [inp(rank, dt, name, salt=b) for b in range(size)], op)
+        ck(f"reduce_scatter bool {name}", out,
+           functools.reduce(fn, [inp(r, dt, name, salt=rank) for r in range(size)]))
+    try:
+        dist.all_reduce(inp(rank, dt), dist.ReduceOp.AVG)
+        ck("all_reduce bool AVG refused", torch.tensor(False), torch.tensor(True))
+    except RuntimeError as e:
+        ck(f"all_reduce bool AVG refused: {e}", torch.tensor("does not apply to bool" in str(e)),
+           torch.tensor(True))
+
+
 def movers(rank, size, ck):
-    for dt in DTYPES:
+    for dt in MOVE_DTYPES:
         mine = inp(rank, dt)
         for root in range(size):
             t = inp(rank, dt)
@@ -254,6 +293,7 @@ def noncontiguous(rank, size, ck):
 def everything(rank, size):
     ck = Checker()
     reductions(rank, size, ck)
+    bool_reductions(rank, size, ck)
     movers(rank, size, ck)
     noncontiguous(rank, size, ck)
     dist.barrier()
@@ -400,10 +440,9 @@ def test_killed_rank_is_named():
 
 def unsupported(rank, size):
     msgs = []
-    for call in (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.BAND),
-                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.BXOR),
-                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)),
-                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool))):
+    for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.float64), dist.ReduceOp.BXOR),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16))):
         try:
             call()
             msgs.append("no error")
@@ -416,11 +455,10 @@ def unsupported(rank, size):
 
 
 def test_unsupported_ops_and_dtypes_are_named():
-    band, bxor, short, bool_ = run(unsupported, 2)[0]
-    assert "reduce op BAND is not supported" in band, band
-    assert "reduce op BXOR is not supported" in bxor, bxor
-    assert "dtype Short is not supported" in short, short
-    assert "Bool is not supported" in bool_, bool_
+    band, bxor, short = run(unsupported, 2)[0]
+    assert "op band reduces integer dtypes only, not f32" in band, band
+    assert "op bxor reduces integer dtypes only, not f64" in bxor, bxor
+    assert "dtype Short is not supported by reductions" in short, short
 
 
 def any_source(rank, size):

@@ -22,7 +22,8 @@ ANY_SOURCE = _lib.ANY_SOURCE
 
 version = "0.1.0"
 _lib_ = _lib.lib
-SUM, PROD, MIN, MAX, AVG = range(5)
+#: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR: integer dtypes
+SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
 
 # Communicators, then stores, still open when the interpreter exits are closed before
 # Python tears its modules down (a communicator's progress thread must not outlive them).
@@ -66,7 +67,8 @@ def _op(op):
         return op
     out = ctypes.c_int()
     if _lib_.tutti_redop_parse(str(op).encode(), ctypes.byref(out)) < 0:
-        raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg)")
+        raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg, "
+                              "band, bor, bxor)")
     _OPS[op] = out.value
     return out.value
 

@@ -15,9 +15,10 @@ namespace tutti_torch
 namespace
 {
 
-tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
+/* tutti's own dtype for a torch scalar type, or -1 where it has none. */
+int native_dtype(at::ScalarType s)
 {
-    switch (t.scalar_type()) {
+    switch (s) {
     case at::kChar: return TUTTI_INT8;
     case at::kByte: return TUTTI_UINT8;
     case at::kInt: return TUTTI_INT32;
@@ -26,19 +27,41 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
     case at::kBFloat16: return TUTTI_BF16;
     case at::kFloat: return TUTTI_FP32;
     case at::kDouble: return TUTTI_FP64;
-    default:
-        TORCH_CHECK(false, "tutti backend: ", op, ": dtype ", t.scalar_type(),
-                    " is not supported (int8, uint8, int32, int64, float16, bfloat16, "
-                    "float32, float64 are)");
+    default: return -1;
     }
+}
+
+/* The dtype a reduction of t computes in (bool: see to_reduction). */
+tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
+{
+    int dt = native_dtype(t.scalar_type());
+    TORCH_CHECK(dt >= 0, "tutti backend: ", op, ": dtype ", t.scalar_type(),
+                " is not supported by reductions (int8, uint8, int32, int64, float16, "
+                "bfloat16, float32, float64 and bool are; collectives that only move data take "
+                "every dtype)");
+    return (tutti_dtype_t)dt;
+}
+
+/* What moves t's elements unchanged: tutti's dtype of the same type, or else t's bytes
+ * as uint8 (bool, int16, complex, ...: data movement and send/recv take any dtype, as
+ * NCCL's do), k carrier elements to one of t's. */
+struct carrier {
+    tutti_dtype_t dt;
+    size_t k;
+    size_t n(int64_t numel) const { return (size_t)numel * k; }
+};
+
+carrier carry(const at::Tensor &t)
+{
+    int dt = native_dtype(t.scalar_type());
+    if (dt >= 0)
+        return { (tutti_dtype_t)dt, 1 };
+    return { TUTTI_UINT8, (size_t)t.element_size() };
 }
 
 const char *redop_name(c10d::ReduceOp::RedOpType op)
 {
     switch (op) {
-    case c10d::ReduceOp::BAND: return "BAND";
-    case c10d::ReduceOp::BOR: return "BOR";
-    case c10d::ReduceOp::BXOR: return "BXOR";
     case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
     default: return "UNUSED";
     }
@@ -52,10 +75,40 @@ tutti_redop_t to_redop(const c10d::ReduceOp &op, const char *name)
     case c10d::ReduceOp::MIN: return TUTTI_MIN;
     case c10d::ReduceOp::MAX: return TUTTI_MAX;
     case c10d::ReduceOp::AVG: return TUTTI_AVG;
+    /* integer dtypes only: tutti refuses a float tensor naming the op and dtype */
+    case c10d::ReduceOp::BAND: return TUTTI_BAND;
+    case c10d::ReduceOp::BOR: return TUTTI_BOR;
+    case c10d::ReduceOp::BXOR: return TUTTI_BXOR;
     default:
         TORCH_CHECK(false, "tutti backend: ", name, ": reduce op ", redop_name(op.op_),
-                    " is not supported (SUM, PRODUCT, MIN, MAX, AVG are)");
+                    " is not supported (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR are)");
     }
+}
+
+/* The dtype and op a reduction of t runs with. Bool (stored as 0 or 1) reduces as uint8,
+ * as NCCL's backend maps it: SUM and MAX as MAX (logical or), PRODUCT and MIN as MIN
+ * (logical and), the bitwise ops as they are; AVG is refused. */
+struct reduction {
+    tutti_dtype_t dt;
+    tutti_redop_t op;
+};
+
+reduction to_reduction(const at::Tensor &t, const c10d::ReduceOp &op, const char *name)
+{
+    tutti_redop_t r = to_redop(op, name);
+    if (t.scalar_type() != at::kBool)
+        return { to_dtype(t, name), r };
+    switch (r) {
+    case TUTTI_SUM:
+    case TUTTI_MAX: r = TUTTI_MAX; break;
+    case TUTTI_PROD:
+    case TUTTI_MIN: r = TUTTI_MIN; break;
+    case TUTTI_AVG:
+        TORCH_CHECK(false, "tutti backend: ", name, ": reduce op AVG does not apply to bool "
+                           "tensors");
+    default: break;
+    }
+    return { TUTTI_UINT8, r };
 }
 
 void check_cpu(const at::Tensor &t, const char *op)
@@ -74,8 +127,8 @@ const at::Tensor &single(const std::vector<at::Tensor> &ts, const char *op)
     return ts[0];
 }
 
-/* Tensors of one dtype, all on the CPU; their dtype. */
-tutti_dtype_t same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &like, const char *op)
+/* Tensors of like's dtype, all on the CPU. */
+void same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &like, const char *op)
 {
     for (const auto &t : ts) {
         check_cpu(t, op);
@@ -83,7 +136,6 @@ tutti_dtype_t same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &li
                     ": tensors of different dtypes (", t.scalar_type(), " and ", like.scalar_type(),
                     ")");
     }
-    return to_dtype(like, op);
 }
 
 /* The one list of `size` tensors, each of like's dtype and length, that op takes (the
@@ -562,12 +614,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
 {
     const at::Tensor &t = single(tensors, "broadcast");
     check_root(opts.rootRank, size_, "broadcast");
-    tutti_dtype_t dt = to_dtype(t, "broadcast");
+    carrier c = carry(t);
     at::Tensor buf = contig(t);
     return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
-                                                   buf.numel(), dt, (int)opts.rootRank, w);
+                                                   c.n(buf.numel()), c.dt, (int)opts.rootRank, w);
                   });
 }
 
@@ -575,13 +627,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
                                                             const c10d::AllreduceOptions &opts)
 {
     const at::Tensor &t = single(tensors, "allreduce");
-    tutti_dtype_t dt = to_dtype(t, "allreduce");
-    tutti_redop_t op = to_redop(opts.reduceOp, "allreduce");
+    reduction r = to_reduction(t, opts.reduceOp, "allreduce");
     at::Tensor buf = contig(t);
     return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
-                                                   buf.numel(), dt, op, w);
+                                                   buf.numel(), r.dt, r.op, w);
                   });
 }
 
@@ -589,16 +640,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
     std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts)
 {
     TORCH_CHECK(!tensors.empty(), "tutti backend: allreduce_coalesced: no tensors");
-    tutti_dtype_t dt = same_dtype(tensors, tensors[0], "allreduce_coalesced");
-    tutti_redop_t op = to_redop(opts.reduceOp, "allreduce_coalesced");
+    same_dtype(tensors, tensors[0], "allreduce_coalesced");
+    reduction r = to_reduction(tensors[0], opts.reduceOp, "allreduce_coalesced");
     at::Tensor flat = flatten(tensors);
     auto outs = tensors;
     return launch(
         c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, { flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
         [&](tutti_work_t **w) {
-            return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, flat.data_ptr(), flat.numel(), dt,
-                                         op, w);
+            return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, flat.data_ptr(), flat.numel(), r.dt,
+                                         r.op, w);
         });
 }
 
@@ -607,8 +658,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
 {
     const at::Tensor &t = single(tensors, "reduce");
     check_root(opts.rootRank, size_, "reduce");
-    tutti_dtype_t dt = to_dtype(t, "reduce");
-    tutti_redop_t op = to_redop(opts.reduceOp, "reduce");
+    reduction r = to_reduction(t, opts.reduceOp, "reduce");
     at::Tensor buf = contig(t);
     int root = (int)opts.rootRank;
     return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf }, copy_back(t, buf),
@@ -616,7 +666,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
                       return tutti_reduce_async(comm_,
                                                 rank_ == root ? TUTTI_IN_PLACE : buf.data_ptr(),
                                                 rank_ == root ? buf.data_ptr() : nullptr,
-                                                buf.numel(), dt, op, root, w);
+                                                buf.numel(), r.dt, r.op, root, w);
                   });
 }
 
@@ -626,13 +676,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
 {
     at::Tensor in = contig(single(inputs, "allgather"));
     auto outs = rank_list(outputs, in, size_, "allgather");
-    tutti_dtype_t dt = to_dtype(in, "allgather");
+    carrier c = carry(in);
     at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
     return launch(
         c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
         [&](tutti_work_t **w) {
-            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), c.n(in.numel()),
+                                         c.dt, w);
         });
 }
 
@@ -641,15 +692,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &ou
                                                                   const c10d::AllgatherOptions &)
 {
     check_cpu(input, "_allgather_base");
-    tutti_dtype_t dt = same_dtype({ output }, input, "_allgather_base");
+    same_dtype({ output }, input, "_allgather_base");
+    carrier c = carry(input);
     TORCH_CHECK(output.numel() == size_ * input.numel(),
                 "tutti backend: _allgather_base: output of ", output.numel(), " elements, needs ",
                 size_, " x ", input.numel());
     at::Tensor in = contig(input), out = contig(output);
     return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
-                      return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(), in.numel(),
-                                                   dt, w);
+                      return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(),
+                                                   c.n(in.numel()), c.dt, w);
                   });
 }
 
@@ -658,7 +710,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
     const c10d::AllgatherOptions &)
 {
     TORCH_CHECK(!inputs.empty(), "tutti backend: allgather_coalesced: no tensors");
-    tutti_dtype_t dt = same_dtype(inputs, inputs[0], "allgather_coalesced");
+    same_dtype(inputs, inputs[0], "allgather_coalesced");
+    carrier c = carry(inputs[0]);
     TORCH_CHECK((int)outputs.size() == size_, "tutti backend: allgather_coalesced: needs ", size_,
                 " output lists, got ", outputs.size());
     std::vector<at::Tensor> outs;
@@ -679,7 +732,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
         c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outs, { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
         [&](tutti_work_t **w) {
-            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), dt, w);
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), c.n(in.numel()),
+                                         c.dt, w);
         });
 }
 
@@ -689,7 +743,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
 {
     at::Tensor in = contig(single(inputs, "gather"));
     check_root(opts.rootRank, size_, "gather");
-    tutti_dtype_t dt = to_dtype(in, "gather");
+    carrier c = carry(in);
     int root = (int)opts.rootRank;
     at::Tensor flat;
     std::vector<at::Tensor> outs;
@@ -704,7 +758,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
         fin = [flat, outs]() mutable { unflatten(flat, 0, outs); };
     return launch(c10d::OpType::GATHER, "gather", outs, { in, flat }, fin, [&](tutti_work_t **w) {
         return tutti_gather_async(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
-                                  in.numel(), dt, root, w);
+                                  c.n(in.numel()), c.dt, root, w);
     });
 }
 
@@ -714,7 +768,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
 {
     const at::Tensor &o = single(outputs, "scatter");
     check_root(opts.rootRank, size_, "scatter");
-    tutti_dtype_t dt = to_dtype(o, "scatter");
+    carrier c = carry(o);
     int root = (int)opts.rootRank;
     at::Tensor flat;
     if (rank_ == root)
@@ -725,7 +779,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
     return launch(c10d::OpType::SCATTER, "scatter", outputs, { flat, out }, copy_back(o, out),
                   [&](tutti_work_t **w) {
                       return tutti_scatter_async(comm_, flat.defined() ? flat.data_ptr() : nullptr,
-                                                 out.data_ptr(), out.numel(), dt, root, w);
+                                                 out.data_ptr(), c.n(out.numel()), c.dt, root,
+                                                 w);
                   });
 }
 
@@ -734,13 +789,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
     const c10d::ReduceScatterOptions &opts)
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
-    tutti_dtype_t dt = to_dtype(o, "reduce_scatter");
-    tutti_redop_t op = to_redop(opts.reduceOp, "reduce_scatter");
+    reduction r = to_reduction(o, opts.reduceOp, "reduce_scatter");
     at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = contig(o);
     return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
-                                                        out.numel(), dt, op, w);
+                                                        out.numel(), r.dt, r.op, w);
                   });
 }
 
@@ -748,8 +802,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
     at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts)
 {
     check_cpu(input, "_reduce_scatter_base");
-    tutti_dtype_t dt = same_dtype({ output }, input, "_reduce_scatter_base");
-    tutti_redop_t op = to_redop(opts.reduceOp, "_reduce_scatter_base");
+    same_dtype({ output }, input, "_reduce_scatter_base");
+    reduction r = to_reduction(input, opts.reduceOp, "_reduce_scatter_base");
     TORCH_CHECK(input.numel() == size_ * output.numel(),
                 "tutti backend: _reduce_scatter_base: "
                 "input of ",
@@ -758,7 +812,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
     return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", { output },
                   { in, out }, copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(),
-                                                        out.numel(), dt, op, w);
+                                                        out.numel(), r.dt, r.op, w);
                   });
 }
 
@@ -769,16 +823,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
                                                                 const c10d::AllToAllOptions &)
 {
     check_cpu(input, "alltoall_base");
-    tutti_dtype_t dt = same_dtype({ output }, input, "alltoall_base");
+    same_dtype({ output }, input, "alltoall_base");
+    carrier c = carry(input);
     std::vector<size_t> sc = split_counts(input, inputSplits, size_, "input");
     std::vector<size_t> rc = split_counts(output, outputSplits, size_, "output");
     TORCH_CHECK(total(sc) == (size_t)input.numel() && total(rc) == (size_t)output.numel(),
                 "tutti backend: alltoall_base: split sizes do not cover the tensors");
+    for (int i = 0; i < size_; i++) {
+        sc[i] *= c.k;
+        rc[i] *= c.k;
+    }
     at::Tensor in = contig(input), out = contig(output);
     return launch(c10d::OpType::ALLTOALL_BASE, "alltoall_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr,
-                                                   out.data_ptr(), rc.data(), nullptr, dt, w);
+                                                   out.data_ptr(), rc.data(), nullptr, c.dt, w);
                   });
 }
 
@@ -788,22 +847,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tenso
 {
     TORCH_CHECK((int)inputs.size() == size_ && (int)outputs.size() == size_,
                 "tutti backend: alltoall: needs ", size_, " input and output tensors");
-    tutti_dtype_t dt = same_dtype(inputs, inputs[0], "alltoall");
+    same_dtype(inputs, inputs[0], "alltoall");
     same_dtype(outputs, inputs[0], "alltoall");
+    carrier c = carry(inputs[0]);
     std::vector<size_t> sc, rc;
     for (int i = 0; i < size_; i++) {
-        sc.push_back((size_t)inputs[i].numel());
-        rc.push_back((size_t)outputs[i].numel());
+        sc.push_back(c.n(inputs[i].numel()));
+        rc.push_back(c.n(outputs[i].numel()));
     }
     at::Tensor in = flatten(inputs);
-    at::Tensor flat = at::empty({ (int64_t)total(rc) }, in.options());
+    at::Tensor flat = at::empty({ (int64_t)(total(rc) / c.k) }, in.options());
     auto outs = outputs;
     return launch(
         c10d::OpType::ALLTOALL, "alltoall", outputs, { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
         [&](tutti_work_t **w) {
             return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr, flat.data_ptr(),
-                                         rc.data(), nullptr, dt, w);
+                                         rc.data(), nullptr, c.dt, w);
         });
 }
 
@@ -812,9 +872,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &
 {
     at::Tensor buf = contig(single(tensors, "send"));
     check_root(dst, size_, "send");
-    tutti_dtype_t dt = to_dtype(buf, "send");
+    carrier c = carry(buf);
     return launch(c10d::OpType::SEND, "send", tensors, { buf }, nullptr, [&](tutti_work_t **w) {
-        return tutti_send_async(comm_, buf.data_ptr(), buf.numel(), dt, dst, (uint32_t)tag, w);
+        return tutti_send_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, dst,
+                                (uint32_t)tag, w);
     });
 }
 
@@ -837,10 +898,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, con
                                                           int tag)
 {
     const at::Tensor &t = single(tensors, name);
-    tutti_dtype_t dt = to_dtype(t, name);
+    carrier c = carry(t);
     at::Tensor buf = contig(t);
     return launch(type, name, tensors, { buf }, copy_back(t, buf), [&](tutti_work_t **w) {
-        return tutti_recv_async(comm_, buf.data_ptr(), buf.numel(), dt, src, (uint32_t)tag, w);
+        return tutti_recv_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, src,
+                                (uint32_t)tag, w);
     });
 }
 
