@@ -182,8 +182,8 @@ static void usage(FILE *f)
         "                      barrier: the data moved was just written by its own rank\n"
         "                      (a gradient just computed), not left clean in the peers'\n"
         "                      caches by the previous call (bench/peers' harnesses too)\n"
-        "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int32,\n"
-        "                      int64 ...\n"
+        "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
+        "                      uint16, int32, uint32, int64, uint64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
         "                      bxor (the last three: integer dtypes)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
@@ -453,6 +453,10 @@ static double elem_get(tutti_dtype_t dt, const void *buf, size_t i)
     case TUTTI_UINT8: return ((const uint8_t *)buf)[i];
     case TUTTI_INT32: return ((const int32_t *)buf)[i];
     case TUTTI_INT64: return (double)((const int64_t *)buf)[i];
+    case TUTTI_INT16: return ((const int16_t *)buf)[i];
+    case TUTTI_UINT16: return ((const uint16_t *)buf)[i];
+    case TUTTI_UINT32: return ((const uint32_t *)buf)[i];
+    case TUTTI_UINT64: return (double)((const uint64_t *)buf)[i];
     case TUTTI_FP16: return half_to_float(((const uint16_t *)buf)[i]);
     case TUTTI_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
     case TUTTI_FP32: return ((const float *)buf)[i];
@@ -468,12 +472,22 @@ static void elem_set(tutti_dtype_t dt, void *buf, size_t i, double v)
     case TUTTI_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case TUTTI_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case TUTTI_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TUTTI_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case TUTTI_UINT16: ((uint16_t *)buf)[i] = (uint16_t)v; break;
+    case TUTTI_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+    case TUTTI_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
     case TUTTI_FP16: ((uint16_t *)buf)[i] = float_to_half((float)v); break;
     case TUTTI_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
     case TUTTI_FP32: ((float *)buf)[i] = (float)v; break;
     case TUTTI_FP64: ((double *)buf)[i] = v; break;
     default: break;
     }
+}
+
+/* No negative values: every value below is in [0, 100] for these (251: the sentinel). */
+static int dtype_is_unsigned(tutti_dtype_t dt)
+{
+    return dt == TUTTI_UINT8 || dt == TUTTI_UINT16 || dt == TUTTI_UINT32 || dt == TUTTI_UINT64;
 }
 
 static int dtype_is_float(tutti_dtype_t dt)
@@ -487,7 +501,7 @@ static int dtype_is_float(tutti_dtype_t dt)
  * overflow). */
 static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 {
-    const int sgn = cfg->dtype != TUTTI_UINT8; /* negative values allowed */
+    const int sgn = !dtype_is_unsigned(cfg->dtype); /* negative values allowed */
     switch (cfg->op) {
     case TUTTI_SUM: return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
     case TUTTI_PROD: /* at most two of the first six ranks give 2 (or -2): |prod| <= 4 */
@@ -512,7 +526,7 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 /* The broadcast root's input. */
 static double bcast_value(const bench_cfg_t *cfg, int r, size_t i)
 {
-    const int sgn = cfg->dtype != TUTTI_UINT8;
+    const int sgn = !dtype_is_unsigned(cfg->dtype);
     return (double)((size_t)(r * 5) + i % 11) - (sgn ? 5 : 0);
 }
 
@@ -522,14 +536,14 @@ static double bcast_value(const bench_cfg_t *cfg, int r, size_t i)
  * differs from the right one. */
 static double move_value(const bench_cfg_t *cfg, size_t key, size_t i)
 {
-    const int sgn = cfg->dtype != TUTTI_UINT8;
+    const int sgn = !dtype_is_unsigned(cfg->dtype);
     return (double)((key * 37 + i * 3 + 1) % 101) - (sgn ? 50 : 0);
 }
 
 /* Sentinel for receive buffers, different from every expected result. */
 static double sentinel(const bench_cfg_t *cfg)
 {
-    return cfg->dtype == TUTTI_UINT8 ? 251.0 : -99.0;
+    return dtype_is_unsigned(cfg->dtype) ? 251.0 : -99.0;
 }
 
 /* The reduction over every rank of index i. */

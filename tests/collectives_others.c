@@ -524,6 +524,20 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 t_reduce_scatter(&c, dt, op, counts, (int)(d % 2), 3);
         }
     }
+    /* the later integer dtypes: every op, reduce and reduce_scatterv at 7 and 4097 */
+    for (size_t d = 0; d < ARRAY_SIZE(more_dtypes) && !c.comm_failed; d++)
+        for (size_t o = 0; o < ARRAY_SIZE(all_ops) + ARRAY_SIZE(bit_ops) && !c.comm_failed; o++)
+            for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+                const tutti_dtype_t dt = more_dtypes[d];
+                const tutti_redop_t op = o < ARRAY_SIZE(all_ops) ? all_ops[o]
+                                                                 : bit_ops[o - ARRAY_SIZE(all_ops)];
+                t_reduce(&c, dt, op, small_counts[k], (int)((d + o + k) % (size_t)n),
+                         (int)((o + k) % 3));
+                for (int i = 0; i < n; i++)
+                    counts[i] = vcount(i, (int)(o + k));
+                if (!c.comm_failed)
+                    t_reduce_scatter(&c, dt, op, counts, 1, (int)((d + o + k) % 4));
+            }
 
     for (size_t d = 0; d < ARRAY_SIZE(move_dtypes) && !c.comm_failed; d++) {
         const tutti_dtype_t dt = move_dtypes[d];

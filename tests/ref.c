@@ -66,8 +66,15 @@ uint16_t ref_float_to_bf16(float f)
 
 const tutti_dtype_t all_dtypes[8] = { TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTTI_INT64,
                                       TUTTI_FP16, TUTTI_BF16,  TUTTI_FP32,  TUTTI_FP64 };
+/* the later integer dtypes: every op, on fewer counts (their kernels are test_reduce's) */
+const tutti_dtype_t more_dtypes[4] = { TUTTI_INT16, TUTTI_UINT16, TUTTI_UINT32, TUTTI_UINT64 };
 const tutti_redop_t all_ops[5] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG };
 const tutti_redop_t bit_ops[3] = { TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR };
+
+int is_unsigned(tutti_dtype_t dt)
+{
+    return dt == TUTTI_UINT8 || dt == TUTTI_UINT16 || dt == TUTTI_UINT32 || dt == TUTTI_UINT64;
+}
 
 int is_float(tutti_dtype_t dt)
 {
@@ -120,11 +127,19 @@ void put_elem(void *buf, tutti_dtype_t dt, size_t i, uint64_t u, double d)
     switch (dt) {
     case TUTTI_INT8:
     case TUTTI_UINT8: *p = (uint8_t)u; break;
+    case TUTTI_INT16:
+    case TUTTI_UINT16: {
+        uint16_t v = (uint16_t)u;
+        memcpy(p, &v, 2);
+        break;
+    }
+    case TUTTI_UINT32:
     case TUTTI_INT32: {
         uint32_t v = (uint32_t)u;
         memcpy(p, &v, 4);
         break;
     }
+    case TUTTI_UINT64:
     case TUTTI_INT64: memcpy(p, &u, 8); break;
     case TUTTI_FP16: {
         uint16_t v = ref_float_to_half((float)d);
@@ -164,15 +179,26 @@ void fill_input(void *buf, tutti_dtype_t dt, tutti_redop_t op, int rank, size_t 
         gen_elem((unsigned char *)buf + i * es, dt, op, rank, i, seed);
 }
 
-/* integer bits as the type's value, widened */
+/* integer bits as the type's value, widened (uint64: its bits; compare those unsigned) */
 int64_t int_value(tutti_dtype_t dt, uint64_t u)
 {
     switch (dt) {
     case TUTTI_INT8: return (int8_t)(uint8_t)u;
     case TUTTI_UINT8: return (uint8_t)u;
+    case TUTTI_INT16: return (int16_t)(uint16_t)u;
+    case TUTTI_UINT16: return (uint16_t)u;
     case TUTTI_INT32: return (int32_t)(uint32_t)u;
+    case TUTTI_UINT32: return (uint32_t)u;
     default: return (int64_t)u;
     }
+}
+
+/* x < y as the dtype's values */
+static int int_less(tutti_dtype_t dt, uint64_t x, uint64_t y)
+{
+    if (dt == TUTTI_UINT64)
+        return x < y;
+    return int_value(dt, x) < int_value(dt, y);
 }
 
 /* The reduction of every rank's element i into out[0]. */
@@ -210,11 +236,11 @@ void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, si
         switch (op) {
         case TUTTI_PROD: acc *= v; break;
         case TUTTI_MIN:
-            if (int_value(dt, v) < int_value(dt, acc))
+            if (int_less(dt, v, acc))
                 acc = v;
             break;
         case TUTTI_MAX:
-            if (int_value(dt, v) > int_value(dt, acc))
+            if (int_less(dt, acc, v))
                 acc = v;
             break;
         case TUTTI_BAND: acc &= v; break;
@@ -224,7 +250,7 @@ void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, si
         }
     }
     if (op == TUTTI_AVG)
-        acc = (uint64_t)(int_value(dt, acc) / nranks);
+        acc = dt == TUTTI_UINT64 ? acc / (uint64_t)nranks : (uint64_t)(int_value(dt, acc) / nranks);
     put_elem(out, dt, 0, acc, 0);
 }
 
@@ -241,10 +267,14 @@ double elem_as_double(const void *p, tutti_dtype_t dt)
     } v;
     memcpy(&v, p, tutti_dtype_size(dt));
     switch (dt) {
-    case TUTTI_INT8: return v.i8;
-    case TUTTI_UINT8: return v.u8;
-    case TUTTI_INT32: return v.i32;
+    case TUTTI_INT8:
+    case TUTTI_UINT8:
+    case TUTTI_INT16:
+    case TUTTI_UINT16:
+    case TUTTI_INT32:
+    case TUTTI_UINT32: return (double)int_value(dt, elem_bits(p, tutti_dtype_size(dt)));
     case TUTTI_INT64: return (double)v.i64;
+    case TUTTI_UINT64: return (double)(uint64_t)v.i64;
     case TUTTI_FP16: return ref_half_to_float(v.u16);
     case TUTTI_BF16: return ref_bf16_to_float(v.u16);
     case TUTTI_FP32: return v.f;

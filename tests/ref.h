@@ -15,6 +15,7 @@
 #define GARBAGE_BYTE 0x5A
 
 extern const tutti_dtype_t all_dtypes[8];
+extern const tutti_dtype_t more_dtypes[4];
 extern const tutti_redop_t all_ops[5];
 /* BAND, BOR, BXOR: integer dtypes only (tutti_redop_supported) */
 extern const tutti_redop_t bit_ops[3];
@@ -24,6 +25,7 @@ uint16_t ref_float_to_half(float f);
 float ref_bf16_to_float(uint16_t b);
 uint16_t ref_float_to_bf16(float f);
 int is_float(tutti_dtype_t dt);
+int is_unsigned(tutti_dtype_t dt);
 uint64_t mix64(uint64_t x);
 uint64_t gen_bits(uint64_t seed, int rank, size_t i);
 double gen_float(tutti_redop_t op, uint64_t bits);

@@ -139,7 +139,7 @@ static int bf16_is_nan(uint16_t b)
 
 /* ---- reference reduction ------------------------------------------------------- */
 
-static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8 };
+static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8 };
 
 static int64_t wrap_signed(unsigned __int128 v, int bits)
 {
@@ -169,8 +169,19 @@ static int is_minmax(tutti_redop_t op)
     return op == TUTTI_MIN || op == TUTTI_MAX;
 }
 
-static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits)
+static int is_unsigned(tutti_dtype_t dt)
 {
+    return dt == TUTTI_UINT8 || dt == TUTTI_UINT16 || dt == TUTTI_UINT32 || dt == TUTTI_UINT64;
+}
+
+/* a op b on integers widened to 64 bits (load_int: unsigned 64-bit ones as their bits),
+ * wrapped to `bits`; uns: compare as unsigned. */
+static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits, int uns)
+{
+    if (uns && (op == TUTTI_MIN || op == TUTTI_MAX)) {
+        int a_less = (uint64_t)a < (uint64_t)b;
+        return op == TUTTI_MIN ? (a_less ? a : b) : (a_less ? b : a);
+    }
     switch (op) {
     case TUTTI_SUM:
     case TUTTI_AVG: return wrap_signed((unsigned __int128)((__int128)a + b), bits);
@@ -192,14 +203,17 @@ static int is_bitwise(tutti_redop_t op)
 
 static int is_float(tutti_dtype_t dt)
 {
-    return dt >= TUTTI_FP16;
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
 }
 
 /* One element of any dtype, as memcpy'd from a buffer. */
 typedef union elem {
     int8_t i8;
     uint8_t u8;
+    int16_t i16;
+    uint16_t u16;
     int32_t i32;
+    uint32_t u32;
     int64_t i64;
     uint16_t h; /* fp16 or bf16 bits */
     float f;
@@ -211,21 +225,30 @@ static int64_t load_int(tutti_dtype_t dt, const void *p)
 {
     elem_t v;
     memcpy(&v, p, dsize[dt]);
-    return dt == TUTTI_INT8 ? v.i8 : dt == TUTTI_UINT8 ? v.u8 : dt == TUTTI_INT32 ? v.i32 : v.i64;
+    switch (dt) {
+    case TUTTI_INT8: return v.i8;
+    case TUTTI_UINT8: return v.u8;
+    case TUTTI_INT16: return v.i16;
+    case TUTTI_UINT16: return v.u16;
+    case TUTTI_INT32: return v.i32;
+    case TUTTI_UINT32: return v.u32;
+    default: return v.i64; /* int64, and uint64 as its bits */
+    }
 }
 
 /* x (already in range, or to be truncated to the low bits) into the integer element p. */
 static void store_int(tutti_dtype_t dt, void *p, int64_t x)
 {
     elem_t v;
-    if (dt == TUTTI_INT8)
-        v.i8 = (int8_t)x;
-    else if (dt == TUTTI_UINT8)
-        v.u8 = (uint8_t)x;
-    else if (dt == TUTTI_INT32)
-        v.i32 = (int32_t)x;
-    else
-        v.i64 = x;
+    switch (dt) {
+    case TUTTI_INT8: v.i8 = (int8_t)x; break;
+    case TUTTI_UINT8: v.u8 = (uint8_t)x; break;
+    case TUTTI_INT16: v.i16 = (int16_t)x; break;
+    case TUTTI_UINT16: v.u16 = (uint16_t)x; break;
+    case TUTTI_INT32: v.i32 = (int32_t)x; break;
+    case TUTTI_UINT32: v.u32 = (uint32_t)x; break;
+    default: v.i64 = x; break;
+    }
     memcpy(p, &v, dsize[dt]);
 }
 
@@ -255,14 +278,25 @@ static void store_f(tutti_dtype_t dt, void *p, double x)
     memcpy(p, &v, dsize[dt]);
 }
 
-/* Bits of the integer arithmetic per integer dtype (uint8 in 64, truncated on store). */
-static const int ibits[] = { 8, 64, 32, 64 };
+/* Bits of the integer arithmetic per integer dtype: the signed types wrap at their
+ * width; the unsigned ones (non-negative when widened, but uint64) in 64, truncated on
+ * store. */
+static int ibits(tutti_dtype_t dt)
+{
+    switch (dt) {
+    case TUTTI_INT8: return 8;
+    case TUTTI_INT16: return 16;
+    case TUTTI_INT32: return 32;
+    default: return 64;
+    }
+}
 
 /* out = a op b for one element of dtype. */
 static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa, const void *pb)
 {
     if (!is_float(dt)) {
-        store_int(dt, out, ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits[dt]));
+        store_int(dt, out,
+                  ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits(dt), is_unsigned(dt)));
         return;
     }
     double x = load_f(dt, pa), y = load_f(dt, pb);
@@ -440,7 +474,9 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
 
 START_TEST(test_dtype_names)
 {
-    static const char *const names[] = { "i8", "u8", "i32", "i64", "f16", "bf16", "f32", "f64" };
+    static const char *const names[] = { "i8",  "u8",  "i32", "i64", "f16", "bf16",
+                                         "f32", "f64", "i16", "u16", "u32", "u64" };
+    ck_assert_int_eq(TUTTI_DTYPE_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
         ck_assert_str_eq(tutti_dtype_name((tutti_dtype_t)i), names[i]);
@@ -452,20 +488,22 @@ START_TEST(test_dtype_names)
         const char *name;
         tutti_dtype_t dt;
     } aliases[] = {
-        { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },  { "int32", TUTTI_INT32 },
-        { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },  { "long", TUTTI_INT64 },
-        { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 }, { "fp16", TUTTI_FP16 },
-        { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },   { "float32", TUTTI_FP32 },
-        { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },  { "float64", TUTTI_FP64 },
-        { "fp64", TUTTI_FP64 },     { "FP32", TUTTI_FP32 },    { "Float", TUTTI_FP32 },
-        { "BF16", TUTTI_BF16 },
+        { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },   { "int32", TUTTI_INT32 },
+        { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },   { "long", TUTTI_INT64 },
+        { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 },  { "fp16", TUTTI_FP16 },
+        { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },    { "float32", TUTTI_FP32 },
+        { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },   { "float64", TUTTI_FP64 },
+        { "fp64", TUTTI_FP64 },     { "FP32", TUTTI_FP32 },     { "Float", TUTTI_FP32 },
+        { "BF16", TUTTI_BF16 },     { "int16", TUTTI_INT16 },   { "short", TUTTI_INT16 },
+        { "uint16", TUTTI_UINT16 }, { "uint32", TUTTI_UINT32 }, { "UInt64", TUTTI_UINT64 },
     };
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
         ck_assert_msg(tutti_dtype_parse(aliases[i].name, &dt) == TUTTI_OK, "%s", aliases[i].name);
         ck_assert_msg(dt == aliases[i].dt, "%s -> %d", aliases[i].name, dt);
     }
-    static const char *const bad[] = { "", "f31", "float128", "i16", "f32 ", " f32", "bf", "fp" };
+    static const char *const bad[] = { "",     "f31", "float128", "i128", "f32 ",
+                                       " f32", "bf",  "fp",       "u128", "uint" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tutti_dtype_t dt = TUTTI_FP64;
         ck_assert_int_eq(tutti_dtype_parse(bad[i], &dt), TUTTI_ERR_INVALID_ARG);
@@ -586,6 +624,10 @@ END_TEST
 
 static void ref_div(tutti_dtype_t dt, void *p, int n)
 {
+    if (dt == TUTTI_UINT64) {
+        store_int(dt, p, (int64_t)((uint64_t)load_int(dt, p) / (uint64_t)n));
+        return;
+    }
     if (!is_float(dt)) {
         __int128 w = load_int(dt, p);
         store_int(dt, p, (int64_t)(w < 0 ? -(-w / n) : w / n));
@@ -698,6 +740,34 @@ START_TEST(test_int_wrap)
     int64_t c64[] = { INT64_MIN, -1 }, d64[] = { INT64_MAX, INT64_MIN };
     tt_reduce(c64, d64, 2, TUTTI_INT64, TUTTI_MAX);
     ck_assert(c64[0] == INT64_MAX && c64[1] == -1);
+}
+END_TEST
+
+/* The later integer dtypes at their edges: 16-bit products past int's range (computed
+ * in uint32_t, not in a promoted int), unsigned MIN/MAX above the sign bit, unsigned AVG. */
+START_TEST(test_int_wrap_wide)
+{
+    int16_t a16[] = { INT16_MAX, -32768, -1 }, b16[] = { 1, -32768, INT16_MIN };
+    tt_reduce(a16, b16, 1, TUTTI_INT16, TUTTI_SUM);
+    tt_reduce(a16 + 1, b16 + 1, 2, TUTTI_INT16, TUTTI_PROD);
+    ck_assert(a16[0] == INT16_MIN && a16[1] == 0 && a16[2] == INT16_MIN);
+    uint16_t u16[] = { 65535, 65535, 7 }, v16[] = { 65535, 1, 65535 };
+    tt_reduce(u16, v16, 1, TUTTI_UINT16, TUTTI_PROD);
+    tt_reduce(u16 + 1, v16 + 1, 1, TUTTI_UINT16, TUTTI_SUM);
+    tt_reduce(u16 + 2, v16 + 2, 1, TUTTI_UINT16, TUTTI_MAX);
+    ck_assert(u16[0] == 1 && u16[1] == 0 && u16[2] == 65535);
+    uint32_t u32[] = { 0x80000000u, 5 }, v32[] = { 1, 0xffffffffu };
+    tt_reduce(u32, v32, 2, TUTTI_UINT32, TUTTI_MIN);
+    ck_assert(u32[0] == 1 && u32[1] == 5);
+    uint64_t u64[] = { UINT64_MAX, 1, UINT64_MAX - 1 }, v64[] = { 2, UINT64_C(1) << 63, 3 };
+    tt_reduce(u64, v64, 1, TUTTI_UINT64, TUTTI_SUM);
+    tt_reduce(u64 + 1, v64 + 1, 1, TUTTI_UINT64, TUTTI_MAX);
+    tt_reduce(u64 + 2, v64 + 2, 1, TUTTI_UINT64, TUTTI_AVG);
+    tt_reduce_avg_finish(u64 + 2, 1, TUTTI_UINT64, 2);
+    ck_assert(u64[0] == 1 && u64[1] == UINT64_C(1) << 63 && u64[2] == 0);
+    uint64_t w64[] = { UINT64_MAX - 1 };
+    tt_reduce_avg_finish(w64, 1, TUTTI_UINT64, 2); /* as unsigned: not (-2) / 2 */
+    ck_assert(w64[0] == UINT64_MAX / 2);
 }
 END_TEST
 
@@ -1053,6 +1123,7 @@ static Suite *reduce_suite(void)
     tcase_add_loop_test(tc, test_avg, 0, TUTTI_DTYPE_COUNT);
     tcase_add_test(tc, test_avg_cases);
     tcase_add_test(tc, test_int_wrap);
+    tcase_add_test(tc, test_int_wrap_wide);
     tcase_add_test(tc, test_float_specials);
     tcase_add_test(tc, test_float_specials_vector);
     tcase_add_test(tc, test_invalid_args);

@@ -33,12 +33,17 @@ typedef enum tutti_dtype {
     TUTTI_BF16,
     TUTTI_FP32,
     TUTTI_FP64,
+    TUTTI_INT16, /* added after the first eight: their values stay */
+    TUTTI_UINT16,
+    TUTTI_UINT32,
+    TUTTI_UINT64,
     TUTTI_DTYPE_COUNT
 } tutti_dtype_t;
 
 /* Reduction ops. fp16 and bf16 reduce in fp32. AVG divides the sum by the rank
  * count at the end (integer division, truncating, for integer types). Integer SUM and
- * PROD wrap (two's complement). Float MIN/MAX propagate NaN: a NaN on any rank gives
+ * PROD wrap (two's complement); unsigned types compare (MIN/MAX) and divide (AVG) as
+ * unsigned. Float MIN/MAX propagate NaN: a NaN on any rank gives
  * NaN in that element (as torch.max and numpy.maximum do, unlike C's fmax); infinities
  * order as usual (MIN of -inf and x is -inf); +0 and -0 compare equal, so which of them
  * a MIN/MAX of both returns depends on the algorithm's order of operands.

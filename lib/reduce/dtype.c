@@ -12,9 +12,10 @@ static const struct {
     const char *name;
     size_t size;
 } tt_dtype_info[TUTTI_DTYPE_COUNT] = {
-    [TUTTI_INT8] = { "i8", 1 },   [TUTTI_UINT8] = { "u8", 1 }, [TUTTI_INT32] = { "i32", 4 },
-    [TUTTI_INT64] = { "i64", 8 }, [TUTTI_FP16] = { "f16", 2 }, [TUTTI_BF16] = { "bf16", 2 },
-    [TUTTI_FP32] = { "f32", 4 },  [TUTTI_FP64] = { "f64", 8 },
+    [TUTTI_INT8] = { "i8", 1 },    [TUTTI_UINT8] = { "u8", 1 },   [TUTTI_INT32] = { "i32", 4 },
+    [TUTTI_INT64] = { "i64", 8 },  [TUTTI_FP16] = { "f16", 2 },   [TUTTI_BF16] = { "bf16", 2 },
+    [TUTTI_FP32] = { "f32", 4 },   [TUTTI_FP64] = { "f64", 8 },   [TUTTI_INT16] = { "i16", 2 },
+    [TUTTI_UINT16] = { "u16", 2 }, [TUTTI_UINT32] = { "u32", 4 }, [TUTTI_UINT64] = { "u64", 8 },
 };
 
 /* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too). */
@@ -22,12 +23,13 @@ static const struct {
     const char *name;
     tutti_dtype_t dtype;
 } tt_dtype_aliases[] = {
-    { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },  { "int32", TUTTI_INT32 },
-    { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },  { "long", TUTTI_INT64 },
-    { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 }, { "fp16", TUTTI_FP16 },
-    { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },   { "float32", TUTTI_FP32 },
-    { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },  { "float64", TUTTI_FP64 },
-    { "fp64", TUTTI_FP64 },
+    { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },   { "int32", TUTTI_INT32 },
+    { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },   { "long", TUTTI_INT64 },
+    { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 },  { "fp16", TUTTI_FP16 },
+    { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },    { "float32", TUTTI_FP32 },
+    { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },   { "float64", TUTTI_FP64 },
+    { "fp64", TUTTI_FP64 },     { "int16", TUTTI_INT16 },   { "short", TUTTI_INT16 },
+    { "uint16", TUTTI_UINT16 }, { "uint32", TUTTI_UINT32 }, { "uint64", TUTTI_UINT64 },
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {

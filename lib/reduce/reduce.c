@@ -27,6 +27,7 @@ const char *tt_reduce_isa_name(void);
 /* Element types for possibly unaligned buffers. */
 typedef int8_t tt_ui8_t;
 typedef uint8_t tt_uu8_t;
+typedef int16_t tt_ui16_t __attribute__((aligned(1), may_alias));
 typedef int32_t tt_ui32_t __attribute__((aligned(1), may_alias));
 typedef uint32_t tt_uu32_t __attribute__((aligned(1), may_alias));
 typedef int64_t tt_ui64_t __attribute__((aligned(1), may_alias));
@@ -211,11 +212,20 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)        \
     TT_DEF_BITS(isa, attr, dt, UST, UCT)
 
+/* 16-bit integers compute in uint32_t: a uint16_t product would be promoted to int,
+ * and 65535 * 65535 overflows it; the store keeps the low 16 bits (the same wrap). */
+#define TT_DEF_INT16(isa, attr)                                                                    \
+    TT_DEF_INT(isa, attr, i16, tt_ui16_t, int16_t, tt_uu16_t, uint32_t)                            \
+    TT_DEF_INT(isa, attr, u16, tt_uu16_t, uint16_t, tt_uu16_t, uint32_t)
+
 #define TT_DEF_ISA(isa, attr, HALF_OPS)                                                            \
     TT_DEF_INT(isa, attr, i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t)                                 \
     TT_DEF_INT(isa, attr, u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t)                                \
     TT_DEF_INT(isa, attr, i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t)                            \
     TT_DEF_INT(isa, attr, i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t)                            \
+    TT_DEF_INT16(isa, attr)                                                                        \
+    TT_DEF_INT(isa, attr, u32, tt_uu32_t, uint32_t, tt_uu32_t, uint32_t)                           \
+    TT_DEF_INT(isa, attr, u64, tt_uu64_t, uint64_t, tt_uu64_t, uint64_t)                           \
     HALF_OPS(isa, attr)                                                                            \
     TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, \
                TT_OP_FMAX)                                                                         \
@@ -244,6 +254,9 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
         [TUTTI_INT32] = { TT_ROW_INT(k, isa, i32) }, [TUTTI_INT64] = { TT_ROW_INT(k, isa, i64) },  \
         [TUTTI_FP16] = { TT_ROW(k, hisa, f16) }, [TUTTI_BF16] = { TT_ROW(k, hisa, bf16) },         \
         [TUTTI_FP32] = { TT_ROW(k, isa, f32) }, [TUTTI_FP64] = { TT_ROW(k, isa, f64) },            \
+        [TUTTI_INT16] = { TT_ROW_INT(k, isa, i16) }, [TUTTI_UINT16] = { TT_ROW_INT(k, isa, u16) }, \
+        [TUTTI_UINT32] = { TT_ROW_INT(k, isa, u32) },                                              \
+        [TUTTI_UINT64] = { TT_ROW_INT(k, isa, u64) },                                              \
     }
 
 #define TT_NOPS TUTTI_REDOP_COUNT
@@ -470,6 +483,10 @@ TT_DEF_SELF_INT(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t)
 TT_DEF_SELF_INT(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t)
 TT_DEF_SELF_INT(i32, tt_ui32_t, int32_t, tt_uu32_t, uint32_t)
 TT_DEF_SELF_INT(i64, tt_ui64_t, int64_t, tt_uu64_t, uint64_t)
+TT_DEF_SELF_INT(i16, tt_ui16_t, int16_t, tt_uu16_t, uint32_t)
+TT_DEF_SELF_INT(u16, tt_uu16_t, uint16_t, tt_uu16_t, uint32_t)
+TT_DEF_SELF_INT(u32, tt_uu32_t, uint32_t, tt_uu32_t, uint32_t)
+TT_DEF_SELF_INT(u64, tt_uu64_t, uint64_t, tt_uu64_t, uint64_t)
 TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN, TT_OP_FMAX)
 TT_DEF_SELF_OPS(bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF, TT_OP_FMIN,
                 TT_OP_FMAX)
@@ -491,10 +508,12 @@ typedef void (*tt_k1_fn)(void *dst, size_t n);
                           [TUTTI_BXOR] = tt_k1_##dt##_bxor                                         \
     }
 static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
-    [TUTTI_INT8] = TT_SELF_ROW_INT(i8),   [TUTTI_UINT8] = TT_SELF_ROW_INT(u8),
-    [TUTTI_INT32] = TT_SELF_ROW_INT(i32), [TUTTI_INT64] = TT_SELF_ROW_INT(i64),
-    [TUTTI_FP16] = TT_SELF_ROW(f16),      [TUTTI_BF16] = TT_SELF_ROW(bf16),
-    [TUTTI_FP32] = TT_SELF_ROW(f32),      [TUTTI_FP64] = TT_SELF_ROW(f64),
+    [TUTTI_INT8] = TT_SELF_ROW_INT(i8),    [TUTTI_UINT8] = TT_SELF_ROW_INT(u8),
+    [TUTTI_INT32] = TT_SELF_ROW_INT(i32),  [TUTTI_INT64] = TT_SELF_ROW_INT(i64),
+    [TUTTI_FP16] = TT_SELF_ROW(f16),       [TUTTI_BF16] = TT_SELF_ROW(bf16),
+    [TUTTI_FP32] = TT_SELF_ROW(f32),       [TUTTI_FP64] = TT_SELF_ROW(f64),
+    [TUTTI_INT16] = TT_SELF_ROW_INT(i16),  [TUTTI_UINT16] = TT_SELF_ROW_INT(u16),
+    [TUTTI_UINT32] = TT_SELF_ROW_INT(u32), [TUTTI_UINT64] = TT_SELF_ROW_INT(u64),
 };
 
 /* Row and column of (dtype, op) in the tables, or -1 (out of range, or no kernel: a
@@ -556,13 +575,18 @@ TT_DEF_DIV(f16, tt_uu16_t, float, TT_LD_H, TT_ST_H)
 TT_DEF_DIV(bf16, tt_uu16_t, float, TT_LD_BF, TT_ST_BF)
 TT_DEF_DIV(f32, tt_uf32_t, float, TT_LD_ID, TT_ST_ID)
 TT_DEF_DIV(f64, tt_uf64_t, double, TT_LD_ID, TT_ST_ID)
+TT_DEF_DIV(i16, tt_ui16_t, int32_t, TT_LD_ID, (int16_t))
+TT_DEF_DIV(u16, tt_uu16_t, uint32_t, TT_LD_ID, (uint16_t))
+TT_DEF_DIV(u32, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID)
+TT_DEF_DIV(u64, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID)
 
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks)
 {
     static void (*const div[TUTTI_DTYPE_COUNT])(void *, size_t, int) = {
-        [TUTTI_INT8] = tt_div_i8,   [TUTTI_UINT8] = tt_div_u8, [TUTTI_INT32] = tt_div_i32,
-        [TUTTI_INT64] = tt_div_i64, [TUTTI_FP16] = tt_div_f16, [TUTTI_BF16] = tt_div_bf16,
-        [TUTTI_FP32] = tt_div_f32,  [TUTTI_FP64] = tt_div_f64,
+        [TUTTI_INT8] = tt_div_i8,    [TUTTI_UINT8] = tt_div_u8,   [TUTTI_INT32] = tt_div_i32,
+        [TUTTI_INT64] = tt_div_i64,  [TUTTI_FP16] = tt_div_f16,   [TUTTI_BF16] = tt_div_bf16,
+        [TUTTI_FP32] = tt_div_f32,   [TUTTI_FP64] = tt_div_f64,   [TUTTI_INT16] = tt_div_i16,
+        [TUTTI_UINT16] = tt_div_u16, [TUTTI_UINT32] = tt_div_u32, [TUTTI_UINT64] = tt_div_u64,
     };
     if (count == 0 || nranks <= 1 || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return;

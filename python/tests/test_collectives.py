@@ -8,7 +8,10 @@ from ranks import run
 
 # (tutti dtype, NumPy storage type): bf16 travels as its 16 bits in uint16.
 DTYPES = [("i8", np.int8), ("u8", np.uint8), ("i32", np.int32), ("i64", np.int64),
-          ("f16", np.float16), ("bf16", np.uint16), ("f32", np.float32), ("f64", np.float64)]
+          ("f16", np.float16), ("bf16", np.uint16), ("f32", np.float32), ("f64", np.float64),
+          ("i16", np.int16), ("u16", np.uint16), ("u32", np.uint32), ("u64", np.uint64)]
+INTS = ("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64")
+UNSIGNED = ("u8", "u16", "u32", "u64")
 OPS = ["sum", "prod", "min", "max", "avg"]
 N = 37  # elements per rank: not a multiple of anything the algorithms chunk by
 
@@ -16,7 +19,7 @@ N = 37  # elements per rank: not a multiple of anything the algorithms chunk by
 def values(rank, dt, n=N, op="sum"):
     """Small integers, exact in every dtype and every reduction of up to 4 ranks."""
     rng = np.random.default_rng(1000 + rank)
-    lo, hi = (0, 3) if dt == "u8" else (-2, 3)
+    lo, hi = (0, 3) if dt in UNSIGNED else (-2, 3)
     v = rng.integers(lo, hi, n).astype(np.float64)
     if op == "prod":
         v[v == 0] = 1
@@ -46,7 +49,7 @@ def reference(op, dt, size, n=N):
     if op == "max":
         return stack.max(0)
     s = stack.sum(0) / size
-    return np.trunc(s) if dt in ("i8", "u8", "i32", "i64") else s
+    return np.trunc(s) if dt in INTS else s
 
 
 def close(got, want, dt):
@@ -81,7 +84,7 @@ def reductions(comm):
             want_rs = np.stack([values(r * 10 + rank, dt, 5, op) for r in range(size)])
             want_rs = {"sum": want_rs.sum(0), "prod": want_rs.prod(0), "min": want_rs.min(0),
                        "max": want_rs.max(0), "avg": want_rs.sum(0) / size}[op]
-            if op == "avg" and dt in ("i8", "u8", "i32", "i64"):
+            if op == "avg" and dt in INTS:
                 want_rs = np.trunc(want_rs)
             if not close(decode(rs, dt), want_rs, dt):
                 bad.append(f"reduce_scatter {dt} {op}")
@@ -104,7 +107,7 @@ def bitwise(comm):
     """allreduce, reduce and reduce_scatter with BAND, BOR and BXOR on every integer
     dtype against NumPy's bitwise reductions; a float buffer is refused naming both."""
     bad, size, rank = [], comm.size, comm.rank
-    for dt, storage in DTYPES[:4]:
+    for dt, storage in [d for d in DTYPES if d[0] in INTS]:
         for op, fn in BITWISE.items():
             want = fn.reduce(np.stack([bits(r, storage, op) for r in range(size)]), 0)
             a = bits(rank, storage, op)

@@ -23,12 +23,12 @@ try:
 except ImportError as e:  # built without -Dtorch
     pytest.skip(f"tutti.torch not built: {e}", allow_module_level=True)
 
-DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64]
+DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
 BITOPS = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 # dtypes tutti has no type of its own for: data movement carries their bytes, bool reduces
-MOVE_DTYPES = DTYPES + [torch.bool, torch.int16, torch.complex64, torch.complex128]
+MOVE_DTYPES = DTYPES + [torch.bool, torch.complex64, torch.complex128]
 # bool's reductions as NCCL's backend maps them: SUM/MAX any, PRODUCT/MIN all, bitwise as is
 BOOL_OPS = {"SUM": torch.logical_or, "MAX": torch.logical_or, "PRODUCT": torch.logical_and,
             "MIN": torch.logical_and, "BAND": torch.logical_and, "BOR": torch.logical_or,
@@ -442,7 +442,7 @@ def unsupported(rank, size):
     msgs = []
     for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),
                  lambda: dist.all_reduce(torch.ones(2, dtype=torch.float64), dist.ReduceOp.BXOR),
-                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16))):
+                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0)):
         try:
             call()
             msgs.append("no error")
@@ -455,10 +455,10 @@ def unsupported(rank, size):
 
 
 def test_unsupported_ops_and_dtypes_are_named():
-    band, bxor, short = run(unsupported, 2)[0]
+    band, bxor, cplx = run(unsupported, 2)[0]
     assert "op band reduces integer dtypes only, not f32" in band, band
     assert "op bxor reduces integer dtypes only, not f64" in bxor, bxor
-    assert "dtype Short is not supported by reductions" in short, short
+    assert "dtype ComplexFloat is not supported by reductions" in cplx, cplx
 
 
 def any_source(rank, size):

@@ -35,7 +35,8 @@ _FORMATS = {k: dtype_of(v) for k, v in {
     ("b", 1): "int8", ("B", 1): "uint8", ("c", 1): "uint8", ("i", 4): "int32",
     ("l", 4): "int32", ("q", 4): "int32", ("i", 8): "int64", ("l", 8): "int64",
     ("q", 8): "int64", ("n", 8): "int64", ("e", 2): "float16", ("f", 4): "float32",
-    ("d", 8): "float64"}.items()}
+    ("d", 8): "float64", ("h", 2): "int16", ("H", 2): "uint16", ("I", 4): "uint32",
+    ("L", 4): "uint32", ("L", 8): "uint64", ("Q", 8): "uint64", ("N", 8): "uint64"}.items()}
 
 
 class Py_buffer(ctypes.Structure):
@@ -75,7 +76,8 @@ class DLTensor(ctypes.Structure):
 # DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4.
 _DL_DTYPES = {k: dtype_of(v) for k, v in {
     (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64", (2, 16): "float16",
-    (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64"}.items()}
+    (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 16): "int16",
+    (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64"}.items()}
 _KDLCPU = 1
 
 
@@ -106,8 +108,9 @@ class Buffer:
             if src_dtype is None:
                 self._hold = None
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
-                                      "reduce (int8, uint8, int32, int64, float16, bfloat16, "
-                                      "float32, float64); pass dtype= to read it as one")
+                                      "reduce (int8, uint8, int16, uint16, int32, uint32, "
+                                      "int64, uint64, float16, bfloat16, float32, float64); "
+                                      "pass dtype= to read it as one")
             self.dtype = src_dtype
             self.count = self.nbytes // itemsize
             return
@@ -200,7 +203,8 @@ def _torch_tensor():
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return None
-    names = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-    _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names})
+    names = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+             "int16", "uint16", "uint32", "uint64")  # the last three: torch >= 2.3
+    _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names if hasattr(torch, n)})
     _TORCH.append(torch.Tensor)
     return torch.Tensor

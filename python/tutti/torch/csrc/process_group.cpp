@@ -27,6 +27,12 @@ int native_dtype(at::ScalarType s)
     case at::kBFloat16: return TUTTI_BF16;
     case at::kFloat: return TUTTI_FP32;
     case at::kDouble: return TUTTI_FP64;
+    case at::kShort: return TUTTI_INT16;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case at::kUInt16: return TUTTI_UINT16; /* torch's unsigned types beyond uint8: 2.3 on */
+    case at::kUInt32: return TUTTI_UINT32;
+    case at::kUInt64: return TUTTI_UINT64;
+#endif
     default: return -1;
     }
 }
@@ -36,9 +42,9 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
 {
     int dt = native_dtype(t.scalar_type());
     TORCH_CHECK(dt >= 0, "tutti backend: ", op, ": dtype ", t.scalar_type(),
-                " is not supported by reductions (int8, uint8, int32, int64, float16, "
-                "bfloat16, float32, float64 and bool are; collectives that only move data take "
-                "every dtype)");
+                " is not supported by reductions (int8, uint8, int16, int32, int64, float16, "
+                "bfloat16, float32, float64, bool, and from torch 2.3 uint16, uint32, uint64 "
+                "are; collectives that only move data take every dtype)");
     return (tutti_dtype_t)dt;
 }
 
