@@ -526,11 +526,10 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     }
     /* the later integer dtypes: every op, reduce and reduce_scatterv at 7 and 4097 */
     for (size_t d = 0; d < ARRAY_SIZE(more_dtypes) && !c.comm_failed; d++)
-        for (size_t o = 0; o < ARRAY_SIZE(all_ops) + ARRAY_SIZE(bit_ops) && !c.comm_failed; o++)
+        for (size_t o = 0; o < ARRAY_SIZE(int_ops) && !c.comm_failed; o++)
             for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
                 const tutti_dtype_t dt = more_dtypes[d];
-                const tutti_redop_t op = o < ARRAY_SIZE(all_ops) ? all_ops[o]
-                                                                 : bit_ops[o - ARRAY_SIZE(all_ops)];
+                const tutti_redop_t op = int_ops[o];
                 t_reduce(&c, dt, op, small_counts[k], (int)((d + o + k) % (size_t)n),
                          (int)((o + k) % 3));
                 for (int i = 0; i < n; i++)

@@ -19,6 +19,8 @@ extern const tutti_dtype_t more_dtypes[4];
 extern const tutti_redop_t all_ops[5];
 /* BAND, BOR, BXOR: integer dtypes only (tutti_redop_supported) */
 extern const tutti_redop_t bit_ops[3];
+/* every op an integer dtype takes: all_ops, then bit_ops */
+extern const tutti_redop_t int_ops[8];
 
 float ref_half_to_float(uint16_t h);
 uint16_t ref_float_to_half(float f);

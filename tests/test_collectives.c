@@ -337,11 +337,10 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
     }
     /* the later integer dtypes: every op, at 7 and 4097 elements, one mode each in turn */
     for (size_t d = 0; d < ARRAY_SIZE(more_dtypes) && !c.comm_failed; d++)
-        for (size_t o = 0; o < ARRAY_SIZE(all_ops) + ARRAY_SIZE(bit_ops) && !c.comm_failed; o++)
+        for (size_t o = 0; o < ARRAY_SIZE(int_ops) && !c.comm_failed; o++)
             for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
                 const tutti_dtype_t dt = more_dtypes[d];
-                const tutti_redop_t op = o < ARRAY_SIZE(all_ops) ? all_ops[o]
-                                                                 : bit_ops[o - ARRAY_SIZE(all_ops)];
+                const tutti_redop_t op = int_ops[o];
                 prepare_allreduce(&c, dt, op, small_counts[k], mix64(++c.cases));
                 check_allreduce(&c, dt, op, small_counts[k], (int)((d + o + k) % 3));
             }

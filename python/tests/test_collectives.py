@@ -138,35 +138,44 @@ def bitwise(comm):
     return bad
 
 
-def movements(comm):
+# Element types for the calls that only move data: int64, and ones tutti has no dtype for
+# (carried as bytes), each from distinct integers v (bool: bits that differ per block).
+MOVED = {"int64": lambda v: v, "complex128": lambda v: v + 1j * (v * 3 + 1),
+         "bool": lambda v: (v * 2654435761 >> 7) % 2 == 1,
+         "complex64": lambda v: (v + 1j * (v * 3 + 1)).astype(np.complex64)}
+
+
+def movements(comm, kind="int64"):
     """broadcast, allgather(v), gather(v), scatter(v), alltoall(v), send/recv, barrier on
-    bytes-exact data; returns the failures."""
+    bytes-exact data of one MOVED kind; returns the failures."""
     bad, size, rank = [], comm.size, comm.rank
-    blk = lambda r, n=6: (np.arange(n, dtype=np.int64) + 100 * r + 1)  # noqa: E731
-    b = blk(rank) if rank == 0 else np.zeros(6, np.int64)
+    conv = MOVED[kind]
+    blk = lambda r, n=6: conv(np.arange(n, dtype=np.int64) + 100 * r + 1)  # noqa: E731
+    dt = blk(0).dtype
+    b = blk(rank) if rank == 0 else np.zeros(6, dt)
     comm.broadcast(b, root=0)
     bad += [] if np.array_equal(b, blk(0)) else ["broadcast"]
-    ag = np.zeros(6 * size, np.int64)
+    ag = np.zeros(6 * size, dt)
     comm.allgather(blk(rank), ag)
     bad += [] if np.array_equal(ag, np.concatenate([blk(r) for r in range(size)])) else ["allgather"]
     counts = [r + 1 for r in range(size)]
-    agv = np.zeros(sum(counts), np.int64)
+    agv = np.zeros(sum(counts), dt)
     comm.allgatherv(blk(rank, counts[rank]), agv, counts)
     want = np.concatenate([blk(r, counts[r]) for r in range(size)])
     bad += [] if np.array_equal(agv, want) else ["allgatherv"]
     root = size - 1
-    g = np.zeros(6 * size, np.int64)
+    g = np.zeros(6 * size, dt)
     comm.gather(blk(rank), g, root=root)
     if rank == root and not np.array_equal(g, np.concatenate([blk(r) for r in range(size)])):
         bad.append("gather")
-    gv = np.zeros(sum(counts), np.int64)
+    gv = np.zeros(sum(counts), dt)
     comm.gatherv(blk(rank, counts[rank]), gv, counts, root=root)
     if rank == root and not np.array_equal(gv, want):
         bad.append("gatherv")
-    s = np.zeros(6, np.int64)
+    s = np.zeros(6, dt)
     comm.scatter(np.concatenate([blk(r) for r in range(size)]), s, root=root)
     bad += [] if np.array_equal(s, blk(rank)) else ["scatter"]
-    sv = np.zeros(counts[rank], np.int64)
+    sv = np.zeros(counts[rank], dt)
     comm.scatterv(want, counts, sv, root=root)
     bad += [] if np.array_equal(sv, blk(rank, counts[rank])) else ["scatterv"]
     a2a = np.concatenate([blk(rank * size + j, 3) for j in range(size)])
@@ -177,18 +186,24 @@ def movements(comm):
     sc = [j + 1 for j in range(size)]          # rank -> j: j+1 elements
     rc = [rank + 1] * size                     # from every i: rank+1 elements
     send = np.concatenate([blk(rank * size + j, sc[j]) for j in range(size)])
-    recv = np.zeros(sum(rc), np.int64)
+    recv = np.zeros(sum(rc), dt)
     comm.alltoallv(send, sc, recv, rc)
     want = np.concatenate([blk(i * size + rank, rank + 1) for i in range(size)])
     bad += [] if np.array_equal(recv, want) else ["alltoallv"]
     nxt, prv = (rank + 1) % size, (rank - 1) % size
-    got = np.zeros(4, np.float32)
+    got = np.zeros(4, dt)
     w = comm.recv(got, prv, tag=7, async_op=True)
-    comm.send(np.full(4, rank, np.float32), nxt, tag=7)
+    comm.send(blk(rank, 4), nxt, tag=7)
     w.wait()
-    bad += [] if np.array_equal(got, np.full(4, prv, np.float32)) else ["send/recv"]
+    bad += [] if np.array_equal(got, blk(prv, 4)) else ["send/recv"]
+    if kind != "int64":  # reductions still name the element type
+        try:
+            comm.allreduce(blk(rank))
+            bad.append(f"allreduce of {kind} was not refused")
+        except tutti.InvalidArgError as e:
+            bad += [] if "element type" in str(e) else [f"allreduce of {kind}: {e}"]
     comm.barrier()
-    return bad
+    return [f"{b} ({kind})" for b in bad]
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -207,6 +222,11 @@ def test_bitwise(size, transport):
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_movements(size, transport):
     assert run(movements, size, transport=transport) == [[]] * size
+
+
+@pytest.mark.parametrize("kind", ["complex128", "bool", "complex64"])
+def test_movements_of_any_element_type(kind):
+    assert run(lambda comm: movements(comm, kind), 3, transport="shm") == [[]] * 3
 
 
 def test_torch_tensors_through_dlpack():

@@ -73,7 +73,17 @@ def _op(op):
     return out.value
 
 
-def _sizes(values, n, what):
+def _same(a, b, what, sa, sb):
+    """a and b hold one element type (checked where it came from the buffers)."""
+    if (a.dtype, a.k) != (b.dtype, b.k):
+        na = _name(a.dtype) if a.k == 1 else f"{a.k}-byte items"
+        nb = _name(b.dtype) if b.k == 1 else f"{b.k}-byte items"
+        raise InvalidArgError(f"tutti: {what}'s {sa} is {na} and its {sb} {nb}")
+
+
+def _sizes(values, n, what, k=1):
+    """A count or displacement array of n entries, in elements; k: the carrier's elements
+    per element (Buffer.k)."""
     if values is None:
         return None
     values = list(values)
@@ -81,7 +91,7 @@ def _sizes(values, n, what):
         raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} ranks")
     if any(v < 0 for v in values):
         raise InvalidArgError(f"tutti: {what} has a negative entry")
-    return (ctypes.c_size_t * n)(*values)
+    return (ctypes.c_size_t * n)(*(v * k for v in values))
 
 
 class _Handle:
@@ -376,15 +386,14 @@ class Communicator(_Handle):
         return Work(w, bufs, self)
 
     @staticmethod
-    def _pair(send, recv, dtype, what):
-        """recv (written) and send (read; None or recv itself: in place), same dtype."""
-        out = Buffer(recv, f"{what}'s output", True, dtype)
+    def _pair(send, recv, dtype, what, carry=False):
+        """recv (written) and send (read; None or recv itself: in place), same dtype
+        (carry: any element type, as bytes, for the calls that only move data)."""
+        out = Buffer(recv, f"{what}'s output", True, dtype, carry)
         if send is None or send is recv:
             return out, None, _lib.IN_PLACE
-        inp = Buffer(send, f"{what}'s input", False, dtype)
-        if dtype is None and inp.dtype != out.dtype:
-            raise InvalidArgError(f"tutti: {what}'s input is {_name(inp.dtype)} and its "
-                                  f"output {_name(out.dtype)}")
+        inp = Buffer(send, f"{what}'s input", False, dtype, carry)
+        _same(inp, out, what, "input", "output")
         return out, inp, inp.ptr
 
     @staticmethod
@@ -405,7 +414,7 @@ class Communicator(_Handle):
 
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""
-        b = Buffer(buf, "broadcast's buffer", True, dtype)
+        b = Buffer(buf, "broadcast's buffer", True, dtype, carry=True)
         return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op)
 
     def barrier(self, async_op=False):
@@ -425,13 +434,13 @@ class Communicator(_Handle):
 
     def allgather(self, buf, out, dtype=None, async_op=False):
         """Every rank's buf, in rank order, into every rank's out (size x buf)."""
-        o, i, sp = self._pair(buf, out, dtype, "allgather")
+        o, i, sp = self._pair(buf, out, dtype, "allgather", carry=True)
         self._expect(o, i.nbytes * self.size, "allgather's output")
         return self._run("allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
 
     def allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
-        o, i, sp = self._pair(None if buf is None else buf, out, dtype, "allgatherv")
-        c, d = _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        o, i, sp = self._pair(None if buf is None else buf, out, dtype, "allgatherv", carry=True)
+        c, d = _sizes(counts, self.size, "counts", o.k), _sizes(displs, self.size, "displs", o.k)
         bufs = [b for b in (o, i) if b is not None]
         return self._run("allgatherv", bufs, (sp, o.ptr, c, d, o.dtype), async_op)
 
@@ -453,10 +462,12 @@ class Communicator(_Handle):
         """Every rank's buffer (gather's input, scatter's output) and the root's other one
         (None elsewhere), which must hold `times` x mine when times is given."""
         sides = ("output", "input") if mine_writes else ("input", "output")
-        m = Buffer(mine, f"{what}'s {sides[0]}", mine_writes, dtype)
+        m = Buffer(mine, f"{what}'s {sides[0]}", mine_writes, dtype, carry=True)
         if self.rank != root:
             return m, None, [m]
-        r = Buffer(roots, f"{what}'s {sides[1]}", not mine_writes, m.dtype)
+        r = Buffer(roots, f"{what}'s {sides[1]}", not mine_writes,
+                   m.dtype if dtype is not None or m.k == 1 else None, carry=True)
+        _same(m, r, what, sides[0], sides[1])
         if times is not None:
             self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}")
         return m, r, [m, r]
@@ -464,7 +475,8 @@ class Communicator(_Handle):
     def _layout(self, r, counts, displs):
         if r is None:
             return None, None, None
-        return r.ptr, _sizes(counts, self.size, "counts"), _sizes(displs, self.size, "displs")
+        return (r.ptr, _sizes(counts, self.size, "counts", r.k),
+                _sizes(displs, self.size, "displs", r.k))
 
     def gather(self, buf, out=None, root=0, dtype=None, async_op=False):
         """Every rank's buf into root's out (size x buf), in rank order."""
@@ -491,35 +503,36 @@ class Communicator(_Handle):
     def alltoall(self, buf, out=None, dtype=None, async_op=False):
         """Block j of buf to rank j; block i of out from rank i (out None: in place)."""
         if out is None:
-            o, i, sp = self._pair(None, buf, dtype, "alltoall")
+            o, i, sp = self._pair(None, buf, dtype, "alltoall", carry=True)
         else:
-            o, i, sp = self._pair(buf, out, dtype, "alltoall")
+            o, i, sp = self._pair(buf, out, dtype, "alltoall", carry=True)
             self._expect(i, o.nbytes, "alltoall's input")
-        if o.count % self.size:
-            raise InvalidArgError(f"tutti: alltoall's buffer of {o.count} elements does not "
-                                  f"split into {self.size} blocks")
+        if o.count // o.k % self.size:
+            raise InvalidArgError(f"tutti: alltoall's buffer of {o.count // o.k} elements does "
+                                  f"not split into {self.size} blocks")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("alltoall", bufs, (sp, o.ptr, o.count // self.size, o.dtype), async_op)
 
     def alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None,
                   recv_displs=None, dtype=None, async_op=False):
-        o, i, sp = self._pair(buf, out, dtype, "alltoallv")
-        n = self.size
-        args = (sp, _sizes(send_counts, n, "send_counts"), _sizes(send_displs, n, "send_displs"),
-                o.ptr, _sizes(recv_counts, n, "recv_counts"),
-                _sizes(recv_displs, n, "recv_displs"), o.dtype)
+        o, i, sp = self._pair(buf, out, dtype, "alltoallv", carry=True)
+        n, k = self.size, o.k
+        args = (sp, _sizes(send_counts, n, "send_counts", k),
+                _sizes(send_displs, n, "send_displs", k), o.ptr,
+                _sizes(recv_counts, n, "recv_counts", k), _sizes(recv_displs, n, "recv_displs", k),
+                o.dtype)
         bufs = [b for b in (o, i) if b is not None]
         return self._run("alltoallv", bufs, args, async_op)
 
     def send(self, buf, peer, tag=0, dtype=None, async_op=False):
-        b = Buffer(buf, "send's buffer", False, dtype)
+        b = Buffer(buf, "send's buffer", False, dtype, carry=True)
         return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
 
     def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False):
         """Receive into buf from rank peer, or from whichever rank sends this tag first
         (peer None or tutti.ANY_SOURCE). Returns the sending rank, or with async_op a
         Work whose source says it once done."""
-        b = Buffer(buf, "recv's buffer", True, dtype)
+        b = Buffer(buf, "recv's buffer", True, dtype, carry=True)
         peer = _lib.ANY_SOURCE if peer is None else peer
         if not async_op and peer != _lib.ANY_SOURCE:
             self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), False)

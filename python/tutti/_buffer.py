@@ -93,24 +93,33 @@ class _Export:
         _api.PyBuffer_Release(ctypes.byref(self.view))
 
 
+_U8 = dtype_of("uint8")
+
+
 class Buffer:
     """One exported buffer: address, size in bytes, element count and dtype. It holds the
-    export (or the DLPack capsule) until released or dropped."""
-    __slots__ = ("ptr", "nbytes", "count", "dtype", "_hold")
+    export (or the DLPack capsule) until released or dropped. With carry, an element type
+    tutti has no dtype for (bool, complex, ...) travels as its bytes: dtype uint8, k bytes
+    an item (k is 1 otherwise), for the calls that only move data."""
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "_hold")
 
-    def __init__(self, obj, what, writable, dtype=None):
+    def __init__(self, obj, what, writable, dtype=None, carry=False):
         tensor = _torch_tensor()
         if tensor is not None and isinstance(obj, tensor):
             src_dtype, itemsize = self._from_torch(obj, what)
         else:
             src_dtype, itemsize = self._from_other(obj, what, writable)
+        self.k = 1
+        if dtype is None and src_dtype is None and carry:
+            src_dtype, self.k, itemsize = _U8, itemsize, 1
         if dtype is None:
             if src_dtype is None:
                 self._hold = None
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
                                       "reduce (int8, uint8, int16, uint16, int32, uint32, "
                                       "int64, uint64, float16, bfloat16, float32, float64); "
-                                      "pass dtype= to read it as one")
+                                      "pass dtype= to read it as one (calls that only move "
+                                      "data take any element type)")
             self.dtype = src_dtype
             self.count = self.nbytes // itemsize
             return
