@@ -4,8 +4,10 @@
     import tutti.torch  # noqa: F401
     dist.init_process_group("tutti", init_method=..., rank=r, world_size=n)
 
-CPU tensors; the collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG) and dtypes (int8,
-uint8, int32, int64, float16, bfloat16, float32, float64) of tutti. The ranks meet through
+CPU tensors; the collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR
+on integers) and dtypes (int8, uint8, int16, int32, int64, float16, bfloat16, float32,
+float64; bool reduced as NCCL's backend does; any dtype where data only moves) of tutti
+(docs/pytorch.md). The ranks meet through
 torch's store for the group. The group's timeout is tutti's timeout_ms (unless
 TUTTI_TIMEOUT_MS is set) and bounds Work.wait(); the rest of the TUTTI_* environment
 applies as for any communicator. A job id is derived per group instance unless
