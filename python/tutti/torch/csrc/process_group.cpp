@@ -29,9 +29,9 @@ int native_dtype(at::ScalarType s)
     case at::kDouble: return TUTTI_FP64;
     case at::kShort: return TUTTI_INT16;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-    case at::kUInt16: return TUTTI_UINT16; /* torch's unsigned types beyond uint8: 2.3 on */
-    case at::kUInt32: return TUTTI_UINT32;
-    case at::kUInt64: return TUTTI_UINT64;
+    case c10::ScalarType::UInt16: return TUTTI_UINT16; /* torch's unsigned types beyond uint8: 2.3 on */
+    case c10::ScalarType::UInt32: return TUTTI_UINT32;
+    case c10::ScalarType::UInt64: return TUTTI_UINT64;
 #endif
     default: return -1;
     }
