@@ -307,9 +307,11 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 for (int mode = 0; mode < 3 && !c.comm_failed; mode++)
                     check_allreduce(&c, dt, all_ops[o], small_counts[k], mode);
             }
-        /* the bitwise ops, integer dtypes only; one mode each, taking turns */
+        /* the bitwise ops, integer dtypes only; one mode each, taking turns (quick: at
+         * 4097 elements only; their kernels are test_reduce's, the paths every op's) */
         for (size_t o = 0; o < ARRAY_SIZE(bit_ops) && !is_float(dt) && !c.comm_failed; o++)
-            for (size_t k = 1; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+            for (size_t k = th_quick() ? 3 : 1; k < ARRAY_SIZE(small_counts) && !c.comm_failed;
+                 k++) {
                 prepare_allreduce(&c, dt, bit_ops[o], small_counts[k], mix64(++c.cases));
                 check_allreduce(&c, dt, bit_ops[o], small_counts[k], (int)((o + k + d) % 3));
             }
@@ -335,10 +337,13 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 check_broadcast(&c, dt, big, root, (int)(d + (size_t)root) % 3);
         }
     }
-    /* the later integer dtypes: every op, at 7 and 4097 elements, one mode each in turn */
+    /* the later integer dtypes: every op, at 7 and 4097 elements, one mode each in turn
+     * (quick: half the ops of each, at 4097) */
     for (size_t d = 0; d < ARRAY_SIZE(more_dtypes) && !c.comm_failed; d++)
         for (size_t o = 0; o < ARRAY_SIZE(int_ops) && !c.comm_failed; o++)
-            for (size_t k = 2; k < ARRAY_SIZE(small_counts) && !c.comm_failed; k++) {
+            for (size_t k = th_quick() ? 3 : 2;
+                 k < ARRAY_SIZE(small_counts) && !c.comm_failed && !(th_quick() && (o + d) % 2);
+                 k++) {
                 const tutti_dtype_t dt = more_dtypes[d];
                 const tutti_redop_t op = int_ops[o];
                 prepare_allreduce(&c, dt, op, small_counts[k], mix64(++c.cases));
