@@ -99,8 +99,12 @@ static void fill(void *buf, tutti_dtype_t dt)
         switch (dt) {
         case TUTTI_INT8:
         case TUTTI_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(i & 1); break;
-        case TUTTI_INT32: ((int32_t *)buf)[i] = (int32_t)(i & 1); break;
-        case TUTTI_INT64: ((int64_t *)buf)[i] = (int64_t)(i & 1); break;
+        case TUTTI_INT16:
+        case TUTTI_UINT16: ((uint16_t *)buf)[i] = (uint16_t)(i & 1); break;
+        case TUTTI_INT32:
+        case TUTTI_UINT32: ((uint32_t *)buf)[i] = (uint32_t)(i & 1); break;
+        case TUTTI_INT64:
+        case TUTTI_UINT64: ((uint64_t *)buf)[i] = (uint64_t)(i & 1); break;
         case TUTTI_FP16: ((uint16_t *)buf)[i] = tt_float_to_half(1.0f); break;
         case TUTTI_BF16: ((uint16_t *)buf)[i] = tt_float_to_bf16(1.0f); break;
         case TUTTI_FP32: ((float *)buf)[i] = 1.0f; break;
@@ -160,8 +164,11 @@ int main(int argc, char **argv)
     for (int dt = 0; dt < TUTTI_DTYPE_COUNT; dt++) {
         fill(dst_buf, (tutti_dtype_t)dt);
         fill(src_buf, (tutti_dtype_t)dt);
-        for (int op = TUTTI_SUM; op <= TUTTI_MAX; op++) {
+        for (int op = TUTTI_SUM; op < TUTTI_REDOP_COUNT; op++) {
             char label[32];
+            /* AVG reduces as SUM; the bitwise ops take integer dtypes only */
+            if (op == TUTTI_AVG || !tutti_redop_supported((tutti_redop_t)op, (tutti_dtype_t)dt))
+                continue;
             snprintf(label, sizeof(label), "%s %s", tutti_dtype_name((tutti_dtype_t)dt),
                      tutti_redop_name((tutti_redop_t)op));
             row(label, time_run(RUN_REDUCE, (tutti_dtype_t)dt, (tutti_redop_t)op), 3.0,
