@@ -120,6 +120,7 @@ typedef struct bench_cfg {
     int iters, warmup, check;
     int sync;  /* --sync: a barrier before each timed iteration */
     int fresh; /* --fresh: the input rewritten before each (then sync's barrier) */
+    int bind;  /* --bind: -np's ranks each held on one CPU (tools/launch.h) */
     tutti_dtype_t dtype;
     tutti_redop_t op;
     int root;
@@ -152,7 +153,7 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
-        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh]\n"
+        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh] [--bind]\n"
         "                   [-d DTYPE] [-o OP] [-r ROOT] [--algo NAME|all]\n"
         "                   [--transport NAME] [--json FILE]\n"
         "\n"
@@ -197,6 +198,9 @@ static void usage(FILE *f)
         "  --transport NAME    transport (default auto, or TUTTI_TRANSPORT)\n"
         "  --json FILE         also write every row as a JSON array to FILE\n"
         "  -t, --timeout SEC   -np: kill the ranks after SEC seconds (default 1800)\n"
+        "  --bind              -np: hold each rank on one CPU, the i-th of N on the\n"
+        "                      (i*C/N)-th of C (tutti-run's --bind; bench/peers binds every\n"
+        "                      system or none)\n"
         "  -h, --help          this text\n"
         "\n"
         "Sizes and bandwidth (nccl-tests' conventions):\n"
@@ -333,6 +337,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->sync = 1;
         } else if (FLAG("--fresh", "--fresh")) {
             cfg->fresh = cfg->sync = 1;
+        } else if (FLAG("--bind", "--bind")) {
+            cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {
             VALUE();
             bad = parse_int(v, 1, &cfg->np) || cfg->np > TT_LAUNCH_MAX_RANKS;
@@ -1557,6 +1563,7 @@ static int run_local(const bench_cfg_t *cfg)
     tt_launch_t l;
     if (tt_launch_start(&l, "tutti-bench", cfg->np, 1) < 0)
         return 3;
+    l.bind = cfg->bind;
     local_rank_t arg = { .cfg = cfg, .dir = l.dir };
     int rc = 0;
     fflush(stdout);

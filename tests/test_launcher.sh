@@ -108,6 +108,25 @@ err=$(TMPDIR=$tmp/nosuch timeout 60 "$bench" -np 1 -b 8 -e 8 -n 1 -w 0 2>&1 >/de
 [ "$rc" = 3 ] && case $err in *"$tmp/nosuch"*) true ;; *) false ;; esac ||
     fail "tutti-bench with TMPDIR=$tmp/nosuch: exit $rc, $err"
 
+# --bind: each rank held on one CPU, rank i of N on the (i*C/N)-th of the C CPUs the
+# launcher may use (tools/launch.c); without it, the launcher's whole set
+cpus=() # the CPUs this script may use, expanded from /proc's list ("0-3,6")
+IFS=, read -ra parts <<<"$(sed -n 's/^Cpus_allowed_list:\t*//p' /proc/self/status)"
+for p in "${parts[@]}"; do
+    if [[ $p == *-* ]]; then cpus+=($(seq "${p%-*}" "${p#*-}")); else cpus+=("$p"); fi
+done
+mine=$(sed -n 's/^Cpus_allowed_list:\t*//p' /proc/self/status)
+for n in 1 3 5; do
+    out=$(timeout 30 "$run" -np $n --bind sh -c 'echo "$TUTTI_RANK $(sed -n "s/^Cpus_allowed_list:\t*//p" /proc/self/status)"' |
+        sort -n) || fail "--bind -np $n: exit $?"
+    want=$(for ((i = 0; i < n; i++)); do echo "$i ${cpus[i * ${#cpus[@]} / n]}"; done)
+    [ "$out" = "$want" ] || fail "--bind -np $n: ranks on \"$out\", expected \"$want\""
+done
+out=$(timeout 30 "$run" -np 2 sh -c 'sed -n "s/^Cpus_allowed_list:\t*//p" /proc/self/status' | sort -u)
+[ "$out" = "$mine" ] || fail "without --bind: ranks on \"$out\", expected \"$mine\""
+timeout 60 "$bench" -np 3 --bind -b 8 -e 8 -n 2 -w 0 -c >/dev/null 2>&1 || fail "tutti-bench -np 3 --bind: exit $?"
+tmpdir_empty "--bind"
+
 # -np is ours only before the program: its own arguments pass through untouched
 out=$(timeout 10 "$run" -np 1 printf '%s\n' -np x) || fail "-np in the program's arguments: exit $?"
 [ "$out" = "$(printf -- '-np\nx')" ] || fail "-np in the program's arguments: output: $out"

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,6 +237,30 @@ static int cleaner_start(tt_launch_t *l)
 
 /* ---- the launch ------------------------------------------------------------------ */
 
+/* --bind, in rank i's process: hold it on the (i * ncpus / np)-th of the CPUs it
+ * inherited (launch.h). Unbound, the scheduler left 4 ranks on 2 CPUs in a placement
+ * that made a 64-byte shm alltoall take 22-33 us in most runs, 13-15 in the rest; bound,
+ * 13.2-13.9 in every run (docs/benchmarks.md, "The forty-second session"). A failure
+ * is said and the rank runs unbound. */
+static void bind_rank(const tt_launch_t *l, int i)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+        fprintf(stderr, "%s: rank %d: --bind: sched_getaffinity: %s (left unbound)\n", l->tool, i,
+                strerror(errno));
+        return;
+    }
+    int k = (int)((long long)i * CPU_COUNT(&allowed) / l->np), cpu = 0;
+    for (; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &allowed) && k-- == 0)
+            break;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        fprintf(stderr, "%s: rank %d: --bind: CPU %d: %s (left unbound)\n", l->tool, i, cpu,
+                strerror(errno));
+}
+
 static int make_dir(tt_launch_t *l)
 {
     const char *tmp = getenv("TMPDIR");
@@ -446,6 +471,8 @@ int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg)
         if (l->cleaner_fd >= 0) /* only we may hold it: its EOF is our death */
             close(l->cleaner_fd);
         sigprocmask(SIG_SETMASK, &mask, NULL);
+        if (l->bind)
+            bind_rank(l, i);
         fn(arg, i);
         _exit(127);
     }

@@ -38,6 +38,7 @@ typedef struct tt_launch {
     const char *tool; /* prefixes messages and names the temp directory */
     int np;
     int own_groups; /* each rank leads its own process group */
+    int bind;       /* set before spawning: each rank held on one CPU (tt_launch_spawn) */
     int running;    /* ranks started and not yet exited */
     pid_t self;
     pid_t *pids; /* 0: not started */
@@ -67,6 +68,9 @@ int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes, co
 /* What a rank runs in the child, after the launch set it up: must not return (exec or
  * _exit); if it does, the rank exits 127. */
 typedef void (*tt_launch_rank_fn)(void *arg, int i);
+/* With l->bind, rank i runs held on one CPU of those the launcher may use, the
+ * (i * ncpus / np)-th: ranks fill the CPUs in order, neighbours together (mpirun's
+ * --bind-to core; 4 ranks on 2 CPUs: the first two on the first). */
 
 /* Forks rank i (0 <= i < np). Returns 0, or -1 having said why (nothing started). */
 int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg);

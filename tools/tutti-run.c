@@ -61,6 +61,10 @@ static void usage(FILE *f, const char *argv0)
             "                      give each job's nodes one --job-id of its own)\n"
             "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
             "      --tag           prefix each line of the ranks' output with [rank]\n"
+            "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
+            "                      of the C CPUs tutti-run may use (neighbours together, as\n"
+            "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
+            "                      small collectives out of the scheduler's slow placements)\n"
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
@@ -177,7 +181,7 @@ static void run_rank(void *arg, int i)
 
 /* The command line. */
 typedef struct run_opts {
-    int np, nnodes, node_rank, timeout_s, tag;
+    int np, nnodes, node_rank, timeout_s, tag, bind;
     const char *store, *job_id;
     char **prog;
 } run_opts_t;
@@ -188,15 +192,11 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
     *o_p = (run_opts_t){ .nnodes = 1 };
     static const struct option longopts[] = {
-        { "np", required_argument, NULL, 'n' },
-        { "store", required_argument, NULL, 's' },
-        { "nnodes", required_argument, NULL, 'N' },
-        { "node-rank", required_argument, NULL, 'K' },
-        { "timeout", required_argument, NULL, 't' },
-        { "tag", no_argument, NULL, 'T' },
-        { "job-id", required_argument, NULL, 'J' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        { "np", required_argument, NULL, 'n' },      { "store", required_argument, NULL, 's' },
+        { "nnodes", required_argument, NULL, 'N' },  { "node-rank", required_argument, NULL, 'K' },
+        { "timeout", required_argument, NULL, 't' }, { "tag", no_argument, NULL, 'T' },
+        { "bind", no_argument, NULL, 'B' },          { "job-id", required_argument, NULL, 'J' },
+        { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 },
     };
     int c;
     while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
@@ -237,6 +237,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             }
             break;
         case 'T': o_p->tag = 1; break;
+        case 'B': o_p->bind = 1; break;
         case 'J': o_p->job_id = optarg; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
@@ -385,6 +386,7 @@ int main(int argc, char **argv)
         return 1;
     if (!o.store)
         o.store = l.url;
+    l.bind = o.bind;
     int np = o.np, tag = o.tag;
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
     struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;

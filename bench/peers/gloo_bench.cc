@@ -18,6 +18,7 @@
 // comparison tables use a half every system has natively.
 #include <errno.h>
 #include <ftw.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ struct Config {
     int np = 2;
     std::string algo = "ring";
     int timeout_s = 600;
+    bool bind = false; // --bind: rank i held on the (i * ncpus / np)-th CPU (tutti-bench's)
 };
 
 const char *const kAlgos[] = {"ring", "ring_chunked", "halving_doubling", "bcube"};
@@ -67,11 +69,30 @@ void usage(FILE *f)
                "  -np N         ranks to fork on this host (default 2)\n"
                "  --algo ALGO   allreduce algorithm: ring (default), ring_chunked,\n"
                "                halving_doubling, bcube\n"
-               "  -t SECONDS    kill the ranks after this long (default 600)\n" PEER_FLAGS_USAGE
+               "  -t SECONDS    kill the ranks after this long (default 600)\n"
+               "  --bind        hold rank i of N on the (i*C/N)-th of the C CPUs it may use\n"
+               "                (neighbours together, as tutti-bench --bind)\n" PEER_FLAGS_USAGE
                "Ranks rendezvous through a FileStore in a temp dir and talk over 127.0.0.1.\n");
 }
 
 using Ctx = std::shared_ptr<gloo::Context>;
+
+// --bind: this rank (of np) on the (r * ncpus / np)-th CPU it may use, as tutti-bench's
+// launcher places its ranks (tools/launch.c)
+void bind_rank(int r, int np)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    int k = (int)((long long)r * CPU_COUNT(&allowed) / np), cpu = 0;
+    for (; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &allowed) && k-- == 0)
+            break;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        fprintf(stderr, "gloo-bench: rank %d: --bind: CPU %d: %s\n", r, cpu, strerror(errno));
+}
 
 // One size's calls, set up (and their pairs' buffers registered) before the timed loop.
 struct Calls {
@@ -293,6 +314,9 @@ int parse_args(int argc, char **argv, Config *cfg)
                 cfg->algo = v;
         } else if (a == "-t" || a == "--timeout") {
             ok = v && !peer_parse_int(v, &cfg->timeout_s, 1);
+        } else if (a == "--bind") {
+            cfg->bind = true;
+            takes = 0;
         } else {
             ok = peer_parse_flag(&cfg->p, argv[i], v, &takes) > 0;
         }
@@ -333,6 +357,8 @@ int main(int argc, char **argv)
             break;
         }
         if (pid == 0) {
+            if (cfg.bind)
+                bind_rank(r, cfg.np);
             int rc = 3; // 1: wrong results (the others finish too), 3: an error
             try {
                 rc = run_rank(cfg, dir, r);

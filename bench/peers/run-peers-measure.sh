@@ -6,7 +6,7 @@
 # nameref; SC2054: commas inside MCA values)
 
 # Open MPI: the ob1 PML and its byte-transfer layers named explicitly, out-of-band on lo.
-ompi_args=(--oversubscribe --bind-to none --mca pml ob1 --mca oob_tcp_if_include lo)
+ompi_args=(--oversubscribe --mca pml ob1 --mca oob_tcp_if_include lo) # + cmd_of's binding
 [ "$(id -u)" = 0 ] && ompi_args+=(--allow-run-as-root)
 ompi_tcp_args=(--mca btl tcp,self --mca btl_tcp_if_include lo)
 ompi_vader_args=(--mca btl vader,self)
@@ -67,22 +67,26 @@ cmd_of() {
     local sys=$1 n=$2 coll=$3
     cmd=()
     case $sys in
+    # --bind: every system's ranks each held on one CPU, or none (the default)
+    local tb=() ob=(--bind-to none) mb=()
+    if [ "${bind:-0}" = 1 ]; then tb=(--bind) ob=(--bind-to core:overload-allowed) mb=(-bind-to core); fi
+    case $sys in
     tutti_*)
         [ -n "$tutti_bin" ] || return 0
-        cmd=(env "TUTTI_TRANSPORT=${sys#tutti_}" "$tutti_bin" -np "$n") ;;
+        cmd=(env "TUTTI_TRANSPORT=${sys#tutti_}" "$tutti_bin" -np "$n" "${tb[@]}") ;;
     ompi_*)
         [ -n "$ompi_bin" ] || return 0
         local -n extra="${sys}_args"
-        cmd=(mpirun.openmpi "${ompi_args[@]}" -np "$n" "${extra[@]}" "$ompi_bin") ;;
+        cmd=(mpirun.openmpi "${ompi_args[@]}" "${ob[@]}" -np "$n" "${extra[@]}" "$ompi_bin") ;;
     mpich_tcp)
         [ -n "$mpich_bin" ] || return 0
-        cmd=(env "${mpich_tcp_env[@]}" mpiexec.mpich -np "$n" "$mpich_bin") ;;
+        cmd=(env "${mpich_tcp_env[@]}" mpiexec.mpich "${mb[@]}" -np "$n" "$mpich_bin") ;;
     mpich_shm)
         [ -n "$mpich_bin" ] || return 0
-        cmd=(mpiexec.mpich -np "$n" "$mpich_bin") ;;
+        cmd=(mpiexec.mpich "${mb[@]}" -np "$n" "$mpich_bin") ;;
     gloo*)
         [ -n "$gloo_bin" ] || return 0
-        cmd=("$gloo_bin" -np "$n")
+        cmd=("$gloo_bin" -np "$n" "${tb[@]}")
         [ "$sys" = gloo ] || cmd+=(--algo "${sys#gloo:}") ;;
     esac
     cmd+=(--coll "$coll")

@@ -10,7 +10,7 @@
 #
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
-#        [--check] [--fresh] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
+#        [--check] [--fresh] [--bind] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
 #        [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
@@ -34,6 +34,7 @@ bands=$bands_std
 mode=std
 check=""
 fresh=""
+bind=0
 build=""
 keep=0
 from=""
@@ -59,6 +60,10 @@ Options:
   --fresh          every harness rewrites its input before each timed call (untimed,
                    then a barrier): the data moved was just written by its own rank,
                    not left clean in the peers' caches by the previous call
+  --bind           every system holds each rank on one CPU, rank i of N on the
+                   (i*C/N)-th of C (tutti-bench and gloo-bench --bind, Open MPI
+                   --bind-to core:overload-allowed, MPICH -bind-to core); default:
+                   every system unbound (Open MPI --bind-to none)
   --peers LIST     which systems (default "$peers")
   --build DIR      meson build dir with bench/tutti-bench (default build-bench, then build)
   -o FILE          markdown output (default docs/benchmarks-latest.md)
@@ -84,6 +89,7 @@ while [ $# -gt 0 ]; do
     --bands) bands=$2; mode=custom; shift ;;
     --check) check="-c" ;;
     --fresh) fresh="--fresh" ;;
+    --bind) bind=1 ;;
     --build) build=$2; shift ;;
     --peers) peers=$2; shift ;;
     --keep) keep=1 ;;
@@ -193,7 +199,7 @@ if [ -z "$from" ]; then
     : >"$notes"
     : >"$results"
     {
-        for v in repeats ranks_list colls transports bands mode check fresh peers; do
+        for v in repeats ranks_list colls transports bands mode check fresh bind peers; do
             printf '%s=%q\n' "$v" "${!v}"
         done
         printf 'started=%q\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
