@@ -66,10 +66,13 @@ find_binaries() {
 cmd_of() {
     local sys=$1 n=$2 coll=$3
     cmd=()
-    case $sys in
     # --bind: every system's ranks each held on one CPU, or none (the default)
-    local tb=() ob=(--bind-to none) mb=()
-    if [ "${bind:-0}" = 1 ]; then tb=(--bind) ob=(--bind-to core:overload-allowed) mb=(-bind-to core); fi
+    local -a tb=() ob=(--bind-to none) mb=()
+    if [ "${bind:-0}" = 1 ]; then
+        tb=(--bind)
+        ob=(--bind-to core:overload-allowed)
+        mb=(-bind-to core)
+    fi
     case $sys in
     tutti_*)
         [ -n "$tutti_bin" ] || return 0
