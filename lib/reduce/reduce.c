@@ -565,8 +565,9 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
             b[i] = STO(LD(b[i]) / div);                                                            \
     }
 
-/* Integer quotients are computed in int64_t / the element's own type: |q| <= |x|, so the
- * result fits, and nranks >= 1 rules out INT_MIN / -1. */
+/* Integer quotients are computed in a type at least as wide as the element's, signed
+ * for signed elements (int32_t, int64_t) and unsigned for unsigned ones (uint8_t in
+ * int32_t): |q| <= |x|, so the result fits, and nranks >= 1 rules out INT_MIN / -1. */
 TT_DEF_DIV(i8, tt_ui8_t, int32_t, TT_LD_ID, (int8_t))
 TT_DEF_DIV(u8, tt_uu8_t, int32_t, TT_LD_ID, (uint8_t))
 TT_DEF_DIV(i32, tt_ui32_t, int64_t, TT_LD_ID, (int32_t))

@@ -50,6 +50,10 @@ def bad_arguments(comm):
     expect(tutti.InvalidArgError, lambda: comm.allgather(a, np.zeros(3, np.float32)), "bytes")
     expect(tutti.InvalidArgError, lambda: comm.alltoall(np.zeros(3 * comm.size + 1)), "blocks")
     expect(tutti.InvalidArgError, lambda: comm.allgatherv(a, a, [1]), "entries")
+    c16 = np.zeros(2, np.complex128)  # carried as 16 bytes an item: counts x 16 overflow
+    expect(tutti.InvalidArgError,
+           lambda: comm.allgatherv(c16, np.zeros(2 * comm.size, np.complex128),
+                                   [2**60 + 1] * comm.size), "too large")
     # the communicator still works after all that
     b = np.ones(3, np.int32)
     comm.allreduce(b)

@@ -96,8 +96,10 @@ def inp(rank, dtype, op="SUM", n=6, salt=0):
         v = (rank * 7 + i * 3 + salt) % 9 - 4
         if dtype == torch.uint8:
             v = v + 4
-    if dtype == torch.bool:  # both values, in a pattern of each rank's own
-        return v % 2 == 1
+    if dtype == torch.bool:  # bit `rank` of masks where all, none, one or some ranks are
+        # True: every logical reduction over 2-4 ranks gives both values across the indices
+        masks = torch.tensor([0, 15, 1, 13, 3, 6])
+        return (masks[(i + salt + rank // 4) % 6] >> (rank % 4)) % 2 == 1
     if dtype.is_complex:
         return torch.complex(v.double(), (v * 3 + rank + 1).double()).to(dtype)
     return v.to(dtype)

@@ -91,7 +91,10 @@ def _sizes(values, n, what, k=1):
         raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} ranks")
     if any(v < 0 for v in values):
         raise InvalidArgError(f"tutti: {what} has a negative entry")
-    return (ctypes.c_size_t * n)(*(v * k for v in values))
+    values = [v * k for v in values]
+    if any(v >= 1 << 64 for v in values):  # ctypes would keep the low bits
+        raise InvalidArgError(f"tutti: {what} has an entry too large for size_t")
+    return (ctypes.c_size_t * n)(*values)
 
 
 class _Handle:

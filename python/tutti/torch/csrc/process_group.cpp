@@ -49,7 +49,7 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
 }
 
 /* What moves t's elements unchanged: tutti's dtype of the same type, or else t's bytes
- * as uint8 (bool, int16, complex, ...: data movement and send/recv take any dtype, as
+ * as uint8 (bool, complex, float8, ...: data movement and send/recv take any dtype, as
  * NCCL's do), k carrier elements to one of t's. */
 struct carrier {
     tutti_dtype_t dt;
