@@ -1,12 +1,12 @@
 /* tools/launch.c: see launch.h for what is shared and why. */
 #include "launch.h"
+#include "bind.h"
 
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,21 +244,10 @@ static int cleaner_start(tt_launch_t *l)
  * is said and the rank runs unbound. */
 static void bind_rank(const tt_launch_t *l, int i)
 {
-    cpu_set_t allowed, one;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
-        fprintf(stderr, "%s: rank %d: --bind: sched_getaffinity: %s (left unbound)\n", l->tool, i,
-                strerror(errno));
-        return;
-    }
-    int k = (int)((long long)i * CPU_COUNT(&allowed) / l->np), cpu = 0;
-    for (; cpu < CPU_SETSIZE; cpu++)
-        if (CPU_ISSET(cpu, &allowed) && k-- == 0)
-            break;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+    int cpu, e = tt_bind_rank(i, l->np, &cpu);
+    if (e)
         fprintf(stderr, "%s: rank %d: --bind: CPU %d: %s (left unbound)\n", l->tool, i, cpu,
-                strerror(errno));
+                strerror(e));
 }
 
 static int make_dir(tt_launch_t *l)

@@ -18,7 +18,6 @@
 // comparison tables use a half every system has natively.
 #include <errno.h>
 #include <ftw.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +48,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "../../tools/bind.h"
 #include "peer.h"
 
 namespace {
@@ -77,21 +77,12 @@ void usage(FILE *f)
 
 using Ctx = std::shared_ptr<gloo::Context>;
 
-// --bind: this rank (of np) on the (r * ncpus / np)-th CPU it may use, as tutti-bench's
-// launcher places its ranks (tools/launch.c)
+// --bind: this rank (of np) where tutti-bench's launcher puts its ranks (tools/bind.h)
 void bind_rank(int r, int np)
 {
-    cpu_set_t allowed, one;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
-        return;
-    int k = (int)((long long)r * CPU_COUNT(&allowed) / np), cpu = 0;
-    for (; cpu < CPU_SETSIZE; cpu++)
-        if (CPU_ISSET(cpu, &allowed) && k-- == 0)
-            break;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    if (sched_setaffinity(0, sizeof(one), &one) != 0)
-        fprintf(stderr, "gloo-bench: rank %d: --bind: CPU %d: %s\n", r, cpu, strerror(errno));
+    int cpu, e = tt_bind_rank(r, np, &cpu);
+    if (e)
+        fprintf(stderr, "gloo-bench: rank %d: --bind: CPU %d: %s\n", r, cpu, strerror(e));
 }
 
 // One size's calls, set up (and their pairs' buffers registered) before the timed loop.
