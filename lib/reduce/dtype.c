@@ -5,6 +5,7 @@
 #include <tutti/tutti.h>
 
 #include "base/base.h"
+#include "reduce/reduce.h"
 
 #define TT_EXPORT __attribute__((visibility("default")))
 
@@ -61,14 +62,10 @@ TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
     return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : "?";
 }
 
+/* What the kernel tables have (lib/reduce/reduce.c): one list of what reduces. */
 TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
 {
-    if ((unsigned)op >= TUTTI_REDOP_COUNT || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
-        return 0;
-    const int bitwise = op == TUTTI_BAND || op == TUTTI_BOR || op == TUTTI_BXOR;
-    const int is_float = dtype == TUTTI_FP16 || dtype == TUTTI_BF16 || dtype == TUTTI_FP32 ||
-                         dtype == TUTTI_FP64;
-    return !(bitwise && is_float);
+    return tt_reduce_supported(dtype, op);
 }
 
 /* Names compare case-insensitively ("FP32", "Float"). */

@@ -526,6 +526,12 @@ static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_i
     return tt_k1[dtype][*op_idx_p] ? 0 : -1;
 }
 
+int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op)
+{
+    unsigned o;
+    return tt_reduce_index(dtype, op, &o) == 0;
+}
+
 void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op)
 {
     unsigned o;

@@ -18,6 +18,10 @@ void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tu
 void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
                 tutti_redop_t op);
 
+/* 1 if dtype x op has a kernel (every op for the integer dtypes; the bitwise ops for no
+ * float dtype), 0 if not or either is out of range: tutti_redop_supported. */
+int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op);
+
 /* buf[i] /= nranks (after an AVG computed as SUM). */
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks);
 
