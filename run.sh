@@ -55,12 +55,13 @@ test)
     install_deps python3-torch libtorch-dev pybind11-dev g++
     tools/dev/format.sh --check # the tree follows .clang-format
     build build
-    meson test -C build --print-errorlogs
+    # 4 at a time: only the suites that mostly wait run side by side (tests/meson.build)
+    meson test -C build --print-errorlogs --num-processes 4
     # Sanitizers: the same suite, with the big cases shrunk (TT_TEST_QUICK) for time.
     build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dpeers=disabled -Dtorch=disabled
     TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        meson test -C build-asan --print-errorlogs --timeout-multiplier 3
+        meson test -C build-asan --print-errorlogs --timeout-multiplier 3 --num-processes 4
     # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds (tcp only:
     # gcc's TSan refuses the shm transport's fences); only that suite is built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \

@@ -760,6 +760,8 @@ TH_EACH_TEST(async_other_collectives, 2, 4, rank_new_async, NULL, 30000)
 void collectives_others_add(Suite *s)
 {
     th_add_case(s, "others_matrix", matrix, 5 * (int)ARRAY_SIZE(sets), 120);
-    th_add_case(s, "others_hier", hier_hosts, (int)ARRAY_SIZE(hier_maps), 120);
+    /* tagged "hosts" as test_collectives.c's hier case (their own transports) */
+    tcase_set_tags(th_add_case(s, "others_hier", hier_hosts, (int)ARRAY_SIZE(hier_maps), 120),
+                   "hosts");
     th_add_tests(s, "others_async", 90, (const TTest *const[]){ async_other_collectives, NULL });
 }

@@ -53,12 +53,13 @@ void th_sleep_ms(int ms)
         ;
 }
 
-void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s)
+TCase *th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s)
 {
     TCase *tc = tcase_create(name);
     tcase_set_timeout(tc, timeout_s);
     tcase_add_loop_test(tc, t, 0, loops);
     suite_add_tcase(s, tc);
+    return tc;
 }
 
 void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests)

@@ -74,8 +74,8 @@ void th_rmtree(const char *dir);
 void th_sleep_ms(int ms);
 
 /* A test case of its own (so CK_RUN_CASE=name runs just it), looped loops times with
- * _i = 0..loops-1, under a timeout of timeout_s seconds. */
-void th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
+ * _i = 0..loops-1, under a timeout of timeout_s seconds; returned for tcase_set_tags. */
+TCase *th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
 
 /* A test case named name (so CK_RUN_CASE=name runs just it) holding the tests of the
  * NULL-terminated list, under a timeout of timeout_s seconds each. */
