@@ -439,10 +439,10 @@ static const set_t sets[4] = {
       "alltoall:pairwise",
       { "ring", "ring", "ring", "linear", "linear", "pairwise" },
       4099 },
-    { "tree/linear/linear/tree/linear/bruck",
-      "reduce:tree;allgather:linear;reduce_scatter:linear;gather:tree;scatter:linear;"
+    { "linear/linear/linear/tree/linear/bruck",
+      "reduce:linear;allgather:linear;reduce_scatter:linear;gather:tree;scatter:linear;"
       "alltoall:bruck",
-      { "tree", "linear", "linear", "tree", "linear", "bruck" },
+      { "linear", "linear", "linear", "tree", "linear", "bruck" },
       0 },
     { "ring/rd/ring/linear/tree/linear",
       "reduce:ring;allgather:rd;reduce_scatter:ring;gather:linear;scatter:tree;"

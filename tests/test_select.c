@@ -73,6 +73,8 @@ START_TEST(public_algo_list)
     ck_assert_str_eq(tutti_algo_name("allgather", 3), "hier");
     ck_assert_str_eq(tutti_algo_name("reduce_scatter", 3), "hier");
     ck_assert_ptr_null(tutti_algo_name("reduce_scatter", 4));
+    ck_assert_str_eq(tutti_algo_name("reduce", 2), "linear");
+    ck_assert_ptr_null(tutti_algo_name("reduce", 3));
 }
 END_TEST
 
@@ -80,7 +82,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 30);
+    ck_assert_uint_eq(n, 31);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -170,7 +172,7 @@ START_TEST(bad_strings)
     static const struct {
         const char *spec, *needle;
     } cases[] = {
-        { "reduce:linear", "expected one of: tree, ring" },
+        { "reduce:pairwise", "expected one of: tree, ring, linear" },
         { "gather:rd", "expected one of: linear, tree" },
         { "alltoall:", "expected an algorithm for alltoall" },
         { "reduce_scatter:pairwise,ring", "never chosen" },
@@ -264,6 +266,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_GATHER, "tree", 0 },
         { TT_COLL_REDUCE, "tree", 0 },
         { TT_COLL_REDUCE, "ring", 0 },
+        { TT_COLL_REDUCE, "linear", 0 },
         { TT_COLL_BARRIER, "dissemination", 0 },
         { TT_COLL_BARRIER, "tree", 0 },
         { TT_COLL_BARRIER, "linear", 0 },

@@ -59,21 +59,58 @@ typedef enum tutti_redop {
     TUTTI_BAND,
     TUTTI_BOR,
     TUTTI_BXOR,
-    TUTTI_REDOP_COUNT
+    TUTTI_REDOP_COUNT,
+    /* ops the caller defines (tutti_redop_create) take values from here to
+     * TUTTI_REDOP_USER_LAST */
+    TUTTI_REDOP_USER_FIRST = 128,
+    TUTTI_REDOP_USER_LAST = 255
 } tutti_redop_t;
 
 /* Size in bytes of one element of dtype, 0 for an invalid dtype. */
 size_t tutti_dtype_size(tutti_dtype_t dtype);
 /* "f32", "bf16" ...; "?" for an invalid dtype. */
 const char *tutti_dtype_name(tutti_dtype_t dtype);
-/* "sum", "avg" ...; "?" for an invalid op. */
+/* "sum", "avg" ...; a defined op's name ("user128" unless given one); "?" for an
+ * invalid op. */
 const char *tutti_redop_name(tutti_redop_t op);
 /* Parse names as printed above (also "float", "int", "half", "double" ...). */
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
 int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
 /* 1 if collectives reduce dtype with op (every op reduces the integer dtypes; BAND,
- * BOR and BXOR no float dtype), 0 if not or either is out of range. */
+ * BOR and BXOR no float dtype; a defined op, below, every dtype), 0 if not or either is
+ * out of range (or op is not defined). */
 int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
+
+/* A reduction the caller defines (MPI_Op_create, Gloo's custom reduce function):
+ * dst[i] = a[i] op b[i] for i < count, elements of dtype, where a holds the lower ranks'
+ * part (for an op that does not commute). dst may be a or b; a and b never overlap
+ * otherwise. Buffers may be unaligned (memcpy the elements in and out, or reduce a
+ * dtype of 1 byte). The function runs on whichever thread drives the collective (the
+ * caller's, or the communicator's executor for async calls), for any slice of the
+ * vector (a whole number of elements), and must not call tutti. It must be
+ * associative: the algorithms group the operands as they go. A structure of 2, 4 or 8
+ * bytes reduces as one element of an integer dtype of that size (a value and its index,
+ * for an argmax). */
+typedef void (*tutti_redop_fn)(void *dst, const void *a, const void *b, size_t count,
+                               tutti_dtype_t dtype, void *ctx);
+#define TUTTI_REDOP_COMMUTATIVE 1 /* flags: the op commutes (a op b == b op a) */
+/* Defines an op: *op_p takes a value in [TUTTI_REDOP_USER_FIRST, TUTTI_REDOP_USER_LAST]
+ * (the lowest free), good for every collective that reduces (allreduce, reduce,
+ * reduce_scatter(v), their async forms, tutti_allreduce_coalesced) with any dtype.
+ * Every rank of a call must pass the same value (define ops in the same order
+ * everywhere, as with MPI); ranks that disagree fail the call as for any other op.
+ * Without TUTTI_REDOP_COMMUTATIVE, the result is x0 op x1 op ... op x(n-1) in rank
+ * order: the call then runs an algorithm that keeps that order (linear, through rank 0
+ * or the root) whatever the model or TUTTI_ALGO would pick; with it, any algorithm.
+ * name (may be NULL; up to 31 bytes kept) is what messages call the op. Thread-safe.
+ * TUTTI_ERR_INVALID_ARG for a NULL op_p or fn or unknown flags, TUTTI_ERR_NOMEM when
+ * every value is taken. */
+int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *ctx, unsigned flags,
+                       const char *name);
+/* Frees a defined op's value for a later tutti_redop_create. Only once no call that
+ * uses it is still running (waited on); later calls with it fail with
+ * TUTTI_ERR_INVALID_ARG. TUTTI_ERR_INVALID_ARG if op is not a defined op. */
+int tutti_redop_free(tutti_redop_t op);
 
 typedef struct tutti_comm tutti_comm_t;
 typedef struct tutti_work tutti_work_t;

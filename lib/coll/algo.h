@@ -62,6 +62,7 @@ int tt_barrier_linear(tt_op_t *op); /* every rank to rank 0 and back */
 /* issue 3: the other collectives */
 int tt_reduce_tree(tt_op_t *op);         /* binomial tree to the root */
 int tt_reduce_ring(tt_op_t *op);         /* ring reduce-scatter, then gather to root */
+int tt_reduce_linear(tt_op_t *op);       /* every rank to the root; rank order */
 int tt_allgather_ring(tt_op_t *op);      /* any layout (allgatherv too) */
 int tt_allgather_rd(tt_op_t *op);        /* recursive doubling; any rank count */
 int tt_reduce_scatter_ring(tt_op_t *op); /* any layout */

@@ -400,9 +400,9 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     if ((unsigned)c->dtype >= TUTTI_DTYPE_COUNT)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", c->name,
                                  (int)c->dtype);
-    if (has_redop && (unsigned)c->redop >= TUTTI_REDOP_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d", c->name,
-                                 (int)c->redop);
+    if (has_redop && !tt_redop_valid(c->redop))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
+                                 (int)c->redop, tt_redop_invalid_hint(c->redop));
     if (has_redop && !tutti_redop_supported(c->redop, c->dtype))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: op %s reduces integer dtypes only, not %s", c->name,

@@ -44,6 +44,9 @@
  *                    that may be off its CPU); 256 MiB 83-89 ms, 112-123, 124-142
  * reduce     tree    L (a + n b + n g)
  *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
+ *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
+ *                    reduces in rank order: an op that does not commute takes it);
+ *                    crowded, as the linear allreduce's with p - 1 messages
  * allgather  ring    (p-1)(a + n/p b)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
@@ -449,6 +452,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return L * (a + n * b + n * g);
         if (!strcmp(algo, "ring"))
             return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g;
+        if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
+            return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) + (p - 1) * n * (root_copy_b(c) + g);
         break;
     case TT_COLL_ALLGATHER:
         if (!strcmp(algo, "ring"))

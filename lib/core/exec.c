@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "reduce/reduce.h"
 #include "coll/coll.h"
 #include "core/agree.h"
 #include "core/comm.h"
@@ -107,6 +108,12 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
             comm->sel_cache[op->coll].algo = algo;
         }
     }
+    /* an op that does not commute keeps rank order: the linear algorithms reduce x0, x1,
+     * ... in turn (allreduce and reduce_scatter through rank 0, reduce at the root),
+     * whatever the model or an override picked; every rank knows the op (it is in the
+     * envelope's fingerprint), so every rank picks the same */
+    if (algo && !empty && !tt_redop_commutes(op->redop))
+        algo = tt_algo_find(op->coll, "linear");
     if (!algo) {
         snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective", comm->rank,
                  tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",

@@ -1022,8 +1022,10 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
 {
     size_t *bytes;
     int *idx;
-    if ((unsigned)op >= TUTTI_REDOP_COUNT)
-        return TUTTI_ERR_INVALID_ARG;
+    if (comm && !tt_redop_valid(op))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "allreduce_coalesced: invalid op %d%s", (int)op,
+                                 tt_redop_invalid_hint(op));
     TT_CHECK(coal_check(comm, bufs, counts, dtypes, n, &bytes, &idx));
     int st = TUTTI_OK;
     /* refused before any tensor is reduced, not when its dtype's turn comes */

@@ -529,12 +529,28 @@ static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_i
 int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op)
 {
     unsigned o;
+    if (tt_userop(op))
+        return (unsigned)dtype < TUTTI_DTYPE_COUNT;
     return tt_reduce_index(dtype, op, &o) == 0;
+}
+
+/* A defined op: its function (a value not defined, as any unknown op, does nothing:
+ * every entry point refused it first) */
+static void tt_reduce_user(void *dst, const void *a, const void *b, size_t count,
+                           tutti_dtype_t dtype, tutti_redop_t op)
+{
+    const tt_userop_t *u = tt_userop(op);
+    if (u)
+        u->fn(dst, a, b, count, dtype, u->ctx);
 }
 
 void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op)
 {
     unsigned o;
+    if (count && (unsigned)op >= TUTTI_REDOP_USER_FIRST) {
+        tt_reduce_user(dst, dst, src, count, dtype, op);
+        return;
+    }
     if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)
         return;
     if (dst == src)
@@ -547,6 +563,10 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
                 tutti_redop_t op)
 {
     unsigned o;
+    if (count && (unsigned)op >= TUTTI_REDOP_USER_FIRST) {
+        tt_reduce_user(dst, a, b, count, dtype, op);
+        return;
+    }
     if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)
         return;
     const tt_reduce_isa_t *isa = tt_reduce_isa();

@@ -14,13 +14,34 @@
  * not overlap unless equal. */
 void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op);
 
-/* dst[i] = a[i] op b[i]; dst may equal a or b. */
+/* dst[i] = a[i] op b[i]; dst may equal a or b. A defined op's function is called with
+ * (dst, a, b); tt_reduce's with (dst, dst, src). */
 void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
                 tutti_redop_t op);
 
 /* 1 if dtype x op has a kernel (every op for the integer dtypes; the bitwise ops for no
  * float dtype), 0 if not or either is out of range: tutti_redop_supported. */
 int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op);
+
+/* An op the caller defined (userop.c). */
+typedef struct tt_userop {
+    tutti_redop_fn fn;
+    void *ctx;
+    unsigned flags; /* TUTTI_REDOP_COMMUTATIVE */
+    char name[32];
+} tt_userop_t;
+
+/* The defined op of value op, or NULL (a built-in op, or a value not defined now). */
+const tt_userop_t *tt_userop(tutti_redop_t op);
+
+/* 1 for a built-in op or one defined now, else 0; for an invalid op, what a message
+ * adds after its value ("" or why a defined op's value is not one now). */
+int tt_redop_valid(tutti_redop_t op);
+const char *tt_redop_invalid_hint(tutti_redop_t op);
+
+/* 0 for a defined op made without TUTTI_REDOP_COMMUTATIVE (its operands must stay in
+ * rank order: lib/core/exec.c picks an algorithm that keeps it), else 1. */
+int tt_redop_commutes(tutti_redop_t op);
 
 /* buf[i] /= nranks (after an AVG computed as SUM). */
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks);

@@ -206,6 +206,91 @@ def movements(comm, kind="int64"):
     return [f"{b} ({kind})" for b in bad]
 
 
+def user_inputs(rank, n=N):
+    """Rank r's uint64 elements for the defined ops."""
+    return np.random.default_rng(3000 + rank).integers(0, 1 << 63, n, dtype=np.uint64)
+
+
+def plus_times(a, b, out):
+    """a + b + a b (mod 2^64): (a + 1)(b + 1) - 1, associative and commutative."""
+    np.add(np.add(a, b), np.multiply(a, b), out=out)
+
+
+def matmul16(a, b, out):
+    """Each uint64 a 2x2 matrix of 16-bit entries; out = a @ b mod 2^16: associative,
+    not commutative."""
+    x = a.view(np.uint16).reshape(-1, 4).astype(np.uint32)
+    y = b.view(np.uint16).reshape(-1, 4).astype(np.uint32)
+    m = np.stack([x[:, 0] * y[:, 0] + x[:, 1] * y[:, 2], x[:, 0] * y[:, 1] + x[:, 1] * y[:, 3],
+                  x[:, 2] * y[:, 0] + x[:, 3] * y[:, 2], x[:, 2] * y[:, 1] + x[:, 3] * y[:, 3]],
+                 1)
+    out[:] = (m & 0xFFFF).astype(np.uint16).reshape(-1).view(np.uint64)
+
+
+def user_ops(comm):
+    """tutti.Op: a commutative op and one that is not (rank order), through allreduce
+    (async too), reduce to every root, reduce_scatter and allreduce_coalesced, against
+    the ranks' inputs folded in rank order here; an exception in the function raised by
+    the call; a freed op refused."""
+    import tutti.fuse
+    bad, size, rank = [], comm.size, comm.rank
+    with np.errstate(over="ignore"):
+        for fn, commutative in ((plus_times, True), (matmul16, False)):
+            with tutti.Op(fn, commutative=commutative) as op:
+                want = user_inputs(0)
+                for r in range(1, size):
+                    fn(want.copy(), user_inputs(r), want)
+                a = user_inputs(rank)
+                comm.allreduce(a, op=op)
+                out = np.zeros(N, np.uint64)
+                comm.allreduce(user_inputs(rank), out, op=op, async_op=True).wait()
+                got = [("allreduce", a, want), ("allreduce async", out, want)]
+                for root in range(size):
+                    red = np.zeros(N, np.uint64)
+                    comm.reduce(user_inputs(rank), red if rank == root else None, op=op,
+                                root=root)
+                    if rank == root:
+                        got.append((f"reduce to {root}", red, want))
+                rs = np.zeros(N // size, np.uint64)
+                comm.reduce_scatter(user_inputs(rank)[:N // size * size], rs, op=op)
+                blk = N // size
+                got.append(("reduce_scatter", rs, want[rank * blk:(rank + 1) * blk]))
+                c = user_inputs(rank)
+                tutti.fuse.allreduce_coalesced(comm, [c[:10], c[10:]], op=op)
+                got.append(("allreduce_coalesced", c, want))
+                bad += [f"{name} ({fn.__name__})" for name, g, w in got
+                        if not np.array_equal(g, w)]
+                comm.barrier()
+
+    def fails(a, b, out):
+        if comm.rank == 0:
+            raise ValueError("no reduction today")
+        matmul16(a, b, out)
+    op = tutti.Op(fails, commutative=False)  # linear: only rank 0 reduces
+    try:
+        comm.allreduce(user_inputs(rank), op=op)
+        if rank == 0 and size > 1:  # one rank reduces nothing
+            bad.append("the function's exception was not raised")
+    except ValueError as e:
+        if rank != 0 or "no reduction today" not in str(e):
+            bad.append(f"rank {rank} raised {e!r}")
+    op.free()
+    try:
+        comm.allreduce(user_inputs(rank), op=op)
+        bad.append("a freed op was not refused")
+    except tutti.InvalidArgError as e:
+        if "freed" not in str(e):
+            bad.append(f"freed op: {e}")
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_user_ops(size, transport):
+    assert run(user_ops, size, transport=transport) == [[]] * size
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_reductions(size, transport):

@@ -15,7 +15,8 @@ from ._buffer import Buffer, dtype_of
 from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
-__all__ = ["Store", "Communicator", "Work", "Error", "version", "ANY_SOURCE", "algorithms"]
+__all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE",
+           "algorithms"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -59,7 +60,11 @@ _FN_ASYNC = {n: getattr(_lib_, f"tutti_{n}_async") for n in _lib._COLLECTIVES}
 
 
 def _op(op):
-    """A reduce op by name ("sum", "avg" ... as the library parses them) or number."""
+    """A reduce op by name ("sum", "avg" ... as the library parses them), number or Op."""
+    if isinstance(op, Op):
+        if op.value is None:
+            raise InvalidArgError(f"tutti: op {op.name!r} was freed")
+        return op.value
     v = _OPS.get(op)
     if v is not None:
         return v
@@ -71,6 +76,83 @@ def _op(op):
                               "band, bor, bxor)")
     _OPS[op] = out.value
     return out.value
+
+
+try:
+    import numpy as _np
+except ImportError:  # Op's functions then get memoryviews
+    _np = None
+# NumPy dtypes and struct formats by tutti dtype name (bf16: its bits, as uint16)
+_NP_NAMES = {"i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "f16": "float16",
+             "bf16": "uint16", "f32": "float32", "f64": "float64", "i16": "int16",
+             "u16": "uint16", "u32": "uint32", "u64": "uint64"}
+_FMT = {"i8": "b", "u8": "B", "i32": "i", "i64": "q", "f16": "e", "bf16": "H", "f32": "f",
+        "f64": "d", "i16": "h", "u16": "H", "u32": "I", "u64": "Q"}
+
+
+class Op:
+    """A reduce op defined in Python (tutti_redop_create), for allreduce, reduce,
+    reduce_scatter(v) and allreduce_coalesced: fn(a, b, out) writes a op b into out,
+    element by element, where a holds the lower ranks' part (for an op that does not
+    commute) and out may be a or b. a, b and out are NumPy arrays of the call's dtype
+    (bf16 as its uint16 bits; memoryviews without NumPy) over a slice of the vector. fn
+    must be associative. commutative=False keeps rank order (x0 op x1 op ... op x(n-1)):
+    such a call runs a linear algorithm. Every rank must define its ops in the same
+    order. An exception in fn is raised by the call that used the op (by wait() for an
+    async one), after the call completed: the elements fn left are then undefined. Free
+    it with free() (or `with`, or when dropped) once no call uses it."""
+
+    def __init__(self, fn, commutative=True, name=None):
+        self.value, self._fn, self._error = None, fn, None
+        self.name = name or getattr(fn, "__name__", "op")
+        self._cb = _lib.REDOP_FN(self._call)  # the C side calls this while the op lives
+        v = ctypes.c_int()
+        st = _lib_.tutti_redop_create(ctypes.byref(v), self._cb, None,
+                                      1 if commutative else 0, self.name.encode()[:31])
+        if st < 0:
+            raise error_for(st, "tutti: Op: every op value is taken (free some)"
+                            if st == -5 else "tutti: Op: cannot define the op")
+        self.value = v.value
+
+    @staticmethod
+    def _view(ptr, count, dtype, name, writable):
+        nbytes = count * _lib_.tutti_dtype_size(dtype)
+        mem = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else bytearray()
+        if _np is None:
+            return memoryview(mem).cast("B").cast(_FMT[name])
+        arr = _np.frombuffer(mem, dtype=_NP_NAMES[name], count=count)
+        arr.flags.writeable = writable
+        return arr
+
+    def _call(self, dst, a, b, count, dtype, ctx):
+        try:
+            name = _lib_.tutti_dtype_name(dtype).decode()
+            out = self._view(dst, count, dtype, name, True)
+            fa = out if a == dst else self._view(a, count, dtype, name, False)
+            fb = out if b == dst else self._view(b, count, dtype, name, False)
+            self._fn(fa, fb, out)
+        except BaseException as e:  # noqa: B902 (raised later, by the call)
+            if self._error is None:
+                self._error = e
+
+    def _raise(self):
+        e, self._error = self._error, None
+        if e is not None:
+            raise e
+
+    def free(self):
+        if self.value is not None:
+            _lib_.tutti_redop_free(self.value)
+            self.value = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __del__(self):
+        self.free()
 
 
 def _same(a, b, what, sa, sb):
@@ -230,11 +312,11 @@ class Store(_Handle):
 class Work:
     """An operation in flight. It holds the buffers it uses until it completes."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source")
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op")
 
     def __init__(self, handle, bufs, comm):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
-        self._source = -1
+        self._source, self._op = -1, None
 
     def is_completed(self):
         """Whether the operation finished (successfully or not); never blocks."""
@@ -282,6 +364,9 @@ class Work:
         st, msg = self._status
         if st < 0:
             raise error_for(st, msg)
+        op, self._op = self._op, None
+        if op is not None:
+            op._raise()
         return True
 
     def exception(self):
@@ -375,18 +460,23 @@ class Communicator(_Handle):
 
     # ---- the calls: buffers in, the C function, errors out ----
 
-    def _run(self, name, bufs, args, async_op):
+    def _run(self, name, bufs, args, async_op, op=None):
         h = self._h or self._handle()
+        op = op if isinstance(op, Op) else None  # its function's exception, once done
         if not async_op:
             st = _FN[name](h, *args)  # the buffers are held until they go out of scope
             if st < 0:
                 raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
+            if op is not None:
+                op._raise()
             return None
         w = ctypes.c_void_p()
         st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
         if st < 0:
             raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
-        return Work(w, bufs, self)
+        work = Work(w, bufs, self)
+        work._op = op
+        return work
 
     @staticmethod
     def _pair(send, recv, dtype, what, carry=False):
@@ -413,7 +503,8 @@ class Communicator(_Handle):
             o, i, sp = self._pair(buf, out, dtype, "allreduce")
             self._expect(i, o.nbytes, "allreduce's input")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("allreduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op)
+        return self._run("allreduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op,
+                         op)
 
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""
@@ -429,11 +520,13 @@ class Communicator(_Handle):
             i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype)
             sp = _lib.IN_PLACE if self.rank == root else i.ptr
             rp = i.ptr if self.rank == root else None
-            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, _op(op), root), async_op)
+            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, _op(op), root), async_op,
+                             op)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
         self._expect(i, o.nbytes, "reduce's input")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op), root), async_op)
+        return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op), root), async_op,
+                         op)
 
     def allgather(self, buf, out, dtype=None, async_op=False):
         """Every rank's buf, in rank order, into every rank's out (size x buf)."""
@@ -453,13 +546,14 @@ class Communicator(_Handle):
         self._expect(i, o.nbytes * self.size, "reduce_scatter's input")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("reduce_scatter", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)),
-                         async_op)
+                         async_op, op)
 
     def reduce_scatterv(self, buf, out, counts, op="sum", dtype=None, async_op=False):
         o, i, sp = self._pair(buf, out, dtype, "reduce_scatterv")
         c = _sizes(counts, self.size, "counts")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, _op(op)), async_op)
+        return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, _op(op)), async_op,
+                         op)
 
     def _rooted(self, what, mine, mine_writes, roots, root, dtype, times=None):
         """Every rank's buffer (gather's input, scatter's output) and the root's other one

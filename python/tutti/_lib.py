@@ -136,6 +136,9 @@ _COLLECTIVES = {
     "recv": [_P, _P, _S, _I, _I, _U32],
 }
 
+# tutti_redop_fn: dst, a, b, count, dtype, ctx
+REDOP_FN = ctypes.CFUNCTYPE(None, _P, _P, _P, _S, _I, _P)
+
 _OTHERS = {
     "tutti_strerror": (ctypes.c_char_p, [_I]),
     "tutti_status_name": (ctypes.c_char_p, [_I]),
@@ -144,6 +147,9 @@ _OTHERS = {
     "tutti_redop_name": (ctypes.c_char_p, [_I]),
     "tutti_dtype_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
     "tutti_redop_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "tutti_redop_create": (_I, [ctypes.POINTER(_I), REDOP_FN, _P, ctypes.c_uint,
+                                ctypes.c_char_p]),
+    "tutti_redop_free": (_I, [_I]),
     "tutti_comm_opts_init": (_I, [ctypes.POINTER(CommOpts)]),
     "tutti_comm_init": (_I, [_WP, _P, _I, _I, ctypes.POINTER(CommOpts)]),
     "tutti_comm_init_env": (_I, [_WP, ctypes.POINTER(CommOpts)]),

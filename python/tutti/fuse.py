@@ -151,3 +151,5 @@ def allreduce_coalesced(comm, tensors, op="sum", cap_bytes=0):
     del keep
     if st < 0:
         raise error_for(st, comm.last_error)
+    if hasattr(op, "_raise"):  # a tutti.Op's function that raised
+        op._raise()
