@@ -152,7 +152,8 @@ class Op:
         self.free()
 
     def __del__(self):
-        self.free()
+        if getattr(self, "value", None) is not None and _lib_ is not None:
+            self.free()
 
 
 def _same(a, b, what, sa, sb):
