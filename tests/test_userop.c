@@ -131,7 +131,9 @@ START_TEST(create_and_free)
     ck_assert_int_eq(tutti_redop_free(op), TUTTI_OK);
     ck_assert_int_eq(tutti_redop_free(op), TUTTI_ERR_INVALID_ARG);
     ck_assert_int_eq(tutti_redop_supported(op, TUTTI_FP32), 0);
-    ck_assert_str_eq(tutti_redop_name(op), "?");
+    ck_assert_str_eq(tutti_redop_name(op), "user128"); /* its value, in messages */
+    ck_assert_str_eq(tutti_redop_name((tutti_redop_t)200), "user200");
+    ck_assert_str_eq(tutti_redop_name((tutti_redop_t)100), "?");
     ck_assert_int_eq(tutti_redop_free(TUTTI_SUM), TUTTI_ERR_INVALID_ARG);
     ck_assert_int_eq(tutti_redop_free((tutti_redop_t)TUTTI_REDOP_USER_LAST), TUTTI_ERR_INVALID_ARG);
     tutti_redop_t again;
@@ -226,17 +228,24 @@ static int run_op(int rank, int nranks, tutti_comm_t *comm, tutti_redop_t op, in
     if (check_elems(rank, nranks, which, what, in, 0, n))
         return 1;
 
-    for (int root = 0; root < nranks; root++) {
+    for (int k = 0; k < 2 * nranks; k++) {
+        const int root = k / 2, inplace = k % 2;
         snprintf(what, sizeof(what), "%s reduce to %d%s (%s)", tutti_redop_name(op), root,
-                 root == nranks - 1 ? " in place" : "", set);
+                 inplace ? " in place" : "", set);
         fill(which, rank, in, 0, n);
-        const int inplace = root == nranks - 1;
         st = tutti_reduce(comm, inplace && rank == root ? TUTTI_IN_PLACE : in,
                           inplace && rank == root ? in : out, n, TUTTI_UINT64, op, root);
         FAIL_IF(st != 0, "%s: %s", what, tutti_comm_last_error(comm));
         if (rank == root && check_elems(rank, nranks, which, what, inplace ? in : out, 0, n))
             return 1;
     }
+    /* nothing to reduce: no call of the function, no failure */
+    st = tutti_allreduce(comm, in, out, 0, TUTTI_UINT64, op);
+    FAIL_IF(st != 0, "%s allreduce of 0 elements: %s", tutti_redop_name(op),
+            tutti_comm_last_error(comm));
+    st = tutti_reduce(comm, in, out, 0, TUTTI_UINT64, op, nranks - 1);
+    FAIL_IF(st != 0, "%s reduce of 0 elements: %s", tutti_redop_name(op),
+            tutti_comm_last_error(comm));
 
     /* reduce_scatter: blocks of 257; reduce_scatterv: rank r's block r * 97 + 5 long */
     snprintf(what, sizeof(what), "%s reduce_scatter (%s)", tutti_redop_name(op), set);
@@ -305,13 +314,32 @@ static int rank_ops(int rank, int nranks, tutti_comm_t *unused, const char *dir,
     FAIL_IF(tutti_redop_create(&matmul, fn_matmul, &ctx_tag, 0, "matmul") != 0, "create");
     if (run_op(rank, nranks, comm, maxloc, 0, set) || run_op(rank, nranks, comm, matmul, 1, set))
         return 1;
+    /* freed while an async call that uses it is queued or running: the call still runs
+     * it, in rank order (a call holds its op until it completes) */
+    tutti_redop_t late;
+    FAIL_IF(tutti_redop_create(&late, fn_matmul, &ctx_tag, 0, "late") != 0, "create");
+    enum { LATE_N = 50000 };
+    uint64_t *late_in = malloc(LATE_N * 8), *late_out = malloc(LATE_N * 8);
+    FAIL_IF(!late_in || !late_out, "out of memory");
+    fill(1, rank, late_in, 0, LATE_N);
+    tutti_work_t *lw = NULL;
+    int st = tutti_allreduce_async(comm, late_in, late_out, LATE_N, TUTTI_UINT64, late, &lw);
+    FAIL_IF(st != 0, "async allreduce: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_redop_free(late) != 0, "free while in flight");
+    st = tutti_wait(lw, 30000);
+    FAIL_IF(st != 0, "async allreduce with an op freed under it: %s", tutti_work_error(lw));
+    tutti_work_free(lw);
+    if (check_elems(rank, nranks, 1, "allreduce with its op freed under it", late_out, 0, LATE_N))
+        return 1;
+    free(late_in);
+    free(late_out);
     FAIL_IF(nranks > 1 && atomic_load(&calls) == 0 && rank == 0, "no call of the functions");
     FAIL_IF(atomic_load(&bad_ctx) != 0, "%ld calls with another ctx or dtype",
             atomic_load(&bad_ctx));
     /* freed: refused at the call, on every rank */
     FAIL_IF(tutti_redop_free(matmul) != 0, "free");
     uint64_t x = 1;
-    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_UINT64, matmul);
+    st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_UINT64, matmul);
     FAIL_IF(st != TUTTI_ERR_INVALID_ARG, "allreduce with a freed op: %s", tutti_strerror(st));
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "not defined"), "message: %s",
             tutti_comm_last_error(comm));
@@ -354,7 +382,7 @@ static int rank_disagree(int rank, int nranks, tutti_comm_t *comm, const char *d
     FAIL_IF(st == TUTTI_OK, "ranks with different ops succeeded");
     const char *m = tutti_comm_last_error(comm);
     FAIL_IF(th_now_ms() - t0 > 10000, "took %.0f ms", th_now_ms() - t0);
-    FAIL_IF(!strstr(m, "maxloc") && !strstr(m, "matmul"), "message names neither op: %s", m);
+    FAIL_IF(!strstr(m, "maxloc") || !strstr(m, "matmul"), "message does not name both ops: %s", m);
     return 0;
 }
 

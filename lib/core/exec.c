@@ -141,6 +141,14 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
+    if (st == TUTTI_ERR_NOMEM) { /* an algorithm's scratch or requests (no message yet) */
+        snprintf(err, errlen,
+                 "rank %d: %s seq %llu (%s, %zu bytes): out of memory for the algorithm's "
+                 "buffers",
+                 comm->rank, tt_coll_name(op->coll), (unsigned long long)op->seq, algo->name,
+                 bytes);
+        return st;
+    }
     if (st < 0) {
         /* The p2p layer described the failure in last_error already. */
         pthread_mutex_lock(&comm->err_lock);
@@ -156,6 +164,10 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
 
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
 {
+    if (w->op.op_held > 0) { /* the defined op it was issued with (coll.c) */
+        tt_userop_release(w->op.redop);
+        w->op.op_held = 0;
+    }
     w->status = st;
     if (st < 0)
         snprintf(w->err, sizeof(w->err), "%s", err);
@@ -592,8 +604,11 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
 int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
-    if (!layout_heap && work_p)
+    if (!layout_heap && work_p) {
+        if (op->op_held > 0)
+            tt_userop_release(op->redop);
         return TUTTI_ERR_INTERNAL; /* an async op outlives its caller's stack */
+    }
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
     if (!work_p && !comm->q_head && !comm->executing) {
@@ -604,6 +619,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         o.seq = seq;
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, &o, user_redop, err, sizeof(err));
+        if (o.op_held > 0)
+            tt_userop_release(o.redop);
         if (layout_heap)
             free(layout);
         pthread_mutex_lock(&comm->q_lock);
@@ -623,6 +640,8 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         pthread_mutex_unlock(&comm->q_lock);
         if (layout_heap)
             free(layout);
+        if (op->op_held > 0)
+            tt_userop_release(op->redop);
         return TUTTI_ERR_NOMEM;
     }
     w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */

@@ -59,8 +59,8 @@ TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
 
 TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 {
-    const tt_userop_t *u = tt_userop(op);
-    return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : u ? u->name : "?";
+    const char *u = tt_userop_name(op);
+    return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : u ? u : "?";
 }
 
 /* What the kernel tables have (lib/reduce/reduce.c): one list of what reduces. */

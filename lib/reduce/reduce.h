@@ -31,8 +31,19 @@ typedef struct tt_userop {
     char name[32];
 } tt_userop_t;
 
-/* The defined op of value op, or NULL (a built-in op, or a value not defined now). */
+/* The defined op of value op, or NULL (a built-in op, or a value neither defined now
+ * nor held by a call in flight). */
 const tt_userop_t *tt_userop(tutti_redop_t op);
+
+/* A call's hold on its op from issue to completion (a defined op stays callable for
+ * it after tutti_redop_free, and its value is not made again while held): 1 held, 0 a
+ * built-in op (nothing to hold), -1 not defined now. Release once per hold of 1. */
+int tt_userop_hold(tutti_redop_t op);
+void tt_userop_release(tutti_redop_t op);
+
+/* A value in the user range: the op's name, or "user<value>" when it is not defined
+ * now; NULL outside that range. */
+const char *tt_userop_name(tutti_redop_t op);
 
 /* 1 for a built-in op or one defined now, else 0; for an invalid op, what a message
  * adds after its value ("" or why a defined op's value is not one now). */
