@@ -159,7 +159,8 @@ const char *tutti_fuse_last_error(const tutti_fuse_t *fuse);
 int tutti_broadcast_coalesced(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
                               const tutti_dtype_t *dtypes, int n, int root, size_t cap_bytes);
 
-/* Allreduce of every tensor in place, tensors of one dtype packed together. */
+/* Allreduce of every tensor in place, tensors of one dtype packed together; op is any
+ * op allreduce takes, defined ones included (tutti_redop_create). */
 int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
                               const tutti_dtype_t *dtypes, int n, tutti_redop_t op,
                               size_t cap_bytes);

@@ -90,7 +90,7 @@ int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
  * vector (a whole number of elements), and must not call tutti. It must be
  * associative: the algorithms group the operands as they go. A structure of 2, 4 or 8
  * bytes reduces as one element of an integer dtype of that size (a value and its index,
- * for an argmax). */
+ * for an argmax); a wider one cannot be reduced (slices may cut it). */
 typedef void (*tutti_redop_fn)(void *dst, const void *a, const void *b, size_t count,
                                tutti_dtype_t dtype, void *ctx);
 #define TUTTI_REDOP_COMMUTATIVE 1 /* flags: the op commutes (a op b == b op a) */
@@ -101,15 +101,18 @@ typedef void (*tutti_redop_fn)(void *dst, const void *a, const void *b, size_t c
  * everywhere, as with MPI); ranks that disagree fail the call as for any other op.
  * Without TUTTI_REDOP_COMMUTATIVE, the result is x0 op x1 op ... op x(n-1) in rank
  * order: the call then runs an algorithm that keeps that order (linear, through rank 0
- * or the root) whatever the model or TUTTI_ALGO would pick; with it, any algorithm.
+ * or the root, which holds n - 1 vectors of scratch) whatever the model or TUTTI_ALGO
+ * would pick (tutti_comm_algo_for does not know the op and names the model's pick);
+ * with it, any algorithm.
  * name (may be NULL; up to 31 bytes kept) is what messages call the op. Thread-safe.
  * TUTTI_ERR_INVALID_ARG for a NULL op_p or fn or unknown flags, TUTTI_ERR_NOMEM when
  * every value is taken. */
 int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *ctx, unsigned flags,
                        const char *name);
-/* Frees a defined op's value for a later tutti_redop_create. Only once no call that
- * uses it is still running (waited on); later calls with it fail with
- * TUTTI_ERR_INVALID_ARG. TUTTI_ERR_INVALID_ARG if op is not a defined op. */
+/* Frees a defined op: later calls with it fail with TUTTI_ERR_INVALID_ARG; calls
+ * already issued with it (async ones still queued) still run it, and its value is made
+ * again by tutti_redop_create only once they completed. TUTTI_ERR_INVALID_ARG if op is
+ * not a defined op. */
 int tutti_redop_free(tutti_redop_t op);
 
 typedef struct tutti_comm tutti_comm_t;

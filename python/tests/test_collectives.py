@@ -255,6 +255,11 @@ def user_ops(comm):
                 comm.reduce_scatter(user_inputs(rank)[:N // size * size], rs, op=op)
                 blk = N // size
                 got.append(("reduce_scatter", rs, want[rank * blk:(rank + 1) * blk]))
+                counts = [r + 2 for r in range(size)]
+                rv = np.zeros(counts[rank], np.uint64)
+                comm.reduce_scatterv(user_inputs(rank)[:sum(counts)], rv, counts, op=op)
+                lo = sum(counts[:rank])
+                got.append(("reduce_scatterv", rv, want[lo:lo + counts[rank]]))
                 c = user_inputs(rank)
                 tutti.fuse.allreduce_coalesced(comm, [c[:10], c[10:]], op=op)
                 got.append(("allreduce_coalesced", c, want))
@@ -262,18 +267,43 @@ def user_ops(comm):
                         if not np.array_equal(g, w)]
                 comm.barrier()
 
+    # fp16 reaches fn as float16 arrays
+    def halves(a, b, out):
+        assert a.dtype == np.float16 and out.dtype == np.float16, (a.dtype, out.dtype)
+        np.add(a, b, out=out)
+    with tutti.Op(halves, commutative=True) as op:
+        h = np.full(N, rank + 1, np.float16)
+        comm.allreduce(h, op=op)
+        if not np.array_equal(h, np.full(N, size * (size + 1) // 2, np.float16)):
+            bad.append(f"fp16 op: {h[:4]}")
+
+    # an exception in fn: raised by the call in flight (blocking, then through wait()),
+    # on the rank whose fn raised (linear: rank 0 reduces); not by a later call
+    raising = [True]
+
     def fails(a, b, out):
-        if comm.rank == 0:
+        if comm.rank == 0 and raising[0]:
             raise ValueError("no reduction today")
         matmul16(a, b, out)
-    op = tutti.Op(fails, commutative=False)  # linear: only rank 0 reduces
-    try:
-        comm.allreduce(user_inputs(rank), op=op)
-        if rank == 0 and size > 1:  # one rank reduces nothing
-            bad.append("the function's exception was not raised")
-    except ValueError as e:
-        if rank != 0 or "no reduction today" not in str(e):
-            bad.append(f"rank {rank} raised {e!r}")
+    op = tutti.Op(fails, commutative=False)
+    for how in ("blocking", "async"):
+        try:
+            if how == "async":
+                w = comm.allreduce(user_inputs(rank), op=op, async_op=True)
+                if rank == 0 and size > 1 and not isinstance(w.exception(), (ValueError,
+                                                                              type(None))):
+                    bad.append(f"exception(): {w.exception()!r}")
+                w.wait()
+            else:
+                comm.allreduce(user_inputs(rank), op=op)
+            if rank == 0 and size > 1:  # one rank reduces nothing
+                bad.append(f"the function's exception was not raised ({how})")
+        except ValueError as e:
+            if rank != 0 or "no reduction today" not in str(e):
+                bad.append(f"rank {rank} raised {e!r} ({how})")
+    raising[0] = False
+    a = user_inputs(rank)
+    comm.allreduce(a, op=op)  # raises nothing: the earlier exceptions were the earlier calls'
     op.free()
     try:
         comm.allreduce(user_inputs(rank), op=op)
@@ -285,10 +315,14 @@ def user_ops(comm):
     return bad
 
 
+@pytest.mark.parametrize("algo", [None, "allreduce:ring;reduce:tree;reduce_scatter:ring"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
-def test_user_ops(size, transport):
-    assert run(user_ops, size, transport=transport) == [[]] * size
+def test_user_ops(size, transport, algo):
+    """algo: the algorithms asked for (the non-commutative op must still come out in rank
+    order); None: the model's."""
+    opts = {"algo": algo} if algo else {}
+    assert run(user_ops, size, transport=transport, **opts) == [[]] * size
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

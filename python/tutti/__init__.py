@@ -86,57 +86,99 @@ except ImportError:  # Op's functions then get memoryviews
 _NP_NAMES = {"i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "f16": "float16",
              "bf16": "uint16", "f32": "float32", "f64": "float64", "i16": "int16",
              "u16": "uint16", "u32": "uint32", "u64": "uint64"}
-_FMT = {"i8": "b", "u8": "B", "i32": "i", "i64": "q", "f16": "e", "bf16": "H", "f32": "f",
+_FMT = {"i8": "b", "u8": "B", "i32": "i", "i64": "q", "f16": "H", "bf16": "H", "f32": "f",
         "f64": "d", "i16": "h", "u16": "H", "u32": "I", "u64": "Q"}
+_NOMEM = -2  # TUTTI_ERR_NOMEM
+
+
+class _OpState:
+    """What the library calls back into for an Op: not the Op itself, so that an Op
+    dropped is freed at once (no cycle through its callback). fn's exceptions are
+    numbered; a call notes the count when it is issued and, once complete, raises the
+    first one numbered after that (one that came while it was in flight)."""
+
+    __slots__ = ("fn", "errors", "count")
+
+    def __init__(self, fn):
+        self.fn, self.errors, self.count = fn, [], 0
+
+    def call(self, dst, a, b, count, dtype, ctx):
+        try:
+            name = _lib_.tutti_dtype_name(dtype).decode()
+            out = _op_view(dst, count, dtype, name, True)
+            fa = out if a == dst else _op_view(a, count, dtype, name, False)
+            fb = out if b == dst else _op_view(b, count, dtype, name, False)
+            self.fn(fa, fb, out)
+        except BaseException as e:  # noqa: B902 (raised by the call, once complete)
+            self.count += 1
+            self.errors.append((self.count, e))
+            del self.errors[:-16]
+
+    def since(self, mark):
+        for n, e in self.errors:
+            if n > mark:
+                return e
+        return None
+
+
+def _op_view(ptr, count, dtype, name, writable):
+    """count elements of dtype at ptr: a NumPy array (bf16 as its uint16 bits), or a
+    memoryview without NumPy (fp16 as its bits too: memoryview cannot cast to 'e')."""
+    nbytes = count * _lib_.tutti_dtype_size(dtype)
+    mem = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else bytearray()
+    if _np is None:
+        v = memoryview(mem).cast("B").cast(_FMT[name])
+        return v if writable else v.toreadonly()
+    arr = _np.frombuffer(mem, dtype=_NP_NAMES[name], count=count)
+    arr.flags.writeable = writable
+    return arr
 
 
 class Op:
     """A reduce op defined in Python (tutti_redop_create), for allreduce, reduce,
-    reduce_scatter(v) and allreduce_coalesced: fn(a, b, out) writes a op b into out,
-    element by element, where a holds the lower ranks' part (for an op that does not
-    commute) and out may be a or b. a, b and out are NumPy arrays of the call's dtype
-    (bf16 as its uint16 bits; memoryviews without NumPy) over a slice of the vector. fn
-    must be associative. commutative=False keeps rank order (x0 op x1 op ... op x(n-1)):
-    such a call runs a linear algorithm. Every rank must define its ops in the same
-    order. An exception in fn is raised by the call that used the op (by wait() for an
-    async one), after the call completed: the elements fn left are then undefined. Free
-    it with free() (or `with`, or when dropped) once no call uses it."""
+    reduce_scatter(v) and tutti.fuse.allreduce_coalesced: fn(a, b, out) writes a op b
+    into out, element by element, for a slice of the vector; out may be a or b itself.
+    a, b and out are NumPy arrays of the call's dtype (bf16 as its uint16 bits;
+    memoryviews without NumPy, fp16 there as its bits too). fn must be associative and
+    must not call tutti.
 
-    def __init__(self, fn, commutative=True, name=None):
-        self.value, self._fn, self._error = None, fn, None
+    commutative=False (the default, as mpi4py's): the result is x0 op x1 op ... op
+    x(n-1) in rank order, a holding the lower ranks' part; such a call runs a linear
+    algorithm (every vector through one rank). commutative=True: any algorithm, operands
+    in any order.
+
+    Every rank must define its ops in the same order (the values must match; ranks that
+    pass different ops fail the call). An exception in fn is raised, once the call
+    completed, by the call that was in flight when fn raised (its wait() for an async
+    one; several calls in flight with one op all raise it); only the rank whose fn
+    raised gets it, and the elements fn did not write are undefined on every rank. Free
+    it with free() (or `with`, or by dropping it); a call already issued with it still
+    runs it."""
+
+    def __init__(self, fn, commutative=False, name=None):
+        self.value = None
         self.name = name or getattr(fn, "__name__", "op")
-        self._cb = _lib.REDOP_FN(self._call)  # the C side calls this while the op lives
+        self._state = _OpState(fn)
+        self._cb = _lib.REDOP_FN(self._state.call)  # an issued call keeps its Op alive
+        cname = self.name.encode()[:31].decode("utf-8", "ignore").encode()
         v = ctypes.c_int()
-        st = _lib_.tutti_redop_create(ctypes.byref(v), self._cb, None,
-                                      1 if commutative else 0, self.name.encode()[:31])
+        for attempt in range(2):
+            st = _lib_.tutti_redop_create(ctypes.byref(v), self._cb, None,
+                                          1 if commutative else 0, cname)
+            if st != _NOMEM or attempt:
+                break
+            import gc  # Ops in reference cycles: let them free their values
+            gc.collect()
         if st < 0:
-            raise error_for(st, "tutti: Op: every op value is taken (free some)"
-                            if st == -5 else "tutti: Op: cannot define the op")
+            raise error_for(st, "tutti: Op: all 128 op values are taken (free some)"
+                            if st == _NOMEM else "tutti: Op: cannot define the op")
         self.value = v.value
 
-    @staticmethod
-    def _view(ptr, count, dtype, name, writable):
-        nbytes = count * _lib_.tutti_dtype_size(dtype)
-        mem = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else bytearray()
-        if _np is None:
-            return memoryview(mem).cast("B").cast(_FMT[name])
-        arr = _np.frombuffer(mem, dtype=_NP_NAMES[name], count=count)
-        arr.flags.writeable = writable
-        return arr
+    def _mark(self):
+        return self._state.count
 
-    def _call(self, dst, a, b, count, dtype, ctx):
-        try:
-            name = _lib_.tutti_dtype_name(dtype).decode()
-            out = self._view(dst, count, dtype, name, True)
-            fa = out if a == dst else self._view(a, count, dtype, name, False)
-            fb = out if b == dst else self._view(b, count, dtype, name, False)
-            self._fn(fa, fb, out)
-        except BaseException as e:  # noqa: B902 (raised later, by the call)
-            if self._error is None:
-                self._error = e
-
-    def _raise(self):
-        e, self._error = self._error, None
+    def _raise_since(self, mark):
+        e = self._state.since(mark)
         if e is not None:
             raise e
 
@@ -313,11 +355,11 @@ class Store(_Handle):
 class Work:
     """An operation in flight. It holds the buffers it uses until it completes."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op")
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op", "_mark")
 
     def __init__(self, handle, bufs, comm):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
-        self._source, self._op = -1, None
+        self._source, self._op, self._mark = -1, None, 0
 
     def is_completed(self):
         """Whether the operation finished (successfully or not); never blocks."""
@@ -365,9 +407,8 @@ class Work:
         st, msg = self._status
         if st < 0:
             raise error_for(st, msg)
-        op, self._op = self._op, None
-        if op is not None:
-            op._raise()
+        if self._op is not None:
+            self._op._raise_since(self._mark)
         return True
 
     def exception(self):
@@ -375,7 +416,9 @@ class Work:
         if not self.is_completed():
             return None
         st, msg = self._status
-        return error_for(st, msg) if st < 0 else None
+        if st < 0:
+            return error_for(st, msg)
+        return self._op._state.since(self._mark) if self._op is not None else None
 
     def __del__(self):
         # The library may still write the buffers: keep them until it is done.
@@ -464,19 +507,20 @@ class Communicator(_Handle):
     def _run(self, name, bufs, args, async_op, op=None):
         h = self._h or self._handle()
         op = op if isinstance(op, Op) else None  # its function's exception, once done
+        mark = op._mark() if op is not None else 0
         if not async_op:
             st = _FN[name](h, *args)  # the buffers are held until they go out of scope
             if st < 0:
                 raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
             if op is not None:
-                op._raise()
+                op._raise_since(mark)
             return None
         w = ctypes.c_void_p()
         st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
         if st < 0:
             raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
         work = Work(w, bufs, self)
-        work._op = op
+        work._op, work._mark = op, mark
         return work
 
     @staticmethod

@@ -146,10 +146,11 @@ def allreduce_coalesced(comm, tensors, op="sum", cap_bytes=0):
     """Every tensor allreduced in place, tensors of one dtype packed together."""
     from . import _op
     keep, ptrs, counts, dtypes, n = _coalesced(comm, tensors, "allreduce_coalesced")
+    mark = op._mark() if hasattr(op, "_mark") else 0  # a tutti.Op: its function's exception
     st = _lib_.tutti_allreduce_coalesced(comm._handle(), ptrs, counts, dtypes, n, _op(op),
                                          cap_bytes)
     del keep
     if st < 0:
         raise error_for(st, comm.last_error)
-    if hasattr(op, "_raise"):  # a tutti.Op's function that raised
-        op._raise()
+    if hasattr(op, "_mark"):
+        op._raise_since(mark)
