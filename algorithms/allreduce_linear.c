@@ -30,14 +30,11 @@ int tt_allreduce_linear(tt_op_t *op)
         return tt_p2p_wait_all(op, req, 2);
     }
 
-    unsigned char *tmp = tt_op_scratch(op, 0, (size_t)(n - 1) * bytes);
-    if (!tmp)
-        return TUTTI_ERR_NOMEM;
+    unsigned char *tmp;
     tt_reqs_t hold;
-    tt_req_t *req = tt_reqs_get(&hold, (size_t)(n - 1));
-    if (!req)
-        return TUTTI_ERR_NOMEM;
-    int rc = tt_linear_reduce_root(op, op->sendbuf, op->recvbuf, bytes, LIN_TAG_IN, tmp, req);
+    tt_req_t *req;
+    TT_CHECK(tt_linear_root_bufs(op, bytes, &tmp, &hold, &req));
+    int rc = tt_linear_reduce_root(op, 0, op->sendbuf, op->recvbuf, bytes, LIN_TAG_IN, tmp, req);
     for (int i = 1; i < n && rc == TUTTI_OK; i++)
         rc = tt_p2p_send(op, i, op->recvbuf, bytes, LIN_TAG_OUT, &req[i - 1]);
     if (rc == TUTTI_OK)

@@ -122,16 +122,33 @@ out:
     return st;
 }
 
-int tt_linear_reduce_root(tt_op_t *op, const void *in, void *acc, size_t bytes, uint32_t tag,
-                          unsigned char *tmp, tt_req_t *req)
+int tt_linear_reduce_root(tt_op_t *op, int root, const void *in, void *acc, size_t bytes,
+                          uint32_t tag, unsigned char *tmp, tt_req_t *req)
 {
     const int n = op->nranks;
-    for (int i = 1; i < n; i++)
-        TT_CHECK(tt_p2p_recv(op, i, tmp + (size_t)(i - 1) * bytes, bytes, tag, &req[i - 1]));
+#define LIN_SLOT(i) (tmp + (size_t)((i) < root ? (i) : (i)-1) * bytes)
+    for (int i = 0, k = 0; i < n; i++)
+        if (i != root)
+            TT_CHECK(tt_p2p_recv(op, i, LIN_SLOT(i), bytes, tag, &req[k++]));
     TT_CHECK(tt_p2p_wait_all(op, req, (size_t)(n - 1)));
-    for (int i = 1; i < n && bytes; i++, in = acc)
-        tt_reduce3(acc, in, tmp + (size_t)(i - 1) * bytes, op->count, op->dtype, op->redop);
+    const void *cur = root == 0 ? in : LIN_SLOT(0);
+    for (int i = 1; i < n && bytes; i++) {
+        void *dst = i < root ? LIN_SLOT(0) : acc;
+        tt_reduce3(dst, cur, i == root ? in : LIN_SLOT(i), op->count, op->dtype, op->redop);
+        cur = dst;
+    }
+#undef LIN_SLOT
     return TUTTI_OK;
+}
+
+int tt_linear_root_bufs(tt_op_t *op, size_t bytes, unsigned char **tmp, tt_reqs_t *hold,
+                        tt_req_t **req)
+{
+    *tmp = tt_op_scratch(op, 0, (size_t)(op->nranks - 1) * bytes);
+    if (!*tmp)
+        return TUTTI_ERR_NOMEM;
+    *req = tt_reqs_get(hold, (size_t)(op->nranks - 1));
+    return *req ? TUTTI_OK : TUTTI_ERR_NOMEM;
 }
 
 const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)

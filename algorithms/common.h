@@ -41,12 +41,20 @@ int tt_btree_contig(const tt_op_t *op, const size_t *cnt, const size_t *dsp, int
 /* The linear gather (to_root 1) or scatter (to_root 0) */
 int tt_linear_rooted(tt_op_t *op, int to_root);
 
-/* Rank 0 of the linear allreduce and reduce-scatter: receives every other rank's vector
- * of op->count elements (bytes long, tag) into tmp, rank i's at (i - 1) * bytes, waits for
- * them all, and reduces them in rank order into acc: in, then rank 1's, ... (acc may be
- * in). req: n - 1 requests. Nothing to reduce (bytes 0) still exchanges the envelopes. */
-int tt_linear_reduce_root(tt_op_t *op, const void *in, void *acc, size_t bytes, uint32_t tag,
-                          unsigned char *tmp, tt_req_t *req);
+/* The root of a linear allreduce, reduce-scatter (root 0) or reduce: receives every
+ * other rank's vector of op->count elements (bytes long, tag) into tmp, in rank order
+ * without the root's (rank i's at (i < root ? i : i - 1) * bytes), waits for them all,
+ * and reduces them in rank order into acc: rank 0's, rank 1's, ..., the root's own
+ * being in (acc may be in). Before the root's turn the partial result gathers in rank
+ * 0's slot, so an in-place root's input is read before anything lands on it. req: n - 1
+ * requests. Nothing to reduce (bytes 0) still exchanges the envelopes. */
+int tt_linear_reduce_root(tt_op_t *op, int root, const void *in, void *acc, size_t bytes,
+                          uint32_t tag, unsigned char *tmp, tt_req_t *req);
+
+/* A linear root's buffers: scratch 0 of n - 1 vectors of bytes (*tmp) and n - 1
+ * requests (*req, from hold: tt_reqs_put it). TUTTI_ERR_NOMEM, or 0. */
+int tt_linear_root_bufs(tt_op_t *op, size_t bytes, unsigned char **tmp, tt_reqs_t *hold,
+                        tt_req_t **req);
 
 /* Recursive doubling allreduce (allreduce_rd.c) of count elements among n ranks: grp[i]
  * is member i's rank (NULL: rank i), this rank is member r; from send (may equal recv)

@@ -49,7 +49,7 @@ int tt_reduce_scatter_linear(tt_op_t *op)
     tt_req_t *req = tt_reqs_get(&hold, (size_t)(n - 1));
     if (!req)
         return TUTTI_ERR_NOMEM;
-    int rc = tt_linear_reduce_root(op, in, acc, total, LIN_TAG_IN, tmp, req);
+    int rc = tt_linear_reduce_root(op, 0, in, acc, total, LIN_TAG_IN, tmp, req);
     for (int i = 1; i < n && rc == TUTTI_OK; i++)
         rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
     /* every input has been read: rank 0's block may overwrite its own input now */
