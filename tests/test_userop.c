@@ -45,35 +45,52 @@ static mat_t mat_mul(mat_t x, mat_t y)
 static int ctx_tag;                 /* what every op's ctx must point at */
 static _Atomic long calls, bad_ctx; /* this process's calls, and calls with another ctx */
 
-/* Both functions read and write through memcpy: buffers may be unaligned. */
-static void fn_maxloc(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
-                      void *ctx)
+/* Both ops as 8-byte words (a union reads the struct's bits) */
+typedef union {
+    uint64_t w;
+    loc_t loc;
+    mat_t mat;
+} word_t;
+
+static uint64_t word_maxloc(uint64_t x, uint64_t y)
+{
+    word_t a = { .w = x }, b = { .w = y }, r = { .loc = loc_pick(a.loc, b.loc) };
+    return r.w;
+}
+
+static uint64_t word_matmul(uint64_t x, uint64_t y)
+{
+    word_t a = { .w = x }, b = { .w = y }, r = { .mat = mat_mul(a.mat, b.mat) };
+    return r.w;
+}
+
+/* The functions the library calls: count, check ctx and dtype, and apply word to each
+ * element, through memcpy (buffers may be unaligned). */
+static void apply(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
+                  void *ctx, uint64_t (*word)(uint64_t, uint64_t))
 {
     atomic_fetch_add(&calls, 1);
     if (ctx != &ctx_tag || dtype != TUTTI_UINT64)
         atomic_fetch_add(&bad_ctx, 1);
     for (size_t i = 0; i < count; i++) {
-        loc_t x, y;
+        uint64_t x, y;
         memcpy(&x, (const char *)a + i * 8, 8);
         memcpy(&y, (const char *)b + i * 8, 8);
-        x = loc_pick(x, y);
+        x = word(x, y);
         memcpy((char *)dst + i * 8, &x, 8);
     }
+}
+
+static void fn_maxloc(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
+                      void *ctx)
+{
+    apply(dst, a, b, count, dtype, ctx, word_maxloc);
 }
 
 static void fn_matmul(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
                       void *ctx)
 {
-    atomic_fetch_add(&calls, 1);
-    if (ctx != &ctx_tag || dtype != TUTTI_UINT64)
-        atomic_fetch_add(&bad_ctx, 1);
-    for (size_t i = 0; i < count; i++) {
-        mat_t x, y;
-        memcpy(&x, (const char *)a + i * 8, 8);
-        memcpy(&y, (const char *)b + i * 8, 8);
-        x = mat_mul(x, y);
-        memcpy((char *)dst + i * 8, &x, 8);
-    }
+    apply(dst, a, b, count, dtype, ctx, word_matmul);
 }
 
 /* Rank r's element i: values in a small range (ties are common), indices unique. */
