@@ -403,6 +403,25 @@ static int rank_disagree(int rank, int nranks, tutti_comm_t *comm, const char *d
     return 0;
 }
 
+/* One value, defined commutative on rank 0 and not on the others: the call fails on every
+ * rank, the message saying which one runs in rank order. */
+static int rank_disagree_order(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    (void)nranks;
+    tutti_redop_t op;
+    FAIL_IF(tutti_redop_create(&op, fn_matmul, &ctx_tag, rank == 0 ? TUTTI_REDOP_COMMUTATIVE : 0,
+                               "matmul"),
+            "create");
+    uint64_t v[16] = { 0 };
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 16, TUTTI_UINT64, op);
+    FAIL_IF(st == TUTTI_OK, "ranks with the op commutative on one rank only succeeded");
+    const char *m = tutti_comm_last_error(comm);
+    FAIL_IF(!strstr(m, "matmul (in rank order)"), "message does not say which: %s", m);
+    return 0;
+}
+
 START_TEST(ranks_disagree)
 {
     tutti_comm_opts_t o;
@@ -413,6 +432,8 @@ START_TEST(ranks_disagree)
                        .timeout_ms = 60000,
                        .flags = TH_NO_KILL_ON_FAIL,
                        .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_disagree_order;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
 }
 END_TEST

@@ -60,7 +60,8 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
             ARG("count=%llu in all, ", count);
         ARG("%s", tutti_dtype_name(dtype));
         if (has_redop)
-            ARG(", %s", tutti_redop_name(redop));
+            ARG(", %s%s", tutti_redop_name(redop),
+                env[1] & TT_FP_ORDERED ? " (in rank order)" : "");
         if (has_root)
             ARG(", root=%d", root);
         if (is_v && mine && op) {

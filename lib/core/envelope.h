@@ -11,6 +11,10 @@
 /* Fingerprint bit set by the v-forms (gatherv, allgatherv ...), whose envelope count is
  * 0: tells them from an equal-block call with count 0 in messages. */
 #define TT_FP_V (1ull << 32)
+/* Fingerprint bit of a call with a defined op that does not commute (it runs in rank
+ * order): ranks that defined one value with and without TUTTI_REDOP_COMMUTATIVE differ
+ * here, and messages say which. */
+#define TT_FP_ORDERED (1ull << 33)
 
 /* coll | dtype | redop | (TT_FP_V) | root: what every rank of one call must agree on.
  * Inline: computed on every issue. */
