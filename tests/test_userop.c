@@ -140,6 +140,13 @@ START_TEST(create_and_free)
     ck_assert_int_eq(tutti_redop_create(&op2, fn_matmul, NULL, 0, NULL), TUTTI_OK);
     ck_assert_int_eq(op2, TUTTI_REDOP_USER_FIRST + 1);
     ck_assert_str_eq(tutti_redop_name(op2), "user129");
+    /* a name cut at 31 bytes loses the whole of a character it would split */
+    tutti_redop_t op3;
+    ck_assert_int_eq(tutti_redop_create(&op3, fn_matmul, NULL, 0,
+                                        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\xc3\xa9z"),
+                     TUTTI_OK);
+    ck_assert_str_eq(tutti_redop_name(op3), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    ck_assert_int_eq(tutti_redop_free(op3), TUTTI_OK);
     /* any dtype, none out of range */
     ck_assert_int_eq(tutti_redop_supported(op, TUTTI_FP32), 1);
     ck_assert_int_eq(tutti_redop_supported(op, TUTTI_UINT64), 1);
@@ -343,6 +350,7 @@ static int rank_ops(int rank, int nranks, tutti_comm_t *unused, const char *dir,
     int st = tutti_allreduce_async(comm, late_in, late_out, LATE_N, TUTTI_UINT64, late, &lw);
     FAIL_IF(st != 0, "async allreduce: %s", tutti_comm_last_error(comm));
     FAIL_IF(tutti_redop_free(late) != 0, "free while in flight");
+    FAIL_IF(tutti_redop_supported(late, TUTTI_UINT64), "a freed op is still supported");
     st = tutti_wait(lw, 30000);
     FAIL_IF(st != 0, "async allreduce with an op freed under it: %s", tutti_work_error(lw));
     tutti_work_free(lw);

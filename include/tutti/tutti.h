@@ -70,8 +70,8 @@ typedef enum tutti_redop {
 size_t tutti_dtype_size(tutti_dtype_t dtype);
 /* "f32", "bf16" ...; "?" for an invalid dtype. */
 const char *tutti_dtype_name(tutti_dtype_t dtype);
-/* "sum", "avg" ...; a defined op's name ("user128" unless given one); "?" for an
- * invalid op. */
+/* "sum", "avg" ...; a defined op's name ("user128" unless given one), "user<N>" for a
+ * value of the defined ops' range not defined now; "?" for any other value. */
 const char *tutti_redop_name(tutti_redop_t op);
 /* Parse names as printed above (also "float", "int", "half", "double" ...). */
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
@@ -106,7 +106,7 @@ typedef void (*tutti_redop_fn)(void *dst, const void *a, const void *b, size_t c
  * with it, any algorithm.
  * name (may be NULL; up to 31 bytes kept) is what messages call the op. Thread-safe.
  * TUTTI_ERR_INVALID_ARG for a NULL op_p or fn or unknown flags, TUTTI_ERR_NOMEM when
- * every value is taken. */
+ * every value is taken (by ops defined now, or freed ones that calls in flight hold). */
 int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *ctx, unsigned flags,
                        const char *name);
 /* Frees a defined op: later calls with it fail with TUTTI_ERR_INVALID_ARG; calls

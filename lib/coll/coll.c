@@ -443,9 +443,6 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
             free(layout);
         return st;
     }
-    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
-                    (c->is_v ? TT_FP_V : 0) |
-                    (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
     /* a defined op stays callable for this call even if freed before it runs */
     if (has_redop && (o.op_held = tt_userop_hold(c->redop)) < 0) {
         if (heap)
@@ -453,6 +450,9 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
     }
+    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
+                    (c->is_v ? TT_FP_V : 0) |
+                    (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
     return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
                          async ? work_p : NULL);
 }

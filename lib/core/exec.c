@@ -127,6 +127,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
     /* first, the earlier rooted calls' agreement checks that came in (a poll) */
+    int algo_nomem = 0;
     st = comm->agree_count ? tt_agree_settle(op, 0) : TUTTI_OK;
     /* then the batch of confirms, unless this op joins it (agree.c) */
     if (st == TUTTI_OK && comm->confirm.n)
@@ -138,10 +139,11 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         st = algo->run(op);
         if (held)
             sched_setaffinity(0, sizeof(saved), &saved);
+        algo_nomem = st == TUTTI_ERR_NOMEM;
     }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
-    if (st == TUTTI_ERR_NOMEM) { /* an algorithm's scratch or requests (no message yet) */
+    if (algo_nomem) { /* the algorithm's scratch or requests: nothing recorded it */
         snprintf(err, errlen,
                  "rank %d: %s seq %llu (%s, %zu bytes): out of memory for the algorithm's "
                  "buffers",

@@ -529,8 +529,8 @@ static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_i
 int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op)
 {
     unsigned o;
-    if (tt_userop(op))
-        return (unsigned)dtype < TUTTI_DTYPE_COUNT;
+    if ((unsigned)op >= TUTTI_REDOP_USER_FIRST) /* defined now (not freed) */
+        return tt_redop_valid(op) && (unsigned)dtype < TUTTI_DTYPE_COUNT;
     return tt_reduce_index(dtype, op, &o) == 0;
 }
 

@@ -124,8 +124,8 @@ TT_EXPORT int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *c
             /* cut on a character boundary: no UTF-8 sequence left half */
             size_t len = strlen(u->name);
             if (len == sizeof(u->name) - 1 && strlen(name) > len) {
-                while (len > 0 && ((unsigned char)u->name[len] & 0xc0) == 0x80)
-                    len--;
+                while (len > 0 && ((unsigned char)name[len] & 0xc0) == 0x80)
+                    len--; /* name[len], the first byte dropped, continues a character */
                 u->name[len] = '\0';
             }
         } else

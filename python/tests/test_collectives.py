@@ -1,5 +1,7 @@
 """Every collective x dtype x op on 2, 3 and 4 ranks, against NumPy references computed
 here from every rank's inputs (which each rank can rebuild: they depend on the rank)."""
+import time
+
 import numpy as np
 import pytest
 
@@ -304,6 +306,23 @@ def user_ops(comm):
     raising[0] = False
     a = user_inputs(rank)
     comm.allreduce(a, op=op)  # raises nothing: the earlier exceptions were the earlier calls'
+    # a call that completed before fn raised in a later one: its wait() raises nothing
+    w = comm.allreduce(user_inputs(rank), op=op, async_op=True)
+    deadline = time.monotonic() + 20
+    while not w.is_completed() and time.monotonic() < deadline:  # its fn is done
+        time.sleep(0.001)
+    raising[0] = True
+    try:
+        comm.allreduce(user_inputs(rank), op=op)  # runs after w's call (one queue)
+    except ValueError:
+        pass
+    raising[0] = False
+    try:
+        w.wait()
+        if w.exception() is not None:
+            bad.append(f"exception() of an earlier call: {w.exception()!r}")
+    except ValueError as e:
+        bad.append(f"wait() of an earlier call raised a later call's {e!r}")
     op.free()
     try:
         comm.allreduce(user_inputs(rank), op=op)

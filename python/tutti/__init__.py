@@ -114,9 +114,10 @@ class _OpState:
             self.errors.append((self.count, e))
             del self.errors[:-16]
 
-    def since(self, mark):
+    def since(self, mark, end=None):
+        """The first exception numbered after mark (and up to end)."""
         for n, e in self.errors:
-            if n > mark:
+            if n > mark and (end is None or n <= end):
                 return e
         return None
 
@@ -177,8 +178,8 @@ class Op:
     def _mark(self):
         return self._state.count
 
-    def _raise_since(self, mark):
-        e = self._state.since(mark)
+    def _raise_since(self, mark, end=None):
+        e = self._state.since(mark, end)
         if e is not None:
             raise e
 
@@ -355,11 +356,12 @@ class Store(_Handle):
 class Work:
     """An operation in flight. It holds the buffers it uses until it completes."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op", "_mark")
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op", "_mark", "_end",
+                 "_done_cb")
 
     def __init__(self, handle, bufs, comm):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
-        self._source, self._op, self._mark = -1, None, 0
+        self._source, self._op, self._mark, self._end, self._done_cb = -1, None, 0, None, None
 
     def is_completed(self):
         """Whether the operation finished (successfully or not); never blocks."""
@@ -408,7 +410,7 @@ class Work:
         if st < 0:
             raise error_for(st, msg)
         if self._op is not None:
-            self._op._raise_since(self._mark)
+            self._op._raise_since(self._mark, self._end[0])
         return True
 
     def exception(self):
@@ -418,7 +420,7 @@ class Work:
         st, msg = self._status
         if st < 0:
             return error_for(st, msg)
-        return self._op._state.since(self._mark) if self._op is not None else None
+        return self._op._state.since(self._mark, self._end[0]) if self._op is not None else None
 
     def __del__(self):
         # The library may still write the buffers: keep them until it is done.
@@ -520,7 +522,16 @@ class Communicator(_Handle):
         if st < 0:
             raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
         work = Work(w, bufs, self)
-        work._op, work._mark = op, mark
+        if op is not None:
+            # the op's error count when the call completes (from the thread that completes
+            # it): fn's exceptions after that are later calls'
+            state, end = op._state, [None]
+
+            def done(arg, status):
+                end[0] = state.count
+            work._op, work._mark, work._end = op, mark, end
+            work._done_cb = _lib.DONE_FN(done)  # kept with the Work, which outlives the call
+            _lib_.tutti_work_on_done(w, work._done_cb, None)
         return work
 
     @staticmethod

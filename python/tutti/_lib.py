@@ -138,6 +138,8 @@ _COLLECTIVES = {
 
 # tutti_redop_fn: dst, a, b, count, dtype, ctx
 REDOP_FN = ctypes.CFUNCTYPE(None, _P, _P, _P, _S, _I, _P)
+# tutti_work_on_done's fn: arg, status
+DONE_FN = ctypes.CFUNCTYPE(None, _P, _I)
 
 _OTHERS = {
     "tutti_strerror": (ctypes.c_char_p, [_I]),
@@ -150,6 +152,7 @@ _OTHERS = {
     "tutti_redop_create": (_I, [ctypes.POINTER(_I), REDOP_FN, _P, ctypes.c_uint,
                                 ctypes.c_char_p]),
     "tutti_redop_free": (_I, [_I]),
+    "tutti_work_on_done": (_I, [_P, DONE_FN, _P]),
     "tutti_comm_opts_init": (_I, [ctypes.POINTER(CommOpts)]),
     "tutti_comm_init": (_I, [_WP, _P, _I, _I, ctypes.POINTER(CommOpts)]),
     "tutti_comm_init_env": (_I, [_WP, ctypes.POINTER(CommOpts)]),
