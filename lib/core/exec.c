@@ -110,9 +110,9 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     /* an op that does not commute keeps rank order: the linear algorithms reduce x0, x1,
      * ... in turn (allreduce and reduce_scatter through rank 0, reduce at the root),
-     * whatever the model or an override picked; every rank knows the op (it is in the
-     * envelope's fingerprint), so every rank picks the same */
-    if (algo && !empty && !tt_redop_commutes(op->redop))
+     * whatever the model or an override picked; coll.c marked it in the fingerprint,
+     * which every rank of the call must share, so every rank picks the same */
+    if (algo && !empty && (op->fingerprint & TT_FP_ORDERED))
         algo = tt_algo_find(op->coll, "linear");
     if (!algo) {
         snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective", comm->rank,
@@ -166,7 +166,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
 
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
 {
-    if (w->op.op_held > 0) { /* the defined op it was issued with (coll.c) */
+    if (w->op.op_held) { /* the defined op it was issued with (coll.c) */
         tt_userop_release(w->op.redop);
         w->op.op_held = 0;
     }
@@ -607,7 +607,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
                   int layout_heap, tutti_work_t **work_p)
 {
     if (!layout_heap && work_p) {
-        if (op->op_held > 0)
+        if (op->op_held)
             tt_userop_release(op->redop);
         return TUTTI_ERR_INTERNAL; /* an async op outlives its caller's stack */
     }
@@ -621,7 +621,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         o.seq = seq;
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, &o, user_redop, err, sizeof(err));
-        if (o.op_held > 0)
+        if (o.op_held)
             tt_userop_release(o.redop);
         if (layout_heap)
             free(layout);
@@ -642,7 +642,7 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
         pthread_mutex_unlock(&comm->q_lock);
         if (layout_heap)
             free(layout);
-        if (op->op_held > 0)
+        if (op->op_held)
             tt_userop_release(op->redop);
         return TUTTI_ERR_NOMEM;
     }

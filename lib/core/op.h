@@ -48,8 +48,8 @@ typedef struct tt_op {
     size_t elem_size;
     tutti_dtype_t dtype;
     tutti_redop_t redop; /* the reduction to apply (AVG arrives here as SUM) */
-    int op_held;         /* a defined redop held for this call (tt_userop_hold): exec.c
-                            releases it when the call completes */
+    int op_held;         /* 1: a defined redop held for this call (tt_userop_hold);
+                            exec.c releases it when the call completes */
     int root;
     /* Per-rank layouts, in elements, nranks entries each (never NULL for the
      * collectives below; the library fills them for the equal-block forms):

@@ -59,8 +59,10 @@ TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
 
 TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 {
+    if ((unsigned)op < TUTTI_REDOP_COUNT)
+        return tt_redop_names[op];
     const char *u = tt_userop_name(op);
-    return (unsigned)op < TUTTI_REDOP_COUNT ? tt_redop_names[op] : u ? u : "?";
+    return u ? u : "?";
 }
 
 /* What the kernel tables have (lib/reduce/reduce.c): one list of what reduces. */

@@ -51,7 +51,8 @@ int tt_redop_valid(tutti_redop_t op);
 const char *tt_redop_invalid_hint(tutti_redop_t op);
 
 /* 0 for a defined op made without TUTTI_REDOP_COMMUTATIVE (its operands must stay in
- * rank order: lib/core/exec.c picks an algorithm that keeps it), else 1. */
+ * rank order: lib/coll/coll.c marks the call's fingerprint TT_FP_ORDERED, and
+ * lib/core/exec.c then runs an algorithm that keeps it), else 1. */
 int tt_redop_commutes(tutti_redop_t op);
 
 /* buf[i] /= nranks (after an AVG computed as SUM). */

@@ -92,9 +92,7 @@ const char *tt_userop_name(tutti_redop_t op)
 
 const char *tt_redop_invalid_hint(tutti_redop_t op)
 {
-    return (unsigned)op >= TUTTI_REDOP_USER_FIRST && (unsigned)op <= TUTTI_REDOP_USER_LAST
-               ? " (not defined, or freed: tutti_redop_create)"
-               : "";
+    return tt_userop_slot(op) >= 0 ? " (not defined, or freed: tutti_redop_create)" : "";
 }
 
 int tt_redop_commutes(tutti_redop_t op)
@@ -141,11 +139,11 @@ TT_EXPORT int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *c
 
 TT_EXPORT int tutti_redop_free(tutti_redop_t op)
 {
+    const int i = tt_userop_slot(op);
     int st = TUTTI_ERR_INVALID_ARG;
     pthread_mutex_lock(&tt_userops_lock);
-    if (tt_redop_valid(op) && (unsigned)op >= TUTTI_REDOP_USER_FIRST) {
-        atomic_store_explicit(&tt_userops[(unsigned)op - TUTTI_REDOP_USER_FIRST].live, 0,
-                              memory_order_release);
+    if (i >= 0 && atomic_load_explicit(&tt_userops[i].live, memory_order_relaxed)) {
+        atomic_store_explicit(&tt_userops[i].live, 0, memory_order_release);
         st = TUTTI_OK;
     }
     pthread_mutex_unlock(&tt_userops_lock);

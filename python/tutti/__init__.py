@@ -11,7 +11,7 @@ import ctypes
 import weakref
 
 from . import _lib
-from ._buffer import Buffer, dtype_of
+from ._buffer import _DTYPE_NAMES, _SIZES, Buffer, dtype_of
 from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
@@ -104,10 +104,9 @@ class _OpState:
 
     def call(self, dst, a, b, count, dtype, ctx):
         try:
-            name = _lib_.tutti_dtype_name(dtype).decode()
-            out = _op_view(dst, count, dtype, name, True)
-            fa = out if a == dst else _op_view(a, count, dtype, name, False)
-            fb = out if b == dst else _op_view(b, count, dtype, name, False)
+            out = _op_view(dst, count, dtype, True)
+            fa = out if a == dst else _op_view(a, count, dtype, False)
+            fb = out if b == dst else _op_view(b, count, dtype, False)
             self.fn(fa, fb, out)
         except BaseException as e:  # noqa: B902 (raised by the call, once complete)
             self.count += 1
@@ -122,10 +121,11 @@ class _OpState:
         return None
 
 
-def _op_view(ptr, count, dtype, name, writable):
+def _op_view(ptr, count, dtype, writable):
     """count elements of dtype at ptr: a NumPy array (bf16 as its uint16 bits), or a
     memoryview without NumPy (fp16 as its bits too: memoryview cannot cast to 'e')."""
-    nbytes = count * _lib_.tutti_dtype_size(dtype)
+    name = _DTYPE_NAMES[dtype]  # the library's tables, read once (_buffer.py)
+    nbytes = count * _SIZES[dtype]
     mem = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else bytearray()
     if _np is None:
         v = memoryview(mem).cast("B").cast(_FMT[name])
