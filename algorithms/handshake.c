@@ -10,7 +10,8 @@
 #include "core/agree.h"
 #include "core/fault.h"
 
-/* Rooted collectives end with a handshake with the root, so that every rank of a
+/* Rooted collectives (and scan, whose last rank is its root here) end with a handshake
+ * with the root, so that every rank of a
  * mismatched call fails, not only those whose messages revealed it: non-roots of a
  * reduce or gather only send (eagerly: done before anyone looked), and a scatter's or
  * broadcast's root only sends. The root's release (an empty message to every non-root,
@@ -99,4 +100,14 @@ int tt_post_release(tt_op_t *op)
     if (op->comm->opts.agree_lag > 0)
         return release_later(op);
     return root_handshake(op, 0);
+}
+
+/* scan, exscan: the release comes from the last rank, whose result (in either
+ * algorithm) waited on every other rank's messages; rank 0 of the linear chain, and a
+ * rank whose last exchange in the doubling matched, would otherwise return from a
+ * mismatched call. */
+int tt_post_release_last(tt_op_t *op)
+{
+    op->root = op->nranks - 1;
+    return tt_post_release(op);
 }

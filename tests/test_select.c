@@ -24,8 +24,8 @@ static const char *pick(const tt_algo_override_t *ovr, tt_coll_t coll, size_t by
 
 START_TEST(names)
 {
-    static const char *const names[] = { "reduce", "allgather", "reduce_scatter",
-                                         "gather", "scatter",   "alltoall" };
+    static const char *const names[] = { "reduce",  "allgather", "reduce_scatter", "gather",
+                                         "scatter", "alltoall",  "scan",           "exscan" };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         tt_coll_t c = tt_coll_parse(names[i]);
         ck_assert_int_ne(c, TT_COLL_NONE);
@@ -82,7 +82,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 31);
+    ck_assert_uint_eq(n, 35);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -270,6 +270,10 @@ START_TEST(single_copy_hints)
         { TT_COLL_BARRIER, "dissemination", 0 },
         { TT_COLL_BARRIER, "tree", 0 },
         { TT_COLL_BARRIER, "linear", 0 },
+        { TT_COLL_SCAN, "linear", 1 },
+        { TT_COLL_SCAN, "rd", 0 },
+        { TT_COLL_EXSCAN, "linear", 1 },
+        { TT_COLL_EXSCAN, "rd", 0 },
     };
     /* clang-format on */
     size_t n = 0;
@@ -544,6 +548,26 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1 << 20, 4), "pairwise");
     /* 2 ranks: rd's one round */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
+
+    /* scan and exscan, 4 ranks over tcp: rd 2a + 2 n b + 3 n g; linear (3 + c - 1)(a +
+     * min(n, chunk)(b + g)), chunks of 256 KiB below 4 MiB: one chunk, 3a + 3 n (b + g),
+     * never beats rd; c chunks of 256 KiB, (c + 2)(a + 152.9 us) against 2a + 327.7 c us:
+     * linear from c = 2 (512 KiB: 651.6 against 675.4), rd at 600000 B (c = 3: 814.5
+     * against 770) and linear again at 768 KiB (814.5 against 1003) */
+    for (int cl = TT_COLL_SCAN; cl <= TT_COLL_EXSCAN; cl++) {
+        /* + a: the last rank's release, waited for in the call (agree_lag 0 here) */
+        ck_assert(fabs(tt_cost_estimate(&tcp, cl, "rd", 1000, 4, 0) -
+                       (3 * ta + 2000 * tb + 3000 * tg)) < 1e-9);
+        ck_assert(fabs(tt_cost_estimate(&tcp, cl, "linear", 1000, 4, 0) -
+                       (ta + 3 * (ta + 1000 * (tb + tg)))) < 1e-9);
+        ck_assert_str_eq(pick_c(&tcp, cl, 4, 4), "rd");
+        ck_assert_str_eq(pick_c(&tcp, cl, 256 << 10, 4), "rd");
+        ck_assert_str_eq(pick_c(&tcp, cl, 512 << 10, 4), "linear");
+        ck_assert_str_eq(pick_c(&tcp, cl, 600000, 4), "rd");
+        ck_assert_str_eq(pick_c(&tcp, cl, 768 << 10, 4), "linear");
+        ck_assert_str_eq(pick_c(&tcp, cl, 64 << 20, 8), "linear");
+        ck_assert_str_eq(pick_c(&tcp, cl, 4, 8), "rd");
+    }
 
     /* NULL cost is the tcp table */
     ck_assert_str_eq(pick(NULL, TT_COLL_ALLREDUCE, 239000, 2), "rd");

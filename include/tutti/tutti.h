@@ -96,13 +96,14 @@ typedef void (*tutti_redop_fn)(void *dst, const void *a, const void *b, size_t c
 #define TUTTI_REDOP_COMMUTATIVE 1 /* flags: the op commutes (a op b == b op a) */
 /* Defines an op: *op_p takes a value in [TUTTI_REDOP_USER_FIRST, TUTTI_REDOP_USER_LAST]
  * (the lowest free), good for every collective that reduces (allreduce, reduce,
- * reduce_scatter(v), their async forms, tutti_allreduce_coalesced) with any dtype.
+ * reduce_scatter(v), scan, exscan, their async forms, tutti_allreduce_coalesced) with
+ * any dtype.
  * Every rank of a call must pass the same value (define ops in the same order
  * everywhere, as with MPI); ranks that disagree fail the call as for any other op.
  * Without TUTTI_REDOP_COMMUTATIVE, the result is x0 op x1 op ... op x(n-1) in rank
  * order: the call then runs an algorithm that keeps that order (linear, through rank 0
- * or the root, which holds n - 1 vectors of scratch) whatever the model or TUTTI_ALGO
- * would pick (tutti_comm_algo_for does not know the op and names the model's pick);
+ * or the root, which holds n - 1 vectors of scratch; scan and exscan keep it in every
+ * algorithm) whatever the model or TUTTI_ALGO would pick (tutti_comm_algo_for does not know the op and names the model's pick);
  * with it, any algorithm.
  * name (may be NULL; up to 31 bytes kept) is what messages call the op. Thread-safe.
  * TUTTI_ERR_INVALID_ARG for a NULL op_p or fn or unknown flags, TUTTI_ERR_NOMEM when
@@ -341,6 +342,20 @@ int tutti_reduce_scatterv(tutti_comm_t *comm, const void *sendbuf, void *recvbuf
 int tutti_reduce_scatterv_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
                                 const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op,
                                 tutti_work_t **work_p);
+
+/* Prefix reductions (MPI_Scan, MPI_Exscan): rank i's recvbuf gets the reduction of
+ * ranks 0..i's sendbufs (scan) or of ranks 0..i-1's (exscan; rank 0's recvbuf is not
+ * written), count elements, always in rank order (x0 op x1 op ...: an op that does not
+ * commute needs no other algorithm). In place: sendbuf TUTTI_IN_PLACE (or == recvbuf).
+ * TUTTI_AVG divides by the number of ranks reduced (i + 1, or i). */
+int tutti_scan(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+               tutti_dtype_t dtype, tutti_redop_t op);
+int tutti_scan_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                     tutti_dtype_t dtype, tutti_redop_t op, tutti_work_t **work_p);
+int tutti_exscan(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 tutti_dtype_t dtype, tutti_redop_t op);
+int tutti_exscan_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tutti_dtype_t dtype, tutti_redop_t op, tutti_work_t **work_p);
 
 /* Every rank's sendcount elements into the root's recvbuf, in rank order. In place at
  * the root: sendbuf TUTTI_IN_PLACE, its block already in recvbuf. */

@@ -83,6 +83,9 @@ int tt_allgather_hier(tt_op_t *op);        /* across hosts by column, then withi
 int tt_reduce_scatter_hier(tt_op_t *op);   /* within hosts, then across by column */
 int tt_allgather_linear(tt_op_t *op);      /* every block to rank 0, all of them back */
 int tt_reduce_scatter_linear(tt_op_t *op); /* every input to rank 0, a block back to each */
+/* scan and exscan (op->coll says which) */
+int tt_scan_linear(tt_op_t *op); /* a pipelined chain 0 -> 1 -> ... in rank order */
+int tt_scan_rd(tt_op_t *op);     /* recursive doubling: ceil(log2 p) exchanges */
 
 /* For hier (lib/coll/hosts.c): the communicator's host map, rank -> host index (NULL:
  * not known), and its cost model. */
@@ -92,13 +95,14 @@ const tt_cost_t *tt_op_cost(const tt_op_t *op);
 /* The descriptor table's steps (lib/coll/coll.h), never selected: one rank's copies
  * (algorithms/local.c), and the rooted collectives' closing handshake
  * (algorithms/handshake.c). */
-int tt_local_copy(tt_op_t *op);   /* allreduce, broadcast, reduce */
+int tt_local_copy(tt_op_t *op);   /* allreduce, broadcast, reduce, scan */
 int tt_local_gather(tt_op_t *op); /* allgather, gather */
 int tt_local_reduce_scatter(tt_op_t *op);
 int tt_local_scatter(tt_op_t *op);
 int tt_local_alltoall(tt_op_t *op);
-int tt_local_none(tt_op_t *op);           /* barrier */
+int tt_local_none(tt_op_t *op);           /* barrier, exscan */
 int tt_post_confirm_release(tt_op_t *op); /* broadcast, scatter */
 int tt_post_release(tt_op_t *op);         /* reduce, gather */
+int tt_post_release_last(tt_op_t *op);    /* scan, exscan: the last rank releases */
 
 #endif /* TT_ALGO_H */

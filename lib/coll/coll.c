@@ -1,4 +1,4 @@
-/* The public entry points of the twelve collectives and of point-to-point: one
+/* The public entry points of the fourteen collectives and of point-to-point: one
  * descriptor table (a row per collective: its arguments, how its op is laid out, its
  * one-rank, post and AVG steps) and one argument checker every collective goes
  * through. Layout arrays (counts and displacements per rank) are copied into one
@@ -124,6 +124,7 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
  * that their calls' descriptors stay in registers. */
 #define TT_HOT static inline __attribute__((always_inline))
 
+/* allreduce, scan and exscan */
 TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
@@ -364,6 +365,15 @@ static void avg_own_block(tt_op_t *op)
     tt_reduce_avg_finish(op->recvbuf, op->recvcounts[op->rank], op->dtype, op->nranks);
 }
 
+/* scan: the mean of ranks 0..rank; exscan: of ranks 0..rank-1 (rank 0: none, its
+ * recvbuf is not written) */
+static void avg_prefix(tt_op_t *op)
+{
+    const int k = op->rank + (op->coll == TT_COLL_SCAN);
+    if (k > 1)
+        tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, k);
+}
+
 /* ---- the table ---- */
 
 const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
@@ -381,6 +391,10 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
     [TT_COLL_SCATTER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0, tt_local_scatter,
                           tt_post_confirm_release, NULL, 0 },
     [TT_COLL_ALLTOALL] = { TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall, NULL, NULL, 0 },
+    [TT_COLL_SCAN] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, tt_post_release_last,
+                       avg_prefix, 0, 1 },
+    [TT_COLL_EXSCAN] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_none, tt_post_release_last,
+                         avg_prefix, 0, 1 },
 };
 
 /* ---- the one checker ---- */
@@ -628,6 +642,26 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
                           const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                           const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p)
 ASYNC(A2AV_ARGS("alltoallv_async"))
+
+#define SCAN_ARGS(nm, cl)                                                               \
+    .name = nm, .coll = cl, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,     \
+    .dtype = dtype, .redop = op
+
+int tutti_scan(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+               tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(SCAN_ARGS("scan", TT_COLL_SCAN))
+
+int tutti_scan_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                     tutti_dtype_t dtype, tutti_redop_t op, tutti_work_t **work_p)
+ASYNC(SCAN_ARGS("scan_async", TT_COLL_SCAN))
+
+int tutti_exscan(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                 tutti_dtype_t dtype, tutti_redop_t op)
+SYNC(SCAN_ARGS("exscan", TT_COLL_EXSCAN))
+
+int tutti_exscan_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       tutti_dtype_t dtype, tutti_redop_t op, tutti_work_t **work_p)
+ASYNC(SCAN_ARGS("exscan_async", TT_COLL_EXSCAN))
 
 /* ---- point to point ---- */
 

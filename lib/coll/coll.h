@@ -33,6 +33,9 @@ typedef struct tt_coll_desc {
      * neighbours on one CPU cannot overlap (4 ranks over tcp: 2-4x slower held at
      * 256 KiB-1 MiB); alltoall was mixed (shm 4 MiB 1.16x slower, tcp 4 MiB 0.73x). */
     int hold;
+    /* every algorithm reduces in rank order (scan, exscan): an op that does not commute
+     * runs whichever was picked; elsewhere exec.c runs the linear one for it */
+    int in_order;
 } tt_coll_desc_t;
 
 /* Indexed by tt_coll_t; the entry of TT_COLL_NONE is empty. */

@@ -103,6 +103,13 @@
  *                    and pairwise's 44-83; 64 KiB 87-100 against the ring's 58-81. Over shm,
  *                    crowded, level with pairwise (6.4-9.0 against 7.0-9.9, and once 7.3
  *                    against 5.9): its rounds keep pairwise's one there
+ * scan and exscan    linear  (p - 1 + c - 1)(a + min(n, chunk)(b + g))   (a chain in
+ *                    rank order in c chunks: each rank reduces its input into the prefix
+ *                    it got and passes it on)
+ *            rd      L a + L n b + (2 L - 1) n g   (MPICH's recursive doubling: a block
+ *                    from below reduces into the result and the rank's block, the last
+ *                    round's into the result only); crowded, both count their latency
+ *                    as the barrier's, with (p - 1) c and p L messages
  * barrier    dissemination: L a; tree (binomial fan-in to rank 0 and back out): 2 L a;
  *            linear (every rank to rank 0 and back): 2 a + 2 (p - 2) a/4 (rank 0's
  *            messages after the first cost their overhead only, as gather's).
@@ -126,7 +133,8 @@
  *            the measured 3.5-7.7). The trees let
  *            rank 0 out first, so a broadcast from it that follows starts at once.
  * Rooted collectives end with a handshake with the root (algorithms/handshake.c): with
- * TUTTI_AGREE_LAG=0, + a for reduce and gather (the root's release), + 2 a for broadcast
+ * TUTTI_AGREE_LAG=0, + a for reduce, gather and the scans (the root's release; a scan's
+ * root is its last rank), + 2 a for broadcast
  * and scatter (confirm, release); by default it is checked later, off the call's path.
  * The same for every algorithm of a collective, so it never changes a choice; it counts
  * where latencies are compared across collectives (tt_comm_pack_below).
@@ -459,6 +467,16 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) + (p - 1) * n * (b + g);
         break;
+    case TT_COLL_SCAN:
+    case TT_COLL_EXSCAN:
+        if (!strcmp(algo, "linear")) { /* a chain of p - 1 links, chunks pipelined */
+            double steps = p - 1 + chunks - 1;
+            return latency(c, p, steps, (p - 1) * chunks, 0) +
+                   steps * TT_MIN(n, (double)(chunk ? chunk : bytes)) * (b + g);
+        }
+        if (!strcmp(algo, "rd"))
+            return latency(c, p, L, (double)p * L, 0) + L * n * b + (2 * L - 1) * n * g;
+        break;
     case TT_COLL_ALLGATHER:
         if (!strcmp(algo, "ring"))
             return latency(c, p, p - 1, (double)p * (p - 1), 0) + fr * n * b;
@@ -530,10 +548,10 @@ double tt_cost_estimate(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     if (p <= 1)
         return 0;
     /* waited for in the call only (agree_lag 0); else it overlaps the calls after */
-    double handshake = c->agree_lag > 0                                       ? 0
-                       : coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER     ? 1
-                       : coll == TT_COLL_BROADCAST || coll == TT_COLL_SCATTER ? 2
-                                                                              : 0;
+    const int release = coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER || coll == TT_COLL_SCAN ||
+                        coll == TT_COLL_EXSCAN;
+    const int both = coll == TT_COLL_BROADCAST || coll == TT_COLL_SCATTER;
+    double handshake = c->agree_lag > 0 ? 0 : release ? 1 : both ? 2 : 0;
     return algo_cost(c, coll, algo, bytes, p, chunk) + handshake * c->alpha_us;
 }
 

@@ -22,7 +22,8 @@ static const char *const tt_coll_names[TT_COLL_COUNT_] = {
     [TT_COLL_BARRIER] = "barrier",     [TT_COLL_REDUCE] = "reduce",
     [TT_COLL_ALLGATHER] = "allgather", [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
     [TT_COLL_GATHER] = "gather",       [TT_COLL_SCATTER] = "scatter",
-    [TT_COLL_ALLTOALL] = "alltoall",
+    [TT_COLL_ALLTOALL] = "alltoall",   [TT_COLL_SCAN] = "scan",
+    [TT_COLL_EXSCAN] = "exscan",
 };
 
 const char *tt_coll_name(tt_coll_t coll)

@@ -43,7 +43,8 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
         return;
     }
     int has_redop = coll == TT_COLL_ALLREDUCE || coll == TT_COLL_REDUCE ||
-                    coll == TT_COLL_REDUCE_SCATTER;
+                    coll == TT_COLL_REDUCE_SCATTER || coll == TT_COLL_SCAN ||
+                    coll == TT_COLL_EXSCAN;
     int has_root = coll == TT_COLL_BROADCAST || coll == TT_COLL_REDUCE || coll == TT_COLL_GATHER ||
                    coll == TT_COLL_SCATTER;
     char args[160] = "";

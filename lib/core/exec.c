@@ -110,9 +110,10 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     /* an op that does not commute keeps rank order: the linear algorithms reduce x0, x1,
      * ... in turn (allreduce and reduce_scatter through rank 0, reduce at the root),
-     * whatever the model or an override picked; coll.c marked it in the fingerprint,
-     * which every rank of the call must share, so every rank picks the same */
-    if (algo && !empty && (op->fingerprint & TT_FP_ORDERED))
+     * whatever the model or an override picked (scan's algorithms all keep it); coll.c
+     * marked it in the fingerprint, which every rank of the call must share, so every
+     * rank picks the same */
+    if (algo && !empty && (op->fingerprint & TT_FP_ORDERED) && !desc->in_order)
         algo = tt_algo_find(op->coll, "linear");
     if (!algo) {
         snprintf(err, errlen, "rank %d: %s seq %llu: no algorithm for this collective", comm->rank,

@@ -29,6 +29,8 @@ typedef enum tt_coll {
     TT_COLL_GATHER,         /* also gatherv */
     TT_COLL_SCATTER,        /* also scatterv */
     TT_COLL_ALLTOALL,       /* also alltoallv */
+    TT_COLL_SCAN,           /* inclusive prefix reduction (MPI_Scan) */
+    TT_COLL_EXSCAN,         /* exclusive prefix reduction (MPI_Exscan) */
     TT_COLL_COUNT_,
     /* tutti_send/tutti_recv: no algorithms, so outside the table's range (exec.c) */
     TT_COLL_P2P = 64
@@ -62,7 +64,7 @@ typedef struct tt_op {
      *   gather(v):         recvcounts/rdispls at the root; count = this rank's input
      *   scatter(v):        sendcounts/sdispls at the root; count = this rank's output
      *   alltoall(v):       sendcounts/sdispls, recvcounts/rdispls
-     * `count` is: reduce: elements; allgather/reduce_scatter: the total (sum of
+     * `count` is: reduce, scan, exscan: elements; allgather/reduce_scatter: the total (sum of
      * recvcounts); gather/scatter: this rank's own block; alltoall: sum of sendcounts.
      * Layout arrays may differ between ranks only where MPI allows it (gatherv's
      * recvcounts matter at the root only, and so on). */
