@@ -4,7 +4,8 @@
  * into the result and into this rank's block as the first operand, a block from above
  * into the block as the second, so every reduction keeps rank order. ceil(log2 p)
  * rounds of the whole vector, with up to two reductions a round: the choice for small
- * vectors.
+ * vectors where ranks have CPUs of their own (cost.c). The last round's blocks go up
+ * only: nothing after it needs the upper rank's.
  *
  * Exscan's result at rank i is the reduction of ranks 0..i-1, first written by the
  * first block from below (rank 0 has none: its recvbuf is not written). Scan's is that
@@ -42,12 +43,18 @@ int tt_scan_rd(tt_op_t *op)
         const int peer = r ^ mask;
         if (peer >= n)
             continue;
-        TT_CHECK(tt_p2p_send(op, peer, cur, bytes, (uint32_t)round, &req[1]));
-        TT_CHECK(tt_p2p_recv(op, peer, tmp, bytes, (uint32_t)round, &req[0]));
+        /* the upper rank needs the lower one's block for its result; the lower one needs
+         * the upper one's only to build its block for a later round: the last round's
+         * upper ranks only receive, its lower ones only send (2 ranks: one message) */
+        const int more = (mask << 1) < n, up = peer < r;
+        memset(req, 0, sizeof(req));
+        if (!up || more)
+            TT_CHECK(tt_p2p_send(op, peer, cur, bytes, (uint32_t)round, &req[1]));
+        if (up || more)
+            TT_CHECK(tt_p2p_recv(op, peer, tmp, bytes, (uint32_t)round, &req[0]));
         /* both: the reductions may overwrite what the send reads */
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
-        const int more = (mask << 1) < n; /* the block goes out again */
-        if (peer < r) {
+        if (up) {
             if (more) {
                 tt_reduce3(blk, tmp, cur, count, dt, rop);
                 cur = blk;

@@ -56,13 +56,16 @@ enum bench_coll {
     COLL_GATHER,
     COLL_SCATTER,
     COLL_ALLTOALL,
+    COLL_SCAN,
+    COLL_EXSCAN,
     COLL_COUNT
 };
 
 /* The names tutti_comm_algo_for and TUTTI_ALGO use. */
 static const char *const coll_names[COLL_COUNT] = {
     "allreduce",      "broadcast", "barrier", "reduce",   "allgather",
-    "reduce_scatter", "gather",    "scatter", "alltoall",
+    "reduce_scatter", "gather",    "scatter", "alltoall", "scan",
+    "exscan",
 };
 
 /* --algo all: every algorithm the library has for the collective (tutti_algo_name), at
@@ -72,7 +75,8 @@ static const char *const coll_names[COLL_COUNT] = {
 /* Collectives that take a reduction op / a root. */
 static int coll_has_op(enum bench_coll c)
 {
-    return c == COLL_ALLREDUCE || c == COLL_REDUCE || c == COLL_REDUCE_SCATTER;
+    return c == COLL_ALLREDUCE || c == COLL_REDUCE || c == COLL_REDUCE_SCATTER || c == COLL_SCAN ||
+           c == COLL_EXSCAN;
 }
 
 static int coll_has_root(enum bench_coll c)
@@ -167,7 +171,7 @@ static void usage(FILE *f)
         "                      MASTER_PORT, or mpirun's OMPI_COMM_WORLD_RANK/SIZE plus\n"
         "                      TUTTI_STORE)\n"
         "  --coll NAME         allreduce (default), broadcast, barrier, reduce, allgather,\n"
-        "                      reduce_scatter, gather, scatter or alltoall\n"
+        "                      reduce_scatter, gather, scatter, alltoall, scan or exscan\n"
         "  -b, --minbytes SIZE smallest size, bytes with K/M/G suffixes (default 8); size\n"
         "                      and count as nccl-tests prints them (see below)\n"
         "  -e, --maxbytes SIZE largest message (default 64M)\n"
@@ -204,13 +208,13 @@ static void usage(FILE *f)
         "  -h, --help          this text\n"
         "\n"
         "Sizes and bandwidth (nccl-tests' conventions):\n"
-        "  allreduce, broadcast, reduce: size = count x elem\n"
+        "  allreduce, broadcast, reduce, scan, exscan: size = count x elem\n"
         "  allgather, reduce_scatter, gather, scatter, alltoall: count = the per-rank block\n"
         "    (sendcount / recvcount / per-peer count), size = nranks x count x elem\n"
         "  algbw = size / time; busbw = algbw x\n"
         "    2(n-1)/n  allreduce\n"
         "    (n-1)/n   allgather, reduce_scatter, gather, scatter, alltoall\n"
-        "    1         broadcast, reduce\n"
+        "    1         broadcast, reduce, scan, exscan\n"
         "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage, 3 a call failed;\n"
         "  -np stopped by signal N (SIGINT, SIGTERM, SIGHUP): 128+N\n"
         "\n"
@@ -552,11 +556,11 @@ static double sentinel(const bench_cfg_t *cfg)
     return dtype_is_unsigned(cfg->dtype) ? 251.0 : -99.0;
 }
 
-/* The reduction over every rank of index i. */
-static double red_expected(const bench_cfg_t *cfg, int n, size_t i)
+/* The reduction of index i over ranks 0..k-1 of n (k = n but for scan and exscan). */
+static double red_expected(const bench_cfg_t *cfg, int n, int k, size_t i)
 {
     double acc = red_value(cfg, 0, n, i);
-    for (int r = 1; r < n; r++) {
+    for (int r = 1; r < k; r++) {
         double v = red_value(cfg, r, n, i);
         switch (cfg->op) {
         case TUTTI_SUM:
@@ -571,7 +575,7 @@ static double red_expected(const bench_cfg_t *cfg, int n, size_t i)
         }
     }
     if (cfg->op == TUTTI_AVG)
-        acc = dtype_is_float(cfg->dtype) ? acc / n : trunc(acc / n);
+        acc = dtype_is_float(cfg->dtype) ? acc / k : trunc(acc / k);
     return acc;
 }
 
@@ -621,8 +625,10 @@ static double expected_value(const bench_cfg_t *cfg, int me, int n, size_t c, si
     case COLL_GATHER: return move_value(cfg, i / c, i % c);
     case COLL_SCATTER: return move_value(cfg, (size_t)me, i);
     case COLL_ALLTOALL: return move_value(cfg, (i / c) * (size_t)n + (size_t)me, i % c);
-    case COLL_REDUCE_SCATTER: return red_expected(cfg, n, (size_t)me * c + i);
-    default: return red_expected(cfg, n, i); /* allreduce, reduce */
+    case COLL_REDUCE_SCATTER: return red_expected(cfg, n, n, (size_t)me * c + i);
+    case COLL_SCAN: return red_expected(cfg, n, me + 1, i);
+    case COLL_EXSCAN: return red_expected(cfg, n, me, i);
+    default: return red_expected(cfg, n, n, i); /* allreduce, reduce */
     }
 }
 
@@ -707,8 +713,10 @@ static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, co
         else if (cfg->dtype == TUTTI_FP64)
             tol = 1e-12;
     }
-    /* reduce and gather: only the root has a result */
+    /* reduce and gather: only the root has a result; exscan: rank 0 none */
     if ((cfg->coll == COLL_REDUCE || cfg->coll == COLL_GATHER) && me != cfg->root)
+        return 0;
+    if (cfg->coll == COLL_EXSCAN && me == 0)
         return 0;
     size_t count = recv_count(cfg->coll, n, c);
     long long wrong = 0;
@@ -788,6 +796,8 @@ static int run_once(const bench_ctx_t *b, size_t count, int in_place)
                              is_root ? TUTTI_IN_PLACE_OUT : block_at(b, count, b->rank), count,
                              cfg->dtype, root);
     case COLL_ALLTOALL: return tutti_alltoall(b->comm, src, b->recv, count, cfg->dtype);
+    case COLL_SCAN: return tutti_scan(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
+    case COLL_EXSCAN: return tutti_exscan(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
     default: break;
     }
     return TUTTI_ERR_INVALID_ARG;

@@ -567,6 +567,12 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&tcp, cl, 768 << 10, 4), "linear");
         ck_assert_str_eq(pick_c(&tcp, cl, 64 << 20, 8), "linear");
         ck_assert_str_eq(pick_c(&tcp, cl, 4, 8), "rd");
+        /* crowded, 4 ranks on 2 CPUs: rd's 8 messages over 2 CPUs against the chain's 3,
+         * and its bytes at twice the time: the chain at every size, over either */
+        for (size_t bytes = 4; bytes <= (64u << 20); bytes *= 8) {
+            ck_assert_str_eq(pick_c(&crowd, cl, bytes, 4), "linear");
+            ck_assert_str_eq(pick_c(&shm_crowd, cl, bytes, 4), "linear");
+        }
     }
 
     /* NULL cost is the tcp table */
