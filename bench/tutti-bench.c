@@ -63,9 +63,8 @@ enum bench_coll {
 
 /* The names tutti_comm_algo_for and TUTTI_ALGO use. */
 static const char *const coll_names[COLL_COUNT] = {
-    "allreduce",      "broadcast", "barrier", "reduce",   "allgather",
-    "reduce_scatter", "gather",    "scatter", "alltoall", "scan",
-    "exscan",
+    "allreduce", "broadcast", "barrier",  "reduce", "allgather", "reduce_scatter",
+    "gather",    "scatter",   "alltoall", "scan",   "exscan",
 };
 
 /* --algo all: every algorithm the library has for the collective (tutti_algo_name), at
