@@ -96,6 +96,56 @@ def reductions(comm):
 BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
+def prefix_reference(op, dt, k, n=N):
+    """The reduction of ranks 0..k-1's values (k >= 1), "avg" divided by k."""
+    return reference(op, dt, k, n)
+
+
+def scans(comm):
+    """scan and exscan, every dtype and op, out of place, in place and async, against
+    NumPy folds of ranks 0..r (scan) and 0..r-1 (exscan); rank 0's exscan output left as
+    it was; a defined op that does not commute (rank order) through both."""
+    bad, rank = [], comm.rank
+    for dt, storage in DTYPES:
+        for op in OPS:
+            mine = encode(values(rank, dt, op=op), dt, storage)
+            for name in ("scan", "exscan"):
+                call = getattr(comm, name)
+                k = rank + 1 if name == "scan" else rank
+                out = np.full_like(mine, 7)
+                a = mine.copy()
+                call(mine, out, op=op, dtype=dt)
+                call(a, op=op, dtype=dt, async_op=True).wait()
+                for how, got in (("", out), (" in place, async", a)):
+                    if k == 0:
+                        kept = np.full_like(mine, 7) if how == "" else mine
+                        if not np.array_equal(got, kept):
+                            bad.append(f"{name}{how} {dt} {op} wrote rank 0's output")
+                    elif not close(decode(got, dt), prefix_reference(op, dt, k), dt):
+                        bad.append(f"{name}{how} {dt} {op}")
+    with np.errstate(over="ignore"), tutti.Op(matmul16) as mm:
+        for name in ("scan", "exscan"):
+            k = rank + 1 if name == "scan" else rank
+            out = np.zeros(N, np.uint64)
+            getattr(comm, name)(user_inputs(rank), out, op=mm)
+            if k:
+                want = user_inputs(0)
+                for r in range(1, k):
+                    matmul16(want.copy(), user_inputs(r), want)
+                if not np.array_equal(out, want):
+                    bad.append(f"{name} of matmul16 (rank order)")
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("algo", [None, "scan:linear;exscan:linear", "scan:rd;exscan:rd"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_scans(size, transport, algo):
+    opts = {"algo": algo} if algo else {}
+    assert run(scans, size, transport=transport, **opts) == [[]] * size
+
+
 def bits(rank, storage, op, n=N):
     """Random bits of every width; BAND's inputs are 3 bits in 4 set and BOR's 1 in 4,
     so that neither result is all zeros or all ones."""

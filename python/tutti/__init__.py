@@ -137,7 +137,7 @@ def _op_view(ptr, count, dtype, writable):
 
 class Op:
     """A reduce op defined in Python (tutti_redop_create), for allreduce, reduce,
-    reduce_scatter(v) and tutti.fuse.allreduce_coalesced: fn(a, b, out) writes a op b
+    reduce_scatter(v), scan, exscan and tutti.fuse.allreduce_coalesced: fn(a, b, out) writes a op b
     into out, element by element, for a slice of the vector; out may be a or b itself.
     a, b and out are NumPy arrays of the call's dtype (bf16 as its uint16 bits;
     memoryviews without NumPy, fp16 there as its bits too). fn must be associative and
@@ -145,8 +145,8 @@ class Op:
 
     commutative=False (the default, as mpi4py's): the result is x0 op x1 op ... op
     x(n-1) in rank order, a holding the lower ranks' part; such a call runs a linear
-    algorithm (every vector through one rank). commutative=True: any algorithm, operands
-    in any order.
+    algorithm (every vector through one rank; scan and exscan keep rank order in every
+    algorithm). commutative=True: any algorithm, operands in any order.
 
     Every rank must define its ops in the same order (the values must match; ranks that
     pass different ops fail the call). An exception in fn is raised, once the call
@@ -551,16 +551,29 @@ class Communicator(_Handle):
             raise InvalidArgError(f"tutti: {what} holds {buf.nbytes} bytes, the call "
                                   f"needs {nbytes}")
 
+    def _reduce_all(self, name, buf, out, op, dtype, async_op):
+        """allreduce, scan, exscan: buf in, out (None: in place into buf) out."""
+        if out is None:
+            o, i, sp = self._pair(None, buf, dtype, name)
+        else:
+            o, i, sp = self._pair(buf, out, dtype, name)
+            self._expect(i, o.nbytes, f"{name}'s input")
+        bufs = [b for b in (o, i) if b is not None]
+        return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op, op)
+
     def allreduce(self, buf, out=None, op="sum", dtype=None, async_op=False):
         """Reduce buf over the ranks into out (None: in place into buf)."""
-        if out is None:
-            o, i, sp = self._pair(None, buf, dtype, "allreduce")
-        else:
-            o, i, sp = self._pair(buf, out, dtype, "allreduce")
-            self._expect(i, o.nbytes, "allreduce's input")
-        bufs = [b for b in (o, i) if b is not None]
-        return self._run("allreduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op,
-                         op)
+        return self._reduce_all("allreduce", buf, out, op, dtype, async_op)
+
+    def scan(self, buf, out=None, op="sum", dtype=None, async_op=False):
+        """MPI_Scan: rank r's out (None: in place into buf) gets the reduction of ranks
+        0..r's buf, in rank order ("avg": divided by r + 1)."""
+        return self._reduce_all("scan", buf, out, op, dtype, async_op)
+
+    def exscan(self, buf, out=None, op="sum", dtype=None, async_op=False):
+        """MPI_Exscan: rank r's out (None: in place into buf) gets the reduction of ranks
+        0..r-1's buf, in rank order ("avg": divided by r); rank 0's is not written."""
+        return self._reduce_all("exscan", buf, out, op, dtype, async_op)
 
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""

@@ -132,6 +132,8 @@ _COLLECTIVES = {
     "scatterv": [_P, _P, c_size_p, c_size_p, _P, _S, _I, _I],
     "alltoall": [_P, _P, _P, _S, _I],
     "alltoallv": [_P, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I],
+    "scan": [_P, _P, _P, _S, _I, _I],
+    "exscan": [_P, _P, _P, _S, _I, _I],
     "send": [_P, _P, _S, _I, _I, _U32],
     "recv": [_P, _P, _S, _I, _I, _U32],
 }
