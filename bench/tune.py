@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLS = "allreduce broadcast reduce allgather reduce_scatter gather scatter alltoall"
+COLLS = "allreduce broadcast reduce allgather reduce_scatter gather scatter alltoall scan exscan"
 PER_RANK_BLOCK = {"gather", "scatter", "alltoall"}  # selection sees one rank's block
 
 

@@ -275,7 +275,8 @@ const char *tutti_comm_cost_model(const tutti_comm_t *comm);
 
 /* Name of the algorithm the communicator would pick for a collective ("allreduce",
  * "broadcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
- * "alltoall") of `bytes` bytes (for the v-forms the library selects with 0). */
+ * "alltoall", "scan", "exscan") of `bytes` bytes (for the v-forms the library selects
+ * with 0). */
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes);
 
 /* The i-th algorithm (from 0, in the order they were added) this library has for a
