@@ -318,6 +318,10 @@ int parse_args(int argc, char **argv, Config *cfg)
         }
         i += takes;
     }
+    if (cfg->p.coll == PEER_SCAN || cfg->p.coll == PEER_EXSCAN) {
+        fprintf(stderr, "gloo-bench: Gloo has no %s\n", peer_coll_names[cfg->p.coll]);
+        return 2;
+    }
     if (cfg->p.root >= cfg->np || cfg->p.min_bytes == 0 || cfg->p.min_bytes > cfg->p.max_bytes) {
         fprintf(stderr, "gloo-bench: need 0 <= root < np and 0 < MIN <= MAX\n");
         return 2;

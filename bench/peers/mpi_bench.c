@@ -1,5 +1,5 @@
 /* mpi-bench: tutti-bench's measurement of MPI_Allreduce, MPI_Bcast, MPI_Allgather,
- * MPI_Reduce_scatter_block, MPI_Alltoall and MPI_Barrier, for any MPI (built by
+ * MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Scan, MPI_Exscan and MPI_Barrier, for any MPI (built by
  * run-peers.sh with mpicc.openmpi and with mpicc.mpich; not part of the meson build).
  *
  *   mpirun -np N mpi-bench [--coll NAME] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
@@ -41,6 +41,8 @@ static void run_once(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
     case PEER_ALLTOALL:
         MPI_Alltoall(src, in_place ? 0 : ic, MPI_FLOAT, recv, ic, MPI_FLOAT, MPI_COMM_WORLD);
         break;
+    case PEER_SCAN: MPI_Scan(src, recv, ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case PEER_EXSCAN: MPI_Exscan(src, recv, ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
     default: MPI_Barrier(MPI_COMM_WORLD); break;
     }
 }

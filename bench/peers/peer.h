@@ -20,11 +20,14 @@ enum peer_coll {
     PEER_ALLGATHER,
     PEER_REDUCE_SCATTER,
     PEER_ALLTOALL,
+    PEER_SCAN,   /* MPI only (Gloo has none) */
+    PEER_EXSCAN, /* MPI only */
     PEER_NCOLLS
 };
 
 static const char *const peer_coll_names[PEER_NCOLLS] = {
-    "allreduce", "broadcast", "barrier", "allgather", "reduce_scatter", "alltoall",
+    "allreduce",      "broadcast", "barrier", "allgather",
+    "reduce_scatter", "alltoall",  "scan",    "exscan",
 };
 
 typedef struct peer_cfg {
@@ -116,8 +119,11 @@ static inline float peer_expected(const peer_cfg_t *cfg, int me, int n, size_t c
     case PEER_BROADCAST: return peer_bcast_value(cfg->root, i);
     case PEER_ALLGATHER: return peer_move_value(i / c, i % c);
     case PEER_ALLTOALL: return peer_move_value((i / c) * (size_t)n + (size_t)me, i % c);
-    default:
-        for (int r = 0; r < n; r++)
+    default: /* scan: ranks 0..me; exscan: 0..me-1 */
+        for (int r = 0; r < (cfg->coll == PEER_SCAN     ? me + 1
+                             : cfg->coll == PEER_EXSCAN ? me
+                                                        : n);
+             r++)
             sum += peer_red_value(r, at);
         return sum;
     }
@@ -188,6 +194,8 @@ static inline long long peer_count_wrong(const peer_cfg_t *cfg, int me, int n, s
 {
     size_t count = peer_recv_count(cfg->coll, n, c);
     long long wrong = 0;
+    if (cfg->coll == PEER_EXSCAN && me == 0) /* its result is undefined */
+        return 0;
     for (size_t i = 0; i < count; i++)
         wrong += res[i] != peer_expected(cfg, me, n, c, i);
     return wrong;
@@ -294,7 +302,7 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
 
 #define PEER_FLAGS_USAGE                                                                           \
     "  --coll NAME   allreduce (default), broadcast, allgather, reduce_scatter, alltoall,\n"       \
-    "                barrier (float sum)\n"                                                        \
+    "                barrier, scan, exscan (MPI only) (float sum)\n"                               \
     "  -b, -e SIZE   smallest/largest size, bytes with K/M/G suffixes (default 8 .. 64M);\n"       \
     "                allgather, reduce_scatter, alltoall: size = nranks x per-rank block\n"        \
     "  -f FACTOR     size multiplier between rows (default 2)\n"                                   \
