@@ -674,12 +674,14 @@ START_TEST(agree_lag_back_to_back)
 END_TEST
 
 /* Broadcasts from one root back to back share one confirm message per batch
- * (lib/core/agree.c). A mismatch in the middle of a batch, where rank 2 takes itself
- * for the root of call BAD_CALL while the others take rank 0: every rank fails within
- * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming a broadcast; every call
- * before it delivered the root's data. */
+ * (lib/core/agree.c), reduces and scans one release message. A mismatch in the middle
+ * of a batch, where rank 2 takes itself for the root of call BAD_CALL while the others
+ * take rank 0 (a scan: passes one element less): every rank fails within
+ * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming the collective; every
+ * call before it delivered the right data. */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {
+    int kind; /* 0 broadcast, 1 reduce, 2 scan */
     int failed_at[8];
     int status[8];
     char msg[8][1024];
@@ -690,43 +692,57 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
     (void)dir;
     (void)nranks;
     batch_shared_t *sh = arg;
-    int32_t buf[5];
+    int32_t buf[5], out[5];
     sh->failed_at[rank] = -1;
     for (int it = 0; it < BATCH_CALLS; it++) {
-        const int root = it == BATCH_BAD_CALL && rank == 2 ? 2 : 0;
+        const int bad = it == BATCH_BAD_CALL && rank == 2, root = bad ? 2 : 0;
+        int st;
         for (int i = 0; i < 5; i++)
-            buf[i] = rank == root ? it * 100 + i : -1;
-        int st = tutti_broadcast(comm, buf, buf, 5, TUTTI_INT32, root);
+            buf[i] = sh->kind || rank == root ? it * 100 + i + (sh->kind ? rank : 0) : -1;
+        if (sh->kind == 0)
+            st = tutti_broadcast(comm, buf, buf, 5, TUTTI_INT32, root);
+        else if (sh->kind == 1)
+            st = tutti_reduce(comm, buf, out, 5, TUTTI_INT32, TUTTI_SUM, root);
+        else
+            st = tutti_scan(comm, buf, out, bad ? 4 : 5, TUTTI_INT32, TUTTI_SUM);
         if (st != TUTTI_OK) {
             sh->failed_at[rank] = it;
             sh->status[rank] = st;
             snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "%s", tutti_comm_last_error(comm));
             return 0;
         }
-        for (int i = 0; it < BATCH_BAD_CALL && i < 5; i++)
-            FAIL_IF(buf[i] != it * 100 + i, "call %d: [%d] = %d, want %d", it, i, buf[i],
-                    it * 100 + i);
+        /* broadcast: the root's; reduce at the root: ranks 0..2's; scan: ranks 0..rank's */
+        const int upto = sh->kind == 2 ? rank : 2;
+        const int32_t *got = sh->kind ? out : buf;
+        for (int i = 0; it < BATCH_BAD_CALL && (sh->kind != 1 || rank == 0) && i < 5; i++) {
+            int32_t want = sh->kind ? (upto + 1) * (it * 100 + i) + upto * (upto + 1) / 2
+                                    : it * 100 + i;
+            FAIL_IF(got[i] != want, "kind %d, call %d: [%d] = %d, want %d", sh->kind, it, i, got[i],
+                    want);
+        }
     }
     return 0;
 }
 
 START_TEST(confirm_batch_mismatch_midway)
 {
+    static const char *const names[] = { "broadcast", "reduce", "scan" };
     batch_shared_t *sh = th_shared_zeroed(sizeof(*sh));
+    sh->kind = _i;
     th_setenv_int("TUTTI_AGREE_LAG", BATCH_LAG);
     ck_assert_int_eq(th_run_comm_timeout(3, rank_batch_mismatch, sh, 60000, 5000, 0, NULL), 0);
     unsetenv("TUTTI_AGREE_LAG");
     for (int r = 0; r < 3; r++) {
         const char *m = sh->msg[r];
-        fprintf(stderr, "rank %d: failed at call %d: %s: %s\n", r, sh->failed_at[r],
+        fprintf(stderr, "%s, rank %d: failed at call %d: %s: %s\n", names[_i], r, sh->failed_at[r],
                 tutti_status_name(sh->status[r]), m);
         ck_assert_msg(sh->failed_at[r] >= BATCH_BAD_CALL &&
                           sh->failed_at[r] <= BATCH_BAD_CALL + BATCH_LAG + BATCH_MAX,
-                      "rank %d failed at call %d, not within %d calls after call %d", r,
-                      sh->failed_at[r], BATCH_LAG + BATCH_MAX, BATCH_BAD_CALL);
+                      "%s: rank %d failed at call %d, not within %d calls after call %d", names[_i],
+                      r, sh->failed_at[r], BATCH_LAG + BATCH_MAX, BATCH_BAD_CALL);
         ck_assert_msg(sh->status[r] == TUTTI_ERR_MISMATCH || sh->status[r] == TUTTI_ERR_PEER,
-                      "rank %d: %s", r, tutti_status_name(sh->status[r]));
-        ck_assert_msg(strstr(m, "broadcast") != NULL, "rank %d's error names no broadcast: %s", r,
+                      "%s: rank %d: %s", names[_i], r, tutti_status_name(sh->status[r]));
+        ck_assert_msg(strstr(m, names[_i]) != NULL, "rank %d's error names no %s: %s", r, names[_i],
                       m);
     }
     munmap(sh, sizeof(*sh));
@@ -1116,7 +1132,9 @@ static Suite *suite(void)
                  (const TTest *const[]){ mismatch_other_collectives, mismatch_count,
                                          mismatch_count_2ranks, mismatch_dtype, mismatch_op,
                                          mismatch_coll, mismatch_root, agree_lag_back_to_back,
-                                         confirm_batch_mismatch_midway, mismatch_pieces, NULL });
+                                         mismatch_pieces, NULL });
+    /* broadcast's confirms, reduce's and scan's releases */
+    th_add_looped(s, "batch", 90, 3, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

@@ -102,7 +102,6 @@ int tt_local_scatter(tt_op_t *op);
 int tt_local_alltoall(tt_op_t *op);
 int tt_local_none(tt_op_t *op);           /* barrier, exscan */
 int tt_post_confirm_release(tt_op_t *op); /* broadcast, scatter */
-int tt_post_release(tt_op_t *op);         /* reduce, gather */
-int tt_post_release_last(tt_op_t *op);    /* scan, exscan: the last rank releases */
+int tt_post_release(tt_op_t *op);         /* reduce, gather, scan, exscan */
 
 #endif /* TT_ALGO_H */

@@ -124,7 +124,7 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
  * that their calls' descriptors stay in registers. */
 #define TT_HOT static inline __attribute__((always_inline))
 
-/* allreduce, scan and exscan */
+/* allreduce (and scan and exscan) */
 TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
@@ -133,6 +133,14 @@ TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     o->sendbuf = (c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf : c->sendbuf;
     o->count = o->env_count = c->count;
     return TUTTI_OK;
+}
+
+/* scan and exscan: as allreduce's; their root (the handshake's, algorithms/handshake.c)
+ * is the last rank, whose result waited on every other rank's messages */
+static int fill_scan(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
+{
+    o->root = comm->nranks - 1;
+    return fill_allreduce(comm, c, o, layout);
 }
 
 TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
@@ -391,10 +399,10 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
     [TT_COLL_SCATTER] = { TT_ARG_ROOT | TT_ARG_LAYOUT, fill_scatter, 0, tt_local_scatter,
                           tt_post_confirm_release, NULL, 0 },
     [TT_COLL_ALLTOALL] = { TT_ARG_LAYOUT, fill_alltoall, 0, tt_local_alltoall, NULL, NULL, 0 },
-    [TT_COLL_SCAN] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_copy, tt_post_release_last,
-                       avg_prefix, 0, 1 },
-    [TT_COLL_EXSCAN] = { TT_ARG_REDOP, fill_allreduce, 1, tt_local_none, tt_post_release_last,
-                         avg_prefix, 0, 1 },
+    [TT_COLL_SCAN] = { TT_ARG_REDOP, fill_scan, 1, tt_local_copy, tt_post_release, avg_prefix, 0,
+                       1 },
+    [TT_COLL_EXSCAN] = { TT_ARG_REDOP, fill_scan, 1, tt_local_none, tt_post_release, avg_prefix, 0,
+                         1 },
 };
 
 /* ---- the one checker ---- */

@@ -14,8 +14,11 @@
  * on or fail). It carries a digest of every call's envelope, checked by the root; its
  * own envelope is the last call's, checked by the transport. A loop of small
  * broadcasts from one root then sends one message per call instead of two (0.29 ->
- * 0.20 us over shm at 2 ranks). A rank whose messages matched learns of a mismatched
- * call up to TT_CONFIRM_BATCH calls later than without batches. */
+ * 0.20 us over shm at 2 ranks). Releases (a reduce's, gather's or scan's root to the
+ * non-roots) go in batches the same way, the root's digest checked by each non-root: a
+ * release a call had a 4-rank reduce of 4 B over tcp at 20 us, one a batch at 6
+ * (session 44). A rank whose messages matched learns of a mismatched call up to
+ * TT_CONFIRM_BATCH calls later than without batches. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +29,7 @@
 #include "core/p2p.h"
 #include "core/state.h"
 
-/* Calls per confirm message at most (and at most agree_lag). */
+/* Calls per confirm or release message at most (and at most agree_lag). */
 #define TT_CONFIRM_BATCH 16
 
 /* The ring (allocated on first use), its oldest record and count. */
@@ -86,10 +89,12 @@ static int rec_fail(tt_op_t *op, tt_agree_rec_t *rec, tt_req_t *bad)
     return tt_fault_req(&old, &bad->tp);
 }
 
-/* A completed batch, at its root: every non-root's digest must be the root's. */
+/* A completed batch where its digests arrived (a confirm batch's root, a release
+ * batch's non-roots): every digest received must be this rank's own. */
 static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
 {
-    if (!rec->batch || op->rank != rec->call.root)
+    const int is_root = op->rank == rec->call.root;
+    if (!rec->batch || is_root != (rec->batch == TT_BATCH_CONFIRM))
         return TUTTI_OK;
     for (int i = 0; i < rec->nreq; i++) {
         if (rec->got[i] == rec->want)
@@ -98,10 +103,11 @@ static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
         char msg[TT_ERRMSG_LEN];
         snprintf(msg, sizeof(msg),
                  "rank %d's record of the %d rooted calls seq %llu..%llu (root %d, their "
-                 "confirms sent as one) differs from rank %d's: the ranks disagreed about "
+                 "%s sent as one) differs from rank %d's: the ranks disagreed about "
                  "one of them before seq %llu (its collective, count, dtype or root)",
                  rec->reqs[i].tp.peer, rec->ncalls, (unsigned long long)rec->seq0,
-                 (unsigned long long)rec->call.seq, rec->call.root, op->rank,
+                 (unsigned long long)rec->call.seq, rec->call.root,
+                 rec->batch == TT_BATCH_CONFIRM ? "confirms" : "releases", op->rank,
                  (unsigned long long)rec->call.seq);
         tt_fault_fail_op(&old, TUTTI_ERR_MISMATCH, msg);
         return TUTTI_ERR_MISMATCH;
@@ -211,39 +217,46 @@ static int batch_send(tt_op_t *op)
     tutti_comm_t *comm = op->comm;
     tt_confirm_batch_t *b = &comm->confirm;
     tt_op_t last = as_call(op, &b->last);
-    const int is_root = op->rank == b->last.root;
+    const int is_root = op->rank == b->last.root, confirm = b->kind == TT_BATCH_CONFIRM;
+    const uint32_t tag = confirm ? TT_CONFIRM_TAG : TT_RELEASE_TAG;
     tt_agree_rec_t *rec;
     TT_CHECK(rec_new(&last, is_root ? op->nranks - 1 : 1, b->n, &rec));
-    rec->batch = 1;
+    rec->batch = b->kind;
     rec->seq0 = b->seq0;
     rec->want = b->digest;
     b->n = 0;
+    /* a confirm: each non-root's digest to the root; a release: the root's to each */
     if (!is_root)
-        return tt_p2p_send(&last, b->last.root, &rec->want, sizeof(rec->want), TT_CONFIRM_TAG,
-                           &rec->reqs[0]);
+        return confirm ? tt_p2p_send(&last, b->last.root, &rec->want, sizeof(rec->want), tag,
+                                     &rec->reqs[0])
+                       : tt_p2p_recv(&last, b->last.root, &rec->got[0], sizeof(rec->got[0]), tag,
+                                     &rec->reqs[0]);
     for (int r = 0, k = 0; r < op->nranks; r++)
         if (r != b->last.root) {
-            TT_CHECK(tt_p2p_recv(&last, r, &rec->got[k], sizeof(rec->got[k]), TT_CONFIRM_TAG,
-                                 &rec->reqs[k]));
+            TT_CHECK(
+                confirm
+                    ? tt_p2p_recv(&last, r, &rec->got[k], sizeof(rec->got[k]), tag, &rec->reqs[k])
+                    : tt_p2p_send(&last, r, &rec->want, sizeof(rec->want), tag, &rec->reqs[k]));
             k++;
         }
     return TUTTI_OK;
 }
 
-int tt_agree_flush(tt_op_t *op, int joins)
+int tt_agree_flush(tt_op_t *op, int kind)
 {
     tt_confirm_batch_t *b = &op->comm->confirm;
-    if (!b->n || (joins && op->root == b->last.root))
+    if (!b->n || (kind == b->kind && op->root == b->last.root))
         return TUTTI_OK;
     return batch_send(op);
 }
 
-int tt_agree_confirm_later(tt_op_t *op)
+static int batch_add(tt_op_t *op, int kind)
 {
     tt_confirm_batch_t *b = &op->comm->confirm;
     if (!b->n) {
         b->seq0 = op->seq;
         b->digest = 0xcbf29ce484222325ull;
+        b->kind = kind;
     }
     b->n++;
     b->digest = mix(mix(mix(mix(b->digest, op->seq), op->fingerprint), op->env_count), op->algo_id);
@@ -251,6 +264,16 @@ int tt_agree_confirm_later(tt_op_t *op)
     if (b->n >= TT_MIN(TT_CONFIRM_BATCH, op->comm->opts.agree_lag))
         return batch_send(op);
     return TUTTI_OK;
+}
+
+int tt_agree_confirm_later(tt_op_t *op)
+{
+    return batch_add(op, TT_BATCH_CONFIRM);
+}
+
+int tt_agree_release_later(tt_op_t *op)
+{
+    return batch_add(op, TT_BATCH_RELEASE);
 }
 
 void tt_agree_free(tutti_comm_t *comm)

@@ -18,22 +18,31 @@ typedef struct tt_agree_call {
     int root;
 } tt_agree_call_t;
 
-/* One record in the communicator's ring: a call's messages, or a batch of confirms. */
+/* One record in the communicator's ring: a call's messages, or a batch of confirms or
+ * of releases. */
 typedef struct tt_agree_rec {
     tt_req_t *reqs; /* cap of them allocated, nreq in use */
-    uint64_t *got;  /* a batch's root: the digest each non-root sent (cap of them) */
+    uint64_t *got;  /* the digests received: a confirm batch's root, one from each
+                       non-root (cap of them); a release batch's non-root, the root's */
     int nreq, cap;
     tt_agree_call_t call; /* the call (a batch's last), to name it if its check fails */
     int ncalls;           /* calls it checks: 1, or a batch's (from seq0) */
-    int batch;            /* a batch of confirms: digests to check at its root */
+    int batch;            /* a batch: TT_BATCH_CONFIRM (digests checked at its root) or
+                             TT_BATCH_RELEASE (checked at each non-root); 0: one call */
     uint64_t seq0, want;  /* a batch: its first call; its digest (sent, or expected) */
 } tt_agree_rec_t;
 
-/* The broadcasts and scatters whose confirms are not sent yet (comm->confirm): calls
- * back to back with one root share one confirm message, whose payload is a digest of
- * every call's envelope. */
+/* The kinds of batch: a broadcast's or scatter's confirms (non-roots to the root), a
+ * reduce's, gather's or scan's releases (the root to the non-roots). */
+#define TT_BATCH_CONFIRM 1
+#define TT_BATCH_RELEASE 2
+
+/* The calls whose agreement messages are not sent yet (comm->confirm): calls back to
+ * back with one root and one kind share one message, whose payload is a digest of every
+ * call's envelope. */
 typedef struct tt_confirm_batch {
-    int n; /* calls in it (0: none) */
+    int n;    /* calls in it (0: none) */
+    int kind; /* TT_BATCH_* */
     uint64_t seq0, digest;
     tt_agree_call_t last;
 } tt_confirm_batch_t;
@@ -54,14 +63,18 @@ int tt_agree_failed(tt_op_t *op);
  * the earlier call's. */
 int tt_agree_settle(tt_op_t *op, int room);
 
+/* A reduce's, gather's or scan's release, checked later: op joins the batch of releases
+ * as a broadcast's confirm joins one of confirms (below). */
+int tt_agree_release_later(tt_op_t *op);
+
 /* A broadcast's or scatter's confirm, checked later: op joins the batch (sent when it
  * holds TT_CONFIRM_BATCH calls, or at the next op that does not join it). */
 int tt_agree_confirm_later(tt_op_t *op);
 
-/* Before op's algorithm runs: the pending batch of confirms goes out (posted before
- * any message of op, on every rank alike) unless op will join it (`joins`: op is a
- * broadcast or scatter, checked later, with the batch's root). */
-int tt_agree_flush(tt_op_t *op, int joins);
+/* Before op's algorithm runs: the pending batch goes out (posted before any message of
+ * op, on every rank alike) unless op will join it (`kind`: the TT_BATCH_* op's own
+ * agreement message will join, 0 none; it joins a batch of its kind with its root). */
+int tt_agree_flush(tt_op_t *op, int kind);
 
 /* Free the ring (the transport is gone: nothing is posted any more). */
 struct tutti_comm;

@@ -130,9 +130,15 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     /* first, the earlier rooted calls' agreement checks that came in (a poll) */
     int algo_nomem = 0;
     st = comm->agree_count ? tt_agree_settle(op, 0) : TUTTI_OK;
-    /* then the batch of confirms, unless this op joins it (agree.c) */
-    if (st == TUTTI_OK && comm->confirm.n)
-        st = tt_agree_flush(op, !empty && desc->post == tt_post_confirm_release);
+    /* then the batch of confirms or releases, unless this op joins it (agree.c) */
+    if (st == TUTTI_OK && comm->confirm.n) {
+        int kind = 0;
+        if (!empty && desc->post == tt_post_confirm_release)
+            kind = TT_BATCH_CONFIRM;
+        else if (!empty && desc->post == tt_post_release)
+            kind = TT_BATCH_RELEASE;
+        st = tt_agree_flush(op, kind);
+    }
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
         cpu_set_t saved;
