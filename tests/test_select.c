@@ -548,6 +548,20 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLTOALL, 1 << 20, 4), "pairwise");
     /* 2 ranks: rd's one round */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
+    /* reduce, crowded (4 ranks on 2 CPUs): the ring's reduce-scatter steps at ranks /
+     * CPUs, 6a + 1.5 n (b + g) + 0.75 n b, against the tree's 2a + 2 n (b + g) (its
+     * rounds have 2 and 1 receivers): the tree from 64 KiB on, over either (below it
+     * over sockets linear's 3 messages over 2 CPUs, 1.5a, against the tree's 2a;
+     * uncrowded, the ring from 2a / (0.5 b - 0.25 g) bytes) */
+    for (size_t bytes = 65536; bytes <= (64u << 20); bytes *= 16) {
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, bytes, 4), "tree");
+        ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE, bytes, 4), "tree");
+    }
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE, 4096, 4), "linear");
+    /* + a: the root's release (agree_lag 0 in a bare table) */
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE, "tree", 1000, 4, 0) -
+                   (3 * sa + 2000 * (shm_crowd.beta_ns + shm_crowd.gamma_ns) * 1e-3)) < 1e-9);
+    ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE, 1 << 20, 4), "ring");
 
     /* scan and exscan, 4 ranks over tcp: rd 2a + 2 n b + 3 n g; linear (3 + c - 1)(a +
      * min(n, chunk)(b + g)), chunks of 256 KiB below 4 MiB: one chunk, 3a + 3 n (b + g),

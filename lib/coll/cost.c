@@ -44,6 +44,16 @@
  *                    that may be off its CPU); 256 MiB 83-89 ms, 112-123, 124-142
  * reduce     tree    L (a + n b + n g)
  *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
+ *                    Crowded, the ring's reduce-scatter steps (every rank copies and
+ *                    reduces a block) count their bytes at ranks / CPUs, and a tree
+ *                    round's at its receivers / CPUs where they outnumber the CPUs: 4
+ *                    ranks on 2 CPUs, the tree's rounds have 2 and 1 receivers, and it
+ *                    goes from n 2 (b + g) against the ring's 1.5 n b + 0.75 n g to
+ *                    level with it (1.5 n (b + g) + 0.75 n b). Measured (--fresh, p50
+ *                    us, tree against ring): shm 32 KiB 27-29 against 76-101, 512 KiB
+ *                    166-199 against 162-235, 4 MiB 1909-2006 against 1656-1713; tcp
+ *                    128 KiB 136-283 against 208-280, 4 MiB 3823-4026 against
+ *                    3399-3803: the ring is ahead from about 2 MiB only
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
  *                    reduces in rank order: an op that does not commute takes it);
  *                    crowded, latency as the linear allreduce's with p - 1 messages,
@@ -205,6 +215,7 @@ void tt_cost_from_props(tt_cost_t *c, const char *transport,
     c->local_beta_ns = lp && lp->alpha_us > 0 && lp->bw_gbs > 0 ? 1.0 / lp->bw_gbs : 0;
     c->nhosts = c->lmin = c->lmax = 0; /* not known until tt_cost_set_hosts */
     c->host_ranks = c->host_cpus = 0;  /* not known until the transports count them */
+    c->agree_lag = 0; /* the communicator's, set after (0: handshakes in the estimates) */
     c->local_only = local_only;
     c->gamma_ns = 1.0 / COST_REDUCE_GBS;
     snprintf(c->source, sizeof(c->source), "table %.*s", (int)best_len, best_name);
@@ -332,8 +343,9 @@ static double latency(const tt_cost_t *c, int p, double rounds, double msgs, dou
 }
 
 /* On a crowded host, ranks that all copy and reduce in the same round share the CPUs:
- * such a round's bytes take ranks / CPUs as long (a chain's step keeps one rank busy).
- * Only scan's rd counts it so far (the header). */
+ * such a round's bytes take ranks / CPUs as long (a chain's step keeps one rank busy;
+ * p: the ranks that work at once, of the host's share). Scan's rd and reduce count it
+ * so far (the header); the allreduces' and the others' picks were measured without. */
 static double crowd_factor(const tt_cost_t *c, int p)
 {
     return tt_cost_crowded(c) ? (double)TT_MIN(c->host_ranks, p) / c->host_cpus : 1;
@@ -475,10 +487,16 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         break;
     }
     case TT_COLL_REDUCE:
-        if (!strcmp(algo, "tree"))
-            return L * (a + n * b + n * g);
-        if (!strcmp(algo, "ring"))
-            return 2 * (p - 1) * a + 2 * fr * n * b + fr * n * g;
+        if (!strcmp(algo, "tree")) { /* round j: the ranks that receive share the CPUs */
+            double t = 0;
+            for (int j = 0; j < L; j++) {
+                int receivers = (p - 1 - (1 << j)) / (2 << j) + 1;
+                t += a + n * (b + g) * TT_MAX(1.0, crowd_factor(c, receivers));
+            }
+            return t;
+        }
+        if (!strcmp(algo, "ring")) /* every rank in the ring's steps, the root gathers */
+            return 2 * (p - 1) * a + crowd_factor(c, p) * fr * n * (b + g) + fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) + (p - 1) * n * (b + g);
         break;
