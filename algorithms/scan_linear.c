@@ -18,6 +18,7 @@
  */
 #include <string.h>
 
+#include "common.h"
 #include "coll/algo.h"
 #include "core/p2p.h"
 #include "base/base.h"
@@ -33,11 +34,7 @@ int tt_scan_linear(tt_op_t *op)
     if (count == 0)
         return TUTTI_OK;
 
-    size_t chunk = count, nck = 1;
-    if (op->chunk_bytes && count * es > op->chunk_bytes) {
-        chunk = TT_MAX(op->chunk_bytes / es, (size_t)1);
-        nck = count / chunk + (count % chunk != 0);
-    }
+    const size_t chunk = tt_piece_elems(op), nck = tt_pieces(count, chunk);
     const int last = r == n - 1;
     unsigned char *pre = NULL, *fwd = NULL; /* the prefix received; exscan's sent one */
     if (r > 0) {
@@ -56,7 +53,7 @@ int tt_scan_linear(tt_op_t *op)
 
     if (r == 0) { /* its input is the prefix it passes on */
         for (size_t k = 0; k < nck; k++) {
-            size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
+            size_t c0 = k * chunk, clen = tt_piece_len(count, chunk, k);
             TT_CHECK_GOTO(tt_p2p_send(op, 1, in + c0 * es, clen * es, (uint32_t)k, &sreq[k]), st,
                           out);
         }
@@ -67,12 +64,12 @@ int tt_scan_linear(tt_op_t *op)
     }
 
     for (size_t k = 0; k < nck; k++) {
-        size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
+        size_t c0 = k * chunk, clen = tt_piece_len(count, chunk, k);
         TT_CHECK_GOTO(tt_p2p_recv(op, r - 1, pre + c0 * es, clen * es, (uint32_t)k, &rreq[k]), st,
                       out);
     }
     for (size_t k = 0; k < nck; k++) {
-        size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0), off = c0 * es;
+        size_t off = k * chunk * es, clen = tt_piece_len(count, chunk, k);
         TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[k]), st, out);
         const unsigned char *next = NULL;
         if (!ex) {
