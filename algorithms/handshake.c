@@ -31,12 +31,12 @@
  * later calls; a reduce's, gather's or scan's root releases without waiting (one
  * message to each non-root for a batch of calls with one root) and the non-roots check
  * the release later. A release a call (4 ranks over tcp) had a 4-byte scan at 2-3x the
- * time of one without, and 3x Open MPI's (session 44). No release follows a confirm then: a non-root
- * whose own data matched has the root's data. What is given up: a rank whose own
- * messages matched returns from a mismatched call, and fails at a later one (within
- * agree_lag calls, a broadcast's or scatter's up to a batch more), naming this one; and two ranks that both take themselves for a
- * broadcast's root both return, the one that is not keeping its own buffer. Nothing in
- * bandwidth either way. */
+ * time of one without, and 3x Open MPI's (session 44). No release follows a confirm
+ * then: a non-root whose own data matched has the root's data. What is given up: a rank
+ * whose own messages matched returns from a mismatched call, and fails at a later one
+ * (within agree_lag calls and up to a batch more), naming this one; and two ranks that
+ * both take themselves for a broadcast's root both return, the one that is not keeping
+ * its own buffer. Nothing in bandwidth either way. */
 static int root_handshake(tt_op_t *op, int confirm)
 {
     char none = 0;

@@ -53,9 +53,8 @@ int tt_scan_linear(tt_op_t *op)
 
     if (r == 0) { /* its input is the prefix it passes on */
         for (size_t k = 0; k < nck; k++) {
-            size_t c0 = k * chunk, clen = tt_piece_len(count, chunk, k);
-            TT_CHECK_GOTO(tt_p2p_send(op, 1, in + c0 * es, clen * es, (uint32_t)k, &sreq[k]), st,
-                          out);
+            size_t off = k * chunk * es, clen = tt_piece_len(count, chunk, k);
+            TT_CHECK_GOTO(tt_p2p_send(op, 1, in + off, clen * es, (uint32_t)k, &sreq[k]), st, out);
         }
         if (!ex && in != out) /* overlaps whatever the transport does with the sends */
             memcpy(out, in, count * es);
@@ -64,9 +63,8 @@ int tt_scan_linear(tt_op_t *op)
     }
 
     for (size_t k = 0; k < nck; k++) {
-        size_t c0 = k * chunk, clen = tt_piece_len(count, chunk, k);
-        TT_CHECK_GOTO(tt_p2p_recv(op, r - 1, pre + c0 * es, clen * es, (uint32_t)k, &rreq[k]), st,
-                      out);
+        size_t off = k * chunk * es, clen = tt_piece_len(count, chunk, k);
+        TT_CHECK_GOTO(tt_p2p_recv(op, r - 1, pre + off, clen * es, (uint32_t)k, &rreq[k]), st, out);
     }
     for (size_t k = 0; k < nck; k++) {
         size_t off = k * chunk * es, clen = tt_piece_len(count, chunk, k);
