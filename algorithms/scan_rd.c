@@ -12,7 +12,8 @@
  * op x_i, first written as block op sendbuf, so out of place needs no copy.
  *
  * Buffers: the block in scratch 0 (the input itself until the first reduction writes
- * it), the peer's in scratch 1. In place, the block is written before the result each
+ * it), the peer's in scratch 1 (exscan's first one from below, if it comes in the last
+ * round, straight into recvbuf). In place, the block is written before the result each
  * round: the result's first write may overwrite the input the block still reads.
  */
 #include <string.h>
@@ -50,8 +51,13 @@ int tt_scan_rd(tt_op_t *op)
         memset(req, 0, sizeof(req));
         if (!up || more)
             TT_CHECK(tt_p2p_send(op, peer, cur, bytes, (uint32_t)round, &req[1]));
+        /* exscan's first block from below in the last round is the result as it is:
+         * straight into recvbuf (this rank sends nothing that round, nor reads its
+         * input after it, so in place too), not through tmp and a copy (2 ranks, 16 MiB:
+         * 2.2 ms against the chain's 0.8) */
+        const int direct = up && ex && !have && !more;
         if (up || more)
-            TT_CHECK(tt_p2p_recv(op, peer, tmp, bytes, (uint32_t)round, &req[0]));
+            TT_CHECK(tt_p2p_recv(op, peer, direct ? out : tmp, bytes, (uint32_t)round, &req[0]));
         /* both: the reductions may overwrite what the send reads */
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         if (up) {
@@ -61,8 +67,10 @@ int tt_scan_rd(tt_op_t *op)
             }
             if (have)
                 tt_reduce3(out, tmp, out, count, dt, rop);
-            else if (ex)
-                memcpy(out, tmp, bytes);
+            else if (ex) {
+                if (!direct)
+                    memcpy(out, tmp, bytes);
+            }
             else
                 tt_reduce3(out, tmp, op->sendbuf, count, dt, rop);
             have = 1;
