@@ -70,8 +70,7 @@ int tt_scan_rd(tt_op_t *op)
             else if (ex) {
                 if (!direct)
                     memcpy(out, tmp, bytes);
-            }
-            else
+            } else
                 tt_reduce3(out, tmp, op->sendbuf, count, dt, rop);
             have = 1;
         } else if (more) {
