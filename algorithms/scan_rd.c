@@ -67,11 +67,10 @@ int tt_scan_rd(tt_op_t *op)
             }
             if (have)
                 tt_reduce3(out, tmp, out, count, dt, rop);
-            else if (ex) {
-                if (!direct)
-                    memcpy(out, tmp, bytes);
-            } else
+            else if (!ex)
                 tt_reduce3(out, tmp, op->sendbuf, count, dt, rop);
+            else if (!direct)
+                memcpy(out, tmp, bytes);
             have = 1;
         } else if (more) {
             tt_reduce3(blk, cur, tmp, count, dt, rop);
