@@ -34,7 +34,8 @@
  * that outlasts TUTTI_SPIN_US and pay the wake-up (40 us on this VM). Pulls in 1 MiB
  * slices, each announced, cost 5-10 % at 4 MiB (a system call is not free here). */
 #define SHM_PULL_SPIN_MAX_NS 100000000ull
-#define SHM_PURE_SPIN_NS 3000u /* then spinning yields the CPU on every round */
+#define SHM_PURE_SPIN_NS 3000u  /* then spinning yields the CPU on every round */
+#define SHM_HEAD_LOOK_EVERY 64u /* rec_ready */
 
 /* ---- request queues (tp_private[0] links them) ---- */
 
@@ -458,12 +459,19 @@ static int head_read(shm_link_t *L, uint64_t *head_p, int64_t *ahead_p)
 
 /* Is a record's header at rx_pos? 1: yes (its stamp is there); 0: not yet; < 0: the
  * link failed (garbage). Only the record's own line is read while its stamp is there:
- * the head is read only to tell a line not yet written from garbage. */
+ * the head is read only to tell a line not yet written from garbage, and only at every
+ * SHM_HEAD_LOOK_EVERY-th look without a stamp. A poller that read the head at every
+ * look held the sender's head line shared, and the sender's next store to it waited for
+ * the line to come back: a 2-rank 4-byte allreduce over shm took 0.61 us that way and
+ * 0.45 without (docs/benchmarks.md, "The forty-sixth session"). Garbage is found a few
+ * microseconds later, or by the look before a sleep (look_head). */
 static int rec_ready(shm_link_t *L)
 {
     uint64_t want, stamp = rx_stamp(L, &want);
     if (stamp == want)
         return 1;
+    if (++L->rx_misses % SHM_HEAD_LOOK_EVERY != 0 && !L->tp->look_head)
+        return 0;
     uint64_t hd;
     int64_t ahead;
     if (!head_read(L, &hd, &ahead))
@@ -737,6 +745,15 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
     }
 }
 
+/* The sweep before a sleep, or the last one: every look at a ring also reads its head,
+ * so garbage at rest is found now, not SHM_HEAD_LOOK_EVERY wake-ups later (rec_ready). */
+static void look_sweep(shm_tp_t *tp)
+{
+    tp->look_head = 1;
+    sweep(tp);
+    tp->look_head = 0;
+}
+
 /* Before a sleep: when the peers' liveness check is due (every liveness_ms), run it and
  * sweep, and return 1 (no sleep this time). */
 static int liveness_due(shm_tp_t *tp, uint64_t now)
@@ -762,7 +779,7 @@ static void wait_bell(void *vtp, unsigned long c0, uint64_t now, uint64_t deadli
     /* Dekker with peer_wake(): the sweep's loads of head/tail/acked are acquire, not
      * seq_cst, so only a full fence keeps them after the store above */
     atomic_thread_fence(memory_order_seq_cst);
-    sweep(tp); /* whatever was published before `sleeping` became visible */
+    look_sweep(tp); /* whatever was published before `sleeping` became visible */
     if (tp->completions != c0 || atomic_load(&tp->aborted)) {
         atomic_store(&bell->sleeping, 0);
         return;
@@ -801,7 +818,7 @@ static int shm_arm(void *vtp, int *fd_p, int *timeout_ms_p)
     atomic_store(&tp->bell->sleeping, SHM_SLEEP_FD);
     atomic_thread_fence(memory_order_seq_cst); /* as in wait_bell */
     tp->armed = 1;
-    sweep(tp);
+    look_sweep(tp);
     if (tp->completions != c0 || atomic_load(&tp->aborted)) {
         disarm(tp);
         return 1;
@@ -1038,13 +1055,19 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
     L->rx_key = rx->key;
     for (size_t i = 0; i < nreqs; i++)
         shm_post_recv(tp, &reqs[i]);
-    /* sweep until every receive is done, or a sweep moves nothing and the peer is done */
-    for (int i = 0; i < 1000 && L->rq_head; i++) {
+    /* sweep until every receive is done, or a sweep moves nothing and the peer is done;
+     * that last sweep as before a sleep (look_sweep) */
+    for (int i = 0, idle = 0; i < 1000 && L->rq_head; i++) {
         unsigned long c0 = tp->completions;
         L->progressed = 0;
-        sweep(tp);
-        if (!publish(ctx) && !L->progressed && tp->completions == c0)
+        if (idle)
+            look_sweep(tp);
+        else
+            sweep(tp);
+        int more = publish(ctx) || L->progressed || tp->completions != c0;
+        if (!more && idle)
             break;
+        idle = !more;
     }
     shm_cancel_all(tp, TUTTI_ERR_ABORTED);
     free(tp->pair_names);

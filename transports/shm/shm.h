@@ -148,6 +148,7 @@ typedef struct shm_link {
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
+    unsigned rx_misses;      /* rec_ready's looks that found no stamp */
     uint64_t tx_key, rx_key; /* the directions' stamp keys */
     shm_hdr_t rhdr;
     uint64_t raddr; /* rhdr's SHM_REC_CMA address */
@@ -170,6 +171,7 @@ struct shm_tp {
     int wake_fd;   /* our wake-up socket, or -1: arm() unsupported */
     int wake_self; /* connected to it, for abort() */
     int armed;     /* arm() announced SHM_SLEEP_FD: the next progress() disarms */
+    int look_head; /* rec_ready reads the head at every look (before a sleep) */
     atomic_int aborted;
     unsigned long completions;
     unsigned long pulls_moved; /* pulls of our buffers seen to begin */
