@@ -27,10 +27,10 @@
  * gather, two on broadcast and scatter (a small broadcast took three times the one-way
  * latency MPI's does). By default the messages are checked later (lib/core/agree.c):
  * a broadcast's or scatter's non-roots confirm without waiting (one message for a
- * batch of calls with one root, lib/core/agree.c) and the root checks the confirms at
- * later calls; a reduce's, gather's or scan's root releases without waiting (one
- * message to each non-root for a batch of calls with one root) and the non-roots check
- * the release later. A release a call (4 ranks over tcp) had a 4-byte scan at 2-3x the
+ * batch of calls, lib/core/agree.c, checked at the batch's first root) and that root
+ * checks the confirms at later calls; a reduce's, gather's or scan's root releases
+ * without waiting (one message to each other rank for a batch of calls, sent by the
+ * batch's first root) and the others check the release later. A release a call (4 ranks over tcp) had a 4-byte scan at 2-3x the
  * time of one without, and 3x Open MPI's (session 44). No release follows a confirm
  * then: a non-root whose own data matched has the root's data. What is given up: a rank
  * whose own messages matched returns from a mismatched call, and fails at a later one

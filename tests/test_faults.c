@@ -673,15 +673,16 @@ START_TEST(agree_lag_back_to_back)
 }
 END_TEST
 
-/* Broadcasts from one root back to back share one confirm message per batch
- * (lib/core/agree.c), reduces and scans one release message. A mismatch in the middle
- * of a batch, where rank 2 takes itself for the root of call BAD_CALL while the others
- * take rank 0 (a scan: passes one element less): every rank fails within
- * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming the collective; every
- * call before it delivered the right data. */
+/* Broadcasts back to back share one confirm message per batch (lib/core/agree.c),
+ * reduces and scans one release message, whether the calls have one root or take
+ * roots in turn (kinds 3 and 4: call i's root is rank i % 3, the batch checked at its
+ * first call's root). A mismatch in the middle of a batch, where rank 2 takes itself
+ * for the root of call BAD_CALL while the others take rank 0 (a scan: passes one
+ * element less): every rank fails within TUTTI_AGREE_LAG (32) calls and a batch (16)
+ * after it, naming the collective; every call before it delivered the right data. */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {
-    int kind; /* 0 broadcast, 1 reduce, 2 scan */
+    int kind; /* 0 broadcast, 1 reduce, 2 scan; 3 broadcast, 4 reduce from roots in turn */
     int failed_at[8];
     int status[8];
     char msg[8][1024];
@@ -693,15 +694,17 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
     (void)nranks;
     batch_shared_t *sh = arg;
     int32_t buf[5], out[5];
+    const int coll = sh->kind % 3; /* 0 broadcast, 1 reduce, 2 scan */
     sh->failed_at[rank] = -1;
     for (int it = 0; it < BATCH_CALLS; it++) {
-        const int bad = it == BATCH_BAD_CALL && rank == 2, root = bad ? 2 : 0;
+        const int bad = it == BATCH_BAD_CALL && rank == 2;
+        const int root = bad ? 2 : sh->kind >= 3 ? it % 3 : 0;
         int st;
         for (int i = 0; i < 5; i++)
-            buf[i] = sh->kind || rank == root ? it * 100 + i + (sh->kind ? rank : 0) : -1;
-        if (sh->kind == 0)
+            buf[i] = coll || rank == root ? it * 100 + i + (coll ? rank : 0) : -1;
+        if (coll == 0)
             st = tutti_broadcast(comm, buf, buf, 5, TUTTI_INT32, root);
-        else if (sh->kind == 1)
+        else if (coll == 1)
             st = tutti_reduce(comm, buf, out, 5, TUTTI_INT32, TUTTI_SUM, root);
         else
             st = tutti_scan(comm, buf, out, bad ? 4 : 5, TUTTI_INT32, TUTTI_SUM);
@@ -712,11 +715,11 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
             return 0;
         }
         /* broadcast: the root's; reduce at the root: ranks 0..2's; scan: ranks 0..rank's */
-        const int upto = sh->kind == 2 ? rank : 2;
-        const int32_t *got = sh->kind ? out : buf;
-        for (int i = 0; it < BATCH_BAD_CALL && (sh->kind != 1 || rank == 0) && i < 5; i++) {
-            int32_t want = sh->kind ? (upto + 1) * (it * 100 + i) + upto * (upto + 1) / 2
-                                    : it * 100 + i;
+        const int upto = coll == 2 ? rank : 2;
+        const int32_t *got = coll ? out : buf;
+        for (int i = 0; it < BATCH_BAD_CALL && (coll != 1 || rank == root) && i < 5; i++) {
+            int32_t want = coll ? (upto + 1) * (it * 100 + i) + upto * (upto + 1) / 2
+                                : it * 100 + i;
             FAIL_IF(got[i] != want, "kind %d, call %d: [%d] = %d, want %d", sh->kind, it, i, got[i],
                     want);
         }
@@ -726,7 +729,7 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
 
 START_TEST(confirm_batch_mismatch_midway)
 {
-    static const char *const names[] = { "broadcast", "reduce", "scan" };
+    static const char *const names[] = { "broadcast", "reduce", "scan", "broadcast", "reduce" };
     batch_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = _i;
     th_setenv_int("TUTTI_AGREE_LAG", BATCH_LAG);
@@ -1133,8 +1136,9 @@ static Suite *suite(void)
                                          mismatch_count_2ranks, mismatch_dtype, mismatch_op,
                                          mismatch_coll, mismatch_root, agree_lag_back_to_back,
                                          mismatch_pieces, NULL });
-    /* broadcast's confirms, reduce's and scan's releases */
-    th_add_looped(s, "batch", 90, 3, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
+    /* broadcast's confirms, reduce's and scan's releases; broadcast and reduce from
+     * roots in turn */
+    th_add_looped(s, "batch", 90, 5, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

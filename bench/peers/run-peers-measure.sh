@@ -93,6 +93,10 @@ cmd_of() {
         [ "$sys" = gloo ] || cmd+=(--algo "${sys#gloo:}") ;;
     esac
     cmd+=(--coll "$coll")
+    case $coll in
+    broadcast | reduce | gather | scatter)
+        cmd+=(-r "$([ "${root_of:-0}" = last ] && echo $((n - 1)) || echo "${root_of:-0}")") ;;
+    esac
 }
 
 # run_one SYSTEM RANKS COLL FAMILY REPEAT BAND: one process, its rows into $results.

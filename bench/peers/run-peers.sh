@@ -10,8 +10,8 @@
 #
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
-#        [--check] [--fresh] [--bind] [--peers LIST] [--build DIR] [-o FILE] [--keep] [--from DIR]
-#        [--estimate] [--run-timeout S]
+#        [--check] [--fresh] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
+#        [--keep] [--from DIR] [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
 # go on; a system that hangs twice at a rank count is dropped there for the rest of the run.
@@ -35,6 +35,7 @@ mode=std
 check=""
 fresh=""
 bind=0
+root_of="0"
 build=""
 keep=0
 from=""
@@ -64,6 +65,11 @@ Options:
                    (i*C/N)-th of C (tutti-bench and gloo-bench --bind, Open MPI
                    --bind-to core:overload-allowed, MPICH -bind-to core); default:
                    every system unbound (Open MPI --bind-to none)
+  --root R|last    root of the rooted collectives (broadcast, reduce, gather, scatter)
+                   in every harness (default 0; last: rank N-1 at each rank count).
+                   With --fresh a rooted call starts as the barrier before it lets each
+                   rank go, so a system whose barrier lets rank 0 go first looks faster
+                   with root 0 than with root N-1 (docs/benchmarks.md, session 47)
   --peers LIST     which systems (default "$peers")
   --build DIR      meson build dir with bench/tutti-bench (default build-bench, then build)
   -o FILE          markdown output (default docs/benchmarks-latest.md)
@@ -90,6 +96,7 @@ while [ $# -gt 0 ]; do
     --check) check="-c" ;;
     --fresh) fresh="--fresh" ;;
     --bind) bind=1 ;;
+    --root) root_of=$2; shift ;;
     --build) build=$2; shift ;;
     --peers) peers=$2; shift ;;
     --keep) keep=1 ;;
@@ -199,7 +206,7 @@ if [ -z "$from" ]; then
     : >"$notes"
     : >"$results"
     {
-        for v in repeats ranks_list colls transports bands mode check fresh bind peers; do
+        for v in repeats ranks_list colls transports bands mode check fresh bind root_of peers; do
             printf '%s=%q\n' "$v" "${!v}"
         done
         printf 'started=%q\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -8,15 +8,17 @@
  * so they never take another op's message.
  *
  * Confirms (a broadcast's or scatter's non-roots to the root) go in batches: calls back
- * to back with one root share one message, sent when TT_CONFIRM_BATCH calls are in it
- * or at the start of the next op that does not join it (before its own messages, on
- * every rank alike: which op flushes depends only on the calls, which the ranks agree
- * on or fail). It carries a digest of every call's envelope, checked by the root; its
- * own envelope is the last call's, checked by the transport. A loop of small
- * broadcasts from one root then sends one message per call instead of two (0.29 ->
- * 0.20 us over shm at 2 ranks). Releases (a reduce's, gather's or scan's root to the
- * non-roots) go in batches the same way, the root's digest checked by each non-root: a
- * release a call had a 4-rank reduce of 4 B over tcp at 20 us, one a batch at 6
+ * to back share one message, sent when TT_CONFIRM_BATCH calls are in it or at the start
+ * of the next op that does not join it (before its own messages, on every rank alike:
+ * which op flushes depends only on the calls, which the ranks agree on or fail). It
+ * carries a digest of every call's envelope (root included), checked by the batch's
+ * checker, the first call's root; its own envelope is the last call's, checked by the
+ * transport. A loop of small broadcasts then sends one message per call instead of
+ * two (0.29 -> 0.20 us over shm at 2 ranks), from one root or from roots in turn
+ * (before session 47 a new root closed the batch: broadcasts from ranks 0 and 1 in
+ * turn sent two messages a call). Releases (a reduce's, gather's or scan's root to the
+ * non-roots) go in batches the same way, the checker's digest checked by every other
+ * rank: a release a call had a 4-rank reduce of 4 B over tcp at 20 us, one a batch at 6
  * (session 44). A rank whose messages matched learns of a mismatched call up to
  * TT_CONFIRM_BATCH calls later than without batches. */
 #include <stdio.h>
@@ -93,7 +95,7 @@ static int rec_fail(tt_op_t *op, tt_agree_rec_t *rec, tt_req_t *bad)
  * batch's non-roots): every digest received must be this rank's own. */
 static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
 {
-    const int is_root = op->rank == rec->call.root;
+    const int is_root = op->rank == rec->checker;
     if (!rec->batch || is_root != (rec->batch == TT_BATCH_CONFIRM))
         return TUTTI_OK;
     for (int i = 0; i < rec->nreq; i++) {
@@ -102,11 +104,11 @@ static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
         tt_op_t old = as_call(op, &rec->call);
         char msg[TT_ERRMSG_LEN];
         snprintf(msg, sizeof(msg),
-                 "rank %d's record of the %d rooted calls seq %llu..%llu (root %d, their "
-                 "%s sent as one) differs from rank %d's: the ranks disagreed about "
-                 "one of them before seq %llu (its collective, count, dtype or root)",
+                 "rank %d's record of the %d rooted calls seq %llu..%llu (checked at rank "
+                 "%d, their %s sent as one) differs from rank %d's: the ranks disagreed "
+                 "about one of them before seq %llu (its collective, count, dtype or root)",
                  rec->reqs[i].tp.peer, rec->ncalls, (unsigned long long)rec->seq0,
-                 (unsigned long long)rec->call.seq, rec->call.root,
+                 (unsigned long long)rec->call.seq, rec->checker,
                  rec->batch == TT_BATCH_CONFIRM ? "confirms" : "releases", op->rank,
                  (unsigned long long)rec->call.seq);
         tt_fault_fail_op(&old, TUTTI_ERR_MISMATCH, msg);
@@ -188,6 +190,7 @@ static int rec_new(tt_op_t *op, int nreq, int ncalls, tt_agree_rec_t **rec_p)
     call_of(&rec->call, op);
     rec->ncalls = ncalls;
     rec->batch = 0;
+    rec->checker = op->root;
     comm->agree_count++;
     comm->agree_calls += ncalls;
     *rec_p = rec;
@@ -217,22 +220,25 @@ static int batch_send(tt_op_t *op)
     tutti_comm_t *comm = op->comm;
     tt_confirm_batch_t *b = &comm->confirm;
     tt_op_t last = as_call(op, &b->last);
-    const int is_root = op->rank == b->last.root, confirm = b->kind == TT_BATCH_CONFIRM;
+    const int checker = b->root, is_root = op->rank == checker;
+    const int confirm = b->kind == TT_BATCH_CONFIRM;
     const uint32_t tag = confirm ? TT_CONFIRM_TAG : TT_RELEASE_TAG;
     tt_agree_rec_t *rec;
     TT_CHECK(rec_new(&last, is_root ? op->nranks - 1 : 1, b->n, &rec));
     rec->batch = b->kind;
     rec->seq0 = b->seq0;
     rec->want = b->digest;
+    rec->checker = checker;
     b->n = 0;
-    /* a confirm: each non-root's digest to the root; a release: the root's to each */
+    /* a confirm: every other rank's digest to the checker; a release: the checker's to
+     * every other rank */
     if (!is_root)
-        return confirm ? tt_p2p_send(&last, b->last.root, &rec->want, sizeof(rec->want), tag,
-                                     &rec->reqs[0])
-                       : tt_p2p_recv(&last, b->last.root, &rec->got[0], sizeof(rec->got[0]), tag,
-                                     &rec->reqs[0]);
+        return confirm
+                   ? tt_p2p_send(&last, checker, &rec->want, sizeof(rec->want), tag, &rec->reqs[0])
+                   : tt_p2p_recv(&last, checker, &rec->got[0], sizeof(rec->got[0]), tag,
+                                 &rec->reqs[0]);
     for (int r = 0, k = 0; r < op->nranks; r++)
-        if (r != b->last.root) {
+        if (r != checker) {
             TT_CHECK(
                 confirm
                     ? tt_p2p_recv(&last, r, &rec->got[k], sizeof(rec->got[k]), tag, &rec->reqs[k])
@@ -245,7 +251,7 @@ static int batch_send(tt_op_t *op)
 int tt_agree_flush(tt_op_t *op, int kind)
 {
     tt_confirm_batch_t *b = &op->comm->confirm;
-    if (!b->n || (kind == b->kind && op->root == b->last.root))
+    if (!b->n || kind == b->kind)
         return TUTTI_OK;
     return batch_send(op);
 }
@@ -257,6 +263,7 @@ static int batch_add(tt_op_t *op, int kind)
         b->seq0 = op->seq;
         b->digest = 0xcbf29ce484222325ull;
         b->kind = kind;
+        b->root = op->root;
     }
     b->n++;
     b->digest = mix(mix(mix(mix(b->digest, op->seq), op->fingerprint), op->env_count), op->algo_id);

@@ -30,6 +30,8 @@ typedef struct tt_agree_rec {
     int batch;            /* a batch: TT_BATCH_CONFIRM (digests checked at its root) or
                              TT_BATCH_RELEASE (checked at each non-root); 0: one call */
     uint64_t seq0, want;  /* a batch: its first call; its digest (sent, or expected) */
+    int checker;          /* a batch: the rank that holds the confirms or sends the
+                             releases, its first call's root */
 } tt_agree_rec_t;
 
 /* The kinds of batch: a broadcast's or scatter's confirms (non-roots to the root), a
@@ -38,11 +40,13 @@ typedef struct tt_agree_rec {
 #define TT_BATCH_RELEASE 2
 
 /* The calls whose agreement messages are not sent yet (comm->confirm): calls back to
- * back with one root and one kind share one message, whose payload is a digest of every
- * call's envelope. */
+ * back of one kind share one message, whose payload is a digest of every call's
+ * envelope; the first call's root is the batch's checker, whatever the later calls'
+ * roots. */
 typedef struct tt_confirm_batch {
     int n;    /* calls in it (0: none) */
     int kind; /* TT_BATCH_* */
+    int root; /* the checker: the first call's root */
     uint64_t seq0, digest;
     tt_agree_call_t last;
 } tt_confirm_batch_t;
@@ -73,7 +77,7 @@ int tt_agree_confirm_later(tt_op_t *op);
 
 /* Before op's algorithm runs: the pending batch goes out (posted before any message of
  * op, on every rank alike) unless op will join it (`kind`: the TT_BATCH_* op's own
- * agreement message will join, 0 none; it joins a batch of its kind with its root). */
+ * agreement message will join, 0 none; it joins a batch of its kind, whatever its root). */
 int tt_agree_flush(tt_op_t *op, int kind);
 
 /* Free the ring (the transport is gone: nothing is posted any more). */
