@@ -25,18 +25,23 @@
  *
  * Waited for in the call (TUTTI_AGREE_LAG=0), this costs one latency on reduce and
  * gather, two on broadcast and scatter (a small broadcast took three times the one-way
- * latency MPI's does). By default the messages are checked later (lib/core/agree.c):
- * a broadcast's or scatter's non-roots confirm without waiting (one message for a
- * batch of calls, lib/core/agree.c, checked at the batch's first root) and that root
- * checks the confirms at later calls; a reduce's, gather's or scan's root releases
- * without waiting (one message to each other rank for a batch of calls, sent by the
- * batch's first root) and the others check the release later. A release a call (4 ranks over tcp) had a 4-byte scan at 2-3x the
- * time of one without, and 3x Open MPI's (session 44). No release follows a confirm
- * then: a non-root whose own data matched has the root's data. What is given up: a rank
- * whose own messages matched returns from a mismatched call, and fails at a later one
- * (within agree_lag calls and up to a batch more), naming this one; and two ranks that
- * both take themselves for a broadcast's root both return, the one that is not keeping
- * its own buffer. Nothing in bandwidth either way. */
+ * latency MPI's does). By default the messages are checked later (lib/core/agree.c),
+ * in batches of calls of one kind whatever their roots, each checked at its first
+ * call's root, the checker: a broadcast's or scatter's non-roots confirm without
+ * waiting (one message from each rank but the checker, for a batch of calls) and the
+ * checker compares the confirms at later calls; a reduce's, gather's or scan's root
+ * releases without waiting (one message from the checker to each other rank for a
+ * batch) and the others compare it later. A release a call (4 ranks over tcp) had a
+ * 4-byte scan at 2-3x the time of one without, and 3x Open MPI's (session 44). No
+ * release follows a confirm then: a non-root whose own data matched has the root's
+ * data. What is given up: a rank whose own messages matched returns from a mismatched
+ * call, and fails at a later one (within agree_lag calls and up to a batch more),
+ * naming this one, through the checker's digest or the failed rank's report; in a
+ * batch with several roots, a call's root that is not the checker is not itself told
+ * by the digests (since session 47), and learns of a disagreement that only they would
+ * show from the checker's report; and two ranks that both take themselves for a
+ * broadcast's root both return, the one that is not keeping its own buffer. Nothing in
+ * bandwidth either way. */
 static int root_handshake(tt_op_t *op, int confirm)
 {
     char none = 0;
