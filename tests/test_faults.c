@@ -677,8 +677,8 @@ END_TEST
  * reduces and scans one release message, whether the calls have one root or take
  * roots in turn (kinds 3 and 4: call i's root is rank i % 2, the batch checked at its
  * first call's root). A mismatch in the middle of a batch, where rank 2 takes itself
- * for the root of call BAD_CALL while the others take rank 0 (a scan: passes one
- * element less): every rank fails within TUTTI_AGREE_LAG (32) calls and a batch (16)
+ * for the root of call BAD_CALL while the others take that call's root (rank 0, or
+ * rank 1 in kinds 3 and 4; a scan: passes one element less): every rank fails within TUTTI_AGREE_LAG (32) calls and a batch (16)
  * after it, naming the collective; every call before it delivered the right data. */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {

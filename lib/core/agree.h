@@ -27,8 +27,8 @@ typedef struct tt_agree_rec {
     int nreq, cap;
     tt_agree_call_t call; /* the call (a batch's last), to name it if its check fails */
     int ncalls;           /* calls it checks: 1, or a batch's (from seq0) */
-    int batch;            /* a batch: TT_BATCH_CONFIRM (digests checked at its root) or
-                             TT_BATCH_RELEASE (checked at each non-root); 0: one call */
+    int batch;            /* a batch: TT_BATCH_CONFIRM (digests checked at its checker) or
+                             TT_BATCH_RELEASE (checked at every other rank); 0: one call */
     uint64_t seq0, want;  /* a batch: its first call; its digest (sent, or expected) */
     int checker;          /* a batch: the rank that holds the confirms or sends the
                              releases, its first call's root */
