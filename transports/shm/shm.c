@@ -34,8 +34,9 @@
  * that outlasts TUTTI_SPIN_US and pay the wake-up (40 us on this VM). Pulls in 1 MiB
  * slices, each announced, cost 5-10 % at 4 MiB (a system call is not free here). */
 #define SHM_PULL_SPIN_MAX_NS 100000000ull
-#define SHM_PURE_SPIN_NS 3000u  /* then spinning yields the CPU on every round */
-#define SHM_HEAD_LOOK_EVERY 64u /* rec_ready */
+#define SHM_PURE_SPIN_NS 3000u    /* then spinning yields the CPU on every round */
+#define SHM_HEAD_LOOK_EVERY 64u   /* rec_ready */
+#define SHM_EVEN_LOOK_NS 1000000u /* even_out_cpus: at most this often */
 
 /* ---- request queues (tp_private[0] links them) ---- */
 
@@ -637,23 +638,44 @@ static void abort_all(shm_tp_t *tp)
 
 /* ---- the ops ---- */
 
+/* No move before a pause that doubles from 1 ms to 128 ms while moves keep coming
+ * (someone may keep moving us back). */
+static void move_pause(shm_tp_t *tp, uint64_t now)
+{
+    if (now > tp->next_move_ns + 1000000000ull)
+        tp->moves = 0; /* quiet for a second: start over */
+    tp->next_move_ns = now + (1000000ull << TT_KIT_MIN(tp->moves, 7u));
+}
+
+/* Move this thread to CPU `to` and give it back its affinity `allowed`: the kernel's
+ * placement holds from there. 1 when moved. */
+static int move_to_cpu(shm_tp_t *tp, int to, const cpu_set_t *allowed)
+{
+    cpu_set_t target;
+    CPU_ZERO(&target);
+    CPU_SET(to, &target);
+    if (sched_setaffinity(0, sizeof(target), &target) != 0)
+        return 0;
+    if (sched_setaffinity(0, sizeof(*allowed), allowed) != 0)
+        tp->host->log(tp->host->ctx, TUTTI_LOG_WARN,
+                      "shm: could not give back this thread's CPU affinity: %s", strerror(errno));
+    tp->moves++;
+    return 1;
+}
+
 /* Two local ranks that wait for each other on one CPU while another CPU idles take turns
  * through sched_yield (7 us a switch here, against 0.5 us for a message between two
  * CPUs), and the kernel leaves them so: both stay runnable and cache-hot, which its load
  * balancer does not move. A rank that finds a peer it has traffic pending with on its own
- * CPU, with fewer local ranks than CPUs, moves itself (the higher rank of the two): its affinity
- * narrowed to a CPU no local peer was seen on, then given back as it was, so the kernel's
- * placement holds from there. Tried again after a pause that doubles from 1 ms to 128 ms
- * while moves keep coming (someone may keep moving us back). */
+ * CPU, with fewer local ranks than CPUs, moves itself (the higher rank of the two) to a
+ * CPU no local peer was seen on. */
 static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
 {
     if (now < tp->next_move_ns)
         return;
-    if (now > tp->next_move_ns + 1000000000ull)
-        tp->moves = 0; /* quiet for a second: start over */
-    tp->next_move_ns = now + (1000000ull << TT_KIT_MIN(tp->moves, 7u));
+    move_pause(tp, now);
     int mine = tp->cpu, shared_with = -1;
-    cpu_set_t allowed, target;
+    cpu_set_t allowed;
     if (mine < 0 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || mine >= CPU_SETSIZE)
         return;
     cpu_set_t taken = allowed;
@@ -674,19 +696,77 @@ static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
     for (int c = 0; c < CPU_SETSIZE && to < 0; c++)
         if (CPU_ISSET(c, &taken))
             to = c;
-    CPU_ZERO(&target);
-    CPU_SET(to, &target);
-    if (sched_setaffinity(0, sizeof(target), &target) != 0)
+    if (!move_to_cpu(tp, to, &allowed))
         return;
-    if (sched_setaffinity(0, sizeof(allowed), &allowed) != 0)
-        tp->host->log(tp->host->ctx, TUTTI_LOG_WARN,
-                      "shm: could not give back this thread's CPU affinity: %s", strerror(errno));
-    tp->moves++;
     tp->spin_misses = 0;
     tp->cpu = -1; /* published again at the next wait */
     tp->host->log(tp->host->ctx, TUTTI_LOG_INFO,
                   "shm: rank %d waited for rank %d on the same CPU %d: moved to CPU %d", tp->rank,
                   shared_with, mine, to);
+}
+
+/* More local ranks than CPUs: the ranks on one CPU take turns through sched_yield, so a
+ * small call costs about a switch for each rank on the fullest CPU. The kernel may leave
+ * three ranks of four on one CPU and the fourth alone on the other, spinning, for tens of
+ * ms: its balancer does not move tasks that ran within the last half millisecond, and
+ * these always did (`perf sched` of a 4-rank 64-byte alltoall on 2 CPUs: 25-33 us a
+ * call in that placement, 12-16 in two and two). So every SHM_EVEN_LOOK_NS a waiting rank
+ * publishes its CPU and reads the CPUs its local peers last waited on; if its own holds
+ * two ranks more than the emptiest CPU it may run on, it moves there. Ranks on one CPU
+ * run one at a time and the mover publishes its new CPU at once, so the next one to look
+ * counts it where it went. */
+static void even_out_cpus(shm_tp_t *tp, uint64_t now)
+{
+    tp->next_look_ns = now + SHM_EVEN_LOOK_NS;
+    int mine = sched_getcpu();
+    if (mine < 0 || mine >= SHM_CPU_WORDS * 64)
+        return;
+    if (mine != tp->cpu) {
+        tp->cpu = mine;
+        atomic_store_explicit(&tp->bell->cpu, mine, memory_order_relaxed);
+    }
+    if (now < tp->next_move_ns)
+        return;
+    uint16_t *count = tp->cpu_count;         /* all zero between calls */
+    int seen[SHM_CPU_WORDS * 64], nseen = 0; /* the CPUs counted, to zero them after */
+    count[mine] = 1;
+    seen[nseen++] = mine;
+    for (int p = 0; p < tp->nranks; p++) {
+        shm_link_t *L = &tp->links[p];
+        if (!L->served || !L->peer_bell)
+            continue;
+        int c = atomic_load_explicit(&L->peer_bell->cpu, memory_order_relaxed);
+        if (c < 0 || c >= SHM_CPU_WORDS * 64)
+            continue;
+        if (count[c]++ == 0)
+            seen[nseen++] = c;
+    }
+    /* the emptiest CPU this rank may run on (as at set-up), the lowest of a tie */
+    int to = -1;
+    unsigned least = count[mine];
+    for (int w = 0; w < SHM_CPU_WORDS && least > 0; w++)
+        for (uint64_t bits = tp->bell->cpus[w]; bits && least > 0; bits &= bits - 1) {
+            int c = w * 64 + __builtin_ctzll(bits);
+            if (count[c] < least) {
+                least = count[c];
+                to = c;
+            }
+        }
+    unsigned here = count[mine];
+    for (int i = 0; i < nseen; i++)
+        count[seen[i]] = 0;
+    cpu_set_t allowed;
+    if (to < 0 || here < least + 2 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0 ||
+        !CPU_ISSET(to, &allowed))
+        return;
+    move_pause(tp, now);
+    if (!move_to_cpu(tp, to, &allowed))
+        return;
+    tp->cpu = to;
+    atomic_store_explicit(&tp->bell->cpu, to, memory_order_relaxed);
+    tp->host->log(tp->host->ctx, TUTTI_LOG_INFO,
+                  "shm: rank %d: %u local ranks on CPU %d, %u on CPU %d: moved to CPU %d", tp->rank,
+                  here, mine, least, to, to);
 }
 
 /* The spin of progress(), from t0 for up to spin_us (and not past the caller's
@@ -707,6 +787,8 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
         }
         if (tp->spin_misses >= 4)
             leave_shared_cpu(tp, t0);
+    } else if (t0 >= tp->next_look_ns) {
+        even_out_cpus(tp, t0);
     }
     /* Spin on the CPU only briefly, then yield on every round: the peer we wait for
      * may need this CPU (more local ranks than CPUs, or the scheduler put both on
