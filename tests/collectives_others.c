@@ -444,10 +444,10 @@ static const set_t sets[4] = {
       "alltoall:bruck",
       { "linear", "linear", "linear", "tree", "linear", "bruck" },
       0 },
-    { "ring/rd/ring/linear/tree/linear",
-      "reduce:ring;allgather:rd;reduce_scatter:ring;gather:linear;scatter:tree;"
+    { "ring/pairwise/ring/linear/tree/linear",
+      "reduce:ring;allgather:pairwise;reduce_scatter:ring;gather:linear;scatter:tree;"
       "alltoall:linear",
-      { "ring", "rd", "ring", "linear", "tree", "linear" },
+      { "ring", "pairwise", "ring", "linear", "tree", "linear" },
       0 },
 };
 

@@ -71,6 +71,8 @@ START_TEST(public_algo_list)
     ck_assert_str_eq(tutti_algo_name("allgather", 2), "linear");
     ck_assert_str_eq(tutti_algo_name("reduce_scatter", 2), "linear");
     ck_assert_str_eq(tutti_algo_name("allgather", 3), "hier");
+    ck_assert_str_eq(tutti_algo_name("allgather", 4), "pairwise");
+    ck_assert_ptr_null(tutti_algo_name("allgather", 5));
     ck_assert_str_eq(tutti_algo_name("reduce_scatter", 3), "hier");
     ck_assert_ptr_null(tutti_algo_name("reduce_scatter", 4));
     ck_assert_str_eq(tutti_algo_name("reduce", 2), "linear");
@@ -82,7 +84,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 35);
+    ck_assert_uint_eq(n, 36);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -122,6 +124,7 @@ START_TEST(force_each)
         { TT_COLL_ALLGATHER, "allgather:linear", "linear" },
         { TT_COLL_REDUCE_SCATTER, "reduce_scatter:linear", "linear" },
         { TT_COLL_ALLGATHER, "allgather:hier", "hier" },
+        { TT_COLL_ALLGATHER, "allgather:pairwise", "pairwise" },
         { TT_COLL_REDUCE_SCATTER, "reduce_scatter:hier", "hier" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -252,6 +255,7 @@ START_TEST(single_copy_hints)
         { TT_COLL_ALLGATHER, "rd", 1 },
         { TT_COLL_ALLGATHER, "linear", 0 },
         { TT_COLL_ALLGATHER, "hier", 1 },
+        { TT_COLL_ALLGATHER, "pairwise", 1 },
         { TT_COLL_REDUCE_SCATTER, "ring", 1 },
         { TT_COLL_REDUCE_SCATTER, "pairwise", 1 },
         { TT_COLL_REDUCE_SCATTER, "linear", 0 },
@@ -465,16 +469,21 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 51460, 4), "hd");
     /* allgather (n: the whole result), the same host: linear 3.5a + (3/4 + 3) n b/3 =
      * 3.5a + 0.25 ns/B; rd (4 ranks: each block a message, 12 in all) 2a + 12 / 2 a/2 +
-     * 3/4 n b + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B:
-     * linear below 2.5a / 0.1 ns/B = 25000 bytes, then the ring (rd would pass linear
-     * only at 90000, past the ring) */
+     * 3/4 n b + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B;
+     * pairwise the ring's with 0.9 b, 6a + 0.135 ns/B: linear below 2.5a / 0.115 ns/B =
+     * 21739 bytes, then pairwise (rd would pass linear only at 90000) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "rd", 0, 4, 0) - 5.0 * sa) <
               1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "pairwise", 1000, 4, 0) -
+                   (6.0 * sa + 0.9 * 750 * sb * 1e-3)) < 1e-9);
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16, 4), "linear");
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16384, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 24990, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 25010, 4), "ring");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 4), "ring");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21700, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21780, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 4), "pairwise");
+    /* 2 ranks: the ring (pairwise would be its one exchange); over sockets never */
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 2), "ring");
+    ck_assert(isinf(tt_cost_estimate(&crowd, TT_COLL_ALLGATHER, "pairwise", 1000, 4, 0)));
     /* not crowded, Bruck's L rounds (the ring's p - 1 up to 3 ranks) win: linear's 2
      * rounds and rank 0's queue never, at 2..64 ranks for 16 B */
     for (int p = 2; p <= 64; p++)

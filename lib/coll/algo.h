@@ -65,6 +65,7 @@ int tt_reduce_ring(tt_op_t *op);         /* ring reduce-scatter, then gather to 
 int tt_reduce_linear(tt_op_t *op);       /* every rank to the root; rank order */
 int tt_allgather_ring(tt_op_t *op);      /* any layout (allgatherv too) */
 int tt_allgather_rd(tt_op_t *op);        /* recursive doubling; any rank count */
+int tt_allgather_pairwise(tt_op_t *op);  /* every block to every rank at once; any layout */
 int tt_reduce_scatter_ring(tt_op_t *op); /* any layout */
 int tt_reduce_scatter_pairwise(tt_op_t *op);
 int tt_gather_linear(tt_op_t *op);
