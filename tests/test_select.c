@@ -481,8 +481,14 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21700, 4), "linear");
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21780, 4), "pairwise");
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 4), "pairwise");
-    /* 2 ranks: the ring (pairwise would be its one exchange); over sockets never */
+    /* 2 ranks: the ring (pairwise would be its one exchange); over sockets never, nor
+     * over shm with a CPU for every rank */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 2), "ring");
+    tt_cost_t shm_spare = shm_crowd;
+    shm_spare.host_cpus = 4;
+    ck_assert(!tt_cost_crowded(&shm_spare));
+    ck_assert(isinf(tt_cost_estimate(&shm_spare, TT_COLL_ALLGATHER, "pairwise", 1000, 4, 0)));
+    ck_assert_str_eq(pick_c(&shm_spare, TT_COLL_ALLGATHER, 1 << 20, 4), "ring");
     ck_assert(isinf(tt_cost_estimate(&crowd, TT_COLL_ALLGATHER, "pairwise", 1000, 4, 0)));
     /* not crowded, Bruck's L rounds (the ring's p - 1 up to 3 ranks) win: linear's 2
      * rounds and rank 0's queue never, at 2..64 ranks for 16 B */

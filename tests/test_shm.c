@@ -958,6 +958,16 @@ END_TEST
  * checked on every call; every call counts the ranks on each CPU, and the loop ends when
  * it is two and two. */
 #define CALLS_TO_EVEN 100000
+/* FAIL_IF with stderr given back first (captured, the reason would go to the log file) */
+#define EFAIL_IF(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            char lost_[16384];                                                                     \
+            if (log_end(&cap, lost_, sizeof(lost_)) == 0)                                          \
+                fputs(lost_, stderr);                                                              \
+            FAIL_IF(1, __VA_ARGS__);                                                               \
+        }                                                                                          \
+    } while (0)
 static int rank_even(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
@@ -980,8 +990,8 @@ static int rank_even(int rank, int nranks, tutti_comm_t *unused, const char *dir
     tutti_store_t *store = NULL;
     tutti_comm_t *comm = NULL;
     tutti_comm_opts_t o = shm_opts(20000);
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != TUTTI_OK, "store");
-    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != TUTTI_OK, "init");
+    EFAIL_IF(tutti_store_open_file(&store, dir, 20000) != TUTTI_OK, "store");
+    EFAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != TUTTI_OK, "init");
     int64_t want = (int64_t)nranks * (nranks - 1) / 2;
     int evened = -1, moved = 0, round;
     double dt = 0;
@@ -993,32 +1003,33 @@ static int rank_even(int rank, int nranks, tutti_comm_t *unused, const char *dir
          * failed), until a call finds three and one. */
         int placed = 0;
         for (int tries = 0; tries < 100 && !placed; tries++) {
-            FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "move");
-            FAIL_IF(sched_setaffinity(0, sizeof(two), &two) != 0, "unpin");
+            EFAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "move");
+            EFAIL_IF(sched_setaffinity(0, sizeof(two), &two) != 0, "unpin");
             int c = sched_getcpu();
             int64_t x[3] = { rank, c == cpu[0], c == cpu[1] }, y[3];
-            FAIL_IF(tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
-                    tutti_comm_last_error(comm));
-            FAIL_IF(y[0] != want, "placing: sum %lld, want %lld", (long long)y[0], (long long)want);
+            EFAIL_IF(tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+                     tutti_comm_last_error(comm));
+            EFAIL_IF(y[0] != want, "placing: sum %lld, want %lld", (long long)y[0],
+                     (long long)want);
             placed = y[1] == 3 && y[2] == 1;
         }
-        FAIL_IF(!placed, "could not place three ranks on CPU %d and one on %d", cpu[0], cpu[1]);
+        EFAIL_IF(!placed, "could not place three ranks on CPU %d and one on %d", cpu[0], cpu[1]);
         evened = -1;
         double t0 = th_now_ms();
         for (int it = 0; it < CALLS_TO_EVEN && evened < 0; it++) {
             int c = sched_getcpu();
             int64_t x[3] = { rank + it, c == cpu[0], c == cpu[1] }, y[3];
-            FAIL_IF(tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
-                    tutti_comm_last_error(comm));
-            FAIL_IF(y[0] != want + (int64_t)nranks * it, "sum %lld at %d", (long long)y[0], it);
+            EFAIL_IF(tutti_allreduce(comm, x, y, 3, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+                     tutti_comm_last_error(comm));
+            EFAIL_IF(y[0] != want + (int64_t)nranks * it, "sum %lld at %d", (long long)y[0], it);
             if (y[1] == 2 && y[2] == 2)
                 evened = it;
         }
         dt = th_now_ms() - t0;
-        FAIL_IF(evened < 0, "round %d: not two and two after %d calls", round, CALLS_TO_EVEN);
+        EFAIL_IF(evened < 0, "round %d: not two and two after %d calls", round, CALLS_TO_EVEN);
         int64_t said = log_has(&cap, "local ranks on CPU"), n = 0;
-        FAIL_IF(tutti_allreduce(comm, &said, &n, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
-                tutti_comm_last_error(comm));
+        EFAIL_IF(tutti_allreduce(comm, &said, &n, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+                 tutti_comm_last_error(comm));
         moved = n > 0;
     }
     tutti_comm_destroy(comm);
@@ -1029,8 +1040,8 @@ static int rank_even(int rank, int nranks, tutti_comm_t *unused, const char *dir
         __atomic_fetch_or(&sh->flag, 1 << rank, __ATOMIC_SEQ_CST);
     if (rank == 0) {
         fprintf(stderr,
-                "three ranks on CPU %d, one on %d: two and two after %d calls (%.1f ms), "
-                "round %d\n",
+                "three ranks on CPU %d, one on %d: two and two after %d calls (%.1f ms) "
+                "in round %d of at most 5\n",
                 cpu[0], cpu[1], evened, dt, round);
     }
     return 0;

@@ -62,8 +62,8 @@
  *                    against the ring's 184 (shm, 2 CPUs); at 4 B-2 KiB it took
  *                    0.6-1.6 us against the tree's 0.9-11 over shm, level over tcp
  * allgather  ring    (p-1)(a + n/p b)
- *            pairwise  the ring's, 0.9 b over shared memory only (every block posted
- *                    at once; the header of algorithms/allgather_pairwise.c)
+ *            pairwise  the ring's, 0.9 b, over shared memory on a crowded host only
+ *                    (every block posted at once; algorithms/allgather_pairwise.c)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
  *                    0, all of them back to each rank); on a crowded host the three
@@ -75,7 +75,7 @@
  *                    35.7, 32.9. Over shm, crowded, the root copies at b/3 (in
  *                    its cache): the time grew 0.2 ns a byte from 16 to 64 KiB (the
  *                    model 0.25, at b 0.75); linear is picked to 25 KB, then the ring
- *                    (to 21.7 KB, then pairwise, at 3 ranks and more over shm)
+ *                    (to 21.7 KB, then pairwise, from 3 ranks)
  *            hier    H hosts of S ranks each only (else never): (H-1) max(x, l) + l, x =
  *                    a + S n/p b (a step across hosts: a block from each of the host's S
  *                    ranks on its link), l = (S-1)(a + n/p bl) (a ring within the host
@@ -526,12 +526,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    (fr + p - 1) * n * root_copy_b(c);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 0);
-        /* the ring's messages, all posted at once; over shm a receiver pulls each block
-         * from its owner whenever it runs, where a ring step waits for the block before
-         * it to land: 0.9 on b. Over sockets its p - 1 streams into each rank at once
-         * took 1.2-1.4x the ring's time at 4-16 MiB (4 ranks on 2 CPUs): never there.
-         * At 2 ranks it is the ring's one exchange: left to the ring */
-        if (!strcmp(algo, "pairwise") && c->local_only && p > 2)
+        /* the ring's messages, all posted at once; over shm, crowded, a receiver pulls
+         * each block from its owner whenever it runs, where a ring step waits for the
+         * block before it to land, and for its sender to get a CPU: 0.9 on b. Over
+         * sockets its p - 1 streams into each rank at once took 1.2-1.4x the ring's time
+         * at 4-16 MiB (4 ranks on 2 CPUs): never there; nor where every rank has a CPU
+         * (not measured: the ring's steps then wait for no CPU). At 2 ranks it is the
+         * ring's one exchange: left to the ring */
+        if (!strcmp(algo, "pairwise") && c->local_only && tt_cost_crowded(c) && p > 2)
             return latency(c, p, p - 1, (double)p * (p - 1), 0) + 0.9 * fr * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:

@@ -711,21 +711,16 @@ static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
  * ms: its balancer does not move tasks that ran within the last half millisecond, and
  * these always did (`perf sched` of a 4-rank 64-byte alltoall on 2 CPUs: 25-33 us a
  * call in that placement, 12-16 in two and two). So every SHM_EVEN_LOOK_NS a waiting rank
- * publishes its CPU and reads the CPUs its local peers last waited on; if its own holds
- * two ranks more than the emptiest CPU it may run on, it moves there. Ranks on one CPU
+ * (which publishes its CPU at every wait, spin()) reads the CPUs its local peers last
+ * waited on; once every one is known, if its own holds two ranks more than the emptiest
+ * CPU it may run on, it moves there. Ranks on one CPU
  * run one at a time and the mover publishes its new CPU at once, so the next one to look
  * counts it where it went. */
 static void even_out_cpus(shm_tp_t *tp, uint64_t now)
 {
     tp->next_look_ns = now + SHM_EVEN_LOOK_NS;
-    int mine = sched_getcpu();
-    if (mine < 0 || mine >= SHM_CPU_WORDS * 64)
-        return;
-    if (mine != tp->cpu) {
-        tp->cpu = mine;
-        atomic_store_explicit(&tp->bell->cpu, mine, memory_order_relaxed);
-    }
-    if (now < tp->next_move_ns)
+    int mine = tp->cpu; /* spin() published it */
+    if (mine < 0 || mine >= SHM_CPU_WORDS * 64 || now < tp->next_move_ns)
         return;
     uint16_t *count = tp->cpu_count;         /* all zero between calls */
     int seen[SHM_CPU_WORDS * 64], nseen = 0; /* the CPUs counted, to zero them after */
@@ -736,8 +731,11 @@ static void even_out_cpus(shm_tp_t *tp, uint64_t now)
         if (!L->served || !L->peer_bell)
             continue;
         int c = atomic_load_explicit(&L->peer_bell->cpu, memory_order_relaxed);
-        if (c < 0 || c >= SHM_CPU_WORDS * 64)
-            continue;
+        if (c < 0 || c >= SHM_CPU_WORDS * 64) { /* not known yet: no move on half a count */
+            for (int i = 0; i < nseen; i++)
+                count[seen[i]] = 0;
+            return;
+        }
         if (count[c]++ == 0)
             seen[nseen++] = c;
     }
@@ -765,8 +763,8 @@ static void even_out_cpus(shm_tp_t *tp, uint64_t now)
     tp->cpu = to;
     atomic_store_explicit(&tp->bell->cpu, to, memory_order_relaxed);
     tp->host->log(tp->host->ctx, TUTTI_LOG_INFO,
-                  "shm: rank %d: %u local ranks on CPU %d, %u on CPU %d: moved to CPU %d", tp->rank,
-                  here, mine, least, to, to);
+                  "shm: rank %d: %u local ranks on CPU %d, %u on CPU %d: moved there", tp->rank,
+                  here, mine, least, to);
 }
 
 /* The spin of progress(), from t0 for up to spin_us (and not past the caller's
@@ -779,12 +777,12 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
     /* with more local ranks than CPUs, the puller may need this one: no longer */
     const int pull_spin = !tp->oversubscribed;
     uint64_t end = TT_KIT_MIN(t0 + spin_ns, deadline);
+    int c = sched_getcpu(); /* published at every wait, where it changed */
+    if (c != tp->cpu) {
+        tp->cpu = c;
+        atomic_store_explicit(&tp->bell->cpu, c, memory_order_relaxed);
+    }
     if (!tp->oversubscribed) {
-        int c = sched_getcpu();
-        if (c != tp->cpu) {
-            tp->cpu = c;
-            atomic_store_explicit(&tp->bell->cpu, c, memory_order_relaxed);
-        }
         if (tp->spin_misses >= 4)
             leave_shared_cpu(tp, t0);
     } else if (t0 >= tp->next_look_ns) {
