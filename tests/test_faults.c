@@ -678,8 +678,9 @@ END_TEST
  * roots in turn (kinds 3 and 4: call i's root is rank i % 2, the batch checked at its
  * first call's root). A mismatch in the middle of a batch, where rank 2 takes itself
  * for the root of call BAD_CALL while the others take that call's root (rank 0, or
- * rank 1 in kinds 3 and 4; a scan: passes one element less): every rank fails within TUTTI_AGREE_LAG (32) calls and a batch (16)
- * after it, naming the collective; every call before it delivered the right data. */
+ * rank 1 in kinds 3 and 4; a scan: passes one element less): every rank fails within
+ * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming the collective; every
+ * call before it delivered the right data. */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {
     int kind; /* 0 broadcast, 1 reduce, 2 scan; 3 broadcast, 4 reduce from roots in turn */

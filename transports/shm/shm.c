@@ -713,35 +713,29 @@ static void leave_shared_cpu(shm_tp_t *tp, uint64_t now)
  * call in that placement, 12-16 in two and two). So every SHM_EVEN_LOOK_NS a waiting rank
  * (which publishes its CPU at every wait, spin()) reads the CPUs its local peers last
  * waited on; once every one is known, if its own holds two ranks more than the emptiest
- * CPU it may run on, it moves there. Ranks on one CPU
- * run one at a time and the mover publishes its new CPU at once, so the next one to look
- * counts it where it went. */
+ * CPU it may run on, it moves there. Ranks on one CPU run one at a time and the mover
+ * publishes its new CPU at once, so the next one to look counts it where it went. */
 static void even_out_cpus(shm_tp_t *tp, uint64_t now)
 {
     tp->next_look_ns = now + SHM_EVEN_LOOK_NS;
     int mine = tp->cpu; /* spin() published it */
     if (mine < 0 || mine >= SHM_CPU_WORDS * 64 || now < tp->next_move_ns)
         return;
-    uint16_t *count = tp->cpu_count;         /* all zero between calls */
-    int seen[SHM_CPU_WORDS * 64], nseen = 0; /* the CPUs counted, to zero them after */
+    uint16_t count[SHM_CPU_WORDS * 64] = { 0 }; /* local ranks a CPU (2 KiB, once a ms) */
     count[mine] = 1;
-    seen[nseen++] = mine;
     for (int p = 0; p < tp->nranks; p++) {
         shm_link_t *L = &tp->links[p];
         if (!L->served || !L->peer_bell)
             continue;
         int c = atomic_load_explicit(&L->peer_bell->cpu, memory_order_relaxed);
-        if (c < 0 || c >= SHM_CPU_WORDS * 64) { /* not known yet: no move on half a count */
-            for (int i = 0; i < nseen; i++)
-                count[seen[i]] = 0;
-            return;
-        }
-        if (count[c]++ == 0)
-            seen[nseen++] = c;
+        if (c < 0 || c >= SHM_CPU_WORDS * 64)
+            return; /* not known yet: no move on half a count */
+        count[c]++;
     }
     /* the emptiest CPU this rank may run on (as at set-up), the lowest of a tie */
     int to = -1;
-    unsigned least = count[mine];
+    const unsigned here = count[mine];
+    unsigned least = here;
     for (int w = 0; w < SHM_CPU_WORDS && least > 0; w++)
         for (uint64_t bits = tp->bell->cpus[w]; bits && least > 0; bits &= bits - 1) {
             int c = w * 64 + __builtin_ctzll(bits);
@@ -750,9 +744,6 @@ static void even_out_cpus(shm_tp_t *tp, uint64_t now)
                 to = c;
             }
         }
-    unsigned here = count[mine];
-    for (int i = 0; i < nseen; i++)
-        count[seen[i]] = 0;
     cpu_set_t allowed;
     if (to < 0 || here < least + 2 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0 ||
         !CPU_ISSET(to, &allowed))

@@ -191,7 +191,6 @@ struct shm_tp {
     unsigned moves;        /* times we moved to another CPU */
     uint64_t next_move_ns; /* not before this */
     uint64_t next_look_ns; /* oversubscribed: even_out_cpus not before this */
-    uint16_t cpu_count[SHM_CPU_WORDS * 64]; /* even_out_cpus' counts, zero between calls */
     uint64_t next_liveness_ns;
     /* names still linked (unlinked as soon as the peers mapped them) */
     char bell_name[64];
