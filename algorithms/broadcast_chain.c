@@ -38,6 +38,7 @@ int tt_broadcast_chain(tt_op_t *op)
 
     if (vr == 0) {
         const unsigned char *src = op->sendbuf;
+        tt_stream_to_one(op, 1, TT_MIN(chunk, count) * es);
         for (size_t k = 0; k < nck; k++) {
             size_t c0 = k * chunk, clen = TT_MIN(chunk, count - c0);
             TT_CHECK_GOTO(tt_p2p_send(op, next, src + c0 * es, clen * es, (uint32_t)k, &sreq[k]),

@@ -34,6 +34,7 @@ int tt_broadcast_linear(tt_op_t *op)
     /* the same on every rank: rank 0's host as the cost model counts it */
     if (bytes < TT_BCAST_STREAM_BYTES && tt_cost_crowded(tt_op_cost(op)))
         op->tp_hints &= ~TUTTI_TP_HINT_SINGLE_COPY;
+    tt_stream_to_one(op, n - 1, bytes);
     if (op->rank != root) {
         TT_CHECK(tt_p2p_recv(op, root, op->recvbuf, bytes, 0, &req));
         return tt_p2p_wait(op, &req);

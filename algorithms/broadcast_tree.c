@@ -42,6 +42,11 @@ int tt_broadcast_tree(tt_op_t *op)
         TT_CHECK(tt_p2p_wait(op, &req[0]));
     }
 
+    /* children: the set bits below mask that stay inside the communicator */
+    int children = 0;
+    for (long m = mask >> 1; m >= 1; m >>= 1)
+        children += vr + m < n;
+    tt_stream_to_one(op, children, bytes);
     size_t nsend = 0;
     while (mask > 1) {
         mask >>= 1;

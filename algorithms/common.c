@@ -241,3 +241,9 @@ void tt_hosts_free(tt_hosts_t *h)
     free(h->grid);
     h->local = h->cross = h->grid = NULL;
 }
+
+void tt_stream_to_one(tt_op_t *op, int receivers, size_t bytes)
+{
+    if (receivers == 1 && bytes < TT_STREAM_ONE_BYTES && !tt_cost_crowded(tt_op_cost(op)))
+        op->tp_hints &= ~TUTTI_TP_HINT_SINGLE_COPY;
+}

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "coll/algo.h"
+#include "core/state.h"
 #include "harness.h"
 #include "base/base.h"
 
@@ -289,6 +290,46 @@ START_TEST(single_copy_hints)
         ck_assert_msg(!!(a->tp_hints & TUTTI_TP_HINT_SINGLE_COPY) == want[i].single_copy,
                       "%s %s: single copy %s", tt_coll_name(want[i].coll), want[i].name,
                       want[i].single_copy ? "not asked for" : "asked for");
+    }
+}
+END_TEST
+
+/* A sender with a single receiver streams where the host's ranks have a CPU each
+ * (tt_stream_to_one): the single-copy hint comes off its requests below
+ * TT_STREAM_ONE_BYTES, and stays with two receivers, from that size, on a crowded host,
+ * and where the op had none. */
+START_TEST(stream_to_one)
+{
+    static const struct {
+        int receivers, host_ranks, host_cpus, hinted;
+        size_t bytes;
+        int want;
+    } cases[] = {
+        { 1, 2, 2, 1, (size_t)32 << 20, 0 },        /* 2 ranks, a CPU each: streams */
+        { 1, 2, 0, 1, 4096, 0 },                    /* CPUs not known: not crowded */
+        { 1, 2, 2, 1, TT_STREAM_ONE_BYTES - 1, 0 }, /* just under */
+        { 1, 2, 2, 1, TT_STREAM_ONE_BYTES, 1 },     /* from the bound: pulled */
+        { 2, 3, 4, 1, (size_t)32 << 20, 1 },        /* two receivers: pulled */
+        { 3, 4, 4, 1, (size_t)1 << 20, 1 },         /* three */
+        { 0, 2, 2, 1, (size_t)1 << 20, 1 },         /* a leaf: nothing to send */
+        { 1, 4, 2, 1, (size_t)32 << 20, 1 },        /* crowded: pulled */
+        { 1, 2, 2, 0, (size_t)32 << 20, 0 },        /* no hint stays none */
+    };
+    static tt_comm_t comm; /* zero: only its cost model is read */
+    tt_cost_table(&comm.cost, "shm");
+    for (size_t i = 0; i < TT_ARRAY_SIZE(cases); i++) {
+        comm.cost.host_ranks = cases[i].host_ranks;
+        comm.cost.host_cpus = cases[i].host_cpus;
+        tt_op_t op;
+        memset(&op, 0, sizeof(op));
+        op.comm = &comm;
+        op.tp_hints = cases[i].hinted ? TUTTI_TP_HINT_SINGLE_COPY : 0;
+        tt_stream_to_one(&op, cases[i].receivers, cases[i].bytes);
+        ck_assert_msg(!!(op.tp_hints & TUTTI_TP_HINT_SINGLE_COPY) == cases[i].want,
+                      "case %zu: %d receivers, %zu bytes, %d ranks on %d CPUs: %s", i,
+                      cases[i].receivers, cases[i].bytes, cases[i].host_ranks, cases[i].host_cpus,
+                      cases[i].want ? "streamed, where it should be pulled"
+                                    : "pulled, where it should stream");
     }
 }
 END_TEST
@@ -1133,10 +1174,10 @@ int main(void)
 {
     Suite *s = suite_create("select");
     th_add_tests(s, "select", 60,
-                 (const TTest *const[]){ names, public_algo_list, ids_unique, force_each,
-                                         bounds_and_bare, bad_strings, allreduce_hd_dbtree,
-                                         single_copy_hints, defaults, cost_tables_and_strings,
-                                         probe_agrees, models_agree, NULL });
+                 (const TTest *const[]){
+                     names, public_algo_list, ids_unique, force_each, bounds_and_bare, bad_strings,
+                     allreduce_hd_dbtree, single_copy_hints, stream_to_one, defaults,
+                     cost_tables_and_strings, probe_agrees, models_agree, NULL });
     th_add_case(s, "crowded_host", crowded_host, 4, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });

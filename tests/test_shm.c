@@ -363,7 +363,7 @@ START_TEST(abi_withdrawn_pull_never_delivered)
 END_TEST
 
 /* Single copy on a hint (ABI 1.3): a send hinted TUTTI_TP_HINT_SINGLE_COPY of at least
- * TUTTI_SHM_CMA_HINT_BYTES (auto: 2 MiB where the ranks have a CPU each, 128 KiB where
+ * TUTTI_SHM_CMA_HINT_BYTES (auto: 16 MiB where the ranks have a CPU each, 128 KiB where
  * they outnumber the CPUs) is published as a pull, so it is still pending after
  * post_send while nobody receives; unhinted, under the threshold, with the threshold 0,
  * or from a library whose requests have no hints field (req_size 0) it goes into the
@@ -374,8 +374,8 @@ static const struct hint_case {
     size_t len;
     const char *knobs;
 } hint_cases[] = {
-    { "hinted 2 MiB", 1, 1, 1, 2u << 20, NULL },
-    { "hinted 2 MiB, auto", 1, 1, 1, 2u << 20, "SHM_CMA_HINT_BYTES=auto" },
+    { "hinted 16 MiB", 1, 1, 1, 16u << 20, NULL },
+    { "hinted 16 MiB, auto", 1, 1, 1, 16u << 20, "SHM_CMA_HINT_BYTES=auto" },
     { "unhinted 128 KiB, threshold 64K", 0, 1, 0, 128u << 10, "SHM_CMA_HINT_BYTES=64K" },
     { "hinted 64 KiB (under either auto size)", 1, 1, 0, 64u << 10, NULL },
     { "hinted 128 KiB, threshold 0", 1, 1, 0, 128u << 10, "SHM_CMA_HINT_BYTES=0" },

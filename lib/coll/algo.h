@@ -93,6 +93,19 @@ int tt_scan_rd(tt_op_t *op);     /* recursive doubling: ceil(log2 p) exchanges *
 const int *tt_op_host_map(const tt_op_t *op);
 const tt_cost_t *tt_op_cost(const tt_op_t *op);
 
+/* A sender of one message to a single receiver (a broadcast tree's rank with one child,
+ * the chain's root, a linear root of 2 ranks) streams it below TT_STREAM_ONE_BYTES where
+ * the host's ranks have a CPU each: clears the single-copy hint on this rank's requests
+ * (the sender decides; the receiver follows its record). Its CPU is otherwise idle, so
+ * two copies through the cache-hot ring, at once on two CPUs, beat the receiver's lone
+ * pull, with the same traffic to memory: 2 ranks, broadcast 16-64 MiB, 0.72-0.78x the
+ * pull's time; level at 128 MiB, the pull 0.9x at 256 MiB (docs/benchmarks.md, the
+ * forty-ninth session). Not with two receivers or more (the sender would copy once for
+ * each, the pulls not at all), nor on a crowded host (the ring's hand-offs wait for
+ * CPUs). algorithms/common.c. */
+#define TT_STREAM_ONE_BYTES ((size_t)128 << 20)
+void tt_stream_to_one(tt_op_t *op, int receivers, size_t bytes);
+
 /* The descriptor table's steps (lib/coll/coll.h), never selected: one rank's copies
  * (algorithms/local.c), and the rooted collectives' closing handshake
  * (algorithms/handshake.c). */

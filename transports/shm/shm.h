@@ -27,10 +27,12 @@
 /* TUTTI_SHM_CMA_HINT_BYTES unset or "auto": decided at set-up, once it is known whether
  * this host's ranks outnumber its CPUs (docs/architecture.md, "The shm transport"). Where each
  * rank has a CPU, sender and receiver copy through a cache-hot ring at once, and two
- * copies beat one pull below 2 MiB here (0.5-0.75x the time at 256 KiB-1 MiB, 2 ranks);
- * where they do not, the ring's hand-offs wait for CPUs, and pulls win from 128 KiB. */
+ * copies beat or match one pull below 16 MiB here (2 ranks: allgather 0.7-0.9x the time at
+ * 4-16 MiB, broadcast 0.3-0.8x at 2-16 MiB, alltoall and allreduce level; from 32 MiB the
+ * alltoall's pulls win, 0.85-0.9x); where they do not, the ring's hand-offs wait for CPUs,
+ * and pulls win from 128 KiB. */
 #define SHM_CMA_HINT_AUTO ((size_t)-1)
-#define SHM_CMA_HINT_SPARE ((size_t)2 << 20)
+#define SHM_CMA_HINT_SPARE ((size_t)16 << 20)
 #define SHM_CMA_HINT_CROWDED ((size_t)128 << 10)
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
