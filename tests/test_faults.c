@@ -20,6 +20,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "core/state.h"
 
 #define MAXR 8
 
@@ -680,10 +681,13 @@ END_TEST
  * for the root of call BAD_CALL while the others take that call's root (rank 0, or
  * rank 1 in kinds 3 and 4; a scan: passes one element less): every rank fails within
  * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming the collective; every
- * call before it delivered the right data. */
+ * call before it delivered the right data. Kind 5: broadcasts with an allreduce after
+ * each, which the batch waits through (it goes out with its 16th call or at the 16th
+ * allreduce, whichever comes first). */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {
-    int kind; /* 0 broadcast, 1 reduce, 2 scan; 3 broadcast, 4 reduce from roots in turn */
+    int kind; /* 0 broadcast, 1 reduce, 2 scan; 3 broadcast, 4 reduce from roots in turn;
+                 5 broadcast and allreduce in turn */
     int failed_at[8];
     int status[8];
     char msg[8][1024];
@@ -695,7 +699,7 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
     (void)nranks;
     batch_shared_t *sh = arg;
     int32_t buf[5], out[5];
-    const int coll = sh->kind % 3; /* 0 broadcast, 1 reduce, 2 scan */
+    const int coll = sh->kind == 5 ? 0 : sh->kind % 3; /* 0 broadcast, 1 reduce, 2 scan */
     sh->failed_at[rank] = -1;
     for (int it = 0; it < BATCH_CALLS; it++) {
         const int bad = it == BATCH_BAD_CALL && rank == 2;
@@ -726,13 +730,26 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
             FAIL_IF(got[i] != want, "kind %d, call %d: [%d] = %d, want %d", sh->kind, it, i, got[i],
                     want);
         }
+        if (sh->kind == 5) {
+            int32_t x = it * 10 + rank;
+            st = tutti_allreduce(comm, &x, &x, 1, TUTTI_INT32, TUTTI_SUM);
+            if (st != TUTTI_OK) {
+                sh->failed_at[rank] = it;
+                sh->status[rank] = st;
+                snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "%s", tutti_comm_last_error(comm));
+                return 0;
+            }
+            FAIL_IF(it < BATCH_BAD_CALL && x != it * 30 + 3, "kind 5, call %d: allreduce %d", it,
+                    x);
+        }
     }
     return 0;
 }
 
 START_TEST(confirm_batch_mismatch_midway)
 {
-    static const char *const names[] = { "broadcast", "reduce", "scan", "broadcast", "reduce" };
+    static const char *const names[] = { "broadcast", "reduce", "scan",
+                                         "broadcast", "reduce", "broadcast" };
     batch_shared_t *sh = th_shared_zeroed(sizeof(*sh));
     sh->kind = _i;
     th_setenv_int("TUTTI_AGREE_LAG", BATCH_LAG);
@@ -752,6 +769,58 @@ START_TEST(confirm_batch_mismatch_midway)
                       m);
     }
     munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+/* The batch waits through ops that send no agreement message (lib/core/agree.c): after a
+ * broadcast its confirm stays unsent through 15 allreduces and goes with the 16th (before
+ * session 49, with the first); a reduce, of the other kind, sends a waiting batch of
+ * confirms at once and opens one of releases. Every call's data checked. */
+static int rank_batch_waits(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    const tt_confirm_batch_t *b = &comm->confirm;
+    int32_t v[4], out[4];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 4; i++)
+            v[i] = rank == 0 ? round * 10 + i : -1;
+        FAIL_IF(tutti_broadcast(comm, v, v, 4, TUTTI_INT32, 0) != TUTTI_OK, "broadcast: %s",
+                tutti_comm_last_error(comm));
+        for (int i = 0; i < 4; i++)
+            FAIL_IF(v[i] != round * 10 + i, "round %d: broadcast [%d] = %d", round, i, v[i]);
+        FAIL_IF(b->n != 1 || b->kind != TT_BATCH_CONFIRM, "round %d: batch of %d (kind %d)", round,
+                b->n, b->kind);
+        if (round == 1) {
+            /* the other kind: the confirm goes now, the reduce's release opens a batch */
+            for (int i = 0; i < 4; i++)
+                v[i] = rank + i;
+            FAIL_IF(tutti_reduce(comm, v, out, 4, TUTTI_INT32, TUTTI_SUM, 1) != TUTTI_OK,
+                    "reduce: %s", tutti_comm_last_error(comm));
+            for (int i = 0; rank == 1 && i < 4; i++)
+                FAIL_IF(out[i] != nranks * (nranks - 1) / 2 + nranks * i, "reduce [%d] = %d", i,
+                        out[i]);
+            FAIL_IF(b->n != 1 || b->kind != TT_BATCH_RELEASE, "after the reduce: %d (kind %d)",
+                    b->n, b->kind);
+            break;
+        }
+        for (int k = 1; k <= 16; k++) {
+            int32_t x = rank + k;
+            FAIL_IF(tutti_allreduce(comm, &x, &x, 1, TUTTI_INT32, TUTTI_SUM) != TUTTI_OK,
+                    "allreduce %d: %s", k, tutti_comm_last_error(comm));
+            FAIL_IF(x != nranks * (nranks - 1) / 2 + nranks * k, "allreduce %d: %d", k, x);
+            const int want = k < 16;
+            FAIL_IF(b->n != want, "after allreduce %d: batch of %d, want %d (%s)", k, b->n, want,
+                    want ? "sent too early" : "not sent by the 16th");
+        }
+    }
+    return 0;
+}
+
+START_TEST(confirm_batch_waits)
+{
+    unsetenv("TUTTI_AGREE_LAG");
+    ck_assert_int_eq(th_run_comm_timeout(3, rank_batch_waits, NULL, 60000, 5000, 0, NULL), 0);
 }
 END_TEST
 
@@ -844,6 +913,11 @@ static int rank_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *d
         [MM_ROOT] = { "root=1", "root=0" },
     };
     FAIL_IF(!strstr(msg, shows[kind][0]) || !strstr(msg, shows[kind][1]), "message: %s", msg);
+    /* checked later, the barrier meets the other root's broadcast message: the message
+     * says what this rank (or the reporting one) called at that seq */
+    FAIL_IF(kind == MM_ROOT && !(lag && !strcmp(lag, "0")) &&
+                !strstr(msg, "'s seq 1 was broadcast(count=16, f32, root="),
+            "message: %s", msg);
     /* The communicator stays failed: later calls fail at once, naming the cause. */
     st = tutti_barrier(comm);
     FAIL_IF(st != TUTTI_ERR_MISMATCH, "barrier after failure gave %s", tutti_status_name(st));
@@ -1141,7 +1215,8 @@ static Suite *suite(void)
                                          mismatch_pieces, NULL });
     /* broadcast's confirms, reduce's and scan's releases; broadcast and reduce from
      * roots in turn */
-    th_add_looped(s, "batch", 90, 5, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
+    th_add_looped(s, "batch", 90, 6, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
+    th_add_tests(s, "batch_waits", 60, (const TTest *const[]){ confirm_batch_waits, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

@@ -44,9 +44,10 @@ typedef struct tt_agree_rec {
  * envelope; the first call's root is the batch's checker, whatever the later calls'
  * roots. */
 typedef struct tt_confirm_batch {
-    int n;    /* calls in it (0: none) */
-    int kind; /* TT_BATCH_* */
-    int root; /* the checker: the first call's root */
+    int n;      /* calls in it (0: none) */
+    int kind;   /* TT_BATCH_* */
+    int passed; /* ops of no batch that went by since it opened */
+    int root;   /* the checker: the first call's root */
     uint64_t seq0, digest;
     tt_agree_call_t last;
 } tt_confirm_batch_t;
@@ -76,8 +77,11 @@ int tt_agree_release_later(tt_op_t *op);
 int tt_agree_confirm_later(tt_op_t *op);
 
 /* Before op's algorithm runs: the pending batch goes out (posted before any message of
- * op, on every rank alike) unless op will join it (`kind`: the TT_BATCH_* op's own
- * agreement message will join, 0 none; it joins a batch of its kind, whatever its root). */
+ * op, on every rank alike) where op is of the other kind (`kind`: the TT_BATCH_* op's own
+ * agreement message will join, 0 none; it joins a batch of its kind, whatever its root),
+ * or is the TT_CONFIRM_BATCH-th (at most agree_lag-th) op of no batch (kind 0) since the
+ * batch opened: ops that send no agreement message let it wait for more calls, up to
+ * that many. */
 int tt_agree_flush(tt_op_t *op, int kind);
 
 /* Free the ring (the transport is gone: nothing is posted any more). */

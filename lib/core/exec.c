@@ -127,6 +127,8 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
+    tt_env_encode(comm->recent[op->seq % TT_RECENT_CALLS], op->seq, op->fingerprint, op->env_count,
+                  op->algo_id, 0);
     /* first, the earlier rooted calls' agreement checks that came in (a poll) */
     int algo_nomem = 0;
     st = comm->agree_count ? tt_agree_settle(op, 0) : TUTTI_OK;

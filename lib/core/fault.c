@@ -251,8 +251,20 @@ static void describe_req(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char
         char mine[256], theirs[256];
         tt_describe_env(req->env, req->len, op, 1, mine, sizeof(mine));
         tt_describe_env(req->got_env, req->got_len, op, 0, theirs, sizeof(theirs));
-        snprintf(msg, len, "rank %d expected %s from rank %d (%s), but rank %d sent %s", op->rank,
-                 mine, req->peer, peer_addr(comm, req->peer), req->peer, theirs);
+        int k = snprintf(msg, len, "rank %d expected %s from rank %d (%s), but rank %d sent %s",
+                         op->rank, mine, req->peer, peer_addr(comm, req->peer), req->peer, theirs);
+        /* a message of an earlier call (a root this rank did not take, a batch of
+         * confirms still waiting): what this rank called at that seq */
+        const uint64_t s = req->got_env[0], *was = comm->recent[s % TT_RECENT_CALLS];
+        if (s != req->env[0] && was[0] == s && was[1] && k > 0 && (size_t)k < len) {
+            char then[256];
+            tt_describe_env(was, (size_t)-1, op, 0, then, sizeof(then));
+            char *cut = strstr(then, " seq "); /* the call, not one of its messages */
+            if (cut)
+                *cut = '\0';
+            snprintf(msg + k, len - (size_t)k, ", where this rank's seq %llu was %s",
+                     (unsigned long long)s, then);
+        }
         return;
     }
     pthread_mutex_lock(&comm->err_lock);

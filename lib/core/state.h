@@ -48,6 +48,8 @@ struct tutti_work {
     char err[TT_ERRMSG_LEN];
 };
 
+#define TT_RECENT_CALLS 32
+
 struct tutti_comm {
     int rank, nranks;
     tutti_comm_opts_t opts;     /* strings owned (strdup'ed) */
@@ -144,9 +146,13 @@ struct tutti_comm {
     struct tt_agree_rec *agree;
     int agree_head, agree_count, agree_calls; /* records, the calls they check */
     tt_confirm_batch_t confirm;               /* confirms not sent yet (agree.c) */
-    uint64_t *p2p_send_seq;                   /* per peer: the sequence numbers of point-to-point */
-    uint64_t *p2p_recv_seq;                   /* messages, separate from the collectives' */
-    int any_next;                             /* the peer the next any-source search probes first */
+    /* the envelopes (tag 0) of this rank's last TT_RECENT_CALLS collectives, at seq %
+     * TT_RECENT_CALLS: a mismatch that meets an earlier call's message says what this
+     * rank did at that seq (fault.c). The thread running ops only. */
+    uint64_t recent[TT_RECENT_CALLS][4];
+    uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
+    uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
+    int any_next;           /* the peer the next any-source search probes first */
 };
 
 #endif /* TT_STATE_H */
