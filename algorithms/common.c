@@ -244,6 +244,6 @@ void tt_hosts_free(tt_hosts_t *h)
 
 void tt_stream_to_one(tt_op_t *op, int receivers, size_t bytes)
 {
-    if (receivers == 1 && bytes < TT_STREAM_ONE_BYTES && !tt_cost_crowded(tt_op_cost(op)))
+    if (receivers == 1 && bytes < TT_STREAM_ONE_BYTES && !tt_op_host_crowded(op))
         op->tp_hints &= ~TUTTI_TP_HINT_SINGLE_COPY;
 }

@@ -294,8 +294,8 @@ START_TEST(single_copy_hints)
 }
 END_TEST
 
-/* A sender with a single receiver streams where the host's ranks have a CPU each
- * (tt_stream_to_one): the single-copy hint comes off its requests below
+/* A sender with a single receiver streams where its own host's ranks have a CPU each
+ * (tt_stream_to_one, whatever rank 0's host): the single-copy hint comes off below
  * TT_STREAM_ONE_BYTES, and stays with two receivers, from that size, on a crowded host,
  * and where the op had none. */
 START_TEST(stream_to_one)
@@ -315,11 +315,13 @@ START_TEST(stream_to_one)
         { 1, 4, 2, 1, (size_t)32 << 20, 1 },        /* crowded: pulled */
         { 1, 2, 2, 0, (size_t)32 << 20, 0 },        /* no hint stays none */
     };
-    static tt_comm_t comm; /* zero: only its cost model is read */
-    tt_cost_table(&comm.cost, "shm");
+    static tt_comm_t comm; /* zero: only this host's counts are read */
     for (size_t i = 0; i < TT_ARRAY_SIZE(cases); i++) {
-        comm.cost.host_ranks = cases[i].host_ranks;
-        comm.cost.host_cpus = cases[i].host_cpus;
+        comm.host_ranks = cases[i].host_ranks;
+        comm.host_cpus = cases[i].host_cpus;
+        /* rank 0's host, in the cost model, says the opposite: not the one read */
+        comm.cost.host_ranks = 4;
+        comm.cost.host_cpus = cases[i].host_ranks > cases[i].host_cpus ? 8 : 2;
         tt_op_t op;
         memset(&op, 0, sizeof(op));
         op.comm = &comm;

@@ -92,11 +92,15 @@ int tt_scan_rd(tt_op_t *op);     /* recursive doubling: ceil(log2 p) exchanges *
  * not known), and its cost model. */
 const int *tt_op_host_map(const tt_op_t *op);
 const tt_cost_t *tt_op_cost(const tt_op_t *op);
+/* 1 where this rank's host has more of the communicator's ranks than CPUs they may run
+ * on (this host's count, as the shm transport's; tt_cost_crowded is rank 0's host's) */
+int tt_op_host_crowded(const tt_op_t *op);
 
 /* A sender of one message to a single receiver (a broadcast tree's rank with one child,
  * the chain's root, a linear root of 2 ranks) streams it below TT_STREAM_ONE_BYTES where
  * the host's ranks have a CPU each: clears the single-copy hint on this rank's requests
- * (the sender decides; the receiver follows its record). Its CPU is otherwise idle, so
+ * (the sender decides; the receiver follows its record; this rank's host counts, not
+ * rank 0's). Its CPU is otherwise idle, so
  * two copies through the cache-hot ring, at once on two CPUs, beat the receiver's lone
  * pull, with the same traffic to memory: 2 ranks, broadcast 16-64 MiB, 0.72-0.78x the
  * pull's time; level at 128 MiB, the pull 0.9x at 256 MiB (docs/benchmarks.md, the

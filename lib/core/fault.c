@@ -256,7 +256,9 @@ static void describe_req(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char
         /* a message of an earlier call (a root this rank did not take, a batch of
          * confirms still waiting): what this rank called at that seq */
         const uint64_t s = req->got_env[0], *was = comm->recent[s % TT_RECENT_CALLS];
-        if (s != req->env[0] && was[0] == s && was[1] && k > 0 && (size_t)k < len) {
+        /* (point-to-point messages count their own seq, per pair) */
+        if (s != req->env[0] && was[0] == s && was[1] && k > 0 && (size_t)k < len &&
+            tt_fp_coll(req->got_env[1]) != TT_COLL_P2P && tt_fp_coll(req->env[1]) != TT_COLL_P2P) {
             char then[256];
             tt_describe_env(was, (size_t)-1, op, 0, then, sizeof(then));
             char *cut = strstr(then, " seq "); /* the call, not one of its messages */
