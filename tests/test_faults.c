@@ -681,17 +681,28 @@ END_TEST
  * for the root of call BAD_CALL while the others take that call's root (rank 0, or
  * rank 1 in kinds 3 and 4; a scan: passes one element less): every rank fails within
  * TUTTI_AGREE_LAG (32) calls and a batch (16) after it, naming the collective; every
- * call before it delivered the right data. Kind 5: broadcasts with an allreduce after
- * each, which the batch waits through (it goes out with its 16th call or at the 16th
+ * call before it delivered the right data. Kind 5: broadcasts from roots in turn with
+ * an allreduce after each, which the batch waits through (it goes out with its 16th call or at the 16th
  * allreduce, whichever comes first). */
 enum { BATCH_LAG = 32, BATCH_MAX = 16, BATCH_BAD_CALL = 21, BATCH_CALLS = 90 };
 typedef struct {
     int kind; /* 0 broadcast, 1 reduce, 2 scan; 3 broadcast, 4 reduce from roots in turn;
-                 5 broadcast and allreduce in turn */
+                 5 broadcast from roots in turn, an allreduce after each */
     int failed_at[8];
     int status[8];
     char msg[8][1024];
 } batch_shared_t;
+
+/* The call that failed on this rank: 1 when st is a failure (recorded), else 0. */
+static int batch_failed(batch_shared_t *sh, int rank, int it, int st, tutti_comm_t *comm)
+{
+    if (st == TUTTI_OK)
+        return 0;
+    sh->failed_at[rank] = it;
+    sh->status[rank] = st;
+    snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "%s", tutti_comm_last_error(comm));
+    return 1;
+}
 
 static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -715,12 +726,8 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
             st = tutti_reduce(comm, buf, out, 5, TUTTI_INT32, TUTTI_SUM, root);
         else
             st = tutti_scan(comm, buf, out, bad ? 4 : 5, TUTTI_INT32, TUTTI_SUM);
-        if (st != TUTTI_OK) {
-            sh->failed_at[rank] = it;
-            sh->status[rank] = st;
-            snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "%s", tutti_comm_last_error(comm));
+        if (batch_failed(sh, rank, it, st, comm))
             return 0;
-        }
         /* broadcast: the root's; reduce at the root: ranks 0..2's; scan: ranks 0..rank's */
         const int upto = coll == 2 ? rank : 2;
         const int32_t *got = coll ? out : buf;
@@ -732,13 +739,9 @@ static int rank_batch_mismatch(int rank, int nranks, tutti_comm_t *comm, const c
         }
         if (sh->kind == 5) {
             int32_t x = it * 10 + rank;
-            st = tutti_allreduce(comm, &x, &x, 1, TUTTI_INT32, TUTTI_SUM);
-            if (st != TUTTI_OK) {
-                sh->failed_at[rank] = it;
-                sh->status[rank] = st;
-                snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "%s", tutti_comm_last_error(comm));
+            if (batch_failed(sh, rank, it, tutti_allreduce(comm, &x, &x, 1, TUTTI_INT32, TUTTI_SUM),
+                             comm))
                 return 0;
-            }
             FAIL_IF(it < BATCH_BAD_CALL && x != it * 30 + 3, "kind 5, call %d: allreduce %d", it,
                     x);
         }

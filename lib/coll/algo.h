@@ -100,13 +100,12 @@ int tt_op_host_crowded(const tt_op_t *op);
  * the chain's root, a linear root of 2 ranks) streams it below TT_STREAM_ONE_BYTES where
  * the host's ranks have a CPU each: clears the single-copy hint on this rank's requests
  * (the sender decides; the receiver follows its record; this rank's host counts, not
- * rank 0's). Its CPU is otherwise idle, so
- * two copies through the cache-hot ring, at once on two CPUs, beat the receiver's lone
- * pull, with the same traffic to memory: 2 ranks, broadcast 16-64 MiB, 0.72-0.78x the
- * pull's time; level at 128 MiB, the pull 0.9x at 256 MiB (docs/benchmarks.md, the
- * forty-ninth session). Not with two receivers or more (the sender would copy once for
- * each, the pulls not at all), nor on a crowded host (the ring's hand-offs wait for
- * CPUs). algorithms/common.c. */
+ * rank 0's). Its CPU is otherwise idle, so two copies through the cache-hot ring, at
+ * once on two CPUs, beat the receiver's lone pull, with the same traffic to memory: 2
+ * ranks, broadcast 16-64 MiB, 0.72-0.78x the pull's time; level at 128 MiB, the pull
+ * 0.9x at 256 MiB (docs/benchmarks.md, the forty-ninth session). Not with two receivers
+ * or more (the sender would copy once for each, the pulls not at all), nor on a crowded
+ * host (the ring's hand-offs wait for CPUs). algorithms/common.c. */
 #define TT_STREAM_ONE_BYTES ((size_t)128 << 20)
 void tt_stream_to_one(tt_op_t *op, int receivers, size_t bytes);
 

@@ -10,9 +10,10 @@
  * Confirms (a broadcast's or scatter's non-roots to the root) go in batches: calls back
  * to back share one message, sent when TT_CONFIRM_BATCH calls are in it, at the start of
  * the next rooted call of the other kind (below), or at the start of the
- * TT_CONFIRM_BATCH-th op of no kind since it opened (at most agree_lag, as the calls) (a barrier, an allreduce: before the
- * op's own messages, on every rank alike: which op sends depends only on the calls, which
- * the ranks agree on or fail). Until session 49 the next op of no kind sent it, and a
+ * TT_CONFIRM_BATCH-th op of no kind (a barrier, an allreduce) since it opened; both
+ * counts at most agree_lag. It goes before that op's own messages, on every rank alike:
+ * which op sends it depends only on the calls, which the ranks agree on or fail. Until
+ * session 49 the next op of no kind sent it, and a
  * broadcast and a barrier in turn sent a confirm a pair: 2 ranks, 16 B, 1.27-1.39 us a
  * pair over shm against 1.07-1.17 with the batch waiting, 27-29 us against 20-21 over
  * tcp (Open MPI's vader: 1.06-1.11). It
