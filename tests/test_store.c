@@ -1091,7 +1091,10 @@ END_TEST
 
 START_TEST(test_tcp_unreachable)
 {
-    /* a port nobody listens on: bind one, then close it */
+    /* a port nobody listens on: bound, not listening, and held until the attempt is
+     * over (closed at once, another test's server running meanwhile could take it, or
+     * the client's own ephemeral port could be it: a fresh clone's ASan run once got
+     * TUTTI_OK here) */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -1099,12 +1102,12 @@ START_TEST(test_tcp_unreachable)
     socklen_t alen = sizeof(a);
     getsockname(fd, (struct sockaddr *)&a, &alen);
     int port = ntohs(a.sin_port);
-    close(fd);
 
     tutti_store_t *s = (tutti_store_t *)0x1;
     double t0 = now_ms();
     int st = tutti_store_open_tcp(&s, "127.0.0.1", port, 0, 300);
     double el = now_ms() - t0;
+    close(fd);
     ck_assert_msg(st == TUTTI_ERR_TIMEOUT || st == TUTTI_ERR_STORE, "got %s",
                   tutti_status_name(st));
     ck_assert_ptr_eq(s, (void *)0x1);
