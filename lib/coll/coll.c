@@ -432,8 +432,10 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     if (has_root && (c->root < 0 || c->root >= n))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: root %d is not in [0, %d)",
                                  c->name, c->root, n);
-    tt_op_t o;
-    memset(&o, 0, sizeof(o));
+    /* a copy of a zero op, not a memset: gcc makes a constant-size memset of a struct
+     * `rep stosq`, ~20 ns a call on this VM's EPYC; the copy is vector moves */
+    static const tt_op_t op_zero;
+    tt_op_t o = op_zero;
     o.comm = comm;
     o.rank = comm->rank;
     o.nranks = n;

@@ -18,8 +18,9 @@ void tt_comm_host_init(tutti_comm_t *comm);
 /* exec.c: issue an op (blocking or async) */
 /* layout: the block the op's layout arrays point into (or NULL). layout_heap: it was
  * malloc'ed, and the executor owns it from here on, also when this fails; else it is
- * the blocking caller's (on its stack), valid until this returns. */
-int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
+ * the blocking caller's (on its stack), valid until this returns. op: the caller's,
+ * which a blocking call runs in place (its seq and algorithm's fields filled in). */
+int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */

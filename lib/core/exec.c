@@ -612,7 +612,7 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     return st;
 }
 
-int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
+int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
     if (!layout_heap && work_p) {
@@ -623,15 +623,15 @@ int tt_exec_issue(tutti_comm_t *comm, const tt_op_t *op, tutti_redop_t user_redo
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
     if (!work_p && !comm->q_head && !comm->executing) {
-        /* Fast path: nothing queued, run on this thread. */
+        /* Fast path: nothing queued, run on this thread, on the caller's op (no copy:
+         * ~0.2 us calls, docs/benchmarks.md "The fiftieth session"). */
         comm->executing = 1;
         pthread_mutex_unlock(&comm->q_lock);
-        tt_op_t o = *op;
-        o.seq = seq;
+        op->seq = seq;
         char err[TT_ERRMSG_LEN];
-        int st = run_op(comm, &o, user_redop, err, sizeof(err));
-        if (o.op_held)
-            tt_userop_release(o.redop);
+        int st = run_op(comm, op, user_redop, err, sizeof(err));
+        if (op->op_held)
+            tt_userop_release(op->redop);
         if (layout_heap)
             free(layout);
         pthread_mutex_lock(&comm->q_lock);

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "core/op.h"
 
@@ -43,7 +44,13 @@ typedef struct tt_reqs {
     tt_req_t *heap;
 } tt_reqs_t;
 tt_req_t *tt_reqs_get(tt_reqs_t *r, size_t n);
-void tt_reqs_put(tt_reqs_t *r);
+static inline void tt_reqs_put(tt_reqs_t *r)
+{
+    if (r->heap) { /* inline, and no free(NULL) through the PLT on every small call */
+        free(r->heap);
+        r->heap = NULL;
+    }
+}
 
 /* Cancel every posted request of op and record status; returns status. */
 int tt_p2p_fail(tt_op_t *op, int status);
