@@ -827,6 +827,57 @@ START_TEST(confirm_batch_waits)
 }
 END_TEST
 
+/* A rank that finishes first and destroys its communicator while the others are still
+ * working through calls it has finished, as a broadcast's root can (its calls return once
+ * its sends are out, up to TUTTI_AGREE_LAG calls ahead) or a reduce's non-roots: the
+ * others' agreement messages to it (confirms to a root, releases from one) still have to
+ * go. Kind 0: rank 0 broadcasts LEFT_CALLS times and leaves at once, the others start
+ * LEFT_LATE_MS later. Kind 1: reduces to rank 0, the non-roots leave at once, rank 0
+ * starts late. Every call succeeds with the right data, every destroy too (the harness
+ * fails a rank whose destroy fails). Session 50: over tcp the late ranks' confirm of
+ * calls 17-32 (and the root's release) broke on the closed socket (EPIPE). */
+enum { LEFT_CALLS = 60, LEFT_LATE_MS = 300, LEFT_N = 6 };
+static int rank_left_early(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    const int kind = *(const int *)arg;
+    const int late = kind == 0 ? rank != 0 : rank == 0;
+    if (late)
+        th_sleep_ms(LEFT_LATE_MS);
+    int32_t in[LEFT_N], out[LEFT_N];
+    for (int it = 0; it < LEFT_CALLS; it++) {
+        for (int i = 0; i < LEFT_N; i++) {
+            in[i] = it * 1000 + rank * 10 + i;
+            out[i] = -1;
+        }
+        int st = kind == 0 ? tutti_broadcast(comm, in, out, LEFT_N, TUTTI_INT32, 0)
+                           : tutti_reduce(comm, in, out, LEFT_N, TUTTI_INT32, TUTTI_SUM, 0);
+        FAIL_IF(st != TUTTI_OK, "rank %d (%s), %s %d: %s", rank, late ? "late" : "early",
+                kind == 0 ? "broadcast" : "reduce", it, tutti_comm_last_error(comm));
+        if (kind == 1 && rank != 0)
+            continue;
+        for (int i = 0; i < LEFT_N; i++) {
+            int32_t want = kind == 0 ? it * 1000 + i : 0;
+            for (int r = 0; kind == 1 && r < nranks; r++)
+                want += it * 1000 + r * 10 + i;
+            FAIL_IF(out[i] != want, "rank %d, call %d: [%d] = %d, want %d", rank, it, i, out[i],
+                    want);
+        }
+    }
+    return 0;
+}
+
+START_TEST(destroy_while_peers_behind)
+{
+    unsetenv("TUTTI_AGREE_LAG");
+    for (int kind = 0; kind < 2; kind++)
+        for (int n = 2; n <= 3; n++)
+            ck_assert_msg(th_run_comm_timeout(n, rank_left_early, &kind, 60000, 10000, 0, NULL) ==
+                              0,
+                          "kind %d, %d ranks", kind, n);
+}
+END_TEST
+
 /* ---- mismatched collectives, killed, hung and aborting ranks ---- */
 
 /* The newer collectives: counts that differ between ranks are a mismatch on every rank. */
@@ -1220,6 +1271,7 @@ static Suite *suite(void)
      * roots in turn */
     th_add_looped(s, "batch", 90, 6, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
     th_add_tests(s, "batch_waits", 60, (const TTest *const[]){ confirm_batch_waits, NULL });
+    th_add_tests(s, "left_early", 60, (const TTest *const[]){ destroy_while_peers_behind, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

@@ -248,8 +248,11 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
  * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
 
-/* Wait for queued operations (each bounded by its deadline), then free everything.
- * Their errors are reported through their work handles, not here. */
+/* Wait for queued operations (each bounded by its deadline), then for the agreement
+ * messages of earlier rooted calls still due to or from peers (bounded by the timeout:
+ * a broadcast's root returns once its sends are out, and may get here while the other
+ * ranks still work through its calls and confirm them to it), then free everything.
+ * Errors are reported through the work handles and the log, not here. */
 int tutti_comm_destroy(tutti_comm_t *comm);
 
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return

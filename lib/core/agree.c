@@ -293,6 +293,22 @@ int tt_agree_release_later(tt_op_t *op)
     return batch_add(op, TT_BATCH_RELEASE);
 }
 
+void tt_agree_drain(tutti_comm_t *comm)
+{
+    if (!comm->agree_count || atomic_load(&comm->failed) < 0 || atomic_load(&comm->aborted))
+        return;
+    /* an op to wait under: the oldest record's call, which failures name anyway */
+    tt_op_t base;
+    memset(&base, 0, sizeof(base));
+    base.comm = comm;
+    base.rank = comm->rank;
+    base.nranks = comm->nranks;
+    tt_op_t op = as_call(&base, &ring_at(comm, 0)->call);
+    tt_op_start(&op, comm->opts.timeout_ms);
+    /* room past the lag: every record is waited for */
+    (void)tt_agree_settle(&op, comm->opts.agree_lag + 1);
+}
+
 void tt_agree_free(tutti_comm_t *comm)
 {
     comm->confirm.n = 0;

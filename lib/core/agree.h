@@ -84,8 +84,15 @@ int tt_agree_confirm_later(tt_op_t *op);
  * that many. */
 int tt_agree_flush(tt_op_t *op, int kind);
 
-/* Free the ring (the transport is gone: nothing is posted any more). */
 struct tutti_comm;
+/* At destroy, before the transport closes: wait, within the communicator's timeout, for
+ * the agreement messages this rank posted (the batch still waiting is never sent, on
+ * any rank alike). A peer that is behind still sends its confirms to a root that has
+ * left, or awaits a root's releases: closed first, the link broke under them. A failure
+ * is described and logged as any late check's (fault.c); nothing else is done. */
+void tt_agree_drain(struct tutti_comm *comm);
+
+/* Free the ring (the transport is gone: nothing is posted any more). */
 void tt_agree_free(struct tutti_comm *comm);
 
 #endif /* TT_AGREE_H */

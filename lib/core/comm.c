@@ -618,7 +618,10 @@ int tutti_comm_destroy(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
     if (comm->worker_started)
         pthread_join(comm->worker, NULL);
-    /* the transport first: peers that still read from us see a clean close */
+    /* the agreement messages still due, then the transport: peers that still read
+     * from us see a clean close */
+    if (comm->tp && comm->tp_ops)
+        tt_agree_drain(comm);
     if (comm->tp && comm->tp_ops)
         comm->tp_ops->destroy(comm->tp);
     comm->tp = NULL;
