@@ -249,10 +249,13 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
 
 /* Wait for queued operations (each bounded by its deadline), then for the agreement
- * messages of earlier rooted calls still due to or from peers (bounded by the timeout:
- * a broadcast's root returns once its sends are out, and may get here while the other
- * ranks still work through its calls and confirm them to it), then free everything.
- * Errors are reported through the work handles and the log, not here. */
+ * messages of earlier rooted calls still due to or from peers: a broadcast's root
+ * returns once its sends are out, and may get here while the other ranks still work
+ * through its calls and confirm them to it. That wait lasts until they do, at most the
+ * communicator's timeout (then a warning is logged, and the peers are not told);
+ * tutti_comm_abort ends it, and a communicator that failed or was aborted does not wait.
+ * Then everything is freed. Errors are reported through the work handles and the log,
+ * not here. */
 int tutti_comm_destroy(tutti_comm_t *comm);
 
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return

@@ -297,16 +297,52 @@ void tt_agree_drain(tutti_comm_t *comm)
 {
     if (!comm->agree_count || atomic_load(&comm->failed) < 0 || atomic_load(&comm->aborted))
         return;
-    /* an op to wait under: the oldest record's call, which failures name anyway */
-    tt_op_t base;
-    memset(&base, 0, sizeof(base));
-    base.comm = comm;
-    base.rank = comm->rank;
-    base.nranks = comm->nranks;
-    tt_op_t op = as_call(&base, &ring_at(comm, 0)->call);
-    tt_op_start(&op, comm->opts.timeout_ms);
-    /* room past the lag: every record is waited for */
-    (void)tt_agree_settle(&op, comm->opts.agree_lag + 1);
+    const uint64_t deadline = tt_now_ns() + (uint64_t)comm->opts.timeout_ms * 1000000ull;
+    while (comm->agree_count > 0) {
+        tt_agree_rec_t *rec = ring_at(comm, 0);
+        tt_req_t *bad = NULL;
+        int st = rec_state(rec, &bad);
+        if (st == 0) {
+            int ms = tt_ms_left(deadline);
+            if (atomic_load(&comm->aborted))
+                st = TUTTI_ERR_ABORTED;
+            else if (ms == 0)
+                st = TUTTI_ERR_TIMEOUT;
+            else if ((st = comm->tp_ops->progress(comm->tp, TT_MIN(ms, 100))) >= 0)
+                continue;
+        }
+        if (st < 0) {
+            /* Quietly: the peers are not told (a rank still behind fails only if it
+             * goes on to need this one), the store gets no record. */
+            TT_WARN("rank %d: tutti_comm_destroy: the agreement messages of the rooted "
+                    "calls seq %llu..%llu (%s, checked at rank %d) did not complete (%s%s%s); "
+                    "left unchecked",
+                    comm->rank, (unsigned long long)(rec->batch ? rec->seq0 : rec->call.seq),
+                    (unsigned long long)rec->call.seq,
+                    rec->batch == TT_BATCH_CONFIRM   ? "confirms"
+                    : rec->batch == TT_BATCH_RELEASE ? "releases"
+                                                     : "handshake",
+                    rec->checker, tutti_strerror(st),
+                    st == TUTTI_ERR_TIMEOUT ? ": a peer did not get to them within the timeout"
+                                            : "",
+                    st == TUTTI_ERR_ABORTED ? ": the communicator was aborted" : "");
+            return;
+        }
+        if (rec->batch && (comm->rank == rec->checker) == (rec->batch == TT_BATCH_CONFIRM)) {
+            for (int i = 0; i < rec->nreq; i++)
+                if (rec->got[i] != rec->want)
+                    TT_WARN("rank %d: tutti_comm_destroy: rank %d's record of the %d rooted "
+                            "calls seq %llu..%llu differs from this rank's: the ranks "
+                            "disagreed about one of them (its collective, count, dtype or "
+                            "root)",
+                            comm->rank, rec->reqs[i].tp.peer, rec->ncalls,
+                            (unsigned long long)rec->seq0, (unsigned long long)rec->call.seq);
+        }
+        rec->nreq = 0;
+        comm->agree_head = (comm->agree_head + 1) % comm->opts.agree_lag;
+        comm->agree_count--;
+        comm->agree_calls -= rec->ncalls;
+    }
 }
 
 void tt_agree_free(tutti_comm_t *comm)

@@ -88,8 +88,9 @@ struct tutti_comm;
 /* At destroy, before the transport closes: wait, within the communicator's timeout, for
  * the agreement messages this rank posted (the batch still waiting is never sent, on
  * any rank alike). A peer that is behind still sends its confirms to a root that has
- * left, or awaits a root's releases: closed first, the link broke under them. A failure
- * is described and logged as any late check's (fault.c); nothing else is done. */
+ * left, or awaits a root's releases: closed first, the link broke under them. A record
+ * that fails, times out or differs is logged (TT_WARN), no more: the peers are not
+ * told and the store gets no record; tutti_comm_abort ends the wait. */
 void tt_agree_drain(struct tutti_comm *comm);
 
 /* Free the ring (the transport is gone: nothing is posted any more). */

@@ -550,7 +550,7 @@ void tt_op_start(tt_op_t *op, int timeout_ms)
     tutti_comm_t *comm = op->comm;
     uint64_t now = tt_coarse_ns(); /* every op reads it: the cheap clock (base.h) */
     op->deadline_ns = now + (uint64_t)timeout_ms * 1000000ull;
-    op->awake_ns = op->start_ns = now;
+    op->awake_ns = now;
     op->waited = 0;
     /* Back in the library long after the last op: stopped, or busy elsewhere. Peers
      * waiting on this rank meanwhile may have timed out: said if one reports that. */
@@ -564,10 +564,9 @@ void tt_op_start(tt_op_t *op, int timeout_ms)
 void tt_op_finish(tt_op_t *op)
 {
     tutti_comm_t *comm = op->comm;
-    /* An op that never waited (every request done at its first look, p2p.c) ran for a
-     * few microseconds: its start serves as its end, one clock read less a call. A stop
-     * in such an op shows at the next op's start, as time between ops. */
-    uint64_t now = op->waited ? tt_coarse_ns() : op->start_ns;
+    /* read at every op, also one whose waits all ended at their first look (p2p.c):
+     * a stop in it is this op's */
+    uint64_t now = tt_coarse_ns();
     /* stopped after its last wait: the rest completed without one */
     if (op->awake_ns && now > op->awake_ns && now - op->awake_ns > comm->quick_ns)
         tt_fault_stopped(op, now - op->awake_ns);

@@ -85,13 +85,12 @@ typedef struct tt_op {
     uint32_t tp_hints;
     uint64_t deadline_ns;
     int tp_error_gen;       /* transport failures seen before this op started */
+    int waited;             /* it went through tt_p2p_progress (a timed wait) */
     uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */
     int stall_published;    /* stall/<rank> holds this op (waiting on stall_peer) */
     int stall_peer, stall_kind;
     int store_down;      /* a store call on a failure path failed: no more this op */
-    uint64_t start_ns;   /* tt_op_start's clock reading */
     uint64_t awake_ns;   /* when this rank last came back from a wait (0: not yet) */
-    int waited;          /* it went through tt_p2p_progress at least once */
     uint64_t stopped_ns; /* time this process was not running during the op (a
                               SIGSTOP, a debugger, starvation): not counted against
                               the deadline, and said in its error */

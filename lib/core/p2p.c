@@ -34,6 +34,32 @@ int tt_p2p_fail(tt_op_t *op, int status)
     return status;
 }
 
+/* Time this process was not running (fault.c accounts for it): the threshold test stays
+ * here, inline, as it runs on every progress step. */
+static inline void not_running(tt_op_t *op, uint64_t gap_ns)
+{
+    if (gap_ns > op->comm->quick_ns)
+        tt_fault_stopped(op, gap_ns);
+}
+
+/* The time since this rank last came back from a wait, accounted for as
+ * tt_p2p_progress does: before a failure found without a clock reading (at a look), so
+ * that it says this rank was not running (a SIGSTOP during which its peers timed out on
+ * it). */
+static void awake_now(tt_op_t *op)
+{
+    uint64_t now = tt_coarse_ns();
+    if (op->awake_ns && now > op->awake_ns)
+        not_running(op, now - op->awake_ns);
+    op->awake_ns = now;
+}
+
+static int req_failed(tt_op_t *op, tt_req_t *req)
+{
+    awake_now(op);
+    return tt_fault_req(op, &req->tp);
+}
+
 static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, uint32_t tag,
                 tt_req_t *req)
 {
@@ -54,7 +80,7 @@ static int post(tt_op_t *op, int kind, int peer, const void *buf, size_t len, ui
     if (st < 0) {
         if (req->tp.status >= 0)
             req->tp.status = st;
-        return tt_fault_req(op, &req->tp);
+        return req_failed(op, req);
     }
     return TUTTI_OK;
 }
@@ -67,14 +93,6 @@ int tt_p2p_send(tt_op_t *op, int peer, const void *buf, size_t len, uint32_t tag
 int tt_p2p_recv(tt_op_t *op, int peer, void *buf, size_t len, uint32_t tag, tt_req_t *req)
 {
     return post(op, TUTTI_TP_RECV, peer, buf, len, tag, req);
-}
-
-/* Time this process was not running (fault.c accounts for it): the threshold test stays
- * here, inline, as it runs on every progress step. */
-static inline void not_running(tt_op_t *op, uint64_t gap_ns)
-{
-    if (gap_ns > op->comm->quick_ns)
-        tt_fault_stopped(op, gap_ns);
 }
 
 int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
@@ -120,23 +138,37 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
     return TUTTI_OK;
 }
 
-/* One look at the transport, without the clocks or the checks of a wait: a request
- * whose message is already there (a receive behind a sender that runs ahead, an eager
- * send) completes here. A look that fails leaves the failure to the wait that follows. */
-static inline void look_once(tt_op_t *op)
+/* One look at the transport before a timed wait: a request whose message is already
+ * there (a receive behind a sender that runs ahead, an eager send) completes here.
+ * Without a clock reading until the op has waited once: small calls back to back (~0.2
+ * us over shm) then read none; after a timed wait, the time since it counts as in
+ * tt_p2p_progress, so that a large op's computing between looks does not pile up into
+ * "not running". A link that failed meanwhile fails the op now, as a wait would. */
+static inline int look_once(tt_op_t *op)
 {
     tutti_comm_t *comm = op->comm;
-    (void)comm->tp_ops->progress(comm->tp, 0);
+    if (op->waited)
+        awake_now(op);
+    int st = comm->tp_ops->progress(comm->tp, 0);
+    if (st < 0) {
+        awake_now(op);
+        return tt_fault_progress(op, st);
+    }
+    if (atomic_load_explicit(&comm->tp_error_gen, memory_order_relaxed) != op->tp_error_gen) {
+        awake_now(op);
+        return tt_fault_transport(op);
+    }
+    return TUTTI_OK;
 }
 
 int tt_p2p_wait(tt_op_t *op, tt_req_t *req)
 {
     if (req->tp.status == 1)
-        look_once(op);
+        TT_CHECK(look_once(op));
     while (req->tp.status == 1)
         TT_CHECK(tt_p2p_progress(op, req));
     if (req->tp.status < 0)
-        return tt_fault_req(op, &req->tp);
+        return req_failed(op, req);
     return TUTTI_OK;
 }
 
@@ -148,7 +180,7 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
         tt_req_t *pending = NULL;
         for (size_t i = first; i < n; i++) {
             if (reqs[i].tp.status < 0)
-                return tt_fault_req(op, &reqs[i].tp);
+                return req_failed(op, &reqs[i]);
             if (reqs[i].tp.status == 1 && !pending)
                 pending = &reqs[i];
             if (reqs[i].tp.status == 0 && i == first)
@@ -158,7 +190,7 @@ int tt_p2p_wait_all(tt_op_t *op, tt_req_t *reqs, size_t n)
             return TUTTI_OK;
         if (!looked) {
             looked = 1;
-            look_once(op);
+            TT_CHECK(look_once(op));
             continue;
         }
         TT_CHECK(tt_p2p_progress(op, pending));
