@@ -878,6 +878,70 @@ START_TEST(destroy_while_peers_behind)
 }
 END_TEST
 
+/* Destroy's wait for agreement messages is bounded: rank 0 broadcasts 20 times and
+ * destroys; rank 1 (a bad program) makes only 10 of those calls, so the confirms of
+ * calls 1-16, which rank 0 posted a receive for, never come; it stays up, links open,
+ * until rank 0 is done. Rank 0's destroy waits out the communicator's timeout
+ * (LEFT_TIMEOUT_MS) for them, then returns (a warning names the calls): within
+ * [0.8, 1] x the timeout plus a second. */
+enum { LEFT_TIMEOUT_MS = 1500 };
+typedef struct {
+    volatile int done;
+    double destroy_ms;
+} left_shared_t;
+
+static int rank_left_unmatched(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                               void *arg)
+{
+    (void)unused;
+    left_shared_t *sh = arg;
+    /* a file store: a tcp store's host would wait for rank 1 to leave at destroy */
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = LEFT_TIMEOUT_MS;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    int32_t buf[LEFT_N] = { 0 };
+    for (int it = 0; it < (rank == 0 ? 20 : 10); it++) {
+        st = tutti_broadcast(comm, buf, buf, LEFT_N, TUTTI_INT32, 0);
+        FAIL_IF(st != TUTTI_OK, "rank %d, broadcast %d: %s", rank, it, tutti_comm_last_error(comm));
+    }
+    if (rank == 0) {
+        double t0 = th_now_ms();
+        st = tutti_comm_destroy(comm);
+        sh->destroy_ms = th_now_ms() - t0;
+        __sync_synchronize();
+        sh->done = 1;
+        tutti_store_close(store);
+        FAIL_IF(st != TUTTI_OK, "destroy: %s", tutti_status_name(st));
+        return 0;
+    }
+    for (double end = th_now_ms() + 10000; !sh->done && th_now_ms() < end;)
+        th_sleep_ms(5);
+    FAIL_IF(!sh->done, "rank 0 never finished its destroy");
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(destroy_bounded)
+{
+    unsetenv("TUTTI_AGREE_LAG");
+    left_shared_t *sh = th_shared_zeroed(sizeof(*sh));
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_left_unmatched, .arg = sh, .timeout_ms = 30000, .flags = TH_NO_COMM
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_msg(sh->destroy_ms >= 0.8 * LEFT_TIMEOUT_MS &&
+                      sh->destroy_ms <= LEFT_TIMEOUT_MS + 1000,
+                  "rank 0's destroy took %.0f ms (timeout %d ms)", sh->destroy_ms, LEFT_TIMEOUT_MS);
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
 /* ---- mismatched collectives, killed, hung and aborting ranks ---- */
 
 /* The newer collectives: counts that differ between ranks are a mismatch on every rank. */
@@ -1271,7 +1335,8 @@ static Suite *suite(void)
      * roots in turn */
     th_add_looped(s, "batch", 90, 6, (const TTest *const[]){ confirm_batch_mismatch_midway, NULL });
     th_add_tests(s, "batch_waits", 60, (const TTest *const[]){ confirm_batch_waits, NULL });
-    th_add_tests(s, "left_early", 60, (const TTest *const[]){ destroy_while_peers_behind, NULL });
+    th_add_tests(s, "left_early", 60,
+                 (const TTest *const[]){ destroy_while_peers_behind, destroy_bounded, NULL });
     th_add_tests(s, "mismatch_every", 150,
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,

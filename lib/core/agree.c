@@ -99,29 +99,45 @@ static int rec_fail(tt_op_t *op, tt_agree_rec_t *rec, tt_req_t *bad)
 }
 
 /* A completed batch where its digests arrived (a confirm batch's root, a release
- * batch's non-roots): every digest received must be this rank's own. */
-static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
+ * batch's non-roots): every digest received must be this rank's own. The first that
+ * differs, described into msg (its index), or -1. */
+static int rec_digest_differs(const tt_agree_rec_t *rec, int rank, char *msg, size_t len)
 {
-    const int is_root = op->rank == rec->checker;
-    if (!rec->batch || is_root != (rec->batch == TT_BATCH_CONFIRM))
-        return TUTTI_OK;
+    if (!rec->batch || (rank == rec->checker) != (rec->batch == TT_BATCH_CONFIRM))
+        return -1;
     for (int i = 0; i < rec->nreq; i++) {
         if (rec->got[i] == rec->want)
             continue;
-        tt_op_t old = as_call(op, &rec->call);
-        char msg[TT_ERRMSG_LEN];
-        snprintf(msg, sizeof(msg),
+        snprintf(msg, len,
                  "rank %d's record of the %d rooted calls seq %llu..%llu (checked at rank "
                  "%d, their %s sent as one) differs from rank %d's: the ranks disagreed "
                  "about one of them before seq %llu (its collective, count, dtype or root)",
                  rec->reqs[i].tp.peer, rec->ncalls, (unsigned long long)rec->seq0,
                  (unsigned long long)rec->call.seq, rec->checker,
-                 rec->batch == TT_BATCH_CONFIRM ? "confirms" : "releases", op->rank,
+                 rec->batch == TT_BATCH_CONFIRM ? "confirms" : "releases", rank,
                  (unsigned long long)rec->call.seq);
-        tt_fault_fail_op(&old, TUTTI_ERR_MISMATCH, msg);
-        return TUTTI_ERR_MISMATCH;
+        return i;
     }
-    return TUTTI_OK;
+    return -1;
+}
+
+static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
+{
+    char msg[TT_ERRMSG_LEN];
+    if (rec_digest_differs(rec, op->rank, msg, sizeof(msg)) < 0)
+        return TUTTI_OK;
+    tt_op_t old = as_call(op, &rec->call);
+    tt_fault_fail_op(&old, TUTTI_ERR_MISMATCH, msg);
+    return TUTTI_ERR_MISMATCH;
+}
+
+/* The oldest record is done with: off the ring. */
+static void rec_reap(tutti_comm_t *comm, tt_agree_rec_t *rec)
+{
+    rec->nreq = 0;
+    comm->agree_head = (comm->agree_head + 1) % comm->opts.agree_lag;
+    comm->agree_count--;
+    comm->agree_calls -= rec->ncalls;
 }
 
 int tt_agree_failed(tt_op_t *op)
@@ -157,10 +173,7 @@ int tt_agree_settle(tt_op_t *op, int room)
             }
         }
         TT_CHECK(rec_digests(op, rec));
-        rec->nreq = 0;
-        comm->agree_head = (comm->agree_head + 1) % comm->opts.agree_lag;
-        comm->agree_count--;
-        comm->agree_calls -= rec->ncalls;
+        rec_reap(comm, rec);
     }
     return TUTTI_OK;
 }
@@ -314,34 +327,30 @@ void tt_agree_drain(tutti_comm_t *comm)
         if (st < 0) {
             /* Quietly: the peers are not told (a rank still behind fails only if it
              * goes on to need this one), the store gets no record. */
-            TT_WARN("rank %d: tutti_comm_destroy: the agreement messages of the rooted "
-                    "calls seq %llu..%llu (%s, checked at rank %d) did not complete (%s%s%s); "
-                    "left unchecked",
-                    comm->rank, (unsigned long long)(rec->batch ? rec->seq0 : rec->call.seq),
+            const tt_req_t *q = bad;
+            for (int i = 0; !q && i < rec->nreq; i++)
+                if (rec->reqs[i].tp.status == 1)
+                    q = &rec->reqs[i];
+            TT_WARN("rank %d: tutti_comm_destroy: the agreement message %s rank %d for the "
+                    "rooted calls seq %llu..%llu (%s, checked at rank %d) did not complete "
+                    "(%s%s); left unchecked",
+                    comm->rank, q && q->tp.kind == TUTTI_TP_SEND ? "to" : "from",
+                    q ? q->tp.peer : -1,
+                    (unsigned long long)(rec->batch ? rec->seq0 : rec->call.seq),
                     (unsigned long long)rec->call.seq,
                     rec->batch == TT_BATCH_CONFIRM   ? "confirms"
                     : rec->batch == TT_BATCH_RELEASE ? "releases"
                                                      : "handshake",
                     rec->checker, tutti_strerror(st),
-                    st == TUTTI_ERR_TIMEOUT ? ": a peer did not get to them within the timeout"
-                                            : "",
-                    st == TUTTI_ERR_ABORTED ? ": the communicator was aborted" : "");
+                    st == TUTTI_ERR_TIMEOUT   ? ": the peer did not get to them within the timeout"
+                    : st == TUTTI_ERR_ABORTED ? ": the communicator was aborted"
+                                              : "");
             return;
         }
-        if (rec->batch && (comm->rank == rec->checker) == (rec->batch == TT_BATCH_CONFIRM)) {
-            for (int i = 0; i < rec->nreq; i++)
-                if (rec->got[i] != rec->want)
-                    TT_WARN("rank %d: tutti_comm_destroy: rank %d's record of the %d rooted "
-                            "calls seq %llu..%llu differs from this rank's: the ranks "
-                            "disagreed about one of them (its collective, count, dtype or "
-                            "root)",
-                            comm->rank, rec->reqs[i].tp.peer, rec->ncalls,
-                            (unsigned long long)rec->seq0, (unsigned long long)rec->call.seq);
-        }
-        rec->nreq = 0;
-        comm->agree_head = (comm->agree_head + 1) % comm->opts.agree_lag;
-        comm->agree_count--;
-        comm->agree_calls -= rec->ncalls;
+        char msg[TT_ERRMSG_LEN];
+        if (rec_digest_differs(rec, comm->rank, msg, sizeof(msg)) >= 0)
+            TT_WARN("rank %d: tutti_comm_destroy: %s", comm->rank, msg);
+        rec_reap(comm, rec);
     }
 }
 

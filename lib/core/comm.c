@@ -620,10 +620,10 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         pthread_join(comm->worker, NULL);
     /* the agreement messages still due, then the transport: peers that still read
      * from us see a clean close */
-    if (comm->tp && comm->tp_ops)
+    if (comm->tp && comm->tp_ops) {
         tt_agree_drain(comm);
-    if (comm->tp && comm->tp_ops)
         comm->tp_ops->destroy(comm->tp);
+    }
     comm->tp = NULL;
     tt_job_leave(comm);
     if (comm->owned_store)

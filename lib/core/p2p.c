@@ -46,12 +46,13 @@ static inline void not_running(tt_op_t *op, uint64_t gap_ns)
  * tt_p2p_progress does: before a failure found without a clock reading (at a look), so
  * that it says this rank was not running (a SIGSTOP during which its peers timed out on
  * it). */
-static void awake_now(tt_op_t *op)
+static uint64_t awake_now(tt_op_t *op)
 {
     uint64_t now = tt_coarse_ns();
     if (op->awake_ns && now > op->awake_ns)
         not_running(op, now - op->awake_ns);
     op->awake_ns = now;
+    return now;
 }
 
 static int req_failed(tt_op_t *op, tt_req_t *req)
@@ -100,9 +101,7 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
     tutti_comm_t *comm = op->comm;
     /* one reading serves the checks below (a hot path), of the cheap clock: the
      * thresholds here are the timeout and quick_ns (100 ms and up) */
-    uint64_t now = tt_coarse_ns();
-    if (op->awake_ns && now > op->awake_ns)
-        not_running(op, now - op->awake_ns);
+    uint64_t now = awake_now(op);
     int ms = tt_ms_left_at(op->deadline_ns, now);
     if (ms == 0)
         return tt_fault_timed_out(op, &req->tp);
