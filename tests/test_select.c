@@ -620,6 +620,32 @@ START_TEST(defaults)
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE, "tree", 1000, 4, 0) -
                    (3 * sa + 2000 * (shm_crowd.beta_ns + shm_crowd.gamma_ns) * 1e-3)) < 1e-9);
     ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE, 1 << 20, 4), "ring");
+    /* over sockets on one host (loopback) with a CPU a rank, the ring's steps count
+     * their bytes twice (each rank copies its send and its receive): 2 ranks, 2a + n/2
+     * (2b + g) + n/2 b = 2a + 1.5 n b + n g / 2 against the tree's a + n (b + g): the
+     * tree at every size. On two hosts, or unknown ones, the ring from 2a / (g/2) =
+     * 240000 bytes as before; crowded (3 ranks on 2 CPUs), crowd_factor alone, the ring
+     * at 1 MiB */
+    {
+        const int one_host[4] = { 0, 0, 0, 0 }, two_hosts[2] = { 0, 1 };
+        tt_cost_t lo = tcp, apart = tcp, lo_crowd = tcp;
+        tt_cost_set_hosts(&lo, one_host, 2);
+        lo.host_ranks = lo.host_cpus = 2;
+        tt_cost_set_hosts(&apart, two_hosts, 2);
+        apart.host_ranks = apart.host_cpus = 1;
+        tt_cost_set_hosts(&lo_crowd, one_host, 3);
+        lo_crowd.host_ranks = 3;
+        lo_crowd.host_cpus = 2;
+        ck_assert(fabs(tt_cost_estimate(&lo, TT_COLL_REDUCE, "ring", 1000, 2, 0) -
+                       (2 * tcp.alpha_us + 500 * (2 * tcp.beta_ns + tcp.gamma_ns) * 1e-3 +
+                        500 * tcp.beta_ns * 1e-3 + tcp.alpha_us)) < 1e-9);
+        for (size_t bytes = 4096; bytes <= (256u << 20); bytes *= 4)
+            ck_assert_str_eq(pick_c(&lo, TT_COLL_REDUCE, bytes, 2), "tree");
+        ck_assert_str_eq(pick_c(&apart, TT_COLL_REDUCE, 239000, 2), "tree");
+        ck_assert_str_eq(pick_c(&apart, TT_COLL_REDUCE, 241000, 2), "ring");
+        ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE, 241000, 2), "ring");
+        ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, 1 << 20, 3), "ring");
+    }
 
     /* scan and exscan, 4 ranks over tcp: rd 2a + 2 n b + 3 n g; linear (3 + c - 1)(a +
      * min(n, chunk)(b + g)), chunks of 256 KiB below 4 MiB: one chunk, 3a + 3 n (b + g),

@@ -53,7 +53,13 @@
  *                    us, tree against ring): shm 32 KiB 27-29 against 76-101, 512 KiB
  *                    166-199 against 162-235, 4 MiB 1909-2006 against 1656-1713; tcp
  *                    128 KiB 136-283 against 208-280, 4 MiB 3823-4026 against
- *                    3399-3803: the ring is ahead from about 2 MiB only
+ *                    3399-3803: the ring is ahead from about 2 MiB only.
+ *                    Over sockets on one host with a CPU a rank, the ring's steps count
+ *                    their bytes twice (loop_copies: an exchange's two copies on each
+ *                    rank's CPU), and at 2 ranks the tree wins at every size (tcp, p50
+ *                    us, tree against ring, back to back: 1 MiB 142-190 against 332-584,
+ *                    16 MiB 5386-7411 against 8470-9400; --fresh: 256 KiB 80-115
+ *                    against 98-148, 4-16 MiB level)
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
  *                    reduces in rank order: an op that does not commute takes it);
  *                    crowded, latency as the linear allreduce's with p - 1 messages,
@@ -364,6 +370,16 @@ static double root_copy_b(const tt_cost_t *c)
     return tt_cost_crowded(c) && c->local_only ? b / 3 : b;
 }
 
+/* How many times a step that sends and receives at once counts its bytes: twice over
+ * sockets on one host (loopback) where every rank has a CPU, else once. b is a one-way
+ * stream's: the sender's copy into the socket and the receiver's out of it, each on its
+ * own CPU; in an exchange each rank's CPU makes both (the header's ring reduce). On a
+ * crowded host crowd_factor prices the steps' CPUs instead. */
+static double loop_copies(const tt_cost_t *c)
+{
+    return !c->local_only && c->nhosts == 1 && !tt_cost_crowded(c) ? 2 : 1;
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -499,7 +515,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return t;
         }
         if (!strcmp(algo, "ring")) /* every rank in the ring's steps, the root gathers */
-            return 2 * (p - 1) * a + crowd_factor(c, p) * fr * n * (b + g) + fr * n * b;
+            return 2 * (p - 1) * a + crowd_factor(c, p) * fr * n * (loop_copies(c) * b + g) +
+                   fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) + (p - 1) * n * (b + g);
         break;
