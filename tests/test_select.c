@@ -628,7 +628,11 @@ START_TEST(defaults)
      * at 1 MiB */
     {
         const int one_host[4] = { 0, 0, 0, 0 }, two_hosts[2] = { 0, 1 };
-        tt_cost_t lo = tcp, apart = tcp, lo_crowd = tcp;
+        tt_cost_t lo = tcp, apart = tcp, lo_crowd = tcp, split;
+        tt_cost_table(&split, "shm+tcp"); /* the host's peers over shm: no socket */
+        ck_assert(split.local_beta_ns > 0);
+        tt_cost_set_hosts(&split, one_host, 2);
+        split.host_ranks = split.host_cpus = 2;
         tt_cost_set_hosts(&lo, one_host, 2);
         lo.host_ranks = lo.host_cpus = 2;
         tt_cost_set_hosts(&apart, two_hosts, 2);
@@ -645,6 +649,7 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&apart, TT_COLL_REDUCE, 241000, 2), "ring");
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE, 241000, 2), "ring");
         ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, 1 << 20, 3), "ring");
+        ck_assert_str_eq(pick_c(&split, TT_COLL_REDUCE, 1 << 20, 2), "ring");
     }
 
     /* scan and exscan, 4 ranks over tcp: rd 2a + 2 n b + 3 n g; linear (3 + c - 1)(a +

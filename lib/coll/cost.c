@@ -374,10 +374,11 @@ static double root_copy_b(const tt_cost_t *c)
  * sockets on one host (loopback) where every rank has a CPU, else once. b is a one-way
  * stream's: the sender's copy into the socket and the receiver's out of it, each on its
  * own CPU; in an exchange each rank's CPU makes both (the header's ring reduce). On a
- * crowded host crowd_factor prices the steps' CPUs instead. */
+ * crowded host crowd_factor prices the steps' CPUs instead; with a local transport of
+ * its own (local_beta_ns: "shm+tcp") the host's peers are not reached over sockets. */
 static double loop_copies(const tt_cost_t *c)
 {
-    return !c->local_only && c->nhosts == 1 && !tt_cost_crowded(c) ? 2 : 1;
+    return !c->local_only && !c->local_beta_ns && c->nhosts == 1 && !tt_cost_crowded(c) ? 2 : 1;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
