@@ -11,7 +11,11 @@ FILE for other (transport, ranks) pairs are kept; the rest is replaced.
 
   bench/tune.py [-o FILE] [--build DIR] [--transports "shm tcp"] [--ranks "2 4"]
                 [--colls "allreduce broadcast ..."] [-b 4] [-e 256M] [-f 4] [-n 20] [-w 5]
-                [-R 3] [--from-json F.json ...]
+                [-R 3] [--fresh] [--from-json F.json ...]
+
+--fresh passes tutti-bench's --fresh: each call on input just rewritten, after a barrier,
+as bench/peers times every system; without it calls run back to back, and a rooted
+collective's calls overlap across ranks (a chain's root is free after one send).
 
 --from-json builds the file from `tutti-bench --algo all --json` outputs instead of
 running anything (repeats of one configuration are medianed); --save DIR keeps each
@@ -52,7 +56,7 @@ def run_bench(a, transport, ranks, coll):
         path = f.name
     cmd = [os.path.join(a.build, "bench", "tutti-bench"), "-np", str(ranks), "--coll", coll,
            "--transport", transport, "--algo", "all", "-b", a.b, "-e", a.e, "-f", str(a.f),
-           "-n", str(a.n), "-w", str(a.w), "--json", path]
+           "-n", str(a.n), "-w", str(a.w), "--json", path] + (["--fresh"] if a.fresh else [])
     env = dict(os.environ)
     env.pop("TUTTI_COST_MODEL", None)
     env.pop("TUTTI_ALGO", None)
@@ -211,6 +215,7 @@ def main():
     p.add_argument("--check", action="store_true")
     p.add_argument("--cross", action="store_true")
     p.add_argument("--slack", type=float, default=0.10)
+    p.add_argument("--fresh", action="store_true")
     a = p.parse_args()
 
     groups = collections.defaultdict(list)  # (transport, ranks, coll) -> rows

@@ -54,6 +54,16 @@
  *                    166-199 against 162-235, 4 MiB 1909-2006 against 1656-1713; tcp
  *                    128 KiB 136-283 against 208-280, 4 MiB 3823-4026 against
  *                    3399-3803: the ring is ahead from about 2 MiB only.
+ *                    The tree's first round also has its senders at work (session 52):
+ *                    over sockets a loopback send is the sender's system call, on its
+ *                    CPU for the whole message, and over shm a message larger than the
+ *                    pair's 1 MiB ring keeps its sender copying while the receiver
+ *                    drains it. A round's bytes then take 2 receivers / CPUs at b (g
+ *                    stays with the receivers): 2a + 3 n b + 2 n g at 4 ranks on 2
+ *                    CPUs. With --fresh, p50 us, tree, ring, the model's old and new
+ *                    tree: tcp 1 MiB 1875-1913, 1320-1433, 1243, 1768; 4 MiB
+ *                    7307-7529, 5148-5906, 4913, 7010; shm 4 MiB 3441-3873, 2811-2888,
+ *                    2379, 3218. The ring now from 96 KB over tcp, above 1 MiB over shm.
  *                    Over sockets on one host with a CPU a rank, the ring's steps count
  *                    their bytes twice (loop_copies: an exchange's two copies on each
  *                    rank's CPU), and at 2 ranks the tree wins at every size (tcp, p50
@@ -381,6 +391,18 @@ static double loop_copies(const tt_cost_t *c)
     return !c->local_only && !c->local_beta_ns && c->nhosts == 1 && !tt_cost_crowded(c) ? 2 : 1;
 }
 
+/* On a crowded host, does a tree round's sender stay on a CPU for its message, beside
+ * the receiver? Over sockets it does (a loopback send is the sender's system call:
+ * its copy and the TCP path run on its CPU, and beyond the socket's buffer it waits for
+ * the receiver); over shared memory once the message is larger than the pair's ring
+ * (TT_COST_SHM_RING_BYTES), below which the sender copies it in and leaves. The reduce
+ * tree's round then has twice its receivers at work (the header's reduce). */
+#define TT_COST_SHM_RING_BYTES ((double)(1 << 20)) /* TUTTI_SHM_RING_BYTES' default */
+static int tree_senders_copy(const tt_cost_t *c, double n)
+{
+    return tt_cost_crowded(c) && (!c->local_only || n > TT_COST_SHM_RING_BYTES);
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -509,9 +531,11 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     case TT_COLL_REDUCE:
         if (!strcmp(algo, "tree")) { /* round j: the ranks that receive share the CPUs */
             double t = 0;
+            const int senders_copy = tree_senders_copy(c, n);
             for (int j = 0; j < L; j++) {
                 int receivers = (p - 1 - (1 << j)) / (2 << j) + 1;
-                t += a + n * (b + g) * TT_MAX(1.0, crowd_factor(c, receivers));
+                double copy = crowd_factor(c, senders_copy ? 2 * receivers : receivers);
+                t += a + n * (b * TT_MAX(1.0, copy) + g * TT_MAX(1.0, crowd_factor(c, receivers)));
             }
             return t;
         }
