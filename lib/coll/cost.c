@@ -54,16 +54,18 @@
  *                    166-199 against 162-235, 4 MiB 1909-2006 against 1656-1713; tcp
  *                    128 KiB 136-283 against 208-280, 4 MiB 3823-4026 against
  *                    3399-3803: the ring is ahead from about 2 MiB only.
- *                    The tree's first round also has its senders at work (session 52):
- *                    over sockets a loopback send is the sender's system call, on its
- *                    CPU for the whole message, and over shm a message larger than the
- *                    pair's 1 MiB ring keeps its sender copying while the receiver
- *                    drains it. A round's bytes then take 2 receivers / CPUs at b (g
- *                    stays with the receivers): 2a + 3 n b + 2 n g at 4 ranks on 2
- *                    CPUs. With --fresh, p50 us, tree, ring, the model's old and new
- *                    tree: tcp 1 MiB 1875-1913, 1320-1433, 1243, 1768; 4 MiB
- *                    7307-7529, 5148-5906, 4913, 7010; shm 4 MiB 3441-3873, 2811-2888,
- *                    2379, 3218. The ring now from 96 KB over tcp, above 1 MiB over shm.
+ *                    The tree's first round also has its senders at work (session 52)
+ *                    once its messages outgrow the channel between the ranks (1 MiB:
+ *                    the shm ring's default; below it a sender copies in and leaves):
+ *                    its bytes then take 2 receivers / CPUs at b (g stays with the
+ *                    receivers), 2a + 3 n b + 2 n g at 4 ranks on 2 CPUs. With
+ *                    --fresh, p50 us, tree, ring, the model's old and new tree: tcp 4
+ *                    MiB 6892-7529, 4959-5906, 4913, 7010; shm 4 MiB 3360-3873,
+ *                    2811-2888, 2379, 3218. The ring is picked above 1 MiB. Below,
+ *                    the tree stays although with --fresh the ring was ahead over tcp
+ *                    at 1 MiB (1320-1471 against 1875-2052): back to back the tree's
+ *                    calls overlap and it took 85 us at 256 KiB and 473 at 1 MiB
+ *                    against the ring's 410 and 1304.
  *                    Over sockets on one host with a CPU a rank, the ring's steps count
  *                    their bytes twice (loop_copies: an exchange's two copies on each
  *                    rank's CPU), and at 2 ranks the tree wins at every size (tcp, p50
@@ -391,16 +393,16 @@ static double loop_copies(const tt_cost_t *c)
     return !c->local_only && !c->local_beta_ns && c->nhosts == 1 && !tt_cost_crowded(c) ? 2 : 1;
 }
 
-/* On a crowded host, does a tree round's sender stay on a CPU for its message, beside
- * the receiver? Over sockets it does (a loopback send is the sender's system call:
- * its copy and the TCP path run on its CPU, and beyond the socket's buffer it waits for
- * the receiver); over shared memory once the message is larger than the pair's ring
- * (TT_COST_SHM_RING_BYTES), below which the sender copies it in and leaves. The reduce
- * tree's round then has twice its receivers at work (the header's reduce). */
-#define TT_COST_SHM_RING_BYTES ((double)(1 << 20)) /* TUTTI_SHM_RING_BYTES' default */
-static int tree_senders_copy(const tt_cost_t *c, double n)
+/* Does a tree round's sender stay on a CPU for its message, beside the receiver? Not
+ * while the message fits what lies between them (the pair's shm ring, 1 MiB by default;
+ * a loopback socket's buffers, more): the sender copies it in and is free, and calls back
+ * to back overlap (a leaf is into its next call while the root still reduces). Beyond it
+ * the sender copies only as fast as the receiver drains, and on a crowded host the round
+ * has twice its receivers at work (the header's reduce; crowd_factor is 1 elsewhere). */
+#define TT_COST_CHANNEL_BYTES ((double)(1 << 20))
+static int tree_senders_copy(double n)
 {
-    return tt_cost_crowded(c) && (!c->local_only || n > TT_COST_SHM_RING_BYTES);
+    return n > TT_COST_CHANNEL_BYTES;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -531,7 +533,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     case TT_COLL_REDUCE:
         if (!strcmp(algo, "tree")) { /* round j: the ranks that receive share the CPUs */
             double t = 0;
-            const int senders_copy = tree_senders_copy(c, n);
+            const int senders_copy = tree_senders_copy(n);
             for (int j = 0; j < L; j++) {
                 int receivers = (p - 1 - (1 << j)) / (2 << j) + 1;
                 double copy = crowd_factor(c, senders_copy ? 2 * receivers : receivers);
