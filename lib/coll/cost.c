@@ -57,13 +57,13 @@
  *                    The tree's first round also has its senders at work (session 52)
  *                    once its messages outgrow the channel between the ranks (1 MiB:
  *                    the shm ring's default; below it a sender copies in and leaves):
- *                    its bytes then take 2 receivers / CPUs at b (g stays with the
+ *                    its bytes then take 2 x receivers / CPUs at b (g stays with the
  *                    receivers), 2a + 3 n b + 2 n g at 4 ranks on 2 CPUs. With
  *                    --fresh, p50 us, tree, ring, the model's old and new tree: tcp 4
- *                    MiB 6892-7529, 4959-5906, 4913, 7010; shm 4 MiB 3360-3873,
- *                    2811-2888, 2379, 3218. The ring is picked above 1 MiB. Below,
+ *                    MiB 5674-7529, 4268-5906, 4913, 7010; shm 4 MiB 2997-3874,
+ *                    2061-3141, 2379, 3218. The ring is picked above 1 MiB. Below,
  *                    the tree stays although with --fresh the ring was ahead over tcp
- *                    at 1 MiB (1320-1471 against 1875-2052): back to back the tree's
+ *                    at 1 MiB (830-1496 against 1512-2052): back to back the tree's
  *                    calls overlap and it took 85 us at 256 KiB and 473 at 1 MiB
  *                    against the ring's 410 and 1304.
  *                    Over sockets on one host with a CPU a rank, the ring's steps count
