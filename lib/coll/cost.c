@@ -394,11 +394,12 @@ static double loop_copies(const tt_cost_t *c)
 }
 
 /* Does a tree round's sender stay on a CPU for its message, beside the receiver? Not
- * while the message fits what lies between them (the pair's shm ring, 1 MiB by default;
- * a loopback socket's buffers, more): the sender copies it in and is free, and calls back
- * to back overlap (a leaf is into its next call while the root still reduces). Beyond it
- * the sender copies only as fast as the receiver drains, and on a crowded host the round
- * has twice its receivers at work (the header's reduce; crowd_factor is 1 elsewhere). */
+ * while the message fits what lies between them (the pair's shm ring, 1 MiB by default
+ * up to 16 local peers; a loopback socket's buffers, more): the sender copies it in and
+ * is free, and calls back to back overlap (a leaf is into its next call while the root
+ * still reduces). Beyond it the sender copies only as fast as the receiver drains, and
+ * on a crowded host the round has twice its receivers at work (the header's reduce;
+ * crowd_factor is 1 elsewhere). */
 #define TT_COST_CHANNEL_BYTES ((double)(1 << 20))
 static int tree_senders_copy(double n)
 {
