@@ -537,13 +537,34 @@ START_TEST(defaults)
      * rounds and rank 0's queue never, at 2..64 ranks for 16 B */
     for (int p = 2; p <= 64; p++)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLGATHER, 16, p), p <= 3 ? "ring" : "rd");
-    /* crowded over sockets: the messages' share of the CPUs, linear 6 / 2 a, rd 8 / 2 a:
-     * linear 3a + 3 n (b + g) below hd's 4a + 1.5 n b + .75 n g until n = a / 0.9375
-     * ns/B = 10667 */
-    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "rd", 0, 4, 0) == 4 * tcp.alpha_us);
+    /* crowded over sockets: the messages' share of the CPUs, linear 6 / 2 a, rd 8 / 2 a,
+     * hd 16 / 2 a, the ring 24 / 2 a; the bytes of ring, rd and hd at 4 ranks / 2 CPUs,
+     * linear's only above the 40 KiB a socket takes in: linear 3a + 3 n (b + g) (x2 above
+     * 40 KiB), rd 4a + 4 n (b + g), hd 8a + n (3 b + 1.5 g), ring 12a + n (3 b + 1.5 g /
+     * k) (k = 1 to 1 MiB: 256 KiB chunks). Linear to 40 KiB (below it hd would pass it
+     * at 5a / (3 (b + g) - 3 b - 1.5 g) = 400000), then rd to 4a / (b + 2.5 g) = 56470,
+     * hd to 1 MiB, the ring beyond (k = 2 saves 0.75 g n) */
+    const double cb = crowd.beta_ns * 1e-3, cg = crowd.gamma_ns * 1e-3, ca = crowd.alpha_us;
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "rd", 0, 4, 0) == 4 * ca);
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "hd", 0, 4, 0) == 8 * ca);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "linear", 40960, 4, 0) -
+                   (3 * ca + 3 * 40960 * (cb + cg))) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "linear", 40964, 4, 0) -
+                   (3 * ca + 6 * 40964 * (cb + cg))) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "rd", 1000, 4, 0) -
+                   (4 * ca + 4000 * (cb + cg))) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLREDUCE, "hd", 1000, 4, 0) -
+                   (8 * ca + 1000 * (3 * cb + 1.5 * cg))) < 1e-9);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 4, 4), "linear");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10600, 4), "linear");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 10700, 4), "hd");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 40960, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 40964, 4), "rd");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 56400, 4), "rd");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 56540, 4), "hd");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 1 << 20, 4), "hd");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, (1 << 20) + 16, 4), "ring");
+    /* over shm, the same host: ring, rd and hd keep their bytes (the checks above) */
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "hd", 1000, 4, 0) -
+                   (8 * sa + 1000 * (1.5 * sb + 0.75 * sg) * 1e-3)) < 1e-9);
     /* allgather: linear 3a + 3.75 n b, the ring 6a + 0.75 n b (rd as many messages,
      * more bytes): linear below 3a / 1.5 ns/B = 20000 bytes */
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 19990, 4), "linear");

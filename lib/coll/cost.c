@@ -9,18 +9,27 @@
  *                    rank receives up to the whole vector and sends it on)
  *            linear  2 a + 2 (p-2) a/4 + (p-1) n (b + g)   (every rank to rank 0, which
  *                    reduces the p - 1 vectors in turn and sends the result back)
- *            On a crowded host ring, rd, dbtree and linear count their latency as the
- *            barrier's below, with 2 p (p-1), P log2(P) + 2 (p-P), 4 (p-1) c and 2 (p-1)
- *            messages: 4 ranks on
+ *            On a crowded host ring, rd, hd, dbtree and linear count their latency as
+ *            the barrier's below, with 2 p (p-1), P log2(P) + 2 (p-P), 2 P log2(P) + 2
+ *            (p-P), 4 (p-1) c and 2 (p-1) messages: 4 ranks on
  *            2 CPUs, p50 us, linear against rd: shm 4 B 2.2-3.2 against 3.5-3.9, 4 KiB
  *            5.9-6.4 against 7.9-8.4; tcp 4 B 13.0 against 20.9, 4 KiB 16.9 against 25.2
- *            (over tcp linear is the fastest to 16 KiB but picked to 10 KiB). Over
+ *            (over tcp linear was picked to 10 KiB until session 53: below). Over
  *            shm, crowded, linear's root copies at b/3 (root_copy_b): the linear
  *            allreduce grew 0.4 ns a byte from 16 to 64 KiB (the model 0.45, at b 0.85)
- *            and is picked to 51 KiB. hd keeps its rounds over sockets: counted as
- *            messages over CPUs it would fall behind rd at 64 KiB over tcp, where it
- *            took 66 us against rd's 134 (the model: 93 and 117); over shm its 2 P
- *            log2(P) messages count (4 ranks, 1 KiB: 7.6-8.5 us; its rounds said 4.4)
+ *            and is picked to 51 KiB. hd's messages: over shm 4 ranks, 1 KiB, took
+ *            7.6-8.5 us (its rounds said 4.4); over tcp 73-109 us, 1.5-2x linear's.
+ *            Crowded over sockets (socket_crowd), the bytes of ring, rd, hd and dbtree
+ *            take ranks / CPUs as long (every rank copies and reduces in every step), and
+ *            linear's too once a vector outgrows what a socket takes in (40 KiB): with
+ *            them, 4 ranks on 2 CPUs, the model's ring took 6.5 ms at 4 MiB (measured
+ *            5.6-7.6), hd 6.9 (7.0-8.2), linear 14.7 (11.4-13.7), hd at 64 KiB 187 us
+ *            (127-217); without them 3.3, 3.4, 7.4 ms and 93 us. Linear is picked to 40
+ *            KiB (the fastest at 16-40 KiB in every run), then rd to 55 KiB, hd to 1
+ *            MiB, the ring beyond. At 256 KiB-1 MiB hd and the ring trade places: run
+ *            one at a time (sockets warmed by the smaller sizes or not), hd was level or
+ *            ahead at 1 MiB (ring / hd 0.76-1.63); with --algo all, after the smaller
+ *            sizes, the ring was ahead (1.0-1.3 ms against 1.4-2.0, 3 runs)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -406,6 +415,22 @@ static int tree_senders_copy(double n)
     return n > TT_COST_CHANNEL_BYTES;
 }
 
+/* An allreduce on a crowded host over sockets (the header's allreduce). Where all its ranks
+ * copy and reduce in every step (ring, rd, hd, dbtree), its bytes take ranks / CPUs as
+ * long (crowd_factor), as scan's rd. Linear's senders write their vectors and are free
+ * while a vector fits what a loopback socket takes in before its reader runs (its
+ * buffers as the kernel first sizes them; 40 KiB here: at 4 ranks on 2 CPUs linear was
+ * the fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1): the root alone copies and
+ * reduces. Beyond it a sender writes only as fast as the root reads, and all ranks are
+ * at work. 1 where the host is not crowded, over shm (its picks were measured without),
+ * and with a transport of each kind. */
+#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
+static double socket_crowd(const tt_cost_t *c, int p, double msg)
+{
+    return !c->local_only && !c->local_beta_ns && msg > TT_COST_SOCKET_BYTES ? crowd_factor(c, p)
+                                                                             : 1;
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -496,21 +521,21 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     switch (coll) {
     case TT_COLL_ALLREDUCE:
         if (!strcmp(algo, "ring")) /* 2 (p - 1) messages a rank */
-            return latency(c, p, 2.0 * (p - 1), 2.0 * p * (p - 1), 0) + 2 * fr * n * b +
-                   fr * n * g / k;
+            return latency(c, p, 2.0 * (p - 1), 2.0 * p * (p - 1), 0) +
+                   socket_crowd(c, p, HUGE_VAL) * (2 * fr * n * b + fr * n * g / k);
         if (!strcmp(algo, "rd")) /* P lP messages in the rounds, 2 (p - P) to fold */
-            return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) + lP * (n * b + n * g) +
-                   x * (2 * n * b + n * g);
+            return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) +
+                   socket_crowd(c, p, HUGE_VAL) * (lP * (n * b + n * g) + x * (2 * n * b + n * g));
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (p - 1) * n * (root_copy_b(c) + g);
-        if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds; crowded over shm only */
-            return (c->local_only ? latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0)
-                                  : (2 * lP + 2 * x) * a) +
-                   2 * (P - 1) / P * n * b + (P - 1) / P * n * g + x * (2 * n * b + n * g);
+                   socket_crowd(c, p, n) * (p - 1) * n * (root_copy_b(c) + g);
+        if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds */
+            return latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0) +
+                   socket_crowd(c, p, HUGE_VAL) *
+                       (2 * (P - 1) / P * n * b + (P - 1) / P * n * g + x * (2 * n * b + n * g));
         if (!strcmp(algo, "dbtree")) /* each chunk up and down two trees */
-            return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) + 2 * n * b +
-                   n * g;
+            return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) +
+                   socket_crowd(c, p, HUGE_VAL) * (2 * n * b + n * g);
         if (!strcmp(algo, "hier"))
             return hier_cost(c, n, p, chunk);
         break;
