@@ -18,18 +18,19 @@
  *            shm, crowded, linear's root copies at b/3 (root_copy_b): the linear
  *            allreduce grew 0.4 ns a byte from 16 to 64 KiB (the model 0.45, at b 0.85)
  *            and is picked to 51 KiB. hd's messages: over shm 4 ranks, 1 KiB, took
- *            7.6-8.5 us (its rounds said 4.4); over tcp 73-109 us, 1.5-2x linear's.
+ *            7.6-8.5 us (its rounds said 4.4); over tcp 56-148 us at 16 B-16 KiB,
+ *            1.5-3x linear's.
  *            Crowded over sockets (socket_crowd), the bytes of ring, rd, hd and dbtree
  *            take ranks / CPUs as long (every rank copies and reduces in every step), and
  *            linear's too once a vector outgrows what a socket takes in (40 KiB): with
  *            them, 4 ranks on 2 CPUs, the model's ring took 6.5 ms at 4 MiB (measured
- *            5.6-7.6), hd 6.9 (7.0-8.2), linear 14.7 (11.4-13.7), hd at 64 KiB 187 us
+ *            5.6-7.6), hd 6.9 (7.0-8.3), linear 14.7 (11.4-13.7), hd at 64 KiB 187 us
  *            (127-217); without them 3.3, 3.4, 7.4 ms and 93 us. Linear is picked to 40
- *            KiB (the fastest at 16-40 KiB in every run), then rd to 55 KiB, hd to 1
- *            MiB, the ring beyond. At 256 KiB-1 MiB hd and the ring trade places: run
+ *            KiB (the fastest at 16 KiB in every sweep, at 32-40 KiB in 9 of 10), then
+ *            rd to 55 KiB, hd to 1 MiB, the ring beyond. At 256 KiB-1 MiB hd and the ring trade places: run
  *            one at a time (sockets warmed by the smaller sizes or not), hd was level or
  *            ahead at 1 MiB (ring / hd 0.76-1.63); with --algo all, after the smaller
- *            sizes, the ring was ahead (1.0-1.3 ms against 1.4-2.0, 3 runs)
+ *            sizes, the ring was ahead (1.0-1.5 ms against 1.4-2.1, 10 sweeps)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
