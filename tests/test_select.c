@@ -562,6 +562,24 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 56540, 4), "hd");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, 1 << 20, 4), "hd");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLREDUCE, (1 << 20) + 16, 4), "ring");
+    /* scatter (bytes: the block, n = p blocks), crowded over sockets: the root's sends
+     * queue on its CPU, as the linear broadcast's: linear 3 / 2 a + 2a/4 + 3/4 n b = 2a +
+     * 3/4 n b, the tree 3 / 2 a + 3/4 n b + n/2 g: the tree while n < a / g = 120000,
+     * blocks below 30000. Gather's root receives: linear 1.5a against the tree's 2a, as
+     * on a host with a CPU a rank, and over shm the same */
+    /* (the estimates add the handshake with the root, the same for both: 2a, gather a) */
+    const double lin_sc = tt_cost_estimate(&crowd, TT_COLL_SCATTER, "linear", 1000, 4, 0);
+    ck_assert(fabs(lin_sc - (4 * ca + 3000 * cb)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_SCATTER, "tree", 1000, 4, 0) -
+                   (lin_sc - 0.5 * ca + 2000 * cg)) < 1e-9);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_SCATTER, 16, 4), "tree");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_SCATTER, 29990, 4), "tree");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_SCATTER, 30010, 4), "linear");
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_GATHER, "linear", 0, 4, 0) == 2.5 * ca);
+    ck_assert(tt_cost_estimate(&crowd, TT_COLL_GATHER, "tree", 0, 4, 0) == 3 * ca);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_GATHER, 16, 4), "linear");
+    ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_SCATTER, "linear", 0, 4, 0) == 3.5 * sa);
+    ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_SCATTER, "tree", 0, 4, 0) == 4 * sa);
     /* over shm, the same host: ring, rd and hd keep their bytes (the checks above) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "hd", 1000, 4, 0) -
                    (8 * sa + 1000 * (1.5 * sb + 0.75 * sg) * 1e-3)) < 1e-9);

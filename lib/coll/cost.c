@@ -121,6 +121,14 @@
  * gather/scatter     linear a + (p-2) a/4 + (p-1)/p n b   (the root's messages are all
  *                    in flight at once: each one after the first costs its overhead only)
  *            tree    L a + (p-1)/p n b + (L-1)/2 n g   (blocks are packed and forwarded)
+ *            A crowded scatter over sockets counts both latencies as the barrier's, p - 1
+ *            messages, and linear's root's queued sends again, as the linear broadcast's
+ *            (on loopback a sender's system call carries its receiver's side too): 4
+ *            ranks on 2 CPUs, 2a against the tree's 1.5a, the tree for blocks below a /
+ *            (2 g). Back to back the tree took 13-24 us at 16 B-64 KiB against linear's
+ *            22-29 (2 runs); with --fresh either is ahead by up to 50 % (3 runs: the
+ *            tree's medians 15-35 against 14-32). A gather's root receives, its senders'
+ *            CPUs carrying the loopback's work: linear stays (b2b 6-11 us against 7-13)
  * alltoall   pairwise (p-1)(a + n/p b); crowded over sockets its messages' share of the
  *                    CPUs, p (p-1) messages (over shm its one round of sends and receives,
  *                    all posted at once, stays (p-1) a: 4 ranks on 2 CPUs, n 256 B-4 KiB,
@@ -621,12 +629,18 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return hier_ag_rs_cost(c, n, p, 1);
         break;
     case TT_COLL_GATHER:
-    case TT_COLL_SCATTER:
+    case TT_COLL_SCATTER: {
+        /* a crowded scatter over sockets: as the linear broadcast's, the root's sends
+         * queue on its CPU and count again; both count their p - 1 messages over the CPUs
+         * (a gather's root receives, and the senders' CPUs carry the loopback's work) */
+        const int queued = coll == TT_COLL_SCATTER && tt_cost_crowded(c) && !c->local_only;
         if (!strcmp(algo, "linear")) /* the root posts every message at once */
-            return a + (p - 2) * a / 4 + fr * n * b;
+            return (queued ? latency(c, p, 1, p - 1.0, 0) : a) + (p - 2) * a / 4 + fr * n * b;
         if (!strcmp(algo, "tree"))
-            return L * a + fr * n * b + (L - 1) / 2.0 * n * g;
+            return (queued ? latency(c, p, L, p - 1.0, 0) : L * a) + fr * n * b +
+                   (L - 1) / 2.0 * n * g;
         break;
+    }
     case TT_COLL_ALLTOALL: {
         /* pairwise and ring: p - 1 messages a rank */
         double lat = c->local_only ? (p - 1) * a : latency(c, p, p - 1, p * (p - 1.0), 0);
