@@ -27,10 +27,11 @@
  *            5.6-7.6), hd 6.9 (7.0-8.3), linear 14.7 (11.4-13.7), hd at 64 KiB 187 us
  *            (127-217); without them 3.3, 3.4, 7.4 ms and 93 us. Linear is picked to 40
  *            KiB (the fastest at 16 KiB in every sweep, at 32-40 KiB in 9 of 10), then
- *            rd to 55 KiB, hd to 1 MiB, the ring beyond. At 256 KiB-1 MiB hd and the ring trade places: run
- *            one at a time (sockets warmed by the smaller sizes or not), hd was level or
- *            ahead at 1 MiB (ring / hd 0.76-1.63); with --algo all, after the smaller
- *            sizes, the ring was ahead (1.0-1.5 ms against 1.4-2.1, 10 sweeps)
+ *            rd to 55 KiB, hd to 1 MiB, the ring beyond. At 256 KiB-1 MiB hd and the
+ *            ring trade places: run one at a time (sockets warmed by the smaller sizes
+ *            or not), hd was level or ahead at 1 MiB (ring / hd 0.76-1.63); with --algo
+ *            all, after the smaller sizes, the ring was ahead (1.0-1.5 ms against
+ *            1.4-2.1, 10 sweeps)
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -383,8 +384,9 @@ static double latency(const tt_cost_t *c, int p, double rounds, double msgs, dou
 
 /* On a crowded host, ranks that all copy and reduce in the same round share the CPUs:
  * such a round's bytes take ranks / CPUs as long (a chain's step keeps one rank busy;
- * p: the ranks that work at once, of the host's share). Scan's rd and reduce count it
- * so far (the header); the allreduces' and the others' picks were measured without. */
+ * p: the ranks that work at once, of the host's share). Scan's rd, reduce and the
+ * allreduces over sockets (socket_crowd) count it so far (the header); the allreduces
+ * over shm and the other collectives' picks were measured without. */
 static double crowd_factor(const tt_cost_t *c, int p)
 {
     return tt_cost_crowded(c) ? (double)TT_MIN(c->host_ranks, p) / c->host_cpus : 1;
