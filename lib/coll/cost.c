@@ -126,7 +126,7 @@
  *            messages, and linear's root's queued sends again, as the linear broadcast's
  *            (on loopback a sender's system call carries its receiver's side too): 4
  *            ranks on 2 CPUs, 2a against the tree's 1.5a, the tree for blocks below a /
- *            (2 g). Back to back the tree took 13-24 us at 16 B-64 KiB against linear's
+ *            (4 g). Back to back the tree took 13-24 us at 16 B-64 KiB against linear's
  *            22-29 (2 runs); with --fresh either is ahead by up to 50 % (3 runs: the
  *            tree's medians 15-35 against 14-32). A gather's root receives, its senders'
  *            CPUs carrying the loopback's work: linear stays (b2b 6-11 us against 7-13)
