@@ -634,7 +634,16 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 5210, 4), "linear");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 5230, 4), "bruck");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10900, 4), "bruck");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10920, 4), "pairwise");
+    /* beyond it pairwise's p - 1 streams at once cost 1.15 times the ring's one
+     * exchange a step (6a + 3/4 n b, not its by-name (p-1)/2 n b): the ring */
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "ring", 1000, 4, 0) -
+                   (6 * ta + 3000 * tb)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 1000, 4, 0) -
+                   (6 * ta + 1.15 * 3000 * tb)) < 1e-9);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 10920, 4), "ring");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 4 << 20, 4), "ring");
+    ck_assert(fabs(tt_cost_estimate(&tcp, TT_COLL_ALLTOALL, "ring", 1000, 4, 0) -
+                   (3 * ta + 6000 * tb)) < 1e-9);
     /* crowded over shm, pairwise's one round of sends stays (p - 1) a = 3a; Bruck 2a +
      * 8 / 2 a/2 = 4a and more bytes: pairwise at every size */
     ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 3 * sa);

@@ -136,8 +136,15 @@
  *                    p50 7.1-10.8 us against Bruck's 11.6-15.5 in one run)
  *            ring    pairwise's latency + (p-1)/2 n b   (one exchange a step; the bytes
  *                    weighed as if they waited, so that the low-memory variant is picked
- *                    by name only: over crowded tcp it was 10-30 % faster than pairwise
- *                    at n 16-64 KiB, and level with it from 256 KiB)
+ *                    by name only), but on a crowded host over sockets pairwise's p - 1
+ *                    streams into each rank at once cost more than the ring's one: there
+ *                    the ring counts (p-1)/p n b and pairwise 1.15 times it, and the ring
+ *                    takes pairwise's sizes. 4 ranks on 2 CPUs over tcp, pairwise / ring
+ *                    p50, 4 runs of 3 (2 back to back, 2 --fresh): n 16-64 KiB 1.16-1.46
+ *                    (0.92-1.64 over the repeats), 256 KiB-1 MiB 0.72-1.17 (--fresh
+ *                    0.72-0.93, back to back 0.99-1.17), 4-16 MiB 1.05-1.35; the median
+ *                    of the 24 cells 1.17 (session 35: the ring 10-30 % faster at 16-64
+ *                    KiB). As the pairwise allgather, which is never picked there
  *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
  *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
@@ -646,10 +653,13 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     case TT_COLL_ALLTOALL: {
         /* pairwise and ring: p - 1 messages a rank */
         double lat = c->local_only ? (p - 1) * a : latency(c, p, p - 1, p * (p - 1.0), 0);
+        /* crowded over sockets, pairwise's p - 1 streams at once against the ring's one
+         * exchange a step: the header's alltoall */
+        const int one_a_step = tt_cost_crowded(c) && !c->local_only && !c->local_beta_ns;
         if (!strcmp(algo, "pairwise"))
-            return lat + fr * n * b;
+            return lat + (one_a_step ? 1.15 : 1) * fr * n * b;
         if (!strcmp(algo, "ring"))
-            return lat + (p - 1) / 2.0 * n * b;
+            return lat + (one_a_step ? fr : (p - 1) / 2.0) * n * b;
         if (!strcmp(algo, "bruck"))
             return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 rows, packs and sends columns */
