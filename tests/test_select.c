@@ -580,6 +580,15 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_GATHER, 16, 4), "linear");
     ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_SCATTER, "linear", 0, 4, 0) == 3.5 * sa);
     ck_assert(tt_cost_estimate(&shm_crowd, TT_COLL_SCATTER, "tree", 0, 4, 0) == 4 * sa);
+    /* with a local transport of its own beside the sockets ("shm+tcp": the host's peers
+     * over shm) none of the three socket rules applies: hd's bytes, the scatter's and the
+     * alltoall's as on a host with a CPU a rank */
+    tt_cost_t mux_crowd = crowd;
+    mux_crowd.local_beta_ns = shm_crowd.beta_ns;
+    ck_assert(fabs(tt_cost_estimate(&mux_crowd, TT_COLL_ALLREDUCE, "hd", 1000, 4, 0) -
+                   (8 * ca + 1000 * (1.5 * cb + 0.75 * cg))) < 1e-9);
+    ck_assert_str_eq(pick_c(&mux_crowd, TT_COLL_SCATTER, 16, 4), "linear");
+    ck_assert_str_eq(pick_c(&mux_crowd, TT_COLL_ALLTOALL, 4 << 20, 4), "pairwise");
     /* over shm, the same host: ring, rd and hd keep their bytes (the checks above) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLREDUCE, "hd", 1000, 4, 0) -
                    (8 * sa + 1000 * (1.5 * sb + 0.75 * sg) * 1e-3)) < 1e-9);

@@ -433,20 +433,26 @@ static int tree_senders_copy(double n)
     return n > TT_COST_CHANNEL_BYTES;
 }
 
-/* An allreduce on a crowded host over sockets (the header's allreduce). Where all its ranks
- * copy and reduce in every step (ring, rd, hd, dbtree), its bytes take ranks / CPUs as
- * long (crowd_factor), as scan's rd. Linear's senders write their vectors and are free
- * while a vector fits what a loopback socket takes in before its reader runs (its
- * buffers as the kernel first sizes them; 40 KiB here: at 4 ranks on 2 CPUs linear was
- * the fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1): the root alone copies and
- * reduces. Beyond it a sender writes only as fast as the root reads, and all ranks are
- * at work. 1 where the host is not crowded, over shm (its picks were measured without),
- * and with a transport of each kind. */
-#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
-static double socket_crowd(const tt_cost_t *c, int p, double msg)
+/* A crowded host whose peers are reached over sockets: not over shm, nor with a local
+ * transport of its own beside them ("shm+tcp"). The allreduces' bytes, the scatter's
+ * queued sends and the alltoall ring's steps are priced for it (the header). */
+static int crowded_sockets(const tt_cost_t *c)
 {
-    return !c->local_only && !c->local_beta_ns && msg > TT_COST_SOCKET_BYTES ? crowd_factor(c, p)
-                                                                             : 1;
+    return tt_cost_crowded(c) && !c->local_only && !c->local_beta_ns;
+}
+
+/* An allreduce there (the header's allreduce): where all its ranks copy and reduce in
+ * every step (ring, rd, hd, dbtree), its bytes take ranks / CPUs as long (crowd_factor),
+ * as scan's rd. Linear's senders write their vectors and are free while a vector fits
+ * what a loopback socket takes in before its reader runs (its buffers as the kernel first
+ * sizes them; TT_COST_SOCKET_BYTES, 40 KiB here: at 4 ranks on 2 CPUs linear was the
+ * fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1): the root alone copies and reduces.
+ * Beyond it a sender writes only as fast as the root reads, and all ranks are at work.
+ * Over shm the allreduces' picks were measured without. */
+#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
+static double socket_crowd(const tt_cost_t *c, int p)
+{
+    return crowded_sockets(c) ? crowd_factor(c, p) : 1;
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -540,20 +546,21 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     case TT_COLL_ALLREDUCE:
         if (!strcmp(algo, "ring")) /* 2 (p - 1) messages a rank */
             return latency(c, p, 2.0 * (p - 1), 2.0 * p * (p - 1), 0) +
-                   socket_crowd(c, p, HUGE_VAL) * (2 * fr * n * b + fr * n * g / k);
+                   socket_crowd(c, p) * (2 * fr * n * b + fr * n * g / k);
         if (!strcmp(algo, "rd")) /* P lP messages in the rounds, 2 (p - P) to fold */
             return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) +
-                   socket_crowd(c, p, HUGE_VAL) * (lP * (n * b + n * g) + x * (2 * n * b + n * g));
+                   socket_crowd(c, p) * (lP * (n * b + n * g) + x * (2 * n * b + n * g));
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   socket_crowd(c, p, n) * (p - 1) * n * (root_copy_b(c) + g);
+                   (n > TT_COST_SOCKET_BYTES ? socket_crowd(c, p) : 1) * (p - 1) * n *
+                       (root_copy_b(c) + g);
         if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds */
             return latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0) +
-                   socket_crowd(c, p, HUGE_VAL) *
+                   socket_crowd(c, p) *
                        (2 * (P - 1) / P * n * b + (P - 1) / P * n * g + x * (2 * n * b + n * g));
         if (!strcmp(algo, "dbtree")) /* each chunk up and down two trees */
             return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) +
-                   socket_crowd(c, p, HUGE_VAL) * (2 * n * b + n * g);
+                   socket_crowd(c, p) * (2 * n * b + n * g);
         if (!strcmp(algo, "hier"))
             return hier_cost(c, n, p, chunk);
         break;
@@ -642,7 +649,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         /* a crowded scatter over sockets: as the linear broadcast's, the root's sends
          * queue on its CPU and count again; both count their p - 1 messages over the CPUs
          * (a gather's root receives, and the senders' CPUs carry the loopback's work) */
-        const int queued = coll == TT_COLL_SCATTER && tt_cost_crowded(c) && !c->local_only;
+        const int queued = coll == TT_COLL_SCATTER && crowded_sockets(c);
         if (!strcmp(algo, "linear")) /* the root posts every message at once */
             return (queued ? latency(c, p, 1, p - 1.0, 0) : a) + (p - 2) * a / 4 + fr * n * b;
         if (!strcmp(algo, "tree"))
@@ -655,7 +662,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         double lat = c->local_only ? (p - 1) * a : latency(c, p, p - 1, p * (p - 1.0), 0);
         /* crowded over sockets, pairwise's p - 1 streams at once against the ring's one
          * exchange a step: the header's alltoall */
-        const int one_a_step = tt_cost_crowded(c) && !c->local_only && !c->local_beta_ns;
+        const int one_a_step = crowded_sockets(c);
         if (!strcmp(algo, "pairwise"))
             return lat + (one_a_step ? 1.15 : 1) * fr * n * b;
         if (!strcmp(algo, "ring"))
