@@ -187,6 +187,30 @@ ratio_table() {
         done
 }
 
+# ratio_summary FAMILY: after ratio_table, how many cases are at or below the best peer,
+# and the ones above: first those above in every repeat (the lowest paired ratio over 1,
+# beyond this host's run-to-run spread), then those above by the median only.
+ratio_summary() {
+    awk -F'\t' '
+        function human(b) {
+            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 " MiB"
+            if (b >= 1024 && b % 1024 == 0) return b / 1024 " KiB"
+            return b " B" }
+        { split($3, f, " "); r = f[2]; gsub(/[()]/, "", r); split(r, lh, "-")
+          n++; if (f[1] + 0 <= 1) { ok++; next }
+          c = $2; sub(/\./, " np", c)
+          peer = f[3]; gsub(/_/, " ", peer)
+          line = sprintf("%s %s %s %s %s", c, human($1), f[1], f[2], peer)
+          if (lh[1] + 0 > 1) every[++ne] = line; else some[++ns] = line }
+        END {
+          printf "\nAt or below the best peer: **%d of %d** cases.\n", ok, n
+          printf "- above it in every repeat (the lowest paired ratio over 1): %d", ne
+          for (i = 1; i <= ne; i++) printf "%s%s", (i == 1 ? ": " : "; "), every[i]
+          printf "\n- above by the median only, repeats either way: %d", ns
+          for (i = 1; i <= ns; i++) printf "%s%s", (i == 1 ? ": " : "; "), some[i]
+          printf "\n" }' "$work/ratios.$1"
+}
+
 report_header() {
     echo "# Benchmarks: tutti vs Open MPI, MPICH and Gloo (loopback)"
     echo
@@ -225,6 +249,7 @@ report() {
             echo "repeat; the median of those ratios, their range in parentheses."
             echo
             ratio_table "$fam"
+            ratio_summary "$fam"
         done
         for coll in $colls; do for n in $ranks_list; do for fam in $transports; do
             echo

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# bench/peers/run-peers.sh --from: the ratio table and its summary from a results file
+# whose figures are chosen here, so every ratio is worked by hand below: per repeat,
+# tutti's p50 over the best peer's (the peer with the lowest median over repeats), the
+# median of those ratios and their range; a case is above in every repeat when the lowest
+# ratio is over 1, and above by the median only when the median is over 1 and some
+# repeat is not.
+#   test_peers_report.sh RUN_PEERS
+set -u
+run_peers=$1
+tmp=$(mktemp -d /tmp/test-peers-report.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+raw=$tmp/raw
+mkdir "$raw"
+cat >"$raw/meta" <<'EOF'
+repeats=3
+ranks_list=2
+colls=allreduce
+transports=tcp
+bands=4:64:10:1
+mode=small
+check=-c
+fresh=--fresh
+bind=0
+root_of=0
+peers=tutti\ ompi\ mpich
+started=2026-11-30\ 00:00\ UTC
+elapsed=60
+EOF
+: >"$raw/notes"
+# system ranks coll family size p50 mean p99 wrong repeat
+row() { printf '%s 2 allreduce tcp %s %s %s %s 0 %s\n' "$1" "$2" "$3" "$3" "$3" "$4"; }
+{
+    # 4 B: tutti / Open MPI 10/12, 10/11, 10/20 = 0.833, 0.909, 0.5: median 0.833, at or below
+    row tutti_tcp 4 10 1; row tutti_tcp 4 10 2; row tutti_tcp 4 10 3
+    row ompi_tcp 4 12 1; row ompi_tcp 4 11 2; row ompi_tcp 4 20 3
+    # 16 B: 12/10, 12/11, 12/8 = 1.2, 1.09, 1.5: above in every repeat
+    row tutti_tcp 16 12 1; row tutti_tcp 16 12 2; row tutti_tcp 16 12 3
+    row ompi_tcp 16 10 1; row ompi_tcp 16 11 2; row ompi_tcp 16 8 3
+    # 64 B: 10/12, 10/9, 10/8 = 0.833, 1.11, 1.25: above by the median only
+    row tutti_tcp 64 10 1; row tutti_tcp 64 10 2; row tutti_tcp 64 10 3
+    row ompi_tcp 64 12 1; row ompi_tcp 64 9 2; row ompi_tcp 64 8 3
+    # 256 B: 10/10, 10/9, 10/11 = 1, 1.11, 0.909: median 1, at (not above) the best peer
+    row tutti_tcp 256 10 1; row tutti_tcp 256 10 2; row tutti_tcp 256 10 3
+    row ompi_tcp 256 10 1; row ompi_tcp 256 9 2; row ompi_tcp 256 11 3
+    # MPICH slower everywhere by its median (not the best peer), though its third
+    # repeat at 16 B (5) is below every other figure there
+    for s in 4 16 64 256; do row mpich_tcp $s 100 1; row mpich_tcp $s 100 2; row mpich_tcp $s 5 3; done
+    # a failed check (wrong 3) does not count: counted, it would stand for repeat 3 at 4 B
+    # (10 / 20 becoming 1000 / 20) and move the median to 0.909
+    printf 'tutti_tcp 2 allreduce tcp 4 1000 1000 1000 3 3\n'
+} >"$raw/results"
+
+out=$tmp/out/tables.md
+"$run_peers" --from "$raw" -o "$out" >"$tmp/stdout" 2>"$tmp/stderr" ||
+    fail "run-peers.sh --from exited $?: $(cat "$tmp/stderr")"
+[ -s "$out" ] || fail "no $out"
+
+expect() { grep -qxF -- "$1" "$out" || fail "expected the line '$1' in $out; it has:
+$(sed -n '/^## Ratios/,/^## allreduce/p' "$out")"; }
+expect "| 4 B | 0.833 (0.5-0.909) ompi tcp |"
+expect "| 16 B | 1.2 (1.09-1.5) ompi tcp |"
+expect "| 64 B | 1.11 (0.833-1.25) ompi tcp |"
+expect "| 256 B | 1 (0.909-1.11) ompi tcp |"
+expect "At or below the best peer: **2 of 4** cases."
+expect "- above it in every repeat (the lowest paired ratio over 1): 1: allreduce np2 16 B 1.2 (1.09-1.5) ompi tcp"
+expect "- above by the median only, repeats either way: 1: allreduce np2 64 B 1.11 (0.833-1.25) ompi tcp"
+echo "ok: ratio table and summary"
