@@ -37,11 +37,12 @@ cells() {
         END { flush(); for (key in line) print line[key] }' | sort -k1,1 -k2,2n -k3,3 -k5,5n
 }
 
-human() {
-    awk -v b="$1" 'BEGIN { split("B KiB MiB GiB", u, " "); i = 1
-        while (b >= 1024 && b % 1024 == 0 && i < 4) { b /= 1024; i++ }
-        printf "%d %s", b, u[i] }'
-}
+# human_awk: an awk function, human(bytes), "4 B", "16 KiB", "256 MiB" (for human and
+# ratio_summary's awk).
+human_awk='function human(b,  i) { split("B KiB MiB GiB", hu, " "); i = 1
+    while (b >= 1024 && b % 1024 == 0 && i < 4) { b /= 1024; i++ }
+    return sprintf("%d %s", b, hu[i]) }'
+human() { awk -v b="$1" "$human_awk"' BEGIN { printf "%s", human(b) }'; }
 
 # case_rows RANKS COLL FAMILY KIND: TSV rows of one case: size, per column its median
 # (kind time: "med (min-max)" in us; kind bw: busbw GB/s at the median; "-": none), the
@@ -191,11 +192,7 @@ ratio_table() {
 # and the ones above: first those above in every repeat (the lowest paired ratio over 1,
 # beyond this host's run-to-run spread), then those above by the median only.
 ratio_summary() {
-    awk -F'\t' '
-        function human(b) {
-            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 " MiB"
-            if (b >= 1024 && b % 1024 == 0) return b / 1024 " KiB"
-            return b " B" }
+    awk -F'\t' "$human_awk"'
         { split($3, f, " "); r = f[2]; gsub(/[()]/, "", r); split(r, lh, "-")
           n++; if (f[1] + 0 <= 1) { ok++; next }
           c = $2; sub(/\./, " np", c)
