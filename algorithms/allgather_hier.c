@@ -102,7 +102,7 @@ static int agh_run(tt_op_t *op, const tt_hosts_t *h)
     g.own = tt_own_block_src(op, &copy_own);
     TT_CHECK(agh_post(&g, 0, 0));
     if (copy_own)
-        memcpy((unsigned char *)op->recvbuf + op->rdispls[op->rank] * es, op->sendbuf,
+        tt_copy((unsigned char *)op->recvbuf + op->rdispls[op->rank] * es, op->sendbuf,
                cnt[op->rank] * es);
     uint32_t pass = 0;
     for (int k = 0; k < g.K; k++)

@@ -48,7 +48,7 @@ int tt_allgather_linear(tt_op_t *op)
         TT_CHECK(tt_p2p_recv(op, 0, whole, total, LIN_TAG_OUT, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         for (size_t off = 0, j = 0; !contig && j < (size_t)n; off += cnt[j++] * es)
-            memcpy(recv + dsp[j] * es, whole + off, cnt[j] * es);
+            tt_copy(recv + dsp[j] * es, whole + off, cnt[j] * es);
         return TUTTI_OK;
     }
 
@@ -60,11 +60,11 @@ int tt_allgather_linear(tt_op_t *op)
     for (int i = 1; i < n && rc == TUTTI_OK; i++)
         rc = tt_p2p_recv(op, i, recv + dsp[i] * es, cnt[i] * es, LIN_TAG_IN, &req[i - 1]);
     if (rc == TUTTI_OK && copy_own)
-        memcpy(recv + dsp[0] * es, op->sendbuf, cnt[0] * es);
+        tt_copy(recv + dsp[0] * es, op->sendbuf, cnt[0] * es);
     if (rc == TUTTI_OK)
         rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     for (size_t off = 0, j = 0; rc == TUTTI_OK && !contig && j < (size_t)n; off += cnt[j++] * es)
-        memcpy(whole + off, recv + dsp[j] * es, cnt[j] * es);
+        tt_copy(whole + off, recv + dsp[j] * es, cnt[j] * es);
     for (int i = 1; i < n && rc == TUTTI_OK; i++)
         rc = tt_p2p_send(op, i, whole, total, LIN_TAG_OUT, &req[i - 1]);
     if (rc == TUTTI_OK)

@@ -45,7 +45,7 @@ int tt_allgather_pairwise(tt_op_t *op)
                       st, out);
     }
     if (copy_own)
-        memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
+        tt_copy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
     st = tt_p2p_wait_all(op, reqs, 2 * (size_t)n);
 out:
     tt_reqs_put(&hold);

@@ -59,7 +59,7 @@ static int ag_rd_pow2(tt_op_t *op)
                           st, out);
         }
         if (copy_own) {
-            memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
+            tt_copy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
             copy_own = 0;
         }
         TT_CHECK_GOTO(tt_p2p_wait_all(op, reqs, 2 * (size_t)n), st, out);
@@ -89,7 +89,7 @@ static int ag_bruck(tt_op_t *op)
         return TUTTI_ERR_NOMEM;
     }
     if (cnt[r])
-        memcpy(pk, recv + dsp[r] * es, cnt[r] * es);
+        tt_copy(pk, recv + dsp[r] * es, cnt[r] * es);
 
     int st = TUTTI_OK;
     tt_req_t req[2];
@@ -108,7 +108,7 @@ static int ag_bruck(tt_op_t *op)
     for (int i = 1; i < n; i++) {
         int b = (r + i) % n;
         if (cnt[b])
-            memcpy(recv + dsp[b] * es, pk + poff[i] * es, cnt[b] * es);
+            tt_copy(recv + dsp[b] * es, pk + poff[i] * es, cnt[b] * es);
     }
 out:
     free(poff);
@@ -125,7 +125,7 @@ int tt_allgather_rd(tt_op_t *op)
     if (op->recvcounts[r]) {
         unsigned char *own = (unsigned char *)op->recvbuf + op->rdispls[r] * es;
         if (op->sendbuf != own)
-            memcpy(own, op->sendbuf, op->recvcounts[r] * es);
+            tt_copy(own, op->sendbuf, op->recvcounts[r] * es);
     }
     return ag_bruck(op);
 }

@@ -34,7 +34,7 @@ int tt_allgather_ring(tt_op_t *op)
         TT_CHECK(tt_p2p_send(op, next, src, cnt[sb] * es, (uint32_t)t, &req[1]));
         TT_CHECK(tt_p2p_recv(op, prev, recv + dsp[rb] * es, cnt[rb] * es, (uint32_t)t, &req[0]));
         if (t == 0 && copy_own)
-            memcpy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
+            tt_copy(recv + dsp[r] * es, op->sendbuf, cnt[r] * es);
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
     }
     return TUTTI_OK;

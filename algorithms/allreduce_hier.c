@@ -201,7 +201,7 @@ static int hier_ticks(tt_op_t *op, const tt_hosts_t *h, grp_t *lg, int nseg, int
                 TT_CHECK(grp_ring(lg, op->sendbuf, op->recvbuf, 1, lscratch, lreqs,
                                   HIER_TAG_LOCAL_RS + ltag));
             else if (op->sendbuf != op->recvbuf)
-                memcpy((unsigned char *)op->recvbuf + lg->start * es,
+                tt_copy((unsigned char *)op->recvbuf + lg->start * es,
                        (const unsigned char *)op->sendbuf + lg->start * es,
                        (lg->base * (size_t)h->shards + lg->rem) * es);
             /* a shard of the same length on every host: all of them skip an empty one */

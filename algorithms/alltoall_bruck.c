@@ -38,9 +38,9 @@ int tt_alltoall_bruck(tt_op_t *op)
 
     /* slot 0, this rank's own block, goes straight across (in place it is there) */
     if (recv + op->rdispls[r] * es != send + op->sdispls[r] * es)
-        memcpy(recv + op->rdispls[r] * es, send + op->sdispls[r] * es, blk);
+        tt_copy(recv + op->rdispls[r] * es, send + op->sdispls[r] * es, blk);
     for (int i = 1; i < n; i++)
-        memcpy(slots + (size_t)i * blk, send + op->sdispls[(r + i) % n] * es, blk);
+        tt_copy(slots + (size_t)i * blk, send + op->sdispls[(r + i) % n] * es, blk);
 
     tt_req_t req[2];
     uint32_t round = 0;
@@ -48,7 +48,7 @@ int tt_alltoall_bruck(tt_op_t *op)
         size_t m = 0;
         for (int i = d; i < n; i++)
             if (i & d)
-                memcpy(out + m++ * blk, slots + (size_t)i * blk, blk);
+                tt_copy(out + m++ * blk, slots + (size_t)i * blk, blk);
         memset(req, 0, sizeof(req));
         TT_CHECK(tt_p2p_recv(op, (r - d + n) % n, in, m * blk, round, &req[0]));
         TT_CHECK(tt_p2p_send(op, (r + d) % n, out, m * blk, round, &req[1]));
@@ -56,9 +56,9 @@ int tt_alltoall_bruck(tt_op_t *op)
         m = 0;
         for (int i = d; i < n; i++)
             if (i & d)
-                memcpy(slots + (size_t)i * blk, in + m++ * blk, blk);
+                tt_copy(slots + (size_t)i * blk, in + m++ * blk, blk);
     }
     for (int i = 1; i < n; i++)
-        memcpy(recv + op->rdispls[(r - i + n) % n] * es, slots + (size_t)i * blk, blk);
+        tt_copy(recv + op->rdispls[(r - i + n) % n] * es, slots + (size_t)i * blk, blk);
     return TUTTI_OK;
 }

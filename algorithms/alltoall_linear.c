@@ -51,7 +51,7 @@ int tt_alltoall_linear(tt_op_t *op)
             return TUTTI_ERR_NOMEM;
         unsigned char *col = row + line;
         for (int k = 0; k < n - 1; k++)
-            memcpy(row + (size_t)k * blk, send + op->sdispls[(r + 1 + k) % n] * es, blk);
+            tt_copy(row + (size_t)k * blk, send + op->sdispls[(r + 1 + k) % n] * es, blk);
         own_block(op, blk);
         tt_req_t req[2];
         memset(req, 0, sizeof(req));
@@ -59,7 +59,7 @@ int tt_alltoall_linear(tt_op_t *op)
         TT_CHECK(tt_p2p_recv(op, 0, col, line, LIN_TAG_OUT, &req[1]));
         TT_CHECK(tt_p2p_wait_all(op, req, 2));
         for (int m = 0; m < n - 1; m++)
-            memcpy(recv + op->rdispls[(r + 1 + m) % n] * es, col + (size_t)m * blk, blk);
+            tt_copy(recv + op->rdispls[(r + 1 + m) % n] * es, col + (size_t)m * blk, blk);
         return TUTTI_OK;
     }
 
@@ -87,7 +87,7 @@ int tt_alltoall_linear(tt_op_t *op)
             const unsigned char *src = i == 0 ? send + op->sdispls[j] * es
                                               : rows + (size_t)(i - 1) * line +
                                                     (size_t)((j - i - 1 + n) % n) * blk;
-            memcpy(col + (size_t)m * blk, src, blk);
+            tt_copy(col + (size_t)m * blk, src, blk);
         }
     }
     for (int j = 1; j < n && rc == TUTTI_OK; j++)
@@ -96,7 +96,7 @@ int tt_alltoall_linear(tt_op_t *op)
         /* every column is built: recvbuf may now overwrite sendbuf (in place) */
         own_block(op, blk);
         for (int i = 1; i < n; i++)
-            memcpy(recv + op->rdispls[i] * es,
+            tt_copy(recv + op->rdispls[i] * es,
                    rows + (size_t)(i - 1) * line + (size_t)(n - i - 1) * blk, blk);
         rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     }

@@ -33,7 +33,7 @@ int tt_alltoall_pairwise(tt_op_t *op)
             unsigned char *copy = tt_op_scratch(op, 0, extent * es);
             if (!copy)
                 return TUTTI_ERR_NOMEM;
-            memcpy(copy, send, extent * es);
+            tt_copy(copy, send, extent * es);
             send = copy;
         }
     }
@@ -58,7 +58,7 @@ int tt_alltoall_pairwise(tt_op_t *op)
                       st, out);
     }
     if (rcnt[r] && recv + rdsp[r] * es != send + sdsp[r] * es)
-        memcpy(recv + rdsp[r] * es, send + sdsp[r] * es, rcnt[r] * es);
+        tt_copy(recv + rdsp[r] * es, send + sdsp[r] * es, rcnt[r] * es);
     st = tt_p2p_wait_all(op, reqs, 2 * (size_t)n);
 out:
     tt_reqs_put(&hold);

@@ -36,7 +36,7 @@ static int a2a_swaps(tt_op_t *op)
             continue;
         memset(req, 0, sizeof(req));
         if (scnt[p])
-            memcpy(tmp, buf + sdsp[p] * es, scnt[p] * es);
+            tt_copy(tmp, buf + sdsp[p] * es, scnt[p] * es);
         /* empty blocks go too (see alltoall_pairwise.c) */
         TT_CHECK(tt_p2p_recv(op, p, buf + rdsp[p] * es, rcnt[p] * es, (uint32_t)s, &req[0]));
         TT_CHECK(tt_p2p_send(op, p, tmp, scnt[p] * es, (uint32_t)s, &req[1]));
@@ -54,7 +54,7 @@ int tt_alltoall_ring(tt_op_t *op)
     const size_t es = op->elem_size;
     const size_t *scnt = op->sendcounts, *rcnt = op->recvcounts;
     if (rcnt[r])
-        memcpy(tt_blk(op->recvbuf, op->rdispls, r, es), tt_cblk(op->sendbuf, op->sdispls, r, es),
+        tt_copy(tt_blk(op->recvbuf, op->rdispls, r, es), tt_cblk(op->sendbuf, op->sdispls, r, es),
                rcnt[r] * es);
     tt_req_t req[2];
     for (int s = 1; s < n; s++) {

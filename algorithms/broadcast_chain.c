@@ -46,7 +46,7 @@ int tt_broadcast_chain(tt_op_t *op)
         }
         /* The copy overlaps whatever the transport does with the sends meanwhile. */
         if (src != recv)
-            memcpy(recv, src, count * es);
+            tt_copy(recv, src, count * es);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, nck), st, out);
         goto out;
     }

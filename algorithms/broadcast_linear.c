@@ -49,7 +49,7 @@ int tt_broadcast_linear(tt_op_t *op)
     for (int j = root + 1 == n ? 0 : root + 1; j != root; j = j + 1 == n ? 0 : j + 1)
         TT_CHECK_GOTO(tt_p2p_send(op, j, op->sendbuf, bytes, 0, &reqs[nsend++]), st, out);
     if (op->recvbuf != op->sendbuf)
-        memcpy(op->recvbuf, op->sendbuf, bytes);
+        tt_copy(op->recvbuf, op->sendbuf, bytes);
     st = tt_p2p_wait_all(op, reqs, nsend);
 out:
     tt_reqs_put(&hold);

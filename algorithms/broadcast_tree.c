@@ -58,6 +58,6 @@ int tt_broadcast_tree(tt_op_t *op)
         }
     }
     if (vr == 0 && src != recv)
-        memcpy(recv, src, bytes);
+        tt_copy(recv, src, bytes);
     return tt_p2p_wait_all(op, req, nsend);
 }

@@ -107,12 +107,12 @@ int tt_linear_rooted(tt_op_t *op, int to_root)
     }
     /* in place, the root's block is already where it belongs */
     if (to_root && copy_own)
-        memcpy(tt_blk(op->recvbuf, dsp, root, es), op->sendbuf, op->count * es);
+        tt_copy(tt_blk(op->recvbuf, dsp, root, es), op->sendbuf, op->count * es);
     const int late = !to_root && tt_scatter_own_late(op);
     if (!to_root && op->count && !late) {
         const void *from = tt_cblk(op->sendbuf, dsp, root, es);
         if (op->recvbuf != from)
-            memcpy(op->recvbuf, from, op->count * es);
+            tt_copy(op->recvbuf, from, op->count * es);
     }
     st = tt_p2p_wait_all(op, reqs, (size_t)n);
     if (st == TUTTI_OK && late)
@@ -167,7 +167,7 @@ const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)
         *copy_later = 1;
         return s;
     }
-    memcpy(own, s, cnt[r] * es);
+    tt_copy(own, s, cnt[r] * es);
     return own;
 }
 

@@ -25,7 +25,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
     const size_t *cnt = op->recvcounts, *dsp = op->rdispls;
     const int vr = t->vr, sub = t->sub, lowbit = t->lowbit;
     if (vr && sub > 1 && op->count)
-        memcpy(t->pk, op->sendbuf, op->count * es);
+        tt_copy(t->pk, op->sendbuf, op->count * es);
 
     /* the root's own block: copied now if sendbuf lies where a child's block will land */
     int copy_own = 0;
@@ -66,7 +66,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
 
     /* the root: its own block (unless in place), then what landed in scratch */
     if (copy_own)
-        memcpy(recv + dsp[root] * es, op->sendbuf, op->count * es);
+        tt_copy(recv + dsp[root] * es, op->sendbuf, op->count * es);
     level = 0;
     for (long mask = 1; mask < n; mask <<= 1, level++) {
         const int c = (int)mask, csub = (int)TT_MIN(mask, n - c);
@@ -75,7 +75,7 @@ static int gather_up(tt_op_t *op, const tt_btree_t *t)
         for (int i = c; i < c + csub; i++) {
             int b = (i + root) % n;
             if (cnt[b])
-                memcpy(recv + dsp[b] * es, t->pk + t->poff[i] * es, cnt[b] * es);
+                tt_copy(recv + dsp[b] * es, t->pk + t->poff[i] * es, cnt[b] * es);
         }
     }
     return TUTTI_OK;

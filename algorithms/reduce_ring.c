@@ -101,7 +101,7 @@ int tt_reduce_ring(tt_op_t *op)
     }
     {
         const int b = (root + 1) % n;
-        memcpy(recv + rr_block_off(count, n, b) * es, out, rr_block_len(count, n, b) * es);
+        tt_copy(recv + rr_block_off(count, n, b) * es, out, rr_block_len(count, n, b) * es);
     }
     int st = tt_p2p_wait_all(op, reqs, (size_t)n);
     tt_reqs_put(&hold);

@@ -54,7 +54,7 @@ int tt_reduce_scatter_linear(tt_op_t *op)
         rc = tt_p2p_send(op, i, acc + dsp[i] * es, cnt[i] * es, LIN_TAG_OUT, &req[i - 1]);
     /* every input has been read: rank 0's block may overwrite its own input now */
     if (rc == TUTTI_OK && cnt[0])
-        memcpy(out, acc + dsp[0] * es, cnt[0] * es);
+        tt_copy(out, acc + dsp[0] * es, cnt[0] * es);
     if (rc == TUTTI_OK)
         rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     tt_reqs_put(&hold);

@@ -90,7 +90,7 @@ int tt_reduce_scatter_pairwise(tt_op_t *op)
 #undef PIECE_POST
     TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, nsend), st, out);
     if (len && in_place)
-        memcpy(recv, acc, len * es);
+        tt_copy(recv, acc, len * es);
 out:
     tt_reqs_put(&hold);
     return st;

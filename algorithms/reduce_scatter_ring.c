@@ -130,7 +130,7 @@ int tt_reduce_scatter_ring(tt_op_t *op)
 #undef POST_AHEAD
     /* every send is done and the input fully read */
     if (in_place && cnt[r])
-        memcpy(op->recvbuf, half[(steps - 1) & 1], cnt[r] * es);
+        tt_copy(op->recvbuf, half[(steps - 1) & 1], cnt[r] * es);
 out:
     tt_reqs_put(&hold);
     return st;

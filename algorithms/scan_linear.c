@@ -57,7 +57,7 @@ int tt_scan_linear(tt_op_t *op)
             TT_CHECK_GOTO(tt_p2p_send(op, 1, in + off, clen * es, (uint32_t)k, &sreq[k]), st, out);
         }
         if (!ex && in != out) /* overlaps whatever the transport does with the sends */
-            memcpy(out, in, count * es);
+            tt_copy(out, in, count * es);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq, nck), st, out);
         goto out;
     }
@@ -79,7 +79,7 @@ int tt_scan_linear(tt_op_t *op)
                 next = fwd + off;
             }
             if (pre != out) /* in place: the input of this chunk was read above */
-                memcpy(out + off, pre + off, clen * es);
+                tt_copy(out + off, pre + off, clen * es);
         }
         if (!last)
             TT_CHECK_GOTO(tt_p2p_send(op, r + 1, next, clen * es, (uint32_t)k, &sreq[k]), st, out);

@@ -70,7 +70,7 @@ int tt_scan_rd(tt_op_t *op)
             else if (!ex)
                 tt_reduce3(out, tmp, op->sendbuf, count, dt, rop);
             else if (!direct)
-                memcpy(out, tmp, bytes);
+                tt_copy(out, tmp, bytes);
             have = 1;
         } else if (more) {
             tt_reduce3(blk, cur, tmp, count, dt, rop);
@@ -79,6 +79,6 @@ int tt_scan_rd(tt_op_t *op)
     }
     /* rank 0 of a scan: its input is its result */
     if (!have && !ex && op->sendbuf != out)
-        memcpy(out, op->sendbuf, bytes);
+        tt_copy(out, op->sendbuf, bytes);
     return TUTTI_OK;
 }

@@ -50,7 +50,7 @@ static int scatter_down(tt_op_t *op, const tt_btree_t *t)
                 for (int i = c; i < c + csub; i++) {
                     int b = (i + root) % n;
                     if (cnt[b])
-                        memcpy(t->pk + t->poff[i] * es, send + dsp[b] * es, cnt[b] * es);
+                        tt_copy(t->pk + t->poff[i] * es, send + dsp[b] * es, cnt[b] * es);
                 }
             }
         }
@@ -63,7 +63,7 @@ static int scatter_down(tt_op_t *op, const tt_btree_t *t)
     const int late = vr == 0 && tt_scatter_own_late(op);
     const void *own = vr ? (const void *)t->pk : (const void *)(send + dsp[root] * es);
     if (op->count && !late && (vr == 0 || sub > 1) && own != op->recvbuf)
-        memcpy(op->recvbuf, own, op->count * es);
+        tt_copy(op->recvbuf, own, op->count * es);
     TT_CHECK(tt_p2p_wait_all(op, t->reqs, TT_BTREE_REQS));
     if (late)
         memmove(op->recvbuf, own, op->count * es);

@@ -127,6 +127,7 @@ typedef struct bench_cfg {
     tutti_dtype_t dtype;
     tutti_redop_t op;
     int root;
+    int offset; /* --offset: the buffers start this many bytes past a page boundary */
     const char *algo, *transport, *json;
     int algo_all;  /* --algo all */
     int np;        /* > 0: fork this many local ranks */
@@ -157,7 +158,7 @@ static void usage(FILE *f)
         f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
         "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh] [--bind]\n"
-        "                   [-d DTYPE] [-o OP] [-r ROOT] [--algo NAME|all]\n"
+        "                   [-d DTYPE] [-o OP] [-r ROOT] [--offset B] [--algo NAME|all]\n"
         "                   [--transport NAME] [--json FILE]\n"
         "\n"
         "  -np N               fork N (1..%d) local ranks that meet through a file store in\n"
@@ -191,6 +192,9 @@ static void usage(FILE *f)
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
         "                      bxor (the last three: integer dtypes)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
+        "  --offset B          start every rank's send and receive buffers B bytes past a\n"
+        "                      page boundary (0..4095, a multiple of the dtype's size;\n"
+        "                      default 0), as a tensor inside a larger storage\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
         "                      string (\"allreduce:rd@<64K,ring\")\n"
         "  --algo all          time every algorithm the library has for the collective\n"
@@ -366,6 +370,9 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
         } else if (FLAG("-o", "--op")) {
             VALUE();
             op = v;
+        } else if (FLAG("--offset", "--offset")) {
+            VALUE();
+            bad = parse_int(v, 0, &cfg->offset) || cfg->offset > 4095;
         } else if (FLAG("-r", "--root")) {
             VALUE();
             bad = parse_int(v, 0, &cfg->root);
@@ -1345,10 +1352,20 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     if (make_rows(cfg, unit, &rows, &nsizes) < 0)
         return 3;
 
+    if (cfg->offset % (int)esize) {
+        if (b.rank == 0)
+            fprintf(stderr, "tutti-bench: --offset %d is not a multiple of the %zu-byte dtype\n",
+                    cfg->offset, esize);
+        free(rows);
+        return 3;
+    }
     size_t alloc = barrier ? 64 : (cfg->max_bytes / esize) * esize;
     alloc = (alloc + 4095) & ~(size_t)4095;
-    b.send = aligned_alloc(4096, alloc);
-    b.recv = aligned_alloc(4096, alloc);
+    /* --offset: one more page each, the buffers that far into it */
+    char *send_page = aligned_alloc(4096, alloc + (cfg->offset ? 4096 : 0));
+    char *recv_page = aligned_alloc(4096, alloc + (cfg->offset ? 4096 : 0));
+    b.send = send_page ? send_page + cfg->offset : NULL;
+    b.recv = recv_page ? recv_page + cfg->offset : NULL;
     b.times = malloc(sizeof(double) * (size_t)cfg->iters);
     int rc = 0;
     if (!b.send || !b.recv || !b.times) {
@@ -1385,8 +1402,8 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
         rc = 1;
 out_free:
     free(b.times);
-    free(b.recv);
-    free(b.send);
+    free(recv_page);
+    free(send_page);
     free(rows);
     return rc;
 }

@@ -18,6 +18,8 @@
 #include <tutti/tutti.h>
 
 #include "reduce/reduce.h"
+#include "base/base.h"
+#include "../transports/kit/copy.h"
 
 /* Defined in lib/reduce/reduce.c (not yet declared in reduce.h). */
 const char *tt_reduce_isa_name(void);
@@ -1094,6 +1096,91 @@ static int cpu_has(const char *isa)
     return strcmp(isa, "generic") == 0;
 }
 
+
+/* ---- tt_copy / tp_copy (transports/kit/copy.h) ---- */
+
+/* Which copies take the vector loop: (dst - src) mod 4096 within [-64, 63], 2 KiB to 4 MiB. */
+START_TEST(test_copy_band)
+{
+    static unsigned char page[3 * 4096] __attribute__((aligned(4096)));
+    unsigned char *src = page + 4096;
+    size_t mid = 64 << 10;
+    ck_assert(tp_copy_in_band(src + 4096, src, mid));    /* 0 */
+    ck_assert(tp_copy_in_band(src + 63, src, mid));      /* 63 */
+    ck_assert(!tp_copy_in_band(src + 64, src, mid));     /* 64 */
+    ck_assert(tp_copy_in_band(src - 64, src, mid));      /* -64 */
+    ck_assert(!tp_copy_in_band(src - 65, src, mid));     /* -65 */
+    ck_assert(tp_copy_in_band(src + 4096 + 8, src, mid)); /* 8 past a page */
+    ck_assert(!tp_copy_in_band(src + 2048, src, mid));
+    ck_assert(!tp_copy_in_band(src + 8, src, TP_COPY_LOOP_MIN - 1));
+    ck_assert(tp_copy_in_band(src + 8, src, TP_COPY_LOOP_MIN));
+    ck_assert(tp_copy_in_band(src + 8, src, TP_COPY_LOOP_MAX));
+    ck_assert(!tp_copy_in_band(src + 8, src, (size_t)TP_COPY_LOOP_MAX + 1));
+}
+END_TEST
+
+/* Every way of copying (tt_copy; the loops themselves where the CPU has them) against
+ * the source byte by byte, with 64 guard bytes either side of the destination left
+ * alone, over sizes across the thresholds, destination alignments and distances. */
+START_TEST(test_copy_vs_reference)
+{
+    int way = _i; /* 0: tt_copy, 1: the SSE2 loop, 2: the AVX2 loop */
+#ifdef TP_COPY_LOOP
+    if (way == 2 && !__builtin_cpu_supports("avx2"))
+        return;
+#else
+    if (way)
+        return;
+#endif
+    static const size_t sizes[] = { 0, 1, 31, 32, 33, 127, 128, 129, 2047, 2048, 2049, 4095,
+                                    4096, 65536 + 13, 300007, (4u << 20) + 1 };
+    static const int aligns[] = { 0, 1, 15, 16, 17, 31, 32 };
+    static const int deltas[] = { -64, -63, -33, -8, -1, 0, 1, 8, 31, 32, 63, 64, 2048 };
+    size_t cap = (4u << 20) + 3 * 4096;
+    unsigned char *sbase = aligned_alloc(4096, cap), *dbase = aligned_alloc(4096, cap);
+    ck_assert(sbase && dbase);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < cap; i++) {
+        x = x * 1103515245u + 12345u;
+        sbase[i] = (unsigned char)(x >> 16);
+    }
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t n = sizes[si];
+        if (way && n < TP_COPY_LOOP_MIN)
+            continue; /* the loops' contract */
+        for (size_t ai = 0; ai < sizeof(aligns) / sizeof(aligns[0]); ai++) {
+            for (size_t di = 0; di < sizeof(deltas) / sizeof(deltas[0]); di++) {
+                unsigned char *dst = dbase + 4096 + aligns[ai];
+                /* src in the source's second page at (dst - delta) mod 4096 */
+                size_t soff = ((uintptr_t)dst - (uintptr_t)(intptr_t)deltas[di]) & 4095u;
+                const unsigned char *src = sbase + 4096 + soff;
+                memset(dbase, 0xEE, cap);
+                if (way == 0)
+                    tt_copy(dst, src, n);
+#ifdef TP_COPY_LOOP
+                else if (way == 1)
+                    tp_copy_sse2(dst, src, n);
+                else
+                    tp_copy_avx2(dst, src, n);
+#endif
+                for (size_t i = 0; i < n; i++)
+                    if (dst[i] != src[i])
+                        ck_abort_msg("way %d, %zu bytes, dst %d past 4096, delta %d: byte %zu "
+                                     "is %u, the source's %u",
+                                     way, n, aligns[ai], deltas[di], i, dst[i], src[i]);
+                for (int g = 1; g <= 64; g++)
+                    ck_assert_msg(dst[-g] == 0xEE && dst[n - 1 + g] == 0xEE,
+                                  "way %d, %zu bytes, dst %d past 4096, delta %d: guard %d "
+                                  "written",
+                                  way, n, aligns[ai], deltas[di], g);
+            }
+        }
+    }
+    free(dbase);
+    free(sbase);
+}
+END_TEST
+
 static const char *expected_isa; /* NULL: don't know (not forked, or set outside) */
 
 START_TEST(test_isa)
@@ -1128,6 +1215,11 @@ static Suite *reduce_suite(void)
     tcase_add_test(tc, test_float_specials_vector);
     tcase_add_test(tc, test_invalid_args);
     tcase_add_test(tc, test_half_kernel_vs_scalar);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("copy");
+    tcase_add_test(tc, test_copy_band);
+    tcase_add_loop_test(tc, test_copy_vs_reference, 0, 3);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("conversions");

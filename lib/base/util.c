@@ -8,6 +8,12 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "../../transports/kit/copy.h"
+
+void tt_copy(void *dst, const void *src, size_t n)
+{
+    tp_copy(dst, src, n);
+}
 
 uint64_t tt_now_ns(void)
 {

@@ -399,7 +399,7 @@ static int layout_build(tutti_fuse_t *f, const int *order)
     for (int i = 0; i < n; i++) {
         tt_fuse_tensor_t *t = &f->tensors[i];
         if (f->opts.bucket_views && f->built)
-            memcpy(b[tb[i]].buf + toff[i], f->buckets[t->bucket].buf + t->offset, t->bytes);
+            tt_copy(b[tb[i]].buf + toff[i], f->buckets[t->bucket].buf + t->offset, t->bytes);
         t->bucket = tb[i];
         t->offset = toff[i];
     }
@@ -636,7 +636,7 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
     if (unused)
         arrive_as_zeros(f, t);
     else if (!f->opts.bucket_views)
-        memcpy(f->buckets[t->bucket].buf + t->offset, t->user, t->bytes);
+        tt_copy(f->buckets[t->bucket].buf + t->offset, t->user, t->bytes);
     int done = arrive_bit(f, t);
     if (done < 0)
         return arrive_error(f, index, what);
@@ -802,7 +802,7 @@ int tutti_fuse_wait(tutti_fuse_t *f)
             for (int k = 0; k < b->ntensors; k++) {
                 tt_fuse_tensor_t *t = &f->tensors[b->tensors[k]];
                 if (!atomic_load_explicit(&t->unused, memory_order_relaxed))
-                    memcpy(t->user, b->buf + t->offset, t->bytes);
+                    tt_copy(t->user, b->buf + t->offset, t->bytes);
             }
         }
         if (bst < 0 && st == TUTTI_OK)
@@ -874,7 +874,7 @@ static int coal_finish(const tt_coal_t *c, const int *small, tt_coal_slot_t *s)
         return st;
     size_t off = 0;
     for (int k = s->first; k < s->last; k++) {
-        memcpy(c->bufs[small[k]], s->stage + off, c->bytes[small[k]]);
+        tt_copy(c->bufs[small[k]], s->stage + off, c->bytes[small[k]]);
         off += c->bytes[small[k]];
     }
     return TUTTI_OK;
@@ -944,7 +944,7 @@ static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
         if (!c->bcast || c->rank == c->root) {
             size_t off = 0;
             for (int q = k; q < j; q++) {
-                memcpy(s->stage + off, c->bufs[small[q]], c->bytes[small[q]]);
+                tt_copy(s->stage + off, c->bufs[small[q]], c->bytes[small[q]]);
                 off += c->bytes[small[q]];
             }
         }

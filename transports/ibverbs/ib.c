@@ -13,6 +13,7 @@
 
 #include "ib.h"
 #include "ib_wire.h"
+#include "../kit/copy.h"
 #include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
@@ -170,7 +171,7 @@ static void link_send(ib_tp_t *tp, ib_link_t *L)
         if (r->len <= tp->eager_max) {
             h->kind = IB_MSG_EAGER;
             if (r->len)
-                memcpy(L->stage + off + IB_HDR_BYTES, r->buf, r->len);
+                tp_copy(L->stage + off + IB_HDR_BYTES, r->buf, r->len);
             nbytes += r->len;
         } else {
             int e = ib_mrc_get(&tp->mrc, r->buf, r->len, 0, &mr);
@@ -299,7 +300,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         }
         if (h->kind == IB_MSG_EAGER) {
             if (h->len)
-                memcpy(q->buf, slot + IB_HDR_BYTES, h->len);
+                tp_copy(q->buf, slot + IB_HDR_BYTES, h->len);
             tp_req_pop(&L->rq_head, &L->rq_tail);
             q->xfer = q->len;
             q->status = 0;
@@ -698,7 +699,7 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
         ib_link_t *L = &tp->links[i];
         if (!L->served || !L->qp || L->qp_stopped || L->error_sent || sq_room(L) == 0)
             continue;
-        memcpy(L->stage + off, msg, len);
+        tp_copy(L->stage + off, msg, len);
         if (post_write(tp, L, IB_WR_ERROR, make_imm(IB_IMM_ERROR, 0, code), off, len) == 0) {
             L->error_sent = 1;
             tp->errors_inflight++;

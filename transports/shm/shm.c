@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "shm.h"
+#include "../kit/copy.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
@@ -230,10 +231,10 @@ static inline void ring_put(const shm_link_t *L, uint64_t pos, const void *src, 
     size_t off = (size_t)(pos & L->mask);
     size_t first = (size_t)L->cap - off;
     if (first >= n) {
-        memcpy(L->txring + off, src, n);
+        tp_copy(L->txring + off, src, n);
     } else {
-        memcpy(L->txring + off, src, first);
-        memcpy(L->txring, (const char *)src + first, n - first);
+        tp_copy(L->txring + off, src, first);
+        tp_copy(L->txring, (const char *)src + first, n - first);
     }
 }
 
@@ -242,10 +243,10 @@ static inline void ring_get(const shm_link_t *L, uint64_t pos, void *dst, size_t
     size_t off = (size_t)(pos & L->mask);
     size_t first = (size_t)L->cap - off;
     if (first >= n) {
-        memcpy(dst, L->rxring + off, n);
+        tp_copy(dst, L->rxring + off, n);
     } else {
-        memcpy(dst, L->rxring + off, first);
-        memcpy((char *)dst + first, L->rxring, n - first);
+        tp_copy(dst, L->rxring + off, first);
+        tp_copy((char *)dst + first, L->rxring, n - first);
     }
 }
 

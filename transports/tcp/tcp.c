@@ -13,6 +13,7 @@
 
 #include "crc32c.h"
 #include "tcp.h"
+#include "../kit/copy.h"
 #include "../kit/ctx.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
@@ -416,7 +417,7 @@ TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size
     if (staged) {
         size_t p = TT_KIT_MIN(staged, q->len);
         if (p) /* a zero-length receive may have no buffer (NULL) */
-            memcpy(q->buf, L->stage + sizeof(L->rhdr), p);
+            tp_copy(q->buf, L->stage + sizeof(L->rhdr), p);
         q->xfer = p;
         if (tlen) {
             L->rcrc = p ? tcp_crc32c(0, q->buf, p) : 0;
@@ -738,7 +739,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
         total += sizeof(trail);
     }
     memcpy(frame, &h, sizeof(h));
-    memcpy(frame + sizeof(h), msg, len);
+    tp_copy(frame + sizeof(h), msg, len);
     uint64_t deadline = tp_now_ns() + 200000000ull; /* best effort, bounded */
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
