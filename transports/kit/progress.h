@@ -82,8 +82,11 @@ static inline void tp_hop_wait_ended(void *tp, tp_hop_t *h, uint64_t now)
  * not since the call: a large message over a socket completes only after hundreds of
  * microseconds of steady movement, and sleeping in the middle of it (then a wake-up,
  * 20-50 us in a VM, every time the socket buffer runs dry) halved loopback tcp's
- * bandwidth at 1 MiB. A wait that moved something goes back to spinning. hop (NULL:
- * never): leaving a CPU shared with a peer, above. */
+ * bandwidth at 1 MiB. A wait that moved something goes back to spinning (the
+ * transport's own spin too, which must itself spin on while things move: shm's ring
+ * steps; without it a rank that once slept in a 16 MiB exchange then slept after every
+ * 64 KiB step, hundreds of 40-us wake-ups a run). hop (NULL: never): leaving a CPU
+ * shared with a peer, above. */
 static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_int *aborted,
                                   const unsigned long *completions, const unsigned long *moved,
                                   tp_hop_t *hop, int spin_us, int timeout_ms)
@@ -138,6 +141,10 @@ static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_i
         if (moved && *moved != m0) {
             m0 = *moved;
             spin = spin_us > 0 && !o->spin;
+            /* the transport's own spin, again: it spins on while things move */
+            if (spin_us > 0 && o->spin && o->spin(tp, c0, tp_now_ns(), deadline))
+                break;
+            m0 = *moved;
         } else {
             spin = 0;
         }

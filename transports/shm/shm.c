@@ -355,6 +355,7 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         }
         L->tx_sent += n;
         L->tx_pos += n;
+        tp->steps_moved++;
         /* seq_cst: pairs with peer_wake, for the stamp above too (it comes first) */
         atomic_store(&L->tx->head, L->tx_pos);
         published = 1;
@@ -576,6 +577,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
         }
         L->rx_got += n;
         L->rx_pos += n;
+        tp->steps_moved++;
         consumed = 1;
         if (L->rx_got == L->rx_span) {
             tp_req_pop(&L->rq_head, &L->rq_tail);
@@ -793,7 +795,7 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
     uint64_t pure_end = pure ? t0 + SHM_PURE_SPIN_NS : t0;
     uint64_t now = t0;
     unsigned rounds = 0;
-    unsigned long moved = tp->pulls_moved;
+    unsigned long moved = tp->pulls_moved, steps = tp->steps_moved;
     for (;;) {
         if (now >= pure_end)
             sched_yield();
@@ -807,6 +809,10 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
         if (++rounds & (now < pure_end ? 7 : 3))
             continue;
         now = tp_now_ns();
+        if (tp->steps_moved != steps) { /* bytes moved through a ring: spin on */
+            steps = tp->steps_moved;
+            end = TT_KIT_MAX(end, TT_KIT_MIN(now + spin_ns, deadline));
+        }
         if (tp->pulls_moved != moved) { /* a peer started to pull from us */
             moved = tp->pulls_moved;
             uint64_t pull_ns = pull_spin ? TT_KIT_MIN(tp->pull_bytes, SHM_PULL_SPIN_MAX_NS) : 0;
@@ -919,8 +925,8 @@ static int shm_progress(void *vtp, int timeout_ms)
     shm_tp_t *tp = vtp;
     if (tp->armed)
         disarm(tp);
-    return tp_progress(tp, &shm_progress_ops, &tp->aborted, &tp->completions, tp->host->spin_us,
-                       timeout_ms);
+    return tp_progress_hop(tp, &shm_progress_ops, &tp->aborted, &tp->completions,
+                           &tp->steps_moved, NULL, tp->host->spin_us, timeout_ms);
 }
 
 static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)

@@ -177,6 +177,7 @@ struct shm_tp {
     atomic_int aborted;
     unsigned long completions;
     unsigned long pulls_moved; /* pulls of our buffers seen to begin */
+    unsigned long steps_moved; /* ring steps this rank wrote or read */
     uint64_t pull_bytes;       /* the bytes of the last one seen */
     size_t cma_min;            /* TUTTI_SHM_CMA_BYTES: messages this large are pulled
                             with process_vm_readv where the peer allows it; 0 never */
