@@ -103,7 +103,7 @@ static int agh_run(tt_op_t *op, const tt_hosts_t *h)
     TT_CHECK(agh_post(&g, 0, 0));
     if (copy_own)
         tt_copy((unsigned char *)op->recvbuf + op->rdispls[op->rank] * es, op->sendbuf,
-               cnt[op->rank] * es);
+                cnt[op->rank] * es);
     uint32_t pass = 0;
     for (int k = 0; k < g.K; k++)
         for (int t = 0; t < H; t++) {

@@ -202,8 +202,8 @@ static int hier_ticks(tt_op_t *op, const tt_hosts_t *h, grp_t *lg, int nseg, int
                                   HIER_TAG_LOCAL_RS + ltag));
             else if (op->sendbuf != op->recvbuf)
                 tt_copy((unsigned char *)op->recvbuf + lg->start * es,
-                       (const unsigned char *)op->sendbuf + lg->start * es,
-                       (lg->base * (size_t)h->shards + lg->rem) * es);
+                        (const unsigned char *)op->sendbuf + lg->start * es,
+                        (lg->base * (size_t)h->shards + lg->rem) * es);
             /* a shard of the same length on every host: all of them skip an empty one */
             if (rd && h->li < h->shards && grp_len(lg, h->li) > 0) {
                 unsigned char *b = (unsigned char *)op->recvbuf + grp_off(lg, h->li) * es;

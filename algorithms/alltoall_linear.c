@@ -97,7 +97,7 @@ int tt_alltoall_linear(tt_op_t *op)
         own_block(op, blk);
         for (int i = 1; i < n; i++)
             tt_copy(recv + op->rdispls[i] * es,
-                   rows + (size_t)(i - 1) * line + (size_t)(n - i - 1) * blk, blk);
+                    rows + (size_t)(i - 1) * line + (size_t)(n - i - 1) * blk, blk);
         rc = tt_p2p_wait_all(op, req, (size_t)(n - 1));
     }
     tt_reqs_put(&hold);

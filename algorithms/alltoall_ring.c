@@ -55,7 +55,7 @@ int tt_alltoall_ring(tt_op_t *op)
     const size_t *scnt = op->sendcounts, *rcnt = op->recvcounts;
     if (rcnt[r])
         tt_copy(tt_blk(op->recvbuf, op->rdispls, r, es), tt_cblk(op->sendbuf, op->sdispls, r, es),
-               rcnt[r] * es);
+                rcnt[r] * es);
     tt_req_t req[2];
     for (int s = 1; s < n; s++) {
         const int to = (r + s) % n, from = (r - s + n) % n;

@@ -74,7 +74,8 @@ int main(int argc, char **argv)
     static const size_t deltas[] = { 0, 8, 16, 24, 32, 56, 64, 128, 2048, 4040, 4064, 4088 };
     unsigned char *src = aligned_alloc(4096, SRC_BYTES);
     unsigned char *ring = aligned_alloc(4096, RING_BYTES + 2 * 4096);
-    double *tm = malloc(sizeof(double) * (size_t)rounds), *tt = malloc(sizeof(double) * (size_t)rounds);
+    double *tm = malloc(sizeof(double) * (size_t)rounds),
+           *tt = malloc(sizeof(double) * (size_t)rounds);
     double *r = malloc(sizeof(double) * (size_t)rounds);
     if (!src || !ring || !tm || !tt || !r) {
         fprintf(stderr, "copy-bench: out of memory\n");
@@ -85,8 +86,8 @@ int main(int argc, char **argv)
     printf("# copy-bench: %u MiB in steps into a %u MiB ring, best of %d passes, median of "
            "%d rounds; GB/s\n",
            SRC_BYTES >> 20, RING_BYTES >> 20, PASSES, rounds);
-    printf("# %8s %6s %5s %9s %9s %8s %s\n", "step", "delta", "loop", "memcpy", "tt_copy",
-           "tt/mem", "(range)");
+    printf("# %8s %6s %5s %9s %9s %8s %s\n", "step", "delta", "loop", "memcpy", "tt_copy", "tt/mem",
+           "(range)");
     for (size_t s = 0; s < sizeof(steps) / sizeof(steps[0]); s++) {
         for (size_t d = 0; d < sizeof(deltas) / sizeof(deltas[0]); d++) {
             for (int k = 0; k < rounds; k++) {

@@ -1096,7 +1096,6 @@ static int cpu_has(const char *isa)
     return strcmp(isa, "generic") == 0;
 }
 
-
 /* ---- tt_copy / tp_copy (transports/kit/copy.h) ---- */
 
 /* Which copies take the vector loop: (dst - src) mod 4096 within [-64, 63], 2 KiB to 4 MiB. */
@@ -1105,11 +1104,11 @@ START_TEST(test_copy_band)
     static unsigned char page[3 * 4096] __attribute__((aligned(4096)));
     unsigned char *src = page + 4096;
     size_t mid = 64 << 10;
-    ck_assert(tp_copy_in_band(src + 4096, src, mid));    /* 0 */
-    ck_assert(tp_copy_in_band(src + 63, src, mid));      /* 63 */
-    ck_assert(!tp_copy_in_band(src + 64, src, mid));     /* 64 */
-    ck_assert(tp_copy_in_band(src - 64, src, mid));      /* -64 */
-    ck_assert(!tp_copy_in_band(src - 65, src, mid));     /* -65 */
+    ck_assert(tp_copy_in_band(src + 4096, src, mid));     /* 0 */
+    ck_assert(tp_copy_in_band(src + 63, src, mid));       /* 63 */
+    ck_assert(!tp_copy_in_band(src + 64, src, mid));      /* 64 */
+    ck_assert(tp_copy_in_band(src - 64, src, mid));       /* -64 */
+    ck_assert(!tp_copy_in_band(src - 65, src, mid));      /* -65 */
     ck_assert(tp_copy_in_band(src + 4096 + 8, src, mid)); /* 8 past a page */
     ck_assert(!tp_copy_in_band(src + 2048, src, mid));
     ck_assert(!tp_copy_in_band(src + 8, src, TP_COPY_LOOP_MIN - 1));
@@ -1132,8 +1131,10 @@ START_TEST(test_copy_vs_reference)
     if (way)
         return;
 #endif
-    static const size_t sizes[] = { 0, 1, 31, 32, 33, 127, 128, 129, 2047, 2048, 2049, 4095,
-                                    4096, 65536 + 13, 300007, (4u << 20) + 1 };
+    static const size_t sizes[] = {
+        0,    1,    31,   32,   33,   127,        128,    129,
+        2047, 2048, 2049, 4095, 4096, 65536 + 13, 300007, (4u << 20) + 1
+    };
     static const int aligns[] = { 0, 1, 15, 16, 17, 31, 32 };
     static const int deltas[] = { -64, -63, -33, -8, -1, 0, 1, 8, 31, 32, 63, 64, 2048 };
     size_t cap = (4u << 20) + 3 * 4096;

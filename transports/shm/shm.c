@@ -925,8 +925,8 @@ static int shm_progress(void *vtp, int timeout_ms)
     shm_tp_t *tp = vtp;
     if (tp->armed)
         disarm(tp);
-    return tp_progress_hop(tp, &shm_progress_ops, &tp->aborted, &tp->completions,
-                           &tp->steps_moved, NULL, tp->host->spin_us, timeout_ms);
+    return tp_progress_hop(tp, &shm_progress_ops, &tp->aborted, &tp->completions, &tp->steps_moved,
+                           NULL, tp->host->spin_us, timeout_ms);
 }
 
 static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
