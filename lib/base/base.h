@@ -60,11 +60,11 @@ void tt_vlog(int level, const char *fmt, va_list ap);
         }                                                                                          \
     } while (0)
 
-/* Monotonic clock in nanoseconds. */
 /* memcpy of user data and staging buffers (no overlap), without glibc's slow REP MOVSB
  * case on AMD (transports/kit/copy.h, where the transports get it as tp_copy). */
 void tt_copy(void *dst, const void *src, size_t n);
 
+/* Monotonic clock in nanoseconds. */
 uint64_t tt_now_ns(void);
 /* The same clock at the kernel tick's resolution (1-4 ms; never ahead of tt_now_ns):
  * a quarter of tt_now_ns's price (7 against 28 ns here), for the per-op bookkeeping of
