@@ -16,24 +16,12 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "stats.h"
 #include "../transports/kit/copy.h"
 
 #define SRC_BYTES (4u << 20)
 #define RING_BYTES (1u << 20)
 #define PASSES 3
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static double median(double *v, int n)
 {
@@ -48,7 +36,7 @@ static double pass(int use_tt, unsigned char *ring, const unsigned char *src, si
 {
     double best = 1e30;
     for (int p = 0; p < PASSES; p++) {
-        double t0 = now_s();
+        double t0 = now_us();
         for (size_t at = 0; at + step <= SRC_BYTES; at += step) {
             unsigned char *dst = ring + delta + (at % RING_BYTES);
             if (use_tt)
@@ -56,7 +44,7 @@ static double pass(int use_tt, unsigned char *ring, const unsigned char *src, si
             else
                 memcpy(dst, src + at, step);
         }
-        double t = now_s() - t0;
+        double t = (now_us() - t0) * 1e-6;
         if (t < best)
             best = t;
     }
