@@ -699,7 +699,7 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
         ib_link_t *L = &tp->links[i];
         if (!L->served || !L->qp || L->qp_stopped || L->error_sent || sq_room(L) == 0)
             continue;
-        tp_copy(L->stage + off, msg, len);
+        memcpy(L->stage + off, msg, len);
         if (post_write(tp, L, IB_WR_ERROR, make_imm(IB_IMM_ERROR, 0, code), off, len) == 0) {
             L->error_sent = 1;
             tp->errors_inflight++;

@@ -138,15 +138,13 @@ static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_i
         o->wait(tp, c0, now, deadline);
         if (*completions != c0)
             break;
+        spin = 0;
         if (moved && *moved != m0) {
-            m0 = *moved;
-            spin = spin_us > 0 && !o->spin;
-            /* the transport's own spin, again: it spins on while things move */
-            if (spin_us > 0 && o->spin && o->spin(tp, c0, tp_now_ns(), deadline))
+            /* the transport's own spin, again (it spins on while things move), or ours */
+            if (o->spin && spin_us > 0 && o->spin(tp, c0, tp_now_ns(), deadline))
                 break;
+            spin = spin_us > 0 && !o->spin;
             m0 = *moved;
-        } else {
-            spin = 0;
         }
     }
     return TUTTI_OK;

@@ -739,7 +739,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
         total += sizeof(trail);
     }
     memcpy(frame, &h, sizeof(h));
-    tp_copy(frame + sizeof(h), msg, len);
+    memcpy(frame + sizeof(h), msg, len);
     uint64_t deadline = tp_now_ns() + 200000000ull; /* best effort, bounded */
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
