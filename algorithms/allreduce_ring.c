@@ -17,11 +17,21 @@
 #include "base/base.h"
 #include "reduce/reduce.h"
 
+/* Scratch slots of a reducing step: its receives are posted this many chunks ahead of
+ * the reduction, each into the slot a reduced chunk freed. With every chunk posted at
+ * once, a shm receiver pulled the whole block (process_vm_readv) before reducing any of
+ * it, so a 16 MiB vector went through memory three times more (block-sized scratch
+ * written, then read back) and its 8 MiB scratch pushed the vectors out of the 32 MiB
+ * L3; two slots keep the chunk just pulled in cache for its reduction and one receive
+ * in flight while it runs (docs/benchmarks.md, session 56). */
+#define RING_WINDOW 2
+
 typedef struct ring {
     tt_op_t *op;
     size_t base, rem;  /* block b: base + (b < rem) elements */
     size_t chunk;      /* elements per chunk */
     size_t max_chunks; /* chunks of the largest block (block 0) */
+    size_t window;     /* scratch slots: reducing receives posted ahead */
 } ring_t;
 
 static size_t ring_block_len(const ring_t *rg, int b)
@@ -62,25 +72,35 @@ static size_t ring_chunk_elems(const tt_op_t *op)
     return c ? c : 1;
 }
 
-/* Receives of step t: into the scratch while reducing (the first n-1 steps), straight
- * into recvbuf in the allgather. With n == 2 in place, an allgather receive lands in
- * the block that the previous step's still pending send reads; it cannot arrive before
- * the peer got that send's bytes, since the data it carries is computed from them. */
-static int ring_post_recvs(const ring_t *rg, int t, tt_req_t *rreq, unsigned char *scratch)
+/* Receives of step t, chunks k0 .. k1-1: into the scratch while reducing (the first
+ * n-1 steps; chunk k in slot k % window), straight into recvbuf in the allgather. With
+ * n == 2 in place, an allgather receive lands in the block that the previous step's
+ * still pending send reads; it cannot arrive before the peer got that send's bytes,
+ * since the data it carries is computed from them. */
+static int ring_post_recvs(const ring_t *rg, int t, size_t k0, size_t k1, tt_req_t *rreq,
+                           unsigned char *scratch)
 {
     tt_op_t *op = rg->op;
     const int n = op->nranks;
     const size_t es = op->elem_size;
     const int rb = ring_mod(rg, op->rank - t - 1);
     const size_t off = ring_block_off(rg, rb), len = ring_block_len(rg, rb);
-    for (size_t k = 0, nck = ring_nchunks(rg, len); k < nck; k++) {
+    k1 = TT_MIN(k1, ring_nchunks(rg, len));
+    for (size_t k = k0; k < k1; k++) {
         size_t c0 = k * rg->chunk, clen = TT_MIN(rg->chunk, len - c0);
-        void *dst = t < n - 1 ? (void *)(scratch + c0 * es)
+        void *dst = t < n - 1 ? (void *)(scratch + (k % rg->window) * rg->chunk * es)
                               : (void *)((unsigned char *)op->recvbuf + (off + c0) * es);
         TT_CHECK(
             tt_p2p_recv(op, (op->rank + n - 1) % n, dst, clen * es, ring_tag(rg, t, k), &rreq[k]));
     }
     return TUTTI_OK;
+}
+
+/* Receives posted ahead of a step: all of an allgather step's, the window's of a
+ * reducing one. */
+static size_t ring_ahead(const ring_t *rg, int t)
+{
+    return t < rg->op->nranks - 1 ? rg->window : SIZE_MAX;
 }
 
 int tt_allreduce_ring(tt_op_t *op)
@@ -100,10 +120,13 @@ int tt_allreduce_ring(tt_op_t *op)
         .chunk = ring_chunk_elems(op),
     };
     rg.max_chunks = ring_nchunks(&rg, ring_block_len(&rg, 0));
+    rg.window = TT_MIN(rg.max_chunks, (size_t)RING_WINDOW);
     const int next = (r + 1) % n;
     const int steps = 2 * (n - 1);
 
-    unsigned char *scratch = tt_op_scratch(op, 0, ring_block_len(&rg, 0) * es);
+    unsigned char *scratch = tt_op_scratch(op, 0,
+                                           TT_MIN(ring_block_len(&rg, 0), rg.window * rg.chunk) *
+                                               es);
     if (!scratch)
         return TUTTI_ERR_NOMEM;
     /* receives of one step; sends of this step and of the next, posted while this
@@ -132,7 +155,7 @@ int tt_allreduce_ring(tt_op_t *op)
         }
     }
 
-    TT_CHECK_GOTO(ring_post_recvs(&rg, 0, rreq, scratch), st, out);
+    TT_CHECK_GOTO(ring_post_recvs(&rg, 0, 0, ring_ahead(&rg, 0), rreq, scratch), st, out);
     for (int t = 0; t < steps; t++) {
         const int rb = ring_mod(&rg, r - t - 1);
         const size_t off = ring_block_off(&rg, rb), len = ring_block_len(&rg, rb);
@@ -140,9 +163,15 @@ int tt_allreduce_ring(tt_op_t *op)
             size_t c0 = k * rg.chunk, clen = TT_MIN(rg.chunk, len - c0);
             unsigned char *dst = recv + (off + c0) * es;
             TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[k]), st, out);
-            if (t < n - 1)
-                tt_reduce3(dst, send + (off + c0) * es, scratch + c0 * es, clen, op->dtype,
-                           op->redop);
+            if (t < n - 1) {
+                tt_reduce3(dst, send + (off + c0) * es, scratch + (k % rg.window) * rg.chunk * es,
+                           clen, op->dtype, op->redop);
+                /* the slot is free: the receive a window ahead takes it */
+                if (k + rg.window < nck)
+                    TT_CHECK_GOTO(ring_post_recvs(&rg, t, k + rg.window, k + rg.window + 1, rreq,
+                                                  scratch),
+                                  st, out);
+            }
             if (t + 1 < steps)
                 TT_CHECK_GOTO(tt_p2p_send(op, next, dst, clen * es, ring_tag(&rg, t + 1, k),
                                           &sreq[(t + 1) & 1][k]),
@@ -152,7 +181,8 @@ int tt_allreduce_ring(tt_op_t *op)
          * that the previous rank never waits on us. The scratch is free again: every
          * chunk of this step has been reduced. */
         if (t + 1 < steps)
-            TT_CHECK_GOTO(ring_post_recvs(&rg, t + 1, rreq, scratch), st, out);
+            TT_CHECK_GOTO(ring_post_recvs(&rg, t + 1, 0, ring_ahead(&rg, t + 1), rreq, scratch), st,
+                          out);
         int sb = ring_mod(&rg, r - t);
         TT_CHECK_GOTO(tt_p2p_wait_all(op, sreq[t & 1], ring_nchunks(&rg, ring_block_len(&rg, sb))),
                       st, out);
