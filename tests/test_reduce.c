@@ -1123,9 +1123,9 @@ END_TEST
  * alone, over sizes across the thresholds, destination alignments and distances. */
 START_TEST(test_copy_vs_reference)
 {
-    int way = _i; /* 0: tt_copy, 1: the SSE2 loop, 2: the AVX2 loop */
+    int way = _i; /* 0: tt_copy, 1: the SSE2 loop, 2: the AVX2 loop, 3: the streaming loop */
 #ifdef TP_COPY_LOOP
-    if (way == 2 && !__builtin_cpu_supports("avx2"))
+    if (way >= 2 && !__builtin_cpu_supports("avx2"))
         return;
 #else
     if (way)
@@ -1161,8 +1161,10 @@ START_TEST(test_copy_vs_reference)
 #ifdef TP_COPY_LOOP
                 else if (way == 1)
                     tp_copy_sse2(dst, src, n);
-                else
+                else if (way == 2)
                     tp_copy_avx2(dst, src, n);
+                else
+                    tp_copy_nt(dst, src, n);
 #endif
                 for (size_t i = 0; i < n; i++)
                     if (dst[i] != src[i])
@@ -1175,6 +1177,51 @@ START_TEST(test_copy_vs_reference)
                                   "written",
                                   way, n, aligns[ai], deltas[di], g);
             }
+        }
+    }
+    free(dbase);
+    free(sbase);
+}
+END_TEST
+
+/* From a quarter of the L3 that sysfs reports (read here on its own), tt_copy streams:
+ * the threshold, and copies at and around it, at two alignments, against the source. */
+START_TEST(test_copy_streams)
+{
+    size_t l3 = 0;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        char txt[64] = { 0 };
+        if (fgets(txt, sizeof(txt), f)) {
+            char *end;
+            unsigned long long v = strtoull(txt, &end, 10);
+            l3 = *end == 'K' ? v * 1024 : *end == 'M' ? v * 1024 * 1024 : v;
+        }
+        fclose(f);
+    }
+    size_t min = tp_copy_nt_min();
+    if (l3)
+        ck_assert_uint_eq(min, l3 / 4);
+    else
+        ck_assert(min == SIZE_MAX || min >= 4096); /* sysconf's figure, or none */
+    if (min == SIZE_MAX || min > (64u << 20))
+        return;
+    const size_t sizes[] = { min - 1, min, min + 33 };
+    unsigned char *sbase = malloc(min + 4096), *dbase = malloc(min + 4096 + 128);
+    ck_assert(sbase && dbase);
+    for (size_t i = 0; i < min + 4096; i++)
+        sbase[i] = (unsigned char)(i * 7 + (i >> 12));
+    for (int a = 0; a < 2; a++) {
+        for (size_t k = 0; k < 3; k++) {
+            size_t n = sizes[k];
+            unsigned char *dst = dbase + 64 + 17 * a;
+            const unsigned char *src = sbase + 5 * a;
+            memset(dbase, 0xEE, min + 4096 + 128);
+            tt_copy(dst, src, n);
+            ck_assert_msg(memcmp(dst, src, n) == 0, "%zu bytes at alignment %d differ", n, a);
+            for (int g = 1; g <= 64; g++)
+                ck_assert_msg(dst[-g] == 0xEE && dst[n - 1 + g] == 0xEE,
+                              "%zu bytes at alignment %d: guard %d written", n, a, g);
         }
     }
     free(dbase);
@@ -1220,7 +1267,8 @@ static Suite *reduce_suite(void)
 
     tc = tcase_create("copy");
     tcase_add_test(tc, test_copy_band);
-    tcase_add_loop_test(tc, test_copy_vs_reference, 0, 3);
+    tcase_add_loop_test(tc, test_copy_vs_reference, 0, 4);
+    tcase_add_test(tc, test_copy_streams);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("conversions");
