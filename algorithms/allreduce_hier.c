@@ -39,6 +39,8 @@ typedef struct grp {
     int m, me, nb;
     size_t start, base, rem;
     size_t chunk, maxck; /* elements per message; messages of the largest block */
+    size_t window;       /* a reducing step's receives posted ahead into as many scratch
+                            slots (TT_RING_WINDOW, common.h); 0: all at once */
 } grp_t;
 
 static int grp_mod(const grp_t *g, int x)
@@ -63,25 +65,40 @@ static size_t grp_nchunks(const grp_t *g, size_t len)
 
 /* Step t of a ring pass of m - 1 steps. reduce 1: reduce-scatter of src into dst (this
  * rank's block ends reduced in dst; src may equal dst; the incoming block lands in
- * scratch); 0: allgather of dst's blocks. Empty blocks send nothing, on both ends alike.
- * reqs: 2 maxck requests. grp_post posts the step's receives and sends; grp_finish waits
- * for them, reducing each piece as it lands. */
+ * scratch, chunk k in slot k, or k % window with a window); 0: allgather of dst's
+ * blocks. Empty blocks send nothing, on both ends alike. reqs: 2 maxck requests.
+ * grp_post posts the step's receives (a window's, reducing with one) and sends;
+ * grp_finish waits for them, reducing each piece as it lands and posting the receive
+ * a window ahead into the slot it freed. */
+static int grp_post_recv(const grp_t *g, unsigned char *dst, int reduce, unsigned char *scratch,
+                         tt_req_t *reqs, uint32_t tag0, int t, size_t k)
+{
+    tt_op_t *op = g->op;
+    const size_t es = op->elem_size;
+    const int prev = g->rk[grp_mod(g, g->me - 1)], rb = grp_mod(g, g->me - t - 1 - reduce);
+    const size_t rlen = grp_len(g, rb);
+    unsigned char *into = reduce ? scratch + (g->window ? k % g->window : k) * g->chunk * es
+                                 : dst + (grp_off(g, rb) + k * g->chunk) * es;
+    return tt_p2p_recv(op, prev, into, TT_MIN(g->chunk, rlen - k * g->chunk) * es,
+                       tag0 + (uint32_t)((size_t)t * g->maxck + k), &reqs[k]);
+}
+
 static int grp_post(const grp_t *g, const unsigned char *src, unsigned char *dst, int reduce,
                     unsigned char *scratch, tt_req_t *reqs, uint32_t tag0, int t)
 {
     tt_op_t *op = g->op;
     const size_t es = op->elem_size;
-    const int next = g->rk[grp_mod(g, g->me + 1)], prev = g->rk[grp_mod(g, g->me - 1)];
+    const int next = g->rk[grp_mod(g, g->me + 1)];
     const int sb = grp_mod(g, g->me - t - reduce), rb = grp_mod(g, g->me - t - 1 - reduce);
     const unsigned char *from = (reduce && t == 0 ? src : dst) + grp_off(g, sb) * es;
-    unsigned char *into = reduce ? scratch : dst + grp_off(g, rb) * es;
     const size_t slen = grp_len(g, sb), rlen = grp_len(g, rb);
-    const size_t nr = grp_nchunks(g, rlen), ns = grp_nchunks(g, slen);
+    size_t nr = grp_nchunks(g, rlen);
+    const size_t ns = grp_nchunks(g, slen);
     const uint32_t tag = tag0 + (uint32_t)((size_t)t * g->maxck);
+    if (reduce && g->window)
+        nr = TT_MIN(nr, g->window);
     for (size_t k = 0; k < nr; k++)
-        TT_CHECK(tt_p2p_recv(op, prev, into + k * g->chunk * es,
-                             TT_MIN(g->chunk, rlen - k * g->chunk) * es, tag + (uint32_t)k,
-                             &reqs[k]));
+        TT_CHECK(grp_post_recv(g, dst, reduce, scratch, reqs, tag0, t, k));
     for (size_t k = 0; k < ns; k++)
         TT_CHECK(tt_p2p_send(op, next, from + k * g->chunk * es,
                              TT_MIN(g->chunk, slen - k * g->chunk) * es, tag + (uint32_t)k,
@@ -90,7 +107,7 @@ static int grp_post(const grp_t *g, const unsigned char *src, unsigned char *dst
 }
 
 static int grp_finish(const grp_t *g, const unsigned char *src, unsigned char *dst, int reduce,
-                      unsigned char *scratch, tt_req_t *reqs, int t)
+                      unsigned char *scratch, tt_req_t *reqs, uint32_t tag0, int t)
 {
     tt_op_t *op = g->op;
     const size_t es = op->elem_size;
@@ -99,9 +116,13 @@ static int grp_finish(const grp_t *g, const unsigned char *src, unsigned char *d
     for (size_t k = 0; k < nr; k++) {
         TT_CHECK(tt_p2p_wait(op, &reqs[k]));
         size_t c0 = grp_off(g, rb) + k * g->chunk;
-        if (reduce)
-            tt_reduce3(dst + c0 * es, src + c0 * es, scratch + k * g->chunk * es,
-                       TT_MIN(g->chunk, rlen - k * g->chunk), op->dtype, op->redop);
+        if (!reduce)
+            continue;
+        tt_reduce3(dst + c0 * es, src + c0 * es,
+                   scratch + (g->window ? k % g->window : k) * g->chunk * es,
+                   TT_MIN(g->chunk, rlen - k * g->chunk), op->dtype, op->redop);
+        if (g->window && k + g->window < nr)
+            TT_CHECK(grp_post_recv(g, dst, reduce, scratch, reqs, tag0, t, k + g->window));
     }
     return tt_p2p_wait_all(op, reqs + g->maxck, grp_nchunks(g, grp_len(g, sb)));
 }
@@ -112,7 +133,7 @@ static int grp_ring(const grp_t *g, const unsigned char *src, unsigned char *dst
 {
     for (int t = 0; t < g->m - 1; t++) {
         TT_CHECK(grp_post(g, src, dst, reduce, scratch, reqs, tag0, t));
-        TT_CHECK(grp_finish(g, src, dst, reduce, scratch, reqs, t));
+        TT_CHECK(grp_finish(g, src, dst, reduce, scratch, reqs, tag0, t));
     }
     return TUTTI_OK;
 }
@@ -130,6 +151,7 @@ static grp_t hier_xgrp(const tt_hosts_t *h, const grp_t *lg, size_t chunk)
     xg.base = len / (size_t)h->nx;
     xg.rem = len % (size_t)h->nx;
     xg.chunk = chunk;
+    xg.window = 0; /* posted a tick ahead of their waits: all at once */
     xg.maxck = grp_nchunks(&xg, grp_len(&xg, 0));
     return xg;
 }
@@ -142,7 +164,7 @@ static int hier_xstep(const grp_t *xg, int i, int post, unsigned char *scratch, 
     const int steps = xg->m - 1, reduce = i < steps, t = i % steps;
     const uint32_t tag0 = (reduce ? HIER_TAG_CROSS_RS : HIER_TAG_CROSS_AG) + seg_tag;
     return post ? grp_post(xg, buf, buf, reduce, scratch, reqs, tag0, t)
-                : grp_finish(xg, buf, buf, reduce, scratch, reqs, t);
+                : grp_finish(xg, buf, buf, reduce, scratch, reqs, tag0, t);
 }
 
 /* Local group lg set to segment s of nseg (the segments lie back to back, as blocks) */
@@ -250,6 +272,7 @@ static int hier_run(tt_op_t *op, const tt_hosts_t *h)
     };
     hier_seg(&lg, h, op->count, nseg, 0);
     lg.maxck = grp_nchunks(&lg, grp_len(&lg, 0));
+    lg.window = TT_MIN(lg.maxck, (size_t)TT_RING_WINDOW);
     /* a shard is at most grp_len(&lg, 0) long */
     const size_t shard_max = grp_len(&lg, 0);
     const int rd = h->nx > 1 && nseg == 1 &&
@@ -257,7 +280,8 @@ static int hier_run(tt_op_t *op, const tt_hosts_t *h)
                                          op->chunk_bytes);
     const int D = h->nx > 1 && !rd ? 2 * (h->nx - 1) : 0;
     const grp_t xg0 = hier_xgrp(h, &lg, chunk);
-    const size_t lbytes = hier_align(TT_MAX(shard_max * es, (size_t)1));
+    /* the local rings' window of slots (lg.window chunks: no more than a shard) */
+    const size_t lbytes = hier_align(TT_MAX(TT_MIN(shard_max, lg.window * chunk) * es, (size_t)1));
     /* recursive doubling wants a whole shard of scratch; a ring step one block of it */
     const size_t xstride = hier_align(rd ? shard_max * es
                                          : TT_MAX(grp_len(&xg0, 0), (size_t)1) * es);

@@ -17,14 +17,7 @@
 #include "base/base.h"
 #include "reduce/reduce.h"
 
-/* Scratch slots of a reducing step: its receives are posted this many chunks ahead of
- * the reduction, each into the slot a reduced chunk freed. With every chunk posted at
- * once, a shm receiver pulled the whole block (process_vm_readv) before reducing any of
- * it, so a 16 MiB vector went through memory three times more (block-sized scratch
- * written, then read back) and its 8 MiB scratch pushed the vectors out of the 32 MiB
- * L3; two slots keep the chunk just pulled in cache for its reduction and one receive
- * in flight while it runs (docs/benchmarks.md, session 56). */
-#define RING_WINDOW 2
+#include "common.h"
 
 typedef struct ring {
     tt_op_t *op;
@@ -120,7 +113,7 @@ int tt_allreduce_ring(tt_op_t *op)
         .chunk = ring_chunk_elems(op),
     };
     rg.max_chunks = ring_nchunks(&rg, ring_block_len(&rg, 0));
-    rg.window = TT_MIN(rg.max_chunks, (size_t)RING_WINDOW);
+    rg.window = TT_MIN(rg.max_chunks, (size_t)TT_RING_WINDOW);
     const int next = (r + 1) % n;
     const int steps = 2 * (n - 1);
 

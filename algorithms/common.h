@@ -101,6 +101,16 @@ static inline size_t tt_seg_len(size_t c, int K, int k)
     return c / (size_t)K + ((size_t)k < c % (size_t)K);
 }
 
+/* Scratch slots of a ring step that reduces what it receives (allreduce_ring.c,
+ * allreduce_hier.c's local rings): its receives are posted this many chunks ahead of the
+ * reduction, each into the slot a reduced chunk freed. A shm receiver pulls
+ * (process_vm_readv) every record it has a receive for in one sweep, so with a whole
+ * block posted the first wait pulled the block (8 MiB of a 2-rank 16 MiB allreduce) into
+ * a block-sized scratch and the reduction read it back from memory; two slots keep the
+ * chunk just pulled in cache for its reduction and one receive in flight while it runs
+ * (docs/benchmarks.md, session 56). */
+#define TT_RING_WINDOW 2
+
 /* x mod m in 0 .. m - 1, for x of either sign */
 static inline int tt_mod(int x, int m)
 {
