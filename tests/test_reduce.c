@@ -1184,12 +1184,20 @@ START_TEST(test_copy_vs_reference)
 }
 END_TEST
 
-/* From a quarter of the L3 that sysfs reports (read here on its own), tt_copy streams:
+/* From a quarter of the L3 that sysfs reports (read here on its own: cpu0's cache
+ * index3, if it is level 3), tt_copy streams:
  * the threshold, and copies at and around it, at two alignments, against the source. */
 START_TEST(test_copy_streams)
 {
     size_t l3 = 0;
-    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    char lv[8] = { 0 };
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/level", "r");
+    if (f) {
+        if (!fgets(lv, sizeof(lv), f))
+            lv[0] = 0;
+        fclose(f);
+    }
+    f = lv[0] == '3' ? fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r") : NULL;
     if (f) {
         char txt[64] = { 0 };
         if (fgets(txt, sizeof(txt), f)) {

@@ -95,7 +95,14 @@ __attribute__((target("avx2"))) static inline void tp_copy_nt(unsigned char *d,
 static inline size_t tp_copy_l3_bytes(void)
 {
     size_t l3 = 0;
-    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned level = 0;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/level", "r");
+    if (f) {
+        if (fscanf(f, "%u", &level) != 1)
+            level = 0;
+        fclose(f);
+    }
+    f = level == 3 ? fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r") : NULL;
     if (f) {
         unsigned long long v = 0;
         char unit = 0;
