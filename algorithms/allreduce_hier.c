@@ -70,6 +70,12 @@ static size_t grp_nchunks(const grp_t *g, size_t len)
  * grp_post posts the step's receives (a window's, reducing with one) and sends;
  * grp_finish waits for them, reducing each piece as it lands and posting the receive
  * a window ahead into the slot it freed. */
+/* Where chunk k of a reducing step lands in the scratch */
+static unsigned char *grp_slot(const grp_t *g, unsigned char *scratch, size_t k)
+{
+    return scratch + (g->window ? k % g->window : k) * g->chunk * g->op->elem_size;
+}
+
 static int grp_post_recv(const grp_t *g, unsigned char *dst, int reduce, unsigned char *scratch,
                          tt_req_t *reqs, uint32_t tag0, int t, size_t k)
 {
@@ -77,7 +83,7 @@ static int grp_post_recv(const grp_t *g, unsigned char *dst, int reduce, unsigne
     const size_t es = op->elem_size;
     const int prev = g->rk[grp_mod(g, g->me - 1)], rb = grp_mod(g, g->me - t - 1 - reduce);
     const size_t rlen = grp_len(g, rb);
-    unsigned char *into = reduce ? scratch + (g->window ? k % g->window : k) * g->chunk * es
+    unsigned char *into = reduce ? grp_slot(g, scratch, k)
                                  : dst + (grp_off(g, rb) + k * g->chunk) * es;
     return tt_p2p_recv(op, prev, into, TT_MIN(g->chunk, rlen - k * g->chunk) * es,
                        tag0 + (uint32_t)((size_t)t * g->maxck + k), &reqs[k]);
@@ -118,8 +124,7 @@ static int grp_finish(const grp_t *g, const unsigned char *src, unsigned char *d
         size_t c0 = grp_off(g, rb) + k * g->chunk;
         if (!reduce)
             continue;
-        tt_reduce3(dst + c0 * es, src + c0 * es,
-                   scratch + (g->window ? k % g->window : k) * g->chunk * es,
+        tt_reduce3(dst + c0 * es, src + c0 * es, grp_slot(g, scratch, k),
                    TT_MIN(g->chunk, rlen - k * g->chunk), op->dtype, op->redop);
         if (g->window && k + g->window < nr)
             TT_CHECK(grp_post_recv(g, dst, reduce, scratch, reqs, tag0, t, k + g->window));

@@ -65,6 +65,12 @@ static size_t ring_chunk_elems(const tt_op_t *op)
     return c ? c : 1;
 }
 
+/* Where chunk k of a reducing step lands in the scratch */
+static unsigned char *ring_slot(const ring_t *rg, unsigned char *scratch, size_t k)
+{
+    return scratch + (k % rg->window) * rg->chunk * rg->op->elem_size;
+}
+
 /* Receives of step t, chunks k0 .. k1-1: into the scratch while reducing (the first
  * n-1 steps; chunk k in slot k % window), straight into recvbuf in the allgather. With
  * n == 2 in place, an allgather receive lands in the block that the previous step's
@@ -81,7 +87,7 @@ static int ring_post_recvs(const ring_t *rg, int t, size_t k0, size_t k1, tt_req
     k1 = TT_MIN(k1, ring_nchunks(rg, len));
     for (size_t k = k0; k < k1; k++) {
         size_t c0 = k * rg->chunk, clen = TT_MIN(rg->chunk, len - c0);
-        void *dst = t < n - 1 ? (void *)(scratch + (k % rg->window) * rg->chunk * es)
+        void *dst = t < n - 1 ? (void *)ring_slot(rg, scratch, k)
                               : (void *)((unsigned char *)op->recvbuf + (off + c0) * es);
         TT_CHECK(
             tt_p2p_recv(op, (op->rank + n - 1) % n, dst, clen * es, ring_tag(rg, t, k), &rreq[k]));
@@ -157,8 +163,8 @@ int tt_allreduce_ring(tt_op_t *op)
             unsigned char *dst = recv + (off + c0) * es;
             TT_CHECK_GOTO(tt_p2p_wait(op, &rreq[k]), st, out);
             if (t < n - 1) {
-                tt_reduce3(dst, send + (off + c0) * es, scratch + (k % rg.window) * rg.chunk * es,
-                           clen, op->dtype, op->redop);
+                tt_reduce3(dst, send + (off + c0) * es, ring_slot(&rg, scratch, k), clen, op->dtype,
+                           op->redop);
                 /* the slot is free: the receive a window ahead takes it */
                 if (k + rg.window < nck)
                     TT_CHECK_GOTO(ring_post_recvs(&rg, t, k + rg.window, k + rg.window + 1, rreq,

@@ -18,8 +18,9 @@
  * line it overwrites. glibc does the same from its non_temporal_threshold, but computes
  * it from CPUID, which in this project's test VM reports the host's 256 MiB L3 rather
  * than the 32 MiB its cores share, so it never streams below 192 MiB. An 8-32 MiB copy
- * ran in 0.56-0.72x memcpy's time, a 2-rank 16 MiB alltoall and allgather (an 8 MiB
- * copy of the rank's own block each) in about 0.9x (docs/benchmarks.md, session 56). */
+ * ran in 0.61-0.83x memcpy's time (bench/copy-bench), a 2-rank 16 MiB alltoall and
+ * allgather (an 8 MiB copy of the rank's own block each) in about 0.9x
+ * (docs/benchmarks.md, session 56). */
 #ifndef TT_KIT_COPY_H
 #define TT_KIT_COPY_H
 
@@ -84,13 +85,16 @@ __attribute__((target("avx2"))) static inline void tp_copy_nt(unsigned char *d,
     tp_copy_avx2_loop(d, s, n, 1);
 }
 
-/* Copies of 1/TP_COPY_NT_SHARE of the L3 or more bypass the cache. The L3 comes from
- * sysfs (the cache this CPU shares), then sysconf: in VMs CPUID may report the host's
- * whole L3 (256 MiB on this project's test VM, whose cores share 32 MiB), and glibc 2.36
- * computes its non_temporal_threshold from that (192 MiB here). A quarter: with the
- * destination just written (cached), an 8 MiB copy ran in 0.72x memcpy's time
- * streamed, a 4 MiB one in 0.97x. */
+/* Copies of 1/TP_COPY_NT_SHARE of the L3, and of TP_COPY_NT_FLOOR, or more bypass the
+ * cache. The L3 comes from sysfs (the cache this CPU shares), then sysconf: in VMs CPUID
+ * may report the host's whole L3 (256 MiB on this project's test VM, whose cores share
+ * 32 MiB), and glibc 2.36 computes its non_temporal_threshold from that (192 MiB here).
+ * A quarter: with both buffers just written (cached), an 8 MiB copy ran in 0.83x
+ * memcpy's time streamed, a 4 MiB one in 1.04x (bench/copy-bench). The floor keeps
+ * smaller copies (every ring record) off the lookup altogether: the first call reads
+ * sysfs. */
 #define TP_COPY_NT_SHARE 4u
+#define TP_COPY_NT_FLOOR ((size_t)1 << 20)
 
 static inline size_t tp_copy_l3_bytes(void)
 {
@@ -127,7 +131,8 @@ static inline size_t tp_copy_nt_min(void)
     size_t v = atomic_load_explicit(&min, memory_order_relaxed);
     if (!v) {
         size_t l3 = tp_copy_l3_bytes();
-        v = l3 / TP_COPY_NT_SHARE >= 4096 ? l3 / TP_COPY_NT_SHARE : SIZE_MAX;
+        v = l3 ? l3 / TP_COPY_NT_SHARE : SIZE_MAX;
+        v = v < TP_COPY_NT_FLOOR ? TP_COPY_NT_FLOOR : v;
         atomic_store_explicit(&min, v, memory_order_relaxed);
     }
     return v;
@@ -155,7 +160,7 @@ static inline void tp_copy_sse2(unsigned char *d, const unsigned char *s, size_t
 static inline void tp_copy(void *dst, const void *src, size_t n)
 {
 #ifdef TP_COPY_LOOP
-    if (n >= tp_copy_nt_min() && __builtin_cpu_supports("avx2")) {
+    if (n >= TP_COPY_NT_FLOOR && n >= tp_copy_nt_min() && __builtin_cpu_supports("avx2")) {
         tp_copy_nt((unsigned char *)dst, (const unsigned char *)src, n);
         return;
     }
