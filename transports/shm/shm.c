@@ -226,15 +226,54 @@ static inline uint64_t rec_span(uint64_t inline_len)
     return (SHM_HDR_BYTES + inline_len + SHM_LINE - 1) & ~(uint64_t)(SHM_LINE - 1);
 }
 
-static inline void ring_put(const shm_link_t *L, uint64_t pos, const void *src, size_t n)
+/* A step into the ring, stored through the cache or streamed past it (TUTTI_SHM_NT_STORES).
+ * Stores through the cache must first take each line from the receiver's cache, where
+ * its last read left it: this VM's two CPUs do that fast for some seconds and 4-6x slower
+ * for others (1 MiB copied into a ring the other CPU reads: 33-47 us, or 128-207), the
+ * same machine and pages (docs/internals.md "Stores into the ring"). Streamed stores take
+ * no line (44-49 us either way), but the receiver then reads from memory, not from our
+ * cache (65-74 us against 35). auto times both on each link (one step in SHM_NT_EXPLORE
+ * takes the other way) and streams while that costs under 1/SHM_NT_MARGIN of the
+ * cached way. */
+static inline void ring_copy_in(shm_link_t *L, unsigned char *dst, const void *src, size_t n)
+{
+#ifdef TP_COPY_LOOP
+    int mode = L->tp->nt_stores;
+    if (n >= SHM_NT_MIN && mode != SHM_NT_OFF && __builtin_cpu_supports("avx2")) {
+        L->nt_puts++;
+        if (mode == SHM_NT_ON) {
+            tp_copy_nt(dst, src, n);
+            L->nt_streamed++;
+            return;
+        }
+        int nt = L->nt_on ^ (L->nt_puts % SHM_NT_EXPLORE == 0);
+        uint64_t t0 = __rdtsc();
+        if (nt)
+            tp_copy_nt(dst, src, n);
+        else
+            tp_copy(dst, src, n);
+        float c = (float)(__rdtsc() - t0) * 1024.0f / (float)n, *e = &L->put_cost[nt];
+        L->nt_streamed += (unsigned)nt;
+        /* a lower figure is believed at once (half way), a higher one a quarter of the
+         * way and at most 4x: a step slowed by a preemption moves the estimate little */
+        *e = *e == 0.0f ? c : c < *e ? (*e + c) / 2 : *e + (TT_KIT_MIN(c, 4 * *e) - *e) / 4;
+        if (L->put_cost[0] > 0.0f && L->put_cost[1] > 0.0f)
+            L->nt_on = L->put_cost[1] * SHM_NT_MARGIN < L->put_cost[0];
+        return;
+    }
+#endif
+    tp_copy(dst, src, n);
+}
+
+static inline void ring_put(shm_link_t *L, uint64_t pos, const void *src, size_t n)
 {
     size_t off = (size_t)(pos & L->mask);
     size_t first = (size_t)L->cap - off;
     if (first >= n) {
-        tp_copy(L->txring + off, src, n);
+        ring_copy_in(L, L->txring + off, src, n);
     } else {
-        tp_copy(L->txring + off, src, first);
-        tp_copy(L->txring, (const char *)src + first, n - first);
+        ring_copy_in(L, L->txring + off, src, first);
+        ring_copy_in(L, L->txring, (const char *)src + first, n - first);
     }
 }
 
@@ -1014,6 +1053,16 @@ static void shm_destroy(void *vtp)
     for (int i = 0; i < tp->nranks; i++)
         if (tp->links && tp->links[i].served)
             link_withdraw(&tp->links[i]);
+    for (int i = 0; tp->links && i < tp->nranks; i++) {
+        const shm_link_t *L = &tp->links[i];
+        if (L->nt_puts)
+            tp->host->log(
+                tp->host->ctx, TUTTI_LOG_INFO,
+                "shm: rank %d to %d: %u of %u ring steps of %zu KiB or more streamed past "
+                "the cache; cycles a KiB, cached %.0f, streamed %.0f",
+                tp->rank, L->peer, L->nt_streamed, L->nt_puts, SHM_NT_MIN >> 10,
+                (double)L->put_cost[0], (double)L->put_cost[1]);
+    }
     shm_teardown(tp);
     free(tp->pair_names);
     free(tp->links);
@@ -1093,6 +1142,17 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
                                : SHM_CMA_HINT_AUTO;
     }
 #endif
+    const char *nts = host->config(host->ctx, "SHM_NT_STORES");
+    tp->nt_stores = !nts || !*nts || !strcmp(nts, "auto") ? SHM_NT_AUTO
+                    : !strcmp(nts, "on")                  ? SHM_NT_ON
+                    : !strcmp(nts, "off")                 ? SHM_NT_OFF
+                                                          : -1;
+    if (tp->nt_stores < 0) {
+        int st = host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                             "shm: TUTTI_SHM_NT_STORES=\"%.64s\" is none of auto, on, off", nts);
+        shm_destroy(tp);
+        return st;
+    }
     tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;

@@ -34,6 +34,15 @@
 #define SHM_CMA_HINT_AUTO ((size_t)-1)
 #define SHM_CMA_HINT_SPARE ((size_t)16 << 20)
 #define SHM_CMA_HINT_CROWDED ((size_t)128 << 10)
+/* TUTTI_SHM_NT_STORES: how a sender stores a step of SHM_NT_MIN or more into the ring */
+#define SHM_NT_OFF 0  /* through the cache */
+#define SHM_NT_ON 1   /* streamed past it */
+#define SHM_NT_AUTO 2 /* the faster of the two as measured, per link */
+#define SHM_NT_MIN ((size_t)16 << 10)
+/* auto: the way that costs the sender less, streamed only if under 1/SHM_NT_MARGIN of
+ * the cached way's cost; every SHM_NT_EXPLORE-th step takes the other way, to time it */
+#define SHM_NT_EXPLORE 64u
+#define SHM_NT_MARGIN 1.5f
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
 /* A record in a ring: 64-byte aligned, so a header never wraps. The stamp, written last
@@ -147,6 +156,13 @@ typedef struct shm_link {
     int tx_broken; /* a message was cut or withdrawn: nothing more goes */
     uint64_t cma_sent;
     uint64_t pulled_seen; /* the receiver's `pulled` when we last looked */
+    /* how ring_put stores a step (TUTTI_SHM_NT_STORES auto, docs/internals.md "Stores
+     * into the ring"): cycles per KiB of cached (0) and streamed (1) puts, running
+     * estimates (0: none yet), and the way in use */
+    float put_cost[2];
+    unsigned nt_puts;     /* puts of SHM_NT_MIN or more so far */
+    unsigned nt_streamed; /* of which streamed */
+    int nt_on;
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
     uint64_t rx_pos, rx_head_seen;
@@ -185,7 +201,8 @@ struct shm_tp {
                             TUTTI_TP_HINT_SINGLE_COPY; 0 never; SHM_CMA_HINT_AUTO until
                             set-up resolves it */
     size_t ring_bytes;
-    size_t step; /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
+    size_t step;   /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
+    int nt_stores; /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */
