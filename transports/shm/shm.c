@@ -228,13 +228,13 @@ static inline uint64_t rec_span(uint64_t inline_len)
 
 /* A step into the ring, stored through the cache or streamed past it (TUTTI_SHM_NT_STORES).
  * Stores through the cache must first take each line from the receiver's cache, where
- * its last read left it: this VM's two CPUs do that fast for some seconds and 4-6x slower
- * for others (1 MiB copied into a ring the other CPU reads: 33-47 us, or 128-207), the
- * same machine and pages (docs/internals.md "Stores into the ring"). Streamed stores take
- * no line (44-49 us either way), but the receiver then reads from memory, not from our
- * cache (65-74 us against 35). auto times both on each link (one step in SHM_NT_EXPLORE
- * takes the other way) and streams while that costs under 1/SHM_NT_MARGIN of the
- * cached way. */
+ * its last read left it: this VM's two CPUs do that fast for a while, then 2-5x slower
+ * for the next while (bench/ring-bench, 1 MiB into a ring the other CPU reads: 38-53 us,
+ * or 107-250), the same pages on the same CPUs (docs/internals.md "Stores into the
+ * ring"). Streamed stores take no line (45-49 us either way), but the receiver then reads
+ * from memory, not from our cache (59-76 us against 36-43). auto times both ways on each
+ * link (one step in SHM_NT_EXPLORE takes the way not in use) and streams while that costs
+ * under 1/SHM_NT_MARGIN of the cached way. */
 static inline void ring_copy_in(shm_link_t *L, unsigned char *dst, const void *src, size_t n)
 {
 #ifdef TP_COPY_LOOP
