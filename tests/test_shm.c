@@ -527,9 +527,9 @@ static int rank_tp_nt(int rank, int nranks, tutti_comm_t *comm, const char *dir,
         const shm_link_t *L = &((shm_tp_t *)tp)->links[1];
         unsigned puts = L->nt_puts, streamed = L->nt_streamed;
         fprintf(stderr, "%s: %u of %u steps streamed\n", c->knobs, streamed, puts);
-        /* every message from 16 KiB has a step of 16 KiB or more (the x86 build: elsewhere
-         * there is one way) */
-#ifdef TP_COPY_LOOP
+        /* every message from 16 KiB has a step of 16 KiB or more (x86 with AVX2, as
+         * transports/kit/copy.h's TP_COPY_LOOP: elsewhere there is one way) */
+#if defined(__x86_64__) && defined(__GNUC__)
         if (__builtin_cpu_supports("avx2")) {
             if (c->mode == SHM_NT_OFF)
                 rc = puts != 0 || streamed != 0;
@@ -548,6 +548,29 @@ static int rank_tp_nt(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     th_host_close(&t);
     return rc;
 }
+
+/* auto's choice from the timings alone (shm_nt_learn), against the figures worked out by
+ * hand from its rule: cached and streamed steps both at 100 cycles a KiB keep the cache;
+ * one preempted cached step (100x) does not turn it; cached steps at 500 (the slow
+ * state) stream from the second; streamed steps keep streaming; one explored cached step
+ * at 100 turns it back. */
+START_TEST(nt_choice_from_timings)
+{
+    float cost[2] = { 0.0f, 0.0f };
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0);   /* no streamed figure yet */
+    ck_assert_int_eq(shm_nt_learn(cost, 1, 100.0f), 0);   /* streams under 100 / 1.5 only */
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 10000.0f), 0); /* capped at 2x: 100 -> 125 */
+    ck_assert(cost[0] > 124.9f && cost[0] < 125.1f);
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* believed half way: 112.5 */
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* 106.25 */
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 500.0f), 0); /* 132.8, under 150 */
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 500.0f), 1); /* 166.0: stream */
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(shm_nt_learn(cost, 1, 100.0f), 1);
+    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* 133.0: the cache again */
+    ck_assert(cost[0] > 132.9f && cost[0] < 133.1f && cost[1] > 99.9f && cost[1] < 100.1f);
+}
+END_TEST
 
 START_TEST(abi_streamed_ring_stores)
 {
@@ -1414,11 +1437,13 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
-    const TTest *const abi[] = {
-        abi_dead_peer_and_subset,           abi_cancel_at_boundary_keeps_link,
-        abi_withdrawn_pull_never_delivered, abi_single_copy_hint,
-        abi_streamed_ring_stores,           NULL
-    };
+    const TTest *const abi[] = { abi_dead_peer_and_subset,
+                                 abi_cancel_at_boundary_keeps_link,
+                                 abi_withdrawn_pull_never_delivered,
+                                 abi_single_copy_hint,
+                                 abi_streamed_ring_stores,
+                                 nt_choice_from_timings,
+                                 NULL };
     const TTest *const library[] = { sizes_single_copy,
                                      sizes_ring,
                                      inflight_both_ways_single_copy,

@@ -252,13 +252,8 @@ static inline void ring_copy_in(shm_link_t *L, unsigned char *dst, const void *s
             tp_copy_nt(dst, src, n);
         else
             tp_copy(dst, src, n);
-        float c = (float)(__rdtsc() - t0) * 1024.0f / (float)n, *e = &L->put_cost[nt];
         L->nt_streamed += (unsigned)nt;
-        /* a lower figure is believed at once (half way), a higher one a quarter of the
-         * way and at most 4x: a step slowed by a preemption moves the estimate little */
-        *e = *e == 0.0f ? c : c < *e ? (*e + c) / 2 : *e + (TT_KIT_MIN(c, 4 * *e) - *e) / 4;
-        if (L->put_cost[0] > 0.0f && L->put_cost[1] > 0.0f)
-            L->nt_on = L->put_cost[1] * SHM_NT_MARGIN < L->put_cost[0];
+        L->nt_on = shm_nt_learn(L->put_cost, nt, (float)(__rdtsc() - t0) * 1024.0f / (float)n);
         return;
     }
 #endif

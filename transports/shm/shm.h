@@ -43,6 +43,23 @@
  * the cached way's cost; every SHM_NT_EXPLORE-th step takes the other way, to time it */
 #define SHM_NT_EXPLORE 64u
 #define SHM_NT_MARGIN 1.5f
+
+/* auto's bookkeeping: a step took `sample` cycles a KiB the way `nt` says; cost[2] holds
+ * each way's running estimate (0: none yet). A lower sample is believed half way, a
+ * higher one a quarter of the way and at most twice the estimate, so one step that a
+ * preemption slowed does not turn the link (a slow state does, in 2-3 steps). Returns
+ * the way to use: 1 to stream. */
+static inline int shm_nt_learn(float cost[2], int nt, float sample)
+{
+    float *e = &cost[nt];
+    if (*e == 0.0f)
+        *e = sample;
+    else if (sample < *e)
+        *e = (*e + sample) / 2;
+    else
+        *e += ((sample < 2 * *e ? sample : 2 * *e) - *e) / 4;
+    return cost[0] > 0.0f && cost[1] > 0.0f && cost[1] * SHM_NT_MARGIN < cost[0];
+}
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
 /* A record in a ring: 64-byte aligned, so a header never wraps. The stamp, written last
