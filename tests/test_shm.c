@@ -551,24 +551,24 @@ static int rank_tp_nt(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 /* auto's choice from the timings alone (shm_nt_learn), against the figures worked out by
  * hand from its rule: cached and streamed steps both at 100 cycles a KiB keep the cache;
- * one preempted cached step (100x) does not turn it; cached steps at 500 (the slow
- * state) stream from the second; streamed steps keep streaming; one explored cached step
- * at 100 turns it back. */
+ * one preempted cached step (100x) counts for nothing; cached steps at 500 (the slow
+ * state) count from the second (the lower of two) and stream from there; streamed steps
+ * keep streaming; explored cached steps at 100 turn it back. */
 START_TEST(nt_choice_from_timings)
 {
-    float cost[2] = { 0.0f, 0.0f };
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0);   /* no streamed figure yet */
-    ck_assert_int_eq(shm_nt_learn(cost, 1, 100.0f), 0);   /* streams under 100 / 1.5 only */
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 10000.0f), 0); /* capped at 2x: 100 -> 125 */
-    ck_assert(cost[0] > 124.9f && cost[0] < 125.1f);
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* believed half way: 112.5 */
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* 106.25 */
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 500.0f), 0); /* 132.8, under 150 */
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 500.0f), 1); /* 166.0: stream */
+    float cost[2] = { 0.0f, 0.0f }, last[2] = { 0.0f, 0.0f };
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 100.0f), 0);   /* no streamed figure yet */
+    ck_assert_int_eq(shm_nt_learn(cost, last, 1, 100.0f), 0);   /* streams under 100 / 1.5 */
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 10000.0f), 0); /* counts as 100 */
+    ck_assert(cost[0] > 99.9f && cost[0] < 100.1f);
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 100.0f), 0);
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 500.0f), 0); /* counts as 100 */
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 500.0f), 1); /* 400 (4x): 175, over 150 */
+    ck_assert(cost[0] > 174.9f && cost[0] < 175.1f);
     for (int i = 0; i < 10; i++)
-        ck_assert_int_eq(shm_nt_learn(cost, 1, 100.0f), 1);
-    ck_assert_int_eq(shm_nt_learn(cost, 0, 100.0f), 0); /* 133.0: the cache again */
-    ck_assert(cost[0] > 132.9f && cost[0] < 133.1f && cost[1] > 99.9f && cost[1] < 100.1f);
+        ck_assert_int_eq(shm_nt_learn(cost, last, 1, 100.0f), 1);
+    ck_assert_int_eq(shm_nt_learn(cost, last, 0, 100.0f), 0); /* half way: 137.5 */
+    ck_assert(cost[0] > 137.4f && cost[0] < 137.6f && cost[1] > 99.9f && cost[1] < 100.1f);
 }
 END_TEST
 

@@ -253,7 +253,8 @@ static inline void ring_copy_in(shm_link_t *L, unsigned char *dst, const void *s
         else
             tp_copy(dst, src, n);
         L->nt_streamed += (unsigned)nt;
-        L->nt_on = shm_nt_learn(L->put_cost, nt, (float)(__rdtsc() - t0) * 1024.0f / (float)n);
+        L->nt_on = shm_nt_learn(L->put_cost, L->put_last, nt,
+                                (float)(__rdtsc() - t0) * 1024.0f / (float)n);
         return;
     }
 #endif

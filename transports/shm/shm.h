@@ -44,22 +44,25 @@
 #define SHM_NT_EXPLORE 64u
 #define SHM_NT_MARGIN 1.5f
 
-/* auto's bookkeeping: a step took `sample` cycles a KiB the way `nt` says; cost[2] holds
- * each way's running estimate (0: none yet). A lower sample is believed half way, a
- * higher one a quarter of the way and at most twice the estimate, so one step that a
- * preemption slowed does not turn the link (a slow state does, in 2-3 steps). Returns
- * the way to use: 1 to stream. */
-static inline int shm_nt_learn(float cost[2], int nt, float sample)
+/* auto's bookkeeping: a step took `sample` cycles a KiB the way `nt` says. cost[2] holds
+ * each way's running estimate (0: none yet), last[2] its latest sample. What counts is
+ * the lower of the sample and the one before it, so one step that a preemption slowed
+ * counts for nothing, while a slow state counts from its second step: believed half
+ * way when lower than the estimate, a quarter of the way (at most 4x it) when higher.
+ * Returns the way to use: 1 to stream. */
+static inline int shm_nt_learn(float cost[2], float last[2], int nt, float sample)
 {
-    float *e = &cost[nt];
+    float s = last[nt] > 0.0f && last[nt] < sample ? last[nt] : sample, *e = &cost[nt];
+    last[nt] = sample;
     if (*e == 0.0f)
-        *e = sample;
-    else if (sample < *e)
-        *e = (*e + sample) / 2;
+        *e = s;
+    else if (s < *e)
+        *e = (*e + s) / 2;
     else
-        *e += ((sample < 2 * *e ? sample : 2 * *e) - *e) / 4;
+        *e += ((s < 4 * *e ? s : 4 * *e) - *e) / 4;
     return cost[0] > 0.0f && cost[1] > 0.0f && cost[1] * SHM_NT_MARGIN < cost[0];
 }
+
 #define SHM_CPU_WORDS 16 /* 1024 CPUs, as cpu_set_t */
 
 /* A record in a ring: 64-byte aligned, so a header never wraps. The stamp, written last
@@ -177,6 +180,7 @@ typedef struct shm_link {
      * into the ring"): cycles per KiB of cached (0) and streamed (1) puts, running
      * estimates (0: none yet), and the way in use */
     float put_cost[2];
+    float put_last[2];    /* each way's latest sample */
     unsigned nt_puts;     /* puts of SHM_NT_MIN or more so far */
     unsigned nt_streamed; /* of which streamed */
     int nt_on;
