@@ -63,19 +63,13 @@ static size_t grp_nchunks(const grp_t *g, size_t len)
     return len / g->chunk + (len % g->chunk != 0);
 }
 
-/* Step t of a ring pass of m - 1 steps. reduce 1: reduce-scatter of src into dst (this
- * rank's block ends reduced in dst; src may equal dst; the incoming block lands in
- * scratch, chunk k in slot k, or k % window with a window); 0: allgather of dst's
- * blocks. Empty blocks send nothing, on both ends alike. reqs: 2 maxck requests.
- * grp_post posts the step's receives (a window's, reducing with one) and sends;
- * grp_finish waits for them, reducing each piece as it lands and posting the receive
- * a window ahead into the slot it freed. */
 /* Where chunk k of a reducing step lands in the scratch */
 static unsigned char *grp_slot(const grp_t *g, unsigned char *scratch, size_t k)
 {
     return scratch + (g->window ? k % g->window : k) * g->chunk * g->op->elem_size;
 }
 
+/* Receive chunk k of step t: into its scratch slot when reducing, else into dst */
 static int grp_post_recv(const grp_t *g, unsigned char *dst, int reduce, unsigned char *scratch,
                          tt_req_t *reqs, uint32_t tag0, int t, size_t k)
 {
@@ -89,6 +83,13 @@ static int grp_post_recv(const grp_t *g, unsigned char *dst, int reduce, unsigne
                        tag0 + (uint32_t)((size_t)t * g->maxck + k), &reqs[k]);
 }
 
+/* Step t of a ring pass of m - 1 steps. reduce 1: reduce-scatter of src into dst (this
+ * rank's block ends reduced in dst; src may equal dst; the incoming block lands in
+ * scratch, chunk k in slot k, or k % window with a window); 0: allgather of dst's
+ * blocks. Empty blocks send nothing, on both ends alike. reqs: 2 maxck requests.
+ * grp_post posts the step's receives (a window's, reducing with one) and sends;
+ * grp_finish waits for them, reducing each piece as it lands and posting the receive
+ * a window ahead into the slot it freed. */
 static int grp_post(const grp_t *g, const unsigned char *src, unsigned char *dst, int reduce,
                     unsigned char *scratch, tt_req_t *reqs, uint32_t tag0, int t)
 {

@@ -145,8 +145,14 @@ int main(int argc, char **argv)
             copy_in(ring, buf, n, nt);
             write_us[nt][i / (2 * PER_BLOCK) * PER_BLOCK + i % PER_BLOCK] = now_us() - s;
             atomic_store_explicit(&sh->posted, t + 1, memory_order_release);
+            time_t t0 = time(NULL);
             while (atomic_load_explicit(&sh->taken, memory_order_acquire) <= t)
-                ;
+                if (time(NULL) - t0 > 10) {
+                    fprintf(stderr, "ring-bench: the reader took no transfer in 10 s\n");
+                    kill(reader, SIGKILL);
+                    waitpid(reader, NULL, 0);
+                    return 1;
+                }
         }
         double wc = median(write_us[0], PER_WAY), ws = median(write_us[1], PER_WAY);
         double rc = median(sh->read_us[0], PER_WAY), rs = median(sh->read_us[1], PER_WAY);
