@@ -4,7 +4,9 @@
 #ifndef TT_BENCH_STATS_H
 #define TT_BENCH_STATS_H
 
+#include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -40,6 +42,116 @@ static inline void print_column_titles(void)
     for (int h = 0; h < 2; h++)
         printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
     printf("\n");
+}
+
+/* ---- --window: every rank starts timed call i at one instant ---------------------------
+ * After a barrier each rank times a call from its own exit, and barriers let ranks go in
+ * different orders (MPICH's shm barrier frees rank 0 first, a 2-rank dissemination
+ * barrier frees the rank that came last): a rooted call's time then measures that order
+ * as much as the call (docs/benchmarks.md, session 47). With --window every rank instead
+ * starts timed call i at T0 + i x gap on the host's monotonic clock and times it from
+ * there, as ReproMPI does (Hunold and Carpen-Amarie, "Reproducible MPI benchmarking is
+ * still not as easy as you think", 2016): the per-iteration max over ranks is then the
+ * time from a common start to the last rank's return. One clock: the ranks must share a
+ * host (network namespaces do). A call a rank reached after its start (descheduled, or
+ * the gap too short) is late and left out; when more than a tenth are late, the loop
+ * runs again with the gap doubled, up to BENCH_WINDOW_TRIES times in all. */
+#define BENCH_WINDOW_TRIES 4
+#define BENCH_WINDOW_LEAD_US 2000.0 /* from rank 0's reading of T0 to T0 */
+
+/* What a harness gives the window loop; each returns 0 or its library's error. */
+typedef struct bench_window_ops {
+    void *ctx;
+    int (*prepare)(void *ctx);                 /* --fresh's rewrite, or NULL */
+    int (*call)(void *ctx);                    /* the call timed */
+    int (*max)(void *ctx, double *v, int n);   /* in place, max over ranks */
+    int (*bcast)(void *ctx, double *v, int n); /* rank 0's values to every rank */
+} bench_window_ops_t;
+
+/* Waits for instant t (now_us's clock): sleeps to 200 us before it, yields to 5 us
+ * before, then spins. 1 if it was already past t (late), else 0. */
+static inline int bench_window_wait(double t)
+{
+    double now = now_us();
+    if (now > t)
+        return 1;
+    if (t - now > 300.0) {
+        double until = t - 200.0;
+        struct timespec ts;
+        ts.tv_sec = (time_t)(until / 1e6);
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec * 1e6) * 1e3);
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+    }
+    while (now_us() < t - 5.0)
+        sched_yield();
+    while (now_us() < t)
+        ;
+    return 0;
+}
+
+/* Moves the finite values of v[0..n) to its front, in order; returns their count. */
+static inline int bench_window_keep(double *v, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i]))
+            v[k++] = v[i];
+    return k;
+}
+
+/* warmup untimed calls (at least one: their slowest, over ranks, sets the gap), then
+ * iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
+ * INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
+ * of the last try; *gap_p: its gap, us. A negative return is minus the first error (an
+ * op's). */
+static inline int bench_window_times(const bench_window_ops_t *o, int rank, int warmup, int iters,
+                                     double *times, int *late_p, double *gap_p)
+{
+    int st;
+    double w = 0.0, t, prep = 0.0;
+    if (o->prepare) { /* the rewrite before each timed call: in the gap too */
+        t = now_us();
+        if ((st = o->prepare(o->ctx)) != 0)
+            return -st;
+        prep = now_us() - t;
+    }
+    for (int i = 0; i < (warmup > 0 ? warmup : 1); i++) {
+        t = now_us();
+        if ((st = o->call(o->ctx)) != 0)
+            return -st;
+        t = now_us() - t;
+        w = t > w ? t : w;
+    }
+    w += prep;
+    if ((st = o->max(o->ctx, &w, 1)) != 0)
+        return -st;
+    double gap = 2.0 * w + 50.0;
+    int valid = 0;
+    for (int try_ = 0; try_ < BENCH_WINDOW_TRIES; try_++, gap *= 2.0) {
+        double t0 = rank == 0 ? now_us() + BENCH_WINDOW_LEAD_US + gap : 0.0;
+        if ((st = o->bcast(o->ctx, &t0, 1)) != 0)
+            return -st;
+        for (int i = 0; i < iters; i++) {
+            if (o->prepare && (st = o->prepare(o->ctx)) != 0)
+                return -st;
+            double start = t0 + (double)i * gap;
+            int late = bench_window_wait(start);
+            if ((st = o->call(o->ctx)) != 0)
+                return -st;
+            times[i] = late ? INFINITY : now_us() - start;
+        }
+        if ((st = o->max(o->ctx, times, iters)) != 0)
+            return -st;
+        valid = 0;
+        for (int i = 0; i < iters; i++)
+            valid += isfinite(times[i]) != 0;
+        *late_p = iters - valid;
+        *gap_p = gap;
+        if (10 * (iters - valid) <= iters)
+            break;
+    }
+    return valid;
 }
 
 #endif /* TT_BENCH_STATS_H */

@@ -121,9 +121,10 @@ typedef struct bench_cfg {
     enum bench_coll coll;
     size_t min_bytes, max_bytes, factor;
     int iters, warmup, check;
-    int sync;  /* --sync: a barrier before each timed iteration */
-    int fresh; /* --fresh: the input rewritten before each (then sync's barrier) */
-    int bind;  /* --bind: -np's ranks each held on one CPU (tools/launch.h) */
+    int sync;   /* --sync: a barrier before each timed iteration */
+    int fresh;  /* --fresh: the input rewritten before each (then sync's barrier) */
+    int window; /* --window: every rank starts each timed call at one instant, no barrier */
+    int bind;   /* --bind: -np's ranks each held on one CPU (tools/launch.h) */
     tutti_dtype_t dtype;
     tutti_redop_t op;
     int root;
@@ -187,6 +188,10 @@ static void usage(FILE *f)
         "                      barrier: the data moved was just written by its own rank\n"
         "                      (a gradient just computed), not left clean in the peers'\n"
         "                      caches by the previous call (bench/peers' harnesses too)\n"
+        "  --window            every rank starts timed call i at one instant of the host's\n"
+        "                      clock (T0 + i x gap) and times it from there, instead of\n"
+        "                      from its exit from --sync's barrier (whose exit order a\n"
+        "                      rooted call would measure); ranks on one host only\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
         "                      uint16, int32, uint32, int64, uint64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
@@ -344,6 +349,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->sync = 1;
         } else if (FLAG("--fresh", "--fresh")) {
             cfg->fresh = cfg->sync = 1;
+        } else if (FLAG("--window", "--window")) {
+            cfg->window = 1;
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {
@@ -858,9 +865,45 @@ static const void *result_at(const bench_ctx_t *b, size_t count, int in_place)
     return b->recv;
 }
 
-/* warmup untimed calls, then iters timed ones: each one's max over ranks into times.
- * With check, the result is checked after (*wrong_p: wrong elements over every rank;
- * -1 unchecked). */
+/* --window: late iterations left out, iterations timed, and the widest gap (us), over
+ * the run; printed at its end. */
+static long long window_late, window_timed;
+static double window_gap_max;
+
+typedef struct window_arg {
+    const bench_ctx_t *b;
+    size_t count;
+    int in_place;
+} window_arg_t;
+
+static int window_prepare(void *p)
+{
+    const window_arg_t *a = p;
+    prepare(a->b, a->count, a->in_place);
+    return 0;
+}
+
+static int window_call(void *p)
+{
+    const window_arg_t *a = p;
+    return run_once(a->b, a->count, a->in_place);
+}
+
+static int window_max(void *p, double *v, int n)
+{
+    return tutti_allreduce(((const window_arg_t *)p)->b->comm, TUTTI_IN_PLACE, v, (size_t)n,
+                           TUTTI_FP64, TUTTI_MAX);
+}
+
+static int window_bcast(void *p, double *v, int n)
+{
+    return tutti_broadcast(((const window_arg_t *)p)->b->comm, TUTTI_IN_PLACE, v, (size_t)n,
+                           TUTTI_FP64, 0);
+}
+
+/* warmup untimed calls, then iters timed ones: each one's max over ranks into times
+ * (--window: INFINITY where a rank was late). With check, the result is checked after
+ * (*wrong_p: wrong elements over every rank; -1 unchecked). */
 static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_place, int warmup,
                       int iters, double *times, int check, long long *wrong_p)
 {
@@ -868,19 +911,40 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
     const char *what = coll_names[cfg->coll];
     int st;
     prepare(b, count, in_place);
-    for (int i = 0; i < warmup; i++)
-        if ((st = run_once(b, count, in_place)) != TUTTI_OK)
-            return report_failure(b, what, bytes, in_place, st);
-    for (int i = 0; i < iters; i++) {
-        if (cfg->fresh)
-            prepare(b, count, in_place);
-        if (cfg->sync && (st = tutti_barrier(b->comm)) != TUTTI_OK)
-            return report_failure(b, "barrier (--sync)", bytes, in_place, st);
-        double t0 = now_us();
-        st = run_once(b, count, in_place);
-        times[i] = now_us() - t0;
-        if (st != TUTTI_OK)
-            return report_failure(b, what, bytes, in_place, st);
+    if (cfg->window) {
+        window_arg_t wa = { b, count, in_place };
+        bench_window_ops_t o = { &wa, cfg->fresh ? window_prepare : NULL, window_call, window_max,
+                                 window_bcast };
+        int late = 0;
+        double gap = 0.0;
+        int valid = bench_window_times(&o, b->rank, warmup, iters, times, &late, &gap);
+        if (valid < 0)
+            return report_failure(b, what, bytes, in_place, -valid);
+        if (valid == 0) {
+            fprintf(stderr,
+                    "tutti-bench: rank %d: %s (%zu B): some rank was late for every one of %d "
+                    "timed calls, even %.0f us apart (--window)\n",
+                    b->rank, what, bytes, iters, gap);
+            return TUTTI_ERR_TIMEOUT;
+        }
+        window_late += late;
+        window_timed += iters;
+        window_gap_max = gap > window_gap_max ? gap : window_gap_max;
+    } else {
+        for (int i = 0; i < warmup; i++)
+            if ((st = run_once(b, count, in_place)) != TUTTI_OK)
+                return report_failure(b, what, bytes, in_place, st);
+        for (int i = 0; i < iters; i++) {
+            if (cfg->fresh)
+                prepare(b, count, in_place);
+            if (cfg->sync && (st = tutti_barrier(b->comm)) != TUTTI_OK)
+                return report_failure(b, "barrier (--sync)", bytes, in_place, st);
+            double t0 = now_us();
+            st = run_once(b, count, in_place);
+            times[i] = now_us() - t0;
+            if (st != TUTTI_OK)
+                return report_failure(b, what, bytes, in_place, st);
+        }
     }
     long long wrong = -1;
     if (check && cfg->coll != COLL_BARRIER) {
@@ -895,9 +959,10 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
         wrong = count_wrong(cfg, b->rank, b->size, count, result_at(b, count, in_place));
     }
 
-    /* After the timed loop: per-iteration max over ranks, and #wrong summed. */
-    st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, times, (size_t)iters, TUTTI_FP64, TUTTI_MAX);
-    if (st != TUTTI_OK)
+    /* After the timed loop: per-iteration max over ranks (--window's loop has it), and
+     * #wrong summed. */
+    if (!cfg->window && (st = tutti_allreduce(b->comm, TUTTI_IN_PLACE, times, (size_t)iters,
+                                              TUTTI_FP64, TUTTI_MAX)) != TUTTI_OK)
         return report_failure(b, "allreduce of the times", bytes, in_place, st);
     if (wrong >= 0) {
         int64_t w = wrong;
@@ -910,11 +975,13 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
     return TUTTI_OK;
 }
 
-/* Mean, p50, p99 and bandwidths of iters per-iteration times (sorted here). */
+/* Mean, p50, p99 and bandwidths of iters per-iteration times (sorted here; --window's
+ * late ones, INFINITY, left out). */
 static void half_stats(const bench_ctx_t *b, size_t bytes, double *times, int iters,
                        long long wrong, bench_half_t *h)
 {
     h->wrong = wrong;
+    iters = bench_window_keep(times, iters);
     h->mean_us = 0.0;
     for (int i = 0; i < iters; i++)
         h->mean_us += times[i];
@@ -977,8 +1044,10 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
            cfg->fresh ? ", input rewritten before each" : "",
-           cfg->sync ? ", barrier before each" : "", cfg->algo ? ", algo " : "",
-           cfg->algo ? cfg->algo : "");
+           cfg->window ? ", each started at one instant on every rank (--window)"
+           : cfg->sync ? ", barrier before each"
+                       : "",
+           cfg->algo ? ", algo " : "", cfg->algo ? cfg->algo : "");
     if (cfg->coll != COLL_BARRIER)
         printf("# busbw = algbw x %s%s\n",
                cfg->coll == COLL_ALLREDUCE         ? "2(n-1)/n"
@@ -1322,6 +1391,10 @@ static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
                t->total_wrong ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g%s\n", t->bw_n ? t->bw_sum / t->bw_n : 0.0,
            cfg->algo_all ? " (the fastest algorithm of each size)" : "");
+    if (cfg->window)
+        printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
+               "gap %.0f us\n",
+               window_late, window_timed, window_gap_max);
     if (cfg->algo_all) {
         printf("# Model picked the fastest at %d of %d sizes", t->model_hits, t->model_rows);
         if (t->worst_bytes)

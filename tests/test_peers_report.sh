@@ -23,6 +23,7 @@ bands=4:64:10:1
 mode=small
 check=-c
 fresh=--fresh
+window=--window
 bind=0
 root_of=0
 peers=tutti\ ompi\ mpich
@@ -52,6 +53,8 @@ row() { printf '%s 2 allreduce tcp %s %s %s %s 0 %s\n' "$1" "$2" "$3" "$3" "$3" 
     # (10 / 20 becoming 1000 / 20) and move the median to 0.909
     printf 'tutti_tcp 2 allreduce tcp 4 1000 1000 1000 3 3\n'
 } >"$raw/results"
+# --window's late calls per run (system, left out, timed): summed per system, sorted
+printf 'tutti_tcp 2 200\nompi_tcp 0 200\ntutti_tcp 1 200\nmpich_tcp 7 200\n' >"$raw/window"
 
 out=$tmp/out/tables.md
 "$run_peers" --from "$raw" -o "$out" >"$tmp/stdout" 2>"$tmp/stderr" ||
@@ -67,4 +70,7 @@ expect "| 256 B | 1 (0.909-1.11) ompi tcp |"
 expect "At or below the best peer: **2 of 4** cases."
 expect "- above it in every repeat (the lowest paired ratio over 1): 1: allreduce np2 16 B 1.2 (1.09-1.5) ompi tcp"
 expect "- above by the median only, repeats either way: 1: allreduce np2 64 B 1.11 (0.833-1.25) ompi tcp"
+expect "mpich_tcp 7 of 200; ompi_tcp 0 of 200; tutti_tcp 3 of 400."
+grep -q "then waited for the call's start, one instant on every rank (--window)" "$out" ||
+    fail "the header does not say --window: $(head -n 12 "$out")"
 echo "ok: ratio table and summary"

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,8 @@
 #include "../../tools/bind.h"
 #include "peer.h"
 
-namespace {
+namespace
+{
 
 struct Config {
     peer_cfg_t p = peer_default_cfg();
@@ -61,7 +63,7 @@ struct Config {
     bool bind = false; // --bind: rank i held on the (i * ncpus / np)-th CPU (tutti-bench's)
 };
 
-const char *const kAlgos[] = {"ring", "ring_chunked", "halving_doubling", "bcube"};
+const char *const kAlgos[] = { "ring", "ring_chunked", "halving_doubling", "bcube" };
 
 void usage(FILE *f)
 {
@@ -97,7 +99,7 @@ struct Calls {
     Calls(const Config &cfg, const Ctx &ctx, size_t c, float *send, float *recv)
         : cfg(cfg), rank(ctx->rank), c(c), send(send), recv(recv)
     {
-        std::vector<float *> ptrs{recv};
+        std::vector<float *> ptrs{ recv };
         const int n = cfg.np, ic = (int)c;
         switch (cfg.p.coll) {
         case PEER_ALLREDUCE: algo = make_allreduce(ctx, ptrs, ic); break;
@@ -109,8 +111,8 @@ struct Calls {
                                                                      std::vector<int>(n, ic)));
             break;
         case PEER_ALLGATHER:
-            algo.reset(new gloo::AllgatherRing<float>(ctx, std::vector<const float *>{send}, recv,
-                                                      ic));
+            algo.reset(
+                new gloo::AllgatherRing<float>(ctx, std::vector<const float *>{ send }, recv, ic));
             break;
         case PEER_ALLTOALL:
             a2a.reset(new gloo::AlltoallOptions(ctx));
@@ -162,21 +164,63 @@ struct Calls {
         }
         algo->run();
     }
-
 };
 
-// In place over ranks: the per-iteration times by max, #wrong by sum.
+// In place over ranks: the per-iteration times by max (none: --window's loop had it),
+// #wrong by sum.
 void reduce_over_ranks(const Ctx &ctx, std::vector<double> &times, long long *wrong_p)
 {
-    std::vector<double *> ptrs{times.data()};
-    gloo::AllreduceRing<double>(ctx, ptrs, (int)times.size(), gloo::ReductionFunction<double>::max)
-        .run();
+    if (!times.empty()) {
+        std::vector<double *> ptrs{ times.data() };
+        gloo::AllreduceRing<double>(ctx, ptrs, (int)times.size(),
+                                    gloo::ReductionFunction<double>::max)
+            .run();
+    }
     if (*wrong_p < 0)
         return;
     double w = (double)*wrong_p;
-    std::vector<double *> wp{&w};
+    std::vector<double *> wp{ &w };
     gloo::AllreduceRing<double>(ctx, wp, 1, gloo::ReductionFunction<double>::sum).run();
     *wrong_p = (long long)w;
+}
+
+// --window's ops (bench/stats.h) on one half; Gloo throws on failure.
+struct WindowArg {
+    const Config &cfg;
+    const Ctx &ctx;
+    Calls &calls;
+    bool in_place;
+};
+
+int window_prepare(void *p)
+{
+    auto *a = static_cast<WindowArg *>(p);
+    peer_prepare(&a->cfg.p, a->ctx->rank, a->cfg.np, a->calls.c, a->in_place, a->calls.send,
+                 a->calls.recv);
+    return 0;
+}
+
+int window_call(void *p)
+{
+    auto *a = static_cast<WindowArg *>(p);
+    a->calls.run(a->in_place);
+    return 0;
+}
+
+int window_max(void *p, double *v, int n)
+{
+    std::vector<double *> ptrs{ v };
+    gloo::AllreduceRing<double>(static_cast<WindowArg *>(p)->ctx, ptrs, n,
+                                gloo::ReductionFunction<double>::max)
+        .run();
+    return 0;
+}
+
+int window_bcast(void *p, double *v, int n)
+{
+    std::vector<double *> ptrs{ v };
+    gloo::BroadcastOneToAll<double>(static_cast<WindowArg *>(p)->ctx, ptrs, n, 0).run();
+    return 0;
 }
 
 // Time one half of a row, as tutti-bench's run_half does.
@@ -185,9 +229,19 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
 {
     const peer_cfg_t &p = cfg.p;
     peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
-    for (int i = 0; i < p.warmup; i++)
+    if (p.window) {
+        WindowArg wa{ cfg, ctx, calls, in_place };
+        bench_window_ops_t o = { &wa, p.fresh ? window_prepare : nullptr, window_call, window_max,
+                                 window_bcast };
+        int late = 0;
+        double gap = 0.0;
+        if (bench_window_times(&o, ctx->rank, p.warmup, p.iters, times.data(), &late, &gap) <= 0)
+            throw std::runtime_error("every timed call late (--window)");
+        peer_window_tally(late, p.iters, gap);
+    }
+    for (int i = 0; i < p.warmup && !p.window; i++)
         calls.run(in_place);
-    for (int i = 0; i < p.iters; i++) {
+    for (int i = 0; i < p.iters && !p.window; i++) {
         if (p.fresh) // before the barrier (--fresh sets sync): no peer writes into it yet
             peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
         if (p.sync)
@@ -210,9 +264,14 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
         }
         wrong = peer_count_wrong(&p, ctx->rank, cfg.np, calls.c, calls.recv);
     }
-    reduce_over_ranks(ctx, times, &wrong);
+    if (p.window) { // its loop has the max over ranks; #wrong's sum alone
+        std::vector<double> none;
+        reduce_over_ranks(ctx, none, &wrong);
+    } else {
+        reduce_over_ranks(ctx, times, &wrong);
+    }
     h->wrong = wrong;
-    peer_stats(times.data(), p.iters, h);
+    peer_stats(times.data(), bench_window_keep(times.data(), p.iters), h);
 }
 
 // Every size on a connected context; returns the number of wrong values.
@@ -273,7 +332,7 @@ int run_rank(const Config &cfg, const std::string &dir, int rank)
     std::vector<std::string> done;
     for (int r = 0; r < cfg.np; r++)
         done.push_back("done/" + std::to_string(r));
-    store.set(done[(size_t)rank], std::vector<char>{'1'});
+    store.set(done[(size_t)rank], std::vector<char>{ '1' });
     store.wait(done);
     if (rank == 0)
         peer_print_summary(total_wrong);
@@ -381,8 +440,7 @@ int main(int argc, char **argv)
             break;
         if (p == 0) {
             if (!killed && now_us() > deadline) {
-                fprintf(stderr, "gloo-bench: timed out after %d s; killing ranks\n",
-                        cfg.timeout_s);
+                fprintf(stderr, "gloo-bench: timed out after %d s; killing ranks\n", cfg.timeout_s);
                 rc = 1;
                 killed = true;
                 for (pid_t q : pids)

@@ -47,14 +47,63 @@ static void run_once(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
     }
 }
 
+/* --window's ops (bench/stats.h) on one half */
+typedef struct window_arg {
+    const peer_cfg_t *cfg;
+    float *send, *recv;
+    size_t c;
+    int in_place;
+} window_arg_t;
+
+static int window_prepare(void *p)
+{
+    window_arg_t *a = p;
+    peer_prepare(a->cfg, rank_, size_, a->c, a->in_place, a->send, a->recv);
+    return 0;
+}
+
+static int window_call(void *p)
+{
+    window_arg_t *a = p;
+    run_once(a->cfg, a->send, a->recv, a->c, a->in_place);
+    return 0;
+}
+
+static int window_max(void *p, double *v, int n)
+{
+    (void)p;
+    return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+}
+
+static int window_bcast(void *p, double *v, int n)
+{
+    (void)p;
+    return MPI_Bcast(v, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+}
+
 /* Time one half of a row, as tutti-bench's run_half does. */
 static void run_half(const peer_cfg_t *cfg, float *send, float *recv, size_t c, int in_place,
                      double *times, peer_half_t *h)
 {
     peer_prepare(cfg, rank_, size_, c, in_place, send, recv);
-    for (int i = 0; i < cfg->warmup; i++)
+    int timed = cfg->iters;
+    if (cfg->window) {
+        window_arg_t wa = { cfg, send, recv, c, in_place };
+        bench_window_ops_t o = { &wa, cfg->fresh ? window_prepare : NULL, window_call, window_max,
+                                 window_bcast };
+        int late = 0;
+        double gap = 0.0;
+        timed = bench_window_times(&o, rank_, cfg->warmup, cfg->iters, times, &late, &gap);
+        if (timed <= 0) {
+            fprintf(stderr, "mpi-bench: rank %d: %s of %zu B: every timed call late (--window)\n",
+                    rank_, peer_coll_names[cfg->coll], c * sizeof(float));
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        peer_window_tally(late, cfg->iters, gap);
+    }
+    for (int i = 0; i < cfg->warmup && !cfg->window; i++)
         run_once(cfg, send, recv, c, in_place);
-    for (int i = 0; i < cfg->iters; i++) {
+    for (int i = 0; i < cfg->iters && !cfg->window; i++) {
         if (cfg->fresh)
             peer_prepare(cfg, rank_, size_, c, in_place, send, recv);
         if (cfg->sync)
@@ -75,9 +124,10 @@ static void run_half(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
         wrong = peer_count_wrong(cfg, rank_, size_, c, recv);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     }
-    MPI_Allreduce(MPI_IN_PLACE, times, cfg->iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (!cfg->window) /* --window's loop has the max */
+        MPI_Allreduce(MPI_IN_PLACE, times, cfg->iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     h->wrong = wrong;
-    peer_stats(times, cfg->iters, h);
+    peer_stats(times, bench_window_keep(times, cfg->iters), h);
 }
 
 /* Returns -1 when the command line asks for a run, else the exit status (0 for --help,

@@ -34,6 +34,7 @@ typedef struct peer_cfg {
     int coll; /* enum peer_coll */
     size_t min_bytes, max_bytes, factor;
     int iters, warmup, check, sync, fresh, root;
+    int window; /* --window: every rank starts each timed call at one instant (stats.h) */
 } peer_cfg_t;
 
 /* One half (out-of-place or in-place) of a row; wrong -1: not checked. */
@@ -280,6 +281,10 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         cfg->fresh = cfg->sync = 1;
         return 1;
     }
+    if (!strcmp(a, "--window")) {
+        cfg->window = 1;
+        return 1;
+    }
     if (!strcmp(a, "--coll"))
         bad = !v || peer_parse_coll(v, &cfg->coll);
     else if (!strcmp(a, "-b"))
@@ -313,6 +318,9 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
     "  --fresh       rewrite the input before each timed iteration (untimed; then --sync's\n"      \
     "                barrier): the data moved was just written by its rank, not left clean\n"      \
     "                in the peers' caches by the previous call\n"                                  \
+    "  --window      every rank starts timed call i at one instant of the host's clock\n"          \
+    "                and times it from there, instead of from its exit from --sync's\n"            \
+    "                barrier (ranks on one host only; bench/stats.h)\n"                            \
     "  -r ROOT       broadcast root (default 0)\n"
 
 static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int n,
@@ -322,7 +330,9 @@ static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int
            what);
     printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
            cfg->iters, cfg->warmup, cfg->fresh ? ", input rewritten before each" : "",
-           cfg->sync ? ", barrier before each" : "");
+           cfg->window ? ", each started at one instant on every rank (--window)"
+           : cfg->sync ? ", barrier before each"
+                       : "");
     printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
     print_column_titles();
 }
@@ -356,9 +366,24 @@ static inline void peer_print_row(const peer_cfg_t *cfg, int n, size_t count,
     fflush(stdout);
 }
 
+/* --window over the run: late calls left out, calls timed, the widest gap (us) */
+static long long peer_window_late, peer_window_timed;
+static double peer_window_gap;
+
+static inline void peer_window_tally(int late, int iters, double gap)
+{
+    peer_window_late += late;
+    peer_window_timed += iters;
+    peer_window_gap = gap > peer_window_gap ? gap : peer_window_gap;
+}
+
 static inline void peer_print_summary(long long wrong)
 {
     printf("# Out of bounds values : %lld %s\n", wrong, wrong ? "FAILED" : "OK");
+    if (peer_window_timed)
+        printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
+               "gap %.0f us\n",
+               peer_window_late, peer_window_timed, peer_window_gap);
     fflush(stdout);
 }
 

@@ -121,8 +121,8 @@ run_one() {
     fi
     local log="$work/${sys/:/-}.$coll.np$n.$fam.b$bmin.r$rep.txt" rc=0
     echo "run-peers: $sys $coll np=$n $bmin..$bmax repeat $rep" >&2
-    # shellcheck disable=SC2086 # check is -c or nothing, fresh --fresh or nothing
-    timeout "$run_timeout" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check $fresh \
+    # shellcheck disable=SC2086 # check is -c or nothing, fresh --fresh or nothing, window
+    timeout "$run_timeout" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check $fresh ${window:-} \
         >"$log" 2>&1 || rc=$?
     if [ "$rc" != 0 ]; then
         note "$sys $coll np=$n $bmin..$bmax repeat $rep failed (rc $rc): $(grep -v '^#' "$log" |
@@ -137,6 +137,9 @@ run_one() {
             o = h == "ip" ? 6 : 0
             print s, n, c, f, $1, $(10 + o), $(6 + o), $(11 + o), $(9 + o), r }' \
         "$log" >>"$results"
+    # --window: the calls a late rank left out ("# Window: L of T timed calls ...")
+    [ -n "${window:-}" ] && awk -v s="$sys" '/^# Window:/ { print s, $3, $5 }' "$log" >>"$work/window"
+    return 0
 }
 
 # Every case: per (ranks, coll, family) the systems in order, then reversed, R times.

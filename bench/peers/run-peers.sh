@@ -10,7 +10,7 @@
 #
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
-#        [--check] [--fresh] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
+#        [--check] [--fresh] [--window] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
 #        [--keep] [--from DIR] [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
@@ -34,6 +34,7 @@ bands=$bands_std
 mode=std
 check=""
 fresh=""
+window=""
 bind=0
 root_of="0"
 build=""
@@ -61,6 +62,10 @@ Options:
   --fresh          every harness rewrites its input before each timed call (untimed,
                    then a barrier): the data moved was just written by its own rank,
                    not left clean in the peers' caches by the previous call
+  --window         every harness starts timed call i on every rank at one instant of
+                   the host's clock and times it from there (--window; bench/stats.h),
+                   not from each rank's exit from the barrier before it: no system's
+                   barrier exit order (see --root) enters its times
   --bind           every system holds each rank on one CPU, rank i of N on the
                    (i*C/N)-th of C (tutti-bench and gloo-bench --bind, Open MPI
                    --bind-to core:overload-allowed, MPICH -bind-to core); default:
@@ -95,6 +100,7 @@ while [ $# -gt 0 ]; do
     --bands) bands=$2; mode=custom; shift ;;
     --check) check="-c" ;;
     --fresh) fresh="--fresh" ;;
+    --window) window="--window" ;;
     --bind) bind=1 ;;
     --root) root_of=$2; shift ;;
     --build) build=$2; shift ;;
@@ -206,10 +212,12 @@ if [ -z "$from" ]; then
     : >"$notes"
     : >"$results"
     {
-        for v in repeats ranks_list colls transports bands mode check fresh bind root_of peers; do
+        for v in repeats ranks_list colls transports bands mode check fresh window bind root_of peers; do
             printf '%s=%q\n' "$v" "${!v}"
         done
         printf 'started=%q\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+        # the machine: these VMs move between hosts from one session to the next
+        printf 'cpu=%q\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) x $(nproc)"
     } >"$work/meta"
     find_binaries
     t0=$(date +%s)

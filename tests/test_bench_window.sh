@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# tutti-bench --window (bench/stats.h): every rank starts timed call i at T0 + i x gap
+# and times it from there. 3 ranks: a broadcast from the last rank with --fresh (each
+# call's result checked by the bench against its own reference, exit 1 on a wrong value)
+# and --algo all's rounds of an allreduce; the summary must count every timed call
+# (rows x halves x iterations), a late one left out at most, and the p50s be positive.
+#   test_bench_window.sh TUTTI_BENCH
+set -u
+bench=$1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+out=$(mktemp /tmp/test-bench-window.XXXXXX)
+trap 'rm -f "$out"' EXIT
+
+# 4 B, 64 B, 1 KiB, 16 KiB: 4 rows x 2 halves x 25 calls
+timeout 100 "$bench" -np 3 --coll broadcast -r 2 --fresh --window -c -b 4 -e 16K -f 16 -n 25 \
+    -w 2 -t 90 >"$out" 2>&1 || fail "broadcast --window: exit $?: $(tail -n 5 "$out")"
+grep -q "each started at one instant on every rank (--window)" "$out" ||
+    fail "the header does not say --window: $(head -n 5 "$out")"
+grep -q "^# Out of bounds values : 0 OK" "$out" || fail "broadcast --window: wrong values"
+late=$(sed -n 's/^# Window: \([0-9]*\) of \([0-9]*\) timed calls.*/\1 \2/p' "$out")
+[ -n "$late" ] || fail "no '# Window:' line: $(tail -n 4 "$out")"
+set -- $late
+[ "$2" = 200 ] || fail "broadcast --window timed $2 calls, expected 200"
+[ "$1" -le 20 ] || fail "broadcast --window: $1 of 200 calls late (more than a tenth)"
+late_b=$1
+# every data row: size, then p50 (columns 10 and 16) over 0
+awk '$1 ~ /^[0-9]+$/ { n++; if (!($10 > 0 && $16 > 0)) bad = bad " " $1 }
+     END { exit !(n == 4 && bad == "") }' "$out" ||
+    fail "broadcast --window: rows or p50s wrong: $(grep -v '^#' "$out")"
+
+# --algo all: the algorithms take turns in rounds (7 calls in 5 rounds); 1 row
+timeout 100 "$bench" -np 3 --coll allreduce --algo all --fresh --window -c -b 4K -e 4K -n 7 \
+    -w 1 -t 90 >"$out" 2>&1 || fail "allreduce --algo all --window: exit $?: $(tail -n 5 "$out")"
+grep -q "^# Out of bounds values : 0 OK" "$out" || fail "allreduce --algo all --window: wrong values"
+late=$(sed -n 's/^# Window: \([0-9]*\) of \([0-9]*\) timed calls.*/\1 \2/p' "$out")
+[ -n "$late" ] || fail "--algo all: no '# Window:' line"
+set -- $late
+# the column titles name the algorithms between "root" and "fastest": 7 calls each
+nalgos=$(awk '/^# +size .* root / { for (i = 1; i <= NF; i++) { if ($i == "fastest") { print n; exit }
+                                  if (on) n++; if ($i == "root") on = 1 } }' "$out")
+[ "${nalgos:-0}" -ge 2 ] || fail "--algo all: no algorithms in the titles: $(grep size "$out")"
+[ "$2" = $((7 * nalgos)) ] || fail "--algo all --window timed $2 calls, expected 7 x $nalgos"
+echo "ok: tutti-bench --window (broadcast: $late_b of 200 late; --algo all: $1 of $2)"
