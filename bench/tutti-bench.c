@@ -9,6 +9,8 @@
  * out of place and then in place, timing each call. After each timed loop the
  * per-iteration times are allreduced with TUTTI_MAX (fp64), so an iteration costs what
  * its slowest rank saw; time is the mean of those maxima, p50/p99 their percentiles.
+ * --sync puts a barrier before each timed call; --window instead starts call i on every
+ * rank at one instant of the host's clock and times it from there (bench/stats.h).
  *
  * Sizes and bandwidths follow nccl-tests (its doc/PERFORMANCE.md): size is the bytes of
  * the largest per-rank buffer, count the count argument of the call. allreduce, reduce
