@@ -255,7 +255,10 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
         // Out of place the last timed call left the result; in place the buffer was
         // reduced (or exchanged) over and over, so run once more on fresh input
         // (--fresh: the last timed call had it).
-        if (!p.fresh && (in_place || p.coll == PEER_BROADCAST)) {
+        // --window: a rank late for the last timed call refilled its buffers after the
+        // others had started it, over what their rings had already written there (Gloo
+        // writes into the peer's buffer): checked on one more call, as without --fresh.
+        if (p.window || (!p.fresh && (in_place || p.coll == PEER_BROADCAST))) {
             peer_prepare(&p, ctx->rank, cfg.np, calls.c, in_place, calls.send, calls.recv);
             // Gloo's rings write straight into the peer's buffer: a fast neighbour's
             // data must not land before this rank's fill.
