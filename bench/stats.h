@@ -103,46 +103,46 @@ static inline int bench_window_keep(double *v, int n)
 /* warmup untimed calls (at least one: their slowest, over ranks, sets the gap), then
  * iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
  * INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
- * of the last try; *gap_p: its gap, us. A negative return is minus the first error (an
- * op's). */
+ * of the last try; *gap_p: its gap, us. -1: an op failed, its nonzero return in *err_p
+ * (a library's codes may be negative, as tutti's, or positive, as MPI's). */
 static inline int bench_window_times(const bench_window_ops_t *o, int rank, int warmup, int iters,
-                                     double *times, int *late_p, double *gap_p)
+                                     double *times, int *late_p, double *gap_p, int *err_p)
 {
     int st;
     double w = 0.0, t, prep = 0.0;
     if (o->prepare) { /* the rewrite before each timed call: in the gap too */
         t = now_us();
         if ((st = o->prepare(o->ctx)) != 0)
-            return -st;
+            return *err_p = st, -1;
         prep = now_us() - t;
     }
     for (int i = 0; i < (warmup > 0 ? warmup : 1); i++) {
         t = now_us();
         if ((st = o->call(o->ctx)) != 0)
-            return -st;
+            return *err_p = st, -1;
         t = now_us() - t;
         w = t > w ? t : w;
     }
     w += prep;
     if ((st = o->max(o->ctx, &w, 1)) != 0)
-        return -st;
+        return *err_p = st, -1;
     double gap = 2.0 * w + 50.0;
     int valid = 0;
     for (int try_ = 0; try_ < BENCH_WINDOW_TRIES; try_++, gap *= 2.0) {
         double t0 = rank == 0 ? now_us() + BENCH_WINDOW_LEAD_US + gap : 0.0;
         if ((st = o->bcast(o->ctx, &t0, 1)) != 0)
-            return -st;
+            return *err_p = st, -1;
         for (int i = 0; i < iters; i++) {
             if (o->prepare && (st = o->prepare(o->ctx)) != 0)
-                return -st;
+                return *err_p = st, -1;
             double start = t0 + (double)i * gap;
             int late = bench_window_wait(start);
             if ((st = o->call(o->ctx)) != 0)
-                return -st;
+                return *err_p = st, -1;
             times[i] = late ? INFINITY : now_us() - start;
         }
         if ((st = o->max(o->ctx, times, iters)) != 0)
-            return -st;
+            return *err_p = st, -1;
         valid = 0;
         for (int i = 0; i < iters; i++)
             valid += isfinite(times[i]) != 0;

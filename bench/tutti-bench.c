@@ -912,16 +912,17 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
     const bench_cfg_t *cfg = b->cfg;
     const char *what = coll_names[cfg->coll];
     int st;
+    *wrong_p = -1;
     prepare(b, count, in_place);
     if (cfg->window) {
         window_arg_t wa = { b, count, in_place };
         bench_window_ops_t o = { &wa, cfg->fresh ? window_prepare : NULL, window_call, window_max,
                                  window_bcast };
-        int late = 0;
+        int late = 0, err = 0;
         double gap = 0.0;
-        int valid = bench_window_times(&o, b->rank, warmup, iters, times, &late, &gap);
+        int valid = bench_window_times(&o, b->rank, warmup, iters, times, &late, &gap, &err);
         if (valid < 0)
-            return report_failure(b, what, bytes, in_place, -valid);
+            return report_failure(b, what, bytes, in_place, err);
         if (valid == 0) {
             fprintf(stderr,
                     "tutti-bench: rank %d: %s (%zu B): some rank was late for every one of %d "

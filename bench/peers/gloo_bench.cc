@@ -233,9 +233,10 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
         WindowArg wa{ cfg, ctx, calls, in_place };
         bench_window_ops_t o = { &wa, p.fresh ? window_prepare : nullptr, window_call, window_max,
                                  window_bcast };
-        int late = 0;
+        int late = 0, err = 0;
         double gap = 0.0;
-        if (bench_window_times(&o, ctx->rank, p.warmup, p.iters, times.data(), &late, &gap) <= 0)
+        if (bench_window_times(&o, ctx->rank, p.warmup, p.iters, times.data(), &late, &gap,
+                               &err) <= 0) // Gloo throws on errors: err stays 0
             throw std::runtime_error("every timed call late (--window)");
         peer_window_tally(late, p.iters, gap);
     }
