@@ -90,6 +90,26 @@ static inline int bench_window_wait(double t)
     return 0;
 }
 
+/* Over a run: late calls left out, calls timed, the widest gap (us); one process's. */
+static long long bench_window_late_n, bench_window_timed_n;
+static double bench_window_gap_max;
+
+static inline void bench_window_tally(int late, int iters, double gap)
+{
+    bench_window_late_n += late;
+    bench_window_timed_n += iters;
+    bench_window_gap_max = gap > bench_window_gap_max ? gap : bench_window_gap_max;
+}
+
+/* The run's "# Window:" line (run-peers.sh reads it), if any call was timed so. */
+static inline void bench_window_print(void)
+{
+    if (bench_window_timed_n)
+        printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
+               "gap %.0f us\n",
+               bench_window_late_n, bench_window_timed_n, bench_window_gap_max);
+}
+
 /* Moves the finite values of v[0..n) to its front, in order; returns their count. */
 static inline int bench_window_keep(double *v, int n)
 {

@@ -867,11 +867,6 @@ static const void *result_at(const bench_ctx_t *b, size_t count, int in_place)
     return b->recv;
 }
 
-/* --window: late iterations left out, iterations timed, and the widest gap (us), over
- * the run; printed at its end. */
-static long long window_late, window_timed;
-static double window_gap_max;
-
 typedef struct window_arg {
     const bench_ctx_t *b;
     size_t count;
@@ -930,9 +925,7 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
                     b->rank, what, bytes, iters, gap);
             return TUTTI_ERR_TIMEOUT;
         }
-        window_late += late;
-        window_timed += iters;
-        window_gap_max = gap > window_gap_max ? gap : window_gap_max;
+        bench_window_tally(late, iters, gap);
     } else {
         for (int i = 0; i < warmup; i++)
             if ((st = run_once(b, count, in_place)) != TUTTI_OK)
@@ -1394,10 +1387,7 @@ static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
                t->total_wrong ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g%s\n", t->bw_n ? t->bw_sum / t->bw_n : 0.0,
            cfg->algo_all ? " (the fastest algorithm of each size)" : "");
-    if (cfg->window)
-        printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
-               "gap %.0f us\n",
-               window_late, window_timed, window_gap_max);
+    bench_window_print();
     if (cfg->algo_all) {
         printf("# Model picked the fastest at %d of %d sizes", t->model_hits, t->model_rows);
         if (t->worst_bytes)

@@ -238,7 +238,7 @@ void run_half(const Config &cfg, const Ctx &ctx, Calls &calls, gloo::Algorithm &
         if (bench_window_times(&o, ctx->rank, p.warmup, p.iters, times.data(), &late, &gap,
                                &err) <= 0) // Gloo throws on errors: err stays 0
             throw std::runtime_error("every timed call late (--window)");
-        peer_window_tally(late, p.iters, gap);
+        bench_window_tally(late, p.iters, gap);
     }
     for (int i = 0; i < p.warmup && !p.window; i++)
         calls.run(in_place);

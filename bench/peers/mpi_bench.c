@@ -86,20 +86,20 @@ static void run_half(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
                      double *times, peer_half_t *h)
 {
     peer_prepare(cfg, rank_, size_, c, in_place, send, recv);
-    int timed = cfg->iters;
     if (cfg->window) {
         window_arg_t wa = { cfg, send, recv, c, in_place };
         bench_window_ops_t o = { &wa, cfg->fresh ? window_prepare : NULL, window_call, window_max,
                                  window_bcast };
         int late = 0, err = 0;
         double gap = 0.0;
-        timed = bench_window_times(&o, rank_, cfg->warmup, cfg->iters, times, &late, &gap, &err);
+        int timed = bench_window_times(&o, rank_, cfg->warmup, cfg->iters, times, &late, &gap,
+                                       &err);
         if (timed <= 0) { /* MPI's default handler aborted on an error already */
             fprintf(stderr, "mpi-bench: rank %d: %s of %zu B: every timed call late (--window)\n",
                     rank_, peer_coll_names[cfg->coll], c * sizeof(float));
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        peer_window_tally(late, cfg->iters, gap);
+        bench_window_tally(late, cfg->iters, gap);
     }
     for (int i = 0; i < cfg->warmup && !cfg->window; i++)
         run_once(cfg, send, recv, c, in_place);

@@ -366,24 +366,10 @@ static inline void peer_print_row(const peer_cfg_t *cfg, int n, size_t count,
     fflush(stdout);
 }
 
-/* --window over the run: late calls left out, calls timed, the widest gap (us) */
-static long long peer_window_late, peer_window_timed;
-static double peer_window_gap;
-
-static inline void peer_window_tally(int late, int iters, double gap)
-{
-    peer_window_late += late;
-    peer_window_timed += iters;
-    peer_window_gap = gap > peer_window_gap ? gap : peer_window_gap;
-}
-
 static inline void peer_print_summary(long long wrong)
 {
     printf("# Out of bounds values : %lld %s\n", wrong, wrong ? "FAILED" : "OK");
-    if (peer_window_timed)
-        printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
-               "gap %.0f us\n",
-               peer_window_late, peer_window_timed, peer_window_gap);
+    bench_window_print();
     fflush(stdout);
 }
 
