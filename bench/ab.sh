@@ -6,15 +6,16 @@
 #
 #   bench/ab.sh A/tutti-bench B/tutti-bench [-p PAIRS] [--ranks "2 4"]
 #               [--transports "tcp shm"] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
-#               [--coll NAME] [--in-place] [--fresh] [-o FILE]
+#               [--coll NAME] [--in-place] [--fresh] [--window] [-o FILE]
 # The statistic is the out-of-place half's p50, or with --in-place the in-place half's
 # (what run-peers compares for allreduce, broadcast and reduce_scatter). --fresh passes
-# tutti-bench's --fresh (each rank rewrites its input, then a barrier, before every call).
+# tutti-bench's --fresh (each rank rewrites its input, then a barrier, before every call);
+# --window its --window (every rank starts each timed call at one instant, no barrier).
 set -u
 a=$1 b=$2
 shift 2
 pairs=5 ranks="2 4" transports="tcp shm" min=8 max=16M factor=16 iters=100 coll=allreduce
-out=/dev/stdout col=10 fresh=
+out=/dev/stdout col=10 fresh= window=
 while [ $# -gt 0 ]; do
     case "$1" in
     -p) pairs=$2; shift ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --coll) coll=$2; shift ;;
     --in-place) col=16 ;;
     --fresh) fresh=--fresh ;;
+    --window) window=--window ;;
     -o) out=$2; shift ;;
     *) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -45,7 +47,7 @@ for p in $(seq 1 "$pairs"); do
                 [ $side = B ] && bin=$b
                 # p50 of the out-of-place half (column 10) or the in-place one (16)
                 timeout 600 "$bin" -np "$n" --transport "$t" --coll "$coll" -b "$min" -e "$max" \
-                    -f "$factor" -n "$iters" -w 10 $fresh 2>/dev/null |
+                    -f "$factor" -n "$iters" -w 10 $fresh $window 2>/dev/null |
                     awk -v c="$col" '!/^#/ && NF >= c {print $1, $c}' >"$raw/$n.$t.$side.$p"
             done
         done

@@ -168,6 +168,39 @@ def shm_rec(payload=b"", env=ENV, rtype=INLINE, addr=0, length=None, magic=SHM_M
     return at
 
 
+SHORT = 3
+M64 = (1 << 64) - 1
+
+
+def shm_mix64(x):
+    x ^= x >> 33
+    x = x * 0xFF51AFD7ED558CCD & M64
+    x ^= x >> 33
+    x = x * 0xC4CEB9FE1A85EC53 & M64
+    return x ^ x >> 33
+
+
+def shm_env_digest(env):
+    """shm.h's shm_env_digest."""
+    h = shm_mix64(env[0] ^ 0x9E3779B97F4A7C15)
+    for w in env[1:]:
+        h = shm_mix64(h ^ w)
+    return h
+
+
+def shm_short_rec(payload, env=ENV, digest=None, length=None):
+    """A short record (shm_short_t, 9..40 bytes): length, digest and payload around the
+    stamp in its first line, the envelope in its second."""
+    n = len(payload) if length is None else length
+    body = payload.ljust(40, b"\0")
+    d = shm_env_digest(env) if digest is None else digest
+
+    def at(pos):
+        return (struct.pack("<HHIQ", SHM_MAGIC, SHORT, n, d) + body[:32] + struct.pack("<Q", pos)
+                + body[32:40] + struct.pack("<4Q", *env) + b"\0" * 32)
+    return at
+
+
 def shm_stream(*recs, start=0):
     """Records laid out from line `start` on."""
     out = b""
@@ -204,6 +237,15 @@ write(S, "pull-revoked", shm_input([100], shm_stream(shm_rec(rtype=CMA, addr=PEE
                                                              length=100)), flags=2))
 write(S, "mismatch-len", shm_input([4], shm_stream(shm_rec(b"hello"))))
 write(S, "mismatch-env", shm_input([5], shm_stream(shm_rec(b"hello", env=(9, 9, 9, 9)))))
+write(S, "short", shm_input([16, 40, 5], shm_stream(shm_short_rec(b"s" * 16),
+                                                    shm_short_rec(bytes(range(40))),
+                                                    shm_rec(b"after"))))
+write(S, "short-wraps", shm_input([33], shm_stream(shm_short_rec(b"w" * 33), start=63),
+                                  start=63))
+write(S, "short-mismatch-env", shm_input([16], shm_stream(shm_short_rec(b"s" * 16,
+                                                                        env=(9, 9, 9, 9)))))
+write(S, "short-bad-digest", shm_input([16], shm_stream(shm_short_rec(b"s" * 16, digest=7))))
+write(S, "short-bad-length", shm_input([16], shm_stream(shm_short_rec(b"s" * 16, length=41))))
 write(S, "bad-magic", shm_input([5], shm_stream(shm_rec(b"hello", magic=0x1234))))
 write(S, "bad-type", shm_input([5], shm_stream(shm_rec(b"hello", rtype=7))))
 write(S, "bad-stamp", shm_input([5], shm_stream(shm_rec(b"hello", stamp=12345))))

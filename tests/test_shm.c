@@ -599,9 +599,25 @@ static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 {
     (void)dir;
     enlist(arg, rank);
-    static const size_t sizes[] = {
-        0, 1, 7, 56, 57, 4095, 16383, 16384, 16385, 65537, (1u << 20) + 3, (4u << 20) + 1
-    };
+    static const size_t sizes[] = { 0,
+                                    1,
+                                    7,
+                                    8,
+                                    9,
+                                    31,
+                                    32,
+                                    33,
+                                    40,
+                                    41,
+                                    56,
+                                    57,
+                                    4095,
+                                    16383,
+                                    16384,
+                                    16385,
+                                    65537,
+                                    (1u << 20) + 3,
+                                    (4u << 20) + 1 };
     const size_t n = ARRAY_SIZE(sizes);
     size_t maxb = (4u << 20) + 1 + 8;
     for (int peer = 0; peer < nranks; peer++) {
@@ -1434,6 +1450,125 @@ START_TEST(ring_record_found_by_its_stamp)
 }
 END_TEST
 
+/* A short record (shm_short_t) of len bytes at stream position pos, carrying envelope
+ * renv in its second line and `digest` in its first, payload bytes 100 + i; a receive of
+ * rlen bytes expecting envelope {1, 2, 3, 4} is posted into got (filled with 0xEE) and
+ * the ring swept. Returns the receive's status; *r is the receive. */
+static int ring_receive_short(uint64_t pos, uint32_t len, const uint64_t renv[4], uint64_t digest,
+                              size_t rlen, unsigned char got[64], tp_req_t *r)
+{
+    static _Alignas(64) unsigned char ring[RING_CAP];
+    static shm_dir_t dir;
+    memset(ring, 0xa5, sizeof(ring));
+    memset(&dir, 0, sizeof(dir));
+    dir.key = RING_KEY;
+    atomic_store(&dir.head, pos);
+    atomic_store(&dir.tail, pos);
+    shm_short_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = SHM_REC_MAGIC;
+    h.type = SHM_REC_SHORT;
+    h.len = len;
+    h.digest = digest;
+    unsigned char pay[SHM_SHORT_MAX + 8];
+    for (size_t i = 0; i < sizeof(pay); i++)
+        pay[i] = (unsigned char)(100 + i);
+    memcpy(h.lo, pay, SHM_SHORT_LO);
+    memcpy(h.hi, pay + SHM_SHORT_LO, sizeof(h.hi));
+    atomic_store(&h.stamp, pos ^ RING_KEY);
+    memcpy(ring + (pos & (RING_CAP - 1)), &h, sizeof(h));
+    memcpy(ring + ((pos + SHM_LINE) & (RING_CAP - 1)), renv, 4 * sizeof(uint64_t));
+    tutti_tp_host_v1_t host = { .size = sizeof(host),
+                                .abi_version = TUTTI_TRANSPORT_ABI_V1,
+                                .rank = 0,
+                                .nranks = 2,
+                                .timeout_ms = 1000,
+                                .log = ring_log,
+                                .error = ring_error };
+    memset(r, 0, sizeof(*r));
+    memset(got, 0xEE, 64);
+    r->peer = 1;
+    r->len = rlen;
+    r->buf = got + 1;
+    for (int k = 0; k < 4; k++)
+        r->env[k] = (uint64_t)k + 1;
+    ring_err[0] = '\0';
+    ring_peer_t peer = { .dir = &dir, .head = 0 };
+    ck_assert_int_eq(shm_recv_fuzz_input(&host, &dir, ring, RING_CAP, 65536, pos, r, 1,
+                                         ring_publish, &peer),
+                     0);
+    return r->status;
+}
+
+START_TEST(ring_short_record)
+{
+    const uint64_t env[4] = { 1, 2, 3, 4 };
+    unsigned char got[64];
+    tp_req_t r;
+    /* every length a short record takes, at a position whose second line wraps to the
+     * ring's start too: delivered from the first line, nothing written past it */
+    for (uint32_t len = SHM_INLINE_ONE_LINE + 1; len <= SHM_SHORT_MAX; len++) {
+        for (uint64_t pos = 128; pos <= 2 * RING_CAP; pos += 2 * RING_CAP - 64 - 128) {
+            ck_assert_int_eq(ring_receive_short(pos, len, env, shm_env_digest(env), len, got, &r),
+                             0);
+            ck_assert_str_eq(ring_err, "");
+            ck_assert_uint_eq(r.xfer, len);
+            ck_assert_int_eq(got[0], 0xEE);
+            for (uint32_t i = 0; i < len; i++)
+                ck_assert_int_eq(got[1 + i], (unsigned char)(100 + i));
+            for (size_t i = 1 + len; i < sizeof(got); i++)
+                ck_assert_int_eq(got[i], 0xEE);
+            ck_assert(memcmp(r.got_env, env, sizeof(env)) == 0);
+        }
+    }
+    /* another call's envelope (its own digest): a mismatch, which names the envelope the
+     * second line carries */
+    const uint64_t other[4] = { 1, 2, 9, 4 };
+    ck_assert_int_eq(ring_receive_short(256, 16, other, shm_env_digest(other), 16, got, &r),
+                     TUTTI_ERR_MISMATCH);
+    ck_assert(memcmp(r.got_env, other, sizeof(other)) == 0);
+    ck_assert_uint_eq(r.got_len, 16);
+    ck_assert_int_eq(got[1], 0xEE);
+    /* the right envelope but another length: a mismatch too */
+    ck_assert_int_eq(ring_receive_short(256, 16, env, shm_env_digest(env), 24, got, &r),
+                     TUTTI_ERR_MISMATCH);
+    ck_assert_uint_eq(r.got_len, 16);
+    /* a digest that is not its envelope's: garbage, named */
+    ck_assert_int_eq(ring_receive_short(256, 16, env, shm_env_digest(other), 16, got, &r),
+                     TUTTI_ERR_PROTOCOL);
+    ck_assert_msg(strstr(ring_err, "digest") && strstr(ring_err, "rank 1"), "error: %s", ring_err);
+    ck_assert_int_eq(got[1], 0xEE);
+    /* lengths a short record never has (one line holds them, or they do not fit) */
+    const uint32_t bad[] = { 0, SHM_INLINE_ONE_LINE, SHM_SHORT_MAX + 1, 1u << 31 };
+    for (size_t k = 0; k < ARRAY_SIZE(bad); k++) {
+        ck_assert_int_eq(ring_receive_short(256, bad[k], env, shm_env_digest(env), 16, got, &r),
+                         TUTTI_ERR_PROTOCOL);
+        ck_assert_msg(strstr(ring_err, "garbage"), "error: %s", ring_err);
+        ck_assert_int_eq(got[1], 0xEE);
+    }
+}
+END_TEST
+
+/* The digest: envelopes that differ in any one word differ in it (each word goes
+ * through a bijection), and in a sample of neighbours in two words. */
+START_TEST(short_digest_tells_envelopes_apart)
+{
+    uint64_t base[4] = { 7, 0x0300000100000000ull, 16, (3ull << 32) | 1 };
+    uint64_t d0 = shm_env_digest(base);
+    for (int w = 0; w < 4; w++)
+        for (int bit = 0; bit < 64; bit++) {
+            uint64_t e[4] = { base[0], base[1], base[2], base[3] };
+            e[w] ^= 1ull << bit;
+            ck_assert_msg(shm_env_digest(e) != d0, "word %d bit %d", w, bit);
+            for (int w2 = w + 1; w2 < 4; w2++) {
+                e[w2] += 1;
+                ck_assert_msg(shm_env_digest(e) != d0, "words %d, %d", w, w2);
+                e[w2] -= 1;
+            }
+        }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm");
@@ -1459,7 +1594,8 @@ static Suite *suite(void)
                                      pinned_to_one_cpu_spin_short,
                                      NULL };
     const TTest *const timeouts[] = { long_spin_keeps_the_timeout, NULL };
-    const TTest *const ring[] = { ring_record_found_by_its_stamp, NULL };
+    const TTest *const ring[] = { ring_record_found_by_its_stamp, ring_short_record,
+                                  short_digest_tells_envelopes_apart, NULL };
     const TTest *const crowded[] = { crowded_ranks_even_out, NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);

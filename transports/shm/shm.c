@@ -321,17 +321,42 @@ static inline int want_pull(const shm_tp_t *tp, const tp_req_t *r)
     return 0;
 }
 
+/* Is r sent as a short record (shm_short_t)? */
+static inline int short_rec(size_t len)
+{
+    return len > SHM_INLINE_ONE_LINE && len <= SHM_SHORT_MAX;
+}
+
+/* Write r as a short record at tx_pos, whole: the envelope into the second line, then
+ * the first line (length, digest, payload) and its stamp. */
+static void short_put(shm_link_t *L, const tp_req_t *r)
+{
+    uint64_t pos = L->tx_pos;
+    memcpy(L->txring + ((pos + SHM_LINE) & L->mask), r->env, sizeof(r->env));
+    shm_short_t *h = (shm_short_t *)(L->txring + (pos & L->mask));
+    size_t lo = TT_KIT_MIN(r->len, (size_t)SHM_SHORT_LO);
+    h->magic = SHM_REC_MAGIC;
+    h->type = SHM_REC_SHORT;
+    h->len = (uint32_t)r->len;
+    h->digest = shm_env_digest(r->env);
+    memcpy(h->lo, r->buf, lo);
+    if (r->len > lo)
+        memcpy(h->hi, (const char *)r->buf + lo, r->len - lo);
+    atomic_store_explicit(&h->stamp, pos ^ L->tx_key, memory_order_release);
+}
+
 static void link_tx(shm_tp_t *tp, shm_link_t *L)
 {
     int published = 0;
     while (L->sq_head && !L->fail.status && !L->tx_broken) {
         tp_req_t *r = L->sq_head;
         uint64_t want, need;
-        int cma = 0;
+        int cma = 0, shrt = 0;
         if (!L->tx_started) {
             cma = want_pull(tp, r) && link_pulls(L);
-            want = cma ? SHM_LINE : rec_span(r->len);
-            need = SHM_LINE;
+            shrt = !cma && short_rec(r->len);
+            want = cma ? SHM_LINE : shrt ? 2 * SHM_LINE : rec_span(r->len);
+            need = shrt ? want : SHM_LINE;
         } else {
             want = L->tx_span - L->tx_sent;
             need = 1;
@@ -347,6 +372,18 @@ static void link_tx(shm_tp_t *tp, shm_link_t *L)
         }
         if (freeb < need)
             break;
+        if (shrt) {
+            short_put(L, r);
+            L->tx_pos += want;
+            tp->steps_moved++;
+            atomic_store(&L->tx->head, L->tx_pos); /* seq_cst, as below */
+            published = 1;
+            tp_req_pop(&L->sq_head, &L->sq_tail);
+            r->xfer = r->len;
+            r->status = 0;
+            tp->completions++;
+            continue;
+        }
         if (!L->tx_started) {
             L->tx_rec = L->tx_pos;
             L->tx_span = want;
@@ -527,6 +564,24 @@ static int rec_ready(shm_link_t *L)
                      (unsigned long long)want, (unsigned long long)hd);
 }
 
+/* The parked record's envelope: a short record's from its second line (published with
+ * the first), checked against the digest the first carries. 0: garbage (link failed). */
+static int rec_env(shm_link_t *L)
+{
+    if (!L->renv_later)
+        return 1;
+    memcpy(L->rhdr.env, L->rxring + ((L->rx_pos + SHM_LINE) & L->mask), sizeof(L->rhdr.env));
+    L->renv_later = 0;
+    if (shm_env_digest(L->rhdr.env) == L->rdigest)
+        return 1;
+    link_fail(L, TUTTI_ERR_PROTOCOL, 0,
+              "garbage from rank %d (%s): the short record at byte %llu carries digest "
+              "0x%016llx, not its envelope's 0x%016llx",
+              L->peer, L->addr, (unsigned long long)L->rx_pos, (unsigned long long)L->rdigest,
+              (unsigned long long)shm_env_digest(L->rhdr.env));
+    return 0;
+}
+
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
@@ -536,11 +591,22 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 break;
             const unsigned char *line = L->rxring + (L->rx_pos & L->mask);
             memcpy(&L->rhdr, line, sizeof(L->rhdr));
-            uint64_t span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE : rec_span(L->rhdr.len);
+            const int shrt = L->rhdr.type == SHM_REC_SHORT;
+            if (shrt) { /* its envelope is read only where needed (rec_env) */
+                const shm_short_t *h = (const shm_short_t *)line;
+                L->rhdr.flags = SHM_HDR_WHOLE;
+                L->rhdr.len = h->len;
+                L->rdigest = h->digest;
+            }
+            L->renv_later = shrt;
+            uint64_t span = L->rhdr.type == SHM_REC_CMA ? SHM_LINE
+                            : shrt                      ? 2 * SHM_LINE
+                                                        : rec_span(L->rhdr.len);
             int whole = L->rhdr.type == SHM_REC_CMA || (L->rhdr.flags & SHM_HDR_WHOLE);
             if (L->rhdr.magic != SHM_REC_MAGIC ||
-                (L->rhdr.type != SHM_REC_INLINE && L->rhdr.type != SHM_REC_CMA) ||
-                L->rhdr.len > (1ull << 56) || (whole && span > L->cap)) {
+                (L->rhdr.type != SHM_REC_INLINE && L->rhdr.type != SHM_REC_CMA && !shrt) ||
+                (shrt && !short_rec(L->rhdr.len)) || L->rhdr.len > (1ull << 56) ||
+                (whole && span > L->cap)) {
                 link_fail(L, TUTTI_ERR_PROTOCOL, 0,
                           "garbage from rank %d (%s): record magic 0x%04x type %u flags 0x%x "
                           "length %llu",
@@ -566,6 +632,14 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             break;
         }
         if (!L->rhdr_matched) {
+            if (L->renv_later && L->rhdr.len == q->len && L->rdigest == shm_env_digest(q->env)) {
+                /* a short record whose digest is the receive's: its envelope (a 2^-64
+                 * chance of another) without reading the second line */
+                memcpy(L->rhdr.env, q->env, sizeof(L->rhdr.env));
+                L->renv_later = 0;
+            } else if (!rec_env(L)) {
+                break;
+            }
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
             if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
@@ -588,6 +662,24 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 tp->completions++;
                 L->rhdr_valid = 0;
                 L->rhdr_matched = 0;
+                continue;
+            }
+            if (L->rhdr.type == SHM_REC_SHORT) { /* all in its first line */
+                const shm_short_t *h = (const shm_short_t *)(L->rxring + (L->rx_pos & L->mask));
+                size_t lo = TT_KIT_MIN(q->len, (size_t)SHM_SHORT_LO);
+                memcpy(q->buf, h->lo, lo);
+                if (q->len > lo)
+                    memcpy((char *)q->buf + lo, h->hi, q->len - lo);
+                q->xfer = q->len;
+                L->rx_pos += L->rx_span;
+                consumed = 1;
+                tp_req_pop(&L->rq_head, &L->rq_tail);
+                q->status = 0;
+                tp->completions++;
+                L->rhdr_valid = 0;
+                L->rhdr_matched = 0;
+                if (!L->rq_head)
+                    break;
                 continue;
             }
         }
@@ -994,6 +1086,8 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     shm_link_t *L = &tp->links[peer];
     if (!L->fail.status && !L->rq_head && !L->rhdr_valid)
         link_rx(tp, L);
+    if (!L->fail.status && L->rhdr_valid)
+        rec_env(L);
     if (L->fail.status)
         return L->fail.status;
     return tp_probe_answer(L->rhdr_valid, L->rq_head, L->rhdr.env, L->rhdr.len, &L->probe_watch,
