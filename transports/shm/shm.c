@@ -564,6 +564,25 @@ static int rec_ready(shm_link_t *L)
                      (unsigned long long)want, (unsigned long long)hd);
 }
 
+/* While a receive waits for a record of 2 or 3 lines (41 to SHM_PREFETCH_MAX bytes),
+ * prefetch the lines past its first at every look that finds no stamp: the sender writes
+ * them before the stamp's line, so they come over while the poll waits for that one,
+ * and the copy after the stamp finds them here instead of taking a transfer of its own.
+ * 2-rank broadcast over shm, 64 and 128 B: 0.56 -> 0.45 and 0.58 -> 0.47 us (6 alternating
+ * pairs, `--window`, session 59). Larger records gained nothing (two lines prefetched of
+ * 256 B-1 KiB: 0.98-1.03x; four of 256 B: 1.05x, pairs 0.78-1.28), so they are left be.
+ * A prefetch of a line the sender is not done with only costs it the line once more. */
+#define SHM_PREFETCH_MAX (3 * SHM_LINE - SHM_HDR_BYTES)
+static inline void rec_prefetch(const shm_link_t *L)
+{
+    const tp_req_t *q = L->rq_head;
+    if (!q || q->len <= SHM_SHORT_MAX || q->len > SHM_PREFETCH_MAX)
+        return;
+    uint64_t span = rec_span(q->len);
+    for (uint64_t off = SHM_LINE; off < span; off += SHM_LINE)
+        __builtin_prefetch(L->rxring + ((L->rx_pos + off) & L->mask));
+}
+
 /* The parked record's envelope: a short record's from its second line (published with
  * the first), checked against the digest the first carries. 0: garbage (link failed). */
 static int rec_env(shm_link_t *L)
@@ -587,8 +606,10 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
     int consumed = 0;
     while (!L->fail.status && !L->rx_withdrawn) {
         if (!L->rhdr_valid) {
-            if (rec_ready(L) <= 0)
+            if (rec_ready(L) <= 0) {
+                rec_prefetch(L);
                 break;
+            }
             const unsigned char *line = L->rxring + (L->rx_pos & L->mask);
             memcpy(&L->rhdr, line, sizeof(L->rhdr));
             const int shrt = L->rhdr.type == SHM_REC_SHORT;
