@@ -10,7 +10,7 @@
 #
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
-#        [--check] [--fresh] [--window] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
+#        [--check] [--fresh] [--barriers] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
 #        [--keep] [--from DIR] [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
@@ -34,7 +34,7 @@ bands=$bands_std
 mode=std
 check=""
 fresh=""
-window=""
+window="--window"
 bind=0
 root_of="0"
 build=""
@@ -62,10 +62,12 @@ Options:
   --fresh          every harness rewrites its input before each timed call (untimed,
                    then a barrier): the data moved was just written by its own rank,
                    not left clean in the peers' caches by the previous call
-  --window         every harness starts timed call i on every rank at one instant of
-                   the host's clock and times it from there (--window; bench/stats.h),
-                   not from each rank's exit from the barrier before it: no system's
-                   barrier exit order (see --root) enters its times
+  --window         the default: every harness starts timed call i on every rank at one
+                   instant of the host's clock and times it from there (--window;
+                   bench/stats.h), not from each rank's exit from the barrier before
+                   it: no system's barrier exit order (see --root) enters its times
+  --barriers       the method before session 59: each rank times a call from its own
+                   exit from a barrier (with --fresh, the barrier after its refill)
   --bind           every system holds each rank on one CPU, rank i of N on the
                    (i*C/N)-th of C (tutti-bench and gloo-bench --bind, Open MPI
                    --bind-to core:overload-allowed, MPICH -bind-to core); default:
@@ -101,6 +103,7 @@ while [ $# -gt 0 ]; do
     --check) check="-c" ;;
     --fresh) fresh="--fresh" ;;
     --window) window="--window" ;;
+    --barriers) window="" ;;
     --bind) bind=1 ;;
     --root) root_of=$2; shift ;;
     --build) build=$2; shift ;;
@@ -190,6 +193,7 @@ if [ -n "$from" ]; then
         echo "run-peers.sh: no results/meta in $work" >&2
         exit 2
     fi
+    window="" # a run from before session 58 had no --window, and its meta no line for it
     # shellcheck source=/dev/null
     . "$work/meta" # the plan of that run
 else
