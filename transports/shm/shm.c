@@ -564,15 +564,17 @@ static int rec_ready(shm_link_t *L)
                      (unsigned long long)want, (unsigned long long)hd);
 }
 
-/* While a receive waits for a record of 2 or 3 lines (41 to SHM_PREFETCH_MAX bytes),
+/* While a receive waits for a record of 2 to 17 lines (41 to SHM_PREFETCH_MAX bytes),
  * prefetch the lines past its first at every look that finds no stamp: the sender writes
  * them before the stamp's line, so they come over while the poll waits for that one,
  * and the copy after the stamp finds them here instead of taking a transfer of its own.
- * 2-rank broadcast over shm, 64 and 128 B: 0.56 -> 0.45 and 0.58 -> 0.47 us (6 alternating
- * pairs, `--window`, session 59). Larger records gained nothing (two lines prefetched of
- * 256 B-1 KiB: 0.98-1.03x; four of 256 B: 1.05x, pairs 0.78-1.28), so they are left be.
- * A prefetch of a line the sender is not done with only costs it the line once more. */
-#define SHM_PREFETCH_MAX (3 * SHM_LINE - SHM_HDR_BYTES)
+ * 2-rank broadcast over shm, `--window`, alternating pairs, session 59: 64 and 128 B
+ * 0.56 -> 0.45 and 0.58 -> 0.47 us (6 pairs), 256 B 0.56 -> 0.45 (16 pairs, median
+ * ratio 0.88), 512 B and 1 KiB 0.96 and 0.85 (16 pairs each, a run mostly in the VM's
+ * fast state, where a line moves between the CPUs quickly and prefetching gains
+ * little). A prefetch of a line the sender is not done with costs it that line once
+ * more; larger records, whose copy's loads go out together anyway, are left be. */
+#define SHM_PREFETCH_MAX (17 * SHM_LINE - SHM_HDR_BYTES)
 static inline void rec_prefetch(const shm_link_t *L)
 {
     const tp_req_t *q = L->rq_head;
