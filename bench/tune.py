@@ -11,11 +11,13 @@ FILE for other (transport, ranks) pairs are kept; the rest is replaced.
 
   bench/tune.py [-o FILE] [--build DIR] [--transports "shm tcp"] [--ranks "2 4"]
                 [--colls "allreduce broadcast ..."] [-b 4] [-e 256M] [-f 4] [-n 20] [-w 5]
-                [-R 3] [--fresh] [--from-json F.json ...]
+                [-R 3] [--fresh] [--window] [--from-json F.json ...]
 
---fresh passes tutti-bench's --fresh: each call on input just rewritten, after a barrier,
-as bench/peers times every system; without it calls run back to back, and a rooted
-collective's calls overlap across ranks (a chain's root is free after one send).
+--fresh passes tutti-bench's --fresh: each call on input just rewritten, after a barrier;
+without it calls run back to back, and a rooted collective's calls overlap across ranks
+(a chain's root is free after one send). --window passes its --window: every rank starts
+each call at one instant, no barrier (with --fresh, as bench/peers times every system
+since session 59).
 
 --from-json builds the file from `tutti-bench --algo all --json` outputs instead of
 running anything (repeats of one configuration are medianed); --save DIR keeps each
@@ -56,7 +58,8 @@ def run_bench(a, transport, ranks, coll):
         path = f.name
     cmd = [os.path.join(a.build, "bench", "tutti-bench"), "-np", str(ranks), "--coll", coll,
            "--transport", transport, "--algo", "all", "-b", a.b, "-e", a.e, "-f", str(a.f),
-           "-n", str(a.n), "-w", str(a.w), "--json", path] + (["--fresh"] if a.fresh else [])
+           "-n", str(a.n), "-w", str(a.w), "--json", path] + (["--fresh"] if a.fresh else []) + (
+               ["--window"] if a.window else [])
     env = dict(os.environ)
     env.pop("TUTTI_COST_MODEL", None)
     env.pop("TUTTI_ALGO", None)
@@ -216,6 +219,7 @@ def main():
     p.add_argument("--cross", action="store_true")
     p.add_argument("--slack", type=float, default=0.10)
     p.add_argument("--fresh", action="store_true")
+    p.add_argument("--window", action="store_true")
     a = p.parse_args()
 
     groups = collections.defaultdict(list)  # (transport, ranks, coll) -> rows
