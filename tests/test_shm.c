@@ -1378,18 +1378,49 @@ static int ring_publish(void *ctx)
 enum { RING_CAP = 4096 };
 #define RING_KEY 0x5a17c0ffee123457ull
 
+/* The ring the ring tests hand to shm_recv_fuzz_input, and its direction. */
+static _Alignas(64) unsigned char ring_mem[RING_CAP];
+static shm_dir_t ring_dir;
+
+/* An empty ring at stream position pos: stale bytes (not zeros), head and tail at pos. */
+static unsigned char *ring_reset(uint64_t pos)
+{
+    memset(ring_mem, 0xa5, sizeof(ring_mem));
+    memset(&ring_dir, 0, sizeof(ring_dir));
+    ring_dir.key = RING_KEY;
+    atomic_store(&ring_dir.head, pos);
+    atomic_store(&ring_dir.tail, pos);
+    return ring_mem;
+}
+
+/* Receive r (from rank 1, expecting envelope {1, 2, 3, 4}) from the ring read from pos on,
+ * the head published at `head` (0: never); r's status. */
+static int ring_sweep(uint64_t pos, uint64_t head, tp_req_t *r)
+{
+    tutti_tp_host_v1_t host = { .size = sizeof(host),
+                                .abi_version = TUTTI_TRANSPORT_ABI_V1,
+                                .rank = 0,
+                                .nranks = 2,
+                                .timeout_ms = 1000,
+                                .log = ring_log,
+                                .error = ring_error };
+    r->peer = 1;
+    for (int k = 0; k < 4; k++)
+        r->env[k] = (uint64_t)k + 1;
+    ring_err[0] = '\0';
+    ring_peer_t peer = { .dir = &ring_dir, .head = head };
+    ck_assert_int_eq(shm_recv_fuzz_input(&host, &ring_dir, ring_mem, RING_CAP, 65536, pos, r, 1,
+                                         ring_publish, &peer),
+                     0);
+    return r->status;
+}
+
 /* One 5-byte record at stream position pos, stamped `stamp`, flagged whole; a receive
  * for it is posted and the ring swept (the head published at `head`, 0: never). The
  * receive's status, its buffer in got. */
 static int ring_receive(uint64_t pos, uint64_t stamp, uint64_t head, char got[6])
 {
-    static _Alignas(64) unsigned char ring[RING_CAP];
-    static shm_dir_t dir;
-    memset(ring, 0xa5, sizeof(ring)); /* not zeros: a stale lap's bytes */
-    memset(&dir, 0, sizeof(dir));
-    dir.key = RING_KEY;
-    atomic_store(&dir.head, pos);
-    atomic_store(&dir.tail, pos);
+    unsigned char *ring = ring_reset(pos);
     shm_hdr_t h;
     memset(&h, 0, sizeof(h));
     h.magic = SHM_REC_MAGIC;
@@ -1402,27 +1433,12 @@ static int ring_receive(uint64_t pos, uint64_t stamp, uint64_t head, char got[6]
     unsigned char *rec = ring + (pos & (RING_CAP - 1));
     memcpy(rec, &h, sizeof(h));
     memcpy(rec + SHM_HDR_BYTES, "hello", 5);
-    tutti_tp_host_v1_t host = { .size = sizeof(host),
-                                .abi_version = TUTTI_TRANSPORT_ABI_V1,
-                                .rank = 0,
-                                .nranks = 2,
-                                .timeout_ms = 1000,
-                                .log = ring_log,
-                                .error = ring_error };
     tp_req_t r;
     memset(&r, 0, sizeof(r));
     memset(got, 0, 6);
-    r.peer = 1;
     r.len = 5;
     r.buf = got;
-    for (int k = 0; k < 4; k++)
-        r.env[k] = (uint64_t)k + 1;
-    ring_err[0] = '\0';
-    ring_peer_t peer = { .dir = &dir, .head = head };
-    ck_assert_int_eq(shm_recv_fuzz_input(&host, &dir, ring, RING_CAP, 65536, pos, &r, 1,
-                                         ring_publish, &peer),
-                     0);
-    return r.status;
+    return ring_sweep(pos, head, &r);
 }
 
 START_TEST(ring_record_found_by_its_stamp)
@@ -1457,13 +1473,7 @@ END_TEST
 static int ring_receive_short(uint64_t pos, uint32_t len, const uint64_t renv[4], uint64_t digest,
                               size_t rlen, unsigned char got[64], tp_req_t *r)
 {
-    static _Alignas(64) unsigned char ring[RING_CAP];
-    static shm_dir_t dir;
-    memset(ring, 0xa5, sizeof(ring));
-    memset(&dir, 0, sizeof(dir));
-    dir.key = RING_KEY;
-    atomic_store(&dir.head, pos);
-    atomic_store(&dir.tail, pos);
+    unsigned char *ring = ring_reset(pos);
     shm_short_t h;
     memset(&h, 0, sizeof(h));
     h.magic = SHM_REC_MAGIC;
@@ -1478,26 +1488,11 @@ static int ring_receive_short(uint64_t pos, uint32_t len, const uint64_t renv[4]
     atomic_store(&h.stamp, pos ^ RING_KEY);
     memcpy(ring + (pos & (RING_CAP - 1)), &h, sizeof(h));
     memcpy(ring + ((pos + SHM_LINE) & (RING_CAP - 1)), renv, 4 * sizeof(uint64_t));
-    tutti_tp_host_v1_t host = { .size = sizeof(host),
-                                .abi_version = TUTTI_TRANSPORT_ABI_V1,
-                                .rank = 0,
-                                .nranks = 2,
-                                .timeout_ms = 1000,
-                                .log = ring_log,
-                                .error = ring_error };
     memset(r, 0, sizeof(*r));
     memset(got, 0xEE, 64);
-    r->peer = 1;
     r->len = rlen;
     r->buf = got + 1;
-    for (int k = 0; k < 4; k++)
-        r->env[k] = (uint64_t)k + 1;
-    ring_err[0] = '\0';
-    ring_peer_t peer = { .dir = &dir, .head = 0 };
-    ck_assert_int_eq(shm_recv_fuzz_input(&host, &dir, ring, RING_CAP, 65536, pos, r, 1,
-                                         ring_publish, &peer),
-                     0);
-    return r->status;
+    return ring_sweep(pos, 0, r);
 }
 
 START_TEST(ring_short_record)

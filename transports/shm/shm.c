@@ -603,6 +603,17 @@ static int rec_env(shm_link_t *L)
     return 0;
 }
 
+/* A record taken whole at once (pulled, or short): past it, and its receive done. */
+static void rec_done(shm_tp_t *tp, shm_link_t *L, tp_req_t *q)
+{
+    L->rx_pos += L->rx_span;
+    tp_req_pop(&L->rq_head, &L->rq_tail);
+    q->status = 0;
+    tp->completions++;
+    L->rhdr_valid = 0;
+    L->rhdr_matched = 0;
+}
+
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
@@ -677,14 +688,9 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             if (L->rhdr.type == SHM_REC_CMA) {
                 if (!link_pull(L, q))
                     break;
-                L->rx_pos += SHM_LINE; /* the whole record was published at once */
                 atomic_store(&L->rx->acked, ++L->rx_acked);
+                rec_done(tp, L, q); /* the whole record was published at once */
                 consumed = 1;
-                tp_req_pop(&L->rq_head, &L->rq_tail);
-                q->status = 0;
-                tp->completions++;
-                L->rhdr_valid = 0;
-                L->rhdr_matched = 0;
                 continue;
             }
             if (L->rhdr.type == SHM_REC_SHORT) { /* all in its first line */
@@ -694,13 +700,8 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 if (q->len > lo)
                     memcpy((char *)q->buf + lo, h->hi, q->len - lo);
                 q->xfer = q->len;
-                L->rx_pos += L->rx_span;
+                rec_done(tp, L, q);
                 consumed = 1;
-                tp_req_pop(&L->rq_head, &L->rq_tail);
-                q->status = 0;
-                tp->completions++;
-                L->rhdr_valid = 0;
-                L->rhdr_matched = 0;
                 if (!L->rq_head)
                     break;
                 continue;
