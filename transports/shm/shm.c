@@ -569,11 +569,11 @@ static int rec_ready(shm_link_t *L)
  * them before the stamp's line, so they come over while the poll waits for that one,
  * and the copy after the stamp finds them here instead of taking a transfer of its own.
  * 2-rank broadcast over shm, `--window`, alternating pairs, session 59: 64 and 128 B
- * 0.56 -> 0.45 and 0.58 -> 0.47 us (6 pairs), 256 B 0.56 -> 0.45 (16 pairs, median
- * ratio 0.88), 512 B and 1 KiB 0.96 and 0.85 (16 pairs each, a run mostly in the VM's
- * fast state, where a line moves between the CPUs quickly and prefetching gains
- * little). A prefetch of a line the sender is not done with costs it that line once
- * more; larger records, whose copy's loads go out together anyway, are left be. */
+ * 0.56 -> 0.45 and 0.58 -> 0.47 us (6 pairs); up to 17 lines against 3, 256 B, 512 B and
+ * 1 KiB 0.83, 0.88 and 0.84 of the time (8 pairs; docs/internals.md "Short records").
+ * Up to 65 lines gained nothing more: past 1 KiB the poll's prefetches take lines the
+ * sender is still writing (each such line costs it one more transfer), and the copy's
+ * own loads go out together anyway. */
 #define SHM_PREFETCH_MAX (17 * SHM_LINE - SHM_HDR_BYTES)
 static inline void rec_prefetch(const shm_link_t *L)
 {
