@@ -363,25 +363,26 @@ START_TEST(abi_withdrawn_pull_never_delivered)
 END_TEST
 
 /* Single copy on a hint (ABI 1.3): a send hinted TUTTI_TP_HINT_SINGLE_COPY of at least
- * TUTTI_SHM_CMA_HINT_BYTES (auto: 16 MiB where the ranks have a CPU each, 128 KiB where
+ * TUTTI_SHM_CMA_HINT_BYTES (auto: 16 MiB where the ranks have a CPU each, never where
  * they outnumber the CPUs) is published as a pull, so it is still pending after
  * post_send while nobody receives; unhinted, under the threshold, with the threshold 0,
  * or from a library whose requests have no hints field (req_size 0) it goes into the
  * ring and is done at once: the rings are made larger than the message where that is
  * the difference (a message larger than the ring is pending after post_send either
  * way). Either way the receiver gets every byte. pulled 2: pulled only where the 2
- * ranks have fewer CPUs than ranks (auto's 128 KiB), else streamed (auto's 16 MiB). */
+ * ranks have a CPU each (auto's 16 MiB), else streamed (auto's never): such a case runs
+ * again with both ranks pinned to one CPU. */
 static const struct hint_case {
     const char *what;
     int hinted, req_size, pulled;
     size_t len;
     const char *knobs;
 } hint_cases[] = {
-    { "hinted 16 MiB", 1, 1, 1, 16u << 20, "SHM_RING_BYTES=32M" },
-    { "hinted 16 MiB, auto", 1, 1, 1, 16u << 20, "SHM_CMA_HINT_BYTES=auto,SHM_RING_BYTES=32M" },
-    { "hinted 8 MiB, auto", 1, 1, 2, 8u << 20, "SHM_CMA_HINT_BYTES=auto,SHM_RING_BYTES=32M" },
+    { "hinted 16 MiB", 1, 1, 2, 16u << 20, "SHM_RING_BYTES=32M" },
+    { "hinted 16 MiB, auto", 1, 1, 2, 16u << 20, "SHM_CMA_HINT_BYTES=auto,SHM_RING_BYTES=32M" },
+    { "hinted 8 MiB, auto", 1, 1, 0, 8u << 20, "SHM_CMA_HINT_BYTES=auto,SHM_RING_BYTES=32M" },
     { "unhinted 128 KiB, threshold 64K", 0, 1, 0, 128u << 10, "SHM_CMA_HINT_BYTES=64K" },
-    { "hinted 64 KiB (under either auto size)", 1, 1, 0, 64u << 10, NULL },
+    { "hinted 64 KiB (under the auto size)", 1, 1, 0, 64u << 10, NULL },
     { "hinted 128 KiB, threshold 0", 1, 1, 0, 128u << 10, "SHM_CMA_HINT_BYTES=0" },
     { "hinted 32 KiB, threshold 16K", 1, 1, 1, 32u << 10, "SHM_CMA_HINT_BYTES=16K" },
     { "hinted 128 KiB from a library without hints, threshold 64K", 1, 0, 0, 128u << 10,
@@ -392,11 +393,24 @@ static int rank_tp_hint(int rank, int nranks, tutti_comm_t *comm, const char *di
 {
     (void)comm;
     shared_t *sh = arg;
-    const struct hint_case *c = &hint_cases[sh->arg];
+    const struct hint_case *c = &hint_cases[sh->arg & 0xff];
+    const int crowded = sh->arg >> 8; /* both ranks on one CPU (before create reads it) */
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
     void *tp = NULL;
+    cpu_set_t cpus;
     enlist(sh, rank);
+    FAIL_IF(sched_getaffinity(0, sizeof(cpus), &cpus) != 0, "sched_getaffinity");
+    if (crowded) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+            if (CPU_ISSET(cpu, &cpus)) {
+                CPU_SET(cpu, &one);
+                break;
+            }
+        FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "pin to one CPU");
+    }
     FAIL_IF(th_host_open(&t, dir, "hint/", rank, nranks, 10000) != 0, "host: %s", t.err);
     t.knobs = c->knobs;
     t.h.req_size = c->req_size ? sizeof(tutti_tp_req_v2_t) : 0;
@@ -411,12 +425,8 @@ static int rank_tp_hint(int rank, int nranks, tutti_comm_t *comm, const char *di
         r.hints = c->hinted ? TUTTI_TP_HINT_SINGLE_COPY : 0;
         FAIL_IF(ops->post_send(tp, &r) != 0, "%s: post_send", c->what);
         int pending = r.status == 1; /* published as a pull (else: copied into the ring) */
-        int want = c->pulled;
-        if (want == 2) {
-            cpu_set_t cpus;
-            want = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) < nranks;
-        }
-        FAIL_IF(pending != want, "%s: %s", c->what,
+        int want = c->pulled == 2 ? !crowded && CPU_COUNT(&cpus) >= nranks : c->pulled;
+        FAIL_IF(pending != want, "%s%s: %s", c->what, crowded ? ", ranks on one CPU" : "",
                 pending ? "pulled, where it should stream through the ring"
                         : "streamed through the ring, where it should be pulled");
         store_barrier(&t, "h1", nranks);
@@ -443,12 +453,14 @@ static int rank_tp_hint(int rank, int nranks, tutti_comm_t *comm, const char *di
 
 START_TEST(abi_single_copy_hint)
 {
-    for (int k = 0; k < (int)(sizeof(hint_cases) / sizeof(hint_cases[0])); k++) {
-        shared_t *sh;
-        int rc = run_shm(2, rank_tp_hint, k, 0, NULL, 30000, TH_NO_COMM, NULL, &sh);
-        ck_assert_msg(rc == 0, "%s", hint_cases[k].what);
-        ck_assert_int_eq(leftovers(sh, 2), 0);
-    }
+    for (int k = 0; k < (int)(sizeof(hint_cases) / sizeof(hint_cases[0])); k++)
+        for (int crowded = 0; crowded <= (hint_cases[k].pulled == 2); crowded++) {
+            shared_t *sh;
+            int rc = run_shm(2, rank_tp_hint, k | crowded << 8, 0, NULL, 30000, TH_NO_COMM, NULL,
+                             &sh);
+            ck_assert_msg(rc == 0, "%s%s", hint_cases[k].what, crowded ? ", one CPU" : "");
+            ck_assert_int_eq(leftovers(sh, 2), 0);
+        }
 }
 END_TEST
 

@@ -30,11 +30,13 @@
  * rank has a CPU, sender and receiver copy through a cache-hot ring at once, and two
  * copies beat or match one pull below 16 MiB here (2 ranks: allgather 0.7-0.9x the time at
  * 4-16 MiB, broadcast 0.3-0.8x at 2-16 MiB, alltoall and allreduce level; from 32 MiB the
- * alltoall's pulls win, 0.85-0.9x); where they do not, the ring's hand-offs wait for CPUs,
- * and pulls win from 128 KiB. */
+ * alltoall's pulls win, 0.85-0.9x). Where they do not, nothing is pulled: since a rank
+ * woken with bytes to move spins on (session 55) the ring's hand-offs no longer wait a
+ * sleep each, and streaming took 0.5-0.9x a pull's time at 1-256 MiB for all five
+ * collectives at 4 ranks on 2 CPUs (session 60; pulls had won there from 128 KiB). */
 #define SHM_CMA_HINT_AUTO ((size_t)-1)
 #define SHM_CMA_HINT_SPARE ((size_t)16 << 20)
-#define SHM_CMA_HINT_CROWDED ((size_t)128 << 10)
+#define SHM_CMA_HINT_CROWDED ((size_t)0)
 /* TUTTI_SHM_NT_STORES: how a sender stores a step of SHM_NT_MIN or more into the ring */
 #define SHM_NT_OFF 0  /* through the cache */
 #define SHM_NT_ON 1   /* streamed past it */
