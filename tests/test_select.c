@@ -513,17 +513,26 @@ START_TEST(defaults)
     /* allgather (n: the whole result), the same host: linear 3.5a + (3/4 + 3) n b/3 =
      * 3.5a + 0.25 ns/B; rd (4 ranks: each block a message, 12 in all) 2a + 12 / 2 a/2 +
      * 3/4 n b + n g = 5a + 0.2333 ns/B; ring 3a + 12 / 2 a/2 + 3/4 n b = 6a + 0.15 ns/B;
-     * pairwise the ring's with 0.9 b, 6a + 0.135 ns/B: linear below 2.5a / 0.115 ns/B =
-     * 21739 bytes, then pairwise (rd would pass linear only at 90000) */
+     * pairwise the shm alltoall's latency and 1.15 times the ring's bytes, 3a + 0.1725
+     * ns/B: pairwise (linear's 0.5a more latency and more bytes) below 3a / 0.0225 ns/B =
+     * 133333 bytes, then the ring (until session 60 pairwise counted the ring's latency
+     * and 0.9 b, and linear was picked below 21739 bytes) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "rd", 0, 4, 0) - 5.0 * sa) <
               1e-9);
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "pairwise", 1000, 4, 0) -
-                   (6.0 * sa + 0.9 * 750 * sb * 1e-3)) < 1e-9);
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16384, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21700, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 21780, 4), "pairwise");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 4), "pairwise");
+                   (3.0 * sa + 1.15 * 750 * sb * 1e-3)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_ALLGATHER, "linear", 1000, 4, 0) -
+                   (3.5 * sa + 3750 * sb / 3 * 1e-3)) < 1e-9);
+    for (size_t n = 16; n <= 65536; n *= 4)
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, n, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 133000, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 133700, 4), "ring");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16 << 20, 4), "ring");
+    /* 3 ranks on 2 CPUs: pairwise 2a + 1.15 (2/3) n b, linear 2a + 4 / 2 a/2 + (2/3 + 2)
+     * n b/3 */
+    shm_crowd.host_ranks = 3;
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 16, 3), "pairwise");
+    shm_crowd.host_ranks = 4;
     /* 2 ranks: the ring (pairwise would be its one exchange); over sockets never, nor
      * over shm with a CPU for every rank */
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLGATHER, 1 << 20, 2), "ring");
@@ -597,15 +606,18 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 19990, 4), "linear");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLGATHER, 20010, 4), "ring");
     /* reduce_scatter (n: the whole input), crowded over shm: linear 3.5a + 3 n (b/3 + g)
-     * + 3/4 n b/3 = 3.5a + 0.5 ns/B, pairwise 3a + 12 / 2 a/2 + 3 (0.9 n/4 b + n/4 g) =
-     * 6a + 0.1975 ns/B (the ring 6a + 0.2125): linear below 2.5a / 0.3025 ns/B = 8264 */
+     * + 3/4 n b/3 = 3.5a + 0.5 ns/B, pairwise (all its sends posted at once: the shm
+     * alltoall's latency) 3a + 3 (0.9 n/4 b + n/4 g) = 3a + 0.1975 ns/B, the ring 3a + 12
+     * / 2 a/2 + 0.2125 ns/B = 6a + 0.2125 ns/B: pairwise at every size (linear below 8264
+     * bytes until session 60, when pairwise counted the ring's latency) */
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE_SCATTER, "pairwise", 0, 4, 0) -
+                   3.0 * sa) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE_SCATTER, "ring", 0, 4, 0) -
                    6.0 * sa) < 1e-9);
     ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE_SCATTER, "linear", 4, 4, 0) -
                    (3.5 * sa + (12 * (sb / 3 + sg) + 3 * sb / 3) * 1e-3)) < 1e-9);
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 16, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 8250, 4), "linear");
-    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, 8280, 4), "pairwise");
+    for (size_t n = 16; n <= (size_t)1 << 24; n *= 4)
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE_SCATTER, n, 4), "pairwise");
     /* over sockets: linear 6 / 2 a + 3 n (b + g) + 3/4 n b = 3a + 2.125 ns/B, pairwise
      * 12 / 2 a + 0.4 ns/B: linear below 3a / 1.725 ns/B = 17391 bytes */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_REDUCE_SCATTER, "pairwise", 0, 4, 0) ==
@@ -665,16 +677,26 @@ START_TEST(defaults)
     ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_ALLREDUCE, 4, 2), "rd");
     /* reduce, crowded (4 ranks on 2 CPUs): the ring's reduce-scatter steps at ranks /
      * CPUs, 6a + 1.5 n (b + g) + 0.75 n b, against the tree's 2a + 2 n (b + g) (its
-     * rounds have 2 and 1 receivers): the tree from 64 KiB, over either (below it over
-     * sockets linear's 3 messages over 2 CPUs, 1.5a, against the tree's 2a; uncrowded,
-     * the ring from 2a / (0.5 b - 0.25 g) bytes). Above the 1 MiB channel the tree's
+     * rounds have 2 and 1 receivers): the tree from 64 KiB over sockets, where below it
+     * linear's 3 messages over 2 CPUs, 1.5a, beat the tree's 2a; uncrowded, the ring
+     * from 2a / (0.5 b - 0.25 g) bytes. Over shm linear, 1.75a + 3 n (b/3 + g) while its
+     * 3 n fit the root's cache (256 KiB), beats the tree to 87381 bytes, and from there
+     * its copies count b: the tree to 1 MiB. Above the 1 MiB channel the tree's
      * first-round senders copy beside its receivers (4 ranks at work on 2 CPUs): 2a +
      * n (2b + g) + n (b + g) = 2a + 3 n b + 2 n g, above the ring from 4a / (0.75 b -
      * 0.5 g) bytes (96000 over tcp, 20870 over shm): the ring just above 1 MiB */
     for (size_t bytes = 65536; bytes <= (1u << 20); bytes *= 4) {
-        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, bytes, 4), "tree");
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, bytes, 4),
+                         bytes <= 87381 ? "linear" : "tree");
         ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE, bytes, 4), "tree");
     }
+    for (size_t bytes = 4; bytes <= 87381; bytes *= 4)
+        ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, bytes, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, 87381, 4), "linear");
+    ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, 87382, 4), "tree");
+    ck_assert(fabs(tt_cost_estimate(&shm_crowd, TT_COLL_REDUCE, "linear", 1000, 4, 0) -
+                   (2.75 * sa + 3000 * (shm_crowd.beta_ns / 3 + shm_crowd.gamma_ns) * 1e-3)) <
+              1e-9);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_REDUCE, 4096, 4), "linear");
     for (size_t bytes = (1u << 20) + 4096; bytes <= (64u << 20); bytes *= 8) {
         ck_assert_str_eq(pick_c(&shm_crowd, TT_COLL_REDUCE, bytes, 4), "ring");

@@ -86,13 +86,20 @@
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
  *                    reduces in rank order: an op that does not commute takes it);
  *                    crowded, latency as the linear allreduce's with p - 1 messages,
- *                    but the root's copies at b, not b/3: with b/3 the model took it
- *                    over the ring at 3 ranks to 4 MiB, where at 1 MiB it took 229 us
- *                    against the ring's 184 (shm, 2 CPUs); at 4 B-2 KiB it took
- *                    0.6-1.6 us against the tree's 0.9-11 over shm, level over tcp
+ *                    and over shm the root's copies at b/3 while its p - 1 vectors
+ *                    fit its cache (256 KiB, root_copy_b), else at b: with b/3 at
+ *                    every size the model took it over the ring at 3 ranks to 4 MiB,
+ *                    where at 1 MiB it took 229 us against the ring's 184 (shm, 2
+ *                    CPUs). 4 ranks on 2 CPUs over shm, linear / tree p50 (session
+ *                    60, 5 alternating pairs): --window 0.72-0.76 at 1-16 KiB, level
+ *                    at 64 KiB-1 MiB; --fresh 0.62-0.69 at 1-16 KiB, 0.91 at 64 KiB,
+ *                    1.16 at 256 KiB: linear is picked to 85 KiB (with b for b/3
+ *                    until session 60, to 900 bytes). Over tcp at 4 B-2 KiB level
  * allgather  ring    (p-1)(a + n/p b)
- *            pairwise  the ring's, 0.9 b, over shared memory on a crowded host only
- *                    (every block posted at once; algorithms/allgather_pairwise.c)
+ *            pairwise  over shared memory on a crowded host only (every block posted at
+ *                    once; algorithms/allgather_pairwise.c): (p-1) a, the shm
+ *                    alltoall's latency, + 1.15 times the ring's bytes (p - 1 streams
+ *                    into each rank at once, against the ring's one)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
  *                    0, all of them back to each rank); on a crowded host the three
@@ -103,8 +110,15 @@
  *                    6.3-7.7; tcp 16 B 14.9, 32.9, 25.8 (30, 60, 60), 16 KiB 20.4,
  *                    35.7, 32.9. Over shm, crowded, the root copies at b/3 (in
  *                    its cache): the time grew 0.2 ns a byte from 16 to 64 KiB (the
- *                    model 0.25, at b 0.75); linear is picked to 25 KB, then the ring
- *                    (to 21.7 KB, then pairwise, from 3 ranks)
+ *                    model 0.25, at b 0.75). There pairwise is picked to 133 KB, then
+ *                    the ring (4 ranks on 2 CPUs). Session 60, 5 alternating pairs,
+ *                    pairwise / linear p50: --window 0.65-0.89 at 16 B-64 KiB; --fresh
+ *                    (a barrier before each call) 1.08-1.09 at 16 B-1 KiB, level at 4-16
+ *                    KiB, 0.91 at 64 KiB; ring / pairwise --window 1.04 at 64 KiB, 0.86
+ *                    at 256 KiB, 0.96 at 1 MiB, 0.69 at 4 MiB, 0.92 at 16 MiB (large
+ *                    messages streamed, no longer pulled: transports/shm/shm.h). Until
+ *                    then pairwise counted the ring's latency and 0.9 b, and linear was
+ *                    picked to 21.7 KB
  *            hier    H hosts of S ranks each only (else never): (H-1) max(x, l) + l, x =
  *                    a + S n/p b (a step across hosts: a block from each of the host's S
  *                    ranks on its link), l = (S-1)(a + n/p bl) (a ring within the host
@@ -113,6 +127,12 @@
  *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
  *                    previous step's on one link: it gets a 0.9 factor on the b term.
+ *                    Over shm its latency is the alltoall's, (p-1) a: it posts every
+ *                    send at once (4 ranks on 2 CPUs, pairwise / linear p50, session 60:
+ *                    --window 0.70-0.91 at 16 B-16 KiB, 0.51 at 64 KiB; --fresh
+ *                    1.08-1.11 at 16 B-1 KiB, 0.81-0.92 at 16-64 KiB; ring / pairwise
+ *                    --window 0.96-1.07 at 256 KiB-16 MiB): pairwise at every size there,
+ *                    where linear was picked to 8 KB
  *            linear  2 a + 2 (p-2) a/4 + (p-1) n (b + g) + (p-1)/p n b   (every input to
  *                    rank 0, which reduces them in turn and sends each rank its block).
  *                    On a crowded host the three count their latency as the barrier's,
@@ -399,14 +419,17 @@ static double crowd_factor(const tt_cost_t *c, int p)
     return tt_cost_crowded(c) ? (double)TT_MIN(c->host_ranks, p) / c->host_cpus : 1;
 }
 
-/* The per-byte cost (us) of a linear root's copies: on a crowded host over shared memory
- * a third of b. Its vectors are small enough to stay in its cache (b is a large buffer's
- * stream through a ring) and the receivers copy out on the other CPUs while it copies in
- * (the header's linear allreduce and allgather). Its reductions keep g. */
-static double root_copy_b(const tt_cost_t *c)
+/* The per-byte cost (us) of a linear root's copies of root_bytes in all: on a crowded
+ * host over shared memory a third of b while they fit its cache (TT_COST_ROOT_CACHE_BYTES;
+ * b is a large buffer's stream through a ring), as the receivers copy out on the other
+ * CPUs while it copies in (the header's linear allreduce, allgather and reduce). Its
+ * reductions keep g. */
+#define TT_COST_ROOT_CACHE_BYTES ((double)(256 << 10))
+static double root_copy_b(const tt_cost_t *c, double root_bytes)
 {
     double b = c->beta_ns * 1e-3;
-    return tt_cost_crowded(c) && c->local_only ? b / 3 : b;
+    return tt_cost_crowded(c) && c->local_only && root_bytes <= TT_COST_ROOT_CACHE_BYTES ? b / 3
+                                                                                         : b;
 }
 
 /* How many times a step that sends and receives at once counts its bytes: twice over
@@ -553,7 +576,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (n > TT_COST_SOCKET_BYTES ? socket_crowd(c, p) : 1) * (p - 1) * n *
-                       (root_copy_b(c) + g);
+                       (root_copy_b(c, (p - 1) * n) + g);
         if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds */
             return latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0) +
                    socket_crowd(c, p) *
@@ -596,7 +619,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return 2 * (p - 1) * a + crowd_factor(c, p) * fr * n * (loop_copies(c) * b + g) +
                    fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
-            return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) + (p - 1) * n * (b + g);
+            return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
+                   (p - 1) * n * (root_copy_b(c, (p - 1) * n) + g);
         break;
     case TT_COLL_SCAN:
     case TT_COLL_EXSCAN:
@@ -618,29 +642,31 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    fr * n * b + n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in n (p-1)/p, sends n to p - 1 ranks */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (fr + p - 1) * n * root_copy_b(c);
+                   (fr + p - 1) * n * root_copy_b(c, (fr + p - 1) * n);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 0);
-        /* the ring's messages, all posted at once; over shm, crowded, a receiver pulls
-         * each block from its owner whenever it runs, where a ring step waits for the
-         * block before it to land, and for its sender to get a CPU: 0.9 on b. Over
-         * sockets its p - 1 streams into each rank at once took 1.2-1.4x the ring's time
+        /* the ring's messages, all posted at once. Over shm, crowded: the shm alltoall's
+         * latency, (p - 1) a (no step waits for the one before it to land, nor for its
+         * sender to get a CPU), and 1.15 times the ring's bytes, its p - 1 streams into
+         * each rank at once against the ring's one, as the alltoall's over sockets (the
+         * header's allgather). Over sockets those streams took 1.2-1.4x the ring's time
          * at 4-16 MiB (4 ranks on 2 CPUs): never there; nor where every rank has a CPU
          * (not measured: the ring's steps then wait for no CPU). At 2 ranks it is the
          * ring's one exchange: left to the ring */
         if (!strcmp(algo, "pairwise") && c->local_only && tt_cost_crowded(c) && p > 2)
-            return latency(c, p, p - 1, (double)p * (p - 1), 0) + 0.9 * fr * n * b;
+            return (p - 1) * a + 1.15 * fr * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
             return latency(c, p, p - 1, (double)p * (p - 1), 0) +
                    (p - 1) * (n / p * b + n / p * g / k);
-        if (!strcmp(algo, "pairwise"))
-            return latency(c, p, p - 1, (double)p * (p - 1), 0) +
+        if (!strcmp(algo, "pairwise")) /* over shm the alltoall's latency (the header) */
+            return (c->local_only ? (p - 1) * a : latency(c, p, p - 1, (double)p * (p - 1), 0)) +
                    (p - 1) * (0.9 * n / p * b + n / p * g / k);
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (p - 1) * n * (root_copy_b(c) + g) + fr * n * root_copy_b(c);
+                   (p - 1) * n * (root_copy_b(c, (p - 1) * n) + g) +
+                   fr * n * root_copy_b(c, (p - 1) * n);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 1);
         break;
@@ -671,7 +697,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 rows, packs and sends columns */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (p - 1) * fr * n * (root_copy_b(c) + g);
+                   (p - 1) * fr * n * (root_copy_b(c, (p - 1) * fr * n) + g);
         break;
     }
     case TT_COLL_BARRIER: {
