@@ -12,7 +12,7 @@
  * 64 KiB 9.2 against 25.1, 256 KiB 31.5 against 80.2, 512 KiB 60 against 163, 1 MiB 184
  * against 319, 2 MiB 487 against 519; from 4 MiB pulled is faster (4 MiB 1938 against
  * 2408, 64 MiB 33.6 ms against 40.3). Since session 60 shm's `auto` pulls nothing on a
- * crowded host (streaming won at every size there), so this matters only where
+ * crowded host (streaming won at most sizes there), so this matters only where
  * TUTTI_SHM_CMA_HINT_BYTES is set.
  */
 #include <string.h>

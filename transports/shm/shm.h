@@ -32,8 +32,9 @@
  * 4-16 MiB, broadcast 0.3-0.8x at 2-16 MiB, alltoall and allreduce level; from 32 MiB the
  * alltoall's pulls win, 0.85-0.9x). Where they do not, nothing is pulled: since a rank
  * woken with bytes to move spins on (session 55) the ring's hand-offs no longer wait a
- * sleep each, and streaming took 0.5-0.9x a pull's time at 1-256 MiB for all five
- * collectives at 4 ranks on 2 CPUs (session 60; pulls had won there from 128 KiB). */
+ * sleep each, and streaming took 0.5-0.9x a pull's time at most sizes of 1-256 MiB at 4
+ * ranks on 2 CPUs, the pull ahead only for the alltoall at 4-16 MiB and the broadcast at
+ * 16 or 256 MiB, by 8-35 % (session 60; pulls had won there from 128 KiB). */
 #define SHM_CMA_HINT_AUTO ((size_t)-1)
 #define SHM_CMA_HINT_SPARE ((size_t)16 << 20)
 #define SHM_CMA_HINT_CROWDED ((size_t)0)
