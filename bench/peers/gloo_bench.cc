@@ -52,8 +52,7 @@
 #include "../../tools/bind.h"
 #include "peer.h"
 
-namespace
-{
+namespace {
 
 struct Config {
     peer_cfg_t p = peer_default_cfg();
@@ -63,7 +62,7 @@ struct Config {
     bool bind = false; // --bind: rank i held on the (i * ncpus / np)-th CPU (tutti-bench's)
 };
 
-const char *const kAlgos[] = { "ring", "ring_chunked", "halving_doubling", "bcube" };
+const char *const kAlgos[] = {"ring", "ring_chunked", "halving_doubling", "bcube"};
 
 void usage(FILE *f)
 {
@@ -99,7 +98,7 @@ struct Calls {
     Calls(const Config &cfg, const Ctx &ctx, size_t c, float *send, float *recv)
         : cfg(cfg), rank(ctx->rank), c(c), send(send), recv(recv)
     {
-        std::vector<float *> ptrs{ recv };
+        std::vector<float *> ptrs{recv};
         const int n = cfg.np, ic = (int)c;
         switch (cfg.p.coll) {
         case PEER_ALLREDUCE: algo = make_allreduce(ctx, ptrs, ic); break;
@@ -111,8 +110,8 @@ struct Calls {
                                                                      std::vector<int>(n, ic)));
             break;
         case PEER_ALLGATHER:
-            algo.reset(
-                new gloo::AllgatherRing<float>(ctx, std::vector<const float *>{ send }, recv, ic));
+            algo.reset(new gloo::AllgatherRing<float>(ctx, std::vector<const float *>{send}, recv,
+                                                      ic));
             break;
         case PEER_ALLTOALL:
             a2a.reset(new gloo::AlltoallOptions(ctx));
@@ -164,6 +163,7 @@ struct Calls {
         }
         algo->run();
     }
+
 };
 
 // In place over ranks: the per-iteration times by max (none: --window's loop had it),
@@ -171,7 +171,7 @@ struct Calls {
 void reduce_over_ranks(const Ctx &ctx, std::vector<double> &times, long long *wrong_p)
 {
     if (!times.empty()) {
-        std::vector<double *> ptrs{ times.data() };
+        std::vector<double *> ptrs{times.data()};
         gloo::AllreduceRing<double>(ctx, ptrs, (int)times.size(),
                                     gloo::ReductionFunction<double>::max)
             .run();
@@ -179,7 +179,7 @@ void reduce_over_ranks(const Ctx &ctx, std::vector<double> &times, long long *wr
     if (*wrong_p < 0)
         return;
     double w = (double)*wrong_p;
-    std::vector<double *> wp{ &w };
+    std::vector<double *> wp{&w};
     gloo::AllreduceRing<double>(ctx, wp, 1, gloo::ReductionFunction<double>::sum).run();
     *wrong_p = (long long)w;
 }
@@ -209,7 +209,7 @@ int window_call(void *p)
 
 int window_max(void *p, double *v, int n)
 {
-    std::vector<double *> ptrs{ v };
+    std::vector<double *> ptrs{v};
     gloo::AllreduceRing<double>(static_cast<WindowArg *>(p)->ctx, ptrs, n,
                                 gloo::ReductionFunction<double>::max)
         .run();
@@ -218,7 +218,7 @@ int window_max(void *p, double *v, int n)
 
 int window_bcast(void *p, double *v, int n)
 {
-    std::vector<double *> ptrs{ v };
+    std::vector<double *> ptrs{v};
     gloo::BroadcastOneToAll<double>(static_cast<WindowArg *>(p)->ctx, ptrs, n, 0).run();
     return 0;
 }
@@ -336,7 +336,7 @@ int run_rank(const Config &cfg, const std::string &dir, int rank)
     std::vector<std::string> done;
     for (int r = 0; r < cfg.np; r++)
         done.push_back("done/" + std::to_string(r));
-    store.set(done[(size_t)rank], std::vector<char>{ '1' });
+    store.set(done[(size_t)rank], std::vector<char>{'1'});
     store.wait(done);
     if (rank == 0)
         peer_print_summary(total_wrong);
@@ -444,7 +444,8 @@ int main(int argc, char **argv)
             break;
         if (p == 0) {
             if (!killed && now_us() > deadline) {
-                fprintf(stderr, "gloo-bench: timed out after %d s; killing ranks\n", cfg.timeout_s);
+                fprintf(stderr, "gloo-bench: timed out after %d s; killing ranks\n",
+                        cfg.timeout_s);
                 rc = 1;
                 killed = true;
                 for (pid_t q : pids)
