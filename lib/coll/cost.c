@@ -94,7 +94,8 @@
  *                    60, 5 alternating pairs): --window 0.72-0.76 at 1-16 KiB, level
  *                    at 64 KiB-1 MiB; --fresh 0.62-0.69 at 1-16 KiB, 0.91 at 64 KiB,
  *                    1.16 at 256 KiB: linear is picked to 85 KiB (with b for b/3
- *                    until session 60, to 900 bytes). Over tcp at 4 B-2 KiB level
+ *                    until session 60, to 900 bytes). Over tcp at 4 B-2 KiB the
+ *                    two were level
  * allgather  ring    (p-1)(a + n/p b)
  *            pairwise  over shared memory on a crowded host only (every block posted at
  *                    once; algorithms/allgather_pairwise.c): (p-1) a, the shm
@@ -478,6 +479,15 @@ static double socket_crowd(const tt_cost_t *c, int p)
     return crowded_sockets(c) ? crowd_factor(c, p) : 1;
 }
 
+/* The latency of an algorithm that posts all its p - 1 sends and receives at once (the
+ * pairwise alltoall, allgather and reduce-scatter): over shm (p - 1) a, no step waiting
+ * for the one before it nor for a sender to get a CPU (the header's alltoall); over
+ * sockets as p - 1 rounds of p (p - 1) messages. */
+static double all_posted_latency(const tt_cost_t *c, int p)
+{
+    return c->local_only ? (p - 1) * c->alpha_us : latency(c, p, p - 1, p * (p - 1.0), 0);
+}
+
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
                         size_t chunk);
 
@@ -654,15 +664,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
          * (not measured: the ring's steps then wait for no CPU). At 2 ranks it is the
          * ring's one exchange: left to the ring */
         if (!strcmp(algo, "pairwise") && c->local_only && tt_cost_crowded(c) && p > 2)
-            return (p - 1) * a + 1.15 * fr * n * b;
+            return all_posted_latency(c, p) + 1.15 * fr * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
             return latency(c, p, p - 1, (double)p * (p - 1), 0) +
                    (p - 1) * (n / p * b + n / p * g / k);
         if (!strcmp(algo, "pairwise")) /* over shm the alltoall's latency (the header) */
-            return (c->local_only ? (p - 1) * a : latency(c, p, p - 1, (double)p * (p - 1), 0)) +
-                   (p - 1) * (0.9 * n / p * b + n / p * g / k);
+            return all_posted_latency(c, p) + (p - 1) * (0.9 * n / p * b + n / p * g / k);
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (p - 1) * n * (root_copy_b(c, (p - 1) * n) + g) +
@@ -685,7 +694,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     }
     case TT_COLL_ALLTOALL: {
         /* pairwise and ring: p - 1 messages a rank */
-        double lat = c->local_only ? (p - 1) * a : latency(c, p, p - 1, p * (p - 1.0), 0);
+        double lat = all_posted_latency(c, p);
         /* crowded over sockets, pairwise's p - 1 streams at once against the ring's one
          * exchange a step: the header's alltoall */
         const int one_a_step = crowded_sockets(c);
