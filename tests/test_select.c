@@ -395,8 +395,13 @@ START_TEST(defaults)
          * once, a CPU each at a time, and no broadcast moves its bytes faster: n b (p -
          * 1) / CPUs = 1.5 n b for linear, a floor under the tree's 2 n b and the chain's
          * n b + its chunks; linear a + 3 / 2 a/2 = 1.75a against the tree's 2a and the
-         * chain's (3 + c - 1) a: linear at every size (measured: 4 B 0.24-0.43 us against
-         * the tree's 0.26-4.0 and the chain's 0.26-4.2; 256 MiB 83-89 ms, 112-123, 124-142) */
+         * chain's (3 + c - 1) a. Nothing is pulled there (shm's auto), so the root also
+         * copies the message into 3 rings itself, 3 n at b/3 while that fits its cache
+         * (256 KiB), else at b: linear to 87381 B (measured 4 B 0.24-0.43 us against
+         * the tree's 0.26-4.0 and the chain's 0.26-4.2; 64 KiB tree / linear 1.06-1.08),
+         * then the tree (3 n b against 2 n b; measured 0.82-1.05 at 256 KiB, 0.69-0.93
+         * from 1 MiB to 64 MiB, session 61). Crowded, the chain's bytes count at ranks /
+         * CPUs, 2 here (every rank copies in every step): never ahead of the tree. */
         tt_cost_t bc = tcp;
         bc.host_ranks = 4;
         bc.host_cpus = 2;
@@ -406,6 +411,11 @@ START_TEST(defaults)
                        2 * tcp.alpha_us) < 1e-9);
         ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, 4, 4), "tree");
         ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, 4096, 4), "tree");
+        /* and not the chain, whose bytes count twice here (measured over tcp, chain /
+         * tree: 1.25-1.47 at 256 KiB-1 MiB, 1.01-1.10 at 4-16 MiB with --window) */
+        for (size_t n = (size_t)256 << 10; n <= (size_t)64 << 20; n *= 4)
+            ck_assert_str_eq(tt_algo_select(NULL, &bc, TT_COLL_BROADCAST, n, 4, 256 << 10)->name,
+                             "tree");
         tt_cost_table(&bc, "shm");
         bc.host_ranks = 4;
         bc.host_cpus = 2;
@@ -415,8 +425,17 @@ START_TEST(defaults)
                        (1.75 * ba + 1500 * bb)) < 1e-9);
         ck_assert(fabs(tt_cost_estimate(&bc, TT_COLL_BROADCAST, "tree", 1000, 4, 0) -
                        (2 * ba + 2000 * bb)) < 1e-9);
-        for (size_t n = 4; n <= (size_t)256 << 20; n *= 4)
+        ck_assert(fabs(tt_cost_estimate(&bc, TT_COLL_BROADCAST, "linear", 1 << 20, 4, 0) -
+                       (1.75 * ba + 3 * (1 << 20) * bb)) < 1e-9);
+        for (size_t n = 4; n <= (size_t)64 << 10; n *= 4)
             ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, n, 4), "linear");
+        ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, 87380, 4), "linear");
+        ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, 87384, 4), "tree");
+        for (size_t n = (size_t)256 << 10; n <= (size_t)256 << 20; n *= 4)
+            ck_assert_str_eq(pick_c(&bc, TT_COLL_BROADCAST, n, 4), "tree");
+        /* the chain at 1 MiB in 256 KiB chunks: 6 steps, 6 a + 2 x 6 x 256 Ki b */
+        ck_assert(fabs(tt_cost_estimate(&bc, TT_COLL_BROADCAST, "chain", 1 << 20, 4, 256 << 10) -
+                       (6 * ba + 2 * 6 * (256 << 10) * bb)) < 1e-9);
         bc.host_cpus = 4; /* 4 ranks on 4 CPUs, or CPUs not known: not crowded */
         ck_assert(!tt_cost_crowded(&bc));
         bc.host_cpus = 0;

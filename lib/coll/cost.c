@@ -49,10 +49,23 @@
  *                    every receiver copies the message once (pulled from the root's
  *                    buffer from the CMA hint up, else out of its ring), the receivers
  *                    in parallel on the CPUs: (p - 1) / min(CPUs, p - 1) n b for linear
- *                    and a floor under the tree's and the chain's bytes. 4 ranks on 2
- *                    CPUs, p50 us, linear, tree, chain (3 runs): 4 B 0.24-0.43,
- *                    0.26-4.0, 0.26-4.2 (the tree and the chain wait for an inner rank
- *                    that may be off its CPU); 256 MiB 83-89 ms, 112-123, 124-142
+ *                    and a floor under the tree's and the chain's bytes. Crowded over
+ *                    shm nothing is pulled (shm's auto), so linear's root also copies
+ *                    the message into p - 1 rings, (p - 1) n at root_copy_b: linear to
+ *                    87381 B at 4 ranks on 2 CPUs, then the tree. And crowded, the
+ *                    chain's bytes count at ranks / CPUs (crowd_factor): every rank of
+ *                    it copies in every step, so the pipeline does not overlap there.
+ *                    4 ranks on 2 CPUs, p50 us, linear, tree, chain (3 runs, with
+ *                    pulls): 4 B 0.24-0.43, 0.26-4.0, 0.26-4.2 (the tree and the chain
+ *                    wait for an inner rank that may be off its CPU). Session 61, ab.sh
+ *                    --fresh, 5 pairs, tree / linear over shm, --window: 64 KiB
+ *                    1.05-1.08, 256 KiB 0.82 (0.77-1.12), 1 MiB 0.84-0.85, 4 MiB
+ *                    0.57-0.69, 16-64 MiB 0.87-0.88, 256 MiB 0.79 (0.72-1.18); with
+ *                    barriers 0.32-0.93 from 64 KiB, 256 MiB 1.06 (0.78-1.23). Chain /
+ *                    tree: shm --window 1.46, 0.96, 1.31, 1.11, 1.01 at 256 KiB-64 MiB
+ *                    (x4), barriers 2.89, 1.51, 0.99, 1.09, 1.05; tcp --window 1.25,
+ *                    1.47, 1.10, 1.01, 1.03, barriers 0.86, 1.33, 1.59, 1.05, 0.92 (the
+ *                    chain was picked over tcp from 1 MiB until then)
  * reduce     tree    L (a + n b + n g)
  *            ring    2(p-1) a + 2(p-1)/p n b + (p-1)/p n g
  *                    Crowded, the ring's reduce-scatter steps (every rank copies and
@@ -604,14 +617,19 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         double floor_b = c->local_only ? (p - 1) / cpus * n * b : 0;
         if (!strcmp(algo, "tree"))
             return L * a + TT_MAX(L * n * b, floor_b);
-        if (!strcmp(algo, "chain"))
+        if (!strcmp(algo, "chain")) /* crowded, every rank copies in every step */
             return (p - 1 + chunks - 1) * a +
-                   TT_MAX((p - 1 + chunks - 1) * TT_MIN(n, (double)(chunk ? chunk : bytes)) * b,
+                   TT_MAX((p - 1 + chunks - 1) * TT_MIN(n, (double)(chunk ? chunk : bytes)) * b *
+                              crowd_factor(c, p),
                           floor_b);
-        if (!strcmp(algo, "linear")) /* the root's sends queue on its socket or ring */
+        if (!strcmp(algo, "linear")) { /* the root's sends queue on its socket or ring */
+            /* crowded over shm nothing is pulled (shm's auto), so the root copies the
+             * message into every receiver's ring itself: (p - 1) n at root_copy_b */
+            double root_b = tt_cost_crowded(c) ? (p - 1) * n * root_copy_b(c, (p - 1) * n) : 0;
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
                    (tt_cost_crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
-                   (c->local_only ? floor_b : (p - 1) * n * b);
+                   (c->local_only ? TT_MAX(floor_b, root_b) : (p - 1) * n * b);
+        }
         break;
     }
     case TT_COLL_REDUCE:
