@@ -31,7 +31,9 @@
  *            ring trade places: run one at a time (sockets warmed by the smaller sizes
  *            or not), hd was level or ahead at 1 MiB (ring / hd 0.76-1.63); with --algo
  *            all, after the smaller sizes, the ring was ahead (1.0-1.5 ms against
- *            1.4-2.1, 10 sweeps)
+ *            1.4-2.1, 10 sweeps). Below 40 KiB linear's root copies at b/3
+ *            (root_copy_b, session 61: 34.9 us at 16 KiB, the model 58.7 at b, 42.3 at
+ *            b/3); the picks stay
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
  *                    carries across, bl the local transport's beta)
  *                    2(M-1)(a + m bl) + (M-1) m g         (ring reduce-scatter and
@@ -108,12 +110,17 @@
  *                    at 64 KiB-1 MiB; --fresh 0.62-0.69 at 1-16 KiB, 0.91 at 64 KiB,
  *                    1.16 at 256 KiB: linear is picked to 85 KiB (with b for b/3
  *                    until session 60, to 900 bytes). Over tcp at 4 B-2 KiB the
- *                    two were level
+ *                    two were level; crowded, its root copies at b/3 while each vector
+ *                    fits a socket's buffer (root_copy_b), linear to 40 KiB (session
+ *                    61, linear / tree, ab.sh --fresh, 5 pairs: --window 0.81-0.96 at
+ *                    16 B-16 KiB, 0.93 at 64 KiB; barriers 0.67-0.81)
  * allgather  ring    (p-1)(a + n/p b)
- *            pairwise  over shared memory on a crowded host only (every block posted at
- *                    once; algorithms/allgather_pairwise.c): (p-1) a, the shm
- *                    alltoall's latency, + 1.15 times the ring's bytes (p - 1 streams
- *                    into each rank at once, against the ring's one)
+ *            pairwise  on a crowded host only (every block posted at once;
+ *                    algorithms/allgather_pairwise.c): all_posted_latency ((p-1) a
+ *                    over shm, the shm alltoall's; over sockets the ring's less (p - 2)
+ *                    a: the ring's steps wait p - 1 times for a peer's turn on a CPU,
+ *                    its posts once) + 1.15 times the ring's bytes (p - 1 streams into
+ *                    each rank at once, against the ring's one)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
  *                    0, all of them back to each rank); on a crowded host the three
@@ -132,7 +139,14 @@
  *                    at 256 KiB, 0.96 at 1 MiB, 0.69 at 4 MiB, 0.92 at 16 MiB (large
  *                    messages streamed, no longer pulled: transports/shm/shm.h). Until
  *                    then pairwise counted the ring's latency and 0.9 b, and linear was
- *                    picked to 21.7 KB
+ *                    picked to 21.7 KB. Crowded over tcp (session 61; ab.sh --fresh
+ *                    --window, 5 pairs, 4 ranks on 2 CPUs): pairwise / linear 1.23-1.57
+ *                    at 4-32 KiB, 0.91 at 64 KiB; pairwise / ring 0.67 at 16-64 KiB,
+ *                    0.88 at 256 KiB, 1.18 at 1 MiB, 1.05-1.19 at 4-16 MiB. Linear's
+ *                    root copies there at b/3 while its messages fit a socket's buffer
+ *                    (root_copy_b: it grew 1.1 n b from 16 to 64 KiB, the model's 3.75
+ *                    n b had it 2x too slow at 16 KiB): linear to 40 KiB, pairwise to
+ *                    356 KB, then the ring (until then linear to 20 KB, then the ring)
  *            hier    H hosts of S ranks each only (else never): (H-1) max(x, l) + l, x =
  *                    a + S n/p b (a step across hosts: a block from each of the host's S
  *                    ranks on its link), l = (S-1)(a + n/p bl) (a ring within the host
@@ -142,7 +156,8 @@
  *                    different peer each step, so its messages do not queue behind the
  *                    previous step's on one link: it gets a 0.9 factor on the b term.
  *                    Over shm its latency is the alltoall's, (p-1) a: it posts every
- *                    send at once (4 ranks on 2 CPUs, pairwise / linear p50, session 60:
+ *                    send at once (over sockets, crowded, the ring's latency less (p-2)
+ *                    a, as the allgather's). 4 ranks on 2 CPUs, pairwise / linear p50, session 60:
  *                    --window 0.70-0.91 at 16 B-16 KiB, 0.51 at 64 KiB; --fresh
  *                    1.08-1.11 at 16 B-1 KiB, 0.81-0.92 at 16-64 KiB; ring / pairwise
  *                    --window 0.96-1.07 at 256 KiB-16 MiB): pairwise at every size there,
@@ -178,7 +193,12 @@
  *                    (0.92-1.64 over the repeats), 256 KiB-1 MiB 0.72-1.17 (--fresh
  *                    0.72-0.93, back to back 0.99-1.17), 4-16 MiB 1.05-1.35; the median
  *                    of the 24 cells 1.17 (session 35: the ring 10-30 % faster at 16-64
- *                    KiB). As the pairwise allgather, which is never picked there
+ *                    KiB). Session 61 (ab.sh --fresh --window, 5 pairs) measured the
+ *                    other way: ring / pairwise 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256
+ *                    KiB-4 MiB, 1.08 at 16 MiB; pairwise now counts the ring's latency
+ *                    less (p - 2) a there (all_posted_latency: its posts wait for the
+ *                    CPUs once, the ring's steps p - 1 times) and takes blocks of 13.6
+ *                    KB (linear below) to 88.9 KB, the ring beyond
  *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
  *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
@@ -193,7 +213,11 @@
  *                    2 CPUs over tcp, p50 us, n 16 B-16 KiB: 28-49 against Bruck's 40-61
  *                    and pairwise's 44-83; 64 KiB 87-100 against the ring's 58-81. Over shm,
  *                    crowded, level with pairwise (6.4-9.0 against 7.0-9.9, and once 7.3
- *                    against 5.9): its rounds keep pairwise's one there
+ *                    against 5.9): its rounds keep pairwise's one there. Crowded over
+ *                    sockets its root copies at b/3 while its messages fit a socket's
+ *                    buffer (root_copy_b; 16 KiB: 32.8 us against the model's 51.5 at
+ *                    b): linear to blocks of 13.6 KB (pairwise / linear 1.07-1.27 at
+ *                    4-32 KiB, 0.95 at 64 KiB)
  * scan and exscan    linear  (p - 1 + c - 1)(a + min(n, chunk)(b + g))   (a chain in
  *                    rank order in c chunks: each rank reduces its input into the prefix
  *                    it got and passes it on)
@@ -433,17 +457,25 @@ static double crowd_factor(const tt_cost_t *c, int p)
     return tt_cost_crowded(c) ? (double)TT_MIN(c->host_ranks, p) / c->host_cpus : 1;
 }
 
-/* The per-byte cost (us) of a linear root's copies of root_bytes in all: on a crowded
- * host over shared memory a third of b while they fit its cache (TT_COST_ROOT_CACHE_BYTES;
- * b is a large buffer's stream through a ring), as the receivers copy out on the other
- * CPUs while it copies in (the header's linear allreduce, allgather and reduce). Its
- * reductions keep g. */
+/* The per-byte cost (us) of a linear root's copies of root_bytes in all, in messages of
+ * up to msg_bytes: on a crowded host a third of b (b is a large buffer's stream through
+ * a ring or a socket) while the receivers copy out on the other CPUs as it copies in,
+ * or its senders wrote their messages and left (the header's linear allreduce,
+ * allgather and reduce). Over shared memory while the root's bytes fit its cache
+ * (TT_COST_ROOT_CACHE_BYTES); over sockets alone (not "shm+tcp") while each message fits
+ * what a loopback socket takes in before its reader runs (TT_COST_SOCKET_BYTES, below):
+ * beyond it a sender writes only as fast as the root reads. Else b. Its reductions
+ * keep g. */
 #define TT_COST_ROOT_CACHE_BYTES ((double)(256 << 10))
-static double root_copy_b(const tt_cost_t *c, double root_bytes)
+#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
+static double root_copy_b(const tt_cost_t *c, double root_bytes, double msg_bytes)
 {
     double b = c->beta_ns * 1e-3;
-    return tt_cost_crowded(c) && c->local_only && root_bytes <= TT_COST_ROOT_CACHE_BYTES ? b / 3
-                                                                                         : b;
+    if (!tt_cost_crowded(c))
+        return b;
+    if (c->local_only)
+        return root_bytes <= TT_COST_ROOT_CACHE_BYTES ? b / 3 : b;
+    return !c->local_beta_ns && msg_bytes <= TT_COST_SOCKET_BYTES ? b / 3 : b;
 }
 
 /* How many times a step that sends and receives at once counts its bytes: twice over
@@ -486,7 +518,6 @@ static int crowded_sockets(const tt_cost_t *c)
  * fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1): the root alone copies and reduces.
  * Beyond it a sender writes only as fast as the root reads, and all ranks are at work.
  * Over shm the allreduces' picks were measured without. */
-#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
 static double socket_crowd(const tt_cost_t *c, int p)
 {
     return crowded_sockets(c) ? crowd_factor(c, p) : 1;
@@ -495,10 +526,15 @@ static double socket_crowd(const tt_cost_t *c, int p)
 /* The latency of an algorithm that posts all its p - 1 sends and receives at once (the
  * pairwise alltoall, allgather and reduce-scatter): over shm (p - 1) a, no step waiting
  * for the one before it nor for a sender to get a CPU (the header's alltoall); over
- * sockets as p - 1 rounds of p (p - 1) messages. */
+ * sockets as p - 1 rounds of p (p - 1) messages, less p - 2 a on a crowded host, where
+ * the ring's steps wait p - 1 times for a peer's turn on a CPU and these once (the
+ * header's allgather). */
 static double all_posted_latency(const tt_cost_t *c, int p)
 {
-    return c->local_only ? (p - 1) * c->alpha_us : latency(c, p, p - 1, p * (p - 1.0), 0);
+    if (c->local_only)
+        return (p - 1) * c->alpha_us;
+    return latency(c, p, p - 1, p * (p - 1.0), 0) -
+           (crowded_sockets(c) ? (p - 2) * c->alpha_us : 0);
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -599,7 +635,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (n > TT_COST_SOCKET_BYTES ? socket_crowd(c, p) : 1) * (p - 1) * n *
-                       (root_copy_b(c, (p - 1) * n) + g);
+                       (root_copy_b(c, (p - 1) * n, n) + g);
         if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds */
             return latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0) +
                    socket_crowd(c, p) *
@@ -625,7 +661,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "linear")) { /* the root's sends queue on its socket or ring */
             /* crowded over shm nothing is pulled (shm's auto), so the root copies the
              * message into every receiver's ring itself: (p - 1) n at root_copy_b */
-            double root_b = tt_cost_crowded(c) ? (p - 1) * n * root_copy_b(c, (p - 1) * n) : 0;
+            double root_b = tt_cost_crowded(c) ? (p - 1) * n * root_copy_b(c, (p - 1) * n, n) : 0;
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
                    (tt_cost_crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
                    (c->local_only ? TT_MAX(floor_b, root_b) : (p - 1) * n * b);
@@ -648,7 +684,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
-                   (p - 1) * n * (root_copy_b(c, (p - 1) * n) + g);
+                   (p - 1) * n * (root_copy_b(c, (p - 1) * n, n) + g);
         break;
     case TT_COLL_SCAN:
     case TT_COLL_EXSCAN:
@@ -670,7 +706,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    fr * n * b + n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in n (p-1)/p, sends n to p - 1 ranks */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (fr + p - 1) * n * root_copy_b(c, (fr + p - 1) * n);
+                   (fr + p - 1) * n * root_copy_b(c, (fr + p - 1) * n, n);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 0);
         /* the ring's messages, all posted at once. Over shm, crowded: the shm alltoall's
@@ -681,7 +717,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
          * at 4-16 MiB (4 ranks on 2 CPUs): never there; nor where every rank has a CPU
          * (not measured: the ring's steps then wait for no CPU). At 2 ranks it is the
          * ring's one exchange: left to the ring */
-        if (!strcmp(algo, "pairwise") && c->local_only && tt_cost_crowded(c) && p > 2)
+        if (!strcmp(algo, "pairwise") && (c->local_only || crowded_sockets(c)) &&
+            tt_cost_crowded(c) && p > 2)
             return all_posted_latency(c, p) + 1.15 * fr * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:
@@ -692,8 +729,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return all_posted_latency(c, p) + (p - 1) * (0.9 * n / p * b + n / p * g / k);
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (p - 1) * n * (root_copy_b(c, (p - 1) * n) + g) +
-                   fr * n * root_copy_b(c, (p - 1) * n);
+                   (p - 1) * n * (root_copy_b(c, (p - 1) * n, n) + g) +
+                   fr * n * root_copy_b(c, (p - 1) * n, n);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 1);
         break;
@@ -711,7 +748,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         break;
     }
     case TT_COLL_ALLTOALL: {
-        /* pairwise and ring: p - 1 messages a rank */
+        /* pairwise and ring: p - 1 messages a rank; the ring's steps wait each for the
+         * one before (over shm both count (p - 1) a: the header's alltoall) */
         double lat = all_posted_latency(c, p);
         /* crowded over sockets, pairwise's p - 1 streams at once against the ring's one
          * exchange a step: the header's alltoall */
@@ -719,12 +757,13 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "pairwise"))
             return lat + (one_a_step ? 1.15 : 1) * fr * n * b;
         if (!strcmp(algo, "ring"))
-            return lat + (one_a_step ? fr : (p - 1) / 2.0) * n * b;
+            return (c->local_only ? lat : latency(c, p, p - 1, p * (p - 1.0), 0)) +
+                   (one_a_step ? fr : (p - 1) / 2.0) * n * b;
         if (!strcmp(algo, "bruck"))
             return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 rows, packs and sends columns */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
-                   (p - 1) * fr * n * (root_copy_b(c, (p - 1) * fr * n) + g);
+                   (p - 1) * fr * n * (root_copy_b(c, (p - 1) * fr * n, fr * n) + g);
         break;
     }
     case TT_COLL_BARRIER: {
