@@ -709,14 +709,14 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                    (fr + p - 1) * n * root_copy_b(c, (fr + p - 1) * n, n);
         if (!strcmp(algo, "hier"))
             return hier_ag_rs_cost(c, n, p, 0);
-        /* the ring's messages, all posted at once. Over shm, crowded: the shm alltoall's
-         * latency, (p - 1) a (no step waits for the one before it to land, nor for its
-         * sender to get a CPU), and 1.15 times the ring's bytes, its p - 1 streams into
-         * each rank at once against the ring's one, as the alltoall's over sockets (the
-         * header's allgather). Over sockets those streams took 1.2-1.4x the ring's time
-         * at 4-16 MiB (4 ranks on 2 CPUs): never there; nor where every rank has a CPU
-         * (not measured: the ring's steps then wait for no CPU). At 2 ranks it is the
-         * ring's one exchange: left to the ring */
+        /* the ring's messages, all posted at once, on a crowded host: all_posted_latency
+         * (no step waits for the one before it to land, nor for its sender to get a
+         * CPU), and 1.15 times the ring's bytes, its p - 1 streams into each rank at once
+         * against the ring's one, as the alltoall's over sockets (the header's
+         * allgather; over sockets it took 1.2-1.4x the ring's time at 4-16 MiB). Not
+         * where every rank has a CPU (not measured: the ring's steps then wait for no
+         * CPU), nor with shm beside tcp. At 2 ranks it is the ring's one exchange: left
+         * to the ring */
         if (!strcmp(algo, "pairwise") && (c->local_only || crowded_sockets(c)) &&
             tt_cost_crowded(c) && p > 2)
             return all_posted_latency(c, p) + 1.15 * fr * n * b;
