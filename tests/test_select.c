@@ -694,7 +694,7 @@ START_TEST(defaults)
      * to 13653), 3a + 9/4 n (b + g) beyond: linear to blocks of 13653 (measured tcp
      * pairwise / linear 1.07-1.27 at 4-32 KiB, 0.95 at 64 KiB: 16 KiB blocks), then
      * pairwise; the ring's 6a + 3/4 n b from 2a / (0.15 x 3/4 b) = 355556 bytes, blocks
-     * of 88889 (ring / pairwise 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256 KiB-4 MiB,
+     * of 88889 (pairwise / ring 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256 KiB-4 MiB,
      * 1.08 at 16 MiB) */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 4 * ta);
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * ta);

@@ -194,7 +194,7 @@
  *                    0.72-0.93, back to back 0.99-1.17), 4-16 MiB 1.05-1.35; the median
  *                    of the 24 cells 1.17 (session 35: the ring 10-30 % faster at 16-64
  *                    KiB). Session 61 (ab.sh --fresh --window, 5 pairs) measured the
- *                    other way: ring / pairwise 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256
+ *                    other way: pairwise / ring 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256
  *                    KiB-4 MiB, 1.08 at 16 MiB; pairwise now counts the ring's latency
  *                    less (p - 2) a there (all_posted_latency: its posts wait for the
  *                    CPUs once, the ring's steps p - 1 times) and takes blocks of 13.6
