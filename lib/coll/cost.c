@@ -523,18 +523,22 @@ static double socket_crowd(const tt_cost_t *c, int p)
     return crowded_sockets(c) ? crowd_factor(c, p) : 1;
 }
 
+/* The latency of p - 1 steps of one exchange each, as the alltoall's ring counts it: over
+ * shm (p - 1) a (the header's alltoall), over sockets p - 1 rounds of p (p - 1)
+ * messages. */
+static double steps_latency(const tt_cost_t *c, int p)
+{
+    return c->local_only ? (p - 1) * c->alpha_us : latency(c, p, p - 1, p * (p - 1.0), 0);
+}
+
 /* The latency of an algorithm that posts all its p - 1 sends and receives at once (the
- * pairwise alltoall, allgather and reduce-scatter): over shm (p - 1) a, no step waiting
- * for the one before it nor for a sender to get a CPU (the header's alltoall); over
- * sockets as p - 1 rounds of p (p - 1) messages, less p - 2 a on a crowded host, where
- * the ring's steps wait p - 1 times for a peer's turn on a CPU and these once (the
- * header's allgather). */
+ * pairwise alltoall, allgather and reduce-scatter): the steps', no step waiting for the
+ * one before it nor for a sender to get a CPU; on a crowded host over sockets (p - 2) a
+ * less, where the ring's steps wait p - 1 times for a peer's turn on a CPU and these
+ * once (the header's allgather). */
 static double all_posted_latency(const tt_cost_t *c, int p)
 {
-    if (c->local_only)
-        return (p - 1) * c->alpha_us;
-    return latency(c, p, p - 1, p * (p - 1.0), 0) -
-           (crowded_sockets(c) ? (p - 2) * c->alpha_us : 0);
+    return steps_latency(c, p) - (crowded_sockets(c) ? (p - 2) * c->alpha_us : 0);
 }
 
 static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, size_t bytes, int p,
@@ -660,8 +664,11 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
                           floor_b);
         if (!strcmp(algo, "linear")) { /* the root's sends queue on its socket or ring */
             /* crowded over shm nothing is pulled (shm's auto), so the root copies the
-             * message into every receiver's ring itself: (p - 1) n at root_copy_b */
-            double root_b = tt_cost_crowded(c) ? (p - 1) * n * root_copy_b(c, (p - 1) * n, n) : 0;
+             * message into every receiver's ring itself: (p - 1) n at root_copy_b. Over
+             * sockets b (its queued sends lost to the tree at b/3 too: the header) */
+            double root_b = c->local_only && tt_cost_crowded(c)
+                                ? (p - 1) * n * root_copy_b(c, (p - 1) * n, n)
+                                : 0;
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
                    (tt_cost_crowded(c) && !c->local_only ? (p - 2) * a / 4 : 0) +
                    (c->local_only ? TT_MAX(floor_b, root_b) : (p - 1) * n * b);
@@ -757,8 +764,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "pairwise"))
             return lat + (one_a_step ? 1.15 : 1) * fr * n * b;
         if (!strcmp(algo, "ring"))
-            return (c->local_only ? lat : latency(c, p, p - 1, p * (p - 1.0), 0)) +
-                   (one_a_step ? fr : (p - 1) / 2.0) * n * b;
+            return steps_latency(c, p) + (one_a_step ? fr : (p - 1) / 2.0) * n * b;
         if (!strcmp(algo, "bruck"))
             return latency(c, p, L, (double)p * L, 0) + L * n / 2 * b + (L + 2) * n * g;
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 rows, packs and sends columns */
