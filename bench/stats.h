@@ -120,7 +120,12 @@ static inline int bench_window_keep(double *v, int n)
     return k;
 }
 
-/* warmup untimed calls (at least one: their slowest, over ranks, sets the gap), then
+/* warmup untimed calls (at least one: their slowest, over ranks, sets the gap; with two
+ * or more, the slowest after the first, whose one-off costs (a buffer's first touch, a
+ * connection's first large message: 0.35-2 ms here, where the calls after it took 5-200
+ * us) would put every rank to sleep between the timed calls of the first size of a run,
+ * the others not: 13 us against 6 for a 4-rank shm allreduce of 4 B, Open MPI's as
+ * tutti's), then
  * iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
  * INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
  * of the last try; *gap_p: its gap, us. -1: an op failed, its nonzero return in *err_p
@@ -141,7 +146,8 @@ static inline int bench_window_times(const bench_window_ops_t *o, int rank, int 
         if ((st = o->call(o->ctx)) != 0)
             return *err_p = st, -1;
         t = now_us() - t;
-        w = t > w ? t : w;
+        if (i > 0 || warmup < 2) /* the first call's one-off costs set no gap */
+            w = t > w ? t : w;
     }
     w += prep;
     if ((st = o->max(o->ctx, &w, 1)) != 0)
