@@ -56,7 +56,7 @@ static inline void print_column_titles(void)
  * host (network namespaces do). A call a rank reached after its start (descheduled, or
  * the gap too short) is late and left out; when more than a tenth are late, the loop
  * runs again with the gap doubled, up to BENCH_WINDOW_TRIES times in all. */
-#define BENCH_WINDOW_TRIES 4
+#define BENCH_WINDOW_TRIES 8
 #define BENCH_WINDOW_LEAD_US 2000.0 /* from rank 0's reading of T0 to T0 */
 
 /* What a harness gives the window loop; each returns 0 or its library's error. */
