@@ -122,7 +122,7 @@ static inline int bench_window_keep(double *v, int n)
 
 /* warmup untimed calls (at least one: their slowest, over ranks, sets the gap; with two
  * or more, the slowest after the first, whose one-off costs (a buffer's first touch, a
- * connection's first large message: 0.35-2 ms here, where the calls after it took 5-200
+ * connection's first large message: 0.35-6.8 ms here, where the calls after it took 5-300
  * us) would put every rank to sleep between the timed calls of the first size of a run,
  * the others not: 13 us against 6 for a 4-rank shm allreduce of 4 B, Open MPI's as
  * tutti's), then
