@@ -756,13 +756,12 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     }
     case TT_COLL_ALLTOALL: {
         /* pairwise and ring: p - 1 messages a rank; the ring's steps wait each for the
-         * one before (over shm both count (p - 1) a: the header's alltoall) */
-        double lat = all_posted_latency(c, p);
-        /* crowded over sockets, pairwise's p - 1 streams at once against the ring's one
-         * exchange a step: the header's alltoall */
+         * one before (over shm both count (p - 1) a: the header's alltoall). Crowded over
+         * sockets, pairwise's p - 1 streams at once against the ring's one exchange a
+         * step: the header's alltoall */
         const int one_a_step = crowded_sockets(c);
         if (!strcmp(algo, "pairwise"))
-            return lat + (one_a_step ? 1.15 : 1) * fr * n * b;
+            return all_posted_latency(c, p) + (one_a_step ? 1.15 : 1) * fr * n * b;
         if (!strcmp(algo, "ring"))
             return steps_latency(c, p) + (one_a_step ? fr : (p - 1) / 2.0) * n * b;
         if (!strcmp(algo, "bruck"))
