@@ -219,6 +219,7 @@ typedef struct shm_link {
     tp_req_t *sq_head, *sq_tail; /* queued, the head possibly half written */
     tp_req_t *aq_head, *aq_tail; /* pulls published, waiting for their ack */
     uint64_t tx_pos, tx_tail_seen;
+    uint64_t tx_pf; /* ring lines before this position were prefetched for writing */
     uint64_t tx_rec, tx_span, tx_sent; /* current record: start, size, bytes written */
     int tx_cur_cma;
     int tx_started;
