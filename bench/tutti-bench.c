@@ -1305,9 +1305,11 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
     row->best = 0;
     row->model = -1;
     /* The algorithms take turns, ALGO_ROUNDS rounds of iters/ALGO_ROUNDS calls each (the
-     * warm-up before the first round, one untimed call before each later one), so a
+     * warm-up before the first round, two untimed calls before each later one), so a
      * host that drifts between a fast and a slow state within the row slows them all
-     * alike rather than whichever ran then. */
+     * alike rather than whichever ran then. Two, not one: under --window the gap comes
+     * from the untimed calls after the first (bench_window_times), and the first call of
+     * a communicator that sat idle while the others ran is its slowest. */
     const int rounds = algo_rounds(cfg);
     double *times = malloc(sizeof(double) * (size_t)cfg->iters * (size_t)set->nalgos);
     long long *wrong = calloc((size_t)set->nalgos, sizeof(*wrong));
@@ -1322,7 +1324,7 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
         for (int a = 0; a < set->nalgos; a++) {
             b->comm = set->comms[a];
             long long w;
-            if (time_calls(b, row->count, row->bytes, 0, r ? 1 : cfg->warmup, part,
+            if (time_calls(b, row->count, row->bytes, 0, r ? 2 : cfg->warmup, part,
                            times + (size_t)a * (size_t)cfg->iters + done, cfg->check && last,
                            &w) != TUTTI_OK) {
                 free(times);

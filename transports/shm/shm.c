@@ -3,6 +3,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -367,11 +370,12 @@ static inline void tx_prefetch(shm_link_t *L, uint64_t span)
     for (uint64_t p = lo; p < hi; p += SHM_LINE) {
         const char *line = (const char *)L->txring + (p & L->mask);
 #if defined(__x86_64__)
-        /* PREFETCHW (for ownership); a no-op on CPUs without it */
-        __asm__ volatile("prefetchw %0" ::"m"(*line));
-#else
-        __builtin_prefetch(line, 1, 3);
+        if (L->tp->prefetchw) { /* for ownership, whatever -march the build had */
+            __asm__ volatile("prefetchw %0" ::"m"(*line));
+            continue;
+        }
 #endif
+        __builtin_prefetch(line, 1, 3);
     }
     if (hi > L->tx_pf)
         L->tx_pf = hi;
@@ -1305,6 +1309,10 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
         shm_destroy(tp);
         return st;
     }
+#if defined(__x86_64__)
+    unsigned int eax, ebx, ecx, edx;
+    tp->prefetchw = __get_cpuid(0x80000001u, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 8));
+#endif
     tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;

@@ -276,6 +276,7 @@ struct shm_tp {
     size_t ring_bytes;
     size_t step;   /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
     int nt_stores; /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
+    int prefetchw; /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */
