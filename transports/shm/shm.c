@@ -358,7 +358,7 @@ static void short_put(shm_link_t *L, const tp_req_t *r)
  * published, they come while the rank does other work. Not for smaller records: a waiting
  * receive prefetches their lines itself (rec_prefetch), and the two fought (a 1 KiB
  * broadcast took 1.12-1.25x the time). Not for larger ones: 4 KiB records and up
- * (allreduce 4-256 KiB at 2 ranks) took 1.14-1.17x in the VM's slow state, the
+ * (allreduce 4-256 KiB at 2 ranks) took 1.12-1.17x in the VM's slow state, the
  * prefetches competing with the rank's own copies. Lines prefetched before (tx_pf) are
  * not issued again. */
 #define SHM_TX_PREFETCH_MIN (17u * SHM_LINE) /* rec_prefetch's largest record */
