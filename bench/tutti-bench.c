@@ -1309,7 +1309,8 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
      * host that drifts between a fast and a slow state within the row slows them all
      * alike rather than whichever ran then. Two, not one: under --window the gap comes
      * from the untimed calls after the first (bench_window_times), and the first call of
-     * a communicator that sat idle while the others ran is its slowest. */
+     * a communicator that sat idle while the others ran may pay one-off costs, as a
+     * run's first call does (not measured here: hd's place in the sweep did not move). */
     const int rounds = algo_rounds(cfg);
     double *times = malloc(sizeof(double) * (size_t)cfg->iters * (size_t)set->nalgos);
     long long *wrong = calloc((size_t)set->nalgos, sizeof(*wrong));
