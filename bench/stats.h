@@ -8,6 +8,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 static inline double now_us(void)
@@ -57,6 +58,7 @@ static inline void print_column_titles(void)
  * the gap too short) is late and left out; when more than a tenth are late, the loop
  * runs again with the gap doubled, up to BENCH_WINDOW_TRIES times in all. */
 #define BENCH_WINDOW_TRIES 8
+#define BENCH_WINDOW_SEEN 256       /* warm-up calls kept for their median */
 #define BENCH_WINDOW_LEAD_US 2000.0 /* from rank 0's reading of T0 to T0 */
 
 /* What a harness gives the window loop; each returns 0 or its library's error. */
@@ -68,14 +70,21 @@ typedef struct bench_window_ops {
     int (*bcast)(void *ctx, double *v, int n); /* rank 0's values to every rank */
 } bench_window_ops_t;
 
-/* Waits for instant t (now_us's clock): sleeps to 200 us before it, yields to 5 us
- * before, then spins. 1 if it was already past t (late), else 0. */
-static inline int bench_window_wait(double t)
+/* A half sleeps between its timed calls only if its median warm-up call (over ranks,
+ * the largest; with the --fresh refill) took this long: a wake-up costs every system
+ * alike some 20-30 us here, and which side of the line a half falls must not hang on
+ * one slow warm-up call (bench_window_times). */
+#define BENCH_WINDOW_SLEEP_US 250.0
+
+/* Waits for instant t (now_us's clock): if may_sleep, sleeps to 200 us before it (when
+ * over 300 us remain); yields to 5 us before, then spins. 1 if it was already past t
+ * (late), else 0. */
+static inline int bench_window_wait(double t, int may_sleep)
 {
     double now = now_us();
     if (now > t)
         return 1;
-    if (t - now > 300.0) {
+    if (may_sleep && t - now > 300.0) {
         double until = t - 200.0;
         struct timespec ts;
         ts.tv_sec = (time_t)(until / 1e6);
@@ -93,6 +102,8 @@ static inline int bench_window_wait(double t)
 /* Over a run: late calls left out, calls timed, the widest gap (us); one process's. */
 static long long bench_window_late_n, bench_window_timed_n;
 static double bench_window_gap_max;
+/* halves timed, and those whose ranks slept between calls (BENCH_WINDOW_SLEEP_US) */
+static long long bench_window_halves_n, bench_window_slept_n;
 
 static inline void bench_window_tally(int late, int iters, double gap)
 {
@@ -106,8 +117,9 @@ static inline void bench_window_print(void)
 {
     if (bench_window_timed_n)
         printf("# Window: %lld of %lld timed calls left out (a rank late for its start); widest "
-               "gap %.0f us\n",
-               bench_window_late_n, bench_window_timed_n, bench_window_gap_max);
+               "gap %.0f us; %lld of %lld halves slept between calls\n",
+               bench_window_late_n, bench_window_timed_n, bench_window_gap_max,
+               bench_window_slept_n, bench_window_halves_n);
 }
 
 /* Moves the finite values of v[0..n) to its front, in order; returns their count. */
@@ -125,8 +137,11 @@ static inline int bench_window_keep(double *v, int n)
  * connection's first large message: 0.35-6.8 ms here, where the calls after it took 5-300
  * us) would put every rank to sleep between the timed calls of the first size of a run,
  * the others not: 13 us against 6 for a 4-rank shm allreduce of 4 B, Open MPI's as
- * tutti's), then
- * iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
+ * tutti's); their median (over ranks, the largest) decides whether a rank may sleep
+ * while it waits (BENCH_WINDOW_SLEEP_US: the slowest decided it, through the gap, until
+ * session 64, and one slow warm-up call of 19 put a 4-rank tcp alltoall of 64 KiB to
+ * sleep between calls in one run and not the next: 75-90 us against 56, Open MPI's as
+ * tutti's); then iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
  * INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
  * of the last try; *gap_p: its gap, us. -1: an op failed, its nonzero return in *err_p
  * (a library's codes may be negative, as tutti's, or positive, as MPI's). */
@@ -141,17 +156,27 @@ static inline int bench_window_times(const bench_window_ops_t *o, int rank, int 
             return *err_p = st, -1;
         prep = now_us() - t;
     }
+    double seen[BENCH_WINDOW_SEEN];
+    int nseen = 0;
     for (int i = 0; i < (warmup > 0 ? warmup : 1); i++) {
         t = now_us();
         if ((st = o->call(o->ctx)) != 0)
             return *err_p = st, -1;
         t = now_us() - t;
-        if (i > 0 || warmup < 2) /* the first call's one-off costs set no gap */
+        if (i > 0 || warmup < 2) { /* the first call's one-off costs set no gap */
             w = t > w ? t : w;
+            if (nseen < BENCH_WINDOW_SEEN)
+                seen[nseen++] = t;
+        }
     }
-    w += prep;
-    if ((st = o->max(o->ctx, &w, 1)) != 0)
+    qsort(seen, (size_t)nseen, sizeof seen[0], cmp_double);
+    double wv[2] = { w + prep, seen[(nseen - 1) / 2] + prep }; /* slowest, median */
+    if ((st = o->max(o->ctx, wv, 2)) != 0)
         return *err_p = st, -1;
+    w = wv[0];
+    const int may_sleep = wv[1] >= BENCH_WINDOW_SLEEP_US;
+    bench_window_halves_n++;
+    bench_window_slept_n += may_sleep;
     double gap = 2.0 * w + 50.0;
     int valid = 0;
     for (int try_ = 0; try_ < BENCH_WINDOW_TRIES; try_++, gap *= 2.0) {
@@ -162,7 +187,7 @@ static inline int bench_window_times(const bench_window_ops_t *o, int rank, int 
             if (o->prepare && (st = o->prepare(o->ctx)) != 0)
                 return *err_p = st, -1;
             double start = t0 + (double)i * gap;
-            int late = bench_window_wait(start);
+            int late = bench_window_wait(start, may_sleep);
             if ((st = o->call(o->ctx)) != 0)
                 return *err_p = st, -1;
             times[i] = late ? INFINITY : now_us() - start;

@@ -42,4 +42,15 @@ nalgos=$(awk '/^# +size .* root / { for (i = 1; i <= NF; i++) { if ($i == "faste
                                   if (on) n++; if ($i == "root") on = 1 } }' "$out")
 [ "${nalgos:-0}" -ge 2 ] || fail "--algo all: no algorithms in the titles: $(grep size "$out")"
 [ "$2" = $((7 * nalgos)) ] || fail "--algo all --window timed $2 calls, expected 7 x $nalgos"
+# whether ranks sleep between timed calls follows the median warm-up call (bench/stats.h
+# BENCH_WINDOW_SLEEP_US, 250 us), not the slowest: a 4-byte allreduce (tens of us in any
+# build) does not sleep in either half, a 32 MiB one (ms) does in both
+timeout 100 "$bench" -np 2 --coll allreduce --window -c -b 4 -e 4 -n 20 -w 9 -t 90 >"$out" 2>&1 ||
+    fail "allreduce 4 B --window: exit $?: $(tail -n 5 "$out")"
+grep -q "; 0 of 2 halves slept between calls" "$out" ||
+    fail "allreduce 4 B: ranks slept between calls: $(grep '^# Window' "$out")"
+timeout 100 "$bench" -np 2 --coll allreduce --window -c -b 32M -e 32M -n 3 -w 2 -t 90 >"$out" 2>&1 ||
+    fail "allreduce 32 MiB --window: exit $?: $(tail -n 5 "$out")"
+grep -q "; 2 of 2 halves slept between calls" "$out" ||
+    fail "allreduce 32 MiB: ranks did not sleep between calls: $(grep '^# Window' "$out")"
 echo "ok: tutti-bench --window (broadcast: $late_b of 200 late; --algo all: $1 of $2)"
