@@ -138,7 +138,9 @@ run_one() {
             print s, n, c, f, $1, $(10 + o), $(6 + o), $(11 + o), $(9 + o), r }' \
         "$log" >>"$results"
     # --window: the calls a late rank left out ("# Window: L of T timed calls ...")
-    [ -n "${window:-}" ] && awk -v s="$sys" '/^# Window:/ { print s, $3, $5 }' "$log" >>"$work/window"
+    [ -n "${window:-}" ] && awk -v s="$sys" '/^# Window:/ {
+        slept = $(NF - 1) == "between" ? $(NF - 6) " " $(NF - 4) : ""; print s, $3, $5, slept }' \
+        "$log" >>"$work/window"
     return 0
 }
 
