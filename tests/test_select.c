@@ -689,26 +689,30 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1, p), "pairwise");
     /* crowded over sockets, 4 ranks on 2 CPUs: pairwise's 12 messages over 2 CPUs less
      * the 2a its one round of posts saves against the ring's steps (session 61), 4a +
-     * 1.15 x 3/4 n b; Bruck's 8, 4a + n (b + 4g), never below pairwise; linear's 6, 3a +
-     * 9/4 n (b/3 + g) while its messages (3/4 n) fit a socket's buffer (40 KiB: blocks
-     * to 13653), 3a + 9/4 n (b + g) beyond: linear to blocks of 13653 (measured tcp
-     * pairwise / linear 1.07-1.27 at 4-32 KiB, 0.95 at 64 KiB: 16 KiB blocks), then
-     * pairwise; the ring's 6a + 3/4 n b from 2a / (0.15 x 3/4 b) = 355556 bytes, blocks
-     * of 88889 (pairwise / ring 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256 KiB-4 MiB,
-     * 1.08 at 16 MiB) */
+     * 3/4 n b, and 0.15 x 3/4 b a byte beyond 4 blocks of 1 MiB (session 64); Bruck's 8,
+     * 4a + n (b + 4g), never below pairwise; linear's 6, 3a + 9/4 n (b/3 + g) while its
+     * messages (3/4 n) fit a socket's buffer (40 KiB: blocks to 13653), 3a + 9/4 n
+     * (b + g) beyond: linear while a > 9/4 n g, to n = 53333, blocks of 13333 (measured
+     * tcp pairwise / linear 1.07-1.27 at 4-32 KiB, 0.95 at 64 KiB: 16 KiB blocks), then
+     * pairwise; the ring's 6a + 3/4 n b from 4 MiB + 2a / (0.15 x 3/4 b) = 4549860
+     * bytes, blocks of 1137465 (pairwise / ring 0.63 at 512 KiB, 0.71 at 1 MiB, 0.83 at
+     * 2, 1.01 at 4, 1.11 at 8, 1.15 at 16) */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 4 * ta);
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * ta);
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "linear", 1000, 4, 0) -
                    (3 * ta + 9000 * (tb / 3 + tg))) < 1e-9);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 16, 4), "linear");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 13652, 4), "linear");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 13656, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 13332, 4), "linear");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 13335, 4), "pairwise");
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "ring", 1000, 4, 0) -
                    (6 * ta + 3000 * tb)) < 1e-9);
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 1000, 4, 0) -
-                   (4 * ta + 1.15 * 3000 * tb)) < 1e-9);
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 88884, 4), "pairwise");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 88892, 4), "ring");
+                   (4 * ta + 3000 * tb)) < 1e-9);
+    ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 2 << 20, 4, 0) -
+                   (4 * ta + 0.75 * (8 << 20) * tb + 0.15 * 0.75 * (4 << 20) * tb)) < 1e-6);
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 88892, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 1137460, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 1137470, 4), "ring");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 4 << 20, 4), "ring");
     ck_assert(fabs(tt_cost_estimate(&tcp, TT_COLL_ALLTOALL, "ring", 1000, 4, 0) -
                    (3 * ta + 6000 * tb)) < 1e-9);

@@ -197,8 +197,13 @@
  *                    other way: pairwise / ring 0.63-0.84 at 16-64 KiB, 0.97-1.02 at 256
  *                    KiB-4 MiB, 1.08 at 16 MiB; pairwise now counts the ring's latency
  *                    less (p - 2) a there (all_posted_latency: its posts wait for the
- *                    CPUs once, the ring's steps p - 1 times) and takes blocks of 13.6
- *                    KB (linear below) to 88.9 KB, the ring beyond
+ *                    CPUs once, the ring's steps p - 1 times). Session 64 (ab.sh, 6
+ *                    pairs, 4 ranks, --fresh --window), pairwise / ring: 0.63 at n 512
+ *                    KiB, 0.71 at 1 MiB, 0.83 at 2, 1.01 at 4, 1.11 at 8, 1.15 at 16
+ *                    (spreads 0.46-1.10 at 1 MiB, 1.11-1.20 at 16): the streams cost
+ *                    nothing more until a block passes 1 MiB (TT_COST_STREAM_BYTES),
+ *                    then 0.15 fr b a byte beyond p blocks of it. Pairwise takes blocks
+ *                    of 13.6 KB (linear below) to 1.09 MB, the ring beyond
  *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
  *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
@@ -497,6 +502,11 @@ static double loop_copies(const tt_cost_t *c)
  * on a crowded host the round has twice its receivers at work (the header's reduce;
  * crowd_factor is 1 elsewhere). */
 #define TT_COST_CHANNEL_BYTES ((double)(1 << 20))
+
+/* Crowded over sockets, the pairwise alltoall's p - 1 streams into each rank at once cost
+ * no more than the ring's one exchange a step while a peer's block is up to this; beyond,
+ * 15 % more a byte (the header's alltoall) */
+#define TT_COST_STREAM_BYTES ((double)(1 << 20))
 static int tree_senders_copy(double n)
 {
     return n > TT_COST_CHANNEL_BYTES;
@@ -760,8 +770,9 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
          * sockets, pairwise's p - 1 streams at once against the ring's one exchange a
          * step: the header's alltoall */
         const int one_a_step = crowded_sockets(c);
-        if (!strcmp(algo, "pairwise"))
-            return all_posted_latency(c, p) + (one_a_step ? 1.15 : 1) * fr * n * b;
+        if (!strcmp(algo, "pairwise")) /* its streams' extra over the ring's bytes */
+            return all_posted_latency(c, p) + fr * n * b +
+                   (one_a_step ? 0.15 * fr * TT_MAX(0.0, n - p * TT_COST_STREAM_BYTES) * b : 0);
         if (!strcmp(algo, "ring"))
             return steps_latency(c, p) + (one_a_step ? fr : (p - 1) / 2.0) * n * b;
         if (!strcmp(algo, "bruck"))
