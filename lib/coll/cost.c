@@ -120,7 +120,10 @@
  *                    over shm, the shm alltoall's; over sockets the ring's less (p - 2)
  *                    a: the ring's steps wait p - 1 times for a peer's turn on a CPU,
  *                    its posts once) + 1.15 times the ring's bytes (p - 1 streams into
- *                    each rank at once, against the ring's one)
+ *                    each rank at once, against the ring's one); over sockets 1.2 times
+ *                    (session 64, ab.sh, 6-8 pairs, 4 ranks on 2 CPUs over tcp, pairwise
+ *                    / ring: 0.70 at 64 KiB, 0.87 at 128, 1.01-1.18 at 256, 1.10-1.19 at
+ *                    512, 1.10-1.24 at 1-16 MiB; 1.15 put the ring from 356 KB, now 267)
  *            rd      L a + (p-1)/p n b + n g     (Bruck: a local rotation at the end)
  *            linear  2 a + 2 (p-2) a/4 + (p-1)/p n b + (p-1) n b   (every block to rank
  *                    0, all of them back to each rank); on a crowded host the three
@@ -736,7 +739,7 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
          * to the ring */
         if (!strcmp(algo, "pairwise") && (c->local_only || crowded_sockets(c)) &&
             tt_cost_crowded(c) && p > 2)
-            return all_posted_latency(c, p) + 1.15 * fr * n * b;
+            return all_posted_latency(c, p) + (c->local_only ? 1.15 : 1.2) * fr * n * b;
         break;
     case TT_COLL_REDUCE_SCATTER:
         if (!strcmp(algo, "ring"))
