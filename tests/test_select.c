@@ -689,14 +689,14 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_ALLTOALL, 1, p), "pairwise");
     /* crowded over sockets, 4 ranks on 2 CPUs: pairwise's 12 messages over 2 CPUs less
      * the 2a its one round of posts saves against the ring's steps (session 61), 4a +
-     * 3/4 n b, and 0.15 x 3/4 b a byte beyond 4 blocks of 1 MiB (session 64); Bruck's 8,
+     * 3/4 n b, and 0.15 x 3/4 b a byte beyond 4 blocks of 512 KiB (session 64); Bruck's 8,
      * 4a + n (b + 4g), never below pairwise; linear's 6, 3a + 9/4 n (b/3 + g) while its
      * messages (3/4 n) fit a socket's buffer (40 KiB: blocks to 13653), 3a + 9/4 n
      * (b + g) beyond: linear while a > 9/4 n g, to n = 53333, blocks of 13333 (measured
      * tcp pairwise / linear 1.07-1.27 at 4-32 KiB, 0.95 at 64 KiB: 16 KiB blocks), then
-     * pairwise; the ring's 6a + 3/4 n b from 4 MiB + 2a / (0.15 x 3/4 b) = 4549860
-     * bytes, blocks of 1137465 (pairwise / ring 0.63 at 512 KiB, 0.71 at 1 MiB, 0.83 at
-     * 2, 1.01 at 4, 1.11 at 8, 1.15 at 16) */
+     * pairwise; the ring's 6a + 3/4 n b from 2 MiB + 2a / (0.15 x 3/4 b) = 2452708
+     * bytes, blocks of 613177 (pairwise / ring 0.63 at 512 KiB, 0.71-0.73 at 1 MiB,
+     * 0.83-1.00 at 2, 1.01-1.11 at 4, 1.11 at 8, 1.15 at 16) */
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 0, 4, 0) == 4 * ta);
     ck_assert(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "bruck", 0, 4, 0) == 4 * ta);
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "linear", 1000, 4, 0) -
@@ -709,10 +709,10 @@ START_TEST(defaults)
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 1000, 4, 0) -
                    (4 * ta + 3000 * tb)) < 1e-9);
     ck_assert(fabs(tt_cost_estimate(&crowd, TT_COLL_ALLTOALL, "pairwise", 2 << 20, 4, 0) -
-                   (4 * ta + 0.75 * (8 << 20) * tb + 0.15 * 0.75 * (4 << 20) * tb)) < 1e-6);
+                   (4 * ta + 0.75 * (8 << 20) * tb + 0.15 * 0.75 * (6 << 20) * tb)) < 1e-6);
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 88892, 4), "pairwise");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 1137460, 4), "pairwise");
-    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 1137470, 4), "ring");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 613170, 4), "pairwise");
+    ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 613180, 4), "ring");
     ck_assert_str_eq(pick_c(&crowd, TT_COLL_ALLTOALL, 4 << 20, 4), "ring");
     ck_assert(fabs(tt_cost_estimate(&tcp, TT_COLL_ALLTOALL, "ring", 1000, 4, 0) -
                    (3 * ta + 6000 * tb)) < 1e-9);

@@ -203,10 +203,11 @@
  *                    CPUs once, the ring's steps p - 1 times). Session 64 (ab.sh, 6
  *                    pairs, 4 ranks, --fresh --window), pairwise / ring: 0.63 at n 512
  *                    KiB, 0.71 at 1 MiB, 0.83 at 2, 1.01 at 4, 1.11 at 8, 1.15 at 16
- *                    (spreads 0.46-1.10 at 1 MiB, 1.11-1.20 at 16): the streams cost
- *                    nothing more until a block passes 1 MiB (TT_COST_STREAM_BYTES),
+ *                    (spreads 0.46-1.10 at 1 MiB, 1.11-1.20 at 16; a second run, 8
+ *                    pairs: 0.73 at 1 MiB, 1.00 at 2, 1.11 at 4): the streams cost
+ *                    nothing more until a block passes 512 KiB (TT_COST_STREAM_BYTES),
  *                    then 0.15 fr b a byte beyond p blocks of it. Pairwise takes blocks
- *                    of 13.6 KB (linear below) to 1.09 MB, the ring beyond
+ *                    of 13.3 KB (linear below) to 613 KB, the ring beyond
  *            bruck   L rounds of about half the blocks, p L messages: latency + L n/2 b,
  *                    and its copies into and out of the packed scratch, (L + 2) n at g (a
  *                    copy streams through the cache as a reduction does). 4 ranks on 2
@@ -507,9 +508,11 @@ static double loop_copies(const tt_cost_t *c)
 #define TT_COST_CHANNEL_BYTES ((double)(1 << 20))
 
 /* Crowded over sockets, the pairwise alltoall's p - 1 streams into each rank at once cost
- * no more than the ring's one exchange a step while a peer's block is up to this; beyond,
+ * no more than the ring's one exchange a step while a peer's block is up to this (512
+ * KiB: 4 ranks, pairwise / ring 0.71-0.73 at n 1 MiB, 0.83-1.00 at 2, 1.01-1.11 at 4 in
+ * two runs of ab.sh); beyond,
  * 15 % more a byte (the header's alltoall) */
-#define TT_COST_STREAM_BYTES ((double)(1 << 20))
+#define TT_COST_STREAM_BYTES ((double)(512 << 10))
 static int tree_senders_copy(double n)
 {
     return n > TT_COST_CHANNEL_BYTES;
