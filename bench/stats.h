@@ -141,8 +141,8 @@ static inline int bench_window_keep(double *v, int n)
  * while it waits (BENCH_WINDOW_SLEEP_US: the slowest decided it, through the gap, until
  * session 64, and one slow warm-up call of 19 put a 4-rank tcp alltoall of 64 KiB to
  * sleep between calls in one run and not the next: 75-90 us against 56, Open MPI's as
- * tutti's); then iters timed ones on the window schedule: times[i] the per-iteration max over ranks,
- * INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
+ * tutti's); then iters timed ones on the window schedule: times[i] the per-iteration
+ * max over ranks, INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
  * of the last try; *gap_p: its gap, us. -1: an op failed, its nonzero return in *err_p
  * (a library's codes may be negative, as tutti's, or positive, as MPI's). */
 static inline int bench_window_times(const bench_window_ops_t *o, int rank, int warmup, int iters,

@@ -508,10 +508,9 @@ static double loop_copies(const tt_cost_t *c)
 #define TT_COST_CHANNEL_BYTES ((double)(1 << 20))
 
 /* Crowded over sockets, the pairwise alltoall's p - 1 streams into each rank at once cost
- * no more than the ring's one exchange a step while a peer's block is up to this (512
- * KiB: 4 ranks, pairwise / ring 0.71-0.73 at n 1 MiB, 0.83-1.00 at 2, 1.01-1.11 at 4 in
- * two runs of ab.sh); beyond,
- * 15 % more a byte (the header's alltoall) */
+ * no more than the ring's one exchange a step while a peer's block is up to this (4
+ * ranks, pairwise / ring 0.71-0.73 at n 1 MiB, 0.83-1.00 at 2, 1.01-1.11 at 4 in two
+ * runs of ab.sh); beyond, 15 % more a byte (the header's alltoall) */
 #define TT_COST_STREAM_BYTES ((double)(512 << 10))
 static int tree_senders_copy(double n)
 {
