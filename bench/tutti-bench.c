@@ -1310,7 +1310,9 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
      * alike rather than whichever ran then. Two, not one: under --window the gap comes
      * from the untimed calls after the first (bench_window_times), and the first call of
      * a communicator that sat idle while the others ran may pay one-off costs, as a
-     * run's first call does (not measured here: hd's place in the sweep did not move). */
+     * run's first call does. Over tcp hd still pays for the turns themselves, untimed
+     * calls or not (two communicators both running hd, taking turns, 1.2-1.5x hd alone:
+     * docs/benchmarks.md, session 64), so the sweep under-rates it there. */
     const int rounds = algo_rounds(cfg);
     double *times = malloc(sizeof(double) * (size_t)cfg->iters * (size_t)set->nalgos);
     long long *wrong = calloc((size_t)set->nalgos, sizeof(*wrong));

@@ -733,9 +733,9 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return hier_ag_rs_cost(c, n, p, 0);
         /* the ring's messages, all posted at once, on a crowded host: all_posted_latency
          * (no step waits for the one before it to land, nor for its sender to get a
-         * CPU), and 1.15 times the ring's bytes, its p - 1 streams into each rank at once
-         * against the ring's one, as the alltoall's over sockets (the header's
-         * allgather; over sockets it took 1.2-1.4x the ring's time at 4-16 MiB). Not
+         * CPU), and 1.15 times the ring's bytes over shm, 1.2 over sockets, for its p - 1
+         * streams into each rank at once against the ring's one (the header's allgather;
+         * over sockets it took 1.10-1.24x the ring's time at 512 KiB-16 MiB). Not
          * where every rank has a CPU (not measured: the ring's steps then wait for no
          * CPU), nor with shm beside tcp. At 2 ranks it is the ring's one exchange: left
          * to the ring */
