@@ -76,6 +76,14 @@ typedef struct bench_window_ops {
  * one slow warm-up call (bench_window_times). */
 #define BENCH_WINDOW_SLEEP_US 250.0
 
+/* --gap US (every harness): timed calls start at least US apart, as an application's own
+ * work between its collectives would space them (0: the gap above alone); the ranks
+ * sleep through it, a CPU idle between calls, unless --gap-busy has them spin (a CPU
+ * busy). Calls after an idle gap are slower here, and each system by its own amount
+ * (docs/benchmarks.md, session 65). */
+static double bench_window_min_gap_us;
+static int bench_window_gap_busy;
+
 /* Waits for instant t (now_us's clock): if may_sleep, sleeps to 200 us before it (when
  * over 300 us remain); yields to 5 us before, then spins. 1 if it was already past t
  * (late), else 0. */
@@ -174,10 +182,12 @@ static inline int bench_window_times(const bench_window_ops_t *o, int rank, int 
     if ((st = o->max(o->ctx, wv, 2)) != 0)
         return *err_p = st, -1;
     w = wv[0];
-    const int may_sleep = wv[1] >= BENCH_WINDOW_SLEEP_US;
+    const int may_sleep = !bench_window_gap_busy &&
+                          (wv[1] >= BENCH_WINDOW_SLEEP_US || bench_window_min_gap_us > 0.0);
     bench_window_halves_n++;
     bench_window_slept_n += may_sleep;
     double gap = 2.0 * w + 50.0;
+    gap = gap < bench_window_min_gap_us ? bench_window_min_gap_us : gap;
     int valid = 0;
     for (int try_ = 0; try_ < BENCH_WINDOW_TRIES; try_++, gap *= 2.0) {
         double t0 = rank == 0 ? now_us() + BENCH_WINDOW_LEAD_US + gap : 0.0;

@@ -194,6 +194,10 @@ static void usage(FILE *f)
         "                      clock (T0 + i x gap) and times it from there, instead of\n"
         "                      from its exit from --sync's barrier (whose exit order a\n"
         "                      rooted call would measure); ranks on one host only\n"
+        "  --gap US            (--window) timed calls start at least US microseconds\n"
+        "                      apart, the ranks asleep in between, as an application's\n"
+        "                      own work between collectives would space them\n"
+        "  --gap-busy          the ranks spin through --gap instead of sleeping\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
         "                      uint16, int32, uint32, int64, uint64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
@@ -353,6 +357,14 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->fresh = cfg->sync = 1;
         } else if (FLAG("--window", "--window")) {
             cfg->window = 1;
+        } else if (FLAG("--gap", "--gap")) { /* implies --window */
+            int us = 0;
+            VALUE();
+            bad = parse_int(v, 1, &us);
+            bench_window_min_gap_us = us;
+            cfg->window = 1;
+        } else if (FLAG("--gap-busy", "--gap-busy")) {
+            bench_window_gap_busy = 1;
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {

@@ -53,4 +53,20 @@ timeout 100 "$bench" -np 2 --coll allreduce --window -c -b 32M -e 32M -n 3 -w 2 
     fail "allreduce 32 MiB --window: exit $?: $(tail -n 5 "$out")"
 grep -q "; 2 of 2 halves slept between calls" "$out" ||
     fail "allreduce 32 MiB: ranks did not sleep between calls: $(grep '^# Window' "$out")"
+# --gap US: calls at least US apart, the ranks asleep between them even where the calls
+# are short; --gap-busy: awake (spinning) through the gap, even where they are long
+gap_of() { sed -n 's/^# Window: .*widest gap \([0-9]*\) us;.*/\1/p' "$out"; }
+timeout 100 "$bench" -np 2 --coll allreduce --gap 3000 -c -b 4 -e 4 -n 10 -w 3 -t 90 >"$out" 2>&1 ||
+    fail "allreduce 4 B --gap 3000: exit $?: $(tail -n 5 "$out")"
+grep -q "each started at one instant on every rank (--window)" "$out" ||
+    fail "--gap does not imply --window: $(head -n 5 "$out")"
+grep -q "; 2 of 2 halves slept between calls" "$out" ||
+    fail "allreduce 4 B --gap 3000: ranks did not sleep: $(grep '^# Window' "$out")"
+g=$(gap_of)
+[ "${g:-0}" -ge 3000 ] || fail "allreduce 4 B --gap 3000: widest gap ${g:-none} us"
+timeout 100 "$bench" -np 2 --coll allreduce --gap 3000 --gap-busy -c -b 32M -e 32M -n 3 -w 2 \
+    -t 90 >"$out" 2>&1 || fail "allreduce 32 MiB --gap-busy: exit $?: $(tail -n 5 "$out")"
+grep -q "; 0 of 2 halves slept between calls" "$out" ||
+    fail "allreduce 32 MiB --gap-busy: ranks slept: $(grep '^# Window' "$out")"
+grep -q "^# Out of bounds values : 0 OK" "$out" || fail "allreduce 32 MiB --gap-busy: wrong values"
 echo "ok: tutti-bench --window (broadcast: $late_b of 200 late; --algo all: $1 of $2)"

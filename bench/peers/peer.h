@@ -285,6 +285,10 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         cfg->window = 1;
         return 1;
     }
+    if (!strcmp(a, "--gap-busy")) {
+        bench_window_gap_busy = 1;
+        return 1;
+    }
     if (!strcmp(a, "--coll"))
         bad = !v || peer_parse_coll(v, &cfg->coll);
     else if (!strcmp(a, "-b"))
@@ -299,7 +303,12 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         bad = !v || peer_parse_int(v, &cfg->warmup, 0);
     else if (!strcmp(a, "-r") || !strcmp(a, "--root"))
         bad = !v || peer_parse_int(v, &cfg->root, 0);
-    else
+    else if (!strcmp(a, "--gap")) { /* implies --window */
+        int us = 0;
+        bad = !v || peer_parse_int(v, &us, 1);
+        bench_window_min_gap_us = us;
+        cfg->window = 1;
+    } else
         return 0;
     *takes_p = 1;
     return bad ? -1 : 1;
@@ -321,6 +330,9 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
     "  --window      every rank starts timed call i at one instant of the host's clock\n"          \
     "                and times it from there, instead of from its exit from --sync's\n"            \
     "                barrier (ranks on one host only; bench/stats.h)\n"                            \
+    "  --gap US      (--window) timed calls start at least US microseconds apart, the\n"           \
+    "                ranks asleep in between (an application's other work)\n"                      \
+    "  --gap-busy    the ranks spin through the gap instead of sleeping\n"                         \
     "  -r ROOT       broadcast root (default 0)\n"
 
 static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int n,
