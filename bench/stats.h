@@ -77,10 +77,11 @@ typedef struct bench_window_ops {
 #define BENCH_WINDOW_SLEEP_US 250.0
 
 /* --gap US (every harness): timed calls start at least US apart, as an application's own
- * work between its collectives would space them (0: the gap above alone); the ranks
- * sleep through it, a CPU idle between calls, unless --gap-busy has them spin (a CPU
- * busy). Calls after an idle gap are slower here, and each system by its own amount
- * (docs/benchmarks.md, session 65). */
+ * work between its collectives would space them (0: the window's own gap alone,
+ * bench_window_times); the ranks sleep through it, a CPU idle between calls, unless
+ * --gap-busy has them spin (a CPU busy). A 4-rank 1 MiB allreduce after 20 ms either way
+ * took 1.6-2.2x its time back to back here, Open MPI's 1.0-1.5x (docs/benchmarks.md,
+ * session 65). */
 static double bench_window_min_gap_us;
 static int bench_window_gap_busy;
 
@@ -150,9 +151,10 @@ static inline int bench_window_keep(double *v, int n)
  * session 64, and one slow warm-up call of 19 put a 4-rank tcp alltoall of 64 KiB to
  * sleep between calls in one run and not the next: 75-90 us against 56, Open MPI's as
  * tutti's); then iters timed ones on the window schedule: times[i] the per-iteration
- * max over ranks, INFINITY where a rank was late; returns how many are not. *late_p: the late iterations
- * of the last try; *gap_p: its gap, us. -1: an op failed, its nonzero return in *err_p
- * (a library's codes may be negative, as tutti's, or positive, as MPI's). */
+ * max over ranks, INFINITY where a rank was late; returns how many are not. *late_p:
+ * the late iterations of the last try; *gap_p: its gap, us. -1: an op failed, its
+ * nonzero return in *err_p (a library's codes may be negative, as tutti's, or positive,
+ * as MPI's). */
 static inline int bench_window_times(const bench_window_ops_t *o, int rank, int warmup, int iters,
                                      double *times, int *late_p, double *gap_p, int *err_p)
 {
