@@ -198,6 +198,8 @@ static void usage(FILE *f)
         "                      apart, the ranks asleep in between, as an application's\n"
         "                      own work between collectives would space them\n"
         "  --gap-busy          the ranks spin through --gap instead of sleeping\n"
+        "  --fill-late         (--fresh --window) the rewrite just before each start,\n"
+        "                      not before the wait (across a long --gap)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
         "                      uint16, int32, uint32, int64, uint64 ...\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
@@ -365,6 +367,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->window = 1;
         } else if (FLAG("--gap-busy", "--gap-busy")) {
             bench_window_gap_busy = 1;
+        } else if (FLAG("--fill-late", "--fill-late")) {
+            bench_window_fill_late = 1;
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {

@@ -289,6 +289,10 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         bench_window_gap_busy = 1;
         return 1;
     }
+    if (!strcmp(a, "--fill-late")) {
+        bench_window_fill_late = 1;
+        return 1;
+    }
     if (!strcmp(a, "--coll"))
         bad = !v || peer_parse_coll(v, &cfg->coll);
     else if (!strcmp(a, "-b"))
@@ -333,6 +337,7 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
     "  --gap US      (--window) timed calls start at least US microseconds apart, the\n"           \
     "                ranks asleep in between (an application's other work)\n"                      \
     "  --gap-busy    the ranks spin through the gap instead of sleeping\n"                         \
+    "  --fill-late   (--fresh) the rewrite just before each start, not before the wait\n"          \
     "  -r ROOT       broadcast root (default 0)\n"
 
 static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int n,
