@@ -1055,7 +1055,10 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
-           cfg->fresh ? ", input rewritten before each" : "",
+           !cfg->fresh ? ""
+           : cfg->window && bench_window_fill_late
+               ? ", input rewritten just before each (--fill-late)"
+               : ", input rewritten before each",
            cfg->window ? ", each started at one instant on every rank (--window)"
            : cfg->sync ? ", barrier before each"
                        : "",

@@ -69,4 +69,14 @@ timeout 100 "$bench" -np 2 --coll allreduce --gap 3000 --gap-busy -c -b 32M -e 3
 grep -q "; 0 of 2 halves slept between calls" "$out" ||
     fail "allreduce 32 MiB --gap-busy: ranks slept: $(grep '^# Window' "$out")"
 grep -q "^# Out of bounds values : 0 OK" "$out" || fail "allreduce 32 MiB --gap-busy: wrong values"
+# --fill-late: the rewrite just before each start; an in-place allreduce whose input were
+# not rewritten would sum the last call's result again (the check compares the last
+# timed call's result with the reference from fresh input)
+timeout 100 "$bench" -np 2 --coll allreduce --fresh --gap 2000 --fill-late -c -b 64K -e 64K -n 5 \
+    -w 2 -t 90 >"$out" 2>&1 || fail "allreduce --fill-late: exit $?: $(tail -n 5 "$out")"
+grep -q "input rewritten just before each (--fill-late)" "$out" ||
+    fail "the header does not say --fill-late: $(head -n 5 "$out")"
+grep -q "^# Out of bounds values : 0 OK" "$out" || fail "allreduce --fill-late: wrong values"
+awk '$1 ~ /^[0-9]+$/ { n++; if (!($10 > 0 && $16 > 0)) bad = 1 } END { exit !(n == 1 && !bad) }' \
+    "$out" || fail "allreduce --fill-late: rows or p50s wrong: $(grep -v '^#' "$out")"
 echo "ok: tutti-bench --window (broadcast: $late_b of 200 late; --algo all: $1 of $2)"

@@ -346,7 +346,11 @@ static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int
     printf("# %s: %s, %d ranks, %s, dtype float, op sum\n", who, peer_coll_names[cfg->coll], n,
            what);
     printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
-           cfg->iters, cfg->warmup, cfg->fresh ? ", input rewritten before each" : "",
+           cfg->iters, cfg->warmup,
+           !cfg->fresh ? ""
+           : cfg->window && bench_window_fill_late
+               ? ", input rewritten just before each (--fill-late)"
+               : ", input rewritten before each",
            cfg->window ? ", each started at one instant on every rank (--window)"
            : cfg->sync ? ", barrier before each"
                        : "");
