@@ -81,13 +81,23 @@ typedef struct bench_window_ops {
  * bench_window_times); the ranks sleep through it, a CPU idle between calls, unless
  * --gap-busy has them spin (a CPU busy). A 4-rank 1 MiB allreduce after 20 ms either way
  * took 1.6-2.2x its time back to back here, Open MPI's 1.0-1.5x (docs/benchmarks.md,
- * session 65). */
+ * session 65); over tcp most of tutti's extra was the kernel's delayed acknowledgements
+ * (session 66, transports/tcp/tcp.c link_quickack). */
 static double bench_window_min_gap_us;
 static int bench_window_gap_busy;
-/* --fill-late (with --fresh): the rewrite just before each start, after the wait, as an
- * application writes its gradient just before the collective, rather than before the
- * wait: across a long --gap the input would otherwise leave the caches. */
+/* --fill-late (implies --fresh and --window): the rewrite just before each start, after
+ * the wait, as an application writes its gradient just before the collective, rather
+ * than before the wait, from where the input may leave the caches across a long --gap
+ * (session 66: that changed a 4-rank 1 MiB allreduce after 20 ms little). */
 static int bench_window_fill_late;
+
+/* The header's words for --fresh: when the input is rewritten. */
+static inline const char *bench_fresh_words(int fresh)
+{
+    return !fresh                   ? ""
+           : bench_window_fill_late ? ", input rewritten just before each (--fill-late)"
+                                    : ", input rewritten before each";
+}
 
 /* Waits for instant t (now_us's clock): if may_sleep, sleeps to 200 us before it (when
  * over 300 us remain); yields to 5 us before, then spins. 1 if it was already past t

@@ -198,7 +198,7 @@ static void usage(FILE *f)
         "                      apart, the ranks asleep in between, as an application's\n"
         "                      own work between collectives would space them\n"
         "  --gap-busy          the ranks spin through --gap instead of sleeping\n"
-        "  --fill-late         (--fresh --window) the rewrite just before each start,\n"
+        "  --fill-late         --fresh --window, the rewrite just before each start,\n"
         "                      not before the wait (across a long --gap)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
         "                      uint16, int32, uint32, int64, uint64 ...\n"
@@ -367,8 +367,9 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             cfg->window = 1;
         } else if (FLAG("--gap-busy", "--gap-busy")) {
             bench_window_gap_busy = 1;
-        } else if (FLAG("--fill-late", "--fill-late")) {
+        } else if (FLAG("--fill-late", "--fill-late")) { /* implies --fresh --window */
             bench_window_fill_late = 1;
+            cfg->fresh = cfg->sync = cfg->window = 1;
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {
@@ -1054,11 +1055,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
         printf("# job %s\n", job);
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
-           cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean",
-           !cfg->fresh ? ""
-           : cfg->window && bench_window_fill_late
-               ? ", input rewritten just before each (--fill-late)"
-               : ", input rewritten before each",
+           cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean", bench_fresh_words(cfg->fresh),
            cfg->window ? ", each started at one instant on every rank (--window)"
            : cfg->sync ? ", barrier before each"
                        : "",

@@ -289,8 +289,9 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
         bench_window_gap_busy = 1;
         return 1;
     }
-    if (!strcmp(a, "--fill-late")) {
+    if (!strcmp(a, "--fill-late")) { /* implies --fresh --window */
         bench_window_fill_late = 1;
+        cfg->fresh = cfg->sync = cfg->window = 1;
         return 1;
     }
     if (!strcmp(a, "--coll"))
@@ -337,7 +338,7 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
     "  --gap US      (--window) timed calls start at least US microseconds apart, the\n"           \
     "                ranks asleep in between (an application's other work)\n"                      \
     "  --gap-busy    the ranks spin through the gap instead of sleeping\n"                         \
-    "  --fill-late   (--fresh) the rewrite just before each start, not before the wait\n"          \
+    "  --fill-late   --fresh --window, the rewrite just before each start, not before the wait\n"  \
     "  -r ROOT       broadcast root (default 0)\n"
 
 static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int n,
@@ -346,11 +347,7 @@ static inline void peer_print_header(const peer_cfg_t *cfg, const char *who, int
     printf("# %s: %s, %d ranks, %s, dtype float, op sum\n", who, peer_coll_names[cfg->coll], n,
            what);
     printf("# iters %d, warmup %d, time = mean over iterations of the max over ranks%s%s\n",
-           cfg->iters, cfg->warmup,
-           !cfg->fresh ? ""
-           : cfg->window && bench_window_fill_late
-               ? ", input rewritten just before each (--fill-late)"
-               : ", input rewritten before each",
+           cfg->iters, cfg->warmup, bench_fresh_words(cfg->fresh),
            cfg->window ? ", each started at one instant on every rank (--window)"
            : cfg->sync ? ", barrier before each"
                        : "");
