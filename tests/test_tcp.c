@@ -840,11 +840,15 @@ typedef struct cc_case {
     const char *want; /* the link's congestion control, or NULL when set-up must fail */
     const char *needle;
     int on_a_link; /* the failure comes from a link (it must name the rank and the peer) */
+    int early;     /* the link must have run want from its first packet */
 } cc_case_t;
 
 /* Both ranks set up a loopback link with TUTTI_TCP_CONGESTION=knob; the kernel's own
  * answer (getsockopt TCP_CONGESTION on the link) must be want, and 1 MiB must cross it
- * both ways; or set-up fails with TUTTI_ERR_CONFIG naming the knob. */
+ * both ways; or set-up fails with TUTTI_ERR_CONFIG naming the knob. With early, the link
+ * must have had want before it was connected (the connecting socket's, or the
+ * listener's that the accepted one inherits): set afterwards, the system's algorithm
+ * started the connection, and BBR leaves it paced whatever comes after. */
 static int rank_congestion(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
@@ -894,6 +898,12 @@ static int rank_congestion(int rank, int nranks, tutti_comm_t *unused, const cha
         fprintf(stderr, "rank %d: TUTTI_TCP_CONGESTION=%s: the link runs %s, want %s\n", rank,
                 cc->knob ? cc->knob : "(unset)", got, cc->want);
         rc = 1;
+    } else if (cc->early && !((tcp_tp_t *)tp)->links[1 - rank].cc_early) {
+        fprintf(stderr,
+                "rank %d: TUTTI_TCP_CONGESTION=%s: the link got %s only once connected, not "
+                "on its %s socket before\n",
+                rank, cc->knob ? cc->knob : "(unset)", got, rank ? "connecting" : "listening");
+        rc = 1;
     }
     if (!rc && tp_exchange(ops, tp, rank, 1 - rank, (size_t)1 << 20) != 0)
         rc = 1;
@@ -909,8 +919,8 @@ START_TEST(congestion_control_per_link)
     ck_assert_msg(sys[0], "cannot read net.ipv4.tcp_congestion_control");
     /* unset and auto: reno, since a loopback link never leaves the host */
     cc_case_t cases[6] = {
-        { .knob = NULL, .want = "reno" },
-        { .knob = "auto", .want = "reno" },
+        { .knob = NULL, .want = "reno", .early = 1 },
+        { .knob = "auto", .want = "reno", .early = 1 },
         { .knob = "system", .want = sys },
         { .knob = "nosuchcc",
           .needle = "cannot use congestion control \"nosuchcc\"",
@@ -919,7 +929,7 @@ START_TEST(congestion_control_per_link)
     };
     int n = 5;
     if (other_congestion(other, sizeof(other)))
-        cases[n++] = (cc_case_t){ .knob = other, .want = other };
+        cases[n++] = (cc_case_t){ .knob = other, .want = other, .early = 1 };
     else
         fprintf(stderr, "congestion_control_per_link: no congestion control but reno to name\n");
     for (int i = 0; i < n; i++)

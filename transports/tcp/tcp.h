@@ -104,6 +104,7 @@ typedef struct tcp_link {
     char addr[96];
     tp_link_fail_t fail;
     int tx_broken; /* a send was cut mid-message: no more frames fit */
+    int cc_early;  /* the link ran its congestion control from its first packet (tests) */
     /* send side: queue of requests, the head one possibly half sent */
     tp_req_t *sq_head, *sq_tail;
     tcp_hdr_t shdr;
@@ -147,6 +148,7 @@ struct tcp_tp {
     int sockbuf;
     int cc_mode;             /* TCP_CC_*, from TUTTI_TCP_CONGESTION */
     char cc_name[16];        /* TCP_CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
+    char cc_system[16];      /* the system's, as a new socket gets it ("" if unknown) */
     int quickack;            /* TUTTI_TCP_QUICKACK: acknowledge at once after a partial read */
     unsigned long quickacks; /* how often the kernel took TCP_QUICKACK (tests read it) */
     int csum;                /* TCP_CSUM_*, from TUTTI_CHECKSUM */

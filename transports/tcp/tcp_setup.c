@@ -355,29 +355,79 @@ static int link_stays_here(int fd)
     return 0;
 }
 
-/* TUTTI_TCP_CONGESTION on a new link. Congestion control has nothing to do on a link
- * that never leaves the host, and a rate-based one hurts there: under BBR (this VM's
- * default) the kernel paces every loopback segment by timer, and a 2-rank allreduce of
- * 4 MiB took 1.7-1.8 ms against 0.95-1.04 under reno or cubic (16 MiB: 7.5-7.8 against
- * 4.7). So auto puts reno (which any process may choose) on such links and leaves the
- * others to the system. A named one goes on every link, or the set-up fails. */
+/* The congestion control a link starts with, set on its socket before the connection
+ * exists (NULL: the system's): a listener's passes to every connection it accepts, and
+ * a connecting socket has it before connect(). Set only once connected, it comes too
+ * late: the system's algorithm has started the connection by then, and BBR's start marks
+ * the socket for pacing, which no later change of algorithm undoes, so that reno still
+ * spaced a message's segments by timer. A 2-rank exchange of 64 KiB (two segments on
+ * loopback, with the frame header) took 80-90 us after 3 ms idle against 25-27 with reno
+ * from the first packet (docs/benchmarks.md, session 67). auto starts every link on
+ * reno and gives a link that leaves the host the system's once connected
+ * (link_congestion). */
+static const char *cc_initial(const tcp_tp_t *tp)
+{
+    return tp->cc_mode == TCP_CC_NAMED ? tp->cc_name
+           : tp->cc_mode == TCP_CC_AUTO ? "reno"
+                                        : NULL;
+}
+
+static void socket_cc_initial(const tcp_tp_t *tp, uv_handle_t *h, const char *what)
+{
+    const char *name = cc_initial(tp);
+    uv_os_fd_t fd;
+    if (!name || uv_fileno(h, &fd) < 0)
+        return;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) != 0)
+        LOGF(TUTTI_LOG_TRACE,
+             "tcp: rank %d: cannot set congestion control %s on %s: %s (each link tries "
+             "again once connected)",
+             tp->rank, name, what, strerror(errno));
+}
+
+/* The congestion control of a socket, or "" (buf holds cap bytes). */
+static const char *socket_cc(int fd, char *buf, size_t cap)
+{
+    socklen_t len = (socklen_t)cap - 1;
+    memset(buf, 0, cap);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, buf, &len) != 0)
+        buf[0] = '\0';
+    return buf;
+}
+
+/* TUTTI_TCP_CONGESTION on a new link, once connected. Congestion control has nothing to
+ * do on a link that never leaves the host, and a rate-based one hurts there: under BBR
+ * (this VM's default) the kernel paces every loopback segment by timer, and a 2-rank
+ * allreduce of 4 MiB took 1.7-1.8 ms against 0.95-1.04 under reno or cubic (16 MiB:
+ * 7.5-7.8 against 4.7). So auto keeps reno (which any process may choose) on such links
+ * and gives the others the system's. A named one goes on every link, or the set-up
+ * fails. */
 static int link_congestion(setup_t *s, tcp_link_t *L, int peer)
 {
     tcp_tp_t *tp = s->tp;
-    const char *name = tp->cc_mode == TCP_CC_NAMED                            ? tp->cc_name
-                       : tp->cc_mode == TCP_CC_AUTO && link_stays_here(L->fd) ? "reno"
-                                                                              : NULL;
+    int here = tp->cc_mode == TCP_CC_AUTO && link_stays_here(L->fd);
+    const char *name = tp->cc_mode == TCP_CC_NAMED                   ? tp->cc_name
+                       : here                                        ? "reno"
+                       : tp->cc_mode == TCP_CC_AUTO && tp->cc_system[0] ? tp->cc_system
+                                                                     : NULL;
     if (!name)
         return 0;
-    if (setsockopt(L->fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0) {
-        LOGF(TUTTI_LOG_TRACE, "tcp: rank %d: congestion control %s on the link to rank %d%s",
-             tp->rank, name, peer, tp->cc_mode == TCP_CC_AUTO ? " (it stays on this host)" : "");
+    char now[sizeof(tp->cc_name)];
+    L->cc_early = !strcmp(socket_cc(L->fd, now, sizeof(now)), name);
+    if (L->cc_early ||
+        setsockopt(L->fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0) {
+        LOGF(TUTTI_LOG_TRACE, "tcp: rank %d: congestion control %s on the link to rank %d%s%s",
+             tp->rank, name, peer,
+             tp->cc_mode != TCP_CC_AUTO ? ""
+             : here                     ? " (it stays on this host)"
+                                        : " (the system's: it leaves this host)",
+             L->cc_early ? ", from its first packet" : "");
         return 0;
     }
     int err = errno;
     if (tp->cc_mode == TCP_CC_AUTO) {
-        LOGF(TUTTI_LOG_TRACE, "tcp: rank %d: cannot set reno on the link to rank %d (%s): %s",
-             tp->rank, peer, L->addr, strerror(err));
+        LOGF(TUTTI_LOG_TRACE, "tcp: rank %d: cannot set %s on the link to rank %d (%s): %s",
+             tp->rank, name, peer, L->addr, strerror(err));
         return 0;
     }
     setup_fail(s, TUTTI_ERR_CONFIG, peer,
@@ -898,7 +948,10 @@ static void conn_start(conn_t *c)
                    strerror(errno));
         return;
     }
-    uv_tcp_init(&s->loop, &c->h);
+    if (uv_tcp_init_ex(&s->loop, &c->h, c->addr.ss_family) == 0)
+        socket_cc_initial(s->tp, (uv_handle_t *)&c->h, "a connecting socket");
+    else
+        uv_tcp_init(&s->loop, &c->h); /* the socket comes with connect() */
     c->h.data = c;
     c->open = 1;
     c->creq.data = c;
@@ -1059,6 +1112,11 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
     tcp_tp_t *tp = s->tp;
     char mine[96];
     int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)me, 0);
+    uv_os_fd_t fd;
+    if (rc == 0 && uv_fileno((uv_handle_t *)&s->listener, &fd) == 0) {
+        socket_cc(fd, tp->cc_system, sizeof(tp->cc_system)); /* before ours goes on it */
+        socket_cc_initial(tp, (uv_handle_t *)&s->listener, "the listener");
+    }
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&s->listener, tp->nranks + 64, on_incoming);
     int len = sizeof(*me);
