@@ -367,9 +367,7 @@ static int link_stays_here(int fd)
  * (link_congestion). */
 static const char *cc_initial(const tcp_tp_t *tp)
 {
-    return tp->cc_mode == TCP_CC_NAMED ? tp->cc_name
-           : tp->cc_mode == TCP_CC_AUTO ? "reno"
-                                        : NULL;
+    return tp->cc_mode == TCP_CC_NAMED ? tp->cc_name : tp->cc_mode == TCP_CC_AUTO ? "reno" : NULL;
 }
 
 static void socket_cc_initial(const tcp_tp_t *tp, uv_handle_t *h, const char *what)
@@ -406,10 +404,10 @@ static int link_congestion(setup_t *s, tcp_link_t *L, int peer)
 {
     tcp_tp_t *tp = s->tp;
     int here = tp->cc_mode == TCP_CC_AUTO && link_stays_here(L->fd);
-    const char *name = tp->cc_mode == TCP_CC_NAMED                   ? tp->cc_name
-                       : here                                        ? "reno"
+    const char *name = tp->cc_mode == TCP_CC_NAMED                      ? tp->cc_name
+                       : here                                           ? "reno"
                        : tp->cc_mode == TCP_CC_AUTO && tp->cc_system[0] ? tp->cc_system
-                                                                     : NULL;
+                                                                        : NULL;
     if (!name)
         return 0;
     char now[sizeof(tp->cc_name)];
