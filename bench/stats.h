@@ -81,8 +81,9 @@ typedef struct bench_window_ops {
  * bench_window_times); the ranks sleep through it, a CPU idle between calls, unless
  * --gap-busy has them spin (a CPU busy). A 4-rank 1 MiB allreduce after 20 ms either way
  * took 1.6-2.2x its time back to back here, Open MPI's 1.0-1.5x (docs/benchmarks.md,
- * session 65); over tcp most of tutti's extra was the kernel's delayed acknowledgements
- * (session 66, transports/tcp/tcp.c link_quickack). */
+ * session 65); over tcp most of tutti's extra was the kernel's pacing of loopback
+ * segments, left on by BBR on a link switched to reno once connected (session 67,
+ * transports/tcp/tcp_setup.c cc_initial; session 66 had blamed delayed acknowledgements). */
 static double bench_window_min_gap_us;
 static int bench_window_gap_busy;
 /* --fill-late (implies --fresh and --window): the rewrite just before each start, after

@@ -937,66 +937,6 @@ START_TEST(congestion_control_per_link)
 }
 END_TEST
 
-/* ======================= acknowledgements after a partial read ======================= */
-
-/* Both ranks exchange 1 MiB over a loopback link whose socket buffers hold 128 KiB
- * (SOCKET_BUFFER=65536, doubled by the kernel), so each side reads the message in
- * pieces: with TUTTI_TCP_QUICKACK unset or 1 the kernel must have taken TCP_QUICKACK
- * after those partial reads, with 0 never; the bytes arrive intact either way. Any
- * other value: set-up fails with TUTTI_ERR_CONFIG naming the knob. */
-static int rank_quickack(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
-{
-    (void)unused;
-    const char *knob = arg; /* TUTTI_TCP_QUICKACK, or NULL: unset */
-    const int off = knob && !strcmp(knob, "0");
-    const int bad = knob && !off && strcmp(knob, "1");
-    tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    th_host_t t;
-    thost_init(&t, store, rank, nranks, 10000, "tcpqa", NULL, NULL, NULL);
-    char knobs[200];
-    snprintf(knobs, sizeof(knobs), "%s,SOCKET_BUFFER=65536%s%s", t.knobs,
-             knob ? ",TCP_QUICKACK=" : "", knob ? knob : "");
-    t.knobs = knobs;
-    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_tcp();
-    void *tp = NULL;
-    int st = ops->create(&t.h, &tp);
-    if (bad || st != 0) {
-        if (st == 0)
-            ops->destroy(tp);
-        tutti_store_close(store);
-        FAIL_IF(!bad, "create gave %s: %s", tutti_status_name(st), t.err);
-        FAIL_IF(st != TUTTI_ERR_CONFIG, "TUTTI_TCP_QUICKACK=%s gave %s", knob,
-                tutti_status_name(st));
-        char want[96];
-        snprintf(want, sizeof(want), "TUTTI_TCP_QUICKACK=\"%s\" is neither 1 nor 0", knob);
-        FAIL_IF(!strstr(t.err, want), "message lacks \"%s\": %s", want, t.err);
-        return 0;
-    }
-    int rc = tp_exchange(ops, tp, rank, 1 - rank, (size_t)1 << 20) != 0;
-    unsigned long n = ((tcp_tp_t *)tp)->quickacks;
-    if (!rc && off && n != 0) {
-        fprintf(stderr, "rank %d: TUTTI_TCP_QUICKACK=%s, yet %lu quick acknowledgements\n", rank,
-                knob, n);
-        rc = 1;
-    } else if (!rc && !off && n == 0) {
-        fprintf(stderr, "rank %d: no quick acknowledgement while reading 1 MiB in pieces\n", rank);
-        rc = 1;
-    }
-    ops->destroy(tp);
-    tutti_store_close(store);
-    return rc;
-}
-
-START_TEST(quick_acknowledgements_after_partial_reads)
-{
-    run_ranks(2, rank_quickack, NULL, 30000, 0);
-    run_ranks(2, rank_quickack, "1", 30000, 0);
-    run_ranks(2, rank_quickack, "0", 30000, 0);
-    run_ranks(2, rank_quickack, "yes", 30000, TH_NO_KILL_ON_FAIL);
-}
-END_TEST
-
 /* ======================= checksummed data path ======================= */
 
 /* Every size class of the data path (empty, staged, around the eager-checksum limit,
@@ -1388,7 +1328,6 @@ static Suite *suite(void)
                                    checksum_modes_must_agree,
                                    unknown_checksum_is_a_config_error,
                                    congestion_control_per_link,
-                                   quick_acknowledgements_after_partial_reads,
                                    checksummed_data_path,
                                    plugin_with_checksums_and_secret,
                                    flipped_byte_fails_every_rank_with_crc32c,

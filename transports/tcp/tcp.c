@@ -220,23 +220,6 @@ static ssize_t read_ended(tcp_link_t *L, ssize_t r, const char *what)
     return -1;
 }
 
-/* After a read that left part of a message in flight: acknowledge what was read now.
- * Linux delays the acknowledgements of a connection that both sends and receives (its
- * "pingpong" mode, which every exchange puts it in), and a sender under reno or cubic
- * then waits for them with its data queued: after the link sat idle for 20 ms (an
- * application computing between collectives), a 2-rank exchange over loopback took
- * 180-245 us at 64 KiB, 220-230 at 256 KiB and 675-770 at 1 MiB, against 40-100, 97-120
- * and 250-290 with TCP_QUICKACK set after each partial read (docs/benchmarks.md, session
- * 66). The kernel clears the flag whenever it goes back to delaying, hence every time. */
-static inline void link_quickack(tcp_link_t *L)
-{
-    if (L->tp->quickack) {
-        int one = 1;
-        if (setsockopt(L->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one)) == 0)
-            L->tp->quickacks++;
-    }
-}
-
 /* recv() with the error handling every read shares: > 0 bytes, 0 would block, < 0 the
  * link failed. */
 static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
@@ -245,8 +228,6 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
         if (r > 0) {
             L->tp->moved++;
-            if ((size_t)r < len)
-                link_quickack(L);
             return r;
         }
         if (r == 0 || errno != EINTR)
@@ -294,11 +275,6 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
         ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
         if (r > 0) {
             L->tp->moved++;
-            size_t len = 0;
-            for (int i = 0; i < n; i++)
-                len += iov[i].iov_len;
-            if ((size_t)r < len)
-                link_quickack(L);
             return r;
         }
         if (r == 0 || errno != EINTR)

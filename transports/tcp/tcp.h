@@ -146,14 +146,12 @@ struct tcp_tp {
     tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
     int hop_look;        /* the lower rank tcp_shares looks at next */
     int sockbuf;
-    int cc_mode;             /* TCP_CC_*, from TUTTI_TCP_CONGESTION */
-    char cc_name[16];        /* TCP_CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
-    char cc_system[16];      /* the system's, as a new socket gets it ("" if unknown) */
-    int quickack;            /* TUTTI_TCP_QUICKACK: acknowledge at once after a partial read */
-    unsigned long quickacks; /* how often the kernel took TCP_QUICKACK (tests read it) */
-    int csum;                /* TCP_CSUM_*, from TUTTI_CHECKSUM */
-    int auth;                /* the library has a job secret: hellos prove it */
-    const char *instance;    /* the job instance hellos must agree on ("" if none) */
+    int cc_mode;          /* TCP_CC_*, from TUTTI_TCP_CONGESTION */
+    char cc_name[16];     /* TCP_CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
+    char cc_system[16];   /* the system's, as a new socket gets it ("" if unknown) */
+    int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
+    int auth;             /* the library has a job secret: hellos prove it */
+    const char *instance; /* the job instance hellos must agree on ("" if none) */
 };
 
 /* TUTTI_TCP_CONGESTION: which congestion control a link runs (tcp_setup.c). */

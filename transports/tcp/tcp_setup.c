@@ -1265,11 +1265,6 @@ int tcp_setup_connect(tcp_tp_t *tp)
     int st = congestion_knob(tp);
     if (st < 0)
         return st;
-    const char *qa = host->config(host->ctx, "TCP_QUICKACK"); /* 1 (unset) or 0 */
-    if (qa && *qa && strcmp(qa, "0") && strcmp(qa, "1"))
-        return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
-                           "tcp: TUTTI_TCP_QUICKACK=\"%.64s\" is neither 1 nor 0", qa);
-    tp->quickack = !qa || !*qa || !strcmp(qa, "1");
     struct sockaddr_storage me;
     conn_t *out = NULL;
     char ifname[64];
