@@ -51,6 +51,7 @@ test)
     install_deps
     install_deps clang-format-14
     install_deps python3-numpy python3-pytest # the python suite (python/tests)
+    install_deps iproute2 # tests/test_netns_tcp.sh: two hosts as network namespaces
     # tutti.torch, the torch.distributed backend, and its tests (python/tests/test_torch_*)
     install_deps python3-torch libtorch-dev pybind11-dev g++
     tools/dev/format.sh --check # the tree follows .clang-format
