@@ -370,11 +370,10 @@ static const char *cc_initial(const tcp_tp_t *tp)
     return tp->cc_mode == TCP_CC_NAMED ? tp->cc_name : tp->cc_mode == TCP_CC_AUTO ? "reno" : NULL;
 }
 
-static void socket_cc_initial(const tcp_tp_t *tp, uv_handle_t *h, const char *what)
+static void socket_cc_initial(const tcp_tp_t *tp, int fd, const char *what)
 {
     const char *name = cc_initial(tp);
-    uv_os_fd_t fd;
-    if (!name || uv_fileno(h, &fd) < 0)
+    if (!name)
         return;
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) != 0)
         LOGF(TUTTI_LOG_TRACE,
@@ -946,10 +945,11 @@ static void conn_start(conn_t *c)
                    strerror(errno));
         return;
     }
-    if (uv_tcp_init_ex(&s->loop, &c->h, c->addr.ss_family) == 0)
-        socket_cc_initial(s->tp, (uv_handle_t *)&c->h, "a connecting socket");
-    else
+    uv_os_fd_t fd;
+    if (uv_tcp_init_ex(&s->loop, &c->h, c->addr.ss_family) < 0)
         uv_tcp_init(&s->loop, &c->h); /* the socket comes with connect() */
+    else if (uv_fileno((uv_handle_t *)&c->h, &fd) == 0)
+        socket_cc_initial(s->tp, fd, "a connecting socket");
     c->h.data = c;
     c->open = 1;
     c->creq.data = c;
@@ -1113,7 +1113,7 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
     uv_os_fd_t fd;
     if (rc == 0 && uv_fileno((uv_handle_t *)&s->listener, &fd) == 0) {
         socket_cc(fd, tp->cc_system, sizeof(tp->cc_system)); /* before ours goes on it */
-        socket_cc_initial(tp, (uv_handle_t *)&s->listener, "the listener");
+        socket_cc_initial(tp, fd, "the listener");
     }
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&s->listener, tp->nranks + 64, on_incoming);
