@@ -16,22 +16,32 @@
  *            5.9-6.4 against 7.9-8.4; tcp 4 B 13.0 against 20.9, 4 KiB 16.9 against 25.2
  *            (over tcp linear was picked to 10 KiB until session 53: below). Over
  *            shm, crowded, linear's root copies at b/3 (root_copy_b): the linear
- *            allreduce grew 0.4 ns a byte from 16 to 64 KiB (the model 0.45, at b 0.85)
- *            and is picked to 51 KiB. hd's messages: over shm 4 ranks, 1 KiB, took
+ *            allreduce grew 0.4 ns a byte from 16 to 64 KiB (the model 0.45, at b 0.85);
+ *            and the others' bytes count at ranks / CPUs there too (steps_crowd, session
+ *            68: 4 ranks on 2 CPUs, --algo all --fresh --window, 10 runs, medians of the
+ *            runs' hd / linear 1.20-1.31 at 24-32 KiB, 1.01-1.12 at 48-96, 1.00 at 128,
+ *            0.75-0.83 at 192-256; 8 ranks, 3 runs, linear the fastest at 16-128 KiB in
+ *            every run, where the model had dbtree from 16 KiB, +50-150 %): linear is
+ *            picked to 85 KiB (51 KiB until then), while its 3 n fit the root's cache.
+ *            hd's messages: over shm 4 ranks, 1 KiB, took
  *            7.6-8.5 us (its rounds said 4.4); over tcp 56-148 us at 16 B-16 KiB,
  *            1.5-3x linear's.
  *            Crowded over sockets (socket_crowd), the bytes of ring, rd, hd and dbtree
  *            take ranks / CPUs as long (every rank copies and reduces in every step), and
- *            linear's too once a vector outgrows what a socket takes in (40 KiB): with
+ *            linear's too once a vector outgrows what a socket takes in (96 KiB): with
  *            them, 4 ranks on 2 CPUs, the model's ring took 6.5 ms at 4 MiB (measured
  *            5.6-7.6), hd 6.9 (7.0-8.3), linear 14.7 (11.4-13.7), hd at 64 KiB 187 us
- *            (127-217); without them 3.3, 3.4, 7.4 ms and 93 us. Linear is picked to 40
- *            KiB (the fastest at 16 KiB in every sweep, at 32-40 KiB in 9 of 10), then
- *            rd to 55 KiB, hd to 1 MiB, the ring beyond. At 256 KiB-1 MiB hd and the
+ *            (127-217); without them 3.3, 3.4, 7.4 ms and 93 us. Linear is picked to 96
+ *            KiB, then hd to 1 MiB, the ring beyond (session 68, with links on reno
+ *            from their first packet; --algo all --fresh --window, 10 runs, medians of
+ *            the runs' ratios: hd / linear 1.45-1.72 at 24-64 KiB, 1.26 at 96, 0.94 at
+ *            128; rd / linear 1.01-1.23 at 24-96 KiB, 0.85 at 128. Sessions 61-67 had
+ *            linear to 40 KiB, the fastest there at 32-40 KiB in 9 sweeps of 10, then
+ *            rd to 55 KiB). At 256 KiB-1 MiB hd and the
  *            ring trade places: run one at a time (sockets warmed by the smaller sizes
  *            or not), hd was level or ahead at 1 MiB (ring / hd 0.76-1.63); with --algo
  *            all, after the smaller sizes, the ring was ahead (1.0-1.5 ms against
- *            1.4-2.1, 10 sweeps). Below 40 KiB linear's root copies at b/3
+ *            1.4-2.1, 10 sweeps). Below 96 KiB linear's root copies at b/3
  *            (root_copy_b, session 61: 34.9 us at 16 KiB, the model 58.7 at b, 42.3 at
  *            b/3); the picks stay
  *            hier    (H hosts of S..M ranks, m = n/S: the shard each of S ranks per host
@@ -111,9 +121,11 @@
  *                    1.16 at 256 KiB: linear is picked to 85 KiB (with b for b/3
  *                    until session 60, to 900 bytes). Over tcp at 4 B-2 KiB the
  *                    two were level; crowded, its root copies at b/3 while each vector
- *                    fits a socket's buffer (root_copy_b), linear to 40 KiB (session
+ *                    fits a socket's buffer (root_copy_b), linear to 96 KiB (session
  *                    61, linear / tree, ab.sh --fresh, 5 pairs: --window 0.81-0.96 at
- *                    16 B-16 KiB, 0.93 at 64 KiB; barriers 0.67-0.81)
+ *                    16 B-16 KiB, 0.93 at 64 KiB; barriers 0.67-0.81; session 68,
+ *                    --window, 10 runs, medians of tree / linear 1.03-1.05 at 48-96 KiB,
+ *                    1.01-1.06 at 128-192, 1.14 at 256; 40 KiB until then)
  * allgather  ring    (p-1)(a + n/p b)
  *            pairwise  on a crowded host only (every block posted at once;
  *                    algorithms/allgather_pairwise.c): all_posted_latency ((p-1) a
@@ -148,8 +160,11 @@
  *                    0.88 at 256 KiB, 1.18 at 1 MiB, 1.05-1.19 at 4-16 MiB. Linear's
  *                    root copies there at b/3 while its messages fit a socket's buffer
  *                    (root_copy_b: it grew 1.1 n b from 16 to 64 KiB, the model's 3.75
- *                    n b had it 2x too slow at 16 KiB): linear to 40 KiB, pairwise to
- *                    356 KB, then the ring (until then linear to 20 KB, then the ring)
+ *                    n b had it 2x too slow at 16 KiB): linear to 57 KB (40 KiB, a
+ *                    socket's buffer, sessions 61-67; session 68, 10 runs, medians of
+ *                    pairwise / linear 1.15-1.17 at 32-48 KiB, 1.08 at 64, 0.94 at 96),
+ *                    pairwise to 267 KB, then the ring (until session 61 linear to 20
+ *                    KB, then the ring)
  *            hier    H hosts of S ranks each only (else never): (H-1) max(x, l) + l, x =
  *                    a + S n/p b (a step across hosts: a block from each of the host's S
  *                    ranks on its link), l = (S-1)(a + n/p bl) (a ring within the host
@@ -158,9 +173,14 @@
  *                    blocks go in pieces, each reduced as it lands); pairwise talks to a
  *                    different peer each step, so its messages do not queue behind the
  *                    previous step's on one link: it gets a 0.9 factor on the b term.
- *                    Over shm its latency is the alltoall's, (p-1) a: it posts every
- *                    send at once (over sockets, crowded, the ring's latency less (p-2)
- *                    a, as the allgather's). 4 ranks on 2 CPUs, pairwise / linear p50, session 60:
+ *                    Its latency is the ring's steps' (over shm the alltoall's, (p-1)
+ *                    a): it posts every send at once, but over sockets, crowded, not
+ *                    the allgather's (p-2) a less, as every block is reduced by its
+ *                    receiver as it lands (session 68, tcp, 4 ranks on 2 CPUs, --algo
+ *                    all --fresh --window, 10 runs, medians of pairwise / linear
+ *                    1.13-1.16 at 24-32 KiB, 1.04 at 48, 0.97-0.99 at 64-96, 0.62-0.65
+ *                    from 128: linear now to 63 KB, until then to 21). Over shm, 4 ranks
+ *                    on 2 CPUs, pairwise / linear p50, session 60:
  *                    --window 0.70-0.91 at 16 B-16 KiB, 0.51 at 64 KiB; --fresh
  *                    1.08-1.11 at 16 B-1 KiB, 0.81-0.92 at 16-64 KiB; ring / pairwise
  *                    --window 0.96-1.07 at 256 KiB-16 MiB): pairwise at every size there,
@@ -474,9 +494,13 @@ static double crowd_factor(const tt_cost_t *c, int p)
  * (TT_COST_ROOT_CACHE_BYTES); over sockets alone (not "shm+tcp") while each message fits
  * what a loopback socket takes in before its reader runs (TT_COST_SOCKET_BYTES, below):
  * beyond it a sender writes only as fast as the root reads. Else b. Its reductions
- * keep g. */
+ * keep g. 96 KiB since session 68, when links came to run reno from their first
+ * packet: 4 ranks on 2 CPUs over tcp, linear was the fastest allreduce at 32-96 KiB
+ * (hd / linear medians 1.26-1.72, 10 runs), rd at 128 (linear / rd 1.18); 40 KiB
+ * before (linear the fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1, with every
+ * loopback link paced by BBR). */
 #define TT_COST_ROOT_CACHE_BYTES ((double)(256 << 10))
-#define TT_COST_SOCKET_BYTES ((double)(40 << 10))
+#define TT_COST_SOCKET_BYTES ((double)(96 << 10))
 static double root_copy_b(const tt_cost_t *c, double root_bytes, double msg_bytes)
 {
     double b = c->beta_ns * 1e-3;
@@ -525,17 +549,23 @@ static int crowded_sockets(const tt_cost_t *c)
     return tt_cost_crowded(c) && !c->local_only && !c->local_beta_ns;
 }
 
-/* An allreduce there (the header's allreduce): where all its ranks copy and reduce in
- * every step (ring, rd, hd, dbtree), its bytes take ranks / CPUs as long (crowd_factor),
- * as scan's rd. Linear's senders write their vectors and are free while a vector fits
- * what a loopback socket takes in before its reader runs (its buffers as the kernel first
- * sizes them; TT_COST_SOCKET_BYTES, 40 KiB here: at 4 ranks on 2 CPUs linear was the
- * fastest at 40 KiB in 6 runs of 6, at 48 KiB in 1): the root alone copies and reduces.
- * Beyond it a sender writes only as fast as the root reads, and all ranks are at work.
- * Over shm the allreduces' picks were measured without. */
+/* An allreduce there (the header's allreduce): linear's senders write their vectors and
+ * are free while a vector fits what a loopback socket takes in before its reader runs
+ * (its buffers as the kernel first sizes them; TT_COST_SOCKET_BYTES): the root alone
+ * copies and reduces. Beyond it a sender writes only as fast as the root reads, and all
+ * ranks are at work: its bytes take ranks / CPUs as long. */
 static double socket_crowd(const tt_cost_t *c, int p)
 {
     return crowded_sockets(c) ? crowd_factor(c, p) : 1;
+}
+
+/* An allreduce whose ranks all copy and reduce in every step (ring, rd, hd, dbtree) on a
+ * crowded host, over sockets or over shm: its bytes take ranks / CPUs as long
+ * (crowd_factor), as scan's rd (the header's allreduce; over shm since session 68).
+ * Not with a local transport beside the sockets ("shm+tcp"), where it was not measured. */
+static double steps_crowd(const tt_cost_t *c, int p)
+{
+    return c->local_only || crowded_sockets(c) ? crowd_factor(c, p) : 1;
 }
 
 /* The latency of p - 1 steps of one exchange each, as the alltoall's ring counts it: over
@@ -547,10 +577,11 @@ static double steps_latency(const tt_cost_t *c, int p)
 }
 
 /* The latency of an algorithm that posts all its p - 1 sends and receives at once (the
- * pairwise alltoall, allgather and reduce-scatter): the steps', no step waiting for the
- * one before it nor for a sender to get a CPU; on a crowded host over sockets (p - 2) a
- * less, where the ring's steps wait p - 1 times for a peer's turn on a CPU and these
- * once (the header's allgather). */
+ * pairwise alltoall and allgather): the steps', no step waiting for the one before it
+ * nor for a sender to get a CPU; on a crowded host over sockets (p - 2) a less, where
+ * the ring's steps wait p - 1 times for a peer's turn on a CPU and these once (the
+ * header's allgather). Not the pairwise reduce-scatter's: its receivers reduce each
+ * block as it lands (the header's reduce_scatter). */
 static double all_posted_latency(const tt_cost_t *c, int p)
 {
     return steps_latency(c, p) - (crowded_sockets(c) ? (p - 2) * c->alpha_us : 0);
@@ -647,21 +678,21 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
     case TT_COLL_ALLREDUCE:
         if (!strcmp(algo, "ring")) /* 2 (p - 1) messages a rank */
             return latency(c, p, 2.0 * (p - 1), 2.0 * p * (p - 1), 0) +
-                   socket_crowd(c, p) * (2 * fr * n * b + fr * n * g / k);
+                   steps_crowd(c, p) * (2 * fr * n * b + fr * n * g / k);
         if (!strcmp(algo, "rd")) /* P lP messages in the rounds, 2 (p - P) to fold */
             return latency(c, p, lP + 2 * x, P * lP + 2.0 * (p - P), 0) +
-                   socket_crowd(c, p) * (lP * (n * b + n * g) + x * (2 * n * b + n * g));
+                   steps_crowd(c, p) * (lP * (n * b + n * g) + x * (2 * n * b + n * g));
         if (!strcmp(algo, "linear")) /* rank 0 takes in and reduces p - 1 vectors in turn */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (n > TT_COST_SOCKET_BYTES ? socket_crowd(c, p) : 1) * (p - 1) * n *
                        (root_copy_b(c, (p - 1) * n, n) + g);
         if (!strcmp(algo, "hd")) /* 2 P lP messages in the rounds */
             return latency(c, p, 2 * lP + 2 * x, 2 * P * lP + 2.0 * (p - P), 0) +
-                   socket_crowd(c, p) *
+                   steps_crowd(c, p) *
                        (2 * (P - 1) / P * n * b + (P - 1) / P * n * g + x * (2 * n * b + n * g));
         if (!strcmp(algo, "dbtree")) /* each chunk up and down two trees */
             return latency(c, p, 2 * (L + chunks - 1), 4.0 * (p - 1) * chunks, 0) +
-                   socket_crowd(c, p) * (2 * n * b + n * g);
+                   steps_crowd(c, p) * (2 * n * b + n * g);
         if (!strcmp(algo, "hier"))
             return hier_cost(c, n, p, chunk);
         break;
@@ -747,8 +778,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
         if (!strcmp(algo, "ring"))
             return latency(c, p, p - 1, (double)p * (p - 1), 0) +
                    (p - 1) * (n / p * b + n / p * g / k);
-        if (!strcmp(algo, "pairwise")) /* over shm the alltoall's latency (the header) */
-            return all_posted_latency(c, p) + (p - 1) * (0.9 * n / p * b + n / p * g / k);
+        if (!strcmp(algo, "pairwise")) /* the steps' latency (the header) */
+            return steps_latency(c, p) + (p - 1) * (0.9 * n / p * b + n / p * g / k);
         if (!strcmp(algo, "linear")) /* rank 0 takes in p - 1 inputs, sends fr n out */
             return latency(c, p, 2, 2.0 * (p - 1), 2.0 * (p - 2) * a / 4) +
                    (p - 1) * n * (root_copy_b(c, (p - 1) * n, n) + g) +
