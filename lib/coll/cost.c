@@ -21,8 +21,10 @@
  *            68: 4 ranks on 2 CPUs, --algo all --fresh --window, 10 runs, medians of the
  *            runs' hd / linear 1.20-1.31 at 24-32 KiB, 1.01-1.12 at 48-96, 1.00 at 128,
  *            0.75-0.83 at 192-256; 8 ranks, 3 runs, linear the fastest at 16-128 KiB in
- *            every run, where the model had dbtree from 16 KiB, +50-150 %): linear is
- *            picked to 85 KiB (51 KiB until then), while its 3 n fit the root's cache.
+ *            every run, where the model had dbtree from 16 KiB at 1.36-2.48x its time):
+ *            linear is picked to 85 KiB (51 KiB until then), while its 3 n fit the
+ *            root's cache (at 8 ranks to 32 KiB, then hd at 1.13-1.56x linear's time:
+ *            its 7 vectors outgrow that cache sooner than its time grows).
  *            hd's messages: over shm 4 ranks, 1 KiB, took
  *            7.6-8.5 us (its rounds said 4.4); over tcp 56-148 us at 16 B-16 KiB,
  *            1.5-3x linear's.
