@@ -43,6 +43,7 @@ from=""
 estimate=0
 peers="tutti ompi mpich gloo"
 run_timeout=300
+exit_grace=${RUN_PEERS_EXIT_GRACE:-10}
 ranks_set=0
 
 usage() {
@@ -86,7 +87,10 @@ Options:
   --run-timeout S  kill one band's run after S seconds, noted as failed (default 300:
                    a band takes 1-2 min here; a hung peer no longer costs 15); a system
                    killed twice at one rank count is not run again at it in this run
-                   (noted), so that one run of every case finishes
+                   (noted), so that one run of every case finishes. A band above 64 MiB
+                   gets S x its largest size / 64 MiB (256 MiB: 4 S). A run that printed
+                   its last line (with --window, "# Window:") and has not exited 10 s
+                   later (RUN_PEERS_EXIT_GRACE) is stopped, its rows kept, not counted
 EOF
 }
 

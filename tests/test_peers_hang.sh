@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench/peers/run-peers.sh's handling of a run that does not end: one that printed its
+# last line ("# Window: ...") and then hangs in its teardown is stopped after the grace,
+# its rows kept and no hang counted; one that hangs before it is killed at the band's
+# limit, noted, counted, and after two such hangs not run again at that rank count.
+# The system under the harness is a stand-in for tutti-bench (--build DIR/bench), so
+# that each way of ending is chosen here.
+#   test_peers_hang.sh RUN_PEERS
+set -u
+run_peers=$1
+tmp=$(mktemp -d /tmp/test-peers-hang.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+mkdir -p "$tmp/build/bench"
+# Prints one data row of tutti-bench's layout (size count type redop root, then the
+# out-of-place and in-place halves: time algbw busbw #wrong p50 p99), then as $FAKE says:
+# ok (the window line, exit), teardown (the window line, hang), hang (hang before it).
+cat >"$tmp/build/bench/tutti-bench" <<'EOF'
+#!/bin/sh
+echo "# stand-in for tutti-bench"
+echo "           4            1    f32    sum    -1       2.00    0.002    0.002       0       2.00       3.00       1.50    0.003    0.003       0       1.50       2.50"
+[ "$FAKE" = hang ] && exec sleep 60
+echo "# Window: 0 of 10 timed calls left out (a rank late for its start); widest gap 60 us; 0 of 2 halves slept between calls"
+[ "$FAKE" = teardown ] && exec sleep 60
+exit 0
+EOF
+chmod +x "$tmp/build/bench/tutti-bench"
+
+run() { # NAME MODE REPEATS BAND TIMEOUT: run-peers with the stand-in, raw outputs in $tmp/raw-NAME
+    local t0=$SECONDS
+    FAKE=$2 RUN_PEERS_EXIT_GRACE=1 "$run_peers" --build "$tmp/build" --peers tutti --ranks 2 --colls allreduce \
+        --transports tcp --bands "$4" -R "$3" --run-timeout "$5" --keep \
+        -o "$tmp/$1.md" >"$tmp/$1.out" 2>"$tmp/$1.err" || fail "$1: run-peers.sh exited $?"
+    took=$((SECONDS - t0))
+    raw=$(sed -n 's/^raw outputs kept in //p' "$tmp/$1.err")
+    [ -d "$raw" ] || fail "$1: no raw dir in $(cat "$tmp/$1.err")"
+    mv "$raw" "$tmp/raw-$1"
+}
+
+# A run that exits: its row, no note, no wait beyond the run itself.
+run ok ok 2 4:4:10:1 4
+[ "$(wc -l <"$tmp/raw-ok/results")" = 2 ] || fail "ok: rows $(cat "$tmp/raw-ok/results")"
+! grep -v gnuplot "$tmp/raw-ok/notes" | grep -q . || fail "ok: notes $(cat "$tmp/raw-ok/notes")"
+[ "$took" -lt 4 ] || fail "ok: took $took s for two runs that exit at once"
+
+# Teardown hangs: each stopped about a second after its last line, long before the 4 s
+# limit; both rows kept (in-place p50 1.50, mean 1.50, p99 2.50), two notes, no hang.
+run teardown teardown 3 4:4:10:1 4
+awk '$1 == "tutti_tcp" && $5 == 4 && $6 == "1.50" && $7 == "1.50" && $8 == "2.50"' \
+    "$tmp/raw-teardown/results" | wc -l | grep -qx 3 ||
+    fail "teardown: rows $(cat "$tmp/raw-teardown/results")"
+[ "$(grep -c 'printed its last line but had not exited 1 s later: stopped, its rows kept' \
+    "$tmp/raw-teardown/notes")" = 3 ] || fail "teardown: notes $(cat "$tmp/raw-teardown/notes")"
+! grep -q 'failed\|hung' "$tmp/raw-teardown/notes" ||
+    fail "teardown counted as a failure: $(cat "$tmp/raw-teardown/notes")"
+[ "$took" -lt 10 ] || fail "teardown: took $took s (each run should stop 1-2 s after its last line)"
+
+# Hangs before the last line: killed at 2 s twice (rows printed before it still kept),
+# then the system is not run again at 2 ranks: the third repeat costs nothing.
+run hang hang 3 4:4:10:1 2
+[ "$(grep -c 'tutti_tcp allreduce np=2 4..4 repeat [12] failed (rc 124)' \
+    "$tmp/raw-hang/notes")" = 2 ] || fail "hang: notes $(cat "$tmp/raw-hang/notes")"
+grep -q 'tutti_tcp np=2 hung twice (killed at 2 s): not run again at 2 ranks' \
+    "$tmp/raw-hang/notes" || fail "hang: no drop note: $(cat "$tmp/raw-hang/notes")"
+[ ! -e "$tmp/raw-hang/tutti_tcp.allreduce.np2.tcp.b4.r3.txt" ] || fail "hang: repeat 3 ran"
+[ "$(wc -l <"$tmp/raw-hang/results")" = 2 ] || fail "hang: rows $(cat "$tmp/raw-hang/results")"
+if [ "$took" -lt 4 ] || [ "$took" -ge 10 ]; then fail "hang: took $took s (two 2 s limits)"; fi
+
+# A band above 64 MiB: the limit is the timeout times its largest size over 64 MiB,
+# 4 x 1 s at 256 MiB.
+run big hang 1 256M:256M:3:1 1
+grep -q 'tutti_tcp allreduce np=2 256M..256M repeat 1 failed (rc 124)' "$tmp/raw-big/notes" ||
+    fail "big: notes $(cat "$tmp/raw-big/notes")"
+if [ "$took" -lt 4 ] || [ "$took" -ge 8 ]; then fail "big: took $took s (a 4 s limit)"; fi
+echo "OK: exit at once, teardown hangs stopped with rows kept, hangs killed and dropped"
