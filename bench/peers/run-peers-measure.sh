@@ -134,7 +134,10 @@ run_one() {
     # With --window every harness's last line is "# Window: ...": a run that printed it
     # and has not exited exit_grace seconds later hangs in its teardown (MPICH's at 4
     # ranks over tcp, session 68): it is stopped, its rows kept, and it is not counted
-    # as a hang. Polled once a second; the wait returns as soon as the run ends.
+    # as a hang. Polled 5 times a second with a plain sleep: a background sleep killed
+    # once the run ended could be hit after bash forked it and before it ran sleep, and
+    # that child then ran this script's EXIT trap, which removed the raw outputs
+    # mid-run (session 69; bash 5.2).
     while [ -n "${window:-}" ] && kill -0 "$pid" 2>/dev/null; do
         if [ -z "$done_at" ] && grep -q '^# Window:' "$log"; then
             done_at=$SECONDS
@@ -144,9 +147,7 @@ run_one() {
             done_at=stopped
             break
         fi
-        sleep 1 &
-        wait -n "$pid" $! 2>/dev/null
-        kill $! 2>/dev/null
+        sleep 0.2
     done
     wait "$pid" || rc=$?
     [ "$done_at" = stopped ] && rc=0

@@ -203,7 +203,11 @@ if [ -n "$from" ]; then
 else
     work=$(mktemp -d /tmp/run-peers.XXXXXX) || exit 1
 fi
+# Only the script's own shell cleans up: a forked child that runs the trap (bash does,
+# for a child signalled between its fork and its exec) must not remove the work dir.
+main_pid=$BASHPID
 cleanup() {
+    [ "$BASHPID" = "$main_pid" ] || return 0
     if [ "$keep" = 1 ]; then echo "raw outputs kept in $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
