@@ -137,9 +137,9 @@ run_one() {
     # as a hang. Polled 5 times a second with a plain sleep: a background sleep killed
     # once the run ended could be hit after bash forked it and before it ran sleep, and
     # that child then ran this script's EXIT trap, which removed the raw outputs
-    # mid-run (session 69; bash 5.2).
+    # mid-run (session 69; bash 5.2). -s: the log may not exist yet when first polled.
     while [ -n "${window:-}" ] && kill -0 "$pid" 2>/dev/null; do
-        if [ -z "$done_at" ] && grep -q '^# Window:' "$log"; then
+        if [ -z "$done_at" ] && grep -qs '^# Window:' "$log"; then
             done_at=$SECONDS
         elif [ -n "$done_at" ] && [ $((SECONDS - done_at)) -ge "$exit_grace" ]; then
             kill -TERM "$pid" 2>/dev/null
