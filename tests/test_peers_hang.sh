@@ -20,6 +20,7 @@ cat >"$tmp/build/bench/tutti-bench" <<'EOF'
 #!/bin/sh
 echo "# stand-in for tutti-bench"
 echo "           4            1    f32    sum    -1       2.00    0.002    0.002       0       2.00       3.00       1.50    0.003    0.003       0       1.50       2.50"
+[ -n "${PIDS:-}" ] && echo $$ >>"$PIDS" # the same pid after the exec below
 [ "$FAKE" = hang ] && exec sleep 60
 echo "# Window: 0 of 10 timed calls left out (a rank late for its start); widest gap 60 us; 0 of 2 halves slept between calls"
 [ "$FAKE" = teardown ] && exec sleep 60
@@ -73,4 +74,38 @@ run big hang 1 256M:256M:3:1 2
 grep -q 'tutti_tcp allreduce np=2 256M..256M repeat 1 failed (rc 124)' "$tmp/raw-big/notes" ||
     fail "big: notes $(cat "$tmp/raw-big/notes")"
 if [ "$took" -lt 8 ] || [ "$took" -ge 40 ]; then fail "big: took $took s (an 8 s limit)"; fi
-echo "OK: exit at once, teardown hangs stopped with rows kept, hangs killed and dropped"
+# Interrupted (INT as from Ctrl-C, TERM as from a job's limit) while a band's run hangs
+# with 60 s left: the script stops it (not left running in the background), exits
+# 128 + the signal within seconds, and keeps the raw outputs with the row printed.
+# perl starts it with SIGINT at its default: a background job of this non-interactive
+# shell would inherit it ignored, and a shell cannot trap what it was started ignoring.
+interrupt() { # SIGNAL NUMBER
+    local t0=$SECONDS pid rc=0 raw
+    : >"$tmp/pids-$1"
+    PIDS="$tmp/pids-$1" FAKE=hang perl -e '$SIG{INT} = "DEFAULT"; exec @ARGV or die' \
+        "$run_peers" --build "$tmp/build" --peers tutti --ranks 2 --colls allreduce \
+        --transports tcp --bands 4:4:10:1 -R 1 --run-timeout 60 \
+        -o "$tmp/int-$1.md" >"$tmp/int-$1.out" 2>"$tmp/int-$1.err" &
+    pid=$!
+    for _ in $(seq 100); do [ -s "$tmp/pids-$1" ] && break; sleep 0.1; done
+    [ -s "$tmp/pids-$1" ] || { kill -KILL "$pid"; fail "$1: the stand-in never started"; }
+    sleep 0.5
+    kill -"$1" "$pid"
+    wait "$pid" || rc=$?
+    [ "$rc" = "$2" ] || fail "$1: run-peers.sh exited $rc, not $2: $(cat "$tmp/int-$1.err")"
+    [ $((SECONDS - t0)) -lt 20 ] || fail "$1: took $((SECONDS - t0)) s to stop"
+    sleep 0.5
+    if kill -0 "$(cat "$tmp/pids-$1")" 2>/dev/null; then
+        kill -KILL "$(cat "$tmp/pids-$1")"
+        fail "$1: the band's run was left running after run-peers.sh exited"
+    fi
+    raw=$(sed -n "s/^run-peers: interrupted (SIG$1); to report what was measured: .* --from //p" \
+        "$tmp/int-$1.err")
+    [ -d "$raw" ] || fail "$1: raw outputs not kept: $(cat "$tmp/int-$1.err")"
+    mv "$raw" "$tmp/raw-int-$1"
+    grep -q '^ *4 ' "$tmp/raw-int-$1/tutti_tcp.allreduce.np2.tcp.b4.r1.txt" ||
+        fail "$1: the run's row is not in its kept log"
+}
+interrupt INT 130
+interrupt TERM 143
+echo "OK: exit at once, teardown hangs stopped with rows kept, hangs killed and dropped, interrupts stop the run"

@@ -131,6 +131,7 @@ run_one() {
     timeout -k 10 "$limit" "${cmd[@]}" -b "$bmin" -e "$bmax" -f 4 -n "$it" -w "$wu" $check $fresh ${window:-} \
         >"$log" 2>&1 &
     local pid=$! done_at=""
+    run_pid=$pid # stopped by run-peers.sh's interrupted()
     # With --window every harness's last line is "# Window: ...": a run that printed it
     # and has not exited exit_grace seconds later hangs in its teardown (MPICH's at 4
     # ranks over tcp, session 68): it is stopped, its rows kept, and it is not counted
@@ -150,6 +151,7 @@ run_one() {
         sleep 0.2
     done
     wait "$pid" || rc=$?
+    run_pid=""
     [ "$done_at" = stopped ] && rc=0
     if [ "$rc" != 0 ]; then
         note "$sys $coll np=$n $bmin..$bmax repeat $rep failed (rc $rc): $(grep -v '^#' "$log" |

@@ -211,6 +211,25 @@ cleanup() {
     if [ "$keep" = 1 ]; then echo "raw outputs kept in $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
+# Interrupted (Ctrl-C, or a TERM from a job's limit): the band's run in progress is a
+# background job (run_one), which a non-interactive shell starts with SIGINT ignored and
+# timeout puts in a process group of its own, so nothing else would stop it. Its timeout
+# passes the TERM on to its group and kills what is left 10 s later. The raw outputs are
+# kept either way (what was measured can still be reported with --from).
+run_pid=""
+interrupted() { # SIGNAL NUMBER
+    [ "$BASHPID" = "$main_pid" ] || exit 1
+    trap - INT TERM
+    if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
+        kill -TERM "$run_pid" 2>/dev/null
+        wait "$run_pid" 2>/dev/null
+    fi
+    keep=1
+    echo "run-peers: interrupted (SIG$1); to report what was measured: $0 --from $work" >&2
+    exit $((128 + $2))
+}
+trap 'interrupted INT 2' INT
+trap 'interrupted TERM 15' TERM
 notes="$work/notes"
 results="$work/results"
 note() { echo "- $*" >>"$notes"; echo "run-peers: $*" >&2; }
