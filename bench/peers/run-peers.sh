@@ -11,7 +11,7 @@
 #   bench/peers/run-peers.sh [--quick | --big] [-R REPEATS] [--ranks "2 4"]
 #        [--colls "..."] [--transports "tcp shm"] [--bands "MIN:MAX:ITERS:WARMUP ..."]
 #        [--check] [--fresh] [--barriers] [--bind] [--root R|last] [--peers LIST] [--build DIR] [-o FILE]
-#        [--keep] [--from DIR] [--estimate] [--run-timeout S]
+#        [--keep] [--from DIR [--from DIR ...]] [--estimate] [--run-timeout S]
 #
 # A peer that is missing is skipped with a note; a run that fails is noted and the others
 # go on; a system that hangs twice at a rank count is dropped there for the rest of the run.
@@ -24,6 +24,7 @@ out="$root/docs/benchmarks-latest.md"
 repeats=5
 ranks_list="2 4"
 colls="allreduce broadcast allgather reduce_scatter alltoall"
+colls_all="$colls barrier reduce gather scatter" # an order for merged runs' collectives
 transports="tcp shm"
 # Iterations by size, so that a full run stays under ~40 minutes on a 2-core VM: one
 # process per band, each band MIN..MAX by x4 with its timed and warm-up iterations.
@@ -39,7 +40,9 @@ bind=0
 root_of="0"
 build=""
 keep=0
+keep_asked=0
 from=""
+froms=()
 estimate=0
 peers="tutti ompi mpich gloo"
 run_timeout=300
@@ -82,7 +85,11 @@ Options:
   --build DIR      meson build dir with bench/tutti-bench (default build-bench, then build)
   -o FILE          markdown output (default docs/benchmarks-latest.md)
   --keep           keep the raw outputs (their dir is printed)
-  --from DIR       run nothing: rebuild the tables from the raw outputs kept in DIR
+  --from DIR       run nothing: rebuild the tables from the raw outputs kept in DIR.
+                   Given more than once, one report of several runs of one method (the
+                   same plan but for its ranks, collectives and families; else an
+                   error); a case (ranks, collective, family) in more than one is taken
+                   from the last given, and the report's notes say which run gave which
   --estimate       print the plan and a rough duration, run nothing
   --run-timeout S  kill one band's run after S seconds, noted as failed (default 300:
                    a band takes 1-2 min here; a hung peer no longer costs 15); a system
@@ -112,8 +119,8 @@ while [ $# -gt 0 ]; do
     --root) root_of=$2; shift ;;
     --build) build=$2; shift ;;
     --peers) peers=$2; shift ;;
-    --keep) keep=1 ;;
-    --from) from=$2; keep=1; shift ;;
+    --keep) keep=1; keep_asked=1 ;;
+    --from) from=$2; froms+=("$2"); keep=1; shift ;;
     --estimate) estimate=1 ;;
     --run-timeout) run_timeout=$2; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -190,9 +197,92 @@ if [ "$estimate" = 1 ]; then
     exit 0
 fi
 
+# meta_get DIR VAR: VAR as DIR's meta sets it ("" when it sets none).
+meta_get() { (
+    # shellcheck disable=SC2030,SC2034 # a subshell's own, read through ${!2}
+    window="" started="" elapsed="" cpu=""
+    # shellcheck source=/dev/null
+    . "$1/meta" && printf '%s' "${!2:-}"
+); }
+
+# merge_runs INTO DIR...: the kept outputs of several runs as one run's in INTO (meta,
+# results, window, notes), for one report. Every plan field but the cases must match
+# (one method); each case (ranks, collective, family) comes from the last run that has
+# it; ranks, collectives and families are those of the rows taken.
+merge_runs() {
+    local into=$1 d v a b k=0 started_all="" cpus="" el=0 unknown=0 rev=()
+    shift
+    for d in "$@"; do rev=("$d/results" "${rev[@]}"); done
+    for d in "$@"; do
+        if [ ! -f "$d/results" ] || [ ! -f "$d/meta" ]; then
+            echo "run-peers.sh: no results/meta in $d" >&2
+            return 1
+        fi
+        for v in repeats bands mode check fresh window bind root_of peers; do
+            a=$(meta_get "$1" "$v") b=$(meta_get "$d" "$v")
+            if [ "$a" != "$b" ]; then
+                echo "run-peers.sh: $d ran another method than $1 ($v: '$b' against '$a'): not merged" >&2
+                return 1
+            fi
+        done
+    done
+    # last run first: a case is taken from the first file (the last run) that has it
+    awk -v nruns=$# '
+        FNR == 1 { for (c in cur) taken[c] = run; delete cur
+                   for (i = 1; i < ARGC; i++) if (ARGV[i] == FILENAME) run = nruns + 1 - i }
+        { c = $2 " " $3 " " $4
+          if (c in taken) { if (!((run, c) in said)) { said[run, c] = 1
+              print run, "also", c, taken[c] > "/dev/stderr" }; next }
+          cur[c] = 1; print >"/dev/stdout"
+          if (!((run, c) in told)) { told[run, c] = 1; print run, "took", c > "/dev/stderr" } }
+        ' "${rev[@]}" >"$into/results" 2>"$into/cases"
+    : >"$into/notes"
+    for d in "$@"; do
+        k=$((k + 1))
+        a=$(meta_get "$d" started) b=$(meta_get "$d" elapsed)
+        started_all="${started_all:+$started_all; }$a"
+        el=$((el + ${b:-0}))
+        [ -n "$b" ] || unknown=$((unknown + 1))
+        v=$(meta_get "$d" cpu)
+        case "; $cpus; " in *"; $v; "*) ;; *) cpus="${cpus:+$cpus; }$v" ;; esac
+        {
+            printf -- '- run %d (%s, started %s, %s): ' "$k" "$d" "$a" \
+                "$([ -n "$b" ] && echo "$((b / 60)) min" || echo "stopped before its end")"
+            awk -v k="$k" '$1 == k && $2 == "took" { printf "%s%s np=%s %s", (n++ ? ", " : ""), $4, $3, $5 }
+                END { if (!n) printf "no case" }' "$into/cases"
+            echo
+            awk -v k="$k" '$1 == k && $2 == "also" {
+                printf "- run %d also measured %s np=%s %s: taken from run %d\n", k, $4, $3, $5, $6 }' \
+                "$into/cases"
+            grep -v 'gnuplot not found' "$d/notes" | sed "s/^- /- [run $k] /" # said again below
+        } >>"$into/notes"
+        [ -f "$d/window" ] && cat "$d/window" >>"$into/window"
+    done
+    {
+        for v in repeats bands mode check fresh window bind root_of peers; do
+            printf '%s=%q\n' "$v" "$(meta_get "$1" "$v")"
+        done
+        printf 'ranks_list=%q\n' "$(awk '{ print $2 }' "$into/results" | sort -nu | xargs)"
+        printf 'colls=%q\n' "$(for v in $colls_all; do
+            awk -v c="$v" '$3 == c { print c; exit }' "$into/results"; done | xargs)"
+        printf 'transports=%q\n' "$(for v in tcp shm; do
+            awk -v f="$v" '$4 == f { print f; exit }' "$into/results"; done | xargs)"
+        printf 'started=%q\n' "$started_all"
+        printf 'elapsed=%q\n' "$el"
+        printf 'cpu=%q\n' "$cpus"
+        printf 'runs=%q\n' "$#"
+        printf 'elapsed_unknown=%q\n' "$unknown"
+    } >"$into/meta"
+}
+
 # --- work dir ---------------------------------------------------------------------
+if [ "${#froms[@]}" -gt 1 ]; then
+    work=$(mktemp -d /tmp/run-peers.XXXXXX) || exit 1
+    merge_runs "$work" "${froms[@]}" || { rm -rf "$work"; exit 2; }
+    keep=$keep_asked
+fi
 if [ -n "$from" ]; then
-    work=$from
+    [ "${#froms[@]}" -gt 1 ] || work=$from
     if [ ! -f "$work/results" ] || [ ! -f "$work/meta" ]; then
         echo "run-peers.sh: no results/meta in $work" >&2
         exit 2
