@@ -44,6 +44,14 @@ run ok ok 2 4:4:10:1 4
 [ "$(wc -l <"$tmp/raw-ok/results")" = 2 ] || fail "ok: rows $(cat "$tmp/raw-ok/results")"
 ! grep -v gnuplot "$tmp/raw-ok/notes" | grep -q . || fail "ok: notes $(cat "$tmp/raw-ok/notes")"
 [ "$took" -lt 10 ] || fail "ok: took $took s for two runs that exit at once"
+# the page fault's cost before and after (bench/fault-probe.c, built by hand here: the
+# stand-in build has none), in us
+for v in fault_us_start fault_us_end; do
+    grep -Eq "^$v=[0-9]+[.][0-9]+\$" "$tmp/raw-ok/meta" ||
+        fail "ok: no $v in meta: $(cat "$tmp/raw-ok/meta")"
+done
+grep -q '^A page fault took [0-9.]* us before the run and [0-9.]* after it' "$tmp/ok.md" ||
+    fail "ok: the report does not give the page fault's cost: $(head -n 5 "$tmp/ok.md")"
 
 # Teardown hangs: each stopped about a second after its last line, long before the 4 s
 # limit; both rows kept (in-place p50 1.50, mean 1.50, p99 2.50), two notes, no hang.

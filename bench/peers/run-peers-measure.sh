@@ -15,6 +15,18 @@ ompi_vader_args=(--mca btl vader,self)
 # connections on 127.0.0.1 and map no /dev/shm or SysV segment).
 mpich_tcp_env=(MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo)
 
+# fault_cost: the median microseconds a page fault takes here (bench/fault-probe.c, built
+# by meson or by hand), or nothing. A peer that maps its scratch afresh on each call pays
+# it per 4 KiB page, and it differs tenfold between the VMs this has run on.
+fault_cost() {
+    local probe="$build/bench/fault-probe"
+    if [ ! -x "$probe" ]; then
+        probe="$work/fault-probe"
+        [ -x "$probe" ] || cc -O2 -o "$probe" "$root/bench/fault-probe.c" 2>/dev/null || return 0
+    fi
+    "$probe" 16 3 2>/dev/null
+}
+
 find_binaries() {
     if [ -z "$build" ]; then
         for d in build-bench build; do

@@ -200,7 +200,7 @@ fi
 # meta_get DIR VAR: VAR as DIR's meta sets it ("" when it sets none).
 meta_get() { (
     # shellcheck disable=SC2030,SC2034 # a subshell's own, read through ${!2}
-    window="" started="" elapsed="" cpu=""
+    window="" started="" elapsed="" cpu="" fault_us_start="" fault_us_end=""
     # shellcheck source=/dev/null
     . "$1/meta" && printf '%s' "${!2:-}"
 ); }
@@ -246,8 +246,10 @@ merge_runs() {
         v=$(meta_get "$d" cpu)
         case "; $cpus; " in *"; $v; "*) ;; *) cpus="${cpus:+$cpus; }$v" ;; esac
         {
-            printf -- '- run %d (%s, started %s, %s): ' "$k" "$d" "$a" \
-                "$([ -n "$b" ] && echo "$((b / 60)) min" || echo "stopped before its end")"
+            v=$(meta_get "$d" fault_us_start)
+            printf -- '- run %d (%s, started %s, %s%s): ' "$k" "$d" "$a" \
+                "$([ -n "$b" ] && echo "$((b / 60)) min" || echo "stopped before its end")" \
+                "${v:+; a page fault ${v} us before it, $(meta_get "$d" fault_us_end) after}"
             awk -v k="$k" '$1 == k && $2 == "took" { printf "%s%s np=%s %s", (n++ ? ", " : ""), $4, $3, $5 }
                 END { if (!n) printf "no case" }' "$into/cases"
             echo
@@ -341,8 +343,10 @@ if [ -z "$from" ]; then
         printf 'cpu=%q\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) x $(nproc)"
     } >"$work/meta"
     find_binaries
+    echo "fault_us_start=$(fault_cost)" >>"$work/meta"
     t0=$(date +%s)
     measure
     echo "elapsed=$(($(date +%s) - t0))" >>"$work/meta"
+    echo "fault_us_end=$(fault_cost)" >>"$work/meta"
 fi
 report
