@@ -205,6 +205,9 @@ meta_get() { (
     . "$1/meta" && printf '%s' "${!2:-}"
 ); }
 
+# A plan's fields but its cases (ranks, collectives, families): runs merged must agree.
+method_fields="repeats bands mode check fresh window bind root_of peers"
+
 # merge_runs INTO DIR...: the kept outputs of several runs as one run's in INTO (meta,
 # results, window, notes), for one report. Every plan field but the cases must match
 # (one method); each case (ranks, collective, family) comes from the last run that has
@@ -218,7 +221,7 @@ merge_runs() {
             echo "run-peers.sh: no results/meta in $d" >&2
             return 1
         fi
-        for v in repeats bands mode check fresh window bind root_of peers; do
+        for v in $method_fields; do
             a=$(meta_get "$1" "$v") b=$(meta_get "$d" "$v")
             if [ "$a" != "$b" ]; then
                 echo "run-peers.sh: $d ran another method than $1 ($v: '$b' against '$a'): not merged" >&2
@@ -261,7 +264,7 @@ merge_runs() {
         [ -f "$d/window" ] && cat "$d/window" >>"$into/window"
     done
     {
-        for v in repeats bands mode check fresh window bind root_of peers; do
+        for v in $method_fields; do
             printf '%s=%q\n' "$v" "$(meta_get "$1" "$v")"
         done
         printf 'ranks_list=%q\n' "$(awk '{ print $2 }' "$into/results" | sort -nu | xargs)"
