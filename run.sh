@@ -32,6 +32,13 @@ install_deps() { # packages... (default: PKGS)
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# each step's time and the total so far, for CI's log (its limit is 30 minutes)
+step_t0=$SECONDS
+step() { # name
+    echo "run.sh: $1: $((SECONDS - step_t0)) s (total $SECONDS s)"
+    step_t0=$SECONDS
+}
+
 build() { # dir, extra meson args...
     local dir=$1; shift
     [ -f "$dir/build.ninja" ] || meson setup "$dir" "$@"
@@ -54,15 +61,19 @@ test)
     install_deps iproute2 # tests/test_netns_tcp.sh: two hosts as network namespaces
     # tutti.torch, the torch.distributed backend, and its tests (python/tests/test_torch_*)
     install_deps python3-torch libtorch-dev pybind11-dev g++
+    step "packages"
     tools/dev/format.sh --check # the tree follows .clang-format
     build build
+    step "format check and build"
     # 4 at a time: only the suites that mostly wait run side by side (tests/meson.build)
     meson test -C build --print-errorlogs --num-processes 4
+    step "tests"
     # Sanitizers: the same suite, with the big cases shrunk (TT_TEST_QUICK) for time.
     build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dpeers=disabled -Dtorch=disabled
     TT_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --timeout-multiplier 3 --num-processes 4
+    step "ASan/UBSan build and tests"
     # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds (tcp only:
     # gcc's TSan refuses the shm transport's fences); only that suite is built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
@@ -70,6 +81,7 @@ test)
     ninja -C build-tsan tests/test_fuser
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
         meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser
+    step "TSan build and test"
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
     # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in
     # build-fuzz/ as crash-*, to add to the corpus once fixed).
@@ -85,12 +97,14 @@ test)
                 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
                 "../fuzz/corpus/$f" 2>&1 | grep -v -E '(NEW|REDUCE) +cov:|Uses:')
         done
+        step "fuzzing"
     fi
     # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs
     # device"); run them, and the correctness matrices over ibverbs, on rdma_rxe in a VM.
     if [ "${TUTTI_RXE_VM:-1}" != 0 ]; then
         install_deps "${VM_PKGS[@]}"
         tests/rdma/ci.sh build
+        step "ibverbs in a soft-RoCE guest"
     fi
     ;;
 *)
