@@ -262,19 +262,24 @@ typedef struct matrix_arg {
     const char *allreduce, *broadcast, *barrier; /* the algorithms the comm is forced to */
     const char *label;
     int allreduce_only; /* the broadcast cases ran under another configuration */
+    int small_chunks;   /* forced to 4099-byte chunks */
     shared_t *sh;
 } matrix_arg_t;
 
-static size_t big_count(void)
+/* The big count: 1 Mi + 3 elements (8 MiB of f64: past the default 1 MiB chunk and the
+ * shm ring's 1 MiB); under 4099-byte chunks a quarter of that, still 512 chunks of f64
+ * (2048 made those configurations most of the suite's time, nothing new after the first
+ * few hundred); quick: 64 Ki + 3 elements. */
+static size_t big_count(int small_chunks)
 {
-    return th_quick() ? (64u << 10) + 3 : (1u << 20) + 3;
+    return th_quick() ? (64u << 10) + 3 : small_chunks ? (256u << 10) + 3 : (1u << 20) + 3;
 }
 
 static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     const matrix_arg_t *a = arg;
-    const size_t big = big_count();
+    const size_t big = big_count(a->small_chunks);
     const size_t small_counts[] = { 0, 1, 7, 4097 };
 
     /* the override must reach the selection, or this tests some other algorithm */
@@ -395,6 +400,7 @@ static void run_matrix(int nranks, int config)
                          .barrier = configs[k].barrier,
                          .label = configs[k].label,
                          .allreduce_only = configs[k].allreduce_only,
+                         .small_chunks = configs[k].chunk_bytes != 0,
                          .sh = shared_area() };
     coll_run_matrix(nranks, rank_matrix, &arg, &opts, arg.label);
 }
@@ -499,6 +505,7 @@ START_TEST(hier_hosts)
                          .barrier = "tree",
                          .label = label,
                          .allreduce_only = 1,
+                         .small_chunks = 1, /* rank_hier's 4099 */
                          .sh = shared_area() };
     coll_run_hosts(hier_maps[_i], rank_hier, &arg, label);
 }
