@@ -1155,7 +1155,8 @@ START_TEST(test_copy_vs_reference)
                 /* src in the source's second page at (dst - delta) mod 4096 */
                 size_t soff = ((uintptr_t)dst - (uintptr_t)(intptr_t)deltas[di]) & 4095u;
                 const unsigned char *src = sbase + 4096 + soff;
-                memset(dbase, 0xEE, cap);
+                /* the copy and its guards */
+                memset(dst - 64, 0xEE, n + 128);
                 if (way == 0)
                     tt_copy(dst, src, n);
 #ifdef TP_COPY_LOOP
@@ -1166,11 +1167,13 @@ START_TEST(test_copy_vs_reference)
                 else
                     tp_copy_nt(dst, src, n);
 #endif
-                for (size_t i = 0; i < n; i++)
-                    if (dst[i] != src[i])
-                        ck_abort_msg("way %d, %zu bytes, dst %d past 4096, delta %d: byte %zu "
-                                     "is %u, the source's %u",
-                                     way, n, aligns[ai], deltas[di], i, dst[i], src[i]);
+                /* byte by byte only where they differ (always: 10 s of 20 under ASan) */
+                if (n && memcmp(dst, src, n) != 0)
+                    for (size_t i = 0; i < n; i++)
+                        if (dst[i] != src[i])
+                            ck_abort_msg("way %d, %zu bytes, dst %d past 4096, delta %d: byte "
+                                         "%zu is %u, the source's %u",
+                                         way, n, aligns[ai], deltas[di], i, dst[i], src[i]);
                 for (int g = 1; g <= 64; g++)
                     ck_assert_msg(dst[-g] == 0xEE && dst[n - 1 + g] == 0xEE,
                                   "way %d, %zu bytes, dst %d past 4096, delta %d: guard %d "
