@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -500,6 +501,16 @@ int th_quick(void)
 {
     const char *q = getenv("TT_TEST_QUICK");
     return q && *q && strcmp(q, "0") != 0;
+}
+
+int th_max_ranks(void)
+{
+    const char *v = getenv("TT_TEST_MAX_RANKS");
+    if (!v || !*v)
+        return INT_MAX;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    return !*end && n >= 1 && n < INT_MAX ? (int)n : INT_MAX;
 }
 
 int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms)

@@ -190,6 +190,10 @@ int th_run_comm_timeout(int nranks, th_rank_fn fn, void *arg, int timeout_ms, in
  * their larger cases). */
 int th_quick(void);
 
+/* TT_TEST_MAX_RANKS when set to a count of 1 or more, else INT_MAX: the matrices leave out
+ * their larger rank counts (the soft-RoCE guest, where 5 ranks share 2 emulated CPUs). */
+int th_max_ranks(void);
+
 /* th_run_ex of nranks ranks with TH_NO_COMM (they make their own communicators). */
 int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 
