@@ -249,10 +249,10 @@ merge_runs() {
         v=$(meta_get "$d" cpu)
         case "; $cpus; " in *"; $v; "*) ;; *) cpus="${cpus:+$cpus; }$v" ;; esac
         {
-            v=$(meta_get "$d" fault_us_start)
-            printf -- '- run %d (%s, started %s, %s%s): ' "$k" "$d" "$a" \
+            v=$(meta_get "$d" fault_us_start) w=$(meta_get "$d" fault_us_end) # w: none if stopped
+            printf -- '- run %d (%s, started %s, %s%s%s): ' "$k" "$d" "$a" \
                 "$([ -n "$b" ] && echo "$((b / 60)) min" || echo "stopped before its end")" \
-                "${v:+; a page fault ${v} us before it, $(meta_get "$d" fault_us_end) after}"
+                "${v:+; a page fault ${v} us before it}" "${v:+${w:+, $w after}}"
             awk -v k="$k" '$1 == k && $2 == "took" { printf "%s%s np=%s %s", (n++ ? ", " : ""), $4, $3, $5 }
                 END { if (!n) printf "no case" }' "$into/cases"
             echo
