@@ -35,8 +35,8 @@ static inline void coll_run_matrix(int nranks, th_rank_fn fn, void *arg,
                                    const tutti_comm_opts_t *opts, const char *label)
 {
     if (nranks > th_max_ranks()) {
-        fprintf(stderr, "matrix %s on %d rank(s): left out (TT_TEST_MAX_RANKS=%d)\n", label,
-                nranks, th_max_ranks());
+        fprintf(stderr, "matrix %s on %d rank(s): left out (TT_TEST_MAX_RANKS=%d)\n", label, nranks,
+                th_max_ranks());
         return;
     }
     th_spec_t spec = { .nranks = nranks, .fn = fn, .arg = arg, .timeout_ms = 100000, .opts = opts };
