@@ -515,6 +515,9 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
     }
 }
 
+/* A spin's round: a recv() on each link that waits for bytes. Gating a link whose last
+ * read found nothing behind poll(fd, POLLIN, 0) (lock-free, no wait-queue entry) did not
+ * pay: a message that has come then costs two calls (docs/benchmarks.md, session 72). */
 static void sweep(tcp_tp_t *tp)
 {
     for (int i = 0; i < tp->nranks; i++) {
