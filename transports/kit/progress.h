@@ -124,10 +124,10 @@ static inline int tp_progress_hop(void *tp, const tp_progress_ops_t *o, atomic_i
                     end = TT_KIT_MIN(now + spin_ns, deadline);
                 }
                 /* With more ranks than cores, the peer we wait for may share our core:
-                 * spinning without yielding would keep it off the CPU for the whole spin
-                 * (20 us without yields first, as shm's 3: level with 2 ranks, 1.6-1.8x
-                 * the time of a 4-rank tcp allreduce on 2 CPUs; docs/benchmarks.md,
-                 * session 72). */
+                 * spinning without yielding would keep it off the CPU for the whole spin.
+                 * Not yielding in the first 20 us (as shm's spin skips it in its first 3)
+                 * was level at 2 ranks and took 1.6-1.8x the time of a 4-rank tcp
+                 * allreduce on 2 CPUs (docs/benchmarks.md, session 72). */
                 sched_yield();
             }
         }
