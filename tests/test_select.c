@@ -803,8 +803,11 @@ START_TEST(defaults)
      * their bytes twice (each rank copies its send and its receive): 2 ranks, 2a + n/2
      * (2b + g) + n/2 b = 2a + 1.5 n b + n g / 2 against the tree's a + n (b + g): the
      * tree at every size. On two hosts, or unknown ones, the ring from 2a / (g/2) =
-     * 240000 bytes as before; crowded (3 ranks on 2 CPUs), crowd_factor alone, the ring
-     * at 1 MiB */
+     * 240000 bytes as before. Crowded (3 ranks on 2 CPUs) the ring's steps take 2 turns
+     * (ring_turns), 5a + n (2b + 4/3 g), and the tree's second round is its leaf's,
+     * sent at the start, at b/3: 3a + n (4/3 b + 2 g); linear 2.25a + 2 n (b/3 + g)
+     * while a vector fits a socket's buffer (96 KiB), then at b: linear to 98304 bytes,
+     * then the tree, never the ring */
     {
         const int one_host[4] = { 0, 0, 0, 0 }, two_hosts[2] = { 0, 1 };
         tt_cost_t lo = tcp, apart = tcp, lo_crowd = tcp, split;
@@ -827,7 +830,15 @@ START_TEST(defaults)
         ck_assert_str_eq(pick_c(&apart, TT_COLL_REDUCE, 239000, 2), "tree");
         ck_assert_str_eq(pick_c(&apart, TT_COLL_REDUCE, 241000, 2), "ring");
         ck_assert_str_eq(pick_c(&tcp, TT_COLL_REDUCE, 241000, 2), "ring");
-        ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, 1 << 20, 3), "ring");
+        ck_assert(fabs(tt_cost_estimate(&lo_crowd, TT_COLL_REDUCE, "ring", 3000, 3, 0) -
+                       (5 * tcp.alpha_us +
+                        3000 * (2 * tcp.beta_ns + 4.0 / 3 * tcp.gamma_ns) * 1e-3)) < 1e-9);
+        ck_assert(fabs(tt_cost_estimate(&lo_crowd, TT_COLL_REDUCE, "tree", 3000, 3, 0) -
+                       (3 * tcp.alpha_us +
+                        3000 * (4.0 / 3 * tcp.beta_ns + 2 * tcp.gamma_ns) * 1e-3)) < 1e-9);
+        ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, 98304, 3), "linear");
+        for (size_t bytes = 98308; bytes <= (256u << 20); bytes *= 4)
+            ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, bytes, 3), "tree");
         ck_assert_str_eq(pick_c(&split, TT_COLL_REDUCE, 1 << 20, 2), "ring");
     }
 

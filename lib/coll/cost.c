@@ -110,6 +110,20 @@
  *                    us, tree against ring, back to back: 1 MiB 142-190 against 332-584,
  *                    16 MiB 5386-7411 against 8470-9400; --fresh: 256 KiB 80-115
  *                    against 98-148, 4-16 MiB level)
+ *                    Crowded, a step of the ring ends only when each rank of its
+ *                    cycle has had a CPU: it takes ceil(ranks / CPUs) turns
+ *                    (ring_turns), not ranks / CPUs. And a tree round after the
+ *                    first whose sender is a leaf (2^j = p - 1: 3, 5, 9 ranks) has
+ *                    its message written at the call's start, beside the root's
+ *                    earlier rounds: the root copies it out at b/3 (as linear's
+ *                    root does what its senders wrote and left). 3 ranks on 2 CPUs
+ *                    (session 73, --algo all --fresh --window, 3 runs each, ring /
+ *                    tree p50): tcp 1.5-2.0 at 128-512 KiB, 1.1-1.7 at 1-8 MiB,
+ *                    0.98-1.16 at 16 MiB; shm 1.1-1.6 at 256 KiB-8 MiB, 0.98-1.44
+ *                    at 16 MiB; the model had the ring from 80 KB, now never at 3
+ *                    ranks (linear, then the tree). At 4 ranks both are as before
+ *                    (ceil(4/2) = 2; no leaf round): the ring ahead from 2 MiB in
+ *                    the same session (ring / tree 0.83-0.89 at 4-8 MiB)
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
  *                    reduces in rank order: an op that does not commute takes it);
  *                    crowded, latency as the linear allreduce's with p - 1 messages,
@@ -480,12 +494,21 @@ static double latency(const tt_cost_t *c, int p, double rounds, double msgs, dou
 
 /* On a crowded host, ranks that all copy and reduce in the same round share the CPUs:
  * such a round's bytes take ranks / CPUs as long (a chain's step keeps one rank busy;
- * p: the ranks that work at once, of the host's share). Scan's rd, reduce and the
- * allreduces over sockets (socket_crowd) count it so far (the header); the allreduces
- * over shm and the other collectives' picks were measured without. */
+ * p: the ranks that work at once, of the host's share). Scan's rd, the reduce's tree
+ * rounds, the allreduces (steps_crowd, socket_crowd) and the chain broadcast count it
+ * (the header); the reduce's ring takes ring_turns. */
 static double crowd_factor(const tt_cost_t *c, int p)
 {
     return tt_cost_crowded(c) ? (double)TT_MIN(c->host_ranks, p) / c->host_cpus : 1;
+}
+
+/* A ring's step on a crowded host: every rank of the cycle waits for its left neighbour,
+ * so the step ends when each has had a CPU, ceil(ranks / CPUs) turns (the header's
+ * reduce: 3 ranks on 2 CPUs take 2 turns, as 4 do). The reduce's ring counts it so far;
+ * the others keep crowd_factor */
+static double ring_turns(const tt_cost_t *c, int p)
+{
+    return tt_cost_crowded(c) ? ceil((double)TT_MIN(c->host_ranks, p) / c->host_cpus) : 1;
 }
 
 /* The per-byte cost (us) of a linear root's copies of root_bytes in all, in messages of
@@ -729,13 +752,18 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             const int senders_copy = tree_senders_copy(n);
             for (int j = 0; j < L; j++) {
                 int receivers = (p - 1 - (1 << j)) / (2 << j) + 1;
+                /* crowded, a leaf's message, written at the start (the header) */
+                if (j > 0 && (1 << j) == p - 1 && tt_cost_crowded(c)) {
+                    t += a + n * (b / 3 + g);
+                    continue;
+                }
                 double copy = crowd_factor(c, senders_copy ? 2 * receivers : receivers);
                 t += a + n * (b * TT_MAX(1.0, copy) + g * TT_MAX(1.0, crowd_factor(c, receivers)));
             }
             return t;
         }
         if (!strcmp(algo, "ring")) /* every rank in the ring's steps, the root gathers */
-            return 2 * (p - 1) * a + crowd_factor(c, p) * fr * n * (loop_copies(c) * b + g) +
+            return 2 * (p - 1) * a + ring_turns(c, p) * fr * n * (loop_copies(c) * b + g) +
                    fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
