@@ -805,7 +805,7 @@ START_TEST(defaults)
      * tree at every size. On two hosts, or unknown ones, the ring from 2a / (g/2) =
      * 240000 bytes as before. Crowded (3 ranks on 2 CPUs) the ring's steps take 2 turns
      * (ring_turns), 5a + n (2b + 4/3 g), and the tree's second round is its leaf's,
-     * sent at the start, at b/3: 3a + n (4/3 b + 2 g); linear 2.25a + 2 n (b/3 + g)
+     * sent at the start, at b/3: 3a + n (4/3 b + 2 g); linear 2a + 2 n (b/3 + g)
      * while a vector fits a socket's buffer (96 KiB), then at b: linear to 98304 bytes,
      * then the tree, never the ring */
     {

@@ -120,8 +120,9 @@
  *                    (session 73, --algo all --fresh --window, 3 runs each, ring /
  *                    tree p50): tcp 1.5-2.0 at 128-512 KiB, 1.1-1.7 at 1-8 MiB,
  *                    0.98-1.16 at 16 MiB; shm 1.1-1.6 at 256 KiB-8 MiB, 0.98-1.44
- *                    at 16 MiB; the model had the ring from 80 KB, now never at 3
- *                    ranks (linear, then the tree). At 4 ranks both are as before
+ *                    at 16 MiB; the model had the ring above 96 KiB over tcp and
+ *                    128 KiB over shm (where linear ends), now never at 3 ranks
+ *                    (linear, then the tree). At 4 ranks both are as before
  *                    (ceil(4/2) = 2; no leaf round): the ring ahead from 2 MiB in
  *                    the same session (ring / tree 0.83-0.89 at 4-8 MiB)
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
