@@ -84,8 +84,20 @@ sed 's/^started=.*/started=2026-11-30\\ 01:00\\ UTC/' "$raw/meta" >"$raw2/meta"
 brow() { printf '%s 2 broadcast tcp 4 %s %s %s 0 %s\n' "$1" "$2" "$2" "$2" "$3"; }
 for r in 1 2 3; do brow tutti_tcp 2 "$r"; brow ompi_tcp 1 "$r"; done >>"$raw/results"
 for r in 1 2 3; do brow tutti_tcp 5 "$r"; brow ompi_tcp 10 "$r"; done >"$raw2/results"
+# late calls that name their case: run 1's broadcast ones go with its rows (not taken);
+# its allreduce ones and run 2's count (rows that name no case, as before, all count)
+printf 'tutti_tcp 40 100 - - 2 broadcast tcp
+ompi_tcp 30 100 3 6 2 broadcast tcp
+' >>"$raw/window"
+printf 'tutti_tcp 5 100 - - 2 allreduce tcp
+' >>"$raw/window"
+printf 'tutti_tcp 1 100 2 6 2 broadcast tcp
+ompi_tcp 0 100 - - 2 broadcast tcp
+' >"$raw2/window"
 "$run_peers" --from "$raw" --from "$raw2" -o "$out" >"$tmp/stdout" 2>"$tmp/stderr" ||
     fail "run-peers.sh --from --from exited $?: $(cat "$tmp/stderr")"
+expect "mpich_tcp 7 of 200; ompi_tcp 0 of 300; tutti_tcp 9 of 600."
+expect "tutti_tcp 2 of 6."
 expect "| size | allreduce np2 | broadcast np2 |"
 expect "| 4 B | 0.833 (0.5-0.909) ompi tcp | 0.5 (0.5-0.5) ompi tcp |"
 expect "At or below the best peer: **3 of 5** cases."

@@ -178,9 +178,12 @@ run_one() {
             o = h == "ip" ? 6 : 0
             print s, n, c, f, $1, $(10 + o), $(6 + o), $(11 + o), $(9 + o), r }' \
         "$log" >>"$results"
-    # --window: the calls a late rank left out ("# Window: L of T timed calls ...")
-    [ -n "${window:-}" ] && awk -v s="$sys" '/^# Window:/ {
-        slept = $(NF - 1) == "between" ? $(NF - 6) " " $(NF - 4) : ""; print s, $3, $5, slept }' \
+    # --window: the calls a late rank left out ("# Window: L of T timed calls ..."), and
+    # the halves whose ranks slept between calls ("- -": not said), then the case (so that
+    # a merge counts only the runs' rows of the cases it takes)
+    [ -n "${window:-}" ] && awk -v s="$sys" -v n="$n" -v c="$coll" -v f="$fam" '/^# Window:/ {
+        slept = $(NF - 1) == "between" ? $(NF - 6) " " $(NF - 4) : "- -"
+        print s, $3, $5, slept, n, c, f }' \
         "$log" >>"$work/window"
     return 0
 }

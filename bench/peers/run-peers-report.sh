@@ -238,9 +238,9 @@ report_header() {
         echo "Timed calls left out because a rank reached the call after its start (--window):"
         awk '{ l[$1] += $2; t[$1] += $3 } END { for (s in l) print s, l[s], t[s] }' "$work/window" |
             sort | awk '{ printf "%s%s %d of %d", (NR > 1 ? "; " : ""), $1, $2, $3 } END { print "." }'
-        if awk 'NF >= 5 { found = 1 } END { exit !found }' "$work/window"; then
+        if awk 'NF >= 5 && $4 != "-" { found = 1 } END { exit !found }' "$work/window"; then
             echo "Halves whose ranks slept between timed calls (a median warm-up call of 250 us or more):"
-            awk 'NF >= 5 { s[$1] += $4; h[$1] += $5 } END { for (x in s) print x, s[x], h[x] }' \
+            awk 'NF >= 5 && $4 != "-" { s[$1] += $4; h[$1] += $5 } END { for (x in s) print x, s[x], h[x] }' \
                 "$work/window" |
                 sort | awk '{ printf "%s%s %d of %d", (NR > 1 ? "; " : ""), $1, $2, $3 } END { print "." }'
         fi

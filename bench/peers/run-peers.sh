@@ -261,7 +261,11 @@ merge_runs() {
                 "$into/cases"
             grep -v 'gnuplot not found' "$d/notes" | sed "s/^- /- [run $k] /" # said again below
         } >>"$into/notes"
-        [ -f "$d/window" ] && cat "$d/window" >>"$into/window"
+        # the late calls of the cases this run's rows were taken for (rows that name
+        # their case, since session 73; older rows name none and all count)
+        [ -f "$d/window" ] && awk -v k="$k" 'FNR == NR { if ($1 == k && $2 == "took")
+                took[$3 " " $4 " " $5] = 1; next }
+            NF < 8 || (($6 " " $7 " " $8) in took)' "$into/cases" "$d/window" >>"$into/window"
     done
     {
         for v in $method_fields; do
