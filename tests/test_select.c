@@ -840,6 +840,17 @@ START_TEST(defaults)
         for (size_t bytes = 98308; bytes <= (256u << 20); bytes *= 4)
             ck_assert_str_eq(pick_c(&lo_crowd, TT_COLL_REDUCE, bytes, 3), "tree");
         ck_assert_str_eq(pick_c(&split, TT_COLL_REDUCE, 1 << 20, 2), "ring");
+        /* crowded, the ring's latency is the barrier's, its 35 messages at 6 ranks over
+         * 2 CPUs: over shm 10 rounds a + 17.5 a/2 = 18.75a (+ a, the release), where it
+         * was 10a; at 64 KiB then the tree (3 rounds: 3, 1 and 1 receivers), not the
+         * ring (measured 2.3-2.7x linear's time there, the tree 1.1x) */
+        tt_cost_t six;
+        tt_cost_table(&six, "shm");
+        six.host_ranks = 6;
+        six.host_cpus = 2;
+        ck_assert(fabs(tt_cost_estimate(&six, TT_COLL_REDUCE, "ring", 0, 6, 0) -
+                       19.75 * six.alpha_us) < 1e-9);
+        ck_assert_str_eq(pick_c(&six, TT_COLL_REDUCE, 65536, 6), "tree");
     }
 
     /* scan and exscan, 4 ranks over tcp: rd 2a + 2 n b + 3 n g; linear (3 + c - 1)(a +

@@ -124,7 +124,12 @@
  *                    128 KiB over shm (where linear ends), now never at 3 ranks
  *                    (linear, then the tree). At 4 ranks both are as before
  *                    (ceil(4/2) = 2; no leaf round): the ring ahead from 2 MiB in
- *                    the same session (ring / tree 0.83-0.89 at 4-8 MiB)
+ *                    the same session (ring / tree 0.83-0.89 at 4-8 MiB). Crowded,
+ *                    the ring's latency counts as the barrier's with its p (p - 1)
+ *                    + p - 1 messages (as the allreduce's ring; 2 (p - 1) a until
+ *                    session 73, which at 6 ranks on 2 CPUs over shm had it picked
+ *                    at 64 KiB, where it took 2.3-2.7x linear's time and 2.1x the
+ *                    tree's; the tree now); no pick at 3 or 4 ranks moves
  *            linear  a + (p-2) a/4 + (p-1) n (b + g)   (every rank to the root, which
  *                    reduces in rank order: an op that does not commute takes it);
  *                    crowded, latency as the linear allreduce's with p - 1 messages,
@@ -764,8 +769,8 @@ static double algo_cost(const tt_cost_t *c, tt_coll_t coll, const char *algo, si
             return t;
         }
         if (!strcmp(algo, "ring")) /* every rank in the ring's steps, the root gathers */
-            return 2 * (p - 1) * a + ring_turns(c, p) * fr * n * (loop_copies(c) * b + g) +
-                   fr * n * b;
+            return latency(c, p, 2.0 * (p - 1), p * (p - 1.0) + (p - 1), 0) +
+                   ring_turns(c, p) * fr * n * (loop_copies(c) * b + g) + fr * n * b;
         if (!strcmp(algo, "linear")) /* the root takes in and reduces p - 1 vectors */
             return latency(c, p, 1, p - 1.0, (p - 2) * a / 4) +
                    (p - 1) * n * (root_copy_b(c, (p - 1) * n, n) + g);
