@@ -84,6 +84,29 @@ static int cmp_pid(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* ---- what dead ranks left in /dev/shm --------------------------------------------- */
+
+/* Removes the names the shm transport made in /dev/shm ("tutti-shm-<pid>-...",
+ * transports/shm/shm_setup.c) for any of the n pids, sorted: a rank killed in its set-up
+ * (a job that failed to start, stopped by us) had no chance to. Call it only while those
+ * pids cannot be another process's (zombies not yet reaped). */
+static void sweep_shm(const pid_t *sorted, int n)
+{
+    DIR *d = n > 0 ? opendir("/dev/shm") : NULL;
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid = 0, off = 0;
+        if (sscanf(e->d_name, "tutti-shm-%d-%n", &pid, &off) != 1 || !off)
+            continue;
+        pid_t key = (pid_t)pid;
+        if (bsearch(&key, sorted, (size_t)n, sizeof(pid_t), cmp_pid))
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+}
+
 /* Is a process (not a zombie: who inherited it may never reap it) left whose process
  * group (own_groups) or pid is one of pids (sorted)? 0 when /proc cannot tell. */
 static int any_left(const pid_t *pids, int n, int own_groups)
@@ -187,6 +210,7 @@ static void cleaner_main(tt_launch_t *l, int fd)
                 break;
             usleep(10000);
         }
+        sweep_shm(pids, n);
     }
     if (!done && l->dir[0]) {
         end = now_ms() + CLEANER_WAIT_MS;
@@ -534,6 +558,24 @@ int tt_launch_finish(tt_launch_t *l)
 {
     int rc = 0;
     cleaner_tell(l, MSG_DISARM, 0); /* before reaping: pids may be reused after */
+    pid_t *sorted = malloc((size_t)l->np * sizeof(pid_t));
+    int n = 0;
+    for (int i = 0; i < l->np; i++) {
+        if (l->pids[i] <= 0)
+            continue;
+        siginfo_t si;
+        /* exited, not yet reaped: the pid is still the rank's */
+        while (!l->exited[i] && waitid(P_PID, (id_t)l->pids[i], &si, WEXITED | WNOWAIT) < 0 &&
+               errno == EINTR)
+            ;
+        if (sorted)
+            sorted[n++] = l->pids[i];
+    }
+    if (sorted) {
+        qsort(sorted, (size_t)n, sizeof(pid_t), cmp_pid);
+        sweep_shm(sorted, n);
+        free(sorted);
+    }
     for (int i = 0; i < l->np; i++)
         if (l->pids[i] > 0)
             while (waitpid(l->pids[i], NULL, 0) < 0 && errno == EINTR)

@@ -23,7 +23,8 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 
-/* Ring per direction: 16 MiB over the local peers, within [64 KiB, 1 MiB]. */
+/* Ring per direction: 16 MiB over the local peers, within [64 KiB, 1 MiB]; set-up halves it
+ * (to 4 KiB at least) until the host's rings fit in half of /dev/shm's free space. */
 #define SHM_RING_BUDGET (16u << 20)
 #define SHM_RING_MIN (64u << 10)
 #define SHM_RING_MAX (1u << 20)
@@ -1281,7 +1282,9 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     def_ring = def_ring < SHM_RING_MIN   ? SHM_RING_MIN
                : def_ring > SHM_RING_MAX ? SHM_RING_MAX
                                          : def_ring;
-    size_t ring = tp_knob_size(tp->host, "SHM_RING_BYTES", def_ring);
+    const char *rv = host->config(host->ctx, "SHM_RING_BYTES");
+    tp->ring_auto = !rv || !*rv || !strcmp(rv, "auto");
+    size_t ring = tp->ring_auto ? def_ring : tp_knob_size(tp->host, "SHM_RING_BYTES", def_ring);
     size_t r2 = 4096;
     while (r2 < ring && r2 < ((size_t)1 << 30))
         r2 <<= 1;

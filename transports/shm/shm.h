@@ -16,6 +16,10 @@
 #include "../kit/util.h"
 
 #define SHM_LINE 64
+/* the smallest ring a pair may have (shm_setup.c's ring_fit shrinks them to it) */
+#define SHM_RING_FLOOR ((size_t)4096)
+/* names in /dev/shm whose creator is gone are removed once this old (seconds) */
+#define SHM_STALE_S 600
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
 #define SHM_VERSION 6u
 #define SHM_REC_MAGIC 0x5453u
@@ -273,10 +277,11 @@ struct shm_tp {
     size_t cma_hint_min;       /* TUTTI_SHM_CMA_HINT_BYTES: the same for requests hinted
                             TUTTI_TP_HINT_SINGLE_COPY; 0 never; SHM_CMA_HINT_AUTO until
                             set-up resolves it */
-    size_t ring_bytes;
-    size_t step;   /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
-    int nt_stores; /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
-    int prefetchw; /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
+    size_t ring_bytes;         /* of the rings this rank creates (its pairs with higher ranks) */
+    int ring_auto;             /* TUTTI_SHM_RING_BYTES unset or auto: ring_fit may shrink them */
+    size_t step;               /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
+    int nt_stores;             /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
+    int prefetchw;             /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */

@@ -7,14 +7,20 @@
  * checks the host id, maps the peer's doorbell, connects to its wake-up socket and, for
  * p < r, maps the pair segment (which it unlinks at once). It then waits until every
  * served peer has mapped its own segments and unlinks them and its socket: from there
- * on nothing is left in /dev/shm whatever happens to any process. Last, as the receiving side of each pair, it probes whether
- * it may pull from the sender with process_vm_readv (a random value at a published
- * address), and says so in the pair's shared state. */
+ * on nothing is left in /dev/shm whatever happens to any process. Last, as the
+ * receiving side of each pair, it probes whether it may pull from the sender with
+ * process_vm_readv (a random value at a published address), and says so in the pair's
+ * shared state.
+ *
+ * Before all that it removes what ranks killed in their set-up left in /dev/shm
+ * (sweep_stale), and sizes the rings it creates to the room /dev/shm has (ring_fit). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -24,6 +30,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -75,8 +82,16 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
     if (st == EOPNOTSUPP || st == EINVAL)
         st = ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
     if (st) {
-        ERRF(TUTTI_ERR_NOMEM, -1, st,
-             "shm: cannot size segment %s to %zu bytes (is /dev/shm full?)", name, bytes);
+        char room[160] = "";
+        struct statvfs sv;
+        if (st == ENOSPC && statvfs("/dev/shm", &sv) == 0)
+            snprintf(room, sizeof(room),
+                     ": /dev/shm has %.1f of %.1f MiB free; enlarge it (docker run --shm-size) "
+                     "or set TUTTI_TRANSPORT=tcp",
+                     (double)sv.f_bavail * (double)sv.f_frsize / 1048576.0,
+                     (double)sv.f_blocks * (double)sv.f_frsize / 1048576.0);
+        ERRF(TUTTI_ERR_NOMEM, -1, st, "shm: cannot size segment %s to %zu bytes%s", name, bytes,
+             room[0] ? room : " (is /dev/shm full?)");
         close(fd);
         shm_unlink(name);
         return NULL;
@@ -126,6 +141,94 @@ static size_t pair_header_bytes(void)
 {
     size_t pg = 4096;
     return (sizeof(shm_pair_t) + pg - 1) / pg * pg;
+}
+
+/* This process's pid namespace: its inode number (unique on the host, and under 2^32:
+ * the kernel numbers namespaces from 0xf0000000), or 0 when /proc cannot say. */
+static uint32_t pidns_id(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 && sb.st_ino <= UINT32_MAX ? (uint32_t)sb.st_ino : 0;
+}
+
+/* Bytes of /dev/shm that nlocal ranks' segments take with rings of `ring` bytes: one
+ * segment a pair, one doorbell a rank. */
+static uint64_t host_need(int nlocal, size_t ring)
+{
+    uint64_t pairs = (uint64_t)nlocal * (uint64_t)(nlocal - 1) / 2;
+    return pairs * (pair_header_bytes() + 2 * (uint64_t)ring) + (uint64_t)nlocal * 4096u;
+}
+
+/* TUTTI_SHM_RING_BYTES unset or auto: halve the rings this rank creates (to SHM_RING_FLOOR
+ * at least) until all the local ranks' segments, at that size, fit in half of what
+ * /dev/shm has free now. A container's /dev/shm is often 64 MiB, where 16 ranks' 1 MiB
+ * rings would need 240. The creator of a pair writes its rings' size in the segment's
+ * header, so ranks that look at different moments (a later one sees less free) need not
+ * agree, and what they make never exceeds the first look's budget. */
+static void ring_fit(shm_tp_t *tp, int nserved)
+{
+    struct statvfs sv;
+    if (!tp->ring_auto || nserved < 1 || statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
+        return;
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    size_t want = tp->ring_bytes, ring = want;
+    while (ring > SHM_RING_FLOOR && host_need(nserved + 1, ring) > avail / 2)
+        ring >>= 1;
+    if (ring == want)
+        return;
+    tp->ring_bytes = ring;
+    int lowest = 1; /* the host's first rank says it as a warning, the others quietly */
+    for (int p = 0; p < tp->rank; p++)
+        lowest &= !tp->links[p].served;
+    LOGF(lowest ? TUTTI_LOG_WARN : TUTTI_LOG_INFO,
+         "shm: rings of %zu KiB instead of %zu, for the %d ranks on this host to fit in half "
+         "of the %.1f MiB free in /dev/shm (larger messages take more steps; docker run "
+         "--shm-size gives it more)",
+         ring >> 10, want >> 10, nserved + 1, (double)avail / 1048576.0);
+}
+
+/* Names whose creator died in its set-up (SIGKILLed before it could unlink them: a
+ * launcher stopping a job that failed to start) stay in /dev/shm until removed, and a
+ * container's small /dev/shm fills up with them. Those of this user whose creator's pid
+ * is gone are removed: at once when the name says it was made in this pid namespace
+ * (its nonce's high half), else once older than SHM_STALE_S (or twice this rank's
+ * timeout). A creator alive in another pid namespace that shares /dev/shm looks gone
+ * from here; its names live only through its set-up, which no timeout lets last that
+ * long. */
+static void sweep_stale(shm_tp_t *tp)
+{
+    uint32_t ns = pidns_id();
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    time_t now = time(NULL), age = SHM_STALE_S;
+    if (tp->host->timeout_ms / 500 > age)
+        age = tp->host->timeout_ms / 500;
+    uid_t me = geteuid();
+    int last = 0, last_gone = 0, n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid = 0, off = 0;
+        unsigned long long nonce = 0;
+        if (sscanf(e->d_name, "tutti-shm-%d-%16llx-%n", &pid, &nonce, &off) != 2 || !off ||
+            pid <= 0 || pid == (int)tp->pid)
+            continue;
+        /* made in this pid namespace: a pid gone is a creator gone, whatever the age */
+        int here = ns && (uint32_t)(nonce >> 32) == ns;
+        if (pid != last) { /* one process's names come together: one look at it */
+            last = pid;
+            last_gone = kill(pid, 0) < 0 && errno == ESRCH;
+        }
+        struct stat sb;
+        if (!last_gone || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
+            sb.st_uid != me || (!here && now - sb.st_ctime < age))
+            continue;
+        n += unlinkat(dirfd(d), e->d_name, 0) == 0;
+    }
+    closedir(d);
+    if (n)
+        LOGF(TUTTI_LOG_INFO,
+             "shm: removed %d names from /dev/shm that ranks which died in their set-up left", n);
 }
 
 static void bell_name(char *out, size_t len, pid_t pid, uint64_t nonce)
@@ -424,7 +527,7 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
         return TUTTI_ERR_PEER;
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
     if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
-        seg->hi != tp->rank || seg->ring_bytes < 4096 ||
+        seg->hi != tp->rank || seg->ring_bytes < SHM_RING_FLOOR ||
         (seg->ring_bytes & (seg->ring_bytes - 1)) || seg->rings_off + 2 * seg->ring_bytes > sb) {
         munmap(seg, sb);
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0,
@@ -582,14 +685,19 @@ int shm_setup(shm_tp_t *tp)
     uint64_t deadline = tp_now_ns() +
                         (uint64_t)(h->timeout_ms > 0 ? h->timeout_ms : 30000) * 1000000ull;
     tp->pid = getpid();
-    if (getrandom(&tp->nonce, sizeof(tp->nonce), GRND_NONBLOCK) != sizeof(tp->nonce))
-        tp->nonce = tp_now_ns() ^ ((uint64_t)tp->pid << 32) ^ (uint64_t)(uintptr_t)tp;
+    uint32_t rnd;
+    if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+        rnd = (uint32_t)(tp_now_ns() ^ ((uint64_t)tp->pid << 16) ^ (uint64_t)(uintptr_t)tp);
+    /* the names' nonce: this pid namespace's id above 32 random bits (sweep_stale) */
+    tp->nonce = ((uint64_t)pidns_id() << 32) | rnd;
     char myhost[512];
     host_identity(tp, myhost, sizeof(myhost));
     int nserved = 0;
     for (int p = 0; p < tp->nranks; p++)
         nserved += tp->links[p].served;
 
+    sweep_stale(tp);
+    ring_fit(tp, nserved);
     int st = setup_publish(tp, myhost);
     if (st < 0)
         return st;
