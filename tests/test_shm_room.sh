@@ -4,12 +4,15 @@
 #   1. 16 ranks in 64 MiB: their default rings (1 MiB a direction, 240 MiB in all) do
 #      not fit; set-up shrinks them (a warning says so) and allreduce and alltoall give
 #      right results (tutti-bench -c checks every element, exit 1 on a wrong one).
-#   2. 16 ranks in 1 MiB: not even the smallest rings fit. init fails with an error that
-#      says how much /dev/shm has and what to do, and nothing is left in /dev/shm,
-#      though the launcher SIGKILLed ranks in the middle of their set-up.
-#   3. The same job started rank by rank from this script and SIGKILLed when the first
-#      rank fails (as torchrun stops a job): its names stay in /dev/shm, and the next
-#      job's set-up removes them.
+#   2. 16 ranks in 1 MiB: not even the smallest rings fit. With --transport shm, init
+#      fails with an error that says how much /dev/shm has and what to do, and nothing is
+#      left in /dev/shm, though the launcher SIGKILLed ranks in the middle of their
+#      set-up. With the transport left to auto, every rank's shm set-up fails, they go
+#      over tcp instead (one warning says so) and the results are right.
+#   3. Names a rank SIGKILLed in its set-up would leave (made here, named as the
+#      transport names them): the next job's set-up removes those whose creator is gone
+#      and was in this pid namespace, and keeps those of a live process or (recent ones)
+#      of another pid namespace.
 #
 #   tests/test_shm_room.sh BUILD/bench/tutti-bench   (root and unshare; 77, skipped,
 #                                                     without them)
@@ -24,9 +27,7 @@ if [ -z "${TTH_SHM_ROOM_NS:-}" ]; then
     TTH_SHM_ROOM_NS=1 exec unshare -m --propagation private "$0" "$@"
 fi
 work=$(mktemp -d)
-pids=()
 cleanup() {
-    [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[@]}" 2>/dev/null
     umount /dev/shm 2>/dev/null
     rm -rf "$work"
 }
@@ -67,35 +68,52 @@ rc=$?
 grep -q "/dev/shm has [0-9.]* of 1.0 MiB free; enlarge it (docker run --shm-size) or set TUTTI_TRANSPORT=tcp" "$out" ||
     { cat "$out"; fail "no error that names /dev/shm's room and the way out"; }
 [ "$(left)" = 0 ] || { ls /dev/shm; fail "the launcher's job left $(left) names in /dev/shm"; }
-echo "16 ranks in 1 MiB: exit $rc, $(grep -c 'enlarge it' "$out") ranks said why, /dev/shm empty after"
+echo "16 ranks in 1 MiB over shm: exit $rc, $(grep -c 'enlarge it' "$out") ranks said why, /dev/shm empty after"
+# the same with the transport left to auto: shm fails on every local rank, and they all
+# meet again over tcp (one warning, from the host's first rank)
+out="$work/fallback.txt"
+timeout 120 "$bench" -np 16 -b 4 -e 64K -f 16 -n 3 -w 1 -c -t 100 >"$out" 2>&1
+rc=$?
+[ $rc = 0 ] || { cat "$out"; fail "16 ranks in 1 MiB, auto: exit $rc"; }
+grep -q "WARN transports: shm could not connect the 15 local peers (.*); they go over tcp instead" "$out" ||
+    { cat "$out"; fail "auto: no warning that the local peers went over tcp"; }
+[ "$(grep -c 'they go over tcp' "$out")" = 1 ] || { cat "$out"; fail "auto: more than one rank warned"; }
+grep -q "^# cost model table tcp" "$out" || { cat "$out"; fail "auto: the job did not run over tcp"; }
+[ "$(left)" = 0 ] || { ls /dev/shm; fail "auto: names left in /dev/shm"; }
+echo "16 ranks in 1 MiB, auto: $(grep -cE '^ +[0-9]+ ' "$out") sizes right over tcp; one warning"
 
-# 3. the same job, rank by rank, SIGKILLed at the first failure
-mkdir -p "$work/store"
-for r in $(seq 0 15); do
-    TUTTI_RANK=$r TUTTI_WORLD_SIZE=16 TUTTI_STORE="file://$work/store" \
-        TUTTI_JOB_ID="test-shm-room-$$" TUTTI_TRANSPORT=shm TUTTI_TIMEOUT_MS=20000 \
-        "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/rank-$r.txt" 2>&1 &
-    pids+=($!)
+# 3. names that ranks SIGKILLed in their set-up left (made here the way the transport names
+# them: "tutti-shm-<pid>-<nonce>-...", the nonce's high half the creator's pid namespace)
+room 64m
+ns=$(stat -Lc %i /proc/self/ns/pid)
+here=$(printf %08x "$ns")
+other=$(printf %08x $((ns ^ 1)))
+sleep 0 &
+dead=$!
+wait $dead
+gone=()
+for sfx in bell wake 1 2; do # a rank of this pid namespace whose process is gone: removed
+    gone+=("/dev/shm/tutti-shm-$dead-${here}0badf00d-$sfx")
 done
-# the first to end (a failure: there is no room) stops the rest, within 60 s in all
-( sleep 60; kill -9 "${pids[@]}" ) >/dev/null 2>&1 &
-watchdog=$!
-wait -n "${pids[@]}"
-kill -9 "${pids[@]}" 2>/dev/null
-wait "${pids[@]}" 2>/dev/null
-pkill -P "$watchdog" 2>/dev/null
-kill "$watchdog" 2>/dev/null
-pids=()
-stale=$(left)
-echo "the job stopped rank by rank left $stale names in /dev/shm"
-[ "$stale" -gt 0 ] || { echo "test_shm_room: the killed job left nothing to sweep (its ranks all ended on their own?)"; tail -n 3 "$work"/rank-*.txt; fail "no names to sweep"; }
-# the next job, in the room they leave: its set-up removes them (same pid namespace: at once)
+kept=("/dev/shm/tutti-shm-$dead-${other}0badf00d-bell" # another pid namespace, just made
+    "/dev/shm/tutti-shm-$$-${here}0badf00d-bell")      # a process alive (this script)
+for f in "${gone[@]}" "${kept[@]}"; do
+    head -c 8192 /dev/zero >"$f" || fail "cannot make $f"
+done
 out="$work/next.txt"
 TUTTI_DEBUG=info timeout 60 "$bench" -np 2 --transport shm -b 4 -e 64K -f 16 -n 3 -w 1 -c -t 50 \
     >"$out" 2>&1
 rc=$?
 [ $rc = 0 ] || { cat "$out"; fail "the next job: exit $rc"; }
-grep -q "shm: removed [0-9]* names from /dev/shm" "$out" || { cat "$out"; fail "the next job removed nothing"; }
-[ "$(left)" = 0 ] || { ls /dev/shm; fail "$(left) names still in /dev/shm after the next job"; }
-echo "the next job (2 ranks) ran right and $(grep -o 'removed [0-9]* names' "$out" | paste -sd, -); /dev/shm empty after"
+for f in "${gone[@]}"; do
+    [ ! -e "$f" ] || { cat "$out"; fail "$f (its creator gone) is still there"; }
+done
+for f in "${kept[@]}"; do
+    [ -e "$f" ] || { cat "$out"; fail "$f was removed"; }
+    rm -f "$f"
+done
+removed=$(grep -o "shm: removed [0-9]* names" "$out" | awk '{s += $3} END {print s + 0}')
+[ "$removed" = ${#gone[@]} ] || { cat "$out"; fail "the job's ranks said they removed $removed names"; }
+[ "$(left)" = 0 ] || { ls /dev/shm; fail "$(left) names in /dev/shm after the next job"; }
+echo "the next job ran right and removed the ${#gone[@]} names of a gone creator, not those of another pid namespace or of a live one"
 echo "test_shm_room: ok"

@@ -685,7 +685,7 @@ static mux_t *mux_new(const tutti_comm_t *comm, const unsigned char *local, cons
 /* Create each sub-transport on a host of its own, which keeps its store keys apart and
  * names only its peers. */
 static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], const int npeers[2],
-                       char *err, size_t errlen)
+                       int local_auto, char *err, size_t errlen)
 {
     /* Every rank creates its local transport first, then the remote one, so the
      * connection set-ups (each among the ranks it serves) cannot wait on each other. */
@@ -704,7 +704,43 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
         s->host.auth_answer = sub_auth_answer;
         s->parent = &comm->host;
         s->kprefix = role == 0 ? "local" : "remote";
+        uint64_t t0 = tt_now_ns();
         st = s->ops->create(&s->host, &s->tp);
+        int spent_ms = (int)((tt_now_ns() - t0) / 1000000u),
+            left_ms = s->host.timeout_ms - spent_ms;
+        if (st < 0 && st != TUTTI_ERR_TIMEOUT && role == 0 && local_auto &&
+            strcmp(s->ops->name, "tcp") && (s->host.timeout_ms <= 0 || left_ms > 0)) {
+            /* auto's local transport failed (shm in a /dev/shm without room, say): its
+             * set-up fails on every local rank or none (shm_setup.c, setup_ready), so
+             * they all come here and meet again over tcp, under keys of their own, in
+             * what is left of the timeout (a peer that never came is a timeout: no
+             * second try) */
+            int lowest = 1; /* the host's first rank warns, the others say it quietly */
+            for (int r = 0; r < comm->rank; r++)
+                lowest &= !s->peers[r];
+            if (lowest)
+                TT_WARN("transports: %s could not connect the %d local peers (%s); they go "
+                        "over tcp instead",
+                        s->ops->name, npeers[0], comm->tp_error);
+            else
+                TT_INFO("transports: %s could not connect the %d local peers (%s); they go "
+                        "over tcp instead",
+                        s->ops->name, npeers[0], comm->tp_error);
+            const tutti_transport_ops_v2_t *tcp = NULL;
+            void *th = NULL;
+            if (tt_transport_load("tcp", comm->opts.plugin_path, &tcp, &th, err, errlen) == 0) {
+                s->tp = NULL;
+                tt_transport_unload(s->handle);
+                s->ops = tcp;
+                s->handle = th;
+                s->can_arm = tutti_tp_ops_has(s->ops, arm) && s->ops->arm;
+                s->kprefix = "local-tcp";
+                if (s->host.timeout_ms > 0)
+                    s->host.timeout_ms = left_ms;
+                st = s->ops->create(&s->host, &s->tp);
+                s->host.timeout_ms = comm->host.timeout_ms; /* for its waits from now on */
+            }
+        }
         if (st < 0) {
             s->tp = NULL;
             snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
@@ -788,17 +824,23 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
         st = TUTTI_ERR_NOMEM;
         goto out;
     }
-    if (m->nsub == 2)
-        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s+%s", ops[0]->name, ops[1]->name);
-    else
-        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", m->sub[0].ops->name);
-    st = mux_connect(comm, m, role_sub, npeers, err, errlen);
+    /* auto chose the local peers' transport: if it cannot connect them, tcp does */
+    const char *spec = comm->opts.transport;
+    int local_auto = !spec || !*spec || !strcmp(spec, "auto") ||
+                     (strstr(spec, "remote=") && !strstr(spec, "local="));
+    st = mux_connect(comm, m, role_sub, npeers, local_auto, err, errlen);
     if (st < 0) {
         mux_free(m);
         goto out;
     }
-    TT_INFO("transports: %s for %d local peers, %s for %d remote peers",
-            ops[0] ? ops[0]->name : "-", npeers[0], ops[1] ? ops[1]->name : "-", npeers[1]);
+    const char *lname = role_sub[0] >= 0 ? m->sub[role_sub[0]].ops->name : "-",
+               *rname = role_sub[1] >= 0 ? m->sub[role_sub[1]].ops->name : "-";
+    if (m->nsub == 2)
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s+%s", lname, rname);
+    else
+        snprintf(comm->tp_name, sizeof(comm->tp_name), "%s", m->sub[0].ops->name);
+    TT_INFO("transports: %s for %d local peers, %s for %d remote peers", lname, npeers[0], rname,
+            npeers[1]);
     comm->tp_ops = &mux_ops;
     comm->tp = m;
     comm->tp_handle = NULL;

@@ -21,7 +21,13 @@
 /* names in /dev/shm whose creator is gone are removed once this old (seconds) */
 #define SHM_STALE_S 600
 #define SHM_SEG_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 6u
+/* a doorbell's set-up state: a rank says READY only when nothing of its set-up can fail
+ * any more, and returns only once every local peer said READY; a failed one says FAILED
+ * (or, before its record is in the store, publishes a record that says why) */
+#define SHM_SETUP_BUSY 0u
+#define SHM_SETUP_READY 1u
+#define SHM_SETUP_FAILED 2u
+#define SHM_VERSION 7u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
@@ -147,6 +153,7 @@ typedef struct shm_bell {
     _Alignas(SHM_LINE) _Atomic uint32_t seq;
     _Atomic uint32_t sleeping;                    /* 0 or SHM_SLEEP_* */
     _Alignas(SHM_LINE) _Atomic uint32_t attached; /* set-up: peers that mapped it */
+    _Atomic uint32_t state; /* set-up: SHM_SETUP_BUSY, then READY or FAILED (shm_setup.c) */
     uint32_t magic;
     int32_t owner;
     _Atomic uint32_t wake_ok;      /* set-up: the owner made its wake-up socket */
@@ -263,6 +270,8 @@ struct shm_tp {
     shm_link_t *links;
     shm_bell_t *bell; /* ours */
     size_t bell_bytes;
+    int published; /* our record "shm/<rank>" is in the store */
+    char why[320]; /* set-up: the last error it reported (a failed record carries it) */
     int wake_fd;   /* our wake-up socket, or -1: arm() unsupported */
     int wake_self; /* connected to it, for abort() */
     int armed;     /* arm() announced SHM_SLEEP_FD: the next progress() disarms */

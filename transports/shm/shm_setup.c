@@ -20,8 +20,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
@@ -41,7 +42,19 @@
 #include "shm.h"
 
 #define LOGF(lvl, ...) tp->host->log(tp->host->ctx, (lvl), __VA_ARGS__)
-#define ERRF(st, peer, err, ...) tp->host->error(tp->host->ctx, (st), (peer), (err), __VA_ARGS__)
+#define ERRF(st, peer, err, ...) setup_error(tp, (st), (peer), (err), __VA_ARGS__)
+
+/* The host's error(), the message kept in tp->why too: a rank whose set-up fails tells
+ * its peers why (setup_failed). */
+__attribute__((format(printf, 5, 6))) static int setup_error(shm_tp_t *tp, int st, int peer,
+                                                             int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tp->why, sizeof(tp->why), fmt, ap);
+    va_end(ap);
+    return tp->host->error(tp->host->ctx, st, peer, err, "%s", tp->why);
+}
 
 long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms)
 {
@@ -480,6 +493,7 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
     int st = h->store_set(h->ctx, key, val, strlen(val) + 1);
     if (st < 0)
         return ERRF(st, -1, 0, "shm: cannot publish %s in the store", key);
+    tp->published = 1;
     return TUTTI_OK;
 }
 
@@ -506,6 +520,9 @@ static int setup_peer_record(shm_tp_t *tp, int p, const char *myhost, uint64_t d
              (const char *)v);
     h->free_value(v);
     int ver = 0, off = 0;
+    if (!strncmp(text, "0 ", 2))
+        return ERRF(TUTTI_ERR_PEER, p, 0, "shm: rank %d could not set up shared memory: %s", p,
+                    text + 2);
     if (sscanf(text, "%d %d %llx %n", &ver, pid_p, nonce_p, &off) != 3 || ver != 1 || *pid_p <= 0)
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: rank %d published \"%s\"", p, text);
     if (strcmp(text + off, myhost))
@@ -592,10 +609,25 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
 }
 
 /* Wait for the peers to map ours, then unlink the names. */
+/* A served peer whose doorbell says its set-up failed: an error naming it, else 0. */
+static int peer_failed(shm_tp_t *tp)
+{
+    for (int p = 0; p < tp->nranks; p++) {
+        const shm_link_t *L = &tp->links[p];
+        if (L->served && L->peer_bell && atomic_load(&L->peer_bell->state) == SHM_SETUP_FAILED)
+            return ERRF(TUTTI_ERR_PEER, p, 0,
+                        "shm: rank %d could not set up shared memory (its log says why)", p);
+    }
+    return 0;
+}
+
 static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
 {
     const tutti_tp_host_v1_t *h = tp->host;
     for (;;) {
+        int st = peer_failed(tp);
+        if (st < 0)
+            return st;
         int missing = -1;
         if ((int)atomic_load(&tp->bell->attached) < nserved)
             missing = -2;
@@ -679,6 +711,62 @@ static int setup_finish(shm_tp_t *tp, int nserved)
     return TUTTI_OK;
 }
 
+/* Every local rank set up, or none: say READY, and wait until every served peer has. A
+ * rank returns from set-up only past this point, so one whose peer failed anywhere in its
+ * set-up fails too (and the multiplexer can then move them all to another transport). */
+static int setup_ready(shm_tp_t *tp, uint64_t deadline)
+{
+    atomic_store(&tp->bell->state, SHM_SETUP_READY);
+    for (;;) {
+        int st = peer_failed(tp), waiting = -1;
+        if (st < 0)
+            return st;
+        for (int p = 0; p < tp->nranks && waiting < 0; p++)
+            if (tp->links[p].served &&
+                atomic_load(&tp->links[p].peer_bell->state) != SHM_SETUP_READY)
+                waiting = p;
+        if (waiting < 0)
+            return TUTTI_OK;
+        if (tp_now_ns() >= deadline)
+            return ERRF(TUTTI_ERR_TIMEOUT, waiting, 0,
+                        "shm: rank %d did not finish its shared-memory set-up within %d ms",
+                        waiting, tp->host->timeout_ms);
+        sleep_us(100);
+    }
+}
+
+/* This rank's set-up failed: its peers must learn it rather than wait for it. Once its
+ * record is in the store, through its doorbell (which they map); before, through a
+ * record that says why. */
+static void setup_failed(shm_tp_t *tp)
+{
+    if (tp->published && tp->bell) {
+        atomic_store(&tp->bell->state, SHM_SETUP_FAILED);
+        return;
+    }
+    const tutti_tp_host_v1_t *h = tp->host;
+    char key[64], val[400];
+    snprintf(key, sizeof(key), "shm/%d", tp->rank);
+    snprintf(val, sizeof(val), "0 %s", tp->why[0] ? tp->why : "(no reason given)");
+    if (h->store_set(h->ctx, key, val, strlen(val) + 1) == 0)
+        tp->published = 1;
+}
+
+static int setup_steps(shm_tp_t *tp, int nserved, const char *myhost, uint64_t deadline)
+{
+    int st = setup_publish(tp, myhost);
+    if (st < 0)
+        return st;
+    for (int p = 0; p < tp->nranks; p++)
+        if (tp->links[p].served && (st = setup_attach_peer(tp, p, myhost, deadline)) < 0)
+            return st;
+    if ((st = setup_wait_mapped(tp, nserved, deadline)) < 0)
+        return st;
+    if ((st = setup_finish(tp, nserved)) < 0)
+        return st;
+    return setup_ready(tp, deadline);
+}
+
 int shm_setup(shm_tp_t *tp)
 {
     const tutti_tp_host_v1_t *h = tp->host;
@@ -698,15 +786,10 @@ int shm_setup(shm_tp_t *tp)
 
     sweep_stale(tp);
     ring_fit(tp, nserved);
-    int st = setup_publish(tp, myhost);
+    int st = setup_steps(tp, nserved, myhost, deadline);
     if (st < 0)
-        return st;
-    for (int p = 0; p < tp->nranks; p++)
-        if (tp->links[p].served && (st = setup_attach_peer(tp, p, myhost, deadline)) < 0)
-            return st;
-    if ((st = setup_wait_mapped(tp, nserved, deadline)) < 0)
-        return st;
-    return setup_finish(tp, nserved);
+        setup_failed(tp);
+    return st;
 }
 
 void shm_teardown(shm_tp_t *tp)
