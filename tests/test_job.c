@@ -198,7 +198,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         size_t rlen = 0;
         FAIL_IF(tutti_store_get(store, rk, &rec, &rlen, 1000) != 0, "record");
         const char *host = rec; /* the record's last field: rank 0's host, this host */
-        for (int f = 0; f < 9 && host; f++)
+        for (int f = 0; f < 10 && host; f++)
             host = strchr(host, ' ') ? strchr(host, ' ') + 1 : NULL;
         FAIL_IF(!host, "record %s", (char *)rec);
         struct stat ns;
@@ -343,8 +343,69 @@ static int rank_settle(int rank, int nranks, tutti_comm_t *unused, const char *d
 
 TH_RUN_TEST(settle_of_seconds_is_waited, th_run_nocomm(2, rank_settle, NULL, 20000))
 
+/* ---- 9. ranks that mean different transports ----
+ *
+ * One rank with TUTTI_TRANSPORT=tcp, the other with auto (shm here, tcp elsewhere):
+ * each waited for the other's keys (tcp's addresses, the host ids) until the timeout,
+ * and neither said why. Now the rank that differs from rank 0 fails at once with a
+ * config error naming both; rank 0 times out. Specs that mean the same ("auto" and
+ * "local=shm,remote=tcp") connect. */
+
+typedef struct specs {
+    const char *spec[2];
+    int same;
+} specs_t;
+
+static int rank_spec(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const specs_t *t = arg;
+    unsetenv("TUTTI_JOB_ID");
+    unsetenv("TUTTI_TRANSPORT");
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 3000;
+    o.transport = t->spec[rank];
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    double took = th_now_ms() - t0;
+    if (t->same) {
+        FAIL_IF(st != 0, "rank %d (%s): init: %s", rank, o.transport ? o.transport : "(unset)",
+                tutti_status_name(st));
+        float v = (float)rank + 1;
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_FP32, TUTTI_SUM) != 0 || v != 3,
+                "rank %d: allreduce %g", rank, v);
+        tutti_comm_destroy(comm);
+    } else if (rank == 1) {
+        const char *e = tutti_comm_last_error(NULL);
+        FAIL_IF(st != TUTTI_ERR_CONFIG, "rank 1: init: %s, wanted TUTTI_ERR_CONFIG",
+                tutti_status_name(st));
+        FAIL_IF(took > 2000, "rank 1: the mismatch took %.0f ms to see", took);
+        FAIL_IF(!strstr(e, "\"shm,tcp\"") || !strstr(e, "\"tcp,tcp\"") ||
+                    !strstr(e, "TUTTI_TRANSPORT"),
+                "rank 1: the error does not name both: %s", e);
+    } else {
+        FAIL_IF(st == 0, "rank 0: init succeeded without its peer");
+        FAIL_IF(took > 3000 + 3000, "rank 0: init took %.0f ms with a timeout of 3000", took);
+    }
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(ranks_mean_other_transports)
+{
+    specs_t differ = { { NULL, "tcp" }, 0 };
+    ck_assert_int_eq(th_run_nocomm(2, rank_spec, &differ, 20000), 0);
+    specs_t same = { { "auto", "local=shm,remote=tcp" }, 1 };
+    ck_assert_int_eq(th_run_nocomm(2, rank_spec, &same, 20000), 0);
+}
+END_TEST
+
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
               TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1),
-              TH_CASE(settle_of_seconds_is_waited, 1))
+              TH_CASE(settle_of_seconds_is_waited, 1), TH_CASE(ranks_mean_other_transports, 1))

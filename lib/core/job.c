@@ -143,6 +143,7 @@ typedef struct job_rec {
     unsigned long long pidns; /* its pid namespace (inode of /proc/self/ns/pid) */
     long long created_ms;     /* CLOCK_REALTIME of its host */
     int timeout_ms;
+    char transport[160]; /* what its TUTTI_TRANSPORT means (tt_transport_canon) */
     char host[256];
 } job_rec_t;
 
@@ -189,16 +190,18 @@ static unsigned long long proc_start(long pid)
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
-    return snprintf(buf, len, "tutti-instance 2 %s %d %ld %llu %llu %lld %d %s", r->nonce,
-                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms, r->host);
+    return snprintf(buf, len, "tutti-instance 3 %s %d %ld %llu %llu %lld %d %s %s", r->nonce,
+                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms,
+                    r->transport, r->host);
 }
 
 static int rec_parse(const char *s, job_rec_t *r)
 {
     int off = 0;
     memset(r, 0, sizeof(*r));
-    if (sscanf(s, "tutti-instance 2 %39s %d %ld %llu %llu %lld %d %n", r->nonce, &r->nranks,
-               &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, &off) < 7 ||
+    if (sscanf(s, "tutti-instance 3 %39s %d %ld %llu %llu %lld %d %159s %n", r->nonce, &r->nranks,
+               &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
+               &off) < 8 ||
         off == 0)
         return -1;
     snprintf(r->host, sizeof(r->host), "%s", s + off);
@@ -454,6 +457,7 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                      .pidns = my_pidns(),
                      .created_ms = realtime_ms(),
                      .timeout_ms = comm->opts.timeout_ms };
+    tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
     snprintf(me.host, sizeof(me.host), "%s", my_host);
     rec_format(&me, comm->record, sizeof(comm->record));
@@ -579,6 +583,20 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
                      "ranks disagree on the world size (or another job uses this store)",
                      comm->store_url, comm->job_base, desc, comm->nranks);
             return TUTTI_ERR_MISMATCH;
+        }
+        reject_nonce(w, r->nonce); /* a previous run's */
+        return 1;
+    }
+    char mine[sizeof(r->transport)];
+    tt_transport_canon(comm->opts.transport, mine, sizeof(mine));
+    if (strcmp(r->transport, mine)) {
+        if (!rec_stale(r, my_host) && !rec_finished(js, r)) {
+            snprintf(err, errlen,
+                     "store %s, prefix %s: %s names the transports \"%s\" (for peers on "
+                     "its host, for the others), this rank \"%s\": every rank must set the "
+                     "same TUTTI_TRANSPORT (or transport option)",
+                     comm->store_url, comm->job_base, desc, r->transport, mine);
+            return TUTTI_ERR_CONFIG;
         }
         reject_nonce(w, r->nonce); /* a previous run's */
         return 1;

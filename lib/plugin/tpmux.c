@@ -366,36 +366,62 @@ static const char *auto_local(void)
     return "tcp";
 }
 
-/* Parse opts.transport into the names for local and remote peers. */
-static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, char *remote,
-                      size_t len, char *err, size_t errlen)
+/* The names for local and remote peers in a spec; NULL, or the token it cannot read
+ * (in buf, of bufsize bytes). */
+static const char *spec_names(const char *spec, char *local, char *remote, size_t len, char *buf,
+                              size_t bufsize)
 {
     snprintf(local, len, "%s", auto_local());
     snprintf(remote, len, "tcp");
     if (!spec || !*spec || !strcmp(spec, "auto"))
-        return TUTTI_OK;
+        return NULL;
     if (!strstr(spec, "local=") && !strstr(spec, "remote=")) {
         snprintf(local, len, "%s", spec);
         snprintf(remote, len, "%s", spec);
-        return TUTTI_OK;
+        return NULL;
     }
-    char buf[512];
-    snprintf(buf, sizeof(buf), "%s", spec);
+    snprintf(buf, bufsize, "%s", spec);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
-        if (eq && eq[1] && !strncmp(tok, "local=", 6)) {
+        if (eq && eq[1] && !strncmp(tok, "local=", 6))
             snprintf(local, len, "%s", eq + 1);
-        } else if (eq && eq[1] && !strncmp(tok, "remote=", 7)) {
+        else if (eq && eq[1] && !strncmp(tok, "remote=", 7))
             snprintf(remote, len, "%s", eq + 1);
-        } else {
-            snprintf(err, errlen,
-                     "TUTTI_TRANSPORT=\"%s\": cannot read \"%s\"; expected auto, a transport "
-                     "name or path, or local=NAME,remote=NAME",
-                     spec, tok);
-            return TUTTI_ERR_CONFIG;
-        }
+        else
+            return tok;
     }
+    return NULL;
+}
+
+void tt_transport_canon(const char *spec, char *out, size_t len)
+{
+    char local[128], remote[128], buf[512];
+    if (spec_names(spec, local, remote, sizeof(local), buf, sizeof(buf)))
+        snprintf(out, len, "%s", spec);
+    else
+        snprintf(out, len, "%s,%s", local, remote);
+    for (char *c = out; *c; c++)
+        if (*c == ' ' || *c == '\t' || *c == '\n')
+            *c = '?';
+}
+
+/* Parse opts.transport into the names for local and remote peers. */
+static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, char *remote,
+                      size_t len, char *err, size_t errlen)
+{
+    char buf[512];
+    const char *bad = spec_names(spec, local, remote, len, buf, sizeof(buf));
+    if (bad) {
+        snprintf(err, errlen,
+                 "TUTTI_TRANSPORT=\"%s\": cannot read \"%s\"; expected auto, a transport "
+                 "name or path, or local=NAME,remote=NAME",
+                 spec, bad);
+        return TUTTI_ERR_CONFIG;
+    }
+    if (!spec || !*spec || !strcmp(spec, "auto") ||
+        (!strstr(spec, "local=") && !strstr(spec, "remote=")))
+        return TUTTI_OK;
     if (local_only(comm, remote)) {
         snprintf(err, errlen,
                  "TUTTI_TRANSPORT=\"%s\": %s reaches only ranks on this host; "

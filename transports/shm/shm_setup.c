@@ -608,7 +608,6 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     return TUTTI_OK;
 }
 
-/* Wait for the peers to map ours, then unlink the names. */
 /* A served peer whose doorbell says its set-up failed: an error naming it, else 0. */
 static int peer_failed(shm_tp_t *tp)
 {
@@ -621,6 +620,7 @@ static int peer_failed(shm_tp_t *tp)
     return 0;
 }
 
+/* Wait for the peers to map ours, then unlink the names. */
 static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
 {
     const tutti_tp_host_v1_t *h = tp->host;
