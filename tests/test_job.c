@@ -318,17 +318,27 @@ TH_RUN_TEST(cycles_without_collectives, th_run_nocomm(2, rank_nocoll, NULL, 4000
  * ms or more once went into nanosleep's nanoseconds whole, was refused, and did not
  * happen: TUTTI_JOB_SETTLE_MS=1500 waited 0 ms. */
 
+/* A rank of a job without an id: the file store in dir, options with this timeout and
+ * transport spec. 0, or -1 when the store cannot be opened. */
+static int open_idless(const char *dir, int timeout_ms, const char *transport,
+                       tutti_store_t **store_p, tutti_comm_opts_t *o)
+{
+    unsetenv("TUTTI_JOB_ID");
+    if (tutti_store_open_file(store_p, dir, 10000) != 0)
+        return -1;
+    tutti_comm_opts_init(o);
+    o->timeout_ms = timeout_ms;
+    o->transport = transport;
+    return 0;
+}
+
 static int rank_settle(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     (void)arg;
-    unsetenv("TUTTI_JOB_ID");
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
     tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 10000;
-    o.transport = "tcp";
+    FAIL_IF(open_idless(dir, 10000, "tcp", &store, &o) != 0, "store");
     o.job_settle_ms = 1500;
     tutti_comm_t *comm = NULL;
     double t0 = th_now_ms();
@@ -360,14 +370,10 @@ static int rank_spec(int rank, int nranks, tutti_comm_t *unused, const char *dir
 {
     (void)unused;
     const specs_t *t = arg;
-    unsetenv("TUTTI_JOB_ID");
     unsetenv("TUTTI_TRANSPORT");
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
     tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 3000;
-    o.transport = t->spec[rank];
+    FAIL_IF(open_idless(dir, 3000, t->spec[rank], &store, &o) != 0, "store");
     tutti_comm_t *comm = NULL;
     double t0 = th_now_ms();
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
