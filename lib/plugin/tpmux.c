@@ -3,7 +3,8 @@
  * Choice: every rank publishes its host id (hostname + boot id, or TUTTI_HOST_ID) under
  * "hostid/<rank>" in the communicator's store and reads everyone's. A peer with the
  * same host id is local. TUTTI_TRANSPORT then says what serves whom:
- *   auto (default)          local peers: the built-in local-only transport (shm), others: tcp
+ *   auto (default)          local peers: the built-in local-only transport (shm; tcp where
+ *                           shm cannot connect them: mux_connect), others: tcp
  *   local=NAME,remote=NAME  either half may be left out (it stays as in auto)
  *   NAME or a path          every peer
  * Transports whose properties say local-only (shm) refuse remote peers: a config error.
