@@ -556,7 +556,9 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     tutti_store_opts_init(&so);
     if (opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS"))
         so.timeout_ms = opts->timeout_ms;
-    so.is_server = (rank == 0 && !strncmp(url, "tcp://", 6) && tt_env_int("STORE_SERVER", 1));
+    /* a tcp store's server: rank 0's, or a standalone one (TUTTI_STORE_SERVER=0) */
+    int hosted = !strncmp(url, "tcp://", 6) && tt_env_int("STORE_SERVER", 1);
+    so.is_server = rank == 0 && hosted;
     /* The job secret guards the store too. */
     if (opts && opts->size >= offsetof(tutti_comm_opts_t, auth_token_file) + sizeof(char *)) {
         if (opts->auth_token)
@@ -567,14 +569,16 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     /* A rank that destroyed a communicator and creates the next one can reach rank 0's
      * previous store server before it stopped: label each server with the job and the
      * count of such communicators this process destroyed (the same on every rank), so
-     * clients keep away from the previous one. */
+     * clients keep away from the previous one. A standalone server (tutti-store) has no
+     * label and outlives jobs: its clients take it as it is (they waited for a label it
+     * never has until their timeout). */
     char label[160], jid[80];
     tt_job_id(opts && opts->size >= offsetof(tutti_comm_opts_t, job_id) + sizeof(char *)
                   ? opts->job_id
                   : NULL,
               jid, sizeof(jid), NULL);
     snprintf(label, sizeof(label), "%s#%u", jid[0] ? jid : "-", atomic_load(&env_comms_done));
-    so.instance = label;
+    so.instance = hosted ? label : NULL;
     tutti_store_t *store;
     int st = tutti_store_open(&store, url, &so);
     if (st < 0) {

@@ -1368,7 +1368,10 @@ static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_sto
     }
     freeaddrinfo(res);
     if (srv->listen_fd < 0) {
-        tt_store_err_set(err, "cannot listen on %s port %d: %s", host, port, strerror(e));
+        tt_store_err_set(err, "cannot listen on %s port %d: %s%s", host, port, strerror(e),
+                         e == EADDRINUSE ? " (another server holds the port; ranks use a "
+                                           "standalone tutti-store with TUTTI_STORE_SERVER=0)"
+                                         : "");
         return TUTTI_ERR_IO;
     }
     return TUTTI_OK;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Ranks that meet through a standalone tutti-store (TUTTI_STORE_SERVER=0: no rank hosts
+# the server), as a cluster's rendezvous service would run it:
+#   1. 3 ranks of tutti-bench from the environment (tutti_comm_init_env), every result
+#      checked (-c: exit 1 on a wrong value); then a second job on the same server.
+#      Before, every rank refused the server (it has no job label) until its timeout.
+#   2. Rank 0 without TUTTI_STORE_SERVER=0 cannot host a server on the port the
+#      standalone one holds: init fails at once, and the error says what to set.
+# Every wait is bounded; the server and the ranks go on every exit path.
+#
+#   tests/test_store_standalone.sh BUILD/tools/tutti-store BUILD/bench/tutti-bench
+set -u
+store_bin=$(realpath "$1")
+bench=$(realpath "$2")
+work=$(mktemp -d)
+server=
+pids=()
+cleanup() {
+    [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[@]}" 2>/dev/null
+    [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+    echo "test_store_standalone: FAIL: $*"
+    exit 1
+}
+
+"$store_bin" --port 0 >"$work/store.txt" 2>&1 &
+server=$!
+url=
+for _ in $(seq 100); do
+    url=$(grep -o 'tcp://127.0.0.1:[0-9]*' "$work/store.txt" | head -1)
+    [ -n "$url" ] && break
+    sleep 0.1
+done
+[ -n "$url" ] || { cat "$work/store.txt"; fail "tutti-store did not say where it listens"; }
+export TUTTI_STORE=$url TUTTI_STORE_SERVER=0 TUTTI_SOCKET_IFNAME=lo TUTTI_TIMEOUT_MS=20000 \
+    TUTTI_STORE_TIMEOUT_MS=10000
+unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_JOB_ID
+
+# run_job ID NP: NP ranks of one job; 0 when every rank exits 0 within 60 s
+run_job() {
+    pids=()
+    for r in $(seq 0 $(($2 - 1))); do
+        TUTTI_JOB_ID=$1 TUTTI_RANK=$r TUTTI_WORLD_SIZE=$2 timeout 60 "$bench" -b 4 -e 1M -f 16 \
+            -n 3 -w 1 -c >"$work/$1-$r.txt" 2>&1 &
+        pids+=($!)
+    done
+    local rc=0
+    for p in "${pids[@]}"; do
+        wait "$p" || rc=1
+    done
+    pids=()
+    return $rc
+}
+
+for job in first second; do
+    t0=$(date +%s%N)
+    run_job "$job" 3 || { tail -n 5 "$work/$job"-*.txt; fail "job $job through $url"; }
+    rows=$(grep -cE '^ +[0-9]+ ' "$work/$job-0.txt")
+    [ "$rows" -ge 4 ] || { cat "$work/$job-0.txt"; fail "job $job: $rows rows"; }
+    echo "job $job: 3 ranks through the standalone $url, $rows sizes right, $((($(date +%s%N) - t0) / 1000000)) ms"
+done
+
+# 2. rank 0 told to host a server where the standalone one listens
+port=${url##*:}
+out="$work/hosted.txt"
+t0=$(date +%s%N)
+TUTTI_STORE_SERVER=1 TUTTI_JOB_ID=third TUTTI_RANK=0 TUTTI_WORLD_SIZE=2 timeout 60 "$bench" \
+    -b 4 -e 4 -n 1 -w 0 >"$out" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ $rc != 0 ] || { cat "$out"; fail "rank 0 hosted a server on a port that was taken"; }
+grep -q "port $port: Address already in use (another server holds the port; ranks use a standalone tutti-store with TUTTI_STORE_SERVER=0)" "$out" ||
+    { cat "$out"; fail "the error does not say what to set"; }
+[ "$ms" -lt 10000 ] || fail "rank 0 took $ms ms to fail"
+echo "rank 0 hosting on the taken port: exit $rc in $ms ms, the error names TUTTI_STORE_SERVER=0"
+echo "test_store_standalone: ok"
