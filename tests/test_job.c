@@ -359,7 +359,7 @@ TH_RUN_TEST(settle_of_seconds_is_waited, th_run_nocomm(2, rank_settle, NULL, 200
  * each waited for the other's keys (tcp's addresses, the host ids) until the timeout,
  * and neither said why. Now the rank that differs from rank 0 fails at once with a
  * config error naming both; rank 0 times out. Specs that mean the same ("auto" and
- * "local=shm,remote=tcp") connect. */
+ * "remote=tcp") connect. */
 
 typedef struct specs {
     const char *spec[2];
@@ -390,7 +390,7 @@ static int rank_spec(int rank, int nranks, tutti_comm_t *unused, const char *dir
         FAIL_IF(st != TUTTI_ERR_CONFIG, "rank 1: init: %s, wanted TUTTI_ERR_CONFIG",
                 tutti_status_name(st));
         FAIL_IF(took > 2000, "rank 1: the mismatch took %.0f ms to see", took);
-        FAIL_IF(!strstr(e, "\"shm,tcp\"") || !strstr(e, "\"tcp,tcp\"") ||
+        FAIL_IF(!strstr(e, "\"auto:shm,tcp\"") || !strstr(e, "\"tcp,tcp\"") ||
                     !strstr(e, "TUTTI_TRANSPORT"),
                 "rank 1: the error does not name both: %s", e);
     } else {
@@ -405,7 +405,7 @@ START_TEST(ranks_mean_other_transports)
 {
     specs_t differ = { { NULL, "tcp" }, 0 };
     ck_assert_int_eq(th_run_nocomm(2, rank_spec, &differ, 20000), 0);
-    specs_t same = { { "auto", "local=shm,remote=tcp" }, 1 };
+    specs_t same = { { "auto", "remote=tcp" }, 1 };
     ck_assert_int_eq(th_run_nocomm(2, rank_spec, &same, 20000), 0);
 }
 END_TEST

@@ -16,7 +16,7 @@ work=$(mktemp -d)
 server=
 pids=()
 cleanup() {
-    [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[@]}" 2>/dev/null
+    [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null # timeout passes it on
     [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
     rm -rf "$work"
 }
@@ -43,7 +43,7 @@ unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_JOB_ID
 run_job() {
     pids=()
     for r in $(seq 0 $(($2 - 1))); do
-        TUTTI_JOB_ID=$1 TUTTI_RANK=$r TUTTI_WORLD_SIZE=$2 timeout 60 "$bench" -b 4 -e 1M -f 16 \
+        TUTTI_JOB_ID=$1 TUTTI_RANK=$r TUTTI_WORLD_SIZE=$2 timeout -k 5 60 "$bench" -b 4 -e 1M -f 16 \
             -n 3 -w 1 -c >"$work/$1-$r.txt" 2>&1 &
         pids+=($!)
     done

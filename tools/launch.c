@@ -86,6 +86,23 @@ static int cmp_pid(const void *a, const void *b)
 
 /* ---- what dead ranks left in /dev/shm --------------------------------------------- */
 
+/* Is pid a running process (not a zombie, not gone)? */
+static int is_live_other(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t r = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (r <= 0)
+        return 0;
+    buf[r] = '\0';
+    char *p = strrchr(buf, ')'), state = 0;
+    return p && sscanf(p + 1, " %c", &state) == 1 && state != 'Z' && state != 'X';
+}
+
 /* Removes the names the shm transport made in /dev/shm ("tutti-shm-<pid>-...",
  * transports/shm/shm_setup.c) for any of the n pids, sorted: a rank killed in its set-up
  * (a job that failed to start, stopped by us) had no chance to. Call it only while those
@@ -101,7 +118,9 @@ static void sweep_shm(const pid_t *sorted, int n)
         if (sscanf(e->d_name, "tutti-shm-%d-%n", &pid, &off) != 1 || !off)
             continue;
         pid_t key = (pid_t)pid;
-        if (bsearch(&key, sorted, (size_t)n, sizeof(pid_t), cmp_pid))
+        /* a zombie answers kill(); a pid reaped and reused by a live process does too,
+         * and its names are left alone */
+        if (bsearch(&key, sorted, (size_t)n, sizeof(pid_t), cmp_pid) && !is_live_other(key))
             unlinkat(dirfd(d), e->d_name, 0);
     }
     closedir(d);
@@ -210,6 +229,8 @@ static void cleaner_main(tt_launch_t *l, int fd)
                 break;
             usleep(10000);
         }
+        /* the ranks are gone and init may have reaped them: sweep_shm leaves any pid
+         * that is alive again (reused) */
         sweep_shm(pids, n);
     }
     if (!done && l->dir[0]) {

@@ -16,6 +16,7 @@
  * polled for the spin, then each is armed (the ABI's arm(): a descriptor that turns
  * readable when it has something to do) and one poll() sleeps on them all. A transport
  * without arm() makes them take turns instead, blocking in each for up to 1 ms. */
+#include <ctype.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -395,15 +396,23 @@ static const char *spec_names(const char *spec, char *local, char *remote, size_
     return NULL;
 }
 
+/* Whether the spec leaves the local peers' transport to auto (which falls back to tcp
+ * where it cannot connect them: mux_connect). */
+static int spec_local_auto(const char *spec)
+{
+    return !spec || !*spec || !strcmp(spec, "auto") ||
+           (strstr(spec, "remote=") && !strstr(spec, "local="));
+}
+
 void tt_transport_canon(const char *spec, char *out, size_t len)
 {
     char local[128], remote[128], buf[512];
     if (spec_names(spec, local, remote, sizeof(local), buf, sizeof(buf)))
         snprintf(out, len, "%s", spec);
     else
-        snprintf(out, len, "%s,%s", local, remote);
+        snprintf(out, len, "%s%s,%s", spec_local_auto(spec) ? "auto:" : "", local, remote);
     for (char *c = out; *c; c++)
-        if (*c == ' ' || *c == '\t' || *c == '\n')
+        if (isspace((unsigned char)*c))
             *c = '?';
 }
 
@@ -735,8 +744,9 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
         st = s->ops->create(&s->host, &s->tp);
         int spent_ms = (int)((tt_now_ns() - t0) / 1000000u),
             left_ms = s->host.timeout_ms - spent_ms;
-        if (st < 0 && st != TUTTI_ERR_TIMEOUT && role == 0 && local_auto &&
-            strcmp(s->ops->name, "tcp") && (s->host.timeout_ms <= 0 || left_ms > 0)) {
+        if (st < 0 && st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_CONFIG && st != TUTTI_ERR_PLUGIN &&
+            role == 0 && local_auto && strcmp(s->ops->name, "tcp") &&
+            (s->host.timeout_ms <= 0 || left_ms > 0)) {
             /* auto's local transport failed (shm in a /dev/shm without room, say): its
              * set-up fails on every local rank or none (shm_setup.c, setup_ready), so
              * they all come here and meet again over tcp, under keys of their own, in
@@ -852,10 +862,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
         goto out;
     }
     /* auto chose the local peers' transport: if it cannot connect them, tcp does */
-    const char *spec = comm->opts.transport;
-    int local_auto = !spec || !*spec || !strcmp(spec, "auto") ||
-                     (strstr(spec, "remote=") && !strstr(spec, "local="));
-    st = mux_connect(comm, m, role_sub, npeers, local_auto, err, errlen);
+    st = mux_connect(comm, m, role_sub, npeers, spec_local_auto(comm->opts.transport), err, errlen);
     if (st < 0) {
         mux_free(m);
         goto out;

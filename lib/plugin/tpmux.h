@@ -20,8 +20,9 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen);
 int tt_transports_props(const tutti_comm_t *comm, const tutti_tp_props_v2_t **props, int max);
 
 /* What a transport spec (opts.transport, TUTTI_TRANSPORT) means, as "LOCAL,REMOTE" (the
- * transports for peers on this host and on others: "auto" and "local=shm" are "shm,tcp",
- * "tcp" is "tcp,tcp"), without spaces; the spec itself when it cannot be read (set-up
+ * transports for peers on this host and on others, LOCAL prefixed "auto:" where auto
+ * chose it and may fall back to tcp: "auto" and "remote=tcp" are "auto:shm,tcp",
+ * "local=shm" is "shm,tcp", "tcp" is "tcp,tcp"), without spaces; the spec itself when it cannot be read (set-up
  * then says why). Every rank of a job must mean the same: the job's instance record
  * carries rank 0's (lib/core/job.c). */
 void tt_transport_canon(const char *spec, char *out, size_t len);
