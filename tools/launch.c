@@ -86,11 +86,12 @@ static int cmp_pid(const void *a, const void *b)
 
 /* ---- what dead ranks left in /dev/shm --------------------------------------------- */
 
-/* Is pid a running process (not a zombie, not gone)? */
-static int is_live_other(pid_t pid)
+/* Is the process /proc/<pid_s> running (there, not a zombie)? Its process group in
+ * *pgrp_p. */
+static int proc_running(const char *pid_s, int *pgrp_p)
 {
     char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    snprintf(path, sizeof(path), "/proc/%s/stat", pid_s);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -99,14 +100,17 @@ static int is_live_other(pid_t pid)
     if (r <= 0)
         return 0;
     buf[r] = '\0';
-    char *p = strrchr(buf, ')'), state = 0;
-    return p && sscanf(p + 1, " %c", &state) == 1 && state != 'Z' && state != 'X';
+    /* "pid (comm) state ppid pgrp ...": comm may hold anything, ')' included */
+    char *p = strrchr(buf, ')'), state;
+    int ppid;
+    return p && sscanf(p + 1, " %c %d %d", &state, &ppid, pgrp_p) == 3 && state != 'Z' &&
+           state != 'X';
 }
 
 /* Removes the names the shm transport made in /dev/shm ("tutti-shm-<pid>-...",
- * transports/shm/shm_setup.c) for any of the n pids, sorted: a rank killed in its set-up
- * (a job that failed to start, stopped by us) had no chance to. Call it only while those
- * pids cannot be another process's (zombies not yet reaped). */
+ * transports/shm/shm_setup.c) for any of the n pids, sorted, that is not running: a rank
+ * killed in its set-up (a job that failed to start, stopped by us) had no chance to. A
+ * pid reaped and reused by a running process keeps its names. */
 static void sweep_shm(const pid_t *sorted, int n)
 {
     DIR *d = n > 0 ? opendir("/dev/shm") : NULL;
@@ -118,9 +122,10 @@ static void sweep_shm(const pid_t *sorted, int n)
         if (sscanf(e->d_name, "tutti-shm-%d-%n", &pid, &off) != 1 || !off)
             continue;
         pid_t key = (pid_t)pid;
-        /* a zombie answers kill(); a pid reaped and reused by a live process does too,
-         * and its names are left alone */
-        if (bsearch(&key, sorted, (size_t)n, sizeof(pid_t), cmp_pid) && !is_live_other(key))
+        char pid_s[16];
+        int pgrp;
+        snprintf(pid_s, sizeof(pid_s), "%d", pid);
+        if (bsearch(&key, sorted, (size_t)n, sizeof(pid_t), cmp_pid) && !proc_running(pid_s, &pgrp))
             unlinkat(dirfd(d), e->d_name, 0);
     }
     closedir(d);
@@ -136,23 +141,8 @@ static int any_left(const pid_t *pids, int n, int own_groups)
     struct dirent *e;
     int found = 0;
     while (!found && (e = readdir(d))) {
-        char path[64], buf[512];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t r = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (r <= 0)
-            continue;
-        buf[r] = '\0';
-        /* "pid (comm) state ppid pgrp ...": comm may hold anything, ')' included */
-        char *p = strrchr(buf, ')'), state;
-        int ppid, pgrp;
-        if (!p || sscanf(p + 1, " %c %d %d", &state, &ppid, &pgrp) != 3 || state == 'Z' ||
-            state == 'X')
+        int pgrp;
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || !proc_running(e->d_name, &pgrp))
             continue;
         pid_t key = own_groups ? (pid_t)pgrp : (pid_t)atoi(e->d_name);
         found = bsearch(&key, pids, (size_t)n, sizeof(pid_t), cmp_pid) != NULL;
