@@ -576,30 +576,26 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
                         const char *desc, member_wait_t *w, char *err, size_t errlen)
 {
     tutti_store_t *js = comm->job_store;
-    if (r->nranks != comm->nranks) {
-        if (!rec_stale(r, my_host) && !rec_finished(js, r)) {
+    char mine[sizeof(r->transport)];
+    tt_transport_canon(comm->opts.transport, mine, sizeof(mine));
+    int sizes = r->nranks != comm->nranks;
+    if (sizes || strcmp(r->transport, mine)) {
+        if (rec_stale(r, my_host) || rec_finished(js, r)) {
+            reject_nonce(w, r->nonce); /* a previous run's */
+            return 1;
+        }
+        if (sizes)
             snprintf(err, errlen,
                      "store %s, prefix %s: %s, but this rank was told the job has %d: the "
                      "ranks disagree on the world size (or another job uses this store)",
                      comm->store_url, comm->job_base, desc, comm->nranks);
-            return TUTTI_ERR_MISMATCH;
-        }
-        reject_nonce(w, r->nonce); /* a previous run's */
-        return 1;
-    }
-    char mine[sizeof(r->transport)];
-    tt_transport_canon(comm->opts.transport, mine, sizeof(mine));
-    if (strcmp(r->transport, mine)) {
-        if (!rec_stale(r, my_host) && !rec_finished(js, r)) {
+        else
             snprintf(err, errlen,
                      "store %s, prefix %s: %s names the transports \"%s\" (for peers on "
                      "its host, for the others), this rank \"%s\": every rank must set the "
                      "same TUTTI_TRANSPORT (or transport option)",
                      comm->store_url, comm->job_base, desc, r->transport, mine);
-            return TUTTI_ERR_CONFIG;
-        }
-        reject_nonce(w, r->nonce); /* a previous run's */
-        return 1;
+        return sizes ? TUTTI_ERR_MISMATCH : TUTTI_ERR_CONFIG;
     }
     if (rec_stale(r, my_host) || rec_setup_failed(js, r)) {
         int fst = rec_failed_setup(js, r, desc, err, errlen);
