@@ -3,7 +3,8 @@
  *   tutti-bench -np 4 -b 8 -e 64M -f 2 -c            fork 4 local ranks
  *   tutti-bench -np 3 --coll allgather -c            any of the nine collectives
  *   tutti-bench -np 4 --algo all                     every algorithm, side by side
- *   TUTTI_STORE=tcp://host:29500 mpirun -np 4 tutti-bench --coll broadcast
+ *   mpirun -np 4 tutti-bench --coll broadcast        ranks Open MPI started on one host
+ *   TUTTI_STORE=tcp://host:29500 mpirun -np 8 tutti-bench      across hosts
  *
  * For each message size every rank runs WARMUP untimed calls and then ITERS timed ones,
  * out of place and then in place, timing each call. After each timed loop the
@@ -171,8 +172,9 @@ static void usage(FILE *f)
         "                      SIGKILLed); without -np, join the\n"
         "                      job the environment describes (TUTTI_RANK/TUTTI_WORLD_SIZE/\n"
         "                      TUTTI_STORE, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
-        "                      MASTER_PORT, or mpirun's OMPI_COMM_WORLD_RANK/SIZE plus\n"
-        "                      TUTTI_STORE)\n"
+        "                      MASTER_PORT, or mpirun's: Open MPI's or MPICH's ranks;\n"
+        "                      with ranks on several hosts, or MPICH's without a\n"
+        "                      TUTTI_JOB_ID, set TUTTI_STORE too)\n"
         "  --coll NAME         allreduce (default), broadcast, barrier, reduce, allgather,\n"
         "                      reduce_scatter, gather, scatter, alltoall, scan or exscan\n"
         "  -b, --minbytes SIZE smallest size, bytes with K/M/G suffixes (default 8); size\n"
@@ -258,8 +260,10 @@ static void usage(FILE *f)
         "  TUTTI_STORE             rendezvous store: file:///dir or tcp://host:port\n"
         "  TUTTI_STORE_TIMEOUT_MS  deadline of store calls and of connecting, ms (default 30000)\n"
         "  TUTTI_STORE_SERVER      tcp store: 0 = rank 0 does not host the server\n"
-        "  TUTTI_RANK              this process's rank (else RANK, OMPI_COMM_WORLD_RANK)\n"
-        "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE)\n"
+        "  TUTTI_RANK              this process's rank (else RANK, OMPI_COMM_WORLD_RANK,\n"
+        "                          PMI_RANK)\n"
+        "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE,\n"
+        "                          PMI_SIZE)\n"
         "  TUTTI_STALL_CHECK_MS    blocked this long, compare ops with the other ranks through\n"
         "                          the store: mismatched calls fail fast (default 1000, 0 off)\n"
         "  TUTTI_STORE_FSYNC       1: the file store fsyncs values before they are visible\n"
@@ -1701,39 +1705,19 @@ static int run_local(const bench_cfg_t *cfg)
 
 /* ---- environment: a job started by someone else ---------------------------------- */
 
-/* --algo all from the environment: the communicators share one store, opened here as
- * tutti_comm_init_env would (TUTTI_RANK or RANK, TUTTI_WORLD_SIZE or WORLD_SIZE,
- * TUTTI_STORE or MASTER_ADDR/MASTER_PORT; rank 0 hosts a tcp store unless
- * TUTTI_STORE_SERVER=0). */
+/* --algo all from the environment: the communicators share one store, opened as
+ * tutti_comm_init_env opens its own (tutti_store_open_env). */
 static int run_env_all(const bench_cfg_t *cfg)
 {
-    const char *rank_s = getenv("TUTTI_RANK"), *size_s = getenv("TUTTI_WORLD_SIZE");
-    const char *url = getenv("TUTTI_STORE"), *srv = getenv("TUTTI_STORE_SERVER");
-    char urlbuf[512];
-    if (!rank_s)
-        rank_s = getenv("RANK");
-    if (!size_s)
-        size_s = getenv("WORLD_SIZE");
-    if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
-        const char *addr = getenv("MASTER_ADDR");
-        snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s", addr,
-                 getenv("MASTER_PORT"));
-        url = urlbuf;
-    }
-    int rank, size;
-    if (!rank_s || !size_s || !url || parse_int(rank_s, 0, &rank) || parse_int(size_s, 1, &size) ||
-        rank >= size) {
-        fprintf(stderr, "tutti-bench: need the rank, the world size and the store in the "
-                        "environment (TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_STORE)\n");
+    tutti_comm_opts_t opts;
+    if (comm_opts(cfg, &opts) != TUTTI_OK)
         return 3;
-    }
-    tutti_store_opts_t so;
-    tutti_store_opts_init(&so);
-    so.is_server = rank == 0 && !strncmp(url, "tcp://", 6) && !(srv && !strcmp(srv, "0"));
     tutti_store_t *store;
-    int st = tutti_store_open(&store, url, &so);
+    int rank, size;
+    int st = tutti_store_open_env(&store, &rank, &size, &opts);
     if (st != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: rank %d: store %s: %s\n", rank, url, tutti_strerror(st));
+        fprintf(stderr, "tutti-bench: %s (%s): %s\n", tutti_strerror(st), tutti_status_name(st),
+                tutti_comm_last_error(NULL));
         return 3;
     }
     int rc = bench_all(cfg, store, rank, size);
@@ -1743,22 +1727,11 @@ static int run_env_all(const bench_cfg_t *cfg)
 
 static int run_env(const bench_cfg_t *cfg)
 {
-    /* mpirun: TUTTI_RANK/TUTTI_WORLD_SIZE from Open MPI's (or PMI's) variables. */
-    static const char *const map[][2] = {
-        { "OMPI_COMM_WORLD_RANK", "TUTTI_RANK" },
-        { "OMPI_COMM_WORLD_SIZE", "TUTTI_WORLD_SIZE" },
-        { "PMI_RANK", "TUTTI_RANK" },
-        { "PMI_SIZE", "TUTTI_WORLD_SIZE" },
-    };
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
-        const char *v = getenv(map[i][0]);
-        if (v && *v)
-            setenv(map[i][1], v, 0);
-    }
-    if (!getenv("TUTTI_RANK") && !getenv("RANK")) {
-        fprintf(stderr, "tutti-bench: no job in the environment: use -np N, or set\n"
-                        "  TUTTI_RANK, TUTTI_WORLD_SIZE and TUTTI_STORE (or RANK, WORLD_SIZE,\n"
-                        "  MASTER_ADDR, MASTER_PORT; or run under mpirun with TUTTI_STORE)\n");
+    if (!getenv("TUTTI_RANK") && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") &&
+        !getenv("PMI_RANK")) {
+        fprintf(stderr, "tutti-bench: no job in the environment: use -np N, run under mpirun\n"
+                        "  (Open MPI's or MPICH's), or set TUTTI_RANK, TUTTI_WORLD_SIZE and\n"
+                        "  TUTTI_STORE (or RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\n");
         return 2;
     }
     if (cfg->algo_all)

@@ -247,6 +247,94 @@ START_TEST(init_from_env)
 }
 END_TEST
 
+/* ---- init from mpirun's variables (tests/test_mpirun.sh runs the real launchers) ---- */
+
+typedef enum { MPI_OMPI, MPI_PMI, MPI_OMPI_TWO_HOSTS, MPI_PMI_NO_JOB } mpi_env_t;
+
+/* The variables a launcher (or another test) may have left, so that only the case's own
+ * are seen: a rank from TUTTI_RANK would win over the launcher's. */
+static void unset_launch_env(void)
+{
+    static const char *const names[] = { "TUTTI_RANK",
+                                         "TUTTI_WORLD_SIZE",
+                                         "TUTTI_LOCAL_SIZE",
+                                         "TUTTI_STORE",
+                                         "RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_WORLD_SIZE",
+                                         "MASTER_ADDR",
+                                         "MASTER_PORT",
+                                         "OMPI_COMM_WORLD_RANK",
+                                         "OMPI_COMM_WORLD_SIZE",
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                         "PMI_RANK",
+                                         "PMI_SIZE",
+                                         "MPI_LOCALNRANKS",
+                                         "SLURM_JOB_ID",
+                                         "PMIX_NAMESPACE",
+                                         "OMPI_MCA_ess_base_jobid",
+                                         "TORCHELASTIC_RUN_ID" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        unsetenv(names[i]);
+}
+
+static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)dir;
+    mpi_env_t kind = *(mpi_env_t *)arg;
+    unset_launch_env();
+    int pmi = kind == MPI_PMI || kind == MPI_PMI_NO_JOB;
+    th_setenv_int(pmi ? "PMI_RANK" : "OMPI_COMM_WORLD_RANK", rank);
+    th_setenv_int(pmi ? "PMI_SIZE" : "OMPI_COMM_WORLD_SIZE", nranks);
+    th_setenv_int(pmi ? "MPI_LOCALNRANKS" : "OMPI_COMM_WORLD_LOCAL_SIZE",
+                  kind == MPI_OMPI_TWO_HOSTS ? nranks - 1 : nranks);
+    if (kind == MPI_PMI_NO_JOB)
+        unsetenv("TUTTI_JOB_ID"); /* the harness's: MPICH's mpiexec gives none */
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init_env(&comm, NULL);
+    if (kind == MPI_OMPI_TWO_HOSTS || kind == MPI_PMI_NO_JOB) {
+        /* no store named, and none can be made up: a clear error, at once */
+        const char *e = tutti_comm_last_error(NULL);
+        char want[64];
+        snprintf(want, sizeof(want), "rank %d of %d (%s)", rank, nranks,
+                 pmi ? "PMI_RANK" : "OMPI_COMM_WORLD_RANK");
+        FAIL_IF(st != TUTTI_ERR_CONFIG || comm, "got %s", tutti_status_name(st));
+        FAIL_IF(!strstr(e, want) || !strstr(e, "TUTTI_STORE"), "error: %s", e);
+        FAIL_IF(!strstr(e, kind == MPI_PMI_NO_JOB ? "no job id"
+                                                  : "2 of the 3 ranks are on "
+                                                    "this host"),
+                "error: %s", e);
+        return 0;
+    }
+    FAIL_IF(st != 0, "init_env: %s: %s", tutti_status_name(st), tutti_comm_last_error(NULL));
+    FAIL_IF(tutti_comm_rank(comm) != rank || tutti_comm_size(comm) != nranks, "rank/size");
+    int64_t x = 10 * rank + 1, y = 0, want = 0;
+    for (int r = 0; r < nranks; r++)
+        want += 10 * r + 1;
+    st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st != 0, "allreduce: %s", tutti_comm_last_error(comm));
+    FAIL_IF(y != want, "sum %lld, want %lld", (long long)y, (long long)want);
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier"); /* rank 0 hosts the store */
+    tutti_comm_destroy(comm);
+    return 0;
+}
+
+START_TEST(init_from_mpirun_env)
+{
+    /* Open MPI's variables, every rank on this host, the harness's job id: the ranks meet
+     * on a loopback store whose port comes from the job id, with no store named */
+    mpi_env_t kind = MPI_OMPI;
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    kind = MPI_PMI; /* MPICH's, with a TUTTI_JOB_ID */
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    kind = MPI_OMPI_TWO_HOSTS;
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    kind = MPI_PMI_NO_JOB;
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+}
+END_TEST
+
 /* ---- IPv6 on loopback ---- */
 
 static int have_ipv6_loopback(void)
@@ -363,7 +451,7 @@ static Suite *suite(void)
                                          bad_arguments_other_collectives, NULL });
     th_add_tests(s, "env", 90,
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
-                                         NULL });
+                                         init_from_mpirun_env, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
     return s;

@@ -222,11 +222,23 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts);
 int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int size,
                     const tutti_comm_opts_t *opts);
 
-/* Create a communicator from the environment: TUTTI_RANK, TUTTI_WORLD_SIZE and
- * TUTTI_STORE (file:///dir or tcp://host:port), or torchrun's RANK, WORLD_SIZE,
- * MASTER_ADDR and MASTER_PORT. With a tcp store, rank 0 hosts the store server unless
- * TUTTI_STORE_SERVER=0. The communicator owns the store it opened. */
+/* Create a communicator from the environment (tutti_store_open_env): the communicator
+ * owns the store it opened. */
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
+
+/* The job the environment describes: this process's rank and the rank count, and the
+ * store opened (the caller closes it). The rank is the first of TUTTI_RANK, torchrun's
+ * RANK, Open MPI's OMPI_COMM_WORLD_RANK and PMI_RANK (mpiexec of MPICH and Intel MPI)
+ * that is set; the size likewise (TUTTI_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE). The store: TUTTI_STORE (file:///dir or tcp://host:port), else torchrun's
+ * MASTER_ADDR and MASTER_PORT, else, where the launcher that gave the rank and size says
+ * that every rank is on this host (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS) and the
+ * job has an id (TUTTI_JOB_ID, mpirun's), a tcp store on 127.0.0.1 at a port taken from
+ * the job id. With a tcp store, rank 0 hosts the server unless TUTTI_STORE_SERVER=0.
+ * opts (may be NULL) gives the timeout, the job id and the auth token. Fails with
+ * TUTTI_ERR_CONFIG naming what is missing (tutti_comm_last_error(NULL)). */
+int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
+                         const tutti_comm_opts_t *opts);
 
 /* Pass as color to tutti_comm_split to take part without joining a new communicator
  * (any negative color does the same). */

@@ -513,17 +513,59 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
 /* communicators of tutti_comm_init_env destroyed so far (the store servers' label) */
 static atomic_uint env_comms_done;
 
-/* torchrun / TUTTI_* conventions -> store URL, rank and size */
-int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
+/* The launchers whose variables place a process: tutti-run's (and tutti-bench -np's),
+ * torchrun's, Open MPI's mpirun and the PMI of MPICH's and Intel MPI's mpiexec. The rank
+ * and the size are each the first variable of the list that is set; the launcher that
+ * gave both also says how many ranks share this host, where it says it. (Slurm's
+ * SLURM_PROCID is not read: a batch script, which is no rank, has it too.) */
+typedef struct env_launcher {
+    const char *name, *rank, *size, *local_size;
+} env_launcher_t;
+static const env_launcher_t env_launchers[] = {
+    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_SIZE" },
+    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE" },
+    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE" },
+    { "PMI (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS" },
+};
+#define ENV_LAUNCHERS ((int)(sizeof(env_launchers) / sizeof(env_launchers[0])))
+
+static const char *env_first(int which, int *from_p)
 {
-    const char *rank_s = tt_env("RANK");
-    const char *size_s = tt_env("WORLD_SIZE");
+    for (int i = 0; i < ENV_LAUNCHERS; i++) {
+        const env_launcher_t *l = &env_launchers[i];
+        const char *v = getenv(which == 0 ? l->rank : l->size);
+        if (v && *v) {
+            *from_p = i;
+            return v;
+        }
+    }
+    *from_p = -1;
+    return NULL;
+}
+
+/* The port of a job's store on loopback: from its id, in 10000..32767 (below Linux's
+ * ephemeral ports, where connect() takes its local ports). Another job's server on it
+ * carries another label and is passed over; a foreign service fails the hello. */
+static int env_loopback_port(const char *jid)
+{
+    uint8_t h[TT_SHA256_LEN];
+    tt_sha256_t c;
+    tt_sha256_init(&c);
+    tt_sha256_update(&c, "tutti-store-port:", 17);
+    tt_sha256_update(&c, jid, strlen(jid));
+    tt_sha256_final(&c, h);
+    uint32_t x = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    return 10000 + (int)(x % 22768u);
+}
+
+int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
+                         const tutti_comm_opts_t *opts)
+{
+    int rfrom, sfrom;
+    const char *rank_s = env_first(0, &rfrom);
+    const char *size_s = env_first(1, &sfrom);
     const char *url = tt_env("STORE");
     char urlbuf[512];
-    if (!rank_s)
-        rank_s = getenv("RANK");
-    if (!size_s)
-        size_s = getenv("WORLD_SIZE");
     if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
         const char *addr = getenv("MASTER_ADDR");
         snprintf(urlbuf, sizeof(urlbuf), strchr(addr, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s", addr,
@@ -531,26 +573,71 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
         url = urlbuf;
     }
     init_error[0] = '\0';
-    if (!comm_p || !rank_s || !size_s || !url) {
+    if (!store_p || !rank_p || !size_p || !rank_s || !size_s) {
         init_error_set(0,
-                       "tutti_comm_init_env: need TUTTI_RANK (or RANK), TUTTI_WORLD_SIZE (or "
-                       "WORLD_SIZE) and TUTTI_STORE (or MASTER_ADDR and MASTER_PORT); missing %s",
-                       !comm_p   ? "comm_p"
+                       "tutti_store_open_env: need this process's rank and the world size: "
+                       "TUTTI_RANK and TUTTI_WORLD_SIZE, torchrun's RANK and WORLD_SIZE, "
+                       "Open MPI's OMPI_COMM_WORLD_RANK and _SIZE or PMI_RANK and PMI_SIZE "
+                       "(mpiexec of MPICH); missing %s",
+                       !store_p  ? "store_p"
+                       : !rank_p ? "rank_p"
+                       : !size_p ? "size_p"
                        : !rank_s ? "the rank"
-                       : !size_s ? "the world size"
-                                 : "the store");
+                                 : "the world size");
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
+    *store_p = NULL;
     char *end;
     long rank = strtol(rank_s, &end, 10);
     long size = rank_s[0] && !*end ? strtol(size_s, &end, 10) : -1;
     if (!rank_s[0] || !size_s[0] || *end || rank < 0 || size < 1 || rank >= size) {
-        init_error_set(
-            0, "tutti_comm_init_env: rank \"%s\", world size \"%s\": not a rank in [0, size)",
-            rank_s, size_s);
+        init_error_set(0,
+                       "tutti_store_open_env: rank \"%s\" (%s), world size \"%s\" (%s): not a "
+                       "rank in [0, size)",
+                       rank_s, env_launchers[rfrom].rank, size_s, env_launchers[sfrom].size);
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
+    }
+    char jid[80];
+    int derived = 0; /* the store is the job's on loopback, at a port from its id */
+    tt_job_id(opts && opts->size >= offsetof(tutti_comm_opts_t, job_id) + sizeof(char *)
+                  ? opts->job_id
+                  : NULL,
+              jid, sizeof(jid), NULL);
+    if (!url) {
+        /* No store named: a job whose launcher says all its ranks are on this host, and
+         * which has an id (mpirun's), meets on loopback, rank 0 hosting the server. */
+        const char *local = rfrom == sfrom ? getenv(env_launchers[rfrom].local_size) : NULL;
+        long nlocal = local && *local ? strtol(local, &end, 10) : -1;
+        if (local && *local && *end)
+            nlocal = -1;
+        if (nlocal == size && jid[0]) {
+            snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid));
+            url = urlbuf;
+            derived = 1;
+            if (rank == 0)
+                TT_INFO("tutti_store_open_env: store %s: all %ld ranks on this host (%s), the "
+                        "port from job id %s",
+                        url, size, env_launchers[rfrom].name, jid);
+        } else {
+            char why[160];
+            if (nlocal == size)
+                snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
+            else if (nlocal > 0)
+                snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
+            else
+                snprintf(why, sizeof(why), "%s does not say how many ranks share this host",
+                         rfrom == sfrom ? env_launchers[rfrom].name : "the environment");
+            init_error_set(0,
+                           "tutti_store_open_env: rank %ld of %ld (%s): no store: set "
+                           "TUTTI_STORE (file:///dir or tcp://host:port) or MASTER_ADDR and "
+                           "MASTER_PORT; a job with all its ranks on one host and a job id "
+                           "meets on loopback without them, but %s",
+                           rank, size, env_launchers[rfrom].rank, why);
+            TT_WARN("%s", init_error);
+            return TUTTI_ERR_CONFIG;
+        }
     }
     tutti_store_opts_t so;
     tutti_store_opts_init(&so);
@@ -572,22 +659,36 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
      * clients keep away from the previous one. A standalone server (tutti-store) has no
      * label and outlives jobs: its clients take it as it is (they waited for a label it
      * never has until their timeout). */
-    char label[160], jid[80];
-    tt_job_id(opts && opts->size >= offsetof(tutti_comm_opts_t, job_id) + sizeof(char *)
-                  ? opts->job_id
-                  : NULL,
-              jid, sizeof(jid), NULL);
+    char label[160];
     snprintf(label, sizeof(label), "%s#%u", jid[0] ? jid : "-", atomic_load(&env_comms_done));
     so.instance = hosted ? label : NULL;
-    tutti_store_t *store;
-    int st = tutti_store_open(&store, url, &so);
+    int st = tutti_store_open(store_p, url, &so);
     if (st < 0) {
-        init_error_set(st, "tutti_comm_init_env: rank %ld cannot open store %s: %s: %s", rank, url,
-                       tutti_strerror(st), tutti_store_last_error(NULL));
+        *store_p = NULL;
+        init_error_set(st, "tutti_store_open_env: rank %ld cannot open store %s: %s: %s%s%s%s",
+                       rank, url, tutti_strerror(st), tutti_store_last_error(NULL),
+                       derived ? " (the port of job id " : "", derived ? jid : "",
+                       derived ? ": set TUTTI_STORE, or another TUTTI_JOB_ID)" : "");
         TT_WARN("%s", init_error);
         return st;
     }
-    st = tutti_comm_init(comm_p, store, (int)rank, (int)size, opts);
+    *rank_p = (int)rank;
+    *size_p = (int)size;
+    return TUTTI_OK;
+}
+
+int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
+{
+    if (!comm_p) {
+        init_error_set(0, "tutti_comm_init_env: comm_p is NULL");
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    tutti_store_t *store;
+    int rank, size;
+    int st = tutti_store_open_env(&store, &rank, &size, opts);
+    if (st < 0)
+        return st;
+    st = tutti_comm_init(comm_p, store, rank, size, opts);
     if (st < 0) {
         tutti_store_close(store);
         return st;
