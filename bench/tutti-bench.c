@@ -4,6 +4,7 @@
  *   tutti-bench -np 3 --coll allgather -c            any of the nine collectives
  *   tutti-bench -np 4 --algo all                     every algorithm, side by side
  *   mpirun -np 4 tutti-bench --coll broadcast        ranks Open MPI started on one host
+ *   srun -n 4 tutti-bench                            ranks of a Slurm step on one node
  *   TUTTI_STORE=tcp://host:29500 mpirun -np 8 tutti-bench      across hosts
  *
  * For each message size every rank runs WARMUP untimed calls and then ITERS timed ones,
@@ -172,9 +173,9 @@ static void usage(FILE *f)
         "                      SIGKILLed); without -np, join the\n"
         "                      job the environment describes (TUTTI_RANK/TUTTI_WORLD_SIZE/\n"
         "                      TUTTI_STORE, torchrun's RANK/WORLD_SIZE/MASTER_ADDR/\n"
-        "                      MASTER_PORT, or mpirun's: Open MPI's or MPICH's ranks;\n"
-        "                      with ranks on several hosts, or MPICH's without a\n"
-        "                      TUTTI_JOB_ID, set TUTTI_STORE too)\n"
+        "                      MASTER_PORT, or the ranks of mpirun (Open MPI's, MPICH's)\n"
+        "                      or srun; with ranks on several hosts, or MPICH's without\n"
+        "                      a TUTTI_JOB_ID, set TUTTI_STORE too)\n"
         "  --coll NAME         allreduce (default), broadcast, barrier, reduce, allgather,\n"
         "                      reduce_scatter, gather, scatter, alltoall, scan or exscan\n"
         "  -b, --minbytes SIZE smallest size, bytes with K/M/G suffixes (default 8); size\n"
@@ -261,9 +262,9 @@ static void usage(FILE *f)
         "  TUTTI_STORE_TIMEOUT_MS  deadline of store calls and of connecting, ms (default 30000)\n"
         "  TUTTI_STORE_SERVER      tcp store: 0 = rank 0 does not host the server\n"
         "  TUTTI_RANK              this process's rank (else RANK, OMPI_COMM_WORLD_RANK,\n"
-        "                          PMI_RANK)\n"
+        "                          PMI_RANK, in an srun step SLURM_PROCID)\n"
         "  TUTTI_WORLD_SIZE        number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE,\n"
-        "                          PMI_SIZE)\n"
+        "                          PMI_SIZE, SLURM_STEP_NUM_TASKS)\n"
         "  TUTTI_STALL_CHECK_MS    blocked this long, compare ops with the other ranks through\n"
         "                          the store: mismatched calls fail fast (default 1000, 0 off)\n"
         "  TUTTI_STORE_FSYNC       1: the file store fsyncs values before they are visible\n"
@@ -1705,9 +1706,10 @@ static int run_local(const bench_cfg_t *cfg)
 
 /* ---- environment: a job started by someone else ---------------------------------- */
 
-/* --algo all from the environment: the communicators share one store, opened as
- * tutti_comm_init_env opens its own (tutti_store_open_env). */
-static int run_env_all(const bench_cfg_t *cfg)
+/* A job started by someone else (tutti-run, torchrun, mpirun, srun): the store and the
+ * place as tutti_comm_init_env finds them (tutti_store_open_env); with --algo all, one
+ * communicator an algorithm, all on that store. */
+static int run_env(const bench_cfg_t *cfg)
 {
     tutti_comm_opts_t opts;
     if (comm_opts(cfg, &opts) != TUTTI_OK)
@@ -1716,37 +1718,27 @@ static int run_env_all(const bench_cfg_t *cfg)
     int rank, size;
     int st = tutti_store_open_env(&store, &rank, &size, &opts);
     if (st != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: %s (%s): %s\n", tutti_strerror(st), tutti_status_name(st),
-                tutti_comm_last_error(NULL));
-        return 3;
+        fprintf(stderr, "tutti-bench: %s (%s)\n%s", tutti_comm_last_error(NULL),
+                tutti_status_name(st),
+                st == TUTTI_ERR_CONFIG ? "tutti-bench: or start local ranks with -np N\n" : "");
+        return st == TUTTI_ERR_CONFIG ? 2 : 3;
     }
-    int rc = bench_all(cfg, store, rank, size);
+    int rc;
+    if (cfg->algo_all) {
+        rc = bench_all(cfg, store, rank, size);
+    } else {
+        tutti_comm_t *comm;
+        st = tutti_comm_init(&comm, store, rank, size, &opts);
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "tutti-bench: rank %d: tutti_comm_init: %s (%s): %s\n", rank,
+                    tutti_strerror(st), tutti_status_name(st), tutti_comm_last_error(NULL));
+            rc = 3;
+        } else {
+            rc = bench_one(cfg, comm);
+        }
+    }
     tutti_store_close(store);
     return rc;
-}
-
-static int run_env(const bench_cfg_t *cfg)
-{
-    if (!getenv("TUTTI_RANK") && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") &&
-        !getenv("PMI_RANK")) {
-        fprintf(stderr, "tutti-bench: no job in the environment: use -np N, run under mpirun\n"
-                        "  (Open MPI's or MPICH's), or set TUTTI_RANK, TUTTI_WORLD_SIZE and\n"
-                        "  TUTTI_STORE (or RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\n");
-        return 2;
-    }
-    if (cfg->algo_all)
-        return run_env_all(cfg);
-    tutti_comm_opts_t opts;
-    if (comm_opts(cfg, &opts) != TUTTI_OK)
-        return 3;
-    tutti_comm_t *comm;
-    int st = tutti_comm_init_env(&comm, &opts);
-    if (st != TUTTI_OK) {
-        fprintf(stderr, "tutti-bench: tutti_comm_init_env: %s (%s): %s\n", tutti_strerror(st),
-                tutti_status_name(st), tutti_comm_last_error(NULL));
-        return 3;
-    }
-    return bench_one(cfg, comm);
 }
 
 int main(int argc, char **argv)

@@ -247,9 +247,19 @@ START_TEST(init_from_env)
 }
 END_TEST
 
-/* ---- init from mpirun's variables (tests/test_mpirun.sh runs the real launchers) ---- */
+/* ---- init from the launchers' variables (tests/test_mpirun.sh and test_slurm.sh run the
+ * real ones) ---- */
 
-typedef enum { MPI_OMPI, MPI_PMI, MPI_OMPI_TWO_HOSTS, MPI_PMI_NO_JOB } mpi_env_t;
+/* the launchers' variables a case sets; from MPI_OMPI_TWO_HOSTS on, init must fail */
+typedef enum {
+    MPI_OMPI,
+    MPI_PMI,
+    MPI_SLURM,
+    MPI_OMPI_TWO_HOSTS,
+    MPI_PMI_NO_JOB,
+    MPI_SLURM_TWO_NODES,
+    MPI_SLURM_BATCH
+} mpi_env_t;
 
 /* The variables a launcher (or another test) may have left, so that only the case's own
  * are seen: a rank from TUTTI_RANK would win over the launcher's. */
@@ -271,6 +281,11 @@ static void unset_launch_env(void)
                                          "PMI_SIZE",
                                          "MPI_LOCALNRANKS",
                                          "SLURM_JOB_ID",
+                                         "SLURM_STEP_ID",
+                                         "SLURM_PROCID",
+                                         "SLURM_NTASKS",
+                                         "SLURM_STEP_NUM_TASKS",
+                                         "SLURM_STEP_NUM_NODES",
                                          "PMIX_NAMESPACE",
                                          "OMPI_MCA_ess_base_jobid",
                                          "TORCHELASTIC_RUN_ID" };
@@ -285,26 +300,44 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     mpi_env_t kind = *(mpi_env_t *)arg;
     unset_launch_env();
     int pmi = kind == MPI_PMI || kind == MPI_PMI_NO_JOB;
-    th_setenv_int(pmi ? "PMI_RANK" : "OMPI_COMM_WORLD_RANK", rank);
-    th_setenv_int(pmi ? "PMI_SIZE" : "OMPI_COMM_WORLD_SIZE", nranks);
-    th_setenv_int(pmi ? "MPI_LOCALNRANKS" : "OMPI_COMM_WORLD_LOCAL_SIZE",
-                  kind == MPI_OMPI_TWO_HOSTS ? nranks - 1 : nranks);
+    int slurm = kind == MPI_SLURM || kind == MPI_SLURM_TWO_NODES || kind == MPI_SLURM_BATCH;
+    const char *rank_var = pmi ? "PMI_RANK" : slurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK";
+    th_setenv_int(rank_var, rank);
+    if (slurm) {
+        /* srun's, in a step of job 4242 (the harness's TUTTI_JOB_ID stays first) */
+        th_setenv_int("SLURM_STEP_NUM_TASKS", nranks);
+        th_setenv_int("SLURM_NTASKS", nranks);
+        th_setenv_int("SLURM_STEP_NUM_NODES", kind == MPI_SLURM_TWO_NODES ? 2 : 1);
+        setenv("SLURM_JOB_ID", "4242", 1);
+        if (kind != MPI_SLURM_BATCH) /* a batch script has SLURM_PROCID=0, but no step */
+            setenv("SLURM_STEP_ID", "0", 1);
+    } else {
+        th_setenv_int(pmi ? "PMI_SIZE" : "OMPI_COMM_WORLD_SIZE", nranks);
+        th_setenv_int(pmi ? "MPI_LOCALNRANKS" : "OMPI_COMM_WORLD_LOCAL_SIZE",
+                      kind == MPI_OMPI_TWO_HOSTS ? nranks - 1 : nranks);
+    }
     if (kind == MPI_PMI_NO_JOB)
         unsetenv("TUTTI_JOB_ID"); /* the harness's: MPICH's mpiexec gives none */
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init_env(&comm, NULL);
-    if (kind == MPI_OMPI_TWO_HOSTS || kind == MPI_PMI_NO_JOB) {
-        /* no store named, and none can be made up: a clear error, at once */
+    if (kind >= MPI_OMPI_TWO_HOSTS) {
+        /* no rank, or no store named and none can be made up: a clear error, at once */
         const char *e = tutti_comm_last_error(NULL);
-        char want[64];
-        snprintf(want, sizeof(want), "rank %d of %d (%s)", rank, nranks,
-                 pmi ? "PMI_RANK" : "OMPI_COMM_WORLD_RANK");
         FAIL_IF(st != TUTTI_ERR_CONFIG || comm, "got %s", tutti_status_name(st));
+        if (kind == MPI_SLURM_BATCH) {
+            FAIL_IF(!strstr(e, "missing the rank (this is a Slurm job's batch script, no rank: "
+                               "start the ranks with srun)"),
+                    "error: %s", e);
+            return 0;
+        }
+        char want[64];
+        snprintf(want, sizeof(want), "rank %d of %d (%s)", rank, nranks, rank_var);
         FAIL_IF(!strstr(e, want) || !strstr(e, "TUTTI_STORE"), "error: %s", e);
-        FAIL_IF(!strstr(e, kind == MPI_PMI_NO_JOB ? "no job id"
-                                                  : "2 of the 3 ranks are on "
-                                                    "this host"),
-                "error: %s", e);
+        const char *why = kind == MPI_PMI_NO_JOB ? "there is no job id"
+                          : kind == MPI_SLURM_TWO_NODES
+                              ? "the step spans 2 nodes (e.g. MASTER_ADDR=$(scontrol show hostnames"
+                              : "2 of the 3 ranks are on this host";
+        FAIL_IF(!strstr(e, why), "error: %s", e);
         return 0;
     }
     FAIL_IF(st != 0, "init_env: %s: %s", tutti_status_name(st), tutti_comm_last_error(NULL));
@@ -328,10 +361,10 @@ START_TEST(init_from_mpirun_env)
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
     kind = MPI_PMI; /* MPICH's, with a TUTTI_JOB_ID */
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
-    kind = MPI_OMPI_TWO_HOSTS;
+    kind = MPI_SLURM; /* srun's, a step on one node */
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
-    kind = MPI_PMI_NO_JOB;
-    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_SLURM_BATCH; kind++)
+        ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
 }
 END_TEST
 

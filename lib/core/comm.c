@@ -514,18 +514,25 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
 static atomic_uint env_comms_done;
 
 /* The launchers whose variables place a process: tutti-run's (and tutti-bench -np's),
- * torchrun's, Open MPI's mpirun and the PMI of MPICH's and Intel MPI's mpiexec. The rank
- * and the size are each the first variable of the list that is set; the launcher that
- * gave both also says how many ranks share this host, where it says it. (Slurm's
- * SLURM_PROCID is not read: a batch script, which is no rank, has it too.) */
+ * torchrun's, Open MPI's mpirun, the PMI of MPICH's and Intel MPI's mpiexec, and Slurm's
+ * srun. The rank and the size are each the first variable of the list that is set; the
+ * launcher that gave both also says how many ranks share this host, where it says it
+ * (local_size; Slurm: a step on one node has them all). Slurm's count only in a job step
+ * (SLURM_STEP_ID, which srun sets): a batch script has SLURM_PROCID=0 and SLURM_NTASKS
+ * too, but is no rank. An MPI launcher started inside a Slurm job comes first. */
 typedef struct env_launcher {
     const char *name, *rank, *size, *local_size;
+    const char *only_with; /* counts only where this variable is set */
+    const char *nodes;     /* the job's node count, where local_size is unknown */
 } env_launcher_t;
 static const env_launcher_t env_launchers[] = {
-    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_SIZE" },
-    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE" },
-    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE" },
-    { "PMI (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS" },
+    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_SIZE", NULL, NULL },
+    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", NULL, NULL },
+    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+      NULL, NULL },
+    { "PMI (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", NULL, NULL },
+    { "Slurm (srun)", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", NULL, "SLURM_STEP_ID",
+      "SLURM_STEP_NUM_NODES" },
 };
 #define ENV_LAUNCHERS ((int)(sizeof(env_launchers) / sizeof(env_launchers[0])))
 
@@ -534,7 +541,8 @@ static const char *env_first(int which, int *from_p)
     for (int i = 0; i < ENV_LAUNCHERS; i++) {
         const env_launcher_t *l = &env_launchers[i];
         const char *v = getenv(which == 0 ? l->rank : l->size);
-        if (v && *v) {
+        const char *w = l->only_with ? getenv(l->only_with) : NULL;
+        if (v && *v && (!l->only_with || (w && *w))) {
             *from_p = i;
             return v;
         }
@@ -577,13 +585,18 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         init_error_set(0,
                        "tutti_store_open_env: need this process's rank and the world size: "
                        "TUTTI_RANK and TUTTI_WORLD_SIZE, torchrun's RANK and WORLD_SIZE, "
-                       "Open MPI's OMPI_COMM_WORLD_RANK and _SIZE or PMI_RANK and PMI_SIZE "
-                       "(mpiexec of MPICH); missing %s",
+                       "Open MPI's OMPI_COMM_WORLD_RANK and _SIZE, PMI_RANK and PMI_SIZE "
+                       "(mpiexec of MPICH) or, in a job step, srun's SLURM_PROCID and "
+                       "SLURM_STEP_NUM_TASKS; missing %s%s",
                        !store_p  ? "store_p"
                        : !rank_p ? "rank_p"
                        : !size_p ? "size_p"
                        : !rank_s ? "the rank"
-                                 : "the world size");
+                                 : "the world size",
+                       getenv("SLURM_JOB_ID") && !getenv("SLURM_STEP_ID")
+                           ? " (this is a Slurm job's batch script, no rank: start the "
+                             "ranks with srun)"
+                           : "");
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
@@ -608,10 +621,17 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
     if (!url) {
         /* No store named: a job whose launcher says all its ranks are on this host, and
          * which has an id (mpirun's), meets on loopback, rank 0 hosting the server. */
-        const char *local = rfrom == sfrom ? getenv(env_launchers[rfrom].local_size) : NULL;
+        const env_launcher_t *l = rfrom == sfrom ? &env_launchers[rfrom] : NULL;
+        const char *local = l && l->local_size ? getenv(l->local_size) : NULL;
         long nlocal = local && *local ? strtol(local, &end, 10) : -1;
         if (local && *local && *end)
             nlocal = -1;
+        const char *nodes_s = l && l->nodes ? getenv(l->nodes) : NULL;
+        long nodes = nodes_s && *nodes_s ? strtol(nodes_s, &end, 10) : 0;
+        if (nodes_s && *nodes_s && *end)
+            nodes = 0;
+        if (nodes == 1)
+            nlocal = size; /* every rank of the step on its one node */
         if (nlocal == size && jid[0]) {
             snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid));
             url = urlbuf;
@@ -621,9 +641,14 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                         "port from job id %s",
                         url, size, env_launchers[rfrom].name, jid);
         } else {
-            char why[160];
+            char why[256];
             if (nlocal == size)
                 snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
+            else if (nodes > 1)
+                snprintf(why, sizeof(why),
+                         "the step spans %ld nodes (e.g. MASTER_ADDR=$(scontrol show hostnames "
+                         "\"$SLURM_STEP_NODELIST\" | head -n 1) and a MASTER_PORT)",
+                         nodes);
             else if (nlocal > 0)
                 snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
             else

@@ -433,8 +433,8 @@ class Communicator(_Handle):
     """A group of ranks that run collectives together.
 
     Communicator(store, rank, size, **opts) joins through a Store; from_env() reads
-    TUTTI_RANK/TUTTI_WORLD_SIZE/TUTTI_STORE, torchrun's variables or mpirun's (Open MPI's,
-    MPICH's), as tutti_comm_init_env does. opts are
+    TUTTI_RANK/TUTTI_WORLD_SIZE/TUTTI_STORE, torchrun's variables, mpirun's (Open MPI's,
+    MPICH's) or srun's, as tutti_comm_init_env does. opts are
     tutti_comm_opts_t's fields (timeout_ms, transport, algo, job_id ...)."""
 
     def __init__(self, store, rank, size, **opts):
