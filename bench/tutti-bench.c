@@ -5,7 +5,7 @@
  *   tutti-bench -np 4 --algo all                     every algorithm, side by side
  *   mpirun -np 4 tutti-bench --coll broadcast        ranks Open MPI started on one host
  *   srun -n 4 tutti-bench                            ranks of a Slurm step on one node
- *   TUTTI_STORE=tcp://host:29500 mpirun -np 8 tutti-bench      across hosts
+ *   TUTTI_STORE=tcp://host:29500 mpirun -x TUTTI_STORE -np 8 tutti-bench   across hosts
  *
  * For each message size every rank runs WARMUP untimed calls and then ITERS timed ones,
  * out of place and then in place, timing each call. After each timed loop the

@@ -252,13 +252,14 @@ END_TEST
 
 /* the launchers' variables a case sets; from MPI_OMPI_TWO_HOSTS on, init must fail */
 typedef enum {
-    MPI_OMPI,
+    MPI_OMPI, /* with a stale RANK and TUTTI_STORE_SERVER=0 about, twice in a row */
     MPI_PMI,
     MPI_SLURM,
     MPI_OMPI_TWO_HOSTS,
     MPI_PMI_NO_JOB,
     MPI_SLURM_TWO_NODES,
-    MPI_SLURM_BATCH
+    MPI_SLURM_BATCH,
+    MPI_TUTTI_OVER_OMPI /* TUTTI_RANK/TUTTI_WORLD_SIZE win, and name no store */
 } mpi_env_t;
 
 /* The variables a launcher (or another test) may have left, so that only the case's own
@@ -274,6 +275,7 @@ static void unset_launch_env(void)
                                          "LOCAL_WORLD_SIZE",
                                          "MASTER_ADDR",
                                          "MASTER_PORT",
+                                         "TUTTI_STORE_SERVER",
                                          "OMPI_COMM_WORLD_RANK",
                                          "OMPI_COMM_WORLD_SIZE",
                                          "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -298,6 +300,7 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     (void)unused;
     (void)dir;
     mpi_env_t kind = *(mpi_env_t *)arg;
+    static int again; /* MPI_OMPI: the second communicator (each rank is a process) */
     unset_launch_env();
     int pmi = kind == MPI_PMI || kind == MPI_PMI_NO_JOB;
     int slurm = kind == MPI_SLURM || kind == MPI_SLURM_TWO_NODES || kind == MPI_SLURM_BATCH;
@@ -318,6 +321,19 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     }
     if (kind == MPI_PMI_NO_JOB)
         unsetenv("TUTTI_JOB_ID"); /* the harness's: MPICH's mpiexec gives none */
+    if (kind == MPI_OMPI) {
+        /* an outer launcher's rank without its size hides nothing; rank 0 hosts the
+         * job's loopback store whatever TUTTI_STORE_SERVER says */
+        setenv("RANK", "0", 1);
+        setenv("TUTTI_STORE_SERVER", "0", 1);
+    }
+    if (kind == MPI_TUTTI_OVER_OMPI) {
+        /* tutti's own variables win over mpirun's, and never make up a store */
+        th_setenv_int("TUTTI_RANK", rank);
+        th_setenv_int("TUTTI_WORLD_SIZE", nranks);
+        th_setenv_int("TUTTI_LOCAL_SIZE", nranks);
+        rank_var = "TUTTI_RANK";
+    }
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init_env(&comm, NULL);
     if (kind >= MPI_OMPI_TWO_HOSTS) {
@@ -333,6 +349,10 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
         char want[64];
         snprintf(want, sizeof(want), "rank %d of %d (%s)", rank, nranks, rank_var);
         FAIL_IF(!strstr(e, want) || !strstr(e, "TUTTI_STORE"), "error: %s", e);
+        if (kind == MPI_TUTTI_OVER_OMPI) {
+            FAIL_IF(strstr(e, "loopback"), "error: %s", e);
+            return 0;
+        }
         const char *why = kind == MPI_PMI_NO_JOB ? "there is no job id"
                           : kind == MPI_SLURM_TWO_NODES
                               ? "the step spans 2 nodes (e.g. MASTER_ADDR=$(scontrol show hostnames"
@@ -350,6 +370,11 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     FAIL_IF(y != want, "sum %lld, want %lld", (long long)y, (long long)want);
     FAIL_IF(tutti_barrier(comm) != 0, "barrier"); /* rank 0 hosts the store */
     tutti_comm_destroy(comm);
+    if (kind == MPI_OMPI && !again) {
+        /* a second communicator on the same port, rank 0's first server gone */
+        again = 1;
+        return rank_mpi_env(rank, nranks, unused, dir, arg);
+    }
     return 0;
 }
 
@@ -363,7 +388,7 @@ START_TEST(init_from_mpirun_env)
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
     kind = MPI_SLURM; /* srun's, a step on one node */
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
-    for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_SLURM_BATCH; kind++)
+    for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_TUTTI_OVER_OMPI; kind++)
         ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
 }
 END_TEST

@@ -386,13 +386,13 @@ static int job_id_ok(const char *id)
 static int outer_job_id(char *id, size_t n)
 {
     const char *v, *step;
-    if ((v = getenv("SLURM_JOB_ID")) && *v) {
-        step = getenv("SLURM_STEP_ID");
-        snprintf(id, n, "slurm-%s.%s", v, step && *step ? step : "0");
-    } else if ((v = getenv("PMIX_NAMESPACE")) && *v) {
+    if ((v = getenv("PMIX_NAMESPACE")) && *v) { /* an mpirun's, inside Slurm too */
         snprintf(id, n, "pmix-%s", v);
     } else if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v) {
         snprintf(id, n, "ompi-%s", v);
+    } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
+        step = getenv("SLURM_STEP_ID");
+        snprintf(id, n, "slurm-%s.%s", v, step && *step ? step : "0");
     } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
         snprintf(id, n, "torch-%s", v);
     } else if ((v = getenv("PBS_JOBID")) && *v) {

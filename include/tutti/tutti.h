@@ -227,17 +227,19 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
 
 /* The job the environment describes: this process's rank and the rank count, and the
- * store opened (the caller closes it). The rank is the first of TUTTI_RANK, torchrun's
- * RANK, Open MPI's OMPI_COMM_WORLD_RANK, PMI_RANK (mpiexec of MPICH and Intel MPI) and,
- * in a Slurm job step (SLURM_STEP_ID set), SLURM_PROCID that is set; the size likewise
- * (TUTTI_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS).
- * The store: TUTTI_STORE (file:///dir or tcp://host:port), else torchrun's MASTER_ADDR
- * and MASTER_PORT, else, where the launcher that gave the rank and size says that every
- * rank is on this host (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, a step on one node)
- * and the job has an id (TUTTI_JOB_ID, mpirun's, Slurm's job and step), a tcp store on
- * 127.0.0.1 at a port taken from the job id. With a tcp store, rank 0 hosts the server unless TUTTI_STORE_SERVER=0.
- * opts (may be NULL) gives the timeout, the job id and the auth token. Fails with
- * TUTTI_ERR_CONFIG naming what is missing (tutti_comm_last_error(NULL)). */
+ * store opened (the caller closes it). The rank and size come as a pair from the first
+ * launcher that sets both: TUTTI_RANK/TUTTI_WORLD_SIZE, torchrun's RANK/WORLD_SIZE (these
+ * two mix, variable by variable), Open MPI's OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE
+ * (mpiexec of MPICH and Intel MPI), and in a Slurm job step (SLURM_STEP_ID set)
+ * SLURM_PROCID/SLURM_STEP_NUM_TASKS. The store: TUTTI_STORE (file:///dir or
+ * tcp://host:port), else torchrun's MASTER_ADDR and MASTER_PORT, rank 0 hosting a tcp
+ * store's server unless TUTTI_STORE_SERVER=0; else, for ranks an MPI launcher or srun
+ * placed whose launcher says every rank is on this host (OMPI_COMM_WORLD_LOCAL_SIZE,
+ * MPI_LOCALNRANKS, a step on one node) and whose job has an id (TUTTI_JOB_ID, mpirun's,
+ * Slurm's job and step), a tcp store on 127.0.0.1 hosted by rank 0, at a port taken from
+ * the job id and the launch's own (PMIx namespace, Slurm step). opts (may be NULL) gives
+ * the timeout, the job id and the auth token. Fails with TUTTI_ERR_CONFIG naming what is
+ * missing (tutti_comm_last_error(NULL)). */
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                          const tutti_comm_opts_t *opts);
 

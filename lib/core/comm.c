@@ -515,52 +515,94 @@ static atomic_uint env_comms_done;
 
 /* The launchers whose variables place a process: tutti-run's (and tutti-bench -np's),
  * torchrun's, Open MPI's mpirun, the PMI of MPICH's and Intel MPI's mpiexec, and Slurm's
- * srun. The rank and the size are each the first variable of the list that is set; the
- * launcher that gave both also says how many ranks share this host, where it says it
- * (local_size; Slurm: a step on one node has them all). Slurm's count only in a job step
- * (SLURM_STEP_ID, which srun sets): a batch script has SLURM_PROCID=0 and SLURM_NTASKS
- * too, but is no rank. An MPI launcher started inside a Slurm job comes first. */
+ * srun, in that order. The first whose rank and size are both set places this process
+ * (TUTTI_* and torchrun's, as before them, variable by variable between the two): a
+ * stale RANK alone does not hide mpirun's pair, and torchrun inside srun wins over the
+ * step's SLURM_PROCID, as mpirun inside a Slurm job does. Slurm's count only in a job
+ * step (SLURM_STEP_ID, which srun sets): a batch script has SLURM_PROCID=0 and
+ * SLURM_NTASKS too, but is no rank. The launchers with a local_size or a node count say
+ * whether every rank is on this host (derive: with no store named, they may meet on
+ * loopback); launch_id names what tells two of their launches apart. */
 typedef struct env_launcher {
-    const char *name, *rank, *size, *local_size;
-    const char *only_with; /* counts only where this variable is set */
-    const char *nodes;     /* the job's node count, where local_size is unknown */
+    const char *name, *rank, *size;
+    const char *only_with;    /* counts only where this variable is set */
+    const char *local_size;   /* ranks on this host */
+    const char *nodes;        /* or the job's node count */
+    const char *launch_id[2]; /* this launch's own id, as the launcher names it */
 } env_launcher_t;
 static const env_launcher_t env_launchers[] = {
-    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_SIZE", NULL, NULL },
-    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", NULL, NULL },
-    { "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      NULL, NULL },
-    { "PMI (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", NULL, NULL },
-    { "Slurm (srun)", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", NULL, "SLURM_STEP_ID",
-      "SLURM_STEP_NUM_NODES" },
+    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL } },
+    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL } },
+    { "Open MPI",
+      "OMPI_COMM_WORLD_RANK",
+      "OMPI_COMM_WORLD_SIZE",
+      NULL,
+      "OMPI_COMM_WORLD_LOCAL_SIZE",
+      NULL,
+      { "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid" } },
+    { "PMI (MPICH, Intel MPI)",
+      "PMI_RANK",
+      "PMI_SIZE",
+      NULL,
+      "MPI_LOCALNRANKS",
+      NULL,
+      { NULL, NULL } },
+    { "Slurm (srun)",
+      "SLURM_PROCID",
+      "SLURM_STEP_NUM_TASKS",
+      "SLURM_STEP_ID",
+      NULL,
+      "SLURM_STEP_NUM_NODES",
+      { "SLURM_JOB_ID", "SLURM_STEP_ID" } },
 };
 #define ENV_LAUNCHERS ((int)(sizeof(env_launchers) / sizeof(env_launchers[0])))
 
-static const char *env_first(int which, int *from_p)
+static const char *env_var(const char *name)
 {
-    for (int i = 0; i < ENV_LAUNCHERS; i++) {
-        const env_launcher_t *l = &env_launchers[i];
-        const char *v = getenv(which == 0 ? l->rank : l->size);
-        const char *w = l->only_with ? getenv(l->only_with) : NULL;
-        if (v && *v && (!l->only_with || (w && *w))) {
-            *from_p = i;
-            return v;
-        }
-    }
-    *from_p = -1;
-    return NULL;
+    const char *v = name ? getenv(name) : NULL;
+    return v && *v ? v : NULL;
 }
 
-/* The port of a job's store on loopback: from its id, in 10000..32767 (below Linux's
- * ephemeral ports, where connect() takes its local ports). Another job's server on it
- * carries another label and is passed over; a foreign service fails the hello. */
-static int env_loopback_port(const char *jid)
+/* This process's rank and size variables and the launchers they came from (-1: none);
+ * the first launcher with both, else what was found of the first two's. */
+static void env_place(const char **rank_p, int *rfrom, const char **size_p, int *sfrom)
+{
+    *rfrom = env_var("TUTTI_RANK") ? 0 : env_var("RANK") ? 1 : -1;
+    *sfrom = env_var("TUTTI_WORLD_SIZE") ? 0 : env_var("WORLD_SIZE") ? 1 : -1;
+    for (int i = 2; i < ENV_LAUNCHERS && (*rfrom < 0 || *sfrom < 0); i++) {
+        const env_launcher_t *l = &env_launchers[i];
+        if (env_var(l->rank) && env_var(l->size) && (!l->only_with || env_var(l->only_with)))
+            *rfrom = *sfrom = i;
+    }
+    *rank_p = *rfrom >= 0 ? env_var(env_launchers[*rfrom].rank) : NULL;
+    *size_p = *sfrom >= 0 ? env_var(env_launchers[*sfrom].size) : NULL;
+}
+
+static long env_long(const char *name)
+{
+    const char *v = env_var(name);
+    char *end;
+    long x = v ? strtol(v, &end, 10) : -1;
+    return v && !*end ? x : -1;
+}
+
+/* The port of a job's store on loopback: a hash of its id and of the launch's own id
+ * (two mpiruns inside one Slurm job share the job id, not their PMIx namespace), in
+ * 10000..32767, below Linux's default ephemeral ports (ip_local_port_range 32768-60999,
+ * where connect() takes its local ports). Another job's server on it carries another
+ * label and is passed over. */
+static int env_loopback_port(const char *jid, const env_launcher_t *l)
 {
     uint8_t h[TT_SHA256_LEN];
     tt_sha256_t c;
     tt_sha256_init(&c);
     tt_sha256_update(&c, "tutti-store-port:", 17);
-    tt_sha256_update(&c, jid, strlen(jid));
+    tt_sha256_update(&c, jid, strlen(jid) + 1);
+    for (int i = 0; i < 2; i++) {
+        const char *v = env_var(l->launch_id[i]);
+        if (v)
+            tt_sha256_update(&c, v, strlen(v) + 1);
+    }
     tt_sha256_final(&c, h);
     uint32_t x = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
     return 10000 + (int)(x % 22768u);
@@ -569,9 +611,11 @@ static int env_loopback_port(const char *jid)
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                          const tutti_comm_opts_t *opts)
 {
+    if (store_p)
+        *store_p = NULL;
     int rfrom, sfrom;
-    const char *rank_s = env_first(0, &rfrom);
-    const char *size_s = env_first(1, &sfrom);
+    const char *rank_s, *size_s;
+    env_place(&rank_s, &rfrom, &size_s, &sfrom);
     const char *url = tt_env("STORE");
     char urlbuf[512];
     if (!url && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
@@ -600,7 +644,6 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
-    *store_p = NULL;
     char *end;
     long rank = strtol(rank_s, &end, 10);
     long size = rank_s[0] && !*end ? strtol(size_s, &end, 10) : -1;
@@ -618,28 +661,22 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                   ? opts->job_id
                   : NULL,
               jid, sizeof(jid), NULL);
-    if (!url) {
-        /* No store named: a job whose launcher says all its ranks are on this host, and
-         * which has an id (mpirun's), meets on loopback, rank 0 hosting the server. */
-        const env_launcher_t *l = rfrom == sfrom ? &env_launchers[rfrom] : NULL;
-        const char *local = l && l->local_size ? getenv(l->local_size) : NULL;
-        long nlocal = local && *local ? strtol(local, &end, 10) : -1;
-        if (local && *local && *end)
-            nlocal = -1;
-        const char *nodes_s = l && l->nodes ? getenv(l->nodes) : NULL;
-        long nodes = nodes_s && *nodes_s ? strtol(nodes_s, &end, 10) : 0;
-        if (nodes_s && *nodes_s && *end)
-            nodes = 0;
+    const env_launcher_t *l = &env_launchers[rfrom];
+    if (!url && (l->local_size || l->nodes)) {
+        /* No store named, ranks an MPI launcher or srun started: a job whose launcher
+         * says all its ranks are on this host, and which has an id, meets on loopback,
+         * rank 0 hosting the server. */
+        long nlocal = env_long(l->local_size), nodes = env_long(l->nodes);
         if (nodes == 1)
             nlocal = size; /* every rank of the step on its one node */
         if (nlocal == size && jid[0]) {
-            snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid));
+            snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid, l));
             url = urlbuf;
             derived = 1;
             if (rank == 0)
                 TT_INFO("tutti_store_open_env: store %s: all %ld ranks on this host (%s), the "
                         "port from job id %s",
-                        url, size, env_launchers[rfrom].name, jid);
+                        url, size, l->name, jid);
         } else {
             char why[256];
             if (nlocal == size)
@@ -653,23 +690,31 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                 snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
             else
                 snprintf(why, sizeof(why), "%s does not say how many ranks share this host",
-                         rfrom == sfrom ? env_launchers[rfrom].name : "the environment");
+                         l->name);
             init_error_set(0,
                            "tutti_store_open_env: rank %ld of %ld (%s): no store: set "
                            "TUTTI_STORE (file:///dir or tcp://host:port) or MASTER_ADDR and "
                            "MASTER_PORT; a job with all its ranks on one host and a job id "
                            "meets on loopback without them, but %s",
-                           rank, size, env_launchers[rfrom].rank, why);
+                           rank, size, l->rank, why);
             TT_WARN("%s", init_error);
             return TUTTI_ERR_CONFIG;
         }
+    } else if (!url) {
+        init_error_set(0,
+                       "tutti_store_open_env: rank %ld of %ld (%s): no store: set TUTTI_STORE "
+                       "(file:///dir or tcp://host:port) or MASTER_ADDR and MASTER_PORT",
+                       rank, size, l->rank);
+        TT_WARN("%s", init_error);
+        return TUTTI_ERR_CONFIG;
     }
     tutti_store_opts_t so;
     tutti_store_opts_init(&so);
     if (opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS"))
         so.timeout_ms = opts->timeout_ms;
-    /* a tcp store's server: rank 0's, or a standalone one (TUTTI_STORE_SERVER=0) */
-    int hosted = !strncmp(url, "tcp://", 6) && tt_env_int("STORE_SERVER", 1);
+    /* a tcp store's server: rank 0's, or a standalone one (TUTTI_STORE_SERVER=0); the
+     * job's on loopback is always rank 0's */
+    int hosted = !strncmp(url, "tcp://", 6) && (derived || tt_env_int("STORE_SERVER", 1));
     so.is_server = rank == 0 && hosted;
     /* The job secret guards the store too. */
     if (opts && opts->size >= offsetof(tutti_comm_opts_t, auth_token_file) + sizeof(char *)) {
@@ -690,10 +735,14 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
     int st = tutti_store_open(store_p, url, &so);
     if (st < 0) {
         *store_p = NULL;
-        init_error_set(st, "tutti_store_open_env: rank %ld cannot open store %s: %s: %s%s%s%s",
-                       rank, url, tutti_strerror(st), tutti_store_last_error(NULL),
-                       derived ? " (the port of job id " : "", derived ? jid : "",
-                       derived ? ": set TUTTI_STORE, or another TUTTI_JOB_ID)" : "");
+        if (derived)
+            init_error_set(st,
+                           "tutti_store_open_env: rank %ld cannot open store %s, the port of "
+                           "job id %s (set TUTTI_STORE, or another TUTTI_JOB_ID): %s: %s",
+                           rank, url, jid, tutti_strerror(st), tutti_store_last_error(NULL));
+        else
+            init_error_set(st, "tutti_store_open_env: rank %ld cannot open store %s: %s: %s", rank,
+                           url, tutti_strerror(st), tutti_store_last_error(NULL));
         TT_WARN("%s", init_error);
         return st;
     }

@@ -38,16 +38,18 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
     } else if ((v = tt_env("JOB_ID")) && *v) {
         snprintf(buf, sizeof(buf), "%s", v);
         src = "TUTTI_JOB_ID";
-    } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
-        const char *step = getenv("SLURM_STEP_ID");
-        snprintf(buf, sizeof(buf), "slurm-%s.%s", v, step ? step : "0");
-        src = "SLURM_JOB_ID";
     } else if ((v = getenv("PMIX_NAMESPACE")) && *v) {
+        /* an mpirun's before the Slurm job around it: its ranks on mpirun's own node
+         * have the batch script's SLURM_* (no step), the others their daemon's step */
         snprintf(buf, sizeof(buf), "pmix-%s", v);
         src = "PMIX_NAMESPACE";
     } else if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v) {
         snprintf(buf, sizeof(buf), "ompi-%s", v);
         src = "OMPI_MCA_ess_base_jobid";
+    } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
+        const char *step = getenv("SLURM_STEP_ID");
+        snprintf(buf, sizeof(buf), "slurm-%s.%s", v, step ? step : "0");
+        src = "SLURM_JOB_ID";
     } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
         snprintf(buf, sizeof(buf), "torch-%s", v);
         src = "TORCHELASTIC_RUN_ID";
