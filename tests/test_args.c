@@ -490,6 +490,21 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 TH_RUN_TEST(stray_connection_during_setup, th_run_nocomm(2, rank_stray, NULL, 20000))
 
+/* The headers, the library and meson.build's project version say one version. */
+START_TEST(version_agrees)
+{
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", TUTTI_VERSION_MAJOR, TUTTI_VERSION_MINOR,
+             TUTTI_VERSION_PATCH);
+    ck_assert_str_eq(want, TT_PROJECT_VERSION);
+    ck_assert_str_eq(tutti_version_string(), TT_PROJECT_VERSION);
+    int major, minor, patch;
+    ck_assert_int_eq(sscanf(TT_PROJECT_VERSION, "%d.%d.%d", &major, &minor, &patch), 3);
+    ck_assert_int_eq(tutti_version(), major * 10000 + minor * 100 + patch);
+    ck_assert_int_eq(tutti_version(), TUTTI_VERSION_CODE);
+}
+END_TEST
+
 START_TEST(status_strings)
 {
     ck_assert_str_eq(tutti_strerror(TUTTI_OK), "success");
@@ -503,7 +518,7 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("args");
-    th_add_tests(s, "status", 90, (const TTest *const[]){ status_strings, NULL });
+    th_add_tests(s, "status", 90, (const TTest *const[]){ status_strings, version_agrees, NULL });
     th_add_tests(s, "arguments", 90,
                  (const TTest *const[]){ bad_init_arguments, bad_arguments,
                                          bad_arguments_other_collectives, NULL });

@@ -23,6 +23,15 @@ TUTTI_BEGIN_DECLS
 #define TUTTI_VERSION_MAJOR 0
 #define TUTTI_VERSION_MINOR 1
 #define TUTTI_VERSION_PATCH 0
+/* One number for comparisons, as NCCL_VERSION_CODE: 0.1.0 is 100, 1.2.3 is 10203. */
+#define TUTTI_VERSION_CODE                                                                         \
+    (TUTTI_VERSION_MAJOR * 10000 + TUTTI_VERSION_MINOR * 100 + TUTTI_VERSION_PATCH)
+
+/* The version of the library loaded at run time (TUTTI_VERSION_CODE of the headers it
+ * was built with; ncclGetVersion's), to tell it from the headers a program was compiled
+ * against, and the same as "MAJOR.MINOR.PATCH". */
+int tutti_version(void);
+const char *tutti_version_string(void);
 
 typedef enum tutti_dtype {
     TUTTI_INT8 = 0,

@@ -1,5 +1,19 @@
-/* Status names and descriptions, generated from TUTTI_STATUS_MAP. */
+/* Status names and descriptions, generated from TUTTI_STATUS_MAP; the version. */
 #include <tutti/tutti.h>
+
+#define TT_STR_(x) #x
+#define TT_STR(x) TT_STR_(x)
+
+int tutti_version(void)
+{
+    return TUTTI_VERSION_CODE;
+}
+
+const char *tutti_version_string(void)
+{
+    return TT_STR(TUTTI_VERSION_MAJOR) "." TT_STR(TUTTI_VERSION_MINOR) "." TT_STR(
+        TUTTI_VERSION_PATCH);
+}
 
 const char *tutti_strerror(int status)
 {

@@ -86,3 +86,26 @@ def test_exit_without_destroy_closes_cleanly(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout == "ran 1\n"
     assert "Error" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_version_is_the_librarys_and_meson_builds():
+    import tutti
+    meson = open(os.path.join(INCLUDE, "..", "..", "meson.build")).read()
+    want = re.search(r"version\s*:\s*'([0-9.]+)'", meson).group(1)
+    assert tutti.__version__ == tutti.version == want
+    assert _lib.lib.tutti_version() == sum(int(x) * m for x, m in
+                                           zip(want.split("."), (10000, 100, 1)))
+
+
+def test_a_library_of_another_version_is_refused():
+    """TUTTI_LIBRARY naming a library without tutti_version_string (here libc, as a
+    libtutti from before it would be): import fails saying what to set, rather than
+    reading the option structs of another layout."""
+    import subprocess
+    import sys
+    env = dict(os.environ, TUTTI_LIBRARY="libc.so.6")
+    r = subprocess.run([sys.executable, "-c", "import tutti"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    assert "is libtutti older than 0.1.0 (no tutti_version_string)" in r.stderr, r.stderr
+    assert "set TUTTI_LIBRARY to the libtutti built with this package" in r.stderr, r.stderr

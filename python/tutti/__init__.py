@@ -21,7 +21,8 @@ __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURC
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
 
-version = "0.1.0"
+#: the version of the package and of the libtutti it loaded (they must agree: _lib)
+version = __version__ = _lib.lib.tutti_version_string().decode()
 _lib_ = _lib.lib
 #: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR: integer dtypes
 SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)

@@ -40,6 +40,24 @@ def _load():
 lib = _load()
 
 
+def _check_version():
+    """The structs below are the headers' of this package's version: a libtutti of another
+    version (an older install found first, a TUTTI_LIBRARY left over) is refused here
+    rather than misread field by field."""
+    f = getattr(lib, "tutti_version_string", None)
+    have = None
+    if f is not None:
+        f.restype, f.argtypes = ctypes.c_char_p, []
+        have = f().decode()
+    if have != _paths.VERSION:
+        raise ImportError(f"tutti: this package is version {_paths.VERSION}, but {lib._name} "
+                          f"is libtutti {have or 'older than 0.1.0 (no tutti_version_string)'}"
+                          ": set TUTTI_LIBRARY to the libtutti built with this package")
+
+
+_check_version()
+
+
 class CommOpts(ctypes.Structure):
     """tutti_comm_opts_t, field for field (include/tutti/tutti.h)."""
     _fields_ = [
@@ -145,6 +163,7 @@ DONE_FN = ctypes.CFUNCTYPE(None, _P, _I)
 
 _OTHERS = {
     "tutti_strerror": (ctypes.c_char_p, [_I]),
+    "tutti_version_string": (ctypes.c_char_p, []),
     "tutti_status_name": (ctypes.c_char_p, [_I]),
     "tutti_dtype_size": (_S, [_I]),
     "tutti_dtype_name": (ctypes.c_char_p, [_I]),
