@@ -255,11 +255,13 @@ typedef enum {
     MPI_OMPI, /* with a stale RANK and TUTTI_STORE_SERVER=0 about, twice in a row */
     MPI_PMI,
     MPI_SLURM,
+    MPI_SLURM_PMI2, /* srun --mpi=pmi2: PMI_RANK/PMI_SIZE, no MPI_LOCALNRANKS */
     MPI_OMPI_TWO_HOSTS,
     MPI_PMI_NO_JOB,
     MPI_SLURM_TWO_NODES,
     MPI_SLURM_BATCH,
-    MPI_TUTTI_OVER_OMPI /* TUTTI_RANK/TUTTI_WORLD_SIZE win, and name no store */
+    MPI_TUTTI_OVER_OMPI, /* TUTTI_RANK/TUTTI_WORLD_SIZE win, and name no store */
+    MPI_TUTTI_HALF       /* TUTTI_RANK alone: an error, not srun's pair instead */
 } mpi_env_t;
 
 /* The variables a launcher (or another test) may have left, so that only the case's own
@@ -303,7 +305,8 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     static int again; /* MPI_OMPI: the second communicator (each rank is a process) */
     unset_launch_env();
     int pmi = kind == MPI_PMI || kind == MPI_PMI_NO_JOB;
-    int slurm = kind == MPI_SLURM || kind == MPI_SLURM_TWO_NODES || kind == MPI_SLURM_BATCH;
+    int slurm = kind == MPI_SLURM || kind == MPI_SLURM_PMI2 || kind == MPI_SLURM_TWO_NODES ||
+                kind == MPI_SLURM_BATCH || kind == MPI_TUTTI_HALF;
     const char *rank_var = pmi ? "PMI_RANK" : slurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK";
     th_setenv_int(rank_var, rank);
     if (slurm) {
@@ -321,6 +324,14 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     }
     if (kind == MPI_PMI_NO_JOB)
         unsetenv("TUTTI_JOB_ID"); /* the harness's: MPICH's mpiexec gives none */
+    if (kind == MPI_SLURM_PMI2) {
+        th_setenv_int("PMI_RANK", rank);
+        th_setenv_int("PMI_SIZE", nranks);
+    }
+    if (kind == MPI_TUTTI_HALF) {
+        th_setenv_int("TUTTI_RANK", rank);
+        rank_var = "TUTTI_RANK";
+    }
     if (kind == MPI_OMPI) {
         /* an outer launcher's rank without its size hides nothing; rank 0 hosts the
          * job's loopback store whatever TUTTI_STORE_SERVER says */
@@ -339,9 +350,14 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     if (kind >= MPI_OMPI_TWO_HOSTS) {
         /* no rank, or no store named and none can be made up: a clear error, at once */
         const char *e = tutti_comm_last_error(NULL);
-        FAIL_IF(st != TUTTI_ERR_CONFIG || comm, "got %s", tutti_status_name(st));
+        FAIL_IF(st != TUTTI_ERR_CONFIG || comm, "case %d: got %s", (int)kind,
+                tutti_status_name(st));
+        if (kind == MPI_TUTTI_HALF) {
+            FAIL_IF(!strstr(e, "missing the world size"), "error: %s", e);
+            return 0;
+        }
         if (kind == MPI_SLURM_BATCH) {
-            FAIL_IF(!strstr(e, "missing the rank (this is a Slurm job's batch script, no rank: "
+            FAIL_IF(!strstr(e, "missing the rank (in a Slurm job but outside its steps, no rank: "
                                "start the ranks with srun)"),
                     "error: %s", e);
             return 0;
@@ -388,7 +404,9 @@ START_TEST(init_from_mpirun_env)
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
     kind = MPI_SLURM; /* srun's, a step on one node */
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
-    for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_TUTTI_OVER_OMPI; kind++)
+    kind = MPI_SLURM_PMI2; /* PMI's pair, the step's place */
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_TUTTI_HALF; kind++)
         ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
 }
 END_TEST

@@ -265,6 +265,10 @@ n1=$(ids "$run" -np 2 --nnodes 2 --node-rank 1 --store tcp://[::1]:1)
 [ "$n0" = "$n1" ] && [ "${n0% }" ] && [ "$n0" = "${n0%% *} " ] || fail "two nodes of one job: job ids \"$n0\" and \"$n1\""
 n0=$(SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 --store tcp://h:1)
 [ "$n0" = "slurm-77.3 " ] || fail "two nodes under Slurm: job id \"$n0\""
+# an mpirun inside a Slurm job: its PMIx namespace first (its ranks on its own node have the
+# batch script's variables, the others their daemon's step)
+n0=$(PMIX_NAMESPACE=ns SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 --store tcp://h:1)
+[ "$n0" = "pmix-ns " ] || fail "two nodes under mpirun in Slurm: job id \"$n0\""
 bench_id() { timeout 60 "$bench" -np 2 -b 8 -e 8 -n 1 -w 0 2>&1 | sed -n 's/^# job //p'; }
 a=$(bench_id) b=$(bench_id)
 [ -n "$a" ] && [ "$a" != "$b" ] || fail "tutti-bench -np job ids: \"$a\" then \"$b\""

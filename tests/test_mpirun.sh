@@ -30,7 +30,9 @@ fail() {
 }
 # nothing of the caller's job: the launchers' variables alone place the ranks
 unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_LOCAL_SIZE TUTTI_STORE TUTTI_JOB_ID RANK WORLD_SIZE \
-    MASTER_ADDR MASTER_PORT SLURM_JOB_ID TORCHELASTIC_RUN_ID
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID MPI_LOCALNRANKS
+# nor of a launcher around this test (CI in a Slurm job, under another mpirun)
+while read -r v; do unset "$v"; done < <(env | grep -o '^\(SLURM\|OMPI\|PMIX\|PMI\)_[A-Z_]*')
 export TUTTI_SOCKET_IFNAME=lo TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
 # Open MPI refuses root without these (CI runs as root); its own transports stay on
 # loopback, and it may start more ranks than this host has CPUs

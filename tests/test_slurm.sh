@@ -6,8 +6,9 @@
 #   1. srun -n 3: rank and size from SLURM_PROCID / SLURM_STEP_NUM_TASKS, the store on
 #      loopback at a port from the job id (slurm-<job>.<step>); allreduce, broadcast and
 #      allgather checked (tutti-bench -c exits 1 on a wrong value).
-#   2. Two steps of one job at once (srun ... & srun ... & in a batch script): two step
-#      ids, two ports, both right.
+#   2. Two steps of one job at once (srun ... & srun ... & in a batch script) with one
+#      TUTTI_JOB_ID: two step ids, two ports, both right. And srun --mpi=pmi2, whose
+#      tasks have PMI_RANK/PMI_SIZE but no MPI_LOCALNRANKS.
 #   3. tutti-bench run in the batch script itself, which has SLURM_PROCID=0 but is no
 #      rank: it fails at once, saying to start the ranks with srun.
 # Every wait is bounded; the daemons and their jobs go on every exit path.
@@ -25,12 +26,12 @@ chmod 755 "$work"
 ctld=
 slurmd_pid=
 cleanup() {
-    # the daemons, and with slurmd the steps it started (their processes are its children's)
-    [ -n "$ctld" ] && kill "$ctld" 2>/dev/null
-    [ -n "$slurmd_pid" ] && kill "$slurmd_pid" 2>/dev/null
-    pkill -KILL -f "$work/" 2>/dev/null
-    [ -n "$ctld" ] && wait "$ctld" 2>/dev/null
+    # slurmd runs in a pid namespace of its own (unshare --kill-child): the step daemons it
+    # double-forks, and their tasks, die with it
+    [ -n "$slurmd_pid" ] && kill -KILL "$slurmd_pid" 2>/dev/null
+    [ -n "$ctld" ] && kill -KILL "$ctld" 2>/dev/null
     [ -n "$slurmd_pid" ] && wait "$slurmd_pid" 2>/dev/null
+    [ -n "$ctld" ] && wait "$ctld" 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -42,9 +43,10 @@ fail() {
     exit 1
 }
 unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_LOCAL_SIZE TUTTI_STORE TUTTI_JOB_ID RANK WORLD_SIZE \
-    MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID
-# a Slurm job around this test (CI on a cluster) must not be mistaken for ours
-while read -r v; do unset "$v"; done < <(env | grep -o '^SLURM_[A-Z_]*')
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID
+# a launcher around this test (CI on a cluster, under mpirun) must not be mistaken for ours
+while read -r v; do unset "$v"; done < <(env | grep -o '^\(SLURM\|OMPI\|PMIX\|PMI\)_[A-Z_]*')
+unset MPI_LOCALNRANKS
 export TUTTI_SOCKET_IFNAME=lo TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
 
 # two free ports on 127.0.0.1 (released before the daemons bind them: a race another test
@@ -86,11 +88,12 @@ EOF
 export SLURM_CONF=$work/slurm.conf
 slurmctld -D -i >"$work/ctld.out" 2>&1 &
 ctld=$!
-slurmd -D >"$work/d.out" 2>&1 &
+unshare --pid --fork --kill-child --mount-proc slurmd -D >"$work/d.out" 2>&1 &
 slurmd_pid=$!
 up=0
-for _ in $(seq 100); do
-    if timeout 5 sinfo -h -o %t 2>/dev/null | grep -q '^idle'; then
+end=$((SECONDS + 20))
+while [ $SECONDS -lt $end ]; do
+    if timeout 2 sinfo -h -o %t 2>/dev/null | grep -q '^idle'; then
         up=1
         break
     fi
@@ -113,13 +116,17 @@ TUTTI_DEBUG=info timeout -k 5 60 srun -n 2 -t 2 "$bench" -b 4 -e 4 -n 1 -w 0 \
     >"$work/info.txt" 2>&1 || { tail -n 20 "$work/info.txt"; fail "srun -n 2, info"; }
 grep -q "store tcp://127.0.0.1:[0-9]*: all 2 ranks on this host (Slurm (srun)), the port from job id slurm-[0-9]*.0" \
     "$work/info.txt" || { cat "$work/info.txt"; fail "no loopback store line"; }
-echo "test_slurm: srun -n 3: $colls right"
+# srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE but not MPI_LOCALNRANKS: the step says where
+timeout -k 5 60 srun -n 3 -t 2 --mpi=pmi2 "$bench" -b 4 -e 1M -f 32 -n 3 -w 1 -c \
+    >"$work/pmi2.txt" 2>&1 || { tail -n 20 "$work/pmi2.txt"; fail "srun --mpi=pmi2 -n 3"; }
+echo "test_slurm: srun -n 3: $colls right; with --mpi=pmi2 too"
 
 # 2. two steps of one job at once, and 3. the batch script itself as a rank
 cat >"$work/job.sh" <<EOF
 #!/bin/sh
 "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/batch-self.txt" 2>&1
 echo "batch rc \$?" >>"$work/batch-self.txt"
+export TUTTI_JOB_ID=shared TUTTI_DEBUG=info
 srun -n 3 --exact "$bench" -b 4 -e 1M -f 32 -n 3 -w 1 -c >"$work/step-a.txt" 2>&1 &
 a=\$!
 srun -n 3 --exact "$bench" --coll allgather -b 4 -e 1M -f 32 -n 3 -w 1 -c >"$work/step-b.txt" 2>&1 &
@@ -129,9 +136,9 @@ wait \$b; rb=\$?
 echo "steps \$ra \$rb" >"$work/steps.txt"
 EOF
 chmod +x "$work/job.sh"
-jid=$(sbatch --parsable -n 6 -t 2 -o "$work/job.out" "$work/job.sh") || fail "sbatch"
-for _ in $(seq 300); do
-    [ -f "$work/steps.txt" ] && break
+jid=$(timeout 30 sbatch --parsable -n 6 -t 2 -o "$work/job.out" "$work/job.sh") || fail "sbatch"
+end=$((SECONDS + 60))
+while [ $SECONDS -lt $end ] && ! [ -f "$work/steps.txt" ]; do
     sleep 0.2
 done
 [ -f "$work/steps.txt" ] || { cat "$work/job.out" "$work"/step-*.txt 2>/dev/null; fail "job $jid did not end in 60 s"; }
@@ -140,10 +147,22 @@ if [ "$ra" != 0 ] || [ "$rb" != 0 ]; then
     tail -n 20 "$work"/step-*.txt
     fail "two steps at once: exit $ra and $rb"
 fi
-want="missing the rank (this is a Slurm job's batch script, no rank: start the ranks with srun)"
+want="missing the rank (in a Slurm job but outside its steps, no rank: start the ranks with srun)"
 if ! grep -q "batch rc 2" "$work/batch-self.txt" || ! grep -qF "$want" "$work/batch-self.txt"; then
     cat "$work/batch-self.txt"
     fail "the batch script as a rank"
 fi
-echo "test_slurm: two steps of job $jid at once right; the batch script itself refused, naming srun"
+# one TUTTI_JOB_ID, two steps: the port mixes in the step, so they met apart
+line="store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (Slurm (srun)), the port from job id shared"
+pa=$(grep -o "$line" "$work/step-a.txt")
+pb=$(grep -o "$line" "$work/step-b.txt")
+{ [ -n "$pa" ] && [ -n "$pb" ]; } || { cat "$work"/step-[ab].txt; fail "no loopback store lines"; }
+[ "$pa" != "$pb" ] || fail "two steps of one job id met on one port: $pa"
+# the job is over before the daemons go
+end=$((SECONDS + 20))
+while [ $SECONDS -lt $end ] && [ -n "$(timeout 2 squeue -h -j "$jid" 2>/dev/null)" ]; do
+    sleep 0.2
+done
+echo "test_slurm: two steps of job $jid at once, one job id, two ports, right; the batch" \
+    "script itself refused, naming srun"
 echo "test_slurm: OK"

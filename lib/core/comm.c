@@ -546,7 +546,7 @@ static const env_launcher_t env_launchers[] = {
       NULL,
       "MPI_LOCALNRANKS",
       NULL,
-      { NULL, NULL } },
+      { "PMI_JOBID", NULL } },
     { "Slurm (srun)",
       "SLURM_PROCID",
       "SLURM_STEP_NUM_TASKS",
@@ -569,7 +569,10 @@ static void env_place(const char **rank_p, int *rfrom, const char **size_p, int 
 {
     *rfrom = env_var("TUTTI_RANK") ? 0 : env_var("RANK") ? 1 : -1;
     *sfrom = env_var("TUTTI_WORLD_SIZE") ? 0 : env_var("WORLD_SIZE") ? 1 : -1;
-    for (int i = 2; i < ENV_LAUNCHERS && (*rfrom < 0 || *sfrom < 0); i++) {
+    /* tutti's own variables are never stale: half of them set is an error, not a reason
+     * to take a launcher's pair instead */
+    int own = env_var("TUTTI_RANK") || env_var("TUTTI_WORLD_SIZE");
+    for (int i = 2; i < ENV_LAUNCHERS && !own && (*rfrom < 0 || *sfrom < 0); i++) {
         const env_launcher_t *l = &env_launchers[i];
         if (env_var(l->rank) && env_var(l->size) && (!l->only_with || env_var(l->only_with)))
             *rfrom = *sfrom = i;
@@ -637,8 +640,8 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                        : !size_p ? "size_p"
                        : !rank_s ? "the rank"
                                  : "the world size",
-                       getenv("SLURM_JOB_ID") && !getenv("SLURM_STEP_ID")
-                           ? " (this is a Slurm job's batch script, no rank: start the "
+                       !rank_s && getenv("SLURM_JOB_ID") && !getenv("SLURM_STEP_ID")
+                           ? " (in a Slurm job but outside its steps, no rank: start the "
                              "ranks with srun)"
                            : "");
         TT_WARN("%s", init_error);
@@ -662,6 +665,20 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                   : NULL,
               jid, sizeof(jid), NULL);
     const env_launcher_t *l = &env_launchers[rfrom];
+    if (rfrom == sfrom && rfrom >= 2 && env_long(l->local_size) < 0 && env_long(l->nodes) < 0) {
+        /* a launcher that does not say where its ranks are (Slurm's PMI-2 sets PMI_RANK
+         * and PMI_SIZE in srun's tasks, not MPI_LOCALNRANKS): a later one that places
+         * this process the same and says it (the step's) */
+        for (int i = rfrom + 1; i < ENV_LAUNCHERS; i++) {
+            const env_launcher_t *o = &env_launchers[i];
+            if ((!o->only_with || env_var(o->only_with)) && env_long(o->rank) == rank &&
+                env_long(o->size) == size &&
+                (env_long(o->local_size) >= 0 || env_long(o->nodes) >= 0)) {
+                l = o;
+                break;
+            }
+        }
+    }
     if (!url && (l->local_size || l->nodes)) {
         /* No store named, ranks an MPI launcher or srun started: a job whose launcher
          * says all its ranks are on this host, and which has an id, meets on loopback,

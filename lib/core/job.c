@@ -48,7 +48,7 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
         src = "OMPI_MCA_ess_base_jobid";
     } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
         const char *step = getenv("SLURM_STEP_ID");
-        snprintf(buf, sizeof(buf), "slurm-%s.%s", v, step ? step : "0");
+        snprintf(buf, sizeof(buf), "slurm-%s.%s", v, step && *step ? step : "0");
         src = "SLURM_JOB_ID";
     } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
         snprintf(buf, sizeof(buf), "torch-%s", v);

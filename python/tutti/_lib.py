@@ -49,13 +49,25 @@ def _check_version():
     if f is not None:
         f.restype, f.argtypes = ctypes.c_char_p, []
         have = f().decode()
+    why = None
     if have != _paths.VERSION:
+        why = f"is libtutti {have or 'built before tutti_version_string'}"
+    else:
+        # a build of the same version with other option structs: the size field the C
+        # init writes (into a buffer larger than any) must be the mirror's
+        for init, mirror in (("tutti_comm_opts_init", CommOpts),
+                             ("tutti_store_opts_init", StoreOpts)):
+            buf = ctypes.create_string_buffer(65536)
+            getattr(lib, init)(buf)
+            size = ctypes.c_size_t.from_buffer(buf).value
+            if size != ctypes.sizeof(mirror):
+                why = (f"has a {size}-byte {init[:-5]}_t where this package's is "
+                       f"{ctypes.sizeof(mirror)} bytes")
+                break
+    if why:
         raise ImportError(f"tutti: this package is version {_paths.VERSION}, but {lib._name} "
-                          f"is libtutti {have or 'older than 0.1.0 (no tutti_version_string)'}"
-                          ": set TUTTI_LIBRARY to the libtutti built with this package")
+                          f"{why}: set TUTTI_LIBRARY to the libtutti built with this package")
 
-
-_check_version()
 
 
 class CommOpts(ctypes.Structure):
@@ -220,6 +232,7 @@ def _declare():
         f.restype, f.argtypes = restype, argtypes
 
 
+_check_version()  # before _declare: a foreign library lacks its names
 _declare()
 
 libc = ctypes.CDLL(None)
