@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Ranks that Slurm's srun starts, joining through tutti_comm_init_env with no tutti variable
 # set, on a single-host Slurm the test runs itself (slurmctld and slurmd in the foreground,
-# auth/none, a config, state and spool of its own, ports it picked on 127.0.0.1). Needs
-# root and Slurm's daemons (run.sh installs slurmctld, slurmd and slurm-client); else 77.
+# auth/none, a config, state and spool of its own, ports it picked on 127.0.0.1; slurmd in
+# a pid namespace of its own, so that its step daemons go with it). Needs root, unshare and
+# Slurm's daemons (run.sh installs slurmctld, slurmd and slurm-client); else 77.
 #   1. srun -n 3: rank and size from SLURM_PROCID / SLURM_STEP_NUM_TASKS, the store on
 #      loopback at a port from the job id (slurm-<job>.<step>); allreduce, broadcast and
 #      allgather checked (tutti-bench -c exits 1 on a wrong value).
@@ -21,6 +22,8 @@ for b in slurmctld slurmd srun sbatch sinfo; do
     command -v $b >/dev/null || { echo "test_slurm: no $b: skipped"; exit 77; }
 done
 command -v python3 >/dev/null || { echo "test_slurm: no python3: skipped"; exit 77; }
+unshare --pid --fork --kill-child --mount-proc true 2>/dev/null ||
+    { echo "test_slurm: no pid namespace of its own for slurmd (unshare): skipped"; exit 77; }
 work=$(mktemp -d)
 chmod 755 "$work"
 ctld=
