@@ -679,14 +679,17 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
             }
         }
     }
-    if (!url && (l->local_size || l->nodes)) {
+    if (!url) {
         /* No store named, ranks an MPI launcher or srun started: a job whose launcher
          * says all its ranks are on this host, and which has an id, meets on loopback,
-         * rank 0 hosting the server. */
+         * rank 0 hosting the server. Else the error says why not. */
+        char why[256] = "";
         long nlocal = env_long(l->local_size), nodes = env_long(l->nodes);
         if (nodes == 1)
             nlocal = size; /* every rank of the step on its one node */
-        if (nlocal == size && jid[0]) {
+        if (!l->local_size && !l->nodes) {
+            /* TUTTI_* and torchrun's name their store: no why */
+        } else if (nlocal == size && jid[0]) {
             snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid, l));
             url = urlbuf;
             derived = 1;
@@ -694,36 +697,30 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                 TT_INFO("tutti_store_open_env: store %s: all %ld ranks on this host (%s), the "
                         "port from job id %s",
                         url, size, l->name, jid);
-        } else {
-            char why[256];
-            if (nlocal == size)
-                snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
-            else if (nodes > 1)
-                snprintf(why, sizeof(why),
-                         "the step spans %ld nodes (e.g. MASTER_ADDR=$(scontrol show hostnames "
-                         "\"$SLURM_STEP_NODELIST\" | head -n 1) and a MASTER_PORT)",
-                         nodes);
-            else if (nlocal > 0)
-                snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
-            else
-                snprintf(why, sizeof(why), "%s does not say how many ranks share this host",
-                         l->name);
+        } else if (nlocal == size)
+            snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
+        else if (nodes > 1)
+            snprintf(why, sizeof(why),
+                     "the step spans %ld nodes (e.g. MASTER_ADDR=$(scontrol show hostnames "
+                     "\"$SLURM_STEP_NODELIST\" | head -n 1) and a MASTER_PORT)",
+                     nodes);
+        else if (nlocal > 0)
+            snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
+        else
+            snprintf(why, sizeof(why), "%s does not say how many ranks share this host", l->name);
+        if (!url) {
             init_error_set(0,
                            "tutti_store_open_env: rank %ld of %ld (%s): no store: set "
                            "TUTTI_STORE (file:///dir or tcp://host:port) or MASTER_ADDR and "
-                           "MASTER_PORT; a job with all its ranks on one host and a job id "
-                           "meets on loopback without them, but %s",
-                           rank, size, l->rank, why);
+                           "MASTER_PORT%s%s",
+                           rank, size, l->rank,
+                           why[0] ? "; a job with all its ranks on one host and a job id meets "
+                                    "on loopback without them, but "
+                                  : "",
+                           why);
             TT_WARN("%s", init_error);
             return TUTTI_ERR_CONFIG;
         }
-    } else if (!url) {
-        init_error_set(0,
-                       "tutti_store_open_env: rank %ld of %ld (%s): no store: set TUTTI_STORE "
-                       "(file:///dir or tcp://host:port) or MASTER_ADDR and MASTER_PORT",
-                       rank, size, l->rank);
-        TT_WARN("%s", init_error);
-        return TUTTI_ERR_CONFIG;
     }
     tutti_store_opts_t so;
     tutti_store_opts_init(&so);

@@ -69,7 +69,6 @@ def _check_version():
                           f"{why}: set TUTTI_LIBRARY to the libtutti built with this package")
 
 
-
 class CommOpts(ctypes.Structure):
     """tutti_comm_opts_t, field for field (include/tutti/tutti.h)."""
     _fields_ = [
