@@ -216,6 +216,14 @@ typedef struct tutti_comm_opts {
                                   with its thread held on one CPU, the ranks spread over
                                   the CPUs in host order, and the thread's own mask
                                   back when it returns; "none": never */
+    /* ---- the flight recorder (tutti_comm_trace_dump) ---- */
+    int trace_entries;     /* TUTTI_TRACE_ENTRIES: how many of the communicator's last
+                              operations it keeps, with their state (default 1024; 0:
+                              none) */
+    const char *trace_dir; /* TUTTI_TRACE_DIR: where each rank writes that record when
+                              its communicator first fails (a timeout, a dead peer,
+                              mismatched calls): <dir>/<comm>.rank<r>.json, which
+                              tutti-trace reads (default: not written) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */
@@ -285,6 +293,14 @@ int tutti_comm_destroy(tutti_comm_t *comm);
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return
  * promptly; thread-safe. The communicator must still be destroyed. */
 int tutti_comm_abort(tutti_comm_t *comm);
+
+/* The flight recorder: write the communicator's last opts.trace_entries operations
+ * (collectives, sends, receives: sequence number, arguments, algorithm, state issued /
+ * started / completed / failed, times) and its failure if any, as one JSON document, to
+ * fd. Any thread, any time (also after a failure, before destroy). tutti-trace reads
+ * the records of several ranks and says where they part: the first call not every rank
+ * made, calls that differ, sends nobody received. TUTTI_ERR_IO when writing fails. */
+int tutti_comm_trace_dump(tutti_comm_t *comm, int fd);
 
 int tutti_comm_rank(const tutti_comm_t *comm);
 int tutti_comm_size(const tutti_comm_t *comm);

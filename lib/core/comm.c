@@ -14,6 +14,7 @@
 #include "core/agree.h"
 #include "base/base.h"
 #include "core/job.h"
+#include "core/trace.h"
 #include "reduce/reduce.h"
 #include "store/store_impl.h"
 #include "plugin/tpmux.h"
@@ -97,11 +98,13 @@ static void comm_free(tutti_comm_t *comm)
     if (comm->split_store)
         tutti_store_close(comm->split_store);
     tt_agree_free(comm); /* after the transport: nothing of it is posted now */
+    tt_trace_free(comm);
     free(comm->scratch[0]);
     free(comm->scratch[1]);
     free(comm->stage[0]);
     free(comm->stage[1]);
     pthread_mutex_destroy(&comm->stage_lock);
+    pthread_mutex_destroy(&comm->trace_lock);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     if (comm->secret)
@@ -223,6 +226,7 @@ static tutti_comm_t *comm_alloc(int rank, int size)
     pthread_mutex_init(&comm->err_lock, NULL);
     pthread_mutex_init(&comm->q_lock, NULL);
     pthread_mutex_init(&comm->stage_lock, NULL);
+    pthread_mutex_init(&comm->trace_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -239,6 +243,8 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
 {
     char err[512] = "";
     TT_CHECK(tt_comm_opts_resolve(&comm->opts, opts));
+    if (tt_trace_init(comm) < 0)
+        return init_fail(comm, TUTTI_ERR_NOMEM, "out of memory for the flight recorder");
     comm->quick_ns = (uint64_t)tt_comm_quick_ms(comm) * 1000000ull;
     int st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
     if (st < 0) {
@@ -818,6 +824,7 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         comm->tp_ops->destroy(comm->tp);
     }
     comm->tp = NULL;
+    tt_trace_flush(comm); /* a failure's record not written yet */
     tt_job_leave(comm);
     if (comm->owned_store)
         atomic_fetch_add(&env_comms_done, 1);

@@ -25,6 +25,7 @@
 #include "core/agree.h"
 #include "core/comm.h"
 #include "core/opts.h"
+#include "core/trace.h"
 
 /* How often an idle progress thread looks for deferred ops. */
 #define TT_DEFER_TICK_MS 10
@@ -123,6 +124,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     op->chunk_bytes = tt_cost_chunk(sel_bytes, comm->nranks, comm->opts.chunk_bytes);
     op->algo_id = algo->id;
+    atomic_store_explicit(&comm->trace_algo, algo->id, memory_order_relaxed);
     tt_op_start(op, comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
@@ -180,12 +182,12 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
         w->op.op_held = 0;
     }
     w->status = st;
+    tt_trace_end(comm, &w->op, w->is_p2p ? w->req.peer : -1, st);
     if (st < 0)
         snprintf(w->err, sizeof(w->err), "%s", err);
     atomic_store_explicit(&w->done, 1, memory_order_release);
     if (atomic_fetch_or(&w->cb_state, 2) & 1)
         w->cb(w->cb_arg, st);
-    (void)comm;
 }
 
 int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg)
@@ -430,6 +432,8 @@ static void run_head_locked(tutti_comm_t *comm)
     if (!comm->q_head)
         comm->q_tail = NULL;
     comm->executing = 1;
+    if (comm->trace)
+        tt_trace_start(comm, &w->op, tt_coarse_ns());
     pthread_mutex_unlock(&comm->q_lock);
 
     char err[TT_ERRMSG_LEN];
@@ -461,6 +465,7 @@ static void run_head_locked(tutti_comm_t *comm)
         pthread_cond_signal(&comm->q_cv);
     pthread_mutex_unlock(&comm->q_lock);
     work_unref(w); /* the queue's reference */
+    tt_trace_flush(comm);
     pthread_mutex_lock(&comm->q_lock);
 }
 
@@ -469,6 +474,23 @@ void *tt_exec_worker_main(void *arg)
     tutti_comm_t *comm = arg;
     pthread_mutex_lock(&comm->q_lock);
     for (;;) {
+        if (atomic_load_explicit(&comm->trace_due, memory_order_relaxed)) {
+            pthread_mutex_unlock(&comm->q_lock); /* a failure's record (trace.c) */
+            tt_trace_flush(comm);
+            pthread_mutex_lock(&comm->q_lock);
+        }
+        /* idle: has a peer failed? (trace.c; with a trace_dir) A look due while ops run
+         * waits for them to end (they do not wake this thread: it looks again soon). */
+        uint64_t watch_ns = 0;
+        if (!comm->stopping && tt_trace_watch_due(comm, &watch_ns)) {
+            if (!comm->q_head && !comm->executing && !comm->inflight) {
+                pthread_mutex_unlock(&comm->q_lock);
+                tt_trace_watch(comm);
+                pthread_mutex_lock(&comm->q_lock);
+                continue;
+            }
+            watch_ns = TT_TRACE_WATCH_MS * 100000ull; /* a tenth of the period */
+        }
         if (comm->q_head && !comm->executing) {
             uint64_t until = comm->q_head->defer_until_ns;
             if (until && !comm->stopping && tt_now_ns() < until) {
@@ -500,6 +522,11 @@ void *tt_exec_worker_main(void *arg)
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000;
             }
+            pthread_cond_timedwait(&comm->q_cv, &comm->q_lock, &ts);
+        } else if (watch_ns) {
+            uint64_t until = tt_now_ns() + watch_ns;
+            struct timespec ts = { .tv_sec = (time_t)(until / 1000000000ull),
+                                   .tv_nsec = (long)(until % 1000000000ull) };
             pthread_cond_timedwait(&comm->q_cv, &comm->q_lock, &ts);
         } else {
             pthread_cond_wait(&comm->q_cv, &comm->q_lock);
@@ -537,6 +564,7 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             int ms = deadline_ns == UINT64_MAX ? 2 : TT_MIN(2, tt_ms_left(deadline_ns));
             if (ms == 0) {
                 pthread_mutex_unlock(&comm->q_lock);
+                tt_trace_flush(comm);
                 return TUTTI_ERR_TIMEOUT;
             }
             drive_inflight_locked(comm, ms);
@@ -553,6 +581,7 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
                 pthread_cond_signal(&comm->q_cv);
             if (tt_now_ns() >= deadline_ns) {
                 pthread_mutex_unlock(&comm->q_lock);
+                tt_trace_flush(comm);
                 return TUTTI_ERR_TIMEOUT;
             }
             struct timespec ts = { .tv_sec = (time_t)(deadline_ns / 1000000000ull),
@@ -563,6 +592,8 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
         }
     }
     pthread_mutex_unlock(&comm->q_lock);
+    if (w->status < 0)
+        tt_trace_flush(comm);
     return w->status;
 }
 
@@ -622,12 +653,17 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     }
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
+    uint64_t now = comm->trace ? tt_coarse_ns() : 0;
     if (!work_p && !comm->q_head && !comm->executing) {
         /* Fast path: nothing queued, run on this thread, on the caller's op (no copy:
          * ~0.2 us calls, docs/benchmarks.md "The fiftieth session"). */
         comm->executing = 1;
-        pthread_mutex_unlock(&comm->q_lock);
         op->seq = seq;
+        if (comm->trace) {
+            tt_trace_issue(comm, op, user_redop, 0, -1, 0, now);
+            tt_trace_start(comm, op, now);
+        }
+        pthread_mutex_unlock(&comm->q_lock);
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, op, user_redop, err, sizeof(err));
         if (op->op_held)
@@ -635,6 +671,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         if (layout_heap)
             free(layout);
         pthread_mutex_lock(&comm->q_lock);
+        tt_trace_end(comm, op, -1, st);
         reap_inflight_locked(comm);
         comm->executing = 0;
         if (comm->q_head)
@@ -644,6 +681,8 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         pthread_mutex_unlock(&comm->q_lock);
         if (st < 0 && err[0])
             set_last_error(comm, err);
+        if (st < 0)
+            tt_trace_flush(comm);
         return st;
     }
     tutti_work_t *w = calloc(1, sizeof(*w));
@@ -660,6 +699,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     w->op = *op;
     w->op.seq = seq;
     w->user_redop = user_redop;
+    tt_trace_issue(comm, &w->op, user_redop, work_p ? TT_TRACE_F_ASYNC : 0, -1, 0, now);
     atomic_init(&w->refs, 2);
     return enqueue_locked(comm, w, work_p);
 }
@@ -696,6 +736,11 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     w->req.buf = buf;
     w->req.len = count * es;
     tt_env_encode(w->req.env, seq, w->op.fingerprint, count, 0, tag);
+    if (comm->trace)
+        tt_trace_issue(comm, &w->op, TUTTI_SUM,
+                       (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
+                           (work_p ? TT_TRACE_F_ASYNC : 0) | (w->any_source ? TT_TRACE_F_ANY : 0),
+                       w->any_source ? -1 : peer, tag, tt_coarse_ns());
     return enqueue_locked(comm, w, work_p);
 }
 

@@ -2,7 +2,7 @@
  * the store are told), what a failed request, a timeout or a transport failure says, the
  * store records other ranks read (failed/<rank>, failed_count, stall/<rank>), the stall
  * check, and time this process was not running.
- * Calls:   envelope <- fault <- p2p <- exec <- comm (each calls only those to its left;
+ * Calls:   envelope, trace <- fault <- p2p <- exec <- comm (each calls only those to its left;
  *          fault reaches the transport through comm->tp_ops, never through p2p.c).
  * Headers: op.h (types) <- envelope.h, fault.h, p2p.h <- comm.h (which includes all);
  *          fault.c reads the communicator through state.h. */

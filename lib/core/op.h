@@ -91,6 +91,7 @@ typedef struct tt_op {
     int stall_peer, stall_kind;
     int store_down;      /* a store call on a failure path failed: no more this op */
     uint64_t awake_ns;   /* when this rank last came back from a wait (0: not yet) */
+    uint64_t trace_id;   /* its flight-recorder record (trace.h; 0: none) */
     uint64_t stopped_ns; /* time this process was not running during the op (a
                               SIGSTOP, a debugger, starvation): not counted against
                               the deadline, and said in its error */

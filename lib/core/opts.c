@@ -19,6 +19,7 @@
 #define TT_DEFAULT_CHUNK (1u << 20)
 #define TT_DEFAULT_DEFER_US 200
 #define TT_DEFAULT_AGREE_LAG 64
+#define TT_DEFAULT_TRACE_ENTRIES 1024
 
 int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 {
@@ -55,6 +56,8 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->defer_us = tt_env_int("DEFER_US", TT_DEFAULT_DEFER_US);
     opts->agree_lag = tt_env_int("AGREE_LAG", TT_DEFAULT_AGREE_LAG);
     opts->bind = tt_env("BIND");
+    opts->trace_entries = tt_env_int("TRACE_ENTRIES", TT_DEFAULT_TRACE_ENTRIES);
+    opts->trace_dir = tt_env("TRACE_DIR");
     return TUTTI_OK;
 }
 
@@ -63,7 +66,8 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 /* clang-format off */
 #define TT_OPTS_STRINGS(X) \
     X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model) \
-    X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum) X(bind)
+    X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum) X(bind) \
+    X(trace_dir)
 /* clang-format on */
 
 void tt_comm_opts_free(tutti_comm_opts_t *o)
@@ -105,6 +109,8 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
         d.defer_us = 0;
     if (d.agree_lag < 0)
         d.agree_lag = 0;
+    if (d.trace_entries < 0)
+        d.trace_entries = 0;
     *dst = d;
     return TUTTI_OK;
 }

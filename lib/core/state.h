@@ -150,9 +150,20 @@ struct tutti_comm {
      * TT_RECENT_CALLS: a mismatch that meets an earlier call's message says what this
      * rank did at that seq (fault.c). The thread running ops only. */
     uint64_t recent[TT_RECENT_CALLS][4];
-    uint64_t *p2p_send_seq; /* per peer: the sequence numbers of point-to-point */
-    uint64_t *p2p_recv_seq; /* messages, separate from the collectives' */
-    int any_next;           /* the peer the next any-source search probes first */
+    /* the flight recorder (trace.h): written under q_lock; trace_algo is the running
+     * collective's algorithm, trace_due a failure's record to write (tt_trace_flush) */
+    struct tt_trace *trace;
+    atomic_uint trace_algo;
+    atomic_int trace_due;
+    atomic_int trace_dumped;    /* 1: written because a peer failed; 2: for its own failure */
+    pthread_mutex_t trace_lock; /* one writer of the file at a time, */
+    int trace_written;          /* and the level it holds (under trace_lock) */
+    tutti_store_t *watch_store; /* tt_trace_watch's view (a short deadline), */
+    uint64_t watch_next_ns;     /* when it looks next, */
+    int watch_off;              /* or 1: it does not (no trace_dir, a store error) */
+    uint64_t *p2p_send_seq;     /* per peer: the sequence numbers of point-to-point */
+    uint64_t *p2p_recv_seq;     /* messages, separate from the collectives' */
+    int any_next;               /* the peer the next any-source search probes first */
 };
 
 #endif /* TT_STATE_H */

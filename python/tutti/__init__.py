@@ -8,6 +8,8 @@ explanation (rank, peer, op). See docs/python.md.
 """
 import atexit
 import ctypes
+import json
+import os
 import weakref
 
 from . import _lib
@@ -479,6 +481,21 @@ class Communicator(_Handle):
     @property
     def last_error(self):
         return _lib_.tutti_comm_last_error(self._handle()).decode()
+
+    def trace(self):
+        """The flight recorder: this communicator's last operations (TUTTI_TRACE_ENTRIES
+        of them) with their state, and its failure if any, as a dict (the JSON document
+        tutti_comm_trace_dump writes; tutti-trace compares several ranks')."""
+        fd = os.memfd_create("tutti-trace", os.MFD_CLOEXEC)
+        try:
+            st = _lib_.tutti_comm_trace_dump(self._handle(), fd)
+            if st < 0:
+                raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+            os.lseek(fd, 0, os.SEEK_SET)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return json.loads(f.read().decode())
+        finally:
+            os.close(fd)
 
     def split(self, color, key=0):
         """MPI_Comm_split: every rank calls it; ranks with the same color (>= 0) form a new

@@ -1,0 +1,427 @@
+/* The flight recorder (trace.h): the ring of the last operations, and its JSON dump,
+ * on request (tutti_comm_trace_dump) or into opts.trace_dir when the communicator first
+ * fails. The format is docs/architecture.md's "The flight recorder"; tools/tutti-trace
+ * reads the dumps of every rank and says where they part. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "coll/coll.h"
+#include "coll/names.h"
+#include "core/envelope.h"
+#include "core/state.h"
+#include "core/trace.h"
+
+/* The ring's size limits (TUTTI_TRACE_ENTRIES): a slot is 72 bytes. */
+#define TT_TRACE_MAX (1 << 20)
+
+int tt_trace_init(tutti_comm_t *comm)
+{
+    int n = comm->opts.trace_entries;
+    if (n <= 0)
+        return TUTTI_OK;
+    if (n > TT_TRACE_MAX)
+        n = TT_TRACE_MAX;
+    tt_trace_t *t = calloc(1, sizeof(*t) + (size_t)n * sizeof(tt_trace_ent_t));
+    if (!t)
+        return TUTTI_ERR_NOMEM;
+    t->n = (uint32_t)n;
+    comm->trace = t;
+    return TUTTI_OK;
+}
+
+void tt_trace_free(tutti_comm_t *comm)
+{
+    free(comm->trace);
+    comm->trace = NULL;
+    if (comm->watch_store)
+        tutti_store_close(comm->watch_store);
+    comm->watch_store = NULL;
+}
+
+/* The slot of record id (1-based), if the ring still holds it. */
+static tt_trace_ent_t *slot_of(tt_trace_t *t, uint64_t id)
+{
+    if (!t || !id)
+        return NULL;
+    tt_trace_ent_t *e = &t->ent[(id - 1) % t->n];
+    return e->id == id ? e : NULL;
+}
+
+void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, int flags, int peer,
+                    uint32_t tag, uint64_t now)
+{
+    tt_trace_t *t = comm->trace;
+    if (!t) {
+        op->trace_id = 0;
+        return;
+    }
+    uint64_t id = ++t->next;
+    tt_trace_ent_t *e = &t->ent[(id - 1) % t->n];
+    *e = (tt_trace_ent_t){ .id = id,
+                           .seq = op->seq,
+                           .count = op->count,
+                           .t_issue = now,
+                           .root = op->coll == TT_COLL_P2P ? peer : op->root,
+                           .redop = (int32_t)user_redop,
+                           .tag = tag,
+                           .coll = (uint8_t)op->coll,
+                           .dtype = (uint8_t)op->dtype,
+                           .state = TT_TRACE_ISSUED,
+                           .args = (uint8_t)(op->desc ? op->desc->args : 0),
+                           .flags = (uint8_t)(flags |
+                                              (op->fingerprint & TT_FP_V ? TT_TRACE_F_V : 0)) };
+    op->trace_id = id;
+}
+
+void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now)
+{
+    tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
+    if (!e)
+        return;
+    e->t_start = now;
+    e->state = TT_TRACE_STARTED;
+    e->seq = op->seq; /* an any-source receive's, once its sender is known */
+}
+
+void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status)
+{
+    tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
+    if (!e)
+        return;
+    uint64_t now = tt_coarse_ns();
+    if (!e->t_start)
+        e->t_start = now;
+    e->t_end = now;
+    e->status = status;
+    e->state = status < 0 ? TT_TRACE_FAILED : TT_TRACE_DONE;
+    e->algo_id = op->algo_id;
+    e->seq = op->seq;
+    if (peer >= 0)
+        e->root = peer;
+}
+
+void tt_trace_due(tutti_comm_t *comm)
+{
+    if (comm->trace && comm->opts.trace_dir && comm->opts.trace_dir[0])
+        atomic_store(&comm->trace_due, 1);
+}
+
+/* ---- the dump ---- */
+
+typedef struct jbuf {
+    char *p;
+    size_t len, cap;
+    int nomem;
+} jbuf_t;
+
+__attribute__((format(printf, 2, 3))) static void jb_printf(jbuf_t *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = b->p ? vsnprintf(b->p + b->len, room, fmt, ap) : -1;
+        va_end(ap);
+        if (n >= 0 && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 65536;
+        while (n >= 0 && cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        char *p = b->nomem ? NULL : realloc(b->p, cap);
+        if (!p) {
+            b->nomem = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+/* s as a JSON string (quotes included) */
+static void jb_str(jbuf_t *b, const char *s)
+{
+    jb_printf(b, "\"");
+    for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
+        if (*c == '"' || *c == '\\')
+            jb_printf(b, "\\%c", *c);
+        else if (*c < 0x20 || *c == 0x7f)
+            jb_printf(b, "\\u%04x", *c);
+        else
+            jb_printf(b, "%c", *c);
+    }
+    jb_printf(b, "\"");
+}
+
+static const char *state_name(int s)
+{
+    static const char *const names[] = { "issued", "started", "completed", "failed" };
+    return s >= 0 && s < 4 ? names[s] : "?";
+}
+
+static const char *op_name(const tt_trace_ent_t *e)
+{
+    if (e->coll == TT_COLL_P2P)
+        return e->flags & TT_TRACE_F_SEND ? "send" : "recv";
+    const char *n = tt_coll_name((tt_coll_t)e->coll);
+    return n ? n : "?";
+}
+
+/* wall-clock microseconds of a tt_coarse_ns reading (0 stays 0) */
+static long long wall_us(uint64_t t, int64_t off_ns)
+{
+    return t ? (long long)(((int64_t)t + off_ns) / 1000) : 0;
+}
+
+static void dump_entry(jbuf_t *b, const tt_trace_ent_t *e, uint32_t running_algo, int64_t off)
+{
+    int p2p = e->coll == TT_COLL_P2P;
+    uint32_t algo = e->state == TT_TRACE_STARTED && !p2p ? running_algo : e->algo_id;
+    jb_printf(b, "{\"id\": %llu, \"seq\": %llu, \"op\": \"%s%s\", \"state\": \"%s\"",
+              (unsigned long long)e->id, (unsigned long long)e->seq, op_name(e),
+              e->flags & TT_TRACE_F_V ? "v" : "", state_name(e->state));
+    if (e->state == TT_TRACE_FAILED)
+        jb_printf(b, ", \"status\": \"%s\"", tutti_status_name(e->status));
+    const char *an = !p2p && algo ? tt_algo_name(algo) : NULL;
+    if (an)
+        jb_printf(b, ", \"algo\": \"%s\"", an);
+    jb_printf(b, ", \"dtype\": \"%s\", \"count\": %llu, \"bytes\": %llu",
+              tutti_dtype_name((tutti_dtype_t)e->dtype), (unsigned long long)e->count,
+              (unsigned long long)(e->count * tutti_dtype_size((tutti_dtype_t)e->dtype)));
+    if (p2p) {
+        jb_printf(b, ", \"peer\": %d, \"tag\": %u", e->root, e->tag);
+    } else {
+        if (e->args & TT_ARG_REDOP) {
+            jb_printf(b, ", \"redop\": ");
+            jb_str(b, tutti_redop_name((tutti_redop_t)e->redop));
+        }
+        if (e->args & TT_ARG_ROOT)
+            jb_printf(b, ", \"root\": %d", e->root);
+    }
+    jb_printf(b, ", \"async\": %s, \"issued_us\": %lld, \"started_us\": %lld, \"ended_us\": %lld}",
+              e->flags & TT_TRACE_F_ASYNC ? "true" : "false", wall_us(e->t_issue, off),
+              wall_us(e->t_start, off), wall_us(e->t_end, off));
+}
+
+static int64_t clock_off_ns(void)
+{
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = tt_now_ns();
+    return (int64_t)rt.tv_sec * 1000000000ll + rt.tv_nsec - (int64_t)mono;
+}
+
+/* The communicator's record as JSON into b (q_lock not held). */
+static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
+{
+    tt_trace_t *t = comm->trace;
+    uint32_t n = t ? t->n : 0;
+    tt_trace_ent_t *copy = n ? malloc((size_t)n * sizeof(*copy)) : NULL;
+    uint64_t next = 0, first = 0;
+    uint32_t running_algo = 0;
+    pthread_mutex_lock(&comm->q_lock);
+    if (copy) {
+        next = t->next;
+        first = next > n ? next - n : 0;
+        for (uint64_t id = first + 1; id <= next; id++)
+            copy[id - first - 1] = t->ent[(id - 1) % n];
+        running_algo = atomic_load_explicit(&comm->trace_algo, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&comm->q_lock);
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    int64_t off = clock_off_ns();
+    int failed = atomic_load(&comm->failed);
+    jb_printf(b, "{\"tutti_trace\": 1, \"version\": \"%s\", \"reason\": ", tutti_version_string());
+    jb_str(b, reason);
+    jb_printf(b, ", \"rank\": %d, \"size\": %d, \"host\": ", comm->rank, comm->nranks);
+    jb_str(b, host);
+    jb_printf(b, ", \"pid\": %ld, \"job_id\": ", (long)getpid());
+    jb_str(b, comm->job_id);
+    jb_printf(b, ", \"comm\": ");
+    jb_str(b, comm->job_base);
+    jb_printf(b, ", \"instance\": ");
+    jb_str(b, comm->instance);
+    jb_printf(b, ", \"transport\": ");
+    jb_str(b, comm->tp_name);
+    jb_printf(b, ", \"time_us\": %lld, \"entries\": %u, \"recorded\": %llu",
+              wall_us(tt_now_ns(), off), n, (unsigned long long)next);
+    if (failed < 0 || atomic_load(&comm->aborted)) {
+        char err[TT_ERRMSG_LEN];
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, sizeof(err), "%s", comm->last_error);
+        pthread_mutex_unlock(&comm->err_lock);
+        jb_printf(b, ", \"failed\": \"%s\", \"failed_seq\": %llu, \"error\": ",
+                  tutti_status_name(failed < 0 ? failed : TUTTI_ERR_ABORTED),
+                  (unsigned long long)comm->failed_seq);
+        jb_str(b, err);
+    }
+    jb_printf(b, ",\n\"ops\": [");
+    for (uint64_t i = 0; copy && i < next - first; i++) {
+        jb_printf(b, "%s\n", i ? "," : "");
+        dump_entry(b, &copy[i], running_algo, off);
+    }
+    jb_printf(b, "\n]}\n");
+    free(copy);
+}
+
+static int write_all(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static int dump_to(tutti_comm_t *comm, int fd, const char *reason, char *err, size_t errlen)
+{
+    jbuf_t b = { 0 };
+    dump_json(comm, reason, &b);
+    int st = TUTTI_OK;
+    if (b.nomem) {
+        snprintf(err, errlen, "out of memory for the flight record");
+        st = TUTTI_ERR_NOMEM;
+    } else if (write_all(fd, b.p, b.len) < 0) {
+        snprintf(err, errlen, "writing the flight record: %s", strerror(errno));
+        st = TUTTI_ERR_IO;
+    }
+    free(b.p);
+    return st;
+}
+
+int tutti_comm_trace_dump(tutti_comm_t *comm, int fd)
+{
+    if (!comm || fd < 0)
+        return TUTTI_ERR_INVALID_ARG;
+    char err[256];
+    int st = dump_to(comm, fd, "request", err, sizeof(err));
+    if (st < 0)
+        TT_WARN("tutti_comm_trace_dump: %s", err);
+    return st;
+}
+
+/* <dir>/<comm's key space, '/' and other odd characters as '_'><instance>.rank<r>.json */
+static int trace_path(const tutti_comm_t *comm, char *path, size_t len)
+{
+    char ident[160];
+    const char *inst = strrchr(comm->instance, '/');
+    snprintf(ident, sizeof(ident), "%s%s", comm->job_base, inst ? inst + 1 : "");
+    for (char *c = ident; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '.'))
+            *c = '_';
+    int n = snprintf(path, len, "%s/%s.rank%d.json", comm->opts.trace_dir, ident, comm->rank);
+    return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+static void write_record_locked(tutti_comm_t *comm, const char *why);
+
+/* Write the record into opts.trace_dir (why: "failure", "a peer failed"), unless one of
+ * this level or higher is there (trace_dumped's levels). */
+static void write_record(tutti_comm_t *comm, const char *why, int level)
+{
+    pthread_mutex_lock(&comm->trace_lock);
+    if (comm->trace_written < level)
+        write_record_locked(comm, why);
+    comm->trace_written = TT_MAX(comm->trace_written, level);
+    pthread_mutex_unlock(&comm->trace_lock);
+}
+
+static void write_record_locked(tutti_comm_t *comm, const char *why)
+{
+    char path[1024], tmp[1100], err[256] = "";
+    if (trace_path(comm, path, sizeof(path)) < 0) {
+        TT_WARN("flight record not written: the path under TUTTI_TRACE_DIR=%s is too long",
+                comm->opts.trace_dir);
+        return;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+    (void)mkdir(comm->opts.trace_dir, 0755);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int st = fd < 0 ? TUTTI_ERR_IO : dump_to(comm, fd, why, err, sizeof(err));
+    if (fd < 0)
+        snprintf(err, sizeof(err), "%s", strerror(errno));
+    if (fd >= 0 && close(fd) < 0 && st == TUTTI_OK) {
+        snprintf(err, sizeof(err), "closing it: %s", strerror(errno));
+        st = TUTTI_ERR_IO;
+    }
+    if (st == TUTTI_OK && rename(tmp, path) < 0) {
+        snprintf(err, sizeof(err), "renaming it: %s", strerror(errno));
+        st = TUTTI_ERR_IO;
+    }
+    if (st < 0) {
+        unlink(tmp);
+        TT_WARN("flight record not written to %s: %s", path, err);
+        return;
+    }
+    TT_WARN("flight record written to %s (%s; tutti-trace %s reads every rank's)", path, why,
+            comm->opts.trace_dir);
+}
+
+void tt_trace_flush(tutti_comm_t *comm)
+{
+    if (!atomic_load_explicit(&comm->trace_due, memory_order_relaxed) ||
+        !atomic_exchange(&comm->trace_due, 0) || atomic_exchange(&comm->trace_dumped, 2) >= 2)
+        return;
+    /* over one written because a peer failed: this says more */
+    write_record(comm, "failure", 2);
+}
+
+int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
+{
+    if (comm->watch_off)
+        return 0;
+    if (!comm->trace || !comm->opts.trace_dir || !comm->opts.trace_dir[0] ||
+        atomic_load(&comm->trace_dumped) || atomic_load(&comm->failed) < 0) {
+        comm->watch_off = 1;
+        return 0;
+    }
+    uint64_t now = tt_coarse_ns();
+    if (!comm->watch_next_ns)
+        comm->watch_next_ns = now + TT_TRACE_WATCH_MS * 1000000ull;
+    if (now >= comm->watch_next_ns)
+        return 1;
+    *wait_ns = comm->watch_next_ns - now;
+    return 0;
+}
+
+void tt_trace_watch(tutti_comm_t *comm)
+{
+    comm->watch_next_ns = tt_coarse_ns() + TT_TRACE_WATCH_MS * 1000000ull;
+    const char *key = TT_FAILED_COUNT_KEY;
+    int exists = 0, st = TUTTI_OK;
+    if (!comm->watch_store) {
+        st = tutti_store_open_prefixed(&comm->watch_store, comm->store, "");
+        if (st == TUTTI_OK) /* an idle thread's look: never long */
+            tutti_store_set_timeout(comm->watch_store, 250);
+    }
+    if (st == TUTTI_OK)
+        st = tutti_store_check(comm->watch_store, &key, 1, &exists);
+    if (st < 0) {
+        comm->watch_off = 1;
+        TT_INFO("flight recorder: no more looks for failed peers (store: %s)",
+                comm->watch_store ? tutti_store_last_error(comm->watch_store) : tutti_strerror(st));
+        return;
+    }
+    int none = 0;
+    if (!exists || atomic_load(&comm->failed) < 0 ||
+        !atomic_compare_exchange_strong(&comm->trace_dumped, &none, 1))
+        return;
+    comm->watch_off = 1;
+    write_record(comm, "a peer failed", 1);
+}
