@@ -57,9 +57,13 @@ if [ -n "$ompi" ]; then
     run_checked "$work/ompi.txt" "$ompi" -np 3 || { tail -n 20 "$work/ompi.txt"; fail "Open MPI"; }
     # Two jobs at once with one job id, as two mpiruns in one Slurm job or with one
     # TUTTI_JOB_ID exported have: the port mixes in each mpirun's PMIx namespace, so they
-    # meet on two stores, and both are right.
+    # meet on two stores, and both are right. Each mpirun has a TMPDIR of its own: two
+    # started at once race to make the same session directory (/tmp/ompi.<host>.<uid>;
+    # "orte_session_dir failed ... File exists", seen once in an ASan build's run).
     for j in a b; do
-        TUTTI_DEBUG=info TUTTI_JOB_ID=shared-$$ timeout -k 5 60 "$ompi" -x TUTTI_JOB_ID -np 3 \
+        mkdir -p "$work/tmp-$j"
+        TMPDIR="$work/tmp-$j" TUTTI_DEBUG=info TUTTI_JOB_ID=shared-$$ \
+            timeout -k 5 60 "$ompi" -x TUTTI_JOB_ID -np 3 \
             "$bench" -b 4 -e 4M -f 8 -n 10 -w 1 -c >"$work/ompi-$j.txt" 2>&1 &
         bg+=($!)
     done

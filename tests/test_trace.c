@@ -7,6 +7,7 @@
  * python/tests/test_trace.py. */
 #include <check.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,7 +242,9 @@ START_TEST(keeps_the_last)
 END_TEST
 
 /* Rank 2 skips the second allreduce: ranks 0 and 1 time out in it and write their
- * records; rank 2, outside the library, writes its own once it sees they failed. */
+ * records; rank 2, outside the library, writes its own once it sees they failed, and
+ * not before (the stall checks of ranks 0 and 1, a second into their wait, read the
+ * count of failed ranks too, which makes its key exist at 0). */
 static char trace_dir[256];
 
 static int rank_skip(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -253,11 +256,12 @@ static int rank_skip(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     FAIL_IF(tutti_allreduce(comm, &x, &x, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
     if (rank == 2) {
         /* until its own record is there (bounded) */
+        char pattern[512];
+        snprintf(pattern, sizeof(pattern), "%s/*.rank2.json", trace_dir);
         for (int k = 0; k < 300; k++) {
-            int found = 0;
-            char path[512];
-            snprintf(path, sizeof(path), "ls %s | grep -q 'rank2.json$'", trace_dir);
-            found = system(path) == 0;
+            glob_t g;
+            int found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1;
+            globfree(&g);
             if (found)
                 return 0;
             th_sleep_ms(50);
@@ -287,20 +291,20 @@ START_TEST(written_on_failure)
     ck_assert_ptr_nonnull(mkdtemp(trace_dir));
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    o.timeout_ms = 1500;
+    o.timeout_ms = 3000;
     o.trace_dir = trace_dir;
     th_spec_t spec = { .nranks = 3, .fn = rank_skip, .timeout_ms = 60000, .opts = &o };
     int codes[3];
+    long long failing_start = 0, idle_wrote = 0;
     int rc = th_run_ex(&spec, codes);
-    char cmd[600], path[600];
+    char pattern[600], path[600];
     for (int r = 0; r < 3; r++) {
-        snprintf(cmd, sizeof(cmd), "ls %s/*.rank%d.json", trace_dir, r);
-        FILE *ls = popen(cmd, "r");
-        ck_assert_ptr_nonnull(ls);
-        int got = fgets(path, sizeof(path), ls) != NULL;
-        pclose(ls);
+        snprintf(pattern, sizeof(pattern), "%s/*.rank%d.json", trace_dir, r);
+        glob_t g;
+        int got = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1;
         ck_assert_msg(got, "no record of rank %d in %s", r, trace_dir);
-        path[strcspn(path, "\n")] = '\0';
+        snprintf(path, sizeof(path), "%s", g.gl_pathv[0]);
+        globfree(&g);
         char *doc = read_file(path);
         ck_assert_ptr_nonnull(doc);
         int n = 0;
@@ -313,9 +317,13 @@ START_TEST(written_on_failure)
                               has(lines[1], "state", "\"failed\"") &&
                               has(lines[0], "state", "\"completed\""),
                           "rank %d ops: %s", r, doc);
+            const char *p = strstr(lines[1], "\"started_us\": ");
+            ck_assert(p && sscanf(p, "\"started_us\": %lld", &failing_start) == 1);
         } else {
             ck_assert_msg(has(doc, "reason", "\"a peer failed\"") && !strstr(doc, "\"failed\":"),
                           "rank 2: %.600s", doc);
+            const char *p = strstr(doc, "\"time_us\": ");
+            ck_assert(p && sscanf(p, "\"time_us\": %lld", &idle_wrote) == 1);
             ck_assert_msg(n == 1 && has(lines[0], "seq", "0") &&
                               has(lines[0], "state", "\"completed\""),
                           "rank 2 ops: %s", doc);
@@ -323,6 +331,9 @@ START_TEST(written_on_failure)
         free(lines);
         free(doc);
     }
+    /* after the timeout of ranks 0 and 1 (3 s; the coarse clock's 4 ms and a margin) */
+    ck_assert_msg(idle_wrote - failing_start > 2900000, "rank 2 wrote %lld us after the call",
+                  idle_wrote - failing_start);
     th_rmtree(trace_dir);
     ck_assert_int_eq(rc, 0);
 }

@@ -260,9 +260,8 @@ static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
         pthread_mutex_lock(&comm->err_lock);
         snprintf(err, sizeof(err), "%s", comm->last_error);
         pthread_mutex_unlock(&comm->err_lock);
-        jb_printf(b, ", \"failed\": \"%s\", \"failed_seq\": %llu, \"error\": ",
-                  tutti_status_name(failed < 0 ? failed : TUTTI_ERR_ABORTED),
-                  (unsigned long long)comm->failed_seq);
+        jb_printf(b, ", \"failed\": \"%s\", \"error\": ",
+                  tutti_status_name(failed < 0 ? failed : TUTTI_ERR_ABORTED));
         jb_str(b, err);
     }
     jb_printf(b, ",\n\"ops\": [");
@@ -403,15 +402,15 @@ int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
 void tt_trace_watch(tutti_comm_t *comm)
 {
     comm->watch_next_ns = tt_coarse_ns() + TT_TRACE_WATCH_MS * 1000000ull;
-    const char *key = TT_FAILED_COUNT_KEY;
-    int exists = 0, st = TUTTI_OK;
+    int64_t nfailed = 0; /* read by adding 0, as the stall check does (it may not exist) */
+    int st = TUTTI_OK;
     if (!comm->watch_store) {
         st = tutti_store_open_prefixed(&comm->watch_store, comm->store, "");
         if (st == TUTTI_OK) /* an idle thread's look: never long */
             tutti_store_set_timeout(comm->watch_store, 250);
     }
     if (st == TUTTI_OK)
-        st = tutti_store_check(comm->watch_store, &key, 1, &exists);
+        st = tutti_store_add(comm->watch_store, TT_FAILED_COUNT_KEY, 0, &nfailed);
     if (st < 0) {
         comm->watch_off = 1;
         TT_INFO("flight recorder: no more looks for failed peers (store: %s)",
@@ -419,7 +418,7 @@ void tt_trace_watch(tutti_comm_t *comm)
         return;
     }
     int none = 0;
-    if (!exists || atomic_load(&comm->failed) < 0 ||
+    if (nfailed <= 0 || atomic_load(&comm->failed) < 0 ||
         !atomic_compare_exchange_strong(&comm->trace_dumped, &none, 1))
         return;
     comm->watch_off = 1;

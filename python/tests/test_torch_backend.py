@@ -440,6 +440,43 @@ def test_killed_rank_is_named():
         assert secs < 8, secs
 
 
+def skips_one(d):
+    def body(rank, size):
+        t = torch.ones(8)
+        dist.all_reduce(t)
+        if rank == 2:  # busy elsewhere: never makes the second call
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if any(f.endswith(".rank2.json") for f in os.listdir(d)):
+                    return "idle"
+                time.sleep(0.05)
+            return "no record"
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+    return body
+
+
+def test_flight_records_name_the_rank_that_never_called():
+    import subprocess
+    import sys
+    with tempfile.TemporaryDirectory(prefix="tutti-fr-") as d:
+        got = launch(skips_one(d), 3, timeout=50, group_timeout=3,
+                     env={"TUTTI_TRACE_DIR": d})
+        assert got[2] == ("ok", "idle"), got
+        for r in (0, 1):
+            assert got[r][0] == "ok" and "timed out" in got[r][1], got
+        tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                            "tutti-trace")
+        r = subprocess.run([sys.executable, tool, d], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "allreduce seq 1 (8 x f32, sum" in r.stdout, r.stdout
+        assert "=> rank 2 never called seq 1" in r.stdout, r.stdout
+
+
 def unsupported(rank, size):
     msgs = []
     for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),

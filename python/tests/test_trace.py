@@ -1,0 +1,157 @@
+"""The flight recorder from Python (Communicator.trace()) and tools/tutti-trace reading
+the records ranks wrote into TUTTI_TRACE_DIR: the rank that never made a call, calls
+made differently, a receive nobody sent to, and a healthy job."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ranks import launch
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                    "tutti-trace")
+
+
+def analyze(*paths):
+    r = subprocess.run([sys.executable, TOOL, *paths], capture_output=True, text=True,
+                       timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
+
+def wait_for_record(d, rank, timeout=15):
+    """Bounded: until rank's record is in d."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if glob.glob(os.path.join(d, f"*.rank{rank}.json")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def calls(comm):
+    a = np.arange(6, dtype=np.float32)
+    comm.allreduce(a, op="max")
+    comm.broadcast(np.zeros(5, np.int64), root=2)
+    comm.gather(np.ones(2, np.int16), np.zeros(2 * comm.size, np.int16) if comm.rank == 1
+                else None, root=1)
+    if comm.rank == 0:
+        comm.send(np.ones(3, np.uint8), 2, tag=11)
+    if comm.rank == 2:
+        comm.recv(np.zeros(3, np.uint8), 0, tag=11)
+    return comm.trace()
+
+
+def test_trace_lists_the_calls_made():
+    got = launch(calls, 3, timeout=60)
+    for r in range(3):
+        kind, doc = got[r]
+        assert kind == "ok", doc
+        assert doc["rank"] == r and doc["size"] == 3 and doc["reason"] == "request"
+        assert "failed" not in doc and doc["recorded"] == len(doc["ops"])
+        ops = [(o["op"], o["seq"], o["dtype"], o["count"], o.get("redop"), o.get("root"),
+                o.get("peer"), o.get("tag"), o["state"]) for o in doc["ops"]]
+        want = [("allreduce", 0, "f32", 6, "max", None, None, None, "completed"),
+                ("broadcast", 1, "i64", 5, None, 2, None, None, "completed"),
+                ("gather", 2, "i16", 2, None, 1, None, None, "completed")]
+        if r == 0:
+            want.append(("send", 0, "u8", 3, None, None, 2, 11, "completed"))
+        if r == 2:
+            want.append(("recv", 0, "u8", 3, None, None, 0, 11, "completed"))
+        assert ops == want, doc["ops"]
+        times = [(o["issued_us"], o["started_us"], o["ended_us"]) for o in doc["ops"]]
+        assert all(0 < i <= s <= e <= doc["time_us"] for i, s, e in times), times
+
+
+def test_a_healthy_job_reads_clean(tmp_path):
+    got = launch(calls, 3, timeout=60)
+    for r in range(3):
+        (tmp_path / f"r{r}.json").write_text(json.dumps(got[r][1]))
+    rc, out = analyze(str(tmp_path))
+    assert rc == 0, out
+    assert "records of ranks 0-2" in out and "every rank completed every call" in out, out
+
+
+def skip_second(d):
+    def body(comm):
+        a = np.ones(4, np.float64)
+        comm.allreduce(a)
+        if comm.rank == 2:  # busy elsewhere: never makes the second call
+            assert wait_for_record(d, 2), "no record of the idle rank"
+            return "idle"
+        comm.allreduce(a)
+    return body
+
+
+def test_names_the_rank_that_never_called(tmp_path):
+    d = str(tmp_path)
+    got = launch(skip_second(d), 3, timeout=60, timeout_ms=1500, trace_dir=d)
+    assert got[2] == ("ok", "idle"), got
+    assert got[0][0] == "error" and got[1][0] == "error", got
+    assert len(glob.glob(os.path.join(d, "*.json"))) == 3, os.listdir(d)
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert "first call not completed everywhere: allreduce seq 1 (4 x f64, sum" in out, out
+    assert "failed: ranks 0-1" in out, out
+    assert "not called: rank 2 (rank 2's last: allreduce seq 0" in out, out
+    assert "=> rank 2 never called seq 1" in out, out
+    assert "rank 2 (" in out and "wrote its record because a peer failed" in out, out
+
+
+def mismatched(d):
+    def body(comm):
+        comm.allreduce(np.ones(4, np.int32))
+        if comm.rank == 1:
+            comm.broadcast(np.ones(4, np.int32), root=0)
+        else:
+            comm.allreduce(np.ones(4, np.int32))
+    return body
+
+
+def test_names_calls_made_differently(tmp_path):
+    d = str(tmp_path)
+    got = launch(mismatched(d), 3, timeout=60, timeout_ms=3000, trace_dir=d)
+    assert all(got[r][0] == "error" for r in range(3)), got
+    for r in range(3):
+        assert wait_for_record(d, r), (r, os.listdir(d))
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert "mismatch at seq 1: " in out, out
+    line = next(x for x in out.splitlines() if "mismatch at seq 1" in x)
+    assert "ranks 0, 2: allreduce seq 1 (4 x i32, sum" in line, line
+    assert "rank 1: broadcast seq 1 (4 x i32, root 0" in line, line
+
+
+def unmatched_recv(d):
+    def body(comm):
+        comm.barrier()
+        if comm.rank == 1:
+            comm.recv(np.zeros(2, np.float32), 0, tag=4)
+        else:
+            assert wait_for_record(d, comm.rank), "no record of an idle rank"
+            return "idle"
+    return body
+
+
+def test_names_a_receive_nobody_sent_to(tmp_path):
+    d = str(tmp_path)
+    got = launch(unmatched_recv(d), 3, timeout=60, timeout_ms=1500, trace_dir=d)
+    assert got[1][0] == "error" and got[0] == ("ok", "idle"), got
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert ("rank 1: receive from rank 0 (its number 0, tag 4) failed; rank 0 has no send "
+            "to rank 1 with that number") in out, out
+
+
+def test_unreadable_records(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"something": 1}')
+    rc, out = analyze(str(tmp_path))
+    assert rc == 2, out
+    assert "bad.json" in out and "not a tutti flight record" in out and "no flight records" \
+        in out, out
+    rc, out = analyze(str(tmp_path / "missing.json"))
+    assert rc == 2 and "missing.json" in out, out
