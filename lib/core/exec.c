@@ -474,8 +474,10 @@ void *tt_exec_worker_main(void *arg)
     tutti_comm_t *comm = arg;
     pthread_mutex_lock(&comm->q_lock);
     for (;;) {
-        if (atomic_load_explicit(&comm->trace_due, memory_order_relaxed)) {
-            pthread_mutex_unlock(&comm->q_lock); /* a failure's record (trace.c) */
+        /* a failure's record (trace.c), once the failed op has ended: its thread set it
+         * due while the op still ran */
+        if (!comm->executing && atomic_load_explicit(&comm->trace_due, memory_order_relaxed)) {
+            pthread_mutex_unlock(&comm->q_lock);
             tt_trace_flush(comm);
             pthread_mutex_lock(&comm->q_lock);
         }
@@ -659,10 +661,8 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
          * ~0.2 us calls, docs/benchmarks.md "The fiftieth session"). */
         comm->executing = 1;
         op->seq = seq;
-        if (comm->trace) {
-            tt_trace_issue(comm, op, user_redop, 0, -1, 0, now);
-            tt_trace_start(comm, op, now);
-        }
+        if (comm->trace)
+            tt_trace_issue(comm, op, user_redop, 0, -1, 0, now, 1);
         pthread_mutex_unlock(&comm->q_lock);
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, op, user_redop, err, sizeof(err));
@@ -699,7 +699,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     w->op = *op;
     w->op.seq = seq;
     w->user_redop = user_redop;
-    tt_trace_issue(comm, &w->op, user_redop, work_p ? TT_TRACE_F_ASYNC : 0, -1, 0, now);
+    tt_trace_issue(comm, &w->op, user_redop, work_p ? TT_TRACE_F_ASYNC : 0, -1, 0, now, 0);
     atomic_init(&w->refs, 2);
     return enqueue_locked(comm, w, work_p);
 }
@@ -740,7 +740,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         tt_trace_issue(comm, &w->op, TUTTI_SUM,
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
                            (work_p ? TT_TRACE_F_ASYNC : 0) | (w->any_source ? TT_TRACE_F_ANY : 0),
-                       w->any_source ? -1 : peer, tag, tt_coarse_ns());
+                       w->any_source ? -1 : peer, tag, tt_coarse_ns(), 0);
     return enqueue_locked(comm, w, work_p);
 }
 

@@ -56,7 +56,7 @@ static tt_trace_ent_t *slot_of(tt_trace_t *t, uint64_t id)
 }
 
 void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, int flags, int peer,
-                    uint32_t tag, uint64_t now)
+                    uint32_t tag, uint64_t now, int started)
 {
     tt_trace_t *t = comm->trace;
     if (!t) {
@@ -74,7 +74,8 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
                            .tag = tag,
                            .coll = (uint8_t)op->coll,
                            .dtype = (uint8_t)op->dtype,
-                           .state = TT_TRACE_ISSUED,
+                           .t_start = started ? now : 0,
+                           .state = started ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
                            .args = (uint8_t)(op->desc ? op->desc->args : 0),
                            .flags = (uint8_t)(flags |
                                               (op->fingerprint & TT_FP_V ? TT_TRACE_F_V : 0)) };
@@ -96,7 +97,14 @@ void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status)
     tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
     if (!e)
         return;
-    uint64_t now = tt_coarse_ns();
+    /* A collective that completed went through tt_op_finish, which read the clock as it
+     * ended (op_end_ns): at or after its start, that reading is its end (a local op, one
+     * rank, ends within the tick of its start). Saves a clock read per call (7 ns of the
+     * 0.5 us of 2 ranks' 4 B allreduce over shm). */
+    uint64_t now = status == TUTTI_OK && op->coll != TT_COLL_P2P && e->t_start &&
+                           comm->op_end_ns >= e->t_start
+                       ? comm->op_end_ns
+                       : tt_coarse_ns();
     if (!e->t_start)
         e->t_start = now;
     e->t_end = now;

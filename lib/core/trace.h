@@ -55,9 +55,10 @@ typedef struct tt_trace {
 int tt_trace_init(tutti_comm_t *comm);
 void tt_trace_free(tutti_comm_t *comm);
 
-/* With q_lock held. Record op as issued (its trace_id set; 0 when recording is off). */
+/* With q_lock held. Record op as issued, or as started too (the executor's fast path
+ * runs it at once); its trace_id set (0 when recording is off). */
 void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, int flags, int peer,
-                    uint32_t tag, uint64_t now);
+                    uint32_t tag, uint64_t now, int started);
 /* With q_lock held. The op began running (or, point to point, was posted). */
 void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now);
 /* With q_lock held. The op ended with status (peer: a receive's sender, or -1). */
