@@ -34,18 +34,13 @@
 
 #include "base/base.h"
 #include "core/agree.h"
+#include "core/agree_ring.h"
 #include "core/fault.h"
 #include "core/p2p.h"
 #include "core/state.h"
 
 /* Calls per confirm or release message at most (and at most agree_lag). */
 #define TT_CONFIRM_BATCH 16
-
-/* The ring (allocated on first use), its oldest record and count. */
-static tt_agree_rec_t *ring_at(tutti_comm_t *comm, int k)
-{
-    return &comm->agree[(comm->agree_head + k) % comm->opts.agree_lag];
-}
 
 static void call_of(tt_agree_call_t *c, const tt_op_t *op)
 {
@@ -57,45 +52,6 @@ static void call_of(tt_agree_call_t *c, const tt_op_t *op)
                             .count = op->count,
                             .dtype = op->dtype,
                             .root = op->root };
-}
-
-/* op, described as the call c (an earlier one) */
-static tt_op_t as_call(const tt_op_t *op, const tt_agree_call_t *c)
-{
-    tt_op_t o = *op;
-    o.coll = c->coll;
-    o.seq = c->seq;
-    o.fingerprint = c->fingerprint;
-    o.env_count = c->env_count;
-    o.algo_id = c->algo_id;
-    o.count = c->count;
-    o.dtype = c->dtype;
-    o.root = c->root;
-    o.sendcounts = o.sdispls = o.recvcounts = o.rdispls = NULL;
-    return o;
-}
-
-/* A record's requests: 1 when all completed, 0 when some are still posted,
- * < 0 (the failed one in *bad_p) when one failed. */
-static int rec_state(tt_agree_rec_t *rec, tt_req_t **bad_p)
-{
-    int done = 1;
-    for (int i = 0; i < rec->nreq; i++) {
-        if (rec->reqs[i].tp.status < 0) {
-            *bad_p = &rec->reqs[i];
-            return rec->reqs[i].tp.status;
-        }
-        if (rec->reqs[i].tp.status == 1)
-            done = 0;
-    }
-    return done;
-}
-
-/* Fail op with the oldest record's failure, described as the earlier call's. */
-static int rec_fail(tt_op_t *op, tt_agree_rec_t *rec, tt_req_t *bad)
-{
-    tt_op_t old = as_call(op, &rec->call);
-    return tt_fault_req(&old, &bad->tp);
 }
 
 /* A completed batch where its digests arrived (a confirm batch's root, a release
@@ -126,7 +82,7 @@ static int rec_digests(tt_op_t *op, tt_agree_rec_t *rec)
     char msg[TT_ERRMSG_LEN];
     if (rec_digest_differs(rec, op->rank, msg, sizeof(msg)) < 0)
         return TUTTI_OK;
-    tt_op_t old = as_call(op, &rec->call);
+    tt_op_t old = tt_agree_as_call(op, &rec->call);
     tt_fault_fail_op(&old, TUTTI_ERR_MISMATCH, msg);
     return TUTTI_ERR_MISMATCH;
 }
@@ -140,27 +96,15 @@ static void rec_reap(tutti_comm_t *comm, tt_agree_rec_t *rec)
     comm->agree_calls -= rec->ncalls;
 }
 
-int tt_agree_failed(tt_op_t *op)
-{
-    tutti_comm_t *comm = op->comm;
-    for (int k = 0; k < comm->agree_count; k++) {
-        tt_agree_rec_t *rec = ring_at(comm, k);
-        tt_req_t *bad = NULL;
-        if (rec_state(rec, &bad) < 0)
-            return rec_fail(op, rec, bad);
-    }
-    return TUTTI_OK;
-}
-
 int tt_agree_settle(tt_op_t *op, int room)
 {
     tutti_comm_t *comm = op->comm;
     while (comm->agree_count > 0) {
-        tt_agree_rec_t *rec = ring_at(comm, 0);
+        tt_agree_rec_t *rec = tt_agree_at(comm, 0);
         tt_req_t *bad = NULL;
-        int st = rec_state(rec, &bad);
+        int st = tt_agree_rec_state(rec, &bad);
         if (st < 0)
-            return rec_fail(op, rec, bad);
+            return tt_agree_rec_fail(op, rec, bad);
         if (st == 0) {
             if (comm->agree_calls + room <= comm->opts.agree_lag)
                 return TUTTI_OK;
@@ -169,7 +113,7 @@ int tt_agree_settle(tt_op_t *op, int room)
                 while (rec->reqs[i].tp.status == 1)
                     TT_CHECK(tt_p2p_progress(op, &rec->reqs[i]));
                 if (rec->reqs[i].tp.status < 0)
-                    return rec_fail(op, rec, &rec->reqs[i]);
+                    return tt_agree_rec_fail(op, rec, &rec->reqs[i]);
             }
         }
         TT_CHECK(rec_digests(op, rec));
@@ -191,7 +135,7 @@ static int rec_new(tt_op_t *op, int nreq, int ncalls, tt_agree_rec_t **rec_p)
     int st = tt_agree_settle(op, ncalls);
     if (st < 0)
         return st;
-    tt_agree_rec_t *rec = ring_at(comm, comm->agree_count);
+    tt_agree_rec_t *rec = tt_agree_at(comm, comm->agree_count);
     if (rec->cap < nreq) {
         /* idle: none of its old requests is posted */
         tt_req_t *r = realloc(rec->reqs, (size_t)nreq * sizeof(*r));
@@ -239,7 +183,7 @@ static int batch_send(tt_op_t *op)
 {
     tutti_comm_t *comm = op->comm;
     tt_confirm_batch_t *b = &comm->confirm;
-    tt_op_t last = as_call(op, &b->last);
+    tt_op_t last = tt_agree_as_call(op, &b->last);
     const int checker = b->root, is_root = op->rank == checker;
     const int confirm = b->kind == TT_BATCH_CONFIRM;
     const uint32_t tag = confirm ? TT_CONFIRM_TAG : TT_RELEASE_TAG;
@@ -312,9 +256,9 @@ void tt_agree_drain(tutti_comm_t *comm)
         return;
     const uint64_t deadline = tt_now_ns() + (uint64_t)comm->opts.timeout_ms * 1000000ull;
     while (comm->agree_count > 0) {
-        tt_agree_rec_t *rec = ring_at(comm, 0);
+        tt_agree_rec_t *rec = tt_agree_at(comm, 0);
         tt_req_t *bad = NULL;
-        int st = rec_state(rec, &bad);
+        int st = tt_agree_rec_state(rec, &bad);
         if (st == 0) {
             int ms = tt_ms_left(deadline);
             if (atomic_load(&comm->aborted))

@@ -2,66 +2,17 @@
 #ifndef TT_AGREE_H
 #define TT_AGREE_H
 
+#include "core/agree_types.h"
 #include "core/op.h"
 
 /* The agreement messages' tags (algorithms/handshake.c) */
 #define TT_CONFIRM_TAG 0x7fff0001u
 #define TT_RELEASE_TAG 0x7fff0002u
 
-/* A call, as its agreement check names it. */
-typedef struct tt_agree_call {
-    tt_coll_t coll;
-    uint64_t seq, fingerprint, env_count;
-    uint32_t algo_id;
-    size_t count;
-    tutti_dtype_t dtype;
-    int root;
-} tt_agree_call_t;
-
-/* One record in the communicator's ring: a call's messages, or a batch of confirms or
- * of releases. */
-typedef struct tt_agree_rec {
-    tt_req_t *reqs; /* cap of them allocated, nreq in use */
-    uint64_t *got;  /* the digests received: a confirm batch's root, one from each
-                       non-root (cap of them); a release batch's non-root, the root's */
-    int nreq, cap;
-    tt_agree_call_t call; /* the call (a batch's last), to name it if its check fails */
-    int ncalls;           /* calls it checks: 1, or a batch's (from seq0) */
-    int batch;            /* a batch: TT_BATCH_CONFIRM (digests checked at its checker) or
-                             TT_BATCH_RELEASE (checked at every other rank); 0: one call */
-    uint64_t seq0, want;  /* a batch: its first call; its digest (sent, or expected) */
-    int checker;          /* a batch: the rank that holds the confirms or sends the
-                             releases, its first call's root */
-} tt_agree_rec_t;
-
-/* The kinds of batch: a broadcast's or scatter's confirms (non-roots to the root), a
- * reduce's, gather's or scan's releases (the root to the non-roots). */
-#define TT_BATCH_CONFIRM 1
-#define TT_BATCH_RELEASE 2
-
-/* The calls whose agreement messages are not sent yet (comm->confirm): calls back to
- * back of one kind share one message, whose payload is a digest of every call's
- * envelope; the first call's root is the batch's checker, whatever the later calls'
- * roots. */
-typedef struct tt_confirm_batch {
-    int n;      /* calls in it (0: none) */
-    int kind;   /* TT_BATCH_* */
-    int passed; /* ops of no batch that went by since it opened */
-    int root;   /* the checker: the first call's root */
-    uint64_t seq0, digest;
-    tt_agree_call_t last;
-} tt_confirm_batch_t;
-
 /* Room for op's nreq agreement requests (zeroed, for tt_p2p_send/recv to post into),
  * after reaping the ring; waits for the oldest record when the ring is full. < 0 when
  * an earlier record failed (op failed with its description) or out of memory. */
 int tt_agree_begin(tt_op_t *op, int nreq, tt_req_t **reqs_p);
-
-/* Whether any record in the ring failed, reaping nothing: < 0 when one did (op fails
- * with it, named as the earlier call's), else TUTTI_OK. For the stall check: a receive
- * of op queued on a link behind a failed agreement message never completes (the
- * transport stops reading a link at a mismatch), and op would wait out its timeout. */
-int tt_agree_failed(tt_op_t *op);
 
 /* Reap finished records (oldest first); wait for the oldest while the calls they check
  * and `room` more are over agree_lag. < 0 when one failed: op fails with it, named as

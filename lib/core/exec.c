@@ -645,6 +645,14 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     return st;
 }
 
+/* What the flight recorder notes of a collective's arguments (trace.h). */
+static int trace_flags(const tt_op_t *op)
+{
+    unsigned args = op->desc ? op->desc->args : 0;
+    return (args & TT_ARG_REDOP ? TT_TRACE_F_REDOP : 0) |
+           (args & TT_ARG_ROOT ? TT_TRACE_F_ROOT : 0);
+}
+
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
@@ -662,7 +670,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         comm->executing = 1;
         op->seq = seq;
         if (comm->trace)
-            tt_trace_issue(comm, op, user_redop, 0, -1, 0, now, 1);
+            tt_trace_issue(comm, op, user_redop, trace_flags(op), -1, 0, now, 1);
         pthread_mutex_unlock(&comm->q_lock);
         char err[TT_ERRMSG_LEN];
         int st = run_op(comm, op, user_redop, err, sizeof(err));
@@ -699,7 +707,8 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     w->op = *op;
     w->op.seq = seq;
     w->user_redop = user_redop;
-    tt_trace_issue(comm, &w->op, user_redop, work_p ? TT_TRACE_F_ASYNC : 0, -1, 0, now, 0);
+    tt_trace_issue(comm, &w->op, user_redop, trace_flags(op) | (work_p ? TT_TRACE_F_ASYNC : 0), -1,
+                   0, now, 0);
     atomic_init(&w->refs, 2);
     return enqueue_locked(comm, w, work_p);
 }

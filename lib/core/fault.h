@@ -41,7 +41,11 @@ int tt_fault_transport(tt_op_t *op);
 /* The transport's progress failed with st (< 0). */
 int tt_fault_progress(tt_op_t *op, int st);
 /* Blocked for stall_check_ms: publish stall/<rank>, compare with the other ranks' and
- * look for failed ranks. TUTTI_OK, or the status op failed with. */
+ * look for failed ranks. The status op failed with; TT_STALL_NOTHING when it looked and
+ * no peer failed or is in another call (then an earlier rooted call's agreement message
+ * may have failed on a link op waits on: the caller asks tt_agree_failed); else
+ * TUTTI_OK. */
+#define TT_STALL_NOTHING 1
 int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
 /* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
  * the deadline moves by it, and the op's error will say it. */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/agree_ring.h"
 #include "core/envelope.h"
 #include "core/fault.h"
 #include "core/p2p.h"
@@ -111,7 +112,10 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
         if (!op->stall_next_ns)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;
         if (now >= op->stall_next_ns) {
-            TT_CHECK(tt_fault_stall_check(op, &req->tp));
+            int sst = tt_fault_stall_check(op, &req->tp);
+            if (sst == TT_STALL_NOTHING && comm->agree_count)
+                sst = tt_agree_failed(op);
+            TT_CHECK(sst);
             now = tt_coarse_ns();
             op->stall_next_ns = now + (uint64_t)stall_ms * 500000ull;
             ms = tt_ms_left_at(op->deadline_ns, now);

@@ -11,7 +11,7 @@
 #include <tutti/tutti.h>
 
 #include "coll/cost.h"
-#include "core/agree.h"
+#include "core/agree_types.h"
 #include "core/op.h"
 
 struct tt_algo;

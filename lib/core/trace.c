@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "coll/coll.h"
 #include "coll/names.h"
 #include "core/envelope.h"
 #include "core/state.h"
@@ -76,7 +75,6 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
                            .dtype = (uint8_t)op->dtype,
                            .t_start = started ? now : 0,
                            .state = started ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
-                           .args = (uint8_t)(op->desc ? op->desc->args : 0),
                            .flags = (uint8_t)(flags |
                                               (op->fingerprint & TT_FP_V ? TT_TRACE_F_V : 0)) };
     op->trace_id = id;
@@ -208,11 +206,11 @@ static void dump_entry(jbuf_t *b, const tt_trace_ent_t *e, uint32_t running_algo
     if (p2p) {
         jb_printf(b, ", \"peer\": %d, \"tag\": %u", e->root, e->tag);
     } else {
-        if (e->args & TT_ARG_REDOP) {
+        if (e->flags & TT_TRACE_F_REDOP) {
             jb_printf(b, ", \"redop\": ");
             jb_str(b, tutti_redop_name((tutti_redop_t)e->redop));
         }
-        if (e->args & TT_ARG_ROOT)
+        if (e->flags & TT_TRACE_F_ROOT)
             jb_printf(b, ", \"root\": %d", e->root);
     }
     jb_printf(b, ", \"async\": %s, \"issued_us\": %lld, \"started_us\": %lld, \"ended_us\": %lld}",

@@ -21,10 +21,12 @@
 enum { TT_TRACE_ISSUED = 0, TT_TRACE_STARTED, TT_TRACE_DONE, TT_TRACE_FAILED };
 /* tt_trace_ent_t.flags */
 enum {
-    TT_TRACE_F_SEND = 1,  /* point to point: a send (else a receive) */
-    TT_TRACE_F_ASYNC = 2, /* issued by an _async call */
-    TT_TRACE_F_V = 4,     /* the v form of its collective (allgatherv ...) */
-    TT_TRACE_F_ANY = 8    /* a receive from any source */
+    TT_TRACE_F_SEND = 1,   /* point to point: a send (else a receive) */
+    TT_TRACE_F_ASYNC = 2,  /* issued by an _async call */
+    TT_TRACE_F_V = 4,      /* the v form of its collective (allgatherv ...) */
+    TT_TRACE_F_ANY = 8,    /* a receive from any source */
+    TT_TRACE_F_REDOP = 16, /* a collective with a reduction (its args, coll.h) */
+    TT_TRACE_F_ROOT = 32   /* a collective with a root */
 };
 
 typedef struct tt_trace_ent {
@@ -42,7 +44,6 @@ typedef struct tt_trace_ent {
     uint8_t dtype;
     uint8_t state;
     uint8_t flags;
-    uint8_t args; /* the collective's TT_ARG_* (coll.h): which of redop and root it has */
 } tt_trace_ent_t;
 
 typedef struct tt_trace {

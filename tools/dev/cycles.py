@@ -3,7 +3,8 @@
   cycles.py includes [REPO]   include circles (x.c + x.h is one module)
   cycles.py calls BUILD       call circles between libtutti_internal.a's objects (nm: A
                               calls a function defined in B)
-Prints "cycles: none" or the strongly connected components, then each node's edges."""
+Prints "cycles: none" or the strongly connected components, then each node's edges;
+exits 1 when it found any (the test suite's `cycles` runs both ways)."""
 import collections
 import os
 import re
@@ -87,3 +88,4 @@ if __name__ == '__main__':
     print('cycles:', found if found else 'none')
     for k in sorted(graph):
         print(k, '->', sorted(graph[k]))
+    sys.exit(1 if found else 0)
