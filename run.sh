@@ -76,13 +76,15 @@ test)
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --timeout-multiplier 3 --num-processes 4
     step "ASan/UBSan build and tests"
-    # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds (tcp only:
-    # gcc's TSan refuses the shm transport's fences); only that suite is built.
+    # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds, and the
+    # flight recorder (its ring under the executor's lock, dumps and the idle thread's
+    # watch): tcp only (gcc's TSan refuses the shm transport's fences); only those suites
+    # are built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
         -Db_lundef=false -Dpeers=disabled -Dtorch=disabled -Dtransports=tcp
-    ninja -C build-tsan tests/test_fuser
+    ninja -C build-tsan tests/test_fuser tests/test_trace
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
-        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser
+        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser trace
     step "TSan build and test"
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
     # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in

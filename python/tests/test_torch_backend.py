@@ -477,6 +477,19 @@ def test_flight_records_name_the_rank_that_never_called():
         assert "=> rank 2 never called seq 1" in r.stdout, r.stdout
 
 
+def traced(rank, size):
+    dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.zeros(2, dtype=torch.int64), src=1)
+    return [(o["op"], o["seq"], o["dtype"], o["count"], o["state"], o.get("root"))
+            for o in tutti.torch.trace()["ops"]][-2:]
+
+
+def test_trace_of_a_group():
+    for ops in run(traced, 2):
+        assert ops == [("allreduce", ops[0][1], "f32", 3, "completed", None),
+                       ("broadcast", ops[0][1] + 1, "i64", 2, "completed", 1)], ops
+
+
 def unsupported(rank, size):
     msgs = []
     for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),

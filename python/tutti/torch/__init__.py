@@ -15,6 +15,7 @@ TUTTI_JOB_ID is set.
 """
 import inspect
 
+import torch as _torch
 import torch.distributed as _dist  # before _C: its pybind types are _C's bases
 
 from . import _C
@@ -41,6 +42,19 @@ def _register():
 
 if not hasattr(_dist.Backend, BACKEND.upper()):
     _register()
+
+
+def trace(group=None):
+    """The flight recorder of a tutti group (default: the default group): its last calls
+    (TUTTI_TRACE_ENTRIES of them) with their state, as a dict (tutti_comm_trace_dump's
+    JSON; tools/tutti-trace compares several ranks'). torch 2.x's NCCL counterpart is
+    torch.distributed's flight recorder dump."""
+    import json
+    from torch.distributed import distributed_c10d as c10d
+    pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, _C.ProcessGroupTutti):  # torch 2.x: the group's CPU backend
+        pg = pg._get_backend(_torch.device("cpu"))
+    return json.loads(pg.trace())
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

@@ -27,7 +27,9 @@ PYBIND11_MODULE(_C, m)
     m.doc() = "tutti's c10d process group (torch.distributed backend \"tutti\")";
     py::class_<tutti_torch::ProcessGroupTutti, tutti_torch::PGBase,
                c10::intrusive_ptr<tutti_torch::ProcessGroupTutti>>(m, "ProcessGroupTutti")
-        .def_property_readonly("transport", &tutti_torch::ProcessGroupTutti::transport);
+        .def_property_readonly("transport", &tutti_torch::ProcessGroupTutti::transport)
+        .def("trace", &tutti_torch::ProcessGroupTutti::trace,
+             py::call_guard<py::gil_scoped_release>());
     m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
           py::arg("timeout"));
     m.attr("TORCH_VERSION_MAJOR") = TORCH_VERSION_MAJOR;

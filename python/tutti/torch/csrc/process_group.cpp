@@ -6,8 +6,13 @@
 #include <Python.h>
 
 #include <climits>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace tutti_torch
 {
@@ -581,6 +586,25 @@ ProcessGroupTutti::~ProcessGroupTutti()
 std::string ProcessGroupTutti::transport() const
 {
     return tutti_comm_transport(comm_);
+}
+
+std::string ProcessGroupTutti::trace() const
+{
+    int fd = memfd_create("tutti-trace", MFD_CLOEXEC);
+    TORCH_CHECK(fd >= 0, "tutti backend: trace on rank ", rank_, ": memfd_create: ",
+                strerror(errno));
+    int st = tutti_comm_trace_dump(comm_, fd);
+    std::string out;
+    off_t len = lseek(fd, 0, SEEK_END);
+    if (st == TUTTI_OK && len > 0) {
+        out.resize(static_cast<size_t>(len));
+        if (pread(fd, &out[0], out.size(), 0) != len)
+            st = TUTTI_ERR_IO;
+    }
+    close(fd);
+    TORCH_CHECK(st == TUTTI_OK, "tutti backend: trace on rank ", rank_, ": ",
+                tutti_status_name(st));
+    return out;
 }
 
 void ProcessGroupTutti::fail(const char *name, int status)

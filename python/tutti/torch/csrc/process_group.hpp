@@ -153,6 +153,8 @@ class ProcessGroupTutti : public PGBase
     void monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks) override;
 
     std::string transport() const;
+    /* The flight recorder: the group's last calls as tutti_comm_trace_dump's JSON. */
+    std::string trace() const;
 
   private:
     using Call = std::function<int(tutti_work_t **)>;
