@@ -241,6 +241,56 @@ START_TEST(keeps_the_last)
 }
 END_TEST
 
+/* A receive open while more calls than the ring holds go by is still in the record
+ * (listed from the open ops, "evicted"), and the header counts the collectives. */
+static int rank_open(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    (void)arg;
+    int32_t v = 0;
+    tutti_work_t *w = NULL;
+    if (rank == 1)
+        FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &w) != 0, "recv");
+    for (int k = 0; k < 20; k++) {
+        int64_t x = k;
+        FAIL_IF(tutti_allreduce(comm, &x, &x, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
+    }
+    if (rank == 1) {
+        int st = 0, n = 0;
+        char *doc = dump_of(comm, &st);
+        FAIL_IF(!doc || st != 0, "dump");
+        FAIL_IF(!has(doc, "collectives", "20") || !has(doc, "recorded", "21"), "header: %.400s",
+                doc);
+        char **lines = op_lines(doc, &n);
+        FAIL_IF(n != 9, "%d ops listed (8 kept, 1 open): %s", n, doc);
+        FAIL_IF(!has(lines[8], "op", "\"recv\"") || !has(lines[8], "evicted", "true") ||
+                    !has(lines[8], "any_source", "true") ||
+                    !has(lines[8], "state", "\"started\"") || !has(lines[8], "tag", "3") ||
+                    !has(lines[8], "id", "1"),
+                "the open receive: %s", lines[8]);
+        free(lines);
+        free(doc);
+    }
+    if (rank == 0)
+        FAIL_IF(tutti_send(comm, &(int32_t){ 7 }, 1, TUTTI_INT32, 1, 3) != 0, "send");
+    if (rank == 1) {
+        FAIL_IF(tutti_wait(w, -1) != 0 || v != 7, "recv: %s", tutti_work_error(w));
+        tutti_work_free(w);
+    }
+    return 0;
+}
+
+START_TEST(lists_open_calls)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.trace_entries = 8;
+    th_spec_t spec = { .nranks = 2, .fn = rank_open, .timeout_ms = 60000, .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 /* Rank 2 skips the second allreduce: ranks 0 and 1 time out in it and write their
  * records; rank 2, outside the library, writes its own once it sees they failed, and
  * not before (the stall checks of ranks 0 and 1, a second into their wait, read the
@@ -340,4 +390,4 @@ START_TEST(written_on_failure)
 END_TEST
 
 TH_CASES_MAIN("trace", 120, TH_CASE(records_every_call, 1), TH_CASE(keeps_the_last, 2),
-              TH_CASE(written_on_failure, 1))
+              TH_CASE(lists_open_calls, 1), TH_CASE(written_on_failure, 1))

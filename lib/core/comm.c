@@ -824,7 +824,10 @@ int tutti_comm_destroy(tutti_comm_t *comm)
         comm->tp_ops->destroy(comm->tp);
     }
     comm->tp = NULL;
-    tt_trace_flush(comm); /* a failure's record not written yet */
+    /* a failure's or an abort's record not written yet (an abort while no op ran) */
+    if (atomic_load(&comm->failed) < 0 || atomic_load(&comm->aborted))
+        tt_trace_due(comm);
+    tt_trace_flush(comm);
     tt_job_leave(comm);
     if (comm->owned_store)
         atomic_fetch_add(&env_comms_done, 1);

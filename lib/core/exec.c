@@ -320,6 +320,7 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         w->req.peer = peer;
         w->op.seq = comm->p2p_recv_seq[peer]++;
         w->req.env[0] = w->op.seq;
+        tt_trace_matched(comm, &w->op, peer);
         st = p2p_post_req(comm, w, err, errlen);
         return st < 0 ? st : 1;
     }
@@ -689,8 +690,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         pthread_mutex_unlock(&comm->q_lock);
         if (st < 0 && err[0])
             set_last_error(comm, err);
-        if (st < 0)
-            tt_trace_flush(comm);
+        tt_trace_flush(comm); /* a failure's record, this op's or a reaped request's */
         return st;
     }
     tutti_work_t *w = calloc(1, sizeof(*w));

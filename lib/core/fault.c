@@ -12,7 +12,6 @@
 #include "core/envelope.h"
 #include "core/fault.h"
 #include "core/state.h"
-#include "core/trace.h"
 
 /* ---- the store keys other ranks read ---- */
 
@@ -22,7 +21,7 @@ static void failed_key(char *key, size_t len, int rank)
     snprintf(key, len, "failed/%d", rank);
 }
 /* failed_count: how many ranks left one (the stall check reads failed/ only past 0) */
-#define FAILED_COUNT_KEY TT_FAILED_COUNT_KEY /* trace.h: the flight recorder watches it */
+#define FAILED_COUNT_KEY TT_FAILED_COUNT_KEY /* fault.h: the flight recorder reads it too */
 /* stall/<rank>: a stall record (stall_rec_t), what a rank blocked in an op waits on */
 static void stall_key(char *key, size_t len, int rank)
 {
@@ -157,8 +156,6 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
         comm->failed_seq = op->seq;
-        if (status != TUTTI_ERR_ABORTED)
-            tt_trace_due(comm); /* its flight record, written outside the op (trace.c) */
         /* Tell the peers, so that ranks waiting on us fail now instead of at the
          * timeout. Each rank reports only its first failure, so a report travels on
          * (a rank that fails because of it reports in turn) and then stops. */

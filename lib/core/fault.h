@@ -2,7 +2,7 @@
  * the store are told), what a failed request, a timeout or a transport failure says, the
  * store records other ranks read (failed/<rank>, failed_count, stall/<rank>), the stall
  * check, and time this process was not running.
- * Calls:   envelope, trace <- fault <- p2p <- exec <- comm (each calls only those to its left;
+ * Calls:   envelope <- fault <- p2p <- exec <- comm (each calls only those to its left;
  *          fault reaches the transport through comm->tp_ops, never through p2p.c).
  * Headers: op.h (types) <- envelope.h, fault.h, p2p.h <- comm.h (which includes all);
  *          fault.c reads the communicator through state.h. */
@@ -46,6 +46,10 @@ int tt_fault_progress(tt_op_t *op, int st);
  * may have failed on a link op waits on: the caller asks tt_agree_failed); else
  * TUTTI_OK. */
 #define TT_STALL_NOTHING 1
+/* How many ranks failed: each adds 1 under the communicator's keys at its first failure
+ * (tt_fault_record); the stall check reads it, and so does the flight recorder's watch
+ * (trace.c), by adding 0 (which makes it exist at 0). */
+#define TT_FAILED_COUNT_KEY "failed_count"
 int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
 /* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
  * the deadline moves by it, and the op's error will say it. */

@@ -89,10 +89,13 @@ typedef struct tt_op {
     uint64_t stall_next_ns; /* when to run the next stall check (0: not yet set) */
     int stall_published;    /* stall/<rank> holds this op (waiting on stall_peer) */
     int stall_peer, stall_kind;
-    int store_down;      /* a store call on a failure path failed: no more this op */
-    uint64_t awake_ns;   /* when this rank last came back from a wait (0: not yet) */
-    uint64_t trace_id;   /* its flight-recorder record (trace.h; 0: none) */
-    uint64_t stopped_ns; /* time this process was not running during the op (a
+    int store_down;       /* a store call on a failure path failed: no more this op */
+    uint64_t awake_ns;    /* when this rank last came back from a wait (0: not yet) */
+    uint64_t trace_id;    /* its flight-recorder record (trace.h; 0: none), */
+    uint64_t trace_t0;    /* when it was issued, */
+    uint32_t trace_flags; /* and its TT_TRACE_F_* (kept here: a slot an open op had may be
+                              taken by a later op, and the dump lists it from here) */
+    uint64_t stopped_ns;  /* time this process was not running during the op (a
                               SIGSTOP, a debugger, starvation): not counted against
                               the deadline, and said in its error */
 } tt_op_t;

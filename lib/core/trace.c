@@ -15,6 +15,7 @@
 #include "base/base.h"
 #include "coll/names.h"
 #include "core/envelope.h"
+#include "core/fault.h"
 #include "core/state.h"
 #include "core/trace.h"
 
@@ -78,6 +79,17 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
                            .flags = (uint8_t)(flags |
                                               (op->fingerprint & TT_FP_V ? TT_TRACE_F_V : 0)) };
     op->trace_id = id;
+    op->trace_t0 = now;
+    op->trace_flags = e->flags;
+}
+
+void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer)
+{
+    tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
+    if (!e)
+        return;
+    e->root = peer;
+    e->seq = op->seq;
 }
 
 void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now)
@@ -92,6 +104,10 @@ void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now)
 
 void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status)
 {
+    /* the communicator failed (or was aborted) and this op has ended: its record is due
+     * (a flush before the failing op ended would catch it still running) */
+    if (status < 0 && (atomic_load(&comm->failed) < 0 || atomic_load(&comm->aborted)))
+        tt_trace_due(comm);
     tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
     if (!e)
         return;
@@ -213,6 +229,10 @@ static void dump_entry(jbuf_t *b, const tt_trace_ent_t *e, uint32_t running_algo
         if (e->flags & TT_TRACE_F_ROOT)
             jb_printf(b, ", \"root\": %d", e->root);
     }
+    if (e->flags & TT_TRACE_F_ANY)
+        jb_printf(b, ", \"any_source\": true");
+    if (e->flags & TT_TRACE_F_EVICTED)
+        jb_printf(b, ", \"evicted\": true");
     jb_printf(b, ", \"async\": %s, \"issued_us\": %lld, \"started_us\": %lld, \"ended_us\": %lld}",
               e->flags & TT_TRACE_F_ASYNC ? "true" : "false", wall_us(e->t_issue, off),
               wall_us(e->t_start, off), wall_us(e->t_end, off));
@@ -226,21 +246,60 @@ static int64_t clock_off_ns(void)
     return (int64_t)rt.tv_sec * 1000000000ll + rt.tv_nsec - (int64_t)mono;
 }
 
+/* An open op whose slot later ops took, as a slot (q_lock held). */
+static tt_trace_ent_t evicted_ent(const tutti_work_t *w, int posted)
+{
+    const tt_op_t *op = &w->op;
+    int p2p = op->coll == TT_COLL_P2P;
+    return (tt_trace_ent_t){ .id = op->trace_id,
+                             .seq = op->seq,
+                             .count = op->count,
+                             .t_issue = op->trace_t0,
+                             .root = p2p ? w->req.peer : op->root,
+                             .redop = (int32_t)w->user_redop,
+                             .tag = p2p ? tt_env_tag(w->req.env) : 0,
+                             .coll = (uint8_t)op->coll,
+                             .dtype = (uint8_t)op->dtype,
+                             .state = posted ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
+                             .flags = (uint8_t)(op->trace_flags | TT_TRACE_F_EVICTED) };
+}
+
+/* The open ops (queued, or posted and in flight) that the ring no longer holds, into
+ * out (up to max; q_lock held): with more open ops than slots, the oldest, often the
+ * one that hangs (a receive nobody sends to), would be missing from the record. */
+static int open_evicted(tutti_comm_t *comm, tt_trace_ent_t *out, int max)
+{
+    int k = 0;
+    for (const tutti_work_t *w = comm->inflight; w && k < max; w = w->inflight_next)
+        if (w->op.trace_id && !slot_of(comm->trace, w->op.trace_id))
+            out[k++] = evicted_ent(w, 1);
+    for (const tutti_work_t *w = comm->q_head; w && k < max; w = w->next)
+        if (w->op.trace_id && !slot_of(comm->trace, w->op.trace_id))
+            out[k++] = evicted_ent(w, 0);
+    return k;
+}
+
+#define TT_TRACE_EVICTED_MAX 1024
+
 /* The communicator's record as JSON into b (q_lock not held). */
 static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
 {
     tt_trace_t *t = comm->trace;
     uint32_t n = t ? t->n : 0;
-    tt_trace_ent_t *copy = n ? malloc((size_t)n * sizeof(*copy)) : NULL;
-    uint64_t next = 0, first = 0;
+    tt_trace_ent_t *copy = n ? malloc(((size_t)n + TT_TRACE_EVICTED_MAX) * sizeof(*copy)) : NULL;
+    uint64_t next = 0, first = 0, colls = 0;
     uint32_t running_algo = 0;
+    int nevicted = 0;
     pthread_mutex_lock(&comm->q_lock);
+    colls = comm->next_seq;
     if (copy) {
         next = t->next;
         first = next > n ? next - n : 0;
         for (uint64_t id = first + 1; id <= next; id++)
             copy[id - first - 1] = t->ent[(id - 1) % n];
         running_algo = atomic_load_explicit(&comm->trace_algo, memory_order_relaxed);
+        if (next > n)
+            nevicted = open_evicted(comm, copy + (next - first), TT_TRACE_EVICTED_MAX);
     }
     pthread_mutex_unlock(&comm->q_lock);
     char host[256] = "";
@@ -259,8 +318,8 @@ static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
     jb_str(b, comm->instance);
     jb_printf(b, ", \"transport\": ");
     jb_str(b, comm->tp_name);
-    jb_printf(b, ", \"time_us\": %lld, \"entries\": %u, \"recorded\": %llu",
-              wall_us(tt_now_ns(), off), n, (unsigned long long)next);
+    jb_printf(b, ", \"time_us\": %lld, \"entries\": %u, \"recorded\": %llu, \"collectives\": %llu",
+              wall_us(tt_now_ns(), off), n, (unsigned long long)next, (unsigned long long)colls);
     if (failed < 0 || atomic_load(&comm->aborted)) {
         char err[TT_ERRMSG_LEN];
         pthread_mutex_lock(&comm->err_lock);
@@ -271,7 +330,7 @@ static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
         jb_str(b, err);
     }
     jb_printf(b, ",\n\"ops\": [");
-    for (uint64_t i = 0; copy && i < next - first; i++) {
+    for (uint64_t i = 0; copy && i < next - first + (uint64_t)nevicted; i++) {
         jb_printf(b, "%s\n", i ? "," : "");
         dump_entry(b, &copy[i], running_algo, off);
     }
@@ -392,7 +451,8 @@ int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
     if (comm->watch_off)
         return 0;
     if (!comm->trace || !comm->opts.trace_dir || !comm->opts.trace_dir[0] ||
-        atomic_load(&comm->trace_dumped) || atomic_load(&comm->failed) < 0) {
+        atomic_load(&comm->trace_dumped) || atomic_load(&comm->failed) < 0 ||
+        atomic_load(&comm->aborted)) {
         comm->watch_off = 1;
         return 0;
     }

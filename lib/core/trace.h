@@ -10,23 +10,22 @@
 
 #include "core/op.h"
 
-/* How many ranks failed: fault.c adds 1 under the communicator's keys at its first
- * failure; with a trace_dir, an idle rank's progress thread looks at it (tt_trace_watch)
- * so that a rank outside the library when its peers failed writes its record too. */
-#define TT_FAILED_COUNT_KEY "failed_count"
-/* how often it looks */
+/* With a trace_dir, an idle rank's progress thread looks this often at the count of
+ * failed ranks (TT_FAILED_COUNT_KEY, fault.h; tt_trace_watch), so that a rank outside
+ * the library when its peers failed writes its record too. */
 #define TT_TRACE_WATCH_MS 1000
 
 /* the states of a recorded op */
 enum { TT_TRACE_ISSUED = 0, TT_TRACE_STARTED, TT_TRACE_DONE, TT_TRACE_FAILED };
 /* tt_trace_ent_t.flags */
 enum {
-    TT_TRACE_F_SEND = 1,   /* point to point: a send (else a receive) */
-    TT_TRACE_F_ASYNC = 2,  /* issued by an _async call */
-    TT_TRACE_F_V = 4,      /* the v form of its collective (allgatherv ...) */
-    TT_TRACE_F_ANY = 8,    /* a receive from any source */
-    TT_TRACE_F_REDOP = 16, /* a collective with a reduction (its args, coll.h) */
-    TT_TRACE_F_ROOT = 32   /* a collective with a root */
+    TT_TRACE_F_SEND = 1,    /* point to point: a send (else a receive) */
+    TT_TRACE_F_ASYNC = 2,   /* issued by an _async call */
+    TT_TRACE_F_V = 4,       /* the v form of its collective (allgatherv ...) */
+    TT_TRACE_F_ANY = 8,     /* a receive from any source */
+    TT_TRACE_F_REDOP = 16,  /* a collective with a reduction (its args, coll.h) */
+    TT_TRACE_F_ROOT = 32,   /* a collective with a root */
+    TT_TRACE_F_EVICTED = 64 /* (dumps) still open, its slot taken by later ops */
 };
 
 typedef struct tt_trace_ent {
@@ -62,11 +61,15 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
                     uint32_t tag, uint64_t now, int started);
 /* With q_lock held. The op began running (or, point to point, was posted). */
 void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now);
-/* With q_lock held. The op ended with status (peer: a receive's sender, or -1). */
+/* With q_lock held. A receive from any source found its sender (op->seq is the pair's
+ * number now). */
+void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer);
+/* With q_lock held. The op ended with status (peer: a receive's sender, or -1); a failed
+ * op of a failed or aborted communicator makes its record due (tt_trace_due). */
 void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status);
 
-/* The communicator failed (fault.c): its record is to be written to opts.trace_dir at
- * the next tt_trace_flush. Any thread. */
+/* The communicator failed: its record is to be written to opts.trace_dir at the next
+ * tt_trace_flush. Any thread. */
 void tt_trace_due(tutti_comm_t *comm);
 /* Without q_lock held: write the record due, if any (once per communicator). */
 void tt_trace_flush(tutti_comm_t *comm);
