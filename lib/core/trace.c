@@ -340,6 +340,7 @@ static void dump_json(tutti_comm_t *comm, const char *reason, jbuf_t *b)
 
 static int write_all(int fd, const char *p, size_t len)
 {
+    errno = 0;
     while (len) {
         ssize_t w = write(fd, p, len);
         if (w < 0 && errno == EINTR)
@@ -361,7 +362,8 @@ static int dump_to(tutti_comm_t *comm, int fd, const char *reason, char *err, si
         snprintf(err, errlen, "out of memory for the flight record");
         st = TUTTI_ERR_NOMEM;
     } else if (write_all(fd, b.p, b.len) < 0) {
-        snprintf(err, errlen, "writing the flight record: %s", strerror(errno));
+        snprintf(err, errlen, "writing the flight record: %s",
+                 errno ? strerror(errno) : "the file took no more bytes");
         st = TUTTI_ERR_IO;
     }
     free(b.p);

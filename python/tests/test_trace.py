@@ -146,6 +146,58 @@ def test_names_a_receive_nobody_sent_to(tmp_path):
             "to rank 1 with that number") in out, out
 
 
+def late_second(d):
+    def body(comm):
+        a = np.ones(4, np.float64)
+        comm.allreduce(a)
+        if comm.rank == 2:  # slow, not absent: calls after its peers gave up
+            assert wait_for_record(d, 2), "no record of the idle rank"
+            time.sleep(0.5)
+        comm.allreduce(a)
+    return body
+
+
+def test_names_a_late_rank(tmp_path):
+    d = str(tmp_path)
+    got = launch(late_second(d), 3, timeout=60, timeout_ms=1500, trace_dir=d)
+    assert all(got[r][0] == "error" for r in range(3)), got
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert "=> rank 2 called seq 1 only " in out and "after ranks 0-1 had failed in it: " \
+        "it was late, not absent" in out, out
+
+
+def synthetic(rank, size, ops, **kw):
+    doc = {"tutti_trace": 1, "rank": rank, "size": size, "host": "h", "pid": 1,
+           "comm": "c/", "instance": "j/n", "time_us": 10_000_000, "entries": 1024,
+           "recorded": len(ops), "ops": ops, "reason": "request"}
+    doc.update(kw)
+    return doc
+
+
+def op(i, name, seq, state="completed", **kw):
+    e = {"id": i, "seq": seq, "op": name, "state": state, "dtype": "f32", "count": 4,
+         "issued_us": 1000 * i, "started_us": 1000 * i, "ended_us": 1000 * i + 10}
+    e.update(kw)
+    return e
+
+
+def test_a_wrapped_ring_without_collectives(tmp_path):
+    """A rank whose ring holds only sends: its earlier collectives are older than its
+    ring (the header counts them), not missing."""
+    r0 = synthetic(0, 2, [op(i + 1, "allreduce", i) for i in range(4)] +
+                   [op(5, "allreduce", 4, "started"), op(6, "recv", 0, peer=1, tag=1)])
+    r1 = synthetic(1, 2, [op(99, "send", 0, peer=0, tag=1), op(100, "send", 1, peer=0,
+                                                             tag=1)],
+                   entries=2, recorded=100, collectives=4)
+    for r, doc in ((0, r0), (1, r1)):
+        (tmp_path / f"r{r}.json").write_text(json.dumps(doc))
+    rc, out = analyze(str(tmp_path))
+    assert rc == 1, out
+    assert "first call not completed everywhere: allreduce seq 4" in out, out
+    assert "not called: rank 1" in out and "seq 0" not in out.split("first call")[1], out
+
+
 def test_unreadable_records(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"something": 1}')
@@ -153,5 +205,8 @@ def test_unreadable_records(tmp_path):
     assert rc == 2, out
     assert "bad.json" in out and "not a tutti flight record" in out and "no flight records" \
         in out, out
+    (tmp_path / "shape.json").write_text('{"tutti_trace": 1, "rank": 0, "size": 2}')
+    rc, out = analyze(str(tmp_path))
+    assert rc == 2 and "shape.json: a flight record, but its 'time_us'" in out, out
     rc, out = analyze(str(tmp_path / "missing.json"))
     assert rc == 2 and "missing.json" in out, out

@@ -490,7 +490,8 @@ class Communicator(_Handle):
         try:
             st = _lib_.tutti_comm_trace_dump(self._handle(), fd)
             if st < 0:
-                raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+                raise error_for(st, f"rank {self.rank}: writing the flight record failed "
+                                    f"({_lib_.tutti_status_name(st).decode()})")
             os.lseek(fd, 0, os.SEEK_SET)
             with os.fdopen(os.dup(fd), "rb") as f:
                 return json.loads(f.read().decode())
