@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+import tutti
+
 from ranks import launch
 
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
@@ -165,6 +167,36 @@ def test_names_a_late_rank(tmp_path):
     assert rc == 1, out
     assert "=> rank 2 called seq 1 only " in out and "after ranks 0-1 had failed in it: " \
         "it was late, not absent" in out, out
+
+
+def aborts_a_hang(d):
+    def body(comm):
+        import threading
+        comm.barrier()
+        if comm.rank == 1:  # never joins: rank 0's watchdog aborts the hang
+            assert wait_for_record(d, 0), "no record of the aborting rank"
+            return "away"
+        t = threading.Timer(0.5, comm.abort)
+        t.start()
+        try:
+            comm.allreduce(np.ones(4, np.int32))
+        except tutti.Error as e:
+            return type(e).__name__
+        finally:
+            t.join()
+        return "no error"
+    return body
+
+
+def test_an_abort_writes_the_record(tmp_path):
+    d = str(tmp_path)
+    got = launch(aborts_a_hang(d), 2, timeout=60, timeout_ms=20000, trace_dir=d)
+    assert got[0] == ("ok", "AbortedError") and got[1] == ("ok", "away"), got
+    doc = json.loads(open(glob.glob(os.path.join(d, "*.rank0.json"))[0]).read())
+    assert doc["failed"] == "TUTTI_ERR_ABORTED", doc
+    last = doc["ops"][-1]
+    assert (last["op"], last["state"], last["status"]) == \
+        ("allreduce", "failed", "TUTTI_ERR_ABORTED"), last
 
 
 def synthetic(rank, size, ops, **kw):
