@@ -307,7 +307,7 @@ static int rank_skip(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     if (rank == 2) {
         /* until its own record is there (bounded) */
         char pattern[512];
-        snprintf(pattern, sizeof(pattern), "%s/*.rank2.json", trace_dir);
+        snprintf(pattern, sizeof(pattern), "%s/a/b/*.rank2.json", trace_dir);
         for (int k = 0; k < 300; k++) {
             glob_t g;
             int found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1;
@@ -342,14 +342,16 @@ START_TEST(written_on_failure)
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 3000;
-    o.trace_dir = trace_dir;
+    char sub[300]; /* made with its parents, as mkdir -p */
+    snprintf(sub, sizeof(sub), "%s/a/b", trace_dir);
+    o.trace_dir = sub;
     th_spec_t spec = { .nranks = 3, .fn = rank_skip, .timeout_ms = 60000, .opts = &o };
     int codes[3];
     long long failing_start = 0, idle_wrote = 0;
     int rc = th_run_ex(&spec, codes);
     char pattern[600], path[600];
     for (int r = 0; r < 3; r++) {
-        snprintf(pattern, sizeof(pattern), "%s/*.rank%d.json", trace_dir, r);
+        snprintf(pattern, sizeof(pattern), "%s/a/b/*.rank%d.json", trace_dir, r);
         glob_t g;
         int got = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1;
         ck_assert_msg(got, "no record of rank %d in %s", r, trace_dir);

@@ -397,6 +397,21 @@ static int trace_path(const tutti_comm_t *comm, char *path, size_t len)
 
 static void write_record_locked(tutti_comm_t *comm, const char *why);
 
+/* The trace directory and its parents, as `mkdir -p` (best effort: open says why not). */
+static void mkdir_p(const char *dir)
+{
+    char p[1024];
+    snprintf(p, sizeof(p), "%s", dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/')
+            continue;
+        *c = '\0';
+        (void)mkdir(p, 0755);
+        *c = '/';
+    }
+    (void)mkdir(p, 0755);
+}
+
 /* Write the record into opts.trace_dir (why: "failure", "a peer failed"), unless one of
  * this level or higher is there (trace_dumped's levels). */
 static void write_record(tutti_comm_t *comm, const char *why, int level)
@@ -417,7 +432,7 @@ static void write_record_locked(tutti_comm_t *comm, const char *why)
         return;
     }
     snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
-    (void)mkdir(comm->opts.trace_dir, 0755);
+    mkdir_p(comm->opts.trace_dir);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int st = fd < 0 ? TUTTI_ERR_IO : dump_to(comm, fd, why, err, sizeof(err));
     if (fd < 0)
@@ -452,7 +467,7 @@ int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
 {
     if (comm->watch_off)
         return 0;
-    if (!comm->trace || !comm->opts.trace_dir || !comm->opts.trace_dir[0] ||
+    if (!comm->trace || !comm->opts.trace_dir || !comm->opts.trace_dir[0] || comm->nranks < 2 ||
         atomic_load(&comm->trace_dumped) || atomic_load(&comm->failed) < 0 ||
         atomic_load(&comm->aborted)) {
         comm->watch_off = 1;
