@@ -99,7 +99,6 @@ void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now)
         return;
     e->t_start = now;
     e->state = TT_TRACE_STARTED;
-    e->seq = op->seq; /* an any-source receive's, once its sender is known */
 }
 
 void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status)
