@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -534,6 +535,86 @@ int th_free_port(void)
     if (fd >= 0)
         close(fd);
     return port;
+}
+
+/* +PONG from 127.0.0.1:port within 200 ms: 1, else 0. */
+static int redis_pong(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct timeval tv = { 0, 200000 };
+    char buf[16] = "";
+    int ok = 0;
+    if (fd < 0)
+        return 0;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, "PING\r\n", 6) == 6 &&
+        read(fd, buf, sizeof(buf) - 1) >= 5)
+        ok = !strncmp(buf, "+PONG", 5);
+    close(fd);
+    return ok;
+}
+
+int th_redis_start(const char *dir, const char *const *extra, pid_t *pid_p)
+{
+    static const char *const paths[] = { "/usr/bin/redis-server", "/usr/local/bin/redis-server",
+                                         NULL };
+    const char *bin = NULL;
+    for (int k = 0; paths[k] && !bin; k++)
+        if (access(paths[k], X_OK) == 0)
+            bin = paths[k];
+    ck_assert_msg(bin, "redis-server is not installed (apt-get install redis-server; "
+                       "./run.sh test installs it)");
+    for (int attempt = 0; attempt < 5; attempt++) {
+        int port = th_free_port();
+        char ports[16], logf[PATH_MAX];
+        snprintf(ports, sizeof(ports), "%d", port);
+        snprintf(logf, sizeof(logf), "%s/redis-%d.log", dir, port);
+        const char *argv[64] = { bin,         "--port",      ports, "--bind",
+                                 "127.0.0.1", "--save",      "",    "--appendonly",
+                                 "no",        "--dir",       dir,   "--logfile",
+                                 logf,        "--daemonize", "no",  "--protected-mode",
+                                 "no" };
+        int argc = 17;
+        for (int k = 0; extra && extra[k] && argc < 62; k++)
+            argv[argc++] = extra[k];
+        argv[argc] = NULL;
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(127);
+            execv(bin, (char *const *)argv);
+            _exit(127);
+        }
+        for (int t = 0; t < 250; t++) {
+            if (waitpid(pid, NULL, WNOHANG) == pid) {
+                pid = -1; /* exited: the port was taken meanwhile, or a bad argument */
+                break;
+            }
+            if (redis_pong(port)) {
+                *pid_p = pid;
+                return port;
+            }
+            th_sleep_ms(20);
+        }
+        if (pid > 0)
+            th_redis_stop(pid);
+    }
+    ck_abort_msg("redis-server did not start in %s (see its redis-*.log there)", dir);
+    return -1;
+}
+
+void th_redis_stop(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
 }
 
 void th_setenv_int(const char *name, int v)

@@ -200,6 +200,14 @@ int th_run_nocomm(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 /* A loopback TCP port that nobody listens on (bound once, then closed). */
 int th_free_port(void);
 
+/* A redis-server of the test's own on 127.0.0.1 (dir: its working directory, which must
+ * exist; extra: more "--name value" arguments, NULL-terminated, or NULL), killed when the
+ * test process dies. Fails the test, saying so, when redis-server is not installed or
+ * does not answer PING within 5 s. Returns its port; *pid_p its pid. */
+int th_redis_start(const char *dir, const char *const *extra, pid_t *pid_p);
+/* Stop a th_redis_start server (SIGKILL) and reap it. */
+void th_redis_stop(pid_t pid);
+
 /* setenv(name, v in decimal). */
 void th_setenv_int(const char *name, int v);
 

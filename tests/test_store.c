@@ -28,8 +28,8 @@
 #include "store_checks.h"
 #include "store/store_impl.h"
 
-enum { K_FILE = 0, K_TCP = 1 };
-static const char *kind_name[] = { "file", "tcp" };
+enum { K_FILE = 0, K_TCP = 1, K_REDIS = 2 };
+static const char *kind_name[] = { "file", "tcp", "redis" };
 
 static char g_root[64]; /* temp dir of the whole run, removed by main */
 
@@ -50,8 +50,21 @@ typedef struct ctx {
     int kind;
     char dir[256];
     int port;
+    pid_t redis; /* K_REDIS: the test's redis-server */
+    char url[64];
     tutti_store_t *s;
 } ctx_t;
+
+/* redis://127.0.0.1:port/db with timeout_ms */
+static int redis_open(tutti_store_t **s_p, int port, int db, int timeout_ms)
+{
+    char url[64];
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/%d", port, db);
+    return tutti_store_open(s_p, url, &o);
+}
 
 static void ctx_open(ctx_t *c, int kind, int timeout_ms)
 {
@@ -62,6 +75,13 @@ static void ctx_open(ctx_t *c, int kind, int timeout_ms)
         ck_assert_ptr_nonnull(mkdtemp(c->dir));
         OK(NULL, tutti_store_open_file(&c->s, c->dir, timeout_ms));
         c->port = -1;
+    } else if (kind == K_REDIS) {
+        snprintf(c->dir, sizeof(c->dir), "%s/r%d-XXXXXX", g_root, (int)getpid());
+        ck_assert_ptr_nonnull(mkdtemp(c->dir));
+        c->port = th_redis_start(c->dir, NULL, &c->redis);
+        OK(NULL, redis_open(&c->s, c->port, 0, timeout_ms));
+        snprintf(c->url, sizeof(c->url), "redis://127.0.0.1:%d/0", c->port);
+        ck_assert_str_eq(tutti_store_url(c->s), c->url);
     } else {
         OK(NULL, tutti_store_open_tcp(&c->s, "127.0.0.1", 0, 1, timeout_ms));
         c->port = tutti_store_port(c->s);
@@ -74,6 +94,8 @@ static int ctx_client(const ctx_t *c, tutti_store_t **s_p, int timeout_ms)
 {
     if (c->kind == K_FILE)
         return tutti_store_open_file(s_p, c->dir, timeout_ms);
+    if (c->kind == K_REDIS)
+        return redis_open(s_p, c->port, 0, timeout_ms);
     return tutti_store_open_tcp(s_p, "127.0.0.1", c->port, 0, timeout_ms);
 }
 
@@ -92,6 +114,9 @@ static void ctx_close(ctx_t *c)
 {
     tutti_store_close(c->s);
     c->s = NULL;
+    if (c->kind == K_REDIS)
+        th_redis_stop(c->redis);
+    c->redis = 0;
 }
 
 enum {
@@ -165,7 +190,7 @@ static int count_tmp_files(const char *dir)
     return n;
 }
 
-/* ---- both stores ---- */
+/* ---- every store: file, tcp and redis ---- */
 
 START_TEST(test_set_get)
 {
@@ -1328,8 +1353,8 @@ END_TEST
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
-    /* _i: 0 the file store, 1 the tcp one */
-    TCase *both = th_add_looped(s, "both", 30, 2,
+    /* _i: 0 the file store, 1 the tcp one, 2 a redis-server */
+    TCase *both = th_add_looped(s, "both", 30, 3,
                                 (const TTest *const[]){
                                     test_set_get, test_get_timeout, test_add_basic,
                                     test_add_many_procs, test_compare_set, test_wait_other_process,

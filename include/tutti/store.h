@@ -59,6 +59,10 @@ typedef struct tutti_store_opts {
     size_t memory_limit_bytes;   /* TUTTI_STORE_MEMORY_LIMIT, server: bytes all connections
                                     together may have buffered; a request that would pass
                                     it fails. Default: twice the client quota */
+    /* ---- appended in 0.3 ---- */
+    const char *password; /* TUTTI_STORE_PASSWORD, redis://: the password sent with AUTH
+                             when the URL carries none (so that it stays out of URLs,
+                             logs and process listings). NULL: none */
 } tutti_store_opts_t;
 
 /* Defaults, then the TUTTI_STORE_* and TUTTI_AUTH_* environment. */

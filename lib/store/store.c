@@ -88,6 +88,7 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
     opts->max_connections = tt_env_int("STORE_MAX_CONNECTIONS", 0);
     opts->client_quota_bytes = env_size("STORE_CLIENT_QUOTA", TT_STORE_DEFAULT_QUOTA);
     opts->memory_limit_bytes = env_size("STORE_MEMORY_LIMIT", 0);
+    opts->password = tt_env("STORE_PASSWORD");
     return TUTTI_OK;
 }
 
@@ -115,6 +116,7 @@ static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
     OPTS_TAKE(max_connections);
     OPTS_TAKE(client_quota_bytes);
     OPTS_TAKE(memory_limit_bytes);
+    OPTS_TAKE(password);
 #undef OPTS_TAKE
     return TUTTI_OK;
 }
@@ -254,6 +256,120 @@ static int parse_tcp_url(const char *rest, char *host, size_t hostlen, int *port
     return TUTTI_OK;
 }
 
+/* Percent-decode n bytes of src into a new string; NULL when malformed or out of memory. */
+static char *url_decode(const char *src, size_t n)
+{
+    char *d = malloc(n + 1);
+    size_t o = 0;
+    if (!d)
+        return NULL;
+    for (size_t k = 0; k < n; k++) {
+        if (src[k] != '%') {
+            d[o++] = src[k];
+            continue;
+        }
+        if (k + 2 >= n || !isxdigit((unsigned char)src[k + 1]) ||
+            !isxdigit((unsigned char)src[k + 2])) {
+            free(d);
+            return NULL;
+        }
+        char hex[3] = { src[k + 1], src[k + 2], 0 };
+        d[o++] = (char)strtol(hex, NULL, 16);
+        k += 2;
+    }
+    d[o] = '\0';
+    if (strlen(d) != o) { /* %00 */
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* redis://[[user]:password@]host[:port][/db]: the user and password percent-decoded, the
+ * port 6379 and the db 0 when left out. */
+static int open_redis(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *o)
+{
+    const char *rest = url + 8, *at = NULL;
+    const char *end = rest + strcspn(rest, "/?#");
+    char *user = NULL, *password = NULL;
+    char hostport[300];
+    tt_store_redis_cfg_t cfg = { .port = 6379, .timeout_ms = o->timeout_ms };
+    const char *bad = NULL;
+    int st = TUTTI_ERR_INVALID_ARG;
+
+    for (const char *p = rest; p < end; p++)
+        if (*p == '@')
+            at = p;
+    if (at) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        size_t ulen = colon ? (size_t)(colon - rest) : (size_t)(at - rest);
+        if (ulen)
+            user = url_decode(rest, ulen);
+        if (colon)
+            password = url_decode(colon + 1, (size_t)(at - colon - 1));
+        if ((ulen && !user) || (colon && !password)) {
+            bad = "a malformed %-escape in the user or password";
+            goto out;
+        }
+        if (!colon) { /* redis://secret@host: the one field is the password */
+            password = user;
+            user = NULL;
+        }
+        rest = at + 1;
+    }
+    size_t hl = (size_t)(end - rest);
+    if (hl == 0 || hl >= sizeof(hostport) - 8) {
+        bad = "no host, or a host longer than 255 bytes";
+        goto out;
+    }
+    memcpy(hostport, rest, hl);
+    hostport[hl] = '\0';
+    /* no port: parse "host:6379" the tcp way */
+    int has_port = hostport[0] == '[' ? strstr(hostport, "]:") != NULL
+                                      : strchr(hostport, ':') != NULL;
+    if (!has_port)
+        strcat(hostport, ":6379");
+    char host[256];
+    if (parse_tcp_url(hostport, host, sizeof(host), &cfg.port) < 0 || cfg.port == 0) {
+        bad = "expected host, host:port or [v6addr]:port after the user and password";
+        goto out;
+    }
+    cfg.host = host;
+    if (*end == '/' && end[1]) {
+        const char *d = end + 1;
+        if (strlen(d) > 5 || strspn(d, "0123456789") != strlen(d)) {
+            bad = "the database after '/' must be a number";
+            goto out;
+        }
+        cfg.db = atoi(d);
+    } else if (*end && strcmp(end, "/")) {
+        bad = "query strings and fragments are not understood";
+        goto out;
+    }
+    cfg.user = user;
+    cfg.password = password ? password : o->password;
+    tt_store_err_t err = { { 0 } };
+    st = tt_store_redis_open(store_p, &cfg, &err);
+    if (st < 0) {
+        char shown[400];
+        snprintf(shown, sizeof(shown), "redis://%s%s%s/%d", user ? user : "", user ? "@" : "",
+                 hostport, cfg.db);
+        open_fail(shown, st, &err);
+    }
+out:
+    if (bad)
+        store_fail(NULL, st, "open", NULL,
+                   "bad store URL 'redis://...': %s (expected "
+                   "redis://[[user]:password@]host[:port][/db])",
+                   bad);
+    free(user);
+    if (password) {
+        memset(password, 0, strlen(password));
+        free(password);
+    }
+    return st;
+}
+
 int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts)
 {
     tutti_store_opts_t o;
@@ -278,8 +394,10 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
                               url);
         return open_tcp(store_p, host, port, &o);
     }
+    if (!strncmp(url, "redis://", 8))
+        return open_redis(store_p, url, &o);
     return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
-                      "bad store URL '%s': scheme must be file:// or tcp://", url);
+                      "bad store URL '%s': scheme must be file://, tcp:// or redis://", url);
 }
 
 int tutti_store_open_ops(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,

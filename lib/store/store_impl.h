@@ -121,6 +121,17 @@ int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
                        tt_store_err_t *err);
 int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int is_server,
                       const tt_store_tcp_cfg_t *cfg, tt_store_err_t *err);
+/* What a redis store handle is told at open (strings copied). */
+typedef struct tt_store_redis_cfg {
+    const char *host;
+    int port;
+    int db;
+    const char *user;     /* NULL: AUTH with the password alone */
+    const char *password; /* NULL: no AUTH */
+    int timeout_ms;
+} tt_store_redis_cfg_t;
+int tt_store_redis_open(tutti_store_t **store_p, const tt_store_redis_cfg_t *cfg,
+                        tt_store_err_t *err);
 /* The caller's callbacks (ops checked: size and the required ones); url "ops://label". */
 int tt_store_ops_open(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
                       const char *url, tt_store_err_t *err);

@@ -34,6 +34,7 @@
 
 #include "base/auth.h"
 #include "store/store_impl.h"
+#include "store/store_net.h"
 
 typedef struct tcp_conn {
     int fd;
@@ -73,147 +74,6 @@ static tcp_store_t *ts_of(tutti_store_t *s)
     return s->impl;
 }
 
-static void tcp_sleep_until(uint64_t ns, uint64_t deadline)
-{
-    uint64_t now = tt_now_ns();
-    if (deadline != UINT64_MAX)
-        ns = deadline <= now ? 0 : TT_MIN(ns, deadline - now);
-    struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-/* Wait for events on fd until the deadline: 1 ready, 0 deadline passed, -errno. */
-static int tcp_poll(int fd, short events, uint64_t deadline)
-{
-    for (;;) {
-        struct pollfd p = { .fd = fd, .events = events };
-        int ms = tt_ms_left(deadline);
-        if (ms == 0 && tt_now_ns() >= deadline)
-            return 0;
-        int r = poll(&p, 1, ms);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -errno;
-        if (r > 0)
-            return 1;
-    }
-}
-
-/* After a send or receive failed with errno: 0 to try again (interrupted, or fd became
- * ready for events), else -errno, or -ETIMEDOUT at the deadline. */
-static int tcp_io_retry(int fd, short events, uint64_t deadline)
-{
-    if (errno == EINTR)
-        return 0;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-        return -errno;
-    int r = tcp_poll(fd, events, deadline);
-    if (r < 0)
-        return r;
-    return r == 0 ? -ETIMEDOUT : 0;
-}
-
-static void tcp_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
-{
-    char ip[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
-        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
-        port = ntohs(a->sin6_port);
-        snprintf(buf, len, "[%s]:%d", ip, port);
-    } else {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
-        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
-        port = ntohs(a->sin_port);
-        snprintf(buf, len, "%s:%d", ip, port);
-    }
-}
-
-/* One connect attempt to one address: fd on success, -errno. */
-static int tcp_connect_addr(const struct addrinfo *ai, uint64_t deadline)
-{
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int e = 0;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
-        if (errno != EINPROGRESS) {
-            e = errno;
-            goto err_close;
-        }
-        int r = tcp_poll(fd, POLLOUT, deadline);
-        if (r <= 0) {
-            e = r == 0 ? ETIMEDOUT : -r;
-            goto err_close;
-        }
-        socklen_t elen = sizeof(e);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &elen) < 0)
-            e = errno;
-        if (e)
-            goto err_close;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-
-err_close:
-    close(fd);
-    return -e;
-}
-
-/* Send the iovecs whole, or fail: 0, or -errno (-ETIMEDOUT at the deadline). The iovecs
- * are consumed. */
-static int tcp_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
-{
-    while (iovcnt > 0) {
-        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (w < 0) {
-            int r = tcp_io_retry(fd, POLLOUT, deadline);
-            if (r < 0)
-                return r;
-            continue;
-        }
-        size_t n = (size_t)w;
-        while (iovcnt > 0 && n >= iov->iov_len) {
-            n -= iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= n;
-        }
-    }
-    return 0;
-}
-
-/* Receive exactly len bytes: 0, -errno, -ETIMEDOUT, or -EPIPE when the server closed.
- * *got_p (may be NULL) counts the bytes that did arrive. */
-static int tcp_recv_all(int fd, void *buf, size_t len, uint64_t deadline, size_t *got_p)
-{
-    char *p = buf;
-    while (len > 0) {
-        ssize_t r = recv(fd, p, len, 0);
-        if (r > 0) {
-            p += r;
-            len -= (size_t)r;
-            if (got_p)
-                *got_p += (size_t)r;
-            continue;
-        }
-        if (r == 0)
-            return -EPIPE;
-        int pr = tcp_io_retry(fd, POLLIN, deadline);
-        if (pr < 0)
-            return pr;
-    }
-    return 0;
-}
-
 static const char *tcp_lost_str(int e)
 {
     return e == -EPIPE ? "closed by the server" : strerror(-e);
@@ -245,21 +105,21 @@ static int tcp_take_field(const unsigned char **p, const unsigned char *end,
 }
 
 /* A small frame out, its reply in (payload NUL-terminated in reply, at most cap bytes):
- * 0 or -errno as tcp_recv_all; -EPROTO for a reply longer than cap. */
+ * 0 or -errno as tt_net_recv_all; -EPROTO for a reply longer than cap. */
 static int tcp_exchange(int fd, unsigned char *frame, size_t len, uint64_t deadline, int *status_p,
                         unsigned char *reply, size_t cap, size_t *rlen_p)
 {
     struct iovec iov = { frame, len };
     unsigned char head[5];
-    int e = tcp_send_iov(fd, &iov, 1, deadline);
+    int e = tt_net_send_iov(fd, &iov, 1, deadline);
     if (!e)
-        e = tcp_recv_all(fd, head, sizeof(head), deadline, NULL);
+        e = tt_net_recv_all(fd, head, sizeof(head), deadline, NULL);
     if (e)
         return e;
     uint32_t rlen = get_be32(head);
     if (rlen < 1 || rlen - 1 > cap)
         return -EPROTO;
-    e = tcp_recv_all(fd, reply, rlen - 1, deadline, NULL);
+    e = tt_net_recv_all(fd, reply, rlen - 1, deadline, NULL);
     if (e)
         return e;
     reply[rlen - 1] = '\0';
@@ -312,7 +172,7 @@ static int tcp_parse_hello(const unsigned char *p, size_t len, tcp_hello_reply_t
     return 0;
 }
 
-/* The connection failed during the hello (e as tcp_recv_all): worth another try, unless
+/* The connection failed during the hello (e as tt_net_recv_all): worth another try, unless
  * the server's reply made no sense. */
 static int tcp_hello_lost(tcp_store_t *ts, int e, const char *step, char *cause, size_t causelen,
                           tt_store_err_t *err)
@@ -523,8 +383,8 @@ static int tcp_connect(tcp_store_t *ts, uint64_t deadline, int *fd_p, tt_store_e
         int tried = 0, refused = 0;
         for (const struct addrinfo *ai = res; ai; ai = ai->ai_next, tried++) {
             char where[80];
-            tcp_sockaddr_str(ai->ai_addr, where, sizeof(where));
-            int fd = tcp_connect_addr(ai, deadline);
+            tt_net_sockaddr_str(ai->ai_addr, where, sizeof(where));
+            int fd = tt_net_connect_addr(ai, deadline);
             if (fd < 0) {
                 refused += fd == -ECONNREFUSED;
                 /* an attempt cut short by the deadline says less than the one before */
@@ -547,7 +407,7 @@ static int tcp_connect(tcp_store_t *ts, uint64_t deadline, int *fd_p, tt_store_e
         }
         if (tt_now_ns() >= deadline)
             break;
-        tcp_sleep_until(backoff, deadline);
+        tt_net_sleep_until(backoff, deadline);
         backoff = TT_MIN(backoff * 2, 500000000ull);
     }
     tt_store_err_set(err, "%s (retried for %" PRIu64 " ms)", cause[0] ? cause : "no address",
@@ -655,9 +515,9 @@ static int tcp_rpc_send(tcp_conn_t *c, const struct iovec *iov, struct iovec *wo
 {
     memcpy(work, iov, (size_t)iovcnt * sizeof(*iov));
     *got_p = 0;
-    int e = tcp_send_iov(c->fd, work, iovcnt, deadline);
+    int e = tt_net_send_iov(c->fd, work, iovcnt, deadline);
     if (!e)
-        e = tcp_recv_all(c->fd, rhead, 5, deadline, got_p);
+        e = tt_net_recv_all(c->fd, rhead, 5, deadline, got_p);
     return e;
 }
 
@@ -676,7 +536,7 @@ static int tcp_rpc_payload(tcp_store_t *ts, tcp_conn_t *c, const unsigned char r
         tt_store_err_set(err, "out of memory for a reply of %zu bytes", plen);
         return TUTTI_ERR_NOMEM;
     }
-    int e = tcp_recv_all(c->fd, payload, plen, deadline, NULL);
+    int e = tt_net_recv_all(c->fd, payload, plen, deadline, NULL);
     if (e) {
         free(payload);
         tt_store_err_set(err, "connection to %s lost in a reply: %s", ts->addr,

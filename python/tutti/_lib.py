@@ -113,6 +113,7 @@ class StoreOpts(ctypes.Structure):
         ("max_connections", ctypes.c_int),
         ("client_quota_bytes", ctypes.c_size_t),
         ("memory_limit_bytes", ctypes.c_size_t),
+        ("password", ctypes.c_char_p),
     ]
 
 

@@ -1,0 +1,154 @@
+/* Blocking socket steps shared by the store clients (store_net.h). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "store/store_net.h"
+
+void tt_net_sleep_until(uint64_t ns, uint64_t deadline)
+{
+    uint64_t now = tt_now_ns();
+    if (deadline != UINT64_MAX)
+        ns = deadline <= now ? 0 : TT_MIN(ns, deadline - now);
+    struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Wait for events on fd until the deadline: 1 ready, 0 deadline passed, -errno. */
+int tt_net_poll(int fd, short events, uint64_t deadline)
+{
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = events };
+        int ms = tt_ms_left(deadline);
+        if (ms == 0 && tt_now_ns() >= deadline)
+            return 0;
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r > 0)
+            return 1;
+    }
+}
+
+/* After a send or receive failed with errno: 0 to try again (interrupted, or fd became
+ * ready for events), else -errno, or -ETIMEDOUT at the deadline. */
+int tt_net_io_retry(int fd, short events, uint64_t deadline)
+{
+    if (errno == EINTR)
+        return 0;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return -errno;
+    int r = tt_net_poll(fd, events, deadline);
+    if (r < 0)
+        return r;
+    return r == 0 ? -ETIMEDOUT : 0;
+}
+
+void tt_net_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
+        port = ntohs(a->sin6_port);
+        snprintf(buf, len, "[%s]:%d", ip, port);
+    } else {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+        port = ntohs(a->sin_port);
+        snprintf(buf, len, "%s:%d", ip, port);
+    }
+}
+
+/* One connect attempt to one address: fd on success, -errno. */
+int tt_net_connect_addr(const struct addrinfo *ai, uint64_t deadline)
+{
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int e = 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+        if (errno != EINPROGRESS) {
+            e = errno;
+            goto err_close;
+        }
+        int r = tt_net_poll(fd, POLLOUT, deadline);
+        if (r <= 0) {
+            e = r == 0 ? ETIMEDOUT : -r;
+            goto err_close;
+        }
+        socklen_t elen = sizeof(e);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &elen) < 0)
+            e = errno;
+        if (e)
+            goto err_close;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+
+err_close:
+    close(fd);
+    return -e;
+}
+
+/* Send the iovecs whole, or fail: 0, or -errno (-ETIMEDOUT at the deadline). The iovecs
+ * are consumed. */
+int tt_net_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
+{
+    while (iovcnt > 0) {
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            int r = tt_net_io_retry(fd, POLLOUT, deadline);
+            if (r < 0)
+                return r;
+            continue;
+        }
+        size_t n = (size_t)w;
+        while (iovcnt > 0 && n >= iov->iov_len) {
+            n -= iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= n;
+        }
+    }
+    return 0;
+}
+
+/* Receive exactly len bytes: 0, -errno, -ETIMEDOUT, or -EPIPE when the server closed.
+ * *got_p (may be NULL) counts the bytes that did arrive. */
+int tt_net_recv_all(int fd, void *buf, size_t len, uint64_t deadline, size_t *got_p)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = recv(fd, p, len, 0);
+        if (r > 0) {
+            p += r;
+            len -= (size_t)r;
+            if (got_p)
+                *got_p += (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return -EPIPE;
+        int pr = tt_net_io_retry(fd, POLLIN, deadline);
+        if (pr < 0)
+            return pr;
+    }
+    return 0;
+}
