@@ -94,9 +94,10 @@ test)
         install_deps "${FUZZ_PKGS[@]}"
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
             -Dpeers=disabled -Dtorch=disabled -Db_lundef=false -Dtests=false
-        ninja -C build-fuzz fuzz/fuzz_store_server fuzz/fuzz_tcp_hello fuzz/fuzz_tcp_frames \
-            fuzz/fuzz_shm_ring fuzz/fuzz_ib_wire
-        for f in fuzz_store_server fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring fuzz_ib_wire; do
+        fuzzers=(fuzz_store_server fuzz_redis_reply fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring
+            fuzz_ib_wire)
+        ninja -C build-fuzz "${fuzzers[@]/#/fuzz/}"
+        for f in "${fuzzers[@]}"; do
             mkdir -p "build-fuzz/corpus-$f"
             (cd build-fuzz && "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" \
                 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \

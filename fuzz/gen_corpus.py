@@ -293,3 +293,15 @@ write(B, "eager-too-long", bytes([2, 1]) + imm(IMM_DATA) + ib_slot(payload=b"y" 
 write(B, "eager-full-slot", bytes([2, 4]) + imm(IMM_DATA) + ib_slot(payload=b"z" * 64))
 write(B, "no-immediate", bytes([2, 16]) + imm(IMM_DATA, op=1))
 write(B, "unknown-type", bytes([2, 16]) + imm(9))
+
+
+# ---- the redis client's replies: 2 bytes = how many follow already buffered ----
+def redis(name, replies, split=0):
+    write("fuzz_redis_reply", name, struct.pack(">H", split) + replies)
+
+
+redis("simple", b"+OK\r\n+PONG\r\n-ERR wrong\r\n:42\r\n:-7\r\n")
+redis("bulk", b"$5\r\nhello\r\n$0\r\n\r\n$-1\r\n", split=9)
+redis("scan", b"*2\r\n$1\r\n0\r\n*3\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\ncc\r\n", split=20)
+redis("nested", b"*1\r\n*1\r\n*2\r\n:1\r\n$-1\r\n*-1\r\n*0\r\n")
+redis("bad", b"$3\r\nabcXY:12x\r\n")

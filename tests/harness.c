@@ -552,7 +552,7 @@ static int redis_pong(int port)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, "PING\r\n", 6) == 6 &&
         read(fd, buf, sizeof(buf) - 1) >= 5)
-        ok = !strncmp(buf, "+PONG", 5);
+        ok = !strncmp(buf, "+PONG", 5) || !strncmp(buf, "-NOAUTH", 7); /* --requirepass */
     close(fd);
     return ok;
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@
 #include <tutti/store.h>
 
 #include "harness.h"
+
 #include "store_checks.h"
 #include "store/store_impl.h"
 
@@ -1350,6 +1352,375 @@ START_TEST(test_file_unwritable)
 }
 END_TEST
 
+/* ---- redis ---- */
+
+/* The replies to raw (inline) commands on 127.0.0.1:port, read until an integer reply
+ * came or 3 s passed. */
+static void redis_raw(int port, const char *cmd, char *out, size_t outlen)
+{
+    int fd = raw_connect(port);
+    size_t o = 0;
+    out[0] = '\0';
+    ck_assert_int_eq(write(fd, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+    while (o + 1 < outlen && !strstr(out, "\r\n:")) {
+        ssize_t n = read(fd, out + o, outlen - 1 - o);
+        if (n <= 0)
+            break;
+        o += (size_t)n;
+        out[o] = '\0';
+    }
+    close(fd);
+}
+
+START_TEST(test_redis_urls)
+{
+    tutti_store_t *s = (tutti_store_t *)0x1;
+    const char *bad[] = { "redis://",         "redis://h:0",       "redis://h:x",
+                          "redis://h:1/x",    "redis://h:1/1?x=1", "redis://u:%zz@h:1",
+                          "redis://u:a%00@h", "redis://@",         "redis://h:1#f",
+                          "redis://::1:5",    "redis://[::1" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int st = tutti_store_open(&s, bad[i], NULL);
+        ck_assert_msg(st == TUTTI_ERR_INVALID_ARG, "'%s' -> %s", bad[i], tutti_status_name(st));
+        ck_assert_ptr_eq(s, (void *)0x1);
+        const char *msg = tutti_store_last_error(NULL);
+        ck_assert_msg(strstr(msg, "redis://[[user]:password@]host[:port][/db]"), "'%s': %s", bad[i],
+                      msg);
+    }
+    /* a password never shows, not even in the message of a bad URL */
+    EXPECT(NULL, tutti_store_open(&s, "redis://u:hunter2@h:1/zz", NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_null(strstr(tutti_store_last_error(NULL), "hunter2"));
+
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/ru%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    pid_t pid;
+    int port = th_redis_start(dir, NULL, &pid);
+    char url[128], want[128];
+    /* the port and the db may be left out: 6379 and 0 (nobody listens on 6379 here, or
+     * an unknown server does: either way the URL parses and the attempt is bounded) */
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = 200;
+    int st = tutti_store_open(&s, "redis://127.0.0.1", &o);
+    if (st == TUTTI_OK) {
+        ck_assert_str_eq(tutti_store_url(s), "redis://127.0.0.1:6379/0");
+        tutti_store_close(s);
+    } else {
+        ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "127.0.0.1:6379"));
+    }
+    snprintf(url, sizeof(url), "redis://localhost:%d/", port);
+    snprintf(want, sizeof(want), "redis://localhost:%d/0", port);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    ck_assert_str_eq(tutti_store_url(s), want);
+    ck_assert_int_eq(tutti_store_port(s), -1);
+    tutti_store_close(s);
+    /* databases keep keys apart; one beyond the server's count is refused at open */
+    tutti_store_t *d1, *d2;
+    OK(NULL, redis_open(&d1, port, 1, 500));
+    OK(NULL, redis_open(&d2, port, 2, 500));
+    OK(d1, tutti_store_set(d1, "k", "one", 3));
+    int exists;
+    OK(d2, tutti_store_check(d2, (const char *const[]){ "k" }, 1, &exists));
+    ck_assert_int_eq(exists, 0);
+    tutti_store_close(d1);
+    tutti_store_close(d2);
+    EXPECT(NULL, redis_open(&s, port, 99, 500), TUTTI_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "SELECT"));
+    th_redis_stop(pid);
+}
+END_TEST
+
+START_TEST(test_redis_auth)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/ra%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    pid_t pid;
+    int port = th_redis_start(dir, (const char *const[]){ "--requirepass", "p@ss/w:rd", NULL },
+                              &pid);
+    tutti_store_t *s;
+    char url[160];
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = 2000;
+    /* no password: refused at open, at once, saying why */
+    double t0 = now_ms();
+    EXPECT(NULL, redis_open(&s, port, 0, 2000), TUTTI_ERR_AUTH);
+    ck_assert_msg(now_ms() - t0 < 1000, "refusal took %.0f ms", now_ms() - t0);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "NOAUTH"));
+    /* a wrong one */
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", port);
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    const char *msg = tutti_store_last_error(NULL);
+    ck_assert_msg(strstr(msg, "AUTH") && !strstr(msg, "wrong@"), "%s", msg);
+    /* the right one, percent-encoded in the URL (and never shown) */
+    snprintf(url, sizeof(url), "redis://:p%%40ss%%2Fw%%3Ard@127.0.0.1:%d/3", port);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    ck_assert_ptr_null(strstr(tutti_store_url(s), "ss"));
+    OK(s, tutti_store_set(s, "k", "v", 1));
+    tutti_store_close(s);
+    /* the password alone before '@', as redis-cli takes it */
+    snprintf(url, sizeof(url), "redis://p%%40ss%%2Fw%%3Ard@127.0.0.1:%d", port);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    tutti_store_close(s);
+    /* from the options (TUTTI_STORE_PASSWORD), and the URL's wins over it */
+    o.password = "p@ss/w:rd";
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/3", port);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    void *v;
+    OK(s, tutti_store_get(s, "k", &v, NULL, 100));
+    ck_assert_str_eq(v, "v");
+    free(v);
+    tutti_store_close(s);
+    snprintf(url, sizeof(url), "redis://:nope@127.0.0.1:%d/3", port);
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    setenv("TUTTI_STORE_PASSWORD", "p@ss/w:rd", 1);
+    tutti_store_opts_init(&o);
+    ck_assert_str_eq(o.password, "p@ss/w:rd");
+    unsetenv("TUTTI_STORE_PASSWORD");
+    /* a user name (ACL): the default user with its password */
+    snprintf(url, sizeof(url), "redis://default:p%%40ss%%2Fw%%3Ard@127.0.0.1:%d/3", port);
+    o.password = NULL;
+    OK(NULL, tutti_store_open(&s, url, &o));
+    snprintf(url, sizeof(url), "redis://default@127.0.0.1:%d/3", port);
+    ck_assert_str_eq(tutti_store_url(s), url);
+    tutti_store_close(s);
+    th_redis_stop(pid);
+}
+END_TEST
+
+/* A server of the test's own on 127.0.0.1:port (0: a free one; the port in *port_p): each
+ * connection gets reply (len bytes) after its first bytes, then is closed; with reply
+ * NULL it gets nothing and stays open. A child process, for the caller to kill; -1 when
+ * the port cannot be bound. */
+static pid_t fake_server(int port, int *port_p, const char *reply, size_t len)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        close(lfd);
+        return -1;
+    }
+    ck_assert_int_eq(listen(lfd, 16), 0);
+    socklen_t alen = sizeof(a);
+    getsockname(lfd, (struct sockaddr *)&a, &alen);
+    *port_p = ntohs(a.sin_port);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;) {
+            int fd = accept(lfd, NULL, NULL);
+            if (fd < 0)
+                continue;
+            char buf[256];
+            if (read(fd, buf, sizeof(buf)) <= 0) {
+                close(fd);
+                continue;
+            }
+            if (!reply)
+                continue; /* never answered, never closed */
+            for (size_t o = 0; o < len;) {
+                ssize_t w = write(fd, reply + o, len - o);
+                if (w <= 0)
+                    break;
+                o += (size_t)w;
+            }
+            close(fd);
+        }
+    }
+    close(lfd);
+    return pid;
+}
+
+static void fake_stop(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+START_TEST(test_redis_bad_servers)
+{
+    static char longline[70000];
+    memset(longline, 'a', sizeof(longline));
+    longline[0] = '+';
+    static const struct {
+        const char *what, *reply;
+        size_t len;
+        int want;
+        const char *says;
+    } cases[] = {
+        { "an HTTP server", "HTTP/1.1 400 Bad Request\r\n\r\n", 28, TUTTI_ERR_PROTOCOL,
+          "not a Redis server" },
+        { "a bulk length beyond the limit", "$99999999999\r\n", 14, TUTTI_ERR_PROTOCOL,
+          "bad length" },
+        { "a negative array length", "*-7\r\n", 5, TUTTI_ERR_PROTOCOL, "bad length" },
+        { "nesting too deep", "*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", 20, TUTTI_ERR_PROTOCOL, "nesting" },
+        { "a bulk not ended by CRLF", "$3\r\nabcXY", 9, TUTTI_ERR_PROTOCOL, "CRLF" },
+        { "a line with no end", longline, sizeof(longline), TUTTI_ERR_PROTOCOL, "longer than" },
+        { "an integer that is not", ":12x\r\n", 6, TUTTI_ERR_PROTOCOL, "not a number" },
+        { "a close before any reply", "", 0, TUTTI_ERR_STORE, "closed by the server" },
+        { "a server that never answers", NULL, 0, TUTTI_ERR_TIMEOUT, "no reply" },
+    };
+    /* the open (with a db, so it sends SELECT) and a GET on an open handle both see it */
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int port;
+        pid_t srv = fake_server(0, &port, cases[i].reply, cases[i].len);
+        ck_assert_int_gt(srv, 0);
+        tutti_store_t *s = (tutti_store_t *)0x1;
+        double t0 = now_ms();
+        int st = redis_open(&s, port, 1, 400);
+        double el = now_ms() - t0;
+        const char *msg = tutti_store_last_error(NULL);
+        /* a closed connection is tried again until the deadline: a timeout then */
+        int want = cases[i].want == TUTTI_ERR_STORE ? TUTTI_ERR_TIMEOUT : cases[i].want;
+        ck_assert_msg(st == want && strstr(msg, cases[i].says), "%s: %s: %s", cases[i].what,
+                      tutti_status_name(st), msg);
+        ck_assert_msg(el <= 1400, "%s: open took %.0f ms (timeout 400)", cases[i].what, el);
+        ck_assert_ptr_eq(s, (void *)0x1);
+        fake_stop(srv);
+    }
+    /* a handle whose server is replaced by each of them */
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/rb%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        pid_t rpid;
+        int port = th_redis_start(dir, NULL, &rpid);
+        tutti_store_t *s;
+        OK(NULL, redis_open(&s, port, 0, 400));
+        OK(s, tutti_store_set(s, "k", "v", 1));
+        th_redis_stop(rpid);
+        /* the fake takes the port over (SO_REUSEADDR; the old server is gone) */
+        pid_t srv = -1;
+        int fport = 0;
+        for (int t = 0; t < 100 && srv < 0; t++) {
+            srv = fake_server(port, &fport, cases[i].reply, cases[i].len);
+            if (srv < 0)
+                sleep_ms(20);
+        }
+        ck_assert_int_gt(srv, 0);
+        void *v = (void *)0x1;
+        double t0 = now_ms();
+        int st = tutti_store_get(s, "k", &v, NULL, 400);
+        double el = now_ms() - t0;
+        const char *msg = tutti_store_last_error(s);
+        /* a connection closed before the PING's answer: tried again until the deadline */
+        int want = cases[i].want == TUTTI_ERR_STORE ? TUTTI_ERR_TIMEOUT : cases[i].want;
+        ck_assert_msg(st == want && strstr(msg, cases[i].says) && strstr(msg, "'k'"),
+                      "%s, after a real server: %s: %s", cases[i].what, tutti_status_name(st), msg);
+        ck_assert_msg(el <= 1400, "%s: get took %.0f ms (timeout 400)", cases[i].what, el);
+        ck_assert_ptr_eq(v, (void *)0x1);
+        tutti_store_close(s);
+        fake_stop(srv);
+    }
+}
+END_TEST
+
+START_TEST(test_redis_server_dies)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/rd%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    /* no server yet: open waits for one until its deadline, naming the address */
+    int port = th_free_port();
+    tutti_store_t *s = (tutti_store_t *)0x1;
+    double t0 = now_ms();
+    EXPECT(NULL, redis_open(&s, port, 0, 300), TUTTI_ERR_TIMEOUT);
+    double el = now_ms() - t0;
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    const char *msg = tutti_store_last_error(NULL);
+    ck_assert_msg(strstr(msg, addr) && strstr(msg, strerror(ECONNREFUSED)), "%s", msg);
+    ck_assert_msg(el >= 300 && el <= 1300, "gave up after %.0f ms, not ~300", el);
+
+    /* killed while a rank waits on a key: the wait ends by its deadline, saying why */
+    pid_t pid;
+    port = th_redis_start(dir, NULL, &pid);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    OK(NULL, redis_open(&s, port, 0, 5000));
+    OK(s, tutti_store_set(s, "there", "1", 1));
+    pid_t killer = fork();
+    ck_assert_int_ge(killer, 0);
+    if (killer == 0) {
+        usleep(200000);
+        kill(pid, SIGKILL);
+        _exit(0);
+    }
+    t0 = now_ms();
+    void *v;
+    int st = tutti_store_get(s, "never", &v, NULL, 1500);
+    el = now_ms() - t0;
+    waitpid(killer, NULL, 0);
+    th_redis_stop(pid);
+    msg = tutti_store_last_error(s);
+    ck_assert_msg(st == TUTTI_ERR_TIMEOUT && strstr(msg, "never") && strstr(msg, addr), "%s: %s",
+                  tutti_status_name(st), msg);
+    ck_assert_msg(el >= 1500 && el <= 2500, "get ended after %.0f ms, not ~1500", el);
+    /* counters do not go again on a lost connection */
+    t0 = now_ms();
+    EXPECT(s, tutti_store_add(s, "n", 1, NULL), TUTTI_ERR_TIMEOUT);
+    ck_assert_msg(now_ms() - t0 <= 6000, "add took %.0f ms", now_ms() - t0);
+    tutti_store_close(s);
+}
+END_TEST
+
+/* Ranks of a communicator on a redis store: a real allreduce, and no key left after. */
+static int redis_rank(int rank, int nranks, tutti_comm_t *unused, const char *store_dir, void *arg)
+{
+    (void)unused;
+    (void)store_dir;
+    int port = *(int *)arg;
+    tutti_store_t *s;
+    tutti_comm_t *comm;
+    if (redis_open(&s, port, 5, 20000) != 0)
+        return 10;
+    int st = tutti_comm_init(&comm, s, rank, nranks, NULL);
+    if (st != 0) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, tutti_comm_last_error(NULL));
+        return 11;
+    }
+    enum { N = 1000 };
+    double in[N], out[N];
+    for (int i = 0; i < N; i++)
+        in[i] = rank * 1000.0 + i;
+    for (int round = 0; round < 3; round++) {
+        if (tutti_allreduce(comm, in, out, N, TUTTI_FP64, TUTTI_SUM) != 0)
+            return 12;
+        for (int i = 0; i < N; i++) {
+            double want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += r * 1000.0 + i;
+            if (out[i] != want) {
+                fprintf(stderr, "rank %d: out[%d] %g, want %g\n", rank, i, out[i], want);
+                return 13;
+            }
+        }
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(s);
+    return 0;
+}
+
+START_TEST(test_redis_collectives)
+{
+    char dir[256], reply[64];
+    snprintf(dir, sizeof(dir), "%s/rc%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    pid_t pid;
+    int port = th_redis_start(dir, NULL, &pid);
+    ck_assert_int_eq(th_run_nocomm(3, redis_rank, &port, 60000), 0);
+    /* the last rank out removed the job's keys */
+    redis_raw(port, "SELECT 5\r\nDBSIZE\r\n", reply, sizeof(reply));
+    th_redis_stop(pid);
+    ck_assert_msg(strstr(reply, "+OK\r\n:0\r\n"), "keys left in db 5: %s", reply);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1366,6 +1737,10 @@ static Suite *store_suite(void)
                  (const TTest *const[]){ test_tcp_url_and_port, test_tcp_ipv6, test_tcp_bad_clients,
                                          test_tcp_random_frames, test_tcp_timeout_no_desync,
                                          test_tcp_unreachable, test_tcp_tool, NULL });
+
+    th_add_tests(s, "redis", 60,
+                 (const TTest *const[]){ test_redis_urls, test_redis_auth, test_redis_bad_servers,
+                                         test_redis_server_dies, test_redis_collectives, NULL });
 
     th_add_tests(s, "file", 60,
                  (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,

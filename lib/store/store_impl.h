@@ -203,6 +203,10 @@ void tt_store_server_stop(tt_store_server_t *srv);
  * across reads are exercised too. with_secret: the server requires authentication.
  * Returns 0, or -1 when it could not set up. */
 int tt_store_server_fuzz_input(const uint8_t *data, size_t len, int with_secret, size_t chunk);
+/* Fuzzing only (fuzz/fuzz_redis_reply.c): parse data as the redis client's replies until
+ * one fails, the first split bytes already buffered and the rest arriving on a socket
+ * (at most what a socket buffer holds). Returns 0, or -1 when it could not set up. */
+int tt_store_redis_fuzz_input(const uint8_t *data, size_t len, size_t split);
 /* Tests: how many keys the server holds (racy snapshot). */
 size_t tt_store_server_nkeys(tt_store_server_t *srv);
 /* Tests: keys held by the server embedded in this tcp store handle, (size_t)-1 if none. */

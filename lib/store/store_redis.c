@@ -225,18 +225,9 @@ static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int dep
             r->nil = 1;
             return 0;
         }
+        /* the buffer grows as the bytes arrive, not on the length's word */
         size_t want = (size_t)len + 2;
         while (c->len - c->pos < want) {
-            if (c->cap - c->pos < want) {
-                memmove(c->buf, c->buf + c->pos, c->len - c->pos);
-                c->len -= c->pos;
-                c->pos = 0;
-                char *b = realloc(c->buf, want + 4096);
-                if (!b)
-                    return -ENOMEM;
-                c->buf = b;
-                c->cap = want + 4096;
-            }
             e = rd_fill(c, deadline);
             if (e < 0)
                 return e;
@@ -354,11 +345,13 @@ static int rd_error_transient(const char *msg)
     return !strncmp(msg, "LOADING", 7) || !strncmp(msg, "BUSY", 4) || !strncmp(msg, "TRYAGAIN", 8);
 }
 
-/* AUTH and SELECT on a new connection: TUTTI_OK, or a status with cause. */
+/* AUTH and SELECT on a new connection, or PING when neither is needed, so that every
+ * connection starts with the server shown to be a Redis that serves us: TUTTI_OK, or a
+ * status with cause. */
 static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *cause,
                         size_t causelen)
 {
-    for (int step = 0; step < 2; step++) {
+    for (int step = 0; step < 3; step++) {
         const char *argv[3];
         size_t argl[3];
         int argc = 0;
@@ -370,12 +363,16 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
             if (rs->user)
                 argv[argc++] = rs->user;
             argv[argc++] = rs->password;
-        } else {
+        } else if (step == 1) {
             if (rs->db == 0)
                 continue;
             snprintf(dbs, sizeof(dbs), "%d", rs->db);
             argv[argc++] = "SELECT";
             argv[argc++] = dbs;
+        } else {
+            if (rs->password || rs->db)
+                continue;
+            argv[argc++] = "PING";
         }
         for (int k = 0; k < argc; k++)
             argl[k] = strlen(argv[k]);
@@ -399,7 +396,7 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
                 st = TUTTI_ERR_AUTH;
             snprintf(cause, causelen, "%s: %s refused: %s%s", rs->addr, argv[0], r.s,
                      step == 0 ? " (the password comes from the URL or TUTTI_STORE_PASSWORD)" : "");
-        } else if (r.type != '+') {
+        } else if (r.type != '+' || (step == 2 && strcmp(r.s, "PONG"))) {
             snprintf(cause, causelen, "%s: unexpected reply to %s", rs->addr, argv[0]);
             st = TUTTI_ERR_PROTOCOL;
         }
@@ -882,6 +879,40 @@ static int rd_compare_del(tutti_store_t *s, const char *key, const void *expecte
     if (deleted_p)
         *deleted_p = r.i > 0;
     return TUTTI_OK;
+}
+
+int tt_store_redis_fuzz_input(const uint8_t *data, size_t len, size_t split)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return -1;
+    rd_conn_t c = { .fd = sv[0], .pid = getpid() };
+    split = TT_MIN(split, len);
+    /* the bytes before split are in the buffer already, the rest arrive by recv */
+    c.buf = malloc(split + 1);
+    c.cap = split + 1;
+    if (!c.buf ||
+        (len > split && write(sv[1], data + split, len - split) != (ssize_t)(len - split))) {
+        free(c.buf);
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    close(sv[1]);
+    memcpy(c.buf, data, split);
+    c.len = split;
+    for (;;) {
+        rd_reply_t r;
+        char why[200];
+        if (rd_read_reply(&c, tt_deadline_ns(1000), &r, 0, why, sizeof(why)) < 0) {
+            rd_reply_free(&r);
+            break;
+        }
+        rd_reply_free(&r);
+    }
+    free(c.buf);
+    close(sv[0]);
+    return 0;
 }
 
 static void rd_free(rd_store_t *rs)
