@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import json
 import os
+import re
 import weakref
 
 from . import _lib
@@ -241,8 +242,9 @@ class _Handle:
 
 
 class Store(_Handle):
-    """A rendezvous store: Store("file:///tmp/job") or Store("tcp://host:port",
-    is_server=True, auth_token=...). Options are tutti_store_opts_t's fields."""
+    """A rendezvous store: Store("file:///tmp/job"), Store("tcp://host:port",
+    is_server=True, auth_token=...) or Store("redis://[[user]:password@]host[:port][/db]",
+    password=...). Options are tutti_store_opts_t's fields."""
 
     def __init__(self, url, **opts):
         self._h = self._base = None
@@ -251,9 +253,11 @@ class Store(_Handle):
         st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
         del keep
         if st < 0:
-            raise error_for(st, f"tutti: cannot open store {url}: "
-                                f"{_lib_.tutti_strerror(st).decode()} (stores are file:///dir or "
-                                "tcp://host:port; TUTTI_DEBUG=info logs the cause)")
+            shown = re.sub(r"^([a-z]+://)[^/@]*@", r"\1...@", str(url))  # no password
+            why = (_lib_.tutti_store_last_error(None) or b"").decode(errors="replace")
+            raise error_for(st, f"tutti: cannot open store {shown}: "
+                                f"{_lib_.tutti_strerror(st).decode()}: {why} (stores are "
+                                "file:///dir, tcp://host:port or redis://host:port/db)")
         self._h = h
         _live_stores.add(self)
 
