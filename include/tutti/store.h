@@ -3,6 +3,9 @@
  *   file:///dir          a directory shared by the ranks (the embedded default, no server)
  *   tcp://host:port      a TCP store server, embedded in one process or run standalone
  *                        (tools/tutti-store)
+ *   redis://[[user]:password@]host[:port][/db]
+ *                        a Redis server (port 6379 and db 0 by default; the password
+ *                        percent-encoded, or in tutti_store_opts_t.password)
  *   ops://label          the caller's own store behind a table of callbacks
  *                        (tutti_store_open_ops), e.g. a framework's rendezvous store
  *
