@@ -2,7 +2,9 @@
  * color, a split of a split with the parents destroyed first, 20 splits in a row, a rank
  * that does not take part, and a parent that owns its store (tutti_comm_init_env)
  * destroyed before its children. Each new communicator is checked against the members
- * the test expects: its rank and size, an allgather of the parent ranks, an allreduce. */
+ * the test expects: its rank and size, an allgather of the parent ranks, an allreduce.
+ * tutti_comm_shrink: after a rank died and after one left, twice in a row, bad
+ * arguments, and ranks that pass different sets. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,6 +293,103 @@ static const struct {
     { "twenty splits in a row", rank_twenty },
 };
 
+/* ---- tutti_comm_shrink ---- */
+
+/* Rank 2 dies after one allreduce (arg "die") or just leaves without calling shrink; the
+ * others see the failure (when it died), shrink with {2} excluded, and check the new
+ * communicator: parent ranks 0, 1, 3 as new ranks 0, 1, 2, an allgather and an
+ * allreduce. Bad arguments first, on rank 0. */
+static int rank_shrink(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    int die = arg != NULL;
+    int64_t x = rank;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != nranks * (nranks - 1) / 2, "first allreduce: %s", tutti_status_name(st));
+    if (rank == 2) {
+        if (die)
+            _exit(0); /* no destroy: the others see the connection close */
+        return 0;     /* the harness destroys comm */
+    }
+    if (die) {
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+        FAIL_IF(st == 0, "allreduce with rank 2 dead succeeded");
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 2"), "failure does not name rank 2: %s",
+                tutti_comm_last_error(comm));
+    }
+    tutti_comm_t *small = (tutti_comm_t *)1;
+    if (rank == 0) {
+        int self[] = { 0 }, range[] = { 4 }, twice[] = { 2, 2 }, all[] = { 0, 1, 2, 3 };
+        FAIL_IF(tutti_comm_shrink(comm, self, 1, &small) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "excludes itself"),
+                "excluding itself: %s", tutti_comm_last_error(comm));
+        FAIL_IF(small, "a communicator from a refused shrink");
+        FAIL_IF(tutti_comm_shrink(comm, range, 1, &small) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "rank 4 is out of range"),
+                "rank 4: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_shrink(comm, twice, 2, &small) != TUTTI_ERR_INVALID_ARG,
+                "rank 2 twice: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_shrink(comm, all, 4, &small) != TUTTI_ERR_INVALID_ARG, "everyone: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_shrink(comm, NULL, 1, &small) != TUTTI_ERR_INVALID_ARG, "NULL set");
+        FAIL_IF(tutti_comm_shrink(NULL, twice, 1, &small) != TUTTI_ERR_INVALID_ARG, "NULL comm");
+    }
+    int out[] = { 2 }, members[] = { 0, 1, 3 };
+    st = tutti_comm_shrink(comm, out, 1, &small);
+    FAIL_IF(st, "shrink: %s", tutti_comm_last_error(comm));
+    TRY(check_child(rank, rank, small, members, 3));
+    /* and again, from the shrunk one: rank 3 (new rank 2) left out too */
+    tutti_comm_t *smaller;
+    int out2[] = { 2 }, members2[] = { 0, 1 };
+    if (rank != 3) {
+        st = tutti_comm_shrink(small, out2, 1, &smaller);
+        FAIL_IF(st, "second shrink: %s", tutti_comm_last_error(small));
+        TRY(check_child(rank, tutti_comm_rank(small), smaller, members2, 2));
+        tutti_comm_destroy(smaller);
+    }
+    tutti_comm_destroy(small);
+    return 0;
+}
+
+START_TEST(shrink)
+{
+    int codes[NR];
+    th_run_comm_timeout(NR, rank_shrink, _i ? "die" : NULL, 60000, 3000, TH_NO_KILL_ON_FAIL, codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (%s)", r, codes[r],
+                      _i ? "rank 2 died" : "rank 2 left");
+}
+END_TEST
+
+/* Ranks 0 and 1 exclude {3}, rank 2 excludes {1, 3}; rank 3 leaves. Every caller fails
+ * at once with TUTTI_ERR_MISMATCH naming both sets (not at its timeout). */
+static int rank_shrink_differ(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks, (void)dir, (void)arg;
+    if (rank == 3)
+        return 0;
+    int a[] = { 3 }, b[] = { 3, 1 };
+    tutti_comm_t *c = (tutti_comm_t *)1;
+    double t0 = th_now_ms();
+    int st = rank == 2 ? tutti_comm_shrink(comm, b, 2, &c) : tutti_comm_shrink(comm, a, 1, &c);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH || c, "%s: %s", tutti_status_name(st), e);
+    FAIL_IF(!strstr(e, "excludes {3}") || !strstr(e, "excludes {1,3}") || !strstr(e, "same set"),
+            "unclear error: %s", e);
+    FAIL_IF(took > 2000, "took %.0f ms (timeout 5000): not at once", took);
+    return 0;
+}
+
+START_TEST(shrink_sets_differ)
+{
+    int codes[NR];
+    th_run_comm_timeout(NR, rank_shrink_differ, NULL, 30000, 5000, TH_NO_KILL_ON_FAIL, codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d", r, codes[r]);
+}
+END_TEST
+
 START_TEST(on_the_world)
 {
     ck_assert_msg(th_run(NR, on_world[_i].fn, NULL, 120000) == 0, "%s failed", on_world[_i].name);
@@ -299,4 +398,5 @@ END_TEST
 
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
-              TH_CASE(secret_file_gone_after_init, 1))
+              TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
+              TH_CASE(shrink_sets_differ, 1))

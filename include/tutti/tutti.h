@@ -280,6 +280,21 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
  * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
 
+/* Shrink comm (ncclCommShrink, MPI_Comm_shrink with the failed ranks named): a new
+ * communicator, *newcomm_p, of comm's ranks but the nexclude ones in exclude, keeping
+ * their order (new rank = rank among those left). Made through comm's store only, never
+ * through comm's connections, so it works on a communicator that failed or was aborted:
+ * after a rank died, the others name it (tutti_comm_last_error says which rank failed)
+ * and go on without it. Collective over the ranks left, which must pass the same set
+ * (in any order): each checks that through the store first, and a rank whose set
+ * differs makes every rank that sees it fail at once with TUTTI_ERR_MISMATCH naming
+ * both sets. The excluded ranks do not call it (one that does gets
+ * TUTTI_ERR_INVALID_ARG). Options, store reference and key space as for
+ * tutti_comm_split (its own: "<instance>-shrink<count>/"); bounded by comm's timeout.
+ * comm stays as it was: destroy it as usual. */
+int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
+                      tutti_comm_t **newcomm_p);
+
 /* Wait for queued operations (each bounded by its deadline), then for the agreement
  * messages of earlier rooted calls still due to or from peers: a broadcast's root
  * returns once its sends are out, and may get here while the other ranks still work

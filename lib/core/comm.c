@@ -516,6 +516,133 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
     return st;
 }
 
+/* The excluded set as text, ranks ascending ("1,3"), into buf; 0, or -1 when a rank is
+ * out of range or named twice (*bad_p that rank). */
+static int shrink_set_text(const int *exclude, int n, int nranks, char *buf, size_t buflen,
+                           int *bad_p)
+{
+    uint8_t *in = calloc((size_t)nranks, 1);
+    size_t o = 0;
+    int st = 0;
+    buf[0] = '\0';
+    if (!in)
+        return -1;
+    for (int i = 0; i < n && st == 0; i++) {
+        if (exclude[i] < 0 || exclude[i] >= nranks || in[exclude[i]]) {
+            *bad_p = exclude[i];
+            st = -1;
+        } else {
+            in[exclude[i]] = 1;
+        }
+    }
+    for (int r = 0; r < nranks && st == 0; r++) {
+        if (!in[r])
+            continue;
+        int w = snprintf(buf + o, buflen - o, "%s%d", o ? "," : "", r);
+        if (w < 0 || (size_t)w >= buflen - o) {
+            snprintf(buf + (buflen > 4 ? buflen - 4 : 0), 4, "...");
+            break;
+        }
+        o += (size_t)w;
+    }
+    free(in);
+    return st;
+}
+
+int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
+                      tutti_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p || nexclude < 0 || (nexclude > 0 && !exclude))
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "shrink: %s is NULL or nexclude (%d) negative",
+                                        !newcomm_p ? "newcomm_p" : "exclude", nexclude)
+                    : TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    int n = comm->nranks, bad = -1;
+    size_t setlen = 12 * (size_t)n + 16;
+    char *set = malloc(setlen), *other = NULL;
+    if (!set)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "shrink: out of memory");
+    int st = TUTTI_OK;
+    if (shrink_set_text(exclude, nexclude, n, set, setlen, &bad) < 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                               "shrink: excluded rank %d is out of range (0..%d) or named twice",
+                               bad, n - 1);
+        goto out;
+    }
+    int rank = 0, size = 0, me_out = 0;
+    for (int r = 0; r < n; r++) {
+        int out = 0;
+        for (int i = 0; i < nexclude; i++)
+            out |= exclude[i] == r;
+        me_out |= out && r == comm->rank;
+        if (!out && r < comm->rank)
+            rank++;
+        size += !out;
+    }
+    if (me_out || size == 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "shrink: %s (excluded: %s)",
+                               me_out ? "this rank excludes itself: only the ranks left call it"
+                                      : "every rank is excluded",
+                               set);
+        goto out;
+    }
+    unsigned seq = comm->shrink_seq++;
+    char base[TUTTI_STORE_MAX_KEY + 1], key[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
+    tutti_store_t *js = comm->job_store;
+    snprintf(base, sizeof(base), "%s%s-shrink%u/", js->prefix, comm->nonce, seq);
+    /* every rank left says which set it excludes, and checks the others' before anything
+     * waits on a rank that another rank left out */
+    /* under comm's instance: what is left there goes with comm's keys */
+    char mine[TUTTI_STORE_MAX_KEY + 1];
+    snprintf(mine, sizeof(mine), "%s%s/shrink%u/excluded/%d", js->prefix, comm->nonce, seq,
+             comm->rank);
+    st = tutti_store_set(js->base, mine, set, strlen(set));
+    for (int r = 0; r < n && st == TUTTI_OK; r++) {
+        int out = 0;
+        for (int i = 0; i < nexclude; i++)
+            out |= exclude[i] == r;
+        if (out || r == comm->rank)
+            continue;
+        snprintf(key, sizeof(key), "%s%s/shrink%u/excluded/%d", js->prefix, comm->nonce, seq, r);
+        size_t olen;
+        st = tutti_store_get(js->base, key, (void **)&other, &olen, comm->opts.timeout_ms);
+        if (st < 0) {
+            snprintf(err, sizeof(err), "waiting for rank %d's excluded set: %s", r,
+                     tutti_store_last_error(js->base));
+            break;
+        }
+        if (strcmp(other, set)) {
+            snprintf(err, sizeof(err),
+                     "rank %d excludes {%.200s}, this rank excludes {%.200s}: every rank left "
+                     "must pass the same set",
+                     r, other, set);
+            st = TUTTI_ERR_MISMATCH;
+        }
+        free(other);
+        other = NULL;
+    }
+    if (st == TUTTI_OK) {
+        tutti_comm_opts_t o = comm->opts;
+        o.job_settle_ms = 0;
+        st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
+    } else if (!err[0]) {
+        snprintf(err, sizeof(err), "%s", tutti_store_last_error(js->base));
+    }
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "shrink %u (excluded {%.200s}, new rank %d of %d): %s", seq,
+                          set, rank, size, err);
+        goto out;
+    }
+    (*newcomm_p)->split_store = tt_store_retain(js);
+    /* every rank left has read it: it joined the new communicator after reading */
+    tutti_store_delete(js->base, mine, NULL);
+    TT_INFO("shrink %u: excluded {%s}, rank %d of %d under %s", seq, set, rank, size, base);
+out:
+    free(set);
+    return st;
+}
+
 /* communicators of tutti_comm_init_env destroyed so far (the store servers' label) */
 static atomic_uint env_comms_done;
 

@@ -178,3 +178,27 @@ def test_failed_setup_says_why(tmp_path):
     with pytest.raises(tutti.Error, match=r"bad\.tune, line 2: expected"):
         tutti.Communicator(store, 0, 1, job_id="bad-tune", cost_model=f"tune={bad}")
     store.close()
+
+
+def shrink_after_death(comm):
+    a = np.ones(8, dtype=np.float32)
+    comm.allreduce(a)
+    if comm.rank == 2:
+        os._exit(0)  # dies without a word: the others see it go
+    with pytest.raises(tutti.Error, match="rank 2"):
+        comm.allreduce(a)
+    small = comm.shrink([2])
+    b = np.full(8, comm.rank + 1, dtype=np.float32)
+    small.allreduce(b)
+    out = (small.rank, small.size, b.tolist())
+    small.destroy()
+    return out
+
+
+def test_shrink_after_a_rank_died():
+    got = launch(shrink_after_death, 4, timeout=60, timeout_ms=3000)
+    assert 2 not in got
+    for r, new in ((0, 0), (1, 1), (3, 2)):
+        kind, value = got[r]
+        assert kind == "ok", value
+        assert value == (new, 3, [1.0 + 2.0 + 4.0] * 8)

@@ -511,6 +511,21 @@ class Communicator(_Handle):
             raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
         if not h:
             return None
+        return self._child(h)
+
+    def shrink(self, exclude):
+        """ncclCommShrink: a new communicator of the ranks not in exclude (their order
+        kept), made through the store alone, so it works after a rank died: the ranks left
+        call it with the same set."""
+        ranks = [int(r) for r in exclude]
+        arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_shrink(self._handle(), arr, len(ranks), ctypes.byref(h))
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+        return self._child(h)
+
+    def _child(self, h):
         child = Communicator.__new__(Communicator)
         child._h, child._store = h, self._store
         child.rank, child.size = _lib_.tutti_comm_rank(h), _lib_.tutti_comm_size(h)
