@@ -161,6 +161,7 @@ struct tutti_comm {
     int trace_written;          /* and the level it holds (under trace_lock) */
     tutti_store_t *watch_store; /* tt_trace_watch's view (a short deadline), */
     uint64_t watch_next_ns;     /* when it looks next, */
+    uint32_t watch_looks;       /* (looks so far: they spread the period) */
     int watch_off;              /* or 1: it does not (no trace_dir, a store error) */
     uint64_t *p2p_send_seq;     /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq;     /* messages, separate from the collectives' */

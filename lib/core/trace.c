@@ -462,6 +462,18 @@ void tt_trace_flush(tutti_comm_t *comm)
     write_record(comm, "failure", 2);
 }
 
+/* The time to the idle thread's next look: TT_TRACE_WATCH_MS, give or take a quarter,
+ * spread by rank and look, so that the ranks of a big job do not reach the store in step. */
+static uint64_t watch_period_ns(tutti_comm_t *comm)
+{
+    uint32_t h = (uint32_t)comm->rank * 2654435761u ^ (++comm->watch_looks * 40503u);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    uint64_t ms = TT_TRACE_WATCH_MS * 3 / 4 + h % (TT_TRACE_WATCH_MS / 2 + 1);
+    return ms * 1000000ull;
+}
+
 int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
 {
     if (comm->watch_off)
@@ -474,7 +486,7 @@ int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
     }
     uint64_t now = tt_coarse_ns();
     if (!comm->watch_next_ns)
-        comm->watch_next_ns = now + TT_TRACE_WATCH_MS * 1000000ull;
+        comm->watch_next_ns = now + watch_period_ns(comm);
     if (now >= comm->watch_next_ns)
         return 1;
     *wait_ns = comm->watch_next_ns - now;
@@ -483,7 +495,7 @@ int tt_trace_watch_due(tutti_comm_t *comm, uint64_t *wait_ns)
 
 void tt_trace_watch(tutti_comm_t *comm)
 {
-    comm->watch_next_ns = tt_coarse_ns() + TT_TRACE_WATCH_MS * 1000000ull;
+    comm->watch_next_ns = tt_coarse_ns() + watch_period_ns(comm);
     int64_t nfailed = 0; /* read by adding 0, as the stall check does (it may not exist) */
     int st = TUTTI_OK;
     if (!comm->watch_store) {
