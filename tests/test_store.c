@@ -259,11 +259,37 @@ START_TEST(test_get_timeout)
     ck_assert_msg(el >= 200 && el <= 1200, "wait(200 ms) took %.0f ms", el);
     msg = tutti_store_last_error(c.s);
     ck_assert_msg(strstr(msg, "not-here-either"), "wait message lacks the key: %s", msg);
+    /* among many keys, the one missing, found soon after the deadline */
+    enum { NW = 300, MISSING = 137 };
+    char names[NW][16];
+    const char *many[NW];
+    for (int k = 0; k < NW; k++) {
+        snprintf(names[k], sizeof(names[k]), "w%03d", k);
+        many[k] = names[k];
+        if (k != MISSING)
+            OK(c.s, tutti_store_set(c.s, names[k], "1", 1));
+    }
+    t0 = now_ms();
+    EXPECT(c.s, tutti_store_wait(c.s, many, NW, 200), TUTTI_ERR_TIMEOUT);
+    el = now_ms() - t0;
+    ck_assert_msg(el >= 200 && el <= 1200, "wait(200 ms) of %d keys took %.0f ms", NW, el);
+    msg = tutti_store_last_error(c.s);
+    ck_assert_msg(strstr(msg, "'w137'"), "wait message lacks the missing key: %s", msg);
 
     /* the store still works after a timeout (tcp: a new connection) */
     OK(c.s, tutti_store_get(c.s, "here", &v, &len, 100));
     ck_assert_str_eq(v, "1");
     free(v);
+    /* a timeout of 0: what is there comes back, what is not times out at once */
+    OK(c.s, tutti_store_get(c.s, "here", &v, &len, 0));
+    ck_assert_str_eq(v, "1");
+    free(v);
+    OK(c.s, tutti_store_wait(c.s, many, MISSING, 0));
+    t0 = now_ms();
+    EXPECT(c.s, tutti_store_wait(c.s, many, NW, 0), TUTTI_ERR_TIMEOUT);
+    EXPECT(c.s, tutti_store_get(c.s, "missing-key", &v, &len, 0), TUTTI_ERR_TIMEOUT);
+    el = now_ms() - t0;
+    ck_assert_msg(el <= 1000, "wait(0) and get(0) took %.0f ms", el);
     ctx_close(&c);
 }
 END_TEST
@@ -1440,7 +1466,7 @@ START_TEST(test_redis_auth)
     int port = th_redis_start(dir, (const char *const[]){ "--requirepass", "p@ss/w:rd", NULL },
                               &pid);
     tutti_store_t *s;
-    char url[160];
+    char url[160], want[160];
     tutti_store_opts_t o;
     tutti_store_opts_init(&o);
     o.timeout_ms = 2000;
@@ -1486,7 +1512,60 @@ START_TEST(test_redis_auth)
     snprintf(url, sizeof(url), "redis://default@127.0.0.1:%d/3", port);
     ck_assert_str_eq(tutti_store_url(s), url);
     tutti_store_close(s);
+    /* an ACL user of its own: its name in the URL, its password from the options */
+    char reply[512];
+    redis_raw(port, "AUTH p@ss/w:rd\r\nACL SETUSER alice on >alice-pw ~* +@all\r\nDBSIZE\r\n",
+              reply, sizeof(reply));
+    ck_assert_msg(strstr(reply, "+OK\r\n+OK\r\n:"), "%s", reply);
+    o.password = "alice-pw";
+    snprintf(url, sizeof(url), "redis://alice@127.0.0.1:%d", port);
+    OK(NULL, tutti_store_open(&s, url, &o));
+    snprintf(want, sizeof(want), "redis://alice@127.0.0.1:%d/0", port);
+    ck_assert_str_eq(tutti_store_url(s), want);
+    OK(s, tutti_store_set(s, "alice", "1", 1));
+    tutti_store_close(s);
+    snprintf(url, sizeof(url), "redis://alice:@127.0.0.1:%d", port); /* empty: the options' */
+    OK(NULL, tutti_store_open(&s, url, &o));
+    tutti_store_close(s);
+    o.password = "wrong";
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    msg = tutti_store_last_error(NULL);
+    ck_assert_msg(strstr(msg, "WRONGPASS") && !strstr(msg, "wrong "), "%s", msg);
+    /* a user and no password anywhere: said at once */
+    o.password = NULL;
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "names a user but no password"));
     th_redis_stop(pid);
+
+    /* A server that echoes AUTH's arguments in its error (AUTH renamed away): the reply's
+     * first word shows, the password never */
+    port = th_redis_start(dir, (const char *const[]){ "--rename-command", "AUTH", "", NULL }, &pid);
+    snprintf(url, sizeof(url), "redis://:hunter22@127.0.0.1:%d", port);
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    msg = tutti_store_last_error(NULL);
+    ck_assert_msg(strstr(msg, "AUTH refused: ERR (the rest") && !strstr(msg, "hunter22"), "%s",
+                  msg);
+    snprintf(url, sizeof(url), "redis://bob:hunter22@127.0.0.1:%d", port);
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    msg = tutti_store_last_error(NULL);
+    ck_assert_msg(!strstr(msg, "hunter22"), "%s", msg);
+    th_redis_stop(pid);
+
+    /* tutti_store_open_env names its store without the password, in the log and in
+     * tutti_comm_last_error */
+    setenv("TUTTI_STORE", "redis://carol:s3cr3t@pw@127.0.0.1:1/2", 1);
+    setenv("TUTTI_RANK", "0", 1);
+    setenv("TUTTI_WORLD_SIZE", "1", 1);
+    setenv("TUTTI_STORE_TIMEOUT_MS", "200", 1);
+    int r, n;
+    EXPECT(NULL, tutti_store_open_env(&s, &r, &n, NULL), TUTTI_ERR_TIMEOUT);
+    msg = tutti_comm_last_error(NULL);
+    ck_assert_msg(strstr(msg, "redis://carol:***@127.0.0.1:1/2") && !strstr(msg, "s3cr3t"), "%s",
+                  msg);
+    unsetenv("TUTTI_STORE");
+    unsetenv("TUTTI_RANK");
+    unsetenv("TUTTI_WORLD_SIZE");
+    unsetenv("TUTTI_STORE_TIMEOUT_MS");
 }
 END_TEST
 

@@ -26,7 +26,7 @@ TUTTI_BEGIN_DECLS
     XX(ERR_NO_DEVICE, -14, "no such device or interface")                                          \
     XX(ERR_FAILED, -15, "communicator failed earlier")                                             \
     XX(ERR_INTERNAL, -16, "internal error")                                                        \
-    XX(ERR_AUTH, -17, "authentication failed: wrong or missing job secret")                        \
+    XX(ERR_AUTH, -17, "authentication failed: wrong or missing job secret or store password")      \
     XX(ERR_IN_USE, -18, "store already used by another job")
 
 typedef enum tutti_status {

@@ -842,15 +842,16 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         else
             snprintf(why, sizeof(why), "%s does not say how many ranks share this host", l->name);
         if (!url) {
-            init_error_set(0,
-                           "tutti_store_open_env: rank %ld of %ld (%s): no store: set "
-                           "TUTTI_STORE (file:///dir or tcp://host:port) or MASTER_ADDR and "
-                           "MASTER_PORT%s%s",
-                           rank, size, l->rank,
-                           why[0] ? "; a job with all its ranks on one host and a job id meets "
-                                    "on loopback without them, but "
-                                  : "",
-                           why);
+            init_error_set(
+                0,
+                "tutti_store_open_env: rank %ld of %ld (%s): no store: set "
+                "TUTTI_STORE (file:///dir, tcp://host:port or redis://host) or MASTER_ADDR and "
+                "MASTER_PORT%s%s",
+                rank, size, l->rank,
+                why[0] ? "; a job with all its ranks on one host and a job id meets "
+                         "on loopback without them, but "
+                       : "",
+                why);
             TT_WARN("%s", init_error);
             return TUTTI_ERR_CONFIG;
         }
@@ -881,6 +882,8 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
     so.instance = hosted ? label : NULL;
     int st = tutti_store_open(store_p, url, &so);
     if (st < 0) {
+        char shown[512];
+        url = tt_store_url_redact(url, shown, sizeof(shown)); /* no password in messages */
         *store_p = NULL;
         if (derived)
             init_error_set(st,

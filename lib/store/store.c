@@ -256,6 +256,22 @@ static int parse_tcp_url(const char *rest, char *host, size_t hostlen, int *port
     return TUTTI_OK;
 }
 
+const char *tt_store_url_redact(const char *url, char *dst, size_t dstlen)
+{
+    const char *sep = url ? strstr(url, "://") : NULL;
+    const char *at = sep && strncmp(url, "file://", 7) ? strrchr(sep + 3, '@') : NULL;
+    if (!at) {
+        snprintf(dst, dstlen, "%s", url ? url : "(null)");
+        return dst;
+    }
+    const char *ui = sep + 3;
+    const char *colon = memchr(ui, ':', (size_t)(at - ui));
+    /* the user stays when it is clearly one (before a ':'); the rest before '@' goes */
+    int ulen = colon && !memchr(ui, '/', (size_t)(colon - ui)) ? (int)(colon - ui) : 0;
+    snprintf(dst, dstlen, "%.*s%.*s%s***%s", (int)(ui - url), url, ulen, ui, ulen ? ":" : "", at);
+    return dst;
+}
+
 /* Percent-decode n bytes of src into a new string; NULL when malformed or out of memory. */
 static char *url_decode(const char *src, size_t n)
 {
@@ -286,7 +302,9 @@ static char *url_decode(const char *src, size_t n)
 }
 
 /* redis://[[user]:password@]host[:port][/db]: the user and password percent-decoded, the
- * port 6379 and the db 0 when left out. */
+ * port 6379 and the db 0 when left out. The password in the URL wins over the options'; a
+ * lone field before '@' is the user when the options hold a password, else the password
+ * (redis-cli's reading); "user:@host" takes its password from the options. */
 static int open_redis(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *o)
 {
     const char *rest = url + 8, *at = NULL;
@@ -311,9 +329,18 @@ static int open_redis(tutti_store_t **store_p, const char *url, const tutti_stor
             bad = "a malformed %-escape in the user or password";
             goto out;
         }
-        if (!colon) { /* redis://secret@host: the one field is the password */
+        if (!colon && !o->password) { /* redis://secret@host: the one field is the password */
             password = user;
             user = NULL;
+        }
+        if (password && !password[0]) { /* redis://user:@host: the password from the options */
+            free(password);
+            password = NULL;
+        }
+        if (user && !password && !o->password) {
+            bad = "the URL names a user but no password (give it after the user, as user:password, "
+                  "or in TUTTI_STORE_PASSWORD)";
+            goto out;
         }
         rest = at + 1;
     }
@@ -666,6 +693,27 @@ static int generic_wait(tutti_store_t *b, const char *const *keys, size_t n, uin
     return TUTTI_OK;
 }
 
+/* After a wait of n keys timed out: the first of them still missing, found by halving with
+ * check (log2(n) round trips, all within WAIT_NAME_NS), or n when that does not tell. */
+#define WAIT_NAME_NS 100000000ull
+static size_t first_missing(tutti_store_t *b, const char *const *keys, size_t n)
+{
+    tt_store_err_t err = { { 0 } };
+    uint64_t deadline = tt_now_ns() + WAIT_NAME_NS;
+    size_t lo = 0, hi = n; /* [lo, hi) lacks a key; all before lo are set */
+    while (hi - lo > 1 && tt_now_ns() < deadline) {
+        size_t mid = lo + (hi - lo) / 2;
+        int all;
+        if (b->ops->check(b, &keys[lo], mid - lo, &all, deadline, &err) < 0)
+            return n;
+        if (all)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return hi - lo == 1 ? lo : n;
+}
+
 static int generic_multi_get(tutti_store_t *b, const char *const *keys, size_t n, void **values_p,
                              size_t *lens_p, uint64_t deadline, tt_store_err_t *err)
 {
@@ -713,7 +761,12 @@ int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, in
     const char *const *ck = (const char *const *)k;
     int st = b->ops->wait ? b->ops->wait(b, ck, n, deadline, &err)
                           : generic_wait(b, ck, n, deadline, &err);
-    st = op_result(store, st, n > 1 ? "wait (first key)" : "wait", k[0], &err);
+    size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(b, ck, n) : n;
+    st = op_result(store, st,
+                   m < n   ? "wait (a key missing)"
+                   : n > 1 ? "wait (first key)"
+                           : "wait",
+                   k[m < n ? m : 0], &err);
     free(k);
     return st;
 }

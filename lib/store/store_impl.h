@@ -96,6 +96,9 @@ tutti_store_t *tt_store_retain(tutti_store_t *store);
 /* Copy key into dst (size dstlen) for messages: non-printable bytes as \xNN, long keys cut
  * with "...". Returns dst. */
 const char *tt_store_key_display(const char *key, char *dst, size_t dstlen);
+/* url for a message: any user information before the last '@' becomes "***" (a user before
+ * ':' stays), file:// URLs as they are (store.c). */
+const char *tt_store_url_redact(const char *url, char *dst, size_t dstlen);
 
 /* Parse a counter value as ADD stores it (decimal text, optional sign, nothing else);
  * 0 or TUTTI_ERR_INVALID_ARG. */

@@ -38,6 +38,7 @@
 #define RD_POLL_MAX_NS 20000000ull
 #define RD_LAST_POLL_NS 50000000ull
 #define RD_SCAN_COUNT "1000"
+#define RD_POOL_BUF_MAX (1u << 20) /* a pooled connection keeps at most this buffer */
 
 typedef struct rd_conn {
     int fd;
@@ -309,6 +310,8 @@ static int rd_exchange(rd_conn_t *c, int argc, const char *const *argv, const si
         return -ENOMEM;
     struct iovec iov = { cmd, len };
     int e = tt_net_send_iov(c->fd, &iov, 1, deadline);
+    if (!strcmp(argv[0], "AUTH"))
+        explicit_bzero(cmd, len); /* it held the password */
     free(cmd);
     if (e < 0)
         return e;
@@ -394,7 +397,16 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
             st = rd_error_status(r.s);
             if (step == 0 && st == TUTTI_ERR_STORE)
                 st = TUTTI_ERR_AUTH;
-            snprintf(cause, causelen, "%s: %s refused: %s%s", rs->addr, argv[0], r.s,
+            /* A server may quote AUTH's arguments back ("unknown command 'AUTH', with args
+             * beginning with: '<password>'"): of such a reply only its first word shows. */
+            int quoted = step == 0 &&
+                         (strchr(r.s, '\'') || strchr(r.s, '"') || strstr(r.s, rs->password) ||
+                          (rs->user && strstr(r.s, rs->user)));
+            snprintf(cause, causelen, "%s: %s refused: %.*s%s%s", rs->addr, argv[0],
+                     quoted ? (int)strcspn(r.s, " ") : (int)r.len, r.s,
+                     quoted ? " (the rest of the server's reply withheld: it quotes the "
+                              "arguments)"
+                            : "",
                      step == 0 ? " (the password comes from the URL or TUTTI_STORE_PASSWORD)" : "");
         } else if (r.type != '+' || (step == 2 && strcmp(r.s, "PONG"))) {
             snprintf(cause, causelen, "%s: unexpected reply to %s", rs->addr, argv[0]);
@@ -496,18 +508,20 @@ static int rd_conn_take(rd_store_t *rs, uint64_t deadline, rd_conn_t **conn_p, t
             *conn_p = c;
             return TUTTI_OK;
         }
-        if (c->pid == getpid()) {
-            rd_conn_drop(c);
-        } else { /* the parent's socket: not ours to close */
-            free(c->buf);
-            free(c);
-        }
+        /* a connection of the parent (after fork) is closed here too, its copy of the
+         * socket: the parent's stays open, and the child never speaks on it */
+        rd_conn_drop(c);
     }
     return rd_connect(rs, deadline, conn_p, err);
 }
 
 static void rd_conn_give(rd_store_t *rs, rd_conn_t *c)
 {
+    if (c->cap > RD_POOL_BUF_MAX && c->pos == c->len) { /* a big reply's buffer goes */
+        free(c->buf);
+        c->buf = NULL;
+        c->cap = c->len = c->pos = 0;
+    }
     pthread_mutex_lock(&rs->lock);
     c->next = rs->idle;
     rs->idle = c;
@@ -749,15 +763,15 @@ static int rd_wait(tutti_store_t *s, const char *const *keys, size_t n, uint64_t
         if (all)
             return TUTTI_OK;
         if (tt_now_ns() >= deadline) {
+            /* (with several keys, store.c then names the first one missing) */
             uint64_t ms = (tt_now_ns() - start) / 1000000u;
-            size_t k = 0; /* name the first key missing */
-            for (int one = 1; k + 1 < n; k++)
-                if (rd_check(s, &keys[k], 1, &one, rd_poll_deadline(deadline), err) < 0 || !one)
-                    break;
             char kd[160];
-            tt_store_err_set(err, "'%s'%s not set within %" PRIu64 " ms (server %s)",
-                             tt_store_key_display(keys[k], kd, sizeof(kd)),
-                             n > 1 ? " (and maybe others)" : "", ms, rs_of(s)->addr);
+            if (n == 1)
+                tt_store_err_set(err, "'%s' not set within %" PRIu64 " ms (server %s)",
+                                 tt_store_key_display(keys[0], kd, sizeof(kd)), ms, rs_of(s)->addr);
+            else
+                tt_store_err_set(err, "not all of %zu keys set within %" PRIu64 " ms (server %s)",
+                                 n, ms, rs_of(s)->addr);
             return TUTTI_ERR_TIMEOUT;
         }
         rd_poll_sleep(&backoff, deadline);

@@ -101,10 +101,14 @@ def test_password_never_shows(redis_auth):
     assert s.get("k") == b"v"
     s.close()
     for bad in (f"redis://:wrong-pw@127.0.0.1:{redis_auth}/1",
-                f"redis://:s3cret-pw@127.0.0.1:{redis_auth}/x"):
+                f"redis://:s3cret-pw@127.0.0.1:{redis_auth}/x",
+                f"redis://:p@ss@pw@127.0.0.1:{redis_auth}/x",   # '@' in it, unescaped
+                f"redis://al:p@ss-pw@127.0.0.1:{redis_auth}/x"):
         with pytest.raises(tutti.Error) as e:
             tutti.Store(bad, timeout_ms=2000)
-        assert "pw" not in str(e.value), str(e.value)
+        shown = [w for w in ("wrong-pw", "s3cret", "p@ss", "ss@pw", "ss-pw") if w in str(e.value)]
+        assert not shown, str(e.value)
+        assert f"***@127.0.0.1:{redis_auth}/" in str(e.value), str(e.value)
     with pytest.raises(tutti.Error, match="NOAUTH"):
         tutti.Store(f"redis://127.0.0.1:{redis_auth}/1", timeout_ms=2000)
 

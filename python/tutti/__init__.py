@@ -241,6 +241,17 @@ class _Handle:
         self._release()
 
 
+def _url_redacted(url):
+    """url for a message, as tt_store_url_redact shows it: what precedes the last '@' after
+    "scheme://" becomes "***", a user before ':' staying; file:// URLs as they are."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*://)(.*)@([^@]*)$", url, re.S)
+    if not m or url.startswith("file://"):
+        return url
+    user, colon, _ = m.group(2).partition(":")
+    keep = user + ":" if colon and "/" not in user else ""
+    return f"{m.group(1)}{keep}***@{m.group(3)}"
+
+
 class Store(_Handle):
     """A rendezvous store: Store("file:///tmp/job"), Store("tcp://host:port",
     is_server=True, auth_token=...) or Store("redis://[[user]:password@]host[:port][/db]",
@@ -253,7 +264,7 @@ class Store(_Handle):
         st = _lib_.tutti_store_open(ctypes.byref(h), str(url).encode(), ctypes.byref(o))
         del keep
         if st < 0:
-            shown = re.sub(r"^([a-z]+://)[^/@]*@", r"\1...@", str(url))  # no password
+            shown = _url_redacted(str(url))
             why = (_lib_.tutti_store_last_error(None) or b"").decode(errors="replace")
             raise error_for(st, f"tutti: cannot open store {shown}: "
                                 f"{_lib_.tutti_strerror(st).decode()}: {why} (stores are "
