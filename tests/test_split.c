@@ -4,7 +4,10 @@
  * destroyed before its children. Each new communicator is checked against the members
  * the test expects: its rank and size, an allgather of the parent ranks, an allreduce.
  * tutti_comm_shrink: after a rank died and after one left, twice in a row, bad
- * arguments, and ranks that pass different sets. */
+ * arguments, and ranks that pass different sets. tutti_comm_revoke: a rank that gave up
+ * waiting on a hung one revokes, the others blocked in the allreduce fail with
+ * TUTTI_ERR_REVOKED long before their timeout, and the three shrink and go on; a revoke
+ * while no op runs. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,6 +393,105 @@ START_TEST(shrink_sets_differ)
 }
 END_TEST
 
+/* ---- tutti_comm_revoke ---- */
+
+#define REVOKE_TIMEOUT_MS 20000 /* the communicators': a revoke must be felt long before */
+
+/* "busy": rank 3 hangs (never calls the second allreduce; it waits for rank 0's file,
+ * then leaves); rank 0 gives up on its allreduce after 300 ms and revokes; ranks 1 and 2,
+ * blocked in theirs, fail with TUTTI_ERR_REVOKED within a few seconds naming the
+ * revocation; ranks 0-2 shrink without rank 3 and check the new communicator. "idle":
+ * rank 0 revokes between calls; the other three's next allreduce fails the same way. */
+static int rank_revoke(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    int busy = !strcmp(arg, "busy");
+    char done[512];
+    snprintf(done, sizeof(done), "%s/revoke-done", dir);
+    int64_t x = rank + 1;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != nranks * (nranks + 1) / 2, "first allreduce: %s", tutti_status_name(st));
+    if (rank == 3 && busy) { /* hung: until the others are through */
+        for (double t0 = th_now_ms(); access(done, F_OK) != 0; usleep(10000))
+            FAIL_IF(th_now_ms() - t0 > 30000, "the others never finished");
+        return 0;
+    }
+    double took;
+    if (rank == 0) {
+        tutti_work_t *w = NULL;
+        if (busy) {
+            FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM, &w),
+                    "async allreduce: %s", tutti_comm_last_error(comm));
+            st = tutti_wait(w, 300);
+            FAIL_IF(st != TUTTI_ERR_TIMEOUT, "allreduce with rank 3 hung: %s",
+                    tutti_status_name(st));
+        }
+        double t0 = th_now_ms();
+        FAIL_IF(tutti_comm_revoke(comm) != TUTTI_OK, "revoke");
+        FAIL_IF(th_now_ms() - t0 > 1000, "revoke took %.0f ms", th_now_ms() - t0);
+        FAIL_IF(tutti_comm_revoke(comm) != TUTTI_OK, "second revoke");
+        if (w) {
+            st = tutti_wait(w, -1);
+            took = th_now_ms() - t0;
+            FAIL_IF(st != TUTTI_ERR_REVOKED || took > 1000, "pending allreduce: %s after %.0f ms",
+                    tutti_status_name(st), took);
+            tutti_work_free(w);
+        }
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+        FAIL_IF(st != TUTTI_ERR_REVOKED, "allreduce after revoke: %s", tutti_status_name(st));
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), "revoked"), "error: %s",
+                tutti_comm_last_error(comm));
+    } else {
+        double t0 = th_now_ms();
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+        took = th_now_ms() - t0;
+        const char *e = tutti_comm_last_error(comm);
+        FAIL_IF(st != TUTTI_ERR_REVOKED, "allreduce: %s (%s)", tutti_status_name(st), e);
+        FAIL_IF(!strstr(e, "revoked"), "error does not say revoked: %s", e);
+        /* busy: 300 ms, then at most a stall check (1 s) or two of the revoke */
+        FAIL_IF(took > 5000, "revoke felt after %.0f ms (timeout %d ms)", took, REVOKE_TIMEOUT_MS);
+        printf("rank %d: allreduce failed %.0f ms after its start: %s\n", rank, took, e);
+    }
+    if (!busy) { /* rank 0 stays until the others failed: they learn it from the revoke */
+        char mark[600];
+        snprintf(mark, sizeof(mark), "%s/revoke-felt-%d", dir, rank);
+        if (rank != 0) {
+            FILE *f = fopen(mark, "w");
+            FAIL_IF(!f, "cannot write %s", mark);
+            fclose(f);
+            return 0;
+        }
+        for (int r = 1; r < nranks; r++) {
+            snprintf(mark, sizeof(mark), "%s/revoke-felt-%d", dir, r);
+            for (double t0 = th_now_ms(); access(mark, F_OK) != 0; usleep(10000))
+                FAIL_IF(th_now_ms() - t0 > 30000, "rank %d never failed", r);
+        }
+        return 0;
+    }
+    tutti_comm_t *small = NULL;
+    int out[] = { 3 }, members[] = { 0, 1, 2 };
+    st = tutti_comm_shrink(comm, out, 1, &small);
+    FAIL_IF(st, "shrink: %s", tutti_comm_last_error(comm));
+    TRY(check_child(rank, rank, small, members, 3));
+    tutti_comm_destroy(small);
+    if (rank == 0) {
+        FILE *f = fopen(done, "w");
+        FAIL_IF(!f, "cannot write %s", done);
+        fclose(f);
+    }
+    return 0;
+}
+
+START_TEST(revoke_then_shrink)
+{
+    int codes[NR];
+    const char *mode = _i ? "idle" : "busy";
+    th_run_comm_timeout(NR, rank_revoke, (void *)mode, 60000, REVOKE_TIMEOUT_MS, TH_NO_KILL_ON_FAIL,
+                        codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (%s)", r, codes[r], mode);
+}
+END_TEST
+
 START_TEST(on_the_world)
 {
     ck_assert_msg(th_run(NR, on_world[_i].fn, NULL, 120000) == 0, "%s failed", on_world[_i].name);
@@ -399,4 +501,4 @@ END_TEST
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
-              TH_CASE(shrink_sets_differ, 1))
+              TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 2))

@@ -309,6 +309,17 @@ int tutti_comm_destroy(tutti_comm_t *comm);
  * promptly; thread-safe. The communicator must still be destroyed. */
 int tutti_comm_abort(tutti_comm_t *comm);
 
+/* Revoke the communicator on every rank (MPIX_Comm_revoke): this rank's pending and
+ * future operations fail with TUTTI_ERR_REVOKED at once, and every other rank's pending
+ * operation, or its next one that waits on a peer, fails with TUTTI_ERR_REVOKED too,
+ * naming this rank: at once where it waits on this rank (its links close), within
+ * stall_check_ms elsewhere (the revocation is in the store; the failing ranks tell their
+ * own peers in turn). For a rank that finds a peer dead or hung, so that the others stop
+ * waiting on it; then tutti_comm_shrink makes a communicator without it. Thread-safe,
+ * returns promptly (one bounded store write); the communicator must still be destroyed.
+ * TUTTI_OK, also when it had failed already (its failure is what the peers then see). */
+int tutti_comm_revoke(tutti_comm_t *comm);
+
 /* The flight recorder: write the communicator's last opts.trace_entries operations
  * (collectives, sends, receives: sequence number, arguments, algorithm, state issued /
  * started / completed / failed, times) and its failure if any, as one JSON document, to

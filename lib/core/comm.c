@@ -921,6 +921,17 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts)
     return TUTTI_OK;
 }
 
+/* Abort the transport (a blocked call ends) and wake whoever waits on the queue. */
+static void stop_and_wake(tutti_comm_t *comm)
+{
+    if (comm->tp)
+        comm->tp_ops->abort(comm->tp);
+    pthread_mutex_lock(&comm->q_lock);
+    pthread_cond_broadcast(&comm->q_cv);
+    pthread_cond_broadcast(&comm->done_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+}
+
 int tutti_comm_abort(tutti_comm_t *comm)
 {
     if (!comm)
@@ -928,12 +939,37 @@ int tutti_comm_abort(tutti_comm_t *comm)
     if (atomic_exchange(&comm->aborted, 1))
         return TUTTI_OK;
     tt_comm_set_error(comm, TUTTI_ERR_ABORTED, "communicator aborted by the user");
-    if (comm->tp)
-        comm->tp_ops->abort(comm->tp);
+    stop_and_wake(comm);
+    return TUTTI_OK;
+}
+
+int tutti_comm_revoke(tutti_comm_t *comm)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (atomic_exchange(&comm->revoked, 1))
+        return TUTTI_OK;
     pthread_mutex_lock(&comm->q_lock);
-    pthread_cond_broadcast(&comm->q_cv);
-    pthread_cond_broadcast(&comm->done_cv);
+    uint64_t seq = comm->next_seq;
     pthread_mutex_unlock(&comm->q_lock);
+    /* under err_lock with the failure's seq and text, which a thread that sees the
+     * communicator failed reads under it (exec.c) */
+    int expected = 0;
+    pthread_mutex_lock(&comm->err_lock);
+    int first = atomic_compare_exchange_strong(&comm->failed, &expected, TUTTI_ERR_REVOKED);
+    if (first) {
+        comm->failed_seq = seq;
+        snprintf(comm->last_error, sizeof(comm->last_error),
+                 "rank %d: revoked the communicator (tutti_comm_revoke)", comm->rank);
+    }
+    pthread_mutex_unlock(&comm->err_lock);
+    if (first) {
+        TT_WARN("rank %d: revoked the communicator before its seq %llu", comm->rank,
+                (unsigned long long)seq);
+        tt_fault_record_revoke(comm);
+    }
+    /* its links close, and the peers' stall checks find the record written above */
+    stop_and_wake(comm);
     return TUTTI_OK;
 }
 

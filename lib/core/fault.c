@@ -174,6 +174,36 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     }
 }
 
+/* failed/<rank> = "<status> <last_error>" and failed_count + 1 through s (peer_failure
+ * reads them) */
+static int record_to_store(tutti_comm_t *comm, tutti_store_t *s, int status)
+{
+    char key[64], val[TT_ERRMSG_LEN + 16];
+    failed_key(key, sizeof(key), comm->rank);
+    pthread_mutex_lock(&comm->err_lock);
+    int len = snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
+    pthread_mutex_unlock(&comm->err_lock);
+    int64_t nfailed;
+    int st = tutti_store_set(s, key, val, (size_t)TT_MIN(len, (int)sizeof(val) - 1) + 1);
+    return st < 0 ? st : tutti_store_add(s, FAILED_COUNT_KEY, 1, &nfailed);
+}
+
+void tt_fault_record_revoke(tutti_comm_t *comm)
+{
+    tutti_store_t *s = NULL;
+    int st = tutti_store_open_prefixed(&s, comm->store, "");
+    if (st == TUTTI_OK) {
+        tutti_store_set_timeout(s, (int)(comm->quick_ns / 1000000ull));
+        st = record_to_store(comm, s, TUTTI_ERR_REVOKED);
+    }
+    if (st < 0)
+        TT_WARN("rank %d: revoke: the store did not take the record (%s): the peers learn of "
+                "it only from this rank's closed links",
+                comm->rank, s ? tutti_store_last_error(s) : tutti_strerror(st));
+    if (s)
+        tutti_store_close(s);
+}
+
 void tt_fault_fail_op(tt_op_t *op, int status, const char *msg)
 {
     tt_fault_record(op, status, msg);
@@ -210,23 +240,27 @@ static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
 /* A peer that closed on us may have failed first and said why in the store. Not asked
  * when the peer's own report is the failure (the built-in transports say "failed and
  * reported"): the report carries the cause, and a store whose host died would cost
- * every rank on the report's way a store deadline. */
-static void add_peer_report(tt_op_t *op, int peer, char *msg, size_t len)
+ * every rank on the report's way a store deadline. The status to fail with: status,
+ * or TUTTI_ERR_REVOKED when the peer closed because it revoked the communicator. */
+static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int status)
 {
     char *why;
     int st;
     if (strstr(msg, "failed and reported"))
-        return;
+        return status;
     size_t n = strlen(msg);
     if (peer_failure(op, peer, &why, &st)) {
         snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
         free(why);
+        if (st == TUTTI_ERR_REVOKED)
+            status = st;
     } else if (op->store_down) {
         snprintf(msg + n, len - n,
                  "; whether rank %d failed first is unknown: the store is "
                  "unreachable too (%s)",
                  peer, tutti_store_last_error(op->comm->qstore));
     }
+    return status;
 }
 
 /* ---- failed requests ---- */
@@ -280,7 +314,7 @@ int tt_fault_req(tt_op_t *op, const tutti_tp_req_v2_t *req)
     char msg[TT_ERRMSG_LEN];
     describe_req(op, req, st, msg, sizeof(msg));
     if (st == TUTTI_ERR_PEER)
-        add_peer_report(op, req->peer, msg, sizeof(msg));
+        st = add_peer_report(op, req->peer, msg, sizeof(msg), st);
     tt_fault_fail_op(op, st, msg);
     return st;
 }
@@ -316,7 +350,7 @@ int tt_fault_transport(tt_op_t *op)
     int peer = comm->tp_error_peer;
     pthread_mutex_unlock(&comm->err_lock);
     if (st == TUTTI_ERR_PEER)
-        add_peer_report(op, peer, msg, sizeof(msg));
+        st = add_peer_report(op, peer, msg, sizeof(msg), st);
     tt_fault_fail_op(op, st, msg);
     return st;
 }
@@ -325,9 +359,14 @@ int tt_fault_progress(tt_op_t *op, int st)
 {
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
+    /* a revoke closes the transport as an abort does */
+    if (st == TUTTI_ERR_ABORTED && atomic_load(&comm->revoked) && !atomic_load(&comm->aborted))
+        st = TUTTI_ERR_REVOKED;
     pthread_mutex_lock(&comm->err_lock);
     snprintf(msg, sizeof(msg), "%s",
-             st == TUTTI_ERR_ABORTED ? "aborted while waiting" : comm->tp_error);
+             st == TUTTI_ERR_ABORTED   ? "aborted while waiting"
+             : st == TUTTI_ERR_REVOKED ? "this rank revoked the communicator while waiting"
+                                       : comm->tp_error);
     pthread_mutex_unlock(&comm->err_lock);
     tt_fault_fail_op(op, st, msg);
     return st;

@@ -26,6 +26,10 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg);
  * request. In that order: a send cut mid-message closes the link, and the peer that
  * sees it close looks for this rank's failed/ record, which must be there first. */
 void tt_fault_fail_op(tt_op_t *op, int status, const char *msg);
+/* tutti_comm_revoke made comm fail with TUTTI_ERR_REVOKED (last_error says so): the
+ * store record tt_fault_record leaves, from the caller's thread (its own view of the
+ * store, the failure paths' deadline). */
+void tt_fault_record_revoke(tutti_comm_t *comm);
 
 /* A request of op failed (req->status): describe it (a mismatch names both envelopes; a
  * closed peer, what it left in the store), fail op; returns the status. */

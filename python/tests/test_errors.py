@@ -202,3 +202,33 @@ def test_shrink_after_a_rank_died():
         kind, value = got[r]
         assert kind == "ok", value
         assert value == (new, 3, [1.0 + 2.0 + 4.0] * 8)
+
+
+def revoke_then_shrink(comm):
+    a = np.ones(8, dtype=np.float32)
+    comm.allreduce(a)
+    if comm.rank == 2:
+        time.sleep(6)  # hung: never in the second allreduce
+        return None
+    if comm.rank == 0:  # gives up on rank 2 after 0.3 s, from another thread
+        threading.Timer(0.3, comm.revoke).start()
+    t0 = time.monotonic()
+    with pytest.raises(tutti.RevokedError, match="revoked"):
+        comm.allreduce(a)
+    took = time.monotonic() - t0
+    small = comm.shrink([2])
+    b = np.full(8, comm.rank + 1, dtype=np.float32)
+    small.allreduce(b)
+    out = (small.rank, small.size, b.tolist(), took)
+    small.destroy()
+    return out
+
+
+def test_revoke_then_shrink():
+    got = launch(revoke_then_shrink, 3, timeout=60, timeout_ms=20000)
+    for r in (0, 1):
+        kind, value = got[r]
+        assert kind == "ok", value
+        assert value[:3] == (r, 2, [3.0] * 8)
+        assert value[3] < 5, f"rank {r} felt the revoke after {value[3]:.1f} s (timeout 20 s)"
+    assert tutti.RevokedError.status == -19

@@ -546,6 +546,11 @@ class Communicator(_Handle):
     def abort(self):
         _lib_.tutti_comm_abort(self._handle())
 
+    def revoke(self):
+        """MPIX_Comm_revoke: fail this communicator on every rank (RevokedError), so that
+        the ranks waiting on a dead or hung one stop; then shrink() it."""
+        _lib_.tutti_comm_revoke(self._handle())
+
     def destroy(self):
         if self._h:
             _lib_.tutti_comm_destroy(self._h)

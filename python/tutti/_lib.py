@@ -193,6 +193,7 @@ _OTHERS = {
     "tutti_comm_init_env": (_I, [_WP, ctypes.POINTER(CommOpts)]),
     "tutti_comm_destroy": (_I, [_P]),
     "tutti_comm_abort": (_I, [_P]),
+    "tutti_comm_revoke": (_I, [_P]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_shrink": (_I, [_P, _P, _I, _WP]),
     "tutti_comm_rank": (_I, [_P]),
