@@ -7,7 +7,8 @@
  * arguments, and ranks that pass different sets. tutti_comm_revoke: a rank that gave up
  * waiting on a hung one revokes, the others blocked in the allreduce fail with
  * TUTTI_ERR_REVOKED long before their timeout, and the three shrink and go on; a revoke
- * while no op runs. */
+ * while no op runs. tutti_comm_grow and tutti_comm_join: 2 ranks grow to 4 with three
+ * processes joining (the third waits as a spare), then the 4 grow to 5 and it joins. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,6 +493,94 @@ START_TEST(revoke_then_shrink)
 }
 END_TEST
 
+/* ---- tutti_comm_grow, tutti_comm_join ---- */
+
+/* comm must be rank `rank` of `size`: an allreduce of rank + 1 and an allgather of the
+ * ranks */
+static int check_grown(tutti_comm_t *comm, int rank, int size)
+{
+    FAIL_IF(!comm || tutti_comm_rank(comm) != rank || tutti_comm_size(comm) != size,
+            "rank %d of %d, wanted %d of %d", comm ? tutti_comm_rank(comm) : -1,
+            comm ? tutti_comm_size(comm) : -1, rank, size);
+    int64_t x = rank + 1;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != (int64_t)size * (size + 1) / 2, "allreduce: %s, %lld",
+            tutti_comm_last_error(comm), (long long)x);
+    int32_t me = rank, all[8];
+    st = tutti_allgather(comm, &me, all, 1, TUTTI_INT32);
+    FAIL_IF(st, "allgather: %s", tutti_comm_last_error(comm));
+    for (int r = 0; r < size; r++)
+        FAIL_IF(all[r] != r, "allgather: [%d] = %d", r, all[r]);
+    return 0;
+}
+
+/* Processes 0 and 1 make a communicator of 2 and grow it to 4; processes 2, 3 and 4 join:
+ * two of them take ranks 2 and 3, the third finds the places taken and waits for the
+ * next grow, to 5, which the 4 then make, and takes rank 4. */
+static int rank_grow(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg, (void)nranks;
+    char url[600];
+    snprintf(url, sizeof(url), "file://%s", dir);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open(&store, url, NULL), "store: %s", tutti_store_last_error(NULL));
+    tutti_comm_t *two = NULL, *four = NULL, *five = NULL;
+    int me;
+    if (rank == 0) { /* a job nobody grows: a bounded wait, and why */
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        o.timeout_ms = 200;
+        o.job_id = "nobody-grows";
+        tutti_comm_t *c = (tutti_comm_t *)1;
+        double t0 = th_now_ms();
+        int st = tutti_comm_join(&c, store, &o);
+        double took = th_now_ms() - t0;
+        const char *e = tutti_comm_last_error(NULL);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || c || took > 1500 || !strstr(e, "is growing") ||
+                    !strstr(e, "nobody-grows"),
+                "join with no grow: %s after %.0f ms: %s", tutti_status_name(st), took, e);
+    }
+    if (rank < 2) {
+        FAIL_IF(tutti_comm_init(&two, store, rank, 2, NULL), "init: %s",
+                tutti_comm_last_error(NULL));
+        TRY(check_grown(two, rank, 2));
+        if (rank == 0) {
+            usleep(300000); /* the joiners wait for the ticket */
+            tutti_comm_t *c = (tutti_comm_t *)1;
+            FAIL_IF(tutti_comm_grow(two, 2, &c) != TUTTI_ERR_INVALID_ARG || c,
+                    "grow to the same size");
+        }
+        FAIL_IF(tutti_comm_grow(two, 4, &four), "grow: %s", tutti_comm_last_error(two));
+        me = rank;
+    } else {
+        double t0 = th_now_ms();
+        int st = tutti_comm_join(&four, store, NULL);
+        FAIL_IF(st, "join: %s", tutti_comm_last_error(NULL));
+        me = tutti_comm_rank(four);
+        printf("process %d joined as rank %d of %d after %.0f ms\n", rank, me,
+               tutti_comm_size(four), th_now_ms() - t0);
+        if (tutti_comm_size(four) == 5) { /* the spare: grown into the second grow */
+            TRY(check_grown(four, 4, 5));
+            tutti_comm_destroy(four);
+            tutti_store_close(store);
+            return 0;
+        }
+    }
+    TRY(check_grown(four, me, 4));
+    FAIL_IF(tutti_comm_grow(four, 5, &five), "second grow: %s", tutti_comm_last_error(four));
+    TRY(check_grown(five, me, 5));
+    if (two) /* the first communicator still works, beside the grown ones */
+        TRY(check_grown(two, me, 2));
+    tutti_comm_destroy(five);
+    tutti_comm_destroy(four);
+    if (two)
+        tutti_comm_destroy(two);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(grow_and_join, th_run_nocomm(5, rank_grow, NULL, 60000))
+
 START_TEST(on_the_world)
 {
     ck_assert_msg(th_run(NR, on_world[_i].fn, NULL, 120000) == 0, "%s failed", on_world[_i].name);
@@ -501,4 +590,5 @@ END_TEST
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
-              TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 2))
+              TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 2),
+              TH_CASE(grow_and_join, 1))

@@ -309,6 +309,21 @@ int tutti_comm_destroy(tutti_comm_t *comm);
  * promptly; thread-safe. The communicator must still be destroyed. */
 int tutti_comm_abort(tutti_comm_t *comm);
 
+/* Grow the communicator (ncclCommGrow): every rank of comm calls it with the new size;
+ * processes not in comm call tutti_comm_join to fill the places size - nranks. The ranks
+ * of comm keep their numbers, the new ones get nranks.. size-1 in the order they come.
+ * comm stays as it was. Rank 0 publishes a ticket under the job's key space ("tutti/job/
+ * <id>/grow", TUTTI_PREFIX in place of "tutti"), so the new processes need the same job
+ * id (TUTTI_JOB_ID or a launcher's), store and options; they may come before or after the
+ * grow began, within the timeout. */
+int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p);
+/* A new process's side of tutti_comm_grow: wait (opts->timeout_ms) for the job's ticket,
+ * take the next free rank, and make the grown communicator through store (the store the
+ * job's communicators use). A process that finds every place taken waits, as a spare,
+ * for the next grow (TUTTI_ERR_TIMEOUT when none begins in time); tutti_comm_last_error
+ * (NULL) says why it failed. */
+int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_comm_opts_t *opts);
+
 /* Revoke the communicator on every rank (MPIX_Comm_revoke): this rank's pending and
  * future operations fail with TUTTI_ERR_REVOKED at once, and every other rank's pending
  * operation, or its next one that waits on a peer, fails with TUTTI_ERR_REVOKED too,

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/auth.h"
 #include "core/comm.h"
@@ -16,6 +17,7 @@
 #include "core/job.h"
 #include "core/trace.h"
 #include "reduce/reduce.h"
+#include "store/store_gc.h"
 #include "store/store_impl.h"
 #include "plugin/tpmux.h"
 #include "plugin/transport.h"
@@ -640,6 +642,141 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
     TT_INFO("shrink %u: excluded {%s}, rank %d of %d under %s", seq, set, rank, size, base);
 out:
     free(set);
+    return st;
+}
+
+/* ---- growing: tutti_comm_grow (the ranks there) and tutti_comm_join (the new ones) ---- */
+
+/* Where a growing communicator's rank 0 puts its ticket: the job's key space before any
+ * communicator's ("tutti/job/<id>/grow"), which a new process finds from the job id
+ * alone. The ticket: "<ranks there> <ranks after> <the new communicator's key space>
+ * <the key whose count hands out the new ranks>". */
+static void grow_ticket_key(const char *prefix, const char *job_id, char *key, size_t len)
+{
+    snprintf(key, len, "%s/%s%s%sgrow", prefix ? prefix : "tutti", job_id[0] ? "job/" : "", job_id,
+             job_id[0] ? "/" : "");
+}
+
+int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "grow: newcomm_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    if (size <= comm->nranks)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "grow: %d ranks is not more than the %d there are", size,
+                                 comm->nranks);
+    unsigned seq = comm->grow_seq++;
+    tutti_store_t *js = comm->job_store;
+    char base[TUTTI_STORE_MAX_KEY + 1], count[TUTTI_STORE_MAX_KEY + 1], tkey[512];
+    char ticket[3 * TUTTI_STORE_MAX_KEY], err[TT_ERRMSG_LEN] = "";
+    snprintf(base, sizeof(base), "%s%s-grow%u/", js->prefix, comm->nonce, seq);
+    /* under comm's instance: what is left there goes with comm's keys */
+    snprintf(count, sizeof(count), "%s%s/grow%u/joined", js->prefix, comm->nonce, seq);
+    grow_ticket_key(comm->opts.prefix, comm->job_id, tkey, sizeof(tkey));
+    int tlen = snprintf(ticket, sizeof(ticket), "%d %d %s %s", comm->nranks, size, base, count);
+    int st = TUTTI_OK;
+    if (comm->rank == 0 && (st = tutti_store_set(js->base, tkey, ticket, (size_t)tlen)) < 0)
+        snprintf(err, sizeof(err), "publishing the ticket at %s: %s", tkey,
+                 tutti_store_last_error(js->base));
+    if (st == TUTTI_OK) {
+        tutti_comm_opts_t o = comm->opts;
+        o.job_settle_ms = 0;
+        st = comm_create(newcomm_p, js->base, comm, base, comm->rank, size, &o, err, sizeof(err));
+    }
+    /* every new rank read the ticket before it joined; a later one finds none (unless
+     * a newer grow's, which this leaves alone) */
+    if (comm->rank == 0)
+        (void)tt_store_compare_delete(js->base, tkey, ticket, (size_t)tlen);
+    if (st < 0)
+        return tt_comm_set_error(comm, st, "grow %u to %d ranks (under %s): %s", seq, size, base,
+                                 err);
+    (*newcomm_p)->split_store = tt_store_retain(js);
+    TT_INFO("grow %u: %d ranks to %d under %s", seq, comm->nranks, size, base);
+    return TUTTI_OK;
+}
+
+int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_comm_opts_t *opts)
+{
+    char err[TT_ERRMSG_LEN] = "", jid[80], tkey[512];
+    if (!comm_p || !store)
+        return init_error_set(TUTTI_ERR_INVALID_ARG, "tutti_comm_join: %s is NULL",
+                              comm_p ? "store" : "comm_p");
+    *comm_p = NULL;
+    init_error[0] = '\0';
+    tutti_comm_opts_t o;
+    int st = tt_comm_opts_resolve(&o, opts);
+    if (st < 0)
+        return init_error_set(st, "tutti_comm_join: bad options");
+    o.job_settle_ms = 0; /* the key space is named by the growing instance's nonce */
+    tt_job_id(o.job_id, jid, sizeof(jid), NULL);
+    grow_ticket_key(o.prefix, jid, tkey, sizeof(tkey));
+    void *v = NULL, *full = NULL; /* the ticket read, and the last one found full */
+    size_t len = 0, flen = 0;
+    int old = 0, size = 0, rank = -1, polls = 0;
+    char base[TUTTI_STORE_MAX_KEY + 1], count[TUTTI_STORE_MAX_KEY + 1], fmt[64];
+    snprintf(fmt, sizeof(fmt), "%%d %%d %%%ds %%%ds", TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_KEY);
+    uint64_t deadline = tt_deadline_ns(o.timeout_ms), backoff = 10000000ull;
+    for (;;) {
+        st = tutti_store_get(store, tkey, &v, &len, tt_ms_left(deadline));
+        if (st < 0) {
+            snprintf(err, sizeof(err),
+                     "%s (no new ticket at %s within %d ms: its ranks call tutti_comm_grow): %s",
+                     full ? "every place of the last grow was taken, and no other began"
+                          : "no communicator of this job is growing",
+                     tkey, o.timeout_ms, tutti_store_last_error(store));
+            goto out;
+        }
+        if (full && len == flen && !memcmp(v, full, len)) { /* still the full one */
+            free(v);
+            v = NULL;
+            if (tt_now_ns() >= deadline) {
+                st = TUTTI_ERR_TIMEOUT;
+                snprintf(err, sizeof(err),
+                         "every place of the grow from %d to %d ranks was taken, and no other "
+                         "grow began within %d ms",
+                         old, size, o.timeout_ms);
+                goto out;
+            }
+            uint64_t ns = TT_MIN(backoff, deadline - tt_now_ns());
+            struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+            nanosleep(&ts, NULL);
+            backoff = TT_MIN(backoff * 2, 200000000ull);
+            continue;
+        }
+        if (sscanf(v, fmt, &old, &size, base, count) != 4 || old < 1 || size <= old) {
+            st = TUTTI_ERR_PROTOCOL;
+            snprintf(err, sizeof(err), "the ticket at %s is not one (\"%.100s\")", tkey, (char *)v);
+            goto out;
+        }
+        int64_t n = 0;
+        if ((st = tutti_store_add(store, count, 1, &n)) < 0) {
+            snprintf(err, sizeof(err), "taking a place: %s", tutti_store_last_error(store));
+            goto out;
+        }
+        rank = old + (int)n - 1;
+        if (n >= 1 && rank < size)
+            break;
+        /* a spare: it waits for the next grow */
+        if (!polls++)
+            TT_INFO("tutti_comm_join: the %d places of the grow to %d ranks are taken: waiting "
+                    "for the next grow",
+                    size - old, size);
+        free(full);
+        full = v, flen = len, v = NULL, rank = -1;
+    }
+    tt_log_set_rank(rank);
+    st = comm_create(comm_p, store, NULL, base, rank, size, &o, err, sizeof(err));
+out:
+    free(v);
+    free(full);
+    tt_comm_opts_free(&o);
+    if (st < 0) {
+        init_error_set(st, "tutti_comm_join (rank %d of %d, job %s): %s", rank, size,
+                       jid[0] ? jid : "(no id)", err);
+        TT_WARN("%s", init_error);
+    }
     return st;
 }
 

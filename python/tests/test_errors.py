@@ -232,3 +232,38 @@ def test_revoke_then_shrink():
         assert value[:3] == (r, 2, [3.0] * 8)
         assert value[3] < 5, f"rank {r} felt the revoke after {value[3]:.1f} s (timeout 20 s)"
     assert tutti.RevokedError.status == -19
+
+
+def _grow_proc(proc, url, job, q):
+    try:
+        store = tutti.Store(url)
+        if proc < 2:
+            comm = tutti.Communicator(store, proc, 2, job_id=job, timeout_ms=20000)
+            big = comm.grow(3)
+        else:
+            comm, big = None, tutti.Communicator.join(store, job_id=job, timeout_ms=20000)
+        a = np.full(4, big.rank + 1, dtype=np.float64)
+        big.allreduce(a)
+        q.put((proc, "ok", (big.rank, big.size, a.tolist())))
+        big.destroy()
+        if comm:
+            comm.destroy()
+        store.close()
+    except BaseException as e:  # noqa: B902 (reported to the parent)
+        q.put((proc, "error", repr(e)))
+
+
+def test_grow_and_join(tmp_path):
+    import multiprocessing as mp
+    from ranks import collect
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    got = {}
+    job = f"grow-{os.getpid()}"
+    collect([ctx.Process(target=_grow_proc, args=(p, f"file://{tmp_path}", job, q))
+             for p in range(3)], q, got, 60)
+    assert {p: got.get(p, ("missing",))[0] for p in range(3)} == {0: "ok", 1: "ok", 2: "ok"}, got
+    assert sorted(v[1][:2] for v in got.values()) == [(0, 3), (1, 3), (2, 3)]
+    assert all(v[1][2] == [6.0] * 4 for v in got.values())
+    with pytest.raises(tutti.TimeoutError, match="is growing"):
+        tutti.Communicator.join(tutti.Store(f"file://{tmp_path}"), job_id="nobody", timeout_ms=200)

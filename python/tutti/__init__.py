@@ -465,6 +465,14 @@ class Communicator(_Handle):
         self._init(None, lambda h, o: _lib_.tutti_comm_init_env(h, o), opts)
         return self
 
+    @classmethod
+    def join(cls, store, **opts):
+        """A new process's side of grow(): wait for the job's grow (same job_id, store and
+        options as its ranks), take the next free rank; a spare waits for the next grow."""
+        self = cls.__new__(cls)
+        self._init(store, lambda h, o: _lib_.tutti_comm_join(h, store._handle(), o), opts)
+        return self
+
     def _init(self, store, call, opts):
         self._h = None
         o, keep = _lib.comm_opts(opts)
@@ -532,6 +540,15 @@ class Communicator(_Handle):
         arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
         h = ctypes.c_void_p()
         st = _lib_.tutti_comm_shrink(self._handle(), arr, len(ranks), ctypes.byref(h))
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+        return self._child(h)
+
+    def grow(self, size):
+        """ncclCommGrow: every rank calls it with the new size; new processes call
+        Communicator.join(store) to fill the places. Ranks keep their numbers."""
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_grow(self._handle(), int(size), ctypes.byref(h))
         if st < 0:
             raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
         return self._child(h)
