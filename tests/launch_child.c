@@ -1,8 +1,10 @@
 /* A rank for tests/test_launcher.sh: joins through tutti_comm_init_env (the variables
  * tutti-run sets), checks an allreduce against plain C, prints "rank R of W ok".
- *   launch_child [fail=K | hang]
+ *   launch_child [fail=K | fail-first=K | hang]
  * fail=K: rank K exits with status 3 after the first allreduce, while the others wait
- * in a second one (the launcher must stop them). hang: every rank sleeps. */
+ * in a second one (the launcher must stop them). fail-first=K: the same in the first
+ * attempt only (TUTTI_RESTART_COUNT 0), then as without arguments. hang: every rank
+ * sleeps. The "ok" line names the attempt: "rank R of W ok (restart N)" after one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +33,11 @@ int main(int argc, char **argv)
                 (long long)y);
         return 1;
     }
-    if (argc > 1 && !strncmp(argv[1], "fail=", 5)) {
-        if (rank == atoi(argv[1] + 5))
+    const char *rc = getenv("TUTTI_RESTART_COUNT");
+    int restart = rc ? atoi(rc) : 0;
+    int fail_first = argc > 1 && !strncmp(argv[1], "fail-first=", 11) && restart == 0;
+    if (argc > 1 && (!strncmp(argv[1], "fail=", 5) || fail_first)) {
+        if (rank == atoi(strchr(argv[1], '=') + 1))
             _exit(3);
         tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
         sleep(60); /* must be killed by the launcher well before */
@@ -40,7 +45,10 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && !strcmp(argv[1], "hang"))
         sleep(60);
-    printf("rank %d of %d ok\n", rank, size);
+    if (restart)
+        printf("rank %d of %d ok (restart %d)\n", rank, size, restart);
+    else
+        printf("rank %d of %d ok\n", rank, size);
     tutti_comm_destroy(comm);
     return 0;
 }

@@ -71,6 +71,23 @@ t1=$(date +%s)
 grep -q 'rank 1 exited with status 3' $tmp/err || fail "fail=1: no rank named: $(cat $tmp/err)"
 [ $((t1 - t0)) -lt 20 ] || fail "fail=1 took $((t1 - t0)) s"
 
+# --max-restarts: a rank that fails in the first attempt brings all down, all start
+# again on the same store and job id (restart in place), and the second attempt runs
+# through; restarts used up, the failure's status comes out
+t0=$(date +%s)
+out=$(timeout 60 "$run" -np 3 --max-restarts 2 "$child" fail-first=1 2>$tmp/err); rc=$?
+t1=$(date +%s)
+[ "$rc" = 0 ] || fail "--max-restarts 2, fail-first=1: exit $rc ($(cat $tmp/err))"
+[ "$(echo "$out" | grep -c ' of 3 ok (restart 1)$')" = 3 ] || fail "--max-restarts: output: $out"
+[ "$(grep -c 'starting the 3 rank(s) again (restart 1 of 2)' $tmp/err)" = 1 ] ||
+    fail "--max-restarts: $(cat $tmp/err)"
+[ $((t1 - t0)) -lt 30 ] || fail "--max-restarts took $((t1 - t0)) s"
+timeout 60 "$run" -np 2 --max-restarts 1 "$child" fail=0 2>$tmp/err; rc=$?
+[ "$rc" = 3 ] || fail "--max-restarts 1, fail=0: exit $rc, expected 3 ($(cat $tmp/err))"
+[ "$(grep -c 'rank 0 exited with status 3' $tmp/err)" = 2 ] || fail "--max-restarts 1: $(cat $tmp/err)"
+timeout 30 "$run" -np 2 --max-restarts x "$child" 2>/dev/null; [ $? = 2 ] || fail "--max-restarts x accepted"
+tmpdir_empty "--max-restarts"
+
 t0=$(date +%s)
 timeout 30 "$run" -np 2 --timeout 2 "$child" hang 2>/dev/null; rc=$?
 t1=$(date +%s)

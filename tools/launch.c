@@ -22,7 +22,7 @@
 #define CLEANER_WAIT_MS 1000
 
 /* launcher -> cleaner, 8 bytes each (< PIPE_BUF: never interleaved or split) */
-enum { MSG_RANK = 1, MSG_DISARM, MSG_DONE };
+enum { MSG_RANK = 1, MSG_DISARM, MSG_DONE, MSG_FORGET };
 typedef struct cleaner_msg {
     int32_t type;
     int32_t pid; /* MSG_RANK */
@@ -203,6 +203,8 @@ static void cleaner_main(tt_launch_t *l, int fd)
                 armed = 0;
             else if (in.m[k].type == MSG_DONE)
                 done = 1;
+            else if (in.m[k].type == MSG_FORGET) /* a restart: those ranks are reaped */
+                n = 0;
         }
         memmove(in.b, in.b + whole * sizeof(cleaner_msg_t), have - whole * sizeof(cleaner_msg_t));
         have -= whole * sizeof(cleaner_msg_t);
@@ -565,10 +567,9 @@ int tt_launch_stopping(const tt_launch_t *l)
     return l->kill_at != 0;
 }
 
-int tt_launch_finish(tt_launch_t *l)
+/* Reap every rank started (all have exited), sweeping their shm leftovers first. */
+static void reap_all(tt_launch_t *l)
 {
-    int rc = 0;
-    cleaner_tell(l, MSG_DISARM, 0); /* before reaping: pids may be reused after */
     pid_t *sorted = malloc((size_t)l->np * sizeof(pid_t));
     int n = 0;
     for (int i = 0; i < l->np; i++) {
@@ -591,6 +592,26 @@ int tt_launch_finish(tt_launch_t *l)
         if (l->pids[i] > 0)
             while (waitpid(l->pids[i], NULL, 0) < 0 && errno == EINTR)
                 ;
+}
+
+int tt_launch_restart(tt_launch_t *l)
+{
+    if (l->running > 0)
+        return -1;
+    cleaner_tell(l, MSG_FORGET, 0); /* before reaping: pids may be reused after */
+    reap_all(l);
+    memset(l->pids, 0, (size_t)l->np * sizeof(pid_t));
+    memset(l->exited, 0, (size_t)l->np);
+    l->kill_at = 0;
+    l->killed = 0;
+    return 0;
+}
+
+int tt_launch_finish(tt_launch_t *l)
+{
+    int rc = 0;
+    cleaner_tell(l, MSG_DISARM, 0); /* before reaping: pids may be reused after */
+    reap_all(l);
     if (l->dir[0]) {
         if (remove_tree(l->dir) == 0) {
             cleaner_tell(l, MSG_DONE, 0);

@@ -96,6 +96,11 @@ int tt_launch_signal_received(void);
  * or 128 + the launcher's signal. tt_launch_finish follows. */
 int tt_launch_wait_all(tt_launch_t *l, int timeout_s, int soft_code);
 
+/* Once every rank has exited, for starting them all again (tutti-run --max-restarts):
+ * reaps them (the cleaner forgets them first) and clears their state; the directory and
+ * the cleaner stay. 0, or -1 while ranks still run. */
+int tt_launch_restart(tt_launch_t *l);
+
 /* Once every rank has exited: reaps them, removes the directory, lets the cleaner go.
  * Returns 0, or -1 if the directory could not be removed (said why). */
 int tt_launch_finish(tt_launch_t *l);

@@ -62,6 +62,12 @@ static void usage(FILE *f, const char *argv0)
             "                      from the store's port: when jobs share a standalone store,\n"
             "                      give each job's nodes one --job-id of its own)\n"
             "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
+            "      --max-restarts R\n"
+            "                      when a rank fails, stop the others and start all N\n"
+            "                      again, up to R times (torchrun's --max-restarts; default\n"
+            "                      0); the ranks see TUTTI_RESTART_COUNT and\n"
+            "                      TORCHELASTIC_RESTART_COUNT (0 at first), the same store\n"
+            "                      and job id; with --nnodes, give every node the same R\n"
             "      --tag           prefix each line of the ranks' output with [rank]\n"
             "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
             "                      of the C CPUs tutti-run may use (neighbours together, as\n"
@@ -71,7 +77,8 @@ static void usage(FILE *f, const char *argv0)
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
             "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
-            "rank's status (128+signal for a signal, 124 for --timeout); 2 on bad usage.\n"
+            "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
+            "--timeout, which counts over every attempt); 2 on bad usage.\n"
             "The temporary store is made in $TMPDIR (default /tmp).\n",
             argv0, TT_LAUNCH_GRACE_MS);
 }
@@ -156,7 +163,7 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
 
 /* What a rank runs: its variables, its output pipes (--tag), then the program. */
 typedef struct run_rank {
-    int node_rank, np, world, tag;
+    int node_rank, np, world, tag, restart;
     int out, err; /* --tag: write ends of this rank's pipes */
     const char *store;
     char **prog;
@@ -173,6 +180,8 @@ static void run_rank(void *arg, int i)
     setenv_int("RANK", rank);
     setenv_int("WORLD_SIZE", r->world);
     setenv_int("LOCAL_RANK", i);
+    setenv_int("TUTTI_RESTART_COUNT", r->restart);
+    setenv_int("TORCHELASTIC_RESTART_COUNT", r->restart);
     setenv("TUTTI_STORE", r->store, 1);
     if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
         _exit(127);
@@ -183,7 +192,7 @@ static void run_rank(void *arg, int i)
 
 /* The command line. */
 typedef struct run_opts {
-    int np, nnodes, node_rank, timeout_s, tag, bind;
+    int np, nnodes, node_rank, timeout_s, tag, bind, max_restarts;
     const char *store, *job_id;
     char **prog;
 } run_opts_t;
@@ -194,11 +203,17 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
     *o_p = (run_opts_t){ .nnodes = 1 };
     static const struct option longopts[] = {
-        { "np", required_argument, NULL, 'n' },      { "store", required_argument, NULL, 's' },
-        { "nnodes", required_argument, NULL, 'N' },  { "node-rank", required_argument, NULL, 'K' },
-        { "timeout", required_argument, NULL, 't' }, { "tag", no_argument, NULL, 'T' },
-        { "bind", no_argument, NULL, 'B' },          { "job-id", required_argument, NULL, 'J' },
-        { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 },
+        { "np", required_argument, NULL, 'n' },
+        { "store", required_argument, NULL, 's' },
+        { "nnodes", required_argument, NULL, 'N' },
+        { "node-rank", required_argument, NULL, 'K' },
+        { "timeout", required_argument, NULL, 't' },
+        { "tag", no_argument, NULL, 'T' },
+        { "bind", no_argument, NULL, 'B' },
+        { "job-id", required_argument, NULL, 'J' },
+        { "max-restarts", required_argument, NULL, 'R' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     int c;
     while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
@@ -235,6 +250,12 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         case 't':
             if (tt_cli_int(optarg, 1, 1 << 24, &o_p->timeout_s) < 0) {
                 fprintf(stderr, "tutti-run: --timeout %s: expected seconds > 0\n", optarg);
+                return 2;
+            }
+            break;
+        case 'R':
+            if (tt_cli_int(optarg, 0, 1 << 20, &o_p->max_restarts) < 0) {
+                fprintf(stderr, "tutti-run: --max-restarts %s: expected 0 or more\n", optarg);
                 return 2;
             }
             break;
@@ -279,13 +300,14 @@ static int check_args(const run_opts_t *o)
 
 /* Start the ranks (with --tag, each with its output pipes in tags). -1 if one failed to
  * start: the ones started are left running for the caller to stop. */
-static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags)
+static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int restart)
 {
     int np = o->np, tag = o->tag;
     run_rank_t rr = { .node_rank = o->node_rank,
                       .np = np,
                       .world = np * o->nnodes,
                       .tag = tag,
+                      .restart = restart,
                       .store = o->store,
                       .prog = o->prog };
     for (int i = 0; i < np; i++) {
@@ -320,11 +342,13 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags)
 }
 
 /* Wait for every rank, forwarding --tag output; the first failure, a signal to us or
- * the deadline (0: none) stops the rest. Returns the exit status (status so far in). */
+ * the deadline (0: none) stops the rest. Returns the exit status (status so far in);
+ * *rank_failed_p: a rank's failure stopped them (not a signal or the deadline). */
 static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
-                     double deadline, int status)
+                     double deadline, int status, int *rank_failed_p)
 {
     int first_failed = -1;
+    *rank_failed_p = 0;
     while (l->running > 0) {
         if (!o->tag || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
@@ -334,6 +358,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                 continue;
             first_failed = o->node_rank * o->np + i;
             status = code;
+            *rank_failed_p = 1;
             if (!sig)
                 fprintf(stderr,
                         "tutti-run: rank %d exited with status %d; stopping the "
@@ -401,15 +426,26 @@ int main(int argc, char **argv)
     for (int k = 0; k < 2 * np && tag; k++)
         tags[k].fd = -1;
 
-    int spawn_failed = spawn_ranks(&l, &o, tags) < 0;
     double deadline = o.timeout_s ? now_ms() + o.timeout_s * 1000.0 : 0;
-    if (spawn_failed) {
-        status = 1;
-        tt_launch_stop(&l);
+    for (int restart = 0;; restart++) {
+        int rank_failed = 0;
+        status = 0;
+        if (spawn_ranks(&l, &o, tags, restart) < 0) {
+            status = 1;
+            tt_launch_stop(&l);
+        }
+        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed);
+        if (tag)
+            tag_drain(tags, pf, 2 * np);
+        if (!rank_failed || restart >= o.max_restarts || tt_launch_signal_received())
+            break;
+        fprintf(stderr, "tutti-run: starting the %d rank(s) again (restart %d of %d)\n", np,
+                restart + 1, o.max_restarts);
+        if (tt_launch_restart(&l) < 0)
+            break;
+        for (int k = 0; k < 2 * np && tag; k++)
+            tags[k] = (tagger_t){ .fd = -1 };
     }
-    status = supervise(&l, &o, tags, pf, deadline, status);
-    if (tag)
-        tag_drain(tags, pf, 2 * np);
 out:
     tt_launch_finish(&l);
     free(tags);
