@@ -394,6 +394,52 @@ START_TEST(shrink_sets_differ)
 }
 END_TEST
 
+/* ---- tutti_comm_shrink_live ---- */
+
+/* "die": rank 2 dies after an allreduce and rank 3 comes 2.5 s late: ranks 0 and 1 agree
+ * on {2,3} absent within their 1 s wait and go on as 2; rank 3 is told it came too late.
+ * "all": every rank comes, and the new communicator has all 4, at once. */
+static int rank_shrink_live(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    int die = !strcmp(arg, "die");
+    int64_t x = rank;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != nranks * (nranks - 1) / 2, "first allreduce: %s", tutti_status_name(st));
+    if (die && rank == 2)
+        _exit(0);
+    if (die && rank == 3)
+        usleep(2500000);
+    tutti_comm_t *small = (tutti_comm_t *)1;
+    double t0 = th_now_ms();
+    st = tutti_comm_shrink_live(comm, 1000, &small);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    if (die && rank == 3) {
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || small || !strstr(e, "without this rank") ||
+                    !strstr(e, "{2,3}"),
+                "late rank: %s: %s", tutti_status_name(st), e);
+        return 0;
+    }
+    FAIL_IF(st, "shrink_live: %s", e);
+    FAIL_IF(!die && took > 900, "everyone here, yet it took %.0f ms", took);
+    int all[] = { 0, 1, 2, 3 }, two[] = { 0, 1 };
+    TRY(check_child(rank, rank, small, die ? two : all, die ? 2 : 4));
+    tutti_comm_destroy(small);
+    return 0;
+}
+
+START_TEST(shrink_live)
+{
+    int codes[NR];
+    const char *mode = _i ? "all" : "die";
+    th_run_comm_timeout(NR, rank_shrink_live, (void *)mode, 60000, 10000, TH_NO_KILL_ON_FAIL,
+                        codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (%s)", r, codes[r], mode);
+}
+END_TEST
+
 /* ---- tutti_comm_revoke ---- */
 
 #define REVOKE_TIMEOUT_MS 20000 /* the communicators': a revoke must be felt long before */
@@ -591,4 +637,4 @@ TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 2),
-              TH_CASE(grow_and_join, 1))
+              TH_CASE(grow_and_join, 1), TH_CASE(shrink_live, 2))

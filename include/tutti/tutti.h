@@ -309,6 +309,13 @@ int tutti_comm_destroy(tutti_comm_t *comm);
  * promptly; thread-safe. The communicator must still be destroyed. */
 int tutti_comm_abort(tutti_comm_t *comm);
 
+/* MPIX_Comm_shrink: a shrink without naming the ranks to leave out: the ranks that call
+ * it agree, through the store, on which of them are here, and the others (dead, hung,
+ * or later than wait_ms after this rank came; -1: a quarter of the timeout) are left out
+ * as tutti_comm_shrink would. Every caller gets the same set; one that came after the
+ * others agreed without it fails with TUTTI_ERR_TIMEOUT saying so. */
+int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p);
+
 /* Grow the communicator (ncclCommGrow): every rank of comm calls it with the new size;
  * processes not in comm call tutti_comm_join to fill the places size - nranks. The ranks
  * of comm keep their numbers, the new ones get nranks.. size-1 in the order they come.

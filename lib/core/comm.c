@@ -645,6 +645,123 @@ out:
     return st;
 }
 
+/* The ranks that call tutti_comm_shrink_live agree on who they are: each says it is here,
+ * waits until every rank is or wait_ms passed, and offers the set of those absent; the
+ * first offer stored (compare-and-set) is everyone's. Then a shrink without them. */
+int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "shrink_live: newcomm_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    if (wait_ms < 0)
+        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
+    int n = comm->nranks;
+    tutti_store_t *js = comm->job_store, *b = js->base;
+    char dir[TUTTI_STORE_MAX_KEY + 1], key[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
+    /* the shrink this leads to has this seq: unique per call, the same on every rank */
+    snprintf(dir, sizeof(dir), "%s%s/live%u/", js->prefix, comm->nonce, comm->shrink_seq);
+    size_t setlen = 12 * (size_t)n + 16;
+    char *offer = malloc(setlen + 2), **keys = calloc((size_t)n, sizeof(char *));
+    int *absent = malloc((size_t)n * sizeof(int)), nabsent = 0, bad;
+    void *agreed = NULL;
+    size_t alen = 0;
+    int st = !offer || !keys || !absent ? TUTTI_ERR_NOMEM : TUTTI_OK;
+    for (int r = 0; r < n && st == TUTTI_OK; r++) {
+        snprintf(key, sizeof(key), "%shere/%d", dir, r);
+        if (!(keys[r] = tt_strdup(key)))
+            st = TUTTI_ERR_NOMEM;
+    }
+    if (st < 0) {
+        snprintf(err, sizeof(err), "out of memory");
+        goto out;
+    }
+    if ((st = tutti_store_set(b, keys[comm->rank], "1", 1)) < 0)
+        goto store_err;
+    int all = 0;
+    uint64_t deadline = tt_deadline_ns(wait_ms), backoff = 1000000ull;
+    for (;;) {
+        int decided = 0;
+        snprintf(key, sizeof(key), "%sset", dir);
+        const char *k1[1] = { key };
+        if ((st = tutti_store_check(b, (const char *const *)keys, (size_t)n, &all)) < 0 ||
+            (st = tutti_store_check(b, k1, 1, &decided)) < 0)
+            goto store_err;
+        if (all || decided || tt_now_ns() >= deadline)
+            break;
+        uint64_t ns = TT_MIN(backoff, deadline - tt_now_ns());
+        struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+        nanosleep(&ts, NULL);
+        backoff = TT_MIN(backoff * 2, 50000000ull);
+    }
+    for (int r = 0; r < n && !all; r++) {
+        int here = 0;
+        const char *k1[1] = { keys[r] };
+        if ((st = tutti_store_check(b, k1, 1, &here)) < 0)
+            goto store_err;
+        if (!here)
+            absent[nabsent++] = r;
+    }
+    offer[0] = 'x', offer[1] = ':';
+    shrink_set_text(absent, nabsent, n, offer + 2, setlen, &bad);
+    snprintf(key, sizeof(key), "%sset", dir);
+    void *cur = NULL;
+    if ((st = tutti_store_compare_set(b, key, "", 0, offer, strlen(offer), &cur, &alen)) < 0)
+        goto store_err;
+    agreed = malloc(alen + 1); /* as text */
+    if (agreed) {
+        memcpy(agreed, cur, alen);
+        ((char *)agreed)[alen] = '\0';
+    }
+    free(cur);
+    if (!agreed || alen < 2 || memcmp(agreed, "x:", 2)) {
+        st = agreed ? TUTTI_ERR_PROTOCOL : TUTTI_ERR_NOMEM;
+        snprintf(err, sizeof(err), "the agreed set at %s is not one", key);
+        goto out;
+    }
+    /* the agreed set, as ranks: this rank must be in none of it */
+    nabsent = 0;
+    int me_out = 0;
+    for (char *p = (char *)agreed + 2; alen > 2 && *p;) {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p || r < 0 || r >= n || nabsent >= n) {
+            st = TUTTI_ERR_PROTOCOL;
+            snprintf(err, sizeof(err), "the agreed set \"%.100s\" is not one", (char *)agreed);
+            goto out;
+        }
+        me_out |= r == comm->rank;
+        absent[nabsent++] = (int)r;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (me_out) {
+        st = TUTTI_ERR_TIMEOUT;
+        snprintf(err, sizeof(err),
+                 "the other ranks agreed on the live set without this rank (it came after "
+                 "their %d ms wait; absent: {%s})",
+                 wait_ms, (char *)agreed + 2);
+        goto out;
+    }
+    TT_INFO("shrink_live: absent {%s} (this rank offered {%s})", (char *)agreed + 2, offer + 2);
+    free(offer), free(agreed);
+    offer = agreed = NULL;
+    st = tutti_comm_shrink(comm, absent, nabsent, newcomm_p); /* its own error text */
+    goto done;
+store_err:
+    snprintf(err, sizeof(err), "%s", tutti_store_last_error(b));
+out:
+    tt_comm_set_error(comm, st, "shrink_live (waiting %d ms for the others): %s", wait_ms, err);
+done:
+    for (int r = 0; keys && r < n; r++)
+        free(keys[r]);
+    free(keys);
+    free(offer);
+    free(agreed);
+    free(absent);
+    return st;
+}
+
 /* ---- growing: tutti_comm_grow (the ranks there) and tutti_comm_join (the new ones) ---- */
 
 /* Where a growing communicator's rank 0 puts its ticket: the job's key space before any

@@ -532,13 +532,19 @@ class Communicator(_Handle):
             return None
         return self._child(h)
 
-    def shrink(self, exclude):
+    def shrink(self, exclude=None, wait_ms=-1):
         """ncclCommShrink: a new communicator of the ranks not in exclude (their order
         kept), made through the store alone, so it works after a rank died: the ranks left
-        call it with the same set."""
+        call it with the same set. exclude=None (MPIX_Comm_shrink): the ranks that call it
+        agree on who is here, waiting wait_ms (-1: a quarter of the timeout) for the rest."""
+        h = ctypes.c_void_p()
+        if exclude is None:
+            st = _lib_.tutti_comm_shrink_live(self._handle(), int(wait_ms), ctypes.byref(h))
+            if st < 0:
+                raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+            return self._child(h)
         ranks = [int(r) for r in exclude]
         arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
-        h = ctypes.c_void_p()
         st = _lib_.tutti_comm_shrink(self._handle(), arr, len(ranks), ctypes.byref(h))
         if st < 0:
             raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())

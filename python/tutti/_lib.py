@@ -195,6 +195,7 @@ _OTHERS = {
     "tutti_comm_abort": (_I, [_P]),
     "tutti_comm_revoke": (_I, [_P]),
     "tutti_comm_grow": (_I, [_P, _I, _WP]),
+    "tutti_comm_shrink_live": (_I, [_P, _I, _WP]),
     "tutti_comm_join": (_I, [_WP, _P, ctypes.POINTER(CommOpts)]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_shrink": (_I, [_P, _P, _I, _WP]),
