@@ -799,6 +799,14 @@ START_TEST(test_args_and_urls)
         ck_assert_msg(tutti_store_last_error(NULL)[0], "no message for '%s'", bad[i]);
     }
     ck_assert_ptr_nonnull(strstr(tutti_store_last_error(NULL), "tcp://h:0"));
+    /* a malformed URL is named in the message, its password never */
+    const char *secret[] = { "http://bob:hunter22@x:1", "tcp://bob:hunter22@x:1",
+                             "bob:hunter22@x:1", " redis-ish://hunter22@x" };
+    for (size_t i = 0; i < sizeof(secret) / sizeof(secret[0]); i++) {
+        EXPECT(NULL, tutti_store_open(&s, secret[i], NULL), TUTTI_ERR_INVALID_ARG);
+        const char *m = tutti_store_last_error(NULL);
+        ck_assert_msg(strstr(m, "***@x") && !strstr(m, "hunter22"), "'%s': %s", secret[i], m);
+    }
     EXPECT(NULL, tutti_store_open(NULL, "file:///tmp/x", NULL), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_open(&s, NULL, NULL), TUTTI_ERR_INVALID_ARG);
     EXPECT(NULL, tutti_store_open_file(&s, "", 100), TUTTI_ERR_INVALID_ARG);
@@ -1518,15 +1526,25 @@ START_TEST(test_redis_auth)
               reply, sizeof(reply));
     ck_assert_msg(strstr(reply, "+OK\r\n+OK\r\n:"), "%s", reply);
     o.password = "alice-pw";
-    snprintf(url, sizeof(url), "redis://alice@127.0.0.1:%d", port);
+    snprintf(url, sizeof(url), "redis://alice:@127.0.0.1:%d", port); /* empty: the options' */
     OK(NULL, tutti_store_open(&s, url, &o));
     snprintf(want, sizeof(want), "redis://alice@127.0.0.1:%d/0", port);
     ck_assert_str_eq(tutti_store_url(s), want);
     OK(s, tutti_store_set(s, "alice", "1", 1));
     tutti_store_close(s);
-    snprintf(url, sizeof(url), "redis://alice:@127.0.0.1:%d", port); /* empty: the options' */
-    OK(NULL, tutti_store_open(&s, url, &o));
+    /* a lone field is the password even with the options holding one: never shown as a user */
+    snprintf(url, sizeof(url), "redis://p%%40ss%%2Fw%%3Ard@127.0.0.1:%d", port);
+    o.password = "not-this-one";
+    OK(NULL, tutti_store_open(&s, url, &o)); /* the default user's, and the URL's wins */
+    snprintf(want, sizeof(want), "redis://127.0.0.1:%d/0", port);
+    ck_assert_str_eq(tutti_store_url(s), want);
     tutti_store_close(s);
+    snprintf(url, sizeof(url), "redis://s3cret-lone@127.0.0.1:%d", port);
+    EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
+    msg = tutti_store_last_error(NULL);
+    ck_assert_msg(!strstr(msg, "s3cret-lone"), "%s", msg);
+    o.password = "alice-pw";
+    snprintf(url, sizeof(url), "redis://alice:@127.0.0.1:%d", port);
     o.password = "wrong";
     EXPECT(NULL, tutti_store_open(&s, url, &o), TUTTI_ERR_AUTH);
     msg = tutti_store_last_error(NULL);

@@ -334,11 +334,13 @@ int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_com
 /* Revoke the communicator on every rank (MPIX_Comm_revoke): this rank's pending and
  * future operations fail with TUTTI_ERR_REVOKED at once, and every other rank's pending
  * operation, or its next one that waits on a peer, fails with TUTTI_ERR_REVOKED too,
- * naming this rank: at once where it waits on this rank (its links close), within
- * stall_check_ms elsewhere (the revocation is in the store; the failing ranks tell their
- * own peers in turn). For a rank that finds a peer dead or hung, so that the others stop
- * waiting on it; then tutti_comm_shrink makes a communicator without it. Thread-safe,
- * returns promptly (one bounded store write); the communicator must still be destroyed.
+ * naming this rank: the revocation goes to this rank's peers over its links as a failure
+ * report, and each rank it fails passes it on to its own peers; it is also in the store,
+ * where a blocked rank's stall check (stall_check_ms) finds it should a report not reach
+ * it. For a rank that finds a peer dead or hung, so that the others stop waiting on it;
+ * then tutti_comm_shrink makes a communicator without it. Thread-safe (any thread, any
+ * number of times), returns promptly (one bounded store write and a bounded send), but
+ * not concurrent with tutti_comm_destroy; the communicator must still be destroyed.
  * TUTTI_OK, also when it had failed already (its failure is what the peers then see). */
 int tutti_comm_revoke(tutti_comm_t *comm);
 

@@ -1201,13 +1201,12 @@ int tutti_comm_revoke(tutti_comm_t *comm)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
-    if (atomic_exchange(&comm->revoked, 1))
-        return TUTTI_OK;
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq;
     pthread_mutex_unlock(&comm->q_lock);
     /* under err_lock with the failure's seq and text, which a thread that sees the
-     * communicator failed reads under it (exec.c) */
+     * communicator failed reads under it (exec.c); failed before revoked, so that a
+     * second revoker, which returns at once, finds its communicator failed already */
     int expected = 0;
     pthread_mutex_lock(&comm->err_lock);
     int first = atomic_compare_exchange_strong(&comm->failed, &expected, TUTTI_ERR_REVOKED);
@@ -1217,13 +1216,31 @@ int tutti_comm_revoke(tutti_comm_t *comm)
                  "rank %d: revoked the communicator (tutti_comm_revoke)", comm->rank);
     }
     pthread_mutex_unlock(&comm->err_lock);
+    if (atomic_exchange(&comm->revoked, 1))
+        return TUTTI_OK;
     if (first) {
         TT_WARN("rank %d: revoked the communicator before its seq %llu", comm->rank,
                 (unsigned long long)seq);
+        atomic_store(&comm->revoke_untold, 1);
         tt_fault_record_revoke(comm);
     }
-    /* its links close, and the peers' stall checks find the record written above */
+    /* A blocked op ends (the transport aborted) and tells the peers as it fails
+     * (tt_fault_record); an idle communicator is told from here, holding `executing`.
+     * Should an op hold it and still finish well, the next op tells, or else the
+     * peers' stall checks find the record written above. */
     stop_and_wake(comm);
+    pthread_mutex_lock(&comm->q_lock);
+    if (!comm->executing && !comm->stopping) {
+        comm->executing = 1;
+        pthread_mutex_unlock(&comm->q_lock);
+        tt_fault_tell_revoke(comm);
+        pthread_mutex_lock(&comm->q_lock);
+        comm->executing = 0;
+        pthread_cond_broadcast(&comm->done_cv);
+        if (comm->q_head)
+            pthread_cond_signal(&comm->q_cv);
+    }
+    pthread_mutex_unlock(&comm->q_lock);
     return TUTTI_OK;
 }
 

@@ -74,6 +74,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     }
     st = atomic_load(&comm->failed);
     if (st < 0) {
+        tt_fault_tell_revoke(comm); /* a revoke made while nobody ran an op */
         pthread_mutex_lock(&comm->err_lock);
         snprintf(err, errlen,
                  "rank %d: %s seq %llu not started: the communicator failed at "

@@ -97,13 +97,15 @@ int tt_op_store_delete(tt_op_t *op, const char *key)
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
 {
     va_list ap;
-    pthread_mutex_lock(&comm->err_lock);
-    int n = snprintf(comm->last_error, sizeof(comm->last_error), "rank %d: ", comm->rank);
+    char msg[TT_ERRMSG_LEN];
+    int n = snprintf(msg, sizeof(msg), "rank %d: ", comm->rank);
     va_start(ap, fmt);
-    vsnprintf(comm->last_error + n, sizeof(comm->last_error) - (size_t)n, fmt, ap);
+    vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
     va_end(ap);
+    pthread_mutex_lock(&comm->err_lock);
+    memcpy(comm->last_error, msg, sizeof(msg));
     pthread_mutex_unlock(&comm->err_lock);
-    TT_INFO("%s", comm->last_error);
+    TT_INFO("%s", msg);
     return status;
 }
 
@@ -152,7 +154,11 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
                       op->fingerprint & TT_FP_V ? "v" : "", (unsigned long long)op->seq,
                       algo ? algo : "-", op->count, tutti_dtype_name(op->dtype),
                       tutti_strerror(status), stopped, msg);
-    TT_WARN("%s", comm->last_error);
+    char now[TT_ERRMSG_LEN]; /* last_error as set here (another thread may set it too) */
+    pthread_mutex_lock(&comm->err_lock);
+    memcpy(now, comm->last_error, sizeof(now));
+    pthread_mutex_unlock(&comm->err_lock);
+    TT_WARN("%s", now);
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
         comm->failed_seq = op->seq;
@@ -160,18 +166,20 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
          * timeout. Each rank reports only its first failure, so a report travels on
          * (a rank that fails because of it reports in turn) and then stops. */
         if (comm->tp && status != TUTTI_ERR_ABORTED)
-            comm->tp_ops->notify_error(comm->tp, status, comm->last_error);
+            comm->tp_ops->notify_error(comm->tp, status, now);
         /* Also in the store: a rank that exits right after this may cut a message in
          * half, and its peers then see only its socket close; they look here to name
          * the first cause instead of this rank (best effort, and bounded: the store's
          * host may be the rank that died). */
         char key[64], val[TT_ERRMSG_LEN + 16];
         failed_key(key, sizeof(key), comm->rank);
-        int len = snprintf(val, sizeof(val), "%d %s", status, comm->last_error); /* peer_failure */
+        int len = snprintf(val, sizeof(val), "%d %s", status, now); /* peer_failure */
         int64_t nfailed;
         if (tt_op_store_set(op, key, val, (size_t)TT_MIN(len, (int)sizeof(val) - 1) + 1) == 0)
             tt_op_store_add(op, FAILED_COUNT_KEY, 1, &nfailed);
     }
+    /* this rank revoked the communicator: the op that the revoke stopped tells the peers */
+    tt_fault_tell_revoke(comm);
 }
 
 /* failed/<rank> = "<status> <last_error>" and failed_count + 1 through s (peer_failure
@@ -202,6 +210,19 @@ void tt_fault_record_revoke(tutti_comm_t *comm)
                 comm->rank, s ? tutti_store_last_error(s) : tutti_strerror(st));
     if (s)
         tutti_store_close(s);
+}
+
+void tt_fault_tell_revoke(tutti_comm_t *comm)
+{
+    if (!atomic_load(&comm->revoke_untold) || !atomic_exchange(&comm->revoke_untold, 0) ||
+        !comm->tp)
+        return;
+    char msg[TT_ERRMSG_LEN];
+    pthread_mutex_lock(&comm->err_lock);
+    memcpy(msg, comm->last_error, sizeof(msg));
+    pthread_mutex_unlock(&comm->err_lock);
+    /* the transport is aborted (its blocked calls end), which notify_error does not mind */
+    comm->tp_ops->notify_error(comm->tp, TUTTI_ERR_REVOKED, msg);
 }
 
 void tt_fault_fail_op(tt_op_t *op, int status, const char *msg)

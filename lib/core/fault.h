@@ -30,6 +30,10 @@ void tt_fault_fail_op(tt_op_t *op, int status, const char *msg);
  * store record tt_fault_record leaves, from the caller's thread (its own view of the
  * store, the failure paths' deadline). */
 void tt_fault_record_revoke(tutti_comm_t *comm);
+/* Send the revoke to the peers through the transport (TUTTI_ERR_REVOKED, which each of
+ * them passes on as its first failure), once; nothing when this rank did not revoke or
+ * has told already. The caller holds `executing` (the transport's links are its). */
+void tt_fault_tell_revoke(tutti_comm_t *comm);
 
 /* A request of op failed (req->status): describe it (a mismatch names both envelopes; a
  * closed peer, what it left in the store), fail op; returns the status. */

@@ -118,7 +118,9 @@ struct tutti_comm {
     uint64_t stop_ns;     /* how long it was at least, */
     int stop_between_ops; /* and whether it was outside the library (maybe busy) */
     atomic_int aborted;
-    atomic_int revoked; /* 1: this rank called tutti_comm_revoke */
+    atomic_int revoked;       /* 1: this rank called tutti_comm_revoke */
+    atomic_int revoke_untold; /* 1: the revoke was the first failure, not yet sent to the
+                                 peers (tt_fault_tell_revoke) */
 
     /* the op queue: ops run one at a time, in issue order, by whichever thread holds
      * `executing`: the caller of a blocking op, a waiter, or the progress thread */

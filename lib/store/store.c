@@ -259,12 +259,13 @@ static int parse_tcp_url(const char *rest, char *host, size_t hostlen, int *port
 const char *tt_store_url_redact(const char *url, char *dst, size_t dstlen)
 {
     const char *sep = url ? strstr(url, "://") : NULL;
-    const char *at = sep && strncmp(url, "file://", 7) ? strrchr(sep + 3, '@') : NULL;
+    /* without a scheme (a malformed URL) the user info is whatever comes before a '@' */
+    const char *ui = sep ? sep + 3 : url;
+    const char *at = url && strncmp(url, "file://", 7) ? strrchr(ui, '@') : NULL;
     if (!at) {
         snprintf(dst, dstlen, "%s", url ? url : "(null)");
         return dst;
     }
-    const char *ui = sep + 3;
     const char *colon = memchr(ui, ':', (size_t)(at - ui));
     /* the user stays when it is clearly one (before a ':'); the rest before '@' goes */
     int ulen = colon && !memchr(ui, '/', (size_t)(colon - ui)) ? (int)(colon - ui) : 0;
@@ -303,8 +304,9 @@ static char *url_decode(const char *src, size_t n)
 
 /* redis://[[user]:password@]host[:port][/db]: the user and password percent-decoded, the
  * port 6379 and the db 0 when left out. The password in the URL wins over the options'; a
- * lone field before '@' is the user when the options hold a password, else the password
- * (redis-cli's reading); "user:@host" takes its password from the options. */
+ * lone field before '@' is always the password (redis-cli's reading: it is never shown, so
+ * a secret there cannot leak as a user name); "user:@host" names a user whose password
+ * comes from the options. */
 static int open_redis(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *o)
 {
     const char *rest = url + 8, *at = NULL;
@@ -329,7 +331,7 @@ static int open_redis(tutti_store_t **store_p, const char *url, const tutti_stor
             bad = "a malformed %-escape in the user or password";
             goto out;
         }
-        if (!colon && !o->password) { /* redis://secret@host: the one field is the password */
+        if (!colon) { /* redis://secret@host: the one field is the password */
             password = user;
             user = NULL;
         }
@@ -338,8 +340,8 @@ static int open_redis(tutti_store_t **store_p, const char *url, const tutti_stor
             password = NULL;
         }
         if (user && !password && !o->password) {
-            bad = "the URL names a user but no password (give it after the user, as user:password, "
-                  "or in TUTTI_STORE_PASSWORD)";
+            bad = "the URL names a user but no password (give it after the user, as "
+                  "user:password, or as user:@host with TUTTI_STORE_PASSWORD)";
             goto out;
         }
         rest = at + 1;
@@ -411,6 +413,7 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
                               "bad store URL '%s': expected file:///absolute/dir", url);
         return tutti_store_open_file(store_p, dir, o.timeout_ms);
     }
+    char shown[512]; /* a malformed URL in a message, with no password in it */
     if (!strncmp(url, "tcp://", 6)) {
         char host[256];
         int port;
@@ -418,13 +421,14 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
             return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                               "bad store URL '%s': expected tcp://host:port or "
                               "tcp://[v6addr]:port",
-                              url);
+                              tt_store_url_redact(url, shown, sizeof(shown)));
         return open_tcp(store_p, host, port, &o);
     }
     if (!strncmp(url, "redis://", 8))
         return open_redis(store_p, url, &o);
     return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
-                      "bad store URL '%s': scheme must be file://, tcp:// or redis://", url);
+                      "bad store URL '%s': scheme must be file://, tcp:// or redis://",
+                      tt_store_url_redact(url, shown, sizeof(shown)));
 }
 
 int tutti_store_open_ops(tutti_store_t **store_p, const tutti_store_ops_t *ops, void *ctx,
@@ -616,6 +620,28 @@ int tutti_store_set(tutti_store_t *store, const char *key, const void *value, si
     return op_result(store, st, "set", k, &err);
 }
 
+/* The deadline of a call that waits for keys. A timeout of 0 asks for what is there now,
+ * which a round trip to a server cannot promise within 0 ms: the keys are checked first
+ * (within the store's timeout) and, when all are there, fetched within the store's timeout;
+ * a key missing times out at once. */
+static int keys_deadline(tutti_store_t *store, const char *const *keys, size_t n, int timeout_ms,
+                         uint64_t *deadline_p, tt_store_err_t *err)
+{
+    *deadline_p = op_deadline(store, timeout_ms);
+    if (timeout_ms != 0)
+        return TUTTI_OK;
+    tutti_store_t *b = store->base;
+    int all = 0;
+    TT_CHECK(b->ops->check(b, keys, n, &all, op_deadline(store, -1), err));
+    if (!all) {
+        tt_store_err_set(err, "%s (a timeout of 0 does not wait)",
+                         n > 1 ? "not every key is set" : "key not set");
+        return TUTTI_ERR_TIMEOUT;
+    }
+    *deadline_p = op_deadline(store, -1);
+    return TUTTI_OK;
+}
+
 int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_t *len_p,
                     int timeout_ms)
 {
@@ -627,7 +653,11 @@ int tutti_store_get(tutti_store_t *store, const char *key, void **value_p, size_
     tutti_store_t *b = store->base;
     void *v = NULL;
     size_t len = 0;
-    int st = b->ops->get(b, k, &v, &len, op_deadline(store, timeout_ms), &err);
+    const char *ck = k;
+    uint64_t deadline;
+    int st = keys_deadline(store, &ck, 1, timeout_ms, &deadline, &err);
+    if (st >= 0)
+        st = b->ops->get(b, k, &v, &len, deadline, &err);
     if (st < 0)
         return op_result(store, st, "get", k, &err);
     *value_p = v;
@@ -757,9 +787,11 @@ int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, in
     if (!k)
         return TUTTI_OK;
     tutti_store_t *b = store->base;
-    uint64_t deadline = op_deadline(store, timeout_ms);
+    uint64_t deadline;
     const char *const *ck = (const char *const *)k;
-    int st = b->ops->wait ? b->ops->wait(b, ck, n, deadline, &err)
+    int st = keys_deadline(store, ck, n, timeout_ms, &deadline, &err);
+    if (st >= 0)
+        st = b->ops->wait ? b->ops->wait(b, ck, n, deadline, &err)
                           : generic_wait(b, ck, n, deadline, &err);
     size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(b, ck, n) : n;
     st = op_result(store, st,
@@ -825,10 +857,12 @@ int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t 
         goto out_free;
     }
     tutti_store_t *b = store->base;
-    uint64_t deadline = op_deadline(store, timeout_ms);
+    uint64_t deadline;
     const char *const *ck = (const char *const *)k;
-    st = b->ops->multi_get ? b->ops->multi_get(b, ck, n, vals, lens, deadline, &err)
-                           : generic_multi_get(b, ck, n, vals, lens, deadline, &err);
+    st = keys_deadline(store, ck, n, timeout_ms, &deadline, &err);
+    if (st >= 0)
+        st = b->ops->multi_get ? b->ops->multi_get(b, ck, n, vals, lens, deadline, &err)
+                               : generic_multi_get(b, ck, n, vals, lens, deadline, &err);
     st = op_result(store, st, n > 1 ? "multi_get (first key)" : "multi_get", k[0], &err);
     if (st >= 0) {
         memcpy(values_p, vals, n * sizeof(*vals));

@@ -399,9 +399,8 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
                 st = TUTTI_ERR_AUTH;
             /* A server may quote AUTH's arguments back ("unknown command 'AUTH', with args
              * beginning with: '<password>'"): of such a reply only its first word shows. */
-            int quoted = step == 0 &&
-                         (strchr(r.s, '\'') || strchr(r.s, '"') || strstr(r.s, rs->password) ||
-                          (rs->user && strstr(r.s, rs->user)));
+            int quoted = step == 0 && (strchr(r.s, '\'') || strchr(r.s, '"') ||
+                                       (rs->password && strstr(r.s, rs->password)));
             snprintf(cause, causelen, "%s: %s refused: %.*s%s%s", rs->addr, argv[0],
                      quoted ? (int)strcspn(r.s, " ") : (int)r.len, r.s,
                      quoted ? " (the rest of the server's reply withheld: it quotes the "

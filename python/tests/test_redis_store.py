@@ -109,6 +109,10 @@ def test_password_never_shows(redis_auth):
         shown = [w for w in ("wrong-pw", "s3cret", "p@ss", "ss@pw", "ss-pw") if w in str(e.value)]
         assert not shown, str(e.value)
         assert f"***@127.0.0.1:{redis_auth}/" in str(e.value), str(e.value)
+    for bad in ("http://bob:hunter22@x:1", " tcp://bob:hunter22@x", "bob:hunter22@x:1"):
+        with pytest.raises(tutti.Error) as e:  # malformed: refused without the password
+            tutti.Store(bad, timeout_ms=200)
+        assert "hunter22" not in str(e.value) and "***@x" in str(e.value), str(e.value)
     with pytest.raises(tutti.Error, match="NOAUTH"):
         tutti.Store(f"redis://127.0.0.1:{redis_auth}/1", timeout_ms=2000)
 

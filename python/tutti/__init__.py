@@ -10,7 +10,6 @@ import atexit
 import ctypes
 import json
 import os
-import re
 import weakref
 
 from . import _lib
@@ -243,13 +242,16 @@ class _Handle:
 
 def _url_redacted(url):
     """url for a message, as tt_store_url_redact shows it: what precedes the last '@' after
-    "scheme://" becomes "***", a user before ':' staying; file:// URLs as they are."""
-    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*://)(.*)@([^@]*)$", url, re.S)
-    if not m or url.startswith("file://"):
+    the first "://" (or in a URL without one, the whole of it) becomes "***", a user before
+    ':' staying; file:// URLs as they are."""
+    sep = url.find("://")
+    head, info = (url[:sep + 3], url[sep + 3:]) if sep >= 0 else ("", url)
+    at = info.rfind("@")
+    if at < 0 or url.startswith("file://"):
         return url
-    user, colon, _ = m.group(2).partition(":")
+    user, colon, _ = info[:at].partition(":")
     keep = user + ":" if colon and "/" not in user else ""
-    return f"{m.group(1)}{keep}***@{m.group(3)}"
+    return f"{head}{keep}***{info[at:]}"
 
 
 class Store(_Handle):
