@@ -1,10 +1,12 @@
 /* A rank for tests/test_launcher.sh: joins through tutti_comm_init_env (the variables
  * tutti-run sets), checks an allreduce against plain C, prints "rank R of W ok".
- *   launch_child [fail=K | fail-first=K | hang]
+ *   launch_child [fail=K | fail-first=K | hang | until=FILE]
  * fail=K: rank K exits with status 3 after the first allreduce, while the others wait
  * in a second one (the launcher must stop them). fail-first=K: the same in the first
  * attempt only (TUTTI_RESTART_COUNT 0), then as without arguments. hang: every rank
- * sleeps. The "ok" line names the attempt: "rank R of W ok (restart N)" after one. */
+ * sleeps. until=FILE: allreduces every 20 ms until FILE exists. The "ok" line names the
+ * attempt: "rank R of W ok (restart N)" after one; under tutti-run --nnodes MIN:MAX,
+ * "rank R of W ok (round N, restart M)". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,8 @@ int main(int argc, char **argv)
     }
     int rank = tutti_comm_rank(comm), size = tutti_comm_size(comm);
     const char *lr = getenv("TUTTI_LOCAL_RANK");
-    if (!lr || atoi(lr) != rank) {
+    const char *lws = getenv("LOCAL_WORLD_SIZE"); /* elastic: ranks numbered by node */
+    if (!lr || (lws ? rank % atoi(lws) : rank) != atoi(lr)) {
         fprintf(stderr, "rank %d: TUTTI_LOCAL_RANK %s\n", rank, lr ? lr : "unset");
         return 1;
     }
@@ -45,7 +48,20 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && !strcmp(argv[1], "hang"))
         sleep(60);
-    if (restart)
+    while (argc > 1 && !strncmp(argv[1], "until=", 6) && access(argv[1] + 6, F_OK) != 0) {
+        usleep(20000);
+        x = rank + 1;
+        st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
+        if (st != TUTTI_OK || y != (int64_t)size * (size + 1) / 2) {
+            fprintf(stderr, "rank %d: allreduce %s: %s\n", rank, tutti_status_name(st),
+                    tutti_comm_last_error(comm));
+            return 1;
+        }
+    }
+    const char *round = getenv("TUTTI_ROUND");
+    if (round)
+        printf("rank %d of %d ok (round %s, restart %d)\n", rank, size, round, restart);
+    else if (restart)
         printf("rank %d of %d ok (restart %d)\n", rank, size, restart);
     else
         printf("rank %d of %d ok\n", rank, size);

@@ -293,4 +293,74 @@ a=$(TUTTI_JOB_ID=mine bench_id)
 [ "$a" = mine ] || fail "tutti-bench -np replaced the user's TUTTI_JOB_ID: \"$a\""
 tmpdir_empty "job ids"
 
+# --nnodes MIN:MAX (elastic, torchrun's): tutti-runs sharing a store meet in rounds
+el=$tmp/elastic
+mkdir -p "$el"
+# two nodes of 2:3 meet (round 0 closes at 2 after the last call), ranks numbered by node
+for k in 0 1; do
+    timeout 60 "$run" -np 2 --nnodes 2:3 --rdzv-last-call 300 --store "file://$el/s1" \
+        "$child" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] || fail "elastic 2:3, two nodes: exit $r0 $r1 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
+    fail "elastic 2:3, two nodes: output: $(cat "$el"/out*)"
+# scale-up over a tcp store that the first node serves: a third node comes to the running
+# round, which restarts with 6 ranks (not counted as a restart)
+read -r port < <(python3 -c "import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+up() {
+    TEST_MARK=$m timeout 60 "$run" -np 2 --nnodes 2:3 --rdzv-last-call 300 \
+        --store "tcp://127.0.0.1:$port" "$child" "until=$el/stop" >"$el/out$1" 2>"$el/err$1" &
+    eval "p$1=\$!"
+}
+m=elastic-$$ marks="$marks $m"
+rm -f "$el"/out* "$el"/err*
+up 0; up 1
+for _ in $(seq 200); do grep -qs 'elastic round 0:' "$el/err0" && grep -qs 'elastic round 0:' "$el/err1" && break; sleep .05; done
+up 2
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 1:')" = 3 ] && break; sleep .05; done
+touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
+[ "$r0$r1$r2" = 000 ] || fail "elastic scale-up: exit $r0 $r1 $r2 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c ' of 6 ok (round 1, restart 0)$')" = 6 ] ||
+    fail "elastic scale-up: output: $(cat "$el"/out*) $(cat "$el"/err*)"
+[ "$(cat "$el"/err? | grep -c 'round 0 ended (scale: 1 node(s) waiting to join 2)')" = 2 ] ||
+    fail "elastic scale-up: $(cat "$el"/err?)"
+why=$(all_gone $m) || fail "elastic scale-up: $why"
+# a rank's failure restarts every node's ranks (counted), the next round runs through
+rm -f "$el"/out* "$el"/err*
+for k in 0 1; do
+    timeout 60 "$run" -np 2 --nnodes 2:2 --max-restarts 1 --store "file://$el/s3" \
+        "$child" fail-first=1 >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] || fail "elastic failure then restart: exit $r0 $r1 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c ' of 4 ok (round 1, restart 1)$')" = 4 ] ||
+    fail "elastic failure then restart: output: $(cat "$el"/out*) $(cat "$el"/err*)"
+[ "$(cat "$el"/err? | grep -c 'round 0 ended (failure: node [01]: a rank exited with status 3)')" = 2 ] ||
+    fail "elastic failure then restart: $(cat "$el"/err?)"
+# restarts used up: both nodes fail, the failing one with its rank's status
+rm -f "$el"/out* "$el"/err*
+for k in 0 1; do
+    timeout 60 "$run" -np 2 --nnodes 2:2 --store "file://$el/s4" "$child" fail=1 \
+        >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+case "$r0$r1" in 31|13) ;; *) fail "elastic, restarts used up: exit $r0 $r1, expected 3 and 1 ($(cat "$el"/err*))" ;; esac
+[ "$(cat "$el"/err? | grep -c -- '--max-restarts 0 used up')" = 2 ] || fail "elastic, restarts used up: $(cat "$el"/err?)"
+# the same job id on the same store again: the job is over, said, not run
+timeout 30 "$run" -np 1 --nnodes 1:2 --store "file://$el/s4" "$child" 2>"$el/err"; rc=$?
+[ "$rc" = 1 ] && grep -q 'needs its own --job-id' "$el/err" || fail "elastic rerun on a used store: exit $rc ($(cat "$el/err"))"
+timeout 30 "$run" -np 1 --nnodes 3:2 --store "file://$el/s5" "$child" 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--nnodes 3:2: exit $rc, expected 2"
+timeout 30 "$run" -np 1 --nnodes 1:2 "$child" 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--nnodes 1:2 without --store: exit $rc, expected 2"
+timeout 30 "$run" -np 1 --nnodes 1:2 --node-rank 1 --store "file://$el/s5" "$child" 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--nnodes 1:2 --node-rank 1: exit $rc, expected 2"
+tmpdir_empty "elastic"
+
 echo "test_run: all checks passed"

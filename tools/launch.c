@@ -385,7 +385,7 @@ static int job_id_ok(const char *id)
 
 /* The job id of what started every node's launcher (a batch scheduler, mpirun, torchrun),
  * spelled as the library spells it when it finds these itself (lib/core/job.c). */
-static int outer_job_id(char *id, size_t n)
+int tt_launch_outer_job_id(char *id, size_t n)
 {
     const char *v, *step;
     if ((v = getenv("PMIX_NAMESPACE")) && *v) { /* an mpirun's, inside Slurm too */
@@ -452,7 +452,7 @@ int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes, co
                 ((uint64_t)getpid() << 32);
         }
         snprintf(id, sizeof(id), "%s-%d-%016llx", host, (int)getpid(), (unsigned long long)r);
-    } else if (!outer_job_id(id, sizeof(id))) {
+    } else if (!tt_launch_outer_job_id(id, sizeof(id))) {
         /* The nodes share only their command lines. Different stores never mix, so the
          * id must only tell apart jobs on one store: with rank 0 hosting it (the default)
          * no two jobs can share it at once. The store's port, not its host (nodes may

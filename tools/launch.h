@@ -65,6 +65,10 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir);
  * or -1 having said why. */
 int tt_launch_job_id(const char *tool, int np, const char *given, int nnodes, const char *store);
 
+/* The job id of what started this process (Slurm, PMIx, Open MPI, torchrun, PBS, LSF,
+ * Flux) in id: 1, or 0 when there is none. */
+int tt_launch_outer_job_id(char *id, size_t n);
+
 /* What a rank runs in the child, after the launch set it up: must not return (exec or
  * _exit); if it does, the rank exits 127. */
 typedef void (*tt_launch_rank_fn)(void *arg, int i);

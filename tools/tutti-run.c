@@ -1,7 +1,7 @@
 /* tutti-run: start N ranks of a program on this host (mpirun/torchrun's job for tutti).
  *
- *   tutti-run -np N [--store URL] [--node-rank K --nnodes M] [--job-id ID] [--timeout S]
- *             [--tag] [--] PROGRAM [ARGS...]
+ *   tutti-run -np N [--store URL] [--node-rank K --nnodes M | --nnodes MIN:MAX]
+ *             [--job-id ID] [--timeout S] [--max-restarts R] [--tag] [--] PROGRAM [ARGS...]
  *
  * Each rank runs PROGRAM with TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK,
  * TUTTI_LOCAL_SIZE and TUTTI_STORE set, so tutti_comm_init_env() finds its place (and
@@ -21,6 +21,7 @@
  * a background group would be stopped by SIGTTIN/SIGTTOU when it used the terminal (pdb,
  * breakpoint()), and Ctrl-C reaches every rank directly; the signals then go to each rank
  * alone. A rank, and its group, also get SIGKILL if tutti-run dies.
+ * --nnodes MIN:MAX: elastic, as torchrun's agent; the rendezvous is tools/rdzv.h.
  * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
  * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
 #include <errno.h>
@@ -36,6 +37,7 @@
 
 #include "cli.h"
 #include "launch.h"
+#include "rdzv.h"
 
 /* --tag: once every rank has exited, how long processes they left behind may keep
  * writing to (and holding open) their output pipes */
@@ -56,6 +58,18 @@ static void usage(FILE *f, const char *argv0)
             "                      however tutti-run ends)\n"
             "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
             "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
+            "      --nnodes MIN:MAX\n"
+            "                      elastic (torchrun's): the tutti-runs that share --store\n"
+            "                      meet in rounds of MIN..MAX nodes, numbered in the order\n"
+            "                      they came; a failure restarts the round (counted by\n"
+            "                      --max-restarts), a node that comes to a running round\n"
+            "                      below MAX restarts it without counting; ranks of round R\n"
+            "                      get TUTTI_JOB_ID <job id>-rR and TUTTI_ROUND. A tcp://\n"
+            "                      store is served by the first tutti-run on its host\n"
+            "      --rdzv-last-call MS\n"
+            "                      with MIN or more nodes, wait this long for more (1000)\n"
+            "      --rdzv-timeout S\n"
+            "                      how long a node waits for a round to take it (600)\n"
             "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
             "                      one unique to this launch; with several nodes, the job id\n"
             "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
@@ -163,7 +177,9 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
 
 /* What a rank runs: its variables, its output pipes (--tag), then the program. */
 typedef struct run_rank {
-    int node_rank, np, world, tag, restart;
+    int rank0, np, world, tag, restart;
+    const tt_rdzv_t *z; /* elastic: the round, else NULL */
+    const char *job_id;
     int out, err; /* --tag: write ends of this rank's pipes */
     const char *store;
     char **prog;
@@ -172,7 +188,7 @@ typedef struct run_rank {
 static void run_rank(void *arg, int i)
 {
     const run_rank_t *r = arg;
-    int rank = r->node_rank * r->np + i;
+    int rank = r->rank0 + i;
     setenv_int("TUTTI_RANK", rank);
     setenv_int("TUTTI_WORLD_SIZE", r->world);
     setenv_int("TUTTI_LOCAL_RANK", i);
@@ -183,6 +199,17 @@ static void run_rank(void *arg, int i)
     setenv_int("TUTTI_RESTART_COUNT", r->restart);
     setenv_int("TORCHELASTIC_RESTART_COUNT", r->restart);
     setenv("TUTTI_STORE", r->store, 1);
+    if (r->z) {
+        char id[320];
+        snprintf(id, sizeof(id), "%s-r%lld", r->job_id, (long long)r->z->round);
+        setenv("TUTTI_JOB_ID", id, 1);
+        setenv("TORCHELASTIC_RUN_ID", r->job_id, 1);
+        setenv_int("TUTTI_ROUND", (int)r->z->round);
+        setenv_int("GROUP_RANK", r->z->idx);
+        setenv_int("GROUP_WORLD_SIZE", r->z->nodes);
+        setenv_int("LOCAL_WORLD_SIZE", r->np);
+        setenv("TUTTI_STORE_SERVER", "0", 1); /* the store outlives the rounds */
+    }
     if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
         _exit(127);
     execvp(r->prog[0], r->prog);
@@ -193,6 +220,8 @@ static void run_rank(void *arg, int i)
 /* The command line. */
 typedef struct run_opts {
     int np, nnodes, node_rank, timeout_s, tag, bind, max_restarts;
+    int min_nodes; /* elastic (--nnodes MIN:MAX): MIN, nnodes being MAX; else 0 */
+    int last_call_ms, rdzv_timeout_s;
     const char *store, *job_id;
     char **prog;
 } run_opts_t;
@@ -201,7 +230,7 @@ typedef struct run_opts {
  * 2 for bad usage). */
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
-    *o_p = (run_opts_t){ .nnodes = 1 };
+    *o_p = (run_opts_t){ .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600 };
     static const struct option longopts[] = {
         { "np", required_argument, NULL, 'n' },
         { "store", required_argument, NULL, 's' },
@@ -212,6 +241,8 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "bind", no_argument, NULL, 'B' },
         { "job-id", required_argument, NULL, 'J' },
         { "max-restarts", required_argument, NULL, 'R' },
+        { "rdzv-last-call", required_argument, NULL, 'L' },
+        { "rdzv-timeout", required_argument, NULL, 'D' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -236,6 +267,19 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             break;
         case 's': o_p->store = optarg; break;
         case 'N':
+            if (strchr(optarg, ':')) { /* MIN:MAX */
+                char lo[32];
+                const char *colon = strchr(optarg, ':');
+                snprintf(lo, sizeof(lo), "%.*s", (int)(colon - optarg), optarg);
+                if (tt_cli_int(lo, 1, 1 << 20, &o_p->min_nodes) < 0 ||
+                    tt_cli_int(colon + 1, 1, 1 << 20, &o_p->nnodes) < 0 ||
+                    o_p->min_nodes > o_p->nnodes) {
+                    fprintf(stderr, "tutti-run: --nnodes %s: expected MIN:MAX, 1 <= MIN <= MAX\n",
+                            optarg);
+                    return 2;
+                }
+                break;
+            }
             if (tt_cli_int(optarg, 1, 1 << 20, &o_p->nnodes) < 0) {
                 fprintf(stderr, "tutti-run: --nnodes %s: expected a positive count\n", optarg);
                 return 2;
@@ -259,6 +303,18 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
                 return 2;
             }
             break;
+        case 'L':
+            if (tt_cli_int(optarg, 0, 1 << 24, &o_p->last_call_ms) < 0) {
+                fprintf(stderr, "tutti-run: --rdzv-last-call %s: expected milliseconds\n", optarg);
+                return 2;
+            }
+            break;
+        case 'D':
+            if (tt_cli_int(optarg, 1, 1 << 20, &o_p->rdzv_timeout_s) < 0) {
+                fprintf(stderr, "tutti-run: --rdzv-timeout %s: expected seconds > 0\n", optarg);
+                return 2;
+            }
+            break;
         case 'T': o_p->tag = 1; break;
         case 'B': o_p->bind = 1; break;
         case 'J': o_p->job_id = optarg; break;
@@ -278,6 +334,31 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
 /* The options that only make sense together; sets TUTTI_JOB_ID. 0, or -1: bad usage. */
 static int check_args(const run_opts_t *o)
 {
+    if (o->min_nodes) {
+        if (!o->store) {
+            fprintf(stderr, "tutti-run: --nnodes MIN:MAX needs a --store that every node "
+                            "reaches (tcp://HOST:PORT, redis://HOST or file:///DIR on one "
+                            "host)\n");
+            return -1;
+        }
+        if (o->node_rank) {
+            fprintf(stderr, "tutti-run: --node-rank does not go with --nnodes MIN:MAX (the "
+                            "rendezvous numbers the nodes)\n");
+            return -1;
+        }
+        /* the nodes share only their command lines: an id from what started them, else
+         * from the store's URL (jobs sharing a store need their own --job-id) */
+        char id[64];
+        const char *given = o->job_id;
+        if (!given && !getenv("TUTTI_JOB_ID") && !tt_launch_outer_job_id(id, sizeof(id))) {
+            uint64_t h = 1469598103934665603ull;
+            for (const char *c = o->store; *c; c++)
+                h = (h ^ (unsigned char)*c) * 1099511628211ull;
+            snprintf(id, sizeof(id), "tutti-run-elastic-%016llx", (unsigned long long)h);
+            given = id;
+        }
+        return tt_launch_job_id("tutti-run", o->np, given, o->nnodes, o->store);
+    }
     if (o->node_rank >= o->nnodes) {
         fprintf(stderr, "tutti-run: --node-rank %d with --nnodes %d: expected 0..%d\n",
                 o->node_rank, o->nnodes, o->nnodes - 1);
@@ -300,14 +381,17 @@ static int check_args(const run_opts_t *o)
 
 /* Start the ranks (with --tag, each with its output pipes in tags). -1 if one failed to
  * start: the ones started are left running for the caller to stop. */
-static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int restart)
+static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int restart,
+                       const tt_rdzv_t *z)
 {
     int np = o->np, tag = o->tag;
-    run_rank_t rr = { .node_rank = o->node_rank,
+    run_rank_t rr = { .rank0 = z ? z->rank0 : o->node_rank * np,
                       .np = np,
-                      .world = np * o->nnodes,
+                      .world = z ? z->world : np * o->nnodes,
                       .tag = tag,
                       .restart = restart,
+                      .z = z,
+                      .job_id = getenv("TUTTI_JOB_ID"),
                       .store = o->store,
                       .prog = o->prog };
     for (int i = 0; i < np; i++) {
@@ -331,7 +415,7 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
             return -1;
         }
         if (tag) {
-            int rank = o->node_rank * np + i;
+            int rank = rr.rank0 + i;
             close(out[1]);
             close(err[1]);
             tags[2 * i] = (tagger_t){ .fd = out[0], .rank = rank, .out = stdout };
@@ -345,10 +429,14 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
  * the deadline (0: none) stops the rest. Returns the exit status (status so far in);
  * *rank_failed_p: a rank's failure stopped them (not a signal or the deadline). */
 static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
-                     double deadline, int status, int *rank_failed_p)
+                     double deadline, int status, int *rank_failed_p, int rank0, tt_rdzv_t *z,
+                     int *ended_p, char *why, size_t whylen)
 {
     int first_failed = -1;
+    double next_poll = 0;
     *rank_failed_p = 0;
+    if (ended_p)
+        *ended_p = 0;
     while (l->running > 0) {
         if (!o->tag || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
@@ -356,7 +444,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
             if (code == 0 || first_failed >= 0 || tt_launch_stopping(l))
                 continue;
-            first_failed = o->node_rank * o->np + i;
+            first_failed = rank0 + i;
             status = code;
             *rank_failed_p = 1;
             if (!sig)
@@ -369,6 +457,19 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                         "tutti-run: rank %d was killed by signal %d (%s); "
                         "stopping the other %d rank(s)\n",
                         first_failed, sig, strsignal(sig), l->running);
+        }
+        /* elastic: another node failed, or one waits to join */
+        if (z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
+            next_poll = now_ms() + 100;
+            int e = tt_rdzv_poll(z, why, whylen);
+            if (e) {
+                *ended_p = e;
+                if (e < 0)
+                    status = 1;
+                fprintf(stderr, "tutti-run: elastic round %lld ended (%s): stopping %d rank(s)\n",
+                        (long long)z->round, e < 0 ? "the store failed" : why, l->running);
+                tt_launch_stop(l);
+            }
         }
         int got = tt_launch_signal_received();
         if (!tt_launch_stopping(l) &&
@@ -399,6 +500,96 @@ static void tag_drain(tagger_t *tags, struct pollfd *pf, int n)
             tag_close(&tags[k]);
 }
 
+/* --nnodes MIN:MAX: rounds of the rendezvous (rdzv.h) until one runs through, the
+ * restarts are used up, or the job is over. Returns the exit status. */
+static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
+                       double deadline)
+{
+    tt_rdzv_t z = { .min_nodes = o->min_nodes,
+                    .max_nodes = o->nnodes,
+                    .np = o->np,
+                    .last_call_ms = o->last_call_ms,
+                    .timeout_ms = o->rdzv_timeout_s * 1000 };
+    if (tt_rdzv_open(&z, "tutti-run", o->store, getenv("TUTTI_JOB_ID")) < 0)
+        return 1;
+    int status = 0, restarts = 0;
+    char why[512];
+    for (;;) {
+        int j = tt_rdzv_join(&z, why, sizeof(why));
+        if (j == TT_RDZV_FINISHED && !z.rounds) {
+            /* a store keeps a job's keys (file, redis, a tutti-store server): a node that
+             * comes after the end is late, or a new job under the old one's id */
+            fprintf(stderr,
+                    "tutti-run: elastic: job %s: %s before this node came; a new job on this "
+                    "store needs its own --job-id\n",
+                    getenv("TUTTI_JOB_ID"), why);
+            status = 1;
+            break;
+        }
+        if (j == TT_RDZV_FINISHED) {
+            fprintf(stderr, "tutti-run: elastic: %s: nothing to join\n", why);
+            if (!status && !strncmp(why, "the job gave up", 15))
+                status = 1;
+            break;
+        }
+        if (j < 0) {
+            fprintf(stderr, "tutti-run: elastic rendezvous failed%s%s\n", why[0] ? ": " : "", why);
+            status = status ? status : 1;
+            break;
+        }
+        fprintf(stderr,
+                "tutti-run: elastic round %lld: node %d of %d, ranks %d..%d of %d (restarts "
+                "%d of %d)\n",
+                (long long)z.round, z.idx, z.nodes, z.rank0, z.rank0 + o->np - 1, z.world, restarts,
+                o->max_restarts);
+        int rank_failed = 0, ended = 0;
+        status = 0;
+        if (spawn_ranks(l, o, tags, restarts, &z) < 0) {
+            status = 1;
+            tt_launch_stop(l);
+        }
+        status = supervise(l, o, tags, pf, deadline, status, &rank_failed, z.rank0, &z, &ended, why,
+                           sizeof(why));
+        if (o->tag)
+            tag_drain(tags, pf, 2 * o->np);
+        int got = tt_launch_signal_received();
+        if (ended < 0)
+            break;
+        if (!rank_failed && !ended && !status) {
+            tt_rdzv_done(&z);
+            break;
+        }
+        if (!ended) { /* this node's failure, a signal or the deadline */
+            char reason[256];
+            if (rank_failed)
+                snprintf(reason, sizeof(reason), "failure: node %d: a rank exited with status %d",
+                         z.idx, status);
+            else
+                snprintf(reason, sizeof(reason), "scale: node %d left (%s)", z.idx,
+                         got ? strsignal(got) : "--timeout");
+            if (tt_rdzv_end_round(&z, reason, why, sizeof(why)) < 0 || !rank_failed)
+                break;
+            fprintf(stderr, "tutti-run: elastic round %lld ended (%s)\n", (long long)z.round, why);
+        }
+        if (status == 0)
+            status = 1; /* stopped because of another node */
+        if (!strncmp(why, "failure", 7) && ++restarts > o->max_restarts) {
+            char gave[600];
+            snprintf(gave, sizeof(gave), "round %lld: %s; --max-restarts %d used up",
+                     (long long)z.round, why, o->max_restarts);
+            fprintf(stderr, "tutti-run: elastic: %s\n", gave);
+            tt_rdzv_give_up(&z, gave);
+            break;
+        }
+        if (tt_launch_restart(l) < 0)
+            break;
+        for (int k = 0; k < 2 * o->np && o->tag; k++)
+            tags[k] = (tagger_t){ .fd = -1 };
+    }
+    tt_rdzv_close(&z);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     run_opts_t o;
@@ -427,14 +618,19 @@ int main(int argc, char **argv)
         tags[k].fd = -1;
 
     double deadline = o.timeout_s ? now_ms() + o.timeout_s * 1000.0 : 0;
+    if (o.min_nodes) {
+        status = run_elastic(&l, &o, tags, pf, deadline);
+        goto out;
+    }
     for (int restart = 0;; restart++) {
         int rank_failed = 0;
         status = 0;
-        if (spawn_ranks(&l, &o, tags, restart) < 0) {
+        if (spawn_ranks(&l, &o, tags, restart, NULL) < 0) {
             status = 1;
             tt_launch_stop(&l);
         }
-        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed);
+        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed, o.node_rank * np, NULL,
+                           NULL, NULL, 0);
         if (tag)
             tag_drain(tags, pf, 2 * np);
         if (!rank_failed || restart >= o.max_restarts || tt_launch_signal_received())
