@@ -8,7 +8,7 @@
 set -u
 run=$1 child=$2 bench=${3:-}
 [ -x "$bench" ] || { echo "FAIL: usage: test_launcher.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
-unset TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
+unset MASTER_ADDR MASTER_PORT TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
     TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
 tmp=$(mktemp -d /tmp/test-run.XXXXXX)
 export TMPDIR=$tmp/tmpdir # the launchers' temporary stores go here: checked empty
@@ -286,6 +286,16 @@ n0=$(SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 -
 # batch script's variables, the others their daemon's step)
 n0=$(PMIX_NAMESPACE=ns SLURM_JOB_ID=77 SLURM_STEP_ID=3 ids "$run" -np 1 --nnodes 2 --node-rank 0 --store tcp://h:1)
 [ "$n0" = "pmix-ns " ] || fail "two nodes under mpirun in Slurm: job id \"$n0\""
+# torch's env:// (MASTER_ADDR, MASTER_PORT, as torchrun sets them): one node, a free port on
+# loopback, the same for every rank; several, the store's host and the port after its;
+# the user's kept
+mp() { timeout 10 "$@" sh -c 'echo "$MASTER_ADDR:$MASTER_PORT $GROUP_RANK/$GROUP_WORLD_SIZE $LOCAL_WORLD_SIZE"' 2>&1 | sort -u | tr '\n' ' '; }
+a=$(mp "$run" -np 2)
+case $a in "127.0.0.1:"[1-9]*" 0/1 2 ") ;; *) fail "tutti-run MASTER_ADDR:PORT: \"$a\"" ;; esac
+a=$(mp "$run" -np 2 --nnodes 3 --node-rank 2 --store tcp://127.0.0.1:1)
+[ "$a" = "127.0.0.1:2 2/3 2 " ] || fail "tutti-run --nnodes 3 MASTER_ADDR:PORT: \"$a\""
+a=$(MASTER_ADDR=h MASTER_PORT=9 mp "$run" -np 2)
+[ "$a" = "h:9 0/1 2 " ] || fail "tutti-run replaced the user's MASTER_ADDR:PORT: \"$a\""
 bench_id() { timeout 60 "$bench" -np 2 -b 8 -e 8 -n 1 -w 0 2>&1 | sed -n 's/^# job //p'; }
 a=$(bench_id) b=$(bench_id)
 [ -n "$a" ] && [ "$a" != "$b" ] || fail "tutti-bench -np job ids: \"$a\" then \"$b\""

@@ -1,10 +1,15 @@
 /* tools/rdzv.c: the elastic rendezvous of tutti-run (rdzv.h). */
 #include "rdzv.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,10 +95,105 @@ static char *first_offer(tt_rdzv_t *z, const char *key, const char *value)
     return s;
 }
 
+int tt_store_url_host(const char *url, char *host, size_t hostlen, int *port)
+{
+    const char *p;
+    int redis = 0;
+    if (!strncmp(url, "tcp://", 6)) {
+        p = url + 6;
+    } else if (!strncmp(url, "redis://", 8)) {
+        p = url + 8;
+        redis = 1;
+        const char *at = strrchr(p, '@'), *slash = strchr(p, '/');
+        if (at && (!slash || at < slash))
+            p = at + 1;
+    } else {
+        return -1;
+    }
+    const char *end; /* of the host */
+    if (*p == '[') {
+        end = strchr(p, ']');
+        if (!end)
+            return -1;
+        p++;
+    } else {
+        end = p + strcspn(p, ":/");
+    }
+    if (end == p || (size_t)(end - p) >= hostlen)
+        return -1;
+    snprintf(host, hostlen, "%.*s", (int)(end - p), p);
+    if (*end == ']')
+        end++;
+    if (*end == ':') {
+        char *e;
+        long v = strtol(end + 1, &e, 10);
+        if (e == end + 1 || v < 1 || v > 65535 || (*e && *e != '/'))
+            return -1;
+        *port = (int)v;
+    } else if (redis && (!*end || *end == '/')) {
+        *port = 6379;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+int tt_master_pick(const char *store, char *addr, size_t addrlen, int *port)
+{
+    char host[256];
+    int sport = 0;
+    struct sockaddr_storage me;
+    socklen_t melen = sizeof(me);
+    memset(&me, 0, sizeof(me));
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&me;
+    v4->sin_family = AF_INET;
+    v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    melen = sizeof(*v4);
+    if (store && tt_store_url_host(store, host, sizeof(host), &sport) == 0) {
+        /* the address of this host's route to the store (no packet is sent) */
+        struct addrinfo hints = { .ai_socktype = SOCK_DGRAM }, *ai = NULL;
+        char ps[16];
+        snprintf(ps, sizeof(ps), "%d", sport);
+        if (getaddrinfo(host, ps, &hints, &ai) == 0 && ai) {
+            int u = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            socklen_t len = sizeof(me);
+            if (u >= 0 && connect(u, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                getsockname(u, (struct sockaddr *)&me, &len) == 0)
+                melen = len;
+            if (u >= 0)
+                close(u);
+            freeaddrinfo(ai);
+        }
+    }
+    int s = socket(me.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    if (me.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&me)->sin6_port = 0;
+    else
+        v4->sin_port = 0;
+    socklen_t len = melen;
+    if (bind(s, (struct sockaddr *)&me, melen) < 0 ||
+        getsockname(s, (struct sockaddr *)&me, &len) < 0) {
+        close(s);
+        return -1;
+    }
+    close(s);
+    const void *a = me.ss_family == AF_INET6
+                        ? (const void *)&((struct sockaddr_in6 *)&me)->sin6_addr
+                        : (const void *)&v4->sin_addr;
+    if (!inet_ntop(me.ss_family, a, addr, (socklen_t)addrlen))
+        return -1;
+    *port = ntohs(me.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&me)->sin6_port
+                                           : v4->sin_port);
+    return 0;
+}
+
 int tt_rdzv_open(tt_rdzv_t *z, const char *tool, const char *url, const char *job_id)
 {
     g_tool = tool;
     z->base = z->store = NULL;
+    z->url = url;
     tutti_store_opts_t o;
     tutti_store_opts_init(&o);
     o.timeout_ms = z->timeout_ms;
@@ -185,6 +285,41 @@ static int wait_closed(tt_rdzv_t *z, double deadline, char *why, size_t whylen)
     }
 }
 
+/* The round's MASTER_ADDR and MASTER_PORT: its first agent picks them on its host (its
+ * ranks are the first, torch's rank 0 among them) and publishes them. 0 or -1 (said). */
+static int round_master(tt_rdzv_t *z)
+{
+    char key[64], v[128];
+    rkey(key, sizeof(key), z->round, "master");
+    if (z->idx == 0) {
+        if (tt_master_pick(z->url, z->master_addr, sizeof(z->master_addr), &z->master_port) < 0) {
+            fprintf(stderr, "%s: elastic: no free port for MASTER_PORT: %s\n", g_tool,
+                    strerror(errno));
+            return -1;
+        }
+        snprintf(v, sizeof(v), "%s %d", z->master_addr, z->master_port);
+        if (tutti_store_set(z->store, key, v, strlen(v)) < 0) {
+            store_err(z, key);
+            return -1;
+        }
+        return 0;
+    }
+    void *got = NULL;
+    size_t len = 0;
+    if (tutti_store_get(z->store, key, &got, &len, z->timeout_ms) < 0) {
+        store_err(z, key);
+        return -1;
+    }
+    snprintf(v, sizeof(v), "%.*s", (int)(len < sizeof(v) - 1 ? len : sizeof(v) - 1), (char *)got);
+    free(got);
+    if (sscanf(v, "%63s %d", z->master_addr, &z->master_port) != 2) {
+        fprintf(stderr, "%s: elastic: round %" PRId64 ": bad master address \"%s\"\n", g_tool,
+                z->round, v);
+        return -1;
+    }
+    return 0;
+}
+
 int tt_rdzv_join(tt_rdzv_t *z, char *why, size_t whylen)
 {
     double deadline = now_ms() + z->timeout_ms;
@@ -231,7 +366,7 @@ int tt_rdzv_join(tt_rdzv_t *z, char *why, size_t whylen)
                 z->world += k;
             }
             z->rounds++;
-            return 0;
+            return round_master(z);
         }
         /* late: the round runs without this agent; its agents start the next one */
         if (counter(z, rkey(key, sizeof(key), z->round, "waiting"), 1) < 0)

@@ -32,18 +32,30 @@
 
 typedef struct tt_rdzv {
     tutti_store_t *base, *store; /* store: the view tutti/elastic/<job>/ */
+    const char *url;             /* the store's */
     int min_nodes, max_nodes, np;
     int last_call_ms; /* at MIN or more, how long the round waits for more agents */
     int timeout_ms;   /* how long an agent waits for a round to take it */
     int hosting;      /* this agent hosts the tcp store's server */
     /* the round joined (tt_rdzv_join) */
     int64_t round;
-    int idx;    /* this agent's number: its node rank */
-    int nodes;  /* agents in the round */
-    int rank0;  /* the rank of this agent's first rank */
-    int world;  /* ranks in the round */
-    int rounds; /* rounds this agent ran in */
+    int idx;              /* this agent's number: its node rank */
+    int nodes;            /* agents in the round */
+    int rank0;            /* the rank of this agent's first rank */
+    int world;            /* ranks in the round */
+    int rounds;           /* rounds this agent ran in */
+    char master_addr[64]; /* the round's MASTER_ADDR/MASTER_PORT (torch's env://) */
+    int master_port;
 } tt_rdzv_t;
+
+/* The host and port of a tcp:// or redis:// store URL (a redis one without a port:
+ * 6379). 0, or -1 for another scheme or a malformed URL. */
+int tt_store_url_host(const char *url, char *host, size_t hostlen, int *port);
+
+/* A MASTER_ADDR and MASTER_PORT for torch's env:// rendezvous, on this host: the address
+ * this host reaches the store's host from (127.0.0.1 for a file store, or when it is
+ * on this host over loopback) and a port free there now. 0, or -1 (errno). */
+int tt_master_pick(const char *store, char *addr, size_t addrlen, int *port);
 
 /* Opens the store (a tcp:// one is hosted here when its port is free on this host, else
  * joined) and the job's view. 0, or -1 having said why. */
@@ -55,7 +67,7 @@ int tt_rdzv_open(tt_rdzv_t *z, const char *tool, const char *url, const char *jo
                             * finished one's id on a store that kept its keys) */
 
 /* Waits for a round that takes this agent (late agents wait for the next). 0: z's round
- * fields are set; TT_RDZV_FINISHED; -1 on a timeout or a store failure. why: what
+ * fields are set (the round's first agent picks its master address and port); TT_RDZV_FINISHED; -1 on a timeout or a store failure. why: what
  * happened, for a message. */
 int tt_rdzv_join(tt_rdzv_t *z, char *why, size_t whylen);
 

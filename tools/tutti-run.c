@@ -5,8 +5,8 @@
  *
  * Each rank runs PROGRAM with TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK,
  * TUTTI_LOCAL_SIZE and TUTTI_STORE set, so tutti_comm_init_env() finds its place (and
- * RANK/WORLD_SIZE/LOCAL_RANK, as torchrun sets them), and TUTTI_JOB_ID unless the user
- * set it (see tt_launch_job_id). Without --store the ranks meet in a file store in a fresh
+ * RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, as torchrun sets them, for torch's
+ * env://), and TUTTI_JOB_ID unless the user set it (see tt_launch_job_id). Without --store the ranks meet in a file store in a fresh
  * directory in $TMPDIR, removed on every exit path (a cleaner process removes it if
  * tutti-run is SIGKILLed). With several nodes, start one tutti-run per node with the same
  * tcp:// store (node 0's rank 0 hosts it) and, outside a batch scheduler, the same
@@ -180,6 +180,8 @@ typedef struct run_rank {
     int rank0, np, world, tag, restart;
     const tt_rdzv_t *z; /* elastic: the round, else NULL */
     const char *job_id;
+    char master_addr[256]; /* for torch's env:// ("" where the user set them) */
+    int master_port;
     int out, err; /* --tag: write ends of this rank's pipes */
     const char *store;
     char **prog;
@@ -199,15 +201,19 @@ static void run_rank(void *arg, int i)
     setenv_int("TUTTI_RESTART_COUNT", r->restart);
     setenv_int("TORCHELASTIC_RESTART_COUNT", r->restart);
     setenv("TUTTI_STORE", r->store, 1);
+    setenv_int("LOCAL_WORLD_SIZE", r->np);
+    if (r->master_addr[0] && !getenv("MASTER_ADDR"))
+        setenv("MASTER_ADDR", r->master_addr, 1);
+    if (r->master_port && !getenv("MASTER_PORT"))
+        setenv_int("MASTER_PORT", r->master_port);
+    setenv_int("GROUP_RANK", r->z ? r->z->idx : r->rank0 / r->np);
+    setenv_int("GROUP_WORLD_SIZE", r->z ? r->z->nodes : r->world / r->np);
     if (r->z) {
         char id[320];
         snprintf(id, sizeof(id), "%s-r%lld", r->job_id, (long long)r->z->round);
         setenv("TUTTI_JOB_ID", id, 1);
         setenv("TORCHELASTIC_RUN_ID", r->job_id, 1);
         setenv_int("TUTTI_ROUND", (int)r->z->round);
-        setenv_int("GROUP_RANK", r->z->idx);
-        setenv_int("GROUP_WORLD_SIZE", r->z->nodes);
-        setenv_int("LOCAL_WORLD_SIZE", r->np);
         setenv("TUTTI_STORE_SERVER", "0", 1); /* the store outlives the rounds */
     }
     if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
@@ -394,6 +400,19 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
                       .job_id = getenv("TUTTI_JOB_ID"),
                       .store = o->store,
                       .prog = o->prog };
+    /* torch's env:// rendezvous (torchrun sets these): on one node a port free on
+     * loopback now; across nodes the store's host and the port after the store's, which
+     * every node derives alike; elastic, what the round's first node picked */
+    if (z) {
+        snprintf(rr.master_addr, sizeof(rr.master_addr), "%s", z->master_addr);
+        rr.master_port = z->master_port;
+    } else if (o->nnodes > 1) {
+        if (tt_store_url_host(o->store, rr.master_addr, sizeof(rr.master_addr), &rr.master_port) ==
+            0)
+            rr.master_port += rr.master_port < 65535 ? 1 : -1;
+    } else if (tt_master_pick(NULL, rr.master_addr, sizeof(rr.master_addr), &rr.master_port) < 0) {
+        rr.master_addr[0] = '\0', rr.master_port = 0;
+    }
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
         int out[2] = { -1, -1 }, err[2] = { -1, -1 };

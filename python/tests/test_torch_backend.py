@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -669,3 +671,69 @@ def test_ddp_matches_gloo():
         assert moved > 1e-3, moved
         bad = {k: v for k, v in diffs.items() if v > 1e-6}
         assert not bad, f"rank {rank}: parameters differ from gloo's: {bad}"
+
+
+# torchrun's usage under tutti-run: a script that calls init_process_group("tutti") with
+# no arguments (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher)
+LAUNCHED = """
+import os, sys, torch, torch.distributed as dist, tutti.torch
+dist.init_process_group("tutti")
+r, n = dist.get_rank(), dist.get_world_size()
+t = torch.arange(4, dtype=torch.float64) * (r + 1)
+dist.all_reduce(t)
+print("rank", r, "of", n, "local", os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"],
+      "group", os.environ["GROUP_RANK"], os.environ["GROUP_WORLD_SIZE"],
+      "sum", " ".join(str(int(x)) for x in t.tolist()), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _launched(nodes, np_, extra):
+    """Runs LAUNCHED under `nodes` tutti-runs of np_ ranks each; their outputs."""
+    runner = os.environ.get("TUTTI_RUN")
+    if not runner:
+        pytest.skip("TUTTI_RUN (the tutti-run to test) not set")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "TUTTI_JOB_ID", "TORCHELASTIC_RUN_ID")}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "s.py"), "w") as f:
+            f.write(LAUNCHED)
+        procs = [subprocess.Popen([runner, "-np", str(np_)] + extra(d, k)
+                                  + [sys.executable, os.path.join(d, "s.py")],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for k in range(nodes)]
+        outs = []
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+            outs.append((p.returncode, out))
+    return outs
+
+
+def _check_launched(outs, nodes, np_):
+    n = nodes * np_
+    want = " ".join(str(i * n * (n + 1) // 2) for i in range(4))
+    lines = sorted(l for _, out in outs for l in out.splitlines() if l.startswith("rank "))
+    for rc, out in outs:
+        assert rc == 0, out
+    assert len(lines) == n, outs
+    for r in range(n):
+        node = [l for l in lines if l.startswith(f"rank {r} of {n} ")]
+        assert len(node) == 1, lines
+        assert node[0].endswith(f" sum {want}"), node[0]
+        # the ranks of a node are consecutive, numbered by node
+        assert f" local {r % np_} {np_} group {r // np_} {nodes} " in node[0], node[0]
+
+
+def test_tutti_run_env_init():
+    outs = _launched(1, 2, lambda d, k: [])
+    _check_launched(outs, 1, 2)
+
+
+def test_tutti_run_elastic_env_init():
+    outs = _launched(2, 2, lambda d, k: ["--nnodes", "2:2", "--store", f"file://{d}/store"])
+    _check_launched(outs, 2, 2)
