@@ -339,6 +339,42 @@ wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
 [ "$(cat "$el"/err? | grep -c 'round 0 ended (scale: 1 node(s) waiting to join 2)')" = 2 ] ||
     fail "elastic scale-up: $(cat "$el"/err?)"
 why=$(all_gone $m) || fail "elastic scale-up: $why"
+# over a Redis store (a real redis-server of this test's own, where installed)
+if command -v redis-server >/dev/null; then
+    read -r rport < <(python3 -c "import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$el" >"$el/redis.log" 2>&1 &
+    echo $! >"$tmp/redis.pid"
+    for _ in $(seq 100); do grep -q 'Ready to accept' "$el/redis.log" && break; sleep .05; done
+    rm -f "$el"/out* "$el"/err*
+    for k in 0 1; do
+        timeout 60 "$run" -np 2 --nnodes 2:3 --rdzv-last-call 300 --job-id el-redis \
+            --store "redis://127.0.0.1:$rport" "$child" >"$el/out$k" 2>"$el/err$k" &
+        eval "p$k=\$!"
+    done
+    wait "$p0"; r0=$?; wait "$p1"; r1=$?
+    kill "$(cat "$tmp/redis.pid")"
+    [ "$r0$r1" = 00 ] || fail "elastic over redis: exit $r0 $r1 ($(cat "$el"/err*))"
+    [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
+        fail "elastic over redis: output: $(cat "$el"/out*)"
+fi
+# scale-down: a node told to stop (SIGTERM) leaves; the others go on in a new round of 2,
+# uncounted (with --max-restarts 0 a counted one would end the job)
+rm -f "$el"/out* "$el"/err* "$el/stop"
+for k in 0 1 2; do
+    timeout 60 "$run" -np 1 --nnodes 2:3 --rdzv-last-call 300 --store "file://$el/s2" \
+        "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 3 ] && break; sleep .05; done
+kill -TERM "$p2"
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 1:')" = 2 ] && break; sleep .05; done
+touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
+[ "$r0$r1$r2" = 00143 ] || fail "elastic scale-down: exit $r0 $r1 $r2 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c ' of 2 ok (round 1, restart 0)$')" = 2 ] ||
+    fail "elastic scale-down: output: $(cat "$el"/out*) $(cat "$el"/err*)"
 # a rank's failure restarts every node's ranks (counted), the next round runs through
 rm -f "$el"/out* "$el"/err*
 for k in 0 1; do

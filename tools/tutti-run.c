@@ -501,6 +501,15 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                 fprintf(stderr, "tutti-run: --timeout %d s passed: stopping %d rank(s)\n",
                         o->timeout_s, l->running);
             }
+            if (z && first_failed < 0 && (!ended_p || !*ended_p)) {
+                /* elastic: say this node leaves before its ranks stop, so that the
+                 * others' ranks, which fail with them, do not count as a failure */
+                char reason[128];
+                snprintf(reason, sizeof(reason), "scale: node %d left (%s)", z->idx,
+                         got ? strsignal(got) : "--timeout");
+                if (tt_rdzv_end_round(z, reason, why, whylen) < 0)
+                    status = status ? status : 1;
+            }
             tt_launch_stop(l);
         }
         tt_launch_tick(l);
@@ -580,13 +589,15 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         }
         if (!ended) { /* this node's failure, a signal or the deadline */
             char reason[256];
+            if (!rank_failed && (got || status == 124)) /* supervise said this node leaves */
+                break;
             if (rank_failed)
                 snprintf(reason, sizeof(reason), "failure: node %d: a rank exited with status %d",
                          z.idx, status);
             else
-                snprintf(reason, sizeof(reason), "scale: node %d left (%s)", z.idx,
-                         got ? strsignal(got) : "--timeout");
-            if (tt_rdzv_end_round(&z, reason, why, sizeof(why)) < 0 || !rank_failed)
+                snprintf(reason, sizeof(reason), "failure: node %d could not start its ranks",
+                         z.idx);
+            if (tt_rdzv_end_round(&z, reason, why, sizeof(why)) < 0 || !rank_failed || got)
                 break;
             fprintf(stderr, "tutti-run: elastic round %lld ended (%s)\n", (long long)z.round, why);
         }
