@@ -4,7 +4,7 @@
  * fail=K: rank K exits with status 3 after the first allreduce, while the others wait
  * in a second one (the launcher must stop them). fail-first=K: the same in the first
  * attempt only (TUTTI_RESTART_COUNT 0), then as without arguments. hang: every rank
- * sleeps. until=FILE: allreduces every 20 ms until FILE exists. The "ok" line names the
+ * sleeps. until=FILE: allreduces every 20 ms until a rank sees that FILE exists. The "ok" line names the
  * attempt: "rank R of W ok (restart N)" after one; under tutti-run --nnodes MIN:MAX,
  * "rank R of W ok (round N, restart M)". */
 #include <stdio.h>
@@ -48,15 +48,19 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && !strcmp(argv[1], "hang"))
         sleep(60);
-    while (argc > 1 && !strncmp(argv[1], "until=", 6) && access(argv[1] + 6, F_OK) != 0) {
+    /* until=FILE: the ranks stop together, once any of them saw FILE (the allreduce
+     * carries, above 2^32, how many did) */
+    const int64_t seen = (int64_t)1 << 32;
+    for (int go = argc > 1 && !strncmp(argv[1], "until=", 6); go;) {
         usleep(20000);
-        x = rank + 1;
+        x = rank + 1 + (access(argv[1] + 6, F_OK) == 0 ? seen : 0);
         st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM);
-        if (st != TUTTI_OK || y != (int64_t)size * (size + 1) / 2) {
+        if (st != TUTTI_OK || y % seen != (int64_t)size * (size + 1) / 2) {
             fprintf(stderr, "rank %d: allreduce %s: %s\n", rank, tutti_status_name(st),
                     tutti_comm_last_error(comm));
             return 1;
         }
+        go = y < seen;
     }
     const char *round = getenv("TUTTI_ROUND");
     if (round)

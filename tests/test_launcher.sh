@@ -6,7 +6,7 @@
 # stopping them, or the launcher; ranks get a TUTTI_JOB_ID unique per launch.
 #   test_launcher.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH
 set -u
-run=$1 child=$2 bench=${3:-}
+run=$(readlink -f "$1") child=$(readlink -f "$2") bench=${3:+$(readlink -f "$3")}
 [ -x "$bench" ] || { echo "FAIL: usage: test_launcher.sh TUTTI_RUN LAUNCH_CHILD TUTTI_BENCH" >&2; exit 1; }
 unset MASTER_ADDR MASTER_PORT TUTTI_JOB_ID SLURM_JOB_ID SLURM_STEP_ID PMIX_NAMESPACE OMPI_MCA_ess_base_jobid \
     TORCHELASTIC_RUN_ID PBS_JOBID LSB_JOBID LSB_JOBINDEX FLUX_JOB_ID
@@ -407,6 +407,31 @@ timeout 30 "$run" -np 1 --nnodes 1:2 "$child" 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--nnodes 1:2 without --store: exit $rc, expected 2"
 timeout 30 "$run" -np 1 --nnodes 1:2 --node-rank 1 --store "file://$el/s5" "$child" 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--nnodes 1:2 --node-rank 1: exit $rc, expected 2"
+# torchrun's command lines: its option spellings, c10d rendezvous over --rdzv-endpoint
+# (--nnodes 2 being 2:2), a SCRIPT.py and -m MODULE run by python3
+rm -f "$el"/out* "$el"/err*
+read -r port < <(python3 -c "import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+for k in 0 1; do
+    timeout 60 "$run" --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv-last-call 300 \
+        --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=torchrun-style --max_restarts=0 \
+        "$child" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] || fail "torchrun's spellings, c10d: exit $r0 $r1 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
+    fail "torchrun's spellings, c10d: output: $(cat "$el"/out*)"
+printf 'import os, sys\nos.write(1, f"script {os.environ[\x27RANK\x27]} {sys.argv[1:]}\\n".encode())\n' >"$el/s.py"
+out=$(cd "$el" && timeout 30 "$run" --nproc-per-node 2 --standalone s.py a 2>&1 | sort | tr '\n' ';')
+[ "$out" = "script 0 ['a'];script 1 ['a'];" ] || fail "tutti-run SCRIPT.py: $out"
+mv "$el/s.py" "$el/tt_mod.py"
+out=$(cd "$el" && timeout 30 "$run" --nproc-per-node 2 -m tt_mod b 2>&1 | sort | tr '\n' ';')
+[ "$out" = "script 0 ['b'];script 1 ['b'];" ] || fail "tutti-run -m MODULE: $out"
+timeout 30 "$run" --nproc-per-node 1 --standalone --nnodes 2 true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--standalone --nnodes 2: exit $rc, expected 2"
+timeout 30 "$run" --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint h:1 true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--rdzv-backend etcd: exit $rc, expected 2"
 tmpdir_empty "elastic"
 
 echo "test_run: all checks passed"

@@ -45,56 +45,62 @@
 
 static void usage(FILE *f, const char *argv0)
 {
-    fprintf(f,
-            "usage: %s -np N [options] [--] PROGRAM [ARGS...]\n"
-            "\n"
-            "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
-            "tutti_comm_init_env() reads.\n"
-            "\n"
-            "  -n, -np, --np N     ranks on this host\n"
-            "  -s, --store URL     rendezvous store: file:///DIR, tcp://HOST:PORT or\n"
-            "                      redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (default: a file\n"
-            "                      store in a fresh directory in $TMPDIR or /tmp, removed\n"
-            "                      however tutti-run ends)\n"
-            "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
-            "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
-            "      --nnodes MIN:MAX\n"
-            "                      elastic (torchrun's): the tutti-runs that share --store\n"
-            "                      meet in rounds of MIN..MAX nodes, numbered in the order\n"
-            "                      they came; a failure restarts the round (counted by\n"
-            "                      --max-restarts), a node that comes to a running round\n"
-            "                      below MAX restarts it without counting; ranks of round R\n"
-            "                      get TUTTI_JOB_ID <job id>-rR and TUTTI_ROUND. A tcp://\n"
-            "                      store is served by the first tutti-run on its host\n"
-            "      --rdzv-last-call MS\n"
-            "                      with MIN or more nodes, wait this long for more (1000)\n"
-            "      --rdzv-timeout S\n"
-            "                      how long a node waits for a round to take it (600)\n"
-            "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
-            "                      one unique to this launch; with several nodes, the job id\n"
-            "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
-            "                      from the store's port: when jobs share a standalone store,\n"
-            "                      give each job's nodes one --job-id of its own)\n"
-            "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
-            "      --max-restarts R\n"
-            "                      when a rank fails, stop the others and start all N\n"
-            "                      again, up to R times (torchrun's --max-restarts; default\n"
-            "                      0); the ranks see TUTTI_RESTART_COUNT and\n"
-            "                      TORCHELASTIC_RESTART_COUNT (0 at first), the same store\n"
-            "                      and job id; with --nnodes, give every node the same R\n"
-            "      --tag           prefix each line of the ranks' output with [rank]\n"
-            "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
-            "                      of the C CPUs tutti-run may use (neighbours together, as\n"
-            "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
-            "                      small collectives out of the scheduler's slow placements)\n"
-            "  -h, --help          show this help\n"
-            "\n"
-            "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
-            "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
-            "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
-            "--timeout, which counts over every attempt); 2 on bad usage.\n"
-            "The temporary store is made in $TMPDIR (default /tmp).\n",
-            argv0, TT_LAUNCH_GRACE_MS);
+    fprintf(
+        f,
+        "usage: %s -np N [options] [--] PROGRAM [ARGS...]\n"
+        "\n"
+        "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
+        "tutti_comm_init_env() reads.\n"
+        "\n"
+        "  -n, -np, --np N     ranks on this host\n"
+        "  -s, --store URL     rendezvous store: file:///DIR, tcp://HOST:PORT or\n"
+        "                      redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (default: a file\n"
+        "                      store in a fresh directory in $TMPDIR or /tmp, removed\n"
+        "                      however tutti-run ends)\n"
+        "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
+        "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
+        "      --nnodes MIN:MAX\n"
+        "                      elastic (torchrun's): the tutti-runs that share --store\n"
+        "                      meet in rounds of MIN..MAX nodes, numbered in the order\n"
+        "                      they came; a failure restarts the round (counted by\n"
+        "                      --max-restarts), a node that comes to a running round\n"
+        "                      below MAX restarts it without counting; ranks of round R\n"
+        "                      get TUTTI_JOB_ID <job id>-rR and TUTTI_ROUND. A tcp://\n"
+        "                      store is served by the first tutti-run on its host\n"
+        "      --rdzv-last-call MS\n"
+        "                      with MIN or more nodes, wait this long for more (1000)\n"
+        "      --rdzv-timeout S\n"
+        "                      how long a node waits for a round to take it (600)\n"
+        "      torchrun's spellings: --nproc-per-node N|cpu|auto (-np), --node_rank,\n"
+        "                      --max_restarts, --rdzv-id (--job-id), --rdzv-endpoint\n"
+        "                      HOST[:PORT] (--store tcp://HOST:PORT, port 29400), --rdzv-backend\n"
+        "                      c10d (--nnodes N is N:N) or static, --standalone (one node),\n"
+        "                      -m MODULE and SCRIPT.py (run by python3 from PATH), --no-python\n"
+        "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
+        "                      one unique to this launch; with several nodes, the job id\n"
+        "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
+        "                      from the store's port: when jobs share a standalone store,\n"
+        "                      give each job's nodes one --job-id of its own)\n"
+        "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
+        "      --max-restarts R\n"
+        "                      when a rank fails, stop the others and start all N\n"
+        "                      again, up to R times (torchrun's --max-restarts; default\n"
+        "                      0); the ranks see TUTTI_RESTART_COUNT and\n"
+        "                      TORCHELASTIC_RESTART_COUNT (0 at first), the same store\n"
+        "                      and job id; with --nnodes, give every node the same R\n"
+        "      --tag           prefix each line of the ranks' output with [rank]\n"
+        "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
+        "                      of the C CPUs tutti-run may use (neighbours together, as\n"
+        "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
+        "                      small collectives out of the scheduler's slow placements)\n"
+        "  -h, --help          show this help\n"
+        "\n"
+        "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
+        "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
+        "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
+        "--timeout, which counts over every attempt); 2 on bad usage.\n"
+        "The temporary store is made in $TMPDIR (default /tmp).\n",
+        argv0, TT_LAUNCH_GRACE_MS);
 }
 
 static double now_ms(void)
@@ -227,6 +233,7 @@ static void run_rank(void *arg, int i)
 typedef struct run_opts {
     int np, nnodes, node_rank, timeout_s, tag, bind, max_restarts;
     int min_nodes; /* elastic (--nnodes MIN:MAX): MIN, nnodes being MAX; else 0 */
+    int standalone, module, no_python; /* torchrun's options */
     int last_call_ms, rdzv_timeout_s;
     const char *store, *job_id;
     char **prog;
@@ -250,10 +257,27 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "rdzv-last-call", required_argument, NULL, 'L' },
         { "rdzv-timeout", required_argument, NULL, 'D' },
         { "help", no_argument, NULL, 'h' },
+        /* torchrun's spellings, so that its command lines run unchanged */
+        { "nproc-per-node", required_argument, NULL, 'P' },
+        { "nproc_per_node", required_argument, NULL, 'P' },
+        { "node_rank", required_argument, NULL, 'K' },
+        { "max_restarts", required_argument, NULL, 'R' },
+        { "rdzv-id", required_argument, NULL, 'J' },
+        { "rdzv_id", required_argument, NULL, 'J' },
+        { "rdzv-endpoint", required_argument, NULL, 'E' },
+        { "rdzv_endpoint", required_argument, NULL, 'E' },
+        { "rdzv-backend", required_argument, NULL, 'b' },
+        { "rdzv_backend", required_argument, NULL, 'b' },
+        { "standalone", no_argument, NULL, 'S' },
+        { "module", no_argument, NULL, 'm' },
+        { "no-python", no_argument, NULL, 'X' },
+        { "no_python", no_argument, NULL, 'X' },
         { NULL, 0, NULL, 0 },
     };
+    static char endpoint[300];
+    int c10d = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+n:s:t:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:s:t:hm", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
             /* the mpirun spelling -np N arrives as -n with the argument "p" (left to
@@ -271,6 +295,42 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
                 return 2;
             }
             break;
+        case 'P': /* torchrun's --nproc-per-node N|cpu|auto (no GPUs yet: the CPUs) */
+            if (!strcmp(optarg, "cpu") || !strcmp(optarg, "auto")) {
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                o_p->np = n < 1 ? 1 : n > TT_LAUNCH_MAX_RANKS ? TT_LAUNCH_MAX_RANKS : (int)n;
+            } else if (tt_cli_int(optarg, 1, TT_LAUNCH_MAX_RANKS, &o_p->np) < 0) {
+                fprintf(stderr, "tutti-run: --nproc-per-node %s: expected 1..%d, cpu or auto\n",
+                        optarg, TT_LAUNCH_MAX_RANKS);
+                return 2;
+            }
+            break;
+        case 'E': /* torchrun's --rdzv-endpoint HOST[:PORT] (its default port 29400) */
+            const char *host_end = strrchr(optarg, ']'); /* [v6]:port */
+            if (strstr(optarg, "://"))
+                snprintf(endpoint, sizeof(endpoint), "%s", optarg);
+            else if (strchr(host_end ? host_end : optarg, ':'))
+                snprintf(endpoint, sizeof(endpoint), "tcp://%s", optarg);
+            else
+                snprintf(endpoint, sizeof(endpoint), "tcp://%s:29400", optarg);
+            o_p->store = endpoint;
+            break;
+        case 'b': /* torchrun's --rdzv-backend: c10d rendezvous (ours), static ranks */
+            if (!strcmp(optarg, "c10d") || !strcmp(optarg, "tutti")) {
+                c10d = 1;
+            } else if (strcmp(optarg, "static")) {
+                fprintf(stderr,
+                        "tutti-run: --rdzv-backend %s: expected c10d (the elastic "
+                        "rendezvous over --store) or static\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'S': /* torchrun's --standalone: one node, a store of its own (our default) */
+            o_p->standalone = 1;
+            break;
+        case 'm': o_p->module = 1; break;
+        case 'X': o_p->no_python = 1; break;
         case 's': o_p->store = optarg; break;
         case 'N':
             if (strchr(optarg, ':')) { /* MIN:MAX */
@@ -333,7 +393,29 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         usage(stderr, argv[0]);
         return 2;
     }
+    if (c10d && !o_p->min_nodes) /* torchrun: --nnodes N with c10d is N:N */
+        o_p->min_nodes = o_p->nnodes;
+    if (o_p->standalone && (o_p->nnodes > 1 || o_p->store)) {
+        fprintf(stderr, "tutti-run: --standalone is one node with a store of its own: it does "
+                        "not go with --nnodes > 1 or a store\n");
+        return 2;
+    }
     o_p->prog = argv + optind;
+    /* torchrun runs Python: -m MODULE, or a script named *.py, under python3 (from PATH)
+     * unless --no-python */
+    size_t len = strlen(argv[optind]);
+    if (o_p->module || (!o_p->no_python && len > 3 && !strcmp(argv[optind] + len - 3, ".py"))) {
+        int n = argc - optind, k = 0;
+        char **p = calloc((size_t)n + 3, sizeof(*p));
+        if (!p)
+            return 1;
+        p[k++] = "python3";
+        if (o_p->module)
+            p[k++] = "-m";
+        for (int i = 0; i < n; i++)
+            p[k++] = argv[optind + i];
+        o_p->prog = p; /* lives as long as the process */
+    }
     return -1;
 }
 
