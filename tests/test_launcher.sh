@@ -422,6 +422,19 @@ wait "$p0"; r0=$?; wait "$p1"; r1=$?
 [ "$r0$r1" = 00 ] || fail "torchrun's spellings, c10d: exit $r0 $r1 ($(cat "$el"/err*))"
 [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
     fail "torchrun's spellings, c10d: output: $(cat "$el"/out*)"
+# torchrun's static rendezvous: --master_addr/--master_port for torch, our store on the
+# port after it
+for k in 0 1; do
+    timeout 60 "$run" --nnodes=2 --node_rank=$k --nproc_per_node=2 --master_addr=127.0.0.1 \
+        --master_port="$port" "$child" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] || fail "torchrun's static spellings: exit $r0 $r1 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok$')" = 4 ] ||
+    fail "torchrun's static spellings: output: $(cat "$el"/out*)"
+a=$(mp "$run" --nproc_per_node 1 --nnodes 2 --node_rank 1 --master_addr h --master_port 7)
+[ "$a" = "h:7 1/2 1 " ] || fail "tutti-run --master_addr h --master_port 7: \"$a\""
 printf 'import os, sys\nos.write(1, f"script {os.environ[\x27RANK\x27]} {sys.argv[1:]}\\n".encode())\n' >"$el/s.py"
 out=$(cd "$el" && timeout 30 "$run" --nproc-per-node 2 --standalone s.py a 2>&1 | sort | tr '\n' ';')
 [ "$out" = "script 0 ['a'];script 1 ['a'];" ] || fail "tutti-run SCRIPT.py: $out"

@@ -75,7 +75,9 @@ static void usage(FILE *f, const char *argv0)
         "                      --max_restarts, --rdzv-id (--job-id), --rdzv-endpoint\n"
         "                      HOST[:PORT] (--store tcp://HOST:PORT, port 29400), --rdzv-backend\n"
         "                      c10d (--nnodes N is N:N) or static, --standalone (one node),\n"
-        "                      -m MODULE and SCRIPT.py (run by python3 from PATH), --no-python\n"
+        "                      -m MODULE and SCRIPT.py (run by python3 from PATH), --no-python,\n"
+        "                      --master-addr A --master-port P (the ranks' MASTER_ADDR/PORT;\n"
+        "                      with --nnodes M and no --store, the store tcp://A:P+1)\n"
         "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
         "                      one unique to this launch; with several nodes, the job id\n"
         "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
@@ -272,10 +274,15 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "module", no_argument, NULL, 'm' },
         { "no-python", no_argument, NULL, 'X' },
         { "no_python", no_argument, NULL, 'X' },
+        { "master-addr", required_argument, NULL, 'A' },
+        { "master_addr", required_argument, NULL, 'A' },
+        { "master-port", required_argument, NULL, 'O' },
+        { "master_port", required_argument, NULL, 'O' },
         { NULL, 0, NULL, 0 },
     };
     static char endpoint[300];
-    int c10d = 0;
+    int c10d = 0, master_port = 0;
+    const char *master_addr = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "+n:s:t:hm", longopts, NULL)) != -1) {
         switch (c) {
@@ -328,6 +335,13 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             break;
         case 'S': /* torchrun's --standalone: one node, a store of its own (our default) */
             o_p->standalone = 1;
+            break;
+        case 'A': master_addr = optarg; break;
+        case 'O':
+            if (tt_cli_int(optarg, 1, 65534, &master_port) < 0) {
+                fprintf(stderr, "tutti-run: --master-port %s: expected 1..65534\n", optarg);
+                return 2;
+            }
             break;
         case 'm': o_p->module = 1; break;
         case 'X': o_p->no_python = 1; break;
@@ -392,6 +406,19 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         fprintf(stderr, "tutti-run: %s\n", o_p->np <= 0 ? "-np N is required" : "no program given");
         usage(stderr, argv[0]);
         return 2;
+    }
+    if (master_addr || master_port) {
+        /* torchrun's static rendezvous: torch's store there (the ranks' MASTER_ADDR and
+         * MASTER_PORT), and ours, where none is named, on the port after it */
+        const char *a = master_addr ? master_addr : "127.0.0.1";
+        int port = master_port ? master_port : 29500;
+        setenv("MASTER_ADDR", a, 1);
+        setenv_int("MASTER_PORT", port);
+        if (!o_p->store && o_p->nnodes > 1) {
+            snprintf(endpoint, sizeof(endpoint), strchr(a, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
+                     a, port + 1);
+            o_p->store = endpoint;
+        }
     }
     if (c10d && !o_p->min_nodes) /* torchrun: --nnodes N with c10d is N:N */
         o_p->min_nodes = o_p->nnodes;
