@@ -236,6 +236,7 @@ typedef struct run_opts {
     int np, nnodes, node_rank, timeout_s, tag, bind, max_restarts;
     int min_nodes; /* elastic (--nnodes MIN:MAX): MIN, nnodes being MAX; else 0 */
     int standalone, module, no_python; /* torchrun's options */
+    char **prog_owned;                 /* prog, when made here (python3 ...) */
     int last_call_ms, rdzv_timeout_s;
     const char *store, *job_id;
     char **prog;
@@ -441,7 +442,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             p[k++] = "-m";
         for (int i = 0; i < n; i++)
             p[k++] = argv[optind + i];
-        o_p->prog = p; /* lives as long as the process */
+        o_p->prog = o_p->prog_owned = p;
     }
     return -1;
 }
@@ -733,14 +734,20 @@ int main(int argc, char **argv)
 {
     run_opts_t o;
     int st = parse_args(argc, argv, &o);
-    if (st >= 0)
+    if (st >= 0) {
+        free(o.prog_owned);
         return st;
-    if (check_args(&o) < 0)
+    }
+    if (check_args(&o) < 0) {
+        free(o.prog_owned);
         return 2;
+    }
 
     tt_launch_t l;
-    if (tt_launch_start(&l, "tutti-run", o.np, !o.store) < 0)
+    if (tt_launch_start(&l, "tutti-run", o.np, !o.store) < 0) {
+        free(o.prog_owned);
         return 1;
+    }
     if (!o.store)
         o.store = l.url;
     l.bind = o.bind;
@@ -785,5 +792,6 @@ out:
     tt_launch_finish(&l);
     free(tags);
     free(pf);
+    free(o.prog_owned);
     return status;
 }
