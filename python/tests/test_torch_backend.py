@@ -681,9 +681,11 @@ dist.init_process_group("tutti")
 r, n = dist.get_rank(), dist.get_world_size()
 t = torch.arange(4, dtype=torch.float64) * (r + 1)
 dist.all_reduce(t)
-print("rank", r, "of", n, "local", os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"],
-      "group", os.environ["GROUP_RANK"], os.environ["GROUP_WORLD_SIZE"],
-      "sum", " ".join(str(int(x)) for x in t.tolist()), flush=True)
+e = os.environ
+line = (f"rank {r} of {n} local {e['LOCAL_RANK']} {e['LOCAL_WORLD_SIZE']} "
+        f"group {e['GROUP_RANK']} {e['GROUP_WORLD_SIZE']} "
+        f"sum {' '.join(str(int(x)) for x in t.tolist())}\\n")
+os.write(1, line.encode())  # one write: the ranks share the pipe
 dist.destroy_process_group()
 """
 
