@@ -306,14 +306,20 @@ tmpdir_empty "job ids"
 # --nnodes MIN:MAX (elastic, torchrun's): tutti-runs sharing a store meet in rounds
 el=$tmp/elastic
 mkdir -p "$el"
+# two_nodes ARGS...: two tutti-runs with ARGS ("%k" in them: the node's index), their
+# outputs in $el/out0,1 and err0,1; waits for both, their exit statuses in $rc ("00": both 0)
+two_nodes() {
+    local k p=()
+    rm -f "$el"/out? "$el"/err?
+    for k in 0 1; do
+        timeout 60 "$run" "${@//%k/$k}" >"$el/out$k" 2>"$el/err$k" &
+        p[k]=$!
+    done
+    wait "${p[0]}"; rc=$?; wait "${p[1]}"; rc=$rc$?
+}
 # two nodes of 2:3 meet (round 0 closes at 2 after the last call), ranks numbered by node
-for k in 0 1; do
-    timeout 60 "$run" -np 2 --nnodes 2:3 --rdzv-last-call 300 --store "file://$el/s1" \
-        "$child" >"$el/out$k" 2>"$el/err$k" &
-    eval "p$k=\$!"
-done
-wait "$p0"; r0=$?; wait "$p1"; r1=$?
-[ "$r0$r1" = 00 ] || fail "elastic 2:3, two nodes: exit $r0 $r1 ($(cat "$el"/err*))"
+two_nodes -np 2 --nnodes 2:3 --rdzv-last-call 300 --store "file://$el/s1" "$child"
+[ "$rc" = 00 ] || fail "elastic 2:3, two nodes: exit $rc ($(cat "$el"/err*))"
 [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
     fail "elastic 2:3, two nodes: output: $(cat "$el"/out*)"
 # scale-up over a tcp store that the first node serves: a third node comes to the running
@@ -347,15 +353,10 @@ s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
         --dir "$el" >"$el/redis.log" 2>&1 &
     echo $! >"$tmp/redis.pid"
     for _ in $(seq 100); do grep -q 'Ready to accept' "$el/redis.log" && break; sleep .05; done
-    rm -f "$el"/out* "$el"/err*
-    for k in 0 1; do
-        timeout 60 "$run" -np 2 --nnodes 2:3 --rdzv-last-call 300 --job-id el-redis \
-            --store "redis://127.0.0.1:$rport" "$child" >"$el/out$k" 2>"$el/err$k" &
-        eval "p$k=\$!"
-    done
-    wait "$p0"; r0=$?; wait "$p1"; r1=$?
+    two_nodes -np 2 --nnodes 2:3 --rdzv-last-call 300 --job-id el-redis \
+        --store "redis://127.0.0.1:$rport" "$child"
     kill "$(cat "$tmp/redis.pid")"
-    [ "$r0$r1" = 00 ] || fail "elastic over redis: exit $r0 $r1 ($(cat "$el"/err*))"
+    [ "$rc" = 00 ] || fail "elastic over redis: exit $rc ($(cat "$el"/err*))"
     [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
         fail "elastic over redis: output: $(cat "$el"/out*)"
 fi
@@ -376,27 +377,15 @@ wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
 [ "$(cat "$el"/out? | grep -c ' of 2 ok (round 1, restart 0)$')" = 2 ] ||
     fail "elastic scale-down: output: $(cat "$el"/out*) $(cat "$el"/err*)"
 # a rank's failure restarts every node's ranks (counted), the next round runs through
-rm -f "$el"/out* "$el"/err*
-for k in 0 1; do
-    timeout 60 "$run" -np 2 --nnodes 2:2 --max-restarts 1 --store "file://$el/s3" \
-        "$child" fail-first=1 >"$el/out$k" 2>"$el/err$k" &
-    eval "p$k=\$!"
-done
-wait "$p0"; r0=$?; wait "$p1"; r1=$?
-[ "$r0$r1" = 00 ] || fail "elastic failure then restart: exit $r0 $r1 ($(cat "$el"/err*))"
+two_nodes -np 2 --nnodes 2:2 --max-restarts 1 --store "file://$el/s3" "$child" fail-first=1
+[ "$rc" = 00 ] || fail "elastic failure then restart: exit $rc ($(cat "$el"/err*))"
 [ "$(cat "$el"/out? | grep -c ' of 4 ok (round 1, restart 1)$')" = 4 ] ||
     fail "elastic failure then restart: output: $(cat "$el"/out*) $(cat "$el"/err*)"
 [ "$(cat "$el"/err? | grep -c 'round 0 ended (failure: node [01]: a rank exited with status 3)')" = 2 ] ||
     fail "elastic failure then restart: $(cat "$el"/err?)"
 # restarts used up: both nodes fail, the failing one with its rank's status
-rm -f "$el"/out* "$el"/err*
-for k in 0 1; do
-    timeout 60 "$run" -np 2 --nnodes 2:2 --store "file://$el/s4" "$child" fail=1 \
-        >"$el/out$k" 2>"$el/err$k" &
-    eval "p$k=\$!"
-done
-wait "$p0"; r0=$?; wait "$p1"; r1=$?
-case "$r0$r1" in 31|13) ;; *) fail "elastic, restarts used up: exit $r0 $r1, expected 3 and 1 ($(cat "$el"/err*))" ;; esac
+two_nodes -np 2 --nnodes 2:2 --store "file://$el/s4" "$child" fail=1
+case "$rc" in 31|13) ;; *) fail "elastic, restarts used up: exit $rc, expected 3 and 1 ($(cat "$el"/err*))" ;; esac
 [ "$(cat "$el"/err? | grep -c -- '--max-restarts 0 used up')" = 2 ] || fail "elastic, restarts used up: $(cat "$el"/err?)"
 # the same job id on the same store again: the job is over, said, not run
 timeout 30 "$run" -np 1 --nnodes 1:2 --store "file://$el/s4" "$child" 2>"$el/err"; rc=$?
@@ -409,28 +398,18 @@ timeout 30 "$run" -np 1 --nnodes 1:2 --node-rank 1 --store "file://$el/s5" "$chi
 [ "$rc" = 2 ] || fail "--nnodes 1:2 --node-rank 1: exit $rc, expected 2"
 # torchrun's command lines: its option spellings, c10d rendezvous over --rdzv-endpoint
 # (--nnodes 2 being 2:2), a SCRIPT.py and -m MODULE run by python3
-rm -f "$el"/out* "$el"/err*
 read -r port < <(python3 -c "import socket
 s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
-for k in 0 1; do
-    timeout 60 "$run" --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv-last-call 300 \
-        --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=torchrun-style --max_restarts=0 \
-        "$child" >"$el/out$k" 2>"$el/err$k" &
-    eval "p$k=\$!"
-done
-wait "$p0"; r0=$?; wait "$p1"; r1=$?
-[ "$r0$r1" = 00 ] || fail "torchrun's spellings, c10d: exit $r0 $r1 ($(cat "$el"/err*))"
+two_nodes --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv-last-call 300 \
+    --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=torchrun-style --max_restarts=0 "$child"
+[ "$rc" = 00 ] || fail "torchrun's spellings, c10d: exit $rc ($(cat "$el"/err*))"
 [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
     fail "torchrun's spellings, c10d: output: $(cat "$el"/out*)"
 # torchrun's static rendezvous: --master_addr/--master_port for torch, our store on the
 # port after it
-for k in 0 1; do
-    timeout 60 "$run" --nnodes=2 --node_rank=$k --nproc_per_node=2 --master_addr=127.0.0.1 \
-        --master_port="$port" "$child" >"$el/out$k" 2>"$el/err$k" &
-    eval "p$k=\$!"
-done
-wait "$p0"; r0=$?; wait "$p1"; r1=$?
-[ "$r0$r1" = 00 ] || fail "torchrun's static spellings: exit $r0 $r1 ($(cat "$el"/err*))"
+two_nodes --nnodes=2 --node_rank=%k --nproc_per_node=2 --master_addr=127.0.0.1 \
+    --master_port="$port" "$child"
+[ "$rc" = 00 ] || fail "torchrun's static spellings: exit $rc ($(cat "$el"/err*))"
 [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok$')" = 4 ] ||
     fail "torchrun's static spellings: output: $(cat "$el"/out*)"
 a=$(mp "$run" --nproc_per_node 1 --nnodes 2 --node_rank 1 --master_addr h --master_port 7)

@@ -46,6 +46,18 @@ static int64_t counter(tt_rdzv_t *z, const char *key, int64_t delta)
     return v;
 }
 
+/* A store value (malloc'ed, len bytes) as a string; NULL (v freed) when out of memory. */
+static char *as_string(void *v, size_t len)
+{
+    char *s = realloc(v, len + 1);
+    if (!s) {
+        free(v);
+        return NULL;
+    }
+    s[len] = '\0';
+    return s;
+}
+
 /* key's value now (a string, malloc'ed), NULL when it is not set; *err_p on a store
  * failure (said). */
 static char *peek(tt_rdzv_t *z, const char *key, int *err_p)
@@ -66,13 +78,9 @@ static char *peek(tt_rdzv_t *z, const char *key, int *err_p)
         *err_p = 1;
         return NULL;
     }
-    char *s = realloc(v, len + 1);
-    if (!s) {
-        free(v);
+    char *s = as_string(v, len);
+    if (!s)
         *err_p = 1;
-        return NULL;
-    }
-    s[len] = '\0';
     return s;
 }
 
@@ -86,13 +94,7 @@ static char *first_offer(tt_rdzv_t *z, const char *key, const char *value)
         store_err(z, key);
         return NULL;
     }
-    char *s = realloc(cur, len + 1);
-    if (!s) {
-        free(cur);
-        return NULL;
-    }
-    s[len] = '\0';
-    return s;
+    return as_string(cur, len);
 }
 
 int tt_store_url_host(const char *url, char *host, size_t hostlen, int *port)
