@@ -123,20 +123,20 @@ int tt_store_url_host(const char *url, char *host, size_t hostlen, int *port)
     }
     if (end == p || (size_t)(end - p) >= hostlen)
         return -1;
-    snprintf(host, hostlen, "%.*s", (int)(end - p), p);
+    int hlen = (int)(end - p);
+    long v = 6379;
     if (*end == ']')
         end++;
     if (*end == ':') {
         char *e;
-        long v = strtol(end + 1, &e, 10);
+        v = strtol(end + 1, &e, 10);
         if (e == end + 1 || v < 1 || v > 65535 || (*e && *e != '/'))
             return -1;
-        *port = (int)v;
-    } else if (redis && (!*end || *end == '/')) {
-        *port = 6379;
-    } else {
+    } else if (!redis || (*end && *end != '/')) {
         return -1;
     }
+    snprintf(host, hostlen, "%.*s", hlen, p); /* only on success */
+    *port = (int)v;
     return 0;
 }
 
