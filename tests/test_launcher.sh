@@ -408,7 +408,15 @@ two_nodes --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv-last-call 300
 [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
     fail "torchrun's spellings, c10d: output: $(cat "$el"/out*)"
 # torchrun's static rendezvous: --master_addr/--master_port for torch, our store on the
-# port after it
+# port after it (two free ports in a row: another test may hold the one after a free one)
+read -r port < <(python3 -c "import random, socket
+for p in random.sample(range(20000, 60000), 200):
+    try:
+        s = [socket.socket(), socket.socket()]
+        s[0].bind(('127.0.0.1', p)); s[1].bind(('127.0.0.1', p + 1))
+        print(p); break
+    except OSError:
+        pass")
 two_nodes --nnodes=2 --node_rank=%k --nproc_per_node=2 --master_addr=127.0.0.1 \
     --master_port="$port" "$child"
 [ "$rc" = 00 ] || fail "torchrun's static spellings: exit $rc ($(cat "$el"/err*))"

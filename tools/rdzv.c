@@ -237,8 +237,9 @@ static int job_over(tt_rdzv_t *z, char *why, size_t whylen)
     } else if (v) {
         snprintf(why, whylen, "the job ran through (%s)", v);
     }
+    int over = v != NULL;
     free(v);
-    return err ? -1 : v != NULL;
+    return err ? -1 : over;
 }
 
 /* In round z->round as agent z->idx: wait until the round closes. The agents it took,
@@ -398,6 +399,8 @@ int tt_rdzv_join(tt_rdzv_t *z, char *why, size_t whylen)
     }
 }
 
+static int step_round(tt_rdzv_t *z);
+
 int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen)
 {
     char key[64];
@@ -408,7 +411,7 @@ int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen)
     if (r) {
         snprintf(why, whylen, "%s", r);
         free(r);
-        return 1;
+        return step_round(z) < 0 ? -1 : 1; /* the ender may have died before stepping */
     }
     if (z->nodes >= z->max_nodes)
         return 0;
@@ -424,13 +427,20 @@ int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen)
 
 int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen)
 {
-    char key[64], cur[32], next[32];
+    char key[64];
     char *r = first_offer(z, rkey(key, sizeof(key), z->round, "restart"), reason);
     if (!r)
         return -1;
     snprintf(why, whylen, "%s", r);
     free(r);
-    /* the next round opens (every agent offers the same step; one takes) */
+    return step_round(z);
+}
+
+/* The next round opens: every agent of an ended round offers the same step, one takes
+ * it. 0 or -1 (said). */
+static int step_round(tt_rdzv_t *z)
+{
+    char cur[32], next[32];
     snprintf(cur, sizeof(cur), "%" PRId64, z->round);
     snprintf(next, sizeof(next), "%" PRId64, z->round + 1);
     void *v = NULL;

@@ -313,7 +313,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
                 return 2;
             }
             break;
-        case 'E': /* torchrun's --rdzv-endpoint HOST[:PORT] (its default port 29400) */
+        case 'E': { /* torchrun's --rdzv-endpoint HOST[:PORT] (its default port 29400) */
             const char *host_end = strrchr(optarg, ']'); /* [v6]:port */
             if (strstr(optarg, "://"))
                 snprintf(endpoint, sizeof(endpoint), "%s", optarg);
@@ -323,6 +323,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
                 snprintf(endpoint, sizeof(endpoint), "tcp://%s:29400", optarg);
             o_p->store = endpoint;
             break;
+        }
         case 'b': /* torchrun's --rdzv-backend: c10d rendezvous (ours), static ranks */
             if (!strcmp(optarg, "c10d") || !strcmp(optarg, "tutti")) {
                 c10d = 1;
