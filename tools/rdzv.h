@@ -20,8 +20,9 @@
  * An agent in a round runs its ranks with ranks numbered by the agents' order (rank of
  * its first = the rank counts of the agents before it) and the job id "<job>-r<R>", so
  * that rounds never meet. A failure ends the round for every agent (each polls it), and
- * counts against --max-restarts (every agent counts the same ones); a late agent ends it
- * without counting. */
+ * counts against --max-restarts (each agent counts the failures of the rounds it ran
+ * in, so an agent that joined later counts fewer: not yet one count in the store); a late
+ * agent ends it without counting. */
 #ifndef TT_RDZV_H
 #define TT_RDZV_H
 
