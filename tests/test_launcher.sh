@@ -296,6 +296,9 @@ a=$(mp "$run" -np 2 --nnodes 3 --node-rank 2 --store tcp://127.0.0.1:1)
 [ "$a" = "127.0.0.1:2 2/3 2 " ] || fail "tutti-run --nnodes 3 MASTER_ADDR:PORT: \"$a\""
 a=$(mp "$run" -np 1 --nnodes 2 --node-rank 1 --store tcp://h)
 [ "$a" = ": 1/2 1 " ] || fail "tutti-run MASTER_ADDR:PORT from a store without a port: \"$a\""
+a=$(MASTER_ADDR=h MASTER_PORT=9 mp "$run" -np 2 --nnodes 1:1 --rdzv-last-call 0 --job-id mp1 \
+    --store "file://$tmp/mp1")
+case $a in "127.0.0.1:"[1-9]*" 0/1 2 "*) ;; *) fail "elastic tutti-run kept the user's MASTER_ADDR:PORT: \"$a\"" ;; esac
 a=$(MASTER_ADDR=h MASTER_PORT=9 mp "$run" -np 2)
 [ "$a" = "h:9 0/1 2 " ] || fail "tutti-run replaced the user's MASTER_ADDR:PORT: \"$a\""
 bench_id() { timeout 60 "$bench" -np 2 -b 8 -e 8 -n 1 -w 0 2>&1 | sed -n 's/^# job //p'; }

@@ -210,9 +210,11 @@ static void run_rank(void *arg, int i)
     setenv_int("TORCHELASTIC_RESTART_COUNT", r->restart);
     setenv("TUTTI_STORE", r->store, 1);
     setenv_int("LOCAL_WORLD_SIZE", r->np);
-    if (r->master_addr[0] && !getenv("MASTER_ADDR"))
+    /* the user's are kept, except elastic: rank 0 moves between nodes and rounds (torchrun
+     * sets the round's too) */
+    if (r->master_addr[0] && (r->z || !getenv("MASTER_ADDR")))
         setenv("MASTER_ADDR", r->master_addr, 1);
-    if (r->master_port && !getenv("MASTER_PORT"))
+    if (r->master_port && (r->z || !getenv("MASTER_PORT")))
         setenv_int("MASTER_PORT", r->master_port);
     setenv_int("GROUP_RANK", r->z ? r->z->idx : r->rank0 / r->np);
     setenv_int("GROUP_WORLD_SIZE", r->z ? r->z->nodes : r->world / r->np);
