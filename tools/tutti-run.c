@@ -6,8 +6,8 @@
  * Each rank runs PROGRAM with TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK,
  * TUTTI_LOCAL_SIZE and TUTTI_STORE set, so tutti_comm_init_env() finds its place (and
  * RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, as torchrun sets them, for torch's
- * env://), and TUTTI_JOB_ID unless the user set it (see tt_launch_job_id). Without --store the ranks meet in a file store in a fresh
- * directory in $TMPDIR, removed on every exit path (a cleaner process removes it if
+ * env://), and TUTTI_JOB_ID unless the user set it (see tt_launch_job_id). Without --store
+ * the ranks meet in a file store in a fresh directory in $TMPDIR, removed on every exit path (a cleaner process removes it if
  * tutti-run is SIGKILLed). With several nodes, start one tutti-run per node with the same
  * tcp:// store (node 0's rank 0 hosts it) and, outside a batch scheduler, the same
  * --job-id. The launching itself (process groups, death with tutti-run, the cleaner) is
@@ -45,64 +45,64 @@
 
 static void usage(FILE *f, const char *argv0)
 {
-    fprintf(
-        f,
-        "usage: %s -np N [options] [--] PROGRAM [ARGS...]\n"
-        "\n"
-        "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
-        "tutti_comm_init_env() reads.\n"
-        "\n"
-        "  -n, -np, --np N     ranks on this host\n"
-        "  -s, --store URL     rendezvous store: file:///DIR, tcp://HOST:PORT or\n"
-        "                      redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (default: a file\n"
-        "                      store in a fresh directory in $TMPDIR or /tmp, removed\n"
-        "                      however tutti-run ends)\n"
-        "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
-        "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
-        "      --nnodes MIN:MAX\n"
-        "                      elastic (torchrun's): the tutti-runs that share --store\n"
-        "                      meet in rounds of MIN..MAX nodes, numbered in the order\n"
-        "                      they came; a failure restarts the round (counted by\n"
-        "                      --max-restarts), a node that comes to a running round\n"
-        "                      below MAX restarts it without counting; ranks of round R\n"
-        "                      get TUTTI_JOB_ID <job id>-rR and TUTTI_ROUND. A tcp://\n"
-        "                      store is served by the first tutti-run on its host\n"
-        "      --rdzv-last-call MS\n"
-        "                      with MIN or more nodes, wait this long for more (1000)\n"
-        "      --rdzv-timeout S\n"
-        "                      how long a node waits for a round to take it (600)\n"
-        "      torchrun's spellings: --nproc-per-node N|cpu|auto (-np), --node_rank,\n"
-        "                      --max_restarts, --rdzv-id (--job-id), --rdzv-endpoint\n"
-        "                      HOST[:PORT] (--store tcp://HOST:PORT, port 29400), --rdzv-backend\n"
-        "                      c10d (--nnodes N is N:N) or static, --standalone (one node),\n"
-        "                      -m MODULE and SCRIPT.py (run by python3 from PATH), --no-python,\n"
-        "                      --master-addr A --master-port P (the ranks' MASTER_ADDR/PORT;\n"
-        "                      with --nnodes M and no --store, the store tcp://A:P+1)\n"
-        "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
-        "                      one unique to this launch; with several nodes, the job id\n"
-        "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
-        "                      from the store's port: when jobs share a standalone store,\n"
-        "                      give each job's nodes one --job-id of its own)\n"
-        "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
-        "      --max-restarts R\n"
-        "                      when a rank fails, stop the others and start all N\n"
-        "                      again, up to R times (torchrun's --max-restarts; default\n"
-        "                      0); the ranks see TUTTI_RESTART_COUNT and\n"
-        "                      TORCHELASTIC_RESTART_COUNT (0 at first), the same store\n"
-        "                      and job id; with --nnodes, give every node the same R\n"
-        "      --tag           prefix each line of the ranks' output with [rank]\n"
-        "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
-        "                      of the C CPUs tutti-run may use (neighbours together, as\n"
-        "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
-        "                      small collectives out of the scheduler's slow placements)\n"
-        "  -h, --help          show this help\n"
-        "\n"
-        "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
-        "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
-        "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
-        "--timeout, which counts over every attempt); 2 on bad usage.\n"
-        "The temporary store is made in $TMPDIR (default /tmp).\n",
-        argv0, TT_LAUNCH_GRACE_MS);
+    fprintf(f,
+            "usage: %s -np N [options] [--] PROGRAM [ARGS...]\n"
+            "\n"
+            "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
+            "tutti_comm_init_env() reads.\n"
+            "\n"
+            "  -n, -np, --np N     ranks on this host\n"
+            "  -s, --store URL     rendezvous store: file:///DIR, tcp://HOST:PORT or\n"
+            "                      redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (default: a file\n"
+            "                      store in a fresh directory in $TMPDIR or /tmp, removed\n"
+            "                      however tutti-run ends)\n"
+            "      --nnodes M      nodes in the job (default 1); ranks are numbered\n"
+            "      --node-rank K   node K's ranks are K*N .. K*N+N-1 (default 0)\n"
+            "      --nnodes MIN:MAX\n"
+            "                      elastic (torchrun's): the tutti-runs that share --store\n"
+            "                      meet in rounds of MIN..MAX nodes, numbered in the order\n"
+            "                      they came; a failure restarts the round (counted by\n"
+            "                      --max-restarts), a node that comes to a running round\n"
+            "                      below MAX restarts it without counting; ranks of round R\n"
+            "                      get TUTTI_JOB_ID <job id>-rR and TUTTI_ROUND. A tcp://\n"
+            "                      store is served by the first tutti-run on its host\n"
+            "      --rdzv-last-call MS\n"
+            "                      with MIN or more nodes, wait this long for more (1000)\n"
+            "      --rdzv-timeout S\n"
+            "                      how long a node waits for a round to take it (600)\n"
+            "      torchrun's spellings: --nproc-per-node N|cpu|auto (-np), --node_rank,\n"
+            "                      --max_restarts, --rdzv-id (--job-id), --rdzv-endpoint\n"
+            "                      HOST[:PORT] (--store tcp://HOST:PORT, port 29400),\n"
+            "                      --rdzv-backend c10d (--nnodes N is N:N) or static,\n"
+            "                      --standalone (one node), -m MODULE and SCRIPT.py (run by\n"
+            "                      python3 from PATH), --no-python, --master-addr A\n"
+            "                      --master-port P (the ranks' MASTER_ADDR/PORT; with\n"
+            "                      --nnodes M and no --store, the store tcp://A:P+1)\n"
+            "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
+            "                      one unique to this launch; with several nodes, the job id\n"
+            "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
+            "                      from the store's port: when jobs share a standalone store,\n"
+            "                      give each job's nodes one --job-id of its own)\n"
+            "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
+            "      --max-restarts R\n"
+            "                      when a rank fails, stop the others and start all N\n"
+            "                      again, up to R times (torchrun's --max-restarts; default\n"
+            "                      0); the ranks see TUTTI_RESTART_COUNT and\n"
+            "                      TORCHELASTIC_RESTART_COUNT (0 at first), the same store\n"
+            "                      and job id; with --nnodes, give every node the same R\n"
+            "      --tag           prefix each line of the ranks' output with [rank]\n"
+            "      --bind          hold each rank on one CPU: the i-th of N on the (i*C/N)-th\n"
+            "                      of the C CPUs tutti-run may use (neighbours together, as\n"
+            "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
+            "                      small collectives out of the scheduler's slow placements)\n"
+            "  -h, --help          show this help\n"
+            "\n"
+            "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
+            "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
+            "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
+            "--timeout, which counts over every attempt); 2 on bad usage.\n"
+            "The temporary store is made in $TMPDIR (default /tmp).\n",
+            argv0, TT_LAUNCH_GRACE_MS);
 }
 
 static double now_ms(void)
@@ -470,7 +470,7 @@ static int check_args(const run_opts_t *o)
         char id[64];
         const char *given = o->job_id;
         if (!given && !getenv("TUTTI_JOB_ID") && !tt_launch_outer_job_id(id, sizeof(id))) {
-            uint64_t h = 1469598103934665603ull;
+            uint64_t h = 14695981039346656037ull; /* FNV-1a */
             for (const char *c = o->store; *c; c++)
                 h = (h ^ (unsigned char)*c) * 1099511628211ull;
             snprintf(id, sizeof(id), "tutti-run-elastic-%016llx", (unsigned long long)h);
@@ -561,10 +561,10 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
  * the deadline (0: none) stops the rest. Returns the exit status (status so far in);
  * *rank_failed_p: a rank's failure stopped them (not a signal or the deadline). */
 static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
-                     double deadline, int status, int *rank_failed_p, int rank0, tt_rdzv_t *z,
-                     int *ended_p, char *why, size_t whylen)
+                     double deadline, int status, int *rank_failed_p, tt_rdzv_t *z, int *ended_p,
+                     char *why, size_t whylen)
 {
-    int first_failed = -1;
+    int first_failed = -1, rank0 = z ? z->rank0 : o->node_rank * o->np;
     double next_poll = 0;
     *rank_failed_p = 0;
     if (ended_p)
@@ -689,7 +689,7 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
             status = 1;
             tt_launch_stop(l);
         }
-        status = supervise(l, o, tags, pf, deadline, status, &rank_failed, z.rank0, &z, &ended, why,
+        status = supervise(l, o, tags, pf, deadline, status, &rank_failed, &z, &ended, why,
                            sizeof(why));
         if (o->tag)
             tag_drain(tags, pf, 2 * o->np);
@@ -778,8 +778,7 @@ int main(int argc, char **argv)
             status = 1;
             tt_launch_stop(&l);
         }
-        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed, o.node_rank * np, NULL,
-                           NULL, NULL, 0);
+        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed, NULL, NULL, NULL, 0);
         if (tag)
             tag_drain(tags, pf, 2 * np);
         if (!rank_failed || restart >= o.max_restarts || tt_launch_signal_received())
