@@ -437,6 +437,108 @@ timeout 30 "$run" --nproc-per-node 1 --standalone --nnodes 2 true 2>/dev/null; r
 [ "$rc" = 2 ] || fail "--standalone --nnodes 2: exit $rc, expected 2"
 timeout 30 "$run" --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint h:1 true 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--rdzv-backend etcd: exit $rc, expected 2"
+# a signal or --timeout while a node waits in the rendezvous: it stops at once, with
+# 128+signal or 124 (not after the rendezvous timeout)
+timeout 30 "$run" -np 1 --nnodes 2:2 --store "file://$el/s6" "$child" 2>"$el/err" &
+p0=$!
+sleep .5
+t0=$(ms); kill -INT "$p0"; wait_bounded "$p0"; rc=$?; t1=$(ms)
+[ "$rc" = 130 ] && [ $((t1 - t0)) -lt 3000 ] ||
+    fail "SIGINT in the rendezvous: exit $rc after $((t1 - t0)) ms ($(cat "$el/err"))"
+t0=$(ms)
+timeout 30 "$run" -np 1 --nnodes 2:2 --timeout 1 --store "file://$el/s6" --job-id t1 "$child" 2>"$el/err"; rc=$?
+t1=$(ms)
+[ "$rc" = 124 ] && [ $((t1 - t0)) -lt 4000 ] ||
+    fail "--timeout 1 in the rendezvous: exit $rc after $((t1 - t0)) ms ($(cat "$el/err"))"
+# torchrun's exit barrier: node 0's ranks pass at once, node 1's rank fails a second
+# later; the job has not run through, so both restart (one count) and the next round passes
+printf '%s\n' '[ "$RANK" = 1 ] && [ "$TUTTI_RESTART_COUNT" = 0 ] && { sleep 1; exit 3; }' \
+    'echo "ok $RANK round $TUTTI_ROUND restart $TUTTI_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"' >"$el/bar.sh"
+two_nodes -np 1 --nnodes 2:2 --max-restarts 1 --store "file://$el/s7" sh "$el/bar.sh"
+[ "$rc" = 00 ] || fail "elastic exit barrier: exit $rc ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c '^ok [01] round 1 restart 1 of 1$')" = 2 ] ||
+    fail "elastic exit barrier: output: $(cat "$el"/out*) $(cat "$el"/err*)"
+# one restart count for the job: a node that joins after a failed round sees the same
+# TORCHELASTIC_RESTART_COUNT as those that lived through it
+printf '%s\n' '[ "$RANK" = 0 ] && [ "$TUTTI_RESTART_COUNT" = 0 ] && exit 3' \
+    'exec "$@"' >"$el/f0.sh"
+rm -f "$el"/out? "$el"/err? "$el/stop"
+for k in 0 1; do
+    timeout 60 "$run" -np 1 --nnodes 2:3 --max-restarts 1 --rdzv-last-call 300 --store "file://$el/s8" \
+        sh "$el/f0.sh" "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 1:')" = 2 ] && break; sleep .05; done
+timeout 60 "$run" -np 1 --nnodes 2:3 --max-restarts 1 --rdzv-last-call 300 --store "file://$el/s8" \
+    "$child" "until=$el/stop" >"$el/out2" 2>"$el/err2" &
+p2=$!
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 2:')" = 3 ] && break; sleep .05; done
+touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
+[ "$r0$r1$r2" = 000 ] || fail "elastic restart count: exit $r0 $r1 $r2 ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c ' of 3 ok (round 2, restart 1)$')" = 3 ] ||
+    fail "elastic restart count: output: $(cat "$el"/out*) $(cat "$el"/err*)"
+# every agent SIGKILLed mid-round (tutti-run itself, no timeout in between; their ranks
+# die with them): a rerun in place on the same store finds the round's heartbeats
+# stopped, ends it and runs (not a wait for the rendezvous timeout)
+kc="--rdzv-conf=keep_alive_interval=0.2,keep_alive_max_attempt=3,join_timeout=60"
+m=killed-$$ marks="$marks $m"
+rm -f "$el"/out? "$el"/err? "$el/stop"
+for k in 0 1; do
+    TEST_MARK=$m "$run" -np 1 --nnodes 2:2 "$kc" --store "file://$el/s9" \
+        "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
+kill -KILL "$p0" "$p1"; wait "$p0" "$p1" 2>/dev/null
+why=$(all_gone $m) || fail "elastic agents SIGKILLed: $why"
+touch "$el/stop"
+t0=$(ms)
+two_nodes -np 1 --nnodes 2:2 "$kc" --store "file://$el/s9" "$child" "until=$el/stop"
+t1=$(ms)
+[ "$rc" = 00 ] && [ $((t1 - t0)) -lt 20000 ] ||
+    fail "elastic rerun after SIGKILL: exit $rc after $((t1 - t0)) ms ($(cat "$el"/err*))"
+[ "$(cat "$el"/out? | grep -c ' of 2 ok (round 1, restart 0)$')" = 2 ] &&
+    cat "$el"/err? | grep -q 'round 0 ended (scale: node [01] stopped answering' ||
+    fail "elastic rerun after SIGKILL: $(cat "$el"/out*) $(cat "$el"/err*)"
+# a spare that waited on a full job (MAX 1) sees it run through: that is no failure
+rm -f "$el/stop"
+timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &
+p0=$!
+for _ in $(seq 200); do grep -qs 'elastic round 0:' "$el/err0" && break; sleep .05; done
+timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" >"$el/out1" 2>"$el/err1" &
+p1=$!
+for _ in $(seq 200); do grep -qs 'waiting for the next' "$el/err1" && break; sleep .05; done
+touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] && grep -q 'ran through .* while this node waited to join' "$el/err1" ||
+    fail "elastic spare: exit $r0 $r1 ($(cat "$el"/err?))"
+# two spellings of one store meet under the default job id
+read -r port < <(python3 -c "import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+rm -f "$el"/out? "$el"/err?
+timeout 60 "$run" -np 1 --nnodes 2:2 --store "tcp://127.0.0.1:$port" "$child" >"$el/out0" 2>"$el/err0" &
+p0=$!
+timeout 60 "$run" -np 1 --nnodes 2:2 --store "tcp://localhost:$port" "$child" >"$el/out1" 2>"$el/err1" &
+p1=$!
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] && [ "$(cat "$el"/out? | grep -c ' of 2 ok (round 0, restart 0)$')" = 2 ] ||
+    fail "elastic, one store spelt twice: exit $r0 $r1 ($(cat "$el"/out* "$el"/err*))"
+# torchrun's --standalone with --rdzv-backend c10d (and endpoint localhost:0); a c10d
+# endpoint on port 0 gives the ranks the port the store got
+out=$(timeout 30 "$run" --nproc-per-node 2 --standalone --rdzv-backend c10d \
+    --rdzv-endpoint localhost:0 "$child" 2>&1) || fail "--standalone --rdzv-backend c10d: $out"
+out=$(timeout 30 "$run" --nproc-per-node 2 --nnodes 1 --rdzv-backend c10d \
+    --rdzv-endpoint 127.0.0.1:0 "$child" 2>&1) || fail "--rdzv-endpoint 127.0.0.1:0: $out"
+[ "$(echo "$out" | grep -c ' of 2 ok (round 0, restart 0)$')" = 2 ] || fail "--rdzv-endpoint 127.0.0.1:0: $out"
+# torchrun's variables: its role, max restarts, one OpenMP thread per rank
+a=$(timeout 10 "$run" -np 2 --role trainer --max-restarts 2 sh -c \
+    'echo "$ROLE_NAME $ROLE_RANK/$ROLE_WORLD_SIZE $TORCHELASTIC_MAX_RESTARTS $OMP_NUM_THREADS"' 2>&1 | sort | tr '\n' ';')
+[ "$a" = "trainer 0/2 2 1;trainer 1/2 2 1;" ] || fail "torchrun's variables: \"$a\""
+a=$(OMP_NUM_THREADS=4 timeout 10 "$run" -np 2 sh -c 'echo "$ROLE_NAME $OMP_NUM_THREADS"' 2>&1 | sort -u)
+[ "$a" = "default 4" ] || fail "the user's OMP_NUM_THREADS: \"$a\""
+timeout 30 "$run" -np 1 --nnodes 1:2 --rdzv-conf bogus=1 --store "file://$el/s11" true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--rdzv-conf bogus=1: exit $rc, expected 2"
 tmpdir_empty "elastic"
 
 echo "test_run: all checks passed"

@@ -24,14 +24,18 @@
  * --nnodes MIN:MAX: elastic, as torchrun's agent; the rendezvous is tools/rdzv.h.
  * Exit status: 0 when every rank exited 0; else the first failing rank's exit status
  * (128 + signal for a signal, 124 for --timeout); 2 on bad usage. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,6 +82,11 @@ static void usage(FILE *f, const char *argv0)
             "                      python3 from PATH), --no-python, --master-addr A\n"
             "                      --master-port P (the ranks' MASTER_ADDR/PORT; with\n"
             "                      --nnodes M and no --store, the store tcp://A:P+1)\n"
+            "                      --rdzv-conf K=V,... (join_timeout, last_call_timeout,\n"
+            "                      keep_alive_interval, keep_alive_max_attempt: a node\n"
+            "                      whose heartbeat stops that long is gone, read_timeout,\n"
+            "                      is_host), --monitor-interval S, --local-addr A (this\n"
+            "                      node's MASTER_ADDR), --role NAME, --start-method M\n"
             "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
             "                      one unique to this launch; with several nodes, the job id\n"
             "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
@@ -185,9 +194,9 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
 
 /* What a rank runs: its variables, its output pipes (--tag), then the program. */
 typedef struct run_rank {
-    int rank0, np, world, tag, restart;
+    int rank0, np, world, tag, restart, max_restarts;
     const tt_rdzv_t *z; /* elastic: the round, else NULL */
-    const char *job_id;
+    const char *job_id, *role;
     char master_addr[256]; /* for torch's env:// ("" where the user set them) */
     int master_port;
     int out, err; /* --tag: write ends of this rank's pipes */
@@ -208,6 +217,14 @@ static void run_rank(void *arg, int i)
     setenv_int("LOCAL_RANK", i);
     setenv_int("TUTTI_RESTART_COUNT", r->restart);
     setenv_int("TORCHELASTIC_RESTART_COUNT", r->restart);
+    setenv_int("TORCHELASTIC_MAX_RESTARTS", r->max_restarts);
+    /* torchrun's one role: its ranks are the job's */
+    setenv("ROLE_NAME", r->role ? r->role : "default", 1);
+    setenv_int("ROLE_RANK", rank);
+    setenv_int("ROLE_WORLD_SIZE", r->world);
+    /* torchrun: more than one rank per node, each gets one OpenMP thread unless told */
+    if (r->np > 1 && !getenv("OMP_NUM_THREADS"))
+        setenv("OMP_NUM_THREADS", "1", 1);
     setenv("TUTTI_STORE", r->store, 1);
     setenv_int("LOCAL_WORLD_SIZE", r->np);
     /* the user's are kept, except elastic: rank 0 moves between nodes and rounds (torchrun
@@ -240,15 +257,90 @@ typedef struct run_opts {
     int standalone, module, no_python; /* torchrun's options */
     char **prog_owned;                 /* prog, when made here (python3 ...) */
     int last_call_ms, rdzv_timeout_s;
-    const char *store, *job_id;
+    /* elastic, torchrun's --rdzv-conf and --monitor-interval (0: rdzv.h's defaults) */
+    int keep_alive_ms, keep_alive_max, read_timeout_ms, monitor_ms, host_ok;
+    const char *store, *job_id, *local_addr, *role;
     char **prog;
 } run_opts_t;
+
+/* Seconds as "S" or "S.F" (torchrun's floats), in ms, at least min_ms. 0 or -1. */
+static int seconds_ms(const char *v, int min_ms, int *ms_p)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (end == v || *end || errno || !(d * 1000 >= min_ms) || d > 1e7)
+        return -1;
+    *ms_p = (int)(d * 1000 + 0.5);
+    return 0;
+}
+
+/* torchrun's --rdzv-conf K=V[,K=V...]: the keys its c10d rendezvous reads. 0, or -1
+ * (said). */
+static int rdzv_conf(const char *conf, run_opts_t *o)
+{
+    char buf[1024];
+    if (strlen(conf) >= sizeof(buf)) {
+        fprintf(stderr, "tutti-run: --rdzv-conf: too long\n");
+        return -1;
+    }
+    snprintf(buf, sizeof(buf), "%s", conf);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            fprintf(stderr, "tutti-run: --rdzv-conf: \"%s\": expected KEY=VALUE\n", kv);
+            return -1;
+        }
+        *eq = '\0';
+        const char *k = kv, *v = eq + 1;
+        int ms = 0, bad = 0;
+        if (!strcmp(k, "join_timeout") || !strcmp(k, "timeout")) {
+            bad = seconds_ms(v, 1000, &ms);
+            o->rdzv_timeout_s = (ms + 999) / 1000;
+        } else if (!strcmp(k, "last_call_timeout")) {
+            bad = seconds_ms(v, 0, &o->last_call_ms);
+        } else if (!strcmp(k, "keep_alive_interval")) {
+            bad = seconds_ms(v, 10, &o->keep_alive_ms);
+        } else if (!strcmp(k, "keep_alive_max_attempt")) {
+            bad = tt_cli_int(v, 1, 1 << 20, &o->keep_alive_max);
+        } else if (!strcmp(k, "read_timeout")) {
+            bad = seconds_ms(v, 100, &o->read_timeout_ms);
+        } else if (!strcmp(k, "is_host")) {
+            /* whether this node may serve a tcp:// store (torchrun's c10d default:
+             * the node whose address the endpoint names) */
+            if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"))
+                o->host_ok = 1;
+            else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no"))
+                o->host_ok = 0;
+            else
+                bad = -1;
+        } else if (!strcmp(k, "close_timeout") || !strcmp(k, "store_type") ||
+                   !strcmp(k, "use_libuv")) {
+            /* torch's, with no meaning here: a closed round is never reopened, and the
+             * store is --store's */
+        } else {
+            fprintf(stderr,
+                    "tutti-run: --rdzv-conf: unknown key \"%s\" (known: join_timeout, "
+                    "last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
+                    "read_timeout, is_host, close_timeout)\n",
+                    k);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "tutti-run: --rdzv-conf: %s=%s: bad value\n", k, v);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 /* Returns -1 when the command line asks for a run, else the exit status (0 for --help,
  * 2 for bad usage). */
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
-    *o_p = (run_opts_t){ .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600 };
+    *o_p = (run_opts_t){ .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600, .host_ok = 1 };
+    enum { O_CONF = 1000, O_MONITOR, O_ROLE, O_LOCAL_ADDR, O_START_METHOD };
     static const struct option longopts[] = {
         { "np", required_argument, NULL, 'n' },
         { "store", required_argument, NULL, 's' },
@@ -281,6 +373,15 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "master_addr", required_argument, NULL, 'A' },
         { "master-port", required_argument, NULL, 'O' },
         { "master_port", required_argument, NULL, 'O' },
+        { "rdzv-conf", required_argument, NULL, O_CONF },
+        { "rdzv_conf", required_argument, NULL, O_CONF },
+        { "monitor-interval", required_argument, NULL, O_MONITOR },
+        { "monitor_interval", required_argument, NULL, O_MONITOR },
+        { "role", required_argument, NULL, O_ROLE },
+        { "local-addr", required_argument, NULL, O_LOCAL_ADDR },
+        { "local_addr", required_argument, NULL, O_LOCAL_ADDR },
+        { "start-method", required_argument, NULL, O_START_METHOD },
+        { "start_method", required_argument, NULL, O_START_METHOD },
         { NULL, 0, NULL, 0 },
     };
     static char endpoint[300];
@@ -344,6 +445,26 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         case 'O':
             if (tt_cli_int(optarg, 1, 65534, &master_port) < 0) {
                 fprintf(stderr, "tutti-run: --master-port %s: expected 1..65534\n", optarg);
+                return 2;
+            }
+            break;
+        case O_CONF:
+            if (rdzv_conf(optarg, o_p) < 0)
+                return 2;
+            break;
+        case O_MONITOR:
+            if (seconds_ms(optarg, 1, &o_p->monitor_ms) < 0) {
+                fprintf(stderr, "tutti-run: --monitor-interval %s: expected seconds > 0\n", optarg);
+                return 2;
+            }
+            break;
+        case O_ROLE: o_p->role = optarg; break;
+        case O_LOCAL_ADDR: o_p->local_addr = optarg; break;
+        case O_START_METHOD: /* ranks are always exec'ed: each a process of its own */
+            if (strcmp(optarg, "spawn") && strcmp(optarg, "fork") && strcmp(optarg, "forkserver")) {
+                fprintf(stderr,
+                        "tutti-run: --start-method %s: expected spawn, fork or forkserver\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -424,6 +545,13 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             o_p->store = endpoint;
         }
     }
+    if (o_p->standalone && c10d && o_p->nnodes == 1 && !o_p->min_nodes) {
+        /* torchrun's --standalone is a c10d rendezvous on localhost:0 of its own: our
+         * one-node default, which needs neither */
+        c10d = 0;
+        if (o_p->store == endpoint)
+            o_p->store = NULL;
+    }
     if (c10d && !o_p->min_nodes) /* torchrun: --nnodes N with c10d is N:N */
         o_p->min_nodes = o_p->nnodes;
     if (o_p->standalone && (o_p->nnodes > 1 || o_p->store)) {
@@ -450,6 +578,54 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
     return -1;
 }
 
+/* The store as every node names it alike, whatever its URL's spelling: a tcp:// or
+ * redis:// store by its host's first address, port (and what follows: a redis database),
+ * a file store by its directory's real path; else the URL. */
+static void store_identity(const char *url, char *out, size_t outlen)
+{
+    char host[256];
+    int port = 0;
+    snprintf(out, outlen, "%s", url);
+    if (!strncmp(url, "file://", 7)) {
+        /* the directory may not exist yet (the first node makes it): its parent's */
+        char dir[1024], *real = NULL;
+        snprintf(dir, sizeof(dir), "%s", url + 7);
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/')
+            dir[--n] = '\0';
+        char *slash = strrchr(dir, '/');
+        if ((real = realpath(dir, NULL)) != NULL) {
+            snprintf(out, outlen, "file://%s", real);
+        } else if (slash && slash > dir) {
+            *slash = '\0';
+            if ((real = realpath(dir, NULL)) != NULL)
+                snprintf(out, outlen, "file://%s/%s", real, slash + 1);
+        }
+        free(real);
+        return;
+    }
+    if (tt_store_url_host(url, host, sizeof(host), &port) < 0)
+        return;
+    const char *scheme_end = strstr(url, "://") + 3;
+    const char *rest = strchr(scheme_end, '/'); /* redis: /DB */
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
+    char addr[INET6_ADDRSTRLEN] = "";
+    if (getaddrinfo(host, NULL, &hints, &ai) == 0 && ai) {
+        const struct addrinfo *p = ai; /* an IPv4 one where there is (localhost: ::1 too) */
+        while (p->ai_next && p->ai_family != AF_INET)
+            p = p->ai_next;
+        if (p->ai_family != AF_INET)
+            p = ai;
+        const void *a = p->ai_family == AF_INET6
+                            ? (const void *)&((struct sockaddr_in6 *)p->ai_addr)->sin6_addr
+                            : (const void *)&((struct sockaddr_in *)p->ai_addr)->sin_addr;
+        inet_ntop(p->ai_family, a, addr, sizeof(addr));
+        freeaddrinfo(ai);
+    }
+    snprintf(out, outlen, "%.*s%s:%d%s", (int)(scheme_end - url), url, addr[0] ? addr : host, port,
+             rest && strcmp(rest, "/") && strcmp(rest, "/0") ? rest : "");
+}
+
 /* The options that only make sense together; sets TUTTI_JOB_ID. 0, or -1: bad usage. */
 static int check_args(const run_opts_t *o)
 {
@@ -465,13 +641,20 @@ static int check_args(const run_opts_t *o)
                             "rendezvous numbers the nodes)\n");
             return -1;
         }
+        if ((long long)o->np * o->nnodes > INT_MAX) {
+            fprintf(stderr, "tutti-run: -np %d times --nnodes MAX %d is too many ranks\n", o->np,
+                    o->nnodes);
+            return -1;
+        }
         /* the nodes share only their command lines: an id from what started them, else
-         * from the store's URL (jobs sharing a store need their own --job-id) */
+         * from the store (jobs sharing a store need their own --job-id) */
         char id[64];
         const char *given = o->job_id;
         if (!given && !getenv("TUTTI_JOB_ID") && !tt_launch_outer_job_id(id, sizeof(id))) {
+            char where[1200];
+            store_identity(o->store, where, sizeof(where));
             uint64_t h = 14695981039346656037ull; /* FNV-1a */
-            for (const char *c = o->store; *c; c++)
+            for (const char *c = where; *c; c++)
                 h = (h ^ (unsigned char)*c) * 1099511628211ull;
             snprintf(id, sizeof(id), "tutti-run-elastic-%016llx", (unsigned long long)h);
             given = id;
@@ -509,9 +692,11 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
                       .world = z ? z->world : np * o->nnodes,
                       .tag = tag,
                       .restart = restart,
+                      .max_restarts = o->max_restarts,
                       .z = z,
                       .job_id = getenv("TUTTI_JOB_ID"),
-                      .store = o->store,
+                      .role = o->role,
+                      .store = z ? z->url : o->store,
                       .prog = o->prog };
     /* torch's env:// rendezvous (torchrun sets these): on one node a port free on
      * loopback now; across nodes the store's host and the port after the store's, which
@@ -523,8 +708,12 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
         if (tt_store_url_host(o->store, rr.master_addr, sizeof(rr.master_addr), &rr.master_port) ==
             0)
             rr.master_port += rr.master_port < 65535 ? 1 : -1;
-    } else if (tt_master_pick(NULL, rr.master_addr, sizeof(rr.master_addr), &rr.master_port) < 0) {
-        rr.master_addr[0] = '\0', rr.master_port = 0;
+    } else if (tt_master_pick(NULL, o->local_addr, rr.master_addr, sizeof(rr.master_addr),
+                              &rr.master_port) < 0) {
+        fprintf(stderr, "tutti-run: no address and free port for MASTER_ADDR/MASTER_PORT%s%s: %s\n",
+                o->local_addr ? " on --local-addr " : "", o->local_addr ? o->local_addr : "",
+                strerror(errno));
+        return -1;
     }
     for (int i = 0; i < np; i++) {
         /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
@@ -572,6 +761,14 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
     while (l->running > 0) {
         if (!o->tag || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
+        /* elastic: another node failed, left or is gone, or one waits to join. Looked
+         * at before the ranks are reaped, so that a rank that failed while the store was
+         * slow to answer still counts as this node's failure, with its status */
+        int e = 0;
+        if (z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
+            next_poll = now_ms() + z->monitor_ms;
+            e = tt_rdzv_poll(z, why, whylen);
+        }
         int i, code, sig;
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
             if (code == 0 || first_failed >= 0 || tt_launch_stopping(l))
@@ -590,14 +787,11 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                         "stopping the other %d rank(s)\n",
                         first_failed, sig, strsignal(sig), l->running);
         }
-        /* elastic: another node failed, or one waits to join */
-        if (z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
-            next_poll = now_ms() + 100;
-            int e = tt_rdzv_poll(z, why, whylen);
-            if (e) {
-                *ended_p = e;
-                if (e < 0)
-                    status = 1;
+        if (e) {
+            *ended_p = e;
+            if (e < 0 && !status)
+                status = 1;
+            if (!tt_launch_stopping(l)) {
                 fprintf(stderr, "tutti-run: elastic round %lld ended (%s): stopping %d rank(s)\n",
                         (long long)z->round, e < 0 ? "the store failed" : why, l->running);
                 tt_launch_stop(l);
@@ -641,6 +835,16 @@ static void tag_drain(tagger_t *tags, struct pollfd *pf, int n)
             tag_close(&tags[k]);
 }
 
+/* The elastic agent's stop (rdzv.h): a signal to tutti-run, or --timeout passed. */
+static int agent_stop(void *ctx)
+{
+    double deadline = *(const double *)ctx;
+    int got = tt_launch_signal_received();
+    if (got)
+        return 128 + got;
+    return deadline && now_ms() > deadline ? 124 : 0;
+}
+
 /* --nnodes MIN:MAX: rounds of the rendezvous (rdzv.h) until one runs through, the
  * restarts are used up, or the job is over. Returns the exit status. */
 static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
@@ -650,27 +854,44 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
                     .max_nodes = o->nnodes,
                     .np = o->np,
                     .last_call_ms = o->last_call_ms,
-                    .timeout_ms = o->rdzv_timeout_s * 1000 };
-    if (tt_rdzv_open(&z, "tutti-run", o->store, getenv("TUTTI_JOB_ID")) < 0)
-        return 1;
-    int status = 0, restarts = 0;
+                    .timeout_ms = o->rdzv_timeout_s * 1000,
+                    .keep_alive_ms = o->keep_alive_ms,
+                    .keep_alive_max = o->keep_alive_max,
+                    .read_timeout_ms = o->read_timeout_ms,
+                    .monitor_ms = o->monitor_ms,
+                    .stop = agent_stop,
+                    .stop_ctx = &deadline };
+    const char *job = getenv("TUTTI_JOB_ID");
+    int st = tt_rdzv_open(&z, "tutti-run", o->store, job, o->host_ok);
+    if (st) {
+        if (st == TT_RDZV_STOPPED)
+            fprintf(stderr, "tutti-run: elastic: stopped while opening the store\n");
+        return st == TT_RDZV_STOPPED ? z.stop_status : 1;
+    }
+    int status = 0;
     char why[512];
     for (;;) {
-        int j = tt_rdzv_join(&z, why, sizeof(why));
-        if (j == TT_RDZV_FINISHED && !z.rounds) {
-            /* a store keeps a job's keys (file, redis, a tutti-store server): a node that
-             * comes after the end is late, or a new job under the old one's id */
-            fprintf(stderr,
-                    "tutti-run: elastic: job %s: %s before this node came; a new job on this "
-                    "store needs its own --job-id\n",
-                    getenv("TUTTI_JOB_ID"), why);
-            status = 1;
+        int j = tt_rdzv_join(&z, o->local_addr, why, sizeof(why));
+        if (j == TT_RDZV_STOPPED) {
+            fprintf(stderr, "tutti-run: elastic: %s\n", why);
+            status = z.stop_status;
             break;
         }
         if (j == TT_RDZV_FINISHED) {
-            fprintf(stderr, "tutti-run: elastic: %s: nothing to join\n", why);
-            if (!status && !strncmp(why, "the job gave up", 15))
+            int gave = !strncmp(why, "the job gave up", 15);
+            if (!z.rounds && !z.waited) {
+                /* a store keeps a job's keys (file, redis, a tutti-store server): a node
+                 * that comes after the end is a new job under the old one's id */
+                fprintf(stderr,
+                        "tutti-run: elastic: job %s: %s before this node came; a new job on "
+                        "this store needs its own --job-id\n",
+                        job, why);
                 status = 1;
+            } else {
+                fprintf(stderr, "tutti-run: elastic: %s%s\n", why,
+                        z.rounds ? "" : " while this node waited to join: nothing to run");
+                status = gave;
+            }
             break;
         }
         if (j < 0) {
@@ -680,12 +901,12 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         }
         fprintf(stderr,
                 "tutti-run: elastic round %lld: node %d of %d, ranks %d..%d of %d (restarts "
-                "%d of %d)\n",
-                (long long)z.round, z.idx, z.nodes, z.rank0, z.rank0 + o->np - 1, z.world, restarts,
-                o->max_restarts);
+                "%lld of %d)\n",
+                (long long)z.round, z.idx, z.nodes, z.rank0, z.rank0 + o->np - 1, z.world,
+                (long long)z.failures, o->max_restarts);
         int rank_failed = 0, ended = 0;
         status = 0;
-        if (spawn_ranks(l, o, tags, restarts, &z) < 0) {
+        if (spawn_ranks(l, o, tags, (int)z.failures, &z) < 0) {
             status = 1;
             tt_launch_stop(l);
         }
@@ -697,8 +918,23 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         if (ended < 0)
             break;
         if (!rank_failed && !ended && !status) {
-            tt_rdzv_done(&z);
-            break;
+            int d = tt_rdzv_done(&z, why, sizeof(why));
+            if (d == 0)
+                break; /* every node's ranks passed */
+            if (d == TT_RDZV_STOPPED) {
+                fprintf(stderr, "tutti-run: elastic: %s\n", why);
+                status = z.stop_status;
+                break;
+            }
+            if (d < 0) {
+                status = 1;
+                break;
+            }
+            ended = 1;
+            fprintf(stderr,
+                    "tutti-run: elastic round %lld ended (%s) after this node's ranks passed: "
+                    "joining the next\n",
+                    (long long)z.round, why);
         }
         if (!ended) { /* this node's failure, a signal or the deadline */
             char reason[256];
@@ -716,7 +952,8 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         }
         if (status == 0)
             status = 1; /* stopped because of another node */
-        if (!strncmp(why, "failure", 7) && ++restarts > o->max_restarts) {
+        /* one count for the job: every agent of the round reads the same */
+        if (!strncmp(why, "failure", 7) && z.failures + 1 > o->max_restarts) {
             char gave[600];
             snprintf(gave, sizeof(gave), "round %lld: %s; --max-restarts %d used up",
                      (long long)z.round, why, o->max_restarts);
@@ -724,6 +961,8 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
             tt_rdzv_give_up(&z, gave);
             break;
         }
+        if (tt_launch_signal_received())
+            break;
         if (tt_launch_restart(l) < 0)
             break;
         for (int k = 0; k < 2 * o->np && o->tag; k++)
