@@ -360,10 +360,24 @@ s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
     for _ in $(seq 100); do grep -q 'Ready to accept' "$el/redis.log" && break; sleep .05; done
     two_nodes -np 2 --nnodes 2:3 --rdzv-last-call 300 --job-id el-redis \
         --store "redis://127.0.0.1:$rport" "$child"
-    kill "$(cat "$tmp/redis.pid")"
     [ "$rc" = 00 ] || fail "elastic over redis: exit $rc ($(cat "$el"/err*))"
     [ "$(cat "$el"/out0 "$el"/out1 | grep -c ' of 4 ok (round 0, restart 0)$')" = 4 ] ||
         fail "elastic over redis: output: $(cat "$el"/out*)"
+    # a store that hangs (SIGSTOP) while the ranks run: every agent's look at the round
+    # fails after --rdzv-conf read_timeout (not the rendezvous timeout) and stops its ranks
+    rm -f "$el/stop"
+    for k in 0 1; do
+        timeout 60 "$run" -np 1 --nnodes 2:2 --rdzv-conf read_timeout=1 --job-id el-hang \
+            --store "redis://127.0.0.1:$rport" "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+        eval "p$k=\$!"
+    done
+    for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
+    kill -STOP "$(cat "$tmp/redis.pid")"
+    t0=$(ms); wait "$p0"; r0=$?; wait "$p1"; r1=$?; t1=$(ms)
+    kill -CONT "$(cat "$tmp/redis.pid")"
+    [ "$r0$r1" = 11 ] && [ $((t1 - t0)) -lt 8000 ] && [ "$(cat "$el"/err? | grep -c 'ended (the store failed)')" = 2 ] ||
+        fail "elastic, hung store: exit $r0 $r1 after $((t1 - t0)) ms ($(cat "$el"/err?))"
+    kill "$(cat "$tmp/redis.pid")"
 fi
 # scale-down: a node told to stop (SIGTERM) leaves; the others go on in a new round of 2,
 # uncounted (with --max-restarts 0 a counted one would end the job)
