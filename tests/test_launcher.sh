@@ -553,6 +553,21 @@ a=$(OMP_NUM_THREADS=4 timeout 10 "$run" -np 2 sh -c 'echo "$ROLE_NAME $OMP_NUM_T
 [ "$a" = "default 4" ] || fail "the user's OMP_NUM_THREADS: \"$a\""
 timeout 30 "$run" -np 1 --nnodes 1:2 --rdzv-conf bogus=1 --store "file://$el/s11" true 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--rdzv-conf bogus=1: exit $rc, expected 2"
+# torchrun's --log-dir, --redirects and --tee: <dir>/<job>_*/attempt_<n>/<local rank>/
+# {stdout,stderr}.log; redirected streams leave the console, tee'd ones reach both
+# (with the rank's prefix); TORCHELASTIC_ERROR_FILE points beside them
+out=$(timeout 30 "$run" -np 2 --log-dir "$el/logs" --redirects 1 --tee 0:2 --max-restarts 1 sh -c \
+    'echo "out $RANK $TUTTI_RESTART_COUNT"; echo "err $RANK" >&2; echo "$TORCHELASTIC_ERROR_FILE" >"$(dirname "$TORCHELASTIC_ERROR_FILE")/ef"
+     [ "$RANK$TUTTI_RESTART_COUNT" = 10 ] && exit 3; exit 0' 2>&1) || fail "--log-dir: exit $? ($out)"
+d=$(echo "$el"/logs/*_*)
+[ -d "$d" ] && [ "$(cat "$d/attempt_1/0/stdout.log")" = "out 0 1" ] && [ "$(cat "$d/attempt_0/1/stdout.log")" = "out 1 0" ] &&
+    [ "$(cat "$d/attempt_1/0/stderr.log")" = "err 0" ] && [ ! -e "$d/attempt_1/1/stderr.log" ] &&
+    [ "$(cat "$d/attempt_1/1/ef")" = "$d/attempt_1/1/error.json" ] || fail "--log-dir: $(find "$el/logs" -type f)"
+echo "$out" | grep -q '^out' && fail "--redirects 1: stdout reached the console: $out"
+[ "$(echo "$out" | grep -c '^\[0\] err 0$')" = 2 ] && [ "$(echo "$out" | grep -c '^err 1$')" = 2 ] ||
+    fail "--tee 0:2: console: $out"
+timeout 30 "$run" -np 2 --tee 4 true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--tee 4: exit $rc, expected 2"
 tmpdir_empty "elastic"
 
 echo "test_run: all checks passed"

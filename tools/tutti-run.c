@@ -37,6 +37,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -86,7 +87,11 @@ static void usage(FILE *f, const char *argv0)
             "                      keep_alive_interval, keep_alive_max_attempt: a node\n"
             "                      whose heartbeat stops that long is gone, read_timeout,\n"
             "                      is_host), --monitor-interval S, --local-addr A (this\n"
-            "                      node's MASTER_ADDR), --role NAME, --start-method M\n"
+            "                      node's MASTER_ADDR), --role NAME, --start-method M,\n"
+            "                      --log-dir DIR, --redirects N, --tee N (N: 1 stdout,\n"
+            "                      2 stderr, 3 both, or LOCAL_RANK:N,...: to the log\n"
+            "                      files DIR/<job>_*/attempt_<n>/<local rank>/, --tee to\n"
+            "                      the console too, with the rank's prefix)\n"
             "      --job-id ID     TUTTI_JOB_ID of the ranks (default: the environment's, else\n"
             "                      one unique to this launch; with several nodes, the job id\n"
             "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
@@ -131,6 +136,7 @@ static void setenv_int(const char *name, int v)
 /* --tag: copy lines from fd (-1 once closed) to out with "[rank] " in front. */
 typedef struct tagger {
     int fd, rank;
+    int copy; /* --tee: the log file the bytes also go to (-1: none) */
     FILE *out;
     char buf[8192];
     size_t len;
@@ -145,6 +151,11 @@ static int tag_pump(tagger_t *t)
         return 1;
     if (r <= 0)
         return 0;
+    if (t->copy >= 0 && write(t->copy, t->buf + t->len, (size_t)r) != r) {
+        fprintf(stderr, "tutti-run: rank %d: writing its log: %s\n", t->rank, strerror(errno));
+        close(t->copy);
+        t->copy = -1;
+    }
     t->len += (size_t)r;
     size_t start = 0;
     for (size_t i = 0; i < t->len; i++) {
@@ -169,7 +180,9 @@ static void tag_close(tagger_t *t)
         fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
     fflush(t->out);
     close(t->fd);
-    t->fd = -1;
+    if (t->copy >= 0)
+        close(t->copy);
+    t->fd = t->copy = -1;
     t->len = 0;
 }
 
@@ -192,14 +205,16 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
     return nopen;
 }
 
-/* What a rank runs: its variables, its output pipes (--tag), then the program. */
+/* What a rank runs: its variables, its output (pipes for --tag/--tee, files for
+ * --redirects), then the program. */
 typedef struct run_rank {
-    int rank0, np, world, tag, restart, max_restarts;
+    int rank0, np, world, restart, max_restarts;
     const tt_rdzv_t *z; /* elastic: the round, else NULL */
     const char *job_id, *role;
     char master_addr[256]; /* for torch's env:// ("" where the user set them) */
     int master_port;
-    int out, err; /* --tag: write ends of this rank's pipes */
+    int out, err;              /* write ends of this rank's pipes, or its log files; -1: ours */
+    char error_file[PATH_MAX]; /* --log-dir: torch's TORCHELASTIC_ERROR_FILE */
     const char *store;
     char **prog;
 } run_rank_t;
@@ -243,7 +258,9 @@ static void run_rank(void *arg, int i)
         setenv_int("TUTTI_ROUND", (int)r->z->round);
         setenv("TUTTI_STORE_SERVER", "0", 1); /* the store outlives the rounds */
     }
-    if (r->tag && (dup2(r->out, 1) < 0 || dup2(r->err, 2) < 0))
+    if (r->error_file[0])
+        setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
+    if ((r->out >= 0 && dup2(r->out, 1) < 0) || (r->err >= 0 && dup2(r->err, 2) < 0))
         _exit(127);
     execvp(r->prog[0], r->prog);
     fprintf(stderr, "tutti-run: rank %d: cannot run %s: %s\n", rank, r->prog[0], strerror(errno));
@@ -253,6 +270,11 @@ static void run_rank(void *arg, int i)
 /* The command line. */
 typedef struct run_opts {
     int np, nnodes, node_rank, timeout_s, tag, bind, max_restarts;
+    int piped; /* the ranks' output comes through pipes: --tag, or --tee somewhere */
+    /* torchrun's --log-dir, --redirects and --tee (per local rank: 1 stdout, 2 stderr,
+     * 3 both); run_dir: the job's own directory in log_dir, made at the start */
+    const char *log_dir, *redirects, *tee;
+    char run_dir[PATH_MAX];
     int min_nodes; /* elastic (--nnodes MIN:MAX): MIN, nnodes being MAX; else 0 */
     int standalone, module, no_python; /* torchrun's options */
     char **prog_owned;                 /* prog, when made here (python3 ...) */
@@ -335,12 +357,23 @@ static int rdzv_conf(const char *conf, run_opts_t *o)
     return 0;
 }
 
+static int stream_spec(const char *spec, int i);
+
 /* Returns -1 when the command line asks for a run, else the exit status (0 for --help,
  * 2 for bad usage). */
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
     *o_p = (run_opts_t){ .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600, .host_ok = 1 };
-    enum { O_CONF = 1000, O_MONITOR, O_ROLE, O_LOCAL_ADDR, O_START_METHOD };
+    enum {
+        O_CONF = 1000,
+        O_MONITOR,
+        O_ROLE,
+        O_LOCAL_ADDR,
+        O_START_METHOD,
+        O_LOG_DIR,
+        O_REDIR,
+        O_TEE
+    };
     static const struct option longopts[] = {
         { "np", required_argument, NULL, 'n' },
         { "store", required_argument, NULL, 's' },
@@ -382,6 +415,10 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "local_addr", required_argument, NULL, O_LOCAL_ADDR },
         { "start-method", required_argument, NULL, O_START_METHOD },
         { "start_method", required_argument, NULL, O_START_METHOD },
+        { "log-dir", required_argument, NULL, O_LOG_DIR },
+        { "log_dir", required_argument, NULL, O_LOG_DIR },
+        { "redirects", required_argument, NULL, O_REDIR },
+        { "tee", required_argument, NULL, O_TEE },
         { NULL, 0, NULL, 0 },
     };
     static char endpoint[300];
@@ -459,6 +496,9 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             }
             break;
         case O_ROLE: o_p->role = optarg; break;
+        case O_LOG_DIR: o_p->log_dir = optarg; break;
+        case O_REDIR: o_p->redirects = optarg; break;
+        case O_TEE: o_p->tee = optarg; break;
         case O_LOCAL_ADDR: o_p->local_addr = optarg; break;
         case O_START_METHOD: /* ranks are always exec'ed: each a process of its own */
             if (strcmp(optarg, "spawn") && strcmp(optarg, "fork") && strcmp(optarg, "forkserver")) {
@@ -532,6 +572,18 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         usage(stderr, argv[0]);
         return 2;
     }
+    for (int i = 0; i < o_p->np; i++) {
+        int t = stream_spec(o_p->tee, i);
+        if (stream_spec(o_p->redirects, i) < 0 || t < 0) {
+            fprintf(stderr,
+                    "tutti-run: --%s %s: expected 0..3 (1 stdout, 2 stderr, 3 both), or "
+                    "LOCAL_RANK:N,... \n",
+                    t < 0 ? "tee" : "redirects", t < 0 ? o_p->tee : o_p->redirects);
+            return 2;
+        }
+        o_p->piped |= t != 0;
+    }
+    o_p->piped |= o_p->tag;
     if (master_addr || master_port) {
         /* torchrun's static rendezvous: torch's store there (the ranks' MASTER_ADDR and
          * MASTER_PORT), and ours, where none is named, on the port after it */
@@ -681,16 +733,91 @@ static int check_args(const run_opts_t *o)
     return 0;
 }
 
+/* torchrun's --redirects/--tee value for local rank i: "N" for every rank, or
+ * "I:N,J:M..." per local rank (the others 0); N: 0 none, 1 stdout, 2 stderr, 3 both.
+ * The streams, or -1 when spec is malformed. */
+static int stream_spec(const char *spec, int i)
+{
+    if (!spec)
+        return 0;
+    if (!strchr(spec, ':')) {
+        int v;
+        return tt_cli_int(spec, 0, 3, &v) < 0 ? -1 : v;
+    }
+    int found = 0;
+    for (const char *p = spec; *p;) {
+        char *e;
+        long r = strtol(p, &e, 10);
+        if (e == p || *e != ':' || r < 0)
+            return -1;
+        p = e + 1;
+        long v = strtol(p, &e, 10);
+        if (e == p || v < 0 || v > 3 || (*e && *e != ','))
+            return -1;
+        if (r == i)
+            found = (int)v;
+        p = *e ? e + 1 : e;
+    }
+    return found;
+}
+
+/* Local rank i's output streams (k 0: stdout, 1: stderr), in ends[k]: the fd the rank
+ * gets as its own (-1: tutti-run's), the read end of its pipe (-1: none) and the log file
+ * that pipe's bytes are copied to (-1: none). --redirects sends a stream to its log
+ * file only, --tee to the file and, through the pipe, to ours with the rank's prefix,
+ * --tag through the pipe. 0, or -1 (said; nothing left open). */
+static int rank_streams(const run_opts_t *o, int i, const char *dir, int ends[2][3])
+{
+    int redir = stream_spec(o->redirects, i), tee = stream_spec(o->tee, i);
+    for (int k = 0; k < 2; k++)
+        ends[k][0] = ends[k][1] = ends[k][2] = -1;
+    for (int k = 0; k < 2; k++) {
+        int bit = 1 << k, file = -1;
+        if ((redir | tee) & bit) {
+            char path[PATH_MAX + 16];
+            snprintf(path, sizeof(path), "%s/%s.log", dir, k ? "stderr" : "stdout");
+            file = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (file < 0) {
+                fprintf(stderr, "tutti-run: %s: %s\n", path, strerror(errno));
+                goto fail;
+            }
+        }
+        if ((redir & bit) && !(tee & bit)) {
+            ends[k][0] = file;
+            continue;
+        }
+        if ((tee & bit) || o->tag) {
+            /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
+            int pp[2];
+            if (pipe2(pp, O_CLOEXEC) < 0) {
+                fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
+                if (file >= 0)
+                    close(file);
+                goto fail;
+            }
+            ends[k][0] = pp[1];
+            ends[k][1] = pp[0];
+            ends[k][2] = file;
+        }
+    }
+    return 0;
+fail:
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 3; e++)
+            if (ends[k][e] >= 0)
+                close(ends[k][e]);
+    return -1;
+}
+
 /* Start the ranks (with --tag, each with its output pipes in tags). -1 if one failed to
  * start: the ones started are left running for the caller to stop. */
 static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int restart,
                        const tt_rdzv_t *z)
 {
-    int np = o->np, tag = o->tag;
+    int np = o->np;
     run_rank_t rr = { .rank0 = z ? z->rank0 : o->node_rank * np,
                       .np = np,
                       .world = z ? z->world : np * o->nnodes,
-                      .tag = tag,
                       .restart = restart,
                       .max_restarts = o->max_restarts,
                       .z = z,
@@ -716,32 +843,42 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
         return -1;
     }
     for (int i = 0; i < np; i++) {
-        /* O_CLOEXEC: later ranks must not hold earlier ranks' pipes open */
-        int out[2] = { -1, -1 }, err[2] = { -1, -1 };
-        if (tag && (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)) {
-            fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
-            if (out[0] >= 0) {
-                close(out[0]);
-                close(out[1]);
+        int rank = rr.rank0 + i, ends[2][3]; /* per stream: the rank's, ours, the copy's */
+        char dir[PATH_MAX] = "";
+        if (o->run_dir[0]) {
+            /* torchrun's layout: <run dir>/attempt_<n>/<local rank>/{stdout,stderr}.log */
+            snprintf(dir, sizeof(dir), "%s/attempt_%lld", o->run_dir,
+                     z ? (long long)z->round : (long long)restart);
+            mkdir(dir, 0755);
+            size_t n = strlen(dir);
+            snprintf(dir + n, sizeof(dir) - n, "/%d", i);
+            if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+                fprintf(stderr, "tutti-run: %s: %s\n", dir, strerror(errno));
+                return -1;
             }
-            return -1;
+            snprintf(rr.error_file, sizeof(rr.error_file), "%s/error.json", dir);
         }
-        rr.out = out[1];
-        rr.err = err[1];
-        if (tt_launch_spawn(l, i, run_rank, &rr) < 0) {
-            if (tag) {
-                close(out[0]), close(out[1]);
-                close(err[0]), close(err[1]);
+        if (rank_streams(o, i, dir, ends) < 0)
+            return -1;
+        rr.out = ends[0][0];
+        rr.err = ends[1][0];
+        int spawned = tt_launch_spawn(l, i, run_rank, &rr);
+        for (int k = 0; k < 2; k++) {
+            if (ends[k][0] >= 0)
+                close(ends[k][0]);
+            if (spawned < 0) {
+                if (ends[k][1] >= 0)
+                    close(ends[k][1]);
+                if (ends[k][2] >= 0)
+                    close(ends[k][2]);
+            } else if (o->piped) {
+                tags[2 * i + k] = (tagger_t){
+                    .fd = ends[k][1], .copy = ends[k][2], .rank = rank, .out = k ? stderr : stdout
+                };
             }
+        }
+        if (spawned < 0)
             return -1;
-        }
-        if (tag) {
-            int rank = rr.rank0 + i;
-            close(out[1]);
-            close(err[1]);
-            tags[2 * i] = (tagger_t){ .fd = out[0], .rank = rank, .out = stdout };
-            tags[2 * i + 1] = (tagger_t){ .fd = err[0], .rank = rank, .out = stderr };
-        }
     }
     return 0;
 }
@@ -759,7 +896,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
     if (ended_p)
         *ended_p = 0;
     while (l->running > 0) {
-        if (!o->tag || !tag_poll(tags, pf, 2 * o->np, 50))
+        if (!o->piped || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
         /* elastic: another node failed, left or is gone, or one waits to join. Looked
          * at before the ranks are reaped, so that a rank that failed while the store was
@@ -912,7 +1049,7 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         }
         status = supervise(l, o, tags, pf, deadline, status, &rank_failed, &z, &ended, why,
                            sizeof(why));
-        if (o->tag)
+        if (o->piped)
             tag_drain(tags, pf, 2 * o->np);
         int got = tt_launch_signal_received();
         if (ended < 0)
@@ -965,8 +1102,8 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
             break;
         if (tt_launch_restart(l) < 0)
             break;
-        for (int k = 0; k < 2 * o->np && o->tag; k++)
-            tags[k] = (tagger_t){ .fd = -1 };
+        for (int k = 0; k < 2 * o->np && o->piped; k++)
+            tags[k] = (tagger_t){ .fd = -1, .copy = -1 };
     }
     tt_rdzv_close(&z);
     return status;
@@ -984,6 +1121,23 @@ int main(int argc, char **argv)
         free(o.prog_owned);
         return 2;
     }
+    if (o.log_dir || o.redirects || o.tee) {
+        /* torchrun's: a directory of this run's own in --log-dir (else in /tmp), kept */
+        const char *base = o.log_dir ? o.log_dir : "/tmp";
+        if (o.log_dir && mkdir(base, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "tutti-run: --log-dir %s: %s\n", base, strerror(errno));
+            free(o.prog_owned);
+            return 1;
+        }
+        snprintf(o.run_dir, sizeof(o.run_dir), "%s/%s_XXXXXX", base,
+                 o.log_dir ? getenv("TUTTI_JOB_ID") : "torchelastic");
+        if (!mkdtemp(o.run_dir)) {
+            fprintf(stderr, "tutti-run: %s: %s\n", o.run_dir, strerror(errno));
+            free(o.prog_owned);
+            return 1;
+        }
+        fprintf(stderr, "tutti-run: the ranks' logs go to %s\n", o.run_dir);
+    }
 
     tt_launch_t l;
     if (tt_launch_start(&l, "tutti-run", o.np, !o.store) < 0) {
@@ -993,7 +1147,7 @@ int main(int argc, char **argv)
     if (!o.store)
         o.store = l.url;
     l.bind = o.bind;
-    int np = o.np, tag = o.tag;
+    int np = o.np, tag = o.piped;
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
     struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
     int status = 0;
@@ -1003,7 +1157,7 @@ int main(int argc, char **argv)
         goto out;
     }
     for (int k = 0; k < 2 * np && tag; k++)
-        tags[k].fd = -1;
+        tags[k].fd = tags[k].copy = -1;
 
     double deadline = o.timeout_s ? now_ms() + o.timeout_s * 1000.0 : 0;
     if (o.min_nodes) {
@@ -1027,7 +1181,7 @@ int main(int argc, char **argv)
         if (tt_launch_restart(&l) < 0)
             break;
         for (int k = 0; k < 2 * np && tag; k++)
-            tags[k] = (tagger_t){ .fd = -1 };
+            tags[k] = (tagger_t){ .fd = -1, .copy = -1 };
     }
 out:
     tt_launch_finish(&l);
