@@ -492,6 +492,26 @@ wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
 [ "$r0$r1$r2" = 000 ] || fail "elastic restart count: exit $r0 $r1 $r2 ($(cat "$el"/err*))"
 [ "$(cat "$el"/out? | grep -c ' of 3 ok (round 2, restart 1)$')" = 3 ] ||
     fail "elastic restart count: output: $(cat "$el"/out*) $(cat "$el"/err*)"
+# after a failure, a node whose ranks are slow to stop (they ignore SIGTERM: killed after
+# the grace period) is waited for: the next round has all three nodes, not two and then
+# a scale-up restart for the third (its ranks stop ~3 s after the failure, past the 2 s
+# last call)
+printf '%s\n' '[ -n "${TEST_SLOW:-}" ] && trap "" TERM' \
+    '[ "$RANK" = 0 ] && [ "$TUTTI_RESTART_COUNT" = 0 ] && { sleep 1; exit 3; }' 'exec "$@"' >"$el/slow.sh"
+rm -f "$el"/out? "$el"/err? "$el/stop"
+for k in 0 1 2; do
+    [ $k = 2 ] && export TEST_SLOW=1
+    timeout 60 "$run" -np 1 --nnodes 2:3 --max-restarts 1 --rdzv-last-call 2000 --store "file://$el/s12" \
+        sh "$el/slow.sh" "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+    unset TEST_SLOW
+done
+for _ in $(seq 300); do [ "$(cat "$el"/err? | grep -c 'elastic round 1:')" = 3 ] && break; sleep .05; done
+touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
+[ "$r0$r1$r2" = 000 ] && [ "$(cat "$el"/out? | grep -c ' of 3 ok (round 1, restart 1)$')" = 3 ] &&
+    ! grep -q 'waiting to join' "$el"/err? ||
+    fail "elastic, a node slow to stop: exit $r0 $r1 $r2 ($(cat "$el"/out? "$el"/err?))"
 # every agent SIGKILLed mid-round (tutti-run itself, no timeout in between; their ranks
 # die with them): a rerun in place on the same store finds the round's heartbeats
 # stopped, ends it and runs (not a wait for the rendezvous timeout)

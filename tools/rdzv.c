@@ -441,8 +441,13 @@ static int wait_closed(tt_rdzv_t *z, double deadline, char *why, size_t whylen)
     char key[64];
     int64_t seen = -1;
     double grew = now_ms(), nap = 1;
+    int err = 0;
+    char *x = peek(z, rkey(key, sizeof(key), z->round, "expect"), &err);
+    int expect = x ? atoi(x) : 0;
+    free(x);
+    if (err)
+        return -1;
     for (;;) {
-        int err = 0;
         char *c = peek(z, rkey(key, sizeof(key), z->round, "closed"), &err);
         if (err)
             return -1;
@@ -460,7 +465,9 @@ static int wait_closed(tt_rdzv_t *z, double deadline, char *why, size_t whylen)
             if (watch(z, (int)(n < z->max_nodes ? n : z->max_nodes)) < 0)
                 return -1;
         }
-        if (n >= z->max_nodes || (n >= z->min_nodes && now_ms() - grew >= z->last_call_ms)) {
+        /* the last call, longer while the previous round's agents are still stopping */
+        double quiet = z->last_call_ms + (n < expect ? z->stop_grace_ms : 0);
+        if (n >= z->max_nodes || (n >= z->min_nodes && now_ms() - grew >= quiet)) {
             char v[32];
             snprintf(v, sizeof(v), "%d", (int)(n < z->max_nodes ? n : z->max_nodes));
             c = first_offer(z, rkey(key, sizeof(key), z->round, "closed"), v);
@@ -643,6 +650,7 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
         z->round = counter(z, "round", 0);
         if (z->round < 0)
             return -1;
+        z->nodes = 0; /* until this round is taken */
         int err = 0;
         char *f = peek(z, rkey(key, sizeof(key), z->round, "failures"), &err);
         if (err)
@@ -741,6 +749,14 @@ static int step_round(tt_rdzv_t *z, const char *reason)
     if (!v)
         return -1;
     free(v);
+    if (z->nodes > 0) { /* a round that ran: its agents come back, but one that left */
+        int lost = strstr(reason, " left (") || strstr(reason, "stopped answering");
+        snprintf(f, sizeof(f), "%d", z->nodes - (lost ? 1 : 0));
+        v = first_offer(z, rkey(key, sizeof(key), z->round + 1, "expect"), f);
+        if (!v)
+            return -1;
+        free(v);
+    }
     v = NULL;
     size_t len = 0;
     if (tutti_store_compare_set(z->store, "round", cur, strlen(cur), next, strlen(next),

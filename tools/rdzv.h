@@ -7,6 +7,9 @@
  *   round             the round now gathering (a counter, 0 first)
  *   r<R>/failures     failed rounds before round R (absent for round 0): written by every
  *                     agent that steps the counter to R, alike, before it steps it
+ *   r<R>/expect       how many agents of round R-1 should come back (its agents but one
+ *                     that left or is gone): the last call waits up to the stop grace
+ *                     longer for them, so a node slow to stop its ranks is not late
  *   r<R>/joined       how many agents came to round R (each takes the next number)
  *   r<R>/np/<i>       agent i's rank count
  *   r<R>/beat/<i>     agent i's heartbeat: a counter it adds to every keep-alive interval
@@ -48,6 +51,8 @@ typedef struct tt_rdzv {
     int keep_alive_max;  /* missed beats before an agent counts as gone */
     int read_timeout_ms; /* one store operation (torchrun's read_timeout) */
     int monitor_ms;      /* how often a running agent looks at the round */
+    int stop_grace_ms;   /* how long an agent may take to stop its ranks: a round after
+                          * one that ended waits that much longer for its agents */
     int (*stop)(void *); /* non-zero: the exit status to stop with (a signal, a deadline) */
     void *stop_ctx;
     int stop_status; /* what stop said, after TT_RDZV_STOPPED */

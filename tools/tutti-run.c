@@ -996,6 +996,8 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
                     .keep_alive_max = o->keep_alive_max,
                     .read_timeout_ms = o->read_timeout_ms,
                     .monitor_ms = o->monitor_ms,
+                    /* SIGTERM to SIGKILL, and a second to reap and come back */
+                    .stop_grace_ms = TT_LAUNCH_GRACE_MS + 1000,
                     .stop = agent_stop,
                     .stop_ctx = &deadline };
     const char *job = getenv("TUTTI_JOB_ID");
