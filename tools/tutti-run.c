@@ -97,7 +97,8 @@ static void usage(FILE *f, const char *argv0)
             "                      of what started them (Slurm, mpirun, torchrun...), else one\n"
             "                      from the store's port: when jobs share a standalone store,\n"
             "                      give each job's nodes one --job-id of its own)\n"
-            "  -t, --timeout S     kill every rank after S seconds (exit status 124)\n"
+            "  -t, --timeout S     kill every rank after S seconds (exit status 124);\n"
+            "                      elastic, this node's: it leaves, the others go on\n"
             "      --max-restarts R\n"
             "                      when a rank fails, stop the others and start all N\n"
             "                      again, up to R times (torchrun's --max-restarts; default\n"
@@ -257,6 +258,10 @@ static void run_rank(void *arg, int i)
         setenv("TORCHELASTIC_RUN_ID", r->job_id, 1);
         setenv_int("TUTTI_ROUND", (int)r->z->round);
         setenv("TUTTI_STORE_SERVER", "0", 1); /* the store outlives the rounds */
+        /* torch 2's ranks would take MASTER_ADDR:PORT for torchrun's agent store and
+         * not serve it: here the round's rank 0 does (an outer torchrun's value would
+         * leave nobody serving) */
+        setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
     }
     if (r->error_file[0])
         setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
