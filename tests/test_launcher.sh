@@ -535,6 +535,26 @@ t1=$(ms)
 [ "$(cat "$el"/out? | grep -c ' of 2 ok (round 1, restart 0)$')" = 2 ] &&
     cat "$el"/err? | grep -q 'round 0 ended (scale: node [01] stopped answering' ||
     fail "elastic rerun after SIGKILL: $(cat "$el"/out*) $(cat "$el"/err*)"
+# a failure counts even when the failing node's ranks take the grace period to stop
+# (they ignore SIGTERM) and heartbeats are fast: it ends the round at once, so "node 0
+# stopped answering" never stands in its place; with --max-restarts 0 both give up
+printf '%s\n' 'trap "" TERM' '[ "$RANK" = 0 ] && { sleep .5; exit 3; }' 'sleep 8' >"$el/slowfail.sh"
+two_nodes -np 2 --nnodes 2:2 --max-restarts 0 "$kc" --store "file://$el/s13" sh "$el/slowfail.sh"
+case "$rc" in 31|13) ;; *) fail "elastic, a failure while ranks stop slowly: exit $rc ($(cat "$el"/err?))" ;; esac
+[ "$(cat "$el"/err? | grep -c -- '--max-restarts 0 used up')" = 2 ] && ! grep -q 'stopped answering' "$el"/err? ||
+    fail "elastic, a failure while ranks stop slowly: $(cat "$el"/err?)"
+# a monitor interval longer than the heartbeat window: the agents still beat in time
+rm -f "$el/stop"
+for k in 0 1; do
+    timeout 60 "$run" -np 1 --nnodes 2:2 --monitor-interval 1 "$kc" --store "file://$el/s14" \
+        "$child" "until=$el/stop" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+done
+for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
+sleep 2; touch "$el/stop"
+wait "$p0"; r0=$?; wait "$p1"; r1=$?
+[ "$r0$r1" = 00 ] && [ "$(cat "$el"/out? | grep -c ' of 2 ok (round 0, restart 0)$')" = 2 ] ||
+    fail "elastic, --monitor-interval 1 with 0.6 s heartbeats: exit $r0 $r1 ($(cat "$el"/out? "$el"/err?))"
 # a spare that waited on a full job (MAX 1) sees it run through: that is no failure
 rm -f "$el/stop"
 timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &

@@ -376,8 +376,10 @@ static int round_ended(tt_rdzv_t *z, char *why, size_t whylen)
     char *r = peek(z, rkey(key, sizeof(key), z->round, "restart"), &err);
     if (err)
         return -1;
-    if (!r)
+    if (!r || !strncmp(r, "done:", 5)) { /* "done:": the round ran through */
+        free(r);
         return 0;
+    }
     snprintf(why, whylen, "%s", r);
     int st = step_round(z, r); /* the ender may have died before stepping */
     free(r);
@@ -393,6 +395,9 @@ static int end_gone(tt_rdzv_t *z, int i, const char *when, char *why, size_t why
     return tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
 }
 
+/* wait_step's: the job is over (ran through or gave up; why says which) */
+#define WAIT_OVER 3
+
 /* Ends the round because this agent was told to stop. TT_RDZV_STOPPED (or -1). */
 static int end_stopped(tt_rdzv_t *z, char *why, size_t whylen)
 {
@@ -407,7 +412,7 @@ static int end_stopped(tt_rdzv_t *z, char *why, size_t whylen)
 
 /* One wait step (a nap growing to 50 ms) in round z->round as agent z->idx, the agents
  * from..to-1 watched: 0 to go on waiting; else what the wait returns: 1 ended (why),
- * TT_RDZV_STOPPED, -1 (a store failure, or the deadline: said in why). */
+ * TT_RDZV_STOPPED, WAIT_OVER, -1 (a store failure, or the deadline: said in why). */
 static int wait_step(tt_rdzv_t *z, double *nap, double deadline, int from, int to,
                      const char *waiting_for, char *why, size_t whylen)
 {
@@ -416,6 +421,9 @@ static int wait_step(tt_rdzv_t *z, double *nap, double deadline, int from, int t
     int e = round_ended(z, why, whylen);
     if (e)
         return e;
+    e = job_over(z, why, whylen); /* the previous round ran through or gave up */
+    if (e)
+        return e < 0 ? -1 : WAIT_OVER;
     if (beat(z, 0) < 0)
         return -1;
     int g = first_gone(z, from, to);
@@ -434,7 +442,7 @@ static int wait_step(tt_rdzv_t *z, double *nap, double deadline, int from, int t
 }
 
 /* In round z->round as agent z->idx: wait until the round closes. The agents it took;
- * or below 0: -1 (failed, or timed out), -(1 + TT_RDZV_STOPPED), -(1 + 1) ended. Offers to
+ * or below 0: -1 (failed, or timed out), else -(1 + wait_step's code). Offers to
  * close it at MAX, or at MIN or more once the count has not grown for the last call. */
 static int wait_closed(tt_rdzv_t *z, double deadline, char *why, size_t whylen)
 {
@@ -620,7 +628,8 @@ static int wait_late(tt_rdzv_t *z, int took, double deadline, char *why, size_t 
             fprintf(stderr, "%s: elastic: round %" PRId64 " ended (%s)\n", g_tool, z->round, why);
             break;
         }
-        if (now_ms() > deadline) {
+        /* an agent serving the store waits on: its leaving would end the running round */
+        if (now_ms() > deadline && !z->hosting) {
             snprintf(why, whylen,
                      "round %" PRId64 " (full or closed) did not end within %d ms to take "
                      "this node",
@@ -630,6 +639,8 @@ static int wait_late(tt_rdzv_t *z, int took, double deadline, char *why, size_t 
         }
         usleep((useconds_t)(nap * 1000));
     }
+    if (st == -1) /* a spare that gave up is no longer waiting */
+        counter(z, rkey(key, sizeof(key), z->round, "waiting"), -1);
     z->idx = idx;
     return st;
 }
@@ -675,6 +686,8 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
             continue; /* the round ended before it started: the next one */
         if (took == -(1 + TT_RDZV_STOPPED))
             return TT_RDZV_STOPPED;
+        if (took == -(1 + WAIT_OVER))
+            return TT_RDZV_FINISHED;
         if (took < 0)
             return -1;
         if (z->idx < took) {
@@ -686,7 +699,7 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
             if (st == 1)
                 continue;
             if (st)
-                return st;
+                return st == WAIT_OVER ? TT_RDZV_FINISHED : st;
             z->rounds++;
             return 0;
         }
@@ -730,7 +743,7 @@ int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen
     if (!r)
         return -1;
     snprintf(why, whylen, "%s", r);
-    int st = step_round(z, r);
+    int st = strncmp(r, "done:", 5) ? step_round(z, r) : 0; /* ran through: no next round */
     free(r);
     return st;
 }
@@ -744,11 +757,23 @@ static int step_round(tt_rdzv_t *z, const char *reason)
     snprintf(cur, sizeof(cur), "%" PRId64, z->round);
     snprintf(next, sizeof(next), "%" PRId64, z->round + 1);
     char f[32];
-    snprintf(f, sizeof(f), "%" PRId64, z->failures + !strncmp(reason, "failure", 7));
+    int failed = !strncmp(reason, "failure", 7);
+    snprintf(f, sizeof(f), "%" PRId64, z->failures + failed);
     char *v = first_offer(z, rkey(key, sizeof(key), z->round + 1, "failures"), f);
     if (!v)
         return -1;
     free(v);
+    if (failed && z->failures + 1 > z->max_restarts) {
+        /* restarts used up: said before the step, so that no agent joins the next
+         * round to wait there for nodes that stop */
+        char gave[600];
+        snprintf(gave, sizeof(gave), "round %" PRId64 ": %s; --max-restarts %d used up", z->round,
+                 reason, z->max_restarts);
+        v = first_offer(z, "given-up", gave);
+        if (!v)
+            return -1;
+        free(v);
+    }
     if (z->nodes > 0) { /* a round that ran: its agents come back, but one that left */
         int lost = strstr(reason, " left (") || strstr(reason, "stopped answering");
         snprintf(f, sizeof(f), "%d", z->nodes - (lost ? 1 : 0));
@@ -770,7 +795,7 @@ static int step_round(tt_rdzv_t *z, const char *reason)
 
 int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen)
 {
-    char key[64], v[96];
+    char key[64], v[128];
     int64_t done = counter(z, rkey(key, sizeof(key), z->round, "done"), 1);
     if (done < 0)
         return -1;
@@ -790,38 +815,64 @@ int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen)
         if (g >= 0)
             return end_gone(z, g, "", why, whylen);
         usleep((useconds_t)(nap * 1000));
-        nap = nap < z->monitor_ms ? nap * 2 : z->monitor_ms;
+        double cap = z->monitor_ms < z->keep_alive_ms ? z->monitor_ms : z->keep_alive_ms;
+        nap = nap * 2 < cap ? nap * 2 : cap;
         done = counter(z, rkey(key, sizeof(key), z->round, "done"), 0);
         if (done < 0)
             return -1;
     }
-    snprintf(v, sizeof(v), "round %" PRId64 ", %d node(s), %d rank(s)", z->round, z->nodes,
+    /* Every agent's ranks passed, unless the round was ended meanwhile (an agent gone, or
+     * one that left): the round's end is one compare-and-set, so the job's end and a
+     * restart never both stand */
+    snprintf(v, sizeof(v), "done: round %" PRId64 ", %d node(s), %d rank(s)", z->round, z->nodes,
              z->world);
-    if (tutti_store_set(z->store, "finished", v, strlen(v)) < 0) {
+    char *r = first_offer(z, rkey(key, sizeof(key), z->round, "restart"), v);
+    if (!r)
+        return -1;
+    if (strncmp(r, "done:", 5)) {
+        snprintf(why, whylen, "%s", r);
+        int st = step_round(z, r);
+        free(r);
+        return st < 0 ? -1 : 1;
+    }
+    free(r);
+    if (tutti_store_set(z->store, "finished", v + 6, strlen(v + 6)) < 0) {
         store_err(z, "finished");
         return -1;
     }
-    if (!z->hosting)
-        return counter(z, rkey(key, sizeof(key), z->round, "left"), 1) < 0 ? -1 : 0;
-    /* the others still use this store: stay until they saw the end (they look every
-     * monitor interval; bounded in case one died meanwhile) */
-    double deadline = now_ms() + (double)z->keep_alive_ms * z->keep_alive_max;
+    return 0;
+}
+
+/* Before an agent serving a tcp:// store closes it: the other agents of its last round
+ * still need it to see how the round ended. Waits until they said they saw it (r<R>/left),
+ * bounded by the stop grace and the heartbeat window. */
+static void linger(tt_rdzv_t *z)
+{
+    char key[64];
+    double deadline = now_ms() + z->stop_grace_ms + (double)z->keep_alive_ms * z->keep_alive_max;
     for (;;) {
         int64_t left = counter(z, rkey(key, sizeof(key), z->round, "left"), 0);
         if (left < 0 || left >= z->nodes - 1 || now_ms() > deadline || stopping(z))
-            return 0;
+            return;
         usleep(10000);
     }
 }
 
-void tt_rdzv_give_up(tt_rdzv_t *z, const char *why)
+int tt_rdzv_beat(tt_rdzv_t *z)
 {
-    if (tutti_store_set(z->store, "given-up", why, strlen(why)) < 0)
-        store_err(z, "given-up");
+    return beat(z, 0);
 }
 
 void tt_rdzv_close(tt_rdzv_t *z)
 {
+    if (z->store && z->nodes > 0) {
+        if (z->hosting) {
+            linger(z);
+        } else {
+            char key[64];
+            counter(z, rkey(key, sizeof(key), z->round, "left"), 1);
+        }
+    }
     if (z->store)
         tutti_store_close(z->store);
     if (z->base)

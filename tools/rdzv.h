@@ -53,6 +53,7 @@ typedef struct tt_rdzv {
     int monitor_ms;      /* how often a running agent looks at the round */
     int stop_grace_ms;   /* how long an agent may take to stop its ranks: a round after
                           * one that ended waits that much longer for its agents */
+    int max_restarts;    /* failed rounds the job may restart after */
     int (*stop)(void *); /* non-zero: the exit status to stop with (a signal, a deadline) */
     void *stop_ctx;
     int stop_status; /* what stop said, after TT_RDZV_STOPPED */
@@ -128,8 +129,8 @@ int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen
  * 1: the round ended first (why: another's failure, leaving or end), to be joined again;
  * TT_RDZV_STOPPED; -1 on a store failure. */
 int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen);
-/* Restarts used up: late agents stop too. */
-void tt_rdzv_give_up(tt_rdzv_t *z, const char *why);
+/* Beats (when one is due) while the ranks stop: 0 or -1. */
+int tt_rdzv_beat(tt_rdzv_t *z);
 
 void tt_rdzv_close(tt_rdzv_t *z);
 

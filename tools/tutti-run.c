@@ -296,7 +296,7 @@ static int seconds_ms(const char *v, int min_ms, int *ms_p)
     char *end;
     errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *end || errno || !(d * 1000 >= min_ms) || d > 1e7)
+    if (end == v || *end || errno || !(d * 1000 >= min_ms) || d > INT_MAX / 1000)
         return -1;
     *ms_p = (int)(d * 1000 + 0.5);
     return 0;
@@ -908,12 +908,19 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
          * slow to answer still counts as this node's failure, with its status */
         int e = 0;
         if (z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
-            next_poll = now_ms() + z->monitor_ms;
+            /* at least every keep-alive interval: the poll beats */
+            next_poll = now_ms() +
+                        (z->monitor_ms < z->keep_alive_ms ? z->monitor_ms : z->keep_alive_ms);
             e = tt_rdzv_poll(z, why, whylen);
+        } else if (z && tt_launch_stopping(l) && tt_rdzv_beat(z) < 0 && !e) {
+            e = -1; /* still alive while the ranks stop (up to the grace period) */
         }
         int i, code, sig;
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
-            if (code == 0 || first_failed >= 0 || tt_launch_stopping(l))
+            /* a rank that died as tutti-run was told to stop (Ctrl-C reaches the
+             * terminal's whole group) did not fail */
+            if (code == 0 || first_failed >= 0 || tt_launch_stopping(l) ||
+                tt_launch_signal_received())
                 continue;
             first_failed = rank0 + i;
             status = code;
@@ -928,11 +935,22 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                         "tutti-run: rank %d was killed by signal %d (%s); "
                         "stopping the other %d rank(s)\n",
                         first_failed, sig, strsignal(sig), l->running);
+            if (z && !e) {
+                /* elastic: the failure ends the round now, before the ranks stop (up to
+                 * the grace period), so that no other reason (this node seen gone, a
+                 * spare waiting) stands in its place and escapes the count */
+                char reason[160];
+                snprintf(reason, sizeof(reason), "failure: node %d: a rank exited with status %d",
+                         z->idx, code);
+                e = tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
+            }
         }
         if (e) {
             *ended_p = e;
             if (e < 0 && !status)
                 status = 1;
+            if (e > 0 && first_failed >= 0)
+                *rank_failed_p = 1;
             if (!tt_launch_stopping(l)) {
                 fprintf(stderr, "tutti-run: elastic round %lld ended (%s): stopping %d rank(s)\n",
                         (long long)z->round, e < 0 ? "the store failed" : why, l->running);
@@ -1003,6 +1021,7 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
                     .monitor_ms = o->monitor_ms,
                     /* SIGTERM to SIGKILL, and a second to reap and come back */
                     .stop_grace_ms = TT_LAUNCH_GRACE_MS + 1000,
+                    .max_restarts = o->max_restarts,
                     .stop = agent_stop,
                     .stop_ctx = &deadline };
     const char *job = getenv("TUTTI_JOB_ID");
@@ -1096,17 +1115,21 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         }
         if (status == 0)
             status = 1; /* stopped because of another node */
-        /* one count for the job: every agent of the round reads the same */
+        if (got)        /* told to stop while its ranks stopped for the round's end */
+            status = 128 + got;
+        /* one count for the job: every agent of the round reads the same (the round's
+         * end marked the job given up then) */
         if (!strncmp(why, "failure", 7) && z.failures + 1 > o->max_restarts) {
-            char gave[600];
-            snprintf(gave, sizeof(gave), "round %lld: %s; --max-restarts %d used up",
-                     (long long)z.round, why, o->max_restarts);
-            fprintf(stderr, "tutti-run: elastic: %s\n", gave);
-            tt_rdzv_give_up(&z, gave);
+            fprintf(stderr, "tutti-run: elastic: round %lld: %s; --max-restarts %d used up\n",
+                    (long long)z.round, why, o->max_restarts);
             break;
         }
-        if (tt_launch_signal_received())
+        if (got || tt_launch_signal_received()) {
+            if (!got)
+                status = 128 + tt_launch_signal_received();
+            fprintf(stderr, "tutti-run: elastic: %s: leaving\n", strsignal(status - 128));
             break;
+        }
         if (tt_launch_restart(l) < 0)
             break;
         for (int k = 0; k < 2 * o->np && o->piped; k++)
