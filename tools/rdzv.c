@@ -410,6 +410,22 @@ static int end_stopped(tt_rdzv_t *z, char *why, size_t whylen)
     return TT_RDZV_STOPPED;
 }
 
+/* The look every wait and poll takes at the round, agents from..to-1 watched: ended by
+ * another (1, why set, stepped), this agent's beat, an agent gone (the round ended for it:
+ * 1). 0 when none of it; -1 on a store failure. */
+static int look(tt_rdzv_t *z, int from, int to, const char *when, char *why, size_t whylen)
+{
+    int e = round_ended(z, why, whylen);
+    if (e)
+        return e;
+    if (beat(z, 0) < 0)
+        return -1;
+    int g = first_gone(z, from, to);
+    if (g == -2)
+        return -1;
+    return g >= 0 ? end_gone(z, g, when, why, whylen) : 0;
+}
+
 /* One wait step (a nap growing to 50 ms) in round z->round as agent z->idx, the agents
  * from..to-1 watched: 0 to go on waiting; else what the wait returns: 1 ended (why),
  * TT_RDZV_STOPPED, WAIT_OVER, -1 (a store failure, or the deadline: said in why). */
@@ -418,19 +434,12 @@ static int wait_step(tt_rdzv_t *z, double *nap, double deadline, int from, int t
 {
     if (stopping(z))
         return end_stopped(z, why, whylen);
-    int e = round_ended(z, why, whylen);
-    if (e)
-        return e;
-    e = job_over(z, why, whylen); /* the previous round ran through or gave up */
+    int e = job_over(z, why, whylen); /* the previous round ran through or gave up */
     if (e)
         return e < 0 ? -1 : WAIT_OVER;
-    if (beat(z, 0) < 0)
-        return -1;
-    int g = first_gone(z, from, to);
-    if (g == -2)
-        return -1;
-    if (g >= 0)
-        return end_gone(z, g, " before the round started", why, whylen);
+    e = look(z, from, to, " before the round started", why, whylen);
+    if (e)
+        return e;
     if (deadline && now_ms() > deadline) {
         snprintf(why, whylen, "round %" PRId64 ": %s within %d ms", z->round, waiting_for,
                  z->timeout_ms);
@@ -712,16 +721,9 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
 int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen)
 {
     char key[64];
-    int e = round_ended(z, why, whylen);
+    int e = look(z, 0, z->nodes, "", why, whylen);
     if (e)
         return e;
-    if (beat(z, 0) < 0)
-        return -1;
-    int g = first_gone(z, 0, z->nodes);
-    if (g == -2)
-        return -1;
-    if (g >= 0)
-        return end_gone(z, g, "", why, whylen);
     if (z->nodes >= z->max_nodes)
         return 0;
     int64_t w = counter(z, rkey(key, sizeof(key), z->round, "waiting"), 0);
@@ -804,16 +806,9 @@ int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen)
     for (double nap = 1; done < z->nodes;) {
         if (stopping(z))
             return end_stopped(z, why, whylen);
-        int e = round_ended(z, why, whylen);
+        int e = look(z, 0, z->nodes, "", why, whylen);
         if (e)
             return e;
-        if (beat(z, 0) < 0)
-            return -1;
-        int g = first_gone(z, 0, z->nodes);
-        if (g == -2)
-            return -1;
-        if (g >= 0)
-            return end_gone(z, g, "", why, whylen);
         usleep((useconds_t)(nap * 1000));
         double cap = z->monitor_ms < z->keep_alive_ms ? z->monitor_ms : z->keep_alive_ms;
         nap = nap * 2 < cap ? nap * 2 : cap;
