@@ -654,6 +654,14 @@ echo "$out" | grep -q '^out' && fail "--redirects 1: stdout reached the console:
     fail "--tee 0:2: console: $out"
 timeout 30 "$run" -np 2 --tee 4 true 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--tee 4: exit $rc, expected 2"
+# --tee with the console gone (its reader left): the log goes on and the rank lives, as
+# torchrun's (without a log, the rank gets SIGPIPE as it would without tutti-run)
+rm -rf "$el/logs"
+{ timeout 30 "$run" -np 1 --log-dir "$el/logs" --tee 1 sh -c 'echo a; sleep .5; echo b; sleep .2; echo c' 2>/dev/null
+  echo $? >"$el/rc"; } | head -1 >"$el/tee.out"
+rc=$(cat "$el/rc") out=$(cat "$el/tee.out")
+[ "$rc" = 0 ] && [ "$out" = "[0] a" ] && [ "$(cat "$el"/logs/*/attempt_0/0/stdout.log | tr '\n' ' ')" = "a b c " ] ||
+    fail "--tee, console gone: exit $rc, console \"$out\", log: $(cat "$el"/logs/*/attempt_0/0/stdout.log)"
 tmpdir_empty "elastic"
 
 echo "test_run: all checks passed"

@@ -234,6 +234,7 @@ int tt_rdzv_open(tt_rdzv_t *z, const char *tool, const char *url, const char *jo
     g_tool = tool;
     z->base = z->store = NULL;
     z->url = url;
+    z->ran_round = -1;
     if (!z->keep_alive_ms)
         z->keep_alive_ms = TT_RDZV_KEEP_ALIVE_MS;
     if (!z->keep_alive_max)
@@ -710,6 +711,7 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
             if (st)
                 return st == WAIT_OVER ? TT_RDZV_FINISHED : st;
             z->rounds++;
+            z->ran_round = z->round;
             return 0;
         }
         int st = wait_late(z, took, deadline, why, whylen);
@@ -745,7 +747,14 @@ int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen
     if (!r)
         return -1;
     snprintf(why, whylen, "%s", r);
-    int st = strncmp(r, "done:", 5) ? step_round(z, r) : 0; /* ran through: no next round */
+    int st;
+    if (strncmp(r, "done:", 5)) {
+        st = step_round(z, r);
+    } else { /* ran through: no next round; finished, in case its agents died first */
+        st = tutti_store_set(z->store, "finished", r + 6, strlen(r + 6));
+        if (st < 0)
+            store_err(z, "finished");
+    }
     free(r);
     return st;
 }
@@ -838,16 +847,36 @@ int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen)
     return 0;
 }
 
-/* Before an agent serving a tcp:// store closes it: the other agents of its last round
- * still need it to see how the round ended. Waits until they said they saw it (r<R>/left),
- * bounded by the stop grace and the heartbeat window. */
+/* Before an agent serving a tcp:// store closes it: the other agents of the job's last
+ * round still need it to see how the round ended. That round is the one `finished` or
+ * `given-up` names (this agent may have waited on it as a spare, or have seen the end
+ * from the next round), else this agent's own. Waits until its agents (but this one)
+ * said they saw the end (r<R>/left), bounded by the stop grace and the heartbeat window. */
 static void linger(tt_rdzv_t *z)
 {
     char key[64];
+    int64_t round = z->nodes > 0 ? z->round : -1;
+    int others = z->nodes - 1;
+    int err = 0;
+    char *v = peek(z, "finished", &err);
+    if (!v && !err)
+        v = peek(z, "given-up", &err);
+    long long r;
+    if (v && sscanf(v, "round %lld", &r) == 1 && r >= 0) {
+        char *c = peek(z, rkey(key, sizeof(key), r, "closed"), &err);
+        if (c) {
+            round = r;
+            others = atoi(c) - (r == z->ran_round);
+        }
+        free(c);
+    }
+    free(v);
+    if (round < 0 || others <= 0)
+        return;
     double deadline = now_ms() + z->stop_grace_ms + (double)z->keep_alive_ms * z->keep_alive_max;
     for (;;) {
-        int64_t left = counter(z, rkey(key, sizeof(key), z->round, "left"), 0);
-        if (left < 0 || left >= z->nodes - 1 || now_ms() > deadline || stopping(z))
+        int64_t left = counter(z, rkey(key, sizeof(key), round, "left"), 0);
+        if (left < 0 || left >= others || now_ms() > deadline || stopping(z))
             return;
         usleep(10000);
     }
@@ -860,13 +889,11 @@ int tt_rdzv_beat(tt_rdzv_t *z)
 
 void tt_rdzv_close(tt_rdzv_t *z)
 {
-    if (z->store && z->nodes > 0) {
-        if (z->hosting) {
-            linger(z);
-        } else {
-            char key[64];
-            counter(z, rkey(key, sizeof(key), z->round, "left"), 1);
-        }
+    if (z->store && z->hosting) {
+        linger(z);
+    } else if (z->store && z->ran_round >= 0) {
+        char key[64]; /* the round this agent ran in last: the host waits for it */
+        counter(z, rkey(key, sizeof(key), z->ran_round, "left"), 1);
     }
     if (z->store)
         tutti_store_close(z->store);

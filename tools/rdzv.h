@@ -67,6 +67,7 @@ typedef struct tt_rdzv {
     int world;            /* ranks in the round */
     int rounds;           /* rounds this agent ran in */
     int64_t failures;     /* failed rounds before this one (the job's count) */
+    int64_t ran_round;    /* the last round this agent ran its ranks in (-1: none) */
     char master_addr[64]; /* the round's MASTER_ADDR/MASTER_PORT (torch's env://) */
     int master_port;
     /* heartbeats: this agent's last, and the others' as last seen (per round) */

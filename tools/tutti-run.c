@@ -137,14 +137,15 @@ static void setenv_int(const char *name, int v)
 /* --tag: copy lines from fd (-1 once closed) to out with "[rank] " in front. */
 typedef struct tagger {
     int fd, rank;
-    int copy; /* --tee: the log file the bytes also go to (-1: none) */
-    FILE *out;
+    int copy;  /* --tee: the log file the bytes also go to (-1: none) */
+    FILE *out; /* NULL once it failed while the copy goes on */
     char buf[8192];
     size_t len;
 } tagger_t;
 
-/* Returns 0 at EOF, and when out fails: its reader went away, and closing our end makes
- * the rank's next write fail as it would have without --tag (SIGPIPE). */
+/* Returns 0 at EOF, and when out fails with no log copy to go on with: its reader went
+ * away, and closing our end makes the rank's next write fail as it would have without
+ * --tag (SIGPIPE). With a copy (--tee), the log goes on alone, as torchrun's. */
 static int tag_pump(tagger_t *t)
 {
     ssize_t r = read(t->fd, t->buf + t->len, sizeof(t->buf) - t->len);
@@ -157,6 +158,8 @@ static int tag_pump(tagger_t *t)
         close(t->copy);
         t->copy = -1;
     }
+    if (!t->out) /* the console failed earlier: the log only */
+        return t->copy >= 0;
     t->len += (size_t)r;
     size_t start = 0;
     for (size_t i = 0; i < t->len; i++) {
@@ -172,14 +175,19 @@ static int tag_pump(tagger_t *t)
     memmove(t->buf, t->buf + start, t->len - start);
     t->len -= start;
     fflush(t->out);
-    return !ferror(t->out);
+    if (!ferror(t->out))
+        return 1;
+    t->out = NULL;
+    t->len = 0;
+    return t->copy >= 0;
 }
 
 static void tag_close(tagger_t *t)
 {
-    if (t->len) /* a last line without its newline */
+    if (t->out && t->len) /* a last line without its newline */
         fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
-    fflush(t->out);
+    if (t->out)
+        fflush(t->out);
     close(t->fd);
     if (t->copy >= 0)
         close(t->copy);
@@ -896,6 +904,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                      char *why, size_t whylen)
 {
     int first_failed = -1, rank0 = z ? z->rank0 : o->node_rank * o->np;
+    int store_failed = 0; /* elastic: the poll failed; acted on after one more reap */
     double next_poll = 0;
     *rank_failed_p = 0;
     if (ended_p)
@@ -903,18 +912,9 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
     while (l->running > 0) {
         if (!o->piped || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
-        /* elastic: another node failed, left or is gone, or one waits to join. Looked
-         * at before the ranks are reaped, so that a rank that failed while the store was
-         * slow to answer still counts as this node's failure, with its status */
         int e = 0;
-        if (z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
-            /* at least every keep-alive interval: the poll beats */
-            next_poll = now_ms() +
-                        (z->monitor_ms < z->keep_alive_ms ? z->monitor_ms : z->keep_alive_ms);
-            e = tt_rdzv_poll(z, why, whylen);
-        } else if (z && tt_launch_stopping(l) && tt_rdzv_beat(z) < 0 && !e) {
+        if (z && tt_launch_stopping(l) && tt_rdzv_beat(z) < 0)
             e = -1; /* still alive while the ranks stop (up to the grace period) */
-        }
         int i, code, sig;
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
             /* a rank that died as tutti-run was told to stop (Ctrl-C reaches the
@@ -935,15 +935,29 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                         "tutti-run: rank %d was killed by signal %d (%s); "
                         "stopping the other %d rank(s)\n",
                         first_failed, sig, strsignal(sig), l->running);
-            if (z && !e) {
+            if (z && !e && !store_failed) {
                 /* elastic: the failure ends the round now, before the ranks stop (up to
                  * the grace period), so that no other reason (this node seen gone, a
-                 * spare waiting) stands in its place and escapes the count */
+                 * spare waiting) stands in its place and escapes the count; the ranks
+                 * are reaped before the round is looked at for the same reason */
                 char reason[160];
                 snprintf(reason, sizeof(reason), "failure: node %d: a rank exited with status %d",
                          z->idx, code);
                 e = tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
             }
+        }
+        /* elastic: another node failed, left or is gone, or one waits to join. A failed
+         * look is acted on one turn later, so that a rank that failed while the store
+         * was slow to answer still counts as this node's failure, with its status */
+        if (!e && z && store_failed && !tt_launch_stopping(l)) {
+            e = -1;
+        } else if (!e && z && !tt_launch_stopping(l) && first_failed < 0 && now_ms() >= next_poll) {
+            /* at least every keep-alive interval: the poll beats */
+            next_poll = now_ms() +
+                        (z->monitor_ms < z->keep_alive_ms ? z->monitor_ms : z->keep_alive_ms);
+            e = tt_rdzv_poll(z, why, whylen);
+            if (e < 0)
+                store_failed = 1, e = 0;
         }
         if (e) {
             *ended_p = e;
