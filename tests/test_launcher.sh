@@ -580,6 +580,28 @@ wait "$p0"; r0=$?; wait "$p1"; r1=$?; wait "$p2"; r2=$?
 [ "$r0$r1$r2" = 000 ] && [ "$(cat "$el"/out1 "$el"/out2 | grep -c ' of 2 ok (round 1, restart 1)$')" = 2 ] &&
     grep -q 'round 1 took 2 node(s) before this one' "$el/err0" ||
     fail "elastic, the store's host late: exit $r0 $r1 $r2 ($(cat "$el"/out? "$el"/err?))"
+# the same, but the round runs through before the host even comes back: it sees the job
+# over and leaves within seconds (it waited ~19 s for agents of its own old round, who
+# had said they saw the end in the new one)
+printf '%s\n' '[ -n "${TEST_SLOW:-}" ] && trap "" TERM' \
+    'if [ "$TUTTI_ROUND" = 0 ]; then [ -n "${TEST_FAIL:-}" ] && { sleep 1; exit 3; }; sleep 100; fi' 'sleep .5' >"$el/host2.sh"
+read -r port < <(python3 -c "import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+rm -f "$el"/out? "$el"/err?
+t0=$(ms)
+for k in 0 1 2; do
+    [ $k = 0 ] && export TEST_SLOW=1
+    [ $k = 1 ] && export TEST_FAIL=1
+    timeout 60 "$run" -np 1 --nnodes 2:2 --max-restarts 1 --store "tcp://127.0.0.1:$port" \
+        sh "$el/host2.sh" >"$el/out$k" 2>"$el/err$k" &
+    eval "p$k=\$!"
+    unset TEST_SLOW TEST_FAIL
+    [ $k = 0 ] && for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep .05; done
+    [ $k = 1 ] && for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
+done
+wait "$p0"; r0=$?; t1=$(ms); wait "$p1"; r1=$?; wait "$p2"; r2=$?
+[ "$r0$r1$r2" = 000 ] && [ $((t1 - t0)) -lt 12000 ] ||
+    fail "elastic, the store's host back after the end: exit $r0 $r1 $r2 after $((t1 - t0)) ms ($(cat "$el"/err?))"
 # Ctrl-C on a node's terminal (script(1) gives it one: SIGINT reaches tutti-run and its
 # ranks, one foreground group): the node leaves, its dead ranks are no failure, and the
 # other node goes on alone (with --max-restarts 0 a counted failure would end it). The
