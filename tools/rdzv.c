@@ -391,8 +391,9 @@ static int round_ended(tt_rdzv_t *z, char *why, size_t whylen)
 static int end_gone(tt_rdzv_t *z, int i, const char *when, char *why, size_t whylen)
 {
     char reason[160];
-    snprintf(reason, sizeof(reason), "scale: node %d stopped answering%s (no heartbeat for %d ms)",
-             i, when, z->keep_alive_ms * z->keep_alive_max);
+    snprintf(reason, sizeof(reason),
+             "scale: node %d stopped answering%s (no heartbeat for %lld ms)", i, when,
+             (long long)z->keep_alive_ms * z->keep_alive_max);
     return tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
 }
 
@@ -435,7 +436,9 @@ static int wait_step(tt_rdzv_t *z, double *nap, double deadline, int from, int t
 {
     if (stopping(z))
         return end_stopped(z, why, whylen);
-    int e = job_over(z, why, whylen); /* the previous round ran through or gave up */
+    /* the previous round gave up just as this agent stepped into the next (rare): looked
+     * at with the heartbeats, every keep-alive interval, not every nap */
+    int e = now_ms() - z->check_at >= z->keep_alive_ms ? job_over(z, why, whylen) : 0;
     if (e)
         return e < 0 ? -1 : WAIT_OVER;
     e = look(z, from, to, " before the round started", why, whylen);
@@ -827,24 +830,12 @@ int tt_rdzv_done(tt_rdzv_t *z, char *why, size_t whylen)
     }
     /* Every agent's ranks passed, unless the round was ended meanwhile (an agent gone, or
      * one that left): the round's end is one compare-and-set, so the job's end and a
-     * restart never both stand */
+     * restart never both stand; "done:" standing sets `finished` */
     snprintf(v, sizeof(v), "done: round %" PRId64 ", %d node(s), %d rank(s)", z->round, z->nodes,
              z->world);
-    char *r = first_offer(z, rkey(key, sizeof(key), z->round, "restart"), v);
-    if (!r)
+    if (tt_rdzv_end_round(z, v, why, whylen) < 0)
         return -1;
-    if (strncmp(r, "done:", 5)) {
-        snprintf(why, whylen, "%s", r);
-        int st = step_round(z, r);
-        free(r);
-        return st < 0 ? -1 : 1;
-    }
-    free(r);
-    if (tutti_store_set(z->store, "finished", v + 6, strlen(v + 6)) < 0) {
-        store_err(z, "finished");
-        return -1;
-    }
-    return 0;
+    return strncmp(why, "done:", 5) ? 1 : 0;
 }
 
 /* Before an agent serving a tcp:// store closes it: the other agents of the job's last

@@ -101,7 +101,7 @@ int tt_master_pick(const char *store, const char *local_addr, char *addr, size_t
  * -1 having said why. */
 int tt_rdzv_open(tt_rdzv_t *z, const char *tool, const char *url, const char *job_id, int host_ok);
 
-/* tt_rdzv_join/done: the job ran through or gave up (*why says which); with z->rounds
+/* tt_rdzv_join: the job ran through or gave up (*why says which); with z->rounds
  * 0, before this agent came (a new job reusing a finished one's id on a store that kept
  * its keys) unless z->waited */
 #define TT_RDZV_FINISHED 1

@@ -694,6 +694,11 @@ static void store_identity(const char *url, char *out, size_t outlen)
 /* The options that only make sense together; sets TUTTI_JOB_ID. 0, or -1: bad usage. */
 static int check_args(const run_opts_t *o)
 {
+    if ((long long)o->np * o->nnodes > INT_MAX) { /* elastic: nnodes is MAX */
+        fprintf(stderr, "tutti-run: -np %d times --nnodes %d is too many ranks\n", o->np,
+                o->nnodes);
+        return -1;
+    }
     if (o->min_nodes) {
         if (!o->store) {
             fprintf(stderr, "tutti-run: --nnodes MIN:MAX needs a --store that every node "
@@ -704,11 +709,6 @@ static int check_args(const run_opts_t *o)
         if (o->node_rank) {
             fprintf(stderr, "tutti-run: --node-rank does not go with --nnodes MIN:MAX (the "
                             "rendezvous numbers the nodes)\n");
-            return -1;
-        }
-        if ((long long)o->np * o->nnodes > INT_MAX) {
-            fprintf(stderr, "tutti-run: -np %d times --nnodes MAX %d is too many ranks\n", o->np,
-                    o->nnodes);
             return -1;
         }
         /* the nodes share only their command lines: an id from what started them, else
@@ -729,11 +729,6 @@ static int check_args(const run_opts_t *o)
     if (o->node_rank >= o->nnodes) {
         fprintf(stderr, "tutti-run: --node-rank %d with --nnodes %d: expected 0..%d\n",
                 o->node_rank, o->nnodes, o->nnodes - 1);
-        return -1;
-    }
-    if ((long long)o->np * o->nnodes > INT_MAX) {
-        fprintf(stderr, "tutti-run: -np %d times --nnodes %d is too many ranks\n", o->np,
-                o->nnodes);
         return -1;
     }
     if (o->nnodes > 1 && (!o->store || strncmp(o->store, "tcp://", 6))) {
