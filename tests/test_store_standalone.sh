@@ -6,6 +6,11 @@
 #      Before, every rank refused the server (it has no job label) until its timeout.
 #   2. Rank 0 without TUTTI_STORE_SERVER=0 cannot host a server on the port the
 #      standalone one holds: init fails at once, and the error says what to set.
+#   3. Where localhost names ::1 before 127.0.0.1 (many hosts' /etc/hosts; here a mount
+#      namespace's), a server on localhost listens on both: ranks reaching it by either
+#      address meet, and it cannot start on a port a server holds at 127.0.0.1. Before,
+#      it took ::1 alone, and two servers split one job's clients by spelling (root,
+#      unshare and IPv6 loopback; else said and passed over).
 # Every wait is bounded; the server and the ranks go on every exit path.
 #
 #   tests/test_store_standalone.sh BUILD/tools/tutti-store BUILD/bench/tutti-bench
@@ -76,4 +81,46 @@ grep -q "port $port: Address already in use (another server holds the port; rank
     { cat "$out"; fail "the error does not say what to set"; }
 [ "$ms" -lt 10000 ] || fail "rank 0 took $ms ms to fail"
 echo "rank 0 hosting on the taken port: exit $rc in $ms ms, the error names TUTTI_STORE_SERVER=0"
+
+# 3. localhost with two addresses
+if [ "$(id -u)" != 0 ] || ! unshare -m --propagation private true 2>/dev/null ||
+    ! python3 -c "import socket; socket.socket(socket.AF_INET6).bind(('::1', 0))" 2>/dev/null; then
+    echo "no mount namespace or no IPv6 loopback here: localhost as ::1 and 127.0.0.1 not checked"
+    echo "test_store_standalone: ok"
+    exit 0
+fi
+printf '::1 localhost\n127.0.0.1 localhost\n' >"$work/hosts"
+v6() { unshare -m --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$work/hosts" "$@"; }
+out="$work/held.txt"
+t0=$(date +%s%N)
+v6 timeout 10 "$store_bin" --host localhost --port "$port" >"$out" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ $rc = 1 ] && grep -q "localhost port $port: Address already in use at 127.0.0.1 (another server" "$out" ||
+    { cat "$out"; fail "a server on localhost started on a port held at 127.0.0.1: exit $rc"; }
+echo "a second server on localhost:$port (held at 127.0.0.1): exit $rc in $ms ms"
+kill "$server" && wait "$server" 2>/dev/null
+v6 "$store_bin" --host localhost --port 0 >"$work/store6.txt" 2>&1 &
+server=$!
+port6=
+for _ in $(seq 100); do
+    port6=$(grep -o 'tcp://localhost:[0-9]*' "$work/store6.txt" | head -1)
+    [ -n "$port6" ] && break
+    sleep 0.1
+done
+port6=${port6##*:}
+[ -n "$port6" ] || { cat "$work/store6.txt"; fail "tutti-store on localhost did not say where it listens"; }
+pids=()
+r=0
+for u in "tcp://127.0.0.1:$port6" "tcp://[::1]:$port6"; do
+    TUTTI_STORE=$u TUTTI_JOB_ID=fourth TUTTI_RANK=$r TUTTI_WORLD_SIZE=2 timeout -k 5 60 "$bench" \
+        -b 4 -e 64K -n 2 -w 1 -c >"$work/fourth-$r.txt" 2>&1 &
+    pids+=($!)
+    r=$((r + 1))
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+pids=()
+[ $rc = 0 ] || { tail -n 5 "$work"/fourth-*.txt; fail "ranks through 127.0.0.1 and ::1 of localhost:$port6"; }
+echo "two ranks through 127.0.0.1:$port6 and [::1]:$port6 of one server on localhost"
 echo "test_store_standalone: ok"

@@ -26,6 +26,7 @@
 #define SRV_ACCEPT_PAUSE_MS 100
 #define SRV_ACCEPT_BURST 64
 #define SRV_WARN_EVERY_MS 10000
+#define SRV_MAX_LISTEN 8 /* addresses of one host name */
 
 typedef struct srv_conn srv_conn_t;
 typedef struct srv_waiter srv_waiter_t;
@@ -95,8 +96,11 @@ typedef struct srv_write {
 
 struct tt_store_server {
     uv_loop_t loop;
-    int listen_fd;
-    uv_poll_t listen_poll;
+    /* one listener per address of the host (localhost: 127.0.0.1 and ::1), so that
+     * every spelling of the host reaches this server and no second one takes the port */
+    int listen_fd[SRV_MAX_LISTEN];
+    uv_poll_t listen_poll[SRV_MAX_LISTEN];
+    int nlisten;
     uv_timer_t sweep_timer;  /* hello and idle timeouts */
     uv_timer_t accept_timer; /* resumes accepting after a pause */
     uv_timer_t drain_timer;  /* ends the drain at stop */
@@ -1102,15 +1106,16 @@ static void srv_on_listen(uv_poll_t *p, int status, int events);
 static void srv_accept_resume(uv_timer_t *t)
 {
     tt_store_server_t *srv = t->data;
-    if (srv->listening)
-        uv_poll_start(&srv->listen_poll, UV_READABLE, srv_on_listen);
+    for (int i = 0; srv->listening && i < srv->nlisten; i++)
+        uv_poll_start(&srv->listen_poll[i], UV_READABLE, srv_on_listen);
 }
 
 /* Nothing can be accepted for now: stop polling the listener (level-triggered, it would
  * wake the loop at once) and look again shortly. Clients wait in the backlog. */
 static void srv_accept_pause(tt_store_server_t *srv)
 {
-    uv_poll_stop(&srv->listen_poll);
+    for (int i = 0; i < srv->nlisten; i++)
+        uv_poll_stop(&srv->listen_poll[i]);
     uv_timer_start(&srv->accept_timer, srv_accept_resume, SRV_ACCEPT_PAUSE_MS, 0);
 }
 
@@ -1123,13 +1128,15 @@ static void srv_out_of_fds(tt_store_server_t *srv)
     if (srv->reserve_fd >= 0) {
         close(srv->reserve_fd);
         srv->reserve_fd = -1;
-        for (int i = 0; i < 1024; i++) {
-            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0 && (errno == EINTR || errno == ECONNABORTED))
-                continue;
-            if (fd < 0)
-                break;
-            srv_turn_away(srv, fd, "out of file descriptors");
+        for (int l = 0; l < srv->nlisten; l++) {
+            for (int i = 0; i < 1024; i++) {
+                int fd = accept4(srv->listen_fd[l], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0 && (errno == EINTR || errno == ECONNABORTED))
+                    continue;
+                if (fd < 0)
+                    break;
+                srv_turn_away(srv, fd, "out of file descriptors");
+            }
         }
         srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
@@ -1185,6 +1192,7 @@ static void srv_on_listen(uv_poll_t *p, int status, int events)
 {
     TT_UNUSED(events);
     tt_store_server_t *srv = p->data;
+    int lfd = srv->listen_fd[p - srv->listen_poll];
     if (status < 0) {
         TT_WARN("store server %s: listening socket: %s", srv->addr, uv_strerror(status));
         srv_accept_pause(srv);
@@ -1192,7 +1200,7 @@ static void srv_on_listen(uv_poll_t *p, int status, int events)
     }
     /* a burst at a time, so connected clients are served between bursts */
     for (int i = 0; i < SRV_ACCEPT_BURST && srv->listening; i++) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EINTR || e == ECONNABORTED)
@@ -1252,10 +1260,12 @@ static void srv_stop_listening(tt_store_server_t *srv)
     if (!srv->listening)
         return;
     srv->listening = 0;
-    uv_poll_stop(&srv->listen_poll);
-    uv_close((uv_handle_t *)&srv->listen_poll, NULL);
-    close(srv->listen_fd);
-    srv->listen_fd = -1;
+    for (int i = 0; i < srv->nlisten; i++) {
+        uv_poll_stop(&srv->listen_poll[i]);
+        uv_close((uv_handle_t *)&srv->listen_poll[i], NULL);
+        close(srv->listen_fd[i]);
+        srv->listen_fd[i] = -1;
+    }
     uv_timer_stop(&srv->accept_timer);
 }
 
@@ -1323,8 +1333,9 @@ static void srv_free(tt_store_server_t *srv)
     free(srv->instance);
     if (srv->reserve_fd >= 0)
         close(srv->reserve_fd);
-    if (srv->listen_fd >= 0)
-        close(srv->listen_fd);
+    for (int i = 0; i < srv->nlisten; i++)
+        if (srv->listen_fd[i] >= 0)
+            close(srv->listen_fd[i]);
     free(srv);
 }
 
@@ -1335,8 +1346,22 @@ static void srv_walk_close(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-/* A listening socket on host:port. SO_REUSEADDR lets a new server take the port of one
- * that just stopped (its closed connections linger in TIME_WAIT). */
+/* Whether a is one of the n addresses in b (getaddrinfo may name one twice). */
+static int srv_addr_seen(const struct sockaddr *a, socklen_t alen, const struct sockaddr_storage *b,
+                         const socklen_t *blen, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (blen[i] == alen && !memcmp(&b[i], a, alen))
+            return 1;
+    return 0;
+}
+
+/* Listening sockets on every address of host, at port. SO_REUSEADDR lets a new server
+ * take the port of one that just stopped (its closed connections linger in TIME_WAIT).
+ * An address the machine lacks (no IPv6) is passed over; the port held on any address
+ * fails the start, or two servers would split the clients between them by spelling
+ * (localhost reaching ::1, 127.0.0.1 the other). With port 0, the others take the port
+ * the first got, where they can. */
 static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_store_err_t *err)
 {
     struct addrinfo hints = { .ai_family = AF_UNSPEC,
@@ -1350,8 +1375,20 @@ static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_sto
         tt_store_err_set(err, "cannot resolve %s to listen on: %s", host, gai_strerror(r));
         return TUTTI_ERR_IO;
     }
-    int e = EINVAL;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    struct sockaddr_storage bound[SRV_MAX_LISTEN];
+    socklen_t boundlen[SRV_MAX_LISTEN];
+    int e = EINVAL, held = 0, real_port = 0;
+    char where[80] = "";
+    for (struct addrinfo *ai = res; ai && srv->nlisten < SRV_MAX_LISTEN; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof(bound[0]) ||
+            srv_addr_seen(ai->ai_addr, ai->ai_addrlen, bound, boundlen, srv->nlisten))
+            continue;
+        struct sockaddr_storage sa;
+        memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
+        if (real_port && sa.ss_family == AF_INET6)
+            ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)real_port);
+        else if (real_port)
+            ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)real_port);
         int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) {
             e = errno;
@@ -1359,16 +1396,38 @@ static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_sto
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            srv->listen_fd = fd;
-            break;
+        if (ai->ai_family == AF_INET6) /* ::1 and 127.0.0.1 are two listeners */
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (bind(fd, (struct sockaddr *)&sa, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+            socklen_t len = sizeof(sa);
+            if (!real_port && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+                real_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                           : ((struct sockaddr_in *)&sa)->sin_port);
+            memcpy(&bound[srv->nlisten], ai->ai_addr, ai->ai_addrlen);
+            boundlen[srv->nlisten] = ai->ai_addrlen;
+            srv->listen_fd[srv->nlisten++] = fd;
+            continue;
         }
         e = errno;
         close(fd);
+        if (e == EADDRINUSE && port) { /* another server has this host's port */
+            held = 1;
+            if (getnameinfo((struct sockaddr *)&sa, ai->ai_addrlen, where, sizeof(where), NULL, 0,
+                            NI_NUMERICHOST) != 0)
+                where[0] = '\0';
+            break;
+        }
     }
     freeaddrinfo(res);
-    if (srv->listen_fd < 0) {
-        tt_store_err_set(err, "cannot listen on %s port %d: %s%s", host, port, strerror(e),
+    if (held || !srv->nlisten) {
+        for (int i = 0; i < srv->nlisten; i++)
+            close(srv->listen_fd[i]);
+        srv->nlisten = 0;
+        /* the address taken, where the name has several */
+        char at[100] = "";
+        if (where[0] && strcmp(host, where) != 0)
+            snprintf(at, sizeof(at), " at %s", where);
+        tt_store_err_set(err, "cannot listen on %s port %d: %s%s%s", host, port, strerror(e), at,
                          e == EADDRINUSE ? " (another server holds the port; ranks use a "
                                            "standalone tutti-store with TUTTI_STORE_SERVER=0)"
                                          : "");
@@ -1413,12 +1472,15 @@ static int srv_copy_cfg(tt_store_server_t *srv, const tt_store_tcp_cfg_t *cfg)
 /* Handles of the loop besides the connections. */
 static int srv_init_handles(tt_store_server_t *srv, tt_store_err_t *err)
 {
-    int r = uv_poll_init_socket(&srv->loop, &srv->listen_poll, srv->listen_fd);
-    if (r < 0) {
-        tt_store_err_set(err, "cannot watch the listening socket: %s", uv_strerror(r));
-        return TUTTI_ERR_INTERNAL;
+    int r;
+    for (int i = 0; i < srv->nlisten; i++) {
+        r = uv_poll_init_socket(&srv->loop, &srv->listen_poll[i], srv->listen_fd[i]);
+        if (r < 0) {
+            tt_store_err_set(err, "cannot watch the listening socket: %s", uv_strerror(r));
+            return TUTTI_ERR_INTERNAL;
+        }
+        srv->listen_poll[i].data = srv;
     }
-    srv->listen_poll.data = srv;
     srv->listening = 1;
     uv_timer_init(&srv->loop, &srv->sweep_timer);
     uv_timer_init(&srv->loop, &srv->accept_timer);
@@ -1430,7 +1492,8 @@ static int srv_init_handles(tt_store_server_t *srv, tt_store_err_t *err)
         return TUTTI_ERR_INTERNAL;
     }
     srv->stop_async.data = srv;
-    uv_poll_start(&srv->listen_poll, UV_READABLE, srv_on_listen);
+    for (int i = 0; i < srv->nlisten; i++)
+        uv_poll_start(&srv->listen_poll[i], UV_READABLE, srv_on_listen);
     uint64_t period = (uint64_t)TT_MIN(srv->hello_ms, srv->cfg.idle_timeout_ms > 0
                                                           ? srv->cfg.idle_timeout_ms
                                                           : SRV_HELLO_MS) /
@@ -1449,7 +1512,7 @@ int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *
     tt_store_server_t *srv = calloc(1, sizeof(*srv));
     if (!srv)
         goto err_nomem;
-    srv->listen_fd = srv->reserve_fd = -1;
+    srv->reserve_fd = -1;
     srv->nbuckets = 64;
     srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
     if (!srv->buckets || srv_copy_cfg(srv, cfg) < 0)
@@ -1469,7 +1532,7 @@ int tt_store_server_start(const char *host, int port, const tt_store_tcp_cfg_t *
     TT_CHECK_GOTO(srv_listen(srv, host, port, err), st, err_close_loop);
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof(ss);
-    if (getsockname(srv->listen_fd, (struct sockaddr *)&ss, &sslen) < 0) {
+    if (getsockname(srv->listen_fd[0], (struct sockaddr *)&ss, &sslen) < 0) {
         tt_store_err_set(err, "cannot read the listening address: %s", strerror(errno));
         st = TUTTI_ERR_IO;
         goto err_close_loop;
@@ -1546,7 +1609,7 @@ int tt_store_server_fuzz_input(const uint8_t *data, size_t len, int with_secret,
     int sv[2] = { -1, -1 };
     if (!srv)
         return -1;
-    srv->listen_fd = srv->reserve_fd = -1;
+    srv->reserve_fd = -1;
     srv->nbuckets = 4; /* small: the fuzzer reaches srv_grow */
     srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
     tt_store_tcp_cfg_t cfg = { .secret = with_secret ? "fuzz-secret" : NULL,
