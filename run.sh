@@ -98,7 +98,7 @@ test)
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
             -Dpeers=disabled -Dtorch=disabled -Db_lundef=false -Dtests=false
         fuzzers=(fuzz_store_server fuzz_redis_reply fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring
-            fuzz_ib_wire)
+            fuzz_ib_wire fuzz_errfile)
         ninja -C build-fuzz "${fuzzers[@]/#/fuzz/}"
         for f in "${fuzzers[@]}"; do
             mkdir -p "build-fuzz/corpus-$f"

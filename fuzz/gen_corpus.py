@@ -305,3 +305,23 @@ redis("bulk", b"$5\r\nhello\r\n$0\r\n\r\n$-1\r\n", split=9)
 redis("scan", b"*2\r\n$1\r\n0\r\n*3\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\ncc\r\n", split=20)
 redis("nested", b"*1\r\n*1\r\n*2\r\n:1\r\n$-1\r\n*-1\r\n*0\r\n")
 redis("bad", b"$3\r\nabcXY:12x\r\n")
+
+
+# ---- torch's error files, as tutti-run reads them (tools/errfile.h) ----
+def errfile(name, text):
+    write("fuzz_errfile", name, text.encode())
+
+
+errfile("torch", '{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": '
+        '"Traceback (most recent call last):\\n  File \\"t.py\\", line 3, in <module>\\n'
+        'ValueError: boom\\n", "timestamp": "1764840000"}}}')
+errfile("string", '{"message": "out of memory", "timestamp": 1764840000}')
+errfile("no-callstack", '{"message": {"message": "KeyError: k", "extraInfo": {}, "errorCode": 3}}')
+errfile("escapes", '{"message": {"extraInfo": {"py_callstack": "\\u00e9\\ud83d\\ude00\\ud800 \\/\\b\\f'
+        '\\r\\t\\\\", "timestamp": 1.5e9}}, "other": [1, -2.5, true, false, null, {"a": []}]}')
+errfile("empty-object", '{"message": {}}')
+errfile("deep", '{"message": {"x": ' + "[" * 80 + "]" * 80 + "}}")
+errfile("truncated", '{"message": {"message": "cut')
+errfile("bad-escape", '{"message": "\\x41"}')
+errfile("no-message", '{"msg": "x"}')
+errfile("trailing", '{"message": "x"} junk')

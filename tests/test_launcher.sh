@@ -56,6 +56,15 @@ wait_bounded() {
     kill -KILL "$1" 2>/dev/null
     wait "$1"
 }
+# the pids whose parent is $1 (from /proc: the fields after the command's name)
+children_of() {
+    local f st
+    for f in /proc/[0-9]*/stat; do
+        st=$(cat "$f" 2>/dev/null) || continue
+        st=${st##*) }
+        [ "$(echo "$st" | cut -d' ' -f2)" = "$1" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+    done
+}
 tmpdir_empty() { [ -z "$(ls -A "$TMPDIR")" ] || fail "$1: left in \$TMPDIR: $(ls -A "$TMPDIR")"; rm -rf "${TMPDIR:?}"/*; }
 
 out=$(timeout 30 "$run" -np 3 "$child") || fail "3 ranks: exit $?"
@@ -698,6 +707,80 @@ rm -rf "$el/logs"
 rc=$(cat "$el/rc") out=$(cat "$el/tee.out")
 [ "$rc" = 0 ] && [ "$out" = "[0] a" ] && [ "$(cat "$el"/logs/*/attempt_0/0/stdout.log | tr '\n' ' ')" = "a b c " ] ||
     fail "--tee, console gone: exit $rc, console \"$out\", log: $(cat "$el"/logs/*/attempt_0/0/stdout.log)"
+# torchrun's failure summary. Every rank has a TORCHELASTIC_ERROR_FILE (without --log-dir
+# too, in the launch's temporary directory). Ranks 1 and 2 fail while tutti-run is
+# stopped (SIGSTOP), so both are found failed at once: both are listed, each with its
+# error file's traceback, and the root cause is the earlier by the files' timestamps
+# (rank 2, reaped second); the root cause's file goes to tutti-run's own
+# TORCHELASTIC_ERROR_FILE with the exit status as "errorCode" (torchrun's @record)
+cat >"$el/fail.sh" <<'EOS'
+[ -n "$TORCHELASTIC_ERROR_FILE" ] && [ ! -e "$TORCHELASTIC_ERROR_FILE" ] || exit 9
+echo $$ >"$ERR_DIR/pid$RANK"
+[ "$RANK" = 0 ] && exec sleep 30
+while [ ! -e "$ERR_DIR/go" ]; do sleep .05; done
+if [ "$RANK" = 1 ]; then
+    printf '{"message": {"message": "ValueError: later", "extraInfo": {"py_callstack": "Traceback:\\n  in later\\nValueError: later\\n", "timestamp": "2000000000"}}}' >"$TORCHELASTIC_ERROR_FILE"
+    exit 3
+fi
+printf '{"message": {"message": "KeyError: first", "extraInfo": {"py_callstack": "Traceback (most recent call last):\\n  File \\"t.py\\", line 3\\nKeyError: \\u00e9first\\n", "timestamp": "1000000000"}}}' >"$TORCHELASTIC_ERROR_FILE"
+exit 4
+EOS
+mkdir -p "$el/errs" && rm -f "$el"/errs/* "$el/outer.json"
+ERR_DIR=$el/errs TORCHELASTIC_ERROR_FILE=$el/outer.json timeout 30 "$run" -np 3 sh "$el/fail.sh" 2>"$el/sum" &
+p0=$!
+for _ in $(seq 200); do [ -s "$el/errs/pid2" ] && [ -s "$el/errs/pid1" ] && break; sleep .05; done
+trun=$(children_of "$p0")
+kill -STOP "$trun"
+touch "$el/errs/go"
+for _ in $(seq 200); do ! alive "$(cat "$el/errs/pid1")" && ! alive "$(cat "$el/errs/pid2")" && break; sleep .05; done
+kill -CONT "$trun"
+wait "$p0"; rc=$?
+sum=$(cat "$el/sum")
+root=$(echo "$sum" | sed -n '/^Root Cause (first observed failure):$/,/^====/p')
+others=$(echo "$sum" | sed -n '/^Failures:$/,/^----/p')
+[ "$rc" = 3 ] && echo "$sum" | grep -qx 'fail.sh FAILED' &&
+    echo "$root" | grep -qx '  rank      : 2 (local_rank: 2)' && echo "$root" | grep -q "^  exitcode  : 4 (pid: $(cat "$el/errs/pid2"))$" &&
+    echo "$root" | grep -q "^  error_file: $TMPDIR/tutti-run-.*/attempt_0/2/error.json (removed at exit" &&
+    echo "$root" | grep -qx '  traceback : Traceback (most recent call last):' &&
+    echo "$root" | grep -qx '    File "t.py", line 3' && echo "$root" | grep -qx '  KeyError: éfirst' &&
+    echo "$root" | grep -qx '  time      : 2001-09-0[89]_[0-9:]*' &&
+    echo "$others" | grep -qx '  rank      : 1 (local_rank: 1)' && echo "$others" | grep -qx '  ValueError: later' &&
+    ! echo "$sum" | grep -q 'rank      : 0' ||
+    fail "failure summary: exit $rc: $sum"
+python3 -c "import json, sys
+m = json.load(open(sys.argv[1]))['message']
+assert m['errorCode'] == 4 and m['message'] == 'KeyError: first', m
+assert m['extraInfo']['py_callstack'].endswith('KeyError: \u00e9first\n'), m" "$el/outer.json" ||
+    fail "failure summary: tutti-run's TORCHELASTIC_ERROR_FILE: $(cat "$el/outer.json")"
+# a rank killed by a signal leaves no error file: torchrun's words for it, and tutti-run's
+# own file says so; torch's @record on a real Python rank (where torch is installed)
+out=$(TORCHELASTIC_ERROR_FILE=$el/outer.json timeout 30 "$run" -np 2 sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' 2>&1)
+rc=$?
+[ "$rc" = 137 ] && echo "$out" | grep -qx '  exitcode  : -9 (pid: [0-9]*)' && echo "$out" | grep -qx '  error_file: <N/A>' &&
+    echo "$out" | grep -qx '  traceback : Signal 9 (SIGKILL) received by PID [0-9]*' ||
+    fail "failure summary, a rank killed: exit $rc: $out"
+python3 -c "import json, sys
+m = json.load(open(sys.argv[1]))['message']
+assert m['errorCode'] == -9 and m['message'].startswith('ChildFailedError: sh FAILED'), m
+assert 'Signal 9 (SIGKILL)' in m['extraInfo']['py_callstack'], m" "$el/outer.json" ||
+    fail "failure summary, a rank killed: tutti-run's TORCHELASTIC_ERROR_FILE: $(cat "$el/outer.json")"
+if /usr/bin/python3 -c "import torch.distributed.elastic.multiprocessing.errors" 2>/dev/null; then
+    printf '%s\n' 'import os' 'from torch.distributed.elastic.multiprocessing.errors import record' \
+        '@record' 'def main():' '    if os.environ["RANK"] == "1":' '        raise ValueError("boom from rank 1")' \
+        '    os.system("sleep 30")' 'main()' >"$el/rec.py"
+    out=$(timeout 60 "$run" -np 2 /usr/bin/python3 "$el/rec.py" 2>&1)
+    rc=$?
+    [ "$rc" = 1 ] && echo "$out" | grep -qx 'rec.py FAILED' && echo "$out" | grep -qx '  rank      : 1 (local_rank: 1)' &&
+        echo "$out" | grep -q "^    File \"$el/rec.py\", line 6, in main$" && echo "$out" | grep -qx '  ValueError: boom from rank 1' ||
+        fail "failure summary, torch's @record: exit $rc: $out"
+else
+    echo "no torch here: the summary of torch's @record not checked"
+fi
+# elastic: the node whose ranks failed says it when the restarts are used up
+out=$(timeout 30 "$run" -np 2 --nnodes 1:2 --store "file://$el/s20" sh -c '[ "$RANK" = 1 ] && exit 5; sleep 30' 2>&1)
+rc=$?
+[ "$rc" = 5 ] && echo "$out" | grep -q 'max-restarts 0 used up' && echo "$out" | grep -qx 'Root Cause (first observed failure):' &&
+    echo "$out" | grep -qx '  exitcode  : 5 (pid: [0-9]*)' || fail "elastic failure summary: exit $rc: $out"
 tmpdir_empty "elastic"
 
 echo "test_run: all checks passed"

@@ -31,15 +31,23 @@ fail() {
     exit 1
 }
 
-"$store_bin" --port 0 >"$work/store.txt" 2>&1 &
-server=$!
-url=
-for _ in $(seq 100); do
-    url=$(grep -o 'tcp://127.0.0.1:[0-9]*' "$work/store.txt" | head -1)
-    [ -n "$url" ] && break
-    sleep 0.1
-done
-[ -n "$url" ] || { cat "$work/store.txt"; fail "tutti-store did not say where it listens"; }
+# start_store NAME COMMAND...: a store server started by COMMAND (which execs it, so that
+# $server is its pid), its output in $work/NAME.txt, the URL it says in $url
+start_store() {
+    local log=$work/$1.txt
+    shift
+    "$@" >"$log" 2>&1 &
+    server=$!
+    url=
+    for _ in $(seq 100); do
+        url=$(grep -o 'tcp://[^ ]*:[0-9]*' "$log" | head -1)
+        [ -n "$url" ] && break
+        sleep 0.1
+    done
+    [ -n "$url" ] || { cat "$log"; fail "tutti-store did not say where it listens"; }
+}
+
+start_store store "$store_bin" --port 0
 export TUTTI_STORE=$url TUTTI_STORE_SERVER=0 TUTTI_SOCKET_IFNAME=lo TUTTI_TIMEOUT_MS=20000 \
     TUTTI_STORE_TIMEOUT_MS=10000
 unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_JOB_ID
@@ -100,16 +108,9 @@ ms=$((($(date +%s%N) - t0) / 1000000))
     { cat "$out"; fail "a server on localhost started on a port held at 127.0.0.1: exit $rc"; }
 echo "a second server on localhost:$port (held at 127.0.0.1): exit $rc in $ms ms"
 kill "$server" && wait "$server" 2>/dev/null
-v6 "$store_bin" --host localhost --port 0 >"$work/store6.txt" 2>&1 &
-server=$!
-port6=
-for _ in $(seq 100); do
-    port6=$(grep -o 'tcp://localhost:[0-9]*' "$work/store6.txt" | head -1)
-    [ -n "$port6" ] && break
-    sleep 0.1
-done
-port6=${port6##*:}
-[ -n "$port6" ] || { cat "$work/store6.txt"; fail "tutti-store on localhost did not say where it listens"; }
+start_store store6 unshare -m --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' \
+    "$work/hosts" "$store_bin" --host localhost --port 0
+port6=${url##*:}
 pids=()
 r=0
 for u in "tcp://127.0.0.1:$port6" "tcp://[::1]:$port6"; do

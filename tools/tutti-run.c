@@ -42,6 +42,7 @@
 
 #include "cli.h"
 #include "launch.h"
+#include "errfile.h"
 #include "rdzv.h"
 
 /* --tag: once every rank has exited, how long processes they left behind may keep
@@ -223,7 +224,7 @@ typedef struct run_rank {
     char master_addr[256]; /* for torch's env:// ("" where the user set them) */
     int master_port;
     int out, err;              /* write ends of this rank's pipes, or its log files; -1: ours */
-    char error_file[PATH_MAX]; /* --log-dir: torch's TORCHELASTIC_ERROR_FILE */
+    char error_file[PATH_MAX]; /* torch's TORCHELASTIC_ERROR_FILE (errfile.h) */
     const char *store;
     char **prog;
 } run_rank_t;
@@ -271,8 +272,7 @@ static void run_rank(void *arg, int i)
          * leave nobody serving) */
         setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
     }
-    if (r->error_file[0])
-        setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
+    setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
     if ((r->out >= 0 && dup2(r->out, 1) < 0) || (r->err >= 0 && dup2(r->err, 2) < 0))
         _exit(127);
     execvp(r->prog[0], r->prog);
@@ -817,6 +817,28 @@ fail:
     return -1;
 }
 
+/* Local rank i's directory of an attempt (a round, or a restart): <base>/attempt_<n>/<i>,
+ * base the run's log directory, else the launch's temporary one. make: create it. 0, or
+ * -1 having said why. */
+static int rank_dir(const tt_launch_t *l, const run_opts_t *o, long long attempt, int i, char *dir,
+                    size_t len, int make)
+{
+    const char *base = o->run_dir[0] ? o->run_dir : l->dir;
+    if (snprintf(dir, len, "%s/attempt_%lld", base, attempt) >= (int)len - 16) {
+        fprintf(stderr, "tutti-run: %s: too long a path\n", base);
+        return -1;
+    }
+    if (make)
+        mkdir(dir, 0755);
+    size_t n = strlen(dir);
+    snprintf(dir + n, len - n, "/%d", i);
+    if (make && mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "tutti-run: %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* Start the ranks (with --tag, each with its output pipes in tags). -1 if one failed to
  * start: the ones started are left running for the caller to stop. */
 static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int restart,
@@ -852,20 +874,13 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
     }
     for (int i = 0; i < np; i++) {
         int rank = rr.rank0 + i, ends[2][3]; /* per stream: the rank's, ours, the copy's */
-        char dir[PATH_MAX] = "";
-        if (o->run_dir[0]) {
-            /* torchrun's layout: <run dir>/attempt_<n>/<local rank>/{stdout,stderr}.log */
-            snprintf(dir, sizeof(dir), "%s/attempt_%lld", o->run_dir,
-                     z ? (long long)z->round : (long long)restart);
-            mkdir(dir, 0755);
-            size_t n = strlen(dir);
-            snprintf(dir + n, sizeof(dir) - n, "/%d", i);
-            if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-                fprintf(stderr, "tutti-run: %s: %s\n", dir, strerror(errno));
-                return -1;
-            }
-            snprintf(rr.error_file, sizeof(rr.error_file), "%s/error.json", dir);
-        }
+        char dir[PATH_MAX];
+        /* torchrun's layout: <run dir>/attempt_<n>/<local rank>/{stdout,stderr}.log and
+         * error.json; without --log-dir, in the launch's temporary directory */
+        if (rank_dir(l, o, z ? z->round : restart, i, dir, sizeof(dir), 1) < 0)
+            return -1;
+        snprintf(rr.error_file, sizeof(rr.error_file), "%s/error.json", dir);
+        unlink(rr.error_file); /* a --log-dir's from before (none: a fresh run dir) */
         if (rank_streams(o, i, dir, ends) < 0)
             return -1;
         rr.out = ends[0][0];
@@ -891,13 +906,186 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
     return 0;
 }
 
+/* The ranks of this node that failed in an attempt, as torchrun reports them: those
+ * found failed before the others were stopped, in the order they were reaped. */
+typedef struct run_failure {
+    int rank, local;
+    int exitcode; /* torch's: the exit status, or minus the signal */
+    pid_t pid;
+    long long at; /* when it was reaped, seconds since the epoch */
+} run_failure_t;
+
+typedef struct run_failures {
+    run_failure_t *f; /* np of them */
+    int n;
+    long long attempt; /* the round, or the restart */
+} run_failures_t;
+
+/* The entry point's name for the summary's title, as torchrun's: a Python rank's
+ * script (or -m module), a shell's script, else the program. */
+static const char *entry_name(char **prog)
+{
+    const char *b = strrchr(prog[0], '/') ? strrchr(prog[0], '/') + 1 : prog[0];
+    if (strncmp(b, "python", 6) != 0 && strcmp(b, "sh") != 0 && strcmp(b, "bash") != 0)
+        return b;
+    for (int k = 1; prog[k]; k++) {
+        if (!strcmp(prog[k], "-m") && prog[k + 1])
+            return prog[k + 1];
+        if (prog[k][0] != '-')
+            return strrchr(prog[k], '/') ? strrchr(prog[k], '/') + 1 : prog[k];
+        if (!strcmp(prog[k], "-c"))
+            break;
+    }
+    return b;
+}
+
+/* torchrun's summary of this node's failed ranks (ChildFailedError's), on stderr: each
+ * with its error file's traceback where the rank left one (errfile.h), the first by
+ * timestamp as the root cause; and the root cause passed on to tutti-run's own
+ * TORCHELASTIC_ERROR_FILE where it has one. */
+static void report_failures(const tt_launch_t *l, const run_opts_t *o, const run_failures_t *fs,
+                            int status)
+{
+    if (fs->n == 0)
+        return;
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    char **text = calloc((size_t)fs->n, sizeof(*text));
+    char(*files)[PATH_MAX + 16] = calloc((size_t)fs->n, sizeof(*files));
+    long long *stamp = calloc((size_t)fs->n, sizeof(*stamp));
+    if (!text || !files || !stamp) {
+        fprintf(stderr, "tutti-run: out of memory for the failure summary\n");
+        goto out;
+    }
+    int root = 0, root_has_file;
+    for (int k = 0; k < fs->n; k++) {
+        const run_failure_t *f = &fs->f[k];
+        char dir[PATH_MAX], why[128];
+        tt_errfile_t ef;
+        stamp[k] = f->at;
+        snprintf(files[k], sizeof(files[k]), "<N/A>");
+        if (rank_dir(l, o, fs->attempt, f->local, dir, sizeof(dir), 0) == 0) {
+            char path[PATH_MAX + 16];
+            snprintf(path, sizeof(path), "%s/error.json", dir);
+            int r = tt_errfile_read(path, &ef, why, sizeof(why));
+            if (r > 0) {
+                text[k] = ef.message;
+                if (ef.timestamp)
+                    stamp[k] = ef.timestamp;
+                snprintf(files[k], sizeof(files[k]), "%s", path);
+            } else if (r < 0) {
+                size_t m = strlen(path) + strlen(why) + 64;
+                if ((text[k] = malloc(m)) != NULL)
+                    snprintf(text[k], m, "(%s is not torch's error file: %s)", path, why);
+            }
+        }
+        if (!text[k]) {
+            size_t m = 160;
+            if ((text[k] = malloc(m)) == NULL)
+                continue;
+            if (f->exitcode < 0)
+                snprintf(text[k], m, "Signal %d (SIG%s) received by PID %d", -f->exitcode,
+                         sigabbrev_np(-f->exitcode) ? sigabbrev_np(-f->exitcode) : "?",
+                         (int)f->pid);
+            else
+                snprintf(text[k], m,
+                         "To enable traceback see: "
+                         "https://pytorch.org/docs/stable/elastic/errors.html");
+        }
+        if (stamp[k] < stamp[root])
+            root = k;
+    }
+    /* torchrun's block: each failure formatted, a traceback's lines indented under its
+     * first; the rules as wide as the longest line, at most 60 */
+    char title[300];
+    snprintf(title, sizeof(title), "%s FAILED", entry_name(o->prog));
+    size_t width = strlen(title);
+    const char *temp = o->run_dir[0] ? "" : " (removed at exit; --log-dir DIR keeps it)";
+    for (int k = 0; k < fs->n; k++) {
+        const run_failure_t *f = &fs->f[k];
+        time_t t = (time_t)stamp[k];
+        struct tm tm;
+        char when[64] = "?";
+        if (localtime_r(&t, &tm))
+            strftime(when, sizeof(when), "%Y-%m-%d_%H:%M:%S", &tm);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *m = open_memstream(&buf, &len);
+        if (!m)
+            continue;
+        fprintf(m,
+                "[%d]:\n  time      : %s\n  host      : %s\n  rank      : %d (local_rank: "
+                "%d)\n  exitcode  : %d (pid: %d)\n  error_file: %s%s\n  traceback : ",
+                k, when, host, f->rank, f->local, f->exitcode, (int)f->pid, files[k],
+                strcmp(files[k], "<N/A>") ? temp : "");
+        const char *msg = text[k] ? text[k] : "<N/A>";
+        size_t ml = strlen(msg);
+        while (ml && msg[ml - 1] == '\n') /* torch's tracebacks end in one */
+            ml--;
+        for (size_t c = 0; c < ml; c++) {
+            fputc(msg[c], m);
+            if (msg[c] == '\n')
+                fputs("  ", m);
+        }
+        fclose(m);
+        for (const char *line = buf; line && *line;) {
+            const char *nl = strchr(line, '\n');
+            size_t n = nl ? (size_t)(nl - line) : strlen(line);
+            width = n > width ? n : width;
+            line = nl ? nl + 1 : line + n;
+        }
+        free(text[k]);
+        text[k] = buf; /* the formatted failure from here on */
+    }
+    width = width > 60 ? 60 : width;
+    char border[61], section[61];
+    memset(border, '=', width);
+    memset(section, '-', width);
+    border[width] = section[width] = '\0';
+    fprintf(stderr, "\n%s\n%s\n%s\nFailures:\n", border, title, section);
+    if (fs->n == 1)
+        fprintf(stderr, "  <NO_OTHER_FAILURES>\n");
+    for (int k = 0; k < fs->n; k++)
+        if (k != root)
+            fprintf(stderr, "%s\n", text[k] ? text[k] : "?");
+    fprintf(stderr, "%s\nRoot Cause (first observed failure):\n%s\n%s\n", section,
+            text[root] ? text[root] : "?", border);
+    root_has_file = strcmp(files[root], "<N/A>") != 0;
+    /* torchrun's @record on its main: the root cause for whatever started tutti-run */
+    const char *mine = getenv("TORCHELASTIC_ERROR_FILE");
+    if (mine && *mine) {
+        int code = fs->f[root].exitcode ? fs->f[root].exitcode : status;
+        int r = root_has_file ? tt_errfile_pass_on(files[root], code, mine) : -1;
+        if (r < 0) {
+            size_t m = strlen(title) + (text[root] ? strlen(text[root]) : 0) + 64;
+            char *msg = malloc(m);
+            if (msg) {
+                snprintf(msg, m, "ChildFailedError: %s\nRoot Cause (first observed failure):\n%s",
+                         title, text[root] ? text[root] : "?");
+                r = tt_errfile_write(mine, msg, code);
+                free(msg);
+            }
+        }
+        if (r < 0)
+            fprintf(stderr, "tutti-run: TORCHELASTIC_ERROR_FILE %s: %s\n", mine, strerror(errno));
+    }
+out:
+    for (int k = 0; text && k < fs->n; k++)
+        free(text[k]);
+    free(text);
+    free(files);
+    free(stamp);
+}
+
 /* Wait for every rank, forwarding --tag output; the first failure, a signal to us or
  * the deadline (0: none) stops the rest. Returns the exit status (status so far in);
  * *rank_failed_p: a rank's failure stopped them (not a signal or the deadline). */
 static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
                      double deadline, int status, int *rank_failed_p, tt_rdzv_t *z, int *ended_p,
-                     char *why, size_t whylen)
+                     char *why, size_t whylen, run_failures_t *fails)
 {
+    fails->n = 0;
     int first_failed = -1, rank0 = z ? z->rank0 : o->node_rank * o->np;
     int store_failed = 0; /* elastic: the poll failed; acted on after one more reap */
     double next_poll = 0;
@@ -914,8 +1102,14 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
             /* a rank that died as tutti-run was told to stop (Ctrl-C reaches the
              * terminal's whole group) did not fail */
-            if (code == 0 || first_failed >= 0 || tt_launch_stopping(l) ||
-                tt_launch_signal_received())
+            if (code == 0 || tt_launch_stopping(l) || tt_launch_signal_received())
+                continue;
+            fails->f[fails->n++] = (run_failure_t){ .rank = rank0 + i,
+                                                    .local = i,
+                                                    .exitcode = sig ? -sig : code,
+                                                    .pid = l->pids[i],
+                                                    .at = (long long)time(NULL) };
+            if (first_failed >= 0)
                 continue;
             first_failed = rank0 + i;
             status = code;
@@ -1017,7 +1211,7 @@ static int agent_stop(void *ctx)
 /* --nnodes MIN:MAX: rounds of the rendezvous (rdzv.h) until one runs through, the
  * restarts are used up, or the job is over. Returns the exit status. */
 static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct pollfd *pf,
-                       double deadline)
+                       double deadline, run_failures_t *fails)
 {
     tt_rdzv_t z = { .min_nodes = o->min_nodes,
                     .max_nodes = o->nnodes,
@@ -1082,8 +1276,9 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
             status = 1;
             tt_launch_stop(l);
         }
+        fails->attempt = z.round;
         status = supervise(l, o, tags, pf, deadline, status, &rank_failed, &z, &ended, why,
-                           sizeof(why));
+                           sizeof(why), fails);
         if (o->piped)
             tag_drain(tags, pf, 2 * o->np);
         int got = tt_launch_signal_received();
@@ -1131,6 +1326,8 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
         if (!strncmp(why, "failure", 7) && z.failures + 1 > o->max_restarts) {
             fprintf(stderr, "tutti-run: elastic: round %lld: %s; --max-restarts %d used up\n",
                     (long long)z.round, why, o->max_restarts);
+            if (rank_failed)
+                report_failures(l, o, fails, status);
             break;
         }
         if (got || tt_launch_signal_received()) {
@@ -1179,7 +1376,8 @@ int main(int argc, char **argv)
     }
 
     tt_launch_t l;
-    if (tt_launch_start(&l, "tutti-run", o.np, !o.store) < 0) {
+    /* the directory: the ranks' store where none is given, and their error files */
+    if (tt_launch_start(&l, "tutti-run", o.np, 1) < 0) {
         free(o.prog_owned);
         return 1;
     }
@@ -1189,8 +1387,9 @@ int main(int argc, char **argv)
     int np = o.np, tag = o.piped;
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
     struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
+    run_failures_t fails = { .f = calloc((size_t)np, sizeof(run_failure_t)) };
     int status = 0;
-    if (tag && (!tags || !pf)) {
+    if ((tag && (!tags || !pf)) || !fails.f) {
         fprintf(stderr, "tutti-run: out of memory\n");
         status = 1;
         goto out;
@@ -1200,7 +1399,7 @@ int main(int argc, char **argv)
 
     double deadline = o.timeout_s ? now_ms() + o.timeout_s * 1000.0 : 0;
     if (o.min_nodes) {
-        status = run_elastic(&l, &o, tags, pf, deadline);
+        status = run_elastic(&l, &o, tags, pf, deadline, &fails);
         goto out;
     }
     for (int restart = 0;; restart++) {
@@ -1210,11 +1409,17 @@ int main(int argc, char **argv)
             status = 1;
             tt_launch_stop(&l);
         }
-        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed, NULL, NULL, NULL, 0);
+        fails.attempt = restart;
+        status = supervise(&l, &o, tags, pf, deadline, status, &rank_failed, NULL, NULL, NULL, 0,
+                           &fails);
         if (tag)
             tag_drain(tags, pf, 2 * np);
-        if (!rank_failed || restart >= o.max_restarts || tt_launch_signal_received())
+        if (!rank_failed || tt_launch_signal_received())
             break;
+        if (restart >= o.max_restarts) {
+            report_failures(&l, &o, &fails, status);
+            break;
+        }
         fprintf(stderr, "tutti-run: starting the %d rank(s) again (restart %d of %d)\n", np,
                 restart + 1, o.max_restarts);
         if (tt_launch_restart(&l) < 0)
@@ -1226,6 +1431,7 @@ out:
     tt_launch_finish(&l);
     free(tags);
     free(pf);
+    free(fails.f);
     free(o.prog_owned);
     return status;
 }
