@@ -24,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (w == 0) {
         int r2 = tt_errfile_parse(out, outlen, &again, why, sizeof(why));
-        if (r == 1 && (r2 != 1 || strcmp(ef.message, again.message) != 0 ||
-                       ef.timestamp != again.timestamp))
+        if (r == 1 &&
+            (r2 != 1 || strcmp(ef.message, again.message) != 0 || ef.timestamp != again.timestamp))
             abort();
         if (r2 == 1)
             free(again.message);
