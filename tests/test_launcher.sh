@@ -738,7 +738,7 @@ wait "$p0"; rc=$?
 sum=$(cat "$el/sum")
 root=$(echo "$sum" | sed -n '/^Root Cause (first observed failure):$/,/^====/p')
 others=$(echo "$sum" | sed -n '/^Failures:$/,/^----/p')
-[ "$rc" = 3 ] && echo "$sum" | grep -qx 'fail.sh FAILED' &&
+[ "$rc" = 3 ] && echo "$sum" | grep -qx 'sh FAILED' &&
     echo "$root" | grep -qx '  rank      : 2 (local_rank: 2)' && echo "$root" | grep -q "^  exitcode  : 4 (pid: $(cat "$el/errs/pid2"))$" &&
     echo "$root" | grep -q "^  error_file: $TMPDIR/tutti-run-.*/attempt_0/2/error.json (removed at exit" &&
     echo "$root" | grep -qx '  traceback : Traceback (most recent call last):' &&
@@ -752,6 +752,20 @@ m = json.load(open(sys.argv[1]))['message']
 assert m['errorCode'] == 4 and m['message'] == 'KeyError: first', m
 assert m['extraInfo']['py_callstack'].endswith('KeyError: \u00e9first\n'), m" "$el/outer.json" ||
     fail "failure summary: tutti-run's TORCHELASTIC_ERROR_FILE: $(cat "$el/outer.json")"
+# a rank that ends on its own while the others are stopped is listed too: rank 0 writes
+# its error (an older timestamp), ignores SIGTERM and exits 1 a moment later; rank 1
+# crashes (SIGSEGV) first. The root cause is rank 0's, by timestamp, as torch's
+out=$(timeout 30 "$run" -np 2 sh -c 'if [ "$RANK" = 0 ]; then trap "" TERM
+    printf "{\"message\": {\"message\": \"E0\", \"extraInfo\": {\"py_callstack\": \"Traceback:\\\\nE0: first\", \"timestamp\": \"%s\"}}}" \
+        $(($(date +%s) - 100)) >"$TORCHELASTIC_ERROR_FILE"; sleep 1; exit 1; fi
+    sleep .3; kill -SEGV $$' 2>&1)
+rc=$?
+root=$(echo "$out" | sed -n '/^Root Cause (first observed failure):$/,/^====/p')
+others=$(echo "$out" | sed -n '/^Failures:$/,/^----/p')
+[ "$rc" = 139 ] && echo "$root" | grep -qx '  rank      : 0 (local_rank: 0)' && echo "$root" | grep -qx '  E0: first' &&
+    echo "$others" | grep -qx '  exitcode  : -11 (pid: [0-9]*)' &&
+    echo "$others" | grep -qx '  traceback : Signal 11 (SIGSEGV) received by PID [0-9]*' ||
+    fail "failure summary, a rank failing while stopped: exit $rc: $out"
 # a rank killed by a signal leaves no error file: torchrun's words for it, and tutti-run's
 # own file says so; torch's @record on a real Python rank (where torch is installed)
 out=$(TORCHELASTIC_ERROR_FILE=$el/outer.json timeout 30 "$run" -np 2 sh -c '[ "$RANK" = 1 ] && kill -KILL $$; sleep 30' 2>&1)
@@ -770,7 +784,7 @@ if /usr/bin/python3 -c "import torch.distributed.elastic.multiprocessing.errors"
         '    os.system("sleep 30")' 'main()' >"$el/rec.py"
     out=$(timeout 60 "$run" -np 2 /usr/bin/python3 "$el/rec.py" 2>&1)
     rc=$?
-    [ "$rc" = 1 ] && echo "$out" | grep -qx 'rec.py FAILED' && echo "$out" | grep -qx '  rank      : 1 (local_rank: 1)' &&
+    [ "$rc" = 1 ] && echo "$out" | grep -qx "$el/rec.py FAILED" && echo "$out" | grep -qx '  rank      : 1 (local_rank: 1)' &&
         echo "$out" | grep -q "^    File \"$el/rec.py\", line 6, in main$" && echo "$out" | grep -qx '  ValueError: boom from rank 1' ||
         fail "failure summary, torch's @record: exit $rc: $out"
 else

@@ -10,7 +10,8 @@
 #      namespace's), a server on localhost listens on both: ranks reaching it by either
 #      address meet, and it cannot start on a port a server holds at 127.0.0.1. Before,
 #      it took ::1 alone, and two servers split one job's clients by spelling (root,
-#      unshare and IPv6 loopback; else said and passed over).
+#      unshare and IPv6 loopback; else said and passed over). A lone "::" stays
+#      dual-stack: 127.0.0.1 reaches it.
 # Every wait is bounded; the server and the ranks go on every exit path.
 #
 #   tests/test_store_standalone.sh BUILD/tools/tutti-store BUILD/bench/tutti-bench
@@ -124,4 +125,12 @@ for p in "${pids[@]}"; do wait "$p" || rc=1; done
 pids=()
 [ $rc = 0 ] || { tail -n 5 "$work"/fourth-*.txt; fail "ranks through 127.0.0.1 and ::1 of localhost:$port6"; }
 echo "two ranks through 127.0.0.1:$port6 and [::1]:$port6 of one server on localhost"
+kill "$server" && wait "$server" 2>/dev/null
+server=
+# a lone :: is dual-stack, as before: 127.0.0.1 reaches it
+start_store store7 "$store_bin" --host :: --port 0
+python3 -c "import socket, sys
+socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2).close()" "${url##*:}" ||
+    fail "a server on :: is not reached at 127.0.0.1"
+echo "a server on :: reached at 127.0.0.1:${url##*:}"
 echo "test_store_standalone: ok"

@@ -65,26 +65,37 @@ static size_t js_utf8(unsigned cp, char *o)
     return 4;
 }
 
-/* A string at j->p ('"'); its text decoded into *out (malloc'd) unless out is NULL.
- * 0, or -1 (not a string, or out of memory). */
-static int js_string(js_t *j, char **out)
+#define JS_BAD (-1) /* not JSON */
+#define JS_OOM (-2)
+
+/* A string at j->p ('"'), checked (no control character, escapes JSON's); its text
+ * decoded into *out (malloc'd, *len_p its length: \u0000 may be in it) unless out is
+ * NULL. 0, JS_BAD or JS_OOM. */
+static int js_string(js_t *j, char **out, size_t *len_p)
 {
     if (j->p >= j->end || *j->p != '"')
-        return -1;
+        return JS_BAD;
     const char *s = ++j->p;
-    while (j->p < j->end && *j->p != '"') /* the end first: the text is never longer */
-        j->p += *j->p == '\\' && j->p + 1 < j->end ? 2 : 1;
+    unsigned cp;
+    while (j->p < j->end && *j->p != '"') { /* the end first: the text is never longer */
+        if ((unsigned char)*j->p < 0x20)
+            return JS_BAD;
+        if (*j->p++ != '\\')
+            continue;
+        if (j->p >= j->end || !strchr("\"\\/bfnrtu", *j->p) || !*j->p)
+            return JS_BAD;
+        if (*j->p++ == 'u' && (j->end - j->p < 4 || js_hex4(j->p, &cp) < 0))
+            return JS_BAD;
+    }
     if (j->p >= j->end)
-        return -1;
+        return JS_BAD;
     const char *e = j->p++;
     if (!out)
         return 0;
     char *o = malloc((size_t)(e - s) + 1), *w = o;
     if (!o)
-        return -1;
+        return JS_OOM;
     for (const char *c = s; c < e; c++) {
-        if ((unsigned char)*c < 0x20)
-            goto bad;
         if (*c != '\\') {
             *w++ = *c;
             continue;
@@ -100,9 +111,8 @@ static int js_string(js_t *j, char **out)
         case 'r': *w++ = '\r'; break;
         case 't': *w++ = '\t'; break;
         case 'u': {
-            unsigned cp, lo;
-            if (e - c < 5 || js_hex4(c + 1, &cp) < 0)
-                goto bad;
+            unsigned lo;
+            js_hex4(c + 1, &cp); /* checked above */
             c += 4;
             /* a surrogate pair is one code point; a lone half becomes U+FFFD */
             if (cp >= 0xd800 && cp < 0xdc00 && e - c >= 7 && c[1] == '\\' && c[2] == 'u' &&
@@ -115,15 +125,13 @@ static int js_string(js_t *j, char **out)
             w += js_utf8(cp, w);
             break;
         }
-        default: goto bad;
         }
     }
     *w = '\0';
     *out = o;
+    if (len_p)
+        *len_p = (size_t)(w - o);
     return 0;
-bad:
-    free(o);
-    return -1;
 }
 
 /* Skips the value at j->p. 0, or -1 where it is not JSON. */
@@ -134,7 +142,7 @@ static int js_skip(js_t *j, int depth)
         return -1;
     char c = *j->p;
     if (c == '"')
-        return js_string(j, NULL);
+        return js_string(j, NULL, NULL);
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         j->p++;
@@ -146,7 +154,7 @@ static int js_skip(js_t *j, int depth)
         for (;;) {
             if (c == '{') {
                 js_ws(j);
-                if (js_string(j, NULL) < 0)
+                if (js_string(j, NULL, NULL) < 0)
                     return -1;
                 js_ws(j);
                 if (j->p >= j->end || *j->p++ != ':')
@@ -173,7 +181,7 @@ static int js_skip(js_t *j, int depth)
 }
 
 /* In the object at j->p, the value of key (the last one, as Python's json takes): *val
- * at its start. j->p goes past the object. 1 found, 0 not, -1 not JSON. */
+ * at its start. j->p goes past the object. 1 found, 0 not, JS_BAD or JS_OOM. */
 static int js_get(js_t *j, const char *key, js_t *val)
 {
     int found = 0;
@@ -188,16 +196,18 @@ static int js_get(js_t *j, const char *key, js_t *val)
     }
     for (;;) {
         char *k = NULL;
+        size_t klen = 0;
         js_ws(j);
-        if (js_string(j, &k) < 0)
-            return -1;
+        int r = js_string(j, &k, &klen);
+        if (r < 0)
+            return r;
         js_ws(j);
         if (j->p >= j->end || *j->p++ != ':') {
             free(k);
             return -1;
         }
         js_ws(j);
-        if (!strcmp(k, key)) {
+        if (klen == strlen(key) && !memcmp(k, key, klen)) {
             *val = *j;
             found = 1;
         }
@@ -222,7 +232,7 @@ static long long js_seconds(js_t v)
     char *s = NULL;
     long long t = 0;
     if (v.p < v.end && *v.p == '"') {
-        if (js_string(&v, &s) == 0)
+        if (js_string(&v, &s, NULL) == 0)
             t = strtoll(s, NULL, 10);
         free(s);
     } else if (v.p < v.end) {
@@ -275,9 +285,12 @@ int tt_errfile_parse(const char *buf, size_t len, tt_errfile_t *ef, char *why, s
 {
     ef->message = NULL;
     ef->timestamp = 0;
+    ef->plain = 0;
     js_t j = { buf, buf + len }, msg, v;
     int r = js_get(&j, "message", &msg);
     js_ws(&j);
+    if (r == JS_OOM)
+        goto oom;
     if (r < 0 || j.p != j.end) {
         snprintf(why, whylen, "not JSON");
         return -1;
@@ -287,8 +300,9 @@ int tt_errfile_parse(const char *buf, size_t len, tt_errfile_t *ef, char *why, s
         return -1;
     }
     if (*msg.p == '"') { /* {"message": "text", "timestamp": N} */
-        if (js_string(&msg, &ef->message) < 0)
+        if (js_string(&msg, &ef->message, NULL) < 0)
             goto oom;
+        ef->plain = 1;
         js_t top = { buf, buf + len };
         if (js_get(&top, "timestamp", &v) == 1)
             ef->timestamp = js_seconds(v);
@@ -305,11 +319,12 @@ int tt_errfile_parse(const char *buf, size_t len, tt_errfile_t *ef, char *why, s
         if (js_get(&t, "timestamp", &v) == 1)
             ef->timestamp = js_seconds(v);
         t = x;
-        if (js_get(&t, "py_callstack", &v) == 1 && *v.p == '"' && js_string(&v, &ef->message) < 0)
+        if (js_get(&t, "py_callstack", &v) == 1 && *v.p == '"' &&
+            js_string(&v, &ef->message, NULL) < 0)
             goto oom;
     }
     if (!ef->message && js_get(&m, "message", &v) == 1 && *v.p == '"' &&
-        js_string(&v, &ef->message) < 0)
+        js_string(&v, &ef->message, NULL) < 0)
         goto oom;
     if (!ef->message && !(ef->message = strdup("<N/A>")))
         goto oom;

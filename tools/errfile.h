@@ -20,6 +20,7 @@
 typedef struct tt_errfile {
     char *message;       /* what the summary shows: the traceback, else the message */
     long long timestamp; /* seconds since the epoch; 0 where the file gives none */
+    int plain;           /* the message was a string (shown as it is), not torch's object */
 } tt_errfile_t;
 
 /* Reads the error file at path. 1: read (ef->message malloc'd, free it); 0: no file;

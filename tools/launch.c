@@ -287,7 +287,8 @@ static void bind_rank(const tt_launch_t *l, int i)
                 strerror(e));
 }
 
-static int make_dir(tt_launch_t *l)
+/* The temporary directory; with_dir 2: said and gone on without where it cannot be. */
+static int make_dir(tt_launch_t *l, int with_dir)
 {
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp)
@@ -295,22 +296,27 @@ static int make_dir(tt_launch_t *l)
     size_t len = strlen(tmp);
     while (len > 0 && tmp[len - 1] == '/')
         len--;
+    const char *what = with_dir == 2 ? "a directory for the ranks' error files"
+                                     : "a store directory";
+    const char *then = with_dir == 2 ? "; going on without" : "";
+    int bad = with_dir == 2 ? 0 : -1;
     char path[PATH_MAX];
     if (snprintf(path, sizeof(path), "%.*s/%s-XXXXXX", (int)len, tmp, l->tool) >=
         (int)sizeof(path)) {
-        fprintf(stderr, "%s: TMPDIR is too long a path\n", l->tool);
-        return -1;
+        fprintf(stderr, "%s: TMPDIR is too long a path for %s%s\n", l->tool, what, then);
+        return bad;
     }
     if (!mkdtemp(path)) {
-        fprintf(stderr, "%s: cannot create a store directory in %s (TMPDIR): %s\n", l->tool, tmp,
-                strerror(errno));
-        return -1;
+        fprintf(stderr, "%s: cannot create %s in %s (TMPDIR): %s%s\n", l->tool, what, tmp,
+                strerror(errno), then);
+        return bad;
     }
     /* absolute: the ranks' file:// URL, and the cleaner, which may run elsewhere */
     if (!realpath(path, l->dir)) {
-        fprintf(stderr, "%s: %s: %s\n", l->tool, path, strerror(errno));
+        fprintf(stderr, "%s: %s: %s%s\n", l->tool, path, strerror(errno), then);
         rmdir(path);
-        return -1;
+        l->dir[0] = '\0';
+        return bad;
     }
     snprintf(l->url, sizeof(l->url), "file://%s", l->dir);
     return 0;
@@ -353,7 +359,7 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir)
         if (caught[k] != SIGPIPE)
             sigaddset(&l->stop_sigs, caught[k]);
     }
-    if (with_dir && make_dir(l) < 0)
+    if (with_dir && make_dir(l, with_dir) < 0)
         goto err_free;
     if (cleaner_start(l) < 0)
         goto err_remove_dir;

@@ -54,7 +54,8 @@ typedef struct tt_launch {
 } tt_launch_t;
 
 /* Sets up np ranks' launch: fds 0-2 open, signal handlers, with_dir: a fresh temporary
- * directory (l->dir, l->url), and the cleaner. Returns 0, or -1 having said why. */
+ * directory (l->dir, l->url; with_dir 2, one the launch can go without: where it cannot
+ * be made, said, and l->dir ""), and the cleaner. Returns 0, or -1 having said why. */
 int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir);
 
 /* Sets TUTTI_JOB_ID for the ranks unless the user did (then it is kept; a different

@@ -272,7 +272,10 @@ static void run_rank(void *arg, int i)
          * leave nobody serving) */
         setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
     }
-    setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
+    if (r->error_file[0])
+        setenv("TORCHELASTIC_ERROR_FILE", r->error_file, 1);
+    else /* not tutti-run's own: one file for every rank would mix them */
+        unsetenv("TORCHELASTIC_ERROR_FILE");
     if ((r->out >= 0 && dup2(r->out, 1) < 0) || (r->err >= 0 && dup2(r->err, 2) < 0))
         _exit(127);
     execvp(r->prog[0], r->prog);
@@ -824,6 +827,10 @@ static int rank_dir(const tt_launch_t *l, const run_opts_t *o, long long attempt
                     size_t len, int make)
 {
     const char *base = o->run_dir[0] ? o->run_dir : l->dir;
+    if (!base[0]) { /* no directory (tt_launch_start said so): no error files */
+        dir[0] = '\0';
+        return 0;
+    }
     if (snprintf(dir, len, "%s/attempt_%lld", base, attempt) >= (int)len - 16) {
         fprintf(stderr, "tutti-run: %s: too long a path\n", base);
         return -1;
@@ -879,8 +886,9 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
          * error.json; without --log-dir, in the launch's temporary directory */
         if (rank_dir(l, o, z ? z->round : restart, i, dir, sizeof(dir), 1) < 0)
             return -1;
-        snprintf(rr.error_file, sizeof(rr.error_file), "%s/error.json", dir);
-        unlink(rr.error_file); /* a --log-dir's from before (none: a fresh run dir) */
+        rr.error_file[0] = '\0';
+        if (dir[0])
+            snprintf(rr.error_file, sizeof(rr.error_file), "%s/error.json", dir);
         if (rank_streams(o, i, dir, ends) < 0)
             return -1;
         rr.out = ends[0][0];
@@ -921,22 +929,18 @@ typedef struct run_failures {
     long long attempt; /* the round, or the restart */
 } run_failures_t;
 
-/* The entry point's name for the summary's title, as torchrun's: a Python rank's
- * script (or -m module), a shell's script, else the program. */
+/* The entry point's name for the summary's title, as torchrun's: for a Python rank the
+ * first argument that is not an option (the script, or -m's module), else the program,
+ * as given. */
 static const char *entry_name(char **prog)
 {
     const char *b = strrchr(prog[0], '/') ? strrchr(prog[0], '/') + 1 : prog[0];
-    if (strncmp(b, "python", 6) != 0 && strcmp(b, "sh") != 0 && strcmp(b, "bash") != 0)
-        return b;
-    for (int k = 1; prog[k]; k++) {
-        if (!strcmp(prog[k], "-m") && prog[k + 1])
-            return prog[k + 1];
+    if (strncmp(b, "python", 6) != 0)
+        return prog[0];
+    for (int k = 1; prog[k]; k++)
         if (prog[k][0] != '-')
-            return strrchr(prog[k], '/') ? strrchr(prog[k], '/') + 1 : prog[k];
-        if (!strcmp(prog[k], "-c"))
-            break;
-    }
-    return b;
+            return prog[k];
+    return "";
 }
 
 /* torchrun's summary of this node's failed ranks (ChildFailedError's), on stderr: each
@@ -951,7 +955,7 @@ static void report_failures(const tt_launch_t *l, const run_opts_t *o, const run
     char host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     host[sizeof(host) - 1] = '\0';
-    char **text = calloc((size_t)fs->n, sizeof(*text));
+    char **text = calloc((size_t)fs->n, sizeof(*text)), *plain = NULL;
     char(*files)[PATH_MAX + 16] = calloc((size_t)fs->n, sizeof(*files));
     long long *stamp = calloc((size_t)fs->n, sizeof(*stamp));
     if (!text || !files || !stamp) {
@@ -959,28 +963,40 @@ static void report_failures(const tt_launch_t *l, const run_opts_t *o, const run
         goto out;
     }
     int root = 0, root_has_file;
+    plain = calloc((size_t)fs->n, 1); /* text[k] is shown as it is */
+    if (!plain) {
+        fprintf(stderr, "tutti-run: out of memory for the failure summary\n");
+        goto out;
+    }
     for (int k = 0; k < fs->n; k++) {
         const run_failure_t *f = &fs->f[k];
         char dir[PATH_MAX], why[128];
         tt_errfile_t ef;
         stamp[k] = f->at;
         snprintf(files[k], sizeof(files[k]), "<N/A>");
-        if (rank_dir(l, o, fs->attempt, f->local, dir, sizeof(dir), 0) == 0) {
+        if (rank_dir(l, o, fs->attempt, f->local, dir, sizeof(dir), 0) == 0 && dir[0]) {
             char path[PATH_MAX + 16];
             snprintf(path, sizeof(path), "%s/error.json", dir);
             int r = tt_errfile_read(path, &ef, why, sizeof(why));
             if (r > 0) {
                 text[k] = ef.message;
+                plain[k] = (char)ef.plain;
                 if (ef.timestamp)
                     stamp[k] = ef.timestamp;
                 snprintf(files[k], sizeof(files[k]), "%s", path);
+                if (ef.plain && !ef.message[0]) { /* torch's: an empty one says nothing */
+                    free(text[k]);
+                    text[k] = NULL;
+                }
             } else if (r < 0) {
                 size_t m = strlen(path) + strlen(why) + 64;
                 if ((text[k] = malloc(m)) != NULL)
                     snprintf(text[k], m, "(%s is not torch's error file: %s)", path, why);
+                plain[k] = 1;
             }
         }
         if (!text[k]) {
+            plain[k] = 1;
             size_t m = 160;
             if ((text[k] = malloc(m)) == NULL)
                 continue;
@@ -1019,13 +1035,10 @@ static void report_failures(const tt_launch_t *l, const run_opts_t *o, const run
                 "%d)\n  exitcode  : %d (pid: %d)\n  error_file: %s%s\n  traceback : ",
                 k, when, host, f->rank, f->local, f->exitcode, (int)f->pid, files[k],
                 strcmp(files[k], "<N/A>") ? temp : "");
-        const char *msg = text[k] ? text[k] : "<N/A>";
-        size_t ml = strlen(msg);
-        while (ml && msg[ml - 1] == '\n') /* torch's tracebacks end in one */
-            ml--;
-        for (size_t c = 0; c < ml; c++) {
-            fputc(msg[c], m);
-            if (msg[c] == '\n')
+        /* a traceback's lines indented as torch's (its last "\n" too), a string as it is */
+        for (const char *c = text[k] ? text[k] : "<N/A>"; *c; c++) {
+            fputc(*c, m);
+            if (*c == '\n' && !plain[k])
                 fputs("  ", m);
         }
         fclose(m);
@@ -1074,6 +1087,7 @@ out:
     for (int k = 0; text && k < fs->n; k++)
         free(text[k]);
     free(text);
+    free(plain);
     free(files);
     free(stamp);
 }
@@ -1102,14 +1116,21 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
         while ((i = tt_launch_reap(l, &code, &sig)) >= 0) {
             /* a rank that died as tutti-run was told to stop (Ctrl-C reaches the
              * terminal's whole group) did not fail */
-            if (code == 0 || tt_launch_stopping(l) || tt_launch_signal_received())
+            if (code == 0 || tt_launch_signal_received())
                 continue;
-            fails->f[fails->n++] = (run_failure_t){ .rank = rank0 + i,
-                                                    .local = i,
-                                                    .exitcode = sig ? -sig : code,
-                                                    .pid = l->pids[i],
-                                                    .at = (long long)time(NULL) };
-            if (first_failed >= 0)
+            /* the failures torchrun would list, which it finds at its poll (every 5 s by
+             * default): here also those that, after a rank's failure, end on their own
+             * while they are being stopped, not by the SIGTERM or SIGKILL sent (nor a
+             * shell's status for them) */
+            int own = sig ? sig != SIGTERM && sig != SIGKILL
+                          : code != 128 + SIGTERM && code != 128 + SIGKILL;
+            if (!tt_launch_stopping(l) || (first_failed >= 0 && own))
+                fails->f[fails->n++] = (run_failure_t){ .rank = rank0 + i,
+                                                        .local = i,
+                                                        .exitcode = sig ? -sig : code,
+                                                        .pid = l->pids[i],
+                                                        .at = (long long)time(NULL) };
+            if (first_failed >= 0 || tt_launch_stopping(l))
                 continue;
             first_failed = rank0 + i;
             status = code;
@@ -1376,8 +1397,9 @@ int main(int argc, char **argv)
     }
 
     tt_launch_t l;
-    /* the directory: the ranks' store where none is given, and their error files */
-    if (tt_launch_start(&l, "tutti-run", o.np, 1) < 0) {
+    /* the directory: the ranks' store where none is given, and their error files where
+     * no --log-dir holds them (then a launch can go without it) */
+    if (tt_launch_start(&l, "tutti-run", o.np, !o.store ? 1 : !o.run_dir[0] ? 2 : 0) < 0) {
         free(o.prog_owned);
         return 1;
     }

@@ -1356,12 +1356,74 @@ static int srv_addr_seen(const struct sockaddr *a, socklen_t alen, const struct 
     return 0;
 }
 
+/* One try at listening on every address in res at its port (0: the first address picks,
+ * the others take its port). 0; or -1 with *e, and *held where an address had the port taken
+ * (where: that address). */
+static int srv_listen_try(tt_store_server_t *srv, const struct addrinfo *res, int *e, int *held,
+                          char *where, size_t wherelen)
+{
+    struct sockaddr_storage bound[SRV_MAX_LISTEN];
+    socklen_t boundlen[SRV_MAX_LISTEN];
+    int naddr = 0, real_port = 0;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        naddr++;
+    *held = 0;
+    for (const struct addrinfo *ai = res; ai && srv->nlisten < SRV_MAX_LISTEN; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof(bound[0]) ||
+            srv_addr_seen(ai->ai_addr, ai->ai_addrlen, bound, boundlen, srv->nlisten))
+            continue;
+        struct sockaddr_storage sa;
+        memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
+        if (real_port && sa.ss_family == AF_INET6)
+            ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)real_port);
+        else if (real_port)
+            ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)real_port);
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            *e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        /* beside an IPv4 address of the same name (localhost: ::1 and 127.0.0.1), an IPv6
+         * listener is IPv6 only; a lone "::" stays dual-stack as the system makes it */
+        if (ai->ai_family == AF_INET6 && naddr > 1)
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (bind(fd, (struct sockaddr *)&sa, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+            socklen_t len = sizeof(sa);
+            if (!real_port && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+                real_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                           : ((struct sockaddr_in *)&sa)->sin_port);
+            memcpy(&bound[srv->nlisten], ai->ai_addr, ai->ai_addrlen);
+            boundlen[srv->nlisten] = ai->ai_addrlen;
+            srv->listen_fd[srv->nlisten++] = fd;
+            continue;
+        }
+        *e = errno;
+        close(fd);
+        if (*e == EADDRINUSE) { /* another server has this host's port on that address */
+            *held = 1;
+            if (getnameinfo((struct sockaddr *)&sa, ai->ai_addrlen, where, (socklen_t)wherelen,
+                            NULL, 0, NI_NUMERICHOST) != 0)
+                where[0] = '\0';
+            break;
+        }
+    }
+    if (*held || !srv->nlisten) {
+        for (int i = 0; i < srv->nlisten; i++)
+            close(srv->listen_fd[i]);
+        srv->nlisten = 0;
+        return -1;
+    }
+    return 0;
+}
+
 /* Listening sockets on every address of host, at port. SO_REUSEADDR lets a new server
  * take the port of one that just stopped (its closed connections linger in TIME_WAIT).
  * An address the machine lacks (no IPv6) is passed over; the port held on any address
  * fails the start, or two servers would split the clients between them by spelling
  * (localhost reaching ::1, 127.0.0.1 the other). With port 0, the others take the port
- * the first got, where they can. */
+ * the first got, and where one of them has it taken, every address tries a fresh one. */
 static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_store_err_t *err)
 {
     struct addrinfo hints = { .ai_family = AF_UNSPEC,
@@ -1375,57 +1437,15 @@ static int srv_listen(tt_store_server_t *srv, const char *host, int port, tt_sto
         tt_store_err_set(err, "cannot resolve %s to listen on: %s", host, gai_strerror(r));
         return TUTTI_ERR_IO;
     }
-    struct sockaddr_storage bound[SRV_MAX_LISTEN];
-    socklen_t boundlen[SRV_MAX_LISTEN];
-    int e = EINVAL, held = 0, real_port = 0;
+    int e = EINVAL, held = 0, tries = port ? 1 : 16;
     char where[80] = "";
-    for (struct addrinfo *ai = res; ai && srv->nlisten < SRV_MAX_LISTEN; ai = ai->ai_next) {
-        if (ai->ai_addrlen > sizeof(bound[0]) ||
-            srv_addr_seen(ai->ai_addr, ai->ai_addrlen, bound, boundlen, srv->nlisten))
-            continue;
-        struct sockaddr_storage sa;
-        memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
-        if (real_port && sa.ss_family == AF_INET6)
-            ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)real_port);
-        else if (real_port)
-            ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)real_port);
-        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            e = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (ai->ai_family == AF_INET6) /* ::1 and 127.0.0.1 are two listeners */
-            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-        if (bind(fd, (struct sockaddr *)&sa, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            socklen_t len = sizeof(sa);
-            if (!real_port && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-                real_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                                           : ((struct sockaddr_in *)&sa)->sin_port);
-            memcpy(&bound[srv->nlisten], ai->ai_addr, ai->ai_addrlen);
-            boundlen[srv->nlisten] = ai->ai_addrlen;
-            srv->listen_fd[srv->nlisten++] = fd;
-            continue;
-        }
-        e = errno;
-        close(fd);
-        if (e == EADDRINUSE && port) { /* another server has this host's port */
-            held = 1;
-            if (getnameinfo((struct sockaddr *)&sa, ai->ai_addrlen, where, sizeof(where), NULL, 0,
-                            NI_NUMERICHOST) != 0)
-                where[0] = '\0';
-            break;
-        }
-    }
+    while (tries-- > 0 && srv_listen_try(srv, res, &e, &held, where, sizeof(where)) < 0 && held)
+        ;
     freeaddrinfo(res);
-    if (held || !srv->nlisten) {
-        for (int i = 0; i < srv->nlisten; i++)
-            close(srv->listen_fd[i]);
-        srv->nlisten = 0;
+    if (!srv->nlisten) {
         /* the address taken, where the name has several */
         char at[100] = "";
-        if (where[0] && strcmp(host, where) != 0)
+        if (held && where[0] && strcmp(host, where) != 0)
             snprintf(at, sizeof(at), " at %s", where);
         tt_store_err_set(err, "cannot listen on %s port %d: %s%s%s", host, port, strerror(e), at,
                          e == EADDRINUSE ? " (another server holds the port; ranks use a "
