@@ -66,6 +66,20 @@ netns_delay_link() {
     exit 1
 }
 
+# A test's guard: root, iproute2 and a network namespace of its own, else it is skipped
+# (exit 77) saying why.
+netns_require() {
+    if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+        echo "$1: needs root and iproute2: skipped"
+        exit 77
+    fi
+    if ! ip netns add "tth-probe-$$" 2>/dev/null; then
+        echo "$1: cannot make a network namespace here: skipped"
+        exit 77
+    fi
+    ip netns del "tth-probe-$$"
+}
+
 netns_setup() {
     NETNS_NAME=$1
     BIN=$(realpath "$2/$3")

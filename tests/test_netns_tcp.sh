@@ -14,16 +14,8 @@
 set -u
 build=$(dirname "$(dirname "$(realpath "$1")")")
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-    echo "test_netns_tcp: needs root and iproute2: skipped"
-    exit 77
-fi
-if ! ip netns add "tth-probe-$$" 2>/dev/null; then
-    echo "test_netns_tcp: cannot make a network namespace here: skipped"
-    exit 77
-fi
-ip netns del "tth-probe-$$"
 . bench/netns-lib.sh
+netns_require test_netns_tcp
 netns_setup test-netns-tcp "$build" bench/tutti-bench
 sys=$(ip netns exec "${NS[0]}" cat /proc/sys/net/ipv4/tcp_congestion_control)
 if [ "$sys" = reno ]; then

@@ -32,6 +32,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,7 @@
 #include "cli.h"
 #include "launch.h"
 #include "errfile.h"
+#include "hosts.h"
 #include "rdzv.h"
 
 /* --tag: once every rank has exited, how long processes they left behind may keep
@@ -111,6 +114,14 @@ static void usage(FILE *f, const char *argv0)
             "                      of the C CPUs tutti-run may use (neighbours together, as\n"
             "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
             "                      small collectives out of the scheduler's slow placements)\n"
+            "  -H, --hosts H[:S],...\n"
+            "                      the job on several hosts from here (mpirun's and\n"
+            "                      horovodrun's -H; --hostfile FILE: HOST, HOST:S or HOST\n"
+            "                      slots=S a line): -np N ranks (default every slot) fill\n"
+            "                      them in order; other hosts through --rsh CMD (ssh -o\n"
+            "                      BatchMode=yes; TUTTI_RSH), with tutti-run at this path\n"
+            "                      (--launch-agent PATH); -x VAR[=V] passes a variable on.\n"
+            "                      The store is served here, with a fresh secret\n"
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
@@ -219,6 +230,7 @@ static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
  * --redirects), then the program. */
 typedef struct run_rank {
     int rank0, np, world, restart, max_restarts;
+    int node, nodes;    /* GROUP_RANK, GROUP_WORLD_SIZE (static; elastic: the round's) */
     const tt_rdzv_t *z; /* elastic: the round, else NULL */
     const char *job_id, *role;
     char master_addr[256]; /* for torch's env:// ("" where the user set them) */
@@ -258,8 +270,8 @@ static void run_rank(void *arg, int i)
         setenv("MASTER_ADDR", r->master_addr, 1);
     if (r->master_port && (r->z || !getenv("MASTER_PORT")))
         setenv_int("MASTER_PORT", r->master_port);
-    setenv_int("GROUP_RANK", r->z ? r->z->idx : r->rank0 / r->np);
-    setenv_int("GROUP_WORLD_SIZE", r->z ? r->z->nodes : r->world / r->np);
+    setenv_int("GROUP_RANK", r->z ? r->z->idx : r->node);
+    setenv_int("GROUP_WORLD_SIZE", r->z ? r->z->nodes : r->nodes);
     if (r->z) {
         char id[320];
         snprintf(id, sizeof(id), "%s-r%lld", r->job_id, (long long)r->z->round);
@@ -299,6 +311,13 @@ typedef struct run_opts {
     int keep_alive_ms, keep_alive_max, read_timeout_ms, monitor_ms, host_ok;
     const char *store, *job_id, *local_addr, *role;
     char **prog;
+    /* -H / --hostfile: the job's hosts, each started through rsh (hosts.h); an agent
+     * (--agent, on one of them) gets its ranks' numbers and its secret from that launch */
+    tt_host_t *hosts;
+    int nhosts, agent, rank_offset, world;
+    const char *rsh, *launch_agent;
+    const char *fwd[64]; /* -x VAR[=VALUE] */
+    int nfwd;
 } run_opts_t;
 
 /* Seconds as "S" or "S.F" (torchrun's floats), in ms, at least min_ms. 0 or -1. */
@@ -379,7 +398,9 @@ static int stream_spec(const char *spec, int i);
  * 2 for bad usage). */
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
-    *o_p = (run_opts_t){ .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600, .host_ok = 1 };
+    *o_p = (run_opts_t){
+        .nnodes = 1, .last_call_ms = 1000, .rdzv_timeout_s = 600, .host_ok = 1, .rank_offset = -1
+    };
     enum {
         O_CONF = 1000,
         O_MONITOR,
@@ -388,7 +409,13 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         O_START_METHOD,
         O_LOG_DIR,
         O_REDIR,
-        O_TEE
+        O_TEE,
+        O_HOSTFILE,
+        O_RSH,
+        O_LAUNCH_AGENT,
+        O_AGENT,
+        O_RANK_OFFSET,
+        O_WORLD
     };
     static const struct option longopts[] = {
         { "np", required_argument, NULL, 'n' },
@@ -431,6 +458,16 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "local_addr", required_argument, NULL, O_LOCAL_ADDR },
         { "start-method", required_argument, NULL, O_START_METHOD },
         { "start_method", required_argument, NULL, O_START_METHOD },
+        { "hosts", required_argument, NULL, 'H' },
+        { "host", required_argument, NULL, 'H' },
+        { "hostfile", required_argument, NULL, O_HOSTFILE },
+        { "machinefile", required_argument, NULL, O_HOSTFILE },
+        { "rsh", required_argument, NULL, O_RSH },
+        { "launch-agent", required_argument, NULL, O_LAUNCH_AGENT },
+        /* an agent started by -H's launch (not for users: its stdin is the launch's) */
+        { "agent", no_argument, NULL, O_AGENT },
+        { "rank-offset", required_argument, NULL, O_RANK_OFFSET },
+        { "world-size", required_argument, NULL, O_WORLD },
         { "log-dir", required_argument, NULL, O_LOG_DIR },
         { "log_dir", required_argument, NULL, O_LOG_DIR },
         { "redirects", required_argument, NULL, O_REDIR },
@@ -441,8 +478,39 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
     int c10d = 0, master_port = 0;
     const char *master_addr = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "+n:s:t:hm", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:s:t:hmH:x:", longopts, NULL)) != -1) {
         switch (c) {
+        case 'H':
+            if (tt_hosts_parse("tutti-run", optarg, &o_p->hosts, &o_p->nhosts) < 0)
+                return 2;
+            break;
+        case O_HOSTFILE:
+            if (tt_hosts_read("tutti-run", optarg, &o_p->hosts, &o_p->nhosts) < 0)
+                return 2;
+            break;
+        case O_RSH: o_p->rsh = optarg; break;
+        case O_LAUNCH_AGENT: o_p->launch_agent = optarg; break;
+        case 'x':
+            if (o_p->nfwd == (int)(sizeof(o_p->fwd) / sizeof(o_p->fwd[0]))) {
+                fprintf(stderr, "tutti-run: -x: at most %zu variables\n",
+                        sizeof(o_p->fwd) / sizeof(o_p->fwd[0]));
+                return 2;
+            }
+            o_p->fwd[o_p->nfwd++] = optarg;
+            break;
+        case O_AGENT: o_p->agent = 1; break;
+        case O_RANK_OFFSET:
+            if (tt_cli_int(optarg, 0, INT_MAX, &o_p->rank_offset) < 0) {
+                fprintf(stderr, "tutti-run: --rank-offset %s: expected 0 or more\n", optarg);
+                return 2;
+            }
+            break;
+        case O_WORLD:
+            if (tt_cli_int(optarg, 1, INT_MAX, &o_p->world) < 0) {
+                fprintf(stderr, "tutti-run: --world-size %s: expected 1 or more\n", optarg);
+                return 2;
+            }
+            break;
         case 'n':
             /* the mpirun spelling -np N arrives as -n with the argument "p" (left to
              * getopt, so that the program's own arguments are never taken for ours) */
@@ -583,9 +651,22 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         default: usage(stderr, argv[0]); return 2;
         }
     }
-    if (o_p->np <= 0 || optind >= argc) {
+    if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
         fprintf(stderr, "tutti-run: %s\n", o_p->np <= 0 ? "-np N is required" : "no program given");
         usage(stderr, argv[0]);
+        return 2;
+    }
+    if (o_p->nhosts && (o_p->min_nodes || o_p->nnodes > 1 || o_p->node_rank || o_p->agent ||
+                        o_p->max_restarts || o_p->log_dir || o_p->redirects || o_p->tee)) {
+        fprintf(stderr, "tutti-run: -H/--hostfile starts the job on every host from here: it "
+                        "does not go with --nnodes, --node-rank, --max-restarts or the log "
+                        "options\n");
+        return 2;
+    }
+    if ((o_p->rank_offset >= 0) != (o_p->world > 0) ||
+        (o_p->world && o_p->rank_offset + o_p->np > o_p->world)) {
+        fprintf(stderr, "tutti-run: --rank-offset R and --world-size W go together, with R + "
+                        "-np <= W\n");
         return 2;
     }
     for (int i = 0; i < o_p->np; i++) {
@@ -852,9 +933,15 @@ static int spawn_ranks(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, int 
                        const tt_rdzv_t *z)
 {
     int np = o->np;
-    run_rank_t rr = { .rank0 = z ? z->rank0 : o->node_rank * np,
+    run_rank_t rr = { .rank0 = z          ? z->rank0
+                               : o->world ? o->rank_offset
+                                          : o->node_rank * np,
                       .np = np,
-                      .world = z ? z->world : np * o->nnodes,
+                      .world = z          ? z->world
+                               : o->world ? o->world
+                                          : np * o->nnodes,
+                      .node = o->node_rank,
+                      .nodes = o->nnodes,
                       .restart = restart,
                       .max_restarts = o->max_restarts,
                       .z = z,
@@ -1100,7 +1187,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                      char *why, size_t whylen, run_failures_t *fails)
 {
     fails->n = 0;
-    int first_failed = -1, rank0 = z ? z->rank0 : o->node_rank * o->np;
+    int first_failed = -1, rank0 = z ? z->rank0 : o->world ? o->rank_offset : o->node_rank * o->np;
     int store_failed = 0; /* elastic: the poll failed; acted on after one more reap */
     double next_poll = 0;
     *rank_failed_p = 0;
@@ -1366,13 +1453,389 @@ static int run_elastic(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, stru
     return status;
 }
 
+/* ---- -H / --hostfile: the job on several hosts from here ---- */
+
+/* What a host runs: an agent (tutti-run --agent) for its ranks; through rsh unless the
+ * host is this one. */
+typedef struct host_cmd {
+    char **argv; /* the agent's command line (env VAR=VALUE ... AGENT ...) */
+    const char *host;
+    int local;
+    char **rsh; /* the remote shell's words */
+    int in;     /* the read end of the pipe that is its stdin */
+    int first, nranks;
+} host_cmd_t;
+
+static void run_host(void *arg, int i)
+{
+    host_cmd_t *h = &((host_cmd_t *)arg)[i];
+    if (dup2(h->in, 0) < 0)
+        _exit(127);
+    if (h->local) {
+        execvp(h->argv[0], h->argv);
+        fprintf(stderr, "tutti-run: %s: cannot run %s: %s\n", h->host, h->argv[0], strerror(errno));
+        _exit(127);
+    }
+    /* ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent */
+    int n = 0;
+    while (h->rsh[n])
+        n++;
+    char *line = tt_shell_join(h->argv);
+    char **argv = calloc((size_t)n + 3, sizeof(*argv));
+    if (!line || !argv)
+        _exit(127);
+    memcpy(argv, h->rsh, (size_t)n * sizeof(*argv));
+    argv[n] = (char *)h->host;
+    argv[n + 1] = line;
+    execvp(argv[0], argv);
+    fprintf(stderr, "tutti-run: %s: cannot run %s: %s\n", h->host, argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* Splits s at spaces into a NULL-terminated array (strings in s, changed). */
+static char **split_words(char *s)
+{
+    size_t n = 0, cap = 8;
+    char **w = malloc(cap * sizeof(*w));
+    for (char *tok = strtok(s, " \t"); w && tok; tok = strtok(NULL, " \t")) {
+        if (n + 2 > cap) {
+            char **nw = realloc(w, (cap *= 2) * sizeof(*w));
+            if (!nw) {
+                free(w);
+                return NULL;
+            }
+            w = nw;
+        }
+        w[n++] = tok;
+    }
+    if (w)
+        w[n] = NULL;
+    return w;
+}
+
+/* The job's ranks on o->hosts: a store here (tcp, every interface, with a fresh job
+ * secret) unless --store names one; on each host an agent for its ranks, started through
+ * rsh (ssh) unless the host is this one, with its share of the ranks, the store and the
+ * job id on its command line and the secret on its stdin, which stays open while this
+ * launch lives (an agent stops its ranks when it closes: ssh's connection gone). The
+ * first agent that fails stops the others. Returns the exit status. */
+static int run_hosts(run_opts_t *o)
+{
+    int np = o->np, nodes = 0, status = 0;
+    if (tt_hosts_place("tutti-run", o->hosts, o->nhosts, &np) < 0)
+        return 2;
+    for (int i = 0; i < o->nhosts; i++)
+        nodes += o->hosts[i].nranks > 0;
+    if (tt_launch_job_id("tutti-run", np, o->job_id, 1, NULL) < 0)
+        return 2;
+    const char *job = getenv("TUTTI_JOB_ID");
+    char token[80] = "", me[PATH_MAX] = "";
+    tutti_store_t *server = NULL;
+    int port = 0;
+    if (!o->store) {
+        unsigned char rnd[24];
+        int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        ssize_t got = fd >= 0 ? read(fd, rnd, sizeof(rnd)) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (got != (ssize_t)sizeof(rnd)) {
+            fprintf(stderr, "tutti-run: no random bytes for the job secret\n");
+            return 1;
+        }
+        for (size_t k = 0; k < sizeof(rnd); k++)
+            snprintf(token + 2 * k, 3, "%02x", rnd[k]);
+        tutti_store_opts_t so;
+        tutti_store_opts_init(&so);
+        so.is_server = 1;
+        so.auth_token = token;
+        if (tutti_store_open(&server, "tcp://0.0.0.0:0", &so) < 0) {
+            fprintf(stderr, "tutti-run: cannot serve the job's store: %s\n",
+                    tutti_store_last_error(NULL));
+            return 1;
+        }
+        port = tutti_store_port(server);
+    } else if (getenv("TUTTI_AUTH_TOKEN")) {
+        snprintf(token, sizeof(token), "%s", getenv("TUTTI_AUTH_TOKEN"));
+    }
+    const char *agent = o->launch_agent;
+    if (!agent) {
+        ssize_t n = readlink("/proc/self/exe", me, sizeof(me) - 1);
+        me[n > 0 ? n : 0] = '\0';
+        agent = n > 0 ? me : "tutti-run";
+    }
+    char rsh_buf[1024];
+    snprintf(rsh_buf, sizeof(rsh_buf), "%s",
+             o->rsh                ? o->rsh
+             : getenv("TUTTI_RSH") ? getenv("TUTTI_RSH")
+                                   : "ssh -o BatchMode=yes");
+    char **rsh = split_words(rsh_buf);
+    host_cmd_t *cmds = calloc((size_t)nodes, sizeof(*cmds));
+    int *wfd = calloc((size_t)nodes, sizeof(*wfd));
+    char(*strs)[512] = calloc((size_t)nodes * 16, sizeof(*strs));
+    int nprog = 0;
+    while (o->prog[nprog])
+        nprog++;
+    tt_launch_t l;
+    int started = 0, nowned = 0;
+    char **owned = calloc((size_t)nodes * 64 + 1, sizeof(*owned)); /* -x VAR's VAR=VALUE */
+    if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !owned) {
+        fprintf(stderr, "tutti-run: out of memory, or --rsh is empty\n");
+        status = 1;
+        goto out;
+    }
+    /* the ranks' MASTER_ADDR (torch's env://): the first host, as the others reach it */
+    char master[256] = "", addr[256];
+    int k = 0;
+    for (int i = 0; i < o->nhosts; i++) {
+        tt_host_t *h = &o->hosts[i];
+        if (!h->nranks)
+            continue;
+        host_cmd_t *c = &cmds[k];
+        c->host = h->name;
+        c->local = tt_host_is_local(h->name);
+        c->rsh = rsh;
+        c->in = -1;
+        c->first = h->first;
+        c->nranks = h->nranks;
+        wfd[k] = -1;
+        char(*str)[512] = &strs[k * 16];
+        /* the store as this host reaches it: this host's address on its route there */
+        char url[600];
+        int dummy;
+        char probe[300];
+        snprintf(probe, sizeof(probe), strchr(h->name, ':') ? "tcp://[%s]:1" : "tcp://%s:1",
+                 h->name);
+        if (server) {
+            if (c->local)
+                snprintf(addr, sizeof(addr), "127.0.0.1");
+            else if (tt_master_pick(probe, NULL, addr, sizeof(addr), &dummy) < 0) {
+                fprintf(stderr, "tutti-run: no route from here to host %s: %s\n", h->name,
+                        strerror(errno));
+                status = 1;
+                goto out;
+            }
+            snprintf(url, sizeof(url), strchr(addr, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", addr,
+                     port);
+        } else {
+            snprintf(url, sizeof(url), "%s", o->store);
+        }
+        if (!master[0]) {
+            if (!c->local) {
+                snprintf(master, sizeof(master), "%s", h->name);
+            } else {
+                /* this host: its address toward the first remote one */
+                snprintf(master, sizeof(master), "127.0.0.1");
+                for (int j = i + 1; j < o->nhosts; j++) {
+                    if (!o->hosts[j].nranks || tt_host_is_local(o->hosts[j].name))
+                        continue;
+                    snprintf(probe, sizeof(probe),
+                             strchr(o->hosts[j].name, ':') ? "tcp://[%s]:1" : "tcp://%s:1",
+                             o->hosts[j].name);
+                    if (tt_master_pick(probe, NULL, addr, sizeof(addr), &dummy) == 0)
+                        snprintf(master, sizeof(master), "%s", addr);
+                    break;
+                }
+            }
+        }
+        char **argv = calloc((size_t)(o->nfwd + nprog + 40), sizeof(*argv));
+        if (!argv) {
+            status = 1;
+            goto out;
+        }
+        int a = 0, s = 0;
+        argv[a++] = "env";
+        snprintf(str[s], sizeof(str[s]), "TUTTI_JOB_ID=%s", job);
+        argv[a++] = str[s++];
+        if (server)
+            argv[a++] = "TUTTI_STORE_SERVER=0"; /* the store is served here */
+        snprintf(str[s], sizeof(str[s]), "MASTER_ADDR=%s",
+                 getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : master);
+        argv[a++] = str[s++];
+        snprintf(str[s], sizeof(str[s]), "MASTER_PORT=%s",
+                 getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "29500");
+        argv[a++] = str[s++];
+        for (int f = 0; f < o->nfwd; f++) {
+            if (strchr(o->fwd[f], '=')) {
+                argv[a++] = (char *)o->fwd[f];
+            } else if (getenv(o->fwd[f])) {
+                char *kv = NULL;
+                if (asprintf(&kv, "%s=%s", o->fwd[f], getenv(o->fwd[f])) < 0)
+                    kv = NULL;
+                if (kv)
+                    argv[a++] = owned[nowned++] = kv;
+            }
+        }
+        argv[a++] = (char *)agent;
+        argv[a++] = "--agent";
+        argv[a++] = "--nnodes";
+        snprintf(str[s], sizeof(str[s]), "%d", nodes);
+        argv[a++] = str[s++];
+        argv[a++] = "--node-rank";
+        snprintf(str[s], sizeof(str[s]), "%d", k);
+        argv[a++] = str[s++];
+        argv[a++] = "-np";
+        snprintf(str[s], sizeof(str[s]), "%d", h->nranks);
+        argv[a++] = str[s++];
+        argv[a++] = "--rank-offset";
+        snprintf(str[s], sizeof(str[s]), "%d", h->first);
+        argv[a++] = str[s++];
+        argv[a++] = "--world-size";
+        snprintf(str[s], sizeof(str[s]), "%d", np);
+        argv[a++] = str[s++];
+        argv[a++] = "--store";
+        snprintf(str[s], sizeof(str[s]), "%s", url);
+        argv[a++] = str[s++];
+        if (o->tag)
+            argv[a++] = "--tag";
+        if (o->bind)
+            argv[a++] = "--bind";
+        if (o->timeout_s) {
+            argv[a++] = "--timeout";
+            snprintf(str[s], sizeof(str[s]), "%d", o->timeout_s);
+            argv[a++] = str[s++];
+        }
+        argv[a++] = "--";
+        for (int p = 0; p < nprog; p++)
+            argv[a++] = o->prog[p];
+        c->argv = argv;
+        k++;
+    }
+    if (tt_launch_start(&l, "tutti-run", nodes, 0) < 0) {
+        status = 1;
+        goto out;
+    }
+    started = 1;
+    for (k = 0; k < nodes; k++) {
+        int pp[2];
+        if (pipe2(pp, O_CLOEXEC) < 0) {
+            fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
+            status = 1;
+            tt_launch_stop(&l);
+            break;
+        }
+        cmds[k].in = pp[0];
+        wfd[k] = pp[1];
+        int sp = tt_launch_spawn(&l, k, run_host, cmds);
+        close(pp[0]);
+        if (sp < 0) {
+            status = 1;
+            tt_launch_stop(&l);
+            break;
+        }
+        /* the secret: never on a command line (ps on the host would show it) */
+        char line[128];
+        int n = snprintf(line, sizeof(line), "tutti-run-agent %s\n", token[0] ? token : "-");
+        if (write(wfd[k], line, (size_t)n) != n) {
+            /* it died at once: its status says why */
+        }
+    }
+    double deadline = o->timeout_s ? now_ms() + o->timeout_s * 1000.0 + 2 * TT_LAUNCH_GRACE_MS : 0;
+    while (l.running > 0) {
+        usleep(20000);
+        int i, code, sig;
+        while ((i = tt_launch_reap(&l, &code, &sig)) >= 0) {
+            if (code == 0 || tt_launch_stopping(&l) || tt_launch_signal_received())
+                continue;
+            status = code;
+            fprintf(stderr,
+                    "tutti-run: host %s (ranks %d..%d) exited with status %d; stopping the "
+                    "other %d host(s)\n",
+                    cmds[i].host, cmds[i].first, cmds[i].first + cmds[i].nranks - 1, code,
+                    l.running);
+            tt_launch_stop(&l);
+        }
+        int got = tt_launch_signal_received();
+        if (!tt_launch_stopping(&l) && (got || (deadline && now_ms() > deadline))) {
+            status = got ? 128 + got : 124;
+            tt_launch_stop(&l);
+        }
+        tt_launch_tick(&l);
+    }
+out:
+    for (k = 0; k < nodes && wfd; k++)
+        if (wfd[k] >= 0)
+            close(wfd[k]);
+    if (started)
+        tt_launch_finish(&l);
+    if (server)
+        tutti_store_close(server);
+    for (k = 0; k < nodes && cmds; k++)
+        free(cmds[k].argv);
+    free(cmds);
+    free(wfd);
+    free(strs);
+    free(rsh);
+    for (k = 0; k < nowned; k++)
+        free(owned[k]);
+    free(owned);
+    return status;
+}
+
+/* An agent started by -H's launch: the first line of its stdin is "tutti-run-agent
+ * SECRET" ("-": none), which its ranks get as TUTTI_AUTH_TOKEN; then a thread watches
+ * stdin, and its end (the launch gone, ssh's connection with it) is taken as SIGHUP. The
+ * ranks get /dev/null as stdin. 0, or -1 having said why. */
+static void *agent_watch(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    char buf[256];
+    while (read(fd, buf, sizeof(buf)) > 0 || errno == EINTR)
+        errno = 0;
+    kill(getpid(), SIGHUP);
+    return NULL;
+}
+
+static int agent_start(void)
+{
+    char line[256];
+    size_t n = 0;
+    while (n < sizeof(line) - 1) {
+        ssize_t r = read(0, line + n, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    if (strncmp(line, "tutti-run-agent ", 16) != 0) {
+        fprintf(stderr, "tutti-run: --agent: stdin did not start with the launch's line (it "
+                        "is for tutti-run -H)\n");
+        return -1;
+    }
+    if (strcmp(line + 16, "-") != 0)
+        setenv("TUTTI_AUTH_TOKEN", line + 16, 1);
+    memset(line, 0, sizeof(line));
+    int fd = fcntl(0, F_DUPFD_CLOEXEC, 3), null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pthread_t t;
+    if (fd < 0 || null < 0 || dup2(null, 0) < 0 ||
+        pthread_create(&t, NULL, agent_watch, (void *)(intptr_t)fd) != 0) {
+        fprintf(stderr, "tutti-run: --agent: %s\n", strerror(errno));
+        return -1;
+    }
+    close(null);
+    pthread_detach(t);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     run_opts_t o;
     int st = parse_args(argc, argv, &o);
     if (st >= 0) {
         free(o.prog_owned);
+        free(o.hosts);
         return st;
+    }
+    if (o.nhosts) {
+        st = run_hosts(&o);
+        free(o.prog_owned);
+        free(o.hosts);
+        return st;
+    }
+    if (o.agent && agent_start() < 0) {
+        free(o.prog_owned);
+        return 1;
     }
     if (check_args(&o) < 0) {
         free(o.prog_owned);

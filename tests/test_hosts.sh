@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tutti-run -H: one command starts a job on several hosts (mpirun's and horovodrun's -H),
+# here two network namespaces joined by a veth pair, A (10.213.7.1) and B (10.213.7.2).
+# The launch runs in A; B is reached through --rsh, a stand-in for ssh that runs the
+# command line it is given in B's namespace under a fresh environment (env -i), as a
+# remote shell would. Checks:
+#   1. 3 ranks, 2 on A (started directly) and 1 on B (through rsh), of tutti-bench -c: an
+#      allreduce whose every value is checked; the store is the launch's, with a secret
+#      that no command line carries (the agents' /proc/PID/cmdline is read while they run).
+#   2. -H A:1,B:2 with -np 3 and a rank on B that exits 3: the launch exits 3 at once and
+#      nothing of the job is left on either host.
+#   3. The launch killed (SIGKILL): the agent on B sees its stdin end, as after ssh's
+#      connection goes, and stops its ranks; nothing is left on B.
+#   4. A host file with Open MPI's spellings gives each rank its RANK, WORLD_SIZE,
+#      LOCAL_RANK, GROUP_RANK and GROUP_WORLD_SIZE; bad host lists (more ranks than
+#      slots, a bad SLOTS) exit 2.
+#
+#   tests/test_hosts.sh BUILD/tools/tutti-run BUILD/bench/tutti-bench   (root and iproute2;
+#                                                                       77 without them)
+set -u
+run=$(realpath "$1")
+bench=$(realpath "$2")
+build=$(dirname "$(dirname "$run")")
+cd "$(dirname "$0")/.."
+. bench/netns-lib.sh
+netns_require test_hosts
+netns_setup test-hosts "$build" bench/tutti-bench
+fail() {
+    echo "test_hosts: FAIL: $*"
+    exit 1
+}
+A=${ADDR[0]} B=${ADDR[1]}
+cat >"$WORK/rsh" <<EOF
+#!/bin/sh
+# ssh HOST 'COMMAND LINE', with the hosts of this test as namespaces
+host=\$1
+shift
+case \$host in
+$A) ns=${NS[0]} ;;
+$B) ns=${NS[1]} ;;
+*) echo "rsh: no host \$host" >&2; exit 255 ;;
+esac
+exec ip netns exec "\$ns" env -i PATH="\$PATH" HOME=/ sh -c "\$*"
+EOF
+chmod +x "$WORK/rsh"
+inA() { ip netns exec "${NS[0]}" "$@"; }
+# the processes of this job on host i: those whose environment has its job id
+job_procs() {
+    local p f
+    for p in $(ip netns pids "${NS[$1]}"); do
+        f=/proc/$p/environ
+        grep -qxzs "TUTTI_JOB_ID=$2.*" "$f" && echo "$p"
+    done
+}
+export LD_LIBRARY_PATH=$build/lib
+
+# 1. a job on A and B
+t0=$(date +%s%N)
+inA timeout 60 "$run" -H "$A:2,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-1 \
+    "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/one.txt" 2>&1 &
+launch=$!
+PIDS+=($launch)
+seen=""
+for _ in $(seq 100); do
+    for p in $(job_procs 1 hosts-1); do
+        tr '\0' ' ' <"/proc/$p/cmdline" >>"$WORK/cmdlines" 2>/dev/null
+        echo >>"$WORK/cmdlines"
+        seen=1
+    done
+    [ -n "$seen" ] && break
+    sleep .05
+done
+wait "$launch"
+rc=$?
+PIDS=()
+ms=$((($(date +%s%N) - t0) / 1000000))
+rows=$(grep -cE '^ +[0-9]+ ' "$WORK/one.txt")
+[ "$rc" = 0 ] && [ "$rows" -ge 4 ] || { cat "$WORK/one.txt"; fail "3 ranks on A and B: exit $rc, $rows rows"; }
+[ -n "$seen" ] && grep -q -- '--agent .*--store tcp://'"$A"':[0-9]* ' "$WORK/cmdlines" ||
+    fail "the agent on B was not seen, or not with the launch's store at $A: $(cat "$WORK/cmdlines")"
+grep -qiE '[0-9a-f]{32}' "$WORK/cmdlines" && fail "a secret on a command line: $(cat "$WORK/cmdlines")"
+echo "3 ranks on $A (2) and $B (1, through --rsh): exit 0, $rows sizes right, $ms ms"
+
+# 2. a rank on B fails
+t0=$(date +%s%N)
+inA timeout 60 "$run" -H "$A:1,$B:2" -np 3 --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-2 \
+    sh -c '[ "$RANK" = 2 ] && exit 3; exec sleep 30' >"$WORK/two.txt" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$rc" = 3 ] && grep -q "host $B (ranks 1..2) exited with status 3" "$WORK/two.txt" ||
+    { cat "$WORK/two.txt"; fail "a rank on B exits 3: launch exit $rc"; }
+[ "$ms" -lt 15000 ] || fail "a rank on B exits 3: the launch took $ms ms"
+for _ in $(seq 40); do [ -z "$(job_procs 0 hosts-2)$(job_procs 1 hosts-2)" ] && break; sleep .1; done
+[ -z "$(job_procs 0 hosts-2)$(job_procs 1 hosts-2)" ] || fail "left after the failure: $(job_procs 0 hosts-2) $(job_procs 1 hosts-2)"
+echo "a rank on $B exits 3: the launch exits 3 in $ms ms, nothing left on either host"
+
+# 3. the launch killed
+ip netns exec "${NS[0]}" "$run" -H "$A:1,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-3 \
+    sh -c 'exec sleep 30' >"$WORK/three.txt" 2>&1 & # $!: tutti-run (ip execs it)
+launch=$!
+PIDS+=($launch)
+for _ in $(seq 100); do [ -n "$(job_procs 1 hosts-3)" ] && break; sleep .05; done
+[ -n "$(job_procs 1 hosts-3)" ] || { cat "$WORK/three.txt"; fail "nothing of the job on B"; }
+kill -KILL "$launch"
+wait "$launch" 2>/dev/null
+PIDS=()
+t0=$(date +%s%N)
+for _ in $(seq 100); do [ -z "$(job_procs 1 hosts-3)" ] && break; sleep .1; done
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ -z "$(job_procs 1 hosts-3)" ] || fail "left on B 10 s after the launch was killed: $(job_procs 1 hosts-3)"
+echo "the launch killed: the job gone from $B in $ms ms"
+
+# 4. a host file (Open MPI's spellings, a comment), and bad host lists
+printf '# the hosts\n%s slots=1\n%s  # B\n' "$A" "$B" >"$WORK/hostfile"
+out=$(inA timeout 30 "$run" --hostfile "$WORK/hostfile" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
+    sh -c 'echo "$RANK/$WORLD_SIZE $LOCAL_RANK $GROUP_RANK/$GROUP_WORLD_SIZE"' 2>&1)
+rc=$?
+[ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/2 0 0/2;1/2 0 1/2;" ] ||
+    fail "--hostfile: exit $rc: $out"
+echo "--hostfile: 2 hosts, rank and group variables right"
+for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x"; do
+    # shellcheck disable=SC2086
+    out=$(inA timeout 10 "$run" $bad true 2>&1)
+    rc=$?
+    [ "$rc" = 2 ] || fail "tutti-run $bad: exit $rc, expected 2 ($out)"
+done
+echo "bad host lists: exit 2"
+echo "test_hosts: ok"

@@ -1,0 +1,238 @@
+/* tools/hosts.c: the hosts of tutti-run -H / --hostfile (hosts.h). */
+#include "hosts.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* Adds slots on host name (len bytes). 0 or -1 (said). */
+static int add_host(const char *tool, const char *name, size_t len, int slots, tt_host_t **hosts,
+                    int *n)
+{
+    if (len == 0 || len >= sizeof((*hosts)->name)) {
+        fprintf(stderr, "%s: a host name of %zu characters: expected 1..%zu\n", tool, len,
+                sizeof((*hosts)->name) - 1);
+        return -1;
+    }
+    for (int i = 0; i < *n; i++) {
+        if (strlen((*hosts)[i].name) == len && !strncmp((*hosts)[i].name, name, len)) {
+            (*hosts)[i].slots += slots;
+            return 0;
+        }
+    }
+    tt_host_t *h = realloc(*hosts, (size_t)(*n + 1) * sizeof(*h));
+    if (!h) {
+        fprintf(stderr, "%s: out of memory\n", tool);
+        return -1;
+    }
+    *hosts = h;
+    h = &h[(*n)++];
+    memset(h, 0, sizeof(*h));
+    memcpy(h->name, name, len);
+    h->slots = slots;
+    return 0;
+}
+
+static int parse_slots(const char *s, size_t len, int *slots)
+{
+    char buf[16];
+    if (len == 0 || len >= sizeof(buf))
+        return -1;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    char *end;
+    errno = 0;
+    long v = strtol(buf, &end, 10);
+    if (errno || *end || v < 1 || v > 1 << 20)
+        return -1;
+    *slots = (int)v;
+    return 0;
+}
+
+int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n)
+{
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        /* HOST[:SLOTS]; an IPv6 address in brackets: [ADDR][:SLOTS] */
+        const char *name = p, *colon = NULL;
+        size_t nlen = len;
+        if (*p == '[') {
+            const char *rb = memchr(p, ']', len);
+            if (!rb) {
+                fprintf(stderr, "%s: -H %s: an unclosed '['\n", tool, list);
+                return -1;
+            }
+            name = p + 1;
+            nlen = (size_t)(rb - name);
+            colon = rb + 1 < p + len && rb[1] == ':' ? rb + 1 : NULL;
+        } else {
+            colon = memchr(p, ':', len);
+            if (colon)
+                nlen = (size_t)(colon - p);
+        }
+        int slots = 1;
+        if (colon && parse_slots(colon + 1, (size_t)(p + len - colon - 1), &slots) < 0) {
+            fprintf(stderr, "%s: -H %.*s: expected HOST or HOST:SLOTS (SLOTS 1 or more)\n", tool,
+                    (int)len, p);
+            return -1;
+        }
+        if (add_host(tool, name, nlen, slots, hosts, n) < 0)
+            return -1;
+        p = end ? end + 1 : p + len;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "%s: -H '%s': no host\n", tool, list);
+        return -1;
+    }
+    return 0;
+}
+
+int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        fprintf(stderr, "%s: --hostfile %s: %s\n", tool, path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    int lineno = 0, st = 0, before = *n;
+    while (st == 0 && fgets(line, sizeof(line), f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *tok = strtok(line, " \t\r\n");
+        if (!tok)
+            continue;
+        int slots = 1;
+        char *colon = tok[0] == '[' ? NULL : strchr(tok, ':');
+        char *more = strtok(NULL, " \t\r\n");
+        if (colon) {
+            *colon = '\0';
+            if (parse_slots(colon + 1, strlen(colon + 1), &slots) < 0)
+                more = "?";
+        }
+        if (more && (!strncmp(more, "slots=", 6) || !strncmp(more, "max_slots=", 10))) {
+            const char *v = strchr(more, '=') + 1;
+            more = parse_slots(v, strlen(v), &slots) < 0 ? "?" : strtok(NULL, " \t\r\n");
+        }
+        if (more) {
+            fprintf(stderr,
+                    "%s: --hostfile %s line %d: expected HOST, HOST:SLOTS or HOST slots=N\n", tool,
+                    path, lineno);
+            st = -1;
+            break;
+        }
+        if (tok[0] == '[') { /* [v6] */
+            size_t l = strlen(tok);
+            if (l > 2 && tok[l - 1] == ']')
+                tok[l - 1] = '\0', tok++;
+        }
+        st = add_host(tool, tok, strlen(tok), slots, hosts, n);
+    }
+    fclose(f);
+    if (st == 0 && *n == before) {
+        fprintf(stderr, "%s: --hostfile %s: no host\n", tool, path);
+        st = -1;
+    }
+    return st;
+}
+
+int tt_hosts_place(const char *tool, tt_host_t *hosts, int n, int *np_p)
+{
+    long total = 0;
+    for (int i = 0; i < n; i++)
+        total += hosts[i].slots;
+    if (*np_p == 0)
+        *np_p = total > 1 << 20 ? 1 << 20 : (int)total;
+    if (*np_p > total) {
+        fprintf(stderr, "%s: -np %d: the hosts have %ld slot(s) in all (HOST:SLOTS gives more)\n",
+                tool, *np_p, total);
+        return -1;
+    }
+    int left = *np_p, next = 0;
+    for (int i = 0; i < n; i++) {
+        hosts[i].nranks = left < hosts[i].slots ? left : hosts[i].slots;
+        hosts[i].first = next;
+        next += hosts[i].nranks;
+        left -= hosts[i].nranks;
+    }
+    return 0;
+}
+
+int tt_host_is_local(const char *name)
+{
+    char me[256] = "";
+    if (!strcmp(name, "localhost"))
+        return 1;
+    if (gethostname(me, sizeof(me) - 1) == 0 && !strcmp(name, me))
+        return 1;
+    /* an address: loopback, or one of this host's interfaces */
+    struct addrinfo hints = { .ai_flags = AI_NUMERICHOST }, *ai = NULL;
+    if (getaddrinfo(name, NULL, &hints, &ai) != 0 || !ai)
+        return 0;
+    int local = 0;
+    if (ai->ai_family == AF_INET)
+        local = (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    else if (ai->ai_family == AF_INET6)
+        local = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+    struct ifaddrs *ifs = NULL;
+    if (!local && getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != ai->ai_family)
+                continue;
+            if (ai->ai_family == AF_INET)
+                local = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr ==
+                        ((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr;
+            else
+                local = !memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+                                &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr,
+                                sizeof(struct in6_addr));
+        }
+        freeifaddrs(ifs);
+    }
+    freeaddrinfo(ai);
+    return local;
+}
+
+char *tt_shell_join(char *const *argv)
+{
+    size_t cap = 1;
+    for (int i = 0; argv[i]; i++)
+        cap += 4 * strlen(argv[i]) + 3;
+    char *out = malloc(cap), *w = out;
+    if (!out)
+        return NULL;
+    for (int i = 0; argv[i]; i++) {
+        const char *a = argv[i];
+        int plain = *a != '\0';
+        for (const char *c = a; *c && plain; c++)
+            plain = isalnum((unsigned char)*c) || strchr("@%+=:,./_-", *c);
+        if (i)
+            *w++ = ' ';
+        if (plain) {
+            w = stpcpy(w, a);
+            continue;
+        }
+        *w++ = '\'';
+        for (const char *c = a; *c; c++) {
+            if (*c == '\'')
+                w = stpcpy(w, "'\\''");
+            else
+                *w++ = *c;
+        }
+        *w++ = '\'';
+    }
+    *w = '\0';
+    return out;
+}

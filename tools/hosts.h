@@ -1,0 +1,37 @@
+/* tools/hosts.h: the hosts of tutti-run -H / --hostfile (mpirun's and horovodrun's way of
+ * starting one job on several hosts from one command), and what starting a command on
+ * one of them through a remote shell (ssh) needs. */
+#ifndef TT_HOSTS_H
+#define TT_HOSTS_H
+
+#include <stddef.h>
+
+typedef struct tt_host {
+    char name[256];
+    int slots;  /* ranks it may take (1 unless said) */
+    int nranks; /* ranks it got */
+    int first;  /* its first rank */
+} tt_host_t;
+
+/* Appends the hosts of list "H1[:SLOTS],H2[:SLOTS],..." (mpirun's -H, horovodrun's -H) to
+ * *hosts (n of them, realloc'd). A host named twice adds its slots. 0, or -1 having said
+ * why (tool prefixes it). */
+int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n);
+
+/* The same from a host file: a host a line, as "HOST", "HOST:SLOTS" or "HOST slots=N"
+ * (Open MPI's), '#' to the end of a line a comment. */
+int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n);
+
+/* Gives np ranks to the hosts in order, each up to its slots (np 0: every slot). 0, or
+ * -1 having said why (more ranks than slots). *np_p is set where it was 0. */
+int tt_hosts_place(const char *tool, tt_host_t *hosts, int n, int *np_p);
+
+/* Whether name is this host: localhost, a loopback address, this host's name, or an
+ * address of one of its interfaces. */
+int tt_host_is_local(const char *name);
+
+/* argv as one command line for a POSIX shell (a remote shell runs what ssh sends it):
+ * each argument single-quoted where it needs it. malloc'd, or NULL. */
+char *tt_shell_join(char *const *argv);
+
+#endif
