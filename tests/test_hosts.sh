@@ -9,8 +9,9 @@
 #      that no command line carries (the agents' /proc/PID/cmdline is read while they run).
 #   2. -H A:1,B:2 with -np 3 and a rank on B that exits 3: the launch exits 3 at once and
 #      nothing of the job is left on either host.
-#   3. The launch killed (SIGKILL): the agent on B sees its stdin end, as after ssh's
-#      connection goes, and stops its ranks; nothing is left on B.
+#   3. The launch killed (SIGKILL): the agent on B (in a session of its own, as sshd
+#      starts it, so no process group of the launch's reaches it) sees its stdin end, as
+#      after ssh's connection goes, and stops its ranks; nothing is left on B.
 #   4. A host file with Open MPI's spellings gives each rank its RANK, WORLD_SIZE,
 #      LOCAL_RANK, GROUP_RANK and GROUP_WORLD_SIZE; bad host lists (more ranks than
 #      slots, a bad SLOTS) exit 2.
@@ -29,18 +30,21 @@ fail() {
     echo "test_hosts: FAIL: $*"
     exit 1
 }
-A=${ADDR[0]} B=${ADDR[1]}
+A=${ADDR[0]} B=${ADDR[1]} A6=fd7e:7::1 B6=fd7e:7::2
+for i in 0 1; do ip -n "${NS[$i]}" addr add "fd7e:7::$((i + 1))/64" dev "${DEV[$i]}" nodad; done
+# ssh HOST 'COMMAND LINE', with the hosts of this test as namespaces: in a session of its
+# own, as sshd starts it (so the launch's process groups do not reach it: only its
+# stdin's end, as after ssh's connection goes)
 cat >"$WORK/rsh" <<EOF
 #!/bin/sh
-# ssh HOST 'COMMAND LINE', with the hosts of this test as namespaces
 host=\$1
 shift
 case \$host in
-$A) ns=${NS[0]} ;;
-$B) ns=${NS[1]} ;;
+$A | $A6) ns=${NS[0]} ;;
+$B | $B6) ns=${NS[1]} ;;
 *) echo "rsh: no host \$host" >&2; exit 255 ;;
 esac
-exec ip netns exec "\$ns" env -i PATH="\$PATH" HOME=/ sh -c "\$*"
+exec setsid -w ip netns exec "\$ns" env -i PATH="\$PATH" HOME=/ sh -c "\$*"
 EOF
 chmod +x "$WORK/rsh"
 inA() { ip netns exec "${NS[0]}" "$@"; }
@@ -60,26 +64,29 @@ inA timeout 60 "$run" -H "$A:2,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-
     "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/one.txt" 2>&1 &
 launch=$!
 PIDS+=($launch)
-seen=""
-for _ in $(seq 100); do
-    for p in $(job_procs 1 hosts-1); do
-        tr '\0' ' ' <"/proc/$p/cmdline" >>"$WORK/cmdlines" 2>/dev/null
-        echo >>"$WORK/cmdlines"
-        seen=1
-    done
-    [ -n "$seen" ] && break
-    sleep .05
-done
 wait "$launch"
 rc=$?
 PIDS=()
 ms=$((($(date +%s%N) - t0) / 1000000))
 rows=$(grep -cE '^ +[0-9]+ ' "$WORK/one.txt")
 [ "$rc" = 0 ] && [ "$rows" -ge 4 ] || { cat "$WORK/one.txt"; fail "3 ranks on A and B: exit $rc, $rows rows"; }
-[ -n "$seen" ] && grep -q -- '--agent .*--store tcp://'"$A"':[0-9]* ' "$WORK/cmdlines" ||
-    fail "the agent on B was not seen, or not with the launch's store at $A: $(cat "$WORK/cmdlines")"
-grep -qiE '[0-9a-f]{32}' "$WORK/cmdlines" && fail "a secret on a command line: $(cat "$WORK/cmdlines")"
 echo "3 ranks on $A (2) and $B (1, through --rsh): exit 0, $rows sizes right, $ms ms"
+# the agent's command line, as the rank on B reads it (its parent's): the launch's store,
+# and no secret (which the rank has, in TUTTI_AUTH_TOKEN)
+out=$(inA timeout 30 "$run" -H "$A:1,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --tag sh -c \
+    '[ "$RANK" = 1 ] && { tr "\0" " " </proc/$PPID/cmdline; echo; echo "token ${#TUTTI_AUTH_TOKEN}"; }; true' 2>&1)
+rc=$?
+line=$(echo "$out" | grep '^\[1\] .*--agent')
+[ "$rc" = 0 ] && echo "$line" | grep -q -- "--store tcp://$A:[0-9]* " && echo "$out" | grep -qx '\[1\] token 48' ||
+    fail "the agent on B: exit $rc: $out"
+echo "$line" | grep -qiE '[0-9a-f]{32}' && fail "a secret on the agent's command line: $line"
+echo "the agent on $B: the store at $A on its command line, the secret only in its ranks' environment"
+# the same with the hosts named by IPv6 addresses: the launch's store serves both families
+out=$(inA timeout 30 "$run" -H "[$A6]:1,[$B6]:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
+    "$bench" -b 4 -e 4K -n 1 -w 0 -c 2>&1)
+rc=$?
+[ "$rc" = 0 ] || fail "2 ranks on [$A6] and [$B6]: exit $rc: $out"
+echo "2 ranks on [$A6] and [$B6]: exit 0"
 
 # 2. a rank on B fails
 t0=$(date +%s%N)

@@ -74,7 +74,12 @@ int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n
             }
             name = p + 1;
             nlen = (size_t)(rb - name);
-            colon = rb + 1 < p + len && rb[1] == ':' ? rb + 1 : NULL;
+            colon = rb + 1 < p + len ? rb + 1 : NULL;
+            if (colon && *colon != ':') { /* [ADDR]junk */
+                fprintf(stderr, "%s: -H %.*s: expected [ADDRESS] or [ADDRESS]:SLOTS\n", tool,
+                        (int)len, p);
+                return -1;
+            }
         } else {
             colon = memchr(p, ':', len);
             if (colon)
@@ -115,16 +120,36 @@ int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
         if (!tok)
             continue;
         int slots = 1;
-        char *colon = tok[0] == '[' ? NULL : strchr(tok, ':');
+        char *colon = strchr(tok, ':');
+        if (tok[0] == '[') { /* [v6] or [v6]:SLOTS */
+            char *rb = strchr(tok, ']');
+            colon = rb && rb[1] == ':' ? rb + 1 : NULL;
+            if (!rb || (rb[1] && !colon)) {
+                fprintf(stderr,
+                        "%s: --hostfile %s line %d: expected [ADDRESS] or "
+                        "[ADDRESS]:SLOTS\n",
+                        tool, path, lineno);
+                st = -1;
+                break;
+            }
+        }
         char *more = strtok(NULL, " \t\r\n");
         if (colon) {
             *colon = '\0';
             if (parse_slots(colon + 1, strlen(colon + 1), &slots) < 0)
                 more = "?";
         }
-        if (more && (!strncmp(more, "slots=", 6) || !strncmp(more, "max_slots=", 10))) {
-            const char *v = strchr(more, '=') + 1;
-            more = parse_slots(v, strlen(v), &slots) < 0 ? "?" : strtok(NULL, " \t\r\n");
+        /* Open MPI's slots=N (max_slots=M, a limit on oversubscribing, is taken and
+         * not used: ranks never go past the slots here) */
+        for (int k = 0; k < 2 && more; k++) {
+            int m;
+            if (!strncmp(more, "slots=", 6))
+                more = parse_slots(more + 6, strlen(more + 6), &slots) < 0
+                           ? "?"
+                           : strtok(NULL, " \t\r\n");
+            else if (!strncmp(more, "max_slots=", 10))
+                more = parse_slots(more + 10, strlen(more + 10), &m) < 0 ? "?"
+                                                                         : strtok(NULL, " \t\r\n");
         }
         if (more) {
             fprintf(stderr,
@@ -133,10 +158,9 @@ int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
             st = -1;
             break;
         }
-        if (tok[0] == '[') { /* [v6] */
-            size_t l = strlen(tok);
-            if (l > 2 && tok[l - 1] == ']')
-                tok[l - 1] = '\0', tok++;
+        if (tok[0] == '[') { /* [v6]: the address */
+            *strchr(tok, ']') = '\0';
+            tok++;
         }
         st = add_host(tool, tok, strlen(tok), slots, hosts, n);
     }

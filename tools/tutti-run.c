@@ -32,7 +32,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -652,7 +651,8 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         }
     }
     if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
-        fprintf(stderr, "tutti-run: %s\n", o_p->np <= 0 ? "-np N is required" : "no program given");
+        fprintf(stderr, "tutti-run: %s\n",
+                optind >= argc ? "no program given" : "-np N is required");
         usage(stderr, argv[0]);
         return 2;
     }
@@ -1179,6 +1179,25 @@ out:
     free(stamp);
 }
 
+static int g_agent_in = -1; /* an agent's stdin from the launch (non-blocking), or -1 */
+
+/* An agent: whether its stdin has ended (then it takes it as SIGHUP). No thread watches
+ * it: the ranks are forked from here, and a thread's locks would go with them. */
+static void agent_look(void)
+{
+    char buf[256];
+    ssize_t r;
+    if (g_agent_in < 0)
+        return;
+    while ((r = read(g_agent_in, buf, sizeof(buf))) > 0)
+        ;
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        close(g_agent_in);
+        g_agent_in = -1;
+        kill(getpid(), SIGHUP);
+    }
+}
+
 /* Wait for every rank, forwarding --tag output; the first failure, a signal to us or
  * the deadline (0: none) stops the rest. Returns the exit status (status so far in);
  * *rank_failed_p: a rank's failure stopped them (not a signal or the deadline). */
@@ -1196,6 +1215,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
     while (l->running > 0) {
         if (!o->piped || !tag_poll(tags, pf, 2 * o->np, 50))
             usleep(20000);
+        agent_look();
         int e = 0;
         if (z && tt_launch_stopping(l) && tt_rdzv_beat(z) < 0)
             e = -1; /* still alive while the ranks stop (up to the grace period) */
@@ -1464,32 +1484,41 @@ typedef struct host_cmd {
     char **rsh; /* the remote shell's words */
     int in;     /* the read end of the pipe that is its stdin */
     int first, nranks;
+    char **exec, *line; /* what its child execs (host_exec) */
 } host_cmd_t;
 
+/* In the child: nothing but dup2 and exec (this process has the store's thread: no
+ * malloc between fork and exec). */
 static void run_host(void *arg, int i)
 {
     host_cmd_t *h = &((host_cmd_t *)arg)[i];
     if (dup2(h->in, 0) < 0)
         _exit(127);
+    execvp(h->exec[0], h->exec);
+    fprintf(stderr, "tutti-run: %s: cannot run %s: %s\n", h->host, h->exec[0], strerror(errno));
+    _exit(127);
+}
+
+/* What the child execs: the agent's command line here, or through the remote shell
+ * (ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent).
+ * 0 or -1 (out of memory). */
+static int host_exec(host_cmd_t *h)
+{
     if (h->local) {
-        execvp(h->argv[0], h->argv);
-        fprintf(stderr, "tutti-run: %s: cannot run %s: %s\n", h->host, h->argv[0], strerror(errno));
-        _exit(127);
+        h->exec = h->argv;
+        return 0;
     }
-    /* ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent */
     int n = 0;
     while (h->rsh[n])
         n++;
-    char *line = tt_shell_join(h->argv);
-    char **argv = calloc((size_t)n + 3, sizeof(*argv));
-    if (!line || !argv)
-        _exit(127);
-    memcpy(argv, h->rsh, (size_t)n * sizeof(*argv));
-    argv[n] = (char *)h->host;
-    argv[n + 1] = line;
-    execvp(argv[0], argv);
-    fprintf(stderr, "tutti-run: %s: cannot run %s: %s\n", h->host, argv[0], strerror(errno));
-    _exit(127);
+    h->line = tt_shell_join(h->argv);
+    h->exec = calloc((size_t)n + 3, sizeof(*h->exec));
+    if (!h->line || !h->exec)
+        return -1;
+    memcpy(h->exec, h->rsh, (size_t)n * sizeof(*h->exec));
+    h->exec[n] = (char *)h->host;
+    h->exec[n + 1] = h->line;
+    return 0;
 }
 
 /* Splits s at spaces into a NULL-terminated array (strings in s, changed). */
@@ -1529,7 +1558,10 @@ static int run_hosts(run_opts_t *o)
     if (tt_launch_job_id("tutti-run", np, o->job_id, 1, NULL) < 0)
         return 2;
     const char *job = getenv("TUTTI_JOB_ID");
-    char token[80] = "", me[PATH_MAX] = "";
+    /* the job secret (the library takes up to 4096 bytes) */
+    static char token[4097];
+    char me[PATH_MAX] = "";
+    token[0] = '\0';
     tutti_store_t *server = NULL;
     int port = 0;
     if (!o->store) {
@@ -1548,13 +1580,21 @@ static int run_hosts(run_opts_t *o)
         tutti_store_opts_init(&so);
         so.is_server = 1;
         so.auth_token = token;
-        if (tutti_store_open(&server, "tcp://0.0.0.0:0", &so) < 0) {
+        /* "::" is dual-stack (store_server.c): hosts reached by IPv6 or IPv4 both reach
+         * it; 0.0.0.0 where this host has no IPv6 */
+        if (tutti_store_open(&server, "tcp://[::]:0", &so) < 0 &&
+            tutti_store_open(&server, "tcp://0.0.0.0:0", &so) < 0) {
             fprintf(stderr, "tutti-run: cannot serve the job's store: %s\n",
                     tutti_store_last_error(NULL));
             return 1;
         }
         port = tutti_store_port(server);
     } else if (getenv("TUTTI_AUTH_TOKEN")) {
+        if (strlen(getenv("TUTTI_AUTH_TOKEN")) >= sizeof(token)) {
+            fprintf(stderr, "tutti-run: TUTTI_AUTH_TOKEN is longer than %zu bytes\n",
+                    sizeof(token) - 1);
+            return 2;
+        }
         snprintf(token, sizeof(token), "%s", getenv("TUTTI_AUTH_TOKEN"));
     }
     const char *agent = o->launch_agent;
@@ -1646,8 +1686,18 @@ static int run_hosts(run_opts_t *o)
         argv[a++] = "env";
         snprintf(str[s], sizeof(str[s]), "TUTTI_JOB_ID=%s", job);
         argv[a++] = str[s++];
-        if (server)
+        if (server) {
             argv[a++] = "TUTTI_STORE_SERVER=0"; /* the store is served here */
+        } else {
+            /* --store's: what the user set for it reaches every host alike */
+            static const char *const pass[] = { "TUTTI_STORE_SERVER", "TUTTI_AUTH_TOKEN_FILE" };
+            for (size_t v = 0; v < sizeof(pass) / sizeof(pass[0]); v++) {
+                if (getenv(pass[v]) && strlen(getenv(pass[v])) < sizeof(str[s]) - 32) {
+                    snprintf(str[s], sizeof(str[s]), "%s=%s", pass[v], getenv(pass[v]));
+                    argv[a++] = str[s++];
+                }
+            }
+        }
         snprintf(str[s], sizeof(str[s]), "MASTER_ADDR=%s",
                  getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : master);
         argv[a++] = str[s++];
@@ -1687,6 +1737,10 @@ static int run_hosts(run_opts_t *o)
         argv[a++] = str[s++];
         if (o->tag)
             argv[a++] = "--tag";
+        if (o->role) {
+            argv[a++] = "--role";
+            argv[a++] = (char *)o->role;
+        }
         if (o->bind)
             argv[a++] = "--bind";
         if (o->timeout_s) {
@@ -1698,6 +1752,11 @@ static int run_hosts(run_opts_t *o)
         for (int p = 0; p < nprog; p++)
             argv[a++] = o->prog[p];
         c->argv = argv;
+        if (host_exec(c) < 0) {
+            fprintf(stderr, "tutti-run: out of memory\n");
+            status = 1;
+            goto out;
+        }
         k++;
     }
     if (tt_launch_start(&l, "tutti-run", nodes, 0) < 0) {
@@ -1723,11 +1782,12 @@ static int run_hosts(run_opts_t *o)
             break;
         }
         /* the secret: never on a command line (ps on the host would show it) */
-        char line[128];
+        static char line[sizeof(token) + 32];
         int n = snprintf(line, sizeof(line), "tutti-run-agent %s\n", token[0] ? token : "-");
         if (write(wfd[k], line, (size_t)n) != n) {
             /* it died at once: its status says why */
         }
+        memset(line, 0, sizeof(line));
     }
     double deadline = o->timeout_s ? now_ms() + o->timeout_s * 1000.0 + 2 * TT_LAUNCH_GRACE_MS : 0;
     while (l.running > 0) {
@@ -1738,9 +1798,10 @@ static int run_hosts(run_opts_t *o)
                 continue;
             status = code;
             fprintf(stderr,
-                    "tutti-run: host %s (ranks %d..%d) exited with status %d; stopping the "
+                    "tutti-run: host %s (ranks %d..%d) exited with status %d%s; stopping the "
                     "other %d host(s)\n",
                     cmds[i].host, cmds[i].first, cmds[i].first + cmds[i].nranks - 1, code,
+                    code == 255 && !cmds[i].local ? " (ssh's when it cannot reach the host)" : "",
                     l.running);
             tt_launch_stop(&l);
         }
@@ -1759,8 +1820,12 @@ out:
         tt_launch_finish(&l);
     if (server)
         tutti_store_close(server);
-    for (k = 0; k < nodes && cmds; k++)
+    for (k = 0; k < nodes && cmds; k++) {
+        if (cmds[k].exec != cmds[k].argv)
+            free(cmds[k].exec);
+        free(cmds[k].line);
         free(cmds[k].argv);
+    }
     free(cmds);
     free(wfd);
     free(strs);
@@ -1772,22 +1837,14 @@ out:
 }
 
 /* An agent started by -H's launch: the first line of its stdin is "tutti-run-agent
- * SECRET" ("-": none), which its ranks get as TUTTI_AUTH_TOKEN; then a thread watches
- * stdin, and its end (the launch gone, ssh's connection with it) is taken as SIGHUP. The
- * ranks get /dev/null as stdin. 0, or -1 having said why. */
-static void *agent_watch(void *arg)
-{
-    int fd = (int)(intptr_t)arg;
-    char buf[256];
-    while (read(fd, buf, sizeof(buf)) > 0 || errno == EINTR)
-        errno = 0;
-    kill(getpid(), SIGHUP);
-    return NULL;
-}
-
+ * SECRET" ("-": none), which its ranks get as TUTTI_AUTH_TOKEN; then supervise looks at
+ * stdin (agent_look), and its end (the launch gone, ssh's connection with it) is taken as
+ * SIGHUP. The ranks get /dev/null as stdin. 0, or -1 having said why. */
 static int agent_start(void)
 {
-    char line[256];
+    /* its stdin's end must stop it: not SIGHUP ignored as it came (nohup) */
+    signal(SIGHUP, SIG_DFL);
+    static char line[4200];
     size_t n = 0;
     while (n < sizeof(line) - 1) {
         ssize_t r = read(0, line + n, 1);
@@ -1807,14 +1864,12 @@ static int agent_start(void)
         setenv("TUTTI_AUTH_TOKEN", line + 16, 1);
     memset(line, 0, sizeof(line));
     int fd = fcntl(0, F_DUPFD_CLOEXEC, 3), null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    pthread_t t;
-    if (fd < 0 || null < 0 || dup2(null, 0) < 0 ||
-        pthread_create(&t, NULL, agent_watch, (void *)(intptr_t)fd) != 0) {
+    if (fd < 0 || null < 0 || dup2(null, 0) < 0 || fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
         fprintf(stderr, "tutti-run: --agent: %s\n", strerror(errno));
         return -1;
     }
     close(null);
-    pthread_detach(t);
+    g_agent_in = fd;
     return 0;
 }
 
