@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cli.h"
+
 /* Adds slots on host name (len bytes). 0 or -1 (said). */
 static int add_host(const char *tool, const char *name, size_t len, int slots, tt_host_t **hosts,
                     int *n)
@@ -48,13 +50,7 @@ static int parse_slots(const char *s, size_t len, int *slots)
         return -1;
     memcpy(buf, s, len);
     buf[len] = '\0';
-    char *end;
-    errno = 0;
-    long v = strtol(buf, &end, 10);
-    if (errno || *end || v < 1 || v > 1 << 20)
-        return -1;
-    *slots = (int)v;
-    return 0;
+    return tt_cli_int(buf, 1, 1 << 20, slots);
 }
 
 int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n)

@@ -1542,6 +1542,27 @@ static char **split_words(char *s)
     return w;
 }
 
+/* env[*n] = "NAME=VALUE" (value NULL: name as it is), malloc'd. 0 or -1. */
+static int env_add(char **env, int *n, const char *name, const char *value)
+{
+    size_t len = strlen(name) + (value ? strlen(value) + 1 : 0) + 1;
+    char *e = malloc(len);
+    if (!e)
+        return -1;
+    snprintf(e, len, value ? "%s=%s" : "%s", name, value);
+    env[(*n)++] = e;
+    return 0;
+}
+
+/* This host's address on its route to host (no packet is sent), into addr. 0 or -1. */
+static int route_addr(const char *host, char *addr, size_t len)
+{
+    char probe[300];
+    int port;
+    snprintf(probe, sizeof(probe), strchr(host, ':') ? "tcp://[%s]:1" : "tcp://%s:1", host);
+    return tt_master_pick(probe, NULL, addr, len, &port);
+}
+
 /* The job's ranks on o->hosts: a store here (tcp, every interface, with a fresh job
  * secret) unless --store names one; on each host an agent for its ranks, started through
  * rsh (ssh) unless the host is this one, with its share of the ranks, the store and the
@@ -1611,20 +1632,56 @@ static int run_hosts(run_opts_t *o)
     char **rsh = split_words(rsh_buf);
     host_cmd_t *cmds = calloc((size_t)nodes, sizeof(*cmds));
     int *wfd = calloc((size_t)nodes, sizeof(*wfd));
-    char(*strs)[512] = calloc((size_t)nodes * 16, sizeof(*strs));
+    char(*strs)[512] = calloc((size_t)nodes * 8, sizeof(*strs)); /* an agent's numbers */
     int nprog = 0;
     while (o->prog[nprog])
         nprog++;
     tt_launch_t l;
-    int started = 0, nowned = 0;
-    char **owned = calloc((size_t)nodes * 64 + 1, sizeof(*owned)); /* -x VAR's VAR=VALUE */
-    if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !owned) {
+    int started = 0, nenv = 0;
+    /* what every agent's env gets: VAR=VALUE, -x's included */
+    char **env = calloc((size_t)o->nfwd + 8, sizeof(*env));
+    for (int k = 0; wfd && k < nodes; k++)
+        wfd[k] = -1;
+    if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !env) {
         fprintf(stderr, "tutti-run: out of memory, or --rsh is empty\n");
         status = 1;
         goto out;
     }
-    /* the ranks' MASTER_ADDR (torch's env://): the first host, as the others reach it */
-    char master[256] = "", addr[256];
+    /* the ranks' MASTER_ADDR (torch's env://): the first host, as the others reach it;
+     * where that is this host, its address toward the first other one */
+    char master[256] = "127.0.0.1", addr[256];
+    for (int i = 0, first = -1; i < o->nhosts; i++) {
+        if (!o->hosts[i].nranks)
+            continue;
+        int local = tt_host_is_local(o->hosts[i].name);
+        if (first < 0 && !local) {
+            snprintf(master, sizeof(master), "%s", o->hosts[i].name);
+            break;
+        }
+        if (first >= 0 && !local) {
+            if (route_addr(o->hosts[i].name, addr, sizeof(addr)) == 0)
+                snprintf(master, sizeof(master), "%s", addr);
+            break;
+        }
+        first = i;
+    }
+    if (env_add(env, &nenv, "TUTTI_JOB_ID", job) < 0 ||
+        env_add(env, &nenv, "MASTER_ADDR", getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : master) <
+            0 ||
+        env_add(env, &nenv, "MASTER_PORT",
+                getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "29500") < 0 ||
+        (server && env_add(env, &nenv, "TUTTI_STORE_SERVER", "0") < 0)) /* served here */
+        goto oom;
+    /* --store's: what the user set for it reaches every host alike */
+    static const char *const pass[] = { "TUTTI_STORE_SERVER", "TUTTI_AUTH_TOKEN_FILE" };
+    for (size_t v = 0; !server && v < sizeof(pass) / sizeof(pass[0]); v++)
+        if (getenv(pass[v]) && env_add(env, &nenv, pass[v], getenv(pass[v])) < 0)
+            goto oom;
+    for (int f = 0; f < o->nfwd; f++) { /* -x VAR=VALUE as given, -x VAR from here if set */
+        const char *v = strchr(o->fwd[f], '=') ? NULL : getenv(o->fwd[f]);
+        if ((v || strchr(o->fwd[f], '=')) && env_add(env, &nenv, o->fwd[f], v) < 0)
+            goto oom;
+    }
     int k = 0;
     for (int i = 0; i < o->nhosts; i++) {
         tt_host_t *h = &o->hosts[i];
@@ -1637,18 +1694,13 @@ static int run_hosts(run_opts_t *o)
         c->in = -1;
         c->first = h->first;
         c->nranks = h->nranks;
-        wfd[k] = -1;
-        char(*str)[512] = &strs[k * 16];
+        char(*str)[512] = &strs[k * 8];
         /* the store as this host reaches it: this host's address on its route there */
         char url[600];
-        int dummy;
-        char probe[300];
-        snprintf(probe, sizeof(probe), strchr(h->name, ':') ? "tcp://[%s]:1" : "tcp://%s:1",
-                 h->name);
         if (server) {
             if (c->local)
                 snprintf(addr, sizeof(addr), "127.0.0.1");
-            else if (tt_master_pick(probe, NULL, addr, sizeof(addr), &dummy) < 0) {
+            else if (route_addr(h->name, addr, sizeof(addr)) < 0) {
                 fprintf(stderr, "tutti-run: no route from here to host %s: %s\n", h->name,
                         strerror(errno));
                 status = 1;
@@ -1659,62 +1711,13 @@ static int run_hosts(run_opts_t *o)
         } else {
             snprintf(url, sizeof(url), "%s", o->store);
         }
-        if (!master[0]) {
-            if (!c->local) {
-                snprintf(master, sizeof(master), "%s", h->name);
-            } else {
-                /* this host: its address toward the first remote one */
-                snprintf(master, sizeof(master), "127.0.0.1");
-                for (int j = i + 1; j < o->nhosts; j++) {
-                    if (!o->hosts[j].nranks || tt_host_is_local(o->hosts[j].name))
-                        continue;
-                    snprintf(probe, sizeof(probe),
-                             strchr(o->hosts[j].name, ':') ? "tcp://[%s]:1" : "tcp://%s:1",
-                             o->hosts[j].name);
-                    if (tt_master_pick(probe, NULL, addr, sizeof(addr), &dummy) == 0)
-                        snprintf(master, sizeof(master), "%s", addr);
-                    break;
-                }
-            }
-        }
-        char **argv = calloc((size_t)(o->nfwd + nprog + 40), sizeof(*argv));
-        if (!argv) {
-            status = 1;
-            goto out;
-        }
+        char **argv = calloc((size_t)(nenv + nprog + 32), sizeof(*argv));
+        if (!argv)
+            goto oom;
         int a = 0, s = 0;
         argv[a++] = "env";
-        snprintf(str[s], sizeof(str[s]), "TUTTI_JOB_ID=%s", job);
-        argv[a++] = str[s++];
-        if (server) {
-            argv[a++] = "TUTTI_STORE_SERVER=0"; /* the store is served here */
-        } else {
-            /* --store's: what the user set for it reaches every host alike */
-            static const char *const pass[] = { "TUTTI_STORE_SERVER", "TUTTI_AUTH_TOKEN_FILE" };
-            for (size_t v = 0; v < sizeof(pass) / sizeof(pass[0]); v++) {
-                if (getenv(pass[v]) && strlen(getenv(pass[v])) < sizeof(str[s]) - 32) {
-                    snprintf(str[s], sizeof(str[s]), "%s=%s", pass[v], getenv(pass[v]));
-                    argv[a++] = str[s++];
-                }
-            }
-        }
-        snprintf(str[s], sizeof(str[s]), "MASTER_ADDR=%s",
-                 getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : master);
-        argv[a++] = str[s++];
-        snprintf(str[s], sizeof(str[s]), "MASTER_PORT=%s",
-                 getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "29500");
-        argv[a++] = str[s++];
-        for (int f = 0; f < o->nfwd; f++) {
-            if (strchr(o->fwd[f], '=')) {
-                argv[a++] = (char *)o->fwd[f];
-            } else if (getenv(o->fwd[f])) {
-                char *kv = NULL;
-                if (asprintf(&kv, "%s=%s", o->fwd[f], getenv(o->fwd[f])) < 0)
-                    kv = NULL;
-                if (kv)
-                    argv[a++] = owned[nowned++] = kv;
-            }
-        }
+        for (int e = 0; e < nenv; e++)
+            argv[a++] = env[e];
         argv[a++] = (char *)agent;
         argv[a++] = "--agent";
         argv[a++] = "--nnodes";
@@ -1752,11 +1755,8 @@ static int run_hosts(run_opts_t *o)
         for (int p = 0; p < nprog; p++)
             argv[a++] = o->prog[p];
         c->argv = argv;
-        if (host_exec(c) < 0) {
-            fprintf(stderr, "tutti-run: out of memory\n");
-            status = 1;
-            goto out;
-        }
+        if (host_exec(c) < 0)
+            goto oom;
         k++;
     }
     if (tt_launch_start(&l, "tutti-run", nodes, 0) < 0) {
@@ -1812,6 +1812,10 @@ static int run_hosts(run_opts_t *o)
         }
         tt_launch_tick(&l);
     }
+    goto out;
+oom:
+    fprintf(stderr, "tutti-run: out of memory\n");
+    status = 1;
 out:
     for (k = 0; k < nodes && wfd; k++)
         if (wfd[k] >= 0)
@@ -1830,9 +1834,9 @@ out:
     free(wfd);
     free(strs);
     free(rsh);
-    for (k = 0; k < nowned; k++)
-        free(owned[k]);
-    free(owned);
+    for (k = 0; k < nenv; k++)
+        free(env[k]);
+    free(env);
     return status;
 }
 
