@@ -625,6 +625,13 @@ def _bf16(pg):
 
 def _powersgd(pg):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+    if torch.cuda.is_available():
+        # torch 2.x's hook calls torch.cuda.synchronize(the bucket's device) whenever a GPU
+        # is present, which raises for CPU buckets (gloo's too); a CPU device has nothing
+        # to synchronize
+        sync = torch.cuda.synchronize
+        torch.cuda.synchronize = lambda device=None: (
+            None if device is not None and torch.device(device).type == "cpu" else sync(device))
     return ps.PowerSGDState(process_group=pg, matrix_approximation_rank=1,
                             start_powerSGD_iter=2, random_seed=0), ps.powerSGD_hook
 

@@ -70,6 +70,11 @@ class TestTuttiUpstream(TestDistBackend, DistributedTest._DistTestBase):
 def _run_rank(cls, env, *args):
     os.environ.clear()
     os.environ.update(env)
+    # a slice of CPU tests: torch 2.x's harness skips every test ("Need at least 3 CUDA
+    # devices") where a GPU is visible but fewer than WORLD_SIZE are (torch 2.11 on one
+    # H200); the ranks see none, whatever the fork server cached
+    torch.cuda.is_available = lambda: False
+    torch.cuda.device_count = lambda: 0
     cls._run(*args)
 
 
