@@ -313,6 +313,57 @@ def test_every_collective(size, init, transport):
     assert min(counts) > 300
 
 
+# ---- CUDA tensors (staged through host memory): only where a GPU is ----
+
+# torch.set_default_device (2.0 on) makes every tensor the checks above create, inputs and
+# references alike, a tensor of the rank's GPU; ranks share GPUs where there are fewer
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available()
+                               or not hasattr(torch, "set_default_device"),
+                               reason="needs a GPU and torch >= 2.0")
+
+
+def _gpu(rank):
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def on_gpu(rank, size):
+    torch.set_default_device(_gpu(rank))
+    return everything(rank, size)
+
+
+@NEEDS_GPU
+@pytest.mark.parametrize("size,transport", [(2, "shm"), (3, "tcp")])
+def test_every_collective_on_cuda_tensors(size, transport):
+    counts = run(on_gpu, size, timeout=240, env={"TUTTI_TRANSPORT": transport})
+    assert min(counts) > 300
+
+
+def cuda_streams(rank, size):
+    """The input is written by a kernel on a side stream made current: the staging copy
+    runs on that stream, after the kernel; async works and their futures hold CUDA
+    tensors; a continuation sees the result."""
+    dev = _gpu(rank)
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        x = torch.empty(1 << 20, device=dev)
+        torch.cuda._sleep(50_000_000)  # the fill below runs only after this kernel
+        x.fill_(rank + 1.0)
+        w = dist.all_reduce(x, async_op=True)
+        fut = w.get_future().then(lambda f: f.value()[0] * 2)
+    w.wait()
+    total = size * (size + 1) / 2
+    out = [x.min().item(), x.max().item(), fut.wait().min().item()]
+    assert out == [total, total, 2 * total], out
+    return out
+
+
+@NEEDS_GPU
+def test_cuda_tensors_follow_the_callers_stream():
+    run(cuda_streams, 2, timeout=90)
+
+
 # ---- async works ----
 
 def async_works(rank, size):
@@ -574,11 +625,13 @@ class Net(torch.nn.Module):
         return self.l2(torch.relu(self.l1(x)))
 
 
-def ddp_params(pg, setup):
+def ddp_params(pg, setup, device=None):
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
-    model = Net(setup.get("unused", False))
+    model = Net(setup.get("unused", False)).to(device or "cpu")
     opts = dict(setup.get("opts", {}))
+    if device is not None:
+        opts["device_ids"] = [device]
     ddp = DDP(model, process_group=pg, **opts)
     if "hook" in setup:
         state, hook = setup["hook"](pg)
@@ -590,8 +643,8 @@ def ddp_params(pg, setup):
         averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=pg)
     gen = torch.Generator().manual_seed(100 + dist.get_rank())
     for _ in range(5):
-        x = torch.randn(32, 8, generator=gen)
-        y = torch.randn(32, 4, generator=gen)
+        x = torch.randn(32, 8, generator=gen).to(device or "cpu")
+        y = torch.randn(32, 4, generator=gen).to(device or "cpu")
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
@@ -669,6 +722,28 @@ def ddp_parity(rank, size):
     fresh = torch.nn.Linear(8, 16).weight
     diffs["moved"] = (fresh - ddp_params(tutti_pg, {})[0]).abs().max().item()
     return diffs
+
+
+def ddp_cuda_parity(rank, size):
+    """DDP of a model on the rank's GPU: tutti's parameters after 5 steps against gloo's
+    (which stages CUDA tensors through host memory too) for a few setups."""
+    dev = _gpu(rank)
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    tutti_pg = dist.new_group(list(range(size)))
+    diffs = {}
+    for name in ("default", "gradient_as_bucket_view", "fp16_compress_hook", "powerSGD"):
+        want = ddp_params(gloo, DDP_SETUPS[name], dev)
+        got = ddp_params(tutti_pg, DDP_SETUPS[name], dev)
+        assert all(p.is_cuda for p in got)
+        diffs[name] = max((a - b).abs().max().item() for a, b in zip(got, want))
+    return diffs
+
+
+@NEEDS_GPU
+def test_ddp_on_cuda_matches_gloo():
+    for diffs in run(ddp_cuda_parity, 2, timeout=150):
+        bad = {k: v for k, v in diffs.items() if v > 1e-6}
+        assert not bad, diffs
 
 
 def test_ddp_matches_gloo():

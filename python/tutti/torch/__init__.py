@@ -4,7 +4,8 @@
     import tutti.torch  # noqa: F401
     dist.init_process_group("tutti", init_method=..., rank=r, world_size=n)
 
-CPU tensors; the collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR
+CPU and CUDA tensors (CUDA ones staged through pinned host memory, as gloo does); the
+collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR
 on integers) and dtypes (int8, uint8, int16, int32, int64, float16, bfloat16, float32,
 float64; bool reduced as NCCL's backend does; any dtype where data only moves) of tutti
 (docs/pytorch.md). The ranks meet through
@@ -35,7 +36,7 @@ def _register():
     # later); 1.x takes no devices argument. Asking the signature avoids a version table.
     params = inspect.signature(_dist.Backend.register_backend).parameters
     if "devices" in params:
-        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
     else:
         _dist.Backend.register_backend(BACKEND, _create)
 

@@ -5,6 +5,7 @@
 
 #include <Python.h>
 
+#include <algorithm>
 #include <climits>
 #include <cerrno>
 #include <cstdlib>
@@ -122,10 +123,10 @@ reduction to_reduction(const at::Tensor &t, const c10d::ReduceOp &op, const char
     return { TUTTI_UINT8, r };
 }
 
-void check_cpu(const at::Tensor &t, const char *op)
+void check_device(const at::Tensor &t, const char *op)
 {
-    TORCH_CHECK(t.device().is_cpu(), "tutti backend: ", op,
-                ": only CPU tensors are supported, got ", t.device());
+    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "tutti backend: ", op,
+                ": only CPU and CUDA tensors are supported, got ", t.device());
     TORCH_CHECK(t.layout() == at::kStrided, "tutti backend: ", op,
                 ": only dense (strided) tensors are supported");
 }
@@ -134,15 +135,15 @@ const at::Tensor &single(const std::vector<at::Tensor> &ts, const char *op)
 {
     TORCH_CHECK(ts.size() == 1, "tutti backend: ", op, " takes one tensor per call, got ",
                 ts.size());
-    check_cpu(ts[0], op);
+    check_device(ts[0], op);
     return ts[0];
 }
 
-/* Tensors of like's dtype, all on the CPU. */
+/* Tensors of like's dtype, each on the CPU or a GPU. */
 void same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &like, const char *op)
 {
     for (const auto &t : ts) {
-        check_cpu(t, op);
+        check_device(t, op);
         TORCH_CHECK(t.scalar_type() == like.scalar_type(), "tutti backend: ", op,
                     ": tensors of different dtypes (", t.scalar_type(), " and ", like.scalar_type(),
                     ")");
@@ -170,10 +171,44 @@ void check_no_list(const std::vector<std::vector<at::Tensor>> &lists, const char
                 ": only the root rank takes a list of tensors");
 }
 
-/* A contiguous buffer for t: t itself, or a copy written back by the returned step. */
+/* CUDA tensors are staged through host memory, as gloo's CUDA paths do: tutti works on
+ * a pinned host buffer, filled from the tensor when the call is issued (a blocking copy
+ * on the caller's current stream: it sees every kernel queued there before the call)
+ * and copied back when the op is done (a blocking copy, before the work completes).
+ *
+ * A pinned host buffer shaped as t, holding t's elements if fill. */
+at::Tensor staged(const at::Tensor &t, bool fill)
+{
+    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    if (fill)
+        h.copy_(t);
+    return h;
+}
+
+/* A contiguous host buffer holding t's elements: t itself, or a copy written back by
+ * copy_back. */
 at::Tensor contig(const at::Tensor &t)
 {
+    if (t.device().is_cuda())
+        return staged(t, true);
     return t.is_contiguous() ? t : t.contiguous();
+}
+
+/* A contiguous host buffer for what the op writes into t (its old elements unused). */
+at::Tensor out_buf(const at::Tensor &t)
+{
+    return t.device().is_cuda() ? staged(t, false) : contig(t);
+}
+
+bool any_cuda(const std::vector<at::Tensor> &ts)
+{
+    return std::any_of(ts.begin(), ts.end(), [](const at::Tensor &t) { return t.is_cuda(); });
+}
+
+/* A new 1-d host buffer of n elements of like's dtype, pinned where it goes to a GPU. */
+at::Tensor host_empty(int64_t n, const at::Tensor &like, bool pinned)
+{
+    return at::empty({ n }, like.options().device(at::kCPU).pinned_memory(pinned));
 }
 
 std::function<void()> copy_back(at::Tensor t, at::Tensor buf)
@@ -183,14 +218,19 @@ std::function<void()> copy_back(at::Tensor t, at::Tensor buf)
     return [t, buf]() mutable { t.copy_(buf); };
 }
 
-/* Every tensor's elements, back to back, in one new 1-d tensor. */
+/* Every tensor's elements, back to back, in one new 1-d host tensor (GPU tensors joined
+ * on their GPU, then copied once). */
 at::Tensor flatten(const std::vector<at::Tensor> &ts)
 {
+    bool mixed = any_cuda(ts) && !std::all_of(ts.begin(), ts.end(), [](const at::Tensor &t) {
+        return t.is_cuda();
+    });
     std::vector<at::Tensor> flat;
     flat.reserve(ts.size());
     for (const auto &t : ts)
-        flat.push_back(t.reshape({ -1 }));
-    return at::cat(flat);
+        flat.push_back((mixed ? contig(t) : t).reshape({ -1 }));
+    at::Tensor cat = at::cat(flat);
+    return cat.is_cuda() ? staged(cat, true) : cat;
 }
 
 /* Copies consecutive pieces of flat into ts (the inverse of flatten), from element off. */
@@ -241,6 +281,18 @@ std::vector<size_t> split_counts(const at::Tensor &t, const std::vector<int64_t>
 }
 
 constexpr uint32_t kMonitorTag = 0x7474ffffu; /* monitoredBarrier's messages */
+
+/* A work's future: one that holds GPU tensors names their devices, as torch's CUDA-aware
+ * futures must (their continuations then wait on the streams it completed on). */
+c10::intrusive_ptr<c10::ivalue::Future> make_future(const std::vector<at::Tensor> &outputs)
+{
+    std::vector<c10::Device> devices;
+    for (const auto &t : outputs)
+        if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+            devices.push_back(t.device());
+    return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                    std::move(devices));
+}
 
 } // namespace
 
@@ -312,8 +364,7 @@ WorkTutti::WorkTutti(int rank, c10d::OpType type, const char *name_,
                      std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                      Completer *completer_)
     : c10d::Work(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
-      timeout_(timeout), future_(c10::make_intrusive<c10::ivalue::Future>(
-                             c10::ListType::create(c10::TensorType::get())))
+      timeout_(timeout), future_(make_future(outputs_))
 {
 }
 
@@ -645,7 +696,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
     const at::Tensor &t = single(tensors, "broadcast");
     check_root(opts.rootRank, size_, "broadcast");
     carrier c = carry(t);
-    at::Tensor buf = contig(t);
+    at::Tensor buf = rank_ == opts.rootRank ? contig(t) : out_buf(t);
     return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
@@ -707,7 +758,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
     at::Tensor in = contig(single(inputs, "allgather"));
     auto outs = rank_list(outputs, in, size_, "allgather");
     carrier c = carry(in);
-    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
+    at::Tensor flat = host_empty(size_ * in.numel(), in, any_cuda(outs));
     return launch(
         c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
@@ -721,13 +772,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &ou
                                                                   at::Tensor &input,
                                                                   const c10d::AllgatherOptions &)
 {
-    check_cpu(input, "_allgather_base");
+    check_device(input, "_allgather_base");
     same_dtype({ output }, input, "_allgather_base");
     carrier c = carry(input);
     TORCH_CHECK(output.numel() == size_ * input.numel(),
                 "tutti backend: _allgather_base: output of ", output.numel(), " elements, needs ",
                 size_, " x ", input.numel());
-    at::Tensor in = contig(input), out = contig(output);
+    at::Tensor in = contig(input), out = out_buf(output);
     return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_allgather_async(comm_, in.data_ptr(), out.data_ptr(),
@@ -757,7 +808,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
         outs.insert(outs.end(), list.begin(), list.end());
     }
     at::Tensor in = flatten(inputs);
-    at::Tensor flat = at::empty({ size_ * in.numel() }, in.options());
+    at::Tensor flat = host_empty(size_ * in.numel(), in, any_cuda(outs));
     return launch(
         c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", outs, { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
@@ -779,7 +830,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
     std::vector<at::Tensor> outs;
     if (rank_ == root) {
         outs = rank_list(outputs, in, size_, "gather");
-        flat = at::empty({ size_ * in.numel() }, in.options());
+        flat = host_empty(size_ * in.numel(), in, any_cuda(outs));
     } else {
         check_no_list(outputs, "gather");
     }
@@ -805,7 +856,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
         flat = flatten(rank_list(inputs, o, size_, "scatter"));
     else
         check_no_list(inputs, "scatter");
-    at::Tensor out = contig(o);
+    at::Tensor out = out_buf(o);
     return launch(c10d::OpType::SCATTER, "scatter", outputs, { flat, out }, copy_back(o, out),
                   [&](tutti_work_t **w) {
                       return tutti_scatter_async(comm_, flat.defined() ? flat.data_ptr() : nullptr,
@@ -820,7 +871,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
     reduction r = to_reduction(o, opts.reduceOp, "reduce_scatter");
-    at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = contig(o);
+    at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = out_buf(o);
     return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
@@ -831,14 +882,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
     at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts)
 {
-    check_cpu(input, "_reduce_scatter_base");
+    check_device(input, "_reduce_scatter_base");
     same_dtype({ output }, input, "_reduce_scatter_base");
     reduction r = to_reduction(input, opts.reduceOp, "_reduce_scatter_base");
     TORCH_CHECK(input.numel() == size_ * output.numel(),
                 "tutti backend: _reduce_scatter_base: "
                 "input of ",
                 input.numel(), " elements, needs ", size_, " x ", output.numel());
-    at::Tensor in = contig(input), out = contig(output);
+    at::Tensor in = contig(input), out = out_buf(output);
     return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", { output },
                   { in, out }, copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(),
@@ -852,7 +903,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
                                                                 std::vector<int64_t> &inputSplits,
                                                                 const c10d::AllToAllOptions &)
 {
-    check_cpu(input, "alltoall_base");
+    check_device(input, "alltoall_base");
     same_dtype({ output }, input, "alltoall_base");
     carrier c = carry(input);
     std::vector<size_t> sc = split_counts(input, inputSplits, size_, "input");
@@ -863,7 +914,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
         sc[i] *= c.k;
         rc[i] *= c.k;
     }
-    at::Tensor in = contig(input), out = contig(output);
+    at::Tensor in = contig(input), out = out_buf(output);
     return launch(c10d::OpType::ALLTOALL_BASE, "alltoall_base", { output }, { in, out },
                   copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_alltoallv_async(comm_, in.data_ptr(), sc.data(), nullptr,
@@ -886,7 +937,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tenso
         rc.push_back(c.n(outputs[i].numel()));
     }
     at::Tensor in = flatten(inputs);
-    at::Tensor flat = at::empty({ (int64_t)(total(rc) / c.k) }, in.options());
+    at::Tensor flat = host_empty((int64_t)(total(rc) / c.k), in, any_cuda(outputs));
     auto outs = outputs;
     return launch(
         c10d::OpType::ALLTOALL, "alltoall", outputs, { in, flat },
@@ -929,7 +980,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, con
 {
     const at::Tensor &t = single(tensors, name);
     carrier c = carry(t);
-    at::Tensor buf = contig(t);
+    at::Tensor buf = out_buf(t);
     return launch(type, name, tensors, { buf }, copy_back(t, buf), [&](tutti_work_t **w) {
         return tutti_recv_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, src,
                                 (uint32_t)tag, w);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The torch 2.x and GPU checks of tutti.torch, for the machine the device tool lends some
+# sessions (one NVIDIA GPU, torch 2.x with CUDA, meson and ninja, no libuv or check, no
+# network). Not part of CI: CI has no GPU.
+#   tools/dev/device-check.sh prepare   here: fetch the Debian packages the build needs
+#                                       (libuv, check, pkgconf) into .dev/debs
+#   tools/dev/device-check.sh run       there (run with carry [".dev"]): unpack them under
+#                                       /tmp/deps, build into /tmp/b with -Dtorch=enabled,
+#                                       run the torch tests (CPU and CUDA tensors) and the
+#                                       upstream slice; logs in $OUT
+# About 4 minutes there (build 35 s, tests 3 min); give the call timeout_s 420.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+
+prepare() {
+    mkdir -p .dev/debs
+    grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo /.dev/ >>.git/info/exclude
+    (cd .dev/debs && apt-get download libuv1 libuv1-dev check libsubunit0 libsubunit-dev \
+        pkgconf pkgconf-bin libpkgconf3)
+    ls -la .dev/debs
+}
+
+run() {
+    local out=${OUT:-/tmp/device-check}
+    mkdir -p "$out"
+    exec > >(tee "$out/summary.log") 2>&1
+    nvidia-smi -L
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+    mkdir -p /tmp/deps
+    for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/deps; done
+    for p in /tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+        sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|; s|^libdir=/usr|libdir=${prefix}|;
+                s|^includedir=/usr|includedir=${prefix}|' "$p"
+    done
+    export PATH=/tmp/deps/usr/bin:$PATH PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig
+    export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    local t0=$SECONDS
+    # -Dwerror=false: a new compiler's new warning is reported, not a stop
+    if ! meson setup /tmp/b -Dtorch=enabled -Dpeers=disabled -Dtransports=tcp,shm \
+        -Dwerror=false >"$out/setup.log" 2>&1; then
+        tail -30 "$out/setup.log"
+        return 1
+    fi
+    grep -i "stdc\|torch" "$out/setup.log" | head
+    if ! ninja -C /tmp/b >"$out/build.log" 2>&1; then
+        grep -B2 -A12 'error' "$out/build.log" | head -80
+        return 1
+    fi
+    echo "build: $((SECONDS - t0)) s, warnings: $(grep -c 'warning:' "$out/build.log")"
+    grep -A6 'warning:' "$out/build.log" | head -40
+    export PYTHONPATH=/tmp/b/python TUTTI_SOCKET_IFNAME=lo PYTHONDONTWRITEBYTECODE=1 \
+        TUTTI_RUN=/tmp/b/tools/tutti-run
+    local t
+    for t in test_torch_backend test_torch_upstream; do
+        t0=$SECONDS
+        timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 -rs \
+            "python/tests/$t.py" >"$out/$t.log" 2>&1
+        echo "$t: rc $? in $((SECONDS - t0)) s"
+        grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/$t.log" | cut -c1-240 | head -30
+    done
+}
+
+case "${1:-}" in
+prepare) prepare ;;
+run) run ;;
+*)
+    sed -n '2,12p' "$0"
+    exit 2
+    ;;
+esac
