@@ -125,6 +125,13 @@ rc=$?
 [ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/2 0 0/2;1/2 0 1/2;" ] ||
     fail "--hostfile: exit $rc: $out"
 echo "--hostfile: 2 hosts, rank and group variables right"
+# two names of host A (its address and localhost): one node of 2 ranks, not two of 1
+out=$(inA timeout 30 "$run" -H "$A:1,localhost:1,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
+    sh -c 'echo "$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $GROUP_RANK/$GROUP_WORLD_SIZE"' 2>&1)
+rc=$?
+[ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/3 0/2 0/2;1/3 1/2 0/2;2/3 0/1 1/2;" ] ||
+    fail "-H $A:1,localhost:1,$B:1: exit $rc: $out"
+echo "two names of one host: one node (LOCAL_RANK 0 and 1)"
 for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x"; do
     # shellcheck disable=SC2086
     out=$(inA timeout 10 "$run" $bad true 2>&1)

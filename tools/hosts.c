@@ -24,8 +24,21 @@ static int add_host(const char *tool, const char *name, size_t len, int slots, t
                 sizeof((*hosts)->name) - 1);
         return -1;
     }
+    /* the same host twice adds its slots: the same name, or two names of this host
+     * (localhost and its own name, say), which would otherwise be two nodes on one,
+     * each with LOCAL_RANK 0 */
+    char z[sizeof((*hosts)->name)];
+    memcpy(z, name, len);
+    z[len] = '\0';
+    int local = -1; /* not asked yet */
     for (int i = 0; i < *n; i++) {
-        if (strlen((*hosts)[i].name) == len && !strncmp((*hosts)[i].name, name, len)) {
+        int same = !strcmp((*hosts)[i].name, z);
+        if (!same && tt_host_is_local((*hosts)[i].name)) {
+            if (local < 0)
+                local = tt_host_is_local(z);
+            same = local;
+        }
+        if (same) {
             (*hosts)[i].slots += slots;
             return 0;
         }

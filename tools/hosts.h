@@ -14,7 +14,8 @@ typedef struct tt_host {
 } tt_host_t;
 
 /* Appends the hosts of list "H1[:SLOTS],H2[:SLOTS],..." (mpirun's -H, horovodrun's -H) to
- * *hosts (n of them, realloc'd). A host named twice adds its slots. 0, or -1 having said
+ * *hosts (n of them, realloc'd). A host named twice adds its slots, as do two names of
+ * this host (tt_host_is_local: one node, under the first name). 0, or -1 having said
  * why (tool prefixes it). */
 int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n);
 
