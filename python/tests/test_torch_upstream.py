@@ -2,7 +2,9 @@
 distributed_test, the suite test_distributed_spawn runs for gloo), run against "tutti":
 the per-collective tests for CPU tensors, each starting its ranks as torch does, but
 forked from a fork server that imported torch once (setUp below)."""
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -18,7 +20,12 @@ except ImportError:  # the C++ extension was not built
 sys.path.append(os.path.join(os.path.dirname(__file__), "shims"))
 os.environ.setdefault("BACKEND", "tutti")
 os.environ.setdefault("WORLD_SIZE", "3")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="tutti-torch-upstream-"))
+if "TEMP_DIR" not in os.environ:
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="tutti-torch-upstream-")
+    # removed at the end by the process that made it (not by the fork server or a rank,
+    # which import this module too)
+    atexit.register(lambda pid=os.getpid(), d=os.environ["TEMP_DIR"]:
+                    os.getpid() == pid and shutil.rmtree(d, ignore_errors=True))
 os.environ.setdefault("TUTTI_SOCKET_IFNAME", "lo")
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest, TestDistBackend)
