@@ -4,10 +4,12 @@ untimed iterations, then N timed ones, each rank timing every iteration; an iter
 time is the slowest rank's; prints p50 and mean (us) of those, one line of JSON.
 
   py_bench.py [--api tutti|torch-tutti|torch-gloo] [-np N] [-b BYTES] [-n N] [-w W]
-              [--transport shm|tcp]
+              [--transport shm|tcp] [--device cpu|cuda]
 
 tutti: the Python package (tutti.Communicator.allreduce, in place, float32).
-torch-*: torch.distributed.all_reduce of a float32 tensor on the named backend.
+torch-*: torch.distributed.all_reduce of a float32 tensor on the named backend; with
+--device cuda, of a tensor on GPU rank % GPUs, each call followed by
+torch.cuda.synchronize() (gloo's CUDA work returns before its copy back is done).
 Run with PYTHONPATH=build/python and /usr/bin/python3."""
 import argparse
 import os
@@ -40,8 +42,17 @@ def rank_main(a, rank, q):
             os.environ["TUTTI_TRANSPORT"] = a.transport
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=a.np)
-        buf = torch.ones(count, dtype=torch.float32)
-        call = lambda: dist.all_reduce(buf)  # noqa: E731
+        if a.device == "cuda":
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
+            buf = torch.ones(count, dtype=torch.float32, device=dev)
+
+            def call():
+                dist.all_reduce(buf)
+                torch.cuda.synchronize()
+        else:
+            buf = torch.ones(count, dtype=torch.float32)
+            call = lambda: dist.all_reduce(buf)  # noqa: E731
 
         def gather_max(t):
             tt = torch.from_numpy(t)
@@ -57,6 +68,7 @@ def rank_main(a, rank, q):
     if rank == 0:
         us = times * 1e6
         q.put({"api": a.api, "np": a.np, "bytes": count * 4, "transport": a.transport,
+               "device": a.device,
                "iters": n, "p50_us": float(np.percentile(us, 50)), "mean_us": float(us.mean())})
 
 
@@ -68,6 +80,7 @@ def main():
     p.add_argument("-n", type=int, default=5000)
     p.add_argument("-w", type=int, default=200)
     p.add_argument("--transport", default="shm")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = p.parse_args()
     run_ranks(rank_main, a, a.np, 600)
 

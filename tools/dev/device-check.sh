@@ -7,8 +7,11 @@
 #   tools/dev/device-check.sh run       there (run with carry [".dev"]): unpack them under
 #                                       /tmp/deps, build into /tmp/b with -Dtorch=enabled,
 #                                       run the torch tests (CPU and CUDA tensors) and the
-#                                       upstream slice; logs in $OUT
-# About 4 minutes there (build 35 s, tests 3 min); give the call timeout_s 420.
+#                                       upstream slice, then time allreduce of CUDA tensors
+#                                       on tutti and gloo (bench/py_bench.py --device cuda,
+#                                       A B A B); logs in $OUT
+# About 5 minutes there (build 35 s, tests 3 min, timings 1 min); give the call
+# timeout_s 480.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -59,6 +62,18 @@ run() {
         echo "$t: rc $? in $((SECONDS - t0)) s"
         grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/$t.log" | cut -c1-240 | head -30
     done
+    # CUDA tensors staged through host memory, tutti against gloo (which stages them too):
+    # 2 ranks on the GPU(s), alternating runs, p50 per call in us
+    local b n api k
+    for b in 4:2000 1048576:200 67108864:20; do
+        n=${b#*:} b=${b%:*}
+        for k in 1 2; do
+            for api in torch-tutti torch-gloo; do
+                PYTHONPATH=$PYTHONPATH:bench timeout 60 python3 bench/py_bench.py --api $api \
+                    --device cuda -np 2 -b "$b" -n "$n" -w $((n / 10 + 1)) 2>&1 | tail -1
+            done
+        done
+    done | tee "$out/cuda-bench.jsonl"
 }
 
 case "${1:-}" in
