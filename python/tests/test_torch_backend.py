@@ -317,6 +317,9 @@ def test_every_collective(size, init, transport):
 
 # torch.set_default_device (2.0 on) makes every tensor the checks above create, inputs and
 # references alike, a tensor of the rank's GPU; ranks share GPUs where there are fewer
+# (asked through NVML: CUDA itself in this process would make it unusable in the forked
+# ranks, "Cannot re-initialize CUDA in forked subprocess")
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available()
                                or not hasattr(torch, "set_default_device"),
                                reason="needs a GPU and torch >= 2.0")
@@ -341,9 +344,10 @@ def test_every_collective_on_cuda_tensors(size, transport):
 
 
 def cuda_streams(rank, size):
-    """The input is written by a kernel on a side stream made current: the staging copy
-    runs on that stream, after the kernel; async works and their futures hold CUDA
-    tensors; a continuation sees the result."""
+    """Kernels queued on a side stream made current, before the call, that write the
+    input (all_reduce) or the output (a broadcast's receivers, where nothing is copied in):
+    the staging copy and the copy back run on that stream, after them. Async works and
+    their futures hold CUDA tensors; a continuation sees the result."""
     dev = _gpu(rank)
     side = torch.cuda.Stream(dev)
     with torch.cuda.stream(side):
@@ -352,10 +356,17 @@ def cuda_streams(rank, size):
         x.fill_(rank + 1.0)
         w = dist.all_reduce(x, async_op=True)
         fut = w.get_future().then(lambda f: f.value()[0] * 2)
+        y = torch.empty(1 << 20, device=dev)
+        torch.cuda._sleep(50_000_000)
+        y.fill_(-1.0 if rank else 7.0)  # the receivers' old value, the root's data
+        b = dist.broadcast(y, 0, async_op=True)
     w.wait()
+    b.wait()
+    torch.cuda.synchronize(dev)
     total = size * (size + 1) / 2
-    out = [x.min().item(), x.max().item(), fut.wait().min().item()]
-    assert out == [total, total, 2 * total], out
+    out = [x.min().item(), x.max().item(), fut.wait().min().item(), y.min().item(),
+           y.max().item()]
+    assert out == [total, total, 2 * total, 7.0, 7.0], out
     return out
 
 
@@ -744,6 +755,34 @@ def test_ddp_on_cuda_matches_gloo():
     for diffs in run(ddp_cuda_parity, 2, timeout=150):
         bad = {k: v for k, v in diffs.items() if v > 1e-6}
         assert not bad, diffs
+
+
+def into_parameters(rank, size):
+    """Results written into tensors that require grad (as DDP's start-up broadcast and
+    model averaging do), non-contiguous ones too (copied back, not written in place), on
+    the completion thread (the wait comes after the op is done)."""
+    p = torch.nn.Parameter(torch.zeros(3, 4).t())  # a leaf that requires grad, 4 x 3
+    q = torch.nn.Parameter(torch.zeros(4, 3))
+    with torch.no_grad():
+        if rank == 0:
+            p.copy_(torch.arange(12.0).view(4, 3))
+        q.fill_(rank + 1.0)
+    out = []
+    for op in (lambda: dist.broadcast(p, 0, async_op=True),
+               lambda: dist.all_reduce(p, async_op=True),
+               lambda: dist.all_reduce(q, async_op=True)):
+        w = op()
+        time.sleep(0.3)
+        w.wait()
+        out.append(None)
+    assert torch.equal(p.detach(), torch.arange(12.0).view(4, 3) * size), p
+    assert torch.equal(q.detach(), torch.full((4, 3), size * (size + 1) / 2)), q
+    assert p.requires_grad and p.grad_fn is None and q.is_leaf
+    return len(out)
+
+
+def test_results_go_into_parameters():
+    assert run(into_parameters, 2) == [3, 3]
 
 
 def test_ddp_matches_gloo():

@@ -12,6 +12,9 @@
 #include <cstring>
 #include <numeric>
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -211,19 +214,26 @@ at::Tensor host_empty(int64_t n, const at::Tensor &like, bool pinned)
     return at::empty({ n }, like.options().device(at::kCPU).pinned_memory(pinned));
 }
 
+/* Writes the result into t as tutti itself would (or NCCL): outside autograd, so a leaf
+ * that requires grad takes it, and without bumping t's version counter (.data's alias). */
+void write_into(const at::Tensor &t, const at::Tensor &from)
+{
+    t.variable_data().copy_(from);
+}
+
 std::function<void()> copy_back(at::Tensor t, at::Tensor buf)
 {
     if (buf.is_same(t))
         return nullptr;
-    return [t, buf]() mutable { t.copy_(buf); };
+    return [t, buf]() mutable { write_into(t, buf); };
 }
 
-/* Every tensor's elements, back to back, in one new 1-d host tensor (GPU tensors joined
- * on their GPU, then copied once). */
+/* Every tensor's elements, back to back, in one new 1-d host tensor (tensors all on one
+ * GPU joined there, then copied once; on several devices, each copied to the host). */
 at::Tensor flatten(const std::vector<at::Tensor> &ts)
 {
-    bool mixed = any_cuda(ts) && !std::all_of(ts.begin(), ts.end(), [](const at::Tensor &t) {
-        return t.is_cuda();
+    bool mixed = std::any_of(ts.begin(), ts.end(), [&](const at::Tensor &t) {
+        return t.device() != ts[0].device();
     });
     std::vector<at::Tensor> flat;
     flat.reserve(ts.size());
@@ -237,7 +247,7 @@ at::Tensor flatten(const std::vector<at::Tensor> &ts)
 void unflatten(const at::Tensor &flat, int64_t off, std::vector<at::Tensor> &ts)
 {
     for (auto &t : ts) {
-        t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+        write_into(t, flat.narrow(0, off, t.numel()).view(t.sizes()));
         off += t.numel();
     }
 }
@@ -366,6 +376,15 @@ WorkTutti::WorkTutti(int rank, c10d::OpType type, const char *name_,
     : c10d::Work(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
       timeout_(timeout), future_(make_future(outputs_))
 {
+    /* the caller's current stream on the (first) GPU the results go to: the results are
+     * copied back on it, after the work the caller queued there before the call, and the
+     * future completes with that device current (its continuations run there) */
+    for (const auto &t : outputs_) {
+        if (t.is_cuda()) {
+            stream_ = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+            break;
+        }
+    }
 }
 
 WorkTutti::~WorkTutti()
@@ -386,6 +405,7 @@ void WorkTutti::on_done(void *arg, int status)
 
 void WorkTutti::complete(int status)
 {
+    c10::OptionalStreamGuard on_stream(stream_); /* none for CPU results */
     std::exception_ptr err;
     if (status == TUTTI_OK && finisher) {
         try {
@@ -696,8 +716,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
     const at::Tensor &t = single(tensors, "broadcast");
     check_root(opts.rootRank, size_, "broadcast");
     carrier c = carry(t);
-    at::Tensor buf = rank_ == opts.rootRank ? contig(t) : out_buf(t);
-    return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf }, copy_back(t, buf),
+    bool root = rank_ == opts.rootRank;
+    at::Tensor buf = root ? contig(t) : out_buf(t);
+    return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf },
+                  root ? nullptr : copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
                                                    c.n(buf.numel()), c.dt, (int)opts.rootRank, w);
@@ -742,7 +764,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
     reduction r = to_reduction(t, opts.reduceOp, "reduce");
     at::Tensor buf = contig(t);
     int root = (int)opts.rootRank;
-    return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf }, copy_back(t, buf),
+    /* a non-root's tensor is only read */
+    return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf },
+                  rank_ == root ? copy_back(t, buf) : nullptr,
                   [&](tutti_work_t **w) {
                       return tutti_reduce_async(comm_,
                                                 rank_ == root ? TUTTI_IN_PLACE : buf.data_ptr(),

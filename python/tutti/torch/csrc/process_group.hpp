@@ -1,10 +1,10 @@
 /* ProcessGroupTutti: torch.distributed's c10d backend "tutti", one tutti communicator
- * under a process group, for CPU tensors. Every collective is issued async; WorkTutti
+ * under a process group, for CPU tensors and CUDA tensors (staged through host memory). Every collective is issued async; WorkTutti
  * holds the tutti work handle and the buffers it uses, and is finished (results copied
  * back, exception set, Future completed) by the group's Completer thread, never under
  * tutti's lock. The base class is c10d::ProcessGroup on torch 1.x and c10d::Backend on
- * torch >= 2 (the 2.x branch follows torch-ccl's; type-checked against torch 2.2 and 2.4
- * headers by tools/dev/check-torch2.sh, never linked or run). */
+ * torch >= 2 (the 2.x branch follows torch-ccl's; built and run against torch 2.11 on the
+ * device tool's machine once, docs/pytorch.md). */
 #pragma once
 
 #include <atomic>
@@ -27,6 +27,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
 
 #include <tutti/tutti.h>
 
@@ -93,6 +96,7 @@ class WorkTutti : public c10d::Work
     enum { kUnclaimed, kWaiterFinishes, kCompleterFinishes };
     std::atomic<int> finishing_{ kUnclaimed };
     std::vector<at::Tensor> outputs_;
+    c10::optional<c10::Stream> stream_; /* the caller's, for results on a GPU */
     std::chrono::milliseconds timeout_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
