@@ -313,6 +313,54 @@ def test_every_collective(size, init, transport):
     assert min(counts) > 300
 
 
+def coalesced_into_tensors(rank, size):
+    """torch 2.x's batches of all_gather_into_tensor and reduce_scatter_tensor (issued by
+    dist._coalescing_manager, FSDP-style): through the backend's own methods on every
+    torch, and through the coalescing manager where torch has it (2.1 on)."""
+    from torch.distributed import distributed_c10d as c10d
+    pg = c10d._get_default_group()
+    if not isinstance(pg, tutti.torch.ProcessGroupTutti):  # torch 2.x: the CPU backend
+        pg = pg._get_backend(torch.device("cpu"))
+    ck = Checker()
+    f32 = torch.float32
+    for dt in (f32, torch.int64, torch.bfloat16):
+        ins = [inp(rank, dt, n=3), inp(rank, dt, n=5, salt=1)]
+        outs = [torch.empty(3 * size, dtype=dt), torch.empty(5, size, dtype=dt).t()]
+        pg.allgather_into_tensor_coalesced(outs, ins).wait()
+        ck(f"allgather_into_tensor_coalesced {dt} [0]", outs[0],
+           torch.cat([inp(r, dt, n=3) for r in range(size)]))
+        ck(f"allgather_into_tensor_coalesced {dt} [1] (non-contiguous)", outs[1],
+           torch.stack([inp(r, dt, n=5, salt=1) for r in range(size)]))
+        for name in ("SUM", "MAX"):
+            ins = [inp(rank, dt, name, n=2 * size, salt=2),
+                   inp(rank, dt, name, n=4 * size, salt=3).view(size, 4)]
+            outs = [torch.empty(2, dtype=dt), torch.empty(4, dtype=dt)]
+            opts = dist.ReduceScatterOptions()
+            opts.reduceOp = getattr(dist.ReduceOp, name)
+            pg.reduce_scatter_tensor_coalesced(outs, ins, opts).wait()
+            for i, (n, salt) in enumerate(((2, 2), (4, 3))):
+                whole = reduce_ref([inp(r, dt, name, n=n * size, salt=salt) for r in range(size)],
+                                   name, dt, size)
+                ck(f"reduce_scatter_tensor_coalesced {dt} {name} [{i}]", outs[i],
+                   whole[rank * n:(rank + 1) * n])
+    if hasattr(c10d, "_coalescing_manager") and int(torch.__version__.split(".")[0]) >= 2:
+        outs = [torch.empty(2 * size), torch.empty(3 * size)]
+        with c10d._coalescing_manager():
+            dist.all_gather_into_tensor(outs[0], inp(rank, f32, n=2))
+            dist.all_gather_into_tensor(outs[1], inp(rank, f32, n=3, salt=4))
+        ck("_coalescing_manager all_gather_into_tensor [0]", outs[0],
+           torch.cat([inp(r, f32, n=2) for r in range(size)]))
+        ck("_coalescing_manager all_gather_into_tensor [1]", outs[1],
+           torch.cat([inp(r, f32, n=3, salt=4) for r in range(size)]))
+    assert not ck.bad, "\n".join(ck.bad)
+    return ck.count
+
+
+def test_coalesced_into_tensors():
+    for count in run(coalesced_into_tensors, 3):
+        assert count >= 18, count
+
+
 # ---- CUDA tensors (staged through host memory): only where a GPU is ----
 
 # torch.set_default_device (2.0 on) makes every tensor the checks above create, inputs and

@@ -29,7 +29,24 @@ PYBIND11_MODULE(_C, m)
                c10::intrusive_ptr<tutti_torch::ProcessGroupTutti>>(m, "ProcessGroupTutti")
         .def_property_readonly("transport", &tutti_torch::ProcessGroupTutti::transport)
         .def("trace", &tutti_torch::ProcessGroupTutti::trace,
-             py::call_guard<py::gil_scoped_release>());
+             py::call_guard<py::gil_scoped_release>())
+        /* torch >= 2.1 binds these on its Backend too; here for torch 1.x (and tests) */
+        .def(
+            "allgather_into_tensor_coalesced",
+            [](tutti_torch::ProcessGroupTutti &pg, std::vector<at::Tensor> outputs,
+               std::vector<at::Tensor> inputs) {
+                return pg.allgather_into_tensor_coalesced(outputs, inputs,
+                                                          c10d::AllgatherOptions());
+            },
+            py::arg("outputs"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>())
+        .def(
+            "reduce_scatter_tensor_coalesced",
+            [](tutti_torch::ProcessGroupTutti &pg, std::vector<at::Tensor> outputs,
+               std::vector<at::Tensor> inputs, const c10d::ReduceScatterOptions &opts) {
+                return pg.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+            },
+            py::arg("outputs"), py::arg("inputs"), py::arg("opts") = c10d::ReduceScatterOptions(),
+            py::call_guard<py::gil_scoped_release>());
     m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
           py::arg("timeout"));
     m.attr("TORCH_VERSION_MAJOR") = TORCH_VERSION_MAJOR;

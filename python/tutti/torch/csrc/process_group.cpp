@@ -842,6 +842,44 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
         });
 }
 
+/* torch 2.x's batches of all_gather_into_tensor (what dist._coalescing_manager issues,
+ * and gloo and NCCL take): output i is every rank's input i, rank by rank. One tutti
+ * allgather of the inputs back to back; output i's rows are then columns of the result. */
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &)
+{
+    const char *name = "allgather_into_tensor_coalesced";
+    TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "tutti backend: ", name,
+                ": needs as many outputs as inputs (at least one), got ", outputs.size(), " and ",
+                inputs.size());
+    same_dtype(inputs, inputs[0], name);
+    same_dtype(outputs, inputs[0], name);
+    for (size_t i = 0; i < inputs.size(); i++)
+        TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel(), "tutti backend: ", name,
+                    ": output ", i, " of ", outputs[i].numel(), " elements, needs ", size_, " x ",
+                    inputs[i].numel());
+    carrier c = carry(inputs[0]);
+    at::Tensor in = flatten(inputs);
+    at::Tensor flat = host_empty(size_ * in.numel(), in, any_cuda(outputs));
+    auto outs = outputs;
+    int size = size_;
+    return launch(
+        c10d::OpType::ALLGATHER_COALESCED, name, outputs, { in, flat },
+        [flat, outs, size]() mutable {
+            at::Tensor rows = flat.view({ size, -1 });
+            int64_t off = 0;
+            for (auto &t : outs) {
+                int64_t len = t.numel() / size;
+                write_into(t, rows.narrow(1, off, len).reshape(t.sizes()));
+                off += len;
+            }
+        },
+        [&](tutti_work_t **w) {
+            return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), c.n(in.numel()),
+                                         c.dt, w);
+        });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
     std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
     const c10d::GatherOptions &opts)
@@ -901,6 +939,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
                                                         out.numel(), r.dt, r.op, w);
                   });
+}
+
+/* torch 2.x's batches of reduce_scatter_tensor: output i is this rank's block of the
+ * reduction of input i (size blocks of output i's length). One tutti reduce_scatter of
+ * the inputs rearranged rank by rank: rank r's block is every input's block r. */
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::ReduceScatterOptions &opts)
+{
+    const char *name = "reduce_scatter_tensor_coalesced";
+    TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "tutti backend: ", name,
+                ": needs as many outputs as inputs (at least one), got ", outputs.size(), " and ",
+                inputs.size());
+    same_dtype(inputs, inputs[0], name);
+    same_dtype(outputs, inputs[0], name);
+    reduction r = to_reduction(inputs[0], opts.reduceOp, name);
+    std::vector<at::Tensor> cols;
+    for (size_t i = 0; i < inputs.size(); i++) {
+        TORCH_CHECK(inputs[i].numel() == size_ * outputs[i].numel(), "tutti backend: ", name,
+                    ": input ", i, " of ", inputs[i].numel(), " elements, needs ", size_, " x ",
+                    outputs[i].numel());
+        cols.push_back(contig(inputs[i]).view({ size_, -1 }));
+    }
+    at::Tensor in = at::cat(cols, 1).reshape({ -1 });
+    at::Tensor out = host_empty(in.numel() / size_, in, any_cuda(outputs));
+    auto outs = outputs;
+    return launch(
+        c10d::OpType::_REDUCE_SCATTER_BASE, name, outputs, { in, out },
+        [out, outs]() mutable { unflatten(out, 0, outs); },
+        [&](tutti_work_t **w) {
+            return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(), out.numel(),
+                                              r.dt, r.op, w);
+        });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(

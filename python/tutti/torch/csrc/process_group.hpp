@@ -36,6 +36,12 @@
 namespace tutti_torch
 {
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define TUTTI_TORCH_2_1_OVERRIDE override
+#else
+#define TUTTI_TORCH_2_1_OVERRIDE
+#endif
+
 #if TORCH_VERSION_MAJOR >= 2
 using PGBase = c10d::Backend;
 #else
@@ -129,6 +135,14 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Work> allgather_coalesced(
         std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
         const c10d::AllgatherOptions &opts) override;
+    /* torch >= 2.1's Backend has these two (dist._coalescing_manager's batches); on older
+     * torch they are plain members, reached from Python through _C's bindings */
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+        std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::AllgatherOptions &opts) TUTTI_TORCH_2_1_OVERRIDE;
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+        std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::ReduceScatterOptions &opts) TUTTI_TORCH_2_1_OVERRIDE;
     c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
                                           std::vector<at::Tensor> &inputs,
                                           const c10d::GatherOptions &opts) override;
