@@ -356,6 +356,46 @@ def coalesced_into_tensors(rank, size):
     return ck.count
 
 
+def coalesced_p2p(rank, size):
+    """Sends and receives issued between startCoalescing and endCoalescing, waited on as
+    one (torch 2.x: what batch_isend_irecv does for CUDA tensors, through
+    _coalescing_manager with a device; torch 1.x: the backend's own methods)."""
+    from torch.distributed import distributed_c10d as c10d
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = [torch.zeros(4), torch.zeros(3, dtype=torch.int64)]
+    if int(torch.__version__.split(".")[0]) >= 2:
+        with c10d._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+            dist.isend(torch.full((4,), float(rank)), nxt)
+            dist.isend(torch.arange(3) + 10 * rank, nxt, tag=1)
+            dist.irecv(got[0], prv)
+            dist.irecv(got[1], prv, tag=1)
+        cm.wait()
+        works = cm.works
+    else:
+        pg = c10d._get_default_group()
+        pg.start_coalescing()
+        pg.send([torch.full((4,), float(rank))], nxt, 0)
+        pg.send([torch.arange(3) + 10 * rank], nxt, 1)
+        pg.recv([got[0]], prv, 0)
+        pg.recv([got[1]], prv, 1)
+        works = [pg.end_coalescing()]
+        works[0].wait()
+        try:
+            pg.end_coalescing()
+            works.append("no error")
+        except RuntimeError as e:
+            works.append(str(e))
+        assert "without startCoalescing" in works[1], works[1]
+    assert torch.equal(got[0], torch.full((4,), float(prv))), got
+    assert torch.equal(got[1], torch.arange(3) + 10 * prv), got
+    assert works[0].is_completed()
+    return len(works[0].result())
+
+
+def test_coalesced_p2p():
+    assert run(coalesced_p2p, 3) == [4, 4, 4]
+
+
 def test_coalesced_into_tensors():
     for count in run(coalesced_into_tensors, 3):
         assert count >= 18, count

@@ -46,7 +46,11 @@ PYBIND11_MODULE(_C, m)
                 return pg.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
             },
             py::arg("outputs"), py::arg("inputs"), py::arg("opts") = c10d::ReduceScatterOptions(),
-            py::call_guard<py::gil_scoped_release>());
+            py::call_guard<py::gil_scoped_release>())
+        .def("start_coalescing", &tutti_torch::ProcessGroupTutti::startCoalescing,
+             py::call_guard<py::gil_scoped_release>())
+        .def("end_coalescing", &tutti_torch::ProcessGroupTutti::endCoalescing,
+             py::call_guard<py::gil_scoped_release>());
     m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
           py::arg("timeout"));
     m.attr("TORCH_VERSION_MAJOR") = TORCH_VERSION_MAJOR;

@@ -705,7 +705,58 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
         c10::intrusive_ptr<WorkTutti>::reclaim(ref);
         fail(name, st);
     }
+    if (coalescing_)
+        coalesced_.push_back(work);
     return work;
+}
+
+void ProcessGroupTutti::startCoalescing()
+{
+    std::lock_guard<std::mutex> g(issue_mu_);
+    TORCH_CHECK(!coalescing_, "tutti backend: startCoalescing on rank ", rank_,
+                ": already coalescing (endCoalescing was not called)");
+    coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::endCoalescing()
+{
+    std::lock_guard<std::mutex> g(issue_mu_);
+    TORCH_CHECK(coalescing_, "tutti backend: endCoalescing on rank ", rank_,
+                " without startCoalescing");
+    coalescing_ = false;
+    return c10::make_intrusive<WorkBatch>(rank_, std::move(coalesced_));
+}
+
+/* ---- WorkBatch ---- */
+
+WorkBatch::WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works)
+    : c10d::Work(rank, c10d::OpType::UNKNOWN), works_(std::move(works))
+{
+}
+
+/* Each work waited for in turn, each within timeout (its own deadline in tutti bounds it
+ * too); the first failure is raised. */
+bool WorkBatch::wait(std::chrono::milliseconds timeout)
+{
+    for (auto &w : works_)
+        w->wait(timeout);
+    return true;
+}
+
+bool WorkBatch::isCompleted()
+{
+    return std::all_of(works_.begin(), works_.end(),
+                       [](const c10::intrusive_ptr<WorkTutti> &w) { return w->isCompleted(); });
+}
+
+std::vector<at::Tensor> WorkBatch::result()
+{
+    std::vector<at::Tensor> all;
+    for (auto &w : works_) {
+        auto r = w->result();
+        all.insert(all.end(), r.begin(), r.end());
+    }
+    return all;
 }
 
 /* ---- collectives ---- */

@@ -43,6 +43,12 @@ namespace tutti_torch
 #endif
 
 #if TORCH_VERSION_MAJOR >= 2
+#define TUTTI_TORCH_2_OVERRIDE override
+#else
+#define TUTTI_TORCH_2_OVERRIDE
+#endif
+
+#if TORCH_VERSION_MAJOR >= 2
 using PGBase = c10d::Backend;
 #else
 using PGBase = c10d::ProcessGroup;
@@ -107,6 +113,21 @@ class WorkTutti : public c10d::Work
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+/* What endCoalescing returns: the works issued since startCoalescing, as one (torch 2.x's
+ * batch_isend_irecv of CUDA tensors and _coalescing_manager(device=...) wait on it). */
+class WorkBatch : public c10d::Work
+{
+  public:
+    WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works);
+    bool wait(std::chrono::milliseconds timeout) override;
+    bool isCompleted() override;
+    std::vector<at::Tensor> result() override;
+    void synchronize() override {}
+
+  private:
+    std::vector<c10::intrusive_ptr<WorkTutti>> works_;
+};
+
 class ProcessGroupTutti : public PGBase
 {
   public:
@@ -169,6 +190,9 @@ class ProcessGroupTutti : public PGBase
                                                  int tag) override;
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
     void monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks) override;
+    /* torch 2.x's: the works issued between the two are waited on as one */
+    void startCoalescing() TUTTI_TORCH_2_OVERRIDE;
+    c10::intrusive_ptr<c10d::Work> endCoalescing() TUTTI_TORCH_2_OVERRIDE;
 
     std::string transport() const;
     /* The flight recorder: the group's last calls as tutti_comm_trace_dump's JSON. */
@@ -188,6 +212,8 @@ class ProcessGroupTutti : public PGBase
     std::chrono::milliseconds timeout_;
     std::chrono::milliseconds op_timeout_; /* tutti's own (TUTTI_TIMEOUT_MS wins over torch's) */
     std::mutex issue_mu_; /* one caller at a time in tutti (last_error is per comm) */
+    bool coalescing_ = false; /* under issue_mu_, as coalesced_ */
+    std::vector<c10::intrusive_ptr<WorkTutti>> coalesced_;
     c10::intrusive_ptr<c10d::Store> torch_store_; /* behind store_ */
     tutti_store_t *store_ = nullptr;
     tutti_comm_t *comm_ = nullptr;
