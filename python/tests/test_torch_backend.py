@@ -458,6 +458,27 @@ def cuda_streams(rank, size):
     return out
 
 
+def cuda_batch_p2p(rank, size):
+    """batch_isend_irecv of CUDA tensors (torch 2.x coalesces them: startCoalescing and
+    endCoalescing), a ring of 3."""
+    dev = _gpu(rank)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    send = torch.full((5,), float(rank), device=dev)
+    recv = torch.zeros(5, device=dev)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt),
+                                   dist.P2POp(dist.irecv, recv, prv)])
+    for r in reqs:
+        r.wait()
+    torch.cuda.synchronize(dev)
+    assert recv.tolist() == [float(prv)] * 5, recv
+    return len(reqs)
+
+
+@NEEDS_GPU
+def test_batch_isend_irecv_of_cuda_tensors():
+    run(cuda_batch_p2p, 3, timeout=90)
+
+
 @NEEDS_GPU
 def test_cuda_tensors_follow_the_callers_stream():
     run(cuda_streams, 2, timeout=90)
