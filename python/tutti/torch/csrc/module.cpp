@@ -47,9 +47,9 @@ PYBIND11_MODULE(_C, m)
             },
             py::arg("outputs"), py::arg("inputs"), py::arg("opts") = c10d::ReduceScatterOptions(),
             py::call_guard<py::gil_scoped_release>())
-        .def("start_coalescing", &tutti_torch::ProcessGroupTutti::startCoalescing,
+        .def("start_coalescing", &tutti_torch::ProcessGroupTutti::begin_batch,
              py::call_guard<py::gil_scoped_release>())
-        .def("end_coalescing", &tutti_torch::ProcessGroupTutti::endCoalescing,
+        .def("end_coalescing", &tutti_torch::ProcessGroupTutti::end_batch,
              py::call_guard<py::gil_scoped_release>());
     m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
           py::arg("timeout"));

@@ -710,7 +710,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
     return work;
 }
 
-void ProcessGroupTutti::startCoalescing()
+void ProcessGroupTutti::begin_batch()
 {
     std::lock_guard<std::mutex> g(issue_mu_);
     TORCH_CHECK(!coalescing_, "tutti backend: startCoalescing on rank ", rank_,
@@ -718,7 +718,7 @@ void ProcessGroupTutti::startCoalescing()
     coalescing_ = true;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::endCoalescing()
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::end_batch()
 {
     std::lock_guard<std::mutex> g(issue_mu_);
     TORCH_CHECK(coalescing_, "tutti backend: endCoalescing on rank ", rank_,

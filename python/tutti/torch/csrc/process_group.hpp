@@ -43,12 +43,6 @@ namespace tutti_torch
 #endif
 
 #if TORCH_VERSION_MAJOR >= 2
-#define TUTTI_TORCH_2_OVERRIDE override
-#else
-#define TUTTI_TORCH_2_OVERRIDE
-#endif
-
-#if TORCH_VERSION_MAJOR >= 2
 using PGBase = c10d::Backend;
 #else
 using PGBase = c10d::ProcessGroup;
@@ -190,9 +184,21 @@ class ProcessGroupTutti : public PGBase
                                                  int tag) override;
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
     void monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks) override;
-    /* torch 2.x's: the works issued between the two are waited on as one */
-    void startCoalescing() TUTTI_TORCH_2_OVERRIDE;
-    c10::intrusive_ptr<c10d::Work> endCoalescing() TUTTI_TORCH_2_OVERRIDE;
+    /* A batch: the works issued between the two calls, waited on as one. torch 2.x's
+     * startCoalescing/endCoalescing; bound in _C for 1.x, whose ProcessGroup has calls
+     * of those names with another contract. */
+    void begin_batch();
+    c10::intrusive_ptr<c10d::Work> end_batch();
+#if TORCH_VERSION_MAJOR >= 2
+    void startCoalescing() override
+    {
+        begin_batch();
+    }
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override
+    {
+        return end_batch();
+    }
+#endif
 
     std::string transport() const;
     /* The flight recorder: the group's last calls as tutti_comm_trace_dump's JSON. */
