@@ -343,6 +343,16 @@ def coalesced_into_tensors(rank, size):
                                    name, dt, size)
                 ck(f"reduce_scatter_tensor_coalesced {dt} {name} [{i}]", outs[i],
                    whole[rank * n:(rank + 1) * n])
+    for bad, why in ((lambda: pg.allgather_into_tensor_coalesced([torch.empty(2)], []),
+                      "needs as many outputs as inputs (at least one), got 1 and 0"),
+                     (lambda: pg.reduce_scatter_tensor_coalesced([torch.empty(2)],
+                                                                 [torch.empty(5)]),
+                      "input 0 of 5 elements, needs 3 x 2")):
+        try:
+            bad()
+            ck(f"refused: {why}", torch.tensor(0), torch.tensor(1))
+        except RuntimeError as e:
+            ck(f"refused: {e}", torch.tensor(why in str(e)), torch.tensor(True))
     if hasattr(c10d, "_coalescing_manager") and int(torch.__version__.split(".")[0]) >= 2:
         outs = [torch.empty(2 * size), torch.empty(3 * size)]
         with c10d._coalescing_manager():
@@ -398,7 +408,7 @@ def test_coalesced_p2p():
 
 def test_coalesced_into_tensors():
     for count in run(coalesced_into_tensors, 3):
-        assert count >= 18, count
+        assert count >= 20, count
 
 
 # ---- CUDA tensors (staged through host memory): only where a GPU is ----

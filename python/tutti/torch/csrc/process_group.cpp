@@ -228,6 +228,17 @@ std::function<void()> copy_back(at::Tensor t, at::Tensor buf)
     return [t, buf]() mutable { write_into(t, buf); };
 }
 
+/* A batch's outputs and inputs: as many of each (at least one), all of one dtype. */
+void pairs_of_one_dtype(const std::vector<at::Tensor> &outputs,
+                        const std::vector<at::Tensor> &inputs, const char *name)
+{
+    TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "tutti backend: ", name,
+                ": needs as many outputs as inputs (at least one), got ", outputs.size(), " and ",
+                inputs.size());
+    same_dtype(inputs, inputs[0], name);
+    same_dtype(outputs, inputs[0], name);
+}
+
 /* Every tensor's elements, back to back, in one new 1-d host tensor (tensors all on one
  * GPU joined there, then copied once; on several devices, each copied to the host). */
 at::Tensor flatten(const std::vector<at::Tensor> &ts)
@@ -900,11 +911,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_into_tensor_coalesce
     std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &)
 {
     const char *name = "allgather_into_tensor_coalesced";
-    TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "tutti backend: ", name,
-                ": needs as many outputs as inputs (at least one), got ", outputs.size(), " and ",
-                inputs.size());
-    same_dtype(inputs, inputs[0], name);
-    same_dtype(outputs, inputs[0], name);
+    pairs_of_one_dtype(outputs, inputs, name);
     for (size_t i = 0; i < inputs.size(); i++)
         TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel(), "tutti backend: ", name,
                     ": output ", i, " of ", outputs[i].numel(), " elements, needs ", size_, " x ",
@@ -1000,11 +1007,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesce
     const c10d::ReduceScatterOptions &opts)
 {
     const char *name = "reduce_scatter_tensor_coalesced";
-    TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "tutti backend: ", name,
-                ": needs as many outputs as inputs (at least one), got ", outputs.size(), " and ",
-                inputs.size());
-    same_dtype(inputs, inputs[0], name);
-    same_dtype(outputs, inputs[0], name);
+    pairs_of_one_dtype(outputs, inputs, name);
     reduction r = to_reduction(inputs[0], opts.reduceOp, name);
     std::vector<at::Tensor> cols;
     for (size_t i = 0; i < inputs.size(); i++) {
