@@ -34,11 +34,11 @@ PYBIND11_MODULE(_C, m)
         .def(
             "allgather_into_tensor_coalesced",
             [](tutti_torch::ProcessGroupTutti &pg, std::vector<at::Tensor> outputs,
-               std::vector<at::Tensor> inputs) {
-                return pg.allgather_into_tensor_coalesced(outputs, inputs,
-                                                          c10d::AllgatherOptions());
+               std::vector<at::Tensor> inputs, const c10d::AllgatherOptions &opts) {
+                return pg.allgather_into_tensor_coalesced(outputs, inputs, opts);
             },
-            py::arg("outputs"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>())
+            py::arg("outputs"), py::arg("inputs"), py::arg("opts") = c10d::AllgatherOptions(),
+            py::call_guard<py::gil_scoped_release>())
         .def(
             "reduce_scatter_tensor_coalesced",
             [](tutti_torch::ProcessGroupTutti &pg, std::vector<at::Tensor> outputs,

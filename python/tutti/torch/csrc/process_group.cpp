@@ -724,8 +724,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
 void ProcessGroupTutti::begin_batch()
 {
     std::lock_guard<std::mutex> g(issue_mu_);
-    TORCH_CHECK(!coalescing_, "tutti backend: startCoalescing on rank ", rank_,
-                ": already coalescing (endCoalescing was not called)");
+    /* torch's _coalescing_manager never ends a batch whose body raised: that one is
+     * dropped (its works go on alone), as NCCL's backend resets its own */
+    if (coalescing_)
+        TORCH_WARN("tutti backend: startCoalescing on rank ", rank_, " with a batch of ",
+                   coalesced_.size(), " works still open (never ended): dropped");
+    coalesced_.clear();
     coalescing_ = true;
 }
 
@@ -735,39 +739,90 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::end_batch()
     TORCH_CHECK(coalescing_, "tutti backend: endCoalescing on rank ", rank_,
                 " without startCoalescing");
     coalescing_ = false;
-    return c10::make_intrusive<WorkBatch>(rank_, std::move(coalesced_));
+    auto batch = c10::make_intrusive<WorkBatch>(rank_, std::move(coalesced_));
+    coalesced_.clear();
+    batch->arm();
+    return batch;
 }
 
 /* ---- WorkBatch ---- */
 
 WorkBatch::WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works)
-    : c10d::Work(rank, c10d::OpType::UNKNOWN), works_(std::move(works))
+    : c10d::Work(rank, c10d::OpType::UNKNOWN), works_(std::move(works)), left_(works_.size())
 {
+    for (auto &w : works_) {
+        auto r = w->result();
+        outputs_.insert(outputs_.end(), r.begin(), r.end());
+    }
+    future_ = make_future(outputs_);
 }
 
-/* Each work waited for in turn, each within timeout (its own deadline in tutti bounds it
- * too); the first failure is raised. */
+void WorkBatch::arm()
+{
+    if (works_.empty()) {
+        finish();
+        future_->markCompleted(c10::IValue(outputs_));
+        return;
+    }
+    /* each callback holds the batch until the last has run (the works always complete:
+     * tutti fails what it cannot finish, the communicator's destruction included) */
+    c10::intrusive_ptr<WorkBatch> self = c10::intrusive_ptr<WorkBatch>::reclaim_copy(this);
+    for (auto &w : works_) {
+        w->getFuture()->addCallback([self](c10::ivalue::Future &f) {
+            if (f.hasError()) {
+                std::lock_guard<std::mutex> g(self->err_mu_);
+                if (!self->first_error_)
+                    self->first_error_ = f.exception_ptr();
+            }
+            if (--self->left_ == 0) {
+                std::exception_ptr err;
+                {
+                    std::lock_guard<std::mutex> g(self->err_mu_);
+                    err = self->first_error_;
+                }
+                self->finish(err);
+                if (err)
+                    self->future_->setError(err);
+                else
+                    self->future_->markCompleted(c10::IValue(self->outputs_));
+            }
+        });
+    }
+}
+
+/* Within one deadline for all (kNoTimeout: each work's own bound, the group's timeout);
+ * the first failure is raised. */
 bool WorkBatch::wait(std::chrono::milliseconds timeout)
 {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto left = [&] {
+        if (timeout == kNoTimeout)
+            return kNoTimeout;
+        return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now()),
+                        std::chrono::milliseconds(1));
+    };
     for (auto &w : works_)
-        w->wait(timeout);
+        w->wait(left());
+    /* the works are done; the batch finishes in the last one's future callback, which
+     * runs just after its work finished */
+    std::unique_lock<std::mutex> g(mutex_);
+    TORCH_CHECK(cv_.wait_for(g, std::chrono::seconds(10), [this] { return completed_; }),
+                "tutti backend: a batch of ", works_.size(), " works on rank ", rank_,
+                " not finished 10 s after its works");
+    if (exception_)
+        std::rethrow_exception(exception_);
     return true;
-}
-
-bool WorkBatch::isCompleted()
-{
-    return std::all_of(works_.begin(), works_.end(),
-                       [](const c10::intrusive_ptr<WorkTutti> &w) { return w->isCompleted(); });
 }
 
 std::vector<at::Tensor> WorkBatch::result()
 {
-    std::vector<at::Tensor> all;
-    for (auto &w : works_) {
-        auto r = w->result();
-        all.insert(all.end(), r.begin(), r.end());
-    }
-    return all;
+    return outputs_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkBatch::getFuture()
+{
+    return future_;
 }
 
 /* ---- collectives ---- */
@@ -908,10 +963,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
  * and gloo and NCCL take): output i is every rank's input i, rank by rank. One tutti
  * allgather of the inputs back to back; output i's rows are then columns of the result. */
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &)
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &opts)
 {
     const char *name = "allgather_into_tensor_coalesced";
     pairs_of_one_dtype(outputs, inputs, name);
+    if (inputs.size() == 1) /* torch 2.x's functional all_gather_into_tensor: no rearranging */
+        return _allgather_base(outputs[0], inputs[0], opts);
     for (size_t i = 0; i < inputs.size(); i++)
         TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel(), "tutti backend: ", name,
                     ": output ", i, " of ", outputs[i].numel(), " elements, needs ", size_, " x ",
@@ -1008,6 +1066,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesce
 {
     const char *name = "reduce_scatter_tensor_coalesced";
     pairs_of_one_dtype(outputs, inputs, name);
+    if (inputs.size() == 1)
+        return _reduce_scatter_base(outputs[0], inputs[0], opts);
     reduction r = to_reduction(inputs[0], opts.reduceOp, name);
     std::vector<at::Tensor> cols;
     for (size_t i = 0; i < inputs.size(); i++) {

@@ -113,13 +113,21 @@ class WorkBatch : public c10d::Work
 {
   public:
     WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works);
+    /* Arms the completion: when every work's future is done, this work finishes (with
+     * the first error) and so does its future (once, after construction). */
+    void arm();
     bool wait(std::chrono::milliseconds timeout) override;
-    bool isCompleted() override;
     std::vector<at::Tensor> result() override;
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
     void synchronize() override {}
 
   private:
     std::vector<c10::intrusive_ptr<WorkTutti>> works_;
+    std::vector<at::Tensor> outputs_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::atomic<size_t> left_;
+    std::mutex err_mu_;
+    std::exception_ptr first_error_;
 };
 
 class ProcessGroupTutti : public PGBase
@@ -189,7 +197,7 @@ class ProcessGroupTutti : public PGBase
      * of those names with another contract. */
     void begin_batch();
     c10::intrusive_ptr<c10d::Work> end_batch();
-#if TORCH_VERSION_MAJOR >= 2
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
     void startCoalescing() override
     {
         begin_batch();
@@ -197,6 +205,13 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Work> endCoalescing() override
     {
         return end_batch();
+    }
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+    /* batch_isend_irecv batches only where the backend says it can (2.6 on) */
+    bool supportsCoalescing() const override
+    {
+        return true;
     }
 #endif
 
