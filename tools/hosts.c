@@ -26,19 +26,13 @@ static int add_host(const char *tool, const char *name, size_t len, int slots, t
     }
     /* the same host twice adds its slots: the same name, or two names of this host
      * (localhost and its own name, say), which would otherwise be two nodes on one,
-     * each with LOCAL_RANK 0 */
+     * each with LOCAL_RANK 0. Each name is asked once whether it is local. */
     char z[sizeof((*hosts)->name)];
     memcpy(z, name, len);
     z[len] = '\0';
-    int local = -1; /* not asked yet */
+    int local = tt_host_is_local(z);
     for (int i = 0; i < *n; i++) {
-        int same = !strcmp((*hosts)[i].name, z);
-        if (!same && tt_host_is_local((*hosts)[i].name)) {
-            if (local < 0)
-                local = tt_host_is_local(z);
-            same = local;
-        }
-        if (same) {
+        if (!strcmp((*hosts)[i].name, z) || (local && (*hosts)[i].local)) {
             (*hosts)[i].slots += slots;
             return 0;
         }
@@ -53,6 +47,7 @@ static int add_host(const char *tool, const char *name, size_t len, int slots, t
     memset(h, 0, sizeof(*h));
     memcpy(h->name, name, len);
     h->slots = slots;
+    h->local = local;
     return 0;
 }
 

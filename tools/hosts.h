@@ -11,6 +11,7 @@ typedef struct tt_host {
     int slots;  /* ranks it may take (1 unless said) */
     int nranks; /* ranks it got */
     int first;  /* its first rank */
+    int local;  /* tt_host_is_local(name), asked once when it was added */
 } tt_host_t;
 
 /* Appends the hosts of list "H1[:SLOTS],H2[:SLOTS],..." (mpirun's -H, horovodrun's -H) to

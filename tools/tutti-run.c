@@ -1653,7 +1653,7 @@ static int run_hosts(run_opts_t *o)
     for (int i = 0, first = -1; i < o->nhosts; i++) {
         if (!o->hosts[i].nranks)
             continue;
-        int local = tt_host_is_local(o->hosts[i].name);
+        int local = o->hosts[i].local;
         if (first < 0 && !local) {
             snprintf(master, sizeof(master), "%s", o->hosts[i].name);
             break;
@@ -1689,7 +1689,7 @@ static int run_hosts(run_opts_t *o)
             continue;
         host_cmd_t *c = &cmds[k];
         c->host = h->name;
-        c->local = tt_host_is_local(h->name);
+        c->local = h->local;
         c->rsh = rsh;
         c->in = -1;
         c->first = h->first;

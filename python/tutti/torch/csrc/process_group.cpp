@@ -37,7 +37,7 @@ int native_dtype(at::ScalarType s)
     case at::kFloat: return TUTTI_FP32;
     case at::kDouble: return TUTTI_FP64;
     case at::kShort: return TUTTI_INT16;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#if TUTTI_TORCH_AT_LEAST(2, 3)
     case c10::ScalarType::UInt16: return TUTTI_UINT16; /* torch's unsigned types beyond uint8: 2.3 on */
     case c10::ScalarType::UInt32: return TUTTI_UINT32;
     case c10::ScalarType::UInt64: return TUTTI_UINT64;

@@ -1,10 +1,11 @@
 /* ProcessGroupTutti: torch.distributed's c10d backend "tutti", one tutti communicator
- * under a process group, for CPU tensors and CUDA tensors (staged through host memory). Every collective is issued async; WorkTutti
- * holds the tutti work handle and the buffers it uses, and is finished (results copied
- * back, exception set, Future completed) by the group's Completer thread, never under
- * tutti's lock. The base class is c10d::ProcessGroup on torch 1.x and c10d::Backend on
- * torch >= 2 (the 2.x branch follows torch-ccl's; built and run against torch 2.11 on the
- * device tool's machine once, docs/pytorch.md). */
+ * under a process group, for CPU tensors and CUDA tensors (staged through host memory).
+ * Every collective is issued async; WorkTutti holds the tutti work handle and the buffers
+ * it uses, and is finished (results copied back, exception set, Future completed) by the
+ * group's Completer thread, never under tutti's lock. The base class is
+ * c10d::ProcessGroup on torch 1.x and c10d::Backend on torch >= 2 (the 2.x branch follows
+ * torch-ccl's; built and run against torch 2.11 on the device tool's machine once,
+ * docs/pytorch.md). */
 #pragma once
 
 #include <atomic>
@@ -36,7 +37,12 @@
 namespace tutti_torch
 {
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+/* Whether the torch compiled against is at least major.minor. */
+#define TUTTI_TORCH_AT_LEAST(major, minor)                                                         \
+    (TORCH_VERSION_MAJOR > (major) ||                                                              \
+     (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if TUTTI_TORCH_AT_LEAST(2, 1)
 #define TUTTI_TORCH_2_1_OVERRIDE override
 #else
 #define TUTTI_TORCH_2_1_OVERRIDE
@@ -197,7 +203,7 @@ class ProcessGroupTutti : public PGBase
      * of those names with another contract. */
     void begin_batch();
     c10::intrusive_ptr<c10d::Work> end_batch();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if TUTTI_TORCH_AT_LEAST(2, 1)
     void startCoalescing() override
     {
         begin_batch();
@@ -207,7 +213,7 @@ class ProcessGroupTutti : public PGBase
         return end_batch();
     }
 #endif
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+#if TUTTI_TORCH_AT_LEAST(2, 6)
     /* batch_isend_irecv batches only where the backend says it can (2.6 on) */
     bool supportsCoalescing() const override
     {
