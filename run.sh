@@ -80,13 +80,15 @@ test)
     # ThreadSanitizer over the fuser's lock-free marks and the executor it feeds, and the
     # flight recorder (its ring under the executor's lock, dumps and the idle thread's
     # watch), and a revoke from another thread than the one blocked in the op
-    # (test_split's revoke_then_shrink): tcp only (gcc's TSan refuses the shm transport's
+    # (test_split's revoke_then_shrink), and the store server's threads (its embedded
+    # server serves from a thread of rank 0): tcp only (gcc's TSan refuses the shm transport's
     # fences); only those suites are built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
         -Db_lundef=false -Dpeers=disabled -Dtorch=disabled -Dtransports=tcp
-    ninja -C build-tsan tests/test_fuser tests/test_trace tests/test_split
+    ninja -C build-tsan tests/test_fuser tests/test_trace tests/test_split tests/test_store_server \
+        tools/tutti-store
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
-        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser trace
+        meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser trace store_server
     TSAN_OPTIONS=halt_on_error=1 TUTTI_TRANSPORT=tcp CK_RUN_CASE=revoke_then_shrink \
         timeout 300 build-tsan/tests/test_split
     step "TSan build and test"

@@ -64,6 +64,20 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
 #define TH_ASAN 0
 #endif
 
+/* 1 in a ThreadSanitizer build: every byte a process touches costs it 4 more of shadow
+ * memory (x86-64), so RSS bounds scale by TH_RSS_SCALE. */
+#if defined(__SANITIZE_THREAD__)
+#define TH_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TH_TSAN 1
+#endif
+#endif
+#ifndef TH_TSAN
+#define TH_TSAN 0
+#endif
+#define TH_RSS_SCALE (TH_TSAN ? 5 : 1)
+
 /* Elapsed milliseconds helper for tests. */
 double th_now_ms(void);
 
