@@ -224,6 +224,13 @@ typedef struct tutti_comm_opts {
                               its communicator first fails (a timeout, a dead peer,
                               mismatched calls): <dir>/<comm>.rank<r>.json, which
                               tutti-trace reads (default: not written) */
+    /* ---- device buffers ---- */
+    const char *cuda; /* TUTTI_CUDA: "auto" (default): where this process has loaded the
+                         CUDA driver (libcuda.so.1) by the time the communicator is made,
+                         every call takes device pointers (cudaMalloc'ed) as well as host
+                         ones, staged through host memory as a CUDA-aware MPI does; "on":
+                         load the driver (the init fails without one); "off": every
+                         pointer is host memory */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "coll/coll.h"
 #include "core/comm.h"
+#include "device/device.h"
 #include "reduce/reduce.h"
 
 /* What a public entry point knows; coll_issue turns it into an op. */
@@ -477,6 +478,14 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
                     (c->is_v ? TT_FP_V : 0) |
                     (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
+    /* device buffers: host copies from here on (the copy back at the op's end, exec.c) */
+    if (__builtin_expect(comm->dev != NULL, 0) && (st = tt_dev_stage_op(comm, &o, c->name)) < 0) {
+        if (heap)
+            free(layout);
+        if (o.op_held)
+            tt_userop_release(c->redop);
+        return st;
+    }
     return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
                          async ? work_p : NULL);
 }

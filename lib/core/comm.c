@@ -16,6 +16,7 @@
 #include "base/base.h"
 #include "core/job.h"
 #include "core/trace.h"
+#include "device/device.h"
 #include "reduce/reduce.h"
 #include "store/store_gc.h"
 #include "store/store_impl.h"
@@ -266,6 +267,11 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
     if (bind && *bind && strcmp(bind, "auto") && strcmp(bind, "none")) {
         st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG, "init: TUTTI_BIND=%s: expected auto or none",
                                bind);
+        TT_WARN("%s", comm->last_error);
+        return st;
+    }
+    if ((st = tt_dev_resolve(comm->opts.cuda, &comm->dev, err, sizeof(err))) < 0) {
+        tt_comm_set_error(comm, st, "init: %s", err);
         TT_WARN("%s", comm->last_error);
         return st;
     }

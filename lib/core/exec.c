@@ -26,6 +26,7 @@
 #include "core/comm.h"
 #include "core/opts.h"
 #include "core/trace.h"
+#include "device/device.h"
 
 /* How often an idle progress thread looks for deferred ops. */
 #define TT_DEFER_TICK_MS 10
@@ -62,8 +63,8 @@ static int bind_enter(tutti_comm_t *comm, size_t bytes, cpu_set_t *saved)
 }
 
 /* Run one op on the calling thread (the caller holds `executing`). */
-static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
-                  size_t errlen)
+static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
+                       size_t errlen)
 {
     int st;
     err[0] = '\0';
@@ -176,8 +177,22 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     return TUTTI_OK;
 }
 
+/* run_op_here, then the copy back of device buffers (lib/device/device.h) */
+static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
+                  size_t errlen)
+{
+    int st = run_op_here(comm, op, user_redop, err, errlen);
+    return op->dev ? tt_dev_finish(op, st, err, errlen) : st;
+}
+
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
 {
+    char derr[TT_ERRMSG_LEN];
+    if (w->op.dev) { /* a receive's copy back, or an op that never ran */
+        int dst = tt_dev_finish(&w->op, st, derr, sizeof(derr));
+        if (dst != st)
+            st = dst, err = derr;
+    }
     if (w->op.op_held) { /* the defined op it was issued with (coll.c) */
         tt_userop_release(w->op.redop);
         w->op.op_held = 0;
@@ -658,10 +673,12 @@ static int trace_flags(const tt_op_t *op)
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
+    char err[TT_ERRMSG_LEN];
     if (!layout_heap && work_p) {
         if (op->op_held)
             tt_userop_release(op->redop);
-        return TUTTI_ERR_INTERNAL; /* an async op outlives its caller's stack */
+        return tt_dev_finish(op, TUTTI_ERR_INTERNAL, err, sizeof(err)); /* an async op
+                                                           outlives its caller's stack */
     }
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
@@ -674,7 +691,6 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         if (comm->trace)
             tt_trace_issue(comm, op, user_redop, trace_flags(op), -1, 0, now, 1);
         pthread_mutex_unlock(&comm->q_lock);
-        char err[TT_ERRMSG_LEN];
         int st = run_op(comm, op, user_redop, err, sizeof(err));
         if (op->op_held)
             tt_userop_release(op->redop);
@@ -701,7 +717,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
             free(layout);
         if (op->op_held)
             tt_userop_release(op->redop);
-        return TUTTI_ERR_NOMEM;
+        return tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
     }
     w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */
     w->comm = comm;
@@ -721,6 +737,17 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (!w)
         return TUTTI_ERR_NOMEM;
     size_t es = tutti_dtype_size(dtype);
+    /* a device buffer: a host copy, sent from (copied in here) or received into (copied
+     * back when the receive completes) */
+    tt_op_t dv = { .comm = comm, .rank = comm->rank, .nranks = comm->nranks, .coll = TT_COLL_P2P };
+    if (__builtin_expect(comm->dev != NULL, 0)) {
+        int st = tt_dev_stage_p2p(comm, &dv, &buf, count * es, kind == TUTTI_TP_SEND,
+                                  kind == TUTTI_TP_SEND ? "send" : "recv");
+        if (st < 0) {
+            free(w);
+            return st;
+        }
+    }
     w->comm = comm;
     w->is_p2p = 1;
     w->user_redop = TUTTI_SUM;
@@ -740,7 +767,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .dtype = dtype,
                        .seq = seq,
                        .env_count = count,
-                       .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0) };
+                       .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
+                       .dev = dv.dev };
     w->req.kind = kind;
     w->req.peer = peer;
     w->req.buf = buf;

@@ -98,6 +98,9 @@ typedef struct tt_op {
     uint64_t stopped_ns;  /* time this process was not running during the op (a
                               SIGSTOP, a debugger, starvation): not counted against
                               the deadline, and said in its error */
+
+    /* its device buffers' host copies (lib/device/device.h; NULL: none) */
+    struct tt_dev_stage *dev;
 } tt_op_t;
 
 #endif /* TT_OP_H */

@@ -58,6 +58,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->bind = tt_env("BIND");
     opts->trace_entries = tt_env_int("TRACE_ENTRIES", TT_DEFAULT_TRACE_ENTRIES);
     opts->trace_dir = tt_env("TRACE_DIR");
+    opts->cuda = tt_env("CUDA");
     return TUTTI_OK;
 }
 
@@ -67,7 +68,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 #define TT_OPTS_STRINGS(X) \
     X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model) \
     X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum) X(bind) \
-    X(trace_dir)
+    X(trace_dir) X(cuda)
 /* clang-format on */
 
 void tt_comm_opts_free(tutti_comm_opts_t *o)

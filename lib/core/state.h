@@ -140,7 +140,12 @@ struct tutti_comm {
     void *scratch[2];
     size_t scratch_len[2];
 
-    /* staging buffers of the coalesced collectives, kept between calls (tt_comm_stage_*) */
+    /* the device layer that stages device buffers (lib/device/device.h; NULL: none,
+     * every buffer is host memory) */
+    const struct tt_dev_ops *dev;
+
+    /* staging buffers of the coalesced collectives and of device buffers, kept between
+     * calls (tt_comm_stage_*) */
     pthread_mutex_t stage_lock;
     void *stage[2];
     size_t stage_len[2];

@@ -1,0 +1,53 @@
+/* Device memory in user buffers, as a CUDA-aware MPI takes it: a communicator made
+ * where a device layer is active asks it, at each call, whether the call's buffers are
+ * device memory, and stages those through host memory (the copy in at the call, the
+ * copy back before the call completes). Algorithms and transports see host memory
+ * only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
+ * dependency) and, in tests, a fake whose device memory the host cannot touch
+ * (tests/fakedev.c). */
+#ifndef TT_DEVICE_H
+#define TT_DEVICE_H
+
+#include <stddef.h>
+
+#include "core/op.h"
+
+typedef struct tt_dev_ops {
+    const char *name; /* "cuda"; in messages */
+    /* 1 if p is device memory the host cannot read, with *ctx what copies of it need;
+     * 0 for host memory (and memory the host may touch: pinned, managed); < 0 with err
+     * on a failure of the device's own */
+    int (*query)(const void *p, void **ctx, char *err, size_t errlen);
+    /* n bytes from src to dst, device to host (to_host) or host to device; returns
+     * when they are where they go, so a later kernel on any stream sees them */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t n, int to_host, char *err,
+                size_t errlen);
+} tt_dev_ops_t;
+
+/* The layer a communicator uses (NULL: none), from TUTTI_CUDA: "auto" (or unset): CUDA
+ * where this process has loaded libcuda already; "on": load it (an error without it);
+ * "off": none. tt_dev_override's layer, where set, wins. */
+int tt_dev_resolve(const char *mode, const tt_dev_ops_t **ops_p, char *err, size_t errlen);
+
+/* Tests: the layer every communicator made after this uses (NULL: TUTTI_CUDA's again). */
+void tt_dev_override(const tt_dev_ops_t *ops);
+
+/* CUDA's layer (cuda.c); load: dlopen libcuda.so.1 if this process has not. NULL with
+ * err where there is no CUDA driver. */
+const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen);
+
+/* Stage op's device buffers (its collective's send and receive extents, from its
+ * layout) into one host block and point the op at it (op->dev, NULL where no buffer is
+ * device memory). name: the call, for messages. */
+int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name);
+
+/* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
+int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
+                     const char *name);
+
+/* The op's end: its device result copied back where st >= 0, the host block released.
+ * Returns st, or TUTTI_ERR_DEVICE (err filled, naming the rank and the op) when the
+ * copy back failed. No-op without op->dev. */
+int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen);
+
+#endif /* TT_DEVICE_H */
