@@ -6,7 +6,8 @@
 #                                       (libuv, check, pkgconf) into .dev/debs
 #   tools/dev/device-check.sh run       there (run with carry [".dev"]): unpack them under
 #                                       /tmp/deps, build into /tmp/b with -Dtorch=enabled,
-#                                       run the torch tests (CPU and CUDA tensors) and the
+#                                       run tests/test_device (the C library's CUDA
+#                                       buffers), the torch tests (CPU and CUDA tensors), the
 #                                       upstream slice, then time allreduce of CUDA tensors
 #                                       on tutti and gloo (bench/py_bench.py --device cuda,
 #                                       A B A B); logs in $OUT
@@ -52,6 +53,16 @@ run() {
     fi
     echo "build: $((SECONDS - t0)) s, warnings: $(grep -c 'warning:' "$out/build.log")"
     grep -A6 'warning:' "$out/build.log" | head -40
+    # the C library's device buffers (lib/device/): the fake-device cases and the real
+    # CUDA one (cuMemAlloc'ed buffers, TUTTI_CUDA=on), over tcp and shm
+    local tp
+    for tp in tcp shm; do
+        t0=$SECONDS
+        (cd /tmp/b && TUTTI_SOCKET_IFNAME=lo TUTTI_TRANSPORT=$tp timeout 150 tests/test_device) \
+            >"$out/test_device-$tp.log" 2>&1
+        echo "test_device ($tp): rc $? in $((SECONDS - t0)) s"
+        grep -E "CUDA device|skipped|Checks|:F:|:E:" "$out/test_device-$tp.log" | head -12
+    done
     export PYTHONPATH=/tmp/b/python TUTTI_SOCKET_IFNAME=lo PYTHONDONTWRITEBYTECODE=1 \
         TUTTI_RUN=/tmp/b/tools/tutti-run
     local t
