@@ -168,6 +168,9 @@ static int rank_collectives(int rank, int n, tutti_comm_t *comm, const char *dir
     (void)dir;
     const size_t N = *(const size_t *)arg; /* elements a rank contributes */
     FAIL_IF(fake_init(64u << 20) != 0, "fake device");
+    const char *devname = tutti_comm_device(comm);
+    FAIL_IF(!devname || strcmp(devname, "fake"), "tutti_comm_device: %s",
+            devname ? devname : "NULL");
     int32_t *h = malloc(N * n * 4 * 2 + 64), *want = malloc(N * n * 4 * 2 + 64);
     FAIL_IF(!h || !want, "malloc");
     for (size_t i = 0; i < N; i++)
@@ -450,7 +453,9 @@ END_TEST
 
 /* ---- TUTTI_CUDA ---- */
 
-static int init_one(const char *cuda, char *err, size_t errlen)
+/* a communicator of one rank made with opts.cuda = cuda: its status (err: why it failed;
+ * *dev_p: what tutti_comm_device said) */
+static int init_one(const char *cuda, char *err, size_t errlen, const char **dev_p)
 {
     char dir[] = "/tmp/tutti-test-device-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -462,6 +467,8 @@ static int init_one(const char *cuda, char *err, size_t errlen)
     tutti_comm_t *comm = NULL;
     int st = tutti_comm_init(&comm, store, 0, 1, &o);
     snprintf(err, errlen, "%s", st < 0 ? tutti_comm_last_error(NULL) : "");
+    if (dev_p)
+        *dev_p = comm ? tutti_comm_device(comm) : NULL;
     if (comm)
         tutti_comm_destroy(comm);
     tutti_store_close(store);
@@ -472,21 +479,25 @@ static int init_one(const char *cuda, char *err, size_t errlen)
 START_TEST(cuda_option)
 {
     char err[1024];
-    int st = init_one("bogus", err, sizeof(err));
+    int st = init_one("bogus", err, sizeof(err), NULL);
     ck_assert_int_eq(st, TUTTI_ERR_CONFIG);
     ck_assert_msg(strstr(err, "TUTTI_CUDA=bogus") && strstr(err, "auto, on or off"), "%s", err);
-    ck_assert_int_eq(init_one("off", err, sizeof(err)), 0);
-    ck_assert_int_eq(init_one("auto", err, sizeof(err)), 0);
+    const char *dev = "x";
+    ck_assert_int_eq(init_one("off", err, sizeof(err), &dev), 0);
+    ck_assert_ptr_null(dev);
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int have = h != NULL || access("/dev/nvidiactl", F_OK) == 0;
     if (h)
         dlclose(h);
-    st = init_one("on", err, sizeof(err));
+    ck_assert_int_eq(init_one("auto", err, sizeof(err), &dev), 0);
+    ck_assert_msg(have || !dev, "auto without CUDA: %s", dev);
+    st = init_one("on", err, sizeof(err), &dev);
     if (!have && st != 0) { /* no driver here: the init says so */
         ck_assert_int_eq(st, TUTTI_ERR_NO_DEVICE);
         ck_assert_msg(strstr(err, "TUTTI_CUDA=on") && strstr(err, "libcuda"), "%s", err);
     } else {
         ck_assert_msg(st == 0, "TUTTI_CUDA=on with a driver: %s", err);
+        ck_assert_msg(dev && !strcmp(dev, "CUDA"), "tutti_comm_device: %s", dev);
     }
 }
 END_TEST

@@ -362,6 +362,11 @@ int tutti_comm_trace_dump(tutti_comm_t *comm, int fd);
 int tutti_comm_rank(const tutti_comm_t *comm);
 int tutti_comm_size(const tutti_comm_t *comm);
 
+/* The device memory the communicator's calls take besides host memory: "CUDA" (opts.cuda,
+ * TUTTI_CUDA), or NULL where every pointer must be host memory (as MPIX_Query_cuda_support
+ * tells an MPI program). */
+const char *tutti_comm_device(const tutti_comm_t *comm);
+
 /* What went wrong last: op, sequence number, peer rank, address, errno. Never NULL;
  * "" when nothing failed. Valid until the next call on comm. With comm NULL: why this
  * thread's last tutti_comm_init or tutti_comm_init_env failed (a failed set-up leaves no

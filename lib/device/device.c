@@ -47,7 +47,7 @@ int tt_dev_resolve(const char *mode, const tt_dev_ops_t **ops_p, char *err, size
     char why[256] = "";
     *ops_p = tt_dev_cuda(on, why, sizeof(why));
     if (!*ops_p && on) {
-        snprintf(err, errlen, "TUTTI_CUDA=on: %s", why);
+        snprintf(err, errlen, "TUTTI_CUDA=on: no CUDA driver to use (libcuda.so.1): %s", why);
         return TUTTI_ERR_NO_DEVICE;
     }
     return TUTTI_OK;
