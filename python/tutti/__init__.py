@@ -500,6 +500,23 @@ class Communicator(_Handle):
     def transport(self):
         return _lib_.tutti_comm_transport(self._handle()).decode()
 
+    @property
+    def device(self):
+        """The device memory this communicator's calls take besides host memory: "CUDA"
+        (cuda="auto" where the program had made its first CUDA call before, or "on"), or
+        None (host memory only)."""
+        d = _lib_.tutti_comm_device(self._handle())
+        return d.decode() if d else None
+
+    def _check_device(self, name, bufs):
+        if self.device is None:
+            b = next(b for b in bufs if b.dev is not None)
+            raise InvalidArgError(
+                f"tutti: {name}: {b.what} is CUDA device memory ({b.dev}), and this "
+                "communicator takes host memory only: make it with cuda='on' (TUTTI_CUDA=on), "
+                "or after the program's first CUDA call (cuda='auto' looks for the CUDA "
+                "driver when the communicator is made)")
+
     def algo_for(self, coll, nbytes):
         return _lib_.tutti_comm_algo_for(self._handle(), coll.encode(), nbytes).decode()
 
@@ -588,6 +605,10 @@ class Communicator(_Handle):
 
     def _run(self, name, bufs, args, async_op, op=None):
         h = self._h or self._handle()
+        for b in bufs:
+            if b.dev is not None:
+                self._check_device(name, bufs)
+                break
         op = op if isinstance(op, Op) else None  # its function's exception, once done
         mark = op._mark() if op is not None else 0
         if not async_op:

@@ -1,5 +1,7 @@
-"""Buffers without copies: the buffer protocol (NumPy arrays, bytearray, memoryview) and
-DLPack (CPU torch tensors). A Buffer holds the exporter's buffer (or the DLPack capsule)
+"""Buffers without copies: the buffer protocol (NumPy arrays, bytearray, memoryview),
+DLPack (torch tensors, on the CPU or a CUDA device) and the CUDA array interface (CuPy,
+Numba). Device memory is staged by the library (docs/architecture.md, "Device buffers"),
+on a communicator that takes it (Communicator.device). A Buffer holds the exporter's buffer (or the DLPack capsule)
 until released, so the memory cannot move or go away while an operation uses it."""
 import ctypes
 import sys
@@ -78,7 +80,14 @@ _DL_DTYPES = {k: dtype_of(v) for k, v in {
     (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64", (2, 16): "float16",
     (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 16): "int16",
     (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64"}.items()}
-_KDLCPU = 1
+_KDLCPU, _KDLCUDA, _KDLCUDAHOST, _KDLCUDAMANAGED = 1, 2, 3, 13
+# where the host may read and write the memory itself
+_DL_HOST = (_KDLCPU, _KDLCUDAHOST, _KDLCUDAMANAGED)
+
+# __cuda_array_interface__ typestr (without its byte order) -> dtype
+_CAI_DTYPES = {k: dtype_of(v) for k, v in {
+    "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32",
+    "i8": "int64", "u8": "uint64", "f2": "float16", "f4": "float32", "f8": "float64"}.items()}
 
 
 class _Export:
@@ -101,9 +110,10 @@ class Buffer:
     export (or the DLPack capsule) until released or dropped. With carry, an element type
     tutti has no dtype for (bool, complex, ...) travels as its bytes: dtype uint8, k bytes
     an item (k is 1 otherwise), for the calls that only move data."""
-    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "_hold")
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold")
 
     def __init__(self, obj, what, writable, dtype=None, carry=False):
+        self.dev, self.what = None, what  # dev: "cuda:N" for device memory
         tensor = _torch_tensor()
         if tensor is not None and isinstance(obj, tensor):
             src_dtype, itemsize = self._from_torch(obj, what)
@@ -133,6 +143,8 @@ class Buffer:
         self.count = self.nbytes // size
 
     def _from_other(self, obj, what, writable):
+        if hasattr(obj, "__cuda_array_interface__"):
+            return self._from_cai(obj, what, writable)
         try:
             m = memoryview(obj)
         except TypeError as e:
@@ -144,9 +156,13 @@ class Buffer:
 
     def _from_torch(self, t, what):
         """torch tensors directly (DLPack would cost a capsule per call)."""
-        if t.device.type != "cpu":
-            raise InvalidArgError(f"tutti: {what} is on {t.device}; this build moves host "
-                                  "memory only")
+        if t.device.type == "cuda":
+            # the data must be ready when the library copies it (on the legacy stream)
+            _torch_cuda_sync(t.device)
+            self.dev = f"cuda:{t.device.index}"
+        elif t.device.type != "cpu":
+            raise InvalidArgError(f"tutti: {what} is on {t.device}; tutti takes host memory "
+                                  "and CUDA device memory")
         if not t.is_contiguous():
             raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous())")
         self._hold = t
@@ -173,16 +189,46 @@ class Buffer:
         fmt = m.format
         return _FORMATS.get((fmt.lstrip("@=<>!") if len(fmt) > 1 else fmt, m.itemsize)), m.itemsize
 
+    def _from_cai(self, obj, what, writable):
+        """CuPy, Numba and the like: __cuda_array_interface__ (version 2 or 3)."""
+        cai = obj.__cuda_array_interface__
+        ptr, readonly = cai["data"]
+        if readonly and writable:
+            raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
+        typestr, shape = cai["typestr"], tuple(cai["shape"])
+        itemsize = int(typestr[2:])
+        n, expect = 1, itemsize
+        strides = cai.get("strides")
+        for i in range(len(shape) - 1, -1, -1):
+            if strides is not None and shape[i] != 1 and strides[i] != expect:
+                raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous "
+                                      "copy)")
+            expect *= shape[i]
+            n *= shape[i]
+        if cai.get("mask") is not None:
+            raise InvalidArgError(f"tutti: {what} is a masked array")
+        self._hold = obj
+        self.ptr = ptr or None
+        self.nbytes = n * itemsize
+        self.dev = "cuda"
+        return _CAI_DTYPES.get(typestr.lstrip("<>|=")), itemsize
+
     def _from_dlpack(self, obj, what):
         try:
-            capsule = obj.__dlpack__()
+            dev = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else None
+            # a CUDA producer makes its data ready on the legacy default stream (1), the
+            # one the library's copies go on
+            capsule = obj.__dlpack__(stream=1) if dev == _KDLCUDA else obj.__dlpack__()
         except Exception as e:  # torch: tensors that require grad, ...
             raise InvalidArgError(f"tutti: {what} cannot be shared through DLPack: {e}") from None
         self._hold = capsule  # its destructor runs the tensor's deleter
         t = DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
-        if t.device.device_type != _KDLCPU:
-            raise InvalidArgError(f"tutti: {what} is on device type {t.device.device_type}; "
-                                  "this build moves host memory only")
+        if t.device.device_type == _KDLCUDA:
+            self.dev = f"cuda:{t.device.device_id}"
+        elif t.device.device_type not in _DL_HOST:
+            raise InvalidArgError(f"tutti: {what} is on DLPack device type "
+                                  f"{t.device.device_type}; tutti takes host memory and CUDA "
+                                  "device memory")
         n, expect = 1, 1
         for i in range(t.ndim - 1, -1, -1):
             dim = t.shape[i]
@@ -203,6 +249,12 @@ class Buffer:
 
 _TORCH_DTYPES = {}
 _TORCH = []
+
+
+def _torch_cuda_sync(device):
+    """Wait for the work queued on device's current stream (the caller's kernels that
+    write the tensor)."""
+    sys.modules["torch"].cuda.current_stream(device).synchronize()
 
 
 def _torch_tensor():

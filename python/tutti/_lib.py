@@ -97,6 +97,7 @@ class CommOpts(ctypes.Structure):
         ("bind", ctypes.c_char_p),
         ("trace_entries", ctypes.c_int),
         ("trace_dir", ctypes.c_char_p),
+        ("cuda", ctypes.c_char_p),
     ]
 
 
@@ -203,6 +204,7 @@ _OTHERS = {
     "tutti_comm_size": (_I, [_P]),
     "tutti_comm_last_error": (ctypes.c_char_p, [_P]),
     "tutti_comm_transport": (ctypes.c_char_p, [_P]),
+    "tutti_comm_device": (ctypes.c_char_p, [_P]),
     "tutti_comm_trace_dump": (_I, [_P, _I]),
     "tutti_comm_algo_for": (ctypes.c_char_p, [_P, ctypes.c_char_p, _S]),
     "tutti_algo_name": (ctypes.c_char_p, [ctypes.c_char_p, _I]),
