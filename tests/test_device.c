@@ -33,6 +33,8 @@ static struct {
     char *back; /* the fake's own view of the same pages */
     size_t size, used;
     int fail_to_host, fail_to_dev; /* fail every such copy */
+    void (*after_in)(void);        /* called after each copy to the host: a write to
+                                      device memory while an op runs */
     long copies_in, copies_back;
 } fake;
 
@@ -69,6 +71,8 @@ static int fake_copy(void *ctx, void *dst, const void *src, size_t n, int to_hos
     if (to_host) {
         memcpy(dst, b, n);
         fake.copies_in++;
+        if (fake.after_in)
+            fake.after_in();
     } else {
         memcpy(b, src, n);
         fake.copies_back++;
@@ -400,32 +404,219 @@ START_TEST(every_collective)
 }
 END_TEST
 
-/* ---- copies that fail: the status, the message, and a communicator that goes on ---- */
+/* ---- the forms the first case does not run, and order ---- */
 
-static int rank_failures(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+static int32_t geti(const int32_t *d, size_t i)
+{
+    int32_t v;
+    dev_read(&v, d + i, 4);
+    return v;
+}
+
+/* 3 ranks: gatherv, scatterv, alltoallv and reduce_scatterv with gaps and a first block
+ * that does not start at 0; gather in place at the root, scatter leaving the root's block
+ * in sendbuf, reduce into a NULL recvbuf at the other ranks and in place at the root,
+ * count 0 */
+static int rank_forms(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    FAIL_IF(fake_init(4u << 20) != 0, "fake device");
+    enum { B = 5 };
+    size_t cnt[3], dsp[3], ext = 0, tot = 0;
+    for (int r = 0; r < n; r++) {
+        cnt[r] = B + (size_t)r;
+        dsp[r] = (size_t)r * (B + 10) + 3;
+        ext = dsp[r] + cnt[r];
+        tot += cnt[r];
+    }
+    int32_t h[64];
+    for (int i = 0; i < 64; i++)
+        h[i] = rank * 100 + i;
+    int32_t *x = dev_ints(h, 64);
+    /* gatherv at rank 1: the blocks where displs say, the gaps untouched */
+    int32_t *gv = dev_alloc(ext * 4, 0x5a);
+    OKC(tutti_gatherv(comm, x, cnt[rank], rank == 1 ? gv : NULL, cnt, dsp, TUTTI_INT32, 1));
+    for (size_t i = 0; rank == 1 && i < ext; i++) {
+        int32_t w = SENT;
+        for (int r = 0; r < n; r++)
+            if (i >= dsp[r] && i < dsp[r] + cnt[r])
+                w = r * 100 + (int32_t)(i - dsp[r]);
+        FAIL_IF(geti(gv, i) != w, "gatherv [%zu] = %d, expected %d", i, geti(gv, i), w);
+    }
+    /* gather in place at rank 0 */
+    int32_t *g = dev_alloc((size_t)n * B * 4, 0);
+    if (rank == 0)
+        dev_write(g, h, B * 4);
+    OKC(tutti_gather(comm, rank == 0 ? TUTTI_IN_PLACE : (const void *)x, rank == 0 ? g : NULL, B,
+                     TUTTI_INT32, 0));
+    for (int r = 0; rank == 0 && r < n; r++)
+        for (int i = 0; i < B; i++)
+            FAIL_IF(geti(g, (size_t)r * B + i) != r * 100 + i, "gather in place [%d][%d] = %d", r,
+                    i, geti(g, (size_t)r * B + i));
+    /* scatterv from rank 0: this rank's block, nothing past it */
+    int32_t t[256];
+    for (int i = 0; i < 256; i++)
+        t[i] = i;
+    int32_t *sv = rank == 0 ? dev_ints(t, ext) : NULL, *so = dev_alloc(64 * 4, 0x5a);
+    OKC(tutti_scatterv(comm, sv, cnt, dsp, so, cnt[rank], TUTTI_INT32, 0));
+    for (size_t i = 0; i <= cnt[rank]; i++) {
+        int32_t w = i < cnt[rank] ? (int32_t)(dsp[rank] + i) : SENT;
+        FAIL_IF(geti(so, i) != w, "scatterv [%zu] = %d, expected %d", i, geti(so, i), w);
+    }
+    /* scatter whose root keeps its block in sendbuf (TUTTI_IN_PLACE_OUT) */
+    int32_t *ss = dev_ints(t, (size_t)n * B), *sr = dev_alloc(B * 4, 0);
+    OKC(tutti_scatter(comm, rank == 0 ? ss : NULL, rank == 0 ? TUTTI_IN_PLACE_OUT : (void *)sr, B,
+                      TUTTI_INT32, 0));
+    for (int i = 0; i < B; i++)
+        FAIL_IF(geti(rank == 0 ? ss : sr, (size_t)i) != rank * B + i, "scatter [%d] = %d", i,
+                geti(rank == 0 ? ss : sr, (size_t)i));
+    /* alltoallv with gaps on both sides */
+    size_t sc[3], sd[3], rc[3], rd[3], sext = 0, rext = 0;
+    for (int r = 0; r < n; r++) {
+        sc[r] = 2 + (size_t)rank;
+        sd[r] = (size_t)r * 9 + 1;
+        rc[r] = 2 + (size_t)r;
+        rd[r] = (size_t)r * 11 + 2;
+        sext = sd[r] + sc[r];
+        rext = rd[r] + rc[r];
+    }
+    int32_t *ai = dev_ints(h, sext), *ao = dev_alloc(rext * 4, 0x5a);
+    OKC(tutti_alltoallv(comm, ai, sc, sd, ao, rc, rd, TUTTI_INT32));
+    for (size_t i = 0; i < rext; i++) {
+        int32_t w = SENT;
+        for (int r = 0; r < n; r++)
+            if (i >= rd[r] && i < rd[r] + rc[r])
+                w = r * 100 + (int32_t)((size_t)rank * 9 + 1 + i - rd[r]);
+        FAIL_IF(geti(ao, i) != w, "alltoallv [%zu] = %d, expected %d", i, geti(ao, i), w);
+    }
+    /* reduce_scatterv */
+    int32_t *ri = dev_ints(h, tot), *ro = dev_alloc(64 * 4, 0x5a);
+    OKC(tutti_reduce_scatterv(comm, ri, ro, cnt, TUTTI_INT32, TUTTI_SUM));
+    size_t off = 0;
+    for (int r = 0; r < rank; r++)
+        off += cnt[r];
+    for (size_t i = 0; i <= cnt[rank]; i++) {
+        int32_t w = SENT;
+        if (i < cnt[rank])
+            for (int r = w = 0; r < n; r++)
+                w += r * 100 + (int32_t)(off + i);
+        FAIL_IF(geti(ro, i) != w, "reduce_scatterv [%zu] = %d, expected %d", i, geti(ro, i), w);
+    }
+    /* reduce at rank 2: NULL recvbuf elsewhere, in place there */
+    int32_t *rr = dev_ints(h, 8);
+    OKC(tutti_reduce(comm, rank == 2 ? TUTTI_IN_PLACE : (const void *)rr, rank == 2 ? rr : NULL, 8,
+                     TUTTI_INT32, TUTTI_SUM, 2));
+    for (int i = 0; i < 8; i++) {
+        int32_t w = rank * 100 + i;
+        for (int r = 0; rank == 2 && r < n; r++)
+            w += r == rank ? 0 : r * 100 + i;
+        FAIL_IF(geti(rr, (size_t)i) != w, "reduce [%d] = %d, expected %d", i, geti(rr, (size_t)i),
+                w);
+    }
+    OKC(tutti_allreduce(comm, x, x + 1, 0, TUTTI_INT32, TUTTI_SUM));
+    return 0;
+}
+
+/* A write to device memory while an op runs (after_in: as the op starts) to bytes the op
+ * does not write: an allgatherv's gap, the other blocks of an in-place reduce_scatter.
+ * The copy back must leave them alone. */
+static int32_t *poke_at, poke_val;
+
+static void poke(void)
+{
+    if (poke_at)
+        dev_write(poke_at, &poke_val, 4);
+}
+
+/* 2 ranks: async ops on one buffer run in issue order (each copies in when it starts);
+ * the copy back writes only what the op writes */
+static int rank_order(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    FAIL_IF(fake_init(1u << 20) != 0, "fake device");
+    int32_t one[16];
+    for (int i = 0; i < 16; i++)
+        one[i] = 1;
+    int32_t *d = dev_ints(one, 16);
+    tutti_work_t *a, *b;
+    OKC(tutti_allreduce_async(comm, TUTTI_IN_PLACE, d, 16, TUTTI_INT32, TUTTI_SUM, &a));
+    OKC(tutti_allreduce_async(comm, TUTTI_IN_PLACE, d, 16, TUTTI_INT32, TUTTI_SUM, &b));
+    FAIL_IF(tutti_wait(a, -1) != 0 || tutti_wait(b, -1) != 0, "waits");
+    tutti_work_free(a);
+    tutti_work_free(b);
+    FAIL_IF(geti(d, 7) != n * n, "two in-place allreduces in a row: %d, expected %d", geti(d, 7),
+            n * n);
+    /* allgatherv with a gap, poked as the op starts */
+    size_t cnt[2] = { 4, 4 }, dsp[2] = { 0, 8 };
+    int32_t *x = dev_ints(one, 4), *g = dev_alloc(12 * 4, 0x11);
+    poke_at = g + 5, poke_val = 777;
+    fake.after_in = poke;
+    OKC(tutti_allgatherv(comm, x, g, cnt, dsp, TUTTI_INT32));
+    FAIL_IF(geti(g, 5) != 777, "allgatherv wrote its gap back: %#x", (unsigned)geti(g, 5));
+    FAIL_IF(geti(g, 9) != 1 || geti(g, 3) != 1, "allgatherv");
+    /* reduce_scatter in place as NCCL's: recvbuf is this rank's block of sendbuf */
+    int32_t *s = dev_ints(one, 8);
+    poke_at = s + (rank == 0 ? 4 : 0), poke_val = 999;
+    OKC(tutti_reduce_scatter(comm, s, s + rank * 4, 4, TUTTI_INT32, TUTTI_SUM));
+    fake.after_in = NULL;
+    FAIL_IF(geti(s, rank == 0 ? 4 : 0) != 999, "reduce_scatter wrote another block back: %d",
+            geti(s, rank == 0 ? 4 : 0));
+    FAIL_IF(geti(s, (size_t)rank * 4 + 1) != n, "reduce_scatter: %d",
+            geti(s, (size_t)rank * 4 + 1));
+    return 0;
+}
+
+/* 1 rank: the local paths */
+static int rank_one(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir, (void)arg, (void)n;
+    FAIL_IF(fake_init(1u << 20) != 0, "fake device");
+    int32_t h[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    int32_t *x = dev_ints(h, 8), *y = dev_alloc(64, 0x5a);
+    size_t c[1] = { 3 }, d[1] = { 2 };
+    OKC(tutti_allgatherv(comm, x, y, c, d, TUTTI_INT32));
+    FAIL_IF(geti(y, 1) != SENT || geti(y, 2) != 1 || geti(y, 4) != 3 || geti(y, 5) != SENT,
+            "allgatherv");
+    OKC(tutti_exscan(comm, x, y, 8, TUTTI_INT32, TUTTI_SUM));
+    FAIL_IF(geti(y, 0) != SENT, "exscan wrote rank 0's recvbuf");
+    float hf[4] = { 2, 4, 6, 8 }, got[4];
+    float *f = dev_alloc(16, 0);
+    dev_write(f, hf, 16);
+    OKC(tutti_allreduce(comm, TUTTI_IN_PLACE, f, 4, TUTTI_FP32, TUTTI_AVG));
+    dev_read(got, f, 16);
+    FAIL_IF(memcmp(got, hf, 16), "avg of one rank");
+    return 0;
+}
+
+START_TEST(forms_and_order)
+{
+    tt_dev_override(&fake_ops);
+    ck_assert_int_eq(th_run(3, rank_forms, NULL, 60000), 0);
+    ck_assert_int_eq(th_run(2, rank_order, NULL, 60000), 0);
+    ck_assert_int_eq(th_run(1, rank_one, NULL, 60000), 0);
+    tt_dev_override(NULL);
+}
+END_TEST
+
+/* ---- copies that fail ---- */
+
+/* The copy back fails after the call, on every rank: this rank's failure alone, the
+ * communicator goes on. */
+static int rank_failures(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
     FAIL_IF(fake_init(1u << 20) != 0, "fake device");
     int32_t hx[256];
     for (int i = 0; i < 256; i++)
         hx[i] = rank + i;
     int32_t *x = dev_ints(hx, 256), *y = dev_alloc(1024, 0);
-    /* the copy in fails at the call, on every rank: nothing was sent */
-    fake.fail_to_host = 1;
+    fake.fail_to_dev = 1;
     int st = tutti_allreduce(comm, x, y, 256, TUTTI_INT32, TUTTI_SUM);
     const char *e = tutti_comm_last_error(comm);
-    FAIL_IF(st != TUTTI_ERR_DEVICE, "copy in: %s", tutti_status_name(st));
-    FAIL_IF(!strstr(e, "allreduce") || !strstr(e, "sendbuf") || !strstr(e, "injected") ||
-                !strstr(e, "rank"),
-            "copy in: %s", e);
-    fake.fail_to_host = 0;
-    /* the copy back fails after the call, blocking and async */
-    fake.fail_to_dev = 1;
-    st = tutti_allreduce(comm, x, y, 256, TUTTI_INT32, TUTTI_SUM);
-    e = tutti_comm_last_error(comm);
     FAIL_IF(st != TUTTI_ERR_DEVICE, "copy back: %s", tutti_status_name(st));
-    FAIL_IF(!strstr(e, "allreduce seq") || !strstr(e, "back to fake device memory") ||
-                !strstr(e, "recvbuf"),
+    FAIL_IF(!strstr(e, "rank") || !strstr(e, "allreduce seq") ||
+                !strstr(e, "back to fake device memory") || !strstr(e, "recvbuf") ||
+                !strstr(e, "injected"),
             "copy back: %s", e);
     tutti_work_t *w;
     OKC(tutti_allgather_async(comm, x, y, 1, TUTTI_INT32, &w));
@@ -434,7 +625,6 @@ static int rank_failures(int rank, int n, tutti_comm_t *comm, const char *dir, v
             "async copy back: %s: %s", tutti_status_name(st), tutti_work_error(w));
     tutti_work_free(w);
     fake.fail_to_dev = 0;
-    /* a failed copy is this rank's alone: the communicator still works */
     OKC(tutti_allreduce(comm, x, y, 256, TUTTI_INT32, TUTTI_SUM));
     int32_t got[256];
     dev_read(got, y, sizeof(got));
@@ -443,10 +633,46 @@ static int rank_failures(int rank, int n, tutti_comm_t *comm, const char *dir, v
     return 0;
 }
 
+/* The copy in fails on rank 1 alone: rank 1 cannot take part, so the op fails on every
+ * rank, at once (told as a rank's failure is), never pairing rank 0's call with rank 1's
+ * next one. */
+static int rank_copy_in_fails(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    FAIL_IF(fake_init(1u << 20) != 0, "fake device");
+    int32_t ha[4] = { 1, 1, 1, 1 }, hb[4] = { 100, 100, 100, 100 };
+    int32_t *a = dev_ints(ha, 4), *b = dev_ints(hb, 4), *y = dev_alloc(16, 0);
+    fake.fail_to_host = rank == 1;
+    double t0 = th_now_ms();
+    int st = tutti_allreduce(comm, a, y, 4, TUTTI_INT32, TUTTI_SUM);
+    double took = th_now_ms() - t0;
+    char e[1024];
+    snprintf(e, sizeof(e), "%s", tutti_comm_last_error(comm));
+    fake.fail_to_host = 0;
+    int st2 = tutti_allreduce(comm, b, y, 4, TUTTI_INT32, TUTTI_SUM);
+    if (rank == 1) {
+        FAIL_IF(st != TUTTI_ERR_DEVICE, "copy in: %s", tutti_status_name(st));
+        FAIL_IF(!strstr(e, "rank 1") || !strstr(e, "allreduce seq 0") || !strstr(e, "sendbuf") ||
+                    !strstr(e, "injected"),
+                "copy in: %s", e);
+    } else {
+        FAIL_IF(st == 0, "rank 0's allreduce succeeded without rank 1's data (y[0] = %d)",
+                geti(y, 0));
+        FAIL_IF(!strstr(e, "rank 1") || !strstr(e, "injected"), "rank 0 was told: %s", e);
+        FAIL_IF(took > 10000, "rank 0 learnt it after %.0f ms", took);
+    }
+    FAIL_IF(st2 == 0, "the next allreduce succeeded after a failed one");
+    return 0;
+}
+
 START_TEST(failed_copies)
 {
     tt_dev_override(&fake_ops);
     ck_assert_int_eq(th_run(2, rank_failures, NULL, 60000), 0);
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_copy_in_fails, .timeout_ms = 60000, .flags = TH_NO_KILL_ON_FAIL
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     tt_dev_override(NULL);
 }
 END_TEST
@@ -597,6 +823,7 @@ int main(void)
 {
     Suite *s = suite_create("device");
     th_add_tests(s, "collectives", 240, (const TTest *const[]){ every_collective, NULL });
+    th_add_tests(s, "forms", 120, (const TTest *const[]){ forms_and_order, NULL });
     th_add_tests(s, "failures", 60, (const TTest *const[]){ failed_copies, NULL });
     th_add_tests(s, "option", 60, (const TTest *const[]){ cuda_option, NULL });
     th_add_tests(s, "cuda", 180, (const TTest *const[]){ real_cuda, NULL });

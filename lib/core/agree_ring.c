@@ -27,6 +27,7 @@ tt_op_t tt_agree_as_call(const tt_op_t *op, const tt_agree_call_t *c)
     o.dtype = c->dtype;
     o.root = c->root;
     o.sendcounts = o.sdispls = o.recvcounts = o.rdispls = NULL;
+    o.dev = NULL; /* op's staging stays op's */
     return o;
 }
 

@@ -177,12 +177,41 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     return TUTTI_OK;
 }
 
-/* run_op_here, then the copy back of device buffers (lib/device/device.h) */
+/* A device buffer's copy in failed as op started: this rank cannot take part, so the op
+ * fails as a rank's failure does, told to the peers (which would otherwise wait for its
+ * messages, or pair them with its next call's). */
+static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, int st, const char *why, char *err,
+                         size_t errlen)
+{
+    if (comm->nranks > 1 && !atomic_load(&comm->aborted) && atomic_load(&comm->failed) >= 0) {
+        tt_op_start(op, comm->opts.timeout_ms);
+        tt_fault_fail_op(op, st, why);
+        tt_op_finish(op);
+        pthread_mutex_lock(&comm->err_lock);
+        snprintf(err, errlen, "%s", comm->last_error);
+        pthread_mutex_unlock(&comm->err_lock);
+    } else {
+        snprintf(err, errlen, "rank %d: %s seq %llu: %s", comm->rank,
+                 op->coll == TT_COLL_P2P ? "send" : tt_coll_name(op->coll),
+                 (unsigned long long)op->seq, why);
+    }
+    return st;
+}
+
+/* run_op_here between the copy in and the copy back of device buffers
+ * (lib/device/device.h) */
 static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
                   size_t errlen)
 {
-    int st = run_op_here(comm, op, user_redop, err, errlen);
-    return op->dev ? tt_dev_finish(op, st, err, errlen) : st;
+    if (!op->dev)
+        return run_op_here(comm, op, user_redop, err, errlen);
+    char why[TT_ERRMSG_LEN / 2];
+    int st = tt_dev_copy_in(op, why, sizeof(why));
+    if (st < 0)
+        st = dev_in_failed(comm, op, st, why, err, errlen);
+    else
+        st = run_op_here(comm, op, user_redop, err, errlen);
+    return tt_dev_finish(op, st, err, errlen);
 }
 
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
@@ -283,6 +312,11 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     int st = p2p_refused(comm, w, "not started", err, errlen);
     if (st < 0)
         return st;
+    if (w->op.dev) { /* a send's device buffer: its copy in, now that its turn came */
+        char why[TT_ERRMSG_LEN / 2];
+        if ((st = tt_dev_copy_in(&w->op, why, sizeof(why))) < 0)
+            return dev_in_failed(comm, &w->op, st, why, err, errlen);
+    }
     w->req.status = 1;
     w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
     if (w->any_source)

@@ -13,16 +13,26 @@
 #include "core/stage.h"
 #include "device/device.h"
 
-/* One op's staging: the host block (from the communicator's pool) and the region copied
- * back at the end. */
+/* A run of bytes of the user's device memory and its copy in the host block. */
+typedef struct seg {
+    char *dev, *host;
+    size_t len;
+} seg_t;
+
+/* One op's staging: the host block (from the communicator's pool), the bytes copied in
+ * when the op starts (the send extent's device part) and the runs copied back at its
+ * end (exactly the bytes the op writes, so that nothing else of the buffer is reverted:
+ * an allgatherv's gaps, the other blocks of an in-place reduce_scatter). */
 typedef struct tt_dev_stage {
     tt_comm_t *comm;
     const tt_dev_ops_t *ops;
     void *host;
     size_t cap;
-    void *back_dev, *back_host, *back_ctx; /* back_dev NULL: nothing to copy back */
-    size_t back_len;
-    const char *back_what; /* "recvbuf" or "buf" */
+    seg_t in; /* in.len 0: nothing to copy in */
+    void *in_ctx, *back_ctx;
+    const char *in_what, *back_what;
+    int nback;
+    seg_t back[]; /* sorted, merged */
 } tt_dev_stage_t;
 
 static const tt_dev_ops_t *_Atomic dev_override;
@@ -63,27 +73,25 @@ static size_t span(const size_t *counts, const size_t *displs, int n)
     return end;
 }
 
-/* The bytes an op reads (sendbuf, *sl) and writes (recvbuf, *rl), and whether it writes
- * every byte of the latter (then it need not be copied in). The fill (coll.c) made
- * sendbuf an address (never TUTTI_IN_PLACE) and the layouts whole where they matter. */
-static void extents(const tt_op_t *op, size_t *sl, size_t *rl, int *whole)
+/* The bytes an op reads (from sendbuf, *sl) and where it writes (within recvbuf's *rl).
+ * The fill (coll.c) made sendbuf an address (never TUTTI_IN_PLACE) and the layouts whole
+ * where they matter. */
+static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
 {
     const size_t es = op->elem_size;
-    const int n = op->nranks, me = op->rank, v = (op->fingerprint & TT_FP_V) != 0;
+    const int n = op->nranks, me = op->rank;
     *sl = *rl = 0;
-    *whole = 1;
     switch (op->coll) {
-    case TT_COLL_EXSCAN: /* rank 0's recvbuf is not written */
-        *whole = 0;
-        /* fall through */
     case TT_COLL_ALLREDUCE:
     case TT_COLL_SCAN:
+    case TT_COLL_EXSCAN:
     case TT_COLL_BROADCAST:
-    case TT_COLL_REDUCE: *sl = *rl = op->count * es; break;
+    case TT_COLL_REDUCE:
+        *sl = *rl = op->count * es;
+        break;
     case TT_COLL_ALLGATHER:
         *sl = op->recvcounts[me] * es;
         *rl = span(op->recvcounts, op->rdispls, n) * es;
-        *whole = !v;
         break;
     case TT_COLL_REDUCE_SCATTER:
         *sl = op->count * es;
@@ -92,7 +100,6 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl, int *whole)
     case TT_COLL_GATHER:
         *sl = op->count * es;
         *rl = me == op->root ? span(op->recvcounts, op->rdispls, n) * es : 0;
-        *whole = !v;
         break;
     case TT_COLL_SCATTER:
         *sl = me == op->root ? span(op->sendcounts, op->sdispls, n) * es : 0;
@@ -101,10 +108,95 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl, int *whole)
     case TT_COLL_ALLTOALL:
         *sl = span(op->sendcounts, op->sdispls, n) * es;
         *rl = span(op->recvcounts, op->rdispls, n) * es;
-        *whole = !v;
         break;
-    default: break;
+    default:
+        break;
     }
+}
+
+static void add_seg(seg_t *segs, int *n, const char *p, size_t len)
+{
+    if (p && len)
+        segs[(*n)++] = (seg_t){ (char *)p, NULL, len };
+}
+
+/* The runs of recvbuf the op writes (user addresses; at most nranks), as the algorithms
+ * write them: a block per rank for the gathers and alltoall (not this rank's own block
+ * where it is in place already), nothing at a broadcast's root that broadcasts in place,
+ * at a reduce's or gather's other ranks, at exscan's rank 0, at a scatter's root whose
+ * block stays in sendbuf. */
+static int written(const tt_op_t *op, seg_t *segs)
+{
+    const size_t es = op->elem_size;
+    const int n = op->nranks, me = op->rank, root = me == op->root;
+    const char *s = op->sendbuf, *r = op->recvbuf;
+    int k = 0;
+    switch (op->coll) {
+    case TT_COLL_BROADCAST:
+        if (!root || s != r)
+            add_seg(segs, &k, r, op->count * es);
+        break;
+    case TT_COLL_REDUCE:
+        if (root)
+            add_seg(segs, &k, r, op->count * es);
+        break;
+    case TT_COLL_EXSCAN:
+        if (me > 0)
+            add_seg(segs, &k, r, op->count * es);
+        break;
+    case TT_COLL_ALLREDUCE:
+    case TT_COLL_SCAN:
+        add_seg(segs, &k, r, op->count * es);
+        break;
+    case TT_COLL_REDUCE_SCATTER:
+        add_seg(segs, &k, r, op->recvcounts[me] * es);
+        break;
+    case TT_COLL_SCATTER:
+        if (!(root && r == s + op->sdispls[me] * es))
+            add_seg(segs, &k, r, op->count * es);
+        break;
+    case TT_COLL_GATHER:
+        if (!root)
+            break;
+        /* fall through */
+    case TT_COLL_ALLGATHER:
+    case TT_COLL_ALLTOALL:
+        for (int i = 0; i < n && r; i++) {
+            const char *b = r + op->rdispls[i] * es;
+            if (i != me || op->coll == TT_COLL_ALLTOALL || b != s)
+                add_seg(segs, &k, b, op->recvcounts[i] * es);
+        }
+        break;
+    default:
+        break;
+    }
+    return k;
+}
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const seg_t *x = a, *y = b;
+    return x->dev < y->dev ? -1 : x->dev > y->dev;
+}
+
+/* sorted, and runs that touch or overlap made one */
+static int merge(seg_t *segs, int n)
+{
+    if (n < 2)
+        return n;
+    qsort(segs, (size_t)n, sizeof(*segs), seg_cmp);
+    int k = 0;
+    for (int i = 1; i < n; i++) {
+        char *end = segs[k].dev + segs[k].len;
+        if (segs[i].dev <= end) {
+            char *e2 = segs[i].dev + segs[i].len;
+            if (e2 > end)
+                segs[k].len = (size_t)(e2 - segs[k].dev);
+        } else {
+            segs[++k] = segs[i];
+        }
+    }
+    return k + 1;
 }
 
 /* A region of a call's buffers: [lo, lo + len), device memory or not. */
@@ -124,8 +216,8 @@ static int query(tt_comm_t *comm, region_t *r, const char *name, const char *wha
         return TUTTI_OK;
     int k = comm->dev->query(r->lo, &r->ctx, err, sizeof(err));
     if (k < 0)
-        return tt_comm_set_error(comm, TUTTI_ERR_DEVICE, "rank %d: %s: asking %s what %s %p is: %s",
-                                 comm->rank, name, comm->dev->name, what, (void *)r->lo, err);
+        return tt_comm_set_error(comm, TUTTI_ERR_DEVICE, "%s: asking %s what %s %p is: %s", name,
+                                 comm->dev->name, what, (void *)r->lo, err);
     r->dev = k > 0;
     return TUTTI_OK;
 }
@@ -137,10 +229,11 @@ static void *moved(const region_t *r, const void *p)
     return r->dev && c && c >= r->lo && c < r->lo + r->len ? r->host + (c - r->lo) : (void *)p;
 }
 
-/* Stage the send region [*s, +sl) and the receive region [*r, +rl) where they are device
- * memory; whole: the op writes all of the receive region. */
+/* Stage the send extent [*s, +sl) and the receive extent [*r, +rl) where they are device
+ * memory; back: the runs of the receive extent the op writes (nback of them, user
+ * addresses). Nothing is copied here: tt_dev_copy_in does that when the op starts. */
 static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void **r, size_t rl,
-                 int whole, const char *name, const char *rwhat)
+                 seg_t *back, int nback, const char *name, const char *rwhat)
 {
     region_t rs = { .lo = (char *)(s ? *s : NULL), .len = sl };
     region_t rr = { .lo = r ? *r : NULL, .len = rl };
@@ -148,59 +241,51 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
     TT_CHECK(query(comm, &rr, name, rwhat));
     if (!rs.dev && !rr.dev)
         return TUTTI_OK;
-    /* in place (or a block of one inside the other): one region, copied in whole */
-    if (rs.dev && rr.dev && rs.lo < rr.lo + rr.len && rr.lo < rs.lo + rs.len) {
+    /* in place (or a block of one inside the other): one region */
+    const int one = rs.dev && rr.dev && rs.lo < rr.lo + rr.len && rr.lo < rs.lo + rs.len;
+    region_t ru = rr;
+    if (one) {
         char *lo = TT_MIN(rs.lo, rr.lo), *hi = TT_MAX(rs.lo + rs.len, rr.lo + rr.len);
-        rr.lo = lo;
-        rr.len = (size_t)(hi - lo);
-        rs.dev = 0;
-        whole = 0;
+        ru.lo = lo;
+        ru.len = (size_t)(hi - lo);
     }
-    size_t salign = rs.dev ? (rs.len + 63) & ~(size_t)63 : 0;
-    size_t bytes = salign + (rr.dev ? rr.len : 0);
-    tt_dev_stage_t *d = calloc(1, sizeof(*d));
+    size_t salign = rs.dev && !one ? (rs.len + 63) & ~(size_t)63 : 0;
+    size_t bytes = salign + (ru.dev ? ru.len : 0);
+    nback = ru.dev ? merge(back, nback) : 0;
+    tt_dev_stage_t *d = calloc(1, sizeof(*d) + (size_t)nback * sizeof(seg_t));
     size_t cap = 0;
     void *host = d ? tt_comm_stage_get(comm, bytes, &cap) : NULL;
     if (!host) {
         free(d);
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
-                                 "rank %d: %s: out of memory for a host copy of %zu bytes of "
-                                 "device memory",
-                                 comm->rank, name, bytes);
+                                 "%s: out of memory for a host copy of %zu bytes of device "
+                                 "memory",
+                                 name, bytes);
     }
     d->comm = comm;
     d->ops = comm->dev;
     d->host = host;
     d->cap = cap;
-    rs.host = host;
-    rr.host = (char *)host + salign;
-    char err[256] = "";
-    const char *failed = NULL;
-    size_t flen = 0;
-    if (rs.dev && comm->dev->copy(rs.ctx, rs.host, rs.lo, rs.len, 1, err, sizeof(err)) < 0)
-        failed = "sendbuf", flen = rs.len;
-    else if (rr.dev && !whole &&
-             comm->dev->copy(rr.ctx, rr.host, rr.lo, rr.len, 1, err, sizeof(err)) < 0)
-        failed = rwhat, flen = rr.len;
-    if (failed) {
-        tt_comm_stage_put(comm, host, cap);
-        free(d);
-        return tt_comm_set_error(comm, TUTTI_ERR_DEVICE,
-                                 "rank %d: %s: copying %s (%zu bytes) from %s device memory: %s",
-                                 comm->rank, name, failed, flen, comm->dev->name, err);
+    rs.host = one ? NULL : host;
+    ru.host = (char *)host + salign;
+    if (one)
+        rs = (region_t){ 0 };
+    const void *s_user = s ? *s : NULL;
+    /* what the op reads: the send extent, alone or inside the one region */
+    if (sl && (rs.dev || (one && s_user))) {
+        d->in = (seg_t){ (char *)s_user, moved(one ? &ru : &rs, s_user), sl };
+        d->in_ctx = one ? ru.ctx : rs.ctx;
+        d->in_what = "sendbuf";
     }
-    if (rr.dev) {
-        d->back_dev = rr.lo;
-        d->back_host = rr.host;
-        d->back_ctx = rr.ctx;
-        d->back_len = rr.len;
-        d->back_what = rwhat;
-    }
-    /* the op's pointers into either region now point into its copy */
+    for (int i = 0; i < nback; i++)
+        d->back[i] = (seg_t){ back[i].dev, moved(&ru, back[i].dev), back[i].len };
+    d->nback = nback;
+    d->back_ctx = ru.ctx;
+    d->back_what = rwhat;
     if (s)
-        *s = moved(rr.dev ? &rr : &rs, moved(&rs, *s));
+        *s = moved(&ru, moved(&rs, *s));
     if (r)
-        *r = moved(&rr, *r);
+        *r = moved(&ru, *r);
     op->dev = d;
     return TUTTI_OK;
 }
@@ -208,9 +293,15 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
 int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)
 {
     size_t sl, rl;
-    int whole;
-    extents(op, &sl, &rl, &whole);
-    return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, whole, name, "recvbuf");
+    extents(op, &sl, &rl);
+    seg_t few[8], *back = few;
+    if (op->nranks > 8 && !(back = malloc((size_t)op->nranks * sizeof(seg_t))))
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    int nback = written(op, back);
+    int st = stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, back, nback, name, "recvbuf");
+    if (back != few)
+        free(back);
+    return st;
 }
 
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
@@ -218,11 +309,32 @@ int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int i
 {
     if (is_send) {
         const void *s = *buf;
-        TT_CHECK(stage(comm, op, &s, len, NULL, 0, 1, name, "buf"));
+        TT_CHECK(stage(comm, op, &s, len, NULL, 0, NULL, 0, name, "buf"));
         *buf = (void *)s;
         return TUTTI_OK;
     }
-    return stage(comm, op, NULL, 0, buf, len, 1, name, "buf");
+    seg_t back = { *buf, NULL, len };
+    return stage(comm, op, NULL, 0, buf, len, &back, 1, name, "buf");
+}
+
+static const char *op_name(const tt_op_t *op)
+{
+    const char *n = tt_coll_name(op->coll);
+    return op->coll == TT_COLL_P2P ? (op->dev && op->dev->in.len ? "send" : "recv") : n ? n : "op";
+}
+
+int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen)
+{
+    tt_dev_stage_t *d = op->dev;
+    if (!d || !d->in.len)
+        return TUTTI_OK;
+    char why[256] = "";
+    if (d->ops->copy(d->in_ctx, d->in.host, d->in.dev, d->in.len, 1, why, sizeof(why)) < 0) {
+        snprintf(err, errlen, "copying %s (%zu bytes) from %s device memory: %s", d->in_what,
+                 d->in.len, d->ops->name, why);
+        return TUTTI_ERR_DEVICE;
+    }
+    return TUTTI_OK;
 }
 
 int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
@@ -230,16 +342,17 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
     tt_dev_stage_t *d = op->dev;
     if (!d)
         return st;
+    const char *name = op_name(op);
     op->dev = NULL;
-    if (st >= 0 && d->back_dev) {
+    for (int i = 0; st >= 0 && i < d->nback; i++) {
         char why[256] = "";
-        if (d->ops->copy(d->back_ctx, d->back_dev, d->back_host, d->back_len, 0, why, sizeof(why)) <
-            0) {
+        const seg_t *b = &d->back[i];
+        if (d->ops->copy(d->back_ctx, b->dev, b->host, b->len, 0, why, sizeof(why)) < 0) {
             snprintf(err, errlen,
-                     "rank %d: %s seq %llu: copying the result (%s, %zu bytes) back to %s "
+                     "rank %d: %s seq %llu: copying the result (%zu bytes of %s) back to %s "
                      "device memory: %s",
-                     op->rank, op->coll == TT_COLL_P2P ? "recv" : tt_coll_name(op->coll),
-                     (unsigned long long)op->seq, d->back_what, d->back_len, d->ops->name, why);
+                     op->rank, name, (unsigned long long)op->seq, b->len, d->back_what,
+                     d->ops->name, why);
             st = TUTTI_ERR_DEVICE;
         }
     }

@@ -1,8 +1,8 @@
 /* Device memory in user buffers, as a CUDA-aware MPI takes it: a communicator made
  * where a device layer is active asks it, at each call, whether the call's buffers are
- * device memory, and stages those through host memory (the copy in at the call, the
- * copy back before the call completes). Algorithms and transports see host memory
- * only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
+ * device memory, and stages those through host memory (the copy in when the op starts,
+ * in issue order with the others; the copy back, of the bytes the op writes, before it
+ * completes). Algorithms and transports see host memory only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
  * dependency) and, in tests, a fake whose device memory the host cannot touch
  * (tests/fakedev.c). */
 #ifndef TT_DEVICE_H
@@ -38,12 +38,16 @@ const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen);
 
 /* Stage op's device buffers (its collective's send and receive extents, from its
  * layout) into one host block and point the op at it (op->dev, NULL where no buffer is
- * device memory). name: the call, for messages. */
+ * device memory). name: the call, for messages. Nothing is copied yet. */
 int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name);
 
 /* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
                      const char *name);
+
+/* The op starts: its input copied from device memory (the bytes the op reads). < 0 with
+ * err (no rank or op in it: the caller's failure path adds them) when the copy failed. */
+int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen);
 
 /* The op's end: its device result copied back where st >= 0, the host block released.
  * Returns st, or TUTTI_ERR_DEVICE (err filled, naming the rank and the op) when the
