@@ -86,9 +86,7 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
     case TT_COLL_SCAN:
     case TT_COLL_EXSCAN:
     case TT_COLL_BROADCAST:
-    case TT_COLL_REDUCE:
-        *sl = *rl = op->count * es;
-        break;
+    case TT_COLL_REDUCE: *sl = *rl = op->count * es; break;
     case TT_COLL_ALLGATHER:
         *sl = op->recvcounts[me] * es;
         *rl = span(op->recvcounts, op->rdispls, n) * es;
@@ -109,8 +107,7 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
         *sl = span(op->sendcounts, op->sdispls, n) * es;
         *rl = span(op->recvcounts, op->rdispls, n) * es;
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -145,12 +142,8 @@ static int written(const tt_op_t *op, seg_t *segs)
             add_seg(segs, &k, r, op->count * es);
         break;
     case TT_COLL_ALLREDUCE:
-    case TT_COLL_SCAN:
-        add_seg(segs, &k, r, op->count * es);
-        break;
-    case TT_COLL_REDUCE_SCATTER:
-        add_seg(segs, &k, r, op->recvcounts[me] * es);
-        break;
+    case TT_COLL_SCAN: add_seg(segs, &k, r, op->count * es); break;
+    case TT_COLL_REDUCE_SCATTER: add_seg(segs, &k, r, op->recvcounts[me] * es); break;
     case TT_COLL_SCATTER:
         if (!(root && r == s + op->sdispls[me] * es))
             add_seg(segs, &k, r, op->count * es);
@@ -167,8 +160,7 @@ static int written(const tt_op_t *op, seg_t *segs)
                 add_seg(segs, &k, b, op->recvcounts[i] * es);
         }
         break;
-    default:
-        break;
+    default: break;
     }
     return k;
 }
