@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <tutti/fuse.h>
 #include <tutti/tutti.h>
 
 #include "device/device.h"
@@ -625,6 +626,20 @@ static int rank_failures(int rank, int n, tutti_comm_t *comm, const char *dir, v
             "async copy back: %s: %s", tutti_status_name(st), tutti_work_error(w));
     tutti_work_free(w);
     fake.fail_to_dev = 0;
+    /* the fuser packs with memcpy: it refuses device memory, before anything is sent */
+    void *bufs[2] = { hx, x };
+    size_t counts[2] = { 4, 4 };
+    tutti_dtype_t dts[2] = { TUTTI_INT32, TUTTI_INT32 };
+    st = tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0);
+    e = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_UNSUPPORTED || !strstr(e, "tensor 1 is fake device memory"),
+            "coalesced: %s: %s", tutti_status_name(st), e);
+    tutti_fuse_t *fu;
+    OKC(tutti_fuse_create(&fu, comm, NULL));
+    int idx;
+    st = tutti_fuse_register(fu, x, 4, TUTTI_INT32, &idx);
+    FAIL_IF(st != TUTTI_ERR_UNSUPPORTED, "fuse_register: %s", tutti_status_name(st));
+    tutti_fuse_destroy(fu);
     OKC(tutti_allreduce(comm, x, y, 256, TUTTI_INT32, TUTTI_SUM));
     int32_t got[256];
     dev_read(got, y, sizeof(got));

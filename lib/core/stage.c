@@ -3,8 +3,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "core/comm.h"
+#include "coll/algo.h"
 #include "core/stage.h"
+#include "core/state.h"
 
 size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
 {

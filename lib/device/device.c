@@ -8,7 +8,8 @@
 
 #include "base/base.h"
 #include "coll/names.h"
-#include "core/comm.h"
+#include "core/fault.h" /* tt_comm_set_error */
+#include "core/state.h"
 #include "core/envelope.h" /* TT_FP_V */
 #include "core/stage.h"
 #include "device/device.h"
@@ -280,6 +281,14 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
         *r = moved(&ru, *r);
     op->dev = d;
     return TUTTI_OK;
+}
+
+int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what)
+{
+    char err[256];
+    void *ctx;
+    *what = comm->dev ? comm->dev->name : "";
+    return comm->dev && p ? comm->dev->query(p, &ctx, err, sizeof(err)) : 0;
 }
 
 int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)

@@ -36,6 +36,10 @@ void tt_dev_override(const tt_dev_ops_t *ops);
  * err where there is no CUDA driver. */
 const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen);
 
+/* Whether p is device memory on comm's layer: 1 (*what: the layer's name), 0, or < 0
+ * (the layer failed to say). For the calls that take host memory only (the fuser). */
+int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what);
+
 /* Stage op's device buffers (its collective's send and receive extents, from its
  * layout) into one host block and point the op at it (op->dev, NULL where no buffer is
  * device memory). name: the call, for messages. Nothing is copied yet. */

@@ -14,6 +14,7 @@
 #include "base/base.h"
 #include "core/fault.h"
 #include "core/stage.h"
+#include "device/device.h"
 #include "reduce/reduce.h"
 
 #define TT_FUSE_ALIGN 64 /* every tensor starts on a cache line of its bucket */
@@ -213,6 +214,12 @@ int tutti_fuse_register(tutti_fuse_t *f, void *data, size_t count, tutti_dtype_t
                           "register: data must be %s with bucket views %s",
                           f->opts.bucket_views ? "NULL" : "non-NULL",
                           f->opts.bucket_views ? "on" : "off");
+    const char *kind;
+    if (tt_dev_is_device(f->comm, data, &kind) != 0) /* the buckets copy with memcpy */
+        return fuse_error(f, TUTTI_ERR_UNSUPPORTED,
+                          "register: tensor %p is %s device memory (or its layer cannot tell); "
+                          "the fuser takes host memory only",
+                          data, kind);
     pthread_mutex_lock(&f->lock);
     int st = TUTTI_OK;
     if (f->built) {
@@ -977,6 +984,13 @@ static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *count
         if ((unsigned)dtypes[i] >= TUTTI_DTYPE_COUNT || counts[i] > SIZE_MAX / 16 ||
             (counts[i] && !bufs[i]))
             return TUTTI_ERR_INVALID_ARG;
+        const char *kind; /* small tensors are packed with memcpy */
+        if (counts[i] && tt_dev_is_device(comm, bufs[i], &kind) != 0)
+            return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
+                                     "coalesced call: tensor %d is %s device memory (or its layer "
+                                     "cannot tell); the coalesced calls take host memory only "
+                                     "(call the collective for each tensor)",
+                                     i, kind);
     }
     *bytes_p = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
     *idx_p = malloc(sizeof(int) * (size_t)(n ? n : 1));

@@ -63,6 +63,16 @@ def test_device_memory_refused_without_cuda():
             assert name in m and "CUDA device memory" in m and "cuda='on'" in m, m
 
 
+def test_fuser_refuses_device_memory(tmp_path):
+    from tutti import fuse
+    store = tutti.Store("file://" + str(tmp_path))
+    c = tutti.Communicator(store, 0, 1, job_id="py-device-fuse")
+    with pytest.raises(tutti.InvalidArgError, match="fuser and the coalesced calls take host"):
+        fuse.allreduce_coalesced(c, [np.zeros(4, np.float32), FakeCudaArray((4,))])
+    c.destroy()
+    store.close()
+
+
 def test_cuda_option_is_checked(tmp_path):
     store = tutti.Store("file://" + str(tmp_path))
     with pytest.raises(tutti.ConfigError, match="TUTTI_CUDA=bogus"):

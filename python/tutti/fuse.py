@@ -86,7 +86,7 @@ class Fuser:
             st = _lib_.tutti_fuse_register(self._h, None, count, dtype_of(dtype),
                                            ctypes.byref(idx))
         else:
-            b = Buffer(tensor, "a fused tensor", True, dtype)
+            b = _host(Buffer(tensor, "a fused tensor", True, dtype))
             self._bufs.append(b)  # the fuser writes it at every wait
             st = _lib_.tutti_fuse_register(self._h, b.ptr, b.count, b.dtype, ctypes.byref(idx))
         self._check(st)
@@ -124,8 +124,16 @@ class Fuser:
         self.destroy()
 
 
+def _host(b):
+    """b, which the fuser copies with memcpy: host memory only."""
+    if b.dev is not None:
+        raise InvalidArgError(f"tutti: {b.what} is CUDA device memory ({b.dev}); the fuser "
+                              "and the coalesced calls take host memory only")
+    return b
+
+
 def _coalesced(comm, tensors, what):
-    bufs = [Buffer(t, f"{what}'s tensor {i}", True) for i, t in enumerate(tensors)]
+    bufs = [_host(Buffer(t, f"{what}'s tensor {i}", True)) for i, t in enumerate(tensors)]
     n = len(bufs)
     ptrs = (ctypes.c_void_p * n)(*[b.ptr for b in bufs])
     counts = (ctypes.c_size_t * n)(*[b.count for b in bufs])
