@@ -8,10 +8,12 @@
  * Results are checked against references computed here in plain C, with sentinels
  * where a call must leave bytes alone (allgatherv's gaps, exscan's rank 0).
  *
- * The fake also fails copies on request (the errors' text and status), and the last
- * case runs the real thing, CUDA through the driver API, where this machine has one
- * (tools/dev/device-check.sh runs it on the device machine); elsewhere it says it
- * skipped. */
+ * The fake also fails copies on request (the errors' text and status). The cuda cases
+ * run lib/device/cuda.c: against tests/fake_libcuda.c (a stand-in for the driver's
+ * library that holds it to the driver's rules: contexts, streams, memory with no
+ * context) everywhere, and against the real driver where this machine has a GPU
+ * (tools/dev/device-check.sh runs it on the device machine; elsewhere it says it
+ * skipped). */
 #include <check.h>
 #include <dlfcn.h>
 #include <stdint.h>
@@ -816,6 +818,24 @@ static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void 
     return 0;
 }
 
+/* cuda.c against the stand-in driver: loaded here (the forked ranks inherit it), found
+ * by its soname when the communicator asks for libcuda.so.1; "on" initialises the
+ * driver at init, "auto" finds it loaded and leaves the initialising to the program */
+START_TEST(cuda_driver_fake)
+{
+    void *h = dlopen(TT_BUILD_DIR "/tests/libfakecuda.so", RTLD_NOW | RTLD_GLOBAL);
+    ck_assert_msg(h != NULL, "%s", dlerror());
+    const char *modes[] = { "on", "auto" };
+    for (int i = 0; i < 2; i++) {
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        o.cuda = modes[i];
+        th_spec_t spec = { .nranks = 2, .fn = rank_cuda, .timeout_ms = 60000, .opts = &o };
+        ck_assert_msg(th_run_ex(&spec, NULL) == 0, "TUTTI_CUDA=%s", modes[i]);
+    }
+}
+END_TEST
+
 START_TEST(real_cuda)
 {
     /* only the library is loaded here, never initialised: the ranks are forked */
@@ -841,6 +861,6 @@ int main(void)
     th_add_tests(s, "forms", 120, (const TTest *const[]){ forms_and_order, NULL });
     th_add_tests(s, "failures", 60, (const TTest *const[]){ failed_copies, NULL });
     th_add_tests(s, "option", 60, (const TTest *const[]){ cuda_option, NULL });
-    th_add_tests(s, "cuda", 180, (const TTest *const[]){ real_cuda, NULL });
+    th_add_tests(s, "cuda", 180, (const TTest *const[]){ cuda_driver_fake, real_cuda, NULL });
     return th_main(s);
 }

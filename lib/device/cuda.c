@@ -2,9 +2,14 @@
  * dlopen (libcuda.so.1, the driver's own library): the build needs no CUDA, and a
  * process without it pays nothing. What a pointer is comes from cuPointerGetAttributes
  * (which answers for any pointer, CUDA's or not); copies are cuMemcpyDtoH/HtoD in the
- * pointer's own context, pushed on the calling thread for the copy (the copy back runs
- * on whichever thread completes the op). The declarations below are the driver API's
- * own, with the values its cuda.h gives them. */
+ * pointer's own context (its device's primary context where the pointer has none: the
+ * stream-ordered allocator's and VMM memory), pushed on the calling thread for the copy
+ * (the copy back runs on whichever thread completes the op). The copy in goes on the
+ * legacy stream, so it comes after the work queued on the blocking streams (the data must
+ * be ready at the call, as with a CUDA-aware MPI); the copy back goes on a stream of the
+ * library's own (non-blocking), synchronised before the op completes, so it waits for
+ * nothing else. The declarations below are the driver API's own, with the values its
+ * cuda.h gives them. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -23,7 +28,9 @@ enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
-    CU_MEMORYTYPE_DEVICE = 2
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_MEMORYTYPE_DEVICE = 2,
+    CU_STREAM_NON_BLOCKING = 1
 };
 
 static struct {
@@ -33,11 +40,33 @@ static struct {
     cu_result_t (*ctx_pop)(cu_context_t *ctx);
     cu_result_t (*memcpy_dtoh)(void *dst, cu_deviceptr_t src, size_t n);
     cu_result_t (*memcpy_htod)(cu_deviceptr_t dst, const void *src, size_t n);
+    cu_result_t (*memcpy_htod_async)(cu_deviceptr_t dst, const void *src, size_t n, void *stream);
+    cu_result_t (*stream_create)(void **stream, unsigned flags);
     cu_result_t (*stream_synchronize)(void *stream);
     cu_result_t (*get_error_string)(cu_result_t r, const char **s);
+    cu_result_t (*device_get)(int *dev, int ordinal);
+    cu_result_t (*primary_ctx_retain)(cu_context_t *ctx, int dev);
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
-static int cu_ready; /* 1: loaded and initialised */
+static int cu_ready;  /* 1: loaded */
+static int cu_inited; /* 1: cuInit called here (TUTTI_CUDA=on) */
+
+/* Per context, the copy back's stream; per device, its primary context (retained for
+ * the process's life). A fork's child starts with none (its parent's are not its). */
+enum { CU_MAX = 64 };
+static struct {
+    cu_context_t ctx;
+    void *stream;
+} cu_streams[CU_MAX];
+static int cu_nstreams;
+static cu_context_t cu_primary[CU_MAX];
+
+static void cu_forked(void)
+{
+    cu_nstreams = 0;
+    memset(cu_primary, 0, sizeof(cu_primary));
+    pthread_mutex_init(&cu_lock, NULL);
+}
 
 static const char *cu_error(cu_result_t r)
 {
@@ -47,22 +76,65 @@ static const char *cu_error(cu_result_t r)
     return s;
 }
 
+/* ordinal's primary context, retained once */
+static int cu_primary_ctx(int ordinal, cu_context_t *ctx, char *err, size_t errlen)
+{
+    if (ordinal < 0 || ordinal >= CU_MAX) {
+        snprintf(err, errlen, "device ordinal %d", ordinal);
+        return TUTTI_ERR_DEVICE;
+    }
+    pthread_mutex_lock(&cu_lock);
+    cu_result_t r = 0;
+    int dev;
+    if (!cu_primary[ordinal] && (r = cu.device_get(&dev, ordinal)) == 0)
+        r = cu.primary_ctx_retain(&cu_primary[ordinal], dev);
+    *ctx = cu_primary[ordinal];
+    pthread_mutex_unlock(&cu_lock);
+    if (r != 0) {
+        snprintf(err, errlen, "the primary context of device %d: %s (%d)", ordinal, cu_error(r), r);
+        return TUTTI_ERR_DEVICE;
+    }
+    return TUTTI_OK;
+}
+
 static int cu_query(const void *p, void **ctx, char *err, size_t errlen)
 {
-    int attrs[3] = { CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                     CU_POINTER_ATTRIBUTE_IS_MANAGED };
+    int attrs[4] = { CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                     CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL };
     cu_context_t c = NULL;
     unsigned type = 0, managed = 0;
-    void *data[3] = { &c, &type, &managed };
-    cu_result_t r = cu.pointer_get_attributes(3, attrs, data, (cu_deviceptr_t)(uintptr_t)p);
+    int ordinal = -1;
+    void *data[4] = { &c, &type, &managed, &ordinal };
+    cu_result_t r = cu.pointer_get_attributes(4, attrs, data, (cu_deviceptr_t)(uintptr_t)p);
     if (r == CU_ERROR_NOT_INITIALIZED || r == CU_ERROR_DEINITIALIZED)
         return 0; /* no CUDA in use now: no device memory either */
     if (r != 0) {
         snprintf(err, errlen, "cuPointerGetAttributes: %s (%d)", cu_error(r), r);
         return TUTTI_ERR_DEVICE;
     }
+    if (type != CU_MEMORYTYPE_DEVICE || managed)
+        return 0;
+    /* cudaMallocAsync's pools and VMM mappings belong to no context */
+    if (!c)
+        TT_CHECK(cu_primary_ctx(ordinal, &c, err, errlen));
     *ctx = c;
-    return type == CU_MEMORYTYPE_DEVICE && !managed;
+    return 1;
+}
+
+/* the copy back's stream in ctx (pushed), made at its first use; NULL: the legacy one */
+static void *cu_stream(cu_context_t ctx)
+{
+    void *s = NULL;
+    pthread_mutex_lock(&cu_lock);
+    for (int i = 0; i < cu_nstreams && !s; i++)
+        if (cu_streams[i].ctx == ctx)
+            s = cu_streams[i].stream;
+    if (!s && cu_nstreams < CU_MAX && cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == 0) {
+        cu_streams[cu_nstreams].ctx = ctx;
+        cu_streams[cu_nstreams++].stream = s;
+    }
+    pthread_mutex_unlock(&cu_lock);
+    return s;
 }
 
 static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host, char *err,
@@ -73,14 +145,21 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
         snprintf(err, errlen, "cuCtxPushCurrent: %s (%d)", cu_error(r), r);
         return TUTTI_ERR_DEVICE;
     }
-    const char *what = to_host ? "cuMemcpyDtoH" : "cuMemcpyHtoD";
-    r = to_host ? cu.memcpy_dtoh(dst, (cu_deviceptr_t)(uintptr_t)src, n)
-                : cu.memcpy_htod((cu_deviceptr_t)(uintptr_t)dst, src, n);
-    /* from pageable memory the copy may return before its DMA ends: the legacy stream
-     * (which the copy went on) finishes it, so the op completes with the bytes there */
-    if (r == 0 && !to_host) {
-        what = "cuStreamSynchronize";
-        r = cu.stream_synchronize(NULL);
+    const char *what = "cuMemcpyDtoH";
+    void *s = NULL;
+    if (to_host) {
+        r = cu.memcpy_dtoh(dst, (cu_deviceptr_t)(uintptr_t)src, n);
+    } else {
+        /* from pageable memory the copy may return before its DMA ends: its stream is
+         * synchronised, so that the op completes with the bytes there */
+        s = cu_stream(ctx);
+        what = s ? "cuMemcpyHtoDAsync" : "cuMemcpyHtoD";
+        r = s ? cu.memcpy_htod_async((cu_deviceptr_t)(uintptr_t)dst, src, n, s)
+              : cu.memcpy_htod((cu_deviceptr_t)(uintptr_t)dst, src, n);
+        if (r == 0) {
+            what = "cuStreamSynchronize";
+            r = cu.stream_synchronize(s);
+        }
     }
     cu_context_t popped;
     cu.ctx_pop(&popped);
@@ -93,21 +172,16 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
 
 static const tt_dev_ops_t cuda_ops = { "CUDA", cu_query, cu_copy };
 
-const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen)
+/* Load the driver's library (the caller holds cu_lock). */
+static int cu_load(int load, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&cu_lock);
-    if (cu_ready) {
-        pthread_mutex_unlock(&cu_lock);
-        return &cuda_ops;
-    }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | (load ? 0 : RTLD_NOLOAD));
     if (!h) {
         const char *e = dlerror();
         snprintf(err, errlen, "%s",
                  load ? (e ? e : "cannot load libcuda.so.1")
                       : "this process has not loaded libcuda.so.1");
-        pthread_mutex_unlock(&cu_lock);
-        return NULL;
+        return TUTTI_ERR_NO_DEVICE;
     }
     static const struct {
         const char *name;
@@ -120,8 +194,12 @@ const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen)
         CU_SYM(ctx_pop, "cuCtxPopCurrent_v2"),
         CU_SYM(memcpy_dtoh, "cuMemcpyDtoH_v2"),
         CU_SYM(memcpy_htod, "cuMemcpyHtoD_v2"),
+        CU_SYM(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"),
+        CU_SYM(stream_create, "cuStreamCreate"),
         CU_SYM(stream_synchronize, "cuStreamSynchronize"),
         CU_SYM(get_error_string, "cuGetErrorString"),
+        CU_SYM(device_get, "cuDeviceGet"),
+        CU_SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain"),
 #undef CU_SYM
     };
     for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
@@ -131,21 +209,33 @@ const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen)
                      syms[i].name);
             memset(&cu, 0, sizeof(cu));
             dlclose(h);
-            pthread_mutex_unlock(&cu_lock);
-            return NULL;
+            return TUTTI_ERR_NO_DEVICE;
         }
         memcpy((char *)&cu + syms[i].off, &f, sizeof(f));
     }
-    cu_result_t r = cu.init(0);
-    if (r != 0) {
-        snprintf(err, errlen, "cuInit: %s (%d)", cu_error(r), r);
-        memset(&cu, 0, sizeof(cu));
-        dlclose(h);
-        pthread_mutex_unlock(&cu_lock);
-        return NULL;
-    }
     cu_ready = 1; /* the handle stays open: the pointers above are into it */
+    pthread_atfork(NULL, NULL, cu_forked);
+    return TUTTI_OK;
+}
+
+const tt_dev_ops_t *tt_dev_cuda(int load, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&cu_lock);
+    int st = cu_ready ? TUTTI_OK : cu_load(load, err, errlen);
+    /* "on" initialises the driver; "auto" leaves that to the program (initialised here,
+     * it would stop a child the program forks later from using CUDA): until it has, no
+     * pointer is device memory */
+    if (st == TUTTI_OK && load && !cu_inited) {
+        cu_result_t r = cu.init(0);
+        if (r != 0) {
+            snprintf(err, errlen, "cuInit: %s (%d)", cu_error(r), r);
+            st = TUTTI_ERR_NO_DEVICE;
+        }
+        cu_inited = r == 0;
+    }
     pthread_mutex_unlock(&cu_lock);
+    if (st < 0)
+        return NULL;
     TT_INFO("CUDA: device buffers are staged through host memory (libcuda.so.1 %s)",
             load ? "loaded" : "already loaded");
     return &cuda_ops;
