@@ -35,6 +35,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* setenv, strsignal; meson passes it too */
 #endif
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -137,6 +138,7 @@ typedef struct bench_cfg {
     int algo_all;  /* --algo all */
     int np;        /* > 0: fork this many local ranks */
     int timeout_s; /* -np: kill the ranks after this long */
+    int cuda;      /* --device cuda: the buffers in GPU memory (cuMemAlloc) */
 } bench_cfg_t;
 
 /* One half (out-of-place or in-place) of a row. */
@@ -211,6 +213,10 @@ static void usage(FILE *f)
         "  --offset B          start every rank's send and receive buffers B bytes past a\n"
         "                      page boundary (0..4095, a multiple of the dtype's size;\n"
         "                      default 0), as a tensor inside a larger storage\n"
+        "  --device NAME       host (default) or cuda: every rank's buffers in GPU memory\n"
+        "                      (rank r on GPU r mod the GPU count; the communicator made\n"
+        "                      with TUTTI_CUDA=on), the inputs written and the results\n"
+        "                      read through host copies, untimed\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
         "                      string (\"allreduce:rd@<64K,ring\")\n"
         "  --algo all          time every algorithm the library has for the collective\n"
@@ -376,6 +382,10 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
         } else if (FLAG("--fill-late", "--fill-late")) { /* implies --fresh --window */
             bench_window_fill_late = 1;
             cfg->fresh = cfg->sync = cfg->window = 1;
+        } else if (FLAG("--device", "--device")) {
+            VALUE();
+            bad = strcmp(v, "host") && strcmp(v, "cuda");
+            cfg->cuda = !strcmp(v, "cuda");
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {
@@ -782,9 +792,68 @@ typedef struct bench_ctx {
     const bench_cfg_t *cfg;
     tutti_comm_t *comm;
     int rank, size;
-    void *send, *recv;
+    void *send, *recv; /* what prepare fills and the check reads */
     double *times;
+    void *dsend, *drecv; /* --device cuda: what the calls get (send and recv's copies) */
 } bench_ctx_t;
+
+/* ---- --device cuda: the CUDA driver API, loaded with dlopen (no build dependency) ---- */
+
+static struct {
+    int (*init)(unsigned);
+    int (*device_get_count)(int *);
+    int (*device_get)(int *, int);
+    int (*primary_ctx_retain)(void **, int);
+    int (*ctx_set_current)(void *);
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*memcpy_htod)(unsigned long long, const void *, size_t);
+    int (*memcpy_dtoh)(void *, unsigned long long, size_t);
+} cu;
+
+/* Load the driver, make GPU rank % count this thread's, and allocate n bytes twice. */
+static int cuda_setup(int rank, size_t n, void **a, void **b)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    const char *names[] = { "cuInit",          "cuDeviceGetCount",
+                            "cuDeviceGet",     "cuDevicePrimaryCtxRetain",
+                            "cuCtxSetCurrent", "cuMemAlloc_v2",
+                            "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2" };
+    void *syms[8];
+    for (int i = 0; h && i < 8; i++)
+        if (!(syms[i] = dlsym(h, names[i]))) {
+            fprintf(stderr, "tutti-bench: rank %d: libcuda.so.1 has no %s\n", rank, names[i]);
+            return -1;
+        }
+    if (!h) {
+        fprintf(stderr, "tutti-bench: rank %d: --device cuda: %s\n", rank, dlerror());
+        return -1;
+    }
+    memcpy(&cu, syms, sizeof(cu));
+    int count = 0, dev, r;
+    void *ctx;
+    unsigned long long pa = 0, pb = 0;
+    if ((r = cu.init(0)) || (r = cu.device_get_count(&count)) || count < 1 ||
+        (r = cu.device_get(&dev, rank % count)) || (r = cu.primary_ctx_retain(&ctx, dev)) ||
+        (r = cu.ctx_set_current(ctx)) || (r = cu.mem_alloc(&pa, n)) || (r = cu.mem_alloc(&pb, n))) {
+        fprintf(stderr, "tutti-bench: rank %d: --device cuda: CUDA error %d (%d devices)\n", rank,
+                r, count);
+        return -1;
+    }
+    *a = (void *)(uintptr_t)pa;
+    *b = (void *)(uintptr_t)pb;
+    return 0;
+}
+
+/* n bytes from the host copy to the device buffer (up) or back */
+static void cuda_move(void *dev, void *host, size_t n, int up)
+{
+    int r = up ? cu.memcpy_htod((unsigned long long)(uintptr_t)dev, host, n)
+               : cu.memcpy_dtoh(host, (unsigned long long)(uintptr_t)dev, n);
+    if (r) {
+        fprintf(stderr, "tutti-bench: cuMemcpy%s: CUDA error %d\n", up ? "HtoD" : "DtoH", r);
+        exit(3);
+    }
+}
 
 static int report_failure(const bench_ctx_t *b, const char *what, size_t bytes, int in_place,
                           int st)
@@ -810,6 +879,13 @@ static char *block_at(const bench_ctx_t *b, size_t count, int rank)
  * there (TUTTI_IN_PLACE_OUT) and the others receive into their block of recv. */
 static int run_once(const bench_ctx_t *b, size_t count, int in_place)
 {
+    bench_ctx_t dev;
+    if (b->dsend) { /* --device cuda: the calls get the device buffers */
+        dev = *b;
+        dev.send = b->dsend;
+        dev.recv = b->drecv;
+        b = &dev;
+    }
     const bench_cfg_t *cfg = b->cfg;
     const void *src = in_place ? TUTTI_IN_PLACE : b->send;
     int root = cfg->root, is_root = b->rank == root;
@@ -851,10 +927,14 @@ static void prepare(const bench_ctx_t *b, size_t count, int in_place)
     if (cfg->coll == COLL_BARRIER)
         return;
     size_t sc = send_count(cfg->coll, n, count), rc = recv_count(cfg->coll, n, count);
-    size_t all = sc > rc ? sc : rc;
+    size_t all = sc > rc ? sc : rc, es = tutti_dtype_size(cfg->dtype);
     if (!in_place) {
         fill_input(cfg, me, n, count, b->send);
         fill_sentinel(cfg, b->recv, rc);
+        if (b->dsend) {
+            cuda_move(b->dsend, b->send, sc * es, 1);
+            cuda_move(b->drecv, b->recv, rc * es, 1);
+        }
         return;
     }
     switch (cfg->coll) {
@@ -880,6 +960,8 @@ static void prepare(const bench_ctx_t *b, size_t count, int in_place)
         fill_input(cfg, me, n, count, b->recv);
         break;
     }
+    if (b->drecv)
+        cuda_move(b->drecv, b->recv, all * es, 1);
 }
 
 /* Where the result of one half is. */
@@ -975,6 +1057,12 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
             if ((st = run_once(b, count, in_place)) != TUTTI_OK)
                 return report_failure(b, what, bytes, in_place, st);
         }
+        if (b->drecv) { /* the result, into the host copy the check reads */
+            size_t rc = recv_count(cfg->coll, b->size, count);
+            size_t sc = send_count(cfg->coll, b->size, count);
+            cuda_move(b->drecv, b->recv,
+                      (in_place && sc > rc ? sc : rc) * tutti_dtype_size(cfg->dtype), 0);
+        }
         wrong = count_wrong(cfg, b->rank, b->size, count, result_at(b, count, in_place));
     }
 
@@ -1060,6 +1148,10 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     if (job && *job)
         printf("# job %s\n", job);
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
+    if (cfg->cuda)
+        printf("# buffers in %s device memory (--device cuda), staged through host memory by "
+               "the library; inputs written and results read untimed\n",
+               tutti_comm_device(set->main) ? tutti_comm_device(set->main) : "(none!)");
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean", bench_fresh_words(cfg->fresh),
            cfg->window ? ", each started at one instant on every rank (--window)"
@@ -1430,7 +1522,8 @@ static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
 static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
 {
     tutti_comm_t *comm = set->main;
-    bench_ctx_t b = { cfg, comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL, NULL };
+    bench_ctx_t b = { cfg,  comm, tutti_comm_rank(comm), tutti_comm_size(comm), NULL, NULL, NULL,
+                      NULL, NULL };
     int barrier = cfg->coll == COLL_BARRIER;
     size_t esize = tutti_dtype_size(cfg->dtype);
     if (cfg->root >= b.size) {
@@ -1468,6 +1561,15 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     }
     memset(b.send, 0, alloc);
     memset(b.recv, 0, alloc);
+    if (cfg->cuda) {
+        char *ds, *dr;
+        if (cuda_setup(b.rank, alloc + (size_t)cfg->offset, (void **)&ds, (void **)&dr) < 0) {
+            rc = 3;
+            goto out_free;
+        }
+        b.dsend = ds + cfg->offset;
+        b.drecv = dr + cfg->offset;
+    }
 
     if (b.rank == 0) {
         print_header(&b, set);
@@ -1512,6 +1614,8 @@ static int comm_opts(const bench_cfg_t *cfg, tutti_comm_opts_t *opts)
         opts->algo = cfg->algo;
     if (cfg->transport)
         opts->transport = cfg->transport;
+    if (cfg->cuda)
+        opts->cuda = "on";
     return TUTTI_OK;
 }
 
