@@ -63,6 +63,18 @@ run() {
         echo "test_device ($tp): rc $? in $((SECONDS - t0)) s"
         grep -E "CUDA device|skipped|Checks|:F:|:E:" "$out/test_device-$tp.log" | head -12
     done
+    # tutti-bench on device buffers against host buffers, 2 ranks over shm, A B A B, every
+    # result checked (-c)
+    local dv
+    for k in 1 2; do
+        for dv in cuda host; do
+            TUTTI_SOCKET_IFNAME=lo timeout 120 /tmp/b/bench/tutti-bench -np 2 --device $dv -c \
+                -b 4 -e 64M -f 16 -n 20 -w 3 >"$out/bench-$dv-$k.log" 2>&1
+            echo "tutti-bench --device $dv ($k): rc $?"
+            grep -E "^ +[0-9]|buffers in|Out of" "$out/bench-$dv-$k.log" | cut -c1-120
+        done
+    done
+    (cd /tmp/b && meson test --no-rebuild bench_device >/dev/null 2>&1; echo "bench_device: rc $?")
     export PYTHONPATH=/tmp/b/python TUTTI_SOCKET_IFNAME=lo PYTHONDONTWRITEBYTECODE=1 \
         TUTTI_RUN=/tmp/b/tools/tutti-run
     local t
