@@ -644,6 +644,26 @@ void th_rmtree_gone(const char *dir)
     ck_assert_msg(access(dir, F_OK) != 0, "%s is still there", dir);
 }
 
+int th_init_one(const tutti_comm_opts_t *opts, char *err, size_t errlen,
+                void (*with)(tutti_comm_t *comm, void *arg), void *arg)
+{
+    char dir[] = "/tmp/tutti-test-one-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tutti_store_t *store;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, 0, 1, opts);
+    snprintf(err, errlen, "%s", st < 0 ? tutti_comm_last_error(NULL) : "");
+    ck_assert_msg((st < 0) == !comm, "init returned %d with comm %p", st, (void *)comm);
+    if (comm && with)
+        with(comm, arg);
+    if (comm)
+        ck_assert_int_eq(tutti_comm_destroy(comm), 0);
+    tutti_store_close(store);
+    th_rmtree_gone(dir);
+    return st;
+}
+
 void *th_shared_zeroed(size_t size)
 {
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -232,6 +232,13 @@ void th_set_rank_env(const char *url, int rank, int nranks);
 /* th_rmtree, then a check that dir is gone. */
 void th_rmtree_gone(const char *dir);
 
+/* A communicator of one rank made with opts over a file store in a fresh temp directory
+ * (gone afterwards, checked): with(comm, arg) if the init succeeded (with may be NULL),
+ * then destroyed. Returns the init's status; err gets why it failed
+ * (tutti_comm_last_error(NULL)), "" if it did not. */
+int th_init_one(const tutti_comm_opts_t *opts, char *err, size_t errlen,
+                void (*with)(tutti_comm_t *comm, void *arg), void *arg);
+
 /* size zeroed bytes shared with the ranks forked after (MAP_SHARED); checked. */
 void *th_shared_zeroed(size_t size);
 

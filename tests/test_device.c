@@ -696,27 +696,21 @@ END_TEST
 
 /* ---- TUTTI_CUDA ---- */
 
+static void device_of(tutti_comm_t *comm, void *arg)
+{
+    *(const char **)arg = tutti_comm_device(comm);
+}
+
 /* a communicator of one rank made with opts.cuda = cuda: its status (err: why it failed;
  * *dev_p: what tutti_comm_device said) */
 static int init_one(const char *cuda, char *err, size_t errlen, const char **dev_p)
 {
-    char dir[] = "/tmp/tutti-test-device-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    tutti_store_t *store;
-    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.cuda = cuda;
-    tutti_comm_t *comm = NULL;
-    int st = tutti_comm_init(&comm, store, 0, 1, &o);
-    snprintf(err, errlen, "%s", st < 0 ? tutti_comm_last_error(NULL) : "");
     if (dev_p)
-        *dev_p = comm ? tutti_comm_device(comm) : NULL;
-    if (comm)
-        tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    th_rmtree(dir);
-    return st;
+        *dev_p = NULL;
+    return th_init_one(&o, err, errlen, dev_p ? device_of : NULL, dev_p);
 }
 
 START_TEST(cuda_option)
