@@ -36,6 +36,7 @@ static struct {
     char *back; /* the fake's own view of the same pages */
     size_t size, used;
     int fail_to_host, fail_to_dev; /* fail every such copy */
+    int fail_query;                /* fail every question */
     void (*after_in)(void);        /* called after each copy to the host: a write to
                                       device memory while an op runs */
     long copies_in, copies_back;
@@ -43,7 +44,10 @@ static struct {
 
 static int fake_query(const void *p, void **ctx, char *err, size_t errlen)
 {
-    (void)err, (void)errlen;
+    if (fake.fail_query) {
+        snprintf(err, errlen, "fakePointerGetAttributes: injected failure");
+        return TUTTI_ERR_DEVICE;
+    }
     const char *c = p;
     *ctx = &fake;
     return fake.dev && c >= fake.dev && c < fake.dev + fake.size;
@@ -682,14 +686,77 @@ static int rank_copy_in_fails(int rank, int n, tutti_comm_t *comm, const char *d
     return 0;
 }
 
+/* A receive's copy back fails: that receive alone. */
+static int rank_recv_back_fails(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    FAIL_IF(fake_init(1u << 20) != 0, "fake device");
+    int32_t h[64];
+    for (int i = 0; i < 64; i++)
+        h[i] = i;
+    int32_t *d = dev_alloc(sizeof(h), 0);
+    if (rank == 0) {
+        OKC(tutti_send(comm, h, 64, TUTTI_INT32, 1, 5));
+    } else {
+        fake.fail_to_dev = 1;
+        int st = tutti_recv(comm, d, 64, TUTTI_INT32, 0, 5);
+        const char *e = tutti_comm_last_error(comm);
+        FAIL_IF(st != TUTTI_ERR_DEVICE || !strstr(e, "recv") ||
+                    !strstr(e, "back to fake device memory") || !strstr(e, "buf"),
+                "recv's copy back: %s: %s", tutti_status_name(st), e);
+        fake.fail_to_dev = 0;
+    }
+    OKC(tutti_allreduce(comm, h, d, 64, TUTTI_INT32, TUTTI_SUM));
+    FAIL_IF(geti(d, 5) != 10, "after: %d", geti(d, 5));
+    return 0;
+}
+
+/* What fails rank 1's op before it can run, and must fail rank 0's at once: a send's copy
+ * in (arg 0), the layer failing to say what a pointer is at the call (arg 1). */
+static int rank_one_sided(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)n;
+    const int how = *(const int *)arg;
+    FAIL_IF(fake_init(1u << 20) != 0, "fake device");
+    int32_t h[16] = { 1 };
+    int32_t *d = dev_ints(h, 16);
+    double t0 = th_now_ms();
+    int st;
+    if (how == 0) {
+        fake.fail_to_host = rank == 1;
+        st = rank == 1 ? tutti_send(comm, d, 16, TUTTI_INT32, 0, 6)
+                       : tutti_recv(comm, d, 16, TUTTI_INT32, 1, 6);
+    } else {
+        fake.fail_query = rank == 1;
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, d, 16, TUTTI_INT32, TUTTI_SUM);
+    }
+    double took = th_now_ms() - t0;
+    fake.fail_to_host = fake.fail_query = 0;
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st == 0, "%s succeeded", how ? "allreduce" : "send/recv");
+    FAIL_IF(!strstr(e, "rank 1") || !strstr(e, "injected"), "%s", e);
+    FAIL_IF(rank == 1 && (st != TUTTI_ERR_DEVICE ||
+                          !strstr(e, how ? "asking fake what sendbuf" : "copying sendbuf")),
+            "rank 1: %s: %s", tutti_status_name(st), e);
+    FAIL_IF(took > 10000, "learnt it after %.0f ms", took);
+    return 0;
+}
+
 START_TEST(failed_copies)
 {
     tt_dev_override(&fake_ops);
     ck_assert_int_eq(th_run(2, rank_failures, NULL, 60000), 0);
+    ck_assert_int_eq(th_run(2, rank_recv_back_fails, NULL, 60000), 0);
     th_spec_t spec = {
         .nranks = 2, .fn = rank_copy_in_fails, .timeout_ms = 60000, .flags = TH_NO_KILL_ON_FAIL
     };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    for (int how = 0; how < 2; how++) {
+        spec.fn = rank_one_sided;
+        spec.arg = &how;
+        ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s",
+                      how ? "a failed query at the call" : "a send's copy in");
+    }
     tt_dev_override(NULL);
 }
 END_TEST

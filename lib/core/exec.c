@@ -206,7 +206,10 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     if (!op->dev)
         return run_op_here(comm, op, user_redop, err, errlen);
     char why[TT_ERRMSG_LEN / 2];
-    int st = tt_dev_copy_in(op, why, sizeof(why));
+    /* an aborted or failed communicator's op fails as such (run_op_here says so) without
+     * reading the device */
+    const int doomed = atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0;
+    int st = doomed ? TUTTI_OK : tt_dev_copy_in(op, why, sizeof(why));
     if (st < 0)
         st = dev_in_failed(comm, op, st, why, err, errlen);
     else
@@ -449,6 +452,14 @@ static void reap_inflight_locked(tutti_comm_t *comm)
                 tt_fault_p2p(&w->op, &w->req, st, err, sizeof(err));
             else
                 last_error_to(comm, err, sizeof(err));
+        }
+        if (w->op.dev) {
+            /* a receive's copy back to device memory, outside the queue lock (the
+             * in-flight list's reference keeps w; the list may change meanwhile) */
+            pthread_mutex_unlock(&comm->q_lock);
+            st = tt_dev_finish(&w->op, st, err, sizeof(err));
+            pthread_mutex_lock(&comm->q_lock);
+            pp = &comm->inflight;
         }
         w->req.status = st;
         complete(comm, w, st, err);

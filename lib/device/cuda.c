@@ -25,6 +25,8 @@ typedef unsigned long long cu_deviceptr_t;
 enum {
     CU_ERROR_NOT_INITIALIZED = 3,
     CU_ERROR_DEINITIALIZED = 4,
+    CU_ERROR_INVALID_HANDLE = 400,
+    CU_ERROR_CONTEXT_IS_DESTROYED = 709,
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
@@ -121,6 +123,16 @@ static int cu_query(const void *p, void **ctx, char *err, size_t errlen)
     return 1;
 }
 
+/* ctx's stream forgotten (the context was reset: the stream went with it) */
+static void cu_stream_drop(cu_context_t ctx)
+{
+    pthread_mutex_lock(&cu_lock);
+    for (int i = 0; i < cu_nstreams; i++)
+        if (cu_streams[i].ctx == ctx)
+            cu_streams[i] = cu_streams[--cu_nstreams];
+    pthread_mutex_unlock(&cu_lock);
+}
+
 /* the copy back's stream in ctx (pushed), made at its first use; NULL: the legacy one */
 static void *cu_stream(cu_context_t ctx)
 {
@@ -152,10 +164,15 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
     } else {
         /* from pageable memory the copy may return before its DMA ends: its stream is
          * synchronised, so that the op completes with the bytes there */
-        s = cu_stream(ctx);
-        what = s ? "cuMemcpyHtoDAsync" : "cuMemcpyHtoD";
-        r = s ? cu.memcpy_htod_async((cu_deviceptr_t)(uintptr_t)dst, src, n, s)
-              : cu.memcpy_htod((cu_deviceptr_t)(uintptr_t)dst, src, n);
+        for (int retry = 1; retry >= 0; retry--) {
+            s = cu_stream(ctx);
+            what = s ? "cuMemcpyHtoDAsync" : "cuMemcpyHtoD";
+            r = s ? cu.memcpy_htod_async((cu_deviceptr_t)(uintptr_t)dst, src, n, s)
+                  : cu.memcpy_htod((cu_deviceptr_t)(uintptr_t)dst, src, n);
+            if (!s || (r != CU_ERROR_INVALID_HANDLE && r != CU_ERROR_CONTEXT_IS_DESTROYED))
+                break;
+            cu_stream_drop(ctx); /* a stream of a context since reset: a new one, once */
+        }
         if (r == 0) {
             what = "cuStreamSynchronize";
             r = cu.stream_synchronize(s);

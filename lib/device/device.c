@@ -32,6 +32,9 @@ typedef struct tt_dev_stage {
     seg_t in; /* in.len 0: nothing to copy in */
     void *in_ctx, *back_ctx;
     const char *in_what, *back_what;
+    int fail_st; /* < 0: staging failed at the call (fail says why); the op fails when it
+                    starts, on every rank (exec.c), not at the call on this rank alone */
+    char fail[200];
     int nback;
     seg_t back[]; /* sorted, merged */
 } tt_dev_stage_t;
@@ -83,10 +86,13 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
     const int n = op->nranks, me = op->rank;
     *sl = *rl = 0;
     switch (op->coll) {
+    case TT_COLL_BROADCAST: /* the root's data only */
+        *sl = me == op->root ? op->count * es : 0;
+        *rl = op->count * es;
+        break;
     case TT_COLL_ALLREDUCE:
     case TT_COLL_SCAN:
     case TT_COLL_EXSCAN:
-    case TT_COLL_BROADCAST:
     case TT_COLL_REDUCE: *sl = *rl = op->count * es; break;
     case TT_COLL_ALLGATHER:
         *sl = op->recvcounts[me] * es;
@@ -157,8 +163,12 @@ static int written(const tt_op_t *op, seg_t *segs)
     case TT_COLL_ALLTOALL:
         for (int i = 0; i < n && r; i++) {
             const char *b = r + op->rdispls[i] * es;
+            size_t len = op->recvcounts[i] * es;
+            /* one rank's alltoallv copies its sendcount (algorithms/local.c) */
+            if (n == 1 && op->coll == TT_COLL_ALLTOALL)
+                len = TT_MIN(len, op->sendcounts[0] * es);
             if (i != me || op->coll == TT_COLL_ALLTOALL || b != s)
-                add_seg(segs, &k, b, op->recvcounts[i] * es);
+                add_seg(segs, &k, b, len);
         }
         break;
     default: break;
@@ -201,16 +211,18 @@ typedef struct region {
     char *host; /* its copy in the host block */
 } region_t;
 
-static int query(tt_comm_t *comm, region_t *r, const char *name, const char *what)
+static int query(tt_comm_t *comm, region_t *r, const char *what, char *why, size_t whylen)
 {
-    char err[256] = "";
+    char err[160] = "";
     r->dev = 0;
     if (!r->lo || !r->len)
         return TUTTI_OK;
     int k = comm->dev->query(r->lo, &r->ctx, err, sizeof(err));
-    if (k < 0)
-        return tt_comm_set_error(comm, TUTTI_ERR_DEVICE, "%s: asking %s what %s %p is: %s", name,
-                                 comm->dev->name, what, (void *)r->lo, err);
+    if (k < 0) {
+        snprintf(why, whylen, "asking %s what %s %p is: %s", comm->dev->name, what, (void *)r->lo,
+                 err);
+        return TUTTI_ERR_DEVICE;
+    }
     r->dev = k > 0;
     return TUTTI_OK;
 }
@@ -222,17 +234,41 @@ static void *moved(const region_t *r, const void *p)
     return r->dev && c && c >= r->lo && c < r->lo + r->len ? r->host + (c - r->lo) : (void *)p;
 }
 
+/* op->dev = a staging with room for nseg runs copied back, and its failure (st < 0) if
+ * any; NULL without memory for even that */
+static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st, const char *why)
+{
+    tt_dev_stage_t *d = calloc(1, sizeof(*d) + (size_t)nseg * sizeof(seg_t));
+    if (!d)
+        return NULL;
+    d->comm = comm;
+    d->ops = comm->dev;
+    d->fail_st = st;
+    snprintf(d->fail, sizeof(d->fail), "%s", why);
+    op->dev = d;
+    return d;
+}
+
 /* Stage the send extent [*s, +sl) and the receive extent [*r, +rl) where they are device
- * memory; back: the runs of the receive extent the op writes (nback of them, user
- * addresses). Nothing is copied here: tt_dev_copy_in does that when the op starts. */
+ * memory; the runs copied back: the whole receive extent (whole) or written()'s. Nothing
+ * is copied here: tt_dev_copy_in does that when the op starts. A failure here (the layer
+ * cannot say what a pointer is, no memory for the host copy) is kept for then too, so
+ * that the op fails on every rank; only one without memory to keep it fails now. */
 static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void **r, size_t rl,
-                 seg_t *back, int nback, const char *name, const char *rwhat)
+                 int whole, const char *name, const char *rwhat)
 {
     region_t rs = { .lo = (char *)(s ? *s : NULL), .len = sl };
     region_t rr = { .lo = r ? *r : NULL, .len = rl };
-    TT_CHECK(query(comm, &rs, name, "sendbuf"));
-    TT_CHECK(query(comm, &rr, name, rwhat));
-    if (!rs.dev && !rr.dev)
+    char why[200] = "";
+    int st = query(comm, &rs, "sendbuf", why, sizeof(why));
+    if (st == TUTTI_OK)
+        st = query(comm, &rr, rwhat, why, sizeof(why));
+    if (st == TUTTI_OK && !rs.dev && !rr.dev)
+        return TUTTI_OK; /* host memory: the common case stops here */
+    tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : op->nranks) : 0, st, why);
+    if (!d)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    if (st < 0)
         return TUTTI_OK;
     /* in place (or a block of one inside the other): one region */
     const int one = rs.dev && rr.dev && rs.lo < rr.lo + rr.len && rr.lo < rs.lo + rs.len;
@@ -244,21 +280,14 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
     }
     size_t salign = rs.dev && !one ? (rs.len + 63) & ~(size_t)63 : 0;
     size_t bytes = salign + (ru.dev ? ru.len : 0);
-    nback = ru.dev ? merge(back, nback) : 0;
-    tt_dev_stage_t *d = calloc(1, sizeof(*d) + (size_t)nback * sizeof(seg_t));
-    size_t cap = 0;
-    void *host = d ? tt_comm_stage_get(comm, bytes, &cap) : NULL;
+    void *host = tt_comm_stage_get(comm, bytes, &d->cap);
     if (!host) {
-        free(d);
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
-                                 "%s: out of memory for a host copy of %zu bytes of device "
-                                 "memory",
-                                 name, bytes);
+        d->fail_st = TUTTI_ERR_NOMEM;
+        snprintf(d->fail, sizeof(d->fail),
+                 "out of memory for a host copy of %zu bytes of device memory", bytes);
+        return TUTTI_OK;
     }
-    d->comm = comm;
-    d->ops = comm->dev;
     d->host = host;
-    d->cap = cap;
     rs.host = one ? NULL : host;
     ru.host = (char *)host + salign;
     if (one)
@@ -270,16 +299,20 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
         d->in_ctx = one ? ru.ctx : rs.ctx;
         d->in_what = "sendbuf";
     }
-    for (int i = 0; i < nback; i++)
-        d->back[i] = (seg_t){ back[i].dev, moved(&ru, back[i].dev), back[i].len };
-    d->nback = nback;
+    if (ru.dev) {
+        if (whole)
+            d->back[0] = (seg_t){ rr.lo, NULL, rr.len }, d->nback = 1;
+        else
+            d->nback = merge(d->back, written(op, d->back));
+        for (int i = 0; i < d->nback; i++)
+            d->back[i].host = moved(&ru, d->back[i].dev);
+    }
     d->back_ctx = ru.ctx;
     d->back_what = rwhat;
     if (s)
         *s = moved(&ru, moved(&rs, *s));
     if (r)
         *r = moved(&ru, *r);
-    op->dev = d;
     return TUTTI_OK;
 }
 
@@ -295,14 +328,7 @@ int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)
 {
     size_t sl, rl;
     extents(op, &sl, &rl);
-    seg_t few[8], *back = few;
-    if (op->nranks > 8 && !(back = malloc((size_t)op->nranks * sizeof(seg_t))))
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
-    int nback = written(op, back);
-    int st = stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, back, nback, name, "recvbuf");
-    if (back != few)
-        free(back);
-    return st;
+    return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, 0, name, "recvbuf");
 }
 
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
@@ -310,12 +336,11 @@ int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int i
 {
     if (is_send) {
         const void *s = *buf;
-        TT_CHECK(stage(comm, op, &s, len, NULL, 0, NULL, 0, name, "buf"));
+        TT_CHECK(stage(comm, op, &s, len, NULL, 0, 1, name, "buf"));
         *buf = (void *)s;
         return TUTTI_OK;
     }
-    seg_t back = { *buf, NULL, len };
-    return stage(comm, op, NULL, 0, buf, len, &back, 1, name, "buf");
+    return stage(comm, op, NULL, 0, buf, len, 1, name, "buf");
 }
 
 static const char *op_name(const tt_op_t *op)
@@ -327,6 +352,10 @@ static const char *op_name(const tt_op_t *op)
 int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen)
 {
     tt_dev_stage_t *d = op->dev;
+    if (d && d->fail_st < 0) {
+        snprintf(err, errlen, "%s", d->fail);
+        return d->fail_st;
+    }
     if (!d || !d->in.len)
         return TUTTI_OK;
     char why[256] = "";
@@ -357,7 +386,8 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
             st = TUTTI_ERR_DEVICE;
         }
     }
-    tt_comm_stage_put(d->comm, d->host, d->cap);
+    if (d->host)
+        tt_comm_stage_put(d->comm, d->host, d->cap);
     free(d);
     return st;
 }

@@ -32,8 +32,19 @@ def test_cuda_array_interface_is_read():
         Buffer(FakeCudaArray((4, 3), strides=(4, 16)), "x", True)
     with pytest.raises(tutti.InvalidArgError, match="read-only"):
         Buffer(FakeCudaArray((4,), readonly=True), "x", True)
-    # C-order strides given explicitly are contiguous
+    # C-order strides given explicitly are contiguous; an empty array is, whatever its
+    # strides say
     assert Buffer(FakeCudaArray((4, 3), strides=(12, 4)), "x", True).count == 12
+    assert Buffer(FakeCudaArray((0, 3), strides=(4, 16)), "x", True).count == 0
+    for bad in (">f4", "<M8[ns]", "<f"):
+        with pytest.raises(tutti.InvalidArgError, match="element type"):
+            Buffer(FakeCudaArray((4,), bad), "x", True)
+    # host memory that also has the interface (a Numba mapped array) is host memory
+    class Mapped(np.ndarray):
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (1, False),
+                                    "version": 3}
+    b = Buffer(np.zeros(4, np.float32).view(Mapped), "x", True)
+    assert (b.dev, b.count) == (None, 4)
 
 
 def _refused(comm):

@@ -143,11 +143,11 @@ class Buffer:
         self.count = self.nbytes // size
 
     def _from_other(self, obj, what, writable):
-        if hasattr(obj, "__cuda_array_interface__"):
-            return self._from_cai(obj, what, writable)
         try:
-            m = memoryview(obj)
+            m = memoryview(obj)  # first: host memory (a Numba mapped array has both)
         except TypeError as e:
+            if hasattr(obj, "__cuda_array_interface__"):
+                return self._from_cai(obj, what, writable)
             if not hasattr(obj, "__dlpack__"):
                 raise TypeError(f"tutti: {what} ({type(obj).__name__}) is neither a buffer "
                                 f"nor a DLPack tensor: {e}") from None
@@ -196,17 +196,29 @@ class Buffer:
         if readonly and writable:
             raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
         typestr, shape = cai["typestr"], tuple(cai["shape"])
-        itemsize = int(typestr[2:])
-        n, expect = 1, itemsize
-        strides = cai.get("strides")
+        try:
+            if typestr[0] == ">" or typestr[1] not in "iufcbV?":
+                raise ValueError
+            itemsize = int(typestr[2:])
+        except (ValueError, IndexError):
+            raise InvalidArgError(f"tutti: {what} has element type {typestr!r}, which tutti "
+                                  "does not take (little-endian numbers only)") from None
+        n = 1
+        for dim in shape:
+            n *= dim
+        strides, expect = cai.get("strides"), itemsize
         for i in range(len(shape) - 1, -1, -1):
-            if strides is not None and shape[i] != 1 and strides[i] != expect:
+            if n and strides is not None and shape[i] != 1 and strides[i] != expect:
                 raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous "
                                       "copy)")
             expect *= shape[i]
-            n *= shape[i]
         if cai.get("mask") is not None:
             raise InvalidArgError(f"tutti: {what} is a masked array")
+        # version 3: the producer's stream, which the data may still be written on (1 and
+        # 2, the default streams, are ordered with the library's copy already)
+        stream = cai.get("stream")
+        if stream not in (None, 1, 2):
+            _cuda_stream_sync(stream, what)
         self._hold = obj
         self.ptr = ptr or None
         self.nbytes = n * itemsize
@@ -249,6 +261,23 @@ class Buffer:
 
 _TORCH_DTYPES = {}
 _TORCH = []
+
+
+_CUDA = []
+
+
+def _cuda_stream_sync(stream, what):
+    """cuStreamSynchronize(stream), through the driver's own library."""
+    if not _CUDA:
+        try:
+            _CUDA.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError as e:
+            raise InvalidArgError(f"tutti: {what} names CUDA stream {stream:#x}, and the CUDA "
+                                  f"driver cannot be loaded to wait for it: {e}") from None
+    r = _CUDA[0].cuStreamSynchronize(ctypes.c_void_p(stream))
+    if r != 0:
+        raise InvalidArgError(f"tutti: {what}: waiting for its CUDA stream {stream:#x} failed "
+                              f"(CUDA error {r})")
 
 
 def _torch_cuda_sync(device):
