@@ -180,8 +180,8 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
 /* A device buffer's copy in failed as op started: this rank cannot take part, so the op
  * fails as a rank's failure does, told to the peers (which would otherwise wait for its
  * messages, or pair them with its next call's). */
-static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, int st, const char *why, char *err,
-                         size_t errlen)
+static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, const char *name, int st, const char *why,
+                         char *err, size_t errlen)
 {
     if (comm->nranks > 1 && !atomic_load(&comm->aborted) && atomic_load(&comm->failed) >= 0) {
         tt_op_start(op, comm->opts.timeout_ms);
@@ -191,8 +191,7 @@ static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, int st, const char *wh
         snprintf(err, errlen, "%s", comm->last_error);
         pthread_mutex_unlock(&comm->err_lock);
     } else {
-        snprintf(err, errlen, "rank %d: %s seq %llu: %s", comm->rank,
-                 op->coll == TT_COLL_P2P ? "send" : tt_coll_name(op->coll),
+        snprintf(err, errlen, "rank %d: %s seq %llu: %s", comm->rank, name,
                  (unsigned long long)op->seq, why);
     }
     return st;
@@ -211,7 +210,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     const int doomed = atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0;
     int st = doomed ? TUTTI_OK : tt_dev_copy_in(op, why, sizeof(why));
     if (st < 0)
-        st = dev_in_failed(comm, op, st, why, err, errlen);
+        st = dev_in_failed(comm, op, tt_coll_name(op->coll), st, why, err, errlen);
     else
         st = run_op_here(comm, op, user_redop, err, errlen);
     return tt_dev_finish(op, st, err, errlen);
@@ -318,7 +317,8 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     if (w->op.dev) { /* a send's device buffer: its copy in, now that its turn came */
         char why[TT_ERRMSG_LEN / 2];
         if ((st = tt_dev_copy_in(&w->op, why, sizeof(why))) < 0)
-            return dev_in_failed(comm, &w->op, st, why, err, errlen);
+            return dev_in_failed(comm, &w->op, w->req.kind == TUTTI_TP_SEND ? "send" : "recv", st,
+                                 why, err, errlen);
     }
     w->req.status = 1;
     w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
@@ -782,8 +782,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (!w)
         return TUTTI_ERR_NOMEM;
     size_t es = tutti_dtype_size(dtype);
-    /* a device buffer: a host copy, sent from (copied in here) or received into (copied
-     * back when the receive completes) */
+    /* a device buffer: a host copy, sent from (copied in when the send is posted) or
+     * received into (copied back when the receive completes) */
     tt_op_t dv = { .comm = comm, .rank = comm->rank, .nranks = comm->nranks, .coll = TT_COLL_P2P };
     if (__builtin_expect(comm->dev != NULL, 0)) {
         int st = tt_dev_stage_p2p(comm, &dv, &buf, count * es, kind == TUTTI_TP_SEND,
