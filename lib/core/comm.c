@@ -46,14 +46,14 @@ int tutti_comm_rank(const tutti_comm_t *comm)
 {
     return comm ? comm->rank : -1;
 }
-const char *tutti_comm_device(const tutti_comm_t *comm)
-{
-    return comm && comm->dev ? comm->dev->name : NULL;
-}
-
 int tutti_comm_size(const tutti_comm_t *comm)
 {
     return comm ? comm->nranks : -1;
+}
+
+const char *tutti_comm_device(const tutti_comm_t *comm)
+{
+    return comm && comm->dev ? comm->dev->name : NULL;
 }
 
 const char *tutti_comm_transport(const tutti_comm_t *comm)

@@ -177,19 +177,24 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     return TUTTI_OK;
 }
 
+static void last_error_to(tutti_comm_t *comm, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&comm->err_lock);
+    snprintf(err, errlen, "%s", comm->last_error);
+    pthread_mutex_unlock(&comm->err_lock);
+}
+
 /* A device buffer's copy in failed as op started: this rank cannot take part, so the op
  * fails as a rank's failure does, told to the peers (which would otherwise wait for its
  * messages, or pair them with its next call's). */
 static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, const char *name, int st, const char *why,
                          char *err, size_t errlen)
 {
-    if (comm->nranks > 1 && !atomic_load(&comm->aborted) && atomic_load(&comm->failed) >= 0) {
+    if (comm->nranks > 1) { /* both callers refused an aborted or failed communicator */
         tt_op_start(op, comm->opts.timeout_ms);
         tt_fault_fail_op(op, st, why);
         tt_op_finish(op);
-        pthread_mutex_lock(&comm->err_lock);
-        snprintf(err, errlen, "%s", comm->last_error);
-        pthread_mutex_unlock(&comm->err_lock);
+        last_error_to(comm, err, errlen);
     } else {
         snprintf(err, errlen, "rank %d: %s seq %llu: %s", comm->rank, name,
                  (unsigned long long)op->seq, why);
@@ -330,13 +335,6 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
 }
 
 /* ---- receives from any source ---- */
-
-static void last_error_to(tutti_comm_t *comm, char *err, size_t errlen)
-{
-    pthread_mutex_lock(&comm->err_lock);
-    snprintf(err, errlen, "%s", comm->last_error);
-    pthread_mutex_unlock(&comm->err_lock);
-}
 
 /* Might w take the message m that arrived from peer? It must be point to point, carry
  * w's tag, and stand where no receive issued for peer stands (those took their sequence

@@ -25,13 +25,12 @@ typedef struct seg {
  * end (exactly the bytes the op writes, so that nothing else of the buffer is reverted:
  * an allgatherv's gaps, the other blocks of an in-place reduce_scatter). */
 typedef struct tt_dev_stage {
-    tt_comm_t *comm;
-    const tt_dev_ops_t *ops;
+    tt_comm_t *comm; /* its layer is comm->dev */
     void *host;
     size_t cap;
     seg_t in; /* in.len 0: nothing to copy in */
     void *in_ctx, *back_ctx;
-    const char *in_what, *back_what;
+    const char *back_what;
     int fail_st; /* < 0: staging failed at the call (fail says why); the op fails when it
                     starts, on every rank (exec.c), not at the call on this rank alone */
     char fail[200];
@@ -242,7 +241,6 @@ static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st,
     if (!d)
         return NULL;
     d->comm = comm;
-    d->ops = comm->dev;
     d->fail_st = st;
     snprintf(d->fail, sizeof(d->fail), "%s", why);
     op->dev = d;
@@ -297,7 +295,6 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
     if (sl && (rs.dev || (one && s_user))) {
         d->in = (seg_t){ (char *)s_user, moved(one ? &ru : &rs, s_user), sl };
         d->in_ctx = one ? ru.ctx : rs.ctx;
-        d->in_what = "sendbuf";
     }
     if (ru.dev) {
         if (whole)
@@ -359,9 +356,10 @@ int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen)
     if (!d || !d->in.len)
         return TUTTI_OK;
     char why[256] = "";
-    if (d->ops->copy(d->in_ctx, d->in.host, d->in.dev, d->in.len, 1, why, sizeof(why)) < 0) {
-        snprintf(err, errlen, "copying %s (%zu bytes) from %s device memory: %s", d->in_what,
-                 d->in.len, d->ops->name, why);
+    const tt_dev_ops_t *ops = d->comm->dev;
+    if (ops->copy(d->in_ctx, d->in.host, d->in.dev, d->in.len, 1, why, sizeof(why)) < 0) {
+        snprintf(err, errlen, "copying sendbuf (%zu bytes) from %s device memory: %s", d->in.len,
+                 ops->name, why);
         return TUTTI_ERR_DEVICE;
     }
     return TUTTI_OK;
@@ -377,12 +375,12 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
     for (int i = 0; st >= 0 && i < d->nback; i++) {
         char why[256] = "";
         const seg_t *b = &d->back[i];
-        if (d->ops->copy(d->back_ctx, b->dev, b->host, b->len, 0, why, sizeof(why)) < 0) {
+        if (d->comm->dev->copy(d->back_ctx, b->dev, b->host, b->len, 0, why, sizeof(why)) < 0) {
             snprintf(err, errlen,
                      "rank %d: %s seq %llu: copying the result (%zu bytes of %s) back to %s "
                      "device memory: %s",
                      op->rank, name, (unsigned long long)op->seq, b->len, d->back_what,
-                     d->ops->name, why);
+                     d->comm->dev->name, why);
             st = TUTTI_ERR_DEVICE;
         }
     }

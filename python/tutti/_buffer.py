@@ -1,8 +1,9 @@
 """Buffers without copies: the buffer protocol (NumPy arrays, bytearray, memoryview),
 DLPack (torch tensors, on the CPU or a CUDA device) and the CUDA array interface (CuPy,
 Numba). Device memory is staged by the library (docs/architecture.md, "Device buffers"),
-on a communicator that takes it (Communicator.device). A Buffer holds the exporter's buffer (or the DLPack capsule)
-until released, so the memory cannot move or go away while an operation uses it."""
+on a communicator that takes it (Communicator.device). A Buffer holds the exporter's
+buffer (or the DLPack capsule) until released, so the memory cannot move or go away while
+an operation uses it."""
 import ctypes
 import sys
 
