@@ -7,7 +7,8 @@
  *   - a copy needs a current context on the calling thread (CUDA_ERROR_INVALID_CONTEXT,
  *     201), and an async copy a stream of that context (CUDA_ERROR_INVALID_HANDLE, 400);
  *   - memory from every second cuMemAlloc reports no context, as the stream-ordered
- *     allocator's does: its copies need the device's primary context.
+ *     allocator's does: its copies need the device's primary context;
+ *   - host memory is registered (page-locked) once, and unregistered only if it was.
  * The real check runs on the device machine (tools/dev/device-check.sh). */
 #include <pthread.h>
 #include <stddef.h>
@@ -23,7 +24,9 @@ enum {
     INVALID_VALUE = 1,
     NOT_INITIALIZED = 3,
     INVALID_CONTEXT = 201,
-    INVALID_HANDLE = 400
+    INVALID_HANDLE = 400,
+    HOST_MEMORY_ALREADY_REGISTERED = 712,
+    HOST_MEMORY_NOT_REGISTERED = 713
 };
 
 static int inited;
@@ -224,6 +227,59 @@ EXPORT int cuStreamSynchronize(void *stream)
     if (stream && ((fake_stream_t *)stream)->ctx != current)
         return INVALID_HANDLE;
     return OK;
+}
+
+/* page-locked host ranges: cuMemHostRegister's rules (a current context, no range
+ * registered twice, only a registered range unregistered); fake_cuda_pinned() says how
+ * many are registered now and how many calls broke a rule, for the tests */
+enum { MAX_PINS = 64 };
+static struct {
+    char *p;
+    size_t n;
+} pins[MAX_PINS];
+static int npins, pin_errors;
+
+EXPORT int cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    int r = !current ? INVALID_CONTEXT : !p || !n || flags > 7 ? INVALID_VALUE : OK;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < npins && r == OK; i++)
+        if ((char *)p < pins[i].p + pins[i].n && pins[i].p < (char *)p + n)
+            r = HOST_MEMORY_ALREADY_REGISTERED;
+    if (r == OK && npins == MAX_PINS)
+        r = INVALID_VALUE;
+    if (r == OK)
+        pins[npins].p = p, pins[npins++].n = n;
+    else
+        pin_errors++;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+EXPORT int cuMemHostUnregister(void *p)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    int r = current ? HOST_MEMORY_NOT_REGISTERED : INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < npins && r == HOST_MEMORY_NOT_REGISTERED; i++)
+        if (pins[i].p == p)
+            pins[i] = pins[--npins], r = OK;
+    if (r != OK)
+        pin_errors++;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+EXPORT int fake_cuda_pinned(int *errors)
+{
+    pthread_mutex_lock(&lock);
+    int n = npins;
+    *errors = pin_errors;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 EXPORT int cuGetErrorString(int r, const char **s)

@@ -40,7 +40,57 @@ static struct {
     void (*after_in)(void);        /* called after each copy to the host: a write to
                                       device memory while an op runs */
     long copies_in, copies_back;
+    /* host ranges pinned (page-locked) for copies, as cuMemHostRegister's; the copies
+     * whose host side is none of them; calls that broke the rules (pin twice, unpin
+     * what was not pinned, another context) */
+    struct {
+        char *p;
+        size_t n;
+    } pins[16];
+    int npins, fail_pin;
+    long pin_calls, unpin_calls, pin_errors, copies_unpinned;
 } fake;
+
+static int pinned(const char *p, size_t n)
+{
+    for (int i = 0; i < fake.npins; i++)
+        if (p >= fake.pins[i].p && n <= fake.pins[i].n &&
+            p - fake.pins[i].p <= (ptrdiff_t)(fake.pins[i].n - n))
+            return 1;
+    return 0;
+}
+
+static int fake_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
+{
+    fake.pin_calls++;
+    if (fake.fail_pin) {
+        snprintf(err, errlen, "fakeHostRegister: injected failure");
+        return TUTTI_ERR_DEVICE;
+    }
+    for (int i = 0; i < fake.npins; i++)
+        if ((char *)p < fake.pins[i].p + fake.pins[i].n && fake.pins[i].p < (char *)p + n)
+            ctx = NULL; /* registered twice */
+    if (ctx != &fake || fake.npins == 16) {
+        fake.pin_errors++;
+        snprintf(err, errlen, "fakeHostRegister: refused");
+        return TUTTI_ERR_DEVICE;
+    }
+    fake.pins[fake.npins].p = p;
+    fake.pins[fake.npins++].n = n;
+    return TUTTI_OK;
+}
+
+static void fake_unpin(void *ctx, void *p)
+{
+    fake.unpin_calls++;
+    for (int i = 0; i < fake.npins; i++) {
+        if (fake.pins[i].p == p && ctx == &fake) {
+            fake.pins[i] = fake.pins[--fake.npins];
+            return;
+        }
+    }
+    fake.pin_errors++;
+}
 
 static int fake_query(const void *p, void **ctx, char *err, size_t errlen)
 {
@@ -75,6 +125,7 @@ static int fake_copy(void *ctx, void *dst, const void *src, size_t n, int to_hos
         snprintf(err, errlen, "fakeMemcpy%s: injected failure", to_host ? "DtoH" : "HtoD");
         return TUTTI_ERR_DEVICE;
     }
+    fake.copies_unpinned += !pinned(to_host ? dst : src, n);
     if (to_host) {
         memcpy(dst, b, n);
         fake.copies_in++;
@@ -87,7 +138,7 @@ static int fake_copy(void *ctx, void *dst, const void *src, size_t n, int to_hos
     return TUTTI_OK;
 }
 
-static const tt_dev_ops_t fake_ops = { "fake", fake_query, fake_copy };
+static const tt_dev_ops_t fake_ops = { "fake", fake_query, fake_copy, fake_pin, fake_unpin };
 
 /* This rank's device: size bytes, none of it readable through the device view. */
 static int fake_init(size_t size)
@@ -392,6 +443,11 @@ static int rank_collectives(int rank, int n, tutti_comm_t *comm, const char *dir
     OKC(tutti_barrier(comm));
     FAIL_IF(fake.copies_in == 0 || fake.copies_back == 0, "no copies: %ld in, %ld back",
             fake.copies_in, fake.copies_back);
+    /* every copy from a pinned block, no more than the pool's two kept (and one an op
+     * holds) pinned at once, and no pin broke a rule */
+    FAIL_IF(fake.copies_unpinned || fake.pin_errors || fake.npins < 1 || fake.npins > 3,
+            "pinning: %ld copies unpinned, %ld errors, %d blocks pinned", fake.copies_unpinned,
+            fake.pin_errors, fake.npins);
     free(cnt);
     free(dsp);
     free(hin);
@@ -601,6 +657,71 @@ START_TEST(forms_and_order)
     ck_assert_int_eq(th_run(3, rank_forms, NULL, 60000), 0);
     ck_assert_int_eq(th_run(2, rank_order, NULL, 60000), 0);
     ck_assert_int_eq(th_run(1, rank_one, NULL, 60000), 0);
+    tt_dev_override(NULL);
+}
+END_TEST
+
+/* ---- the host blocks: pinned, kept, unpinned ---- */
+
+/* allreduces of growing sizes on one rank: each block a size outgrows is let go
+ * (unpinned, freed), the two largest kept */
+static void one_rank_sizes(tutti_comm_t *comm, void *arg)
+{
+    (void)arg;
+    const size_t sizes[] = { 1000, 300000, 10, 600000, 900000, 1000 };
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        const size_t n = sizes[k];
+        int32_t *h = malloc(n * 4), *x, *y;
+        ck_assert_ptr_nonnull(h);
+        for (size_t i = 0; i < n; i++)
+            h[i] = in_val(0, i) + (int32_t)k;
+        ck_assert_ptr_nonnull(x = dev_ints(h, n));
+        ck_assert_ptr_nonnull(y = dev_alloc(n * 4, 0x11));
+        ck_assert_int_eq(tutti_allreduce(comm, x, y, n, TUTTI_INT32, TUTTI_SUM), 0);
+        ck_assert_int_eq(tutti_allreduce(comm, TUTTI_IN_PLACE, x, n, TUTTI_INT32, TUTTI_MAX), 0);
+        ck_assert_int_eq(check_dev(0, "1-rank allreduce", y, h, n), 0);
+        ck_assert_int_eq(check_dev(0, "1-rank allreduce in place", x, h, n), 0);
+        ck_assert_int_le(fake.npins, 2);
+        free(h);
+    }
+}
+
+/* A failed pin leaves the block pageable: the copies still run, and still right. */
+static int rank_pin_fails(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    FAIL_IF(fake_init(16u << 20) != 0, "fake device");
+    fake.fail_pin = 1;
+    enum { N = 50000 };
+    int32_t h[N], want[N];
+    for (size_t i = 0; i < N; i++) {
+        h[i] = in_val(rank, i);
+        want[i] = 0;
+        for (int r = 0; r < n; r++)
+            want[i] += in_val(r, i);
+    }
+    int32_t *x = dev_ints(h, N);
+    OKC(tutti_allreduce(comm, TUTTI_IN_PLACE, x, N, TUTTI_INT32, TUTTI_SUM));
+    CHECK_DEV("allreduce from an unpinned block", x, want, N);
+    FAIL_IF(fake.npins || !fake.pin_calls || !fake.copies_unpinned,
+            "%d pinned, %ld pin calls, %ld unpinned copies", fake.npins, fake.pin_calls,
+            fake.copies_unpinned);
+    return 0;
+}
+
+START_TEST(host_blocks)
+{
+    tt_dev_override(&fake_ops);
+    ck_assert_int_eq(fake_init(64u << 20), 0);
+    char err[256];
+    ck_assert_int_eq(th_init_one(NULL, err, sizeof(err), one_rank_sizes, NULL), 0);
+    /* the communicator's destroy unpinned what it kept, each block once */
+    ck_assert_int_eq(fake.npins, 0);
+    ck_assert_int_eq(fake.pin_errors, 0);
+    ck_assert_int_eq(fake.copies_unpinned, 0);
+    ck_assert_int_eq(fake.pin_calls, fake.unpin_calls);
+    ck_assert_int_ge(fake.pin_calls, 4); /* 4 KB, 1.2 MB, 2.4 MB, 3.6 MB */
+    ck_assert_int_eq(th_run(2, rank_pin_fails, NULL, 60000), 0);
     tt_dev_override(NULL);
 }
 END_TEST
@@ -874,9 +995,36 @@ static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void 
             FAIL_IF(h[(size_t)r * N + i] != in_val(r, (size_t)i), "allgather [%d][%d] = %d", r, i,
                     h[(size_t)r * N + i]);
     free(h);
+    /* the stand-in driver: the host blocks were registered, by its rules */
+    int (*pinned_now)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "fake_cuda_pinned");
+    int errors = 0, npinned = pinned_now ? pinned_now(&errors) : -1;
+    FAIL_IF(pinned_now && (npinned < 1 || errors), "%d host blocks registered, %d errors", npinned,
+            errors);
     fprintf(stderr, "rank %d: CUDA device %d: allreduce and allgather of device memory\n", rank,
             dev);
     return 0;
+}
+
+/* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
+ * blocks it kept */
+static void cuda_one(tutti_comm_t *comm, void *arg)
+{
+    (void)arg;
+    ck_assert_int_eq(rank_cuda(0, 1, comm, NULL, NULL), 0);
+}
+
+static void cuda_one_rank(void)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cuda = "on";
+    char err[256];
+    ck_assert_msg(th_init_one(&o, err, sizeof(err), cuda_one, NULL) == 0, "%s", err);
+    int (*pinned_now)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "fake_cuda_pinned");
+    int errors = 0;
+    if (pinned_now)
+        ck_assert_msg(pinned_now(&errors) == 0 && errors == 0, "%d still registered, %d errors",
+                      pinned_now(&errors), errors);
 }
 
 /* cuda.c against the stand-in driver: loaded here (the forked ranks inherit it), found
@@ -894,6 +1042,7 @@ START_TEST(cuda_driver_fake)
         th_spec_t spec = { .nranks = 2, .fn = rank_cuda, .timeout_ms = 60000, .opts = &o };
         ck_assert_msg(th_run_ex(&spec, NULL) == 0, "TUTTI_CUDA=%s", modes[i]);
     }
+    cuda_one_rank();
 }
 END_TEST
 
@@ -912,6 +1061,7 @@ START_TEST(real_cuda)
     o.cuda = "on";
     th_spec_t spec = { .nranks = 2, .fn = rank_cuda, .timeout_ms = 120000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    cuda_one_rank(); /* CUDA initialised here only now: nothing forks after */
 }
 END_TEST
 
@@ -920,6 +1070,7 @@ int main(void)
     Suite *s = suite_create("device");
     th_add_tests(s, "collectives", 240, (const TTest *const[]){ every_collective, NULL });
     th_add_tests(s, "forms", 120, (const TTest *const[]){ forms_and_order, NULL });
+    th_add_tests(s, "blocks", 60, (const TTest *const[]){ host_blocks, NULL });
     th_add_tests(s, "failures", 60, (const TTest *const[]){ failed_copies, NULL });
     th_add_tests(s, "option", 60, (const TTest *const[]){ cuda_option, NULL });
     th_add_tests(s, "cuda", 180, (const TTest *const[]){ cuda_driver_fake, real_cuda, NULL });

@@ -109,8 +109,9 @@ static void comm_free(tutti_comm_t *comm)
     tt_trace_free(comm);
     free(comm->scratch[0]);
     free(comm->scratch[1]);
-    free(comm->stage[0]);
-    free(comm->stage[1]);
+    free(comm->stage[0].p);
+    free(comm->stage[1].p);
+    tt_dev_free_blocks(comm);
     pthread_mutex_destroy(&comm->stage_lock);
     pthread_mutex_destroy(&comm->trace_lock);
     free(comm->p2p_send_seq);

@@ -22,38 +22,44 @@ size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
     return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
 }
 
-void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes, size_t *cap_p)
+tt_stage_block_t tt_comm_pool_take(tutti_comm_t *comm, tt_stage_block_t pool[2], size_t bytes)
 {
-    void *buf = NULL;
-    *cap_p = bytes ? bytes : 1;
+    tt_stage_block_t b = { 0 };
     pthread_mutex_lock(&comm->stage_lock);
-    for (int i = 0; i < 2 && !buf; i++) {
-        if (comm->stage[i] && comm->stage_len[i] >= bytes) {
-            buf = comm->stage[i];
-            *cap_p = comm->stage_len[i];
-            comm->stage[i] = NULL;
+    for (int i = 0; i < 2 && !b.p; i++) {
+        if (pool[i].p && pool[i].len >= bytes) {
+            b = pool[i];
+            pool[i] = (tt_stage_block_t){ 0 };
         }
     }
     pthread_mutex_unlock(&comm->stage_lock);
-    return buf ? buf : malloc(*cap_p);
+    return b;
+}
+
+tt_stage_block_t tt_comm_pool_give(tutti_comm_t *comm, tt_stage_block_t pool[2], tt_stage_block_t b)
+{
+    if (!b.p)
+        return b;
+    pthread_mutex_lock(&comm->stage_lock);
+    /* keep the two largest */
+    int i = !pool[0].p ? 0 : !pool[1].p ? 1 : pool[0].len < pool[1].len ? 0 : 1;
+    if (!pool[i].p || pool[i].len < b.len) {
+        tt_stage_block_t old = pool[i];
+        pool[i] = b;
+        b = old;
+    }
+    pthread_mutex_unlock(&comm->stage_lock);
+    return b;
+}
+
+void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes, size_t *cap_p)
+{
+    tt_stage_block_t b = tt_comm_pool_take(comm, comm->stage, bytes);
+    *cap_p = b.p ? b.len : bytes ? bytes : 1;
+    return b.p ? b.p : malloc(*cap_p);
 }
 
 void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t cap)
 {
-    if (!buf)
-        return;
-    pthread_mutex_lock(&comm->stage_lock);
-    /* keep the two largest */
-    int i = !comm->stage[0]                           ? 0
-            : !comm->stage[1]                         ? 1
-            : comm->stage_len[0] < comm->stage_len[1] ? 0
-                                                      : 1;
-    if (!comm->stage[i] || comm->stage_len[i] < cap) {
-        void *old = comm->stage[i];
-        comm->stage[i] = buf;
-        comm->stage_len[i] = cap;
-        buf = old;
-    }
-    pthread_mutex_unlock(&comm->stage_lock);
-    free(buf);
+    free(tt_comm_pool_give(comm, comm->stage, (tt_stage_block_t){ buf, cap, NULL }).p);
 }

@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "core/stage_types.h"
+
 /* Below this many bytes a tensor is cheaper packed with others into one
  * broadcast (bcast) or allreduce than sent alone: the copies into and out of the pack
  * cost less than the collective's latency. From the cost model, so the same on every
@@ -18,5 +20,15 @@ size_t tt_comm_pack_below(const struct tutti_comm *comm, int bcast);
  * tcp). get is malloc's NULL without memory. */
 void *tt_comm_stage_get(struct tutti_comm *comm, size_t bytes, size_t *cap_p);
 void tt_comm_stage_put(struct tutti_comm *comm, void *buf, size_t cap);
+
+/* The same keeping for another pool of the communicator's (the device layer's pinned
+ * blocks, lib/device/device.c), whose blocks carry what their owner needs to free them
+ * (pin: the context they are pinned in, NULL where they are not). take: a block of at
+ * least `bytes` from the pool, or a zero one (p NULL) where none is that large; give: b
+ * back to the pool, returning the block the pool let go of (b itself, or a smaller one
+ * it kept; p NULL: none) for the caller to free. */
+tt_stage_block_t tt_comm_pool_take(struct tutti_comm *comm, tt_stage_block_t pool[2], size_t bytes);
+tt_stage_block_t tt_comm_pool_give(struct tutti_comm *comm, tt_stage_block_t pool[2],
+                                   tt_stage_block_t b);
 
 #endif /* TT_STAGE_H */

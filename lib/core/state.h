@@ -13,6 +13,7 @@
 #include "coll/cost.h"
 #include "core/agree_types.h"
 #include "core/op.h"
+#include "core/stage_types.h"
 
 struct tt_algo;
 struct tt_algo_override;
@@ -144,11 +145,11 @@ struct tutti_comm {
      * every buffer is host memory) */
     const struct tt_dev_ops *dev;
 
-    /* staging buffers of the coalesced collectives and of device buffers, kept between
-     * calls (tt_comm_stage_*) */
+    /* staging buffers of the coalesced collectives (stage) and of device buffers
+     * (dev_stage, pinned where the layer can: lib/device/device.c frees them), kept
+     * between calls (tt_comm_stage_*, tt_comm_pool_*) */
     pthread_mutex_t stage_lock;
-    void *stage[2];
-    size_t stage_len[2];
+    tt_stage_block_t stage[2], dev_stage[2];
 
     tutti_work_t *inflight; /* posted sends/recvs, in posting order */
     /* rooted calls' agreement messages not yet checked (agree.c): a ring of

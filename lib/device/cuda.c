@@ -8,7 +8,8 @@
  * legacy stream, so it comes after the work queued on the blocking streams (the data must
  * be ready at the call, as with a CUDA-aware MPI); the copy back goes on a stream of the
  * library's own (non-blocking), synchronised before the op completes, so it waits for
- * nothing else. The declarations below are the driver API's own, with the values its
+ * nothing else. The host side of both is a block of the library's, page-locked
+ * (cuMemHostRegister) so that the copies run at the DMA engines' speed. The declarations below are the driver API's own, with the values its
  * cuda.h gives them. */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -32,7 +33,8 @@ enum {
     CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
     CU_MEMORYTYPE_DEVICE = 2,
-    CU_STREAM_NON_BLOCKING = 1
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_MEMHOSTREGISTER_PORTABLE = 1
 };
 
 static struct {
@@ -48,6 +50,8 @@ static struct {
     cu_result_t (*get_error_string)(cu_result_t r, const char **s);
     cu_result_t (*device_get)(int *dev, int ordinal);
     cu_result_t (*primary_ctx_retain)(cu_context_t *ctx, int dev);
+    cu_result_t (*host_register)(void *p, size_t n, unsigned flags);
+    cu_result_t (*host_unregister)(void *p);
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cu_ready;  /* 1: loaded */
@@ -187,7 +191,36 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
     return TUTTI_OK;
 }
 
-static const tt_dev_ops_t cuda_ops = { "CUDA", cu_query, cu_copy };
+/* The host blocks are the library's own (malloc'ed), registered rather than allocated
+ * with cuMemHostAlloc: a context reset (cudaDeviceReset) unregisters them, and they stay
+ * host memory, copied from as pageable memory, where an allocation would be gone. */
+static int cu_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
+{
+    cu_result_t r = cu.ctx_push(ctx);
+    const char *what = "cuCtxPushCurrent";
+    if (r == 0) {
+        what = "cuMemHostRegister";
+        r = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE);
+        cu_context_t popped;
+        cu.ctx_pop(&popped);
+    }
+    if (r != 0) {
+        snprintf(err, errlen, "%s: %s (%d)", what, cu_error(r), r);
+        return TUTTI_ERR_DEVICE;
+    }
+    return TUTTI_OK;
+}
+
+static void cu_unpin(void *ctx, void *p)
+{
+    if (cu.ctx_push(ctx) != 0)
+        return; /* the context is gone, and its registrations with it */
+    cu.host_unregister(p);
+    cu_context_t popped;
+    cu.ctx_pop(&popped);
+}
+
+static const tt_dev_ops_t cuda_ops = { "CUDA", cu_query, cu_copy, cu_pin, cu_unpin };
 
 /* Load the driver's library (the caller holds cu_lock). */
 static int cu_load(int load, char *err, size_t errlen)
@@ -217,6 +250,8 @@ static int cu_load(int load, char *err, size_t errlen)
         CU_SYM(get_error_string, "cuGetErrorString"),
         CU_SYM(device_get, "cuDeviceGet"),
         CU_SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain"),
+        CU_SYM(host_register, "cuMemHostRegister_v2"),
+        CU_SYM(host_unregister, "cuMemHostUnregister"),
 #undef CU_SYM
     };
     for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {

@@ -26,8 +26,7 @@ typedef struct seg {
  * an allgatherv's gaps, the other blocks of an in-place reduce_scatter). */
 typedef struct tt_dev_stage {
     tt_comm_t *comm; /* its layer is comm->dev */
-    void *host;
-    size_t cap;
+    tt_stage_block_t blk;
     seg_t in; /* in.len 0: nothing to copy in */
     void *in_ctx, *back_ctx;
     const char *back_what;
@@ -247,6 +246,46 @@ static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st,
     return d;
 }
 
+/* A host block of at least bytes for copies of ctx's memory: one of the communicator's,
+ * or a new one (page-aligned, pinned where the layer can: a copy from pageable memory
+ * goes through the driver's own bounce buffer, at a fraction of the speed). */
+static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
+{
+    tt_stage_block_t b = tt_comm_pool_take(comm, comm->dev_stage, bytes);
+    if (b.p)
+        return b;
+    b.len = (TT_MAX(bytes, (size_t)1) + 4095) & ~(size_t)4095;
+    if (!(b.p = aligned_alloc(4096, b.len)))
+        return b;
+    char err[200] = "";
+    if (comm->dev->pin && comm->dev->pin(ctx, b.p, b.len, err, sizeof(err)) == 0) {
+        b.pin = ctx;
+    } else if (comm->dev->pin) {
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            TT_WARN(
+                "%s: host copies of device memory stay pageable (slower): pinning %zu bytes: %s",
+                comm->dev->name, b.len, err);
+    }
+    return b;
+}
+
+static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
+{
+    if (b.p && b.pin && ops->unpin)
+        ops->unpin(b.pin, b.p);
+    free(b.p);
+}
+
+void tt_dev_free_blocks(tt_comm_t *comm)
+{
+    for (int i = 0; i < 2; i++) {
+        if (comm->dev_stage[i].p)
+            block_free(comm->dev, comm->dev_stage[i]);
+        comm->dev_stage[i] = (tt_stage_block_t){ 0 };
+    }
+}
+
 /* Stage the send extent [*s, +sl) and the receive extent [*r, +rl) where they are device
  * memory; the runs copied back: the whole receive extent (whole) or written()'s. Nothing
  * is copied here: tt_dev_copy_in does that when the op starts. A failure here (the layer
@@ -278,14 +317,14 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
     }
     size_t salign = rs.dev && !one ? (rs.len + 63) & ~(size_t)63 : 0;
     size_t bytes = salign + (ru.dev ? ru.len : 0);
-    void *host = tt_comm_stage_get(comm, bytes, &d->cap);
+    d->blk = block_get(comm, bytes, ru.dev ? ru.ctx : rs.ctx);
+    void *host = d->blk.p;
     if (!host) {
         d->fail_st = TUTTI_ERR_NOMEM;
         snprintf(d->fail, sizeof(d->fail),
                  "out of memory for a host copy of %zu bytes of device memory", bytes);
         return TUTTI_OK;
     }
-    d->host = host;
     rs.host = one ? NULL : host;
     ru.host = (char *)host + salign;
     if (one)
@@ -384,8 +423,7 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
             st = TUTTI_ERR_DEVICE;
         }
     }
-    if (d->host)
-        tt_comm_stage_put(d->comm, d->host, d->cap);
+    block_free(d->comm->dev, tt_comm_pool_give(d->comm, d->comm->dev_stage, d->blk));
     free(d);
     return st;
 }

@@ -2,7 +2,8 @@
  * where a device layer is active asks it, at each call, whether the call's buffers are
  * device memory, and stages those through host memory (the copy in when the op starts,
  * in issue order with the others; the copy back, of the bytes the op writes, before it
- * completes). Algorithms and transports see host memory only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
+ * completes). The host blocks are the communicator's, kept between calls (the two
+ * largest) and page-locked where the layer can (pin). Algorithms and transports see host memory only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
  * dependency) and, in tests, a fake whose device memory the host cannot touch
  * (tests/fakedev.c). */
 #ifndef TT_DEVICE_H
@@ -22,6 +23,13 @@ typedef struct tt_dev_ops {
      * when they are where they go, so a later kernel on any stream sees them */
     int (*copy)(void *ctx, void *dst, const void *src, size_t n, int to_host, char *err,
                 size_t errlen);
+    /* Host memory [p, p + n) page-locked for copies from any of the device's contexts
+     * (ctx: one of them, for the call), so that they run at the DMA engines' speed: 0,
+     * or < 0 with err (the block is then used as it is). unpin: its undoing, in the same
+     * ctx, before the memory is freed. Both NULL: the layer copies from any memory
+     * alike. */
+    int (*pin)(void *ctx, void *p, size_t n, char *err, size_t errlen);
+    void (*unpin)(void *ctx, void *p);
 } tt_dev_ops_t;
 
 /* The layer a communicator uses (NULL: none), from TUTTI_CUDA: "auto" (or unset): CUDA
@@ -52,6 +60,9 @@ int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int i
 /* The op starts: its input copied from device memory (the bytes the op reads). < 0 with
  * err (no rank or op in it: the caller's failure path adds them) when the copy failed. */
 int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen);
+
+/* The communicator's staging blocks freed (unpinned first), at its destroy. */
+void tt_dev_free_blocks(tt_comm_t *comm);
 
 /* The op's end: its device result copied back where st >= 0, the host block released.
  * Returns st, or TUTTI_ERR_DEVICE (err filled, naming the rank and the op) when the

@@ -4,6 +4,8 @@
 # network). Not part of CI: CI has no GPU.
 #   tools/dev/device-check.sh prepare   here: fetch the Debian packages the build needs
 #                                       (libuv, check, pkgconf) into .dev/debs
+#   tools/dev/device-check.sh quick     there: the C library's part only (build, test_device,
+#                                       tutti-bench, python/tests/test_device.py): 2 minutes
 #   tools/dev/device-check.sh run       there (run with carry [".dev"]): unpack them under
 #                                       /tmp/deps, build into /tmp/b with -Dtorch=enabled,
 #                                       run tests/test_device (the C library's CUDA
@@ -26,6 +28,7 @@ prepare() {
 }
 
 run() {
+    local quick=${1:-0}
     local out=${OUT:-/tmp/device-check}
     mkdir -p "$out"
     exec > >(tee "$out/summary.log") 2>&1
@@ -63,28 +66,32 @@ run() {
         echo "test_device ($tp): rc $? in $((SECONDS - t0)) s"
         grep -E "CUDA device|skipped|Checks|:F:|:E:" "$out/test_device-$tp.log" | head -12
     done
-    # tutti-bench on device buffers against host buffers, 2 ranks over shm, A B A B, every
-    # result checked (-c)
-    local dv
-    for k in 1 2; do
-        for dv in cuda host; do
-            TUTTI_SOCKET_IFNAME=lo timeout 120 /tmp/b/bench/tutti-bench -np 2 --device $dv -c \
-                -b 4 -e 64M -f 16 -n 20 -w 3 >"$out/bench-$dv-$k.log" 2>&1
-            echo "tutti-bench --device $dv ($k): rc $?"
-            grep -E "^ +[0-9]|buffers in|Out of" "$out/bench-$dv-$k.log" | cut -c1-120
+    # tutti-bench on device buffers against host buffers, 2 ranks over shm (and 1 rank:
+    # the staging alone, no second process on the GPU), A B A B, every result checked (-c)
+    local dv np
+    for np in 2 1; do
+        for k in 1 2; do
+            for dv in cuda host; do
+                TUTTI_SOCKET_IFNAME=lo timeout 120 /tmp/b/bench/tutti-bench -np $np --device $dv \
+                    -c -b 4 -e 64M -f 16 -n 20 -w 3 >"$out/bench-$np-$dv-$k.log" 2>&1
+                echo "tutti-bench -np $np --device $dv ($k): rc $?"
+                grep -E "^ +[0-9]|buffers in|Out of" "$out/bench-$np-$dv-$k.log" | cut -c1-120
+            done
         done
     done
     (cd /tmp/b && meson test --no-rebuild bench_device >/dev/null 2>&1; echo "bench_device: rc $?")
     export PYTHONPATH=/tmp/b/python TUTTI_SOCKET_IFNAME=lo PYTHONDONTWRITEBYTECODE=1 \
         TUTTI_RUN=/tmp/b/tools/tutti-run
-    local t
-    for t in test_torch_backend test_torch_upstream; do
+    local t tests="test_device test_torch_backend test_torch_upstream"
+    [ "$quick" = 1 ] && tests=test_device
+    for t in $tests; do
         t0=$SECONDS
         timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 -rs \
             "python/tests/$t.py" >"$out/$t.log" 2>&1
         echo "$t: rc $? in $((SECONDS - t0)) s"
         grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/$t.log" | cut -c1-240 | head -30
     done
+    [ "$quick" = 1 ] && return 0
     # CUDA tensors staged through host memory, tutti against gloo (which stages them too):
     # 2 ranks on the GPU(s), alternating runs, p50 per call in us
     local b n api k
@@ -102,8 +109,9 @@ run() {
 case "${1:-}" in
 prepare) prepare ;;
 run) run ;;
+quick) run 1 ;;
 *)
-    sed -n '2,12p' "$0"
+    sed -n '2,14p' "$0"
     exit 2
     ;;
 esac
