@@ -81,16 +81,20 @@ test)
     # flight recorder (its ring under the executor's lock, dumps and the idle thread's
     # watch), and a revoke from another thread than the one blocked in the op
     # (test_split's revoke_then_shrink), and the store server's threads (its embedded
-    # server serves from a thread of rank 0): tcp only (gcc's TSan refuses the shm transport's
-    # fences); only those suites are built.
+    # server serves from a thread of rank 0), and stream-ordered device calls (the stand-in
+    # CUDA driver's stream threads, the progress thread, the caller; test_device's cuda
+    # case, 8 s): tcp only (gcc's TSan refuses the shm transport's fences); only those
+    # suites are built.
     [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread \
         -Db_lundef=false -Dpeers=disabled -Dtorch=disabled -Dtransports=tcp
     ninja -C build-tsan tests/test_fuser tests/test_trace tests/test_split tests/test_store_server \
-        tools/tutti-store
+        tools/tutti-store tests/test_device tests/libfakecuda.so
     TT_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 \
         meson test -C build-tsan --no-rebuild --print-errorlogs --timeout-multiplier 3 fuser trace store_server
     TSAN_OPTIONS=halt_on_error=1 TUTTI_TRANSPORT=tcp CK_RUN_CASE=revoke_then_shrink \
         timeout 300 build-tsan/tests/test_split
+    TSAN_OPTIONS=halt_on_error=1 TUTTI_TRANSPORT=tcp CK_RUN_CASE=cuda \
+        timeout 300 build-tsan/tests/test_device
     step "TSan build and test"
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
     # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in

@@ -139,6 +139,7 @@ typedef struct bench_cfg {
     int np;        /* > 0: fork this many local ranks */
     int timeout_s; /* -np: kill the ranks after this long */
     int cuda;      /* --device cuda: the buffers in GPU memory (cuMemAlloc) */
+    int stream;    /* --stream: the calls stream-ordered, each followed by a stream sync */
 } bench_cfg_t;
 
 /* One half (out-of-place or in-place) of a row. */
@@ -217,6 +218,9 @@ static void usage(FILE *f)
         "                      (rank r on GPU r mod the GPU count; the communicator made\n"
         "                      with TUTTI_CUDA=on), the inputs written and the results\n"
         "                      read through host copies, untimed\n"
+        "  --stream            with --device cuda (implied): the calls stream-ordered on a\n"
+        "                      stream of each rank's (tutti_comm_set_stream), each timed\n"
+        "                      call followed by cuStreamSynchronize\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
         "                      string (\"allreduce:rd@<64K,ring\")\n"
         "  --algo all          time every algorithm the library has for the collective\n"
@@ -386,6 +390,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             VALUE();
             bad = strcmp(v, "host") && strcmp(v, "cuda");
             cfg->cuda = !strcmp(v, "cuda");
+        } else if (FLAG("--stream", "--stream")) {
+            cfg->stream = cfg->cuda = 1;
         } else if (FLAG("--bind", "--bind")) {
             cfg->bind = 1;
         } else if (FLAG("-np", "--np")) {
@@ -808,7 +814,10 @@ static struct {
     int (*mem_alloc)(unsigned long long *, size_t);
     int (*memcpy_htod)(unsigned long long, const void *, size_t);
     int (*memcpy_dtoh)(void *, unsigned long long, size_t);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_synchronize)(void *);
 } cu;
+static void *cu_stream; /* --stream */
 
 /* Load the driver, make GPU rank % count this thread's, and allocate n bytes twice. */
 static int cuda_setup(int rank, size_t n, void **a, void **b)
@@ -817,9 +826,10 @@ static int cuda_setup(int rank, size_t n, void **a, void **b)
     const char *names[] = { "cuInit",          "cuDeviceGetCount",
                             "cuDeviceGet",     "cuDevicePrimaryCtxRetain",
                             "cuCtxSetCurrent", "cuMemAlloc_v2",
-                            "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2" };
-    void *syms[8];
-    for (int i = 0; h && i < 8; i++)
+                            "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
+                            "cuStreamCreate",  "cuStreamSynchronize" };
+    void *syms[10];
+    for (int i = 0; h && i < 10; i++)
         if (!(syms[i] = dlsym(h, names[i]))) {
             fprintf(stderr, "tutti-bench: rank %d: libcuda.so.1 has no %s\n", rank, names[i]);
             return -1;
@@ -877,7 +887,7 @@ static char *block_at(const bench_ctx_t *b, size_t count, int rank)
  * gather have this rank's block at its place in recv (TUTTI_IN_PLACE, or that block as
  * sendbuf at a gather's non-roots); scatter's root scatters from recv keeping its block
  * there (TUTTI_IN_PLACE_OUT) and the others receive into their block of recv. */
-static int run_once(const bench_ctx_t *b, size_t count, int in_place)
+static int run_call(const bench_ctx_t *b, size_t count, int in_place)
 {
     bench_ctx_t dev;
     if (b->dsend) { /* --device cuda: the calls get the device buffers */
@@ -915,6 +925,21 @@ static int run_once(const bench_ctx_t *b, size_t count, int in_place)
     default: break;
     }
     return TUTTI_ERR_INVALID_ARG;
+}
+
+/* run_call; with --stream, until its stream has run it (and its failure, if any, as a
+ * stream-ordered call reports it) */
+static int run_once(const bench_ctx_t *b, size_t count, int in_place)
+{
+    int st = run_call(b, count, in_place);
+    if (st < 0 || !cu_stream)
+        return st;
+    int r = cu.stream_synchronize(cu_stream);
+    if (r) {
+        fprintf(stderr, "tutti-bench: rank %d: cuStreamSynchronize: CUDA error %d\n", b->rank, r);
+        return TUTTI_ERR_DEVICE;
+    }
+    return tutti_comm_stream_error(b->comm);
 }
 
 /* Prepare the buffers of one half: out of place, the send buffer holds the input and
@@ -1150,8 +1175,11 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     printf("# cost model %s\n", tutti_comm_cost_model(set->main));
     if (cfg->cuda)
         printf("# buffers in %s device memory (--device cuda), staged through host memory by "
-               "the library; inputs written and results read untimed\n",
-               tutti_comm_device(set->main) ? tutti_comm_device(set->main) : "(none!)");
+               "the library; inputs written and results read untimed%s\n",
+               tutti_comm_device(set->main) ? tutti_comm_device(set->main) : "(none!)",
+               cfg->stream ? "; calls stream-ordered (--stream), each timed with its "
+                             "cuStreamSynchronize"
+                           : "");
     printf("# iters %d, warmup %d, time = %s over iterations of the max over ranks%s%s%s%s\n",
            cfg->iters, cfg->warmup, cfg->algo_all ? "p50" : "mean", bench_fresh_words(cfg->fresh),
            cfg->window ? ", each started at one instant on every rank (--window)"
@@ -1569,6 +1597,22 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
         }
         b.dsend = ds + cfg->offset;
         b.drecv = dr + cfg->offset;
+        /* a blocking stream: the untimed writes and reads of the buffers (cuMemcpy on the
+         * legacy stream) are ordered with it. With a non-blocking one, a write from
+         * pageable memory that returned before its DMA ended raced the next call's copy
+         * in: wrong in-place results up to 16 KB on the H200 of session 86 */
+        int r = cfg->stream ? cu.stream_create(&cu_stream, 0) : 0;
+        for (int a = -1; cfg->stream && !r && a < set->nalgos; a++) {
+            tutti_comm_t *c = a < 0 ? set->main : set->comms[a];
+            if (c && (r = tutti_comm_set_stream(c, cu_stream)) < 0)
+                fprintf(stderr, "tutti-bench: rank %d: --stream: %s\n", b.rank,
+                        tutti_comm_last_error(c));
+        }
+        if (r) {
+            fprintf(stderr, "tutti-bench: rank %d: --stream: error %d\n", b.rank, r);
+            rc = 3;
+            goto out_free;
+        }
     }
 
     if (b.rank == 0) {

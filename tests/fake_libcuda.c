@@ -8,11 +8,15 @@
  *     201), and an async copy a stream of that context (CUDA_ERROR_INVALID_HANDLE, 400);
  *   - memory from every second cuMemAlloc reports no context, as the stream-ordered
  *     allocator's does: its copies need the device's primary context;
- *   - host memory is registered (page-locked) once, and unregistered only if it was.
+ *   - host memory is registered (page-locked) once, and unregistered only if it was;
+ *   - a stream's work runs later, in order, on a thread of the stream's (copies, events,
+ *     waits on a word of registered, device-mapped host memory); a handle of another
+ *     context's stream is refused (CUDA_ERROR_INVALID_HANDLE).
  * The real check runs on the device machine (tools/dev/device-check.sh). */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -26,7 +30,8 @@ enum {
     INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400,
     HOST_MEMORY_ALREADY_REGISTERED = 712,
-    HOST_MEMORY_NOT_REGISTERED = 713
+    HOST_MEMORY_NOT_REGISTERED = 713,
+    NOT_READY = 600
 };
 
 static int inited;
@@ -41,9 +46,31 @@ static struct {
 static int nallocs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A stream: its work runs in order on a thread of its own, as a GPU's would, so that
+ * what the library enqueues really happens later (the stream-ordered calls' tests). */
+typedef struct item {
+    enum { IT_COPY, IT_EVENT, IT_WAIT } kind;
+    char *dst;
+    const char *src;
+    size_t n;
+    volatile uint32_t *word; /* IT_WAIT: until (int32_t)(*word - value) >= 0 */
+    uint32_t value;
+    struct fake_event *ev;
+    struct item *next;
+} item_t;
+typedef struct fake_event {
+    int pending; /* recorded, not passed yet */
+    int doomed;  /* destroyed while pending: freed when passed */
+} fake_event_t;
 typedef struct {
     void *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    item_t *head, *tail;
+    int busy, started;
+    pthread_t th;
 } fake_stream_t;
+static fake_stream_t legacy = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
 /* the allocation holding [p, p + n), or -1 */
 static int find(uintptr_t p, size_t n)
@@ -194,6 +221,84 @@ EXPORT int cuMemcpyHtoD_v2(uintptr_t dst, const void *src, size_t n)
     return copy((void *)dst, src, n, 0);
 }
 
+static void *stream_main(void *arg)
+{
+    fake_stream_t *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->head)
+            pthread_cond_wait(&st->cv, &st->mu);
+        item_t *it = st->head;
+        st->busy = 1;
+        pthread_mutex_unlock(&st->mu);
+        switch (it->kind) {
+        case IT_COPY: memcpy(it->dst, it->src, it->n); break;
+        case IT_EVENT:
+            pthread_mutex_lock(&lock);
+            it->ev->pending = 0;
+            if (it->ev->doomed)
+                free(it->ev);
+            pthread_mutex_unlock(&lock);
+            break;
+        case IT_WAIT:
+            while ((int32_t)(__atomic_load_n(it->word, __ATOMIC_ACQUIRE) - it->value) < 0)
+                usleep(20);
+            break;
+        }
+        pthread_mutex_lock(&st->mu);
+        st->head = it->next;
+        if (!st->head)
+            st->tail = NULL;
+        st->busy = 0;
+        free(it);
+        pthread_cond_broadcast(&st->cv);
+    }
+    return NULL;
+}
+
+/* the stream a handle names (NULL, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2: the
+ * legacy one), or NULL where it is another context's */
+static fake_stream_t *stream_of(void *stream)
+{
+    fake_stream_t *st = (uintptr_t)stream <= 2 ? &legacy : stream;
+    return st == &legacy || st->ctx == current ? st : NULL;
+}
+
+static int enqueue(fake_stream_t *st, item_t it)
+{
+    item_t *n = malloc(sizeof(*n));
+    if (!n)
+        return INVALID_VALUE;
+    *n = it;
+    n->next = NULL;
+    pthread_mutex_lock(&st->mu);
+    if (!st->started) {
+        pthread_create(&st->th, NULL, stream_main, st);
+        st->started = 1;
+    }
+    if (st->tail)
+        st->tail->next = n;
+    else
+        st->head = n;
+    st->tail = n;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return OK;
+}
+
+static void forked(void)
+{
+    legacy.started = 0, legacy.busy = 0; /* the parent's thread is not the child's */
+    legacy.head = legacy.tail = NULL;
+    pthread_mutex_init(&legacy.mu, NULL);
+    pthread_cond_init(&legacy.cv, NULL);
+}
+
+__attribute__((constructor)) static void fake_init(void)
+{
+    pthread_atfork(NULL, NULL, forked);
+}
+
 EXPORT int cuStreamCreate(void **stream, unsigned flags)
 {
     (void)flags;
@@ -201,31 +306,108 @@ EXPORT int cuStreamCreate(void **stream, unsigned flags)
         return NOT_INITIALIZED;
     if (!current)
         return INVALID_CONTEXT;
-    static fake_stream_t streams[64];
-    static int nstreams;
-    pthread_mutex_lock(&lock);
-    int i = nstreams < 64 ? nstreams++ : -1;
-    pthread_mutex_unlock(&lock);
+    fake_stream_t *st = calloc(1, sizeof(*st));
+    if (!st)
+        return INVALID_VALUE;
+    st->ctx = current;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    *stream = st;
+    return OK;
+}
+
+EXPORT int cuStreamGetCtx(void *stream, void **ctx)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    *ctx = (uintptr_t)stream <= 2 ? current : ((fake_stream_t *)stream)->ctx;
+    return *ctx ? OK : INVALID_CONTEXT;
+}
+
+/* an async copy: checked now, done when the stream gets there */
+static int copy_async(void *dst, const void *src, size_t n, int to_host, void *stream)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (!current)
+        return INVALID_CONTEXT;
+    fake_stream_t *st = stream_of(stream);
+    if (!st)
+        return INVALID_HANDLE;
+    int i = find(to_host ? (uintptr_t)src : (uintptr_t)dst, n);
     if (i < 0)
         return INVALID_VALUE;
-    streams[i].ctx = current;
-    *stream = &streams[i];
-    return OK;
+    size_t off = (to_host ? (uintptr_t)src : (uintptr_t)dst) - (uintptr_t)allocs[i].dev;
+    item_t it = { .kind = IT_COPY, .n = n };
+    it.dst = to_host ? dst : allocs[i].back + off;
+    it.src = to_host ? allocs[i].back + off : src;
+    return enqueue(st, it);
 }
 
 EXPORT int cuMemcpyHtoDAsync_v2(uintptr_t dst, const void *src, size_t n, void *stream)
 {
-    if (stream && ((fake_stream_t *)stream)->ctx != current)
-        return INVALID_HANDLE;
-    return copy((void *)dst, src, n, 0);
+    return copy_async((void *)dst, src, n, 0, stream);
+}
+
+EXPORT int cuMemcpyDtoHAsync_v2(void *dst, uintptr_t src, size_t n, void *stream)
+{
+    return copy_async(dst, (const void *)src, n, 1, stream);
 }
 
 EXPORT int cuStreamSynchronize(void *stream)
 {
     if (!inited)
         return NOT_INITIALIZED;
-    if (stream && ((fake_stream_t *)stream)->ctx != current)
+    fake_stream_t *st = stream_of(stream);
+    if (!st)
         return INVALID_HANDLE;
+    pthread_mutex_lock(&st->mu);
+    while (st->head)
+        pthread_cond_wait(&st->cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+    return OK;
+}
+
+EXPORT int cuEventCreate(void **ev, unsigned flags)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (!current)
+        return INVALID_CONTEXT;
+    (void)flags;
+    return (*ev = calloc(1, sizeof(fake_event_t))) ? OK : INVALID_VALUE;
+}
+
+EXPORT int cuEventRecord(void *ev, void *stream)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    fake_stream_t *st = stream_of(stream);
+    if (!st || !ev)
+        return INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    ((fake_event_t *)ev)->pending = 1;
+    pthread_mutex_unlock(&lock);
+    return enqueue(st, (item_t){ .kind = IT_EVENT, .ev = ev });
+}
+
+EXPORT int cuEventQuery(void *ev)
+{
+    pthread_mutex_lock(&lock);
+    int pending = ((fake_event_t *)ev)->pending;
+    pthread_mutex_unlock(&lock);
+    return pending ? NOT_READY : OK;
+}
+
+EXPORT int cuEventDestroy_v2(void *ev)
+{
+    pthread_mutex_lock(&lock);
+    fake_event_t *e = ev;
+    int pending = e->pending;
+    e->doomed = 1;
+    pthread_mutex_unlock(&lock);
+    if (!pending)
+        free(e);
     return OK;
 }
 
@@ -236,6 +418,7 @@ enum { MAX_PINS = 64 };
 static struct {
     char *p;
     size_t n;
+    unsigned flags; /* 2: DEVICEMAP, mapped for the device (streams may wait on it) */
 } pins[MAX_PINS];
 static int npins, pin_errors;
 
@@ -251,7 +434,7 @@ EXPORT int cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
     if (r == OK && npins == MAX_PINS)
         r = INVALID_VALUE;
     if (r == OK)
-        pins[npins].p = p, pins[npins++].n = n;
+        pins[npins].p = p, pins[npins].flags = flags, pins[npins++].n = n;
     else
         pin_errors++;
     pthread_mutex_unlock(&lock);
@@ -271,6 +454,54 @@ EXPORT int cuMemHostUnregister(void *p)
         pin_errors++;
     pthread_mutex_unlock(&lock);
     return r;
+}
+
+/* whether [p, p + n) is registered and mapped for the device */
+static int mapped(const char *p, size_t n)
+{
+    pthread_mutex_lock(&lock);
+    int ok = 0;
+    for (int i = 0; i < npins && !ok; i++)
+        ok = (pins[i].flags & 2) && p >= pins[i].p && p + n <= pins[i].p + pins[i].n;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+EXPORT int cuMemHostGetDevicePointer_v2(uintptr_t *d, void *p, unsigned flags)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (!current)
+        return INVALID_CONTEXT;
+    if (flags || !mapped(p, 1))
+        return INVALID_VALUE;
+    *d = (uintptr_t)p; /* this fake's device sees host memory where the host does */
+    return OK;
+}
+
+static int fail_waits;
+
+/* test helper: every later cuStreamWaitValue32 fails (on), or none does */
+EXPORT void fake_cuda_fail_waits(int on)
+{
+    fail_waits = on;
+}
+
+EXPORT int cuStreamWaitValue32_v2(void *stream, uintptr_t addr, uint32_t value, unsigned flags)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (fail_waits)
+        return INVALID_VALUE;
+    if (!current)
+        return INVALID_CONTEXT;
+    fake_stream_t *st = stream_of(stream);
+    if (!st)
+        return INVALID_HANDLE;
+    if (flags != 0 /* GEQ */ || (addr & 3) || !mapped((const char *)addr, 4))
+        return INVALID_VALUE;
+    return enqueue(st,
+                   (item_t){ .kind = IT_WAIT, .word = (volatile uint32_t *)addr, .value = value });
 }
 
 EXPORT int fake_cuda_pinned(int *errors)

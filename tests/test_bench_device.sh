@@ -25,6 +25,13 @@ for tp in tcp shm; do
         [ "$rows" -ge 4 ] || fail "$coll over $tp: $rows rows, expected 4 or 5"
     done
 done
+# --stream: the calls stream-ordered (tutti_comm_set_stream), each result checked after
+# its stream has run it
+LD_LIBRARY_PATH=$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 100 "$bench" -np 2 --stream \
+    --coll allgather -c -b 4 -e 1M -f 32 -n 4 -w 1 -t 90 >"$dir/out" 2>&1 ||
+    fail "--stream: exit $?: $(tail -n 5 "$dir/out")"
+grep -q "calls stream-ordered (--stream)" "$dir/out" || fail "--stream: header: $(head -n 6 "$dir/out")"
+grep -q "^# Out of bounds values : 0 OK" "$dir/out" || fail "--stream: wrong values"
 # no driver to load: a clear error, exit 3
 env -u LD_LIBRARY_PATH timeout 60 "$bench" -np 2 --device cuda -b 4 -e 4 -n 1 -t 50 \
     >"$dir/out" 2>&1
@@ -35,4 +42,4 @@ else
     [ $rc = 3 ] && grep -q "libcuda.so.1" "$dir/out" ||
         fail "without a driver: exit $rc: $(tail -n 3 "$dir/out")"
 fi
-echo "ok: allreduce, allgather and scatter on --device cuda over tcp and shm"
+echo "ok: allreduce, allgather and scatter on --device cuda over tcp and shm, and --stream"

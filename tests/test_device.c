@@ -51,7 +51,10 @@ static struct {
     long pin_calls, unpin_calls, pin_errors, copies_unpinned;
 } fake;
 
-static int pinned(const char *p, size_t n)
+/* the pin table: pinned at the call, looked up by the copies on the progress thread */
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int pinned_locked(const char *p, size_t n)
 {
     for (int i = 0; i < fake.npins; i++)
         if (p >= fake.pins[i].p && n <= fake.pins[i].n &&
@@ -60,7 +63,15 @@ static int pinned(const char *p, size_t n)
     return 0;
 }
 
-static int fake_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
+static int pinned(const char *p, size_t n)
+{
+    pthread_mutex_lock(&pin_lock);
+    int k = pinned_locked(p, n);
+    pthread_mutex_unlock(&pin_lock);
+    return k;
+}
+
+static int fake_pin_locked(void *ctx, void *p, size_t n, char *err, size_t errlen)
 {
     fake.pin_calls++;
     if (fake.fail_pin) {
@@ -80,7 +91,15 @@ static int fake_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
     return TUTTI_OK;
 }
 
-static void fake_unpin(void *ctx, void *p)
+static int fake_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&pin_lock);
+    int st = fake_pin_locked(ctx, p, n, err, errlen);
+    pthread_mutex_unlock(&pin_lock);
+    return st;
+}
+
+static void fake_unpin_locked(void *ctx, void *p)
 {
     fake.unpin_calls++;
     for (int i = 0; i < fake.npins; i++) {
@@ -90,6 +109,13 @@ static void fake_unpin(void *ctx, void *p)
         }
     }
     fake.pin_errors++;
+}
+
+static void fake_unpin(void *ctx, void *p)
+{
+    pthread_mutex_lock(&pin_lock);
+    fake_unpin_locked(ctx, p);
+    pthread_mutex_unlock(&pin_lock);
 }
 
 static int fake_query(const void *p, void **ctx, char *err, size_t errlen)
@@ -138,7 +164,9 @@ static int fake_copy(void *ctx, void *dst, const void *src, size_t n, int to_hos
     return TUTTI_OK;
 }
 
-static const tt_dev_ops_t fake_ops = { "fake", fake_query, fake_copy, fake_pin, fake_unpin };
+static const tt_dev_ops_t fake_ops = {
+    .name = "fake", .query = fake_query, .copy = fake_copy, .pin = fake_pin, .unpin = fake_unpin
+};
 
 /* This rank's device: size bytes, none of it readable through the device view. */
 static int fake_init(size_t size)
@@ -938,6 +966,13 @@ static struct {
     int (*mem_alloc)(unsigned long long *, size_t);
     int (*memcpy_htod)(unsigned long long, const void *, size_t);
     int (*memcpy_dtoh)(void *, unsigned long long, size_t);
+    int (*stream_create)(void **, unsigned);
+    int (*memcpy_htod_async)(unsigned long long, const void *, size_t, void *);
+    int (*memcpy_dtoh_async)(void *, unsigned long long, size_t, void *);
+    int (*stream_synchronize)(void *);
+    int (*host_register)(void *, size_t, unsigned);
+    int (*host_get_device_pointer)(unsigned long long *, void *, unsigned);
+    int (*stream_wait_value32)(void *, unsigned long long, uint32_t, unsigned);
 } cu;
 
 static int cu_load(void)
@@ -945,10 +980,21 @@ static int cu_load(void)
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h)
         return -1;
-    const char *names[] = { "cuInit",          "cuDeviceGetCount",
-                            "cuDeviceGet",     "cuDevicePrimaryCtxRetain",
-                            "cuCtxSetCurrent", "cuMemAlloc_v2",
-                            "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2" };
+    const char *names[] = { "cuInit",
+                            "cuDeviceGetCount",
+                            "cuDeviceGet",
+                            "cuDevicePrimaryCtxRetain",
+                            "cuCtxSetCurrent",
+                            "cuMemAlloc_v2",
+                            "cuMemcpyHtoD_v2",
+                            "cuMemcpyDtoH_v2",
+                            "cuStreamCreate",
+                            "cuMemcpyHtoDAsync_v2",
+                            "cuMemcpyDtoHAsync_v2",
+                            "cuStreamSynchronize",
+                            "cuMemHostRegister_v2",
+                            "cuMemHostGetDevicePointer_v2",
+                            "cuStreamWaitValue32_v2" };
     void **slots = (void **)&cu;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(slots[i] = dlsym(h, names[i])))
@@ -1005,6 +1051,96 @@ static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void 
     return 0;
 }
 
+/* Stream-ordered calls (tutti_comm_set_stream): the call returns once enqueued, reads
+ * its input when the stream gets there, and the stream's later work sees its result.
+ * The stream is first held (as by a long kernel; here a wait on a word of host memory
+ * that the test sets): the call must return, and leave the result alone, while it is. */
+static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int count = 0, dev;
+    void *ctx, *s;
+    FAIL_IF(cu_load() != 0, "libcuda.so.1 went away");
+    FAIL_IF(cu.init(0) != 0 || cu.device_get_count(&count) != 0 || count < 1, "no device");
+    FAIL_IF(cu.device_get(&dev, rank % count) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
+                cu.ctx_set_current(ctx) != 0 || cu.stream_create(&s, 1) != 0,
+            "context and stream");
+    enum { N = 1 << 18 }; /* 1 MiB a rank */
+    unsigned long long x, y;
+    /* pinned: a real driver's async copy to or from pageable memory may wait for the
+     * stream (it does to pageable memory), which the test holds */
+    int32_t *h = aligned_alloc(4096, N * 4), *out = aligned_alloc(4096, N * 4);
+    FAIL_IF(!h || !out || cu.mem_alloc(&x, N * 4) || cu.mem_alloc(&y, N * 4), "alloc");
+    FAIL_IF(cu.host_register(h, N * 4, 1) || cu.host_register(out, N * 4, 1), "pinning");
+    for (int i = 0; i < N; i++)
+        h[i] = SENT;
+    FAIL_IF(cu.memcpy_htod(y, h, N * 4) != 0, "HtoD");
+    for (int i = 0; i < N; i++)
+        h[i] = in_val(rank, (size_t)i);
+    OKC(tutti_comm_set_stream(comm, s));
+    uint32_t *gate = aligned_alloc(4096, 4096);
+    unsigned long long gate_d = 0;
+    FAIL_IF(!gate, "alloc");
+    *gate = 0;
+    FAIL_IF(cu.host_register(gate, 4096, 3 /* portable, device-mapped */) != 0 ||
+                cu.host_get_device_pointer(&gate_d, gate, 0) != 0 ||
+                cu.stream_wait_value32(s, gate_d, 1, 0 /* >= */) != 0,
+            "holding the stream");
+    FAIL_IF(cu.memcpy_htod_async(x, h, N * 4, s) != 0, "HtoDAsync");
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)y, N, TUTTI_INT32,
+                        TUTTI_SUM));
+    /* returned with the stream held: nothing of it has run (this copy is on the legacy
+     * stream, which the non-blocking s does not hold up) */
+    FAIL_IF(cu.memcpy_dtoh(out, y, 16) != 0, "DtoH");
+    FAIL_IF(out[0] != SENT || out[3] != SENT, "recvbuf written before its stream got there");
+    /* in place, after the first: it reads the first's result */
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)y, (void *)(uintptr_t)y, N, TUTTI_INT32,
+                        TUTTI_SUM));
+    __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
+    FAIL_IF(cu.memcpy_dtoh_async(out, y, N * 4, s) != 0, "DtoHAsync");
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    for (int i = 0; i < N; i++) {
+        int32_t w = 0;
+        for (int r = 0; r < n; r++)
+            w += in_val(r, (size_t)i);
+        FAIL_IF(out[i] != w * n, "stream-ordered allreduces [%d] = %d, expected %d", i, out[i],
+                w * n);
+    }
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    /* unset: a blocking call completes at the call again */
+    OKC(tutti_comm_set_stream(comm, NULL));
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)y, N, TUTTI_INT32,
+                        TUTTI_MAX));
+    FAIL_IF(cu.memcpy_dtoh(out, y, N * 4) != 0, "DtoH");
+    for (int i = 0; i < N; i++)
+        FAIL_IF(out[i] != in_val(n - 1, (size_t)i), "max [%d] = %d", i, out[i]);
+    void (*fail_waits)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "fake_cuda_fail_waits");
+    if (fail_waits) {
+        /* rank 1 cannot enqueue its wait: its call waits for the op and returns its
+         * error; the op fails on every rank when it starts, rank 0's (returned at once)
+         * naming rank 1; rank 0's stream goes on; both failures are
+         * tutti_comm_stream_error's */
+        OKC(tutti_comm_set_stream(comm, s));
+        fail_waits(rank == 1);
+        int cst = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)y, N, TUTTI_INT32,
+                                  TUTTI_SUM);
+        fail_waits(0);
+        FAIL_IF(rank == 1 ? cst != TUTTI_ERR_DEVICE : cst != 0, "the call returned %s: %s",
+                tutti_status_name(cst), tutti_comm_last_error(comm));
+        FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+        int st = tutti_comm_stream_error(comm);
+        const char *e = tutti_comm_last_error(comm);
+        FAIL_IF(st >= 0, "no stream error after a failed op");
+        FAIL_IF(!strstr(e, "stream-ordered") || !strstr(e, "allreduce") ||
+                    !strstr(e, rank == 1 ? "enqueuing a wait" : "rank 1"),
+                "stream error: %s: %s", tutti_status_name(st), e);
+    }
+    free(h);
+    free(out);
+    fprintf(stderr, "rank %d: CUDA device %d: stream-ordered allreduces\n", rank, dev);
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1042,6 +1178,11 @@ START_TEST(cuda_driver_fake)
         th_spec_t spec = { .nranks = 2, .fn = rank_cuda, .timeout_ms = 60000, .opts = &o };
         ck_assert_msg(th_run_ex(&spec, NULL) == 0, "TUTTI_CUDA=%s", modes[i]);
     }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.cuda = "on";
+    th_spec_t spec = { .nranks = 2, .fn = rank_cuda_stream, .timeout_ms = 60000, .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }
 END_TEST
@@ -1060,6 +1201,8 @@ START_TEST(real_cuda)
     tutti_comm_opts_init(&o);
     o.cuda = "on";
     th_spec_t spec = { .nranks = 2, .fn = rank_cuda, .timeout_ms = 120000, .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_stream;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank(); /* CUDA initialised here only now: nothing forks after */
 }

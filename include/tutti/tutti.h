@@ -367,6 +367,26 @@ int tutti_comm_size(const tutti_comm_t *comm);
  * tells an MPI program). */
 const char *tutti_comm_device(const tutti_comm_t *comm);
 
+/* Stream-ordered calls, as NCCL's (and MPICH's MPIX_*_enqueue, cuBLAS's handle stream):
+ * with a stream set (a CUstream / cudaStream_t of the device's, or CU_STREAM_LEGACY,
+ * (void *)1), a blocking collective whose buffers include device memory returns once it
+ * is enqueued on that stream: it reads its input when the stream's earlier work is done,
+ * and the stream's later work sees its result. Synchronise the stream (or record an
+ * event) before reading the result on the host. The call's own errors (arguments) are
+ * returned at the call as before; an error while the op runs is kept for
+ * tutti_comm_stream_error (the stream goes on; the result is then undefined), and where
+ * it failed the communicator, later calls fail as they would without a stream.
+ * Host-buffer calls, the _async calls and send/recv run as without a stream. NULL
+ * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
+ * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that
+ * cannot make a stream wait on host memory). Set it from the thread that makes the
+ * calls, between calls. */
+int tutti_comm_set_stream(tutti_comm_t *comm, void *stream);
+
+/* The first failure of a stream-ordered call since the stream was set (its message in
+ * tutti_comm_last_error), or TUTTI_OK. Does not wait for the stream. */
+int tutti_comm_stream_error(tutti_comm_t *comm);
+
 /* What went wrong last: op, sequence number, peer rank, address, errno. Never NULL;
  * "" when nothing failed. Valid until the next call on comm. With comm NULL: why this
  * thread's last tutti_comm_init or tutti_comm_init_env failed (a failed set-up leaves no

@@ -408,6 +408,41 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
 
 /* ---- the one checker ---- */
 
+/* A blocking call on device buffers with a stream set (tutti_comm_set_stream): enqueued
+ * on the stream, issued as an async op whose work handle nobody waits for (the stream
+ * does, lib/device/device.c), so it returns at once; where the stream could not be made
+ * to wait for it, the call waits. Its layout moves to the heap: the
+ * op outlives this stack. */
+static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, size_t *layout,
+                        int heap)
+{
+    if (layout && !heap) {
+        const size_t n = (size_t)o->nranks;
+        size_t *h = malloc(4 * n * sizeof(size_t));
+        if (!h) {
+            char err[64] = "";
+            if (o->op_held)
+                tt_userop_release(o->redop);
+            tt_dev_finish(o, TUTTI_ERR_NOMEM, err, sizeof(err));
+            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "rank %d: %s: out of memory",
+                                     comm->rank, tt_coll_name(o->coll));
+        }
+        memcpy(h, layout, 4 * n * sizeof(size_t));
+        o->sendcounts = h;
+        o->sdispls = h + n;
+        o->recvcounts = h + 2 * n;
+        o->rdispls = h + 3 * n;
+        layout = h;
+    }
+    tutti_work_t *w = NULL;
+    /* a stream that will not wait for the op: the call does, and returns its error */
+    const int held = tt_dev_enqueue(comm, o);
+    int st = tt_exec_issue(comm, o, redop, layout, 1, held ? &w : NULL);
+    if (st == TUTTI_OK && w)
+        tutti_work_free(w);
+    return st;
+}
+
 /* Inlined into each entry point: its collective is then a constant, so the row's
  * reads fold away and the call descriptor never reaches memory (the 4-byte allreduce
  * is ~0.5 us over shm: a few ns count). */
@@ -479,12 +514,16 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
                     (c->is_v ? TT_FP_V : 0) |
                     (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
     /* device buffers: host copies from here on (the copy back at the op's end, exec.c) */
-    if (__builtin_expect(comm->dev != NULL, 0) && (st = tt_dev_stage_op(comm, &o, c->name)) < 0) {
-        if (heap)
-            free(layout);
-        if (o.op_held)
-            tt_userop_release(c->redop);
-        return st;
+    if (__builtin_expect(comm->dev != NULL, 0)) {
+        if ((st = tt_dev_stage_op(comm, &o, c->name)) < 0) {
+            if (heap)
+                free(layout);
+            if (o.op_held)
+                tt_userop_release(c->redop);
+            return st;
+        }
+        if (!async && tt_dev_streamed(comm, &o))
+            return stream_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap);
     }
     return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
                          async ? work_p : NULL);

@@ -225,6 +225,7 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
 {
     char derr[TT_ERRMSG_LEN];
     if (w->op.dev) { /* a receive's copy back, or an op that never ran */
+        snprintf(derr, sizeof(derr), "%s", st < 0 && err ? err : "");
         int dst = tt_dev_finish(&w->op, st, derr, sizeof(derr));
         if (dst != st)
             st = dst, err = derr;
@@ -720,6 +721,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     if (!layout_heap && work_p) {
         if (op->op_held)
             tt_userop_release(op->redop);
+        err[0] = '\0';
         return tt_dev_finish(op, TUTTI_ERR_INTERNAL, err, sizeof(err)); /* an async op
                                                            outlives its caller's stack */
     }
@@ -760,6 +762,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
             free(layout);
         if (op->op_held)
             tt_userop_release(op->redop);
+        snprintf(err, sizeof(err), "out of memory for the op's work record");
         return tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
     }
     w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */

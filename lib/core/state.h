@@ -144,6 +144,13 @@ struct tutti_comm {
     /* the device layer that stages device buffers (lib/device/device.h; NULL: none,
      * every buffer is host memory) */
     const struct tt_dev_ops *dev;
+    /* stream-ordered calls (tutti_comm_set_stream): the stream and its context (set by
+     * the calling thread), the first failure since (status, message), and the staging
+     * records whose blocks a stream still uses, under stage_lock */
+    void *stream, *stream_ctx;
+    atomic_int stream_st;
+    char stream_err[TT_ERRMSG_LEN];
+    struct tt_dev_stage *dev_pending;
 
     /* staging buffers of the coalesced collectives (stage) and of device buffers
      * (dev_stage, pinned where the layer can: lib/device/device.c frees them), kept

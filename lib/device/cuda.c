@@ -34,7 +34,11 @@ enum {
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
     CU_MEMORYTYPE_DEVICE = 2,
     CU_STREAM_NON_BLOCKING = 1,
-    CU_MEMHOSTREGISTER_PORTABLE = 1
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+    CU_ERROR_NOT_READY = 600,
+    CU_EVENT_DISABLE_TIMING = 2,
+    CU_STREAM_WAIT_VALUE_GEQ = 0
 };
 
 static struct {
@@ -52,6 +56,16 @@ static struct {
     cu_result_t (*primary_ctx_retain)(cu_context_t *ctx, int dev);
     cu_result_t (*host_register)(void *p, size_t n, unsigned flags);
     cu_result_t (*host_unregister)(void *p);
+    /* stream-ordered calls: loaded where the driver has them all (CUDA 11.7 on) */
+    cu_result_t (*stream_get_ctx)(void *stream, cu_context_t *ctx);
+    cu_result_t (*memcpy_dtoh_async)(void *dst, cu_deviceptr_t src, size_t n, void *stream);
+    cu_result_t (*event_create)(void **ev, unsigned flags);
+    cu_result_t (*event_record)(void *ev, void *stream);
+    cu_result_t (*event_query)(void *ev);
+    cu_result_t (*event_destroy)(void *ev);
+    cu_result_t (*host_get_device_pointer)(cu_deviceptr_t *d, void *p, unsigned flags);
+    cu_result_t (*stream_wait_value32)(void *stream, cu_deviceptr_t addr, uint32_t value,
+                                       unsigned flags);
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cu_ready;  /* 1: loaded */
@@ -191,36 +205,111 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
     return TUTTI_OK;
 }
 
+/* call, in ctx (pushed for it); a failure of either is err's, TUTTI_ERR_DEVICE */
+#define IN_CTX(ctx, what, call)                                                                    \
+    do {                                                                                           \
+        cu_result_t r_ = cu.ctx_push(ctx);                                                         \
+        const char *w_ = "cuCtxPushCurrent";                                                       \
+        if (r_ == 0) {                                                                             \
+            w_ = what;                                                                             \
+            r_ = (call);                                                                           \
+            cu_context_t popped_;                                                                  \
+            cu.ctx_pop(&popped_);                                                                  \
+        }                                                                                          \
+        if (r_ != 0) {                                                                             \
+            snprintf(err, errlen, "%s: %s (%d)", w_, cu_error(r_), r_);                            \
+            return TUTTI_ERR_DEVICE;                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* the same where nothing is to be said: what its context is gone with needs no undoing */
+static void cu_quiet(void *ctx, cu_result_t (*fn)(void *), void *arg)
+{
+    if (cu.ctx_push(ctx) != 0)
+        return;
+    fn(arg);
+    cu_context_t popped;
+    cu.ctx_pop(&popped);
+}
+
 /* The host blocks are the library's own (malloc'ed), registered rather than allocated
  * with cuMemHostAlloc: a context reset (cudaDeviceReset) unregisters them, and they stay
  * host memory, copied from as pageable memory, where an allocation would be gone. */
 static int cu_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
 {
-    cu_result_t r = cu.ctx_push(ctx);
-    const char *what = "cuCtxPushCurrent";
-    if (r == 0) {
-        what = "cuMemHostRegister";
-        r = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE);
-        cu_context_t popped;
-        cu.ctx_pop(&popped);
-    }
-    if (r != 0) {
-        snprintf(err, errlen, "%s: %s (%d)", what, cu_error(r), r);
-        return TUTTI_ERR_DEVICE;
-    }
+    /* mapped too: a stream-ordered call's stream waits on a word of the block */
+    IN_CTX(ctx, "cuMemHostRegister",
+           cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
     return TUTTI_OK;
 }
 
 static void cu_unpin(void *ctx, void *p)
 {
-    if (cu.ctx_push(ctx) != 0)
-        return; /* the context is gone, and its registrations with it */
-    cu.host_unregister(p);
-    cu_context_t popped;
-    cu.ctx_pop(&popped);
+    cu_quiet(ctx, cu.host_unregister, p);
 }
 
-static const tt_dev_ops_t cuda_ops = { "CUDA", cu_query, cu_copy, cu_pin, cu_unpin };
+static int cu_stream_ctx(void *stream, void **ctx, char *err, size_t errlen)
+{
+    cu_result_t r = cu.stream_get_ctx(stream, (cu_context_t *)ctx);
+    if (r != 0 || !*ctx) {
+        snprintf(err, errlen, "cuStreamGetCtx: %s (%d)", r ? cu_error(r) : "no context", r);
+        return TUTTI_ERR_DEVICE;
+    }
+    return TUTTI_OK;
+}
+
+static int cu_copy_async(void *stream, void *ctx, void *dst, const void *src, size_t n, int to_host,
+                         char *err, size_t errlen)
+{
+    if (to_host)
+        IN_CTX(ctx, "cuMemcpyDtoHAsync",
+               cu.memcpy_dtoh_async(dst, (cu_deviceptr_t)(uintptr_t)src, n, stream));
+    else
+        IN_CTX(ctx, "cuMemcpyHtoDAsync",
+               cu.memcpy_htod_async((cu_deviceptr_t)(uintptr_t)dst, src, n, stream));
+    return TUTTI_OK;
+}
+
+static int cu_event_record(void *stream, void *ctx, void **ev, char *err, size_t errlen)
+{
+    *ev = NULL;
+    IN_CTX(ctx, "cuEventCreate", cu.event_create(ev, CU_EVENT_DISABLE_TIMING));
+    IN_CTX(ctx, "cuEventRecord", cu.event_record(*ev, stream));
+    return TUTTI_OK;
+}
+
+static int cu_event_query(void *ctx, void *ev, char *err, size_t errlen)
+{
+    cu_result_t r = cu.ctx_push(ctx);
+    if (r == 0) {
+        r = cu.event_query(ev);
+        cu_context_t popped;
+        cu.ctx_pop(&popped);
+    }
+    if (r == 0 || r == CU_ERROR_NOT_READY) /* NOT_READY: an answer, not a failure */
+        return r == 0;
+    snprintf(err, errlen, "cuEventQuery: %s (%d)", cu_error(r), r);
+    return TUTTI_ERR_DEVICE;
+}
+
+static void cu_event_free(void *ctx, void *ev)
+{
+    cu_quiet(ctx, cu.event_destroy, ev);
+}
+
+static int cu_wait_word(void *stream, void *ctx, void *base, size_t off, char *err, size_t errlen)
+{
+    cu_deviceptr_t d = 0;
+    IN_CTX(ctx, "cuMemHostGetDevicePointer", cu.host_get_device_pointer(&d, base, 0));
+    IN_CTX(ctx, "cuStreamWaitValue32",
+           cu.stream_wait_value32(stream, d + off, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    return TUTTI_OK;
+}
+
+/* the stream functions set at load where the driver has them */
+static tt_dev_ops_t cuda_ops = {
+    .name = "CUDA", .query = cu_query, .copy = cu_copy, .pin = cu_pin, .unpin = cu_unpin
+};
 
 /* Load the driver's library (the caller holds cu_lock). */
 static int cu_load(int load, char *err, size_t errlen)
@@ -264,6 +353,37 @@ static int cu_load(int load, char *err, size_t errlen)
             return TUTTI_ERR_NO_DEVICE;
         }
         memcpy((char *)&cu + syms[i].off, &f, sizeof(f));
+    }
+    static const struct {
+        const char *name, *old_name;
+        size_t off;
+    } stream_syms[] = {
+#define CU_SYM(field, name, old_name) { name, old_name, offsetof(__typeof__(cu), field) }
+        CU_SYM(stream_get_ctx, "cuStreamGetCtx", NULL),
+        CU_SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2", NULL),
+        CU_SYM(event_create, "cuEventCreate", NULL),
+        CU_SYM(event_record, "cuEventRecord", NULL),
+        CU_SYM(event_query, "cuEventQuery", NULL),
+        CU_SYM(event_destroy, "cuEventDestroy_v2", NULL),
+        CU_SYM(host_get_device_pointer, "cuMemHostGetDevicePointer_v2", NULL),
+        CU_SYM(stream_wait_value32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32"),
+#undef CU_SYM
+    };
+    int streams = 1;
+    for (size_t i = 0; i < sizeof(stream_syms) / sizeof(stream_syms[0]); i++) {
+        void *f = dlsym(h, stream_syms[i].name);
+        if (!f && stream_syms[i].old_name)
+            f = dlsym(h, stream_syms[i].old_name);
+        streams &= f != NULL;
+        memcpy((char *)&cu + stream_syms[i].off, &f, sizeof(f));
+    }
+    if (streams) {
+        cuda_ops.stream_ctx = cu_stream_ctx;
+        cuda_ops.copy_async = cu_copy_async;
+        cuda_ops.event_record = cu_event_record;
+        cuda_ops.event_query = cu_event_query;
+        cuda_ops.event_free = cu_event_free;
+        cuda_ops.wait_word = cu_wait_word;
     }
     cu_ready = 1; /* the handle stays open: the pointers above are into it */
     pthread_atfork(NULL, NULL, cu_forked);

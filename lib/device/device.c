@@ -2,9 +2,11 @@
  * buffers it reads and writes, one host block for those in device memory, the copy in
  * at the call and the copy back at its end. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base.h"
 #include "coll/names.h"
@@ -33,6 +35,14 @@ typedef struct tt_dev_stage {
     int fail_st; /* < 0: staging failed at the call (fail says why); the op fails when it
                     starts, on every rank (exec.c), not at the call on this rank alone */
     char fail[200];
+    /* stream-ordered (tt_dev_enqueue): the stream and its context, the events after the
+     * copy in and after the copy back, the word the stream waits on (at blk.p +
+     * word_off), the next record the stream still holds (comm->dev_pending) */
+    void *stream, *sctx, *ev_in, *ev_out;
+    size_t word_off;
+    int enq;  /* something was enqueued: the stream uses the block */
+    int held; /* the wait on the word was enqueued: the stream waits for the op's end */
+    struct tt_dev_stage *next;
     int nback;
     seg_t back[]; /* sorted, merged */
 } tt_dev_stage_t;
@@ -277,8 +287,12 @@ static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
     free(b.p);
 }
 
+static void reap_streamed(tt_comm_t *comm, int wait_ms);
+
 void tt_dev_free_blocks(tt_comm_t *comm)
 {
+    if (comm->dev_pending)
+        reap_streamed(comm, comm->opts.timeout_ms > 0 ? comm->opts.timeout_ms : 30000);
     for (int i = 0; i < 2; i++) {
         if (comm->dev_stage[i].p)
             block_free(comm->dev, comm->dev_stage[i]);
@@ -317,6 +331,8 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
     }
     size_t salign = rs.dev && !one ? (rs.len + 63) & ~(size_t)63 : 0;
     size_t bytes = salign + (ru.dev ? ru.len : 0);
+    d->word_off = (bytes + 63) & ~(size_t)63; /* a stream-ordered op's word */
+    bytes = d->word_off + 64;
     d->blk = block_get(comm, bytes, ru.dev ? ru.ctx : rs.ctx);
     void *host = d->blk.p;
     if (!host) {
@@ -385,6 +401,212 @@ static const char *op_name(const tt_op_t *op)
     return op->coll == TT_COLL_P2P ? (op->dev && op->dev->in.len ? "send" : "recv") : n ? n : "op";
 }
 
+/* ---- stream-ordered calls ---- */
+
+static void nap_us(long us)
+{
+    struct timespec ts = { 0, us * 1000 };
+    nanosleep(&ts, NULL);
+}
+
+int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op)
+{
+    return comm->stream && op->dev && op->dev->fail_st >= 0;
+}
+
+/* d's failure to enqueue: the op fails when it starts, on every rank */
+static void enqueue_failed(tt_dev_stage_t *d, const char *what, const char *why)
+{
+    d->fail_st = TUTTI_ERR_DEVICE;
+    snprintf(d->fail, sizeof(d->fail), "enqueuing %s on the %s stream %p: %s", what,
+             d->comm->dev->name, d->stream, why);
+}
+
+int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op)
+{
+    tt_dev_stage_t *d = op->dev;
+    const tt_dev_ops_t *ops = comm->dev;
+    char why[200] = "";
+    d->stream = comm->stream;
+    d->sctx = comm->stream_ctx;
+    if (!d->blk.pin) { /* the stream waits on a word of the block: it must be mapped */
+        enqueue_failed(d, "the op", "its host block is not pinned");
+        return 0;
+    }
+    atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 0);
+    reap_streamed(comm, 0);
+    if (d->in.len) {
+        if (ops->copy_async(d->stream, d->sctx, d->in.host, d->in.dev, d->in.len, 1, why,
+                            sizeof(why)))
+            return enqueue_failed(d, "the copy of sendbuf", why), 0;
+        d->enq = 1;
+    }
+    if (ops->event_record(d->stream, d->sctx, &d->ev_in, why, sizeof(why)))
+        return enqueue_failed(d, "an event", why), 0;
+    d->enq = 1;
+    /* from here the stream holds the block until it has passed ev_out */
+    if (ops->wait_word(d->stream, d->sctx, d->blk.p, d->word_off, why, sizeof(why)))
+        return enqueue_failed(d, "a wait for the op", why), 0;
+    d->held = 1;
+    for (int i = 0; i < d->nback; i++) {
+        const seg_t *b = &d->back[i];
+        if (ops->copy_async(d->stream, d->sctx, b->dev, b->host, b->len, 0, why, sizeof(why))) {
+            enqueue_failed(d, "the copy back", why);
+            break;
+        }
+    }
+    if (ops->event_record(d->stream, d->sctx, &d->ev_out, why, sizeof(why)) && d->fail_st >= 0)
+        enqueue_failed(d, "an event", why);
+    return 1;
+}
+
+/* Staging records whose stream has passed their ev_out (or, wait_ms > 0, all of them,
+ * waiting up to wait_ms) freed, their blocks back in the pool. A record the stream has
+ * not passed by then is left (its block leaked, not freed under the stream's copies). */
+static void reap_streamed(tt_comm_t *comm, int wait_ms)
+{
+    pthread_mutex_lock(&comm->stage_lock);
+    tt_dev_stage_t *list = comm->dev_pending, *keep = NULL;
+    comm->dev_pending = NULL;
+    pthread_mutex_unlock(&comm->stage_lock);
+    const uint64_t deadline = tt_now_ns() + (uint64_t)(wait_ms > 0 ? wait_ms : 0) * 1000000;
+    while (list) {
+        tt_dev_stage_t *d = list;
+        list = d->next;
+        char why[160] = "no event marks where the stream is done with it";
+        /* the last event the stream passes while it uses the block */
+        void *end = d->ev_out ? d->ev_out : d->held ? NULL : d->ev_in;
+        int done = !end ? -1 : comm->dev->event_query(d->sctx, end, why, sizeof(why));
+        while (done == 0 && wait_ms > 0 && tt_now_ns() < deadline) {
+            nap_us(100);
+            done = comm->dev->event_query(d->sctx, end, why, sizeof(why));
+        }
+        if (done == 0 && wait_ms <= 0) {
+            d->next = keep;
+            keep = d;
+            continue;
+        }
+        if (done == 1) {
+            block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+        } else {
+            TT_WARN("rank %d: the %s stream %p has not passed a stream-ordered call's end (%s): "
+                    "its %zu-byte host block is left allocated",
+                    comm->rank, comm->dev->name, d->stream, done < 0 ? why : "still waiting",
+                    d->blk.len);
+        }
+        if (d->ev_in)
+            comm->dev->event_free(d->sctx, d->ev_in);
+        if (d->ev_out && done == 1)
+            comm->dev->event_free(d->sctx, d->ev_out);
+        free(d);
+    }
+    if (keep) {
+        pthread_mutex_lock(&comm->stage_lock);
+        tt_dev_stage_t **pp = &keep;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = comm->dev_pending;
+        comm->dev_pending = keep;
+        pthread_mutex_unlock(&comm->stage_lock);
+    }
+}
+
+/* The stream's copy in: passed, or the communicator aborted or failed meanwhile. */
+static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
+{
+    tt_comm_t *comm = d->comm;
+    char why[160] = "";
+    for (int spins = 0;; spins++) {
+        int done = comm->dev->event_query(d->sctx, d->ev_in, why, sizeof(why));
+        if (done == 1)
+            return TUTTI_OK;
+        if (done < 0) {
+            snprintf(err, errlen, "waiting for the %s stream %p: %s", comm->dev->name, d->stream,
+                     why);
+            return TUTTI_ERR_DEVICE;
+        }
+        if (atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0) {
+            snprintf(err, errlen, "the communicator %s while the op waited for its stream",
+                     atomic_load(&comm->aborted) ? "was aborted" : "failed");
+            return atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
+        }
+        if (spins > 200)
+            nap_us(20);
+    }
+}
+
+int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    const tt_dev_ops_t *ops = comm->dev;
+    if (!ops)
+        return tt_comm_set_error(comm, TUTTI_ERR_NO_DEVICE,
+                                 "rank %d: set_stream: no device layer (tutti_comm_device is "
+                                 "NULL; TUTTI_CUDA)",
+                                 comm->rank);
+    if (!ops->stream_ctx)
+        return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
+                                 "rank %d: set_stream: the %s layer has no streams", comm->rank,
+                                 ops->name);
+    void *ctx = NULL;
+    char why[200] = "";
+    if (stream) {
+        /* the stream's context, and a wait on a word already set: a driver that cannot
+         * make a stream wait on host memory says so now, not at the first call */
+        int st = ops->stream_ctx(stream, &ctx, why, sizeof(why));
+        tt_stage_block_t b = { 0 };
+        if (st == TUTTI_OK) {
+            b = block_get(comm, 64, ctx);
+            if (!b.p)
+                snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
+            else if (!b.pin)
+                snprintf(why, sizeof(why), "host memory cannot be pinned"), st = TUTTI_ERR_DEVICE;
+        }
+        void *ev = NULL;
+        if (st == TUTTI_OK) {
+            *(volatile uint32_t *)b.p = 1;
+            st = ops->wait_word(stream, ctx, b.p, 0, why, sizeof(why));
+            if (st == TUTTI_OK)
+                st = ops->event_record(stream, ctx, &ev, why, sizeof(why));
+        }
+        int done = 0;
+        for (int i = 0; st == TUTTI_OK && ev && i < 100000 && done == 0; i++) {
+            if ((done = ops->event_query(ctx, ev, why, sizeof(why))) == 0)
+                nap_us(100);
+        }
+        if (ev) {
+            if (done == 1)
+                ops->event_free(ctx, ev);
+            else if (st == TUTTI_OK)
+                snprintf(why, sizeof(why), "the stream did not pass a test wait in 10 s%s%s",
+                         done < 0 ? ": " : "", done < 0 ? why : ""),
+                    st = TUTTI_ERR_DEVICE;
+        }
+        if (b.p && (done == 1 || !ev))
+            block_free(ops, tt_comm_pool_give(comm, comm->dev_stage, b));
+        if (st < 0)
+            return tt_comm_set_error(comm, st, "rank %d: set_stream(%p): %s", comm->rank, stream,
+                                     why);
+    }
+    comm->stream = stream;
+    comm->stream_ctx = ctx;
+    atomic_store(&comm->stream_st, 0);
+    return TUTTI_OK;
+}
+
+int tutti_comm_stream_error(tutti_comm_t *comm)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    int st = atomic_load(&comm->stream_st);
+    if (st < 0)
+        tt_comm_set_error(comm, st, "%s", comm->stream_err);
+    return st;
+}
+
+/* ---- the op's start and end ---- */
+
 int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen)
 {
     tt_dev_stage_t *d = op->dev;
@@ -392,6 +614,8 @@ int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen)
         snprintf(err, errlen, "%s", d->fail);
         return d->fail_st;
     }
+    if (d && d->stream)
+        return wait_in(d, err, errlen);
     if (!d || !d->in.len)
         return TUTTI_OK;
     char why[256] = "";
@@ -411,6 +635,25 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
         return st;
     const char *name = op_name(op);
     op->dev = NULL;
+    if (d->stream) { /* the stream copies back: let it go on, keep the block till then */
+        tt_comm_t *comm = d->comm;
+        int zero = 0;
+        if (st < 0 && atomic_compare_exchange_strong(&comm->stream_st, &zero, st))
+            snprintf(comm->stream_err, sizeof(comm->stream_err),
+                     "rank %d: %s seq %llu, stream-ordered on %p: %s", op->rank, name,
+                     (unsigned long long)op->seq, d->stream, err[0] ? err : tutti_strerror(st));
+        if (d->enq) {
+            atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 1);
+            pthread_mutex_lock(&comm->stage_lock);
+            d->next = comm->dev_pending;
+            comm->dev_pending = d;
+            pthread_mutex_unlock(&comm->stage_lock);
+        } else { /* nothing was enqueued */
+            block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+            free(d);
+        }
+        return st;
+    }
     for (int i = 0; st >= 0 && i < d->nback; i++) {
         char why[256] = "";
         const seg_t *b = &d->back[i];

@@ -30,6 +30,21 @@ typedef struct tt_dev_ops {
      * alike. */
     int (*pin)(void *ctx, void *p, size_t n, char *err, size_t errlen);
     void (*unpin)(void *ctx, void *p);
+
+    /* Stream-ordered calls (tutti_comm_set_stream); all NULL: the layer has none. Each
+     * returns 0 or < 0 with err, in ctx (the stream's own, from stream_ctx). */
+    int (*stream_ctx)(void *stream, void **ctx, char *err, size_t errlen);
+    /* n bytes enqueued on stream, device to host (to_host) or host to device */
+    int (*copy_async)(void *stream, void *ctx, void *dst, const void *src, size_t n, int to_host,
+                      char *err, size_t errlen);
+    /* an event recorded on stream (*ev: a new one, for event_query and event_free) */
+    int (*event_record)(void *stream, void *ctx, void **ev, char *err, size_t errlen);
+    /* 1: the stream has passed ev; 0: not yet; < 0: the layer failed */
+    int (*event_query)(void *ctx, void *ev, char *err, size_t errlen);
+    void (*event_free)(void *ctx, void *ev);
+    /* stream waits until the 32-bit word at base + off (inside a pinned block) is
+     * nonzero, before its later work */
+    int (*wait_word)(void *stream, void *ctx, void *base, size_t off, char *err, size_t errlen);
 } tt_dev_ops_t;
 
 /* The layer a communicator uses (NULL: none), from TUTTI_CUDA: "auto" (or unset): CUDA
@@ -53,18 +68,35 @@ int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what);
  * device memory). name: the call, for messages. Nothing is copied yet. */
 int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name);
 
+/* Whether op (staged) is one a blocking call enqueues on comm's stream: device memory
+ * in its buffers, a stream set. */
+int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op);
+
+/* Enqueue op's staging on comm's stream (tutti_comm_set_stream): the copy in, an event
+ * the op waits for when it starts, a wait for its end, the copy back, an event after
+ * it. A failure is kept in the staging (the op fails when it starts, on every rank).
+ * Returns 1 where the stream waits for the op, 0 where it does not (a failure before
+ * the wait was enqueued: the caller waits for the op instead, and returns its error). */
+int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op);
+
 /* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
                      const char *name);
 
-/* The op starts: its input copied from device memory (the bytes the op reads). < 0 with
- * err (no rank or op in it: the caller's failure path adds them) when the copy failed. */
+/* The op starts: its input copied from device memory (the bytes the op reads), or for a
+ * stream-ordered op, the stream's copy of it waited for (until the communicator is
+ * aborted or fails). < 0 with err (no rank or op in it: the caller's failure path adds
+ * them) when the copy failed. */
 int tt_dev_copy_in(tt_op_t *op, char *err, size_t errlen);
 
-/* The communicator's staging blocks freed (unpinned first), at its destroy. */
+/* The communicator's staging blocks freed (unpinned first), at its destroy, after
+ * those its streams still hold have been passed (a bounded wait). */
 void tt_dev_free_blocks(tt_comm_t *comm);
 
-/* The op's end: its device result copied back where st >= 0, the host block released.
+/* The op's end: its device result copied back where st >= 0, the host block released;
+ * for a stream-ordered op, its stream let go on (the copy back is the stream's), the
+ * block kept until the stream has passed it, and a failure kept for
+ * tutti_comm_stream_error.
  * Returns st, or TUTTI_ERR_DEVICE (err filled, naming the rank and the op) when the
  * copy back failed. No-op without op->dev. */
 int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen);

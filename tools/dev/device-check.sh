@@ -71,8 +71,10 @@ run() {
     local dv np
     for np in 2 1; do
         for k in 1 2; do
-            for dv in cuda host; do
-                TUTTI_SOCKET_IFNAME=lo timeout 120 /tmp/b/bench/tutti-bench -np $np --device $dv \
+            for dv in cuda stream host; do
+                # stream: the calls stream-ordered (--stream), each with its stream sync
+                TUTTI_SOCKET_IFNAME=lo timeout 120 /tmp/b/bench/tutti-bench -np $np \
+                    $([ $dv = stream ] && echo --stream || echo --device $dv) \
                     -c -b 4 -e 64M -f 16 -n 20 -w 3 >"$out/bench-$np-$dv-$k.log" 2>&1
                 echo "tutti-bench -np $np --device $dv ($k): rc $?"
                 grep -E "^ +[0-9]|buffers in|Out of" "$out/bench-$np-$dv-$k.log" | cut -c1-120
