@@ -424,8 +424,8 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
             if (o->op_held)
                 tt_userop_release(o->redop);
             tt_dev_finish(o, TUTTI_ERR_NOMEM, err, sizeof(err));
-            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "rank %d: %s: out of memory",
-                                     comm->rank, tt_coll_name(o->coll));
+            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory",
+                                     tt_coll_name(o->coll));
         }
         memcpy(h, layout, 4 * n * sizeof(size_t));
         o->sendcounts = h;

@@ -540,55 +540,55 @@ int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     const tt_dev_ops_t *ops = comm->dev;
+    if (!stream) { /* unset: calls complete at the call again */
+        comm->stream = comm->stream_ctx = NULL;
+        atomic_store(&comm->stream_st, 0);
+        return TUTTI_OK;
+    }
     if (!ops)
         return tt_comm_set_error(comm, TUTTI_ERR_NO_DEVICE,
-                                 "rank %d: set_stream: no device layer (tutti_comm_device is "
-                                 "NULL; TUTTI_CUDA)",
-                                 comm->rank);
+                                 "set_stream: no device layer (tutti_comm_device is NULL; "
+                                 "TUTTI_CUDA)");
     if (!ops->stream_ctx)
         return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
-                                 "rank %d: set_stream: the %s layer has no streams", comm->rank,
-                                 ops->name);
+                                 "set_stream: the %s layer has no streams", ops->name);
     void *ctx = NULL;
     char why[200] = "";
-    if (stream) {
-        /* the stream's context, and a wait on a word already set: a driver that cannot
-         * make a stream wait on host memory says so now, not at the first call */
-        int st = ops->stream_ctx(stream, &ctx, why, sizeof(why));
-        tt_stage_block_t b = { 0 };
+    /* the stream's context, and a wait enqueued on a word already set: a driver that
+     * cannot make a stream wait on host memory refuses it now, not at the first call.
+     * The stream holds the word's block until it passes the event after the wait: a
+     * staging record of its own, reaped as the calls' are. */
+    int st = ops->stream_ctx(stream, &ctx, why, sizeof(why));
+    tt_dev_stage_t *d = st == TUTTI_OK ? calloc(1, sizeof(*d)) : NULL;
+    if (st == TUTTI_OK && !d)
+        snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
+    if (d) {
+        *d = (tt_dev_stage_t){ .comm = comm, .stream = stream, .sctx = ctx };
+        d->blk = block_get(comm, 64, ctx);
+        if (!d->blk.p)
+            snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
+        else if (!d->blk.pin)
+            snprintf(why, sizeof(why), "host memory cannot be pinned"), st = TUTTI_ERR_DEVICE;
         if (st == TUTTI_OK) {
-            b = block_get(comm, 64, ctx);
-            if (!b.p)
-                snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
-            else if (!b.pin)
-                snprintf(why, sizeof(why), "host memory cannot be pinned"), st = TUTTI_ERR_DEVICE;
+            atomic_store((_Atomic uint32_t *)d->blk.p, 1);
+            st = ops->wait_word(stream, ctx, d->blk.p, 0, why, sizeof(why));
         }
-        void *ev = NULL;
         if (st == TUTTI_OK) {
-            *(volatile uint32_t *)b.p = 1;
-            st = ops->wait_word(stream, ctx, b.p, 0, why, sizeof(why));
-            if (st == TUTTI_OK)
-                st = ops->event_record(stream, ctx, &ev, why, sizeof(why));
+            d->enq = d->held = 1;
+            if (ops->event_record(stream, ctx, &d->ev_out, why, sizeof(why)) < 0)
+                TT_WARN("rank %d: set_stream(%p): %s: a 64-byte block is left allocated",
+                        comm->rank, stream, why);
+            pthread_mutex_lock(&comm->stage_lock);
+            d->next = comm->dev_pending;
+            comm->dev_pending = d;
+            pthread_mutex_unlock(&comm->stage_lock);
+        } else {
+            block_free(ops, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+            free(d);
         }
-        int done = 0;
-        for (int i = 0; st == TUTTI_OK && ev && i < 100000 && done == 0; i++) {
-            if ((done = ops->event_query(ctx, ev, why, sizeof(why))) == 0)
-                nap_us(100);
-        }
-        if (ev) {
-            if (done == 1)
-                ops->event_free(ctx, ev);
-            else if (st == TUTTI_OK)
-                snprintf(why, sizeof(why), "the stream did not pass a test wait in 10 s%s%s",
-                         done < 0 ? ": " : "", done < 0 ? why : ""),
-                    st = TUTTI_ERR_DEVICE;
-        }
-        if (b.p && (done == 1 || !ev))
-            block_free(ops, tt_comm_pool_give(comm, comm->dev_stage, b));
-        if (st < 0)
-            return tt_comm_set_error(comm, st, "rank %d: set_stream(%p): %s", comm->rank, stream,
-                                     why);
     }
+    if (st < 0)
+        return tt_comm_set_error(comm, st, "set_stream(%p): %s", stream, why);
     comm->stream = stream;
     comm->stream_ctx = ctx;
     atomic_store(&comm->stream_st, 0);
@@ -640,8 +640,8 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
         int zero = 0;
         if (st < 0 && atomic_compare_exchange_strong(&comm->stream_st, &zero, st))
             snprintf(comm->stream_err, sizeof(comm->stream_err),
-                     "rank %d: %s seq %llu, stream-ordered on %p: %s", op->rank, name,
-                     (unsigned long long)op->seq, d->stream, err[0] ? err : tutti_strerror(st));
+                     "%s seq %llu, stream-ordered on %p: %s", name, (unsigned long long)op->seq,
+                     d->stream, err[0] ? err : tutti_strerror(st));
         if (d->enq) {
             atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 1);
             pthread_mutex_lock(&comm->stage_lock);

@@ -74,6 +74,20 @@ def test_device_memory_refused_without_cuda():
             assert name in m and "CUDA device memory" in m and "cuda='on'" in m, m
 
 
+def test_set_stream_without_cuda(tmp_path):
+    store = tutti.Store("file://" + str(tmp_path))
+    c = tutti.Communicator(store, 0, 1, job_id="py-device-stream", cuda="off")
+    try:
+        with pytest.raises(tutti.Error) as e:
+            c.set_stream(1)
+        assert e.value.status_name == "TUTTI_ERR_NO_DEVICE", e.value.status_name
+        assert "set_stream" in str(e.value) and "no device layer" in str(e.value), str(e.value)
+        c.set_stream(None)  # unsetting needs no device
+        assert c.stream_error() is None
+    finally:
+        c.destroy()
+
+
 def test_fuser_refuses_device_memory(tmp_path):
     from tutti import fuse
     store = tutti.Store("file://" + str(tmp_path))
@@ -130,6 +144,35 @@ def _torch_cuda(comm):
     ws.wait()
     assert torch.equal(r, torch.full_like(r, left)), "recv"
     return comm.device
+
+
+def _torch_stream(comm):
+    dev = torch.device("cuda", comm.rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    s = torch.cuda.Stream(dev)
+    comm.set_stream(s)
+    n, size, rank = 1 << 18, comm.size, comm.rank
+    with torch.cuda.stream(s):
+        x = torch.arange(n, dtype=torch.float32, device=dev) + rank
+        y = torch.empty_like(x)
+        for _ in range(3):  # in place, each on the last's result
+            comm.allreduce(x)
+        comm.allreduce(x, y)
+        y.mul_(2)  # a kernel after the call, on its stream
+    s.synchronize()
+    want = (torch.arange(n, dtype=torch.float32, device=dev) * size + sum(range(size))) \
+        * size ** 3 * 2
+    assert torch.equal(y, want), "stream-ordered allreduces"
+    assert comm.stream_error() is None
+    comm.set_stream(None)
+    return True
+
+
+@NEEDS_GPU
+def test_torch_stream_ordered():
+    got = launch(_torch_stream, 2, timeout=120, cuda="on")
+    for rank in range(2):
+        assert got[rank] == ("ok", True), got[rank]
 
 
 @NEEDS_GPU

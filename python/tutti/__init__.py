@@ -508,6 +508,36 @@ class Communicator(_Handle):
         d = _lib_.tutti_comm_device(self._handle())
         return d.decode() if d else None
 
+    def set_stream(self, stream):
+        """Stream-ordered calls (NCCL's model; tutti_comm_set_stream): with a CUDA stream
+        set (a torch.cuda.Stream, a CuPy Stream, anything with .cuda_stream, .ptr or
+        .handle, or the handle as an int), a blocking call on CUDA arrays waits for the
+        arrays' own streams as every call does, then returns once it is enqueued on this
+        stream, whose later work sees its result: synchronise the stream before reading
+        it on the host, and keep the arrays alive until the stream has run the call. The
+        _async calls, send/recv and host arrays are unaffected. None unsets. A failure
+        while the call runs is stream_error()'s."""
+        ptr = 0
+        if stream is not None:
+            for attr in ("cuda_stream", "ptr", "handle"):
+                if hasattr(stream, attr):
+                    stream = getattr(stream, attr)
+                    break
+            if hasattr(stream, "value"):  # a ctypes handle (Numba's .handle)
+                stream = stream.value
+            ptr = int(stream)
+        h = self._handle()
+        st = _lib_.tutti_comm_set_stream(h, ctypes.c_void_p(ptr or None))
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
+
+    def stream_error(self):
+        """The first failure of a stream-ordered call since the stream was set, as the
+        Error it would have raised, or None. Does not wait for the stream."""
+        h = self._handle()
+        st = _lib_.tutti_comm_stream_error(h)
+        return error_for(st, _lib_.tutti_comm_last_error(h).decode()) if st < 0 else None
+
     def _check_device(self, name, bufs):
         if self.device is None:
             b = next(b for b in bufs if b.dev is not None)

@@ -205,6 +205,8 @@ _OTHERS = {
     "tutti_comm_last_error": (ctypes.c_char_p, [_P]),
     "tutti_comm_transport": (ctypes.c_char_p, [_P]),
     "tutti_comm_device": (ctypes.c_char_p, [_P]),
+    "tutti_comm_set_stream": (_I, [_P, ctypes.c_void_p]),
+    "tutti_comm_stream_error": (_I, [_P]),
     "tutti_comm_trace_dump": (_I, [_P, _I]),
     "tutti_comm_algo_for": (ctypes.c_char_p, [_P, ctypes.c_char_p, _S]),
     "tutti_algo_name": (ctypes.c_char_p, [ctypes.c_char_p, _I]),
