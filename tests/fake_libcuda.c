@@ -11,7 +11,9 @@
  *   - host memory is registered (page-locked) once, and unregistered only if it was;
  *   - a stream's work runs later, in order, on a thread of the stream's (copies, events,
  *     waits on a word of registered, device-mapped host memory); a handle of another
- *     context's stream is refused (CUDA_ERROR_INVALID_HANDLE).
+ *     context's stream is refused (CUDA_ERROR_INVALID_HANDLE); an async copy from
+ *     pageable memory takes its source at the call, one into pageable memory returns
+ *     when done (it waits for the stream), as a real driver's do.
  * The real check runs on the device machine (tools/dev/device-check.sh). */
 #include <pthread.h>
 #include <stddef.h>
@@ -56,6 +58,7 @@ typedef struct item {
     volatile uint32_t *word; /* IT_WAIT: until (int32_t)(*word - value) >= 0 */
     uint32_t value;
     struct fake_event *ev;
+    char *owned; /* a pageable source copied at the call (freed after the copy) */
     struct item *next;
 } item_t;
 typedef struct fake_event {
@@ -232,7 +235,10 @@ static void *stream_main(void *arg)
         st->busy = 1;
         pthread_mutex_unlock(&st->mu);
         switch (it->kind) {
-        case IT_COPY: memcpy(it->dst, it->src, it->n); break;
+        case IT_COPY:
+            memcpy(it->dst, it->src, it->n);
+            free(it->owned);
+            break;
         case IT_EVENT:
             pthread_mutex_lock(&lock);
             it->ev->pending = 0;
@@ -324,7 +330,12 @@ EXPORT int cuStreamGetCtx(void *stream, void **ctx)
     return *ctx ? OK : INVALID_CONTEXT;
 }
 
-/* an async copy: checked now, done when the stream gets there */
+static int registered(const char *p, size_t n);
+EXPORT int cuStreamSynchronize(void *stream);
+
+/* an async copy: checked now, done when the stream gets there. As a real driver does
+ * with pageable host memory: a source is copied at the call, and a copy into it returns
+ * only once done (so it waits for the stream's earlier work) */
 static int copy_async(void *dst, const void *src, size_t n, int to_host, void *stream)
 {
     if (!inited)
@@ -341,7 +352,15 @@ static int copy_async(void *dst, const void *src, size_t n, int to_host, void *s
     item_t it = { .kind = IT_COPY, .n = n };
     it.dst = to_host ? dst : allocs[i].back + off;
     it.src = to_host ? allocs[i].back + off : src;
-    return enqueue(st, it);
+    const int pageable = !registered(to_host ? dst : src, n);
+    if (pageable && !to_host) {
+        if (!(it.owned = malloc(n ? n : 1)))
+            return INVALID_VALUE;
+        memcpy(it.owned, src, n);
+        it.src = it.owned;
+    }
+    int r = enqueue(st, it);
+    return r == OK && pageable && to_host ? cuStreamSynchronize(stream) : r;
 }
 
 EXPORT int cuMemcpyHtoDAsync_v2(uintptr_t dst, const void *src, size_t n, void *stream)
@@ -456,6 +475,17 @@ EXPORT int cuMemHostUnregister(void *p)
     return r;
 }
 
+/* whether [p, p + n) is registered (page-locked) */
+static int registered(const char *p, size_t n)
+{
+    pthread_mutex_lock(&lock);
+    int ok = 0;
+    for (int i = 0; i < npins && !ok; i++)
+        ok = p >= pins[i].p && p + n <= pins[i].p + pins[i].n;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
 /* whether [p, p + n) is registered and mapped for the device */
 static int mapped(const char *p, size_t n)
 {
@@ -476,6 +506,24 @@ EXPORT int cuMemHostGetDevicePointer_v2(uintptr_t *d, void *p, unsigned flags)
     if (flags || !mapped(p, 1))
         return INVALID_VALUE;
     *d = (uintptr_t)p; /* this fake's device sees host memory where the host does */
+    return OK;
+}
+
+static int capturing;
+
+/* test helper: every stream is being captured into a graph (on), or none is */
+EXPORT void fake_cuda_capturing(int on)
+{
+    capturing = on;
+}
+
+EXPORT int cuStreamIsCapturing(void *stream, int *status)
+{
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (!stream_of(stream))
+        return INVALID_HANDLE;
+    *status = capturing; /* 1: CU_STREAM_CAPTURE_STATUS_ACTIVE */
     return OK;
 }
 

@@ -1107,6 +1107,24 @@ static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir
                 w * n);
     }
     FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    /* host memory in a call (a device input, a host result): not stream-ordered, the
+     * result is there when the call returns */
+    int32_t *hr = malloc(N * 4);
+    FAIL_IF(!hr, "malloc");
+    memset(hr, 0, N * 4);
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, hr, N, TUTTI_INT32, TUTTI_MIN));
+    for (int i = 0; i < N; i++)
+        FAIL_IF(hr[i] != in_val(0, (size_t)i), "device-to-host allreduce [%d] = %d", i, hr[i]);
+    free(hr);
+    void (*capture)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "fake_cuda_capturing");
+    if (capture) { /* a stream under graph capture: refused at the call, on every rank */
+        capture(1);
+        int cst = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)y, N, TUTTI_INT32,
+                                  TUTTI_SUM);
+        capture(0);
+        FAIL_IF(cst != TUTTI_ERR_UNSUPPORTED || !strstr(tutti_comm_last_error(comm), "graph"),
+                "under capture: %s: %s", tutti_status_name(cst), tutti_comm_last_error(comm));
+    }
     /* unset: a blocking call completes at the call again */
     OKC(tutti_comm_set_stream(comm, NULL));
     OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)y, N, TUTTI_INT32,

@@ -376,7 +376,10 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * returned at the call as before; an error while the op runs is kept for
  * tutti_comm_stream_error (the stream goes on; the result is then undefined), and where
  * it failed the communicator, later calls fail as they would without a stream.
- * Host-buffer calls, the _async calls and send/recv run as without a stream. NULL
+ * Host-buffer calls (and calls mixing host and device memory: the stream's work so far
+ * is waited for first), the _async calls and send/recv run as without a stream. A
+ * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A destroy
+ * waits for the stream to reach the calls enqueued on it. NULL
  * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
  * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that
  * cannot make a stream wait on host memory). Set it from the thread that makes the

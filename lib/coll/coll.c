@@ -416,16 +416,22 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
 static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, size_t *layout,
                         int heap)
 {
+    int st = tt_dev_stream_check(comm, tt_coll_name(o->coll));
+    if (st < 0) {
+        char err[64] = "";
+        if (o->op_held)
+            tt_userop_release(o->redop);
+        if (heap)
+            free(layout);
+        tt_dev_finish(o, st, err, sizeof(err));
+        return st;
+    }
     if (layout && !heap) {
         const size_t n = (size_t)o->nranks;
         size_t *h = malloc(4 * n * sizeof(size_t));
-        if (!h) {
-            char err[64] = "";
-            if (o->op_held)
-                tt_userop_release(o->redop);
-            tt_dev_finish(o, TUTTI_ERR_NOMEM, err, sizeof(err));
-            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory",
-                                     tt_coll_name(o->coll));
+        if (!h) { /* no heap copy: as without a stream, once the stream's work is done */
+            tt_dev_drain(comm, o);
+            return tt_exec_issue(comm, o, redop, layout, heap, NULL);
         }
         memcpy(h, layout, 4 * n * sizeof(size_t));
         o->sendcounts = h;
@@ -437,7 +443,7 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
     tutti_work_t *w = NULL;
     /* a stream that will not wait for the op: the call does, and returns its error */
     const int held = tt_dev_enqueue(comm, o);
-    int st = tt_exec_issue(comm, o, redop, layout, 1, held ? &w : NULL);
+    st = tt_exec_issue(comm, o, redop, layout, 1, held ? &w : NULL);
     if (st == TUTTI_OK && w)
         tutti_work_free(w);
     return st;

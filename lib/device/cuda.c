@@ -66,6 +66,7 @@ static struct {
     cu_result_t (*host_get_device_pointer)(cu_deviceptr_t *d, void *p, unsigned flags);
     cu_result_t (*stream_wait_value32)(void *stream, cu_deviceptr_t addr, uint32_t value,
                                        unsigned flags);
+    cu_result_t (*stream_is_capturing)(void *stream, int *status); /* optional (CUDA 10) */
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cu_ready;  /* 1: loaded */
@@ -270,12 +271,32 @@ static int cu_copy_async(void *stream, void *ctx, void *dst, const void *src, si
     return TUTTI_OK;
 }
 
+/* *ev NULL unless recorded: a query of an event never recorded says it has passed */
 static int cu_event_record(void *stream, void *ctx, void **ev, char *err, size_t errlen)
 {
+    void *e = NULL;
     *ev = NULL;
-    IN_CTX(ctx, "cuEventCreate", cu.event_create(ev, CU_EVENT_DISABLE_TIMING));
-    IN_CTX(ctx, "cuEventRecord", cu.event_record(*ev, stream));
+    IN_CTX(ctx, "cuEventCreate", cu.event_create(&e, CU_EVENT_DISABLE_TIMING));
+    cu_result_t r = cu.ctx_push(ctx);
+    if (r == 0) {
+        r = cu.event_record(e, stream);
+        cu_context_t popped;
+        cu.ctx_pop(&popped);
+    }
+    if (r != 0) {
+        snprintf(err, errlen, "cuEventRecord: %s (%d)", cu_error(r), r);
+        cu_quiet(ctx, cu.event_destroy, e);
+        return TUTTI_ERR_DEVICE;
+    }
+    *ev = e;
     return TUTTI_OK;
+}
+
+static int cu_stream_capturing(void *stream, void *ctx, char *err, size_t errlen)
+{
+    int status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    IN_CTX(ctx, "cuStreamIsCapturing", cu.stream_is_capturing(stream, &status));
+    return status != 0;
 }
 
 static int cu_event_query(void *ctx, void *ev, char *err, size_t errlen)
@@ -377,7 +398,10 @@ static int cu_load(int load, char *err, size_t errlen)
         streams &= f != NULL;
         memcpy((char *)&cu + stream_syms[i].off, &f, sizeof(f));
     }
+    void *capturing = dlsym(h, "cuStreamIsCapturing");
+    memcpy(&cu.stream_is_capturing, &capturing, sizeof(capturing));
     if (streams) {
+        cuda_ops.stream_capturing = capturing ? cu_stream_capturing : NULL;
         cuda_ops.stream_ctx = cu_stream_ctx;
         cuda_ops.copy_async = cu_copy_async;
         cuda_ops.event_record = cu_event_record;

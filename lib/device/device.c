@@ -40,8 +40,9 @@ typedef struct tt_dev_stage {
      * word_off), the next record the stream still holds (comm->dev_pending) */
     void *stream, *sctx, *ev_in, *ev_out;
     size_t word_off;
-    int enq;  /* something was enqueued: the stream uses the block */
-    int held; /* the wait on the word was enqueued: the stream waits for the op's end */
+    int all_dev; /* every buffer the op touches is device memory (else not streamed) */
+    int enq;     /* something was enqueued: the stream uses the block */
+    int held;    /* the wait on the word was enqueued: the stream waits for the op's end */
     struct tt_dev_stage *next;
     int nback;
     seg_t back[]; /* sorted, merged */
@@ -259,11 +260,9 @@ static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st,
 /* A host block of at least bytes for copies of ctx's memory: one of the communicator's,
  * or a new one (page-aligned, pinned where the layer can: a copy from pageable memory
  * goes through the driver's own bounce buffer, at a fraction of the speed). */
-static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
+static tt_stage_block_t block_new(tt_comm_t *comm, size_t bytes, void *ctx)
 {
-    tt_stage_block_t b = tt_comm_pool_take(comm, comm->dev_stage, bytes);
-    if (b.p)
-        return b;
+    tt_stage_block_t b = { 0 };
     b.len = (TT_MAX(bytes, (size_t)1) + 4095) & ~(size_t)4095;
     if (!(b.p = aligned_alloc(4096, b.len)))
         return b;
@@ -278,6 +277,12 @@ static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
                 comm->dev->name, b.len, err);
     }
     return b;
+}
+
+static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
+{
+    tt_stage_block_t b = tt_comm_pool_take(comm, comm->dev_stage, bytes);
+    return b.p ? b : block_new(comm, bytes, ctx);
 }
 
 static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
@@ -321,6 +326,9 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     if (st < 0)
         return TUTTI_OK;
+    /* stream-ordered only where nothing of it is host memory: a host part would be read
+     * or written after the call returned */
+    d->all_dev = (!rs.lo || !rs.len || rs.dev) && (!rr.lo || !rr.len || rr.dev);
     /* in place (or a block of one inside the other): one region */
     const int one = rs.dev && rr.dev && rs.lo < rr.lo + rr.len && rr.lo < rs.lo + rs.len;
     region_t ru = rr;
@@ -422,17 +430,55 @@ static void enqueue_failed(tt_dev_stage_t *d, const char *what, const char *why)
              d->comm->dev->name, d->stream, why);
 }
 
+int tt_dev_stream_check(tt_comm_t *comm, const char *name)
+{
+    const tt_dev_ops_t *ops = comm->dev;
+    char why[200] = "";
+    int k = ops->stream_capturing
+                ? ops->stream_capturing(comm->stream, comm->stream_ctx, why, sizeof(why))
+                : 0;
+    if (k == 0)
+        return TUTTI_OK;
+    /* a graph would hold a wait on a word of a block the library reuses: refused, as
+     * NCCL's graph support is work this staging path does not have */
+    return tt_comm_set_error(comm, k < 0 ? TUTTI_ERR_DEVICE : TUTTI_ERR_UNSUPPORTED,
+                             "%s: the %s stream %p %s", name, ops->name, comm->stream,
+                             k < 0 ? why : "is being captured into a graph: not supported");
+}
+
+int tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
+{
+    tt_dev_stage_t *d = op->dev;
+    const tt_dev_ops_t *ops = comm->dev;
+    char why[200] = "";
+    void *ev = NULL;
+    int done = ops->event_record(comm->stream, comm->stream_ctx, &ev, why, sizeof(why));
+    while (done == 0 && (done = ops->event_query(comm->stream_ctx, ev, why, sizeof(why))) == 0)
+        nap_us(20);
+    if (ev)
+        ops->event_free(comm->stream_ctx, ev);
+    if (done < 0 && d && d->fail_st >= 0) {
+        d->fail_st = TUTTI_ERR_DEVICE;
+        snprintf(d->fail, sizeof(d->fail), "waiting for the %s stream %p: %s", ops->name,
+                 comm->stream, why);
+    }
+    return done < 0 ? TUTTI_ERR_DEVICE : TUTTI_OK;
+}
+
 int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op)
 {
     tt_dev_stage_t *d = op->dev;
     const tt_dev_ops_t *ops = comm->dev;
     char why[200] = "";
-    d->stream = comm->stream;
-    d->sctx = comm->stream_ctx;
-    if (!d->blk.pin) { /* the stream waits on a word of the block: it must be mapped */
-        enqueue_failed(d, "the op", "its host block is not pinned");
+    if (!d->blk.pin || !d->all_dev) {
+        /* not stream-ordered (the stream waits on a word of a pinned, mapped block, and
+         * host parts would be touched after the call): the stream's earlier work is
+         * waited for, and the call runs as without a stream */
+        tt_dev_drain(comm, op);
         return 0;
     }
+    d->stream = comm->stream;
+    d->sctx = comm->stream_ctx;
     atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 0);
     reap_streamed(comm, 0);
     if (d->in.len) {
@@ -496,7 +542,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
         }
         if (d->ev_in)
             comm->dev->event_free(d->sctx, d->ev_in);
-        if (d->ev_out && done == 1)
+        if (d->ev_out) /* a pending event's resources go when the stream passes it */
             comm->dev->event_free(d->sctx, d->ev_out);
         free(d);
     }
@@ -564,7 +610,7 @@ int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)
         snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
     if (d) {
         *d = (tt_dev_stage_t){ .comm = comm, .stream = stream, .sctx = ctx };
-        d->blk = block_get(comm, 64, ctx);
+        d->blk = block_new(comm, 64, ctx); /* not a large one of the pool's */
         if (!d->blk.p)
             snprintf(why, sizeof(why), "out of memory"), st = TUTTI_ERR_NOMEM;
         else if (!d->blk.pin)
@@ -599,9 +645,13 @@ int tutti_comm_stream_error(tutti_comm_t *comm)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    char msg[TT_ERRMSG_LEN];
+    pthread_mutex_lock(&comm->err_lock);
     int st = atomic_load(&comm->stream_st);
+    snprintf(msg, sizeof(msg), "%s", st < 0 ? comm->stream_err : "");
+    pthread_mutex_unlock(&comm->err_lock);
     if (st < 0)
-        tt_comm_set_error(comm, st, "%s", comm->stream_err);
+        tt_comm_set_error(comm, st, "%s", msg);
     return st;
 }
 
@@ -637,11 +687,14 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
     op->dev = NULL;
     if (d->stream) { /* the stream copies back: let it go on, keep the block till then */
         tt_comm_t *comm = d->comm;
-        int zero = 0;
-        if (st < 0 && atomic_compare_exchange_strong(&comm->stream_st, &zero, st))
+        pthread_mutex_lock(&comm->err_lock); /* the status and its message together */
+        if (st < 0 && atomic_load(&comm->stream_st) == 0) {
+            atomic_store(&comm->stream_st, st);
             snprintf(comm->stream_err, sizeof(comm->stream_err),
                      "%s seq %llu, stream-ordered on %p: %s", name, (unsigned long long)op->seq,
                      d->stream, err[0] ? err : tutti_strerror(st));
+        }
+        pthread_mutex_unlock(&comm->err_lock);
         if (d->enq) {
             atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 1);
             pthread_mutex_lock(&comm->stage_lock);

@@ -45,6 +45,8 @@ typedef struct tt_dev_ops {
     /* stream waits until the 32-bit word at base + off (inside a pinned block) is
      * nonzero, before its later work */
     int (*wait_word)(void *stream, void *ctx, void *base, size_t off, char *err, size_t errlen);
+    /* 1: stream is being captured into a graph; 0: not; < 0: failed. NULL: never */
+    int (*stream_capturing)(void *stream, void *ctx, char *err, size_t errlen);
 } tt_dev_ops_t;
 
 /* The layer a communicator uses (NULL: none), from TUTTI_CUDA: "auto" (or unset): CUDA
@@ -75,9 +77,19 @@ int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op);
 /* Enqueue op's staging on comm's stream (tutti_comm_set_stream): the copy in, an event
  * the op waits for when it starts, a wait for its end, the copy back, an event after
  * it. A failure is kept in the staging (the op fails when it starts, on every rank).
- * Returns 1 where the stream waits for the op, 0 where it does not (a failure before
- * the wait was enqueued: the caller waits for the op instead, and returns its error). */
+ * Returns 1 where the stream waits for the op, 0 where it does not: a failure before
+ * the wait was enqueued, or an op that cannot be stream-ordered (its host block not
+ * pinned, or host memory in its buffers: the stream's work so far is waited for); the
+ * caller then waits for the op, and returns its error. */
 int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op);
+
+/* The calls a stream-ordered op cannot take: 0, or the error (set on comm) for a stream
+ * being captured into a CUDA graph. */
+int tt_dev_stream_check(tt_comm_t *comm, const char *name);
+
+/* Wait for comm's stream's work so far (an op that runs as without a stream after all);
+ * a failure is op's (op->dev may be NULL). */
+int tt_dev_drain(tt_comm_t *comm, tt_op_t *op);
 
 /* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
