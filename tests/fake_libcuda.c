@@ -330,7 +330,7 @@ EXPORT int cuStreamGetCtx(void *stream, void **ctx)
     return *ctx ? OK : INVALID_CONTEXT;
 }
 
-static int registered(const char *p, size_t n);
+static int registered(const char *p, size_t n, unsigned flags);
 EXPORT int cuStreamSynchronize(void *stream);
 
 /* an async copy: checked now, done when the stream gets there. As a real driver does
@@ -352,7 +352,7 @@ static int copy_async(void *dst, const void *src, size_t n, int to_host, void *s
     item_t it = { .kind = IT_COPY, .n = n };
     it.dst = to_host ? dst : allocs[i].back + off;
     it.src = to_host ? allocs[i].back + off : src;
-    const int pageable = !registered(to_host ? dst : src, n);
+    const int pageable = !registered(to_host ? dst : src, n, 0);
     if (pageable && !to_host) {
         if (!(it.owned = malloc(n ? n : 1)))
             return INVALID_VALUE;
@@ -475,24 +475,14 @@ EXPORT int cuMemHostUnregister(void *p)
     return r;
 }
 
-/* whether [p, p + n) is registered (page-locked) */
-static int registered(const char *p, size_t n)
+/* whether [p, p + n) is registered (page-locked), with every flag of flags (2:
+ * DEVICEMAP, mapped for the device) */
+static int registered(const char *p, size_t n, unsigned flags)
 {
     pthread_mutex_lock(&lock);
     int ok = 0;
     for (int i = 0; i < npins && !ok; i++)
-        ok = p >= pins[i].p && p + n <= pins[i].p + pins[i].n;
-    pthread_mutex_unlock(&lock);
-    return ok;
-}
-
-/* whether [p, p + n) is registered and mapped for the device */
-static int mapped(const char *p, size_t n)
-{
-    pthread_mutex_lock(&lock);
-    int ok = 0;
-    for (int i = 0; i < npins && !ok; i++)
-        ok = (pins[i].flags & 2) && p >= pins[i].p && p + n <= pins[i].p + pins[i].n;
+        ok = (pins[i].flags & flags) == flags && p >= pins[i].p && p + n <= pins[i].p + pins[i].n;
     pthread_mutex_unlock(&lock);
     return ok;
 }
@@ -503,7 +493,7 @@ EXPORT int cuMemHostGetDevicePointer_v2(uintptr_t *d, void *p, unsigned flags)
         return NOT_INITIALIZED;
     if (!current)
         return INVALID_CONTEXT;
-    if (flags || !mapped(p, 1))
+    if (flags || !registered(p, 1, 2))
         return INVALID_VALUE;
     *d = (uintptr_t)p; /* this fake's device sees host memory where the host does */
     return OK;
@@ -546,7 +536,7 @@ EXPORT int cuStreamWaitValue32_v2(void *stream, uintptr_t addr, uint32_t value, 
     fake_stream_t *st = stream_of(stream);
     if (!st)
         return INVALID_HANDLE;
-    if (flags != 0 /* GEQ */ || (addr & 3) || !mapped((const char *)addr, 4))
+    if (flags != 0 /* GEQ */ || (addr & 3) || !registered((const char *)addr, 4, 2))
         return INVALID_VALUE;
     return enqueue(st,
                    (item_t){ .kind = IT_WAIT, .word = (volatile uint32_t *)addr, .value = value });

@@ -9,8 +9,8 @@
  * be ready at the call, as with a CUDA-aware MPI); the copy back goes on a stream of the
  * library's own (non-blocking), synchronised before the op completes, so it waits for
  * nothing else. The host side of both is a block of the library's, page-locked
- * (cuMemHostRegister) so that the copies run at the DMA engines' speed. The declarations below are the driver API's own, with the values its
- * cuda.h gives them. */
+ * (cuMemHostRegister) so that the copies run at the DMA engines' speed. The declarations
+ * below are the driver API's own, with the values its cuda.h gives them. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -206,32 +206,27 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t n, int to_host,
     return TUTTI_OK;
 }
 
-/* call, in ctx (pushed for it); a failure of either is err's, TUTTI_ERR_DEVICE */
-#define IN_CTX(ctx, what, call)                                                                    \
-    do {                                                                                           \
+/* call's result, made with ctx current (pushed for it; a failed push's result instead) */
+#define CTX_CALL(ctx, call)                                                                        \
+    __extension__({                                                                                \
         cu_result_t r_ = cu.ctx_push(ctx);                                                         \
-        const char *w_ = "cuCtxPushCurrent";                                                       \
         if (r_ == 0) {                                                                             \
-            w_ = what;                                                                             \
             r_ = (call);                                                                           \
             cu_context_t popped_;                                                                  \
             cu.ctx_pop(&popped_);                                                                  \
         }                                                                                          \
-        if (r_ != 0) {                                                                             \
-            snprintf(err, errlen, "%s: %s (%d)", w_, cu_error(r_), r_);                            \
+        r_;                                                                                        \
+    })
+
+/* the same, a failure err's (named what) and TUTTI_ERR_DEVICE returned */
+#define IN_CTX(ctx, what, call)                                                                    \
+    do {                                                                                           \
+        cu_result_t rc_ = CTX_CALL(ctx, call);                                                     \
+        if (rc_ != 0) {                                                                            \
+            snprintf(err, errlen, "%s: %s (%d)", what, cu_error(rc_), rc_);                        \
             return TUTTI_ERR_DEVICE;                                                               \
         }                                                                                          \
     } while (0)
-
-/* the same where nothing is to be said: what its context is gone with needs no undoing */
-static void cu_quiet(void *ctx, cu_result_t (*fn)(void *), void *arg)
-{
-    if (cu.ctx_push(ctx) != 0)
-        return;
-    fn(arg);
-    cu_context_t popped;
-    cu.ctx_pop(&popped);
-}
 
 /* The host blocks are the library's own (malloc'ed), registered rather than allocated
  * with cuMemHostAlloc: a context reset (cudaDeviceReset) unregisters them, and they stay
@@ -246,7 +241,7 @@ static int cu_pin(void *ctx, void *p, size_t n, char *err, size_t errlen)
 
 static void cu_unpin(void *ctx, void *p)
 {
-    cu_quiet(ctx, cu.host_unregister, p);
+    (void)CTX_CALL(ctx, cu.host_unregister(p)); /* a context gone took it along */
 }
 
 static int cu_stream_ctx(void *stream, void **ctx, char *err, size_t errlen)
@@ -277,15 +272,10 @@ static int cu_event_record(void *stream, void *ctx, void **ev, char *err, size_t
     void *e = NULL;
     *ev = NULL;
     IN_CTX(ctx, "cuEventCreate", cu.event_create(&e, CU_EVENT_DISABLE_TIMING));
-    cu_result_t r = cu.ctx_push(ctx);
-    if (r == 0) {
-        r = cu.event_record(e, stream);
-        cu_context_t popped;
-        cu.ctx_pop(&popped);
-    }
+    cu_result_t r = CTX_CALL(ctx, cu.event_record(e, stream));
     if (r != 0) {
         snprintf(err, errlen, "cuEventRecord: %s (%d)", cu_error(r), r);
-        cu_quiet(ctx, cu.event_destroy, e);
+        (void)CTX_CALL(ctx, cu.event_destroy(e));
         return TUTTI_ERR_DEVICE;
     }
     *ev = e;
@@ -301,12 +291,7 @@ static int cu_stream_capturing(void *stream, void *ctx, char *err, size_t errlen
 
 static int cu_event_query(void *ctx, void *ev, char *err, size_t errlen)
 {
-    cu_result_t r = cu.ctx_push(ctx);
-    if (r == 0) {
-        r = cu.event_query(ev);
-        cu_context_t popped;
-        cu.ctx_pop(&popped);
-    }
+    cu_result_t r = CTX_CALL(ctx, cu.event_query(ev));
     if (r == 0 || r == CU_ERROR_NOT_READY) /* NOT_READY: an answer, not a failure */
         return r == 0;
     snprintf(err, errlen, "cuEventQuery: %s (%d)", cu_error(r), r);
@@ -315,7 +300,7 @@ static int cu_event_query(void *ctx, void *ev, char *err, size_t errlen)
 
 static void cu_event_free(void *ctx, void *ev)
 {
-    cu_quiet(ctx, cu.event_destroy, ev);
+    (void)CTX_CALL(ctx, cu.event_destroy(ev));
 }
 
 static int cu_wait_word(void *stream, void *ctx, void *base, size_t off, char *err, size_t errlen)

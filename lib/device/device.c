@@ -292,6 +292,21 @@ static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
     free(b.p);
 }
 
+/* b back to the communicator's pool, and what the pool lets go of freed */
+static void block_put(tt_comm_t *comm, tt_stage_block_t b)
+{
+    block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, b));
+}
+
+/* d kept until its stream has passed it (reap_streamed) */
+static void pend(tt_comm_t *comm, struct tt_dev_stage *d)
+{
+    pthread_mutex_lock(&comm->stage_lock);
+    d->next = comm->dev_pending;
+    comm->dev_pending = d;
+    pthread_mutex_unlock(&comm->stage_lock);
+}
+
 static void reap_streamed(tt_comm_t *comm, int wait_ms);
 
 void tt_dev_free_blocks(tt_comm_t *comm)
@@ -446,7 +461,7 @@ int tt_dev_stream_check(tt_comm_t *comm, const char *name)
                              k < 0 ? why : "is being captured into a graph: not supported");
 }
 
-int tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
+void tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
 {
     tt_dev_stage_t *d = op->dev;
     const tt_dev_ops_t *ops = comm->dev;
@@ -457,12 +472,11 @@ int tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
         nap_us(20);
     if (ev)
         ops->event_free(comm->stream_ctx, ev);
-    if (done < 0 && d && d->fail_st >= 0) {
+    if (done < 0 && d->fail_st >= 0) {
         d->fail_st = TUTTI_ERR_DEVICE;
         snprintf(d->fail, sizeof(d->fail), "waiting for the %s stream %p: %s", ops->name,
                  comm->stream, why);
     }
-    return done < 0 ? TUTTI_ERR_DEVICE : TUTTI_OK;
 }
 
 int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op)
@@ -533,7 +547,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
             continue;
         }
         if (done == 1) {
-            block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+            block_put(comm, d->blk);
         } else {
             TT_WARN("rank %d: the %s stream %p has not passed a stream-ordered call's end (%s): "
                     "its %zu-byte host block is left allocated",
@@ -562,7 +576,7 @@ static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
 {
     tt_comm_t *comm = d->comm;
     char why[160] = "";
-    for (int spins = 0;; spins++) {
+    for (int spins = 0;; spins += spins <= 200) {
         int done = comm->dev->event_query(d->sctx, d->ev_in, why, sizeof(why));
         if (done == 1)
             return TUTTI_OK;
@@ -624,12 +638,9 @@ int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)
             if (ops->event_record(stream, ctx, &d->ev_out, why, sizeof(why)) < 0)
                 TT_WARN("rank %d: set_stream(%p): %s: a 64-byte block is left allocated",
                         comm->rank, stream, why);
-            pthread_mutex_lock(&comm->stage_lock);
-            d->next = comm->dev_pending;
-            comm->dev_pending = d;
-            pthread_mutex_unlock(&comm->stage_lock);
+            pend(comm, d);
         } else {
-            block_free(ops, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+            block_put(comm, d->blk);
             free(d);
         }
     }
@@ -697,12 +708,9 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
         pthread_mutex_unlock(&comm->err_lock);
         if (d->enq) {
             atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 1);
-            pthread_mutex_lock(&comm->stage_lock);
-            d->next = comm->dev_pending;
-            comm->dev_pending = d;
-            pthread_mutex_unlock(&comm->stage_lock);
+            pend(comm, d);
         } else { /* nothing was enqueued */
-            block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, d->blk));
+            block_put(comm, d->blk);
             free(d);
         }
         return st;
@@ -719,7 +727,7 @@ int tt_dev_finish(tt_op_t *op, int st, char *err, size_t errlen)
             st = TUTTI_ERR_DEVICE;
         }
     }
-    block_free(d->comm->dev, tt_comm_pool_give(d->comm, d->comm->dev_stage, d->blk));
+    block_put(d->comm, d->blk);
     free(d);
     return st;
 }

@@ -88,8 +88,8 @@ int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op);
 int tt_dev_stream_check(tt_comm_t *comm, const char *name);
 
 /* Wait for comm's stream's work so far (an op that runs as without a stream after all);
- * a failure is op's (op->dev may be NULL). */
-int tt_dev_drain(tt_comm_t *comm, tt_op_t *op);
+ * a failure is op's, which then fails when it starts, on every rank. */
+void tt_dev_drain(tt_comm_t *comm, tt_op_t *op);
 
 /* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
