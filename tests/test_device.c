@@ -1159,6 +1159,48 @@ static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir
     return 0;
 }
 
+/* A stream that never reaches the call (rank 0's, held by a wait on a host word that is
+ * not set until the end): the op fails when the timeout passes, rank 0's stream error
+ * saying why, rank 1's naming rank 0; rank 1's stream goes on past the call; rank 0's
+ * destroy, with its stream still held, returns (the harness bounds it). */
+static int rank_cuda_stream_stuck(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    int count = 0, dev;
+    void *ctx, *s;
+    FAIL_IF(cu_load() != 0, "libcuda.so.1 went away");
+    FAIL_IF(cu.init(0) != 0 || cu.device_get_count(&count) != 0 || count < 1, "no device");
+    FAIL_IF(cu.device_get(&dev, rank % count) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
+                cu.ctx_set_current(ctx) != 0 || cu.stream_create(&s, 1) != 0,
+            "context and stream");
+    unsigned long long x;
+    FAIL_IF(cu.mem_alloc(&x, 4096) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    static uint32_t gate[1024] __attribute__((aligned(4096)));
+    unsigned long long gate_d = 0;
+    FAIL_IF(cu.host_register(gate, 4096, 3) != 0 ||
+                cu.host_get_device_pointer(&gate_d, gate, 0) != 0,
+            "mapping the gate");
+    if (rank == 0)
+        FAIL_IF(cu.stream_wait_value32(s, gate_d, 1, 0) != 0, "holding the stream");
+    const double t0 = th_now_ms();
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
+                        TUTTI_SUM));
+    int st = 0;
+    while ((st = tutti_comm_stream_error(comm)) == 0 && th_now_ms() - t0 < 20000)
+        usleep(10000);
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st >= 0, "no stream error %.0f ms after a call its stream never reached",
+            th_now_ms() - t0);
+    FAIL_IF(rank == 0 ? st != TUTTI_ERR_TIMEOUT || !strstr(e, "did not reach the call")
+                      : !strstr(e, "rank 0"),
+            "stream error: %s: %s", tutti_status_name(st), e);
+    if (rank == 1)
+        FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize past a failed call");
+    fprintf(stderr, "rank %d: stream error after %.0f ms: %s\n", rank, th_now_ms() - t0, e);
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1200,6 +1242,10 @@ START_TEST(cuda_driver_fake)
     tutti_comm_opts_init(&o);
     o.cuda = "on";
     th_spec_t spec = { .nranks = 2, .fn = rank_cuda_stream, .timeout_ms = 60000, .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    o.timeout_ms = 1500;
+    spec.fn = rank_cuda_stream_stuck;
+    spec.timeout_ms = 30000;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

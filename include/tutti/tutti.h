@@ -378,8 +378,9 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * it failed the communicator, later calls fail as they would without a stream.
  * Host-buffer calls (and calls mixing host and device memory: the stream's work so far
  * is waited for first), the _async calls and send/recv run as without a stream. A
- * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A destroy
- * waits for the stream to reach the calls enqueued on it. NULL
+ * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A call
+ * that its stream has not reached within the communicator's timeout fails with
+ * TUTTI_ERR_TIMEOUT (on every rank; the stream goes on past it). NULL
  * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
  * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that
  * cannot make a stream wait on host memory). Set it from the thread that makes the

@@ -571,11 +571,14 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
     }
 }
 
-/* The stream's copy in: passed, or the communicator aborted or failed meanwhile. */
+/* The stream's copy in: passed, or the communicator aborted or failed meanwhile, or the
+ * op's timeout passed first (a stream held by work that never ends would otherwise keep
+ * the op, the ranks waiting on it, and a destroy behind it, forever). */
 static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
 {
     tt_comm_t *comm = d->comm;
     char why[160] = "";
+    const uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms);
     for (int spins = 0;; spins += spins <= 200) {
         int done = comm->dev->event_query(d->sctx, d->ev_in, why, sizeof(why));
         if (done == 1)
@@ -589,6 +592,13 @@ static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
             snprintf(err, errlen, "the communicator %s while the op waited for its stream",
                      atomic_load(&comm->aborted) ? "was aborted" : "failed");
             return atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
+        }
+        if (spins > 200 && tt_now_ns() > deadline) {
+            snprintf(err, errlen,
+                     "the %s stream %p did not reach the call within the timeout (%d ms): "
+                     "work queued on it before the call has not ended",
+                     comm->dev->name, d->stream, comm->opts.timeout_ms);
+            return TUTTI_ERR_TIMEOUT;
         }
         if (spins > 200)
             nap_us(20);
