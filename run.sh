@@ -29,7 +29,19 @@ install_deps() { # packages... (default: PKGS)
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
     $sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # no daemon of a package (sshd, redis, slurm) started by its install: the tests
+    # start their own, on loopback or in their own namespaces (a policy-rc.d of ours,
+    # only where there is none)
+    local policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null &&
+            $sudo chmod 755 /usr/sbin/policy-rc.d && policy=1
+    fi
+    local rc=0
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        rc=$?
+    [ -z "$policy" ] || $sudo rm -f /usr/sbin/policy-rc.d
+    return $rc
 }
 
 # each step's time and the total so far, for CI's log (its limit is 30 minutes)
@@ -59,6 +71,7 @@ test)
     install_deps clang-format-14
     install_deps python3-numpy python3-pytest # the python suite (python/tests)
     install_deps iproute2 # tests/test_netns_tcp.sh: two hosts as network namespaces
+    install_deps openssh-server openssh-client # tests/test_ssh.sh: tutti-run -H through sshd
     install_deps openmpi-bin mpich # tests/test_mpirun.sh: ranks the MPI launchers start
     install_deps slurmctld slurmd slurm-client # tests/test_slurm.sh: a single-host Slurm
     install_deps redis-server # the redis:// store (tests/test_store.c starts its own servers)
