@@ -632,6 +632,35 @@ if command -v script >/dev/null; then
         grep -q 'elastic round 1: node 0 of 1' "$el/err1" ||
         fail "elastic, Ctrl-C on a node: exit $r0 $r1 ($(cat "$el/out0" "$el/err1"))"
 fi
+# the same race forced: the leaving node's rank gone 400 ms before its agent can say it
+# leaves (the agent stopped, its SIGINT pending, as a loaded machine may delay it while
+# the terminal's SIGINT has already taken its rank). The other node's rank fails with
+# its peer; its agent gives the round a grace (tt_rdzv_failure_grace) in which the
+# leave arrives, so this is no failure either (with none, exit 1: --max-restarts 0)
+rm -f "$el/stop" "$el/s16"
+timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/s16" \
+    "$child" "until=$el/stop" >"$el/out1" 2>"$el/err1" &
+p1=$!
+sleep .3
+timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/s16" \
+    "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &
+p0=$!
+for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
+a0=$(pgrep -P "$p0" -x tutti-run)
+r=$(pgrep -P "$a0" -x launch_child)
+[ -n "$a0" ] && [ -n "$r" ] || fail "elastic, a leaving node's rank first: no agent ($a0) or rank ($r)"
+sleep .5
+kill -STOP "$a0"
+kill -INT "$r" "$a0"
+sleep .4
+kill -CONT "$a0"
+wait "$p0"; r0=$?
+for _ in $(seq 200); do grep -qs 'elastic round 1: node 0 of 1' "$el/err1" && break; sleep .05; done
+touch "$el/stop"
+wait "$p1"; r1=$?
+[ "$r0$r1" = 1300 ] && grep -q 'ended (scale: node [01] left (Interrupt))' "$el/err1" &&
+    grep -q 'elastic round 1: node 0 of 1' "$el/err1" ||
+    fail "elastic, a leaving node's rank gone before it says so: exit $r0 $r1 ($(cat "$el/err0" "$el/err1"))"
 # a spare that waited on a full job (MAX 1) sees it run through: that is no failure
 rm -f "$el/stop"
 timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &

@@ -743,6 +743,22 @@ int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen)
     return tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
 }
 
+int tt_rdzv_failure_grace(tt_rdzv_t *z, char *why, size_t whylen)
+{
+    if (z->nodes < 2)
+        return 0;
+    /* only the round's end is looked at: a spare waiting or a node gone does not end it
+     * meanwhile, where it would stand in place of this failure and escape the count */
+    for (double end = now_ms() + TT_RDZV_FAILURE_GRACE_MS;;) {
+        int e = round_ended(z, why, whylen);
+        if (e || now_ms() >= end)
+            return e;
+        if (beat(z, 0) < 0)
+            return -1;
+        usleep(20000);
+    }
+}
+
 int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen)
 {
     char key[64];

@@ -120,6 +120,14 @@ int tt_rdzv_join(tt_rdzv_t *z, const char *local_addr, char *why, size_t whylen)
  * agent to take in), else 0; -1 when the store failed. */
 int tt_rdzv_poll(tt_rdzv_t *z, char *why, size_t whylen);
 
+/* A rank of this agent failed, in a round of several nodes: that may be a peer's rank
+ * gone first with a node that leaves (Ctrl-C on a terminal reaches a node's ranks as
+ * soon as its agent, which says it leaves only after). Looks for up to
+ * TT_RDZV_FAILURE_GRACE_MS for the round ended by another (1, why set, stepped), else 0
+ * (then the failure is this node's to say); -1 on a store failure. */
+#define TT_RDZV_FAILURE_GRACE_MS 1000
+int tt_rdzv_failure_grace(tt_rdzv_t *z, char *why, size_t whylen);
+
 /* Ends the round for a reason ("failure: ..." or "scale: ..."); the reason that stands
  * (maybe another agent's) comes back in why. Then the next round opens. 0 or -1. */
 int tt_rdzv_end_round(tt_rdzv_t *z, const char *reason, char *why, size_t whylen);

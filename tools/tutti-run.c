@@ -1260,7 +1260,11 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                 char reason[160];
                 snprintf(reason, sizeof(reason), "failure: node %d: a rank exited with status %d",
                          z->idx, code);
-                e = tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
+                /* unless another node ended it first: one leaving takes its ranks
+                 * (and so this rank's peers) down before it can say so */
+                e = tt_rdzv_failure_grace(z, why, whylen);
+                if (!e)
+                    e = tt_rdzv_end_round(z, reason, why, whylen) < 0 ? -1 : 1;
             }
         }
         /* elastic: another node failed, left or is gone, or one waits to join. A failed
