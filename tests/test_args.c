@@ -255,7 +255,8 @@ typedef enum {
     MPI_OMPI, /* with a stale RANK and TUTTI_STORE_SERVER=0 about, twice in a row */
     MPI_PMI,
     MPI_SLURM,
-    MPI_SLURM_PMI2, /* srun --mpi=pmi2: PMI_RANK/PMI_SIZE, no MPI_LOCALNRANKS */
+    MPI_SLURM_PMI2,  /* srun --mpi=pmi2: PMI_RANK/PMI_SIZE, no MPI_LOCALNRANKS */
+    MPI_SLURM_NODES, /* a step on 2 nodes, "localhost" first: the store there */
     MPI_OMPI_TWO_HOSTS,
     MPI_PMI_NO_JOB,
     MPI_SLURM_TWO_NODES,
@@ -290,6 +291,8 @@ static void unset_launch_env(void)
                                          "SLURM_NTASKS",
                                          "SLURM_STEP_NUM_TASKS",
                                          "SLURM_STEP_NUM_NODES",
+                                         "SLURM_STEP_NODELIST",
+                                         "SLURMD_NODENAME",
                                          "PMIX_NAMESPACE",
                                          "OMPI_MCA_ess_base_jobid",
                                          "TORCHELASTIC_RUN_ID" };
@@ -306,14 +309,19 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
     unset_launch_env();
     int pmi = kind == MPI_PMI || kind == MPI_PMI_NO_JOB;
     int slurm = kind == MPI_SLURM || kind == MPI_SLURM_PMI2 || kind == MPI_SLURM_TWO_NODES ||
-                kind == MPI_SLURM_BATCH || kind == MPI_TUTTI_HALF;
+                kind == MPI_SLURM_BATCH || kind == MPI_TUTTI_HALF || kind == MPI_SLURM_NODES;
     const char *rank_var = pmi ? "PMI_RANK" : slurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK";
     th_setenv_int(rank_var, rank);
     if (slurm) {
         /* srun's, in a step of job 4242 (the harness's TUTTI_JOB_ID stays first) */
         th_setenv_int("SLURM_STEP_NUM_TASKS", nranks);
         th_setenv_int("SLURM_NTASKS", nranks);
-        th_setenv_int("SLURM_STEP_NUM_NODES", kind == MPI_SLURM_TWO_NODES ? 2 : 1);
+        th_setenv_int("SLURM_STEP_NUM_NODES",
+                      kind == MPI_SLURM_TWO_NODES || kind == MPI_SLURM_NODES ? 2 : 1);
+        if (kind == MPI_SLURM_NODES) { /* tests/test_slurm_nodes.sh has real nodes */
+            setenv("SLURM_STEP_NODELIST", "localhost,elsewhere[1-3]", 1);
+            setenv("SLURMD_NODENAME", "localhost", 1);
+        }
         setenv("SLURM_JOB_ID", "4242", 1);
         if (kind != MPI_SLURM_BATCH) /* a batch script has SLURM_PROCID=0, but no step */
             setenv("SLURM_STEP_ID", "0", 1);
@@ -406,8 +414,47 @@ START_TEST(init_from_mpirun_env)
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
     kind = MPI_SLURM_PMI2; /* PMI's pair, the step's place */
     ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+    kind = MPI_SLURM_NODES; /* a step on two nodes: its first node's store */
+    ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
     for (kind = MPI_OMPI_TWO_HOSTS; kind <= MPI_TUTTI_HALF; kind++)
         ck_assert_int_eq(th_run_nocomm(3, rank_mpi_env, &kind, 20000), 0);
+}
+END_TEST
+
+/* A Slurm step across nodes: the first host of its node list (a hostlist expression) is
+ * where rank 0 must be; a rank 0 elsewhere, or a list that does not parse, is refused at
+ * once with the reason (no store is opened). */
+START_TEST(slurm_node_lists)
+{
+    static const struct {
+        const char *list, *me, *want;
+    } cases[] = {
+        { "gpu[07-09,12],cpu3", "cpu3",
+          "rank 0 runs on node cpu3, not on the step's first node gpu07" },
+        { "a,b", "b", "not on the step's first node a," },
+        { "rack[2-3]-ib[0-1]", "rack3-ib0", "not on the step's first node rack2-ib0," },
+        { "n[5,7]", "n7", "not on the step's first node n5," },
+        { "n[1-2", "n1", "SLURM_STEP_NODELIST=n[1-2 does not parse as a host list" },
+        { "n[x-2]", "n1", "does not parse as a host list" },
+        { ",n1", "n1", "does not parse as a host list" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        unset_launch_env();
+        setenv("SLURM_PROCID", "0", 1);
+        setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+        setenv("SLURM_STEP_NUM_NODES", "2", 1);
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_STEP_ID", "0", 1);
+        setenv("SLURM_STEP_NODELIST", cases[i].list, 1);
+        setenv("SLURMD_NODENAME", cases[i].me, 1);
+        tutti_store_t *st = NULL;
+        int rank = -1, size = -1;
+        int rc = tutti_store_open_env(&st, &rank, &size, NULL);
+        const char *e = tutti_comm_last_error(NULL);
+        ck_assert_msg(rc == TUTTI_ERR_CONFIG && !st && strstr(e, cases[i].want), "%s on %s: %s: %s",
+                      cases[i].list, cases[i].me, tutti_status_name(rc), e);
+    }
+    unset_launch_env();
 }
 END_TEST
 
@@ -542,7 +589,7 @@ static Suite *suite(void)
                                          bad_arguments_other_collectives, NULL });
     th_add_tests(s, "env", 90,
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
-                                         init_from_mpirun_env, NULL });
+                                         init_from_mpirun_env, slurm_node_lists, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
     return s;

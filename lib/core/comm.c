@@ -1,6 +1,7 @@
 /* The communicator's lifecycle: creation through a store (or the environment) or by
  * splitting another, the cost model all ranks agree on, abort and destruction, the
  * accessors (failures are recorded in fault.c). */
+#include <ctype.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -928,31 +929,39 @@ typedef struct env_launcher {
     const char *local_size;   /* ranks on this host */
     const char *nodes;        /* or the job's node count */
     const char *launch_id[2]; /* this launch's own id, as the launcher names it */
+    const char *nodelist;     /* across nodes: the nodes (a hostlist), task 0 on the first */
+    const char *nodename;     /* and the name of this one in that list */
 } env_launcher_t;
 static const env_launcher_t env_launchers[] = {
-    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL } },
-    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL } },
+    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL },
+    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL },
     { "Open MPI",
       "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE",
       NULL,
       "OMPI_COMM_WORLD_LOCAL_SIZE",
       NULL,
-      { "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid" } },
+      { "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid" },
+      NULL,
+      NULL },
     { "PMI (MPICH, Intel MPI)",
       "PMI_RANK",
       "PMI_SIZE",
       NULL,
       "MPI_LOCALNRANKS",
       NULL,
-      { "PMI_JOBID", NULL } },
+      { "PMI_JOBID", NULL },
+      NULL,
+      NULL },
     { "Slurm (srun)",
       "SLURM_PROCID",
       "SLURM_STEP_NUM_TASKS",
       "SLURM_STEP_ID",
       NULL,
       "SLURM_STEP_NUM_NODES",
-      { "SLURM_JOB_ID", "SLURM_STEP_ID" } },
+      { "SLURM_JOB_ID", "SLURM_STEP_ID" },
+      "SLURM_STEP_NODELIST",
+      "SLURMD_NODENAME" },
 };
 #define ENV_LAUNCHERS ((int)(sizeof(env_launchers) / sizeof(env_launchers[0])))
 
@@ -1008,6 +1017,33 @@ static int env_loopback_port(const char *jid, const env_launcher_t *l)
     tt_sha256_final(&c, h);
     uint32_t x = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
     return 10000 + (int)(x % 22768u);
+}
+
+/* The first host of a Slurm hostlist ("gpu[07-09,12],cpu3": gpu07), or -1 where it
+ * does not parse or does not fit. */
+static int hostlist_first(const char *list, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *c = list; *c && *c != ',';) {
+        if (*c == '[') { /* the range's first number, leading zeros kept */
+            for (c++; *c && *c != '-' && *c != ',' && *c != ']'; c++) {
+                if (n + 1 >= len || !isdigit((unsigned char)*c))
+                    return -1;
+                out[n++] = *c;
+            }
+            while (*c && *c != ']')
+                c++;
+            if (*c != ']')
+                return -1;
+            c++;
+            continue;
+        }
+        if (n + 1 >= len || *c == ']' || isspace((unsigned char)*c))
+            return -1;
+        out[n++] = *c++;
+    }
+    out[n] = '\0';
+    return n ? 0 : -1;
 }
 
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
@@ -1098,7 +1134,32 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                         url, size, l->name, jid);
         } else if (nlocal == size)
             snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
-        else if (nodes > 1)
+        else if (nodes > 1 && l->nodelist && env_var(l->nodelist) && jid[0]) {
+            /* across the step's nodes: rank 0 (task 0, on the first node in a block or
+             * cyclic layout) serves on that node's address, at the job's port */
+            char first[256];
+            const char *me = env_var(l->nodename);
+            if (hostlist_first(env_var(l->nodelist), first, sizeof(first)) < 0) {
+                snprintf(why, sizeof(why), "%s=%.120s does not parse as a host list", l->nodelist,
+                         env_var(l->nodelist));
+            } else if (rank == 0 && me && strcmp(me, first) != 0) {
+                snprintf(why, sizeof(why),
+                         "rank 0 runs on node %.60s, not on the step's first node %.60s, where "
+                         "the others look for its store (a task layout that does not start "
+                         "there: set MASTER_ADDR to rank 0's host)",
+                         me, first);
+            } else {
+                snprintf(urlbuf, sizeof(urlbuf),
+                         strchr(first, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", first,
+                         env_loopback_port(jid, l));
+                url = urlbuf;
+                derived = 1;
+                if (rank == 0)
+                    TT_INFO("tutti_store_open_env: store %s: the first of the step's %ld nodes "
+                            "(%s), the port from job id %s",
+                            url, nodes, l->name, jid);
+            }
+        } else if (nodes > 1)
             snprintf(why, sizeof(why),
                      "the step spans %ld nodes (e.g. MASTER_ADDR=$(scontrol show hostnames "
                      "\"$SLURM_STEP_NODELIST\" | head -n 1) and a MASTER_PORT)",
@@ -1114,8 +1175,9 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                 "TUTTI_STORE (file:///dir, tcp://host:port or redis://host) or MASTER_ADDR and "
                 "MASTER_PORT%s%s",
                 rank, size, l->rank,
-                why[0] ? "; a job with all its ranks on one host and a job id meets "
-                         "on loopback without them, but "
+                why[0] ? "; a job with a job id meets without them where its ranks are all "
+                         "on one host (on loopback) or are a Slurm step's (on its first "
+                         "node), but "
                        : "",
                 why);
             TT_WARN("%s", init_error);

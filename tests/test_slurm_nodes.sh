@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# A Slurm step across two nodes, with no store named: the ranks meet at the step's first
+# node, rank 0 serving there, at a port from the job id. The nodes are two network
+# namespaces joined by a veth pair (10.213.7.1 and .2), each with a host name of its own
+# (tn01, tn02: a UTS namespace) and an /etc/hosts that names both (a mount namespace);
+# slurmctld and one slurmd run on tn01, another slurmd on tn02 (auth/none, a config,
+# state and spool of the test's own; each slurmd in a pid namespace, so that its step
+# daemons go with it). Needs root, iproute2, nsenter/unshare and Slurm's daemons; else 77.
+#   1. srun -N 2 -n 4: allreduce, broadcast and allgather of tutti-bench -c (every value
+#      checked) across both nodes, the ranks on both; rank 0 says its store is
+#      tcp://tn01:<port> from job id slurm-<job>.<step>.
+#   2. Task 0 placed on tn02 (-m arbitrary -w tn02,tn01): rank 0 fails at once saying it
+#      is not on the step's first node and what to set, and the step ends (bounded).
+#
+#   tests/test_slurm_nodes.sh BUILD/bench/tutti-bench
+set -u
+bench=$(realpath "$1")
+build=$(dirname "$(dirname "$bench")")
+cd "$(dirname "$0")/.." || exit 2
+for b in slurmctld slurmd srun sinfo nsenter unshare; do
+    command -v $b >/dev/null || { echo "test_slurm_nodes: no $b: skipped"; exit 77; }
+done
+. bench/netns-lib.sh
+netns_require test_slurm_nodes
+unshare --pid --fork --kill-child --mount-proc true 2>/dev/null &&
+    unshare -m -u --propagation private true 2>/dev/null ||
+    { echo "test_slurm_nodes: no pid, mount or UTS namespace of its own: skipped"; exit 77; }
+netns_setup test-slurm-nodes "$build" bench/tutti-bench
+chmod 755 "$WORK"
+fail() {
+    echo "test_slurm_nodes: FAIL: $*"
+    for f in "$WORK"/slurmctld.log "$WORK"/slurmd-*.log; do
+        [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
+    done
+    exit 1
+}
+unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_LOCAL_SIZE TUTTI_STORE TUTTI_JOB_ID RANK WORLD_SIZE \
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID TUTTI_SOCKET_IFNAME
+while read -r v; do unset "$v"; done < <(env | grep -o '^\(SLURM\|OMPI\|PMIX\|PMI\)_[A-Z_]*')
+unset MPI_LOCALNRANKS
+export TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
+names=(tn01 tn02)
+printf '127.0.0.1 localhost\n%s %s\n%s %s\n' "${ADDR[0]}" tn01 "${ADDR[1]}" tn02 >"$WORK/hosts"
+# on I CMD...: CMD on node I (its network, host name and /etc/hosts)
+on() {
+    local i=$1
+    shift
+    nsenter --net="/run/netns/${NS[$i]}" unshare -m -u --propagation private \
+        sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' \
+        "$WORK/hosts" "${names[$i]}" "$@"
+}
+mkdir -p "$WORK/state" "$WORK/spool-tn01" "$WORK/spool-tn02"
+cat >"$WORK/slurm.conf" <<EOF
+ClusterName=tuttinodes
+SlurmctldHost=tn01(${ADDR[0]})
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$WORK/state
+SlurmdSpoolDir=$WORK/spool-%n
+SlurmctldPidFile=$WORK/slurmctld.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
+SlurmctldLogFile=$WORK/slurmctld.log
+SlurmdLogFile=$WORK/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+SchedulerType=sched/builtin
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+NodeName=tn01 NodeAddr=${ADDR[0]} CPUs=4 State=UNKNOWN
+NodeName=tn02 NodeAddr=${ADDR[1]} CPUs=4 State=UNKNOWN
+PartitionName=tutti Nodes=tn01,tn02 Default=YES MaxTime=10 State=UP OverSubscribe=YES
+EOF
+export SLURM_CONF=$WORK/slurm.conf
+on 0 slurmctld -D -i >"$WORK/ctld.out" 2>&1 &
+PIDS+=("$!")
+for i in 0 1; do
+    on "$i" unshare --pid --fork --kill-child --mount-proc slurmd -D >"$WORK/d$i.out" 2>&1 &
+    PIDS+=("$!")
+done
+up=
+for _ in $(seq 100); do
+    on 0 timeout 2 sinfo -h -o "%t %D" 2>/dev/null | grep -qx "idle 2" && up=1 && break
+    sleep .2
+done
+[ -n "$up" ] || { cat "$WORK/ctld.out" "$WORK"/d?.out; fail "the two nodes did not come up in 20 s"; }
+
+# 1. four ranks on two nodes
+for c in allreduce broadcast allgather; do
+    on 0 env TUTTI_DEBUG=info timeout -k 5 60 srun -N 2 -n 4 -t 2 "$bench" --coll "$c" \
+        -b 4 -e 1M -f 32 -n 3 -w 1 -c >"$WORK/$c.txt" 2>&1 ||
+        { tail -n 20 "$WORK/$c.txt"; fail "srun -N 2 -n 4 $c"; }
+    grep -q "store tcp://tn01:[0-9]*: the first of the step's 2 nodes (Slurm (srun)), the port from job id slurm-[0-9]*\.[0-9]*" \
+        "$WORK/$c.txt" || { cat "$WORK/$c.txt"; fail "$c: no line of the store on tn01"; }
+done
+hosts=$(on 0 timeout -k 5 30 srun -N 2 -n 4 -t 1 hostname | sort -u | tr '\n' ' ')
+[ "$hosts" = "tn01 tn02 " ] || fail "srun -N 2 -n 4 ran on: $hosts"
+echo "test_slurm_nodes: srun -N 2 -n 4 (on $hosts): allreduce, broadcast, allgather right, the store on tn01"
+
+# 2. task 0 on the second node
+t0=$(date +%s)
+on 0 env TUTTI_STORE_TIMEOUT_MS=3000 timeout -k 5 60 srun -N 2 -n 2 -m arbitrary -w tn02,tn01 -t 1 \
+    "$bench" -b 4 -e 4 -n 1 -w 0 >"$WORK/off.txt" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+[ "$rc" != 0 ] && grep -q "rank 0 runs on node tn02, not on the step's first node tn01" "$WORK/off.txt" &&
+    grep -q "MASTER_ADDR" "$WORK/off.txt" ||
+    { cat "$WORK/off.txt"; fail "task 0 on tn02: exit $rc"; }
+[ "$took" -lt 30 ] || fail "task 0 on tn02: the step took $took s"
+echo "test_slurm_nodes: task 0 on tn02: refused, naming the first node and MASTER_ADDR ($took s)"
+echo "test_slurm_nodes: OK"
