@@ -1002,16 +1002,27 @@ static int cu_load(void)
     return 0;
 }
 
-static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+/* Rank rank's device (rank mod the count), its primary context current, and (s_p) a
+ * non-blocking stream on it: 0, or 1 having said what failed (FAIL_IF). */
+static int cu_rank_setup(int rank, int *dev_p, void **s_p)
 {
-    (void)dir, (void)arg;
-    int count = 0, dev;
+    int count = 0;
     void *ctx;
     FAIL_IF(cu_load() != 0, "libcuda.so.1 went away");
     FAIL_IF(cu.init(0) != 0 || cu.device_get_count(&count) != 0 || count < 1, "no device");
-    FAIL_IF(cu.device_get(&dev, rank % count) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
+    FAIL_IF(cu.device_get(dev_p, rank % count) != 0 || cu.primary_retain(&ctx, *dev_p) != 0 ||
                 cu.ctx_set_current(ctx) != 0,
             "context");
+    FAIL_IF(s_p && cu.stream_create(s_p, 1) != 0, "stream");
+    return 0;
+}
+
+static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int dev;
+    if (cu_rank_setup(rank, &dev, NULL) != 0)
+        return 1;
     enum { N = 1 << 20 }; /* 4 MiB a rank */
     unsigned long long x, y, g;
     FAIL_IF(cu.mem_alloc(&x, N * 4) || cu.mem_alloc(&y, N * 4) ||
@@ -1058,13 +1069,10 @@ static int rank_cuda(int rank, int n, tutti_comm_t *comm, const char *dir, void 
 static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir, (void)arg;
-    int count = 0, dev;
-    void *ctx, *s;
-    FAIL_IF(cu_load() != 0, "libcuda.so.1 went away");
-    FAIL_IF(cu.init(0) != 0 || cu.device_get_count(&count) != 0 || count < 1, "no device");
-    FAIL_IF(cu.device_get(&dev, rank % count) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
-                cu.ctx_set_current(ctx) != 0 || cu.stream_create(&s, 1) != 0,
-            "context and stream");
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
     enum { N = 1 << 18 }; /* 1 MiB a rank */
     unsigned long long x, y;
     /* pinned: a real driver's async copy to or from pageable memory may wait for the
@@ -1166,13 +1174,10 @@ static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir
 static int rank_cuda_stream_stuck(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir, (void)arg, (void)n;
-    int count = 0, dev;
-    void *ctx, *s;
-    FAIL_IF(cu_load() != 0, "libcuda.so.1 went away");
-    FAIL_IF(cu.init(0) != 0 || cu.device_get_count(&count) != 0 || count < 1, "no device");
-    FAIL_IF(cu.device_get(&dev, rank % count) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
-                cu.ctx_set_current(ctx) != 0 || cu.stream_create(&s, 1) != 0,
-            "context and stream");
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
     unsigned long long x;
     FAIL_IF(cu.mem_alloc(&x, 4096) != 0, "alloc");
     OKC(tutti_comm_set_stream(comm, s));

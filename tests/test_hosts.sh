@@ -22,7 +22,7 @@ set -u
 run=$(realpath "$1")
 bench=$(realpath "$2")
 build=$(dirname "$(dirname "$run")")
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 . bench/netns-lib.sh
 netns_require test_hosts
 netns_setup test-hosts "$build" bench/tutti-bench
@@ -48,39 +48,12 @@ exec setsid -w ip netns exec "\$ns" env -i PATH="\$PATH" HOME=/ sh -c "\$*"
 EOF
 chmod +x "$WORK/rsh"
 inA() { ip netns exec "${NS[0]}" "$@"; }
-# the processes of this job on host i: those whose environment has its job id
-job_procs() {
-    local p f
-    for p in $(ip netns pids "${NS[$1]}"); do
-        f=/proc/$p/environ
-        grep -qxzs "TUTTI_JOB_ID=$2.*" "$f" && echo "$p"
-    done
-}
+. tests/hosts-lib.sh
 export LD_LIBRARY_PATH=$build/lib
 
-# 1. a job on A and B
-t0=$(date +%s%N)
-inA timeout 60 "$run" -H "$A:2,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-1 \
-    "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/one.txt" 2>&1 &
-launch=$!
-PIDS+=($launch)
-wait "$launch"
-rc=$?
-PIDS=()
-ms=$((($(date +%s%N) - t0) / 1000000))
-rows=$(grep -cE '^ +[0-9]+ ' "$WORK/one.txt")
-[ "$rc" = 0 ] && [ "$rows" -ge 4 ] || { cat "$WORK/one.txt"; fail "3 ranks on A and B: exit $rc, $rows rows"; }
-echo "3 ranks on $A (2) and $B (1, through --rsh): exit 0, $rows sizes right, $ms ms"
-# the agent's command line, as the rank on B reads it (its parent's): the launch's store,
-# and no secret (which the rank has, in TUTTI_AUTH_TOKEN)
-out=$(inA timeout 30 "$run" -H "$A:1,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --tag sh -c \
-    '[ "$RANK" = 1 ] && { tr "\0" " " </proc/$PPID/cmdline; echo; echo "token ${#TUTTI_AUTH_TOKEN}"; }; true' 2>&1)
-rc=$?
-line=$(echo "$out" | grep '^\[1\] .*--agent')
-[ "$rc" = 0 ] && echo "$line" | grep -q -- "--store tcp://$A:[0-9]* " && echo "$out" | grep -qx '\[1\] token 48' ||
-    fail "the agent on B: exit $rc: $out"
-echo "$line" | grep -qiE '[0-9a-f]{32}' && fail "a secret on the agent's command line: $line"
-echo "the agent on $B: the store at $A on its command line, the secret only in its ranks' environment"
+# 1. a job on A and B, the agent on B
+hosts_check_job "$WORK/rsh" hosts-1
+hosts_check_agent "$WORK/rsh"
 # the same with the hosts named by IPv6 addresses: the launch's store serves both families
 out=$(inA timeout 30 "$run" -H "[$A6]:1,[$B6]:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
     "$bench" -b 4 -e 4K -n 1 -w 0 -c 2>&1)
@@ -89,32 +62,22 @@ rc=$?
 echo "2 ranks on [$A6] and [$B6]: exit 0"
 
 # 2. a rank on B fails
-t0=$(date +%s%N)
-inA timeout 60 "$run" -H "$A:1,$B:2" -np 3 --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-2 \
-    sh -c '[ "$RANK" = 2 ] && exit 3; exec sleep 30' >"$WORK/two.txt" 2>&1
-rc=$?
-ms=$((($(date +%s%N) - t0) / 1000000))
-[ "$rc" = 3 ] && grep -q "host $B (ranks 1..2) exited with status 3" "$WORK/two.txt" ||
-    { cat "$WORK/two.txt"; fail "a rank on B exits 3: launch exit $rc"; }
-[ "$ms" -lt 15000 ] || fail "a rank on B exits 3: the launch took $ms ms"
-for _ in $(seq 40); do [ -z "$(job_procs 0 hosts-2)$(job_procs 1 hosts-2)" ] && break; sleep .1; done
-[ -z "$(job_procs 0 hosts-2)$(job_procs 1 hosts-2)" ] || fail "left after the failure: $(job_procs 0 hosts-2) $(job_procs 1 hosts-2)"
-echo "a rank on $B exits 3: the launch exits 3 in $ms ms, nothing left on either host"
+hosts_check_fail "$WORK/rsh" hosts-2
 
 # 3. the launch killed
 ip netns exec "${NS[0]}" "$run" -H "$A:1,$B:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH --job-id hosts-3 \
     sh -c 'exec sleep 30' >"$WORK/three.txt" 2>&1 & # $!: tutti-run (ip execs it)
 launch=$!
-PIDS+=($launch)
-for _ in $(seq 100); do [ -n "$(job_procs 1 hosts-3)" ] && break; sleep .05; done
-[ -n "$(job_procs 1 hosts-3)" ] || { cat "$WORK/three.txt"; fail "nothing of the job on B"; }
+PIDS+=("$launch")
+for _ in $(seq 100); do [ -n "$(hosts_job_procs 1 hosts-3)" ] && break; sleep .05; done
+[ -n "$(hosts_job_procs 1 hosts-3)" ] || { cat "$WORK/three.txt"; fail "nothing of the job on B"; }
 kill -KILL "$launch"
 wait "$launch" 2>/dev/null
 PIDS=()
 t0=$(date +%s%N)
-for _ in $(seq 100); do [ -z "$(job_procs 1 hosts-3)" ] && break; sleep .1; done
+for _ in $(seq 100); do [ -z "$(hosts_job_procs 1 hosts-3)" ] && break; sleep .1; done
 ms=$((($(date +%s%N) - t0) / 1000000))
-[ -z "$(job_procs 1 hosts-3)" ] || fail "left on B 10 s after the launch was killed: $(job_procs 1 hosts-3)"
+[ -z "$(hosts_job_procs 1 hosts-3)" ] || fail "left on B 10 s after the launch was killed: $(hosts_job_procs 1 hosts-3)"
 echo "the launch killed: the job gone from $B in $ms ms"
 
 # 4. a host file (Open MPI's spellings, a comment), and bad host lists

@@ -615,35 +615,41 @@ wait "$p0"; r0=$?; t1=$(ms); wait "$p1"; r1=$?; wait "$p2"; r2=$?
 # ranks, one foreground group): the node leaves, its dead ranks are no failure, and the
 # other node goes on alone (with --max-restarts 0 a counted failure would end it). The
 # race this path closed (a rank reaped as failed before tutti-run saw its own SIGINT)
-# is not forced here: the check holds the whole path, exit statuses included
+# is not forced here: the check holds the whole path, exit statuses included.
+# bg_node STORE K: in the background ($!), a node of 1 rank of a 1..2-node job on
+# file://$el/STORE, its output in outK and errK
+bg_node() {
+    timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/$1" \
+        "$child" "until=$el/stop" >"$el/out$2" 2>"$el/err$2" &
+}
+# WHAT R0: the other node (exit R0, 130) left on SIGINT and node $p1 went on alone
+left_alone() {
+    for _ in $(seq 200); do grep -qs 'elastic round 1: node 0 of 1' "$el/err1" && break; sleep .05; done
+    touch "$el/stop"
+    wait "$p1"; r1=$?
+    [ "$2$r1" = 1300 ] && grep -q 'ended (scale: node [01] left (Interrupt))' "$el/err1" &&
+        grep -q 'elastic round 1: node 0 of 1' "$el/err1" ||
+        fail "elastic, $1: exit $2 $r1 ($(cat "$el/out0" "$el/err0" "$el/err1" 2>/dev/null))"
+}
 if command -v script >/dev/null; then
-    rm -f "$el/stop"
-    timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/s15" \
-        "$child" "until=$el/stop" >"$el/out1" 2>"$el/err1" &
+    rm -f "$el/stop" "$el/err0"
+    bg_node s15 1
     p1=$!
     sleep .3
     (sleep 2; printf '\003'; sleep 3) | timeout 30 script -qec "'$run' -np 1 --nnodes 1:2 --rdzv-last-call 500 \
         --store 'file://$el/s15' '$child' 'until=$el/stop'" /dev/null >"$el/out0" 2>&1
-    r0=$?
-    for _ in $(seq 200); do grep -qs 'elastic round 1: node 0 of 1' "$el/err1" && break; sleep .05; done
-    touch "$el/stop"
-    wait "$p1"; r1=$?
-    [ "$r0$r1" = 1300 ] && grep -q 'ended (scale: node [01] left (Interrupt))' "$el/err1" &&
-        grep -q 'elastic round 1: node 0 of 1' "$el/err1" ||
-        fail "elastic, Ctrl-C on a node: exit $r0 $r1 ($(cat "$el/out0" "$el/err1"))"
+    left_alone "Ctrl-C on a node" $?
 fi
 # the same race forced: the leaving node's rank gone 400 ms before its agent can say it
 # leaves (the agent stopped, its SIGINT pending, as a loaded machine may delay it while
 # the terminal's SIGINT has already taken its rank). The other node's rank fails with
 # its peer; its agent gives the round a grace (tt_rdzv_failure_grace) in which the
 # leave arrives, so this is no failure either (with none, exit 1: --max-restarts 0)
-rm -f "$el/stop" "$el/s16"
-timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/s16" \
-    "$child" "until=$el/stop" >"$el/out1" 2>"$el/err1" &
+rm -f "$el/stop"
+bg_node s16 1
 p1=$!
 sleep .3
-timeout 60 "$run" -np 1 --nnodes 1:2 --rdzv-last-call 500 --store "file://$el/s16" \
-    "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &
+bg_node s16 0
 p0=$!
 for _ in $(seq 200); do [ "$(cat "$el"/err? | grep -c 'elastic round 0:')" = 2 ] && break; sleep .05; done
 a0=$(pgrep -P "$p0" -x tutti-run)
@@ -654,13 +660,8 @@ kill -STOP "$a0"
 kill -INT "$r" "$a0"
 sleep .4
 kill -CONT "$a0"
-wait "$p0"; r0=$?
-for _ in $(seq 200); do grep -qs 'elastic round 1: node 0 of 1' "$el/err1" && break; sleep .05; done
-touch "$el/stop"
-wait "$p1"; r1=$?
-[ "$r0$r1" = 1300 ] && grep -q 'ended (scale: node [01] left (Interrupt))' "$el/err1" &&
-    grep -q 'elastic round 1: node 0 of 1' "$el/err1" ||
-    fail "elastic, a leaving node's rank gone before it says so: exit $r0 $r1 ($(cat "$el/err0" "$el/err1"))"
+wait "$p0"
+left_alone "a leaving node's rank gone before it says so" $?
 # a spare that waited on a full job (MAX 1) sees it run through: that is no failure
 rm -f "$el/stop"
 timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &

@@ -40,16 +40,13 @@ cleanup() {
 trap cleanup EXIT
 fail() {
     echo "test_slurm: FAIL: $*"
-    for f in "$work"/slurmctld.log "$work"/slurmd.log; do
+    for f in "$work"/slurmctld.log "$work"/slurmd-*.log; do
         [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
     done
     exit 1
 }
-unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_LOCAL_SIZE TUTTI_STORE TUTTI_JOB_ID RANK WORLD_SIZE \
-    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID
-# a launcher around this test (CI on a cluster, under mpirun) must not be mistaken for ours
-while read -r v; do unset "$v"; done < <(env | grep -o '^\(SLURM\|OMPI\|PMIX\|PMI\)_[A-Z_]*')
-unset MPI_LOCALNRANKS
+. "$(dirname "$0")/slurm-lib.sh"
+slurm_clean_env
 export TUTTI_SOCKET_IFNAME=lo TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
 
 # two free ports on 127.0.0.1 (released before the daemons bind them: a race another test
@@ -59,35 +56,19 @@ s = [socket.socket() for _ in range(2)]
 for x in s: x.bind(('127.0.0.1', 0))
 print(*[x.getsockname()[1] for x in s])")
 host=$(hostname -s)
-mkdir -p "$work/state" "$work/spool"
-cat >"$work/slurm.conf" <<EOF
+{
+    cat <<EOF
 ClusterName=tuttitest
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$p1
 SlurmdPort=$p2
-AuthType=auth/none
-CredType=cred/none
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd.pid
-SlurmctldLogFile=$work/slurmctld.log
-SlurmdLogFile=$work/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
+EOF
+    slurm_conf_common "$work"
+    cat <<EOF
 NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
 PartitionName=tutti Nodes=$host Default=YES MaxTime=10 State=UP OverSubscribe=YES
 EOF
+} >"$work/slurm.conf"
 export SLURM_CONF=$work/slurm.conf
 slurmctld -D -i >"$work/ctld.out" 2>&1 &
 ctld=$!

@@ -34,10 +34,9 @@ fail() {
     done
     exit 1
 }
-unset TUTTI_RANK TUTTI_WORLD_SIZE TUTTI_LOCAL_SIZE TUTTI_STORE TUTTI_JOB_ID RANK WORLD_SIZE \
-    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID TUTTI_SOCKET_IFNAME
-while read -r v; do unset "$v"; done < <(env | grep -o '^\(SLURM\|OMPI\|PMIX\|PMI\)_[A-Z_]*')
-unset MPI_LOCALNRANKS
+. tests/slurm-lib.sh
+slurm_clean_env
+unset TUTTI_SOCKET_IFNAME
 export TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
 names=(tn01 tn02)
 printf '127.0.0.1 localhost\n%s %s\n%s %s\n' "${ADDR[0]}" tn01 "${ADDR[1]}" tn02 >"$WORK/hosts"
@@ -49,36 +48,20 @@ on() {
         sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' \
         "$WORK/hosts" "${names[$i]}" "$@"
 }
-mkdir -p "$WORK/state" "$WORK/spool-tn01" "$WORK/spool-tn02"
-cat >"$WORK/slurm.conf" <<EOF
+{
+    cat <<EOF
 ClusterName=tuttinodes
 SlurmctldHost=tn01(${ADDR[0]})
 SlurmctldPort=6817
 SlurmdPort=6818
-AuthType=auth/none
-CredType=cred/none
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool-%n
-SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd-%n.pid
-SlurmctldLogFile=$WORK/slurmctld.log
-SlurmdLogFile=$WORK/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
+EOF
+    slurm_conf_common "$WORK"
+    cat <<EOF
 NodeName=tn01 NodeAddr=${ADDR[0]} CPUs=4 State=UNKNOWN
 NodeName=tn02 NodeAddr=${ADDR[1]} CPUs=4 State=UNKNOWN
 PartitionName=tutti Nodes=tn01,tn02 Default=YES MaxTime=10 State=UP OverSubscribe=YES
 EOF
+} >"$WORK/slurm.conf"
 export SLURM_CONF=$WORK/slurm.conf
 on 0 slurmctld -D -i >"$WORK/ctld.out" 2>&1 &
 PIDS+=("$!")

@@ -84,14 +84,7 @@ for _ in $(seq 100); do
 done
 [ -n "$up" ] || fail "no ssh session to $B: $out"
 echo "sshd on $B: ssh from $A logs in (${out#up })"
-# the processes of this job on host i: those whose environment has its job id
-job_procs() {
-    local p f
-    for p in $(ip netns pids "${NS[$1]}"); do
-        f=/proc/$p/environ
-        grep -qxzs "TUTTI_JOB_ID=$2.*" "$f" && echo "$p"
-    done
-}
+. tests/hosts-lib.sh
 # sshd's session processes on B (the listener's children)
 sessions() {
     local l
@@ -100,26 +93,11 @@ sessions() {
 }
 export LD_LIBRARY_PATH=$build/lib
 
-# 1. a job on A and B, B through ssh
-t0=$(date +%s%N)
-inA timeout 60 "$run" -H "$A:2,$B:1" --rsh "$rsh" -x LD_LIBRARY_PATH --job-id ssh-1 \
-    "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/one.txt" 2>&1
-rc=$?
-ms=$((($(date +%s%N) - t0) / 1000000))
-rows=$(grep -cE '^ +[0-9]+ ' "$WORK/one.txt")
-[ "$rc" = 0 ] && [ "$rows" -ge 4 ] || { cat "$WORK/one.txt"; fail "3 ranks on A and B: exit $rc, $rows rows"; }
-echo "3 ranks on $A (2) and $B (1, through ssh): exit 0, $rows sizes right, $ms ms"
-# the rank on B: its agent under sshd (SSH_CONNECTION from A), no secret on the agent's
-# command line, the secret in the rank's environment
-out=$(inA timeout 30 "$run" -H "$A:1,$B:1" --rsh "$rsh" -x LD_LIBRARY_PATH --tag sh -c \
-    '[ "$RANK" = 1 ] && { tr "\0" " " </proc/$PPID/cmdline; echo; echo "from ${SSH_CONNECTION%% *}"; echo "token ${#TUTTI_AUTH_TOKEN}"; }; true' 2>&1)
-rc=$?
-line=$(echo "$out" | grep '^\[1\] .*--agent')
-[ "$rc" = 0 ] && echo "$line" | grep -q -- "--store tcp://$A:[0-9]* " &&
-    echo "$out" | grep -qx "\[1\] from $A" && echo "$out" | grep -qx '\[1\] token 48' ||
-    fail "the agent on B: exit $rc: $out"
-echo "$line" | grep -qiE '[0-9a-f]{32}' && fail "a secret on the agent's command line: $line"
-echo "the agent on $B: under sshd, the store at $A on its command line, the secret only in its ranks' environment"
+# 1. a job on A and B, B through ssh; the agent on B runs under sshd (SSH_CONNECTION
+# from A)
+hosts_check_job "$rsh" ssh-1
+hosts_check_agent "$rsh" 'echo "from ${SSH_CONNECTION%% *}"'
+echo "$agent_out" | grep -qx "\[1\] from $A" || fail "the agent on B not under sshd: $agent_out"
 
 # 2. words a shell would split or expand, as arguments and as -x values: each rank
 # prints them one per line between brackets; B's lines must be A's
@@ -140,18 +118,7 @@ $out"
 echo "arguments and -x values with spaces, quotes, \$, ;, * and a backslash: the same on $B as on $A"
 
 # 3. a rank on B fails
-t0=$(date +%s%N)
-inA timeout 60 "$run" -H "$A:1,$B:2" -np 3 --rsh "$rsh" -x LD_LIBRARY_PATH --job-id ssh-3 \
-    sh -c '[ "$RANK" = 2 ] && exit 3; exec sleep 30' >"$WORK/three.txt" 2>&1
-rc=$?
-ms=$((($(date +%s%N) - t0) / 1000000))
-[ "$rc" = 3 ] && grep -q "host $B (ranks 1..2) exited with status 3" "$WORK/three.txt" ||
-    { cat "$WORK/three.txt"; fail "a rank on B exits 3: launch exit $rc"; }
-[ "$ms" -lt 15000 ] || fail "a rank on B exits 3: the launch took $ms ms"
-for _ in $(seq 50); do [ -z "$(job_procs 0 ssh-3)$(job_procs 1 ssh-3)" ] && break; sleep .1; done
-[ -z "$(job_procs 0 ssh-3)$(job_procs 1 ssh-3)" ] ||
-    fail "left after the failure: $(job_procs 0 ssh-3) $(job_procs 1 ssh-3)"
-echo "a rank on $B exits 3: the launch exits 3 in $ms ms, nothing left on either host"
+hosts_check_fail "$rsh" ssh-3
 
 # 4. the launch killed, then stopped: each time the job and its sshd session leave B
 for sig in KILL TERM; do
@@ -159,17 +126,17 @@ for sig in KILL TERM; do
         --job-id "ssh-4$sig" sh -c 'exec sleep 60' >"$WORK/four.txt" 2>&1 & # $!: tutti-run
     launch=$!
     PIDS+=("$launch")
-    for _ in $(seq 200); do [ -n "$(job_procs 1 "ssh-4$sig")" ] && break; sleep .05; done
-    [ -n "$(job_procs 1 "ssh-4$sig")" ] || { cat "$WORK/four.txt"; fail "nothing of the job on B"; }
+    for _ in $(seq 200); do [ -n "$(hosts_job_procs 1 "ssh-4$sig")" ] && break; sleep .05; done
+    [ -n "$(hosts_job_procs 1 "ssh-4$sig")" ] || { cat "$WORK/four.txt"; fail "nothing of the job on B"; }
     [ -n "$(sessions)" ] || fail "the job on B, but no sshd session"
     kill -"$sig" "$launch"
     wait "$launch" 2>/dev/null
     PIDS=("${PIDS[0]}")
     t0=$(date +%s%N)
-    for _ in $(seq 100); do [ -z "$(job_procs 1 "ssh-4$sig")$(sessions)" ] && break; sleep .1; done
+    for _ in $(seq 100); do [ -z "$(hosts_job_procs 1 "ssh-4$sig")$(sessions)" ] && break; sleep .1; done
     ms=$((($(date +%s%N) - t0) / 1000000))
-    [ -z "$(job_procs 1 "ssh-4$sig")" ] ||
-        fail "left on B 10 s after the launch got SIG$sig: $(job_procs 1 "ssh-4$sig")"
+    [ -z "$(hosts_job_procs 1 "ssh-4$sig")" ] ||
+        fail "left on B 10 s after the launch got SIG$sig: $(hosts_job_procs 1 "ssh-4$sig")"
     [ -z "$(sessions)" ] || fail "sshd sessions left on B 10 s after SIG$sig: $(sessions)"
     echo "the launch sent SIG$sig: the job and its ssh session gone from $B in $ms ms"
 done

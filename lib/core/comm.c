@@ -1118,26 +1118,21 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         /* No store named, ranks an MPI launcher or srun started: a job whose launcher
          * says all its ranks are on this host, and which has an id, meets on loopback,
          * rank 0 hosting the server. Else the error says why not. */
-        char why[256] = "";
+        char why[256] = "", first[256], where[64];
+        const char *host = NULL; /* where rank 0 serves the job's store */
         long nlocal = env_long(l->local_size), nodes = env_long(l->nodes);
         if (nodes == 1)
             nlocal = size; /* every rank of the step on its one node */
         if (!l->local_size && !l->nodes) {
             /* TUTTI_* and torchrun's name their store: no why */
         } else if (nlocal == size && jid[0]) {
-            snprintf(urlbuf, sizeof(urlbuf), "tcp://127.0.0.1:%d", env_loopback_port(jid, l));
-            url = urlbuf;
-            derived = 1;
-            if (rank == 0)
-                TT_INFO("tutti_store_open_env: store %s: all %ld ranks on this host (%s), the "
-                        "port from job id %s",
-                        url, size, l->name, jid);
+            host = "127.0.0.1";
+            snprintf(where, sizeof(where), "all %ld ranks on this host", size);
         } else if (nlocal == size)
             snprintf(why, sizeof(why), "there is no job id (TUTTI_JOB_ID)");
         else if (nodes > 1 && l->nodelist && env_var(l->nodelist) && jid[0]) {
             /* across the step's nodes: rank 0 (task 0, on the first node in a block or
              * cyclic layout) serves on that node's address, at the job's port */
-            char first[256];
             const char *me = env_var(l->nodename);
             if (hostlist_first(env_var(l->nodelist), first, sizeof(first)) < 0) {
                 snprintf(why, sizeof(why), "%s=%.120s does not parse as a host list", l->nodelist,
@@ -1149,15 +1144,8 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                          "there: set MASTER_ADDR to rank 0's host)",
                          me, first);
             } else {
-                snprintf(urlbuf, sizeof(urlbuf),
-                         strchr(first, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", first,
-                         env_loopback_port(jid, l));
-                url = urlbuf;
-                derived = 1;
-                if (rank == 0)
-                    TT_INFO("tutti_store_open_env: store %s: the first of the step's %ld nodes "
-                            "(%s), the port from job id %s",
-                            url, nodes, l->name, jid);
+                host = first;
+                snprintf(where, sizeof(where), "the first of the step's %ld nodes", nodes);
             }
         } else if (nodes > 1)
             snprintf(why, sizeof(why),
@@ -1168,6 +1156,15 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
             snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
         else
             snprintf(why, sizeof(why), "%s does not say how many ranks share this host", l->name);
+        if (host) {
+            snprintf(urlbuf, sizeof(urlbuf), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
+                     host, env_loopback_port(jid, l));
+            url = urlbuf;
+            derived = 1;
+            if (rank == 0)
+                TT_INFO("tutti_store_open_env: store %s: %s (%s), the port from job id %s", url,
+                        where, l->name, jid);
+        }
         if (!url) {
             init_error_set(
                 0,
