@@ -10,6 +10,7 @@
  * while no op runs. tutti_comm_grow and tutti_comm_join: 2 ranks grow to 4 with three
  * processes joining (the third waits as a spare), then the 4 grow to 5 and it joins. */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -632,6 +633,73 @@ static int rank_grow(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 TH_RUN_TEST(grow_and_join, th_run_nocomm(5, rank_grow, NULL, 60000))
 
+/* Rank 0 of a growing communicator dies right after it published the ticket (a thread
+ * that sees the ticket _exits the process): rank 1's grow fails within its timeout and
+ * takes the ticket away, so a process that joins after that waits for a grow that may
+ * come, and says so, rather than taking a place in the dead one. */
+static const char *dead_ticket = "tutti/job/dead-grower/grow";
+
+static void *die_at_ticket(void *arg)
+{
+    tutti_store_t *store = arg;
+    for (int i = 0; i < 20000; i++) {
+        int there = 0;
+        const char *k = dead_ticket;
+        if (tutti_store_check(store, &k, 1, &there) == 0 && there)
+            _exit(42);
+        usleep(500);
+    }
+    _exit(43);
+}
+
+static int rank_grow_dies(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg, (void)nranks;
+    char url[600];
+    snprintf(url, sizeof(url), "file://%s", dir);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open(&store, url, NULL), "store: %s", tutti_store_last_error(NULL));
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.job_id = "dead-grower";
+    o.timeout_ms = 1500;
+    const char *failed = "test/grow-failed";
+    if (rank == 2) { /* joins once rank 1's grow failed */
+        FAIL_IF(tutti_store_wait(store, &failed, 1, 20000), "rank 1 never said");
+        tutti_comm_t *c = (tutti_comm_t *)1;
+        int st = tutti_comm_join(&c, store, &o);
+        const char *e = tutti_comm_last_error(NULL);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || c ||
+                    !strstr(e, "no communicator of this job is growing"),
+                "join after a failed grow: %s: %s", tutti_status_name(st), e);
+        return 0;
+    }
+    tutti_comm_t *two = NULL, *three = NULL;
+    FAIL_IF(tutti_comm_init(&two, store, rank, 2, &o), "init: %s", tutti_comm_last_error(NULL));
+    TRY(check_grown(two, rank, 2));
+    pthread_t t;
+    if (rank == 0)
+        FAIL_IF(pthread_create(&t, NULL, die_at_ticket, store) != 0, "thread");
+    int st = tutti_comm_grow(two, 3, &three);
+    FAIL_IF(rank == 0, "rank 0 lived through its grow (%s)", tutti_status_name(st));
+    FAIL_IF(st >= 0 || three, "grow with rank 0 dead: %s", tutti_status_name(st));
+    int there = 1;
+    FAIL_IF(tutti_store_check(store, &dead_ticket, 1, &there) || there,
+            "the dead grow's ticket is still at %s", dead_ticket);
+    FAIL_IF(tutti_store_set(store, failed, "1", 1), "set");
+    return 0;
+}
+
+START_TEST(grow_rank0_dies)
+{
+    int codes[3];
+    th_run_apart(3, rank_grow_dies, NULL, 60000, codes);
+    ck_assert_msg(codes[0] == 42 && codes[1] == 0 && codes[2] == 0,
+                  "exit codes %d %d %d (rank 0 should die with 42 at its ticket)", codes[0],
+                  codes[1], codes[2]);
+}
+END_TEST
+
 START_TEST(on_the_world)
 {
     ck_assert_msg(th_run(NR, on_world[_i].fn, NULL, 120000) == 0, "%s failed", on_world[_i].name);
@@ -642,4 +710,4 @@ TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 4),
-              TH_CASE(grow_and_join, 1), TH_CASE(shrink_live, 2))
+              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))

@@ -816,8 +816,10 @@ int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
         st = comm_create(newcomm_p, js->base, comm, base, comm->rank, size, &o, err, sizeof(err));
     }
     /* every new rank read the ticket before it joined; a later one finds none (unless
-     * a newer grow's, which this leaves alone) */
-    if (comm->rank == 0)
+     * a newer grow's, which this leaves alone). A grow that failed takes it away from
+     * every rank that is left: rank 0 may be the one that died after publishing it,
+     * and a joiner that finds it would wait for ranks that never come */
+    if (comm->rank == 0 || st < 0)
         (void)tt_store_compare_delete(js->base, tkey, ticket, (size_t)tlen);
     if (st < 0)
         return tt_comm_set_error(comm, st, "grow %u to %d ranks (under %s): %s", seq, size, base,
