@@ -212,6 +212,67 @@ def bool_reductions(rank, size, ck):
            torch.tensor(True))
 
 
+def premul_op(f):
+    try:
+        return dist._make_nccl_premul_sum(f)
+    except TypeError:  # torch 1.13 takes a tensor factor as a list of one
+        return dist._make_nccl_premul_sum([f])
+
+
+def premul_sums(rank, size):
+    """PREMUL_SUM (torch's _make_nccl_premul_sum, NCCL's ncclRedOpCreatePreMulSum): the sum
+    of every rank's input times the factor, a number or a one-element tensor, cast to the
+    tensor's dtype first as NCCL's backend does (3.0 and 2.5 are 3 and 2 for integers);
+    inputs that are only read stay as they were."""
+    ck = Checker()
+    for dt in DTYPES:
+        for f in (0.5, 3.0, torch.tensor([2.5], dtype=torch.float64)):
+            fv = float(f) if not torch.is_tensor(f) else float(f.item())
+            if not dt.is_floating_point:
+                fv = float(int(fv))
+            if fv == 0:
+                continue
+            what = f"{dt} x {f.tolist() if torch.is_tensor(f) else f}"
+
+            def ref(**kw):
+                return sum(inp(r, dt, **kw).double() * fv for r in range(size)).to(dt)
+
+            op = premul_op(f)
+            t = inp(rank, dt)
+            dist.all_reduce(t, op)
+            ck(f"all_reduce PREMUL_SUM {what}", t, ref())
+            t = inp(rank, dt)
+            dist.reduce(t, 0, op)
+            ck(f"reduce PREMUL_SUM {what}", t, ref() if rank == 0 else inp(rank, dt))
+            blocks = [inp(rank, dt, salt=b) for b in range(size)]
+            out = torch.empty(6, dtype=dt)
+            dist.reduce_scatter(out, blocks, op)
+            ck(f"reduce_scatter PREMUL_SUM {what}", out, ref(salt=rank))
+            whole = torch.cat(blocks)
+            out = torch.empty(6, dtype=dt)
+            dist._reduce_scatter_base(out, whole, op)
+            ck(f"_reduce_scatter_base PREMUL_SUM {what}", out, ref(salt=rank))
+            ck(f"_reduce_scatter_base PREMUL_SUM {what}: input unchanged", whole,
+               torch.cat([inp(rank, dt, salt=b) for b in range(size)]))
+            ts = [inp(rank, dt, n=3), inp(rank, dt, n=5, salt=1)]
+            dist.all_reduce_coalesced(ts, op)
+            ck(f"all_reduce_coalesced PREMUL_SUM {what}", torch.cat(ts),
+               torch.cat([ref(n=3), ref(n=5, salt=1)]))
+    try:
+        dist.all_reduce(inp(rank, torch.bool), dist._make_nccl_premul_sum(2.0))
+        ck("all_reduce bool PREMUL_SUM refused", torch.tensor(False), torch.tensor(True))
+    except RuntimeError as e:
+        ck(f"all_reduce bool PREMUL_SUM refused: {e}",
+           torch.tensor("PREMUL_SUM does not apply to bool" in str(e)), torch.tensor(True))
+    return ck.count, ck.bad
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_premul_sum(size):
+    for count, bad in run(premul_sums, size, timeout=120):
+        assert count == 133 and not bad, (count, "\n".join(bad[:20]))
+
+
 def movers(rank, size, ck):
     for dt in MOVE_DTYPES:
         mine = inp(rank, dt)

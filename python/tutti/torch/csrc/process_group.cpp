@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
+#include <utility>
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -90,13 +92,15 @@ tutti_redop_t to_redop(const c10d::ReduceOp &op, const char *name)
     case c10d::ReduceOp::MIN: return TUTTI_MIN;
     case c10d::ReduceOp::MAX: return TUTTI_MAX;
     case c10d::ReduceOp::AVG: return TUTTI_AVG;
+    case c10d::ReduceOp::PREMUL_SUM: return TUTTI_SUM; /* its input multiplied first: premul */
     /* integer dtypes only: tutti refuses a float tensor naming the op and dtype */
     case c10d::ReduceOp::BAND: return TUTTI_BAND;
     case c10d::ReduceOp::BOR: return TUTTI_BOR;
     case c10d::ReduceOp::BXOR: return TUTTI_BXOR;
     default:
         TORCH_CHECK(false, "tutti backend: ", name, ": reduce op ", redop_name(op.op_),
-                    " is not supported (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR are)");
+                    " is not supported (SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR, BXOR "
+                    "are)");
     }
 }
 
@@ -113,6 +117,8 @@ reduction to_reduction(const at::Tensor &t, const c10d::ReduceOp &op, const char
     tutti_redop_t r = to_redop(op, name);
     if (t.scalar_type() != at::kBool)
         return { to_dtype(t, name), r };
+    TORCH_CHECK(op.op_ != c10d::ReduceOp::PREMUL_SUM, "tutti backend: ", name,
+                ": reduce op PREMUL_SUM does not apply to bool tensors");
     switch (r) {
     case TUTTI_SUM:
     case TUTTI_MAX: r = TUTTI_MAX; break;
@@ -172,6 +178,40 @@ void check_no_list(const std::vector<std::vector<at::Tensor>> &lists, const char
 {
     TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "tutti backend: ", op,
                 ": only the root rank takes a list of tensors");
+}
+
+/* PREMUL_SUM's factor as a tensor (torch 2.x holds one, 1.13 a list), or none. */
+template <typename S, typename = void> struct one_factor : std::false_type {};
+template <typename S>
+struct one_factor<S, std::void_t<decltype(std::declval<S &>().tensor_factor)>> : std::true_type {
+};
+template <typename S> at::Tensor factor_tensor(const S &s)
+{
+    if constexpr (one_factor<S>::value)
+        return s.tensor_factor;
+    else
+        return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
+}
+
+/* What a reduction sends for in: in itself, or for PREMUL_SUM (torch's
+ * _make_nccl_premul_sum, NCCL's ncclRedOpCreatePreMulSum) in times the factor in a new
+ * tensor (a caller's input is only read), which then reduces as SUM. The factor takes
+ * in's dtype first, as NCCL's backend casts it (an integer tensor: the factor truncated). */
+at::Tensor premul(const at::Tensor &in, const c10d::ReduceOp &op, const char *name)
+{
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM)
+        return in;
+    auto *s = dynamic_cast<c10d::NCCLPreMulSumSupplement *>(op.supplement_.get());
+    TORCH_CHECK(s, "tutti backend: ", name, ": reduce op PREMUL_SUM without its factor");
+    at::Tensor f = factor_tensor(*s);
+    if (f.defined()) {
+        TORCH_CHECK(f.numel() == 1, "tutti backend: ", name, ": PREMUL_SUM's factor has ",
+                    f.numel(), " elements, not 1");
+        return in.mul(f.to(in.device(), in.scalar_type()).reshape({}));
+    }
+    if (at::isIntegralType(in.scalar_type(), /*includeBool=*/false))
+        return in.mul(static_cast<int64_t>(s->double_factor));
+    return in.mul(s->double_factor);
 }
 
 /* CUDA tensors are staged through host memory, as gloo's CUDA paths do: tutti works on
@@ -848,7 +888,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
 {
     const at::Tensor &t = single(tensors, "allreduce");
     reduction r = to_reduction(t, opts.reduceOp, "allreduce");
-    at::Tensor buf = contig(t);
+    at::Tensor buf = premul(contig(t), opts.reduceOp, "allreduce");
     return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, { buf }, copy_back(t, buf),
                   [&](tutti_work_t **w) {
                       return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
@@ -862,7 +902,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
     TORCH_CHECK(!tensors.empty(), "tutti backend: allreduce_coalesced: no tensors");
     same_dtype(tensors, tensors[0], "allreduce_coalesced");
     reduction r = to_reduction(tensors[0], opts.reduceOp, "allreduce_coalesced");
-    at::Tensor flat = flatten(tensors);
+    at::Tensor flat = premul(flatten(tensors), opts.reduceOp, "allreduce_coalesced");
     auto outs = tensors;
     return launch(
         c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, { flat },
@@ -879,7 +919,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
     const at::Tensor &t = single(tensors, "reduce");
     check_root(opts.rootRank, size_, "reduce");
     reduction r = to_reduction(t, opts.reduceOp, "reduce");
-    at::Tensor buf = contig(t);
+    at::Tensor buf = premul(contig(t), opts.reduceOp, "reduce");
     int root = (int)opts.rootRank;
     /* a non-root's tensor is only read */
     return launch(c10d::OpType::REDUCE, "reduce", tensors, { buf },
@@ -1049,7 +1089,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
     reduction r = to_reduction(o, opts.reduceOp, "reduce_scatter");
-    at::Tensor flat = flatten(rank_list(inputs, o, size_, "reduce_scatter")), out = out_buf(o);
+    at::Tensor flat = premul(flatten(rank_list(inputs, o, size_, "reduce_scatter")),
+                             opts.reduceOp, "reduce_scatter"),
+               out = out_buf(o);
     return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
@@ -1076,7 +1118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesce
                     outputs[i].numel());
         cols.push_back(contig(inputs[i]).view({ size_, -1 }));
     }
-    at::Tensor in = at::cat(cols, 1).reshape({ -1 });
+    at::Tensor in = premul(at::cat(cols, 1).reshape({ -1 }), opts.reduceOp, name);
     at::Tensor out = host_empty(in.numel() / size_, in, any_cuda(outputs));
     auto outs = outputs;
     return launch(
@@ -1098,7 +1140,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
                 "tutti backend: _reduce_scatter_base: "
                 "input of ",
                 input.numel(), " elements, needs ", size_, " x ", output.numel());
-    at::Tensor in = contig(input), out = out_buf(output);
+    at::Tensor in = premul(contig(input), opts.reduceOp, "_reduce_scatter_base"),
+               out = out_buf(output);
     return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", { output },
                   { in, out }, copy_back(output, out), [&](tutti_work_t **w) {
                       return tutti_reduce_scatter_async(comm_, in.data_ptr(), out.data_ptr(),
