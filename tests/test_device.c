@@ -1168,9 +1168,10 @@ static int rank_cuda_stream(int rank, int n, tutti_comm_t *comm, const char *dir
 }
 
 /* A stream that never reaches the call (rank 0's, held by a wait on a host word that is
- * not set until the end): the op fails when the timeout passes, rank 0's stream error
- * saying why, rank 1's naming rank 0; rank 1's stream goes on past the call; rank 0's
- * destroy, with its stream still held, returns (the harness bounds it). */
+ * never set): the op fails when TUTTI_STREAM_TIMEOUT_MS (1.5 s; the op timeout is 5 s)
+ * passes, rank 0's stream error saying why, rank 1's naming rank 0; rank
+ * 1's stream goes on past the call; rank 0's destroy, with its stream still held,
+ * returns (the harness bounds it). */
 static int rank_cuda_stream_stuck(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir, (void)arg, (void)n;
@@ -1197,8 +1198,9 @@ static int rank_cuda_stream_stuck(int rank, int n, tutti_comm_t *comm, const cha
     const char *e = tutti_comm_last_error(comm);
     FAIL_IF(st >= 0, "no stream error %.0f ms after a call its stream never reached",
             th_now_ms() - t0);
-    FAIL_IF(rank == 0 ? st != TUTTI_ERR_TIMEOUT || !strstr(e, "did not reach the call")
-                      : !strstr(e, "rank 0"),
+    /* rank 1's op fails as rank 0 reports it, not on a timeout of its own */
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT || !strstr(e, "did not reach the call within 1500 ms") ||
+                (rank == 1 && !strstr(e, "rank 0")),
             "stream error: %s: %s", tutti_status_name(st), e);
     if (rank == 1)
         FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize past a failed call");
@@ -1248,7 +1250,8 @@ START_TEST(cuda_driver_fake)
     o.cuda = "on";
     th_spec_t spec = { .nranks = 2, .fn = rank_cuda_stream, .timeout_ms = 60000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    o.timeout_ms = 1500;
+    o.stream_timeout_ms = 1500;
+    o.timeout_ms = 5000; /* the op's, and the destroy's wait for the held stream */
     spec.fn = rank_cuda_stream_stuck;
     spec.timeout_ms = 30000;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);

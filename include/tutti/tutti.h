@@ -225,12 +225,17 @@ typedef struct tutti_comm_opts {
                               mismatched calls): <dir>/<comm>.rank<r>.json, which
                               tutti-trace reads (default: not written) */
     /* ---- device buffers ---- */
-    const char *cuda; /* TUTTI_CUDA: "auto" (default): where this process has loaded the
+    const char *cuda;      /* TUTTI_CUDA: "auto" (default): where this process has loaded the
                          CUDA driver (libcuda.so.1) by the time the communicator is made,
                          every call takes device pointers (cudaMalloc'ed) as well as host
                          ones, staged through host memory as a CUDA-aware MPI does; "on":
                          load the driver (the init fails without one); "off": every
                          pointer is host memory */
+    int stream_timeout_ms; /* TUTTI_STREAM_TIMEOUT_MS: how long a stream-ordered call
+                              (tutti_comm_set_stream) waits for its stream to reach it,
+                              through the work queued there before it, before it fails
+                              with TUTTI_ERR_TIMEOUT on every rank (default 600000, 10
+                              min, as PyTorch's NCCL watchdog; < 0: no bound, as NCCL) */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */
@@ -379,7 +384,7 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * Host-buffer calls (and calls mixing host and device memory: the stream's work so far
  * is waited for first), the _async calls and send/recv run as without a stream. A
  * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A call
- * that its stream has not reached within the communicator's timeout fails with
+ * that its stream has not reached within opts.stream_timeout_ms fails with
  * TUTTI_ERR_TIMEOUT (on every rank; the stream goes on past it). NULL
  * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
  * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that

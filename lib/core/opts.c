@@ -20,6 +20,7 @@
 #define TT_DEFAULT_DEFER_US 200
 #define TT_DEFAULT_AGREE_LAG 64
 #define TT_DEFAULT_TRACE_ENTRIES 1024
+#define TT_DEFAULT_STREAM_TIMEOUT_MS 600000
 
 int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 {
@@ -59,6 +60,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->trace_entries = tt_env_int("TRACE_ENTRIES", TT_DEFAULT_TRACE_ENTRIES);
     opts->trace_dir = tt_env("TRACE_DIR");
     opts->cuda = tt_env("CUDA");
+    opts->stream_timeout_ms = tt_env_int("STREAM_TIMEOUT_MS", TT_DEFAULT_STREAM_TIMEOUT_MS);
     return TUTTI_OK;
 }
 
@@ -112,6 +114,8 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
         d.agree_lag = 0;
     if (d.trace_entries < 0)
         d.trace_entries = 0;
+    if (d.stream_timeout_ms == 0)
+        d.stream_timeout_ms = TT_DEFAULT_STREAM_TIMEOUT_MS;
     *dst = d;
     return TUTTI_OK;
 }

@@ -571,14 +571,15 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
     }
 }
 
-/* The stream's copy in: passed, or the communicator aborted or failed meanwhile, or the
- * op's timeout passed first (a stream held by work that never ends would otherwise keep
- * the op, the ranks waiting on it, and a destroy behind it, forever). */
+/* The stream's copy in: passed, or the communicator aborted or failed meanwhile, or
+ * TUTTI_STREAM_TIMEOUT_MS passed first (a stream held by work that never ends would
+ * otherwise keep the op, the ranks waiting on it, and a destroy behind it, forever; not
+ * the op timeout, which the GPU work queued ahead of a call may rightly outlast). */
 static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
 {
     tt_comm_t *comm = d->comm;
     char why[160] = "";
-    const uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms);
+    const uint64_t deadline = tt_deadline_ns(comm->opts.stream_timeout_ms);
     for (int spins = 0;; spins += spins <= 200) {
         int done = comm->dev->event_query(d->sctx, d->ev_in, why, sizeof(why));
         if (done == 1)
@@ -595,9 +596,10 @@ static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
         }
         if (spins > 200 && tt_now_ns() > deadline) {
             snprintf(err, errlen,
-                     "the %s stream %p did not reach the call within the timeout (%d ms): "
-                     "work queued on it before the call has not ended",
-                     comm->dev->name, d->stream, comm->opts.timeout_ms);
+                     "the %s stream %p did not reach the call within %d ms "
+                     "(TUTTI_STREAM_TIMEOUT_MS): work queued on it before the call has not "
+                     "ended",
+                     comm->dev->name, d->stream, comm->opts.stream_timeout_ms);
             return TUTTI_ERR_TIMEOUT;
         }
         if (spins > 200)

@@ -98,6 +98,7 @@ class CommOpts(ctypes.Structure):
         ("trace_entries", ctypes.c_int),
         ("trace_dir", ctypes.c_char_p),
         ("cuda", ctypes.c_char_p),
+        ("stream_timeout_ms", ctypes.c_int),
     ]
 
 
