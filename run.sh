@@ -37,11 +37,11 @@ install_deps() { # packages... (default: PKGS)
         printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null &&
             $sudo chmod 755 /usr/sbin/policy-rc.d && policy=1
     fi
-    local rc=0
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-        rc=$?
-    [ -z "$policy" ] || $sudo rm -f /usr/sbin/policy-rc.d
-    return $rc
+    # (a subshell, so that its EXIT trap takes ours away on every way out, Ctrl-C too)
+    (
+        [ -z "$policy" ] || trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+    )
 }
 
 # each step's time and the total so far, for CI's log (its limit is 30 minutes)

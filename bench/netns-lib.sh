@@ -31,6 +31,15 @@ netns_cleanup() {
         for p in $(ip netns pids "$ns" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
     done
     wait 2>/dev/null || true
+    # what is not our child (a daemon a test started through nsenter: slurmctld) may still
+    # be writing into WORK: up to 5 s for the namespaces to empty, then SIGKILL
+    local left _
+    for _ in $(seq 50); do
+        left=$(for ns in "${NS[@]}"; do ip netns pids "$ns" 2>/dev/null; done)
+        [ -z "$left" ] && break
+        sleep .1
+    done
+    for p in $left; do kill -KILL "$p" 2>/dev/null || true; done
     for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
     rm -rf "$WORK"
     exit "$rc"

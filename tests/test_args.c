@@ -437,6 +437,8 @@ START_TEST(slurm_node_lists)
         { "n[1-2", "n1", "SLURM_STEP_NODELIST=n[1-2 does not parse as a host list" },
         { "n[x-2]", "n1", "does not parse as a host list" },
         { ",n1", "n1", "does not parse as a host list" },
+        { "n[]", "n1", "does not parse as a host list" },
+        { "n[-3],n1", "n1", "does not parse as a host list" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         unset_launch_env();

@@ -662,6 +662,9 @@ sleep .4
 kill -CONT "$a0"
 wait "$p0"
 left_alone "a leaving node's rank gone before it says so" $?
+# and the race was run: node 1's rank failed with its peer (else the grace was not needed)
+grep -q 'rank 0 exited with status 1' "$el/err1" ||
+    fail "elastic, a leaving node's rank gone first: node 1's rank did not fail ($(cat "$el/err1"))"
 # a spare that waited on a full job (MAX 1) sees it run through: that is no failure
 rm -f "$el/stop"
 timeout 60 "$run" -np 1 --nnodes 1:1 --store "file://$el/s10" "$child" "until=$el/stop" >"$el/out0" 2>"$el/err0" &

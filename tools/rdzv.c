@@ -755,7 +755,7 @@ int tt_rdzv_failure_grace(tt_rdzv_t *z, char *why, size_t whylen)
             return e;
         if (beat(z, 0) < 0)
             return -1;
-        usleep(20000);
+        usleep(100000); /* every agent of a job that fails at once looks: not too often */
     }
 }
 

@@ -1022,17 +1022,20 @@ static int env_loopback_port(const char *jid, const env_launcher_t *l)
 }
 
 /* The first host of a Slurm hostlist ("gpu[07-09,12],cpu3": gpu07), or -1 where it
- * does not parse or does not fit. */
+ * does not parse or does not fit in len (a host name is at most 255 bytes). */
 static int hostlist_first(const char *list, char *out, size_t len)
 {
     size_t n = 0;
     for (const char *c = list; *c && *c != ',';) {
         if (*c == '[') { /* the range's first number, leading zeros kept */
-            for (c++; *c && *c != '-' && *c != ',' && *c != ']'; c++) {
+            size_t digits = 0;
+            for (c++; *c && *c != '-' && *c != ',' && *c != ']'; c++, digits++) {
                 if (n + 1 >= len || !isdigit((unsigned char)*c))
                     return -1;
                 out[n++] = *c;
             }
+            if (!digits) /* "n[]", "n[-3]": no host of the list */
+                return -1;
             while (*c && *c != ']')
                 c++;
             if (*c != ']')
@@ -1120,7 +1123,7 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         /* No store named, ranks an MPI launcher or srun started: a job whose launcher
          * says all its ranks are on this host, and which has an id, meets on loopback,
          * rank 0 hosting the server. Else the error says why not. */
-        char why[256] = "", first[256], where[64];
+        char why[512] = "", first[256], where[64];
         const char *host = NULL; /* where rank 0 serves the job's store */
         long nlocal = env_long(l->local_size), nodes = env_long(l->nodes);
         if (nodes == 1)
@@ -1137,11 +1140,13 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
              * cyclic layout) serves on that node's address, at the job's port */
             const char *me = env_var(l->nodename);
             if (hostlist_first(env_var(l->nodelist), first, sizeof(first)) < 0) {
-                snprintf(why, sizeof(why), "%s=%.120s does not parse as a host list", l->nodelist,
-                         env_var(l->nodelist));
+                snprintf(why, sizeof(why),
+                         "%s=%.120s does not parse as a host list (or its first host is "
+                         "longer than 255 bytes)",
+                         l->nodelist, env_var(l->nodelist));
             } else if (rank == 0 && me && strcmp(me, first) != 0) {
                 snprintf(why, sizeof(why),
-                         "rank 0 runs on node %.60s, not on the step's first node %.60s, where "
+                         "rank 0 runs on node %.100s, not on the step's first node %.100s, where "
                          "the others look for its store (a task layout that does not start "
                          "there: set MASTER_ADDR to rank 0's host)",
                          me, first);
