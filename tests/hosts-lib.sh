@@ -3,7 +3,7 @@
 # What tests/test_hosts.sh (a stand-in for ssh) and tests/test_ssh.sh (OpenSSH) share:
 # the same launches of tutti-run -H on hosts A and B (bench/netns-lib.sh's namespaces),
 # B reached through a remote shell. Sourced after netns_setup, with run, bench, A, B, NS,
-# WORK, inA and fail set.
+# WORK, inA and fail set; HB: B as -H names it (default B; test_ssh: root@B).
 #
 #   hosts_job_procs I JOB       the processes on host I whose environment has TUTTI_JOB_ID
 #                               JOB (the launch's agents and ranks there)
@@ -26,7 +26,7 @@ hosts_job_procs() {
 hosts_check_job() {
     local t0 rc ms rows
     t0=$(date +%s%N)
-    inA timeout 60 "$run" -H "$A:2,$B:1" --rsh "$1" -x LD_LIBRARY_PATH --job-id "$2" \
+    inA timeout 60 "$run" -H "$A:2,${HB:-$B}:1" --rsh "$1" -x LD_LIBRARY_PATH --job-id "$2" \
         "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/$2.txt" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - t0) / 1000000))
@@ -38,7 +38,7 @@ hosts_check_job() {
 
 hosts_check_agent() {
     local rc line
-    agent_out=$(inA timeout 30 "$run" -H "$A:1,$B:1" --rsh "$1" -x LD_LIBRARY_PATH --tag sh -c \
+    agent_out=$(inA timeout 30 "$run" -H "$A:1,${HB:-$B}:1" --rsh "$1" -x LD_LIBRARY_PATH --tag sh -c \
         '[ "$RANK" = 1 ] && { tr "\0" " " </proc/$PPID/cmdline; echo; echo "token ${#TUTTI_AUTH_TOKEN}"; '"${2:-:}"'; }; true' 2>&1)
     rc=$?
     line=$(echo "$agent_out" | grep '^\[1\] .*--agent')
@@ -51,11 +51,11 @@ hosts_check_agent() {
 hosts_check_fail() {
     local t0 rc ms
     t0=$(date +%s%N)
-    inA timeout 60 "$run" -H "$A:1,$B:2" -np 3 --rsh "$1" -x LD_LIBRARY_PATH --job-id "$2" \
+    inA timeout 60 "$run" -H "$A:1,${HB:-$B}:2" -np 3 --rsh "$1" -x LD_LIBRARY_PATH --job-id "$2" \
         sh -c '[ "$RANK" = 2 ] && exit 3; exec sleep 30' >"$WORK/$2.txt" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - t0) / 1000000))
-    [ "$rc" = 3 ] && grep -q "host $B (ranks 1..2) exited with status 3" "$WORK/$2.txt" ||
+    [ "$rc" = 3 ] && grep -q "host ${HB:-$B} (ranks 1..2) exited with status 3" "$WORK/$2.txt" ||
         { cat "$WORK/$2.txt"; fail "a rank on B exits 3: launch exit $rc"; }
     [ "$ms" -lt 15000 ] || fail "a rank on B exits 3: the launch took $ms ms"
     for _ in $(seq 50); do

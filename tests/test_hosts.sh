@@ -37,7 +37,7 @@ for i in 0 1; do ip -n "${NS[$i]}" addr add "fd7e:7::$((i + 1))/64" dev "${DEV[$
 # stdin's end, as after ssh's connection goes)
 cat >"$WORK/rsh" <<EOF
 #!/bin/sh
-host=\$1
+host=\${1#*@} # USER@HOST: this stand-in runs every user's command as this test's
 shift
 case \$host in
 $A | $A6) ns=${NS[0]} ;;
@@ -81,7 +81,7 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 echo "the launch killed: the job gone from $B in $ms ms"
 
 # 4. a host file (Open MPI's spellings, a comment), and bad host lists
-printf '# the hosts\n%s slots=1\n%s  # B\n' "$A" "$B" >"$WORK/hostfile"
+printf '# the hosts\n%s slots=1\nroot@%s  # B, with a user (Open MPI takes it)\n' "$A" "$B" >"$WORK/hostfile"
 out=$(inA timeout 30 "$run" --hostfile "$WORK/hostfile" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
     sh -c 'echo "$RANK/$WORLD_SIZE $LOCAL_RANK $GROUP_RANK/$GROUP_WORLD_SIZE"' 2>&1)
 rc=$?
@@ -95,7 +95,7 @@ rc=$?
 [ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/3 0/2 0/2;1/3 1/2 0/2;2/3 0/1 1/2;" ] ||
     fail "-H $A:1,localhost:1,$B:1: exit $rc: $out"
 echo "two names of one host: one node (LOCAL_RANK 0 and 1)"
-for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x"; do
+for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A"; do
     # shellcheck disable=SC2086
     out=$(inA timeout 10 "$run" $bad true 2>&1)
     rc=$?

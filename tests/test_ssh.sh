@@ -6,8 +6,9 @@
 # shell that parses the joined command line, the secret carried on the channel's stdin,
 # the remote command's exit status as ssh's, and a session that outlives its client
 # unless the agent sees its stdin end. Checks:
-#   1. 3 ranks, 2 on A and 1 on B (through ssh), of tutti-bench -c: every value checked;
-#      the agent on B runs under sshd, with no secret on its command line.
+#   1. 3 ranks, 2 on A and 1 on B (through ssh, as root@B: the client's own default user
+#      does not exist), of tutti-bench -c: every value checked; the agent on B runs
+#      under sshd, with no secret on its command line.
 #   2. Words that a shell would split or expand (spaces, quotes, $, ;, *, a backslash, an
 #      empty word) in the program's arguments and in -x VAR=VALUE reach the rank on B
 #      as they reach the rank on A.
@@ -80,15 +81,18 @@ IdentitiesOnly yes
 UserKnownHostsFile $WORK/known_hosts
 StrictHostKeyChecking yes
 BatchMode yes
-User root
+User tutti-no-such-user
 ConnectTimeout 10
 LogLevel ERROR
 EOF
 rsh="ssh -F $WORK/ssh_config"
+# the client's default user does not exist: every -H names root (USER@HOST, as Open MPI's
+# host files may), which must reach ssh as it is
+HB=root@$B
 up=
 for _ in $(seq 100); do
     # shellcheck disable=SC2086
-    out=$(inA $rsh "$B" 'echo "up $SSH_CONNECTION"' 2>&1) && up=1 && break
+    out=$(inA $rsh "root@$B" 'echo "up $SSH_CONNECTION"' 2>&1) && up=1 && break
     sleep .1
 done
 [ -n "$up" ] || fail "no ssh session to $B: $out"
@@ -112,7 +116,7 @@ echo "$agent_out" | grep -qx "\[1\] from $A" || fail "the agent on B not under s
 # prints them one per line between brackets; B's lines must be A's
 export TT_WORDS='two  spaces; $HOME `x` "dq" '"'sq'"' * \b'
 printer='for w in "$@" "$TT_WORDS" "$TT_SET"; do printf "<%s>\n" "$w"; done'
-out=$(inA timeout 30 "$run" -H "$A:1,$B:1" --rsh "$rsh" -x LD_LIBRARY_PATH -x TT_WORDS \
+out=$(inA timeout 30 "$run" -H "$A:1,$HB:1" --rsh "$rsh" -x LD_LIBRARY_PATH -x TT_WORDS \
     -x "TT_SET=a b;c" --tag sh -c "$printer" sh 'a b' '' "it's" '$(id)' '*' 'x\y' 2>&1)
 rc=$?
 want=$(printf '<%s>\n' 'a b' '' "it's" '$(id)' '*' 'x\y' "$TT_WORDS" 'a b;c')
@@ -131,7 +135,7 @@ hosts_check_fail "$rsh" ssh-3
 
 # 4. the launch killed, then stopped: each time the job and its sshd session leave B
 for sig in KILL TERM; do
-    ip netns exec "${NS[0]}" "$run" -H "$A:1,$B:1" --rsh "$rsh" -x LD_LIBRARY_PATH \
+    ip netns exec "${NS[0]}" "$run" -H "$A:1,$HB:1" --rsh "$rsh" -x LD_LIBRARY_PATH \
         --job-id "ssh-4$sig" sh -c 'exec sleep 60' >"$WORK/four.txt" 2>&1 & # $!: tutti-run
     launch=$!
     PIDS+=("$launch")

@@ -15,24 +15,24 @@
 
 #include "cli.h"
 
-/* Adds slots on host name (len bytes). 0 or -1 (said). */
-static int add_host(const char *tool, const char *name, size_t len, int slots, tt_host_t **hosts,
-                    int *n)
+/* Adds slots on host name (len bytes), as user (ulen bytes, 0: none). 0 or -1 (said). */
+static int add_host(const char *tool, const char *user, size_t ulen, const char *name, size_t len,
+                    int slots, tt_host_t **hosts, int *n)
 {
-    if (len == 0 || len >= sizeof((*hosts)->name)) {
+    if (len == 0 || ulen + 1 + len >= sizeof((*hosts)->name)) {
         fprintf(stderr, "%s: a host name of %zu characters: expected 1..%zu\n", tool, len,
-                sizeof((*hosts)->name) - 1);
+                sizeof((*hosts)->name) - 1 - (ulen ? ulen + 1 : 0));
         return -1;
     }
+    char full[sizeof((*hosts)->name)];
+    int at = ulen ? snprintf(full, sizeof(full), "%.*s@", (int)ulen, user) : 0;
+    snprintf(full + at, sizeof(full) - (size_t)at, "%.*s", (int)len, name);
     /* the same host twice adds its slots: the same name, or two names of this host
      * (localhost and its own name, say), which would otherwise be two nodes on one,
      * each with LOCAL_RANK 0. Each name is asked once whether it is local. */
-    char z[sizeof((*hosts)->name)];
-    memcpy(z, name, len);
-    z[len] = '\0';
-    int local = tt_host_is_local(z);
+    int local = tt_host_is_local(full + at);
     for (int i = 0; i < *n; i++) {
-        if (!strcmp((*hosts)[i].name, z) || (local && (*hosts)[i].local)) {
+        if (!strcmp((*hosts)[i].name, full) || (local && (*hosts)[i].local)) {
             (*hosts)[i].slots += slots;
             return 0;
         }
@@ -45,7 +45,8 @@ static int add_host(const char *tool, const char *name, size_t len, int slots, t
     *hosts = h;
     h = &h[(*n)++];
     memset(h, 0, sizeof(*h));
-    memcpy(h->name, name, len);
+    memcpy(h->name, full, sizeof(full));
+    h->at = at;
     h->slots = slots;
     h->local = local;
     return 0;
@@ -67,7 +68,18 @@ int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n
     while (*p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        /* HOST[:SLOTS]; an IPv6 address in brackets: [ADDR][:SLOTS] */
+        /* [USER@]HOST[:SLOTS]; an IPv6 address in brackets: [USER@][ADDR][:SLOTS] */
+        const char *user = p, *at = memchr(p, '@', len);
+        size_t ulen = 0;
+        if (at) {
+            ulen = (size_t)(at - p);
+            if (!ulen || memchr(at + 1, '@', (size_t)(p + len - at - 1))) {
+                fprintf(stderr, "%s: -H %.*s: expected USER@HOST\n", tool, (int)len, p);
+                return -1;
+            }
+            len -= ulen + 1;
+            p = at + 1;
+        }
         const char *name = p, *colon = NULL;
         size_t nlen = len;
         if (*p == '[') {
@@ -95,7 +107,7 @@ int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n
                     (int)len, p);
             return -1;
         }
-        if (add_host(tool, name, nlen, slots, hosts, n) < 0)
+        if (add_host(tool, user, ulen, name, nlen, slots, hosts, n) < 0)
             return -1;
         p = end ? end + 1 : p + len;
     }
@@ -124,6 +136,17 @@ int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
         if (!tok)
             continue;
         int slots = 1;
+        char *user = tok, *at = strchr(tok, '@'); /* USER@HOST, as Open MPI's */
+        size_t ulen = at ? (size_t)(at - tok) : 0;
+        if (at) {
+            tok = at + 1;
+            if (!ulen || strchr(tok, '@')) {
+                fprintf(stderr, "%s: --hostfile %s line %d: expected USER@HOST\n", tool, path,
+                        lineno);
+                st = -1;
+                break;
+            }
+        }
         char *colon = strchr(tok, ':');
         if (tok[0] == '[') { /* [v6] or [v6]:SLOTS */
             char *rb = strchr(tok, ']');
@@ -166,7 +189,7 @@ int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
             *strchr(tok, ']') = '\0';
             tok++;
         }
-        st = add_host(tool, tok, strlen(tok), slots, hosts, n);
+        st = add_host(tool, user, ulen, tok, strlen(tok), slots, hosts, n);
     }
     fclose(f);
     if (st == 0 && *n == before) {

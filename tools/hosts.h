@@ -7,17 +7,25 @@
 #include <stddef.h>
 
 typedef struct tt_host {
-    char name[256];
-    int slots;  /* ranks it may take (1 unless said) */
-    int nranks; /* ranks it got */
-    int first;  /* its first rank */
-    int local;  /* tt_host_is_local(name), asked once when it was added */
+    char name[256]; /* as the remote shell is given it: HOST or USER@HOST */
+    int at;         /* where HOST starts in name (after "USER@"; 0 without a user) */
+    int slots;      /* ranks it may take (1 unless said) */
+    int nranks;     /* ranks it got */
+    int first;      /* its first rank */
+    int local;      /* tt_host_is_local(name), asked once when it was added */
 } tt_host_t;
 
+/* The host itself: its name or address, without a user. */
+static inline const char *tt_host_addr(const tt_host_t *h)
+{
+    return h->name + h->at;
+}
+
 /* Appends the hosts of list "H1[:SLOTS],H2[:SLOTS],..." (mpirun's -H, horovodrun's -H) to
- * *hosts (n of them, realloc'd). A host named twice adds its slots, as do two names of
- * this host (tt_host_is_local: one node, under the first name). 0, or -1 having said
- * why (tool prefixes it). */
+ * *hosts (n of them, realloc'd). A host may be USER@HOST (Open MPI's host files take it
+ * too), which the remote shell gets as it is. A host named twice adds its slots, as do
+ * two names of this host (tt_host_is_local: one node, under the first name). 0, or -1
+ * having said why (tool prefixes it). */
 int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n);
 
 /* The same from a host file: a host a line, as "HOST", "HOST:SLOTS" or "HOST slots=N"

@@ -113,10 +113,11 @@ static void usage(FILE *f, const char *argv0)
             "                      of the C CPUs tutti-run may use (neighbours together, as\n"
             "                      mpirun's --bind-to core; with more ranks than CPUs it keeps\n"
             "                      small collectives out of the scheduler's slow placements)\n"
-            "  -H, --hosts H[:S],...\n"
+            "  -H, --hosts [U@]H[:S],...\n"
             "                      the job on several hosts from here (mpirun's and\n"
             "                      horovodrun's -H; --hostfile FILE: HOST, HOST:S or HOST\n"
-            "                      slots=S a line): -np N ranks (default every slot) fill\n"
+            "                      slots=S a line; U@: the remote user, as ssh takes it):\n"
+            "                      -np N ranks (default every slot) fill\n"
             "                      them in order; other hosts through --rsh CMD (ssh -o\n"
             "                      BatchMode=yes; TUTTI_RSH), with tutti-run at this path\n"
             "                      (--launch-agent PATH); -x VAR[=V] passes a variable on.\n"
@@ -1659,11 +1660,11 @@ static int run_hosts(run_opts_t *o)
             continue;
         int local = o->hosts[i].local;
         if (first < 0 && !local) {
-            snprintf(master, sizeof(master), "%s", o->hosts[i].name);
+            snprintf(master, sizeof(master), "%s", tt_host_addr(&o->hosts[i]));
             break;
         }
         if (first >= 0 && !local) {
-            if (route_addr(o->hosts[i].name, addr, sizeof(addr)) == 0)
+            if (route_addr(tt_host_addr(&o->hosts[i]), addr, sizeof(addr)) == 0)
                 snprintf(master, sizeof(master), "%s", addr);
             break;
         }
@@ -1704,7 +1705,7 @@ static int run_hosts(run_opts_t *o)
         if (server) {
             if (c->local)
                 snprintf(addr, sizeof(addr), "127.0.0.1");
-            else if (route_addr(h->name, addr, sizeof(addr)) < 0) {
+            else if (route_addr(tt_host_addr(h), addr, sizeof(addr)) < 0) {
                 fprintf(stderr, "tutti-run: no route from here to host %s: %s\n", h->name,
                         strerror(errno));
                 status = 1;
