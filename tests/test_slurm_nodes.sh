@@ -11,10 +11,14 @@
 #      tcp://tn01:<port> from job id slurm-<job>.<step>.
 #   2. Task 0 placed on tn02 (-m arbitrary -w tn02,tn01): rank 0 fails at once saying it
 #      is not on the step's first node and what to set, and the step ends (bounded).
+#   3. srun -N 2 -n 2 tutti-run -np 2 tutti-bench -c: each task a node of one job of 4
+#      ranks (as mpirun's daemons; two torchruns would make two jobs of 2), the store
+#      served by task 0's tutti-run on tn01.
 #
-#   tests/test_slurm_nodes.sh BUILD/bench/tutti-bench
+#   tests/test_slurm_nodes.sh BUILD/bench/tutti-bench BUILD/tools/tutti-run
 set -u
 bench=$(realpath "$1")
+run=$(realpath "$2")
 build=$(dirname "$(dirname "$bench")")
 cd "$(dirname "$0")/.." || exit 2
 for b in slurmctld slurmd srun sinfo nsenter unshare; do
@@ -99,4 +103,13 @@ took=$(($(date +%s) - t0))
     { cat "$WORK/off.txt"; fail "task 0 on tn02: exit $rc"; }
 [ "$took" -lt 30 ] || fail "task 0 on tn02: the step took $took s"
 echo "test_slurm_nodes: task 0 on tn02: refused, naming the first node and MASTER_ADDR ($took s)"
+
+# 3. tutti-run as the step's tasks
+on 0 env TUTTI_DEBUG=info timeout -k 5 60 srun -N 2 -n 2 -t 1 "$run" -np 2 "$bench" -b 4 -e 1M \
+    -f 32 -n 3 -w 1 -c >"$WORK/run.txt" 2>&1 || { tail -n 30 "$WORK/run.txt"; fail "srun tutti-run"; }
+grep -q "^# tutti-bench: allreduce, 4 ranks" "$WORK/run.txt" &&
+    ! grep -q "^# tutti-bench: allreduce, 2 ranks" "$WORK/run.txt" &&
+    grep -q "Slurm task 0 of 2: node 0 of the job, store tcp://tn01:[0-9]* (served here)" "$WORK/run.txt" ||
+    { cat "$WORK/run.txt"; fail "srun -N 2 -n 2 tutti-run -np 2: not one job of 4 ranks"; }
+echo "test_slurm_nodes: srun -N 2 -n 2 tutti-run -np 2: one job of 4 ranks, the store on tn01, right"
 echo "test_slurm_nodes: OK"

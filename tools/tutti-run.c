@@ -41,6 +41,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <tutti/tutti.h>
+
 #include "cli.h"
 #include "launch.h"
 #include "errfile.h"
@@ -315,6 +317,7 @@ typedef struct run_opts {
      * (--agent, on one of them) gets its ranks' numbers and its secret from that launch */
     tt_host_t *hosts;
     int nhosts, agent, rank_offset, world;
+    int nodes_named; /* --nnodes or --node-rank given (not the default one node) */
     const char *rsh, *launch_agent;
     const char *fwd[64]; /* -x VAR[=VALUE] */
     int nfwd;
@@ -596,6 +599,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         case 'X': o_p->no_python = 1; break;
         case 's': o_p->store = optarg; break;
         case 'N':
+            o_p->nodes_named = 1;
             if (strchr(optarg, ':')) { /* MIN:MAX */
                 char lo[32];
                 const char *colon = strchr(optarg, ':');
@@ -615,6 +619,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             }
             break;
         case 'K':
+            o_p->nodes_named = 1;
             if (tt_cli_int(optarg, 0, 1 << 20, &o_p->node_rank) < 0) {
                 fprintf(stderr, "tutti-run: --node-rank %s: expected 0 or more\n", optarg);
                 return 2;
@@ -1882,6 +1887,46 @@ static int agent_start(void)
     return 0;
 }
 
+/* srun -N M ... tutti-run -np N PROG: the tasks of the step are the nodes of one job, as
+ * mpirun's daemons are (torchrun's would each run a job of its own): node SLURM_PROCID
+ * of SLURM_STEP_NUM_TASKS, at the store the library derives for the step
+ * (tutti_store_open_env: on its first node, or on loopback where the step has one node;
+ * task 0 serves it, from here, for the whole run). Not where the command line names
+ * nodes, a store or hosts, or where an outer launcher placed this tutti-run (TUTTI_RANK,
+ * RANK). 0 (*server set, or left NULL where this is no such task), -1 having said why. */
+static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
+{
+    static char url[600];
+    const char *step = getenv("SLURM_STEP_ID"), *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    *server = NULL;
+    if (!step || !*step || !tasks || atoi(tasks) < 2 || o->nodes_named || o->store || o->nhosts ||
+        o->agent || o->world || getenv("TUTTI_RANK") || getenv("RANK"))
+        return 0;
+    int node, nodes;
+    if (tutti_store_open_env(server, &node, &nodes, NULL) < 0) {
+        fprintf(stderr,
+                "tutti-run: one of %s tasks of a Slurm step, each a node of the job: no store "
+                "for them: %s (or name the nodes: --nnodes, --node-rank, --store)\n",
+                tasks, tutti_comm_last_error(NULL));
+        *server = NULL;
+        return -1;
+    }
+    snprintf(url, sizeof(url), "%s", tutti_store_url(*server));
+    o->store = url;
+    o->nnodes = nodes;
+    o->node_rank = node;
+    setenv("TUTTI_STORE_SERVER", "0", 1); /* the ranks: task 0 serves it, here */
+    if (node) {                           /* a client: the ranks connect themselves */
+        tutti_store_close(*server);
+        *server = NULL;
+    }
+    if (getenv("TUTTI_DEBUG") && strcmp(getenv("TUTTI_DEBUG"), "warn") &&
+        strcmp(getenv("TUTTI_DEBUG"), "error"))
+        fprintf(stderr, "tutti-run: Slurm task %d of %d: node %d of the job, store %s%s\n", node,
+                nodes, node, url, node ? "" : " (served here)");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     run_opts_t o;
@@ -1901,8 +1946,15 @@ int main(int argc, char **argv)
         free(o.prog_owned);
         return 1;
     }
+    tutti_store_t *slurm_server = NULL; /* task 0 of a Slurm step of several: the store */
+    if (slurm_nodes(&o, &slurm_server) < 0) {
+        free(o.prog_owned);
+        return 1;
+    }
     if (check_args(&o) < 0) {
         free(o.prog_owned);
+        if (slurm_server)
+            tutti_store_close(slurm_server);
         return 2;
     }
     if (o.log_dir || o.redirects || o.tee) {
@@ -1978,6 +2030,8 @@ int main(int argc, char **argv)
     }
 out:
     tt_launch_finish(&l);
+    if (slurm_server) /* every node's ranks used it: they are done when ours are */
+        tutti_store_close(slurm_server);
     free(tags);
     free(pf);
     free(fails.f);
