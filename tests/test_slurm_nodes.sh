@@ -14,6 +14,9 @@
 #   3. srun -N 2 -n 2 tutti-run -np 2 tutti-bench -c: each task a node of one job of 4
 #      ranks (as mpirun's daemons; two torchruns would make two jobs of 2), the store
 #      served by task 0's tutti-run on tn01.
+#   4. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
+#      init_method="tutti://": 4 ranks, an all_reduce right (where torch and tutti.torch
+#      are).
 #
 #   tests/test_slurm_nodes.sh BUILD/bench/tutti-bench BUILD/tools/tutti-run
 set -u
@@ -112,4 +115,24 @@ grep -q "^# tutti-bench: allreduce, 4 ranks" "$WORK/run.txt" &&
     grep -q "Slurm task 0 of 2: node 0 of the job, store tcp://tn01:[0-9]* (served here)" "$WORK/run.txt" ||
     { cat "$WORK/run.txt"; fail "srun -N 2 -n 2 tutti-run -np 2: not one job of 4 ranks"; }
 echo "test_slurm_nodes: srun -N 2 -n 2 tutti-run -np 2: one job of 4 ranks, the store on tn01, right"
+
+# 4. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
+if [ -d "$build/python/tutti/torch" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    cat >"$WORK/t.py" <<'EOF'
+import torch, torch.distributed as dist, tutti.torch
+dist.init_process_group("tutti", init_method="tutti://")
+r, n = dist.get_rank(), dist.get_world_size()
+t = torch.arange(4, dtype=torch.float64) * (r + 1)
+dist.all_reduce(t)
+print(f"rank {r} of {n} sum {' '.join(str(int(x)) for x in t.tolist())}", flush=True)
+dist.destroy_process_group()
+EOF
+    on 0 env PYTHONPATH="$build/python" timeout -k 5 120 srun -N 2 -n 4 -t 2 /usr/bin/python3 \
+        "$WORK/t.py" >"$WORK/torch.txt" 2>&1 || { tail -n 30 "$WORK/torch.txt"; fail "srun python3 (torch)"; }
+    [ "$(grep -c '^rank [0-3] of 4 sum 0 10 20 30$' "$WORK/torch.txt")" = 4 ] ||
+        { cat "$WORK/torch.txt"; fail "torch's tutti:// under srun: not 4 ranks with the right sums"; }
+    echo "test_slurm_nodes: torch, init_method tutti:// under srun -N 2 -n 4: 4 ranks, sums right"
+else
+    echo "test_slurm_nodes: no tutti.torch or torch: the torch check is not run"
+fi
 echo "test_slurm_nodes: OK"

@@ -1053,6 +1053,63 @@ def test_tutti_run_env_init():
     _check_launched(outs, 1, 2)
 
 
+TUTTI_INIT = """
+import sys, torch, torch.distributed as dist, tutti.torch
+given = {} if len(sys.argv) < 2 else {"rank": int(sys.argv[1]), "world_size": int(sys.argv[2])}
+try:
+    dist.init_process_group("tutti", init_method="tutti://", **given)
+except ValueError as e:
+    print(f"refused: {e}", flush=True)
+    sys.exit(0)
+r, n = dist.get_rank(), dist.get_world_size()
+t = torch.arange(4, dtype=torch.float64) * (r + 1)
+dist.all_reduce(t)
+print(f"rank {r} of {n} sum {' '.join(str(int(x)) for x in t.tolist())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _ompi_ranks(n, args=lambda r: []):
+    """n processes of TUTTI_INIT with Open MPI's variables (every rank on this host, a job
+    id): what mpirun gives, with no store and no torch variable named; their outputs."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TUTTI_STORE")}
+    env.update(TUTTI_JOB_ID=f"tutti-init-{os.getpid()}-{time.monotonic_ns()}",
+               OMPI_COMM_WORLD_SIZE=str(n), OMPI_COMM_WORLD_LOCAL_SIZE=str(n))
+    procs = [subprocess.Popen([sys.executable, "-c", TUTTI_INIT] + [str(a) for a in args(r)],
+                              env=dict(env, OMPI_COMM_WORLD_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.communicate(timeout=120)[0], p.returncode))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    return outs
+
+
+def test_tutti_init_method_from_the_launchers_environment():
+    """init_method="tutti://": rank, size and store from mpirun's variables alone (the
+    library's loopback store for a job on one host, served by rank 0)."""
+    n = 3
+    want = " ".join(str(i * n * (n + 1) // 2) for i in range(4))
+    outs = _ompi_ranks(n)
+    for r, (out, rc) in enumerate(outs):
+        assert rc == 0 and f"rank {r} of {n} sum {want}" in out, out
+
+
+def test_tutti_init_method_refuses_another_rank():
+    """A rank given to init_process_group that the environment contradicts is refused,
+    naming both (here rank 0 told it is 1)."""
+    outs = _ompi_ranks(1, lambda r: [1, 2])
+    out, rc = outs[0]
+    assert rc == 0 and "refused: tutti:// rendezvous: rank=1 given" in out and \
+        "makes this process rank 0" in out, out
+
+
 def test_tutti_run_elastic_env_init():
     outs = _launched(2, 2, lambda d, k: ["--nnodes", "2:2", "--store", f"file://{d}/store"])
     _check_launched(outs, 2, 2)

@@ -275,6 +275,27 @@ class Store(_Handle):
         _live_stores.add(self)
 
     @classmethod
+    def from_env(cls, **opts):
+        """The job's store as the environment names it, with this process's rank and the
+        rank count: (store, rank, size), as tutti_store_open_env finds them (TUTTI_*,
+        torchrun's, mpirun's, srun's; a job on one host or a Slurm step meets without
+        a store named, rank 0 serving it). opts: tutti_comm_opts_t's (timeout_ms,
+        job_id, auth_token ...)."""
+        self = cls.__new__(cls)
+        self._h = self._base = None
+        o, keep = _lib.comm_opts(opts)
+        h, rank, size = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+        st = _lib_.tutti_store_open_env(ctypes.byref(h), ctypes.byref(rank), ctypes.byref(size),
+                                        ctypes.byref(o))
+        del keep
+        if st < 0:
+            why = _lib_.tutti_comm_last_error(None).decode() or _lib_.tutti_strerror(st).decode()
+            raise error_for(st, f"tutti: no store from the environment: {why}")
+        self._h = h
+        _live_stores.add(self)
+        return self, rank.value, size.value
+
+    @classmethod
     def _view(cls, base, prefix):
         self = cls.__new__(cls)
         self._h = self._base = None

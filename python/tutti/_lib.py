@@ -219,6 +219,8 @@ _OTHERS = {
     "tutti_store_opts_init": (_I, [ctypes.POINTER(StoreOpts)]),
     "tutti_store_open": (_I, [_WP, ctypes.c_char_p, ctypes.POINTER(StoreOpts)]),
     "tutti_store_open_prefixed": (_I, [_WP, _P, ctypes.c_char_p]),
+    "tutti_store_open_env": (_I, [_WP, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                                  ctypes.POINTER(CommOpts)]),
     "tutti_store_close": (None, [_P]),
     "tutti_store_url": (ctypes.c_char_p, [_P]),
     "tutti_store_port": (_I, [_P]),

@@ -45,6 +45,85 @@ if not hasattr(_dist.Backend, BACKEND.upper()):
     _register()
 
 
+def _bytes(v):
+    """A value as torch hands it over: bytes, a str, or (from C++) a list of byte values."""
+    return v.encode() if isinstance(v, str) else bytes(v)
+
+
+class Store(_dist.Store):
+    """A tutti store as torch's: what torch's rendezvous and its backends ask of a store
+    (set, get, add, compare_set, delete_key, check, wait), through a tutti.Store. The
+    tutti:// init method makes one; any tutti.Store can be wrapped (timeout: a timedelta,
+    the bound of get and wait)."""
+
+    def __init__(self, store, timeout=None):
+        super().__init__()
+        self._s = store
+        self._ms = int((timeout or _dist.default_pg_timeout).total_seconds() * 1000)
+
+    def set(self, key, value):
+        self._s.set(key, _bytes(value))
+
+    def get(self, key):
+        return self._s.get(key, self._ms)
+
+    def add(self, key, amount):
+        return self._s.add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        return self._s.compare_set(key, _bytes(expected), _bytes(desired))
+
+    def delete_key(self, key):
+        return self._s.delete(key)
+
+    def check(self, keys):
+        return self._s.check(list(keys))
+
+    def wait(self, keys, timeout=None):
+        ms = self._ms if timeout is None else int(timeout.total_seconds() * 1000)
+        self._s.wait(list(keys), ms)
+
+    def num_keys(self):
+        raise RuntimeError("tutti.torch.Store: a tutti store does not count its keys")
+
+
+# torch holds its stores in C++: the Python side of each one made here must outlive it
+_stores = []
+
+
+def _tutti_rendezvous(url, timeout=None, **kwargs):
+    """init_method="tutti://": the rank, the size and the store from the launcher's
+    environment, as tutti_comm_init_env finds them (TUTTI_*, torchrun's, mpirun's,
+    srun's: a job on one host, or a Slurm step across nodes, needs nothing set); a rank
+    or world_size given to init_process_group must agree with them."""
+    from urllib.parse import parse_qs, urlparse
+    import tutti
+    q = parse_qs(urlparse(url).query)
+    opts = {} if timeout is None else {"timeout_ms": int(timeout.total_seconds() * 1000)}
+    store, rank, size = tutti.Store.from_env(**opts)
+    for name, have in (("rank", rank), ("world_size", size)):
+        given = int(q.get(name, ["-1"])[0])
+        if given >= 0 and given != have:
+            store.close()
+            raise ValueError(f"tutti:// rendezvous: {name}={given} given, but the environment "
+                             f"makes this process {name} {have}")
+    s = Store(store, timeout)
+    _stores.append(s)
+    yield (s, rank, size)
+    raise RuntimeError("tutti:// rendezvous: no second store (a restart needs a new init)")
+
+
+def _register_rendezvous():
+    try:
+        from torch.distributed.rendezvous import register_rendezvous_handler
+        register_rendezvous_handler("tutti", _tutti_rendezvous)
+    except (ImportError, ValueError):  # no such API, or registered already
+        pass
+
+
+_register_rendezvous()
+
+
 def trace(group=None):
     """The flight recorder of a tutti group (default: the default group): its last calls
     (TUTTI_TRACE_ENTRIES of them) with their state, as a dict (tutti_comm_trace_dump's
