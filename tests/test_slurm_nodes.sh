@@ -115,6 +115,18 @@ grep -q "^# tutti-bench: allreduce, 4 ranks" "$WORK/run.txt" &&
     grep -q "Slurm task 0 of 2: node 0 of the job, store tcp://tn01:[0-9]* (served here)" "$WORK/run.txt" ||
     { cat "$WORK/run.txt"; fail "srun -N 2 -n 2 tutti-run -np 2: not one job of 4 ranks"; }
 echo "test_slurm_nodes: srun -N 2 -n 2 tutti-run -np 2: one job of 4 ranks, the store on tn01, right"
+# a batch script of both nodes running tutti-run outside a step: its ranks stay on tn01,
+# and it says so (mpirun would have used both nodes)
+jid=$(on 0 timeout 30 sbatch --parsable -N 2 -t 1 -o "$WORK/batch.out" \
+    --wrap "'$run' -np 2 '$bench' -b 4 -e 4 -n 1 -w 0 -c") || fail "sbatch"
+for _ in $(seq 300); do
+    grep -q "Avg bus bandwidth" "$WORK/batch.out" 2>/dev/null && break
+    sleep .1
+done
+grep -q "^# tutti-bench: allreduce, 2 ranks" "$WORK/batch.out" &&
+    grep -q "Slurm job $jid has 2 nodes, but this is its batch script, not a step" "$WORK/batch.out" ||
+    { cat "$WORK/batch.out"; fail "tutti-run in a batch script of 2 nodes: no warning"; }
+echo "test_slurm_nodes: tutti-run in a 2-node batch script: 2 ranks on tn01, and it says so"
 
 # 4. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
 if [ -d "$build/python/tutti/torch" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then

@@ -1898,7 +1898,17 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
 {
     static char url[600];
     const char *step = getenv("SLURM_STEP_ID"), *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    const char *job = getenv("SLURM_JOB_ID"), *nn = getenv("SLURM_JOB_NUM_NODES");
     *server = NULL;
+    /* a batch script of a job of several nodes (no step): the ranks run here only, where
+     * mpirun would start them on every node; said, not guessed at */
+    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o->nodes_named &&
+        !o->store && !o->nhosts && !o->agent)
+        fprintf(stderr,
+                "tutti-run: Slurm job %s has %d nodes, but this is its batch script, not a "
+                "step: the %d rank(s) run on this node only (srun --ntasks-per-node 1 "
+                "tutti-run ... makes each node a node of the job)\n",
+                job, atoi(nn), o->np);
     if (!step || !*step || !tasks || atoi(tasks) < 2 || o->nodes_named || o->store || o->nhosts ||
         o->agent || o->world || getenv("TUTTI_RANK") || getenv("RANK"))
         return 0;
