@@ -95,7 +95,7 @@ rc=$?
 [ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/3 0/2 0/2;1/3 1/2 0/2;2/3 0/1 1/2;" ] ||
     fail "-H $A:1,localhost:1,$B:1: exit $rc: $out"
 echo "two names of one host: one node (LOCAL_RANK 0 and 1)"
-for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A"; do
+for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A" "-H $B,root@$B"; do
     # shellcheck disable=SC2086
     out=$(inA timeout 10 "$run" $bad true 2>&1)
     rc=$?

@@ -115,6 +115,11 @@ grep -q "^# tutti-bench: allreduce, 4 ranks" "$WORK/run.txt" &&
     grep -q "Slurm task 0 of 2: node 0 of the job, store tcp://tn01:[0-9]* (served here)" "$WORK/run.txt" ||
     { cat "$WORK/run.txt"; fail "srun -N 2 -n 2 tutti-run -np 2: not one job of 4 ranks"; }
 echo "test_slurm_nodes: srun -N 2 -n 2 tutti-run -np 2: one job of 4 ranks, the store on tn01, right"
+# two tasks on one node would each number their ranks from LOCAL_RANK 0: refused
+on 0 timeout -k 5 60 srun -N 1 -n 2 -t 1 "$run" -np 1 "$bench" -b 4 -e 4 -n 1 -w 0 \
+    >"$WORK/two.txt" 2>&1 && fail "srun -N 1 -n 2 tutti-run: not refused"
+grep -q "give it one task a node" "$WORK/two.txt" || { cat "$WORK/two.txt"; fail "srun -N 1 -n 2 tutti-run"; }
+echo "test_slurm_nodes: srun -N 1 -n 2 tutti-run: refused (one task a node)"
 # a batch script of both nodes running tutti-run outside a step: its ranks stay on tn01,
 # and it says so (mpirun would have used both nodes)
 jid=$(on 0 timeout 30 sbatch --parsable -N 2 -t 1 -o "$WORK/batch.out" \
@@ -144,6 +149,15 @@ EOF
     [ "$(grep -c '^rank [0-3] of 4 sum 0 10 20 30$' "$WORK/torch.txt")" = 4 ] ||
         { cat "$WORK/torch.txt"; fail "torch's tutti:// under srun: not 4 ranks with the right sums"; }
     echo "test_slurm_nodes: torch, init_method tutti:// under srun -N 2 -n 4: 4 ranks, sums right"
+    # torch's env:// under srun tutti-run, MASTER_ADDR and MASTER_PORT set as Slurm
+    # scripts do: torch's store takes that port, tutti's is elsewhere
+    sed 's|init_method="tutti://"|init_method="env://"|' "$WORK/t.py" >"$WORK/t_env.py"
+    on 0 env PYTHONPATH="$build/python" MASTER_ADDR=tn01 MASTER_PORT=29877 timeout -k 5 120 \
+        srun -N 2 -n 2 -t 2 "$run" -np 2 /usr/bin/python3 "$WORK/t_env.py" >"$WORK/torch_env.txt" 2>&1 ||
+        { tail -n 30 "$WORK/torch_env.txt"; fail "srun tutti-run python3 (torch env://, MASTER_PORT set)"; }
+    [ "$(grep -c '^rank [0-3] of 4 sum 0 10 20 30$' "$WORK/torch_env.txt")" = 4 ] ||
+        { cat "$WORK/torch_env.txt"; fail "torch env:// under srun tutti-run: not 4 ranks with the right sums"; }
+    echo "test_slurm_nodes: torch env:// under srun -N 2 -n 2 tutti-run -np 2, MASTER_PORT set: 4 ranks, right"
 else
     echo "test_slurm_nodes: no tutti.torch or torch: the torch check is not run"
 fi

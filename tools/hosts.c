@@ -32,8 +32,16 @@ static int add_host(const char *tool, const char *user, size_t ulen, const char 
      * each with LOCAL_RANK 0. Each name is asked once whether it is local. */
     int local = tt_host_is_local(full + at);
     for (int i = 0; i < *n; i++) {
-        if (!strcmp((*hosts)[i].name, full) || (local && (*hosts)[i].local)) {
-            (*hosts)[i].slots += slots;
+        tt_host_t *o = &(*hosts)[i];
+        if (!strcmp(tt_host_addr(o), full + at) || (local && o->local)) {
+            /* one host, one node: under one user (a second would be a second node
+             * there, each numbering its ranks from LOCAL_RANK 0) */
+            if (!local && strcmp(o->name, full)) {
+                fprintf(stderr, "%s: host %s named as %s and as %s: give it one user\n", tool,
+                        full + at, o->name, full);
+                return -1;
+            }
+            o->slots += slots;
             return 0;
         }
     }

@@ -1902,8 +1902,8 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
     *server = NULL;
     /* a batch script of a job of several nodes (no step): the ranks run here only, where
      * mpirun would start them on every node; said, not guessed at */
-    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o->nodes_named &&
-        !o->store && !o->nhosts && !o->agent)
+    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o->nodes_named && !o->store &&
+        !o->nhosts && !o->agent)
         fprintf(stderr,
                 "tutti-run: Slurm job %s has %d nodes, but this is its batch script, not a "
                 "step: the %d rank(s) run on this node only (srun --ntasks-per-node 1 "
@@ -1912,8 +1912,34 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
     if (!step || !*step || !tasks || atoi(tasks) < 2 || o->nodes_named || o->store || o->nhosts ||
         o->agent || o->world || getenv("TUTTI_RANK") || getenv("RANK"))
         return 0;
+    /* one task a node: two on one node would each number their ranks from LOCAL_RANK 0
+     * (SLURM_STEP_TASKS_PER_NODE: "1(x4)", or "1,1" ...) */
+    const char *per = getenv("SLURM_STEP_TASKS_PER_NODE");
+    for (const char *c = per; c && *c; c = strchr(c, ',') ? strchr(c, ',') + 1 : "") {
+        if (c[0] != '1' || (c[1] && c[1] != ',' && c[1] != '(')) {
+            fprintf(stderr,
+                    "tutti-run: a Slurm step of %s tasks, %s a node: each tutti-run task is a "
+                    "node of the job, so give it one task a node (srun --ntasks-per-node 1; "
+                    "-np sets the ranks each starts)\n",
+                    tasks, per);
+            return -1;
+        }
+    }
+    /* torch's MASTER_ADDR/MASTER_PORT, which the ranks get as they are, are torch's
+     * store's: tutti's is the step's own (tutti_store_open_env would take them) */
+    char *ma = getenv("MASTER_ADDR") ? strdup(getenv("MASTER_ADDR")) : NULL;
+    char *mp = getenv("MASTER_PORT") ? strdup(getenv("MASTER_PORT")) : NULL;
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
     int node, nodes;
-    if (tutti_store_open_env(server, &node, &nodes, NULL) < 0) {
+    int st = tutti_store_open_env(server, &node, &nodes, NULL);
+    if (ma)
+        setenv("MASTER_ADDR", ma, 1);
+    if (mp)
+        setenv("MASTER_PORT", mp, 1);
+    free(ma);
+    free(mp);
+    if (st < 0) {
         fprintf(stderr,
                 "tutti-run: one of %s tasks of a Slurm step, each a node of the job: no store "
                 "for them: %s (or name the nodes: --nnodes, --node-rank, --store)\n",
@@ -1925,16 +1951,33 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
     o->store = url;
     o->nnodes = nodes;
     o->node_rank = node;
-    setenv("TUTTI_STORE_SERVER", "0", 1); /* the ranks: task 0 serves it, here */
-    if (node) {                           /* a client: the ranks connect themselves */
-        tutti_store_close(*server);
-        *server = NULL;
-    }
+    setenv("TUTTI_STORE_SERVER", "0", 1); /* the ranks: task 0 serves it, here; every
+                                             task keeps its handle for the exit barrier */
     if (getenv("TUTTI_DEBUG") && strcmp(getenv("TUTTI_DEBUG"), "warn") &&
         strcmp(getenv("TUTTI_DEBUG"), "error"))
         fprintf(stderr, "tutti-run: Slurm task %d of %d: node %d of the job, store %s%s\n", node,
                 nodes, node, url, node ? "" : " (served here)");
     return 0;
+}
+
+/* A Slurm step's node is through (its ranks exited): said in the store; task 0, which
+ * serves it, waits (up to TUTTI_TIMEOUT_MS, default 30 s) for every node to say so,
+ * since the others' ranks may still read it (a peer's failure report, their destroy). */
+static void slurm_exit(const run_opts_t *o, tutti_store_t *store)
+{
+    int64_t n = 0;
+    if (tutti_store_add(store, "tutti-run/through", 1, &n) < 0 || o->node_rank != 0)
+        return;
+    const char *t = getenv("TUTTI_TIMEOUT_MS");
+    double end = now_ms() + (t && atoi(t) > 0 ? atoi(t) : 30000);
+    while (n < o->nnodes && now_ms() < end) {
+        usleep(20000);
+        if (tutti_store_add(store, "tutti-run/through", 0, &n) < 0)
+            return;
+    }
+    if (n < o->nnodes)
+        fprintf(stderr, "tutti-run: %lld of %d nodes through when the store went\n", (long long)n,
+                o->nnodes);
 }
 
 int main(int argc, char **argv)
@@ -2040,8 +2083,10 @@ int main(int argc, char **argv)
     }
 out:
     tt_launch_finish(&l);
-    if (slurm_server) /* every node's ranks used it: they are done when ours are */
+    if (slurm_server) { /* the exit barrier: task 0 serves until every node is through */
+        slurm_exit(&o, slurm_server);
         tutti_store_close(slurm_server);
+    }
     free(tags);
     free(pf);
     free(fails.f);

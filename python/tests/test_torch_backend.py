@@ -1069,14 +1069,14 @@ dist.destroy_process_group()
 """
 
 
-def _ompi_ranks(n, args=lambda r: []):
+def _ompi_ranks(n, args=lambda r: [], script=TUTTI_INIT):
     """n processes of TUTTI_INIT with Open MPI's variables (every rank on this host, a job
     id): what mpirun gives, with no store and no torch variable named; their outputs."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TUTTI_STORE")}
     env.update(TUTTI_JOB_ID=f"tutti-init-{os.getpid()}-{time.monotonic_ns()}",
                OMPI_COMM_WORLD_SIZE=str(n), OMPI_COMM_WORLD_LOCAL_SIZE=str(n))
-    procs = [subprocess.Popen([sys.executable, "-c", TUTTI_INIT] + [str(a) for a in args(r)],
+    procs = [subprocess.Popen([sys.executable, "-c", script] + [str(a) for a in args(r)],
                               env=dict(env, OMPI_COMM_WORLD_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(n)]
@@ -1099,6 +1099,44 @@ def test_tutti_init_method_from_the_launchers_environment():
     outs = _ompi_ranks(n)
     for r, (out, rc) in enumerate(outs):
         assert rc == 0 and f"rank {r} of {n} sum {want}" in out, out
+
+
+TUTTI_REINIT = """
+import datetime, torch, torch.distributed as dist, tutti.torch
+from torch.distributed import distributed_c10d as c10d
+for i in range(2):
+    dist.init_process_group("tutti", init_method="tutti://")
+    r = dist.get_rank()
+    t = torch.ones(3) * (r + 1)
+    dist.all_reduce(t)
+    print(f"init {i} rank {r} sum {t.tolist()}", flush=True)
+    if i == 0 and r == 0:  # torch's store calls, as torch's own stores answer them
+        st = c10d._get_default_store()  # a PrefixStore over tutti.torch.Store
+        st.set("k", "v")
+        print("delete", st.delete_key("k"), st.delete_key("k"), flush=True)
+        print("compare_set", st.compare_set("missing", "exp", "des"), flush=True)
+        try:
+            st.wait(["never"], datetime.timedelta(seconds=0.3))
+        except RuntimeError:
+            print("wait: RuntimeError", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def test_tutti_init_method_twice_and_torchs_store_calls():
+    """Two tutti:// inits in one process (the first group destroyed): the second meets at
+    a job and port of its own; torch's store calls on the default store answer as torch's
+    stores do (delete_key through a PrefixStore, compare_set of a missing key, a wait's
+    timeout a RuntimeError)."""
+    outs = _ompi_ranks(2, script=TUTTI_REINIT)
+    for r, (out, rc) in enumerate(outs):
+        assert rc == 0, out
+        for i in range(2):
+            assert f"init {i} rank {r} sum [3.0, 3.0, 3.0]" in out, out
+    out0 = outs[0][0]
+    assert "delete True False" in out0 and "compare_set b'exp'" in out0 and \
+        "wait: RuntimeError" in out0, out0
 
 
 def test_tutti_init_method_refuses_another_rank():

@@ -50,45 +50,82 @@ def _bytes(v):
     return v.encode() if isinstance(v, str) else bytes(v)
 
 
+def _store_errors(fn):
+    """tutti's store errors as torch's stores raise theirs: RuntimeError (torch 2.x's
+    DistStoreError where it has one; its barrier retries a wait on RuntimeError)."""
+    import functools
+    import tutti
+    cls = getattr(_dist, "DistStoreError", RuntimeError)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except tutti.Error as e:
+            raise cls(str(e)) from e
+    return call
+
+
+def _ms(timeout):
+    """A torch timeout (a timedelta) in ms; 0, as torch takes it, is none (-1)."""
+    ms = int(timeout.total_seconds() * 1000)
+    return ms if ms > 0 else -1
+
+
 class Store(_dist.Store):
     """A tutti store as torch's: what torch's rendezvous and its backends ask of a store
-    (set, get, add, compare_set, delete_key, check, wait), through a tutti.Store. The
-    tutti:// init method makes one; any tutti.Store can be wrapped (timeout: a timedelta,
-    the bound of get and wait)."""
+    (set, get, add, compare_set, delete_key, check, wait), through a tutti.Store, with
+    torch's semantics and RuntimeError for its errors. The tutti:// init method makes one;
+    any tutti.Store can be wrapped (timeout: a timedelta, the bound of get and wait,
+    default torch's 30 minutes)."""
 
     def __init__(self, store, timeout=None):
         super().__init__()
         self._s = store
-        self._ms = int((timeout or _dist.default_pg_timeout).total_seconds() * 1000)
+        self._ms = _ms(timeout) if timeout is not None else _ms(_dist.default_pg_timeout)
 
+    @_store_errors
     def set(self, key, value):
         self._s.set(key, _bytes(value))
 
+    @_store_errors
     def get(self, key):
         return self._s.get(key, self._ms)
 
+    @_store_errors
     def add(self, key, amount):
         return self._s.add(key, amount)
 
+    @_store_errors
     def compare_set(self, key, expected, desired):
-        return self._s.compare_set(key, _bytes(expected), _bytes(desired))
+        expected = _bytes(expected)
+        if expected and not self._s.check([key]):
+            return expected  # torch's stores: a missing key with an expected value
+        return self._s.compare_set(key, expected, _bytes(desired))
 
+    @_store_errors
     def delete_key(self, key):
         return self._s.delete(key)
 
+    @_store_errors
     def check(self, keys):
         return self._s.check(list(keys))
 
+    @_store_errors
     def wait(self, keys, timeout=None):
-        ms = self._ms if timeout is None else int(timeout.total_seconds() * 1000)
-        self._s.wait(list(keys), ms)
+        self._s.wait(list(keys), self._ms if timeout is None else _ms(timeout))
 
     def num_keys(self):
         raise RuntimeError("tutti.torch.Store: a tutti store does not count its keys")
 
+    # the names torch's C++ side asks a Python store for (a PrefixStore over this one)
+    deleteKey = delete_key
+    getNumKeys = num_keys
+
 
 # torch holds its stores in C++: the Python side of each one made here must outlive it
 _stores = []
+_inits = 0  # tutti:// rendezvous made in this process
 
 
 def _tutti_rendezvous(url, timeout=None, **kwargs):
@@ -98,8 +135,17 @@ def _tutti_rendezvous(url, timeout=None, **kwargs):
     or world_size given to init_process_group must agree with them."""
     from urllib.parse import parse_qs, urlparse
     import tutti
+    global _inits
+    if not _dist.is_initialized():  # the groups of an earlier init are gone: their stores too
+        for old in _stores:
+            old._s.close()
+        _stores.clear()
     q = parse_qs(urlparse(url).query)
     opts = {} if timeout is None else {"timeout_ms": int(timeout.total_seconds() * 1000)}
+    if _inits:  # a new init in this process (every rank's n-th): a job, and a port, of its own
+        import os
+        opts["job_id"] = f"{os.environ.get('TUTTI_JOB_ID') or 'tutti'}-init{_inits}"
+    _inits += 1
     store, rank, size = tutti.Store.from_env(**opts)
     for name, have in (("rank", rank), ("world_size", size)):
         given = int(q.get(name, ["-1"])[0])
