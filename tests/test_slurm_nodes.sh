@@ -134,7 +134,10 @@ grep -q "^# tutti-bench: allreduce, 2 ranks" "$WORK/batch.out" &&
 echo "test_slurm_nodes: tutti-run in a 2-node batch script: 2 ranks on tn01, and it says so"
 
 # 4. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
-if [ -d "$build/python/tutti/torch" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+# (the extension built, and a library Python can load: not a sanitizer build's)
+if compgen -G "$build/python/tutti/torch/_C*.so" >/dev/null &&
+    ! ldd "$build/lib/libtutti.so" 2>/dev/null | grep -q 'lib[at]san' &&
+    /usr/bin/python3 -c "import torch" 2>/dev/null; then
     cat >"$WORK/t.py" <<'EOF'
 import torch, torch.distributed as dist, tutti.torch
 dist.init_process_group("tutti", init_method="tutti://")
@@ -159,6 +162,6 @@ EOF
         { cat "$WORK/torch_env.txt"; fail "torch env:// under srun tutti-run: not 4 ranks with the right sums"; }
     echo "test_slurm_nodes: torch env:// under srun -N 2 -n 2 tutti-run -np 2, MASTER_PORT set: 4 ranks, right"
 else
-    echo "test_slurm_nodes: no tutti.torch or torch: the torch check is not run"
+    echo "test_slurm_nodes: no tutti.torch, torch, or a library Python can load: the torch checks are not run"
 fi
 echo "test_slurm_nodes: OK"
