@@ -139,12 +139,13 @@ if compgen -G "$build/python/tutti/torch/_C*.so" >/dev/null &&
     ! ldd "$build/lib/libtutti.so" 2>/dev/null | grep -q 'lib[at]san' &&
     /usr/bin/python3 -c "import torch" 2>/dev/null; then
     cat >"$WORK/t.py" <<'EOF'
-import torch, torch.distributed as dist, tutti.torch
+import os, torch, torch.distributed as dist, tutti.torch
 dist.init_process_group("tutti", init_method="tutti://")
 r, n = dist.get_rank(), dist.get_world_size()
 t = torch.arange(4, dtype=torch.float64) * (r + 1)
 dist.all_reduce(t)
-print(f"rank {r} of {n} sum {' '.join(str(int(x)) for x in t.tolist())}", flush=True)
+# one write: under tutti-run the ranks share the pipe (print writes the newline apart)
+os.write(1, f"rank {r} of {n} sum {' '.join(str(int(x)) for x in t.tolist())}\n".encode())
 dist.destroy_process_group()
 EOF
     on 0 env PYTHONPATH="$build/python" timeout -k 5 120 srun -N 2 -n 4 -t 2 /usr/bin/python3 \
