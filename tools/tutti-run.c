@@ -1999,7 +1999,8 @@ int main(int argc, char **argv)
         free(o.prog_owned);
         return 1;
     }
-    tutti_store_t *slurm_server = NULL; /* task 0 of a Slurm step of several: the store */
+    tutti_store_t *slurm_server = NULL; /* a task of a Slurm step of several: the step's
+                                           store (task 0 serves it) */
     if (slurm_nodes(&o, &slurm_server) < 0) {
         free(o.prog_owned);
         return 1;
@@ -2083,7 +2084,8 @@ int main(int argc, char **argv)
     }
 out:
     tt_launch_finish(&l);
-    if (slurm_server) { /* the exit barrier: task 0 serves until every node is through */
+    if (slurm_server) { /* the exit barrier: task 0 serves until every node is through;
+                           the others say they are */
         slurm_exit(&o, slurm_server);
         tutti_store_close(slurm_server);
     }
