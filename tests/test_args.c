@@ -15,6 +15,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "base/hostlist.h"
 
 static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -460,6 +461,98 @@ START_TEST(slurm_node_lists)
 }
 END_TEST
 
+/* Slurm's host lists expanded (lib/base/hostlist.c: the library's step and tutti-run's
+ * batch allocation), against lists written out by hand. */
+static int join_host(void *ctx, const char *host)
+{
+    char *out = ctx;
+    size_t n = strlen(out);
+    snprintf(out + n, 1024 - n, "%s%s", n ? " " : "", host);
+    return 0;
+}
+
+static int count_host(void *ctx, const char *host)
+{
+    (void)host;
+    ++*(int *)ctx;
+    return 0;
+}
+
+static int stop_at_two(void *ctx, const char *host)
+{
+    join_host(ctx, host);
+    return strchr(ctx, ' ') != NULL;
+}
+
+START_TEST(slurm_hostlist_expand)
+{
+    static const struct {
+        const char *list, *want; /* want NULL: does not parse */
+    } cases[] = {
+        { "gpu[07-09,12],cpu3", "gpu07 gpu08 gpu09 gpu12 cpu3" },
+        { "rack[2-3]-ib[0-1]", "rack2-ib0 rack2-ib1 rack3-ib0 rack3-ib1" },
+        { "n[8-10]", "n8 n9 n10" },
+        { "n[098-101]x", "n098x n099x n100x n101x" },
+        { "tn[01-02]", "tn01 tn02" },
+        { "10.0.0.[1-2],a", "10.0.0.1 10.0.0.2 a" },
+        { "[1-2]", "1 2" },
+        { "x", "x" },
+        { "n[1-2", NULL },
+        { "n[x-2]", NULL },
+        { ",n1", NULL },
+        { "a,", NULL },
+        { "a,,b", NULL },
+        { "n[]", NULL },
+        { "n[-3],n1", NULL },
+        { "n[3-1]", NULL },
+        { "n[1,,2]", NULL },
+        { "n[1-]", NULL },
+        { "a b", NULL },
+        { "n]1", NULL },
+        { "n[[1]]", NULL },
+        { "n[1]]", NULL },
+        { "", NULL },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char out[1024] = "";
+        int n = tt_hostlist_each(cases[i].list, join_host, out);
+        if (!cases[i].want) {
+            ck_assert_msg(n == -1 && !out[0], "'%s': %d hosts '%s', expected -1 and none",
+                          cases[i].list, n, out);
+            continue;
+        }
+        int words = 1;
+        for (const char *c = cases[i].want; *c; c++)
+            words += *c == ' ';
+        ck_assert_msg(n == words && !strcmp(out, cases[i].want), "'%s': %d '%s', expected %d '%s'",
+                      cases[i].list, n, out, words, cases[i].want);
+    }
+    /* stopping early, and the first host */
+    char out[1024] = "", first[8];
+    ck_assert_int_eq(tt_hostlist_each("a[1-100000000]", stop_at_two, out), 2);
+    ck_assert_str_eq(out, "a1 a2");
+    ck_assert_int_eq(tt_hostlist_first("gpu[07-09]", first, sizeof(first)), 0);
+    ck_assert_str_eq(first, "gpu07");
+    ck_assert_int_eq(tt_hostlist_first("longname[1-2]", first, sizeof(first)), -1);
+    /* a host of 256 bytes or more, literal or from a range, does not parse, and then no
+     * host is given at all (the list is checked first) */
+    char big[300];
+    int count = 0;
+    memset(big, 'h', sizeof(big));
+    big[255] = '\0';
+    ck_assert_int_eq(tt_hostlist_each(big, count_host, &count), 1); /* 255 bytes */
+    big[255] = 'h';
+    big[256] = '\0';
+    ck_assert_int_eq(tt_hostlist_each(big, count_host, &count), -1); /* 256 */
+    snprintf(big + 253, sizeof(big) - 253, "[8-12]");                /* 254 and 255 bytes */
+    ck_assert_int_eq(tt_hostlist_each(big, count_host, &count), 5);
+    snprintf(big + 254, sizeof(big) - 254, "[8-12]"); /* 255, then 256 at h..h10 */
+    count = 0;
+    ck_assert_int_eq(tt_hostlist_each(big, count_host, &count), -1);
+    ck_assert_int_eq(count, 0);
+}
+END_TEST
+
 /* ---- IPv6 on loopback ---- */
 
 static int have_ipv6_loopback(void)
@@ -591,7 +684,8 @@ static Suite *suite(void)
                                          bad_arguments_other_collectives, NULL });
     th_add_tests(s, "env", 90,
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
-                                         init_from_mpirun_env, slurm_node_lists, NULL });
+                                         init_from_mpirun_env, slurm_node_lists,
+                                         slurm_hostlist_expand, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
     return s;

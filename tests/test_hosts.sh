@@ -14,7 +14,8 @@
 #      after ssh's connection goes, and stops its ranks; nothing is left on B.
 #   4. A host file with Open MPI's spellings gives each rank its RANK, WORLD_SIZE,
 #      LOCAL_RANK, GROUP_RANK and GROUP_WORLD_SIZE; bad host lists (more ranks than
-#      slots, a bad SLOTS) exit 2.
+#      slots, a bad SLOTS) exit 2. A Slurm batch script's variables (no srun here:
+#      TUTTI_RSH) make the allocation the hosts: 2+1 ranks; bad ones exit 2.
 #
 #   tests/test_hosts.sh BUILD/tools/tutti-run BUILD/bench/tutti-bench   (root and iproute2;
 #                                                                       77 without them)
@@ -95,6 +96,34 @@ rc=$?
 [ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/3 0/2 0/2;1/3 1/2 0/2;2/3 0/1 1/2;" ] ||
     fail "-H $A:1,localhost:1,$B:1: exit $rc: $out"
 echo "two names of one host: one node (LOCAL_RANK 0 and 1)"
+# a Slurm batch script's allocation as the hosts (the variables sbatch sets there; the
+# nodes reached through TUTTI_RSH here, where there is no srun): a host list of the two
+# addresses with 2 and 1 tasks, every slot by default; a node named by SLURMD_NODENAME
+# is this one, whatever its host name; lists that do not parse or match exit 2
+# (Slurm's name for A, tt-node-a, is neither its host name nor an address: only
+# SLURMD_NODENAME says it is this node, else the stand-in ssh would fail on it)
+slurm=(env SLURM_JOB_ID=5 SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST="tt-node-a,${B%.*}.[${B##*.}]"
+    SLURM_TASKS_PER_NODE="2,1" SLURMD_NODENAME=tt-node-a TUTTI_RSH="$WORK/rsh")
+out=$(inA timeout 30 "${slurm[@]}" "$run" -x LD_LIBRARY_PATH \
+    sh -c 'echo "$RANK/$WORLD_SIZE $LOCAL_RANK $GROUP_RANK/$GROUP_WORLD_SIZE"' 2>&1)
+rc=$?
+[ "$rc" = 0 ] && [ "$(echo "$out" | sort | tr '\n' ';')" = "0/3 0 0/2;1/3 1 0/2;2/3 0 1/2;" ] ||
+    fail "a Slurm allocation tt-node-a,${B%.*}.[${B##*.}], 2,1 tasks: exit $rc: $out"
+echo "a Slurm batch allocation: its nodes and slots (2,1) as the hosts"
+for bad in "SLURM_TASKS_PER_NODE=2" "SLURM_TASKS_PER_NODE=1(x3)" "SLURM_TASKS_PER_NODE=1,x" \
+    "SLURM_JOB_NODELIST=n[1-" "SLURM_TASKS_PER_NODE=1(x2"; do
+    out=$(inA timeout 10 "${slurm[@]}" "$bad" "$run" true 2>&1)
+    rc=$?
+    [ "$rc" = 2 ] && echo "$out" | grep -q "do not parse, or do not match" ||
+        fail "a Slurm allocation with $bad: exit $rc, expected 2 ($out)"
+done
+out=$(inA timeout 10 "${slurm[@]}" "$run" -np 4 true 2>&1)
+[ $? = 2 ] && echo "$out" | grep -q "SLURM_TASKS_PER_NODE=2,1; sbatch -n" ||
+    fail "a Slurm allocation of 3 slots, -np 4: not refused naming them ($out)"
+out=$(inA timeout 10 "${slurm[@]}" "$run" --max-restarts 1 true 2>&1)
+[ $? = 2 ] && echo "$out" | grep -q "does not go with --max-restarts" ||
+    fail "a Slurm allocation with --max-restarts: not refused ($out)"
+echo "a Slurm allocation that does not parse, has too few slots, or with --max-restarts: exit 2"
 for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A" "-H $B,root@$B"; do
     # shellcheck disable=SC2086
     out=$(inA timeout 10 "$run" $bad true 2>&1)

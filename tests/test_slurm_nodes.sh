@@ -14,7 +14,13 @@
 #   3. srun -N 2 -n 2 tutti-run -np 2 tutti-bench -c: each task a node of one job of 4
 #      ranks (as mpirun's daemons; two torchruns would make two jobs of 2), the store
 #      served by task 0's tutti-run on tn01.
-#   4. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
+#   4. tutti-run in a batch script of both nodes (sbatch -N 2 --ntasks-per-node 2, no
+#      step): the allocation's nodes are its hosts, as mpirun's: tutti-bench -c on every
+#      slot is one job of 4 ranks, -np 3 puts ranks 0-1 on tn01 and rank 2 on tn02
+#      (started there through srun), -np 5 is refused naming the slots, and a rank on
+#      tn02 exiting 3 ends the launch with 3 at once, nothing left running; the launch
+#      stopped (SIGTERM) or killed (SIGKILL) leaves nothing on either node.
+#   5. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
 #      init_method="tutti://": 4 ranks, an all_reduce right (where torch and tutti.torch
 #      are).
 #
@@ -120,20 +126,60 @@ on 0 timeout -k 5 60 srun -N 1 -n 2 -t 1 "$run" -np 1 "$bench" -b 4 -e 4 -n 1 -w
     >"$WORK/two.txt" 2>&1 && fail "srun -N 1 -n 2 tutti-run: not refused"
 grep -q "give it one task a node" "$WORK/two.txt" || { cat "$WORK/two.txt"; fail "srun -N 1 -n 2 tutti-run"; }
 echo "test_slurm_nodes: srun -N 1 -n 2 tutti-run: refused (one task a node)"
-# a batch script of both nodes running tutti-run outside a step: its ranks stay on tn01,
-# and it says so (mpirun would have used both nodes)
-jid=$(on 0 timeout 30 sbatch --parsable -N 2 -t 1 -o "$WORK/batch.out" \
-    --wrap "'$run' -np 2 '$bench' -b 4 -e 4 -n 1 -w 0 -c") || fail "sbatch"
-for _ in $(seq 300); do
-    grep -q "Avg bus bandwidth" "$WORK/batch.out" 2>/dev/null && break
-    sleep .1
+# 4. tutti-run in a batch script of both nodes (no step): the allocation's nodes are the
+# job's hosts, as mpirun takes them, the ranks filling their slots (SLURM_TASKS_PER_NODE)
+# in order, tn02's agent started through srun
+cat >"$WORK/batch.sh" <<'EOF'
+#!/bin/sh
+"$RUN" "$BENCH" -b 4 -e 1M -f 32 -n 3 -w 1 -c
+echo "bench exit $?"
+"$RUN" -np 3 sh -c 'echo "rank $TUTTI_RANK of $TUTTI_WORLD_SIZE local $LOCAL_RANK on $(hostname)"'
+echo "placed exit $?"
+"$RUN" -np 5 true
+echo "over exit $?"
+t0=$(date +%s)
+"$RUN" -np 3 sh -c '[ "$TUTTI_RANK" = 2 ] && exit 3; exec sleep 37.5'
+echo "fail exit $? in $(($(date +%s) - t0)) s"
+# the launch stopped (TERM) or killed (KILL): what is left of the job on each node
+on2() { srun -N 1 -n 1 -w tn02 --overlap -t 1 sh -c "$*; true"; }
+for sig in TERM KILL; do
+    "$RUN" -np 3 sh -c 'echo "up $TUTTI_RANK"; exec sleep 37.5' >"$OUT/$sig.txt" 2>&1 &
+    pid=$!
+    for _ in $(seq 150); do [ "$(grep -c '^up' "$OUT/$sig.txt")" = 3 ] && break; sleep .1; done
+    kill -$sig $pid
+    wait $pid
+    t0=$(date +%s%N)
+    for _ in $(seq 50); do
+        here=$(pgrep -cfx "sleep 37.5") there=$(on2 pgrep -cfx "'sleep 37.5'")
+        [ "$here$there" = 00 ] && break
+        sleep .2
+    done
+    echo "$sig: $(grep -c '^up' "$OUT/$sig.txt") up, left $here on tn01 and $there on tn02 after $((($(date +%s%N) - t0) / 1000000)) ms"
 done
-grep -q "^# tutti-bench: allreduce, 2 ranks" "$WORK/batch.out" &&
-    grep -q "Slurm job $jid has 2 nodes, but this is its batch script, not a step" "$WORK/batch.out" ||
-    { cat "$WORK/batch.out"; fail "tutti-run in a batch script of 2 nodes: no warning"; }
-echo "test_slurm_nodes: tutti-run in a 2-node batch script: 2 ranks on tn01, and it says so"
+EOF
+chmod 755 "$WORK/batch.sh"
+on 0 env RUN="$run" BENCH="$bench" OUT="$WORK" timeout -k 5 120 sbatch --wait -N 2 --ntasks-per-node 2 -t 2 \
+    -o "$WORK/batch.out" "$WORK/batch.sh" >/dev/null 2>&1
+b() { cat "$WORK/batch.out"; fail "tutti-run in a batch script of 2 nodes: $*"; }
+grep -q "^# tutti-bench: allreduce, 4 ranks" "$WORK/batch.out" && grep -qx "bench exit 0" "$WORK/batch.out" ||
+    b "every slot: not one job of 4 ranks, right"
+for want in "rank 0 of 3 local 0 on tn01" "rank 1 of 3 local 1 on tn01" "rank 2 of 3 local 0 on tn02" \
+    "placed exit 0"; do
+    grep -qx "$want" "$WORK/batch.out" || b "-np 3: no line '$want'"
+done
+grep -q "the hosts have 4 slot(s) in all" "$WORK/batch.out" && grep -q "SLURM_TASKS_PER_NODE=2(x2)" "$WORK/batch.out" &&
+    grep -qx "over exit 2" "$WORK/batch.out" || b "-np 5 of 4 slots: not refused"
+took=$(sed -n 's/^fail exit 3 in \([0-9]*\) s$/\1/p' "$WORK/batch.out")
+[ -n "$took" ] && [ "$took" -lt 15 ] || b "rank 2 on tn02 exiting 3: not the launch's exit 3 within 15 s"
+pgrep -fx "sleep 37.5" >/dev/null && b "rank 2's failure left ranks running"
+for sig in TERM KILL; do
+    grep -q "^$sig: 3 up, left 0 on tn01 and 0 on tn02 after" "$WORK/batch.out" ||
+        b "the launch's SIG$sig: not every rank up, or some left"
+done
+grep "^TERM: \|^KILL: " "$WORK/batch.out"
+echo "test_slurm_nodes: tutti-run in a 2-node batch script: 4 ranks on 2x2 slots right, -np 3 as 2+1, -np 5 refused, a failure on tn02 ends it in $took s, TERM and KILL leave nothing"
 
-# 4. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
+# 5. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
 # (the extension built, and a library Python can load: not a sanitizer build's)
 if compgen -G "$build/python/tutti/torch/_C*.so" >/dev/null &&
     ! ldd "$build/lib/libtutti.so" 2>/dev/null | grep -q 'lib[at]san' &&

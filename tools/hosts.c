@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "base/hostlist.h"
 
 /* Adds slots on host name (len bytes), as user (ulen bytes, 0: none). 0 or -1 (said). */
 static int add_host(const char *tool, const char *user, size_t ulen, const char *name, size_t len,
@@ -205,6 +206,85 @@ int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n)
         st = -1;
     }
     return st;
+}
+
+typedef struct slurm_walk {
+    const char *tool;
+    tt_host_t **hosts;
+    int *n;
+    const char *tasks, *me; /* the slots' list where the next node's are; SLURMD_NODENAME */
+    int repeat, slots;      /* the current "S(xR)": R nodes left of S slots */
+    int nodes, bad;
+} slurm_walk_t;
+
+/* The next node's slots from "S(xR),S,..." into w->slots. 0 or -1. */
+static int next_slots(slurm_walk_t *w)
+{
+    if (w->repeat > 0) {
+        w->repeat--;
+        return 0;
+    }
+    char *end;
+    long s = strtol(w->tasks, &end, 10);
+    long r = 1;
+    if (end == w->tasks || s < 1 || s > 1 << 20)
+        return -1;
+    if (!strncmp(end, "(x", 2)) {
+        char *e2;
+        r = strtol(end + 2, &e2, 10);
+        if (e2 == end + 2 || r < 1 || *e2 != ')')
+            return -1;
+        end = e2 + 1;
+    }
+    if (*end && *end != ',')
+        return -1;
+    w->tasks = *end ? end + 1 : end;
+    w->slots = (int)s;
+    w->repeat = (int)r - 1;
+    return 0;
+}
+
+static int slurm_node(void *ctx, const char *host)
+{
+    slurm_walk_t *w = ctx;
+    if (++w->nodes > 1 << 16 || next_slots(w) < 0) {
+        w->bad = 1;
+        return 1;
+    }
+    int before = *w->n;
+    if (add_host(w->tool, NULL, 0, host, strlen(host), w->slots, w->hosts, w->n) < 0) {
+        w->bad = 2;
+        return 1;
+    }
+    /* Slurm's node name may be other than the host's own name */
+    if (*w->n > before && w->me && !strcmp(host, w->me))
+        (*w->hosts)[*w->n - 1].local = 1;
+    return 0;
+}
+
+int tt_hosts_slurm(const char *tool, tt_host_t **hosts, int *n)
+{
+    const char *list = getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST")
+                                                    : getenv("SLURM_NODELIST");
+    const char *tasks = getenv("SLURM_TASKS_PER_NODE");
+    if (!list || !tasks) {
+        fprintf(stderr, "%s: a Slurm job without %s: its nodes are not known\n", tool,
+                !list ? "SLURM_JOB_NODELIST" : "SLURM_TASKS_PER_NODE");
+        return -1;
+    }
+    slurm_walk_t w = { tool, hosts, n, tasks, getenv("SLURMD_NODENAME"), 0, 0, 0, 0 };
+    int got = tt_hostlist_each(list, slurm_node, &w);
+    if (w.bad == 2)
+        return -1;
+    if (got < 0 || w.bad || w.repeat || *w.tasks) {
+        fprintf(stderr,
+                "%s: the Slurm job's nodes SLURM_JOB_NODELIST=%.200s and their tasks "
+                "SLURM_TASKS_PER_NODE=%.200s do not parse, or do not match (at most 65536 "
+                "nodes)\n",
+                tool, list, tasks);
+        return -1;
+    }
+    return 0;
 }
 
 int tt_hosts_place(const char *tool, tt_host_t *hosts, int n, int *np_p)

@@ -32,6 +32,12 @@ int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n
  * (Open MPI's), '#' to the end of a line a comment. */
 int tt_hosts_read(const char *tool, const char *path, tt_host_t **hosts, int *n);
 
+/* The nodes of the Slurm job this runs in (a batch script's allocation): the hosts of
+ * SLURM_JOB_NODELIST, each with its SLURM_TASKS_PER_NODE slots ("2(x3),1"), as Open
+ * MPI's mpirun takes them; the node SLURMD_NODENAME names is this host. 0, or -1
+ * having said why. */
+int tt_hosts_slurm(const char *tool, tt_host_t **hosts, int *n);
+
 /* Gives np ranks to the hosts in order, each up to its slots (np 0: every slot). 0, or
  * -1 having said why (more ranks than slots). *np_p is set where it was 0. */
 int tt_hosts_place(const char *tool, tt_host_t *hosts, int n, int *np_p);

@@ -22,7 +22,7 @@
 #define CLEANER_WAIT_MS 1000
 
 /* launcher -> cleaner, 8 bytes each (< PIPE_BUF: never interleaved or split) */
-enum { MSG_RANK = 1, MSG_DISARM, MSG_DONE, MSG_FORGET };
+enum { MSG_RANK = 1, MSG_DISARM, MSG_DONE, MSG_FORGET, MSG_SOFT };
 typedef struct cleaner_msg {
     int32_t type;
     int32_t pid; /* MSG_RANK */
@@ -182,7 +182,7 @@ static void cleaner_main(tt_launch_t *l, int fd)
                 close(k);
 
     pid_t *pids = l->pids; /* our copy of the launcher's array: no allocation here */
-    int n = 0, armed = 1, done = 0;
+    int n = 0, armed = 1, done = 0, soft = 0;
     union {
         cleaner_msg_t m[64];
         char b[64 * sizeof(cleaner_msg_t)];
@@ -208,11 +208,24 @@ static void cleaner_main(tt_launch_t *l, int fd)
                 done = 1;
             else if (in.m[k].type == MSG_FORGET) /* a restart: those ranks are reaped */
                 n = 0;
+            else if (in.m[k].type == MSG_SOFT)
+                soft = 1;
         }
         memmove(in.b, in.b + whole * sizeof(cleaner_msg_t), have - whole * sizeof(cleaner_msg_t));
         have -= whole * sizeof(cleaner_msg_t);
     }
     double end = now_ms() + CLEANER_WAIT_MS;
+    if (armed && n > 0 && soft) {
+        /* launchers (srun): SIGTERM, which they pass on, and their time to go (SIGKILL
+         * below where they have not) */
+        qsort(pids, (size_t)n, sizeof(pid_t), cmp_pid);
+        for (int k = 0; k < n; k++)
+            kill(l->own_groups ? -pids[k] : pids[k], SIGTERM);
+        double soft_end = now_ms() + TT_LAUNCH_GRACE_MS;
+        while (any_left(pids, n, l->own_groups) && now_ms() < soft_end)
+            usleep(10000);
+        end = now_ms() + CLEANER_WAIT_MS;
+    }
     if (armed && n > 0) {
         /* the ranks themselves got SIGKILL from PR_SET_PDEATHSIG; their groups hold what
          * they started. Sent again while waiting: a fork that raced the first one. */
@@ -246,6 +259,12 @@ static void cleaner_tell(tt_launch_t *l, int type, pid_t pid)
     /* a cleaner that died (someone killed it) costs its service, not the launch */
     while (write(l->cleaner_fd, &m, sizeof(m)) < 0 && errno == EINTR)
         ;
+}
+
+void tt_launch_soft_death(tt_launch_t *l)
+{
+    l->soft_death = 1;
+    cleaner_tell(l, MSG_SOFT, 0);
 }
 
 static int cleaner_start(tt_launch_t *l)
@@ -498,7 +517,7 @@ int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg)
         if (l->own_groups)
             setpgid(0, 0);
         /* dies with us, even SIGKILLed; if we died before this call, ppid shows it */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        prctl(PR_SET_PDEATHSIG, l->soft_death ? SIGTERM : SIGKILL);
         if (getppid() != l->self)
             _exit(127);
         for (int k = 0; k < 4; k++)

@@ -39,6 +39,7 @@ typedef struct tt_launch {
     int np;
     int own_groups; /* each rank leads its own process group */
     int bind;       /* set before spawning: each rank held on one CPU (tt_launch_spawn) */
+    int soft_death; /* tt_launch_soft_death: the launcher's death SIGTERMs the ranks */
     int running;    /* ranks started and not yet exited */
     pid_t self;
     pid_t *pids; /* 0: not started */
@@ -76,6 +77,12 @@ typedef void (*tt_launch_rank_fn)(void *arg, int i);
 /* With l->bind, rank i runs held on one CPU of those the launcher may use, the
  * (i * ncpus / np)-th: ranks fill the CPUs in order, neighbours together (mpirun's
  * --bind-to core; 4 ranks on 2 CPUs: the first two on the first). */
+
+/* For ranks that are launchers themselves, which pass a SIGTERM on and need a moment
+ * to (srun, whose step stays behind when it is SIGKILLed): where the launcher dies,
+ * each rank gets SIGTERM (PR_SET_PDEATHSIG, and the cleaner's), and SIGKILL only where
+ * it is still there TT_LAUNCH_GRACE_MS later. Before the first tt_launch_spawn. */
+void tt_launch_soft_death(tt_launch_t *l);
 
 /* Forks rank i (0 <= i < np). Returns 0, or -1 having said why (nothing started). */
 int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg);

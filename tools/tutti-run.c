@@ -123,7 +123,9 @@ static void usage(FILE *f, const char *argv0)
             "                      them in order; other hosts through --rsh CMD (ssh -o\n"
             "                      BatchMode=yes; TUTTI_RSH), with tutti-run at this path\n"
             "                      (--launch-agent PATH); -x VAR[=V] passes a variable on.\n"
-            "                      The store is served here, with a fresh secret\n"
+            "                      The store is served here, with a fresh secret.\n"
+            "                      In a Slurm batch script of several nodes: the job's\n"
+            "                      nodes and tasks a node, started through srun\n"
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
@@ -318,6 +320,7 @@ typedef struct run_opts {
     tt_host_t *hosts;
     int nhosts, agent, rank_offset, world;
     int nodes_named; /* --nnodes or --node-rank given (not the default one node) */
+    int slurm;       /* hosts: a Slurm batch allocation's nodes, started through srun */
     const char *rsh, *launch_agent;
     const char *fwd[64]; /* -x VAR[=VALUE] */
     int nfwd;
@@ -654,6 +657,28 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         case 'J': o_p->job_id = optarg; break;
         case 'h': usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
+        }
+    }
+    /* a Slurm batch script of several nodes (no step): the allocation's nodes are the
+     * hosts, started through srun, as mpirun's; not where anything names other nodes,
+     * a store, this node alone (--standalone) or an outer launcher's rank */
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    const char *nn = getenv("SLURM_JOB_NUM_NODES");
+    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o_p->nhosts &&
+        !o_p->nodes_named && !o_p->store && !o_p->agent && !o_p->world && !o_p->standalone &&
+        !getenv("TUTTI_RANK") && !getenv("RANK")) {
+        if (tt_hosts_slurm("tutti-run", &o_p->hosts, &o_p->nhosts) < 0)
+            return 2;
+        o_p->slurm = 1;
+        if (o_p->min_nodes || o_p->max_restarts || o_p->log_dir || o_p->redirects || o_p->tee) {
+            fprintf(stderr,
+                    "tutti-run: in the batch script of Slurm job %s, of %d nodes, the ranks "
+                    "start on every node from here (through srun, as -H does): that does not "
+                    "go with --max-restarts or the log options (srun --ntasks-per-node 1 "
+                    "tutti-run ... runs a tutti-run on each node; -H localhost keeps the "
+                    "ranks on this one)\n",
+                    job, atoi(nn));
+            return 2;
         }
     }
     if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
@@ -1492,6 +1517,7 @@ typedef struct host_cmd {
     const char *host;
     int local;
     char **rsh; /* the remote shell's words */
+    int direct; /* rsh execs the words after the host as they are (srun), not a shell line */
     int in;     /* the read end of the pipe that is its stdin */
     int first, nranks;
     char **exec, *line; /* what its child execs (host_exec) */
@@ -1510,24 +1536,30 @@ static void run_host(void *arg, int i)
 }
 
 /* What the child execs: the agent's command line here, or through the remote shell
- * (ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent).
- * 0 or -1 (out of memory). */
+ * (ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent), or
+ * through srun (srun ... --nodelist HOST COMMAND...: its words as they are). 0 or -1 (out
+ * of memory). */
 static int host_exec(host_cmd_t *h)
 {
     if (h->local) {
         h->exec = h->argv;
         return 0;
     }
-    int n = 0;
+    int n = 0, na = 0;
     while (h->rsh[n])
         n++;
-    h->line = tt_shell_join(h->argv);
-    h->exec = calloc((size_t)n + 3, sizeof(*h->exec));
-    if (!h->line || !h->exec)
+    while (h->argv[na])
+        na++;
+    h->line = h->direct ? NULL : tt_shell_join(h->argv);
+    h->exec = calloc((size_t)n + (size_t)na + 3, sizeof(*h->exec));
+    if ((!h->direct && !h->line) || !h->exec)
         return -1;
     memcpy(h->exec, h->rsh, (size_t)n * sizeof(*h->exec));
     h->exec[n] = (char *)h->host;
-    h->exec[n + 1] = h->line;
+    if (h->direct)
+        memcpy(h->exec + n + 1, h->argv, (size_t)na * sizeof(*h->exec));
+    else
+        h->exec[n + 1] = h->line;
     return 0;
 }
 
@@ -1582,8 +1614,14 @@ static int route_addr(const char *host, char *addr, size_t len)
 static int run_hosts(run_opts_t *o)
 {
     int np = o->np, nodes = 0, status = 0;
-    if (tt_hosts_place("tutti-run", o->hosts, o->nhosts, &np) < 0)
+    if (tt_hosts_place("tutti-run", o->hosts, o->nhosts, &np) < 0) {
+        if (o->slurm)
+            fprintf(stderr,
+                    "tutti-run: (the Slurm job's nodes and slots: SLURM_JOB_NODELIST=%.200s, "
+                    "SLURM_TASKS_PER_NODE=%.200s; sbatch -n or --ntasks-per-node gives more)\n",
+                    getenv("SLURM_JOB_NODELIST"), getenv("SLURM_TASKS_PER_NODE"));
         return 2;
+    }
     for (int i = 0; i < o->nhosts; i++)
         nodes += o->hosts[i].nranks > 0;
     if (tt_launch_job_id("tutti-run", np, o->job_id, 1, NULL) < 0)
@@ -1635,10 +1673,16 @@ static int run_hosts(run_opts_t *o)
         agent = n > 0 ? me : "tutti-run";
     }
     char rsh_buf[1024];
-    snprintf(rsh_buf, sizeof(rsh_buf), "%s",
-             o->rsh                ? o->rsh
-             : getenv("TUTTI_RSH") ? getenv("TUTTI_RSH")
-                                   : "ssh -o BatchMode=yes");
+    /* a Slurm allocation's nodes: a step of one task on each, as Open MPI's daemons
+     * (no binding: the agent's ranks take the node's CPUs; no PMI: they are not MPI's;
+     * the launch's environment), unless --rsh or TUTTI_RSH says how */
+    const char *rsh_cmd = o->rsh                ? o->rsh
+                          : getenv("TUTTI_RSH") ? getenv("TUTTI_RSH")
+                          : o->slurm ? "srun --nodes=1 --ntasks=1 --cpu-bind=none --mpi=none "
+                                       "--kill-on-bad-exit=1 --export=ALL --quiet --nodelist"
+                                     : "ssh -o BatchMode=yes";
+    int direct = o->slurm && !o->rsh && !getenv("TUTTI_RSH");
+    snprintf(rsh_buf, sizeof(rsh_buf), "%s", rsh_cmd);
     char **rsh = split_words(rsh_buf);
     host_cmd_t *cmds = calloc((size_t)nodes, sizeof(*cmds));
     int *wfd = calloc((size_t)nodes, sizeof(*wfd));
@@ -1701,6 +1745,7 @@ static int run_hosts(run_opts_t *o)
         c->host = h->name;
         c->local = h->local;
         c->rsh = rsh;
+        c->direct = direct;
         c->in = -1;
         c->first = h->first;
         c->nranks = h->nranks;
@@ -1774,6 +1819,11 @@ static int run_hosts(run_opts_t *o)
         goto out;
     }
     started = 1;
+    /* srun SIGKILLed leaves its step running until Slurm finds it gone (a SIGKILLed
+     * launch left a rank 12 s in tests/test_slurm_nodes.sh): where this launch dies,
+     * SIGTERM, which srun passes on to its agent */
+    if (direct)
+        tt_launch_soft_death(&l);
     for (k = 0; k < nodes; k++) {
         int pp[2];
         if (pipe2(pp, O_CLOEXEC) < 0) {
@@ -1811,7 +1861,9 @@ static int run_hosts(run_opts_t *o)
                     "tutti-run: host %s (ranks %d..%d) exited with status %d%s; stopping the "
                     "other %d host(s)\n",
                     cmds[i].host, cmds[i].first, cmds[i].first + cmds[i].nranks - 1, code,
-                    code == 255 && !cmds[i].local ? " (ssh's when it cannot reach the host)" : "",
+                    code == 255 && !cmds[i].local && !direct
+                        ? " (ssh's when it cannot reach the host)"
+                        : "",
                     l.running);
             tt_launch_stop(&l);
         }
@@ -1898,17 +1950,7 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
 {
     static char url[600];
     const char *step = getenv("SLURM_STEP_ID"), *tasks = getenv("SLURM_STEP_NUM_TASKS");
-    const char *job = getenv("SLURM_JOB_ID"), *nn = getenv("SLURM_JOB_NUM_NODES");
     *server = NULL;
-    /* a batch script of a job of several nodes (no step): the ranks run here only, where
-     * mpirun would start them on every node; said, not guessed at */
-    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o->nodes_named && !o->store &&
-        !o->nhosts && !o->agent)
-        fprintf(stderr,
-                "tutti-run: Slurm job %s has %d nodes, but this is its batch script, not a "
-                "step: the %d rank(s) run on this node only (srun --ntasks-per-node 1 "
-                "tutti-run ... makes each node a node of the job)\n",
-                job, atoi(nn), o->np);
     if (!step || !*step || !tasks || atoi(tasks) < 2 || o->nodes_named || o->store || o->nhosts ||
         o->agent || o->world || getenv("TUTTI_RANK") || getenv("RANK"))
         return 0;

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/auth.h"
+#include "base/hostlist.h"
 #include "core/comm.h"
 #include "core/agree.h"
 #include "base/base.h"
@@ -1021,36 +1022,6 @@ static int env_loopback_port(const char *jid, const env_launcher_t *l)
     return 10000 + (int)(x % 22768u);
 }
 
-/* The first host of a Slurm hostlist ("gpu[07-09,12],cpu3": gpu07), or -1 where it
- * does not parse or does not fit in len (a host name is at most 255 bytes). */
-static int hostlist_first(const char *list, char *out, size_t len)
-{
-    size_t n = 0;
-    for (const char *c = list; *c && *c != ',';) {
-        if (*c == '[') { /* the range's first number, leading zeros kept */
-            size_t digits = 0;
-            for (c++; *c && *c != '-' && *c != ',' && *c != ']'; c++, digits++) {
-                if (n + 1 >= len || !isdigit((unsigned char)*c))
-                    return -1;
-                out[n++] = *c;
-            }
-            if (!digits) /* "n[]", "n[-3]": no host of the list */
-                return -1;
-            while (*c && *c != ']')
-                c++;
-            if (*c != ']')
-                return -1;
-            c++;
-            continue;
-        }
-        if (n + 1 >= len || *c == ']' || isspace((unsigned char)*c))
-            return -1;
-        out[n++] = *c++;
-    }
-    out[n] = '\0';
-    return n ? 0 : -1;
-}
-
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                          const tutti_comm_opts_t *opts)
 {
@@ -1139,7 +1110,7 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
             /* across the step's nodes: rank 0 (task 0, on the first node in a block or
              * cyclic layout) serves on that node's address, at the job's port */
             const char *me = env_var(l->nodename);
-            if (hostlist_first(env_var(l->nodelist), first, sizeof(first)) < 0) {
+            if (tt_hostlist_first(env_var(l->nodelist), first, sizeof(first)) < 0) {
                 snprintf(why, sizeof(why),
                          "%s=%.120s does not parse as a host list (or its first host is "
                          "longer than 255 bytes)",
