@@ -118,7 +118,7 @@ for bad in "SLURM_TASKS_PER_NODE=2" "SLURM_TASKS_PER_NODE=1(x3)" "SLURM_TASKS_PE
         fail "a Slurm allocation with $bad: exit $rc, expected 2 ($out)"
 done
 out=$(inA timeout 10 "${slurm[@]}" "$run" -np 4 true 2>&1)
-[ $? = 2 ] && echo "$out" | grep -q "SLURM_TASKS_PER_NODE=2,1; sbatch -n" ||
+[ $? = 2 ] && echo "$out" | grep -q "SLURM_TASKS_PER_NODE=2,1; sbatch or salloc -n" ||
     fail "a Slurm allocation of 3 slots, -np 4: not refused naming them ($out)"
 out=$(inA timeout 10 "${slurm[@]}" "$run" --max-restarts 1 true 2>&1)
 [ $? = 2 ] && echo "$out" | grep -q "does not go with --max-restarts" ||

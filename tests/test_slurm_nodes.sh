@@ -19,7 +19,8 @@
 #      slot is one job of 4 ranks, -np 3 puts ranks 0-1 on tn01 and rank 2 on tn02
 #      (started there through srun), -np 5 is refused naming the slots, and a rank on
 #      tn02 exiting 3 ends the launch with 3 at once, nothing left running; the launch
-#      stopped (SIGTERM) or killed (SIGKILL) leaves nothing on either node.
+#      stopped (SIGTERM) or killed (SIGKILL) leaves nothing on either node. Under salloc
+#      (its shell on tn01, the job on tn02), the ranks run on tn02.
 #   5. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
 #      init_method="tutti://": 4 ranks, an all_reduce right (where torch and tutti.torch
 #      are).
@@ -178,6 +179,13 @@ for sig in TERM KILL; do
 done
 grep "^TERM: \|^KILL: " "$WORK/batch.out"
 echo "test_slurm_nodes: tutti-run in a 2-node batch script: 4 ranks on 2x2 slots right, -np 3 as 2+1, -np 5 refused, a failure on tn02 ends it in $took s, TERM and KILL leave nothing"
+# salloc's shell runs on no node of the job (here tn01's namespace, the job on tn02 alone):
+# the ranks go to the job's node, as mpirun's would
+out=$(on 0 timeout -k 5 60 salloc -N 1 -n 2 -w tn02 -t 1 "$run" -np 2 \
+    sh -c 'echo "rank $TUTTI_RANK local $LOCAL_RANK on $(hostname)"' 2>&1)
+[ "$(echo "$out" | grep '^rank' | sort | tr '\n' ';')" = "rank 0 local 0 on tn02;rank 1 local 1 on tn02;" ] ||
+    { echo "$out"; fail "salloc -N 1 -n 2 -w tn02 tutti-run -np 2: not both ranks on tn02"; }
+echo "test_slurm_nodes: salloc -N 1 -n 2 -w tn02 tutti-run -np 2 from tn01: both ranks on tn02"
 
 # 5. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
 # (the extension built, and a library Python can load: not a sanitizer build's)

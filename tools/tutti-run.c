@@ -659,25 +659,27 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         default: usage(stderr, argv[0]); return 2;
         }
     }
-    /* a Slurm batch script of several nodes (no step): the allocation's nodes are the
+    /* a Slurm job's allocation, outside a step: a batch script of several nodes, or
+     * salloc's shell (on no node of the job: no SLURMD_NODENAME): its nodes are the
      * hosts, started through srun, as mpirun's; not where anything names other nodes,
      * a store, this node alone (--standalone) or an outer launcher's rank */
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
     const char *nn = getenv("SLURM_JOB_NUM_NODES");
-    if (job && *job && (!step || !*step) && nn && atoi(nn) > 1 && !o_p->nhosts &&
-        !o_p->nodes_named && !o_p->store && !o_p->agent && !o_p->world && !o_p->standalone &&
-        !getenv("TUTTI_RANK") && !getenv("RANK")) {
+    int salloc = !getenv("SLURMD_NODENAME");
+    if (job && *job && (!step || !*step) && nn && (atoi(nn) > 1 || (atoi(nn) == 1 && salloc)) &&
+        !o_p->nhosts && !o_p->nodes_named && !o_p->store && !o_p->agent && !o_p->world &&
+        !o_p->standalone && !getenv("TUTTI_RANK") && !getenv("RANK")) {
         if (tt_hosts_slurm("tutti-run", &o_p->hosts, &o_p->nhosts) < 0)
             return 2;
         o_p->slurm = 1;
         if (o_p->min_nodes || o_p->max_restarts || o_p->log_dir || o_p->redirects || o_p->tee) {
             fprintf(stderr,
-                    "tutti-run: in the batch script of Slurm job %s, of %d nodes, the ranks "
-                    "start on every node from here (through srun, as -H does): that does not "
-                    "go with --max-restarts or the log options (srun --ntasks-per-node 1 "
-                    "tutti-run ... runs a tutti-run on each node; -H localhost keeps the "
-                    "ranks on this one)\n",
-                    job, atoi(nn));
+                    "tutti-run: in %s of Slurm job %s, of %d node(s), the ranks start on "
+                    "every node from here (through srun, as -H does): that does not go with "
+                    "--max-restarts or the log options (srun --ntasks-per-node 1 tutti-run "
+                    "... runs a tutti-run on each node%s)\n",
+                    salloc ? "salloc's shell" : "the batch script", job, atoi(nn),
+                    salloc ? "" : "; -H localhost keeps the ranks on this one");
             return 2;
         }
     }
@@ -1618,7 +1620,8 @@ static int run_hosts(run_opts_t *o)
         if (o->slurm)
             fprintf(stderr,
                     "tutti-run: (the Slurm job's nodes and slots: SLURM_JOB_NODELIST=%.200s, "
-                    "SLURM_TASKS_PER_NODE=%.200s; sbatch -n or --ntasks-per-node gives more)\n",
+                    "SLURM_TASKS_PER_NODE=%.200s; sbatch or salloc -n or --ntasks-per-node gives "
+                    "more)\n",
                     getenv("SLURM_JOB_NODELIST"), getenv("SLURM_TASKS_PER_NODE"));
         return 2;
     }
