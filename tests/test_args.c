@@ -534,6 +534,13 @@ START_TEST(slurm_hostlist_expand)
     ck_assert_int_eq(tt_hostlist_first("gpu[07-09]", first, sizeof(first)), 0);
     ck_assert_str_eq(first, "gpu07");
     ck_assert_int_eq(tt_hostlist_first("longname[1-2]", first, sizeof(first)), -1);
+    /* a product too big to walk: checked at once, and stopped at the second host */
+    char prod[400] = "p";
+    for (int k = 0; k < 70; k++)
+        strcat(prod, "[1-2]");
+    out[0] = '\0';
+    ck_assert_int_eq(tt_hostlist_each(prod, stop_at_two, out), 2);
+    ck_assert_int_eq(strlen(out), 2 * 71 + 1);
     /* a host of 256 bytes or more, literal or from a range, does not parse, and then no
      * host is given at all (the list is checked first) */
     char big[300];

@@ -59,6 +59,10 @@ static int expand(walk_t *w, const char *s, const char *end, size_t len)
     const char *close = memchr(open, ']', (size_t)(end - open));
     if (!close || memchr(open + 1, '[', (size_t)(close - open - 1)))
         return -1;
+    /* checking (no each): every range parses, and the rest follows once, after the
+     * bracket's longest number (a product of brackets is not walked: "[1-2]" 100 times
+     * is 2^100 hosts) */
+    size_t longest = 0;
     for (const char *r = open + 1; r <= close && !(w->each && w->stop);) {
         const char *re = memchr(r, ',', (size_t)(close - r));
         if (!re)
@@ -67,18 +71,23 @@ static int expand(walk_t *w, const char *s, const char *end, size_t len)
         int width;
         if (parse_range(r, re, &lo, &hi, &width) < 0)
             return -1;
-        /* checking (no each): the range's first and last numbers say it all */
-        for (unsigned long v = lo;; v = w->each ? v + 1 : hi) {
+        for (unsigned long v = w->each ? lo : hi;; v++) {
             int n = snprintf(w->host + len, HOST_MAX - len, "%0*lu", width, v);
             if (n < 0 || len + (size_t)n >= HOST_MAX)
                 return -1;
+            if (!w->each) {
+                longest = (size_t)n > longest ? (size_t)n : longest;
+                break;
+            }
             if (expand(w, close + 1, end, len + (size_t)n) < 0)
                 return -1;
-            if (v >= hi || (w->each && w->stop))
+            if (v >= hi || w->stop)
                 break;
         }
         r = re + 1;
     }
+    if (!w->each)
+        return expand(w, close + 1, end, len + longest);
     return 0;
 }
 
