@@ -124,7 +124,8 @@ out=$(inA timeout 10 "${slurm[@]}" "$run" --max-restarts 1 true 2>&1)
 [ $? = 2 ] && echo "$out" | grep -q "does not go with --max-restarts" ||
     fail "a Slurm allocation with --max-restarts: not refused ($out)"
 echo "a Slurm allocation that does not parse, has too few slots, or with --max-restarts: exit 2"
-for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A" "-H $B,root@$B"; do
+long=$(printf 'h%.0s' $(seq 256)) # a host name of 256 bytes (255 is the most)
+for bad in "-H $A:1 -np 2" "-H $A:0" "-H $A:x" "-H @$A" "-H a@b@$A" "-H $B,root@$B" "-H $long"; do
     # shellcheck disable=SC2086
     out=$(inA timeout 10 "$run" $bad true 2>&1)
     rc=$?

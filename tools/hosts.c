@@ -20,7 +20,7 @@
 static int add_host(const char *tool, const char *user, size_t ulen, const char *name, size_t len,
                     int slots, tt_host_t **hosts, int *n)
 {
-    if (len == 0 || ulen + 1 + len >= sizeof((*hosts)->name)) {
+    if (len == 0 || (ulen ? ulen + 1 : 0) + len >= sizeof((*hosts)->name)) {
         fprintf(stderr, "%s: a host name of %zu characters: expected 1..%zu\n", tool, len,
                 sizeof((*hosts)->name) - 1 - (ulen ? ulen + 1 : 0));
         return -1;
