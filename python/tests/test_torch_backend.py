@@ -1139,6 +1139,22 @@ def test_tutti_init_method_twice_and_torchs_store_calls():
         "wait: RuntimeError" in out0, out0
 
 
+def test_store_set_timeout(tmp_path):
+    """tutti.torch.Store's get and wait take the bound set_timeout last gave (torch's
+    stores' way), not only the one it was made with."""
+    import tutti.torch
+    s = tutti.torch.Store(tutti.Store(f"file://{tmp_path}"), timeout=datetime.timedelta(seconds=60))
+    s.set_timeout(datetime.timedelta(milliseconds=300))
+    assert s.timeout == datetime.timedelta(milliseconds=300)
+    for call in (lambda: s.get("never"), lambda: s.wait(["never"])):
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            call()
+        assert time.monotonic() - t0 < 10
+    s.set("k", "v")
+    assert s.get("k") == b"v"
+
+
 def test_tutti_init_method_refuses_another_rank():
     """A rank given to init_process_group that the environment contradicts is refused,
     naming both (here rank 0 told it is 1)."""

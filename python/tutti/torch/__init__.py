@@ -77,12 +77,16 @@ class Store(_dist.Store):
     (set, get, add, compare_set, delete_key, check, wait), through a tutti.Store, with
     torch's semantics and RuntimeError for its errors. The tutti:// init method makes one;
     any tutti.Store can be wrapped (timeout: a timedelta, the bound of get and wait,
-    default torch's 30 minutes)."""
+    default torch's 30 minutes; set_timeout changes it, as on torch's stores)."""
 
     def __init__(self, store, timeout=None):
         super().__init__()
         self._s = store
-        self._ms = _ms(timeout) if timeout is not None else _ms(_dist.default_pg_timeout)
+        self.set_timeout(timeout if timeout is not None else _dist.default_pg_timeout)
+
+    @property
+    def _ms(self):
+        return _ms(self.timeout)  # torch's Store keeps what set_timeout was given
 
     @_store_errors
     def set(self, key, value):
