@@ -20,7 +20,8 @@
 #      (started there through srun), -np 5 is refused naming the slots, and a rank on
 #      tn02 exiting 3 ends the launch with 3 at once, nothing left running; the launch
 #      stopped (SIGTERM) or killed (SIGKILL) leaves nothing on either node. Under salloc
-#      (its shell on tn01, the job on tn02), the ranks run on tn02.
+#      (its shell on tn01, the job on tn02), the ranks run on tn02; from a login host on
+#      neither node, both nodes' agents start in one srun step.
 #   5. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
 #      init_method="tutti://": 4 ranks, an all_reduce right (where torch and tutti.torch
 #      are).
@@ -54,13 +55,15 @@ unset TUTTI_SOCKET_IFNAME
 export TUTTI_TIMEOUT_MS=20000 TUTTI_STORE_TIMEOUT_MS=10000
 names=(tn01 tn02)
 printf '127.0.0.1 localhost\n%s %s\n%s %s\n' "${ADDR[0]}" tn01 "${ADDR[1]}" tn02 >"$WORK/hosts"
-# on I CMD...: CMD on node I (its network, host name and /etc/hosts)
+# on I CMD...: CMD on node I (its network, host name and /etc/hosts); I "login": a host
+# of no node's name (a login host) on tn01's network
 on() {
-    local i=$1
+    local i=$1 name=login
+    if [ "$i" = login ]; then i=0; else name=${names[$i]}; fi
     shift
     nsenter --net="/run/netns/${NS[$i]}" unshare -m -u --propagation private \
         sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' \
-        "$WORK/hosts" "${names[$i]}" "$@"
+        "$WORK/hosts" "$name" "$@"
 }
 {
     cat <<EOF
@@ -186,6 +189,15 @@ out=$(on 0 timeout -k 5 60 salloc -N 1 -n 2 -w tn02 -t 1 "$run" -np 2 \
 [ "$(echo "$out" | grep '^rank' | sort | tr '\n' ';')" = "rank 0 local 0 on tn02;rank 1 local 1 on tn02;" ] ||
     { echo "$out"; fail "salloc -N 1 -n 2 -w tn02 tutti-run -np 2: not both ranks on tn02"; }
 echo "test_slurm_nodes: salloc -N 1 -n 2 -w tn02 tutti-run -np 2 from tn01: both ranks on tn02"
+# from a login host, on neither node: both nodes' agents in one srun step, as Open MPI's
+# daemons (every rank sees the same step)
+out=$(on login timeout -k 5 60 salloc -N 2 -n 3 -t 1 "$run" \
+    sh -c 'echo "rank $TUTTI_RANK of $TUTTI_WORLD_SIZE local $LOCAL_RANK on $(hostname) step $SLURM_STEP_ID"' 2>&1)
+ranks=$(echo "$out" | grep '^rank' | sort | tr '\n' ';')
+[[ $ranks =~ ^"rank 0 of 3 local 0 on tn01 step "([0-9]+)";rank 1 of 3 local 1 on tn01 step "([0-9]+)";rank 2 of 3 local 0 on tn02 step "([0-9]+)";"$ ]] &&
+    [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] && [ "${BASH_REMATCH[2]}" = "${BASH_REMATCH[3]}" ] ||
+    { echo "$out"; fail "salloc -N 2 -n 3 tutti-run from a login host: not 2+1 ranks in one srun step"; }
+echo "test_slurm_nodes: salloc -N 2 -n 3 tutti-run from a login host: ranks 0-1 on tn01, 2 on tn02, one srun step"
 
 # 5. torch: init_process_group("tutti", init_method="tutti://") under srun, nothing set
 # (the extension built, and a library Python can load: not a sanitizer build's)

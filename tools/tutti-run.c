@@ -321,6 +321,7 @@ typedef struct run_opts {
     int nhosts, agent, rank_offset, world;
     int nodes_named; /* --nnodes or --node-rank given (not the default one node) */
     int slurm;       /* hosts: a Slurm batch allocation's nodes, started through srun */
+    int placed;      /* an agent: this node found among --place's */
     const char *rsh, *launch_agent;
     const char *fwd[64]; /* -x VAR[=VALUE] */
     int nfwd;
@@ -421,7 +422,8 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         O_LAUNCH_AGENT,
         O_AGENT,
         O_RANK_OFFSET,
-        O_WORLD
+        O_WORLD,
+        O_PLACE
     };
     static const struct option longopts[] = {
         { "np", required_argument, NULL, 'n' },
@@ -474,6 +476,8 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         { "agent", no_argument, NULL, O_AGENT },
         { "rank-offset", required_argument, NULL, O_RANK_OFFSET },
         { "world-size", required_argument, NULL, O_WORLD },
+        /* an agent of a launch through one srun: "NODE NODE_RANK FIRST N STORE" */
+        { "place", required_argument, NULL, O_PLACE },
         { "log-dir", required_argument, NULL, O_LOG_DIR },
         { "log_dir", required_argument, NULL, O_LOG_DIR },
         { "redirects", required_argument, NULL, O_REDIR },
@@ -505,6 +509,25 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
             o_p->fwd[o_p->nfwd++] = optarg;
             break;
         case O_AGENT: o_p->agent = 1; break;
+        case O_PLACE: {
+            /* this node's (SLURMD_NODENAME) is its ranks' numbers and store */
+            static char store[600];
+            char node[256];
+            int k, first, n;
+            const char *me = getenv("SLURMD_NODENAME");
+            if (sscanf(optarg, "%255s %d %d %d %599s", node, &k, &first, &n, store) != 5) {
+                fprintf(stderr, "tutti-run: --place %s: expected NODE K FIRST N STORE\n", optarg);
+                return 2;
+            }
+            if (me && !strcmp(me, node)) {
+                o_p->node_rank = k;
+                o_p->rank_offset = first;
+                o_p->np = n;
+                o_p->store = store;
+                o_p->placed = 1;
+            }
+            break;
+        }
         case O_RANK_OFFSET:
             if (tt_cli_int(optarg, 0, INT_MAX, &o_p->rank_offset) < 0) {
                 fprintf(stderr, "tutti-run: --rank-offset %s: expected 0 or more\n", optarg);
@@ -682,6 +705,11 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
                     salloc ? "" : "; -H localhost keeps the ranks on this one");
             return 2;
         }
+    }
+    if (o_p->agent && o_p->world && !o_p->placed && o_p->np <= 0) {
+        fprintf(stderr, "tutti-run --agent: node %s is not among the --place nodes\n",
+                getenv("SLURMD_NODENAME") ? getenv("SLURMD_NODENAME") : "(no SLURMD_NODENAME)");
+        return 2;
     }
     if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
         fprintf(stderr, "tutti-run: %s\n",
@@ -1519,7 +1547,8 @@ typedef struct host_cmd {
     const char *host;
     int local;
     char **rsh; /* the remote shell's words */
-    int direct; /* rsh execs the words after the host as they are (srun), not a shell line */
+    int direct; /* srun: rsh, then argv as it is (its first words srun's own), no shell */
+    int group;  /* direct: the agents of this many nodes, one task each (host: them all) */
     int in;     /* the read end of the pipe that is its stdin */
     int first, nranks;
     char **exec, *line; /* what its child execs (host_exec) */
@@ -1539,8 +1568,8 @@ static void run_host(void *arg, int i)
 
 /* What the child execs: the agent's command line here, or through the remote shell
  * (ssh HOST 'COMMAND': the remote shell parses the one line, as mpirun's rsh agent), or
- * through srun (srun ... --nodelist HOST COMMAND...: its words as they are). 0 or -1 (out
- * of memory). */
+ * through srun (srun ... --nodelist=NODES COMMAND...: its words as they are, the nodes'
+ * among them). 0 or -1 (out of memory). */
 static int host_exec(host_cmd_t *h)
 {
     if (h->local) {
@@ -1557,11 +1586,12 @@ static int host_exec(host_cmd_t *h)
     if ((!h->direct && !h->line) || !h->exec)
         return -1;
     memcpy(h->exec, h->rsh, (size_t)n * sizeof(*h->exec));
+    if (h->direct) { /* srun's words name the nodes (argv's first) */
+        memcpy(h->exec + n, h->argv, (size_t)na * sizeof(*h->exec));
+        return 0;
+    }
     h->exec[n] = (char *)h->host;
-    if (h->direct)
-        memcpy(h->exec + n + 1, h->argv, (size_t)na * sizeof(*h->exec));
-    else
-        h->exec[n + 1] = h->line;
+    h->exec[n + 1] = h->line;
     return 0;
 }
 
@@ -1681,8 +1711,8 @@ static int run_hosts(run_opts_t *o)
      * the launch's environment), unless --rsh or TUTTI_RSH says how */
     const char *rsh_cmd = o->rsh                ? o->rsh
                           : getenv("TUTTI_RSH") ? getenv("TUTTI_RSH")
-                          : o->slurm ? "srun --nodes=1 --ntasks=1 --cpu-bind=none --mpi=none "
-                                       "--kill-on-bad-exit=1 --export=ALL --quiet --nodelist"
+                          : o->slurm ? "srun --ntasks-per-node=1 --cpu-bind=none --mpi=none "
+                                       "--kill-on-bad-exit=1 --export=ALL --quiet"
                                      : "ssh -o BatchMode=yes";
     int direct = o->slurm && !o->rsh && !getenv("TUTTI_RSH");
     snprintf(rsh_buf, sizeof(rsh_buf), "%s", rsh_cmd);
@@ -1690,6 +1720,15 @@ static int run_hosts(run_opts_t *o)
     host_cmd_t *cmds = calloc((size_t)nodes, sizeof(*cmds));
     int *wfd = calloc((size_t)nodes, sizeof(*wfd));
     char(*strs)[512] = calloc((size_t)nodes * 8, sizeof(*strs)); /* an agent's numbers */
+    /* through srun: one step of every other node's agent, each finding its numbers and
+     * store among the --place words by its SLURMD_NODENAME (Open MPI's daemons' one
+     * srun); places: those words, nodelist: srun's --nodelist=... */
+    char(*places)[1024] = direct ? calloc((size_t)nodes, sizeof(*places)) : NULL;
+    size_t listlen = 32;
+    for (int i = 0; direct && i < o->nhosts; i++)
+        listlen += strlen(o->hosts[i].name) + 1;
+    char *nodelist = direct ? calloc(listlen, 1) : NULL;
+    int ncmd = 0, ngroup = 0;
     int nprog = 0;
     while (o->prog[nprog])
         nprog++;
@@ -1699,7 +1738,7 @@ static int run_hosts(run_opts_t *o)
     char **env = calloc((size_t)o->nfwd + 8, sizeof(*env));
     for (int k = 0; wfd && k < nodes; k++)
         wfd[k] = -1;
-    if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !env) {
+    if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !env || (direct && (!places || !nodelist))) {
         fprintf(stderr, "tutti-run: out of memory, or --rsh is empty\n");
         status = 1;
         goto out;
@@ -1744,7 +1783,7 @@ static int run_hosts(run_opts_t *o)
         tt_host_t *h = &o->hosts[i];
         if (!h->nranks)
             continue;
-        host_cmd_t *c = &cmds[k];
+        host_cmd_t *c = &cmds[ncmd];
         c->host = h->name;
         c->local = h->local;
         c->rsh = rsh;
@@ -1752,7 +1791,7 @@ static int run_hosts(run_opts_t *o)
         c->in = -1;
         c->first = h->first;
         c->nranks = h->nranks;
-        char(*str)[512] = &strs[k * 8];
+        char(*str)[512] = &strs[ncmd * 8];
         /* the store as this host reaches it: this host's address on its route there */
         char url[600];
         if (server) {
@@ -1768,6 +1807,15 @@ static int run_hosts(run_opts_t *o)
                      port);
         } else {
             snprintf(url, sizeof(url), "%s", o->store);
+        }
+        if (direct && !c->local) { /* srun's step, below */
+            snprintf(places[ngroup++], sizeof(places[0]), "%s %d %d %d %s", h->name, k, h->first,
+                     h->nranks, url);
+            snprintf(nodelist + strlen(nodelist), listlen - strlen(nodelist), "%s%s",
+                     ngroup > 1 ? "," : "--nodelist=", h->name);
+            memset(c, 0, sizeof(*c));
+            k++;
+            continue;
         }
         char **argv = calloc((size_t)(nenv + nprog + 32), sizeof(*argv));
         if (!argv)
@@ -1816,8 +1864,63 @@ static int run_hosts(run_opts_t *o)
         if (host_exec(c) < 0)
             goto oom;
         k++;
+        ncmd++;
     }
-    if (tt_launch_start(&l, "tutti-run", nodes, 0) < 0) {
+    if (ngroup) { /* srun --nodes=G --ntasks=G --nodelist=... env ... AGENT --place ... */
+        host_cmd_t *c = &cmds[ncmd];
+        char(*str)[512] = &strs[ncmd * 8];
+        *c = (host_cmd_t){ .host = nodelist + strlen("--nodelist="),
+                           .rsh = rsh,
+                           .direct = 1,
+                           .group = ngroup,
+                           .in = -1 };
+        char **argv = calloc((size_t)(nenv + nprog + 2 * ngroup + 32), sizeof(*argv));
+        if (!argv)
+            goto oom;
+        int a = 0, s = 0;
+        snprintf(str[s], sizeof(str[s]), "--nodes=%d", ngroup);
+        argv[a++] = str[s++];
+        snprintf(str[s], sizeof(str[s]), "--ntasks=%d", ngroup);
+        argv[a++] = str[s++];
+        argv[a++] = nodelist;
+        argv[a++] = "env";
+        for (int e = 0; e < nenv; e++)
+            argv[a++] = env[e];
+        argv[a++] = (char *)agent;
+        argv[a++] = "--agent";
+        argv[a++] = "--nnodes";
+        snprintf(str[s], sizeof(str[s]), "%d", nodes);
+        argv[a++] = str[s++];
+        argv[a++] = "--world-size";
+        snprintf(str[s], sizeof(str[s]), "%d", np);
+        argv[a++] = str[s++];
+        for (int g = 0; g < ngroup; g++) {
+            argv[a++] = "--place";
+            argv[a++] = places[g];
+            c->nranks += atoi(strchr(strchr(strchr(places[g], ' ') + 1, ' ') + 1, ' ') + 1);
+        }
+        if (o->tag)
+            argv[a++] = "--tag";
+        if (o->role) {
+            argv[a++] = "--role";
+            argv[a++] = (char *)o->role;
+        }
+        if (o->bind)
+            argv[a++] = "--bind";
+        if (o->timeout_s) {
+            argv[a++] = "--timeout";
+            snprintf(str[s], sizeof(str[s]), "%d", o->timeout_s);
+            argv[a++] = str[s++];
+        }
+        argv[a++] = "--";
+        for (int p = 0; p < nprog; p++)
+            argv[a++] = o->prog[p];
+        c->argv = argv;
+        if (host_exec(c) < 0)
+            goto oom;
+        ncmd++;
+    }
+    if (tt_launch_start(&l, "tutti-run", ncmd, 0) < 0) {
         status = 1;
         goto out;
     }
@@ -1827,7 +1930,7 @@ static int run_hosts(run_opts_t *o)
      * SIGTERM, which srun passes on to its agent */
     if (direct)
         tt_launch_soft_death(&l);
-    for (k = 0; k < nodes; k++) {
+    for (k = 0; k < ncmd; k++) {
         int pp[2];
         if (pipe2(pp, O_CLOEXEC) < 0) {
             fprintf(stderr, "tutti-run: pipe: %s\n", strerror(errno));
@@ -1860,14 +1963,20 @@ static int run_hosts(run_opts_t *o)
             if (code == 0 || tt_launch_stopping(&l) || tt_launch_signal_received())
                 continue;
             status = code;
-            fprintf(stderr,
-                    "tutti-run: host %s (ranks %d..%d) exited with status %d%s; stopping the "
-                    "other %d host(s)\n",
-                    cmds[i].host, cmds[i].first, cmds[i].first + cmds[i].nranks - 1, code,
-                    code == 255 && !cmds[i].local && !direct
-                        ? " (ssh's when it cannot reach the host)"
-                        : "",
-                    l.running);
+            if (cmds[i].group)
+                fprintf(stderr,
+                        "tutti-run: srun of node(s) %s (%d ranks) exited with status %d; "
+                        "stopping the other %d host(s)\n",
+                        cmds[i].host, cmds[i].nranks, code, l.running);
+            else
+                fprintf(stderr,
+                        "tutti-run: host %s (ranks %d..%d) exited with status %d%s; stopping "
+                        "the other %d host(s)\n",
+                        cmds[i].host, cmds[i].first, cmds[i].first + cmds[i].nranks - 1, code,
+                        code == 255 && !cmds[i].local && !direct
+                            ? " (ssh's when it cannot reach the host)"
+                            : "",
+                        l.running);
             tt_launch_stop(&l);
         }
         int got = tt_launch_signal_received();
@@ -1898,6 +2007,8 @@ out:
     free(cmds);
     free(wfd);
     free(strs);
+    free(places);
+    free(nodelist);
     free(rsh);
     for (k = 0; k < nenv; k++)
         free(env[k]);
