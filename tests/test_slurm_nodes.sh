@@ -19,7 +19,8 @@
 #      slot is one job of 4 ranks, -np 3 puts ranks 0-1 on tn01 and rank 2 on tn02
 #      (started there through srun), -np 5 is refused naming the slots, and a rank on
 #      tn02 exiting 3 ends the launch with 3 at once, nothing left running; the launch
-#      stopped (SIGTERM) or killed (SIGKILL) leaves nothing on either node. Under salloc
+#      stopped (SIGTERM) or killed (SIGKILL) has every rank stopped by a SIGTERM of its
+#      own and leaves nothing (processes, temporary directories) on either node. Under salloc
 #      (its shell on tn01, the job on tn02), the ranks run on tn02; from a login host on
 #      neither node, both nodes' agents start in one srun step.
 #   5. srun -N 2 -n 4 python3 of a script whose init_process_group("tutti") names only
@@ -144,21 +145,26 @@ echo "over exit $?"
 t0=$(date +%s)
 "$RUN" -np 3 sh -c '[ "$TUTTI_RANK" = 2 ] && exit 3; exec sleep 37.5'
 echo "fail exit $? in $(($(date +%s) - t0)) s"
-# the launch stopped (TERM) or killed (KILL): what is left of the job on each node
+# the launch stopped (TERM) or killed (KILL): every rank stopped by a SIGTERM of its own
+# (srun would SIGKILL its step), and what is left of the job on each node, temporary
+# directories too (TMPDIR of this launch's own; srun passes it on)
 on2() { srun -N 1 -n 1 -w tn02 --overlap -t 1 sh -c "$*; true"; }
 for sig in TERM KILL; do
-    "$RUN" -np 3 sh -c 'echo "up $TUTTI_RANK"; exec sleep 37.5' >"$OUT/$sig.txt" 2>&1 &
+    mkdir "$OUT/tmp.$sig"
+    TMPDIR=$OUT/tmp.$sig "$RUN" -np 3 sh -c 'trap "kill \$!; echo term \$TUTTI_RANK; exit 0" TERM
+        echo "up $TUTTI_RANK"; sleep 37.5 & wait' >"$OUT/$sig.txt" 2>&1 &
     pid=$!
     for _ in $(seq 150); do [ "$(grep -c '^up' "$OUT/$sig.txt")" = 3 ] && break; sleep .1; done
     kill -$sig $pid
     wait $pid
     t0=$(date +%s%N)
-    for _ in $(seq 50); do
+    for _ in $(seq 75); do
         here=$(pgrep -cfx "sleep 37.5") there=$(on2 pgrep -cfx "'sleep 37.5'")
-        [ "$here$there" = 00 ] && break
+        dirs=$(find "$OUT/tmp.$sig" -mindepth 1 -maxdepth 1 | wc -l)
+        [ "$here$there$dirs" = 000 ] && break
         sleep .2
     done
-    echo "$sig: $(grep -c '^up' "$OUT/$sig.txt") up, left $here on tn01 and $there on tn02 after $((($(date +%s%N) - t0) / 1000000)) ms"
+    echo "$sig: $(grep -c '^up' "$OUT/$sig.txt") up, $(grep -c '^term' "$OUT/$sig.txt") stopped by SIGTERM, left $here on tn01, $there on tn02 and $dirs directories after $((($(date +%s%N) - t0) / 1000000)) ms"
 done
 EOF
 chmod 755 "$WORK/batch.sh"
@@ -177,8 +183,9 @@ took=$(sed -n 's/^fail exit 3 in \([0-9]*\) s$/\1/p' "$WORK/batch.out")
 [ -n "$took" ] && [ "$took" -lt 15 ] || b "rank 2 on tn02 exiting 3: not the launch's exit 3 within 15 s"
 pgrep -fx "sleep 37.5" >/dev/null && b "rank 2's failure left ranks running"
 for sig in TERM KILL; do
-    grep -q "^$sig: 3 up, left 0 on tn01 and 0 on tn02 after" "$WORK/batch.out" ||
-        b "the launch's SIG$sig: not every rank up, or some left"
+    ms=$(sed -n "s/^$sig: 3 up, 3 stopped by SIGTERM, left 0 on tn01, 0 on tn02 and 0 directories after \([0-9]*\) ms$/\1/p" "$WORK/batch.out")
+    [ -n "$ms" ] && [ "$ms" -lt 3000 ] ||
+        b "the launch's SIG$sig: not every rank up and stopped by SIGTERM, or something left 3 s later"
 done
 grep "^TERM: \|^KILL: " "$WORK/batch.out"
 echo "test_slurm_nodes: tutti-run in a 2-node batch script: 4 ranks on 2x2 slots right, -np 3 as 2+1, -np 5 refused, a failure on tn02 ends it in $took s, TERM and KILL leave nothing"

@@ -216,14 +216,16 @@ static void cleaner_main(tt_launch_t *l, int fd)
     }
     double end = now_ms() + CLEANER_WAIT_MS;
     if (armed && n > 0 && soft) {
-        /* launchers (srun): SIGTERM, which they pass on, and their time to go (SIGKILL
-         * below where they have not) */
+        /* launchers (srun): their stdin ended with the launcher, which stops them; their
+         * time to go, then SIGTERM and more time (SIGKILL below where they have not) */
         qsort(pids, (size_t)n, sizeof(pid_t), cmp_pid);
-        for (int k = 0; k < n; k++)
-            kill(l->own_groups ? -pids[k] : pids[k], SIGTERM);
-        double soft_end = now_ms() + TT_LAUNCH_GRACE_MS;
-        while (any_left(pids, n, l->own_groups) && now_ms() < soft_end)
-            usleep(10000);
+        for (int round = 0; round < 2; round++) {
+            double soft_end = now_ms() + TT_LAUNCH_GRACE_MS;
+            while (any_left(pids, n, l->own_groups) && now_ms() < soft_end)
+                usleep(10000);
+            for (int k = 0; k < n && round == 0; k++)
+                kill(l->own_groups ? -pids[k] : pids[k], SIGTERM);
+        }
         end = now_ms() + CLEANER_WAIT_MS;
     }
     if (armed && n > 0) {
@@ -517,7 +519,7 @@ int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg)
         if (l->own_groups)
             setpgid(0, 0);
         /* dies with us, even SIGKILLed; if we died before this call, ppid shows it */
-        prctl(PR_SET_PDEATHSIG, l->soft_death ? SIGTERM : SIGKILL);
+        prctl(PR_SET_PDEATHSIG, l->soft_death ? 0 : SIGKILL);
         if (getppid() != l->self)
             _exit(127);
         for (int k = 0; k < 4; k++)
@@ -578,12 +580,21 @@ void tt_launch_stop(tt_launch_t *l)
      * ranks before it, may still hold what they started */
     if (l->kill_at)
         return;
+    if (l->soft_death) { /* the caller ended their stdin: SIGTERM from tt_launch_tick */
+        l->term_at = now_ms() + TT_LAUNCH_GRACE_MS;
+        l->kill_at = l->term_at + TT_LAUNCH_GRACE_MS;
+        return;
+    }
     signal_all(l, SIGTERM);
     l->kill_at = now_ms() + TT_LAUNCH_GRACE_MS;
 }
 
 void tt_launch_tick(tt_launch_t *l)
 {
+    if (l->term_at && l->running > 0 && now_ms() > l->term_at) {
+        signal_all(l, SIGTERM);
+        l->term_at = 0;
+    }
     if (l->kill_at && !l->killed && l->running > 0 && now_ms() > l->kill_at) {
         signal_all(l, SIGKILL);
         l->killed = 1;
@@ -631,6 +642,7 @@ int tt_launch_restart(tt_launch_t *l)
     memset(l->pids, 0, (size_t)l->np * sizeof(pid_t));
     memset(l->exited, 0, (size_t)l->np);
     l->kill_at = 0;
+    l->term_at = 0;
     l->killed = 0;
     return 0;
 }

@@ -39,7 +39,8 @@ typedef struct tt_launch {
     int np;
     int own_groups; /* each rank leads its own process group */
     int bind;       /* set before spawning: each rank held on one CPU (tt_launch_spawn) */
-    int soft_death; /* tt_launch_soft_death: the launcher's death SIGTERMs the ranks */
+    int soft_death; /* tt_launch_soft_death: ranks stop when their stdin ends */
+    double term_at; /* soft_death, stopping: when SIGTERM follows; 0 when sent or none */
     int running;    /* ranks started and not yet exited */
     pid_t self;
     pid_t *pids; /* 0: not started */
@@ -78,10 +79,12 @@ typedef void (*tt_launch_rank_fn)(void *arg, int i);
  * (i * ncpus / np)-th: ranks fill the CPUs in order, neighbours together (mpirun's
  * --bind-to core; 4 ranks on 2 CPUs: the first two on the first). */
 
-/* For ranks that are launchers themselves, which pass a SIGTERM on and need a moment
- * to (srun, whose step stays behind when it is SIGKILLed): where the launcher dies,
- * each rank gets SIGTERM (PR_SET_PDEATHSIG, and the cleaner's), and SIGKILL only where
- * it is still there TT_LAUNCH_GRACE_MS later. Before the first tt_launch_spawn. */
+/* For ranks that are launchers themselves, which stop what they started when their stdin
+ * ends and which SIGTERM would not let do it gracefully (srun SIGKILLs its step on
+ * SIGTERM; a SIGKILLed srun leaves its step running): no PR_SET_PDEATHSIG; where the
+ * launcher dies (their stdin ends with it), the cleaner gives them TT_LAUNCH_GRACE_MS,
+ * then SIGTERM and as long again, then SIGKILL; tt_launch_stop, whose caller ends their
+ * stdin, likewise (SIGTERM from tt_launch_tick). Before the first tt_launch_spawn. */
 void tt_launch_soft_death(tt_launch_t *l);
 
 /* Forks rank i (0 <= i < np). Returns 0, or -1 having said why (nothing started). */

@@ -124,8 +124,9 @@ static void usage(FILE *f, const char *argv0)
             "                      BatchMode=yes; TUTTI_RSH), with tutti-run at this path\n"
             "                      (--launch-agent PATH); -x VAR[=V] passes a variable on.\n"
             "                      The store is served here, with a fresh secret.\n"
-            "                      In a Slurm batch script of several nodes: the job's\n"
-            "                      nodes and tasks a node, started through srun\n"
+            "                      In a Slurm batch script of several nodes, or under\n"
+            "                      salloc: the job's nodes and tasks a node, started\n"
+            "                      through srun\n"
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
@@ -1706,13 +1707,14 @@ static int run_hosts(run_opts_t *o)
         agent = n > 0 ? me : "tutti-run";
     }
     char rsh_buf[1024];
-    /* a Slurm allocation's nodes: a step of one task on each, as Open MPI's daemons
-     * (no binding: the agent's ranks take the node's CPUs; no PMI: they are not MPI's;
-     * the launch's environment), unless --rsh or TUTTI_RSH says how */
+    /* a Slurm allocation's nodes: one step of a task on each, as Open MPI's daemons (no
+     * binding: the agent's ranks take the node's CPUs; --overlap: beside a step already
+     * there, a monitor's, which would otherwise hold it back without a word; no PMI:
+     * they are not MPI's; the launch's environment), unless --rsh or TUTTI_RSH says how */
     const char *rsh_cmd = o->rsh                ? o->rsh
                           : getenv("TUTTI_RSH") ? getenv("TUTTI_RSH")
-                          : o->slurm ? "srun --ntasks-per-node=1 --cpu-bind=none --mpi=none "
-                                       "--kill-on-bad-exit=1 --export=ALL --quiet"
+                          : o->slurm ? "srun --ntasks-per-node=1 --overlap --cpu-bind=none "
+                                       "--mpi=none --kill-on-bad-exit=1 --export=ALL --quiet"
                                      : "ssh -o BatchMode=yes";
     int direct = o->slurm && !o->rsh && !getenv("TUTTI_RSH");
     snprintf(rsh_buf, sizeof(rsh_buf), "%s", rsh_cmd);
@@ -1925,9 +1927,11 @@ static int run_hosts(run_opts_t *o)
         goto out;
     }
     started = 1;
-    /* srun SIGKILLed leaves its step running until Slurm finds it gone (a SIGKILLed
-     * launch left a rank 12 s in tests/test_slurm_nodes.sh): where this launch dies,
-     * SIGTERM, which srun passes on to its agent */
+    /* srun SIGKILLs its step on SIGTERM (the ranks get no SIGTERM of their own), and a
+     * SIGKILLed srun leaves its step running until Slurm finds it gone (a SIGKILLed
+     * launch left a rank 12 s in tests/test_slurm_nodes.sh): the agents are stopped by
+     * the end of their stdin (below, and this launch's death), which they pass on as
+     * SIGTERM to their ranks; srun gets signals only where they are still there later */
     if (direct)
         tt_launch_soft_death(&l);
     for (k = 0; k < ncmd; k++) {
@@ -1984,6 +1988,11 @@ static int run_hosts(run_opts_t *o)
             status = got ? 128 + got : 124;
             tt_launch_stop(&l);
         }
+        for (k = 0; direct && tt_launch_stopping(&l) && k < ncmd; k++)
+            if (wfd[k] >= 0) { /* the agents' stop (tt_launch_soft_death) */
+                close(wfd[k]);
+                wfd[k] = -1;
+            }
         tt_launch_tick(&l);
     }
     goto out;
