@@ -1638,6 +1638,30 @@ static int route_addr(const char *host, char *addr, size_t len)
     return tt_master_pick(probe, NULL, addr, len, &port);
 }
 
+/* The end of an agent's command line, from argv[a]: the options every agent gets as
+ * this launch got them (num: room for a number), then -- and the program. Returns the
+ * count of words. */
+static int agent_tail(const run_opts_t *o, char **argv, int a, char num[512])
+{
+    if (o->tag)
+        argv[a++] = "--tag";
+    if (o->role) {
+        argv[a++] = "--role";
+        argv[a++] = (char *)o->role;
+    }
+    if (o->bind)
+        argv[a++] = "--bind";
+    if (o->timeout_s) {
+        argv[a++] = "--timeout";
+        snprintf(num, 512, "%d", o->timeout_s);
+        argv[a++] = num;
+    }
+    argv[a++] = "--";
+    for (int p = 0; o->prog[p]; p++)
+        argv[a++] = o->prog[p];
+    return a;
+}
+
 /* The job's ranks on o->hosts: a store here (tcp, every interface, with a fresh job
  * secret) unless --store names one; on each host an agent for its ranks, started through
  * rsh (ssh) unless the host is this one, with its share of the ranks, the store and the
@@ -1846,22 +1870,7 @@ static int run_hosts(run_opts_t *o)
         argv[a++] = "--store";
         snprintf(str[s], sizeof(str[s]), "%s", url);
         argv[a++] = str[s++];
-        if (o->tag)
-            argv[a++] = "--tag";
-        if (o->role) {
-            argv[a++] = "--role";
-            argv[a++] = (char *)o->role;
-        }
-        if (o->bind)
-            argv[a++] = "--bind";
-        if (o->timeout_s) {
-            argv[a++] = "--timeout";
-            snprintf(str[s], sizeof(str[s]), "%d", o->timeout_s);
-            argv[a++] = str[s++];
-        }
-        argv[a++] = "--";
-        for (int p = 0; p < nprog; p++)
-            argv[a++] = o->prog[p];
+        a = agent_tail(o, argv, a, str[s++]);
         c->argv = argv;
         if (host_exec(c) < 0)
             goto oom;
@@ -1901,22 +1910,7 @@ static int run_hosts(run_opts_t *o)
             argv[a++] = places[g];
             c->nranks += atoi(strchr(strchr(strchr(places[g], ' ') + 1, ' ') + 1, ' ') + 1);
         }
-        if (o->tag)
-            argv[a++] = "--tag";
-        if (o->role) {
-            argv[a++] = "--role";
-            argv[a++] = (char *)o->role;
-        }
-        if (o->bind)
-            argv[a++] = "--bind";
-        if (o->timeout_s) {
-            argv[a++] = "--timeout";
-            snprintf(str[s], sizeof(str[s]), "%d", o->timeout_s);
-            argv[a++] = str[s++];
-        }
-        argv[a++] = "--";
-        for (int p = 0; p < nprog; p++)
-            argv[a++] = o->prog[p];
+        a = agent_tail(o, argv, a, str[s++]);
         c->argv = argv;
         if (host_exec(c) < 0)
             goto oom;
