@@ -1638,6 +1638,24 @@ static int route_addr(const char *host, char *addr, size_t len)
     return tt_master_pick(probe, NULL, addr, len, &port);
 }
 
+/* The start of an agent's command line, from argv[a]: its environment (env VAR=VALUE
+ * ...), the agent and what every agent gets alike (nodes, world: the counts, as words).
+ * Returns the count of words. */
+static int agent_head(char **argv, int a, char **env, int nenv, const char *agent, char *nodes,
+                      char *world)
+{
+    argv[a++] = "env";
+    for (int e = 0; e < nenv; e++)
+        argv[a++] = env[e];
+    argv[a++] = (char *)agent;
+    argv[a++] = "--agent";
+    argv[a++] = "--nnodes";
+    argv[a++] = nodes;
+    argv[a++] = "--world-size";
+    argv[a++] = world;
+    return a;
+}
+
 /* The end of an agent's command line, from argv[a]: the options every agent gets as
  * this launch got them (num: room for a number), then -- and the program. Returns the
  * count of words. */
@@ -1677,7 +1695,10 @@ static int run_hosts(run_opts_t *o)
                     "tutti-run: (the Slurm job's nodes and slots: SLURM_JOB_NODELIST=%.200s, "
                     "SLURM_TASKS_PER_NODE=%.200s; sbatch or salloc -n or --ntasks-per-node gives "
                     "more)\n",
-                    getenv("SLURM_JOB_NODELIST"), getenv("SLURM_TASKS_PER_NODE"));
+                    getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST")
+                    : getenv("SLURM_NODELIST")   ? getenv("SLURM_NODELIST")
+                                                 : "",
+                    getenv("SLURM_TASKS_PER_NODE"));
         return 2;
     }
     for (int i = 0; i < o->nhosts; i++)
@@ -1804,24 +1825,18 @@ static int run_hosts(run_opts_t *o)
         if ((v || strchr(o->fwd[f], '=')) && env_add(env, &nenv, o->fwd[f], v) < 0)
             goto oom;
     }
-    int k = 0;
+    char nodes_s[16], world_s[16]; /* every agent's --nnodes and --world-size */
+    snprintf(nodes_s, sizeof(nodes_s), "%d", nodes);
+    snprintf(world_s, sizeof(world_s), "%d", np);
+    int k = 0, group_ranks = 0;
     for (int i = 0; i < o->nhosts; i++) {
         tt_host_t *h = &o->hosts[i];
         if (!h->nranks)
             continue;
-        host_cmd_t *c = &cmds[ncmd];
-        c->host = h->name;
-        c->local = h->local;
-        c->rsh = rsh;
-        c->direct = direct;
-        c->in = -1;
-        c->first = h->first;
-        c->nranks = h->nranks;
-        char(*str)[512] = &strs[ncmd * 8];
         /* the store as this host reaches it: this host's address on its route there */
         char url[600];
         if (server) {
-            if (c->local)
+            if (h->local)
                 snprintf(addr, sizeof(addr), "127.0.0.1");
             else if (route_addr(tt_host_addr(h), addr, sizeof(addr)) < 0) {
                 fprintf(stderr, "tutti-run: no route from here to host %s: %s\n", h->name,
@@ -1834,27 +1849,28 @@ static int run_hosts(run_opts_t *o)
         } else {
             snprintf(url, sizeof(url), "%s", o->store);
         }
-        if (direct && !c->local) { /* srun's step, below */
+        if (direct && !h->local) { /* srun's step, below */
             snprintf(places[ngroup++], sizeof(places[0]), "%s %d %d %d %s", h->name, k, h->first,
                      h->nranks, url);
             snprintf(nodelist + strlen(nodelist), listlen - strlen(nodelist), "%s%s",
                      ngroup > 1 ? "," : "--nodelist=", h->name);
-            memset(c, 0, sizeof(*c));
+            group_ranks += h->nranks;
             k++;
             continue;
         }
+        host_cmd_t *c = &cmds[ncmd];
+        *c = (host_cmd_t){ .host = h->name,
+                           .local = h->local,
+                           .rsh = rsh,
+                           .direct = direct,
+                           .in = -1,
+                           .first = h->first,
+                           .nranks = h->nranks };
+        char(*str)[512] = &strs[ncmd * 8];
         char **argv = calloc((size_t)(nenv + nprog + 32), sizeof(*argv));
         if (!argv)
             goto oom;
-        int a = 0, s = 0;
-        argv[a++] = "env";
-        for (int e = 0; e < nenv; e++)
-            argv[a++] = env[e];
-        argv[a++] = (char *)agent;
-        argv[a++] = "--agent";
-        argv[a++] = "--nnodes";
-        snprintf(str[s], sizeof(str[s]), "%d", nodes);
-        argv[a++] = str[s++];
+        int s = 0, a = agent_head(argv, 0, env, nenv, agent, nodes_s, world_s);
         argv[a++] = "--node-rank";
         snprintf(str[s], sizeof(str[s]), "%d", k);
         argv[a++] = str[s++];
@@ -1863,9 +1879,6 @@ static int run_hosts(run_opts_t *o)
         argv[a++] = str[s++];
         argv[a++] = "--rank-offset";
         snprintf(str[s], sizeof(str[s]), "%d", h->first);
-        argv[a++] = str[s++];
-        argv[a++] = "--world-size";
-        snprintf(str[s], sizeof(str[s]), "%d", np);
         argv[a++] = str[s++];
         argv[a++] = "--store";
         snprintf(str[s], sizeof(str[s]), "%s", url);
@@ -1884,7 +1897,8 @@ static int run_hosts(run_opts_t *o)
                            .rsh = rsh,
                            .direct = 1,
                            .group = ngroup,
-                           .in = -1 };
+                           .in = -1,
+                           .nranks = group_ranks };
         char **argv = calloc((size_t)(nenv + nprog + 2 * ngroup + 32), sizeof(*argv));
         if (!argv)
             goto oom;
@@ -1894,21 +1908,10 @@ static int run_hosts(run_opts_t *o)
         snprintf(str[s], sizeof(str[s]), "--ntasks=%d", ngroup);
         argv[a++] = str[s++];
         argv[a++] = nodelist;
-        argv[a++] = "env";
-        for (int e = 0; e < nenv; e++)
-            argv[a++] = env[e];
-        argv[a++] = (char *)agent;
-        argv[a++] = "--agent";
-        argv[a++] = "--nnodes";
-        snprintf(str[s], sizeof(str[s]), "%d", nodes);
-        argv[a++] = str[s++];
-        argv[a++] = "--world-size";
-        snprintf(str[s], sizeof(str[s]), "%d", np);
-        argv[a++] = str[s++];
+        a = agent_head(argv, a, env, nenv, agent, nodes_s, world_s);
         for (int g = 0; g < ngroup; g++) {
             argv[a++] = "--place";
             argv[a++] = places[g];
-            c->nranks += atoi(strchr(strchr(strchr(places[g], ' ') + 1, ' ') + 1, ' ') + 1);
         }
         a = agent_tail(o, argv, a, str[s++]);
         c->argv = argv;
