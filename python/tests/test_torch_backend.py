@@ -1,7 +1,8 @@
 """torch.distributed on the "tutti" backend (tutti.torch): every collective x dtype x
 reduce op at 2, 3 and 4 ranks against references computed here from every rank's known
 inputs, async works, subgroups, errors (mismatch, killed rank, unsupported ops and
-dtypes, monitored barrier), and DDP whose parameters match the same run on gloo."""
+dtypes, monitored barrier), sparse allreduce, and DDP (dense and sparse gradients) whose
+parameters match the same run on gloo."""
 import datetime
 import faulthandler
 import functools
@@ -793,6 +794,151 @@ def test_recv_from_any_source():
     assert run(any_source, 4)[0] == [3, 2, 1]
 
 
+# ---- sparse allreduce (gloo's: SUM of COO tensors; DDP's sparse gradients) ----
+
+SPARSE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                 torch.int32, torch.int8]
+SPARSE_CASES = ["2d", "hybrid", "one-empty", "all-empty", "3d"]
+
+
+def sparse_inp(rank, dtype, case, salt=0):
+    """Rank's uncoalesced COO tensor: indices drawn with repeats (within the rank and
+    across ranks), small integer values (every sum exact in every dtype)."""
+    g = torch.Generator().manual_seed(7919 * salt + 31 * SPARSE_CASES.index(case) + rank)
+    shape, sd = {"2d": ((5, 4), 2), "hybrid": ((6, 3), 1), "one-empty": ((5, 4), 2),
+                 "all-empty": ((5, 4), 2), "3d": ((3, 4, 2), 3)}[case]
+    nnz = 3 + 2 * rank
+    if case == "all-empty" or (case == "one-empty" and rank == 1):
+        nnz = 0
+    cpu = dict(generator=g, device="cpu")
+    idx = torch.stack([torch.randint(0, shape[d], (nnz,), **cpu) for d in range(sd)])
+    vals = torch.randint(-3, 4, (nnz,) + shape[sd:], **cpu).to(dtype)
+    # on the default device (a GPU's in the CUDA test)
+    return torch.sparse_coo_tensor(idx, vals, shape).to(torch.empty(0).device)
+
+
+def sparse_ref(size, dtype, case, salt=0):
+    return sum(sparse_inp(r, dtype, case, salt).to_dense().double()
+               for r in range(size)).to(dtype)
+
+
+def sparse_sums(rank, size):
+    bad, count = [], 0
+    for dt in SPARSE_DTYPES:
+        for case in SPARSE_CASES:
+            t = sparse_inp(rank, dt, case)
+            w = dist.all_reduce(t, async_op=True)
+            got = w.get_future().wait()[0]
+            count += 1
+            want = sparse_ref(size, dt, case)
+            if not (got is t and t.is_sparse and t.is_coalesced() and t.dtype == dt
+                    and torch.equal(t.to_dense(), want)):
+                bad.append(f"{dt} {case}: got {t}, want {want.to_sparse()}")
+    # several in flight with dense ones between them (rank 1 late), waited last first
+    if rank == 1:
+        time.sleep(0.5)
+    ts = [sparse_inp(rank, torch.float64, c, salt=1) for c in SPARSE_CASES]
+    dense = torch.full((3,), float(rank + 1))
+    works = []
+    for i, t in enumerate(ts):
+        works.append(dist.all_reduce(t, async_op=True))
+        if i == 1:
+            works.append(dist.all_reduce(dense, async_op=True))
+    for w in reversed(works):
+        w.wait()
+    for c, t in zip(SPARSE_CASES, ts):
+        count += 1
+        if not torch.equal(t.to_dense(), sparse_ref(size, torch.float64, c, salt=1)):
+            bad.append(f"in flight {c}: {t}")
+    count += 1
+    if not torch.equal(dense, torch.full((3,), size * (size + 1) / 2)):
+        bad.append(f"dense between: {dense}")
+    assert not bad, f"{len(bad)} of {count} wrong:\n" + "\n".join(bad[:10])
+    return count
+
+
+@pytest.mark.parametrize("size,transport", [(2, "shm"), (3, "tcp")])
+def test_sparse_allreduce(size, transport):
+    assert run(sparse_sums, size, timeout=120,
+               env={"TUTTI_TRANSPORT": transport}) == [len(SPARSE_DTYPES) * 5 + 6] * size
+
+
+def sparse_on_gpu(rank, size):
+    torch.set_default_device(_gpu(rank))
+    return sparse_sums(rank, size)
+
+
+@NEEDS_GPU
+def test_sparse_allreduce_of_cuda_tensors():
+    assert run(sparse_on_gpu, 2, timeout=120) == [len(SPARSE_DTYPES) * 5 + 6] * 2
+
+
+def sparse_refused(rank, size):
+    msgs = []
+    for t, op in ((sparse_inp(rank, torch.float32, "2d") if rank == 0 else
+                   torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), [1.0], (5, 5)),
+                   dist.ReduceOp.SUM),
+                  (sparse_inp(rank, torch.float32 if rank == 0 else torch.float64, "2d"),
+                   dist.ReduceOp.SUM),
+                  (sparse_inp(rank, torch.float32, "2d"), dist.ReduceOp.MAX),
+                  (torch.eye(3).to_sparse_csr(), dist.ReduceOp.SUM)):
+        try:
+            dist.all_reduce(t, op)
+            msgs.append("no error")
+        except RuntimeError as e:
+            msgs.append(str(e))
+    t = sparse_inp(rank, torch.float32, "hybrid")  # the group still works, sparse too
+    dist.all_reduce(t)
+    assert torch.equal(t.to_dense(), sparse_ref(size, torch.float32, "hybrid")), t
+    return msgs
+
+
+def test_sparse_allreduce_errors_are_named():
+    for rank, (shape, dtype, op, csr) in enumerate(run(sparse_refused, 2)):
+        assert (f"allreduce of a sparse tensor on rank {rank}: rank 1's tensor is "
+                "Float [5, 5] (2 sparse dims), rank 0's Float [5, 4] (2 sparse dims)") in shape
+        assert "rank 1's tensor is Double [5, 4] (2 sparse dims), rank 0's Float" in dtype
+        assert "only ReduceOp.SUM is supported" in op, op
+        assert "only dense (strided) tensors are supported" in csr, csr
+
+
+def sparse_then_gone(rank, size):
+    """A subgroup destroyed with sparse calls in flight finishes them first; then rank 1
+    dies and a sparse allreduce on the world names it."""
+    g = dist.new_group(list(range(size)))
+    ts = [sparse_inp(rank, torch.float32, c, salt=2) for c in SPARSE_CASES]
+    works = [dist.all_reduce(t, group=g, async_op=True) for t in ts]
+    dist.destroy_process_group(g)
+    del g
+    import gc
+    gc.collect()
+    for c, t, w in zip(SPARSE_CASES, ts, works):
+        w.wait()
+        assert torch.equal(t.to_dense(), sparse_ref(size, torch.float32, c, salt=2)), (c, t)
+    t = sparse_inp(rank, torch.float32, "2d")
+    dist.all_reduce(t)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(sparse_inp(rank, torch.float32, "hybrid"))
+    except RuntimeError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0
+
+
+def test_sparse_allreduce_in_flight_at_destroy_and_a_killed_rank():
+    got = launch(sparse_then_gone, 3, timeout=40, group_timeout=8)
+    assert 1 not in got
+    for r in (0, 2):
+        kind, value = got[r]
+        assert kind == "ok", value
+        text, secs = value
+        assert "rank 1" in text, text
+        assert secs < 8, secs
+
+
 def monitored(rank, size):
     """Two groups of all ranks: in the first rank 2 skips the monitored barrier, in the
     second ranks 1 and 2 do (wait_all_ranks)."""
@@ -988,6 +1134,54 @@ def test_ddp_matches_gloo():
         assert moved > 1e-3, moved
         bad = {k: v for k, v in diffs.items() if v > 1e-6}
         assert not bad, f"rank {rank}: parameters differ from gloo's: {bad}"
+
+
+class SparseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(40, 4, sparse=True)
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, idx):
+        return self.lin(self.emb(idx).sum(1))
+
+
+def ddp_sparse_params(pg):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    ddp = DDP(SparseNet(), process_group=pg)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(200 + dist.get_rank())
+    for _ in range(5):
+        # each rank looks up rows of its own half of the table (and row 0)
+        idx = torch.randint(0, 20, (8, 3), generator=gen) + 20 * dist.get_rank()
+        idx[0, 0] = 0
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(idx), torch.randn(8, 2, generator=gen)).backward()
+        assert ddp.module.emb.weight.grad.is_sparse
+        opt.step()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def ddp_sparse_parity(rank, size):
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    got = ddp_sparse_params(dist.new_group(list(range(size))))
+    want = ddp_sparse_params(gloo)
+    torch.manual_seed(0)
+    fresh = SparseNet().emb.weight.detach()
+    # rows only the other rank looked up moved here too: the gradients were summed
+    other = slice(20, 40) if rank == 0 else slice(0, 20)
+    return {"diff": max((a - b).abs().max().item() for a, b in zip(got, want)),
+            "other_moved": (got[0][other] - fresh[other]).abs().max().item(),
+            "emb": got[0]}
+
+
+def test_ddp_with_sparse_gradients_matches_gloo():
+    res = run(ddp_sparse_parity, 2, timeout=120)
+    for rank, r in enumerate(res):
+        assert r["diff"] <= 1e-6, f"rank {rank}: {r['diff']}"
+        assert r["other_moved"] > 1e-3, r["other_moved"]
+    assert torch.equal(res[0]["emb"], res[1]["emb"])
 
 
 # torchrun's usage under tutti-run: a script that calls init_process_group("tutti") with

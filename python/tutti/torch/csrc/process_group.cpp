@@ -343,6 +343,27 @@ std::vector<size_t> split_counts(const at::Tensor &t, const std::vector<int64_t>
 
 constexpr uint32_t kMonitorTag = 0x7474ffffu; /* monitoredBarrier's messages */
 
+/* A sparse allreduce's first stage: each rank's tensor described in kSparseMeta int64s
+ * (marker, dtype, sparse dims, dense dims, nnz, dims, sizes), gathered from every rank. */
+constexpr int64_t kSparseMeta = 32;
+constexpr int64_t kSparseMaxDims = kSparseMeta - 6;
+constexpr int64_t kSparseMarker = 0x7475737061727365; /* "tutsparse" */
+
+size_t pad8(size_t n)
+{
+    return (n + 7) & ~size_t(7);
+}
+
+/* "float32 [4, 3] (1 sparse dim)" from a first-stage row. */
+std::string sparse_desc(const int64_t *m)
+{
+    std::string s = c10::toString(static_cast<at::ScalarType>(m[1]));
+    s += " [";
+    for (int64_t d = 0; d < m[5] && d < kSparseMaxDims; d++)
+        s += (d ? ", " : "") + std::to_string(m[6 + d]);
+    return s + "] (" + std::to_string(m[2]) + " sparse dims)";
+}
+
 /* A work's future: one that holds GPU tensors names their devices, as torch's CUDA-aware
  * futures must (their continuations then wait on the streams it completed on). */
 c10::intrusive_ptr<c10::ivalue::Future> make_future(const std::vector<at::Tensor> &outputs)
@@ -515,6 +536,48 @@ std::vector<at::Tensor> WorkTutti::result()
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkTutti::getFuture()
+{
+    return future_;
+}
+
+/* ---- WorkSparse ---- */
+
+WorkSparse::WorkSparse(int rank, std::vector<at::Tensor> outputs,
+                       std::chrono::milliseconds timeout)
+    : c10d::Work(rank, c10d::OpType::ALLREDUCE), outputs_(std::move(outputs)), timeout_(timeout),
+      future_(make_future(outputs_))
+{
+}
+
+void WorkSparse::done(std::exception_ptr err)
+{
+    finish(err);
+    if (err)
+        future_->setError(err);
+    else
+        future_->markCompleted(c10::IValue(outputs_));
+}
+
+/* By default within both stages' bounds: each fails by its own deadline first. */
+bool WorkSparse::wait(std::chrono::milliseconds timeout)
+{
+    if (timeout == kNoTimeout)
+        timeout = timeout_;
+    std::unique_lock<std::mutex> g(mutex_);
+    if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
+        TORCH_CHECK(false, "tutti backend: allreduce of a sparse tensor on rank ", rank_,
+                    " not done after ", timeout.count(), " ms");
+    if (exception_)
+        std::rethrow_exception(exception_);
+    return true;
+}
+
+std::vector<at::Tensor> WorkSparse::result()
+{
+    return outputs_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkSparse::getFuture()
 {
     return future_;
 }
@@ -699,6 +762,15 @@ ProcessGroupTutti::~ProcessGroupTutti()
 {
     PyThreadState *py = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
     tutti_comm_destroy(comm_); /* the queued works' callbacks have run when it returns */
+    if (sparse_comm_) {
+        /* the sparse calls' first stages are done: their second stages go out on
+         * sparse_comm_ (from the completer) before it goes */
+        std::unique_lock<std::mutex> g(sparse_mu_);
+        sparse_cv_.wait_for(g, op_timeout_ + std::chrono::seconds(5),
+                            [this] { return sparse_next_ == sparse_issued_.load(); });
+        g.unlock();
+        tutti_comm_destroy(sparse_comm_);
+    }
     completer_.stop();
     tutti_store_close(store_);
     if (py)
@@ -886,6 +958,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tensor> &tensors,
                                                             const c10d::AllreduceOptions &opts)
 {
+    if (tensors.size() == 1 && tensors[0].layout() == at::kSparse)
+        return allreduce_sparse_coo(tensors[0], opts);
     const at::Tensor &t = single(tensors, "allreduce");
     reduction r = to_reduction(t, opts.reduceOp, "allreduce");
     at::Tensor buf = premul(contig(t), opts.reduceOp, "allreduce");
@@ -894,6 +968,219 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
                       return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
                                                    buf.numel(), r.dt, r.op, w);
                   });
+}
+
+/* Sparse (COO) allreduce, SUM, as gloo's: every rank's indices and values gathered,
+ * then summed by torch (the same coalesce on every rank, so every rank gets the same
+ * tensor), which replaces t's. The first stage (sizes) is issued here, in the caller's
+ * order on comm_; the second (the indices and values, an allgatherv of bytes on
+ * sparse_comm_) when the first is done, by sparse_ready in the sparse calls' order. */
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
+    at::Tensor &t, const c10d::AllreduceOptions &opts)
+{
+    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(),
+                "tutti backend: allreduce: only CPU and CUDA tensors are supported, got ",
+                t.device());
+    TORCH_CHECK(opts.reduceOp.op_ == c10d::ReduceOp::SUM,
+                "tutti backend: allreduce of a sparse tensor: only ReduceOp.SUM is supported "
+                "(as gloo's)");
+    TORCH_CHECK(t.dim() <= kSparseMaxDims, "tutti backend: allreduce of a sparse tensor: ",
+                t.dim(), " dimensions, at most ", kSparseMaxDims, " are supported");
+    at::Tensor in;
+    {
+        at::NoGradGuard no_grad;
+        in = t.coalesce();
+        if (in.is_cuda())
+            in = in.to(at::kCPU); /* staged through host memory, as gloo's */
+    }
+    at::Tensor idx = in._indices().contiguous(), val = in._values().contiguous();
+    size_t ib = (size_t)idx.numel() * sizeof(int64_t);
+    size_t vb = (size_t)val.numel() * val.element_size();
+    at::Tensor packed = at::zeros({ (int64_t)pad8(ib + vb) }, at::kByte);
+    if (ib)
+        memcpy(packed.data_ptr(), idx.data_ptr(), ib);
+    if (vb)
+        memcpy(packed.data_ptr<uint8_t>() + ib, val.data_ptr(), vb);
+    at::Tensor meta = at::zeros({ kSparseMeta }, at::kLong);
+    int64_t *m = meta.data_ptr<int64_t>();
+    m[0] = kSparseMarker;
+    m[1] = static_cast<int64_t>(in.scalar_type());
+    m[2] = in.sparse_dim();
+    m[3] = in.dense_dim();
+    m[4] = in._nnz();
+    m[5] = in.dim();
+    for (int64_t d = 0; d < in.dim(); d++)
+        m[6 + d] = in.size(d);
+    at::Tensor all = at::empty({ size_ * kSparseMeta }, at::kLong);
+
+    auto user = c10::make_intrusive<WorkSparse>(rank_, std::vector<at::Tensor>{ t },
+                                                op_timeout_ * 2 + std::chrono::seconds(1));
+    auto first = c10::make_intrusive<WorkTutti>(rank_, c10d::OpType::ALLREDUCE,
+                                                "allreduce (sparse: sizes)",
+                                                std::vector<at::Tensor>{}, op_timeout_,
+                                                &completer_);
+    first->buffers = { meta, all };
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> g(issue_mu_);
+        TORCH_CHECK(!coalescing_, "tutti backend: allreduce of a sparse tensor in a coalesced "
+                                  "batch is not supported");
+        if (!sparse_comm_) {
+            int st = tutti_comm_split(comm_, 0, rank_, &sparse_comm_);
+            if (st != TUTTI_OK)
+                fail("allreduce (sparse: set-up)", st);
+        }
+        int st = tutti_allgather_async(comm_, meta.data_ptr(), all.data_ptr(), kSparseMeta,
+                                       TUTTI_INT64, &first->handle);
+        if (st != TUTTI_OK)
+            fail("allreduce (sparse: sizes)", st);
+        seq = sparse_issued_++;
+        WorkTutti *ref = c10::intrusive_ptr<WorkTutti>(first).release();
+        st = tutti_work_on_done(first->handle, WorkTutti::on_done, ref);
+        if (st != TUTTI_OK) {
+            c10::intrusive_ptr<WorkTutti>::reclaim(ref);
+            first->complete(st); /* its error then ends the call, below */
+        }
+    }
+    first->getFuture()->addCallback([this, seq, all, in, packed, t, user](c10::ivalue::Future &f) {
+        std::function<void()> stage2;
+        std::exception_ptr err = f.hasError() ? f.exception_ptr() : nullptr;
+        if (!err) {
+            try {
+                stage2 = sparse_stage2(all, in, packed, t, user);
+            } catch (...) {
+                err = std::current_exception();
+            }
+        }
+        if (err)
+            stage2 = [user, err] { user->done(err); };
+        sparse_ready(seq, std::move(stage2));
+    });
+    return user;
+}
+
+/* Runs the second stages that are ready in the sparse calls' order. */
+void ProcessGroupTutti::sparse_ready(uint64_t seq, std::function<void()> stage2)
+{
+    std::lock_guard<std::mutex> g(sparse_mu_);
+    sparse_waiting_.emplace(seq, std::move(stage2));
+    for (auto it = sparse_waiting_.begin();
+         it != sparse_waiting_.end() && it->first == sparse_next_;
+         it = sparse_waiting_.erase(it)) {
+        it->second(); /* never throws */
+        sparse_next_++;
+    }
+    sparse_cv_.notify_all();
+}
+
+/* From every rank's sizes (all): the second stage, which sends packed (this rank's
+ * indices, then values, padded to 8 bytes) and receives every rank's, then sums them into
+ * t. Ranks whose tensors differ in dtype, sizes or sparse dims are named, with the same
+ * words on every rank (all compared with rank 0's), and no rank sends a second stage. */
+std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, const at::Tensor &in,
+                                                       const at::Tensor &packed, at::Tensor t,
+                                                       c10::intrusive_ptr<WorkSparse> user)
+{
+    const int64_t *m = all.data_ptr<int64_t>();
+    auto row = [&](int r) { return m + (size_t)r * kSparseMeta; };
+    for (int r = 0; r < size_; r++) {
+        const int64_t *a = row(r), *b = row(0);
+        TORCH_CHECK(a[0] == kSparseMarker, "tutti backend: allreduce of a sparse tensor on rank ",
+                    rank_, ": rank ", r, " gathered something else at this call");
+        TORCH_CHECK(a[5] >= 0 && a[5] <= kSparseMaxDims && a[2] >= 0 && a[3] >= 0 &&
+                        a[4] >= 0 && a[2] + a[3] == a[5],
+                    "tutti backend: allreduce of a sparse tensor on rank ", rank_, ": rank ", r,
+                    " sent malformed sizes");
+        TORCH_CHECK(std::equal(a + 1, a + 4, b + 1) && a[5] == b[5] &&
+                        std::equal(a + 6, a + 6 + a[5], b + 6),
+                    "tutti backend: allreduce of a sparse tensor on rank ", rank_, ": rank ", r,
+                    "'s tensor is ", sparse_desc(a), ", rank 0's ", sparse_desc(b),
+                    " (they must agree in dtype, sizes and sparse dims)");
+    }
+    const int64_t sd = m[2], ndim = m[5];
+    std::vector<int64_t> sizes(m + 6, m + 6 + ndim), dense(m + 6 + sd, m + 6 + ndim);
+    const size_t es = in.element_size();
+    size_t dn = 1;
+    for (int64_t d : dense)
+        dn *= (size_t)d;
+    std::vector<size_t> counts(size_);
+    std::vector<int64_t> nnz(size_);
+    size_t total = 0;
+    for (int r = 0; r < size_; r++) {
+        nnz[r] = row(r)[4];
+        counts[r] = pad8((size_t)sd * nnz[r] * sizeof(int64_t) + (size_t)nnz[r] * dn * es);
+        total += counts[r];
+    }
+    at::Tensor recv = at::empty({ (int64_t)total }, at::kByte);
+    auto vopts = in.options().layout(at::kStrided);
+    /* every rank's pieces, summed: one coalesce of them all, the same on every rank */
+    auto sum_into = [t, recv, nnz, sd, dense, sizes, dn, es, vopts, user]() mutable {
+        std::vector<at::Tensor> idx, val;
+        const uint8_t *p = recv.data_ptr<uint8_t>();
+        size_t off = 0;
+        for (int64_t n : nnz) {
+            size_t ib = (size_t)sd * n * sizeof(int64_t), vb = (size_t)n * dn * es;
+            at::Tensor i = at::empty({ sd, n }, at::kLong);
+            std::vector<int64_t> vs{ n };
+            vs.insert(vs.end(), dense.begin(), dense.end());
+            at::Tensor v = at::empty(vs, vopts);
+            if (ib)
+                memcpy(i.data_ptr(), p + off, ib);
+            if (vb)
+                memcpy(v.data_ptr(), p + off + ib, vb);
+            off += pad8(ib + vb);
+            idx.push_back(i);
+            val.push_back(v);
+        }
+        at::Tensor out;
+        {
+            at::NoGradGuard no_grad;
+            out = at::sparse_coo_tensor(at::cat(idx, 1), at::cat(val, 0), sizes,
+                                        vopts.layout(at::kSparse))
+                      .coalesce();
+            /* below autograd, as gloo's: a tensor that requires grad takes it too */
+            at::AutoDispatchBelowADInplaceOrView below;
+            t.copy_(t.is_cuda() ? out.to(t.device()) : out);
+        }
+        user->done(nullptr);
+    };
+    return [this, packed, recv, counts, total, sum_into, user]() mutable {
+        try {
+            if (total == 0) { /* no rank has an element: nothing to move */
+                sum_into();
+                return;
+            }
+            auto second = c10::make_intrusive<WorkTutti>(rank_, c10d::OpType::ALLREDUCE,
+                                                         "allreduce (sparse: values)",
+                                                         std::vector<at::Tensor>{}, op_timeout_,
+                                                         &completer_);
+            second->buffers = { packed, recv };
+            int st = tutti_allgatherv_async(sparse_comm_, packed.data_ptr(), recv.data_ptr(),
+                                            counts.data(), nullptr, TUTTI_UINT8, &second->handle);
+            TORCH_CHECK(st == TUTTI_OK, "tutti backend: allreduce of a sparse tensor on rank ",
+                        rank_, ": ", tutti_status_name(st), ": ",
+                        tutti_comm_last_error(sparse_comm_));
+            second->getFuture()->addCallback([sum_into, user](c10::ivalue::Future &f) mutable {
+                if (f.hasError()) {
+                    user->done(f.exception_ptr());
+                    return;
+                }
+                try {
+                    sum_into();
+                } catch (...) {
+                    user->done(std::current_exception());
+                }
+            });
+            WorkTutti *ref = c10::intrusive_ptr<WorkTutti>(second).release();
+            st = tutti_work_on_done(second->handle, WorkTutti::on_done, ref);
+            if (st != TUTTI_OK) {
+                c10::intrusive_ptr<WorkTutti>::reclaim(ref);
+                second->complete(st);
+            }
+        } catch (...) {
+            user->done(std::current_exception());
+        }
+    };
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -113,6 +114,25 @@ class WorkTutti : public c10d::Work
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+/* A sparse allreduce's work (gloo's AsyncSparseAllreduceWork): done when its second
+ * stage is, from a future callback on the completer
+ * (ProcessGroupTutti::allreduce_sparse_coo). */
+class WorkSparse : public c10d::Work
+{
+  public:
+    WorkSparse(int rank, std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout);
+    bool wait(std::chrono::milliseconds timeout) override;
+    std::vector<at::Tensor> result() override;
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+    void synchronize() override {}
+    void done(std::exception_ptr err); /* once */
+
+  private:
+    std::vector<at::Tensor> outputs_;
+    std::chrono::milliseconds timeout_; /* both stages' bound */
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 /* What endCoalescing returns: the works issued since startCoalescing, as one (torch 2.x's
  * batch_isend_irecv of CUDA tensors and _coalescing_manager(device=...) wait on it). */
 class WorkBatch : public c10d::Work
@@ -152,6 +172,15 @@ class ProcessGroupTutti : public PGBase
                                              const c10d::BroadcastOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                              const c10d::AllreduceOptions &opts) override;
+#if TORCH_VERSION_MAJOR >= 2
+    /* torch 2.x's Backend has it (from 2.1; gloo's calls allreduce): no `override`, so
+     * that a 2.0 without it builds too */
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor> &tensors,
+                                                    const c10d::AllreduceOptions &opts)
+    {
+        return allreduce(tensors, opts);
+    }
+#endif
     c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
         std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
@@ -234,6 +263,12 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, const char *name,
                                            std::vector<at::Tensor> &tensors, int src, int tag);
     void rendezvous(c10d::Store &store, tutti_comm_opts_t *opts);
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(at::Tensor &t,
+                                                        const c10d::AllreduceOptions &opts);
+    void sparse_ready(uint64_t seq, std::function<void()> stage2);
+    std::function<void()> sparse_stage2(const at::Tensor &all, const at::Tensor &in,
+                                        const at::Tensor &packed, at::Tensor t,
+                                        c10::intrusive_ptr<WorkSparse> user);
     [[noreturn]] void fail(const char *name, int status);
 
     std::chrono::milliseconds timeout_;
@@ -245,6 +280,18 @@ class ProcessGroupTutti : public PGBase
     tutti_store_t *store_ = nullptr;
     tutti_comm_t *comm_ = nullptr;
     std::string job_id_;
+    /* Sparse allreduce, in two stages as gloo's: every rank's sizes (an allgather on
+     * comm_, issued in the caller's order), then the indices and values (an allgatherv
+     * of bytes) on sparse_comm_, a split of comm_ made at the first sparse call. The
+     * second stages are issued by whichever thread finishes a first, in the sparse
+     * calls' order (sparse_next_), so that every rank issues them alike while later
+     * calls on comm_ go on. */
+    tutti_comm_t *sparse_comm_ = nullptr;      /* under issue_mu_ */
+    std::atomic<uint64_t> sparse_issued_{ 0 }; /* first stages issued (under issue_mu_) */
+    std::mutex sparse_mu_;
+    std::condition_variable sparse_cv_;
+    uint64_t sparse_next_ = 0; /* under sparse_mu_: the next second stage to issue */
+    std::map<uint64_t, std::function<void()>> sparse_waiting_; /* under sparse_mu_ */
     Completer completer_;
 };
 
