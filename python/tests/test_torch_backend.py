@@ -356,11 +356,31 @@ def noncontiguous(rank, size, ck):
        torch.arange(12, dtype=torch.float64).view(3, 4)[:, ::2].contiguous())
 
 
+def uneven(rank, size, ck):
+    """all_gather and reduce_scatter of lists whose tensors differ in length (as NCCL's
+    backend takes them; gloo refuses them): rank r's block has 2r elements (none on rank
+    0) in all_gather, r + 1 in reduce_scatter."""
+    for dt in MOVE_DTYPES:
+        outs = [torch.full((2 * r,), 7).to(dt) for r in range(size)]
+        dist.all_gather(outs, inp(rank, dt, n=2 * rank))
+        for r in range(size):
+            ck(f"uneven all_gather {dt} [{r}]", outs[r], inp(r, dt, n=2 * r))
+    for dt in DTYPES:
+        for name in ("SUM", "MAX", "AVG", "PRODUCT"):
+            out = torch.zeros(rank + 1).to(dt)
+            dist.reduce_scatter(out, [inp(rank, dt, name, n=i + 1, salt=i) for i in range(size)],
+                                getattr(dist.ReduceOp, name))
+            want = reduce_ref([inp(r, dt, name, n=rank + 1, salt=rank) for r in range(size)],
+                              name, dt, size)
+            ck(f"uneven reduce_scatter {dt} {name}", out, want)
+
+
 def everything(rank, size):
     ck = Checker()
     reductions(rank, size, ck)
     bool_reductions(rank, size, ck)
     movers(rank, size, ck)
+    uneven(rank, size, ck)
     noncontiguous(rank, size, ck)
     dist.barrier()
     tutti.torch.monitored_barrier(timeout=datetime.timedelta(seconds=10), wait_all_ranks=True)
@@ -755,7 +775,9 @@ def unsupported(rank, size):
     msgs = []
     for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),
                  lambda: dist.all_reduce(torch.ones(2, dtype=torch.float64), dist.ReduceOp.BXOR),
-                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0)):
+                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0),
+                 # an uneven list whose place for this rank is not its tensor's length
+                 lambda: dist.all_gather([torch.zeros(1), torch.zeros(3)], torch.zeros(2))):
         try:
             call()
             msgs.append("no error")
@@ -768,7 +790,11 @@ def unsupported(rank, size):
 
 
 def test_unsupported_ops_and_dtypes_are_named():
-    band, bxor, cplx = run(unsupported, 2)[0]
+    res = run(unsupported, 2)
+    band, bxor, cplx, _ = res[0]
+    for rank, (slot, n) in enumerate(((res[0][3], 1), (res[1][3], 3))):
+        assert (f"allgather on rank {rank}: this rank's tensor has 2 elements, its place in "
+                f"the list {n}") in slot, slot
     assert "op band reduces integer dtypes only, not f32" in band, band
     assert "op bxor reduces integer dtypes only, not f64" in bxor, bxor
     assert "dtype ComplexFloat is not supported by reductions" in cplx, cplx

@@ -173,6 +173,29 @@ const std::vector<at::Tensor> &rank_list(const std::vector<std::vector<at::Tenso
     return lists[0];
 }
 
+/* The list of `size` tensors of like's dtype that allgather and reduce_scatter take
+ * (every rank's, so every rank knows whether it is even): its elements per rank, empty
+ * where every tensor has like's length. Uneven lists, as NCCL's backend takes them (gloo
+ * refuses them), go to tutti's v forms; this rank's own tensor must be like's length. */
+std::vector<size_t> uneven_counts(const std::vector<std::vector<at::Tensor>> &lists,
+                                  const at::Tensor &like, int size, int rank, const char *op)
+{
+    TORCH_CHECK(lists.size() == 1 && (int)lists[0].size() == size, "tutti backend: ", op,
+                ": needs one list of ", size, " tensors");
+    same_dtype(lists[0], like, op);
+    const auto &ts = lists[0];
+    if (std::all_of(ts.begin(), ts.end(),
+                    [&](const at::Tensor &t) { return t.numel() == like.numel(); }))
+        return {};
+    TORCH_CHECK(ts[rank].numel() == like.numel(), "tutti backend: ", op, " on rank ", rank,
+                ": this rank's tensor has ", like.numel(), " elements, its place in the list ",
+                ts[rank].numel());
+    std::vector<size_t> counts;
+    for (const auto &t : ts)
+        counts.push_back((size_t)t.numel());
+    return counts;
+}
+
 /* What a non-root passes for the root's list: nothing, or one empty list. */
 void check_no_list(const std::vector<std::vector<at::Tensor>> &lists, const char *op)
 {
@@ -1224,13 +1247,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
     const c10d::AllgatherOptions &)
 {
     at::Tensor in = contig(single(inputs, "allgather"));
-    auto outs = rank_list(outputs, in, size_, "allgather");
+    std::vector<size_t> counts = uneven_counts(outputs, in, size_, rank_, "allgather");
+    auto outs = outputs[0];
     carrier c = carry(in);
-    at::Tensor flat = host_empty(size_ * in.numel(), in, any_cuda(outs));
+    for (auto &n : counts)
+        n = c.n((int64_t)n);
+    int64_t n = counts.empty() ? size_ * in.numel() : (int64_t)(total(counts) / c.k);
+    at::Tensor flat = host_empty(n, in, any_cuda(outs));
     return launch(
         c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
         [flat, outs]() mutable { unflatten(flat, 0, outs); },
         [&](tutti_work_t **w) {
+            if (!counts.empty()) /* uneven: the ranks' blocks back to back */
+                return tutti_allgatherv_async(comm_, in.data_ptr(), flat.data_ptr(),
+                                              counts.data(), nullptr, c.dt, w);
             return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(), c.n(in.numel()),
                                          c.dt, w);
         });
@@ -1376,11 +1406,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
 {
     const at::Tensor &o = single(outputs, "reduce_scatter");
     reduction r = to_reduction(o, opts.reduceOp, "reduce_scatter");
-    at::Tensor flat = premul(flatten(rank_list(inputs, o, size_, "reduce_scatter")),
-                             opts.reduceOp, "reduce_scatter"),
+    std::vector<size_t> counts = uneven_counts(inputs, o, size_, rank_, "reduce_scatter");
+    at::Tensor flat = premul(flatten(inputs[0]), opts.reduceOp, "reduce_scatter"),
                out = out_buf(o);
     return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, { flat, out },
                   copy_back(o, out), [&](tutti_work_t **w) {
+                      if (!counts.empty()) /* uneven: rank i's block is input i's */
+                          return tutti_reduce_scatterv_async(comm_, flat.data_ptr(),
+                                                             out.data_ptr(), counts.data(), r.dt,
+                                                             r.op, w);
                       return tutti_reduce_scatter_async(comm_, flat.data_ptr(), out.data_ptr(),
                                                         out.numel(), r.dt, r.op, w);
                   });
