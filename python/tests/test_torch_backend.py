@@ -1210,6 +1210,51 @@ def test_ddp_with_sparse_gradients_matches_gloo():
     assert torch.equal(res[0]["emb"], res[1]["emb"])
 
 
+def objects_and_join(rank, size):
+    """torch's object collectives (pickles in byte tensors: sizes first, then the bytes),
+    and DDP's join() with uneven inputs (rank r has 3 + 2r batches; the ranks done early
+    shadow the others' allreduces), its parameters against the same run on gloo."""
+    out = {}
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * (rank * 100)})
+    out["all_gather_object"] = objs == [{"rank": r, "s": "x" * (r * 100)} for r in range(size)]
+    lst = [rank, "a" * (7 + rank), {1: 2}] if rank == 1 else [None, None, None]
+    dist.broadcast_object_list(lst, src=1)
+    out["broadcast_object_list"] = lst == [1, "a" * 8, {1: 2}]
+    got = [None] * size if rank == 0 else None
+    dist.gather_object(("r", rank), got, dst=0)
+    out["gather_object"] = rank != 0 or got == [("r", r) for r in range(size)]
+    one = [None]
+    dist.scatter_object_list(one, [[i] * i for i in range(size)] if rank == 0 else None, src=0)
+    out["scatter_object_list"] = one[0] == [rank] * rank
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    params = {}
+    for backend in ("gloo", None):
+        pg = dist.new_group(list(range(size)), backend=backend)
+        torch.manual_seed(0)
+        ddp = DDP(torch.nn.Linear(4, 2), process_group=pg)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank)
+        with ddp.join():
+            for _ in range(3 + 2 * rank):
+                opt.zero_grad()
+                ddp(torch.randn(5, 4, generator=gen)).sum().backward()
+                opt.step()
+        params[backend] = [p.detach().clone() for p in ddp.module.parameters()]
+    out["join_diff"] = max((a - b).abs().max().item()
+                           for a, b in zip(params["gloo"], params[None]))
+    torch.manual_seed(0)
+    out["join_moved"] = (torch.nn.Linear(4, 2).weight - params[None][0]).abs().max().item()
+    return out
+
+
+def test_object_collectives_and_ddp_join():
+    for rank, res in enumerate(run(objects_and_join, 3, timeout=90)):
+        assert res.pop("join_diff") <= 1e-6, (rank, res)
+        assert res.pop("join_moved") > 1e-3, (rank, res)
+        assert all(res.values()), (rank, res)
+
+
 # torchrun's usage under tutti-run: a script that calls init_process_group("tutti") with
 # no arguments (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher)
 LAUNCHED = """
