@@ -4,12 +4,15 @@ untimed iterations, then N timed ones, each rank timing every iteration; an iter
 time is the slowest rank's; prints p50 and mean (us) of those, one line of JSON.
 
   py_bench.py [--api tutti|torch-tutti|torch-gloo] [-np N] [-b BYTES] [-n N] [-w W]
-              [--transport shm|tcp] [--device cpu|cuda]
+              [--transport shm|tcp] [--device cpu|cuda] [--sparse]
 
 tutti: the Python package (tutti.Communicator.allreduce, in place, float32).
 torch-*: torch.distributed.all_reduce of a float32 tensor on the named backend; with
 --device cuda, of a tensor on GPU rank % GPUs, each call followed by
 torch.cuda.synchronize() (gloo's CUDA work returns before its copy back is done).
+--sparse (torch-*): a sparse COO float32 tensor of 2^20 rows of 16 instead, BYTES of
+values on each rank (BYTES / 64 rows, drawn per rank, so ranks overlap in a few), a
+copy of it allreduced in each call (the sum replaces the tensor it is given).
 Run with PYTHONPATH=build/python and /usr/bin/python3."""
 import argparse
 import os
@@ -50,6 +53,12 @@ def rank_main(a, rank, q):
             def call():
                 dist.all_reduce(buf)
                 torch.cuda.synchronize()
+        elif a.sparse:
+            gen = torch.Generator().manual_seed(rank)
+            nnz = max(1, a.bytes // 64)
+            rows = torch.randint(0, 1 << 20, (1, nnz), generator=gen)
+            base = torch.sparse_coo_tensor(rows, torch.ones(nnz, 16), (1 << 20, 16))
+            call = lambda: dist.all_reduce(base.clone())  # noqa: E731
         else:
             buf = torch.ones(count, dtype=torch.float32)
             call = lambda: dist.all_reduce(buf)  # noqa: E731
@@ -68,7 +77,7 @@ def rank_main(a, rank, q):
     if rank == 0:
         us = times * 1e6
         q.put({"api": a.api, "np": a.np, "bytes": count * 4, "transport": a.transport,
-               "device": a.device,
+               "device": a.device, "sparse": a.sparse,
                "iters": n, "p50_us": float(np.percentile(us, 50)), "mean_us": float(us.mean())})
 
 
@@ -81,7 +90,10 @@ def main():
     p.add_argument("-w", type=int, default=200)
     p.add_argument("--transport", default="shm")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--sparse", action="store_true")
     a = p.parse_args()
+    if a.sparse and a.api == "tutti":
+        p.error("--sparse takes a torch API")
     run_ranks(rank_main, a, a.np, 600)
 
 if __name__ == "__main__":

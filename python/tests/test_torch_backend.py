@@ -823,7 +823,7 @@ def test_recv_from_any_source():
 # ---- sparse allreduce (gloo's: SUM of COO tensors; DDP's sparse gradients) ----
 
 SPARSE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-                 torch.int32, torch.int8]
+                 torch.int32, torch.int8, torch.bool]
 SPARSE_CASES = ["2d", "hybrid", "one-empty", "all-empty", "3d"]
 
 
@@ -857,8 +857,11 @@ def sparse_sums(rank, size):
             got = w.get_future().wait()[0]
             count += 1
             want = sparse_ref(size, dt, case)
+            # coalesced indeed: indices unique and in order (as torch recomputes them)
+            again = torch.sparse_coo_tensor(t._indices(), t._values(), t.shape).coalesce()
             if not (got is t and t.is_sparse and t.is_coalesced() and t.dtype == dt
-                    and torch.equal(t.to_dense(), want)):
+                    and torch.equal(t.to_dense(), want)
+                    and torch.equal(again._indices(), t._indices())):
                 bad.append(f"{dt} {case}: got {t}, want {want.to_sparse()}")
     # several in flight with dense ones between them (rank 1 late), waited last first
     if rank == 1:
