@@ -2,6 +2,7 @@
 bounded: a rank that hangs or dies fails the test, and every child is killed."""
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -10,17 +11,24 @@ import traceback
 import tutti
 
 
+def answer(q, rank, kind, value):
+    """A rank's answer for collect, pickled here, by value: through the queue alone, a
+    tensor (once torch is imported) would go as a file descriptor of its storage, which
+    the parent cannot open once the rank has exited."""
+    q.put((rank, kind, pickle.dumps(value)))
+
+
 def _child(fn, rank, size, url, opts, q):
     try:
         store = tutti.Store(url)
         comm = tutti.Communicator(store, rank, size, **opts)
         try:
-            q.put((rank, "ok", fn(comm)))
+            answer(q, rank, "ok", fn(comm))
         finally:
             comm.destroy()
             store.close()
     except BaseException as e:  # report everything, including the traceback
-        q.put((rank, "error", (type(e).__name__, str(e), traceback.format_exc())))
+        answer(q, rank, "error", (type(e).__name__, str(e), traceback.format_exc()))
 
 
 def launch(fn, size, timeout=60, **opts):
@@ -39,8 +47,8 @@ def launch(fn, size, timeout=60, **opts):
 
 
 def collect(procs, q, got, timeout):
-    """Start procs, put their (rank, kind, value) answers from q into got until all have
-    answered, all are gone, or timeout seconds pass; then kill what is left."""
+    """Start procs, put their (rank, kind, value) answers from q (sent by answer) into got
+    until all have answered, all are gone, or timeout seconds pass; then kill what is left."""
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -48,7 +56,7 @@ def collect(procs, q, got, timeout):
         while len(got) < len(procs) and time.monotonic() < deadline:
             try:
                 rank, kind, value = q.get(timeout=0.1)
-                got[rank] = (kind, value)
+                got[rank] = (kind, pickle.loads(value))
             except queue.Empty:
                 if all(p.exitcode is not None for p in procs) and q.empty():
                     break  # every rank is gone: the missing ones died

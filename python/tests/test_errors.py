@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tutti
-from ranks import launch, run
+from ranks import answer, launch, run
 
 
 def test_error_classes_follow_the_status_list():
@@ -247,13 +247,13 @@ def _grow_proc(proc, url, job, q):
             comm, big = None, tutti.Communicator.join(store, job_id=job, timeout_ms=20000)
         a = np.full(4, big.rank + 1, dtype=np.float64)
         big.allreduce(a)
-        q.put((proc, "ok", (big.rank, big.size, a.tolist())))
+        answer(q, proc, "ok", (big.rank, big.size, a.tolist()))
         big.destroy()
         if comm:
             comm.destroy()
         store.close()
     except BaseException as e:  # noqa: B902 (reported to the parent)
-        q.put((proc, "error", repr(e)))
+        answer(q, proc, "error", repr(e))
 
 
 def test_grow_and_join(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tutti
-from ranks import collect
+from ranks import answer, collect
 
 REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -128,9 +128,9 @@ def _rank(rank, size, url, q):
         comm.broadcast(b, root=size - 1)
         comm.destroy()
         store.close()
-        q.put((rank, "ok", (a.tolist(), b.tolist())))
+        answer(q, rank, "ok", (a.tolist(), b.tolist()))
     except BaseException as e:  # noqa: B902 (reported to the parent)
-        q.put((rank, "error", repr(e)))
+        answer(q, rank, "error", repr(e))
 
 
 def test_ranks_meet_over_redis(redis):

@@ -17,7 +17,7 @@ import time
 import traceback
 
 import pytest
-from ranks import collect
+from ranks import answer, collect
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -55,11 +55,11 @@ def _child(fn, rank, size, init, tmo, limit, env, q):
         dist.init_process_group("tutti", init_method=init, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=tmo))
         try:
-            q.put((rank, "ok", fn(rank, size)))
+            answer(q, rank, "ok", fn(rank, size))
         finally:
             dist.destroy_process_group()
     except BaseException as e:
-        q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        answer(q, rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
 
 
 def launch(fn, size, timeout=60, init="file", group_timeout=20, env=None):
@@ -929,6 +929,53 @@ def test_sparse_allreduce_errors_are_named():
         assert "rank 1's tensor is Double [5, 4] (2 sparse dims), rank 0's Float" in dtype
         assert "only ReduceOp.SUM is supported" in op, op
         assert "only dense (strided) tensors are supported" in csr, csr
+
+
+SPARSE_MARKER = 0x7475737061727365  # the first stage's marker (process_group.cpp)
+
+
+def sparse_forged(rank, size):
+    """Rank 1 answers rank 0's sparse allreduces' first stage (an allgather of 32 int64s)
+    with rows a tutti rank never sends: a negative size, more elements than the sizes
+    have places, a byte count that does not fit. Rank 0 names rank 1 and sends no second
+    stage; the group then works."""
+    t = sparse_inp(rank, torch.float32, "2d")
+    dist.all_reduce(t)  # both ranks' sparse communicators made
+    huge = (1 << 31, 1 << 31)  # 2^62 places: more than the bound a count may reach
+    float32 = 6  # c10::ScalarType::Float
+    rows = ([float32, 2, 0, 1, 2, -5, 4],  # a negative size
+            [float32, 2, 0, 21, 2, 5, 4],  # 21 elements in 5 x 4 places
+            [float32, 2, 0, 1 << 61, 2, *huge])  # 2^61 elements of 20 bytes each
+    msgs = []
+    for row in rows:
+        if rank == 0:
+            shape = (5, 4) if row[6] != huge[0] else huge
+            t = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], shape)
+            try:
+                dist.all_reduce(t)
+                msgs.append("no error")
+            except RuntimeError as e:
+                msgs.append(str(e))
+        else:
+            mine = torch.zeros(32, dtype=torch.long)
+            mine[0] = SPARSE_MARKER
+            mine[1:1 + len(row)] = torch.tensor(row)
+            out = [torch.zeros(32, dtype=torch.long) for _ in range(size)]
+            dist.all_gather(out, mine)
+            msgs.append(int(out[0][0]) == SPARSE_MARKER)
+    t = sparse_inp(rank, torch.float32, "hybrid")
+    dist.all_reduce(t)
+    assert torch.equal(t.to_dense(), sparse_ref(size, torch.float32, "hybrid")), t
+    return msgs
+
+
+def test_sparse_allreduce_refuses_forged_sizes():
+    got = run(sparse_forged, 2)
+    assert got[1] == [True] * 3, got[1]
+    neg, many, big = got[0]
+    assert "allreduce of a sparse tensor on rank 0: rank 1 sent malformed sizes" in neg, neg
+    assert "on rank 0: rank 1 sent 21 elements for 20 places" in many, many
+    assert "on rank 0: the ranks' pieces up to rank 1 add up to more bytes than fit" in big, big
 
 
 def sparse_then_gone(rank, size):

@@ -1232,7 +1232,8 @@ std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, co
         TORCH_CHECK(a[0] == kSparseMarker, "tutti backend: allreduce of a sparse tensor on rank ",
                     rank_, ": rank ", r, " gathered something else at this call");
         TORCH_CHECK(a[5] >= 0 && a[5] <= kSparseMaxDims && a[2] >= 0 && a[3] >= 0 &&
-                        a[4] >= 0 && a[2] + a[3] == a[5],
+                        a[4] >= 0 && a[2] + a[3] == a[5] &&
+                        std::all_of(a + 6, a + 6 + a[5], [](int64_t x) { return x >= 0; }),
                     "tutti backend: allreduce of a sparse tensor on rank ", rank_, ": rank ", r,
                     " sent malformed sizes");
         TORCH_CHECK(std::equal(a + 1, a + 4, b + 1) && a[5] == b[5] &&
@@ -1244,20 +1245,37 @@ std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, co
     const int64_t sd = m[2], ndim = m[5];
     std::vector<int64_t> sizes(m + 6, m + 6 + ndim), dense(m + 6 + sd, m + 6 + ndim);
     const size_t es = in.element_size();
-    size_t dn = 1;
+    /* byte counts from what the ranks sent, every sum and product checked: no count wraps,
+     * and a rank's nnz is at most the number of places its sparse dims have (a coalesced
+     * tensor's) */
+    const size_t big = (size_t)INT64_MAX / 4;
+    auto mul = [big](size_t x, size_t y) {
+        size_t p;
+        return __builtin_mul_overflow(x, y, &p) || p > big ? big + 1 : p;
+    };
+    size_t dn = 1, places = 1;
     for (int64_t d : dense)
-        dn *= (size_t)d;
+        dn = mul(dn, (size_t)d);
+    for (int64_t d = 0; d < sd; d++)
+        places = mul(places, (size_t)sizes[d]); /* (more than big: no bound) */
+    const size_t per = mul((size_t)sd, sizeof(int64_t)) + mul(dn, es); /* bytes an element */
     std::vector<size_t> counts(size_);
     std::vector<int64_t> nnz(size_);
     size_t total = 0;
     for (int r = 0; r < size_; r++) {
         nnz[r] = row(r)[4];
-        counts[r] = pad16((size_t)sd * nnz[r] * sizeof(int64_t) + (size_t)nnz[r] * dn * es);
+        TORCH_CHECK(places > big || (size_t)nnz[r] <= places,
+                    "tutti backend: allreduce of a sparse tensor on rank ", rank_, ": rank ", r,
+                    " sent ", nnz[r], " elements for ", places, " places");
+        counts[r] = pad16(mul((size_t)nnz[r], per));
         total += counts[r];
+        TORCH_CHECK(counts[r] <= big && total <= big, "tutti backend: allreduce of a sparse "
+                    "tensor on rank ", rank_, ": the ranks' pieces up to rank ", r,
+                    " add up to more bytes than fit");
     }
     at::Tensor recv = at::empty({ (int64_t)total }, at::kByte);
     auto vopts = in.options().layout(at::kStrided);
-    /* every rank's pieces, summed: one coalesce of them all, the same on every rank */
+    /* every rank's pieces, summed by sparse_sum: the same on every rank */
     auto sum_into = [t, recv, nnz, sd, dense, sizes, dn, es, vopts, user]() mutable {
         std::vector<at::Tensor> idx, val;
         int64_t off = 0;
