@@ -825,6 +825,9 @@ def test_recv_from_any_source():
 SPARSE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
                  torch.int32, torch.int8, torch.bool]
 SPARSE_CASES = ["2d", "hybrid", "one-empty", "all-empty", "3d"]
+# through the group's own allreduce (DDP's reducer calls it so): torch's all_reduce makes
+# a complex tensor a real view, which a sparse one has not
+SPARSE_COMPLEX = [torch.complex64, torch.complex128]
 
 
 def sparse_inp(rank, dtype, case, salt=0):
@@ -839,21 +842,28 @@ def sparse_inp(rank, dtype, case, salt=0):
     cpu = dict(generator=g, device="cpu")
     idx = torch.stack([torch.randint(0, shape[d], (nnz,), **cpu) for d in range(sd)])
     vals = torch.randint(-3, 4, (nnz,) + shape[sd:], **cpu).to(dtype)
+    if dtype.is_complex:
+        vals = torch.complex(vals.real.double(),
+                             torch.randint(-3, 4, vals.shape, **cpu).double()).to(dtype)
     # on the default device (a GPU's in the CUDA test)
     return torch.sparse_coo_tensor(idx, vals, shape).to(torch.empty(0).device)
 
 
 def sparse_ref(size, dtype, case, salt=0):
-    return sum(sparse_inp(r, dtype, case, salt).to_dense().double()
+    acc = torch.complex128 if dtype.is_complex else torch.float64
+    return sum(sparse_inp(r, dtype, case, salt).to_dense().to(acc)
                for r in range(size)).to(dtype)
 
 
 def sparse_sums(rank, size):
     bad, count = [], 0
-    for dt in SPARSE_DTYPES:
+    for dt in SPARSE_DTYPES + SPARSE_COMPLEX:
         for case in SPARSE_CASES:
             t = sparse_inp(rank, dt, case)
-            w = dist.all_reduce(t, async_op=True)
+            if dt.is_complex:
+                w = dist.distributed_c10d._get_default_group().allreduce([t])
+            else:
+                w = dist.all_reduce(t, async_op=True)
             got = w.get_future().wait()[0]
             count += 1
             want = sparse_ref(size, dt, case)
@@ -889,7 +899,8 @@ def sparse_sums(rank, size):
 @pytest.mark.parametrize("size,transport", [(2, "shm"), (3, "tcp")])
 def test_sparse_allreduce(size, transport):
     assert run(sparse_sums, size, timeout=120,
-               env={"TUTTI_TRANSPORT": transport}) == [len(SPARSE_DTYPES) * 5 + 6] * size
+               env={"TUTTI_TRANSPORT": transport}) == \
+        [len(SPARSE_DTYPES + SPARSE_COMPLEX) * 5 + 6] * size
 
 
 def sparse_on_gpu(rank, size):
@@ -929,6 +940,28 @@ def test_sparse_allreduce_errors_are_named():
         assert "rank 1's tensor is Double [5, 4] (2 sparse dims), rank 0's Float" in dtype
         assert "only ReduceOp.SUM is supported" in op, op
         assert "only dense (strided) tensors are supported" in csr, csr
+
+
+def sparse_reentered(rank, size):
+    """A callback of a sparse allreduce's future makes a sparse allreduce of its own and
+    waits for it (the outer one has no elements: it completes as its second stage is
+    issued, on the thread that issues second stages)."""
+    if rank == 1:
+        time.sleep(0.5)
+    res = {}
+
+    def inner(f):
+        t = sparse_inp(rank, torch.float32, "2d", salt=3)
+        dist.all_reduce(t)
+        res["inner"] = torch.equal(t.to_dense(), sparse_ref(size, torch.float32, "2d", salt=3))
+
+    e = sparse_inp(rank, torch.float32, "all-empty")
+    dist.all_reduce(e, async_op=True).get_future().then(inner).wait()
+    return res.get("inner")
+
+
+def test_sparse_allreduce_from_a_callback_of_another():
+    assert run(sparse_reentered, 2, timeout=40, group_timeout=5) == [True, True]
 
 
 SPARSE_MARKER = 0x7475737061727365  # the first stage's marker (process_group.cpp)

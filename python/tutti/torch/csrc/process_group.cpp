@@ -696,10 +696,15 @@ WorkSparse::WorkSparse(int rank, std::vector<at::Tensor> outputs,
 void WorkSparse::done(std::exception_ptr err)
 {
     finish(err);
-    if (err)
-        future_->setError(err);
-    else
-        future_->markCompleted(c10::IValue(outputs_));
+    try {
+        if (err)
+            future_->setError(err);
+        else
+            future_->markCompleted(c10::IValue(outputs_));
+    } catch (const std::exception &e) { /* a C++ callback's (Python's catch their own) */
+        TORCH_WARN("tutti backend: rank ", rank_,
+                   ": a callback of a sparse allreduce's future threw: ", e.what());
+    }
 }
 
 /* By default within both stages' bounds: each fails by its own deadline first. */
@@ -908,12 +913,15 @@ ProcessGroupTutti::~ProcessGroupTutti()
     tutti_comm_destroy(comm_); /* the queued works' callbacks have run when it returns */
     if (sparse_comm_) {
         /* the sparse calls' first stages are done: their second stages go out on
-         * sparse_comm_ (from the completer) before it goes */
+         * sparse_comm_ (from the completer) before it goes; one later than that bound
+         * finds none and fails */
         std::unique_lock<std::mutex> g(sparse_mu_);
         sparse_cv_.wait_for(g, op_timeout_ + std::chrono::seconds(5),
                             [this] { return sparse_next_ == sparse_issued_.load(); });
+        tutti_comm_t *sc = sparse_comm_;
+        sparse_comm_ = nullptr;
         g.unlock();
-        tutti_comm_destroy(sparse_comm_);
+        tutti_comm_destroy(sc);
     }
     completer_.stop();
     tutti_store_close(store_);
@@ -1115,8 +1123,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
 }
 
 /* Sparse (COO) allreduce, SUM, as gloo's: every rank's indices and values gathered,
- * then summed by torch (the same coalesce on every rank, so every rank gets the same
- * tensor), which replaces t's. The first stage (sizes) is issued here, in the caller's
+ * then summed (sparse_sum, the same on every rank, so every rank gets the same tensor),
+ * which replaces t's. The first stage (sizes) is issued here, in the caller's
  * order on comm_; the second (the indices and values, an allgatherv of bytes on
  * sparse_comm_) when the first is done, by sparse_ready in the sparse calls' order. */
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
@@ -1140,11 +1148,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
     at::Tensor idx = in._indices().contiguous(), val = in._values().contiguous();
     size_t ib = (size_t)idx.numel() * sizeof(int64_t);
     size_t vb = (size_t)val.numel() * val.element_size();
-    at::Tensor packed = at::zeros({ (int64_t)pad16(ib + vb) }, at::kByte);
+    /* the values 16-byte aligned too (complex128's views need it) */
+    at::Tensor packed = at::zeros({ (int64_t)pad16(pad16(ib) + vb) }, at::kByte);
     if (ib)
         memcpy(packed.data_ptr(), idx.data_ptr(), ib);
     if (vb)
-        memcpy(packed.data_ptr<uint8_t>() + ib, val.data_ptr(), vb);
+        memcpy(packed.data_ptr<uint8_t>() + pad16(ib), val.data_ptr(), vb);
     at::Tensor meta = at::zeros({ kSparseMeta }, at::kLong);
     int64_t *m = meta.data_ptr<int64_t>();
     m[0] = kSparseMarker;
@@ -1187,43 +1196,67 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
         }
     }
     first->getFuture()->addCallback([this, seq, all, in, packed, t, user](c10::ivalue::Future &f) {
-        std::function<void()> stage2;
+        SparseIssue issue;
         std::exception_ptr err = f.hasError() ? f.exception_ptr() : nullptr;
+        /* a first stage that failed may have failed on this rank alone (its own deadline):
+         * then its peers go on to the second stage. An error of sparse_stage2's is every
+         * rank's (each judges the same gathered rows). */
+        const bool alone = err != nullptr;
         if (!err) {
             try {
-                stage2 = sparse_stage2(all, in, packed, t, user);
+                issue = sparse_stage2(all, in, packed, t, user);
             } catch (...) {
                 err = std::current_exception();
             }
         }
         if (err)
-            stage2 = [user, err] { user->done(err); };
-        sparse_ready(seq, std::move(stage2));
+            issue = [this, user, err, alone]() -> std::function<void()> {
+                if (alone)
+                    sparse_skipped();
+                return [user, err] { user->done(err); };
+            };
+        sparse_ready(seq, std::move(issue));
     });
     return user;
 }
 
-/* Runs the second stages that are ready in the sparse calls' order. */
-void ProcessGroupTutti::sparse_ready(uint64_t seq, std::function<void()> stage2)
+/* Issues the second stages that are ready, in the sparse calls' order; then, unlocked,
+ * what each left to do (complete its work, whose callbacks may call into this group). */
+void ProcessGroupTutti::sparse_ready(uint64_t seq, SparseIssue issue)
 {
-    std::lock_guard<std::mutex> g(sparse_mu_);
-    sparse_waiting_.emplace(seq, std::move(stage2));
-    for (auto it = sparse_waiting_.begin();
-         it != sparse_waiting_.end() && it->first == sparse_next_;
-         it = sparse_waiting_.erase(it)) {
-        it->second(); /* never throws */
-        sparse_next_++;
+    std::vector<std::function<void()>> after;
+    {
+        std::lock_guard<std::mutex> g(sparse_mu_);
+        sparse_waiting_.emplace(seq, std::move(issue));
+        for (auto it = sparse_waiting_.begin();
+             it != sparse_waiting_.end() && it->first == sparse_next_;
+             it = sparse_waiting_.erase(it)) {
+            after.push_back(it->second()); /* never throws */
+            sparse_next_++;
+        }
+        sparse_cv_.notify_all();
     }
-    sparse_cv_.notify_all();
+    for (auto &a : after)
+        a(); /* never throws either (WorkSparse::done keeps callbacks' exceptions) */
+}
+
+/* Under sparse_mu_: this rank sends no second stage for a sparse call that its peers may
+ * send theirs for. sparse_comm_ is revoked, so that they fail, naming this rank, instead
+ * of waiting, or of pairing theirs with this rank's next one. */
+void ProcessGroupTutti::sparse_skipped()
+{
+    if (sparse_comm_)
+        tutti_comm_revoke(sparse_comm_);
 }
 
 /* From every rank's sizes (all): the second stage, which sends packed (this rank's
- * indices, then values, padded to 8 bytes) and receives every rank's, then sums them into
- * t. Ranks whose tensors differ in dtype, sizes or sparse dims are named, with the same
- * words on every rank (all compared with rank 0's), and no rank sends a second stage. */
-std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, const at::Tensor &in,
-                                                       const at::Tensor &packed, at::Tensor t,
-                                                       c10::intrusive_ptr<WorkSparse> user)
+ * indices, then values, each 16-byte aligned) and receives every rank's, then sums them
+ * into t. Ranks whose tensors differ in dtype, sizes or sparse dims are named, with the
+ * same words on every rank (all compared with rank 0's), and no rank sends a second
+ * stage. */
+ProcessGroupTutti::SparseIssue ProcessGroupTutti::sparse_stage2(
+    const at::Tensor &all, const at::Tensor &in, const at::Tensor &packed, at::Tensor t,
+    c10::intrusive_ptr<WorkSparse> user)
 {
     const int64_t *m = all.data_ptr<int64_t>();
     auto row = [&](int r) { return m + (size_t)r * kSparseMeta; };
@@ -1258,7 +1291,7 @@ std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, co
         dn = mul(dn, (size_t)d);
     for (int64_t d = 0; d < sd; d++)
         places = mul(places, (size_t)sizes[d]); /* (more than big: no bound) */
-    const size_t per = mul((size_t)sd, sizeof(int64_t)) + mul(dn, es); /* bytes an element */
+    const size_t ie = mul((size_t)sd, sizeof(int64_t)), ve = mul(dn, es); /* bytes an element */
     std::vector<size_t> counts(size_);
     std::vector<int64_t> nnz(size_);
     size_t total = 0;
@@ -1267,43 +1300,58 @@ std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, co
         TORCH_CHECK(places > big || (size_t)nnz[r] <= places,
                     "tutti backend: allreduce of a sparse tensor on rank ", rank_, ": rank ", r,
                     " sent ", nnz[r], " elements for ", places, " places");
-        counts[r] = pad16(mul((size_t)nnz[r], per));
+        counts[r] = pad16(pad16(mul((size_t)nnz[r], ie)) + mul((size_t)nnz[r], ve));
         total += counts[r];
         TORCH_CHECK(counts[r] <= big && total <= big, "tutti backend: allreduce of a sparse "
                     "tensor on rank ", rank_, ": the ranks' pieces up to rank ", r,
                     " add up to more bytes than fit");
     }
-    at::Tensor recv = at::empty({ (int64_t)total }, at::kByte);
     auto vopts = in.options().layout(at::kStrided);
-    /* every rank's pieces, summed by sparse_sum: the same on every rank */
-    auto sum_into = [t, recv, nnz, sd, dense, sizes, dn, es, vopts, user]() mutable {
+    /* every rank's pieces (in recv), summed by sparse_sum: the same on every rank */
+    auto sum_into = [t, nnz, sd, dense, sizes, dn, es, vopts](const at::Tensor &recv) mutable {
         std::vector<at::Tensor> idx, val;
         int64_t off = 0;
         for (int64_t n : nnz) {
-            /* views of the bytes received (each piece starts 16-byte aligned) */
+            /* views of the bytes received (indices and values 16-byte aligned) */
             int64_t ib = sd * n * (int64_t)sizeof(int64_t), vb = n * (int64_t)(dn * es);
+            int64_t vo = off + (int64_t)pad16((size_t)ib);
             std::vector<int64_t> vs{ n };
             vs.insert(vs.end(), dense.begin(), dense.end());
             idx.push_back(recv.narrow(0, off, ib).view(at::kLong).view({ sd, n }));
-            val.push_back(recv.narrow(0, off + ib, vb).view(vopts.dtype().toScalarType()).view(vs));
-            off += (int64_t)pad16((size_t)(ib + vb));
+            val.push_back(recv.narrow(0, vo, vb).view(vopts.dtype().toScalarType()).view(vs));
+            off = vo + (int64_t)pad16((size_t)vb);
         }
-        at::Tensor out;
-        {
-            at::NoGradGuard no_grad;
-            out = sparse_sum(idx, val, sizes, sd, vopts);
-            /* below autograd, as gloo's: a tensor that requires grad takes it too */
-            at::AutoDispatchBelowADInplaceOrView below;
-            t.copy_(t.is_cuda() ? out.to(t.device()) : out);
+        at::NoGradGuard no_grad;
+        at::Tensor out = sparse_sum(idx, val, sizes, sd, vopts);
+        /* below autograd, as gloo's: a tensor that requires grad takes it too */
+        at::AutoDispatchBelowADInplaceOrView below;
+        if (!t.is_cuda()) {
+            t.copy_(out);
+            return;
         }
-        user->done(nullptr);
+        t.copy_(out.to(t.device()));
+        /* done on the device before the work is: a wait() on any stream is then after it */
+        c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device()).synchronize();
     };
-    return [this, packed, recv, counts, total, sum_into, user]() mutable {
-        try {
-            if (total == 0) { /* no rank has an element: nothing to move */
-                sum_into();
-                return;
+    auto finish = [sum_into, user](std::exception_ptr err, const at::Tensor &recv) mutable {
+        if (!err) {
+            try {
+                sum_into(recv);
+            } catch (...) {
+                err = std::current_exception();
             }
+        }
+        user->done(err);
+    };
+    /* run under sparse_mu_, in the sparse calls' order: the second stage issued; what is
+     * left (the sum, the work's completion) returned, to run unlocked */
+    return [this, packed, counts, total, finish, user]() mutable -> std::function<void()> {
+        try {
+            TORCH_CHECK(sparse_comm_, "tutti backend: allreduce of a sparse tensor on rank ",
+                        rank_, ": the process group was destroyed before its second stage");
+            if (total == 0) /* no rank has an element: nothing to move */
+                return [finish]() mutable { finish(nullptr, at::empty({ 0 }, at::kByte)); };
+            at::Tensor recv = at::empty({ (int64_t)total }, at::kByte);
             auto second = c10::make_intrusive<WorkTutti>(rank_, c10d::OpType::ALLREDUCE,
                                                          "allreduce (sparse: values)",
                                                          std::vector<at::Tensor>{}, op_timeout_,
@@ -1314,25 +1362,20 @@ std::function<void()> ProcessGroupTutti::sparse_stage2(const at::Tensor &all, co
             TORCH_CHECK(st == TUTTI_OK, "tutti backend: allreduce of a sparse tensor on rank ",
                         rank_, ": ", tutti_status_name(st), ": ",
                         tutti_comm_last_error(sparse_comm_));
-            second->getFuture()->addCallback([sum_into, user](c10::ivalue::Future &f) mutable {
-                if (f.hasError()) {
-                    user->done(f.exception_ptr());
-                    return;
-                }
-                try {
-                    sum_into();
-                } catch (...) {
-                    user->done(std::current_exception());
-                }
-            });
             WorkTutti *ref = c10::intrusive_ptr<WorkTutti>(second).release();
             st = tutti_work_on_done(second->handle, WorkTutti::on_done, ref);
             if (st != TUTTI_OK) {
                 c10::intrusive_ptr<WorkTutti>::reclaim(ref);
                 second->complete(st);
             }
+            return [second, recv, finish]() mutable {
+                second->getFuture()->addCallback([recv, finish](c10::ivalue::Future &f) mutable {
+                    finish(f.hasError() ? f.exception_ptr() : nullptr, recv);
+                });
+            };
         } catch (...) {
-            user->done(std::current_exception());
+            sparse_skipped(); /* this rank alone (memory, its communicator failed) */
+            return [user, err = std::current_exception()] { user->done(err); };
         }
     };
 }

@@ -173,10 +173,10 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                              const c10d::AllreduceOptions &opts) override;
 #if TORCH_VERSION_MAJOR >= 2
-    /* torch 2.x's Backend has it (from 2.1; gloo's calls allreduce): no `override`, so
-     * that a 2.0 without it builds too */
+    /* torch 2.x's Backend has it from 2.1 (gloo's calls allreduce) */
     c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor> &tensors,
                                                     const c10d::AllreduceOptions &opts)
+        TUTTI_TORCH_2_1_OVERRIDE
     {
         return allreduce(tensors, opts);
     }
@@ -265,10 +265,13 @@ class ProcessGroupTutti : public PGBase
     void rendezvous(c10d::Store &store, tutti_comm_opts_t *opts);
     c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(at::Tensor &t,
                                                         const c10d::AllreduceOptions &opts);
-    void sparse_ready(uint64_t seq, std::function<void()> stage2);
-    std::function<void()> sparse_stage2(const at::Tensor &all, const at::Tensor &in,
-                                        const at::Tensor &packed, at::Tensor t,
-                                        c10::intrusive_ptr<WorkSparse> user);
+    /* a sparse call's second stage: issued under sparse_mu_, it returns what is left */
+    using SparseIssue = std::function<std::function<void()>()>;
+    void sparse_ready(uint64_t seq, SparseIssue issue);
+    void sparse_skipped();
+    SparseIssue sparse_stage2(const at::Tensor &all, const at::Tensor &in,
+                              const at::Tensor &packed, at::Tensor t,
+                              c10::intrusive_ptr<WorkSparse> user);
     [[noreturn]] void fail(const char *name, int status);
 
     std::chrono::milliseconds timeout_;
@@ -286,12 +289,12 @@ class ProcessGroupTutti : public PGBase
      * second stages are issued by whichever thread finishes a first, in the sparse
      * calls' order (sparse_next_), so that every rank issues them alike while later
      * calls on comm_ go on. */
-    tutti_comm_t *sparse_comm_ = nullptr;      /* under issue_mu_ */
+    tutti_comm_t *sparse_comm_ = nullptr; /* made under issue_mu_, gone under sparse_mu_ */
     std::atomic<uint64_t> sparse_issued_{ 0 }; /* first stages issued (under issue_mu_) */
     std::mutex sparse_mu_;
     std::condition_variable sparse_cv_;
     uint64_t sparse_next_ = 0; /* under sparse_mu_: the next second stage to issue */
-    std::map<uint64_t, std::function<void()>> sparse_waiting_; /* under sparse_mu_ */
+    std::map<uint64_t, SparseIssue> sparse_waiting_; /* under sparse_mu_ */
     Completer completer_;
 };
 
