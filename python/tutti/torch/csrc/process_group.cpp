@@ -1308,18 +1308,18 @@ ProcessGroupTutti::SparseIssue ProcessGroupTutti::sparse_stage2(
     }
     auto vopts = in.options().layout(at::kStrided);
     /* every rank's pieces (in recv), summed by sparse_sum: the same on every rank */
-    auto sum_into = [t, nnz, sd, dense, sizes, dn, es, vopts](const at::Tensor &recv) mutable {
+    auto sum_into = [t, nnz, counts, sd, dense, sizes, dn, es,
+                     vopts](const at::Tensor &recv) mutable {
         std::vector<at::Tensor> idx, val;
         int64_t off = 0;
-        for (int64_t n : nnz) {
-            /* views of the bytes received (indices and values 16-byte aligned) */
-            int64_t ib = sd * n * (int64_t)sizeof(int64_t), vb = n * (int64_t)(dn * es);
-            int64_t vo = off + (int64_t)pad16((size_t)ib);
+        for (size_t r = 0; r < nnz.size(); off += (int64_t)counts[r++]) {
+            /* views of rank r's bytes (indices and values 16-byte aligned) */
+            int64_t n = nnz[r], ib = sd * n * (int64_t)sizeof(int64_t);
+            int64_t vo = off + (int64_t)pad16((size_t)ib), vb = n * (int64_t)(dn * es);
             std::vector<int64_t> vs{ n };
             vs.insert(vs.end(), dense.begin(), dense.end());
             idx.push_back(recv.narrow(0, off, ib).view(at::kLong).view({ sd, n }));
             val.push_back(recv.narrow(0, vo, vb).view(vopts.dtype().toScalarType()).view(vs));
-            off = vo + (int64_t)pad16((size_t)vb);
         }
         at::NoGradGuard no_grad;
         at::Tensor out = sparse_sum(idx, val, sizes, sd, vopts);
