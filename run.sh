@@ -113,8 +113,8 @@ test)
         timeout 300 build-tsan/tests/test_device
     step "TSan build and test"
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
-    # ASan+UBSan; any crash, leak or timeout fails the step (the input is kept in
-    # build-fuzz/ as crash-*, to add to the corpus once fixed).
+    # ASan+UBSan, two at a time (one per CPU here); any crash, leak or timeout fails the
+    # step (the input is kept in build-fuzz/ as crash-*, to add to the corpus once fixed).
     if [ "${FUZZ_SECONDS:-12}" != 0 ]; then
         install_deps "${FUZZ_PKGS[@]}"
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
@@ -122,12 +122,26 @@ test)
         fuzzers=(fuzz_store_server fuzz_redis_reply fuzz_tcp_hello fuzz_tcp_frames fuzz_shm_ring
             fuzz_ib_wire fuzz_errfile)
         ninja -C build-fuzz "${fuzzers[@]/#/fuzz/}"
-        for f in "${fuzzers[@]}"; do
-            mkdir -p "build-fuzz/corpus-$f"
-            (cd build-fuzz && "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-12}" \
-                -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
-                "../fuzz/corpus/$f" 2>&1 | grep -v -E '(NEW|REDUCE) +cov:|Uses:')
+        failed=()
+        for ((i = 0; i < ${#fuzzers[@]}; i += 2)); do
+            pids=()
+            for f in "${fuzzers[@]:i:2}"; do
+                mkdir -p "build-fuzz/corpus-$f"
+                (cd build-fuzz && exec "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-12}" \
+                    -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
+                    "../fuzz/corpus/$f" >"fuzz-$f.log" 2>&1) &
+                pids+=("$!")
+            done
+            for j in "${!pids[@]}"; do wait "${pids[j]}" || failed+=("${fuzzers[i + j]}"); done
         done
+        for f in "${fuzzers[@]}"; do
+            echo "run.sh: fuzz/$f:"
+            grep -v -E '(NEW|REDUCE) +cov:|Uses:' "build-fuzz/fuzz-$f.log" || true
+        done
+        if [ ${#failed[@]} -gt 0 ]; then
+            echo "run.sh: fuzzing failed in ${failed[*]} (inputs kept in build-fuzz/ as crash-*)" >&2
+            exit 1
+        fi
         step "fuzzing"
     fi
     # RDMA for real: this kernel has none, so the ibverbs tests above skipped ("no ibverbs

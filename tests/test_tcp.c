@@ -33,7 +33,7 @@
 #include "../transports/tcp/crc32c.h"
 #include "../transports/tcp/tcp.h"
 
-/* the built-in tcp transport's table (libtutti_internal) */
+/* the built-in tcp transport's table (libtutti.a) */
 const tutti_transport_ops_v2_t *tt_builtin_transport_tcp(void);
 
 static double elapsed_since(double t0)

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Circles between lib/ files, two ways:
   cycles.py includes [REPO]   include circles (x.c + x.h is one module)
-  cycles.py calls BUILD       call circles between libtutti_internal.a's objects (nm: A
+  cycles.py calls BUILD       call circles between libtutti's objects (nm: A
                               calls a function defined in B)
 Prints "cycles: none" or the strongly connected components, then each node's edges;
 exits 1 when it found any (the test suite's `cycles` runs both ways)."""
 import collections
+import glob
 import os
 import re
 import subprocess
@@ -62,7 +63,8 @@ def include_graph(root):
 
 
 def call_graph(build):
-    d = os.path.join(build, 'lib', 'libtutti_internal.a.p')
+    # the objects of both libraries (one compile: lib/meson.build's both_libraries)
+    d = glob.glob(os.path.join(build, 'lib', 'libtutti.so.*.p'))[0]
     defs, und = {}, collections.defaultdict(set)
     for f in os.listdir(d):
         if not f.endswith('.o'):
