@@ -1020,6 +1020,53 @@ def test_sparse_allreduce_refuses_forged_sizes():
     assert "on rank 0: the ranks' pieces up to rank 1 add up to more bytes than fit" in big, big
 
 
+def unchecked_coalesced(idx, vals, shape):
+    """A COO tensor that says it is coalesced without torch checking anything: its indices
+    as given (out of order, repeated, outside the sizes), what a rank that is not tutti's,
+    or a bug, could send."""
+    return torch._sparse_coo_tensor_unsafe(torch.tensor(idx), torch.tensor(vals),
+                                           shape)._coalesced_(True)
+
+
+def sparse_unchecked(rank, size):
+    """Rank 1's tensor claims to be coalesced but is not: its indices out of order and
+    repeated (every rank's sum takes the sort's way, coalesce, and is right), then one
+    index outside the sizes (every rank refuses it, naming rank 1; the group goes on)."""
+    out = {}
+    mine = ([[3, 1, 3, 0], [0, 2, 0, 3]], [1.0, 2.0, 4.0, 8.0]) if rank == 1 else \
+        ([[0, 2, 4][:rank + 1], [1, 1, 3][:rank + 1]], [16.0, 32.0, 64.0][:rank + 1])
+    ref = torch.zeros(5, 4)
+    for r in range(size):  # every rank's (index, value), repeats added: plain Python
+        (rows, cols), vals = ([[3, 1, 3, 0], [0, 2, 0, 3]], [1.0, 2.0, 4.0, 8.0]) if r == 1 \
+            else ([[0, 2, 4][:r + 1], [1, 1, 3][:r + 1]], [16.0, 32.0, 64.0][:r + 1])
+        for i, j, v in zip(rows, cols, vals):
+            ref[i, j] += v
+    t = unchecked_coalesced(*mine, (5, 4)) if rank == 1 else \
+        torch.sparse_coo_tensor(torch.tensor(mine[0]), torch.tensor(mine[1]), (5, 4))
+    dist.all_reduce(t)
+    key = t._indices()[0] * 4 + t._indices()[1]
+    out["unordered"] = (torch.equal(t.to_dense(), ref), t.is_coalesced(),
+                        bool((key[1:] > key[:-1]).all()))
+    t = unchecked_coalesced([[1, 7], [0, 2]], [1.0, 2.0], (5, 4)) if rank == 1 else \
+        sparse_inp(rank, torch.float32, "2d")
+    try:
+        dist.all_reduce(t)
+        out["outside"] = "no error"
+    except RuntimeError as e:
+        out["outside"] = str(e)
+    t = sparse_inp(rank, torch.float32, "hybrid")
+    dist.all_reduce(t)
+    out["after"] = torch.equal(t.to_dense(), sparse_ref(size, torch.float32, "hybrid"))
+    return out
+
+
+def test_sparse_allreduce_of_a_tensor_not_as_coalesced_as_it_says():
+    for rank, got in enumerate(run(sparse_unchecked, 3, timeout=60)):
+        assert got["unordered"] == (True, True, True), (rank, got)
+        assert "rank 1 sent index 7 in dimension 0 of size 5" in got["outside"], (rank, got)
+        assert got["after"], (rank, got)
+
+
 def sparse_then_gone(rank, size):
     """A subgroup destroyed with sparse calls in flight finishes them first; then rank 1
     dies and a sparse allreduce on the world names it."""
