@@ -1032,13 +1032,16 @@ def sparse_unchecked(rank, size):
     """Rank 1's tensor claims to be coalesced but is not: its indices out of order and
     repeated (every rank's sum takes the sort's way, coalesce, and is right), then one
     index outside the sizes (every rank refuses it, naming rank 1; the group goes on)."""
+    def piece(r):  # rank r's ([rows, cols], values)
+        if r == 1:
+            return [[3, 1, 3, 0], [0, 2, 0, 3]], [1.0, 2.0, 4.0, 8.0]
+        return [[0, 2, 4][:r + 1], [1, 1, 3][:r + 1]], [16.0, 32.0, 64.0][:r + 1]
+
     out = {}
-    mine = ([[3, 1, 3, 0], [0, 2, 0, 3]], [1.0, 2.0, 4.0, 8.0]) if rank == 1 else \
-        ([[0, 2, 4][:rank + 1], [1, 1, 3][:rank + 1]], [16.0, 32.0, 64.0][:rank + 1])
+    mine = piece(rank)
     ref = torch.zeros(5, 4)
     for r in range(size):  # every rank's (index, value), repeats added: plain Python
-        (rows, cols), vals = ([[3, 1, 3, 0], [0, 2, 0, 3]], [1.0, 2.0, 4.0, 8.0]) if r == 1 \
-            else ([[0, 2, 4][:r + 1], [1, 1, 3][:r + 1]], [16.0, 32.0, 64.0][:r + 1])
+        (rows, cols), vals = piece(r)
         for i, j, v in zip(rows, cols, vals):
             ref[i, j] += v
     t = unchecked_coalesced(*mine, (5, 4)) if rank == 1 else \

@@ -64,7 +64,10 @@ def include_graph(root):
 
 def call_graph(build):
     # the objects of both libraries (one compile: lib/meson.build's both_libraries)
-    d = glob.glob(os.path.join(build, 'lib', 'libtutti.so.*.p'))[0]
+    found = glob.glob(os.path.join(build, 'lib', 'libtutti.so.*.p'))
+    if not found:
+        sys.exit(f"cycles.py: no lib/libtutti.so.*.p in {build} (not built?)")
+    d = found[0]
     defs, und = {}, collections.defaultdict(set)
     for f in os.listdir(d):
         if not f.endswith('.o'):
