@@ -331,8 +331,10 @@ static int rank_mpi_env(int rank, int nranks, tutti_comm_t *unused, const char *
         th_setenv_int(pmi ? "MPI_LOCALNRANKS" : "OMPI_COMM_WORLD_LOCAL_SIZE",
                       kind == MPI_OMPI_TWO_HOSTS ? nranks - 1 : nranks);
     }
-    if (kind == MPI_PMI_NO_JOB)
-        unsetenv("TUTTI_JOB_ID"); /* the harness's: MPICH's mpiexec gives none */
+    if (kind == MPI_PMI_NO_JOB) {
+        unsetenv("TUTTI_JOB_ID"); /* the harness's */
+        unsetenv("PMI_FD");       /* nor a hydra proxy to take one from */
+    }
     if (kind == MPI_SLURM_PMI2) {
         th_setenv_int("PMI_RANK", rank);
         th_setenv_int("PMI_SIZE", nranks);

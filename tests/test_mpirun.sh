@@ -6,11 +6,13 @@
 #      store on loopback at a port from mpirun's job id; allreduce, broadcast and
 #      allgather checked (tutti-bench -c exits 1 on a wrong value). Two jobs at once with
 #      one TUTTI_JOB_ID: two ports (each mpirun's PMIx namespace), both right.
-#   2. MPICH's mpiexec, 3 ranks: PMI_RANK/PMI_SIZE; it gives no job id, so without
-#      TUTTI_STORE every rank fails at once saying what to set; with TUTTI_JOB_ID, or
-#      with TUTTI_STORE, the job runs and its results are right. With its port held by
-#      another process, rank 0 fails at once naming it, the others at their store
-#      timeout, saying the port gave no answer.
+#   2. MPICH's mpiexec, 3 ranks: PMI_RANK/PMI_SIZE; it sets no job id, so the ranks take
+#      their hydra proxy's (the peer of PMI_FD): with nothing set the job runs on a
+#      loopback store and its results are right; so with TUTTI_JOB_ID, and two jobs at
+#      once with one TUTTI_JOB_ID meet on two ports; with TUTTI_STORE too. Without PMI_FD
+#      (a launch whose proxy cannot be found) and nothing set, every rank fails at once
+#      saying what to set. With its port held by another process, rank 0 fails at once
+#      naming it, the others at their store timeout, saying the port gave no answer.
 # Every wait is bounded (timeout -k), and each launcher takes its ranks down with it.
 #
 #   tests/test_mpirun.sh BUILD/bench/tutti-bench
@@ -83,15 +85,37 @@ fi
 mpich=$(command -v mpiexec.mpich || true)
 if [ -n "$mpich" ]; then
     ran=1
+    # nothing set: the job id and the port from the ranks' hydra proxy
+    TUTTI_DEBUG=info run_checked "$work/mpich.txt" "$mpich" -n 3 ||
+        { tail -n 20 "$work/mpich.txt"; fail "MPICH with nothing set"; }
+    grep -q "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id hydra-[0-9]*\.[0-9]*$" \
+        "$work/mpich.txt" || { cat "$work/mpich.txt"; fail "MPICH: no loopback store line"; }
+    # two jobs at once with one TUTTI_JOB_ID: two proxies, two ports, both right
+    for j in a b; do
+        TUTTI_DEBUG=info timeout -k 5 60 "$mpich" -n 3 -genv TUTTI_JOB_ID "shared-$$" \
+            "$bench" -b 4 -e 4M -f 8 -n 10 -w 1 -c >"$work/mpich-$j.txt" 2>&1 &
+        bg+=($!)
+    done
+    for i in 0 1; do
+        wait "${bg[$i]}" || { tail -n 20 "$work"/mpich-[ab].txt; fail "MPICH, two jobs at once"; }
+    done
+    bg=()
+    pa=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id shared-$$" "$work/mpich-a.txt")
+    pb=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id shared-$$" "$work/mpich-b.txt")
+    { [ -n "$pa" ] && [ -n "$pb" ]; } || { cat "$work"/mpich-[ab].txt; fail "MPICH: no loopback store lines"; }
+    [ "$pa" != "$pb" ] || fail "two mpiexecs with one job id met on one port: $pa"
+    # no PMI_FD (as a launch that connects its ranks to PMI by a port): no job id, and
+    # every rank says at once what to set
     t0=$(date +%s%N)
-    timeout -k 5 60 "$mpich" -n 3 "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/mpich-none.txt" 2>&1
+    timeout -k 5 60 "$mpich" -n 3 env -u PMI_FD "$bench" -b 4 -e 4 -n 1 -w 0 \
+        >"$work/mpich-none.txt" 2>&1
     rc=$?
     dt=$((($(date +%s%N) - t0) / 1000000))
     if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
         cat "$work/mpich-none.txt"
-        fail "MPICH without a store: rc $rc"
+        fail "MPICH without PMI_FD: rc $rc"
     fi
-    [ $dt -lt 10000 ] || fail "MPICH without a store took $dt ms to fail"
+    [ $dt -lt 10000 ] || fail "MPICH without PMI_FD took $dt ms to fail"
     for r in 0 1 2; do
         grep -q "rank $r of 3 (PMI_RANK): no store: set TUTTI_STORE.*no job id (TUTTI_JOB_ID)" \
             "$work/mpich-none.txt" || { cat "$work/mpich-none.txt"; fail "MPICH rank $r's error"; }
@@ -100,12 +124,13 @@ if [ -n "$mpich" ]; then
         { tail -n 20 "$work/mpich-job.txt"; fail "MPICH with TUTTI_JOB_ID"; }
     run_checked "$work/mpich-store.txt" "$mpich" -n 3 -genv TUTTI_STORE "file://$work/store" ||
         { tail -n 20 "$work/mpich-store.txt"; fail "MPICH with TUTTI_STORE"; }
-    # The job's port held by something else (mpiexec gives no launch id, so the port is
-    # the job id's alone): rank 0 fails at once naming the port and the way out; the
-    # others, which met a server that says nothing, at their store timeout (3 s here:
-    # mpiexec lets them run on), saying so
-    TUTTI_DEBUG=info timeout -k 5 60 "$mpich" -n 2 -genv TUTTI_JOB_ID "held-$$" "$bench" -b 4 \
-        -e 4 -n 1 -w 0 >"$work/mpich-info.txt" 2>&1 || { cat "$work/mpich-info.txt"; fail "MPICH, info"; }
+    # The job's port held by something else: rank 0 fails at once naming the port and the
+    # way out; the others, which met a server that says nothing, at their store timeout
+    # (3 s here: mpiexec lets them run on), saying so. A PMI_JOBID given (as other PMIs
+    # set it) names the launch instead of the proxy, so two launches share the port.
+    TUTTI_DEBUG=info timeout -k 5 60 "$mpich" -n 2 -genv TUTTI_JOB_ID "held-$$" \
+        -genv PMI_JOBID "held-$$" "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/mpich-info.txt" 2>&1 ||
+        { cat "$work/mpich-info.txt"; fail "MPICH, info"; }
     port=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 2 ranks" "$work/mpich-info.txt" | head -1 |
         sed 's/.*:\([0-9]*\): all.*/\1/')
     [ -n "$port" ] || { cat "$work/mpich-info.txt"; fail "no loopback store line"; }
@@ -121,7 +146,7 @@ s.bind(('127.0.0.1', $port)); s.listen(); print('held', flush=True); time.sleep(
     grep -q held "$work/holder.txt" || { cat "$work/holder.txt"; fail "no holder"; }
     t0=$(date +%s%N)
     TUTTI_STORE_TIMEOUT_MS=3000 timeout -k 5 60 "$mpich" -n 3 -genv TUTTI_JOB_ID "held-$$" \
-        "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/mpich-held.txt" 2>&1
+        -genv PMI_JOBID "held-$$" "$bench" -b 4 -e 4 -n 1 -w 0 >"$work/mpich-held.txt" 2>&1
     rc=$?
     dt2=$((($(date +%s%N) - t0) / 1000000))
     kill "${bg[@]}"
@@ -140,8 +165,9 @@ s.bind(('127.0.0.1', $port)); s.listen(); print('held', flush=True); time.sleep(
         grep -q "$want" "$work/mpich-held.txt" || { cat "$work/mpich-held.txt"; fail "rank $r's error"; }
     done
     [ $dt2 -lt 8000 ] || { cat "$work/mpich-held.txt"; fail "MPICH with its port held took $dt2 ms to end"; }
-    echo "test_mpirun: MPICH: no store fails in $dt ms naming TUTTI_STORE; with a job id" \
-        "or a store, $colls right; its port held, every rank names it and the job ends in $dt2 ms"
+    echo "test_mpirun: MPICH: with nothing set, a job id or a store, $colls right; two jobs" \
+        "of one job id at once on two ports, right; without PMI_FD it fails in $dt ms naming" \
+        "TUTTI_STORE; its port held, every rank names it and the job ends in $dt2 ms"
 else
     echo "test_mpirun: no mpiexec.mpich (mpich): MPICH not tried"
 fi

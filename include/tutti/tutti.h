@@ -265,8 +265,9 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
  * store's server unless TUTTI_STORE_SERVER=0; else, for ranks an MPI launcher or srun
  * placed whose launcher says every rank is on this host (OMPI_COMM_WORLD_LOCAL_SIZE,
  * MPI_LOCALNRANKS, a step on one node) and whose job has an id (TUTTI_JOB_ID, mpirun's,
- * Slurm's job and step), a tcp store on 127.0.0.1 hosted by rank 0, at a port taken from
- * the job id and the launch's own (PMIx namespace, Slurm step). opts (may be NULL) gives
+ * Slurm's job and step, or MPICH's hydra proxy at the other end of PMI_FD), a tcp store
+ * on 127.0.0.1 hosted by rank 0, at a port taken from the job id and the launch's own
+ * (PMIx namespace, Slurm step, hydra proxy). opts (may be NULL) gives
  * the timeout, the job id and the auth token. Fails with TUTTI_ERR_CONFIG naming what is
  * missing (tutti_comm_last_error(NULL)). */
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,

@@ -928,16 +928,26 @@ static atomic_uint env_comms_done;
  * loopback); launch_id names what tells two of their launches apart. */
 typedef struct env_launcher {
     const char *name, *rank, *size;
-    const char *only_with;    /* counts only where this variable is set */
-    const char *local_size;   /* ranks on this host */
-    const char *nodes;        /* or the job's node count */
-    const char *launch_id[2]; /* this launch's own id, as the launcher names it */
-    const char *nodelist;     /* across nodes: the nodes (a hostlist), task 0 on the first */
-    const char *nodename;     /* and the name of this one in that list */
+    const char *only_with;               /* counts only where this variable is set */
+    const char *local_size;              /* ranks on this host */
+    const char *nodes;                   /* or the job's node count */
+    const char *launch_id[2];            /* this launch's own id, as the launcher names it */
+    int (*launch_found)(char *, size_t); /* or as it is found, where it names none */
+    const char *nodelist; /* across nodes: the nodes (a hostlist), task 0 on the first */
+    const char *nodename; /* and the name of this one in that list */
 } env_launcher_t;
 static const env_launcher_t env_launchers[] = {
-    { "TUTTI_*", "TUTTI_RANK", "TUTTI_WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL },
-    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL },
+    { "TUTTI_*",
+      "TUTTI_RANK",
+      "TUTTI_WORLD_SIZE",
+      NULL,
+      NULL,
+      NULL,
+      { NULL, NULL },
+      NULL,
+      NULL,
+      NULL },
+    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL, NULL },
     { "Open MPI",
       "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE",
@@ -945,6 +955,7 @@ static const env_launcher_t env_launchers[] = {
       "OMPI_COMM_WORLD_LOCAL_SIZE",
       NULL,
       { "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid" },
+      NULL,
       NULL,
       NULL },
     { "PMI (MPICH, Intel MPI)",
@@ -954,6 +965,7 @@ static const env_launcher_t env_launchers[] = {
       "MPI_LOCALNRANKS",
       NULL,
       { "PMI_JOBID", NULL },
+      tt_job_hydra_launch, /* MPICH's hydra sets no PMI_JOBID */
       NULL,
       NULL },
     { "Slurm (srun)",
@@ -963,6 +975,7 @@ static const env_launcher_t env_launchers[] = {
       NULL,
       "SLURM_STEP_NUM_NODES",
       { "SLURM_JOB_ID", "SLURM_STEP_ID" },
+      NULL,
       "SLURM_STEP_NODELIST",
       "SLURMD_NODENAME" },
 };
@@ -1001,7 +1014,8 @@ static long env_long(const char *name)
 }
 
 /* The port of a job's store on loopback: a hash of its id and of the launch's own id
- * (two mpiruns inside one Slurm job share the job id, not their PMIx namespace), in
+ * (two mpiruns inside one Slurm job share the job id, not their PMIx namespace; two
+ * mpiexecs of MPICH with one TUTTI_JOB_ID, not their hydra proxy), in
  * 10000..32767, below Linux's default ephemeral ports (ip_local_port_range 32768-60999,
  * where connect() takes its local ports). Another job's server on it carries another
  * label and is passed over. */
@@ -1012,11 +1026,16 @@ static int env_loopback_port(const char *jid, const env_launcher_t *l)
     tt_sha256_init(&c);
     tt_sha256_update(&c, "tutti-store-port:", 17);
     tt_sha256_update(&c, jid, strlen(jid) + 1);
+    int named = 0;
     for (int i = 0; i < 2; i++) {
         const char *v = env_var(l->launch_id[i]);
         if (v)
             tt_sha256_update(&c, v, strlen(v) + 1);
+        named |= v != NULL;
     }
+    char found[96];
+    if (!named && l->launch_found && l->launch_found(found, sizeof(found)) == 0)
+        tt_sha256_update(&c, found, strlen(found) + 1);
     tt_sha256_final(&c, h);
     uint32_t x = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
     return 10000 + (int)(x % 22768u);

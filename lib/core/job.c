@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,6 +27,44 @@
 #define JOB_REJECT_MAX 16
 
 /* ---- the job id ---- */
+
+static unsigned long long proc_start(long pid);
+
+static long env_count(const char *name)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x = v && *v ? strtol(v, &end, 10) : -1;
+    return v && *v && !*end && x >= 0 ? x : -1;
+}
+
+int tt_job_hydra_launch(char *out, size_t len)
+{
+    long fd = env_count("PMI_FD");
+    struct ucred cr;
+    socklen_t cl = sizeof(cr);
+    if (fd < 0 || fd > 1 << 20 || getsockopt((int)fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
+        cl != sizeof(cr) || cr.pid <= 0)
+        return -1; /* no PMI connection, or not a socket to a process on this host */
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof(path), "/proc/%ld/comm", (long)cr.pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(comm, 1, sizeof(comm) - 1, f);
+    fclose(f);
+    comm[n] = 0;
+    comm[strcspn(comm, "\n")] = 0;
+    /* MPICH's proxy, or Intel MPI's (its hydra's): not whatever else an inherited
+     * PMI_FD's number now holds */
+    if (strcmp(comm, "hydra_pmi_proxy") && strcmp(comm, "pmi_proxy"))
+        return -1;
+    unsigned long long start = proc_start((long)cr.pid);
+    if (!start)
+        return -1;
+    snprintf(out, len, "hydra-%ld.%llu", (long)cr.pid, start);
+    return 0;
+}
 
 void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
 {
@@ -53,6 +92,11 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
     } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
         snprintf(buf, sizeof(buf), "torch-%s", v);
         src = "TORCHELASTIC_RUN_ID";
+    } else if (env_count("PMI_SIZE") > 0 && env_count("PMI_SIZE") == env_count("MPI_LOCALNRANKS") &&
+               tt_job_hydra_launch(buf, sizeof(buf)) == 0) {
+        /* MPICH's mpiexec names no job; its proxy on this host, serving every rank of
+         * the launch when they all run here, does (across hosts each has its own) */
+        src = "PMI_FD (MPICH's hydra proxy)";
     }
     size_t n = strlen(buf);
     int replaced = 0;

@@ -30,10 +30,18 @@
 
 typedef struct tutti_comm tutti_comm_t;
 
-/* The job id: opt, else TUTTI_JOB_ID, else a launcher's variable; "" if none. Bytes
+/* The job id: opt, else TUTTI_JOB_ID, else a launcher's variable, else where every rank
+ * is on this host, MPICH's hydra proxy (tt_job_hydra_launch); "" if none. Bytes
  * outside [A-Za-z0-9._-] become '_' (it is part of store keys); at most 64 bytes, a
  * longer id is shortened with a hash of the whole. *source_p names where it came from. */
 void tt_job_id(const char *opt, char *out, size_t len, const char **source_p);
+
+/* The launch of MPICH's (or Intel MPI's) mpiexec, which sets no id: "hydra-PID.START" of
+ * the hydra proxy at the other end of this process's PMI connection (PMI_FD; one proxy
+ * per host and launch, its start time telling a later one of the same pid apart), for
+ * the job id where all the ranks are on this host and for the port of their loopback
+ * store. 0, or -1 where there is none (no PMI_FD, not a socket to a hydra proxy). */
+int tt_job_hydra_launch(char *out, size_t len);
 
 /* Join (rank 0: create) a job instance under base (a store key prefix ending in '/').
  * Sets comm->instance, comm->job_store (view of base), comm->store and comm->qstore
