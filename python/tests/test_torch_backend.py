@@ -3,6 +3,7 @@ reduce op at 2, 3 and 4 ranks against references computed here from every rank's
 inputs, async works, subgroups, errors (mismatch, killed rank, unsupported ops and
 dtypes, monitored barrier), sparse allreduce, and DDP (dense and sparse gradients) whose
 parameters match the same run on gloo."""
+import contextlib
 import datetime
 import faulthandler
 import functools
@@ -1149,10 +1150,15 @@ def ddp_params(pg, setup, device=None):
         averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=pg)
     gen = torch.Generator().manual_seed(100 + dist.get_rank())
     for _ in range(5):
-        x = torch.randn(32, 8, generator=gen).to(device or "cpu")
-        y = torch.randn(32, 4, generator=gen).to(device or "cpu")
         opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        # gradient accumulation: micro-batches under no_sync() (no allreduce), the last
+        # one's backward reducing the sum
+        for micro in range(setup.get("accumulate", 1)):
+            x = torch.randn(32, 8, generator=gen).to(device or "cpu")
+            y = torch.randn(32, 4, generator=gen).to(device or "cpu")
+            last = micro == setup.get("accumulate", 1) - 1
+            with contextlib.nullcontext() if last else ddp.no_sync():
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
         if averager:
             averager.average_parameters(ddp.module.parameters())
@@ -1208,6 +1214,7 @@ DDP_SETUPS = {
     "static_graph": {"opts": {"static_graph": True}},
     "gradient_as_bucket_view": {"opts": {"gradient_as_bucket_view": True}},
     "find_unused_parameters": {"opts": {"find_unused_parameters": True}, "unused": True},
+    "no_sync": {"accumulate": 3},
     "fp16_compress_hook": {"hook": _fp16},
     "bf16_compress_hook": {"hook": _bf16},
     "powerSGD": {"hook": _powersgd},

@@ -630,10 +630,15 @@ void WorkTutti::complete(int status)
             err = std::current_exception();
         }
     } else if (status != TUTTI_OK) {
+        /* a timeout says "Timed out", as gloo's do: torch's suite (its barrier timeout
+         * tests) and code written against gloo look for the words */
         err = std::make_exception_ptr(
             /* {}: no backtrace (a string in torch 1.x, a lazy value in 2.x) */
             c10::Error(c10::str("tutti backend: ", name, " failed on rank ", rank_, ": ",
-                                tutti_status_name(status), ": ", tutti_work_error(handle)),
+                                status == TUTTI_ERR_TIMEOUT ? "Timed out (" : "",
+                                tutti_status_name(status),
+                                status == TUTTI_ERR_TIMEOUT ? ")" : "", ": ",
+                                tutti_work_error(handle)),
                        {}));
     }
     finisher = nullptr;
@@ -659,7 +664,7 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout)
         complete(tutti_wait(handle, -1));
     std::unique_lock<std::mutex> g(mutex_);
     if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
-        TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, " not done after ",
+        TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": Timed out, not done after ",
                     timeout.count(), " ms");
     if (exception_)
         std::rethrow_exception(exception_);
@@ -715,7 +720,7 @@ bool WorkSparse::wait(std::chrono::milliseconds timeout)
     std::unique_lock<std::mutex> g(mutex_);
     if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
         TORCH_CHECK(false, "tutti backend: allreduce of a sparse tensor on rank ", rank_,
-                    " not done after ", timeout.count(), " ms");
+                    ": Timed out, not done after ", timeout.count(), " ms");
     if (exception_)
         std::rethrow_exception(exception_);
     return true;
