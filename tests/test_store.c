@@ -509,6 +509,76 @@ START_TEST(test_check_delete)
 }
 END_TEST
 
+/* How many of keys (n) start with prefix: the reference tutti_store_count must match. */
+static size_t count_ref(const char *const *keys, size_t n, const char *prefix)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += keys[i] && !strncmp(keys[i], prefix, strlen(prefix));
+    return c;
+}
+
+START_TEST(test_count)
+{
+    ctx_t c;
+    ctx_open(&c, _i, 2000);
+    tutti_store_t *v, *vx;
+    OK(c.s, tutti_store_open_prefixed(&v, c.s, "cnt/"));
+    OK(v, tutti_store_open_prefixed(&vx, v, "x/"));
+    /* long keys (the file store splits their names into directories of 200 escaped
+     * bytes), two sharing their first 300 bytes; keys needing escapes */
+    static char long1[400], long2[400];
+    memset(long1, 'L', 350);
+    long1[0] = 'x', long1[1] = '/';
+    long1[350] = '\0';
+    memcpy(long2, long1, sizeof(long2));
+    long2[340] = 'M';
+    const char *keys[] = { "a", "b", "x/1", "x/2", "x/dir/3", "n", long1, long2, "sp ace/%2F/.." };
+    size_t nk = sizeof(keys) / sizeof(keys[0]);
+    size_t got = 99;
+    OK(v, tutti_store_count(v, "", &got));
+    ck_assert_uint_eq(got, 0);
+    for (size_t i = 0; i < nk; i++) {
+        if (!strcmp(keys[i], "n")) {
+            int64_t r;
+            OK(v, tutti_store_add(v, "n", 1, &r)); /* a counter is a key too */
+        } else {
+            OK(v, tutti_store_set(v, keys[i], "v", 1));
+        }
+    }
+    char p300[310];
+    snprintf(p300, sizeof(p300), "%.300s", long1);
+    char p345[350];
+    snprintf(p345, sizeof(p345), "%.345s", long1);
+    const char *prefixes[] = { "",    "x/", "x/1", "x/d",       "a", "nope",
+                               "x/L", p300, p345,  "sp ace/%2", NULL };
+    for (int i = 0; prefixes[i]; i++) {
+        OK(v, tutti_store_count(v, prefixes[i], &got));
+        ck_assert_msg(got == count_ref(keys, nk, prefixes[i]),
+                      "store %d: prefix \"%.40s\" (%zu bytes): %zu keys, want %zu", c.kind,
+                      prefixes[i], strlen(prefixes[i]), got, count_ref(keys, nk, prefixes[i]));
+    }
+    /* a view counts its own keys; the base store counts them under the view's prefix */
+    OK(vx, tutti_store_count(vx, NULL, &got));
+    ck_assert_uint_eq(got, count_ref(keys, nk, "x/"));
+    OK(c.s, tutti_store_count(c.s, "cnt/x/", &got));
+    ck_assert_uint_eq(got, count_ref(keys, nk, "x/"));
+    /* deleted keys leave the count */
+    int deleted;
+    OK(v, tutti_store_delete(v, "x/2", &deleted));
+    OK(v, tutti_store_delete(v, long2, &deleted));
+    keys[3] = keys[7] = NULL;
+    OK(v, tutti_store_count(v, "", &got));
+    ck_assert_uint_eq(got, count_ref(keys, nk, ""));
+    OK(v, tutti_store_count(v, p300, &got));
+    ck_assert_uint_eq(got, count_ref(keys, nk, p300));
+    EXPECT(v, tutti_store_count(v, "", NULL), TUTTI_ERR_INVALID_ARG);
+    tutti_store_close(vx);
+    tutti_store_close(v);
+    ctx_close(&c);
+}
+END_TEST
+
 START_TEST(test_multi_get)
 {
     ctx_t c;
@@ -1826,7 +1896,7 @@ static Suite *store_suite(void)
                                 (const TTest *const[]){
                                     test_set_get, test_get_timeout, test_add_basic,
                                     test_add_many_procs, test_compare_set, test_wait_other_process,
-                                    test_check_delete, test_multi_get, test_prefix,
+                                    test_check_delete, test_count, test_multi_get, test_prefix,
                                     test_binary_and_keys, test_large_values, test_threads, NULL });
     tcase_add_test(both, test_args_and_urls);
 

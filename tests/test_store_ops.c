@@ -33,11 +33,14 @@ enum {
     CB_WAIT,
     CB_DELPFX,
     CB_CAD,
+    CB_COUNT,
     CB_CLOSE,
     NCB
 };
-static const char *cb_names[NCB] = { "set", "get",  "add",           "compare_set",    "check",
-                                     "del", "wait", "delete_prefix", "compare_delete", "close" };
+static const char *cb_names[NCB] = { "set",          "get",           "add",
+                                     "compare_set",  "check",         "del",
+                                     "wait",         "delete_prefix", "compare_delete",
+                                     "count_prefix", "close" };
 
 typedef struct slot {
     int used;
@@ -254,7 +257,7 @@ static int map_scan(shmap_t *m, int cb, const char *const *keys, size_t n, const
     for (int i = 0; prefix && i < MAP_SLOTS; i++) {
         slot_t *s = &m->slots[i];
         if (s->used && !strncmp(s->key, prefix, strlen(prefix)))
-            count += s->used--;
+            count += cb == CB_COUNT ? 1 : s->used--;
     }
     pthread_mutex_unlock(&m->lock);
     *count_p = count;
@@ -313,6 +316,12 @@ static int cb_delete_prefix(void *ctx, const char *prefix, size_t *count_p, int 
     return map_scan(ctx, CB_DELPFX, NULL, 0, prefix, count_p, timeout_ms, errbuf, errlen);
 }
 
+static int cb_count_prefix(void *ctx, const char *prefix, size_t *count_p, int timeout_ms,
+                           char *errbuf, size_t errlen)
+{
+    return map_scan(ctx, CB_COUNT, NULL, 0, prefix, count_p, timeout_ms, errbuf, errlen);
+}
+
 static void cb_close(void *ctx)
 {
     shmap_t *m = ctx;
@@ -336,6 +345,7 @@ static tutti_store_ops_t map_ops(int gc)
         .delete_prefix = gc ? cb_delete_prefix : NULL,
         .compare_delete = gc ? cb_cad : NULL,
         .close = cb_close,
+        .count_prefix = gc ? cb_count_prefix : NULL,
     };
 }
 
@@ -393,12 +403,35 @@ START_TEST(calls_reach_the_map)
     ck_assert_ptr_null(map_find(m, "view/a"));
     OK(s, tutti_store_delete(s, "a", &deleted));
     ck_assert_int_eq(deleted, 0);
+    /* left in the view: n and c; the base store counts them under the view's prefix */
+    OK(base, tutti_store_set(base, "elsewhere", "x", 1));
+    size_t count = 0;
+    OK(s, tutti_store_count(s, "", &count));
+    ck_assert_uint_eq(count, 2);
+    OK(base, tutti_store_count(base, "view/", &count));
+    ck_assert_uint_eq(count, 2);
+    OK(base, tutti_store_count(base, NULL, &count));
+    ck_assert_uint_eq(count, 3);
+    ck_assert_uint_eq(m->calls[CB_COUNT], 3);
+    ck_assert_ptr_nonnull(map_find(m, "view/n")); /* counted, not deleted */
     for (int cb = 0; cb < CB_DELPFX; cb++)
         ck_assert_msg(m->calls[cb] > 0, "the %s callback was never called", cb_names[cb]);
     tutti_store_close(s);
     ck_assert_int_eq(m->calls[CB_CLOSE], 0); /* a view's close is not the store's */
     tutti_store_close(base);
     ck_assert_int_eq(m->calls[CB_CLOSE], 1);
+    /* no count_prefix, or a table of the size before it: counting is refused, saying so */
+    for (int old = 0; old < 2; old++) {
+        tutti_store_ops_t o = map_ops(old);
+        if (old)
+            o.size = offsetof(tutti_store_ops_t, count_prefix);
+        OK(NULL, tutti_store_open_ops(&base, &o, m, "nocount"));
+        EXPECT(base, tutti_store_count(base, "", &count), TUTTI_ERR_UNSUPPORTED);
+        ck_assert_msg(contains(tutti_store_last_error(base), "cannot count its keys"), "%s",
+                      tutti_store_last_error(base));
+        tutti_store_close(base);
+    }
+    ck_assert_uint_eq(m->calls[CB_COUNT], 3);
 }
 END_TEST
 

@@ -141,6 +141,11 @@ typedef struct tutti_store_ops {
                           int *deleted_p, int timeout_ms, char *errbuf, size_t errlen);
     /* close: called once, by tutti_store_close of the store (not of its views). */
     void (*close)(void *ctx);
+    /* count_prefix: how many keys start with prefix ("": every key), into *count_p.
+     * Without it, tutti_store_count fails with TUTTI_ERR_UNSUPPORTED. (Session 92;
+     * after close, so a table of an older size leaves it NULL.) */
+    int (*count_prefix)(void *ctx, const char *prefix, size_t *count_p, int timeout_ms,
+                        char *errbuf, size_t errlen);
 } tutti_store_ops_t;
 
 /* Open a store whose every operation is a callback of ops (copied; as far as ops->size
@@ -198,6 +203,12 @@ int tutti_store_check(tutti_store_t *store, const char *const *keys, size_t n, i
 
 /* Delete key; *deleted_p (may be NULL) says whether it existed. */
 int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
+
+/* How many keys start with prefix (NULL or "": every key) in store, a view counting only
+ * its own (those under its prefix), into *count_p: torch's Store.num_keys. A count taken
+ * while others set or delete keys may or may not include theirs. Stores opened with
+ * tutti_store_open_ops without count_prefix: TUTTI_ERR_UNSUPPORTED. */
+int tutti_store_count(tutti_store_t *store, const char *prefix, size_t *count_p);
 
 /* Get n keys, waiting for each; values_p[i] are malloc'ed (free() each). On error no
  * value is returned. */

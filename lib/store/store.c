@@ -841,6 +841,26 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p)
     return TUTTI_OK;
 }
 
+int tutti_store_count(tutti_store_t *store, const char *prefix, size_t *count_p)
+{
+    char k[TUTTI_STORE_MAX_KEY + 1];
+    tt_store_err_t err = { { 0 } };
+    TT_CHECK(full_key(store, "count", prefix ? prefix : "", k));
+    if (!count_p)
+        return store_fail(store, TUTTI_ERR_INVALID_ARG, "count", k, "count_p is NULL");
+    tutti_store_t *b = store->base;
+    if (!b->ops->count_prefix)
+        return store_fail(store, TUTTI_ERR_UNSUPPORTED, "count", k,
+                          "this store cannot count its keys (an ops store without "
+                          "count_prefix)");
+    size_t n = 0;
+    int st = b->ops->count_prefix(b, k, &n, op_deadline(store, -1), &err);
+    if (st < 0)
+        return op_result(store, st, "count", k, &err);
+    *count_p = n;
+    return TUTTI_OK;
+}
+
 int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t n, void **values_p,
                           size_t *lens_p, int timeout_ms)
 {

@@ -530,9 +530,10 @@ static void fs_rmtree_at(int dirfd, const char *name, size_t *count_p)
     unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
-/* Delete the keys under dirfd whose escaped names start with esc (n bytes): key files
- * "k<name>", and long keys' directories "d<part>/" (whole, or descended into). */
-static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_p)
+/* Delete (del) or count the keys under dirfd whose escaped names start with esc (n
+ * bytes): key files "k<name>", and long keys' directories "d<part>/" (whole, or descended
+ * into). */
+static int fs_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_p, int del)
 {
     /* a fresh open, not a dup: a dup shares its directory offset with other readers */
     int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -548,17 +549,19 @@ static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_
     while ((e = readdir(d))) {
         const char *name = e->d_name + 1;
         if (e->d_name[0] == 'k' && !strncmp(name, esc, n)) {
-            if (unlinkat(dirfd, e->d_name, 0) == 0)
+            if (!del || unlinkat(dirfd, e->d_name, 0) == 0)
                 (*count_p)++;
         } else if (e->d_name[0] == 'd' && strlen(name) == FS_PART_MAX) {
-            if (n <= FS_PART_MAX && !strncmp(name, esc, n)) {
+            if (del && n <= FS_PART_MAX && !strncmp(name, esc, n)) {
                 fs_rmtree_at(dirfd, e->d_name, count_p);
-            } else if (n > FS_PART_MAX && !strncmp(name, esc, FS_PART_MAX)) {
+            } else if (!strncmp(name, esc, n < FS_PART_MAX ? n : FS_PART_MAX)) {
                 int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 if (sub >= 0) {
-                    fs_del_prefix_at(sub, esc + FS_PART_MAX, n - FS_PART_MAX, count_p);
+                    size_t skip = n < FS_PART_MAX ? n : FS_PART_MAX;
+                    fs_prefix_at(sub, esc + skip, n - skip, count_p, del);
                     close(sub);
-                    unlinkat(dirfd, e->d_name, AT_REMOVEDIR); /* if now empty */
+                    if (del)
+                        unlinkat(dirfd, e->d_name, AT_REMOVEDIR); /* if now empty */
                 }
             }
         }
@@ -567,17 +570,30 @@ static int fs_del_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_
     return 0;
 }
 
+static int fs_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, int del,
+                     tt_store_err_t *err)
+{
+    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
+    size_t n = fs_escape(prefix, esc);
+    *count_p = 0;
+    int r = fs_prefix_at(fs_of(s)->dirfd, esc, n, count_p, del);
+    if (r < 0)
+        return fs_io_error(s, err, "list", ".", -r);
+    return TUTTI_OK;
+}
+
 static int fs_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
                          tt_store_err_t *err)
 {
     TT_UNUSED(deadline);
-    char esc[TUTTI_STORE_MAX_KEY * 3 + 1];
-    size_t n = fs_escape(prefix, esc);
-    *count_p = 0;
-    int r = fs_del_prefix_at(fs_of(s)->dirfd, esc, n, count_p);
-    if (r < 0)
-        return fs_io_error(s, err, "list", ".", -r);
-    return TUTTI_OK;
+    return fs_prefix(s, prefix, count_p, 1, err);
+}
+
+static int fs_count_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                           tt_store_err_t *err)
+{
+    TT_UNUSED(deadline);
+    return fs_prefix(s, prefix, count_p, 0, err);
 }
 
 static int fs_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,

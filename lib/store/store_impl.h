@@ -53,6 +53,10 @@ typedef struct tt_store_ops {
                       tt_store_err_t *err);
     int (*compare_del)(tutti_store_t *s, const char *key, const void *expected, size_t elen,
                        int *deleted_p, uint64_t deadline, tt_store_err_t *err);
+    /* The keys that start with prefix ("": every key), counted (may be NULL:
+     * TUTTI_ERR_UNSUPPORTED). */
+    int (*count_prefix)(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                        tt_store_err_t *err);
     /* Frees impl; the handle itself is freed by store.c. */
     void (*close)(tutti_store_t *s);
 } tt_store_ops_t;
@@ -62,7 +66,7 @@ typedef struct tt_store_ops {
 #define TT_STORE_OPS_FNS(pfx)                                                                      \
     .set = pfx##_set, .get = pfx##_get, .add = pfx##_add, .compare_set = pfx##_compare_set,        \
     .check = pfx##_check, .del = pfx##_del, .del_prefix = pfx##_del_prefix,                        \
-    .compare_del = pfx##_compare_del, .close = pfx##_close
+    .compare_del = pfx##_compare_del, .count_prefix = pfx##_count_prefix, .close = pfx##_close
 
 struct tutti_store {
     const tt_store_ops_t *ops;
@@ -165,7 +169,9 @@ enum {
     TT_STORE_CMD_HELLO = 9,          /* magic version challenge -> hello fields (see above) */
     TT_STORE_CMD_AUTH = 10,          /* answer -> ok */
     TT_STORE_CMD_DELETE_PREFIX = 11, /* prefix -> u64 keys deleted (waiters stay) */
-    TT_STORE_CMD_CAD = 12, /* key expected -> u8 deleted (only if the value is expected) */
+    TT_STORE_CMD_CAD = 12,          /* key expected -> u8 deleted (only if the value is expected) */
+    TT_STORE_CMD_COUNT_PREFIX = 13, /* prefix -> u64 keys under it (a server before session
+                                       92 answers "unknown command" and drops the link) */
 };
 #define TT_STORE_PROTOCOL 2u
 #define TT_STORE_MAGIC "tutti-store"

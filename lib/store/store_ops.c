@@ -25,9 +25,11 @@ static int ms_left(uint64_t deadline)
     return deadline == UINT64_MAX ? -1 : tt_ms_left(deadline);
 }
 
-enum { CB_SET, CB_GET, CB_ADD, CB_CAS, CB_CHECK, CB_DEL, CB_WAIT, CB_DEL_PREFIX, CB_CAD };
-static const char *const cb_names[] = { "set", "get",  "add",           "compare_set",   "check",
-                                        "del", "wait", "delete_prefix", "compare_delete" };
+enum { CB_SET, CB_GET, CB_ADD, CB_CAS, CB_CHECK, CB_DEL, CB_WAIT, CB_DEL_PREFIX, CB_CAD, CB_COUNT };
+static const char *const cb_names[] = { "set",         "get",           "add",
+                                        "compare_set", "check",         "del",
+                                        "wait",        "delete_prefix", "compare_delete",
+                                        "count_prefix" };
 
 /* One call's arguments, whichever callback it is for. */
 typedef struct cb_args {
@@ -72,6 +74,7 @@ static int cb_call(tutti_store_t *s, int which, const cb_args_t *a, uint64_t dea
     case CB_DEL: st = cb->del(c, a->key, a->flag_p, t, e, CB_TEXT); break;
     case CB_WAIT: st = cb->wait(c, a->keys, a->n, t, e, CB_TEXT); break;
     case CB_DEL_PREFIX: st = cb->delete_prefix(c, a->key, a->count_p, t, e, CB_TEXT); break;
+    case CB_COUNT: st = cb->count_prefix(c, a->key, a->count_p, t, e, CB_TEXT); break;
     case CB_CAD:
         st = cb->compare_delete(c, a->key, a->value, a->len, a->flag_p, t, e, CB_TEXT);
         break;
@@ -178,6 +181,13 @@ static int ops_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
     return cb_call(s, CB_DEL_PREFIX, &a, deadline, err);
 }
 
+static int ops_count_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
+                            uint64_t deadline, tt_store_err_t *err)
+{
+    cb_args_t a = { .key = prefix, .count_p = count_p };
+    return cb_call(s, CB_COUNT, &a, deadline, err);
+}
+
 static int ops_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,
                            int *deleted_p, uint64_t deadline, tt_store_err_t *err)
 {
@@ -240,6 +250,7 @@ int tt_store_ops_open(tutti_store_t **store_p, const tutti_store_ops_t *ops, voi
         .del = ops_del,
         .del_prefix = o->cb.delete_prefix ? ops_del_prefix : NULL,
         .compare_del = o->cb.compare_delete ? ops_compare_del : NULL,
+        .count_prefix = o->cb.count_prefix ? ops_count_prefix : NULL,
         .close = ops_close,
     };
     tutti_store_t *s = tt_store_alloc(&o->table, url, -1, tt_env_int("STORE_TIMEOUT_MS", 30000));

@@ -810,15 +810,58 @@ static char *rd_glob(const char *prefix, size_t *len_p)
     return g;
 }
 
-/* SCAN the keys under prefix and DEL each batch: keys set meanwhile may stay, as they may
- * on the other stores. */
-static int rd_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
-                         tt_store_err_t *err)
+static int rd_strcmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Keys SCAN returned, to count each once (SCAN may return a key twice). */
+typedef struct {
+    char **k;
+    size_t n, cap;
+} rd_seen_t;
+
+static int rd_seen_add(rd_seen_t *seen, const rd_reply_t *keys)
+{
+    for (size_t i = 0; i < keys->n; i++) {
+        if (seen->n == seen->cap) {
+            size_t cap = seen->cap ? 2 * seen->cap : 64;
+            char **k = realloc(seen->k, cap * sizeof(*k));
+            if (!k)
+                return -1;
+            seen->k = k;
+            seen->cap = cap;
+        }
+        if (!(seen->k[seen->n] = strndup(keys->el[i].s, keys->el[i].len)))
+            return -1;
+        seen->n++;
+    }
+    return 0;
+}
+
+static size_t rd_seen_count(rd_seen_t *seen)
+{
+    size_t u = 0;
+    if (seen->n)
+        qsort(seen->k, seen->n, sizeof(*seen->k), rd_strcmp);
+    for (size_t i = 0; i < seen->n; i++)
+        u += i == 0 || strcmp(seen->k[i], seen->k[i - 1]) != 0;
+    for (size_t i = 0; i < seen->n; i++)
+        free(seen->k[i]);
+    free(seen->k);
+    return u;
+}
+
+/* SCAN the keys under prefix and DEL each batch (del), or count them: keys set meanwhile
+ * may stay, or be left out of the count, as they may on the other stores. */
+static int rd_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, int del,
+                     uint64_t deadline, tt_store_err_t *err)
 {
     size_t glen, total = 0;
     char *glob = rd_glob(prefix, &glen);
     char cursor[32] = "0";
     int st = TUTTI_OK;
+    rd_seen_t seen = { NULL, 0, 0 };
     if (!glob) {
         tt_store_err_set(err, "out of memory");
         return TUTTI_ERR_NOMEM;
@@ -837,7 +880,15 @@ static int rd_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, 
         }
         memcpy(cursor, r.el[0].s, r.el[0].len + 1);
         rd_reply_t *keys = &r.el[1];
-        if (keys->n > 0) {
+        int bad = 0;
+        for (size_t k = 0; k < keys->n; k++)
+            bad |= keys->el[k].type != '$' || keys->el[k].nil;
+        if (bad) {
+            st = rd_unexpected(s, "SCAN", &r, err);
+        } else if (!del && rd_seen_add(&seen, keys) < 0) {
+            tt_store_err_set(err, "out of memory");
+            st = TUTTI_ERR_NOMEM;
+        } else if (del && keys->n > 0) {
             const char **dv = malloc((keys->n + 1) * sizeof(*dv));
             size_t *dl = malloc((keys->n + 1) * sizeof(*dl));
             if (!dv || !dl) {
@@ -850,31 +901,38 @@ static int rd_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, 
             }
             dv[0] = "DEL";
             dl[0] = 3;
-            int bad = 0;
             for (size_t k = 0; k < keys->n; k++) {
-                bad |= keys->el[k].type != '$' || keys->el[k].nil;
                 dv[k + 1] = keys->el[k].s;
                 dl[k + 1] = keys->el[k].len;
             }
             rd_reply_t d;
-            if (bad) {
-                st = rd_unexpected(s, "SCAN", &r, err);
-            } else {
-                st = rd_cmd(s, (int)keys->n + 1, dv, dl, 0, deadline, &d, err);
-                if (st == TUTTI_OK && d.type != ':')
-                    st = rd_unexpected(s, "DEL", &d, err);
-                else if (st == TUTTI_OK)
-                    total += (size_t)d.i;
-            }
+            st = rd_cmd(s, (int)keys->n + 1, dv, dl, 0, deadline, &d, err);
+            if (st == TUTTI_OK && d.type != ':')
+                st = rd_unexpected(s, "DEL", &d, err);
+            else if (st == TUTTI_OK)
+                total += (size_t)d.i;
             free(dv);
             free(dl);
         }
         rd_reply_free(&r);
     } while (st == TUTTI_OK && strcmp(cursor, "0"));
     free(glob);
+    size_t counted = rd_seen_count(&seen);
     if (count_p)
-        *count_p = total;
+        *count_p = del ? total : counted;
     return st;
+}
+
+static int rd_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                         tt_store_err_t *err)
+{
+    return rd_prefix(s, prefix, count_p, 1, deadline, err);
+}
+
+static int rd_count_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                           tt_store_err_t *err)
+{
+    return rd_prefix(s, prefix, count_p, 0, deadline, err);
 }
 
 static const char rd_cad_script[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "

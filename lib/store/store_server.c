@@ -544,7 +544,8 @@ static void srv_cmd_cas(srv_conn_t *c, const srv_field_t *f)
 
 /* Delete the value of every key that starts with the prefix (a finished communicator's
  * keys); entries with waiters stay, as DELETE leaves them. */
-static void srv_cmd_delete_prefix(srv_conn_t *c, const srv_field_t *f)
+/* DELETE_PREFIX (del) and COUNT_PREFIX: the keys under a prefix, deleted or counted. */
+static void srv_prefix(srv_conn_t *c, const srv_field_t *f, int del)
 {
     tt_store_server_t *srv = c->srv;
     uint64_t n = 0;
@@ -553,15 +554,27 @@ static void srv_cmd_delete_prefix(srv_conn_t *c, const srv_field_t *f)
             next = e->next;
             if (!e->value || e->keylen < f[0].len || memcmp(e->key, f[0].data, f[0].len))
                 continue;
+            n++;
+            if (!del)
+                continue;
             srv_value_unref(e->value);
             e->value = NULL;
             srv_maybe_remove(srv, e);
-            n++;
         }
     }
     unsigned char out[8];
     put_be64(out, n);
     srv_reply(c, TUTTI_OK, out, 8);
+}
+
+static void srv_cmd_delete_prefix(srv_conn_t *c, const srv_field_t *f)
+{
+    srv_prefix(c, f, 1);
+}
+
+static void srv_cmd_count_prefix(srv_conn_t *c, const srv_field_t *f)
+{
+    srv_prefix(c, f, 0);
 }
 
 /* Delete key only if its value is the expected one (releasing a record that is still
@@ -830,6 +843,7 @@ static const struct {
     [TT_STORE_CMD_DELETE] = { 1, max_k, srv_cmd_delete },
     [TT_STORE_CMD_DELETE_PREFIX] = { 1, max_k, srv_cmd_delete_prefix },
     [TT_STORE_CMD_CAD] = { 2, max_kv, srv_cmd_cad },
+    [TT_STORE_CMD_COUNT_PREFIX] = { 1, max_k, srv_cmd_count_prefix },
 };
 
 /* Handle one frame (cmd and fields); returns -1 with why set when the frame is bad. */

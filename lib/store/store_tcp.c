@@ -772,14 +772,27 @@ static int tcp_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t d
     return TUTTI_OK;
 }
 
-static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
-                          tt_store_err_t *err)
+/* DELETE_PREFIX or COUNT_PREFIX: the count of keys under prefix. */
+static int tcp_prefix(tutti_store_t *s, int cmd, const char *prefix, size_t *count_p,
+                      uint64_t deadline, tt_store_err_t *err)
 {
     tcp_field_t f[1] = { { prefix, strlen(prefix) } };
     unsigned char r[8];
-    TT_CHECK(tcp_rpc_exact(s, TT_STORE_CMD_DELETE_PREFIX, f, 1, deadline, r, 8, err));
+    TT_CHECK(tcp_rpc_exact(s, cmd, f, 1, deadline, r, 8, err));
     *count_p = (size_t)get_be64(r);
     return TUTTI_OK;
+}
+
+static int tcp_del_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, uint64_t deadline,
+                          tt_store_err_t *err)
+{
+    return tcp_prefix(s, TT_STORE_CMD_DELETE_PREFIX, prefix, count_p, deadline, err);
+}
+
+static int tcp_count_prefix(tutti_store_t *s, const char *prefix, size_t *count_p,
+                            uint64_t deadline, tt_store_err_t *err)
+{
+    return tcp_prefix(s, TT_STORE_CMD_COUNT_PREFIX, prefix, count_p, deadline, err);
 }
 
 static int tcp_compare_del(tutti_store_t *s, const char *key, const void *expected, size_t elen,

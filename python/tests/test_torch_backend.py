@@ -1554,6 +1554,37 @@ def test_store_set_timeout(tmp_path):
     assert s.get("k") == b"v"
 
 
+@pytest.mark.parametrize("kind", ["file", "tcp"])
+def test_store_num_keys(tmp_path, kind):
+    """num_keys counts the keys set and added, as torch's stores do (a PrefixStore asks the
+    store under it, which counts every key); tutti.Store.count counts a view's own keys,
+    or those under a prefix. Checked against the keys the test set."""
+    import tutti.torch
+    base = tutti.Store(f"file://{tmp_path}" if kind == "file" else "tcp://127.0.0.1:0",
+                       **({} if kind == "file" else {"is_server": True}))
+    view = base.prefixed("job/")
+    s = tutti.torch.Store(view)
+    assert s.num_keys() == 0
+    keys = ["a", "b/1", "b/2", "counter"]
+    for k in keys[:3]:
+        s.set(k, "v")
+    s.add("counter", 5)
+    assert s.num_keys() == len(keys)
+    p = dist.PrefixStore("p", s)
+    p.set("x", "y")  # "p/x" in s
+    keys.append("p/x")
+    assert p.num_keys() == len(keys) == s.num_keys()
+    assert s.delete_key("b/1")
+    keys.remove("b/1")
+    assert s.num_keys() == len(keys)
+    for prefix in ("", "b/", "p/", "c", "none"):
+        assert view.count(prefix) == sum(k.startswith(prefix) for k in keys), prefix
+    base.set("outside", b"1")
+    assert base.count("job/") == len(keys) and base.count() == len(keys) + 1
+    view.close()
+    base.close()
+
+
 def test_tutti_init_method_refuses_another_rank():
     """A rank given to init_process_group that the environment contradicts is refused,
     naming both (here rank 0 told it is 1)."""

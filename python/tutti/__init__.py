@@ -380,6 +380,12 @@ class Store(_Handle):
         self._check(_lib_.tutti_store_delete(self._handle(), key.encode(), ctypes.byref(out)))
         return bool(out.value)
 
+    def count(self, prefix=""):
+        """How many keys start with prefix ("": all of this store's, a view's own)."""
+        out = ctypes.c_size_t()
+        self._check(_lib_.tutti_store_count(self._handle(), prefix.encode(), ctypes.byref(out)))
+        return out.value
+
     def close(self):
         """Close the handle. Communicators made on it must be destroyed first."""
         users = [c for c in _live_comms if c._store is self and c._h]

@@ -234,6 +234,7 @@ _OTHERS = {
     "tutti_store_check": (_I, [_P, ctypes.POINTER(ctypes.c_char_p), _S, ctypes.POINTER(_I)]),
     "tutti_store_wait": (_I, [_P, ctypes.POINTER(ctypes.c_char_p), _S, _I]),
     "tutti_store_delete": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "tutti_store_count": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_S)]),
 }
 
 

@@ -74,7 +74,7 @@ def _ms(timeout):
 
 class Store(_dist.Store):
     """A tutti store as torch's: what torch's rendezvous and its backends ask of a store
-    (set, get, add, compare_set, delete_key, check, wait), through a tutti.Store, with
+    (set, get, add, compare_set, delete_key, check, wait, num_keys), through a tutti.Store, with
     torch's semantics and RuntimeError for its errors. The tutti:// init method makes one;
     any tutti.Store can be wrapped (timeout: a timedelta, the bound of get and wait,
     default torch's 30 minutes; set_timeout changes it, as on torch's stores)."""
@@ -119,8 +119,9 @@ class Store(_dist.Store):
     def wait(self, keys, timeout=None):
         self._s.wait(list(keys), self._ms if timeout is None else _ms(timeout))
 
+    @_store_errors
     def num_keys(self):
-        raise RuntimeError("tutti.torch.Store: a tutti store does not count its keys")
+        return self._s.count()
 
     # the names torch's C++ side asks a Python store for (a PrefixStore over this one)
     deleteKey = delete_key
