@@ -16,7 +16,7 @@ def write(target, name, data):
 
 
 # ---- the store server: first byte = set-up (bit 0: secret; >= 0x80: small reads) ----
-SET, GET, ADD, CAS, CHECK, DELETE, WAIT, PING, HELLO, AUTH, DELPREFIX, CAD = range(1, 13)
+SET, GET, ADD, CAS, CHECK, DELETE, WAIT, PING, HELLO, AUTH, DELPREFIX, CAD, COUNTPREFIX = range(1, 14)
 
 
 def field(b):
@@ -44,6 +44,7 @@ session = (hello()
            + frame(DELETE, b"k")
            + frame(CAD, b"c", b"two")
            + frame(SET, b"job/a", b"1") + frame(SET, b"job/b", b"2")
+           + frame(COUNTPREFIX, b"job/") + frame(COUNTPREFIX, b"")
            + frame(DELPREFIX, b"job/")
            + frame(PING))
 write("fuzz_store_server", "session", b"\x00" + session)
