@@ -51,32 +51,40 @@ run_checked() { # LOG LAUNCHER ARGS...: 0 when every collective's run exits 0 in
             >>"$log" 2>&1 || return 1
     done
 }
+# TAG LABEL LAUNCHER ARGS...: two jobs at once with one TUTTI_JOB_ID (as two launches in
+# one Slurm job, or with one TUTTI_JOB_ID exported, have), 3 ranks each: the port mixes
+# in each launch's own id, so they meet on two loopback stores (LABEL: the launcher as
+# the library names it), and both are right. Each has a TMPDIR of its own: two mpiruns
+# started at once race to make the same session directory (/tmp/ompi.<host>.<uid>;
+# "orte_session_dir failed ... File exists", seen once in an ASan build's run).
+two_at_once() {
+    local tag=$1 label=$2 j i
+    shift 2
+    for j in a b; do
+        mkdir -p "$work/tmp-$tag-$j"
+        TMPDIR="$work/tmp-$tag-$j" TUTTI_DEBUG=info TUTTI_JOB_ID=shared-$$ timeout -k 5 60 "$@" \
+            "$bench" -b 4 -e 4M -f 8 -n 10 -w 1 -c >"$work/$tag-$j.txt" 2>&1 &
+        bg+=($!)
+    done
+    for i in 0 1; do
+        wait "${bg[$i]}" || { tail -n 20 "$work/$tag"-[ab].txt; fail "$label, two jobs at once"; }
+    done
+    bg=()
+    local want="store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host ($label), the port from job id shared-$$"
+    local pa pb
+    pa=$(grep -o "$want" "$work/$tag-a.txt")
+    pb=$(grep -o "$want" "$work/$tag-b.txt")
+    { [ -n "$pa" ] && [ -n "$pb" ]; } || { cat "$work/$tag"-[ab].txt; fail "$label: no loopback store lines"; }
+    [ "$pa" != "$pb" ] || fail "$label: two launches with one job id met on one port: $pa"
+}
 ran=0
 
 ompi=$(command -v mpirun.openmpi || true)
 if [ -n "$ompi" ]; then
     ran=1
     run_checked "$work/ompi.txt" "$ompi" -np 3 || { tail -n 20 "$work/ompi.txt"; fail "Open MPI"; }
-    # Two jobs at once with one job id, as two mpiruns in one Slurm job or with one
-    # TUTTI_JOB_ID exported have: the port mixes in each mpirun's PMIx namespace, so they
-    # meet on two stores, and both are right. Each mpirun has a TMPDIR of its own: two
-    # started at once race to make the same session directory (/tmp/ompi.<host>.<uid>;
-    # "orte_session_dir failed ... File exists", seen once in an ASan build's run).
-    for j in a b; do
-        mkdir -p "$work/tmp-$j"
-        TMPDIR="$work/tmp-$j" TUTTI_DEBUG=info TUTTI_JOB_ID=shared-$$ \
-            timeout -k 5 60 "$ompi" -x TUTTI_JOB_ID -np 3 \
-            "$bench" -b 4 -e 4M -f 8 -n 10 -w 1 -c >"$work/ompi-$j.txt" 2>&1 &
-        bg+=($!)
-    done
-    for i in 0 1; do
-        wait "${bg[$i]}" || { tail -n 20 "$work"/ompi-[ab].txt; fail "Open MPI, two jobs at once"; }
-    done
-    bg=()
-    pa=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (Open MPI), the port from job id shared-$$" "$work/ompi-a.txt")
-    pb=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (Open MPI), the port from job id shared-$$" "$work/ompi-b.txt")
-    { [ -n "$pa" ] && [ -n "$pb" ]; } || { cat "$work"/ompi-[ab].txt; fail "no loopback store lines"; }
-    [ "$pa" != "$pb" ] || fail "two mpiruns with one job id met on one port: $pa"
+    # two jobs at once with one job id: two PMIx namespaces, two ports
+    two_at_once ompi "Open MPI" "$ompi" -x TUTTI_JOB_ID -np 3
     echo "test_mpirun: Open MPI: $colls right; two jobs of one job id at once on two ports, right"
 else
     echo "test_mpirun: no mpirun.openmpi (openmpi-bin): Open MPI not tried"
@@ -90,20 +98,8 @@ if [ -n "$mpich" ]; then
         { tail -n 20 "$work/mpich.txt"; fail "MPICH with nothing set"; }
     grep -q "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id hydra-[0-9]*\.[0-9]*$" \
         "$work/mpich.txt" || { cat "$work/mpich.txt"; fail "MPICH: no loopback store line"; }
-    # two jobs at once with one TUTTI_JOB_ID: two proxies, two ports, both right
-    for j in a b; do
-        TUTTI_DEBUG=info timeout -k 5 60 "$mpich" -n 3 -genv TUTTI_JOB_ID "shared-$$" \
-            "$bench" -b 4 -e 4M -f 8 -n 10 -w 1 -c >"$work/mpich-$j.txt" 2>&1 &
-        bg+=($!)
-    done
-    for i in 0 1; do
-        wait "${bg[$i]}" || { tail -n 20 "$work"/mpich-[ab].txt; fail "MPICH, two jobs at once"; }
-    done
-    bg=()
-    pa=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id shared-$$" "$work/mpich-a.txt")
-    pb=$(grep -o "store tcp://127.0.0.1:[0-9]*: all 3 ranks on this host (PMI (MPICH, Intel MPI)), the port from job id shared-$$" "$work/mpich-b.txt")
-    { [ -n "$pa" ] && [ -n "$pb" ]; } || { cat "$work"/mpich-[ab].txt; fail "MPICH: no loopback store lines"; }
-    [ "$pa" != "$pb" ] || fail "two mpiexecs with one job id met on one port: $pa"
+    # two jobs at once with one TUTTI_JOB_ID: two hydra proxies, two ports
+    two_at_once mpich "PMI (MPICH, Intel MPI)" "$mpich" -n 3
     # no PMI_FD (as a launch that connects its ranks to PMI by a port): no job id, and
     # every rank says at once what to set
     t0=$(date +%s%N)
