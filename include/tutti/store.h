@@ -207,7 +207,9 @@ int tutti_store_delete(tutti_store_t *store, const char *key, int *deleted_p);
 /* How many keys start with prefix (NULL or "": every key) in store, a view counting only
  * its own (those under its prefix), into *count_p: torch's Store.num_keys. A count taken
  * while others set or delete keys may or may not include theirs. Stores opened with
- * tutti_store_open_ops without count_prefix: TUTTI_ERR_UNSUPPORTED. */
+ * tutti_store_open_ops without count_prefix: TUTTI_ERR_UNSUPPORTED; a tcp store server
+ * older than this call (session 92) closes the connection on it (TUTTI_ERR_STORE,
+ * "connection lost"). */
 int tutti_store_count(tutti_store_t *store, const char *prefix, size_t *count_p);
 
 /* Get n keys, waiting for each; values_p[i] are malloc'ed (free() each). On error no

@@ -93,9 +93,12 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
         snprintf(buf, sizeof(buf), "torch-%s", v);
         src = "TORCHELASTIC_RUN_ID";
     } else if (env_count("PMI_SIZE") > 0 && env_count("PMI_SIZE") == env_count("MPI_LOCALNRANKS") &&
+               env_count("TUTTI_RANK") < 0 && env_count("RANK") < 0 &&
                tt_job_hydra_launch(buf, sizeof(buf)) == 0) {
         /* MPICH's mpiexec names no job; its proxy on this host, serving every rank of
-         * the launch when they all run here, does (across hosts each has its own) */
+         * the launch when they all run here, does (across hosts each has its own). Not
+         * where tutti's or torchrun's variables place the rank: the launch need not be
+         * the job's then (one mpiexec a rank) */
         src = "PMI_FD (MPICH's hydra proxy)";
     }
     size_t n = strlen(buf);

@@ -556,12 +556,17 @@ static int fs_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_p, i
                 fs_rmtree_at(dirfd, e->d_name, count_p);
             } else if (!strncmp(name, esc, n < FS_PART_MAX ? n : FS_PART_MAX)) {
                 int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int r = sub >= 0 || errno == ENOENT ? 0 : -errno;
                 if (sub >= 0) {
                     size_t skip = n < FS_PART_MAX ? n : FS_PART_MAX;
-                    fs_prefix_at(sub, esc + skip, n - skip, count_p, del);
+                    r = fs_prefix_at(sub, esc + skip, n - skip, count_p, del);
                     close(sub);
                     if (del)
                         unlinkat(dirfd, e->d_name, AT_REMOVEDIR); /* if now empty */
+                }
+                if (r < 0 && !del) { /* a count that left keys out is an error, not a number */
+                    closedir(d);
+                    return r;
                 }
             }
         }

@@ -542,9 +542,9 @@ static void srv_cmd_cas(srv_conn_t *c, const srv_field_t *f)
     srv_notify(e);
 }
 
-/* Delete the value of every key that starts with the prefix (a finished communicator's
- * keys); entries with waiters stay, as DELETE leaves them. */
-/* DELETE_PREFIX (del) and COUNT_PREFIX: the keys under a prefix, deleted or counted. */
+/* DELETE_PREFIX (del: the values of every key that starts with the prefix, a finished
+ * communicator's keys; entries with waiters stay, as DELETE leaves them) and COUNT_PREFIX
+ * (the keys with a value under the prefix, counted). */
 static void srv_prefix(srv_conn_t *c, const srv_field_t *f, int del)
 {
     tt_store_server_t *srv = c->srv;

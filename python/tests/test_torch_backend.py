@@ -628,7 +628,7 @@ def async_works(rank, size):
 def test_async_works():
     res = run(async_works, 2)
     assert res[0]["done_early"] is False
-    assert "not done after 300 ms" in res[0]["timeout"], res[0]
+    assert "Timed out after 300 ms (not done)" in res[0]["timeout"], res[0]
 
 
 def absent_peer(rank, size):

@@ -664,8 +664,8 @@ bool WorkTutti::wait(std::chrono::milliseconds timeout)
         complete(tutti_wait(handle, -1));
     std::unique_lock<std::mutex> g(mutex_);
     if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
-        TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": Timed out, not done after ",
-                    timeout.count(), " ms");
+        TORCH_CHECK(false, "tutti backend: ", name, " on rank ", rank_, ": Timed out after ",
+                    timeout.count(), " ms (not done)");
     if (exception_)
         std::rethrow_exception(exception_);
     return true;
@@ -720,7 +720,7 @@ bool WorkSparse::wait(std::chrono::milliseconds timeout)
     std::unique_lock<std::mutex> g(mutex_);
     if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
         TORCH_CHECK(false, "tutti backend: allreduce of a sparse tensor on rank ", rank_,
-                    ": Timed out, not done after ", timeout.count(), " ms");
+                    ": Timed out after ", timeout.count(), " ms (not done)");
     if (exception_)
         std::rethrow_exception(exception_);
     return true;
