@@ -51,6 +51,14 @@ int tt_ms_left_at(uint64_t deadline_ns, uint64_t now)
     return ms > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ms;
 }
 
+long tt_env_count(const char *name)
+{
+    const char *v = name ? getenv(name) : NULL;
+    char *end;
+    long x = v && *v ? strtol(v, &end, 10) : -1;
+    return v && *v && !*end && x >= 0 ? x : -1;
+}
+
 int tt_env_int(const char *name, int def)
 {
     const char *v = tt_env(name);

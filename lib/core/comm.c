@@ -1005,14 +1005,6 @@ static void env_place(const char **rank_p, int *rfrom, const char **size_p, int 
     *size_p = *sfrom >= 0 ? env_var(env_launchers[*sfrom].size) : NULL;
 }
 
-static long env_long(const char *name)
-{
-    const char *v = env_var(name);
-    char *end;
-    long x = v ? strtol(v, &end, 10) : -1;
-    return v && !*end ? x : -1;
-}
-
 /* The port of a job's store on loopback: a hash of its id and of the launch's own id
  * (two mpiruns inside one Slurm job share the job id, not their PMIx namespace; two
  * mpiexecs of MPICH with one TUTTI_JOB_ID, not their hydra proxy), in
@@ -1095,15 +1087,16 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                   : NULL,
               jid, sizeof(jid), NULL);
     const env_launcher_t *l = &env_launchers[rfrom];
-    if (rfrom == sfrom && rfrom >= 2 && env_long(l->local_size) < 0 && env_long(l->nodes) < 0) {
+    if (rfrom == sfrom && rfrom >= 2 && tt_env_count(l->local_size) < 0 &&
+        tt_env_count(l->nodes) < 0) {
         /* a launcher that does not say where its ranks are (Slurm's PMI-2 sets PMI_RANK
          * and PMI_SIZE in srun's tasks, not MPI_LOCALNRANKS): a later one that places
          * this process the same and says it (the step's) */
         for (int i = rfrom + 1; i < ENV_LAUNCHERS; i++) {
             const env_launcher_t *o = &env_launchers[i];
-            if ((!o->only_with || env_var(o->only_with)) && env_long(o->rank) == rank &&
-                env_long(o->size) == size &&
-                (env_long(o->local_size) >= 0 || env_long(o->nodes) >= 0)) {
+            if ((!o->only_with || env_var(o->only_with)) && tt_env_count(o->rank) == rank &&
+                tt_env_count(o->size) == size &&
+                (tt_env_count(o->local_size) >= 0 || tt_env_count(o->nodes) >= 0)) {
                 l = o;
                 break;
             }
@@ -1115,7 +1108,7 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
          * rank 0 hosting the server. Else the error says why not. */
         char why[512] = "", first[256], where[64];
         const char *host = NULL; /* where rank 0 serves the job's store */
-        long nlocal = env_long(l->local_size), nodes = env_long(l->nodes);
+        long nlocal = tt_env_count(l->local_size), nodes = tt_env_count(l->nodes);
         if (nodes == 1)
             nlocal = size; /* every rank of the step on its one node */
         if (!l->local_size && !l->nodes) {

@@ -30,17 +30,9 @@
 
 static unsigned long long proc_start(long pid);
 
-static long env_count(const char *name)
-{
-    const char *v = getenv(name);
-    char *end;
-    long x = v && *v ? strtol(v, &end, 10) : -1;
-    return v && *v && !*end && x >= 0 ? x : -1;
-}
-
 int tt_job_hydra_launch(char *out, size_t len)
 {
-    long fd = env_count("PMI_FD");
+    long fd = tt_env_count("PMI_FD");
     struct ucred cr;
     socklen_t cl = sizeof(cr);
     if (fd < 0 || fd > 1 << 20 || getsockopt((int)fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
@@ -92,8 +84,9 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p)
     } else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && strcmp(v, "none")) {
         snprintf(buf, sizeof(buf), "torch-%s", v);
         src = "TORCHELASTIC_RUN_ID";
-    } else if (env_count("PMI_SIZE") > 0 && env_count("PMI_SIZE") == env_count("MPI_LOCALNRANKS") &&
-               env_count("TUTTI_RANK") < 0 && env_count("RANK") < 0 &&
+    } else if (tt_env_count("PMI_SIZE") > 0 &&
+               tt_env_count("PMI_SIZE") == tt_env_count("MPI_LOCALNRANKS") &&
+               tt_env_count("TUTTI_RANK") < 0 && tt_env_count("RANK") < 0 &&
                tt_job_hydra_launch(buf, sizeof(buf)) == 0) {
         /* MPICH's mpiexec names no job; its proxy on this host, serving every rank of
          * the launch when they all run here, does (across hosts each has its own). Not

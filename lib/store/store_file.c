@@ -552,14 +552,14 @@ static int fs_prefix_at(int dirfd, const char *esc, size_t n, size_t *count_p, i
             if (!del || unlinkat(dirfd, e->d_name, 0) == 0)
                 (*count_p)++;
         } else if (e->d_name[0] == 'd' && strlen(name) == FS_PART_MAX) {
+            size_t part = TT_MIN(n, (size_t)FS_PART_MAX); /* of the prefix in this name */
             if (del && n <= FS_PART_MAX && !strncmp(name, esc, n)) {
                 fs_rmtree_at(dirfd, e->d_name, count_p);
-            } else if (!strncmp(name, esc, n < FS_PART_MAX ? n : FS_PART_MAX)) {
+            } else if (!strncmp(name, esc, part)) {
                 int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 int r = sub >= 0 || errno == ENOENT ? 0 : -errno;
                 if (sub >= 0) {
-                    size_t skip = n < FS_PART_MAX ? n : FS_PART_MAX;
-                    r = fs_prefix_at(sub, esc + skip, n - skip, count_p, del);
+                    r = fs_prefix_at(sub, esc + part, n - part, count_p, del);
                     close(sub);
                     if (del)
                         unlinkat(dirfd, e->d_name, AT_REMOVEDIR); /* if now empty */
