@@ -660,6 +660,11 @@ static void rec_done(shm_tp_t *tp, shm_link_t *L, tp_req_t *q)
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
     int consumed = 0;
+    /* A probe's watch on a link not used yet: its ring is looked at once the sender has
+     * published something (and so reserved the rings; the stamp comes before the head) */
+    if (!L->active &&
+        (!atomic_load_explicit(&L->rx->head, memory_order_acquire) || shm_link_activate(tp, L) < 0))
+        return;
     while (!L->fail.status && !L->rx_withdrawn) {
         if (!L->rhdr_valid) {
             if (rec_ready(L) <= 0) {
@@ -1136,6 +1141,10 @@ static int check_req(shm_tp_t *tp, tp_req_t *r, int kind)
         return tp->host->error(tp->host->ctx, TUTTI_ERR_FAILED, L->peer, 0,
                                "shm: the link to rank %d was cut by an earlier failure", L->peer);
     }
+    if (!L->active && (st = shm_link_activate(tp, L)) < 0) {
+        r->status = st;
+        return st;
+    }
     r->kind = kind;
     return TUTTI_OK;
 }
@@ -1260,6 +1269,7 @@ static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
         L->peer = i;
         L->pidfd = -1;
         L->peer_wake_fd = -1;
+        L->seg_fd = -1;
         L->cma = -1;
         L->served = tutti_tp_host_serves(host, i);
         snprintf(L->addr, sizeof(L->addr), "shm:rank %d", i);
@@ -1354,6 +1364,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
     L->peer_bell = &peer_bell;
     L->rx_pos = L->rx_head_seen = start;
     L->rx_key = rx->key;
+    L->active = 1;
     for (size_t i = 0; i < nreqs; i++)
         shm_post_recv(tp, &reqs[i]);
     /* sweep until every receive is done, or a sweep moves nothing and the peer is done;

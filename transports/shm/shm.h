@@ -214,6 +214,8 @@ typedef struct shm_link {
     /* shared */
     shm_pair_t *seg;
     size_t seg_bytes;
+    int seg_fd; /* the pair's segment until its rings are reserved (link_activate), or -1 */
+    int active; /* the rings are reserved and mapped: the link may touch them */
     shm_dir_t *tx, *rx;
     unsigned char *txring, *rxring;
     uint64_t cap, mask;
@@ -326,6 +328,11 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 /* shm_setup.c */
 int shm_setup(shm_tp_t *tp);
 void shm_teardown(shm_tp_t *tp);
+/* A pair's rings are reserved in /dev/shm and mapped at the link's first use, not at
+ * set-up (a job uses few of its pairs unless it exchanges with every rank): reserve and
+ * map them now if not yet. 0, or an error (reported, naming the peer) when /dev/shm has
+ * no room left for them. */
+int shm_link_activate(shm_tp_t *tp, shm_link_t *L);
 /* 1 if the peer's process is gone. */
 int shm_peer_gone(shm_link_t *L);
 /* Poll every peer with pending work (or all with `all`); marks peer_dead. */

@@ -10,10 +10,12 @@
  * on nothing is left in /dev/shm whatever happens to any process. Last, as the
  * receiving side of each pair, it probes whether it may pull from the sender with
  * process_vm_readv (a random value at a published address), and says so in the pair's
- * shared state.
+ * shared state. A pair's rings are reserved in /dev/shm and mapped only at its first use
+ * (shm_link_activate): set-up takes each pair's header and keeps the file's descriptor.
  *
  * Before all that it removes what ranks killed in their set-up left in /dev/shm
- * (sweep_stale), and sizes the rings it creates to the room /dev/shm has (ring_fit). */
+ * (sweep_stale), sizes the rings it creates to the room /dev/shm has (ring_fit) and checks
+ * that the host's rings at that size fit there (room_check). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -83,48 +85,70 @@ static void host_identity(shm_tp_t *tp, char *out, size_t len)
     tp_host_id_fallback(h->config(h->ctx, "HOST_ID"), out, len);
 }
 
-static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes)
+/* What /dev/shm has free and the way out, for an error where it has too little; "" when
+ * it cannot say. */
+static void room_text(char *out, size_t len)
+{
+    struct statvfs sv;
+    out[0] = 0;
+    if (statvfs("/dev/shm", &sv) == 0)
+        snprintf(out, len,
+                 ": /dev/shm has %.1f of %.1f MiB free; enlarge it (docker run --shm-size) or set "
+                 "TUTTI_TRANSPORT=tcp",
+                 (double)sv.f_bavail * (double)sv.f_frsize / 1048576.0,
+                 (double)sv.f_blocks * (double)sv.f_frsize / 1048576.0);
+}
+
+/* A new segment of `bytes`, mapped, whose first `reserve` bytes (all of them, or a pair's
+ * header) are taken from /dev/shm now: a full /dev/shm then fails here, not with SIGBUS
+ * later. With fd_p, the descriptor is kept there to reserve the rest later
+ * (shm_link_activate). */
+static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes, size_t reserve, int *fd_p)
 {
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         ERRF(TUTTI_ERR_IO, -1, errno, "shm: cannot create segment %s", name);
         return NULL;
     }
-    /* Reserve the pages now: a full /dev/shm then fails here, not with SIGBUS later. */
-    int st = posix_fallocate(fd, 0, (off_t)bytes);
+    int st = reserve < bytes && ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
+    if (!st)
+        st = posix_fallocate(fd, 0, (off_t)reserve);
     if (st == EOPNOTSUPP || st == EINVAL)
         st = ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
     if (st) {
-        char room[160] = "";
-        struct statvfs sv;
-        if (st == ENOSPC && statvfs("/dev/shm", &sv) == 0)
-            snprintf(room, sizeof(room),
-                     ": /dev/shm has %.1f of %.1f MiB free; enlarge it (docker run --shm-size) "
-                     "or set TUTTI_TRANSPORT=tcp",
-                     (double)sv.f_bavail * (double)sv.f_frsize / 1048576.0,
-                     (double)sv.f_blocks * (double)sv.f_frsize / 1048576.0);
+        char room[200] = "";
+        if (st == ENOSPC)
+            room_text(room, sizeof(room));
         ERRF(TUTTI_ERR_NOMEM, -1, st, "shm: cannot size segment %s to %zu bytes%s", name, bytes,
              room[0] ? room : " (is /dev/shm full?)");
         close(fd);
         shm_unlink(name);
         return NULL;
     }
-    /* MAP_POPULATE: map every page now, in this process and (seg_open) in the peer's;
-     * else the first pass through a ring takes a minor fault per page on each side
-     * (a 4 KiB alltoall was 5 us a call for its first 1 MiB). A VM may charge a first
-     * touch on top: setup_finish touches the rings (rings_touch). */
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* MAP_POPULATE where all of it is reserved: map every page now, in this process and
+     * (seg_open) in the peer's; else the first pass through a ring takes a minor fault
+     * per page on each side (a 4 KiB alltoall was 5 us a call for its first 1 MiB). A
+     * pair's rings get the same at its first use (shm_link_activate). */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (reserve >= bytes ? MAP_POPULATE : 0), fd, 0);
     int err = errno;
-    close(fd);
     if (p == MAP_FAILED) {
+        close(fd);
         shm_unlink(name);
         ERRF(TUTTI_ERR_NOMEM, -1, err, "shm: cannot map segment %s (%zu bytes)", name, bytes);
         return NULL;
     }
+    if (fd_p)
+        *fd_p = fd;
+    else
+        close(fd);
     return p;
 }
 
-static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes, size_t *bytes_p)
+/* A peer's segment, mapped (with fd_p: no page yet, the descriptor kept there, as
+ * seg_create's). */
+static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes, size_t *bytes_p,
+                      int *fd_p)
 {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
@@ -138,14 +162,18 @@ static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes
         ERRF(TUTTI_ERR_PROTOCOL, peer, 0, "shm: rank %d's segment %s is too small", peer, name);
         return NULL;
     }
-    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-                   0);
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (fd_p ? 0 : MAP_POPULATE), fd, 0);
     int err = errno;
-    close(fd);
     if (p == MAP_FAILED) {
+        close(fd);
         ERRF(TUTTI_ERR_NOMEM, peer, err, "shm: cannot map rank %d's segment %s", peer, name);
         return NULL;
     }
+    if (fd_p)
+        *fd_p = fd;
+    else
+        close(fd);
     *bytes_p = (size_t)sb.st_size;
     return p;
 }
@@ -198,6 +226,25 @@ static void ring_fit(shm_tp_t *tp, int nserved)
          "of the %.1f MiB free in /dev/shm (larger messages take more steps; docker run "
          "--shm-size gives it more)",
          ring >> 10, want >> 10, nserved + 1, (double)avail / 1048576.0);
+}
+
+/* The rings are reserved at each pair's first use (shm_link_activate), so set-up alone
+ * would pass where they can never all fit, and an exchange with every rank fail later:
+ * here the host's need at this ring size (ring_fit shrank it to half of the room where it
+ * could) against what /dev/shm has free. */
+static int room_check(shm_tp_t *tp, int nserved)
+{
+    struct statvfs sv;
+    if (nserved < 1 || statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
+        return TUTTI_OK;
+    uint64_t need = host_need(nserved + 1, tp->ring_bytes);
+    if (need <= (uint64_t)sv.f_bavail * sv.f_frsize)
+        return TUTTI_OK;
+    char room[200];
+    room_text(room, sizeof(room));
+    return ERRF(TUTTI_ERR_NOMEM, -1, ENOSPC,
+                "shm: the %d ranks on this host need %.1f MiB for rings of %zu KiB%s", nserved + 1,
+                (double)need / 1048576.0, tp->ring_bytes >> 10, room);
 }
 
 /* Names whose creator died in its set-up (SIGKILLed before it could unlink them: a
@@ -300,8 +347,9 @@ static void pair_name(char *out, size_t len, pid_t pid, uint64_t nonce, int hi)
     snprintf(out, len, "/tutti-shm-%d-%016llx-%d", (int)pid, (unsigned long long)nonce, hi);
 }
 
-/* Touch every page of a link's two rings once, here in set-up. MAP_POPULATE maps them
- * in this process's page tables, yet a VM may still stop on each page's first access
+/* Touch every page of a link's two rings once, at its first use. MAP_POPULATE (or
+ * MADV_POPULATE_WRITE) maps them in this process's page tables, yet a VM may still stop
+ * on each page's first access
  * (this one does, 4-5 us a page per process, read or write, which ru_minflt does not
  * count): a 2-rank 2 KiB allreduce took 6 us a call for its first 1 MiB through a ring,
  * 0.3 after. The tx ring (only this rank writes it) gets an atomic add of 0, the rx ring
@@ -332,6 +380,37 @@ static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes
     L->tx->probe_addr = (uint64_t)(uintptr_t)&L->tx->probe_val;
     L->tx_key = L->tx->key;
     L->rx_key = L->rx->key;
+}
+
+int shm_link_activate(shm_tp_t *tp, shm_link_t *L)
+{
+    if (L->active)
+        return TUTTI_OK;
+    unsigned char *rings = L->txring < L->rxring ? L->txring : L->rxring;
+    size_t len = 2 * (size_t)L->cap;
+    if (L->seg_fd >= 0) {
+        /* Both ends reserve the same pages of the one file: the first does, the other
+         * finds them there. A peer that writes a record has reserved them: a receiver
+         * looks at the ring only after its own reservation, or after the sender's. */
+        int st = posix_fallocate(L->seg_fd, (off_t)(rings - (unsigned char *)L->seg), (off_t)len);
+        if (st && st != EOPNOTSUPP && st != EINVAL) {
+            char room[200] = "";
+            if (st == ENOSPC)
+                room_text(room, sizeof(room));
+            return tp->host->error(tp->host->ctx, TUTTI_ERR_NOMEM, L->peer, st,
+                                   "shm: cannot reserve the %zu KiB of the rings shared with "
+                                   "rank %d at their first use%s",
+                                   len >> 10, L->peer, room[0] ? room : " (is /dev/shm full?)");
+        }
+        close(L->seg_fd);
+        L->seg_fd = -1;
+    }
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(rings, len, MADV_POPULATE_WRITE); /* older kernels: the touch maps them */
+#endif
+    rings_touch(L);
+    L->active = 1;
+    return TUTTI_OK;
 }
 
 /* splitmix64's finalizer: a bijection, so a key is as random as the nonce it mixes */
@@ -446,7 +525,7 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
     const tutti_tp_host_v1_t *h = tp->host;
     tp->bell_bytes = 4096;
     bell_name(tp->bell_name, sizeof(tp->bell_name), tp->pid, tp->nonce);
-    tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes);
+    tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes, tp->bell_bytes, NULL);
     if (!tp->bell) {
         tp->bell_name[0] = 0;
         return TUTTI_ERR_IO;
@@ -465,7 +544,8 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
             continue;
         char name[64];
         pair_name(name, sizeof(name), tp->pid, tp->nonce, p);
-        shm_pair_t *seg = seg_create(tp, name, pair_bytes);
+        /* the header now, the rings at the pair's first use (shm_link_activate) */
+        shm_pair_t *seg = seg_create(tp, name, pair_bytes, hdr, &L->seg_fd);
         if (!seg)
             return TUTTI_ERR_IO;
         tp->pair_names[p] = strdup(name);
@@ -539,7 +619,7 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
     char name[64];
     pair_name(name, sizeof(name), pid, nonce, tp->rank);
     size_t sb = 0;
-    shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb);
+    shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb, &L->seg_fd);
     if (!seg)
         return TUTTI_ERR_PEER;
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
@@ -547,6 +627,8 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
         seg->hi != tp->rank || seg->ring_bytes < SHM_RING_FLOOR ||
         (seg->ring_bytes & (seg->ring_bytes - 1)) || seg->rings_off + 2 * seg->ring_bytes > sb) {
         munmap(seg, sb);
+        close(L->seg_fd);
+        L->seg_fd = -1;
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0,
                     "shm: segment %s from rank %d is not "
                     "one this version understands",
@@ -573,7 +655,7 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     char name[64];
     bell_name(name, sizeof(name), pid, nonce);
     size_t bb = 0;
-    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb);
+    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, NULL);
     if (!L->peer_bell)
         return TUTTI_ERR_PEER;
     L->peer_bell_bytes = bb;
@@ -671,7 +753,7 @@ static int setup_wait_mapped(shm_tp_t *tp, int nserved, uint64_t deadline)
     return TUTTI_OK;
 }
 
-/* The liveness watch list, the rings touched, and a line on how messages will travel. */
+/* The liveness watch list, and a line on how messages will travel. */
 static int setup_finish(shm_tp_t *tp, int nserved)
 {
     tp->pfds = calloc((size_t)tp->nranks, sizeof(*tp->pfds));
@@ -684,10 +766,6 @@ static int setup_finish(shm_tp_t *tp, int nserved)
             tp->pfd_peer[tp->npfds++] = p;
         }
     }
-    /* every rank at once, now that none waits on another's set-up */
-    for (int p = 0; p < tp->nranks; p++)
-        if (tp->links[p].served)
-            rings_touch(&tp->links[p]);
     tp->oversubscribed = nserved + 1 > cpus_available(tp);
     if (tp->cma_hint_min == SHM_CMA_HINT_AUTO)
         tp->cma_hint_min = tp->oversubscribed ? SHM_CMA_HINT_CROWDED : SHM_CMA_HINT_SPARE;
@@ -786,7 +864,9 @@ int shm_setup(shm_tp_t *tp)
 
     sweep_stale(tp);
     ring_fit(tp, nserved);
-    int st = setup_steps(tp, nserved, myhost, deadline);
+    int st = room_check(tp, nserved);
+    if (st == 0)
+        st = setup_steps(tp, nserved, myhost, deadline);
     if (st < 0)
         setup_failed(tp);
     return st;
@@ -810,6 +890,8 @@ void shm_teardown(shm_tp_t *tp)
         }
         if (L->seg)
             munmap(L->seg, L->seg_bytes);
+        if (L->seg_fd >= 0)
+            close(L->seg_fd);
         if (L->peer_bell)
             munmap(L->peer_bell, L->peer_bell_bytes);
         if (L->pidfd >= 0)
