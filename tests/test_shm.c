@@ -24,6 +24,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1582,43 +1583,33 @@ END_TEST
 
 /* ---- rings reserved at a pair's first use ---- */
 
-/* KiB of /dev/shm that the pair's file holds while it waits for its first use, or -1
- * where the link keeps no descriptor (its rings reserved and mapped). */
-static long seg_kib(const shm_link_t *L)
+/* KiB in use in /dev/shm (a tmpfs of the case's own, in_own_shm) */
+static long shm_used_kib(void)
 {
-    struct stat sb;
-    return L->seg_fd >= 0 && fstat(L->seg_fd, &sb) == 0 ? (long)sb.st_blocks / 2 : -1;
+    struct statvfs sv;
+    return statvfs("/dev/shm", &sv) == 0 ? (long)((sv.f_blocks - sv.f_bfree) * sv.f_frsize / 1024)
+                                         : -1;
 }
 
-/* Whether the link to p has its rings reserved (0 with a reason in why where it is
- * neither that nor a file of its header alone). */
-static int link_reserved(const shm_tp_t *tp, int p, char *why, size_t len)
+/* Rings of 64 KiB (a pair's two: 128 KiB), reserved the way sh->arg says: 1 madvise, 2
+ * fallocate. */
+static const char *reserve_knobs(const void *sh)
 {
-    const shm_link_t *L = &tp->links[p];
-    long k = seg_kib(L);
-    why[0] = 0;
-    if (L->active && k < 0)
-        return 1;
-    if (!L->active && k >= 0 && k <= (long)(L->seg->rings_off >> 10))
-        return 0;
-    snprintf(why, len, "link to %d: active %d, %ld KiB in its file (header %llu, rings %llu KiB)",
-             p, L->active, k, (unsigned long long)(L->seg->rings_off >> 10),
-             (unsigned long long)(L->cap >> 10));
-    return 0;
+    return ((const shared_t *)sh)->arg == 1 ? "SHM_RING_BYTES=64K,SHM_RESERVE=madvise"
+                                            : "SHM_RING_BYTES=64K,SHM_RESERVE=fallocate";
 }
 
-#define NOT_RESERVED(tp, p)                                                                        \
-    do {                                                                                           \
-        char w_[160];                                                                              \
-        FAIL_IF(link_reserved(tp, p, w_, sizeof(w_)) || w_[0], "rank %d: reserved: %s", rank,      \
-                w_[0] ? w_ : "yes");                                                               \
-    } while (0)
-#define RESERVED(tp, p)                                                                            \
-    do {                                                                                           \
-        char w_[160];                                                                              \
-        FAIL_IF(!link_reserved(tp, p, w_, sizeof(w_)), "rank %d: not reserved: %s", rank,          \
-                w_[0] ? w_ : "no");                                                                \
-    } while (0)
+static void *tp_open_knobs(th_host_t *t, void *sh, const char *dir, int rank, int nranks)
+{
+    void *tp = NULL;
+    enlist(sh, rank);
+    if (th_host_open(t, dir, "rs/", rank, nranks, 10000) != 0)
+        return NULL;
+    t->knobs = reserve_knobs(sh);
+    if (tt_builtin_transport_shm()->create(&t->h, &tp) != 0)
+        return NULL;
+    return tp;
+}
 
 /* Send 64 bytes (pattern k) to peer, or receive them from it and check them. */
 static int move64(const tutti_transport_ops_v2_t *ops, void *tp, int send, int peer, uint64_t seq,
@@ -1643,36 +1634,50 @@ static int move64(const tutti_transport_ops_v2_t *ops, void *tp, int send, int p
 
 /* A pair's rings are reserved in /dev/shm at its first use, not at set-up (a job uses
  * few of its n(n-1)/2 pairs unless it exchanges with every rank: 64 ranks took 2 GiB and
- * 5.3 s to set up here, 1.2 s now). After set-up each pair's file holds its header only;
- * a message from 0 to 1 reserves their pair (on both ends), those with rank 2 stay as
- * they were; rank 2's probe for a message from rank 0 finds none and reserves nothing,
- * then finds it once rank 0 sent it, and the receive gets it right. */
+ * 5.3 s to set up here, 1.2 s now). TUTTI_SHM_RESERVE=yes fails create. After set-up /dev/shm holds less than one pair's
+ * rings; a message from 0 to 1 reserves their pair's (128 KiB) and nothing else; rank
+ * 2's probe for a message from rank 0 finds none and reserves nothing, then finds it once
+ * rank 0 sent it, and the receive gets it right. Rank 0 measures between barriers. */
 static int rank_tp_lazy(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)comm;
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
-    shm_tp_t *tp = tp_open(&t, arg, dir, "lz/", rank, nranks, NULL);
+    void *bad = NULL; /* a value that names no way fails create, naming it */
+    FAIL_IF(th_host_open(&t, dir, "bad/", rank, nranks, 10000) != 0, "host: %s", t.err);
+    t.knobs = "SHM_RESERVE=yes";
+    FAIL_IF(ops->create(&t.h, &bad) != TUTTI_ERR_CONFIG ||
+                !strstr(t.err, "TUTTI_SHM_RESERVE=\"yes\" is none of auto, madvise, fallocate"),
+            "SHM_RESERVE=yes: %s", t.err);
+    th_host_close(&t);
+    shm_tp_t *tp = tp_open_knobs(&t, arg, dir, rank, nranks);
     FAIL_IF(!tp, "create: %s", t.err);
     for (int p = 0; p < nranks; p++)
-        if (p != rank)
-            NOT_RESERVED(tp, p);
+        FAIL_IF(p != rank && tp->links[p].active, "rank %d: link to %d active at set-up", rank, p);
     store_barrier(&t, "up", nranks);
+    long u0 = shm_used_kib();
+    FAIL_IF(rank == 0 && (u0 < 0 || u0 >= 128), "%ld KiB in use after set-up", u0);
+    store_barrier(&t, "measured", nranks);
     if (rank < 2)
         FAIL_IF(move64(ops, tp, rank == 0, 1 - rank, 1, 1), "0 -> 1: %s", t.err);
     store_barrier(&t, "sent", nranks);
+    long u1 = shm_used_kib();
+    FAIL_IF(rank == 0 && (u1 - u0 < 128 || u1 - u0 >= 256), "0 -> 1 took %ld KiB (%ld -> %ld)",
+            u1 - u0, u0, u1);
+    FAIL_IF(rank < 2 && (!tp->links[1 - rank].active || tp->links[2].active),
+            "rank %d: links to %d and 2 active %d %d", rank, 1 - rank, tp->links[1 - rank].active,
+            tp->links[2].active);
     tutti_tp_probe_t m;
-    if (rank < 2) {
-        RESERVED(tp, 1 - rank);
-        NOT_RESERVED(tp, 2);
-    } else {
-        NOT_RESERVED(tp, 0);
-        NOT_RESERVED(tp, 1);
+    if (rank == 2) {
+        FAIL_IF(tp->links[0].active || tp->links[1].active, "rank 2: a link active");
         FAIL_IF(ops->probe(tp, 0, &m) != 0, "a message from rank 0 before it sent one");
         FAIL_IF(ops->progress(tp, 0) < 0, "progress: %s", t.err);
-        NOT_RESERVED(tp, 0);
+        FAIL_IF(tp->links[0].active, "rank 2: the probe made the link to 0 active");
     }
     store_barrier(&t, "probed", nranks);
+    long u2 = shm_used_kib();
+    FAIL_IF(rank == 0 && u2 != u1, "the probe took %ld KiB", u2 - u1);
+    store_barrier(&t, "measured2", nranks);
     if (rank == 0)
         FAIL_IF(move64(ops, tp, 1, 2, 1, 2), "0 -> 2: %s", t.err);
     if (rank == 2) {
@@ -1681,26 +1686,17 @@ static int rank_tp_lazy(int rank, int nranks, tutti_comm_t *comm, const char *di
              (st = ops->probe(tp, 0, &m)) == 0 && th_now_ms() < end;)
             ops->progress(tp, 10);
         FAIL_IF(st != 1 || m.len != 64, "probe for rank 0's message: %d, %zu bytes", st, m.len);
-        RESERVED(tp, 0);
+        FAIL_IF(!tp->links[0].active, "rank 2: found a message on an inactive link");
         FAIL_IF(move64(ops, tp, 0, 0, 1, 2), "0 -> 2: %s", t.err);
-        NOT_RESERVED(tp, 1);
+        FAIL_IF(tp->links[1].active, "rank 2: the link to 1 active");
     }
     store_barrier(&t, "done", nranks);
+    long u3 = shm_used_kib();
+    FAIL_IF(rank == 0 && (u3 - u2 < 128 || u3 - u2 >= 256), "0 -> 2 took %ld KiB", u3 - u2);
     ops->destroy(tp);
     th_host_close(&t);
     return 0;
 }
-
-START_TEST(abi_rings_reserved_at_first_use)
-{
-    shared_t *sh;
-    int codes[3];
-    ck_assert_int_eq(run_shm(3, rank_tp_lazy, 0, -1, NULL, 30000, TH_NO_COMM | TH_NO_KILL_ON_FAIL,
-                             codes, &sh),
-                     0);
-    ck_assert_int_eq(leftovers(sh, 3), 0);
-}
-END_TEST
 
 /* /dev/shm filled up after set-up (room_check passed: 3 ranks' rings of 64 KiB, 0.4 MiB,
  * in a 1 MiB tmpfs): the first message on a pair fails on both ends with
@@ -1711,11 +1707,8 @@ static int rank_tp_full(int rank, int nranks, tutti_comm_t *comm, const char *di
     (void)comm;
     const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
     th_host_t t;
-    enlist(arg, rank);
-    FAIL_IF(th_host_open(&t, dir, "fu/", rank, nranks, 10000) != 0, "host: %s", t.err);
-    t.knobs = "SHM_RING_BYTES=64K";
-    void *tp = NULL;
-    FAIL_IF(ops->create(&t.h, &tp) != 0, "create: %s", t.err);
+    void *tp = tp_open_knobs(&t, arg, dir, rank, nranks);
+    FAIL_IF(!tp, "create: %s", t.err);
     store_barrier(&t, "up", nranks);
     const char *filler = "/dev/shm/tt-test-filler";
     if (rank == 0) {
@@ -1729,7 +1722,8 @@ static int rank_tp_full(int rank, int nranks, tutti_comm_t *comm, const char *di
     store_barrier(&t, "full", nranks);
     if (rank < 2) {
         int st = move64(ops, tp, rank == 0, 1 - rank, 1, 3);
-        fprintf(stderr, "rank %d, /dev/shm full: %d: %s\n", rank, st, t.err);
+        fprintf(stderr, "rank %d, /dev/shm full (%s): %d: %s\n", rank, reserve_knobs(arg), st,
+                t.err);
         FAIL_IF(st != TUTTI_ERR_NOMEM || t.err_peer != 1 - rank, "full: %d, peer %d: %s", st,
                 t.err_peer, t.err);
         char want[64];
@@ -1750,30 +1744,44 @@ static int rank_tp_full(int rank, int nranks, tutti_comm_t *comm, const char *di
     return 0;
 }
 
-START_TEST(abi_rings_reserved_when_full)
+/* fn on 3 ranks reserving as `mode` says (1 madvise, 2 fallocate), in a tmpfs of `size`
+ * over /dev/shm in a mount namespace of a child (root only; skipped with a message
+ * where not permitted, or where this kernel has no MADV_POPULATE_WRITE for mode 1). */
+static void in_own_shm(const char *size, th_rank_fn fn, int mode)
 {
-    /* a 1 MiB tmpfs over /dev/shm in a mount namespace of a child (root only; skipped
-     * with a message where not permitted) */
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         alarm(60);
+        char opts[32];
+        snprintf(opts, sizeof(opts), "size=%s", size);
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-            mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") < 0) {
-            fprintf(stderr, "abi_rings_reserved_when_full: skipped: cannot mount a tmpfs (%s)\n",
-                    strerror(errno));
+            mount("tmpfs", "/dev/shm", "tmpfs", 0, opts) < 0) {
+            fprintf(stderr, "skipped: cannot mount a tmpfs (%s)\n", strerror(errno));
             _exit(77);
         }
         shared_t *sh;
         int codes[3];
-        int rc = run_shm(3, rank_tp_full, 0, -1, NULL, 30000, TH_NO_COMM | TH_NO_KILL_ON_FAIL,
-                         codes, &sh);
+        int rc = run_shm(3, fn, mode, -1, NULL, 30000, TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh);
         _exit(rc ? 1 : leftovers(sh, 3) ? 2 : 0);
     }
     int status = 0;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert_msg(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
-                  "child: status 0x%x", status);
+                  "mode %d: child: status 0x%x", mode, status);
+}
+
+START_TEST(abi_rings_reserved_at_first_use)
+{
+    in_own_shm("64m", rank_tp_lazy, 1);
+    in_own_shm("64m", rank_tp_lazy, 2);
+}
+END_TEST
+
+START_TEST(abi_rings_reserved_when_full)
+{
+    in_own_shm("1m", rank_tp_full, 1);
+    in_own_shm("1m", rank_tp_full, 2);
 }
 END_TEST
 

@@ -3,11 +3,13 @@
 #ifndef TT_KIT_UTIL_H
 #define TT_KIT_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -91,6 +93,60 @@ static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name,
         return def;
     }
     return (size_t)(x << shift);
+}
+
+/* Room for more open files, per_peer[0] to per_peer[1] for each of `npeers` peers (and
+ * a few of the set-up's own), under RLIMIT_NOFILE, counting what /proc/self/fd holds now:
+ * where the soft limit is short of the most, it is raised toward the hard one (as MPI
+ * launchers do) and the log says so. 0, or -1 with why (what: the transport's name)
+ * saying the counts and the way out where even the hard limit is short of the least:
+ * set-up would fail with EMFILE half-way, where its peers cannot learn why. Passes where
+ * it cannot count. */
+static inline int tp_fd_room(const tutti_tp_host_v1_t *h, const char *what, int npeers,
+                             const int per_peer[2], char *why, size_t len)
+{
+    struct rlimit rl;
+    DIR *d;
+    if (npeers < 1 || getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+        !(d = opendir("/proc/self/fd")))
+        return 0;
+    long open_now = -1; /* the directory's own descriptor is not the process's */
+    for (struct dirent *e; (e = readdir(d));)
+        open_now += e->d_name[0] != '.';
+    closedir(d);
+    /* the set-up's own few (a listener, a loop, a descriptor open for a moment) */
+    rlim_t base = (rlim_t)(open_now > 0 ? open_now : 0) + 4;
+    rlim_t least = base + (rlim_t)npeers * (rlim_t)per_peer[0];
+    rlim_t most = base + (rlim_t)npeers * (rlim_t)per_peer[1];
+    if (most <= rl.rlim_cur)
+        return 0;
+    if (rl.rlim_max != RLIM_INFINITY && least > rl.rlim_max) {
+        snprintf(why, len,
+                 "%s: %d peers need at least %llu more open files (%d each), %ld are open and "
+                 "the limit is %llu (ulimit -n; hard limit %llu, ulimit -Hn): raise it, or run "
+                 "fewer ranks",
+                 what, npeers, (unsigned long long)(least - (rlim_t)(open_now > 0 ? open_now : 0)),
+                 per_peer[0], open_now, (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)rl.rlim_max);
+        return -1;
+    }
+    rlim_t was = rl.rlim_cur, want = most + 12;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max ? rl.rlim_max : want;
+    if (rl.rlim_cur <= was)
+        return 0; /* the hard limit is the soft one: set-up may still fit */
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        h->log(h->ctx, TUTTI_LOG_WARN,
+               "%s: %d peers may need up to %llu open files, and the limit of %llu could not "
+               "be raised (%s): raise it (ulimit -n) if set-up runs out",
+               what, npeers, (unsigned long long)most, (unsigned long long)was, strerror(errno));
+        return 0;
+    }
+    h->log(h->ctx, TUTTI_LOG_INFO,
+           "%s: raised this process's limit of open files from %llu to %llu for %d peers "
+           "(%d each; the hard limit is %llu)",
+           what, (unsigned long long)was, (unsigned long long)rl.rlim_cur, npeers, per_peer[1],
+           (unsigned long long)rl.rlim_max);
+    return 0;
 }
 
 /* This host's identity when nothing better is given: hostname and boot id (ranks with

@@ -1311,6 +1311,18 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
                                : SHM_CMA_HINT_AUTO;
     }
 #endif
+    const char *rs = host->config(host->ctx, "SHM_RESERVE");
+    tp->reserve = !rs || !*rs || !strcmp(rs, "auto") ? SHM_RESERVE_AUTO
+                  : !strcmp(rs, "madvise")           ? SHM_RESERVE_MADVISE
+                  : !strcmp(rs, "fallocate")         ? SHM_RESERVE_FALLOCATE
+                                                     : -1;
+    if (tp->reserve < 0) {
+        int st = host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                             "shm: TUTTI_SHM_RESERVE=\"%.64s\" is none of auto, madvise, fallocate",
+                             rs);
+        shm_destroy(tp);
+        return st;
+    }
     const char *nts = host->config(host->ctx, "SHM_NT_STORES");
     tp->nt_stores = !nts || !*nts || !strcmp(nts, "auto") ? SHM_NT_AUTO
                     : !strcmp(nts, "on")                  ? SHM_NT_ON

@@ -52,6 +52,12 @@
 #define SHM_NT_OFF 0  /* through the cache */
 #define SHM_NT_ON 1   /* streamed past it */
 #define SHM_NT_AUTO 2 /* the faster of the two as measured, per link */
+/* tp->reserve: MADV_POPULATE_WRITE on the mapping (Linux 5.14; a full /dev/shm is an
+ * error, not SIGBUS), else posix_fallocate on the segment's descriptor, which each end
+ * then keeps until the pair's first use (one more open file per local peer) */
+#define SHM_RESERVE_AUTO 0
+#define SHM_RESERVE_MADVISE 1
+#define SHM_RESERVE_FALLOCATE 2
 #define SHM_NT_MIN ((size_t)16 << 10)
 /* auto: the way that costs the sender less, streamed only if under 1/SHM_NT_MARGIN of
  * the cached way's cost; every SHM_NT_EXPLORE-th step takes the other way, to time it */
@@ -214,7 +220,8 @@ typedef struct shm_link {
     /* shared */
     shm_pair_t *seg;
     size_t seg_bytes;
-    int seg_fd; /* the pair's segment until its rings are reserved (link_activate), or -1 */
+    int seg_fd; /* SHM_RESERVE_FALLOCATE: the pair's segment until its rings are reserved
+                   (shm_link_activate), or -1 */
     int active; /* the rings are reserved and mapped: the link may touch them */
     shm_dir_t *tx, *rx;
     unsigned char *txring, *rxring;
@@ -292,6 +299,9 @@ struct shm_tp {
     int ring_auto;             /* TUTTI_SHM_RING_BYTES unset or auto: ring_fit may shrink them */
     size_t step;               /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
     int nt_stores;             /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
+    int reserve;               /* TUTTI_SHM_RESERVE: how a pair's rings are reserved at its
+                                  first use, SHM_RESERVE_MADVISE or _FALLOCATE (AUTO until
+                                  set-up asks the kernel) */
     int prefetchw;             /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */

@@ -145,10 +145,10 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes, size_t res
     return p;
 }
 
-/* A peer's segment, mapped (with fd_p: no page yet, the descriptor kept there, as
- * seg_create's). */
+/* A peer's segment, mapped (with populate: every page now, else none), the descriptor
+ * kept in *fd_p where fd_p is not NULL. */
 static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes, size_t *bytes_p,
-                      int *fd_p)
+                      int populate, int *fd_p)
 {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
@@ -163,7 +163,7 @@ static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes
         return NULL;
     }
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | (fd_p ? 0 : MAP_POPULATE), fd, 0);
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     int err = errno;
     if (p == MAP_FAILED) {
         close(fd);
@@ -226,6 +226,35 @@ static void ring_fit(shm_tp_t *tp, int nserved)
          "of the %.1f MiB free in /dev/shm (larger messages take more steps; docker run "
          "--shm-size gives it more)",
          ring >> 10, want >> 10, nserved + 1, (double)avail / 1048576.0);
+}
+
+/* Whether MADV_POPULATE_WRITE works here (Linux 5.14 on): tried on a page of our own. */
+static int madvise_populates(void)
+{
+#ifdef MADV_POPULATE_WRITE
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return 0;
+    int ok = madvise(p, 4096, MADV_POPULATE_WRITE) == 0;
+    munmap(p, 4096);
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+/* How this rank reserves a pair's rings at its first use (TUTTI_SHM_RESERVE): madvise
+ * where the kernel has it, else fallocate on a descriptor kept for each pair. */
+static int reserve_mode(shm_tp_t *tp)
+{
+    int can = madvise_populates();
+    if (tp->reserve == SHM_RESERVE_MADVISE && !can)
+        return ERRF(TUTTI_ERR_CONFIG, -1, 0,
+                    "shm: TUTTI_SHM_RESERVE=madvise, but this kernel has no "
+                    "MADV_POPULATE_WRITE (Linux 5.14 or later): use auto or fallocate");
+    if (tp->reserve == SHM_RESERVE_AUTO)
+        tp->reserve = can ? SHM_RESERVE_MADVISE : SHM_RESERVE_FALLOCATE;
+    return TUTTI_OK;
 }
 
 /* The rings are reserved at each pair's first use (shm_link_activate), so set-up alone
@@ -388,26 +417,34 @@ int shm_link_activate(shm_tp_t *tp, shm_link_t *L)
         return TUTTI_OK;
     unsigned char *rings = L->txring < L->rxring ? L->txring : L->rxring;
     size_t len = 2 * (size_t)L->cap;
+    /* Both ends reserve the same pages of the one file: the first does, the other finds
+     * them there. A peer that writes a record has reserved them: a receiver looks at the
+     * ring only after its own reservation, or after the sender's. */
+    int st = 0;
     if (L->seg_fd >= 0) {
-        /* Both ends reserve the same pages of the one file: the first does, the other
-         * finds them there. A peer that writes a record has reserved them: a receiver
-         * looks at the ring only after its own reservation, or after the sender's. */
-        int st = posix_fallocate(L->seg_fd, (off_t)(rings - (unsigned char *)L->seg), (off_t)len);
-        if (st && st != EOPNOTSUPP && st != EINVAL) {
-            char room[200] = "";
-            if (st == ENOSPC)
-                room_text(room, sizeof(room));
-            return tp->host->error(tp->host->ctx, TUTTI_ERR_NOMEM, L->peer, st,
-                                   "shm: cannot reserve the %zu KiB of the rings shared with "
-                                   "rank %d at their first use%s",
-                                   len >> 10, L->peer, room[0] ? room : " (is /dev/shm full?)");
+        st = posix_fallocate(L->seg_fd, (off_t)(rings - (unsigned char *)L->seg), (off_t)len);
+        if (st == EOPNOTSUPP || st == EINVAL)
+            st = 0; /* then the pages come at the touch, as they would have in set-up */
+        if (!st) {
+            close(L->seg_fd);
+            L->seg_fd = -1;
         }
-        close(L->seg_fd);
-        L->seg_fd = -1;
     }
 #ifdef MADV_POPULATE_WRITE
-    (void)madvise(rings, len, MADV_POPULATE_WRITE); /* older kernels: the touch maps them */
+    /* maps them, and reserves them where nothing else does (SHM_RESERVE_MADVISE: a page
+     * /dev/shm has no room for fails it with EFAULT, where a touch would raise SIGBUS) */
+    if (!st && madvise(rings, len, MADV_POPULATE_WRITE) < 0 && tp->reserve == SHM_RESERVE_MADVISE)
+        st = errno == EFAULT ? ENOSPC : errno;
 #endif
+    if (st) {
+        char room[200] = "";
+        if (st == ENOSPC)
+            room_text(room, sizeof(room));
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_NOMEM, L->peer, st,
+                               "shm: cannot reserve the %zu KiB of the rings shared with rank %d "
+                               "at their first use%s",
+                               len >> 10, L->peer, room[0] ? room : " (is /dev/shm full?)");
+    }
     rings_touch(L);
     L->active = 1;
     return TUTTI_OK;
@@ -545,7 +582,8 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
         char name[64];
         pair_name(name, sizeof(name), tp->pid, tp->nonce, p);
         /* the header now, the rings at the pair's first use (shm_link_activate) */
-        shm_pair_t *seg = seg_create(tp, name, pair_bytes, hdr, &L->seg_fd);
+        shm_pair_t *seg = seg_create(tp, name, pair_bytes, hdr,
+                                     tp->reserve == SHM_RESERVE_FALLOCATE ? &L->seg_fd : NULL);
         if (!seg)
             return TUTTI_ERR_IO;
         tp->pair_names[p] = strdup(name);
@@ -619,7 +657,8 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
     char name[64];
     pair_name(name, sizeof(name), pid, nonce, tp->rank);
     size_t sb = 0;
-    shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb, &L->seg_fd);
+    shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb, 0,
+                               tp->reserve == SHM_RESERVE_FALLOCATE ? &L->seg_fd : NULL);
     if (!seg)
         return TUTTI_ERR_PEER;
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
@@ -655,7 +694,7 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     char name[64];
     bell_name(name, sizeof(name), pid, nonce);
     size_t bb = 0;
-    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, NULL);
+    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, 1, NULL);
     if (!L->peer_bell)
         return TUTTI_ERR_PEER;
     L->peer_bell_bytes = bb;
@@ -864,7 +903,15 @@ int shm_setup(shm_tp_t *tp)
 
     sweep_stale(tp);
     ring_fit(tp, nserved);
-    int st = room_check(tp, nserved);
+    int st = reserve_mode(tp);
+    if (st == 0)
+        st = room_check(tp, nserved);
+    char fds[320];
+    /* a peer's pidfd and wake-up socket, and its segment until the pair's first use */
+    const int per_peer[2] = { 2 + (tp->reserve == SHM_RESERVE_FALLOCATE),
+                              2 + (tp->reserve == SHM_RESERVE_FALLOCATE) };
+    if (st == 0 && tp_fd_room(h, "shm", nserved, per_peer, fds, sizeof(fds)) < 0)
+        st = ERRF(TUTTI_ERR_IO, -1, EMFILE, "%s", fds);
     if (st == 0)
         st = setup_steps(tp, nserved, myhost, deadline);
     if (st < 0)

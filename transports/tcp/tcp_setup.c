@@ -1093,6 +1093,9 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
             tp->links[peer].pid = pid;
     }
     tp->host->free_value(val);
+    if (len < sizeof(text) && !strncmp(text, "! ", 2))
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_PEER, peer, 0,
+                               "tcp: rank %d could not set up: %s", peer, text + 2);
     memset(out, 0, sizeof(*out));
     if (ok && strchr(ip, ':'))
         ok = uv_ip6_addr(ip, port, (struct sockaddr_in6 *)out) == 0;
@@ -1265,6 +1268,17 @@ int tcp_setup_connect(tcp_tp_t *tp)
     int st = congestion_knob(tp);
     if (st < 0)
         return st;
+    char why[320];
+    /* a socket a peer, and while set-up hands it to the data path (a dup) two */
+    const int per_peer[2] = { 1, 2 };
+    if (tp_fd_room(host, "tcp", s.needed, per_peer, why, sizeof(why)) < 0) {
+        /* the higher ranks, which read this rank's address, read why instead */
+        char key[64], val[TCP_ADDR_VALUE_MAX];
+        snprintf(key, sizeof(key), "tcp/%d", tp->rank);
+        snprintf(val, sizeof(val), "! %s", why);
+        host->store_set(host->ctx, key, val, strlen(val) + 1);
+        return host->error(host->ctx, TUTTI_ERR_IO, -1, EMFILE, "%s", why);
+    }
     struct sockaddr_storage me;
     conn_t *out = NULL;
     char ifname[64];

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Set-up under a limit of open files (ulimit -n) too low for the job: a rank needs a few
+# descriptors per peer (shm: its pidfd and wake-up socket, and with TUTTI_SHM_RESERVE=
+# fallocate the pair's segment until its first use; tcp: the socket). Before, a rank
+# hit EMFILE half-way through set-up and its peers waited, or failed naming another
+# rank; now each transport counts what it needs first:
+#   1. 24 ranks over shm, hard limit 48: init fails at once (well within the timeout)
+#      on every rank, saying how many descriptors are needed, how many the limit allows
+#      and what to do;
+#   2. the same with the transport left to auto: shm refuses, the local peers go over tcp
+#      (a socket each, two while set-up hands it over; one warning) and the results are
+#      right;
+#   3. soft limit 30, hard 4096: the soft limit is raised (the log says so) and the job
+#      runs over shm, results right;
+#   4. 24 ranks over tcp, hard limit 20: fails at once, saying so.
+#
+#   tests/test_fd_limit.sh BUILD/bench/tutti-bench
+set -u
+bench=$(realpath "$1")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() {
+    echo "test_fd_limit: FAIL: $*"
+    exit 1
+}
+export TUTTI_SOCKET_IFNAME=lo
+# run SOFT HARD OUT ARGS...: tutti-bench under that limit; sets rc and secs
+run() {
+    local soft=$1 hard=$2 out=$3
+    shift 3
+    local t0=$SECONDS
+    (ulimit -Sn "$soft" && ulimit -Hn "$hard" && exec timeout 120 "$bench" "$@") >"$out" 2>&1
+    rc=$?
+    secs=$((SECONDS - t0))
+}
+args=(-np 24 -b 4 -e 64K -f 64 -n 2 -w 1 -c -t 60)
+
+# 1. shm, hard limit 48
+out="$work/shm.txt"
+run 48 48 "$out" --transport shm "${args[@]}"
+[ $rc != 0 ] || { cat "$out"; fail "24 ranks over shm under 48 open files ran"; }
+[ $secs -lt 20 ] || { cat "$out"; fail "shm: failed after $secs s (timeout 60 s)"; }
+said=$(grep -c "shm: 23 peers need at least [0-9]* more open files ([23] each), [0-9]* are open and the limit is 48 (ulimit -n; hard limit 48, ulimit -Hn): raise it, or run fewer ranks" "$out")
+[ "$said" -ge 1 ] || { cat "$out"; fail "shm: no error that says what the limit is short of"; }
+! grep -v "need at least" "$out" | grep -q "Too many open files" ||
+    { cat "$out"; fail "shm: a rank ran out of descriptors anyway"; }
+echo "1. 24 ranks over shm, limit 48: exit $rc after $secs s; $said lines say what is short"
+
+# 2. auto: shm refuses, tcp carries the job
+out="$work/auto.txt"
+run 48 48 "$out" "${args[@]}"
+[ $rc = 0 ] || { cat "$out"; fail "auto under 48 open files: exit $rc"; }
+grep -q "WARN transports: shm could not connect the 23 local peers (shm: 23 peers need at least" "$out" ||
+    { cat "$out"; fail "auto: no warning that shm refused"; }
+grep -q "^# cost model table tcp" "$out" || { cat "$out"; fail "auto: the job did not run over tcp"; }
+echo "2. auto, limit 48: $(grep -cE '^ +[0-9]+ ' "$out") sizes right over tcp"
+
+# 3. a soft limit below what shm needs, the hard one above: raised
+out="$work/raise.txt"
+TUTTI_DEBUG=info run 30 4096 "$out" --transport shm "${args[@]}"
+[ $rc = 0 ] || { cat "$out"; fail "soft 30, hard 4096: exit $rc"; }
+raised=$(grep -c "INFO shm: raised this process's limit of open files from 30 to [0-9]* for 23 peers" "$out")
+[ "$raised" = 24 ] || { cat "$out"; fail "soft 30: $raised ranks said they raised the limit"; }
+echo "3. soft 30, hard 4096: every rank raised its limit, $(grep -cE '^ +[0-9]+ ' "$out") sizes right over shm"
+
+# 4. tcp, hard limit 20
+out="$work/tcp.txt"
+run 20 20 "$out" --transport tcp "${args[@]}"
+[ $rc != 0 ] || { cat "$out"; fail "24 ranks over tcp under 20 open files ran"; }
+[ $secs -lt 20 ] || { cat "$out"; fail "tcp: failed after $secs s (timeout 60 s)"; }
+grep -q "tcp: 23 peers need at least 27 more open files (1 each), [0-9]* are open and the limit is 20 (ulimit -n; hard limit 20, ulimit -Hn)" "$out" ||
+    { cat "$out"; fail "tcp: no error that says what the limit is short of"; }
+echo "4. 24 ranks over tcp, limit 20: exit $rc after $secs s, saying why"
+echo "test_fd_limit: ok"
