@@ -1690,16 +1690,19 @@ static int rank_tp_lazy(int rank, int nranks, tutti_comm_t *comm, const char *di
         FAIL_IF(move64(ops, tp, 0, 0, 1, 2), "0 -> 2: %s", t.err);
         FAIL_IF(tp->links[1].active, "rank 2: the link to 1 active");
     }
-    store_barrier(&t, "done", nranks);
+    store_barrier(&t, "sent2", nranks);
     long u3 = shm_used_kib();
+    if (rank == 0)
+        fprintf(stderr, "in use: %ld, %ld, %ld, %ld KiB\n", u0, u1, u2, u3);
     FAIL_IF(rank == 0 && (u3 - u2 < 128 || u3 - u2 >= 256), "0 -> 2 took %ld KiB", u3 - u2);
+    store_barrier(&t, "done", nranks); /* none goes (and unmaps) before rank 0 measured */
     ops->destroy(tp);
     th_host_close(&t);
     return 0;
 }
 
 /* /dev/shm filled up after set-up (room_check passed: 3 ranks' rings of 64 KiB, 0.4 MiB,
- * in a 1 MiB tmpfs): the first message on a pair fails on both ends with
+ * in a 4 MiB tmpfs, not a quarter of it: reserved at first use): the first message on a pair fails on both ends with
  * TUTTI_ERR_NOMEM naming the peer and /dev/shm's room, no SIGBUS; with room again the
  * same link carries it. */
 static int rank_tp_full(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -1771,6 +1774,56 @@ static void in_own_shm(const char *size, th_rank_fn fn, int mode)
                   "mode %d: child: status 0x%x", mode, status);
 }
 
+/* A second transport in the same processes counts the rings the first promised (set up,
+ * not reserved; /dev/shm does not show them): rings of 128 KiB, 3 ranks, 0.8 MiB of
+ * rings a transport, in 3.5 MiB. The first finds its need under a quarter of the room and
+ * reserves nothing yet; the second finds it over a quarter of what is left once the
+ * first's promise is taken off, and reserves every pair's rings in set-up (as before
+ * session 93, so that a /dev/shm without room fails init, not a first message). */
+static int rank_tp_second(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
+    th_host_t t1, t2;
+    void *tp1 = NULL, *tp2 = NULL;
+    enlist(arg, rank);
+    const char *knobs = ((shared_t *)arg)->arg == 1 ? "SHM_RING_BYTES=128K,SHM_RESERVE=madvise"
+                                                    : "SHM_RING_BYTES=128K,SHM_RESERVE=fallocate";
+    FAIL_IF(th_host_open(&t1, dir, "s1/", rank, nranks, 10000) != 0, "host: %s", t1.err);
+    t1.knobs = knobs;
+    FAIL_IF(ops->create(&t1.h, &tp1) != 0, "create 1: %s", t1.err);
+    store_barrier(&t1, "one", nranks);
+    long u0 = shm_used_kib();
+    FAIL_IF(((shm_tp_t *)tp1)->eager || u0 >= 256, "first: eager %d, %ld KiB in use",
+            ((shm_tp_t *)tp1)->eager, u0);
+    store_barrier(&t1, "measured", nranks);
+    FAIL_IF(th_host_open(&t2, dir, "s2/", rank, nranks, 10000) != 0, "host: %s", t2.err);
+    t2.knobs = knobs;
+    FAIL_IF(ops->create(&t2.h, &tp2) != 0, "create 2: %s", t2.err);
+    store_barrier(&t1, "two", nranks);
+    long u1 = shm_used_kib();
+    const shm_tp_t *s2 = tp2;
+    FAIL_IF(!s2->eager || u1 - u0 < 3 * 256, "second: eager %d, %ld KiB more in use", s2->eager,
+            u1 - u0);
+    for (int p = 0; p < nranks; p++)
+        FAIL_IF(p != rank && (!s2->links[p].active || ((shm_tp_t *)tp1)->links[p].active),
+                "rank %d: link to %d: first active %d, second %d", rank, p,
+                ((shm_tp_t *)tp1)->links[p].active, s2->links[p].active);
+    store_barrier(&t1, "done", nranks);
+    ops->destroy(tp2);
+    ops->destroy(tp1);
+    th_host_close(&t2);
+    th_host_close(&t1);
+    return 0;
+}
+
+START_TEST(abi_rings_second_transport_counts_the_first)
+{
+    in_own_shm("3584k", rank_tp_second, 1);
+    in_own_shm("3584k", rank_tp_second, 2);
+}
+END_TEST
+
 START_TEST(abi_rings_reserved_at_first_use)
 {
     in_own_shm("64m", rank_tp_lazy, 1);
@@ -1780,8 +1833,8 @@ END_TEST
 
 START_TEST(abi_rings_reserved_when_full)
 {
-    in_own_shm("1m", rank_tp_full, 1);
-    in_own_shm("1m", rank_tp_full, 2);
+    in_own_shm("4m", rank_tp_full, 1);
+    in_own_shm("4m", rank_tp_full, 2);
 }
 END_TEST
 
@@ -1796,6 +1849,7 @@ static Suite *suite(void)
                                  nt_choice_from_timings,
                                  abi_rings_reserved_at_first_use,
                                  abi_rings_reserved_when_full,
+                                 abi_rings_second_transport_counts_the_first,
                                  NULL };
     const TTest *const library[] = { sizes_single_copy,
                                      sizes_ring,

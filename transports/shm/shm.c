@@ -662,9 +662,15 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
     int consumed = 0;
     /* A probe's watch on a link not used yet: its ring is looked at once the sender has
      * published something (and so reserved the rings; the stamp comes before the head) */
-    if (!L->active &&
-        (!atomic_load_explicit(&L->rx->head, memory_order_acquire) || shm_link_activate(tp, L) < 0))
-        return;
+    if (!L->active) {
+        if (!atomic_load_explicit(&L->rx->head, memory_order_acquire))
+            return;
+        int st = shm_link_activate(tp, L);
+        if (st < 0) { /* once: the link is failed from here */
+            link_fail(L, st, 0, "shm: cannot map the rings rank %d writes to", L->peer);
+            return;
+        }
+    }
     while (!L->fail.status && !L->rx_withdrawn) {
         if (!L->rhdr_valid) {
             if (rec_ready(L) <= 0) {

@@ -111,8 +111,8 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes, size_t res
         return NULL;
     }
     int st = reserve < bytes && ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
-    if (!st)
-        st = posix_fallocate(fd, 0, (off_t)reserve);
+    while (!st && (st = posix_fallocate(fd, 0, (off_t)reserve)) == EINTR)
+        st = 0;
     if (st == EOPNOTSUPP || st == EINVAL)
         st = ftruncate(fd, (off_t)bytes) < 0 ? errno : 0;
     if (st) {
@@ -206,12 +206,28 @@ static uint64_t host_need(int nlocal, size_t ring)
  * rings would need 240. The creator of a pair writes its rings' size in the segment's
  * header, so ranks that look at different moments (a later one sees less free) need not
  * agree, and what they make never exceeds the first look's budget. */
-static void ring_fit(shm_tp_t *tp, int nserved)
+/* Rings that this process's live shm transports set up and may still reserve (their
+ * hosts' whole need, room_check): /dev/shm does not count them yet, so each set-up takes
+ * them off what it finds free, as the rings reserved in set-up once were. Other
+ * processes' jobs are not known here. */
+static _Atomic uint64_t g_promised;
+
+/* What /dev/shm has free, less what this process promised (0 when it cannot say). */
+static int shm_free(uint64_t *avail_p)
 {
     struct statvfs sv;
-    if (!tp->ring_auto || nserved < 1 || statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
+    if (statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
+        return -1;
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize, promised = atomic_load(&g_promised);
+    *avail_p = avail > promised ? avail - promised : 0;
+    return 0;
+}
+
+static void ring_fit(shm_tp_t *tp, int nserved)
+{
+    uint64_t avail;
+    if (!tp->ring_auto || nserved < 1 || shm_free(&avail) < 0)
         return;
-    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
     size_t want = tp->ring_bytes, ring = want;
     while (ring > SHM_RING_FLOOR && host_need(nserved + 1, ring) > avail / 2)
         ring >>= 1;
@@ -260,20 +276,35 @@ static int reserve_mode(shm_tp_t *tp)
 /* The rings are reserved at each pair's first use (shm_link_activate), so set-up alone
  * would pass where they can never all fit, and an exchange with every rank fail later:
  * here the host's need at this ring size (ring_fit shrank it to half of the room where it
- * could) against what /dev/shm has free. */
+ * could) against what /dev/shm has free, less what this process promised. Where that is
+ * tight (the need over a quarter of it: a container's small /dev/shm), every pair's rings
+ * are reserved in set-up instead (setup_finish), as before session 93, so that a full
+ * /dev/shm fails init (and auto goes over tcp) rather than a first message; else the need
+ * is promised until the transport goes. */
 static int room_check(shm_tp_t *tp, int nserved)
 {
-    struct statvfs sv;
-    if (nserved < 1 || statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
+    uint64_t avail;
+    if (nserved < 1 || shm_free(&avail) < 0)
         return TUTTI_OK;
     uint64_t need = host_need(nserved + 1, tp->ring_bytes);
-    if (need <= (uint64_t)sv.f_bavail * sv.f_frsize)
+    if (need <= avail) {
+        tp->eager = need > avail / 4;
+        if (!tp->eager) {
+            tp->promised = need;
+            atomic_fetch_add(&g_promised, need);
+        }
         return TUTTI_OK;
-    char room[200];
+    }
+    char room[200], other[96] = "";
     room_text(room, sizeof(room));
+    uint64_t promised = atomic_load(&g_promised);
+    if (promised)
+        snprintf(other, sizeof(other),
+                 " (%.1f MiB of it this process's other communicators may take)",
+                 (double)promised / 1048576.0);
     return ERRF(TUTTI_ERR_NOMEM, -1, ENOSPC,
-                "shm: the %d ranks on this host need %.1f MiB for rings of %zu KiB%s", nserved + 1,
-                (double)need / 1048576.0, tp->ring_bytes >> 10, room);
+                "shm: the %d ranks on this host need %.1f MiB for rings of %zu KiB%s%s",
+                nserved + 1, (double)need / 1048576.0, tp->ring_bytes >> 10, room, other);
 }
 
 /* Names whose creator died in its set-up (SIGKILLed before it could unlink them: a
@@ -420,20 +451,26 @@ int shm_link_activate(shm_tp_t *tp, shm_link_t *L)
     /* Both ends reserve the same pages of the one file: the first does, the other finds
      * them there. A peer that writes a record has reserved them: a receiver looks at the
      * ring only after its own reservation, or after the sender's. */
-    int st = 0;
+    int st = 0, reserved = 0;
     if (L->seg_fd >= 0) {
-        st = posix_fallocate(L->seg_fd, (off_t)(rings - (unsigned char *)L->seg), (off_t)len);
+        do /* an older tmpfs gives up on any signal */
+            st = posix_fallocate(L->seg_fd, (off_t)(rings - (unsigned char *)L->seg), (off_t)len);
+        while (st == EINTR);
+        reserved = !st;
         if (st == EOPNOTSUPP || st == EINVAL)
-            st = 0; /* then the pages come at the touch, as they would have in set-up */
+            st = 0; /* not here: madvise below, or the touch, as set-up once did */
         if (!st) {
             close(L->seg_fd);
             L->seg_fd = -1;
         }
     }
 #ifdef MADV_POPULATE_WRITE
-    /* maps them, and reserves them where nothing else does (SHM_RESERVE_MADVISE: a page
-     * /dev/shm has no room for fails it with EFAULT, where a touch would raise SIGBUS) */
-    if (!st && madvise(rings, len, MADV_POPULATE_WRITE) < 0 && tp->reserve == SHM_RESERVE_MADVISE)
+    /* maps them, and reserves them where nothing did (a page /dev/shm has no room for
+     * fails it with EFAULT, where a touch would raise SIGBUS) */
+    int r = 0;
+    while (!st && (r = madvise(rings, len, MADV_POPULATE_WRITE)) < 0 && errno == EINTR)
+        ;
+    if (!st && r < 0 && !reserved && errno != EINVAL)
         st = errno == EFAULT ? ENOSPC : errno;
 #endif
     if (st) {
@@ -799,6 +836,11 @@ static int setup_finish(shm_tp_t *tp, int nserved)
     tp->pfd_peer = calloc((size_t)tp->nranks, sizeof(int));
     if (!tp->pfds || !tp->pfd_peer)
         return ERRF(TUTTI_ERR_NOMEM, -1, 0, "shm: out of memory");
+    for (int p = 0; p < tp->nranks && tp->eager; p++) {
+        int st = tp->links[p].served ? shm_link_activate(tp, &tp->links[p]) : 0;
+        if (st < 0)
+            return st;
+    }
     for (int p = 0; p < tp->nranks; p++) {
         if (tp->links[p].served && tp->links[p].pidfd >= 0) {
             tp->pfds[tp->npfds] = (struct pollfd){ .fd = tp->links[p].pidfd, .events = POLLIN };
@@ -921,6 +963,9 @@ int shm_setup(shm_tp_t *tp)
 
 void shm_teardown(shm_tp_t *tp)
 {
+    if (tp->promised)
+        atomic_fetch_sub(&g_promised, tp->promised);
+    tp->promised = 0;
     if (tp->bell_name[0])
         shm_unlink(tp->bell_name);
     if (tp->wake_path[0])
