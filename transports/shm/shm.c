@@ -1251,6 +1251,24 @@ static int knob_int(shm_tp_t *tp, const char *name, int def)
     return (int)x;
 }
 
+/* Knob TUTTI_<name>: the index of its value among words (NULL-terminated; unset or
+ * empty is the first), or TUTTI_ERR_CONFIG, reported naming the words. */
+static int knob_word(shm_tp_t *tp, const char *name, const char *const *words)
+{
+    const char *v = tp->host->config(tp->host->ctx, name);
+    if (!v || !*v)
+        return 0;
+    char list[128] = "";
+    for (int i = 0; words[i]; i++) {
+        if (!strcmp(v, words[i]))
+            return i;
+        size_t n = strlen(list);
+        snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "", words[i]);
+    }
+    return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "shm: TUTTI_%s=\"%.64s\" is none of %s", name, v, list);
+}
+
 /* A transport with its links, nothing shared yet; NULL when out of memory. */
 static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
 {
@@ -1317,26 +1335,14 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
                                : SHM_CMA_HINT_AUTO;
     }
 #endif
-    const char *rs = host->config(host->ctx, "SHM_RESERVE");
-    tp->reserve = !rs || !*rs || !strcmp(rs, "auto") ? SHM_RESERVE_AUTO
-                  : !strcmp(rs, "madvise")           ? SHM_RESERVE_MADVISE
-                  : !strcmp(rs, "fallocate")         ? SHM_RESERVE_FALLOCATE
-                                                     : -1;
-    if (tp->reserve < 0) {
-        int st = host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
-                             "shm: TUTTI_SHM_RESERVE=\"%.64s\" is none of auto, madvise, fallocate",
-                             rs);
-        shm_destroy(tp);
-        return st;
-    }
-    const char *nts = host->config(host->ctx, "SHM_NT_STORES");
-    tp->nt_stores = !nts || !*nts || !strcmp(nts, "auto") ? SHM_NT_AUTO
-                    : !strcmp(nts, "on")                  ? SHM_NT_ON
-                    : !strcmp(nts, "off")                 ? SHM_NT_OFF
-                                                          : -1;
-    if (tp->nt_stores < 0) {
-        int st = host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
-                             "shm: TUTTI_SHM_NT_STORES=\"%.64s\" is none of auto, on, off", nts);
+    static const char *const reserves[] = { "auto", "madvise", "fallocate", NULL };
+    static const char *const nts[] = { "auto", "on", "off", NULL };
+    static const int nt_modes[] = { SHM_NT_AUTO, SHM_NT_ON, SHM_NT_OFF };
+    int st = knob_word(tp, "SHM_RESERVE", reserves); /* SHM_RESERVE_* in that order */
+    tp->reserve = st;
+    if (st >= 0 && (st = knob_word(tp, "SHM_NT_STORES", nts)) >= 0)
+        tp->nt_stores = nt_modes[st];
+    if (st < 0) {
         shm_destroy(tp);
         return st;
     }
@@ -1350,7 +1356,7 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     tp->liveness_ms = knob_int(tp, "SHM_LIVENESS_MS", SHM_DEFAULT_LIVENESS_MS);
     if (tp->liveness_ms < 1)
         tp->liveness_ms = 1;
-    int st = shm_setup(tp);
+    st = shm_setup(tp);
     if (st < 0) {
         shm_destroy(tp);
         return st;
