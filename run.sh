@@ -116,7 +116,7 @@ test)
     # Fuzzing, bounded: each target starts from its corpus in the tree and runs under
     # ASan+UBSan, two at a time (one per CPU here); any crash, leak or timeout fails the
     # step (the input is kept in build-fuzz/ as crash-*, to add to the corpus once fixed).
-    if [ "${FUZZ_SECONDS:-12}" != 0 ]; then
+    if [ "${FUZZ_SECONDS:-8}" != 0 ]; then
         install_deps "${FUZZ_PKGS[@]}"
         [ -f build-fuzz/build.ninja ] || CC=clang-14 meson setup build-fuzz -Dfuzz=true \
             -Dpeers=disabled -Dtorch=disabled -Db_lundef=false -Dtests=false
@@ -128,7 +128,7 @@ test)
             pids=()
             for f in "${fuzzers[@]:i:2}"; do
                 mkdir -p "build-fuzz/corpus-$f"
-                (cd build-fuzz && exec "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-12}" \
+                (cd build-fuzz && exec "fuzz/$f" -max_total_time="${FUZZ_SECONDS:-8}" \
                     -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "corpus-$f" \
                     "../fuzz/corpus/$f" >"fuzz-$f.log" 2>&1) &
                 pids+=("$!")

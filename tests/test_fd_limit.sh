@@ -12,7 +12,9 @@
 #      right;
 #   3. soft limit 30, hard 4096: the soft limit is raised (the log says so) and the job
 #      runs over shm, results right;
-#   4. 24 ranks over tcp, hard limit 20: fails at once, saying so.
+#   4. 24 ranks over tcp, hard limit 20: fails at once, saying so;
+#   5. rank 1 of 3 alone short of descriptors, over tcp: rank 2, which reads rank 1's
+#      address, fails at once with rank 1's reason.
 #
 #   tests/test_fd_limit.sh BUILD/bench/tutti-bench
 set -u
@@ -68,7 +70,32 @@ out="$work/tcp.txt"
 run 20 20 "$out" --transport tcp "${args[@]}"
 [ $rc != 0 ] || { cat "$out"; fail "24 ranks over tcp under 20 open files ran"; }
 [ $secs -lt 20 ] || { cat "$out"; fail "tcp: failed after $secs s (timeout 60 s)"; }
-grep -q "tcp: 23 peers need at least 27 more open files (1 each), [0-9]* are open and the limit is 20 (ulimit -n; hard limit 20, ulimit -Hn)" "$out" ||
+grep -q "tcp: 23 peers need at least [0-9]* more open files (1 each), [0-9]* are open and the limit is 20 (ulimit -n; hard limit 20, ulimit -Hn)" "$out" ||
     { cat "$out"; fail "tcp: no error that says what the limit is short of"; }
 echo "4. 24 ranks over tcp, limit 20: exit $rc after $secs s, saying why"
+
+# 5. one rank short (rank 1 of 3, started by hand, each with its own limit): over tcp the
+# higher rank reads its refusal where its address would be and fails at once naming
+# it; the lower one waits for its connection until the timeout (4 s here), naming it
+store="$work/store5"
+pids=()
+for r in 0 1 2; do
+    lim=4096
+    [ $r = 1 ] && lim=9
+    (ulimit -Sn $lim && ulimit -Hn $lim && TUTTI_RANK=$r TUTTI_WORLD_SIZE=3 \
+        TUTTI_STORE="file://$store" TUTTI_JOB_ID="fd-limit-$$" TUTTI_TRANSPORT=tcp \
+        TUTTI_TIMEOUT_MS=4000 exec timeout 60 "$bench" -b 4 -e 4 -n 1 -w 0) \
+        >"$work/r$r.txt" 2>&1 &
+    pids+=($!)
+done
+t0=$SECONDS
+wait "${pids[2]}"
+rc2=$? secs2=$((SECONDS - t0))
+wait "${pids[0]}" "${pids[1]}"
+[ $rc2 != 0 ] || { cat "$work"/r?.txt; fail "one rank short: rank 2 ran"; }
+[ $secs2 -lt 3 ] || { cat "$work"/r?.txt; fail "rank 2 failed after $secs2 s (timeout 4 s)"; }
+grep -q "tcp: rank 1 could not set up: tcp: 2 peers need at least [0-9]* more open files (1 each), [0-9]* are open and the limit is 9" "$work/r2.txt" ||
+    { cat "$work"/r?.txt; fail "rank 2 does not say why rank 1 could not set up"; }
+grep -q "still missing rank(s) 1" "$work/r0.txt" || { cat "$work"/r?.txt; fail "rank 0 does not name rank 1"; }
+echo "5. rank 1 short of descriptors: rank 2 failed after $secs2 s naming rank 1's reason"
 echo "test_fd_limit: ok"

@@ -95,15 +95,15 @@ static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name,
     return (size_t)(x << shift);
 }
 
-/* Room for more open files, per_peer[0] to per_peer[1] for each of `npeers` peers (and
- * a few of the set-up's own), under RLIMIT_NOFILE, counting what /proc/self/fd holds now:
+/* Room for more open files, per_peer[0] to per_peer[1] for each of `npeers` peers and
+ * `own` of the set-up's own, under RLIMIT_NOFILE, counting what /proc/self/fd holds now:
  * where the soft limit is short of the most, it is raised toward the hard one (as MPI
  * launchers do) and the log says so. 0, or -1 with why (what: the transport's name)
  * saying the counts and the way out where even the hard limit is short of the least:
  * set-up would fail with EMFILE half-way, where its peers cannot learn why. Passes where
  * it cannot count. */
 static inline int tp_fd_room(const tutti_tp_host_v1_t *h, const char *what, int npeers,
-                             const int per_peer[2], char *why, size_t len)
+                             const int per_peer[2], int own, char *why, size_t len)
 {
     struct rlimit rl;
     DIR *d;
@@ -114,8 +114,7 @@ static inline int tp_fd_room(const tutti_tp_host_v1_t *h, const char *what, int 
     for (struct dirent *e; (e = readdir(d));)
         open_now += e->d_name[0] != '.';
     closedir(d);
-    /* the set-up's own few (a listener, a loop, a descriptor open for a moment) */
-    rlim_t base = (rlim_t)(open_now > 0 ? open_now : 0) + 4;
+    rlim_t base = (rlim_t)(open_now > 0 ? open_now : 0) + (rlim_t)own;
     rlim_t least = base + (rlim_t)npeers * (rlim_t)per_peer[0];
     rlim_t most = base + (rlim_t)npeers * (rlim_t)per_peer[1];
     if (most <= rl.rlim_cur)

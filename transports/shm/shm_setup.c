@@ -952,7 +952,8 @@ int shm_setup(shm_tp_t *tp)
     /* a peer's pidfd and wake-up socket, and its segment until the pair's first use */
     const int per_peer[2] = { 2 + (tp->reserve == SHM_RESERVE_FALLOCATE),
                               2 + (tp->reserve == SHM_RESERVE_FALLOCATE) };
-    if (st == 0 && tp_fd_room(h, "shm", nserved, per_peer, fds, sizeof(fds)) < 0)
+    /* its own: the wake-up socket and a descriptor to it, a segment open for a moment */
+    if (st == 0 && tp_fd_room(h, "shm", nserved, per_peer, 4, fds, sizeof(fds)) < 0)
         st = ERRF(TUTTI_ERR_IO, -1, EMFILE, "%s", fds);
     if (st == 0)
         st = setup_steps(tp, nserved, myhost, deadline);

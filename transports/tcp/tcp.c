@@ -891,12 +891,18 @@ static int tcp_identity(tcp_tp_t *tp)
 
 static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    tcp_tp_t *tp;
-    int st = tcp_ctx_new(host, &tp);
-    if (st < 0)
-        return st;
-    if ((st = tcp_identity(tp)) < 0 || (st = tcp_setup_connect(tp)) < 0) {
+    tcp_tp_t *tp = NULL;
+    char why[320] = "";
+    int published = 0;
+    int st = tcp_setup_fd_room(host, why, sizeof(why));
+    if (st == 0 && (st = tcp_ctx_new(host, &tp)) < 0)
+        tp = NULL;
+    if (st == 0 && ((st = tcp_identity(tp)) < 0 ||
+                    (st = tcp_setup_connect(tp, &published, why, sizeof(why))) < 0))
         tcp_destroy(tp);
+    if (st < 0) {
+        if (!published)
+            tcp_setup_refuse(host, st, why);
         return st;
     }
     /* leaving a CPU shared with a lower local rank (while there are CPUs for every rank:

@@ -176,7 +176,15 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
                         tp_req_t *reqs, size_t nreqs);
 
 /* tcp_setup.c */
-int tcp_setup_connect(tcp_tp_t *tp);
+/* The set-up: *published once this rank's address is in the store; why (whylen bytes)
+ * says what failed where it can, else stays as it was. */
+int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen);
+/* Whether RLIMIT_NOFILE has room for the set-up (kit/util.h tp_fd_room: raised where
+ * short); else an error, reported, and why says what is short. */
+int tcp_setup_fd_room(const tutti_tp_host_v1_t *host, char *why, size_t whylen);
+/* A rank that fails before its address is in the store puts why there instead (for the
+ * higher ranks, which read it, to fail at once naming it). */
+void tcp_setup_refuse(const tutti_tp_host_v1_t *host, int status, const char *why);
 /* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
  * hello/verdict exchange of a single connection, with no listener and no connect (a
  * socketpair stands in; what this rank writes is dropped). outgoing: this rank called

@@ -1255,7 +1255,7 @@ static int congestion_knob(tcp_tp_t *tp)
     return TUTTI_OK;
 }
 
-int tcp_setup_connect(tcp_tp_t *tp)
+int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
 {
     const tutti_tp_host_v1_t *host = tp->host;
     setup_t s = { .tp = tp,
@@ -1268,17 +1268,6 @@ int tcp_setup_connect(tcp_tp_t *tp)
     int st = congestion_knob(tp);
     if (st < 0)
         return st;
-    char why[320];
-    /* a socket a peer, and while set-up hands it to the data path (a dup) two */
-    const int per_peer[2] = { 1, 2 };
-    if (tp_fd_room(host, "tcp", s.needed, per_peer, why, sizeof(why)) < 0) {
-        /* the higher ranks, which read this rank's address, read why instead */
-        char key[64], val[TCP_ADDR_VALUE_MAX];
-        snprintf(key, sizeof(key), "tcp/%d", tp->rank);
-        snprintf(val, sizeof(val), "! %s", why);
-        host->store_set(host->ctx, key, val, strlen(val) + 1);
-        return host->error(host->ctx, TUTTI_ERR_IO, -1, EMFILE, "%s", why);
-    }
     struct sockaddr_storage me;
     conn_t *out = NULL;
     char ifname[64];
@@ -1296,17 +1285,46 @@ int tcp_setup_connect(tcp_tp_t *tp)
     if (rc0 < 0) {
         free(s.claimed);
         free(s.notes);
-        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -rc0, "tcp: uv_loop_init failed");
+        snprintf(why, whylen, "tcp: uv_loop_init failed (%s)", uv_strerror(rc0));
+        return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -rc0, "%s", why);
     }
     uv_tcp_init(&s.loop, &s.listener);
     s.listener.data = &s;
     uv_timer_init(&s.loop, &s.deadline);
     s.deadline.data = &s;
-    if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(&s, &me)) >= 0 &&
-        (st = connect_lower(&s, &out)) >= 0)
-        st = setup_wait(&s);
+    if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(&s, &me)) >= 0) {
+        *published = 1;
+        if ((st = connect_lower(&s, &out)) >= 0)
+            st = setup_wait(&s);
+    }
     setup_close(&s, out);
     return st;
+}
+
+int tcp_setup_fd_room(const tutti_tp_host_v1_t *host, char *why, size_t whylen)
+{
+    int needed = 0;
+    for (int i = 0; i < host->nranks; i++)
+        needed += tutti_tp_host_serves(host, i);
+    /* a socket a peer, and while set-up hands it to the data path (a dup) two; its own:
+     * two loops (an epoll and an eventfd each), the listener, one open for a moment */
+    const int per_peer[2] = { 1, 2 };
+    if (tp_fd_room(host, "tcp", needed, per_peer, 8, why, whylen) < 0)
+        return host->error(host->ctx, TUTTI_ERR_IO, -1, EMFILE, "%s", why);
+    return TUTTI_OK;
+}
+
+void tcp_setup_refuse(const tutti_tp_host_v1_t *host, int status, const char *why)
+{
+    char key[64], val[TCP_ADDR_VALUE_MAX];
+    snprintf(key, sizeof(key), "tcp/%d", host->rank);
+    if (why && why[0])
+        snprintf(val, sizeof(val), "! %s", why);
+    else
+        snprintf(val, sizeof(val),
+                 "! tcp set-up failed before this rank listened (status %d; its log says why)",
+                 status);
+    host->store_set(host->ctx, key, val, strlen(val) + 1);
 }
 
 /* ---- fuzzing ---- */
