@@ -4,7 +4,7 @@
 #   tests/rdma/ci.sh [BUILD_DIR]     (default: build)
 # Inside the guest (guest-suite.sh), with TUTTI_TRANSPORT=ibverbs: test_ibverbs (no-device
 # path, registration cache, QP error, every collective on 2/3/4 ranks up to 3 MiB), then
-# the shared correctness matrices of test_collectives (1..4 and 8 ranks, every
+# the shared correctness matrices of test_collectives (1..3 and 8 ranks, every
 # algorithm, dtype and op; TT_TEST_QUICK sizes; not the "hosts" cases, which pick shm
 # and tcp themselves), then a few tutti-bench rows for the
 # record (rxe under TCG: correctness, not speed).
