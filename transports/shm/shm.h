@@ -301,10 +301,10 @@ struct shm_tp {
     int nt_stores;             /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */
     int eager;         /* /dev/shm is tight: every pair's rings reserved in set-up (room_check) */
     uint64_t promised; /* bytes of rings this transport may still take (room_check) */
-    int reserve;       /* TUTTI_SHM_RESERVE: how a pair's rings are reserved at its
-                                  first use, SHM_RESERVE_MADVISE or _FALLOCATE (AUTO until
-                                  set-up asks the kernel) */
-    int prefetchw;     /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
+    /* TUTTI_SHM_RESERVE: how a pair's rings are reserved at its first use,
+     * SHM_RESERVE_MADVISE or _FALLOCATE (AUTO until set-up asks the kernel) */
+    int reserve;
+    int prefetchw; /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */

@@ -950,8 +950,7 @@ int shm_setup(shm_tp_t *tp)
         st = room_check(tp, nserved);
     char fds[320];
     /* a peer's pidfd and wake-up socket, and its segment until the pair's first use */
-    const int per_peer[2] = { 2 + (tp->reserve == SHM_RESERVE_FALLOCATE),
-                              2 + (tp->reserve == SHM_RESERVE_FALLOCATE) };
+    const int k = 2 + (tp->reserve == SHM_RESERVE_FALLOCATE), per_peer[2] = { k, k };
     /* its own: the wake-up socket and a descriptor to it, a segment open for a moment */
     if (st == 0 && tp_fd_room(h, "shm", nserved, per_peer, 4, fds, sizeof(fds)) < 0)
         st = ERRF(TUTTI_ERR_IO, -1, EMFILE, "%s", fds);

@@ -895,8 +895,8 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
     char why[320] = "";
     int published = 0;
     int st = tcp_setup_fd_room(host, why, sizeof(why));
-    if (st == 0 && (st = tcp_ctx_new(host, &tp)) < 0)
-        tp = NULL;
+    if (st == 0)
+        st = tcp_ctx_new(host, &tp);
     if (st == 0 && ((st = tcp_identity(tp)) < 0 ||
                     (st = tcp_setup_connect(tp, &published, why, sizeof(why))) < 0))
         tcp_destroy(tp);
