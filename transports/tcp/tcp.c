@@ -520,8 +520,15 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
  * pay: a message that has come then costs two calls (docs/benchmarks.md, session 72). */
 static void sweep(tcp_tp_t *tp)
 {
+    /* Lazily, connections move on the loop: while one is under way, each sweep runs it;
+     * else every 64th, for a peer calling this rank while it spins on other links (it
+     * runs whenever the rank blocks) */
+    if (tp->setup && (tcp_setup_pending(tp) || (++tp->lazy_tick & 63) == 0))
+        uv_run(&tp->loop, UV_RUN_NOWAIT);
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
+        if (L->fd < 0 && tp->setup && !L->fail.status && (L->sq_head || L->rq_head))
+            tcp_setup_need(tp, i);
         if (L->fd < 0 || L->fail.status)
             continue;
         if (L->sq_head)
@@ -660,8 +667,18 @@ static int link_served(const tcp_tp_t *tp, int peer)
     return tutti_tp_host_serves(tp->host, peer);
 }
 
+/* A send posted on an idle link starts at once; lazily, on a link not yet connected, the
+ * call to its peer does (sweeps do it for receives). */
+static void link_start(tcp_tp_t *tp, tcp_link_t *L)
+{
+    if (L->fd >= 0)
+        link_send(tp, L);
+    else if (tp->setup)
+        tcp_setup_need(tp, L->peer);
+}
+
 TT_KIT_CHECK_FN(tcp_tp_t, "tcp", link_served)
-TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_send)
+TT_KIT_POST_FNS(tcp, tcp_tp_t, tcp_link_t, check_req, link_start)
 
 #ifndef TT_KIT_ABI_V1
 /* The next frame's header, read and parked if it has come (link_recv with no receive
@@ -730,6 +747,7 @@ static void tcp_cancel_all(void *vtp, int status)
 static void tcp_notify_error(void *vtp, int status, const char *msg)
 {
     tcp_tp_t *tp = vtp;
+    tcp_setup_failed(tp, status, msg); /* lazily: links not yet connected hear it when they call */
     size_t len = strlen(msg);
     if (len > TCP_MAX_ERRMSG)
         len = TCP_MAX_ERRMSG;
@@ -776,6 +794,24 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
     }
 }
 
+void tcp_link_up(tcp_tp_t *tp, int peer)
+{
+    tcp_link_t *L = &tp->links[peer];
+    uv_poll_init_socket(&tp->loop, &L->poll, L->fd);
+    L->poll.data = L;
+    L->poll_inited = 1;
+    tp->moved++;
+    if (L->sq_head)
+        link_send(tp, L);
+    if (L->rq_head || L->probe_watch)
+        link_recv(tp, L);
+}
+
+void tcp_link_setup_failed(tcp_tp_t *tp, int peer, int status, const char *msg)
+{
+    link_fail(&tp->links[peer], status, 0, "%s", msg);
+}
+
 static void tcp_abort(void *vtp)
 {
     tcp_tp_t *tp = vtp;
@@ -819,10 +855,12 @@ static void tcp_destroy(void *vtp)
         free(L->errbuf);
         free(L->stage);
     }
+    tcp_setup_close_lazy(tp);
     uv_close((uv_handle_t *)&tp->timer, on_close_noop);
     uv_close((uv_handle_t *)&tp->wake, on_close_noop);
     uv_run(&tp->loop, UV_RUN_DEFAULT);
     uv_loop_close(&tp->loop);
+    tcp_setup_free_lazy(tp);
     TT_KIT_CTX_FREE(tp);
 }
 

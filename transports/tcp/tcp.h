@@ -68,7 +68,13 @@ typedef struct tcp_hdr {
  *   C -> A  verdict (0 and C's answer to A's challenge, or a refusal)
  *   A -> C  verdict (0: the link is up; or a refusal)
  * A connection takes its rank's slot only after the last step. The first 16 bytes are
- * the version 1 hello, so an older peer is refused naming both versions. */
+ * the version 1 hello, so an older peer is refused naming both versions.
+ * Lazily (TUTTI_TCP_CONNECT=lazy), the set-up only listens and publishes; a link is
+ * connected when a request is first posted on it, by either end, through the same
+ * exchange on the data path's loop. When both ends call at once, the higher rank's
+ * connection is the link: the higher rank refuses the lower one's with
+ * TCP_VERDICT_CROSSED while its own call is in progress, and the lower one accepts the
+ * higher one's whatever it is doing, then waits. */
 typedef struct tcp_hello {
     uint32_t magic;
     uint32_t version;
@@ -77,9 +83,10 @@ typedef struct tcp_hello {
     uint32_t checksum; /* TCP_CSUM_* */
     uint32_t auth;     /* 1: this rank has the job secret and wants proof of it */
     uint32_t inst_len; /* bytes of job instance that follow, <= TCP_MAX_INSTANCE */
-    uint32_t reserved;
+    uint32_t flags;    /* TCP_HELLO_LAZY: this rank connects on first use */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* fresh random bytes (zeros without auth) */
 } tcp_hello_t;
+#define TCP_HELLO_LAZY 1u
 #define TCP_HELLO_V1_BYTES 16
 _Static_assert(sizeof(tcp_hdr_t) == 56, "tcp frame header layout");
 _Static_assert(sizeof(tcp_hello_t) == 64, "tcp hello layout");
@@ -88,9 +95,12 @@ typedef struct tcp_verdict {
     uint32_t magic;      /* TCP_VERDICT_MAGIC */
     int32_t status;      /* 0, or the TUTTI_ERR_* of a refusal */
     uint32_t reason_len; /* bytes of reason text that follow, <= TCP_MAX_REASON */
-    uint32_t reserved;
+    uint32_t flags;      /* TCP_VERDICT_CROSSED (with a refusal) */
     uint8_t answer[32]; /* the answer to the peer's challenge (zeros without auth) */
 } tcp_verdict_t;
+/* Lazy connections: the refused rank is the lower of two that called each other at once;
+ * the higher one's connection is the link, the lower one waits for it. */
+#define TCP_VERDICT_CROSSED 1u
 _Static_assert(sizeof(tcp_verdict_t) == 48, "tcp verdict layout");
 
 typedef struct tcp_tp tcp_tp_t;
@@ -152,6 +162,9 @@ struct tcp_tp {
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */
     const char *instance; /* the job instance hellos must agree on ("" if none) */
+    int lazy;             /* TUTTI_TCP_CONNECT=lazy: links connect at their first use */
+    struct setup *setup;  /* lazy: the listener and the connections in progress */
+    unsigned lazy_tick;   /* lazy: sweeps since the loop last ran (incoming connections) */
 };
 
 /* TUTTI_TCP_CONGESTION: which congestion control a link runs (tcp_setup.c). */
@@ -185,6 +198,21 @@ int tcp_setup_fd_room(const tutti_tp_host_v1_t *host, char *why, size_t whylen);
 /* A rank that fails before its address is in the store puts why there instead (for the
  * higher ranks, which read it, to fail at once naming it). */
 void tcp_setup_refuse(const tutti_tp_host_v1_t *host, int status, const char *why);
+/* Lazily: a request waits on the link to peer, which is not connected; connect it unless
+ * a connection to or from peer is under way. */
+void tcp_setup_need(tcp_tp_t *tp, int peer);
+/* Lazily: connections are under way (the data path's sweeps run the loop for them). */
+int tcp_setup_pending(const tcp_tp_t *tp);
+/* Lazily: connections that come after this rank reported status (msg) are refused with
+ * it. */
+void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg);
+/* Lazily: close the listener and every connection in progress (their handles close on
+ * the loop's next run), and free what the set-up holds once they have. */
+void tcp_setup_close_lazy(tcp_tp_t *tp);
+void tcp_setup_free_lazy(tcp_tp_t *tp);
+/* tcp.c, lazily: the link to peer is up (its fd set), or could not be connected. */
+void tcp_link_up(tcp_tp_t *tp, int peer);
+void tcp_link_setup_failed(tcp_tp_t *tp, int peer, int status, const char *msg);
 /* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
  * hello/verdict exchange of a single connection, with no listener and no connect (a
  * socketpair stands in; what this rank writes is dropped). outgoing: this rank called

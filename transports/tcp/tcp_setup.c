@@ -64,6 +64,11 @@ struct conn {
     size_t got;   /* bytes of the current part */
     int verdicts; /* verdicts received */
     int hello_sent;
+    int active;      /* lazy, outgoing: a call under way (open, or waiting to retry) */
+    int closing;     /* lazy, outgoing: h is closing (not to be reused before) */
+    int addr_known;  /* lazy, outgoing: addr read from the store, retry initialised */
+    int refuse_flags; /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
+    uint64_t deadline_ns; /* lazy, outgoing: this call's (tp_now_ns) */
     char who[128];                        /* the peer's address */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
     tcp_hello_t ph;                       /* the peer's hello */
@@ -77,10 +82,17 @@ struct conn {
 
 struct setup {
     tcp_tp_t *tp;
-    /* A loop of its own, closed before the data path starts: the sockets outlive their
-     * set-up handles (dup), and epoll would keep their old registrations while any
-     * copy of a socket is open, so they must die with the whole epoll instance. */
-    uv_loop_t loop;
+    /* Eagerly, a loop of its own (own_loop), closed before the data path starts: the
+     * set-up's handles are all gone before the data path's loop watches the sockets.
+     * Lazily, the data path's loop: a connection's handle is closed (libuv takes its
+     * socket out of the epoll set then) before the link's watcher is made on the dup. */
+    uv_loop_t own_loop;
+    uv_loop_t *loop;
+    int lazy;
+    conn_t *out;            /* lazy: nranks outgoing calls, one a peer */
+    unsigned char *crossed; /* lazy: nranks: our call was refused as crossed; theirs comes */
+    int refused_status;     /* lazy: after tcp_setup_failed, what every call is told */
+    char refused_msg[TCP_MAX_REASON + 1];
     uv_tcp_t listener;
     uv_timer_t deadline;
     uint64_t deadline_ns;     /* tp_now_ns: the whole set-up's, store reads included */
@@ -201,8 +213,10 @@ static void on_handle_closed(uv_handle_t *h)
 static void on_conn_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
-    if (c->outgoing)
+    if (c->outgoing) {
+        c->closing = 0;
         return;
+    }
     setup_t *s = c->s;
     if (c->prev)
         c->prev->next = c->next;
@@ -219,7 +233,14 @@ static void conn_close(conn_t *c)
     if (c->open) {
         c->open = 0;
         c->phase = PH_IDLE;
+        c->closing = 1;
         uv_close((uv_handle_t *)&c->h, on_conn_closed);
+    }
+    if (c->s && c->s->lazy && c->outgoing) {
+        c->active = 0; /* the retry timer stays, for the next call */
+        if (c->retry_open)
+            uv_timer_stop(&c->retry);
+        return;
     }
     if (c->retry_open) {
         uv_close((uv_handle_t *)&c->retry, on_handle_closed);
@@ -231,6 +252,24 @@ static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
 {
+    if (s->lazy) {
+        /* the link to peer fails (with every request on it); without a peer, each link
+         * still waiting for its connection */
+        char msg[1536];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        for (int i = 0; i < s->tp->nranks; i++) {
+            if (i == peer || (peer < 0 && i != s->tp->rank && s->tp->links[i].fd < 0 &&
+                              tutti_tp_host_serves(s->tp->host, i))) {
+                if (s->out[i].active)
+                    conn_close(&s->out[i]);
+                tcp_link_setup_failed(s->tp, i, status, msg);
+            }
+        }
+        return;
+    }
     if (s->status < 0)
         return;
     va_list ap;
@@ -239,7 +278,7 @@ static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
     va_end(ap);
     s->status = status;
     s->err_peer = peer;
-    uv_stop(&s->loop);
+    uv_stop(s->loop);
 }
 
 /* Text from the network, made fit for a log line: printable ASCII only. */
@@ -300,6 +339,7 @@ static size_t put_hello(const conn_t *c, unsigned char *buf)
         .checksum = (uint32_t)tp->csum,
         .auth = (uint32_t)tp->auth,
         .inst_len = (uint32_t)strlen(tp->instance),
+        .flags = tp->lazy ? TCP_HELLO_LAZY : 0,
     };
     memcpy(h.challenge, c->challenge, sizeof(h.challenge));
     memcpy(buf, &h, sizeof(h));
@@ -307,9 +347,10 @@ static size_t put_hello(const conn_t *c, unsigned char *buf)
     return sizeof(h) + h.inst_len;
 }
 
-static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer, const char *reason)
+static size_t put_verdict(unsigned char *buf, int status, const uint8_t *answer, const char *reason,
+                          uint32_t flags)
 {
-    tcp_verdict_t v = { .magic = TCP_VERDICT_MAGIC, .status = status };
+    tcp_verdict_t v = { .magic = TCP_VERDICT_MAGIC, .status = status, .flags = flags };
     if (answer)
         memcpy(v.answer, answer, sizeof(v.answer));
     size_t rl = reason ? strlen(reason) : 0;
@@ -455,13 +496,24 @@ static void conn_established(conn_t *c)
         setsockopt(L->fd, SOL_SOCKET, SO_RCVBUF, &tp->sockbuf, sizeof(tp->sockbuf));
     }
     snprintf(L->addr, sizeof(L->addr), "%s", c->who);
-    LOGF(TUTTI_LOG_TRACE, "tcp: rank %d connected to rank %d (%s)", tp->rank, c->peer, c->who);
+    LOGF(s->lazy ? TUTTI_LOG_INFO : TUTTI_LOG_TRACE, "tcp: rank %d connected to rank %d (%s)%s",
+         tp->rank, c->peer, c->who,
+         !s->lazy ? "" : c->outgoing ? ", at its first use" : ", at its first use there");
     int cc = link_congestion(s, L, c->peer);
+    int peer = c->peer;
     conn_close(c);
     if (cc < 0)
         return;
+    if (s->lazy) {
+        conn_t *o = &s->out[peer];
+        if (o != c && o->active)
+            conn_close(o); /* ours, superseded by the higher rank's (it refuses ours) */
+        s->crossed[peer] = 0;
+        tcp_link_up(tp, peer);
+        return;
+    }
     if (++s->done == s->needed)
-        uv_stop(&s->loop);
+        uv_stop(s->loop);
 }
 
 /* ---- refusals ---- */
@@ -479,16 +531,21 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    LOGF(TUTTI_LOG_WARN, "tcp: rank %d refused a connection from %s: %s (status %d)", tp->rank,
-         c->who, why, status);
-    char note[400];
-    snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
-    note_slot(s, c->peer, status, note);
+    uint32_t flags = (uint32_t)c->refuse_flags;
+    LOGF(flags ? TUTTI_LOG_TRACE : TUTTI_LOG_WARN,
+         "tcp: rank %d refused a connection from %s: %s (status %d)", tp->rank, c->who, why,
+         status);
+    if (!flags) {
+        char note[400];
+        snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer,
+                 why);
+        note_slot(s, c->peer, status, note);
+    }
     unsigned char *buf = c->wbuf[1];
     size_t n = 0;
     if (!c->hello_sent)
         n = put_hello(c, buf);
-    n += put_verdict(buf + n, status, NULL, why);
+    n += put_verdict(buf + n, status, NULL, why, flags);
     uv_buf_t b = uv_buf_init((char *)buf, (unsigned)n);
     uv_try_write((uv_stream_t *)&c->h, &b, 1);
     conn_close(c);
@@ -506,12 +563,15 @@ static void outgoing_fail(conn_t *c, int status, int tell, const char *fmt, ...)
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     if (tell) {
-        size_t n = put_verdict(c->wbuf[1], status, NULL, why);
+        size_t n = put_verdict(c->wbuf[1], status, NULL, why, 0);
         uv_buf_t b = uv_buf_init((char *)c->wbuf[1], (unsigned)n);
         uv_try_write((uv_stream_t *)&c->h, &b, 1);
     }
-    setup_fail(c->s, status, c->peer, "tcp: rank %d could not connect to rank %d (%s): %s",
-               c->s->tp->rank, c->peer, c->who, why);
+    setup_t *s = c->s;
+    if (s->lazy)
+        conn_close(c);
+    setup_fail(s, status, c->peer, "tcp: rank %d could not connect to rank %d (%s): %s",
+               s->tp->rank, c->peer, c->who, why);
 }
 
 /* Whether the peer's hello fits this rank: 0, or a status with the reason in why. */
@@ -533,8 +593,9 @@ static int hello_check(conn_t *c, char *why, size_t len)
                  c->who, h->rank, c->peer);
         return TUTTI_ERR_PROTOCOL;
     }
-    if (!c->outgoing && (h->rank <= tp->rank || h->rank >= tp->nranks ||
-                         !tutti_tp_host_serves(tp->host, h->rank))) {
+    if (!c->outgoing &&
+        ((tp->lazy ? h->rank == tp->rank || h->rank < 0 : h->rank <= tp->rank) ||
+         h->rank >= tp->nranks || !tutti_tp_host_serves(tp->host, h->rank))) {
         snprintf(why, len, "%s claims rank %d, which does not connect to rank %d", c->who, h->rank,
                  tp->rank);
         return TUTTI_ERR_PROTOCOL;
@@ -552,6 +613,14 @@ static int hello_check(conn_t *c, char *why, size_t len)
                  "alike on every rank",
                  h->rank, c->who, tcp_csum_name(h->checksum), tp->rank,
                  tcp_csum_name((uint32_t)tp->csum));
+        return TUTTI_ERR_CONFIG;
+    }
+    if ((h->flags & TCP_HELLO_LAZY) != (tp->lazy ? TCP_HELLO_LAZY : 0u)) {
+        snprintf(why, len,
+                 "rank %d (%s) connects %s and rank %d %s: set TUTTI_TCP_CONNECT alike on "
+                 "every rank",
+                 h->rank, c->who, h->flags & TCP_HELLO_LAZY ? "lazily" : "eagerly", tp->rank,
+                 tp->lazy ? "lazily" : "eagerly");
         return TUTTI_ERR_CONFIG;
     }
     if (h->auth != (uint32_t)tp->auth) {
@@ -623,6 +692,37 @@ static int conn_write(conn_t *c, int which, size_t len)
     return uv_write(&c->wreq[which], (uv_stream_t *)&c->h, &b, 1, on_written);
 }
 
+/* Whether an incoming connection from the rank it claims may hold that rank's slot:
+ * 0, or a refusal's status with its reason in why (and c->refuse_flags). Checked at its
+ * hello and again at its last step. */
+static int incoming_may(conn_t *c, char *why, size_t len)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    const tcp_link_t *L = &tp->links[c->peer];
+    if (s->lazy && s->refused_status < 0) {
+        snprintf(why, len, "rank %d failed: %s", tp->rank, s->refused_msg);
+        return s->refused_status;
+    }
+    if (L->fd >= 0 || s->claimed[c->peer]) {
+        snprintf(why, len, "rank %d is already connected to rank %d", c->peer, tp->rank);
+        return TUTTI_ERR_PROTOCOL;
+    }
+    if (s->lazy && L->fail.status) {
+        snprintf(why, len, "rank %d's link to rank %d failed: %s", tp->rank, c->peer, L->fail.msg);
+        return L->fail.status;
+    }
+    if (s->lazy && c->peer < tp->rank && s->out[c->peer].active) {
+        c->refuse_flags = TCP_VERDICT_CROSSED;
+        snprintf(why, len,
+                 "rank %d is calling rank %d at the same time (the higher rank's call "
+                 "makes the link)",
+                 tp->rank, c->peer);
+        return TUTTI_ERR_PROTOCOL;
+    }
+    return TUTTI_OK;
+}
+
 /* Incoming: the claimant's whole hello is here. */
 static void incoming_hello(conn_t *c)
 {
@@ -631,13 +731,10 @@ static void incoming_hello(conn_t *c)
     char why[TCP_MAX_REASON + 1];
     c->peer = c->ph.rank;
     int st = hello_check(c, why, sizeof(why));
+    if (st == 0)
+        st = incoming_may(c, why, sizeof(why));
     if (st < 0) {
         incoming_refuse(c, st, "%s", why);
-        return;
-    }
-    if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
-        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d", c->peer,
-                        tp->rank);
         return;
     }
     uint8_t answer[32] = { 0 };
@@ -648,7 +745,7 @@ static void incoming_hello(conn_t *c)
         return;
     }
     size_t n = put_hello(c, c->wbuf[0]);
-    n += put_verdict(c->wbuf[0] + n, TUTTI_OK, answer, NULL);
+    n += put_verdict(c->wbuf[0] + n, TUTTI_OK, answer, NULL, 0);
     c->hello_sent = 1;
     int w = conn_write(c, 0, n);
     if (w < 0) {
@@ -687,13 +784,14 @@ static void incoming_verdict(conn_t *c)
             return;
         }
     }
-    if (tp->links[c->peer].fd >= 0 || s->claimed[c->peer]) {
-        incoming_refuse(c, TUTTI_ERR_PROTOCOL, "rank %d is already connected to rank %d", c->peer,
-                        tp->rank);
+    char why[TCP_MAX_REASON + 1];
+    int st = incoming_may(c, why, sizeof(why));
+    if (st < 0) {
+        incoming_refuse(c, st, "%s", why);
         return;
     }
     s->claimed[c->peer] = 1;
-    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, NULL, NULL);
+    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, NULL, NULL, 0);
     int w = conn_write(c, 1, n);
     if (w < 0) {
         s->claimed[c->peer] = 0;
@@ -703,6 +801,24 @@ static void incoming_verdict(conn_t *c)
     }
 }
 
+/* Outgoing: the peer refused this call. Lazily, a call refused as crossed is no failure:
+ * the peer, the higher rank, is calling this one, whose listener takes that call. */
+static void outgoing_refused(conn_t *c)
+{
+    setup_t *s = c->s;
+    const tcp_tp_t *tp = s->tp;
+    char why[TCP_MAX_REASON + 1];
+    printable(why, sizeof(why), c->preason, c->pv.reason_len);
+    if (s->lazy && (c->pv.flags & TCP_VERDICT_CROSSED) && c->peer > tp->rank) {
+        LOGF(TUTTI_LOG_TRACE, "tcp: rank %d's call to rank %d crossed its call: %s", tp->rank,
+             c->peer, why);
+        s->crossed[c->peer] = 1;
+        conn_close(c);
+        return;
+    }
+    outgoing_fail(c, c->pv.status, 0, "refused: %s", why);
+}
+
 /* Outgoing: the peer's hello and its first verdict are here. */
 static void outgoing_first_verdict(conn_t *c)
 {
@@ -710,8 +826,7 @@ static void outgoing_first_verdict(conn_t *c)
     tcp_tp_t *tp = s->tp;
     char why[TCP_MAX_REASON + 1];
     if (c->pv.status < 0) {
-        printable(why, sizeof(why), c->preason, c->pv.reason_len);
-        outgoing_fail(c, c->pv.status, 0, "refused: %s", why);
+        outgoing_refused(c);
         return;
     }
     int st = hello_check(c, why, sizeof(why));
@@ -734,7 +849,7 @@ static void outgoing_first_verdict(conn_t *c)
         if (hello_answer(s, tp->rank, c->peer, c->ph.challenge, answer) < 0)
             return;
     }
-    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, answer, NULL);
+    size_t n = put_verdict(c->wbuf[1], TUTTI_OK, answer, NULL, 0);
     int w = conn_write(c, 1, n);
     if (w < 0) {
         outgoing_retry(c, "sending the verdict", w);
@@ -746,10 +861,8 @@ static void outgoing_first_verdict(conn_t *c)
 /* Outgoing: the peer's last verdict. */
 static void outgoing_last_verdict(conn_t *c)
 {
-    char why[TCP_MAX_REASON + 1];
     if (c->pv.status < 0) {
-        printable(why, sizeof(why), c->preason, c->pv.reason_len);
-        outgoing_fail(c, c->pv.status, 0, "refused: %s", why);
+        outgoing_refused(c);
         return;
     }
     conn_established(c);
@@ -891,6 +1004,21 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
 {
     setup_t *s = c->s;
     tcp_tp_t *tp = s->tp;
+    if (s->lazy && ((uv_status == UV_ECONNREFUSED && !strcmp(what, "to connect")) ||
+                    tp_now_ns() >= c->deadline_ns)) {
+        /* It listened before it published, and keeps listening while its communicator
+         * lives: no listener is a rank gone. */
+        int gone = uv_status == UV_ECONNREFUSED;
+        conn_close(c);
+        setup_fail(s, gone ? TUTTI_ERR_PEER : TUTTI_ERR_TIMEOUT, c->peer,
+                   "tcp: rank %d could not connect to rank %d (%s) at the link's first use: %s%s",
+                   tp->rank, c->peer, c->who,
+                   gone ? "nothing listens there any more (it exited, or destroyed its "
+                          "communicator): "
+                        : "",
+                   uv_strerror(uv_status));
+        return;
+    }
     char note[400];
     snprintf(note, sizeof(note), "the last attempt to connect to rank %d (%s) failed %s: %s%s",
              c->peer, c->who, what, uv_strerror(uv_status),
@@ -901,10 +1029,11 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
     LOGF(TUTTI_LOG_TRACE, "tcp: %s; retrying", note);
     if (c->open) {
         c->open = 0;
+        c->closing = 1;
         uv_close((uv_handle_t *)&c->h, on_conn_closed);
     }
     c->phase = PH_IDLE;
-    uv_update_time(&s->loop);
+    uv_update_time(s->loop);
     uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
 }
 
@@ -946,8 +1075,8 @@ static void conn_start(conn_t *c)
         return;
     }
     uv_os_fd_t fd;
-    if (uv_tcp_init_ex(&s->loop, &c->h, c->addr.ss_family) < 0)
-        uv_tcp_init(&s->loop, &c->h); /* the socket comes with connect() */
+    if (uv_tcp_init_ex(s->loop, &c->h, c->addr.ss_family) < 0)
+        uv_tcp_init(s->loop, &c->h); /* the socket comes with connect() */
     else if (uv_fileno((uv_handle_t *)&c->h, &fd) == 0)
         socket_cc_initial(s->tp, fd, "a connecting socket");
     c->h.data = c;
@@ -998,7 +1127,7 @@ static void on_incoming(uv_stream_t *server, int status)
         s->incoming->prev = c;
     s->incoming = c;
     s->nincoming++;
-    uv_tcp_init(&s->loop, &c->h);
+    uv_tcp_init(s->loop, &c->h);
     c->h.data = c;
     c->open = 1;
     snprintf(c->who, sizeof(c->who), "?");
@@ -1062,7 +1191,10 @@ static unsigned long long my_pidns(void)
     return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
 }
 
-static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out)
+/* The address rank peer published (and its pid, where it runs beside this rank); why
+ * (whylen bytes) says what failed. */
+static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out, char *why,
+                                size_t whylen)
 {
     tcp_tp_t *tp = s->tp;
     char key[64];
@@ -1071,11 +1203,11 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
     size_t len = 0;
     /* one deadline for every lower rank's address, not a whole timeout each */
     int st = tp->host->store_get(tp->host->ctx, key, &val, &len, setup_ms_left(s));
-    if (st < 0)
-        return tp->host->error(tp->host->ctx, st, peer, 0,
-                               "tcp: rank %d never published its address (store key %s, "
-                               "status %d)",
-                               peer, key, st);
+    if (st < 0) {
+        snprintf(why, whylen, "tcp: rank %d never published its address (store key %s, status %d)",
+                 peer, key, st);
+        return st;
+    }
     char ip[INET6_ADDRSTRLEN + 1] = "", text[TCP_ADDR_VALUE_MAX];
     int port = 0;
     int ok = len < sizeof(text);
@@ -1093,17 +1225,19 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
             tp->links[peer].pid = pid;
     }
     tp->host->free_value(val);
-    if (len < sizeof(text) && !strncmp(text, "! ", 2))
-        return tp->host->error(tp->host->ctx, TUTTI_ERR_PEER, peer, 0,
-                               "tcp: rank %d could not set up: %s", peer, text + 2);
+    if (len < sizeof(text) && !strncmp(text, "! ", 2)) {
+        snprintf(why, whylen, "tcp: rank %d could not set up: %s", peer, text + 2);
+        return TUTTI_ERR_PEER;
+    }
     memset(out, 0, sizeof(*out));
     if (ok && strchr(ip, ':'))
         ok = uv_ip6_addr(ip, port, (struct sockaddr_in6 *)out) == 0;
     else if (ok)
         ok = uv_ip4_addr(ip, port, (struct sockaddr_in *)out) == 0;
-    if (!ok)
-        return tp->host->error(tp->host->ctx, TUTTI_ERR_PROTOCOL, peer, 0,
-                               "tcp: rank %d published a bad address under %s", peer, key);
+    if (!ok) {
+        snprintf(why, whylen, "tcp: rank %d published a bad address under %s", peer, key);
+        return TUTTI_ERR_PROTOCOL;
+    }
     return TUTTI_OK;
 }
 
@@ -1171,11 +1305,12 @@ static int connect_lower(setup_t *s, conn_t **out_p)
         c->s = s;
         c->peer = j;
         c->outgoing = 1;
-        int st = peer_addr_from_store(s, j, &c->addr);
+        char why[TCP_ADDR_VALUE_MAX + 128];
+        int st = peer_addr_from_store(s, j, &c->addr, why, sizeof(why));
         if (st < 0)
-            return st;
+            return tp->host->error(tp->host->ctx, st, j, 0, "%s", why);
         fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
-        uv_timer_init(&s->loop, &c->retry);
+        uv_timer_init(s->loop, &c->retry);
         c->retry.data = c;
         c->retry_open = 1;
         conn_start(c);
@@ -1191,10 +1326,10 @@ static int setup_wait(setup_t *s)
         /* what is left of the one deadline, on a fresh clock: the loop's goes stale
          * while connect_lower waits on the store, and a timer armed from it would fire
          * early */
-        uv_update_time(&s->loop);
+        uv_update_time(s->loop);
         uv_timer_start(&s->deadline, on_deadline, (uint64_t)setup_ms_left(s), 0);
         while (s->done < s->needed && s->status == 0)
-            uv_run(&s->loop, UV_RUN_ONCE);
+            uv_run(s->loop, UV_RUN_ONCE);
     }
     if (s->status < 0)
         return tp->host->error(tp->host->ctx, s->status, s->err_peer, 0, "%s", s->err);
@@ -1213,10 +1348,10 @@ static void setup_close(setup_t *s, conn_t *out)
     uv_close((uv_handle_t *)&s->deadline, on_handle_closed);
     /* One loop turn runs every close callback (and cancels pending connects and
      * writes) requested above, before the memory behind the handles goes. */
-    uv_run(&s->loop, UV_RUN_NOWAIT);
-    if (uv_loop_close(&s->loop) != 0) {
-        uv_run(&s->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&s->loop);
+    uv_run(s->loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(s->loop) != 0) {
+        uv_run(s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(s->loop);
     }
     while (s->incoming) { /* freed by their close callbacks; this is only a safety net */
         conn_t *c = s->incoming;
@@ -1255,17 +1390,75 @@ static int congestion_knob(tcp_tp_t *tp)
     return TUTTI_OK;
 }
 
+/* TUTTI_TCP_CONNECT: eager (unset) or lazy; *lazy_p. */
+static int connect_knob(const tutti_tp_host_v1_t *host, int *lazy_p)
+{
+    const char *v = host->config(host->ctx, "TCP_CONNECT");
+    *lazy_p = v && !strcmp(v, "lazy");
+    if (!v || !*v || *lazy_p || !strcmp(v, "eager"))
+        return TUTTI_OK;
+    return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                       "tcp: TUTTI_TCP_CONNECT=\"%.64s\" is neither eager nor lazy", v);
+}
+
+/* Lazily: what stays after tcp_setup_connect, on the data path's loop. */
+static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_storage *me_in,
+                      const char *ifname, int *published)
+{
+    const tutti_tp_host_v1_t *host = tp->host;
+    struct sockaddr_storage me = *me_in;
+    setup_t *s = calloc(1, sizeof(*s));
+    if (s) {
+        *s = *proto;
+        s->claimed = calloc((size_t)tp->nranks, 1);
+        s->notes = calloc((size_t)tp->nranks, sizeof(*s->notes));
+        s->crossed = calloc((size_t)tp->nranks, 1);
+        s->out = calloc((size_t)tp->nranks, sizeof(conn_t));
+    }
+    if (!s || !s->claimed || !s->notes || !s->crossed || !s->out) {
+        if (s) {
+            free(s->claimed);
+            free(s->notes);
+            free(s->crossed);
+            free(s->out);
+        }
+        free(s);
+        return host->error(host->ctx, TUTTI_ERR_NOMEM, -1, 0, "tcp: out of memory");
+    }
+    s->lazy = 1;
+    s->loop = &tp->loop;
+    for (int j = 0; j < tp->nranks; j++) {
+        s->out[j].s = s;
+        s->out[j].peer = j;
+        s->out[j].outgoing = 1;
+    }
+    tp->setup = s;
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    int st = setup_listen(s, &me, ifname);
+    if (st >= 0 && (st = publish_address(s, &me)) >= 0)
+        *published = 1;
+    if (st >= 0)
+        LOGF(TUTTI_LOG_INFO,
+             "tcp: rank %d connects each link at its first use (TUTTI_TCP_CONNECT=lazy)",
+             tp->rank);
+    return st; /* on failure, tcp_destroy closes and frees what is here */
+}
+
 int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
 {
     const tutti_tp_host_v1_t *host = tp->host;
     setup_t s = { .tp = tp,
                   .deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(host->timeout_ms, 0) * 1000000u,
                   .pidns = my_pidns() };
+    s.loop = &s.own_loop;
     for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
         s.needed += tutti_tp_host_serves(host, i);
     const char *sb = host->config(host->ctx, "SOCKET_BUFFER");
     tp->sockbuf = sb ? atoi(sb) : 0;
     int st = congestion_knob(tp);
+    if (st == 0)
+        st = connect_knob(host, &tp->lazy);
     if (st < 0)
         return st;
     struct sockaddr_storage me;
@@ -1274,6 +1467,8 @@ int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
     st = choose_address(tp, &me, ifname, sizeof(ifname));
     if (st < 0)
         return st;
+    if (tp->lazy)
+        return setup_lazy(tp, &s, &me, ifname, published);
     s.claimed = calloc((size_t)tp->nranks, 1);
     s.notes = calloc((size_t)tp->nranks, sizeof(*s.notes));
     if (!s.claimed || !s.notes) {
@@ -1281,16 +1476,16 @@ int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
         free(s.notes);
         return host->error(host->ctx, TUTTI_ERR_NOMEM, -1, 0, "tcp: out of memory");
     }
-    int rc0 = uv_loop_init(&s.loop);
+    int rc0 = uv_loop_init(s.loop);
     if (rc0 < 0) {
         free(s.claimed);
         free(s.notes);
         snprintf(why, whylen, "tcp: uv_loop_init failed (%s)", uv_strerror(rc0));
         return host->error(host->ctx, TUTTI_ERR_INTERNAL, -1, -rc0, "%s", why);
     }
-    uv_tcp_init(&s.loop, &s.listener);
+    uv_tcp_init(s.loop, &s.listener);
     s.listener.data = &s;
-    uv_timer_init(&s.loop, &s.deadline);
+    uv_timer_init(s.loop, &s.deadline);
     s.deadline.data = &s;
     if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(&s, &me)) >= 0) {
         *published = 1;
@@ -1303,9 +1498,15 @@ int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
 
 int tcp_setup_fd_room(const tutti_tp_host_v1_t *host, char *why, size_t whylen)
 {
-    int needed = 0;
+    int needed = 0, lazy = 0;
     for (int i = 0; i < host->nranks; i++)
         needed += tutti_tp_host_serves(host, i);
+    if (connect_knob(host, &lazy) < 0) {
+        snprintf(why, whylen, "tcp: TUTTI_TCP_CONNECT is neither eager nor lazy");
+        return TUTTI_ERR_CONFIG;
+    }
+    if (lazy)
+        needed = 0; /* a link's socket comes at its first use (EMFILE then fails that link) */
     /* a socket a peer, and while set-up hands it to the data path (a dup) two; its own:
      * two loops (an epoll and an eventfd each), the listener, one open for a moment */
     const int per_peer[2] = { 1, 2 };
@@ -1333,18 +1534,19 @@ int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *da
                          size_t chunk)
 {
     setup_t s = { .tp = tp, .needed = 1 };
+    s.loop = &s.own_loop;
     int sv[2];
     s.claimed = calloc((size_t)tp->nranks, 1);
     s.notes = calloc((size_t)tp->nranks, sizeof(*s.notes));
     conn_t *c = calloc(1, sizeof(*c));
-    if (!s.claimed || !s.notes || !c || uv_loop_init(&s.loop) < 0) {
+    if (!s.claimed || !s.notes || !c || uv_loop_init(s.loop) < 0) {
         free(s.claimed);
         free(s.notes);
         free(c);
         return -1;
     }
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0) {
-        uv_loop_close(&s.loop);
+        uv_loop_close(s.loop);
         free(s.claimed);
         free(s.notes);
         free(c);
@@ -1354,13 +1556,13 @@ int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *da
     c->outgoing = outgoing;
     c->peer = outgoing ? peer : -1;
     snprintf(c->who, sizeof(c->who), "fuzz");
-    uv_tcp_init(&s.loop, &c->h);
+    uv_tcp_init(s.loop, &c->h);
     c->h.data = c;
     c->open = 1;
     uv_tcp_open(&c->h, sv[0]);
     if (outgoing) {
         /* as conn_start and a successful connect leave it: hello sent, reading */
-        uv_timer_init(&s.loop, &c->retry);
+        uv_timer_init(s.loop, &c->retry);
         c->retry.data = c;
         c->retry_open = 1;
         c->creq.data = c;
@@ -1380,7 +1582,7 @@ int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *da
     while (off < len && s.status == 0 && s.done < s.needed) {
         while (read(sv[1], sink, sizeof(sink)) > 0)
             ;
-        uv_run(&s.loop, UV_RUN_NOWAIT);
+        uv_run(s.loop, UV_RUN_NOWAIT);
         if ((!outgoing && !s.nincoming) || !c->open || c->phase == PH_IDLE)
             break; /* (an incoming one closed is freed by now) */
         uv_buf_t buf;
@@ -1397,10 +1599,10 @@ int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *da
     if (outgoing || s.nincoming)
         conn_close(c); /* an incoming one is freed by its close callback */
     close(sv[1]);
-    uv_run(&s.loop, UV_RUN_NOWAIT);
-    if (uv_loop_close(&s.loop) != 0) {
-        uv_run(&s.loop, UV_RUN_DEFAULT);
-        uv_loop_close(&s.loop);
+    uv_run(s.loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(s.loop) != 0) {
+        uv_run(s.loop, UV_RUN_DEFAULT);
+        uv_loop_close(s.loop);
     }
     if (outgoing)
         free(c);
@@ -1413,4 +1615,110 @@ int tcp_setup_fuzz_input(tcp_tp_t *tp, int outgoing, int peer, const uint8_t *da
     free(s.claimed);
     free(s.notes);
     return 0;
+}
+
+/* ---- lazily: connections at a link's first use ---- */
+
+void tcp_setup_need(tcp_tp_t *tp, int peer)
+{
+    setup_t *s = tp->setup;
+    const tcp_link_t *L = &tp->links[peer];
+    if (!s || L->fd >= 0 || L->fail.status || s->claimed[peer])
+        return;
+    conn_t *c = &s->out[peer];
+    if (c->active || c->closing)
+        return;
+    uint64_t now = tp_now_ns();
+    if (s->crossed[peer]) {
+        /* the higher rank's call, which crossed ours, has not come */
+        if (now >= c->deadline_ns)
+            setup_fail(s, TUTTI_ERR_TIMEOUT, peer,
+                       "tcp: rank %d called rank %d (%s) at the link's first use while rank %d "
+                       "called it, and rank %d's call has not come within %d ms",
+                       tp->rank, peer, c->who, peer, peer, tp->host->timeout_ms);
+        return;
+    }
+    if (s->refused_status < 0)
+        return;
+    s->deadline_ns = now + (uint64_t)TT_KIT_MAX(tp->host->timeout_ms, 0) * 1000000u;
+    c->deadline_ns = s->deadline_ns;
+    if (!c->addr_known) {
+        char why[TCP_ADDR_VALUE_MAX + 128];
+        /* it published before its init returned; a rank still in its init soon will */
+        int st = peer_addr_from_store(s, peer, &c->addr, why, sizeof(why));
+        if (st < 0) {
+            setup_fail(s, st, peer, "%s", why);
+            return;
+        }
+        fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
+        uv_timer_init(s->loop, &c->retry);
+        c->retry.data = c;
+        c->retry_open = 1;
+        c->addr_known = 1;
+    }
+    LOGF(TUTTI_LOG_TRACE, "tcp: rank %d calls rank %d (%s) at the link's first use", tp->rank,
+         peer, c->who);
+    c->active = 1;
+    conn_start(c);
+}
+
+int tcp_setup_pending(const tcp_tp_t *tp)
+{
+    const setup_t *s = tp->setup;
+    if (!s)
+        return 0;
+    if (s->nincoming)
+        return 1;
+    for (int i = 0; i < tp->nranks; i++)
+        if (s->out[i].active || s->crossed[i])
+            return 1;
+    return 0;
+}
+
+void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg)
+{
+    setup_t *s = tp->setup;
+    if (!s || s->refused_status < 0)
+        return;
+    s->refused_status = status < 0 ? status : TUTTI_ERR_PEER;
+    printable(s->refused_msg, sizeof(s->refused_msg), msg, strlen(msg));
+}
+
+void tcp_setup_close_lazy(tcp_tp_t *tp)
+{
+    setup_t *s = tp->setup;
+    if (!s)
+        return;
+    for (int j = 0; j < tp->nranks; j++) {
+        conn_t *c = &s->out[j];
+        if (c->open) {
+            c->open = 0;
+            uv_close((uv_handle_t *)&c->h, on_conn_closed);
+        }
+        if (c->retry_open) {
+            uv_close((uv_handle_t *)&c->retry, on_handle_closed);
+            c->retry_open = 0;
+        }
+    }
+    for (conn_t *c = s->incoming; c; c = c->next)
+        conn_close(c);
+    uv_close((uv_handle_t *)&s->listener, on_handle_closed);
+}
+
+void tcp_setup_free_lazy(tcp_tp_t *tp)
+{
+    setup_t *s = tp->setup;
+    if (!s)
+        return;
+    while (s->incoming) { /* freed by their close callbacks; this is only a safety net */
+        conn_t *c = s->incoming;
+        s->incoming = c->next;
+        free(c);
+    }
+    free(s->out);
+    free(s->crossed);
+    free(s->claimed);
+    free(s->notes);
+    free(s);
+    tp->setup = NULL;
 }
