@@ -261,8 +261,10 @@ static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
 /* A peer that closed on us may have failed first and said why in the store. Not asked
  * when the peer's own report is the failure (the built-in transports say "failed and
  * reported"): the report carries the cause, and a store whose host died would cost
- * every rank on the report's way a store deadline. The status to fail with: status,
- * or TUTTI_ERR_REVOKED when the peer closed because it revoked the communicator. */
+ * every rank on the report's way a store deadline. The status to fail with: the peer's
+ * own where it failed first (as its report would have said: a peer gone before this
+ * rank first called it, under TUTTI_TCP_CONNECT=lazy, sends none; TUTTI_ERR_REVOKED
+ * where it revoked the communicator), else status. */
 static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int status)
 {
     char *why;
@@ -273,8 +275,7 @@ static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int sta
     if (peer_failure(op, peer, &why, &st)) {
         snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
         free(why);
-        if (st == TUTTI_ERR_REVOKED)
-            status = st;
+        status = st;
     } else if (op->store_down) {
         snprintf(msg + n, len - n,
                  "; whether rank %d failed first is unknown: the store is "

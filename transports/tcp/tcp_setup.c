@@ -705,6 +705,8 @@ static int incoming_may(conn_t *c, char *why, size_t len)
         return s->refused_status;
     }
     if (L->fd >= 0 || s->claimed[c->peer]) {
+        /* lazily, the late half of two calls that crossed: the caller has closed it */
+        c->refuse_flags = s->lazy ? TCP_VERDICT_CROSSED : 0;
         snprintf(why, len, "rank %d is already connected to rank %d", c->peer, tp->rank);
         return TUTTI_ERR_PROTOCOL;
     }
