@@ -8,6 +8,7 @@
  * Some cases drive the transport's ops table directly with a host struct of their own,
  * so that they choose the job instance and secret the library would give it. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -1309,6 +1310,215 @@ START_TEST(setup_is_bounded_by_one_timeout)
 }
 END_TEST
 
+/* ======================= (h) lazy connections ======================= */
+
+/* This process's sockets (the listener, each link, a connection in its hello) */
+static int count_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    char path[64], target[64];
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t len = readlink(path, target, sizeof(target) - 1);
+        if (len > 0) {
+            target[len] = '\0';
+            n += !strncmp(target, "socket:", 7);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Whether this process comes to hold want sockets within 3 s (a refused late half of
+ * two crossed calls may be open for a moment at the end that refuses it). */
+static int sockets_settle(int want, int *got)
+{
+    double t0 = th_now_ms();
+    while ((*got = count_sockets()) != want && elapsed_since(t0) < 3000)
+        th_sleep_ms(10);
+    return *got == want;
+}
+
+/* Every rank has reached phase (through the store: a collective would connect links). */
+static int store_barrier(tutti_store_t *store, int rank, int nranks, const char *phase)
+{
+    char key[64], *keys[16];
+    snprintf(key, sizeof(key), "tcplazy/%s/%d", phase, rank);
+    if (nranks > 16 || tutti_store_set(store, key, "1", 1) != 0)
+        return -1;
+    for (int i = 0; i < nranks; i++) {
+        keys[i] = malloc(64);
+        snprintf(keys[i], 64, "tcplazy/%s/%d", phase, i);
+    }
+    int st = tutti_store_wait(store, (const char *const *)keys, (size_t)nranks, 20000);
+    for (int i = 0; i < nranks; i++)
+        free(keys[i]);
+    return st;
+}
+
+/* Under TUTTI_TCP_CONNECT=lazy, a communicator of 8 ranks holds no link after init;
+ * a ring of sends and receives (both ends of each pair call at once) connects each rank
+ * to its two neighbours only; receives from any source on rank 0 find messages from
+ * ranks it never called (they called it); an alltoall (every pair at once) then
+ * connects the rest, one socket a pair; every payload is checked, then an allreduce. */
+static int rank_lazy(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcplazy", 20000, NULL) != 0, "store");
+    r.o.transport_options = "TCP_CONNECT=lazy";
+    int s0 = count_sockets();
+    FAIL_IF(tcp_join(&r, rank, nranks) != 0, "init failed");
+    tutti_comm_t *comm = r.comm;
+    int got, base = s0 + 1; /* the listener */
+    FAIL_IF(!sockets_settle(base, &got), "after init: %d sockets, want %d (no link)", got, base);
+    FAIL_IF(store_barrier(r.store, rank, nranks, "init"), "barrier");
+    /* the ring */
+    int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+    int32_t out[64], in[64];
+    for (int i = 0; i < 64; i++)
+        out[i] = rank * 100 + i;
+    tutti_work_t *ws, *wr;
+    FAIL_IF(tutti_send_async(comm, out, 64, TUTTI_INT32, right, 5, &ws) != 0 ||
+                tutti_recv_async(comm, in, 64, TUTTI_INT32, left, 5, &wr) != 0 ||
+                tutti_wait(ws, -1) != 0 || tutti_wait(wr, -1) != 0,
+            "ring: %s", tutti_comm_last_error(comm));
+    tutti_work_free(ws);
+    tutti_work_free(wr);
+    for (int i = 0; i < 64; i++)
+        FAIL_IF(in[i] != left * 100 + i, "ring: in[%d] = %d, want %d", i, in[i], left * 100 + i);
+    FAIL_IF(!sockets_settle(base + 2, &got), "after the ring: %d sockets, want %d", got, base + 2);
+    FAIL_IF(store_barrier(r.store, rank, nranks, "ring"), "barrier");
+    /* any source: ranks 2..n-2 send to rank 0, which never called them */
+    if (rank == 0) {
+        unsigned seen = 0;
+        for (int k = 2; k <= nranks - 2; k++) {
+            int32_t v[2] = { -1, -1 };
+            tutti_work_t *w;
+            FAIL_IF(tutti_recv_async(comm, v, 2, TUTTI_INT32, TUTTI_ANY_SOURCE, 9, &w) != 0 ||
+                        tutti_wait(w, -1) != 0,
+                    "any source: %s", tutti_comm_last_error(comm));
+            int src = tutti_work_source(w);
+            tutti_work_free(w);
+            FAIL_IF(src < 2 || src > nranks - 2 || (seen & (1u << src)), "any source: from %d",
+                    src);
+            FAIL_IF(v[0] != src || v[1] != src * 7, "any source: %d %d from %d", v[0], v[1], src);
+            seen |= 1u << src;
+        }
+        FAIL_IF(!sockets_settle(base + nranks - 1, &got), "rank 0 after any source: %d, want %d",
+                got, base + nranks - 1);
+    } else if (rank >= 2 && rank <= nranks - 2) {
+        int32_t v[2] = { rank, rank * 7 };
+        FAIL_IF(tutti_send(comm, v, 2, TUTTI_INT32, 0, 9) != 0, "to 0: %s",
+                tutti_comm_last_error(comm));
+    }
+    /* every pair at once: each rank sends to and receives from every other */
+    tutti_work_t *w[32];
+    int32_t send[16], recv[16];
+    for (int j = 0; j < nranks; j++)
+        send[j] = rank * 100 + j;
+    int nw = 0;
+    for (int j = 0; j < nranks; j++) {
+        if (j == rank)
+            continue;
+        FAIL_IF(tutti_send_async(comm, &send[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0 ||
+                    tutti_recv_async(comm, &recv[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0,
+                "post: %s", tutti_comm_last_error(comm));
+    }
+    for (int k = 0; k < nw; k++) {
+        FAIL_IF(tutti_wait(w[k], -1) != 0, "all pairs: %s", tutti_comm_last_error(comm));
+        tutti_work_free(w[k]);
+    }
+    for (int j = 0; j < nranks; j++)
+        FAIL_IF(j != rank && recv[j] != j * 100 + rank, "all pairs: from %d: %d", j, recv[j]);
+    FAIL_IF(!sockets_settle(base + nranks - 1, &got), "after all pairs: %d sockets, want %d",
+            got, base + nranks - 1);
+    FAIL_IF(check_allreduce(rank, nranks, comm, 100000), "allreduce");
+    tcp_end(&r);
+    return 0;
+}
+
+START_TEST(lazy_links_connect_at_first_use)
+{
+    run_ranks(8, rank_lazy, NULL, 60000, 0);
+}
+END_TEST
+
+/* A rank gone (its communicator destroyed) before a peer first calls it: the call fails
+ * at once, naming the rank and why, well within the timeout. */
+static int rank_lazy_gone(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcplazygone", 20000, NULL) != 0, "store");
+    r.o.transport_options = "TCP_CONNECT=lazy";
+    FAIL_IF(tcp_join(&r, rank, nranks) != 0, "init failed");
+    if (rank == 2) {
+        tutti_comm_destroy(r.comm);
+        r.comm = NULL;
+        FAIL_IF(tutti_store_set(r.store, "tcplazygone/gone", "1", 1) != 0, "set");
+        tcp_end(&r);
+        return 0;
+    }
+    if (rank == 0) {
+        const char *gone[] = { "tcplazygone/gone" };
+        FAIL_IF(tutti_store_wait(r.store, gone, 1, 20000) != 0,
+                "rank 2 never said it was gone");
+        int32_t v = 1;
+        double t0 = th_now_ms();
+        int st = tutti_send(r.comm, &v, 1, TUTTI_INT32, 2, 3);
+        double ms = elapsed_since(t0);
+        const char *msg = tutti_comm_last_error(r.comm);
+        FAIL_IF(st != TUTTI_ERR_PEER, "send to a gone rank: %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(ms > 5000, "took %.0f ms (timeout 20000)", ms);
+        FAIL_IF(!strstr(msg, "rank 2") || !strstr(msg, "nothing listens"), "message: %s", msg);
+    }
+    tcp_end(&r);
+    return 0;
+}
+
+START_TEST(lazy_call_to_a_gone_rank_fails_at_once)
+{
+    run_ranks(3, rank_lazy_gone, NULL, 60000, TH_NO_KILL_ON_FAIL);
+}
+END_TEST
+
+/* One rank eager, one lazy: the eager one's set-up ends at its timeout saying why (the
+ * lazy one never calls at set-up); the lazy one fails too (waiting for the other's init,
+ * or refused saying why at its first call). */
+static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcplazymix", rank == 0 ? 3000 : 6000, NULL) != 0, "store");
+    r.o.transport_options = rank == 0 ? "TCP_CONNECT=eager" : "TCP_CONNECT=lazy";
+    double t0 = th_now_ms();
+    int st = tcp_join(&r, rank, nranks);
+    if (rank == 0) {
+        const char *msg = tutti_comm_last_error(NULL);
+        FAIL_IF(st != TUTTI_ERR_CONFIG, "eager rank: init %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(!strstr(msg, "TUTTI_TCP_CONNECT") || !strstr(msg, "rank 1 connects lazily"),
+                "message: %s", msg);
+    } else {
+        if (st == 0)
+            st = tutti_barrier(r.comm);
+        FAIL_IF(st == 0, "the lazy rank ran a barrier with an eager one");
+    }
+    FAIL_IF(elapsed_since(t0) > 12000, "rank %d took %.0f ms", rank, elapsed_since(t0));
+    tcp_end(&r);
+    return 0;
+}
+
+START_TEST(lazy_and_eager_ranks_refuse_each_other)
+{
+    run_ranks(2, rank_lazy_mixed, NULL, 30000, TH_NO_KILL_ON_FAIL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tcp");
@@ -1333,6 +1543,9 @@ static Suite *suite(void)
                                    flipped_byte_fails_every_rank_with_crc32c,
                                    flipped_header_byte_fails_every_rank_with_crc32c,
                                    flipped_byte_is_silent_without_checksums,
+                                   lazy_links_connect_at_first_use,
+                                   lazy_call_to_a_gone_rank_fails_at_once,
+                                   lazy_and_eager_ranks_refuse_each_other,
                                    NULL };
     for (const TTest *const *t = tests; *t; t++) {
         /* the auth_token tests run twice: _i = 1 under the multiplexer */

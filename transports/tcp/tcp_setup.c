@@ -1169,6 +1169,26 @@ static void on_deadline(uv_timer_t *t)
             nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn, "; %s", s->notes[i].msg);
         }
     }
+    /* a missing rank that connects lazily never calls at set-up (the first few asked) */
+    for (int i = 0, asked = 0; i < tp->nranks && asked < 8 && nn < sizeof(notes); i++) {
+        if (!tutti_tp_host_serves(tp->host, i) || tp->links[i].fd >= 0 || i == tp->rank)
+            continue;
+        char key[64];
+        void *v = NULL;
+        size_t vlen = 0;
+        snprintf(key, sizeof(key), "tcp/%d/lazy", i);
+        asked++;
+        if (tp->host->store_get(tp->host->ctx, key, &v, &vlen, 1) == 0) {
+            tp->host->free_value(v);
+            status = TUTTI_ERR_CONFIG;
+            first = i;
+            nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn,
+                                   "; rank %d connects lazily and rank %d eagerly: set "
+                                   "TUTTI_TCP_CONNECT alike on every rank",
+                                   i, tp->rank);
+            break;
+        }
+    }
     setup_fail(s, status, first,
                "tcp: rank %d connected to %d of %d peers within %d ms; still missing rank(s) "
                "%s%s",
@@ -1437,7 +1457,12 @@ static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_
     tp->setup = s;
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
+    char key[64];
+    snprintf(key, sizeof(key), "tcp/%d/lazy", tp->rank); /* for an eager rank's deadline */
     int st = setup_listen(s, &me, ifname);
+    if (st >= 0 && (st = host->store_set(host->ctx, key, "1", 2)) < 0)
+        host->error(host->ctx, st, -1, 0, "tcp: cannot publish this rank's mode (store status %d)",
+                    st);
     if (st >= 0 && (st = publish_address(s, &me)) >= 0)
         *published = 1;
     if (st >= 0)
