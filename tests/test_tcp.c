@@ -1435,8 +1435,8 @@ static int rank_lazy(int rank, int nranks, tutti_comm_t *unused, const char *dir
     }
     for (int j = 0; j < nranks; j++)
         FAIL_IF(j != rank && recv[j] != j * 100 + rank, "all pairs: from %d: %d", j, recv[j]);
-    FAIL_IF(!sockets_settle(base + nranks - 1, &got), "after all pairs: %d sockets, want %d",
-            got, base + nranks - 1);
+    FAIL_IF(!sockets_settle(base + nranks - 1, &got), "after all pairs: %d sockets, want %d", got,
+            base + nranks - 1);
     FAIL_IF(check_allreduce(rank, nranks, comm, 100000), "allreduce");
     tcp_end(&r);
     return 0;
@@ -1466,8 +1466,7 @@ static int rank_lazy_gone(int rank, int nranks, tutti_comm_t *unused, const char
     }
     if (rank == 0) {
         const char *gone[] = { "tcplazygone/gone" };
-        FAIL_IF(tutti_store_wait(r.store, gone, 1, 20000) != 0,
-                "rank 2 never said it was gone");
+        FAIL_IF(tutti_store_wait(r.store, gone, 1, 20000) != 0, "rank 2 never said it was gone");
         int32_t v = 1;
         double t0 = th_now_ms();
         int st = tutti_send(r.comm, &v, 1, TUTTI_INT32, 2, 3);
@@ -1513,6 +1512,28 @@ static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const cha
     return 0;
 }
 
+/* A mode tcp does not have: create fails at once with TUTTI_ERR_CONFIG naming it. */
+START_TEST(unknown_connect_mode_is_a_config_error)
+{
+    char dir[] = "/tmp/tt-tcp-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tutti_store_t *store;
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 10000), 0);
+    th_host_t t;
+    thost_init(&t, store, 0, 2, 5000, "tcpmode", "inst-mode", NULL, NULL);
+    static char knobs[160];
+    snprintf(knobs, sizeof(knobs), "%s,TCP_CONNECT=sometimes", t.knobs);
+    t.knobs = knobs;
+    double ms;
+    int st = create_timed(&t, &ms);
+    tutti_store_close(store);
+    th_rmtree(dir);
+    ck_assert_int_eq(st, TUTTI_ERR_CONFIG);
+    ck_assert_msg(ms < 1000, "took %.0f ms", ms);
+    ck_assert_msg(strstr(t.err, "TUTTI_TCP_CONNECT=\"sometimes\"") != NULL, "message: %s", t.err);
+}
+END_TEST
+
 START_TEST(lazy_and_eager_ranks_refuse_each_other)
 {
     run_ranks(2, rank_lazy_mixed, NULL, 30000, TH_NO_KILL_ON_FAIL);
@@ -1546,6 +1567,7 @@ static Suite *suite(void)
                                    lazy_links_connect_at_first_use,
                                    lazy_call_to_a_gone_rank_fails_at_once,
                                    lazy_and_eager_ranks_refuse_each_other,
+                                   unknown_connect_mode_is_a_config_error,
                                    NULL };
     for (const TTest *const *t = tests; *t; t++) {
         /* the auth_token tests run twice: _i = 1 under the multiplexer */

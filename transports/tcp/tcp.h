@@ -96,7 +96,7 @@ typedef struct tcp_verdict {
     int32_t status;      /* 0, or the TUTTI_ERR_* of a refusal */
     uint32_t reason_len; /* bytes of reason text that follow, <= TCP_MAX_REASON */
     uint32_t flags;      /* TCP_VERDICT_CROSSED (with a refusal) */
-    uint8_t answer[32]; /* the answer to the peer's challenge (zeros without auth) */
+    uint8_t answer[32];  /* the answer to the peer's challenge (zeros without auth) */
 } tcp_verdict_t;
 /* Lazy connections: the refused rank is the lower of two that called each other at once;
  * the higher one's connection is the link, the lower one waits for it. */

@@ -64,12 +64,12 @@ struct conn {
     size_t got;   /* bytes of the current part */
     int verdicts; /* verdicts received */
     int hello_sent;
-    int active;      /* lazy, outgoing: a call under way (open, or waiting to retry) */
-    int closing;     /* lazy, outgoing: h is closing (not to be reused before) */
-    int addr_known;  /* lazy, outgoing: addr read from the store, retry initialised */
-    int refuse_flags; /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
+    int active;           /* lazy, outgoing: a call under way (open, or waiting to retry) */
+    int closing;          /* lazy, outgoing: h is closing (not to be reused before) */
+    int addr_known;       /* lazy, outgoing: addr read from the store, retry initialised */
+    int refuse_flags;     /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
     uint64_t deadline_ns; /* lazy, outgoing: this call's (tp_now_ns) */
-    char who[128];                        /* the peer's address */
+    char who[128];        /* the peer's address */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
     tcp_hello_t ph;                       /* the peer's hello */
     char pinst[TCP_MAX_INSTANCE + 1];
@@ -498,7 +498,9 @@ static void conn_established(conn_t *c)
     snprintf(L->addr, sizeof(L->addr), "%s", c->who);
     LOGF(s->lazy ? TUTTI_LOG_INFO : TUTTI_LOG_TRACE, "tcp: rank %d connected to rank %d (%s)%s",
          tp->rank, c->peer, c->who,
-         !s->lazy ? "" : c->outgoing ? ", at its first use" : ", at its first use there");
+         !s->lazy      ? ""
+         : c->outgoing ? ", at its first use"
+                       : ", at its first use there");
     int cc = link_congestion(s, L, c->peer);
     int peer = c->peer;
     conn_close(c);
@@ -537,8 +539,7 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
          status);
     if (!flags) {
         char note[400];
-        snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer,
-                 why);
+        snprintf(note, sizeof(note), "%s, claiming rank %d, was refused: %s", c->who, c->peer, why);
         note_slot(s, c->peer, status, note);
     }
     unsigned char *buf = c->wbuf[1];
@@ -593,9 +594,8 @@ static int hello_check(conn_t *c, char *why, size_t len)
                  c->who, h->rank, c->peer);
         return TUTTI_ERR_PROTOCOL;
     }
-    if (!c->outgoing &&
-        ((tp->lazy ? h->rank == tp->rank || h->rank < 0 : h->rank <= tp->rank) ||
-         h->rank >= tp->nranks || !tutti_tp_host_serves(tp->host, h->rank))) {
+    if (!c->outgoing && ((tp->lazy ? h->rank == tp->rank || h->rank < 0 : h->rank <= tp->rank) ||
+                         h->rank >= tp->nranks || !tutti_tp_host_serves(tp->host, h->rank))) {
         snprintf(why, len, "%s claims rank %d, which does not connect to rank %d", c->who, h->rank,
                  tp->rank);
         return TUTTI_ERR_PROTOCOL;
@@ -1467,8 +1467,7 @@ static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_
         *published = 1;
     if (st >= 0)
         LOGF(TUTTI_LOG_INFO,
-             "tcp: rank %d connects each link at its first use (TUTTI_TCP_CONNECT=lazy)",
-             tp->rank);
+             "tcp: rank %d connects each link at its first use (TUTTI_TCP_CONNECT=lazy)", tp->rank);
     return st; /* on failure, tcp_destroy closes and frees what is here */
 }
 
@@ -1683,8 +1682,8 @@ void tcp_setup_need(tcp_tp_t *tp, int peer)
         c->retry_open = 1;
         c->addr_known = 1;
     }
-    LOGF(TUTTI_LOG_TRACE, "tcp: rank %d calls rank %d (%s) at the link's first use", tp->rank,
-         peer, c->who);
+    LOGF(TUTTI_LOG_TRACE, "tcp: rank %d calls rank %d (%s) at the link's first use", tp->rank, peer,
+         c->who);
     c->active = 1;
     conn_start(c);
 }
