@@ -14,7 +14,9 @@
 #      runs over shm, results right;
 #   4. 24 ranks over tcp, hard limit 20: fails at once, saying so;
 #   5. rank 1 of 3 alone short of descriptors, over tcp: rank 2, which reads rank 1's
-#      address, fails at once with rank 1's reason.
+#      address, fails at once with rank 1's reason;
+#   6. case 4 with TUTTI_TCP_CONNECT=lazy and ring allreduces: a rank connects only the
+#      two peers it talks to, so the job runs under 20, results right.
 #
 #   tests/test_fd_limit.sh BUILD/bench/tutti-bench
 set -u
@@ -98,4 +100,13 @@ grep -q "tcp: rank 1 could not set up: tcp: 2 peers need at least [0-9]* more op
     { cat "$work"/r?.txt; fail "rank 2 does not say why rank 1 could not set up"; }
 grep -q "still missing rank(s) 1" "$work/r0.txt" || { cat "$work"/r?.txt; fail "rank 0 does not name rank 1"; }
 echo "5. rank 1 short of descriptors: rank 2 failed after $secs2 s naming rank 1's reason"
+# 6. lazily, a ring needs two links a rank
+out="$work/lazy.txt"
+TUTTI_TCP_CONNECT=lazy TUTTI_DEBUG=info run 20 20 "$out" --transport tcp --algo ring "${args[@]}"
+[ $rc = 0 ] || { cat "$out"; fail "24 ranks over tcp connected lazily under 20: exit $rc"; }
+grep -q "INFO tcp: 23 peers need at least [0-9]* more open files (1 each), [0-9]* are open and the limit is 20 .*; connecting lazily, set-up goes on" "$out" ||
+    { cat "$out"; fail "lazy: no line that says the limit is short of a full mesh"; }
+links=$(grep -c "INFO tcp: rank 0 connected to rank" "$out")
+[ "$links" = 2 ] || { cat "$out"; fail "lazy: rank 0 connected $links links for a ring"; }
+echo "6. 24 ranks over tcp connected lazily, limit 20: $(grep -cE '^ +[0-9]+ ' "$out") sizes right, rank 0 holds $links links"
 echo "test_fd_limit: ok"

@@ -1486,22 +1486,27 @@ START_TEST(lazy_call_to_a_gone_rank_fails_at_once)
 }
 END_TEST
 
-/* One rank eager, one lazy: the eager one's set-up ends at its timeout saying why (the
- * lazy one never calls at set-up); the lazy one fails too (waiting for the other's init,
- * or refused saying why at its first call). */
+/* One rank eager, one lazy. Eager rank 0, lazy rank 1: the eager one's set-up ends at its
+ * timeout saying why (the lazy one never calls at set-up). Lazy rank 0, eager rank 1: the
+ * eager one calls at set-up and is refused at once saying why (the hello carries the
+ * mode). The lazy one fails too, either way (waiting for the other's init, or refused). */
 static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
-    (void)unused, (void)arg;
+    (void)unused;
+    const int lazy_rank = *(const int *)arg, eager_rank = 1 - lazy_rank;
     tcp_rank_t r;
     FAIL_IF(tcp_begin(&r, dir, "tcplazymix", rank == 0 ? 3000 : 6000, NULL) != 0, "store");
-    r.o.transport_options = rank == 0 ? "TCP_CONNECT=eager" : "TCP_CONNECT=lazy";
+    r.o.transport_options = rank == lazy_rank ? "TCP_CONNECT=lazy" : "TCP_CONNECT=eager";
     double t0 = th_now_ms();
     int st = tcp_join(&r, rank, nranks);
-    if (rank == 0) {
+    double ms = elapsed_since(t0);
+    if (rank == eager_rank) {
         const char *msg = tutti_comm_last_error(NULL);
+        char want[64];
+        snprintf(want, sizeof(want), "rank %d connects lazily", lazy_rank);
         FAIL_IF(st != TUTTI_ERR_CONFIG, "eager rank: init %s: %s", tutti_status_name(st), msg);
-        FAIL_IF(!strstr(msg, "TUTTI_TCP_CONNECT") || !strstr(msg, "rank 1 connects lazily"),
-                "message: %s", msg);
+        FAIL_IF(!strstr(msg, "TUTTI_TCP_CONNECT") || !strstr(msg, want), "message: %s", msg);
+        FAIL_IF(rank == 1 && ms > 2000, "the eager rank 1 was refused after %.0f ms", ms);
     } else {
         if (st == 0)
             st = tutti_barrier(r.comm);
@@ -1511,6 +1516,13 @@ static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const cha
     tcp_end(&r);
     return 0;
 }
+
+START_TEST(lazy_and_eager_ranks_refuse_each_other)
+{
+    int lazy_rank = 1 - _i;
+    run_ranks(2, rank_lazy_mixed, &lazy_rank, 30000, TH_NO_KILL_ON_FAIL);
+}
+END_TEST
 
 /* A mode tcp does not have: create fails at once with TUTTI_ERR_CONFIG naming it. */
 START_TEST(unknown_connect_mode_is_a_config_error)
@@ -1531,12 +1543,6 @@ START_TEST(unknown_connect_mode_is_a_config_error)
     ck_assert_int_eq(st, TUTTI_ERR_CONFIG);
     ck_assert_msg(ms < 1000, "took %.0f ms", ms);
     ck_assert_msg(strstr(t.err, "TUTTI_TCP_CONNECT=\"sometimes\"") != NULL, "message: %s", t.err);
-}
-END_TEST
-
-START_TEST(lazy_and_eager_ranks_refuse_each_other)
-{
-    run_ranks(2, rank_lazy_mixed, NULL, 30000, TH_NO_KILL_ON_FAIL);
 }
 END_TEST
 
@@ -1570,8 +1576,12 @@ static Suite *suite(void)
                                    unknown_connect_mode_is_a_config_error,
                                    NULL };
     for (const TTest *const *t = tests; *t; t++) {
-        /* the auth_token tests run twice: _i = 1 under the multiplexer */
-        int loops = *t == auth_token_on_every_rank || *t == auth_token_wrong_on_one_rank ? 2 : 1;
+        /* the auth_token tests run twice: _i = 1 under the multiplexer; the mixed modes
+         * with either rank lazy */
+        int loops = *t == auth_token_on_every_rank || *t == auth_token_wrong_on_one_rank ||
+                            *t == lazy_and_eager_ranks_refuse_each_other
+                        ? 2
+                        : 1;
         tcase_add_loop_test(tc, *t, 0, loops);
     }
     suite_add_tcase(s, tc);

@@ -794,7 +794,7 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
     }
 }
 
-void tcp_link_up(tcp_tp_t *tp, int peer)
+static void tcp_link_up(tcp_tp_t *tp, int peer)
 {
     tcp_link_t *L = &tp->links[peer];
     uv_poll_init_socket(&tp->loop, &L->poll, L->fd);
@@ -807,7 +807,7 @@ void tcp_link_up(tcp_tp_t *tp, int peer)
         link_recv(tp, L);
 }
 
-void tcp_link_setup_failed(tcp_tp_t *tp, int peer, int status, const char *msg)
+static void tcp_link_setup_failed(tcp_tp_t *tp, int peer, int status, const char *msg)
 {
     link_fail(&tp->links[peer], status, 0, "%s", msg);
 }
@@ -883,6 +883,8 @@ static int tcp_ctx_new(const tutti_tp_host_v1_t *host, tcp_tp_t **tp_p)
     }
     uv_timer_init(&tp->loop, &tp->timer);
     uv_async_init(&tp->loop, &tp->wake, on_wake);
+    tp->link_up = tcp_link_up;
+    tp->link_failed = tcp_link_setup_failed;
     *tp_p = tp;
     return TUTTI_OK;
 }

@@ -165,6 +165,11 @@ struct tcp_tp {
     int lazy;             /* TUTTI_TCP_CONNECT=lazy: links connect at their first use */
     struct setup *setup;  /* lazy: the listener and the connections in progress */
     unsigned lazy_tick;   /* lazy: sweeps since the loop last ran (incoming connections) */
+    /* lazy: what the set-up tells the data path, which set them (tcp_setup.c calls into
+     * tcp.c only through these): the link to peer is up (its fd set), or could not be
+     * connected */
+    void (*link_up)(tcp_tp_t *tp, int peer);
+    void (*link_failed)(tcp_tp_t *tp, int peer, int status, const char *msg);
 };
 
 /* TUTTI_TCP_CONGESTION: which congestion control a link runs (tcp_setup.c). */
@@ -210,9 +215,6 @@ void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg);
  * the loop's next run), and free what the set-up holds once they have. */
 void tcp_setup_close_lazy(tcp_tp_t *tp);
 void tcp_setup_free_lazy(tcp_tp_t *tp);
-/* tcp.c, lazily: the link to peer is up (its fd set), or could not be connected. */
-void tcp_link_up(tcp_tp_t *tp, int peer);
-void tcp_link_setup_failed(tcp_tp_t *tp, int peer, int status, const char *msg);
 /* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
  * hello/verdict exchange of a single connection, with no listener and no connect (a
  * socketpair stands in; what this rank writes is dropped). outgoing: this rank called

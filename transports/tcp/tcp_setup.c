@@ -265,7 +265,7 @@ static void setup_fail(setup_t *s, int status, int peer, const char *fmt, ...)
                               tutti_tp_host_serves(s->tp->host, i))) {
                 if (s->out[i].active)
                     conn_close(&s->out[i]);
-                tcp_link_setup_failed(s->tp, i, status, msg);
+                s->tp->link_failed(s->tp, i, status, msg);
             }
         }
         return;
@@ -485,8 +485,11 @@ static void conn_established(conn_t *c)
     tcp_link_t *L = &tp->links[c->peer];
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&c->h, &fd) < 0 || (L->fd = dup(fd)) < 0) {
-        setup_fail(s, TUTTI_ERR_IO, c->peer, "tcp: cannot take over the socket of rank %d: %s",
-                   c->peer, strerror(errno));
+        int err = errno, peer = c->peer;
+        L->fd = -1;
+        conn_close(c); /* the peer reads the end of it */
+        setup_fail(s, TUTTI_ERR_IO, peer, "tcp: cannot take over the socket of rank %d: %s", peer,
+                   strerror(err));
         return;
     }
     int one = 1;
@@ -504,14 +507,19 @@ static void conn_established(conn_t *c)
     int cc = link_congestion(s, L, c->peer);
     int peer = c->peer;
     conn_close(c);
-    if (cc < 0)
+    if (cc < 0) {
+        if (s->lazy) { /* the link failed (setup_fail): the peer reads the end of it */
+            close(L->fd);
+            L->fd = -1;
+        }
         return;
+    }
     if (s->lazy) {
         conn_t *o = &s->out[peer];
         if (o != c && o->active)
             conn_close(o); /* ours, superseded by the higher rank's (it refuses ours) */
         s->crossed[peer] = 0;
-        tcp_link_up(tp, peer);
+        tp->link_up(tp, peer);
         return;
     }
     if (++s->done == s->needed)
@@ -549,7 +557,11 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     n += put_verdict(buf + n, status, NULL, why, flags);
     uv_buf_t b = uv_buf_init((char *)buf, (unsigned)n);
     uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    int peer = c->peer;
     conn_close(c);
+    if (s->lazy && !flags && peer >= 0 && peer < tp->nranks && s->crossed[peer])
+        setup_fail(s, status, peer, "tcp: rank %d could not connect to rank %d: %s", tp->rank, peer,
+                   why); /* the call this rank waits for is not the peer's */
 }
 
 /* The listener this rank called is not its peer, or refused it: tell it (best effort)
@@ -771,7 +783,11 @@ static void incoming_verdict(conn_t *c)
         snprintf(note, sizeof(note), "%s, claiming rank %d, refused rank %d: %s", c->who, c->peer,
                  tp->rank, why);
         note_slot(s, c->peer, c->pv.status, note);
+        int peer = c->peer, st = c->pv.status;
         conn_close(c);
+        if (s->lazy && s->crossed[peer]) /* the call this rank waits for has failed */
+            setup_fail(s, st, peer, "tcp: rank %d could not connect to rank %d: %s", tp->rank, peer,
+                       note);
         return;
     }
     if (tp->auth) {
@@ -997,6 +1013,15 @@ static void conn_start(conn_t *c);
 static void on_retry(uv_timer_t *t)
 {
     conn_t *c = t->data;
+    if (c->closing) { /* the last call's handle has not finished closing */
+        uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
+        return;
+    }
+    if (c->s->lazy && !c->addr_known) { /* lazily: the peer's address, asked again */
+        c->active = 0;
+        tcp_setup_need(c->s->tp, c->peer);
+        return;
+    }
     conn_start(c);
 }
 
@@ -1215,16 +1240,15 @@ static unsigned long long my_pidns(void)
 
 /* The address rank peer published (and its pid, where it runs beside this rank); why
  * (whylen bytes) says what failed. */
-static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out, char *why,
-                                size_t whylen)
+static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out, int wait_ms,
+                                char *why, size_t whylen)
 {
     tcp_tp_t *tp = s->tp;
     char key[64];
     snprintf(key, sizeof(key), "tcp/%d", peer);
     void *val = NULL;
     size_t len = 0;
-    /* one deadline for every lower rank's address, not a whole timeout each */
-    int st = tp->host->store_get(tp->host->ctx, key, &val, &len, setup_ms_left(s));
+    int st = tp->host->store_get(tp->host->ctx, key, &val, &len, wait_ms);
     if (st < 0) {
         snprintf(why, whylen, "tcp: rank %d never published its address (store key %s, status %d)",
                  peer, key, st);
@@ -1328,7 +1352,8 @@ static int connect_lower(setup_t *s, conn_t **out_p)
         c->peer = j;
         c->outgoing = 1;
         char why[TCP_ADDR_VALUE_MAX + 128];
-        int st = peer_addr_from_store(s, j, &c->addr, why, sizeof(why));
+        /* one deadline for every lower rank's address, not a whole timeout each */
+        int st = peer_addr_from_store(s, j, &c->addr, setup_ms_left(s), why, sizeof(why));
         if (st < 0)
             return tp->host->error(tp->host->ctx, st, j, 0, "%s", why);
         fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
@@ -1531,13 +1556,17 @@ int tcp_setup_fd_room(const tutti_tp_host_v1_t *host, char *why, size_t whylen)
         snprintf(why, whylen, "tcp: TUTTI_TCP_CONNECT is neither eager nor lazy");
         return TUTTI_ERR_CONFIG;
     }
-    if (lazy)
-        needed = 0; /* a link's socket comes at its first use (EMFILE then fails that link) */
     /* a socket a peer, and while set-up hands it to the data path (a dup) two; its own:
      * two loops (an epoll and an eventfd each), the listener, one open for a moment */
     const int per_peer[2] = { 1, 2 };
-    if (tp_fd_room(host, "tcp", needed, per_peer, 8, why, whylen) < 0)
-        return host->error(host->ctx, TUTTI_ERR_IO, -1, EMFILE, "%s", why);
+    if (tp_fd_room(host, "tcp", needed, per_peer, 8, why, whylen) < 0) {
+        if (!lazy)
+            return host->error(host->ctx, TUTTI_ERR_IO, -1, EMFILE, "%s", why);
+        /* a link's socket comes at its first use: short only for a rank that talks to
+         * that many peers (its link then fails naming EMFILE) */
+        host->log(host->ctx, TUTTI_LOG_INFO, "%s; connecting lazily, set-up goes on", why);
+        why[0] = '\0';
+    }
     return TUTTI_OK;
 }
 
@@ -1666,22 +1695,33 @@ void tcp_setup_need(tcp_tp_t *tp, int peer)
     }
     if (s->refused_status < 0)
         return;
-    s->deadline_ns = now + (uint64_t)TT_KIT_MAX(tp->host->timeout_ms, 0) * 1000000u;
-    c->deadline_ns = s->deadline_ns;
+    if (!c->retry_open) {
+        uv_timer_init(s->loop, &c->retry);
+        c->retry.data = c;
+        c->retry_open = 1;
+    }
     if (!c->addr_known) {
+        /* It published before its init returned; a rank still in its init soon will.
+         * Asked without waiting, and again every CONN_RETRY_MS (the retry timer) until
+         * the call's deadline: a store wait here would hold up every other link. */
+        if (!c->deadline_ns)
+            c->deadline_ns = now + (uint64_t)TT_KIT_MAX(tp->host->timeout_ms, 0) * 1000000u;
         char why[TCP_ADDR_VALUE_MAX + 128];
-        /* it published before its init returned; a rank still in its init soon will */
-        int st = peer_addr_from_store(s, peer, &c->addr, why, sizeof(why));
+        int st = peer_addr_from_store(s, peer, &c->addr, 1, why, sizeof(why));
+        if (st == TUTTI_ERR_TIMEOUT && now < c->deadline_ns) {
+            c->active = 1; /* pending: sweeps run the loop, whose timer asks again */
+            uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
+            return;
+        }
         if (st < 0) {
             setup_fail(s, st, peer, "%s", why);
             return;
         }
         fmt_addr((struct sockaddr *)&c->addr, c->who, sizeof(c->who));
-        uv_timer_init(s->loop, &c->retry);
-        c->retry.data = c;
-        c->retry_open = 1;
         c->addr_known = 1;
     }
+    s->deadline_ns = now + (uint64_t)TT_KIT_MAX(tp->host->timeout_ms, 0) * 1000000u;
+    c->deadline_ns = s->deadline_ns;
     LOGF(TUTTI_LOG_TRACE, "tcp: rank %d calls rank %d (%s) at the link's first use", tp->rank, peer,
          c->who);
     c->active = 1;
