@@ -1523,6 +1523,61 @@ START_TEST(lazy_and_eager_ranks_refuse_each_other)
 }
 END_TEST
 
+/* Lazily, under auto with two "hosts" (ranks 0 and 2 on one, shm between them; rank 1 on
+ * the other, tcp): rank 1's small blocking send to rank 0 needs rank 0 to answer its
+ * call while rank 0 waits on shm alone (for rank 2, who waits for rank 1's next send).
+ * Eagerly the send completes into the kernel's buffer; lazily the multiplexer must let
+ * tcp answer between its waits on shm, or all three wait out the timeout. */
+static int rank_lazy_mux(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.socket_ifname = "lo";
+    o.timeout_ms = 8000;
+    o.transport = "auto";
+    o.transport_options = "TCP_CONNECT=lazy";
+    o.host_id = rank == 1 ? "host-b" : "host-a";
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init: %s",
+            tutti_comm_last_error(NULL));
+    int32_t v = -1;
+    double t0 = th_now_ms();
+    int st = 0;
+    if (rank == 1) {
+        int32_t a = 111, b = 222;
+        st = tutti_send(comm, &a, 1, TUTTI_INT32, 0, 1);
+        if (st == 0)
+            st = tutti_send(comm, &b, 1, TUTTI_INT32, 2, 2);
+    } else if (rank == 2) {
+        st = tutti_recv(comm, &v, 1, TUTTI_INT32, 1, 2);
+        FAIL_IF(st == 0 && v != 222, "rank 2 got %d", v);
+        int32_t c = 333;
+        if (st == 0)
+            st = tutti_send(comm, &c, 1, TUTTI_INT32, 0, 3);
+    } else {
+        st = tutti_recv(comm, &v, 1, TUTTI_INT32, 2, 3);
+        FAIL_IF(st == 0 && v != 333, "rank 0 got %d from rank 2", v);
+        if (st == 0)
+            st = tutti_recv(comm, &v, 1, TUTTI_INT32, 1, 1);
+        FAIL_IF(st == 0 && v != 111, "rank 0 got %d from rank 1", v);
+    }
+    double ms = elapsed_since(t0);
+    FAIL_IF(st != 0, "rank %d: %s: %s", rank, tutti_status_name(st), tutti_comm_last_error(comm));
+    FAIL_IF(ms > 3000, "rank %d took %.0f ms", rank, ms);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(lazy_calls_answered_while_waiting_on_shm)
+{
+    run_ranks(3, rank_lazy_mux, NULL, 60000, 0);
+}
+END_TEST
+
 /* A mode tcp does not have: create fails at once with TUTTI_ERR_CONFIG naming it. */
 START_TEST(unknown_connect_mode_is_a_config_error)
 {
@@ -1573,6 +1628,7 @@ static Suite *suite(void)
                                    lazy_call_to_a_gone_rank_fails_at_once,
                                    lazy_and_eager_ranks_refuse_each_other,
                                    unknown_connect_mode_is_a_config_error,
+                                   lazy_calls_answered_while_waiting_on_shm,
                                    NULL };
     for (const TTest *const *t = tests; *t; t++) {
         /* the auth_token tests run twice: _i = 1 under the multiplexer; the mixed modes

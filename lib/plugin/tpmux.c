@@ -39,6 +39,10 @@
 
 #define MUX_MAX 4
 #define MUX_PURE_SPIN_NS 3000u /* the spin's first part, without yielding */
+/* A wait on one transport lets the others run (progress(0)) this often: they may have a
+ * peer to answer with nothing posted on them (tcp's calls at a link's first use under
+ * TUTTI_TCP_CONNECT=lazy, reports), and nothing else runs them while it waits. */
+#define MUX_SERVICE_MS 10
 
 /* ---- host identity ---- */
 
@@ -67,6 +71,7 @@ typedef struct mux_sub {
 typedef struct mux {
     int nranks;
     int spin_us;
+    uint64_t serviced_ns; /* when a wait on one transport last let the others run */
     int nsub;
     mux_sub_t sub[MUX_MAX];
     int *peer_sub; /* nranks entries: index into sub[], -1 for self */
@@ -213,10 +218,29 @@ static int mux_progress(void *vmux, int timeout_ms)
         for (int i = 0; i < m->nsub; i++)
             active[na++] = i;
     if (na == 1) {
+        /* in slices of at most MUX_SERVICE_MS, the others run every MUX_SERVICE_MS */
         mux_sub_t *s = &m->sub[active[0]];
-        int st = s->ops->progress(s->tp, timeout_ms);
-        prune(s);
-        return st;
+        uint64_t end = tt_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+        for (;;) {
+            uint64_t now = tt_now_ns();
+            int left = now < end ? (int)((end - now + 999999u) / 1000000u) : 0;
+            int slice = m->nsub > 1 && left > MUX_SERVICE_MS ? MUX_SERVICE_MS : left;
+            int st = s->ops->progress(s->tp, slice);
+            size_t done = prune(s);
+            now = tt_now_ns();
+            if (m->nsub > 1 && now - m->serviced_ns >= MUX_SERVICE_MS * 1000000ull) {
+                m->serviced_ns = now;
+                for (int i = 0; i < m->nsub && st >= 0; i++) {
+                    if (i == active[0])
+                        continue;
+                    int so = m->sub[i].ops->progress(m->sub[i].tp, 0);
+                    prune(&m->sub[i]);
+                    st = so < 0 ? so : st;
+                }
+            }
+            if (st < 0 || done || left <= slice)
+                return st;
+        }
     }
     uint64_t t0 = tt_now_ns();
     uint64_t deadline = t0 + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;

@@ -520,22 +520,25 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
  * pay: a message that has come then costs two calls (docs/benchmarks.md, session 72). */
 static void sweep(tcp_tp_t *tp)
 {
-    /* Lazily, connections move on the loop: while one is under way, each sweep runs it;
-     * else every 64th, for a peer calling this rank while it spins on other links (it
-     * runs whenever the rank blocks) */
-    if (tp->setup && (tcp_setup_pending(tp) || (++tp->lazy_tick & 63) == 0))
-        uv_run(&tp->loop, UV_RUN_NOWAIT);
+    int busy = 0;
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->fd < 0 && tp->setup && !L->fail.status && (L->sq_head || L->rq_head))
             tcp_setup_need(tp, i);
         if (L->fd < 0 || L->fail.status)
             continue;
+        busy |= L->sq_head || L->rq_head;
         if (L->sq_head)
             link_send(tp, L);
         if (L->rq_head || L->probe_watch)
             link_recv(tp, L);
     }
+    /* Lazily, connections move on the loop: while one is under way, each sweep runs it;
+     * with nothing posted (another transport's wait lets this one run now and then), too;
+     * else every 64th, for a peer calling this rank while it spins on other links (every
+     * block runs it) */
+    if (tp->setup && (tcp_setup_pending(tp) || !busy || (++tp->lazy_tick & 63) == 0))
+        uv_run(&tp->loop, UV_RUN_NOWAIT);
 }
 
 static void abort_all(tcp_tp_t *tp)
@@ -824,6 +827,8 @@ static const char *tcp_peer_address(void *vtp, int peer)
     tcp_tp_t *tp = vtp;
     if (!tp || peer < 0 || peer >= tp->nranks)
         return NULL;
+    if (!tp->links[peer].addr[0] && tp->setup)
+        return "not connected yet";
     return tp->links[peer].addr;
 }
 
