@@ -520,11 +520,13 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
  * pay: a message that has come then costs two calls (docs/benchmarks.md, session 72). */
 static void sweep(tcp_tp_t *tp)
 {
-    int busy = 0;
+    int busy = 0, calling = 0;
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
-        if (L->fd < 0 && tp->setup && !L->fail.status && (L->sq_head || L->rq_head))
+        if (L->fd < 0 && tp->setup && !L->fail.status && (L->sq_head || L->rq_head)) {
             tcp_setup_need(tp, i);
+            calling = 1;
+        }
         if (L->fd < 0 || L->fail.status)
             continue;
         busy |= L->sq_head || L->rq_head;
@@ -533,11 +535,12 @@ static void sweep(tcp_tp_t *tp)
         if (L->rq_head || L->probe_watch)
             link_recv(tp, L);
     }
-    /* Lazily, connections move on the loop: while one is under way, each sweep runs it;
-     * with nothing posted (another transport's wait lets this one run now and then), too;
-     * else every 64th, for a peer calling this rank while it spins on other links (every
-     * block runs it) */
-    if (tp->setup && (tcp_setup_pending(tp) || !busy || (++tp->lazy_tick & 63) == 0))
+    /* Lazily, connections move on the loop: while a link with requests waits for its
+     * connection, or a peer's call is in its hello, each sweep runs it; with nothing
+     * posted (another transport's wait lets this one run now and then), too; else every
+     * 64th, for a peer calling this rank while it spins on other links (every block runs
+     * it) */
+    if (tp->setup && (calling || !busy || tcp_setup_answering(tp) || (++tp->lazy_tick & 63) == 0))
         uv_run(&tp->loop, UV_RUN_NOWAIT);
 }
 

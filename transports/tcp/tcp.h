@@ -206,8 +206,9 @@ void tcp_setup_refuse(const tutti_tp_host_v1_t *host, int status, const char *wh
 /* Lazily: a request waits on the link to peer, which is not connected; connect it unless
  * a connection to or from peer is under way. */
 void tcp_setup_need(tcp_tp_t *tp, int peer);
-/* Lazily: connections are under way (the data path's sweeps run the loop for them). */
-int tcp_setup_pending(const tcp_tp_t *tp);
+/* Lazily: connections from peers are in their hello (the data path's sweeps run the loop
+ * for them, as for this rank's own calls, which wait on links with requests posted). */
+int tcp_setup_answering(const tcp_tp_t *tp);
 /* Lazily: connections that come after this rank reported status (msg) are refused with
  * it. */
 void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg);

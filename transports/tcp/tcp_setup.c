@@ -66,7 +66,7 @@ struct conn {
     int hello_sent;
     int active;           /* lazy, outgoing: a call under way (open, or waiting to retry) */
     int closing;          /* lazy, outgoing: h is closing (not to be reused before) */
-    int addr_known;       /* lazy, outgoing: addr read from the store, retry initialised */
+    int addr_known;       /* lazy, outgoing: addr read from the store */
     int refuse_flags;     /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
     uint64_t deadline_ns; /* lazy, outgoing: this call's (tp_now_ns) */
     char who[128];        /* the peer's address */
@@ -1454,7 +1454,7 @@ static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_
 {
     const tutti_tp_host_v1_t *host = tp->host;
     struct sockaddr_storage me = *me_in;
-    setup_t *s = calloc(1, sizeof(*s));
+    setup_t *s = tp->setup = malloc(sizeof(*s));
     if (s) {
         *s = *proto;
         s->claimed = calloc((size_t)tp->nranks, 1);
@@ -1463,13 +1463,7 @@ static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_
         s->out = calloc((size_t)tp->nranks, sizeof(conn_t));
     }
     if (!s || !s->claimed || !s->notes || !s->crossed || !s->out) {
-        if (s) {
-            free(s->claimed);
-            free(s->notes);
-            free(s->crossed);
-            free(s->out);
-        }
-        free(s);
+        tcp_setup_free_lazy(tp);
         return host->error(host->ctx, TUTTI_ERR_NOMEM, -1, 0, "tcp: out of memory");
     }
     s->lazy = 1;
@@ -1479,7 +1473,6 @@ static int setup_lazy(tcp_tp_t *tp, const setup_t *proto, const struct sockaddr_
         s->out[j].peer = j;
         s->out[j].outgoing = 1;
     }
-    tp->setup = s;
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
     char key[64];
@@ -1728,17 +1721,9 @@ void tcp_setup_need(tcp_tp_t *tp, int peer)
     conn_start(c);
 }
 
-int tcp_setup_pending(const tcp_tp_t *tp)
+int tcp_setup_answering(const tcp_tp_t *tp)
 {
-    const setup_t *s = tp->setup;
-    if (!s)
-        return 0;
-    if (s->nincoming)
-        return 1;
-    for (int i = 0; i < tp->nranks; i++)
-        if (s->out[i].active || s->crossed[i])
-            return 1;
-    return 0;
+    return tp->setup && tp->setup->nincoming > 0;
 }
 
 void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg)
