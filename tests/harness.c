@@ -372,6 +372,29 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms)
     return th_run_ex(&spec, NULL);
 }
 
+int th_store_barrier(tutti_store_t *store, const char *prefix, int rank, int nranks,
+                     const char *phase, int timeout_ms)
+{
+    char key[128], *keys[64];
+    snprintf(key, sizeof(key), "%s/%s/%d", prefix, phase, rank);
+    if (nranks > 64 || tutti_store_set(store, key, "1", 1) != 0)
+        return -1;
+    for (int i = 0; i < nranks; i++) {
+        keys[i] = malloc(128);
+        if (keys[i])
+            snprintf(keys[i], 128, "%s/%s/%d", prefix, phase, i);
+    }
+    int st = -1;
+    int ok = 1;
+    for (int i = 0; i < nranks; i++)
+        ok &= keys[i] != NULL;
+    if (ok)
+        st = tutti_store_wait(store, (const char *const *)keys, (size_t)nranks, timeout_ms);
+    for (int i = 0; i < nranks; i++)
+        free(keys[i]);
+    return st;
+}
+
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out, size_t len,
                 int timeout_ms)
 {

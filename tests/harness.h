@@ -51,6 +51,11 @@ int th_run(int nranks, th_rank_fn fn, void *arg, int timeout_ms);
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out, size_t len,
                 int timeout_ms);
 
+/* Every rank of nranks (at most 64) has reached phase: each sets prefix/phase/<rank> in
+ * store, then waits up to timeout_ms for all of them. 0 on success. */
+int th_store_barrier(tutti_store_t *store, const char *prefix, int rank, int nranks,
+                     const char *phase, int timeout_ms);
+
 /* 1 in an AddressSanitizer build: freed memory sits in its quarantine, so RSS checks
  * measure the sanitizer, not the code. */
 #if defined(__SANITIZE_ADDRESS__)

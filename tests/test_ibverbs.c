@@ -756,6 +756,247 @@ static int rank_matrix(int rank, int n, tutti_comm_t *comm, const char *dir, voi
 
 TH_RUN_TEST(matrix, th_run(_i, rank_matrix, NULL, 240000))
 
+/* ---- TUTTI_IB_CONNECT=lazy: queue pairs at their first use ---- */
+
+/* A communicator over ibverbs with this connect mode and secret (NULL: none), on the
+ * run's file store (*store_p, kept open for barriers). 0, or the init's status. */
+static int lazy_join(int rank, int nranks, const char *dir, const char *mode, const char *token,
+                     int timeout_ms, tutti_store_t **store_p, tutti_comm_t **comm_p)
+{
+    *comm_p = NULL;
+    if (tutti_store_open_file(store_p, dir, timeout_ms + 10000) != TUTTI_OK)
+        return TUTTI_ERR_STORE;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "ibverbs";
+    o.timeout_ms = timeout_ms;
+    o.transport_options = mode;
+    o.auth_token = token;
+    return tutti_comm_init(comm_p, *store_p, rank, nranks, &o);
+}
+
+static int qps_now(void)
+{
+    tt_ib_stats_t s;
+    return tt_ib_debug_stats(NULL, &s) == TUTTI_OK ? s.qps : -1;
+}
+
+/* Four ranks, lazily, with a job secret (every datagram carries its proof): no queue
+ * pair after init; a ring of sends and receives (both ends of each pair asking at once;
+ * an eager and an RDMA READ message each way) makes each rank exactly two; rank 0's
+ * receives from any source take a message from rank 2, which it never asked (rank 2
+ * did); every pair at once then makes n-1 on every rank. Payloads and an allreduce are
+ * checked against plain C. */
+static int rank_lazy(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    int st = lazy_join(rank, nranks, dir, "IB_CONNECT=lazy", "the-token", 60000, &store, &comm);
+    FAIL_IF(st != TUTTI_OK, "init: %s", tutti_status_name(st));
+    tt_ib_stats_t s;
+    FAIL_IF(tt_ib_debug_stats(NULL, &s) != TUTTI_OK || !s.lazy, "not lazy");
+    FAIL_IF(s.qps != 0, "%d queue pairs after init, want none", s.qps);
+    FAIL_IF(th_store_barrier(store, "iblazy", rank, nranks, "init", 60000), "barrier");
+    int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+    enum { SMALL = 64, BIG = 48 * 1024 }; /* 256 B eager, 192 KiB read */
+    int32_t *out = malloc(BIG * 4), *in = malloc(BIG * 4);
+    FAIL_IF(!out || !in, "malloc");
+    for (int i = 0; i < BIG; i++)
+        out[i] = rank * 1000003 + i;
+    for (int k = 0; k < 2; k++) {
+        size_t n = k ? BIG : SMALL;
+        memset(in, 0xee, n * 4);
+        tutti_work_t *ws, *wr;
+        FAIL_IF(tutti_send_async(comm, out, n, TUTTI_INT32, right, 5, &ws) != 0 ||
+                    tutti_recv_async(comm, in, n, TUTTI_INT32, left, 5, &wr) != 0 ||
+                    tutti_wait(ws, -1) != 0 || tutti_wait(wr, -1) != 0,
+                "ring of %zu: %s", n, tutti_comm_last_error(comm));
+        tutti_work_free(ws);
+        tutti_work_free(wr);
+        for (size_t i = 0; i < n; i++)
+            FAIL_IF(in[i] != left * 1000003 + (int32_t)i, "ring of %zu: in[%zu] = %d", n, i, in[i]);
+    }
+    FAIL_IF(qps_now() != 2, "after the ring: %d queue pairs, want 2", qps_now());
+    FAIL_IF(th_store_barrier(store, "iblazy", rank, nranks, "ring", 60000), "barrier");
+    if (rank == 0) {
+        int32_t v[2] = { -1, -1 };
+        tutti_work_t *w;
+        FAIL_IF(tutti_recv_async(comm, v, 2, TUTTI_INT32, TUTTI_ANY_SOURCE, 9, &w) != 0 ||
+                    tutti_wait(w, -1) != 0,
+                "any source: %s", tutti_comm_last_error(comm));
+        int src = tutti_work_source(w);
+        tutti_work_free(w);
+        FAIL_IF(src != 2 || v[0] != 2 || v[1] != 14, "any source: %d %d from %d", v[0], v[1], src);
+        FAIL_IF(qps_now() != 3, "rank 0 after any source: %d queue pairs, want 3", qps_now());
+    } else if (rank == 2) {
+        int32_t v[2] = { 2, 14 };
+        FAIL_IF(tutti_send(comm, v, 2, TUTTI_INT32, 0, 9) != 0, "to 0: %s",
+                tutti_comm_last_error(comm));
+    }
+    FAIL_IF(th_store_barrier(store, "iblazy", rank, nranks, "any", 60000), "barrier");
+    tutti_work_t *w[16];
+    int32_t send[8], recv[8];
+    int nw = 0;
+    for (int j = 0; j < nranks; j++) {
+        send[j] = rank * 100 + j;
+        recv[j] = -1;
+        if (j == rank)
+            continue;
+        FAIL_IF(tutti_send_async(comm, &send[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0 ||
+                    tutti_recv_async(comm, &recv[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0,
+                "post: %s", tutti_comm_last_error(comm));
+    }
+    for (int k = 0; k < nw; k++) {
+        FAIL_IF(tutti_wait(w[k], -1) != 0, "all pairs: %s", tutti_comm_last_error(comm));
+        tutti_work_free(w[k]);
+    }
+    for (int j = 0; j < nranks; j++)
+        FAIL_IF(j != rank && recv[j] != j * 100 + rank, "all pairs: from %d: %d", j, recv[j]);
+    FAIL_IF(qps_now() != nranks - 1, "after all pairs: %d queue pairs, want %d", qps_now(),
+            nranks - 1);
+    /* an allreduce over the links now up, against the sum computed here */
+    for (int i = 0; i < BIG; i++)
+        out[i] = (rank + 1) * (i % 1000);
+    FAIL_IF(tutti_allreduce(comm, out, in, BIG, TUTTI_INT32, TUTTI_SUM) != 0, "allreduce: %s",
+            tutti_comm_last_error(comm));
+    for (int i = 0; i < BIG; i++)
+        FAIL_IF(in[i] != nranks * (nranks + 1) / 2 * (i % 1000), "allreduce: [%d] = %d", i, in[i]);
+    FAIL_IF(tt_ib_debug_stats(NULL, &s) != TUTTI_OK || s.ud_dropped, "%lu datagrams refused",
+            s.ud_dropped);
+    free(out);
+    free(in);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(lazy_qps_at_first_use)
+{
+    th_spec_t spec = { .nranks = 4, .fn = rank_lazy, .timeout_ms = 200000, .flags = TH_NO_COMM };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* Lazily, rank 1 has another secret: each rank's first call is refused by the other
+ * (TUTTI_ERR_AUTH, naming the peer and the secret) well within the timeout. */
+static int rank_lazy_secret(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    int st = lazy_join(rank, nranks, dir, "IB_CONNECT=lazy", rank ? "not-the-token" : "the-token",
+                       30000, &store, &comm);
+    FAIL_IF(st != TUTTI_OK, "init: %s", tutti_status_name(st));
+    int32_t v = rank, got = -1;
+    double t0 = th_now_ms();
+    st = rank ? tutti_recv(comm, &got, 1, TUTTI_INT32, 0, 3)
+              : tutti_send(comm, &v, 1, TUTTI_INT32, 1, 3);
+    double ms = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), ms, msg);
+    FAIL_IF(st != TUTTI_ERR_AUTH, "got %s, want TUTTI_ERR_AUTH: %s", tutti_status_name(st), msg);
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d", 1 - rank);
+    FAIL_IF(!strstr(msg, want) || !strstr(msg, "refused") || !strstr(msg, "TUTTI_AUTH_TOKEN"),
+            "message: %s", msg);
+    FAIL_IF(ms > 15000, "took %.0f ms (timeout 30000)", ms);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(lazy_other_secret_refused)
+{
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_lazy_secret, .timeout_ms = 90000, .flags = TH_NO_COMM
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+/* One rank lazy, one eager, through the transport ABI (through the library, the lazy
+ * rank's init would wait for the failed eager rank's host id until its timeout): the
+ * eager rank's create fails at once naming the lazy rank and TUTTI_IB_CONNECT, and the
+ * lazy rank's first send to it fails so too. */
+static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    th_host_t t;
+    void *tp = NULL;
+    FAIL_IF(th_host_open(&t, dir, "abi/", rank, nranks, 30000) != 0, "store");
+    t.knobs = rank ? "IB_CONNECT=eager" : "IB_CONNECT=lazy";
+    double t0 = th_now_ms();
+    int st = IBOPS->create(&t.h, &tp);
+    if (rank == 1) {
+        FAIL_IF(st != TUTTI_ERR_CONFIG, "eager rank: create %s: %s", tutti_status_name(st), t.err);
+    } else {
+        FAIL_IF(st != TUTTI_OK, "lazy rank: create %s: %s", tutti_status_name(st), t.err);
+        int32_t v = 1;
+        tutti_tp_req_v2_t r;
+        req_init(&r, 1, &v, sizeof(v), 1);
+        FAIL_IF(IBOPS->post_send(tp, &r) != 0, "post_send: %s", t.err);
+        drive2(tp, &r, NULL, 20000);
+        FAIL_IF(r.status != TUTTI_ERR_CONFIG, "lazy rank: send %s: %s", tutti_status_name(r.status),
+                t.err);
+        IBOPS->destroy(tp);
+    }
+    fprintf(stderr, "rank %d: %s\n", rank, t.err);
+    FAIL_IF(!strstr(t.err, "TUTTI_IB_CONNECT") || !strstr(t.err, rank ? "rank 0" : "rank 1"),
+            "message: %s", t.err);
+    FAIL_IF(th_now_ms() - t0 > 15000, "took %.0f ms (timeout 30000)", th_now_ms() - t0);
+    th_host_close(&t);
+    return 0;
+}
+
+START_TEST(lazy_and_eager_refuse_each_other)
+{
+    run_pair(rank_lazy_mixed, NULL, 90000, TH_NO_COMM | TH_NO_KILL_ON_FAIL, NULL);
+}
+END_TEST
+
+/* Lazily, a rank gone before anyone asked it: a call to it fails with the timeout,
+ * naming it (no datagram says "gone": UD has no refusal), not later. */
+static int rank_lazy_gone(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    int st = lazy_join(rank, nranks, dir, "IB_CONNECT=lazy", NULL, 4000, &store, &comm);
+    FAIL_IF(st != TUTTI_OK, "init: %s", tutti_status_name(st));
+    if (rank == 1) {
+        tutti_comm_destroy(comm);
+        tutti_store_set(store, "iblazygone", "1", 1);
+        tutti_store_close(store);
+        return 0;
+    }
+    void *v = NULL;
+    size_t vlen = 0;
+    FAIL_IF(tutti_store_get(store, "iblazygone", &v, &vlen, 60000) != 0, "rank 1 never left");
+    free(v);
+    int32_t x = 1;
+    double t0 = th_now_ms();
+    st = tutti_send(comm, &x, 1, TUTTI_INT32, 1, 3);
+    double ms = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank 0: %s after %.0f ms: %s\n", tutti_status_name(st), ms, msg);
+    FAIL_IF(st == TUTTI_OK, "a send to a gone rank succeeded");
+    FAIL_IF(!strstr(msg, "rank 1"), "message: %s", msg);
+    FAIL_IF(ms > 4000 + 3000, "took %.0f ms (timeout 4000)", ms);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(lazy_call_to_a_gone_rank_times_out)
+{
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_lazy_gone, .timeout_ms = 90000, .flags = TH_NO_COMM
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     int nactive = 0;
@@ -780,6 +1021,13 @@ int main(void)
         tcase_add_loop_test(tc, rdv_cancel, RDV_CANCEL, RDV_BREAK + 1);
         tcase_add_test(tc, mismatch_after_rts);
         tcase_add_test(tc, cancel_reading);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("lazy");
+        tcase_set_timeout(tc, 240);
+        tcase_add_test(tc, lazy_qps_at_first_use);
+        tcase_add_test(tc, lazy_other_secret_refused);
+        tcase_add_test(tc, lazy_and_eager_refuse_each_other);
+        tcase_add_test(tc, lazy_call_to_a_gone_rank_times_out);
         suite_add_tcase(s, tc);
         tc = tcase_create("matrix");
         tcase_set_timeout(tc, 300);

@@ -1346,18 +1346,7 @@ static int sockets_settle(int want, int *got)
 /* Every rank has reached phase (through the store: a collective would connect links). */
 static int store_barrier(tutti_store_t *store, int rank, int nranks, const char *phase)
 {
-    char key[64], *keys[16];
-    snprintf(key, sizeof(key), "tcplazy/%s/%d", phase, rank);
-    if (nranks > 16 || tutti_store_set(store, key, "1", 1) != 0)
-        return -1;
-    for (int i = 0; i < nranks; i++) {
-        keys[i] = malloc(64);
-        snprintf(keys[i], 64, "tcplazy/%s/%d", phase, i);
-    }
-    int st = tutti_store_wait(store, (const char *const *)keys, (size_t)nranks, 20000);
-    for (int i = 0; i < nranks; i++)
-        free(keys[i]);
-    return st;
+    return th_store_barrier(store, "tcplazy", rank, nranks, phase, 20000);
 }
 
 /* Under TUTTI_TCP_CONNECT=lazy, a communicator of 8 ranks holds no link after init;

@@ -158,6 +158,8 @@ static void give_back_owed(ib_link_t *L, unsigned credits, unsigned fins)
 /* Write queued sends while the peer's ring has room. */
 static void link_send(ib_tp_t *tp, ib_link_t *L)
 {
+    if (!L->peer_ready) /* lazily: not connected yet (ib_lazy.c) */
+        return;
     while (L->sq_head && !L->fail.status && L->credits > 0 && sq_room(L) > IB_SQ_RESERVE) {
         tp_req_t *r = L->sq_head;
         size_t off = (size_t)(L->tx_seq % tp->slots) * tp->slot_bytes;
@@ -212,15 +214,20 @@ static void link_send(ib_tp_t *tp, ib_link_t *L)
     }
 }
 
-/* Return credits (at half a ring) and FINs (at once) when no data write carried them. */
+/* Return credits (at half a ring) and FINs (at once) when no data write carried them;
+ * lazily, the first write of a link that connected on the peer's answer (hello_owed)
+ * tells the peer it may write too. */
 static void link_ctrl(ib_tp_t *tp, ib_link_t *L)
 {
     unsigned half = tp->slots / 2 ? tp->slots / 2 : 1;
-    if (L->fail.status || (L->credits_owed < half && !L->fins_owed) || sq_room(L) <= 2)
+    if (L->fail.status || !L->peer_ready ||
+        (L->credits_owed < half && !L->fins_owed && !L->hello_owed) || sq_room(L) <= 2)
         return;
     unsigned c, f;
     take_owed(L, &c, &f);
     int e = post_write(tp, L, IB_WR_CTRL, make_imm(IB_IMM_CTRL, c, f), 0, 0);
+    if (e == 0)
+        L->hello_owed = 0;
     if (e) {
         give_back_owed(L, c, f);
         link_fail(L, TUTTI_ERR_PEER, e, "ibverbs: posting a write to rank %d (%s) failed", L->peer,
@@ -435,6 +442,7 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
                   L->addr, why, (int)wc->opcode, imm);
         return;
     }
+    L->peer_ready = 1; /* lazily, the peer's first write says its QP can receive */
     if (m.type == IB_IMM_DATA)
         L->rx_arrived++;
     if (m.type == IB_IMM_ERROR) {
@@ -451,6 +459,10 @@ static inline void wc_recv(ib_tp_t *tp, ib_link_t *L, int peer, const struct ibv
 
 static void handle_wc(ib_tp_t *tp, const struct ibv_wc *wc)
 {
+    if ((wc->wr_id & IB_UD_BIT) && !(wc->wr_id & IB_RECV_BIT)) {
+        ib_lazy_wc(tp, wc); /* the connection QP's */
+        return;
+    }
     int recv = (wc->wr_id & IB_RECV_BIT) != 0;
     int peer = (int)(wc->wr_id & 0xffffffffu);
     if (peer < 0 || peer >= tp->nranks)
@@ -498,6 +510,8 @@ static void sweep(ib_tp_t *tp)
                           "ibverbs: polling the completion queue of %s failed", tp->dev_name);
         return;
     }
+    if (tp->lazy_waiting)
+        ib_lazy_tick(tp);
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
         if (!L->served || L->fail.status)
@@ -568,7 +582,8 @@ static void keepalive(ib_tp_t *tp)
     uint64_t now = tp_now_ns(), quiet = (uint64_t)tp->keepalive_ms * 1000000ull;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || L->fail.status || L->nop_inflight || sq_room(L) <= 2)
+        if (!L->served || L->fail.status || L->nop_inflight || L->conn != IB_CONN_UP ||
+            sq_room(L) <= 2)
             continue;
         if (!(L->rq_head || L->fin_head || L->reads || L->sq_head))
             continue;
@@ -611,6 +626,9 @@ static void block(ib_tp_t *tp, int ms)
                            { .fd = tp->wake_fd, .events = POLLIN } };
     if (tp->keepalive_ms > 0 && ms > tp->keepalive_ms)
         ms = tp->keepalive_ms;
+    int lazy_ms = ib_lazy_sleep_ms(tp);
+    if (lazy_ms >= 0 && (ms < 0 || ms > lazy_ms))
+        ms = lazy_ms;
     if (poll(p, 2, ms) <= 0)
         return;
     if (p[0].revents & POLLIN)
@@ -649,6 +667,9 @@ static int ib_arm(void *vtp, int *fd_p, int *timeout_ms_p)
         return 1;
     *fd_p = tp->arm_fd;
     *timeout_ms_p = tp->keepalive_ms > 0 ? tp->keepalive_ms : -1;
+    int lazy_ms = ib_lazy_sleep_ms(tp);
+    if (lazy_ms >= 0 && (*timeout_ms_p < 0 || *timeout_ms_p > lazy_ms))
+        *timeout_ms_p = lazy_ms;
     return 0;
 }
 #endif
@@ -659,7 +680,17 @@ static int link_served(const ib_tp_t *tp, int peer)
 }
 
 TT_KIT_CHECK_FN(ib_tp_t, "ibverbs", link_served)
-TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_req, link_send)
+
+/* check_req, and lazily the link's connection started by its first request */
+static int check_and_connect(ib_tp_t *tp, tp_req_t *r, int kind)
+{
+    int st = check_req(tp, r, kind);
+    if (st == TUTTI_OK && tp->lazy)
+        ib_lazy_need(tp, &tp->links[r->peer]);
+    return st;
+}
+
+TT_KIT_POST_FNS(ib, ib_tp_t, ib_link_t, check_and_connect, link_send)
 
 #ifndef TT_KIT_ABI_V1
 /* The header of the next arrived slot (progress polls the completion queue, which counts
@@ -697,7 +728,8 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
                                                               : (unsigned)-TUTTI_ERR_PEER;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || !L->qp || L->qp_stopped || L->error_sent || sq_room(L) == 0)
+        if (!L->served || !L->qp || L->conn != IB_CONN_UP || L->qp_stopped || L->error_sent ||
+            sq_room(L) == 0)
             continue;
         memcpy(L->stage + off, msg, len);
         if (post_write(tp, L, IB_WR_ERROR, make_imm(IB_IMM_ERROR, 0, code), off, len) == 0) {
@@ -756,6 +788,7 @@ static void ib_destroy(void *vtp)
         }
         L->sqe_count = 0;
     }
+    ib_lazy_teardown(tp);
     ib_teardown(tp);
     TT_KIT_CTX_FREE(tp);
 }
@@ -769,6 +802,26 @@ static int knob(ib_tp_t *tp, const char *name, long def, long lo, long hi, long 
                                "ibverbs: TUTTI_%s=%s: expected an integer from %ld to %ld", name, v,
                                lo, hi);
     return TUTTI_OK;
+}
+
+/* The link failed while it connected (ib_lazy.c). */
+static void lazy_link_failed(ib_link_t *L, int status, const char *msg)
+{
+    link_fail(L, status, 0, "%s", msg);
+}
+
+/* TUTTI_IB_CONNECT: eager (unset) or lazy. */
+static int connect_mode(ib_tp_t *tp)
+{
+    const char *v = tp->host->config(tp->host->ctx, "IB_CONNECT");
+    if (!v || !*v || !strcmp(v, "eager"))
+        return TUTTI_OK;
+    if (!strcmp(v, "lazy")) {
+        tp->lazy = 1;
+        return TUTTI_OK;
+    }
+    return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "ibverbs: TUTTI_IB_CONNECT=\"%.64s\" is neither eager nor lazy", v);
 }
 
 static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
@@ -787,15 +840,18 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
     if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
         (st = knob(tp, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager)) < 0 ||
         (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||
-        (st = knob(tp, "IB_KEEPALIVE_MS", 1000, 0, 3600000, &keep)) < 0)
+        (st = knob(tp, "IB_KEEPALIVE_MS", 1000, 0, 3600000, &keep)) < 0 ||
+        (st = connect_mode(tp)) < 0)
         goto err_destroy;
+    tp->link_failed = lazy_link_failed;
     tp->slots = (unsigned)slots;
     tp->eager_max = (size_t)eager;
     tp->slot_bytes = (IB_HDR_BYTES + tp->eager_max + 63) & ~(size_t)63;
     tp->qp_timeout = (int)timeout;
     tp->keepalive_ms = (int)keep;
     tp->max_inline = IB_HDR_BYTES + 64;
-    if ((st = ib_setup_device(tp)) < 0 || (st = ib_setup_links(tp)) < 0)
+    if ((st = ib_setup_device(tp)) < 0 ||
+        (st = tp->lazy ? ib_lazy_setup(tp) : ib_setup_links(tp)) < 0)
         goto err_destroy;
     uint64_t now = tp_now_ns();
     for (int i = 0; i < tp->nranks; i++)
@@ -832,7 +888,11 @@ int tt_ib_debug_stats(void *vtp, tt_ib_stats_t *out)
         .eager_msgs = tp->eager_msgs,
         .rdv_msgs = tp->rdv_msgs,
         .gid_index = tp->gid_index,
+        .lazy = tp->lazy,
+        .ud_dropped = tp->ud_dropped,
     };
+    for (int i = 0; i < tp->nranks; i++)
+        out->qps += tp->links[i].qp != NULL;
     return TUTTI_OK;
 }
 

@@ -17,6 +17,8 @@
 
 #define IB_MAGIC 0x42495454u      /* "TTIB": slot headers */
 #define IB_ADDR_MAGIC 0x52444154u /* the record each rank publishes */
+#define IB_LAZY_MAGIC 0x5a4c4954u /* the record of a rank that connects lazily */
+#define IB_UD_MAGIC 0x55444954u   /* a connection datagram (TUTTI_IB_CONNECT=lazy) */
 #define IB_VERSION 1u
 #define IB_HDR_BYTES 64u
 #define IB_ERRBOX_BYTES 2048u /* an incoming error report lands here (ring's tail) */
@@ -71,6 +73,35 @@ typedef struct ib_peer_rec {
     uint32_t ring_rkey;
     uint32_t reserved;
 } ib_peer_rec_t;
+
+/* Lazily (TUTTI_IB_CONNECT=lazy) ib/addr/<rank> is the port record (magic
+ * IB_LAZY_MAGIC) and this: the rank's connection queue pair (UD), which takes the
+ * datagrams below. */
+typedef struct ib_ud_rec {
+    uint32_t qpn;
+    uint32_t qkey;
+} ib_ud_rec_t;
+
+/* A connection datagram (ib_lazy.c). REQ: "connect your queue pair for me to this one"
+ * (the sender's port record, QP, PSN and ring); REP: the same from the rank that did,
+ * which can receive from then on; REJ: a REQ refused, qp.reserved saying why (IB_REJ_*;
+ * the qp fields otherwise zero). mac: HMAC-SHA256 of the job secret over the fields (as
+ * text, ud_context in ib_lazy.c) and nonce, where the job has a secret (auth 1; never
+ * on a REJ, which may answer a rank with another secret). */
+enum { IB_UD_REQ = 1, IB_UD_REP = 2, IB_UD_REJ = 3 };
+enum { IB_REJ_PROOF = 1, IB_REJ_NO_PROOF = 2, IB_REJ_UNWANTED_PROOF = 3 };
+typedef struct ib_ud_msg {
+    uint32_t magic;
+    uint16_t kind;
+    uint16_t auth;
+    int32_t from, to;
+    uint64_t instance; /* FNV-1a of the job instance */
+    ib_addr_rec_t port;
+    ib_peer_rec_t qp;
+    uint8_t nonce[32];
+    uint8_t mac[32];
+} ib_ud_msg_t;
+#define IB_UD_GRH 40u /* a UD receive starts with the global routing header */
 
 /* ---- the memory registration cache (ib_mr.c) ---- */
 
@@ -166,10 +197,25 @@ typedef struct ib_link {
     uint32_t rd_rkey;
     int rd_posted_last;
     int qp_stopped; /* moved to the error state by us */
+    /* connecting (always IB_CONN_UP with peer_ready eagerly; lazily: ib_lazy.c) */
+    int conn;           /* IB_CONN_* */
+    int peer_ready;     /* the peer's QP can receive: we may write */
+    int hello_owed;     /* tell the peer we can receive (a zero-credit control write) */
+    int wanted;         /* a request waits for the connection (counted in tp->lazy_waiting) */
+    int have_rec;       /* prec and ud are the peer's published ones */
+    ib_addr_rec_t prec; /* the peer's port */
+    ib_ud_rec_t ud;     /* the peer's connection QP */
+    struct ibv_ah *ah;  /* to the peer's connection QP */
+    uint32_t r_qpn;     /* the peer's QP this one is connected to */
+    unsigned tries;
+    uint64_t next_try_ns, deadline_ns;
+    int rec_status; /* the last store read of the peer's record, while it fails */
     int error_sent;
     int nop_inflight;
     uint64_t last_heard_ns;
 } ib_link_t;
+
+enum { IB_CONN_NONE = 0, IB_CONN_ASKING = 1, IB_CONN_UP = 2 };
 
 struct ib_tp {
     const tutti_tp_host_v1_t *host;
@@ -203,6 +249,22 @@ struct ib_tp {
     ib_mrc_t mrc;
     unsigned long eager_msgs, rdv_msgs;
     int errors_inflight; /* error reports posted, not yet completed */
+    /* TUTTI_IB_CONNECT=lazy (ib_lazy.c) */
+    int lazy;
+    int auth;             /* the job has a secret: datagrams carry a MAC */
+    const char *instance; /* the job instance ("" from an older library) */
+    uint64_t inst_hash;
+    uint32_t qkey;
+    struct ibv_qp *ud_qp;
+    char *ud_buf; /* IB_UD_RQ receive slots, then IB_UD_SQ send slots */
+    struct ibv_mr *ud_mr;
+    unsigned ud_sent, ud_sq_busy;
+    int lazy_waiting; /* links with wanted set */
+    uint64_t lazy_next_ns;
+    unsigned long ud_dropped; /* datagrams refused (logged) */
+    /* set by ib.c: a link failed / came up (lazily, the set-up code reaches the data
+     * path only through these) */
+    void (*link_failed)(ib_link_t *L, int status, const char *msg);
 };
 
 /* ib_setup.c */
@@ -210,6 +272,35 @@ int ib_setup_device(ib_tp_t *tp);
 int ib_setup_links(ib_tp_t *tp);
 void ib_teardown(ib_tp_t *tp);
 const char *ib_mtu_str(enum ibv_mtu m);
+/* The QP (in INIT, receives posted), rings and staging slots for L's peer. */
+int ib_link_create(ib_tp_t *tp, ib_link_t *L, char *why, size_t whylen);
+/* L's QP through RTR to RTS, to the peer's port rec and its QP for us, pr. */
+int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const ib_peer_rec_t *pr,
+                    char *why, size_t whylen);
+/* Rank i's port record (vlen bytes, rec_len expected) agrees with this rank's set-up,
+ * including the connect mode. These three return a status, with the reason in why on
+ * failure (not reported: the caller does). */
+int ib_check_peer_rec(ib_tp_t *tp, int i, const ib_addr_rec_t *pr, size_t vlen, size_t rec_len,
+                      char *why, size_t whylen);
+void ib_port_rec(const ib_tp_t *tp, ib_addr_rec_t *rec);
+
+/* ib_lazy.c: TUTTI_IB_CONNECT=lazy */
+#define IB_UD_BIT (1ull << 62) /* wr_id of the connection QP's work requests */
+#define IB_UD_RQ 64u
+#define IB_UD_SQ 32u
+#define IB_UD_SLOT 512u
+/* The connection QP, published with the port record; no peer is read or waited for. */
+int ib_lazy_setup(ib_tp_t *tp);
+/* A request was posted on L, which is not connected: connect it (from the progress
+ * that follows). */
+void ib_lazy_need(ib_tp_t *tp, ib_link_t *L);
+/* From each sweep while links wait: read addresses, (re)send requests, time out. */
+void ib_lazy_tick(ib_tp_t *tp);
+/* A completion of the connection QP. */
+void ib_lazy_wc(ib_tp_t *tp, const struct ibv_wc *wc);
+/* ms until the next thing ib_lazy_tick has to do (or -1: nothing). */
+int ib_lazy_sleep_ms(const ib_tp_t *tp);
+void ib_lazy_teardown(ib_tp_t *tp);
 
 /* ---- test hooks (tests/test_ibverbs.c links the static internals) ---- */
 
@@ -220,6 +311,9 @@ typedef struct tt_ib_stats {
     const char *mr_mode;
     unsigned long eager_msgs, rdv_msgs;
     int gid_index;
+    int lazy;                 /* TUTTI_IB_CONNECT=lazy */
+    int qps;                  /* RC queue pairs made (one a peer eagerly; lazily, as used) */
+    unsigned long ud_dropped; /* connection datagrams refused */
 } tt_ib_stats_t;
 
 /* The ibverbs transport most recently created in this process (NULL if none). */

@@ -7,6 +7,7 @@
  * waits for every peer's: a QP must not send before the peer's QP can receive, or the
  * packets would be dropped until the retry count runs out. */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +305,8 @@ static int setup_cq(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
                     "ibverbs: TUTTI_IB_SLOTS=%u needs %u receive WRs per QP; %s allows %d",
                     tp->slots, rq, tp->dev_name, dax->orig_attr.max_qp_wr);
     long cqe = (long)served * (long)(sq + rq) + 16;
+    if (tp->lazy) /* and the connection QP's (ib_lazy.c) */
+        cqe += IB_UD_RQ + IB_UD_SQ;
     if (cqe > dax->orig_attr.max_cqe)
         return ERRF(TUTTI_ERR_CONFIG, -1, 0,
                     "ibverbs: %d peers x %u work requests need a CQ of %ld entries; %s allows "
@@ -360,21 +363,35 @@ static void *page_alloc(size_t len)
     return p;
 }
 
-static int link_create(ib_tp_t *tp, ib_link_t *L)
+/* A reason into why (whylen bytes), errno's text after it; returns st. */
+static int why_set(char *why, size_t whylen, int st, int err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int why_set(char *why, size_t whylen, int st, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+    if (err && n >= 0 && (size_t)n < whylen)
+        snprintf(why + n, whylen - (size_t)n, " (errno %d: %s)", err, strerror(err));
+    return st;
+}
+#define WHYF(st, err, ...) why_set(why, whylen, (st), (err), __VA_ARGS__)
+
+int ib_link_create(ib_tp_t *tp, ib_link_t *L, char *why, size_t whylen)
 {
     size_t ring_len = (size_t)tp->slots * tp->slot_bytes + IB_ERRBOX_BYTES;
     L->sqe = calloc(L->sq_depth, sizeof(ib_sqe_t));
     L->ring = page_alloc(ring_len);
     L->stage = page_alloc(ring_len);
     if (!L->sqe || !L->ring || !L->stage)
-        return ERRF(TUTTI_ERR_NOMEM, L->peer, 0, "ibverbs: out of memory for rank %d's rings",
-                    L->peer);
+        return WHYF(TUTTI_ERR_NOMEM, 0, "ibverbs: out of memory for rank %d's rings", L->peer);
     L->ring_mr = ibv_reg_mr(tp->pd, L->ring, ring_len,
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     L->stage_mr = L->ring_mr ? ibv_reg_mr(tp->pd, L->stage, ring_len, IBV_ACCESS_LOCAL_WRITE)
                              : NULL;
     if (!L->ring_mr || !L->stage_mr)
-        return ERRF(TUTTI_ERR_NOMEM, L->peer, errno,
+        return WHYF(TUTTI_ERR_NOMEM, errno,
                     "ibverbs: cannot register %zu-byte rings for rank %d (locked-memory "
                     "limit? see ulimit -l)",
                     ring_len, L->peer);
@@ -395,7 +412,7 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
         L->qp = ibv_create_qp(tp->pd, &ia);
     }
     if (!L->qp)
-        return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
+        return WHYF(TUTTI_ERR_NO_DEVICE, errno,
                     "ibverbs: cannot create a queue pair for rank %d on %s", L->peer, tp->dev_name);
     tp->max_inline = ia.cap.max_inline_data < tp->max_inline ? ia.cap.max_inline_data
                                                              : tp->max_inline;
@@ -408,13 +425,13 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
     };
     if (ibv_modify_qp(L->qp, &a,
                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
+        return WHYF(TUTTI_ERR_NO_DEVICE, errno,
                     "ibverbs: queue pair for rank %d: RESET -> INIT failed", L->peer);
     for (unsigned i = 0; i < L->rq_depth; i++) {
         struct ibv_recv_wr wr = { .wr_id = (1ull << 63) | (uint64_t)L->peer }, *bad;
         if (ibv_post_recv(L->qp, &wr, &bad))
-            return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
-                        "ibverbs: posting receives for rank %d failed", L->peer);
+            return WHYF(TUTTI_ERR_NO_DEVICE, errno, "ibverbs: posting receives for rank %d failed",
+                        L->peer);
     }
     uint32_t r = 0;
     if (getentropy(&r, sizeof(r)) != 0)
@@ -424,8 +441,8 @@ static int link_create(ib_tp_t *tp, ib_link_t *L)
     return TUTTI_OK;
 }
 
-static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
-                        const ib_peer_rec_t *pr)
+int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const ib_peer_rec_t *pr,
+                    char *why, size_t whylen)
 {
     L->r_ring = pr->ring_addr;
     L->r_rkey = pr->ring_rkey;
@@ -453,7 +470,7 @@ static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
     if (ibv_modify_qp(L->qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
+        return WHYF(TUTTI_ERR_NO_DEVICE, errno,
                     "ibverbs: queue pair to rank %d (%s): INIT -> RTR failed (GID index %d; "
                     "set TUTTI_IB_GID_INDEX?)",
                     L->peer, L->addr, tp->gid_index);
@@ -470,31 +487,57 @@ static int link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec,
     if (ibv_modify_qp(L->qp, &b,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-        return ERRF(TUTTI_ERR_NO_DEVICE, L->peer, errno,
+        return WHYF(TUTTI_ERR_NO_DEVICE, errno,
                     "ibverbs: queue pair to rank %d (%s): RTR -> RTS failed", L->peer, L->addr);
+    L->r_qpn = pr->qpn;
+    L->conn = IB_CONN_UP;
     return TUTTI_OK;
 }
 
-/* Rank i's address record agrees with this rank's set-up; else the error, reported. */
-static int check_peer_rec(ib_tp_t *tp, int i, const ib_addr_rec_t *pr, size_t vlen, size_t rec_len)
+int ib_check_peer_rec(ib_tp_t *tp, int i, const ib_addr_rec_t *pr, size_t vlen, size_t rec_len,
+                      char *why, size_t whylen)
 {
-    if (vlen != rec_len || pr->magic != IB_ADDR_MAGIC || pr->version != IB_VERSION ||
-        pr->rank != i || pr->nranks != tp->nranks)
-        return ERRF(TUTTI_ERR_PROTOCOL, i, 0,
+    uint32_t want = tp->lazy ? IB_LAZY_MAGIC : IB_ADDR_MAGIC;
+    if (vlen >= sizeof(uint32_t) && pr->magic != want &&
+        (pr->magic == IB_ADDR_MAGIC || pr->magic == IB_LAZY_MAGIC))
+        return WHYF(TUTTI_ERR_CONFIG, 0,
+                    "ibverbs: rank %d connects its queue pairs %s and rank %d %s: set "
+                    "TUTTI_IB_CONNECT alike on every rank",
+                    i, tp->lazy ? "at init (eager)" : "at their first use (lazy)", tp->rank,
+                    tp->lazy ? "at their first use (lazy)" : "at init (eager)");
+    if (vlen != rec_len || pr->magic != want || pr->version != IB_VERSION || pr->rank != i ||
+        pr->nranks != tp->nranks)
+        return WHYF(TUTTI_ERR_PROTOCOL, 0,
                     "ibverbs: rank %d published a malformed or incompatible address record "
                     "(%zu bytes)",
                     i, vlen);
     if (pr->slots != tp->slots || pr->slot_bytes != tp->slot_bytes)
-        return ERRF(TUTTI_ERR_CONFIG, i, 0,
+        return WHYF(TUTTI_ERR_CONFIG, 0,
                     "ibverbs: rank %d uses %u ring slots of %u bytes, this rank %u of %zu: "
                     "TUTTI_IB_SLOTS and TUTTI_IB_EAGER_BYTES must agree on every rank",
                     i, pr->slots, pr->slot_bytes, tp->slots, tp->slot_bytes);
     if (pr->link_layer != tp->link_layer)
-        return ERRF(TUTTI_ERR_CONFIG, i, 0,
+        return WHYF(TUTTI_ERR_CONFIG, 0,
                     "ibverbs: rank %d is on %s, this rank on %s: the link layers differ", i,
                     pr->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
                     tp->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
     return TUTTI_OK;
+}
+
+void ib_port_rec(const ib_tp_t *tp, ib_addr_rec_t *rec)
+{
+    *rec = (ib_addr_rec_t){ .magic = tp->lazy ? IB_LAZY_MAGIC : IB_ADDR_MAGIC,
+                            .version = IB_VERSION,
+                            .rank = tp->rank,
+                            .nranks = tp->nranks,
+                            .slots = tp->slots,
+                            .slot_bytes = (uint32_t)tp->slot_bytes,
+                            .lid = tp->lid,
+                            .mtu = (uint8_t)tp->mtu,
+                            .link_layer = tp->link_layer,
+                            .gid_index = (uint32_t)tp->gid_index };
+    memcpy(rec->gid, tp->gid.raw, 16);
+    snprintf(rec->dev, sizeof(rec->dev), "%s", tp->dev_name);
 }
 
 int ib_setup_links(ib_tp_t *tp)
@@ -507,24 +550,16 @@ int ib_setup_links(ib_tp_t *tp)
         return ERRF(TUTTI_ERR_NOMEM, -1, 0, "ibverbs: out of memory");
     ib_addr_rec_t *rec = (ib_addr_rec_t *)mine;
     ib_peer_rec_t *prs = (ib_peer_rec_t *)(mine + sizeof(*rec));
-    *rec = (ib_addr_rec_t){ .magic = IB_ADDR_MAGIC,
-                            .version = IB_VERSION,
-                            .rank = tp->rank,
-                            .nranks = n,
-                            .slots = tp->slots,
-                            .slot_bytes = (uint32_t)tp->slot_bytes,
-                            .lid = tp->lid,
-                            .mtu = (uint8_t)tp->mtu,
-                            .link_layer = tp->link_layer,
-                            .gid_index = (uint32_t)tp->gid_index };
-    memcpy(rec->gid, tp->gid.raw, 16);
-    snprintf(rec->dev, sizeof(rec->dev), "%s", tp->dev_name);
+    ib_port_rec(tp, rec);
     int st = TUTTI_OK;
+    char why[512];
     for (int i = 0; i < n && st == TUTTI_OK; i++) {
         ib_link_t *L = &tp->links[i];
         if (!L->served)
             continue;
-        st = link_create(tp, L);
+        st = ib_link_create(tp, L, why, sizeof(why));
+        if (st < 0)
+            ERRF(st, i, 0, "%s", why);
         if (st == TUTTI_OK)
             prs[i] = (ib_peer_rec_t){ .qpn = L->qp->qp_num,
                                       .psn = L->psn,
@@ -555,13 +590,15 @@ int ib_setup_links(ib_tp_t *tp)
             break;
         }
         const ib_addr_rec_t *pr = v;
-        st = check_peer_rec(tp, i, pr, vlen, rec_len);
+        st = ib_check_peer_rec(tp, i, pr, vlen, rec_len, why, sizeof(why));
         if (st == TUTTI_OK) {
             const ib_peer_rec_t *mine_at_peer = (const ib_peer_rec_t *)((const char *)v +
                                                                         sizeof(ib_addr_rec_t)) +
                                                 tp->rank;
-            st = link_connect(tp, L, pr, mine_at_peer);
+            st = ib_link_connect(tp, L, pr, mine_at_peer, why, sizeof(why));
         }
+        if (st < 0)
+            ERRF(st, i, 0, "%s", why);
         HOST->free_value(v);
     }
     if (st == TUTTI_OK) {
@@ -584,6 +621,8 @@ int ib_setup_links(ib_tp_t *tp)
         else
             HOST->free_value(v);
     }
+    for (int i = 0; i < n && st == TUTTI_OK; i++)
+        tp->links[i].peer_ready = 1; /* every peer's QP can receive: it said so */
     return st;
 }
 

@@ -76,4 +76,37 @@ static inline void ib_errbox_read(const char *box, uint32_t byte_len, char msg[I
     msg[n] = '\0';
 }
 
+/* A connection datagram of len bytes (after the GRH) for rank `rank` of nranks, job
+ * instance hash inst, copied into *m_p and checked (the MAC is the caller's): NULL, or
+ * why it is refused. The sender's port record names the sender and the job's size, and
+ * its device name ends within the record. */
+static inline const char *ib_ud_decode(const void *buf, size_t len, int rank, int nranks,
+                                       uint64_t inst, ib_ud_msg_t *m_p)
+{
+    if (len < sizeof(*m_p))
+        return "too short";
+    memcpy(m_p, buf, sizeof(*m_p));
+    const ib_ud_msg_t *m = m_p;
+    if (m->magic != IB_UD_MAGIC ||
+        (m->kind != IB_UD_REQ && m->kind != IB_UD_REP && m->kind != IB_UD_REJ))
+        return "not a connection datagram";
+    if (m->instance != inst)
+        return "from another job instance";
+    if (m->to != rank)
+        return "addressed to another rank";
+    if (m->from < 0 || m->from >= nranks || m->from == rank)
+        return "from a rank out of range";
+    if (m->port.magic != IB_LAZY_MAGIC || m->port.version != IB_VERSION ||
+        m->port.rank != m->from || m->port.nranks != nranks)
+        return "its port record is malformed or from another job size";
+    if (!memchr(m->port.dev, '\0', sizeof(m->port.dev)))
+        return "its device name is unterminated";
+    if (m->auth > 1 || (m->kind == IB_UD_REJ && m->auth))
+        return "unknown authentication flag";
+    if (m->kind == IB_UD_REJ &&
+        (m->qp.reserved < IB_REJ_PROOF || m->qp.reserved > IB_REJ_UNWANTED_PROOF))
+        return "a refusal for an unknown reason";
+    return NULL;
+}
+
 #endif /* IB_IB_WIRE_H */
