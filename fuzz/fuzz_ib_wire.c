@@ -6,7 +6,9 @@
  * events: an opcode byte, then for 0-2: an immediate (4 bytes, big-endian as on the
  * wire; opcode 1 without the immediate flag, 2 also the error box's length, 2 bytes);
  * 3: this rank writes a slot (spends a credit); 4: the next slot, its header and payload
- * from the input; 5: the error box from the input. */
+ * from the input; 5: the error box from the input; 6: a connection datagram (lazy
+ * connect) to rank 1 of 4, a length byte then that many bytes, in a buffer of exactly
+ * that size. */
 #include <endian.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -78,6 +80,31 @@ static void on_slot(fuzz_link_t *L, const uint8_t **p, const uint8_t *end)
     free(slot);
 }
 
+#define FUZZ_INSTANCE 0x1122334455667788ull
+
+/* A datagram as it lands after the GRH: what ib_ud_decode accepts is one the lazy
+ * connect code may act on (rank 1 of 4, instance FUZZ_INSTANCE). */
+static void on_datagram(const uint8_t **p, const uint8_t *end)
+{
+    uint8_t n = 0;
+    take(p, end, &n, 1);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return;
+    take(p, end, buf, n);
+    ib_ud_msg_t m;
+    if (!ib_ud_decode(buf, n, 1, 4, FUZZ_INSTANCE, &m)) {
+        int rej = m.kind == IB_UD_REJ;
+        if (n < sizeof(m) || m.to != 1 || m.from < 0 || m.from >= 4 || m.from == 1 ||
+            m.instance != FUZZ_INSTANCE || m.port.rank != m.from || m.port.nranks != 4 ||
+            !memchr(m.port.dev, '\0', sizeof(m.port.dev)) || m.auth > 1 || (rej && m.auth) ||
+            (rej && (m.qp.reserved < IB_REJ_PROOF || m.qp.reserved > IB_REJ_UNWANTED_PROOF)) ||
+            (!rej && m.kind != IB_UD_REQ && m.kind != IB_UD_REP))
+            abort();
+    }
+    free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
@@ -90,7 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     L.slot_bytes = (IB_HDR_BYTES + L.eager_max + 63) & ~(size_t)63; /* as ib_create */
     const uint8_t *p = data + 2, *end = data + size;
     while (p < end) {
-        uint8_t op = *p++ % 6;
+        uint8_t op = *p++ % 7;
         uint32_t imm;
         uint16_t byte_len;
         if (op <= 2) {
@@ -103,8 +130,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             L.w.credits -= L.w.credits > 0;
         } else if (op == 4) {
             on_slot(&L, &p, end);
-        } else {
+        } else if (op == 5) {
             take(&p, end, L.box, 64);
+        } else {
+            on_datagram(&p, end);
         }
     }
     return 0;

@@ -295,6 +295,35 @@ write(B, "eager-full-slot", bytes([2, 4]) + imm(IMM_DATA) + ib_slot(payload=b"z"
 write(B, "no-immediate", bytes([2, 16]) + imm(IMM_DATA, op=1))
 write(B, "unknown-type", bytes([2, 16]) + imm(9))
 
+# connection datagrams (event 6), to rank 1 of 4 in instance 0x1122334455667788: see
+# ib_ud_msg_t in transports/ibverbs/ib.h
+UD_MAGIC, LAZY_MAGIC, UD_REQ, UD_REP, UD_REJ = 0x55444954, 0x5A4C4954, 1, 2, 3
+INST = 0x1122334455667788
+
+
+def ud(kind=UD_REQ, frm=0, to=1, auth=0, inst=INST, reason=0, dev=b"rxe0", nranks=4,
+       cut=None):
+    port = struct.pack("<IIiiIIHBBI16s32s", LAZY_MAGIC, 1, frm, nranks, 32, 8256, 0, 3, 2, 1,
+                       bytes(10) + b"\xff\xff\xc0\x00\x02\x01", dev)
+    qp = struct.pack("<IIQII", 0 if kind == UD_REJ else 0x11, 0 if kind == UD_REJ else 0x1234,
+                     0 if kind == UD_REJ else 0x7F0000002000, 0 if kind == UD_REJ else 9, reason)
+    m = struct.pack("<IHHiiQ", UD_MAGIC, kind, auth, frm, to, inst) + port + qp + bytes(64)
+    assert len(m) == 192
+    m = m[:cut] if cut is not None else m
+    return b"\x06" + bytes([len(m)]) + m
+
+
+write(B, "ud-req-rep", bytes([2, 16]) + ud() + ud(UD_REP, frm=2))
+write(B, "ud-req-auth", bytes([2, 16]) + ud(auth=1))
+write(B, "ud-rej", bytes([2, 16]) + ud(UD_REJ, frm=3, reason=1))
+write(B, "ud-rej-auth", bytes([2, 16]) + ud(UD_REJ, auth=1, reason=1))
+write(B, "ud-rej-reason", bytes([2, 16]) + ud(UD_REJ, reason=9))
+write(B, "ud-short", bytes([2, 16]) + ud(cut=100))
+write(B, "ud-other-job", bytes([2, 16]) + ud(inst=INST + 1))
+write(B, "ud-to-self", bytes([2, 16]) + ud(frm=1))
+write(B, "ud-unterminated-dev", bytes([2, 16]) + ud(dev=b"x" * 32))
+write(B, "ud-other-size", bytes([2, 16]) + ud(nranks=5))
+
 
 # ---- the redis client's replies: 2 bytes = how many follow already buffered ----
 def redis(name, replies, split=0):

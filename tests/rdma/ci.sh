@@ -13,7 +13,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 B=${1:-build}
-for f in tests/test_ibverbs tests/test_collectives tests/test_conformance tests/test_mux \
+for f in tests/test_ibverbs tests/test_collectives tests/test_conformance tests/test_mux tests/test_p2p \
     bench/tutti-bench; do
     if [ ! -x "$B/$f" ]; then
         echo "tests/rdma/ci.sh: $B/$f is missing (is libibverbs-dev installed, and the ibverbs" \
@@ -23,6 +23,6 @@ for f in tests/test_ibverbs tests/test_collectives tests/test_conformance tests/
 done
 exec "$HERE/run-in-vm.sh" -t "${TUTTI_RXE_TIMEOUT:-1200}" \
     -f "$B/tests/test_ibverbs" -f "$B/tests/test_collectives" \
-    -f "$B/tests/test_conformance" -f "$B/tests/test_mux" \
+    -f "$B/tests/test_conformance" -f "$B/tests/test_mux" -f "$B/tests/test_p2p" \
     -f "$B/bench/tutti-bench" -f "$HERE/guest-suite.sh" \
     -- /payload/guest-suite.sh "${TUTTI_RXE_BENCH:-1}"

@@ -25,9 +25,16 @@ run test_ibverbs ./test_ibverbs
 # CI near its 30 minutes (session 93); 3 ranks take the odd counts' paths, 2 the powers
 # of two, and test_ibverbs above runs every collective on 4 ranks over ibverbs)
 run test_collectives env CK_EXCLUDE_TAGS=hosts TT_TEST_MAX_RANKS=3 ./test_collectives
+# again with queue pairs connected at their first use (TUTTI_IB_CONNECT=lazy; test_ibverbs
+# has the lazy cases of its own: counts, refusals, timeouts), and point to point, whose
+# any-source receives connect no one (the senders do)
+run test_collectives_lazy env TUTTI_IB_CONNECT=lazy CK_EXCLUDE_TAGS=hosts TT_TEST_MAX_RANKS=3 \
+    ./test_collectives
+run test_p2p_lazy env TUTTI_IB_CONNECT=lazy ./test_p2p
 # the transport ABI's arm() over ibverbs, and a wait on shm and ibverbs at once
 run test_conformance_arm env CK_RUN_CASE=arm ./test_conformance
 run test_mux_sleeps env CK_RUN_CASE=sleeps TT_TEST_IB_MUX=1 ./test_mux
+run test_mux_sleeps_lazy env TUTTI_IB_CONNECT=lazy CK_RUN_CASE=sleeps TT_TEST_IB_MUX=1 ./test_mux
 if [ "${1:-1}" = 1 ] && [ "$rc" -eq 0 ]; then
     # the record, not a test: rxe under TCG measures the emulator, not RDMA
     for np in 2 4; do

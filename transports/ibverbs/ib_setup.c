@@ -5,7 +5,8 @@
  * number, PSN and receive ring (address, rkey) it set up for p. It reads each peer's
  * record, takes its QP for that peer through RTR to RTS, then publishes ib/ready/<r> and
  * waits for every peer's: a QP must not send before the peer's QP can receive, or the
- * packets would be dropped until the retry count runs out. */
+ * packets would be dropped until the retry count runs out. Lazily (TUTTI_IB_CONNECT=lazy)
+ * the record has no per-peer entries and ib_lazy.c makes each link at its first use. */
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
