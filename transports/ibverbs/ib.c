@@ -582,8 +582,7 @@ static void keepalive(ib_tp_t *tp)
     uint64_t now = tp_now_ns(), quiet = (uint64_t)tp->keepalive_ms * 1000000ull;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || L->fail.status || L->nop_inflight || L->conn != IB_CONN_UP ||
-            sq_room(L) <= 2)
+        if (!L->served || L->fail.status || L->nop_inflight || !L->peer_ready || sq_room(L) <= 2)
             continue;
         if (!(L->rq_head || L->fin_head || L->reads || L->sq_head))
             continue;
@@ -685,8 +684,12 @@ TT_KIT_CHECK_FN(ib_tp_t, "ibverbs", link_served)
 static int check_and_connect(ib_tp_t *tp, tp_req_t *r, int kind)
 {
     int st = check_req(tp, r, kind);
-    if (st == TUTTI_OK && tp->lazy)
-        ib_lazy_need(tp, &tp->links[r->peer]);
+    if (st == TUTTI_OK && tp->lazy) {
+        ib_link_t *L = &tp->links[r->peer];
+        ib_lazy_need(tp, L);
+        if (L->fail.status) /* at once (a bad record, no memory): fail r with it */
+            return check_req(tp, r, kind);
+    }
     return st;
 }
 
@@ -728,7 +731,7 @@ static void ib_notify_error(void *vtp, int status, const char *msg)
                                                               : (unsigned)-TUTTI_ERR_PEER;
     for (int i = 0; i < tp->nranks; i++) {
         ib_link_t *L = &tp->links[i];
-        if (!L->served || !L->qp || L->conn != IB_CONN_UP || L->qp_stopped || L->error_sent ||
+        if (!L->served || !L->qp || !L->peer_ready || L->qp_stopped || L->error_sent ||
             sq_room(L) == 0)
             continue;
         memcpy(L->stage + off, msg, len);

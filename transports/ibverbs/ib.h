@@ -209,7 +209,8 @@ typedef struct ib_link {
     uint32_t r_qpn;     /* the peer's QP this one is connected to */
     unsigned tries;
     uint64_t next_try_ns, deadline_ns;
-    int rec_status; /* the last store read of the peer's record, while it fails */
+    int rec_status;    /* the last store read of the peer's record, while it fails */
+    uint8_t nonce[32]; /* this link's REQs and REPs carry it; a REJ must echo it */
     int error_sent;
     int nop_inflight;
     uint64_t last_heard_ns;
@@ -262,6 +263,7 @@ struct ib_tp {
     int lazy_waiting; /* links with wanted set */
     uint64_t lazy_next_ns;
     unsigned long ud_dropped; /* datagrams refused (logged) */
+    unsigned ud_flushed;      /* receives of the connection QP flushed (logged once) */
     /* set by ib.c: a link failed / came up (lazily, the set-up code reaches the data
      * path only through these) */
     void (*link_failed)(ib_link_t *L, int status, const char *msg);

@@ -15,11 +15,19 @@
  * once needs no rule: each connects to the other's one QP and answers; a REQ or REP for
  * a link already up is answered again (a lost datagram is resent) or dropped.
  *
+ * A link waits (wanted, resending its REQ) until the peer's QP is known to receive: a
+ * REP or a first write from it; so both asking at once with both REPs lost, or a REP not
+ * sent for want of a send slot, ends in a REQ answered later, not a wait on each other.
+ *
  * Datagrams carry the job instance (its hash is also the Q_Key: another job's are dropped
- * by the device) and, where the job has a secret, an HMAC of it over every field and a
- * fresh nonce; one that fails is dropped and counted (the asking side's timeout then
- * names the peer). The REQ carries the sender's port record, so answering reads nothing
- * from the store. */
+ * by the device) and, where the job has a secret, an HMAC of it over every field and the
+ * link's nonce; one that fails is dropped and counted, and a REQ so refused is answered
+ * REJ. A REJ cannot be authenticated (it may answer a rank with another secret): it
+ * counts only if it echoes the nonce of this rank's own REQs on that link, so a REQ
+ * forged in this rank's name does not fail its link. The REQ carries the sender's port
+ * record, checked against the one the sender published (read once a link from the
+ * store, also for the address handle of the answer), so without a secret a REQ still
+ * cannot point a link at another port than the rank's own. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -67,20 +75,22 @@ static int ud_post_recv(ib_tp_t *tp, unsigned i)
 
 /* What a datagram's MAC covers, as text (the instance and direction included, so a MAC
  * cannot be replayed for another pair or job). */
-static void ud_context(const ib_tp_t *tp, const ib_ud_msg_t *m, char *buf, size_t len)
+static int ud_context(const ib_tp_t *tp, const ib_ud_msg_t *m, char *buf, size_t len)
 {
     char gid[33];
     for (int i = 0; i < 16; i++)
         snprintf(gid + 2 * i, 3, "%02x", m->port.gid[i]);
-    snprintf(buf, len,
-             "ib-%s %d->%d %s qpn %u psn %u ring %llx rkey %u lid %u gid %s mtu %u gidx %u "
-             "slots %u/%u ll %u dev %.31s",
-             m->kind == IB_UD_REQ   ? "req"
-             : m->kind == IB_UD_REP ? "rep"
-                                    : "rej",
-             m->from, m->to, tp->instance, m->qp.qpn, m->qp.psn,
-             (unsigned long long)m->qp.ring_addr, m->qp.ring_rkey, m->port.lid, gid, m->port.mtu,
-             m->port.gid_index, m->port.slots, m->port.slot_bytes, m->port.link_layer, m->port.dev);
+    int n = snprintf(buf, len,
+                     "ib-%s %d->%d %s qpn %u psn %u ring %llx rkey %u lid %u gid %s mtu %u gidx %u "
+                     "slots %u/%u ll %u dev %.31s",
+                     m->kind == IB_UD_REQ   ? "req"
+                     : m->kind == IB_UD_REP ? "rep"
+                                            : "rej",
+                     m->from, m->to, tp->instance, m->qp.qpn, m->qp.psn,
+                     (unsigned long long)m->qp.ring_addr, m->qp.ring_rkey, m->port.lid, gid,
+                     m->port.mtu, m->port.gid_index, m->port.slots, m->port.slot_bytes,
+                     m->port.link_layer, m->port.dev);
+    return n > 0 && (size_t)n < len ? 0 : -1; /* cut short: a field would go unproven */
 }
 
 int ib_lazy_setup(ib_tp_t *tp)
@@ -170,18 +180,19 @@ static void link_failed(ib_tp_t *tp, ib_link_t *L, int status, const char *fmt, 
     tp->link_failed(L, status, msg);
 }
 
-/* The link is up and may write: nothing more to wait for. */
+/* The link failed, or is up and may write: nothing more to wait for. */
 static void link_settled(ib_tp_t *tp, ib_link_t *L)
 {
-    if (L->wanted && L->conn == IB_CONN_UP) {
+    if (L->wanted && (L->fail.status || (L->conn == IB_CONN_UP && L->peer_ready))) {
         L->wanted = 0;
         tp->lazy_waiting--;
     }
 }
 
-/* Send a REQ, REP or REJ (reason: IB_REJ_*) to L's peer; -1 when no send slot is free
- * now (the caller tries again: a REQ on its timer, a REP or REJ at the peer's next REQ). */
-static int ud_send(ib_tp_t *tp, ib_link_t *L, int kind, unsigned reason)
+/* Send a REQ, REP or REJ (reason: IB_REJ_*) to L's peer, with nonce (a REQ's and REP's
+ * the link's own, a REJ's the refused REQ's); -1 when no send slot is free now (the
+ * caller tries again: a REQ on its timer, a REP or REJ at the peer's next REQ). */
+static int ud_send(ib_tp_t *tp, ib_link_t *L, int kind, unsigned reason, const uint8_t nonce[32])
 {
     if (tp->ud_sq_busy >= IB_UD_SQ || !L->ah)
         return -1;
@@ -193,6 +204,7 @@ static int ud_send(ib_tp_t *tp, ib_link_t *L, int kind, unsigned reason)
                         .from = tp->rank,
                         .to = L->peer,
                         .instance = tp->inst_hash };
+    memcpy(m->nonce, nonce, sizeof(m->nonce));
     if (kind == IB_UD_REJ)
         m->qp.reserved = reason;
     else
@@ -202,11 +214,9 @@ static int ud_send(ib_tp_t *tp, ib_link_t *L, int kind, unsigned reason)
                                  .ring_rkey = L->ring_mr->rkey };
     ib_port_rec(tp, &m->port);
     if (tp->auth && kind != IB_UD_REJ) {
-        char ctx[512];
-        if (getentropy(m->nonce, sizeof(m->nonce)) != 0)
-            return -1;
-        ud_context(tp, m, ctx, sizeof(ctx));
-        if (HOST->auth_answer(HOST->ctx, ctx, m->nonce, m->mac) != TUTTI_OK)
+        char ctx[1024];
+        if (ud_context(tp, m, ctx, sizeof(ctx)) < 0 ||
+            HOST->auth_answer(HOST->ctx, ctx, m->nonce, m->mac) != TUTTI_OK)
             return -1;
         m->auth = 1;
     }
@@ -287,11 +297,15 @@ static int read_rec(ib_tp_t *tp, ib_link_t *L)
     return 1;
 }
 
-/* Make L's QP and rings (in INIT): 0, or -1 with the link failed. */
+/* Make L's QP and rings (in INIT) and its nonce: 0, or -1 with the link failed. */
 static int create(ib_tp_t *tp, ib_link_t *L)
 {
     char why[512];
-    int st = ib_link_create(tp, L, why, sizeof(why));
+    int st = getentropy(L->nonce, sizeof(L->nonce)) == 0 ? TUTTI_OK : TUTTI_ERR_INTERNAL;
+    if (st < 0)
+        snprintf(why, sizeof(why), "ibverbs: no random bytes for a nonce (errno %d)", errno);
+    else
+        st = ib_link_create(tp, L, why, sizeof(why));
     if (st < 0) {
         link_failed(tp, L, st, "%s", why);
         return -1;
@@ -302,11 +316,8 @@ static int create(ib_tp_t *tp, ib_link_t *L)
 /* One step of a link that waits: its record, its QP, its REQ (again), its deadline. */
 static void step(ib_tp_t *tp, ib_link_t *L, uint64_t now)
 {
-    if (L->fail.status || L->conn == IB_CONN_UP) {
-        link_settled(tp, L);
-        return;
-    }
-    if (now < L->next_try_ns)
+    link_settled(tp, L);
+    if (!L->wanted || now < L->next_try_ns)
         return;
     int got = read_rec(tp, L);
     if (got < 0)
@@ -336,7 +347,8 @@ static void step(ib_tp_t *tp, ib_link_t *L, uint64_t now)
                     L->peer, L->tries, HOST->timeout_ms, L->ud.qpn, L->prec.dev);
         return;
     }
-    if (ud_send(tp, L, IB_UD_REQ, 0) == 0)
+    /* asking, or up and not yet told that the peer's QP receives: (again) */
+    if (ud_send(tp, L, IB_UD_REQ, 0, L->nonce) == 0)
         L->tries++;
     uint64_t gap = LAZY_RESEND_NS << (L->tries < 5 ? L->tries : 5);
     L->next_try_ns = now + (gap < LAZY_RESEND_MAX_NS ? gap : LAZY_RESEND_MAX_NS);
@@ -346,14 +358,17 @@ static void step(ib_tp_t *tp, ib_link_t *L, uint64_t now)
 
 void ib_lazy_need(ib_tp_t *tp, ib_link_t *L)
 {
-    if (!tp->lazy || L->conn == IB_CONN_UP || L->wanted || L->fail.status)
+    if (!tp->lazy || (L->conn == IB_CONN_UP && L->peer_ready) || L->wanted || L->fail.status)
         return;
     uint64_t now = tp_now_ns();
     L->wanted = 1;
     tp->lazy_waiting++;
     L->deadline_ns = now + (uint64_t)(HOST->timeout_ms > 0 ? HOST->timeout_ms : 30000) * 1000000ull;
-    L->next_try_ns = 0;
+    /* up as the answering side: the asker's first write is due; ask only if it is late */
+    L->next_try_ns = L->conn == IB_CONN_UP ? now + LAZY_RESEND_NS : 0;
     step(tp, L, now);
+    if (L->wanted && L->next_try_ns < tp->lazy_next_ns)
+        tp->lazy_next_ns = L->next_try_ns;
 }
 
 void ib_lazy_tick(ib_tp_t *tp)
@@ -394,11 +409,10 @@ static void drop(ib_tp_t *tp, int from, const char *why)
          "ibverbs: a connection datagram (claiming rank %d) refused: %s", from, why);
 }
 
-/* Answer L's peer: its record (for the address handle) is read first if need be. */
+/* Answer L's peer (its record, for the address handle, is read by then). */
 static void answer(ib_tp_t *tp, ib_link_t *L)
 {
-    if (L->have_rec || read_rec(tp, L) > 0)
-        ud_send(tp, L, IB_UD_REP, 0);
+    ud_send(tp, L, IB_UD_REP, 0, L->nonce);
 }
 
 /* Why a datagram from m->from is refused before anything is done with it, or NULL;
@@ -417,10 +431,10 @@ static const char *refuse(ib_tp_t *tp, const ib_ud_msg_t *m, unsigned *reject_p)
     }
     if (tp->auth) {
         *reject_p = IB_REJ_PROOF;
-        char ctx[512];
+        char ctx[1024];
         uint8_t want[32];
-        ud_context(tp, m, ctx, sizeof(ctx));
-        if (HOST->auth_answer(HOST->ctx, ctx, m->nonce, want) != TUTTI_OK)
+        if (ud_context(tp, m, ctx, sizeof(ctx)) < 0 ||
+            HOST->auth_answer(HOST->ctx, ctx, m->nonce, want) != TUTTI_OK)
             return "cannot compute the job secret's proof";
         unsigned diff = 0;
         for (int i = 0; i < 32; i++)
@@ -432,11 +446,16 @@ static const char *refuse(ib_tp_t *tp, const ib_ud_msg_t *m, unsigned *reject_p)
     return NULL;
 }
 
-/* A REJ from L's peer: fail the link if this rank asked. */
-static void on_reject(ib_tp_t *tp, ib_link_t *L, unsigned reason)
+/* A REJ from L's peer: fail the link if this rank asked and the REJ echoes its nonce. */
+static void on_reject(ib_tp_t *tp, ib_link_t *L, const ib_ud_msg_t *m)
 {
-    if (L->conn != IB_CONN_ASKING || L->fail.status)
+    unsigned reason = m->qp.reserved;
+    if (!L->wanted || L->fail.status || L->conn == IB_CONN_NONE)
         return;
+    if (memcmp(m->nonce, L->nonce, sizeof(L->nonce))) {
+        drop(tp, L->peer, "a refusal of a request this rank did not send");
+        return;
+    }
     static const char *const why[] = {
         "",
         "it could not verify this rank's proof of the job secret (another secret?)",
@@ -458,15 +477,23 @@ static void on_datagram(ib_tp_t *tp, const ib_ud_msg_t *m)
     if (no) {
         drop(tp, m->from, no);
         if (reject && m->kind == IB_UD_REQ && (L->have_rec || read_rec(tp, L) > 0))
-            ud_send(tp, L, IB_UD_REJ, reject);
+            ud_send(tp, L, IB_UD_REJ, reject, m->nonce);
         return;
     }
     if (m->kind == IB_UD_REJ) {
-        on_reject(tp, L, m->qp.reserved);
+        on_reject(tp, L, m);
         return;
     }
     if (L->fail.status)
         return;
+    /* the port the sender published: the REQ must come from it, and the REP goes to it */
+    if (read_rec(tp, L) <= 0)
+        return; /* not there yet (the sender published it first) or the link failed */
+    if (memcmp(m->port.gid, L->prec.gid, sizeof(L->prec.gid)) || m->port.lid != L->prec.lid ||
+        strncmp(m->port.dev, L->prec.dev, sizeof(L->prec.dev))) {
+        drop(tp, m->from, "its port is not the one that rank published");
+        return;
+    }
     if (L->conn == IB_CONN_UP) {
         if (m->qp.qpn != L->r_qpn) {
             drop(tp, m->from, "its queue pair is not the one this rank is connected to");
@@ -529,8 +556,10 @@ void ib_lazy_wc(ib_tp_t *tp, const struct ibv_wc *wc)
             drop(tp, -1, why);
         else
             on_datagram(tp, &m);
-    } else if (wc->status != IBV_WC_WR_FLUSH_ERR) {
-        LOGF(TUTTI_LOG_WARN, "ibverbs: a connection datagram's receive failed: %s",
+    } else if (wc->status != IBV_WC_WR_FLUSH_ERR || !tp->ud_flushed++) {
+        LOGF(TUTTI_LOG_WARN,
+             "ibverbs: a connection datagram's receive failed: %s (flushed: the connection QP "
+             "is in the error state, and links not yet connected will time out)",
              ibv_wc_status_str(wc->status));
     }
     if (wc->status != IBV_WC_WR_FLUSH_ERR && ud_post_recv(tp, slot))
@@ -539,13 +568,13 @@ void ib_lazy_wc(ib_tp_t *tp, const struct ibv_wc *wc)
 
 void ib_lazy_teardown(ib_tp_t *tp)
 {
+    if (tp->ud_qp) /* before the address handles its sends may name */
+        ibv_destroy_qp(tp->ud_qp);
     for (int i = 0; tp->links && i < tp->nranks; i++)
         if (tp->links[i].ah) {
             ibv_destroy_ah(tp->links[i].ah);
             tp->links[i].ah = NULL;
         }
-    if (tp->ud_qp)
-        ibv_destroy_qp(tp->ud_qp);
     if (tp->ud_mr)
         ibv_dereg_mr(tp->ud_mr);
     free(tp->ud_buf);

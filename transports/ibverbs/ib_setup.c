@@ -492,6 +492,7 @@ int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const i
                     "ibverbs: queue pair to rank %d (%s): RTR -> RTS failed", L->peer, L->addr);
     L->r_qpn = pr->qpn;
     L->conn = IB_CONN_UP;
+    L->last_heard_ns = tp_now_ns(); /* keep-alive counts from here */
     return TUTTI_OK;
 }
 
