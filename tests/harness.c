@@ -395,6 +395,47 @@ int th_store_barrier(tutti_store_t *store, const char *prefix, int rank, int nra
     return st;
 }
 
+int th_all_pairs(tutti_comm_t *comm, int rank, int nranks, uint32_t tag)
+{
+    tutti_work_t *w[64];
+    int32_t send[32], recv[32];
+    int nw = 0, rc = 0;
+    if (nranks > 32)
+        return 1;
+    for (int j = 0; j < nranks && !rc; j++) {
+        send[j] = rank * 100 + j;
+        recv[j] = -1;
+        if (j == rank)
+            continue;
+        if (tutti_send_async(comm, &send[j], 1, TUTTI_INT32, j, tag, &w[nw]) != 0) {
+            rc = 1;
+            break;
+        }
+        nw++;
+        if (tutti_recv_async(comm, &recv[j], 1, TUTTI_INT32, j, tag, &w[nw]) != 0) {
+            rc = 1;
+            break;
+        }
+        nw++;
+    }
+    if (rc)
+        fprintf(stderr, "rank %d: all pairs: post: %s\n", rank, tutti_comm_last_error(comm));
+    for (int k = 0; k < nw; k++) {
+        if (tutti_wait(w[k], -1) != 0 && !rc) {
+            fprintf(stderr, "rank %d: all pairs: %s\n", rank, tutti_comm_last_error(comm));
+            rc = 1;
+        }
+        tutti_work_free(w[k]);
+    }
+    for (int j = 0; j < nranks && !rc; j++)
+        if (j != rank && recv[j] != j * 100 + rank) {
+            fprintf(stderr, "rank %d: all pairs: from %d: %d, want %d\n", rank, j, recv[j],
+                    j * 100 + rank);
+            rc = 1;
+        }
+    return rc;
+}
+
 int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *out, size_t len,
                 int timeout_ms)
 {

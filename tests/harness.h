@@ -56,6 +56,11 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
 int th_store_barrier(tutti_store_t *store, const char *prefix, int rank, int nranks,
                      const char *phase, int timeout_ms);
 
+/* Every pair at once: each rank (of at most 32) posts a send of rank * 100 + j to every
+ * other rank j and a receive from it, all with tag, then waits and checks what came.
+ * 0 on success; else 1, with the reason on stderr. */
+int th_all_pairs(tutti_comm_t *comm, int rank, int nranks, uint32_t tag);
+
 /* 1 in an AddressSanitizer build: freed memory sits in its quarantine, so RSS checks
  * measure the sanitizer, not the code. */
 #if defined(__SANITIZE_ADDRESS__)

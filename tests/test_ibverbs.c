@@ -835,24 +835,7 @@ static int rank_lazy(int rank, int nranks, tutti_comm_t *unused, const char *dir
                 tutti_comm_last_error(comm));
     }
     FAIL_IF(th_store_barrier(store, "iblazy", rank, nranks, "any", 60000), "barrier");
-    tutti_work_t *w[16];
-    int32_t send[8], recv[8];
-    int nw = 0;
-    for (int j = 0; j < nranks; j++) {
-        send[j] = rank * 100 + j;
-        recv[j] = -1;
-        if (j == rank)
-            continue;
-        FAIL_IF(tutti_send_async(comm, &send[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0 ||
-                    tutti_recv_async(comm, &recv[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0,
-                "post: %s", tutti_comm_last_error(comm));
-    }
-    for (int k = 0; k < nw; k++) {
-        FAIL_IF(tutti_wait(w[k], -1) != 0, "all pairs: %s", tutti_comm_last_error(comm));
-        tutti_work_free(w[k]);
-    }
-    for (int j = 0; j < nranks; j++)
-        FAIL_IF(j != rank && recv[j] != j * 100 + rank, "all pairs: from %d: %d", j, recv[j]);
+    FAIL_IF(th_all_pairs(comm, rank, nranks, 11), "all pairs");
     FAIL_IF(qps_now() != nranks - 1, "after all pairs: %d queue pairs, want %d", qps_now(),
             nranks - 1);
     /* an allreduce over the links now up, against the sum computed here */

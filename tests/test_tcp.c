@@ -1406,24 +1406,7 @@ static int rank_lazy(int rank, int nranks, tutti_comm_t *unused, const char *dir
                 tutti_comm_last_error(comm));
     }
     /* every pair at once: each rank sends to and receives from every other */
-    tutti_work_t *w[32];
-    int32_t send[16], recv[16];
-    for (int j = 0; j < nranks; j++)
-        send[j] = rank * 100 + j;
-    int nw = 0;
-    for (int j = 0; j < nranks; j++) {
-        if (j == rank)
-            continue;
-        FAIL_IF(tutti_send_async(comm, &send[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0 ||
-                    tutti_recv_async(comm, &recv[j], 1, TUTTI_INT32, j, 11, &w[nw++]) != 0,
-                "post: %s", tutti_comm_last_error(comm));
-    }
-    for (int k = 0; k < nw; k++) {
-        FAIL_IF(tutti_wait(w[k], -1) != 0, "all pairs: %s", tutti_comm_last_error(comm));
-        tutti_work_free(w[k]);
-    }
-    for (int j = 0; j < nranks; j++)
-        FAIL_IF(j != rank && recv[j] != j * 100 + rank, "all pairs: from %d: %d", j, recv[j]);
+    FAIL_IF(th_all_pairs(comm, rank, nranks, 11), "all pairs");
     FAIL_IF(!sockets_settle(base + nranks - 1, &got), "after all pairs: %d sockets, want %d", got,
             base + nranks - 1);
     FAIL_IF(check_allreduce(rank, nranks, comm, 100000), "allreduce");
