@@ -954,9 +954,9 @@ START_TEST(lazy_other_secret_refused)
 END_TEST
 
 /* One rank lazy, one eager, through the transport ABI (through the library, the lazy
- * rank's init would wait for the failed eager rank's host id until its timeout): the
- * eager rank's create fails at once naming the lazy rank and TUTTI_IB_CONNECT, and the
- * lazy rank's first send to it fails so too. */
+ * rank's init ends on the eager rank's failed set-up, which says why): the eager rank's
+ * create fails at once naming the lazy rank and TUTTI_IB_CONNECT, and the lazy rank's
+ * first send to it fails so too. */
 static int rank_lazy_mixed(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused, (void)arg;

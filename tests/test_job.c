@@ -358,7 +358,8 @@ TH_RUN_TEST(settle_of_seconds_is_waited, th_run_nocomm(2, rank_settle, NULL, 200
  * One rank with TUTTI_TRANSPORT=tcp, the other with auto (shm here, tcp elsewhere):
  * each waited for the other's keys (tcp's addresses, the host ids) until the timeout,
  * and neither said why. Now the rank that differs from rank 0 fails at once with a
- * config error naming both; rank 0 times out. Specs that mean the same ("auto" and
+ * config error naming both; rank 0 times out (the other rank, not a member of rank 0's
+ * instance, which may be another job's, leaves no failure in it). Specs that mean the same ("auto" and
  * "remote=tcp") connect. */
 
 typedef struct specs {
@@ -401,6 +402,46 @@ static int rank_spec(int rank, int nranks, tutti_comm_t *unused, const char *dir
     return 0;
 }
 
+/* A rank whose set-up fails on its own (an unknown knob on rank 2 of 3, found before it
+ * publishes anything) leaves its reason; the others, waiting for it in their own set-up,
+ * fail within a slice of that wait with its status and reason, not at their 20 s timeout
+ * naming a missing key or connection. tcp: ranks 0 and 1 wait for rank 2 to connect
+ * (the host's setup_check); shm: in store reads of rank 2's keys (sliced waits). */
+static const char *const peer_setup_knob[][3] = {
+    { "tcp", "TCP_CONNECT=sometimes", "TUTTI_TCP_CONNECT" },
+    { "shm", "SHM_RESERVE=sometimes", "TUTTI_SHM_RESERVE" },
+};
+
+static int rank_peer_setup(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *const *k = peer_setup_knob[*(const int *)arg];
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 20000, k[0], &store, &o) != 0, "store");
+    o.transport_options = rank == 2 ? k[1] : NULL;
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(NULL);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), took, e);
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "rank %d: init: %s", rank, tutti_status_name(st));
+    FAIL_IF(!strstr(e, k[2]), "rank %d: the error does not say why: %s", rank, e);
+    FAIL_IF(rank != 2 && !strstr(e, "rank 2 failed its set-up"),
+            "rank %d: the error does not name rank 2: %s", rank, e);
+    FAIL_IF(took > 5000, "rank %d: init took %.0f ms with a timeout of 20000", rank, took);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(peer_setup_failure_ends_the_wait)
+{
+    int which = _i;
+    ck_assert_int_eq(th_run_nocomm(3, rank_peer_setup, &which, 60000), 0);
+}
+END_TEST
+
 START_TEST(ranks_mean_other_transports)
 {
     specs_t differ = { { NULL, "tcp" }, 0 };
@@ -414,4 +455,5 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
               TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1),
-              TH_CASE(settle_of_seconds_is_waited, 1), TH_CASE(ranks_mean_other_transports, 1))
+              TH_CASE(settle_of_seconds_is_waited, 1), TH_CASE(ranks_mean_other_transports, 1),
+              TH_CASE(peer_setup_failure_ends_the_wait, 2))

@@ -91,6 +91,15 @@ typedef struct tutti_tp_host_v1 {
      * built): a request field appended later is read only where this covers it
      * (tutti_tp_req_has in transport_v2.h). 0 or absent: only the first v2 fields. */
     size_t req_size;
+    /* ---- Appended in ABI 1.5. Read it only when tutti_tp_host_has(h, setup_check). ---- */
+    /* During create(): should set-up go on? 0: yes. < 0: a peer failed its own set-up
+     * and will not come; fail create() with this status (the host has the peer's reason
+     * and puts it in the init's error, so the transport's own message may be short).
+     * Cheap (the host reads the store at most every 100 ms); a transport that waits for
+     * peers other than in store_get (accepting connections, polling files) asks every
+     * 200 ms or so. The host's store_get waits of set-up end so already. 0 after set-up,
+     * and NULL in hosts older than this. */
+    int (*setup_check)(void *ctx);
 } tutti_tp_host_v1_t;
 
 /* Does this host struct have `field` (appended in a later minor version)? */

@@ -156,7 +156,7 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     }
     void *v = NULL;
     size_t len;
-    int st = tutti_store_get(comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
+    int st = tt_init_store_get(comm, comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
     if (st < 0) {
         snprintf(err, errlen, "rank 0's cost model: %s", tutti_strerror(st));
         return st;
@@ -212,6 +212,13 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
 /* Log and record an init failure: "init: <what>" (returns st). */
 static int init_fail(tutti_comm_t *comm, int st, const char *what)
 {
+    if (comm->setup_peer_status) { /* a peer's failed set-up ended this rank's wait */
+        st = comm->setup_peer_status;
+        tt_comm_set_error(comm, st, "init: %s (this rank stopped waiting in: %s)",
+                          comm->setup_peer_why, what);
+        TT_WARN("%s", comm->last_error);
+        return st;
+    }
     tt_comm_set_error(comm, st, "init: %s", what);
     TT_WARN("%s", comm->last_error);
     return st;
@@ -424,6 +431,7 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
         snprintf(err, errlen, "out of memory for a communicator of %d ranks", size);
         return TUTTI_ERR_NOMEM;
     }
+    comm->in_setup = 1;
     TT_CHECK_GOTO(comm_configure(comm, opts, parent), st, err_free);
     TT_CHECK_GOTO(comm_join(comm, store, split_base), st, err_free);
     TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
@@ -435,6 +443,7 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
     st = comm_start(comm, probe, err, errlen);
     if (st < 0)
         return st;
+    comm->in_setup = 0;
     *comm_p = comm;
     return TUTTI_OK;
 

@@ -9,6 +9,7 @@
 #include "base/auth.h"
 #include "base/base.h"
 #include "core/comm.h"
+#include "core/job.h"
 
 static int host_store_set(void *ctx, const char *key, const void *value, size_t len)
 {
@@ -19,7 +20,21 @@ static int host_store_set(void *ctx, const char *key, const void *value, size_t 
 static int host_store_get(void *ctx, const char *key, void **value_p, size_t *len_p, int timeout_ms)
 {
     tutti_comm_t *comm = ctx;
-    return tutti_store_get(comm->store, key, value_p, len_p, timeout_ms);
+    return tt_init_store_get(comm, comm->store, key, value_p, len_p, timeout_ms);
+}
+
+/* ABI 1.5: a peer's failed set-up ends this one's waits (the store read at most every
+ * 100 ms; its reason goes into the init's error, comm.c's init_fail). */
+static int host_setup_check(void *ctx)
+{
+    tutti_comm_t *comm = ctx;
+    if (!comm->in_setup)
+        return 0;
+    uint64_t now = tt_now_ns();
+    if (!comm->setup_peer_status && now - comm->setup_checked_ns < 100000000u)
+        return 0;
+    comm->setup_checked_ns = now;
+    return tt_job_peer_setup_failed(comm);
 }
 
 static void host_free_value(void *value)
@@ -118,5 +133,6 @@ void tt_comm_host_init(tutti_comm_t *comm)
         .instance = comm->instance,
         .auth_answer = host_auth_answer,
         .req_size = sizeof(tutti_tp_req_v2_t),
+        .setup_check = host_setup_check,
     };
 }

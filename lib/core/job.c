@@ -19,6 +19,7 @@
 #include "core/state.h"
 #include "base/base.h"
 #include "core/job.h"
+#include "store/store_impl.h"
 #include "store/store_gc.h"
 #include "plugin/tpmux.h"
 
@@ -308,9 +309,16 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     live_remove(comm->nonce);
     char key[96], val[TT_ERRMSG_LEN + 16];
     snprintf(key, sizeof(key), "%s/init_failed/%d", comm->nonce, comm->rank);
-    int n = snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
+    /* a failure that only followed a peer's ("^": second hand) gives that peer's reason,
+     * so that ranks still waiting name the root cause, not a chain of ranks */
+    int n = comm->setup_peer_status
+                ? snprintf(val, sizeof(val), "%d ^%s", status, comm->setup_peer_why)
+                : snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
     tutti_store_set(comm->job_store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
+    /* the one key the others' set-up waits look at (tt_init_store_get) */
+    snprintf(key, sizeof(key), "%s/init_failed_count", comm->nonce);
+    tutti_store_add(comm->job_store, key, 1, NULL);
 }
 
 /* The value of key if it exists now (no waiting for it). */
@@ -325,6 +333,110 @@ static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p
         return TUTTI_ERR_NOT_FOUND;
     /* it exists: a get answers at once (a bound, not a wait) */
     return tutti_store_get(js, key, v_p, len_p, 1000);
+}
+
+#define INIT_SLICE_MS 200 /* how often a set-up wait looks for a peer's failed set-up */
+
+int tt_job_peer_setup_failed(tutti_comm_t *comm)
+{
+    if (comm->setup_peer_status)
+        return comm->setup_peer_status;
+    if (!comm->in_setup || !comm->job_store || !comm->nonce[0])
+        return 0;
+    char key[96];
+    snprintf(key, sizeof(key), "%s/init_failed_count", comm->nonce);
+    const char *k = key;
+    int exists = 0;
+    if (tutti_store_check(comm->job_store, &k, 1, &exists) < 0 || !exists)
+        return 0;
+    /* the first rank that failed on its own; else one that failed after another */
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < comm->nranks; r++) {
+            if (r == comm->rank)
+                continue;
+            snprintf(key, sizeof(key), "%s/init_failed/%d", comm->nonce, r);
+            void *v = NULL;
+            size_t len = 0;
+            if (get_now(comm->job_store, key, &v, &len) < 0)
+                continue;
+            char *end;
+            long st = strtol(v, &end, 10);
+            if (st >= 0 || st <= TUTTI_STATUS_LAST_ || *end != ' ')
+                st = TUTTI_ERR_PEER;
+            const char *why = *end ? end + 1 : "";
+            int second = *why == '^';
+            if (second && pass == 0) {
+                free(v);
+                continue;
+            }
+            if (second) /* "rank R failed its set-up: ..." already */
+                snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "%s", why + 1);
+            else
+                snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why),
+                         "rank %d failed its set-up: %s", r, why);
+            free(v);
+            comm->setup_peer_status = (int)st;
+            TT_INFO("init: %s", comm->setup_peer_why);
+            return (int)st;
+        }
+    return 0;
+}
+
+typedef struct init_get {
+    tutti_store_t *store;
+    const char *const *keys;
+    size_t n;
+    int many; /* multi_get (else get of keys[0]) */
+    void **values_p;
+    size_t *lens_p;
+} init_get_t;
+
+static int init_get(const init_get_t *g, int ms)
+{
+    return g->many ? tutti_store_multi_get(g->store, g->keys, g->n, g->values_p, g->lens_p, ms)
+                   : tutti_store_get(g->store, g->keys[0], g->values_p, g->lens_p, ms);
+}
+
+/* One wait of set-up, in slices: until it ends other than by its slice's timeout, a
+ * peer's set-up failed, or timeout_ms (< 0: none) passed. */
+static int init_wait(tutti_comm_t *comm, const init_get_t *g, int timeout_ms)
+{
+    if (!comm->in_setup || (timeout_ms >= 0 && timeout_ms <= INIT_SLICE_MS))
+        return init_get(g, timeout_ms);
+    uint64_t deadline = timeout_ms < 0 ? 0 : tt_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        int slice = INIT_SLICE_MS;
+        if (timeout_ms >= 0) {
+            int left = tt_ms_left(deadline);
+            slice = left < 1 ? 1 : left < INIT_SLICE_MS ? left : INIT_SLICE_MS;
+        }
+        int st = init_get(g, slice);
+        if (st != TUTTI_ERR_TIMEOUT)
+            return st;
+        int peer = tt_job_peer_setup_failed(comm);
+        if (peer)
+            return peer;
+        if (timeout_ms >= 0 && tt_ms_left(deadline) <= 0) {
+            /* the last slice's message would give the slice's length */
+            tt_store_note_timeout(g->store, g->many ? "multi_get" : "get", g->keys[0], g->n - 1,
+                                  timeout_ms);
+            return TUTTI_ERR_TIMEOUT;
+        }
+    }
+}
+
+int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
+                      size_t *len_p, int timeout_ms)
+{
+    init_get_t g = { store, &key, 1, 0, value_p, len_p };
+    return init_wait(comm, &g, timeout_ms);
+}
+
+int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
+                            size_t n, void **values_p, size_t *lens_p, int timeout_ms)
+{
+    init_get_t g = { store, keys, n, 1, values_p, lens_p };
+    return init_wait(comm, &g, timeout_ms);
 }
 
 /* Rank 0 of r failed its set-up and left its reason: if r is this run's (created after

@@ -29,6 +29,7 @@
 
 #include <tutti/store.h>
 
+#include "core/job.h"
 #include "core/opts.h"
 #include "core/state.h"
 #include "base/base.h"
@@ -126,6 +127,14 @@ static int sub_auth_answer(void *ctx, const char *context, const uint8_t challen
     if (!tutti_tp_host_has(s->parent, auth_answer) || !s->parent->auth_answer)
         return TUTTI_ERR_UNSUPPORTED;
     return s->parent->auth_answer(s->parent->ctx, context, challenge, answer);
+}
+
+static int sub_setup_check(void *ctx)
+{
+    mux_sub_t *s = ctx;
+    if (!tutti_tp_host_has(s->parent, setup_check) || !s->parent->setup_check)
+        return 0;
+    return s->parent->setup_check(s->parent->ctx);
 }
 
 __attribute__((format(printf, 5, 6))) static int sub_error(void *ctx, int status, int peer,
@@ -566,8 +575,8 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
         snprintf(kbuf[r], 32, "hostid/%d", r);
         keys[r] = kbuf[r];
     }
-    st = tutti_store_multi_get(comm->store, (const char *const *)keys, (size_t)n, vals, lens,
-                               comm->opts.timeout_ms);
+    st = tt_init_store_multi_get(comm, comm->store, (const char *const *)keys, (size_t)n, vals,
+                                 lens, comm->opts.timeout_ms);
     if (st < 0) {
         snprintf(err, errlen, "waiting for every rank's host id: %s",
                  tutti_store_last_error(comm->store));
@@ -762,6 +771,7 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
         s->host.log = sub_log;
         s->host.error = sub_error;
         s->host.auth_answer = sub_auth_answer;
+        s->host.setup_check = sub_setup_check;
         s->parent = &comm->host;
         s->kprefix = role == 0 ? "local" : "remote";
         uint64_t t0 = tt_now_ns();

@@ -52,6 +52,15 @@ static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
     return st;
 }
 
+void tt_store_note_timeout(tutti_store_t *s, const char *op, const char *key, size_t more, int ms)
+{
+    if (more)
+        store_fail(s, TUTTI_ERR_TIMEOUT, op, key,
+                   "not all of %zu keys (the first named) set after %d ms", more + 1, ms);
+    else
+        store_fail(s, TUTTI_ERR_TIMEOUT, op, key, "not set after %d ms", ms);
+}
+
 static void open_fail(const char *url, int st, const tt_store_err_t *err)
 {
     snprintf(open_error, sizeof(open_error), "store %.300s: open: %.600s (%s)", url, err->msg,

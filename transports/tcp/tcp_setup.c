@@ -96,6 +96,7 @@ struct setup {
     uv_tcp_t listener;
     uv_timer_t deadline;
     uint64_t deadline_ns;     /* tp_now_ns: the whole set-up's, store reads included */
+    uv_timer_t watch;         /* eager: asks the host whether a peer failed its set-up */
     unsigned long long pidns; /* this process's pid namespace (my_pidns), 0 unknown */
     int needed, done;
     int status, err_peer;
@@ -1365,10 +1366,24 @@ static int connect_lower(setup_t *s, conn_t **out_p)
     return TUTTI_OK;
 }
 
+/* Every 200 ms of an eager set-up's wait: a peer that failed its own set-up will not
+ * connect (host ABI 1.5), so this one ends now, not at the deadline. */
+static void on_watch(uv_timer_t *t)
+{
+    setup_t *s = t->data;
+    const tutti_tp_host_v1_t *h = s->tp->host;
+    int st = h->setup_check(h->ctx);
+    if (st < 0)
+        setup_fail(s, st, -1, "tcp: rank %d stopped waiting for its peers: one failed its set-up",
+                   s->tp->rank);
+}
+
 /* Run the loop until every link is up, something failed, or the deadline passed. */
 static int setup_wait(setup_t *s)
 {
     tcp_tp_t *tp = s->tp;
+    if (s->needed > 0 && tutti_tp_host_has(tp->host, setup_check) && tp->host->setup_check)
+        uv_timer_start(&s->watch, on_watch, 200, 200);
     if (s->needed > 0) {
         /* what is left of the one deadline, on a fresh clock: the loop's goes stale
          * while connect_lower waits on the store, and a timer armed from it would fire
@@ -1393,6 +1408,7 @@ static void setup_close(setup_t *s, conn_t *out)
         conn_close(c);
     uv_close((uv_handle_t *)&s->listener, on_handle_closed);
     uv_close((uv_handle_t *)&s->deadline, on_handle_closed);
+    uv_close((uv_handle_t *)&s->watch, on_handle_closed);
     /* One loop turn runs every close callback (and cancels pending connects and
      * writes) requested above, before the memory behind the handles goes. */
     uv_run(s->loop, UV_RUN_NOWAIT);
@@ -1531,6 +1547,8 @@ int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
     s.listener.data = &s;
     uv_timer_init(s.loop, &s.deadline);
     s.deadline.data = &s;
+    uv_timer_init(s.loop, &s.watch);
+    s.watch.data = &s;
     if ((st = setup_listen(&s, &me, ifname)) >= 0 && (st = publish_address(&s, &me)) >= 0) {
         *published = 1;
         if ((st = connect_lower(&s, &out)) >= 0)
