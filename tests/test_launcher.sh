@@ -95,6 +95,25 @@ timeout 60 "$run" -np 2 --max-restarts 1 "$child" fail=0 2>$tmp/err; rc=$?
 [ "$rc" = 3 ] || fail "--max-restarts 1, fail=0: exit $rc, expected 3 ($(cat $tmp/err))"
 [ "$(grep -c 'rank 0 exited with status 3' $tmp/err)" = 2 ] || fail "--max-restarts 1: $(cat $tmp/err)"
 timeout 30 "$run" -np 2 --max-restarts x "$child" 2>/dev/null; [ $? = 2 ] || fail "--max-restarts x accepted"
+# a set-up that fails (rank 1's unknown TUTTI_TCP_CONNECT in the first attempt) ends the
+# others' at once, and a quick restart must not take the first attempt's failures for
+# its own: rank 0 left only a second-hand one (it failed because rank 1 did); with that
+# read as this run's rank 0 failing, 10 of 12 restarts failed (session 95)
+cat >$tmp/setup-fails.sh <<EOS
+#!/bin/bash
+[ "\$RANK" = 1 ] && [ "\${TUTTI_RESTART_COUNT:-0}" = 0 ] && export TUTTI_TCP_CONNECT=sometimes
+"$child"; rc=\$?
+[ \$rc != 0 ] && [ "\${TUTTI_RESTART_COUNT:-0}" = 0 ] && [ "\$RANK" != 0 ] && sleep 0.6
+exit \$rc
+EOS
+chmod +x $tmp/setup-fails.sh
+for i in 1 2 3 4; do
+    out=$(TUTTI_TRANSPORT=tcp timeout 60 "$run" -np 3 --max-restarts 1 $tmp/setup-fails.sh 2>$tmp/err)
+    rc=$?
+    [ "$rc" = 0 ] || fail "a restart after a failed set-up (try $i): exit $rc ($(cat $tmp/err))"
+    [ "$(echo "$out" | grep -c ' of 3 ok (restart 1)$')" = 3 ] || fail "after a failed set-up: $out"
+done
+grep -q 'rank 1 failed its set-up' $tmp/err || fail "no rank named the failed set-up: $(cat $tmp/err)"
 tmpdir_empty "--max-restarts"
 
 t0=$(date +%s)

@@ -431,7 +431,7 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
         snprintf(err, errlen, "out of memory for a communicator of %d ranks", size);
         return TUTTI_ERR_NOMEM;
     }
-    comm->in_setup = 1;
+    atomic_store(&comm->in_setup, 1);
     TT_CHECK_GOTO(comm_configure(comm, opts, parent), st, err_free);
     TT_CHECK_GOTO(comm_join(comm, store, split_base), st, err_free);
     TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
@@ -443,7 +443,7 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
     st = comm_start(comm, probe, err, errlen);
     if (st < 0)
         return st;
-    comm->in_setup = 0;
+    atomic_store(&comm->in_setup, 0);
     *comm_p = comm;
     return TUTTI_OK;
 

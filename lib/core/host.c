@@ -28,7 +28,7 @@ static int host_store_get(void *ctx, const char *key, void **value_p, size_t *le
 static int host_setup_check(void *ctx)
 {
     tutti_comm_t *comm = ctx;
-    if (!comm->in_setup)
+    if (!atomic_load(&comm->in_setup))
         return 0;
     uint64_t now = tt_now_ns();
     if (!comm->setup_peer_status && now - comm->setup_checked_ns < 100000000u)

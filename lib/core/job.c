@@ -314,11 +314,21 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     int n = comm->setup_peer_status
                 ? snprintf(val, sizeof(val), "%d ^%s", status, comm->setup_peer_why)
                 : snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
+    size_t vlen = (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1;
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
-    tutti_store_set(comm->job_store, key, val, (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1);
-    /* the one key the others' set-up waits look at (tt_init_store_get) */
-    snprintf(key, sizeof(key), "%s/init_failed_count", comm->nonce);
-    tutti_store_add(comm->job_store, key, 1, NULL);
+    tutti_store_set(comm->job_store, key, val, vlen);
+    /* the one key the others' set-up waits look at (tt_job_peer_setup_failed): the first
+     * failure's, which is the root cause (a second-hand one follows from reading it) */
+    if (comm->setup_peer_status)
+        return;
+    char first[TT_ERRMSG_LEN + 32];
+    int m = snprintf(first, sizeof(first), "%d %d %s", comm->rank, status, comm->last_error);
+    snprintf(key, sizeof(key), "%s/init_failed_first", comm->nonce);
+    void *cur = NULL;
+    size_t curlen = 0;
+    tutti_store_compare_set(comm->job_store, key, "", 0, first,
+                            (size_t)TT_MIN(m, (int)sizeof(first) - 1) + 1, &cur, &curlen);
+    free(cur);
 }
 
 /* The value of key if it exists now (no waiting for it). */
@@ -335,51 +345,44 @@ static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p
     return tutti_store_get(js, key, v_p, len_p, 1000);
 }
 
-#define INIT_SLICE_MS 200 /* how often a set-up wait looks for a peer's failed set-up */
+/* A set-up wait looks for a peer's failed set-up after 200 ms, then after slices twice as
+ * long, up to 3.2 s: a store that reconnects when a timed wait ends (tcp) pays a few
+ * connections a wait, not five a second. */
+#define INIT_SLICE_MS 200
+#define INIT_SLICE_MAX_MS 3200
 
 int tt_job_peer_setup_failed(tutti_comm_t *comm)
 {
     if (comm->setup_peer_status)
         return comm->setup_peer_status;
-    if (!comm->in_setup || !comm->job_store || !comm->nonce[0])
+    if (!atomic_load(&comm->in_setup) || !comm->job_store || !comm->nonce[0])
         return 0;
     char key[96];
-    snprintf(key, sizeof(key), "%s/init_failed_count", comm->nonce);
-    const char *k = key;
-    int exists = 0;
-    if (tutti_store_check(comm->job_store, &k, 1, &exists) < 0 || !exists)
+    snprintf(key, sizeof(key), "%s/init_failed_first", comm->nonce);
+    void *v = NULL;
+    size_t len = 0;
+    /* one existence check (and a read once it exists), bounded by the quick deadline: a
+     * stalled store must not stretch the wait it is asked between */
+    int old = tutti_store_timeout(comm->job_store);
+    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
+    int st = get_now(comm->job_store, key, &v, &len);
+    tutti_store_set_timeout(comm->job_store, old);
+    if (st < 0)
         return 0;
-    /* the first rank that failed on its own; else one that failed after another */
-    for (int pass = 0; pass < 2; pass++)
-        for (int r = 0; r < comm->nranks; r++) {
-            if (r == comm->rank)
-                continue;
-            snprintf(key, sizeof(key), "%s/init_failed/%d", comm->nonce, r);
-            void *v = NULL;
-            size_t len = 0;
-            if (get_now(comm->job_store, key, &v, &len) < 0)
-                continue;
-            char *end;
-            long st = strtol(v, &end, 10);
-            if (st >= 0 || st <= TUTTI_STATUS_LAST_ || *end != ' ')
-                st = TUTTI_ERR_PEER;
-            const char *why = *end ? end + 1 : "";
-            int second = *why == '^';
-            if (second && pass == 0) {
-                free(v);
-                continue;
-            }
-            if (second) /* "rank R failed its set-up: ..." already */
-                snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "%s", why + 1);
-            else
-                snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why),
-                         "rank %d failed its set-up: %s", r, why);
-            free(v);
-            comm->setup_peer_status = (int)st;
-            TT_INFO("init: %s", comm->setup_peer_why);
-            return (int)st;
-        }
-    return 0;
+    char *end = NULL;
+    long r = strtol(v, &end, 10), fst = end && *end == ' ' ? strtol(end + 1, &end, 10) : 0;
+    if (fst >= 0 || fst <= TUTTI_STATUS_LAST_ || !end || *end != ' ')
+        fst = TUTTI_ERR_PEER;
+    if (r == comm->rank) { /* this rank's own, from an earlier call: not a peer's */
+        free(v);
+        return 0;
+    }
+    snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "rank %ld failed its set-up: %.*s",
+             r, (int)TT_MIN(len, sizeof(comm->setup_peer_why) - 64), end && *end ? end + 1 : "");
+    free(v);
+    comm->setup_peer_status = (int)fst;
+    TT_INFO("init: %s", comm->setup_peer_why);
+    return (int)fst;
 }
 
 typedef struct init_get {
@@ -401,25 +404,32 @@ static int init_get(const init_get_t *g, int ms)
  * peer's set-up failed, or timeout_ms (< 0: none) passed. */
 static int init_wait(tutti_comm_t *comm, const init_get_t *g, int timeout_ms)
 {
-    if (!comm->in_setup || (timeout_ms >= 0 && timeout_ms <= INIT_SLICE_MS))
+    if (timeout_ms < 0) /* the store's own default, as tutti_store_get takes it */
+        timeout_ms = tutti_store_timeout(g->store);
+    if (!atomic_load(&comm->in_setup) || timeout_ms < 0 || timeout_ms <= INIT_SLICE_MS)
         return init_get(g, timeout_ms);
-    uint64_t deadline = timeout_ms < 0 ? 0 : tt_now_ns() + (uint64_t)timeout_ms * 1000000u;
-    for (;;) {
-        int slice = INIT_SLICE_MS;
-        if (timeout_ms >= 0) {
-            int left = tt_ms_left(deadline);
-            slice = left < 1 ? 1 : left < INIT_SLICE_MS ? left : INIT_SLICE_MS;
-        }
-        int st = init_get(g, slice);
+    uint64_t deadline = tt_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    const char *op = g->many ? "multi_get" : "get";
+    for (int slice = INIT_SLICE_MS;; slice = TT_MIN(2 * slice, INIT_SLICE_MAX_MS)) {
+        int left = tt_ms_left(deadline);
+        int st = init_get(g, TT_MAX(TT_MIN(slice, left), 1));
         if (st != TUTTI_ERR_TIMEOUT)
             return st;
         int peer = tt_job_peer_setup_failed(comm);
-        if (peer)
+        if (peer) {
+            tt_store_note(g->store, op, g->keys[0], peer,
+                          "stopped waiting: another rank failed its set-up");
             return peer;
-        if (timeout_ms >= 0 && tt_ms_left(deadline) <= 0) {
+        }
+        if (tt_ms_left(deadline) <= 0) {
             /* the last slice's message would give the slice's length */
-            tt_store_note_timeout(g->store, g->many ? "multi_get" : "get", g->keys[0], g->n - 1,
-                                  timeout_ms);
+            if (g->n > 1)
+                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT,
+                              "not all of %zu keys (the first named) set after %d ms", g->n,
+                              timeout_ms);
+            else
+                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT, "not set after %d ms",
+                              timeout_ms);
             return TUTTI_ERR_TIMEOUT;
         }
     }
@@ -457,6 +467,13 @@ static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *d
     long st = strtol(v, &end, 10);
     if (st >= 0 || st <= TUTTI_STATUS_LAST_ || *end != ' ')
         st = TUTTI_ERR_PEER;
+    if (end[0] && end[1] == '^') {
+        /* rank 0 failed only because another rank did: with set-up failures found in
+         * a slice, such a record is often a previous attempt's, which a launcher's quick
+         * restart (within the second above) meets; wait for rank 0's next instance */
+        free(v);
+        return 0;
+    }
     snprintf(err, errlen, "rank 0 of %s failed its set-up: %s", desc, *end ? end + 1 : "");
     free(v);
     return (int)st;

@@ -77,7 +77,7 @@ struct tutti_comm {
     /* set-up: 1 while tutti_comm_init runs (its long store waits watch for a peer's
      * failed set-up: job.c tt_init_store_get); a peer's failure found so, its status and
      * "rank R failed its set-up: ..." */
-    int in_setup;
+    atomic_int in_setup;
     uint64_t setup_checked_ns; /* the transports' last setup_check that read the store */
     int setup_peer_status;
     char setup_peer_why[TT_ERRMSG_LEN];

@@ -779,6 +779,7 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
         int spent_ms = (int)((tt_now_ns() - t0) / 1000000u),
             left_ms = s->host.timeout_ms - spent_ms;
         if (st < 0 && st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_CONFIG && st != TUTTI_ERR_PLUGIN &&
+            !comm->setup_peer_status && /* another rank failed: no second try over tcp */
             role == 0 && local_auto && strcmp(s->ops->name, "tcp") &&
             (s->host.timeout_ms <= 0 || left_ms > 0)) {
             /* auto's local transport failed (shm in a /dev/shm without room, say): its

@@ -52,13 +52,16 @@ static int store_fail(tutti_store_t *s, int st, const char *op, const char *key,
     return st;
 }
 
-void tt_store_note_timeout(tutti_store_t *s, const char *op, const char *key, size_t more, int ms)
+void tt_store_note(tutti_store_t *s, const char *op, const char *key, int st, const char *fmt, ...)
 {
-    if (more)
-        store_fail(s, TUTTI_ERR_TIMEOUT, op, key,
-                   "not all of %zu keys (the first named) set after %d ms", more + 1, ms);
-    else
-        store_fail(s, TUTTI_ERR_TIMEOUT, op, key, "not set after %d ms", ms);
+    char cause[600], full[TUTTI_STORE_MAX_KEY + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cause, sizeof(cause), fmt, ap);
+    va_end(ap);
+    /* the key as the store has it (a view's prefix first), as the store's own errors */
+    snprintf(full, sizeof(full), "%s%s", s && s->prefix ? s->prefix : "", key);
+    store_fail(s, st, op, full, "%s", cause);
 }
 
 static void open_fail(const char *url, int st, const tt_store_err_t *err)

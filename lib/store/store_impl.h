@@ -25,10 +25,11 @@ typedef struct tt_store_err {
 void tt_store_err_set(tt_store_err_t *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Record on s, as its last error, a wait for key (and more others) that ended after ms
- * without it: for a caller that waited in slices (core/job.c's set-up waits), whose last
- * slice's message would give the slice's length. */
-void tt_store_note_timeout(tutti_store_t *s, const char *op, const char *key, size_t more, int ms);
+/* Record on s, as its last error, how op on key (the caller's, without the view's prefix)
+ * ended (status st, cause as printf): for a caller that waited in slices (core/job.c's
+ * set-up waits), whose last slice's own message would give the slice's length. */
+void tt_store_note(tutti_store_t *s, const char *op, const char *key, int st, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* Every function gets the base store (never a view) and an absolute deadline
  * (tt_now_ns() scale, UINT64_MAX: none). Values returned are malloc'ed with a NUL byte
