@@ -17,6 +17,7 @@
 #include "core/agree.h"
 #include "base/base.h"
 #include "core/job.h"
+#include "core/setup.h"
 #include "core/trace.h"
 #include "device/device.h"
 #include "reduce/reduce.h"
@@ -212,7 +213,10 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
 /* Log and record an init failure: "init: <what>" (returns st). */
 static int init_fail(tutti_comm_t *comm, int st, const char *what)
 {
-    if (comm->setup_peer_status) { /* a peer's failed set-up ended this rank's wait */
+    if (comm->setup_peer_status &&
+        (st == comm->setup_peer_status || st == TUTTI_ERR_TIMEOUT || st == TUTTI_ERR_PEER)) {
+        /* a peer's failed set-up ended this rank's wait (a cause of this rank's own,
+         * say a config mismatch it found while giving up, is the better one) */
         st = comm->setup_peer_status;
         tt_comm_set_error(comm, st, "init: %s (this rank stopped waiting in: %s)",
                           comm->setup_peer_why, what);

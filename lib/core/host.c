@@ -9,7 +9,7 @@
 #include "base/auth.h"
 #include "base/base.h"
 #include "core/comm.h"
-#include "core/job.h"
+#include "core/setup.h"
 
 static int host_store_set(void *ctx, const char *key, const void *value, size_t len)
 {
@@ -34,7 +34,7 @@ static int host_setup_check(void *ctx)
     if (!comm->setup_peer_status && now - comm->setup_checked_ns < 100000000u)
         return 0;
     comm->setup_checked_ns = now;
-    return tt_job_peer_setup_failed(comm);
+    return tt_setup_peer_failed(comm);
 }
 
 static void host_free_value(void *value)

@@ -60,22 +60,6 @@ int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen);
  * find rank 0 already gone reports why instead of waiting for a new instance. */
 void tt_job_init_failed(tutti_comm_t *comm, int status);
 
-/* During set-up (comm->in_setup): the status of a peer of this instance that failed its
- * own set-up and said why (tt_job_init_failed), its reason kept in comm->setup_peer_why;
- * 0 while none has (one store check a call; the answer sticks once found). */
-int tt_job_peer_setup_failed(tutti_comm_t *comm);
-
-/* Store waits of set-up (comm->in_setup) that also watch for a peer of this instance
- * failing its own set-up (tt_job_init_failed): the wait goes in slices, between which
- * one store check asks whether any rank left a failure. Then it ends with that rank's
- * status, kept with "rank R failed its set-up: <its reason>" in comm->setup_peer_* (the
- * init's error names it), instead of waiting out the timeout for a rank that will not
- * come. Otherwise as tutti_store_get / tutti_store_multi_get on store. */
-int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
-                      size_t *len_p, int timeout_ms);
-int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
-                            size_t n, void **values_p, size_t *lens_p, int timeout_ms);
-
 /* At destroy: count this rank out; the last one removes the instance's keys and record.
  * Best effort, bounded by the quick store deadline. */
 void tt_job_leave(tutti_comm_t *comm);

@@ -29,7 +29,7 @@
 
 #include <tutti/store.h>
 
-#include "core/job.h"
+#include "core/setup.h"
 #include "core/opts.h"
 #include "core/state.h"
 #include "base/base.h"

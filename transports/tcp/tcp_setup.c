@@ -1172,12 +1172,14 @@ static void on_incoming(uv_stream_t *server, int status)
     uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
-static void on_deadline(uv_timer_t *t)
+/* The eager set-up gives up (status: TUTTI_ERR_TIMEOUT at the deadline, or the status of
+ * another rank's failed set-up), naming who is missing and the likeliest cause found. */
+static void setup_give_up(setup_t *s, int status, const char *when)
 {
-    setup_t *s = t->data;
     tcp_tp_t *tp = s->tp;
     char missing[256] = "", notes[1024] = "";
-    int status = TUTTI_ERR_TIMEOUT, first = -1;
+    int first = -1;
+    const int given = status;
     size_t nn = 0;
     for (int i = 0; i < tp->nranks; i++) {
         if (!tutti_tp_host_serves(tp->host, i) || tp->links[i].fd >= 0)
@@ -1188,7 +1190,7 @@ static void on_deadline(uv_timer_t *t)
         if (first < 0)
             first = i;
         if (s->notes[i].msg[0] && nn < sizeof(notes)) {
-            if (s->notes[i].status < 0 && status == TUTTI_ERR_TIMEOUT) {
+            if (s->notes[i].status < 0 && status == given) {
                 status = s->notes[i].status; /* the likely cause, rather than the clock */
                 first = i;
             }
@@ -1216,9 +1218,16 @@ static void on_deadline(uv_timer_t *t)
         }
     }
     setup_fail(s, status, first,
-               "tcp: rank %d connected to %d of %d peers within %d ms; still missing rank(s) "
-               "%s%s",
-               tp->rank, s->done, s->needed, tp->host->timeout_ms, missing, notes);
+               "tcp: rank %d connected to %d of %d peers %s; still missing rank(s) %s%s", tp->rank,
+               s->done, s->needed, when, missing, notes);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    setup_t *s = t->data;
+    char when[64];
+    snprintf(when, sizeof(when), "within %d ms", s->tp->host->timeout_ms);
+    setup_give_up(s, TUTTI_ERR_TIMEOUT, when);
 }
 
 /* What is left of the set-up's time, in ms (at least 1: a store read of 0 ms is not
@@ -1373,9 +1382,8 @@ static void on_watch(uv_timer_t *t)
     setup_t *s = t->data;
     const tutti_tp_host_v1_t *h = s->tp->host;
     int st = h->setup_check(h->ctx);
-    if (st < 0)
-        setup_fail(s, st, -1, "tcp: rank %d stopped waiting for its peers: one failed its set-up",
-                   s->tp->rank);
+    if (st < 0) /* what this rank can tell of the missing ones may be the better cause */
+        setup_give_up(s, st, "when another rank failed its set-up");
 }
 
 /* Run the loop until every link is up, something failed, or the deadline passed. */

@@ -1,0 +1,129 @@
+/* Set-up waits that end when another rank's set-up failed: see setup.h. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "core/opts.h"
+#include "core/setup.h"
+#include "core/state.h"
+#include "store/store_impl.h"
+
+/* The value of key if it exists now (no waiting for it). */
+static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
+{
+    const char *k = key;
+    int exists = 0;
+    int st = tutti_store_check(js, &k, 1, &exists);
+    if (st < 0)
+        return st;
+    if (!exists)
+        return TUTTI_ERR_NOT_FOUND;
+    return tutti_store_get(js, key, v_p, len_p, 1000);
+}
+
+/* A set-up wait looks for a peer's failed set-up after 200 ms, then after slices twice as
+ * long, up to 3.2 s: a store that reconnects when a timed wait ends (tcp) pays a few
+ * connections a wait, not five a second. */
+#define INIT_SLICE_MS 200
+#define INIT_SLICE_MAX_MS 3200
+
+int tt_setup_peer_failed(tutti_comm_t *comm)
+{
+    if (comm->setup_peer_status)
+        return comm->setup_peer_status;
+    if (!atomic_load(&comm->in_setup) || !comm->job_store || !comm->nonce[0])
+        return 0;
+    char key[96];
+    snprintf(key, sizeof(key), "%s/init_failed_first", comm->nonce);
+    void *v = NULL;
+    size_t len = 0;
+    /* one existence check (and a read once it exists), bounded by the quick deadline: a
+     * stalled store must not stretch the wait it is asked between */
+    int old = tutti_store_timeout(comm->job_store);
+    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
+    int st = get_now(comm->job_store, key, &v, &len);
+    tutti_store_set_timeout(comm->job_store, old);
+    if (st < 0)
+        return 0;
+    char *end = NULL;
+    long r = strtol(v, &end, 10), fst = end && *end == ' ' ? strtol(end + 1, &end, 10) : 0;
+    if (fst >= 0 || fst <= TUTTI_STATUS_LAST_ || !end || *end != ' ')
+        fst = TUTTI_ERR_PEER;
+    if (r == comm->rank) { /* this rank's own, from an earlier call: not a peer's */
+        free(v);
+        return 0;
+    }
+    snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "rank %ld failed its set-up: %.*s",
+             r, (int)TT_MIN(len, sizeof(comm->setup_peer_why) - 64), end && *end ? end + 1 : "");
+    free(v);
+    comm->setup_peer_status = (int)fst;
+    TT_INFO("init: %s", comm->setup_peer_why);
+    return (int)fst;
+}
+
+typedef struct init_get {
+    tutti_store_t *store;
+    const char *const *keys;
+    size_t n;
+    int many; /* multi_get (else get of keys[0]) */
+    void **values_p;
+    size_t *lens_p;
+} init_get_t;
+
+static int init_get(const init_get_t *g, int ms)
+{
+    return g->many ? tutti_store_multi_get(g->store, g->keys, g->n, g->values_p, g->lens_p, ms)
+                   : tutti_store_get(g->store, g->keys[0], g->values_p, g->lens_p, ms);
+}
+
+/* One wait of set-up, in slices: until it ends other than by its slice's timeout, a
+ * peer's set-up failed, or timeout_ms (< 0: none) passed. */
+static int init_wait(tutti_comm_t *comm, const init_get_t *g, int timeout_ms)
+{
+    if (timeout_ms < 0) /* the store's own default, as tutti_store_get takes it */
+        timeout_ms = tutti_store_timeout(g->store);
+    if (!atomic_load(&comm->in_setup) || timeout_ms < 0 || timeout_ms <= INIT_SLICE_MS)
+        return init_get(g, timeout_ms);
+    uint64_t deadline = tt_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    const char *op = g->many ? "multi_get" : "get";
+    for (int slice = INIT_SLICE_MS;; slice = TT_MIN(2 * slice, INIT_SLICE_MAX_MS)) {
+        int left = tt_ms_left(deadline);
+        int st = init_get(g, TT_MAX(TT_MIN(slice, left), 1));
+        if (st != TUTTI_ERR_TIMEOUT)
+            return st;
+        int peer = tt_setup_peer_failed(comm);
+        if (peer) {
+            tt_store_note(g->store, op, g->keys[0], peer,
+                          "stopped waiting: another rank failed its set-up");
+            return peer;
+        }
+        if (tt_ms_left(deadline) <= 0) {
+            /* the last slice's message would give the slice's length */
+            if (g->n > 1)
+                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT,
+                              "not all of %zu keys (the first named) set after %d ms", g->n,
+                              timeout_ms);
+            else
+                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT, "not set after %d ms",
+                              timeout_ms);
+            return TUTTI_ERR_TIMEOUT;
+        }
+    }
+}
+
+int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
+                      size_t *len_p, int timeout_ms)
+{
+    init_get_t g = { store, &key, 1, 0, value_p, len_p };
+    return init_wait(comm, &g, timeout_ms);
+}
+
+int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
+                            size_t n, void **values_p, size_t *lens_p, int timeout_ms)
+{
+    init_get_t g = { store, keys, n, 1, values_p, lens_p };
+    return init_wait(comm, &g, timeout_ms);
+}

@@ -1,0 +1,28 @@
+/* Set-up waits that end when another rank's set-up failed (session 95): the rank that
+ * failed offers its reason under "<nonce>/init_failed_first" (job.c, tt_job_init_failed);
+ * these read it. docs/architecture.md, "Job identity". */
+#ifndef TT_SETUP_H
+#define TT_SETUP_H
+
+#include <stddef.h>
+
+#include <tutti/store.h>
+#include <tutti/tutti.h>
+
+/* During set-up (comm->in_setup): the status of a peer of this instance that failed its
+ * own set-up and said why (tt_job_init_failed), its reason kept in comm->setup_peer_why;
+ * 0 while none has (one store check a call; the answer sticks once found). */
+int tt_setup_peer_failed(tutti_comm_t *comm);
+
+/* Store waits of set-up (comm->in_setup) that also watch for a peer of this instance
+ * failing its own set-up (tt_job_init_failed): the wait goes in slices, between which
+ * one store check asks whether any rank left a failure. Then it ends with that rank's
+ * status, kept with "rank R failed its set-up: <its reason>" in comm->setup_peer_* (the
+ * init's error names it), instead of waiting out the timeout for a rank that will not
+ * come. Otherwise as tutti_store_get / tutti_store_multi_get on store. */
+int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
+                      size_t *len_p, int timeout_ms);
+int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
+                            size_t n, void **values_p, size_t *lens_p, int timeout_ms);
+
+#endif /* TT_SETUP_H */
