@@ -19,6 +19,7 @@
 #include "core/state.h"
 #include "base/base.h"
 #include "core/job.h"
+#include "core/setup.h"
 #include "store/store_gc.h"
 #include "plugin/tpmux.h"
 
@@ -330,20 +331,6 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     free(cur);
 }
 
-/* The value of key if it exists now (no waiting for it). */
-static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
-{
-    const char *k = key;
-    int exists = 0;
-    int st = tutti_store_check(js, &k, 1, &exists);
-    if (st < 0)
-        return st;
-    if (!exists)
-        return TUTTI_ERR_NOT_FOUND;
-    /* it exists: a get answers at once (a bound, not a wait) */
-    return tutti_store_get(js, key, v_p, len_p, 1000);
-}
-
 /* Rank 0 of r failed its set-up and left its reason: if r is this run's (created after
  * this process started, give or take a second; an older one is a previous run's, whose
  * rerun rank 0 is still to come), return its status with the reason in err. */
@@ -356,7 +343,7 @@ static int rec_failed_setup(tutti_store_t *js, const job_rec_t *r, const char *d
     snprintf(key, sizeof(key), "%s/init_failed/0", r->nonce);
     void *v = NULL;
     size_t len = 0;
-    if (get_now(js, key, &v, &len) < 0)
+    if (tt_store_get_now(js, key, &v, &len) < 0)
         return 0;
     char *end;
     long st = strtol(v, &end, 10);
@@ -415,7 +402,8 @@ static int record_still(tutti_store_t *js, const void *value, size_t len)
 {
     void *v = NULL;
     size_t vlen = 0;
-    int same = get_now(js, "instance", &v, &vlen) == 0 && vlen == len && !memcmp(v, value, len);
+    int same = tt_store_get_now(js, "instance", &v, &vlen) == 0 && vlen == len &&
+               !memcmp(v, value, len);
     free(v);
     return same;
 }
@@ -428,7 +416,7 @@ static int64_t rec_counter(tutti_store_t *js, const job_rec_t *r, const char *na
     snprintf(key, sizeof(key), "%s/%s", r->nonce, name);
     void *v = NULL;
     size_t len = 0;
-    if (get_now(js, key, &v, &len) < 0)
+    if (tt_store_get_now(js, key, &v, &len) < 0)
         return 0;
     long long n = strtoll(v, NULL, 10);
     free(v);
@@ -897,7 +885,7 @@ static int read_contest(tutti_comm_t *comm, char *err, size_t errlen)
     snprintf(key, sizeof(key), "%s/contested", comm->nonce);
     void *v = NULL;
     size_t len = 0;
-    int st = get_now(comm->job_store, key, &v, &len);
+    int st = tt_store_get_now(comm->job_store, key, &v, &len);
     if (st == TUTTI_ERR_NOT_FOUND)
         return 0;
     if (st < 0) {

@@ -11,8 +11,7 @@
 #include "core/state.h"
 #include "store/store_impl.h"
 
-/* The value of key if it exists now (no waiting for it). */
-static int get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
+int tt_store_get_now(tutti_store_t *js, const char *key, void **v_p, size_t *len_p)
 {
     const char *k = key;
     int exists = 0;
@@ -44,7 +43,7 @@ int tt_setup_peer_failed(tutti_comm_t *comm)
      * stalled store must not stretch the wait it is asked between */
     int old = tutti_store_timeout(comm->job_store);
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
-    int st = get_now(comm->job_store, key, &v, &len);
+    int st = tt_store_get_now(comm->job_store, key, &v, &len);
     tutti_store_set_timeout(comm->job_store, old);
     if (st < 0)
         return 0;

@@ -9,6 +9,10 @@
 #include <tutti/store.h>
 #include <tutti/tutti.h>
 
+/* The value of key in store if it exists now: a check, then a get that answers at once
+ * (TUTTI_ERR_NOT_FOUND when it does not exist). */
+int tt_store_get_now(tutti_store_t *store, const char *key, void **value_p, size_t *len_p);
+
 /* During set-up (comm->in_setup): the status of a peer of this instance that failed its
  * own set-up and said why (tt_job_init_failed), its reason kept in comm->setup_peer_why;
  * 0 while none has (one store check a call; the answer sticks once found). */
