@@ -317,7 +317,7 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     size_t vlen = (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1;
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
     tutti_store_set(comm->job_store, key, val, vlen);
-    /* the one key the others' set-up waits look at (tt_job_peer_setup_failed): the first
+    /* the one key the others' set-up waits look at (setup.c, tt_setup_peer_failed): the first
      * failure's, which is the root cause (a second-hand one follows from reading it) */
     if (comm->setup_peer_status)
         return;

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "core/opts.h"
 #include "core/setup.h"
 #include "core/state.h"
 #include "store/store_impl.h"
@@ -33,19 +32,14 @@ int tt_setup_peer_failed(tutti_comm_t *comm)
 {
     if (comm->setup_peer_status)
         return comm->setup_peer_status;
-    if (!atomic_load(&comm->in_setup) || !comm->job_store || !comm->nonce[0])
+    if (!atomic_load(&comm->in_setup) || !comm->qstore)
         return 0;
-    char key[96];
-    snprintf(key, sizeof(key), "%s/init_failed_first", comm->nonce);
     void *v = NULL;
     size_t len = 0;
-    /* one existence check (and a read once it exists), bounded by the quick deadline: a
-     * stalled store must not stretch the wait it is asked between */
-    int old = tutti_store_timeout(comm->job_store);
-    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
-    int st = tt_store_get_now(comm->job_store, key, &v, &len);
-    tutti_store_set_timeout(comm->job_store, old);
-    if (st < 0)
+    /* one existence check (and a read once it exists), through the instance's view with
+     * the quick deadline: a stalled store must not stretch the wait it is asked between.
+     * The key is the job store's "<nonce>/init_failed_first" (tt_job_init_failed). */
+    if (tt_store_get_now(comm->qstore, "init_failed_first", &v, &len) < 0)
         return 0;
     char *end = NULL;
     long r = strtol(v, &end, 10), fst = end && *end == ' ' ? strtol(end + 1, &end, 10) : 0;

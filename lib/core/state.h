@@ -75,7 +75,7 @@ struct tutti_comm {
     char nonce[40];
     char record[768];
     /* set-up: 1 while tutti_comm_init runs (its long store waits watch for a peer's
-     * failed set-up: job.c tt_init_store_get); a peer's failure found so, its status and
+     * failed set-up: setup.c, tt_init_store_get); a peer's failure found so, its status and
      * "rank R failed its set-up: ..." */
     atomic_int in_setup;
     uint64_t setup_checked_ns; /* the transports' last setup_check that read the store */

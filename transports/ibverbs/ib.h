@@ -276,6 +276,9 @@ void ib_teardown(ib_tp_t *tp);
 const char *ib_mtu_str(enum ibv_mtu m);
 /* The QP (in INIT, receives posted), rings and staging slots for L's peer. */
 int ib_link_create(ib_tp_t *tp, ib_link_t *L, char *why, size_t whylen);
+/* The address of rec's port (its LID, and its GID where routing needs one: RoCE, or a
+ * GID set on InfiniBand), for a QP's RTR and the connection QP's address handles. */
+void ib_ah_attr(const ib_tp_t *tp, const ib_addr_rec_t *rec, struct ibv_ah_attr *a);
 /* L's QP through RTR to RTS, to the peer's port rec and its QP for us, pr. */
 int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const ib_peer_rec_t *pr,
                     char *why, size_t whylen);

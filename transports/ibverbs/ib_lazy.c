@@ -164,6 +164,15 @@ int ib_lazy_setup(ib_tp_t *tp)
     return TUTTI_OK;
 }
 
+/* The link failed, or is up and may write: nothing more to wait for. */
+static void link_settled(ib_tp_t *tp, ib_link_t *L)
+{
+    if (L->wanted && (L->fail.status || (L->conn == IB_CONN_UP && L->peer_ready))) {
+        L->wanted = 0;
+        tp->lazy_waiting--;
+    }
+}
+
 static void link_failed(ib_tp_t *tp, ib_link_t *L, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void link_failed(ib_tp_t *tp, ib_link_t *L, int status, const char *fmt, ...)
@@ -173,20 +182,8 @@ static void link_failed(ib_tp_t *tp, ib_link_t *L, int status, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (L->wanted) {
-        L->wanted = 0;
-        tp->lazy_waiting--;
-    }
     tp->link_failed(L, status, msg);
-}
-
-/* The link failed, or is up and may write: nothing more to wait for. */
-static void link_settled(ib_tp_t *tp, ib_link_t *L)
-{
-    if (L->wanted && (L->fail.status || (L->conn == IB_CONN_UP && L->peer_ready))) {
-        L->wanted = 0;
-        tp->lazy_waiting--;
-    }
+    link_settled(tp, L);
 }
 
 /* Send a REQ, REP or REJ (reason: IB_REJ_*) to L's peer, with nonce (a REQ's and REP's
@@ -243,16 +240,8 @@ static int make_ah(ib_tp_t *tp, ib_link_t *L)
 {
     if (L->ah)
         return TUTTI_OK;
-    struct ibv_ah_attr a = { .dlid = L->prec.lid, .sl = 0, .port_num = (uint8_t)tp->port };
-    int zero = 1;
-    for (int i = 0; i < 16; i++)
-        zero &= L->prec.gid[i] == 0;
-    if (tp->link_layer == IBV_LINK_LAYER_ETHERNET || !zero) {
-        a.is_global = 1;
-        memcpy(a.grh.dgid.raw, L->prec.gid, 16);
-        a.grh.sgid_index = (uint8_t)tp->gid_index;
-        a.grh.hop_limit = 64;
-    }
+    struct ibv_ah_attr a;
+    ib_ah_attr(tp, &L->prec, &a);
     if (!(L->ah = ibv_create_ah(tp->pd, &a)))
         return errno ? errno : EINVAL;
     return TUTTI_OK;

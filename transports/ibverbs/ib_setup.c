@@ -442,6 +442,19 @@ int ib_link_create(ib_tp_t *tp, ib_link_t *L, char *why, size_t whylen)
     return TUTTI_OK;
 }
 
+void ib_ah_attr(const ib_tp_t *tp, const ib_addr_rec_t *rec, struct ibv_ah_attr *a)
+{
+    *a = (struct ibv_ah_attr){ .dlid = rec->lid, .sl = 0, .port_num = (uint8_t)tp->port };
+    union ibv_gid g;
+    memcpy(g.raw, rec->gid, 16);
+    if (tp->link_layer == IBV_LINK_LAYER_ETHERNET || !gid_is_zero(&g)) {
+        a->is_global = 1;
+        a->grh.dgid = g;
+        a->grh.sgid_index = (uint8_t)tp->gid_index;
+        a->grh.hop_limit = 64;
+    }
+}
+
 int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const ib_peer_rec_t *pr,
                     char *why, size_t whylen)
 {
@@ -460,14 +473,8 @@ int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const i
         .rq_psn = pr->psn,
         .max_dest_rd_atomic = (uint8_t)tp->max_rd_atomic,
         .min_rnr_timer = 12,
-        .ah_attr = { .dlid = rec->lid, .sl = 0, .port_num = (uint8_t)tp->port },
     };
-    if (tp->link_layer == IBV_LINK_LAYER_ETHERNET || !gid_is_zero(&g)) {
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid = g;
-        a.ah_attr.grh.sgid_index = (uint8_t)tp->gid_index;
-        a.ah_attr.grh.hop_limit = 64;
-    }
+    ib_ah_attr(tp, rec, &a.ah_attr);
     if (ibv_modify_qp(L->qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
