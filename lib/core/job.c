@@ -302,6 +302,22 @@ static long long my_start_ms(void)
     return realtime_ms() - (long long)(up * 1000) + (long long)(st * 1000 / (unsigned long long)hz);
 }
 
+/* Offer rank's failed set-up as instance nonce's first (root-cause) failure: the one key
+ * the others' set-up waits look at (setup.c, tt_setup_peer_failed). A compare-and-set:
+ * a later failure (often second hand) leaves the first one's reason. */
+static void offer_first_failure(tutti_store_t *js, const char *nonce, int rank, int status,
+                                const char *why)
+{
+    char key[96], first[TT_ERRMSG_LEN + 32];
+    int m = snprintf(first, sizeof(first), "%d %d %s", rank, status, why);
+    snprintf(key, sizeof(key), "%s/init_failed_first", nonce);
+    void *cur = NULL;
+    size_t curlen = 0;
+    tutti_store_compare_set(js, key, "", 0, first, (size_t)TT_MIN(m, (int)sizeof(first) - 1) + 1,
+                            &cur, &curlen);
+    free(cur);
+}
+
 void tt_job_init_failed(tutti_comm_t *comm, int status)
 {
     if (!comm->job_store || !comm->nonce[0] || !comm->record[0])
@@ -319,16 +335,8 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
     tutti_store_set(comm->job_store, key, val, vlen);
     /* the one key the others' set-up waits look at (setup.c, tt_setup_peer_failed): the first
      * failure's, which is the root cause (a second-hand one follows from reading it) */
-    if (comm->setup_peer_status)
-        return;
-    char first[TT_ERRMSG_LEN + 32];
-    int m = snprintf(first, sizeof(first), "%d %d %s", comm->rank, status, comm->last_error);
-    snprintf(key, sizeof(key), "%s/init_failed_first", comm->nonce);
-    void *cur = NULL;
-    size_t curlen = 0;
-    tutti_store_compare_set(comm->job_store, key, "", 0, first,
-                            (size_t)TT_MIN(m, (int)sizeof(first) - 1) + 1, &cur, &curlen);
-    free(cur);
+    if (!comm->setup_peer_status)
+        offer_first_failure(comm->job_store, comm->nonce, comm->rank, status, comm->last_error);
 }
 
 /* Rank 0 of r failed its set-up and left its reason: if r is this run's (created after
@@ -649,7 +657,19 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
                      "its host, for the others), this rank \"%s\": every rank must set the "
                      "same TUTTI_TRANSPORT (or transport option)",
                      comm->store_url, comm->job_base, desc, r->transport, mine);
-        return sizes ? TUTTI_ERR_MISMATCH : TUTTI_ERR_CONFIG;
+        int st = sizes ? TUTTI_ERR_MISMATCH : TUTTI_ERR_CONFIG;
+        /* The ranks that joined r wait in their set-up for this one: while r is still
+         * starting, leave this rank's reason as r's first failure so that they fail
+         * within a slice of their wait, not at their timeout. (Were r another job's
+         * sharing the prefix, that job fails too, as when two jobs' ranks meet on a slot
+         * while starting; a running job (every rank ready) is left alone.) */
+        if (!rec_ready(js, r)) {
+            char why[TT_ERRMSG_LEN];
+            snprintf(why, sizeof(why), "pid %ld on host %s did not join: %s", (long)getpid(),
+                     my_host, err);
+            offer_first_failure(js, r->nonce, comm->rank, st, why);
+        }
+        return st;
     }
     if (rec_stale(r, my_host) || rec_setup_failed(js, r)) {
         int fst = rec_failed_setup(js, r, desc, err, errlen);
