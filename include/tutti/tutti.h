@@ -267,7 +267,9 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
  * MPI_LOCALNRANKS, a step on one node) and whose job has an id (TUTTI_JOB_ID, mpirun's,
  * Slurm's job and step, or MPICH's hydra proxy at the other end of PMI_FD), a tcp store
  * on 127.0.0.1 hosted by rank 0, at a port taken from the job id and the launch's own
- * (PMIx namespace, Slurm step, hydra proxy). opts (may be NULL) gives
+ * (PMIx namespace, Slurm step, hydra proxy); across hosts, a Slurm step's first node
+ * or (Open MPI's mpirun) rank 0's host as the launcher's PMIx server names it, hosted
+ * there by rank 0 at that port. opts (may be NULL) gives
  * the timeout, the job id and the auth token. Fails with TUTTI_ERR_CONFIG naming what is
  * missing (tutti_comm_last_error(NULL)). */
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,

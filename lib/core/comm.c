@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "base/auth.h"
 #include "base/hostlist.h"
@@ -17,6 +21,7 @@
 #include "core/agree.h"
 #include "base/base.h"
 #include "core/job.h"
+#include "core/pmix.h"
 #include "core/setup.h"
 #include "core/trace.h"
 #include "device/device.h"
@@ -948,6 +953,7 @@ typedef struct env_launcher {
     int (*launch_found)(char *, size_t); /* or as it is found, where it names none */
     const char *nodelist; /* across nodes: the nodes (a hostlist), task 0 on the first */
     const char *nodename; /* and the name of this one in that list */
+    int pmix;             /* or across hosts: rank 0's host from PMIx (tt_pmix_rank0_host) */
 } env_launcher_t;
 static const env_launcher_t env_launchers[] = {
     { "TUTTI_*",
@@ -959,8 +965,9 @@ static const env_launcher_t env_launchers[] = {
       { NULL, NULL },
       NULL,
       NULL,
-      NULL },
-    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL, NULL },
+      NULL,
+      0 },
+    { "torchrun", "RANK", "WORLD_SIZE", NULL, NULL, NULL, { NULL, NULL }, NULL, NULL, NULL, 0 },
     { "Open MPI",
       "OMPI_COMM_WORLD_RANK",
       "OMPI_COMM_WORLD_SIZE",
@@ -970,7 +977,8 @@ static const env_launcher_t env_launchers[] = {
       { "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid" },
       NULL,
       NULL,
-      NULL },
+      NULL,
+      1 },
     { "PMI (MPICH, Intel MPI)",
       "PMI_RANK",
       "PMI_SIZE",
@@ -980,7 +988,8 @@ static const env_launcher_t env_launchers[] = {
       { "PMI_JOBID", NULL },
       tt_job_hydra_launch, /* MPICH's hydra sets no PMI_JOBID */
       NULL,
-      NULL },
+      NULL,
+      0 },
     { "Slurm (srun)",
       "SLURM_PROCID",
       "SLURM_STEP_NUM_TASKS",
@@ -990,7 +999,8 @@ static const env_launcher_t env_launchers[] = {
       { "SLURM_JOB_ID", "SLURM_STEP_ID" },
       NULL,
       "SLURM_STEP_NODELIST",
-      "SLURMD_NODENAME" },
+      "SLURMD_NODENAME",
+      0 },
 };
 #define ENV_LAUNCHERS ((int)(sizeof(env_launchers) / sizeof(env_launchers[0])))
 
@@ -1044,6 +1054,51 @@ static int env_loopback_port(const char *jid, const env_launcher_t *l)
     tt_sha256_final(&c, h);
     uint32_t x = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
     return 10000 + (int)(x % 22768u);
+}
+
+/* The store's timeout for an open: the caller's, else TUTTI_STORE_TIMEOUT_MS's default. */
+static int env_store_timeout_ms(const tutti_comm_opts_t *opts)
+{
+    tutti_store_opts_t so;
+    tutti_store_opts_init(&so);
+    return opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS") ? opts->timeout_ms
+                                                                       : so.timeout_ms;
+}
+
+/* Does host (where rank 0 serves a store that ranks on other hosts reach) resolve to
+ * loopback here? Then say why it will not do. A name that does not resolve is left to
+ * the store's own error. */
+static int env_host_loopback(const char *host, char *why, size_t whylen)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+        return 0;
+    char addr[INET6_ADDRSTRLEN] = "";
+    int loop = 1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            const struct sockaddr_in *in = (const void *)a->ai_addr;
+            loop &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+            if (!addr[0])
+                inet_ntop(AF_INET, &in->sin_addr, addr, sizeof(addr));
+        } else if (a->ai_family == AF_INET6) {
+            const struct sockaddr_in6 *in6 = (const void *)a->ai_addr;
+            loop &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+            if (!addr[0])
+                inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof(addr));
+        }
+    }
+    freeaddrinfo(res);
+    if (loop)
+        snprintf(why, whylen,
+                 "rank 0's host %.100s resolves to %s here, a loopback address, which ranks "
+                 "on other hosts cannot reach (Debian maps a host's own name to 127.0.1.1 in "
+                 "/etc/hosts: map it to the host's network address, or set MASTER_ADDR and "
+                 "MASTER_PORT)",
+                 host, addr);
+    return loop;
 }
 
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
@@ -1119,7 +1174,7 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
         /* No store named, ranks an MPI launcher or srun started: a job whose launcher
          * says all its ranks are on this host, and which has an id, meets on loopback,
          * rank 0 hosting the server. Else the error says why not. */
-        char why[512] = "", first[256], where[64];
+        char why[512] = "", first[256], where[64], pwhy[256] = "";
         const char *host = NULL; /* where rank 0 serves the job's store */
         long nlocal = tt_env_count(l->local_size), nodes = tt_env_count(l->nodes);
         if (nodes == 1)
@@ -1155,10 +1210,20 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                      "the step spans %ld nodes (e.g. MASTER_ADDR=$(scontrol show hostnames "
                      "\"$SLURM_STEP_NODELIST\" | head -n 1) and a MASTER_PORT)",
                      nodes);
-        else if (nlocal > 0)
-            snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host", nlocal, size);
+        else if (l->pmix && jid[0] &&
+                 tt_pmix_rank0_host(first, sizeof(first), env_store_timeout_ms(opts), pwhy,
+                                    sizeof(pwhy)) == 0) {
+            /* across hosts under a PMIx launcher: rank 0 serves on its host (the name
+             * the launcher knows it by), at the job's port */
+            host = first;
+            snprintf(where, sizeof(where), "rank 0's host (from PMIx)");
+        } else if (nlocal > 0)
+            snprintf(why, sizeof(why), "%ld of the %ld ranks are on this host%s%s", nlocal, size,
+                     pwhy[0] ? ", and rank 0's host is not known: " : "", pwhy);
         else
             snprintf(why, sizeof(why), "%s does not say how many ranks share this host", l->name);
+        if (host && nlocal != size && env_host_loopback(host, why, sizeof(why)))
+            host = NULL;
         if (host) {
             snprintf(urlbuf, sizeof(urlbuf), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
                      host, env_loopback_port(jid, l));
@@ -1176,8 +1241,9 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                 "MASTER_PORT%s%s",
                 rank, size, l->rank,
                 why[0] ? "; a job with a job id meets without them where its ranks are all "
-                         "on one host (on loopback) or are a Slurm step's (on its first "
-                         "node), but "
+                         "on one host (on loopback), are a Slurm step's (on its first node) "
+                         "or a PMIx launcher's such as Open MPI's mpirun (on rank 0's "
+                         "host), but "
                        : "",
                 why);
             TT_WARN("%s", init_error);

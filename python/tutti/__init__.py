@@ -278,8 +278,8 @@ class Store(_Handle):
     def from_env(cls, **opts):
         """The job's store as the environment names it, with this process's rank and the
         rank count: (store, rank, size), as tutti_store_open_env finds them (TUTTI_*,
-        torchrun's, mpirun's, srun's; a job on one host or a Slurm step meets without
-        a store named, rank 0 serving it). opts: tutti_comm_opts_t's (timeout_ms,
+        torchrun's, mpirun's, srun's; a job on one host, a Slurm step or Open MPI's
+        mpirun across hosts meets without a store named, rank 0 serving it). opts: tutti_comm_opts_t's (timeout_ms,
         job_id, auth_token ...)."""
         self = cls.__new__(cls)
         self._h = self._base = None

@@ -1,0 +1,179 @@
+/* Rank 0's host from a PMIx launcher: see pmix.h.
+ *
+ * libpmix is loaded with dlopen (the build needs no PMIx headers, and a process that
+ * never asks never loads it). The few types used are the PMIx standard's, fixed by it
+ * across versions: a process name is a 256-byte namespace and a 32-bit rank; a value
+ * starts with its 16-bit type, its data (here a string pointer) at offset 8. PMIx_Init
+ * and PMIx_Finalize count their calls, so an MPI library in the same process that
+ * initialized PMIx too keeps its connection. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "core/pmix.h"
+
+typedef struct {
+    char nspace[256];
+    uint32_t rank;
+} pmix_name_t;
+
+typedef struct {
+    uint16_t type;
+    union {
+        char *string;
+        uint64_t pad[3];
+    } data;
+} pmix_val_t;
+
+#define PMIX_OK 0
+#define PMIX_TYPE_STRING 3
+#define PMIX_KEY_HOSTNAME "pmix.hname"
+#define NOT_A_NAME (-100000) /* a value that is no host name: not a PMIx status */
+
+typedef int (*pmix_init_fn)(pmix_name_t *, void *, size_t);
+typedef int (*pmix_get_fn)(const pmix_name_t *, const char *, const void *, size_t, pmix_val_t **);
+typedef int (*pmix_fini_fn)(const void *, size_t);
+
+/* One question, shared by the caller and the thread that asks: the caller may stop
+ * waiting (its timeout) while the thread is still inside libpmix; the last of the two
+ * to let go frees it. */
+typedef struct ask {
+    atomic_int refs;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done, rc;
+    const char *step; /* what failed, when rc != 0 */
+    char host[256];
+    pmix_init_fn init;
+    pmix_get_fn get;
+    pmix_fini_fn fini;
+    void (*destruct)(pmix_val_t *); /* PMIx_Value_destruct, where the library has it */
+} ask_t;
+
+static void ask_release(ask_t *a)
+{
+    if (atomic_fetch_sub(&a->refs, 1) == 1) {
+        pthread_mutex_destroy(&a->lock);
+        pthread_cond_destroy(&a->cond);
+        free(a);
+    }
+}
+
+static void *ask_thread(void *arg)
+{
+    ask_t *a = arg;
+    pmix_name_t me, r0;
+    memset(&me, 0, sizeof(me));
+    int rc = a->init(&me, NULL, 0);
+    const char *step = "PMIx_Init";
+    char host[256] = "";
+    if (rc == PMIX_OK) {
+        r0 = me;
+        r0.rank = 0;
+        pmix_val_t *v = NULL;
+        rc = a->get(&r0, PMIX_KEY_HOSTNAME, NULL, 0, &v);
+        step = "PMIx_Get of rank 0's " PMIX_KEY_HOSTNAME;
+        if (rc == PMIX_OK &&
+            (!v || v->type != PMIX_TYPE_STRING || !v->data.string || !v->data.string[0]))
+            rc = NOT_A_NAME;
+        else if (rc == PMIX_OK)
+            snprintf(host, sizeof(host), "%s", v->data.string);
+        if (v) { /* as PMIX_VALUE_RELEASE: its contents, then the value (malloc'd) */
+            if (a->destruct)
+                a->destruct(v);
+            free(v);
+        }
+        a->fini(NULL, 0);
+    }
+    pthread_mutex_lock(&a->lock);
+    a->rc = rc;
+    a->step = step;
+    snprintf(a->host, sizeof(a->host), "%s", host);
+    a->done = 1;
+    pthread_cond_signal(&a->cond);
+    pthread_mutex_unlock(&a->lock);
+    ask_release(a);
+    return NULL;
+}
+
+int tt_pmix_rank0_host(char *out, size_t len, int timeout_ms, char *why, size_t whylen)
+{
+    if (!getenv("PMIX_NAMESPACE") || !getenv("PMIX_RANK")) {
+        snprintf(why, whylen, "no PMIx launch (PMIX_NAMESPACE and PMIX_RANK unset)");
+        return -1;
+    }
+    /* never closed: a thread that timed out may still be inside it */
+    static void *lib;
+    static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lib_lock);
+    if (!lib)
+        lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_LOCAL);
+    void *h = lib;
+    pthread_mutex_unlock(&lib_lock);
+    if (!h) {
+        snprintf(why, whylen, "libpmix.so.2 could not be loaded (%s)", dlerror());
+        return -1;
+    }
+    ask_t *a = calloc(1, sizeof(*a));
+    if (!a) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    *(void **)&a->init = dlsym(h, "PMIx_Init");
+    *(void **)&a->get = dlsym(h, "PMIx_Get");
+    *(void **)&a->fini = dlsym(h, "PMIx_Finalize");
+    *(void **)&a->destruct = dlsym(h, "PMIx_Value_destruct");
+    if (!a->init || !a->get || !a->fini) {
+        snprintf(why, whylen, "libpmix.so.2 lacks PMIx_Init, PMIx_Get or PMIx_Finalize");
+        free(a);
+        return -1;
+    }
+    atomic_init(&a->refs, 2);
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t t;
+    if (pthread_create(&t, NULL, ask_thread, a) != 0) {
+        snprintf(why, whylen, "no thread to ask PMIx from");
+        atomic_store(&a->refs, 1);
+        ask_release(a);
+        return -1;
+    }
+    pthread_detach(t);
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += timeout_ms / 1000;
+    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    int rc = -1;
+    pthread_mutex_lock(&a->lock);
+    while (!a->done && pthread_cond_timedwait(&a->cond, &a->lock, &end) != ETIMEDOUT) {
+    }
+    if (!a->done)
+        snprintf(why, whylen, "the PMIx server (PMIX_SERVER_URI*) gave no answer within %d ms",
+                 timeout_ms);
+    else if (a->rc == NOT_A_NAME)
+        snprintf(why, whylen, "PMIx gave no host name for rank 0 (%s)", PMIX_KEY_HOSTNAME);
+    else if (a->rc != PMIX_OK)
+        snprintf(why, whylen, "%s failed (PMIx status %d)", a->step, a->rc);
+    else {
+        snprintf(out, len, "%s", a->host);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&a->lock);
+    ask_release(a);
+    return rc;
+}
