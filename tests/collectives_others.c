@@ -361,16 +361,21 @@ static size_t a2a_count(int a, int b, int k, int sym)
     return sym ? vcount(a + b, k) : vcount(a * 3 + b, k);
 }
 
+/* mode 0-2 as mode_names says; 4: in place on the even ranks, out of place on the odd
+ * ones, in one call (a layout of mode 1's shape on every rank) */
 static void t_alltoall(ctx_t *c, tutti_dtype_t dt, size_t count, int vk, int mode)
 {
     const int n = c->nranks, me = c->rank;
     const size_t es = tutti_dtype_size(dt);
     const uint64_t seed = mix64(++c->cases);
-    const int vform = vk >= 0;
+    const int vform = vk >= 0, mixed = mode == 4;
+    if (mixed)
+        mode = me % 2 ? 0 : 1;
+    const int sym = mixed || mode != 0;
     size_t scnt[16], sdsp[16], rcnt[16], rdsp[16];
     for (int j = 0; j < n; j++) {
-        scnt[j] = vform ? a2a_count(me, j, vk, mode != 0) : count;
-        rcnt[j] = vform ? a2a_count(j, me, vk, mode != 0) : count;
+        scnt[j] = vform ? a2a_count(me, j, vk, sym) : count;
+        rcnt[j] = vform ? a2a_count(j, me, vk, sym) : count;
     }
     size_t sext, rext;
     if (vform) {
@@ -381,8 +386,9 @@ static void t_alltoall(ctx_t *c, tutti_dtype_t dt, size_t count, int vk, int mod
         rext = packed_displs(n, rcnt, rdsp);
     }
     char what[128];
-    snprintf(what, sizeof(what), "alltoall%s %s %s (extent %zu)", vform ? "v" : "",
-             mode_names[mode], vform ? "uneven" : "equal", rext);
+    snprintf(what, sizeof(what), "alltoall%s %s%s %s (extent %zu)", vform ? "v" : "",
+             mode_names[mode], mixed ? " (in place on even ranks only)" : "",
+             vform ? "uneven" : "equal", rext);
     if (!vform)
         snprintf(what + strlen(what), sizeof(what) - strlen(what), " block %zu", count);
 
@@ -559,6 +565,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 t_allgather(&c, dt, counts, 0, mode);
                 if (!c.comm_failed)
                     t_alltoall(&c, dt, cnt, -1, mode);
+                if (!c.comm_failed && mode == 2) /* in place on some ranks only */
+                    t_alltoall(&c, dt, cnt, -1, 4);
                 for (int root = 0; root < n && !c.comm_failed; root++) {
                     /* every root, the modes by turns */
                     if ((root + (int)k) % 3 != mode)
@@ -582,6 +590,8 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
                     t_scatter(&c, dt, counts, 1, root, mode);
                 if (!c.comm_failed)
                     t_alltoall(&c, dt, 0, vk + (int)d, mode);
+                if (!c.comm_failed && mode == 2)
+                    t_alltoall(&c, dt, 0, vk + (int)d, 4);
             }
         }
         /* larger */
@@ -600,7 +610,7 @@ static int rank_matrix(int rank, int nranks, tutti_comm_t *comm, const char *dir
             if (!c.comm_failed)
                 t_scatter(&c, dt, counts, 0, (int)((d + 1) % (size_t)n), 0);
             if (!c.comm_failed)
-                t_alltoall(&c, dt, big / (size_t)n / (size_t)n, -1, (int)(d % 2));
+                t_alltoall(&c, dt, big / (size_t)n / (size_t)n, -1, d % 3 == 2 ? 4 : (int)(d % 2));
         }
     }
 

@@ -119,6 +119,68 @@ static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *
         EXPECT_BAD(tutti_allreduce_async(comm, buf, buf, 4, TUTTI_FP32, TUTTI_BOR, &w), "op bor");
         FAIL_IF(w != NULL, "a refused call handed back work");
     }
+    /* the in-place marker where a call takes a buffer (it was dereferenced: SIGSEGV) */
+    EXPECT_BAD(tutti_send(comm, TUTTI_IN_PLACE, 4, TUTTI_FP32, 1 - rank, 0),
+               "send: buf is the in-place marker");
+    EXPECT_BAD(tutti_recv(comm, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32, 1 - rank, 0),
+               "recv: buf is the in-place marker");
+    EXPECT_BAD(tutti_send(comm, NULL, 4, TUTTI_FP32, 1 - rank, 0), "send: buf is NULL");
+    EXPECT_BAD(tutti_allreduce(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32, TUTTI_SUM),
+               "recvbuf is the in-place marker");
+    EXPECT_BAD(tutti_allgather(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32),
+               "recvbuf is the in-place marker");
+    EXPECT_BAD(tutti_alltoall(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32),
+               "recvbuf is the in-place marker");
+    if (rank == 0) {
+        EXPECT_BAD(tutti_scatter(comm, TUTTI_IN_PLACE, buf, 4, TUTTI_FP32, 0),
+                   "sendbuf (in place at the root: recvbuf TUTTI_IN_PLACE_OUT) is the in-place");
+        EXPECT_BAD(tutti_gather(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32, 0),
+                   "recvbuf is the in-place marker");
+        EXPECT_BAD(tutti_reduce(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32, TUTTI_SUM, 0),
+                   "recvbuf is the in-place marker");
+    } else {
+        EXPECT_BAD(tutti_scatter(comm, buf, TUTTI_IN_PLACE_OUT, 4, TUTTI_FP32, 0),
+                   "TUTTI_IN_PLACE_OUT is for the root only");
+        EXPECT_BAD(tutti_reduce(comm, TUTTI_IN_PLACE, buf, 4, TUTTI_FP32, TUTTI_SUM, 0),
+                   "TUTTI_IN_PLACE is for the root only");
+    }
+    /* in place, recvbuf is the whole input even where this rank's block is empty */
+    {
+        size_t c40[2] = { 4, 0 };
+        EXPECT_BAD(tutti_reduce_scatterv(comm, TUTTI_IN_PLACE, NULL, c40, TUTTI_FP32, TUTTI_SUM),
+                   "recvbuf is NULL");
+    }
+    /* a block per rank whose total overflows (count x ranks: the buffer's extent wrapped
+     * to 0, and a NULL recvbuf passed) */
+    {
+        size_t big = SIZE_MAX / 6; /* x 4 fits, x 4 x 2 ranks does not */
+        EXPECT_BAD(tutti_gather(comm, buf, NULL, big, TUTTI_UINT8, 0), "too large");
+        EXPECT_BAD(tutti_scatter(comm, NULL, buf, big, TUTTI_UINT8, 0), "too large");
+        EXPECT_BAD(tutti_alltoall(comm, buf, NULL, big, TUTTI_UINT8), "too large");
+    }
+    /* receive blocks that overlap: ranks' data on the same elements */
+    {
+        size_t c2[2] = { 2, 2 }, d01[2] = { 0, 1 }, d00[2] = { 0, 0 }, far[2] = { 0, SIZE_MAX / 8 };
+        EXPECT_BAD(tutti_allgatherv(comm, buf, buf + 8, c2, d01, TUTTI_FP32),
+                   "recvcounts blocks of ranks 0 and 1 overlap (elements [0, 2) and [1, 3))");
+        EXPECT_BAD(tutti_alltoallv(comm, buf, c2, NULL, buf + 8, c2, d00, TUTTI_FP32), "overlap");
+        if (rank == 0)
+            EXPECT_BAD(tutti_gatherv(comm, buf, 2, buf + 8, c2, d01, TUTTI_FP32, 0), "overlap");
+        EXPECT_BAD(tutti_allgatherv(comm, buf, buf + 8, c2, far, TUTTI_FP32),
+                   "recvcounts[1] = 2 or its displacement");
+        /* sends may read one block twice; empty blocks overlap nothing */
+        size_t c10[2] = { 1, 0 };
+        float out[8] = { 0 }, in[4] = { 1, 2, 3, 4 };
+        size_t rcv[2] = { 2, 2 };
+        st = tutti_alltoallv(comm, in, c2, d00, out, rcv, NULL, TUTTI_FP32);
+        FAIL_IF(st != 0 || out[0] != 1 || out[1] != 2 || out[2] != 1 || out[3] != 2,
+                "alltoallv reading one block twice: %s, %g %g %g %g", tutti_status_name(st), out[0],
+                out[1], out[2], out[3]);
+        float g[2] = { 0, 0 }, mine = (float)rank + 1;
+        st = tutti_allgatherv(comm, &mine, g, c10, d00, TUTTI_FP32);
+        FAIL_IF(st != 0 || g[0] != 1, "allgatherv with an empty block at a taken place: %s, %g",
+                tutti_status_name(st), g[0]);
+    }
 #undef EXPECT_BAD
     /* nothing was sent: the communicator still works */
     st = tutti_barrier(comm);
@@ -149,6 +211,54 @@ START_TEST(bad_init_arguments)
     int st = tutti_comm_init(&comm, store, 0, 1, &o);
     ck_assert_int_eq(st, TUTTI_ERR_PLUGIN);
     ck_assert_ptr_null(comm);
+    tutti_store_close(store);
+    th_rmtree_gone(dir);
+}
+END_TEST
+
+/* Work handles outlive their communicator: a framework's handle (torch's Work, a
+ * Python object) is waited for, tested and freed after the destroy. Until session 96
+ * tutti_wait locked the freed communicator's queue (found by review; valgrind's invalid
+ * read; here ASan's). A done op keeps its status and error: an allreduce's OK and
+ * result, an op issued after an abort its TUTTI_ERR_ABORTED. */
+START_TEST(work_outlives_comm)
+{
+    tutti_comm_t *comm = NULL;
+    tutti_store_t *store;
+    char dir[] = "/tmp/tutti-workXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+    ck_assert_int_eq(tutti_comm_init(&comm, store, 0, 1, NULL), 0);
+    float v[4] = { 1, 2, 3, 4 }, out[4] = { 0 };
+    tutti_work_t *waited = NULL, *unwaited = NULL, *aborted = NULL;
+    ck_assert_int_eq(tutti_allreduce_async(comm, v, out, 4, TUTTI_FP32, TUTTI_SUM, &waited), 0);
+    ck_assert_int_eq(tutti_wait(waited, -1), 0);
+    ck_assert_int_eq(tutti_allreduce_async(comm, TUTTI_IN_PLACE, v, 4, TUTTI_FP32, TUTTI_MAX,
+                                           &unwaited),
+                     0);
+    ck_assert_int_eq(tutti_comm_abort(comm), 0);
+    int bst = tutti_barrier_async(comm, &aborted);
+    ck_assert_int_eq(tutti_comm_destroy(comm), 0);
+    int done = 0;
+    ck_assert_int_eq(tutti_wait(waited, 1000), 0);
+    ck_assert_int_eq(tutti_test(waited, &done), 0);
+    ck_assert_int_eq(done, 1);
+    ck_assert_str_eq(tutti_work_error(waited), "");
+    ck_assert(out[0] == 1 && out[3] == 4);
+    /* queued before the abort: run by the destroy, or failed by the abort */
+    int st = tutti_wait(unwaited, 1000);
+    ck_assert(st == TUTTI_OK || st == TUTTI_ERR_ABORTED);
+    ck_assert_int_eq(tutti_test(unwaited, &done), st);
+    ck_assert_int_eq(done, 1);
+    if (aborted) {
+        ck_assert_int_eq(tutti_wait(aborted, -1), TUTTI_ERR_ABORTED);
+        ck_assert_str_ne(tutti_work_error(aborted), "");
+    } else {
+        ck_assert_int_eq(bst, TUTTI_ERR_ABORTED); /* refused at the call instead */
+    }
+    tutti_work_free(waited);
+    tutti_work_free(unwaited);
+    tutti_work_free(aborted);
     tutti_store_close(store);
     th_rmtree_gone(dir);
 }
@@ -690,7 +800,8 @@ static Suite *suite(void)
     th_add_tests(s, "status", 90, (const TTest *const[]){ status_strings, version_agrees, NULL });
     th_add_tests(s, "arguments", 90,
                  (const TTest *const[]){ bad_init_arguments, bad_arguments,
-                                         bad_arguments_other_collectives, NULL });
+                                         bad_arguments_other_collectives, work_outlives_comm,
+                                         NULL });
     th_add_tests(s, "env", 90,
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
                                          init_from_mpirun_env, slurm_node_lists,

@@ -138,7 +138,12 @@ typedef struct tutti_work tutti_work_t;
  * overlap in other ways are refused (TUTTI_ERR_INVALID_ARG), as is alltoallv with one
  * pointer for both and two layouts. reduce_scatter(v) also takes NCCL's in-place form,
  * recvbuf at this rank's block of sendbuf (sendbuf + rank * recvcount): the result lands
- * there and the other blocks are left as they were. */
+ * there and the other blocks are left as they were. Each rank chooses for itself: some
+ * ranks of one call may run in place and the others not. The marker where a call takes
+ * a buffer (a receive buffer, a send's buffer, a non-root's in-place reduce or scatter)
+ * is refused, naming the argument. Receive layouts (allgatherv, gatherv's root,
+ * alltoallv) whose non-empty blocks overlap are refused too (MPI calls them erroneous:
+ * the result would depend on arrival order); send layouts may read a block twice. */
 #define TUTTI_IN_PLACE ((const void *)1)
 /* Pass as the root's receive buffer of a scatter to leave its own block in sendbuf. */
 #define TUTTI_IN_PLACE_OUT ((void *)1)
@@ -581,7 +586,9 @@ int tutti_test(tutti_work_t *work, int *done_p);
  * timeout). Returns the operation's status, or TUTTI_ERR_TIMEOUT if it still runs. */
 int tutti_wait(tutti_work_t *work, int timeout_ms);
 
-/* Release a work handle; safe while the operation is still running. */
+/* Release a work handle; safe while the operation is still running, and after the
+ * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the
+ * finished operation's status and explanation). */
 void tutti_work_free(tutti_work_t *work);
 
 /* The explanation of a finished operation's failure ("" if it succeeded). */

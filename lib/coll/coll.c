@@ -44,10 +44,21 @@ static int overlap_unequal(const void *s, size_t sbytes, const void *r, size_t r
            a < b + rbytes && b < a + sbytes;
 }
 
+/* The in-place marker (TUTTI_IN_PLACE and TUTTI_IN_PLACE_OUT are one value) where a
+ * call takes a buffer: refused, naming the argument (it would be dereferenced). */
+static int marker_misplaced(tutti_comm_t *comm, const char *name, const char *arg)
+{
+    return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                             "%s: %s is the in-place marker (TUTTI_IN_PLACE), which this rank "
+                             "of this call does not take: pass a buffer",
+                             name, arg);
+}
+#define TT_MARKER(p) ((const void *)(p) == TUTTI_IN_PLACE)
+
 /* One buffer (or a send and a receive buffer of the same size): allreduce, broadcast
- * and point-to-point. */
+ * and point-to-point (rname: what the receive buffer is called). */
 static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf, void *recvbuf,
-                      size_t count, tutti_dtype_t dtype, int need_send)
+                      size_t count, tutti_dtype_t dtype, int need_send, const char *rname)
 {
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
@@ -60,8 +71,10 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     if (count == 0)
         return TUTTI_OK;
     if (!recvbuf)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: recvbuf is NULL with count %zu",
-                                 name, count);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", name,
+                                 rname, count);
+    if (TT_MARKER(recvbuf))
+        return marker_misplaced(comm, name, rname);
     if (need_send && !sendbuf)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)", name);
@@ -70,22 +83,58 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     return TUTTI_OK;
 }
 
-/* The collectives whose counts add up over the ranks: a quarter of the address space. */
-static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es)
+/* The collectives whose counts add up over the ranks: a quarter of the address space.
+ * A block per rank of count (gather, scatter, alltoall: blocks) adds up too. */
+static int check_count(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es, int blocks)
 {
     size_t b; /* count > SIZE_MAX / es / 4 and the like, without the divisions */
-    if (__builtin_mul_overflow(c->count, 4 * es, &b) ||
+    if (__builtin_mul_overflow(c->count, 4 * es * (blocks ? (size_t)comm->nranks : 1), &b) ||
         __builtin_mul_overflow(c->equal, 4 * es * (size_t)comm->nranks, &b))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count is too large", c->name);
     return TUTTI_OK;
 }
 
+static int cmp_block(const void *a, const void *b, void *ctx)
+{
+    const size_t *d = ctx;
+    size_t x = d[*(const int *)a], y = d[*(const int *)b];
+    return x < y ? -1 : x > y;
+}
+
+/* Receive blocks (counts, displs) that overlap: two ranks' data would land on the same
+ * elements (MPI calls it erroneous; the result would depend on arrival order). Empty
+ * blocks overlap nothing. */
+static int check_overlap(tutti_comm_t *comm, const char *name, const char *what, int n,
+                         const size_t *counts, const size_t *displs)
+{
+    int *ord = malloc((size_t)n * sizeof(int)), m = 0;
+    if (!ord)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    for (int i = 0; i < n; i++)
+        if (counts[i])
+            ord[m++] = i;
+    qsort_r(ord, (size_t)m, sizeof(int), cmp_block, (void *)displs);
+    int st = TUTTI_OK;
+    for (int k = 1; k < m && st == TUTTI_OK; k++) {
+        int a = ord[k - 1], b = ord[k];
+        if (displs[a] + counts[a] > displs[b])
+            st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                   "%s: %s blocks of ranks %d and %d overlap (elements [%zu, %zu) "
+                                   "and [%zu, %zu)): each rank's block needs its own place",
+                                   name, what, a, b, displs[a], displs[a] + counts[a], displs[b],
+                                   displs[b] + counts[b]);
+    }
+    free(ord);
+    return st;
+}
+
 /* counts[i] (and displs[i], or prefix sums when displs is NULL) into dst_counts and
- * dst_displs; checks that every block fits in SIZE_MAX bytes. Returns the extent (the
- * elements a buffer must hold) in *extent_p. */
+ * dst_displs; checks that every block fits in SIZE_MAX bytes, and (recv: a receiving
+ * layout) that no two blocks overlap. Returns the extent (the elements a buffer must
+ * hold) in *extent_p. */
 static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, int n, size_t es,
                        const size_t *counts, const size_t *displs, size_t *dst_counts,
-                       size_t *dst_displs, size_t *extent_p)
+                       size_t *dst_displs, size_t *extent_p, int recv)
 {
     size_t extent = 0, sum = 0;
     if (!counts) {
@@ -97,8 +146,8 @@ static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, i
         size_t d = displs ? displs[i] : sum;
         if (counts[i] > limit || d > limit)
             return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "%s: %s[%d] = %zu (or its displacement) is too large", name,
-                                     what, i, counts[i]);
+                                     "%s: %s[%d] = %zu or its displacement %zu is too large", name,
+                                     what, i, counts[i], d);
         dst_counts[i] = counts[i];
         dst_displs[i] = d;
         sum += counts[i];
@@ -107,6 +156,8 @@ static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, i
                                      what);
         extent = TT_MAX(extent, d + counts[i]);
     }
+    if (recv && displs && n > 1)
+        TT_CHECK(check_overlap(comm, name, what, n, dst_counts, dst_displs));
     *extent_p = extent;
     return TUTTI_OK;
 }
@@ -129,7 +180,7 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
 TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
-    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, c->dtype, 1));
+    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, c->dtype, 1, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf : c->sendbuf;
     o->count = o->env_count = c->count;
@@ -149,7 +200,7 @@ TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     (void)layout;
     const int is_root = comm->rank == c->root;
     TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count, c->dtype,
-                        is_root));
+                        is_root, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (!is_root || c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf
                                                                            : c->sendbuf;
@@ -166,15 +217,19 @@ TT_HOT int fill_barrier(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
 static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
-    TT_CHECK(check_count(comm, c, o->elem_size));
+    TT_CHECK(check_count(comm, c, o->elem_size, 0));
     const int is_root = comm->rank == c->root, in_place = c->sendbuf == TUTTI_IN_PLACE;
     const char *s = in_place ? NULL : c->sendbuf;
     char *r = c->recvbuf;
     o->count = o->env_count = c->count;
+    if (c->count && !is_root && in_place)
+        return fail(comm, c->name, "TUTTI_IN_PLACE is for the root only");
     if (c->count && !is_root && !s)
         return fail(comm, c->name, "sendbuf is NULL");
     if (c->count && is_root && !r)
         return fail(comm, c->name, "recvbuf is NULL at the root");
+    if (c->count && is_root && TT_MARKER(r))
+        return marker_misplaced(comm, c->name, "recvbuf");
     if (c->count && is_root && !s && !in_place)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
     if (is_root && overlap_unequal(s, c->count * o->elem_size, r, c->count * o->elem_size))
@@ -190,10 +245,10 @@ static int block_layout(tutti_comm_t *comm, const tt_coll_call_t *c, size_t es,
                         const size_t *displs, size_t *rc, size_t *rd, size_t *ext_p)
 {
     const int n = comm->nranks;
-    TT_CHECK(check_count(comm, c, es));
+    TT_CHECK(check_count(comm, c, es, 0));
     if (c->is_v)
-        return copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, displs, rc, rd,
-                           ext_p);
+        return copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, displs, rc, rd, ext_p,
+                           1);
     fill_equal(n, c->equal, rc, rd);
     *ext_p = (size_t)n * c->equal;
     return TUTTI_OK;
@@ -211,6 +266,8 @@ static int fill_allgather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     o->env_count = o->count;
     if (ext && !r)
         return fail(comm, c->name, "recvbuf is NULL");
+    if (ext && TT_MARKER(r))
+        return marker_misplaced(comm, c->name, "recvbuf");
     if (rc[me] && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
     o->recvbuf = r;
@@ -227,8 +284,11 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
     char *r = c->recvbuf;
     TT_CHECK(block_layout(comm, c, es, NULL, rc, rd, &ext));
     o->count = o->env_count = ext;
-    if (ext && !r && rc[me])
+    /* in place, recvbuf holds the whole input, even where this rank's block is empty */
+    if (ext && !r && (rc[me] || in_place))
         return fail(comm, c->name, "recvbuf is NULL");
+    if (ext && TT_MARKER(r))
+        return marker_misplaced(comm, c->name, "recvbuf");
     if (ext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
     /* NCCL's in place: recvbuf is this rank's block of sendbuf. Run as out of place:
@@ -252,10 +312,10 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
  * count (named `mine`). Elsewhere the layout holds this rank's own block only. */
 static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, const char *what,
                          const char *mine, const size_t *counts, const size_t *displs,
-                         size_t *dst_counts, size_t *dst_displs, size_t *ext_p)
+                         size_t *dst_counts, size_t *dst_displs, size_t *ext_p, int recv)
 {
     const int n = comm->nranks, me = comm->rank;
-    TT_CHECK(check_count(comm, c, o->elem_size));
+    TT_CHECK(check_count(comm, c, o->elem_size, !c->is_v));
     o->count = c->count;
     *ext_p = 0;
     if (!c->is_v) {
@@ -269,7 +329,7 @@ static int rooted_layout(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return TUTTI_OK;
     }
     TT_CHECK(copy_layout(comm, c->name, what, n, o->elem_size, counts, displs, dst_counts,
-                         dst_displs, ext_p));
+                         dst_displs, ext_p, recv));
     if (dst_counts[me] != c->count)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: the root's %s %zu differs from %s[root] = %zu", c->name, mine,
@@ -284,9 +344,11 @@ static int fill_gather(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, 
     size_t *rd = layout + 3 * n, ext;
     char *r = c->recvbuf;
     TT_CHECK(rooted_layout(comm, c, o, "recvcounts", "sendcount", c->recvcounts, c->rdispls,
-                           layout + 2 * n, rd, &ext));
+                           layout + 2 * n, rd, &ext, 1));
     if (is_root && ext && !r)
         return fail(comm, c->name, "recvbuf is NULL at the root");
+    if (is_root && ext && TT_MARKER(r))
+        return marker_misplaced(comm, c->name, "recvbuf");
     if (c->count && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL");
     if (in_place && !is_root)
@@ -302,11 +364,17 @@ static int fill_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o,
     size_t *sd = layout + n, sext;
     char *r = c->recvbuf;
     TT_CHECK(rooted_layout(comm, c, o, "sendcounts", "recvcount", c->sendcounts, c->sdispls, layout,
-                           sd, &sext));
+                           sd, &sext, 0));
     if (is_root && sext && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL at the root");
+    if (is_root && sext && TT_MARKER(c->sendbuf))
+        return marker_misplaced(comm, c->name,
+                                "sendbuf (in place at the root: recvbuf "
+                                "TUTTI_IN_PLACE_OUT)");
     if (c->count && !r)
         return fail(comm, c->name, "recvbuf is NULL");
+    if (c->count && !is_root && TT_MARKER(r))
+        return fail(comm, c->name, "TUTTI_IN_PLACE_OUT is for the root only");
     o->sendbuf = is_root ? c->sendbuf : NULL;
     o->recvbuf = (is_root && r == TUTTI_IN_PLACE_OUT) ? (char *)c->sendbuf + sd[me] * o->elem_size
                                                       : r;
@@ -320,13 +388,13 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
     size_t *sc = layout, *sd = layout + n, *rc = layout + 2 * n, *rd = layout + 3 * n;
     size_t ext, sext;
     char *r = c->recvbuf;
-    TT_CHECK(check_count(comm, c, es));
+    TT_CHECK(check_count(comm, c, es, !c->is_v));
     if (c->is_v) {
         TT_CHECK(copy_layout(comm, c->name, "recvcounts", n, es, c->recvcounts, c->rdispls, rc, rd,
-                             &ext));
+                             &ext, 1));
         if (!in_place) {
             TT_CHECK(copy_layout(comm, c->name, "sendcounts", n, es, c->sendcounts, c->sdispls, sc,
-                                 sd, &sext));
+                                 sd, &sext, 0));
         } else {
             memcpy(sc, rc, (size_t)n * sizeof(size_t));
             memcpy(sd, rd, (size_t)n * sizeof(size_t));
@@ -342,6 +410,8 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         o->count += sc[i];
     if (ext && !r)
         return fail(comm, c->name, "recvbuf is NULL");
+    if (ext && TT_MARKER(r))
+        return marker_misplaced(comm, c->name, "recvbuf");
     if (sext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
     if (!in_place && overlap_unequal(c->sendbuf, sext * es, r, ext * es))
@@ -747,7 +817,7 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                      ? (kind == TUTTI_TP_RECV ? " (any source: no other rank)"
                                                               : " (any source is for receives)")
                                      : "");
-    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0));
+    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
     return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
                              async ? work_p : NULL);
 }

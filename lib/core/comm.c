@@ -128,11 +128,9 @@ static void comm_free(tutti_comm_t *comm)
         memset(comm->secret, 0, comm->secret_len);
     free(comm->secret);
     tt_comm_opts_free(&comm->opts);
-    pthread_mutex_destroy(&comm->err_lock);
-    pthread_mutex_destroy(&comm->q_lock);
-    pthread_cond_destroy(&comm->q_cv);
-    pthread_cond_destroy(&comm->done_cv);
-    free(comm);
+    /* work handles may outlive it (a wait after the destroy reads only the work) */
+    atomic_store(&comm->gone, 1);
+    tt_exec_comm_unref(comm);
 }
 
 /* Every rank must pick the same algorithms, so every rank takes rank 0's cost
@@ -242,6 +240,7 @@ static tutti_comm_t *comm_alloc(int rank, int size)
     comm->rank = rank;
     comm->nranks = size;
     comm->bind_cpu = -1;
+    atomic_init(&comm->refs, 1);
     comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
     if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
@@ -1066,39 +1065,32 @@ static int env_store_timeout_ms(const tutti_comm_opts_t *opts)
 }
 
 /* Does host (where rank 0 serves a store that ranks on other hosts reach) resolve to
- * loopback here? Then say why it will not do. A name that does not resolve is left to
- * the store's own error. */
-static int env_host_loopback(const char *host, char *why, size_t whylen)
+ * loopback here? 4 or 6 (the address family), with the address in addr; 0 if not (a
+ * name that does not resolve is left to the store's own error). */
+static int env_host_loopback(const char *host, char *addr, size_t addrlen)
 {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
         return 0;
-    char addr[INET6_ADDRSTRLEN] = "";
-    int loop = 1;
+    int loop = 1, fam = 0;
+    addr[0] = '\0';
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         if (a->ai_family == AF_INET) {
             const struct sockaddr_in *in = (const void *)a->ai_addr;
             loop &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-            if (!addr[0])
-                inet_ntop(AF_INET, &in->sin_addr, addr, sizeof(addr));
+            if (!fam && inet_ntop(AF_INET, &in->sin_addr, addr, (socklen_t)addrlen))
+                fam = 4;
         } else if (a->ai_family == AF_INET6) {
             const struct sockaddr_in6 *in6 = (const void *)a->ai_addr;
             loop &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
-            if (!addr[0])
-                inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof(addr));
+            if (!fam && inet_ntop(AF_INET6, &in6->sin6_addr, addr, (socklen_t)addrlen))
+                fam = 6;
         }
     }
     freeaddrinfo(res);
-    if (loop)
-        snprintf(why, whylen,
-                 "rank 0's host %.100s resolves to %s here, a loopback address, which ranks "
-                 "on other hosts cannot reach (Debian maps a host's own name to 127.0.1.1 in "
-                 "/etc/hosts: map it to the host's network address, or set MASTER_ADDR and "
-                 "MASTER_PORT)",
-                 host, addr);
-    return loop;
+    return loop ? fam : 0;
 }
 
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
@@ -1222,8 +1214,6 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                      pwhy[0] ? ", and rank 0's host is not known: " : "", pwhy);
         else
             snprintf(why, sizeof(why), "%s does not say how many ranks share this host", l->name);
-        if (host && nlocal != size && env_host_loopback(host, why, sizeof(why)))
-            host = NULL;
         if (host) {
             snprintf(urlbuf, sizeof(urlbuf), strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
                      host, env_loopback_port(jid, l));
@@ -1232,6 +1222,19 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
             if (rank == 0)
                 TT_INFO("tutti_store_open_env: store %s: %s (%s), the port from job id %s", url,
                         where, l->name, jid);
+            /* across hosts, rank 0's own name resolving to loopback here (Debian's
+             * 127.0.1.1 for a host without a fixed address) would serve where only this
+             * host connects: serve on every interface instead; the other hosts reach it
+             * at the address the name has there */
+            char lo[INET6_ADDRSTRLEN];
+            int fam = rank == 0 && nlocal != size ? env_host_loopback(host, lo, sizeof(lo)) : 0;
+            if (fam) {
+                snprintf(urlbuf, sizeof(urlbuf), fam == 6 ? "tcp://[::]:%d" : "tcp://0.0.0.0:%d",
+                         env_loopback_port(jid, l));
+                TT_INFO("tutti_store_open_env: %s resolves to %s here, a loopback address: "
+                        "serving on every interface (%s) for the ranks on other hosts",
+                        host, lo, url);
+            }
         }
         if (!url) {
             init_error_set(

@@ -23,6 +23,9 @@ void tt_comm_host_init(tutti_comm_t *comm);
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
+/* exec.c: drop a reference to comm's struct (refs in state.h); the last frees the locks
+ * and the memory (everything else is comm.c's to free before). */
+void tt_exec_comm_unref(tutti_comm_t *comm);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p);

@@ -31,11 +31,24 @@
 /* How often an idle progress thread looks for deferred ops. */
 #define TT_DEFER_TICK_MS 10
 
+void tt_exec_comm_unref(tutti_comm_t *comm)
+{
+    if (atomic_fetch_sub(&comm->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&comm->err_lock);
+    pthread_mutex_destroy(&comm->q_lock);
+    pthread_cond_destroy(&comm->q_cv);
+    pthread_cond_destroy(&comm->done_cv);
+    free(comm);
+}
+
 static void work_unref(tutti_work_t *w)
 {
     if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        tutti_comm_t *comm = w->comm;
         free(w->layout);
         free(w);
+        tt_exec_comm_unref(comm);
     }
 }
 
@@ -610,6 +623,9 @@ void tt_exec_defer(int on)
 static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 {
     tutti_comm_t *comm = w->comm;
+    /* after the communicator's destroy (which waited for every op): the work alone */
+    if (atomic_load(&comm->gone))
+        return atomic_load_explicit(&w->done, memory_order_acquire) ? w->status : TUTTI_ERR_ABORTED;
     pthread_mutex_lock(&comm->q_lock);
     /* waited for at once, by a waiter that runs ops (done or not: the progress thread
      * may have been quicker this time): defer the next async op */
@@ -773,6 +789,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     tt_trace_issue(comm, &w->op, user_redop, trace_flags(op) | (work_p ? TT_TRACE_F_ASYNC : 0), -1,
                    0, now, 0);
     atomic_init(&w->refs, 2);
+    atomic_fetch_add(&comm->refs, 1);
     return enqueue_locked(comm, w, work_p);
 }
 
@@ -798,6 +815,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     w->is_p2p = 1;
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 2);
+    atomic_fetch_add(&comm->refs, 1);
     pthread_mutex_lock(&comm->q_lock);
     /* an any-source receive takes its number when its sender is found (exec.c's any_step) */
     w->any_source = peer == TUTTI_ANY_SOURCE;
@@ -833,6 +851,10 @@ int tutti_test(tutti_work_t *work, int *done_p)
     if (!work || !done_p)
         return TUTTI_ERR_INVALID_ARG;
     tutti_comm_t *comm = work->comm;
+    if (!atomic_load_explicit(&work->done, memory_order_acquire) && atomic_load(&comm->gone)) {
+        *done_p = 1; /* the destroy waited for every op: never, but never pending */
+        return TUTTI_ERR_ABORTED;
+    }
     if (!atomic_load_explicit(&work->done, memory_order_acquire)) {
         /* Help along: if nothing runs, run what is queued up to this op. */
         pthread_mutex_lock(&comm->q_lock);

@@ -110,6 +110,13 @@ struct tutti_comm {
     } sel_cache[TT_COLL_COUNT_];
     char cost_desc[512];
 
+    /* the struct's own life: 1 for the communicator until tutti_comm_destroy, 1 for each
+     * work handle not yet freed, which may be waited for after the destroy; the last
+     * one releases the locks and the memory (tt_exec_comm_unref). gone: destroyed, so a
+     * work's wait reads only the work. */
+    atomic_int refs;
+    atomic_int gone;
+
     /* errors: the first failure sticks (the stream position with peers is unknown
      * after it); later operations fail at once with its status */
     pthread_mutex_t err_lock;
