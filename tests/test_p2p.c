@@ -343,6 +343,33 @@ static int rank_any_left(int rank, int nranks, tutti_comm_t *comm, const char *d
 TH_RUN_TEST(any_source_sender_left,
             th_run_comm_timeout(3, rank_any_left, NULL, 30000, 10000, 0, NULL))
 
+/* The only other rank dies (exits without leaving) while rank 0 waits for any source:
+ * the receive fails naming it within a liveness check, not at the 10 s timeout. Until
+ * session 96 shm looked at a peer's liveness only for links with a request posted, and
+ * an any-source receive posts none until it finds its sender (found by review: 10 s and
+ * TUTTI_ERR_TIMEOUT over shm, 0.1 s and TUTTI_ERR_PEER over tcp). */
+static int rank_any_died(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    if (rank == 1) {
+        th_sleep_ms(300);
+        _exit(0); /* no destroy: its links see a process gone */
+    }
+    int32_t v = 0;
+    double t0 = th_now_ms();
+    int st = tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 7);
+    double dt = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_PEER, "got %s after %.0f ms: %s", tutti_status_name(st), dt, msg);
+    FAIL_IF(dt > 5000, "the dead sender was found after %.0f ms (timeout 10000)", dt);
+    FAIL_IF(!strstr(msg, "rank 1"), "message: %s", msg);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_sender_died,
+            th_run_comm_timeout(2, rank_any_died, NULL, 30000, 10000, 0, NULL))
+
 /* Bad uses, and a transport that cannot probe (tcp built as an ABI v1 plugin). */
 static int rank_any_unsupported(int rank, int nranks, tutti_comm_t *comm, const char *dir,
                                 void *arg)
@@ -405,7 +432,8 @@ static Suite *suite(void)
     th_add_tests(s, "any_source", 90,
                  (const TTest *const[]){ any_source_senders, any_source_mismatch,
                                          any_source_timeout, any_source_sender_left,
-                                         any_source_unsupported, any_source_alone, NULL });
+                                         any_source_sender_died, any_source_unsupported,
+                                         any_source_alone, NULL });
     return s;
 }
 

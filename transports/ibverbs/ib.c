@@ -706,11 +706,11 @@ static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     ib_link_t *L = &tp->links[peer];
     ib_hdr_t h;
     if (L->fail.status)
-        return L->fail.status;
+        return tp_link_failed_probe(tp->host, &L->fail, peer);
     if (L->rq_head || L->rx_next >= L->rx_arrived)
         return 0;
     if (!link_next_slot(tp, L, &h))
-        return L->fail.status;
+        return tp_link_failed_probe(tp->host, &L->fail, peer);
     memcpy(found_p->env, h.env, sizeof(found_p->env));
     found_p->len = (size_t)h.len;
     return 1;

@@ -36,6 +36,18 @@ static inline int tp_link_fail_v(const tp_host_t *h, tp_link_fail_t *f, int peer
     return status;
 }
 
+/* A failed link's status for a probe (a receive from any source asking whether the peer
+ * sent): the failure's explanation goes to the host now if nothing was posted on the link
+ * to hear it then (report_pending), so that the library names the peer and the cause. */
+static inline int tp_link_failed_probe(const tp_host_t *h, tp_link_fail_t *f, int peer)
+{
+    if (f->status && f->report_pending) {
+        f->report_pending = 0;
+        h->error(h->ctx, f->status, peer, f->err_no, "%s", f->msg);
+    }
+    return f->status;
+}
+
 /* Does r name a peer in [0, nranks)? (Only then may the caller look at its link.) */
 static inline int tp_req_peer_ok(const tp_req_t *r, int nranks)
 {

@@ -208,7 +208,8 @@ static void link_check_peer(shm_link_t *L, int final)
         link_fail(L, TUTTI_ERR_PEER, 0,
                   "rank %d (%s) is gone: its process exited while this rank %s it (did it "
                   "crash or get killed?)",
-                  L->peer, L->addr, L->rq_head ? "waited for data from" : "was sending to");
+                  L->peer, L->addr,
+                  L->sq_head || L->aq_head ? "was sending to" : "waited for data from");
         return;
     }
     if (L->rx_withdrawn || atomic_load_explicit(&L->rx->broken, memory_order_relaxed)) {
@@ -816,7 +817,7 @@ static void sweep(shm_tp_t *tp)
             link_tx(tp, L);
         if ((L->rq_head || L->probe_watch) && !L->fail.status)
             link_rx(tp, L);
-        if (!L->progressed && !L->fail.status && link_busy(L))
+        if (!L->progressed && !L->fail.status && (link_busy(L) || L->probe_watch))
             link_check_peer(L, 0);
     }
 }
@@ -1168,10 +1169,21 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     shm_link_t *L = &tp->links[peer];
     if (!L->fail.status && !L->rq_head && !L->rhdr_valid)
         link_rx(tp, L);
+    if (!L->fail.status && !L->rhdr_valid && !L->rq_head) {
+        /* nothing from it: a receive from any source must learn that it died or
+         * reported a failure (the library's search then names it, or ends with no
+         * sender left), as a posted receive's sleep would (liveness_due) */
+        uint64_t now = tp_now_ns();
+        if (now >= tp->next_liveness_ns) {
+            shm_check_liveness(tp, 0);
+            tp->next_liveness_ns = now + (uint64_t)tp->liveness_ms * 1000000u;
+        }
+        link_check_peer(L, 0);
+    }
     if (!L->fail.status && L->rhdr_valid)
         rec_env(L);
     if (L->fail.status)
-        return L->fail.status;
+        return tp_link_failed_probe(tp->host, &L->fail, peer);
     return tp_probe_answer(L->rhdr_valid, L->rq_head, L->rhdr.env, L->rhdr.len, &L->probe_watch,
                            found_p);
 }

@@ -423,19 +423,21 @@ static void rings_touch(const shm_link_t *L)
     }
 }
 
-/* Local view of a pair: which direction and ring is ours. */
-static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes)
+/* Local view of a pair: which direction and ring is ours. ring_bytes and rings_off as
+ * checked (the segment's own fields are the creator's to write: not read again). */
+static void link_bind(shm_tp_t *tp, shm_link_t *L, shm_pair_t *seg, size_t bytes,
+                      uint64_t ring_bytes, uint64_t rings_off)
 {
     L->seg = seg;
     L->seg_bytes = bytes;
-    L->cap = seg->ring_bytes;
-    L->mask = seg->ring_bytes - 1;
-    unsigned char *rings = (unsigned char *)seg + seg->rings_off;
+    L->cap = ring_bytes;
+    L->mask = ring_bytes - 1;
+    unsigned char *rings = (unsigned char *)seg + rings_off;
     int lo = tp->rank < L->peer;
     L->tx = &seg->dir[lo ? 0 : 1];
     L->rx = &seg->dir[lo ? 1 : 0];
-    L->txring = rings + (lo ? 0 : seg->ring_bytes);
-    L->rxring = rings + (lo ? seg->ring_bytes : 0);
+    L->txring = rings + (lo ? 0 : ring_bytes);
+    L->rxring = rings + (lo ? ring_bytes : 0);
     L->tx->probe_val = tp->nonce ^ ((uint64_t)L->peer << 48) ^ 0x9e3779b97f4a7c15ull;
     L->tx->probe_addr = (uint64_t)(uintptr_t)&L->tx->probe_val;
     L->tx_key = L->tx->key;
@@ -639,7 +641,7 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
         /* the stamp keys of both directions, before hi can map the segment */
         seg->dir[0].key = mix64(tp->nonce ^ ((uint64_t)p << 33));
         seg->dir[1].key = mix64(tp->nonce ^ ((uint64_t)p << 33) ^ 1);
-        link_bind(tp, L, seg, pair_bytes);
+        link_bind(tp, L, seg, pair_bytes, seg->ring_bytes, seg->rings_off);
     }
     char key[64], val[700];
     snprintf(key, sizeof(key), "shm/%d", tp->rank);
@@ -699,9 +701,13 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
     if (!seg)
         return TUTTI_ERR_PEER;
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
+    /* the creator's numbers, read once: the rings must lie after the header and within
+     * the mapping (compared without a sum that could wrap) */
+    const uint64_t rb = *(volatile uint64_t *)&seg->ring_bytes,
+                   ro = *(volatile uint64_t *)&seg->rings_off;
     if (seg->magic != SHM_SEG_MAGIC || seg->version != SHM_VERSION || seg->lo != p ||
-        seg->hi != tp->rank || seg->ring_bytes < SHM_RING_FLOOR ||
-        (seg->ring_bytes & (seg->ring_bytes - 1)) || seg->rings_off + 2 * seg->ring_bytes > sb) {
+        seg->hi != tp->rank || rb < SHM_RING_FLOOR || (rb & (rb - 1)) || rb > sb / 2 ||
+        ro < sizeof(shm_pair_t) || ro > sb - 2 * rb) {
         munmap(seg, sb);
         close(L->seg_fd);
         L->seg_fd = -1;
@@ -710,7 +716,7 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
                     "one this version understands",
                     name, p);
     }
-    link_bind(tp, L, seg, sb);
+    link_bind(tp, L, seg, sb, rb, ro);
     atomic_store(&seg->attached, 1);
     probe_pull(tp, L);
     return TUTTI_OK;
@@ -750,6 +756,18 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     atomic_fetch_add(&L->peer_bell->attached, 1);
     if (p < tp->rank && (st = setup_open_pair(tp, L, p, pid, nonce)) < 0)
         return st;
+    /* the peer's pid is its own pid namespace's (the nonce's high half names that one):
+     * from another, the same number is some other process, which must not be watched */
+    uint32_t peer_ns = (uint32_t)(nonce >> 32), my_ns = pidns_id();
+    if (peer_ns && my_ns && peer_ns != my_ns) {
+        L->pidfd = -1;
+        L->unwatched = 1;
+        LOGF(TUTTI_LOG_WARN,
+             "shm: cannot watch rank %d (pid %d in another pid namespace); a crash of it "
+             "shows only as a timeout",
+             p, pid);
+        return TUTTI_OK;
+    }
     L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
     if (L->pidfd < 0) {
         L->pidfd = -1;

@@ -699,7 +699,7 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         (L->rhdr_got < sizeof(L->rhdr) || L->rhdr.type != TCP_FRAME_DATA))
         link_recv(tp, L); /* a report's text, too */
     if (L->fail.status)
-        return L->fail.status;
+        return tp_link_failed_probe(tp->host, &L->fail, peer);
     return tp_probe_answer(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, L->rhdr.env,
                            L->rhdr.len, &L->probe_watch, found_p);
 }
