@@ -548,10 +548,20 @@ static int rank_forged_auth(int rank, int nranks, tutti_comm_t *unused, const ch
         FAIL_IF(rv.status != TUTTI_ERR_AUTH || !strstr(reason, "has no job secret"),
                 "no proof: %s: %s", tutti_status_name(rv.status), reason);
 
-        /* 4: idle connections, more than rank 0 keeps in set-up */
-        for (int k = 0; k < FLOOD; k++)
+        /* 4: idle connections, more than rank 0 keeps in set-up; every other one stops
+         * after the first 16 bytes of a hello that claims a rank far out of range (the
+         * claim was kept before the range check, and dropping the oldest connection at
+         * the limit indexed by it: rank 0 crashed, found by review) */
+        for (int k = 0; k < FLOOD; k++) {
             FAIL_IF((fds[3 + k] = raw_connect(port)) < 0, "flood connect %d: %s", k,
                     strerror(errno));
+            tcp_hello_t bad = { .magic = TCP_HELLO_MAGIC,
+                                .version = TCP_HELLO_VERSION,
+                                .rank = k % 4 == 1 ? 0x10000000 : -7,
+                                .nranks = nranks };
+            if (k % 2)
+                FAIL_IF(write_full(fds[3 + k], &bad, TCP_HELLO_V1_BYTES) < 0, "flood hello");
+        }
     }
     th_host_t t;
     thost_init(&t, store, rank, nranks, 15000, "tcpauth", FORGE_INSTANCE, "s3cret", NULL);

@@ -36,6 +36,25 @@ static inline int tp_link_fail_v(const tp_host_t *h, tp_link_fail_t *f, int peer
     return status;
 }
 
+/* Close a link whose requests were failed one by one already (a message that did not
+ * match its receive, a cancel mid-payload: the stream position is lost): its status and
+ * why, told to the host by the next post or probe on it (report_pending). A link failed
+ * before keeps its first failure. */
+static inline void tp_link_fail_later(tp_link_fail_t *f, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline void tp_link_fail_later(tp_link_fail_t *f, int status, const char *fmt, ...)
+{
+    if (f->status)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->msg, sizeof(f->msg), fmt, ap);
+    va_end(ap);
+    f->status = status;
+    f->err_no = 0;
+    f->report_pending = 1;
+}
+
 /* A failed link's status for a probe (a receive from any source asking whether the peer
  * sent): the failure's explanation goes to the host now if nothing was posted on the link
  * to hear it then (report_pending), so that the library names the peer and the cause. */

@@ -737,12 +737,10 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
                 /* The record stays unread: the stream position is lost for good. The
                  * receive's own failure says what differed (got_env); a later post here
                  * is told why the link is closed. */
-                L->fail.status = TUTTI_ERR_MISMATCH;
-                snprintf(L->fail.msg, sizeof(L->fail.msg),
-                         "shm: the link to rank %d is out of step since a message that did not "
-                         "match its receive",
-                         L->peer);
-                L->fail.report_pending = 1;
+                tp_link_fail_later(&L->fail, TUTTI_ERR_MISMATCH,
+                                   "shm: the link to rank %d is out of step since a message "
+                                   "that did not match its receive",
+                                   L->peer);
                 tp->completions++;
                 break;
             }
@@ -839,13 +837,11 @@ static void link_drop_all(shm_tp_t *tp, shm_link_t *L, int status)
     link_withdraw(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, status);
     fail_queue(tp, &L->aq_head, &L->aq_tail, status);
-    if (L->rq_head && L->rhdr_valid && L->rhdr_matched && !L->fail.status) {
-        L->fail.status = status; /* mid-payload: position lost */
-        snprintf(L->fail.msg, sizeof(L->fail.msg),
-                 "shm: the link to rank %d lost its place in a message cancelled mid-way (%s)",
-                 L->peer, tutti_strerror(status));
-        L->fail.report_pending = 1;
-    }
+    if (L->rq_head && L->rhdr_valid && L->rhdr_matched) /* mid-payload: position lost */
+        tp_link_fail_later(&L->fail, status,
+                           "shm: the link to rank %d lost its place in a message cancelled "
+                           "mid-way (status %d)",
+                           L->peer, status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     L->tx_started = 0;
 }

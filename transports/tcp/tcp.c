@@ -409,7 +409,10 @@ TCP_RX_STEP rx_match(tcp_tp_t *tp, tcp_link_t *L, tp_req_t *q, size_t tlen, size
         tp_req_pop(&L->rq_head, &L->rq_tail);
         q->status = TUTTI_ERR_MISMATCH;
         /* The payload stays unread: the stream position is lost for good. */
-        L->fail.status = TUTTI_ERR_MISMATCH;
+        tp_link_fail_later(&L->fail, TUTTI_ERR_MISMATCH,
+                           "tcp: the link to rank %d is out of step since a message that did "
+                           "not match its receive",
+                           L->peer);
         tp->completions++;
         return RX_STOP;
     }
@@ -719,7 +722,9 @@ static int tcp_arm(void *vtp, int *fd_p, int *timeout_ms_p)
     if (tp->completions != c0 || tp->moved != m0 || atomic_load(&tp->aborted))
         return 1;
     *fd_p = uv_backend_fd(&tp->loop);
-    *timeout_ms_p = -1;
+    /* a lazy call's retry timer (20 ms: an address not yet published, a refused
+     * connect) must end the sleep too, not only the descriptor */
+    *timeout_ms_p = uv_backend_timeout(&tp->loop);
     return *fd_p >= 0 ? 0 : TUTTI_ERR_UNSUPPORTED;
 }
 #endif
@@ -743,9 +748,11 @@ static void tcp_cancel_all(void *vtp, int status)
             shutdown(L->fd, SHUT_WR);
         }
         fail_queue(tp, &L->sq_head, &L->sq_tail, status);
-        if (L->rq_head && L->rhdr_matched)
-            L->fail.status = L->fail.status ? L->fail.status
-                                            : status; /* mid-payload: position lost */
+        if (L->rq_head && L->rhdr_matched) /* mid-payload: position lost */
+            tp_link_fail_later(&L->fail, status,
+                               "tcp: the link to rank %d lost its place in a message cancelled "
+                               "mid-way (status %d)",
+                               L->peer, status);
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
     }
 }

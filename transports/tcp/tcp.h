@@ -208,7 +208,7 @@ void tcp_setup_refuse(const tutti_tp_host_v1_t *host, int status, const char *wh
 void tcp_setup_need(tcp_tp_t *tp, int peer);
 /* Lazily: connections from peers are in their hello (the data path's sweeps run the loop
  * for them, as for this rank's own calls, which wait on links with requests posted). */
-int tcp_setup_answering(const tcp_tp_t *tp);
+int tcp_setup_answering(tcp_tp_t *tp);
 /* Lazily: connections that come after this rank reported status (msg) are refused with
  * it. */
 void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg);

@@ -68,7 +68,7 @@ struct conn {
     int closing;          /* lazy, outgoing: h is closing (not to be reused before) */
     int addr_known;       /* lazy, outgoing: addr read from the store */
     int refuse_flags;     /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
-    uint64_t deadline_ns; /* lazy, outgoing: this call's (tp_now_ns) */
+    uint64_t deadline_ns; /* lazy: an outgoing call's, an incoming hello's (tp_now_ns) */
     char who[128];        /* the peer's address */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
     tcp_hello_t ph;                       /* the peer's hello */
@@ -912,8 +912,10 @@ static int conn_part_done(conn_t *c)
             }
             return -1;
         }
+        /* claimed: refusals are noted under it; a rank out of range is none (hello_check
+         * refuses it once the hello is in; the eviction below indexes by it meanwhile) */
         if (!c->outgoing)
-            c->peer = c->ph.rank; /* claimed: refusals are noted under it */
+            c->peer = c->ph.rank >= 0 && c->ph.rank < tp->nranks ? c->ph.rank : -1;
         if (c->ph.version != TCP_HELLO_VERSION) {
             if (c->outgoing)
                 outgoing_fail(c, TUTTI_ERR_PROTOCOL, 0,
@@ -1133,7 +1135,8 @@ static void on_incoming(uv_stream_t *server, int status)
     if (s->nincoming >= incoming_cap(tp)) {
         conn_t *old = NULL;
         for (conn_t *c = s->incoming; c; c = c->next)
-            if (c->open && !(c->peer >= 0 && s->claimed[c->peer] && c->verdicts))
+            if (c->open &&
+                !(c->peer >= 0 && c->peer < tp->nranks && s->claimed[c->peer] && c->verdicts))
                 old = c; /* the last such in the list is the oldest */
         if (old) {
             LOGF(TUTTI_LOG_WARN,
@@ -1150,6 +1153,10 @@ static void on_incoming(uv_stream_t *server, int status)
     }
     c->s = s;
     c->peer = -1;
+    /* lazy: the listener lives as long as the communicator, with no set-up deadline; an
+     * incoming hello gets the communicator's timeout (a silent stray would keep the
+     * loop running at every sweep, and its descriptor, for good) */
+    c->deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(tp->host->timeout_ms, 0) * 1000000u;
     c->next = s->incoming;
     if (s->incoming)
         s->incoming->prev = c;
@@ -1747,9 +1754,24 @@ void tcp_setup_need(tcp_tp_t *tp, int peer)
     conn_start(c);
 }
 
-int tcp_setup_answering(const tcp_tp_t *tp)
+int tcp_setup_answering(tcp_tp_t *tp)
 {
-    return tp->setup && tp->setup->nincoming > 0;
+    setup_t *s = tp->setup;
+    if (!s || s->nincoming == 0)
+        return 0;
+    if (s->lazy) {
+        uint64_t now = tp_now_ns();
+        for (conn_t *c = s->incoming, *next; c; c = next) {
+            next = c->next;
+            if (c->open && c->deadline_ns && now > c->deadline_ns) {
+                LOGF(TUTTI_LOG_WARN,
+                     "tcp: rank %d dropped a connection from %s: no hello within %d ms", tp->rank,
+                     c->who, tp->host->timeout_ms);
+                conn_close(c);
+            }
+        }
+    }
+    return s->nincoming > 0;
 }
 
 void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg)
