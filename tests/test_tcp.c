@@ -1490,6 +1490,48 @@ static int rank_lazy_gone(int rank, int nranks, tutti_comm_t *unused, const char
     return 0;
 }
 
+/* Lazily the listener lives as long as the communicator: a stray that connects and says
+ * nothing is dropped once the communicator's timeout (1.5 s) has passed, while the rank
+ * works inside the library (it kept the loop running at every sweep, and its
+ * descriptor, for good). */
+static int rank_lazy_stray(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tcp_rank_t r;
+    FAIL_IF(tcp_begin(&r, dir, "tcplazystray", 1500, NULL) != 0, "store");
+    r.o.transport_options = "TCP_CONNECT=lazy";
+    FAIL_IF(tcp_join(&r, rank, nranks) != 0, "init failed");
+    int fd = -1;
+    if (rank == 1) {
+        int port = published_port(r.store, comm_key(r.store, "tcplazystray", "tcp/0"));
+        FAIL_IF(port < 0, "rank 0's address");
+        FAIL_IF((fd = raw_connect(port)) < 0, "connect: %s", strerror(errno));
+    }
+    /* 30 calls 0.1 s apart: rank 0's sweeps inside them see the stray */
+    for (int i = 0; i < 30; i++) {
+        th_sleep_ms(100);
+        FAIL_IF(check_allreduce(rank, nranks, r.comm, 16), "allreduce: %s",
+                tutti_comm_last_error(r.comm));
+    }
+    if (rank == 1) {
+        char b;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        FAIL_IF(poll(&p, 1, 1000) != 1 || read(fd, &b, 1) != 0,
+                "the silent connection is still open after 3 s (timeout 1.5 s)");
+        close(fd);
+    }
+    /* rank 0's destroy closes its listener's connections: only after the look */
+    FAIL_IF(th_store_barrier(r.store, "tcplazystray", rank, nranks, "looked", 20000), "barrier");
+    tcp_end(&r);
+    return 0;
+}
+
+START_TEST(lazy_silent_stray_is_dropped)
+{
+    run_ranks(2, rank_lazy_stray, NULL, 30000, 0);
+}
+END_TEST
+
 START_TEST(lazy_call_to_a_gone_rank_fails_at_once)
 {
     run_ranks(3, rank_lazy_gone, NULL, 60000, TH_NO_KILL_ON_FAIL);
@@ -1635,6 +1677,7 @@ static Suite *suite(void)
                                    flipped_header_byte_fails_every_rank_with_crc32c,
                                    flipped_byte_is_silent_without_checksums,
                                    lazy_links_connect_at_first_use,
+                                   lazy_silent_stray_is_dropped,
                                    lazy_call_to_a_gone_rank_fails_at_once,
                                    lazy_and_eager_ranks_refuse_each_other,
                                    unknown_connect_mode_is_a_config_error,
