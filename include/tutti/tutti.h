@@ -598,7 +598,9 @@ const char *tutti_work_error(const tutti_work_t *work);
  * (the communicator's progress thread, or a thread waiting on it), or at once in this
  * call if it finished already. At most one callback per work; fn must not block or call
  * into this communicator (hand the news to another thread: futures, condition
- * variables). The work handle stays valid for fn even if freed before. */
+ * variables). The work handle stays valid for fn even if freed before. The operation
+ * counts as finished (tutti_test, tutti_wait) only once a callback registered before its
+ * end has returned, so what fn uses may be freed once the work is seen done. */
 int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg);
 
 TUTTI_END_DECLS

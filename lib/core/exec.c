@@ -251,9 +251,12 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
     tt_trace_end(comm, &w->op, w->is_p2p ? w->req.peer : -1, st);
     if (st < 0)
         snprintf(w->err, sizeof(w->err), "%s", err);
-    atomic_store_explicit(&w->done, 1, memory_order_release);
+    /* the callback first: a work seen done (tutti_test, tutti_wait) has had it run, so
+     * its owner may free what the callback uses (a binding's callback object: Python's
+     * freed one was called, found by review) */
     if (atomic_fetch_or(&w->cb_state, 2) & 1)
         w->cb(w->cb_arg, st);
+    atomic_store_explicit(&w->done, 1, memory_order_release);
 }
 
 int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg)
