@@ -91,3 +91,28 @@ def test_unused_parameters():
     got = run(lambda comm: train(comm, 3, {"find_unused_parameters": True}, unused=True), 2)
     for worst, _ in got:
         assert worst < 1e-5
+
+
+def dropped(comm):
+    """A FusedDataParallel dropped without destroy(): the gradients it left in the
+    parameters still hold their values after the garbage collector ran and the heap was
+    reused (they were views of the freed buckets)."""
+    import gc
+    FDP = _fused_module().FusedDataParallel
+    torch.manual_seed(0)
+    model = Net()
+    ddp = FDP(model, comm)
+    x, y = batch(comm.rank, 0)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    del ddp
+    gc.collect()
+    # reuse the freed heap: chunks of the buckets' sizes and around them
+    junk = [torch.full((n,), 7.0) for n in (64, 256, 1024, 2048, 4096) for _ in range(40)]
+    after = [p.grad for p in model.parameters()]
+    del junk
+    return all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_dropped_without_destroy_keeps_gradients():
+    assert run(dropped, 2, transport="shm") == [True, True]

@@ -15,12 +15,16 @@ import torch
 from tutti.fuse import Fuser, broadcast_coalesced
 
 
-def _view(address, like):
-    """A tensor of like's shape and dtype over the memory at address (no copy)."""
+def _view(address, like, owner):
+    """A tensor of like's shape and dtype over the memory at address (no copy), which
+    keeps owner (what frees that memory: the Fuser) alive as long as it lives: a
+    gradient outlives a FusedDataParallel dropped without destroy() (it pointed into
+    freed buckets, found by review)."""
     nbytes = like.numel() * like.element_size()
     if nbytes == 0:
         return torch.zeros_like(like)
     raw = (ctypes.c_char * nbytes).from_address(address)
+    raw._owner = owner  # torch.frombuffer holds raw for the tensor's storage
     return torch.frombuffer(raw, dtype=like.dtype).view(like.shape)
 
 
@@ -77,7 +81,7 @@ class FusedDataParallel(torch.nn.Module):
             g = p.grad
             if g is not None and g.data_ptr() == addr:
                 continue
-            view = _view(addr, p)
+            view = _view(addr, p, self._fuser)
             if g is None or zero:
                 view.zero_()
             elif g.data_ptr() != self._bound.get(p):

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,8 +61,12 @@ class WorkTutti;
 /* The threads that finish works: tutti's completion callback only queues them here,
  * since finishing runs Future continuations, which may issue collectives and wait for
  * them (PowerSGD's hook does): while every thread is busy in one, another is started
- * (up to kMaxThreads), so that a waiting continuation never holds up the completions
- * it waits for. */
+ * (up to kMaxThreads, a bound against runaway growth, not a working limit: until
+ * session 96 it was 8, and 8 continuations each waiting on a later future hung for
+ * good), so that a waiting continuation never holds up the completions it waits for.
+ * The threads share the state with the Completer (state_): the group's last reference
+ * may go in a continuation, destroying the Completer on one of its own threads, which
+ * then returns into run() (found by review: it used the freed members). */
 class Completer
 {
   public:
@@ -71,14 +76,17 @@ class Completer
     void stop();                            /* finish what is queued, then end */
 
   private:
-    static constexpr size_t kMaxThreads = 8;
-    void run();
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::pair<WorkTutti *, int>> queue_;
-    bool stopping_ = false;
-    size_t idle_ = 0;
-    std::vector<std::thread> threads_;
+    static constexpr size_t kMaxThreads = 1024;
+    struct State {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::deque<std::pair<WorkTutti *, int>> queue;
+        bool stopping = false;
+        size_t idle = 0;
+        std::vector<std::thread> threads;
+    };
+    static void run(std::shared_ptr<State> s);
+    std::shared_ptr<State> state_;
 };
 
 class WorkTutti : public c10d::Work
@@ -98,6 +106,9 @@ class WorkTutti : public c10d::Work
      * hand-off at all), else on a completer thread. */
     void complete(int status);
     static void on_done(void *arg, int status);
+    /* The future's value is these lists (of the outputs) instead of the flat outputs:
+     * allgather_coalesced's, one list per rank, as gloo's. Before the op is issued. */
+    void nest(std::vector<std::vector<at::Tensor>> lists);
 
     const char *name;
     tutti_work_t *handle = nullptr;
@@ -112,6 +123,7 @@ class WorkTutti : public c10d::Work
     c10::optional<c10::Stream> stream_; /* the caller's, for results on a GPU */
     std::chrono::milliseconds timeout_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::vector<std::vector<at::Tensor>> nested_;
 };
 
 /* A sparse allreduce's work (gloo's AsyncSparseAllreduceWork): done when its second
@@ -259,7 +271,8 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char *name,
                                           std::vector<at::Tensor> outputs,
                                           std::vector<at::Tensor> buffers,
-                                          std::function<void()> finisher, const Call &call);
+                                          std::function<void()> finisher, const Call &call,
+                                          std::vector<std::vector<at::Tensor>> nested = {});
     c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, const char *name,
                                            std::vector<at::Tensor> &tensors, int src, int tag);
     void rendezvous(c10d::Store &store, tutti_comm_opts_t *opts);
