@@ -609,6 +609,55 @@ START_TEST(test_multi_get)
 }
 END_TEST
 
+START_TEST(test_many_keys)
+{
+    /* 3000 keys in one check, wait and multi_get: more iovecs than one sendmsg takes
+     * (IOV_MAX 1024; the tcp client failed at 512 keys with "Message too long") */
+    enum { N = 3000 };
+    ctx_t c;
+    ctx_open(&c, _i, 5000);
+    static char names[N + 1][24], vals[N][24];
+    const char *keys[N + 1];
+    for (int i = 0; i <= N; i++) {
+        snprintf(names[i], sizeof(names[i]), "many/%d", i);
+        keys[i] = names[i];
+    }
+    int exists = -1;
+    OK(c.s, tutti_store_check(c.s, keys, N, &exists));
+    ck_assert_int_eq(exists, 0);
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(vals[i], sizeof(vals[i]), "value %d", i * 7);
+        OK(c.s, tutti_store_set(c.s, keys[i], vals[i], (size_t)n));
+    }
+    OK(c.s, tutti_store_check(c.s, keys, N, &exists));
+    ck_assert_int_eq(exists, 1);
+    OK(c.s, tutti_store_wait(c.s, keys, N, 2000));
+    /* the last one (never set) missing: check says so, wait times out naming it */
+    OK(c.s, tutti_store_check(c.s, keys, N + 1, &exists));
+    ck_assert_int_eq(exists, 0);
+    EXPECT(c.s, tutti_store_wait(c.s, keys, N + 1, 100), TUTTI_ERR_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(tutti_store_last_error(c.s), names[N]));
+    void **got = calloc(N, sizeof(*got));
+    size_t *lens = calloc(N, sizeof(*lens));
+    ck_assert(got && lens);
+    OK(c.s, tutti_store_multi_get(c.s, keys, N, got, lens, 2000));
+    for (int i = 0; i < N; i++) {
+        ck_assert_uint_eq(lens[i], strlen(vals[i]));
+        ck_assert_str_eq(got[i], vals[i]);
+        free(got[i]);
+        void *v;
+        size_t len;
+        OK(c.s, tutti_store_get(c.s, keys[i], &v, &len, 100));
+        ck_assert_uint_eq(len, strlen(vals[i]));
+        ck_assert_str_eq(v, vals[i]);
+        free(v);
+    }
+    free(got);
+    free(lens);
+    ctx_close(&c);
+}
+END_TEST
+
 START_TEST(test_prefix)
 {
     ctx_t c;
@@ -1896,8 +1945,9 @@ static Suite *store_suite(void)
                                 (const TTest *const[]){
                                     test_set_get, test_get_timeout, test_add_basic,
                                     test_add_many_procs, test_compare_set, test_wait_other_process,
-                                    test_check_delete, test_count, test_multi_get, test_prefix,
-                                    test_binary_and_keys, test_large_values, test_threads, NULL });
+                                    test_check_delete, test_count, test_multi_get, test_many_keys,
+                                    test_prefix, test_binary_and_keys, test_large_values,
+                                    test_threads, NULL });
     tcase_add_test(both, test_args_and_urls);
 
     th_add_tests(s, "tcp", 30,

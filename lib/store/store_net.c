@@ -1,6 +1,7 @@
 /* Blocking socket steps shared by the store clients (store_net.h). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -103,12 +104,17 @@ err_close:
     return -e;
 }
 
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
 /* Send the iovecs whole, or fail: 0, or -errno (-ETIMEDOUT at the deadline). The iovecs
- * are consumed. */
+ * are consumed. At most IOV_MAX go to one sendmsg (more fail with EMSGSIZE: a check of
+ * 512 keys is 1025 of them); a partial send leaves the rest for the next. */
 int tt_net_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
 {
     while (iovcnt > 0) {
-        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)TT_MIN(iovcnt, IOV_MAX) };
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             int r = tt_net_io_retry(fd, POLLOUT, deadline);

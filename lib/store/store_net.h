@@ -20,8 +20,8 @@ int tt_net_io_retry(int fd, short events, uint64_t deadline);
 void tt_net_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
 /* One connect attempt to one address (non-blocking fd, TCP_NODELAY): fd, or -errno. */
 int tt_net_connect_addr(const struct addrinfo *ai, uint64_t deadline);
-/* Send the iovecs whole, or fail: 0, or -errno (-ETIMEDOUT at the deadline). The iovecs
- * are consumed. */
+/* Send the iovecs whole (any number: IOV_MAX at a time), or fail: 0, or -errno
+ * (-ETIMEDOUT at the deadline). The iovecs are consumed. */
 int tt_net_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline);
 /* Receive exactly len bytes: 0, -errno, -ETIMEDOUT, or -EPIPE when the peer closed.
  * *got_p (may be NULL) counts the bytes that did arrive. */
