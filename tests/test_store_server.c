@@ -1104,6 +1104,151 @@ START_TEST(test_idle_timeout)
 }
 END_TEST
 
+/* A CHECK or WAIT frame of n keys, key i printed from fmt with i (fmt "": n empty keys);
+ * malloc'ed, its length in *len_p. */
+static unsigned char *keys_frame(int cmd, size_t n, const char *fmt, size_t *len_p)
+{
+    unsigned char *f = malloc(5 + n * (4 + 32));
+    ck_assert_ptr_nonnull(f);
+    size_t len = 5;
+    for (size_t i = 0; i < n; i++) {
+        char k[32];
+        int kl = fmt[0] ? snprintf(k, sizeof(k), fmt, i) : 0;
+        len += put_field(f + len, k, (size_t)kl);
+    }
+    put_be32(f, (uint32_t)(len - 4));
+    f[4] = (unsigned char)cmd;
+    *len_p = len;
+    return f;
+}
+
+/* A raw connection after its hello that sends a frame of n keys. */
+static int raw_keys(int port, int cmd, size_t n, const char *fmt)
+{
+    int fd = raw_connect(port);
+    ck_assert_int_eq(raw_hello(fd), 0);
+    size_t len;
+    unsigned char *f = keys_frame(cmd, n, fmt, &len);
+    ck_assert_int_eq(send_all(fd, f, len), 0);
+    free(f);
+    return fd;
+}
+
+/* Wait up to 2 s for the server in store s to hold want keys; how many it holds. */
+static size_t server_keys_become(tutti_store_t *s, size_t want)
+{
+    size_t n = tt_store_tcp_server_keys(s);
+    for (double end = now_ms() + 2000; n != want && now_ms() < end; n = tt_store_tcp_server_keys(s))
+        sleep_ms(5);
+    return n;
+}
+
+typedef struct late_set {
+    int port;
+    int st;
+} late_set_t;
+
+static void *late_set_thread(void *arg)
+{
+    late_set_t *ls = arg;
+    tutti_store_t *s;
+    sleep_ms(300);
+    ls->st = tutti_store_open_tcp(&s, "127.0.0.1", ls->port, 0, 2000);
+    if (ls->st == 0) {
+        ls->st = tutti_store_set(s, "late", "set", 3);
+        tutti_store_close(s);
+    }
+    return NULL;
+}
+
+START_TEST(test_wait_limits)
+{
+    /* a WAIT or CHECK holds at most TT_STORE_MAX_KEYS keys, and a waiter's memory counts
+     * against the client quota and the memory limit (one 64 MiB frame of 5-byte keys
+     * took 1 GB and held the loop for 13 s); the library's own long lists go in batches */
+    tutti_store_t *srv, *c;
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.is_server = 1;
+    o.timeout_ms = 3000;
+    o.client_quota_bytes = 1u << 20;
+    o.memory_limit_bytes = 1u << 20;
+    OK(NULL, tutti_store_open(&srv, "tcp://127.0.0.1:0", &o));
+    int port = tutti_store_port(srv);
+    int status;
+    unsigned char body[512];
+    /* one key too many (empty ones: the frame is within the quota), on wait and check */
+    for (int cmd = TT_STORE_CMD_CHECK; cmd <= TT_STORE_CMD_WAIT; cmd += 2) {
+        double t0 = now_ms();
+        int fd = raw_keys(port, cmd, TT_STORE_MAX_KEYS + 1, "");
+        ck_assert_int_eq(raw_reply(fd, &status, body, sizeof(body), NULL), 0);
+        fprintf(stderr, "%s of %u keys answered in %.0f ms: %s\n",
+                cmd == TT_STORE_CMD_WAIT ? "wait" : "check", TT_STORE_MAX_KEYS + 1, now_ms() - t0,
+                body);
+        ck_assert_int_eq(status, TUTTI_ERR_INVALID_ARG);
+        HAS((char *)body, "more than 131072 keys");
+        ck_assert_uint_eq(tt_store_tcp_server_keys(srv), 0);
+        /* the connection goes on */
+        const unsigned char ping[5] = { 0, 0, 0, 1, TT_STORE_CMD_PING };
+        raw_send(fd, ping, sizeof(ping));
+        ck_assert_int_eq(raw_reply(fd, &status, body, sizeof(body), NULL), 0);
+        ck_assert_int_eq(status, 0);
+        close(fd);
+    }
+    /* 4000 keys waited on (672 KB charged) fit the quota and the limit */
+    int w1 = raw_keys(port, TT_STORE_CMD_WAIT, 4000, "w%07zu");
+    ck_assert_uint_eq(server_keys_become(srv, 4000), 4000);
+    struct pollfd pf = { w1, POLLIN, 0 };
+    ck_assert_int_eq(poll(&pf, 1, 100), 0);
+    /* 4000 more do not fit the memory limit beside them */
+    int w2 = raw_keys(port, TT_STORE_CMD_WAIT, 4000, "v%07zu");
+    ck_assert_int_eq(raw_reply(w2, &status, body, sizeof(body), NULL), 0);
+    ck_assert_int_eq(status, TUTTI_ERR_NOMEM);
+    HAS((char *)body, "TUTTI_STORE_MEMORY_LIMIT");
+    close(w2);
+    close(w1);
+    ck_assert_uint_eq(server_keys_become(srv, 0), 0);
+    /* 7000 keys are over the quota alone */
+    int w3 = raw_keys(port, TT_STORE_CMD_WAIT, 7000, "u%07zu");
+    ck_assert_int_eq(raw_reply(w3, &status, body, sizeof(body), NULL), 0);
+    ck_assert_int_eq(status, TUTTI_ERR_NOMEM);
+    HAS((char *)body, "TUTTI_STORE_CLIENT_QUOTA");
+    close(w3);
+    ck_assert_uint_eq(tt_store_tcp_server_keys(srv), 0);
+
+    /* the library splits what one request may not hold: 140000 keys checked, 20000
+     * waited on (a set 300 ms later ends the wait) */
+    enum { NCHECK = 140000, NWAIT = 20000 };
+    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", port, 0, 3000));
+    OK(c, tutti_store_set(c, "here", "1", 1));
+    const char **keys = malloc(NCHECK * sizeof(*keys));
+    ck_assert_ptr_nonnull(keys);
+    for (int i = 0; i < NCHECK; i++)
+        keys[i] = "here";
+    int exists = -1;
+    OK(c, tutti_store_check(c, keys, NCHECK, &exists));
+    ck_assert_int_eq(exists, 1);
+    keys[NCHECK - 1] = "absent";
+    OK(c, tutti_store_check(c, keys, NCHECK, &exists));
+    ck_assert_int_eq(exists, 0);
+    for (int i = 0; i < NWAIT; i++)
+        keys[i] = i % 2 ? "here" : "late";
+    late_set_t ls = { port, -1 };
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, late_set_thread, &ls), 0);
+    double t0 = now_ms();
+    int st = tutti_store_wait(c, keys, NWAIT, 3000);
+    double took = now_ms() - t0;
+    pthread_join(th, NULL);
+    ck_assert_msg(st == 0, "wait: %s", tutti_store_last_error(c));
+    ck_assert_int_eq(ls.st, 0);
+    ck_assert_msg(took >= 250, "the wait returned after %.0f ms, before the key was set", took);
+    free(keys);
+    tutti_store_close(c);
+    tutti_store_close(srv);
+}
+END_TEST
+
 START_TEST(test_retry_rules)
 {
     /* a server that closes the connection on the first request without answering: a get
@@ -1561,6 +1706,9 @@ static Suite *server_suite(void)
     tcase_add_test(lim, test_idle_timeout);
     tcase_add_test(lim, test_retry_rules);
     suite_add_tcase(s, lim);
+
+    /* clients that hold the server's memory or connections in other ways */
+    th_add_tests(s, "hold", 30, (const TTest *const[]){ test_wait_limits, NULL });
 
     th_add_tests(s, "dead", 30,
                  (const TTest *const[]){ test_dead_server, test_stopped_server,

@@ -193,6 +193,13 @@ enum {
 /* Largest request: CAS with two maximal values. */
 #define TT_STORE_MAX_FRAME                                                                         \
     (2u * (uint32_t)TUTTI_STORE_MAX_VALUE + TUTTI_STORE_MAX_KEY + TT_STORE_FRAME_MARGIN)
+/* Most keys in one CHECK or WAIT: a frame with more is answered TUTTI_ERR_INVALID_ARG
+ * (the client splits longer lists). A 64 MiB frame of 5-byte keys was 7.46 M keys. */
+#define TT_STORE_MAX_KEYS (1u << 17)
+/* Server memory a WAIT or GET holds per key it waits on, beyond the key's length (its
+ * entry, the waiter's link, the key's copy, allocator overhead): the waiter is charged
+ * this against the client quota and the memory limit. */
+#define TT_STORE_WAIT_KEY_COST 160u
 /* Largest reply: a value plus the status byte. */
 #define TT_STORE_MAX_REPLY ((uint32_t)TUTTI_STORE_MAX_VALUE + TT_STORE_FRAME_MARGIN)
 

@@ -57,6 +57,7 @@ struct srv_entry {
 struct srv_waiter {
     srv_conn_t *conn;
     srv_entry_t *get_entry; /* GET: reply with this entry's value */
+    size_t charge;          /* bytes counted in srv->buffered for it */
     size_t remaining;
     size_t nlinks;
     srv_link_t links[];
@@ -120,7 +121,7 @@ struct tt_store_server {
     srv_conn_t *conns;
     size_t nconns;   /* in the list, closing ones included */
     size_t nopen;    /* not closing: what the limit counts */
-    size_t buffered; /* input buffers and copied replies of all conns */
+    size_t buffered; /* input buffers, copied replies and waiters of all conns */
     uint64_t last_warn;
     size_t evicted, turned_away; /* since the last warning */
     srv_entry_t **buckets;
@@ -254,6 +255,7 @@ static void srv_waiter_free(tt_store_server_t *srv, srv_waiter_t *w)
         if (e)
             srv_maybe_remove(srv, e);
     }
+    srv->buffered -= w->charge;
     free(w);
 }
 
@@ -592,16 +594,43 @@ static void srv_cmd_cad(srv_conn_t *c, const srv_field_t *f)
     srv_reply(c, TUTTI_OK, &deleted, 1);
 }
 
-/* WAIT (get_entry NULL) or GET on keys; answers now or leaves a waiter. */
+/* Whether a waiter of cost bytes may be left, as a request of that size would be
+ * admitted (srv_admit): one within a read chunk always, a bigger one within the client's
+ * quota and the server-wide limit; otherwise the client is told which limit. */
+static int srv_waiter_fits(srv_conn_t *c, size_t nkeys, size_t cost)
+{
+    tt_store_server_t *srv = c->srv;
+    const tt_store_tcp_cfg_t *cfg = &srv->cfg;
+    if (cost <= SRV_READ_CHUNK)
+        return 1;
+    if (cost + c->reply_bytes > cfg->client_quota)
+        srv_reply_error(c, TUTTI_ERR_NOMEM,
+                        "waiting on %zu keys takes %zu bytes of the server's memory, over its "
+                        "per-client quota of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
+                        nkeys, cost, cfg->client_quota);
+    else if (srv->buffered + cost > cfg->memory_limit)
+        srv_reply_error(c, TUTTI_ERR_NOMEM,
+                        "waiting on %zu keys (%zu bytes) refused: the server's memory limit "
+                        "(%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by other clients; "
+                        "try again later",
+                        nkeys, cost, cfg->memory_limit);
+    else
+        return 1;
+    return 0;
+}
+
+/* WAIT (get_entry NULL) or GET on keys; answers now or leaves a waiter, whose memory
+ * counts against the limits. */
 static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int is_get)
 {
     tt_store_server_t *srv = c->srv;
-    size_t missing = 0;
+    size_t missing = 0, cost = 0;
     for (size_t i = 0; i < n; i++) {
         srv_entry_t *e = srv_find(srv, keys[i].data, keys[i].len);
-        if (!e || !e->value)
+        if (!e || !e->value) {
             missing++;
-        else if (is_get) {
+            cost += TT_STORE_WAIT_KEY_COST + keys[i].len;
+        } else if (is_get) {
             srv_reply_value(c, e->value);
             return;
         }
@@ -610,12 +639,16 @@ static void srv_cmd_wait(srv_conn_t *c, const srv_field_t *keys, size_t n, int i
         srv_reply(c, TUTTI_OK, NULL, 0);
         return;
     }
+    if (!srv_waiter_fits(c, missing, cost))
+        return;
     srv_waiter_t *w = calloc(1, sizeof(*w) + missing * sizeof(srv_link_t));
     if (!w) {
         srv_reply_nomem(c);
         return;
     }
     w->conn = c;
+    w->charge = cost;
+    srv->buffered += cost;
     for (size_t i = 0; i < n; i++) {
         srv_entry_t *e = srv_find_or_add(srv, keys[i].data, keys[i].len);
         if (!e) {
@@ -797,7 +830,8 @@ static void srv_cmd_delete(srv_conn_t *c, const srv_field_t *f)
     srv_reply(c, TUTTI_OK, &existed, 1);
 }
 
-/* CHECK and WAIT: any number of keys. */
+/* CHECK and WAIT: up to TT_STORE_MAX_KEYS keys (a frame with more is answered with an
+ * error: one frame of tiny keys must not hold the loop, nor grow the table, for long). */
 static int srv_handle_keys(srv_conn_t *c, int cmd, const unsigned char *p, const unsigned char *end,
                            const char **why)
 {
@@ -805,6 +839,13 @@ static int srv_handle_keys(srv_conn_t *c, int cmd, const unsigned char *p, const
     size_t n = 0;
     srv_field_t k;
     for (const unsigned char *q = p; q != end; n++) {
+        if (n == TT_STORE_MAX_KEYS) {
+            srv_reply_error(c, TUTTI_ERR_INVALID_ARG,
+                            "%s of more than %u keys: over this server's limit of keys in "
+                            "one request",
+                            cmd == TT_STORE_CMD_WAIT ? "wait" : "check", TT_STORE_MAX_KEYS);
+            return 0;
+        }
         if (srv_next_field(&q, end, &k) < 0) {
             *why = "truncated field";
             return -1;

@@ -713,9 +713,33 @@ static int tcp_compare_set(tutti_store_t *s, const char *key, const void *expect
     return TUTTI_OK;
 }
 
+/* How many of the n keys, from the first, go in one CHECK or WAIT: at most
+ * TT_STORE_MAX_KEYS, in a frame within the limit and the server's quota, together with
+ * the memory a WAIT's waiter holds there (TT_STORE_WAIT_KEY_COST a key, as the server
+ * counts it). At least one. */
+static size_t tcp_keys_batch(const tcp_store_t *ts, uint8_t cmd, const tcp_field_t *f, size_t n)
+{
+    uint64_t budget = TT_STORE_MAX_FRAME, used = 0;
+    if (ts->server_quota && ts->server_quota < budget)
+        budget = ts->server_quota;
+    budget = budget > TT_STORE_FRAME_MARGIN ? budget - TT_STORE_FRAME_MARGIN : 0;
+    size_t i;
+    for (i = 0; i < n && i < TT_STORE_MAX_KEYS; i++) {
+        uint64_t cost = 4 + (uint64_t)f[i].len;
+        if (cmd == TT_STORE_CMD_WAIT)
+            cost += TT_STORE_WAIT_KEY_COST + f[i].len;
+        if (i && used + cost > budget)
+            break;
+        used += cost;
+    }
+    return i;
+}
+
+/* CHECK (*all_p: whether every key exists) or WAIT on n keys, in as many requests as the
+ * server's limits take (tcp_keys_batch): a WAIT waits for each batch in turn, a CHECK
+ * stops at the first batch that lacks a key. */
 static int tcp_keys_rpc(tutti_store_t *s, uint8_t cmd, const char *const *keys, size_t n,
-                        uint64_t deadline, const char *what, void **reply_p, size_t *rlen_p,
-                        tt_store_err_t *err)
+                        uint64_t deadline, const char *what, int *all_p, tt_store_err_t *err)
 {
     tcp_field_t inline_f[TCP_MAX_FIELDS_INLINE] = { { 0 } };
     tcp_field_t *f = n > TCP_MAX_FIELDS_INLINE ? malloc(n * sizeof(*f)) : inline_f;
@@ -725,9 +749,25 @@ static int tcp_keys_rpc(tutti_store_t *s, uint8_t cmd, const char *const *keys, 
     }
     for (size_t i = 0; i < n; i++)
         f[i] = (tcp_field_t){ keys[i], strlen(keys[i]) };
-    int st = tcp_rpc(s, cmd, f, n, deadline, what, reply_p, rlen_p, err);
+    int st = TUTTI_OK, all = 1;
+    for (size_t off = 0, m; off < n && all && st >= 0; off += m) {
+        m = tcp_keys_batch(ts_of(s), cmd, f + off, n - off);
+        void *r;
+        size_t rlen;
+        st = tcp_rpc(s, cmd, f + off, m, deadline, what, &r, &rlen, err);
+        if (st < 0)
+            break;
+        if (cmd == TT_STORE_CMD_CHECK && rlen != 1)
+            st = tcp_bad_reply(s, err, r, rlen);
+        else if (cmd == TT_STORE_CMD_CHECK)
+            all = ((unsigned char *)r)[0] != 0;
+        if (st >= 0)
+            free(r);
+    }
     if (f != inline_f)
         free(f);
+    if (st >= 0 && all_p)
+        *all_p = all;
     return st;
 }
 
@@ -742,24 +782,13 @@ static int tcp_wait(tutti_store_t *s, const char *const *keys, size_t n, uint64_
         snprintf(what, sizeof(what), "not all of %zu keys set (first '%s', last '%s')", n,
                  tt_store_key_display(keys[0], kd, 72),
                  tt_store_key_display(keys[n - 1], kd + 80, 72));
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_keys_rpc(s, TT_STORE_CMD_WAIT, keys, n, deadline, what, &r, &rlen, err));
-    free(r);
-    return TUTTI_OK;
+    return tcp_keys_rpc(s, TT_STORE_CMD_WAIT, keys, n, deadline, what, NULL, err);
 }
 
 static int tcp_check(tutti_store_t *s, const char *const *keys, size_t n, int *exists_p,
                      uint64_t deadline, tt_store_err_t *err)
 {
-    void *r;
-    size_t rlen;
-    TT_CHECK(tcp_keys_rpc(s, TT_STORE_CMD_CHECK, keys, n, deadline, "no reply", &r, &rlen, err));
-    if (rlen != 1)
-        return tcp_bad_reply(s, err, r, rlen);
-    *exists_p = ((unsigned char *)r)[0] != 0;
-    free(r);
-    return TUTTI_OK;
+    return tcp_keys_rpc(s, TT_STORE_CMD_CHECK, keys, n, deadline, "no reply", exists_p, err);
 }
 
 static int tcp_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t deadline,
