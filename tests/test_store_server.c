@@ -1249,6 +1249,163 @@ START_TEST(test_wait_limits)
 }
 END_TEST
 
+/* A raw connection after its hello that reads little (a 4 KiB receive buffer): a big
+ * reply stays unread in the server. */
+static int raw_connect_slow(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = { 3, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ck_assert_int_eq(raw_hello(fd), 0);
+    return fd;
+}
+
+/* SET key to len bytes of val on fd; the reply's status (message in msg). */
+static int raw_set_big(int fd, const char *key, const char *val, size_t len, char *msg,
+                       size_t msglen)
+{
+    unsigned char hdr[64];
+    size_t klen = strlen(key), n = 5;
+    n += put_field(hdr + n, key, klen);
+    put_be32(hdr + n, (uint32_t)len);
+    n += 4;
+    put_be32(hdr, (uint32_t)(n - 4 + len));
+    hdr[4] = TT_STORE_CMD_SET;
+    ck_assert_int_eq(send_all(fd, hdr, n), 0);
+    ck_assert_int_eq(send_all(fd, val, len), 0);
+    int status;
+    ck_assert_int_eq(raw_reply(fd, &status, (unsigned char *)msg, msglen, NULL), 0);
+    return status;
+}
+
+/* SET key (len bytes of val) then GET it, leaving the reply unread once it began (its
+ * head peeked at: the server holds that value for it). */
+static void raw_set_get_unread(int fd, const char *key, const char *val, size_t len)
+{
+    char msg[512];
+    ck_assert_int_eq(raw_set_big(fd, key, val, len, msg, sizeof(msg)), 0);
+    unsigned char f[64];
+    raw_send(fd, f, req_frame(f, TT_STORE_CMD_GET, key, NULL, 0));
+    ck_assert_int_eq(recv(fd, f, 6, MSG_PEEK | MSG_WAITALL), 6);
+    ck_assert_uint_eq(get_be32(f), len + 1);
+    ck_assert_int_eq(f[4], 0);
+    ck_assert_int_eq(f[5], val[0]);
+}
+
+/* Read fd to its end: the bytes read, or -1 when it was still open after 3 s. */
+static long read_to_end(int fd)
+{
+    static char buf[1 << 16];
+    long got = 0;
+    for (;;) {
+        ssize_t r = recv(fd, buf, sizeof(buf), 0);
+        if (r > 0)
+            got += r;
+        else if (r == 0 || errno == ECONNRESET)
+            return got;
+        else if (errno != EINTR)
+            return -1;
+    }
+}
+
+START_TEST(test_stalled_reader)
+{
+    /* clients that stop reading a big reply: their connections were never closed nor
+     * evicted, and values they held after being replaced escaped every limit (4 x 32 MiB
+     * held, a new client turned away, for good) */
+    enum { STALLED = 3 };
+    const size_t vlen = 16u << 20;
+    char *val = malloc(vlen), msg[512];
+    ck_assert_ptr_nonnull(val);
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.idle_timeout_ms = 60000;
+    o.client_quota_bytes = 20u << 20;
+    o.memory_limit_bytes = 40u << 20;
+    o.max_connections = 5; /* the child's own client, 3 stalled, 1 idle */
+    srv_child_t sc;
+    srv_child_start(&sc, &o, 0, 0);
+    long rss0 = rss_kib(sc.pid);
+    /* each replaces k and leaves its GET's reply unread: the values replaced are held by
+     * those replies alone, and count against the memory limit (two, 32 MiB, of 40) */
+    int fds[STALLED];
+    for (int i = 0; i < STALLED; i++) {
+        fds[i] = raw_connect_slow(sc.port);
+        memset(val, 'a' + i, vlen);
+        raw_set_get_unread(fds[i], "k", val, vlen);
+    }
+    long rss1 = rss_kib(sc.pid);
+    int fd = raw_connect(sc.port);
+    ck_assert_int_eq(raw_hello(fd), 0);
+    int st_over = raw_set_big(fd, "k", val, vlen, msg, sizeof(msg));
+    fprintf(stderr, "stalled readers: server RSS %ld -> %ld MiB; a 4th 16 MiB set: %d %s\n",
+            rss0 / 1024, rss1 / 1024, st_over, msg);
+    ck_assert_int_eq(st_over, TUTTI_ERR_NOMEM);
+    HAS(msg, "TUTTI_STORE_MEMORY_LIMIT");
+    /* at the connection limit, the client that has not read for longest (a second at
+     * least) is evicted, before the idle ones; the value it held goes with it */
+    sleep_ms(1200);
+    tutti_store_t *c;
+    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", sc.port, 0, 3000));
+    OK(c, tutti_store_set(c, "new", "served", 6));
+    tutti_store_close(c);
+    long got = read_to_end(fds[0]);
+    ck_assert_msg(got >= 0 && got < (long)vlen, "first stalled client: %ld bytes read", got);
+    ck_assert_int_eq(raw_set_big(fd, "k", val, vlen, msg, sizeof(msg)), 0);
+    close(fd);
+    for (int i = 0; i < STALLED; i++)
+        close(fds[i]);
+    srv_child_kill(&sc);
+
+    /* unread for the idle timeout (1.5 s, swept every 375 ms): closed, before their
+     * replies were all sent */
+    o.idle_timeout_ms = 1500;
+    o.max_connections = 0;
+    o.memory_limit_bytes = 128u << 20;
+    srv_child_start(&sc, &o, 0, 0);
+    for (int i = 0; i < STALLED; i++) {
+        fds[i] = raw_connect_slow(sc.port);
+        raw_set_get_unread(fds[i], "k", val, vlen);
+    }
+    /* one that reads slowly (128 KiB every 150 ms) is not stalled */
+    int slow = raw_connect_slow(sc.port);
+    raw_set_get_unread(slow, "slow", val, vlen);
+    long rss2 = rss_kib(sc.pid), slow_got = 0;
+    static char chunk[128 << 10];
+    for (double end = now_ms() + 2300; now_ms() < end;) {
+        sleep_ms(150);
+        ssize_t r = recv(slow, chunk, sizeof(chunk), MSG_DONTWAIT);
+        slow_got += r > 0 ? r : 0;
+    }
+    long rss3 = rss_kib(sc.pid);
+    for (int i = 0; i < STALLED; i++) {
+        got = read_to_end(fds[i]);
+        ck_assert_msg(got >= 0 && got < (long)vlen, "stalled client %d: %ld bytes read", i, got);
+        close(fds[i]);
+    }
+    /* the slow one gets all of its reply */
+    for (got = 0; slow_got + got < (long)vlen + 5;) {
+        ssize_t r = recv(slow, chunk, sizeof(chunk), 0);
+        if (r <= 0)
+            break;
+        got += r;
+    }
+    fprintf(stderr, "slow reader: %ld bytes in 2.3 s, then %ld\n", slow_got, got);
+    ck_assert_int_eq(slow_got + got, (long)vlen + 5);
+    close(slow);
+    srv_child_kill(&sc);
+    fprintf(stderr, "stalled readers closed: server RSS %ld -> %ld MiB\n", rss2 / 1024,
+            rss3 / 1024);
+    free(val);
+}
+END_TEST
+
 START_TEST(test_retry_rules)
 {
     /* a server that closes the connection on the first request without answering: a get
@@ -1708,7 +1865,8 @@ static Suite *server_suite(void)
     suite_add_tcase(s, lim);
 
     /* clients that hold the server's memory or connections in other ways */
-    th_add_tests(s, "hold", 30, (const TTest *const[]){ test_wait_limits, NULL });
+    th_add_tests(s, "hold", 30,
+                 (const TTest *const[]){ test_wait_limits, test_stalled_reader, NULL });
 
     th_add_tests(s, "dead", 30,
                  (const TTest *const[]){ test_dead_server, test_stopped_server,

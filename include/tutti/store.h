@@ -50,18 +50,20 @@ typedef struct tutti_store_opts {
                                     another (a previous run's, still stopping). NULL: none */
     int idle_timeout_ms;         /* TUTTI_STORE_IDLE_TIMEOUT_MS, server: close a connection
                                     with no request pending that sent nothing for this
-                                    long (clients reconnect transparently); 0 never.
+                                    long (clients reconnect transparently), or whose
+                                    client has not read its replies for as long; 0 never.
                                     Default 300000 */
     int max_connections;         /* TUTTI_STORE_MAX_CONNECTIONS, server: beyond this many
                                     the idlest connection is evicted. 0 (default): three
                                     quarters of RLIMIT_NOFILE */
     size_t client_quota_bytes;   /* TUTTI_STORE_CLIENT_QUOTA, server: bytes one connection
-                                    may have buffered (its request in flight and replies
-                                    being written); a bigger request fails. Default: one
-                                    maximal SET (64 MiB + 64 KiB) */
+                                    may have buffered (its request in flight, replies
+                                    being written, the keys it waits on); a bigger request
+                                    fails. Default: one maximal SET (64 MiB + 64 KiB) */
     size_t memory_limit_bytes;   /* TUTTI_STORE_MEMORY_LIMIT, server: bytes all connections
-                                    together may have buffered; a request that would pass
-                                    it fails. Default: twice the client quota */
+                                    together may have buffered, values only unread replies
+                                    hold included; a request that would pass it fails.
+                                    Default: twice the client quota */
     /* ---- appended in 0.3 ---- */
     const char *password; /* TUTTI_STORE_PASSWORD, redis://: the password sent with AUTH
                              when the URL carries none (so that it stays out of URLs,

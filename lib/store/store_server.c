@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #define SRV_READ_CHUNK 65536u
 #define SRV_HELLO_MS 10000
 #define SRV_HELLO_GRACE_MS 1000
+#define SRV_STALL_GRACE_MS 1000 /* replies unread this long: evictable */
 #define SRV_ACCEPT_PAUSE_MS 100
 #define SRV_ACCEPT_BURST 64
 #define SRV_WARN_EVERY_MS 10000
@@ -32,9 +35,12 @@ typedef struct srv_conn srv_conn_t;
 typedef struct srv_waiter srv_waiter_t;
 typedef struct srv_entry srv_entry_t;
 
-/* A stored value, shared by the entry and the replies being written. */
+/* A stored value, shared by the entry and the replies being written. One that the entry
+ * let go of (replaced, deleted) while replies still hold it is pinned: counted in
+ * srv->pinned, against the memory limit, until the last of them is written. */
 typedef struct srv_value {
     unsigned refs;
+    int pinned;
     size_t len;
     char data[];
 } srv_value_t;
@@ -79,6 +85,8 @@ struct srv_conn {
     size_t reply_bytes; /* copied bytes of replies being written */
     srv_waiter_t *waiter;
     int writes_pending;
+    uint64_t last_sent; /* uv_now: replies last moved (or the first was queued) */
+    size_t unsent_seen; /* srv_unsent when last looked at */
     int reading;
     int closing;
     int close_after_write;       /* the reply being written is the last */
@@ -122,6 +130,7 @@ struct tt_store_server {
     size_t nconns;   /* in the list, closing ones included */
     size_t nopen;    /* not closing: what the limit counts */
     size_t buffered; /* input buffers, copied replies and waiters of all conns */
+    size_t pinned;   /* bytes of values only replies being written hold (srv_value_t) */
     uint64_t last_warn;
     size_t evicted, turned_away; /* since the last warning */
     srv_entry_t **buckets;
@@ -143,6 +152,7 @@ static srv_value_t *srv_value_new(const void *data, size_t len)
     if (!v)
         return NULL;
     v->refs = 1;
+    v->pinned = 0;
     v->len = len;
     if (len)
         memcpy(v->data, data, len);
@@ -150,10 +160,26 @@ static srv_value_t *srv_value_new(const void *data, size_t len)
     return v;
 }
 
-static void srv_value_unref(srv_value_t *v)
+static void srv_value_unref(tt_store_server_t *srv, srv_value_t *v)
 {
-    if (v && --v->refs == 0)
-        free(v);
+    if (!v || --v->refs)
+        return;
+    if (v->pinned)
+        srv->pinned -= v->len;
+    free(v);
+}
+
+/* The entry lets go of its value (replaced or deleted); replies still being written keep
+ * it, counted against the memory limit. */
+static void srv_value_drop(tt_store_server_t *srv, srv_entry_t *e)
+{
+    srv_value_t *v = e->value;
+    e->value = NULL;
+    if (v && v->refs > 1 && !v->pinned) {
+        v->pinned = 1;
+        srv->pinned += v->len;
+    }
+    srv_value_unref(srv, v);
 }
 
 static uint32_t srv_hash(const char *key, size_t len)
@@ -305,14 +331,14 @@ static void srv_on_write(uv_write_t *req, int status)
 {
     srv_write_t *w = (srv_write_t *)req;
     srv_conn_t *c = w->conn;
-    srv_value_unref(w->value);
+    srv_value_unref(c->srv, w->value);
     c->reply_bytes -= w->owned;
     c->srv->buffered -= w->owned;
     free(w);
     c->writes_pending--;
     if (c->closing)
         return;
-    c->last_active = uv_now(&c->srv->loop);
+    c->last_active = c->last_sent = uv_now(&c->srv->loop);
     if (status < 0) {
         TT_TRACE("store server %s: write to %s failed: %s", c->srv->addr, c->peer,
                  uv_strerror(status));
@@ -355,13 +381,14 @@ static void srv_send(srv_conn_t *c, int status, const void *data, size_t len, sr
                          uv_buf_init((char *)data, (unsigned)len) };
     c->reply_bytes += owned;
     c->srv->buffered += owned;
-    c->writes_pending++;
+    if (!c->writes_pending++)
+        c->last_sent = uv_now(&c->srv->loop);
     int r = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, len ? 2 : 1, srv_on_write);
     if (r < 0) {
         c->writes_pending--;
         c->reply_bytes -= owned;
         c->srv->buffered -= owned;
-        srv_value_unref(value);
+        srv_value_unref(c->srv, value);
         free(w);
         srv_conn_close(c);
     }
@@ -421,12 +448,12 @@ static void srv_notify(srv_entry_t *e)
     }
 }
 
-static int srv_set_value(srv_entry_t *e, const void *value, size_t len)
+static int srv_set_value(tt_store_server_t *srv, srv_entry_t *e, const void *value, size_t len)
 {
     srv_value_t *v = srv_value_new(value, len);
     if (!v)
         return TUTTI_ERR_NOMEM;
-    srv_value_unref(e->value);
+    srv_value_drop(srv, e);
     e->value = v;
     return TUTTI_OK;
 }
@@ -507,7 +534,7 @@ static void srv_cmd_add(srv_conn_t *c, const srv_field_t *f)
     }
     char text[32];
     int n = snprintf(text, sizeof(text), "%" PRId64, v);
-    if (srv_set_value(e, text, (size_t)n) < 0) {
+    if (srv_set_value(srv, e, text, (size_t)n) < 0) {
         srv_maybe_remove(srv, e);
         srv_reply_nomem(c);
         return;
@@ -534,7 +561,7 @@ static void srv_cmd_cas(srv_conn_t *c, const srv_field_t *f)
     }
     if (!e)
         e = srv_find_or_add(srv, f[0].data, f[0].len);
-    if (!e || srv_set_value(e, f[2].data, f[2].len) < 0) {
+    if (!e || srv_set_value(srv, e, f[2].data, f[2].len) < 0) {
         if (e)
             srv_maybe_remove(srv, e);
         srv_reply_nomem(c);
@@ -559,8 +586,7 @@ static void srv_prefix(srv_conn_t *c, const srv_field_t *f, int del)
             n++;
             if (!del)
                 continue;
-            srv_value_unref(e->value);
-            e->value = NULL;
+            srv_value_drop(srv, e);
             srv_maybe_remove(srv, e);
         }
     }
@@ -587,8 +613,7 @@ static void srv_cmd_cad(srv_conn_t *c, const srv_field_t *f)
     unsigned char deleted = e && e->value && e->value->len == f[1].len &&
                             !memcmp(e->value->data, f[1].data, f[1].len);
     if (deleted) {
-        srv_value_unref(e->value);
-        e->value = NULL;
+        srv_value_drop(c->srv, e);
         srv_maybe_remove(c->srv, e);
     }
     srv_reply(c, TUTTI_OK, &deleted, 1);
@@ -608,7 +633,7 @@ static int srv_waiter_fits(srv_conn_t *c, size_t nkeys, size_t cost)
                         "waiting on %zu keys takes %zu bytes of the server's memory, over its "
                         "per-client quota of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
                         nkeys, cost, cfg->client_quota);
-    else if (srv->buffered + cost > cfg->memory_limit)
+    else if (srv->buffered + srv->pinned + cost > cfg->memory_limit)
         srv_reply_error(c, TUTTI_ERR_NOMEM,
                         "waiting on %zu keys (%zu bytes) refused: the server's memory limit "
                         "(%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by other clients; "
@@ -802,7 +827,7 @@ static void srv_cmd_set(srv_conn_t *c, const srv_field_t *f)
 {
     tt_store_server_t *srv = c->srv;
     srv_entry_t *e = srv_find_or_add(srv, f[0].data, f[0].len);
-    if (!e || srv_set_value(e, f[1].data, f[1].len) < 0) {
+    if (!e || srv_set_value(srv, e, f[1].data, f[1].len) < 0) {
         if (e)
             srv_maybe_remove(srv, e);
         srv_reply_nomem(c);
@@ -823,8 +848,7 @@ static void srv_cmd_delete(srv_conn_t *c, const srv_field_t *f)
     srv_entry_t *e = srv_find(srv, f[0].data, f[0].len);
     unsigned char existed = e && e->value;
     if (existed) {
-        srv_value_unref(e->value);
-        e->value = NULL;
+        srv_value_drop(srv, e);
         srv_maybe_remove(srv, e);
     }
     srv_reply(c, TUTTI_OK, &existed, 1);
@@ -936,11 +960,11 @@ static void srv_admit(srv_conn_t *c, size_t total)
                  "request of %zu bytes is over this server's per-client quota "
                  "of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
                  total, cfg->client_quota);
-    } else if (srv->buffered - c->cap + total > cfg->memory_limit) {
+    } else if (srv->buffered + srv->pinned - c->cap + total > cfg->memory_limit) {
         snprintf(msg, msglen,
                  "request of %zu bytes refused: the server's memory limit for "
-                 "requests in flight (%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by "
-                 "other clients; try again later",
+                 "requests in flight and unread replies (%zu bytes, TUTTI_STORE_MEMORY_LIMIT) "
+                 "is in use by other clients; try again later",
                  total, cfg->memory_limit);
     } else if (srv_buf_resize(c, total) < 0) {
         snprintf(msg, msglen, "server out of memory for a request of %zu bytes", total);
@@ -1076,6 +1100,30 @@ static void srv_conn_close(srv_conn_t *c)
 
 /* ---- connections: accepting, limits, eviction ---- */
 
+/* Reply bytes the client has not taken yet: libuv's write queue and the socket's (sent
+ * but not acknowledged, or not sent). The kernel takes more of libuv's queue only once a
+ * good part of its own has gone, so the queue alone moves in steps of a megabyte or so. */
+static size_t srv_unsent(srv_conn_t *c)
+{
+    size_t n = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    uv_os_fd_t fd;
+    int q = 0;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &q) == 0 && q > 0)
+        n += (size_t)q;
+    return n;
+}
+
+/* Note whether c's replies moved since last looked at (fewer bytes unsent: the client
+ * read some; a completed write notes it in srv_on_write). Returns when they last did. */
+static uint64_t srv_write_progress(srv_conn_t *c, uint64_t now)
+{
+    size_t unsent = srv_unsent(c);
+    if (unsent < c->unsent_seen)
+        c->last_sent = now;
+    c->unsent_seen = unsent;
+    return c->last_sent;
+}
+
 /* One warning per SRV_WARN_EVERY_MS about clients evicted or turned away: a flood must
  * not become a flood of log lines. */
 static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
@@ -1083,7 +1131,7 @@ static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
     uint64_t now = uv_now(&srv->loop);
     if (srv->last_warn && now - srv->last_warn < SRV_WARN_EVERY_MS)
         return;
-    TT_WARN("store server %s: %s: %zu idle connections evicted, %zu clients turned away "
+    TT_WARN("store server %s: %s: %zu connections evicted, %zu clients turned away "
             "(%zu connections open, limit %d)",
             srv->addr, why, srv->evicted, srv->turned_away, srv->nopen, srv->max_conns);
     srv->last_warn = now;
@@ -1091,14 +1139,14 @@ static void srv_pressure_warn(tt_store_server_t *srv, const char *why)
 }
 
 /* The connection whose loss matters least: one that had time for its hello and is still
- * in it (oldest first), else the longest idle, else the one waiting longest for a key;
- * never one in the middle of a request (its client could not tell whether it was
- * served), nor one just accepted (evicting those would let none of a burst of new
- * clients through). */
+ * in it (oldest first), else one whose client has not read its reply for a while (the
+ * longest stalled), else the longest idle, else the one waiting longest for a key; never
+ * one in the middle of a request (its client could not tell whether it was served), nor
+ * one just accepted (evicting those would let none of a burst of new clients through). */
 static srv_conn_t *srv_pick_victim(tt_store_server_t *srv)
 {
     srv_conn_t *best = NULL;
-    int best_class = 3;
+    int best_class = 4;
     uint64_t best_t = UINT64_MAX, now = uv_now(&srv->loop);
     for (srv_conn_t *c = srv->conns; c; c = c->next) {
         int cls;
@@ -1110,10 +1158,15 @@ static srv_conn_t *srv_pick_victim(tt_store_server_t *srv)
                 continue;
             cls = 0;
             t = c->since;
-        } else if (c->writes_pending || c->discard || (c->len && !c->waiter)) {
+        } else if (c->writes_pending) {
+            if (now - srv_write_progress(c, now) < SRV_STALL_GRACE_MS)
+                continue;
+            cls = 1;
+            t = c->last_sent;
+        } else if (c->discard || (c->len && !c->waiter)) {
             continue;
         } else {
-            cls = c->waiter ? 2 : 1;
+            cls = c->waiter ? 3 : 2;
             t = c->last_active;
         }
         if (cls < best_class || (cls == best_class && t < best_t)) {
@@ -1298,7 +1351,18 @@ static void srv_on_sweep(uv_timer_t *t)
             }
             continue;
         }
-        if (!idle || c->waiter || c->writes_pending)
+        if (c->writes_pending) {
+            /* a client that stops reading holds the connection and the replies' values:
+             * its replies unmoved as long as the idle timeout, it is closed */
+            uint64_t moved = srv_write_progress(c, now);
+            if (idle && now - moved >= idle) {
+                TT_INFO("store server %s: %s has not read its reply for %" PRIu64 " ms: closing",
+                        srv->addr, c->peer, now - moved);
+                srv_conn_close(c);
+            }
+            continue;
+        }
+        if (!idle || c->waiter)
             continue;
         if (now - c->last_active >= idle) {
             TT_TRACE("store server %s: %s idle for %" PRIu64 " ms: closing", srv->addr, c->peer,
@@ -1377,7 +1441,7 @@ static void srv_free(tt_store_server_t *srv)
             srv_entry_t *e = srv->buckets[i];
             srv->buckets[i] = e->next;
             free(e->key);
-            srv_value_unref(e->value);
+            srv_value_unref(srv, e->value);
             free(e);
         }
     }
