@@ -1134,11 +1134,11 @@ static int raw_keys(int port, int cmd, size_t n, const char *fmt)
     return fd;
 }
 
-/* Wait up to 2 s for the server in store s to hold want keys; how many it holds. */
+/* Wait up to 3 s for the server in store s to hold want keys; how many it holds. */
 static size_t server_keys_become(tutti_store_t *s, size_t want)
 {
     size_t n = tt_store_tcp_server_keys(s);
-    for (double end = now_ms() + 2000; n != want && now_ms() < end; n = tt_store_tcp_server_keys(s))
+    for (double end = now_ms() + 3000; n != want && now_ms() < end; n = tt_store_tcp_server_keys(s))
         sleep_ms(5);
     return n;
 }
@@ -1403,6 +1403,69 @@ START_TEST(test_stalled_reader)
     fprintf(stderr, "stalled readers closed: server RSS %ld -> %ld MiB\n", rss2 / 1024,
             rss3 / 1024);
     free(val);
+}
+END_TEST
+
+/* A raw connection after its hello that sends GET key then n PINGs (more than the
+ * server reads while the GET waits). */
+static int raw_get_then_pings(int port, const char *key, int n)
+{
+    int fd = raw_connect(port);
+    ck_assert_int_eq(raw_hello(fd), 0);
+    unsigned char f[64];
+    raw_send(fd, f, req_frame(f, TT_STORE_CMD_GET, key, NULL, 0));
+    unsigned char *pings = malloc((size_t)n * 5);
+    ck_assert_ptr_nonnull(pings);
+    for (int i = 0; i < n; i++) {
+        put_be32(pings + 5 * i, 1);
+        pings[5 * i + 4] = TT_STORE_CMD_PING;
+    }
+    ck_assert_int_eq(send_all(fd, pings, (size_t)n * 5), 0);
+    free(pings);
+    return fd;
+}
+
+START_TEST(test_hangup_while_waiting)
+{
+    /* a GET waits and 100 KB of PINGs fill the server's input buffer: it stops reading,
+     * and a client that hung up then was never noticed (its waiter and connection stayed,
+     * CLOSE-WAIT, past the idle timeout: waiters are not idle) */
+    enum { PINGS = 20000 };
+    tutti_store_t *srv, *c;
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.is_server = 1;
+    o.timeout_ms = 3000;
+    o.idle_timeout_ms = 2000; /* swept every 500 ms */
+    OK(NULL, tutti_store_open(&srv, "tcp://127.0.0.1:0", &o));
+    int port = tutti_store_port(srv);
+    OK(NULL, tutti_store_open_tcp(&c, "127.0.0.1", port, 0, 3000));
+    /* a client that is still there keeps its waiter past two sweeps, and is served in
+     * order once the key is set */
+    int fd = raw_get_then_pings(port, "later", PINGS);
+    sleep_ms(1200);
+    ck_assert_uint_eq(tt_store_tcp_server_keys(srv), 1);
+    OK(c, tutti_store_set(c, "later", "now", 3));
+    int status;
+    unsigned char body[64];
+    ck_assert_int_eq(raw_reply(fd, &status, body, sizeof(body), NULL), 0);
+    ck_assert_int_eq(status, 0);
+    ck_assert_str_eq((char *)body, "now");
+    for (int i = 0; i < PINGS; i++) {
+        ck_assert_int_eq(raw_reply(fd, &status, body, sizeof(body), NULL), 0);
+        ck_assert_int_eq(status, 0);
+    }
+    close(fd);
+    /* one that hangs up: its waiter (and the entry of the key it waited on) goes */
+    fd = raw_get_then_pings(port, "never", PINGS);
+    ck_assert_uint_eq(server_keys_become(srv, 2), 2);
+    close(fd);
+    double t0 = now_ms();
+    size_t left = server_keys_become(srv, 1);
+    fprintf(stderr, "hung-up waiter gone after %.0f ms\n", now_ms() - t0);
+    ck_assert_uint_eq(left, 1);
+    tutti_store_close(c);
+    tutti_store_close(srv);
 }
 END_TEST
 
@@ -1866,7 +1929,8 @@ static Suite *server_suite(void)
 
     /* clients that hold the server's memory or connections in other ways */
     th_add_tests(s, "hold", 30,
-                 (const TTest *const[]){ test_wait_limits, test_stalled_reader, NULL });
+                 (const TTest *const[]){ test_wait_limits, test_stalled_reader,
+                                         test_hangup_while_waiting, NULL });
 
     th_add_tests(s, "dead", 30,
                  (const TTest *const[]){ test_dead_server, test_stopped_server,

@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1335,6 +1336,18 @@ static void srv_on_listen(uv_poll_t *p, int status, int events)
 
 /* ---- timeouts ---- */
 
+/* Whether the client of a connection that is not reading hung up (FIN, reset, or
+ * keepalive gave up): with reading paused (a full input buffer behind a waiting GET or a
+ * reply being written) libuv would not tell, and a waiter is never idle. */
+static int srv_hung_up(srv_conn_t *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) < 0)
+        return 0;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static void srv_on_sweep(uv_timer_t *t)
 {
     tt_store_server_t *srv = t->data;
@@ -1349,6 +1362,12 @@ static void srv_on_sweep(uv_timer_t *t)
                         srv->addr, c->peer, srv->hello_ms);
                 srv_conn_close(c);
             }
+            continue;
+        }
+        if (!c->reading && !c->close_after_write && srv_hung_up(c)) {
+            TT_TRACE("store server %s: %s hung up while its input waited: closing", srv->addr,
+                     c->peer);
+            srv_conn_close(c);
             continue;
         }
         if (c->writes_pending) {
