@@ -891,10 +891,18 @@ void tutti_work_free(tutti_work_t *work)
         work_unref(work);
 }
 
+/* The op's status and explanation are written: from the completion on, also inside its
+ * callback (and on the thread the callback hands the news to), before the work reads as
+ * done. */
+static int work_ended(const tutti_work_t *work)
+{
+    return (atomic_load(&((tutti_work_t *)work)->cb_state) & 2) ||
+           atomic_load(&((tutti_work_t *)work)->done);
+}
+
 int tutti_work_source(const tutti_work_t *work)
 {
-    if (!work || !work->is_p2p || work->req.kind != TUTTI_TP_RECV ||
-        !atomic_load(&((tutti_work_t *)work)->done))
+    if (!work || !work->is_p2p || work->req.kind != TUTTI_TP_RECV || !work_ended(work))
         return -1;
     return work->req.peer >= 0 ? work->req.peer : -1;
 }
@@ -903,5 +911,5 @@ const char *tutti_work_error(const tutti_work_t *work)
 {
     if (!work)
         return "no work";
-    return atomic_load(&((tutti_work_t *)work)->done) ? work->err : "";
+    return work_ended(work) ? work->err : "";
 }
