@@ -72,6 +72,9 @@ out=$(timeout 30 "$run" -np 3 "$child") || fail "3 ranks: exit $?"
 
 out=$(timeout 30 "$run" -np 2 --tag -- "$child") || fail "--tag: exit $?"
 echo "$out" | grep -q '^\[1\] rank 1 of 2 ok$' || fail "--tag: output: $out"
+# a line with a NUL byte comes out whole (it stopped at the NUL)
+got=$(timeout 10 "$run" -np 1 --tag printf 'before\0after\n' | od -An -c -w64 | tr -s ' ')
+[ "$got" = " [ 0 ] b e f o r e \0 a f t e r \n" ] || fail "--tag, a NUL in a line: $got"
 
 t0=$(date +%s)
 timeout 30 "$run" -np 3 "$child" fail=1 2>$tmp/err; rc=$?
@@ -849,5 +852,40 @@ rc=$?
 [ "$rc" = 5 ] && echo "$out" | grep -q 'max-restarts 0 used up' && echo "$out" | grep -qx 'Root Cause (first observed failure):' &&
     echo "$out" | grep -qx '  exitcode  : 5 (pid: [0-9]*)' || fail "elastic failure summary: exit $rc: $out"
 tmpdir_empty "elastic"
+
+# a rank's child that ignores SIGTERM, left when the other rank's failure stopped the
+# run: SIGKILLed at the stop's deadline although no rank runs any more (it outlived the
+# launch, one more each restart, found by review), with and without restarts
+for restarts in 0 2; do
+    m=ignterm-$$-$restarts
+    marks="$marks $m"
+    t0=$(ms)
+    TEST_MARK=$m timeout 60 "$run" -np 2 --max-restarts $restarts sh -c \
+        'if [ "$TUTTI_RANK" = 0 ]; then (trap "" TERM; exec sleep 40) & sleep 40; else sleep .3; exit 3; fi' \
+        </dev/null >/dev/null 2>&1
+    rc=$?
+    [ "$rc" = 3 ] || fail "a child ignoring SIGTERM, --max-restarts $restarts: exit $rc"
+    left=$(all_gone "$m") || fail "a child ignoring SIGTERM, --max-restarts $restarts: $left"
+    took=$(($(ms) - t0))
+    [ "$took" -lt $((12000 * (restarts + 1))) ] || fail "a child ignoring SIGTERM: took $took ms"
+done
+echo "test_run: a rank's child ignoring SIGTERM is SIGKILLed with the stop, restarts too"
+# SIGUSR1 and SIGUSR2 to the launcher reach the ranks, which go on (a batch system's
+# warning before the end: they took the launcher down, and the ranks with it)
+m=usr-$$
+marks="$marks $m"
+TEST_MARK=$m "$run" -np 2 sh -c \
+    'trap "echo usr1 >$0.\$TUTTI_RANK; exit 0" USR1; echo up >$0.up.\$TUTTI_RANK; while :; do sleep .05; done' \
+    "$tmp/usr" </dev/null >/dev/null 2>&1 &
+lp=$!
+for _ in $(seq 100); do [ -e "$tmp/usr.up.0" ] && [ -e "$tmp/usr.up.1" ] && break; sleep .05; done
+kill -USR1 "$lp"
+wait_bounded "$lp"
+rc=$?
+[ "$rc" = 0 ] && [ -e "$tmp/usr.0" ] && [ -e "$tmp/usr.1" ] ||
+    fail "SIGUSR1 to the launcher: exit $rc, ranks that saw it: $(ls "$tmp" | grep -c '^usr\.[01]$')"
+all_gone "$m" >/dev/null || fail "SIGUSR1: something left"
+echo "test_run: SIGUSR1 to the launcher reaches every rank, which exit 0"
+tmpdir_empty "signals"
 
 echo "test_run: all checks passed"

@@ -40,6 +40,17 @@ int tt_launch_signal_received(void)
 
 static const int caught[4] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
 
+/* Passed on to the ranks, the launch going on (as mpirun does): a batch system's warning
+ * before the end of a job (Slurm's --signal=USR1@T, checkpoint-and-requeue schemes).
+ * Until session 96 they took the launcher down, and its death the ranks, before any could
+ * save (found by review). */
+static const int forwarded[2] = { SIGUSR1, SIGUSR2 };
+static volatile sig_atomic_t fwd_pending[2];
+static void on_forward(int sig)
+{
+    fwd_pending[sig == SIGUSR2] = 1;
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -383,6 +394,13 @@ int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir)
         if (caught[k] != SIGPIPE)
             sigaddset(&l->stop_sigs, caught[k]);
     }
+    for (int k = 0; k < 2; k++) {
+        struct sigaction sa = { .sa_handler = on_forward };
+        sigemptyset(&sa.sa_mask);
+        sigaction(forwarded[k], NULL, &l->orig_fwd[k]);
+        if (l->orig_fwd[k].sa_handler != SIG_IGN)
+            sigaction(forwarded[k], &sa, NULL);
+    }
     if (with_dir && make_dir(l, with_dir) < 0)
         goto err_free;
     if (cleaner_start(l) < 0)
@@ -524,6 +542,8 @@ int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg)
             _exit(127);
         for (int k = 0; k < 4; k++)
             sigaction(caught[k], &l->orig[k], NULL);
+        for (int k = 0; k < 2; k++)
+            sigaction(forwarded[k], &l->orig_fwd[k], NULL);
         if (l->cleaner_fd >= 0) /* only we may hold it: its EOF is our death */
             close(l->cleaner_fd);
         sigprocmask(SIG_SETMASK, &mask, NULL);
@@ -591,6 +611,14 @@ void tt_launch_stop(tt_launch_t *l)
 
 void tt_launch_tick(tt_launch_t *l)
 {
+    for (int k = 0; k < 2; k++) {
+        if (!fwd_pending[k])
+            continue;
+        fwd_pending[k] = 0;
+        for (int i = 0; i < l->np; i++)
+            if (l->pids[i] > 0 && !l->exited[i])
+                kill(l->pids[i], forwarded[k]);
+    }
     if (l->term_at && l->running > 0 && now_ms() > l->term_at) {
         signal_all(l, SIGTERM);
         l->term_at = 0;
@@ -633,10 +661,39 @@ static void reap_all(tt_launch_t *l)
                 ;
 }
 
+/* A stop was under way when the last rank exited: what its group still holds (a child
+ * that ignored the SIGTERM) gets SIGKILL at the stop's deadline, as it would have had a
+ * rank still run. Before this (session 96, found by review), the SIGKILL went out only
+ * while a rank ran: such children outlived the launch, one more each restart. The rank
+ * zombies keep their group ids from being reused meanwhile. */
+static void drain_groups(tt_launch_t *l)
+{
+    if (!l->own_groups || !l->kill_at || l->killed)
+        return;
+    pid_t *sorted = malloc((size_t)l->np * sizeof(pid_t));
+    int n = 0;
+    if (!sorted)
+        return;
+    for (int i = 0; i < l->np; i++)
+        if (l->pids[i] > 0)
+            sorted[n++] = l->pids[i];
+    qsort(sorted, (size_t)n, sizeof(pid_t), cmp_pid);
+    while (any_left(sorted, n, 1) && now_ms() < l->kill_at)
+        usleep(10000);
+    double end = now_ms() + CLEANER_WAIT_MS;
+    while (any_left(sorted, n, 1) && now_ms() < end) {
+        signal_all(l, SIGKILL);
+        usleep(10000);
+    }
+    l->killed = 1;
+    free(sorted);
+}
+
 int tt_launch_restart(tt_launch_t *l)
 {
     if (l->running > 0)
         return -1;
+    drain_groups(l);
     cleaner_tell(l, MSG_FORGET, 0); /* before reaping: pids may be reused after */
     reap_all(l);
     memset(l->pids, 0, (size_t)l->np * sizeof(pid_t));
@@ -650,6 +707,8 @@ int tt_launch_restart(tt_launch_t *l)
 int tt_launch_finish(tt_launch_t *l)
 {
     int rc = 0;
+    if (l->running == 0)
+        drain_groups(l);
     cleaner_tell(l, MSG_DISARM, 0); /* before reaping: pids may be reused after */
     reap_all(l);
     if (l->dir[0]) {

@@ -52,6 +52,7 @@ typedef struct tt_launch {
     double kill_at; /* stopping: when SIGKILL follows; 0 when not stopping */
     int killed;     /* SIGKILL went out */
     struct sigaction orig[4];
+    struct sigaction orig_fwd[2]; /* SIGUSR1, SIGUSR2: forwarded to the ranks */
     sigset_t stop_sigs;
 } tt_launch_t;
 

@@ -133,6 +133,7 @@ static void usage(FILE *f, const char *argv0)
             "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
             "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
             "--timeout, which counts over every attempt); 2 on bad usage.\n"
+            "SIGUSR1 and SIGUSR2 are passed on to the ranks (the launch goes on).\n"
             "The temporary store is made in $TMPDIR (default /tmp).\n",
             argv0, TT_LAUNCH_GRACE_MS);
 }
@@ -180,13 +181,16 @@ static int tag_pump(tagger_t *t)
     t->len += (size_t)r;
     size_t start = 0;
     for (size_t i = 0; i < t->len; i++) {
-        if (t->buf[i] == '\n') {
-            fprintf(t->out, "[%d] %.*s\n", t->rank, (int)(i - start), t->buf + start);
+        if (t->buf[i] == '\n') { /* written as it came, NUL bytes too */
+            fprintf(t->out, "[%d] ", t->rank);
+            fwrite(t->buf + start, 1, i - start + 1, t->out);
             start = i + 1;
         }
     }
-    if (start == 0 && t->len == sizeof(t->buf)) { /* a very long line: flush a piece */
-        fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
+    if (start == 0 && t->len == sizeof(t->buf)) { /* a very long line: a piece, tagged */
+        fprintf(t->out, "[%d] ", t->rank);
+        fwrite(t->buf, 1, t->len, t->out);
+        fputc('\n', t->out);
         start = t->len;
     }
     memmove(t->buf, t->buf + start, t->len - start);
@@ -201,8 +205,11 @@ static int tag_pump(tagger_t *t)
 
 static void tag_close(tagger_t *t)
 {
-    if (t->out && t->len) /* a last line without its newline */
-        fprintf(t->out, "[%d] %.*s\n", t->rank, (int)t->len, t->buf);
+    if (t->out && t->len) { /* a last line without its newline */
+        fprintf(t->out, "[%d] ", t->rank);
+        fwrite(t->buf, 1, t->len, t->out);
+        fputc('\n', t->out);
+    }
     if (t->out)
         fflush(t->out);
     close(t->fd);
@@ -362,7 +369,7 @@ static int rdzv_conf(const char *conf, run_opts_t *o)
         int ms = 0, bad = 0;
         if (!strcmp(k, "join_timeout") || !strcmp(k, "timeout")) {
             bad = seconds_ms(v, 1000, &ms);
-            o->rdzv_timeout_s = (ms + 999) / 1000;
+            o->rdzv_timeout_s = (int)(((long long)ms + 999) / 1000);
         } else if (!strcmp(k, "last_call_timeout")) {
             bad = seconds_ms(v, 0, &o->last_call_ms);
         } else if (!strcmp(k, "keep_alive_interval")) {
@@ -726,7 +733,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         return 2;
     }
     if ((o_p->rank_offset >= 0) != (o_p->world > 0) ||
-        (o_p->world && o_p->rank_offset + o_p->np > o_p->world)) {
+        (o_p->world && (long long)o_p->rank_offset + o_p->np > o_p->world)) {
         fprintf(stderr, "tutti-run: --rank-offset R and --world-size W go together, with R + "
                         "-np <= W\n");
         return 2;
