@@ -241,7 +241,8 @@ static srv_entry_t *srv_find_or_add(tt_store_server_t *srv, const char *key, siz
     size_t b = e->hash & (srv->nbuckets - 1);
     e->next = srv->buckets[b];
     srv->buckets[b] = e;
-    srv->nentries++;
+    /* atomic: tt_store_server_nkeys reads it from other threads (the tests') */
+    __atomic_fetch_add(&srv->nentries, 1, __ATOMIC_RELAXED);
     return e;
 }
 
@@ -254,7 +255,7 @@ static void srv_maybe_remove(tt_store_server_t *srv, srv_entry_t *e)
     while (*pp != e)
         pp = &(*pp)->next;
     *pp = e->next;
-    srv->nentries--;
+    __atomic_fetch_sub(&srv->nentries, 1, __ATOMIC_RELAXED);
     free(e->key);
     free(e);
 }
