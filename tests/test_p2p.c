@@ -361,6 +361,15 @@ static int rank_any_died(int rank, int nranks, tutti_comm_t *comm, const char *d
     int st = tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 7);
     double dt = th_now_ms() - t0;
     const char *msg = tutti_comm_last_error(comm);
+    /* ibverbs learns of an idle peer's death at the timeout (docs/architecture.md: no
+     * pid to watch across hosts, and an RC queue pair with nothing posted hears
+     * nothing): there the receive must still end, at its timeout */
+    const char *tp = getenv("TUTTI_TRANSPORT");
+    if (tp && strstr(tp, "ibverbs")) {
+        FAIL_IF(st != TUTTI_ERR_PEER && st != TUTTI_ERR_TIMEOUT, "got %s after %.0f ms: %s",
+                tutti_status_name(st), dt, msg);
+        return 0;
+    }
     FAIL_IF(st != TUTTI_ERR_PEER, "got %s after %.0f ms: %s", tutti_status_name(st), dt, msg);
     FAIL_IF(dt > 5000, "the dead sender was found after %.0f ms (timeout 10000)", dt);
     FAIL_IF(!strstr(msg, "rank 1"), "message: %s", msg);
