@@ -1255,8 +1255,7 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
     }
     tutti_store_opts_t so;
     tutti_store_opts_init(&so);
-    if (opts && opts->timeout_ms > 0 && !tt_env("STORE_TIMEOUT_MS"))
-        so.timeout_ms = opts->timeout_ms;
+    so.timeout_ms = env_store_timeout_ms(opts);
     /* a tcp store's server: rank 0's, or a standalone one (TUTTI_STORE_SERVER=0); the
      * job's on loopback is always rank 0's */
     int hosted = !strncmp(url, "tcp://", 6) && (derived || tt_env_int("STORE_SERVER", 1));
