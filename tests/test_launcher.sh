@@ -82,6 +82,37 @@ t1=$(date +%s)
 [ "$rc" = 3 ] || fail "fail=1: exit $rc, expected 3 ($(cat $tmp/err))"
 grep -q 'rank 1 exited with status 3' $tmp/err || fail "fail=1: no rank named: $(cat $tmp/err)"
 [ $((t1 - t0)) -lt 20 ] || fail "fail=1 took $((t1 - t0)) s"
+# two ranks failing one after the other, rank 1 first (rank 0 exits once it sees rank 1
+# a zombie): rank 1 is blamed and its status comes out. The launcher takes exits in the
+# order they happened (epoll's order of the ranks' pidfds) and wakes at each; before
+# (session 97), a 20 ms nap then a scan in rank order blamed rank 0 in most runs
+cat >$tmp/two-fail.py <<'EOS'
+import os, sys, time
+d = sys.argv[1]
+if os.environ["RANK"] == "1":
+    open(d + "/p.tmp", "w").write(str(os.getpid()))
+    os.rename(d + "/p.tmp", d + "/p")
+    os._exit(7)
+end = time.time() + 5
+while not os.path.exists(d + "/p") and time.time() < end:
+    time.sleep(0.0005)
+stat = "/proc/%s/stat" % open(d + "/p").read()
+while time.time() < end:
+    try:
+        if open(stat).read().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+    except OSError:
+        break
+    time.sleep(0.0005)
+os._exit(5)
+EOS
+for k in 1 2 3 4 5; do
+    rm -f $tmp/p
+    timeout 30 "$run" -np 2 python3 $tmp/two-fail.py $tmp 2>$tmp/err; rc=$?
+    [ $rc = 7 ] && grep -q 'rank 1 exited with status 7' $tmp/err ||
+        fail "rank 1 failed before rank 0, run $k: exit $rc ($(cat $tmp/err))"
+done
+rm -f $tmp/p $tmp/two-fail.py
 
 # --max-restarts: a rank that fails in the first attempt brings all down, all start
 # again on the same store and job id (restart in place), and the second attempt runs
@@ -767,7 +798,8 @@ rc=$(cat "$el/rc") out=$(cat "$el/tee.out")
 # too, in the launch's temporary directory). Ranks 1 and 2 fail while tutti-run is
 # stopped (SIGSTOP), so both are found failed at once: both are listed, each with its
 # error file's traceback, and the root cause is the earlier by the files' timestamps
-# (rank 2, reaped second); the root cause's file goes to tutti-run's own
+# (rank 2, which exits second: after rank 1 is a zombie; the exit status is rank 1's,
+# the first to exit); the root cause's file goes to tutti-run's own
 # TORCHELASTIC_ERROR_FILE with the exit status as "errorCode" (torchrun's @record)
 cat >"$el/fail.sh" <<'EOS'
 [ -n "$TORCHELASTIC_ERROR_FILE" ] && [ ! -e "$TORCHELASTIC_ERROR_FILE" ] || exit 9
@@ -778,6 +810,7 @@ if [ "$RANK" = 1 ]; then
     printf '{"message": {"message": "ValueError: later", "extraInfo": {"py_callstack": "Traceback:\\n  in later\\nValueError: later\\n", "timestamp": "2000000000"}}}' >"$TORCHELASTIC_ERROR_FILE"
     exit 3
 fi
+for _ in $(seq 200); do grep -q ') Z' "/proc/$(cat "$ERR_DIR/pid1")/stat" 2>/dev/null && break; sleep .02; done
 printf '{"message": {"message": "KeyError: first", "extraInfo": {"py_callstack": "Traceback (most recent call last):\\n  File \\"t.py\\", line 3\\nKeyError: \\u00e9first\\n", "timestamp": "1000000000"}}}' >"$TORCHELASTIC_ERROR_FILE"
 exit 4
 EOS

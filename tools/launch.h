@@ -45,6 +45,9 @@ typedef struct tt_launch {
     pid_t self;
     pid_t *pids; /* 0: not started */
     char *exited;
+    int *pidfds; /* each running rank's pidfd, in exit_fd; -1 when none */
+    int exit_fd; /* epoll of the pidfds: readable once a rank has exited and until it is
+                    reaped; -1 where the kernel has no pidfds (then naps sleep) */
     char dir[PATH_MAX];     /* the temporary store directory (absolute), "" when none */
     char url[PATH_MAX + 8]; /* file://dir */
     int cleaner_fd;         /* write end of the cleaner's pipe, -1 when none */
@@ -94,6 +97,12 @@ int tt_launch_spawn(tt_launch_t *l, int i, tt_launch_rank_fn fn, void *arg);
 /* A rank that exited since the last call: returns its index and sets *code_p (its exit
  * status, or 128 + signal) and *sig_p (the signal, or 0); -1 when there is none. */
 int tt_launch_reap(tt_launch_t *l, int *code_p, int *sig_p);
+
+/* Sleeps up to ms, waking early when a rank exits (tt_launch_exit_fd), so that the
+ * ranks' exits are seen in the order they happened, not in rank order within one nap. */
+void tt_launch_nap(tt_launch_t *l, int ms);
+/* The fd a poll may add to its set for the same purpose (POLLIN), or -1. */
+int tt_launch_exit_fd(const tt_launch_t *l);
 
 /* Begins stopping every rank: SIGTERM now (to the groups of exited ranks too, where
  * they have their own), SIGKILL from tt_launch_tick after TT_LAUNCH_GRACE_MS. */

@@ -220,14 +220,16 @@ static void tag_close(tagger_t *t)
 }
 
 /* Forwards the ranks' output for up to ms; returns how many of their streams are open. */
-static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms)
+/* pf: n + 1 entries, the last for exit_fd (a rank's exit ends the wait; -1: none). */
+static int tag_poll(tagger_t *tags, struct pollfd *pf, int n, int ms, int exit_fd)
 {
     int nopen = 0;
     for (int k = 0; k < n; k++) { /* poll skips the closed ones (fd -1) */
         pf[k] = (struct pollfd){ .fd = tags[k].fd, .events = POLLIN };
         nopen += tags[k].fd >= 0;
     }
-    if (!nopen || poll(pf, (nfds_t)n, ms) <= 0)
+    pf[n] = (struct pollfd){ .fd = exit_fd, .events = POLLIN };
+    if (!nopen || poll(pf, (nfds_t)n + 1, ms) <= 0)
         return nopen;
     for (int k = 0; k < n; k++) {
         if (pf[k].revents && !tag_pump(&tags[k])) {
@@ -1282,8 +1284,8 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
     if (ended_p)
         *ended_p = 0;
     while (l->running > 0) {
-        if (!o->piped || !tag_poll(tags, pf, 2 * o->np, 50))
-            usleep(20000);
+        if (!o->piped || !tag_poll(tags, pf, 2 * o->np, 50, tt_launch_exit_fd(l)))
+            tt_launch_nap(l, 20);
         agent_look();
         int e = 0;
         if (z && tt_launch_stopping(l) && tt_rdzv_beat(z) < 0)
@@ -1392,7 +1394,7 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
 static void tag_drain(tagger_t *tags, struct pollfd *pf, int n)
 {
     double left, drain_end = now_ms() + DRAIN_MS;
-    while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, n, (int)left + 1))
+    while ((left = drain_end - now_ms()) > 0 && tag_poll(tags, pf, n, (int)left + 1, -1))
         ;
     for (int k = 0; k < n; k++)
         if (tags[k].fd >= 0)
@@ -1965,7 +1967,7 @@ static int run_hosts(run_opts_t *o)
     }
     double deadline = o->timeout_s ? now_ms() + o->timeout_s * 1000.0 + 2 * TT_LAUNCH_GRACE_MS : 0;
     while (l.running > 0) {
-        usleep(20000);
+        tt_launch_nap(&l, 20);
         int i, code, sig;
         while ((i = tt_launch_reap(&l, &code, &sig)) >= 0) {
             if (code == 0 || tt_launch_stopping(&l) || tt_launch_signal_received())
@@ -2210,7 +2212,7 @@ int main(int argc, char **argv)
     l.bind = o.bind;
     int np = o.np, tag = o.piped;
     tagger_t *tags = tag ? calloc((size_t)np * 2, sizeof(tagger_t)) : NULL;
-    struct pollfd *pf = tag ? calloc((size_t)np * 2, sizeof(struct pollfd)) : NULL;
+    struct pollfd *pf = tag ? calloc((size_t)np * 2 + 1, sizeof(struct pollfd)) : NULL;
     run_failures_t fails = { .f = calloc((size_t)np, sizeof(run_failure_t)) };
     int status = 0;
     if ((tag && (!tags || !pf)) || !fails.f) {
