@@ -362,9 +362,7 @@ static int make_dir(tt_launch_t *l, int with_dir)
 
 int tt_launch_start(tt_launch_t *l, const char *tool, int np, int with_dir)
 {
-    *l = (tt_launch_t){
-        .tool = tool, .np = np, .cleaner_fd = -1, .exit_fd = -1, .self = getpid()
-    };
+    *l = (tt_launch_t){ .tool = tool, .np = np, .cleaner_fd = -1, .exit_fd = -1, .self = getpid() };
     /* a closed 0, 1 or 2 would be handed out again to a pipe, which a rank would then
      * lose (dup2 onto itself keeps O_CLOEXEC) */
     int fd;

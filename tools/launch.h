@@ -45,8 +45,8 @@ typedef struct tt_launch {
     pid_t self;
     pid_t *pids; /* 0: not started */
     char *exited;
-    int *pidfds; /* each running rank's pidfd, in exit_fd; -1 when none */
-    int exit_fd; /* epoll of the pidfds: readable once a rank has exited and until it is
+    int *pidfds;            /* each running rank's pidfd, in exit_fd; -1 when none */
+    int exit_fd;            /* epoll of the pidfds: readable once a rank has exited and until it is
                     reaped; -1 where the kernel has no pidfds (then naps sleep) */
     char dir[PATH_MAX];     /* the temporary store directory (absolute), "" when none */
     char url[PATH_MAX + 8]; /* file://dir */
