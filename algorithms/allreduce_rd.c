@@ -8,7 +8,11 @@
  * run the rounds under folded ranks 0..p-1.
  *
  * Every rank must end with the same bits, floats included, so each reduction takes the
- * lower rank's partial result as the first operand, whichever side computes it.
+ * lower rank's partial result as the first operand, whichever side computes it. Except
+ * a NaN's sign and payload: where two NaNs meet in a SUM or PROD, the kernels (k2 on the
+ * lower side, k2r on the upper, vector body or scalar tail) keep either operand's, as
+ * the compiler ordered the instruction's operands; every rank has a NaN in the same
+ * elements (tutti.h; a review in session 97 saw +NaN and -NaN mixed at 5 ranks).
  *
  * The same rounds run among a group of ranks (tt_rd_group): hier's step across hosts.
  */

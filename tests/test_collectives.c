@@ -804,6 +804,76 @@ START_TEST(nan_minmax)
 }
 END_TEST
 
+/* fp16 AVG whose sum overflows fp16 but whose mean fits: every rank's 30016..30208 gave
+ * inf (session 97) as the sum went first. Inputs multiples of 64, so the scaled partial
+ * sums are exact in any order; the reference is the plain-C mean rounded as the library
+ * rounds it (the exact sum / nranks in fp32, then to fp16). allreduce in and out of place,
+ * reduce at rank 1, reduce_scatter. */
+static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = algo;
+    o.chunk_bytes = 4096;
+    tutti_comm_t *comm = NULL;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    enum { N = 3000 };
+    static uint16_t in[N], out[N], want[N];
+    for (size_t i = 0; i < N; i++) {
+        in[i] = ref_float_to_half((float)(30016 + 64 * (int)((rank * 3 + i) % 4)));
+        double sum = 0;
+        for (int r = 0; r < nranks; r++)
+            sum += 30016 + 64 * (int)((r * 3 + i) % 4);
+        want[i] = ref_float_to_half((float)sum / (float)nranks);
+    }
+    for (int how = 0; how < 4; how++) {
+        static const char *const name[] = { "allreduce in place", "allreduce", "reduce",
+                                            "reduce_scatter" };
+        size_t n = how == 3 ? N / (size_t)nranks * (size_t)nranks : N, first = 0, len = n;
+        memcpy(out, in, sizeof(out));
+        int st;
+        if (how == 0)
+            st = tutti_allreduce(comm, TUTTI_IN_PLACE, out, n, TUTTI_FP16, TUTTI_AVG);
+        else if (how == 1)
+            st = tutti_allreduce(comm, in, out, n, TUTTI_FP16, TUTTI_AVG);
+        else if (how == 2)
+            st = tutti_reduce(comm, in, rank == 1 ? out : NULL, n, TUTTI_FP16, TUTTI_AVG, 1);
+        else
+            st = tutti_reduce_scatter(comm, in, out, n / (size_t)nranks, TUTTI_FP16, TUTTI_AVG);
+        FAIL_IF(st != 0, "%s %s: %s", algo, name[how], tutti_comm_last_error(comm));
+        if (how == 2 && rank != 1)
+            continue;
+        if (how == 3) {
+            len = n / (size_t)nranks;
+            first = (size_t)rank * len;
+        }
+        for (size_t i = 0; i < len; i++)
+            FAIL_IF(out[i] != want[first + i], "%s %s, %d ranks [%zu]: got %g, expected %g", algo,
+                    name[how], nranks, first + i, (double)ref_half_to_float(out[i]),
+                    (double)ref_half_to_float(want[first + i]));
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(avg_f16_range)
+{
+    th_spec_t spec = { .nranks = 4,
+                       .fn = rank_avg_f16,
+                       .arg = (void *)nan_algos[_i],
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.nranks = 3;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("collectives");
@@ -821,6 +891,7 @@ static Suite *suite(void)
     suite_add_tcase(s, tc);
     th_add_tests(s, "scale", 60, (const TTest *const[]){ eight_ranks, NULL });
     th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
+    th_add_case(s, "avg_f16", avg_f16_range, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     collectives_others_add(s);
     return s;
 }

@@ -50,7 +50,13 @@ typedef enum tutti_dtype {
 } tutti_dtype_t;
 
 /* Reduction ops. fp16 and bf16 reduce in fp32. AVG divides the sum by the rank
- * count at the end (integer division, truncating, for integer types). Integer SUM and
+ * count at the end (integer division, truncating, for integer types); fp16's AVG scales
+ * each input by 2^-k first (2^k the least power of two >= the rank count) and the sum by
+ * 2^k / ranks at the end (allreduce, reduce, reduce_scatter), so that a mean that fits
+ * fp16 does not overflow where the sum would (NCCL's ncclAvg scales by 1/ranks first);
+ * inputs below 2^-14 * 2^k lose bits to fp16's subnormal range on the way. Every rank
+ * gets the same bits from allreduce, floats included, except the sign and payload of a
+ * NaN that SUM or PROD made of two NaNs (the elements that are NaN agree). Integer SUM and
  * PROD wrap (two's complement); unsigned types compare (MIN/MAX) and divide (AVG) as
  * unsigned. Float MIN/MAX propagate NaN: a NaN on any rank gives
  * NaN in that element (as torch.max and numpy.maximum do, unlike C's fmax); infinities

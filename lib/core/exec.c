@@ -158,6 +158,38 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
             kind = TT_BATCH_RELEASE;
         st = tt_agree_flush(op, kind);
     }
+    /* fp16 AVG: each rank's input scaled by 2^-k first (2^k >= the rank count), the sum
+     * by 2^k / nranks after it (reduce.h), so that a mean that fits fp16 does not
+     * overflow on the way: four ranks' 30000 summed first gave inf (session 97, found by
+     * review). NCCL's ncclAvg scales by 1/nranks first; a power of two keeps the partial
+     * sums, and so the result, those of the plain sum and division wherever both fit. */
+    const void *user_send = op->sendbuf;
+    void *scaled = NULL;
+    int prescaled = 0;
+    float pow2 = 1.0f;
+    while (pow2 < (float)op->nranks)
+        pow2 *= 2.0f;
+    if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && op->dtype == TUTTI_FP16 &&
+        (op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_REDUCE ||
+         op->coll == TT_COLL_REDUCE_SCATTER)) {
+        /* a copy where the input must stay: out of place, and reduce_scatter always (in
+         * place, the other blocks' input is left as it was: NCCL's in place puts recvbuf
+         * at this rank's block of sendbuf, which at rank 0 is sendbuf itself) */
+        if ((op->sendbuf != op->recvbuf || op->coll == TT_COLL_REDUCE_SCATTER) && bytes) {
+            scaled = malloc(bytes);
+            if (!scaled) {
+                snprintf(err, errlen, "rank %d: %s seq %llu: out of memory for the scaled input",
+                         comm->rank, tt_coll_name(op->coll), (unsigned long long)op->seq);
+                tt_fault_fail_op(op, TUTTI_ERR_NOMEM, err);
+                tt_op_finish(op);
+                return TUTTI_ERR_NOMEM;
+            }
+            memcpy(scaled, op->sendbuf, bytes);
+            op->sendbuf = scaled; /* run as out of place from the copy */
+        }
+        tt_reduce_f16_scale(scaled ? scaled : op->recvbuf, op->count, 1.0f / pow2, 1.0f);
+        prescaled = 1;
+    }
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
         cpu_set_t saved;
@@ -166,6 +198,10 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
         if (held)
             sched_setaffinity(0, sizeof(saved), &saved);
         algo_nomem = st == TUTTI_ERR_NOMEM;
+    }
+    if (scaled) {
+        op->sendbuf = user_send;
+        free(scaled);
     }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
@@ -185,7 +221,11 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
         return st;
     }
     tt_op_finish(op);
-    if (user_redop == TUTTI_AVG && desc->avg)
+    if (prescaled && op->coll == TT_COLL_REDUCE_SCATTER)
+        tt_reduce_f16_scale(op->recvbuf, op->recvcounts[op->rank], pow2, (float)op->nranks);
+    else if (prescaled && (op->coll == TT_COLL_ALLREDUCE || op->rank == op->root))
+        tt_reduce_f16_scale(op->recvbuf, op->count, pow2, (float)op->nranks);
+    else if (user_redop == TUTTI_AVG && desc->avg && !prescaled)
         desc->avg(op);
     return TUTTI_OK;
 }
@@ -878,9 +918,15 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
     /* -1: until the op ends, which its own deadline bounds */
     int st = wait_work(work, timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms));
     if (st == TUTTI_ERR_TIMEOUT && !atomic_load(&work->done)) {
-        tt_comm_set_error(work->comm, st, "wait: %s seq %llu still running after %d ms",
-                          tt_coll_name(work->op.coll), (unsigned long long)work->op.seq,
-                          timeout_ms);
+        /* a send or receive has no collective's name (it printed "(null)") */
+        char what[64];
+        if (work->is_p2p)
+            tt_comm_set_error(work->comm, st, "wait: %s still running after %d ms",
+                              p2p_what(work, what, sizeof(what)), timeout_ms);
+        else
+            tt_comm_set_error(work->comm, st, "wait: %s seq %llu still running after %d ms",
+                              tt_coll_name(work->op.coll), (unsigned long long)work->op.seq,
+                              timeout_ms);
     }
     return st;
 }

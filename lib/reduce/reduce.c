@@ -607,6 +607,13 @@ TT_DEF_DIV(u16, tt_uu16_t, uint32_t, TT_LD_ID, (uint16_t))
 TT_DEF_DIV(u32, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID)
 TT_DEF_DIV(u64, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID)
 
+void tt_reduce_f16_scale(void *buf, size_t count, float mul, float div)
+{
+    tt_uu16_t *b = buf;
+    for (size_t i = 0; i < count; i++)
+        b[i] = TT_ST_H(TT_LD_H(b[i]) * mul / div);
+}
+
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks)
 {
     static void (*const div[TUTTI_DTYPE_COUNT])(void *, size_t, int) = {

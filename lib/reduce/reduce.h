@@ -57,6 +57,11 @@ int tt_redop_commutes(tutti_redop_t op);
 
 /* buf[i] /= nranks (after an AVG computed as SUM). */
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks);
+/* fp16: buf[i] = buf[i] * mul / div, computed in fp32 and rounded once. fp16 AVG scales
+ * each input by 2^-k (2^k >= the rank count: exact above fp16's normal minimum) before
+ * the sum and the sum by 2^k / nranks after it, so that a sum above 65504 whose mean
+ * fits does not overflow; elsewhere the result is the plain division's (lib/core/exec.c). */
+void tt_reduce_f16_scale(void *buf, size_t count, float mul, float div);
 
 /* The kernel set in use: "generic", "avx2" or "avx512" (TUTTI_REDUCE_ISA caps it). */
 const char *tt_reduce_isa_name(void);
