@@ -16,6 +16,9 @@
 #include "cli.h"
 #include "base/hostlist.h"
 
+/* The most slots of one entry, and of one host over all its entries. */
+#define TT_HOSTS_MAX_SLOTS (1 << 20)
+
 /* Adds slots on host name (len bytes), as user (ulen bytes, 0: none). 0 or -1 (said). */
 static int add_host(const char *tool, const char *user, size_t ulen, const char *name, size_t len,
                     int slots, tt_host_t **hosts, int *n)
@@ -40,6 +43,15 @@ static int add_host(const char *tool, const char *user, size_t ulen, const char 
             if (!local && strcmp(o->name, full)) {
                 fprintf(stderr, "%s: host %s named as %s and as %s: give it one user\n", tool,
                         full + at, o->name, full);
+                return -1;
+            }
+            /* the per-entry cap holds for the host's total too (repeated entries
+             * would otherwise overflow it) */
+            if (o->slots > TT_HOSTS_MAX_SLOTS - slots) {
+                fprintf(stderr,
+                        "%s: host %s given %d slots in all, and %d more: at most %d on a "
+                        "host\n",
+                        tool, full + at, o->slots, slots, TT_HOSTS_MAX_SLOTS);
                 return -1;
             }
             o->slots += slots;
@@ -68,7 +80,7 @@ static int parse_slots(const char *s, size_t len, int *slots)
         return -1;
     memcpy(buf, s, len);
     buf[len] = '\0';
-    return tt_cli_int(buf, 1, 1 << 20, slots);
+    return tt_cli_int(buf, 1, TT_HOSTS_MAX_SLOTS, slots);
 }
 
 int tt_hosts_parse(const char *tool, const char *list, tt_host_t **hosts, int *n)

@@ -6,7 +6,7 @@
  * who can reach it steer the job, so that takes a decision (and, better, a job secret).
  * Runs until SIGINT or SIGTERM, then stops accepting and lets connected clients finish.
  * Exit status: 0 after a signal, 1 when it cannot listen (or read its secret), 2 on bad
- * usage. */
+ * usage (options the store refuses included). */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -26,7 +26,8 @@ static void usage(FILE *f, const char *argv0)
             "Run a tutti TCP store server until SIGINT or SIGTERM.\n"
             "\n"
             "  -H, --host H               address to listen on (default 127.0.0.1: this host\n"
-            "                             only; 0.0.0.0 or \"::\" for every interface)\n"
+            "                             only; 0.0.0.0 or \"::\" for every interface; an IPv6\n"
+            "                             address bare or in brackets: ::1 or [::1])\n"
             "  -p, --port P               TCP port (0 picks a free one, printed at start)\n"
             "  -a, --auth-token-file PATH the job secret: serve only clients that prove they\n"
             "                             know it (also TUTTI_AUTH_TOKEN[_FILE])\n"
@@ -42,7 +43,7 @@ static void usage(FILE *f, const char *argv0)
             "\n"
             "Ranks connect with the store URL tcp://H:P (tcp://[H]:P for IPv6).\n"
             "Exit status: 0 after a signal, 1 when the address cannot be used or the secret\n"
-            "cannot be read, 2 on bad usage.\n",
+            "cannot be read, 2 on bad usage (a malformed address or option included).\n",
             argv0);
 }
 
@@ -77,7 +78,24 @@ static int parse_args(int argc, char **argv, tutti_store_opts_t *opts_p, const c
     int opt;
     while ((opt = getopt_long(argc, argv, "H:p:a:h", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'H': *host_p = optarg; break;
+        case 'H': {
+            /* [v6addr] as in URLs and -H of tutti-run: the brackets are the URL's to add */
+            static char host[256];
+            size_t len = strlen(optarg);
+            const char *h = optarg;
+            if (len >= 2 && h[0] == '[' && h[len - 1] == ']')
+                h++, len -= 2;
+            if (len == 0 || len >= sizeof(host) || memchr(h, '[', len) || memchr(h, ']', len) ||
+                strpbrk(optarg, " \t/@")) {
+                fprintf(stderr, "%s: bad host '%s' (a name or an address: 10.0.0.1, ::1, [::1])\n",
+                        argv[0], optarg);
+                return 2;
+            }
+            memcpy(host, h, len);
+            host[len] = '\0';
+            *host_p = host;
+            break;
+        }
         case 'p':
             if (tt_cli_long(optarg, 0, 65535, port_p) < 0) {
                 fprintf(stderr, "%s: bad port '%s' (0..65535)\n", argv[0], optarg);
@@ -141,7 +159,10 @@ static int serve(const char *argv0, const char *host, long port, const tutti_sto
         fprintf(stderr, "%s: cannot serve on %s port %ld: %s\n", argv0, host, port,
                 tutti_store_last_error(NULL)[0] ? tutti_store_last_error(NULL)
                                                 : tutti_strerror(st));
-        return 1;
+        /* options the store refuses (a limit below another, a malformed address) are bad
+         * usage; an address that cannot be resolved or bound, or a secret that cannot be
+         * read, is not */
+        return st == TUTTI_ERR_INVALID_ARG ? 2 : 1;
     }
     if (!is_loopback(host) && !opts->auth_token && !opts->auth_token_file)
         fprintf(stderr,
