@@ -24,7 +24,10 @@
  *
  * With -c, every rank's input is a deterministic function of (rank, index) with small
  * integer values, so the exact result is computed here in plain C and #wrong counts the
- * elements (summed over ranks) that differ from it.
+ * elements (summed over ranks) that differ from it. The values carry a term of period
+ * 10403 in the index (long_term), so a result moved to another block, shifted or
+ * reversed differs from the reference; the check runs on one more call after the timed
+ * ones, on input and a sentinel written afresh, so a call that writes nothing fails.
  *
  * --algo all times every algorithm the library has for the collective (one communicator
  * per algorithm, forced through opts.algo) and reports, per size, the winner and what
@@ -165,7 +168,8 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: tutti-bench [-np N] [--coll NAME] [-b MIN] [-e MAX]\n"
-        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c] [--sync] [--fresh] [--bind]\n"
+        "                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c [0|1]] [--sync] [--fresh]\n"
+        "                   [--bind]\n"
         "                   [-d DTYPE] [-o OP] [-r ROOT] [--offset B] [--algo NAME|all]\n"
         "                   [--transport NAME] [--json FILE]\n"
         "\n"
@@ -187,7 +191,16 @@ static void usage(FILE *f)
         "  -f, --stepfactor F  size multiplier between rows (default 2)\n"
         "  -n, --iters N       timed iterations per size (default 20)\n"
         "  -w, --warmup N      untimed iterations per size (default 5)\n"
-        "  -c, --check         verify results; #wrong prints N/A without it\n"
+        "  -c, --check [0|1]   verify results (nccl-tests' -c 1; -c 0: not), each against\n"
+        "                      a reference computed in the bench per element from inputs\n"
+        "                      that change from element to element over 10403-element\n"
+        "                      periods and from rank to rank, on one more call after the\n"
+        "                      timed ones, its input and the result's sentinel written\n"
+        "                      afresh; #wrong prints N/A without it. Refused where the\n"
+        "                      results would not be exact in the dtype (avg of int8 or\n"
+        "                      uint8 above 125 ranks, of bf16 above 128, of half above\n"
+        "                      1024; sum of uint8 above 247, of bf16 above 765); a\n"
+        "                      barrier moves no data: nothing checked\n"
         "  --sync              barrier (untimed) before each timed iteration: without it\n"
         "                      iterations of rooted collectives (reduce, gather, scatter,\n"
         "                      broadcast) overlap across ranks, as in nccl-tests\n"
@@ -207,9 +220,10 @@ static void usage(FILE *f)
         "  --fill-late         --fresh --window, the rewrite just before each start,\n"
         "                      not before the wait (across a long --gap)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
-        "                      uint16, int32, uint32, int64, uint64 ...\n"
+        "                      uint16, int32, uint32, int64, uint64 ... (not nccl-tests'\n"
+        "                      all: one run per dtype)\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
-        "                      bxor (the last three: integer dtypes)\n"
+        "                      bxor (the last three: integer dtypes; not all)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
         "  --offset B          start every rank's send and receive buffers B bytes past a\n"
         "                      page boundary (0..4095, a multiple of the dtype's size;\n"
@@ -222,7 +236,9 @@ static void usage(FILE *f)
         "                      stream of each rank's (tutti_comm_set_stream), each timed\n"
         "                      call followed by cuStreamSynchronize\n"
         "  --algo NAME         algorithm override: a bare name (\"ring\") or a TUTTI_ALGO\n"
-        "                      string (\"allreduce:rd@<64K,ring\")\n"
+        "                      string (\"allreduce:rd@<64K,ring\"); it must set one of\n"
+        "                      --coll's algorithms (tutti_algo_name), every name in it its\n"
+        "                      collective's, else bad usage listing them\n"
         "  --algo all          time every algorithm the library has for the collective\n"
         "                      (out of place, one communicator each) and print per size\n"
         "                      each one's p50 time, the winner, the default model's choice\n"
@@ -244,7 +260,8 @@ static void usage(FILE *f)
         "    2(n-1)/n  allreduce\n"
         "    (n-1)/n   allgather, reduce_scatter, gather, scatter, alltoall\n"
         "    1         broadcast, reduce, scan, exscan\n"
-        "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage, 3 a call failed;\n"
+        "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage (also: a root, a size range\n"
+        "  or a -c that the job's rank count rules out), 3 a call failed;\n"
         "  -np stopped by signal N (SIGINT, SIGTERM, SIGHUP): 128+N\n"
         "\n"
         "Environment (read by the library; a flag above wins):\n"
@@ -322,9 +339,126 @@ static int parse_coll(const char *v, enum bench_coll *coll_p)
     return bad;
 }
 
+static int check_world(const bench_cfg_t *cfg, int n, int loud);
+static int dtype_is_float(tutti_dtype_t dt);
+
+/* Whether coll's algorithms (tutti_algo_name) include name (len bytes). */
+static int has_algo(const char *coll, const char *name, size_t len)
+{
+    const char *a;
+    for (int i = 0; (a = tutti_algo_name(coll, i)); i++)
+        if (strlen(a) == len && !strncmp(a, name, len))
+            return 1;
+    return 0;
+}
+
+/* coll's algorithms, ", "-separated, into buf. */
+static const char *algo_list(const char *coll, char *buf, size_t len)
+{
+    const char *a;
+    buf[0] = '\0';
+    for (int i = 0; (a = tutti_algo_name(coll, i)); i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s", i ? ", " : "", a);
+    }
+    return buf;
+}
+
+/* s[0..*len) without the blanks around it: the start, *len shortened. */
+static const char *trim(const char *s, size_t *len)
+{
+    while (*len && (*s == ' ' || *s == '\t'))
+        s++, (*len)--;
+    while (*len && (s[*len - 1] == ' ' || s[*len - 1] == '\t'))
+        (*len)--;
+    return s;
+}
+
+/* --algo SPEC (not all): 0 when it sets an algorithm of the collective run and every
+ * algorithm it names is one its collective has; else -1, said with the algorithms the
+ * collective has. SPEC is a bare name or TUTTI_ALGO's "coll:name[@<SIZE],...;..."; the
+ * size bounds are the library's to check (tutti_comm_init). */
+static int check_algo(const bench_cfg_t *cfg)
+{
+    const char *coll = coll_names[cfg->coll], *spec = cfg->algo;
+    char names[512];
+    int sets = 0;
+    for (const char *e = spec; *e;) {
+        size_t elen = strcspn(e, ";");
+        const char *next = e[elen] ? e + elen + 1 : e + elen;
+        const char *colon = memchr(e, ':', elen);
+        size_t len = colon ? (size_t)(colon - e) : elen;
+        const char *name = trim(e, &len);
+        if (!colon) { /* a bare name: the collective run must have it */
+            if (len && !has_algo(coll, name, len)) {
+                fprintf(stderr,
+                        "tutti-bench: --algo %s: %s has no algorithm \"%.*s\" (its "
+                        "algorithms: %s)\n",
+                        spec, coll, (int)len, name, algo_list(coll, names, sizeof(names)));
+                return -1;
+            }
+            sets |= len > 0;
+            e = next;
+            continue;
+        }
+        char cname[64];
+        int c = 0;
+        if (len < sizeof(cname)) {
+            memcpy(cname, name, len);
+            cname[len] = '\0';
+            while (c < COLL_COUNT && strcmp(cname, coll_names[c]))
+                c++;
+        }
+        if (len >= sizeof(cname) || c == COLL_COUNT) {
+            fprintf(stderr, "tutti-bench: --algo %s: unknown collective \"%.*s\"\n", spec, (int)len,
+                    name);
+            return -1;
+        }
+        /* the choices: name[@<SIZE] (',' name[@<SIZE])* */
+        for (const char *ch = colon + 1; ch <= e + elen;) {
+            size_t clen = strcspn(ch, ",;");
+            if (clen > (size_t)(e + elen - ch))
+                clen = (size_t)(e + elen - ch);
+            size_t nlen = strcspn(ch, "@,;");
+            nlen = nlen < clen ? nlen : clen;
+            const char *an = trim(ch, &nlen);
+            if (!has_algo(cname, an, nlen)) {
+                fprintf(stderr,
+                        "tutti-bench: --algo %s: %s has no algorithm \"%.*s\" (its "
+                        "algorithms: %s)\n",
+                        spec, cname, (int)nlen, an, algo_list(cname, names, sizeof(names)));
+                return -1;
+            }
+            ch += clen + 1;
+        }
+        sets |= c == (int)cfg->coll;
+        e = next;
+    }
+    if (!sets) {
+        fprintf(stderr,
+                "tutti-bench: --algo %s sets no algorithm of %s (--coll): give one of its "
+                "algorithms: %s\n",
+                spec, coll, algo_list(coll, names, sizeof(names)));
+        return -1;
+    }
+    return 0;
+}
+
+/* The largest -e: the two buffers, a page more each (--offset) and rounded up to pages,
+ * stay far from size_t's end. */
+#define BENCH_MAX_BYTES (SIZE_MAX / 4)
+
 /* The settings that are checked once all are read: 0, or -1 (bad usage). */
 static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
 {
+    if (!strcmp(dtype, "all") || !strcmp(op, "all")) {
+        fprintf(stderr,
+                "tutti-bench: %s all (nccl-tests' sweep over every %s) is not supported: run "
+                "tutti-bench once per %s\n",
+                !strcmp(dtype, "all") ? "-d" : "-o", !strcmp(dtype, "all") ? "dtype" : "op",
+                !strcmp(dtype, "all") ? "dtype" : "op");
+        return -1;
+    }
     if (tutti_dtype_parse(dtype, &cfg_p->dtype) != TUTTI_OK) {
         fprintf(stderr, "tutti-bench: unknown dtype %s\n", dtype);
         return -1;
@@ -333,14 +467,31 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
         fprintf(stderr, "tutti-bench: unknown op %s\n", op);
         return -1;
     }
+    if (coll_has_op(cfg_p->coll) && dtype_is_float(cfg_p->dtype) &&
+        (cfg_p->op == TUTTI_BAND || cfg_p->op == TUTTI_BOR || cfg_p->op == TUTTI_BXOR)) {
+        fprintf(stderr, "tutti-bench: -o %s needs an integer dtype, not %s\n",
+                tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
+        return -1;
+    }
     if (cfg_p->min_bytes == 0 || cfg_p->min_bytes > cfg_p->max_bytes) {
         fprintf(stderr, "tutti-bench: need 0 < MIN <= MAX\n");
         return -1;
     }
-    if (cfg_p->np > 0 && cfg_p->root >= cfg_p->np) {
-        fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg_p->root, cfg_p->np);
+    if (cfg_p->max_bytes > BENCH_MAX_BYTES) {
+        fprintf(stderr, "tutti-bench: -e %zu: more than the bench can allocate (at most %zu B)\n",
+                cfg_p->max_bytes, (size_t)BENCH_MAX_BYTES);
         return -1;
     }
+    size_t esize = tutti_dtype_size(cfg_p->dtype);
+    if ((size_t)cfg_p->offset % esize) {
+        fprintf(stderr, "tutti-bench: --offset %d is not a multiple of the %zu-byte %s\n",
+                cfg_p->offset, esize, tutti_dtype_name(cfg_p->dtype));
+        return -1;
+    }
+    if (cfg_p->algo && check_algo(cfg_p) < 0)
+        return -1;
+    if (cfg_p->np > 0 && check_world(cfg_p, cfg_p->np, 1) < 0)
+        return -1;
     return 0;
 }
 
@@ -368,7 +519,11 @@ static int parse_args(int argc, char **argv, bench_cfg_t *cfg)
             usage(stdout);
             return 1;
         } else if (FLAG("-c", "--check")) {
-            cfg->check = 1;
+            /* nccl-tests' -c 0|1 too */
+            if (!v && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1")))
+                v = argv[++i];
+            bad = v && strcmp(v, "0") && strcmp(v, "1");
+            cfg->check = !v || !strcmp(v, "1");
         } else if (FLAG("--sync", "--sync")) {
             cfg->sync = 1;
         } else if (FLAG("--fresh", "--fresh")) {
@@ -548,7 +703,7 @@ static void elem_set(tutti_dtype_t dt, void *buf, size_t i, double v)
     }
 }
 
-/* No negative values: every value below is in [0, 100] for these (251: the sentinel). */
+/* No negative values: every value below is in [0, 250] for these (251: the sentinel). */
 static int dtype_is_unsigned(tutti_dtype_t dt)
 {
     return dt == TUTTI_UINT8 || dt == TUTTI_UINT16 || dt == TUTTI_UINT32 || dt == TUTTI_UINT64;
@@ -559,49 +714,154 @@ static int dtype_is_float(tutti_dtype_t dt)
     return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
 }
 
+/* The integers a dtype holds exactly (and in range) up to this magnitude: the bound on
+ * every input, partial and final result of -c's reductions (uint8: below the sentinel,
+ * 251; fp32 and the wider ones: more than the bench's values ever need). */
+static long dtype_exact(tutti_dtype_t dt)
+{
+    switch (dt) {
+    case TUTTI_INT8: return 127;
+    case TUTTI_UINT8: return 250;
+    case TUTTI_INT16: return 32767;
+    case TUTTI_UINT16: return 65535;
+    case TUTTI_FP16: return 2048;
+    case TUTTI_BF16: return 256;
+    default: return 1L << 24;
+    }
+}
+
+/* The per-element term of every input: in [0, 100], of period LONG_PERIOD (101 x 103, a
+ * cubic in i mod 101 plus i mod 103). Two runs of it more than 3 elements long agree only
+ * where they start a multiple of LONG_PERIOD apart, and a run reversed agrees with itself
+ * in at most about 1 element in 20: a block landing in another block's place, a shifted
+ * or reversed vector, all differ from the reference. */
+#define LONG_PERIOD ((size_t)101 * 103)
+
+static size_t long_term(size_t i)
+{
+    size_t a = i % 101;
+    return (a * a * a + a + i % 103) % 101;
+}
+
+/* The amplitude A of the long term in a reduction's inputs over n ranks (<= 50): signed,
+ * the term is in [-A, A], unsigned in [0, 2A] (avg: [1, A + 1]); below 1 where the
+ * dtype cannot hold the reduction's values exactly (-c refuses: check_exact). Integer
+ * sums wrap harmlessly on the way (the result modulo 2^k is still right), so for them
+ * only the inputs and the result bound A; float partial sums, in any order, must stay
+ * exact. */
+static long red_amp(const bench_cfg_t *cfg, int n)
+{
+    const long L = dtype_exact(cfg->dtype);
+    const int sgn = !dtype_is_unsigned(cfg->dtype), flt = dtype_is_float(cfg->dtype);
+    long a = 50;
+    switch (cfg->op) {
+    case TUTTI_SUM: /* the small terms: at most ceil(n/3) ranks give +1 (or -1) */
+        if (!sgn)   /* the result <= 2A + n + 1 */
+            a = (L - n - 1) / 2;
+        else if (flt) /* partial sums <= A + ceil(n/3) */
+            a = L - (n + 2) / 3;
+        break;
+    case TUTTI_AVG: /* the sum is n x the base; rank 0's input base + n - 1 */
+        if (!sgn)
+            a = L / n - 1 < L - n ? L / n - 1 : L - n;
+        else if (flt) /* partial sums <= n x A + n - 1 */
+            a = (L - n + 1) / n;
+        else
+            a = L / n < L - n + 1 ? L / n : L - n + 1;
+        break;
+    default: break; /* prod, min, max and the bitwise ops do not grow with n */
+    }
+    return a < 50 ? a : 50;
+}
+
+/* The long term at i with amplitude a (signed: [-a, a], else [0, 2a]). */
+static double long_value(size_t i, long a, int sgn)
+{
+    if (a < 1)
+        a = 1; /* not checked (-c refuses): any input times as well */
+    return (double)(long_term(i) % (size_t)(2 * a + 1)) - (sgn ? (double)a : 0.0);
+}
+
 /* The input of rank r at index i of a reduction: small integers chosen per op so that
- * every partial and final result, in any reduction order, is exact and in range in
- * every dtype, int8 and uint8 included, up to 25 ranks (int8 avg is the first to
- * overflow). */
+ * every partial and final result, in any reduction order, is exact and in range in the
+ * dtype (red_amp; check_exact refuses -c where they cannot be). Every op's result
+ * carries the long term, so it differs from element to element over long periods, and
+ * every rank's input differs from the others' at most elements:
+ *   sum:  ((r + i) mod 3) - 1 ([0, 2] unsigned), rank 0 adding the long term
+ *   prod: 1, or 2 (-2 at some i) at ranks below 6 where (r + i) mod 4 is 0 (|result| <= 4),
+ *         rank 0's times 1 + (long term mod 31): |result| <= 124
+ *   min, max: the long term plus ((7r + 3i) mod 17) - 8 ([0, 16] unsigned)
+ *   avg:  base + (n-1) s on rank 0, base - s on the others (s = i mod 2): the sum is
+ *         n x base, base the long term
+ *   band, bor, bxor: bits 3-6 rank 0's (the long term mod 16), bits 0-2 every rank's
+ *         (one cleared, one set, 3 bits of its own) */
 static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 {
     const int sgn = !dtype_is_unsigned(cfg->dtype); /* negative values allowed */
+    const size_t hi = (long_term(i) % 16) << 3;     /* the bitwise ops' rank-0 bits */
     switch (cfg->op) {
-    case TUTTI_SUM: return (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
-    case TUTTI_PROD: /* at most two of the first six ranks give 2 (or -2): |prod| <= 4 */
+    case TUTTI_SUM: {
+        double s = (double)(((size_t)r + i) % 3) - (sgn ? 1 : 0);
+        return r == 0 ? s + long_value(i, red_amp(cfg, n), sgn) : s;
+    }
+    case TUTTI_PROD: { /* at most two of the first six ranks give 2 (or -2) */
+        double v = 1.0;
         if (r < 6 && ((size_t)r + i) % 4 == 0)
-            return sgn && i % 3 == 1 ? -2.0 : 2.0;
-        return 1.0;
+            v = sgn && i % 3 == 1 ? -2.0 : 2.0;
+        return r == 0 ? v * (double)(1 + long_term(i) % 31) : v;
+    }
     case TUTTI_MIN:
-    case TUTTI_MAX: return (double)(((size_t)r * 7 + i * 3) % 17) - (sgn ? 8 : 0);
-    case TUTTI_AVG: { /* rank 0 adds (n-1)*s, the others subtract s: the sum is n*base */
-        double base = (double)(1 + i % 5), s = (double)(i % 2);
+    case TUTTI_MAX:
+        return long_value(i, red_amp(cfg, n), sgn) + (double)(((size_t)r * 7 + i * 3) % 17) -
+               (sgn ? 8 : 0);
+    case TUTTI_AVG: {
+        long a = red_amp(cfg, n);
+        a = a < 1 ? 1 : a;
+        double base = sgn ? long_value(i, a, 1) : (double)(1 + long_term(i) % (size_t)(a + 1));
+        double s = (double)(i % 2);
         return base + (r == 0 ? (double)(n - 1) * s : -s);
     }
-    /* integers in [0, 127]: each rank clears (BAND) or sets (BOR) one of 7 bits, or
-     * brings 3 bits of its own (BXOR) */
-    case TUTTI_BAND: return (double)(127 ^ (1 << (((size_t)r + i) % 7)));
-    case TUTTI_BOR: return (double)(1 << (((size_t)r + i) % 7));
-    case TUTTI_BXOR: return (double)(((size_t)r * 3 + i) % 8);
+    /* integers in [0, 127] */
+    case TUTTI_BAND: return (double)((r == 0 ? hi : 120) | (7 ^ (1u << (((size_t)r + i) % 3))));
+    case TUTTI_BOR: return (double)((r == 0 ? hi : 0) | (1u << (((size_t)r + i) % 3)));
+    case TUTTI_BXOR: return (double)((r == 0 ? hi : 0) | (((size_t)r * 3 + i) % 8));
     default: return 0.0;
     }
 }
 
-/* The broadcast root's input. */
+/* -c: 0 where red_value's inputs stay exact over n ranks; else -1 with why said. */
+static int check_exact(const bench_cfg_t *cfg, int n, char *why, size_t len)
+{
+    if (!coll_has_op(cfg->coll) || red_amp(cfg, n) >= 1)
+        return 0;
+    int most = n - 1;
+    while (most > 1 && red_amp(cfg, most) < 1)
+        most--;
+    snprintf(why, len,
+             "-c: the %s of %s over %d ranks cannot be checked: the sums of the bench's "
+             "inputs would leave the integers %s holds exactly (%ld); at most %d ranks "
+             "(or a wider dtype)",
+             tutti_redop_name(cfg->op), tutti_dtype_name(cfg->dtype), n,
+             tutti_dtype_name(cfg->dtype), dtype_exact(cfg->dtype), most);
+    return -1;
+}
+
+/* The broadcast root's input: the long term, shifted by the root. */
 static double bcast_value(const bench_cfg_t *cfg, int r, size_t i)
 {
     const int sgn = !dtype_is_unsigned(cfg->dtype);
-    return (double)((size_t)(r * 5) + i % 11) - (sgn ? 5 : 0);
+    return (double)long_term(i + (size_t)r * 7919) - (sgn ? 50 : 0);
 }
 
 /* Data-movement collectives (allgather, gather, scatter, alltoall): element i of block
- * `key` (the source rank; source x nranks + destination for alltoall). In [-50, 50]
- * ([0, 100] for uint8): exact in every dtype, and a block landing in the wrong place
- * differs from the right one. */
+ * `key` (the source rank; source x nranks + destination for alltoall): the long term,
+ * shifted 7919 elements a key, in [-50, 50] ([0, 100] unsigned): exact in every dtype,
+ * and a block landing in the wrong place, or shifted within its place, differs from the
+ * right one. */
 static double move_value(const bench_cfg_t *cfg, size_t key, size_t i)
 {
     const int sgn = !dtype_is_unsigned(cfg->dtype);
-    return (double)((key * 37 + i * 3 + 1) % 101) - (sgn ? 50 : 0);
+    return (double)long_term(i + key * 7919) - (sgn ? 50 : 0);
 }
 
 /* Sentinel for receive buffers, different from every expected result. */
@@ -686,27 +946,28 @@ static double expected_value(const bench_cfg_t *cfg, int me, int n, size_t c, si
     }
 }
 
-/* The period in i of send_value (within a block of c for scatter and alltoall). */
+/* The period in i of send_value (within a block of c for scatter and alltoall): the
+ * long term's times the period of the small per-rank terms (coprime with it). */
 static size_t input_period(const bench_cfg_t *cfg)
 {
     switch (cfg->coll) {
-    case COLL_BROADCAST: return 11;
+    case COLL_BROADCAST:
     case COLL_ALLGATHER:
     case COLL_GATHER:
     case COLL_SCATTER:
-    case COLL_ALLTOALL: return 101;
+    case COLL_ALLTOALL: return LONG_PERIOD;
     default: break;
     }
     switch (cfg->op) {
-    case TUTTI_SUM: return 3;
-    case TUTTI_PROD: return 12;
+    case TUTTI_SUM: return 3 * LONG_PERIOD;
+    case TUTTI_PROD: return 12 * LONG_PERIOD;
     case TUTTI_MIN:
-    case TUTTI_MAX: return 17;
-    case TUTTI_AVG: return 10;
+    case TUTTI_MAX: return 17 * LONG_PERIOD;
+    case TUTTI_AVG: return 2 * LONG_PERIOD;
     case TUTTI_BAND:
-    case TUTTI_BOR: return 7;
-    case TUTTI_BXOR: return 8;
-    default: return 1;
+    case TUTTI_BOR: return 3 * LONG_PERIOD;
+    case TUTTI_BXOR: return 8 * LONG_PERIOD;
+    default: return LONG_PERIOD;
     }
 }
 
@@ -1074,10 +1335,11 @@ static int time_calls(const bench_ctx_t *b, size_t count, size_t bytes, int in_p
     }
     long long wrong = -1;
     if (check && cfg->coll != COLL_BARRIER) {
-        /* Out of place the last timed call left the result; in place the buffer was
-         * reduced (or exchanged) over and over, so run once more on fresh input
-         * (--fresh: the last timed call had it). */
-        if (!cfg->fresh && (in_place || cfg->coll == COLL_BROADCAST)) {
+        /* One more call on fresh input and a fresh sentinel (--fresh: the last timed call
+         * had them): in place the buffer was reduced (or exchanged) over and over, and
+         * out of place the receive buffer holds what some earlier call left, so a call
+         * that wrote nothing would pass. */
+        if (!cfg->fresh) {
             prepare(b, count, in_place);
             if ((st = run_once(b, count, in_place)) != TUTTI_OK)
                 return report_failure(b, what, bytes, in_place, st);
@@ -1430,6 +1692,43 @@ static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, 
     return 0;
 }
 
+/* The checks that need the rank count n (-np's when the arguments are read, the
+ * environment's once its store says it): 0, or -1 (bad usage; said when loud). */
+static int check_world(const bench_cfg_t *cfg, int n, int loud)
+{
+    char why[512];
+    if (cfg->root >= n) {
+        if (loud)
+            fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, n);
+        return -1;
+    }
+    if (cfg->check && check_exact(cfg, n, why, sizeof(why)) < 0) {
+        if (loud)
+            fprintf(stderr, "tutti-bench: %s\n", why);
+        return -1;
+    }
+    size_t esize = tutti_dtype_size(cfg->dtype), nsizes;
+    size_t unit = coll_blocked(cfg->coll) ? (size_t)n * esize : esize;
+    bench_row_t *rows;
+    if (make_rows(cfg, unit, &rows, &nsizes) < 0) {
+        if (loud)
+            fprintf(stderr, "tutti-bench: out of memory\n");
+        return -1;
+    }
+    free(rows);
+    if (nsizes == 0) {
+        if (loud)
+            fprintf(stderr,
+                    "tutti-bench: no size from -b %zu to -e %zu (by -f %zu) holds a whole %s "
+                    "(%zu B%s): nothing to run\n",
+                    cfg->min_bytes, cfg->max_bytes, cfg->factor,
+                    coll_blocked(cfg->coll) ? "element per rank" : "element", unit,
+                    coll_blocked(cfg->coll) ? ", nranks x elem" : "");
+        return -1;
+    }
+    return 0;
+}
+
 /* What the summary adds up over the sizes. */
 typedef struct bench_tally {
     double bw_sum;
@@ -1529,7 +1828,9 @@ static int run_row_halves(const bench_ctx_t *b, bench_row_t *row, bench_tally_t 
 
 static void print_summary(const bench_cfg_t *cfg, const bench_tally_t *t)
 {
-    if (cfg->check)
+    if (cfg->check && cfg->coll == COLL_BARRIER)
+        printf("# Out of bounds values : N/A (a barrier moves no data: -c checks nothing)\n");
+    else if (cfg->check)
         printf("# Out of bounds values : %lld %s\n", t->total_wrong,
                t->total_wrong ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g%s\n", t->bw_n ? t->bw_sum / t->bw_n : 0.0,
@@ -1554,11 +1855,8 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
                       NULL, NULL };
     int barrier = cfg->coll == COLL_BARRIER;
     size_t esize = tutti_dtype_size(cfg->dtype);
-    if (cfg->root >= b.size) {
-        if (b.rank == 0)
-            fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, b.size);
-        return 3;
-    }
+    if (check_world(cfg, b.size, b.rank == 0) < 0)
+        return 2;
     /* blocked collectives: size = nranks x count x elem */
     size_t unit = coll_blocked(cfg->coll) ? (size_t)b.size * esize : esize;
     size_t nsizes;
@@ -1566,13 +1864,6 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     if (make_rows(cfg, unit, &rows, &nsizes) < 0)
         return 3;
 
-    if (cfg->offset % (int)esize) {
-        if (b.rank == 0)
-            fprintf(stderr, "tutti-bench: --offset %d is not a multiple of the %zu-byte dtype\n",
-                    cfg->offset, esize);
-        free(rows);
-        return 3;
-    }
     size_t alloc = barrier ? 64 : (cfg->max_bytes / esize) * esize;
     alloc = (alloc + 4095) & ~(size_t)4095;
     /* --offset: one more page each, the buffers that far into it */
@@ -1873,7 +2164,9 @@ static int run_env(const bench_cfg_t *cfg)
         return st == TUTTI_ERR_CONFIG ? 2 : 3;
     }
     int rc;
-    if (cfg->algo_all) {
+    if (check_world(cfg, size, rank == 0) < 0) {
+        rc = 2;
+    } else if (cfg->algo_all) {
         rc = bench_all(cfg, store, rank, size);
     } else {
         tutti_comm_t *comm;
