@@ -991,17 +991,48 @@ static void fill_repeat(void *buf, size_t es, size_t count, size_t period)
     }
 }
 
+/* The computed part of the last fill_input (the first period of each block, for one
+ * count and rank): --fresh rewrites the input before every call, and a period now runs
+ * to 10403 x 17 elements, so the later fills of a row copy it instead of computing it. */
+static struct {
+    char *heads;
+    size_t c, bytes;
+    int me, n;
+} fill_memo;
+
 static void fill_input(const bench_cfg_t *cfg, int me, int n, size_t c, void *buf)
 {
     size_t count = send_count(cfg->coll, n, c), es = tutti_dtype_size(cfg->dtype);
     size_t period = input_period(cfg);
     /* scatter and alltoall send a block per rank, each its own pattern */
     size_t block = cfg->coll == COLL_SCATTER || cfg->coll == COLL_ALLTOALL ? c : count;
-    for (size_t b0 = 0; b0 < count; b0 += block) {
-        size_t len = size_min(block, count - b0), head = size_min(period, len);
-        char *at = (char *)buf + b0 * es;
-        for (size_t i = 0; i < head; i++)
-            elem_set(cfg->dtype, at, i, send_value(cfg, me, n, c, b0 + i));
+    if (count == 0)
+        return;
+    size_t head = size_min(period, block), nblocks = (count + block - 1) / block;
+    size_t bytes = nblocks * head * es;
+    if (!fill_memo.heads || fill_memo.c != c || fill_memo.bytes != bytes || fill_memo.me != me ||
+        fill_memo.n != n) {
+        free(fill_memo.heads);
+        fill_memo.heads = malloc(bytes);
+        fill_memo.c = c;
+        fill_memo.bytes = bytes;
+        fill_memo.me = me;
+        fill_memo.n = n;
+        for (size_t b = 0; fill_memo.heads && b < nblocks; b++) {
+            size_t len = size_min(block, count - b * block);
+            for (size_t i = 0; i < size_min(head, len); i++)
+                elem_set(cfg->dtype, fill_memo.heads + b * head * es, i,
+                         send_value(cfg, me, n, c, b * block + i));
+        }
+    }
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t len = size_min(block, count - b * block), h = size_min(head, len);
+        char *at = (char *)buf + b * block * es;
+        if (fill_memo.heads)
+            memcpy(at, fill_memo.heads + b * head * es, h * es);
+        else /* out of memory: computed in place */
+            for (size_t i = 0; i < h; i++)
+                elem_set(cfg->dtype, at, i, send_value(cfg, me, n, c, b * block + i));
         fill_repeat(at, es, len, period);
     }
 }
