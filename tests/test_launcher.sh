@@ -106,12 +106,17 @@ while time.time() < end:
     time.sleep(0.0005)
 os._exit(5)
 EOS
-for k in 1 2 3 4 5; do
-    rm -f $tmp/p
-    timeout 30 "$run" -np 2 python3 $tmp/two-fail.py $tmp 2>$tmp/err; rc=$?
-    [ $rc = 7 ] && grep -q 'rank 1 exited with status 7' $tmp/err ||
-        fail "rank 1 failed before rank 0, run $k: exit $rc ($(cat $tmp/err))"
-done
+# (where the kernel has no pidfds to poll, the launcher naps as before: not checked)
+if python3 -c 'import os, select; select.epoll().register(os.pidfd_open(os.getpid()), select.EPOLLIN)' 2>/dev/null; then
+    for k in 1 2 3 4 5; do
+        rm -f $tmp/p
+        timeout 30 "$run" -np 2 python3 $tmp/two-fail.py $tmp 2>$tmp/err; rc=$?
+        [ $rc = 7 ] && grep -q 'rank 1 exited with status 7' $tmp/err ||
+            fail "rank 1 failed before rank 0, run $k: exit $rc ($(cat $tmp/err))"
+    done
+else
+    echo "no pidfds here: the order of two ranks' failures not checked" >&2
+fi
 rm -f $tmp/p $tmp/two-fail.py
 
 # --max-restarts: a rank that fails in the first attempt brings all down, all start
