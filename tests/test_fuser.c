@@ -1260,6 +1260,308 @@ TH_RUN_TEST(stage_cache, th_run(1, rank_stage_cache, NULL, 30000))
 
 TH_RUN_TEST(progress_without_wait, th_run(2, rank_progress, NULL, 60000))
 
+/* ---- the ranks' registrations compared; zero-element tensors; errors ---- */
+
+/* Ranks that register different tensors whose buckets match in size (mode 0: rank 1
+ * has the two tensors the other way round, 100 + 50 fp32 against 50 + 100; mode 1:
+ * rank 1 has an extra zero-element tensor, which adds no bytes): before the check the
+ * buckets reduced the mismatched data and wait returned TUTTI_OK. Every rank's wait now
+ * fails with TUTTI_ERR_MISMATCH naming the first difference, leaves the registered
+ * tensors as they were, and so does every later mark and wait. Mode 2: ranks whose
+ * options differ (static layout on rank 0 only). */
+static int rank_reg_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    int mode = *(const int *)arg;
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.static_layout = mode == 2 && rank == 0;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float a[100], b[50], z[1];
+    for (int e = 0; e < 100; e++)
+        a[e] = (float)(rank + 1);
+    for (int e = 0; e < 50; e++)
+        b[e] = (float)(10 * (rank + 1));
+    int idx, n = 0;
+    if (mode == 0 && rank == 1) {
+        FAIL_IF(tutti_fuse_register(f, b, 50, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+        FAIL_IF(tutti_fuse_register(f, a, 100, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    } else {
+        FAIL_IF(tutti_fuse_register(f, a, 100, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+        FAIL_IF(tutti_fuse_register(f, b, 50, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    }
+    n = 2;
+    if (mode == 1 && rank == 1) {
+        FAIL_IF(tutti_fuse_register(f, z, 0, TUTTI_FP64, &idx) != TUTTI_OK, "register 0");
+        n = 3;
+    }
+    for (int i = 0; i < n; i++)
+        FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "mark %d: %s", i,
+                tutti_fuse_last_error(f));
+    int st = tutti_fuse_wait(f);
+    const char *err = tutti_fuse_last_error(f);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "mode %d: wait returned %s (%s); a[0] = %g", mode,
+            tutti_status_name(st), err, a[0]);
+    static const char *const want[3] = {
+        "tensor 0 is 100 x f32 on rank 0 but 50 x f32 on rank 1",
+        "tensor 2 is not registered (2 tensors) on rank 0 but 0 x f64 on rank 1",
+        "different options",
+    };
+    FAIL_IF(!strstr(err, want[mode]), "mode %d: error \"%s\" does not say \"%s\"", mode, err,
+            want[mode]);
+    for (int e = 0; e < 100; e++)
+        FAIL_IF(a[e] != (float)(rank + 1), "a[%d] = %g: the mismatched sum was unpacked", e, a[e]);
+    for (int e = 0; e < 50; e++)
+        FAIL_IF(b[e] != (float)(10 * (rank + 1)), "b[%d] = %g: the mismatched sum was unpacked", e,
+                b[e]);
+    /* and for good, without communicating (a mark would issue a bucket) */
+    FAIL_IF(tutti_fuse_mark_ready(f, 0) != TUTTI_ERR_MISMATCH, "mark after the mismatch");
+    double t0 = th_now_ms();
+    FAIL_IF(tutti_fuse_wait(f) != TUTTI_ERR_MISMATCH, "second wait");
+    FAIL_IF(th_now_ms() - t0 > 1000, "second wait took %.0f ms", th_now_ms() - t0);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(registration_mismatch)
+{
+    int mode = _i;
+    ck_assert_int_eq(th_run(2, rank_reg_mismatch, &mode, 30000), 0);
+}
+END_TEST
+
+/* Zero-element tensors (refused as "bad count 0" before) among others, with and
+ * without views (_i): no bucket, marks that do nothing, never forgotten; the others'
+ * sums are right. A fuser of zero-element tensors only has no buckets. */
+static int rank_zero_count(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    int views = *(const int *)arg;
+    static const tspec_t spec[] = { { 0, TUTTI_FP32 },
+                                    { 100, TUTTI_FP32 },
+                                    { 0, TUTTI_FP64 },
+                                    { 10, TUTTI_INT32 },
+                                    { 0, TUTTI_INT32 } };
+    enum { N = 5 };
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_views = views;
+    o.bucket_cap_bytes = 256; /* the zero tensors sit on bucket boundaries too */
+    o.first_bucket_cap_bytes = 256;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float f32[100];
+    int32_t i32[10];
+    void *own[N] = { NULL, f32, NULL, i32, f32 }; /* count 0: any pointer */
+    for (int i = 0; i < N; i++) {
+        int idx;
+        int st = tutti_fuse_register(f, views ? NULL : own[i], spec[i].count, spec[i].dt, &idx);
+        FAIL_IF(st != TUTTI_OK || idx != i, "register %d (%zu x %s): %s", i, spec[i].count,
+                tutti_dtype_name(spec[i].dt), tutti_fuse_last_error(f));
+    }
+    int nb = -1, bk = 0;
+    FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK || nb < 1, "num_buckets %d", nb);
+    FAIL_IF(tutti_fuse_tensor_bucket(f, 2, &bk) != TUTTI_OK || bk != -1,
+            "a zero tensor in bucket %d", bk);
+    for (int s = 0; s < 3; s++) {
+        void *p[N];
+        for (int i = 0; i < N; i++) {
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &p[i]) != TUTTI_OK, "tensor_data");
+            FAIL_IF(spec[i].count == 0 && p[i] != NULL, "zero tensor %d at %p", i, p[i]);
+            if (spec[i].count)
+                fill(p[i], &spec[i], rank, i, s);
+        }
+        for (int i = N - 1; i >= 0; i--) {
+            if (spec[i].count == 0 && s == 1)
+                continue; /* step 1 forgets them: nothing to forget */
+            FAIL_IF(tutti_fuse_mark_ready(f, i) != TUTTI_OK, "step %d mark %d: %s", s, i,
+                    tutti_fuse_last_error(f));
+        }
+        int st = tutti_fuse_wait(f);
+        FAIL_IF(st != TUTTI_OK, "step %d: wait: %s", s, tutti_fuse_last_error(f));
+        for (int i = 0; i < N; i++) {
+            if (!spec[i].count)
+                continue;
+            void *q;
+            double got, exp;
+            FAIL_IF(tutti_fuse_tensor_data(f, i, &q) != TUTTI_OK, "tensor_data");
+            long e = check_tensor(q, &spec[i], nranks, i, s, TUTTI_SUM, &got, &exp);
+            FAIL_IF(e >= 0, "step %d tensor %d element %ld: got %g expected %g", s, i, e, got, exp);
+        }
+    }
+    tutti_fuse_destroy(f);
+
+    /* nothing but zero tensors */
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    int idx;
+    FAIL_IF(tutti_fuse_register(f, NULL, 0, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    FAIL_IF(tutti_fuse_num_buckets(f, &nb) != TUTTI_OK || nb != 0, "%d buckets", nb);
+    FAIL_IF(tutti_fuse_mark_ready(f, idx) != TUTTI_OK, "mark");
+    FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(zero_count)
+{
+    int views = _i;
+    ck_assert_int_eq(th_run(2, rank_zero_count, &views, 30000), 0);
+}
+END_TEST
+
+/* A step with more than one error keeps its first one, whole: ranks registering fp32
+ * against int32 of equal size fail bucket 0's allreduce with the communicator's long
+ * mismatch text; the order broadcast after it then failed too and replaced it (in a
+ * 256-byte buffer, cut). Then, on one rank, the next step's first error replaces the
+ * last step's, and a later error in the same step does not. */
+static int rank_first_error(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    (void)arg;
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
+    float a[100] = { 0 };
+    int idx;
+    FAIL_IF(tutti_fuse_register(f, a, 100, rank ? TUTTI_INT32 : TUTTI_FP32, &idx) != TUTTI_OK,
+            "register");
+    FAIL_IF(tutti_fuse_mark_ready(f, idx) != TUTTI_OK, "mark");
+    int st = tutti_fuse_wait(f);
+    const char *err = tutti_fuse_last_error(f);
+    size_t len = strlen(err);
+    FAIL_IF(st == TUTTI_OK, "fp32 against int32 passed");
+    FAIL_IF(strncmp(err, "bucket 0: ", 10) != 0, "the step's first error was replaced: \"%s\"",
+            err);
+    FAIL_IF(!strstr(err, "mismatched collectives") || len < 256 || err[len - 1] != ']',
+            "the error was cut (%zu bytes): \"%s\"", len, err);
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+static int rank_next_error(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)nranks;
+    (void)arg;
+    tutti_fuse_t *f;
+    FAIL_IF(tutti_fuse_create(&f, comm, NULL) != TUTTI_OK, "create");
+    float a[4] = { 0 }, b[4] = { 0 };
+    int idx;
+    FAIL_IF(tutti_fuse_register(f, a, 4, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    FAIL_IF(tutti_fuse_register(f, b, 4, TUTTI_FP32, &idx) != TUTTI_OK, "register");
+    for (int s = 0; s < 2; s++) {
+        /* step s: tensor s marked twice, the other forgotten */
+        FAIL_IF(tutti_fuse_mark_ready(f, s) != TUTTI_OK, "mark");
+        FAIL_IF(tutti_fuse_mark_ready(f, s) != TUTTI_ERR_INVALID_ARG, "second mark");
+        FAIL_IF(tutti_fuse_wait(f) != TUTTI_ERR_INVALID_ARG, "wait with a forgotten tensor");
+        char want[64];
+        snprintf(want, sizeof(want), "mark_ready: tensor %d already arrived", s);
+        FAIL_IF(!strstr(tutti_fuse_last_error(f), want), "step %d: \"%s\", not \"%s\"", s,
+                tutti_fuse_last_error(f), want);
+    }
+    tutti_fuse_destroy(f);
+    return 0;
+}
+
+START_TEST(first_error_kept)
+{
+    ck_assert_int_eq(th_run(2, rank_first_error, NULL, 30000), 0);
+    ck_assert_int_eq(th_run(1, rank_next_error, NULL, 30000), 0);
+}
+END_TEST
+
+/* Caps near SIZE_MAX with tensors near SIZE_MAX / 2 (register takes counts up to
+ * SIZE_MAX / 16): `bytes + need <= cap` wrapped, so all three tensors went into one
+ * bucket of a few bytes and the third's place lay far outside it. The layout must give
+ * each huge tensor its own bucket, whose allocation fails (NOMEM). _i 1: the last-bucket
+ * cap is SIZE_MAX too (the tail's sum wrapped as well; alone, that wrap changes no
+ * layout that could be allocated, so only both wraps together fail here). */
+START_TEST(huge_caps)
+{
+    tutti_store_t *store;
+    char dir[] = "/tmp/tt-fuse-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(tutti_store_open_file(&store, dir, 10000), TUTTI_OK);
+    tutti_comm_t *comm;
+    ck_assert_int_eq(tutti_comm_init(&comm, store, 0, 1, NULL), TUTTI_OK);
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.bucket_views = 1;
+    o.static_layout = 1;
+    o.min_buckets = 0;
+    o.bucket_cap_bytes = o.first_bucket_cap_bytes = SIZE_MAX;
+    o.last_bucket_cap_bytes = _i ? SIZE_MAX : 0;
+    tutti_fuse_t *f;
+    ck_assert_int_eq(tutti_fuse_create(&f, comm, &o), TUTTI_OK);
+    int a, b, c;
+    ck_assert_int_eq(tutti_fuse_register(f, NULL, SIZE_MAX / 16, TUTTI_FP64, &a), TUTTI_OK);
+    ck_assert_int_eq(tutti_fuse_register(f, NULL, SIZE_MAX / 16, TUTTI_FP64, &b), TUTTI_OK);
+    ck_assert_int_eq(tutti_fuse_register(f, NULL, 16, TUTTI_FP64, &c), TUTTI_OK);
+    int nb = -1;
+    int st = tutti_fuse_num_buckets(f, &nb);
+    ck_assert_msg(st == TUTTI_ERR_NOMEM, "num_buckets: %s, %d buckets", tutti_status_name(st), nb);
+    void *p = NULL;
+    ck_assert_int_eq(tutti_fuse_tensor_data(f, c, &p), TUTTI_ERR_NOMEM);
+    tutti_fuse_destroy(f);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+}
+END_TEST
+
+/* A hook that calls back into its fuser (whose lock its issue runs under): the call
+ * fails with INVALID_ARG instead of deadlocking, and the step completes. */
+typedef struct reentry {
+    tutti_fuse_t *f;
+    int st_buckets, st_data, calls;
+} reentry_t;
+
+static int reentry_issue(void *arg, tutti_comm_t *comm, const tutti_fuse_bucket_t *b,
+                         tutti_work_t **work_p)
+{
+    reentry_t *r = arg;
+    int n;
+    void *p;
+    r->calls++;
+    r->st_buckets = tutti_fuse_num_buckets(r->f, &n);
+    r->st_data = tutti_fuse_tensor_data(r->f, 0, &p);
+    return tutti_allreduce_async(comm, TUTTI_IN_PLACE, b->data, b->count, b->dtype, b->op, work_p);
+}
+
+static int rank_reentry(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    reentry_t r = { 0 };
+    tutti_fuse_hook_t hook = { reentry_issue, NULL, &r };
+    tutti_fuse_opts_t o;
+    tutti_fuse_opts_init(&o);
+    o.hook = &hook;
+    float *t[2];
+    if (fp32_fuser(rank, comm, &o, t, 2, 16, &r.f))
+        return 1;
+    for (int i = 0; i < 2; i++)
+        FAIL_IF(tutti_fuse_mark_ready(r.f, i) != TUTTI_OK, "mark");
+    FAIL_IF(tutti_fuse_wait(r.f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(r.f));
+    FAIL_IF(r.calls < 1 || r.st_buckets != TUTTI_ERR_INVALID_ARG ||
+                r.st_data != TUTTI_ERR_INVALID_ARG,
+            "calls from the hook: %d calls, num_buckets %s, tensor_data %s", r.calls,
+            tutti_status_name(r.st_buckets), tutti_status_name(r.st_data));
+    const tspec_t spec = { 16, TUTTI_FP32 };
+    for (int i = 0; i < 2; i++) {
+        double got, exp;
+        long e = check_tensor(t[i], &spec, nranks, i, 0, TUTTI_SUM, &got, &exp);
+        FAIL_IF(e >= 0, "tensor %d element %ld: got %g expected %g", i, e, got, exp);
+    }
+    fp32_fuser_free(r.f, t, 2);
+    return 0;
+}
+
+TH_RUN_TEST(hook_reentry, th_run(2, rank_reentry, NULL, 10000))
+
 START_TEST(bad_args)
 {
     tutti_fuse_t *f = NULL;
@@ -1284,6 +1586,15 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
     o.op = TUTTI_MAX;
     FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_ERR_INVALID_ARG, "MAX accepted");
     o.op = TUTTI_SUM;
+    /* compression with a hook was ignored (the hook reduces the bucket): refused */
+    tutti_fuse_hook_t hook = { hook_issue, NULL, NULL };
+    o.hook = &hook;
+    o.compress = TUTTI_FUSE_COMPRESS_FP16;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_ERR_INVALID_ARG, "compress + hook accepted");
+    o.compress = TUTTI_FUSE_COMPRESS_BF16;
+    FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_ERR_INVALID_ARG, "compress + hook accepted");
+    o.hook = NULL;
+    o.compress = TUTTI_FUSE_COMPRESS_NONE;
     FAIL_IF(tutti_fuse_create(&f, comm, &o) != TUTTI_OK, "create");
     float x[4] = { 1, 2, 3, 4 };
     int idx;
@@ -1333,6 +1644,11 @@ static Suite *fuse_suite(void)
     tcase_add_test(tc, stage_cache);
     tcase_add_test(tc, bad_args);
     tcase_add_test(tc, bad_args_comm);
+    tcase_add_loop_test(tc, registration_mismatch, 0, 3);
+    tcase_add_loop_test(tc, zero_count, 0, 2);
+    tcase_add_test(tc, first_error_kept);
+    tcase_add_loop_test(tc, huge_caps, 0, 2);
+    tcase_add_test(tc, hook_reentry);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("steps");

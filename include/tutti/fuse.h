@@ -15,6 +15,14 @@
  * (rank 0's order, broadcast at the end of that step) and rebuilds the buckets in that
  * order for later steps.
  *
+ * Every rank must register the same tensors (count and dtype) in the same order, with
+ * the same options. The first step checks: after its last bucket each rank issues one
+ * small allreduce of a fingerprint of its list and options, and the first wait returns
+ * TUTTI_ERR_MISMATCH on every rank when they differ, naming the first tensor that
+ * differs and both ranks' entries in tutti_fuse_last_error; nothing is unpacked into
+ * registered tensors then (bucket views already hold the mixed sums), and every later
+ * mark and wait fails the same way, without communicating.
+ *
  * fp16/bf16 compression casts an fp32/fp64 bucket down, allreduces it and casts it
  * back. Error: each input is rounded once (relative 2^-11 for fp16, 2^-8 for bf16) and
  * each of the up to nranks-1 partial sums is rounded again, so
@@ -55,7 +63,9 @@ typedef struct tutti_fuse_bucket {
 
 /* A per-bucket communication hook (DDP's comm hook as a C API). `issue` runs when the
  * bucket is complete, on the thread that completed it (in bucket order, under the
- * fuser's lock): it queues async collectives on comm and returns in *work_p the handle
+ * fuser's lock, so it must not call this fuser's functions: they return
+ * TUTTI_ERR_INVALID_ARG there instead of deadlocking; other fusers and comm are fine):
+ * it queues async collectives on comm and returns in *work_p the handle
  * of the last one (ops complete in issue order), which leaves the reduced bucket in
  * bucket->data. `finish`, optional, runs in tutti_fuse_wait once that work is done,
  * before the bucket is unpacked. Both return a tutti status; an error reaches
@@ -76,7 +86,8 @@ typedef struct tutti_fuse_opts {
     size_t bucket_cap_bytes;       /* bucket cap (default 25 MiB) */
     size_t first_bucket_cap_bytes; /* cap of the first bucket (default 1 MiB) */
     tutti_redop_t op;              /* TUTTI_SUM (default) or TUTTI_AVG */
-    int compress;                  /* tutti_fuse_compress_t (default none) */
+    int compress;                  /* tutti_fuse_compress_t (default none); with a hook,
+                                      create refuses it (compress inside the hook) */
     int static_layout;             /* 1: keep the registration-order layout for good */
     int bucket_views;              /* 1: tensors live inside the bucket buffers (register
                                       with data NULL, get it with tutti_fuse_tensor_data) */
@@ -109,13 +120,16 @@ int tutti_fuse_destroy(tutti_fuse_t *fuse);
 
 /* Register a tensor of count elements of dtype at data (NULL with bucket views) and
  * return its index in *index_p. Every rank registers the same tensors in the same
- * order, all before the first step. */
+ * order, all before the first step (checked at the first wait). A tensor of count 0
+ * (data any pointer) has no bytes and no bucket: marking it does nothing, it is never
+ * forgotten, tutti_fuse_tensor_data gives NULL and tutti_fuse_tensor_bucket -1. */
 int tutti_fuse_register(tutti_fuse_t *fuse, void *data, size_t count, tutti_dtype_t dtype,
                         int *index_p);
 
 /* The tensor's storage: the registered pointer, or with bucket views its place in its
  * bucket. A view moves once, when the first step's wait rebuilds the layout (its
- * contents move with it): read the pointer again after that wait. */
+ * contents move with it), also when that wait fails: read the pointer again after that
+ * wait, whatever it returned (the old place is freed). */
 int tutti_fuse_tensor_data(tutti_fuse_t *fuse, int index, void **data_p);
 
 /* The tensor's values are final for this step: copy them into its bucket (nothing to
@@ -139,7 +153,8 @@ int tutti_fuse_mark_unused(tutti_fuse_t *fuse, int index);
  * Tensors neither marked nor declared unused go out as zeros (ranks stay in step) and
  * the wait returns TUTTI_ERR_INVALID_ARG. Returns the first error of any bucket. The
  * wait is itself collective at the end of the first step unless the layout is static
- * (it broadcasts the recorded order) and with find_unused (one allreduce). */
+ * (it broadcasts the recorded order; where the registration check finds a difference,
+ * a few small collectives name it) and with find_unused (one allreduce). */
 int tutti_fuse_wait(tutti_fuse_t *fuse);
 
 /* Number of buckets of the current layout. */
@@ -148,14 +163,21 @@ int tutti_fuse_num_buckets(tutti_fuse_t *fuse, int *n_p);
 /* The bucket holding tensor `index` in the current layout. */
 int tutti_fuse_tensor_bucket(tutti_fuse_t *fuse, int index, int *bucket_p);
 
-/* What went wrong last in this fuser ("" if nothing). */
+/* What went wrong in this fuser ("" if nothing): the first error of the step in
+ * progress, or of the last one until the next step fails (what follows from a first
+ * error, such as a peer's mismatch, does not replace it); outside steps (register,
+ * tensor_data ...), the last error. */
 const char *tutti_fuse_last_error(const tutti_fuse_t *fuse);
 
 /* Coalesced collectives: the n tensors bufs[i] (counts[i] elements of dtypes[i]) go out
  * packed into buffers of at most cap_bytes (0: 25 MiB), one collective per buffer, two
- * in flight; a tensor of at least min(cap, 1 MiB) goes alone, in place. Collective: every rank
- * passes the same n, counts and dtypes. Broadcast copies root's tensors into every
- * rank's. */
+ * in flight. A tensor goes alone, in place, when it is at least the size below which
+ * packing pays (tt_comm_pack_below, from the cost model: about 36 KB over shm and 360 KB
+ * over tcp) or at least min(cap, 1 MiB). Collective: every rank passes the same n,
+ * counts and dtypes. Unlike the fuser's, that is not checked (it would cost a
+ * collective per call): lists that differ but pack into buffers of equal sizes (every
+ * broadcast buffer is bytes) reduce or copy mismatched data silently. Broadcast copies
+ * root's tensors into every rank's. */
 int tutti_broadcast_coalesced(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
                               const tutti_dtype_t *dtypes, int n, int root, size_t cap_bytes);
 

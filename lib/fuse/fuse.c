@@ -71,19 +71,47 @@ struct tutti_fuse {
     atomic_int nready;
     int no_rebuild;        /* static, or the rebuild already happened (else this step records) */
     atomic_int any_unused; /* some tensor is unused this step */
-    char err[256];
+    /* The ranks' registrations, compared once (registration_issue, _agree). */
+    int check_issued; /* 1: issued with the first step's last bucket; 2: evaluated */
+    int check_st;     /* its issue's status */
+    tutti_work_t *check_work;
+    uint64_t check_v[4];
+    int broken; /* they differ: every later mark and wait fails with this status */
+    /* The first error of a step is kept until the step's wait has returned: what
+     * follows from it (a peer's mismatch, the order broadcast) would hide the cause. */
+    atomic_int in_step; /* a tensor arrived, or wait runs: a step is open */
+    int err_held;       /* err holds the open step's first error (err_lock) */
+    char err[1024];
 };
+
+/* The fuser whose hook runs on this thread: its lock is held there, so a hook that
+ * calls back into that fuser gets an error instead of a deadlock. */
+static _Thread_local const tutti_fuse_t *tt_fuse_in_hook;
+
+static int reentered(const tutti_fuse_t *f)
+{
+    return f && tt_fuse_in_hook == f;
+}
 
 static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+static int reentry_error(tutti_fuse_t *f, const char *what)
+{
+    return fuse_error(f, TUTTI_ERR_INVALID_ARG,
+                      "%s: called from this fuser's hook (its lock is held there)", what);
+}
 
 static int fuse_error(tutti_fuse_t *f, int st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     pthread_mutex_lock(&f->err_lock);
-    vsnprintf(f->err, sizeof(f->err), fmt, ap);
-    TT_TRACE("fuse: %s -> %s", f->err, tutti_status_name(st));
+    if (!f->err_held) {
+        vsnprintf(f->err, sizeof(f->err), fmt, ap);
+        f->err_held = atomic_load_explicit(&f->in_step, memory_order_relaxed);
+        TT_TRACE("fuse: %s -> %s", f->err, tutti_status_name(st));
+    }
     pthread_mutex_unlock(&f->err_lock);
     va_end(ap);
     return st;
@@ -96,8 +124,7 @@ static size_t align_up(size_t x)
 
 static int compressible(const tutti_fuse_t *f, tutti_dtype_t dt)
 {
-    return !f->has_hook && f->opts.compress != TUTTI_FUSE_COMPRESS_NONE &&
-           (dt == TUTTI_FP32 || dt == TUTTI_FP64);
+    return f->opts.compress != TUTTI_FUSE_COMPRESS_NONE && (dt == TUTTI_FP32 || dt == TUTTI_FP64);
 }
 
 /* ---- options, create, destroy, register ---- */
@@ -150,6 +177,10 @@ int tutti_fuse_create(tutti_fuse_t **fuse_p, tutti_comm_t *comm, const tutti_fus
         return TUTTI_ERR_INVALID_ARG;
     if (o.hook && !o.hook->issue)
         return TUTTI_ERR_INVALID_ARG;
+    if (o.hook && o.compress != TUTTI_FUSE_COMPRESS_NONE)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "fuse_create: compress and a hook together: the hook "
+                                 "reduces the bucket itself (compress inside the hook)");
     tutti_fuse_t *f = calloc(1, sizeof(*f));
     if (!f)
         return TUTTI_ERR_NOMEM;
@@ -186,10 +217,16 @@ int tutti_fuse_destroy(tutti_fuse_t *f)
 {
     if (!f)
         return TUTTI_OK;
+    if (reentered(f))
+        return reentry_error(f, "destroy");
     /* A step left in flight: let its work finish before the buffers go. */
     for (int i = 0; i < f->nbuckets; i++)
         if (f->buckets[i].work)
             tutti_wait(f->buckets[i].work, -1);
+    if (f->check_work) {
+        tutti_wait(f->check_work, -1);
+        tutti_work_free(f->check_work);
+    }
     buckets_free(f->buckets, f->nbuckets);
     free(f->tensors);
     free(f->layout_order);
@@ -205,17 +242,22 @@ int tutti_fuse_register(tutti_fuse_t *f, void *data, size_t count, tutti_dtype_t
 {
     if (!f || !index_p)
         return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, "register");
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: invalid dtype %d", (int)dtype);
-    if (count == 0 || count > SIZE_MAX / 16)
+    if (count > SIZE_MAX / 16)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: bad count %zu", count);
-    if (f->opts.bucket_views ? data != NULL : data == NULL)
+    /* A tensor of no elements has no bytes and no place in a bucket; any pointer goes. */
+    if (count && (f->opts.bucket_views ? data != NULL : data == NULL))
         return fuse_error(f, TUTTI_ERR_INVALID_ARG,
                           "register: data must be %s with bucket views %s",
                           f->opts.bucket_views ? "NULL" : "non-NULL",
                           f->opts.bucket_views ? "on" : "off");
+    if (!count)
+        data = NULL;
     const char *kind;
-    if (tt_dev_is_device(f->comm, data, &kind) != 0) /* the buckets copy with memcpy */
+    if (count && tt_dev_is_device(f->comm, data, &kind) != 0) /* the buckets copy with memcpy */
         return fuse_error(f, TUTTI_ERR_UNSUPPORTED,
                           "register: tensor %p is %s device memory (or its layer cannot tell); "
                           "the fuser takes host memory only",
@@ -258,9 +300,10 @@ static int layout_tail(const tutti_fuse_t *f, const int *order)
 {
     int n = f->ntensors, tail = n;
     size_t tail_bytes = 0;
+    /* tail_bytes <= the cap throughout: the subtraction cannot wrap (a sum could) */
     while (f->opts.last_bucket_cap_bytes && tail > 0 &&
-           tail_bytes + align_up(f->tensors[order[tail - 1]].bytes) <=
-               f->opts.last_bucket_cap_bytes)
+           align_up(f->tensors[order[tail - 1]].bytes) <=
+               f->opts.last_bucket_cap_bytes - tail_bytes)
         tail_bytes += align_up(f->tensors[order[--tail]].bytes);
     if (tail == 0)
         tail = n; /* everything fits in the cap: the usual rules alone */
@@ -275,9 +318,11 @@ static size_t layout_cap(const tutti_fuse_t *f)
 {
     size_t cap = f->opts.bucket_cap_bytes;
     if (f->opts.min_buckets > 0) {
-        size_t total = 0;
-        for (int i = 0; i < f->ntensors; i++)
-            total += align_up(f->tensors[i].bytes);
+        size_t total = 0; /* saturating: huge tensors must not wrap it */
+        for (int i = 0; i < f->ntensors; i++) {
+            size_t b = align_up(f->tensors[i].bytes);
+            total = b > SIZE_MAX - total ? SIZE_MAX : total + b;
+        }
         size_t share = TT_MAX(total / (size_t)f->opts.min_buckets, (size_t)1 << 20);
         cap = TT_MIN(cap, share);
     }
@@ -285,7 +330,9 @@ static size_t layout_cap(const tutti_fuse_t *f)
 }
 
 /* Size the buckets: tensor i goes to bucket tb[i] at offset toff[i]; lo gets `order`.
- * Returns the number of buckets. */
+ * A tensor of no bytes gets no bucket (tb[i] = -1). Returns the number of buckets. An
+ * open bucket's bytes are below its cap, so `cap - bytes` does not wrap where
+ * `bytes + need` could (caps near SIZE_MAX, tensors near SIZE_MAX / 2). */
 static int layout_assign(const tutti_fuse_t *f, const int *order, int tail, size_t cap,
                          tt_fuse_bucket_t *b, int *tb, size_t *toff, int *lo)
 {
@@ -301,8 +348,13 @@ static int layout_assign(const tutti_fuse_t *f, const int *order, int tail, size
         if (k == tail)
             for (int d = 0; d < TUTTI_DTYPE_COUNT; d++)
                 open[d] = -1;
+        if (need == 0) {
+            tb[i] = -1;
+            toff[i] = 0;
+            continue;
+        }
         int ob = open[t->dtype];
-        if (ob >= 0 && b[ob].bytes + need <= b[ob].cap) {
+        if (ob >= 0 && need <= b[ob].cap - b[ob].bytes) {
             tb[i] = ob;
             toff[i] = b[ob].bytes;
             b[ob].bytes += need;
@@ -360,6 +412,10 @@ static void buckets_fill(tutti_fuse_t *f, const int *order, tt_fuse_bucket_t *b,
 {
     for (int k = 0; k < f->ntensors; k++) {
         int i = order[k];
+        if (tb[i] < 0) { /* no bytes: no bucket, no arrival bit */
+            f->tensors[i].word = NULL;
+            continue;
+        }
         tt_fuse_bucket_t *bk = &b[tb[i]];
         bk->tensors[bk->ntensors++] = i;
     }
@@ -405,7 +461,7 @@ static int layout_build(tutti_fuse_t *f, const int *order)
     buckets_fill(f, order, b, nb, tb);
     for (int i = 0; i < n; i++) {
         tt_fuse_tensor_t *t = &f->tensors[i];
-        if (f->opts.bucket_views && f->built)
+        if (f->opts.bucket_views && f->built && t->bucket >= 0)
             tt_copy(b[tb[i]].buf + toff[i], f->buckets[t->bucket].buf + t->offset, t->bytes);
         t->bucket = tb[i];
         t->offset = toff[i];
@@ -444,6 +500,8 @@ int tutti_fuse_tensor_data(tutti_fuse_t *f, int index, void **data_p)
 {
     if (!f || !data_p)
         return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, "tensor_data");
     pthread_mutex_lock(&f->lock);
     int st = TUTTI_OK;
     if (index < 0 || index >= f->ntensors) {
@@ -456,7 +514,7 @@ int tutti_fuse_tensor_data(tutti_fuse_t *f, int index, void **data_p)
     }
     TT_CHECK_GOTO(ensure_built(f), st, out_unlock);
     tt_fuse_tensor_t *t = &f->tensors[index];
-    *data_p = f->buckets[t->bucket].buf + t->offset;
+    *data_p = t->bucket < 0 ? NULL : f->buckets[t->bucket].buf + t->offset;
 out_unlock:
     pthread_mutex_unlock(&f->lock);
     return st;
@@ -466,6 +524,8 @@ int tutti_fuse_num_buckets(tutti_fuse_t *f, int *n_p)
 {
     if (!f || !n_p)
         return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, "num_buckets");
     pthread_mutex_lock(&f->lock);
     int st = ensure_built(f);
     if (st == TUTTI_OK)
@@ -478,6 +538,8 @@ int tutti_fuse_tensor_bucket(tutti_fuse_t *f, int index, int *bucket_p)
 {
     if (!f || !bucket_p)
         return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, "tensor_bucket");
     pthread_mutex_lock(&f->lock);
     int st = ensure_built(f);
     if (st == TUTTI_OK && (index < 0 || index >= f->ntensors))
@@ -491,6 +553,164 @@ int tutti_fuse_tensor_bucket(tutti_fuse_t *f, int index, int *bucket_p)
 const char *tutti_fuse_last_error(const tutti_fuse_t *f)
 {
     return f ? f->err : "";
+}
+
+/* ---- the ranks' registrations, compared once ---- */
+
+static uint64_t fp_mix(uint64_t h, uint64_t x)
+{
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
+
+/* What must be equal on every rank: the registered tensors (count and dtype, in
+ * registration order: [0]) and what the layout and the step's collectives follow from
+ * ([1]: the effective caps, op, compression, static layout, find_unused, a hook). */
+static void fingerprints(const tutti_fuse_t *f, uint64_t fp[2])
+{
+    uint64_t h = fp_mix(0x7475747469667573ull, (uint64_t)f->ntensors);
+    for (int i = 0; i < f->ntensors; i++)
+        h = fp_mix(fp_mix(h, (uint64_t)f->tensors[i].count), (uint64_t)f->tensors[i].dtype);
+    fp[0] = h;
+    const uint64_t o[] = { layout_cap(f),
+                           f->opts.first_bucket_cap_bytes,
+                           f->opts.last_bucket_cap_bytes,
+                           (uint64_t)f->opts.op,
+                           (uint64_t)f->opts.compress,
+                           (uint64_t) !!f->opts.static_layout,
+                           (uint64_t) !!f->opts.find_unused,
+                           (uint64_t)f->has_hook };
+    h = 0x6f707473ull;
+    for (size_t i = 0; i < sizeof(o) / sizeof(o[0]); i++)
+        h = fp_mix(h, o[i]);
+    fp[1] = h;
+}
+
+static void spec_text(char *buf, size_t len, int64_t count, int64_t dtype, int64_t n)
+{
+    if (dtype < 0)
+        snprintf(buf, len, "not registered (%lld tensors)", (long long)n);
+    else
+        snprintf(buf, len, "%lld x %s", (long long)count, tutti_dtype_name((tutti_dtype_t)dtype));
+}
+
+/* The lists differ somewhere: name the first difference on every rank. Rank 0's list
+ * (padded to the longest) goes to every rank; each finds its first index that differs;
+ * the smallest (index, rank) wins, and that rank sends its entry. Collective; only on
+ * the mismatch path. */
+static int registration_diff(tutti_fuse_t *f)
+{
+    tutti_comm_t *c = f->comm;
+    int64_t nmax = f->ntensors, n0 = f->ntensors;
+    int st = tutti_allreduce(c, TUTTI_IN_PLACE, &nmax, 1, TUTTI_INT64, TUTTI_MAX);
+    if (st == TUTTI_OK)
+        st = tutti_broadcast(c, TUTTI_IN_PLACE, &n0, 1, TUTTI_INT64, 0);
+    if (st < 0)
+        return st;
+    int64_t *ref = malloc(sizeof(int64_t) * 2 * (size_t)(nmax ? nmax : 1));
+    if (!ref)
+        return TUTTI_ERR_NOMEM; /* every rank then stops here or fails in the broadcast */
+    for (int64_t i = 0; i < nmax; i++) {
+        int in = i < f->ntensors;
+        ref[2 * i] = in ? (int64_t)f->tensors[i].count : 0;
+        ref[2 * i + 1] = in ? (int64_t)f->tensors[i].dtype : -1;
+    }
+    int64_t mine[2] = { 0, -1 };
+    uint64_t key = UINT64_MAX;
+    st = tutti_broadcast(c, TUTTI_IN_PLACE, ref, 2 * (size_t)nmax, TUTTI_INT64, 0);
+    for (int64_t i = 0; i < nmax && st == TUTTI_OK; i++) {
+        int in = i < f->ntensors;
+        int64_t cnt = in ? (int64_t)f->tensors[i].count : 0;
+        int64_t dt = in ? (int64_t)f->tensors[i].dtype : -1;
+        if (ref[2 * i] != cnt || ref[2 * i + 1] != dt) {
+            key = (uint64_t)i << 32 | (uint32_t)f->rank;
+            mine[0] = cnt;
+            mine[1] = dt;
+            break;
+        }
+    }
+    if (st == TUTTI_OK)
+        st = tutti_allreduce(c, TUTTI_IN_PLACE, &key, 1, TUTTI_UINT64, TUTTI_MIN);
+    if (st == TUTTI_OK && key != UINT64_MAX) {
+        int idx = (int)(key >> 32), who = (int)(key & 0xffffffffu);
+        int64_t theirs[2] = { mine[0], mine[1] }, n_who = f->ntensors;
+        st = tutti_broadcast(c, TUTTI_IN_PLACE, theirs, 2, TUTTI_INT64, who);
+        if (st == TUTTI_OK)
+            st = tutti_broadcast(c, TUTTI_IN_PLACE, &n_who, 1, TUTTI_INT64, who);
+        if (st == TUTTI_OK) {
+            char a[96], b[96];
+            spec_text(a, sizeof(a), ref[2 * idx], ref[2 * idx + 1], n0);
+            spec_text(b, sizeof(b), theirs[0], theirs[1], n_who);
+            free(ref);
+            return fuse_error(f, TUTTI_ERR_MISMATCH,
+                              "the ranks registered different tensors: tensor %d is %s on rank "
+                              "0 but %s on rank %d (this rank, %d, registered %d tensors)",
+                              idx, a, b, who, f->rank, f->ntensors);
+        }
+    } else if (st == TUTTI_OK) {
+        st = TUTTI_ERR_INTERNAL; /* the fingerprints differed, the lists do not */
+    }
+    free(ref);
+    return st;
+}
+
+/* Once, at the end of the first step's issues (so in the same place of every rank's
+ * sequence, after its buckets; async, so a first wait is not collective beyond its
+ * buckets): one allreduce of MAX over {h, ~h} of both fingerprints gives every rank
+ * their largest and smallest values. Lock held. */
+static void registration_issue(tutti_fuse_t *f)
+{
+    uint64_t fp[2];
+    fingerprints(f, fp);
+    f->check_v[0] = fp[0];
+    f->check_v[1] = ~fp[0];
+    f->check_v[2] = fp[1];
+    f->check_v[3] = ~fp[1];
+    f->check_issued = 1;
+    f->check_st = tutti_allreduce_async(f->comm, TUTTI_IN_PLACE, f->check_v, 4, TUTTI_UINT64,
+                                        TUTTI_MAX, &f->check_work);
+}
+
+/* The check's outcome, in wait before anything is unpacked. Every rank learns the same
+ * one, and a mismatch makes the fuser fail for good on every rank (f->broken). A check
+ * that failed to run leaves its text in *why (the buckets' errors, which come first,
+ * are usually its cause). */
+static int registration_agree(tutti_fuse_t *f, char *why, size_t len)
+{
+    int st = f->check_st;
+    if (st < 0)
+        snprintf(why, len, "%s", tutti_comm_last_error(f->comm));
+    if (f->check_work) {
+        st = tutti_wait(f->check_work, -1);
+        if (st < 0)
+            snprintf(why, len, "%s", tutti_work_error(f->check_work));
+        tutti_work_free(f->check_work);
+        f->check_work = NULL;
+    }
+    if (st < 0)
+        return st;
+    const uint64_t *v = f->check_v;
+    if (v[0] != ~v[1]) {
+        f->broken = TUTTI_ERR_MISMATCH;
+        st = registration_diff(f);
+        if (st != TUTTI_ERR_MISMATCH)
+            fuse_error(f, TUTTI_ERR_MISMATCH,
+                       "the ranks registered different tensors (count and dtype, in "
+                       "registration order; naming the first difference failed: %s)",
+                       tutti_strerror(st));
+        return TUTTI_ERR_MISMATCH;
+    }
+    if (v[2] != ~v[3]) {
+        f->broken = TUTTI_ERR_MISMATCH;
+        return fuse_error(f, TUTTI_ERR_MISMATCH,
+                          "the ranks created the fuser with different options (effective "
+                          "bucket caps, op, compress, static_layout, find_unused or a hook)");
+    }
+    return TUTTI_OK;
 }
 
 /* ---- issuing buckets ---- */
@@ -546,7 +766,10 @@ static void bucket_issue(tutti_fuse_t *f, int j)
     if (f->has_hook) {
         tutti_fuse_bucket_t info;
         bucket_info(f, j, &info);
+        const tutti_fuse_t *outer = tt_fuse_in_hook;
+        tt_fuse_in_hook = f;
         st = f->hook.issue(f->hook.arg, f->comm, &info, &b->work);
+        tt_fuse_in_hook = outer;
         if (st == TUTTI_OK && !b->work)
             st = TUTTI_ERR_INVALID_ARG;
         if (st < 0)
@@ -584,6 +807,8 @@ static void issue_ready(tutti_fuse_t *f)
         tt_exec_defer(1);
     while (f->next_issue < end)
         bucket_issue(f, f->next_issue++);
+    if (last && !f->check_issued)
+        registration_issue(f);
     if (last)
         tt_exec_defer(0);
 }
@@ -629,8 +854,13 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
 {
     if (!f)
         return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, what);
     if (index < 0 || index >= f->ntensors)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
+    if (f->broken)
+        return fuse_error(f, f->broken, "%s: the ranks registered different tensors", what);
+    atomic_store_explicit(&f->in_step, 1, memory_order_relaxed);
     if (!atomic_load_explicit(&f->built, memory_order_acquire)) {
         pthread_mutex_lock(&f->lock);
         int st = ensure_built(f);
@@ -638,6 +868,8 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
         TT_CHECK(st);
     }
     tt_fuse_tensor_t *t = &f->tensors[index];
+    if (t->bucket < 0) /* no bytes: nothing to reduce, complete whatever happens */
+        return TUTTI_OK;
     if (tensor_arrived(t)) /* before touching the bucket, which may be in flight */
         return arrive_error(f, index, what);
     if (unused)
@@ -756,10 +988,10 @@ out_free:
     return st;
 }
 
-int tutti_fuse_wait(tutti_fuse_t *f)
+static int wait_step(tutti_fuse_t *f)
 {
-    if (!f)
-        return TUTTI_ERR_INVALID_ARG;
+    if (f->broken) /* every rank knows: none communicates */
+        return fuse_error(f, f->broken, "wait: the ranks registered different tensors");
     pthread_mutex_lock(&f->lock);
     int st = ensure_built(f);
     if (st < 0) {
@@ -783,6 +1015,16 @@ int tutti_fuse_wait(tutti_fuse_t *f)
     issue_ready(f);
     pthread_mutex_unlock(&f->lock);
 
+    /* The first wait compares the ranks' registrations before anything is unpacked: a
+     * difference whose buckets happen to match in size would reduce mismatched data.
+     * (Its allreduce went out after the buckets, so it completes after them.) */
+    int cst = TUTTI_OK;
+    char why[512] = "";
+    if (f->check_issued == 1) {
+        f->check_issued = 2;
+        cst = registration_agree(f, why, sizeof(why));
+    }
+
     /* Only this thread touches the buckets from here on. */
     for (int j = 0; j < f->nbuckets; j++) {
         tt_fuse_bucket_t *b = &f->buckets[j];
@@ -796,6 +1038,8 @@ int tutti_fuse_wait(tutti_fuse_t *f)
             tutti_work_free(b->work);
             b->work = NULL;
         }
+        if (f->broken)
+            continue; /* waited for; nothing unpacked */
         if (bst == TUTTI_OK && b->scratch)
             compress_up(f, b);
         if (bst == TUTTI_OK && f->has_hook && f->hook.finish) {
@@ -815,19 +1059,25 @@ int tutti_fuse_wait(tutti_fuse_t *f)
         if (bst < 0 && st == TUTTI_OK)
             st = bst;
     }
+    /* a difference in registrations is the cause of whatever else failed; a failed
+     * check alone follows from the buckets' errors */
+    if (f->broken)
+        st = f->broken;
+    else if (cst < 0 && st == TUTTI_OK)
+        st = fuse_error(f, cst, "comparing the ranks' registrations: %s", why);
     if (forgotten >= 0 && st == TUTTI_OK)
         st = fuse_error(f, TUTTI_ERR_INVALID_ARG,
                         "tensor %d (and maybe more) was neither marked ready nor unused; "
                         "it went out as zeros",
                         forgotten);
-    if (f->opts.find_unused) {
+    if (f->opts.find_unused && !f->broken) {
         int ust = unused_agree(f);
         if (ust < 0 && (st == TUTTI_OK || ust == TUTTI_ERR_MISMATCH))
             st = ust;
     }
 
     pthread_mutex_lock(&f->lock);
-    if (!f->no_rebuild) {
+    if (!f->no_rebuild && !f->broken) {
         /* Attempted whatever happened above, so that every rank calls the broadcast. */
         int rst = rebuild_from_order(f);
         if (rst < 0 && st == TUTTI_OK)
@@ -847,6 +1097,22 @@ int tutti_fuse_wait(tutti_fuse_t *f)
     f->next_issue = 0;
     f->steps_done++;
     pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+int tutti_fuse_wait(tutti_fuse_t *f)
+{
+    if (!f)
+        return TUTTI_ERR_INVALID_ARG;
+    if (reentered(f))
+        return reentry_error(f, "wait");
+    atomic_store_explicit(&f->in_step, 1, memory_order_relaxed);
+    int st = wait_step(f);
+    /* the step is over: its first error stays readable, the next step's replaces it */
+    pthread_mutex_lock(&f->err_lock);
+    atomic_store_explicit(&f->in_step, 0, memory_order_relaxed);
+    f->err_held = 0;
+    pthread_mutex_unlock(&f->err_lock);
     return st;
 }
 
