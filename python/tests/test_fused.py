@@ -116,3 +116,357 @@ def dropped(comm):
 
 def test_dropped_without_destroy_keeps_gradients():
     assert run(dropped, 2, transport="shm") == [True, True]
+
+
+# ---- a reference for any loop: every rank's gradient, averaged, without communication
+
+def ref_average(ref, batches, comm_size, loss_of=None):
+    """The average over ranks of each ref parameter's gradient, summed over the
+    micro-batches batches(r) gives for rank r (None where no rank's gradient reaches
+    the parameter)."""
+    loss_of = loss_of or (lambda m, x, y: torch.nn.functional.mse_loss(m(x), y))
+    total = [None] * len(list(ref.parameters()))
+    for r in range(comm_size):
+        for x, y in batches(r):
+            ref.zero_grad(set_to_none=True)
+            loss_of(ref, x, y).backward()
+            for k, p in enumerate(ref.parameters()):
+                if p.grad is not None:
+                    g = p.grad / comm_size
+                    total[k] = g if total[k] is None else total[k] + g
+    return total
+
+
+def start(comm, unused=False, cls=None, **kwargs):
+    """FusedDataParallel over a fresh model on every rank (different seeds: the
+    broadcast must fix them) and a reference copy of rank 0's initial state."""
+    cls = cls or (lambda: Net(unused))
+    FDP = _fused_module().FusedDataParallel
+    torch.manual_seed(0)
+    ref = cls()
+    torch.manual_seed(100 + comm.rank)
+    model = cls()
+    ddp = FDP(model, comm, **kwargs)
+    return model, ddp, ref
+
+
+def worst_grad(model, want):
+    """The largest difference between model's gradients and want (None matches None)."""
+    worst = 0.0
+    for p, g in zip(model.parameters(), want):
+        if g is None or p.grad is None:
+            assert g is None and p.grad is None, (p.shape, p.grad is None, g is None)
+            continue
+        assert p.grad.shape == g.shape
+        if g.numel():
+            worst = max(worst, (p.grad - g).abs().max().item())
+    return worst
+
+
+class Heads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 32)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x, use_b=True):
+        y = torch.relu(self.a(x))
+        return self.b(y) if use_b else y[:, :4]
+
+
+def recover(comm, views):
+    model, ddp, ref = start(comm, cls=Heads, bucket_views=views)
+    x, y = batch(comm.rank, 0)
+    raised = None
+    try:
+        torch.nn.functional.mse_loss(ddp(x, use_b=False), y).backward()
+    except Exception as e:  # noqa: BLE001 (any error: the step must fail, and be closed)
+        raised = type(e).__name__
+    live = True
+    if views:
+        live = all(p.grad.data_ptr() == ddp._fuser.address(ddp._index[p])
+                   for p in model.parameters())
+    worst = 0.0
+    for step in range(1, 5):
+        for _ in range(3):
+            model.zero_grad()  # writes through the gradients: into live memory only
+        x, y = batch(comm.rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        ref.load_state_dict(model.state_dict())
+        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
+        worst = max(worst, worst_grad(model, want))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+    ddp.destroy()
+    return raised, live, worst
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_failed_first_step_recovers(views):
+    for raised, live, worst in run(lambda comm: recover(comm, views), 2, transport="shm"):
+        assert raised == "InvalidArgError"
+        assert live, "gradients left pointing into the freed buckets"
+        assert worst < 1e-5, worst
+
+
+def set_to_none(comm, views, where, steps=3):
+    """zero_grad(set_to_none=True) before the forward ("top") or between forward and
+    backward ("mid"): autograd makes a new .grad, which the fuser must reduce (it
+    reduced the stale bucket, or the tensor registered at construction)."""
+    model, ddp, ref = start(comm, bucket_views=views)
+    worst = 0.0
+    for step in range(steps):
+        x, y = batch(comm.rank, step)
+        if where == "top":
+            model.zero_grad(set_to_none=True)
+            out = ddp(x)
+        else:
+            out = ddp(x)
+            model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(out, y).backward()
+        ref.load_state_dict(model.state_dict())
+        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
+        worst = max(worst, worst_grad(model, want))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+    ddp.destroy()
+    return worst
+
+
+@pytest.mark.parametrize("views", [True, False])
+@pytest.mark.parametrize("where", ["top", "mid"])
+def test_set_to_none(views, where):
+    for worst in run(lambda comm: set_to_none(comm, views, where), 2, transport="shm"):
+        assert worst < 1e-5, worst
+
+
+def unused_stay_none(comm, views):
+    """find_unused_parameters: a parameter no rank uses keeps grad None, as with DDP,
+    so weight decay leaves it alone (it got zeros, and SGD's weight decay moved it)."""
+    model, ddp, ref = start(comm, unused=True, bucket_views=views,
+                            find_unused_parameters=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    spare = [p.detach().clone() for p in model.spare.parameters()]
+    worst, nones = 0.0, True
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(comm.rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        ref.load_state_dict(model.state_dict())
+        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
+        worst = max(worst, worst_grad(model, want))  # spare: None on both sides
+        nones &= all(p.grad is None for p in model.spare.parameters())
+        opt.step()
+    moved = max((p - q).abs().max().item() for p, q in zip(model.spare.parameters(), spare))
+    ddp.destroy()
+    return worst, nones, moved
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_unused_parameters_keep_no_gradient(views):
+    for worst, nones, moved in run(lambda comm: unused_stay_none(comm, views), 2,
+                                   transport="shm"):
+        assert nones, "an unused parameter got a gradient"
+        assert moved == 0, moved
+        assert worst < 1e-5, worst
+
+
+def accumulate(comm, views):
+    """no_sync(): two backward passes accumulate this rank's own gradients, with no
+    communication; the third, synchronized, averages the sum of all three over the
+    ranks."""
+    model, ddp, ref = start(comm, bucket_views=views)
+    worst_local, worst = 0.0, 0.0
+    for step in range(2):
+        model.zero_grad()
+        micro = lambda r: [batch(r, 10 * step + k) for k in range(3)]  # noqa: E731
+        mine = micro(comm.rank)
+        with ddp.no_sync():
+            for x, y in mine[:2]:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+        ref.load_state_dict(model.state_dict())
+        own = ref_average(ref, lambda r: mine[:2], 1)  # this rank's sum, nothing averaged
+        worst_local = max(worst_local, worst_grad(model, own))
+        x, y = mine[2]
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        want = ref_average(ref, micro, comm.size)
+        worst = max(worst, worst_grad(model, want))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+    ddp.destroy()
+    return worst_local, worst
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_no_sync(views):
+    for worst_local, worst in run(lambda comm: accumulate(comm, views), 2, transport="shm"):
+        assert worst_local < 1e-5, worst_local
+        assert worst < 1e-5, worst
+
+
+def accumulate_then_unused(comm, views, find_unused):
+    """A parameter that got gradients under no_sync() only (b: used in the accumulated
+    passes, not in the synchronized one) is reduced with the rest at the synchronized
+    step, not declared unused (its sum dropped) or forgotten (the wait failed)."""
+    model, ddp, ref = start(comm, cls=Heads, bucket_views=views,
+                            find_unused_parameters=find_unused)
+    with_b = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)  # noqa: E731
+    without_b = lambda m, x, y: torch.nn.functional.mse_loss(m(x, False), y)  # noqa: E731
+    worst = 0.0
+    for step in range(2):
+        model.zero_grad()
+        micro = lambda r: [batch(r, 10 * step + k) for k in range(3)]  # noqa: E731
+        mine = micro(comm.rank)
+        with ddp.no_sync():
+            for x, y in mine[:2]:
+                with_b(ddp, x, y).backward()
+        x, y = mine[2]
+        without_b(ddp, x, y).backward()
+        ref.load_state_dict(model.state_dict())
+        first = ref_average(ref, lambda r: micro(r)[:2], comm.size, with_b)
+        last = ref_average(ref, lambda r: micro(r)[2:], comm.size, without_b)
+        want = [a if b is None else a + b for a, b in zip(first, last)]
+        worst = max(worst, worst_grad(model, want))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+    ddp.destroy()
+    return worst
+
+
+@pytest.mark.parametrize("views", [True, False])
+@pytest.mark.parametrize("find_unused", [True, False])
+def test_no_sync_then_unused(views, find_unused):
+    for worst in run(lambda comm: accumulate_then_unused(comm, views, find_unused), 2,
+                     transport="shm"):
+        assert worst < 1e-5, worst
+
+
+class Boom(torch.autograd.Function):
+    """Identity whose backward raises while armed."""
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if Boom.armed:
+            raise RuntimeError("boom")
+        return g
+
+
+class Exploding(Net):
+    def forward(self, x):
+        return self.c(torch.relu(self.b(Boom.apply(torch.relu(self.a(x))))))
+
+
+def backward_raised(comm):
+    """A backward that raises halfway (c's and b's hooks ran, a's never did): autograd
+    drops the queued end of the step, so the hooks' state stayed set and every later
+    step hung or failed. The next forward closes that step; later ones average right."""
+    model, ddp, ref = start(comm, cls=Exploding)
+    Boom.armed = True
+    x, y = batch(comm.rank, 0)
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        raised = False
+    except RuntimeError as e:
+        raised = "boom" in str(e)
+    Boom.armed = False
+    worst = 0.0
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 3):
+            model.zero_grad()
+            x, y = batch(comm.rank, step)
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            ref.load_state_dict(model.state_dict())
+            want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
+            worst = max(worst, worst_grad(model, want))
+    ddp.destroy()
+    return raised, worst, len(caught)
+
+
+def test_backward_raised_recovers():
+    for raised, worst, warned in run(backward_raised, 2, timeout=30, transport="shm"):
+        assert raised
+        assert warned == 1
+        assert worst < 1e-5, worst
+
+
+def different_shapes(comm):
+    """Rank 1's first weight is transposed (8x32 against 32x8: the same count and dtype,
+    so the broadcast, the buckets and the fuser's own check matched): refused at
+    construction on every rank, as DDP does, not trained on rank 0's bytes reshaped."""
+    FDP = _fused_module().FusedDataParallel
+    model = Net()
+    if comm.rank == 1:
+        model.a.weight = torch.nn.Parameter(torch.zeros(8, 32))
+    try:
+        FDP(model, comm).destroy()
+        return "accepted"
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__
+
+
+def test_different_shapes_refused():
+    assert run(different_shapes, 2, transport="shm") == ["MismatchError"] * 2
+
+
+class WithEmpty(Net):
+    def __init__(self):
+        super().__init__()
+        self.empty = torch.nn.Parameter(torch.zeros(0, 4))
+
+    def forward(self, x):
+        return super().forward(x) + self.empty.sum()
+
+
+def empty_parameter(comm, views):
+    model, ddp, ref = start(comm, cls=WithEmpty, bucket_views=views)
+    worst = 0.0
+    for step in range(2):
+        model.zero_grad()
+        x, y = batch(comm.rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        ref.load_state_dict(model.state_dict())
+        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
+        worst = max(worst, worst_grad(model, want))
+    ddp.destroy()
+    return worst, tuple(model.empty.grad.shape)
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_zero_element_parameter(views):
+    for worst, shape in run(lambda comm: empty_parameter(comm, views), 2, transport="shm"):
+        assert worst < 1e-5, worst
+        assert shape == (0, 4)
+
+
+def negative_caps(comm):
+    from tutti.fuse import Fuser
+    FDP = _fused_module().FusedDataParallel
+    out = []
+    for kw in ({"bucket_cap_bytes": -1}, {"first_bucket_cap_bytes": -5},
+               {"last_bucket_cap_bytes": -(1 << 20)}):
+        try:
+            Fuser(comm, **kw).destroy()
+            out.append("accepted")
+        except ValueError:
+            out.append("ValueError")
+    try:
+        FDP(Net(), comm, bucket_cap_mb=-1).destroy()
+        out.append("accepted")
+    except ValueError:
+        out.append("ValueError")
+    return out
+
+
+def test_negative_caps_refused():
+    assert run(negative_caps, 1) == [["ValueError"] * 4]

@@ -57,6 +57,8 @@ class Fuser:
                             ("last_bucket_cap_bytes", last_bucket_cap_bytes),
                             ("min_buckets", min_buckets)):
             if value is not None:
+                if value < 0:  # through c_size_t a negative size would wrap to a huge one
+                    raise ValueError(f"tutti: {name} must not be negative, not {value}")
                 setattr(o, name, value)
         if compress not in COMPRESS:
             raise InvalidArgError(f"tutti: compress is one of none, fp16, bf16, not {compress!r}")
