@@ -1618,6 +1618,25 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
     FAIL_IF(tutti_fuse_wait(f) != TUTTI_OK, "wait: %s", tutti_fuse_last_error(f));
     FAIL_IF(x[3] != 4.0f, "1 rank: got %g", x[3]);
     tutti_fuse_destroy(f);
+    /* the coalesced calls' refusals say why (they left last_error as it was) */
+    void *bufs[2] = { x, NULL };
+    size_t counts[2] = { 4, 4 };
+    tutti_dtype_t dts[2] = { TUTTI_FP32, (tutti_dtype_t)42 };
+    FAIL_IF(tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0) !=
+                TUTTI_ERR_INVALID_ARG,
+            "bad dtype accepted");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "tensor 1: invalid dtype 42"), "message: %s",
+            tutti_comm_last_error(comm));
+    dts[1] = TUTTI_FP32;
+    FAIL_IF(tutti_broadcast_coalesced(comm, bufs, counts, dts, 2, 0, 0) != TUTTI_ERR_INVALID_ARG,
+            "NULL buffer accepted");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "tensor 1: NULL buffer"), "message: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(tutti_allreduce_coalesced(comm, bufs, counts, dts, -1, TUTTI_SUM, 0) !=
+                TUTTI_ERR_INVALID_ARG,
+            "n < 0 accepted");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "negative tensor count"), "message: %s",
+            tutti_comm_last_error(comm));
     return 0;
 }
 

@@ -1244,12 +1244,24 @@ static int coal_run(const tt_coal_t *c, int m, size_t cap_bytes)
 static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *counts,
                       const tutti_dtype_t *dtypes, int n, size_t **bytes_p, int **idx_p)
 {
-    if (!comm || n < 0 || (n > 0 && (!bufs || !counts || !dtypes)))
+    /* each refusal says why (session 97: they left last_error as it was) */
+    if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (n < 0 || (n > 0 && (!bufs || !counts || !dtypes)))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "rank %d: coalesced call: %s",
+                                 tutti_comm_rank(comm),
+                                 n < 0 ? "a negative tensor count" : "bufs, counts or dtypes NULL");
     for (int i = 0; i < n; i++) {
-        if ((unsigned)dtypes[i] >= TUTTI_DTYPE_COUNT || counts[i] > SIZE_MAX / 16 ||
-            (counts[i] && !bufs[i]))
-            return TUTTI_ERR_INVALID_ARG;
+        if ((unsigned)dtypes[i] >= TUTTI_DTYPE_COUNT)
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "rank %d: coalesced call: tensor %d: invalid dtype %d",
+                                     tutti_comm_rank(comm), i, (int)dtypes[i]);
+        if (counts[i] > SIZE_MAX / 16 || (counts[i] && !bufs[i]))
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "rank %d: coalesced call: tensor %d: %s",
+                                     tutti_comm_rank(comm), i,
+                                     counts[i] > SIZE_MAX / 16 ? "count too large"
+                                                               : "NULL buffer with a count > 0");
         const char *kind; /* small tensors are packed with memcpy */
         if (counts[i] && tt_dev_is_device(comm, bufs[i], &kind) != 0)
             return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
