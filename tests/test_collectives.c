@@ -726,18 +726,35 @@ END_TEST
 
 static const char *const nan_algos[] = { "ring", "rd", "hd", "dbtree", "hier", "linear" };
 
+/* A communicator over the file store in dir running algo, in chunks of 4 KiB (several
+ * even for small vectors); 0, or -1 having said why. */
+static int algo_comm(int rank, int nranks, const char *dir, const char *algo, tutti_store_t **store,
+                     tutti_comm_t **comm)
+{
+    if (tutti_store_open_file(store, dir, 20000) != 0) {
+        fprintf(stderr, "rank %d: store: %s\n", rank, tutti_store_last_error(NULL));
+        return -1;
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.algo = algo;
+    o.chunk_bytes = 4096;
+    *comm = NULL;
+    if (tutti_comm_init(comm, *store, rank, nranks, &o) != 0) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, tutti_comm_last_error(NULL));
+        tutti_store_close(*store);
+        return -1;
+    }
+    return 0;
+}
+
 static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
     const char *algo = arg;
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.algo = algo;
-    o.chunk_bytes = 4096; /* several chunks even for this small vector */
-    tutti_comm_t *comm = NULL;
-    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
     /* element 0: NaN on the last rank only; 1: +inf on rank 0, finite elsewhere;
      * 2: -inf on rank 1; 3: NaN on rank 0 and +inf on rank 1; the rest finite */
     const size_t n = 5000;
@@ -791,18 +808,19 @@ static int rank_nan_minmax(int rank, int nranks, tutti_comm_t *unused, const cha
     return 0;
 }
 
-START_TEST(nan_minmax)
+/* fn at 4 ranks, then at 3, its arg the algorithm (fn opens its communicator with
+ * algo_comm) */
+static int run_algo_4_3(th_rank_fn fn, const char *algo)
 {
-    th_spec_t spec = { .nranks = 4,
-                       .fn = rank_nan_minmax,
-                       .arg = (void *)nan_algos[_i],
-                       .timeout_ms = 60000,
-                       .flags = TH_NO_COMM };
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    th_spec_t spec = {
+        .nranks = 4, .fn = fn, .arg = (void *)algo, .timeout_ms = 60000, .flags = TH_NO_COMM
+    };
+    int rc = th_run_ex(&spec, NULL);
     spec.nranks = 3;
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    return rc ? rc : th_run_ex(&spec, NULL);
 }
-END_TEST
+
+TH_RUN_TEST(nan_minmax, run_algo_4_3(rank_nan_minmax, nan_algos[_i]))
 
 /* fp16 AVG whose sum overflows fp16 but whose mean fits: every rank's 30016..30208 gave
  * inf (session 97) as the sum went first. Inputs multiples of 64, so the scaled partial
@@ -814,13 +832,8 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
     (void)unused;
     const char *algo = arg;
     tutti_store_t *store;
-    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.algo = algo;
-    o.chunk_bytes = 4096;
-    tutti_comm_t *comm = NULL;
-    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init");
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
     enum { N = 3000 };
     static uint16_t in[N], out[N], want[N];
     for (size_t i = 0; i < N; i++) {
@@ -861,18 +874,7 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
     return 0;
 }
 
-START_TEST(avg_f16_range)
-{
-    th_spec_t spec = { .nranks = 4,
-                       .fn = rank_avg_f16,
-                       .arg = (void *)nan_algos[_i],
-                       .timeout_ms = 60000,
-                       .flags = TH_NO_COMM };
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    spec.nranks = 3;
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-}
-END_TEST
+TH_RUN_TEST(avg_f16_range, run_algo_4_3(rank_avg_f16, nan_algos[_i]))
 
 static Suite *suite(void)
 {
