@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -1759,6 +1761,394 @@ static void fake_stop(pid_t pid)
     waitpid(pid, NULL, 0);
 }
 
+/* A scripted server of the test's own on ip:port (port 0: a free one, in *port_p): answer
+ * is called after each read of each connection (conn and k count from 0) to write what it
+ * likes; a connection stays open until the client closes it. A child process (fake_stop
+ * it); -1 when the address cannot be bound. */
+typedef void (*fake_answer_fn)(int fd, int conn, int k, const void *arg);
+
+static pid_t fake_serve(const char *ip, int port, int *port_p, fake_answer_fn answer,
+                        const void *arg)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    ck_assert_int_eq(inet_pton(AF_INET, ip, &a.sin_addr), 1);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        close(lfd);
+        return -1;
+    }
+    ck_assert_int_eq(listen(lfd, 16), 0);
+    socklen_t alen = sizeof(a);
+    getsockname(lfd, (struct sockaddr *)&a, &alen);
+    *port_p = ntohs(a.sin_port);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGPIPE, SIG_IGN);
+        for (int conn = 0;; conn++) {
+            int fd = accept(lfd, NULL, NULL);
+            if (fd < 0)
+                continue;
+            if (fork() == 0) { /* one process a connection, so that none holds up the next */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                close(lfd);
+                char buf[4096];
+                for (int k = 0; read(fd, buf, sizeof(buf)) > 0; k++)
+                    answer(fd, conn, k, arg);
+                _exit(0);
+            }
+            close(fd);
+            while (waitpid(-1, NULL, WNOHANG) > 0)
+                ;
+        }
+    }
+    close(lfd);
+    return pid;
+}
+
+static void fake_write(int fd, const void *buf, size_t len)
+{
+    for (size_t o = 0; o < len;) {
+        ssize_t w = write(fd, (const char *)buf + o, len - o);
+        if (w <= 0)
+            _exit(0); /* the client left */
+        o += (size_t)w;
+    }
+}
+
+/* arg: a NULL-terminated list of replies, the k-th read of every connection gets the k-th
+ * (the last one again after the end); "A|B": A to the first connection, B to the others. */
+static void answer_script(int fd, int conn, int k, const void *arg)
+{
+    const char *const *r = arg;
+    int n = 0;
+    while (r[n + 1] && n < k)
+        n++;
+    char buf[512];
+    const char *pick = strchr(r[n], '|'); /* "first connections|later ones" */
+    if (pick) {
+        size_t first = (size_t)(pick - r[n]);
+        if (conn == 0) {
+            memcpy(buf, r[n], first);
+            buf[first] = '\0';
+        } else {
+            snprintf(buf, sizeof(buf), "%s", pick + 1);
+        }
+    } else {
+        snprintf(buf, sizeof(buf), "%s", r[n]);
+    }
+    fake_write(fd, buf, strlen(buf));
+}
+
+/* PING's answer, then to SCAN an array of arrays of 99999 elements each (8 MB of them),
+ * or with arg "bytes" an array of 1 MB bulk strings (80 MB); then silence. */
+static void answer_huge(int fd, int conn, int k, const void *arg)
+{
+    (void)conn;
+    if (k == 0) {
+        fake_write(fd, "+PONG\r\n", 7);
+        return;
+    }
+    if (!strcmp(arg, "bytes")) {
+        static char bulk[(1u << 20) + 32];
+        int h = snprintf(bulk, sizeof(bulk), "$%u\r\n", 1u << 20);
+        memset(bulk + h, 'x', 1u << 20);
+        memcpy(bulk + h + (1u << 20), "\r\n", 2);
+        static const char head[] = "*2\r\n$1\r\n0\r\n*80\r\n";
+        fake_write(fd, head, sizeof(head) - 1);
+        for (int i = 0; i < 80; i++)
+            fake_write(fd, bulk, (size_t)h + (1u << 20) + 2);
+    } else {
+        /* keys: 99999 arrays of 99999 integers, 20 of them sent (8 MB) */
+        static char block[8 + 99999 * 4];
+        memcpy(block, "*99999\r\n", 8);
+        for (size_t i = 8; i < sizeof(block); i += 4)
+            memcpy(block + i, ":1\r\n", 4);
+        static const char head[] = "*2\r\n$1\r\n0\r\n*99999\r\n";
+        fake_write(fd, head, sizeof(head) - 1);
+        for (int i = 0; i < 20; i++)
+            fake_write(fd, block, sizeof(block));
+    }
+    pause();
+}
+
+/* The client sets a bound on a whole reply: a server cannot make it build nested arrays,
+ * or keep bulk strings, without end (before, 100 MB of tiny elements on the wire took
+ * 1.2 GB here). */
+START_TEST(test_redis_reply_budget)
+{
+    static const struct {
+        const char *what, *arg;
+        const char *says;
+    } cases[] = {
+        { "nested arrays of 99999 elements", "elems", "array elements" },
+        { "80 bulk strings of 1 MB", "bytes", "array elements or" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int port;
+        pid_t srv = fake_serve("127.0.0.1", 0, &port, answer_huge, cases[i].arg);
+        ck_assert_int_gt(srv, 0);
+        tutti_store_t *s;
+        OK(NULL, redis_open(&s, port, 0, 4000));
+        struct rusage ru0, ru1;
+        getrusage(RUSAGE_SELF, &ru0);
+        double t0 = now_ms();
+        size_t n = 12345;
+        int st = tutti_store_count(s, "", &n);
+        double el = now_ms() - t0;
+        getrusage(RUSAGE_SELF, &ru1);
+        const char *msg = tutti_store_last_error(s);
+        ck_assert_msg(st == TUTTI_ERR_PROTOCOL && strstr(msg, cases[i].says) &&
+                          strstr(msg, "in all"),
+                      "%s: %s: %s", cases[i].what, tutti_status_name(st), msg);
+        ck_assert_msg(el < 3000, "%s: refused after %.0f ms (timeout 4000)", cases[i].what, el);
+        ck_assert_uint_eq(n, 12345);
+        fprintf(stderr, "reply budget, %s: refused after %.0f ms, peak RSS %ld -> %ld MB\n",
+                cases[i].what, el, ru0.ru_maxrss / 1024, ru1.ru_maxrss / 1024);
+        tutti_store_close(s);
+        fake_stop(srv);
+    }
+    /* nesting beyond the limit where an array is due (SCAN), and an array where none is */
+    static const char *const deep[] = { "+PONG\r\n", "*2\r\n$1\r\n0\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+                                        NULL };
+    static const char *const arr[] = { "+PONG\r\n", "*2\r\n$1\r\na\r\n$1\r\nb\r\n", NULL };
+    int port;
+    pid_t srv = fake_serve("127.0.0.1", 0, &port, answer_script, deep);
+    tutti_store_t *s;
+    OK(NULL, redis_open(&s, port, 0, 2000));
+    size_t n;
+    EXPECT(s, tutti_store_count(s, "", &n), TUTTI_ERR_PROTOCOL);
+    ck_assert_msg(strstr(tutti_store_last_error(s), "nesting"), "%s", tutti_store_last_error(s));
+    tutti_store_close(s);
+    fake_stop(srv);
+    srv = fake_serve("127.0.0.1", 0, &port, answer_script, arr);
+    OK(NULL, redis_open(&s, port, 0, 2000));
+    void *v = NULL;
+    EXPECT(s, tutti_store_get(s, "k", &v, NULL, 500), TUTTI_ERR_PROTOCOL);
+    ck_assert_msg(strstr(tutti_store_last_error(s), "an array reply ('*2') where one of type '$'"),
+                  "%s", tutti_store_last_error(s));
+    ck_assert_ptr_null(v);
+    tutti_store_close(s);
+    fake_stop(srv);
+}
+END_TEST
+
+/* A refusal that another try would meet again fails the open at once with the server's
+ * words; one that says "later" is tried again until the deadline (before, all of them
+ * were, and the open ended in a timeout). */
+START_TEST(test_redis_refusals)
+{
+    static const struct {
+        const char *what, *reply;
+        int want;
+        const char *says;
+    } cases[] = {
+        { "protected mode", "-DENIED Redis is running in protected mode because ...\r\n",
+          TUTTI_ERR_CONFIG, "DENIED Redis is running in protected mode" },
+        { "PING renamed away", "-ERR unknown command 'PING', with args beginning with: \r\n",
+          TUTTI_ERR_STORE, "ERR unknown command" },
+        { "a password needed", "-NOAUTH Authentication required.\r\n", TUTTI_ERR_AUTH, "NOAUTH" },
+        { "a password refused", "-WRONGPASS invalid username-password pair\r\n", TUTTI_ERR_AUTH,
+          "WRONGPASS" },
+        { "loading its data", "-LOADING Redis is loading the dataset in memory\r\n",
+          TUTTI_ERR_TIMEOUT, "LOADING" },
+        { "at its client limit", "-ERR max number of clients reached\r\n", TUTTI_ERR_TIMEOUT,
+          "max number of clients" },
+        { "busy", "-BUSY Redis is busy running a script.\r\n", TUTTI_ERR_TIMEOUT, "BUSY" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *const script[] = { cases[i].reply, NULL };
+        int port;
+        pid_t srv = fake_serve("127.0.0.1", 0, &port, answer_script, script);
+        ck_assert_int_gt(srv, 0);
+        tutti_store_t *s = (tutti_store_t *)0x1;
+        double t0 = now_ms();
+        int st = redis_open(&s, port, 0, 1000);
+        double el = now_ms() - t0;
+        const char *msg = tutti_store_last_error(NULL);
+        ck_assert_msg(st == cases[i].want && strstr(msg, cases[i].says), "%s: %s: %s",
+                      cases[i].what, tutti_status_name(st), msg);
+        if (st == TUTTI_ERR_TIMEOUT)
+            ck_assert_msg(el >= 1000 && el < 2500, "%s: gave up after %.0f ms, not ~1000",
+                          cases[i].what, el);
+        else
+            ck_assert_msg(el < 500, "%s: failed after %.0f ms, not at once", cases[i].what, el);
+        ck_assert_ptr_eq(s, (void *)0x1);
+        fake_stop(srv);
+    }
+    /* loading at the first connection, serving at the next: the open waits it out */
+    static const char *const later[] = { "-LOADING Redis is loading the dataset\r\n|+PONG\r\n",
+                                         "+OK\r\n", NULL };
+    int port;
+    pid_t srv = fake_serve("127.0.0.1", 0, &port, answer_script, later);
+    tutti_store_t *s;
+    OK(NULL, redis_open(&s, port, 0, 3000));
+    OK(s, tutti_store_set(s, "k", "v", 1));
+    tutti_store_close(s);
+    fake_stop(srv);
+}
+END_TEST
+
+/* Run fn in a child with a mount namespace of its own (so that it can bind-mount over
+ * /etc files), bounded by 30 s; the child's exit code, or -1 when namespaces are not for
+ * this process (then the caller skips). */
+static int in_mount_ns(int (*fn)(void *), void *arg)
+{
+    if (geteuid() != 0)
+        return -1;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(30);
+        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            _exit(99);
+        _exit(fn(arg));
+    }
+    int code = -1;
+    reap_children(&pid, 1, 40000, &code);
+    if (code == 99)
+        return -1;
+    return code < 0 ? 1000 - code : code; /* killed: 1000 + the signal */
+}
+
+/* Bind-mount a file of text over path (in the child's mount namespace): 0, or -1. */
+static int bind_text(const char *path, const char *file, const char *text)
+{
+    FILE *f = fopen(file, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0)
+        return -1;
+    return mount(file, path, NULL, MS_BIND, NULL);
+}
+
+/* Rewrite file's text in place (the inode that is bind-mounted). */
+static int rewrite_text(const char *file, const char *text)
+{
+    FILE *f = fopen(file, "r+");
+    if (!f)
+        return -1;
+    int r = ftruncate(fileno(f), 0) == 0 && fputs(text, f) >= 0 ? 0 : -1;
+    return fclose(f) == 0 ? r : -1;
+}
+
+/* A name server that takes queries on 127.0.0.213:53 and never answers. */
+static int blackhole_dns(void)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(53) };
+    inet_pton(AF_INET, "127.0.0.213", &a.sin_addr);
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        fprintf(stderr, "blackhole dns: bind 127.0.0.213:53: %s\n", strerror(errno));
+        return -1;
+    }
+    int tfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(tfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(tfd, (struct sockaddr *)&a, sizeof(a)) == 0)
+        listen(tfd, 8); /* a TCP query is taken and never answered too */
+    return fd;
+}
+
+static int dns_child(void *arg)
+{
+    (void)arg;
+    char file[300];
+    snprintf(file, sizeof(file), "%s/resolv.blackhole", g_root);
+    if (blackhole_dns() < 0)
+        return 2;
+    if (bind_text("/etc/resolv.conf", file,
+                  "nameserver 127.0.0.213\noptions timeout:5 attempts:2\n") < 0) {
+        fprintf(stderr, "dns: cannot bind-mount a resolv.conf: %s\n", strerror(errno));
+        return 3;
+    }
+    const char *urls[] = { "redis://tutti-blackhole.example.com:6379",
+                           "tcp://tutti-blackhole.example.com:29500" };
+    for (int i = 0; i < 2; i++) {
+        tutti_store_opts_t o;
+        tutti_store_opts_init(&o);
+        o.timeout_ms = 1000;
+        tutti_store_t *s = NULL;
+        double t0 = now_ms();
+        int st = tutti_store_open(&s, urls[i], &o);
+        double el = now_ms() - t0;
+        const char *msg = tutti_store_last_error(NULL);
+        fprintf(stderr, "dns black hole, %s: %s after %.0f ms: %s\n", urls[i],
+                tutti_status_name(st), el, msg);
+        if (st != TUTTI_ERR_TIMEOUT || !strstr(msg, "cannot resolve tutti-blackhole.example.com"))
+            return 4 + i;
+        if (el < 900 || el > 2000)
+            return 6 + i;
+    }
+    return 0;
+}
+
+/* Resolving the store's host is bounded by the store's timeout, as everything else is
+ * (before, a name server that never answered held the open for resolv.conf's 5 s a try). */
+START_TEST(test_store_dns_timeout)
+{
+    int code = in_mount_ns(dns_child, NULL);
+    if (code < 0) {
+        fprintf(stderr, "dns timeout: skipped (needs root and mount namespaces)\n");
+        return;
+    }
+    ck_assert_msg(code == 0, "the child failed with %d (see its lines above)", code);
+}
+END_TEST
+
+static int failover_child(void *arg)
+{
+    (void)arg;
+    static const char *const ok[] = { "+PONG\r\n", "+OK\r\n", NULL };
+    char file[300];
+    snprintf(file, sizeof(file), "%s/hosts.failover", g_root);
+    if (bind_text("/etc/hosts", file, "127.0.0.2 tutti-failover.test\n") < 0) {
+        fprintf(stderr, "failover: cannot bind-mount a hosts file: %s\n", strerror(errno));
+        return 2;
+    }
+    int port, port2;
+    pid_t a = fake_serve("127.0.0.2", 0, &port, answer_script, ok);
+    if (a < 0)
+        return 3;
+    char url[96];
+    snprintf(url, sizeof(url), "redis://tutti-failover.test:%d", port);
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    o.timeout_ms = 3000;
+    tutti_store_t *s;
+    if (tutti_store_open(&s, url, &o) != 0 || tutti_store_set(s, "k", "v", 1) != 0) {
+        fprintf(stderr, "failover: first server: %s\n", tutti_store_last_error(NULL));
+        return 4;
+    }
+    /* the server moves to another address, and the name follows it */
+    fake_stop(a);
+    pid_t b = fake_serve("127.0.0.3", port, &port2, answer_script, ok);
+    if (b < 0 || rewrite_text(file, "127.0.0.3 tutti-failover.test\n") < 0)
+        return 5;
+    double t0 = now_ms();
+    int st = tutti_store_set(s, "k", "v", 1);
+    fprintf(stderr, "failover: set after the move: %s after %.0f ms%s%s\n", tutti_status_name(st),
+            now_ms() - t0, st ? ": " : "", st ? tutti_store_last_error(s) : "");
+    tutti_store_close(s);
+    fake_stop(b);
+    return st == 0 ? 0 : 6;
+}
+
+/* A Redis host name whose address changes (a DNS failover) is followed: the address is
+ * resolved again after a connect fails (before, the first one was kept for good). */
+START_TEST(test_redis_dns_failover)
+{
+    int code = in_mount_ns(failover_child, NULL);
+    if (code < 0) {
+        fprintf(stderr, "dns failover: skipped (needs root and mount namespaces)\n");
+        return;
+    }
+    ck_assert_msg(code == 0, "the child failed with %d (see its lines above)", code);
+}
+END_TEST
+
 START_TEST(test_redis_bad_servers)
 {
     static char longline[70000];
@@ -1775,7 +2165,9 @@ START_TEST(test_redis_bad_servers)
         { "a bulk length beyond the limit", "$99999999999\r\n", 14, TUTTI_ERR_PROTOCOL,
           "bad length" },
         { "a negative array length", "*-7\r\n", 5, TUTTI_ERR_PROTOCOL, "bad length" },
-        { "nesting too deep", "*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", 20, TUTTI_ERR_PROTOCOL, "nesting" },
+        /* (nesting beyond the limit where an array is due: test_redis_reply_budget) */
+        { "an array where none is due", "*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", 20, TUTTI_ERR_PROTOCOL,
+          "an array reply" },
         { "a bulk not ended by CRLF", "$3\r\nabcXY", 9, TUTTI_ERR_PROTOCOL, "CRLF" },
         { "a line with no end", longline, sizeof(longline), TUTTI_ERR_PROTOCOL, "longer than" },
         { "an integer that is not", ":12x\r\n", 6, TUTTI_ERR_PROTOCOL, "not a number" },
@@ -1957,6 +2349,8 @@ static Suite *store_suite(void)
 
     th_add_tests(s, "redis", 60,
                  (const TTest *const[]){ test_redis_urls, test_redis_auth, test_redis_bad_servers,
+                                         test_redis_reply_budget, test_redis_refusals,
+                                         test_redis_dns_failover, test_store_dns_timeout,
                                          test_redis_server_dies, test_redis_collectives, NULL });
 
     th_add_tests(s, "file", 60,

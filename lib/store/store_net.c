@@ -5,7 +5,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,4 +160,139 @@ int tt_net_recv_all(int fd, void *buf, size_t len, uint64_t deadline, size_t *go
             return pr;
     }
     return 0;
+}
+
+/* ---- name resolution bounded by a deadline ---- */
+
+/* One lookup, shared by the caller and its helper thread: the last of the two to let go
+ * frees it, so a caller that gave up at its deadline leaves nothing the helper could
+ * touch after the caller's memory is gone. */
+typedef struct net_gai {
+    pthread_mutex_t lock;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC, tt_now_ns's clock */
+    int refs;
+    int done, rc, err;
+    struct addrinfo *res; /* the helper's result, until the caller takes it */
+    char port[16];
+    char host[]; /* NUL-terminated */
+} net_gai_t;
+
+static void gai_unref(net_gai_t *g)
+{
+    pthread_mutex_lock(&g->lock);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->lock);
+    if (!last)
+        return;
+    if (g->res)
+        freeaddrinfo(g->res);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+
+static void *gai_thread(void *arg)
+{
+    net_gai_t *g = arg;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(g->host, g->port, &hints, &res);
+    int err = errno;
+    pthread_mutex_lock(&g->lock);
+    g->rc = rc;
+    g->err = err;
+    g->res = rc == 0 ? res : NULL;
+    g->done = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->lock);
+    gai_unref(g);
+    return NULL;
+}
+
+static int gai_result(const char *host, int rc, int err, char *cause, size_t causelen)
+{
+    if (rc == 0)
+        return 0;
+    snprintf(cause, causelen, "cannot resolve %s: %s", host,
+             rc == EAI_SYSTEM ? strerror(err) : gai_strerror(rc));
+    return rc == EAI_MEMORY ? -ENOMEM : -ENOENT;
+}
+
+int tt_net_resolve(const char *host, int port, uint64_t deadline, struct addrinfo **res_p,
+                   char *cause, size_t causelen)
+{
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    *res_p = NULL;
+    /* an address as it is needs no name service */
+    struct addrinfo numeric = { .ai_flags = AI_NUMERICHOST,
+                                .ai_family = AF_UNSPEC,
+                                .ai_socktype = SOCK_STREAM };
+    if (getaddrinfo(host, portstr, &numeric, res_p) == 0)
+        return 0;
+    *res_p = NULL;
+    if (deadline == UINT64_MAX) {
+        struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+        int rc = getaddrinfo(host, portstr, &hints, res_p);
+        return gai_result(host, rc, errno, cause, causelen);
+    }
+    size_t hl = strlen(host);
+    net_gai_t *g = calloc(1, sizeof(*g) + hl + 1);
+    if (!g) {
+        snprintf(cause, causelen, "cannot resolve %s: out of memory", host);
+        return -ENOMEM;
+    }
+    memcpy(g->host, host, hl + 1);
+    memcpy(g->port, portstr, sizeof(portstr));
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    g->refs = 2;
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    /* the helper takes no signals: they stay the application's threads' business */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    int e = pthread_create(&t, &ta, gai_thread, g);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&ta);
+    if (e != 0) {
+        snprintf(cause, causelen, "cannot resolve %s: no thread for the lookup: %s", host,
+                 strerror(e));
+        g->refs = 1;
+        gai_unref(g);
+        return -e;
+    }
+    int rc = 0, err = 0, done;
+    pthread_mutex_lock(&g->lock);
+    for (;;) {
+        if (g->done || tt_now_ns() >= deadline)
+            break;
+        struct timespec ts = { (time_t)(deadline / 1000000000ull),
+                               (long)(deadline % 1000000000ull) };
+        pthread_cond_timedwait(&g->cv, &g->lock, &ts);
+    }
+    done = g->done;
+    if (done) {
+        rc = g->rc;
+        err = g->err;
+        *res_p = g->res;
+        g->res = NULL;
+    }
+    pthread_mutex_unlock(&g->lock);
+    gai_unref(g);
+    if (!done) {
+        snprintf(cause, causelen,
+                 "cannot resolve %s: no answer from the name service before the deadline "
+                 "(resolv.conf's servers)",
+                 host);
+        return -ETIMEDOUT;
+    }
+    return gai_result(host, rc, err, cause, causelen);
 }

@@ -20,6 +20,14 @@ int tt_net_io_retry(int fd, short events, uint64_t deadline);
 void tt_net_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
 /* One connect attempt to one address (non-blocking fd, TCP_NODELAY): fd, or -errno. */
 int tt_net_connect_addr(const struct addrinfo *ai, uint64_t deadline);
+/* getaddrinfo(host, port) for TCP, bounded by the deadline: it runs in a detached helper
+ * thread of its own state (a resolver that outlives the deadline finishes there and
+ * frees what it made), the caller waiting for it no longer than the deadline (getaddrinfo
+ * itself follows resolv.conf's timeouts, 5 s a try by default). 0 with *res_p (for
+ * freeaddrinfo); -ETIMEDOUT at the deadline, or another -errno (-ENOENT: the name does not
+ * resolve), with cause naming the host. With no deadline it is a plain call. */
+int tt_net_resolve(const char *host, int port, uint64_t deadline, struct addrinfo **res_p,
+                   char *cause, size_t causelen);
 /* Send the iovecs whole (any number: IOV_MAX at a time), or fail: 0, or -errno
  * (-ETIMEDOUT at the deadline). The iovecs are consumed. */
 int tt_net_send_iov(int fd, struct iovec *iov, int iovcnt, uint64_t deadline);

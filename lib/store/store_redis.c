@@ -13,8 +13,17 @@
  * SCAN MATCH then DEL; compare_set and compare_del a Lua script each (EVAL), so each is one
  * atomic step on the server. Redis has no way to wait for a key without configuring the
  * server (keyspace notifications), so waits poll: 1 ms at first, doubling up to 20 ms.
- * Replies are parsed with limits (line length, bulk size, array size, nesting): a server
- * that is not Redis gets a protocol error naming the byte it sent, never a crash.
+ * Replies are parsed with limits (line length, bulk size, array size, nesting, and a
+ * budget of elements and bytes for a whole reply; no array where the command answers
+ * with none): a server that is not Redis gets a protocol error naming the byte it sent,
+ * never a crash nor memory without bound.
+ *
+ * The host name is resolved within the call's deadline (store_net.c's helper thread), and
+ * resolved again after a connect that failed on every address, so that a server moved to
+ * another address (a DNS failover) is followed. Connecting retries only what may pass
+ * (refused connections, closed ones, LOADING, BUSY, a full client table); the server's
+ * other refusals (protected mode's DENIED, an unknown command, NOAUTH, WRONGPASS) fail the
+ * call at once with its words.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -34,6 +43,12 @@
 #define RD_BULK_MAX ((size_t)TUTTI_STORE_MAX_VALUE + 65536u)
 #define RD_ARRAY_MAX 100000u
 #define RD_DEPTH_MAX 3
+/* One whole reply, nested arrays included: at most this many array elements and bytes on
+ * the wire (the biggest value and then some), so that a server cannot make the client
+ * build a tree of nested arrays without end (each element of a few bytes on the wire is
+ * a much bigger rd_reply_t here). */
+#define RD_REPLY_ELEMS_MAX RD_ARRAY_MAX
+#define RD_REPLY_BYTES_MAX (RD_BULK_MAX + (4u << 20))
 #define RD_POLL_FIRST_NS 1000000ull
 #define RD_POLL_MAX_NS 20000000ull
 #define RD_LAST_POLL_NS 50000000ull
@@ -58,8 +73,10 @@ typedef struct rd_store {
     char addr[300]; /* host:port for messages */
     pthread_mutex_t lock;
     rd_conn_t *idle;
-    struct addrinfo *ai;
+    struct rd_addrs *addrs; /* the host's addresses, NULL until resolved or once forgotten */
 } rd_store_t;
+
+typedef struct rd_addrs rd_addrs_t;
 
 typedef struct rd_reply {
     char type; /* '+' status, '-' error, ':' integer, '$' bulk, '*' array */
@@ -183,15 +200,32 @@ static int rd_parse_int(const char *p, size_t n, int64_t *v)
     return 0;
 }
 
-/* One reply, nested arrays included: 0, -errno, or RD_EPROTO with why. */
-static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int depth, char *why,
-                         size_t whylen)
+/* What is left to one reply of RD_REPLY_ELEMS_MAX and RD_REPLY_BYTES_MAX. */
+typedef struct rd_budget {
+    size_t elems, bytes;
+} rd_budget_t;
+
+static int rd_over_budget(char *why, size_t whylen)
+{
+    snprintf(why, whylen, "a reply of more than %u array elements or %zu bytes in all",
+             RD_REPLY_ELEMS_MAX, (size_t)RD_REPLY_BYTES_MAX);
+    return RD_EPROTO;
+}
+
+/* One reply, nested arrays included, within what is left of b; expect (depth 0 only, 0:
+ * any) the type the command answers with, so that an array where none is due is refused
+ * before anything is built for it: 0, -errno, or RD_EPROTO with why. */
+static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int depth, char expect,
+                         rd_budget_t *b, char *why, size_t whylen)
 {
     size_t start, n;
     memset(r, 0, sizeof(*r));
     int e = rd_line(c, deadline, &start, &n, why, whylen);
     if (e < 0)
         return e;
+    if (n + 2 > b->bytes)
+        return rd_over_budget(why, whylen);
+    b->bytes -= n + 2;
     const char *p = c->buf + start;
     if (n == 0) {
         snprintf(why, whylen, "an empty line where a reply should start");
@@ -226,6 +260,9 @@ static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int dep
             r->nil = 1;
             return 0;
         }
+        if ((uint64_t)len + 2 > b->bytes)
+            return rd_over_budget(why, whylen);
+        b->bytes -= (size_t)len + 2;
         /* the buffer grows as the bytes arrive, not on the length's word */
         size_t want = (size_t)len + 2;
         while (c->len - c->pos < want) {
@@ -255,10 +292,18 @@ static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int dep
                      (int)TT_MIN(n, 24u), p);
             return RD_EPROTO;
         }
+        if (depth == 0 && expect && expect != '*') {
+            snprintf(why, whylen, "an array reply ('%.*s') where one of type '%c' is due",
+                     (int)TT_MIN(n, 24u), p, expect);
+            return RD_EPROTO;
+        }
         if (cnt == -1) {
             r->nil = 1;
             return 0;
         }
+        if ((uint64_t)cnt > b->elems)
+            return rd_over_budget(why, whylen);
+        b->elems -= (size_t)cnt;
         if (cnt == 0)
             return 0;
         r->el = calloc((size_t)cnt, sizeof(*r->el));
@@ -266,7 +311,7 @@ static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int dep
             return -ENOMEM;
         for (int64_t k = 0; k < cnt; k++) {
             r->n = (size_t)k + 1;
-            e = rd_read_reply(c, deadline, &r->el[k], depth + 1, why, whylen);
+            e = rd_read_reply(c, deadline, &r->el[k], depth + 1, 0, b, why, whylen);
             if (e < 0)
                 return e;
         }
@@ -277,6 +322,14 @@ static int rd_read_reply(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, int dep
                  (unsigned char)p[0]);
         return RD_EPROTO;
     }
+}
+
+/* One whole reply, with a budget of its own. */
+static int rd_read_reply_top(rd_conn_t *c, uint64_t deadline, rd_reply_t *r, char expect, char *why,
+                             size_t whylen)
+{
+    rd_budget_t b = { RD_REPLY_ELEMS_MAX, RD_REPLY_BYTES_MAX };
+    return rd_read_reply(c, deadline, r, 0, expect, &b, why, whylen);
 }
 
 /* A command as RESP into one buffer: *argc then each argument as a bulk string. */
@@ -302,7 +355,8 @@ static char *rd_format(int argc, const char *const *argv, const size_t *argl, si
 
 /* Send one command and read its reply on c. */
 static int rd_exchange(rd_conn_t *c, int argc, const char *const *argv, const size_t *argl,
-                       uint64_t deadline, rd_reply_t *r, size_t *got_p, char *why, size_t whylen)
+                       char expect, uint64_t deadline, rd_reply_t *r, size_t *got_p, char *why,
+                       size_t whylen)
 {
     size_t len;
     char *cmd = rd_format(argc, argv, argl, &len);
@@ -316,7 +370,7 @@ static int rd_exchange(rd_conn_t *c, int argc, const char *const *argv, const si
     if (e < 0)
         return e;
     uint64_t before = c->rx;
-    e = rd_read_reply(c, deadline, r, 0, why, whylen);
+    e = rd_read_reply_top(c, deadline, r, expect, why, whylen);
     *got_p = (size_t)(c->rx - before);
     if (e < 0)
         rd_reply_free(r);
@@ -337,23 +391,29 @@ static int rd_error_status(const char *msg)
         return TUTTI_ERR_AUTH;
     if (!strncmp(msg, "ERR value is not an integer", 27) || !strncmp(msg, "ERR increment", 13))
         return TUTTI_ERR_INVALID_ARG;
-    if (!strncmp(msg, "ERR DB index", 12))
+    if (!strncmp(msg, "ERR DB index", 12) || !strncmp(msg, "DENIED", 6))
         return TUTTI_ERR_CONFIG;
     return TUTTI_ERR_STORE;
 }
 
-/* Redis answers these before doing anything: the command may go again. */
+/* Redis answers these before doing anything, and a later try may be served: the command
+ * (or the connection's handshake) may go again. Anything else is the server's final word
+ * (protected mode's DENIED, an unknown or renamed command, a refused password...). */
 static int rd_error_transient(const char *msg)
 {
-    return !strncmp(msg, "LOADING", 7) || !strncmp(msg, "BUSY", 4) || !strncmp(msg, "TRYAGAIN", 8);
+    return !strncmp(msg, "LOADING", 7) || !strncmp(msg, "BUSY ", 5) ||
+           !strncmp(msg, "TRYAGAIN", 8) || !strncmp(msg, "MASTERDOWN", 10) ||
+           !strncmp(msg, "ERR max number of clients reached", 33);
 }
 
 /* AUTH and SELECT on a new connection, or PING when neither is needed, so that every
  * connection starts with the server shown to be a Redis that serves us: TUTTI_OK, or a
- * status with cause. */
-static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *cause,
-                        size_t causelen)
+ * status with cause; *transient_p 1 when another connection may fare better (this one
+ * was lost or timed out, or the server said to come back later). */
+static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, int *transient_p,
+                        char *cause, size_t causelen)
 {
+    *transient_p = 0;
     for (int step = 0; step < 3; step++) {
         const char *argv[3];
         size_t argl[3];
@@ -382,7 +442,7 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
         rd_reply_t r;
         size_t got;
         char why[160] = "";
-        int e = rd_exchange(c, argc, argv, argl, deadline, &r, &got, why, sizeof(why));
+        int e = rd_exchange(c, argc, argv, argl, '+', deadline, &r, &got, why, sizeof(why));
         if (e == RD_EPROTO) {
             snprintf(cause, causelen, "%s: bad reply to %s: %s", rs->addr, argv[0], why);
             return TUTTI_ERR_PROTOCOL;
@@ -390,10 +450,18 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
         if (e < 0) {
             snprintf(cause, causelen, "%s: %s: %s", rs->addr, argv[0],
                      e == -ETIMEDOUT ? "no reply before the deadline" : rd_lost_str(e));
-            return e == -ETIMEDOUT ? TUTTI_ERR_TIMEOUT : TUTTI_ERR_STORE;
+            *transient_p = e != -ENOMEM;
+            return e == -ETIMEDOUT ? TUTTI_ERR_TIMEOUT
+                   : e == -ENOMEM  ? TUTTI_ERR_NOMEM
+                                   : TUTTI_ERR_STORE;
         }
         int st = TUTTI_OK;
-        if (r.type == '-') {
+        if (r.type == '-' && rd_error_transient(r.s)) {
+            snprintf(cause, causelen, "%s: %s refused for now: %.*s", rs->addr, argv[0],
+                     (int)TT_MIN(r.len, 200u), r.s);
+            *transient_p = 1;
+            st = TUTTI_ERR_STORE;
+        } else if (r.type == '-') {
             st = rd_error_status(r.s);
             if (step == 0 && st == TUTTI_ERR_STORE)
                 st = TUTTI_ERR_AUTH;
@@ -418,41 +486,107 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, char *c
     return TUTTI_OK;
 }
 
-static const struct addrinfo *rd_resolve(rd_store_t *rs, char *cause, size_t causelen)
+/* The server's addresses as last resolved, shared by the connects under way (refs, under
+ * rs->lock: the cache's own and one per connect using them). */
+struct rd_addrs {
+    int refs;
+    struct addrinfo *ai;
+};
+
+static void rd_addrs_put(rd_store_t *rs, rd_addrs_t *a)
 {
     pthread_mutex_lock(&rs->lock);
-    struct addrinfo *ai = rs->ai;
+    int last = --a->refs == 0;
     pthread_mutex_unlock(&rs->lock);
-    if (ai)
-        return ai;
-    char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", rs->port);
-    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
-    int r = getaddrinfo(rs->host, portstr, &hints, &ai);
-    if (r != 0) {
-        snprintf(cause, causelen, "cannot resolve %s: %s", rs->host, gai_strerror(r));
-        return NULL;
+    if (last) {
+        freeaddrinfo(a->ai);
+        free(a);
     }
+}
+
+/* The cached addresses, or the host resolved now (within the deadline): 0 with *a_p
+ * (rd_addrs_put it), or -errno with cause. */
+static int rd_resolve(rd_store_t *rs, uint64_t deadline, rd_addrs_t **a_p, char *cause,
+                      size_t causelen)
+{
     pthread_mutex_lock(&rs->lock);
-    if (rs->ai) {
+    rd_addrs_t *a = rs->addrs;
+    if (a)
+        a->refs++;
+    pthread_mutex_unlock(&rs->lock);
+    if (a) {
+        *a_p = a;
+        return 0;
+    }
+    struct addrinfo *ai;
+    int e = tt_net_resolve(rs->host, rs->port, deadline, &ai, cause, causelen);
+    if (e < 0)
+        return e;
+    a = malloc(sizeof(*a));
+    if (!a) {
         freeaddrinfo(ai);
-        ai = rs->ai;
+        snprintf(cause, causelen, "out of memory");
+        return -ENOMEM;
+    }
+    a->refs = 2;
+    a->ai = ai;
+    pthread_mutex_lock(&rs->lock);
+    rd_addrs_t *other = rs->addrs;
+    if (other) { /* another thread's came first: that one */
+        other->refs++;
     } else {
-        rs->ai = ai;
+        rs->addrs = a;
     }
     pthread_mutex_unlock(&rs->lock);
-    return ai;
+    if (other) {
+        freeaddrinfo(ai);
+        free(a);
+        a = other;
+    }
+    *a_p = a;
+    return 0;
+}
+
+/* After a connect or handshake failed on every address of a: the next connect resolves
+ * the name again, so that a server moved to another address (a DNS failover) is found. */
+static void rd_addrs_forget(rd_store_t *rs, rd_addrs_t *a)
+{
+    pthread_mutex_lock(&rs->lock);
+    int cached = rs->addrs == a;
+    if (cached)
+        rs->addrs = NULL;
+    pthread_mutex_unlock(&rs->lock);
+    if (cached)
+        rd_addrs_put(rs, a);
 }
 
 /* Connect (and AUTH, SELECT), retrying with backoff until the deadline: a Redis server
- * started after the ranks is waited for, as the tcp store's is. */
+ * started after the ranks is waited for, as the tcp store's is, and so is one that
+ * refused for a while (loading its data, busy, at its client limit) or closed the
+ * connection; a refusal that another try would meet again (protected mode, a command
+ * unknown to the server, a password refused) fails at once with the server's words. */
 static int rd_connect(rd_store_t *rs, uint64_t deadline, rd_conn_t **conn_p, tt_store_err_t *err)
 {
     char cause[400] = "";
     uint64_t start = tt_now_ns(), backoff = 10000000ull;
+    int resolve_timeout = 0;
     for (;;) {
-        const struct addrinfo *res = rd_resolve(rs, cause, sizeof(cause));
-        for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        rd_addrs_t *a = NULL;
+        char rcause[300];
+        int e = rd_resolve(rs, deadline, &a, rcause, sizeof(rcause));
+        if (e == -ENOMEM) {
+            tt_store_err_set(err, "%s", rcause);
+            return TUTTI_ERR_NOMEM;
+        }
+        if (e == -ETIMEDOUT) { /* (after earlier tries, what they met says more) */
+            resolve_timeout = !cause[0];
+            if (!cause[0])
+                snprintf(cause, sizeof(cause), "%s", rcause);
+            break;
+        }
+        if (e < 0)
+            snprintf(cause, sizeof(cause), "%s", rcause);
+        for (const struct addrinfo *ai = a ? a->ai : NULL; ai; ai = ai->ai_next) {
             char where[80];
             tt_net_sockaddr_str(ai->ai_addr, where, sizeof(where));
             int fd = tt_net_connect_addr(ai, deadline);
@@ -464,29 +598,38 @@ static int rd_connect(rd_store_t *rs, uint64_t deadline, rd_conn_t **conn_p, tt_
             rd_conn_t *c = calloc(1, sizeof(*c));
             if (!c) {
                 close(fd);
+                rd_addrs_put(rs, a);
                 tt_store_err_set(err, "out of memory");
                 return TUTTI_ERR_NOMEM;
             }
             c->fd = fd;
             c->pid = getpid();
-            int st = rd_handshake(rs, c, deadline, cause, sizeof(cause));
+            int transient = 0;
+            int st = rd_handshake(rs, c, deadline, &transient, cause, sizeof(cause));
             if (st == TUTTI_OK) {
+                rd_addrs_put(rs, a);
                 *conn_p = c;
                 return TUTTI_OK;
             }
             rd_conn_drop(c);
-            if (st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_STORE) {
+            if (!transient) {
+                rd_addrs_forget(rs, a);
+                rd_addrs_put(rs, a);
                 tt_store_err_set(err, "%s", cause);
                 return st;
             }
+        }
+        if (a) {
+            rd_addrs_forget(rs, a);
+            rd_addrs_put(rs, a);
         }
         if (tt_now_ns() >= deadline)
             break;
         tt_net_sleep_until(backoff, deadline);
         backoff = TT_MIN(backoff * 2, 500000000ull);
     }
-    tt_store_err_set(err, "%s (retried for %" PRIu64 " ms)", cause[0] ? cause : "no address",
-                     (tt_now_ns() - start) / 1000000u);
+    tt_store_err_set(err, "%s (%s for %" PRIu64 " ms)", cause[0] ? cause : "no address",
+                     resolve_timeout ? "waited" : "retried", (tt_now_ns() - start) / 1000000u);
     return TUTTI_ERR_TIMEOUT;
 }
 
@@ -543,7 +686,8 @@ static void rd_pool_flush(rd_store_t *rs)
 /* One command and its reply (an error reply is a status with the server's text in err).
  * retry_safe: the command may go again when the connection closed before any reply. */
 static int rd_cmd(tutti_store_t *s, int argc, const char *const *argv, const size_t *argl,
-                  int retry_safe, uint64_t deadline, rd_reply_t *r, tt_store_err_t *err)
+                  int retry_safe, char expect, uint64_t deadline, rd_reply_t *r,
+                  tt_store_err_t *err)
 {
     rd_store_t *rs = rs_of(s);
     uint64_t start = tt_now_ns(), backoff = RD_POLL_FIRST_NS;
@@ -552,7 +696,7 @@ static int rd_cmd(tutti_store_t *s, int argc, const char *const *argv, const siz
         TT_CHECK(rd_conn_take(rs, deadline, &c, err));
         size_t got = 0;
         char why[200] = "";
-        int e = rd_exchange(c, argc, argv, argl, deadline, r, &got, why, sizeof(why));
+        int e = rd_exchange(c, argc, argv, argl, expect, deadline, r, &got, why, sizeof(why));
         if (e == 0) {
             rd_conn_give(rs, c);
             if (r->type != '-')
@@ -610,7 +754,7 @@ static int rd_set(tutti_store_t *s, const char *key, const void *value, size_t l
     const char *argv[] = { "SET", key, value };
     size_t argl[] = { 3, strlen(key), len };
     rd_reply_t r;
-    TT_CHECK(rd_cmd(s, 3, argv, argl, 1, deadline, &r, err));
+    TT_CHECK(rd_cmd(s, 3, argv, argl, 1, '+', deadline, &r, err));
     if (r.type != '+')
         return rd_unexpected(s, "SET", &r, err);
     rd_reply_free(&r);
@@ -641,7 +785,7 @@ static int rd_get(tutti_store_t *s, const char *key, void **value_p, size_t *len
     uint64_t start = tt_now_ns(), backoff = RD_POLL_FIRST_NS;
     for (;;) {
         rd_reply_t r;
-        TT_CHECK(rd_cmd(s, 2, argv, argl, 1, rd_poll_deadline(deadline), &r, err));
+        TT_CHECK(rd_cmd(s, 2, argv, argl, 1, '$', rd_poll_deadline(deadline), &r, err));
         if (r.type != '$')
             return rd_unexpected(s, "GET", &r, err);
         if (!r.nil) {
@@ -668,7 +812,7 @@ static int rd_add(tutti_store_t *s, const char *key, int64_t delta, int64_t *res
     const char *argv[] = { "INCRBY", key, d };
     size_t argl[] = { 6, strlen(key), strlen(d) };
     rd_reply_t r;
-    TT_CHECK(rd_cmd(s, 3, argv, argl, 0, deadline, &r, err));
+    TT_CHECK(rd_cmd(s, 3, argv, argl, 0, ':', deadline, &r, err));
     if (r.type != ':')
         return rd_unexpected(s, "INCRBY", &r, err);
     if (result_p)
@@ -691,7 +835,7 @@ static int rd_compare_set(tutti_store_t *s, const char *key, const void *expecte
     };
     size_t argl[] = { 4, sizeof(rd_cas_script) - 1, 1, strlen(key), elen, dlen };
     rd_reply_t r;
-    TT_CHECK(rd_cmd(s, 6, argv, argl, 0, deadline, &r, err));
+    TT_CHECK(rd_cmd(s, 6, argv, argl, 0, '$', deadline, &r, err));
     if (r.type != '$' || r.nil)
         return rd_unexpected(s, "EVAL (compare and set)", &r, err);
     if (current_p) {
@@ -725,7 +869,7 @@ static int rd_exists(tutti_store_t *s, const char *const *keys, size_t n, int64_
         argl[k + 1] = strlen(keys[k]);
     }
     rd_reply_t r;
-    st = rd_cmd(s, (int)n + 1, argv, argl, 1, deadline, &r, err);
+    st = rd_cmd(s, (int)n + 1, argv, argl, 1, ':', deadline, &r, err);
     if (st == TUTTI_OK) {
         if (r.type != ':') {
             st = rd_unexpected(s, "EXISTS", &r, err);
@@ -783,7 +927,7 @@ static int rd_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t de
     const char *argv[] = { "DEL", key };
     size_t argl[] = { 3, strlen(key) };
     rd_reply_t r;
-    TT_CHECK(rd_cmd(s, 2, argv, argl, 0, deadline, &r, err));
+    TT_CHECK(rd_cmd(s, 2, argv, argl, 0, ':', deadline, &r, err));
     if (r.type != ':')
         return rd_unexpected(s, "DEL", &r, err);
     if (deleted_p)
@@ -870,7 +1014,7 @@ static int rd_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, int 
         const char *argv[] = { "SCAN", cursor, "MATCH", glob, "COUNT", RD_SCAN_COUNT };
         size_t argl[] = { 4, strlen(cursor), 5, glen, 5, sizeof(RD_SCAN_COUNT) - 1 };
         rd_reply_t r;
-        st = rd_cmd(s, 6, argv, argl, 1, deadline, &r, err);
+        st = rd_cmd(s, 6, argv, argl, 1, '*', deadline, &r, err);
         if (st < 0)
             break;
         if (r.type != '*' || r.n != 2 || r.el[0].type != '$' || r.el[0].nil ||
@@ -906,7 +1050,7 @@ static int rd_prefix(tutti_store_t *s, const char *prefix, size_t *count_p, int 
                 dl[k + 1] = keys->el[k].len;
             }
             rd_reply_t d;
-            st = rd_cmd(s, (int)keys->n + 1, dv, dl, 0, deadline, &d, err);
+            st = rd_cmd(s, (int)keys->n + 1, dv, dl, 0, ':', deadline, &d, err);
             if (st == TUTTI_OK && d.type != ':')
                 st = rd_unexpected(s, "DEL", &d, err);
             else if (st == TUTTI_OK)
@@ -944,7 +1088,7 @@ static int rd_compare_del(tutti_store_t *s, const char *key, const void *expecte
     const char *argv[] = { "EVAL", rd_cad_script, "1", key, expected ? expected : "" };
     size_t argl[] = { 4, sizeof(rd_cad_script) - 1, 1, strlen(key), elen };
     rd_reply_t r;
-    TT_CHECK(rd_cmd(s, 5, argv, argl, 0, deadline, &r, err));
+    TT_CHECK(rd_cmd(s, 5, argv, argl, 0, ':', deadline, &r, err));
     if (r.type != ':')
         return rd_unexpected(s, "EVAL (compare and delete)", &r, err);
     if (deleted_p)
@@ -975,7 +1119,7 @@ int tt_store_redis_fuzz_input(const uint8_t *data, size_t len, size_t split)
     for (;;) {
         rd_reply_t r;
         char why[200];
-        if (rd_read_reply(&c, tt_deadline_ns(1000), &r, 0, why, sizeof(why)) < 0) {
+        if (rd_read_reply_top(&c, tt_deadline_ns(1000), &r, 0, why, sizeof(why)) < 0) {
             rd_reply_free(&r);
             break;
         }
@@ -989,8 +1133,8 @@ int tt_store_redis_fuzz_input(const uint8_t *data, size_t len, size_t split)
 static void rd_free(rd_store_t *rs)
 {
     rd_pool_flush(rs);
-    if (rs->ai)
-        freeaddrinfo(rs->ai);
+    if (rs->addrs)
+        rd_addrs_put(rs, rs->addrs);
     pthread_mutex_destroy(&rs->lock);
     free(rs->host);
     free(rs->user);

@@ -345,19 +345,19 @@ static int tcp_known(tcp_store_t *ts)
     return k;
 }
 
-static const struct addrinfo *tcp_resolve(tcp_store_t *ts, char *cause, size_t causelen)
+/* The cached addresses, or the host resolved now, within the deadline (NULL with cause;
+ * *timeout_p 1 when the name service did not answer in time). */
+static const struct addrinfo *tcp_resolve(tcp_store_t *ts, uint64_t deadline, int *timeout_p,
+                                          char *cause, size_t causelen)
 {
     pthread_mutex_lock(&ts->lock);
     struct addrinfo *ai = ts->ai;
     pthread_mutex_unlock(&ts->lock);
     if (ai)
         return ai;
-    char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", ts->port);
-    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
-    int r = getaddrinfo(ts->host, portstr, &hints, &ai);
-    if (r != 0) {
-        snprintf(cause, causelen, "cannot resolve %s: %s", ts->host, gai_strerror(r));
+    int e = tt_net_resolve(ts->host, ts->port, deadline, &ai, cause, causelen);
+    if (e < 0) {
+        *timeout_p = e == -ETIMEDOUT;
         return NULL;
     }
     pthread_mutex_lock(&ts->lock);
@@ -379,7 +379,16 @@ static int tcp_connect(tcp_store_t *ts, uint64_t deadline, int *fd_p, tt_store_e
     char cause[400] = "";
     uint64_t start = tt_now_ns(), backoff = 10000000ull;
     for (;;) {
-        const struct addrinfo *res = tcp_resolve(ts, cause, sizeof(cause));
+        int resolve_timeout = 0;
+        char rcause[300] = "";
+        const struct addrinfo *res = tcp_resolve(ts, deadline, &resolve_timeout, rcause,
+                                                 sizeof(rcause));
+        /* a name service that did not answer in time ends the tries (after earlier ones,
+         * what they met says more) */
+        if (rcause[0] && (!resolve_timeout || !cause[0]))
+            snprintf(cause, sizeof(cause), "%s", rcause);
+        if (resolve_timeout)
+            break;
         int tried = 0, refused = 0;
         for (const struct addrinfo *ai = res; ai; ai = ai->ai_next, tried++) {
             char where[80];
