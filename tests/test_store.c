@@ -1490,6 +1490,231 @@ START_TEST(test_file_full_disk)
 }
 END_TEST
 
+/* A pid that no process of this namespace has (a child's, reaped). */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(0);
+    waitpid(pid, NULL, 0);
+    return pid;
+}
+
+static unsigned long own_pidns(void)
+{
+    struct stat sb;
+    ck_assert_int_eq(stat("/proc/self/ns/pid", &sb), 0);
+    return (unsigned long)sb.st_ino;
+}
+
+static void own_host(char *host, size_t len)
+{
+    memset(host, 0, len);
+    if (gethostname(host, len - 1) < 0)
+        snprintf(host, len, "localhost");
+    for (char *p = host; *p; p++)
+        if (*p == '/')
+            *p = '_';
+}
+
+/* A temp file at dir/name, its mtime age_s seconds ago. */
+static void make_tmp(const char *dir, const char *name, int age_s)
+{
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+    ck_assert_int_eq(write(fd, "x", 1), 1);
+    close(fd);
+    if (age_s) {
+        struct timespec t[2] = { { time(NULL) - age_s, 0 }, { time(NULL) - age_s, 0 } };
+        ck_assert_int_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+    }
+}
+
+static int path_exists(const char *dir, const char *name)
+{
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* Which temp files an open removes: those of a dead writer of this host and pid namespace
+ * at once; of another pid namespace (another container with the same host name: its pid
+ * means nothing here) or of the older name form without a namespace only when old; in the
+ * root and in long keys' directories alike. */
+START_TEST(test_file_tmp_cleanup)
+{
+    ctx_t c;
+    ctx_open(&c, K_FILE, 2000);
+    char host[64], longkey[301], sub[256];
+    own_host(host, sizeof(host));
+    unsigned long ns = own_pidns();
+    long dead = (long)dead_pid();
+    memset(longkey, 'a', 300);
+    longkey[300] = '\0';
+    OK(c.s, tutti_store_set(c.s, longkey, "v", 1));
+    char d[220];
+    d[0] = 'd';
+    memset(d + 1, 'a', 200);
+    d[201] = '\0';
+    snprintf(sub, sizeof(sub), "%s/%s", c.dir, d);
+    static const struct {
+        const char *what;
+        int ns; /* 1 ours, 2 another, 0 the older form */
+        int age_s, in_sub, removed;
+    } cases[] = {
+        { "ours, dead", 1, 0, 0, 1 },
+        { "ours, dead, in a long key's directory", 1, 0, 1, 1 },
+        { "another pid namespace, new", 2, 0, 0, 0 },
+        { "another pid namespace, new, in a long key's directory", 2, 0, 1, 0 },
+        { "another pid namespace, 2 h old", 2, 7200, 0, 1 },
+        { "older form, new", 0, 0, 0, 0 },
+        { "older form, 2 h old", 0, 7200, 0, 1 },
+        { "older form, 2 h old, in a long key's directory", 0, 7200, 1, 1 },
+    };
+    char names[8][200];
+    for (int i = 0; i < 8; i++) {
+        if (cases[i].ns)
+            snprintf(names[i], sizeof(names[i]), ".tmp.%ld-%lu.%d.%s", dead,
+                     cases[i].ns == 1 ? ns : ns + 1, 1000 + i, host);
+        else
+            snprintf(names[i], sizeof(names[i]), ".tmp.%ld.%d.%s", dead, 1000 + i, host);
+        make_tmp(cases[i].in_sub ? sub : c.dir, names[i], cases[i].age_s);
+    }
+    tutti_store_t *s2;
+    OK(NULL, tutti_store_open_file(&s2, c.dir, 1000));
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(path_exists(cases[i].in_sub ? sub : c.dir, names[i]) == !cases[i].removed,
+                      "%s: %s %s", cases[i].what, names[i],
+                      cases[i].removed ? "left behind" : "removed");
+    tutti_store_close(s2);
+    ctx_close(&c);
+}
+END_TEST
+
+/* A writer in another pid namespace (another container on a host of the same name) whose
+ * pid is no process here: opens of the store meanwhile leave its temp files alone (before,
+ * they looked dead and went mid-write, and the writer's set failed). */
+START_TEST(test_file_other_pidns_writer)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "other pid namespace: skipped (needs root)\n");
+        return;
+    }
+    ctx_t c;
+    ctx_open(&c, K_FILE, 5000);
+    pid_t want = dead_pid(); /* the writer's pid in its namespace, no process here */
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t outer = fork();
+    ck_assert_int_ge(outer, 0);
+    if (outer == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(60);
+        close(ready[0]);
+        if (unshare(CLONE_NEWPID) < 0)
+            _exit(99);
+        pid_t init = fork(); /* pid 1 of the new namespace */
+        if (init < 0)
+            _exit(98);
+        if (init == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+            if (!f || fprintf(f, "%d", (int)want - 1) < 0 || fclose(f) != 0)
+                _exit(99);
+            pid_t w = fork();
+            if (w == 0) {
+                if (getpid() != want)
+                    _exit(99);
+                tutti_store_t *s;
+                CHILD_OK(ctx_client(&c, &s, 5000), 2);
+                size_t sz = 16u << 20;
+                char *b = malloc(sz);
+                memset(b, 'x', sz);
+                ck_assert_int_eq(write(ready[1], "r", 1), 1);
+                for (int i = 0; i < 40; i++)
+                    CHILD_OK(tutti_store_set(s, "big", b, sz), 3);
+                _exit(0);
+            }
+            int code = 98;
+            if (w > 0 && waitpid(w, &code, 0) == w)
+                code = WIFEXITED(code) ? WEXITSTATUS(code) : 97;
+            _exit(code);
+        }
+        int code = 98;
+        if (waitpid(init, &code, 0) == init)
+            code = WIFEXITED(code) ? WEXITSTATUS(code) : 97;
+        _exit(code);
+    }
+    close(ready[1]);
+    char r;
+    int got = (int)read(ready[0], &r, 1);
+    close(ready[0]);
+    int opens = 0;
+    if (got == 1) {
+        /* opens, each cleaning up, while the writer writes */
+        for (double end = now_ms() + 20000; now_ms() < end; opens++) {
+            tutti_store_t *s;
+            OK(NULL, tutti_store_open_file(&s, c.dir, 1000));
+            tutti_store_close(s);
+            if (waitpid(outer, NULL, WNOHANG | WNOWAIT) == outer)
+                break;
+            usleep(200);
+        }
+    }
+    int code = -1;
+    reap_children(&outer, 1, 40000, &code);
+    ctx_close(&c);
+    if (code == 99) {
+        fprintf(stderr, "other pid namespace: skipped (no pid namespace, or no pid %d in it)\n",
+                (int)want);
+        return;
+    }
+    fprintf(stderr, "other pid namespace: writer (pid %d there) exited %d after %d opens\n",
+            (int)want, code, opens);
+    ck_assert_msg(code == 0, "the writer in another pid namespace failed (%d)", code);
+}
+END_TEST
+
+/* Deleting a long key removes the directories it emptied; its key is set again after. */
+START_TEST(test_file_long_key_dirs)
+{
+    ctx_t c;
+    ctx_open(&c, K_FILE, 2000);
+    char k1[701], k2[701];
+    memset(k1, 'b', 700);
+    k1[700] = '\0';
+    memcpy(k2, k1, sizeof(k1));
+    k2[650] = 'c'; /* shares the first three directories */
+    OK(c.s, tutti_store_set(c.s, k1, "1", 1));
+    OK(c.s, tutti_store_set(c.s, k2, "2", 1));
+    int del;
+    OK(c.s, tutti_store_delete(c.s, k1, &del));
+    ck_assert_int_eq(del, 1);
+    void *v;
+    size_t len;
+    OK(c.s, tutti_store_get(c.s, k2, &v, &len, 100));
+    free(v);
+    OK(c.s, tutti_store_delete(c.s, k2, &del));
+    ck_assert_int_eq(del, 1);
+    DIR *d = opendir(c.dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int dirs = 0;
+    while ((e = readdir(d)))
+        dirs += e->d_name[0] == 'd';
+    closedir(d);
+    ck_assert_msg(dirs == 0, "%d long-key directories left after deleting the keys", dirs);
+    OK(c.s, tutti_store_set(c.s, k1, "3", 1));
+    OK(c.s, tutti_store_get(c.s, k1, &v, &len, 100));
+    ck_assert_int_eq(((char *)v)[0], '3');
+    free(v);
+    ctx_close(&c);
+}
+END_TEST
+
 START_TEST(test_file_unwritable)
 {
     if (geteuid() == 0) {
@@ -2355,7 +2580,9 @@ static Suite *store_suite(void)
 
     th_add_tests(s, "file", 60,
                  (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,
-                                         test_file_unwritable, NULL });
+                                         test_file_unwritable, test_file_tmp_cleanup,
+                                         test_file_other_pidns_writer, test_file_long_key_dirs,
+                                         NULL });
     return s;
 }
 

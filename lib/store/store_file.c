@@ -10,6 +10,14 @@
  * Layout: key bytes outside [A-Za-z0-9_.-] are %XX-escaped and the result prefixed with
  * 'k'; an escaped key longer than one file name is split into directories "d<part>/",
  * so no two keys share a file. Temp files start with ".tmp.", lock files with ".lock.".
+ *
+ * A temp file is named ".tmp.<pid>-<pidns>.<n>.<host>": the writer's pid, the inode of
+ * its pid namespace (/proc/self/ns/pid; 0 when unknown), a per-process count and the host
+ * name. An open removes the temp files of dead writers, in the root and in long keys'
+ * directories: of a writer on this host in this pid namespace when its pid is gone, of any
+ * other (another host, another pid namespace such as another container with the same
+ * host name, where the pid means nothing here, or a name of the older form
+ * ".tmp.<pid>.<n>.<host>", which carries no namespace) only when older than FS_STALE_TMP_S.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -38,10 +46,12 @@ typedef struct fs_store {
     int dirfd;
     int do_fsync; /* TUTTI_STORE_FSYNC=1: fsync values before they become visible */
     char host[64];
+    unsigned long pidns; /* inode of this process's pid namespace, 0 if unknown */
 } fs_store_t;
 
 /* Temp names must be unique among all threads of all processes on all hosts sharing the
- * directory: host and pid tell processes apart, this counter the writes of one process. */
+ * directory: host, pid namespace and pid tell processes apart, this counter the writes of
+ * one process. */
 static atomic_ulong fs_tmp_counter;
 
 static fs_store_t *fs_of(tutti_store_t *s)
@@ -201,11 +211,19 @@ static int fs_write_tmp(tutti_store_t *s, char *path, size_t dirlen, const void 
                         char *tmp, tt_store_err_t *err)
 {
     fs_store_t *fs = fs_of(s);
-    TT_CHECK(fs_mkdirs(s, path, dirlen, err));
     unsigned long n = atomic_fetch_add(&fs_tmp_counter, 1);
     memcpy(tmp, path, dirlen);
-    snprintf(tmp + dirlen, FS_PATH_MAX - dirlen, ".tmp.%ld.%lu.%s", (long)getpid(), n, fs->host);
-    int fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    snprintf(tmp + dirlen, FS_PATH_MAX - dirlen, ".tmp.%ld-%lu.%lu.%s", (long)getpid(), fs->pidns,
+             n, fs->host);
+    int fd = -1;
+    /* a long key's directory that a delete removed (found empty) between our mkdir and
+     * create is made again */
+    for (int tries = 0; fd < 0 && tries < 8; tries++) {
+        TT_CHECK(fs_mkdirs(s, path, dirlen, err));
+        fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 && (errno != ENOENT || dirlen == 0))
+            break;
+    }
     if (fd < 0)
         return fs_io_error(s, err, "create", tmp, errno);
     const char *p = value;
@@ -487,6 +505,21 @@ static int fs_check(tutti_store_t *s, const char *const *keys, size_t n, int *ex
     return TUTTI_OK;
 }
 
+/* After a long key's file went: its directories, deepest first, while they are empty (a
+ * writer that meets one gone makes it again: fs_write_tmp). */
+static void fs_rmdirs(int dirfd, char *path, size_t dirlen)
+{
+    for (size_t i = dirlen; i > 0; i--) {
+        if (path[i - 1] != '/')
+            continue;
+        path[i - 1] = '\0';
+        int r = unlinkat(dirfd, path, AT_REMOVEDIR);
+        path[i - 1] = '/';
+        if (r < 0)
+            break;
+    }
+}
+
 static int fs_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t deadline,
                   tt_store_err_t *err)
 {
@@ -497,6 +530,7 @@ static int fs_del(tutti_store_t *s, const char *key, int *deleted_p, uint64_t de
     TT_CHECK(fs_lock(s, key, deadline, &lockfd, err));
     if (unlinkat(fs_of(s)->dirfd, path, 0) == 0) {
         *deleted_p = 1;
+        fs_rmdirs(fs_of(s)->dirfd, path, dirlen);
     } else if (errno == ENOENT || errno == ENOTDIR) {
         *deleted_p = 0;
     } else {
@@ -610,9 +644,10 @@ static int fs_compare_del(tutti_store_t *s, const char *key, const void *expecte
     if (st < 0)
         return st;
     if (l.exists && l.curlen == elen && !memcmp(l.cur, expected, elen)) {
-        if (unlinkat(fs_of(s)->dirfd, l.path, 0) == 0)
+        if (unlinkat(fs_of(s)->dirfd, l.path, 0) == 0) {
             *deleted_p = 1;
-        else if (errno != ENOENT)
+            fs_rmdirs(fs_of(s)->dirfd, l.path, l.dirlen);
+        } else if (errno != ENOENT)
             st = fs_io_error(s, err, "delete", l.path, errno);
     }
     fs_unlock(&l);
@@ -628,11 +663,34 @@ static void fs_close(tutti_store_t *s)
     s->impl = NULL;
 }
 
-/* Remove temp files left in the root by writers that died: on this host those whose pid
- * is gone, from other hosts those older than FS_STALE_TMP_S. */
-static void fs_clean_tmp(fs_store_t *fs)
+/* Whether a temp file name (".tmp." already matched) is of a writer that is gone: one of
+ * this host and pid namespace whose pid no longer exists, or any other older than
+ * FS_STALE_TMP_S (another host, another pid namespace, the older form without one). */
+static int fs_tmp_stale(const fs_store_t *fs, int dirfd, const char *name, time_t now)
 {
-    int fd = openat(fs->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* own offset */
+    char *end;
+    long pid = strtol(name + 5, &end, 10);
+    unsigned long ns = 0;
+    int has_ns = *end == '-';
+    if (has_ns)
+        ns = strtoul(end + 1, &end, 10);
+    if (*end != '.')
+        return 0; /* not one of ours */
+    const char *host = strchr(end + 1, '.');
+    size_t hostlen = strlen(fs->host);
+    int here = host && !strncmp(host + 1, fs->host, hostlen) && host[1 + hostlen] == '\0';
+    if (here && has_ns && ns != 0 && ns == fs->pidns)
+        return pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+    struct stat sb;
+    return fstatat(dirfd, name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+           now - sb.st_mtime > FS_STALE_TMP_S;
+}
+
+/* Remove the temp files of dead writers in the directory at dirfd and in long keys'
+ * directories "d<part>/" below it (depth: how far down this one is). */
+static void fs_clean_tmp_at(fs_store_t *fs, int dirfd, time_t now, int depth)
+{
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* own offset */
     if (fd < 0)
         return;
     DIR *d = fdopendir(fd);
@@ -640,31 +698,28 @@ static void fs_clean_tmp(fs_store_t *fs)
         close(fd);
         return;
     }
-    size_t hostlen = strlen(fs->host);
-    time_t now = time(NULL);
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, ".tmp.", 5))
+        if (e->d_name[0] == 'd' && strlen(e->d_name) == FS_PART_MAX + 1 &&
+            depth < TUTTI_STORE_MAX_KEY * 3 / FS_PART_MAX + 1) {
+            int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                fs_clean_tmp_at(fs, sub, now, depth + 1);
+                close(sub);
+            }
             continue;
-        char *end;
-        long pid = strtol(e->d_name + 5, &end, 10);
-        if (*end != '.')
+        }
+        if (strncmp(e->d_name, ".tmp.", 5) || !fs_tmp_stale(fs, dirfd, e->d_name, now))
             continue;
-        const char *host = strchr(end + 1, '.');
-        int stale;
-        if (host && !strncmp(host + 1, fs->host, hostlen) && host[1 + hostlen] == '\0') {
-            stale = pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
-        } else {
-            struct stat sb;
-            stale = fstatat(fs->dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
-                    now - sb.st_mtime > FS_STALE_TMP_S;
-        }
-        if (stale) {
-            TT_TRACE("store file://%s: removing %s left by a dead writer", fs->dir, e->d_name);
-            unlinkat(fs->dirfd, e->d_name, 0);
-        }
+        TT_TRACE("store file://%s: removing %s left by a dead writer", fs->dir, e->d_name);
+        unlinkat(dirfd, e->d_name, 0);
     }
     closedir(d);
+}
+
+static void fs_clean_tmp(fs_store_t *fs)
+{
+    fs_clean_tmp_at(fs, fs->dirfd, time(NULL), 0);
 }
 
 /* no wait, no multi_get: store.c builds them from get */
@@ -726,6 +781,8 @@ int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
         if (*p == '/')
             *p = '_';
     fs->do_fsync = tt_env_int("STORE_FSYNC", 0) != 0;
+    struct stat nsb;
+    fs->pidns = stat("/proc/self/ns/pid", &nsb) == 0 ? (unsigned long)nsb.st_ino : 0;
     fs_clean_tmp(fs);
 
     char *url = malloc(strlen(fs->dir) + 8);
