@@ -2454,6 +2454,55 @@ START_TEST(test_redis_bad_servers)
 }
 END_TEST
 
+/* A store timeout of 0 at open is the default on every store (before, it was "now", and
+ * a Redis store could never connect); TUTTI_STORE_TIMEOUT_MS gives that default. */
+START_TEST(test_store_timeout_zero)
+{
+    char dir[256], url[300];
+    snprintf(dir, sizeof(dir), "%s/tz%d", g_root, (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    pid_t rpid;
+    int port = th_redis_start(dir, NULL, &rpid);
+    for (int env = 0; env < 2; env++) {
+        if (env)
+            setenv("TUTTI_STORE_TIMEOUT_MS", "1234", 1);
+        else
+            unsetenv("TUTTI_STORE_TIMEOUT_MS");
+        int want = env ? 1234 : 30000;
+        tutti_store_t *s, *srv;
+        OK(NULL, redis_open(&s, port, 0, 0));
+        ck_assert_int_eq(tutti_store_timeout(s), want);
+        OK(s, tutti_store_set(s, "k", "v", 1));
+        tutti_store_close(s);
+        OK(NULL, tutti_store_open_file(&s, dir, 0));
+        ck_assert_int_eq(tutti_store_timeout(s), want);
+        tutti_store_close(s);
+        snprintf(url, sizeof(url), "file://%s", dir);
+        tutti_store_opts_t o;
+        tutti_store_opts_init(&o);
+        ck_assert_int_eq(o.timeout_ms, want);
+        o.timeout_ms = 0;
+        OK(NULL, tutti_store_open(&s, url, &o));
+        ck_assert_int_eq(tutti_store_timeout(s), want);
+        tutti_store_close(s);
+        OK(NULL, tutti_store_open_tcp(&srv, "127.0.0.1", 0, 1, 0));
+        ck_assert_int_eq(tutti_store_timeout(srv), want);
+        OK(NULL, tutti_store_open_tcp(&s, "127.0.0.1", tutti_store_port(srv), 0, 0));
+        ck_assert_int_eq(tutti_store_timeout(s), want);
+        OK(s, tutti_store_set(s, "k", "v", 1));
+        tutti_store_close(s);
+        tutti_store_close(srv);
+    }
+    /* the variable at 0 is the default too */
+    setenv("TUTTI_STORE_TIMEOUT_MS", "0", 1);
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    ck_assert_int_eq(o.timeout_ms, 30000);
+    unsetenv("TUTTI_STORE_TIMEOUT_MS");
+    th_redis_stop(rpid);
+}
+END_TEST
+
 START_TEST(test_redis_server_dies)
 {
     char dir[256];
@@ -2576,7 +2625,8 @@ static Suite *store_suite(void)
                  (const TTest *const[]){ test_redis_urls, test_redis_auth, test_redis_bad_servers,
                                          test_redis_reply_budget, test_redis_refusals,
                                          test_redis_dns_failover, test_store_dns_timeout,
-                                         test_redis_server_dies, test_redis_collectives, NULL });
+                                         test_store_timeout_zero, test_redis_server_dies,
+                                         test_redis_collectives, NULL });
 
     th_add_tests(s, "file", 60,
                  (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,

@@ -36,7 +36,8 @@ typedef struct tutti_store tutti_store_t;
 typedef struct tutti_store_opts {
     size_t size;    /* sizeof(tutti_store_opts_t), set by tutti_store_opts_init */
     int timeout_ms; /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
-                         of connecting (default 30000) */
+                         of connecting (default 30000; 0 is the default, as the
+                         communicator's timeout_ms of 0 is; negative: no deadline) */
     int is_server;  /* tcp: host the server in this process (port 0 picks a free one) */
     /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
     const char *auth_token;      /* TUTTI_AUTH_TOKEN: the job secret. A tcp server with one
@@ -78,7 +79,8 @@ int tutti_store_opts_init(tutti_store_opts_t *opts);
  * host. Authentication and limits apply to tcp stores. */
 int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store_opts_t *opts);
 
-/* Open a file store rooted at dir (created if missing). */
+/* Open a file store rooted at dir (created if missing). A timeout_ms of 0 here and in
+ * tutti_store_open_tcp is the default, as in tutti_store_opts_t. */
 int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms);
 
 /* Open a TCP store. With is_server, start a server on host:port in this process (in a

@@ -91,7 +91,7 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
         return TUTTI_ERR_INVALID_ARG;
     memset(opts, 0, sizeof(*opts));
     opts->size = sizeof(*opts);
-    opts->timeout_ms = tt_env_int("STORE_TIMEOUT_MS", 30000);
+    opts->timeout_ms = tt_store_open_timeout_ms(tt_env_int("STORE_TIMEOUT_MS", 0));
     opts->is_server = 0;
     opts->auth_token = tt_env("AUTH_TOKEN");
     opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
@@ -116,7 +116,7 @@ static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
     if (!OPTS_HAS(in, timeout_ms))
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                           "opts->size is %zu: call tutti_store_opts_init first", in->size);
-    o->timeout_ms = in->timeout_ms;
+    o->timeout_ms = tt_store_open_timeout_ms(in->timeout_ms);
 #define OPTS_TAKE(field)                                                                           \
     if (OPTS_HAS(in, field))                                                                       \
     o->field = in->field
@@ -172,7 +172,7 @@ int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_
     if (!store_p || !dir || !*dir)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open file store", NULL,
                           "%s is NULL or empty", !store_p ? "store_p" : "dir");
-    int st = tt_store_file_open(store_p, dir, timeout_ms, &err);
+    int st = tt_store_file_open(store_p, dir, tt_store_open_timeout_ms(timeout_ms), &err);
     if (st < 0) {
         char url[PATH_MAX + 16];
         snprintf(url, sizeof(url), "file://%s", dir);
@@ -224,7 +224,7 @@ int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, in
 {
     tutti_store_opts_t o;
     tutti_store_opts_init(&o);
-    o.timeout_ms = timeout_ms;
+    o.timeout_ms = tt_store_open_timeout_ms(timeout_ms);
     o.is_server = is_server;
     if (!host)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open tcp store", NULL,

@@ -91,6 +91,11 @@ struct tutti_store {
 
 /* Allocate a base store handle for a backend (url copied); NULL when out of memory. */
 tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms);
+/* A store's timeout as given at open: 0 is the default (TUTTI_STORE_TIMEOUT_MS when that
+ * is above 0, else 30000 ms), as the communicator's timeout_ms of 0 is its default; a
+ * negative one is no deadline. */
+#define TT_STORE_DEFAULT_TIMEOUT_MS 30000
+int tt_store_open_timeout_ms(int timeout_ms);
 /* Free a handle made by tt_store_alloc without calling ops->close. */
 void tt_store_free(tutti_store_t *s);
 

@@ -253,7 +253,7 @@ int tt_store_ops_open(tutti_store_t **store_p, const tutti_store_ops_t *ops, voi
         .count_prefix = o->cb.count_prefix ? ops_count_prefix : NULL,
         .close = ops_close,
     };
-    tutti_store_t *s = tt_store_alloc(&o->table, url, -1, tt_env_int("STORE_TIMEOUT_MS", 30000));
+    tutti_store_t *s = tt_store_alloc(&o->table, url, -1, tt_store_open_timeout_ms(0));
     if (!s) {
         free(o);
         tt_store_err_set(err, "out of memory");

@@ -63,6 +63,14 @@ int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
     return TUTTI_OK;
 }
 
+int tt_store_open_timeout_ms(int timeout_ms)
+{
+    if (timeout_ms != 0)
+        return timeout_ms;
+    int env = tt_env_int("STORE_TIMEOUT_MS", 0);
+    return env > 0 ? env : TT_STORE_DEFAULT_TIMEOUT_MS;
+}
+
 tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms)
 {
     tutti_store_t *s = calloc(1, sizeof(*s));
