@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -493,6 +494,62 @@ START_TEST(bad_tables_and_statuses)
 }
 END_TEST
 
+/* Callbacks that hand back a value (1 MiB, malloc'ed) and then fail: the library owns what
+ * they left in *value_p and frees it (before, it leaked). */
+static int cb_get_then_fail(void *ctx, const char *key, void **value_p, size_t *len_p,
+                            int timeout_ms, char *errbuf, size_t errlen)
+{
+    (void)ctx, (void)key, (void)timeout_ms;
+    *value_p = malloc(1u << 20);
+    memset(*value_p, 1, 1u << 20);
+    *len_p = 1u << 20;
+    snprintf(errbuf, errlen, "lost the backend after reading");
+    return TUTTI_ERR_IO;
+}
+
+static int cb_cas_then_not_a_status(void *ctx, const char *key, const void *expected, size_t elen,
+                                    const void *desired, size_t dlen, void **current_p,
+                                    size_t *curlen_p, int timeout_ms, char *errbuf, size_t errlen)
+{
+    (void)ctx, (void)key, (void)expected, (void)elen, (void)desired, (void)dlen;
+    (void)timeout_ms, (void)errbuf, (void)errlen;
+    *current_p = malloc(1u << 20);
+    memset(*current_p, 1, 1u << 20);
+    *curlen_p = 1u << 20;
+    return 3;
+}
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+START_TEST(failed_callbacks_values_are_freed)
+{
+    shmap_t *m = map_new();
+    tutti_store_ops_t ops = map_ops(1);
+    ops.get = cb_get_then_fail;
+    ops.compare_set = cb_cas_then_not_a_status;
+    tutti_store_t *s;
+    OK(NULL, tutti_store_open_ops(&s, &ops, m, "leaky"));
+    void *v = (void *)0x1;
+    size_t len = 7;
+    EXPECT(s, tutti_store_get(s, "k", &v, &len, 100), TUTTI_ERR_IO); /* warm up */
+    size_t before = heap_in_use();
+    for (int i = 0; i < 32; i++) {
+        EXPECT(s, tutti_store_get(s, "k", &v, &len, 100), TUTTI_ERR_IO);
+        EXPECT(s, tutti_store_compare_set(s, "k", "a", 1, "b", 1, &v, &len), TUTTI_ERR_STORE);
+    }
+    size_t after = heap_in_use();
+    ck_assert_ptr_eq(v, (void *)0x1);
+    ck_assert_uint_eq(len, 7);
+    ck_assert_msg(after < before + (4u << 20), "heap grew by %zu KiB over 64 failed calls",
+                  (after - before) >> 10);
+    tutti_store_close(s);
+}
+END_TEST
+
 /* ---- communicators ---- */
 
 typedef struct job {
@@ -770,4 +827,5 @@ TH_CASES_MAIN("store_ops", 120, TH_CASE(calls_reach_the_map, 1),
               TH_CASE(comm_3_shm, 1), TH_CASE(without_gc_callbacks_keys_stay_where_promised, 1),
               TH_CASE(failing_callbacks_name_the_store, 1),
               TH_CASE(timing_out_callbacks_name_the_store, 1),
-              TH_CASE(unreadable_record_is_bounded, 1))
+              TH_CASE(unreadable_record_is_bounded, 1),
+              TH_CASE(failed_callbacks_values_are_freed, 1))

@@ -106,6 +106,9 @@ int tutti_store_open_tcp(tutti_store_t **store_p, const char *host, int port, in
  * (errlen bytes, "" on entry); the library puts the store's label, the operation and the
  * key before it in tutti_store_last_error and in communicators' error messages. Values
  * handed back (get, compare_set) are malloc()ed by the callback; the library free()s them.
+ * *value_p is NULL on entry, and whatever the callback leaves there is the library's
+ * whatever it returns: on failure too it is free()d (a callback that fails must not free
+ * it itself after storing it there).
  * Semantics are those of the tutti_store_* functions below. */
 typedef struct tutti_store_ops {
     size_t size; /* sizeof(tutti_store_ops_t): fields appended later stay NULL for

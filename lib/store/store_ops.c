@@ -116,7 +116,9 @@ static int ops_set(tutti_store_t *s, const char *key, const void *value, size_t 
                    err);
 }
 
-/* get and compare_set: a value comes back (in *value_p, only on success). */
+/* get and compare_set: a value comes back (in *value_p, only on success). What the
+ * callback left in its *value_p (NULL on entry) is ours whatever it returned: freed on
+ * failure too (store.h). */
 static int fetch_value(tutti_store_t *s, int which, cb_args_t *a, void **value_p, size_t *len_p,
                        uint64_t deadline, tt_store_err_t *err)
 {
@@ -124,7 +126,11 @@ static int fetch_value(tutti_store_t *s, int which, cb_args_t *a, void **value_p
     size_t len = 0;
     a->value_p = &v;
     a->len_p = &len;
-    TT_CHECK(cb_call(s, which, a, deadline, err));
+    int st = cb_call(s, which, a, deadline, err);
+    if (st < 0) {
+        free(v);
+        return st;
+    }
     TT_CHECK(own_value(cb_names[which], &v, len, err));
     *value_p = v;
     *len_p = len;
