@@ -309,7 +309,7 @@ class Store(_Handle):
 
     def prefixed(self, prefix):
         """A view that puts prefix before every key (keeps this store alive)."""
-        return Store._view(self, prefix)
+        return Store._view(self, Store._key(prefix, "prefix").decode())
 
     def _handle(self):
         if not self._h:
@@ -329,13 +329,35 @@ class Store(_Handle):
     def port(self):
         return _lib_.tutti_store_port(self._handle())
 
+    @staticmethod
+    def _key(key, what="key"):
+        """A key (or prefix) as the C library takes it: a str, UTF-8, without NUL (the C
+        side would end it there: 'a\\0x' would be the key 'a')."""
+        if not isinstance(key, str):
+            raise TypeError(f"tutti: a store {what} is a str, not {type(key).__name__}")
+        if "\0" in key:
+            raise ValueError(f"tutti: a store {what} cannot hold a NUL character: {key!r}")
+        return key.encode()
+
+    @staticmethod
+    def _value(value, what="value"):
+        """A value as bytes: a bytes-like object as it is, a str encoded UTF-8; anything
+        else (an int would be bytes(n), n zero bytes) is refused."""
+        if isinstance(value, str):
+            return value.encode()
+        try:
+            return memoryview(value).tobytes()
+        except TypeError:
+            raise TypeError(f"tutti: a store {what} is bytes-like or a str, not "
+                            f"{type(value).__name__}") from None
+
     def set(self, key, value):
-        value = bytes(value)
-        self._check(_lib_.tutti_store_set(self._handle(), key.encode(), value, len(value)))
+        key, value = self._key(key), self._value(value)
+        self._check(_lib_.tutti_store_set(self._handle(), key, value, len(value)))
 
     def get(self, key, timeout_ms=-1):
         p, n = ctypes.c_void_p(), ctypes.c_size_t()
-        self._check(_lib_.tutti_store_get(self._handle(), key.encode(), ctypes.byref(p),
+        self._check(_lib_.tutti_store_get(self._handle(), self._key(key), ctypes.byref(p),
                                           ctypes.byref(n), timeout_ms))
         try:
             return ctypes.string_at(p, n.value)
@@ -344,15 +366,15 @@ class Store(_Handle):
 
     def add(self, key, delta=1):
         out = ctypes.c_int64()
-        self._check(_lib_.tutti_store_add(self._handle(), key.encode(), delta, ctypes.byref(out)))
+        self._check(_lib_.tutti_store_add(self._handle(), self._key(key), delta, ctypes.byref(out)))
         return out.value
 
     def compare_set(self, key, expected, desired):
         """Set key to desired if its value is expected (b"" for a missing key); returns
         the value after the call."""
         p, n = ctypes.c_void_p(), ctypes.c_size_t()
-        expected, desired = bytes(expected), bytes(desired)
-        self._check(_lib_.tutti_store_compare_set(self._handle(), key.encode(), expected,
+        expected, desired = self._value(expected, "expected value"), self._value(desired)
+        self._check(_lib_.tutti_store_compare_set(self._handle(), self._key(key), expected,
                                                   len(expected), desired, len(desired),
                                                   ctypes.byref(p), ctypes.byref(n)))
         try:
@@ -362,8 +384,13 @@ class Store(_Handle):
 
     @staticmethod
     def _keys(keys):
-        arr = (ctypes.c_char_p * len(keys))(*[k.encode() for k in keys])
-        return arr, len(keys)
+        # a str is a sequence of one-character keys: 'ab' would wait on 'a' and 'b'
+        if isinstance(keys, (str, bytes, bytearray, memoryview)):
+            raise TypeError("tutti: expected a list of keys, not a single "
+                            f"{type(keys).__name__} (wrap one key in a list: [key])")
+        enc = [Store._key(k) for k in keys]
+        arr = (ctypes.c_char_p * len(enc))(*enc)
+        return arr, len(enc)
 
     def check(self, keys):
         arr, n = self._keys(keys)
@@ -377,13 +404,14 @@ class Store(_Handle):
 
     def delete(self, key):
         out = ctypes.c_int()
-        self._check(_lib_.tutti_store_delete(self._handle(), key.encode(), ctypes.byref(out)))
+        self._check(_lib_.tutti_store_delete(self._handle(), self._key(key), ctypes.byref(out)))
         return bool(out.value)
 
     def count(self, prefix=""):
         """How many keys start with prefix ("": all of this store's, a view's own)."""
         out = ctypes.c_size_t()
-        self._check(_lib_.tutti_store_count(self._handle(), prefix.encode(), ctypes.byref(out)))
+        self._check(_lib_.tutti_store_count(self._handle(), self._key(prefix, "prefix"),
+                                            ctypes.byref(out)))
         return out.value
 
     def close(self):

@@ -1,0 +1,60 @@
+"""tutti.Store's arguments: keys and prefixes with a NUL are refused rather than cut short
+at it by the C side, values are bytes-like or str (an int is not n zero bytes), and a
+list of keys is not a str (whose characters would each be a key)."""
+import pytest
+
+import tutti
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = tutti.Store(f"file://{tmp_path}")
+    yield s
+    s.close()
+
+
+def test_nul_in_keys_and_prefixes_is_refused(store):
+    with pytest.raises(ValueError, match="NUL"):
+        store.set("a\x00secret", b"v")
+    assert not store.check(["a"])  # nothing was written under the cut-short key
+    store.set("a", b"1")
+    for call in (lambda: store.get("a\x00x", 100), lambda: store.add("a\x00x", 1),
+                 lambda: store.compare_set("a\x00x", b"1", b"2"), lambda: store.delete("a\x00x"),
+                 lambda: store.check(["a\x00x"]), lambda: store.wait(["a\x00x"], 100),
+                 lambda: store.count("a\x00"), lambda: store.prefixed("p\x00")):
+        with pytest.raises(ValueError, match="NUL"):
+            call()
+    assert store.get("a") == b"1"
+    with pytest.raises(TypeError, match="str"):
+        store.set(b"bytes-key", b"v")
+
+
+def test_values_are_bytes_like_or_str(store):
+    with pytest.raises(TypeError, match="bytes-like or a str, not int"):
+        store.set("n", 5)
+    assert not store.check(["n"])
+    store.set("s", "é")  # str: UTF-8
+    assert store.get("s") == "é".encode()
+    store.set("b", bytearray(b"ab"))
+    store.set("m", memoryview(b"xyz"))
+    assert store.get("b") == b"ab" and store.get("m") == b"xyz"
+    with pytest.raises(TypeError, match="not int"):
+        store.compare_set("c", b"", 3)
+    with pytest.raises(TypeError, match="expected value"):
+        store.compare_set("c", 0, b"x")
+    assert store.compare_set("c", "", "first") == b"first"
+    assert store.compare_set("c", b"first", memoryview(b"second")) == b"second"
+
+
+def test_a_str_is_not_a_list_of_keys(store):
+    store.set("a", b"1")
+    store.set("b", b"2")
+    for call in (lambda: store.wait("ab", 300), lambda: store.check("ab"),
+                 lambda: store.wait(b"ab", 300)):
+        with pytest.raises(TypeError, match="list of keys"):
+            call()
+    store.wait(["a", "b"], 300)  # a list: each key
+    assert store.check(["a", "b"]) and not store.check(["ab"])
+    view = store.prefixed("p/")
+    view.set("k", "v")
+    assert store.get("p/k") == b"v" and view.count() == 1
