@@ -42,6 +42,23 @@ _FORMATS = {k: dtype_of(v) for k, v in {
     ("L", 4): "uint32", ("L", 8): "uint64", ("Q", 8): "uint64", ("N", 8): "uint64"}.items()}
 
 
+# A struct format's byte-order prefixes that mean this host's order: '@' and '=' (native),
+# and '<' or '>' (with '!') where that is the host's. Items in the other order have no
+# tutti dtype: the calls that only move data carry them as bytes, reductions refuse them.
+_NATIVE_ORDER = "@=" + ("<" if sys.byteorder == "little" else ">!")
+
+
+def _format_dtype(fmt, itemsize, what, buf):
+    """The dtype of a buffer-protocol format (None: none; buf.foreign set for items in
+    the other byte order)."""
+    if len(fmt) > 1 and fmt[0] in "@=<>!":
+        if fmt[0] not in _NATIVE_ORDER:
+            buf.foreign = True
+            return None
+        fmt = fmt[1:]
+    return _FORMATS.get((fmt, itemsize))
+
+
 class Py_buffer(ctypes.Structure):
     _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
                 ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
@@ -111,10 +128,10 @@ class Buffer:
     export (or the DLPack capsule) until released or dropped. With carry, an element type
     tutti has no dtype for (bool, complex, ...) travels as its bytes: dtype uint8, k bytes
     an item (k is 1 otherwise), for the calls that only move data."""
-    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold")
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold", "foreign")
 
     def __init__(self, obj, what, writable, dtype=None, carry=False):
-        self.dev, self.what = None, what  # dev: "cuda:N" for device memory
+        self.dev, self.what, self.foreign = None, what, False  # dev: "cuda:N" for device memory
         tensor = _torch_tensor()
         if tensor is not None and isinstance(obj, tensor):
             src_dtype, itemsize = self._from_torch(obj, what)
@@ -123,6 +140,14 @@ class Buffer:
         self.k = 1
         if dtype is None and src_dtype is None and carry:
             src_dtype, self.k, itemsize = _U8, itemsize, 1
+        if self.foreign and not carry:
+            self._hold = None
+            order = "big" if sys.byteorder == "little" else "little"
+            raise InvalidArgError(f"tutti: {what} holds {order}-endian items, which tutti "
+                                  "does not reduce (this host is "
+                                  f"{sys.byteorder}-endian): convert it first (NumPy: "
+                                  "a.astype(a.dtype.newbyteorder('='))); calls that only "
+                                  "move data take it as it is")
         if dtype is None:
             if src_dtype is None:
                 self._hold = None
@@ -187,8 +212,7 @@ class Buffer:
             self.ptr = ctypes.addressof(h)
         else:
             self._hold, self.ptr = None, None
-        fmt = m.format
-        return _FORMATS.get((fmt.lstrip("@=<>!") if len(fmt) > 1 else fmt, m.itemsize)), m.itemsize
+        return _format_dtype(m.format, m.itemsize, what, self), m.itemsize
 
     def _from_cai(self, obj, what, writable):
         """CuPy, Numba and the like: __cuda_array_interface__ (version 2 or 3)."""
