@@ -548,3 +548,87 @@ def test_from_env(tmp_path):
             if p.is_alive():
                 p.kill()
     assert got == [(r, 3, [6, 6, 6]) for r in range(3)]
+
+
+def in_place_forms(comm):
+    """The in-place forms against NumPy references: reduce_scatter(x, x) (the result in
+    x's first block), allgather(v) with buf None or out itself, gather(v) and scatter(v)
+    in place at the root; a defined op passed by its value."""
+    bad, size, rank = [], comm.size, comm.rank
+    vals = lambda r, n: np.arange(n, dtype=np.float64) * (r + 1) + 10 * r  # noqa: E731
+    x = vals(rank, 2 * size)
+    comm.reduce_scatter(x, x)
+    total = sum(vals(r, 2 * size) for r in range(size))
+    if not np.array_equal(x[:2], total[2 * rank:2 * rank + 2]) or \
+            not np.array_equal(x[2:], vals(rank, 2 * size)[2:]):
+        bad.append(f"reduce_scatter in place: {x}")
+    blocks = [np.full(3, r + 1, np.int64) for r in range(size)]
+    for form in ("None", "same"):
+        out = np.zeros(3 * size, np.int64)
+        out[3 * rank:3 * rank + 3] = blocks[rank]
+        comm.allgather(None if form == "None" else out, out)
+        if not np.array_equal(out, np.concatenate(blocks)):
+            bad.append(f"allgather in place ({form}): {out}")
+    counts = [r + 1 for r in range(size)]
+    displs = [sum(counts[:r]) + r for r in range(size)]  # a gap after each block
+    out = np.full(sum(counts) + size, -1, np.int64)
+    out[displs[rank]:displs[rank] + counts[rank]] = rank + 5
+    comm.allgatherv(None, out, counts, displs)
+    want = np.full(sum(counts) + size, -1, np.int64)
+    for r in range(size):
+        want[displs[r]:displs[r] + counts[r]] = r + 5
+    if not np.array_equal(out, want):
+        bad.append(f"allgatherv in place: {out}")
+    root = size - 1
+    g = np.zeros(3 * size, np.int64)
+    if rank == root:
+        g[3 * root:3 * root + 3] = blocks[root]
+        comm.gather(g, g, root=root)
+        if not np.array_equal(g, np.concatenate(blocks)):
+            bad.append(f"gather in place: {g}")
+    else:
+        comm.gather(blocks[rank], None, root=root)
+    gv = np.full(sum(counts) + size, -1, np.int64)
+    if rank == root:
+        gv[displs[root]:displs[root] + counts[root]] = root + 5
+        comm.gatherv(None, gv, counts, displs, root=root)
+        if not np.array_equal(gv, want):
+            bad.append(f"gatherv in place: {gv}")
+    else:
+        comm.gatherv(np.full(counts[rank], rank + 5, np.int64), None, counts, root=root)
+    if rank == root:
+        src = np.concatenate(blocks)
+        comm.scatter(src, None, root=root)
+        if not np.array_equal(src, np.concatenate(blocks)):
+            bad.append("scatter in place changed the root's input")
+        comm.scatterv(want, counts, None, displs, root=root)
+    else:
+        s = np.zeros(3, np.int64)
+        comm.scatter(None, s, root=root)
+        if not np.array_equal(s, blocks[rank]):
+            bad.append(f"scatter to {rank}: {s}")
+        sv = np.zeros(counts[rank], np.int64)
+        comm.scatterv(None, counts, sv, root=root)
+        if not np.array_equal(sv, np.full(counts[rank], rank + 5)):
+            bad.append(f"scatterv to {rank}: {sv}")
+    # a defined op by its value: taken while its Op lives (which the call keeps alive)
+    op = tutti.Op(lambda a, b, o: np.maximum(a, b, out=o), commutative=True)
+    m = np.array([rank, -rank], np.int32)
+    comm.allreduce(m, op=op.value)
+    if m.tolist() != [size - 1, 0]:
+        bad.append(f"allreduce with op {op.value}: {m}")
+    value = op.value
+    op.free()
+    try:
+        comm.allreduce(m, op=value)
+        bad.append("a freed op's value was taken")
+    except tutti.InvalidArgError as e:
+        if "not an op defined here" not in str(e):
+            bad.append(str(e))
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_in_place_forms(size):
+    assert run(in_place_forms, size, transport="shm") == [[]] * size

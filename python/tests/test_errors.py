@@ -270,3 +270,222 @@ def test_grow_and_join(tmp_path):
     assert all(v[1][2] == [6.0] * 4 for v in got.values())
     with pytest.raises(tutti.TimeoutError, match="is growing"):
         tutti.Communicator.join(tutti.Store(f"file://{tmp_path}"), job_id="nobody", timeout_ms=200)
+
+
+def layouts_and_integers(comm):
+    """v-collectives whose counts or displacements reach past a buffer, integers ctypes
+    would truncate, and items in the other byte order: refused in Python, naming the
+    argument; then right calls give the right values."""
+    seen, rank, size = [], comm.rank, comm.size
+
+    def expect(fn, *words):
+        try:
+            fn()
+        except tutti.InvalidArgError as e:
+            missing = [w for w in words if w not in str(e)]
+            seen.append(f"MISSING {missing}: {e}" if missing else "ok")
+        except Exception as e:  # noqa: B902
+            seen.append(f"wrong {type(e).__name__}: {e}")
+        else:
+            seen.append(f"no error for {words}")
+
+    i8 = lambda n: np.zeros(n, np.int64)  # noqa: E731
+    expect(lambda: comm.allgatherv(i8(4), i8(2), [4] * size), "allgatherv", "counts",
+           "the output")
+    expect(lambda: comm.allgatherv(i8(1), i8(200), [100] * size), "counts[%d]" % rank,
+           "the input")
+    expect(lambda: comm.allgatherv(i8(1), i8(2), [1] * size, [0, 1 << 40][:size]),
+           "displs[1]", "rank 1's block")
+    expect(lambda: comm.reduce_scatterv(np.ones(2, np.float32), np.zeros(1, np.float32),
+                                        [1 << 20] * size), "sum(counts)", "reduce_scatterv")
+    expect(lambda: comm.alltoallv(np.ones(2, np.float32), [1] * size, np.zeros(2, np.float32),
+                                  [1 << 20] * size), "recv_counts", "alltoallv")
+    expect(lambda: comm.alltoallv(np.ones(2, np.float32), [3] * size, np.zeros(8, np.float32),
+                                  [1] * size), "send_counts", "the input")
+    expect(lambda: comm.gatherv(np.ones(1, np.float32), np.zeros(2, np.float32), [1] * size,
+                                [0, 1 << 22][:size], root=rank), "displs[1]", "gatherv")
+    expect(lambda: comm.scatterv(np.ones(2, np.float32), [2] * size, np.zeros(2, np.float32),
+                                 root=rank), "counts", "scatterv", "the input")
+    odd = np.ones(2 * size + 1)
+    expect(lambda: comm.reduce_scatter(odd, odd), "split into")  # in place
+    expect(lambda: comm.broadcast(np.ones(2), root=2**32 + 1), "root", "4294967297")
+    expect(lambda: comm.send(np.ones(1), peer=1 - rank, tag=2**32 + 5), "tag")
+    expect(lambda: comm.recv(np.ones(1), peer=2**32, tag=0), "peer")
+    expect(lambda: comm.split(2**31), "color")
+    expect(lambda: comm.allreduce(np.ones(2), op=2**32), "op")
+    expect(lambda: comm.allreduce(np.ones(2), op=200), "not an op defined here")
+    expect(lambda: comm.barrier(async_op=True).wait(timeout=float("nan")), "NaN")
+    be = np.array([1.0, 2.0 + rank], dtype=">f4")
+    expect(lambda: comm.allreduce(be), "big-endian")
+    comm.barrier()
+    # the right calls, and data moved in the other byte order, bytes as they are
+    comm.broadcast(be, root=0)
+    seen.append(be.astype("<f4").tolist())
+    out = np.zeros(2 * size, np.int64)
+    comm.allgatherv(np.full(2, rank + 1, np.int64), out, [2] * size)
+    seen.append(out.tolist())
+    return seen
+
+
+def test_layouts_and_integers_are_checked():
+    for rank_seen in run(layouts_and_integers, 2):
+        assert rank_seen[-2:] == [[1.0, 2.0], [1, 1, 2, 2]], rank_seen
+        assert [s for s in rank_seen[:-2] if s != "ok"] == [], rank_seen
+
+
+def shared_work(comm):
+    """One Work waited for on one thread and polled on another: the handle is freed once,
+    after both are out of the library (freed under the waiter: SIGABRT or a wrong
+    status)."""
+    errs, sums = [], set()
+    for i in range(400):
+        x = np.full(16, float(i + comm.rank))
+        w = comm.allreduce(x, async_op=True)
+
+        def poll():
+            try:
+                while not w.is_completed():
+                    pass
+            except Exception as e:  # noqa: B902
+                errs.append(repr(e))
+        t = threading.Thread(target=poll)
+        t.start()
+        try:
+            w.wait(timeout=10)
+        except Exception as e:  # noqa: B902
+            errs.append(repr(e))
+        t.join(10)
+        sums.add(float(x[0]) - (2 * i + 1))
+    return errs, sorted(sums)
+
+
+def test_work_shared_by_threads():
+    for errs, sums in run(shared_work, 2, timeout=120):
+        assert errs == [] and sums == [0.0], (errs[:3], sums)
+
+
+def dropped_in_op(comm):
+    """A Work dropped (in a reference cycle) while a garbage collection runs inside an
+    Op's function on the progress thread: its __del__ must not wait there (the progress
+    thread would wait for itself until the timeout)."""
+    import gc
+
+    def add(a, b, out):
+        gc.collect()
+        np.add(a, b, out=out)
+    op = tutti.Op(add, commutative=True)
+    x, y = np.ones(4, np.float32), np.ones(1 << 16, np.float32)
+    t0 = time.monotonic()
+    w = comm.allreduce(x, op=op, async_op=True)
+    w2 = comm.allreduce(y, op="sum", async_op=True)
+    cyc = [w2]
+    cyc.append(cyc)
+    del w2, cyc
+    w.wait(timeout=20)
+    comm.barrier()  # reaps the dropped one
+    return x.tolist(), float(y[0]), float(y[-1]), time.monotonic() - t0
+
+
+def test_work_dropped_inside_an_op_does_not_block():
+    for xs, y0, y1, secs in run(dropped_in_op, 2, timeout=60, timeout_ms=10000):
+        assert xs == [2.0] * 4 and (y0, y1) == (2.0, 2.0)
+        assert secs < 5, secs
+
+
+def forked_child_exits(comm):
+    """A child forked by a rank exits normally: its atexit must not destroy (and wait on)
+    the parent's communicator, which still works afterwards."""
+    x = np.ones(4)
+    comm.allreduce(x)
+    took = None
+    if comm.rank == 0:
+        pid = os.fork()
+        if pid == 0:
+            import atexit
+            try:
+                atexit._run_exitfuncs()  # a normal exit's: tutti._close_all
+            finally:
+                os._exit(0)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                took = time.monotonic() - t0
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    comm.allreduce(x)
+    return x.tolist(), took
+
+
+def test_forked_child_leaves_the_parents_communicator():
+    (x0, took), (x1, _) = run(forked_child_exits, 2, timeout=60, timeout_ms=5000)
+    assert x0 == x1 == [4.0] * 4
+    assert took is not None and took < 3, took
+
+
+def interrupted(comm):
+    """Ctrl-C during a blocking recv on the main thread (tutti.interruptible): a
+    KeyboardInterrupt at once, not at the communicator's timeout; the receive goes on
+    (its buffer kept) and lands once its message comes."""
+    if comm.rank == 1:
+        time.sleep(1.5)
+        comm.send(np.full(3, 7.0), peer=0, tag=4)
+        comm.barrier()
+        return None
+    tutti.interruptible = True
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    buf = np.zeros(3)
+    t0 = time.monotonic()
+    try:
+        comm.recv(buf, peer=1, tag=4)
+        return "no interrupt"
+    except KeyboardInterrupt:
+        took = time.monotonic() - t0
+    finally:
+        tutti.interruptible = False
+    comm.barrier()  # after the receive, in issue order
+    return took, buf.tolist()
+
+
+def test_ctrl_c_interrupts_a_blocking_call():
+    took, got = run(interrupted, 2, timeout=60, timeout_ms=15000)[0]
+    assert took < 1.0, took
+    assert got == [7.0] * 3
+
+
+def own_messages(comm):
+    """Failures explained by their own call's message while another thread polls a
+    pending Work (wait(timeout=0) noted the timeout in last_error, which the failing
+    call could read), and a Work.wait timeout naming the rank, the op and its peer."""
+    if comm.rank == 1:
+        time.sleep(3)
+        comm.send(np.zeros(1), peer=0, tag=9)
+        return None
+    w = comm.recv(np.zeros(1), peer=1, tag=9, async_op=True)
+    stop, wrong = [], []
+
+    def poll():
+        while not stop:
+            try:
+                w.wait(timeout=0)
+            except tutti.TimeoutError as e:  # says who and what
+                if "rank 0: recv from rank 1 (tag 9)" not in str(e):
+                    wrong.append(str(e))
+    t = threading.Thread(target=poll)
+    t.start()
+    for _ in range(500):
+        try:
+            comm.allreduce(np.ones(4, np.float32), op="band")
+        except tutti.Error as e:
+            if "band" not in str(e):
+                wrong.append(str(e))
+    stop.append(1)
+    t.join(10)
+    w.wait(timeout=10)
+    return wrong[:3]
+
+
+def test_failure_messages_are_the_calls_own():
+    assert run(own_messages, 2, timeout=60)[0] == []

@@ -7,9 +7,13 @@ blocks. Failures raise tutti.Error subclasses carrying the status and the librar
 explanation (rank, peer, op). See docs/python.md.
 """
 import atexit
+import collections
 import ctypes
 import json
+import math
+import operator
 import os
+import threading
 import weakref
 
 from . import _lib
@@ -33,6 +37,93 @@ SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
 # Python tears its modules down (a communicator's progress thread must not outlive them).
 _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 
+#: With True, blocking calls on host memory made on the main thread are issued async and
+#: waited for on a lock their completion releases, so that Ctrl-C (and any Python signal
+#: handler) gets in at once rather than after the communicator's timeout. Off by default:
+#: it costs a hand-off to the library's progress thread and back through the GIL (tens of
+#: microseconds a small call, where the library's blocking call runs the op on the
+#: caller's thread; docs/python.md, "Ctrl-C").
+interruptible = False
+_SLICE_MS = 100
+_main_ident = threading.main_thread().ident
+
+# Operations still running whose Work was dropped (Work.__del__ must not block: it may run
+# on the library's progress thread, from a garbage collection in an Op's function) or
+# whose blocking call was interrupted: [handle, what to keep alive, pid, communicator
+# handle, interrupted]. Freed, with their buffers, by _reap once done: at each call, at a
+# communicator's destroy and at exit. Communicators dropped inside a library callback wait
+# here too ([handle, store]), destroyed by the next _reap.
+_orphans = collections.deque()
+_orphan_comms = collections.deque()
+_tls = threading.local()  # .cb: inside a library callback (on whatever thread runs it)
+
+
+def _on_library_thread():
+    """Whether Python runs here inside a library callback (an Op's function, a done
+    callback): on a thread the library made, which threading knows as a dummy."""
+    return getattr(_tls, "cb", False) or isinstance(threading.current_thread(),
+                                                     threading._DummyThread)
+
+
+def _reap():
+    pid, done = os.getpid(), ctypes.c_int()
+    for _ in range(len(_orphan_comms)):
+        try:
+            h, store = _orphan_comms.popleft()
+        except IndexError:
+            break
+        _lib_.tutti_comm_destroy(h)
+        del store
+    for _ in range(len(_orphans)):
+        try:
+            item = _orphans.popleft()
+        except IndexError:
+            break
+        if item[2] != pid:
+            continue  # another process's (before a fork): forgotten
+        _lib_.tutti_test(item[0], ctypes.byref(done))
+        if done.value:
+            _lib_.tutti_work_free(item[0])
+        else:
+            _orphans.append(item)
+
+
+def _after_fork_in_child():
+    """A forked child shares none of the parent's communicators: their progress threads
+    and connections stay the parent's. Forget them (and the stores) without touching the
+    library, so that the child's exit does not destroy what the parent still uses."""
+    global _main_ident
+    _main_ident = threading.get_ident()
+    for c in list(_live_comms):
+        c._h = None
+    _live_comms.clear()
+    _live_stores.clear()
+    _orphans.clear()
+    _orphan_comms.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+_TIMEOUT = -3  # TUTTI_ERR_TIMEOUT
+# the ranges of the integer fields of the option structs (ctypes keeps the low bits)
+_OPT_RANGES = {ctypes.c_int: (_INT_MIN, _INT_MAX), ctypes.c_size_t: (0, (1 << 64) - 1)}
+_monotonic = __import__("time").monotonic
+
+
+def _int(v, what, lo=_INT_MIN, hi=_INT_MAX):
+    """v as a Python int within [lo, hi] (a C int by default): ctypes would keep its low
+    bits. InvalidArgError naming `what` otherwise; TypeError for a non-integer."""
+    if type(v) is not int:
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"tutti: {what} must be an integer, not {type(v).__name__}") \
+                from None
+    if not lo <= v <= hi:
+        raise InvalidArgError(f"tutti: {what} {v} is out of range ({lo} to {hi})")
+    return v
+
 
 def algorithms(coll):
     """The algorithms this library has for a collective ("allreduce", ...), in the order
@@ -50,8 +141,11 @@ def algorithms(coll):
 
 @atexit.register
 def _close_all():
+    pid = os.getpid()
     for c in list(_live_comms):
-        c.destroy()
+        if getattr(c, "_pid", pid) == pid:
+            c.destroy()
+    _reap()  # every op has ended with its communicator
     for s in sorted(_live_stores, key=lambda s: s._base is None):  # views before bases
         s.close()
 
@@ -62,23 +156,45 @@ _FN = {n: getattr(_lib_, "tutti_" + n) for n in _lib._COLLECTIVES}
 _FN_ASYNC = {n: getattr(_lib_, f"tutti_{n}_async") for n in _lib._COLLECTIVES}
 
 
-def _op(op):
-    """A reduce op by name ("sum", "avg" ... as the library parses them), number or Op."""
+_USER_FIRST, _USER_LAST = 128, 255  # TUTTI_REDOP_USER_FIRST, _LAST
+_USER_OPS = weakref.WeakValueDictionary()  # a defined op's value -> its live tutti.Op
+
+
+def _resolve_op(op):
+    """(value, Op or None) for a reduce op by name ("sum", "avg" ... as the library parses
+    them), number or Op. A defined op's number is taken only while its Op lives (the call
+    then keeps the Op, and so its function, alive); any other number is refused."""
     if isinstance(op, Op):
         if op.value is None:
             raise InvalidArgError(f"tutti: op {op.name!r} was freed")
-        return op.value
-    v = _OPS.get(op)
-    if v is not None:
-        return v
-    if isinstance(op, int):
-        return op
-    out = ctypes.c_int()
-    if _lib_.tutti_redop_parse(str(op).encode(), ctypes.byref(out)) < 0:
+        return op.value, op
+    if isinstance(op, str):
+        v = _OPS.get(op)
+        if v is not None:
+            return v, None
+        out = ctypes.c_int()
+        if _lib_.tutti_redop_parse(op.encode(), ctypes.byref(out)) < 0:
+            raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, "
+                                  "avg, band, bor, bxor)")
+        _OPS[op] = out.value
+        return out.value, None
+    try:
+        v = operator.index(op)
+    except TypeError:
         raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg, "
-                              "band, bor, bxor)")
-    _OPS[op] = out.value
-    return out.value
+                              "band, bor, bxor, or a tutti.Op)") from None
+    if 0 <= v < _USER_FIRST:
+        return v, None  # the library's own ops (it refuses the values it has none for)
+    defined = _USER_OPS.get(v) if v <= _USER_LAST else None
+    if defined is None or defined.value != v:
+        raise InvalidArgError(f"tutti: reduce op {v} is not an op defined here (a freed or "
+                              "unknown value): pass the tutti.Op itself")
+    return v, defined
+
+
+def _op(op):
+    """A reduce op's value (see _resolve_op)."""
+    return _resolve_op(op)[0]
 
 
 try:
@@ -106,6 +222,8 @@ class _OpState:
         self.fn, self.errors, self.count = fn, [], 0
 
     def call(self, dst, a, b, count, dtype, ctx):
+        outer = getattr(_tls, "cb", False)
+        _tls.cb = True  # a Communicator dropped in here is destroyed later (_reap)
         try:
             out = _op_view(dst, count, dtype, True)
             fa = out if a == dst else _op_view(a, count, dtype, False)
@@ -115,6 +233,8 @@ class _OpState:
             self.count += 1
             self.errors.append((self.count, e))
             del self.errors[:-16]
+        finally:
+            _tls.cb = outer
 
     def since(self, mark, end=None):
         """The first exception numbered after mark (and up to end)."""
@@ -177,6 +297,7 @@ class Op:
             raise error_for(st, "tutti: Op: all 128 op values are taken (free some)"
                             if st == _NOMEM else "tutti: Op: cannot define the op")
         self.value = v.value
+        _USER_OPS[self.value] = self
 
     def _mark(self):
         return self._state.count
@@ -188,6 +309,8 @@ class Op:
 
     def free(self):
         if self.value is not None:
+            if _USER_OPS.get(self.value) is self:
+                _USER_OPS.pop(self.value, None)
             _lib_.tutti_redop_free(self.value)
             self.value = None
 
@@ -210,20 +333,63 @@ def _same(a, b, what, sa, sb):
         raise InvalidArgError(f"tutti: {what}'s {sa} is {na} and its {sb} {nb}")
 
 
-def _sizes(values, n, what, k=1):
-    """A count or displacement array of n entries, in elements; k: the carrier's elements
-    per element (Buffer.k)."""
+def _entries(values, n, what):
+    """A count or displacement list of n non-negative integers (in elements)."""
     if values is None:
         return None
-    values = list(values)
+    try:
+        values = [operator.index(v) for v in values]
+    except TypeError:
+        raise InvalidArgError(f"tutti: {what} must hold integers") from None
     if len(values) != n:
         raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} ranks")
     if any(v < 0 for v in values):
         raise InvalidArgError(f"tutti: {what} has a negative entry")
+    return values
+
+
+def _c_sizes(values, what, k=1):
+    """A list from _entries as the C size_t array, in the carrier's elements (k: Buffer.k)."""
+    if values is None:
+        return None
     values = [v * k for v in values]
     if any(v >= 1 << 64 for v in values):  # ctypes would keep the low bits
         raise InvalidArgError(f"tutti: {what} has an entry too large for size_t")
-    return (ctypes.c_size_t * n)(*values)
+    return (ctypes.c_size_t * len(values))(*values)
+
+
+def _sizes(values, n, what, k=1):
+    """A count or displacement array of n entries, in elements; k: the carrier's elements
+    per element (Buffer.k)."""
+    return _c_sizes(_entries(values, n, what), what, k)
+
+
+def _elems(buf):
+    """A Buffer's length in the caller's elements (a carried item counts once)."""
+    return buf.count // buf.k
+
+
+def _fits(op, rank, counts, displs, cname, dname, buf, bwhat):
+    """Every block of a layout (counts, displs in elements; displs None: back to back)
+    inside buf: InvalidArgError naming the call, the argument and the rank otherwise."""
+    n = _elems(buf) if buf is not None else 0
+    end = 0
+    for i, c in enumerate(counts):
+        start = displs[i] if displs is not None else end
+        end = start + c
+        if c and end > n:
+            where = (f"{dname}[{i}] + {cname}[{i}] = {start} + {c}" if displs is not None
+                     else f"sum({cname}[:{i + 1}]) = {end}")
+            raise InvalidArgError(f"tutti: rank {rank}: {op}: rank {i}'s block ends at "
+                                  f"element {end} ({where}), beyond {bwhat}'s {n} elements")
+
+
+def _holds(op, rank, buf, want, bwhat, why):
+    """buf holds exactly `want` elements (as the layout says)."""
+    have = _elems(buf) if buf is not None else 0
+    if have != want:
+        raise InvalidArgError(f"tutti: rank {rank}: {op}: {bwhat} holds {have} elements, "
+                              f"and {why} is {want}")
 
 
 class _Handle:
@@ -428,59 +594,151 @@ class Store(_Handle):
     _release = close
 
 
+def _wake(arg, status):
+    """A sliced wait's done callback (on the thread that completed the op): wake it."""
+    lock = _wakers.get(arg)
+    if lock is not None:
+        lock.release()
+
+
+_WAKE = _lib.DONE_FN(_wake)
+_wakers = {}  # a sliced wait's key -> the lock its done callback releases
+_waker_keys = iter(range(1, 1 << 62))
+
+
+def _wait_sliced(w):
+    """Wait for work handle w on the main thread so that Ctrl-C gets in: its done callback
+    releases a lock this thread waits for in _SLICE_MS slices (a lock's wait is cut short
+    by a signal, whose handler then runs). Not tutti_wait with a timeout: that notes in
+    the communicator's last_error that the op still runs, where the library may be
+    composing the op's own failure. Returns the status; a KeyboardInterrupt comes out of
+    here with the op still running (the caller keeps its buffers until it ends:
+    _orphans)."""
+    key = next(_waker_keys)
+    lock = threading.Lock()
+    lock.acquire()
+    _wakers[key] = lock
+    _lib_.tutti_work_on_done(w, _WAKE, key)  # at once if it finished already
+    done = ctypes.c_int()
+    _lib_.tutti_test(w, ctypes.byref(done))  # wakes the progress thread for a deferred op
+    try:
+        while not done.value and not lock.acquire(timeout=_SLICE_MS / 1000):
+            pass
+    finally:
+        del _wakers[key]  # a callback still due finds no lock: nothing to wake
+    return _lib_.tutti_wait(w, -1)  # done: its status (once the callback has returned)
+
+
+def _wait_handle(w, deadline):
+    """Wait for work handle w until done or the deadline (time.monotonic(); None: until
+    the op ends, which its own deadline bounds): (status, done)."""
+    done = ctypes.c_int()
+    if deadline is None:
+        st = _lib_.tutti_wait(w, -1)
+        if st != _TIMEOUT:
+            return st, True
+        st = _lib_.tutti_test(w, ctypes.byref(done))
+        return st, bool(done.value)
+    left = deadline - _monotonic()
+    if left > 0:
+        st = _lib_.tutti_wait(w, min(math.ceil(left * 1000), _INT_MAX))
+        if st != _TIMEOUT:
+            return st, True
+    # a test, which (unlike a wait that times out) notes nothing in last_error
+    st = _lib_.tutti_test(w, ctypes.byref(done))
+    return st, bool(done.value)
+
+
 class Work:
-    """An operation in flight. It holds the buffers it uses until it completes."""
+    """An operation in flight. It holds the buffers it uses until it completes. Its
+    methods may be called from several threads at once: the handle is freed once the
+    operation is seen done and no thread is inside a call on it."""
 
     __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op", "_mark", "_end",
-                 "_done_cb")
+                 "_done_cb", "_lock", "_calls", "_what", "_pid")
 
-    def __init__(self, handle, bufs, comm):
+    def __init__(self, handle, bufs, comm, what=None):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
         self._source, self._op, self._mark, self._end, self._done_cb = -1, None, 0, None, None
+        self._lock, self._calls, self._what, self._pid = threading.Lock(), 0, what, comm._pid
+
+    def _enter(self):
+        """The handle, counted as in use by this thread's call (None once finished)."""
+        with self._lock:
+            w = self._w
+            if w is not None:
+                if self._pid != os.getpid():
+                    raise Error("tutti: this operation was issued by process "
+                                f"{self._pid}, before a fork", -15)
+                self._calls += 1
+            return w
+
+    def _leave(self, done, st):
+        """End a call begun with _enter; done: the library said the operation finished
+        (st its status). The last call out frees the handle of a finished operation."""
+        with self._lock:
+            self._calls -= 1
+            w = self._w
+            if done and self._status is None:
+                msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
+                self._source = _lib_.tutti_work_source(w)
+                self._status = (st, msg)
+            if self._status is not None and not self._calls:
+                self._w = None
+                _lib_.tutti_work_free(w)
+                for b in self._bufs:
+                    b.release()
+                self._bufs = ()
 
     def is_completed(self):
         """Whether the operation finished (successfully or not); never blocks."""
-        if self._w is None:
+        w = self._enter()
+        if w is None:
             return True
-        done = ctypes.c_int()
-        st = _lib_.tutti_test(self._w, ctypes.byref(done))
-        if done.value:
-            self._finish_and_keep(st)
-            return True
-        return False
-
-    def _finish_and_keep(self, st):
-        msg = _lib_.tutti_work_error(self._w).decode() if st < 0 else ""
-        self._source = _lib_.tutti_work_source(self._w)
-        self._finish_plain(st, msg)
+        done, st = ctypes.c_int(), 0
+        try:
+            st = _lib_.tutti_test(w, ctypes.byref(done))
+        finally:
+            self._leave(bool(done.value), st)
+        return bool(done.value)
 
     @property
     def source(self):
         """The rank a completed receive got its message from (for peer=None, whichever
         rank sent it); None while it runs, when it failed before a sender was known, or
         when the operation is not a receive."""
-        if self._w is not None and not self.is_completed():
+        if not self.is_completed():
             return None
         return self._source if self._source >= 0 else None
 
-    def _finish_plain(self, st, msg):
-        _lib_.tutti_work_free(self._w)
-        self._w = None
-        for b in self._bufs:
-            b.release()
-        self._bufs = ()
-        self._status = (st, msg)
+    def _describe(self):
+        name, detail = self._what if self._what else ("operation", "")
+        return f"rank {self._comm.rank}: {name}{detail}"
 
     def wait(self, timeout=None):
         """Wait until done (timeout in seconds; None: the communicator's timeout). Raises
-        the operation's error, or tutti.TimeoutError if it still runs at the timeout."""
-        if self._w is not None:
-            ms = -1 if timeout is None else max(0, int(timeout * 1000))
-            st = _lib_.tutti_wait(self._w, ms)
-            done = ctypes.c_int()
-            if st == -3 and _lib_.tutti_test(self._w, ctypes.byref(done)) == 0 and not done.value:
-                raise error_for(-3, f"tutti: the operation still runs after {timeout} s")
-            self._finish_and_keep(st)
+        the operation's error, or tutti.TimeoutError if it still runs at the timeout (the
+        Work stays usable: wait again). On the main thread Ctrl-C interrupts it."""
+        deadline = None
+        if timeout is not None:
+            try:
+                t = float(timeout)
+            except (TypeError, ValueError):
+                raise TypeError(f"tutti: Work.wait's timeout must be a number of seconds or "
+                                f"None, not {timeout!r}") from None
+            if math.isnan(t):
+                raise InvalidArgError("tutti: Work.wait's timeout is NaN")
+            deadline = _monotonic() + max(0.0, t)
+        w = self._enter()
+        if w is not None:
+            st, done = 0, False
+            try:
+                st, done = _wait_handle(w, deadline)
+            finally:
+                self._leave(done, st)
+            if not done:
+                raise error_for(_TIMEOUT, f"tutti: {self._describe()}: still running after "
+                                          f"Work.wait's timeout of {timeout} s")
         st, msg = self._status
         if st < 0:
             raise error_for(st, msg)
@@ -498,10 +756,18 @@ class Work:
         return self._op._state.since(self._mark, self._end[0]) if self._op is not None else None
 
     def __del__(self):
-        # The library may still write the buffers: keep them until it is done.
-        if getattr(self, "_w", None) is not None:
-            _lib_.tutti_wait(self._w, -1)
-            self._finish_plain(0, "")
+        # Never blocks (it may run on the library's progress thread, from a garbage
+        # collection in an Op's function): an operation still running goes to _orphans,
+        # with its buffers (the library may still write them) and callbacks, freed by a
+        # later call's _reap once done.
+        w = getattr(self, "_w", None)
+        if w is not None:
+            self._w = None
+            try:
+                _orphans.append([w, (self._bufs, self._op, self._done_cb), self._pid,
+                                 None, False])
+            except Exception:  # noqa: B902 (interpreter teardown: nothing left to run it)
+                pass
 
 
 class Communicator(_Handle):
@@ -513,6 +779,7 @@ class Communicator(_Handle):
     tutti_comm_opts_t's fields (timeout_ms, transport, algo, job_id ...)."""
 
     def __init__(self, store, rank, size, **opts):
+        rank, size = _int(rank, "rank"), _int(size, "size")
         self._init(store, lambda h, o: _lib_.tutti_comm_init(h, store._handle(), rank, size, o),
                    opts)
 
@@ -532,6 +799,10 @@ class Communicator(_Handle):
 
     def _init(self, store, call, opts):
         self._h = None
+        self._setup()
+        for key, ctype in _lib.CommOpts._fields_:  # ctypes would keep an int's low bits
+            if opts.get(key) is not None and ctype in _OPT_RANGES:
+                _int(opts[key], f"option {key}", *_OPT_RANGES[ctype])
         o, keep = _lib.comm_opts(opts)
         h = ctypes.c_void_p()
         st = call(ctypes.byref(h), ctypes.byref(o))
@@ -546,10 +817,30 @@ class Communicator(_Handle):
         self.rank = _lib_.tutti_comm_rank(h)
         self.size = _lib_.tutti_comm_size(h)
 
+    def _setup(self):
+        # _lock: held around a call's issue and the read of last_error that explains its
+        # failure (never while a call waits), so that the message is this call's
+        self._pid, self._lock, self._store = os.getpid(), threading.Lock(), None
+
     def _handle(self):
         if not self._h:
+            if getattr(self, "_pid", None) not in (None, os.getpid()):
+                raise error_for(-15, f"tutti: this communicator belongs to process "
+                                     f"{self._pid}: a forked child cannot use it (make one "
+                                     "in the child)")
             raise error_for(-15, "tutti: the communicator was destroyed")
         return self._h
+
+    def _error(self, st, name=None):
+        """The exception for status st of a call on this communicator, with last_error's
+        explanation, read under _lock by the caller. A bounded wait on another thread
+        that timed out (tutti_wait notes it in last_error) is not this call's."""
+        msg = _lib_.tutti_comm_last_error(self._h).decode() if self._h else ""
+        if st != _TIMEOUT and msg.startswith(f"rank {self.rank}: wait: "):
+            msg = ""
+        if not msg and name:
+            msg = f"rank {self.rank}: {name}: {_lib_.tutti_strerror(st).decode()}"
+        return error_for(st, msg)
 
     @property
     def transport(self):
@@ -582,16 +873,18 @@ class Communicator(_Handle):
                 stream = stream.value
             ptr = int(stream)
         h = self._handle()
-        st = _lib_.tutti_comm_set_stream(h, ctypes.c_void_p(ptr or None))
-        if st < 0:
-            raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
+        with self._lock:
+            st = _lib_.tutti_comm_set_stream(h, ctypes.c_void_p(ptr or None))
+            if st < 0:
+                raise self._error(st, "set_stream")
 
     def stream_error(self):
         """The first failure of a stream-ordered call since the stream was set, as the
         Error it would have raised, or None. Does not wait for the stream."""
         h = self._handle()
-        st = _lib_.tutti_comm_stream_error(h)
-        return error_for(st, _lib_.tutti_comm_last_error(h).decode()) if st < 0 else None
+        with self._lock:
+            st = _lib_.tutti_comm_stream_error(h)
+            return self._error(st) if st < 0 else None
 
     def _check_device(self, name, bufs):
         if self.device is None:
@@ -628,10 +921,11 @@ class Communicator(_Handle):
     def split(self, color, key=0):
         """MPI_Comm_split: every rank calls it; ranks with the same color (>= 0) form a new
         communicator ordered by (key, rank). A negative color takes part and gets None."""
+        color, key = _int(color, "split's color"), _int(key, "split's key")
         h = ctypes.c_void_p()
         st = _lib_.tutti_comm_split(self._handle(), color, key, ctypes.byref(h))
         if st < 0:
-            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+            raise self._error(st, "split")
         if not h:
             return None
         return self._child(h)
@@ -643,28 +937,31 @@ class Communicator(_Handle):
         agree on who is here, waiting wait_ms (-1: a quarter of the timeout) for the rest."""
         h = ctypes.c_void_p()
         if exclude is None:
-            st = _lib_.tutti_comm_shrink_live(self._handle(), int(wait_ms), ctypes.byref(h))
+            wait_ms = _int(wait_ms, "shrink's wait_ms")
+            st = _lib_.tutti_comm_shrink_live(self._handle(), wait_ms, ctypes.byref(h))
             if st < 0:
-                raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+                raise self._error(st, "shrink")
             return self._child(h)
-        ranks = [int(r) for r in exclude]
+        ranks = [_int(r, "shrink's excluded rank") for r in exclude]
         arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
         st = _lib_.tutti_comm_shrink(self._handle(), arr, len(ranks), ctypes.byref(h))
         if st < 0:
-            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+            raise self._error(st, "shrink")
         return self._child(h)
 
     def grow(self, size):
         """ncclCommGrow: every rank calls it with the new size; new processes call
         Communicator.join(store) to fill the places. Ranks keep their numbers."""
+        size = _int(size, "grow's size")
         h = ctypes.c_void_p()
-        st = _lib_.tutti_comm_grow(self._handle(), int(size), ctypes.byref(h))
+        st = _lib_.tutti_comm_grow(self._handle(), size, ctypes.byref(h))
         if st < 0:
-            raise error_for(st, _lib_.tutti_comm_last_error(self._h).decode())
+            raise self._error(st, "grow")
         return self._child(h)
 
     def _child(self, h):
         child = Communicator.__new__(Communicator)
+        child._setup()
         child._h, child._store = h, self._store
         child.rank, child.size = _lib_.tutti_comm_rank(h), _lib_.tutti_comm_size(h)
         _live_comms.add(child)
@@ -679,46 +976,104 @@ class Communicator(_Handle):
         _lib_.tutti_comm_revoke(self._handle())
 
     def destroy(self):
-        if self._h:
-            _lib_.tutti_comm_destroy(self._h)
+        """Wait for this communicator's operations (each bounded by its deadline), then
+        free it. One left running by an interrupted blocking call (Ctrl-C) is aborted
+        instead of waited for. A communicator inherited through fork is only forgotten."""
+        h = self._h
+        if h:
             self._h = None
+            if getattr(self, "_pid", None) == os.getpid():
+                if any(e[3] == h and e[4] for e in list(_orphans)):
+                    _lib_.tutti_comm_abort(h)
+                _lib_.tutti_comm_destroy(h)
+                _reap()
         self._store = None
 
-    _release = destroy
+    def _release(self):
+        if getattr(self, "_h", None) and _on_library_thread():
+            # dropped inside a library callback (a garbage collection in an Op's function,
+            # on the progress thread): destroying would wait for that very thread
+            if self._pid == os.getpid():
+                _orphan_comms.append((self._h, self._store))
+            self._h = None
+            return
+        self.destroy()
 
     # ---- the calls: buffers in, the C function, errors out ----
 
-    def _run(self, name, bufs, args, async_op, op=None):
+    def _run(self, name, bufs, args, async_op, op=None, detail="", need_work=False):
+        """Issue collective `name` (op: the tutti.Op it runs, if any; detail: what a
+        timeout's message adds to the name). A blocking call on host memory made on the
+        main thread (with `interruptible`) is issued async and waited for so that Ctrl-C
+        gets in (_wait_sliced), its failure explained by its own work
+        (tutti_work_error); other blocking calls are the library's, but for need_work (a
+        receive that must say who sent). Returns the Work (async_op), else the source
+        rank of a receive (-1 for other calls and for the library's blocking calls)."""
         h = self._h or self._handle()
+        if _orphans or _orphan_comms:
+            _reap()
+        dev = False
         for b in bufs:
             if b.dev is not None:
                 self._check_device(name, bufs)
-                break
-        op = op if isinstance(op, Op) else None  # its function's exception, once done
+                dev = True  # a blocking call the library's: stream-ordered ones return
+                break       # once enqueued
+        main = (not async_op and not dev and interruptible and
+                threading.get_ident() == _main_ident)
+        if not (async_op or main or need_work):
+            return self._run_blocking(h, name, args, op)
         mark = op._mark() if op is not None else 0
-        if not async_op:
-            st = _FN[name](h, *args)  # the buffers are held until they go out of scope
-            if st < 0:
-                raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
-            if op is not None:
-                op._raise_since(mark)
-            return None
         w = ctypes.c_void_p()
-        st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
-        if st < 0:
-            raise error_for(st, _lib_.tutti_comm_last_error(h).decode())
-        work = Work(w, bufs, self)
-        if op is not None:
-            # the op's error count when the call completes (from the thread that completes
-            # it): fn's exceptions after that are later calls'
-            state, end = op._state, [None]
+        owned = False  # once the handle is freed or a Work holds it
+        try:
+            with self._lock:
+                st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
+                if st < 0:
+                    raise self._error(st, name)
+            if async_op:
+                work = Work(w, bufs, self, (name, detail))
+                owned = True
+                if op is not None:
+                    # the op's error count when the call completes (from the thread that
+                    # completes it): fn's exceptions after that are later calls'
+                    state, end = op._state, [None]
 
-            def done(arg, status):
-                end[0] = state.count
-            work._op, work._mark, work._end = op, mark, end
-            work._done_cb = _lib.DONE_FN(done)  # kept with the Work, which outlives the call
-            _lib_.tutti_work_on_done(w, work._done_cb, None)
-        return work
+                    def done(arg, status):
+                        end[0] = state.count  # (on the library's thread: see _release)
+                    work._op, work._mark, work._end = op, mark, end
+                    work._done_cb = _lib.DONE_FN(done)  # kept with the Work, which outlives the call
+                    _lib_.tutti_work_on_done(w, work._done_cb, None)
+                return work
+            st = _wait_sliced(w) if main else _wait_handle(w, None)[0]
+            msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
+            src = _lib_.tutti_work_source(w)
+            owned = True
+            _lib_.tutti_work_free(w)
+        except BaseException:
+            if w.value and not owned:
+                # interrupted (Ctrl-C) while it runs: the library may still write the
+                # buffers, which stay alive until it ends (_reap; destroy aborts it)
+                _orphans.append([w.value, (bufs, op), self._pid, h, True])
+            raise
+        if st < 0:
+            raise error_for(st, msg)
+        if op is not None:
+            op._raise_since(mark)
+        return src
+
+    def _run_blocking(self, h, name, args, op):
+        """The library's blocking call (its fast path runs the op on this thread). Its
+        failure's explanation is last_error, read after the call under _lock: a failure on
+        another thread in between (of a blocking call, or on the progress thread) can
+        replace it (docs/python.md); a bounded wait's timeout note is not taken."""
+        mark = op._mark() if op is not None else 0
+        st = _FN[name](h, *args)  # the buffers are held until they go out of scope
+        if st < 0:
+            with self._lock:
+                raise self._error(st, name)
+        if op is not None:
+            op._raise_since(mark)
+        return -1
 
     @staticmethod
     def _pair(send, recv, dtype, what, carry=False):
@@ -737,6 +1092,17 @@ class Communicator(_Handle):
             raise InvalidArgError(f"tutti: {what} holds {buf.nbytes} bytes, the call "
                                   f"needs {nbytes}")
 
+    def _blocks(self, buf, what):
+        """A buffer's elements per rank, for a call whose one buffer holds size blocks."""
+        n = _elems(buf)
+        if n % self.size:
+            raise InvalidArgError(f"tutti: rank {self.rank}: {what} of {n} elements does not "
+                                  f"split into {self.size} blocks")
+        return buf.count // self.size
+
+    def _root(self, root, name):
+        return _int(root, f"{name}'s root")
+
     def _reduce_all(self, name, buf, out, op, dtype, async_op):
         """allreduce, scan, exscan: buf in, out (None: in place into buf) out."""
         if out is None:
@@ -745,7 +1111,8 @@ class Communicator(_Handle):
             o, i, sp = self._pair(buf, out, dtype, name)
             self._expect(i, o.nbytes, f"{name}'s input")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, _op(op)), async_op, op)
+        v, op = _resolve_op(op)
+        return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, v), async_op, op)
 
     def allreduce(self, buf, out=None, op="sum", dtype=None, async_op=False):
         """Reduce buf over the ranks into out (None: in place into buf)."""
@@ -763,52 +1130,90 @@ class Communicator(_Handle):
 
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""
+        root = self._root(root, "broadcast")
         b = Buffer(buf, "broadcast's buffer", True, dtype, carry=True)
-        return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op)
+        return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op,
+                         detail=f" (root {root})")
 
     def barrier(self, async_op=False):
         return self._run("barrier", [], (), async_op)
 
     def reduce(self, buf, out=None, op="sum", root=0, dtype=None, async_op=False):
         """Reduce every rank's buf into root's out (None: in place into buf at root)."""
+        root = self._root(root, "reduce")
+        detail = f" (root {root})"
         if self.rank != root or out is None:
             i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype)
             sp = _lib.IN_PLACE if self.rank == root else i.ptr
             rp = i.ptr if self.rank == root else None
-            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, _op(op), root), async_op,
-                             op)
+            v, op = _resolve_op(op)
+            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, v, root), async_op,
+                             op, detail)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
         self._expect(i, o.nbytes, "reduce's input")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, _op(op), root), async_op,
-                         op)
+        v, op = _resolve_op(op)
+        return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, v, root), async_op,
+                         op, detail)
 
     def allgather(self, buf, out, dtype=None, async_op=False):
-        """Every rank's buf, in rank order, into every rank's out (size x buf)."""
+        """Every rank's buf, in rank order, into every rank's out (size x buf). In place:
+        buf None (or out itself), this rank's block already at its place in out."""
         o, i, sp = self._pair(buf, out, dtype, "allgather", carry=True)
+        if i is None:
+            return self._run("allgather", [o], (sp, o.ptr, self._blocks(o, "allgather's "
+                             "output (in place)"), o.dtype), async_op)
         self._expect(o, i.nbytes * self.size, "allgather's output")
         return self._run("allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
 
     def allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
-        o, i, sp = self._pair(None if buf is None else buf, out, dtype, "allgatherv", carry=True)
-        c, d = _sizes(counts, self.size, "counts", o.k), _sizes(displs, self.size, "displs", o.k)
+        """Rank i's buf (counts[i] elements) into every rank's out at displs[i] (None:
+        back to back). In place: buf None (or out itself), this rank's block already at
+        its place in out."""
+        o, i, sp = self._pair(buf, out, dtype, "allgatherv", carry=True)
+        n, me = self.size, self.rank
+        cl, dl = _entries(counts, n, "counts"), _entries(displs, n, "displs")
+        if cl is None:
+            raise InvalidArgError("tutti: allgatherv needs counts")
+        c, d = _c_sizes(cl, "counts", o.k), _c_sizes(dl, "displs", o.k)
+        _fits("allgatherv", me, cl, dl, "counts", "displs", o, "the output")
+        if i is not None:
+            _holds("allgatherv", me, i, cl[me], "the input", f"counts[{me}]")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("allgatherv", bufs, (sp, o.ptr, c, d, o.dtype), async_op)
 
     def reduce_scatter(self, buf, out, op="sum", dtype=None, async_op=False):
-        """Rank r gets the reduction of every rank's block r of buf (size x out)."""
+        """Rank r gets the reduction of every rank's block r of buf (size x out). In
+        place: buf None (or out itself), out holding every block; the result goes to
+        out's first block."""
         o, i, sp = self._pair(buf, out, dtype, "reduce_scatter")
-        self._expect(i, o.nbytes * self.size, "reduce_scatter's input")
+        if i is None:
+            count = self._blocks(o, "reduce_scatter's buffer (in place)")
+        else:
+            self._expect(i, o.nbytes * self.size, "reduce_scatter's input")
+            count = o.count
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("reduce_scatter", bufs, (sp, o.ptr, o.count, o.dtype, _op(op)),
-                         async_op, op)
+        v, op = _resolve_op(op)
+        return self._run("reduce_scatter", bufs, (sp, o.ptr, count, o.dtype, v), async_op, op)
 
     def reduce_scatterv(self, buf, out, counts, op="sum", dtype=None, async_op=False):
+        """Rank r gets the reduction of every rank's block r of buf (blocks of counts[i]
+        elements, back to back) in out (counts[r] elements). In place: buf None (or out
+        itself), out holding every block; the result goes to its start."""
         o, i, sp = self._pair(buf, out, dtype, "reduce_scatterv")
-        c = _sizes(counts, self.size, "counts")
+        n, me = self.size, self.rank
+        cl = _entries(counts, n, "counts")
+        if cl is None:
+            raise InvalidArgError("tutti: reduce_scatterv needs counts")
+        c = _c_sizes(cl, "counts")
+        if i is None:
+            _holds("reduce_scatterv", me, o, sum(cl), "the buffer (in place)", "sum(counts)")
+        else:
+            _holds("reduce_scatterv", me, i, sum(cl), "the input", "sum(counts)")
+            _holds("reduce_scatterv", me, o, cl[me], "the output", f"counts[{me}]")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, _op(op)), async_op,
-                         op)
+        v, op = _resolve_op(op)
+        return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, v), async_op, op)
 
     def _rooted(self, what, mine, mine_writes, roots, root, dtype, times=None):
         """Every rank's buffer (gather's input, scatter's output) and the root's other one
@@ -824,33 +1229,83 @@ class Communicator(_Handle):
             self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}")
         return m, r, [m, r]
 
-    def _layout(self, r, counts, displs):
-        if r is None:
-            return None, None, None
-        return (r.ptr, _sizes(counts, self.size, "counts", r.k),
-                _sizes(displs, self.size, "displs", r.k))
+    def _root_layout(self, what, r, counts, displs, cname, bwhat):
+        """The root's layout over its buffer r: (counts list, C counts, C displs)."""
+        n = self.size
+        cl, dl = _entries(counts, n, cname), _entries(displs, n, "displs")
+        if cl is None:
+            raise InvalidArgError(f"tutti: {what} needs {cname} at the root")
+        c, d = _c_sizes(cl, cname, r.k), _c_sizes(dl, "displs", r.k)
+        _fits(what, self.rank, cl, dl, cname, "displs", r, bwhat)
+        return cl, c, d
 
     def gather(self, buf, out=None, root=0, dtype=None, async_op=False):
-        """Every rank's buf into root's out (size x buf), in rank order."""
+        """Every rank's buf into root's out (size x buf), in rank order. In place at the
+        root: buf None (or out itself), its block already at its place in out."""
+        root = self._root(root, "gather")
+        if self.rank == root and (buf is None or buf is out):
+            o = Buffer(out, "gather's output", True, dtype, carry=True)
+            count = self._blocks(o, "gather's output (in place)")
+            return self._run("gather", [o], (_lib.IN_PLACE, o.ptr, count, o.dtype, root),
+                             async_op, detail=f" (root {root})")
         i, o, bufs = self._rooted("gather", buf, False, out, root, dtype, self.size)
         rp = o.ptr if o else None
-        return self._run("gather", bufs, (i.ptr, rp, i.count, i.dtype, root), async_op)
+        return self._run("gather", bufs, (i.ptr, rp, i.count, i.dtype, root), async_op,
+                         detail=f" (root {root})")
 
     def gatherv(self, buf, out, counts, displs=None, root=0, dtype=None, async_op=False):
+        """Rank i's buf into root's out at displs[i] (None: back to back), counts[i]
+        elements (counts and displs matter at the root). In place at the root: buf None
+        (or out itself), its block already at its place in out."""
+        root = self._root(root, "gatherv")
+        me = self.rank
+        if me == root and (buf is None or buf is out):
+            o = Buffer(out, "gatherv's output", True, dtype, carry=True)
+            cl, c, d = self._root_layout("gatherv", o, counts, displs, "counts", "the output")
+            return self._run("gatherv", [o], (_lib.IN_PLACE, cl[me] * o.k, o.ptr, c, d, o.dtype,
+                                               root), async_op, detail=f" (root {root})")
         i, o, bufs = self._rooted("gatherv", buf, False, out, root, dtype)
-        rp, c, d = self._layout(o, counts, displs)
-        return self._run("gatherv", bufs, (i.ptr, i.count, rp, c, d, i.dtype, root), async_op)
+        rp = c = d = None
+        if o is not None:
+            cl, c, d = self._root_layout("gatherv", o, counts, displs, "counts", "the output")
+            _holds("gatherv", me, i, cl[me], "the input", f"counts[{me}]")
+            rp = o.ptr
+        return self._run("gatherv", bufs, (i.ptr, i.count, rp, c, d, i.dtype, root), async_op,
+                         detail=f" (root {root})")
 
     def scatter(self, buf, out, root=0, dtype=None, async_op=False):
-        """Block r of root's buf (size x out) to rank r's out."""
+        """Block r of root's buf (size x out) to rank r's out. In place at the root: out
+        None (or buf itself), its block left in buf."""
+        root = self._root(root, "scatter")
+        if self.rank == root and (out is None or out is buf):
+            i = Buffer(buf, "scatter's input", False, dtype, carry=True)
+            count = self._blocks(i, "scatter's input (in place)")
+            return self._run("scatter", [i], (i.ptr, _lib.IN_PLACE_OUT, count, i.dtype, root),
+                             async_op, detail=f" (root {root})")
         o, i, bufs = self._rooted("scatter", out, True, buf, root, dtype, self.size)
         sp = i.ptr if i else None
-        return self._run("scatter", bufs, (sp, o.ptr, o.count, o.dtype, root), async_op)
+        return self._run("scatter", bufs, (sp, o.ptr, o.count, o.dtype, root), async_op,
+                         detail=f" (root {root})")
 
     def scatterv(self, buf, counts, out, displs=None, root=0, dtype=None, async_op=False):
+        """Block i of root's buf (counts[i] elements at displs[i]; None: back to back) to
+        rank i's out. In place at the root: out None (or buf itself), its block left in
+        buf."""
+        root = self._root(root, "scatterv")
+        me = self.rank
+        if me == root and (out is None or out is buf):
+            i = Buffer(buf, "scatterv's input", False, dtype, carry=True)
+            cl, c, d = self._root_layout("scatterv", i, counts, displs, "counts", "the input")
+            return self._run("scatterv", [i], (i.ptr, c, d, _lib.IN_PLACE_OUT, cl[me] * i.k,
+                                               i.dtype, root), async_op, detail=f" (root {root})")
         o, i, bufs = self._rooted("scatterv", out, True, buf, root, dtype)
-        sp, c, d = self._layout(i, counts, displs)
-        return self._run("scatterv", bufs, (sp, c, d, o.ptr, o.count, o.dtype, root), async_op)
+        sp = c = d = None
+        if i is not None:
+            cl, c, d = self._root_layout("scatterv", i, counts, displs, "counts", "the input")
+            _holds("scatterv", me, o, cl[me], "the output", f"counts[{me}]")
+            sp = i.ptr
+        return self._run("scatterv", bufs, (sp, c, d, o.ptr, o.count, o.dtype, root), async_op,
+                         detail=f" (root {root})")
 
     def alltoall(self, buf, out=None, dtype=None, async_op=False):
         """Block j of buf to rank j; block i of out from rank i (out None: in place)."""
@@ -867,34 +1322,49 @@ class Communicator(_Handle):
 
     def alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None,
                   recv_displs=None, dtype=None, async_op=False):
+        """send_counts[j] elements of buf at send_displs[j] to rank j; recv_counts[i]
+        from rank i into out at recv_displs[i] (displacements None: back to back). In
+        place: buf None (or out itself), with one layout for both."""
         o, i, sp = self._pair(buf, out, dtype, "alltoallv", carry=True)
-        n, k = self.size, o.k
-        args = (sp, _sizes(send_counts, n, "send_counts", k),
-                _sizes(send_displs, n, "send_displs", k), o.ptr,
-                _sizes(recv_counts, n, "recv_counts", k), _sizes(recv_displs, n, "recv_displs", k),
-                o.dtype)
+        n, k, me = self.size, o.k, self.rank
+        rc, rd = _entries(recv_counts, n, "recv_counts"), _entries(recv_displs, n, "recv_displs")
+        sc, sd = _entries(send_counts, n, "send_counts"), _entries(send_displs, n, "send_displs")
+        if rc is None or (sc is None and i is not None):
+            raise InvalidArgError("tutti: alltoallv needs send_counts and recv_counts")
+        if i is None and sc is not None and (sc, sd) != (rc, rd):
+            raise InvalidArgError("tutti: alltoallv in place (buf None or out itself) takes "
+                                  "one layout: send_counts and send_displs as the receive's")
+        args = (sp, _c_sizes(sc, "send_counts", k), _c_sizes(sd, "send_displs", k), o.ptr,
+                _c_sizes(rc, "recv_counts", k), _c_sizes(rd, "recv_displs", k), o.dtype)
+        if i is not None:
+            _fits("alltoallv", me, sc, sd, "send_counts", "send_displs", i, "the input")
+        _fits("alltoallv", me, rc, rd, "recv_counts", "recv_displs", o, "the output")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("alltoallv", bufs, args, async_op)
 
     def send(self, buf, peer, tag=0, dtype=None, async_op=False):
+        peer = _int(peer, "send's peer")
+        tag = _int(tag, "send's tag", 0, (1 << 32) - 1)
         b = Buffer(buf, "send's buffer", False, dtype, carry=True)
-        return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op)
+        return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op,
+                         detail=f" to rank {peer} (tag {tag})")
 
     def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False):
         """Receive into buf from rank peer, or from whichever rank sends this tag first
         (peer None or tutti.ANY_SOURCE). Returns the sending rank, or with async_op a
         Work whose source says it once done."""
+        peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv's peer")
+        tag = _int(tag, "recv's tag", 0, (1 << 32) - 1)
         b = Buffer(buf, "recv's buffer", True, dtype, carry=True)
-        peer = _lib.ANY_SOURCE if peer is None else peer
-        if not async_op and peer != _lib.ANY_SOURCE:
-            self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), False)
-            return peer
-        # the blocking C call cannot say who sent: an async one and its work can
-        w = self._run("recv", [b], (b.ptr, b.count, b.dtype, peer, tag), True)
+        src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
+        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} (tag {tag})"
         if async_op:
-            return w
-        w.wait()
-        return w.source
+            return self._run("recv", [b], args, True, detail=detail)
+        if peer != _lib.ANY_SOURCE:
+            src = self._run("recv", [b], args, False, detail=detail)
+            return peer if src < 0 else src
+        # the library's blocking call cannot say who sent: an async one and its work can
+        return self._run("recv", [b], args, False, detail=detail, need_work=True)
 
 
 def _name(dtype):
