@@ -35,6 +35,14 @@ const char *__asan_default_options(void)
     return "allocator_may_return_null=1";
 }
 #endif
+#if defined(__SANITIZE_THREAD__)
+/* the same under TSan (its CI stage aborted with allocation-size-too-big, session 97) */
+__attribute__((visibility("default"))) const char *__tsan_default_options(void);
+const char *__tsan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
 
 static int quick(void)
 {
