@@ -428,9 +428,18 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
 
 /* ---- TUTTI_AVG: the sum divided by the rank count where it landed ---- */
 
+/* count elements of buf divided by nranks, the input's scaling undone with it */
+static void avg_divide(const tt_op_t *op, void *buf, size_t count)
+{
+    if (op->avg_scale)
+        tt_reduce_f16_scale(buf, count, op->avg_scale, (float)op->nranks);
+    else
+        tt_reduce_avg_finish(buf, count, op->dtype, op->nranks);
+}
+
 static void avg_all(tt_op_t *op)
 {
-    tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, op->nranks);
+    avg_divide(op, op->recvbuf, op->count);
 }
 
 static void avg_root(tt_op_t *op)
@@ -441,7 +450,7 @@ static void avg_root(tt_op_t *op)
 
 static void avg_own_block(tt_op_t *op)
 {
-    tt_reduce_avg_finish(op->recvbuf, op->recvcounts[op->rank], op->dtype, op->nranks);
+    avg_divide(op, op->recvbuf, op->recvcounts[op->rank]);
 }
 
 /* scan: the mean of ranks 0..rank; exscan: of ranks 0..rank-1 (rank 0: none, its

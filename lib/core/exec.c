@@ -159,16 +159,13 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
         st = tt_agree_flush(op, kind);
     }
     /* fp16 AVG: each rank's input scaled by 2^-k first (2^k >= the rank count), the sum
-     * by 2^k / nranks after it (reduce.h), so that a mean that fits fp16 does not
-     * overflow on the way: four ranks' 30000 summed first gave inf (session 97, found by
-     * review). NCCL's ncclAvg scales by 1/nranks first; a power of two keeps the partial
-     * sums, and so the result, those of the plain sum and division wherever both fit. */
+     * by 2^k / nranks after it (coll.c's AVG step, from op->avg_scale), so that a mean
+     * that fits fp16 does not overflow on the way: four ranks' 30000 summed first gave
+     * inf (session 97, found by review). NCCL's ncclAvg scales by 1/nranks first; a power
+     * of two keeps the partial sums, and so the result, those of the plain sum and
+     * division wherever both fit. */
     const void *user_send = op->sendbuf;
     void *scaled = NULL;
-    int prescaled = 0;
-    float pow2 = 1.0f;
-    while (pow2 < (float)op->nranks)
-        pow2 *= 2.0f;
     if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && op->dtype == TUTTI_FP16 &&
         (op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_REDUCE ||
          op->coll == TT_COLL_REDUCE_SCATTER)) {
@@ -187,8 +184,10 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
             memcpy(scaled, op->sendbuf, bytes);
             op->sendbuf = scaled; /* run as out of place from the copy */
         }
-        tt_reduce_f16_scale(scaled ? scaled : op->recvbuf, op->count, 1.0f / pow2, 1.0f);
-        prescaled = 1;
+        op->avg_scale = 1.0f;
+        while (op->avg_scale < (float)op->nranks)
+            op->avg_scale *= 2.0f;
+        tt_reduce_f16_scale(scaled ? scaled : op->recvbuf, op->count, 1.0f / op->avg_scale, 1.0f);
     }
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
@@ -221,12 +220,8 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
         return st;
     }
     tt_op_finish(op);
-    if (prescaled && op->coll == TT_COLL_REDUCE_SCATTER)
-        tt_reduce_f16_scale(op->recvbuf, op->recvcounts[op->rank], pow2, (float)op->nranks);
-    else if (prescaled && (op->coll == TT_COLL_ALLREDUCE || op->rank == op->root))
-        tt_reduce_f16_scale(op->recvbuf, op->count, pow2, (float)op->nranks);
-    else if (user_redop == TUTTI_AVG && desc->avg && !prescaled)
-        desc->avg(op);
+    if (user_redop == TUTTI_AVG && desc->avg)
+        desc->avg(op); /* undoes avg_scale too */
     return TUTTI_OK;
 }
 
