@@ -611,8 +611,10 @@ void tt_launch_nap(tt_launch_t *l, int ms)
      * order, and the first is the one blamed (session 97; a fixed 20 ms sleep took
      * them in rank order, blaming the wrong one in 8 of 10 runs of a review's test) */
     struct pollfd pf = { .fd = l->exit_fd, .events = POLLIN };
-    if (l->exit_fd < 0 || poll(&pf, 1, ms) < 0)
+    if (l->exit_fd < 0)
         usleep((useconds_t)ms * 1000);
+    else
+        poll(&pf, 1, ms); /* a signal ends it too: the caller looks at once */
 }
 
 int tt_launch_reap(tt_launch_t *l, int *code_p, int *sig_p)
@@ -753,9 +755,7 @@ int tt_launch_restart(tt_launch_t *l)
         return -1;
     drain_groups(l);
     cleaner_tell(l, MSG_FORGET, 0); /* before reaping: pids may be reused after */
-    reap_all(l);
-    for (int i = 0; i < l->np; i++)
-        drop_pidfd(l, i);
+    reap_all(l);                    /* their pidfds went as tt_launch_reap took them */
     memset(l->pids, 0, (size_t)l->np * sizeof(pid_t));
     memset(l->exited, 0, (size_t)l->np);
     l->kill_at = 0;

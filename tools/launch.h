@@ -45,9 +45,11 @@ typedef struct tt_launch {
     pid_t self;
     pid_t *pids; /* 0: not started */
     char *exited;
-    int *pidfds;            /* each running rank's pidfd, in exit_fd; -1 when none */
-    int exit_fd;            /* epoll of the pidfds: readable once a rank has exited and until it is
-                    reaped; -1 where the kernel has no pidfds (then naps sleep) */
+    /* each running rank's pidfd (-1: none), in the epoll set exit_fd, which is readable
+     * from a rank's exit until it is reaped; -1 where the kernel has no pidfds (then
+     * tt_launch_nap sleeps) */
+    int *pidfds;
+    int exit_fd;
     char dir[PATH_MAX];     /* the temporary store directory (absolute), "" when none */
     char url[PATH_MAX + 8]; /* file://dir */
     int cleaner_fd;         /* write end of the cleaner's pipe, -1 when none */
