@@ -44,15 +44,10 @@ static inline void tp_link_fail_later(tp_link_fail_t *f, int status, const char 
     __attribute__((format(printf, 3, 4)));
 static inline void tp_link_fail_later(tp_link_fail_t *f, int status, const char *fmt, ...)
 {
-    if (f->status)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(f->msg, sizeof(f->msg), fmt, ap);
+    tp_link_fail_v(NULL, f, -1, 0, status, 0, fmt, ap); /* not busy: h unused */
     va_end(ap);
-    f->status = status;
-    f->err_no = 0;
-    f->report_pending = 1;
 }
 
 /* A failed link's status for a probe (a receive from any source asking whether the peer
