@@ -1659,7 +1659,9 @@ START_TEST(test_file_other_pidns_writer)
             tutti_store_t *s;
             OK(NULL, tutti_store_open_file(&s, c.dir, 1000));
             tutti_store_close(s);
-            if (waitpid(outer, NULL, WNOHANG | WNOWAIT) == outer)
+            siginfo_t si = { 0 }; /* the writer done (waitpid takes no WNOWAIT: EINVAL) */
+            if (waitid(P_PID, (id_t)outer, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                si.si_pid == outer)
                 break;
             usleep(200);
         }
