@@ -491,7 +491,15 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, int *tr
 struct rd_addrs {
     int refs;
     struct addrinfo *ai;
+    uint64_t at; /* when resolved (tt_now_ns) */
+    int served;  /* a connection made through them worked (under rs->lock) */
 };
+
+/* A failed connect forgets addresses that served before (a server that moved: a DNS
+ * failover is followed at once) or that are at least this old (a name that pointed
+ * elsewhere at first); a server not up yet, which every rank waits for with backoff,
+ * costs a lookup a second, not one a try. */
+#define RD_RESOLVE_AGAIN_NS 1000000000ull
 
 static void rd_addrs_put(rd_store_t *rs, rd_addrs_t *a)
 {
@@ -530,6 +538,7 @@ static int rd_resolve(rd_store_t *rs, uint64_t deadline, rd_addrs_t **a_p, char 
     }
     a->refs = 2;
     a->ai = ai;
+    a->at = tt_now_ns();
     pthread_mutex_lock(&rs->lock);
     rd_addrs_t *other = rs->addrs;
     if (other) { /* another thread's came first: that one */
@@ -552,7 +561,7 @@ static int rd_resolve(rd_store_t *rs, uint64_t deadline, rd_addrs_t **a_p, char 
 static void rd_addrs_forget(rd_store_t *rs, rd_addrs_t *a)
 {
     pthread_mutex_lock(&rs->lock);
-    int cached = rs->addrs == a;
+    int cached = rs->addrs == a && (a->served || tt_now_ns() - a->at >= RD_RESOLVE_AGAIN_NS);
     if (cached)
         rs->addrs = NULL;
     pthread_mutex_unlock(&rs->lock);
@@ -607,13 +616,15 @@ static int rd_connect(rd_store_t *rs, uint64_t deadline, rd_conn_t **conn_p, tt_
             int transient = 0;
             int st = rd_handshake(rs, c, deadline, &transient, cause, sizeof(cause));
             if (st == TUTTI_OK) {
+                pthread_mutex_lock(&rs->lock);
+                a->served = 1;
+                pthread_mutex_unlock(&rs->lock);
                 rd_addrs_put(rs, a);
                 *conn_p = c;
                 return TUTTI_OK;
             }
             rd_conn_drop(c);
-            if (!transient) {
-                rd_addrs_forget(rs, a);
+            if (!transient) { /* it answered: the address is right */
                 rd_addrs_put(rs, a);
                 tt_store_err_set(err, "%s", cause);
                 return st;
