@@ -1257,6 +1257,10 @@ static int rank_abort(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     int done = 1;
     FAIL_IF(tutti_test(w[0], &done) != 0 || done, "test reported done");
     FAIL_IF(tutti_wait(w[0], 100) != TUTTI_ERR_TIMEOUT, "wait with 100 ms did not time out");
+    /* a bound that passed is no failure: the communicator's last error stays empty (the
+     * library builds a failing op's message from it) */
+    FAIL_IF(tutti_comm_last_error(comm)[0], "a timed-out wait wrote last_error: %s",
+            tutti_comm_last_error(comm));
     pthread_t t = th_after_ms(200, abort_comm, comm);
     double t0 = th_now_ms();
     for (int i = 0; i < 3; i++) {

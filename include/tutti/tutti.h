@@ -589,7 +589,8 @@ int tutti_work_source(const tutti_work_t *work);
 int tutti_test(tutti_work_t *work, int *done_p);
 
 /* Wait until the operation finishes or timeout_ms passes (-1: the communicator's
- * timeout). Returns the operation's status, or TUTTI_ERR_TIMEOUT if it still runs. */
+ * timeout). Returns the operation's status, or TUTTI_ERR_TIMEOUT if it still runs (the
+ * operation goes on, and tutti_comm_last_error is left as it was). */
 int tutti_wait(tutti_work_t *work, int timeout_ms);
 
 /* Release a work handle; safe while the operation is still running, and after the

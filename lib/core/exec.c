@@ -910,20 +910,11 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
 {
     if (!work)
         return TUTTI_ERR_INVALID_ARG;
-    /* -1: until the op ends, which its own deadline bounds */
-    int st = wait_work(work, timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms));
-    if (st == TUTTI_ERR_TIMEOUT && !atomic_load(&work->done)) {
-        /* a send or receive has no collective's name (it printed "(null)") */
-        char what[64];
-        if (work->is_p2p)
-            tt_comm_set_error(work->comm, st, "wait: %s still running after %d ms",
-                              p2p_what(work, what, sizeof(what)), timeout_ms);
-        else
-            tt_comm_set_error(work->comm, st, "wait: %s seq %llu still running after %d ms",
-                              tt_coll_name(work->op.coll), (unsigned long long)work->op.seq,
-                              timeout_ms);
-    }
-    return st;
+    /* -1: until the op ends, which its own deadline bounds. A bound that passes is not a
+     * failure, so last_error is left alone: it is the communicator's, and the library
+     * builds a failing op's message from it (session 97: another thread's 100 ms wait
+     * turned a dead peer's message into "wait: allreduce seq 1 still running") */
+    return wait_work(work, timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms));
 }
 
 void tutti_work_free(tutti_work_t *work)
