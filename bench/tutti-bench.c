@@ -749,7 +749,7 @@ static size_t long_term(size_t i)
  * sums wrap harmlessly on the way (the result modulo 2^k is still right), so for them
  * only the inputs and the result bound A; float partial sums, in any order, must stay
  * exact. */
-static long red_amp(const bench_cfg_t *cfg, int n)
+static long red_amp_of(const bench_cfg_t *cfg, int n)
 {
     const long L = dtype_exact(cfg->dtype);
     const int sgn = !dtype_is_unsigned(cfg->dtype), flt = dtype_is_float(cfg->dtype);
@@ -772,6 +772,23 @@ static long red_amp(const bench_cfg_t *cfg, int n)
     default: break; /* prod, min, max and the bitwise ops do not grow with n */
     }
     return a < 50 ? a : 50;
+}
+
+/* red_amp_of, computed once for a run's (op, dtype, n): -c asks for it at every element
+ * of every rank's input (one thread) */
+static long red_amp(const bench_cfg_t *cfg, int n)
+{
+    static tutti_redop_t op;
+    static tutti_dtype_t dtype;
+    static int last_n = -1;
+    static long a;
+    if (n != last_n || cfg->op != op || cfg->dtype != dtype) {
+        a = red_amp_of(cfg, n);
+        op = cfg->op;
+        dtype = cfg->dtype;
+        last_n = n;
+    }
+    return a;
 }
 
 /* The long term at i with amplitude a (signed: [-a, a], else [0, 2a]). */
@@ -1690,7 +1707,7 @@ static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_
 }
 
 /* The rows of a run, one per size from MIN to MAX by FACTOR (barrier: one); unit is the
- * bytes of one count. Returns 0, or -1 out of memory. */
+ * bytes of one count; rows_p NULL: only counted. Returns 0, or -1 out of memory. */
 static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, size_t *nsizes_p)
 {
     int barrier = cfg->coll == COLL_BARRIER;
@@ -1702,7 +1719,7 @@ static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, 
                 break;
             continue; /* smaller than one element (per rank) */
         }
-        if (nsizes == cap) {
+        if (rows_p && nsizes == cap) {
             cap = cap ? 2 * cap : 32;
             bench_row_t *nr = realloc(rows, cap * sizeof(*rows));
             if (!nr) {
@@ -1711,14 +1728,17 @@ static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, 
             }
             rows = nr;
         }
-        memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
-        rows[nsizes].count = s / unit;
-        rows[nsizes].bytes = rows[nsizes].count * unit;
+        if (rows_p) {
+            memset(&rows[nsizes], 0, sizeof(rows[nsizes]));
+            rows[nsizes].count = s / unit;
+            rows[nsizes].bytes = rows[nsizes].count * unit;
+        }
         nsizes++;
         if (barrier || s > SIZE_MAX / cfg->factor)
             break;
     }
-    *rows_p = rows;
+    if (rows_p)
+        *rows_p = rows;
     *nsizes_p = nsizes;
     return 0;
 }
@@ -1740,13 +1760,7 @@ static int check_world(const bench_cfg_t *cfg, int n, int loud)
     }
     size_t esize = tutti_dtype_size(cfg->dtype), nsizes;
     size_t unit = coll_blocked(cfg->coll) ? (size_t)n * esize : esize;
-    bench_row_t *rows;
-    if (make_rows(cfg, unit, &rows, &nsizes) < 0) {
-        if (loud)
-            fprintf(stderr, "tutti-bench: out of memory\n");
-        return -1;
-    }
-    free(rows);
+    make_rows(cfg, unit, NULL, &nsizes); /* counted only: cannot fail */
     if (nsizes == 0) {
         if (loud)
             fprintf(stderr,
@@ -1886,8 +1900,7 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
                       NULL, NULL };
     int barrier = cfg->coll == COLL_BARRIER;
     size_t esize = tutti_dtype_size(cfg->dtype);
-    if (check_world(cfg, b.size, b.rank == 0) < 0)
-        return 2;
+    /* check_world passed already: at the arguments (-np) or in run_env */
     /* blocked collectives: size = nranks x count x elem */
     size_t unit = coll_blocked(cfg->coll) ? (size_t)b.size * esize : esize;
     size_t nsizes;
