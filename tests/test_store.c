@@ -2500,6 +2500,15 @@ START_TEST(test_store_timeout_zero)
     tutti_store_opts_t o;
     tutti_store_opts_init(&o);
     ck_assert_int_eq(o.timeout_ms, 30000);
+    /* negative: no deadline, by the options and by an open's 0 alike (the open gave
+     * 30000) */
+    setenv("TUTTI_STORE_TIMEOUT_MS", "-1", 1);
+    tutti_store_opts_init(&o);
+    ck_assert_int_eq(o.timeout_ms, -1);
+    tutti_store_t *s;
+    OK(NULL, tutti_store_open_file(&s, dir, 0));
+    ck_assert_int_eq(tutti_store_timeout(s), -1);
+    tutti_store_close(s);
     unsetenv("TUTTI_STORE_TIMEOUT_MS");
     th_redis_stop(rpid);
 }

@@ -91,7 +91,7 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
         return TUTTI_ERR_INVALID_ARG;
     memset(opts, 0, sizeof(*opts));
     opts->size = sizeof(*opts);
-    opts->timeout_ms = tt_store_open_timeout_ms(tt_env_int("STORE_TIMEOUT_MS", 0));
+    opts->timeout_ms = tt_store_open_timeout_ms(0); /* TUTTI_STORE_TIMEOUT_MS, else 30000 */
     opts->is_server = 0;
     opts->auth_token = tt_env("AUTH_TOKEN");
     opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");

@@ -67,8 +67,10 @@ int tt_store_open_timeout_ms(int timeout_ms)
 {
     if (timeout_ms != 0)
         return timeout_ms;
+    /* the variable's own 0 is the default too; negative: no deadline, as documented (the
+     * open calls' 0 with it negative gave 30000 while the options gave none) */
     int env = tt_env_int("STORE_TIMEOUT_MS", 0);
-    return env > 0 ? env : TT_STORE_DEFAULT_TIMEOUT_MS;
+    return env != 0 ? env : TT_STORE_DEFAULT_TIMEOUT_MS;
 }
 
 tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms)
