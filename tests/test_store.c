@@ -1935,53 +1935,6 @@ START_TEST(test_redis_auth)
 }
 END_TEST
 
-/* A server of the test's own on 127.0.0.1:port (0: a free one; the port in *port_p): each
- * connection gets reply (len bytes) after its first bytes, then is closed; with reply
- * NULL it gets nothing and stays open. A child process, for the caller to kill; -1 when
- * the port cannot be bound. */
-static pid_t fake_server(int port, int *port_p, const char *reply, size_t len)
-{
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        close(lfd);
-        return -1;
-    }
-    ck_assert_int_eq(listen(lfd, 16), 0);
-    socklen_t alen = sizeof(a);
-    getsockname(lfd, (struct sockaddr *)&a, &alen);
-    *port_p = ntohs(a.sin_port);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (;;) {
-            int fd = accept(lfd, NULL, NULL);
-            if (fd < 0)
-                continue;
-            char buf[256];
-            if (read(fd, buf, sizeof(buf)) <= 0) {
-                close(fd);
-                continue;
-            }
-            if (!reply)
-                continue; /* never answered, never closed */
-            for (size_t o = 0; o < len;) {
-                ssize_t w = write(fd, reply + o, len - o);
-                if (w <= 0)
-                    break;
-                o += (size_t)w;
-            }
-            close(fd);
-        }
-    }
-    close(lfd);
-    return pid;
-}
-
 static void fake_stop(pid_t pid)
 {
     kill(pid, SIGKILL);
@@ -2044,6 +1997,31 @@ static void fake_write(int fd, const void *buf, size_t len)
             _exit(0); /* the client left */
         o += (size_t)w;
     }
+}
+
+/* A server of the test's own on 127.0.0.1:port (0: a free one; the port in *port_p): each
+ * connection gets reply (len bytes) after its first bytes, then is closed; with reply
+ * NULL it gets nothing and stays open. fake_stop it; -1 when the port cannot be bound. */
+typedef struct fake_reply {
+    const char *reply;
+    size_t len;
+} fake_reply_t;
+
+static void answer_once(int fd, int conn, int k, const void *arg)
+{
+    (void)conn;
+    (void)k;
+    const fake_reply_t *r = arg;
+    if (!r->reply)
+        return; /* never answered, never closed */
+    fake_write(fd, r->reply, r->len);
+    _exit(0); /* closes the connection */
+}
+
+static pid_t fake_server(int port, int *port_p, const char *reply, size_t len)
+{
+    const fake_reply_t r = { reply, len }; /* the child's copy of this frame holds it */
+    return fake_serve("127.0.0.1", port, port_p, answer_once, &r);
 }
 
 /* arg: a NULL-terminated list of replies, the k-th read of every connection gets the k-th
