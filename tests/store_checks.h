@@ -32,11 +32,14 @@
                       tutti_status_name(want), tutti_store_last_error(s));                         \
     } while (0)
 
-/* A TCP connection to ip:port with a 3 s receive timeout; -errno when connect fails. */
-static inline int raw_connect_to(const char *ip, int port)
+/* A TCP connection to ip:port with a 3 s receive timeout (and a receive buffer of rcvbuf
+ * bytes, 0: the default); -errno when connect fails. */
+static inline int raw_connect_buf(const char *ip, int port, int rcvbuf)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ck_assert_int_ge(fd, 0);
+    if (rcvbuf) /* before connect: the window is set then */
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     inet_pton(AF_INET, ip, &a.sin_addr);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
@@ -47,6 +50,12 @@ static inline int raw_connect_to(const char *ip, int port)
     struct timeval tv = { 3, 0 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
+}
+
+/* raw_connect_buf with the default receive buffer. */
+static inline int raw_connect_to(const char *ip, int port)
+{
+    return raw_connect_buf(ip, port, 0);
 }
 
 /* raw_connect_to 127.0.0.1, which must succeed. */

@@ -906,11 +906,15 @@ START_TEST(test_fd_exhaustion_all_busy)
 }
 END_TEST
 
-/* Send len bytes on a blocking socket (whatever the server does with them). */
+/* Send len bytes on a blocking socket (whatever the server does with them); -1 when
+ * the server took nothing for 10 s. */
 static int send_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
     while (len) {
+        struct pollfd pf = { fd, POLLOUT, 0 };
+        if (poll(&pf, 1, 10000) == 0)
+            return -1;
         ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
@@ -1253,15 +1257,8 @@ END_TEST
  * reply stays unread in the server. */
 static int raw_connect_slow(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    int small = 4096;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    struct timeval tv = { 3, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int fd = raw_connect_buf("127.0.0.1", port, 4096);
+    ck_assert_msg(fd >= 0, "connect: %s", strerror(-fd));
     ck_assert_int_eq(raw_hello(fd), 0);
     return fd;
 }
