@@ -342,16 +342,6 @@ static int parse_coll(const char *v, enum bench_coll *coll_p)
 static int check_world(const bench_cfg_t *cfg, int n, int loud);
 static int dtype_is_float(tutti_dtype_t dt);
 
-/* Whether coll's algorithms (tutti_algo_name) include name (len bytes). */
-static int has_algo(const char *coll, const char *name, size_t len)
-{
-    const char *a;
-    for (int i = 0; (a = tutti_algo_name(coll, i)); i++)
-        if (strlen(a) == len && !strncmp(a, name, len))
-            return 1;
-    return 0;
-}
-
 /* coll's algorithms, ", "-separated, into buf. */
 static const char *algo_list(const char *coll, char *buf, size_t len)
 {
@@ -364,84 +354,22 @@ static const char *algo_list(const char *coll, char *buf, size_t len)
     return buf;
 }
 
-/* s[0..*len) without the blanks around it: the start, *len shortened. */
-static const char *trim(const char *s, size_t *len)
-{
-    while (*len && (*s == ' ' || *s == '\t'))
-        s++, (*len)--;
-    while (*len && (s[*len - 1] == ' ' || s[*len - 1] == '\t'))
-        (*len)--;
-    return s;
-}
-
-/* --algo SPEC (not all): 0 when it sets an algorithm of the collective run and every
- * algorithm it names is one its collective has; else -1, said with the algorithms the
- * collective has. SPEC is a bare name or TUTTI_ALGO's "coll:name[@<SIZE],...;..."; the
- * size bounds are the library's to check (tutti_comm_init). */
+/* --algo SPEC (not all): 0 when the library parses it (tutti_algo_spec_sets, TUTTI_ALGO's
+ * syntax) and it sets an algorithm of the collective run; else -1, said with the
+ * algorithms the collective has. */
 static int check_algo(const bench_cfg_t *cfg)
 {
-    const char *coll = coll_names[cfg->coll], *spec = cfg->algo;
-    char names[512];
-    int sets = 0;
-    for (const char *e = spec; *e;) {
-        size_t elen = strcspn(e, ";");
-        const char *next = e[elen] ? e + elen + 1 : e + elen;
-        const char *colon = memchr(e, ':', elen);
-        size_t len = colon ? (size_t)(colon - e) : elen;
-        const char *name = trim(e, &len);
-        if (!colon) { /* a bare name: the collective run must have it */
-            if (len && !has_algo(coll, name, len)) {
-                fprintf(stderr,
-                        "tutti-bench: --algo %s: %s has no algorithm \"%.*s\" (its "
-                        "algorithms: %s)\n",
-                        spec, coll, (int)len, name, algo_list(coll, names, sizeof(names)));
-                return -1;
-            }
-            sets |= len > 0;
-            e = next;
-            continue;
-        }
-        char cname[64];
-        int c = 0;
-        if (len < sizeof(cname)) {
-            memcpy(cname, name, len);
-            cname[len] = '\0';
-            while (c < COLL_COUNT && strcmp(cname, coll_names[c]))
-                c++;
-        }
-        if (len >= sizeof(cname) || c == COLL_COUNT) {
-            fprintf(stderr, "tutti-bench: --algo %s: unknown collective \"%.*s\"\n", spec, (int)len,
-                    name);
-            return -1;
-        }
-        /* the choices: name[@<SIZE] (',' name[@<SIZE])* */
-        for (const char *ch = colon + 1; ch <= e + elen;) {
-            size_t clen = strcspn(ch, ",;");
-            if (clen > (size_t)(e + elen - ch))
-                clen = (size_t)(e + elen - ch);
-            size_t nlen = strcspn(ch, "@,;");
-            nlen = nlen < clen ? nlen : clen;
-            const char *an = trim(ch, &nlen);
-            if (!has_algo(cname, an, nlen)) {
-                fprintf(stderr,
-                        "tutti-bench: --algo %s: %s has no algorithm \"%.*s\" (its "
-                        "algorithms: %s)\n",
-                        spec, cname, (int)nlen, an, algo_list(cname, names, sizeof(names)));
-                return -1;
-            }
-            ch += clen + 1;
-        }
-        sets |= c == (int)cfg->coll;
-        e = next;
-    }
-    if (!sets) {
+    const char *coll = coll_names[cfg->coll];
+    char why[512], names[512];
+    int st = tutti_algo_spec_sets(cfg->algo, coll, why, sizeof(why));
+    if (st < 0)
+        fprintf(stderr, "tutti-bench: --algo %s: %s\n", cfg->algo, why);
+    else if (st == 0)
         fprintf(stderr,
                 "tutti-bench: --algo %s sets no algorithm of %s (--coll): give one of its "
                 "algorithms: %s\n",
-                spec, coll, algo_list(coll, names, sizeof(names)));
-        return -1;
-    }
-    return 0;
+                cfg->algo, coll, algo_list(coll, names, sizeof(names)));
+    return st > 0 ? 0 : -1;
 }
 
 /* The largest -e: the two buffers, a page more each (--offset) and rounded up to pages,

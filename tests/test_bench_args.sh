@@ -32,10 +32,10 @@ usage() {
     ! grep -q "^# tutti-bench" "$out" || fail "tutti-bench $*: ran before refusing"
 }
 usage "not a multiple of the 4-byte" -np 2 --offset 3 -n 1
-usage 'allreduce has no algorithm "nosuch" (its algorithms: ring' -np 2 --algo nosuch -n 1
-usage 'allreduce has no algorithm "tree"' -np 2 --algo tree -n 1
+usage 'unknown algorithm "nosuch"' -np 2 --algo nosuch -n 1
+usage 'tree sets no algorithm of allreduce (--coll): give one of its algorithms: ring' -np 2 --algo tree -n 1
 usage "sets no algorithm of allreduce" -np 2 --algo broadcast:tree -n 1
-usage 'broadcast has no algorithm "bogus"' -np 2 --algo 'allreduce:ring;broadcast:bogus' -n 1
+usage 'unknown broadcast algorithm "bogus"' -np 2 --algo 'allreduce:ring;broadcast:bogus' -n 1
 usage "needs an integer dtype" -np 2 -d float -o bxor -n 1
 usage "root 2 out of range for 2 ranks" -np 2 -r 2 -n 1
 # the world from the environment: refused once the store is open, before any init

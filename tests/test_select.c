@@ -68,6 +68,24 @@ START_TEST(public_algo_list)
     ck_assert_str_eq(tutti_algo_name("barrier", 2), "linear");
     ck_assert_ptr_null(tutti_algo_name("barrier", 3));
     ck_assert_str_eq(tutti_algo_name("allreduce", 5), "linear");
+    /* tutti_algo_spec_sets: TUTTI_ALGO's parse, asked for one collective */
+    char why[256];
+    ck_assert_int_eq(tutti_algo_spec_sets("ring", "allreduce", why, sizeof(why)), 1);
+    ck_assert_int_eq(tutti_algo_spec_sets("tree", "allreduce", why, sizeof(why)), 0);
+    ck_assert_int_eq(tutti_algo_spec_sets("tree", "broadcast", why, sizeof(why)), 1);
+    ck_assert_int_eq(tutti_algo_spec_sets("broadcast:tree", "allreduce", why, sizeof(why)), 0);
+    ck_assert_int_eq(tutti_algo_spec_sets("allreduce:rd@<1K,ring;broadcast:tree", "allreduce", why,
+                                          sizeof(why)),
+                     1);
+    ck_assert_int_eq(tutti_algo_spec_sets("nosuch", "allreduce", why, sizeof(why)),
+                     TUTTI_ERR_CONFIG);
+    ck_assert_msg(strstr(why, "unknown algorithm \"nosuch\""), "%s", why);
+    ck_assert_int_eq(tutti_algo_spec_sets("broadcast:rd", "broadcast", why, sizeof(why)),
+                     TUTTI_ERR_CONFIG);
+    ck_assert_msg(strstr(why, "unknown broadcast algorithm \"rd\""), "%s", why);
+    ck_assert_int_eq(tutti_algo_spec_sets("ring", "reduce-scatter", why, sizeof(why)),
+                     TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_algo_spec_sets(NULL, "allreduce", NULL, 0), TUTTI_ERR_INVALID_ARG);
     ck_assert_ptr_null(tutti_algo_name("allreduce", 6));
     ck_assert_str_eq(tutti_algo_name("allgather", 2), "linear");
     ck_assert_str_eq(tutti_algo_name("reduce_scatter", 2), "linear");

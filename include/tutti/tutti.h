@@ -435,6 +435,13 @@ const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size
  * and for a collective it does not know. */
 const char *tutti_algo_name(const char *coll, int i);
 
+/* Does spec, in TUTTI_ALGO's syntax ("ring", "allreduce:rd@<64K,ring;broadcast:tree"),
+ * choose an algorithm for the collective coll (named as above)? 1 if it does, 0 if it
+ * parses but chooses none for coll (a bare name coll has no algorithm of), or
+ * TUTTI_ERR_CONFIG with why in err when it does not parse (TUTTI_ERR_INVALID_ARG for a
+ * NULL spec or an unknown coll). What tutti_comm_init would say, asked beforehand. */
+int tutti_algo_spec_sets(const char *spec, const char *coll, char *err, size_t errlen);
+
 /* Collectives. sendbuf may be TUTTI_IN_PLACE or equal to recvbuf. Blocking calls
  * return when this rank's part is done; the _async variants queue the operation
  * (several may be in flight; they run and complete in issue order) and return a

@@ -35,6 +35,8 @@ typedef struct tt_algo_override tt_algo_override_t;
  * expected and where. */
 int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err, size_t errlen);
 void tt_algo_override_free(tt_algo_override_t *ovr);
+/* Does ovr choose an algorithm for coll? (NULL: no) */
+int tt_algo_override_sets(const tt_algo_override_t *ovr, tt_coll_t coll);
 /* Add spec's choices (TUTTI_ALGO syntax) to *ovr_p for the collectives it leaves to the
  * model (*ovr_p may be NULL: then spec's alone). */
 int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *err, size_t errlen);

@@ -309,6 +309,11 @@ static int tt_parse_bare(tt_parser_t *p, tt_algo_override_t *ovr, const char *na
     return TUTTI_OK;
 }
 
+int tt_algo_override_sets(const tt_algo_override_t *ovr, tt_coll_t coll)
+{
+    return ovr && coll > TT_COLL_NONE && coll < TT_COLL_COUNT_ && ovr->nchoices[coll] > 0;
+}
+
 int tt_algo_override_parse(const char *spec, tt_algo_override_t **ovr_p, char *err, size_t errlen)
 {
     if (err && errlen)

@@ -80,6 +80,25 @@ const char *tutti_algo_name(const char *coll, int i)
     return c == TT_COLL_NONE ? NULL : tt_algo_nth(c, i);
 }
 
+int tutti_algo_spec_sets(const char *spec, const char *coll, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    tt_coll_t c = tt_coll_parse(coll);
+    if (!spec || c == TT_COLL_NONE) {
+        if (err && errlen)
+            snprintf(err, errlen, "no spec, or an unknown collective");
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    tt_algo_override_t *ovr;
+    int st = tt_algo_override_parse(spec, &ovr, err, errlen);
+    if (st < 0)
+        return st;
+    st = tt_algo_override_sets(ovr, c);
+    tt_algo_override_free(ovr);
+    return st;
+}
+
 const char *tutti_comm_algo_for(const tutti_comm_t *comm, const char *coll, size_t bytes)
 {
     if (!comm || !coll)
