@@ -149,6 +149,41 @@ def test_scans(size, transport, algo):
     assert run(scans, size, transport=transport, **opts) == [[]] * size
 
 
+def blocking_returns(comm):
+    """A blocking collective returns None, on the library's blocking path and on the
+    interruptible one (issued async, waited for on the main thread); a blocking recv
+    returns the sending rank."""
+    got, size, rank = [], comm.size, comm.rank
+    try:
+        for interruptible in (False, True):
+            tutti.interruptible = interruptible
+            x = np.ones(4, np.float32)
+            got.append(("allreduce", interruptible, comm.allreduce(x)))
+            got.append(("barrier", interruptible, comm.barrier()))
+            got.append(("broadcast", interruptible, comm.broadcast(x, root=size - 1)))
+            got.append(("allgather", interruptible,
+                        comm.allgather(x, np.zeros(4 * size, np.float32))))
+            if size > 1:
+                peer = (rank + 1) % size
+                prev = (rank - 1) % size
+                for tag, source in ((3, None), (4, prev)):  # any rank, then a named one
+                    w = comm.send(np.full(1, rank, np.float32), peer, tag=tag, async_op=True)
+                    src = comm.recv(np.zeros(1, np.float32), peer=source, tag=tag)
+                    w.wait()
+                    got.append(("recv", interruptible, src == prev))
+    finally:
+        tutti.interruptible = False
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_blocking_calls_return_none(size):
+    for got in run(blocking_returns, size):
+        for name, interruptible, value in got:
+            want = True if name == "recv" else None
+            assert value is want, (name, interruptible, value)
+
+
 def bits(rank, storage, op, n=N):
     """Random bits of every width; BAND's inputs are 3 bits in 4 set and BOR's 1 in 4,
     so that neither result is all zeros or all ones."""

@@ -1007,8 +1007,8 @@ class Communicator(_Handle):
         main thread (with `interruptible`) is issued async and waited for so that Ctrl-C
         gets in (_wait_sliced), its failure explained by its own work
         (tutti_work_error); other blocking calls are the library's, but for need_work (a
-        receive that must say who sent). Returns the Work (async_op), else the source
-        rank of a receive (-1 for other calls and for the library's blocking calls)."""
+        receive that must say who sent). Returns the Work (async_op), the sending rank
+        (need_work), else None."""
         h = self._h or self._handle()
         if _orphans or _orphan_comms:
             _reap()
@@ -1059,7 +1059,7 @@ class Communicator(_Handle):
             raise error_for(st, msg)
         if op is not None:
             op._raise_since(mark)
-        return src
+        return src if need_work else None
 
     def _run_blocking(self, h, name, args, op):
         """The library's blocking call (its fast path runs the op on this thread). Its
@@ -1073,7 +1073,6 @@ class Communicator(_Handle):
                 raise self._error(st, name)
         if op is not None:
             op._raise_since(mark)
-        return -1
 
     @staticmethod
     def _pair(send, recv, dtype, what, carry=False):
@@ -1361,8 +1360,8 @@ class Communicator(_Handle):
         if async_op:
             return self._run("recv", [b], args, True, detail=detail)
         if peer != _lib.ANY_SOURCE:
-            src = self._run("recv", [b], args, False, detail=detail)
-            return peer if src < 0 else src
+            self._run("recv", [b], args, False, detail=detail)
+            return peer
         # the library's blocking call cannot say who sent: an async one and its work can
         return self._run("recv", [b], args, False, detail=detail, need_work=True)
 
