@@ -58,3 +58,18 @@ def test_a_str_is_not_a_list_of_keys(store):
     view = store.prefixed("p/")
     view.set("k", "v")
     assert store.get("p/k") == b"v" and view.count() == 1
+
+
+def test_integer_options_a_field_cannot_hold_are_refused(tmp_path):
+    """Store(url, timeout_ms=2**32 + 50) would be a 50 ms timeout through ctypes (the low
+    bits): refused, as a negative size and the communicator's options are."""
+    url = f"file://{tmp_path}"
+    for opts in ({"timeout_ms": 2**32 + 50}, {"idle_timeout_ms": -2**31 - 1},
+                 {"memory_limit_bytes": -1}, {"client_quota_bytes": 1 << 64}):
+        with pytest.raises(tutti.InvalidArgError, match=f"{next(iter(opts))} .* out of range"):
+            tutti.Store(url, **opts)
+    with pytest.raises(TypeError, match="integer"):
+        tutti.Store(url, timeout_ms="50")
+    with tutti.Store(url, timeout_ms=2**31 - 1) as s:  # the largest a C int holds
+        with pytest.raises(tutti.InvalidArgError, match="timeout_ms .* out of range"):
+            tutti.Communicator(s, 0, 1, timeout_ms=2**32 + 50)

@@ -104,25 +104,11 @@ def _after_fork_in_child():
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+_INT_MAX = _lib.INT_MAX
 _TIMEOUT = -3  # TUTTI_ERR_TIMEOUT
-# the ranges of the integer fields of the option structs (ctypes keeps the low bits)
-_OPT_RANGES = {ctypes.c_int: (_INT_MIN, _INT_MAX), ctypes.c_size_t: (0, (1 << 64) - 1)}
 _monotonic = __import__("time").monotonic
-
-
-def _int(v, what, lo=_INT_MIN, hi=_INT_MAX):
-    """v as a Python int within [lo, hi] (a C int by default): ctypes would keep its low
-    bits. InvalidArgError naming `what` otherwise; TypeError for a non-integer."""
-    if type(v) is not int:
-        try:
-            v = operator.index(v)
-        except TypeError:
-            raise TypeError(f"tutti: {what} must be an integer, not {type(v).__name__}") \
-                from None
-    if not lo <= v <= hi:
-        raise InvalidArgError(f"tutti: {what} {v} is out of range ({lo} to {hi})")
-    return v
+# an integer argument within a C type's range (a C int by default), as the options' are
+_int = _lib.checked_int
 
 
 def algorithms(coll):
@@ -800,10 +786,7 @@ class Communicator(_Handle):
     def _init(self, store, call, opts):
         self._h = None
         self._setup()
-        for key, ctype in _lib.CommOpts._fields_:  # ctypes would keep an int's low bits
-            if opts.get(key) is not None and ctype in _OPT_RANGES:
-                _int(opts[key], f"option {key}", *_OPT_RANGES[ctype])
-        o, keep = _lib.comm_opts(opts)
+        o, keep = _lib.comm_opts(opts)  # an integer a field cannot hold is refused there
         h = ctypes.c_void_p()
         st = call(ctypes.byref(h), ctypes.byref(o))
         del keep

@@ -5,6 +5,7 @@ other Python threads run.
 """
 import ctypes
 import ctypes.util
+import operator
 import os
 
 from . import _paths
@@ -119,8 +120,29 @@ class StoreOpts(ctypes.Structure):
     ]
 
 
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
+# the ranges of the option structs' integer field types (ctypes keeps the low bits)
+_RANGES = {ctypes.c_int: (INT_MIN, INT_MAX), ctypes.c_size_t: (0, (1 << 64) - 1)}
+
+
+def checked_int(v, what, lo=INT_MIN, hi=INT_MAX):
+    """v as a Python int within [lo, hi] (a C int by default): ctypes would keep its low
+    bits. InvalidArgError naming `what` otherwise; TypeError for a non-integer."""
+    if type(v) is not int:
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"tutti: {what} must be an integer, not {type(v).__name__}") \
+                from None
+    if not lo <= v <= hi:
+        from ._errors import InvalidArgError  # here: _errors imports this module
+        raise InvalidArgError(f"tutti: {what} {v} is out of range ({lo} to {hi})")
+    return v
+
+
 def _fill(struct, init, kwargs, what):
-    """A struct from its C init function (defaults and the environment), then kwargs."""
+    """A struct from its C init function (defaults and the environment), then kwargs
+    (None: the default; an integer outside its field's C type is refused)."""
     s = struct()
     init(ctypes.byref(s))
     keep = []
@@ -131,9 +153,12 @@ def _fill(struct, init, kwargs, what):
                             f"(known: {', '.join(n for n in names if n != 'size')})")
         if value is None:
             continue
-        if names[key] is ctypes.c_char_p:
+        ctype = names[key]
+        if ctype is ctypes.c_char_p:
             value = str(value).encode()
             keep.append(value)
+        elif ctype in _RANGES:
+            value = checked_int(value, f"{what} option {key}", *_RANGES[ctype])
         setattr(s, key, value)
     return s, keep
 

@@ -50,16 +50,14 @@ class Fuser:
                  static_layout=False, bucket_views=False, find_unused=False,
                  first_bucket_cap_bytes=None, last_bucket_cap_bytes=None, min_buckets=None):
         from . import _op
-        o = FuseOpts()
-        _lib_.tutti_fuse_opts_init(ctypes.byref(o))
-        for name, value in (("bucket_cap_bytes", bucket_cap_bytes),
-                            ("first_bucket_cap_bytes", first_bucket_cap_bytes),
-                            ("last_bucket_cap_bytes", last_bucket_cap_bytes),
-                            ("min_buckets", min_buckets)):
-            if value is not None:
-                if value < 0:  # through c_size_t a negative size would wrap to a huge one
-                    raise ValueError(f"tutti: {name} must not be negative, not {value}")
-                setattr(o, name, value)
+        if min_buckets is not None and min_buckets < 0:  # an int, where C takes it as 0
+            raise InvalidArgError(f"tutti: min_buckets must not be negative, not {min_buckets}")
+        # a size a field cannot hold (a negative one would wrap to a huge one) is refused
+        o, _ = _lib._fill(FuseOpts, _lib_.tutti_fuse_opts_init,
+                          {"bucket_cap_bytes": bucket_cap_bytes,
+                           "first_bucket_cap_bytes": first_bucket_cap_bytes,
+                           "last_bucket_cap_bytes": last_bucket_cap_bytes,
+                           "min_buckets": min_buckets}, "fuser")
         if compress not in COMPRESS:
             raise InvalidArgError(f"tutti: compress is one of none, fp16, bf16, not {compress!r}")
         o.op, o.compress = _op(op), COMPRESS[compress]
