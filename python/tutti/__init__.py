@@ -40,9 +40,9 @@ _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 #: With True, blocking calls on host memory made on the main thread are issued async and
 #: waited for on a lock their completion releases, so that Ctrl-C (and any Python signal
 #: handler) gets in at once rather than after the communicator's timeout. Off by default:
-#: it costs a hand-off to the library's progress thread and back through the GIL (tens of
-#: microseconds a small call, where the library's blocking call runs the op on the
-#: caller's thread; docs/python.md, "Ctrl-C").
+#: it costs a hand-off to the library's progress thread and back through the GIL (about
+#: 0.1 ms a small call, where the library's blocking call runs the op on the caller's
+#: thread; docs/python.md, "Ctrl-C").
 interruptible = False
 _SLICE_MS = 100
 _main_ident = threading.main_thread().ident
@@ -593,13 +593,11 @@ _waker_keys = iter(range(1, 1 << 62))
 
 
 def _wait_sliced(w):
-    """Wait for work handle w on the main thread so that Ctrl-C gets in: its done callback
-    releases a lock this thread waits for in _SLICE_MS slices (a lock's wait is cut short
-    by a signal, whose handler then runs). Not tutti_wait with a timeout: that notes in
-    the communicator's last_error that the op still runs, where the library may be
-    composing the op's own failure. Returns the status; a KeyboardInterrupt comes out of
-    here with the op still running (the caller keeps its buffers until it ends:
-    _orphans)."""
+    """Wait for work handle w on the main thread so that Ctrl-C gets in at once: its done
+    callback releases a lock this thread waits for in _SLICE_MS slices (a lock's wait is
+    cut short by a signal, whose handler then runs; a wait in the library is not).
+    Returns the status; a KeyboardInterrupt comes out of here with the op still running
+    (the caller keeps its buffers until it ends: _orphans)."""
     key = next(_waker_keys)
     lock = threading.Lock()
     lock.acquire()
@@ -618,19 +616,13 @@ def _wait_sliced(w):
 def _wait_handle(w, deadline):
     """Wait for work handle w until done or the deadline (time.monotonic(); None: until
     the op ends, which its own deadline bounds): (status, done)."""
-    done = ctypes.c_int()
     if deadline is None:
-        st = _lib_.tutti_wait(w, -1)
-        if st != _TIMEOUT:
-            return st, True
-        st = _lib_.tutti_test(w, ctypes.byref(done))
-        return st, bool(done.value)
-    left = deadline - _monotonic()
-    if left > 0:
-        st = _lib_.tutti_wait(w, min(math.ceil(left * 1000), _INT_MAX))
-        if st != _TIMEOUT:
-            return st, True
-    # a test, which (unlike a wait that times out) notes nothing in last_error
+        return _lib_.tutti_wait(w, -1), True
+    ms = min(max(math.ceil((deadline - _monotonic()) * 1000), 0), _INT_MAX)
+    st = _lib_.tutti_wait(w, ms)
+    if st != _TIMEOUT:
+        return st, True
+    done = ctypes.c_int()  # the bound passed, or the op's own deadline: a test tells
     st = _lib_.tutti_test(w, ctypes.byref(done))
     return st, bool(done.value)
 
@@ -704,7 +696,9 @@ class Work:
     def wait(self, timeout=None):
         """Wait until done (timeout in seconds; None: the communicator's timeout). Raises
         the operation's error, or tutti.TimeoutError if it still runs at the timeout (the
-        Work stays usable: wait again). On the main thread Ctrl-C interrupts it."""
+        Work stays usable: wait again). It waits in the library, so Ctrl-C is seen when it
+        returns (tutti.interruptible covers blocking calls only): bound it with timeout
+        to let a signal in."""
         deadline = None
         if timeout is not None:
             try:
@@ -801,8 +795,10 @@ class Communicator(_Handle):
         self.size = _lib_.tutti_comm_size(h)
 
     def _setup(self):
-        # _lock: held around a call's issue and the read of last_error that explains its
-        # failure (never while a call waits), so that the message is this call's
+        # _lock: held to read the last_error that explains a call's failure, taken only
+        # once it failed (never around an issue or a wait: a failure on another thread in
+        # between may still replace the message, docs/python.md), and around
+        # set_stream's and stream_error's calls with that read
         self._pid, self._lock, self._store = os.getpid(), threading.Lock(), None
 
     def _handle(self):
@@ -816,11 +812,8 @@ class Communicator(_Handle):
 
     def _error(self, st, name=None):
         """The exception for status st of a call on this communicator, with last_error's
-        explanation, read under _lock by the caller. A bounded wait on another thread
-        that timed out (tutti_wait notes it in last_error) is not this call's."""
+        explanation, read under _lock by the caller."""
         msg = _lib_.tutti_comm_last_error(self._h).decode() if self._h else ""
-        if st != _TIMEOUT and msg.startswith(f"rank {self.rank}: wait: "):
-            msg = ""
         if not msg and name:
             msg = f"rank {self.rank}: {name}: {_lib_.tutti_strerror(st).decode()}"
         return error_for(st, msg)
@@ -1009,9 +1002,9 @@ class Communicator(_Handle):
         w = ctypes.c_void_p()
         owned = False  # once the handle is freed or a Work holds it
         try:
-            with self._lock:
-                st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
-                if st < 0:
+            st = _FN_ASYNC[name](h, *args, ctypes.byref(w))
+            if st < 0:
+                with self._lock:  # as _run_blocking's
                     raise self._error(st, name)
             if async_op:
                 work = Work(w, bufs, self, (name, detail))
@@ -1048,7 +1041,7 @@ class Communicator(_Handle):
         """The library's blocking call (its fast path runs the op on this thread). Its
         failure's explanation is last_error, read after the call under _lock: a failure on
         another thread in between (of a blocking call, or on the progress thread) can
-        replace it (docs/python.md); a bounded wait's timeout note is not taken."""
+        replace it (docs/python.md)."""
         mark = op._mark() if op is not None else 0
         st = _FN[name](h, *args)  # the buffers are held until they go out of scope
         if st < 0:
