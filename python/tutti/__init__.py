@@ -344,12 +344,6 @@ def _c_sizes(values, what, k=1):
     return (ctypes.c_size_t * len(values))(*values)
 
 
-def _sizes(values, n, what, k=1):
-    """A count or displacement array of n entries, in elements; k: the carrier's elements
-    per element (Buffer.k)."""
-    return _c_sizes(_entries(values, n, what), what, k)
-
-
 def _elems(buf):
     """A Buffer's length in the caller's elements (a carried item counts once)."""
     return buf.count // buf.k
@@ -371,11 +365,13 @@ def _fits(op, rank, counts, displs, cname, dname, buf, bwhat):
 
 
 def _holds(op, rank, buf, want, bwhat, why):
-    """buf holds exactly `want` elements (as the layout says)."""
-    have = _elems(buf) if buf is not None else 0
-    if have != want:
-        raise InvalidArgError(f"tutti: rank {rank}: {op}: {bwhat} holds {have} elements, "
-                              f"and {why} is {want}")
+    """buf holds exactly `want` elements, as `why` (the layout, the other buffer) says;
+    buf None (an in-place call's missing input): nothing to check."""
+    if buf is not None and _elems(buf) != want:
+        have, size = _elems(buf), buf.k * _SIZES[buf.dtype]
+        raise InvalidArgError(f"tutti: rank {rank}: {op}: {bwhat} holds {have} elements "
+                              f"({have * size} bytes), and {why} is {want} "
+                              f"({want * size} bytes)")
 
 
 class _Handle:
@@ -495,6 +491,8 @@ class Store(_Handle):
     def _value(value, what="value"):
         """A value as bytes: a bytes-like object as it is, a str encoded UTF-8; anything
         else (an int would be bytes(n), n zero bytes) is refused."""
+        if isinstance(value, bytes):
+            return value  # as it is (a copy of up to 64 MiB saved)
         if isinstance(value, str):
             return value.encode()
         try:
@@ -1061,12 +1059,6 @@ class Communicator(_Handle):
         _same(inp, out, what, "input", "output")
         return out, inp, inp.ptr
 
-    @staticmethod
-    def _expect(buf, nbytes, what):
-        if buf is not None and buf.nbytes != nbytes:
-            raise InvalidArgError(f"tutti: {what} holds {buf.nbytes} bytes, the call "
-                                  f"needs {nbytes}")
-
     def _blocks(self, buf, what):
         """A buffer's elements per rank, for a call whose one buffer holds size blocks."""
         n = _elems(buf)
@@ -1076,7 +1068,9 @@ class Communicator(_Handle):
         return buf.count // self.size
 
     def _root(self, root, name):
-        return _int(root, f"{name}'s root")
+        """root as a C int, and what a message adds to the call's name."""
+        root = _int(root, f"{name}'s root")
+        return root, f" (root {root})"
 
     def _reduce_all(self, name, buf, out, op, dtype, async_op):
         """allreduce, scan, exscan: buf in, out (None: in place into buf) out."""
@@ -1084,7 +1078,7 @@ class Communicator(_Handle):
             o, i, sp = self._pair(None, buf, dtype, name)
         else:
             o, i, sp = self._pair(buf, out, dtype, name)
-            self._expect(i, o.nbytes, f"{name}'s input")
+            _holds(name, self.rank, i, _elems(o), "the input", "the output's length")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
         return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, v), async_op, op)
@@ -1105,18 +1099,17 @@ class Communicator(_Handle):
 
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""
-        root = self._root(root, "broadcast")
+        root, detail = self._root(root, "broadcast")
         b = Buffer(buf, "broadcast's buffer", True, dtype, carry=True)
         return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op,
-                         detail=f" (root {root})")
+                         detail=detail)
 
     def barrier(self, async_op=False):
         return self._run("barrier", [], (), async_op)
 
     def reduce(self, buf, out=None, op="sum", root=0, dtype=None, async_op=False):
         """Reduce every rank's buf into root's out (None: in place into buf at root)."""
-        root = self._root(root, "reduce")
-        detail = f" (root {root})"
+        root, detail = self._root(root, "reduce")
         if self.rank != root or out is None:
             i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype)
             sp = _lib.IN_PLACE if self.rank == root else i.ptr
@@ -1125,7 +1118,7 @@ class Communicator(_Handle):
             return self._run("reduce", [i], (sp, rp, i.count, i.dtype, v, root), async_op,
                              op, detail)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
-        self._expect(i, o.nbytes, "reduce's input")
+        _holds("reduce", self.rank, i, _elems(o), "the input", "the output's length")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
         return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, v, root), async_op,
@@ -1138,7 +1131,8 @@ class Communicator(_Handle):
         if i is None:
             return self._run("allgather", [o], (sp, o.ptr, self._blocks(o, "allgather's "
                              "output (in place)"), o.dtype), async_op)
-        self._expect(o, i.nbytes * self.size, "allgather's output")
+        _holds("allgather", self.rank, o, _elems(i) * self.size, "the output",
+               f"{self.size} x the input's length")
         return self._run("allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
 
     def allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
@@ -1165,7 +1159,8 @@ class Communicator(_Handle):
         if i is None:
             count = self._blocks(o, "reduce_scatter's buffer (in place)")
         else:
-            self._expect(i, o.nbytes * self.size, "reduce_scatter's input")
+            _holds("reduce_scatter", self.rank, i, _elems(o) * self.size, "the input",
+                   f"{self.size} x the output's length")
             count = o.count
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
@@ -1192,8 +1187,12 @@ class Communicator(_Handle):
 
     def _rooted(self, what, mine, mine_writes, roots, root, dtype, times=None):
         """Every rank's buffer (gather's input, scatter's output) and the root's other one
-        (None elsewhere), which must hold `times` x mine when times is given."""
+        (None elsewhere), which must hold `times` x mine when times is given: (mine,
+        root's, bufs). In place at the root (mine None or roots itself): mine is None."""
         sides = ("output", "input") if mine_writes else ("input", "output")
+        if self.rank == root and (mine is None or mine is roots):
+            r = Buffer(roots, f"{what}'s {sides[1]}", not mine_writes, dtype, carry=True)
+            return None, r, [r]
         m = Buffer(mine, f"{what}'s {sides[0]}", mine_writes, dtype, carry=True)
         if self.rank != root:
             return m, None, [m]
@@ -1201,7 +1200,8 @@ class Communicator(_Handle):
                    m.dtype if dtype is not None or m.k == 1 else None, carry=True)
         _same(m, r, what, sides[0], sides[1])
         if times is not None:
-            self._expect(r, m.nbytes * times, f"{what}'s {sides[1]}")
+            _holds(what, self.rank, r, _elems(m) * times, f"the {sides[1]}",
+                   f"{times} x the {sides[0]}'s length")
         return m, r, [m, r]
 
     def _root_layout(self, what, r, counts, displs, cname, bwhat):
@@ -1217,70 +1217,63 @@ class Communicator(_Handle):
     def gather(self, buf, out=None, root=0, dtype=None, async_op=False):
         """Every rank's buf into root's out (size x buf), in rank order. In place at the
         root: buf None (or out itself), its block already at its place in out."""
-        root = self._root(root, "gather")
-        if self.rank == root and (buf is None or buf is out):
-            o = Buffer(out, "gather's output", True, dtype, carry=True)
-            count = self._blocks(o, "gather's output (in place)")
-            return self._run("gather", [o], (_lib.IN_PLACE, o.ptr, count, o.dtype, root),
-                             async_op, detail=f" (root {root})")
+        root, detail = self._root(root, "gather")
         i, o, bufs = self._rooted("gather", buf, False, out, root, dtype, self.size)
-        rp = o.ptr if o else None
-        return self._run("gather", bufs, (i.ptr, rp, i.count, i.dtype, root), async_op,
-                         detail=f" (root {root})")
+        if i is None:
+            count = self._blocks(o, "gather's output (in place)")
+            args = (_lib.IN_PLACE, o.ptr, count, o.dtype, root)
+        else:
+            args = (i.ptr, o.ptr if o else None, i.count, i.dtype, root)
+        return self._run("gather", bufs, args, async_op, detail=detail)
 
     def gatherv(self, buf, out, counts, displs=None, root=0, dtype=None, async_op=False):
         """Rank i's buf into root's out at displs[i] (None: back to back), counts[i]
         elements (counts and displs matter at the root). In place at the root: buf None
         (or out itself), its block already at its place in out."""
-        root = self._root(root, "gatherv")
+        root, detail = self._root(root, "gatherv")
         me = self.rank
-        if me == root and (buf is None or buf is out):
-            o = Buffer(out, "gatherv's output", True, dtype, carry=True)
-            cl, c, d = self._root_layout("gatherv", o, counts, displs, "counts", "the output")
-            return self._run("gatherv", [o], (_lib.IN_PLACE, cl[me] * o.k, o.ptr, c, d, o.dtype,
-                                               root), async_op, detail=f" (root {root})")
         i, o, bufs = self._rooted("gatherv", buf, False, out, root, dtype)
         rp = c = d = None
         if o is not None:
             cl, c, d = self._root_layout("gatherv", o, counts, displs, "counts", "the output")
+            if i is None:
+                return self._run("gatherv", bufs, (_lib.IN_PLACE, cl[me] * o.k, o.ptr, c, d,
+                                                   o.dtype, root), async_op, detail=detail)
             _holds("gatherv", me, i, cl[me], "the input", f"counts[{me}]")
             rp = o.ptr
         return self._run("gatherv", bufs, (i.ptr, i.count, rp, c, d, i.dtype, root), async_op,
-                         detail=f" (root {root})")
+                         detail=detail)
 
     def scatter(self, buf, out, root=0, dtype=None, async_op=False):
         """Block r of root's buf (size x out) to rank r's out. In place at the root: out
         None (or buf itself), its block left in buf."""
-        root = self._root(root, "scatter")
-        if self.rank == root and (out is None or out is buf):
-            i = Buffer(buf, "scatter's input", False, dtype, carry=True)
-            count = self._blocks(i, "scatter's input (in place)")
-            return self._run("scatter", [i], (i.ptr, _lib.IN_PLACE_OUT, count, i.dtype, root),
-                             async_op, detail=f" (root {root})")
+        root, detail = self._root(root, "scatter")
         o, i, bufs = self._rooted("scatter", out, True, buf, root, dtype, self.size)
-        sp = i.ptr if i else None
-        return self._run("scatter", bufs, (sp, o.ptr, o.count, o.dtype, root), async_op,
-                         detail=f" (root {root})")
+        if o is None:
+            count = self._blocks(i, "scatter's input (in place)")
+            args = (i.ptr, _lib.IN_PLACE_OUT, count, i.dtype, root)
+        else:
+            args = (i.ptr if i else None, o.ptr, o.count, o.dtype, root)
+        return self._run("scatter", bufs, args, async_op, detail=detail)
 
     def scatterv(self, buf, counts, out, displs=None, root=0, dtype=None, async_op=False):
         """Block i of root's buf (counts[i] elements at displs[i]; None: back to back) to
         rank i's out. In place at the root: out None (or buf itself), its block left in
         buf."""
-        root = self._root(root, "scatterv")
+        root, detail = self._root(root, "scatterv")
         me = self.rank
-        if me == root and (out is None or out is buf):
-            i = Buffer(buf, "scatterv's input", False, dtype, carry=True)
-            cl, c, d = self._root_layout("scatterv", i, counts, displs, "counts", "the input")
-            return self._run("scatterv", [i], (i.ptr, c, d, _lib.IN_PLACE_OUT, cl[me] * i.k,
-                                               i.dtype, root), async_op, detail=f" (root {root})")
         o, i, bufs = self._rooted("scatterv", out, True, buf, root, dtype)
         sp = c = d = None
         if i is not None:
             cl, c, d = self._root_layout("scatterv", i, counts, displs, "counts", "the input")
+            if o is None:
+                return self._run("scatterv", bufs, (i.ptr, c, d, _lib.IN_PLACE_OUT,
+                                                    cl[me] * i.k, i.dtype, root),
+                                 async_op, detail=detail)
             _holds("scatterv", me, o, cl[me], "the output", f"counts[{me}]")
             sp = i.ptr
         return self._run("scatterv", bufs, (sp, c, d, o.ptr, o.count, o.dtype, root), async_op,
-                         detail=f" (root {root})")
+                         detail=detail)
 
     def alltoall(self, buf, out=None, dtype=None, async_op=False):
         """Block j of buf to rank j; block i of out from rank i (out None: in place)."""
@@ -1288,12 +1281,10 @@ class Communicator(_Handle):
             o, i, sp = self._pair(None, buf, dtype, "alltoall", carry=True)
         else:
             o, i, sp = self._pair(buf, out, dtype, "alltoall", carry=True)
-            self._expect(i, o.nbytes, "alltoall's input")
-        if o.count // o.k % self.size:
-            raise InvalidArgError(f"tutti: alltoall's buffer of {o.count // o.k} elements does "
-                                  f"not split into {self.size} blocks")
+            _holds("alltoall", self.rank, i, _elems(o), "the input", "the output's length")
+        count = self._blocks(o, "alltoall's buffer")
         bufs = [b for b in (o, i) if b is not None]
-        return self._run("alltoall", bufs, (sp, o.ptr, o.count // self.size, o.dtype), async_op)
+        return self._run("alltoall", bufs, (sp, o.ptr, count, o.dtype), async_op)
 
     def alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None,
                   recv_displs=None, dtype=None, async_op=False):
