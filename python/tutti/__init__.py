@@ -49,12 +49,14 @@ _main_ident = threading.main_thread().ident
 
 # Operations still running whose Work was dropped (Work.__del__ must not block: it may run
 # on the library's progress thread, from a garbage collection in an Op's function) or
-# whose blocking call was interrupted: [handle, what to keep alive, pid, communicator
-# handle, interrupted]. Freed, with their buffers, by _reap once done: at each call, at a
-# communicator's destroy and at exit. Communicators dropped inside a library callback wait
-# here too ([handle, store]), destroyed by the next _reap.
+# whose blocking call was interrupted: (handle, what to keep alive, the communicator's
+# handle for an interrupted call, else None), oldest first. Freed, with their buffers, by
+# _reap once done: at each call, at a communicator's destroy and at exit. Communicators
+# dropped inside a library callback wait in _orphan_comms ((handle, store)), destroyed by
+# the next _reap.
 _orphans = collections.deque()
 _orphan_comms = collections.deque()
+_PID = os.getpid()  # this process's (a fork's child refreshes it)
 _tls = threading.local()  # .cb: inside a library callback (on whatever thread runs it)
 
 
@@ -65,8 +67,10 @@ def _on_library_thread():
                                                      threading._DummyThread)
 
 
-def _reap():
-    pid, done = os.getpid(), ctypes.c_int()
+def _reap(every=False):
+    """Destroy the communicators dropped in callbacks; free the orphans done, oldest
+    first, up to the first still running (a call's cost stays bounded: one test more than
+    it frees), or with every (destroy, exit) each done one."""
     for _ in range(len(_orphan_comms)):
         try:
             h, store = _orphan_comms.popleft()
@@ -74,26 +78,28 @@ def _reap():
             break
         _lib_.tutti_comm_destroy(h)
         del store
+    done = ctypes.c_int()
     for _ in range(len(_orphans)):
         try:
-            item = _orphans.popleft()
+            item = _orphans.popleft()  # (atomic: another thread may reap at once)
         except IndexError:
             break
-        if item[2] != pid:
-            continue  # another process's (before a fork): forgotten
         _lib_.tutti_test(item[0], ctypes.byref(done))
         if done.value:
             _lib_.tutti_work_free(item[0])
-        else:
+        elif every:
             _orphans.append(item)
+        else:
+            _orphans.appendleft(item)
+            break
 
 
 def _after_fork_in_child():
     """A forked child shares none of the parent's communicators: their progress threads
     and connections stay the parent's. Forget them (and the stores) without touching the
     library, so that the child's exit does not destroy what the parent still uses."""
-    global _main_ident
-    _main_ident = threading.get_ident()
+    global _main_ident, _PID
+    _main_ident, _PID = threading.get_ident(), os.getpid()
     for c in list(_live_comms):
         c._h = None
     _live_comms.clear()
@@ -127,11 +133,9 @@ def algorithms(coll):
 
 @atexit.register
 def _close_all():
-    pid = os.getpid()
-    for c in list(_live_comms):
-        if getattr(c, "_pid", pid) == pid:
-            c.destroy()
-    _reap()  # every op has ended with its communicator
+    for c in list(_live_comms):  # (a forked child's inherited ones are forgotten)
+        c.destroy()
+    _reap(every=True)  # every op has ended with its communicator
     for s in sorted(_live_stores, key=lambda s: s._base is None):  # views before bases
         s.close()
 
@@ -172,7 +176,7 @@ def _resolve_op(op):
     if 0 <= v < _USER_FIRST:
         return v, None  # the library's own ops (it refuses the values it has none for)
     defined = _USER_OPS.get(v) if v <= _USER_LAST else None
-    if defined is None or defined.value != v:
+    if defined is None:  # (free() takes a freed op's value out)
         raise InvalidArgError(f"tutti: reduce op {v} is not an op defined here (a freed or "
                               "unknown value): pass the tutti.Op itself")
     return v, defined
@@ -643,7 +647,7 @@ class Work:
         with self._lock:
             w = self._w
             if w is not None:
-                if self._pid != os.getpid():
+                if self._pid != _PID:
                     raise Error("tutti: this operation was issued by process "
                                 f"{self._pid}, before a fork", -15)
                 self._calls += 1
@@ -738,12 +742,13 @@ class Work:
         # collection in an Op's function): an operation still running goes to _orphans,
         # with its buffers (the library may still write them) and callbacks, freed by a
         # later call's _reap once done.
+        # A forked child forgets its parent's (the handle is the parent's to free).
         w = getattr(self, "_w", None)
         if w is not None:
             self._w = None
             try:
-                _orphans.append([w, (self._bufs, self._op, self._done_cb), self._pid,
-                                 None, False])
+                if self._pid == _PID:
+                    _orphans.append((w, (self._bufs, self._op, self._done_cb), None))
             except Exception:  # noqa: B902 (interpreter teardown: nothing left to run it)
                 pass
 
@@ -797,11 +802,11 @@ class Communicator(_Handle):
         # once it failed (never around an issue or a wait: a failure on another thread in
         # between may still replace the message, docs/python.md), and around
         # set_stream's and stream_error's calls with that read
-        self._pid, self._lock, self._store = os.getpid(), threading.Lock(), None
+        self._pid, self._lock, self._store = _PID, threading.Lock(), None
 
     def _handle(self):
         if not self._h:
-            if getattr(self, "_pid", None) not in (None, os.getpid()):
+            if getattr(self, "_pid", _PID) != _PID:
                 raise error_for(-15, f"tutti: this communicator belongs to process "
                                      f"{self._pid}: a forked child cannot use it (make one "
                                      "in the child)")
@@ -952,23 +957,23 @@ class Communicator(_Handle):
     def destroy(self):
         """Wait for this communicator's operations (each bounded by its deadline), then
         free it. One left running by an interrupted blocking call (Ctrl-C) is aborted
-        instead of waited for. A communicator inherited through fork is only forgotten."""
+        instead of waited for (once it ended, not). A communicator inherited through fork
+        is only forgotten (the fork hook took its handle)."""
         h = self._h
         if h:
             self._h = None
-            if getattr(self, "_pid", None) == os.getpid():
-                if any(e[3] == h and e[4] for e in list(_orphans)):
-                    _lib_.tutti_comm_abort(h)
-                _lib_.tutti_comm_destroy(h)
-                _reap()
+            _reap(every=True)  # an interrupted op that has ended is no reason to abort
+            if any(e[2] == h for e in list(_orphans)):
+                _lib_.tutti_comm_abort(h)
+            _lib_.tutti_comm_destroy(h)
+            _reap(every=True)  # its ops have ended
         self._store = None
 
     def _release(self):
         if getattr(self, "_h", None) and _on_library_thread():
             # dropped inside a library callback (a garbage collection in an Op's function,
             # on the progress thread): destroying would wait for that very thread
-            if self._pid == os.getpid():
-                _orphan_comms.append((self._h, self._store))
+            _orphan_comms.append((self._h, self._store))
             self._h = None
             return
         self.destroy()
@@ -1027,7 +1032,7 @@ class Communicator(_Handle):
             if w.value and not owned:
                 # interrupted (Ctrl-C) while it runs: the library may still write the
                 # buffers, which stay alive until it ends (_reap; destroy aborts it)
-                _orphans.append([w.value, (bufs, op), self._pid, h, True])
+                _orphans.append((w.value, (bufs, op), h))
             raise
         if st < 0:
             raise error_for(st, msg)
