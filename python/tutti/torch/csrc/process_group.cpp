@@ -587,12 +587,31 @@ void Completer::run(std::shared_ptr<State> s)
     }
 }
 
+/* ---- WorkFuture ---- */
+
+void WorkFuture::settle(c10::ivalue::Future &future, c10::IValue value, std::exception_ptr err,
+                        const char *what)
+{
+    try {
+        if (err)
+            future.setError(err);
+        else
+            future.markCompleted(std::move(value));
+    } catch (const std::exception &e) { /* a C++ callback's (Python's catch their own) */
+        TORCH_WARN("tutti backend: rank ", rank_, ": a callback of ", what,
+                   "'s future threw: ", e.what());
+    } catch (...) {
+        TORCH_WARN("tutti backend: rank ", rank_, ": a callback of ", what, "'s future threw");
+    }
+    finish(err);
+}
+
 /* ---- WorkTutti ---- */
 
 WorkTutti::WorkTutti(int rank, c10d::OpType type, const char *name_,
                      std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                      Completer *completer_)
-    : c10d::Work(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
+    : WorkFuture(rank, type), name(name_), completer(completer_), outputs_(std::move(outputs)),
       timeout_(timeout), future_(make_future(outputs_))
 {
     /* the caller's current stream on the (first) GPU the results go to: the results are
@@ -646,21 +665,11 @@ void WorkTutti::complete(int status)
     }
     finisher = nullptr;
     buffers.clear();
-    /* the future first, then the waiters (as gloo's): a wait() that returned finds its
-     * future completed (the other order failed torch's completed() assert on 7-16 of
-     * 3000 calls, found by review) */
-    try {
-        if (err)
-            future_->setError(err);
-        else if (!nested_.empty())
-            future_->markCompleted(c10::IValue(nested_));
-        else
-            future_->markCompleted(c10::IValue(outputs_));
-    } catch (const std::exception &e) { /* a C++ callback's (Python's catch their own) */
-        TORCH_WARN("tutti backend: rank ", rank_, ": a callback of ", name,
-                   "'s future threw: ", e.what());
-    }
-    finish(err);
+    settle(*future_,
+           err               ? c10::IValue()
+           : nested_.empty() ? c10::IValue(outputs_)
+                             : c10::IValue(nested_),
+           err, name);
 }
 
 bool WorkTutti::wait(std::chrono::milliseconds timeout)
@@ -714,23 +723,14 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkTutti::getFuture()
 
 WorkSparse::WorkSparse(int rank, std::vector<at::Tensor> outputs,
                        std::chrono::milliseconds timeout)
-    : c10d::Work(rank, c10d::OpType::ALLREDUCE), outputs_(std::move(outputs)), timeout_(timeout),
+    : WorkFuture(rank, c10d::OpType::ALLREDUCE), outputs_(std::move(outputs)), timeout_(timeout),
       future_(make_future(outputs_))
 {
 }
 
 void WorkSparse::done(std::exception_ptr err)
 {
-    try { /* the future first, then the waiters (WorkTutti::complete) */
-        if (err)
-            future_->setError(err);
-        else
-            future_->markCompleted(c10::IValue(outputs_));
-    } catch (const std::exception &e) { /* a C++ callback's (Python's catch their own) */
-        TORCH_WARN("tutti backend: rank ", rank_,
-                   ": a callback of a sparse allreduce's future threw: ", e.what());
-    }
-    finish(err);
+    settle(*future_, err ? c10::IValue() : c10::IValue(outputs_), err, "a sparse allreduce");
 }
 
 /* By default within both stages' bounds: each fails by its own deadline first. */
@@ -1041,7 +1041,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::end_batch()
 /* ---- WorkBatch ---- */
 
 WorkBatch::WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works)
-    : c10d::Work(rank, c10d::OpType::UNKNOWN), works_(std::move(works)), left_(works_.size())
+    : WorkFuture(rank, c10d::OpType::UNKNOWN), works_(std::move(works)), left_(works_.size())
 {
     for (auto &w : works_) {
         auto r = w->result();
@@ -1053,8 +1053,7 @@ WorkBatch::WorkBatch(int rank, std::vector<c10::intrusive_ptr<WorkTutti>> works)
 void WorkBatch::arm()
 {
     if (works_.empty()) {
-        finish();
-        future_->markCompleted(c10::IValue(outputs_));
+        settle(*future_, c10::IValue(outputs_), nullptr, "a coalesced batch");
         return;
     }
     /* each callback holds the batch until the last has run (the works always complete:
@@ -1073,11 +1072,8 @@ void WorkBatch::arm()
                     std::lock_guard<std::mutex> g(self->err_mu_);
                     err = self->first_error_;
                 }
-                if (err) /* the future first, then the waiters (WorkTutti::complete) */
-                    self->future_->setError(err);
-                else
-                    self->future_->markCompleted(c10::IValue(self->outputs_));
-                self->finish(err);
+                self->settle(*self->future_, err ? c10::IValue() : c10::IValue(self->outputs_), err,
+                             "a coalesced batch");
             }
         });
     }
