@@ -342,19 +342,21 @@ def shared_work(comm):
         x = np.full(16, float(i + comm.rank))
         w = comm.allreduce(x, async_op=True)
 
-        def poll():
+        def poll(w):  # this iteration's Work, not the next one's
             try:
                 while not w.is_completed():
                     pass
             except Exception as e:  # noqa: B902
                 errs.append(repr(e))
-        t = threading.Thread(target=poll)
+        t = threading.Thread(target=poll, args=(w,))
         t.start()
         try:
             w.wait(timeout=10)
         except Exception as e:  # noqa: B902
             errs.append(repr(e))
         t.join(10)
+        if t.is_alive():
+            errs.append(f"poller still running (iteration {i})")
         sums.add(float(x[0]) - (2 * i + 1))
     return errs, sorted(sums)
 
@@ -483,6 +485,8 @@ def own_messages(comm):
                 wrong.append(str(e))
     stop.append(1)
     t.join(10)
+    if t.is_alive():
+        wrong.append("poller still running")
     w.wait(timeout=10)
     return wrong[:3]
 

@@ -163,6 +163,28 @@ def worst_grad(model, want):
     return worst
 
 
+def grad_error(model, ref, batches, comm_size, loss_of=None):
+    """worst_grad of model's gradients against ref_average's for batches, ref loaded
+    with model's state first."""
+    ref.load_state_dict(model.state_dict())
+    return worst_grad(model, ref_average(ref, batches, comm_size, loss_of))
+
+
+def check_step(comm, model, ddp, ref, step):
+    """A synchronized step on this rank's batch `step`; its gradients' grad_error against
+    the average of every rank's."""
+    x, y = batch(comm.rank, step)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    return grad_error(model, ref, lambda r: [batch(r, step)], comm.size)
+
+
+def sgd(model, lr=0.05):
+    """A plain SGD step on model's gradients."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+
+
 class Heads(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -190,14 +212,8 @@ def recover(comm, views):
     for step in range(1, 5):
         for _ in range(3):
             model.zero_grad()  # writes through the gradients: into live memory only
-        x, y = batch(comm.rank, step)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        ref.load_state_dict(model.state_dict())
-        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
-        worst = max(worst, worst_grad(model, want))
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.05 * p.grad
+        worst = max(worst, check_step(comm, model, ddp, ref, step))
+        sgd(model)
     ddp.destroy()
     return raised, live, worst
 
@@ -225,12 +241,8 @@ def set_to_none(comm, views, where, steps=3):
             out = ddp(x)
             model.zero_grad(set_to_none=True)
         torch.nn.functional.mse_loss(out, y).backward()
-        ref.load_state_dict(model.state_dict())
-        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
-        worst = max(worst, worst_grad(model, want))
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.05 * p.grad
+        worst = max(worst, grad_error(model, ref, lambda r: [batch(r, step)], comm.size))
+        sgd(model)
     ddp.destroy()
     return worst
 
@@ -252,11 +264,7 @@ def unused_stay_none(comm, views):
     worst, nones = 0.0, True
     for step in range(3):
         opt.zero_grad()
-        x, y = batch(comm.rank, step)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        ref.load_state_dict(model.state_dict())
-        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
-        worst = max(worst, worst_grad(model, want))  # spare: None on both sides
+        worst = max(worst, check_step(comm, model, ddp, ref, step))  # spare: None on both
         nones &= all(p.grad is None for p in model.spare.parameters())
         opt.step()
     moved = max((p - q).abs().max().item() for p, q in zip(model.spare.parameters(), spare))
@@ -286,16 +294,12 @@ def accumulate(comm, views):
         with ddp.no_sync():
             for x, y in mine[:2]:
                 torch.nn.functional.mse_loss(ddp(x), y).backward()
-        ref.load_state_dict(model.state_dict())
-        own = ref_average(ref, lambda r: mine[:2], 1)  # this rank's sum, nothing averaged
-        worst_local = max(worst_local, worst_grad(model, own))
+        # this rank's sum, nothing averaged
+        worst_local = max(worst_local, grad_error(model, ref, lambda r: mine[:2], 1))
         x, y = mine[2]
         torch.nn.functional.mse_loss(ddp(x), y).backward()
-        want = ref_average(ref, micro, comm.size)
-        worst = max(worst, worst_grad(model, want))
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.05 * p.grad
+        worst = max(worst, grad_error(model, ref, micro, comm.size))
+        sgd(model)
     ddp.destroy()
     return worst_local, worst
 
@@ -330,9 +334,7 @@ def accumulate_then_unused(comm, views, find_unused):
         last = ref_average(ref, lambda r: micro(r)[2:], comm.size, without_b)
         want = [a if b is None else a + b for a, b in zip(first, last)]
         worst = max(worst, worst_grad(model, want))
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.05 * p.grad
+        sgd(model)
     ddp.destroy()
     return worst
 
@@ -384,11 +386,7 @@ def backward_raised(comm):
         warnings.simplefilter("always")
         for step in range(1, 3):
             model.zero_grad()
-            x, y = batch(comm.rank, step)
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            ref.load_state_dict(model.state_dict())
-            want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
-            worst = max(worst, worst_grad(model, want))
+            worst = max(worst, check_step(comm, model, ddp, ref, step))
     ddp.destroy()
     return raised, worst, len(caught)
 
@@ -433,11 +431,7 @@ def empty_parameter(comm, views):
     worst = 0.0
     for step in range(2):
         model.zero_grad()
-        x, y = batch(comm.rank, step)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        ref.load_state_dict(model.state_dict())
-        want = ref_average(ref, lambda r: [batch(r, step)], comm.size)
-        worst = max(worst, worst_grad(model, want))
+        worst = max(worst, check_step(comm, model, ddp, ref, step))
     ddp.destroy()
     return worst, tuple(model.empty.grad.shape)
 
