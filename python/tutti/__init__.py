@@ -40,8 +40,8 @@ _live_comms, _live_stores = weakref.WeakSet(), weakref.WeakSet()
 #: With True, blocking calls on host memory made on the main thread are issued async and
 #: waited for on a lock their completion releases, so that Ctrl-C (and any Python signal
 #: handler) gets in at once rather than after the communicator's timeout. Off by default:
-#: it costs a hand-off to the library's progress thread and back through the GIL (about
-#: 0.1 ms a small call, where the library's blocking call runs the op on the caller's
+#: it costs a hand-off to the library's progress thread and back through the GIL (0.1-0.2
+#: ms a small call, where the library's blocking call runs the op on the caller's
 #: thread; docs/python.md, "Ctrl-C").
 interruptible = False
 _SLICE_MS = 100
