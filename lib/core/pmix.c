@@ -7,16 +7,14 @@
  * and PMIx_Finalize count their calls, so an MPI library in the same process that
  * initialized PMIx too keeps its connection. */
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/base.h"
+#include "base/bounded.h"
 #include "core/pmix.h"
 
 typedef struct {
@@ -41,14 +39,11 @@ typedef int (*pmix_init_fn)(pmix_name_t *, void *, size_t);
 typedef int (*pmix_get_fn)(const pmix_name_t *, const char *, const void *, size_t, pmix_val_t **);
 typedef int (*pmix_fini_fn)(const void *, size_t);
 
-/* One question, shared by the caller and the thread that asks: the caller may stop
- * waiting (its timeout) while the thread is still inside libpmix; the last of the two
- * to let go frees it. */
+/* One question, run bounded by the caller's timeout (base/bounded.h): the caller may
+ * stop waiting while the thread is still inside libpmix. */
 typedef struct ask {
-    atomic_int refs;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int done, rc;
+    tt_bounded_t job;
+    int rc;
     const char *step; /* what failed, when rc != 0 */
     char host[256];
     pmix_init_fn init;
@@ -57,18 +52,14 @@ typedef struct ask {
     void (*destruct)(pmix_val_t *); /* PMIx_Value_destruct, where the library has it */
 } ask_t;
 
-static void ask_release(ask_t *a)
+static void ask_release(tt_bounded_t *job)
 {
-    if (atomic_fetch_sub(&a->refs, 1) == 1) {
-        pthread_mutex_destroy(&a->lock);
-        pthread_cond_destroy(&a->cond);
-        free(a);
-    }
+    free(job);
 }
 
-static void *ask_thread(void *arg)
+static void ask_run(tt_bounded_t *job)
 {
-    ask_t *a = arg;
+    ask_t *a = (ask_t *)job;
     pmix_name_t me, r0;
     memset(&me, 0, sizeof(me));
     int rc = a->init(&me, NULL, 0);
@@ -92,15 +83,9 @@ static void *ask_thread(void *arg)
         }
         a->fini(NULL, 0);
     }
-    pthread_mutex_lock(&a->lock);
     a->rc = rc;
     a->step = step;
     snprintf(a->host, sizeof(a->host), "%s", host);
-    a->done = 1;
-    pthread_cond_signal(&a->cond);
-    pthread_mutex_unlock(&a->lock);
-    ask_release(a);
-    return NULL;
 }
 
 int tt_pmix_rank0_host(char *out, size_t len, int timeout_ms, char *why, size_t whylen)
@@ -135,34 +120,11 @@ int tt_pmix_rank0_host(char *out, size_t len, int timeout_ms, char *why, size_t 
         free(a);
         return -1;
     }
-    atomic_init(&a->refs, 2);
-    pthread_mutex_init(&a->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&a->cond, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_t t;
-    if (pthread_create(&t, NULL, ask_thread, a) != 0) {
-        snprintf(why, whylen, "no thread to ask PMIx from");
-        atomic_store(&a->refs, 1);
-        ask_release(a);
-        return -1;
-    }
-    pthread_detach(t);
-    struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += timeout_ms / 1000;
-    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (end.tv_nsec >= 1000000000L) {
-        end.tv_sec++;
-        end.tv_nsec -= 1000000000L;
-    }
+    int done = tt_bounded_run(&a->job, ask_run, ask_release, tt_deadline_ns(timeout_ms));
     int rc = -1;
-    pthread_mutex_lock(&a->lock);
-    while (!a->done && pthread_cond_timedwait(&a->cond, &a->lock, &end) != ETIMEDOUT) {
-    }
-    if (!a->done)
+    if (done < 0)
+        snprintf(why, whylen, "no thread to ask PMIx from: %s", strerror(-done));
+    else if (!done)
         snprintf(why, whylen, "the PMIx server (PMIX_SERVER_URI*) gave no answer within %d ms",
                  timeout_ms);
     else if (a->rc == NOT_A_NAME)
@@ -173,7 +135,6 @@ int tt_pmix_rank0_host(char *out, size_t len, int timeout_ms, char *why, size_t 
         snprintf(out, len, "%s", a->host);
         rc = 0;
     }
-    pthread_mutex_unlock(&a->lock);
-    ask_release(a);
+    tt_bounded_put(&a->job);
     return rc;
 }

@@ -5,8 +5,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/bounded.h"
 #include "store/store_net.h"
 
 void tt_net_sleep_until(uint64_t ns, uint64_t deadline)
@@ -164,49 +163,31 @@ int tt_net_recv_all(int fd, void *buf, size_t len, uint64_t deadline, size_t *go
 
 /* ---- name resolution bounded by a deadline ---- */
 
-/* One lookup, shared by the caller and its helper thread: the last of the two to let go
- * frees it, so a caller that gave up at its deadline leaves nothing the helper could
- * touch after the caller's memory is gone. */
+/* One lookup, run bounded by the caller's deadline (base/bounded.h). */
 typedef struct net_gai {
-    pthread_mutex_t lock;
-    pthread_cond_t cv; /* CLOCK_MONOTONIC, tt_now_ns's clock */
-    int refs;
-    int done, rc, err;
+    tt_bounded_t job;
+    int rc, err;
     struct addrinfo *res; /* the helper's result, until the caller takes it */
     char port[16];
     char host[]; /* NUL-terminated */
 } net_gai_t;
 
-static void gai_unref(net_gai_t *g)
+static void gai_release(tt_bounded_t *job)
 {
-    pthread_mutex_lock(&g->lock);
-    int last = --g->refs == 0;
-    pthread_mutex_unlock(&g->lock);
-    if (!last)
-        return;
+    net_gai_t *g = (net_gai_t *)job;
     if (g->res)
         freeaddrinfo(g->res);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->lock);
     free(g);
 }
 
-static void *gai_thread(void *arg)
+static void gai_run(tt_bounded_t *job)
 {
-    net_gai_t *g = arg;
+    net_gai_t *g = (net_gai_t *)job;
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
     struct addrinfo *res = NULL;
-    int rc = getaddrinfo(g->host, g->port, &hints, &res);
-    int err = errno;
-    pthread_mutex_lock(&g->lock);
-    g->rc = rc;
-    g->err = err;
-    g->res = rc == 0 ? res : NULL;
-    g->done = 1;
-    pthread_cond_signal(&g->cv);
-    pthread_mutex_unlock(&g->lock);
-    gai_unref(g);
-    return NULL;
+    g->rc = getaddrinfo(g->host, g->port, &hints, &res);
+    g->err = errno;
+    g->res = g->rc == 0 ? res : NULL;
 }
 
 static int gai_result(const char *host, int rc, int err, char *cause, size_t causelen)
@@ -244,49 +225,21 @@ int tt_net_resolve(const char *host, int port, uint64_t deadline, struct addrinf
     }
     memcpy(g->host, host, hl + 1);
     memcpy(g->port, portstr, sizeof(portstr));
-    pthread_mutex_init(&g->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    g->refs = 2;
-    pthread_attr_t ta;
-    pthread_attr_init(&ta);
-    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
-    /* the helper takes no signals: they stay the application's threads' business */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    int e = pthread_create(&t, &ta, gai_thread, g);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&ta);
-    if (e != 0) {
+    int done = tt_bounded_run(&g->job, gai_run, gai_release, deadline);
+    if (done < 0) {
         snprintf(cause, causelen, "cannot resolve %s: no thread for the lookup: %s", host,
-                 strerror(e));
-        g->refs = 1;
-        gai_unref(g);
-        return -e;
+                 strerror(-done));
+        tt_bounded_put(&g->job);
+        return done;
     }
-    int rc = 0, err = 0, done;
-    pthread_mutex_lock(&g->lock);
-    for (;;) {
-        if (g->done || tt_now_ns() >= deadline)
-            break;
-        struct timespec ts = { (time_t)(deadline / 1000000000ull),
-                               (long)(deadline % 1000000000ull) };
-        pthread_cond_timedwait(&g->cv, &g->lock, &ts);
-    }
-    done = g->done;
+    int rc = 0, err = 0;
     if (done) {
         rc = g->rc;
         err = g->err;
         *res_p = g->res;
         g->res = NULL;
     }
-    pthread_mutex_unlock(&g->lock);
-    gai_unref(g);
+    tt_bounded_put(&g->job);
     if (!done) {
         snprintf(cause, causelen,
                  "cannot resolve %s: no answer from the name service before the deadline "
