@@ -2341,6 +2341,51 @@ static int failover_child(void *arg)
     return st == 0 ? 0 : 6;
 }
 
+/* A tcp store's name that pointed at the wrong address when the client first looked it
+ * up (the record not updated yet): the client looks again once a second while it waits. */
+static int tcp_moved_child(void *arg)
+{
+    (void)arg;
+    char file[300];
+    snprintf(file, sizeof(file), "%s/hosts.tcpmoved", g_root);
+    if (bind_text("/etc/hosts", file, "127.0.0.2 tutti-moved.test\n") < 0) {
+        fprintf(stderr, "tcp moved: cannot bind-mount a hosts file: %s\n", strerror(errno));
+        return 2;
+    }
+    tutti_store_t *srv, *s;
+    if (tutti_store_open_tcp(&srv, "127.0.0.3", 0, 1, 3000) != 0)
+        return 3;
+    int port = tutti_store_port(srv);
+    pid_t mover = fork();
+    if (mover == 0) { /* the record changes 1.2 s in */
+        usleep(1200000);
+        _exit(rewrite_text(file, "127.0.0.3 tutti-moved.test\n") < 0 ? 1 : 0);
+    }
+    double t0 = now_ms();
+    int st = tutti_store_open_tcp(&s, "tutti-moved.test", port, 0, 6000);
+    fprintf(stderr, "tcp moved: open: %s after %.0f ms%s%s\n", tutti_status_name(st), now_ms() - t0,
+            st ? ": " : "", st ? tutti_store_last_error(NULL) : "");
+    int code = 0;
+    waitpid(mover, &code, 0);
+    if (st == 0) {
+        st = tutti_store_set(s, "k", "v", 1);
+        tutti_store_close(s);
+    }
+    tutti_store_close(srv);
+    return st == 0 && code == 0 ? 0 : 4;
+}
+
+START_TEST(test_tcp_dns_moved)
+{
+    int code = in_mount_ns(tcp_moved_child, NULL);
+    if (code < 0) {
+        fprintf(stderr, "tcp moved: skipped (needs root and mount namespaces)\n");
+        return;
+    }
+    ck_assert_msg(code == 0, "the child failed with %d (see its lines above)", code);
+}
+END_TEST
+
 /* A Redis host name whose address changes (a DNS failover) is followed: the address is
  * resolved again after a connect fails (before, the first one was kept for good). */
 START_TEST(test_redis_dns_failover)
@@ -2613,9 +2658,9 @@ static Suite *store_suite(void)
     th_add_tests(s, "redis", 60,
                  (const TTest *const[]){ test_redis_urls, test_redis_auth, test_redis_bad_servers,
                                          test_redis_reply_budget, test_redis_refusals,
-                                         test_redis_dns_failover, test_store_dns_timeout,
-                                         test_store_timeout_zero, test_redis_server_dies,
-                                         test_redis_collectives, NULL });
+                                         test_redis_dns_failover, test_tcp_dns_moved,
+                                         test_store_dns_timeout, test_store_timeout_zero,
+                                         test_redis_server_dies, test_redis_collectives, NULL });
 
     th_add_tests(s, "file", 60,
                  (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,

@@ -1,6 +1,7 @@
 /* Blocking socket steps shared by the store clients (store_net.h). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -248,4 +249,166 @@ int tt_net_resolve(const char *host, int port, uint64_t deadline, struct addrinf
         return -ETIMEDOUT;
     }
     return gai_result(host, rc, err, cause, causelen);
+}
+
+/* ---- connecting to a store server ---- */
+
+/* The addresses as resolved once, shared by the connects under way (refs, under the
+ * dialer's lock: the cache's own and one per connect using them). */
+struct tt_net_addrs {
+    int refs;
+    struct addrinfo *ai;
+    uint64_t at; /* when resolved (tt_now_ns) */
+    int served;  /* a connection made through them worked (under the lock) */
+};
+
+#define NET_RESOLVE_AGAIN_NS 1000000000ull
+
+void tt_net_dialer_init(tt_net_dialer_t *d, const char *host, int port)
+{
+    pthread_mutex_init(&d->lock, NULL);
+    d->host = host;
+    d->port = port;
+    d->addrs = NULL;
+}
+
+static void addrs_put(tt_net_dialer_t *d, tt_net_addrs_t *a)
+{
+    pthread_mutex_lock(&d->lock);
+    int last = --a->refs == 0;
+    pthread_mutex_unlock(&d->lock);
+    if (last) {
+        freeaddrinfo(a->ai);
+        free(a);
+    }
+}
+
+void tt_net_dialer_fini(tt_net_dialer_t *d)
+{
+    if (d->addrs)
+        addrs_put(d, d->addrs);
+    d->addrs = NULL;
+    pthread_mutex_destroy(&d->lock);
+}
+
+/* The cached addresses, or the host resolved now (within the deadline): 0 with *a_p
+ * (addrs_put it), or -errno with cause. */
+static int addrs_get(tt_net_dialer_t *d, uint64_t deadline, tt_net_addrs_t **a_p, char *cause,
+                     size_t causelen)
+{
+    pthread_mutex_lock(&d->lock);
+    tt_net_addrs_t *a = d->addrs;
+    if (a)
+        a->refs++;
+    pthread_mutex_unlock(&d->lock);
+    if (a) {
+        *a_p = a;
+        return 0;
+    }
+    struct addrinfo *ai;
+    int e = tt_net_resolve(d->host, d->port, deadline, &ai, cause, causelen);
+    if (e < 0)
+        return e;
+    a = malloc(sizeof(*a));
+    if (!a) {
+        freeaddrinfo(ai);
+        snprintf(cause, causelen, "out of memory");
+        return -ENOMEM;
+    }
+    a->refs = 2;
+    a->ai = ai;
+    a->at = tt_now_ns();
+    a->served = 0;
+    pthread_mutex_lock(&d->lock);
+    tt_net_addrs_t *other = d->addrs;
+    if (other) /* another thread's came first: that one */
+        other->refs++;
+    else
+        d->addrs = a;
+    pthread_mutex_unlock(&d->lock);
+    if (other) {
+        freeaddrinfo(ai);
+        free(a);
+        a = other;
+    }
+    *a_p = a;
+    return 0;
+}
+
+/* After a connect failed on every address of a: the next one resolves the name again,
+ * where tt_net_dial's rule says so. */
+static void addrs_forget(tt_net_dialer_t *d, tt_net_addrs_t *a)
+{
+    pthread_mutex_lock(&d->lock);
+    int cached = d->addrs == a && (a->served || tt_now_ns() - a->at >= NET_RESOLVE_AGAIN_NS);
+    if (cached)
+        d->addrs = NULL;
+    pthread_mutex_unlock(&d->lock);
+    if (cached)
+        addrs_put(d, a);
+}
+
+int tt_net_dial(tt_net_dialer_t *d, uint64_t deadline, const tt_net_hello_t *h, tt_store_err_t *err)
+{
+    char cause[400] = "";
+    uint64_t start = tt_now_ns(), backoff = 10000000ull;
+    int resolve_timeout = 0;
+    for (;;) {
+        tt_net_addrs_t *a = NULL;
+        char rcause[300];
+        int e = addrs_get(d, deadline, &a, rcause, sizeof(rcause));
+        if (e == -ENOMEM) {
+            tt_store_err_set(err, "%s", rcause);
+            return TUTTI_ERR_NOMEM;
+        }
+        if (e == -ETIMEDOUT) { /* (after earlier tries, what they met says more) */
+            resolve_timeout = !cause[0];
+            if (!cause[0])
+                snprintf(cause, sizeof(cause), "%s", rcause);
+            break;
+        }
+        if (e < 0)
+            snprintf(cause, sizeof(cause), "%s", rcause);
+        int tried = 0, refused = 0;
+        for (const struct addrinfo *ai = a ? a->ai : NULL; ai; ai = ai->ai_next, tried++) {
+            char where[80];
+            tt_net_sockaddr_str(ai->ai_addr, where, sizeof(where));
+            int fd = tt_net_connect_addr(ai, deadline);
+            if (fd < 0) {
+                refused += fd == -ECONNREFUSED;
+                /* an attempt cut short by the deadline says less than the one before */
+                if (fd != -ETIMEDOUT || !cause[0])
+                    snprintf(cause, sizeof(cause), "connect to %s: %s", where, strerror(-fd));
+                continue;
+            }
+            int r = h->hello(h->ctx, fd, deadline, cause, sizeof(cause), err);
+            if (r == TT_NET_HELLO_OK) {
+                pthread_mutex_lock(&d->lock);
+                a->served = 1;
+                pthread_mutex_unlock(&d->lock);
+                addrs_put(d, a);
+                return TUTTI_OK;
+            }
+            if (r < 0) {
+                addrs_put(d, a);
+                return r;
+            }
+        }
+        if (tried && refused == tried && h->gone_if_refused && h->gone_if_refused(h->ctx)) {
+            addrs_put(d, a);
+            tt_store_err_set(err, "%s: the store server is gone (it answered before)", cause);
+            return TUTTI_ERR_STORE;
+        }
+        if (a) {
+            addrs_forget(d, a);
+            addrs_put(d, a);
+        }
+        if (tt_now_ns() >= deadline)
+            break;
+        tt_net_sleep_until(backoff, deadline);
+        backoff = TT_MIN(backoff * 2, 500000000ull);
+    }
+    tt_store_err_set(err, "%s (%s for %" PRIu64 " ms)", cause[0] ? cause : "no address",
+                     resolve_timeout ? "waited" : "retried", (tt_now_ns() - start) / 1000000u);
+    return TUTTI_ERR_TIMEOUT;
 }

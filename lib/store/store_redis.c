@@ -73,10 +73,8 @@ typedef struct rd_store {
     char addr[300]; /* host:port for messages */
     pthread_mutex_t lock;
     rd_conn_t *idle;
-    struct rd_addrs *addrs; /* the host's addresses, NULL until resolved or once forgotten */
+    tt_net_dialer_t dialer; /* the host and its addresses */
 } rd_store_t;
-
-typedef struct rd_addrs rd_addrs_t;
 
 typedef struct rd_reply {
     char type; /* '+' status, '-' error, ':' integer, '$' bulk, '*' array */
@@ -486,162 +484,48 @@ static int rd_handshake(rd_store_t *rs, rd_conn_t *c, uint64_t deadline, int *tr
     return TUTTI_OK;
 }
 
-/* The server's addresses as last resolved, shared by the connects under way (refs, under
- * rs->lock: the cache's own and one per connect using them). */
-struct rd_addrs {
-    int refs;
-    struct addrinfo *ai;
-    uint64_t at; /* when resolved (tt_now_ns) */
-    int served;  /* a connection made through them worked (under rs->lock) */
-};
-
-/* A failed connect forgets addresses that served before (a server that moved: a DNS
- * failover is followed at once) or that are at least this old (a name that pointed
- * elsewhere at first); a server not up yet, which every rank waits for with backoff,
- * costs a lookup a second, not one a try. */
-#define RD_RESOLVE_AGAIN_NS 1000000000ull
-
-static void rd_addrs_put(rd_store_t *rs, rd_addrs_t *a)
-{
-    pthread_mutex_lock(&rs->lock);
-    int last = --a->refs == 0;
-    pthread_mutex_unlock(&rs->lock);
-    if (last) {
-        freeaddrinfo(a->ai);
-        free(a);
-    }
-}
-
-/* The cached addresses, or the host resolved now (within the deadline): 0 with *a_p
- * (rd_addrs_put it), or -errno with cause. */
-static int rd_resolve(rd_store_t *rs, uint64_t deadline, rd_addrs_t **a_p, char *cause,
-                      size_t causelen)
-{
-    pthread_mutex_lock(&rs->lock);
-    rd_addrs_t *a = rs->addrs;
-    if (a)
-        a->refs++;
-    pthread_mutex_unlock(&rs->lock);
-    if (a) {
-        *a_p = a;
-        return 0;
-    }
-    struct addrinfo *ai;
-    int e = tt_net_resolve(rs->host, rs->port, deadline, &ai, cause, causelen);
-    if (e < 0)
-        return e;
-    a = malloc(sizeof(*a));
-    if (!a) {
-        freeaddrinfo(ai);
-        snprintf(cause, causelen, "out of memory");
-        return -ENOMEM;
-    }
-    a->refs = 2;
-    a->ai = ai;
-    a->at = tt_now_ns();
-    pthread_mutex_lock(&rs->lock);
-    rd_addrs_t *other = rs->addrs;
-    if (other) { /* another thread's came first: that one */
-        other->refs++;
-    } else {
-        rs->addrs = a;
-    }
-    pthread_mutex_unlock(&rs->lock);
-    if (other) {
-        freeaddrinfo(ai);
-        free(a);
-        a = other;
-    }
-    *a_p = a;
-    return 0;
-}
-
-/* After a connect or handshake failed on every address of a: the next connect resolves
- * the name again, so that a server moved to another address (a DNS failover) is found. */
-static void rd_addrs_forget(rd_store_t *rs, rd_addrs_t *a)
-{
-    pthread_mutex_lock(&rs->lock);
-    int cached = rs->addrs == a && (a->served || tt_now_ns() - a->at >= RD_RESOLVE_AGAIN_NS);
-    if (cached)
-        rs->addrs = NULL;
-    pthread_mutex_unlock(&rs->lock);
-    if (cached)
-        rd_addrs_put(rs, a);
-}
-
 /* Connect (and AUTH, SELECT), retrying with backoff until the deadline: a Redis server
  * started after the ranks is waited for, as the tcp store's is, and so is one that
  * refused for a while (loading its data, busy, at its client limit) or closed the
  * connection; a refusal that another try would meet again (protected mode, a command
  * unknown to the server, a password refused) fails at once with the server's words. */
+typedef struct rd_dial {
+    rd_store_t *rs;
+    rd_conn_t *conn; /* the connection made */
+} rd_dial_t;
+
+static int rd_hello(void *ctx, int fd, uint64_t deadline, char *cause, size_t causelen,
+                    tt_store_err_t *err)
+{
+    rd_dial_t *dl = ctx;
+    rd_conn_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        tt_store_err_set(err, "out of memory");
+        return TUTTI_ERR_NOMEM;
+    }
+    c->fd = fd;
+    c->pid = getpid();
+    int transient = 0;
+    int st = rd_handshake(dl->rs, c, deadline, &transient, cause, causelen);
+    if (st == TUTTI_OK) {
+        dl->conn = c;
+        return TT_NET_HELLO_OK;
+    }
+    rd_conn_drop(c);
+    if (transient)
+        return TT_NET_HELLO_RETRY;
+    tt_store_err_set(err, "%s", cause); /* it answered: the address is right */
+    return st;
+}
+
 static int rd_connect(rd_store_t *rs, uint64_t deadline, rd_conn_t **conn_p, tt_store_err_t *err)
 {
-    char cause[400] = "";
-    uint64_t start = tt_now_ns(), backoff = 10000000ull;
-    int resolve_timeout = 0;
-    for (;;) {
-        rd_addrs_t *a = NULL;
-        char rcause[300];
-        int e = rd_resolve(rs, deadline, &a, rcause, sizeof(rcause));
-        if (e == -ENOMEM) {
-            tt_store_err_set(err, "%s", rcause);
-            return TUTTI_ERR_NOMEM;
-        }
-        if (e == -ETIMEDOUT) { /* (after earlier tries, what they met says more) */
-            resolve_timeout = !cause[0];
-            if (!cause[0])
-                snprintf(cause, sizeof(cause), "%s", rcause);
-            break;
-        }
-        if (e < 0)
-            snprintf(cause, sizeof(cause), "%s", rcause);
-        for (const struct addrinfo *ai = a ? a->ai : NULL; ai; ai = ai->ai_next) {
-            char where[80];
-            tt_net_sockaddr_str(ai->ai_addr, where, sizeof(where));
-            int fd = tt_net_connect_addr(ai, deadline);
-            if (fd < 0) {
-                if (fd != -ETIMEDOUT || !cause[0])
-                    snprintf(cause, sizeof(cause), "connect to %s: %s", where, strerror(-fd));
-                continue;
-            }
-            rd_conn_t *c = calloc(1, sizeof(*c));
-            if (!c) {
-                close(fd);
-                rd_addrs_put(rs, a);
-                tt_store_err_set(err, "out of memory");
-                return TUTTI_ERR_NOMEM;
-            }
-            c->fd = fd;
-            c->pid = getpid();
-            int transient = 0;
-            int st = rd_handshake(rs, c, deadline, &transient, cause, sizeof(cause));
-            if (st == TUTTI_OK) {
-                pthread_mutex_lock(&rs->lock);
-                a->served = 1;
-                pthread_mutex_unlock(&rs->lock);
-                rd_addrs_put(rs, a);
-                *conn_p = c;
-                return TUTTI_OK;
-            }
-            rd_conn_drop(c);
-            if (!transient) { /* it answered: the address is right */
-                rd_addrs_put(rs, a);
-                tt_store_err_set(err, "%s", cause);
-                return st;
-            }
-        }
-        if (a) {
-            rd_addrs_forget(rs, a);
-            rd_addrs_put(rs, a);
-        }
-        if (tt_now_ns() >= deadline)
-            break;
-        tt_net_sleep_until(backoff, deadline);
-        backoff = TT_MIN(backoff * 2, 500000000ull);
-    }
-    tt_store_err_set(err, "%s (%s for %" PRIu64 " ms)", cause[0] ? cause : "no address",
-                     resolve_timeout ? "waited" : "retried", (tt_now_ns() - start) / 1000000u);
-    return TUTTI_ERR_TIMEOUT;
+    rd_dial_t dl = { .rs = rs };
+    tt_net_hello_t h = { .hello = rd_hello, .ctx = &dl };
+    int st = tt_net_dial(&rs->dialer, deadline, &h, err);
+    *conn_p = dl.conn; /* NULL unless st is TUTTI_OK */
+    return st;
 }
 
 /* A pooled connection of this process that the server has not closed (it would read as
@@ -1144,8 +1028,7 @@ int tt_store_redis_fuzz_input(const uint8_t *data, size_t len, size_t split)
 static void rd_free(rd_store_t *rs)
 {
     rd_pool_flush(rs);
-    if (rs->addrs)
-        rd_addrs_put(rs, rs->addrs);
+    tt_net_dialer_fini(&rs->dialer);
     pthread_mutex_destroy(&rs->lock);
     free(rs->host);
     free(rs->user);
@@ -1179,6 +1062,7 @@ int tt_store_redis_open(tutti_store_t **store_p, const tt_store_redis_cfg_t *cfg
     rs->port = cfg->port;
     rs->db = cfg->db;
     rs->host = tt_strdup(cfg->host);
+    tt_net_dialer_init(&rs->dialer, rs->host, rs->port);
     rs->user = cfg->user ? tt_strdup(cfg->user) : NULL;
     rs->password = cfg->password ? tt_strdup(cfg->password) : NULL;
     if (!rs->host || (cfg->user && !rs->user) || (cfg->password && !rs->password)) {

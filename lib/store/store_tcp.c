@@ -50,10 +50,10 @@ typedef struct tcp_store {
     char *secret;   /* the job secret; NULL: none */
     size_t secret_len;
     char *instance;       /* the only server label this handle accepts; NULL: any */
-    pthread_mutex_t lock; /* guards idle, ai and what the hello told */
+    pthread_mutex_t lock; /* guards idle and what the hello told */
     tcp_conn_t *idle;
-    struct addrinfo *ai; /* resolved once: reconnecting must not wait on name service */
-    int known;           /* a hello succeeded, so the server's facts below are set */
+    tt_net_dialer_t dialer; /* the host and its addresses */
+    int known;              /* a hello succeeded, so the server's facts below are set */
     uint8_t server_id[TT_STORE_ID_LEN];
     uint32_t server_idle_ms;
     uint64_t server_quota;
@@ -128,7 +128,7 @@ static int tcp_exchange(int fd, unsigned char *frame, size_t len, uint64_t deadl
     return 0;
 }
 
-enum { TCP_HELLO_OK = 0, TCP_HELLO_RETRY = 1 };
+enum { TCP_HELLO_OK = TT_NET_HELLO_OK, TCP_HELLO_RETRY = TT_NET_HELLO_RETRY };
 
 /* What the hello reply says. */
 typedef struct tcp_hello_reply {
@@ -345,30 +345,26 @@ static int tcp_known(tcp_store_t *ts)
     return k;
 }
 
-/* The cached addresses, or the host resolved now, within the deadline (NULL with cause;
- * *timeout_p 1 when the name service did not answer in time). */
-static const struct addrinfo *tcp_resolve(tcp_store_t *ts, uint64_t deadline, int *timeout_p,
-                                          char *cause, size_t causelen)
+typedef struct tcp_dial {
+    tcp_store_t *ts;
+    int fd; /* the connection made */
+} tcp_dial_t;
+
+static int tcp_dial_hello(void *ctx, int fd, uint64_t deadline, char *cause, size_t causelen,
+                          tt_store_err_t *err)
 {
-    pthread_mutex_lock(&ts->lock);
-    struct addrinfo *ai = ts->ai;
-    pthread_mutex_unlock(&ts->lock);
-    if (ai)
-        return ai;
-    int e = tt_net_resolve(ts->host, ts->port, deadline, &ai, cause, causelen);
-    if (e < 0) {
-        *timeout_p = e == -ETIMEDOUT;
-        return NULL;
-    }
-    pthread_mutex_lock(&ts->lock);
-    if (ts->ai) {
-        freeaddrinfo(ai);
-        ai = ts->ai;
-    } else {
-        ts->ai = ai;
-    }
-    pthread_mutex_unlock(&ts->lock);
-    return ai;
+    tcp_dial_t *dl = ctx;
+    int r = tcp_hello(dl->ts, fd, deadline, cause, causelen, err);
+    if (r == TCP_HELLO_OK)
+        dl->fd = fd;
+    else
+        close(fd);
+    return r;
+}
+
+static int tcp_dial_gone(void *ctx)
+{
+    return tcp_known(((tcp_dial_t *)ctx)->ts);
 }
 
 /* Connect and say hello, retrying with backoff until the deadline. Once this handle has
@@ -376,52 +372,11 @@ static const struct addrinfo *tcp_resolve(tcp_store_t *ts, uint64_t deadline, in
  * its listener first): no use retrying. */
 static int tcp_connect(tcp_store_t *ts, uint64_t deadline, int *fd_p, tt_store_err_t *err)
 {
-    char cause[400] = "";
-    uint64_t start = tt_now_ns(), backoff = 10000000ull;
-    for (;;) {
-        int resolve_timeout = 0;
-        char rcause[300] = "";
-        const struct addrinfo *res = tcp_resolve(ts, deadline, &resolve_timeout, rcause,
-                                                 sizeof(rcause));
-        /* a name service that did not answer in time ends the tries (after earlier ones,
-         * what they met says more) */
-        if (rcause[0] && (!resolve_timeout || !cause[0]))
-            snprintf(cause, sizeof(cause), "%s", rcause);
-        if (resolve_timeout)
-            break;
-        int tried = 0, refused = 0;
-        for (const struct addrinfo *ai = res; ai; ai = ai->ai_next, tried++) {
-            char where[80];
-            tt_net_sockaddr_str(ai->ai_addr, where, sizeof(where));
-            int fd = tt_net_connect_addr(ai, deadline);
-            if (fd < 0) {
-                refused += fd == -ECONNREFUSED;
-                /* an attempt cut short by the deadline says less than the one before */
-                if (fd != -ETIMEDOUT || !cause[0])
-                    snprintf(cause, sizeof(cause), "connect to %s: %s", where, strerror(-fd));
-                continue;
-            }
-            int r = tcp_hello(ts, fd, deadline, cause, sizeof(cause), err);
-            if (r == TCP_HELLO_OK) {
-                *fd_p = fd;
-                return TUTTI_OK;
-            }
-            close(fd);
-            if (r < 0)
-                return r;
-        }
-        if (tried && refused == tried && tcp_known(ts)) {
-            tt_store_err_set(err, "%s: the store server is gone (it answered before)", cause);
-            return TUTTI_ERR_STORE;
-        }
-        if (tt_now_ns() >= deadline)
-            break;
-        tt_net_sleep_until(backoff, deadline);
-        backoff = TT_MIN(backoff * 2, 500000000ull);
-    }
-    tt_store_err_set(err, "%s (retried for %" PRIu64 " ms)", cause[0] ? cause : "no address",
-                     (tt_now_ns() - start) / 1000000u);
-    return TUTTI_ERR_TIMEOUT;
+    tcp_dial_t dl = { .ts = ts, .fd = -1 };
+    tt_net_hello_t h = { .hello = tcp_dial_hello, .gone_if_refused = tcp_dial_gone, .ctx = &dl };
+    int st = tt_net_dial(&ts->dialer, deadline, &h, err);
+    *fd_p = dl.fd; /* -1 unless st is TUTTI_OK */
+    return st;
 }
 
 static void tcp_conn_drop(tcp_conn_t *c)
@@ -848,8 +803,7 @@ static void tcp_free(tcp_store_t *ts)
     tcp_pool_flush(ts);
     if (ts->server)
         tt_store_server_stop(ts->server);
-    if (ts->ai)
-        freeaddrinfo(ts->ai);
+    tt_net_dialer_fini(&ts->dialer);
     if (ts->secret)
         memset(ts->secret, 0, ts->secret_len);
     free(ts->secret);
@@ -899,6 +853,7 @@ int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int i
         return TUTTI_ERR_NOMEM;
     }
     pthread_mutex_init(&ts->lock, NULL);
+    tt_net_dialer_init(&ts->dialer, NULL, 0); /* its server's place below */
     ts->port = port;
     /* the embedded client reaches a wildcard server over loopback */
     const char *connect_host = host;
@@ -916,6 +871,8 @@ int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int i
         TT_CHECK_GOTO(tt_store_server_start(host, port, cfg, &ts->server, &ts->port, err), st,
                       err_free_ts);
     snprintf(ts->addr, sizeof(ts->addr), v6 ? "[%s]:%d" : "%s:%d", host, ts->port);
+    ts->dialer.host = ts->host;
+    ts->dialer.port = ts->port;
 
     /* connect now, so that an unreachable store fails here, within the open's deadline */
     tcp_conn_t *c;
