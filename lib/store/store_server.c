@@ -621,21 +621,36 @@ static void srv_cmd_cad(srv_conn_t *c, const srv_field_t *f)
     srv_reply(c, TUTTI_OK, &deleted, 1);
 }
 
+enum { SRV_FITS, SRV_OVER_QUOTA, SRV_OVER_MEMORY };
+
+/* Which limit client c taking bytes more of the server's memory would break, held bytes
+ * of its own given back at the same time: its quota (with its unread replies), or the
+ * server-wide limit (every client's requests in flight, waiters and unread replies). */
+static int srv_limit(const srv_conn_t *c, size_t bytes, size_t held)
+{
+    const tt_store_server_t *srv = c->srv;
+    if (bytes + c->reply_bytes > srv->cfg.client_quota)
+        return SRV_OVER_QUOTA;
+    if (srv->buffered + srv->pinned - held + bytes > srv->cfg.memory_limit)
+        return SRV_OVER_MEMORY;
+    return SRV_FITS;
+}
+
 /* Whether a waiter of cost bytes may be left, as a request of that size would be
- * admitted (srv_admit): one within a read chunk always, a bigger one within the client's
- * quota and the server-wide limit; otherwise the client is told which limit. */
+ * admitted (srv_admit): one within a read chunk always, a bigger one within the limits;
+ * otherwise the client is told which limit. */
 static int srv_waiter_fits(srv_conn_t *c, size_t nkeys, size_t cost)
 {
-    tt_store_server_t *srv = c->srv;
-    const tt_store_tcp_cfg_t *cfg = &srv->cfg;
+    const tt_store_tcp_cfg_t *cfg = &c->srv->cfg;
     if (cost <= SRV_READ_CHUNK)
         return 1;
-    if (cost + c->reply_bytes > cfg->client_quota)
+    int over = srv_limit(c, cost, 0);
+    if (over == SRV_OVER_QUOTA)
         srv_reply_error(c, TUTTI_ERR_NOMEM,
                         "waiting on %zu keys takes %zu bytes of the server's memory, over its "
                         "per-client quota of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
                         nkeys, cost, cfg->client_quota);
-    else if (srv->buffered + srv->pinned + cost > cfg->memory_limit)
+    else if (over == SRV_OVER_MEMORY)
         srv_reply_error(c, TUTTI_ERR_NOMEM,
                         "waiting on %zu keys (%zu bytes) refused: the server's memory limit "
                         "(%zu bytes, TUTTI_STORE_MEMORY_LIMIT) is in use by other clients; "
@@ -957,12 +972,13 @@ static void srv_admit(srv_conn_t *c, size_t total)
     const tt_store_tcp_cfg_t *cfg = &srv->cfg;
     char *msg = c->discard_msg;
     size_t msglen = sizeof(c->discard_msg);
-    if (total + c->reply_bytes > cfg->client_quota) {
+    int over = srv_limit(c, total, c->cap);
+    if (over == SRV_OVER_QUOTA) {
         snprintf(msg, msglen,
                  "request of %zu bytes is over this server's per-client quota "
                  "of %zu bytes (TUTTI_STORE_CLIENT_QUOTA)",
                  total, cfg->client_quota);
-    } else if (srv->buffered + srv->pinned - c->cap + total > cfg->memory_limit) {
+    } else if (over == SRV_OVER_MEMORY) {
         snprintf(msg, msglen,
                  "request of %zu bytes refused: the server's memory limit for "
                  "requests in flight and unread replies (%zu bytes, TUTTI_STORE_MEMORY_LIMIT) "
