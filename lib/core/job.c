@@ -22,6 +22,7 @@
 #include "core/setup.h"
 #include "store/store_gc.h"
 #include "plugin/tpmux.h"
+#include "../../transports/kit/util.h"
 
 #define JOB_ID_MAX 64
 #define JOB_POLL_MS 5
@@ -194,12 +195,6 @@ typedef struct job_rec {
  * than this is taken for garbage (never waited for). */
 #define JOB_MAX_SKEW_MS 60000LL
 
-static unsigned long long my_pidns(void)
-{
-    struct stat sb;
-    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
-}
-
 static long long realtime_ms(void)
 {
     struct timespec ts;
@@ -254,7 +249,7 @@ static int rec_parse(const char *s, job_rec_t *r)
 /* Can this process see r's rank 0 in /proc (same host and pid namespace)? */
 static int rec_local(const job_rec_t *r, const char *my_host)
 {
-    return !strcmp(r->host, my_host) && r->pidns && r->pidns == my_pidns();
+    return !strcmp(r->host, my_host) && r->pidns && r->pidns == tp_pidns();
 }
 
 static void rec_describe(const job_rec_t *r, char *buf, size_t len)
@@ -381,7 +376,7 @@ typedef struct job_claim {
 static int claim_format(char *buf, size_t len, const char *host, const char *nonce)
 {
     long pid = (long)getpid();
-    return snprintf(buf, len, "claim 1 %ld %llu %llu %s %s", pid, proc_start(pid), my_pidns(),
+    return snprintf(buf, len, "claim 1 %ld %llu %llu %s %s", pid, proc_start(pid), tp_pidns(),
                     nonce, host);
 }
 
@@ -516,7 +511,7 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     job_rec_t me = { .nranks = comm->nranks,
                      .pid = (long)getpid(),
                      .start = proc_start((long)getpid()),
-                     .pidns = my_pidns(),
+                     .pidns = tp_pidns(),
                      .created_ms = realtime_ms(),
                      .timeout_ms = comm->opts.timeout_ms };
     tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
@@ -693,7 +688,7 @@ static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc, 
     job_claim_t h;
     if (st == 0 && !(*hlen_p == w->claim_len && !memcmp(*holder_p, w->claim, w->claim_len)) &&
         claim_parse(*holder_p, *hlen_p, &h) == 0 && !strcmp(h.host, my_host) &&
-        h.pidns == my_pidns() && h.pid != (long)getpid()) {
+        h.pidns == tp_pidns() && h.pid != (long)getpid()) {
         unsigned long long hs = proc_start(h.pid);
         if (hs == 0 || hs != h.start) {
             /* its holder died: this rank was restarted in place; take the slot */
@@ -718,7 +713,7 @@ static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *
     tutti_store_t *js = comm->job_store;
     job_claim_t h;
     int own = claim_parse(holder, hlen, &h) == 0 && h.pid == (long)getpid() &&
-              !strcmp(h.host, my_host) && h.pidns == my_pidns();
+              !strcmp(h.host, my_host) && h.pidns == tp_pidns();
     snprintf(w->why, sizeof(w->why), "rank %d of %s is already taken (%.*s)", comm->rank, desc,
              (int)TT_MIN(hlen, 300), holder ? (const char *)holder : "");
     w->dead_only = 0;

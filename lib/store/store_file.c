@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "store/store_impl.h"
+#include "../../transports/kit/util.h"
 
 #define FS_PART_MAX 200 /* escaped bytes per path component (NAME_MAX is 255) */
 #define FS_LOCK_STRIPES 64
@@ -781,8 +782,7 @@ int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
         if (*p == '/')
             *p = '_';
     fs->do_fsync = tt_env_int("STORE_FSYNC", 0) != 0;
-    struct stat nsb;
-    fs->pidns = stat("/proc/self/ns/pid", &nsb) == 0 ? (unsigned long)nsb.st_ino : 0;
+    fs->pidns = (unsigned long)tp_pidns();
     fs_clean_tmp(fs);
 
     char *url = malloc(strlen(fs->dir) + 8);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,6 +18,14 @@
 
 #define TT_KIT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TT_KIT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* This process's pid namespace: the inode number of /proc/self/ns/pid (unique on the
+ * host), or 0 when /proc cannot say. (lib/ uses it too.) */
+static inline unsigned long long tp_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
+}
 
 /* /proc/<pid>/stat read into buf: a pointer to its field 3 (the state), or NULL when the
  * process is gone. The command (field 2) may hold spaces and parentheses: the fields

@@ -188,8 +188,8 @@ static size_t pair_header_bytes(void)
  * the kernel numbers namespaces from 0xf0000000), or 0 when /proc cannot say. */
 static uint32_t pidns_id(void)
 {
-    struct stat sb;
-    return stat("/proc/self/ns/pid", &sb) == 0 && sb.st_ino <= UINT32_MAX ? (uint32_t)sb.st_ino : 0;
+    unsigned long long ns = tp_pidns();
+    return ns <= UINT32_MAX ? (uint32_t)ns : 0;
 }
 
 /* Bytes of /dev/shm that nlocal ranks' segments take with rings of `ring` bytes: one

@@ -97,7 +97,7 @@ struct setup {
     uv_timer_t deadline;
     uint64_t deadline_ns;     /* tp_now_ns: the whole set-up's, store reads included */
     uv_timer_t watch;         /* eager: asks the host whether a peer failed its set-up */
-    unsigned long long pidns; /* this process's pid namespace (my_pidns), 0 unknown */
+    unsigned long long pidns; /* this process's pid namespace (tp_pidns), 0 unknown */
     int needed, done;
     int status, err_peer;
     char err[1536];
@@ -1248,13 +1248,6 @@ static int setup_ms_left(const setup_t *s)
     return ms > (uint64_t)INT_MAX ? INT_MAX : (int)ms;
 }
 
-/* This process's pid namespace (inode of /proc/self/ns/pid), 0 if unknown. */
-static unsigned long long my_pidns(void)
-{
-    struct stat sb;
-    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
-}
-
 /* The address rank peer published (and its pid, where it runs beside this rank); why
  * (whylen bytes) says what failed. */
 static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *out, int wait_ms,
@@ -1525,7 +1518,7 @@ int tcp_setup_connect(tcp_tp_t *tp, int *published, char *why, size_t whylen)
     const tutti_tp_host_v1_t *host = tp->host;
     setup_t s = { .tp = tp,
                   .deadline_ns = tp_now_ns() + (uint64_t)TT_KIT_MAX(host->timeout_ms, 0) * 1000000u,
-                  .pidns = my_pidns() };
+                  .pidns = tp_pidns() };
     s.loop = &s.own_loop;
     for (int i = 0; i < tp->nranks; i++) /* possibly a subset: others use another transport */
         s.needed += tutti_tp_host_serves(host, i);
