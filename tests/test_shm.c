@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -37,6 +38,8 @@
 #include "harness.h"
 #include "ref.h"
 #include "shm.h"
+
+#define JR_SKIP_SHM 77 /* a rank that cannot have a pid namespace of its own */
 
 const tutti_transport_ops_v2_t *tt_builtin_transport_shm(void);
 
@@ -840,6 +843,94 @@ static void run_killed(int cma)
         ck_assert_int_eq(leftovers(sh, n), 0);
     }
 }
+
+/* A rank in a pid namespace of its own (a container sharing the host's /dev/shm): its
+ * pid means nothing here, so its peers watch it through the lock it holds on its
+ * doorbell. SIGKILLed in the middle of an allreduce, it is seen gone at once (before,
+ * only at the timeout: 60 s here). */
+static int rank_killed_pidns(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    int victim = nranks - 1;
+    if (rank == victim) {
+        if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
+            fprintf(stderr, "rank %d: unshare: %s: skipping\n", rank, strerror(errno));
+            return JR_SKIP_SHM;
+        }
+        FAIL_IF(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0, "mount private");
+        pid_t pid = fork();
+        FAIL_IF(pid < 0, "fork");
+        if (pid != 0) {
+            int status = 0;
+            waitpid(pid, &status, 0);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        /* pid 1 of the new namespace, with its own /proc; the rank is its child (init
+         * of a namespace takes no SIGKILL from inside it) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (mount("proc", "/proc", "proc", 0, NULL) != 0)
+            _exit(JR_SKIP_SHM);
+        pid = fork();
+        if (pid < 0)
+            _exit(1);
+        if (pid != 0) {
+            int status = 0;
+            waitpid(pid, &status, 0);
+            /* 0: killed, as it should be */
+            _exit(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL ? 0
+                  : WIFEXITED(status) && WEXITSTATUS(status)         ? WEXITSTATUS(status)
+                                                                     : 1);
+        }
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    }
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o = shm_opts(60000); /* survivors must not need it */
+    o.algo = "allreduce:ring";
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init: %s",
+            tutti_comm_last_error(NULL));
+    const size_t count = 1u << 20;
+    float *buf = malloc(count * sizeof(float));
+    FAIL_IF(!buf, "malloc");
+    for (size_t i = 0; i < count; i++)
+        buf[i] = 1.0f;
+    if (rank == victim)
+        th_kill_self_after(300);
+    int st = TUTTI_OK;
+    for (int it = 0; it < 100000 && st == TUTTI_OK; it++)
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, count, TUTTI_FP32, TUTTI_MAX);
+    int failed = th_check_peer_died(rank, victim, st, tutti_comm_last_error(comm));
+    free(buf);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return failed;
+}
+
+START_TEST(rank_killed_in_other_pid_namespace)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "rank_killed_in_other_pid_namespace: skipped (needs root)\n");
+        return;
+    }
+    for (int n = 2; n <= 3; n++) {
+        int codes[4];
+        double t0 = th_now_ms();
+        th_run_apart(n, rank_killed_pidns, NULL, 30000, codes);
+        double dt = th_now_ms() - t0;
+        if (codes[n - 1] == JR_SKIP_SHM) {
+            fprintf(stderr, "rank_killed_in_other_pid_namespace: skipped (no pid namespaces)\n");
+            return;
+        }
+        for (int r = 0; r < n - 1; r++)
+            ck_assert_msg(codes[r] == 0, "%d ranks: survivor %d exited %d", n, r, codes[r]);
+        ck_assert_msg(codes[n - 1] == 0, "%d ranks: the victim exited %d, not killed", n,
+                      codes[n - 1]);
+        ck_assert_msg(dt < 10000, "%d ranks took %.0f ms (the timeout is 60 s)", n, dt);
+    }
+}
+END_TEST
 
 START_TEST(sizes_single_copy)
 {
@@ -1859,6 +1950,7 @@ static Suite *suite(void)
                                      mismatch_fails_everywhere,
                                      rank_killed_mid_allreduce,
                                      rank_killed_mid_allreduce_single_copy,
+                                     rank_killed_in_other_pid_namespace,
                                      eight_ranks_two_cpus,
                                      ranks_sharing_a_cpu_part,
                                      rings_mapped_up_front,

@@ -1299,6 +1299,7 @@ static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
     tp->rank = host->rank;
     tp->nranks = host->nranks;
     tp->wake_fd = tp->wake_self = -1;
+    tp->bell_fd = -1;
     tp->links = calloc((size_t)host->nranks, sizeof(shm_link_t));
     tp->pair_names = calloc((size_t)host->nranks, sizeof(char *));
     if (!tp->links || !tp->pair_names) {
@@ -1312,6 +1313,7 @@ static shm_tp_t *tp_new(const tutti_tp_host_v1_t *host)
         L->tp = tp;
         L->peer = i;
         L->pidfd = -1;
+        L->bell_fd = -1;
         L->peer_wake_fd = -1;
         L->seg_fd = -1;
         L->cma = -1;

@@ -165,6 +165,8 @@ typedef struct shm_bell {
     _Atomic uint32_t wake_ok;      /* set-up: the owner made its wake-up socket */
     _Atomic uint32_t wake_missing; /* set-up: peers that could not open it (the owner
                                       then never sleeps armed) */
+    _Atomic uint32_t locked;       /* set-up: the owner holds an OFD lock on byte 0 of
+                                      this segment for its life (shm_setup.c, bell_lock) */
     /* the CPU the owner last waited on (-1: not known); written when it changes */
     _Alignas(SHM_LINE) _Atomic int32_t cpu;
     /* set-up: the CPUs the owner may run on (a bit per CPU, SHM_CPU_WORDS words), written
@@ -215,6 +217,8 @@ typedef struct shm_link {
     pid_t pid;
     int pidfd;                     /* -1: liveness through /proc */
     int unwatched;                 /* neither pidfd nor /proc sees it: never "gone" */
+    int bell_fd;                   /* its doorbell, where the lock on it is the watch (another pid
+                    namespace), or -1 */
     unsigned long long start_time; /* /proc/PID/stat field 22, for the fallback */
     char addr[48];
     /* shared */
@@ -279,6 +283,7 @@ struct shm_tp {
     shm_link_t *links;
     shm_bell_t *bell; /* ours */
     size_t bell_bytes;
+    int bell_fd;   /* ours, holding its lock, or -1 */
     int published; /* our record "shm/<rank>" is in the store */
     char why[320]; /* set-up: the last error it reported (a failed record carries it) */
     int wake_fd;   /* our wake-up socket, or -1: arm() unsupported */

@@ -512,11 +512,27 @@ static int proc_start_time(pid_t pid, unsigned long long *st_p, char *state_p)
     return 0;
 }
 
+/* Byte 0 of a doorbell: its owner holds a write lock on it through an open file
+ * description of its own (F_OFD_SETLK) for its life; the kernel drops the lock when the
+ * last descriptor of that description closes, at the owner's exit or death whatever its
+ * pid namespace. A peer that can see neither a pidfd nor /proc of the owner tests the
+ * lock (F_OFD_GETLK through its own descriptor: the owner's conflicts while it lives).
+ * A child the owner forked (without exec: the descriptor is close-on-exec) holds the
+ * description too, and keeps the owner looking alive while it lives. */
+static struct flock bell_lock(short type)
+{
+    return (struct flock){ .l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+}
+
 int shm_peer_gone(shm_link_t *L)
 {
     if (L->pidfd >= 0) {
         struct pollfd p = { .fd = L->pidfd, .events = POLLIN };
         return poll(&p, 1, 0) > 0;
+    }
+    if (L->bell_fd >= 0) {
+        struct flock fl = bell_lock(F_WRLCK);
+        return fcntl(L->bell_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK;
     }
     if (L->pid <= 0 || L->unwatched)
         return 0; /* cannot tell */
@@ -601,13 +617,21 @@ static int setup_publish(shm_tp_t *tp, const char *myhost)
     const tutti_tp_host_v1_t *h = tp->host;
     tp->bell_bytes = 4096;
     bell_name(tp->bell_name, sizeof(tp->bell_name), tp->pid, tp->nonce);
-    tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes, tp->bell_bytes, NULL);
+    tp->bell = seg_create(tp, tp->bell_name, tp->bell_bytes, tp->bell_bytes, &tp->bell_fd);
     if (!tp->bell) {
         tp->bell_name[0] = 0;
         return TUTTI_ERR_IO;
     }
     tp->bell->magic = SHM_SEG_MAGIC;
     tp->bell->owner = tp->rank;
+    struct flock fl = bell_lock(F_WRLCK);
+    if (fcntl(tp->bell_fd, F_OFD_SETLK, &fl) == 0)
+        atomic_store(&tp->bell->locked, 1);
+    else
+        LOGF(TUTTI_LOG_INFO,
+             "shm: cannot lock this rank's doorbell %s (%s): peers in other "
+             "pid namespaces see a crash of it only as a timeout",
+             tp->bell_name, strerror(errno));
     atomic_store(&tp->bell->cpu, -1);
     tp->cpu = -1;
     wake_create(tp);
@@ -737,7 +761,7 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     char name[64];
     bell_name(name, sizeof(name), pid, nonce);
     size_t bb = 0;
-    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, 1, NULL);
+    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, 1, &L->bell_fd);
     if (!L->peer_bell)
         return TUTTI_ERR_PEER;
     L->peer_bell_bytes = bb;
@@ -759,28 +783,35 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     /* the peer's pid is its own pid namespace's (the nonce's high half names that one):
      * from another, the same number is some other process, which must not be watched */
     uint32_t peer_ns = (uint32_t)(nonce >> 32), my_ns = pidns_id();
+    const char *why = NULL;
     if (peer_ns && my_ns && peer_ns != my_ns) {
-        L->pidfd = -1;
-        L->unwatched = 1;
-        LOGF(TUTTI_LOG_WARN,
-             "shm: cannot watch rank %d (pid %d in another pid namespace); a crash of it "
-             "shows only as a timeout",
-             p, pid);
-        return TUTTI_OK;
-    }
-    L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (L->pidfd < 0) {
-        L->pidfd = -1;
-        if (proc_start_time(pid, &L->start_time, NULL) < 0) {
-            /* not visible from here (another pid namespace, hidepid): as said
-             * below, not "gone" at the first stall */
-            L->unwatched = 1;
-            LOGF(TUTTI_LOG_WARN,
-                 "shm: cannot watch rank %d (pid %d): %s; a crash of it "
-                 "shows only as a timeout",
-                 p, pid, strerror(errno));
+        why = "in another pid namespace";
+    } else {
+        L->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (L->pidfd < 0) {
+            L->pidfd = -1;
+            if (proc_start_time(pid, &L->start_time, NULL) < 0)
+                why = strerror(errno); /* not visible from here (hidepid) */
         }
     }
+    if (!why) { /* watched through its pid */
+        close(L->bell_fd);
+        L->bell_fd = -1;
+        return TUTTI_OK;
+    }
+    if (atomic_load(&L->peer_bell->locked)) { /* through its doorbell's lock */
+        LOGF(TUTTI_LOG_INFO, "shm: watching rank %d (pid %d: %s) through its doorbell's lock", p,
+             pid, why);
+        return TUTTI_OK;
+    }
+    /* as said below, not "gone" at the first stall */
+    close(L->bell_fd);
+    L->bell_fd = -1;
+    L->unwatched = 1;
+    LOGF(TUTTI_LOG_WARN,
+         "shm: cannot watch rank %d (pid %d: %s, and it holds no lock on its doorbell); a "
+         "crash of it shows only as a timeout",
+         p, pid, why);
     return TUTTI_OK;
 }
 
@@ -1006,11 +1037,15 @@ void shm_teardown(shm_tp_t *tp)
             munmap(L->peer_bell, L->peer_bell_bytes);
         if (L->pidfd >= 0)
             close(L->pidfd);
+        if (L->bell_fd >= 0)
+            close(L->bell_fd);
         if (L->peer_wake_fd >= 0)
             close(L->peer_wake_fd);
     }
     if (tp->bell)
         munmap(tp->bell, tp->bell_bytes);
+    if (tp->bell_fd >= 0)
+        close(tp->bell_fd);
     free(tp->pfds);
     free(tp->pfd_peer);
 }
