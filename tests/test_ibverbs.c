@@ -1036,6 +1036,51 @@ START_TEST(lazy_call_to_a_gone_rank_times_out)
 }
 END_TEST
 
+/* TUTTI_IB_EAGER_BYTES of 8250 on rank 0 and 8200 on rank 1: the same 64-byte rounded
+ * slots, so set-up agrees; a message of 8240 bytes goes eager from rank 0, and rank 1
+ * takes it (before, rank 1 judged it by its own 8200 and failed the communicator with
+ * "garbage from rank 0"); a receiver bounds an eager message by its slot. */
+static int rank_eager_bucket(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    int st = lazy_join(rank, nranks, dir, rank ? "IB_EAGER_BYTES=8200" : "IB_EAGER_BYTES=8250",
+                       NULL, 20000, &store, &comm);
+    FAIL_IF(st != TUTTI_OK, "init: %s: %s", tutti_status_name(st), tutti_comm_last_error(NULL));
+    enum { N = 8240 };
+    unsigned char buf[N];
+    for (int round = 0; round < 2; round++) {
+        int sender = round; /* both ways: 8240 goes eager one way, by READ the other */
+        if (rank == sender) {
+            for (int i = 0; i < N; i++)
+                buf[i] = (unsigned char)(i * 7 + round);
+            st = tutti_send(comm, buf, N, TUTTI_UINT8, 1 - rank, 5);
+        } else {
+            memset(buf, 0, sizeof(buf));
+            st = tutti_recv(comm, buf, N, TUTTI_UINT8, 1 - rank, 5);
+        }
+        FAIL_IF(st != TUTTI_OK, "round %d: %s: %s", round, tutti_status_name(st),
+                tutti_comm_last_error(comm));
+        if (rank != sender)
+            for (int i = 0; i < N; i++)
+                FAIL_IF(buf[i] != (unsigned char)(i * 7 + round), "round %d: byte %d is %u", round,
+                        i, buf[i]);
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(eager_limits_in_one_slot_size)
+{
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_eager_bucket, .timeout_ms = 90000, .flags = TH_NO_COMM
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     int nactive = 0;
@@ -1060,6 +1105,7 @@ int main(void)
         tcase_add_loop_test(tc, rdv_cancel, RDV_CANCEL, RDV_BREAK + 1);
         tcase_add_test(tc, mismatch_after_rts);
         tcase_add_test(tc, cancel_reading);
+        tcase_add_test(tc, eager_limits_in_one_slot_size);
         suite_add_tcase(s, tc);
         tc = tcase_create("lazy");
         tcase_set_timeout(tc, 240);

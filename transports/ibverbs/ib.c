@@ -274,7 +274,9 @@ static void link_post_reads(ib_tp_t *tp, ib_link_t *L)
 static const char *link_next_slot(ib_tp_t *tp, ib_link_t *L, ib_hdr_t *h)
 {
     const char *slot = L->ring + (size_t)(L->rx_next % tp->slots) * tp->slot_bytes;
-    if (ib_slot_decode(slot, tp->eager_max, h) == 0)
+    /* bounded by the slot, not by this rank's eager limit: a peer's may differ within
+     * the slot size the set-up compared (TUTTI_IB_EAGER_BYTES rounds up to 64 bytes) */
+    if (ib_slot_decode(slot, tp->slot_bytes - IB_HDR_BYTES, h) == 0)
         return slot;
     link_fail(L, TUTTI_ERR_PROTOCOL, 0,
               "ibverbs: garbage from rank %d (%s): slot magic 0x%08x kind %u length %llu", L->peer,
