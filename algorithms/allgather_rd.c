@@ -125,7 +125,7 @@ int tt_allgather_rd(tt_op_t *op)
     if (op->recvcounts[r]) {
         unsigned char *own = (unsigned char *)op->recvbuf + op->rdispls[r] * es;
         if (op->sendbuf != own)
-            tt_copy(own, op->sendbuf, op->recvcounts[r] * es);
+            tt_copy_overlapping(own, op->sendbuf, op->recvcounts[r] * es);
     }
     return ag_bruck(op);
 }

@@ -167,7 +167,7 @@ const unsigned char *tt_own_block_src(const tt_op_t *op, int *copy_later)
         *copy_later = 1;
         return s;
     }
-    tt_copy(own, s, cnt[r] * es);
+    tt_copy_overlapping(own, s, cnt[r] * es);
     return own;
 }
 

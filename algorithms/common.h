@@ -7,7 +7,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "base/base.h"
 #include "core/p2p.h"
 
 /* requests a binomial tree rank may post: one a level and one for its parent */
@@ -112,6 +114,18 @@ static inline size_t tt_seg_len(size_t c, int K, int k)
 #define TT_RING_WINDOW 2
 
 /* x mod m in 0 .. m - 1, for x of either sign */
+/* tt_copy where the ranges may overlap (a send buffer anywhere inside the receive
+ * buffer): tt_copy's forward vector and non-temporal loops would read bytes they had
+ * already overwritten. */
+static inline void tt_copy_overlapping(void *dst, const void *src, size_t n)
+{
+    const unsigned char *d = dst, *s = src;
+    if (d + n <= s || s + n <= d)
+        tt_copy(dst, src, n);
+    else
+        memmove(dst, src, n);
+}
+
 static inline int tt_mod(int x, int m)
 {
     return ((x % m) + m) % m;

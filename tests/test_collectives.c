@@ -876,6 +876,59 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
 
 TH_RUN_TEST(avg_f16_range, run_algo_4_3(rank_avg_f16, nan_algos[_i]))
 
+/* allgather and gather with each rank's send buffer inside the receive buffer, starting
+ * 4096 bytes below its own block (rank 0: at it): the own block is copied out before
+ * anything lands, as tutti.h promises. Blocks of 8 KiB and 64 KiB, where the copy's
+ * forward vector loop ran over its own source (session 98: half of each such block
+ * came out wrong, on every rank, for every algorithm). */
+static const char *const overlap_algos[] = { "ring", "pairwise", "linear", "rd", "hier", "tree" };
+
+/* byte i of rank j's block: no period (a copy that reread what it wrote 4096 bytes back
+ * must not find the same values there) */
+static unsigned char inside_byte(size_t i, int j, size_t bi)
+{
+    return (unsigned char)(((uint32_t)i * 2654435761u >> 24) + (unsigned)j * 7u + bi);
+}
+
+static int rank_send_inside(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
+    static const size_t blocks[] = { 8192, 65536 };
+    for (size_t bi = 0; bi < 2; bi++) {
+        const size_t B = blocks[bi], shift = rank ? 4096 : 0;
+        unsigned char *rb = malloc(B * (size_t)nranks);
+        FAIL_IF(!rb, "malloc");
+        for (int call = 0; call < 2; call++) { /* allgather, then gather at the last rank */
+            int root = nranks - 1;
+            memset(rb, 0xee, B * (size_t)nranks);
+            unsigned char *sb = rb + (size_t)rank * B - shift;
+            for (size_t i = 0; i < B; i++)
+                sb[i] = inside_byte(i, rank, bi);
+            int st = call == 0 ? tutti_allgather(comm, sb, rb, B, TUTTI_UINT8)
+                               : tutti_gather(comm, sb, rb, B, TUTTI_UINT8, root);
+            FAIL_IF(st != TUTTI_OK, "%s %s: %s", algo, call ? "gather" : "allgather",
+                    tutti_comm_last_error(comm));
+            if (call == 1 && rank != root)
+                continue;
+            for (int j = 0; j < nranks; j++)
+                for (size_t i = 0; i < B; i++)
+                    FAIL_IF(rb[(size_t)j * B + i] != inside_byte(i, j, bi),
+                            "%s %s, blocks of %zu: rank %d's block, byte %zu is %u", algo,
+                            call ? "gather" : "allgather", B, j, i, rb[(size_t)j * B + i]);
+        }
+        free(rb);
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(send_inside_recv, run_algo_4_3(rank_send_inside, overlap_algos[_i]))
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("collectives");
@@ -894,6 +947,8 @@ static Suite *suite(void)
     th_add_tests(s, "scale", 60, (const TTest *const[]){ eight_ranks, NULL });
     th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     th_add_case(s, "avg_f16", avg_f16_range, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
+    th_add_case(s, "send_inside", send_inside_recv,
+                (int)(sizeof(overlap_algos) / sizeof(overlap_algos[0])), 60);
     collectives_others_add(s);
     return s;
 }
