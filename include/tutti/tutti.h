@@ -137,9 +137,10 @@ typedef struct tutti_work tutti_work_t;
 /* Pass as the send buffer to run a collective in place on the receive buffer. For
  * allreduce, broadcast, reduce, reduce_scatter and alltoall, passing the same pointer
  * for both means the same. Not for allgather and gather: there TUTTI_IN_PLACE says
- * "this rank's block is already at its place in recvbuf", while a sendbuf that points
- * anywhere into recvbuf (recvbuf itself included) is read as an ordinary send buffer
- * (its block is copied out before any other block lands on it); likewise a scatter
+ * "this rank's block is already at its place in recvbuf", while a sendbuf that overlaps
+ * recvbuf anywhere (points into it, recvbuf itself included, or runs into it from below)
+ * is read as an ordinary send buffer (its block is copied out, as memmove would, before
+ * any other block lands on it); likewise a scatter
  * root's recvbuf inside sendbuf is written after every block has left. Buffers that
  * overlap in other ways are refused (TUTTI_ERR_INVALID_ARG), as is alltoallv with one
  * pointer for both and two layouts. reduce_scatter(v) also takes NCCL's in-place form,
