@@ -215,6 +215,56 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
 
 TH_RUN_TEST(restarted_rank_rejoins, run_two(rank_restart, -1))
 
+/* ---- 5b. a job restarted in place across hosts after it crashed, a rank first ----
+ *
+ * Two ranks on two hosts (host ids), set up and past an allreduce, die (SIGKILL: no
+ * destroy); the launcher restarts both on the same store and job id, rank 1 (on host-b)
+ * 300 ms before rank 0. Rank 1 cannot look rank 0's pid up and the record is young:
+ * it took its old slot over (its holder, a dead pid of its host, was gone) in an
+ * instance whose every rank had set up, and connected to the dead rank 0's address,
+ * while the new rank 0 replaced the record and waited for rank 1: both failed at their
+ * timeout. Now rank 1 takes that instance for a previous run's and waits for the new
+ * one. */
+
+static int rank_crash_restart(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                              void *arg)
+{
+    (void)unused;
+    (void)arg;
+    th_job_t j = {
+        .job_id = "", .transport = "tcp", .timeout_ms = 3000, .host_id = rank ? "host-b" : "host-a"
+    };
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    fflush(NULL);
+    pid_t first = fork(); /* the first run's rank: set up, one allreduce, then killed */
+    FAIL_IF(first < 0, "fork");
+    if (first == 0) {
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        o.timeout_ms = j.timeout_ms;
+        o.transport = j.transport;
+        o.host_id = j.host_id;
+        tutti_comm_t *comm = NULL;
+        int64_t v = 1;
+        if (tutti_comm_init(&comm, store, rank, nranks, &o) != 0 ||
+            tutti_allreduce(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT64, TUTTI_SUM) != 0 ||
+            th_store_barrier(store, "test/crash", rank, nranks, "reduced", 10000) != 0)
+            _exit(1);
+        kill(getpid(), SIGKILL);
+    }
+    int status = 0;
+    waitpid(first, &status, 0);
+    FAIL_IF(!WIFSIGNALED(status), "the first run's rank did not get as far as its crash");
+    FAIL_IF(th_store_barrier(store, "test/crash", rank, nranks, "dead", 10000) != 0, "barrier");
+    tutti_store_close(store);
+    if (rank == 0)
+        sleep_ms(300);
+    return th_job_rank(0, rank, nranks, dir, &j);
+}
+
+TH_RUN_TEST(restarted_across_hosts, run_two(rank_crash_restart, -1))
+
 /* ---- 6. the contest check fails open when the store is slow ----
  *
  * tt_job_check_contested returns TUTTI_OK when reading "<nonce>/contested" fails. Two
@@ -488,6 +538,7 @@ END_TEST
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
-              TH_CASE(contest_check_fails_open, 1), TH_CASE(cycles_without_collectives, 1),
-              TH_CASE(settle_of_seconds_is_waited, 1), TH_CASE(ranks_mean_other_transports, 1),
-              TH_CASE(peer_setup_failure_ends_the_wait, 2), TH_CASE(rank_of_another_world_size, 1))
+              TH_CASE(restarted_across_hosts, 1), TH_CASE(contest_check_fails_open, 1),
+              TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
+              TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
+              TH_CASE(rank_of_another_world_size, 1))

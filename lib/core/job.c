@@ -679,9 +679,13 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
 }
 
 /* Claim slot key for this rank, taking it over from a holder on this host that died
- * (this rank restarted in place). The store's answer: the holder now. */
-static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc, const char *key,
-                     const member_wait_t *w, void **holder_p, size_t *hlen_p)
+ * while r was starting (this rank restarted in place). The store's answer: the holder
+ * now; or 1 (w->why says so) when the holder died after every rank of r was set up: r
+ * is a previous run's, whose ranks are gone or going, and its record may be read before
+ * this run's rank 0 replaces it (a rank of another host than rank 0's, whose pid it
+ * cannot look up, restarted first): r's rank 0, dead too, will never accept this rank. */
+static int take_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *r, const char *desc,
+                     const char *key, member_wait_t *w, void **holder_p, size_t *hlen_p)
 {
     tutti_store_t *js = comm->job_store;
     int st = tutti_store_compare_set(js, key, "", 0, w->claim, w->claim_len, holder_p, hlen_p);
@@ -690,6 +694,13 @@ static int take_slot(tutti_comm_t *comm, const char *my_host, const char *desc, 
         claim_parse(*holder_p, *hlen_p, &h) == 0 && !strcmp(h.host, my_host) &&
         h.pidns == tp_pidns() && h.pid != (long)getpid()) {
         unsigned long long hs = proc_start(h.pid);
+        if ((hs == 0 || hs != h.start) && rec_ready(js, r)) {
+            snprintf(w->why, sizeof(w->why),
+                     "%s is gone: its rank %d (pid %ld on this host) died after every rank "
+                     "was set up",
+                     desc, comm->rank, h.pid);
+            return 1;
+        }
         if (hs == 0 || hs != h.start) {
             /* its holder died: this rank was restarted in place; take the slot */
             TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it", comm->rank,
@@ -748,11 +759,18 @@ static int claim_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *
     slot_key(key, sizeof(key), r->nonce, comm->rank);
     void *holder = NULL;
     size_t hlen = 0;
-    int st = take_slot(comm, my_host, desc, key, w, &holder, &hlen);
+    int st = take_slot(comm, my_host, r, desc, key, w, &holder, &hlen);
     if (st < 0) {
         snprintf(err, errlen, "claiming rank %d of %s: %s", comm->rank, desc,
                  tutti_store_last_error(js));
         return st;
+    }
+    if (st == 1) {
+        /* a previous run's, as check_record rejects a dead one */
+        free(holder);
+        TT_INFO("job: not joining: %s; waiting for this job's rank 0", w->why);
+        reject_nonce(w, r->nonce);
+        return 1;
     }
     if (hlen == w->claim_len && !memcmp(holder, w->claim, w->claim_len)) {
         free(holder);
