@@ -452,7 +452,8 @@ int th_comm_key(tutti_store_t *store, const char *base, const char *key, char *o
     if (tutti_store_get(store, k, &v, &vlen, timeout_ms) != 0)
         return -1;
     char nonce[64] = "";
-    int ok = sscanf((const char *)v, "tutti-instance %*d %63s", nonce) == 1;
+    /* lib/core/job.c's record: "tutti-instance <format> <tutti version> <nonce> ..." */
+    int ok = sscanf((const char *)v, "tutti-instance %*d %*s %63s", nonce) == 1;
     free(v);
     if (!ok)
         return -1;

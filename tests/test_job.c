@@ -198,7 +198,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         size_t rlen = 0;
         FAIL_IF(tutti_store_get(store, rk, &rec, &rlen, 1000) != 0, "record");
         const char *host = rec; /* the record's last field: rank 0's host, this host */
-        for (int f = 0; f < 10 && host; f++)
+        for (int f = 0; f < 11 && host; f++)
             host = strchr(host, ' ') ? strchr(host, ' ') + 1 : NULL;
         FAIL_IF(!host, "record %s", (char *)rec);
         struct stat ns;
@@ -526,6 +526,114 @@ static int rank_world_size(int rank, int nranks, tutti_comm_t *unused, const cha
 
 TH_RUN_TEST(rank_of_another_world_size, th_run_nocomm(3, rank_world_size, NULL, 60000))
 
+/* ---- 10. a record of another tutti version ----
+ *
+ * Ranks on different versions: the record's format was read as "tutti-instance 3" only;
+ * a member took another as nothing yet and polled until its timeout, and rank 0
+ * replaced it with a "garbled" warning, whoever's it was. Now a member meeting one
+ * of a starting instance fails at once (TUTTI_ERR_CONFIG) naming its rank 0, the version
+ * (record format) that wrote it and its own, and leaves that reason for the instance's
+ * ranks; rank 0 does not take a live one over. A previous run's (set up, or dead) is
+ * waited past and replaced, as for this version's. */
+
+enum { OV_MEMBER_OLD, OV_MEMBER_NEWER, OV_ROOT_NEWER, OV_RERUN_READY, OV_RERUN_DEAD };
+
+/* Put a record of format fmt (3: this version's fields without a version; else with
+ * version ver) of a 2-rank instance, created age_ms ago by pid 4242 on another host, in
+ * this job's record key; with ready, count its 2 ranks ready. The key's base in base. */
+static int forge_record(tutti_store_t *store, int fmt, const char *ver, long long age_ms, int ready,
+                        char *base, size_t blen)
+{
+    snprintf(base, blen, "tutti/job/%s/comm0/", getenv("TUTTI_JOB_ID"));
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    char rec[256], key[512], v[16];
+    int n = snprintf(rec, sizeof(rec),
+                     "tutti-instance %d%s%s 0123456789abcdef 2 4242 1 1 %lld 60000 "
+                     "tcp,tcp elsewhere/x",
+                     fmt, fmt >= 4 ? " " : "", fmt >= 4 ? ver : "", now - age_ms);
+    snprintf(key, sizeof(key), "%sinstance", base);
+    if (tutti_store_set(store, key, rec, (size_t)n + 1) != 0)
+        return -1;
+    snprintf(key, sizeof(key), "%s0123456789abcdef/ready", base);
+    n = snprintf(v, sizeof(v), "2");
+    return ready ? tutti_store_set(store, key, v, (size_t)n + 1) : 0;
+}
+
+static int rank_other_version(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                              void *arg)
+{
+    (void)unused;
+    const int kind = *(const int *)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    char base[256], key[512];
+    if (kind >= OV_RERUN_READY) {
+        /* a previous run of another version, on another host: crashed while running
+         * (young, every rank ready), or dead (older than its timeout + 60 s) */
+        if (rank == 1)
+            FAIL_IF(forge_record(store, 3, NULL, kind == OV_RERUN_DEAD ? 200000 : 0,
+                                 kind == OV_RERUN_READY, base, sizeof(base)) != 0,
+                    "record");
+        FAIL_IF(th_store_barrier(store, "test/ov", rank, nranks, "forged", 10000) != 0, "barrier");
+        tutti_store_close(store);
+        if (rank == 0)
+            sleep_ms(300); /* rank 1 meets the old record first */
+        th_job_t j = { .job_id = "", .transport = "tcp", .timeout_ms = 5000 };
+        return th_job_rank(0, rank, nranks, dir, &j);
+    }
+    /* one process: rank 1 (or 0) of 2 meets a live instance of another version */
+    int me = kind == OV_ROOT_NEWER ? 0 : 1;
+    FAIL_IF(forge_record(store, kind == OV_MEMBER_OLD ? 3 : 9, "9.9.9", 0, 0, base, sizeof(base)) !=
+                0,
+            "record");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 5000;
+    o.transport = "tcp";
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, me, 2, &o);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(NULL);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", me, tutti_status_name(st), took, e);
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "init: %s, wanted TUTTI_ERR_CONFIG", tutti_status_name(st));
+    FAIL_IF(took > 2000, "init took %.0f ms with a timeout of 5000", took);
+    char mine[64];
+    snprintf(mine, sizeof(mine), "this rank runs tutti %s (record format 4)",
+             tutti_version_string());
+    FAIL_IF(!strstr(e, "its rank 0 is pid 4242 on host elsewhere/x") || !strstr(e, mine) ||
+                !strstr(e, kind == OV_MEMBER_OLD ? "record format 3, which names no version"
+                                                 : "tutti 9.9.9 (record format 9)") ||
+                !strstr(e, "same tutti version"),
+            "the error does not name rank 0 and both versions: %s", e);
+    void *v = NULL;
+    size_t len = 0;
+    if (me == 1) { /* the reason, for the instance's ranks waiting in its set-up */
+        snprintf(key, sizeof(key), "%s0123456789abcdef/init_failed_first", base);
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 0) != 0, "no reason left for the others");
+        FAIL_IF(!strstr(v, "did not join") || !strstr(v, mine), "the reason left: %s", (char *)v);
+    } else { /* not taken over */
+        snprintf(key, sizeof(key), "%sinstance", base);
+        FAIL_IF(tutti_store_get(store, key, &v, &len, 0) != 0 ||
+                    strncmp(v, "tutti-instance 9 9.9.9 ", 23),
+                "the record was replaced: %s", v ? (char *)v : "(none)");
+    }
+    free(v);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(record_of_another_version)
+{
+    int kind = _i;
+    ck_assert_int_eq(th_run_nocomm(kind >= OV_RERUN_READY ? 2 : 1, rank_other_version, &kind,
+                                   20000),
+                     0);
+}
+END_TEST
+
 START_TEST(ranks_mean_other_transports)
 {
     specs_t differ = { { NULL, "tcp" }, 0 };
@@ -541,4 +649,4 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(restarted_across_hosts, 1), TH_CASE(contest_check_fails_open, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
-              TH_CASE(rank_of_another_world_size, 1))
+              TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5))

@@ -179,7 +179,15 @@ static int live_has(const char *nonce)
 
 /* ---- the instance record ---- */
 
+/* The record's format. From format 4 on, every record starts "tutti-instance <format>
+ * <tutti version>", so that a rank can name what wrote one of a format it cannot read;
+ * format 4's fields follow (those of format 3, which named no version; format 2 lacked
+ * the transports). */
+#define JOB_REC_FORMAT 4
+
 typedef struct job_rec {
+    int format;       /* JOB_REC_FORMAT, or another's (rec_parse's 1) */
+    char version[64]; /* the tutti version of its writer ("": format 3 or older) */
     char nonce[40];
     int nranks;
     long pid;
@@ -228,22 +236,43 @@ static unsigned long long proc_start(long pid)
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
-    return snprintf(buf, len, "tutti-instance 3 %s %d %ld %llu %llu %lld %d %s %s", r->nonce,
-                    r->nranks, r->pid, r->start, r->pidns, r->created_ms, r->timeout_ms,
-                    r->transport, r->host);
+    return snprintf(buf, len, "tutti-instance %d %s %s %d %ld %llu %llu %lld %d %s %s",
+                    JOB_REC_FORMAT, tutti_version_string(), r->nonce, r->nranks, r->pid, r->start,
+                    r->pidns, r->created_ms, r->timeout_ms, r->transport, r->host);
 }
 
+/* 0: a record of this format; 1: of another (another tutti version's): r->format and
+ * r->version, and its instance where its fields read as format 2's to 4's (else
+ * r->nranks is 0); -1: not a record. */
 static int rec_parse(const char *s, job_rec_t *r)
 {
-    int off = 0;
+    int off = 0, body = 0;
     memset(r, 0, sizeof(*r));
-    if (sscanf(s, "tutti-instance 3 %39s %d %ld %llu %llu %lld %d %159s %n", r->nonce, &r->nranks,
-               &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
-               &off) < 8 ||
-        off == 0)
+    if (sscanf(s, "tutti-instance %d %n", &r->format, &off) < 1 || off == 0 || r->format < 1)
         return -1;
-    snprintf(r->host, sizeof(r->host), "%s", s + off);
-    return r->nranks > 0 && r->timeout_ms > 0 && r->pid > 0 ? 0 : -1;
+    if (r->format >= 4) {
+        int voff = 0;
+        if (sscanf(s + off, "%63s %n", r->version, &voff) < 1 || voff == 0)
+            return -1;
+        off += voff;
+    }
+    s += off;
+    off = 0;
+    if (r->format >= 3)
+        body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %159s %n", r->nonce, &r->nranks, &r->pid,
+                      &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
+                      &off) >= 8;
+    else if (r->format == 2)
+        body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %n", r->nonce, &r->nranks, &r->pid,
+                      &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, &off) >= 7;
+    body = body && off > 0 && r->nranks > 0 && r->timeout_ms > 0 && r->pid > 0;
+    if (body)
+        snprintf(r->host, sizeof(r->host), "%s", s + off);
+    if (r->format == JOB_REC_FORMAT)
+        return body ? 0 : -1;
+    if (!body)
+        r->nranks = 0;
+    return 1;
 }
 
 /* Can this process see r's rank 0 in /proc (same host and pid namespace)? */
@@ -261,6 +290,35 @@ static void rec_describe(const job_rec_t *r, char *buf, size_t len)
         strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
     snprintf(buf, len, "job instance %s (%d ranks; its rank 0 is pid %ld on host %s, started %s)",
              r->nonce, r->nranks, r->pid, r->host, when);
+}
+
+/* What wrote r, a record of another format (rec_parse's 1). */
+static void rec_writer(const job_rec_t *r, char *buf, size_t len)
+{
+    if (r->version[0])
+        snprintf(buf, len, "tutti %s (record format %d)", r->version, r->format);
+    else
+        snprintf(buf, len, "an earlier tutti (record format %d, which names no version)",
+                 r->format);
+}
+
+/* A record of another format (rec_parse's 1), another tutti version's: the error that
+ * names it, its rank 0 (or the record itself) and what this rank runs. */
+static int rec_other_format(const tutti_comm_t *comm, const job_rec_t *r, const char *cur,
+                            const char *hint, char *err, size_t errlen)
+{
+    char desc[512], writer[96];
+    if (r->nranks)
+        rec_describe(r, desc, sizeof(desc));
+    else
+        snprintf(desc, sizeof(desc), "the job record \"%.200s\"", cur);
+    rec_writer(r, writer, sizeof(writer));
+    snprintf(err, errlen,
+             "store %s, prefix %s: %s was written by %s, this rank runs tutti %s (record format "
+             "%d): every rank of a job must run the same tutti version%s",
+             comm->store_url, comm->job_base, desc, writer, tutti_version_string(), JOB_REC_FORMAT,
+             hint);
+    return TUTTI_ERR_CONFIG;
 }
 
 /* Dead: its rank 0 is gone (seen where its pid is visible: same host and pid
@@ -526,14 +584,22 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     while (st == 0 && !(clen == mlen && !memcmp(cur, mine, mlen))) {
         job_rec_t r;
         char desc[512];
-        int parsed = clen > 1 && rec_parse(cur, &r) == 0;
+        int pr = clen > 1 ? rec_parse(cur, &r) : -1;
+        int parsed = pr == 0 || (pr == 1 && r.nranks); /* an instance to judge */
         int free_rec = clen <= 1; /* "" or a lone NUL: released by its last rank */
-        int replace = free_rec || !parsed;
+        int replace = free_rec || pr < 0;
+        if (pr == 1 && !parsed) {
+            /* another version's, whose instance this one cannot judge: never taken over */
+            rec_other_format(comm, &r, cur, "", err, errlen);
+            free(cur);
+            return TUTTI_ERR_CONFIG;
+        }
         if (parsed) {
             rec_describe(&r, desc, sizeof(desc));
             int fin = rec_finished(js, &r), stale = !fin && rec_stale(&r, my_host);
             int failed = !fin && !stale && rec_setup_failed(js, &r);
-            int mine_over = rec_local(&r, my_host) && r.pid == (long)getpid() && !live_has(r.nonce);
+            int mine_over = pr == 0 && rec_local(&r, my_host) && r.pid == (long)getpid() &&
+                            !live_has(r.nonce);
             if (mine_over && !fin && !stale && !failed) {
                 /* this process's own earlier communicator, destroyed: its other ranks
                  * may still be finishing; the last of them removes its keys */
@@ -544,7 +610,14 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                 replace = 2; /* its keys go once the record no longer names it */
             } else if (rec_ready(js, &r) && !rec_contested(js, &r)) {
                 /* running: its ranks are all set up, none can join us by mistake */
-                TT_INFO("job: %s is running; this job takes the record over", desc);
+                char writer[96];
+                if (pr == 1) {
+                    rec_writer(&r, writer, sizeof(writer));
+                    TT_WARN("job: %s, written by %s, is running; this job (tutti %s) takes the "
+                            "record over",
+                            desc, writer, tutti_version_string());
+                } else
+                    TT_INFO("job: %s is running; this job takes the record over", desc);
                 replace = 1;
             } else if (!record_still(js, cur, clen)) {
                 /* replaced or released meanwhile: judge what is there now (until the
@@ -564,11 +637,20 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
             } else {
                 char why[1024];
                 snprintf(why, sizeof(why),
-                         "a second rank 0 (pid %ld on host %s) started on the same store "
-                         "prefix while this job instance was starting: ranks of two jobs "
-                         "may have met; give each job its own TUTTI_JOB_ID",
-                         (long)getpid(), my_host);
+                         "a second rank 0 (pid %ld on host %s, tutti %s) started on the same "
+                         "store prefix while this job instance was starting: ranks of two "
+                         "jobs may have met; give each job its own TUTTI_JOB_ID",
+                         (long)getpid(), my_host, tutti_version_string());
                 contest(js, &r, why);
+                if (pr == 1) {
+                    /* another version's, still starting: not taken over */
+                    rec_other_format(comm, &r, cur,
+                                     " (were it another job's: give each job its own "
+                                     "TUTTI_JOB_ID)",
+                                     err, errlen);
+                    free(cur);
+                    return TUTTI_ERR_CONFIG;
+                }
                 snprintf(err, errlen,
                          "store %s, prefix %s: already used by %s, which is still starting; "
                          "give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or store)",
@@ -676,6 +758,39 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
         return 1;
     }
     return 0;
+}
+
+/* Can this rank join r, a record of another format (rec_parse's 1)? Never: 1 (wait on)
+ * where r is a previous run's (gone, finished, or set up without this rank), else this
+ * rank fails at once and, as check_record does, leaves its reason as r's first failure
+ * for the ranks waiting in r's set-up (those of versions that read it). */
+static int check_other_format(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
+                              const char *cur, member_wait_t *w, char *err, size_t errlen)
+{
+    tutti_store_t *js = comm->job_store;
+    if (r->nranks) {
+        int stale = rec_stale(r, my_host), fin = !stale && rec_finished(js, r);
+        if (stale || fin || rec_ready(js, r)) {
+            char desc[512], writer[96];
+            rec_describe(r, desc, sizeof(desc));
+            rec_writer(r, writer, sizeof(writer));
+            snprintf(w->why, sizeof(w->why), "%s, written by %s, is %s", desc, writer,
+                     stale ? "gone"
+                     : fin ? "finished"
+                           : "set up without this rank");
+            TT_INFO("job: not joining: %s; waiting for this job's rank 0", w->why);
+            reject_nonce(w, r->nonce);
+            return 1;
+        }
+    }
+    int st = rec_other_format(comm, r, cur, "", err, errlen);
+    if (r->nranks) {
+        char why[TT_ERRMSG_LEN];
+        snprintf(why, sizeof(why), "pid %ld on host %s did not join: %s", (long)getpid(), my_host,
+                 err);
+        offer_first_failure(js, r->nonce, comm->rank, st, why);
+    }
+    return st;
 }
 
 /* Claim slot key for this rank, taking it over from a holder on this host that died
@@ -841,8 +956,8 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
             return st;
         }
         job_rec_t r;
-        int ok = clen > 1 && rec_parse(cur, &r) == 0;
-        if (!ok || nonce_rejected(&w, r.nonce)) {
+        int pr = clen > 1 ? rec_parse(cur, &r) : -1;
+        if (pr < 0 || (r.nranks && nonce_rejected(&w, r.nonce))) {
             /* nothing (new) to join yet: back off, a late rank 0 may be minutes away */
             free(cur);
             sleep_ms(TT_MIN(poll_ms, tt_ms_left(deadline)));
@@ -852,7 +967,8 @@ static int join_as_member(tutti_comm_t *comm, const char *my_host, uint64_t dead
         poll_ms = JOB_POLL_MS;
         char desc[512];
         rec_describe(&r, desc, sizeof(desc));
-        st = check_record(comm, my_host, &r, desc, &w, err, errlen);
+        st = pr == 1 ? check_other_format(comm, my_host, &r, cur, &w, err, errlen)
+                     : check_record(comm, my_host, &r, desc, &w, err, errlen);
         if (st == 0)
             st = claim_slot(comm, my_host, &r, desc, cur, clen, &w, err, errlen);
         free(cur);
