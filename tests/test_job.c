@@ -634,6 +634,52 @@ START_TEST(record_of_another_version)
 }
 END_TEST
 
+/* ---- 11. a rank claimed twice ----
+ *
+ * Two processes given rank 1 (or 0) of 3, rank 2 never coming: the second claimant
+ * failed at once and marked the instance contested, but the others read that mark only
+ * at the end of their set-up, which waited for rank 2: they failed at their timeout
+ * naming rank 2. Now the second claimant leaves the contest as the instance's first
+ * failure, and every rank fails at once with TUTTI_ERR_IN_USE and "rank R claimed twice
+ * (pid A on host H, pid B on host H)", the slot's first claimant too. */
+
+static int rank_twice(int hr, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)nranks;
+    const int twice = *(const int *)arg; /* the rank claimed twice: harness ranks 1 and 2 */
+    const int rank = hr == 0 ? 1 - twice : twice;
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 20000, "tcp", &store, &o) != 0, "store");
+    setenv("TUTTI_JOB_ID", "twice", 1); /* the settle time would see the second claimant */
+    if (hr == 2)
+        sleep_ms(300); /* after the others claimed */
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, 3, &o);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(NULL);
+    fprintf(stderr, "harness rank %d (rank %d): %s after %.0f ms: %s\n", hr, rank,
+            tutti_status_name(st), took, e);
+    FAIL_IF(st != TUTTI_ERR_IN_USE, "init: %s, wanted TUTTI_ERR_IN_USE", tutti_status_name(st));
+    char want[64], pid[32];
+    snprintf(want, sizeof(want), "rank %d claimed twice (pid ", twice);
+    snprintf(pid, sizeof(pid), "pid %d on host", (int)getpid());
+    FAIL_IF(!strstr(e, want) || (hr != 0 && !strstr(e, pid)),
+            "the error does not name the rank and both claimants: %s", e);
+    FAIL_IF(took > 5000, "init took %.0f ms with a timeout of 20000", took);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(rank_claimed_twice)
+{
+    int twice = _i;
+    ck_assert_int_eq(th_run_nocomm(3, rank_twice, &twice, 60000), 0);
+}
+END_TEST
+
 START_TEST(ranks_mean_other_transports)
 {
     specs_t differ = { { NULL, "tcp" }, 0 };
@@ -649,4 +695,5 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(restarted_across_hosts, 1), TH_CASE(contest_check_fails_open, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
-              TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5))
+              TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
+              TH_CASE(rank_claimed_twice, 2))

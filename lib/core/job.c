@@ -635,13 +635,18 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                 st = tutti_store_compare_set(js, "instance", "", 0, mine, mlen, &cur, &clen);
                 continue;
             } else {
-                char why[1024];
+                char twice[600], why[1024];
+                snprintf(twice, sizeof(twice),
+                         "rank 0 claimed twice (pid %ld on host %s, pid %ld on host %s)", r.pid,
+                         r.host, (long)getpid(), my_host);
                 snprintf(why, sizeof(why),
-                         "a second rank 0 (pid %ld on host %s, tutti %s) started on the same "
-                         "store prefix while this job instance was starting: ranks of two "
-                         "jobs may have met; give each job its own TUTTI_JOB_ID",
-                         (long)getpid(), my_host, tutti_version_string());
+                         "%s: a second rank 0 started on the same store prefix while this job "
+                         "instance was starting: two processes were given rank 0, or ranks of "
+                         "two jobs met; give each job its own TUTTI_JOB_ID",
+                         twice);
                 contest(js, &r, why);
+                /* its ranks wait in their set-up, its rank 0 too: end their waits */
+                offer_first_failure(js, r.nonce, 0, TUTTI_ERR_IN_USE, why);
                 if (pr == 1) {
                     /* another version's, still starting: not taken over */
                     rec_other_format(comm, &r, cur,
@@ -652,9 +657,10 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                     return TUTTI_ERR_CONFIG;
                 }
                 snprintf(err, errlen,
-                         "store %s, prefix %s: already used by %s, which is still starting; "
-                         "give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or store)",
-                         comm->store_url, comm->job_base, desc);
+                         "store %s, prefix %s: %s: already used by %s, which is still starting: "
+                         "two processes were given rank 0, or another job uses this store "
+                         "prefix; give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or store)",
+                         comm->store_url, comm->job_base, twice, desc);
                 free(cur);
                 return TUTTI_ERR_IN_USE;
             }
@@ -844,19 +850,30 @@ static int slot_taken(tutti_comm_t *comm, const char *my_host, const job_rec_t *
              (int)TT_MIN(hlen, 300), holder ? (const char *)holder : "");
     w->dead_only = 0;
     if (!own && !rec_ready(js, r) && record_still(js, cur, clen)) {
-        /* two ranks r while it starts: two jobs share the prefix; both fail */
-        char c[1024];
+        /* two ranks r while it starts: two processes were given one rank, or two jobs
+         * share the prefix; all fail */
+        char twice[700], c[1024];
+        if (h.pid > 0)
+            snprintf(twice, sizeof(twice),
+                     "rank %d claimed twice (pid %ld on host %s, pid %ld on host %s)", comm->rank,
+                     h.pid, h.host, (long)getpid(), my_host);
+        else
+            snprintf(twice, sizeof(twice), "rank %d claimed twice (%.*s, pid %ld on host %s)",
+                     comm->rank, (int)TT_MIN(hlen, 300), holder ? (const char *)holder : "",
+                     (long)getpid(), my_host);
         snprintf(c, sizeof(c),
-                 "a second rank %d (pid %ld on host %s) tried to join this job instance "
-                 "while it was starting: ranks of two jobs may have met; give each job "
-                 "its own TUTTI_JOB_ID",
-                 comm->rank, (long)getpid(), my_host);
+                 "%s while this job instance was starting: two processes were given rank %d, "
+                 "or ranks of two jobs met; give each job its own TUTTI_JOB_ID",
+                 twice, comm->rank);
         contest(js, r, c);
         snprintf(err, errlen,
-                 "store %s, prefix %s: %s, which is still starting: another job uses this "
-                 "store prefix; give each job its own TUTTI_JOB_ID (or TUTTI_PREFIX, or "
-                 "store)",
-                 comm->store_url, comm->job_base, w->why);
+                 "store %s, prefix %s: %s in %s, which is still starting: two processes were "
+                 "given rank %d, or another job uses this store prefix; give each job its own "
+                 "TUTTI_JOB_ID (or TUTTI_PREFIX, or store)",
+                 comm->store_url, comm->job_base, twice, desc, comm->rank);
+        /* the instance's ranks wait in their set-up, the slot's first claimant too: end
+         * their waits (tt_setup_peer_failed reads a contest even under its own rank) */
+        offer_first_failure(js, r->nonce, comm->rank, TUTTI_ERR_IN_USE, c);
         return TUTTI_ERR_IN_USE;
     }
     /* a running job's slot, or this process's previous communicator: wait for ours */

@@ -45,7 +45,10 @@ int tt_setup_peer_failed(tutti_comm_t *comm)
     long r = strtol(v, &end, 10), fst = end && *end == ' ' ? strtol(end + 1, &end, 10) : 0;
     if (fst >= 0 || fst <= TUTTI_STATUS_LAST_ || !end || *end != ' ')
         fst = TUTTI_ERR_PEER;
-    if (r == comm->rank) { /* this rank's own, from an earlier call: not a peer's */
+    if (r == comm->rank && fst != TUTTI_ERR_IN_USE) {
+        /* this rank's own, from an earlier call (this process, or the one it restarted in
+         * place of): not a peer's. A contest is: a second process claimed this rank
+         * (job.c, slot_taken), and the instance cannot go on */
         free(v);
         return 0;
     }
