@@ -9,6 +9,7 @@
 #include "base/auth.h"
 #include "base/base.h"
 #include "harness.h"
+#include <tutti/store.h>
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -134,11 +135,61 @@ START_TEST(secret_sources)
 }
 END_TEST
 
+/* A secret set but empty, in TUTTI_AUTH_TOKEN or TUTTI_AUTH_TOKEN_FILE, fails closed:
+ * TUTTI_ERR_CONFIG, for the communicator and for the store, naming the variable. It
+ * was taken for unset (tt_env drops empty values): "TUTTI_AUTH_TOKEN= rank 0" and a rank
+ * without a secret formed a communicator, unauthenticated, saying nothing. */
+START_TEST(empty_secret_fails_closed)
+{
+    static const char *const vars[] = { "TUTTI_AUTH_TOKEN", "TUTTI_AUTH_TOKEN_FILE" };
+    char dir[] = "/tmp/tt-auth-emptyXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    for (int v = 0; v < 2; v++) {
+        unsetenv("TUTTI_AUTH_TOKEN");
+        unsetenv("TUTTI_AUTH_TOKEN_FILE");
+        setenv(vars[v], "", 1);
+        char err[256] = "", *s = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(tt_auth_load_secret(NULL, NULL, &s, &n, err, sizeof(err)),
+                         TUTTI_ERR_CONFIG);
+        ck_assert_ptr_null(s);
+        ck_assert_msg(strstr(err, vars[v]) && strstr(err, "empty"), "%s: %s", vars[v], err);
+        /* the communicator: its options from the environment */
+        tutti_store_t *store = NULL;
+        ck_assert_int_eq(tutti_store_open_file(&store, dir, 5000), 0);
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        tutti_comm_t *comm = NULL;
+        int st = tutti_comm_init(&comm, store, 0, 1, &o);
+        ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s empty: comm init gave %s", vars[v],
+                      tutti_status_name(st));
+        ck_assert_ptr_null(comm);
+        ck_assert_msg(strstr(tutti_comm_last_error(NULL), vars[v]), "%s",
+                      tutti_comm_last_error(NULL));
+        tutti_store_close(store);
+        /* the store: a tcp server that would serve anyone */
+        tutti_store_opts_t so;
+        tutti_store_opts_init(&so);
+        so.is_server = 1;
+        st = tutti_store_open(&store, "tcp://127.0.0.1:0", &so);
+        ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s empty: store open gave %s", vars[v],
+                      tutti_status_name(st));
+        if (st == 0)
+            tutti_store_close(store);
+        ck_assert_msg(strstr(tutti_store_last_error(NULL), vars[v]), "%s",
+                      tutti_store_last_error(NULL));
+    }
+    unsetenv("TUTTI_AUTH_TOKEN");
+    unsetenv("TUTTI_AUTH_TOKEN_FILE");
+    th_rmtree(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("auth");
     th_add_tests(s, "auth", 30,
                  (const TTest *const[]){ sha256_vectors, hmac_vectors, answers_bind_everything,
-                                         secret_sources, NULL });
+                                         secret_sources, empty_secret_fails_closed, NULL });
     return th_main(s);
 }

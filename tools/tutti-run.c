@@ -1747,6 +1747,12 @@ static int run_hosts(run_opts_t *o)
         }
         port = tutti_store_port(server);
     } else if (getenv("TUTTI_AUTH_TOKEN")) {
+        if (!*getenv("TUTTI_AUTH_TOKEN")) {
+            /* the agents would take it for none: the other hosts' ranks unauthenticated */
+            fprintf(stderr, "tutti-run: TUTTI_AUTH_TOKEN is set but empty: give the job "
+                            "secret, or unset it for none\n");
+            return 2;
+        }
         if (strlen(getenv("TUTTI_AUTH_TOKEN")) >= sizeof(token)) {
             fprintf(stderr, "tutti-run: TUTTI_AUTH_TOKEN is longer than %zu bytes\n",
                     sizeof(token) - 1);

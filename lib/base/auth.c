@@ -155,10 +155,12 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
 {
     *secret_p = NULL;
     *len_p = 0;
-    const char *tok = token ? token : tt_env("AUTH_TOKEN");
+    const char *tok = token ? token : tt_env_set("AUTH_TOKEN");
     if (tok) {
         if (!*tok) {
-            snprintf(err, errlen, "the job secret (TUTTI_AUTH_TOKEN) is empty");
+            snprintf(err, errlen,
+                     "the job secret (TUTTI_AUTH_TOKEN, or the auth_token option) is set but "
+                     "empty: give one, or unset it for no secret");
             return TUTTI_ERR_CONFIG;
         }
         size_t n = strlen(tok);
@@ -171,9 +173,15 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
         *len_p = n;
         return TUTTI_OK;
     }
-    const char *path = token_file ? token_file : tt_env("AUTH_TOKEN_FILE");
+    const char *path = token_file ? token_file : tt_env_set("AUTH_TOKEN_FILE");
     if (!path)
         return TUTTI_OK;
+    if (!*path) {
+        snprintf(err, errlen,
+                 "the job secret's file (TUTTI_AUTH_TOKEN_FILE) is set but empty: "
+                 "name a file, or unset it for no secret");
+        return TUTTI_ERR_CONFIG;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "cannot read the job secret TUTTI_AUTH_TOKEN_FILE=%s: %s", path,

@@ -77,8 +77,11 @@ int tt_ms_left(uint64_t deadline_ns);
 /* The same from a clock reading the caller already has (hot paths read it once). */
 int tt_ms_left_at(uint64_t deadline_ns, uint64_t now_ns);
 
-/* Environment: TUTTI_<name>. */
+/* Environment: TUTTI_<name>; an empty value is taken for unset. */
 const char *tt_env(const char *name);
+/* TUTTI_<name> as it is, empty included (NULL: unset): for a variable whose empty value
+ * must fail, not mean unset (the job secret: authentication must not go off). */
+const char *tt_env_set(const char *name);
 int tt_env_int(const char *name, int def);
 /* A launcher's count or rank (any variable name, as given; NULL: none): the
  * non-negative decimal integer it holds, else -1 (unset, empty, or not such a number). */

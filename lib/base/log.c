@@ -19,6 +19,13 @@ const char *tt_env(const char *name)
     return (v && *v) ? v : NULL;
 }
 
+const char *tt_env_set(const char *name)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "TUTTI_%s", name);
+    return getenv(full);
+}
+
 static atomic_int log_level = -1;
 static atomic_int log_rank = -1;
 

@@ -50,8 +50,9 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->cost_model = tt_env("COST_MODEL");
     opts->transport_options = tt_env("TRANSPORT_OPTIONS");
     opts->job_id = tt_env("JOB_ID");
-    opts->auth_token = tt_env("AUTH_TOKEN");
-    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
+    /* set but empty is an error (tt_auth_load_secret), never "no secret" */
+    opts->auth_token = tt_env_set("AUTH_TOKEN");
+    opts->auth_token_file = tt_env_set("AUTH_TOKEN_FILE");
     opts->checksum = tt_env("CHECKSUM");
     opts->job_settle_ms = tt_env_int("JOB_SETTLE_MS", 250);
     opts->defer_us = tt_env_int("DEFER_US", TT_DEFAULT_DEFER_US);

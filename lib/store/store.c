@@ -93,8 +93,9 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
     opts->size = sizeof(*opts);
     opts->timeout_ms = tt_store_open_timeout_ms(0); /* TUTTI_STORE_TIMEOUT_MS, else 30000 */
     opts->is_server = 0;
-    opts->auth_token = tt_env("AUTH_TOKEN");
-    opts->auth_token_file = tt_env("AUTH_TOKEN_FILE");
+    /* set but empty is an error (tt_auth_load_secret), never "no secret" */
+    opts->auth_token = tt_env_set("AUTH_TOKEN");
+    opts->auth_token_file = tt_env_set("AUTH_TOKEN_FILE");
     opts->instance = NULL;
     opts->idle_timeout_ms = tt_env_int("STORE_IDLE_TIMEOUT_MS", TT_STORE_DEFAULT_IDLE_MS);
     opts->max_connections = tt_env_int("STORE_MAX_CONNECTIONS", 0);
