@@ -15,6 +15,7 @@
 #include <tutti/tutti.h>
 
 #include "harness.h"
+#include "base/base.h"
 #include "base/hostlist.h"
 
 static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -534,6 +535,65 @@ START_TEST(init_from_mpirun_env)
 }
 END_TEST
 
+/* A rank or world size beyond an int, from any launcher's pair, is refused with the
+ * CONFIG error that names the variables: TUTTI_WORLD_SIZE=4294967297 ran as one rank
+ * (truncated to an int), and a launcher's count beyond one matched another's. */
+START_TEST(huge_rank_or_size_refused)
+{
+    static const char *const pairs[][2] = {
+        { "TUTTI_RANK", "TUTTI_WORLD_SIZE" },
+        { "RANK", "WORLD_SIZE" },
+        { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+        { "PMI_RANK", "PMI_SIZE" },
+    };
+    static const char *const values[][2] = {
+        { "0", "4294967297" },           /* 2^32 + 1: was 1 */
+        { "4294967296", "4294967297" },  /* was rank 0 of 1 */
+        { "0", "2147483648" },           /* INT_MAX + 1: was negative */
+        { "0", "99999999999999999999" }, /* beyond a long: ERANGE */
+    };
+    char dir[] = "/tmp/tutti-hugeXXXXXX", url[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(url, sizeof(url), "file://%s", dir);
+    for (size_t p = 0; p < sizeof(pairs) / sizeof(pairs[0]); p++) {
+        for (size_t v = 0; v < sizeof(values) / sizeof(values[0]); v++) {
+            unset_launch_env();
+            setenv("TUTTI_STORE", url, 1);
+            setenv(pairs[p][0], values[v][0], 1);
+            setenv(pairs[p][1], values[v][1], 1);
+            tutti_store_t *store = NULL;
+            int rank = -1, size = -1;
+            int st = tutti_store_open_env(&store, &rank, &size, NULL);
+            const char *e = tutti_comm_last_error(NULL);
+            ck_assert_msg(st == TUTTI_ERR_CONFIG && !store,
+                          "%s=%s %s=%s: %s (rank %d of %d), wanted TUTTI_ERR_CONFIG", pairs[p][0],
+                          values[v][0], pairs[p][1], values[v][1], tutti_status_name(st), rank,
+                          size);
+            ck_assert_msg(strstr(e, values[v][1]) && strstr(e, pairs[p][1]) &&
+                              strstr(e, "not a rank in [0, size)"),
+                          "the error does not name the size: %s", e);
+        }
+    }
+    unset_launch_env();
+    th_rmtree(dir);
+    /* a launcher's count (local size, node count): beyond an int is none, as is ERANGE */
+    static const struct {
+        const char *v;
+        long want;
+    } counts[] = { { "12", 12 },
+                   { "2147483647", 2147483647L },
+                   { "2147483648", -1 },
+                   { "99999999999999999999", -1 },
+                   { "-1", -1 } };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        setenv("TT_TEST_COUNT", counts[i].v, 1);
+        ck_assert_msg(tt_env_count("TT_TEST_COUNT") == counts[i].want, "%s: %ld", counts[i].v,
+                      tt_env_count("TT_TEST_COUNT"));
+    }
+    unsetenv("TT_TEST_COUNT");
+}
+END_TEST
+
 /* A Slurm step across nodes: the first host of its node list (a hostlist expression) is
  * where rank 0 must be; a rank 0 elsewhere, or a list that does not parse, is refused at
  * once with the reason (no store is opened). */
@@ -804,8 +864,8 @@ static Suite *suite(void)
                                          NULL });
     th_add_tests(s, "env", 90,
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
-                                         init_from_mpirun_env, slurm_node_lists,
-                                         slurm_hostlist_expand, NULL });
+                                         init_from_mpirun_env, huge_rank_or_size_refused,
+                                         slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
     return s;

@@ -84,7 +84,8 @@ const char *tt_env(const char *name);
 const char *tt_env_set(const char *name);
 int tt_env_int(const char *name, int def);
 /* A launcher's count or rank (any variable name, as given; NULL: none): the
- * non-negative decimal integer it holds, else -1 (unset, empty, or not such a number). */
+ * non-negative decimal integer it holds, up to INT32_MAX, else -1 (unset, empty, or not
+ * such a number). */
 long tt_env_count(const char *name);
 /* "4096", "64K", "1M", "2G" (binary units); returns TUTTI_ERR_INVALID_ARG otherwise. */
 int tt_parse_size(const char *s, size_t *size_p);

@@ -55,8 +55,10 @@ long tt_env_count(const char *name)
 {
     const char *v = name ? getenv(name) : NULL;
     char *end;
+    errno = 0;
     long x = v && *v ? strtol(v, &end, 10) : -1;
-    return v && *v && !*end && x >= 0 ? x : -1;
+    /* beyond an int is no count (strtol's ERANGE is LONG_MAX): never two equal ones */
+    return v && *v && !*end && !errno && x >= 0 && x <= INT32_MAX ? x : -1;
 }
 
 int tt_env_int(const char *name, int def)

@@ -1151,11 +1151,14 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
     char *end;
     long rank = strtol(rank_s, &end, 10);
     long size = rank_s[0] && !*end ? strtol(size_s, &end, 10) : -1;
-    if (!rank_s[0] || !size_s[0] || *end || rank < 0 || size < 1 || rank >= size) {
+    /* a size beyond an int (strtol's ERANGE too: LONG_MAX) is refused, not truncated */
+    if (!rank_s[0] || !size_s[0] || *end || rank < 0 || size < 1 || size > INT32_MAX ||
+        rank >= size) {
         init_error_set(0,
                        "tutti_store_open_env: rank \"%s\" (%s), world size \"%s\" (%s): not a "
-                       "rank in [0, size)",
-                       rank_s, env_launchers[rfrom].rank, size_s, env_launchers[sfrom].size);
+                       "rank in [0, size) with a size of at most %d",
+                       rank_s, env_launchers[rfrom].rank, size_s, env_launchers[sfrom].size,
+                       INT32_MAX);
         TT_WARN("%s", init_error);
         return TUTTI_ERR_CONFIG;
     }
