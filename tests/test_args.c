@@ -319,6 +319,40 @@ static int rank_bad_ifname(int rank, int nranks, tutti_comm_t *comm, const char 
 
 TH_RUN_TEST(bad_ifname, th_run_nocomm(2, rank_bad_ifname, NULL, 20000))
 
+/* TUTTI_SOCKET_FAMILY other than 0, 4 or 6 (the field's 5, the environment's "abc") is
+ * TUTTI_ERR_CONFIG naming the value: tcp read it with atoi, and 5 or "abc" meant either
+ * family, without a word. */
+static int rank_bad_family(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 5000) != 0, "store");
+    for (int k = 0; k < 2; k++) {
+        if (k == 1)
+            setenv("TUTTI_SOCKET_FAMILY", "abc", 1);
+        tutti_comm_opts_t o;
+        tutti_comm_opts_init(&o);
+        if (k == 0)
+            o.socket_family = 5;
+        o.timeout_ms = 5000;
+        o.transport = "tcp";
+        tutti_comm_t *c = NULL;
+        int st = tutti_comm_init(&c, store, rank, nranks, &o);
+        unsetenv("TUTTI_SOCKET_FAMILY");
+        const char *e = tutti_comm_last_error(NULL);
+        FAIL_IF(st != TUTTI_ERR_CONFIG, "socket family %s: got %s", k ? "abc" : "5",
+                tutti_status_name(st));
+        FAIL_IF(c != NULL, "comm set on failure");
+        FAIL_IF(!strstr(e, k ? "(the environment has \"abc\")" : "TUTTI_SOCKET_FAMILY=5:"),
+                "the error does not name the value: %s", e);
+    }
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(bad_socket_family, th_run_nocomm(2, rank_bad_family, NULL, 20000))
+
 /* ---- init from the environment: TUTTI_* with a file store, torchrun's with TCP ---- */
 
 static int rank_env(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -867,7 +901,8 @@ static Suite *suite(void)
                                          init_from_mpirun_env, huge_rank_or_size_refused,
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "setup", 90,
-                 (const TTest *const[]){ ipv6_loopback, stray_connection_during_setup, NULL });
+                 (const TTest *const[]){ ipv6_loopback, bad_socket_family,
+                                         stray_connection_during_setup, NULL });
     return s;
 }
 

@@ -33,7 +33,8 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->plugin_path = tt_env("PLUGIN_PATH");
     opts->algo = tt_env("ALGO");
     opts->socket_ifname = tt_env("SOCKET_IFNAME");
-    opts->socket_family = tt_env_int("SOCKET_FAMILY", 0);
+    /* not a number: -1, which tcp refuses naming the variable (0 would mean either) */
+    opts->socket_family = tt_env_int("SOCKET_FAMILY", tt_env("SOCKET_FAMILY") ? -1 : 0);
     opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
     const char *spin = tt_env("SPIN_US");
     opts->spin_us = spin && !strcmp(spin, "auto") ? TT_SPIN_AUTO

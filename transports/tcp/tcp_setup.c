@@ -154,7 +154,18 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
 {
     const char *spec = tp->host->config(tp->host->ctx, "SOCKET_IFNAME");
     const char *fams = tp->host->config(tp->host->ctx, "SOCKET_FAMILY");
-    int fam = fams ? atoi(fams) : 0;
+    char *fend = NULL;
+    long fam = fams && *fams ? strtol(fams, &fend, 10) : 0;
+    if (fams && *fams && (*fend || (fam != 0 && fam != 4 && fam != 6))) {
+        /* another number (5) or none: no family filter would be a silent "any" */
+        const char *env = getenv("TUTTI_SOCKET_FAMILY");
+        int other = env && strcmp(env, fams);
+        return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                               "tcp: TUTTI_SOCKET_FAMILY=%.32s: expected 0 (either, IPv4 "
+                               "preferred), 4 (IPv4) or 6 (IPv6)%s%.32s%s",
+                               fams, other ? " (the environment has \"" : "", other ? env : "",
+                               other ? "\")" : "");
+    }
     uv_interface_address_t *ifs;
     int n;
     int st = uv_interface_addresses(&ifs, &n);
