@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "harness.h"
 #include <tutti/store.h>
+#include <tutti/tutti.h>
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -139,6 +140,55 @@ END_TEST
  * TUTTI_ERR_CONFIG, for the communicator and for the store, naming the variable. It
  * was taken for unset (tt_env drops empty values): "TUTTI_AUTH_TOKEN= rank 0" and a rank
  * without a secret formed a communicator, unauthenticated, saying nothing. */
+/* The options' init fills both fields from the environment; a file the caller then sets
+ * wins over the environment's TUTTI_AUTH_TOKEN (it lost: a store server opened with
+ * auth_token_file "fileB" accepted clients proving the environment's token instead). A
+ * token the caller sets still wins over the environment's file, and over its own file. */
+START_TEST(set_field_wins)
+{
+    char path[] = "/tmp/tt-auth-fileXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "fileB\n", 6), 6);
+    close(fd);
+    setenv("TUTTI_AUTH_TOKEN", "envA", 1);
+    unsetenv("TUTTI_AUTH_TOKEN_FILE");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    tutti_store_opts_t so;
+    tutti_store_opts_init(&so);
+    struct {
+        const char *tok, *file, *want;
+    } cases[] = {
+        { o.auth_token, path, "fileB" },  /* the caller's file over the env's token */
+        { so.auth_token, path, "fileB" }, /* the same through the store's options */
+        { o.auth_token, NULL, "envA" },   /* nothing set: the environment's */
+        { "mineC", path, "mineC" },       /* both set by the caller: the token */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[256] = "", *s = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(tt_auth_load_secret(cases[i].tok, cases[i].file, &s, &n, err, sizeof(err)),
+                         TUTTI_OK);
+        ck_assert_msg(s && n == strlen(cases[i].want) && !memcmp(s, cases[i].want, n),
+                      "case %zu: got '%.*s', want %s", i, (int)n, s ? s : "", cases[i].want);
+        free(s);
+    }
+    /* the environment's file, the caller's token: the token */
+    unsetenv("TUTTI_AUTH_TOKEN");
+    setenv("TUTTI_AUTH_TOKEN_FILE", path, 1);
+    tutti_comm_opts_init(&o);
+    char err[256] = "", *s = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(tt_auth_load_secret("mineD", o.auth_token_file, &s, &n, err, sizeof(err)),
+                     TUTTI_OK);
+    ck_assert_msg(s && n == 5 && !memcmp(s, "mineD", 5), "got '%.*s'", (int)n, s ? s : "");
+    free(s);
+    unsetenv("TUTTI_AUTH_TOKEN_FILE");
+    unlink(path);
+}
+END_TEST
+
 START_TEST(empty_secret_fails_closed)
 {
     static const char *const vars[] = { "TUTTI_AUTH_TOKEN", "TUTTI_AUTH_TOKEN_FILE" };
@@ -190,6 +240,7 @@ int main(void)
     Suite *s = suite_create("auth");
     th_add_tests(s, "auth", 30,
                  (const TTest *const[]){ sha256_vectors, hmac_vectors, answers_bind_everything,
-                                         secret_sources, empty_secret_fails_closed, NULL });
+                                         secret_sources, empty_secret_fails_closed, set_field_wins,
+                                         NULL });
     return th_main(s);
 }

@@ -44,7 +44,8 @@ typedef struct tutti_store_opts {
                                     serves only clients that prove they know it, and a
                                     client with one trusts only such a server (mutual
                                     challenge-response: the secret never travels). Wins
-                                    over auth_token_file */
+                                    over auth_token_file, unless only the file was
+                                    set after tutti_store_opts_init */
     const char *auth_token_file; /* TUTTI_AUTH_TOKEN_FILE: a file holding the secret */
     const char *instance;        /* tcp: a label (at most 255 bytes) the server announces;
                                     a client with one keeps away from servers announcing

@@ -155,7 +155,17 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
 {
     *secret_p = NULL;
     *len_p = 0;
-    const char *tok = token ? token : tt_env_set("AUTH_TOKEN");
+    /* the options' init fills both fields from the environment: a field the caller then
+     * set (it differs from the environment's value) wins over one the environment filled,
+     * so a file given through the API beats a TUTTI_AUTH_TOKEN in the environment, as
+     * any field set afterwards does; between two the caller set (or two from the
+     * environment), the token wins */
+    const char *env_tok = tt_env_set("AUTH_TOKEN"), *env_file = tt_env_set("AUTH_TOKEN_FILE");
+    int file_own = token_file && !(env_file && !strcmp(token_file, env_file));
+    int tok_own = token && !(env_tok && !strcmp(token, env_tok));
+    const char *tok = token ? token : file_own ? NULL : env_tok;
+    if (tok && file_own && !tok_own)
+        tok = NULL;
     if (tok) {
         if (!*tok) {
             snprintf(err, errlen,
@@ -173,7 +183,7 @@ int tt_auth_load_secret(const char *token, const char *token_file, char **secret
         *len_p = n;
         return TUTTI_OK;
     }
-    const char *path = token_file ? token_file : tt_env_set("AUTH_TOKEN_FILE");
+    const char *path = token_file ? token_file : env_file;
     if (!path)
         return TUTTI_OK;
     if (!*path) {
