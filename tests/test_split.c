@@ -545,6 +545,66 @@ START_TEST(revoke_then_shrink)
 }
 END_TEST
 
+/* ULFM's case: rank 1 waits in a receive from rank 2 alone (tag 7; from any source with
+ * arg "any"), which hangs (it waits for rank 0's file, then leaves); rank 0 revokes 300 ms
+ * in. Rank 1 has nothing posted to rank 0, so its transport never reads the revoke that
+ * rank 0 sent it: the point-to-point work's stall check (1 s) must find it in the store.
+ * Then ranks 0 and 1 shrink without rank 2 and check the new communicator. */
+static int rank_revoke_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    char done[512];
+    snprintf(done, sizeof(done), "%s/revoke-done", dir);
+    int64_t x = rank + 1;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != 6, "first allreduce: %s", tutti_status_name(st));
+    if (rank == 2) { /* hung: until the others are through */
+        for (double t0 = th_now_ms(); access(done, F_OK) != 0; usleep(10000))
+            FAIL_IF(th_now_ms() - t0 > 30000, "the others never finished");
+        return 0;
+    }
+    if (rank == 0) {
+        usleep(300000);
+        FAIL_IF(tutti_comm_revoke(comm) != TUTTI_OK, "revoke");
+    } else {
+        int32_t v = 0;
+        double t0 = th_now_ms();
+        st = tutti_recv(comm, &v, 1, TUTTI_INT32, !strcmp(arg, "any") ? TUTTI_ANY_SOURCE : 2, 7);
+        double took = th_now_ms() - t0;
+        const char *e = tutti_comm_last_error(comm);
+        FAIL_IF(st != TUTTI_ERR_REVOKED, "recv from the hung rank 2: %s after %.0f ms (%s)",
+                tutti_status_name(st), took, e);
+        FAIL_IF(!strstr(e, "rank 0 had failed") || !strstr(e, "revoked"),
+                "error does not name rank 0's revoke: %s", e);
+        /* 300 ms, then a stall check (1 s) or two */
+        FAIL_IF(took > 5000, "revoke felt after %.0f ms (timeout %d ms)", took, REVOKE_TIMEOUT_MS);
+        printf("rank 1: recv failed %.0f ms after its start: %s\n", took, e);
+    }
+    tutti_comm_t *small = NULL;
+    int out[] = { 2 }, members[] = { 0, 1 };
+    st = tutti_comm_shrink(comm, out, 1, &small);
+    FAIL_IF(st, "shrink: %s", tutti_comm_last_error(comm));
+    TRY(check_child(rank, rank, small, members, 2));
+    tutti_comm_destroy(small);
+    if (rank == 0) {
+        FILE *f = fopen(done, "w");
+        FAIL_IF(!f, "cannot write %s", done);
+        fclose(f);
+    }
+    return 0;
+}
+
+START_TEST(revoke_reaches_p2p)
+{
+    int codes[3];
+    const char *mode = _i ? "any" : "named";
+    th_run_comm_timeout(3, rank_revoke_p2p, (void *)mode, 60000, REVOKE_TIMEOUT_MS,
+                        TH_NO_KILL_ON_FAIL, codes);
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (receive from %s)", r, codes[r], mode);
+}
+END_TEST
+
 /* ---- tutti_comm_grow, tutti_comm_join ---- */
 
 /* comm must be rank `rank` of `size`: an allreduce of rank + 1 and an allgather of the
@@ -710,4 +770,5 @@ TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 4),
-              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))
+              TH_CASE(revoke_reaches_p2p, 2), TH_CASE(grow_and_join, 1),
+              TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))

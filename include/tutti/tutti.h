@@ -363,8 +363,12 @@ int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_com
  * operation, or its next one that waits on a peer, fails with TUTTI_ERR_REVOKED too,
  * naming this rank: the revocation goes to this rank's peers over its links as a failure
  * report, and each rank it fails passes it on to its own peers; it is also in the store,
- * where a blocked rank's stall check (stall_check_ms) finds it should a report not reach
- * it. For a rank that finds a peer dead or hung, so that the others stop waiting on it;
+ * where a blocked rank's stall check (stall_check_ms; a collective's, or that of a send or
+ * receive in flight while no collective runs) finds it should a report not reach it: a
+ * rank reads a link only while a request of its own uses it, so a rank blocked in a
+ * receive from a hung rank alone hears no report. With stall checks off (stall_check_ms
+ * 0) only the reports carry the revocation: such a rank fails at its own timeout (with
+ * TUTTI_ERR_TIMEOUT), not with TUTTI_ERR_REVOKED. For a rank that finds a peer dead or hung, so that the others stop waiting on it;
  * then tutti_comm_shrink makes a communicator without it. Thread-safe (any thread, any
  * number of times), returns promptly (one bounded store write and a bounded send), but
  * not concurrent with tutti_comm_destroy; the communicator must still be destroyed.

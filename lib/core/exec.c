@@ -378,7 +378,10 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
                                  why, err, errlen);
     }
     w->req.status = 1;
+    w->p2p_posted_ns = tt_now_ns();
     w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    /* what bounds the store calls of its failure paths and stall checks (fault.c) */
+    w->op.deadline_ns = w->p2p_deadline_ns;
     if (w->any_source)
         return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
                    ? TUTTI_OK
@@ -520,12 +523,41 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         pthread_cond_broadcast(&comm->done_cv);
 }
 
+/* Is a stall check of the point-to-point work in flight due (q_lock and `executing`
+ * held)? Then the work to check: the first one blocked for stall_check_ms (capped at half
+ * the timeout, as a collective's). Transports read a link only while a request uses it:
+ * a rank whose receive waits on a hung peer would never read the revoke (or a failure
+ * report) that another rank sent it, and without this look it failed at its own
+ * timeout instead of with the revoke. Again every half period, as a collective's. */
+static tutti_work_t *inflight_stall_due(tutti_comm_t *comm)
+{
+    int stall_ms = TT_MIN(comm->opts.stall_check_ms, comm->opts.timeout_ms / 2);
+    if (stall_ms <= 0 || atomic_load(&comm->failed) || atomic_load(&comm->aborted))
+        return NULL;
+    uint64_t now = tt_now_ns(), period = (uint64_t)stall_ms * 1000000ull;
+    if (now < comm->p2p_stall_next_ns)
+        return NULL;
+    for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
+        if (w->req.status == 1 && !w->op.store_down && now - w->p2p_posted_ns >= period) {
+            comm->p2p_stall_next_ns = now + period / 2;
+            return w;
+        }
+    }
+    return NULL;
+}
+
 /* Move in-flight requests along for up to max_ms (q_lock held, nobody executing). */
 static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
 {
     comm->executing = 1;
+    /* the in-flight list changes only under `executing`: due stays on it meanwhile */
+    tutti_work_t *due = inflight_stall_due(comm);
     pthread_mutex_unlock(&comm->q_lock);
     int st = comm->tp_ops->progress(comm->tp, max_ms);
+    /* a failed rank found fails the communicator and cancels every request: the reap
+     * below completes them with its message */
+    if (st >= 0 && due && due->req.status == 1)
+        tt_fault_p2p_stall_check(&due->op, &due->req);
     pthread_mutex_lock(&comm->q_lock);
     if (st < 0)
         comm->tp_ops->cancel_all(comm->tp, st);

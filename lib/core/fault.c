@@ -523,6 +523,25 @@ int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
     return TUTTI_ERR_TIMEOUT;
 }
 
+/* Rank p left failed/<p> (tt_fault_record): fail op with its status, as its report would
+ * have carried (a mismatch stays one; its abort is its own business: here, a failed
+ * peer), saying what op waited on (`waiting`). The status, or TUTTI_OK when p left none. */
+static int fail_if_peer_failed(tt_op_t *op, int p, const char *waiting)
+{
+    char *why;
+    int fst;
+    if (!peer_failure(op, p, &why, &fst))
+        return TUTTI_OK;
+    if (fst == TUTTI_ERR_ABORTED)
+        fst = TUTTI_ERR_PEER;
+    char msg[TT_ERRMSG_LEN];
+    snprintf(msg, sizeof(msg), "%s, but rank %d had failed (found by the stall check): %s", waiting,
+             p, why);
+    free(why);
+    tt_fault_fail_op(op, fst, msg);
+    return fst;
+}
+
 /* Stall inspection: a rank blocked in one op for stall_check_ms publishes its op
  * (sequence number, fingerprint, count, whom it waits on) under stall/<rank> and
  * compares it with what the other ranks published. Two ranks at the same sequence
@@ -542,24 +561,14 @@ int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
     int64_t nfailed = 0;
     if (tt_op_store_add(op, FAILED_COUNT_KEY, 0, &nfailed) < 0)
         return TUTTI_OK;
+    char waiting[32];
+    snprintf(waiting, sizeof(waiting), "waiting on rank %d", req->peer);
     for (int p = 0; p < op->nranks && !op->store_down; p++) {
         if (p == op->rank)
             continue;
-        char *why;
-        int fst;
-        if (nfailed > 0 && peer_failure(op, p, &why, &fst)) {
-            /* its own status, as its report would have carried (a mismatch stays one);
-             * its abort is its own business: here, a failed peer */
-            if (fst == TUTTI_ERR_ABORTED)
-                fst = TUTTI_ERR_PEER;
-            char msg[TT_ERRMSG_LEN];
-            snprintf(msg, sizeof(msg),
-                     "waiting on rank %d, but rank %d had failed (found by the stall check): %s",
-                     req->peer, p, why);
-            free(why);
-            tt_fault_fail_op(op, fst, msg);
+        int fst = nfailed > 0 ? fail_if_peer_failed(op, p, waiting) : TUTTI_OK;
+        if (fst < 0)
             return fst;
-        }
         stall_rec_t rec;
         if (!stall_read(op, p, &rec) || rec.seq != op->seq ||
             (rec.fp == op->fingerprint && rec.count == op->env_count))
@@ -584,6 +593,32 @@ int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
      * timeout (agree.c; seen with the tree barrier, whose receives are posted before it
      * reads any link) */
     return TT_STALL_NOTHING; /* the caller looks at them: tt_agree_failed (agree_ring.c) */
+}
+
+/* The point-to-point side of the stall check (exec.c, for work in flight while no
+ * collective runs): only the look for failed ranks. No stall record: a send's or a
+ * receive's seq counts its pair's messages, not the collectives', so comparing it with
+ * other ranks' records would find mismatches that are none. */
+int tt_fault_p2p_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
+{
+    int64_t nfailed = 0;
+    if (tt_op_store_add(op, FAILED_COUNT_KEY, 0, &nfailed) < 0 || nfailed <= 0)
+        return TUTTI_OK;
+    char waiting[96];
+    if (req->peer >= 0)
+        snprintf(waiting, sizeof(waiting), "%s rank %d (tag %u)", req_what(req), req->peer,
+                 tt_env_tag(req->env));
+    else
+        snprintf(waiting, sizeof(waiting), "receiving from any source (tag %u)",
+                 tt_env_tag(req->env));
+    for (int p = 0; p < op->nranks && !op->store_down; p++) {
+        if (p == op->rank)
+            continue;
+        int fst = fail_if_peer_failed(op, p, waiting);
+        if (fst < 0)
+            return fst;
+    }
+    return TUTTI_OK;
 }
 
 /* ---- time not running ---- */

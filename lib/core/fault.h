@@ -59,6 +59,11 @@ int tt_fault_progress(tt_op_t *op, int st);
  * (trace.c), by adding 0 (which makes it exist at 0). */
 #define TT_FAILED_COUNT_KEY "failed_count"
 int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
+/* The stall check of point-to-point work blocked for stall_check_ms (exec.c): look for
+ * failed ranks (failed_count, then failed/<rank>: a revoke, a failure whose report this
+ * rank's links did not carry) and fail op with the first found. Its status, or TUTTI_OK
+ * when none failed. */
+int tt_fault_p2p_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
 /* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
  * the deadline moves by it, and the op's error will say it. */
 void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns);

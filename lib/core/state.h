@@ -31,9 +31,10 @@ struct tutti_work {
     /* tutti_send/recv: posted when its turn comes, then in flight until the transport
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
-    tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
-    int any_source;        /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
+    tutti_tp_req_v2_t req;  /* the transport's own: posted directly, not through p2p.c */
+    int any_source;         /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
                               < 0 until the executor finds its message (exec.c) */
+    uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
@@ -172,7 +173,9 @@ struct tutti_comm {
     pthread_mutex_t stage_lock;
     tt_stage_block_t stage[2], dev_stage[2];
 
-    tutti_work_t *inflight; /* posted sends/recvs, in posting order */
+    tutti_work_t *inflight;     /* posted sends/recvs, in posting order */
+    uint64_t p2p_stall_next_ns; /* their next stall check, not before (exec.c; the thread
+                                   holding `executing`) */
     /* rooted calls' agreement messages not yet checked (agree.c): a ring of
      * opts.agree_lag records, the oldest at agree_head */
     struct tt_agree_rec *agree;
