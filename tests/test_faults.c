@@ -1288,7 +1288,7 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
 {
     (void)nranks;
     (void)dir;
-    (void)arg;
+    int exits = arg && !strcmp(arg, "exit");
     int32_t v = 0;
     if (rank == 1) {
         tutti_work_t *w;
@@ -1298,7 +1298,10 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
         pthread_join(t, NULL);
         tutti_work_free(w);
         FAIL_IF(st != TUTTI_ERR_ABORTED, "rank 1's own receive: %s", tutti_status_name(st));
-        sleep(4); /* alive: rank 0 must learn it from the store, not from a closed socket */
+        /* alive: rank 0 must learn it from the store, not from a closed socket; or gone
+         * (destroyed, exited): the closed link, then the store's record */
+        if (!exits)
+            sleep(4);
         return 0;
     }
     double t0 = th_now_ms();
@@ -1315,6 +1318,59 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
 START_TEST(peer_abort_is_peer_failure)
 {
     run_apart_expect(rank_peer_abort, 15000, 20000, "00");
+}
+END_TEST
+
+/* The same with rank 1 gone after its abort: rank 0 sees the link close and reads rank
+ * 1's failed/ record (an abort), which must read as a failed peer too (it read as rank
+ * 0's own TUTTI_ERR_ABORTED, found by review). */
+START_TEST(peer_abort_then_exit)
+{
+    int codes[2];
+    th_run_comm_timeout(2, rank_peer_abort, "exit", 15000, 20000, TH_NO_KILL_ON_FAIL, codes);
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "exit codes %d %d", codes[0], codes[1]);
+}
+END_TEST
+
+/* The report cascade past a peer's abort: rank 1 aborts and exits; rank 0, root of a
+ * gather, fails on its closed link, and must report that to ranks 2 and 3, which are
+ * through the gather and wait on rank 0 alone (a receive). Without stall checks, so the
+ * report is what reaches them. (Before, rank 0 failed with TUTTI_ERR_ABORTED, which
+ * tt_fault_record took for its own abort and did not report: ranks 2 and 3 waited for
+ * their timeout, found by review.) */
+static int rank_abort_cascade(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    int32_t v = rank, all[4];
+    if (rank == 1)
+        return rank_peer_abort(rank, nranks, comm, dir, "exit");
+    double t0 = th_now_ms();
+    int st = tutti_gather(comm, &v, all, 1, TUTTI_INT32, 0);
+    if (rank == 0) {
+        FAIL_IF(st != TUTTI_ERR_PEER, "gather: %s: %s", tutti_status_name(st),
+                tutti_comm_last_error(comm));
+        sleep(4); /* alive, in its error handler: its report must reach ranks 2 and 3 */
+        return 0;
+    }
+    FAIL_IF(st, "gather: %s", tutti_comm_last_error(comm));
+    st = tutti_recv(comm, &v, 1, TUTTI_INT32, 0, 5);
+    double ms = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_PEER || ms > 3000, "recv from rank 0: %s after %.0f ms: %s",
+            tutti_status_name(st), ms, e);
+    FAIL_IF(!strstr(e, "rank 0") || !strstr(e, "rank 1 had failed first"), "\"%s\"", e);
+    return 0;
+}
+
+START_TEST(peer_abort_cascades)
+{
+    int codes[4];
+    setenv("TUTTI_STALL_CHECK_MS", "0", 1);
+    th_run_comm_timeout(4, rank_abort_cascade, NULL, 30000, 20000, TH_NO_KILL_ON_FAIL, codes);
+    unsetenv("TUTTI_STALL_CHECK_MS");
+    for (int r = 0; r < 4; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d", r, codes[r]);
 }
 END_TEST
 
@@ -1351,7 +1407,8 @@ static Suite *suite(void)
     th_add_tests(s, "killed", 90,
                  (const TTest *const[]){ rank_killed_mid_allreduce, hung_rank_times_out, NULL });
     th_add_tests(s, "abort", 90,
-                 (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure, NULL });
+                 (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure,
+                                         peer_abort_then_exit, peer_abort_cascades, NULL });
     return s;
 }
 

@@ -164,8 +164,10 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
         comm->failed_seq = op->seq;
         /* Tell the peers, so that ranks waiting on us fail now instead of at the
          * timeout. Each rank reports only its first failure, so a report travels on
-         * (a rank that fails because of it reports in turn) and then stops. */
-        if (comm->tp && status != TUTTI_ERR_ABORTED)
+         * (a rank that fails because of it reports in turn) and then stops. Not after
+         * this rank's own abort (its transport is closed; the store says it), but a
+         * failure caused by a peer's abort goes on like any other. */
+        if (comm->tp && !atomic_load(&comm->aborted))
             comm->tp_ops->notify_error(comm->tp, status, now);
         /* Also in the store: a rank that exits right after this may cut a message in
          * half, and its peers then see only its socket close; they look here to name
@@ -264,7 +266,10 @@ static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
  * every rank on the report's way a store deadline. The status to fail with: the peer's
  * own where it failed first (as its report would have said: a peer gone before this
  * rank first called it, under TUTTI_TCP_CONNECT=lazy, sends none; TUTTI_ERR_REVOKED
- * where it revoked the communicator), else status. */
+ * where it revoked the communicator), else status. A peer's abort is its own business:
+ * here a failed peer, TUTTI_ERR_PEER, as the stall check reads it (callers take
+ * TUTTI_ERR_ABORTED for "this rank asked for it", and a rank failed with it would not
+ * pass the failure on to its peers). */
 static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int status)
 {
     char *why;
@@ -275,7 +280,7 @@ static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int sta
     if (peer_failure(op, peer, &why, &st)) {
         snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
         free(why);
-        status = st;
+        status = st == TUTTI_ERR_ABORTED ? TUTTI_ERR_PEER : st;
     } else if (op->store_down) {
         snprintf(msg + n, len - n,
                  "; whether rank %d failed first is unknown: the store is "
