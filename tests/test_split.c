@@ -356,6 +356,65 @@ static int rank_shrink(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return 0;
 }
 
+/* A rank dies while the shrink makes the new communicator: rank 3 is gone, ranks 0-2
+ * shrink without it, and rank 2 dies having set its excluded set (as its shrink would,
+ * set by hand so that it dies before its host id, every time). Ranks 0 and 1 fail within
+ * the timeout naming rank 2, the rank that never published its host id (before, over
+ * shm, the error named key 0, the caller's own or rank 0's, and rank 2 nowhere), with
+ * their own rank said once; then they shrink without 2 and 3. */
+static int rank_shrink_dies(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks, (void)arg;
+    int64_t x = rank;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != 6, "first allreduce: %s", tutti_status_name(st));
+    if (rank == 3)
+        _exit(0);
+    if (rank == 2) {
+        char url[600], key[512];
+        snprintf(url, sizeof(url), "file://%s", dir);
+        tutti_store_t *store;
+        FAIL_IF(tutti_store_open(&store, url, NULL), "store: %s", tutti_store_last_error(NULL));
+        FAIL_IF(th_comm_key(store, NULL, "shrink0/excluded/2", key, sizeof(key), 5000),
+                "no instance key");
+        FAIL_IF(tutti_store_set(store, key, "3", 1), "set: %s", tutti_store_last_error(store));
+        _exit(42);
+    }
+    int out[] = { 3 };
+    tutti_comm_t *small = NULL;
+    double t0 = th_now_ms();
+    st = tutti_comm_shrink(comm, out, 1, &small);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT || small, "shrink with rank 2 dead: %s: %s",
+            tutti_status_name(st), e);
+    FAIL_IF(took > 5000, "took %.0f ms", took);
+    /* over shm (split-shm) the host ids come first: their wait names it; tcp alone
+     * connects first, and its connect names it */
+    FAIL_IF(!strstr(e, "missing those of rank 2") && !strstr(e, "still missing rank(s) 2"),
+            "the error does not name rank 2: %s", e);
+    char me[16];
+    snprintf(me, sizeof(me), "rank %d: ", rank);
+    FAIL_IF(strstr(e + strlen(me), me), "\"%s\" twice: %s", me, e);
+    printf("rank %d: shrink failed after %.0f ms: %s\n", rank, took, e);
+    int out2[] = { 2, 3 }, members[] = { 0, 1 };
+    st = tutti_comm_shrink(comm, out2, 2, &small);
+    FAIL_IF(st, "shrink without 2 and 3: %s", tutti_comm_last_error(comm));
+    TRY(check_child(rank, rank, small, members, 2));
+    tutti_comm_destroy(small);
+    return 0;
+}
+
+START_TEST(shrink_rank_dies_in_it)
+{
+    int codes[NR];
+    th_run_comm_timeout(NR, rank_shrink_dies, NULL, 60000, 2000, TH_NO_KILL_ON_FAIL, codes);
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0 && codes[2] == 42 && codes[3] == 0,
+                  "exit codes %d %d %d %d (rank 2 should die with 42)", codes[0], codes[1],
+                  codes[2], codes[3]);
+}
+END_TEST
+
 START_TEST(shrink)
 {
     int codes[NR];
@@ -769,6 +828,6 @@ END_TEST
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
-              TH_CASE(shrink_sets_differ, 1), TH_CASE(revoke_then_shrink, 4),
-              TH_CASE(revoke_reaches_p2p, 2), TH_CASE(grow_and_join, 1),
-              TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))
+              TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),
+              TH_CASE(revoke_then_shrink, 4), TH_CASE(revoke_reaches_p2p, 2),
+              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))

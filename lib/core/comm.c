@@ -475,7 +475,8 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
     return TUTTI_OK;
 
 err_free:
-    snprintf(err, errlen, "%s", comm->last_error);
+    /* a split's, shrink's or grow's caller names the rank (and the new one) itself */
+    snprintf(err, errlen, "%s", parent ? tt_comm_error_unprefixed(comm) : comm->last_error);
     tt_job_init_failed(comm, st);
     comm_free(comm);
     return st;

@@ -109,6 +109,13 @@ int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     return status;
 }
 
+const char *tt_comm_error_unprefixed(const tutti_comm_t *comm)
+{
+    char own[32];
+    int n = snprintf(own, sizeof(own), "rank %d: ", comm->rank);
+    return comm->last_error + (strncmp(comm->last_error, own, (size_t)n) ? 0 : n);
+}
+
 /* A rank that was stopped (SIGSTOP, a debugger) is likely the one its peers timed out
  * on: say so, whatever failure it then found. A stop that ended a while before this op
  * (the ops in between completed: peers had sent everything before giving up) counts

@@ -18,6 +18,9 @@
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* comm->last_error past its "rank <r>: " (for a message that names the rank itself). */
+const char *tt_comm_error_unprefixed(const tutti_comm_t *comm);
+
 /* Record the failure of op on its communicator: last_error; the first failure also
  * sticks (later ops fail at once with it) and goes to the peers (the transport) and to
  * the store (failed/<rank>, failed_count). */

@@ -52,8 +52,14 @@ int tt_setup_peer_failed(tutti_comm_t *comm)
         free(v);
         return 0;
     }
+    /* its last error, "rank R: init: <why>": R said once */
+    const char *why = end && *end ? end + 1 : "";
+    char own[32];
+    int ol = snprintf(own, sizeof(own), "rank %ld: ", r);
+    if (!strncmp(why, own, (size_t)ol))
+        why += ol;
     snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "rank %ld failed its set-up: %.*s",
-             r, (int)TT_MIN(len, sizeof(comm->setup_peer_why) - 64), end && *end ? end + 1 : "");
+             r, (int)TT_MIN(strlen(why), sizeof(comm->setup_peer_why) - 64), why);
     free(v);
     comm->setup_peer_status = (int)fst;
     TT_INFO("init: %s", comm->setup_peer_why);
@@ -67,12 +73,64 @@ typedef struct init_get {
     int many; /* multi_get (else get of keys[0]) */
     void **values_p;
     size_t *lens_p;
+    const char *owner; /* keys[i] is <owner> i's ("rank"), or NULL */
 } init_get_t;
 
 static int init_get(const init_get_t *g, int ms)
 {
     return g->many ? tutti_store_multi_get(g->store, g->keys, g->n, g->values_p, g->lens_p, ms)
                    : tutti_store_get(g->store, g->keys[0], g->values_p, g->lens_p, ms);
+}
+
+/* How many missing keys a timed-out multi_get names, and how long it looks for them. */
+#define MISSING_NAMED 8
+#define MISSING_LOOK_MS 1000
+
+/* A multi_get of set-up timed out: which keys are missing? One existence check each
+ * (bounded: MISSING_LOOK_MS in all, none after the store fails), so that the error names
+ * the ranks that never came (a rank that died during a shrink or a grow, say) rather
+ * than the first key, which may well be this rank's own. Every key there by now: one
+ * more get, which answers at once. */
+static int multi_timed_out(const init_get_t *g, int timeout_ms)
+{
+    uint64_t until = tt_now_ns() + (uint64_t)MISSING_LOOK_MS * 1000000u;
+    size_t looked = 0, nmissing = 0, first = 0;
+    char named[512];
+    int n = 0;
+    named[0] = '\0';
+    for (; looked < g->n && tt_now_ns() < until; looked++) {
+        int exists = 0;
+        if (tutti_store_check(g->store, &g->keys[looked], 1, &exists) < 0)
+            break;
+        if (exists)
+            continue;
+        if (!nmissing++)
+            first = looked;
+        if (nmissing > MISSING_NAMED || n < 0 || (size_t)n >= sizeof(named))
+            continue;
+        if (g->owner)
+            n += snprintf(named + n, sizeof(named) - (size_t)n, "%s%s %zu", n ? ", " : "", g->owner,
+                          looked);
+        else
+            n += snprintf(named + n, sizeof(named) - (size_t)n, "%s'%s'", n ? ", " : "",
+                          g->keys[looked]);
+    }
+    if (looked == g->n && nmissing == 0) {
+        int st = init_get(g, 1);
+        if (st != TUTTI_ERR_TIMEOUT)
+            return st;
+    }
+    const char *op = "multi_get";
+    if (nmissing == 0) /* the store failed, or the keys came as it looked */
+        tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT,
+                      "not all of %zu keys (the first named) set after %d ms", g->n, timeout_ms);
+    else
+        tt_store_note(g->store, op, g->keys[first], TUTTI_ERR_TIMEOUT,
+                      "%zu of %zu keys not set after %d ms%s: %s%s%s", nmissing, g->n, timeout_ms,
+                      looked < g->n ? " (of those looked at)" : "",
+                      g->owner ? "missing those of " : "missing ", named,
+                      nmissing > MISSING_NAMED ? " and more" : "");
+    return TUTTI_ERR_TIMEOUT;
 }
 
 /* One wait of set-up, in slices: until it ends other than by its slice's timeout, a
@@ -99,12 +157,9 @@ static int init_wait(tutti_comm_t *comm, const init_get_t *g, int timeout_ms)
         if (tt_ms_left(deadline) <= 0) {
             /* the last slice's message would give the slice's length */
             if (g->n > 1)
-                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT,
-                              "not all of %zu keys (the first named) set after %d ms", g->n,
-                              timeout_ms);
-            else
-                tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT, "not set after %d ms",
-                              timeout_ms);
+                return multi_timed_out(g, timeout_ms);
+            tt_store_note(g->store, op, g->keys[0], TUTTI_ERR_TIMEOUT, "not set after %d ms",
+                          timeout_ms);
             return TUTTI_ERR_TIMEOUT;
         }
     }
@@ -113,13 +168,14 @@ static int init_wait(tutti_comm_t *comm, const init_get_t *g, int timeout_ms)
 int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
                       size_t *len_p, int timeout_ms)
 {
-    init_get_t g = { store, &key, 1, 0, value_p, len_p };
+    init_get_t g = { store, &key, 1, 0, value_p, len_p, NULL };
     return init_wait(comm, &g, timeout_ms);
 }
 
 int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
-                            size_t n, void **values_p, size_t *lens_p, int timeout_ms)
+                            size_t n, void **values_p, size_t *lens_p, int timeout_ms,
+                            const char *owner)
 {
-    init_get_t g = { store, keys, n, 1, values_p, lens_p };
+    init_get_t g = { store, keys, n, 1, values_p, lens_p, owner };
     return init_wait(comm, &g, timeout_ms);
 }

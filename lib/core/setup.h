@@ -23,10 +23,13 @@ int tt_setup_peer_failed(tutti_comm_t *comm);
  * one store check asks whether any rank left a failure. Then it ends with that rank's
  * status, kept with "rank R failed its set-up: <its reason>" in comm->setup_peer_* (the
  * init's error names it), instead of waiting out the timeout for a rank that will not
- * come. Otherwise as tutti_store_get / tutti_store_multi_get on store. */
+ * come. Otherwise as tutti_store_get / tutti_store_multi_get on store. A multi_get that
+ * times out names the keys still missing (the store's last error): by owner and index
+ * ("missing those of rank 2, rank 5") where keys[i] belongs to <owner> i, else by key. */
 int tt_init_store_get(tutti_comm_t *comm, tutti_store_t *store, const char *key, void **value_p,
                       size_t *len_p, int timeout_ms);
 int tt_init_store_multi_get(tutti_comm_t *comm, tutti_store_t *store, const char *const *keys,
-                            size_t n, void **values_p, size_t *lens_p, int timeout_ms);
+                            size_t n, void **values_p, size_t *lens_p, int timeout_ms,
+                            const char *owner);
 
 #endif /* TT_SETUP_H */
