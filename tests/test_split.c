@@ -547,6 +547,17 @@ static int rank_revoke(int rank, int nranks, tutti_comm_t *comm, const char *dir
         FAIL_IF(st != TUTTI_ERR_REVOKED, "allreduce after revoke: %s", tutti_status_name(st));
         FAIL_IF(!strstr(tutti_comm_last_error(comm), "revoked"), "error: %s",
                 tutti_comm_last_error(comm));
+        /* each later call quotes the revoke (or the call it ended), not the refusal before
+         * it (they nested, one more "not started" a call), and claims no seq of the
+         * failure (a revoke's was the next seq to be issued: "seq 3 not started: the
+         * communicator failed at seq 4") */
+        for (int i = 0; i < 2; i++)
+            st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+        const char *e = tutti_comm_last_error(comm), *ns = strstr(e, " not started: ");
+        FAIL_IF(st != TUTTI_ERR_REVOKED || !ns || strstr(ns + 1, " not started: ") ||
+                    !strstr(e, "the communicator had failed: rank 0: ") || !strstr(e, "revoked") ||
+                    strstr(e, "failed at seq"),
+                "third allreduce after revoke: %s: %s", tutti_status_name(st), e);
     } else {
         double t0 = th_now_ms();
         st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);

@@ -169,6 +169,9 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
         comm->failed_seq = op->seq;
+        pthread_mutex_lock(&comm->err_lock);
+        memcpy(comm->failed_error, now, sizeof(now));
+        pthread_mutex_unlock(&comm->err_lock);
         /* Tell the peers, so that ranks waiting on us fail now instead of at the
          * timeout. Each rank reports only its first failure, so a report travels on
          * (a rank that fails because of it reports in turn) and then stops. Not after
