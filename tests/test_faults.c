@@ -1312,6 +1312,14 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
     FAIL_IF(ms > 3000, "took %.0f ms", ms);
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 1 had failed"), "\"%s\"",
             tutti_comm_last_error(comm));
+    /* the message handed out is this thread's copy: an abort from another thread (which
+     * rewrites the communicator's) leaves it as it was (before, the caller held the
+     * communicator's buffer, and read it as the abort wrote it: a data race, TSan) */
+    const char *e = tutti_comm_last_error(comm);
+    pthread_join(th_after_ms(0, abort_comm, comm), NULL);
+    FAIL_IF(!strstr(e, "rank 1 had failed"), "the message changed under an abort: \"%s\"", e);
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "aborted"), "after the abort: \"%s\"",
+            tutti_comm_last_error(comm));
     return 0;
 }
 

@@ -416,7 +416,11 @@ int tutti_comm_set_stream(tutti_comm_t *comm, void *stream);
 int tutti_comm_stream_error(tutti_comm_t *comm);
 
 /* What went wrong last: op, sequence number, peer rank, address, errno. Never NULL;
- * "" when nothing failed. Valid until the next call on comm. With comm NULL: why this
+ * "" when nothing failed. A copy in this thread's own storage, valid until this thread's
+ * fourth tutti_comm_last_error after it: tutti_comm_abort and tutti_comm_revoke, which
+ * any thread may call, replace the communicator's message (so may a failing call on
+ * another thread), never a copy already handed out; ask on the thread whose call failed,
+ * right after it, for that call's message. With comm NULL: why this
  * thread's last tutti_comm_init or tutti_comm_init_env failed (a failed set-up leaves no
  * communicator to ask; "" if it succeeded), valid until this thread's next one. */
 const char *tutti_comm_last_error(const tutti_comm_t *comm);

@@ -47,7 +47,7 @@ static int init_error_set(int st, const char *fmt, ...)
 
 const char *tutti_comm_last_error(const tutti_comm_t *comm)
 {
-    return comm ? comm->last_error : init_error;
+    return comm ? tt_comm_error_copy(comm) : init_error;
 }
 
 int tutti_comm_rank(const tutti_comm_t *comm)

@@ -109,6 +109,25 @@ int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     return status;
 }
 
+/* A thread's copies of last_error handed out by tutti_comm_last_error: tutti_comm_abort
+ * and tutti_comm_revoke, which any thread may call, rewrite last_error (under err_lock),
+ * and a caller reading the communicator's own buffer then raced with them (TSan: a rank
+ * printing its failure while its other thread aborted). Several, so that a caller may
+ * hold a few at once (two communicators' in one printf). */
+#define TT_ERROR_COPIES 4
+
+const char *tt_comm_error_copy(const tutti_comm_t *comm)
+{
+    static __thread char copies[TT_ERROR_COPIES][TT_ERRMSG_LEN];
+    static __thread unsigned next;
+    char *c = copies[next++ % TT_ERROR_COPIES];
+    tutti_comm_t *m = (tutti_comm_t *)comm; /* the lock, not the message, changes */
+    pthread_mutex_lock(&m->err_lock);
+    memcpy(c, comm->last_error, TT_ERRMSG_LEN);
+    pthread_mutex_unlock(&m->err_lock);
+    return c;
+}
+
 const char *tt_comm_error_unprefixed(const tutti_comm_t *comm)
 {
     char own[32];

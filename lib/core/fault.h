@@ -18,6 +18,9 @@
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A copy of comm->last_error taken under err_lock, in this thread's storage (one of a
+ * few, reused in turn): tutti_comm_last_error's answer. */
+const char *tt_comm_error_copy(const tutti_comm_t *comm);
 /* comm->last_error past its "rank <r>: " (for a message that names the rank itself). */
 const char *tt_comm_error_unprefixed(const tutti_comm_t *comm);
 
