@@ -864,6 +864,142 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
 TH_RUN_TEST(stray_connection_during_setup, th_run_nocomm(2, rank_stray, NULL, 20000))
 
 /* The headers, the library and meson.build's project version say one version. */
+/* ---- the log and the environment's warnings ---- */
+
+/* stderr (the log) into a file from capture_begin until capture_end, which returns it
+ * (malloc'd) and shows it again on the test's own stderr. */
+typedef struct capture {
+    int saved;
+    FILE *f;
+} capture_t;
+
+static void capture_begin(capture_t *c)
+{
+    fflush(stderr);
+    c->f = tmpfile();
+    c->saved = dup(STDERR_FILENO);
+    dup2(fileno(c->f), STDERR_FILENO);
+}
+
+static char *capture_end(capture_t *c)
+{
+    fflush(stderr);
+    dup2(c->saved, STDERR_FILENO);
+    close(c->saved);
+    long n = ftell(c->f);
+    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+    rewind(c->f);
+    if (n > 0 && fread(text, 1, (size_t)n, c->f) != (size_t)n)
+        text[0] = '\0';
+    fclose(c->f);
+    fputs(text, stderr);
+    return text;
+}
+
+/* How many times needle occurs in text. */
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* The log line of this process that ends in message has rank (a number, or "-") in its
+ * prefix, "tutti host:pid:rank WARN message". */
+static int logged_as(const char *text, const char *rank, const char *message)
+{
+    char want[256];
+    snprintf(want, sizeof(want), ":%d:%s WARN %s\n", (int)getpid(), rank, message);
+    return strstr(text, want) != NULL;
+}
+
+/* World rank r of 2 makes a communicator of its own (1 rank) after the world's: the
+ * prefix keeps the world's rank (it showed the solo's rank 0, the last made); once the
+ * world is destroyed, the solo's; before any, '-'. */
+static int rank_log_prefix(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    capture_t cap;
+    capture_begin(&cap);
+    tt_log(TUTTI_LOG_WARN, "mark: before");
+    tutti_store_t *store = NULL, *solo_store = NULL;
+    tutti_comm_t *world = NULL, *solo = NULL;
+    char solo_dir[512], r[16];
+    snprintf(solo_dir, sizeof(solo_dir), "%s/solo%d", dir, rank);
+    snprintf(r, sizeof(r), "%d", rank);
+    int st = tutti_store_open_file(&store, dir, 5000);
+    if (st == 0)
+        st = tutti_comm_init(&world, store, rank, nranks, NULL);
+    tt_log(TUTTI_LOG_WARN, "mark: world");
+    if (st == 0)
+        st = tutti_store_open_file(&solo_store, solo_dir, 5000);
+    if (st == 0)
+        st = tutti_comm_init(&solo, solo_store, 0, 1, NULL);
+    tt_log(TUTTI_LOG_WARN, "mark: solo");
+    if (st == 0)
+        st = tutti_barrier(world);
+    tutti_comm_destroy(world);
+    tt_log(TUTTI_LOG_WARN, "mark: world gone");
+    tutti_comm_destroy(solo);
+    tt_log(TUTTI_LOG_WARN, "mark: none live");
+    char *text = capture_end(&cap);
+    FAIL_IF(st != 0, "set-up: %s", tutti_status_name(st));
+    FAIL_IF(!logged_as(text, "-", "mark: before"), "before any communicator");
+    FAIL_IF(!logged_as(text, r, "mark: world"), "with the world");
+    FAIL_IF(!logged_as(text, r, "mark: solo"), "the solo communicator took the prefix");
+    FAIL_IF(!logged_as(text, "0", "mark: world gone"), "after the world's destroy");
+    FAIL_IF(!logged_as(text, "0", "mark: none live"), "with none live");
+    free(text);
+    tutti_store_close(solo_store);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(log_prefix_rank, th_run_nocomm(2, rank_log_prefix, NULL, 30000))
+
+/* A value with control characters, quoted in a warning, stays in its one line. */
+START_TEST(log_one_line)
+{
+    setenv("TUTTI_TIMEOUT_MS", "12\nforged line\r\x1b[2J", 1);
+    capture_t cap;
+    capture_begin(&cap);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    char *text = capture_end(&cap);
+    unsetenv("TUTTI_TIMEOUT_MS");
+    ck_assert_msg(strstr(text, "TUTTI_TIMEOUT_MS=12\\nforged line\\r\\x1b[2J"), "log: %s", text);
+    ck_assert_int_eq(count_of(text, "\n"), 1);
+    ck_assert_int_eq(count_of(text, "\x1b"), 0);
+    free(text);
+}
+END_TEST
+
+/* TUTTI_DEBUG: the documented values in any case; anything else is warn, said once. */
+START_TEST(log_level_values)
+{
+    ck_assert_int_eq(tt_log_level_parse("WARN"), TUTTI_LOG_WARN);
+    ck_assert_int_eq(tt_log_level_parse("Info"), TUTTI_LOG_INFO);
+    ck_assert_int_eq(tt_log_level_parse("trace"), TUTTI_LOG_TRACE);
+    ck_assert_int_eq(tt_log_level_parse("error"), TUTTI_LOG_ERROR);
+    ck_assert_int_eq(tt_log_level_parse("None"), TUTTI_LOG_ERROR);
+    ck_assert_int_eq(tt_log_level_parse(NULL), TUTTI_LOG_WARN);
+    ck_assert_int_eq(tt_log_level_parse("verbose"), -1);
+    /* this test's own process has not read the level yet (check forks each test) */
+    setenv("TUTTI_DEBUG", "verbose", 1);
+    capture_t cap;
+    capture_begin(&cap);
+    int a = tt_log_level(), b = tt_log_level();
+    char *text = capture_end(&cap);
+    unsetenv("TUTTI_DEBUG");
+    ck_assert_int_eq(a, TUTTI_LOG_WARN);
+    ck_assert_int_eq(b, TUTTI_LOG_WARN);
+    ck_assert_int_eq(count_of(text, "TUTTI_DEBUG=verbose is none of"), 1);
+    free(text);
+}
+END_TEST
+
 START_TEST(version_agrees)
 {
     char want[32];
@@ -900,6 +1036,8 @@ static Suite *suite(void)
                  (const TTest *const[]){ unreachable_store_via_env, bad_ifname, init_from_env,
                                          init_from_mpirun_env, huge_rank_or_size_refused,
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
+    th_add_tests(s, "log", 90,
+                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, bad_socket_family,
                                          stray_connection_during_setup, NULL });

@@ -15,11 +15,21 @@
 #define TT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Log levels: TUTTI_LOG_ERROR/WARN/INFO/TRACE (transport_v1.h). TUTTI_DEBUG picks the
- * highest one printed (default: warn). */
+ * highest one printed (default: warn; a value that is none of them is warned about once). */
 int tt_log_level(void);
-/* The rank printed in log lines of this process (-1 until a communicator exists). */
+/* A TUTTI_DEBUG value, case-insensitive: error (also none, 0), warn, info, trace (also
+ * debug); NULL or empty: warn; -1 for anything else. tutti-run reads it the same way. */
+int tt_log_level_parse(const char *s);
+/* The rank printed in log lines of this process: the rank of an init under way while no
+ * communicator is live ('-' before any). */
 void tt_log_set_rank(int rank);
-/* One line to stderr: "tutti host:pid:rank LEVEL message". */
+/* A communicator (key: anything unique while it lives) of nranks whose rank is rank is
+ * live / gone: the prefix shows the rank in the live one with the most ranks, the
+ * earliest among equals, so a subgroup made later does not change it. */
+void tt_log_comm_live(const void *key, int rank, int nranks);
+void tt_log_comm_gone(const void *key);
+/* One line to stderr: "tutti host:pid:rank LEVEL message", control characters in the
+ * message escaped (\n, \xNN), so that a value it quotes cannot start a line of its own. */
 void tt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tt_vlog(int level, const char *fmt, va_list ap);
 

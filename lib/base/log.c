@@ -1,4 +1,4 @@
-/* Logging: TUTTI_DEBUG=warn|info|trace, one line each, "tutti host:pid:rank LEVEL msg".
+/* Logging: TUTTI_DEBUG=error|warn|info|trace, one line each, "tutti host:pid:rank LEVEL msg".
  * Also tt_env, which the log level reads, so that logging depends on nothing. */
 #include <pthread.h>
 #include <stdarg.h>
@@ -29,47 +29,157 @@ const char *tt_env_set(const char *name)
 static atomic_int log_level = -1;
 static atomic_int log_rank = -1;
 
+int tt_log_level_parse(const char *s)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } names[] = {
+        { "error", TUTTI_LOG_ERROR }, { "warn", TUTTI_LOG_WARN },  { "info", TUTTI_LOG_INFO },
+        { "trace", TUTTI_LOG_TRACE }, { "none", TUTTI_LOG_ERROR }, { "0", TUTTI_LOG_ERROR },
+        { "debug", TUTTI_LOG_TRACE },
+    };
+    if (!s || !*s)
+        return TUTTI_LOG_WARN;
+    for (size_t i = 0; i < TT_ARRAY_SIZE(names); i++)
+        if (!strcasecmp(s, names[i].name))
+            return names[i].level;
+    return -1;
+}
+
 int tt_log_level(void)
 {
     int lvl = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (lvl >= 0)
         return lvl;
     const char *s = tt_env("DEBUG");
-    lvl = TUTTI_LOG_WARN;
-    if (s) {
-        if (!strcasecmp(s, "error") || !strcasecmp(s, "none") || !strcmp(s, "0"))
-            lvl = TUTTI_LOG_ERROR;
-        else if (!strcasecmp(s, "info"))
-            lvl = TUTTI_LOG_INFO;
-        else if (!strcasecmp(s, "trace") || !strcasecmp(s, "debug"))
-            lvl = TUTTI_LOG_TRACE;
-    }
-    atomic_store(&log_level, lvl);
-    return lvl;
+    int parsed = tt_log_level_parse(s);
+    lvl = parsed < 0 ? TUTTI_LOG_WARN : parsed;
+    int unset = -1;
+    /* the first thread to get here says so, once */
+    if (atomic_compare_exchange_strong(&log_level, &unset, lvl) && parsed < 0)
+        tt_log(TUTTI_LOG_WARN,
+               "TUTTI_DEBUG=%s is none of error, warn, info, trace (or none, 0: error; debug: "
+               "trace); using warn",
+               s);
+    return atomic_load(&log_level);
+}
+
+/* The rank in the prefix: this process's rank in the live communicator with the most
+ * ranks, the one made first among equals, so that a subgroup, a split or a communicator
+ * of one made later does not change it (a torch process group is a communicator). When
+ * that one is destroyed, the next by the same rule; with none live, the rank of the last
+ * one (or of the init under way, tt_log_set_rank); before any, '-'. */
+typedef struct {
+    const void *key;
+    int rank, nranks;
+} log_comm_t;
+
+static pthread_mutex_t comms_lock = PTHREAD_MUTEX_INITIALIZER;
+static log_comm_t *comms;
+static size_t ncomms, comms_cap;
+
+/* Under comms_lock. */
+static void log_rank_update(void)
+{
+    const log_comm_t *best = NULL;
+    for (size_t i = 0; i < ncomms; i++)
+        if (!best || comms[i].nranks > best->nranks)
+            best = &comms[i];
+    if (best)
+        atomic_store(&log_rank, best->rank);
 }
 
 void tt_log_set_rank(int rank)
 {
-    atomic_store(&log_rank, rank);
+    pthread_mutex_lock(&comms_lock);
+    if (!ncomms) /* an init under way with none live: its rank until it is made */
+        atomic_store(&log_rank, rank);
+    pthread_mutex_unlock(&comms_lock);
+}
+
+void tt_log_comm_live(const void *key, int rank, int nranks)
+{
+    pthread_mutex_lock(&comms_lock);
+    if (ncomms == comms_cap) {
+        size_t cap = comms_cap ? 2 * comms_cap : 8;
+        log_comm_t *c = realloc(comms, cap * sizeof(*c));
+        if (!c) { /* the prefix keeps what it had */
+            pthread_mutex_unlock(&comms_lock);
+            return;
+        }
+        comms = c;
+        comms_cap = cap;
+    }
+    comms[ncomms++] = (log_comm_t){ key, rank, nranks };
+    log_rank_update();
+    pthread_mutex_unlock(&comms_lock);
+}
+
+void tt_log_comm_gone(const void *key)
+{
+    pthread_mutex_lock(&comms_lock);
+    for (size_t i = 0; i < ncomms; i++) {
+        if (comms[i].key != key)
+            continue;
+        memmove(&comms[i], &comms[i + 1], (ncomms - i - 1) * sizeof(*comms));
+        ncomms--;
+        break;
+    }
+    log_rank_update(); /* none left: the last one's rank stays */
+    pthread_mutex_unlock(&comms_lock);
+}
+
+/* s (n bytes) into out (room bytes, room > 0) with control characters escaped (\n, \r,
+ * \t, \xNN), so that each entry is one line whatever a value it quotes holds; the
+ * length written, cut short where out is full. */
+static size_t log_escape(char *out, size_t room, const char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[5];
+        size_t k;
+        if (c >= 0x20 && c != 0x7f) {
+            esc[0] = (char)c;
+            k = 1;
+        } else if (c == '\n' || c == '\r' || c == '\t') {
+            esc[0] = '\\';
+            esc[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+            k = 2;
+        } else {
+            snprintf(esc, sizeof(esc), "\\x%02x", c);
+            k = 4;
+        }
+        if (o + k > room)
+            break;
+        memcpy(out + o, esc, k);
+        o += k;
+    }
+    return o;
 }
 
 void tt_vlog(int level, const char *fmt, va_list ap)
 {
     static const char *names[] = { "ERROR", "WARN", "INFO", "TRACE" };
     char host[64] = "?";
-    char line[2048];
+    char rank[16] = "-";
+    char msg[2048], line[2048];
     gethostname(host, sizeof(host) - 1);
-    int n = snprintf(line, sizeof(line), "tutti %s:%d:%d %s ", host, (int)getpid(),
-                     atomic_load(&log_rank),
+    int r = atomic_load(&log_rank);
+    if (r >= 0)
+        snprintf(rank, sizeof(rank), "%d", r);
+    int n = snprintf(line, sizeof(line), "tutti %s:%d:%s %s ", host, (int)getpid(), rank,
                      names[level < 0   ? 0
                            : level > 3 ? 3
                                        : level]);
     if (n < 0 || (size_t)n >= sizeof(line))
         n = 0;
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-    if (len > sizeof(line) - 2)
-        len = sizeof(line) - 2;
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t mlen = m < 0 ? 0 : (size_t)m >= sizeof(msg) ? sizeof(msg) - 1 : (size_t)m;
+    if (mlen && msg[mlen - 1] == '\n') /* a message's own end of line is the entry's */
+        mlen--;
+    size_t len = (size_t)n + log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, mlen);
     line[len++] = '\n';
     /* one write() per line so lines of several processes do not interleave */
     ssize_t w = write(STDERR_FILENO, line, len);

@@ -24,6 +24,9 @@
 
 int tt_trace_init(tutti_comm_t *comm)
 {
+    /* the communicator's life, from here to tt_trace_free, is also the log's: its rank
+     * may be the one the log prefix shows (base.h, tt_log_comm_live) */
+    tt_log_comm_live(comm, comm->rank, comm->nranks);
     int n = comm->opts.trace_entries;
     if (n <= 0)
         return TUTTI_OK;
@@ -39,6 +42,7 @@ int tt_trace_init(tutti_comm_t *comm)
 
 void tt_trace_free(tutti_comm_t *comm)
 {
+    tt_log_comm_gone(comm);
     free(comm->trace);
     comm->trace = NULL;
     if (comm->watch_store)

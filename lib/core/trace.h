@@ -51,7 +51,8 @@ typedef struct tt_trace {
     tt_trace_ent_t ent[];
 } tt_trace_t;
 
-/* Allocate comm->trace for opts.trace_entries slots (none when 0). */
+/* Allocate comm->trace for opts.trace_entries slots (none when 0). The two also bracket
+ * the communicator's life for the log prefix (tt_log_comm_live, tt_log_comm_gone). */
 int tt_trace_init(tutti_comm_t *comm);
 void tt_trace_free(tutti_comm_t *comm);
 
