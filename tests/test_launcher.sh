@@ -926,4 +926,29 @@ all_gone "$m" >/dev/null || fail "SIGUSR1: something left"
 echo "test_run: SIGUSR1 to the launcher reaches every rank, which exit 0"
 tmpdir_empty "signals"
 
+# TUTTI_DEBUG as the library reads it (lib/base/log.c, built into tutti-run): its one info
+# line (a task of a Slurm step, here two pretend tasks of one node) in any case, with the
+# library's prefix "tutti host:pid:rank INFO", and never at warn or error (WARN and none
+# printed it, bare)
+slurm_tasks() {
+    local t
+    for t in 0 1; do
+        env SLURM_JOB_ID=$$ SLURM_STEP_ID=0 SLURM_PROCID=$t SLURM_STEP_NUM_TASKS=2 \
+            SLURM_STEP_TASKS_PER_NODE='1(x2)' SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=localhost \
+            TUTTI_DEBUG=$1 timeout 30 "$run" -np 1 true >"$tmp/task.$t" 2>&1 &
+    done
+    wait
+    cat "$tmp/task.0" "$tmp/task.1"
+}
+out=$(slurm_tasks INFO)
+echo "$out" | grep -q "^tutti [^ ]*:[0-9]*:- INFO tutti-run: Slurm task 0 of 2: node 0 of the job, store tcp://127.0.0.1:[0-9]* (served here)$" &&
+    echo "$out" | grep -q "^tutti [^ ]*:[0-9]*:- INFO tutti-run: Slurm task 1 of 2" ||
+    fail "TUTTI_DEBUG=INFO, two tasks of a Slurm step: $out"
+for level in WARN none error; do
+    out=$(slurm_tasks $level)
+    echo "$out" | grep -q "Slurm task" && fail "TUTTI_DEBUG=$level printed the info line: $out"
+done
+echo "test_run: TUTTI_DEBUG read as the library reads it, its line with the library's prefix"
+tmpdir_empty "TUTTI_DEBUG"
+
 echo "test_run: all checks passed"

@@ -43,6 +43,7 @@
 
 #include <tutti/tutti.h>
 
+#include "base/base.h" /* the library's log (lib/base/log.c, built in here too) */
 #include "cli.h"
 #include "launch.h"
 #include "errfile.h"
@@ -2130,10 +2131,8 @@ static int slurm_nodes(run_opts_t *o, tutti_store_t **server)
     o->node_rank = node;
     setenv("TUTTI_STORE_SERVER", "0", 1); /* the ranks: task 0 serves it, here; every
                                              task keeps its handle for the exit barrier */
-    if (getenv("TUTTI_DEBUG") && strcmp(getenv("TUTTI_DEBUG"), "warn") &&
-        strcmp(getenv("TUTTI_DEBUG"), "error"))
-        fprintf(stderr, "tutti-run: Slurm task %d of %d: node %d of the job, store %s%s\n", node,
-                nodes, node, url, node ? "" : " (served here)");
+    TT_INFO("tutti-run: Slurm task %d of %d: node %d of the job, store %s%s", node, nodes, node,
+            url, node ? "" : " (served here)");
     return 0;
 }
 
