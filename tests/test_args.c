@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "base/base.h"
 #include "base/hostlist.h"
+#include "core/state.h"
 
 static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -1000,6 +1001,52 @@ START_TEST(log_level_values)
 }
 END_TEST
 
+/* A bad value in the environment is warned about once per process: tutti_comm_opts_init,
+ * then each communicator's own reading (tt_comm_opts_resolve), said it again (as rank -1,
+ * then as the rank). A negative timeout, which becomes the default, is said once too. */
+static int rank_warn_once(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    capture_t cap;
+    capture_begin(&cap);
+    tutti_store_t *store = NULL;
+    tutti_comm_t *c1 = NULL, *c2 = NULL;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = -5;
+    int st = tutti_store_open_file(&store, dir, 5000);
+    if (st == 0)
+        st = tutti_comm_init(&c1, store, rank, nranks, &o);
+    if (st == 0)
+        st = tutti_comm_init(&c2, store, rank, nranks, &o);
+    int timeout = st == 0 ? c1->opts.timeout_ms : -1;
+    tutti_comm_destroy(c2);
+    tutti_comm_destroy(c1);
+    char *text = capture_end(&cap);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    FAIL_IF(count_of(text, "TUTTI_SPIN_US=garbage is neither auto nor an integer; using auto") != 1,
+            "TUTTI_SPIN_US=garbage warned %d times", count_of(text, "TUTTI_SPIN_US=garbage"));
+    FAIL_IF(count_of(text, "TUTTI_CHUNK_BYTES=lots is not a size") != 1, "TUTTI_CHUNK_BYTES");
+    FAIL_IF(count_of(text, "timeout_ms (TUTTI_TIMEOUT_MS) -5") != 1, "timeout -5 warned %d times",
+            count_of(text, "timeout_ms (TUTTI_TIMEOUT_MS) -5"));
+    FAIL_IF(timeout != 30000, "timeout -5 gave %d", timeout);
+    free(text);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(env_warned_once)
+{
+    setenv("TUTTI_SPIN_US", "garbage", 1);
+    setenv("TUTTI_CHUNK_BYTES", "lots", 1);
+    int st = th_run_nocomm(2, rank_warn_once, NULL, 30000);
+    unsetenv("TUTTI_SPIN_US");
+    unsetenv("TUTTI_CHUNK_BYTES");
+    ck_assert_int_eq(st, 0);
+}
+END_TEST
+
 START_TEST(version_agrees)
 {
     char want[32];
@@ -1037,7 +1084,8 @@ static Suite *suite(void)
                                          init_from_mpirun_env, huge_rank_or_size_refused,
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "log", 90,
-                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
+                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values,
+                                         env_warned_once, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, bad_socket_family,
                                          stray_connection_during_setup, NULL });

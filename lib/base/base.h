@@ -87,12 +87,18 @@ int tt_ms_left(uint64_t deadline_ns);
 /* The same from a clock reading the caller already has (hot paths read it once). */
 int tt_ms_left_at(uint64_t deadline_ns, uint64_t now_ns);
 
-/* Environment: TUTTI_<name>; an empty value is taken for unset. */
+/* Environment: TUTTI_<name>; an empty value is taken for unset. tt_env_int warns about a
+ * value that is not an integer (and returns def) once per process, as every warning
+ * about the environment is: */
 const char *tt_env(const char *name);
 /* TUTTI_<name> as it is, empty included (NULL: unset): for a variable whose empty value
  * must fail, not mean unset (the job secret: authentication must not go off). */
 const char *tt_env_set(const char *name);
 int tt_env_int(const char *name, int def);
+/* 1 the first time this process asks about name (TUTTI_<name>, or a field) with this
+ * value, 0 after: tutti_comm_opts_init, then each communicator's reading of the same
+ * environment, warn once, not once a reading. */
+int tt_warn_first(const char *name, const char *value);
 /* A launcher's count or rank (any variable name, as given; NULL: none): the
  * non-negative decimal integer it holds, up to INT32_MAX, else -1 (unset, empty, or not
  * such a number). */

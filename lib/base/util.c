@@ -1,6 +1,7 @@
 /* Time, environment and small string helpers. */
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,34 @@ long tt_env_count(const char *name)
     return v && *v && !*end && !errno && x >= 0 && x <= INT32_MAX ? x : -1;
 }
 
+int tt_warn_first(const char *name, const char *value)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t *seen;
+    static size_t nseen, cap;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of "name=value" */
+    for (const char *p = name; p && *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ '=') * 1099511628211ull;
+    for (const char *p = value; p && *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    int first = 1;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nseen && first; i++)
+        first = seen[i] != h;
+    if (first && nseen == cap) {
+        uint64_t *s = realloc(seen, (cap ? 2 * cap : 16) * sizeof(*s));
+        if (s) {
+            seen = s;
+            cap = cap ? 2 * cap : 16;
+        }
+    }
+    if (first && nseen < cap)
+        seen[nseen++] = h;
+    pthread_mutex_unlock(&lock);
+    return first;
+}
+
 int tt_env_int(const char *name, int def)
 {
     const char *v = tt_env(name);
@@ -70,7 +99,8 @@ int tt_env_int(const char *name, int def)
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || *end || x < INT32_MIN || x > INT32_MAX) {
-        TT_WARN("TUTTI_%s=%s is not an integer; using %d", name, v, def);
+        if (tt_warn_first(name, v))
+            TT_WARN("TUTTI_%s=%s is not an integer; using %d", name, v, def);
         return def;
     }
     return (int)x;

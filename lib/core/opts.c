@@ -1,6 +1,7 @@
 /* Communicator options: the defaults, the TUTTI_* environment over them, and the
  * communicator's own copy (tutti_comm_opts_init, tt_comm_opts_resolve); the quick store
  * deadline derived from them (tt_comm_quick_ms). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,12 +38,19 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->socket_family = tt_env_int("SOCKET_FAMILY", tt_env("SOCKET_FAMILY") ? -1 : 0);
     opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
     const char *spin = tt_env("SPIN_US");
-    opts->spin_us = spin && !strcmp(spin, "auto") ? TT_SPIN_AUTO
-                                                  : tt_env_int("SPIN_US", TT_SPIN_AUTO);
+    char *end = NULL;
+    long us = spin ? strtol(spin, &end, 10) : TT_SPIN_AUTO;
+    if (spin && strcmp(spin, "auto") && (*end || us < INT32_MIN || us > INT32_MAX)) {
+        if (tt_warn_first("SPIN_US", spin))
+            TT_WARN("TUTTI_SPIN_US=%s is neither auto nor an integer; using auto", spin);
+        us = TT_SPIN_AUTO;
+    }
+    opts->spin_us = spin && !strcmp(spin, "auto") ? TT_SPIN_AUTO : (int)us;
     opts->chunk_bytes = TT_DEFAULT_CHUNK;
     const char *chunk = tt_env("CHUNK_BYTES");
     if (chunk && tt_parse_size(chunk, &opts->chunk_bytes) < 0) {
-        TT_WARN("TUTTI_CHUNK_BYTES=%s is not a size; using %u", chunk, TT_DEFAULT_CHUNK);
+        if (tt_warn_first("CHUNK_BYTES", chunk))
+            TT_WARN("TUTTI_CHUNK_BYTES=%s is not a size; using %u", chunk, TT_DEFAULT_CHUNK);
         opts->chunk_bytes = TT_DEFAULT_CHUNK;
     }
     opts->prefix = tt_env("PREFIX");
@@ -86,7 +94,9 @@ void tt_comm_opts_free(tutti_comm_opts_t *o)
 int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
 {
     tutti_comm_opts_t env, d;
-    tutti_comm_opts_init(&env); /* the one reading of the environment */
+    /* the one reading of the environment (a second one where the caller's options came
+     * from tutti_comm_opts_init: its warnings are not repeated, tt_warn_first) */
+    tutti_comm_opts_init(&env);
     d = env;
     if (src) {
         /* Fields the caller's (possibly older, smaller) struct has win over defaults. */
@@ -103,6 +113,14 @@ int tt_comm_opts_resolve(tutti_comm_opts_t *dst, const tutti_comm_opts_t *src)
     if (!d.transport) {
         tt_comm_opts_free(&d);
         return TUTTI_ERR_NOMEM;
+    }
+    if (d.timeout_ms < 0) { /* 0 is the default; a negative one is no bound elsewhere */
+        char v[16];
+        snprintf(v, sizeof(v), "%d", d.timeout_ms);
+        if (tt_warn_first("TIMEOUT_MS", v))
+            TT_WARN("timeout_ms (TUTTI_TIMEOUT_MS) %s: a communicator's waits are always "
+                    "bounded; using %d",
+                    v, TT_DEFAULT_TIMEOUT_MS);
     }
     if (d.timeout_ms <= 0)
         d.timeout_ms = TT_DEFAULT_TIMEOUT_MS;
