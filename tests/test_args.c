@@ -18,6 +18,8 @@
 #include "base/base.h"
 #include "base/hostlist.h"
 #include "core/state.h"
+#include "fake_host.h"
+#include "../transports/kit/util.h"
 
 static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -1047,6 +1049,64 @@ START_TEST(env_warned_once)
 }
 END_TEST
 
+/* One size grammar (transports/kit/util.h tp_parse_size) for the library's sizes and the
+ * transports' knobs: the kit refused "1MB", which the library took; TUTTI_IB_MR_CACHE_BYTES
+ * took hex; TUTTI_SOCKET_BUFFER=4M was "not an integer; using 0". */
+START_TEST(size_grammar)
+{
+    static const struct {
+        const char *s;
+        size_t v; /* SIZE_MAX: not a size */
+    } cases[] = {
+        { "4096", 4096 },
+        { "64K", 65536 },
+        { "64k", 65536 },
+        { "1M", 1 << 20 },
+        { "1MB", 1 << 20 },
+        { "2gb", (size_t)2 << 30 },
+        { "0", 0 },
+        { "0x10", SIZE_MAX },
+        { "-1", SIZE_MAX },
+        { "1.5M", SIZE_MAX },
+        { "1 M", SIZE_MAX },
+        { " 1M", SIZE_MAX },
+        { "1MiB", SIZE_MAX },
+        { "", SIZE_MAX },
+        { "M", SIZE_MAX },
+        { "1B", SIZE_MAX },
+        { "99999999999999999999", SIZE_MAX },
+    };
+    for (size_t i = 0; i < TT_ARRAY_SIZE(cases); i++) {
+        size_t lib = 7, kit = 7;
+        int a = tt_parse_size(cases[i].s, &lib), b = tp_parse_size(cases[i].s, &kit);
+        ck_assert_msg((a == 0) == (cases[i].v != SIZE_MAX) && (b == 0) == (a == 0),
+                      "\"%s\": library %d, kit %d", cases[i].s, a, b);
+        if (a == 0)
+            ck_assert_msg(lib == cases[i].v && kit == lib, "\"%s\": %zu, %zu", cases[i].s, lib,
+                          kit);
+    }
+    /* a transport's knob, as the host answers it */
+    th_host_t t;
+    th_host_init(&t, NULL, 0, 1, 1000, NULL);
+    t.knobs = "SHM_STEP_BYTES=1MB,IB_MR_CACHE_BYTES=0x40000000,IB_EAGER_BYTES=4K";
+    const tutti_tp_host_v1_t *h = &t.h;
+    ck_assert_uint_eq(tp_knob_size(h, "SHM_STEP_BYTES", 65536), 1 << 20);
+    ck_assert_uint_eq(tp_knob_size(h, "IB_MR_CACHE_BYTES", 123), 123);
+    size_t x;
+    const char *raw;
+    ck_assert_int_eq(tp_knob_bytes(h, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &x, &raw), 0);
+    ck_assert_uint_eq(x, 4096);
+    ck_assert_int_eq(tp_knob_bytes(h, "IB_EAGER_BYTES", 8192, 0, 1024, &x, &raw), TUTTI_ERR_CONFIG);
+    ck_assert_uint_eq(x, 8192);
+    /* the library's own: TUTTI_SOCKET_BUFFER is a size */
+    setenv("TUTTI_SOCKET_BUFFER", "4M", 1);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    unsetenv("TUTTI_SOCKET_BUFFER");
+    ck_assert_int_eq(o.socket_buffer_bytes, 4 << 20);
+}
+END_TEST
+
 START_TEST(version_agrees)
 {
     char want[32];
@@ -1084,8 +1144,8 @@ static Suite *suite(void)
                                          init_from_mpirun_env, huge_rank_or_size_refused,
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "log", 90,
-                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values,
-                                         env_warned_once, NULL });
+                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
+    th_add_tests(s, "knobs", 90, (const TTest *const[]){ env_warned_once, size_grammar, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, bad_socket_family,
                                          stray_connection_during_setup, NULL });

@@ -103,7 +103,8 @@ int tt_warn_first(const char *name, const char *value);
  * non-negative decimal integer it holds, up to INT32_MAX, else -1 (unset, empty, or not
  * such a number). */
 long tt_env_count(const char *name);
-/* "4096", "64K", "1M", "2G" (binary units); returns TUTTI_ERR_INVALID_ARG otherwise. */
+/* "4096", "64K", "1M", "2G", "1MB" (binary units; transports/kit/util.h's tp_parse_size,
+ * the one grammar of every size); returns TUTTI_ERR_INVALID_ARG otherwise. */
 int tt_parse_size(const char *s, size_t *size_p);
 
 /* exec.c: while on (calls nest, per thread), async ops this thread issues are queued

@@ -10,6 +10,7 @@
 
 #include "base/base.h"
 #include "../../transports/kit/copy.h"
+#include "../../transports/kit/util.h" /* tp_parse_size: one size grammar */
 
 void tt_copy(void *dst, const void *src, size_t n)
 {
@@ -108,38 +109,7 @@ int tt_env_int(const char *name, int def)
 
 int tt_parse_size(const char *s, size_t *size_p)
 {
-    if (!s || !*s || !isdigit((unsigned char)*s))
-        return TUTTI_ERR_INVALID_ARG;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return TUTTI_ERR_INVALID_ARG;
-    unsigned shift = 0;
-    switch (toupper((unsigned char)*end)) {
-    case '\0': break;
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    default: return TUTTI_ERR_INVALID_ARG;
-    }
-    if (shift && (*end == 'B' || *end == 'b'))
-        end++;
-    if (*end)
-        return TUTTI_ERR_INVALID_ARG;
-    if (shift && v > (SIZE_MAX >> shift))
-        return TUTTI_ERR_INVALID_ARG;
-    *size_p = (size_t)(v << shift);
-    return TUTTI_OK;
+    return tp_parse_size(s, size_p) < 0 ? TUTTI_ERR_INVALID_ARG : TUTTI_OK;
 }
 
 char *tt_strdup(const char *s)

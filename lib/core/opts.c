@@ -23,6 +23,21 @@
 #define TT_DEFAULT_TRACE_ENTRIES 1024
 #define TT_DEFAULT_STREAM_TIMEOUT_MS 600000
 
+/* TUTTI_<name> as a size (tt_parse_size) that fits an int: 0 when unset or (with a
+ * warning, once) not such a size. */
+static int env_size_int(const char *name)
+{
+    const char *v = tt_env(name);
+    size_t n = 0;
+    if (v && (tt_parse_size(v, &n) < 0 || n > INT32_MAX)) {
+        if (tt_warn_first(name, v))
+            TT_WARN("TUTTI_%s=%s is not a size (digits, then K, M or G) below 2G; using 0", name,
+                    v);
+        n = 0;
+    }
+    return (int)n;
+}
+
 int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 {
     if (!opts)
@@ -36,7 +51,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->socket_ifname = tt_env("SOCKET_IFNAME");
     /* not a number: -1, which tcp refuses naming the variable (0 would mean either) */
     opts->socket_family = tt_env_int("SOCKET_FAMILY", tt_env("SOCKET_FAMILY") ? -1 : 0);
-    opts->socket_buffer_bytes = tt_env_int("SOCKET_BUFFER", 0);
+    opts->socket_buffer_bytes = env_size_int("SOCKET_BUFFER");
     const char *spin = tt_env("SPIN_US");
     char *end = NULL;
     long us = spin ? strtol(spin, &end, 10) : TT_SPIN_AUTO;

@@ -841,16 +841,21 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
         tp->links[i].served = tutti_tp_host_serves(host, i);
         snprintf(tp->links[i].addr, sizeof(tp->links[i].addr), "?");
     }
-    long slots, eager, timeout, keep;
+    long slots, timeout, keep;
+    size_t eager;
+    const char *eager_v;
     if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
-        (st = knob(tp, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager)) < 0 ||
+        (tp_knob_bytes(host, "IB_EAGER_BYTES", 8192, 0, 1 << 20, &eager, &eager_v) < 0 &&
+         (st = host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "ibverbs: TUTTI_IB_EAGER_BYTES=%s: expected a size from 0 to 1M",
+                           eager_v)) < 0) ||
         (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||
         (st = knob(tp, "IB_KEEPALIVE_MS", 1000, 0, 3600000, &keep)) < 0 ||
         (st = connect_mode(tp)) < 0)
         goto err_destroy;
     tp->link_failed = lazy_link_failed;
     tp->slots = (unsigned)slots;
-    tp->eager_max = (size_t)eager;
+    tp->eager_max = eager;
     tp->slot_bytes = (IB_HDR_BYTES + tp->eager_max + 63) & ~(size_t)63;
     tp->qp_timeout = (int)timeout;
     tp->keepalive_ms = (int)keep;

@@ -252,23 +252,8 @@ static int query_port(ib_tp_t *tp, struct ibv_device_attr_ex *dax, struct ibv_po
 static int setup_mr_cache(ib_tp_t *tp, const struct ibv_device_attr_ex *dax)
 {
     const char *mrc_mode = HOST->config(HOST->ctx, "IB_MR_CACHE");
-    const char *lim = HOST->config(HOST->ctx, "IB_MR_CACHE_BYTES");
-    size_t limit = (size_t)1 << 30;
-    if (lim && *lim) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(lim, &end, 0);
-        unsigned shift = *end == 'K' || *end == 'k'   ? 10
-                         : *end == 'M' || *end == 'm' ? 20
-                         : *end == 'G' || *end == 'g' ? 30
-                                                      : 0;
-        if (shift)
-            end++;
-        if (errno || *end || lim[0] == '-' || v > (~0ull >> shift))
-            return ERRF(TUTTI_ERR_CONFIG, -1, 0,
-                        "ibverbs: TUTTI_IB_MR_CACHE_BYTES=%s: expected bytes, with K, M or G", lim);
-        limit = (size_t)(v << shift);
-    }
+    /* a size as every other (kit/util.h); not one: a warning, and the default */
+    size_t limit = tp_knob_size(HOST, "IB_MR_CACHE_BYTES", (size_t)1 << 30);
     uint32_t rc_odp = IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SEND;
     int odp_ok = (dax->odp_caps.general_caps & IBV_ODP_SUPPORT) &&
                  (dax->odp_caps.per_transport_caps.rc_odp_caps & rc_odp) == rc_odp;

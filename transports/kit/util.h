@@ -82,26 +82,74 @@ static inline int tp_knob_long(const tutti_tp_host_v1_t *h, const char *name, lo
     return TUTTI_OK;
 }
 
-/* Knob TUTTI_<name> as a size: bytes with an optional k/m/g suffix (powers of 1024), at
- * most 1 TiB; a value that is not one is warned about and def used. */
-static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name, size_t def)
+/* The one grammar of a size, for every TUTTI_* size the library or a transport reads
+ * (lib's tt_parse_size is this): decimal digits, then optionally K, M or G in either case
+ * (powers of 1024) and a B after it ("4096", "64K", "1M", "2gb"); nothing else (no sign,
+ * hex, fraction or space). 0 with *out set, or -1 (*out untouched). */
+static inline int tp_parse_size(const char *s, size_t *out)
 {
-    const char *v = h->config(h->ctx, name);
-    if (!v || !*v)
-        return def;
+    if (!s || *s < '0' || *s > '9')
+        return -1;
     char *end;
     errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    const char *units = "kKmMgG";
-    const char *u = *end ? strchr(units, *end) : NULL;
-    int shift = u ? 10 * (1 + (int)(u - units) / 2) : 0;
-    if (shift)
-        end++;
-    if (errno || end == v || *end || x > ((1ull << 40) >> shift)) {
-        h->log(h->ctx, TUTTI_LOG_WARN, "TUTTI_%s=%s is not a size; using %zu", name, v, def);
-        return def;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k':
+    case 'K': shift = 10; break;
+    case 'm':
+    case 'M': shift = 20; break;
+    case 'g':
+    case 'G': shift = 30; break;
+    default: break;
     }
-    return (size_t)(x << shift);
+    if (shift && (*++end == 'B' || *end == 'b'))
+        end++;
+    if (errno || *end || v > ((unsigned long long)SIZE_MAX >> shift))
+        return -1;
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+/* Knob TUTTI_<name> as a size (tp_parse_size) within [lo, hi]. 0 with *out set (def when
+ * unset); TUTTI_ERR_CONFIG when it is set but not such a size (*out = def, *raw_p the
+ * text): the caller decides whether that is fatal. */
+static inline int tp_knob_bytes(const tutti_tp_host_v1_t *h, const char *name, size_t def,
+                                size_t lo, size_t hi, size_t *out, const char **raw_p)
+{
+    const char *v = h->config(h->ctx, name);
+    size_t x;
+    *out = def;
+    if (raw_p)
+        *raw_p = v;
+    if (!v || !*v)
+        return TUTTI_OK;
+    if (tp_parse_size(v, &x) < 0 || x < lo || x > hi)
+        return TUTTI_ERR_CONFIG;
+    *out = x;
+    return TUTTI_OK;
+}
+
+/* Knob TUTTI_<name> as a size (tp_parse_size), at most 1 TiB; a value that is not one is
+ * warned about and def used (def_name, when set, is what the warning calls def: "auto"). */
+static inline size_t tp_knob_size_named(const tutti_tp_host_v1_t *h, const char *name, size_t def,
+                                        const char *def_name)
+{
+    size_t x;
+    const char *v;
+    if (tp_knob_bytes(h, name, def, 0, (size_t)1 << 40, &x, &v) < 0) {
+        char num[32];
+        snprintf(num, sizeof(num), "%zu", def);
+        h->log(h->ctx, TUTTI_LOG_WARN,
+               "TUTTI_%s=%s is not a size (digits, then K, M or G; at most 1T); using %s", name, v,
+               def_name ? def_name : num);
+    }
+    return x;
+}
+
+static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name, size_t def)
+{
+    return tp_knob_size_named(h, name, def, NULL);
 }
 
 /* Room for more open files, per_peer[0] to per_peer[1] for each of `npeers` peers and
