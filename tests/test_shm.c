@@ -1908,6 +1908,52 @@ static int rank_tp_second(int rank, int nranks, tutti_comm_t *comm, const char *
     return 0;
 }
 
+/* Bad TUTTI_SHM_* values act as unset, and the warning says what is used: a ring size
+ * that is not one is auto (it was 1 MiB, and ring_fit's shrinking to /dev/shm's room
+ * was off), a hint size auto (the warning said 18446744073709551615), a liveness period
+ * of 0 the default 100 ms (it silently became 1 ms). */
+static int rank_tp_bad_knobs(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    (void)arg;
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
+    th_host_t t;
+    void *tp = NULL;
+    FAIL_IF(th_host_open(&t, dir, "knobs/", rank, nranks, 10000) != 0, "host: %s", t.err);
+    t.knobs = "SHM_RING_BYTES=garbage,SHM_CMA_HINT_BYTES=lots,SHM_LIVENESS_MS=0";
+    t.h.req_size = sizeof(tutti_tp_req_v2_t); /* a library that posts hints */
+    log_capture_t cap;
+    FAIL_IF(log_begin(&cap, dir, "knobs", rank) != 0, "stderr to a file");
+    int st = ops->create(&t.h, &tp);
+    char text[4096];
+    FAIL_IF(log_end(&cap, text, sizeof(text)) != 0, "read back %s", cap.path);
+    fputs(text, stderr);
+    FAIL_IF(st != 0, "create: %s", t.err);
+    const shm_tp_t *s = tp;
+    FAIL_IF(!s->ring_auto, "SHM_RING_BYTES=garbage: not auto (rings of %zu)", s->ring_bytes);
+    FAIL_IF(s->ring_bytes > (1u << 20), "SHM_RING_BYTES=garbage: rings of %zu", s->ring_bytes);
+    FAIL_IF(!strstr(text, "TUTTI_SHM_RING_BYTES=garbage is not a size") ||
+                !strstr(text, "TUTTI_SHM_CMA_HINT_BYTES=lots is not a size (digits, then K, M or "
+                              "G; at most 1T); using auto"),
+            "warnings: %s", text);
+    FAIL_IF(s->liveness_ms != 100 || !strstr(text, "TUTTI_SHM_LIVENESS_MS=0: the peers' liveness "
+                                                   "is always checked; using 100"),
+            "SHM_LIVENESS_MS=0: every %d ms", s->liveness_ms);
+    store_barrier(&t, "made", nranks);
+    ops->destroy(tp);
+    th_host_close(&t);
+    return 0;
+}
+
+START_TEST(abi_bad_knobs_are_unset)
+{
+    shared_t *sh;
+    int rc = run_shm(2, rank_tp_bad_knobs, 0, 0, NULL, 30000, TH_NO_COMM, NULL, &sh);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
 START_TEST(abi_rings_second_transport_counts_the_first)
 {
     in_own_shm("3584k", rank_tp_second, 1);
@@ -1936,6 +1982,7 @@ static Suite *suite(void)
                                  abi_cancel_at_boundary_keeps_link,
                                  abi_withdrawn_pull_never_delivered,
                                  abi_single_copy_hint,
+                                 abi_bad_knobs_are_unset,
                                  abi_streamed_ring_stores,
                                  nt_choice_from_timings,
                                  abi_rings_reserved_at_first_use,

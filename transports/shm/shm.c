@@ -1338,9 +1338,15 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     def_ring = def_ring < SHM_RING_MIN   ? SHM_RING_MIN
                : def_ring > SHM_RING_MAX ? SHM_RING_MAX
                                          : def_ring;
+    /* unset, auto, or (with a warning) not a size: auto, which ring_fit may shrink */
     const char *rv = host->config(host->ctx, "SHM_RING_BYTES");
     tp->ring_auto = !rv || !*rv || !strcmp(rv, "auto");
-    size_t ring = tp->ring_auto ? def_ring : tp_knob_size(tp->host, "SHM_RING_BYTES", def_ring);
+    size_t ring = def_ring;
+    if (!tp->ring_auto) {
+        ring = tp_knob_size_named(tp->host, "SHM_RING_BYTES", SIZE_MAX, "auto");
+        tp->ring_auto = ring == SIZE_MAX;
+        ring = tp->ring_auto ? def_ring : ring;
+    }
     size_t r2 = 4096;
     while (r2 < ring && r2 < ((size_t)1 << 30))
         r2 <<= 1;
@@ -1353,7 +1359,8 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
          * default (auto) a size set-up picks, see SHM_CMA_HINT_AUTO */
         const char *v = host->config(host->ctx, "SHM_CMA_HINT_BYTES");
         tp->cma_hint_min = v && strcmp(v, "auto")
-                               ? tp_knob_size(tp->host, "SHM_CMA_HINT_BYTES", SHM_CMA_HINT_AUTO)
+                               ? tp_knob_size_named(tp->host, "SHM_CMA_HINT_BYTES",
+                                                    SHM_CMA_HINT_AUTO, "auto")
                                : SHM_CMA_HINT_AUTO;
     }
 #endif
@@ -1376,8 +1383,12 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;
     tp->liveness_ms = knob_int(tp, "SHM_LIVENESS_MS", SHM_DEFAULT_LIVENESS_MS);
-    if (tp->liveness_ms < 1)
-        tp->liveness_ms = 1;
+    if (tp->liveness_ms < 1) { /* the check cannot be switched off: a dead peer hangs */
+        tp->host->log(tp->host->ctx, TUTTI_LOG_WARN,
+                      "TUTTI_SHM_LIVENESS_MS=%d: the peers' liveness is always checked; using %d",
+                      tp->liveness_ms, SHM_DEFAULT_LIVENESS_MS);
+        tp->liveness_ms = SHM_DEFAULT_LIVENESS_MS;
+    }
     st = shm_setup(tp);
     if (st < 0) {
         shm_destroy(tp);
