@@ -53,6 +53,7 @@ static const struct {
     { "SOCKET_FAMILY", offsetof(tutti_comm_opts_t, socket_family), 1 },
     { "SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1 },
     { "CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0 },
+    { "BIND", offsetof(tutti_comm_opts_t, bind), 0 },
 };
 
 static const char *host_config(void *ctx, const char *name)

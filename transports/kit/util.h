@@ -152,6 +152,15 @@ static inline size_t tp_knob_size(const tutti_tp_host_v1_t *h, const char *name,
     return tp_knob_size_named(h, name, def, NULL);
 }
 
+/* TUTTI_BIND=none (the bind field of the options): the transport moves none of the
+ * threads that wait in it off a CPU (shm's and tcp's moves off a CPU shared with a peer):
+ * they stay where the kernel, or the caller's affinity, puts them. */
+static inline int tp_bind_none(const tutti_tp_host_v1_t *h)
+{
+    const char *v = h->config(h->ctx, "BIND");
+    return v && !strcmp(v, "none");
+}
+
 /* Room for more open files, per_peer[0] to per_peer[1] for each of `npeers` peers and
  * `own` of the set-up's own, under RLIMIT_NOFILE, counting what /proc/self/fd holds now:
  * where the soft limit is short of the most, it is raised toward the hard one (as MPI

@@ -990,7 +990,9 @@ static int spin(void *vtp, unsigned long c0, uint64_t t0, uint64_t deadline)
         tp->cpu = c;
         atomic_store_explicit(&tp->bell->cpu, c, memory_order_relaxed);
     }
-    if (!tp->oversubscribed) {
+    if (tp->keep_cpu) {
+        /* TUTTI_BIND=none: the thread stays where the kernel or the caller puts it */
+    } else if (!tp->oversubscribed) {
         if (tp->spin_misses >= 4)
             leave_shared_cpu(tp, t0);
     } else if (t0 >= tp->next_look_ns) {
@@ -1379,6 +1381,7 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     unsigned int eax, ebx, ecx, edx;
     tp->prefetchw = __get_cpuid(0x80000001u, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 8));
 #endif
+    tp->keep_cpu = tp_bind_none(host);
     tp->step = tp_knob_size(tp->host, "SHM_STEP_BYTES", SHM_STEP);
     if (tp->step < SHM_LINE)
         tp->step = SHM_LINE;

@@ -301,6 +301,7 @@ struct shm_tp {
                             TUTTI_TP_HINT_SINGLE_COPY; 0 never; SHM_CMA_HINT_AUTO until
                             set-up resolves it */
     size_t ring_bytes;         /* of the rings this rank creates (its pairs with higher ranks) */
+    int keep_cpu;              /* TUTTI_BIND=none: no move off a CPU (spin()) */
     int ring_auto;             /* TUTTI_SHM_RING_BYTES unset or auto: ring_fit may shrink them */
     size_t step;               /* TUTTI_SHM_STEP_BYTES: ring copies go in steps of this */
     int nt_stores;             /* TUTTI_SHM_NT_STORES: SHM_NT_OFF, SHM_NT_ON or SHM_NT_AUTO */

@@ -961,13 +961,14 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
         return st;
     }
     /* leaving a CPU shared with a lower local rank (while there are CPUs for every rank:
-     * with fewer, sharing is unavoidable and moving only churns) */
+     * with fewer, sharing is unavoidable and moving only churns; never under
+     * TUTTI_BIND=none) */
     int local_lower = 0;
     for (int i = 0; i < tp->rank; i++)
         local_lower += tp->links[i].pid > 0;
     tp->hop.shares = tcp_shares;
     tp->hop.min_cpus = host->nranks;
-    tp->hop.enabled = local_lower > 0 && host->spin_us > 0;
+    tp->hop.enabled = local_lower > 0 && host->spin_us > 0 && !tp_bind_none(host);
     for (int i = 0; i < host->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->fd < 0)
