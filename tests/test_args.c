@@ -1107,6 +1107,49 @@ START_TEST(size_grammar)
 }
 END_TEST
 
+/* TUTTI_TRANSPORT_OPTIONS names the transports' knobs: an entry that names none (a
+ * typo), is not NAME=VALUE, or names an option with a field of its own (never read from
+ * there) was ignored without a word. Each is warned about once per process, whichever
+ * transport runs (the knobs of every built-in one are known); known knobs are not. */
+static int rank_tp_options(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    capture_t cap;
+    capture_begin(&cap);
+    tutti_store_t *store = NULL;
+    tutti_comm_t *c1 = NULL, *c2 = NULL;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport_options = "SHM_RING_BYTE=1M,garbage,SOCKET_IFNAME=lo,TCP_CONNECT=eager,"
+                          "IB_DEV=mlx5_0,SHM_STEP_BYTES=64K,,=3";
+    int st = tutti_store_open_file(&store, dir, 5000);
+    if (st == 0)
+        st = tutti_comm_init(&c1, store, rank, nranks, &o);
+    if (st == 0)
+        st = tutti_comm_init(&c2, store, rank, nranks, &o);
+    tutti_comm_destroy(c2);
+    tutti_comm_destroy(c1);
+    char *text = capture_end(&cap);
+    FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
+    static const char *const want[] = {
+        "TUTTI_TRANSPORT_OPTIONS: \"SHM_RING_BYTE=1M\" names no knob of the transports: ignored "
+        "(SHM_RING_BYTES?)",
+        "TUTTI_TRANSPORT_OPTIONS: \"garbage\" is not NAME=VALUE",
+        "TUTTI_TRANSPORT_OPTIONS: \"=3\" is not NAME=VALUE",
+        "TUTTI_TRANSPORT_OPTIONS: \"SOCKET_IFNAME=lo\" is an option of its own",
+    };
+    for (size_t i = 0; i < TT_ARRAY_SIZE(want); i++)
+        FAIL_IF(count_of(text, want[i]) != 1, "%d times: %s", count_of(text, want[i]), want[i]);
+    FAIL_IF(count_of(text, "TUTTI_TRANSPORT_OPTIONS") != (int)TT_ARRAY_SIZE(want),
+            "%d warnings about TUTTI_TRANSPORT_OPTIONS", count_of(text, "TUTTI_TRANSPORT_OPTIONS"));
+    free(text);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(transport_options_checked, th_run_nocomm(2, rank_tp_options, NULL, 30000))
+
 START_TEST(version_agrees)
 {
     char want[32];
@@ -1145,7 +1188,9 @@ static Suite *suite(void)
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "log", 90,
                  (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
-    th_add_tests(s, "knobs", 90, (const TTest *const[]){ env_warned_once, size_grammar, NULL });
+    th_add_tests(s, "knobs", 90,
+                 (const TTest *const[]){ env_warned_once, size_grammar, transport_options_checked,
+                                         NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, bad_socket_family,
                                          stray_connection_during_setup, NULL });

@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "core/comm.h"
 #include "core/setup.h"
+#include "plugin/tpmux.h"
 
 static int host_store_set(void *ctx, const char *key, const void *value, size_t len)
 {
@@ -60,6 +61,7 @@ static const char *host_config(void *ctx, const char *name)
 {
     tutti_comm_t *comm = ctx;
     static __thread char num[32];
+    tt_transports_knob_asked(name);
     for (size_t i = 0; i < TT_ARRAY_SIZE(opts_knobs); i++) {
         if (strcmp(name, opts_knobs[i].name))
             continue;

@@ -18,6 +18,7 @@
  * without arm() makes them take turns instead, blocking in each for up to 1 ms. */
 #include <ctype.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -838,6 +839,113 @@ static void spin_resolve(tutti_comm_t *comm, int local_ranks, int cpus, int is_a
             comm->opts.spin_us, local_ranks, cpus);
 }
 
+/* The knobs of the built-in transports (docs/configuration.md, "(transport option)"):
+ * names TUTTI_TRANSPORT_OPTIONS may hold whether or not their transport runs here. */
+static const char *const builtin_knobs[] = {
+    "TCP_CONGESTION",  "TCP_CONNECT", "SHM_RING_BYTES",    "SHM_STEP_BYTES",
+    "SHM_NT_STORES",   "SHM_RESERVE", "SHM_CMA_BYTES",     "SHM_CMA_HINT_BYTES",
+    "SHM_LIVENESS_MS", "IB_DEV",      "IB_GID_INDEX",      "IB_SLOTS",
+    "IB_EAGER_BYTES",  "IB_MR_CACHE", "IB_MR_CACHE_BYTES", "IB_TIMEOUT",
+    "IB_KEEPALIVE_MS", "IB_CONNECT",
+};
+
+/* Every other name a transport of this process asked for (a plugin's knobs), so that
+ * TUTTI_TRANSPORT_OPTIONS may name them too. */
+static pthread_mutex_t asked_lock = PTHREAD_MUTEX_INITIALIZER;
+static char asked[64][48];
+static int nasked;
+
+static int is_builtin_knob(const char *name, size_t len)
+{
+    for (size_t i = 0; i < TT_ARRAY_SIZE(builtin_knobs); i++)
+        if (strlen(builtin_knobs[i]) == len && !strncmp(builtin_knobs[i], name, len))
+            return 1;
+    return 0;
+}
+
+void tt_transports_knob_asked(const char *name)
+{
+    size_t len = strlen(name);
+    if (is_builtin_knob(name, len) || len >= sizeof(asked[0]))
+        return;
+    pthread_mutex_lock(&asked_lock);
+    int i = 0;
+    while (i < nasked && strcmp(asked[i], name))
+        i++;
+    if (i == nasked && nasked < (int)TT_ARRAY_SIZE(asked))
+        snprintf(asked[nasked++], sizeof(asked[0]), "%s", name);
+    pthread_mutex_unlock(&asked_lock);
+}
+
+static int was_asked(const char *name, size_t len)
+{
+    int found = 0;
+    pthread_mutex_lock(&asked_lock);
+    for (int i = 0; i < nasked && !found; i++)
+        found = strlen(asked[i]) == len && !strncmp(asked[i], name, len);
+    pthread_mutex_unlock(&asked_lock);
+    return found;
+}
+
+/* Edits (insert, delete, replace) from a (n bytes) to b, up to 3 (then 3). */
+static int edits(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b);
+    if (n > 47 || m > 47 || (n > m ? n - m : m - n) > 2)
+        return 3;
+    int row[48];
+    for (size_t j = 0; j <= m; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            best = TT_MIN(best, up + 1);
+            row[j] = TT_MIN(best, row[j - 1] + 1);
+            diag = up;
+        }
+    }
+    return TT_MIN(row[m], 3);
+}
+
+/* After the transports' set-up: a warning (once per process) for each entry of
+ * opts.transport_options that is not NAME=VALUE, names an option with a field of its own
+ * (SOCKET_*, CHECKSUM, BIND, HOST_ID: the host answers those from the options, never from
+ * there), or names no knob of the built-in transports nor any a transport of this process
+ * asked for (a typo: the nearest knob is suggested). */
+static void check_transport_options(const tutti_comm_t *comm)
+{
+    for (const char *e = comm->opts.transport_options; e && *e;) {
+        const char *end = strchr(e, ',');
+        size_t len = end ? (size_t)(end - e) : strlen(e);
+        const char *eq = memchr(e, '=', len);
+        size_t nlen = eq ? (size_t)(eq - e) : len;
+        char entry[128];
+        snprintf(entry, sizeof(entry), "%.*s", (int)TT_MIN(len, sizeof(entry) - 1), e);
+        const char *why = NULL;
+        char hint[96] = "";
+        if (!len) {
+            /* an empty entry (",," or a trailing ','): nothing */
+        } else if (!eq || !nlen) {
+            why = "is not NAME=VALUE";
+        } else if (strncmp(e, "SOCKET_", 7) == 0 || (nlen == 8 && !strncmp(e, "CHECKSUM", 8)) ||
+                   (nlen == 4 && !strncmp(e, "BIND", 4)) ||
+                   (nlen == 7 && !strncmp(e, "HOST_ID", 7))) {
+            why = "is an option of its own (its TUTTI_ variable, or its field): ignored here";
+        } else if (!is_builtin_knob(e, nlen) && !was_asked(e, nlen)) {
+            why = "names no knob of the transports: ignored";
+            for (size_t i = 0; i < TT_ARRAY_SIZE(builtin_knobs) && !hint[0]; i++)
+                if (edits(e, nlen, builtin_knobs[i]) <= 2)
+                    snprintf(hint, sizeof(hint), " (%s?)", builtin_knobs[i]);
+        }
+        if (why && tt_warn_first("TRANSPORT_OPTIONS", entry))
+            TT_WARN("TUTTI_TRANSPORT_OPTIONS: \"%s\" %s%s", entry, why, hint);
+        e = end ? end + 1 : NULL;
+    }
+}
+
 int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
 {
     int n = comm->nranks;
@@ -915,6 +1023,8 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     comm->tp_handle = NULL;
 out:
     free(local);
+    if (st == TUTTI_OK) /* every transport has asked for its knobs by now */
+        check_transport_options(comm);
     return st;
 }
 

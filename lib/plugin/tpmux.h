@@ -15,6 +15,11 @@ typedef struct tutti_comm tutti_comm_t;
  * (NULL for a single rank), comm->tp_handle and comm->host. Errors go to err. */
 int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen);
 
+/* The host's config callback was asked for knob name (TUTTI_<name>) by a transport:
+ * a plugin's knobs, once asked, may be in TUTTI_TRANSPORT_OPTIONS without a warning
+ * (tt_transports_create checks its entries after set-up). */
+void tt_transports_knob_asked(const char *name);
+
 /* The properties of the transports comm uses, in the order tp_name names them ("shm+tcp":
  * shm's, then tcp's); returns how many (at most max). */
 int tt_transports_props(const tutti_comm_t *comm, const tutti_tp_props_v2_t **props, int max);
