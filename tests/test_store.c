@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1734,6 +1736,56 @@ START_TEST(test_file_unwritable)
 }
 END_TEST
 
+/* TUTTI_STORE_FSYNC had no field: opts.fsync (tutti_store_open of a file:// URL) asks for
+ * the fsync of each value, and tutti_store_opts_init fills it from the variable, which
+ * tutti_store_open_file still reads. fsync is this file's (the static library binds to
+ * it), counting its calls. */
+static atomic_int fsyncs;
+int fsync(int fd)
+{
+    atomic_fetch_add(&fsyncs, 1);
+    return (int)syscall(SYS_fsync, fd);
+}
+
+/* How many fsyncs a set on a fresh file store opened as asked took. */
+static int fsyncs_of_set(int fsync_field, const char *env, int open_file)
+{
+    char dir[128], url[160];
+    snprintf(dir, sizeof(dir), "%s/fsync%d-XXXXXX", g_root, (int)getpid());
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(url, sizeof(url), "file://%s", dir);
+    if (env)
+        setenv("TUTTI_STORE_FSYNC", env, 1);
+    else
+        unsetenv("TUTTI_STORE_FSYNC");
+    tutti_store_opts_t o;
+    tutti_store_opts_init(&o);
+    if (fsync_field >= 0)
+        o.fsync = fsync_field;
+    tutti_store_t *s = NULL;
+    if (open_file)
+        OK(NULL, tutti_store_open_file(&s, dir, 2000));
+    else
+        OK(NULL, tutti_store_open(&s, url, &o));
+    unsetenv("TUTTI_STORE_FSYNC");
+    int before = atomic_load(&fsyncs);
+    OK(s, tutti_store_set(s, "k", "v", 1));
+    int n = atomic_load(&fsyncs) - before;
+    tutti_store_close(s);
+    return n;
+}
+
+START_TEST(test_file_fsync_field)
+{
+    ck_assert_int_eq(fsyncs_of_set(-1, NULL, 0), 0);
+    ck_assert_int_gt(fsyncs_of_set(1, NULL, 0), 0); /* the field alone */
+    ck_assert_int_eq(fsyncs_of_set(0, "1", 0), 0);  /* the field wins over the variable */
+    ck_assert_int_gt(fsyncs_of_set(-1, "1", 0), 0); /* the variable through opts_init */
+    ck_assert_int_gt(fsyncs_of_set(-1, "1", 1), 0); /* and tutti_store_open_file */
+    ck_assert_int_eq(fsyncs_of_set(-1, NULL, 1), 0);
+}
+END_TEST
+
 /* ---- redis ---- */
 
 /* The replies to raw (inline) commands on 127.0.0.1:port, read until an integer reply
@@ -2666,7 +2718,7 @@ static Suite *store_suite(void)
                  (const TTest *const[]){ test_file_killed_writer, test_file_full_disk,
                                          test_file_unwritable, test_file_tmp_cleanup,
                                          test_file_other_pidns_writer, test_file_long_key_dirs,
-                                         NULL });
+                                         test_file_fsync_field, NULL });
     return s;
 }
 

@@ -37,8 +37,13 @@ typedef struct tutti_store_opts {
     size_t size;    /* sizeof(tutti_store_opts_t), set by tutti_store_opts_init */
     int timeout_ms; /* TUTTI_STORE_TIMEOUT_MS: default deadline of blocking calls and
                          of connecting (default 30000; 0 is the default, as the
-                         communicator's timeout_ms of 0 is; negative: no deadline) */
-    int is_server;  /* tcp: host the server in this process (port 0 picks a free one) */
+                         communicator's timeout_ms of 0 is; negative: no deadline). The
+                         store tutti_store_open_env and tutti_comm_init_env open takes,
+                         where TUTTI_STORE_TIMEOUT_MS is unset, their opts' timeout_ms
+                         (the communicator's, TUTTI_TIMEOUT_MS) when opts is given */
+    int is_server;  /* tcp: host the server in this process (port 0 picks a free one).
+                       Not from TUTTI_STORE_SERVER, which only tutti_store_open_env and
+                       tutti_comm_init_env read (for their rank 0); default 0 */
     /* ---- appended in 0.2 (older callers' smaller structs keep working) ---- */
     const char *auth_token;      /* TUTTI_AUTH_TOKEN: the job secret. A tcp server with one
                                     serves only clients that prove they know it, and a
@@ -70,9 +75,13 @@ typedef struct tutti_store_opts {
     const char *password; /* TUTTI_STORE_PASSWORD, redis://: the password sent with AUTH
                              when the URL carries none (so that it stays out of URLs,
                              logs and process listings). NULL: none */
+    /* ---- appended in 0.4 ---- */
+    int fsync; /* TUTTI_STORE_FSYNC, file://: fsync each value before it becomes visible
+                  (stores on disks that may lose power); default 0 */
 } tutti_store_opts_t;
 
-/* Defaults, then the TUTTI_STORE_* and TUTTI_AUTH_* environment. */
+/* Defaults, then the TUTTI_STORE_* (not TUTTI_STORE_SERVER: is_server above) and
+ * TUTTI_AUTH_* environment. */
 int tutti_store_opts_init(tutti_store_opts_t *opts);
 
 /* Open a store by URL ("file:///tmp/job", "tcp://10.0.0.1:29500", "tcp://[::1]:29500").

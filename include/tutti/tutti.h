@@ -282,7 +282,8 @@ int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
  * (PMIx namespace, Slurm step, hydra proxy); across hosts, a Slurm step's first node
  * or (Open MPI's mpirun) rank 0's host as the launcher's PMIx server names it, hosted
  * there by rank 0 at that port. opts (may be NULL) gives
- * the timeout, the job id and the auth token. Fails with TUTTI_ERR_CONFIG naming what is
+ * the job id and the auth token, and the store's deadline where TUTTI_STORE_TIMEOUT_MS is
+ * unset: opts->timeout_ms (with opts NULL, 30000, whatever TUTTI_TIMEOUT_MS says). Fails with TUTTI_ERR_CONFIG naming what is
  * missing (tutti_comm_last_error(NULL)). */
 int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
                          const tutti_comm_opts_t *opts);

@@ -102,6 +102,7 @@ int tutti_store_opts_init(tutti_store_opts_t *opts)
     opts->client_quota_bytes = env_size("STORE_CLIENT_QUOTA", TT_STORE_DEFAULT_QUOTA);
     opts->memory_limit_bytes = env_size("STORE_MEMORY_LIMIT", 0);
     opts->password = tt_env("STORE_PASSWORD");
+    opts->fsync = tt_env_int("STORE_FSYNC", 0) != 0;
     return TUTTI_OK;
 }
 
@@ -130,6 +131,7 @@ static int opts_merge(tutti_store_opts_t *o, const tutti_store_opts_t *in)
     OPTS_TAKE(client_quota_bytes);
     OPTS_TAKE(memory_limit_bytes);
     OPTS_TAKE(password);
+    OPTS_TAKE(fsync);
 #undef OPTS_TAKE
     return TUTTI_OK;
 }
@@ -167,19 +169,25 @@ static int opts_to_cfg(const tutti_store_opts_t *o, tt_store_tcp_cfg_t *cfg)
     return TUTTI_OK;
 }
 
-int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms)
+/* A file store; do_fsync: opts.fsync (TUTTI_STORE_FSYNC). */
+static int open_file(tutti_store_t **store_p, const char *dir, int timeout_ms, int do_fsync)
 {
     tt_store_err_t err = { { 0 } };
     if (!store_p || !dir || !*dir)
         return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open file store", NULL,
                           "%s is NULL or empty", !store_p ? "store_p" : "dir");
-    int st = tt_store_file_open(store_p, dir, tt_store_open_timeout_ms(timeout_ms), &err);
+    int st = tt_store_file_open(store_p, dir, tt_store_open_timeout_ms(timeout_ms), do_fsync, &err);
     if (st < 0) {
         char url[PATH_MAX + 16];
         snprintf(url, sizeof(url), "file://%s", dir);
         open_fail(url, st, &err);
     }
     return st;
+}
+
+int tutti_store_open_file(tutti_store_t **store_p, const char *dir, int timeout_ms)
+{
+    return open_file(store_p, dir, timeout_ms, tt_env_int("STORE_FSYNC", 0) != 0);
 }
 
 /* Open a tcp store with merged opts: the job secret loaded, the settings checked. */
@@ -424,7 +432,7 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
         if (dir[0] != '/')
             return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                               "bad store URL '%s': expected file:///absolute/dir", url);
-        return tutti_store_open_file(store_p, dir, o.timeout_ms);
+        return open_file(store_p, dir, o.timeout_ms, o.fsync);
     }
     char shown[512]; /* a malformed URL in a message, with no password in it */
     if (!strncmp(url, "tcp://", 6)) {

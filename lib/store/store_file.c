@@ -45,7 +45,7 @@
 typedef struct fs_store {
     char *dir; /* absolute */
     int dirfd;
-    int do_fsync; /* TUTTI_STORE_FSYNC=1: fsync values before they become visible */
+    int do_fsync; /* opts.fsync (TUTTI_STORE_FSYNC=1): fsync values before they become visible */
     char host[64];
     unsigned long pidns; /* inode of this process's pid namespace, 0 if unknown */
 } fs_store_t;
@@ -753,7 +753,7 @@ static int fs_mkdir_p(const char *dir, tt_store_err_t *err)
     return TUTTI_OK;
 }
 
-int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
+int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms, int do_fsync,
                        tt_store_err_t *err)
 {
     int st;
@@ -781,7 +781,7 @@ int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
     for (char *p = fs->host; *p; p++)
         if (*p == '/')
             *p = '_';
-    fs->do_fsync = tt_env_int("STORE_FSYNC", 0) != 0;
+    fs->do_fsync = do_fsync;
     fs->pidns = (unsigned long)tp_pidns();
     fs_clean_tmp(fs);
 

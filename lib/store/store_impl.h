@@ -135,7 +135,7 @@ typedef struct tt_store_tcp_cfg {
 } tt_store_tcp_cfg_t;
 
 /* Backends. On failure they leave the cause in err and set nothing. */
-int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms,
+int tt_store_file_open(tutti_store_t **store_p, const char *dir, int timeout_ms, int do_fsync,
                        tt_store_err_t *err);
 int tt_store_tcp_open(tutti_store_t **store_p, const char *host, int port, int is_server,
                       const tt_store_tcp_cfg_t *cfg, tt_store_err_t *err);

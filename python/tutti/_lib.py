@@ -117,6 +117,7 @@ class StoreOpts(ctypes.Structure):
         ("client_quota_bytes", ctypes.c_size_t),
         ("memory_limit_bytes", ctypes.c_size_t),
         ("password", ctypes.c_char_p),
+        ("fsync", ctypes.c_int),
     ]
 
 
