@@ -13,7 +13,12 @@
  *     waits on a word of registered, device-mapped host memory); a handle of another
  *     context's stream is refused (CUDA_ERROR_INVALID_HANDLE); an async copy from
  *     pageable memory takes its source at the call, one into pageable memory returns
- *     when done (it waits for the stream), as a real driver's do.
+ *     when done (it waits for the stream), as a real driver's do;
+ *   - devices 0-3 (a pointer's DEVICE_ORDINAL is its context's); cuMemAllocManaged's
+ *     memory is host memory the attributes call DEVICE and IS_MANAGED.
+ * The fake_cuda_* helpers fail a copy, registrations or event creations on demand, make
+ * event queries fail, and count registrations and live events; FAKE_CUDA_INIT_FAIL in
+ * the environment fails cuInit (the review's extensions).
  * The real check runs on the device machine (tools/dev/device-check.sh). */
 #include <pthread.h>
 #include <stddef.h>
@@ -33,7 +38,10 @@ enum {
     INVALID_HANDLE = 400,
     HOST_MEMORY_ALREADY_REGISTERED = 712,
     HOST_MEMORY_NOT_REGISTERED = 713,
-    NOT_READY = 600
+    NOT_READY = 600,
+    OUT_OF_MEMORY = 2,
+    NO_DEVICE = 100,
+    COPY_FAILED = 999 /* fake_cuda_fail_copy_at's */
 };
 
 static int inited;
@@ -44,7 +52,53 @@ static struct {
     char *dev, *back;
     size_t len;
     void *ctx; /* NULL: as the stream-ordered allocator's memory */
+    int ord, managed;
 } allocs[MAX_ALLOCS];
+/* test helpers (fake_cuda_*): failures on demand, and counts the tests check */
+static int fail_copy_at = -1, ncopies; /* the Nth copy from now fails (999) */
+static int fail_register, fail_event_create, sticky_error;
+static int nevents_live, nevents_created, nregisters;
+EXPORT void fake_cuda_fail_copy_at(int n)
+{
+    __atomic_store_n(&ncopies, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fail_copy_at, n, __ATOMIC_SEQ_CST);
+}
+EXPORT int fake_cuda_ncopies(void)
+{
+    return __atomic_load_n(&ncopies, __ATOMIC_SEQ_CST);
+}
+/* every cuMemHostRegister fails (OUT_OF_MEMORY), or none does */
+EXPORT void fake_cuda_fail_register(int on)
+{
+    __atomic_store_n(&fail_register, on, __ATOMIC_SEQ_CST);
+}
+/* every cuEventCreate fails (OUT_OF_MEMORY), or none does */
+EXPORT void fake_cuda_fail_event_create(int on)
+{
+    __atomic_store_n(&fail_event_create, on, __ATOMIC_SEQ_CST);
+}
+/* every cuEventQuery returns e (0: as it should) */
+EXPORT void fake_cuda_sticky(int e)
+{
+    __atomic_store_n(&sticky_error, e, __ATOMIC_SEQ_CST);
+}
+/* events alive now (and *created: ever made) */
+EXPORT int fake_cuda_events(int *created)
+{
+    *created = __atomic_load_n(&nevents_created, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&nevents_live, __ATOMIC_SEQ_CST);
+}
+/* successful cuMemHostRegister calls so far */
+EXPORT int fake_cuda_registers(void)
+{
+    return __atomic_load_n(&nregisters, __ATOMIC_SEQ_CST);
+}
+static int copy_fails(void)
+{
+    return __atomic_add_fetch(&ncopies, 1, __ATOMIC_SEQ_CST) ==
+           __atomic_load_n(&fail_copy_at, __ATOMIC_SEQ_CST);
+}
+static int ctx_ord(void *c);
 static int nallocs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -91,6 +145,8 @@ static int find(uintptr_t p, size_t n)
 
 EXPORT int cuInit(unsigned flags)
 {
+    if (getenv("FAKE_CUDA_INIT_FAIL"))
+        return NO_DEVICE;
     inited = flags == 0;
     return inited ? OK : INVALID_VALUE;
 }
@@ -107,7 +163,7 @@ EXPORT int cuDeviceGet(int *dev, int ordinal)
 {
     if (!inited)
         return NOT_INITIALIZED;
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal > 3)
         return INVALID_VALUE;
     *dev = ordinal;
     return OK;
@@ -117,7 +173,7 @@ EXPORT int cuDevicePrimaryCtxRetain(void **ctx, int dev)
 {
     if (!inited)
         return NOT_INITIALIZED;
-    if (dev != 0)
+    if (dev < 0 || dev > 3)
         return INVALID_VALUE;
     *ctx = &primary_ctx[dev];
     return OK;
@@ -170,12 +226,41 @@ EXPORT int cuMemAlloc_v2(uintptr_t *p, size_t n)
     int i = nallocs < MAX_ALLOCS ? nallocs++ : -1;
     if (i >= 0)
         allocs[i].dev = dev, allocs[i].back = back, allocs[i].len = n,
-        allocs[i].ctx = i % 2 ? NULL : current;
+        allocs[i].ctx = i % 2 ? NULL : current, allocs[i].ord = ctx_ord(current),
+        allocs[i].managed = 0;
     pthread_mutex_unlock(&lock);
     if (i < 0 || dev == MAP_FAILED || back == MAP_FAILED)
         return INVALID_VALUE;
     *p = (uintptr_t)dev;
     return OK;
+}
+
+static int ctx_ord(void *c)
+{
+    char *p = c;
+    return p >= primary_ctx && p < primary_ctx + 4 ? (int)(p - primary_ctx) : 0;
+}
+
+/* managed memory: the host reads and writes it where it is, and cuPointerGetAttributes
+ * says DEVICE and IS_MANAGED, as the real driver does */
+EXPORT int cuMemAllocManaged(uintptr_t *p, size_t n, unsigned flags)
+{
+    (void)flags;
+    if (!inited)
+        return NOT_INITIALIZED;
+    if (!current)
+        return INVALID_CONTEXT;
+    char *m = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+    if (!m)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int i = nallocs < MAX_ALLOCS ? nallocs++ : -1;
+    if (i >= 0)
+        allocs[i].dev = m, allocs[i].back = m, allocs[i].len = n, allocs[i].ctx = current,
+        allocs[i].ord = ctx_ord(current), allocs[i].managed = 1;
+    pthread_mutex_unlock(&lock);
+    *p = (uintptr_t)m;
+    return i < 0 ? INVALID_VALUE : OK;
 }
 
 EXPORT int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, uintptr_t p)
@@ -189,8 +274,8 @@ EXPORT int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, uin
         case 2: /* MEMORY_TYPE: DEVICE, or 0 for memory CUDA does not know */
             *(unsigned *)data[k] = i >= 0 ? 2 : 0;
             break;
-        case 8: /* IS_MANAGED */ *(unsigned *)data[k] = 0; break;
-        case 9: /* DEVICE_ORDINAL */ *(int *)data[k] = i >= 0 ? 0 : -2; break;
+        case 8: /* IS_MANAGED */ *(unsigned *)data[k] = i >= 0 && allocs[i].managed; break;
+        case 9: /* DEVICE_ORDINAL */ *(int *)data[k] = i >= 0 ? allocs[i].ord : -2; break;
         default: return INVALID_VALUE;
         }
     }
@@ -203,6 +288,8 @@ static int copy(void *dst, const void *src, size_t n, int to_host)
         return NOT_INITIALIZED;
     if (!current)
         return INVALID_CONTEXT;
+    if (copy_fails())
+        return COPY_FAILED;
     int i = find(to_host ? (uintptr_t)src : (uintptr_t)dst, n);
     if (i < 0)
         return INVALID_VALUE;
@@ -345,6 +432,8 @@ static int copy_async(void *dst, const void *src, size_t n, int to_host, void *s
     fake_stream_t *st = stream_of(stream);
     if (!st)
         return INVALID_HANDLE;
+    if (copy_fails())
+        return COPY_FAILED;
     int i = find(to_host ? (uintptr_t)src : (uintptr_t)dst, n);
     if (i < 0)
         return INVALID_VALUE;
@@ -394,6 +483,10 @@ EXPORT int cuEventCreate(void **ev, unsigned flags)
     if (!current)
         return INVALID_CONTEXT;
     (void)flags;
+    if (__atomic_load_n(&fail_event_create, __ATOMIC_SEQ_CST))
+        return OUT_OF_MEMORY;
+    __atomic_add_fetch(&nevents_live, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&nevents_created, 1, __ATOMIC_SEQ_CST);
     return (*ev = calloc(1, sizeof(fake_event_t))) ? OK : INVALID_VALUE;
 }
 
@@ -412,6 +505,9 @@ EXPORT int cuEventRecord(void *ev, void *stream)
 
 EXPORT int cuEventQuery(void *ev)
 {
+    int sticky = __atomic_load_n(&sticky_error, __ATOMIC_SEQ_CST);
+    if (sticky)
+        return sticky;
     pthread_mutex_lock(&lock);
     int pending = ((fake_event_t *)ev)->pending;
     pthread_mutex_unlock(&lock);
@@ -425,6 +521,7 @@ EXPORT int cuEventDestroy_v2(void *ev)
     int pending = e->pending;
     e->doomed = 1;
     pthread_mutex_unlock(&lock);
+    __atomic_sub_fetch(&nevents_live, 1, __ATOMIC_SEQ_CST);
     if (!pending)
         free(e);
     return OK;
@@ -433,7 +530,7 @@ EXPORT int cuEventDestroy_v2(void *ev)
 /* page-locked host ranges: cuMemHostRegister's rules (a current context, no range
  * registered twice, only a registered range unregistered); fake_cuda_pinned() says how
  * many are registered now and how many calls broke a rule, for the tests */
-enum { MAX_PINS = 64 };
+enum { MAX_PINS = 4096 };
 static struct {
     char *p;
     size_t n;
@@ -446,12 +543,16 @@ EXPORT int cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
     if (!inited)
         return NOT_INITIALIZED;
     int r = !current ? INVALID_CONTEXT : !p || !n || flags > 7 ? INVALID_VALUE : OK;
+    if (r == OK && __atomic_load_n(&fail_register, __ATOMIC_SEQ_CST))
+        return OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < npins && r == OK; i++)
         if ((char *)p < pins[i].p + pins[i].n && pins[i].p < (char *)p + n)
             r = HOST_MEMORY_ALREADY_REGISTERED;
     if (r == OK && npins == MAX_PINS)
         r = INVALID_VALUE;
+    if (r == OK)
+        __atomic_add_fetch(&nregisters, 1, __ATOMIC_SEQ_CST);
     if (r == OK)
         pins[npins].p = p, pins[npins].flags = flags, pins[npins++].n = n;
     else
@@ -553,7 +654,9 @@ EXPORT int fake_cuda_pinned(int *errors)
 
 EXPORT int cuGetErrorString(int r, const char **s)
 {
-    *s = r == NOT_INITIALIZED   ? "initialization error (fake)"
+    *s = r == COPY_FAILED       ? "injected copy failure (fake)"
+         : r == OUT_OF_MEMORY   ? "out of memory (fake)"
+         : r == NOT_INITIALIZED ? "initialization error (fake)"
          : r == INVALID_CONTEXT ? "invalid device context (fake)"
          : r == INVALID_HANDLE  ? "invalid resource handle (fake)"
                                 : "invalid argument (fake)";
