@@ -16,6 +16,7 @@
  * skipped). */
 #include <check.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1208,6 +1209,75 @@ static int rank_cuda_stream_stuck(int rank, int n, tutti_comm_t *comm, const cha
     return 0;
 }
 
+/* ---- stream-ordered calls' edges, on the stand-in driver ---- */
+
+/* A stream held, as by a long kernel: a wait on a mapped host word, until release_stream
+ * (or a thread of release_later's) sets it */
+static uint32_t *gate_word;
+static int hold_stream(int rank, void *s)
+{
+    static unsigned long long gate_d;
+    if (!gate_word) {
+        FAIL_IF(!(gate_word = aligned_alloc(4096, 4096)), "alloc");
+        FAIL_IF(cu.host_register(gate_word, 4096, 3) != 0 ||
+                    cu.host_get_device_pointer(&gate_d, gate_word, 0) != 0,
+                "mapping the gate");
+    }
+    __atomic_store_n(gate_word, 0, __ATOMIC_RELEASE);
+    FAIL_IF(cu.stream_wait_value32(s, gate_d, 1, 0) != 0, "holding the stream");
+    return 0;
+}
+
+static void release_stream(void)
+{
+    __atomic_store_n(gate_word, 1, __ATOMIC_RELEASE);
+}
+
+static void *release_after(void *ms)
+{
+    usleep((useconds_t)(intptr_t)ms * 1000);
+    release_stream();
+    return NULL;
+}
+
+/* A call that is not stream-ordered (a host recvbuf) waits at the call for its stream's
+ * work so far: within TUTTI_STREAM_TIMEOUT_MS (1.5 s), as a stream-ordered op does, then
+ * the op fails on every rank (rank 0's stream held 4 s; the wait had no bound, and
+ * returned TUTTI_OK after the 4 s) */
+static int rank_cuda_drain_stuck(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    unsigned long long x;
+    int32_t h[1024];
+    FAIL_IF(cu.mem_alloc(&x, 4096) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    pthread_t th;
+    if (rank == 0) {
+        if (hold_stream(rank, s) != 0)
+            return 1;
+        FAIL_IF(pthread_create(&th, NULL, release_after, (void *)(intptr_t)4000) != 0, "thread");
+    }
+    const double t0 = th_now_ms();
+    int st = tutti_allreduce(comm, (void *)(uintptr_t)x, h, 1024, TUTTI_INT32, TUTTI_SUM);
+    const double dt = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d: a call behind a held stream: %s after %.0f ms: %s\n", rank,
+            tutti_status_name(st), dt, e);
+    if (rank == 0)
+        pthread_join(th, NULL);
+    FAIL_IF(st >= 0 || dt > 3000, "a call behind a stream held 4 s returned %s after %.0f ms",
+            tutti_status_name(st), dt);
+    FAIL_IF(rank == 0
+                ? st != TUTTI_ERR_TIMEOUT || !strstr(e, "did not reach the call within 1500 ms")
+                : !strstr(e, "rank 0"),
+            "%s: %s", tutti_status_name(st), e);
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1254,6 +1324,8 @@ START_TEST(cuda_driver_fake)
     o.timeout_ms = 5000; /* the op's, and the destroy's wait for the held stream */
     spec.fn = rank_cuda_stream_stuck;
     spec.timeout_ms = 30000;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_drain_stuck;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

@@ -404,8 +404,9 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * Host-buffer calls (and calls mixing host and device memory: the stream's work so far
  * is waited for first), the _async calls and send/recv run as without a stream. A
  * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A call
- * that its stream has not reached within opts.stream_timeout_ms fails with
- * TUTTI_ERR_TIMEOUT (on every rank; the stream goes on past it). NULL
+ * that its stream has not reached within opts.stream_timeout_ms (stream-ordered, or
+ * waiting for the stream first) fails with TUTTI_ERR_TIMEOUT (on every rank; the stream
+ * goes on past it). NULL
  * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
  * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that
  * cannot make a stream wait on host memory). Set it from the thread that makes the

@@ -461,21 +461,29 @@ int tt_dev_stream_check(tt_comm_t *comm, const char *name)
                              k < 0 ? why : "is being captured into a graph: not supported");
 }
 
+static int stream_reach(tt_comm_t *comm, void *stream, void *sctx, void *ev, char *err,
+                        size_t errlen);
+
 void tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
 {
     tt_dev_stage_t *d = op->dev;
     const tt_dev_ops_t *ops = comm->dev;
-    char why[200] = "";
+    char why[200] = "", fail[sizeof(d->fail)] = "";
     void *ev = NULL;
-    int done = ops->event_record(comm->stream, comm->stream_ctx, &ev, why, sizeof(why));
-    while (done == 0 && (done = ops->event_query(comm->stream_ctx, ev, why, sizeof(why))) == 0)
-        nap_us(20);
+    int st = ops->event_record(comm->stream, comm->stream_ctx, &ev, why, sizeof(why));
+    if (st < 0)
+        snprintf(fail, sizeof(fail), "waiting for the %s stream %p: %s", ops->name, comm->stream,
+                 why);
+    else
+        st = stream_reach(comm, comm->stream, comm->stream_ctx, ev, fail, sizeof(fail));
     if (ev)
         ops->event_free(comm->stream_ctx, ev);
-    if (done < 0 && d->fail_st >= 0) {
-        d->fail_st = TUTTI_ERR_DEVICE;
-        snprintf(d->fail, sizeof(d->fail), "waiting for the %s stream %p: %s", ops->name,
-                 comm->stream, why);
+    /* a failure is the op's: it fails when it starts, on every rank (an aborted or
+     * failed communicator's fails as such then) */
+    if (st < 0 && d->fail_st >= 0 && !atomic_load(&comm->aborted) &&
+        atomic_load(&comm->failed) >= 0) {
+        d->fail_st = st;
+        snprintf(d->fail, sizeof(d->fail), "%s", fail);
     }
 }
 
@@ -571,22 +579,23 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
     }
 }
 
-/* The stream's copy in: passed, or the communicator aborted or failed meanwhile, or
- * TUTTI_STREAM_TIMEOUT_MS passed first (a stream held by work that never ends would
- * otherwise keep the op, the ranks waiting on it, and a destroy behind it, forever; not
- * the op timeout, which the GPU work queued ahead of a call may rightly outlast). */
-static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
+/* Until the stream (in sctx) has passed ev (the call's place on it): 0; or the layer
+ * failed, the communicator was aborted or failed meanwhile, or TUTTI_STREAM_TIMEOUT_MS
+ * passed first: the status, err saying why. The bound: a stream held by work that never
+ * ends would otherwise keep the op, the ranks waiting on it, and a destroy behind it,
+ * forever; not the op timeout, which the GPU work queued ahead of a call may rightly
+ * outlast. */
+static int stream_reach(tt_comm_t *comm, void *stream, void *sctx, void *ev, char *err,
+                        size_t errlen)
 {
-    tt_comm_t *comm = d->comm;
     char why[160] = "";
     const uint64_t deadline = tt_deadline_ns(comm->opts.stream_timeout_ms);
     for (int spins = 0;; spins += spins <= 200) {
-        int done = comm->dev->event_query(d->sctx, d->ev_in, why, sizeof(why));
+        int done = comm->dev->event_query(sctx, ev, why, sizeof(why));
         if (done == 1)
             return TUTTI_OK;
         if (done < 0) {
-            snprintf(err, errlen, "waiting for the %s stream %p: %s", comm->dev->name, d->stream,
-                     why);
+            snprintf(err, errlen, "waiting for the %s stream %p: %s", comm->dev->name, stream, why);
             return TUTTI_ERR_DEVICE;
         }
         if (atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0) {
@@ -599,12 +608,18 @@ static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
                      "the %s stream %p did not reach the call within %d ms "
                      "(TUTTI_STREAM_TIMEOUT_MS): work queued on it before the call has not "
                      "ended",
-                     comm->dev->name, d->stream, comm->opts.stream_timeout_ms);
+                     comm->dev->name, stream, comm->opts.stream_timeout_ms);
             return TUTTI_ERR_TIMEOUT;
         }
         if (spins > 200)
             nap_us(20);
     }
+}
+
+/* The stream's copy in: passed (stream_reach) */
+static int wait_in(tt_dev_stage_t *d, char *err, size_t errlen)
+{
+    return stream_reach(d->comm, d->stream, d->sctx, d->ev_in, err, errlen);
 }
 
 int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)

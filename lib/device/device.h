@@ -87,8 +87,10 @@ int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op);
  * being captured into a CUDA graph. */
 int tt_dev_stream_check(tt_comm_t *comm, const char *name);
 
-/* Wait for comm's stream's work so far (an op that runs as without a stream after all);
- * a failure is op's, which then fails when it starts, on every rank. */
+/* Wait for comm's stream's work so far (an op that runs as without a stream after all),
+ * as a stream-ordered op waits for its copy in: until the communicator is aborted or
+ * fails, or TUTTI_STREAM_TIMEOUT_MS passes; a failure (the timeout, the layer's) is op's,
+ * which then fails when it starts, on every rank. */
 void tt_dev_drain(tt_comm_t *comm, tt_op_t *op);
 
 /* The same for a send (is_send: copied in) or a receive of len bytes at *buf. */
