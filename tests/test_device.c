@@ -1278,6 +1278,47 @@ static int rank_cuda_drain_stuck(int rank, int n, tutti_comm_t *comm, const char
     return 0;
 }
 
+/* A stream-ordered call whose stream is behind on one rank (rank 0's held 3 s; op
+ * timeout 1 s, stream timeout 20 s): the other rank's op, there first, waits for it as
+ * NCCL's peers do (it failed at the op timeout, 'no progress within 1000 ms receiving
+ * from rank 0'), and both give the sum */
+static int rank_cuda_late_stream(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    enum { N = 1024 };
+    unsigned long long x;
+    int32_t h[N];
+    for (int i = 0; i < N; i++)
+        h[i] = rank + 1 + i;
+    FAIL_IF(cu.mem_alloc(&x, N * 4) != 0 || cu.memcpy_htod(x, h, N * 4) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    if (rank == 0 && hold_stream(rank, s) != 0)
+        return 1;
+    const double t0 = th_now_ms();
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, N, TUTTI_INT32,
+                        TUTTI_SUM));
+    if (rank == 0) {
+        usleep(3000000);
+        release_stream();
+    }
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error after %.0f ms: %s", th_now_ms() - t0,
+            tutti_comm_last_error(comm));
+    FAIL_IF(cu.memcpy_dtoh(h, x, N * 4) != 0, "DtoH");
+    for (int i = 0; i < N; i++)
+        FAIL_IF(h[i] != n * (n + 1) / 2 + n * i, "[%d] = %d", i, h[i]);
+    /* and the next call, on time */
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, N, TUTTI_INT32,
+                        TUTTI_MAX));
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1326,6 +1367,10 @@ START_TEST(cuda_driver_fake)
     spec.timeout_ms = 30000;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     spec.fn = rank_cuda_drain_stuck;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    o.timeout_ms = 1000;
+    o.stream_timeout_ms = 20000;
+    spec.fn = rank_cuda_late_stream;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

@@ -406,7 +406,11 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * stream being captured into a CUDA graph is refused (TUTTI_ERR_UNSUPPORTED). A call
  * that its stream has not reached within opts.stream_timeout_ms (stream-ordered, or
  * waiting for the stream first) fails with TUTTI_ERR_TIMEOUT (on every rank; the stream
- * goes on past it). NULL
+ * goes on past it). Such a call, once its own stream has reached it, waits for its peers
+ * up to opts.timeout_ms + opts.stream_timeout_ms (no bound where the latter is < 0),
+ * since a peer's stream may reach the call that much later; a peer whose call of it is
+ * not stream-ordered (host buffers only, no stream set, an _async call) waits
+ * opts.timeout_ms, as for any call, so make the call alike on every rank. NULL
  * unsets. TUTTI_ERR_NO_DEVICE without a device layer (tutti_comm_device() NULL);
  * TUTTI_ERR_DEVICE where the stream cannot be used (another device's, or a driver that
  * cannot make a stream wait on host memory). Set it from the thread that makes the

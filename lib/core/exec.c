@@ -153,7 +153,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     op->chunk_bytes = tt_cost_chunk(sel_bytes, comm->nranks, comm->opts.chunk_bytes);
     op->algo_id = algo->id;
     atomic_store_explicit(&comm->trace_algo, algo->id, memory_order_relaxed);
-    tt_op_start(op, comm->opts.timeout_ms);
+    tt_op_start(op, op->dev ? tt_dev_timeout_ms(op) : comm->opts.timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);

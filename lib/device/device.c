@@ -43,6 +43,7 @@ typedef struct tt_dev_stage {
     int all_dev; /* every buffer the op touches is device memory (else not streamed) */
     int enq;     /* something was enqueued: the stream uses the block */
     int held;    /* the wait on the word was enqueued: the stream waits for the op's end */
+    int drained; /* the call waited for the stream (tt_dev_drain) and runs as without one */
     struct tt_dev_stage *next;
     int nback;
     seg_t back[]; /* sorted, merged */
@@ -437,6 +438,15 @@ int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op)
     return comm->stream && op->dev && op->dev->fail_st >= 0;
 }
 
+int tt_dev_timeout_ms(const tt_op_t *op)
+{
+    const tt_dev_stage_t *d = op->dev;
+    const int t = op->comm->opts.timeout_ms, late = op->comm->opts.stream_timeout_ms;
+    if (!d || (!d->stream && !d->drained))
+        return t;
+    return late < 0 || late > INT32_MAX / 2 - t ? INT32_MAX / 2 : t + late;
+}
+
 /* d's failure to enqueue: the op fails when it starts, on every rank */
 static void enqueue_failed(tt_dev_stage_t *d, const char *what, const char *why)
 {
@@ -470,6 +480,7 @@ void tt_dev_drain(tt_comm_t *comm, tt_op_t *op)
     const tt_dev_ops_t *ops = comm->dev;
     char why[200] = "", fail[sizeof(d->fail)] = "";
     void *ev = NULL;
+    d->drained = 1;
     int st = ops->event_record(comm->stream, comm->stream_ctx, &ev, why, sizeof(why));
     if (st < 0)
         snprintf(fail, sizeof(fail), "waiting for the %s stream %p: %s", ops->name, comm->stream,

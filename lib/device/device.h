@@ -74,6 +74,13 @@ int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name);
  * in its buffers, a stream set. */
 int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op);
 
+/* The bound on op's waits for its peers once it has started (tt_op_start): the op
+ * timeout; for an op of a blocking call with a stream set (stream-ordered, or waiting
+ * for the stream at the call), TUTTI_STREAM_TIMEOUT_MS more (no bound where that is
+ * < 0): a peer's op of the same call may start that much later, when its own stream
+ * gets there, and the ranks that were there first wait for it, as NCCL's do. */
+int tt_dev_timeout_ms(const tt_op_t *op);
+
 /* Enqueue op's staging on comm's stream (tutti_comm_set_stream): the copy in, an event
  * the op waits for when it starts, a wait for its end, the copy back, an event after
  * it. A failure is kept in the staging (the op fails when it starts, on every rank).
