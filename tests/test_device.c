@@ -1319,6 +1319,41 @@ static int rank_cuda_late_stream(int rank, int n, tutti_comm_t *comm, const char
     return 0;
 }
 
+/* A stream-ordered call on a communicator that failed (rank 1's copy in could not be
+ * enqueued: the op failed on every rank, and the communicator with it) fails at the
+ * call, as without a stream (it returned TUTTI_OK, and its failure was dropped: only the
+ * first is tutti_comm_stream_error's) */
+static int rank_cuda_failed_comm(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    void (*fail_copy_at)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "fake_cuda_fail_copy_at");
+    FAIL_IF(!fail_copy_at, "fake_cuda_fail_copy_at");
+    unsigned long long x;
+    FAIL_IF(cu.mem_alloc(&x, 4096) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    fail_copy_at(rank == 1 ? 1 : -1);
+    int st = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
+                             TUTTI_SUM);
+    fail_copy_at(-1);
+    FAIL_IF(rank == 1 ? st != TUTTI_ERR_DEVICE : st != 0, "the failing call: %s: %s",
+            tutti_status_name(st), tutti_comm_last_error(comm));
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    FAIL_IF(tutti_comm_stream_error(comm) != TUTTI_ERR_DEVICE, "stream error: %s",
+            tutti_comm_last_error(comm));
+    st = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
+                         TUTTI_SUM);
+    const char *e = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_DEVICE || !strstr(e, "seq 1 not started: the communicator failed"),
+            "a stream-ordered call on the failed communicator: %s: %s", tutti_status_name(st),
+            st ? e : "");
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1371,6 +1406,10 @@ START_TEST(cuda_driver_fake)
     o.timeout_ms = 1000;
     o.stream_timeout_ms = 20000;
     spec.fn = rank_cuda_late_stream;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    o.timeout_ms = 5000;
+    o.stream_timeout_ms = 5000;
+    spec.fn = rank_cuda_failed_comm;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

@@ -505,6 +505,11 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
         tt_dev_finish(o, st, err, sizeof(err));
         return st;
     }
+    /* an aborted or failed communicator: the call fails at once, as without a stream
+     * (enqueued, it returned TUTTI_OK and its failure was dropped, the stream error
+     * being the first one's; found by review) */
+    if (atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0)
+        return tt_exec_issue(comm, o, redop, layout, heap, NULL);
     if (layout && !heap) {
         const size_t n = (size_t)o->nranks;
         size_t *h = malloc(4 * n * sizeof(size_t));
