@@ -1354,6 +1354,39 @@ static int rank_cuda_failed_comm(int rank, int n, tutti_comm_t *comm, const char
     return 0;
 }
 
+/* Stream-ordered calls' records (their events and blocks) are let go at the next call of
+ * any kind once the stream has passed them: a burst of 10 behind a held stream, then a
+ * host-buffer call (they stayed until the next stream-ordered call or the destroy) */
+static int rank_cuda_reap(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    int (*events)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "fake_cuda_events");
+    FAIL_IF(!events, "fake_cuda_events");
+    unsigned long long x;
+    FAIL_IF(cu.mem_alloc(&x, 1 << 20) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    if (hold_stream(rank, s) != 0)
+        return 1;
+    for (int k = 0; k < 10; k++)
+        OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1 << 18, TUTTI_INT32,
+                            TUTTI_MAX));
+    release_stream();
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    int created, before = events(&created);
+    int32_t h[4] = { rank, rank, rank, rank };
+    OKC(tutti_allreduce(comm, h, h, 4, TUTTI_INT32, TUTTI_SUM));
+    int after = events(&created);
+    FAIL_IF(before < 20 || after != 0 || h[0] != n * (n - 1) / 2,
+            "events alive after the burst %d, after a host call %d (of %d made); sum %d", before,
+            after, created, h[0]);
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1410,6 +1443,8 @@ START_TEST(cuda_driver_fake)
     o.timeout_ms = 5000;
     o.stream_timeout_ms = 5000;
     spec.fn = rank_cuda_failed_comm;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_reap;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

@@ -400,8 +400,19 @@ int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what)
     return comm->dev && p ? comm->dev->query(p, &ctx, err, sizeof(err)) : 0;
 }
 
+/* Stream-ordered calls' records the stream has passed freed, their blocks back in the
+ * pool, at every call of any kind (one look at a pointer where none is pending): else
+ * only the next stream-ordered call did, and blocks and events stayed through a run of
+ * host-buffer calls */
+static void reap_some(tt_comm_t *comm)
+{
+    if (__atomic_load_n(&comm->dev_pending, __ATOMIC_ACQUIRE))
+        reap_streamed(comm, 0);
+}
+
 int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)
 {
+    reap_some(comm);
     size_t sl, rl;
     extents(op, &sl, &rl);
     return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, 0, name, "recvbuf");
@@ -410,6 +421,7 @@ int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
                      const char *name)
 {
+    reap_some(comm);
     if (is_send) {
         const void *s = *buf;
         TT_CHECK(stage(comm, op, &s, len, NULL, 0, 1, name, "buf"));
@@ -513,7 +525,6 @@ int tt_dev_enqueue(tt_comm_t *comm, tt_op_t *op)
     d->stream = comm->stream;
     d->sctx = comm->stream_ctx;
     atomic_store((_Atomic uint32_t *)((char *)d->blk.p + d->word_off), 0);
-    reap_streamed(comm, 0);
     if (d->in.len) {
         if (ops->copy_async(d->stream, d->sctx, d->in.host, d->in.dev, d->in.len, 1, why,
                             sizeof(why)))
