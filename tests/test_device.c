@@ -1387,6 +1387,43 @@ static int rank_cuda_reap(int rank, int n, tutti_comm_t *comm, const char *dir, 
     return 0;
 }
 
+/* A steady workload pins nothing per call: steps of 8 stream-ordered calls of a few
+ * sizes behind a held stream (a training step's buckets), the stream then let go and
+ * synchronised; after the first two steps no cuMemHostRegister at all (the pool kept the
+ * two largest blocks: the other calls in flight pinned one each, every step) */
+static int rank_cuda_pool(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)n;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    int (*registers)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_cuda_registers");
+    FAIL_IF(!registers, "fake_cuda_registers");
+    enum { K = 8 };
+    const size_t counts[K] = { 1000, 5000, 5000, 20000, 20000, 20000, 100000, 3000 };
+    unsigned long long x[K];
+    for (int k = 0; k < K; k++)
+        FAIL_IF(cu.mem_alloc(&x[k], counts[k] * 4) != 0, "alloc");
+    OKC(tutti_comm_set_stream(comm, s));
+    int reg0 = 0;
+    for (int step = 0; step < 8; step++) {
+        if (step == 2)
+            reg0 = registers();
+        if (hold_stream(rank, s) != 0)
+            return 1;
+        for (int k = 0; k < K; k++)
+            OKC(tutti_allreduce(comm, (void *)(uintptr_t)x[k], (void *)(uintptr_t)x[k], counts[k],
+                                TUTTI_FP32, TUTTI_SUM));
+        release_stream();
+        FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    }
+    FAIL_IF(registers() != reg0, "%d host blocks pinned in 6 steady steps of %d calls",
+            registers() - reg0, K);
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1445,6 +1482,8 @@ START_TEST(cuda_driver_fake)
     spec.fn = rank_cuda_failed_comm;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     spec.fn = rank_cuda_reap;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_pool;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

@@ -170,11 +170,12 @@ struct tutti_comm {
     char stream_err[TT_ERRMSG_LEN];
     struct tt_dev_stage *dev_pending;
 
-    /* staging buffers of the coalesced collectives (stage) and of device buffers
-     * (dev_stage, pinned where the layer can: lib/device/device.c frees them), kept
-     * between calls (tt_comm_stage_*, tt_comm_pool_*) */
+    /* staging buffers of the coalesced collectives (stage, tt_comm_stage_*) and of
+     * device buffers (dev_pool: lib/device/device.c's, pinned where the layer can), kept
+     * between calls */
     pthread_mutex_t stage_lock;
-    tt_stage_block_t stage[2], dev_stage[2];
+    tt_stage_block_t stage[2];
+    struct tt_dev_pool *dev_pool;
 
     tutti_work_t *inflight;     /* posted sends/recvs, in posting order */
     uint64_t p2p_stall_next_ns; /* their next stall check, not before (exec.c; the thread

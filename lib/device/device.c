@@ -258,15 +258,47 @@ static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st,
     return d;
 }
 
-/* A host block of at least bytes for copies of ctx's memory: one of the communicator's,
- * or a new one (page-aligned, pinned where the layer can: a copy from pageable memory
- * goes through the driver's own bounce buffer, at a fraction of the speed). */
+/* The communicator's staging blocks between calls (comm->dev_pool, under stage_lock):
+ * at most DEV_POOL_MAX of them, of at most as many bytes as its ops (and streams) have
+ * held at once so far (peak), so that a steady workload (a training step's calls, the
+ * same sizes each step, many in flight behind a stream) pins nothing per call, and what
+ * is kept is never more than the program has needed at once. The fuser's rule, the two
+ * largest, had every call in flight but two pin a block of its own: 159
+ * cuMemHostRegister calls for 200 stream-ordered calls (found by review). */
+enum { DEV_POOL_MAX = 128 };
+typedef struct tt_dev_pool {
+    tt_stage_block_t b[DEV_POOL_MAX];
+    int n;
+    size_t bytes;      /* in b */
+    size_t held, peak; /* out of the pool now, the most at once */
+} tt_dev_pool_t;
+
+/* the pool (made at the first use; NULL without memory: nothing kept), locked */
+static tt_dev_pool_t *pool_lock(tt_comm_t *comm)
+{
+    pthread_mutex_lock(&comm->stage_lock);
+    if (!comm->dev_pool)
+        comm->dev_pool = calloc(1, sizeof(tt_dev_pool_t));
+    return comm->dev_pool;
+}
+
+static void held_add(tt_dev_pool_t *pl, size_t len)
+{
+    if (pl) {
+        pl->held += len;
+        pl->peak = TT_MAX(pl->peak, pl->held);
+    }
+}
+
+/* A new host block of at least bytes for copies of ctx's memory (page-aligned, pinned
+ * where the layer can: a copy from pageable memory goes through the driver's own bounce
+ * buffer, at a fraction of the speed). */
 static tt_stage_block_t block_new(tt_comm_t *comm, size_t bytes, void *ctx)
 {
     tt_stage_block_t b = { 0 };
     b.len = (TT_MAX(bytes, (size_t)1) + 4095) & ~(size_t)4095;
     if (!(b.p = aligned_alloc(4096, b.len)))
-        return b;
+        return (tt_stage_block_t){ 0 };
     char err[200] = "";
     if (comm->dev->pin && comm->dev->pin(ctx, b.p, b.len, err, sizeof(err)) == 0) {
         b.pin = ctx;
@@ -277,12 +309,32 @@ static tt_stage_block_t block_new(tt_comm_t *comm, size_t bytes, void *ctx)
                 "%s: host copies of device memory stay pageable (slower): pinning %zu bytes: %s",
                 comm->dev->name, b.len, err);
     }
+    held_add(pool_lock(comm), b.len);
+    pthread_mutex_unlock(&comm->stage_lock);
     return b;
 }
 
+/* A block of at least bytes: the smallest of the pool's that wastes at most
+ * max(bytes, 1 MiB) (a small call does not take a large call's block, which that call
+ * would then pin again), or a new one. */
 static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
 {
-    tt_stage_block_t b = tt_comm_pool_take(comm, comm->dev_stage, bytes);
+    tt_stage_block_t b = { 0 };
+    tt_dev_pool_t *pl = pool_lock(comm);
+    int best = -1;
+    for (int i = 0; pl && i < pl->n; i++) {
+        const size_t len = pl->b[i].len;
+        if (len >= bytes && len - bytes <= TT_MAX(bytes, (size_t)1 << 20) &&
+            (best < 0 || len < pl->b[best].len))
+            best = i;
+    }
+    if (best >= 0) {
+        b = pl->b[best];
+        pl->b[best] = pl->b[--pl->n];
+        pl->bytes -= b.len;
+        held_add(pl, b.len);
+    }
+    pthread_mutex_unlock(&comm->stage_lock);
     return b.p ? b : block_new(comm, bytes, ctx);
 }
 
@@ -293,10 +345,34 @@ static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
     free(b.p);
 }
 
-/* b back to the communicator's pool, and what the pool lets go of freed */
+/* b back to the communicator's pool; the smallest of the pool's let go (unpinned and
+ * freed, outside the lock) while it holds more than peak bytes or DEV_POOL_MAX blocks */
 static void block_put(tt_comm_t *comm, tt_stage_block_t b)
 {
-    block_free(comm->dev, tt_comm_pool_give(comm, comm->dev_stage, b));
+    if (!b.p)
+        return;
+    tt_stage_block_t drop[DEV_POOL_MAX + 1];
+    int ndrop = 0;
+    tt_dev_pool_t *pl = pool_lock(comm);
+    if (!pl) {
+        drop[ndrop++] = b;
+    } else {
+        pl->held -= TT_MIN(pl->held, b.len);
+        pl->b[pl->n++] = b; /* room: n < DEV_POOL_MAX between calls */
+        pl->bytes += b.len;
+        while (pl->n && (pl->bytes > pl->peak || pl->n == DEV_POOL_MAX)) {
+            int small = 0;
+            for (int i = 1; i < pl->n; i++)
+                if (pl->b[i].len < pl->b[small].len)
+                    small = i;
+            drop[ndrop++] = pl->b[small];
+            pl->bytes -= pl->b[small].len;
+            pl->b[small] = pl->b[--pl->n];
+        }
+    }
+    pthread_mutex_unlock(&comm->stage_lock);
+    for (int i = 0; i < ndrop; i++)
+        block_free(comm->dev, drop[i]);
 }
 
 /* d kept until its stream has passed it (reap_streamed) */
@@ -314,11 +390,11 @@ void tt_dev_free_blocks(tt_comm_t *comm)
 {
     if (comm->dev_pending)
         reap_streamed(comm, comm->opts.timeout_ms > 0 ? comm->opts.timeout_ms : 30000);
-    for (int i = 0; i < 2; i++) {
-        if (comm->dev_stage[i].p)
-            block_free(comm->dev, comm->dev_stage[i]);
-        comm->dev_stage[i] = (tt_stage_block_t){ 0 };
-    }
+    tt_dev_pool_t *pl = comm->dev_pool;
+    comm->dev_pool = NULL;
+    for (int i = 0; pl && i < pl->n; i++)
+        block_free(comm->dev, pl->b[i]);
+    free(pl);
 }
 
 /* Stage the send extent [*s, +sl) and the receive extent [*r, +rl) where they are device

@@ -2,10 +2,11 @@
  * where a device layer is active asks it, at each call, whether the call's buffers are
  * device memory, and stages those through host memory (the copy in when the op starts,
  * in issue order with the others; the copy back, of the bytes the op writes, before it
- * completes). The host blocks are the communicator's, kept between calls (the two
- * largest) and page-locked where the layer can (pin). Algorithms and transports see host memory only. The layers: cuda.c (the CUDA driver API, loaded with dlopen: no build
- * dependency) and, in tests, a fake whose device memory the host cannot touch
- * (tests/fakedev.c). */
+ * completes). The host blocks are the communicator's, kept between calls (up to the
+ * most bytes its ops have held at once) and page-locked where the layer can (pin).
+ * Algorithms and transports see host memory only. The layers: cuda.c (the CUDA driver
+ * API, loaded with dlopen: no build dependency) and, in tests, a fake whose device
+ * memory the host cannot touch (tests/fakedev.c). */
 #ifndef TT_DEVICE_H
 #define TT_DEVICE_H
 
