@@ -1424,6 +1424,47 @@ static int rank_cuda_pool(int rank, int n, tutti_comm_t *comm, const char *dir, 
     return 0;
 }
 
+/* Host memory that could not be pinned a while (cuMemHostRegister failing: set_stream
+ * refused, a call staged through a pageable block) is pinned once it can be: a
+ * stream-ordered call later returns at once behind a held stream (the pooled pageable
+ * block was taken again as it was, and the call waited for the stream: 5 s, then
+ * TUTTI_ERR_TIMEOUT) */
+static int rank_cuda_pin_again(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    void (*fail_register)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "fake_cuda_fail_register");
+    FAIL_IF(!fail_register, "fake_cuda_fail_register");
+    unsigned long long x;
+    int32_t h[1024];
+    for (int i = 0; i < 1024; i++)
+        h[i] = 1;
+    FAIL_IF(cu.mem_alloc(&x, 4096) != 0 || cu.memcpy_htod(x, h, 4096) != 0, "alloc");
+    fail_register(1);
+    int st = tutti_comm_set_stream(comm, s);
+    FAIL_IF(st != TUTTI_ERR_DEVICE, "set_stream with no pinning: %s", tutti_status_name(st));
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
+                        TUTTI_SUM));
+    fail_register(0);
+    OKC(tutti_comm_set_stream(comm, s));
+    if (hold_stream(rank, s) != 0)
+        return 1;
+    const double t0 = th_now_ms();
+    st = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
+                         TUTTI_SUM);
+    const double dt = th_now_ms() - t0;
+    release_stream();
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    FAIL_IF(st != 0 || dt > 1000, "a call behind a held stream: %s after %.0f ms: %s",
+            tutti_status_name(st), dt, st ? tutti_comm_last_error(comm) : "");
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    FAIL_IF(cu.memcpy_dtoh(h, x, 4096) != 0 || h[0] != n * n || h[1023] != n * n, "sum %d", h[0]);
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1484,6 +1525,8 @@ START_TEST(cuda_driver_fake)
     spec.fn = rank_cuda_reap;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     spec.fn = rank_cuda_pool;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_pin_again;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

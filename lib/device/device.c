@@ -316,7 +316,9 @@ static tt_stage_block_t block_new(tt_comm_t *comm, size_t bytes, void *ctx)
 
 /* A block of at least bytes: the smallest of the pool's that wastes at most
  * max(bytes, 1 MiB) (a small call does not take a large call's block, which that call
- * would then pin again), or a new one. */
+ * would then pin again), or a new one. A block whose pinning failed is pinned again
+ * when taken: one failure (a transient out of memory) otherwise left it pageable in the
+ * pool for good, its calls staged slower and, with a stream set, not stream-ordered. */
 static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
 {
     tt_stage_block_t b = { 0 };
@@ -335,7 +337,12 @@ static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
         held_add(pl, b.len);
     }
     pthread_mutex_unlock(&comm->stage_lock);
-    return b.p ? b : block_new(comm, bytes, ctx);
+    if (!b.p)
+        return block_new(comm, bytes, ctx);
+    char err[200];
+    if (!b.pin && comm->dev->pin && comm->dev->pin(ctx, b.p, b.len, err, sizeof(err)) == 0)
+        b.pin = ctx;
+    return b;
 }
 
 static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
