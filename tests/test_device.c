@@ -1465,6 +1465,57 @@ static int rank_cuda_pin_again(int rank, int n, tutti_comm_t *comm, const char *
     return 0;
 }
 
+/* Managed memory (cuMemAllocManaged) in a stream-ordered call is ordered on the stream,
+ * as device memory is (NCCL's): its input written by an async copy on the held stream,
+ * the call reads it when the stream gets there (it read the stale zeros at once: each
+ * rank got its own input back). Without a stream, and in an _async call, it stays host
+ * memory, read in place (no copies). */
+static int rank_cuda_managed(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int dev;
+    void *s;
+    if (cu_rank_setup(rank, &dev, &s) != 0)
+        return 1;
+    int (*alloc_managed)(unsigned long long *, size_t,
+                         unsigned) = (int (*)(unsigned long long *, size_t,
+                                              unsigned))dlsym(RTLD_DEFAULT, "cuMemAllocManaged");
+    int (*ncopies)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_cuda_ncopies");
+    FAIL_IF(!alloc_managed || !ncopies, "cuMemAllocManaged, fake_cuda_ncopies");
+    enum { N = 1024 };
+    unsigned long long m;
+    FAIL_IF(alloc_managed(&m, N * 4, 1 /* GLOBAL */) != 0, "cuMemAllocManaged");
+    int32_t *mp = (int32_t *)(uintptr_t)m;
+    int32_t *src = aligned_alloc(4096, N * 4);
+    FAIL_IF(!src || cu.host_register(src, N * 4, 1) != 0, "pinned source");
+    for (int i = 0; i < N; i++)
+        mp[i] = 0, src[i] = rank + 1 + i;
+    /* no stream: host memory */
+    int c0 = ncopies();
+    OKC(tutti_allreduce(comm, mp, mp, N, TUTTI_INT32, TUTTI_SUM));
+    FAIL_IF(ncopies() != c0, "managed memory staged without a stream (%d copies)", ncopies() - c0);
+    OKC(tutti_comm_set_stream(comm, s));
+    if (hold_stream(rank, s) != 0)
+        return 1;
+    FAIL_IF(cu.memcpy_htod_async(m, src, N * 4, s) != 0, "HtoDAsync");
+    OKC(tutti_allreduce(comm, mp, mp, N, TUTTI_INT32, TUTTI_SUM));
+    release_stream();
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
+    for (int i = 0; i < N; i++)
+        FAIL_IF(mp[i] != n * (n + 1) / 2 + n * i, "stream-ordered managed [%d] = %d, want %d", i,
+                mp[i], n * (n + 1) / 2 + n * i);
+    /* an _async call with the stream set: host memory still */
+    tutti_work_t *w;
+    c0 = ncopies();
+    OKC(tutti_allreduce_async(comm, mp, mp, N, TUTTI_INT32, TUTTI_MAX, &w));
+    FAIL_IF(tutti_wait(w, -1) != 0, "wait: %s", tutti_work_error(w));
+    tutti_work_free(w);
+    FAIL_IF(ncopies() != c0, "managed memory staged in an _async call (%d copies)", ncopies() - c0);
+    free(src);
+    return 0;
+}
+
 /* rank_cuda on a communicator of one, in this process: its destroy unregisters the host
  * blocks it kept */
 static void cuda_one(tutti_comm_t *comm, void *arg)
@@ -1527,6 +1578,8 @@ START_TEST(cuda_driver_fake)
     spec.fn = rank_cuda_pool;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     spec.fn = rank_cuda_pin_again;
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    spec.fn = rank_cuda_managed;
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
     cuda_one_rank();
 }

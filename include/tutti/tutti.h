@@ -394,7 +394,9 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
 
 /* Stream-ordered calls, as NCCL's (and MPICH's MPIX_*_enqueue, cuBLAS's handle stream):
  * with a stream set (a CUstream / cudaStream_t of the device's, or CU_STREAM_LEGACY,
- * (void *)1), a blocking collective whose buffers include device memory returns once it
+ * (void *)1), a blocking collective whose buffers include device memory (managed memory,
+ * cudaMallocManaged's, counts as device memory here, as in NCCL; elsewhere, without a
+ * stream or in an _async call, it is host memory, read in place) returns once it
  * is enqueued on that stream: it reads its input when the stream's earlier work is done,
  * and the stream's later work sees its result. Synchronise the stream (or record an
  * event) before reading the result on the host. The call's own errors (arguments) are

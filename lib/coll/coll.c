@@ -605,7 +605,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
                     (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
     /* device buffers: host copies from here on (the copy back at the op's end, exec.c) */
     if (__builtin_expect(comm->dev != NULL, 0)) {
-        if ((st = tt_dev_stage_op(comm, &o, c->name)) < 0) {
+        if ((st = tt_dev_stage_op(comm, &o, !async, c->name)) < 0) {
             if (heap)
                 free(layout);
             if (o.op_held)

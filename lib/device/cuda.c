@@ -133,13 +133,14 @@ static int cu_query(const void *p, void **ctx, char *err, size_t errlen)
         snprintf(err, errlen, "cuPointerGetAttributes: %s (%d)", cu_error(r), r);
         return TUTTI_ERR_DEVICE;
     }
-    if (type != CU_MEMORYTYPE_DEVICE || managed)
+    if (type != CU_MEMORYTYPE_DEVICE)
         return 0;
-    /* cudaMallocAsync's pools and VMM mappings belong to no context */
-    if (!c)
-        TT_CHECK(cu_primary_ctx(ordinal, &c, err, errlen));
+    /* cudaMallocAsync's pools and VMM mappings belong to no context (managed memory
+     * without one is host memory, as all managed memory was before streams) */
+    if (!c && cu_primary_ctx(ordinal, &c, err, errlen) < 0)
+        return managed ? 0 : TUTTI_ERR_DEVICE;
     *ctx = c;
-    return 1;
+    return managed ? 2 : 1; /* managed: the host's to touch, but streams' too */
 }
 
 /* ctx's stream forgotten (the context was reset: the stream went with it) */

@@ -221,7 +221,12 @@ typedef struct region {
     char *host; /* its copy in the host block */
 } region_t;
 
-static int query(tt_comm_t *comm, region_t *r, const char *what, char *why, size_t whylen)
+/* r's kind: device memory, staged; managed memory (query's 2) is staged as device
+ * memory only in a call stream-ordered on comm's stream (streamed), which must read it
+ * where the stream's earlier work has written it: otherwise the host touches it in
+ * place */
+static int query(tt_comm_t *comm, region_t *r, const char *what, int streamed, char *why,
+                 size_t whylen)
 {
     char err[160] = "";
     r->dev = 0;
@@ -233,7 +238,7 @@ static int query(tt_comm_t *comm, region_t *r, const char *what, char *why, size
                  err);
         return TUTTI_ERR_DEVICE;
     }
-    r->dev = k > 0;
+    r->dev = k == 1 || (k == 2 && streamed);
     return TUTTI_OK;
 }
 
@@ -410,14 +415,14 @@ void tt_dev_free_blocks(tt_comm_t *comm)
  * cannot say what a pointer is, no memory for the host copy) is kept for then too, so
  * that the op fails on every rank; only one without memory to keep it fails now. */
 static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void **r, size_t rl,
-                 int whole, const char *name, const char *rwhat)
+                 int whole, int streamed, const char *name, const char *rwhat)
 {
     region_t rs = { .lo = (char *)(s ? *s : NULL), .len = sl };
     region_t rr = { .lo = r ? *r : NULL, .len = rl };
     char why[200] = "";
-    int st = query(comm, &rs, "sendbuf", why, sizeof(why));
+    int st = query(comm, &rs, "sendbuf", streamed, why, sizeof(why));
     if (st == TUTTI_OK)
-        st = query(comm, &rr, rwhat, why, sizeof(why));
+        st = query(comm, &rr, rwhat, streamed, why, sizeof(why));
     if (st == TUTTI_OK && !rs.dev && !rr.dev)
         return TUTTI_OK; /* host memory: the common case stops here */
     tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : op->nranks) : 0, st, why);
@@ -480,7 +485,8 @@ int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what)
     char err[256];
     void *ctx;
     *what = comm->dev ? comm->dev->name : "";
-    return comm->dev && p ? comm->dev->query(p, &ctx, err, sizeof(err)) : 0;
+    int k = comm->dev && p ? comm->dev->query(p, &ctx, err, sizeof(err)) : 0;
+    return k == 2 ? 0 : k; /* managed memory is the host's to touch */
 }
 
 /* Stream-ordered calls' records the stream has passed freed, their blocks back in the
@@ -493,12 +499,13 @@ static void reap_some(tt_comm_t *comm)
         reap_streamed(comm, 0);
 }
 
-int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name)
+int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, int streamed, const char *name)
 {
     reap_some(comm);
     size_t sl, rl;
     extents(op, &sl, &rl);
-    return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, 0, name, "recvbuf");
+    return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, 0, streamed && comm->stream, name,
+                 "recvbuf");
 }
 
 int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int is_send,
@@ -507,11 +514,11 @@ int tt_dev_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t len, int i
     reap_some(comm);
     if (is_send) {
         const void *s = *buf;
-        TT_CHECK(stage(comm, op, &s, len, NULL, 0, 1, name, "buf"));
+        TT_CHECK(stage(comm, op, &s, len, NULL, 0, 1, 0, name, "buf"));
         *buf = (void *)s;
         return TUTTI_OK;
     }
-    return stage(comm, op, NULL, 0, buf, len, 1, name, "buf");
+    return stage(comm, op, NULL, 0, buf, len, 1, 0, name, "buf");
 }
 
 static const char *op_name(const tt_op_t *op)

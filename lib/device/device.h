@@ -17,8 +17,9 @@
 typedef struct tt_dev_ops {
     const char *name; /* "cuda"; in messages */
     /* 1 if p is device memory the host cannot read, with *ctx what copies of it need;
-     * 0 for host memory (and memory the host may touch: pinned, managed); < 0 with err
-     * on a failure of the device's own */
+     * 2 for memory the host may touch that the device's streams use too (managed), *ctx
+     * as for 1 (a stream-ordered call stages it as device memory); 0 for host memory
+     * (pinned too); < 0 with err on a failure of the device's own */
     int (*query)(const void *p, void **ctx, char *err, size_t errlen);
     /* n bytes from src to dst, device to host (to_host) or host to device; returns
      * when they are where they go, so a later kernel on any stream sees them */
@@ -68,8 +69,10 @@ int tt_dev_is_device(tt_comm_t *comm, const void *p, const char **what);
 
 /* Stage op's device buffers (its collective's send and receive extents, from its
  * layout) into one host block and point the op at it (op->dev, NULL where no buffer is
- * device memory). name: the call, for messages. Nothing is copied yet. */
-int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, const char *name);
+ * device memory). streamed: a blocking call, which comm's stream (if set) orders, and
+ * managed memory in it is staged as device memory. name: the call, for messages.
+ * Nothing is copied yet. */
+int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, int streamed, const char *name);
 
 /* Whether op (staged) is one a blocking call enqueues on comm's stream: device memory
  * in its buffers, a stream set. */
