@@ -472,9 +472,10 @@ static int rank_collectives(int rank, int n, tutti_comm_t *comm, const char *dir
     OKC(tutti_barrier(comm));
     FAIL_IF(fake.copies_in == 0 || fake.copies_back == 0, "no copies: %ld in, %ld back",
             fake.copies_in, fake.copies_back);
-    /* every copy from a pinned block, no more than the pool's two kept (and one an op
-     * holds) pinned at once, and no pin broke a rule */
-    FAIL_IF(fake.copies_unpinned || fake.pin_errors || fake.npins < 1 || fake.npins > 3,
+    /* every copy from a pinned block, no pin broke a rule, and few blocks kept: the pool
+     * keeps no more bytes than the ops held at once (here three async allreduces in
+     * flight together, or one gather's receive buffer) */
+    FAIL_IF(fake.copies_unpinned || fake.pin_errors || fake.npins < 1 || fake.npins > 6,
             "pinning: %ld copies unpinned, %ld errors, %d blocks pinned", fake.copies_unpinned,
             fake.pin_errors, fake.npins);
     free(cnt);
@@ -1419,6 +1420,29 @@ static int rank_cuda_pool(int rank, int n, tutti_comm_t *comm, const char *dir, 
         FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
     }
     FAIL_IF(registers() != reg0, "%d host blocks pinned in 6 steady steps of %d calls",
+            registers() - reg0, K);
+    /* a change: one call larger than all of a step, then steps of K small ones; from the
+     * second, nothing pinned (the pool, over its bytes, let the small blocks go, the
+     * smallest first, and kept the large one nobody used any more) */
+    unsigned long long big;
+    FAIL_IF(cu.mem_alloc(&big, 8u << 20) != 0, "alloc");
+    OKC(tutti_allreduce(comm, (void *)(uintptr_t)big, (void *)(uintptr_t)big, 2u << 20, TUTTI_FP32,
+                        TUTTI_SUM));
+    FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    for (int step = 0; step < 4; step++) {
+        if (step == 1)
+            reg0 = registers();
+        if (hold_stream(rank, s) != 0)
+            return 1;
+        for (int k = 0; k < K; k++)
+            OKC(tutti_allreduce(comm, (void *)(uintptr_t)x[1], (void *)(uintptr_t)x[1], 5000,
+                                TUTTI_FP32, TUTTI_SUM));
+        release_stream();
+        FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
+    }
+    FAIL_IF(registers() != reg0,
+            "%d host blocks pinned in 3 steps of %d small calls after a "
+            "large one",
             registers() - reg0, K);
     FAIL_IF(tutti_comm_stream_error(comm) != 0, "stream error: %s", tutti_comm_last_error(comm));
     return 0;

@@ -265,14 +265,15 @@ static tt_dev_stage_t *new_stage(tt_comm_t *comm, tt_op_t *op, int nseg, int st,
 
 /* The communicator's staging blocks between calls (comm->dev_pool, under stage_lock):
  * at most DEV_POOL_MAX of them, of at most as many bytes as its ops (and streams) have
- * held at once so far (peak), so that a steady workload (a training step's calls, the
- * same sizes each step, many in flight behind a stream) pins nothing per call, and what
- * is kept is never more than the program has needed at once. The fuser's rule, the two
- * largest, had every call in flight but two pin a block of its own: 159
- * cuMemHostRegister calls for 200 stream-ordered calls (found by review). */
+ * held at once so far (peak), the least recently returned let go first, so that a
+ * steady workload (a training step's calls, the same sizes each step, many in flight
+ * behind a stream) pins nothing per call, one that changes keeps the blocks it uses
+ * now, and what is kept is never more than the program has needed at once. The
+ * fuser's rule, the two largest, had every call in flight but two pin a block of its
+ * own: 159 cuMemHostRegister calls for 200 stream-ordered calls (found by review). */
 enum { DEV_POOL_MAX = 128 };
 typedef struct tt_dev_pool {
-    tt_stage_block_t b[DEV_POOL_MAX];
+    tt_stage_block_t b[DEV_POOL_MAX]; /* the least recently returned first */
     int n;
     size_t bytes;      /* in b */
     size_t held, peak; /* out of the pool now, the most at once */
@@ -337,7 +338,7 @@ static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
     }
     if (best >= 0) {
         b = pl->b[best];
-        pl->b[best] = pl->b[--pl->n];
+        memmove(&pl->b[best], &pl->b[best + 1], (size_t)(--pl->n - best) * sizeof(b));
         pl->bytes -= b.len;
         held_add(pl, b.len);
     }
@@ -357,7 +358,7 @@ static void block_free(const tt_dev_ops_t *ops, tt_stage_block_t b)
     free(b.p);
 }
 
-/* b back to the communicator's pool; the smallest of the pool's let go (unpinned and
+/* b back to the communicator's pool; the least recently returned let go (unpinned and
  * freed, outside the lock) while it holds more than peak bytes or DEV_POOL_MAX blocks */
 static void block_put(tt_comm_t *comm, tt_stage_block_t b)
 {
@@ -372,15 +373,13 @@ static void block_put(tt_comm_t *comm, tt_stage_block_t b)
         pl->held -= TT_MIN(pl->held, b.len);
         pl->b[pl->n++] = b; /* room: n < DEV_POOL_MAX between calls */
         pl->bytes += b.len;
-        while (pl->n && (pl->bytes > pl->peak || pl->n == DEV_POOL_MAX)) {
-            int small = 0;
-            for (int i = 1; i < pl->n; i++)
-                if (pl->b[i].len < pl->b[small].len)
-                    small = i;
-            drop[ndrop++] = pl->b[small];
-            pl->bytes -= pl->b[small].len;
-            pl->b[small] = pl->b[--pl->n];
+        int old = 0;
+        while (old < pl->n && (pl->bytes > pl->peak || pl->n - old == DEV_POOL_MAX)) {
+            drop[ndrop++] = pl->b[old];
+            pl->bytes -= pl->b[old++].len;
         }
+        pl->n -= old;
+        memmove(pl->b, pl->b + old, (size_t)pl->n * sizeof(b));
     }
     pthread_mutex_unlock(&comm->stage_lock);
     for (int i = 0; i < ndrop; i++)
