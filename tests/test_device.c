@@ -1348,7 +1348,7 @@ static int rank_cuda_failed_comm(int rank, int n, tutti_comm_t *comm, const char
     st = tutti_allreduce(comm, (void *)(uintptr_t)x, (void *)(uintptr_t)x, 1024, TUTTI_INT32,
                          TUTTI_SUM);
     const char *e = tutti_comm_last_error(comm);
-    FAIL_IF(st != TUTTI_ERR_DEVICE || !strstr(e, "seq 1 not started: the communicator failed"),
+    FAIL_IF(st != TUTTI_ERR_DEVICE || !strstr(e, "seq 1 not started: the communicator had failed"),
             "a stream-ordered call on the failed communicator: %s: %s", tutti_status_name(st),
             st ? e : "");
     FAIL_IF(cu.stream_synchronize(s) != 0, "cuStreamSynchronize");
