@@ -1340,6 +1340,12 @@ START_TEST(tune_file_lines)
     unlink(path);
     ck_assert_int_eq(tt_algo_tune_load(path, "shm", 3, &spec, err, sizeof(err)), TUTTI_ERR_CONFIG);
     ck_assert_msg(strstr(err, path) && strstr(err, "No such file"), "%s", err);
+    /* a directory opens, then fails its reads: an error naming it, as a missing file
+     * (before, its reads' failure looked like an empty file: ignored without a word) */
+    ck_assert_int_eq(tt_algo_tune_load("/tmp", "shm", 3, &spec, err, sizeof(err)),
+                     TUTTI_ERR_CONFIG);
+    ck_assert_ptr_null(spec);
+    ck_assert_msg(strstr(err, "tuning file /tmp: Is a directory"), "%s", err);
 }
 END_TEST
 

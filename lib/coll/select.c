@@ -454,6 +454,14 @@ int tt_algo_tune_load(const char *path, const char *transport, int nranks, char 
         int r = tune_line(line, transport, nranks, *spec_p ? NULL : spec_p);
         st = r ? r : st; /* every line is checked; the first of ours decides */
     }
+    if (st >= 0 && ferror(f)) {
+        /* a directory opens, then fails its first read (EISDIR): not an empty file */
+        snprintf(err, errlen, "TUTTI_COST_MODEL: tuning file %s: %s", path, strerror(errno));
+        free(*spec_p);
+        *spec_p = NULL;
+        fclose(f);
+        return TUTTI_ERR_CONFIG;
+    }
     fclose(f);
     if (st == -2) {
         free(*spec_p);
