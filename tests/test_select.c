@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "coll/algo.h"
+#include "core/stage.h"
 #include "core/state.h"
 #include "harness.h"
 #include "base/base.h"
@@ -928,13 +929,40 @@ START_TEST(cost_tables_and_strings)
     char err[256];
     ck_assert_int_eq(tt_cost_parse("alpha=2.5,bw=10,reduce=4", &c, err, sizeof(err)), TUTTI_OK);
     ck_assert(c.alpha_us == 2.5 && c.beta_ns == 0.1 && c.gamma_ns == 0.25);
-    const char *bad[] = { "alpha", "alpha=",    "alpha=-1", "alpha=x",
-                          "bw=0",  "latency=3", "alpha=1,", "reduce=nan" };
+    /* bw=1e-320: finite, but its inverse is not (beta infinite, every estimate NaN) */
+    const char *bad[] = { "alpha",     "alpha=",        "alpha=-1",         "alpha=x",
+                          "bw=0",      "latency=3",     "alpha=1,",         "reduce=nan",
+                          "bw=1e-320", "reduce=4e-324", "alpha=1,bw=1e-310" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int st = tt_cost_parse(bad[i], &c, err, sizeof(err));
         ck_assert_msg(st == TUTTI_ERR_CONFIG, "%s accepted", bad[i]);
         ck_assert_msg(strstr(err, "expected"), "%s: %s", bad[i], err);
     }
+    ck_assert_int_eq(tt_cost_parse("bw=1e-300,reduce=1e300", &c, err, sizeof(err)), TUTTI_OK);
+    ck_assert(isfinite(c.beta_ns) && c.gamma_ns > 0);
+}
+END_TEST
+
+/* The fuser's packing bound from a model whose estimates are NaN (an infinite beta: 0
+ * bytes of it; a NaN alpha) is 0, not a NaN converted to size_t (undefined; 2^63 on
+ * x86-64) */
+START_TEST(pack_below_of_nan)
+{
+    tutti_comm_t *comm = calloc(1, sizeof(*comm));
+    ck_assert_ptr_nonnull(comm);
+    comm->nranks = 4;
+    comm->opts.chunk_bytes = (size_t)1 << 20;
+    tt_cost_table(&comm->cost, "tcp");
+    size_t b = tt_comm_pack_below(comm, 1);
+    ck_assert_msg(b > 0 && b < (size_t)1 << 40, "%zu", b);
+    comm->cost.beta_ns = INFINITY;
+    ck_assert(isnan(tt_cost_estimate(&comm->cost, TT_COLL_ALLREDUCE, "rd", 0, 4, 1 << 20)));
+    ck_assert_uint_eq(tt_comm_pack_below(comm, 0), 0);
+    tt_cost_table(&comm->cost, "tcp");
+    comm->cost.alpha_us = NAN;
+    ck_assert_uint_eq(tt_comm_pack_below(comm, 0), 0);
+    ck_assert_uint_eq(tt_comm_pack_below(comm, 1), 0);
+    free(comm);
 }
 END_TEST
 
@@ -1432,10 +1460,11 @@ int main(void)
 {
     Suite *s = suite_create("select");
     th_add_tests(s, "select", 60,
-                 (const TTest *const[]){
-                     names, public_algo_list, ids_unique, force_each, bounds_and_bare, bad_strings,
-                     allreduce_hd_dbtree, single_copy_hints, stream_to_one, defaults,
-                     cost_tables_and_strings, probe_agrees, models_agree, NULL });
+                 (const TTest *const[]){ names, public_algo_list, ids_unique, force_each,
+                                         bounds_and_bare, bad_strings, allreduce_hd_dbtree,
+                                         single_copy_hints, stream_to_one, defaults,
+                                         cost_tables_and_strings, pack_below_of_nan, probe_agrees,
+                                         models_agree, NULL });
     th_add_case(s, "crowded_host", crowded_host, 4, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });

@@ -425,6 +425,15 @@ int tt_cost_parse(const char *spec, tt_cost_t *c, char *err, size_t errlen)
             return TUTTI_ERR_CONFIG;
         }
         *eq = 0;
+        if ((!strcmp(tok, "bw") || !strcmp(tok, "reduce")) && !isfinite(1.0 / v)) {
+            /* bw=1e-320: its inverse, the cost of a byte, is infinite, and 0 bytes of it
+             * NaN in every estimate */
+            snprintf(err, errlen,
+                     "TUTTI_COST_MODEL=\"%s\": %s=%s is too small (its inverse, the time a "
+                     "byte takes, is not finite); expected a positive number of GB/s",
+                     spec, tok, eq + 1);
+            return TUTTI_ERR_CONFIG;
+        }
         if (!strcmp(tok, "alpha")) {
             c->alpha_us = v;
         } else if (!strcmp(tok, "bw")) {

@@ -19,6 +19,8 @@ size_t tt_comm_pack_below(const tutti_comm_t *comm, int bcast)
     double lat = tt_cost_estimate(c, coll, a->name, 0, comm->nranks, comm->opts.chunk_bytes);
     double copy_us = (bcast ? 1 : 2) * c->gamma_ns * 1e-3; /* per byte: in, and out */
     double below = lat / copy_us;
+    if (!(below > 0)) /* NaN (a model with an infinite term): converting it is undefined */
+        return 0;
     return below > (double)((size_t)1 << 40) ? (size_t)1 << 40 : (size_t)below;
 }
 
