@@ -394,5 +394,49 @@ START_TEST(written_on_failure)
 }
 END_TEST
 
+/* A key space too long for a file name (TUTTI_PREFIX of 200 bytes): the record's name
+ * kept its first 159 bytes, instance id and split suffix cut off, so a split and its
+ * parent, or two runs, wrote one file and one rename replaced the other. Now each of
+ * the four communicators (two runs, each a parent and its split, all aborted) writes its
+ * own. */
+static char long_dir[64];
+
+static void split_and_abort(tutti_comm_t *comm, void *arg)
+{
+    (void)arg;
+    tutti_comm_t *child = NULL;
+    ck_assert_int_eq(tutti_comm_split(comm, 0, 0, &child), 0);
+    ck_assert_int_eq(tutti_comm_abort(child), 0);
+    ck_assert_int_eq(tutti_comm_abort(comm), 0);
+    ck_assert_int_eq(tutti_comm_destroy(child), 0);
+}
+
+START_TEST(long_key_space_keeps_instances_apart)
+{
+    snprintf(long_dir, sizeof(long_dir), "/tmp/tutti-trace-long-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(long_dir));
+    char prefix[201];
+    memset(prefix, 'p', 200);
+    prefix[200] = '\0';
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.prefix = prefix;
+    o.trace_dir = long_dir;
+    char err[512];
+    for (int run = 0; run < 2; run++)
+        ck_assert_msg(th_init_one(&o, err, sizeof(err), split_and_abort, NULL) == 0, "%s", err);
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "%s/*.rank0.json", long_dir);
+    glob_t g;
+    int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(strlen(strrchr(g.gl_pathv[i], '/')) < 200, "%s", g.gl_pathv[i]);
+    globfree(&g);
+    th_rmtree(long_dir);
+    ck_assert_msg(n == 4, "%d records for 4 communicators", n);
+}
+END_TEST
+
 TH_CASES_MAIN("trace", 120, TH_CASE(records_every_call, 1), TH_CASE(keeps_the_last, 2),
-              TH_CASE(lists_open_calls, 1), TH_CASE(written_on_failure, 1))
+              TH_CASE(lists_open_calls, 1), TH_CASE(written_on_failure, 1),
+              TH_CASE(long_key_space_keeps_instances_apart, 1))

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/auth.h"
 #include "base/base.h"
 #include "coll/names.h"
 #include "core/envelope.h"
@@ -384,12 +385,30 @@ int tutti_comm_trace_dump(tutti_comm_t *comm, int fd)
     return st;
 }
 
-/* <dir>/<comm's key space, '/' and other odd characters as '_'><instance>.rank<r>.json */
+/* <dir>/<comm's key space, '/' and other odd characters as '_'><instance>.rank<r>.json;
+ * a key space too long for the name keeps its head and a hash of the whole (a split's
+ * suffix is at its end), and the instance always: a split and its parent, or two runs,
+ * never share a file (before, the name was cut at 159 bytes, instance and all) */
 static int trace_path(const tutti_comm_t *comm, char *path, size_t len)
 {
     char ident[160];
     const char *inst = strrchr(comm->instance, '/');
-    snprintf(ident, sizeof(ident), "%s%s", comm->job_base, inst ? inst + 1 : "");
+    inst = inst ? inst + 1 : "";
+    size_t blen = strlen(comm->job_base), ilen = strlen(inst);
+    if (blen + ilen < sizeof(ident)) {
+        snprintf(ident, sizeof(ident), "%s%s", comm->job_base, inst);
+    } else {
+        uint8_t h[TT_SHA256_LEN];
+        tt_sha256_t sc;
+        tt_sha256_init(&sc);
+        tt_sha256_update(&sc, comm->job_base, blen);
+        tt_sha256_final(&sc, h);
+        char hex[17];
+        for (int i = 0; i < 8; i++)
+            snprintf(hex + 2 * i, 3, "%02x", h[i]);
+        int head = (int)sizeof(ident) - 1 - 18 - (int)TT_MIN(ilen, 64);
+        snprintf(ident, sizeof(ident), "%.*s~%s_%.64s", head, comm->job_base, hex, inst);
+    }
     for (char *c = ident; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
               *c == '-' || *c == '.'))
