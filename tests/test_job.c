@@ -689,6 +689,99 @@ START_TEST(ranks_mean_other_transports)
 }
 END_TEST
 
+/* ---- 12. settings checked at set-up ----
+ *
+ * A TUTTI_ALGO that did not parse on rank 2 failed rank 2 at once while the others
+ * waited out their timeout ("still missing rank(s) 2"); a TUTTI_COST_MODEL that did not
+ * parse there (rank 0's model wins, but the value is a mistake) failed rank 2 alone, the
+ * others' init succeeded and their first collective failed with "rank 2 closed the
+ * connection". Now a rank with a value that does not parse fails once it joined, and
+ * the others, waiting for it, fail within a slice of that wait with its reason (timeout
+ * 20 s). */
+typedef struct setting_case {
+    int rank;                  /* the rank that differs */
+    size_t chunk[3];           /* chunk_bytes of each rank (0: the default) */
+    const char *algo[3];       /* TUTTI_ALGO of each rank */
+    const char *model[3];      /* TUTTI_COST_MODEL of each rank */
+    const char *its_err[3];    /* what its error must say (NULL-terminated) */
+    const char *others_err[3]; /* what the others' must say, with "rank R failed" */
+} setting_case_t;
+
+static const setting_case_t setting_cases[] = {
+    { 2,
+      { 0 },
+      { NULL, NULL, "allreduce:bogus" },
+      { NULL },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL } },
+    { 2,
+      { 0 },
+      { NULL },
+      { "table", "table", "bw=fast" },
+      { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL },
+      { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL } },
+    /* rank 0's own does not parse: the others learn its reason */
+    { 0,
+      { 0 },
+      { "allreduce:bogus", "allreduce:ring", "allreduce:ring" },
+      { NULL },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL } },
+};
+
+static int rank_setting(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const setting_case_t *c = arg;
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 20000, "tcp", &store, &o) != 0, "store");
+    if (c->chunk[rank])
+        o.chunk_bytes = c->chunk[rank];
+    if (c->chunk[0] && rank == 2 && !c->chunk[2])
+        o.chunk_bytes = 4096; /* the "same" case: the others' 1000 and 4096 */
+    o.algo = c->algo[rank];
+    o.cost_model = c->model[rank];
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(NULL);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), took, e);
+    if (c->rank < 0) {
+        FAIL_IF(st != 0, "rank %d: init: %s", rank, e);
+        int32_t v[4] = { rank, rank, rank, rank };
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, v, 4, TUTTI_INT32, TUTTI_SUM) != 0 ||
+                    v[3] != 3,
+                "rank %d: allreduce: %s", rank, tutti_comm_last_error(comm));
+        tutti_comm_destroy(comm);
+        tutti_store_close(store);
+        return 0;
+    }
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "rank %d: init: %s, wanted TUTTI_ERR_CONFIG", rank,
+            tutti_status_name(st));
+    const char *const *want = rank == c->rank ? c->its_err : c->others_err;
+    for (int i = 0; want[i]; i++)
+        FAIL_IF(!strstr(e, want[i]), "rank %d: the error does not say \"%s\": %s", rank, want[i],
+                e);
+    char who[48];
+    snprintf(who, sizeof(who), "rank %d failed its set-up", c->rank);
+    /* a rank that reads rank 0's failure before it joins names the instance too */
+    int named = strstr(e, who) || (c->rank == 0 && strstr(e, "rank 0 of job instance") &&
+                                   strstr(e, "failed its set-up"));
+    FAIL_IF(rank != c->rank && !named, "rank %d: the error does not name rank %d: %s", rank,
+            c->rank, e);
+    FAIL_IF(took > 5000, "rank %d: init took %.0f ms with a timeout of 20000", rank, took);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(settings_checked_at_setup)
+{
+    ck_assert_int_eq(th_run_nocomm(3, rank_setting, (void *)&setting_cases[_i], 60000), 0);
+}
+END_TEST
+
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
@@ -696,4 +789,4 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
               TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
-              TH_CASE(rank_claimed_twice, 2))
+              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 3))

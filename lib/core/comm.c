@@ -281,6 +281,32 @@ static tutti_comm_t *comm_alloc(int rank, int size)
     return comm;
 }
 
+/* A configuration error of this rank's own, held until it joined (comm_join): the first. */
+static void config_hold(tutti_comm_t *comm, int st, const char *why)
+{
+    if (comm->config_status < 0)
+        return;
+    comm->config_status = st;
+    snprintf(comm->config_error, sizeof(comm->config_error), "%s", why);
+}
+
+/* TUTTI_ALGO (comm->algo_ovr), and TUTTI_COST_MODEL checked: rank 0's wins, but a value
+ * that does not parse is a mistake whichever rank makes it. Their errors are held. */
+static void algo_and_model(tutti_comm_t *comm)
+{
+    char err[512] = "";
+    int st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
+    if (st < 0)
+        config_hold(comm, st, err[0] ? err : "out of memory for TUTTI_ALGO");
+    const char *cm = comm->opts.cost_model;
+    if (cm && *cm && strcmp(cm, "probe") && strcmp(cm, "table")) {
+        tt_cost_t scratch;
+        memset(&scratch, 0, sizeof(scratch));
+        if ((st = tt_cost_parse(cm, &scratch, err, sizeof(err))) < 0)
+            config_hold(comm, st, err);
+    }
+}
+
 /* Options, the algorithm override, the checksum and the job secret: what this rank
  * decides alone. */
 static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
@@ -291,12 +317,8 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
     if (tt_trace_init(comm) < 0)
         return init_fail(comm, TUTTI_ERR_NOMEM, "out of memory for the flight recorder");
     comm->quick_ns = (uint64_t)tt_comm_quick_ms(comm) * 1000000ull;
-    int st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
-    if (st < 0) {
-        tt_comm_set_error(comm, st, "%s", err);
-        TT_WARN("%s", comm->last_error);
-        return st;
-    }
+    algo_and_model(comm);
+    int st;
     const char *ck = comm->opts.checksum;
     if (ck && *ck && strcmp(ck, "none") && strcmp(ck, "crc32c")) {
         /* checked here too: a job on shm alone never asks its transport */
@@ -352,12 +374,18 @@ static int comm_join(tutti_comm_t *comm, tutti_store_t *store, const char *split
     if (st < 0)
         return init_fail(comm, st, err);
     TT_INFO("job id %s (from %s)", comm->job_id[0] ? comm->job_id : "none", job_src);
+    /* failed only now, as a member of the instance: the others, waiting for this rank in
+     * their set-up, read its reason at once (tt_job_init_failed) instead of waiting out
+     * their timeout for a rank that will not come */
+    if (comm->config_status < 0)
+        return init_fail(comm, comm->config_status, comm->config_error);
     return TUTTI_OK;
 }
 
-/* Rank 0's cost model (TUTTI_COST_MODEL, its tuning file) failed: the others would wait
- * for it until the store's timeout, so rank 0 publishes the failure in its place ("!" and
- * the reason) and they fail at once, naming it. */
+/* Rank 0's cost model (its tuning file; a TUTTI_COST_MODEL that does not parse fails
+ * sooner, algo_and_model) failed: the others would wait for it until the store's
+ * timeout, so rank 0 publishes the failure in its place ("!" and the reason) and they
+ * fail at once, naming it. */
 static int cost_fail(tutti_comm_t *comm, int st, const char *why)
 {
     if (comm->rank == 0 && comm->nranks > 1) {

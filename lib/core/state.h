@@ -75,6 +75,11 @@ struct tutti_comm {
     const char *job_src; /* where the job id came from ("TUTTI_JOB_ID", ...) */
     char nonce[40];
     char record[768];
+    /* a configuration error this rank found alone before it joined (TUTTI_ALGO,
+     * TUTTI_COST_MODEL), held until then so that it fails as a joined rank: its reason
+     * then ends the others' set-up waits (tt_job_init_failed) */
+    int config_status;
+    char config_error[TT_ERRMSG_LEN];
     /* set-up: 1 while tutti_comm_init runs (its long store waits watch for a peer's
      * failed set-up: setup.c, tt_init_store_get); a peer's failure found so, its status and
      * "rank R failed its set-up: ..." */
