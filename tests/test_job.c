@@ -198,7 +198,7 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         size_t rlen = 0;
         FAIL_IF(tutti_store_get(store, rk, &rec, &rlen, 1000) != 0, "record");
         const char *host = rec; /* the record's last field: rank 0's host, this host */
-        for (int f = 0; f < 11 && host; f++)
+        for (int f = 0; f < 13 && host; f++)
             host = strchr(host, ' ') ? strchr(host, ' ') + 1 : NULL;
         FAIL_IF(!host, "record %s", (char *)rec);
         struct stat ns;
@@ -538,8 +538,8 @@ TH_RUN_TEST(rank_of_another_world_size, th_run_nocomm(3, rank_world_size, NULL, 
 
 enum { OV_MEMBER_OLD, OV_MEMBER_NEWER, OV_ROOT_NEWER, OV_RERUN_READY, OV_RERUN_DEAD };
 
-/* Put a record of format fmt (3: this version's fields without a version; else with
- * version ver) of a 2-rank instance, created age_ms ago by pid 4242 on another host, in
+/* Put a record of format fmt (3: format 4's fields without a version; else with version
+ * ver, and from 5 on the chunk size and the override's hash) of a 2-rank instance, created age_ms ago by pid 4242 on another host, in
  * this job's record key; with ready, count its 2 ranks ready. The key's base in base. */
 static int forge_record(tutti_store_t *store, int fmt, const char *ver, long long age_ms, int ready,
                         char *base, size_t blen)
@@ -551,8 +551,9 @@ static int forge_record(tutti_store_t *store, int fmt, const char *ver, long lon
     char rec[256], key[512], v[16];
     int n = snprintf(rec, sizeof(rec),
                      "tutti-instance %d%s%s 0123456789abcdef 2 4242 1 1 %lld 60000 "
-                     "tcp,tcp elsewhere/x",
-                     fmt, fmt >= 4 ? " " : "", fmt >= 4 ? ver : "", now - age_ms);
+                     "tcp,tcp %selsewhere/x",
+                     fmt, fmt >= 4 ? " " : "", fmt >= 4 ? ver : "", now - age_ms,
+                     fmt >= 5 ? "1048576 - " : "");
     snprintf(key, sizeof(key), "%sinstance", base);
     if (tutti_store_set(store, key, rec, (size_t)n + 1) != 0)
         return -1;
@@ -601,7 +602,7 @@ static int rank_other_version(int rank, int nranks, tutti_comm_t *unused, const 
     FAIL_IF(st != TUTTI_ERR_CONFIG, "init: %s, wanted TUTTI_ERR_CONFIG", tutti_status_name(st));
     FAIL_IF(took > 2000, "init took %.0f ms with a timeout of 5000", took);
     char mine[64];
-    snprintf(mine, sizeof(mine), "this rank runs tutti %s (record format 4)",
+    snprintf(mine, sizeof(mine), "this rank runs tutti %s (record format 5)",
              tutti_version_string());
     FAIL_IF(!strstr(e, "its rank 0 is pid 4242 on host elsewhere/x") || !strstr(e, mine) ||
                 !strstr(e, kind == OV_MEMBER_OLD ? "record format 3, which names no version"
@@ -689,15 +690,21 @@ START_TEST(ranks_mean_other_transports)
 }
 END_TEST
 
-/* ---- 12. settings checked at set-up ----
+/* ---- 12. settings every rank must share, checked at set-up ----
  *
- * A TUTTI_ALGO that did not parse on rank 2 failed rank 2 at once while the others
- * waited out their timeout ("still missing rank(s) 2"); a TUTTI_COST_MODEL that did not
- * parse there (rank 0's model wins, but the value is a mistake) failed rank 2 alone, the
- * others' init succeeded and their first collective failed with "rank 2 closed the
- * connection". Now a rank with a value that does not parse fails once it joined, and
- * the others, waiting for it, fail within a slice of that wait with its reason (timeout
- * 20 s). */
+ * TUTTI_CHUNK_BYTES and TUTTI_ALGO decide which algorithm every rank runs and how it
+ * cuts its messages: a rank whose value differed from the others' picked another
+ * algorithm, and every rank failed its first collective as "ranks called mismatched
+ * collectives", blaming calls that were the same. A TUTTI_ALGO that did not parse on
+ * rank 2 failed rank 2 at once while the others waited out their timeout ("still missing
+ * rank(s) 2"); a TUTTI_COST_MODEL that did not parse there (rank 0's model wins, but the
+ * value is a mistake) failed rank 2 alone, the others' init succeeded and their first
+ * collective failed with "rank 2 closed the connection". Now rank 0's record carries
+ * the chunk size and a hash of the override's canonical form: the rank that differs
+ * fails TUTTI_ERR_CONFIG naming the setting and both values, a rank with a value that
+ * does not parse fails once it joined, and the others, waiting for it, fail within a
+ * slice of that wait with its reason (timeout 20 s). Spellings that mean the same
+ * connect. */
 typedef struct setting_case {
     int rank;                  /* the rank that differs */
     size_t chunk[3];           /* chunk_bytes of each rank (0: the default) */
@@ -708,6 +715,24 @@ typedef struct setting_case {
 } setting_case_t;
 
 static const setting_case_t setting_cases[] = {
+    { 1,
+      { 0, 8192, 0 },
+      { NULL },
+      { NULL },
+      { "TUTTI_CHUNK_BYTES=1048576, rank 1 with 8192", NULL },
+      { "TUTTI_CHUNK_BYTES=1048576, rank 1 with 8192", NULL } },
+    { 1,
+      { 0 },
+      { "allreduce:ring;broadcast:chain", "allreduce:rd", "allreduce:ring;broadcast:chain" },
+      { NULL },
+      { "TUTTI_ALGO=\"allreduce:ring;broadcast:chain\", rank 1 with \"allreduce:rd\"", NULL },
+      { "TUTTI_ALGO=\"allreduce:ring;broadcast:chain\", rank 1 with \"allreduce:rd\"", NULL } },
+    { 2,
+      { 0 },
+      { NULL, NULL, "ring" },
+      { NULL },
+      { "TUTTI_ALGO=none, rank 2 with \"ring\"", NULL },
+      { "TUTTI_ALGO=none, rank 2 with \"ring\"", NULL } },
     { 2,
       { 0 },
       { NULL, NULL, "allreduce:bogus" },
@@ -720,13 +745,23 @@ static const setting_case_t setting_cases[] = {
       { "table", "table", "bw=fast" },
       { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL },
       { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL } },
-    /* rank 0's own does not parse: the others learn its reason */
+    /* rank 0's own does not parse: the others, whose override differs from the text,
+     * are not refused for it but learn rank 0's reason */
     { 0,
       { 0 },
       { "allreduce:bogus", "allreduce:ring", "allreduce:ring" },
       { NULL },
       { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
       { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL } },
+    /* the same meaning, spelt three ways (64K, a later entry replacing an earlier one,
+     * white space); and chunk sizes the library raises to its least, 4096 */
+    { -1,
+      { 1000, 4096, 0 },
+      { "allreduce:ring@<64K,rd", " allreduce : ring@<65536 , rd ;",
+        "allreduce:linear;allreduce:ring@<64K,rd;" },
+      { NULL },
+      { NULL },
+      { NULL } },
 };
 
 static int rank_setting(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
@@ -789,4 +824,4 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
               TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
-              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 3))
+              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 7))

@@ -190,6 +190,44 @@ START_TEST(bounds_and_bare)
 }
 END_TEST
 
+/* One spelling for every spec that means the same (the job record compares a hash of
+ * it across ranks): bounds in bytes, a later entry replacing an earlier one, white space,
+ * collectives in table order, a bare name spelt out; none for nothing chosen. */
+START_TEST(canonical_form)
+{
+    static const struct {
+        const char *spec, *canon;
+    } cases[] = {
+        { "allreduce:ring@<64K,rd", "allreduce:ring@<65536,rd" },
+        { " allreduce : linear ; allreduce:ring@<65536 , rd ;", "allreduce:ring@<65536,rd" },
+        { "broadcast:tree;allreduce:rd", "allreduce:rd;broadcast:tree" },
+        { "alltoall:pairwise;allgather:pairwise;reduce_scatter:pairwise", NULL }, /* "pairwise" */
+        { "", NULL },
+        { ";;", NULL },
+    };
+    char err[256], *bare = NULL;
+    tt_algo_override_t *ovr = NULL;
+    ck_assert_int_eq(tt_algo_override_parse("pairwise", &ovr, err, sizeof(err)), TUTTI_OK);
+    ck_assert_int_eq(tt_algo_override_canon(ovr, &bare), TUTTI_OK);
+    tt_algo_override_free(ovr);
+    ck_assert_ptr_nonnull(bare);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *canon = (char *)1;
+        ck_assert_int_eq(tt_algo_override_parse(cases[i].spec, &ovr, err, sizeof(err)), TUTTI_OK);
+        ck_assert_int_eq(tt_algo_override_canon(ovr, &canon), TUTTI_OK);
+        tt_algo_override_free(ovr);
+        const char *want = i == 3 ? bare : cases[i].canon;
+        if (want)
+            ck_assert_msg(canon && !strcmp(canon, want), "\"%s\" gives \"%s\", not \"%s\"",
+                          cases[i].spec, canon ? canon : "(none)", want);
+        else
+            ck_assert_msg(!canon, "\"%s\" gives \"%s\"", cases[i].spec, canon);
+        free(canon);
+    }
+    free(bare);
+}
+END_TEST
+
 START_TEST(bad_strings)
 {
     static const struct {
@@ -1461,10 +1499,10 @@ int main(void)
     Suite *s = suite_create("select");
     th_add_tests(s, "select", 60,
                  (const TTest *const[]){ names, public_algo_list, ids_unique, force_each,
-                                         bounds_and_bare, bad_strings, allreduce_hd_dbtree,
-                                         single_copy_hints, stream_to_one, defaults,
-                                         cost_tables_and_strings, pack_below_of_nan, probe_agrees,
-                                         models_agree, NULL });
+                                         bounds_and_bare, canonical_form, bad_strings,
+                                         allreduce_hd_dbtree, single_copy_hints, stream_to_one,
+                                         defaults, cost_tables_and_strings, pack_below_of_nan,
+                                         probe_agrees, models_agree, NULL });
     th_add_case(s, "crowded_host", crowded_host, 4, 60);
     th_add_case(s, "probe_on_some_ranks", probe_on_some_ranks, 2, 60);
     th_add_tests(s, "hier_model", 60, (const TTest *const[]){ hier_model, NULL });

@@ -40,6 +40,11 @@ int tt_algo_override_sets(const tt_algo_override_t *ovr, tt_coll_t coll);
 /* Add spec's choices (TUTTI_ALGO syntax) to *ovr_p for the collectives it leaves to the
  * model (*ovr_p may be NULL: then spec's alone). */
 int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *err, size_t errlen);
+/* ovr's choices in one spelling, whatever the spec's ("coll:name@<bytes,name;..." in the
+ * collectives' order; a bare name, 64K and an entry that replaces an earlier one resolved),
+ * so that two specs that mean the same give the same text: into *canon_p (malloc'ed; NULL
+ * for no override, or one that chooses nothing). TUTTI_ERR_NOMEM without memory. */
+int tt_algo_override_canon(const tt_algo_override_t *ovr, char **canon_p);
 /* From tuning file `path` (lines "<transport> <ranks> <TUTTI_ALGO spec>", written by
  * bench/tune.py), the spec for this transport and rank count into *spec_p (malloc'ed;
  * NULL: the file has none). An unreadable file or a bad spec is TUTTI_ERR_CONFIG. */

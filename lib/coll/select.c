@@ -408,6 +408,44 @@ int tt_algo_override_merge(tt_algo_override_t **ovr_p, const char *spec, char *e
     return TUTTI_OK;
 }
 
+int tt_algo_override_canon(const tt_algo_override_t *ovr, char **canon_p)
+{
+    *canon_p = NULL;
+    if (!ovr)
+        return TUTTI_OK;
+    /* twice: the length, then the text */
+    char *buf = NULL;
+    size_t cap = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t used = 0;
+        for (int c = 0; c < TT_COLL_COUNT_; c++) {
+            for (size_t i = 0; i < ovr->nchoices[c]; i++) {
+                const tt_algo_choice_t *ch = &ovr->choices[c][i];
+                char bound[32] = "";
+                if (ch->bound)
+                    snprintf(bound, sizeof(bound), "@<%zu", ch->bound);
+                int n = snprintf(buf ? buf + used : NULL, buf ? cap - used : 0, "%s%s%s%s",
+                                 i      ? ","
+                                 : used ? ";"
+                                        : "",
+                                 i ? "" : tt_coll_name((tt_coll_t)c), i ? "" : ":", ch->algo->name);
+                used += (size_t)n;
+                n = snprintf(buf ? buf + used : NULL, buf ? cap - used : 0, "%s", bound);
+                used += (size_t)n;
+            }
+        }
+        if (pass == 0) {
+            if (!used)
+                return TUTTI_OK; /* ";;": no choices */
+            cap = used + 1;
+            if (!(buf = malloc(cap)))
+                return TUTTI_ERR_NOMEM;
+        }
+    }
+    *canon_p = buf;
+    return TUTTI_OK;
+}
+
 /* A line of a tuning file: "<transport> <ranks> <TUTTI_ALGO spec>"; '#' starts a
  * comment. 0: blank or not ours; 1: (transport, nranks)'s, its spec in *spec_p
  * (malloc'ed; spec_p NULL once found); -1 out of memory; -2 garbled. */

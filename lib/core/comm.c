@@ -290,14 +290,30 @@ static void config_hold(tutti_comm_t *comm, int st, const char *why)
     snprintf(comm->config_error, sizeof(comm->config_error), "%s", why);
 }
 
-/* TUTTI_ALGO (comm->algo_ovr), and TUTTI_COST_MODEL checked: rank 0's wins, but a value
+/* TUTTI_ALGO (comm->algo_ovr) and its fingerprint for the job record, which every rank
+ * compares with rank 0's (job.c); TUTTI_COST_MODEL checked: rank 0's wins, but a value
  * that does not parse is a mistake whichever rank makes it. Their errors are held. */
 static void algo_and_model(tutti_comm_t *comm)
 {
-    char err[512] = "";
+    char err[512] = "", *canon = NULL;
     int st = tt_algo_override_parse(comm->opts.algo, &comm->algo_ovr, err, sizeof(err));
-    if (st < 0)
+    if (st == 0)
+        st = tt_algo_override_canon(comm->algo_ovr, &canon);
+    if (st < 0) {
         config_hold(comm, st, err[0] ? err : "out of memory for TUTTI_ALGO");
+        snprintf(comm->algo_fp, sizeof(comm->algo_fp), "!");
+    } else if (!canon) {
+        snprintf(comm->algo_fp, sizeof(comm->algo_fp), "-");
+    } else {
+        uint8_t h[TT_SHA256_LEN];
+        tt_sha256_t sc;
+        tt_sha256_init(&sc);
+        tt_sha256_update(&sc, canon, strlen(canon));
+        tt_sha256_final(&sc, h);
+        for (int i = 0; i < 8; i++)
+            snprintf(comm->algo_fp + 2 * i, 3, "%02x", h[i]);
+        free(canon);
+    }
     const char *cm = comm->opts.cost_model;
     if (cm && *cm && strcmp(cm, "probe") && strcmp(cm, "table")) {
         tt_cost_t scratch;

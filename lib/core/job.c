@@ -181,9 +181,9 @@ static int live_has(const char *nonce)
 
 /* The record's format. From format 4 on, every record starts "tutti-instance <format>
  * <tutti version>", so that a rank can name what wrote one of a format it cannot read;
- * format 4's fields follow (those of format 3, which named no version; format 2 lacked
- * the transports). */
-#define JOB_REC_FORMAT 4
+ * format 5's fields follow (format 4's, those of format 3, which named no version, lacked
+ * the chunk size and the override's hash before the host; format 2 the transports). */
+#define JOB_REC_FORMAT 5
 
 typedef struct job_rec {
     int format;       /* JOB_REC_FORMAT, or another's (rec_parse's 1) */
@@ -196,6 +196,8 @@ typedef struct job_rec {
     long long created_ms;     /* CLOCK_REALTIME of its host */
     int timeout_ms;
     char transport[160]; /* what its TUTTI_TRANSPORT means (tt_transport_canon) */
+    size_t chunk_bytes;  /* TUTTI_CHUNK_BYTES: the algorithms' choice and their messages */
+    char algo[20];       /* TUTTI_ALGO's fingerprint (comm->algo_fp) */
     char host[256];
 } job_rec_t;
 
@@ -236,13 +238,14 @@ static unsigned long long proc_start(long pid)
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
-    return snprintf(buf, len, "tutti-instance %d %s %s %d %ld %llu %llu %lld %d %s %s",
+    return snprintf(buf, len, "tutti-instance %d %s %s %d %ld %llu %llu %lld %d %s %zu %s %s",
                     JOB_REC_FORMAT, tutti_version_string(), r->nonce, r->nranks, r->pid, r->start,
-                    r->pidns, r->created_ms, r->timeout_ms, r->transport, r->host);
+                    r->pidns, r->created_ms, r->timeout_ms, r->transport, r->chunk_bytes, r->algo,
+                    r->host);
 }
 
 /* 0: a record of this format; 1: of another (another tutti version's): r->format and
- * r->version, and its instance where its fields read as format 2's to 4's (else
+ * r->version, and its instance where its fields read as format 2's to 5's (else
  * r->nranks is 0); -1: not a record. */
 static int rec_parse(const char *s, job_rec_t *r)
 {
@@ -258,7 +261,11 @@ static int rec_parse(const char *s, job_rec_t *r)
     }
     s += off;
     off = 0;
-    if (r->format >= 3)
+    if (r->format >= 5)
+        body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %159s %zu %19s %n", r->nonce, &r->nranks,
+                      &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
+                      &r->chunk_bytes, r->algo, &off) >= 10;
+    else if (r->format >= 3)
         body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %159s %n", r->nonce, &r->nranks, &r->pid,
                       &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
                       &off) >= 8;
@@ -571,8 +578,10 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                      .start = proc_start((long)getpid()),
                      .pidns = tp_pidns(),
                      .created_ms = realtime_ms(),
-                     .timeout_ms = comm->opts.timeout_ms };
+                     .timeout_ms = comm->opts.timeout_ms,
+                     .chunk_bytes = comm->opts.chunk_bytes };
     tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
+    snprintf(me.algo, sizeof(me.algo), "%s", comm->algo_fp);
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
     snprintf(me.host, sizeof(me.host), "%s", my_host);
     rec_format(&me, comm->record, sizeof(comm->record));
@@ -716,6 +725,41 @@ static int nonce_rejected(const member_wait_t *w, const char *nonce)
     return known;
 }
 
+/* The key under which rank 0 of instance nonce leaves its TUTTI_ALGO as written, for
+ * the error of a rank whose override means something else (the record has a hash). */
+static void algo_key(char *buf, size_t len, const char *nonce)
+{
+    snprintf(buf, len, "%s/algo", nonce);
+}
+
+/* r's TUTTI_ALGO means something else than this rank's: say so, naming both as written. */
+static void algo_mismatch(tutti_comm_t *comm, const job_rec_t *r, const char *desc, char *err,
+                          size_t errlen)
+{
+    char key[96], theirs[300];
+    void *v = NULL;
+    size_t len = 0;
+    snprintf(theirs, sizeof(theirs), "none");
+    if (r->algo[0] != '-') {
+        /* rank 0 sets it just after the record: a short wait at most */
+        algo_key(key, sizeof(key), r->nonce);
+        if (tutti_store_get(comm->job_store, key, &v, &len, tt_comm_quick_ms(comm)) == 0 && len &&
+            memchr(v, '\0', len))
+            snprintf(theirs, sizeof(theirs), "\"%.256s\"", (char *)v);
+        else
+            snprintf(theirs, sizeof(theirs), "one of fingerprint %s (its text unreadable: %s)",
+                     r->algo, tutti_store_last_error(comm->job_store));
+        free(v);
+    }
+    const char *ours = comm->opts.algo && comm->opts.algo[0] ? comm->opts.algo : NULL;
+    snprintf(err, errlen,
+             "store %s, prefix %s: %s runs with TUTTI_ALGO=%s, rank %d with %s%.256s%s: every "
+             "rank must set the same TUTTI_ALGO (or one that means the same), or ranks pick "
+             "different algorithms",
+             comm->store_url, comm->job_base, desc, theirs, comm->rank, ours ? "\"" : "none",
+             ours ? ours : "", ours ? "\"" : "");
+}
+
 /* Can this rank join the instance r? 0 yes, 1 no (rejected: wait on), < 0 error. */
 static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t *r,
                         const char *desc, member_wait_t *w, char *err, size_t errlen)
@@ -723,8 +767,11 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
     tutti_store_t *js = comm->job_store;
     char mine[sizeof(r->transport)];
     tt_transport_canon(comm->opts.transport, mine, sizeof(mine));
-    int sizes = r->nranks != comm->nranks;
-    if (sizes || strcmp(r->transport, mine)) {
+    int sizes = r->nranks != comm->nranks, tps = strcmp(r->transport, mine) != 0;
+    int chunks = r->chunk_bytes != comm->opts.chunk_bytes;
+    /* "!": that rank's TUTTI_ALGO did not parse, which fails it once joined, saying so */
+    int algos = strcmp(r->algo, comm->algo_fp) && r->algo[0] != '!' && comm->algo_fp[0] != '!';
+    if (sizes || tps || chunks || algos) {
         if (rec_stale(r, my_host) || rec_finished(js, r)) {
             reject_nonce(w, r->nonce); /* a previous run's */
             return 1;
@@ -734,12 +781,21 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
                      "store %s, prefix %s: %s, but this rank was told the job has %d: the "
                      "ranks disagree on the world size (or another job uses this store)",
                      comm->store_url, comm->job_base, desc, comm->nranks);
-        else
+        else if (tps)
             snprintf(err, errlen,
                      "store %s, prefix %s: %s names the transports \"%s\" (for peers on "
                      "its host, for the others), this rank \"%s\": every rank must set the "
                      "same TUTTI_TRANSPORT (or transport option)",
                      comm->store_url, comm->job_base, desc, r->transport, mine);
+        else if (chunks)
+            snprintf(err, errlen,
+                     "store %s, prefix %s: %s runs with TUTTI_CHUNK_BYTES=%zu, rank %d with %zu: "
+                     "every rank must set the same TUTTI_CHUNK_BYTES (chunk_bytes; the "
+                     "algorithms' choice and their messages follow from it)",
+                     comm->store_url, comm->job_base, desc, r->chunk_bytes, comm->rank,
+                     comm->opts.chunk_bytes);
+        else
+            algo_mismatch(comm, r, desc, err, errlen);
         int st = sizes ? TUTTI_ERR_MISMATCH : TUTTI_ERR_CONFIG;
         /* The ranks that joined r wait in their set-up for this one: while r is still
          * starting, leave this rank's reason as r's first failure so that they fail
@@ -1019,6 +1075,17 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
                          : join_as_member(comm, host, deadline, err, errlen);
     if (st < 0)
         return st;
+    if (comm->rank == 0 && comm->algo_fp[0] != '-' && comm->algo_fp[0] != '!') {
+        /* its TUTTI_ALGO as written, for the error of a rank whose override differs */
+        char key[96];
+        algo_key(key, sizeof(key), comm->nonce);
+        if ((st = tutti_store_set(comm->job_store, key, comm->opts.algo,
+                                  strlen(comm->opts.algo) + 1)) < 0) {
+            snprintf(err, errlen, "publishing TUTTI_ALGO: %s",
+                     tutti_store_last_error(comm->job_store));
+            return st;
+        }
+    }
     if (comm->rank == 0) {
         char key[96];
         slot_key(key, sizeof(key), comm->nonce, 0);

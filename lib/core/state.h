@@ -75,6 +75,10 @@ struct tutti_comm {
     const char *job_src; /* where the job id came from ("TUTTI_JOB_ID", ...) */
     char nonce[40];
     char record[768];
+    /* what the record says of TUTTI_ALGO, which every rank must share (job.c): "-" none,
+     * "!" it did not parse (config_status), else 16 hex digits of the SHA-256 of its
+     * canonical form (tt_algo_override_canon) */
+    char algo_fp[20];
     /* a configuration error this rank found alone before it joined (TUTTI_ALGO,
      * TUTTI_COST_MODEL), held until then so that it fails as a joined rank: its reason
      * then ends the others' set-up waits (tt_job_init_failed) */
