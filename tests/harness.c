@@ -807,3 +807,26 @@ int th_check_peer_died(int rank, int victim, int st, const char *msg)
     FAIL_IF(!strstr(msg, name), "message does not name %s: %s", name, msg);
     return 0;
 }
+
+void th_capture_begin(th_capture_t *c)
+{
+    fflush(stderr);
+    c->f = tmpfile();
+    c->saved = dup(STDERR_FILENO);
+    dup2(fileno(c->f), STDERR_FILENO);
+}
+
+char *th_capture_end(th_capture_t *c)
+{
+    fflush(stderr);
+    dup2(c->saved, STDERR_FILENO);
+    close(c->saved);
+    long n = ftell(c->f);
+    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+    rewind(c->f);
+    if (n > 0 && fread(text, 1, (size_t)n, c->f) != (size_t)n)
+        text[0] = '\0';
+    fclose(c->f);
+    fputs(text, stderr); /* still shown in the test log */
+    return text;
+}

@@ -270,4 +270,13 @@ pthread_t th_after_ms(int ms, void (*fn)(void *), void *arg);
  * (printed why). */
 int th_check_peer_died(int rank, int victim, int st, const char *msg);
 
+/* stderr (the log) into a file from th_capture_begin until th_capture_end, which returns
+ * what was written (malloc'd) and shows it again on the test's own stderr. */
+typedef struct th_capture {
+    int saved;
+    FILE *f;
+} th_capture_t;
+void th_capture_begin(th_capture_t *c);
+char *th_capture_end(th_capture_t *c);
+
 #endif /* TH_HARNESS_H */

@@ -866,38 +866,7 @@ static int rank_stray(int rank, int nranks, tutti_comm_t *unused, const char *di
 
 TH_RUN_TEST(stray_connection_during_setup, th_run_nocomm(2, rank_stray, NULL, 20000))
 
-/* The headers, the library and meson.build's project version say one version. */
 /* ---- the log and the environment's warnings ---- */
-
-/* stderr (the log) into a file from capture_begin until capture_end, which returns it
- * (malloc'd) and shows it again on the test's own stderr. */
-typedef struct capture {
-    int saved;
-    FILE *f;
-} capture_t;
-
-static void capture_begin(capture_t *c)
-{
-    fflush(stderr);
-    c->f = tmpfile();
-    c->saved = dup(STDERR_FILENO);
-    dup2(fileno(c->f), STDERR_FILENO);
-}
-
-static char *capture_end(capture_t *c)
-{
-    fflush(stderr);
-    dup2(c->saved, STDERR_FILENO);
-    close(c->saved);
-    long n = ftell(c->f);
-    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
-    rewind(c->f);
-    if (n > 0 && fread(text, 1, (size_t)n, c->f) != (size_t)n)
-        text[0] = '\0';
-    fclose(c->f);
-    fputs(text, stderr);
-    return text;
-}
 
 /* How many times needle occurs in text. */
 static int count_of(const char *text, const char *needle)
@@ -924,8 +893,8 @@ static int rank_log_prefix(int rank, int nranks, tutti_comm_t *unused, const cha
 {
     (void)unused;
     (void)arg;
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     tt_log(TUTTI_LOG_WARN, "mark: before");
     tutti_store_t *store = NULL, *solo_store = NULL;
     tutti_comm_t *world = NULL, *solo = NULL;
@@ -947,7 +916,7 @@ static int rank_log_prefix(int rank, int nranks, tutti_comm_t *unused, const cha
     tt_log(TUTTI_LOG_WARN, "mark: world gone");
     tutti_comm_destroy(solo);
     tt_log(TUTTI_LOG_WARN, "mark: none live");
-    char *text = capture_end(&cap);
+    char *text = th_capture_end(&cap);
     FAIL_IF(st != 0, "set-up: %s", tutti_status_name(st));
     FAIL_IF(!logged_as(text, "-", "mark: before"), "before any communicator");
     FAIL_IF(!logged_as(text, r, "mark: world"), "with the world");
@@ -966,11 +935,11 @@ TH_RUN_TEST(log_prefix_rank, th_run_nocomm(2, rank_log_prefix, NULL, 30000))
 START_TEST(log_one_line)
 {
     setenv("TUTTI_TIMEOUT_MS", "12\nforged line\r\x1b[2J", 1);
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    char *text = capture_end(&cap);
+    char *text = th_capture_end(&cap);
     unsetenv("TUTTI_TIMEOUT_MS");
     ck_assert_msg(strstr(text, "TUTTI_TIMEOUT_MS=12\\nforged line\\r\\x1b[2J"), "log: %s", text);
     ck_assert_int_eq(count_of(text, "\n"), 1);
@@ -991,10 +960,10 @@ START_TEST(log_level_values)
     ck_assert_int_eq(tt_log_level_parse("verbose"), -1);
     /* this test's own process has not read the level yet (check forks each test) */
     setenv("TUTTI_DEBUG", "verbose", 1);
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     int a = tt_log_level(), b = tt_log_level();
-    char *text = capture_end(&cap);
+    char *text = th_capture_end(&cap);
     unsetenv("TUTTI_DEBUG");
     ck_assert_int_eq(a, TUTTI_LOG_WARN);
     ck_assert_int_eq(b, TUTTI_LOG_WARN);
@@ -1010,8 +979,8 @@ static int rank_warn_once(int rank, int nranks, tutti_comm_t *unused, const char
 {
     (void)unused;
     (void)arg;
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     tutti_store_t *store = NULL;
     tutti_comm_t *c1 = NULL, *c2 = NULL;
     tutti_comm_opts_t o;
@@ -1025,7 +994,7 @@ static int rank_warn_once(int rank, int nranks, tutti_comm_t *unused, const char
     int timeout = st == 0 ? c1->opts.timeout_ms : -1;
     tutti_comm_destroy(c2);
     tutti_comm_destroy(c1);
-    char *text = capture_end(&cap);
+    char *text = th_capture_end(&cap);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
     FAIL_IF(count_of(text, "TUTTI_SPIN_US=garbage is neither auto nor an integer; using auto") != 1,
             "TUTTI_SPIN_US=garbage warned %d times", count_of(text, "TUTTI_SPIN_US=garbage"));
@@ -1115,8 +1084,8 @@ static int rank_tp_options(int rank, int nranks, tutti_comm_t *unused, const cha
 {
     (void)unused;
     (void)arg;
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     tutti_store_t *store = NULL;
     tutti_comm_t *c1 = NULL, *c2 = NULL;
     tutti_comm_opts_t o;
@@ -1130,7 +1099,7 @@ static int rank_tp_options(int rank, int nranks, tutti_comm_t *unused, const cha
         st = tutti_comm_init(&c2, store, rank, nranks, &o);
     tutti_comm_destroy(c2);
     tutti_comm_destroy(c1);
-    char *text = capture_end(&cap);
+    char *text = th_capture_end(&cap);
     FAIL_IF(st != 0, "init: %s", tutti_status_name(st));
     static const char *const want[] = {
         "TUTTI_TRANSPORT_OPTIONS: \"SHM_RING_BYTE=1M\" names no knob of the transports: ignored "
@@ -1150,6 +1119,7 @@ static int rank_tp_options(int rank, int nranks, tutti_comm_t *unused, const cha
 
 TH_RUN_TEST(transport_options_checked, th_run_nocomm(2, rank_tp_options, NULL, 30000))
 
+/* The headers, the library and meson.build's project version say one version. */
 START_TEST(version_agrees)
 {
     char want[32];

@@ -264,35 +264,6 @@ static int published_port(tutti_store_t *store, const char *key)
     return port;
 }
 
-/* stderr into a file for a while, to read what the library logged */
-typedef struct capture {
-    int saved;
-    FILE *f;
-} capture_t;
-
-static void capture_begin(capture_t *c)
-{
-    fflush(stderr);
-    c->f = tmpfile();
-    c->saved = dup(STDERR_FILENO);
-    dup2(fileno(c->f), STDERR_FILENO);
-}
-
-static char *capture_end(capture_t *c)
-{
-    fflush(stderr);
-    dup2(c->saved, STDERR_FILENO);
-    close(c->saved);
-    long n = ftell(c->f);
-    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
-    rewind(c->f);
-    if (n > 0 && fread(text, 1, (size_t)n, c->f) != (size_t)n)
-        text[0] = '\0';
-    fclose(c->f);
-    fputs(text, stderr); /* still shown in the test log */
-    return text;
-}
-
 /* ======================= a host struct of our own ======================= */
 
 /* The fake host (fake_host.h) as the library would set it up: keys under "<prefix>/",
@@ -737,10 +708,10 @@ static int rank_token(int rank, int nranks, tutti_comm_t *unused, const char *di
         r.o.host_id = host;
     }
     r.o.auth_token = rank == bad_rank ? "not-the-token" : "the-token";
-    capture_t cap;
-    capture_begin(&cap);
+    th_capture_t cap;
+    th_capture_begin(&cap);
     int st = tcp_join(&r, rank, nranks);
-    char *log = capture_end(&cap);
+    char *log = th_capture_end(&cap);
     int rc = 0;
     if (bad_rank < 0) {
         if (st != 0) {
