@@ -712,6 +712,8 @@ typedef struct setting_case {
     const char *model[3];      /* TUTTI_COST_MODEL of each rank */
     const char *its_err[3];    /* what its error must say (NULL-terminated) */
     const char *others_err[3]; /* what the others' must say, with "rank R failed" */
+    const char *checksum[3];   /* TUTTI_CHECKSUM of each rank */
+    const char *bind[3];       /* TUTTI_BIND of each rank */
 } setting_case_t;
 
 static const setting_case_t setting_cases[] = {
@@ -720,31 +722,41 @@ static const setting_case_t setting_cases[] = {
       { NULL },
       { NULL },
       { "TUTTI_CHUNK_BYTES=1048576, rank 1 with 8192", NULL },
-      { "TUTTI_CHUNK_BYTES=1048576, rank 1 with 8192", NULL } },
+      { "TUTTI_CHUNK_BYTES=1048576, rank 1 with 8192", NULL },
+      { NULL },
+      { NULL } },
     { 1,
       { 0 },
       { "allreduce:ring;broadcast:chain", "allreduce:rd", "allreduce:ring;broadcast:chain" },
       { NULL },
       { "TUTTI_ALGO=\"allreduce:ring;broadcast:chain\", rank 1 with \"allreduce:rd\"", NULL },
-      { "TUTTI_ALGO=\"allreduce:ring;broadcast:chain\", rank 1 with \"allreduce:rd\"", NULL } },
+      { "TUTTI_ALGO=\"allreduce:ring;broadcast:chain\", rank 1 with \"allreduce:rd\"", NULL },
+      { NULL },
+      { NULL } },
     { 2,
       { 0 },
       { NULL, NULL, "ring" },
       { NULL },
       { "TUTTI_ALGO=none, rank 2 with \"ring\"", NULL },
-      { "TUTTI_ALGO=none, rank 2 with \"ring\"", NULL } },
+      { "TUTTI_ALGO=none, rank 2 with \"ring\"", NULL },
+      { NULL },
+      { NULL } },
     { 2,
       { 0 },
       { NULL, NULL, "allreduce:bogus" },
       { NULL },
       { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
-      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL } },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
+      { NULL },
+      { NULL } },
     { 2,
       { 0 },
       { NULL },
       { "table", "table", "bw=fast" },
       { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL },
-      { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL } },
+      { "TUTTI_COST_MODEL=\"bw=fast\": cannot read", NULL },
+      { NULL },
+      { NULL } },
     /* rank 0's own does not parse: the others, whose override differs from the text,
      * are not refused for it but learn rank 0's reason */
     { 0,
@@ -752,13 +764,35 @@ static const setting_case_t setting_cases[] = {
       { "allreduce:bogus", "allreduce:ring", "allreduce:ring" },
       { NULL },
       { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
-      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL } },
+      { "TUTTI_ALGO: unknown allreduce algorithm \"bogus\"", NULL },
+      { NULL },
+      { NULL } },
+    /* other values this rank checks alone, refused where it joined: the others learn
+     * why at once (they waited out their timeout, "still missing rank(s) 2") */
+    { 2,
+      { 0 },
+      { NULL },
+      { NULL },
+      { "TUTTI_CHECKSUM=md5: expected none or crc32c", NULL },
+      { "TUTTI_CHECKSUM=md5: expected none or crc32c", NULL },
+      { NULL, NULL, "md5" },
+      { NULL } },
+    { 2,
+      { 0 },
+      { NULL },
+      { NULL },
+      { "TUTTI_BIND=always: expected auto or none", NULL },
+      { "TUTTI_BIND=always: expected auto or none", NULL },
+      { NULL },
+      { NULL, NULL, "always" } },
     /* the same meaning, spelt three ways (64K, a later entry replacing an earlier one,
      * white space); and chunk sizes the library raises to its least, 4096 */
     { -1,
       { 1000, 4096, 0 },
       { "allreduce:ring@<64K,rd", " allreduce : ring@<65536 , rd ;",
         "allreduce:linear;allreduce:ring@<64K,rd;" },
+      { NULL },
+      { NULL },
       { NULL },
       { NULL },
       { NULL } },
@@ -777,6 +811,10 @@ static int rank_setting(int rank, int nranks, tutti_comm_t *unused, const char *
         o.chunk_bytes = 4096; /* the "same" case: the others' 1000 and 4096 */
     o.algo = c->algo[rank];
     o.cost_model = c->model[rank];
+    if (c->checksum[rank])
+        o.checksum = c->checksum[rank];
+    if (c->bind[rank])
+        o.bind = c->bind[rank];
     tutti_comm_t *comm = NULL;
     double t0 = th_now_ms();
     int st = tutti_comm_init(&comm, store, rank, nranks, &o);
@@ -824,4 +862,4 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
               TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
-              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 7))
+              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 9))

@@ -335,25 +335,23 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
     comm->quick_ns = (uint64_t)tt_comm_quick_ms(comm) * 1000000ull;
     algo_and_model(comm);
     int st;
+    /* each of these errors is held until this rank has joined (config_hold), as
+     * algo_and_model's are, so that its peers learn it at once */
     const char *ck = comm->opts.checksum;
     if (ck && *ck && strcmp(ck, "none") && strcmp(ck, "crc32c")) {
         /* checked here too: a job on shm alone never asks its transport */
-        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG,
-                               "init: TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
-        TT_WARN("%s", comm->last_error);
-        return st;
+        snprintf(err, sizeof(err), "TUTTI_CHECKSUM=%s: expected none or crc32c", ck);
+        config_hold(comm, TUTTI_ERR_CONFIG, err);
     }
     const char *bind = comm->opts.bind;
     if (bind && *bind && strcmp(bind, "auto") && strcmp(bind, "none")) {
-        st = tt_comm_set_error(comm, TUTTI_ERR_CONFIG, "init: TUTTI_BIND=%s: expected auto or none",
-                               bind);
-        TT_WARN("%s", comm->last_error);
-        return st;
+        snprintf(err, sizeof(err), "TUTTI_BIND=%s: expected auto or none", bind);
+        config_hold(comm, TUTTI_ERR_CONFIG, err);
     }
     if ((st = tt_dev_resolve(comm->opts.cuda, &comm->dev, err, sizeof(err))) < 0) {
-        tt_comm_set_error(comm, st, "init: %s", err);
-        TT_WARN("%s", comm->last_error);
-        return st;
+        if (st == TUTTI_ERR_NOMEM)
+            return init_fail(comm, st, err);
+        config_hold(comm, st, err);
     }
     if (parent) { /* a split keeps its parent's secret: the file may have changed since */
         if (parent->secret && !(comm->secret = malloc(parent->secret_len)))
@@ -365,7 +363,9 @@ static int comm_configure(tutti_comm_t *comm, const tutti_comm_opts_t *opts,
     }
     st = tt_auth_load_secret(comm->opts.auth_token, comm->opts.auth_token_file, &comm->secret,
                              &comm->secret_len, err, sizeof(err));
-    return st < 0 ? init_fail(comm, st, err) : TUTTI_OK;
+    if (st == TUTTI_ERR_CONFIG) /* a secret it cannot read: held too */
+        config_hold(comm, st, err);
+    return st < 0 && st != TUTTI_ERR_CONFIG ? init_fail(comm, st, err) : TUTTI_OK;
 }
 
 /* Each job gets its own key space on a store, each communicator its own within it,
@@ -387,6 +387,8 @@ static int comm_join(tutti_comm_t *comm, tutti_store_t *store, const char *split
                  comm->job_id, comm->job_id[0] ? "/" : "", tt_store_next_comm_id(store));
     snprintf(comm->store_url, sizeof(comm->store_url), "%s", tutti_store_url(store));
     int st = tt_job_join(comm, store, base, err, sizeof(err));
+    if (st < 0 && comm->config_status < 0) /* its own mistake is the better cause */
+        return init_fail(comm, comm->config_status, comm->config_error);
     if (st < 0)
         return init_fail(comm, st, err);
     TT_INFO("job id %s (from %s)", comm->job_id[0] ? comm->job_id : "none", job_src);
