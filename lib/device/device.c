@@ -391,7 +391,8 @@ static void pend(tt_comm_t *comm, struct tt_dev_stage *d)
 {
     pthread_mutex_lock(&comm->stage_lock);
     d->next = comm->dev_pending;
-    comm->dev_pending = d;
+    /* stored atomically: reap_some looks without the lock */
+    __atomic_store_n(&comm->dev_pending, d, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&comm->stage_lock);
 }
 
@@ -399,7 +400,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms);
 
 void tt_dev_free_blocks(tt_comm_t *comm)
 {
-    if (comm->dev_pending)
+    if (__atomic_load_n(&comm->dev_pending, __ATOMIC_ACQUIRE))
         reap_streamed(comm, comm->opts.timeout_ms > 0 ? comm->opts.timeout_ms : 30000);
     tt_dev_pool_t *pl = comm->dev_pool;
     comm->dev_pool = NULL;
@@ -646,7 +647,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
 {
     pthread_mutex_lock(&comm->stage_lock);
     tt_dev_stage_t *list = comm->dev_pending, *keep = NULL;
-    comm->dev_pending = NULL;
+    __atomic_store_n(&comm->dev_pending, NULL, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&comm->stage_lock);
     const uint64_t deadline = tt_now_ns() + (uint64_t)(wait_ms > 0 ? wait_ms : 0) * 1000000;
     while (list) {
@@ -685,7 +686,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms)
         while (*pp)
             pp = &(*pp)->next;
         *pp = comm->dev_pending;
-        comm->dev_pending = keep;
+        __atomic_store_n(&comm->dev_pending, keep, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&comm->stage_lock);
     }
 }
