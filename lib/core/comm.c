@@ -522,7 +522,8 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
 
 err_free:
     /* a split's, shrink's or grow's caller names the rank (and the new one) itself */
-    snprintf(err, errlen, "%s", parent ? tt_comm_error_unprefixed(comm) : comm->last_error);
+    snprintf(err, errlen, "%s",
+             parent ? tt_after_rank_prefix(comm->last_error, comm->rank) : comm->last_error);
     tt_job_init_failed(comm, st);
     comm_free(comm);
     return st;
@@ -1415,14 +1416,13 @@ int tutti_comm_revoke(tutti_comm_t *comm)
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq;
     pthread_mutex_unlock(&comm->q_lock);
-    /* under err_lock with the failure's seq and text, which a thread that sees the
+    /* under err_lock with the failure's text, which a thread that sees the
      * communicator failed reads under it (exec.c); failed before revoked, so that a
      * second revoker, which returns at once, finds its communicator failed already */
     int expected = 0;
     pthread_mutex_lock(&comm->err_lock);
     int first = atomic_compare_exchange_strong(&comm->failed, &expected, TUTTI_ERR_REVOKED);
     if (first) {
-        comm->failed_seq = seq;
         snprintf(comm->last_error, sizeof(comm->last_error),
                  "rank %d: revoked the communicator (tutti_comm_revoke)", comm->rank);
     }

@@ -128,11 +128,11 @@ const char *tt_comm_error_copy(const tutti_comm_t *comm)
     return c;
 }
 
-const char *tt_comm_error_unprefixed(const tutti_comm_t *comm)
+const char *tt_after_rank_prefix(const char *msg, long rank)
 {
     char own[32];
-    int n = snprintf(own, sizeof(own), "rank %d: ", comm->rank);
-    return comm->last_error + (strncmp(comm->last_error, own, (size_t)n) ? 0 : n);
+    int n = snprintf(own, sizeof(own), "rank %ld: ", rank);
+    return msg + (strncmp(msg, own, (size_t)n) ? 0 : n);
 }
 
 /* A rank that was stopped (SIGSTOP, a debugger) is likely the one its peers timed out
@@ -187,7 +187,6 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     TT_WARN("%s", now);
     int expected = 0;
     if (atomic_compare_exchange_strong(&comm->failed, &expected, status)) {
-        comm->failed_seq = op->seq;
         pthread_mutex_lock(&comm->err_lock);
         memcpy(comm->failed_error, now, sizeof(now));
         pthread_mutex_unlock(&comm->err_lock);

@@ -21,8 +21,9 @@ int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
 /* A copy of comm->last_error taken under err_lock, in this thread's storage (one of a
  * few, reused in turn): tutti_comm_last_error's answer. */
 const char *tt_comm_error_copy(const tutti_comm_t *comm);
-/* comm->last_error past its "rank <r>: " (for a message that names the rank itself). */
-const char *tt_comm_error_unprefixed(const tutti_comm_t *comm);
+/* msg past its leading "rank <rank>: ", if it has one (for a message that names the rank
+ * itself). */
+const char *tt_after_rank_prefix(const char *msg, long rank);
 
 /* Record the failure of op on its communicator: last_error; the first failure also
  * sticks (later ops fail at once with it) and goes to the peers (the transport) and to

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "core/fault.h"
 #include "core/setup.h"
 #include "core/state.h"
 #include "store/store_impl.h"
@@ -53,11 +54,7 @@ int tt_setup_peer_failed(tutti_comm_t *comm)
         return 0;
     }
     /* its last error, "rank R: init: <why>": R said once */
-    const char *why = end && *end ? end + 1 : "";
-    char own[32];
-    int ol = snprintf(own, sizeof(own), "rank %ld: ", r);
-    if (!strncmp(why, own, (size_t)ol))
-        why += ol;
+    const char *why = tt_after_rank_prefix(end && *end ? end + 1 : "", r);
     snprintf(comm->setup_peer_why, sizeof(comm->setup_peer_why), "rank %ld failed its set-up: %.*s",
              r, (int)TT_MIN(strlen(why), sizeof(comm->setup_peer_why) - 64), why);
     free(v);

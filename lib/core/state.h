@@ -136,7 +136,6 @@ struct tutti_comm {
     int tp_error_status;
     atomic_int tp_error_gen; /* counts transport failures */
     atomic_int failed;       /* 0, or the status of the failure */
-    uint64_t failed_seq;     /* the failed op's seq, or next_seq at a revoke (comm.c) */
     /* the first failure's message (under err_lock), which the calls refused after it
      * quote (exec.c): last_error is theirs by then */
     char failed_error[TT_ERRMSG_LEN];
