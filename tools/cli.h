@@ -42,7 +42,7 @@ static inline int tt_cli_size(const char *s, size_t *v_p)
         return -1;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || v > SIZE_MAX)
+    if (errno || end == s)
         return -1;
     int shift = *end == 'K' || *end == 'k'   ? 10
                 : *end == 'M' || *end == 'm' ? 20

@@ -63,5 +63,5 @@ void *tt_comm_stage_get(tutti_comm_t *comm, size_t bytes, size_t *cap_p)
 
 void tt_comm_stage_put(tutti_comm_t *comm, void *buf, size_t cap)
 {
-    free(tt_comm_pool_give(comm, comm->stage, (tt_stage_block_t){ buf, cap, NULL }).p);
+    free(tt_comm_pool_give(comm, comm->stage, (tt_stage_block_t){ .p = buf, .len = cap }).p);
 }

@@ -10,6 +10,7 @@ typedef struct tt_stage_block {
     void *p;
     size_t len;
     void *pin;
+    int pin_retried; /* pinning failed at its reuse too: not tried again (device.c) */
 } tt_stage_block_t;
 
 #endif /* TT_STAGE_TYPES_H */

@@ -402,6 +402,7 @@ static int trace_path(const tutti_comm_t *comm, char *path, size_t len)
         tt_sha256_t sc;
         tt_sha256_init(&sc);
         tt_sha256_update(&sc, comm->job_base, blen);
+        tt_sha256_update(&sc, inst, ilen); /* an instance cut at 64 bytes stays apart */
         tt_sha256_final(&sc, h);
         char hex[17];
         for (int i = 0; i < 8; i++)

@@ -346,8 +346,14 @@ static tt_stage_block_t block_get(tt_comm_t *comm, size_t bytes, void *ctx)
     if (!b.p)
         return block_new(comm, bytes, ctx);
     char err[200];
-    if (!b.pin && comm->dev->pin && comm->dev->pin(ctx, b.p, b.len, err, sizeof(err)) == 0)
-        b.pin = ctx;
+    /* pinning that failed (a transient limit) is tried again once at its reuse, not at
+     * every call that takes the block */
+    if (!b.pin && !b.pin_retried && comm->dev->pin) {
+        if (comm->dev->pin(ctx, b.p, b.len, err, sizeof(err)) == 0)
+            b.pin = ctx;
+        else
+            b.pin_retried = 1;
+    }
     return b;
 }
 

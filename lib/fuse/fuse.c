@@ -860,7 +860,9 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "%s: no tensor %d", what, index);
     if (f->broken)
         return fuse_error(f, f->broken, "%s: the ranks registered different tensors", what);
-    atomic_store_explicit(&f->in_step, 1, memory_order_relaxed);
+    /* written once a step, not by every tensor's thread onto one shared line */
+    if (!atomic_load_explicit(&f->in_step, memory_order_relaxed))
+        atomic_store_explicit(&f->in_step, 1, memory_order_relaxed);
     if (!atomic_load_explicit(&f->built, memory_order_acquire)) {
         pthread_mutex_lock(&f->lock);
         int st = ensure_built(f);
