@@ -8,8 +8,11 @@
  * waiting on a hung one revokes, the others blocked in the allreduce fail with
  * TUTTI_ERR_REVOKED long before their timeout, and the three shrink and go on; a revoke
  * while no op runs. tutti_comm_grow and tutti_comm_join: 2 ranks grow to 4 with three
- * processes joining (the third waits as a spare), then the 4 grow to 5 and it joins. */
+ * processes joining (the third waits as a spare), then the 4 grow to 5 and it joins.
+ * tutti_comm_shrink_live and tutti_comm_agree: the AND of flags and the absent set the
+ * same on every caller, on a revoked communicator and after a rank died. */
 #include <check.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -836,9 +839,112 @@ START_TEST(on_the_world)
 }
 END_TEST
 
+/* ---- tutti_comm_agree ---- */
+
+/* Store keys of agreement number seq left in the file store at dir (the file store
+ * escapes '/' as %2F in its file names). */
+static int agree_keys_left(const char *dir, unsigned seq)
+{
+    char pat[32];
+    snprintf(pat, sizeof(pat), "%%2Fagree%u%%2F", seq);
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strstr(e->d_name, pat) != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The flag rank r offers in round k: every bit but one of its own, and bit 31 only on
+ * rank 1 in round 1 (so that the AND differs between rounds). */
+static uint32_t agree_flag(int r, int k)
+{
+    return ~(1u << (r + 4 * k)) & ~(k == 1 && r == 1 ? 0x80000000u : 0);
+}
+
+/* "all": a rank revokes after an allreduce, the others' next allreduce fails with
+ * TUTTI_ERR_REVOKED, yet three agreements in a row on the revoked communicator each give
+ * every rank the AND of the four flags (computed here), nobody absent, at once; the first
+ * agreement's keys are gone after the third. "die": rank 2 dies and rank 3 comes 2.5 s
+ * late: ranks 0 and 1 get TUTTI_ERR_PEER with the AND of their two flags and {2,3}
+ * absent, shrink without them and go on; rank 3 is told it came too late. */
+static int rank_agree(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    int die = !strcmp(arg, "die");
+    int64_t x = rank;
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+    FAIL_IF(st || x != nranks * (nranks - 1) / 2, "first allreduce: %s", tutti_status_name(st));
+    if (die && rank == 2)
+        _exit(0);
+    if (die && rank == 3)
+        usleep(2500000);
+    if (!die) {
+        if (rank == 0)
+            FAIL_IF(tutti_comm_revoke(comm), "revoke");
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM);
+        FAIL_IF(st != TUTTI_ERR_REVOKED, "allreduce after the revoke: %s", tutti_status_name(st));
+    }
+    for (int k = 0; k < (die ? 1 : 3); k++) {
+        uint32_t flag = agree_flag(rank, k), want = 0xffffffffu;
+        int absent[NR] = { -1, -1, -1, -1 }, nabsent = -1;
+        for (int r = 0; r < nranks; r++)
+            if (!die || r < 2)
+                want &= agree_flag(r, k);
+        double t0 = th_now_ms();
+        st = tutti_comm_agree(comm, 1000, &flag, absent, &nabsent);
+        double took = th_now_ms() - t0;
+        const char *e = tutti_comm_last_error(comm);
+        if (die && rank == 3) {
+            FAIL_IF(st != TUTTI_ERR_TIMEOUT || nabsent != -1 || !strstr(e, "without this rank") ||
+                        !strstr(e, "{2,3}"),
+                    "late rank: %s: %s", tutti_status_name(st), e);
+            return 0;
+        }
+        FAIL_IF(flag != want, "round %d: flag %08x, want %08x (%s: %s)", k, flag, want,
+                tutti_status_name(st), e);
+        if (die) {
+            FAIL_IF(st != TUTTI_ERR_PEER || nabsent != 2 || absent[0] != 2 || absent[1] != 3 ||
+                        !strstr(e, "{2,3}"),
+                    "agree: %s (%d absent: %d %d): %s", tutti_status_name(st), nabsent, absent[0],
+                    absent[1], e);
+            tutti_comm_t *small = NULL;
+            FAIL_IF(tutti_comm_shrink(comm, absent, nabsent, &small), "shrink: %s",
+                    tutti_comm_last_error(comm));
+            int two[] = { 0, 1 };
+            TRY(check_child(rank, rank, small, two, 2));
+            tutti_comm_destroy(small);
+        } else {
+            FAIL_IF(st || nabsent != 0, "agree %d: %s (%d absent): %s", k, tutti_status_name(st),
+                    nabsent, e);
+            FAIL_IF(took > 900, "everyone here, yet agreement %d took %.0f ms", k, took);
+        }
+    }
+    if (!die) {
+        /* every rank is past the third agreement, so past the second's cleanup */
+        FAIL_IF(tutti_barrier(comm) != TUTTI_ERR_REVOKED, "barrier after revoke");
+        usleep(200000);
+        FAIL_IF(agree_keys_left(dir, 0) != 0 || agree_keys_left(dir, 2) == 0,
+                "keys left: agreement 0: %d, agreement 2: %d", agree_keys_left(dir, 0),
+                agree_keys_left(dir, 2));
+    }
+    return 0;
+}
+
+START_TEST(agree)
+{
+    int codes[NR];
+    const char *mode = _i ? "all" : "die";
+    th_run_comm_timeout(NR, rank_agree, (void *)mode, 60000, 10000, TH_NO_KILL_ON_FAIL, codes);
+    for (int r = 0; r < NR; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d (%s)", r, codes[r], mode);
+}
+END_TEST
+
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),
               TH_CASE(revoke_then_shrink, 4), TH_CASE(revoke_reaches_p2p, 2),
-              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2))
+              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2),
+              TH_CASE(agree, 2))

@@ -344,6 +344,23 @@ int tutti_comm_abort(tutti_comm_t *comm);
  * others agreed without it fails with TUTTI_ERR_TIMEOUT saying so. */
 int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p);
 
+/* MPIX_Comm_agree: the ranks that call it agree, through the store alone (so it works on
+ * a communicator that failed, was revoked or aborted), on the bitwise AND of their
+ * *flag_p and on which ranks were absent: dead, hung, or later than wait_ms after this
+ * rank came (-1: a quarter of the timeout). Every caller gets the same *flag_p (the AND
+ * over the ranks counted; a rank left out counts for nothing) and the same absent ranks,
+ * ascending, in absent[0..*nabsent_p) (absent: room for the communicator's size, or NULL;
+ * nabsent_p may be NULL). TUTTI_OK when every rank took part; TUTTI_ERR_PEER, with
+ * *flag_p and the absent ranks set all the same, when some did not (as MPIX_Comm_agree
+ * returns MPIX_ERR_PROC_FAILED): the ranks that called it can then take the same path,
+ * e.g. tutti_comm_shrink(comm, absent, nabsent, ...). A rank that came after the others
+ * agreed without it gets TUTTI_ERR_TIMEOUT saying so, and nothing set. The ranks call it
+ * the same number of times on comm (the calls pair up in order), one at a time (not from
+ * two threads at once); a call's store keys go at the next call every rank came to, or
+ * with the communicator's. */
+int tutti_comm_agree(tutti_comm_t *comm, int wait_ms, uint32_t *flag_p, int *absent,
+                     int *nabsent_p);
+
 /* Grow the communicator (ncclCommGrow): every rank of comm calls it with the new size;
  * processes not in comm call tutti_comm_join to fill the places size - nranks. The ranks
  * of comm keep their numbers, the new ones get nranks.. size-1 in the order they come.

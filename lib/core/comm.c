@@ -3,6 +3,7 @@
  * accessors (failures are recorded in fault.c). */
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdarg.h>
@@ -743,46 +744,45 @@ out:
     return st;
 }
 
-/* The ranks that call tutti_comm_shrink_live agree on who they are: each says it is here,
- * waits until every rank is or wait_ms passed, and offers the set of those absent; the
- * first offer stored (compare-and-set) is everyone's. Then a shrink without them. */
-int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p)
+/* The ranks that call tutti_comm_shrink_live or tutti_comm_agree agree, through the store
+ * alone, on who is here and on the AND of their flags: each sets dir/here/<rank> to its
+ * flag (8 hex digits), waits until every rank's key is there, wait_ms passed, or another
+ * rank decided, and offers "x:<AND of the flags it saw, hex>:<ranks absent>"; the first
+ * offer stored (compare-and-set on dir/set) is everyone's. *flag_p gets the agreed AND,
+ * absent[0..*nabsent_p) the ranks left out (room for nranks). TUTTI_ERR_TIMEOUT, with
+ * nothing set, for a rank the agreed set leaves out (it came after the others decided);
+ * err says why on any failure. */
+static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t *flag_p,
+                      int *absent, int *nabsent_p, char *err, size_t errlen)
 {
-    if (!comm || !newcomm_p)
-        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                        "shrink_live: newcomm_p is NULL")
-                    : TUTTI_ERR_INVALID_ARG;
-    *newcomm_p = NULL;
-    if (wait_ms < 0)
-        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
     int n = comm->nranks;
-    tutti_store_t *js = comm->job_store, *b = js->base;
-    char dir[TUTTI_STORE_MAX_KEY + 1], key[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
-    /* the shrink this leads to has this seq: unique per call, the same on every rank */
-    snprintf(dir, sizeof(dir), "%s%s/live%u/", js->prefix, comm->nonce, comm->shrink_seq);
+    tutti_store_t *b = comm->job_store->base;
+    char key[TUTTI_STORE_MAX_KEY + 1], setkey[TUTTI_STORE_MAX_KEY + 1], mine[16];
     size_t setlen = 12 * (size_t)n + 16;
-    char *offer = malloc(setlen + 2), **keys = calloc((size_t)n, sizeof(char *));
-    int *absent = malloc((size_t)n * sizeof(int)), nabsent = 0, bad;
-    void *agreed = NULL;
-    size_t alen = 0;
-    int st = !offer || !keys || !absent ? TUTTI_ERR_NOMEM : TUTTI_OK;
+    char *offer = malloc(setlen + 16), **keys = calloc((size_t)n, sizeof(char *)), *agreed = NULL;
+    const char **got = calloc((size_t)n, sizeof(char *));
+    void **vals = calloc((size_t)n, sizeof(void *));
+    size_t *lens = calloc((size_t)n, sizeof(size_t)), alen = 0;
+    int *seen = malloc((size_t)n * sizeof(int)), nseen = 0, nout = 0, bad;
+    int st = !offer || !keys || !got || !vals || !lens || !seen ? TUTTI_ERR_NOMEM : TUTTI_OK;
     for (int r = 0; r < n && st == TUTTI_OK; r++) {
         snprintf(key, sizeof(key), "%shere/%d", dir, r);
         if (!(keys[r] = tt_strdup(key)))
             st = TUTTI_ERR_NOMEM;
     }
     if (st < 0) {
-        snprintf(err, sizeof(err), "out of memory");
+        snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if ((st = tutti_store_set(b, keys[comm->rank], "1", 1)) < 0)
+    snprintf(mine, sizeof(mine), "%08" PRIx32, *flag_p);
+    snprintf(setkey, sizeof(setkey), "%sset", dir);
+    if ((st = tutti_store_set(b, keys[comm->rank], mine, 8)) < 0)
         goto store_err;
     int all = 0;
     uint64_t deadline = tt_deadline_ns(wait_ms), backoff = 1000000ull;
     for (;;) {
         int decided = 0;
-        snprintf(key, sizeof(key), "%sset", dir);
-        const char *k1[1] = { key };
+        const char *k1[1] = { setkey };
         if ((st = tutti_store_check(b, (const char *const *)keys, (size_t)n, &all)) < 0 ||
             (st = tutti_store_check(b, k1, 1, &decided)) < 0)
             goto store_err;
@@ -793,40 +793,56 @@ int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newco
         nanosleep(&ts, NULL);
         backoff = TT_MIN(backoff * 2, 50000000ull);
     }
-    for (int r = 0; r < n && !all; r++) {
-        int here = 0;
+    /* this rank's offer: the flags of the ranks whose keys it sees, and the others */
+    for (int r = 0; r < n; r++) {
+        int here = all;
         const char *k1[1] = { keys[r] };
-        if ((st = tutti_store_check(b, k1, 1, &here)) < 0)
+        if (!all && (st = tutti_store_check(b, k1, 1, &here)) < 0)
             goto store_err;
-        if (!here)
-            absent[nabsent++] = r;
+        if (here)
+            got[nseen++] = keys[r];
+        else
+            seen[nout++] = r; /* absent, for now */
     }
-    offer[0] = 'x', offer[1] = ':';
-    shrink_set_text(absent, nabsent, n, offer + 2, setlen, &bad);
-    snprintf(key, sizeof(key), "%sset", dir);
+    if ((st = tutti_store_multi_get(b, got, (size_t)nseen, vals, lens, comm->opts.timeout_ms)) < 0)
+        goto store_err;
+    uint32_t and = 0xffffffffu;
+    for (int i = 0; i < nseen; i++) {
+        char *end;
+        unsigned long v = strtoul(vals[i], &end, 16);
+        if (lens[i] != 8 || end != (char *)vals[i] + 8) {
+            st = TUTTI_ERR_PROTOCOL;
+            snprintf(err, errlen, "%s holds \"%.20s\", not a flag", got[i], (char *)vals[i]);
+            goto out;
+        }
+        and &= (uint32_t)v;
+    }
+    int w = snprintf(offer, setlen + 16, "x:%08" PRIx32 ":", and);
+    shrink_set_text(seen, nout, n, offer + w, setlen, &bad);
     void *cur = NULL;
-    if ((st = tutti_store_compare_set(b, key, "", 0, offer, strlen(offer), &cur, &alen)) < 0)
+    if ((st = tutti_store_compare_set(b, setkey, "", 0, offer, strlen(offer), &cur, &alen)) < 0)
         goto store_err;
     agreed = malloc(alen + 1); /* as text */
     if (agreed) {
         memcpy(agreed, cur, alen);
-        ((char *)agreed)[alen] = '\0';
+        agreed[alen] = '\0';
     }
     free(cur);
-    if (!agreed || alen < 2 || memcmp(agreed, "x:", 2)) {
+    char *p = agreed ? agreed + 2 : NULL, *end = NULL;
+    unsigned long flag = p ? strtoul(p, &end, 16) : 0;
+    if (!agreed || alen < 11 || memcmp(agreed, "x:", 2) || end != p + 8 || *end != ':') {
         st = agreed ? TUTTI_ERR_PROTOCOL : TUTTI_ERR_NOMEM;
-        snprintf(err, sizeof(err), "the agreed set at %s is not one", key);
+        snprintf(err, errlen, "the agreement at %s is not one: \"%.60s\"", setkey,
+                 agreed ? agreed : "");
         goto out;
     }
     /* the agreed set, as ranks: this rank must be in none of it */
-    nabsent = 0;
-    int me_out = 0;
-    for (char *p = (char *)agreed + 2; alen > 2 && *p;) {
-        char *end;
+    int nabsent = 0, me_out = 0;
+    for (p = end + 1; *p;) {
         long r = strtol(p, &end, 10);
         if (end == p || r < 0 || r >= n || nabsent >= n) {
             st = TUTTI_ERR_PROTOCOL;
-            snprintf(err, sizeof(err), "the agreed set \"%.100s\" is not one", (char *)agreed);
+            snprintf(err, errlen, "the agreed set \"%.100s\" is not one", agreed);
             goto out;
         }
         me_out |= r == comm->rank;
@@ -835,28 +851,105 @@ int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newco
     }
     if (me_out) {
         st = TUTTI_ERR_TIMEOUT;
-        snprintf(err, sizeof(err),
-                 "the other ranks agreed on the live set without this rank (it came after "
-                 "their %d ms wait; absent: {%s})",
-                 wait_ms, (char *)agreed + 2);
+        snprintf(err, errlen,
+                 "the other ranks agreed without this rank (it came after their %d ms wait; "
+                 "absent: {%s})",
+                 wait_ms, agreed + 11);
         goto out;
     }
-    TT_INFO("shrink_live: absent {%s} (this rank offered {%s})", (char *)agreed + 2, offer + 2);
-    free(offer), free(agreed);
-    offer = agreed = NULL;
-    st = tutti_comm_shrink(comm, absent, nabsent, newcomm_p); /* its own error text */
-    goto done;
+    TT_INFO("agreement %s: flag %08lx, absent {%s} (this rank offered %s)", dir, flag, agreed + 11,
+            offer);
+    *flag_p = (uint32_t)flag;
+    *nabsent_p = nabsent;
+    goto out;
 store_err:
-    snprintf(err, sizeof(err), "%s", tutti_store_last_error(b));
+    snprintf(err, errlen, "%s", tutti_store_last_error(b));
 out:
-    tt_comm_set_error(comm, st, "shrink_live (waiting %d ms for the others): %s", wait_ms, err);
-done:
     for (int r = 0; keys && r < n; r++)
         free(keys[r]);
-    free(keys);
-    free(offer);
-    free(agreed);
+    for (int i = 0; vals && i < nseen; i++)
+        free(vals[i]);
+    free(keys), free(got), free(vals), free(lens), free(seen), free(offer), free(agreed);
+    return st;
+}
+
+/* MPIX_Comm_shrink: agree on who is here (live_agree), then a shrink without the rest. */
+int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                        "shrink_live: newcomm_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    if (wait_ms < 0)
+        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
+    int n = comm->nranks, nabsent = 0;
+    int *absent = malloc((size_t)n * sizeof(int));
+    uint32_t flag = 0xffffffffu;
+    char dir[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "out of memory";
+    /* the shrink this leads to has this seq: unique per call, the same on every rank */
+    snprintf(dir, sizeof(dir), "%s%s/live%u/", comm->job_store->prefix, comm->nonce,
+             comm->shrink_seq);
+    int st = absent ? live_agree(comm, dir, wait_ms, &flag, absent, &nabsent, err, sizeof(err))
+                    : TUTTI_ERR_NOMEM;
+    if (st < 0)
+        tt_comm_set_error(comm, st, "shrink_live (waiting %d ms for the others): %s", wait_ms, err);
+    else
+        st = tutti_comm_shrink(comm, absent, nabsent, newcomm_p); /* its own error text */
     free(absent);
+    return st;
+}
+
+/* MPIX_Comm_agree: live_agree under <instance>/agree<seq>/. Once every rank was here, each
+ * has returned from the call before (it came to this one after), so the keys of that one
+ * go: a communicator that agrees every step keeps two calls' keys, not all of them. */
+int tutti_comm_agree(tutti_comm_t *comm, int wait_ms, uint32_t *flag_p, int *absent, int *nabsent_p)
+{
+    if (!comm || !flag_p)
+        return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "agree: flag_p is NULL")
+                    : TUTTI_ERR_INVALID_ARG;
+    if (wait_ms < 0)
+        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
+    int n = comm->nranks, nabsent = 0;
+    int *out = malloc((size_t)n * sizeof(int));
+    uint32_t flag = *flag_p;
+    unsigned seq = comm->agree_seq++;
+    const char *prefix = comm->job_store->prefix;
+    char dir[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "out of memory";
+    snprintf(dir, sizeof(dir), "%s%s/agree%u/", prefix, comm->nonce, seq);
+    int st = out ? live_agree(comm, dir, wait_ms, &flag, out, &nabsent, err, sizeof(err))
+                 : TUTTI_ERR_NOMEM;
+    if (st < 0) {
+        tt_comm_set_error(comm, st, "agree %u (waiting %d ms for the others): %s", seq, wait_ms,
+                          err);
+        free(out);
+        return st;
+    }
+    if (nabsent == 0 && seq > 0) {
+        tutti_store_t *b = comm->job_store->base;
+        snprintf(dir, sizeof(dir), "%s%s/agree%u/here/%d", prefix, comm->nonce, seq - 1,
+                 comm->rank);
+        tutti_store_delete(b, dir, NULL); /* a key left is only left: no error */
+        if (comm->rank == 0) {
+            snprintf(dir, sizeof(dir), "%s%s/agree%u/set", prefix, comm->nonce, seq - 1);
+            tutti_store_delete(b, dir, NULL);
+        }
+    }
+    *flag_p = flag;
+    if (absent)
+        memcpy(absent, out, (size_t)nabsent * sizeof(int));
+    if (nabsent_p)
+        *nabsent_p = nabsent;
+    if (nabsent) {
+        char set[256];
+        int bad;
+        shrink_set_text(out, nabsent, n, set, sizeof(set), &bad);
+        st = tt_comm_set_error(comm, TUTTI_ERR_PEER,
+                               "agree %u: ranks {%s} were absent (%d ms wait); the flag, "
+                               "%08" PRIx32 ", is the others' AND",
+                               seq, set, wait_ms, flag);
+    }
+    free(out);
     return st;
 }
 

@@ -60,6 +60,7 @@ struct tutti_comm {
     tutti_store_t *split_store; /* a split's reference to its parent's base store */
     unsigned split_seq;         /* tutti_comm_split calls on this communicator so far */
     unsigned shrink_seq;        /* tutti_comm_shrink calls on this communicator so far */
+    unsigned agree_seq;         /* tutti_comm_agree calls on this communicator so far */
     unsigned grow_seq;          /* tutti_comm_grow calls on this communicator so far */
     tutti_store_t *qstore;      /* the same keys with a short default deadline: for store
                                  calls on failure paths and stall checks, which must not

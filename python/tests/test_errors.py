@@ -207,6 +207,41 @@ def test_shrink_after_a_rank_died(how, monkeypatch):
         assert value == (new, 3, [1.0 + 2.0 + 4.0] * 8)
 
 
+def agree_after_death(comm):
+    a = np.ones(8, dtype=np.float32)
+    comm.allreduce(a)
+    # everyone here: the AND of four flags, nobody absent
+    whole = comm.agree(0xFF ^ (1 << comm.rank))
+    with pytest.raises(ValueError, match="unsigned 32-bit"):
+        comm.agree(-1)
+    if comm.rank == 2:
+        os._exit(0)  # dies without a word
+    ok = 1
+    try:
+        comm.allreduce(a)
+    except tutti.Error:
+        ok = 0
+    # MPIX_Comm_agree's use: did the step work everywhere? The ranks left take one path.
+    flag, absent = comm.agree((ok << 8) | 0xFF ^ (1 << comm.rank), wait_ms=1500)
+    small = comm.shrink(absent)
+    out = (whole, flag, absent, small.rank, small.size)
+    small.destroy()
+    return out
+
+
+def test_agree_after_a_rank_died():
+    got = launch(agree_after_death, 4, timeout=60, timeout_ms=3000)
+    assert 2 not in got
+    left = (0, 1, 3)
+    want = 0xFF
+    for r in left:
+        want &= 0xFF ^ (1 << r)
+    for new, r in enumerate(left):
+        kind, value = got[r]
+        assert kind == "ok", value
+        assert value == ((0xF0, []), want, [2], new, 3), value
+
+
 def revoke_then_shrink(comm):
     a = np.ones(8, dtype=np.float32)
     comm.allreduce(a)

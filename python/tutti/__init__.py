@@ -928,6 +928,27 @@ class Communicator(_Handle):
             raise self._error(st, "shrink")
         return self._child(h)
 
+    def agree(self, flag=1, wait_ms=-1):
+        """MPIX_Comm_agree: the ranks that call it agree, through the store alone (so it
+        works after a failure or a revoke), on the bitwise AND of their flags (unsigned
+        32-bit) and on which ranks were absent (dead, hung, or later than wait_ms; -1: a
+        quarter of the timeout). Returns (flag, absent ranks), the same on every caller;
+        absent non-empty is what the C call reports as TUTTI_ERR_PEER (then e.g.
+        comm.shrink(absent)). A rank that came after the others agreed without it raises
+        TimeoutError."""
+        flag, wait_ms = _int(flag, "agree's flag"), _int(wait_ms, "agree's wait_ms")
+        if not 0 <= flag <= 0xFFFFFFFF:
+            raise InvalidArgError(f"agree's flag {flag} is not an unsigned 32-bit value")
+        f = ctypes.c_uint32(flag)
+        size = self.size
+        absent = (ctypes.c_int * max(size, 1))()
+        n = ctypes.c_int(0)
+        st = _lib_.tutti_comm_agree(self._handle(), wait_ms, ctypes.byref(f), absent,
+                                    ctypes.byref(n))
+        if st < 0 and st != PeerError.status:
+            raise self._error(st, "agree")
+        return f.value, [absent[i] for i in range(n.value)]
+
     def grow(self, size):
         """ncclCommGrow: every rank calls it with the new size; new processes call
         Communicator.join(store) to fill the places. Ranks keep their numbers."""

@@ -224,6 +224,8 @@ _OTHERS = {
     "tutti_comm_revoke": (_I, [_P]),
     "tutti_comm_grow": (_I, [_P, _I, _WP]),
     "tutti_comm_shrink_live": (_I, [_P, _I, _WP]),
+    "tutti_comm_agree": (_I, [_P, _I, ctypes.POINTER(_U32), ctypes.POINTER(_I),
+                             ctypes.POINTER(_I)]),
     "tutti_comm_join": (_I, [_WP, _P, ctypes.POINTER(CommOpts)]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_shrink": (_I, [_P, _P, _I, _WP]),
