@@ -303,12 +303,13 @@ INST = 0x1122334455667788
 
 def ud(kind=UD_REQ, frm=0, to=1, auth=0, inst=INST, reason=0, dev=b"rxe0", nranks=4,
        cut=None):
-    port = struct.pack("<IIiiIIHBBI16s32s", LAZY_MAGIC, 1, frm, nranks, 32, 8256, 0, 3, 2, 1,
-                       bytes(10) + b"\xff\xff\xc0\x00\x02\x01", dev)
+    port = struct.pack("<IIiiIIHBBI16s32sB3x", LAZY_MAGIC, 2, frm, nranks, 32, 8256, 0, 3, 2,
+                       1, bytes(10) + b"\xff\xff\xc0\x00\x02\x01", dev, 16)
     qp = struct.pack("<IIQII", 0 if kind == UD_REJ else 0x11, 0 if kind == UD_REJ else 0x1234,
                      0 if kind == UD_REJ else 0x7F0000002000, 0 if kind == UD_REJ else 9, reason)
-    m = struct.pack("<IHHiiQ", UD_MAGIC, kind, auth, frm, to, inst) + port + qp + bytes(64)
-    assert len(m) == 192
+    m = struct.pack("<IHHiiQ", UD_MAGIC, kind, auth, frm, to, inst) + port + bytes(4) + qp
+    m += bytes(64)
+    assert len(m) == 200
     m = m[:cut] if cut is not None else m
     return b"\x06" + bytes([len(m)]) + m
 

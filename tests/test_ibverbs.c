@@ -1081,6 +1081,66 @@ START_TEST(eager_limits_in_one_slot_size)
 }
 END_TEST
 
+/* TUTTI_IB_MAX_RD_ATOMIC=1 on rank 0 only, eager and lazy: rank 0's queue pair issues and
+ * takes one RDMA READ in flight, and rank 1's, which may issue more, issues one toward
+ * rank 0 (its peer's responder resources, from the address record: before, each side
+ * used its own device's numbers, and a peer's device with fewer got more reads in flight
+ * than it had resources for); rank 1 still takes its own device's count. 2 MiB each way
+ * (several READs at once) checked byte for byte. */
+static int rank_rd_atomic(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    char opts[64];
+    snprintf(opts, sizeof(opts), "%sIB_CONNECT=%s", rank ? "" : "IB_MAX_RD_ATOMIC=1,",
+             (const char *)arg);
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    int st = lazy_join(rank, nranks, dir, opts, NULL, 20000, &store, &comm);
+    FAIL_IF(st != TUTTI_OK, "init (%s): %s: %s", opts, tutti_status_name(st),
+            tutti_comm_last_error(NULL));
+    enum { N = 2 << 20 };
+    unsigned char *buf = malloc(N);
+    FAIL_IF(!buf, "malloc");
+    for (int round = 0; round < 2; round++) {
+        int sender = round;
+        if (rank == sender) {
+            for (int i = 0; i < N; i++)
+                buf[i] = (unsigned char)(i * 13 + i / 4099 + round);
+            st = tutti_send(comm, buf, N, TUTTI_UINT8, 1 - rank, 6);
+        } else {
+            memset(buf, 0, N);
+            st = tutti_recv(comm, buf, N, TUTTI_UINT8, 1 - rank, 6);
+        }
+        FAIL_IF(st != TUTTI_OK, "round %d: %s: %s", round, tutti_status_name(st),
+                tutti_comm_last_error(comm));
+        if (rank != sender)
+            for (int i = 0; i < N; i++)
+                FAIL_IF(buf[i] != (unsigned char)(i * 13 + i / 4099 + round),
+                        "round %d: byte %d is %u", round, i, buf[i]);
+    }
+    int init = -1, resp = -1;
+    FAIL_IF(tt_ib_debug_qp_rd_atomic(NULL, 1 - rank, &init, &resp) != TUTTI_OK, "query_qp");
+    if (rank == 0)
+        FAIL_IF(init != 1 || resp != 1, "rank 0 (capped at 1): issues %d, takes %d", init, resp);
+    else
+        FAIL_IF(init != 1 || resp < 2, "rank 1: issues %d (rank 0 takes 1), takes %d", init, resp);
+    free(buf);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(rd_atomic_within_the_peers)
+{
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_rd_atomic,
+                       .arg = _i ? "lazy" : "eager",
+                       .timeout_ms = 90000,
+                       .flags = TH_NO_COMM };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     int nactive = 0;
@@ -1106,6 +1166,7 @@ int main(void)
         tcase_add_test(tc, mismatch_after_rts);
         tcase_add_test(tc, cancel_reading);
         tcase_add_test(tc, eager_limits_in_one_slot_size);
+        tcase_add_loop_test(tc, rd_atomic_within_the_peers, 0, 2);
         suite_add_tcase(s, tc);
         tc = tcase_create("lazy");
         tcase_set_timeout(tc, 240);

@@ -841,7 +841,7 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
         tp->links[i].served = tutti_tp_host_serves(host, i);
         snprintf(tp->links[i].addr, sizeof(tp->links[i].addr), "?");
     }
-    long slots, timeout, keep;
+    long slots, timeout, keep, rd;
     size_t eager;
     const char *eager_v;
     if ((st = knob(tp, "IB_SLOTS", 32, 2, 4096, &slots)) < 0 ||
@@ -851,7 +851,7 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
                            eager_v)) < 0) ||
         (st = knob(tp, "IB_TIMEOUT", 16, 1, 31, &timeout)) < 0 ||
         (st = knob(tp, "IB_KEEPALIVE_MS", 1000, 0, 3600000, &keep)) < 0 ||
-        (st = connect_mode(tp)) < 0)
+        (st = knob(tp, "IB_MAX_RD_ATOMIC", 16, 1, 255, &rd)) < 0 || (st = connect_mode(tp)) < 0)
         goto err_destroy;
     tp->link_failed = lazy_link_failed;
     tp->slots = (unsigned)slots;
@@ -859,6 +859,7 @@ static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
     tp->slot_bytes = (IB_HDR_BYTES + tp->eager_max + 63) & ~(size_t)63;
     tp->qp_timeout = (int)timeout;
     tp->keepalive_ms = (int)keep;
+    tp->rd_init = (int)rd; /* the cap, until ib_setup_device takes the device's in */
     tp->max_inline = IB_HDR_BYTES + 64;
     if ((st = ib_setup_device(tp)) < 0 ||
         (st = tp->lazy ? ib_lazy_setup(tp) : ib_setup_links(tp)) < 0)
@@ -913,6 +914,21 @@ int tt_ib_debug_break_qp(void *vtp, int peer)
         return TUTTI_ERR_INVALID_ARG;
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
     return ibv_modify_qp(tp->links[peer].qp, &a, IBV_QP_STATE) ? TUTTI_ERR_IO : TUTTI_OK;
+}
+
+int tt_ib_debug_qp_rd_atomic(void *vtp, int peer, int *init_p, int *resp_p)
+{
+    ib_tp_t *tp = vtp ? vtp : ib_current;
+    if (!tp || peer < 0 || peer >= tp->nranks || !tp->links[peer].qp)
+        return TUTTI_ERR_INVALID_ARG;
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    if (ibv_query_qp(tp->links[peer].qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC,
+                     &ia))
+        return TUTTI_ERR_IO;
+    *init_p = a.max_rd_atomic;
+    *resp_p = a.max_dest_rd_atomic;
+    return TUTTI_OK;
 }
 
 /* cost hints: a 4-byte exchange and one direction of a large one (soft RoCE on a VM) */

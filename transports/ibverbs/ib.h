@@ -19,7 +19,7 @@
 #define IB_ADDR_MAGIC 0x52444154u /* the record each rank publishes */
 #define IB_LAZY_MAGIC 0x5a4c4954u /* the record of a rank that connects lazily */
 #define IB_UD_MAGIC 0x55444954u   /* a connection datagram (TUTTI_IB_CONNECT=lazy) */
-#define IB_VERSION 1u
+#define IB_VERSION 2u             /* 2: rd_atom */
 #define IB_HDR_BYTES 64u
 #define IB_ERRBOX_BYTES 2048u /* an incoming error report lands here (ring's tail) */
 #define IB_MAX_ERRMSG (IB_ERRBOX_BYTES - 1)
@@ -64,6 +64,9 @@ typedef struct ib_addr_rec {
     uint32_t gid_index;
     uint8_t gid[16];
     char dev[32];
+    uint8_t rd_atom; /* RDMA reads this rank's queue pairs take in flight (responder
+                        resources): a peer's initiator depth toward it stays within */
+    uint8_t reserved8[3];
 } ib_addr_rec_t;
 
 typedef struct ib_peer_rec {
@@ -236,7 +239,9 @@ struct ib_tp {
     uint8_t link_layer;
     enum ibv_mtu mtu;
     uint32_t max_msg; /* bytes per READ work request */
-    int max_rd_atomic;
+    int rd_init;      /* RDMA reads this rank's queue pairs issue in flight (initiator depth):
+                    the device's, at most TUTTI_IB_MAX_RD_ATOMIC */
+    int rd_resp;      /* reads they take in flight (responder resources), the same way */
     uint32_t max_inline;
     unsigned slots;    /* ring slots per peer */
     size_t slot_bytes; /* header + eager payload */
@@ -327,5 +332,8 @@ void *tt_ib_debug_current(void);
 int tt_ib_debug_stats(void *tp, tt_ib_stats_t *out);
 /* Move the queue pair to `peer` into the error state, as a broken link would be. */
 int tt_ib_debug_break_qp(void *tp, int peer);
+/* The queue pair to peer as the device has it: reads in flight it issues (*init_p) and
+ * takes (*resp_p). */
+int tt_ib_debug_qp_rd_atomic(void *tp, int peer, int *init_p, int *resp_p);
 
 #endif /* IB_IB_H */

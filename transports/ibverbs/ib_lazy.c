@@ -82,14 +82,14 @@ static int ud_context(const ib_tp_t *tp, const ib_ud_msg_t *m, char *buf, size_t
         snprintf(gid + 2 * i, 3, "%02x", m->port.gid[i]);
     int n = snprintf(buf, len,
                      "ib-%s %d->%d %s qpn %u psn %u ring %llx rkey %u lid %u gid %s mtu %u gidx %u "
-                     "slots %u/%u ll %u dev %.31s",
+                     "slots %u/%u ll %u dev %.31s rd %u",
                      m->kind == IB_UD_REQ   ? "req"
                      : m->kind == IB_UD_REP ? "rep"
                                             : "rej",
                      m->from, m->to, tp->instance, m->qp.qpn, m->qp.psn,
                      (unsigned long long)m->qp.ring_addr, m->qp.ring_rkey, m->port.lid, gid,
                      m->port.mtu, m->port.gid_index, m->port.slots, m->port.slot_bytes,
-                     m->port.link_layer, m->port.dev);
+                     m->port.link_layer, m->port.dev, m->port.rd_atom);
     return n > 0 && (size_t)n < len ? 0 : -1; /* cut short: a field would go unproven */
 }
 

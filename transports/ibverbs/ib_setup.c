@@ -237,13 +237,12 @@ static int query_port(ib_tp_t *tp, struct ibv_device_attr_ex *dax, struct ibv_po
     tp->max_msg = pa->max_msg_sz ? pa->max_msg_sz : (1u << 30);
     if (tp->max_msg > (4u << 20))
         tp->max_msg = 4u << 20; /* READ chunks: several in flight pipeline better */
-    tp->max_rd_atomic = dax->orig_attr.max_qp_rd_atom < dax->orig_attr.max_qp_init_rd_atom
-                            ? dax->orig_attr.max_qp_rd_atom
-                            : dax->orig_attr.max_qp_init_rd_atom;
-    if (tp->max_rd_atomic > 16)
-        tp->max_rd_atomic = 16;
-    if (tp->max_rd_atomic < 1)
-        tp->max_rd_atomic = 1;
+    /* each within the device's and TUTTI_IB_MAX_RD_ATOMIC (in rd_init before this); a
+     * queue pair's initiator depth is also within its peer's responder resources, which
+     * the address record carries (ib_link_connect) */
+    int cap = tp->rd_init;
+    tp->rd_init = TT_KIT_MAX(1, TT_KIT_MIN(cap, dax->orig_attr.max_qp_init_rd_atom));
+    tp->rd_resp = TT_KIT_MAX(1, TT_KIT_MIN(cap, dax->orig_attr.max_qp_rd_atom));
     return choose_gid(tp, pa);
 }
 
@@ -456,7 +455,7 @@ int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const i
         .path_mtu = mtu,
         .dest_qp_num = pr->qpn,
         .rq_psn = pr->psn,
-        .max_dest_rd_atomic = (uint8_t)tp->max_rd_atomic,
+        .max_dest_rd_atomic = (uint8_t)tp->rd_resp,
         .min_rnr_timer = 12,
     };
     ib_ah_attr(tp, rec, &a.ah_attr);
@@ -475,7 +474,7 @@ int ib_link_connect(ib_tp_t *tp, ib_link_t *L, const ib_addr_rec_t *rec, const i
         .retry_cnt = 6,
         .rnr_retry = 7, /* infinite: a receiver that is slow to repost is not an error */
         .sq_psn = L->psn,
-        .max_rd_atomic = (uint8_t)tp->max_rd_atomic,
+        .max_rd_atomic = (uint8_t)TT_KIT_MAX(1, TT_KIT_MIN(tp->rd_init, rec->rd_atom)),
     };
     if (ibv_modify_qp(L->qp, &b,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -529,7 +528,8 @@ void ib_port_rec(const ib_tp_t *tp, ib_addr_rec_t *rec)
                             .lid = tp->lid,
                             .mtu = (uint8_t)tp->mtu,
                             .link_layer = tp->link_layer,
-                            .gid_index = (uint32_t)tp->gid_index };
+                            .gid_index = (uint32_t)tp->gid_index,
+                            .rd_atom = (uint8_t)tp->rd_resp };
     memcpy(rec->gid, tp->gid.raw, 16);
     snprintf(rec->dev, sizeof(rec->dev), "%s", tp->dev_name);
 }
