@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -1323,6 +1324,68 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
     return 0;
 }
 
+/* Rank 0 cannot get the allreduce's scratch (recursive doubling's, 64 MiB, under an
+ * address-space limit 16 MiB above what it maps): it fails with TUTTI_ERR_NOMEM naming
+ * the buffers, and rank 1, waiting on its part, fails at once with rank 0's status and
+ * cause, as a peer's report carries them (before, rank 0 recorded nothing and told no one: rank 1 waited
+ * out its 20 s timeout, then blamed rank 0 as hung; found by review). Not under the
+ * sanitizers, whose shadow memory an address-space limit breaks. */
+static int rank_scratch_nomem(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks, (void)arg;
+    enum { N = 16 << 20 }; /* floats: 64 MiB */
+    float *a = malloc((size_t)N * sizeof(float));
+    FAIL_IF(!a, "malloc");
+    for (size_t i = 0; i < N; i++)
+        a[i] = (float)(i % 1000);
+    if (rank == 0) {
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long kb = -1;
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "VmSize: %ld kB", &kb) == 1)
+                break;
+        if (f)
+            fclose(f);
+        FAIL_IF(kb <= 0, "VmSize");
+        struct rlimit rl = { .rlim_cur = ((rlim_t)kb << 10) + (16u << 20),
+                             .rlim_max = RLIM_INFINITY };
+        FAIL_IF(setrlimit(RLIMIT_AS, &rl), "setrlimit");
+    }
+    double t0 = th_now_ms();
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, a, N, TUTTI_FP32, TUTTI_SUM);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(comm);
+    if (rank == 0)
+        FAIL_IF(st != TUTTI_ERR_NOMEM || !strstr(e, "algorithm's buffers"), "rank 0: %s: %s",
+                tutti_status_name(st), e);
+    else
+        FAIL_IF(st != TUTTI_ERR_NOMEM || !strstr(e, "rank 0 (") ||
+                    !strstr(e, "algorithm's buffers") || took > 5000,
+                "rank 1: %s after %.0f ms: %s", tutti_status_name(st), took, e);
+    /* rank 0 stays until rank 1 is done: a rank that exits tells its peers by itself */
+    char done[600];
+    snprintf(done, sizeof(done), "%s/rank1-done", dir);
+    if (rank == 1)
+        fclose(fopen(done, "w"));
+    for (int i = 0; rank == 0 && i < 2500 && access(done, F_OK) != 0; i++)
+        usleep(10000);
+    free(a);
+    return 0;
+}
+
+START_TEST(scratch_out_of_memory_tells_peers)
+{
+    if (TH_ASAN || TH_TSAN)
+        return;
+    setenv("TUTTI_ALGO", "allreduce:rd", 1);
+    int codes[2];
+    th_run_comm_timeout(2, rank_scratch_nomem, NULL, 60000, 20000, TH_NO_KILL_ON_FAIL, codes);
+    unsetenv("TUTTI_ALGO");
+    ck_assert_msg(codes[0] == 0 && codes[1] == 0, "exit codes %d %d", codes[0], codes[1]);
+}
+END_TEST
+
 START_TEST(peer_abort_is_peer_failure)
 {
     run_apart_expect(rank_peer_abort, 15000, 20000, "00");
@@ -1417,6 +1480,8 @@ static Suite *suite(void)
     th_add_tests(s, "abort", 90,
                  (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure,
                                          peer_abort_then_exit, peer_abort_cascades, NULL });
+    th_add_tests(s, "out_of_memory", 60,
+                 (const TTest *const[]){ scratch_out_of_memory_tells_peers, NULL });
     return s;
 }
 

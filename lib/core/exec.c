@@ -202,6 +202,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
             op->avg_scale *= 2.0f;
         tt_reduce_f16_scale(scaled ? scaled : op->recvbuf, op->count, 1.0f / op->avg_scale, 1.0f);
     }
+    const int failed_before = atomic_load(&comm->failed) != 0;
     if (st == TUTTI_OK) {
         op->tp_hints |= algo->tp_hints; /* the algorithm's own requests only */
         cpu_set_t saved;
@@ -217,13 +218,14 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     }
     if (st == TUTTI_OK && !empty && desc->post)
         st = desc->post(op);
-    if (algo_nomem) { /* the algorithm's scratch or requests: nothing recorded it */
-        snprintf(err, errlen,
-                 "rank %d: %s seq %llu (%s, %zu bytes): out of memory for the algorithm's "
-                 "buffers",
-                 comm->rank, tt_coll_name(op->coll), (unsigned long long)op->seq, algo->name,
-                 bytes);
-        return st;
+    if (algo_nomem && !failed_before && !atomic_load(&comm->failed)) {
+        /* the algorithm's own scratch: nothing recorded it. Fail the communicator as any
+         * failure does, so that the peers, which wait on this rank's part, hear of it
+         * now (a report, the store's record) rather than at their timeout; a NOMEM the
+         * p2p layer or the transport met was recorded, and described, there (below). */
+        char why[160];
+        snprintf(why, sizeof(why), "out of memory for the algorithm's buffers (%zu bytes)", bytes);
+        tt_fault_fail_op(op, TUTTI_ERR_NOMEM, why);
     }
     if (st < 0) {
         /* The p2p layer described the failure in last_error already. */
@@ -856,12 +858,19 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     }
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w) {
+        /* nothing went out: the seq goes back (q_lock held since it was taken), so that
+         * the caller may try the call again and still pair with the other ranks' */
+        comm->next_seq--;
         pthread_mutex_unlock(&comm->q_lock);
         if (layout_heap)
             free(layout);
         if (op->op_held)
             tt_userop_release(op->redop);
-        snprintf(err, sizeof(err), "out of memory for the op's work record");
+        snprintf(err, sizeof(err),
+                 "rank %d: %s: out of memory for the op's work record (nothing was sent: the "
+                 "call may be made again)",
+                 comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "point-to-point");
+        set_last_error(comm, err);
         return tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
     }
     w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */
