@@ -1147,7 +1147,9 @@ int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen)
                 sleep_ms((int)wait);
         }
     }
-    tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
+    /* The whole timeout, as every set-up wait has: on the way to success, not a failure
+     * path's quick look (a store that stalled 1-2 s here failed init, on some ranks and
+     * not others; found by review). The job store's deadline is the timeout already. */
     /* Fail closed: a contest that cannot be read may be one. Check, count this rank
      * ready (from then on a later job may take the record over rather than contest),
      * and check again for a contest that raced the count. */
@@ -1163,7 +1165,6 @@ int tt_job_check_contested(tutti_comm_t *comm, char *err, size_t errlen)
         else
             st = read_contest(comm, err, errlen);
     }
-    tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
     return st == 1 ? TUTTI_ERR_IN_USE : st < 0 ? st : TUTTI_OK;
 }
 
