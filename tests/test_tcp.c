@@ -1623,6 +1623,78 @@ START_TEST(unknown_connect_mode_is_a_config_error)
 }
 END_TEST
 
+/* Every descriptor a communicator opens is close-on-exec: a program the rank starts
+ * (system(), popen, posix_spawn) must not hold its sockets, or a rank that dies while
+ * that program runs looks alive to its peers until their timeout (the link sockets were
+ * dup()ed without the flag; found by review). tcp eager and lazy (after a message each
+ * way), and shm. */
+static int fd_open_before(const unsigned char *before, int fd)
+{
+    return fd < 4096 && before[fd];
+}
+
+static int rank_cloexec(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *mode = arg;
+    static unsigned char before[4096];
+    DIR *d = opendir("/proc/self/fd");
+    FAIL_IF(!d, "opendir");
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && atoi(e->d_name) < 4096)
+            before[atoi(e->d_name)] = 1;
+    closedir(d);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000), "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = strcmp(mode, "shm") ? "tcp" : "shm";
+    o.transport_options = strcmp(mode, "lazy") ? NULL : "TCP_CONNECT=lazy";
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o), "init (%s): %s", mode,
+            tutti_comm_last_error(NULL));
+    int32_t x = rank + 1;
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_INT32, TUTTI_SUM) || x != 3,
+            "allreduce (%s)", mode);
+    int n = 0, bad = -1;
+    d = opendir("/proc/self/fd");
+    FAIL_IF(!d, "opendir");
+    for (struct dirent *e; (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fd_open_before(before, fd))
+            continue;
+        int fl = fcntl(fd, F_GETFD);
+        n++;
+        if (fl >= 0 && !(fl & FD_CLOEXEC))
+            bad = fd;
+    }
+    closedir(d);
+    char link[64] = "", path[64];
+    if (bad >= 0) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", bad);
+        ssize_t l = readlink(path, link, sizeof(link) - 1);
+        link[l > 0 ? l : 0] = '\0';
+    }
+    FAIL_IF(bad >= 0, "%s: fd %d (%s) of the %d the communicator opened is not close-on-exec", mode,
+            bad, link, n);
+    FAIL_IF(n == 0, "%s: the communicator opened no descriptor?", mode);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(descriptors_are_close_on_exec)
+{
+    static const char *modes[] = { "eager", "lazy", "shm" };
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_cloexec,
+                       .arg = (void *)modes[_i],
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("tcp");
@@ -1663,6 +1735,10 @@ static Suite *suite(void)
                         : 1;
         tcase_add_loop_test(tc, *t, 0, loops);
     }
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cloexec");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, descriptors_are_close_on_exec, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

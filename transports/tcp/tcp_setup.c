@@ -496,7 +496,7 @@ static void conn_established(conn_t *c)
     tcp_tp_t *tp = s->tp;
     tcp_link_t *L = &tp->links[c->peer];
     uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t *)&c->h, &fd) < 0 || (L->fd = dup(fd)) < 0) {
+    if (uv_fileno((uv_handle_t *)&c->h, &fd) < 0 || (L->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         int err = errno, peer = c->peer;
         L->fd = -1;
         conn_close(c); /* the peer reads the end of it */
