@@ -766,6 +766,64 @@ static int rank_grow(int rank, int nranks, tutti_comm_t *unused, const char *dir
 
 TH_RUN_TEST(grow_and_join, th_run_nocomm(5, rank_grow, NULL, 60000))
 
+/* Two communicators of one job (one prefix and job id: comm0 and comm1) grow from 2 to 3
+ * ranks at once, from a thread each, and two processes join: the grows take turns on the
+ * job's one ticket, so each joiner lands in one of them and both grown communicators
+ * work (before, the second ticket overwrote the first, both joiners took its places,
+ * and both grows failed at their timeout; found by review). */
+static tutti_comm_t *two_of_one_job[2];
+
+static void *grow_one(void *arg)
+{
+    long i = (long)arg;
+    tutti_comm_t *g = NULL;
+    int st = tutti_comm_grow(two_of_one_job[i], 3, &g);
+    if (st) {
+        fprintf(stderr, "grow %ld: %s\n", i, tutti_comm_last_error(two_of_one_job[i]));
+        return (void *)1;
+    }
+    int r = check_grown(g, tutti_comm_rank(two_of_one_job[i]), 3);
+    tutti_comm_destroy(g);
+    return (void *)(long)r;
+}
+
+static int rank_grow_twice(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg, (void)nranks;
+    char url[600];
+    snprintf(url, sizeof(url), "file://%s", dir);
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open(&store, url, NULL), "store: %s", tutti_store_last_error(NULL));
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 8000;
+    if (rank >= 2) {
+        tutti_comm_t *g = NULL;
+        usleep(800000); /* both grows have begun: both tickets would be up, one on the other */
+        FAIL_IF(tutti_comm_join(&g, store, &o), "join: %s", tutti_comm_last_error(NULL));
+        TRY(check_grown(g, 2, 3));
+        tutti_comm_destroy(g);
+        tutti_store_close(store);
+        return 0;
+    }
+    for (int i = 0; i < 2; i++)
+        FAIL_IF(tutti_comm_init(&two_of_one_job[i], store, rank, 2, &o), "init %d: %s", i,
+                tutti_comm_last_error(NULL));
+    pthread_t t[2];
+    void *rc[2];
+    for (long i = 0; i < 2; i++)
+        FAIL_IF(pthread_create(&t[i], NULL, grow_one, (void *)i), "thread");
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], &rc[i]);
+    FAIL_IF(rc[0] || rc[1], "grows: %ld %ld", (long)rc[0], (long)rc[1]);
+    for (int i = 0; i < 2; i++)
+        tutti_comm_destroy(two_of_one_job[i]);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(two_grows_of_one_job, th_run_nocomm(4, rank_grow_twice, NULL, 90000))
+
 /* Rank 0 of a growing communicator dies right after it published the ticket (a thread
  * that sees the ticket _exits the process): rank 1's grow fails within its timeout and
  * takes the ticket away, so a process that joins after that waits for a grow that may
@@ -946,5 +1004,5 @@ TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),
               TH_CASE(revoke_then_shrink, 4), TH_CASE(revoke_reaches_p2p, 2),
-              TH_CASE(grow_and_join, 1), TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2),
-              TH_CASE(agree, 2))
+              TH_CASE(grow_and_join, 1), TH_CASE(two_grows_of_one_job, 1),
+              TH_CASE(grow_rank0_dies, 1), TH_CASE(shrink_live, 2), TH_CASE(agree, 2))

@@ -367,7 +367,9 @@ int tutti_comm_agree(tutti_comm_t *comm, int wait_ms, uint32_t *flag_p, int *abs
  * comm stays as it was. Rank 0 publishes a ticket under the job's key space ("tutti/job/
  * <id>/grow", TUTTI_PREFIX in place of "tutti"), so the new processes need the same job
  * id (TUTTI_JOB_ID or a launcher's), store and options; they may come before or after the
- * grow began, within the timeout. */
+ * grow began, within the timeout. Communicators of one job (one prefix and job id) that
+ * grow at once share that ticket and take turns: each grow waits, within its timeout,
+ * for the places of the one before it to fill. */
 int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p);
 /* A new process's side of tutti_comm_grow: wait (opts->timeout_ms) for the job's ticket,
  * take the next free rank, and make the grown communicator through store (the store the

@@ -965,6 +965,72 @@ static void grow_ticket_key(const char *prefix, const char *job_id, char *key, s
              job_id[0] ? "/" : "");
 }
 
+/* Rank 0's ticket goes up only where no other grow of the job holds the key (one key a
+ * job: its joiners need not know which communicator grows): communicators of one job
+ * that grow at once take turns, each waiting (within its timeout) for the other's places
+ * to fill. A ticket whose places are all taken is done and is replaced, as is one that
+ * is not a ticket or that did not fill within the timeout (a grow whose ranks all died:
+ * warned about). Before, the second grow's ticket overwrote the first's, and both
+ * joiners took the second's places (found by review). */
+static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, const char *ticket,
+                        size_t tlen, char *err, size_t errlen)
+{
+    uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms), backoff = 1000000ull;
+    void *cur = NULL, *expect = NULL;
+    size_t clen = 0, elen = 0;
+    char fmt[64], obase[TUTTI_STORE_MAX_KEY + 1], ocount[TUTTI_STORE_MAX_KEY + 1];
+    snprintf(fmt, sizeof(fmt), "%%d %%d %%%ds %%%ds", TUTTI_STORE_MAX_KEY, TUTTI_STORE_MAX_KEY);
+    int waited = 0;
+    for (;;) {
+        int st = tutti_store_compare_set(b, tkey, expect ? expect : "", elen, ticket, tlen, &cur,
+                                         &clen);
+        free(expect);
+        expect = NULL, elen = 0;
+        if (st < 0) {
+            snprintf(err, errlen, "publishing the ticket at %s: %s", tkey,
+                     tutti_store_last_error(b));
+            return st;
+        }
+        if (clen == tlen && !memcmp(cur, ticket, tlen)) {
+            free(cur);
+            return TUTTI_OK;
+        }
+        /* another grow's: are its places taken? */
+        int old = 0, size = 0, full = 1;
+        if (sscanf(cur, fmt, &old, &size, obase, ocount) == 4 && old >= 1 && size > old) {
+            const char *k1[1] = { ocount };
+            int there = 0;
+            int64_t joined = 0;
+            void *v = NULL;
+            size_t vlen = 0;
+            if (tutti_store_check(b, k1, 1, &there) == 0 && there &&
+                tutti_store_get(b, ocount, &v, &vlen, comm->opts.timeout_ms) == 0)
+                tt_store_parse_i64(v, vlen, &joined);
+            free(v);
+            full = joined >= size - old;
+        }
+        uint64_t now = tt_now_ns();
+        if (full || now >= deadline) {
+            if (!full)
+                TT_WARN("grow: the ticket at %s (\"%.120s\") did not fill within %d ms: taken "
+                        "over",
+                        tkey, (char *)cur, comm->opts.timeout_ms);
+            expect = cur, elen = clen, cur = NULL; /* replace it */
+            continue;
+        }
+        if (!waited++)
+            TT_INFO("grow: another communicator of this job is growing (ticket at %s: \"%.120s\"): "
+                    "waiting for its places to fill",
+                    tkey, (char *)cur);
+        free(cur);
+        cur = NULL;
+        uint64_t ns = TT_MIN(backoff, deadline - now);
+        struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+        nanosleep(&ts, NULL);
+        backoff = TT_MIN(backoff * 2, 100000000ull);
+    }
+}
+
 int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
 {
     if (!comm || !newcomm_p)
@@ -985,9 +1051,8 @@ int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
     grow_ticket_key(comm->opts.prefix, comm->job_id, tkey, sizeof(tkey));
     int tlen = snprintf(ticket, sizeof(ticket), "%d %d %s %s", comm->nranks, size, base, count);
     int st = TUTTI_OK;
-    if (comm->rank == 0 && (st = tutti_store_set(js->base, tkey, ticket, (size_t)tlen)) < 0)
-        snprintf(err, sizeof(err), "publishing the ticket at %s: %s", tkey,
-                 tutti_store_last_error(js->base));
+    if (comm->rank == 0)
+        st = grow_publish(comm, js->base, tkey, ticket, (size_t)tlen, err, sizeof(err));
     if (st == TUTTI_OK) {
         tutti_comm_opts_t o = comm->opts;
         o.job_settle_ms = 0;
