@@ -3,8 +3,9 @@
  * mismatches, error reports and abort among it, is test_conformance's) and through the
  * library with TUTTI_TRANSPORT=shm (messages of every awkward size and alignment both
  * ways, on the single-copy path (TUTTI_SHM_CMA_BYTES) and through the rings, many in
- * flight, a rank killed mid-collective, 8 ranks on 2 cores, two ranks left on one CPU
- * parting, no page faults on a first pass through the rings). Every case checks that
+ * flight, a rank killed mid-collective, a rank that destroyed its communicator and lives
+ * on, 8 ranks on 2 cores, two ranks left on one CPU parting, no page faults on a first
+ * pass through the rings). Every case checks that
  * nothing is left in /dev/shm; the receive path on a ring in this process: a record is
  * found by its stamp alone, a stale stamp is not taken, a wrong one past the head is a
  * protocol error). The correctness matrices (test_coll, test_coll2) also run
@@ -49,7 +50,9 @@ typedef struct shared {
     time_t since; /* when this case started (leftovers older than that are not its own) */
     int pids[16];
     int arg;
-    int flag; /* set by one rank for the others */
+    int flag;        /* set by one rank for the others */
+    double stamp_ms; /* th_now_ms() of a rank's step the others time from */
+    int stamped;     /* stamp_ms is set */
 } shared_t;
 
 static shared_t *shared_area(void)
@@ -1432,6 +1435,191 @@ START_TEST(pinned_to_one_cpu_spin_short)
 }
 END_TEST
 
+/* ---- a rank that destroys its communicator and lives on ---- */
+
+/* This rank's communicator over shm on the harness's file store (TH_NO_COMM: the rank
+ * destroys it itself), its timeout timeout_ms: NULL when it could not (said on stderr). */
+static tutti_comm_t *own_comm(int rank, int nranks, const char *dir, int timeout_ms,
+                              tutti_store_t **store_p)
+{
+    tutti_comm_opts_t o = shm_opts(timeout_ms);
+    tutti_comm_t *comm = NULL;
+    if (tutti_store_open_file(store_p, dir, 10000) != 0) {
+        fprintf(stderr, "rank %d: store\n", rank);
+        return NULL;
+    }
+    if (tutti_comm_init(&comm, *store_p, rank, nranks, &o) != 0) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, tutti_comm_last_error(NULL));
+        tutti_store_close(*store_p);
+        return NULL;
+    }
+    return comm;
+}
+
+/* Wait up to ms for *flag to be set by another rank: 1 if it was. */
+static int wait_flag(const int *flag, int ms)
+{
+    for (double t0 = th_now_ms(); th_now_ms() - t0 < ms; th_sleep_ms(2))
+        if (__atomic_load_n(flag, __ATOMIC_ACQUIRE))
+            return 1;
+    return 0;
+}
+
+/* Rank 0 destroys its communicator (after tutti_comm_abort where sh->arg says so) while
+ * its process lives on; rank 1 waits for it in an allreduce with a 10 s timeout. Rank 1
+ * fails within a second of the destroy, with TUTTI_ERR_PEER naming rank 0 and the close
+ * (before, it waited out its timeout: "rank 0 shows no sign of being in this collective"
+ * over shm, where tcp saw the connection close at once). */
+static int rank_destroys_idle(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                              void *arg)
+{
+    (void)unused;
+    shared_t *sh = enlist(arg, rank);
+    tutti_store_t *store;
+    tutti_comm_t *comm = own_comm(rank, nranks, dir, 10000, &store);
+    FAIL_IF(!comm, "no communicator");
+    float v[4] = { 1, 2, 3, 4 };
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, v, 4, TUTTI_FP32, TUTTI_SUM) != 0, "warm-up: %s",
+            tutti_comm_last_error(comm));
+    if (rank == 0) {
+        th_sleep_ms(300); /* rank 1 is asleep in its allreduce by now */
+        if (sh->arg)
+            tutti_comm_abort(comm);
+        sh->stamp_ms = th_now_ms();
+        __atomic_store_n(&sh->stamped, 1, __ATOMIC_RELEASE);
+        tutti_comm_destroy(comm);
+        /* alive, not gone: only the close can tell rank 1 */
+        FAIL_IF(!wait_flag(&sh->flag, 20000), "rank 1 never finished");
+    } else {
+        int st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 4, TUTTI_FP32, TUTTI_SUM);
+        double dt = __atomic_load_n(&sh->stamped, __ATOMIC_ACQUIRE) ? th_now_ms() - sh->stamp_ms
+                                                                    : -1;
+        const char *msg = tutti_comm_last_error(comm);
+        __atomic_store_n(&sh->flag, 1, __ATOMIC_RELEASE);
+        FAIL_IF(st != TUTTI_ERR_PEER, "got %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(!strstr(msg, "rank 0 ") || !strstr(msg, "destroyed its communicator"),
+                "the failure does not name rank 0's close: %s", msg);
+        FAIL_IF(dt < 0 || dt > 1000, "failed %.0f ms after rank 0's destroy (timeout 10 s): %s", dt,
+                msg);
+        tutti_comm_destroy(comm);
+    }
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(peer_destroyed_fails_waiter_at_once)
+{
+    for (int abort = 0; abort <= 1; abort++) {
+        shared_t *sh;
+        int codes[2];
+        int rc = run_shm(2, rank_destroys_idle, abort, -1, NULL, 30000,
+                         TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh);
+        ck_assert_msg(rc == 0, "abort %d: ranks exited %d, %d", abort, codes[0], codes[1]);
+        ck_assert_int_eq(leftovers(sh, 2), 0);
+    }
+}
+END_TEST
+
+/* The messages of destroy_after_sends: rank 0's k-th, byte i */
+#define DS_BIG ((size_t)(4u << 20) + 3)
+#define DS_BCAST 1000 /* int32: 4000 bytes, in the ring also with single copy at 16 KiB */
+static const size_t ds_len[] = { DS_BIG, 24, 1, 9000 };
+
+/* Rank 0 sends (a message larger than the ring, short ones, a broadcast as its root) and
+ * destroys at once; rank 1 reads all but the first only after that destroy, and gets
+ * every byte (checked against pattern()): what was in the ring is delivered before the
+ * close is believed, as tcp delivers its buffered bytes before the end of the stream.
+ * sh->arg 0: then both end, and neither logs a warning (a job that ends normally);
+ * 1: rank 1's next receive from rank 0 then fails at once, naming the close. */
+static int destroy_after_sends(int rank, int nranks, const char *dir, shared_t *sh)
+{
+    const size_t n = ARRAY_SIZE(ds_len);
+    tutti_store_t *store;
+    tutti_comm_t *comm = own_comm(rank, nranks, dir, 10000, &store);
+    FAIL_IF(!comm, "no communicator");
+    unsigned char *buf = malloc(DS_BIG);
+    int32_t bc[DS_BCAST];
+    FAIL_IF(!buf, "malloc");
+    if (rank == 0) {
+        for (size_t k = 0; k < n; k++) {
+            for (size_t i = 0; i < ds_len[k]; i++)
+                buf[i] = pattern(0, 1, i, (int)k);
+            FAIL_IF(tutti_send(comm, buf, ds_len[k], TUTTI_UINT8, 1, (uint32_t)k) != 0,
+                    "send %zu: %s", ds_len[k], tutti_comm_last_error(comm));
+        }
+        for (int i = 0; i < DS_BCAST; i++)
+            bc[i] = i * 7 - 3;
+        FAIL_IF(tutti_broadcast(comm, TUTTI_IN_PLACE, bc, DS_BCAST, TUTTI_INT32, 0) != 0,
+                "broadcast: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_destroy(comm) != 0, "destroy");
+        sh->stamp_ms = th_now_ms();
+        __atomic_store_n(&sh->stamped, 1, __ATOMIC_RELEASE);
+        FAIL_IF(!wait_flag(&sh->flag, 20000), "rank 1 never finished");
+    } else {
+        for (size_t k = 0; k < n; k++) {
+            if (k == 1) /* the rest is read after the close */
+                FAIL_IF(!wait_flag(&sh->stamped, 10000), "rank 0 did not destroy its communicator");
+            memset(buf, 0xEE, ds_len[k]);
+            int st = tutti_recv(comm, buf, ds_len[k], TUTTI_UINT8, 0, (uint32_t)k);
+            FAIL_IF(st != 0, "recv %zu: %s", ds_len[k], tutti_comm_last_error(comm));
+            for (size_t i = 0; i < ds_len[k]; i++)
+                FAIL_IF(buf[i] != pattern(0, 1, i, (int)k), "%zu bytes: byte %zu is %u", ds_len[k],
+                        i, buf[i]);
+        }
+        memset(bc, 0, sizeof(bc));
+        FAIL_IF(tutti_broadcast(comm, TUTTI_IN_PLACE, bc, DS_BCAST, TUTTI_INT32, 0) != 0,
+                "broadcast: %s", tutti_comm_last_error(comm));
+        for (int i = 0; i < DS_BCAST; i++)
+            FAIL_IF(bc[i] != i * 7 - 3, "broadcast [%d] = %d", i, bc[i]);
+        if (sh->arg) {
+            double t0 = th_now_ms();
+            int st = tutti_recv(comm, buf, 8, TUTTI_UINT8, 0, 99);
+            double dt = th_now_ms() - t0;
+            const char *msg = tutti_comm_last_error(comm);
+            FAIL_IF(st != TUTTI_ERR_PEER || !strstr(msg, "destroyed its communicator"),
+                    "a receive after the data: %s: %s", tutti_status_name(st), msg);
+            FAIL_IF(dt > 1000, "a receive after the data failed after %.0f ms", dt);
+        }
+        tutti_comm_destroy(comm);
+        __atomic_store_n(&sh->flag, 1, __ATOMIC_RELEASE);
+    }
+    free(buf);
+    tutti_store_close(store);
+    return 0;
+}
+
+static int rank_destroy_after_sends(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                    void *arg)
+{
+    (void)unused;
+    shared_t *sh = enlist(arg, rank);
+    log_capture_t cap;
+    char text[8192];
+    FAIL_IF(log_begin(&cap, dir, "destroy", rank) != 0, "stderr to a file");
+    int rc = destroy_after_sends(rank, nranks, dir, sh);
+    FAIL_IF(log_end(&cap, text, sizeof(text)) != 0, "read back %s", cap.path);
+    if (rc || sh->arg)
+        fputs(text, stderr);
+    FAIL_IF(rc == 0 && !sh->arg && (strstr(text, "WARN") || strstr(text, "ERROR")),
+            "a job that ended normally logged the above");
+    return rc;
+}
+
+START_TEST(peer_destroyed_after_sends_delivers_first)
+{
+    for (int cma = 0; cma <= 1; cma++)
+        for (int then_recv = 0; then_recv <= 1; then_recv++) {
+            shared_t *sh;
+            int codes[2];
+            int rc = run_shm(2, rank_destroy_after_sends, then_recv, cma, NULL, 30000,
+                             TH_NO_COMM | TH_NO_KILL_ON_FAIL, codes, &sh);
+            ck_assert_msg(rc == 0, "single copy %d, receive after %d: ranks exited %d, %d", cma,
+                          then_recv, codes[0], codes[1]);
+            ck_assert_int_eq(leftovers(sh, 2), 0);
+        }
+}
+END_TEST
+
 /* A long TUTTI_SPIN_US does not stretch a wait past its timeout: rank 0 waits for a
  * message rank 1 never sends, spinning up to 8 s per progress call with a timeout of 1
  * s. (The spin once ignored the caller's deadline: about 8 s.) */
@@ -2039,11 +2227,14 @@ static Suite *suite(void)
     const TTest *const ring[] = { ring_record_found_by_its_stamp, ring_short_record,
                                   short_digest_tells_envelopes_apart, NULL };
     const TTest *const crowded[] = { crowded_ranks_even_out, NULL };
+    const TTest *const closed[] = { peer_destroyed_fails_waiter_at_once,
+                                    peer_destroyed_after_sends_delivers_first, NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);
     th_add_tests(s, "timeouts", 30, timeouts);
     th_add_tests(s, "ring", 30, ring);
     th_add_tests(s, "crowded", 90, crowded);
+    th_add_tests(s, "closed", 90, closed);
     return s;
 }
 

@@ -186,10 +186,11 @@ static int link_more_to_read(shm_link_t *L)
     return (int64_t)(hd - L->rx_head_seen) > 0;
 }
 
-/* The link can make no progress: fail it if the peer reported a failure or is gone.
- * A direction the sender broke (cancelled mid-message, or withdrew a pull) without a
- * report yet gets a grace period: the report follows the cancel within microseconds
- * when the sender failed, and names the cause, which "abandoned" would not.
+/* The link can make no progress: fail it if the peer reported a failure, is gone or
+ * closed its end (destroyed its communicator: shm_destroy). A direction the sender broke
+ * (cancelled mid-message, or withdrew a pull) without a report yet gets a grace period:
+ * the report follows the cancel within microseconds when the sender failed, and names
+ * the cause, which "abandoned" would not.
  * final: called where the link cannot go on (a pull failed); else the link is failed
  * only once everything the peer published before its report or death was read. */
 static void link_check_peer(shm_link_t *L, int final)
@@ -208,6 +209,19 @@ static void link_check_peer(shm_link_t *L, int final)
         link_fail(L, TUTTI_ERR_PEER, 0,
                   "rank %d (%s) is gone: its process exited while this rank %s it (did it "
                   "crash or get killed?)",
+                  L->peer, L->addr,
+                  L->sq_head || L->aq_head ? "was sending to" : "waited for data from");
+        return;
+    }
+    /* Its process lives on, but it will neither write nor read again: what it published
+     * before (seq_cst stores before `closed`) is read first, as tcp reads the bytes
+     * before the end of the stream. */
+    if (atomic_load_explicit(&L->rx->closed, memory_order_acquire)) {
+        if (!final && link_more_to_read(L))
+            return;
+        link_fail(L, TUTTI_ERR_PEER, 0,
+                  "rank %d (%s) closed its end of the link: it destroyed its communicator while "
+                  "this rank %s it",
                   L->peer, L->addr,
                   L->sq_head || L->aq_head ? "was sending to" : "waited for data from");
         return;
@@ -1247,6 +1261,18 @@ static void shm_destroy(void *vtp)
     for (int i = 0; i < tp->nranks; i++)
         if (tp->links && tp->links[i].served)
             link_withdraw(&tp->links[i]);
+    /* ... and told that nothing more comes, nor is read: a peer that waits on this rank
+     * fails at once (link_check_peer, once it read what the ring still holds), not at its
+     * timeout, as a tcp peer sees the connection close. The seq_cst store comes after
+     * every head and stamp published here; peer_wake() wakes it if it sleeps. */
+    for (int i = 0; tp->links && i < tp->nranks; i++) {
+        shm_link_t *L = &tp->links[i];
+        if (!L->served || !L->tx)
+            continue;
+        atomic_store(&L->tx->closed, 1);
+        if (L->peer_bell)
+            peer_wake(L);
+    }
     for (int i = 0; tp->links && i < tp->nranks; i++) {
         const shm_link_t *L = &tp->links[i];
         if (L->nt_puts)

@@ -27,7 +27,7 @@
 #define SHM_SETUP_BUSY 0u
 #define SHM_SETUP_READY 1u
 #define SHM_SETUP_FAILED 2u
-#define SHM_VERSION 7u
+#define SHM_VERSION 8u
 #define SHM_REC_MAGIC 0x5453u
 #define SHM_REC_INLINE 1 /* payload follows the header in the ring */
 #define SHM_REC_CMA 2    /* payload stays in the sender: the receiver pulls it */
@@ -189,6 +189,8 @@ typedef struct shm_dir {
     uint64_t key;                           /* records' stamps (shm_hdr_t), random, set-up */
     _Atomic uint32_t revoked;               /* the sender withdrew unacked pulls */
     _Atomic uint32_t broken;                /* ... or cut a message: nothing more comes */
+    _Atomic uint32_t closed; /* the sender destroyed its transport: nothing comes after what
+                                the ring holds, and nothing sent to it is read */
     /* the sender's failure report (seqlock: odd while being written) */
     _Alignas(SHM_LINE) _Atomic uint32_t err_seq;
     _Atomic uint32_t err_set;
