@@ -5,6 +5,7 @@
  * 676abfb (the first job identity commit). */
 
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
@@ -855,6 +856,91 @@ START_TEST(settings_checked_at_setup)
 }
 END_TEST
 
+/* ---- a /proc/<pid>/stat that cannot be read (fd limit, memory) is not a death ----
+ *
+ * A rank judges rank 0's record alive by rank 0's start time, read from its
+ * /proc/<pid>/stat; rank 0 wrote its own, read the same way. Any failure to open that
+ * file (EMFILE near the fd limit, ENOMEM) read as "no such process": a rank whose read
+ * failed took a live rank 0 for dead ("... is gone, did this job's rank 0 fail or not
+ * start?") and waited for another until both timed out; a rank 0 whose own read failed
+ * published start 0, which every other rank took for dead. Here fopen of those files
+ * fails with EMFILE in one rank: a reader now judges the record by its age (alive),
+ * and a rank 0 that cannot read its own start fails its set-up at once, saying why. */
+
+static volatile int stat_fail_others, stat_fail_own; /* set in one rank only */
+
+FILE *fopen(const char *path, const char *mode)
+{
+    static FILE *(*real)(const char *, const char *);
+    long pid;
+    char tail[8];
+    if ((stat_fail_others || stat_fail_own) && sscanf(path, "/proc/%ld/%7s", &pid, tail) == 2 &&
+        !strcmp(tail, "stat")) {
+        int own = pid == (long)getpid();
+        if (own ? stat_fail_own : stat_fail_others) {
+            errno = EMFILE;
+            return NULL;
+        }
+    }
+    if (!real)
+        real = (FILE * (*)(const char *, const char *)) dlsym(RTLD_NEXT, "fopen");
+    return real(path, mode);
+}
+
+static int rank_stat_unreadable(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 4000, "tcp", &store, &o) != 0, "store");
+    if (rank == 1) {
+        stat_fail_others = 1;
+        sleep_ms(200); /* rank 0's record is there to judge */
+    }
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    FAIL_IF(st != 0, "init: %s: %s", tutti_status_name(st), tutti_comm_last_error(NULL));
+    int32_t v[2] = { rank, 1 };
+    st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, 2, TUTTI_INT32, TUTTI_SUM);
+    FAIL_IF(st != 0 || v[0] != 1 || v[1] != 2, "allreduce: %s", tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+static int rank_own_stat_unreadable(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                    void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 4000, "tcp", &store, &o) != 0, "store");
+    stat_fail_own = 1;
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    double took = th_now_ms() - t0;
+    const char *e = tutti_comm_last_error(NULL);
+    FAIL_IF(st != TUTTI_ERR_IO, "init: %s (%s), wanted TUTTI_ERR_IO", tutti_status_name(st),
+            st ? e : "it published start time 0, which others take for a dead rank 0");
+    FAIL_IF(!strstr(e, "/proc/self/stat") || !strstr(e, strerror(EMFILE)),
+            "the error names neither the file nor its errno: %s", e);
+    FAIL_IF(took > 2000, "init took %.0f ms to fail", took);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(proc_stat_unreadable_is_not_death)
+{
+    int codes[2];
+    ck_assert_int_eq(th_run_apart(2, rank_stat_unreadable, NULL, 20000, codes), 0);
+    ck_assert_int_eq(th_run_apart(1, rank_own_stat_unreadable, NULL, 20000, codes), 0);
+}
+END_TEST
+
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
@@ -862,4 +948,5 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(cycles_without_collectives, 1), TH_CASE(settle_of_seconds_is_waited, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
               TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
-              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 9))
+              TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 9),
+              TH_CASE(proc_stat_unreadable_is_not_death, 1))

@@ -212,28 +212,65 @@ static long long realtime_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Field 22 of /proc/<pid>/stat: when the process started; 0 if it does not exist. */
-static unsigned long long proc_start(long pid)
+/* Field 22 of /proc/<pid>/stat, when the process started (clock ticks since boot), in
+ * *start: 1; 0: no such process (ENOENT, ESRCH); -errno: it could not be read (EMFILE
+ * near the fd limit, ENOMEM, ...), which says nothing about the process. */
+static int proc_start_read(long pid, unsigned long long *start)
 {
     char path[64], buf[1024];
+    *start = 0;
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
     FILE *f = fopen(path, "r");
     if (!f)
-        return 0;
+        return errno == ENOENT || errno == ESRCH ? 0 : errno ? -errno : -EIO;
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    int rerr = ferror(f) ? errno : 0;
     fclose(f);
+    if (rerr)
+        return rerr == ESRCH ? 0 : -rerr; /* ESRCH: it exited after the open */
     buf[n] = 0;
     char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p)
-        return 0;
-    unsigned long long start = 0;
     /* after ')': state (field 3) ... starttime (field 22) */
-    if (sscanf(p + 1,
-               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-               "%*d %*d %llu",
-               &start) != 1)
+    if (!p || sscanf(p + 1,
+                     " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     "%*d %*d %llu",
+                     start) != 1)
+        return -EPROTO;
+    return 1;
+}
+
+/* Its start, or 0 where there is no such process or it could not be read. */
+static unsigned long long proc_start(long pid)
+{
+    unsigned long long start;
+    return proc_start_read(pid, &start) == 1 ? start : 0;
+}
+
+int tt_job_self_start(unsigned long long *start)
+{
+    /* read once per process (a forked child has a pid, and a start, of its own) */
+    static atomic_llong cached_pid;
+    static atomic_ullong cached_start;
+    long pid = (long)getpid();
+    if (atomic_load(&cached_pid) == pid) {
+        *start = atomic_load(&cached_start);
         return 0;
-    return start;
+    }
+    int k = proc_start_read(pid, start);
+    if (k != 1)
+        return k < 0 ? k : -ESRCH;
+    atomic_store(&cached_start, *start);
+    atomic_store(&cached_pid, pid);
+    return 0;
+}
+
+int tt_job_proc_gone(long pid, unsigned long long start)
+{
+    unsigned long long now;
+    int k = proc_start_read(pid, &now);
+    if (k < 0)
+        return k; /* unknown: never taken for gone */
+    return k == 0 || now != start;
 }
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
@@ -335,8 +372,17 @@ static int rec_other_format(const tutti_comm_t *comm, const job_rec_t *r, const 
 static int rec_stale(const job_rec_t *r, const char *my_host)
 {
     if (rec_local(r, my_host)) {
-        unsigned long long st = proc_start(r->pid);
-        return st == 0 || st != r->start;
+        int gone = tt_job_proc_gone(r->pid, r->start);
+        if (gone >= 0)
+            return gone;
+        /* /proc/<pid>/stat could not be read (this process near its fd limit, short of
+         * memory): that says nothing of rank 0; judge the record by its age, as another
+         * host's, so that a live rank 0 is never taken for dead (said once: the
+         * waits poll) */
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            TT_INFO("job: cannot read /proc/%ld/stat (%s): judging instance %s by its age", r->pid,
+                    strerror(-gone), r->nonce);
     }
     long long now = realtime_ms();
     if (r->created_ms > now + JOB_MAX_SKEW_MS)
@@ -356,7 +402,9 @@ static long long my_start_ms(void)
         fclose(f);
     }
     long hz = sysconf(_SC_CLK_TCK);
-    unsigned long long st = proc_start((long)getpid());
+    unsigned long long st = 0;
+    if (tt_job_self_start(&st) < 0)
+        st = 0;
     if (up <= 0 || hz <= 0 || !st)
         return realtime_ms();
     return realtime_ms() - (long long)(up * 1000) + (long long)(st * 1000 / (unsigned long long)hz);
@@ -440,8 +488,9 @@ typedef struct job_claim {
 
 static int claim_format(char *buf, size_t len, const char *host, const char *nonce)
 {
-    long pid = (long)getpid();
-    return snprintf(buf, len, "claim 1 %ld %llu %llu %s %s", pid, proc_start(pid), tp_pidns(),
+    unsigned long long start = 0;
+    tt_job_self_start(&start); /* read, and checked, at tt_job_join's start */
+    return snprintf(buf, len, "claim 1 %ld %llu %llu %s %s", (long)getpid(), start, tp_pidns(),
                     nonce, host);
 }
 
@@ -575,11 +624,11 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     tutti_store_t *js = comm->job_store;
     job_rec_t me = { .nranks = comm->nranks,
                      .pid = (long)getpid(),
-                     .start = proc_start((long)getpid()),
                      .pidns = tp_pidns(),
                      .created_ms = realtime_ms(),
                      .timeout_ms = comm->opts.timeout_ms,
                      .chunk_bytes = comm->opts.chunk_bytes };
+    tt_job_self_start(&me.start); /* read, and checked, at tt_job_join's start */
     tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
     snprintf(me.algo, sizeof(me.algo), "%s", comm->algo_fp);
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
@@ -870,15 +919,16 @@ static int take_slot(tutti_comm_t *comm, const char *my_host, const job_rec_t *r
     if (st == 0 && !(*hlen_p == w->claim_len && !memcmp(*holder_p, w->claim, w->claim_len)) &&
         claim_parse(*holder_p, *hlen_p, &h) == 0 && !strcmp(h.host, my_host) &&
         h.pidns == tp_pidns() && h.pid != (long)getpid()) {
-        unsigned long long hs = proc_start(h.pid);
-        if ((hs == 0 || hs != h.start) && rec_ready(js, r)) {
+        /* < 0: its /proc/<pid>/stat could not be read, which says nothing of it */
+        int gone = tt_job_proc_gone(h.pid, h.start) == 1;
+        if (gone && rec_ready(js, r)) {
             snprintf(w->why, sizeof(w->why),
                      "%s is gone: its rank %d (pid %ld on this host) died after every rank "
                      "was set up",
                      desc, comm->rank, h.pid);
             return 1;
         }
-        if (hs == 0 || hs != h.start) {
+        if (gone) {
             /* its holder died: this rank was restarted in place; take the slot */
             TT_INFO("job: rank %d of %s was held by pid %ld, which is gone; taking it", comm->rank,
                     desc, h.pid);
@@ -1061,6 +1111,17 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
         return st;
     }
     tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
+    /* The record and the claim name this process's start, by which the other ranks tell
+     * it alive from a dead one of the same pid: without it (0) they would take it for
+     * dead, so set-up fails here, saying why, instead of waiting for its timeout */
+    unsigned long long my_start;
+    if ((st = tt_job_self_start(&my_start)) < 0) {
+        snprintf(err, errlen,
+                 "cannot read this process's start time from /proc/self/stat (%s): the job "
+                 "record names it, so that the other ranks can tell this process alive",
+                 strerror(-st));
+        return st == -ENOMEM ? TUTTI_ERR_NOMEM : TUTTI_ERR_IO;
+    }
     uint8_t rnd[8];
     if ((st = tt_auth_random(rnd, sizeof(rnd))) < 0) {
         snprintf(err, errlen, "no random bytes for the job instance nonce");

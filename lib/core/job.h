@@ -43,6 +43,16 @@ void tt_job_id(const char *opt, char *out, size_t len, const char **source_p);
  * store. 0, or -1 where there is none (no PMI_FD, not a socket to a hydra proxy). */
 int tt_job_hydra_launch(char *out, size_t len);
 
+/* This process's start time (field 22 of /proc/self/stat, clock ticks since boot), read
+ * once per process: 0, or -errno where it could not be read (EMFILE, ENOMEM, ...). */
+int tt_job_self_start(unsigned long long *start);
+
+/* Is process pid, which started at start (as tt_job_self_start reads it), gone? 1: no
+ * such process, or another of the same pid; 0: it runs; -errno: its /proc/<pid>/stat
+ * could not be read (this process near its fd limit, short of memory): unknown, which a
+ * caller must not take for gone. */
+int tt_job_proc_gone(long pid, unsigned long long start);
+
 /* Join (rank 0: create) a job instance under base (a store key prefix ending in '/').
  * Sets comm->instance, comm->job_store (view of base), comm->store and comm->qstore
  * (views of base + nonce + '/'). Bounded by comm->opts.timeout_ms. */
