@@ -941,6 +941,81 @@ START_TEST(proc_stat_unreadable_is_not_death)
 }
 END_TEST
 
+/* ---- a rank whose set-up failed after it connected names its reason to its peers ----
+ *
+ * Rank 0's progress thread cannot start (pthread_create: EAGAIN), at init or at a
+ * split's set-up, after its connections are up: it fails its set-up, leaving its reason
+ * under init_failed/0, and closes them. Rank 1's set-up has ended; its next operation
+ * failed with "rank 0 closed the connection (did it exit, crash or get killed?)" only,
+ * and rank 0's own error named no errno. Now both name the cause. */
+
+void *tt_exec_worker_main(void *arg);     /* the progress thread's body (core/comm.h) */
+static volatile int fail_progress_thread; /* set in one rank only */
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+    static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (fail_progress_thread && fn == tt_exec_worker_main)
+        return EAGAIN;
+    if (!real)
+        real = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
+                        void *))dlsym(RTLD_NEXT, "pthread_create");
+    return real(t, a, fn, arg);
+}
+
+static int rank_no_progress_thread(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                   void *arg)
+{
+    (void)unused;
+    const int at_split = *(const int *)arg;
+    tutti_store_t *store;
+    tutti_comm_opts_t o;
+    FAIL_IF(open_idless(dir, 10000, "tcp", &store, &o) != 0, "store");
+    char want[128];
+    snprintf(want, sizeof(want), "cannot start progress thread: %s", strerror(EAGAIN));
+    fail_progress_thread = rank == 0 && !at_split;
+    tutti_comm_t *comm = NULL, *sub = NULL, *use;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const char *e = tutti_comm_last_error(NULL);
+    use = comm;
+    if (st == 0 && at_split) {
+        fail_progress_thread = rank == 0;
+        st = tutti_comm_split(comm, 0, rank, &sub);
+        e = tutti_comm_last_error(comm);
+        use = sub;
+    }
+    if (rank == 0) {
+        FAIL_IF(st != TUTTI_ERR_NOMEM, "%s: %s, wanted TUTTI_ERR_NOMEM",
+                at_split ? "split" : "init", tutti_status_name(st));
+        FAIL_IF(!strstr(e, want), "rank 0's own error names no errno: %s", e);
+    } else {
+        if (st == 0) { /* set-up ended before rank 0's failed: the first op fails */
+            int32_t v = 1;
+            st = tutti_allreduce(use, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM);
+            e = tutti_comm_last_error(use);
+        }
+        FAIL_IF(st == 0, "rank 0 failed, yet this rank's set-up and allreduce passed");
+        FAIL_IF(!strstr(e, want) || !strstr(e, "rank 0"),
+                "the error does not give rank 0's reason: %s", e);
+    }
+    double took = th_now_ms() - t0;
+    FAIL_IF(took > 5000, "took %.0f ms with a timeout of 10000", took);
+    if (sub)
+        tutti_comm_destroy(sub);
+    if (comm)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(peer_without_progress_thread)
+{
+    int codes[2], at_split = _i;
+    ck_assert_int_eq(th_run_apart(2, rank_no_progress_thread, &at_split, 30000, codes), 0);
+}
+END_TEST
+
 TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
@@ -949,4 +1024,5 @@ TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(ranks_mean_other_transports, 1), TH_CASE(peer_setup_failure_ends_the_wait, 2),
               TH_CASE(rank_of_another_world_size, 1), TH_CASE(record_of_another_version, 5),
               TH_CASE(rank_claimed_twice, 2), TH_CASE(settings_checked_at_setup, 9),
-              TH_CASE(proc_stat_unreadable_is_not_death, 1))
+              TH_CASE(proc_stat_unreadable_is_not_death, 1),
+              TH_CASE(peer_without_progress_thread, 2))

@@ -509,8 +509,10 @@ static int comm_create(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_
     TT_CHECK_GOTO(comm_configure(comm, opts, parent), st, err_free);
     TT_CHECK_GOTO(comm_join(comm, store, split_base), st, err_free);
     TT_CHECK_GOTO(comm_connect(comm, &probe), st, err_free);
-    if (pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm) != 0) {
-        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread");
+    int pe = pthread_create(&comm->worker, NULL, tt_exec_worker_main, comm);
+    if (pe != 0) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "init: cannot start progress thread: %s",
+                               strerror(pe));
         goto err_free;
     }
     comm->worker_started = 1;

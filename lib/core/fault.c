@@ -263,14 +263,12 @@ void tt_fault_fail_op(tt_op_t *op, int status, const char *msg)
 
 /* ---- what other ranks left: failed/<rank> ---- */
 
-/* A rank that failed left "<status> <message>" under failed/<rank> (tt_fault_record). 1
- * and the message (malloc'ed) and status if rank `peer` did, else 0. */
-static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
+/* "<status> <message>" under key, as failed/<rank> and init_failed/<rank> hold: 1 and
+ * the message (malloc'ed) and status where it is there, else 0. */
+static int read_status_key(tt_op_t *op, const char *key, char **msg_p, int *status_p)
 {
-    char key[64];
-    failed_key(key, sizeof(key), peer);
     int exists = 0;
-    if (peer < 0 || tt_op_store_check(op, key, &exists) < 0 || !exists)
+    if (tt_op_store_check(op, key, &exists) < 0 || !exists)
         return 0;
     void *v = NULL;
     size_t vlen = 0;
@@ -278,13 +276,40 @@ static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
         return 0;
     char *end;
     long st = strtol((const char *)v, &end, 10);
-    if (end == (char *)v || *end != ' ' || st >= 0 || st < -1000) {
+    if (!vlen || ((char *)v)[vlen - 1] != '\0' || end == (char *)v || *end != ' ' || st >= 0 ||
+        st < -1000) {
         free(v);
         return 0;
     }
     memmove(v, end + 1, strlen(end + 1) + 1);
     *msg_p = v;
     *status_p = (int)st;
+    return 1;
+}
+
+/* A rank that failed left "<status> <message>" under failed/<rank> (tt_fault_record). 1
+ * and the message (malloc'ed) and status if rank `peer` did, else 0. */
+static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
+{
+    char key[64];
+    failed_key(key, sizeof(key), peer);
+    return peer >= 0 && read_status_key(op, key, msg_p, status_p);
+}
+
+/* A rank whose set-up failed after it connected (its progress thread, a split's
+ * communicator) closes its connections at once; it left "<status> <message>" under
+ * init_failed/<rank> first (tt_job_init_failed; "<status> ^<message>" where it failed
+ * because another rank had). 1 and that reason (malloc'ed), else 0. */
+static int peer_init_failure(tt_op_t *op, int peer, char **msg_p)
+{
+    char key[64];
+    int st;
+    snprintf(key, sizeof(key), "init_failed/%d", peer);
+    if (peer < 0 || !read_status_key(op, key, msg_p, &st))
+        return 0;
+    char *m = *msg_p;
+    const char *why = m[0] == '^' ? m + 1 : tt_after_rank_prefix(m, peer);
+    memmove(m, why, strlen(why) + 1);
     return 1;
 }
 
@@ -297,7 +322,9 @@ static int peer_failure(tt_op_t *op, int peer, char **msg_p, int *status_p)
  * where it revoked the communicator), else status. A peer's abort is its own business:
  * here a failed peer, TUTTI_ERR_PEER, as the stall check reads it (callers take
  * TUTTI_ERR_ABORTED for "this rank asked for it", and a rank failed with it would not
- * pass the failure on to its peers). */
+ * pass the failure on to its peers). A peer whose set-up failed after this rank's
+ * ended (init_failed/<peer>) is named with its reason; the status stays status, since
+ * this rank's communicator never had that peer. */
 static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int status)
 {
     char *why;
@@ -309,6 +336,9 @@ static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int sta
         snprintf(msg + n, len - n, "; rank %d had failed first: %s", peer, why);
         free(why);
         status = st == TUTTI_ERR_ABORTED ? TUTTI_ERR_PEER : st;
+    } else if (!op->store_down && peer_init_failure(op, peer, &why)) {
+        snprintf(msg + n, len - n, "; rank %d had failed its set-up: %s", peer, why);
+        free(why);
     } else if (op->store_down) {
         snprintf(msg + n, len - n,
                  "; whether rank %d failed first is unknown: the store is "
