@@ -152,14 +152,49 @@ START_TEST(collectives_through_plugin)
 }
 END_TEST
 
+/* A transport whose create fails without a reason (out of memory, say): init names its
+ * status, not an empty cause ("transport nomem failed to connect 2 ranks: ") */
+static int rank_nomem(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "nomem";
+    o.plugin_path = TT_BUILD_DIR "/tests";
+    o.timeout_ms = 5000;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const char *e = tutti_comm_last_error(NULL);
+    FAIL_IF(st != TUTTI_ERR_NOMEM, "init: %s (%s), wanted TUTTI_ERR_NOMEM", tutti_status_name(st),
+            e);
+    FAIL_IF(!strstr(e, "transport nomem failed to connect 2 ranks: out of memory"),
+            "the error gives no cause: %s", e);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(silent_transport_failure_named)
+{
+    th_spec_t spec = { .nranks = 2, .fn = rank_nomem, .timeout_ms = 20000, .flags = TH_NO_COMM };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plugin");
     TCase *tc = tcase_create("plugin");
     tcase_set_timeout(tc, 60);
-    const TTest *const tests[] = { bad_abi_refused,           unknown_transport,
-                                   builtin_and_plugin_tables, v1_plugin_through_shim,
-                                   cost_from_properties,      NULL };
+    const TTest *const tests[] = { bad_abi_refused,
+                                   unknown_transport,
+                                   builtin_and_plugin_tables,
+                                   v1_plugin_through_shim,
+                                   cost_from_properties,
+                                   silent_transport_failure_named,
+                                   NULL };
     for (const TTest *const *t = tests; *t; t++)
         tcase_add_test(tc, *t);
     tcase_add_loop_test(tc, collectives_through_plugin, 0, 2);

@@ -170,8 +170,10 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
                          c->gamma_ns, c->local_beta_ns, *probe_p, comm->opts.agree_lag,
                          c->host_ranks, c->host_cpus, c->local_only, c->source,
                          comm->tune_spec ? comm->tune_spec : "");
-        if (n < 0)
+        if (n < 0) {
+            snprintf(err, errlen, "out of memory (publishing the cost model)");
             return TUTTI_ERR_NOMEM;
+        }
         int st = tutti_store_set(comm->store, "cost_model", pub, (size_t)n + 1);
         free(pub);
         if (st < 0)
@@ -246,7 +248,8 @@ static int init_fail(tutti_comm_t *comm, int st, const char *what)
         TT_WARN("%s", comm->last_error);
         return st;
     }
-    tt_comm_set_error(comm, st, "init: %s", what);
+    /* a step that failed without a reason (an allocation, say) is named by its status */
+    tt_comm_set_error(comm, st, "init: %s", what && *what ? what : tutti_strerror(st));
     TT_WARN("%s", comm->last_error);
     return st;
 }

@@ -608,7 +608,8 @@ static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base
     if (st == 0)
         st = tutti_store_open_prefixed(&comm->qstore, store, prefix);
     if (st < 0) {
-        snprintf(err, errlen, "cannot open store view %s on %s", prefix, comm->store_url);
+        snprintf(err, errlen, "cannot open store view %s on %s: %s", prefix, comm->store_url,
+                 tutti_strerror(st));
         return st;
     }
     tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
@@ -1107,7 +1108,8 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
     snprintf(comm->job_base, sizeof(comm->job_base), "%s", base);
     int st = tutti_store_open_prefixed(&comm->job_store, store, base);
     if (st < 0) {
-        snprintf(err, errlen, "cannot open store view %s on %s", base, comm->store_url);
+        snprintf(err, errlen, "cannot open store view %s on %s: %s", base, comm->store_url,
+                 tutti_strerror(st));
         return st;
     }
     tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);

@@ -569,6 +569,7 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
     size_t *lens = calloc((size_t)n, sizeof(size_t));
     char(*kbuf)[32] = calloc((size_t)n, 32);
     if (!keys || !vals || !lens || !kbuf) {
+        snprintf(err, errlen, "out of memory (reading %d ranks' host ids)", n);
         st = TUTTI_ERR_NOMEM;
         goto out;
     }
@@ -586,8 +587,10 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
     *first_remote_rank = -1;
     /* the host map (hosts numbered as they first appear), for hier and its cost */
     free(comm->host_of);
-    if (!(comm->host_of = calloc((size_t)n, sizeof(int))))
+    if (!(comm->host_of = calloc((size_t)n, sizeof(int)))) {
+        snprintf(err, errlen, "out of memory (the host map of %d ranks)", n);
         st = TUTTI_ERR_NOMEM;
+    }
     for (int r = 0; r < n && comm->host_of; r++)
         for (int q = 0; q <= r; q++)
             if (!strcmp((const char *)vals[q], (const char *)vals[r])) {
@@ -695,6 +698,13 @@ static int load_transports(tutti_comm_t *comm, const char *local_name, const cha
     return TUTTI_OK;
 }
 
+/* What a transport said of its failed create: its reason, or (one that failed without
+ * saying why, e.g. out of memory) its status's. */
+static const char *create_why(const tutti_comm_t *comm, int st)
+{
+    return comm->tp_error[0] ? comm->tp_error : tutti_strerror(st);
+}
+
 /* One transport for every peer: no multiplexer. */
 static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops, void *handle,
                          char *err, size_t errlen)
@@ -706,7 +716,7 @@ static int create_single(tutti_comm_t *comm, const tutti_transport_ops_v2_t *ops
     if (st < 0) {
         comm->tp = NULL;
         snprintf(err, errlen, "transport %s failed to connect %d ranks: %s", comm->tp_ops->name,
-                 comm->nranks, comm->tp_error);
+                 comm->nranks, create_why(comm, st));
     }
     return st;
 }
@@ -794,11 +804,11 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
             if (lowest)
                 TT_WARN("transports: %s could not connect the %d local peers (%s); they go "
                         "over tcp instead",
-                        s->ops->name, npeers[0], comm->tp_error);
+                        s->ops->name, npeers[0], create_why(comm, st));
             else
                 TT_INFO("transports: %s could not connect the %d local peers (%s); they go "
                         "over tcp instead",
-                        s->ops->name, npeers[0], comm->tp_error);
+                        s->ops->name, npeers[0], create_why(comm, st));
             const tutti_transport_ops_v2_t *tcp = NULL;
             void *th = NULL;
             if (tt_transport_load("tcp", comm->opts.plugin_path, &tcp, &th, err, errlen) == 0) {
@@ -817,7 +827,8 @@ static int mux_connect(tutti_comm_t *comm, mux_t *m, const int role_sub[2], cons
         if (st < 0) {
             s->tp = NULL;
             snprintf(err, errlen, "transport %s failed to connect its %d %s peers: %s",
-                     s->ops->name, npeers[role], role == 0 ? "local" : "remote", comm->tp_error);
+                     s->ops->name, npeers[role], role == 0 ? "local" : "remote",
+                     create_why(comm, st));
             return st;
         }
     }
@@ -968,8 +979,10 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
     }
 
     unsigned char *local = calloc((size_t)n, 1);
-    if (!local)
+    if (!local) {
+        snprintf(err, errlen, "out of memory (the map of %d ranks' hosts)", n);
         return TUTTI_ERR_NOMEM;
+    }
     int npeers[2] = { 0, 0 }; /* local, remote */
     const tutti_transport_ops_v2_t *ops[2] = { NULL, NULL };
     void *handle[2] = { NULL, NULL };
@@ -1001,6 +1014,7 @@ int tt_transports_create(tutti_comm_t *comm, char *err, size_t errlen)
         goto out;
     }
     if (!(m = mux_new(comm, local, npeers, ops, handle, role_sub))) {
+        snprintf(err, errlen, "out of memory (the transports' multiplexer)");
         st = TUTTI_ERR_NOMEM;
         goto out;
     }
