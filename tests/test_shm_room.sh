@@ -9,6 +9,7 @@
 #      left in /dev/shm, though the launcher SIGKILLed ranks in the middle of their
 #      set-up. With the transport left to auto, every rank's shm set-up fails, they go
 #      over tcp instead (one warning says so) and the results are right.
+#      In a 16 KiB /dev/shm that error gives its sizes in KiB (not "0.0 MiB").
 #   3. Names a rank SIGKILLed in its set-up would leave (made here, named as the
 #      transport names them): the next job's set-up removes those whose creator is gone
 #      and was in this pid namespace, and keeps those of a live process or (recent ones)
@@ -53,7 +54,7 @@ for coll in allreduce alltoall; do
     [ $rc = 0 ] || { cat "$out"; fail "16 ranks in 64 MiB, $coll: exit $rc"; }
     rows=$(grep -cE '^ +[0-9]+ ' "$out")
     [ "$rows" -ge 3 ] || { cat "$out"; fail "$coll: $rows rows"; }
-    grep -q "WARN shm: rings of [0-9]* KiB instead of 1024" "$out" ||
+    grep -q "WARN shm: rings of [0-9]* KiB instead of 1024 KiB" "$out" ||
         { cat "$out"; fail "$coll: no warning that the rings shrank"; }
     [ "$(left)" = 0 ] || { ls /dev/shm; fail "$coll: names left in /dev/shm"; }
     echo "16 ranks in 64 MiB, $coll: $rows sizes right; $(grep -o 'rings of [0-9]* KiB' "$out" | head -1)"
@@ -65,10 +66,20 @@ out="$work/nofit.txt"
 timeout 120 "$bench" -np 16 --transport shm -b 4 -e 4 -n 1 -w 0 -t 100 >"$out" 2>&1
 rc=$?
 [ $rc != 0 ] || { cat "$out"; fail "16 ranks in 1 MiB ran"; }
-grep -q "/dev/shm has [0-9.]* of 1.0 MiB free; enlarge it (docker run --shm-size) or set TUTTI_TRANSPORT=tcp" "$out" ||
+grep -q "/dev/shm has [0-9.]* [KM]iB of 1.0 MiB free; enlarge it (docker run --shm-size) or set TUTTI_TRANSPORT=tcp" "$out" ||
     { cat "$out"; fail "no error that names /dev/shm's room and the way out"; }
 [ "$(left)" = 0 ] || { ls /dev/shm; fail "the launcher's job left $(left) names in /dev/shm"; }
 echo "16 ranks in 1 MiB over shm: exit $rc, $(grep -c 'enlarge it' "$out") ranks said why, /dev/shm empty after"
+# a tiny /dev/shm (16 KiB): its sizes in KiB, not "need 0.1 MiB ... has 0.0 of 0.0 MiB"
+room 16k
+out="$work/tiny.txt"
+timeout 60 "$bench" -np 2 --transport shm -b 4 -e 4 -n 1 -w 0 -t 50 >"$out" 2>&1
+rc=$?
+[ $rc != 0 ] || { cat "$out"; fail "2 ranks in 16 KiB ran"; }
+grep -q "shm: the 2 ranks on this host need [0-9.]* KiB for rings of [0-9]* KiB: /dev/shm has [0-9.]* KiB of 16.0 KiB free" "$out" ||
+    { cat "$out"; fail "the sizes of a 16 KiB /dev/shm are not given in KiB"; }
+echo "2 ranks in 16 KiB over shm: $(grep -o 'need [0-9.]* KiB' "$out" | head -1), sizes in KiB"
+room 1m
 # the same with the transport left to auto: shm fails on every local rank, and they all
 # meet again over tcp (one warning, from the host's first rank)
 out="$work/fallback.txt"

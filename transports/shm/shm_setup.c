@@ -85,18 +85,32 @@ static void host_identity(shm_tp_t *tp, char *out, size_t len)
     tp_host_id_fallback(h->config(h->ctx, "HOST_ID"), out, len);
 }
 
+/* bytes as text in buf (at least 24 bytes): "512 bytes", "136.0 KiB", "64.0 MiB" (a
+ * small /dev/shm read "0.0 MiB" in MiB alone). */
+static const char *size_text(uint64_t bytes, char *buf, size_t len)
+{
+    if (bytes < 1024)
+        snprintf(buf, len, "%llu bytes", (unsigned long long)bytes);
+    else if (bytes < 1048576)
+        snprintf(buf, len, "%.1f KiB", (double)bytes / 1024.0);
+    else
+        snprintf(buf, len, "%.1f MiB", (double)bytes / 1048576.0);
+    return buf;
+}
+
 /* What /dev/shm has free and the way out, for an error where it has too little; "" when
  * it cannot say. */
 static void room_text(char *out, size_t len)
 {
     struct statvfs sv;
+    char avail[32], size[32];
     out[0] = 0;
     if (statvfs("/dev/shm", &sv) == 0)
         snprintf(out, len,
-                 ": /dev/shm has %.1f of %.1f MiB free; enlarge it (docker run --shm-size) or set "
+                 ": /dev/shm has %s of %s free; enlarge it (docker run --shm-size) or set "
                  "TUTTI_TRANSPORT=tcp",
-                 (double)sv.f_bavail * (double)sv.f_frsize / 1048576.0,
-                 (double)sv.f_blocks * (double)sv.f_frsize / 1048576.0);
+                 size_text((uint64_t)sv.f_bavail * sv.f_frsize, avail, sizeof(avail)),
+                 size_text((uint64_t)sv.f_blocks * sv.f_frsize, size, sizeof(size)));
 }
 
 /* A new segment of `bytes`, mapped, whose first `reserve` bytes (all of them, or a pair's
@@ -237,11 +251,12 @@ static void ring_fit(shm_tp_t *tp, int nserved)
     int lowest = 1; /* the host's first rank says it as a warning, the others quietly */
     for (int p = 0; p < tp->rank; p++)
         lowest &= !tp->links[p].served;
+    char free_text[32];
     LOGF(lowest ? TUTTI_LOG_WARN : TUTTI_LOG_INFO,
-         "shm: rings of %zu KiB instead of %zu, for the %d ranks on this host to fit in half "
-         "of the %.1f MiB free in /dev/shm (larger messages take more steps; docker run "
+         "shm: rings of %zu KiB instead of %zu KiB, for the %d ranks on this host to fit in "
+         "half of the %s free in /dev/shm (larger messages take more steps; docker run "
          "--shm-size gives it more)",
-         ring >> 10, want >> 10, nserved + 1, (double)avail / 1048576.0);
+         ring >> 10, want >> 10, nserved + 1, size_text(avail, free_text, sizeof(free_text)));
 }
 
 /* Whether MADV_POPULATE_WRITE works here (Linux 5.14 on): tried on a page of our own. */
@@ -295,16 +310,15 @@ static int room_check(shm_tp_t *tp, int nserved)
         }
         return TUTTI_OK;
     }
-    char room[200], other[96] = "";
+    char room[200], other[96] = "", need_text[32], promised_text[32];
     room_text(room, sizeof(room));
     uint64_t promised = atomic_load(&g_promised);
     if (promised)
-        snprintf(other, sizeof(other),
-                 " (%.1f MiB of it this process's other communicators may take)",
-                 (double)promised / 1048576.0);
+        snprintf(other, sizeof(other), " (%s of it this process's other communicators may take)",
+                 size_text(promised, promised_text, sizeof(promised_text)));
     return ERRF(TUTTI_ERR_NOMEM, -1, ENOSPC,
-                "shm: the %d ranks on this host need %.1f MiB for rings of %zu KiB%s%s",
-                nserved + 1, (double)need / 1048576.0, tp->ring_bytes >> 10, room, other);
+                "shm: the %d ranks on this host need %s for rings of %zu KiB%s%s", nserved + 1,
+                size_text(need, need_text, sizeof(need_text)), tp->ring_bytes >> 10, room, other);
 }
 
 /* Names whose creator died in its set-up (SIGKILLed before it could unlink them: a
