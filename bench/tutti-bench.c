@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1576,15 +1577,10 @@ static void json_half(FILE *f, const char *name, const bench_half_t *h, int barr
     json_half_body(f, h, barrier);
 }
 
-static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_row_t *rows,
-                      size_t n)
+static void write_json_rows(FILE *f, const bench_ctx_t *b, const bench_set_t *set,
+                            const bench_row_t *rows, size_t n)
 {
     const bench_cfg_t *cfg = b->cfg;
-    FILE *f = fopen(cfg->json, "w");
-    if (!f) {
-        fprintf(stderr, "tutti-bench: %s: %s\n", cfg->json, strerror(errno));
-        return -1;
-    }
     int barrier = cfg->coll == COLL_BARRIER;
     fprintf(f, "[");
     for (size_t i = 0; i < n; i++) {
@@ -1627,11 +1623,53 @@ static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_
         fprintf(f, "}");
     }
     fprintf(f, "\n]\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "tutti-bench: %s: %s\n", cfg->json, strerror(errno));
+}
+
+/* The JSON goes to a temporary file beside cfg->json, renamed over it once complete: a
+ * full disk or a write error leaves no empty or cut file, and an earlier one stays. */
+static int write_json(const bench_ctx_t *b, const bench_set_t *set, const bench_row_t *rows,
+                      size_t n)
+{
+    const bench_cfg_t *cfg = b->cfg;
+    size_t plen = strlen(cfg->json) + 16;
+    char *tmp = malloc(plen);
+    if (!tmp) {
+        fprintf(stderr, "tutti-bench: %s: out of memory\n", cfg->json);
         return -1;
     }
-    return 0;
+    snprintf(tmp, plen, "%s.tmp.XXXXXX", cfg->json);
+    int fd = mkstemp(tmp);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
+    if (!f) {
+        fprintf(stderr, "tutti-bench: %s: %s\n", fd < 0 ? cfg->json : tmp, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        free(tmp);
+        return -1;
+    }
+    /* the permissions fopen would have given (mkstemp makes it 0600) */
+    mode_t um = umask(0);
+    umask(um);
+    (void)fchmod(fd, 0666 & ~um);
+    write_json_rows(f, b, set, rows, n);
+    int bad = fflush(f) != 0 || ferror(f);
+    int err = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        err = errno;
+    }
+    if (!bad && rename(tmp, cfg->json) != 0) {
+        bad = 1;
+        err = errno;
+    }
+    if (bad) {
+        fprintf(stderr, "tutti-bench: %s: %s (left as it was)\n", cfg->json, strerror(err));
+        unlink(tmp);
+    }
+    free(tmp);
+    return bad ? -1 : 0;
 }
 
 /* The rows of a run, one per size from MIN to MAX by FACTOR (barrier: one); unit is the

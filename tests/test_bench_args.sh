@@ -13,6 +13,8 @@
 #   3. tutti-store --host [::1] listens on ::1, a malformed host exits 2;
 #   4. tutti-run refuses a host given more than 2^20 slots over its entries (-H and
 #      --hostfile, 2049 entries of 2^20 slots: the total overflowed an int), at once.
+#   5. --json that cannot be written whole (a file size limit, as a full disk) leaves an
+#      earlier file as it was and no temporary file; one written whole replaces it.
 #   test_bench_args.sh TUTTI_BENCH TUTTI_RUN TUTTI_STORE SHIM|none
 set -u
 bench=$1 run=$2 store=$3 shim=$4
@@ -110,4 +112,22 @@ timeout 20 "$run" --hostfile "$work/hostfile" -np 1 -- true >"$out" 2>&1
 rc=$?
 [ $rc = 2 ] && grep -q "at most 1048576 on a host" "$out" ||
     fail "--hostfile of 2049 x 2^20 slots: exit $rc: $(tail -n 3 "$out")"
+
+# --json: written to a temporary file and renamed; a write that fails (a 1 KiB file size
+# limit, SIGXFSZ ignored: as a full disk, EFBIG for ENOSPC) leaves the earlier file
+json=$work/out.json
+head -c 3000 /dev/zero | tr '\0' x >"$json"
+(
+    trap '' XFSZ
+    ulimit -f 1
+    exec timeout 60 "$bench" -np 2 -b 4 -e 4K -f 2 -n 2 -w 1 --json "$json"
+) 2>&1 </dev/null | cat >"$out" # the limit is the subshell's, not cat's
+grep -q "tutti-bench: $json: File too large" "$out" || fail "--json over the limit: $(tail -n 3 "$out")"
+[ "$(tr -d x <"$json" | wc -c)" = 0 ] && [ "$(wc -c <"$json")" = 3000 ] ||
+    fail "--json that failed to write changed the earlier file ($(wc -c <"$json") bytes)"
+! ls "$work" | grep -q "out.json.tmp" || fail "--json left $(ls "$work" | grep out.json.tmp)"
+timeout 60 "$bench" -np 2 -b 4 -e 4K -f 2 -n 2 -w 1 --json "$json" >"$out" 2>&1 ||
+    fail "--json: $(tail -n 3 "$out")"
+[ "$(head -c 1 "$json")" = "[" ] && [ "$(grep -c '"coll"' "$json")" = 11 ] ||
+    fail "--json did not replace the earlier file: $(head -c 200 "$json")"
 echo "ok"
