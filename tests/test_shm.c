@@ -25,8 +25,10 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -607,6 +609,27 @@ END_TEST
 
 /* ---- through the library ---- */
 
+/* In one rank: mapping another process's shm segment fails with ENOMEM (as in an
+ * address space at its limit); its own segments map as ever. */
+static volatile int fail_peer_maps;
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    if (fail_peer_maps && fd >= 0 && (flags & MAP_SHARED)) {
+        char link[64], path[256];
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, path, sizeof(path) - 1);
+        long pid;
+        path[n > 0 ? n : 0] = 0;
+        const char *t = strstr(path, "tutti-shm-");
+        if (t && sscanf(t, "tutti-shm-%ld-", &pid) == 1 && pid != (long)getpid()) {
+            errno = ENOMEM;
+            return MAP_FAILED;
+        }
+    }
+    return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+}
+
 static tutti_comm_opts_t shm_opts(int timeout_ms)
 {
     tutti_comm_opts_t o;
@@ -615,6 +638,48 @@ static tutti_comm_opts_t shm_opts(int timeout_ms)
     o.timeout_ms = timeout_ms;
     return o;
 }
+
+/* Rank 0 cannot map rank 1's segments (mmap: ENOMEM): it fails with its own status,
+ * TUTTI_ERR_NOMEM naming mmap (it said TUTTI_ERR_PEER), and rank 1 fails quoting rank
+ * 0's reason (it said "rank 0 could not set up shared memory (its log says why)", or
+ * "cannot open rank 0's segment ... ENOENT" where rank 0 had already removed it). */
+static int rank_cannot_map(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    (void)arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o = shm_opts(10000);
+    fail_peer_maps = rank == 0;
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const char *e = tutti_comm_last_error(NULL);
+    fail_peer_maps = 0;
+    FAIL_IF(st == 0, "init passed");
+    FAIL_IF(rank == 0 && st != TUTTI_ERR_NOMEM, "rank 0: %s, wanted TUTTI_ERR_NOMEM: %s",
+            tutti_status_name(st), e);
+    FAIL_IF(rank == 1 && st != TUTTI_ERR_PEER, "rank 1: %s, wanted TUTTI_ERR_PEER: %s",
+            tutti_status_name(st), e);
+    FAIL_IF(!strstr(e, "cannot map rank 1's segment") || !strstr(e, "(mmap)") ||
+                !strstr(e, strerror(ENOMEM)),
+            "the error does not give rank 0's own failure: %s", e);
+    FAIL_IF(rank == 1 && !strstr(e, "rank 0 could not set up shared memory: shm: cannot map"),
+            "rank 1 does not quote rank 0's reason: %s", e);
+    FAIL_IF(th_now_ms() - t0 > 5000, "init took %.0f ms to fail", th_now_ms() - t0);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(peer_segment_unmappable)
+{
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_cannot_map,
+                       .timeout_ms = 30000,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
 
 /* Every awkward size, from odd offsets, both ways at once, between every pair. */
 static int rank_sizes(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -2238,6 +2303,8 @@ static Suite *suite(void)
     th_add_tests(s, "ring", 30, ring);
     th_add_tests(s, "crowded", 90, crowded);
     th_add_tests(s, "closed", 90, closed);
+    const TTest *const setup[] = { peer_segment_unmappable, NULL };
+    th_add_tests(s, "setup", 30, setup);
     return s;
 }
 

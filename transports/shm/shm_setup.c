@@ -55,7 +55,11 @@ __attribute__((format(printf, 5, 6))) static int setup_error(shm_tp_t *tp, int s
     va_start(ap, fmt);
     vsnprintf(tp->why, sizeof(tp->why), fmt, ap);
     va_end(ap);
-    return tp->host->error(tp->host->ctx, st, peer, err, "%s", tp->why);
+    st = tp->host->error(tp->host->ctx, st, peer, err, "%s", tp->why);
+    size_t n = strlen(tp->why);
+    if (err && n < sizeof(tp->why)) /* the record says what the host's message says */
+        snprintf(tp->why + n, sizeof(tp->why) - n, " (errno %d: %s)", err, strerror(err));
+    return st;
 }
 
 long shm_futex(_Atomic uint32_t *addr, int op, uint32_t val, int timeout_ms)
@@ -159,21 +163,47 @@ static void *seg_create(shm_tp_t *tp, const char *name, size_t bytes, size_t res
     return p;
 }
 
+/* Rank p failed its set-up and its record says why ("0 <reason>", setup_failed): the
+ * error that quotes it (TUTTI_ERR_PEER), else 0. Quick: the record is there or not. */
+static int peer_failed_why(shm_tp_t *tp, int p)
+{
+    const tutti_tp_host_v1_t *h = tp->host;
+    char key[64], text[400];
+    snprintf(key, sizeof(key), "shm/%d", p);
+    void *v = NULL;
+    size_t vlen = 0;
+    if (h->store_get(h->ctx, key, &v, &vlen, 200) < 0)
+        return 0;
+    snprintf(text, sizeof(text), "%.*s", (int)(vlen < sizeof(text) ? vlen : sizeof(text) - 1),
+             (const char *)v);
+    h->free_value(v);
+    if (strncmp(text, "0 ", 2))
+        return 0;
+    return ERRF(TUTTI_ERR_PEER, p, 0, "shm: rank %d could not set up shared memory: %s", p,
+                text + 2);
+}
+
 /* A peer's segment, mapped (with populate: every page now, else none), the descriptor
- * kept in *fd_p where fd_p is not NULL. */
+ * kept in *fd_p where fd_p is not NULL; NULL with the error's status in *st_p: this
+ * rank's own where the mapping failed, TUTTI_ERR_PEER where the name is gone (with the
+ * peer's reason where its set-up failed and removed it). */
 static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes, size_t *bytes_p,
-                      int populate, int *fd_p)
+                      int populate, int *fd_p, int *st_p)
 {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
-        ERRF(errno == ENOENT ? TUTTI_ERR_PEER : TUTTI_ERR_IO, peer, errno,
-             "shm: cannot open rank %d's segment %s (is it on this host, and alive?)", peer, name);
+        int err = errno;
+        if (err != ENOENT || !(*st_p = peer_failed_why(tp, peer)))
+            *st_p = ERRF(err == ENOENT ? TUTTI_ERR_PEER : TUTTI_ERR_IO, peer, err,
+                         "shm: cannot open rank %d's segment %s (is it on this host, and alive?)",
+                         peer, name);
         return NULL;
     }
     struct stat sb;
     if (fstat(fd, &sb) < 0 || (size_t)sb.st_size < min_bytes) {
         close(fd);
-        ERRF(TUTTI_ERR_PROTOCOL, peer, 0, "shm: rank %d's segment %s is too small", peer, name);
+        *st_p = ERRF(TUTTI_ERR_PROTOCOL, peer, 0, "shm: rank %d's segment %s is too small", peer,
+                     name);
         return NULL;
     }
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE,
@@ -181,7 +211,9 @@ static void *seg_open(shm_tp_t *tp, const char *name, int peer, size_t min_bytes
     int err = errno;
     if (p == MAP_FAILED) {
         close(fd);
-        ERRF(TUTTI_ERR_NOMEM, peer, err, "shm: cannot map rank %d's segment %s", peer, name);
+        /* this rank's own failure (its address space, its memory), not the peer's */
+        *st_p = ERRF(err == ENOMEM ? TUTTI_ERR_NOMEM : TUTTI_ERR_IO, -1, err,
+                     "shm: cannot map rank %d's segment %s (mmap)", peer, name);
         return NULL;
     }
     if (fd_p)
@@ -734,10 +766,11 @@ static int setup_open_pair(shm_tp_t *tp, shm_link_t *L, int p, int pid, unsigned
     char name[64];
     pair_name(name, sizeof(name), pid, nonce, tp->rank);
     size_t sb = 0;
+    int st = TUTTI_ERR_PEER;
     shm_pair_t *seg = seg_open(tp, name, p, sizeof(shm_pair_t), &sb, 0,
-                               tp->reserve == SHM_RESERVE_FALLOCATE ? &L->seg_fd : NULL);
+                               tp->reserve == SHM_RESERVE_FALLOCATE ? &L->seg_fd : NULL, &st);
     if (!seg)
-        return TUTTI_ERR_PEER;
+        return st;
     shm_unlink(name); /* both ends have it mapped: the name has done its job */
     /* the creator's numbers, read once: the rings must lie after the header and within
      * the mapping (compared without a sum that could wrap) */
@@ -775,9 +808,10 @@ static int setup_attach_peer(shm_tp_t *tp, int p, const char *myhost, uint64_t d
     char name[64];
     bell_name(name, sizeof(name), pid, nonce);
     size_t bb = 0;
-    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, 1, &L->bell_fd);
+    st = TUTTI_ERR_PEER;
+    L->peer_bell = seg_open(tp, name, p, sizeof(shm_bell_t), &bb, 1, &L->bell_fd, &st);
     if (!L->peer_bell)
-        return TUTTI_ERR_PEER;
+        return st;
     L->peer_bell_bytes = bb;
     if (L->peer_bell->magic != SHM_SEG_MAGIC || L->peer_bell->owner != p)
         return ERRF(TUTTI_ERR_PROTOCOL, p, 0, "shm: %s is not rank %d's doorbell", name, p);
@@ -834,9 +868,12 @@ static int peer_failed(shm_tp_t *tp)
 {
     for (int p = 0; p < tp->nranks; p++) {
         const shm_link_t *L = &tp->links[p];
-        if (L->served && L->peer_bell && atomic_load(&L->peer_bell->state) == SHM_SETUP_FAILED)
-            return ERRF(TUTTI_ERR_PEER, p, 0,
-                        "shm: rank %d could not set up shared memory (its log says why)", p);
+        if (L->served && L->peer_bell && atomic_load(&L->peer_bell->state) == SHM_SETUP_FAILED) {
+            int st = peer_failed_why(tp, p); /* its record, rewritten before its doorbell */
+            return st ? st
+                      : ERRF(TUTTI_ERR_PEER, p, 0,
+                             "shm: rank %d could not set up shared memory (its log says why)", p);
+        }
     }
     return 0;
 }
@@ -957,21 +994,22 @@ static int setup_ready(shm_tp_t *tp, uint64_t deadline)
     }
 }
 
-/* This rank's set-up failed: its peers must learn it rather than wait for it. Once its
- * record is in the store, through its doorbell (which they map); before, through a
- * record that says why. */
+/* This rank's set-up failed: its peers must learn it rather than wait for it, and why.
+ * Its record in the store says why ("0 <reason>", replacing its address where it was
+ * published: a peer that reads it later, or finds this rank's names gone, quotes it);
+ * then, once published, its doorbell (which they map) says so too, after the record,
+ * so that a peer that sees the doorbell finds the reason. */
 static void setup_failed(shm_tp_t *tp)
 {
-    if (tp->published && tp->bell) {
-        atomic_store(&tp->bell->state, SHM_SETUP_FAILED);
-        return;
-    }
     const tutti_tp_host_v1_t *h = tp->host;
     char key[64], val[400];
     snprintf(key, sizeof(key), "shm/%d", tp->rank);
     snprintf(val, sizeof(val), "0 %s", tp->why[0] ? tp->why : "(no reason given)");
+    int was = tp->published;
     if (h->store_set(h->ctx, key, val, strlen(val) + 1) == 0)
         tp->published = 1;
+    if (was && tp->bell)
+        atomic_store(&tp->bell->state, SHM_SETUP_FAILED);
 }
 
 static int setup_steps(shm_tp_t *tp, int nserved, const char *myhost, uint64_t deadline)
