@@ -15,10 +15,18 @@
 #      and was in this pid namespace, and keeps those of a live process or (recent ones)
 #      of another pid namespace.
 #
-#   tests/test_shm_room.sh BUILD/bench/tutti-bench   (root and unshare; 77, skipped,
-#                                                     without them)
+#   4. 8 ranks in 64 MiB: the world and four split groups (pairs, halves, quads, strided:
+#      tests/shm_groups.c), set up by disjoint groups at once: every group's first
+#      allreduce gives the right sum (each group's rings are reserved in its set-up on a
+#      small /dev/shm, so one that finds no room fails set-up and goes over tcp; before,
+#      set-up passed and the pairs' first allreduce failed on every rank, out of room).
+#
+#   tests/test_shm_room.sh BUILD/bench/tutti-bench BUILD/tools/tutti-run BUILD/tests/shm_groups
+#                                  (root and unshare; 77, skipped, without them)
 set -u
 bench=$(realpath "$1")
+run=$(realpath "$2")
+groups=$(realpath "$3")
 if [ -z "${TTH_SHM_ROOM_NS:-}" ]; then
     if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null ||
         ! unshare -m --propagation private true 2>/dev/null; then
@@ -127,4 +135,14 @@ removed=$(grep -o "shm: removed [0-9]* names" "$out" | awk '{s += $3} END {print
 [ "$removed" = ${#gone[@]} ] || { cat "$out"; fail "the job's ranks said they removed $removed names"; }
 [ "$(left)" = 0 ] || { ls /dev/shm; fail "$(left) names in /dev/shm after the next job"; }
 echo "the next job ran right and removed the ${#gone[@]} names of a gone creator, not those of another pid namespace or of a live one"
+
+# 4. the world and four split groups of 8 ranks in 64 MiB
+room 64m
+out="$work/groups.txt"
+TUTTI_TIMEOUT_MS=60000 timeout 120 "$run" -np 8 "$groups" >"$out" 2>&1
+rc=$?
+[ $rc = 0 ] || { cat "$out"; fail "8 ranks' split groups in 64 MiB: exit $rc"; }
+[ "$(grep -c ': ok: world' "$out")" = 8 ] || { cat "$out"; fail "split groups: not 8 ranks ok"; }
+[ "$(left)" = 0 ] || { ls /dev/shm; fail "split groups: names left in /dev/shm"; }
+echo "8 ranks' world and 4 split groups in 64 MiB: every first allreduce right ($(grep -m1 'rank 0:' "$out"))"
 echo "test_shm_room: ok"

@@ -258,21 +258,24 @@ static uint64_t host_need(int nlocal, size_t ring)
  * processes' jobs are not known here. */
 static _Atomic uint64_t g_promised;
 
-/* What /dev/shm has free, less what this process promised (0 when it cannot say). */
-static int shm_free(uint64_t *avail_p)
+/* What /dev/shm has free, less what this process promised (0 when it cannot say); its
+ * whole size in *total_p (may be NULL). */
+static int shm_free(uint64_t *avail_p, uint64_t *total_p)
 {
     struct statvfs sv;
     if (statvfs("/dev/shm", &sv) < 0 || sv.f_blocks == 0)
         return -1;
     uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize, promised = atomic_load(&g_promised);
     *avail_p = avail > promised ? avail - promised : 0;
+    if (total_p)
+        *total_p = (uint64_t)sv.f_blocks * sv.f_frsize;
     return 0;
 }
 
 static void ring_fit(shm_tp_t *tp, int nserved)
 {
     uint64_t avail;
-    if (!tp->ring_auto || nserved < 1 || shm_free(&avail) < 0)
+    if (!tp->ring_auto || nserved < 1 || shm_free(&avail, NULL) < 0)
         return;
     size_t want = tp->ring_bytes, ring = want;
     while (ring > SHM_RING_FLOOR && host_need(nserved + 1, ring) > avail / 2)
@@ -327,15 +330,21 @@ static int reserve_mode(shm_tp_t *tp)
  * tight (the need over a quarter of it: a container's small /dev/shm), every pair's rings
  * are reserved in set-up instead (setup_finish), as before session 93, so that a full
  * /dev/shm fails init (and auto goes over tcp) rather than a first message; else the need
- * is promised until the transport goes. */
+ * is promised until the transport goes. The promise is this process's alone: the other
+ * ranks' processes set up their communicators (a split's disjoint groups, at once) each
+ * seeing the room free, and on a small /dev/shm their first uses then took it all and a
+ * later group's first message failed (8 ranks, world and 4 split groups, in 64 MiB:
+ * found by review). So rings are also reserved in set-up where the need is over 1/64 of
+ * the whole /dev/shm (under 1 GiB, about any communicator): small ones are where that
+ * race bites, and set-up then fails (auto: tcp) rather than a first message. */
 static int room_check(shm_tp_t *tp, int nserved)
 {
-    uint64_t avail;
-    if (nserved < 1 || shm_free(&avail) < 0)
+    uint64_t avail, total;
+    if (nserved < 1 || shm_free(&avail, &total) < 0)
         return TUTTI_OK;
     uint64_t need = host_need(nserved + 1, tp->ring_bytes);
     if (need <= avail) {
-        tp->eager = need > avail / 4;
+        tp->eager = need > avail / 4 || need > total / 64;
         if (!tp->eager) {
             tp->promised = need;
             atomic_fetch_add(&g_promised, need);
