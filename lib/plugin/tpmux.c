@@ -857,7 +857,7 @@ static const char *const builtin_knobs[] = {
     "SHM_NT_STORES",   "SHM_RESERVE", "SHM_CMA_BYTES",     "SHM_CMA_HINT_BYTES",
     "SHM_LIVENESS_MS", "IB_DEV",      "IB_GID_INDEX",      "IB_SLOTS",
     "IB_EAGER_BYTES",  "IB_MR_CACHE", "IB_MR_CACHE_BYTES", "IB_TIMEOUT",
-    "IB_KEEPALIVE_MS", "IB_CONNECT",  "IB_MAX_RD_ATOMIC",
+    "IB_KEEPALIVE_MS", "IB_CONNECT",  "IB_MAX_RD_ATOMIC",  "SHM_RESERVE_AT",
 };
 
 /* Every other name a transport of this process asked for (a plugin's knobs), so that

@@ -1395,8 +1395,11 @@ static int shm_create(const tutti_tp_host_v1_t *host, void **tp_p)
     static const char *const reserves[] = { "auto", "madvise", "fallocate", NULL };
     static const char *const nts[] = { "auto", "on", "off", NULL };
     static const int nt_modes[] = { SHM_NT_AUTO, SHM_NT_ON, SHM_NT_OFF };
+    static const char *const ats[] = { "auto", "setup", "first-use", NULL };
     int st = knob_word(tp, "SHM_RESERVE", reserves); /* SHM_RESERVE_* in that order */
     tp->reserve = st;
+    if (st >= 0 && (st = knob_word(tp, "SHM_RESERVE_AT", ats)) >= 0)
+        tp->reserve_at = st; /* SHM_AT_* in that order */
     if (st >= 0 && (st = knob_word(tp, "SHM_NT_STORES", nts)) >= 0)
         tp->nt_stores = nt_modes[st];
     if (st < 0) {

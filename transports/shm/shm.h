@@ -55,6 +55,8 @@
 /* tp->reserve: MADV_POPULATE_WRITE on the mapping (Linux 5.14; a full /dev/shm is an
  * error, not SIGBUS), else posix_fallocate on the segment's descriptor, which each end
  * then keeps until the pair's first use (one more open file per local peer) */
+/* TUTTI_SHM_RESERVE_AT: when a pair's rings are reserved (room_check) */
+enum { SHM_AT_AUTO, SHM_AT_SETUP, SHM_AT_FIRST_USE };
 #define SHM_RESERVE_AUTO 0
 #define SHM_RESERVE_MADVISE 1
 #define SHM_RESERVE_FALLOCATE 2
@@ -312,7 +314,8 @@ struct shm_tp {
     /* TUTTI_SHM_RESERVE: how a pair's rings are reserved at its first use,
      * SHM_RESERVE_MADVISE or _FALLOCATE (AUTO until set-up asks the kernel) */
     int reserve;
-    int prefetchw; /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
+    int reserve_at; /* TUTTI_SHM_RESERVE_AT: SHM_AT_AUTO, SHM_AT_SETUP or SHM_AT_FIRST_USE */
+    int prefetchw;  /* the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
     int liveness_ms;
     int oversubscribed;   /* more local ranks than CPUs: yield while spinning */
     unsigned spin_misses; /* waits in a row the brief pure spin did not end */

@@ -334,9 +334,12 @@ static int reserve_mode(shm_tp_t *tp)
  * ranks' processes set up their communicators (a split's disjoint groups, at once) each
  * seeing the room free, and on a small /dev/shm their first uses then took it all and a
  * later group's first message failed (8 ranks, world and 4 split groups, in 64 MiB:
- * found by review). So rings are also reserved in set-up where the need is over 1/64 of
- * the whole /dev/shm (under 1 GiB, about any communicator): small ones are where that
- * race bites, and set-up then fails (auto: tcp) rather than a first message. */
+ * found by review). So rings are also reserved in set-up wherever the whole /dev/shm is
+ * under SHM_SMALL_ROOM (a container's): that is where the race bites, and set-up then
+ * fails (auto: tcp) rather than a first message. A host's large /dev/shm keeps the
+ * reservation at first use (64 ranks set up in 1.2 s instead of 5.3, session 93).
+ * TUTTI_SHM_RESERVE_AT=setup or first-use decides it instead (room permitting). */
+#define SHM_SMALL_ROOM (1ull << 30)
 static int room_check(shm_tp_t *tp, int nserved)
 {
     uint64_t avail, total;
@@ -344,7 +347,8 @@ static int room_check(shm_tp_t *tp, int nserved)
         return TUTTI_OK;
     uint64_t need = host_need(nserved + 1, tp->ring_bytes);
     if (need <= avail) {
-        tp->eager = need > avail / 4 || need > total / 64;
+        tp->eager = tp->reserve_at == SHM_AT_SETUP ||
+                    (tp->reserve_at == SHM_AT_AUTO && (need > avail / 4 || total < SHM_SMALL_ROOM));
         if (!tp->eager) {
             tp->promised = need;
             atomic_fetch_add(&g_promised, need);
