@@ -1053,11 +1053,15 @@ int shm_setup(shm_tp_t *tp)
     tp->nonce = ((uint64_t)pidns_id() << 32) | rnd;
     char myhost[512];
     host_identity(tp, myhost, sizeof(myhost));
-    int nserved = 0;
-    for (int p = 0; p < tp->nranks; p++)
+    int nserved = 0, lowest = 1;
+    for (int p = 0; p < tp->nranks; p++) {
         nserved += tp->links[p].served;
-
-    sweep_stale(tp);
+        lowest &= !(p < tp->rank && tp->links[p].served);
+    }
+    /* the host's first rank alone: every rank's readdir of a /dev/shm that holds the
+     * other ranks' n^2 names made set-up O(n^3) on the host (160 ranks: 2.5 CPU-s) */
+    if (lowest)
+        sweep_stale(tp);
     ring_fit(tp, nserved);
     int st = reserve_mode(tp);
     if (st == 0)
