@@ -1,12 +1,14 @@
 /* Point to point: send/recv around a ring (messages larger than the socket buffers),
  * and a send and a receive whose tags do not match failing as a mismatch; completion
- * callbacks on work handles (tutti_work_on_done); receives from TUTTI_ANY_SOURCE (the
+ * callbacks on work handles (tutti_work_on_done: run without the communicator's locks,
+ * calls into it from one refused); receives from TUTTI_ANY_SOURCE (the
  * senders' order, other tags left alone, a mismatch, a timeout, a sender that left, a
  * transport that cannot probe) and tutti_work_source. */
 #include <check.h>
 #include <stdatomic.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +165,120 @@ START_TEST(work_callbacks)
     ck_assert_int_eq(th_run_comm_timeout(2, rank_callbacks, NULL, 30000, 20000, 0, NULL), 0);
 }
 END_TEST
+
+/* The hand-off tutti.h advises for callbacks (a mutex and a condition variable), with
+ * the issuing thread holding that mutex while it issues (a table of pending works under
+ * one lock). Callbacks ran under the communicator's queue lock:
+ * the completing thread held it and waited for the mutex, the issuer held the mutex and
+ * waited for the queue lock, for ever (review; within a few thousand ops). */
+#define CB_ORDER_OPS 20000
+
+struct cb_handoff {
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    int done;
+};
+
+static void on_done_handoff(void *arg, int status)
+{
+    struct cb_handoff *h = arg;
+    (void)status;
+    pthread_mutex_lock(&h->m);
+    h->done++;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->m);
+}
+
+static int rank_callback_lock_order(int rank, int nranks, tutti_comm_t *comm, const char *dir,
+                                    void *arg)
+{
+    (void)nranks, (void)dir, (void)arg;
+    struct cb_handoff h = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+    float *x = calloc(CB_ORDER_OPS, sizeof(float));
+    FAIL_IF(!x, "calloc");
+    for (int k = 0; k < CB_ORDER_OPS; k++) {
+        tutti_work_t *w;
+        pthread_mutex_lock(&h.m);
+        sched_yield(); /* (the table's upkeep: lets a completing thread run meanwhile) */
+        int st = tutti_allreduce_async(comm, TUTTI_IN_PLACE, &x[k], 1, TUTTI_FP32, TUTTI_SUM, &w);
+        pthread_mutex_unlock(&h.m);
+        /* (not under m: a work done already runs its callback here, at once) */
+        if (st == 0)
+            st = tutti_work_on_done(w, on_done_handoff, &h);
+        FAIL_IF(st != 0, "op %d: %s", k, tutti_comm_last_error(comm));
+        tutti_work_free(w);
+    }
+    pthread_mutex_lock(&h.m);
+    while (h.done < CB_ORDER_OPS)
+        pthread_cond_wait(&h.cv, &h.m);
+    pthread_mutex_unlock(&h.m);
+    free(x);
+    return 0;
+}
+
+/* Bounded by the harness: with the callbacks under the queue lock, the ranks hang. */
+TH_RUN_TEST(callback_lock_order, th_run(2, rank_callback_lock_order, NULL, 30000))
+
+/* A callback that calls into its own communicator (tutti.h: it must not) gets
+ * TUTTI_ERR_INVALID_ARG from each call: an op blocking or async, a send, a wait for
+ * another op, the destroy. Under the queue lock, each of them deadlocked its thread. */
+struct cb_calls {
+    tutti_comm_t *comm;
+    tutti_work_t *other;
+    int peer;
+    int st[5];
+    char msg[256];
+    atomic_int calls;
+};
+
+static void on_done_calls(void *arg, int status)
+{
+    struct cb_calls *c = arg;
+    (void)status;
+    float v = 1;
+    tutti_work_t *w = NULL;
+    c->st[0] = tutti_allreduce_async(c->comm, TUTTI_IN_PLACE, &v, 1, TUTTI_FP32, TUTTI_SUM, &w);
+    snprintf(c->msg, sizeof(c->msg), "%s", tutti_comm_last_error(c->comm));
+    c->st[1] = tutti_barrier(c->comm);
+    c->st[2] = tutti_send_async(c->comm, &v, 1, TUTTI_FP32, c->peer, 3, &w);
+    c->st[3] = tutti_wait(c->other, 2000);
+    c->st[4] = tutti_comm_destroy(c->comm);
+    atomic_fetch_add(&c->calls, 1);
+}
+
+static int rank_callback_calls(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    struct cb_calls c = { .comm = comm, .peer = (rank + 1) % nranks };
+    float a = 1, b = 2;
+    tutti_work_t *w;
+    /* rank 1's callback is set before its op ends (rank 0 comes late), and runs on the
+     * thread that completes it; rank 0's may run at once, in tutti_work_on_done */
+    if (rank == 0)
+        usleep(100000);
+    FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &a, 1, TUTTI_FP32, TUTTI_SUM, &w) != 0 ||
+                tutti_allreduce_async(comm, TUTTI_IN_PLACE, &b, 1, TUTTI_FP32, TUTTI_SUM,
+                                      &c.other) != 0,
+            "issue: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_work_on_done(w, on_done_calls, &c) != 0, "on_done");
+    FAIL_IF(tutti_wait(c.other, 20000) != 0, "wait: %s", tutti_work_error(c.other));
+    FAIL_IF(tutti_wait(w, 0) != 0 || atomic_load(&c.calls) != 1, "callback ran %d times",
+            atomic_load(&c.calls));
+    for (int i = 0; i < 5; i++)
+        FAIL_IF(c.st[i] != TUTTI_ERR_INVALID_ARG, "call %d from the callback: %d, want %d", i,
+                c.st[i], TUTTI_ERR_INVALID_ARG);
+    FAIL_IF(!strstr(c.msg, "tutti_work_on_done callback"), "message: %s", c.msg);
+    FAIL_IF(a != nranks || b != 2 * nranks, "results %g %g", a, b);
+    tutti_work_free(w);
+    tutti_work_free(c.other);
+    /* nothing was issued from the callback: the ranks' calls still pair up */
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, &a, 1, TUTTI_FP32, TUTTI_SUM) != 0 ||
+                a != nranks * nranks,
+            "after: %g: %s", a, tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(callback_calls_refused, th_run(2, rank_callback_calls, NULL, 30000))
 
 /* ---- receives from any source ---- */
 
@@ -438,6 +554,8 @@ static Suite *suite(void)
     th_add_tests(s, "p2p", 90,
                  (const TTest *const[]){ point_to_point, point_to_point_mismatch, work_callbacks,
                                          NULL });
+    th_add_tests(s, "callbacks", 90,
+                 (const TTest *const[]){ callback_lock_order, callback_calls_refused, NULL });
     th_add_tests(s, "any_source", 90,
                  (const TTest *const[]){ any_source_senders, any_source_mismatch,
                                          any_source_timeout, any_source_sender_left,

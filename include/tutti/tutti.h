@@ -645,12 +645,17 @@ void tutti_work_free(tutti_work_t *work);
 const char *tutti_work_error(const tutti_work_t *work);
 
 /* Call fn(arg, status) once the operation finishes: from the thread that completes it
- * (the communicator's progress thread, or a thread waiting on it), or at once in this
- * call if it finished already. At most one callback per work; fn must not block or call
- * into this communicator (hand the news to another thread: futures, condition
- * variables). The work handle stays valid for fn even if freed before. The operation
- * counts as finished (tutti_test, tutti_wait) only once a callback registered before its
- * end has returned, so what fn uses may be freed once the work is seen done. */
+ * (the communicator's progress thread, or a thread waiting on it or issuing an op), or
+ * at once in this call if it finished already. At most one callback per work. fn runs
+ * without the communicator's locks held, so it may take a lock that the issuing thread
+ * holds while it issues (hand the news to another thread: futures, condition variables,
+ * a mutex briefly); but the communicator's next operation waits for it, so fn must not
+ * block for long, and it must not call into this communicator: an operation (blocking
+ * or _async, a send or receive), tutti_wait or tutti_comm_destroy on it from fn fails
+ * with TUTTI_ERR_INVALID_ARG. The work handle stays valid for fn even if freed before.
+ * The operation counts as finished (tutti_test, tutti_wait) only once a callback
+ * registered before its end has returned, so what fn uses may be freed once the work is
+ * seen done. */
 int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg);
 
 TUTTI_END_DECLS

@@ -1622,6 +1622,10 @@ int tutti_comm_destroy(tutti_comm_t *comm)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_exec_in_callback(comm))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "destroy: called from a tutti_work_on_done callback of this "
+                                 "communicator (a callback must not call into it)");
     pthread_mutex_lock(&comm->q_lock);
     comm->stopping = 1;
     pthread_cond_broadcast(&comm->q_cv);

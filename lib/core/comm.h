@@ -23,6 +23,9 @@ void tt_comm_host_init(tutti_comm_t *comm);
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
+/* exec.c: is this thread running a tutti_work_on_done callback of comm? (Then calls into
+ * comm are refused.) */
+int tt_exec_in_callback(const tutti_comm_t *comm);
 /* exec.c: drop a reference to comm's struct (refs in state.h); the last frees the locks
  * and the memory (everything else is comm.c's to free before). */
 void tt_exec_comm_unref(tutti_comm_t *comm);

@@ -303,10 +303,68 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
         snprintf(w->err, sizeof(w->err), "%s", err);
     /* the callback first: a work seen done (tutti_test, tutti_wait) has had it run, so
      * its owner may free what the callback uses (a binding's callback object: Python's
-     * freed one was called, found by review) */
-    if (atomic_fetch_or(&w->cb_state, 2) & 1)
-        w->cb(w->cb_arg, st);
+     * freed one was called, found by review). Not here, under q_lock: a callback that
+     * takes a lock its issuing thread holds while it issues (the hand-off tutti.h
+     * advises) deadlocked with it (review). It runs once q_lock is let go, still under
+     * `executing` (run_callbacks_locked), which marks w done after it; the list's
+     * reference keeps w for it. */
+    if (atomic_fetch_or(&w->cb_state, 2) & 1) {
+        atomic_fetch_add(&w->refs, 1);
+        w->cb_next = NULL;
+        if (comm->cb_tail)
+            comm->cb_tail->cb_next = w;
+        else
+            comm->cb_head = w;
+        comm->cb_tail = w;
+        return;
+    }
     atomic_store_explicit(&w->done, 1, memory_order_release);
+}
+
+/* The communicator whose tutti_work_on_done callback this thread runs (NULL: none):
+ * calls into it from the callback are refused (tt_exec_in_callback), not deadlocked. */
+static _Thread_local const tutti_comm_t *cb_comm;
+
+int tt_exec_in_callback(const tutti_comm_t *comm)
+{
+    return comm && cb_comm == comm;
+}
+
+static void call_cb(const tutti_comm_t *comm, void (*fn)(void *arg, int status), void *arg, int st)
+{
+    const tutti_comm_t *outer = cb_comm; /* a callback of another communicator's op */
+    cb_comm = comm;
+    fn(arg, st);
+    cb_comm = outer;
+}
+
+/* Run the callbacks complete() listed, without q_lock, and mark their works done (q_lock
+ * and `executing` held: the next op waits for them, so works still end in issue order). */
+static void run_callbacks_locked(tutti_comm_t *comm)
+{
+    tutti_work_t *w = comm->cb_head;
+    if (!w)
+        return;
+    comm->cb_head = comm->cb_tail = NULL;
+    pthread_mutex_unlock(&comm->q_lock);
+    while (w) {
+        tutti_work_t *next = w->cb_next;
+        call_cb(comm, w->cb, w->cb_arg, w->status);
+        atomic_store_explicit(&w->done, 1, memory_order_release);
+        work_unref(w); /* the list's reference */
+        w = next;
+    }
+    pthread_mutex_lock(&comm->q_lock);
+    pthread_cond_broadcast(&comm->done_cv);
+}
+
+/* A call refused on this thread: a callback of comm's own calls into it. */
+static int cb_refused(tutti_comm_t *comm, const char *what)
+{
+    return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                             "%s: called from a tutti_work_on_done callback of this "
+                             "communicator (a callback must not call into it)",
+                             what);
 }
 
 int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), void *arg)
@@ -316,7 +374,7 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
     work->cb = fn;
     work->cb_arg = arg;
     if (atomic_fetch_or(&work->cb_state, 1) & 2) /* done already: call it here */
-        fn(arg, work->status);
+        call_cb(work->comm, fn, arg, work->status);
     return TUTTI_OK;
 }
 
@@ -577,6 +635,7 @@ static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
     if (st < 0)
         comm->tp_ops->cancel_all(comm->tp, st);
     reap_inflight_locked(comm);
+    run_callbacks_locked(comm);
     comm->executing = 0;
     pthread_cond_broadcast(&comm->done_cv);
     if (comm->q_head)
@@ -607,6 +666,7 @@ static void run_head_locked(tutti_comm_t *comm)
                 pp = &(*pp)->inflight_next;
             *pp = w;
             reap_inflight_locked(comm);
+            run_callbacks_locked(comm);
             comm->executing = 0;
             pthread_cond_broadcast(&comm->done_cv);
             pthread_cond_signal(&comm->q_cv);
@@ -618,6 +678,7 @@ static void run_head_locked(tutti_comm_t *comm)
     }
     complete(comm, w, st, err);
     reap_inflight_locked(comm);
+    run_callbacks_locked(comm);
     comm->executing = 0;
     pthread_cond_broadcast(&comm->done_cv);
     if (comm->q_head)
@@ -826,6 +887,14 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         return tt_dev_finish(op, TUTTI_ERR_INTERNAL, err, sizeof(err)); /* an async op
                                                            outlives its caller's stack */
     }
+    if (__builtin_expect(cb_comm == comm, 0)) {
+        if (op->op_held)
+            tt_userop_release(op->redop);
+        if (layout_heap)
+            free(layout);
+        err[0] = '\0';
+        return tt_dev_finish(op, cb_refused(comm, tt_coll_name(op->coll)), err, sizeof(err));
+    }
     pthread_mutex_lock(&comm->q_lock);
     uint64_t seq = comm->next_seq++;
     uint64_t now = comm->trace ? tt_coarse_ns() : 0;
@@ -845,6 +914,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         pthread_mutex_lock(&comm->q_lock);
         tt_trace_end(comm, op, -1, st);
         reap_inflight_locked(comm);
+        run_callbacks_locked(comm);
         comm->executing = 0;
         if (comm->q_head)
             pthread_cond_signal(&comm->q_cv);
@@ -888,6 +958,8 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p)
 {
+    if (__builtin_expect(cb_comm == comm, 0))
+        return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
         return TUTTI_ERR_NOMEM;
@@ -964,6 +1036,8 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
 {
     if (!work)
         return TUTTI_ERR_INVALID_ARG;
+    if (cb_comm == work->comm) /* (its own op waits for the callback: never) */
+        return cb_refused(work->comm, "wait");
     /* -1: until the op ends, which its own deadline bounds. A bound that passes is not a
      * failure, so last_error is left alone: it is the communicator's, and the library
      * builds a failing op's message from it (session 97: another thread's 100 ms wait

@@ -45,6 +45,7 @@ struct tutti_work {
     atomic_int cb_state;
     void (*cb)(void *arg, int status);
     void *cb_arg;
+    struct tutti_work *cb_next; /* on comm->cb_head's list: its callback is due (exec.c) */
     struct tutti_work *inflight_next;
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
@@ -159,6 +160,9 @@ struct tutti_comm {
     tutti_work_t *q_head, *q_tail;
     int executing;
     int stopping;
+    /* works completed with a callback due: run by the thread holding `executing` once it
+     * has let go of q_lock, and marked done after (exec.c, run_callbacks_locked) */
+    tutti_work_t *cb_head, *cb_tail;
     int defer_seen;  /* an op was issued deferred: the progress thread ticks */
     int defer_guess; /* async ops are being waited for as soon as issued: defer the next */
     uint64_t next_seq;
