@@ -1,7 +1,8 @@
 /* Faults: how long survivors take to fail when a rank dies, including the rank that
  * hosts the tcp store; who a stopped rank's peers blame; what a stopped rank hears once
  * resumed; mismatched calls, every collective, every rank; a rank killed mid-allreduce,
- * a hung rank, abort (local and a peer's). Every case bounds its time.
+ * a hung rank, abort (local and a peer's), a destroy from another thread while an op
+ * runs. Every case bounds its time.
  *
  * Ranks report through a shared mapping (times on CLOCK_MONOTONIC, comparable between
  * processes), and the test checks them in the parent. */
@@ -1282,6 +1283,128 @@ START_TEST(abort_fails_pending)
 }
 END_TEST
 
+/* ---- destroy from another thread while an op runs ---- */
+
+/* tutti_comm_destroy from a watchdog thread while rank 0's main thread is in an op that
+ * cannot end before rank 1 joins it (1 s later): blocking (run inline on the caller's
+ * thread), or async and run by its waiter (tutti_wait -1, the deferral guessed on: the
+ * waiter takes the op from the queue). arg: "blocking", "waiter", or "abort" (the
+ * watchdog aborts, then destroys: PyTorch's watchdog). The destroy joined only the
+ * progress thread, and freed the transport under the running op: SIGSEGV, or the op
+ * failed (review). Now it waits for the op (after an abort: at once), and a call another
+ * thread makes meanwhile is refused. */
+struct destroy_busy {
+    tutti_comm_t *comm;
+    int abort;
+    double began, returned; /* the destroy's */
+    int late_st;            /* a barrier from a third thread while the destroy waits */
+};
+
+static void *destroy_watchdog(void *arg)
+{
+    struct destroy_busy *d = arg;
+    th_sleep_ms(200);
+    if (d->abort)
+        tutti_comm_abort(d->comm);
+    d->began = th_now_ms();
+    tutti_comm_destroy(d->comm);
+    d->returned = th_now_ms();
+    return NULL;
+}
+
+static void *destroy_late_call(void *arg)
+{
+    struct destroy_busy *d = arg;
+    th_sleep_ms(500); /* the destroy waits for rank 0's op, which waits for rank 1 */
+    /* (its status alone: the communicator's last error is no longer to be read, the
+     * destroy may free it any time now) */
+    d->late_st = tutti_barrier(d->comm);
+    return NULL;
+}
+
+static int rank_destroy_busy(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *mode = arg;
+    tutti_store_t *store;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.stall_check_ms = 0; /* rank 1's second of absence is no stall */
+    o.defer_us = 1000000; /* a waiter runs the async op (below) */
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init: %s",
+            tutti_comm_last_error(NULL));
+    const size_t n = 1 << 16;
+    float *v = malloc(n * sizeof(float));
+    FAIL_IF(!v, "malloc");
+    int waiter = !strcmp(mode, "waiter");
+    tutti_work_t *w;
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+    if (waiter) /* waited for at once: the next async op is deferred to its waiter */
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, v, n, TUTTI_FP32, TUTTI_SUM, &w) ||
+                    tutti_wait(w, -1) || (tutti_work_free(w), 0),
+                "warm-up: %s", tutti_comm_last_error(comm));
+    else
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, v, n, TUTTI_FP32, TUTTI_SUM), "warm-up: %s",
+                tutti_comm_last_error(comm));
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+    if (rank == 1) {
+        th_sleep_ms(1000);
+        int st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, n, TUTTI_FP32, TUTTI_SUM);
+        FAIL_IF(!strcmp(mode, "abort") ? st == 0 : st != 0 || v[n - 1] != 2, "rank 1: %s: %s",
+                tutti_status_name(st), tutti_comm_last_error(comm));
+        tutti_comm_destroy(comm);
+        tutti_store_close(store);
+        free(v);
+        return 0;
+    }
+    struct destroy_busy d = { .comm = comm, .abort = !strcmp(mode, "abort"), .late_st = 1 };
+    pthread_t wd, late;
+    FAIL_IF(pthread_create(&wd, NULL, destroy_watchdog, &d), "pthread_create");
+    FAIL_IF(!d.abort && pthread_create(&late, NULL, destroy_late_call, &d), "pthread_create");
+    double t0 = th_now_ms();
+    int st;
+    if (waiter) {
+        st = tutti_allreduce_async(comm, TUTTI_IN_PLACE, v, n, TUTTI_FP32, TUTTI_SUM, &w);
+        if (st == 0) {
+            st = tutti_wait(w, -1);
+            tutti_work_free(w); /* (valid after the destroy) */
+        }
+    } else {
+        st = tutti_allreduce(comm, TUTTI_IN_PLACE, v, n, TUTTI_FP32, TUTTI_SUM);
+    }
+    double ended = th_now_ms(); /* comm is not touched from here on: it may be gone */
+    pthread_join(wd, NULL);
+    if (!d.abort)
+        pthread_join(late, NULL);
+    fprintf(stderr, "rank 0 (%s): op %s after %.0f ms; destroy from %.0f to %.0f ms\n", mode,
+            tutti_status_name(st), ended - t0, d.began - t0, d.returned - t0);
+    if (d.abort) {
+        FAIL_IF(st != TUTTI_ERR_ABORTED, "op: %s, want TUTTI_ERR_ABORTED", tutti_status_name(st));
+        FAIL_IF(d.returned - d.began > 700, "abort + destroy took %.0f ms", d.returned - d.began);
+    } else {
+        FAIL_IF(st != 0 || v[n - 1] != 2, "op: %s, v %g", tutti_status_name(st), v[n - 1]);
+        /* it waited for the op, which waited for rank 1 (at about 1000 ms) */
+        FAIL_IF(d.returned - t0 < 800, "the destroy returned at %.0f ms, before the op ended",
+                d.returned - t0);
+        FAIL_IF(d.late_st != TUTTI_ERR_INVALID_ARG, "a call during the destroy: %s",
+                tutti_status_name(d.late_st));
+    }
+    tutti_store_close(store);
+    free(v);
+    return 0;
+}
+
+START_TEST(destroy_waits_for_op)
+{
+    static const char *const modes[] = { "blocking", "waiter", "abort" };
+    ck_assert_int_eq(th_run_nocomm(2, rank_destroy_busy, (void *)modes[_i], 30000), 0);
+}
+END_TEST
+
 /* A rank that aborts its own communicator leaves that in the store; a peer blocked on it
  * learns it at its stall check as a failed peer (TUTTI_ERR_PEER naming it), not as an
  * abort of its own (callers read TUTTI_ERR_ABORTED as "I asked for this"). */
@@ -1482,6 +1605,7 @@ static Suite *suite(void)
                                          peer_abort_then_exit, peer_abort_cascades, NULL });
     th_add_tests(s, "out_of_memory", 60,
                  (const TTest *const[]){ scratch_out_of_memory_tells_peers, NULL });
+    th_add_looped(s, "destroy_busy", 60, 3, (const TTest *const[]){ destroy_waits_for_op, NULL });
     return s;
 }
 

@@ -330,7 +330,15 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
  * communicator's timeout (then a warning is logged, and the peers are not told);
  * tutti_comm_abort ends it, and a communicator that failed or was aborted does not wait.
  * Then everything is freed. Errors are reported through the work handles and the log,
- * not here. */
+ * not here. May be called from another thread than one blocked in a call on comm (a
+ * watchdog: tutti_comm_abort, then tutti_comm_destroy): it waits until every thread
+ * running an operation of comm, or inside tutti_wait on one of its works, has
+ * returned (after an abort, at once). An operation on comm that another thread begins
+ * while the destroy runs fails with TUTTI_ERR_INVALID_ARG, so such a thread must stop
+ * calling on its first error (tutti_comm_last_error included): once this returns, comm
+ * is freed, and any call on it is undefined (work handles stay valid, see
+ * tutti_work_free). Not from a tutti_work_on_done callback of comm
+ * (TUTTI_ERR_INVALID_ARG). */
 int tutti_comm_destroy(tutti_comm_t *comm);
 
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return

@@ -1627,11 +1627,16 @@ int tutti_comm_destroy(tutti_comm_t *comm)
                                  "destroy: called from a tutti_work_on_done callback of this "
                                  "communicator (a callback must not call into it)");
     pthread_mutex_lock(&comm->q_lock);
-    comm->stopping = 1;
+    comm->stopping = 1; /* calls from now on are refused (exec.c) */
     pthread_cond_broadcast(&comm->q_cv);
     pthread_mutex_unlock(&comm->q_lock);
     if (comm->worker_started)
         pthread_join(comm->worker, NULL);
+    /* An op that another thread runs (a blocking call's, inline; one a waiter took from
+     * the queue) or a call on its way out: freed under it, the transport crashed it
+     * (review: a watchdog's abort then destroy while the main thread was in an
+     * allreduce). After an abort its op ends at once. */
+    tt_exec_drain(comm);
     /* the agreement messages still due, then the transport: peers that still read
      * from us see a clean close */
     if (comm->tp && comm->tp_ops) {

@@ -23,6 +23,9 @@ void tt_comm_host_init(tutti_comm_t *comm);
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
+/* exec.c: tutti_comm_destroy's wait, once it set `stopping` and joined the progress
+ * thread: until no thread runs an op of comm or is inside a call on it. */
+void tt_exec_drain(tutti_comm_t *comm);
 /* exec.c: is this thread running a tutti_work_on_done callback of comm? (Then calls into
  * comm are refused.) */
 int tt_exec_in_callback(const tutti_comm_t *comm);

@@ -638,7 +638,7 @@ static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
     run_callbacks_locked(comm);
     comm->executing = 0;
     pthread_cond_broadcast(&comm->done_cv);
-    if (comm->q_head)
+    if (comm->q_head || comm->stopping)
         pthread_cond_signal(&comm->q_cv);
 }
 
@@ -681,7 +681,7 @@ static void run_head_locked(tutti_comm_t *comm)
     run_callbacks_locked(comm);
     comm->executing = 0;
     pthread_cond_broadcast(&comm->done_cv);
-    if (comm->q_head)
+    if (comm->q_head || comm->stopping)
         pthread_cond_signal(&comm->q_cv);
     pthread_mutex_unlock(&comm->q_lock);
     work_unref(w); /* the queue's reference */
@@ -732,7 +732,9 @@ void *tt_exec_worker_main(void *arg)
             drive_inflight_locked(comm, 1);
             continue;
         }
-        if (comm->stopping && !comm->q_head && !comm->inflight)
+        /* (not while another thread runs an op: it may still put requests in flight;
+         * it signals as it ends) */
+        if (comm->stopping && !comm->q_head && !comm->inflight && !comm->executing)
             break;
         if (comm->inflight || comm->defer_seen) {
             /* someone else is executing, or deferred ops arrive without a wake-up: look
@@ -766,6 +768,50 @@ void tt_exec_defer(int on)
     defer_depth += on ? 1 : -1;
 }
 
+/* A call on comm begins (q_lock held): counted in `inside`, which tutti_comm_destroy
+ * waits to see empty before it frees anything (tt_exec_drain). Refused (err says why)
+ * once the destroy began, but counted all the same: leave_locked ends it. */
+static int enter_locked(tutti_comm_t *comm, const char *what, char *err, size_t errlen)
+{
+    comm->inside++;
+    if (__builtin_expect(!comm->stopping, 1))
+        return TUTTI_OK;
+    snprintf(err, errlen, "rank %d: %s: the communicator is being destroyed (tutti_comm_destroy)",
+             comm->rank, what);
+    return TUTTI_ERR_INVALID_ARG;
+}
+
+/* The call ends (q_lock held, released here): its last touch of comm, so first a
+ * failure's record still due (trace.c). */
+static void leave_locked(tutti_comm_t *comm)
+{
+    if (atomic_load_explicit(&comm->trace_due, memory_order_relaxed)) {
+        pthread_mutex_unlock(&comm->q_lock);
+        tt_trace_flush(comm);
+        pthread_mutex_lock(&comm->q_lock);
+    }
+    if (--comm->inside == 0 && comm->stopping)
+        pthread_cond_broadcast(&comm->done_cv); /* tt_exec_drain */
+    pthread_mutex_unlock(&comm->q_lock);
+}
+
+static void leave(tutti_comm_t *comm)
+{
+    pthread_mutex_lock(&comm->q_lock);
+    leave_locked(comm);
+}
+
+void tt_exec_drain(tutti_comm_t *comm)
+{
+    pthread_mutex_lock(&comm->q_lock);
+    while (comm->inside || comm->executing) {
+        comm->done_waiters++;
+        pthread_cond_wait(&comm->done_cv, &comm->q_lock);
+        comm->done_waiters--;
+    }
+    pthread_mutex_unlock(&comm->q_lock);
+}
+
 static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
 {
     tutti_comm_t *comm = w->comm;
@@ -773,6 +819,8 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
     if (atomic_load(&comm->gone))
         return atomic_load_explicit(&w->done, memory_order_acquire) ? w->status : TUTTI_ERR_ABORTED;
     pthread_mutex_lock(&comm->q_lock);
+    comm->inside++; /* (not refused at a destroy: the progress thread ends its op) */
+    int st = TUTTI_OK;
     /* waited for at once, by a waiter that runs ops (done or not: the progress thread
      * may have been quicker this time): defer the next async op */
     if (deadline_ns == UINT64_MAX && w->issued_ns &&
@@ -788,9 +836,8 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
         if (w->is_p2p && !comm->q_head && comm->inflight && !comm->executing) {
             int ms = deadline_ns == UINT64_MAX ? 2 : TT_MIN(2, tt_ms_left(deadline_ns));
             if (ms == 0) {
-                pthread_mutex_unlock(&comm->q_lock);
-                tt_trace_flush(comm);
-                return TUTTI_ERR_TIMEOUT;
+                st = TUTTI_ERR_TIMEOUT;
+                break;
             }
             drive_inflight_locked(comm, ms);
             continue;
@@ -805,9 +852,8 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             if (comm->q_head && !comm->executing && comm->q_head->defer_until_ns)
                 pthread_cond_signal(&comm->q_cv);
             if (tt_now_ns() >= deadline_ns) {
-                pthread_mutex_unlock(&comm->q_lock);
-                tt_trace_flush(comm);
-                return TUTTI_ERR_TIMEOUT;
+                st = TUTTI_ERR_TIMEOUT;
+                break;
             }
             struct timespec ts = { .tv_sec = (time_t)(deadline_ns / 1000000000ull),
                                    .tv_nsec = (long)(deadline_ns % 1000000000ull) };
@@ -816,10 +862,10 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             comm->done_waiters--;
         }
     }
-    pthread_mutex_unlock(&comm->q_lock);
-    if (w->status < 0)
-        tt_trace_flush(comm);
-    return w->status;
+    if (st == TUTTI_OK)
+        st = w->status;
+    leave_locked(comm); /* (a failure's record first) */
+    return st;
 }
 
 static void set_last_error(tutti_comm_t *comm, const char *err)
@@ -829,8 +875,9 @@ static void set_last_error(tutti_comm_t *comm, const char *err)
     pthread_mutex_unlock(&comm->err_lock);
 }
 
-/* Append w (refs: the caller's and the queue's) with q_lock held, and release it. Async:
- * hand w out. Blocking: wait for its turn and its end, like a waiter would. */
+/* Append w (refs: the caller's and the queue's) with q_lock held, and release it; the
+ * call ends (leave_locked). Async: hand w out. Blocking: wait for its turn and its end,
+ * like a waiter would. */
 static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **work_p)
 {
     if (comm->q_tail)
@@ -856,15 +903,17 @@ static int enqueue_locked(tutti_comm_t *comm, tutti_work_t *w, tutti_work_t **wo
     if (!defer || !comm->defer_seen)
         pthread_cond_signal(&comm->q_cv);
     comm->defer_seen |= defer;
-    pthread_mutex_unlock(&comm->q_lock);
     if (work_p) {
         *work_p = w;
+        leave_locked(comm);
         return TUTTI_OK;
     }
+    pthread_mutex_unlock(&comm->q_lock);
     int st = wait_work(w, UINT64_MAX);
     if (st < 0)
         set_last_error(comm, w->err);
     work_unref(w);
+    leave(comm);
     return st;
 }
 
@@ -896,6 +945,18 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         return tt_dev_finish(op, cb_refused(comm, tt_coll_name(op->coll)), err, sizeof(err));
     }
     pthread_mutex_lock(&comm->q_lock);
+    int st = enter_locked(comm, tt_coll_name(op->coll), err, sizeof(err));
+    if (__builtin_expect(st < 0, 0)) { /* (still counted in: comm stays till it leaves) */
+        pthread_mutex_unlock(&comm->q_lock);
+        if (op->op_held)
+            tt_userop_release(op->redop);
+        if (layout_heap)
+            free(layout);
+        st = tt_dev_finish(op, st, err, sizeof(err));
+        set_last_error(comm, err);
+        leave(comm);
+        return st;
+    }
     uint64_t seq = comm->next_seq++;
     uint64_t now = comm->trace ? tt_coarse_ns() : 0;
     if (!work_p && !comm->q_head && !comm->executing) {
@@ -906,7 +967,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         if (comm->trace)
             tt_trace_issue(comm, op, user_redop, trace_flags(op), -1, 0, now, 1);
         pthread_mutex_unlock(&comm->q_lock);
-        int st = run_op(comm, op, user_redop, err, sizeof(err));
+        st = run_op(comm, op, user_redop, err, sizeof(err));
         if (op->op_held)
             tt_userop_release(op->redop);
         if (layout_heap)
@@ -916,14 +977,13 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         reap_inflight_locked(comm);
         run_callbacks_locked(comm);
         comm->executing = 0;
-        if (comm->q_head)
+        if (comm->q_head || comm->stopping)
             pthread_cond_signal(&comm->q_cv);
         if (comm->done_waiters) /* a waiter for `executing` to clear (wait_work) */
             pthread_cond_broadcast(&comm->done_cv);
-        pthread_mutex_unlock(&comm->q_lock);
         if (st < 0 && err[0])
-            set_last_error(comm, err);
-        tt_trace_flush(comm); /* a failure's record, this op's or a reaped request's */
+            set_last_error(comm, err); /* (err_lock under q_lock, as in the reap) */
+        leave_locked(comm);            /* a failure's record, this op's or a reaped request's */
         return st;
     }
     tutti_work_t *w = calloc(1, sizeof(*w));
@@ -941,7 +1001,9 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
                  "call may be made again)",
                  comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "point-to-point");
         set_last_error(comm, err);
-        return tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
+        st = tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
+        leave(comm);
+        return st;
     }
     w->layout = layout_heap ? layout : NULL; /* else the blocking caller's, who waits */
     w->comm = comm;
@@ -979,8 +1041,18 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     w->is_p2p = 1;
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 2);
-    atomic_fetch_add(&comm->refs, 1);
     pthread_mutex_lock(&comm->q_lock);
+    char err[TT_ERRMSG_LEN];
+    int st = enter_locked(comm, kind == TUTTI_TP_SEND ? "send" : "recv", err, sizeof(err));
+    if (__builtin_expect(st < 0, 0)) {
+        pthread_mutex_unlock(&comm->q_lock);
+        free(w);
+        st = tt_dev_finish(&dv, st, err, sizeof(err));
+        set_last_error(comm, err);
+        leave(comm);
+        return st;
+    }
+    atomic_fetch_add(&comm->refs, 1);
     /* an any-source receive takes its number when its sender is found (exec.c's any_step) */
     w->any_source = peer == TUTTI_ANY_SOURCE;
     uint64_t seq = w->any_source           ? 0

@@ -159,7 +159,9 @@ struct tutti_comm {
     int done_waiters;       /* how many wait on done_cv (under q_lock) */
     tutti_work_t *q_head, *q_tail;
     int executing;
-    int stopping;
+    int stopping; /* tutti_comm_destroy began: new calls are refused */
+    int inside;   /* threads inside a call on it (an op's issue, a wait): the destroy
+                     frees nothing until none is left (exec.c, tt_exec_drain) */
     /* works completed with a callback due: run by the thread holding `executing` once it
      * has let go of q_lock, and marked done after (exec.c, run_callbacks_locked) */
     tutti_work_t *cb_head, *cb_tail;
