@@ -489,7 +489,15 @@ int tutti_algo_spec_sets(const char *spec, const char *coll, char *err, size_t e
 /* Collectives. sendbuf may be TUTTI_IN_PLACE or equal to recvbuf. Blocking calls
  * return when this rank's part is done; the _async variants queue the operation
  * (several may be in flight; they run and complete in issue order) and return a
- * work handle. */
+ * work handle. The calls of a communicator pair up across ranks by their issue order:
+ * every rank must issue its collectives on a communicator in the same order. Threads
+ * that share one may call it at once (it is thread-safe), but then each rank's order is
+ * whichever thread took the queue first, which differs between ranks: calls of the same
+ * shape then silently combine different threads' data (wrong results, different on each
+ * rank). So threads that share a communicator must serialize their issuing (a lock, or
+ * one issuing thread), as MPI requires; or use a communicator per thread
+ * (tutti_comm_split). TUTTI_ERR_MISMATCH catches only calls that differ in shape
+ * (collective, count, dtype, op, root), not a swap of two alike. */
 int tutti_allreduce(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                     tutti_dtype_t dtype, tutti_redop_t op);
 int tutti_allreduce_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
