@@ -342,7 +342,12 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
 int tutti_comm_destroy(tutti_comm_t *comm);
 
 /* Fail every pending and future operation with TUTTI_ERR_ABORTED and return
- * promptly; thread-safe. The communicator must still be destroyed. */
+ * promptly; thread-safe (any thread, the usual watchdog: abort, let the blocked call
+ * return, destroy). The communicator must still be destroyed. Not async-signal-safe (it
+ * takes the communicator's locks and logs, as tutti_comm_revoke does): a signal that
+ * lands while this thread holds them in a call of its own deadlocks if its handler calls
+ * it. From a signal (SIGTERM, SIGALRM) call it on a thread that waits for the signal
+ * (sigwait, signalfd) or that the handler wakes through a pipe. */
 int tutti_comm_abort(tutti_comm_t *comm);
 
 /* MPIX_Comm_shrink: a shrink without naming the ranks to leave out: the ranks that call
@@ -399,7 +404,8 @@ int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_com
  * TUTTI_ERR_TIMEOUT), not with TUTTI_ERR_REVOKED. For a rank that finds a peer dead or hung, so that the others stop waiting on it;
  * then tutti_comm_shrink makes a communicator without it. Thread-safe (any thread, any
  * number of times), returns promptly (one bounded store write and a bounded send), but
- * not concurrent with tutti_comm_destroy; the communicator must still be destroyed.
+ * not concurrent with tutti_comm_destroy, nor from a signal handler (as for
+ * tutti_comm_abort); the communicator must still be destroyed.
  * TUTTI_OK, also when it had failed already (its failure is what the peers then see). */
 int tutti_comm_revoke(tutti_comm_t *comm);
 
