@@ -30,8 +30,16 @@ static void stall_key(char *key, size_t len, int rank)
 
 /* ---- the store on failure paths ---- */
 
+/* After a failure path's store call failed, the store is left alone this long: the
+ * stall checks of every later op that waited over a second each paid the quick deadline
+ * (up to 1 s) before, the transport not progressed meanwhile (review: a store host cut
+ * off, 1.2 s waits took 2.0 s each). */
+#define TT_STORE_RETRY_NS (10ull * 1000000000ull)
+
 static int op_store_ms(tt_op_t *op)
 {
+    if (!op->store_down && tt_now_ns() < atomic_load(&op->comm->store_retry_ns))
+        op->store_down = 1;
     if (op->store_down)
         return 0;
     int ms = (int)(op->comm->quick_ns / 1000000ull);
@@ -47,7 +55,9 @@ static int op_store_done(tt_op_t *op, int st)
 {
     if (st < 0) {
         op->store_down = 1;
-        TT_INFO("store unreachable on a failure path (%s): no more store calls in this op",
+        atomic_store(&op->comm->store_retry_ns, tt_now_ns() + TT_STORE_RETRY_NS);
+        TT_INFO("store unreachable on a failure path (%s): no store calls on failure paths for "
+                "10 s",
                 tutti_store_last_error(op->comm->qstore));
     }
     return st;
@@ -150,7 +160,7 @@ static void describe_stopped(const tt_op_t *op, const char *msg, char *out, size
     snprintf(me[0], sizeof(me[0]), "receiving from rank %d (", comm->rank);
     snprintf(me[1], sizeof(me[1]), "sending to rank %d (", comm->rank);
     snprintf(me[2], sizeof(me[2]), "rank %d shows no sign", comm->rank);
-    int blamed = strstr(msg, "no progress within") &&
+    int blamed = strstr(msg, "not done within") &&
                  (strstr(msg, me[0]) || strstr(msg, me[1]) || strstr(msg, me[2]));
     out[0] = '\0';
     if (op->stopped_ns)
@@ -412,7 +422,7 @@ void tt_fault_p2p(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *err, 
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
     if (st == TUTTI_ERR_TIMEOUT)
-        snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s): %zu of %zu bytes",
+        snprintf(msg, sizeof(msg), "not done within %d ms %s rank %d (%s): %zu of %zu bytes",
                  comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
                  req->xfer, req->len);
     else
@@ -527,12 +537,12 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
         }
         if (!have || rec.seq > seq || rec.next == cur) {
             if (seq == op->seq)
-                BLAME("%srank %d shows no sign of being in this collective (hung, dead, or "
-                      "not calling it)",
+                BLAME("%srank %d shows no sign of being in this collective (hung, dead, not "
+                      "calling it, or cut off from the store)",
                       sep, cur);
             else
-                BLAME("%srank %d shows no sign of being in %s seq %llu (hung, dead, or not "
-                      "calling it)",
+                BLAME("%srank %d shows no sign of being in %s seq %llu (hung, dead, not "
+                      "calling it, or cut off from the store)",
                       sep, cur, tt_fp_coll_name(fp), seq);
             break;
         }
@@ -545,7 +555,12 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
                 BLAME("%srank %d waits %s this rank, which was not running for %llu ms", sep, cur,
                       what, (unsigned long long)(op->stopped_ns / 1000000ull));
             else
-                BLAME("%srank %d waits %s this rank: a deadlock", sep, cur, what);
+                /* both in this op, each on the other: their link is stalled or slow (a
+                 * blocked pair's record holds its first pending request: never a
+                 * deadlock within one collective; found by review, a 10 mbit link) */
+                BLAME("%srank %d waits %s this rank: the link between them is slow or "
+                      "stalled",
+                      sep, cur, what);
             break;
         }
         if (rec.seq == seq)
@@ -579,7 +594,9 @@ int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
         blame_chain(op, req->peer, chain, sizeof(chain));
     if (req->xfer < req->len)
         snprintf(moved, sizeof(moved), ": %zu of %zu bytes moved", req->xfer, req->len);
-    snprintf(msg, sizeof(msg), "no progress within %d ms %s rank %d (%s)%s%s%s%s",
+    /* the op's deadline is its start plus the timeout, whatever moved meanwhile (as Gloo's
+     * and torch's timeouts are): "not done within", and the bytes moved, say so */
+    snprintf(msg, sizeof(msg), "not done within %d ms %s rank %d (%s)%s%s%s%s",
              comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer), moved,
              chain[0] ? " (" : " (peer hung, slow, or not calling this collective", chain, ")");
     tt_fault_fail_op(op, TUTTI_ERR_TIMEOUT, msg);

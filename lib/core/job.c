@@ -440,7 +440,10 @@ void tt_job_init_failed(tutti_comm_t *comm, int status)
                 : snprintf(val, sizeof(val), "%d %s", status, comm->last_error);
     size_t vlen = (size_t)TT_MIN(n, (int)sizeof(val) - 1) + 1;
     tutti_store_set_timeout(comm->job_store, tt_comm_quick_ms(comm));
-    tutti_store_set(comm->job_store, key, val, vlen);
+    /* a store that did not take this will not take the next either: a second quick
+     * deadline made a split with the store's host cut off last 2 s past its timeout */
+    if (tutti_store_set(comm->job_store, key, val, vlen) < 0)
+        return;
     /* the one key the others' set-up waits look at (setup.c, tt_setup_peer_failed): the first
      * failure's, which is the root cause (a second-hand one follows from reading it) */
     if (!comm->setup_peer_status)

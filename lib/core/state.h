@@ -68,6 +68,8 @@ struct tutti_comm {
                                  outlast the communicator's timeout (a dead store server
                                  is retried only this long) */
     uint64_t quick_ns;          /* tt_comm_quick_ms in ns, computed once (read per wait) */
+    _Atomic uint64_t store_retry_ns; /* a failure path's store call failed: none before this
+                                        (tt_now_ns), so ops do not each pay its deadline */
     char instance[128];         /* "<job id>/<nonce>": this job instance (host.instance) */
     /* job identity (job.c): the prefix of this job's communicator, a view of it for the
      * instance record, the job id, this instance's nonce and record */
