@@ -323,6 +323,18 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
 int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
                       tutti_comm_t **newcomm_p);
 
+/* A process forked after a communicator was made (a DataLoader worker, a fork() without
+ * exec) shares its parent's sockets, rings and store keys but none of its threads: the
+ * communicator is the parent's. Every call on it in the child (collectives, send/recv,
+ * tutti_wait, tutti_test and tutti_work_on_done on its works, split, shrink, grow,
+ * agree, revoke, abort, set_stream, trace_dump, the fuser's and coalesced calls) fails
+ * with TUTTI_ERR_INVALID_ARG and "communicator made by pid X used in pid Y, a forked
+ * child: ..." (tutti_comm_last_error, on that thread), touching nothing shared: no lock,
+ * store key, socket or ring. In the child tutti_comm_destroy does nothing and returns
+ * TUTTI_ERR_INVALID_ARG (logged at info level: a C++ global destructor or an interpreter's
+ * finalization may call it there), and tutti_work_free leaves the work: the copies stay
+ * in the child's memory. A child makes its own communicator. */
+
 /* Wait for queued operations (each bounded by its deadline), then for the agreement
  * messages of earlier rooted calls still due to or from peers: a broadcast's root
  * returns once its sends are out, and may get here while the other ranks still work

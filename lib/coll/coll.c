@@ -540,6 +540,8 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm)) /* before anything takes a lock (tt_userop_hold's, err_lock) */
+        return tt_comm_refuse_foreign(comm, c->wp_name ? c->wp_name : c->name, 0);
     if (async && !work_p)
         return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
     const tt_coll_desc_t *t = &tt_coll_table[c->coll];
@@ -820,6 +822,8 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
     const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
     if (async && !work_p)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
     int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV && comm->nranks > 1;

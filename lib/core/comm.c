@@ -260,6 +260,7 @@ static tutti_comm_t *comm_alloc(int rank, int size)
     tutti_comm_t *comm = calloc(1, sizeof(*comm));
     if (!comm)
         return NULL;
+    comm->owner_pid = tt_comm_owner_pid();
     comm->rank = rank;
     comm->nranks = size;
     comm->bind_cpu = -1;
@@ -595,6 +596,11 @@ static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, i
 
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
 {
+    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
+        if (newcomm_p)
+            *newcomm_p = NULL;
+        return tt_comm_refuse_foreign(comm, "split", 0);
+    }
     if (!comm || !newcomm_p)
         return TUTTI_ERR_INVALID_ARG;
     *newcomm_p = NULL;
@@ -658,6 +664,11 @@ static int shrink_set_text(const int *exclude, int n, int nranks, char *buf, siz
 int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
                       tutti_comm_t **newcomm_p)
 {
+    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
+        if (newcomm_p)
+            *newcomm_p = NULL;
+        return tt_comm_refuse_foreign(comm, "shrink", 0);
+    }
     if (!comm || !newcomm_p || nexclude < 0 || (nexclude > 0 && !exclude))
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                         "shrink: %s is NULL or nexclude (%d) negative",
@@ -881,6 +892,11 @@ out:
 /* MPIX_Comm_shrink: agree on who is here (live_agree), then a shrink without the rest. */
 int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p)
 {
+    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
+        if (newcomm_p)
+            *newcomm_p = NULL;
+        return tt_comm_refuse_foreign(comm, "shrink_live", 0);
+    }
     if (!comm || !newcomm_p)
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                         "shrink_live: newcomm_p is NULL")
@@ -910,6 +926,8 @@ int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newco
  * go: a communicator that agrees every step keeps two calls' keys, not all of them. */
 int tutti_comm_agree(tutti_comm_t *comm, int wait_ms, uint32_t *flag_p, int *absent, int *nabsent_p)
 {
+    if (comm && tt_comm_foreign(comm)) /* a forked child: the parent's (nothing touched) */
+        return tt_comm_refuse_foreign(comm, "agree", 0);
     if (!comm || !flag_p)
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "agree: flag_p is NULL")
                     : TUTTI_ERR_INVALID_ARG;
@@ -1038,6 +1056,11 @@ static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, 
 
 int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
 {
+    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
+        if (newcomm_p)
+            *newcomm_p = NULL;
+        return tt_comm_refuse_foreign(comm, "grow", 0);
+    }
     if (!comm || !newcomm_p)
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "grow: newcomm_p is NULL")
                     : TUTTI_ERR_INVALID_ARG;
@@ -1563,6 +1586,8 @@ static void stop_and_wake(tutti_comm_t *comm)
 
 int tutti_comm_abort(tutti_comm_t *comm)
 {
+    if (comm && tt_comm_foreign(comm)) /* a forked child: the parent's (nothing touched) */
+        return tt_comm_refuse_foreign(comm, "abort", 0);
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     if (atomic_exchange(&comm->aborted, 1))
@@ -1574,6 +1599,8 @@ int tutti_comm_abort(tutti_comm_t *comm)
 
 int tutti_comm_revoke(tutti_comm_t *comm)
 {
+    if (comm && tt_comm_foreign(comm)) /* a forked child: the parent's (nothing touched) */
+        return tt_comm_refuse_foreign(comm, "revoke", 0);
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     pthread_mutex_lock(&comm->q_lock);
@@ -1620,6 +1647,11 @@ int tutti_comm_revoke(tutti_comm_t *comm)
 
 int tutti_comm_destroy(tutti_comm_t *comm)
 {
+    /* a forked child's copy (a C++ global destructor at exit, an interpreter's
+     * finalization): its locks, threads, sockets, rings and store keys are the
+     * parent's, in use. Nothing is touched, and the copy is left (the child's memory). */
+    if (comm && tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "destroy", 1);
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     if (tt_exec_in_callback(comm))

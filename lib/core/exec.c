@@ -371,6 +371,8 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 {
     if (!work || !fn || (atomic_load(&work->cb_state) & 1))
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(work->comm))
+        return tt_comm_refuse_foreign(work->comm, "work_on_done", 0);
     work->cb = fn;
     work->cb_arg = arg;
     if (atomic_fetch_or(&work->cb_state, 1) & 2) /* done already: call it here */
@@ -936,13 +938,17 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         return tt_dev_finish(op, TUTTI_ERR_INTERNAL, err, sizeof(err)); /* an async op
                                                            outlives its caller's stack */
     }
-    if (__builtin_expect(cb_comm == comm, 0)) {
+    if (__builtin_expect(cb_comm == comm || tt_comm_foreign(comm), 0)) {
         if (op->op_held)
             tt_userop_release(op->redop);
         if (layout_heap)
             free(layout);
         err[0] = '\0';
-        return tt_dev_finish(op, cb_refused(comm, tt_coll_name(op->coll)), err, sizeof(err));
+        const char *what = tt_coll_name(op->coll);
+        return tt_dev_finish(op,
+                             cb_comm == comm ? cb_refused(comm, what)
+                                             : tt_comm_refuse_foreign(comm, what, 0),
+                             err, sizeof(err));
     }
     pthread_mutex_lock(&comm->q_lock);
     int st = enter_locked(comm, tt_coll_name(op->coll), err, sizeof(err));
@@ -1022,6 +1028,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
 {
     if (__builtin_expect(cb_comm == comm, 0))
         return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, kind == TUTTI_TP_SEND ? "send" : "recv", 0);
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
         return TUTTI_ERR_NOMEM;
@@ -1087,6 +1095,8 @@ int tutti_test(tutti_work_t *work, int *done_p)
     if (!work || !done_p)
         return TUTTI_ERR_INVALID_ARG;
     tutti_comm_t *comm = work->comm;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "test", 0);
     if (!atomic_load_explicit(&work->done, memory_order_acquire) && atomic_load(&comm->gone)) {
         *done_p = 1; /* the destroy waited for every op: never, but never pending */
         return TUTTI_ERR_ABORTED;
@@ -1108,6 +1118,8 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
 {
     if (!work)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(work->comm))
+        return tt_comm_refuse_foreign(work->comm, "wait", 0);
     if (cb_comm == work->comm) /* (its own op waits for the callback: never) */
         return cb_refused(work->comm, "wait");
     /* -1: until the op ends, which its own deadline bounds. A bound that passes is not a
@@ -1119,7 +1131,9 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
 
 void tutti_work_free(tutti_work_t *work)
 {
-    if (work)
+    /* in a forked child, the copy stays: its last reference would destroy the parent's
+     * locks and conds, whose waiters are the parent's threads (cond_destroy waits) */
+    if (work && !tt_comm_foreign(work->comm))
         work_unref(work);
 }
 

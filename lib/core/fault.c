@@ -2,10 +2,12 @@
  * messages of failed requests and timeouts, the store records other ranks read (with
  * the bounded store calls that read and write them), the stall check and the blame
  * chain, and time this process was not running. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "coll/names.h"
@@ -102,6 +104,69 @@ int tt_op_store_delete(tt_op_t *op, const char *key)
     return op_store_done(op, tutti_store_delete(op->comm->qstore, key, NULL));
 }
 
+/* ---- a forked child (tt_comm_foreign) ---- */
+
+/* This process's pid, set when the first communicator is made and again in every child
+ * forked after (a pthread_atfork child handler): a load per call, not a getpid(). */
+static atomic_int self_pid;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void)
+{
+    atomic_store_explicit(&self_pid, (int)getpid(), memory_order_relaxed);
+}
+
+static void fork_watch(void)
+{
+    fork_child();
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+pid_t tt_comm_owner_pid(void)
+{
+    pthread_once(&fork_once, fork_watch);
+    return (pid_t)atomic_load_explicit(&self_pid, memory_order_relaxed);
+}
+
+int tt_comm_foreign(const tutti_comm_t *comm)
+{
+    return __builtin_expect(comm->owner_pid !=
+                                atomic_load_explicit(&self_pid, memory_order_relaxed),
+                            0);
+}
+
+/* The last refusal on this thread, and its communicator. */
+static __thread const tutti_comm_t *foreign_comm;
+static __thread char foreign_msg[TT_ERRMSG_LEN];
+
+static void foreign_text(const tutti_comm_t *comm, const char *what, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "rank %d: %s%scommunicator made by pid %d used in pid %d, a forked child: a child "
+             "makes its own communicator (this one is the parent's: refused, untouched)",
+             comm->rank, what ? what : "", what ? ": " : "", (int)comm->owner_pid, (int)getpid());
+}
+
+int tt_comm_refuse_foreign(const tutti_comm_t *comm, const char *what, int quiet)
+{
+    foreign_text(comm, what, foreign_msg, sizeof(foreign_msg));
+    foreign_comm = comm;
+    if (quiet)
+        TT_INFO("%s", foreign_msg);
+    else
+        TT_WARN("%s", foreign_msg);
+    return TUTTI_ERR_INVALID_ARG;
+}
+
+const char *tt_comm_foreign_error(const tutti_comm_t *comm)
+{
+    static __thread char generic[TT_ERRMSG_LEN];
+    if (foreign_comm == comm)
+        return foreign_msg;
+    foreign_text(comm, NULL, generic, sizeof(generic));
+    return generic;
+}
+
 /* ---- recording a failure ---- */
 
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
@@ -112,6 +177,10 @@ int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
     va_end(ap);
+    if (tt_comm_foreign(comm)) { /* (the entry points refuse before: never, but no lock) */
+        TT_INFO("%s", msg);
+        return status;
+    }
     pthread_mutex_lock(&comm->err_lock);
     memcpy(comm->last_error, msg, sizeof(msg));
     pthread_mutex_unlock(&comm->err_lock);
@@ -130,6 +199,8 @@ const char *tt_comm_error_copy(const tutti_comm_t *comm)
 {
     static __thread char copies[TT_ERROR_COPIES][TT_ERRMSG_LEN];
     static __thread unsigned next;
+    if (tt_comm_foreign(comm)) /* (err_lock may be held by a thread of the parent's) */
+        return tt_comm_foreign_error(comm);
     char *c = copies[next++ % TT_ERROR_COPIES];
     tutti_comm_t *m = (tutti_comm_t *)comm; /* the lock, not the message, changes */
     pthread_mutex_lock(&m->err_lock);

@@ -11,12 +11,31 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "core/op.h"
 
 /* comm->last_error = "rank <r>: " + the message; returns status. */
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* fault.c: the pid of this process, for a communicator it makes (comm_alloc); the
+ * first call registers the pthread_atfork child handler that keeps it right. */
+pid_t tt_comm_owner_pid(void);
+/* fault.c: whether this process is not the one that made comm (a child forked after it
+ * was made). The child has a copy of the struct but none of the parent's threads, and
+ * shares the parent's sockets, rings and store keys: any use of them steals the
+ * parent's messages or corrupts its job, and its locks may be held forever by threads
+ * that exist only in the parent. So every public call on comm, or on a work of it,
+ * checks this first and then touches nothing but the caller's own memory. */
+int tt_comm_foreign(const tutti_comm_t *comm);
+/* fault.c: refuse `what` on a foreign comm: TUTTI_ERR_INVALID_ARG, with "communicator
+ * made by pid X used in pid Y, a forked child: ..." as what tutti_comm_last_error
+ * returns on this thread (not in comm->last_error: err_lock may be held for good).
+ * quiet: logged at info level, else a warning. No lock, no store, no transport. */
+int tt_comm_refuse_foreign(const tutti_comm_t *comm, const char *what, int quiet);
+/* fault.c: tutti_comm_last_error's text for a foreign comm (no lock). */
+const char *tt_comm_foreign_error(const tutti_comm_t *comm);
 
 /* A copy of comm->last_error taken under err_lock, in this thread's storage (one of a
  * few, reused in turn): tutti_comm_last_error's answer. */

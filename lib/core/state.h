@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
@@ -55,6 +56,9 @@ struct tutti_work {
 
 struct tutti_comm {
     int rank, nranks;
+    /* the process that made it (tt_comm_foreign): a forked child shares its memory, not
+     * its threads, and its sockets and rings only with the parent's use of them */
+    pid_t owner_pid;
     tutti_comm_opts_t opts;     /* strings owned (strdup'ed) */
     tutti_store_t *store;       /* this communicator's prefixed view */
     tutti_store_t *owned_store; /* opened by tutti_comm_init_env */

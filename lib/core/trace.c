@@ -378,6 +378,8 @@ int tutti_comm_trace_dump(tutti_comm_t *comm, int fd)
 {
     if (!comm || fd < 0)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm)) /* (its records are under q_lock) */
+        return tt_comm_refuse_foreign(comm, "trace_dump", 0);
     char err[256];
     int st = dump_to(comm, fd, "request", err, sizeof(err));
     if (st < 0)

@@ -744,6 +744,8 @@ int tutti_comm_set_stream(tutti_comm_t *comm, void *stream)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "set_stream", 0);
     const tt_dev_ops_t *ops = comm->dev;
     if (!stream) { /* unset: calls complete at the call again */
         comm->stream = comm->stream_ctx = NULL;
@@ -801,6 +803,8 @@ int tutti_comm_stream_error(tutti_comm_t *comm)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "stream_error", 0);
     char msg[TT_ERRMSG_LEN];
     pthread_mutex_lock(&comm->err_lock);
     int st = atomic_load(&comm->stream_st);

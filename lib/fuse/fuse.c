@@ -159,6 +159,8 @@ int tutti_fuse_create(tutti_fuse_t **fuse_p, tutti_comm_t *comm, const tutti_fus
 {
     if (!fuse_p || !comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "fuse_create", 0);
     tutti_fuse_opts_t o;
     tutti_fuse_opts_init(&o);
     if (opts) {
@@ -217,6 +219,10 @@ int tutti_fuse_destroy(tutti_fuse_t *f)
 {
     if (!f)
         return TUTTI_OK;
+    /* a forked child's copy: its works and locks are the parent's (left, as the
+     * communicator's own copy is) */
+    if (tt_comm_foreign(f->comm))
+        return tt_comm_refuse_foreign(f->comm, "fuse_destroy", 1);
     if (reentered(f))
         return reentry_error(f, "destroy");
     /* A step left in flight: let its work finish before the buffers go. */
@@ -242,6 +248,8 @@ int tutti_fuse_register(tutti_fuse_t *f, void *data, size_t count, tutti_dtype_t
 {
     if (!f || !index_p)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(f->comm))
+        return tt_comm_refuse_foreign(f->comm, "fuse_register", 0);
     if (reentered(f))
         return reentry_error(f, "register");
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
@@ -893,11 +901,15 @@ static int tensor_arrive(tutti_fuse_t *f, int index, int unused, const char *wha
 
 int tutti_fuse_mark_ready(tutti_fuse_t *f, int index)
 {
+    if (f && tt_comm_foreign(f->comm))
+        return tt_comm_refuse_foreign(f->comm, "fuse_mark_ready", 0);
     return tensor_arrive(f, index, 0, "mark_ready");
 }
 
 int tutti_fuse_mark_unused(tutti_fuse_t *f, int index)
 {
+    if (f && tt_comm_foreign(f->comm))
+        return tt_comm_refuse_foreign(f->comm, "fuse_mark_unused", 0);
     if (f && !f->opts.find_unused)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG,
                           "mark_unused: the fuser was created without find_unused");
@@ -1106,6 +1118,8 @@ int tutti_fuse_wait(tutti_fuse_t *f)
 {
     if (!f)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(f->comm))
+        return tt_comm_refuse_foreign(f->comm, "fuse_wait", 0);
     if (reentered(f))
         return reentry_error(f, "wait");
     atomic_store_explicit(&f->in_step, 1, memory_order_relaxed);
@@ -1249,6 +1263,8 @@ static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *count
     /* each refusal says why (session 97: they left last_error as it was) */
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "coalesced call", 0);
     if (n < 0 || (n > 0 && (!bufs || !counts || !dtypes)))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "rank %d: coalesced call: %s",
                                  tutti_comm_rank(comm),
@@ -1316,6 +1332,8 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
 {
     size_t *bytes;
     int *idx;
+    if (comm && tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "allreduce_coalesced", 0);
     if (comm && !tt_redop_valid(op))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "allreduce_coalesced: invalid op %d%s", (int)op,

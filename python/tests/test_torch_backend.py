@@ -1659,3 +1659,58 @@ def test_allgather_coalesced_future_value_is_per_rank():
     got = run(_allgather_coalesced_value, 2)
     want = [[[0.0, 0.0], [0.0, 0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0, 1.0]]]
     assert got == [want, want], got
+
+
+def forked_child_is_refused(rank, size):
+    t = torch.ones(1000) * (rank + 1)
+    dist.all_reduce(t)
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker's case: the parent's group, inherited
+        code = 0
+        try:
+            signal.alarm(10)  # a hang: killed by SIGALRM
+            try:
+                dist.all_reduce(torch.zeros(4))
+                code = 2
+            except RuntimeError as e:
+                if "used in pid %d, a forked child" % os.getpid() not in str(e) or \
+                        "the process group was made by pid" not in str(e):
+                    print(f"child of rank {rank}: {e}", flush=True)
+                    code = 3
+            dist.destroy_process_group()  # drops the group: its destructor runs here
+            print(f"child of rank {rank}: destroyed", flush=True)
+        except BaseException as e:
+            print(f"child of rank {rank}: {type(e).__name__}: {e}", flush=True)
+            code = 4
+        os._exit(code)
+    deadline = time.monotonic() + 15
+    while True:
+        r, s = os.waitpid(pid, os.WNOHANG)
+        if r or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not r:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return "child hung"
+    for i in range(10):
+        x = torch.arange(1000, dtype=torch.float32) * (rank + 1) + i
+        dist.all_reduce(x)
+        want = torch.arange(1000, dtype=torch.float32) * sum(range(1, size + 1)) + i * size
+        if not torch.equal(x, want):
+            return f"allreduce {i} after the child: wrong"
+    # (no new group: torch's FileStore, dropped in the children, counted them out and
+    # removed its file, as it would on gloo)
+    g = [torch.zeros(3) for _ in range(size)]
+    dist.all_gather(g, torch.ones(3) * rank)
+    dist.barrier()
+    return f"child status {s}, gathered {[t.tolist() for t in g]}"
+
+
+def test_forked_child_is_refused():
+    """A forked child's collective on the parent's group is refused (naming both pids)
+    before any lock, and its destructor leaves the parent's communicator, threads and
+    store alone; the parents' collectives work after."""
+    got = launch(forked_child_is_refused, 2, timeout=60)
+    for r in range(2):
+        assert got.get(r) == ("ok", "child status 0, gathered [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]"), got

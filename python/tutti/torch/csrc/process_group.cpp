@@ -534,7 +534,13 @@ Completer::Completer() : state_(std::make_shared<State>())
 
 Completer::~Completer()
 {
-    stop();
+    if (state_)
+        stop();
+}
+
+void Completer::abandon()
+{
+    new std::shared_ptr<State>(std::move(state_)); /* never deleted: see the header */
 }
 
 void Completer::push(WorkTutti *work, int status)
@@ -761,7 +767,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkSparse::getFuture()
 
 ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                                      int size, std::chrono::milliseconds timeout)
-    : PGBase(rank, size), timeout_(timeout), op_timeout_(timeout)
+    : PGBase(rank, size), timeout_(timeout), op_timeout_(timeout), owner_pid_(getpid())
 {
     tutti_comm_opts_t opts;
     tutti_comm_opts_init(&opts);
@@ -935,6 +941,15 @@ void ProcessGroupTutti::rendezvous(c10d::Store &store, tutti_comm_opts_t *opts)
  * Python objects the futures hold), and destroy_process_group drops the group with it. */
 ProcessGroupTutti::~ProcessGroupTutti()
 {
+    if (getpid() != owner_pid_) {
+        /* a forked child's copy (its interpreter's finalization, a dropped group): the
+         * communicator, its threads, the completer's and the store are the parent's,
+         * in use. The library would refuse the destroy; the completer's threads do not
+         * exist here (joining them is undefined). All of it is left (the child's
+         * memory), as the Python package leaves its communicators in a child. */
+        completer_.abandon();
+        return;
+    }
     PyThreadState *py = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
     tutti_comm_destroy(comm_); /* the queued works' callbacks have run when it returns */
     if (sparse_comm_) {
@@ -962,6 +977,7 @@ std::string ProcessGroupTutti::transport() const
 
 std::string ProcessGroupTutti::trace() const
 {
+    check_owner("trace");
     int fd = memfd_create("tutti-trace", MFD_CLOEXEC);
     TORCH_CHECK(fd >= 0, "tutti backend: trace on rank ", rank_, ": memfd_create: ",
                 strerror(errno));
@@ -977,6 +993,15 @@ std::string ProcessGroupTutti::trace() const
     TORCH_CHECK(st == TUTTI_OK, "tutti backend: trace on rank ", rank_, ": ",
                 tutti_status_name(st));
     return out;
+}
+
+void ProcessGroupTutti::check_owner(const char *name) const
+{
+    pid_t me = getpid();
+    TORCH_CHECK(me == owner_pid_, "tutti backend: ", name, " on rank ", rank_,
+                ": the process group was made by pid ", owner_pid_, " and is used in pid ", me,
+                ", a forked child (a DataLoader worker?): a child makes its own process group; "
+                "the parent's is refused, untouched");
 }
 
 void ProcessGroupTutti::fail(const char *name, int status)
@@ -998,6 +1023,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
         work->nest(std::move(nested));
     work->buffers = std::move(buffers);
     work->finisher = std::move(finisher);
+    check_owner(name); /* before issue_mu_, which a parent's thread may have held */
     std::lock_guard<std::mutex> g(issue_mu_);
     int st = call(&work->handle);
     if (st != TUTTI_OK)
@@ -1016,6 +1042,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
 
 void ProcessGroupTutti::begin_batch()
 {
+    check_owner("startCoalescing");
     std::lock_guard<std::mutex> g(issue_mu_);
     /* torch's _coalescing_manager never ends a batch whose body raised: that one is
      * dropped (its works go on alone), as NCCL's backend resets its own */
@@ -1028,6 +1055,7 @@ void ProcessGroupTutti::begin_batch()
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::end_batch()
 {
+    check_owner("endCoalescing");
     std::lock_guard<std::mutex> g(issue_mu_);
     TORCH_CHECK(coalescing_, "tutti backend: endCoalescing on rank ", rank_,
                 " without startCoalescing");
@@ -1155,6 +1183,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
     at::Tensor &t, const c10d::AllreduceOptions &opts)
 {
+    check_owner("allreduce (sparse)");
     TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(),
                 "tutti backend: allreduce: only CPU and CUDA tensors are supported, got ",
                 t.device());
@@ -1777,6 +1806,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOpt
  * be taken back, so the group is unusable afterwards (as with gloo). */
 void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks)
 {
+    check_owner("monitoredBarrier");
     auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
     auto deadline = std::chrono::steady_clock::now() + timeout;
     auto left = [&] {

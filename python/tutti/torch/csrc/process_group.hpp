@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <sys/types.h>
+
 #include <torch/version.h>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -74,6 +76,9 @@ class Completer
     ~Completer();
     void push(WorkTutti *work, int status); /* takes over one reference */
     void stop();                            /* finish what is queued, then end */
+    /* in a forked child: its threads are the parent's (none here to join or stop), so
+     * the state is left as it is, never freed (the child's memory) */
+    void abandon();
 
   private:
     static constexpr size_t kMaxThreads = 1024;
@@ -309,6 +314,12 @@ class ProcessGroupTutti : public PGBase
     c10::intrusive_ptr<c10d::Store> torch_store_; /* behind store_ */
     tutti_store_t *store_ = nullptr;
     tutti_comm_t *comm_ = nullptr;
+    /* the process that made the group: in a forked child (a DataLoader worker) every
+     * collective is refused before it takes a lock a parent's thread may have held at
+     * the fork, and the destructor leaves the parent's communicator, threads and store
+     * alone (check_owner, ~ProcessGroupTutti) */
+    pid_t owner_pid_;
+    void check_owner(const char *name) const;
     std::string job_id_;
     /* Sparse allreduce, in two stages as gloo's: every rank's sizes (an allgather on
      * comm_, issued in the caller's order), then the indices and values (an allgatherv
