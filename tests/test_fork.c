@@ -7,7 +7,11 @@
  * message naming both pids, at once, touching nothing of the parent's: its destroy
  * returns (before, it hung in pthread_cond_destroy, and two children's destroys deleted
  * the live job's keys from the store). The parents' collectives after are checked
- * against plain C, the store keeps every key, and a split works. */
+ * against plain C, the store keeps every key, and a split works.
+ *
+ * tcp_parent_death: over tcp, rank 0 forks a child that lives on, then dies; rank 1's
+ * allreduce fails at once naming rank 0 (before, the child held the link sockets open
+ * and rank 1 waited out its whole timeout). */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -226,4 +230,70 @@ START_TEST(child_destroy)
 }
 END_TEST
 
-TH_CASES_MAIN("fork", 90, TH_CASE(child_refused, 2), TH_CASE(child_destroy, 2))
+/* ---- tcp: a parent's death while its child lives ---- */
+
+#define DEATH_TIMEOUT_MS 20000
+
+static int rank_parent_dies(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    volatile int *child_pid = arg;
+    FAIL_IF(strcmp(tutti_comm_transport(comm), "tcp"), "transport %s", tutti_comm_transport(comm));
+    if (colls(comm, 3, 1, "before"))
+        return 1;
+    if (rank == 0) {
+        pid_t parent = getpid();
+        pid_t child = fork();
+        FAIL_IF(child < 0, "fork: %s", strerror(errno));
+        if (child == 0) { /* lives on until its parent is gone, and a while after */
+            for (int k = 0; k < 100 && getppid() == parent; k++)
+                th_sleep_ms(100);
+            th_sleep_ms(8000); /* (the test kills it sooner) */
+            _exit(0);
+        }
+        *child_pid = child;
+        th_sleep_ms(200);
+        raise(SIGKILL);
+    }
+    double t0 = th_now_ms();
+    float x[1024] = { 0 };
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, 1024, TUTTI_FP32, TUTTI_SUM);
+    double ms = th_now_ms() - t0;
+    fprintf(stderr, "rank %d: allreduce after rank 0 died: %s after %.0f ms\n", rank,
+            tutti_strerror(st), ms);
+    FAIL_IF(*child_pid <= 0 || kill(*child_pid, 0) != 0,
+            "rank 0's child (%d) is not alive: the case shows nothing", *child_pid);
+    if (th_check_peer_died(rank, 0, st, tutti_comm_last_error(comm)))
+        return 1;
+    /* rank 0 dies 200 ms in: its end closes then, not when its child exits (8 s after)
+     * or after the timeout */
+    FAIL_IF(ms > 2000, "rank %d: rank 0's death took %.0f ms to see (timeout %d ms)", rank, ms,
+            DEATH_TIMEOUT_MS);
+    return 0;
+}
+
+START_TEST(tcp_parent_death)
+{
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "tcp";
+    o.timeout_ms = DEATH_TIMEOUT_MS;
+    volatile int *child_pid = th_shared_zeroed(sizeof(int));
+    int codes[2];
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_parent_dies,
+                       .arg = (void *)child_pid,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_KILL_ON_FAIL,
+                       .opts = &o };
+    th_run_ex(&spec, codes);
+    if (*child_pid > 0)
+        kill(*child_pid, SIGKILL); /* (reparented: not ours to reap) */
+    ck_assert_msg(codes[0] == 128 + SIGKILL, "rank 0 exited %d", codes[0]);
+    ck_assert_msg(codes[1] == 0, "rank 1 exited %d", codes[1]);
+}
+END_TEST
+
+TH_CASES_MAIN("fork", 90, TH_CASE(child_refused, 2), TH_CASE(child_destroy, 2),
+              TH_CASE(tcp_parent_death, 1))

@@ -333,7 +333,9 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
  * store key, socket or ring. In the child tutti_comm_destroy does nothing and returns
  * TUTTI_ERR_INVALID_ARG (logged at info level: a C++ global destructor or an interpreter's
  * finalization may call it there), and tutti_work_free leaves the work: the copies stay
- * in the child's memory. A child makes its own communicator. */
+ * in the child's memory. A child makes its own communicator. The child's copies of the tcp
+ * transport's sockets are closed at the fork (a pthread_atfork handler), so that a
+ * parent's death shows at once to its peers while the child lives. */
 
 /* Wait for queued operations (each bounded by its deadline), then for the agreement
  * messages of earlier rooted calls still due to or from peers: a broadcast's root

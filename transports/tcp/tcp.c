@@ -1,6 +1,7 @@
 /* TCP transport: the data path. See tcp.h for the shape. */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -847,11 +848,87 @@ static void on_close_noop(uv_handle_t *h)
     (void)h;
 }
 
+/* ---- a forked child ----
+ *
+ * A child forked (not exec'd) after the set-up inherits every link's socket. While it
+ * lives the connection does not close when the parent dies, so the peers saw nothing
+ * for their whole timeout (shm watches its peers' pids and was not fooled). The child
+ * must not use the parent's links either (the library refuses its calls on the parent's
+ * communicator). So a pthread_atfork child handler closes, in the child, the sockets of
+ * every live context: the links' (marked -1, never used or closed again there) and the
+ * lazy set-up's listener and connections. libuv's own descriptors (the epoll, the
+ * eventfd) stay: they hold no connection open. The list of live contexts is under
+ * live_lock, which the prepare handler takes and the parent and child handlers release,
+ * so that the child finds the list whole. A link a lazy connection brings up in the
+ * parent while it forks may be missed (its number is set by the progress thread). */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static tcp_tp_t *live_head;
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&live_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void fork_child(void)
+{
+    for (tcp_tp_t *tp = live_head; tp; tp = tp->live_next) {
+        for (int i = 0; i < tp->nranks; i++) {
+            tcp_link_t *L = &tp->links[i];
+            if (L->fd >= 0) {
+                close(L->fd);
+                L->fd = -1;
+            }
+        }
+        tcp_setup_fork_child(tp);
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_init(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void live_add(tcp_tp_t *tp)
+{
+    pthread_once(&live_once, live_init);
+    pthread_mutex_lock(&live_lock);
+    tp->live_prev = NULL;
+    tp->live_next = live_head;
+    if (live_head)
+        live_head->live_prev = tp;
+    live_head = tp;
+    tp->live = 1;
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_remove(tcp_tp_t *tp)
+{
+    pthread_mutex_lock(&live_lock);
+    if (tp->live) {
+        if (tp->live_prev)
+            tp->live_prev->live_next = tp->live_next;
+        else
+            live_head = tp->live_next;
+        if (tp->live_next)
+            tp->live_next->live_prev = tp->live_prev;
+        tp->live = 0;
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
 static void tcp_destroy(void *vtp)
 {
     tcp_tp_t *tp = vtp;
     if (!tp)
         return;
+    live_remove(tp);
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
         if (L->poll_inited)
@@ -977,6 +1054,7 @@ static int tcp_create(const tutti_tp_host_v1_t *host, void **tp_p)
         L->poll.data = L;
         L->poll_inited = 1;
     }
+    live_add(tp);
     *tp_p = tp;
     return TUTTI_OK;
 }

@@ -170,6 +170,10 @@ struct tcp_tp {
      * connected */
     void (*link_up)(tcp_tp_t *tp, int peer);
     void (*link_failed)(tcp_tp_t *tp, int peer, int status, const char *msg);
+    /* on the list of live contexts whose sockets a forked child closes (tcp.c,
+     * tcp_fork_child), under its lock */
+    int live;
+    tcp_tp_t *live_prev, *live_next;
 };
 
 /* TUTTI_TCP_CONGESTION: which congestion control a link runs (tcp_setup.c). */
@@ -216,6 +220,10 @@ void tcp_setup_failed(tcp_tp_t *tp, int status, const char *msg);
  * the loop's next run), and free what the set-up holds once they have. */
 void tcp_setup_close_lazy(tcp_tp_t *tp);
 void tcp_setup_free_lazy(tcp_tp_t *tp);
+/* In a forked child (its pthread_atfork handler, the only thread): close the sockets the
+ * lazy set-up holds in libuv's handles (the listener, connections in their hello),
+ * without libuv: the child never runs this context's loop or closes its handles. */
+void tcp_setup_fork_child(tcp_tp_t *tp);
 /* Fuzzing and tests only (fuzz/fuzz_tcp_hello.c): run one peer's bytes through the
  * hello/verdict exchange of a single connection, with no listener and no connect (a
  * socketpair stands in; what this rank writes is dropped). outgoing: this rank called

@@ -1808,6 +1808,29 @@ void tcp_setup_close_lazy(tcp_tp_t *tp)
     uv_close((uv_handle_t *)&s->listener, on_handle_closed);
 }
 
+static void fork_close_handle(uv_tcp_t *h)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)h, &fd) == 0 && fd >= 0)
+        close(fd);
+}
+
+void tcp_setup_fork_child(tcp_tp_t *tp)
+{
+    setup_t *s = tp->setup;
+    if (!s)
+        return;
+    /* the listener: else a peer's call to this rank after the parent died is taken into
+     * its backlog and waits out its deadline for a hello */
+    fork_close_handle(&s->listener);
+    for (int j = 0; s->out && j < tp->nranks; j++)
+        if (s->out[j].open)
+            fork_close_handle(&s->out[j].h);
+    for (conn_t *c = s->incoming; c; c = c->next)
+        if (c->open)
+            fork_close_handle(&c->h);
+}
+
 void tcp_setup_free_lazy(tcp_tp_t *tp)
 {
     setup_t *s = tp->setup;
