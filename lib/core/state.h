@@ -59,22 +59,22 @@ struct tutti_comm {
     /* the process that made it (tt_comm_foreign): a forked child shares its memory, not
      * its threads, and its sockets and rings only with the parent's use of them */
     pid_t owner_pid;
-    tutti_comm_opts_t opts;     /* strings owned (strdup'ed) */
-    tutti_store_t *store;       /* this communicator's prefixed view */
-    tutti_store_t *owned_store; /* opened by tutti_comm_init_env */
-    tutti_store_t *split_store; /* a split's reference to its parent's base store */
-    unsigned split_seq;         /* tutti_comm_split calls on this communicator so far */
-    unsigned shrink_seq;        /* tutti_comm_shrink calls on this communicator so far */
-    unsigned agree_seq;         /* tutti_comm_agree calls on this communicator so far */
-    unsigned grow_seq;          /* tutti_comm_grow calls on this communicator so far */
-    tutti_store_t *qstore;      /* the same keys with a short default deadline: for store
+    tutti_comm_opts_t opts;          /* strings owned (strdup'ed) */
+    tutti_store_t *store;            /* this communicator's prefixed view */
+    tutti_store_t *owned_store;      /* opened by tutti_comm_init_env */
+    tutti_store_t *split_store;      /* a split's reference to its parent's base store */
+    unsigned split_seq;              /* tutti_comm_split calls on this communicator so far */
+    unsigned shrink_seq;             /* tutti_comm_shrink calls on this communicator so far */
+    unsigned agree_seq;              /* tutti_comm_agree calls on this communicator so far */
+    unsigned grow_seq;               /* tutti_comm_grow calls on this communicator so far */
+    tutti_store_t *qstore;           /* the same keys with a short default deadline: for store
                                  calls on failure paths and stall checks, which must not
                                  outlast the communicator's timeout (a dead store server
                                  is retried only this long) */
-    uint64_t quick_ns;          /* tt_comm_quick_ms in ns, computed once (read per wait) */
+    uint64_t quick_ns;               /* tt_comm_quick_ms in ns, computed once (read per wait) */
     _Atomic uint64_t store_retry_ns; /* a failure path's store call failed: none before this
                                         (tt_now_ns), so ops do not each pay its deadline */
-    char instance[128];         /* "<job id>/<nonce>": this job instance (host.instance) */
+    char instance[128];              /* "<job id>/<nonce>": this job instance (host.instance) */
     /* job identity (job.c): the prefix of this job's communicator, a view of it for the
      * instance record, the job id, this instance's nonce and record */
     tutti_store_t *job_store;
