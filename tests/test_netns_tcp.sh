@@ -8,6 +8,8 @@
 # refused the test cannot tell the two apart and skips).
 # tutti-bench -c checks the allreduce's results (exit 1 on a wrong value). Each rank's
 # TUTTI_DEBUG=trace log says what the transport set on each link, once the kernel took it.
+# Then host B's packets are dropped (a blackhole qdisc): a rank there whose connect gets no
+# answer says so at its set-up timeout.
 #
 #   tests/test_netns_tcp.sh BUILD/bench/tutti-bench   (root and iproute2; 77, skipped,
 #                                                      without them)
@@ -55,5 +57,34 @@ for r in 0 1; do
     expect $r 2 "$sys@ (the system's: it leaves this host)"
     expect 2 $r "$sys@ (the system's: it leaves this host)"
 done
-[ "$fail" = 0 ] && echo "test_netns_tcp: ok ($sys between the hosts)"
-exit "$fail"
+[ "$fail" = 0 ] || exit 1
+echo "test_netns_tcp: congestion control ok ($sys between the hosts)"
+
+# Host B's packets dropped without a word (a blackhole qdisc: no RST, no ICMP, as a
+# firewall or a partition does): rank 1 on B calls rank 0 on A, whose listener never sees
+# the SYN. Rank 1's set-up fails at its timeout saying that its connect got no answer
+# (before: only "still missing rank(s) 0", found by review).
+PIDS=()
+if ! ip netns exec "${NS[1]}" tc qdisc add dev "${DEV[1]}" root blackhole 2>/dev/null; then
+    echo "test_netns_tcp: no blackhole qdisc here: the unanswered connect is not checked"
+    exit 0
+fi
+store2="$WORK/store2"
+mkdir -p "$store2"
+for r in 0 1; do
+    ip netns exec "${NS[$r]}" timeout 60 env TUTTI_TRANSPORT=tcp TUTTI_RANK=$r TUTTI_WORLD_SIZE=2 \
+        TUTTI_STORE="file://$store2" TUTTI_JOB_ID="netns-cut-$TAG" TUTTI_HOST_ID="host$r" \
+        TUTTI_SOCKET_IFNAME="${DEV[$r]}" TUTTI_TIMEOUT_MS=2000 \
+        "$BIN" -b 4 -e 4 -n 1 -w 0 >"$WORK/cut-$r.txt" 2>&1 &
+    PIDS+=($!)
+done
+for p in "${PIDS[@]}"; do wait "$p"; done
+PIDS=()
+want="the connect to rank 0 at ${ADDR[0]}:"
+if ! grep -qF "$want" "$WORK/cut-1.txt" || ! grep -qF "got no answer" "$WORK/cut-1.txt"; then
+    echo "test_netns_tcp: rank 1's connect into the blackhole: no \"$want... got no answer\":"
+    cat "$WORK/cut-1.txt"
+    exit 1
+fi
+echo "test_netns_tcp: ok (an unanswered connect is named: $(grep -o 'the connect to rank 0 at [^ ]* got no answer' "$WORK/cut-1.txt" | head -1))"
+exit 0

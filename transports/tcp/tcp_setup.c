@@ -105,6 +105,8 @@ struct setup {
     int nincoming;
     unsigned char *claimed; /* nranks: a connection holds the rank's slot */
     slot_note_t *notes;     /* nranks */
+    conn_t *calling;        /* eager: the calls to lower ranks (connect_lower), for the
+                               deadline's message */
 };
 
 static void fmt_addr(const struct sockaddr *sa, char *buf, size_t len)
@@ -1213,6 +1215,14 @@ static void setup_give_up(setup_t *s, int status, const char *when)
                 first = i;
             }
             nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn, "; %s", s->notes[i].msg);
+        } else if (s->calling && i < tp->rank && s->calling[i].open && !s->calling[i].hello_sent &&
+                   nn < sizeof(notes)) {
+            /* a connect still in flight: its SYNs got no answer at all (no refusal,
+             * which would have left a note) */
+            nn += (size_t)snprintf(notes + nn, sizeof(notes) - nn,
+                                   "; the connect to rank %d at %s got no answer (a firewall, "
+                                   "or the hosts cut off from each other?)",
+                                   i, s->calling[i].who);
         }
     }
     /* a missing rank that connects lazily never calls at set-up (the first few asked) */
@@ -1365,6 +1375,7 @@ static int connect_lower(setup_t *s, conn_t **out_p)
     conn_t *out = *out_p = calloc((size_t)tp->nranks, sizeof(conn_t));
     if (!out)
         return TUTTI_ERR_NOMEM;
+    s->calling = out;
     for (int j = 0; j < tp->rank; j++) {
         if (!tutti_tp_host_serves(tp->host, j))
             continue;
