@@ -594,13 +594,35 @@ static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, i
     return TUTTI_OK;
 }
 
+/* Sleep *backoff_ns, or less where deadline_ns comes first, then double it up to cap_ns:
+ * the store polls of shrink_live, agree, grow and join. */
+static void backoff_sleep(uint64_t *backoff_ns, uint64_t deadline_ns, uint64_t cap_ns)
+{
+    uint64_t now = tt_now_ns(), ns = now < deadline_ns ? TT_MIN(*backoff_ns, deadline_ns - now) : 0;
+    struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+    if (ns)
+        nanosleep(&ts, NULL);
+    *backoff_ns = TT_MIN(*backoff_ns * 2, cap_ns);
+}
+
+/* A forked child's call that would make a communicator from its parent's: refused, nothing
+ * touched (1), or 0 where comm is no forked copy. */
+static int refused_in_child(tutti_comm_t *comm, tutti_comm_t **newcomm_p, const char *what,
+                            int *st_p)
+{
+    if (!comm || !tt_comm_foreign(comm))
+        return 0;
+    if (newcomm_p)
+        *newcomm_p = NULL;
+    *st_p = tt_comm_refuse_foreign(comm, what, 0);
+    return 1;
+}
+
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
 {
-    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
-        if (newcomm_p)
-            *newcomm_p = NULL;
-        return tt_comm_refuse_foreign(comm, "split", 0);
-    }
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "split", &refused))
+        return refused;
     if (!comm || !newcomm_p)
         return TUTTI_ERR_INVALID_ARG;
     *newcomm_p = NULL;
@@ -664,11 +686,9 @@ static int shrink_set_text(const int *exclude, int n, int nranks, char *buf, siz
 int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
                       tutti_comm_t **newcomm_p)
 {
-    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
-        if (newcomm_p)
-            *newcomm_p = NULL;
-        return tt_comm_refuse_foreign(comm, "shrink", 0);
-    }
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "shrink", &refused))
+        return refused;
     if (!comm || !newcomm_p || nexclude < 0 || (nexclude > 0 && !exclude))
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                         "shrink: %s is NULL or nexclude (%d) negative",
@@ -779,8 +799,8 @@ static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t
     const char **got = calloc((size_t)n, sizeof(char *));
     void **vals = calloc((size_t)n, sizeof(void *));
     size_t *lens = calloc((size_t)n, sizeof(size_t)), alen = 0;
-    int *seen = malloc((size_t)n * sizeof(int)), nseen = 0, nout = 0, bad;
-    int st = !offer || !keys || !got || !vals || !lens || !seen ? TUTTI_ERR_NOMEM : TUTTI_OK;
+    int *missing = malloc((size_t)n * sizeof(int)), nseen = 0, nout = 0, bad;
+    int st = !offer || !keys || !got || !vals || !lens || !missing ? TUTTI_ERR_NOMEM : TUTTI_OK;
     for (int r = 0; r < n && st == TUTTI_OK; r++) {
         snprintf(key, sizeof(key), "%shere/%d", dir, r);
         if (!(keys[r] = tt_strdup(key)))
@@ -804,10 +824,7 @@ static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t
             goto store_err;
         if (all || decided || tt_now_ns() >= deadline)
             break;
-        uint64_t ns = TT_MIN(backoff, deadline - tt_now_ns());
-        struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-        nanosleep(&ts, NULL);
-        backoff = TT_MIN(backoff * 2, 50000000ull);
+        backoff_sleep(&backoff, deadline, 50000000ull);
     }
     /* this rank's offer: the flags of the ranks whose keys it sees, and the others */
     for (int r = 0; r < n; r++) {
@@ -818,7 +835,7 @@ static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t
         if (here)
             got[nseen++] = keys[r];
         else
-            seen[nout++] = r; /* absent, for now */
+            missing[nout++] = r;
     }
     if ((st = tutti_store_multi_get(b, got, (size_t)nseen, vals, lens, comm->opts.timeout_ms)) < 0)
         goto store_err;
@@ -834,7 +851,7 @@ static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t
         and &= (uint32_t)v;
     }
     int w = snprintf(offer, setlen + 16, "x:%08" PRIx32 ":", and);
-    shrink_set_text(seen, nout, n, offer + w, setlen, &bad);
+    shrink_set_text(missing, nout, n, offer + w, setlen, &bad);
     void *cur = NULL;
     if ((st = tutti_store_compare_set(b, setkey, "", 0, offer, strlen(offer), &cur, &alen)) < 0)
         goto store_err;
@@ -885,18 +902,16 @@ out:
         free(keys[r]);
     for (int i = 0; vals && i < nseen; i++)
         free(vals[i]);
-    free(keys), free(got), free(vals), free(lens), free(seen), free(offer), free(agreed);
+    free(keys), free(got), free(vals), free(lens), free(missing), free(offer), free(agreed);
     return st;
 }
 
 /* MPIX_Comm_shrink: agree on who is here (live_agree), then a shrink without the rest. */
 int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newcomm_p)
 {
-    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
-        if (newcomm_p)
-            *newcomm_p = NULL;
-        return tt_comm_refuse_foreign(comm, "shrink_live", 0);
-    }
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "shrink_live", &refused))
+        return refused;
     if (!comm || !newcomm_p)
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                         "shrink_live: newcomm_p is NULL")
@@ -1047,20 +1062,15 @@ static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, 
                     tkey, (char *)cur);
         free(cur);
         cur = NULL;
-        uint64_t ns = TT_MIN(backoff, deadline - now);
-        struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-        nanosleep(&ts, NULL);
-        backoff = TT_MIN(backoff * 2, 100000000ull);
+        backoff_sleep(&backoff, deadline, 100000000ull);
     }
 }
 
 int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
 {
-    if (comm && tt_comm_foreign(comm)) { /* a forked child: the parent's (nothing touched) */
-        if (newcomm_p)
-            *newcomm_p = NULL;
-        return tt_comm_refuse_foreign(comm, "grow", 0);
-    }
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "grow", &refused))
+        return refused;
     if (!comm || !newcomm_p)
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "grow: newcomm_p is NULL")
                     : TUTTI_ERR_INVALID_ARG;
@@ -1142,10 +1152,7 @@ int tutti_comm_join(tutti_comm_t **comm_p, tutti_store_t *store, const tutti_com
                          old, size, o.timeout_ms);
                 goto out;
             }
-            uint64_t ns = TT_MIN(backoff, deadline - tt_now_ns());
-            struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-            nanosleep(&ts, NULL);
-            backoff = TT_MIN(backoff * 2, 200000000ull);
+            backoff_sleep(&backoff, deadline, 200000000ull);
             continue;
         }
         if (sscanf(v, fmt, &old, &size, base, count) != 4 || old < 1 || size <= old) {

@@ -927,38 +927,34 @@ static int trace_flags(const tt_op_t *op)
            (args & TT_ARG_ROOT ? TT_TRACE_F_ROOT : 0);
 }
 
+/* A call that issues nothing: what it holds goes back, and its device staging ends with
+ * status st (err: why, or empty). */
+static int issue_undone(tt_op_t *op, size_t *layout, int layout_heap, int st, char *err,
+                        size_t errlen)
+{
+    if (op->op_held)
+        tt_userop_release(op->redop);
+    if (layout_heap)
+        free(layout);
+    return tt_dev_finish(op, st, err, errlen);
+}
+
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
-    char err[TT_ERRMSG_LEN];
-    if (!layout_heap && work_p) {
-        if (op->op_held)
-            tt_userop_release(op->redop);
-        err[0] = '\0';
-        return tt_dev_finish(op, TUTTI_ERR_INTERNAL, err, sizeof(err)); /* an async op
-                                                           outlives its caller's stack */
-    }
+    char err[TT_ERRMSG_LEN] = "";
+    if (!layout_heap && work_p) /* an async op outlives its caller's stack */
+        return issue_undone(op, layout, 0, TUTTI_ERR_INTERNAL, err, sizeof(err));
     if (__builtin_expect(cb_comm == comm || tt_comm_foreign(comm), 0)) {
-        if (op->op_held)
-            tt_userop_release(op->redop);
-        if (layout_heap)
-            free(layout);
-        err[0] = '\0';
         const char *what = tt_coll_name(op->coll);
-        return tt_dev_finish(op,
-                             cb_comm == comm ? cb_refused(comm, what)
-                                             : tt_comm_refuse_foreign(comm, what, 0),
-                             err, sizeof(err));
+        int st = cb_comm == comm ? cb_refused(comm, what) : tt_comm_refuse_foreign(comm, what, 0);
+        return issue_undone(op, layout, layout_heap, st, err, sizeof(err));
     }
     pthread_mutex_lock(&comm->q_lock);
     int st = enter_locked(comm, tt_coll_name(op->coll), err, sizeof(err));
     if (__builtin_expect(st < 0, 0)) { /* (still counted in: comm stays till it leaves) */
         pthread_mutex_unlock(&comm->q_lock);
-        if (op->op_held)
-            tt_userop_release(op->redop);
-        if (layout_heap)
-            free(layout);
-        st = tt_dev_finish(op, st, err, sizeof(err));
+        st = issue_undone(op, layout, layout_heap, st, err, sizeof(err));
         set_last_error(comm, err);
         leave(comm);
         return st;
@@ -998,16 +994,12 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
          * the caller may try the call again and still pair with the other ranks' */
         comm->next_seq--;
         pthread_mutex_unlock(&comm->q_lock);
-        if (layout_heap)
-            free(layout);
-        if (op->op_held)
-            tt_userop_release(op->redop);
         snprintf(err, sizeof(err),
                  "rank %d: %s: out of memory for the op's work record (nothing was sent: the "
                  "call may be made again)",
-                 comm->rank, tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "point-to-point");
+                 comm->rank, tt_coll_name(op->coll));
         set_last_error(comm, err);
-        st = tt_dev_finish(op, TUTTI_ERR_NOMEM, err, sizeof(err));
+        st = issue_undone(op, layout, layout_heap, TUTTI_ERR_NOMEM, err, sizeof(err));
         leave(comm);
         return st;
     }
