@@ -540,11 +540,12 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign(comm)) /* before anything takes a lock (tt_userop_hold's, err_lock) */
+    const tt_coll_desc_t *t = &tt_coll_table[c->coll];
+    if (tt_comm_foreign_inline(
+            comm)) /* before anything takes a lock (tt_userop_hold's, err_lock) */
         return tt_comm_refuse_foreign(comm, c->wp_name ? c->wp_name : c->name, 0);
     if (async && !work_p)
         return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
-    const tt_coll_desc_t *t = &tt_coll_table[c->coll];
     const int n = comm->nranks, has_redop = t->args & TT_ARG_REDOP;
     const int has_root = t->args & TT_ARG_ROOT;
     if ((unsigned)c->dtype >= TUTTI_DTYPE_COUNT)

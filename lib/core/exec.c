@@ -322,29 +322,39 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
 }
 
 /* The communicator whose tutti_work_on_done callback this thread runs (NULL: none):
- * calls into it from the callback are refused (tt_exec_in_callback), not deadlocked. */
+ * calls into it from the callback are refused (tt_exec_in_callback), not deadlocked.
+ * Read only while comm->cb_running says a callback of comm runs somewhere: a thread-local
+ * of a shared library costs a __tls_get_addr call, which every op paid (~1-2% of a 4-byte
+ * allreduce over shm). A thread inside a callback sees its own increment. */
 static _Thread_local const tutti_comm_t *cb_comm;
+
+static inline int in_callback(const tutti_comm_t *comm)
+{
+    return __builtin_expect(atomic_load_explicit(&comm->cb_running, memory_order_relaxed) != 0,
+                            0) &&
+           cb_comm == comm;
+}
 
 int tt_exec_in_callback(const tutti_comm_t *comm)
 {
-    return comm && cb_comm == comm;
+    return comm && in_callback(comm);
 }
 
-static void call_cb(const tutti_comm_t *comm, void (*fn)(void *arg, int status), void *arg, int st)
+static void call_cb(tutti_comm_t *comm, void (*fn)(void *arg, int status), void *arg, int st)
 {
     const tutti_comm_t *outer = cb_comm; /* a callback of another communicator's op */
+    atomic_fetch_add_explicit(&comm->cb_running, 1, memory_order_relaxed);
     cb_comm = comm;
     fn(arg, st);
     cb_comm = outer;
+    atomic_fetch_sub_explicit(&comm->cb_running, 1, memory_order_relaxed);
 }
 
 /* Run the callbacks complete() listed, without q_lock, and mark their works done (q_lock
  * and `executing` held: the next op waits for them, so works still end in issue order). */
-static void run_callbacks_locked(tutti_comm_t *comm)
+static void run_callbacks(tutti_comm_t *comm)
 {
     tutti_work_t *w = comm->cb_head;
-    if (!w)
-        return;
     comm->cb_head = comm->cb_tail = NULL;
     pthread_mutex_unlock(&comm->q_lock);
     while (w) {
@@ -356,6 +366,12 @@ static void run_callbacks_locked(tutti_comm_t *comm)
     }
     pthread_mutex_lock(&comm->q_lock);
     pthread_cond_broadcast(&comm->done_cv);
+}
+
+static inline void run_callbacks_locked(tutti_comm_t *comm)
+{
+    if (__builtin_expect(comm->cb_head != NULL, 0))
+        run_callbacks(comm);
 }
 
 /* A call refused on this thread: a callback of comm's own calls into it. */
@@ -566,7 +582,8 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     tutti_work_t **pp = &comm->inflight;
     while (*pp) {
         tutti_work_t *w = *pp;
-        char err[TT_ERRMSG_LEN] = "";
+        char err[TT_ERRMSG_LEN];
+        err[0] = '\0';
         int st = w->req.status;
         if (st == 1 && w->req.peer < 0)
             st = any_step(comm, w, now, !any_blocked(comm, w), err, sizeof(err));
@@ -772,20 +789,21 @@ void tt_exec_defer(int on)
 
 /* A call on comm begins (q_lock held): counted in `inside`, which tutti_comm_destroy
  * waits to see empty before it frees anything (tt_exec_drain). Refused (err says why)
- * once the destroy began, but counted all the same: leave_locked ends it. */
-static int enter_locked(tutti_comm_t *comm, const char *what, char *err, size_t errlen)
+ * once the destroy began, but counted all the same: leave_locked ends it. what: the
+ * call's name, or NULL for collective coll's (looked up only for the refusal). */
+static int enter_locked(tutti_comm_t *comm, const char *what, int coll, char *err, size_t errlen)
 {
     comm->inside++;
     if (__builtin_expect(!comm->stopping, 1))
         return TUTTI_OK;
     snprintf(err, errlen, "rank %d: %s: the communicator is being destroyed (tutti_comm_destroy)",
-             comm->rank, what);
+             comm->rank, what ? what : tt_coll_name(coll));
     return TUTTI_ERR_INVALID_ARG;
 }
 
 /* The call ends (q_lock held, released here): its last touch of comm, so first a
  * failure's record still due (trace.c). */
-static void leave_locked(tutti_comm_t *comm)
+static inline void leave_locked(tutti_comm_t *comm)
 {
     if (atomic_load_explicit(&comm->trace_due, memory_order_relaxed)) {
         pthread_mutex_unlock(&comm->q_lock);
@@ -942,16 +960,18 @@ static int issue_undone(tt_op_t *op, size_t *layout, int layout_heap, int st, ch
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p)
 {
-    char err[TT_ERRMSG_LEN] = "";
+    char err[TT_ERRMSG_LEN]; /* (not "" in the declaration: that zeroes 1 KiB a call) */
+    err[0] = '\0';
     if (!layout_heap && work_p) /* an async op outlives its caller's stack */
         return issue_undone(op, layout, 0, TUTTI_ERR_INTERNAL, err, sizeof(err));
-    if (__builtin_expect(cb_comm == comm || tt_comm_foreign(comm), 0)) {
+    if (__builtin_expect(tt_comm_foreign_inline(comm) || in_callback(comm), 0)) {
         const char *what = tt_coll_name(op->coll);
-        int st = cb_comm == comm ? cb_refused(comm, what) : tt_comm_refuse_foreign(comm, what, 0);
+        int st = tt_comm_foreign_inline(comm) ? tt_comm_refuse_foreign(comm, what, 0)
+                                              : cb_refused(comm, what);
         return issue_undone(op, layout, layout_heap, st, err, sizeof(err));
     }
     pthread_mutex_lock(&comm->q_lock);
-    int st = enter_locked(comm, tt_coll_name(op->coll), err, sizeof(err));
+    int st = enter_locked(comm, NULL, op->coll, err, sizeof(err));
     if (__builtin_expect(st < 0, 0)) { /* (still counted in: comm stays till it leaves) */
         pthread_mutex_unlock(&comm->q_lock);
         st = issue_undone(op, layout, layout_heap, st, err, sizeof(err));
@@ -1018,10 +1038,10 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p)
 {
-    if (__builtin_expect(cb_comm == comm, 0))
-        return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
-    if (tt_comm_foreign(comm))
+    if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, kind == TUTTI_TP_SEND ? "send" : "recv", 0);
+    if (in_callback(comm))
+        return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
         return TUTTI_ERR_NOMEM;
@@ -1043,7 +1063,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     atomic_init(&w->refs, 2);
     pthread_mutex_lock(&comm->q_lock);
     char err[TT_ERRMSG_LEN];
-    int st = enter_locked(comm, kind == TUTTI_TP_SEND ? "send" : "recv", err, sizeof(err));
+    int st = enter_locked(comm, kind == TUTTI_TP_SEND ? "send" : "recv", 0, err, sizeof(err));
     if (__builtin_expect(st < 0, 0)) {
         pthread_mutex_unlock(&comm->q_lock);
         free(w);
@@ -1112,7 +1132,7 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign(work->comm))
         return tt_comm_refuse_foreign(work->comm, "wait", 0);
-    if (cb_comm == work->comm) /* (its own op waits for the callback: never) */
+    if (in_callback(work->comm)) /* (its own op waits for the callback: never) */
         return cb_refused(work->comm, "wait");
     /* -1: until the op ends, which its own deadline bounds. A bound that passes is not a
      * failure, so last_error is left alone: it is the communicator's, and the library

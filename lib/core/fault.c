@@ -108,12 +108,12 @@ int tt_op_store_delete(tt_op_t *op, const char *key)
 
 /* This process's pid, set when the first communicator is made and again in every child
  * forked after (a pthread_atfork child handler): a load per call, not a getpid(). */
-static atomic_int self_pid;
+atomic_int tt_self_pid;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void fork_child(void)
 {
-    atomic_store_explicit(&self_pid, (int)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&tt_self_pid, (int)getpid(), memory_order_relaxed);
 }
 
 static void fork_watch(void)
@@ -125,14 +125,12 @@ static void fork_watch(void)
 pid_t tt_comm_owner_pid(void)
 {
     pthread_once(&fork_once, fork_watch);
-    return (pid_t)atomic_load_explicit(&self_pid, memory_order_relaxed);
+    return (pid_t)atomic_load_explicit(&tt_self_pid, memory_order_relaxed);
 }
 
 int tt_comm_foreign(const tutti_comm_t *comm)
 {
-    return __builtin_expect(comm->owner_pid !=
-                                atomic_load_explicit(&self_pid, memory_order_relaxed),
-                            0);
+    return tt_comm_foreign_inline(comm);
 }
 
 /* The last refusal on this thread, and its communicator. */

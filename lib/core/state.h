@@ -171,8 +171,9 @@ struct tutti_comm {
     /* works completed with a callback due: run by the thread holding `executing` once it
      * has let go of q_lock, and marked done after (exec.c, run_callbacks_locked) */
     tutti_work_t *cb_head, *cb_tail;
-    int defer_seen;  /* an op was issued deferred: the progress thread ticks */
-    int defer_guess; /* async ops are being waited for as soon as issued: defer the next */
+    atomic_int cb_running; /* callbacks of its works running now (exec.c's call_cb) */
+    int defer_seen;        /* an op was issued deferred: the progress thread ticks */
+    int defer_guess;       /* async ops are being waited for as soon as issued: defer the next */
     uint64_t next_seq;
     pthread_t worker;
     int worker_started;
@@ -226,5 +227,19 @@ struct tutti_comm {
     uint64_t *p2p_recv_seq;     /* messages, separate from the collectives' */
     int any_next;               /* the peer the next any-source search probes first */
 };
+
+/* fault.c's copy of this process's pid (tt_comm_owner_pid, kept right in forked
+ * children). tt_comm_foreign's test, inline for the collectives' entry points: an
+ * opaque call first thing in coll_issue made gcc build the call descriptor in memory with
+ * `rep stosq` before it (+20-30 ns a 4-byte allreduce over shm, the A/B in
+ * docs/benchmarks.md "The hundredth session"). */
+extern atomic_int tt_self_pid;
+
+static inline int tt_comm_foreign_inline(const struct tutti_comm *comm)
+{
+    return __builtin_expect(comm->owner_pid !=
+                                atomic_load_explicit(&tt_self_pid, memory_order_relaxed),
+                            0);
+}
 
 #endif /* TT_STATE_H */
