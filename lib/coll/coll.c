@@ -540,9 +540,11 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
+    /* the row first: an opaque call before the descriptor's first read makes gcc build the
+     * descriptor in memory (tests/test_hot_path.sh) */
     const tt_coll_desc_t *t = &tt_coll_table[c->coll];
-    if (tt_comm_foreign_inline(
-            comm)) /* before anything takes a lock (tt_userop_hold's, err_lock) */
+    /* before anything takes a lock (tt_userop_hold's, err_lock) */
+    if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, c->wp_name ? c->wp_name : c->name, 0);
     if (async && !work_p)
         return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
