@@ -109,6 +109,12 @@ static void fill(void *buf, tutti_dtype_t dt)
         case TUTTI_BF16: ((uint16_t *)buf)[i] = tt_float_to_bf16(1.0f); break;
         case TUTTI_FP32: ((float *)buf)[i] = 1.0f; break;
         case TUTTI_FP64: ((double *)buf)[i] = 1.0; break;
+        case TUTTI_COMPLEX64: /* 1 + 0i */
+            ((float *)buf)[2 * i] = 1.0f, ((float *)buf)[2 * i + 1] = 0.0f;
+            break;
+        case TUTTI_COMPLEX128:
+            ((double *)buf)[2 * i] = 1.0, ((double *)buf)[2 * i + 1] = 0.0;
+            break;
         default: break;
         }
     }

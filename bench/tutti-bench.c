@@ -221,8 +221,9 @@ static void usage(FILE *f)
         "  --fill-late         --fresh --window, the rewrite just before each start,\n"
         "                      not before the wait (across a long --gap)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
-        "                      uint16, int32, uint32, int64, uint64 ... (not nccl-tests'\n"
-        "                      all: one run per dtype)\n"
+        "                      uint16, int32, uint32, int64, uint64, complex64,\n"
+        "                      complex128 ... (not nccl-tests' all: one run per dtype;\n"
+        "                      -c puts the complex values in the real parts)\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
         "                      bxor (the last three: integer dtypes; not all)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
@@ -399,6 +400,11 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
     if (coll_has_op(cfg_p->coll) && dtype_is_float(cfg_p->dtype) &&
         (cfg_p->op == TUTTI_BAND || cfg_p->op == TUTTI_BOR || cfg_p->op == TUTTI_BXOR)) {
         fprintf(stderr, "tutti-bench: -o %s needs an integer dtype, not %s\n",
+                tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
+        return -1;
+    }
+    if (coll_has_op(cfg_p->coll) && !tutti_redop_supported(cfg_p->op, cfg_p->dtype)) {
+        fprintf(stderr, "tutti-bench: -o %s does not reduce %s (complex: sum, prod, avg)\n",
                 tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
         return -1;
     }
@@ -609,6 +615,15 @@ static double elem_get(tutti_dtype_t dt, const void *buf, size_t i)
     case TUTTI_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
     case TUTTI_FP32: return ((const float *)buf)[i];
     case TUTTI_FP64: return ((const double *)buf)[i];
+    /* complex: the value in the real part; an imaginary part not 0 is no value (-c fails) */
+    case TUTTI_COMPLEX64: {
+        const float *p = (const float *)buf + 2 * i;
+        return p[1] == 0.0f ? p[0] : NAN;
+    }
+    case TUTTI_COMPLEX128: {
+        const double *p = (const double *)buf + 2 * i;
+        return p[1] == 0.0 ? p[0] : NAN;
+    }
     default: return NAN;
     }
 }
@@ -628,6 +643,14 @@ static void elem_set(tutti_dtype_t dt, void *buf, size_t i, double v)
     case TUTTI_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
     case TUTTI_FP32: ((float *)buf)[i] = (float)v; break;
     case TUTTI_FP64: ((double *)buf)[i] = v; break;
+    case TUTTI_COMPLEX64:
+        ((float *)buf)[2 * i] = (float)v;
+        ((float *)buf)[2 * i + 1] = 0.0f;
+        break;
+    case TUTTI_COMPLEX128:
+        ((double *)buf)[2 * i] = v;
+        ((double *)buf)[2 * i + 1] = 0.0;
+        break;
     default: break;
     }
 }
@@ -640,7 +663,8 @@ static int dtype_is_unsigned(tutti_dtype_t dt)
 
 static int dtype_is_float(tutti_dtype_t dt)
 {
-    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64 ||
+           dt == TUTTI_COMPLEX64 || dt == TUTTI_COMPLEX128;
 }
 
 /* The integers a dtype holds exactly (and in range) up to this magnitude: the bound on

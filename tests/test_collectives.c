@@ -876,6 +876,111 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
 
 TH_RUN_TEST(avg_f16_range, run_algo_4_3(rank_avg_f16, nan_algos[_i]))
 
+/* Complex dtypes (c64, c128): allreduce SUM, PROD and AVG in and out of place, reduce PROD
+ * at rank 1, reduce_scatter SUM and scan PROD, at 4 and 3 ranks by every allreduce
+ * algorithm; MAX refused naming why. Elements are Gaussian integers with parts in -1..3,
+ * so every sum and product is exact in any grouping; the reference is plain C on the
+ * parts (the textbook product), AVG the exact sum's parts divided in the parts' type. */
+static void cplx_in(int r, size_t i, double *re, double *im)
+{
+    *re = (double)((r + (int)i) % 3 + 1);
+    *im = (double)((2 * r + (int)i) % 3 - 1);
+}
+
+/* the reference over ranks lo..hi (inclusive) of element i */
+static void cplx_ref(tutti_redop_t op, int lo, int hi, size_t i, double *re, double *im)
+{
+    cplx_in(lo, i, re, im);
+    for (int r = lo + 1; r <= hi; r++) {
+        double br, bi, ar = *re, ai = *im;
+        cplx_in(r, i, &br, &bi);
+        if (op == TUTTI_PROD)
+            *re = ar * br - ai * bi, *im = ar * bi + ai * br;
+        else
+            *re = ar + br, *im = ai + bi;
+    }
+}
+
+static int rank_complex(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
+    enum { N = 3001 }; /* 24-48 KiB: several 4 KiB chunks */
+    for (int c128 = 0; c128 < 2; c128++) {
+        const tutti_dtype_t dt = c128 ? TUTTI_COMPLEX128 : TUTTI_COMPLEX64;
+        const size_t es = c128 ? 16 : 8;
+        unsigned char *in = malloc(N * es), *out = malloc(N * es);
+        FAIL_IF(!in || !out, "malloc");
+        for (size_t i = 0; i < N; i++) {
+            double re, im;
+            cplx_in(rank, i, &re, &im);
+            if (c128) {
+                ((double *)in)[2 * i] = re, ((double *)in)[2 * i + 1] = im;
+            } else {
+                ((float *)in)[2 * i] = (float)re, ((float *)in)[2 * i + 1] = (float)im;
+            }
+        }
+        static const char *const name[] = { "allreduce sum in place", "allreduce prod",
+                                            "allreduce avg",          "reduce prod at 1",
+                                            "reduce_scatter sum",     "scan prod" };
+        for (int how = 0; how < 6; how++) {
+            const size_t rs = N / (size_t)nranks; /* reduce_scatter's block */
+            tutti_redop_t op = how == 0 || how == 4 ? TUTTI_SUM : how == 2 ? TUTTI_AVG : TUTTI_PROD;
+            memcpy(out, in, N * es);
+            int st;
+            if (how == 0)
+                st = tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, op);
+            else if (how <= 2)
+                st = tutti_allreduce(comm, in, out, N, dt, op);
+            else if (how == 3)
+                st = tutti_reduce(comm, in, rank == 1 ? out : NULL, N, dt, op, 1);
+            else if (how == 4)
+                st = tutti_reduce_scatter(comm, in, out, rs, dt, op);
+            else
+                st = tutti_scan(comm, in, out, N, dt, op);
+            FAIL_IF(st != TUTTI_OK, "%s %s %s: %s", algo, tutti_dtype_name(dt), name[how],
+                    tutti_comm_last_error(comm));
+            if (how == 3 && rank != 1)
+                continue;
+            size_t first = how == 4 ? (size_t)rank * rs : 0, len = how == 4 ? rs : N;
+            for (size_t k = 0; k < len; k++) {
+                size_t i = first + k;
+                double re, im;
+                cplx_ref(op, 0, how == 5 ? rank : nranks - 1, i, &re, &im);
+                double gre, gim;
+                if (c128) {
+                    gre = ((double *)out)[2 * k], gim = ((double *)out)[2 * k + 1];
+                    if (op == TUTTI_AVG)
+                        re /= nranks, im /= nranks;
+                } else {
+                    gre = ((float *)out)[2 * k], gim = ((float *)out)[2 * k + 1];
+                    if (op == TUTTI_AVG)
+                        re = (float)re / (float)nranks, im = (float)im / (float)nranks;
+                }
+                FAIL_IF(gre != re || gim != im,
+                        "%s %s %s, %d ranks [%zu]: got %g%+gi, expected %g%+gi", algo,
+                        tutti_dtype_name(dt), name[how], nranks, i, gre, gim, re, im);
+            }
+        }
+        /* no order on complex numbers: refused, saying so */
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, TUTTI_MAX) !=
+                    TUTTI_ERR_INVALID_ARG,
+                "max on %s not refused", tutti_dtype_name(dt));
+        FAIL_IF(!strstr(tutti_comm_last_error(comm), "does not reduce complex numbers"), "%s",
+                tutti_comm_last_error(comm));
+        free(in);
+        free(out);
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(complex_dtypes, run_algo_4_3(rank_complex, nan_algos[_i]))
+
 /* allgather and gather with each rank's send buffer inside the receive buffer, starting
  * 4096 bytes below its own block (rank 0: at it): the own block is copied out before
  * anything lands, as tutti.h promises. Blocks of 8 KiB and 64 KiB, where the copy's
@@ -947,6 +1052,7 @@ static Suite *suite(void)
     th_add_tests(s, "scale", 60, (const TTest *const[]){ eight_ranks, NULL });
     th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     th_add_case(s, "avg_f16", avg_f16_range, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
+    th_add_case(s, "complex", complex_dtypes, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
     th_add_case(s, "send_inside", send_inside_recv,
                 (int)(sizeof(overlap_algos) / sizeof(overlap_algos[0])), 60);
     collectives_others_add(s);

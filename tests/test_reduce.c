@@ -144,7 +144,7 @@ static int bf16_is_nan(uint16_t b)
 
 /* ---- reference reduction ------------------------------------------------------- */
 
-static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8 };
+static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8, 8, 16 };
 
 static int64_t wrap_signed(unsigned __int128 v, int bits)
 {
@@ -209,6 +209,17 @@ static int is_bitwise(tutti_redop_t op)
 static int is_float(tutti_dtype_t dt)
 {
     return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+}
+
+static int is_complex(tutti_dtype_t dt)
+{
+    return dt == TUTTI_COMPLEX64 || dt == TUTTI_COMPLEX128;
+}
+
+/* A complex dtype's parts: fp32 or fp64. */
+static tutti_dtype_t part_of(tutti_dtype_t dt)
+{
+    return dt == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
 }
 
 /* One element of any dtype, as memcpy'd from a buffer. */
@@ -296,9 +307,41 @@ static int ibits(tutti_dtype_t dt)
     }
 }
 
+/* Complex out = a op b (SUM, AVG's sum, PROD), each part's arithmetic in its own type,
+ * one rounding per operation (volatile: no fused multiply-add), by the textbook product. */
+static void ref_complex(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa,
+                        const void *pb)
+{
+    if (dt == TUTTI_COMPLEX64) {
+        float a[2], b[2], r[2];
+        memcpy(a, pa, 8), memcpy(b, pb, 8);
+        if (op == TUTTI_PROD) {
+            volatile float p1 = a[0] * b[0], p2 = a[1] * b[1], p3 = a[0] * b[1], p4 = a[1] * b[0];
+            r[0] = p1 - p2, r[1] = p3 + p4;
+        } else {
+            r[0] = a[0] + b[0], r[1] = a[1] + b[1];
+        }
+        memcpy(out, r, 8);
+    } else {
+        double a[2], b[2], r[2];
+        memcpy(a, pa, 16), memcpy(b, pb, 16);
+        if (op == TUTTI_PROD) {
+            volatile double p1 = a[0] * b[0], p2 = a[1] * b[1], p3 = a[0] * b[1], p4 = a[1] * b[0];
+            r[0] = p1 - p2, r[1] = p3 + p4;
+        } else {
+            r[0] = a[0] + b[0], r[1] = a[1] + b[1];
+        }
+        memcpy(out, r, 16);
+    }
+}
+
 /* out = a op b for one element of dtype. */
 static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *pa, const void *pb)
 {
+    if (is_complex(dt)) {
+        ref_complex(dt, op, out, pa, pb);
+        return;
+    }
     if (!is_float(dt)) {
         store_int(dt, out,
                   ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits(dt), is_unsigned(dt)));
@@ -320,6 +363,11 @@ static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *
 /* Same element? Bitwise, except that any NaN matches any NaN. */
 static int elem_equal(tutti_dtype_t dt, const void *got, const void *want)
 {
+    if (is_complex(dt)) { /* part by part */
+        size_t h = dsize[dt] / 2;
+        return elem_equal(part_of(dt), got, want) &&
+               elem_equal(part_of(dt), (const char *)got + h, (const char *)want + h);
+    }
     if (is_float(dt) && isnan(load_f(dt, want)))
         return isnan(load_f(dt, got));
     return memcmp(got, want, dsize[dt]) == 0;
@@ -356,6 +404,10 @@ static const float f32_specials[] = { 0.0f,   -0.0f,   INFINITY,      -INFINITY,
 
 static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
 {
+    if (is_complex(dt)) { /* parts as fp32/fp64 values: specials and NaNs included */
+        fill_random(part_of(dt), buf, 2 * n);
+        return;
+    }
     unsigned char *p = buf;
     for (size_t i = 0; i < n; i++) {
         uint64_t r = rng();
@@ -479,8 +531,8 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
 
 START_TEST(test_dtype_names)
 {
-    static const char *const names[] = { "i8",  "u8",  "i32", "i64", "f16", "bf16",
-                                         "f32", "f64", "i16", "u16", "u32", "u64" };
+    static const char *const names[] = { "i8",  "u8",  "i32", "i64", "f16", "bf16", "f32",
+                                         "f64", "i16", "u16", "u32", "u64", "c64",  "c128" };
     ck_assert_int_eq(TUTTI_DTYPE_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
@@ -493,14 +545,35 @@ START_TEST(test_dtype_names)
         const char *name;
         tutti_dtype_t dt;
     } aliases[] = {
-        { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },   { "int32", TUTTI_INT32 },
-        { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },   { "long", TUTTI_INT64 },
-        { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 },  { "fp16", TUTTI_FP16 },
-        { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },    { "float32", TUTTI_FP32 },
-        { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },   { "float64", TUTTI_FP64 },
-        { "fp64", TUTTI_FP64 },     { "FP32", TUTTI_FP32 },     { "Float", TUTTI_FP32 },
-        { "BF16", TUTTI_BF16 },     { "int16", TUTTI_INT16 },   { "short", TUTTI_INT16 },
-        { "uint16", TUTTI_UINT16 }, { "uint32", TUTTI_UINT32 }, { "UInt64", TUTTI_UINT64 },
+        { "int8", TUTTI_INT8 },
+        { "uint8", TUTTI_UINT8 },
+        { "int32", TUTTI_INT32 },
+        { "int", TUTTI_INT32 },
+        { "int64", TUTTI_INT64 },
+        { "long", TUTTI_INT64 },
+        { "half", TUTTI_FP16 },
+        { "float16", TUTTI_FP16 },
+        { "fp16", TUTTI_FP16 },
+        { "bfloat16", TUTTI_BF16 },
+        { "float", TUTTI_FP32 },
+        { "float32", TUTTI_FP32 },
+        { "fp32", TUTTI_FP32 },
+        { "double", TUTTI_FP64 },
+        { "float64", TUTTI_FP64 },
+        { "fp64", TUTTI_FP64 },
+        { "FP32", TUTTI_FP32 },
+        { "Float", TUTTI_FP32 },
+        { "BF16", TUTTI_BF16 },
+        { "int16", TUTTI_INT16 },
+        { "short", TUTTI_INT16 },
+        { "uint16", TUTTI_UINT16 },
+        { "uint32", TUTTI_UINT32 },
+        { "UInt64", TUTTI_UINT64 },
+        { "complex64", TUTTI_COMPLEX64 },
+        { "cfloat", TUTTI_COMPLEX64 },
+        { "complex128", TUTTI_COMPLEX128 },
+        { "cdouble", TUTTI_COMPLEX128 },
+        { "Complex", TUTTI_COMPLEX128 },
     };
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
@@ -565,6 +638,8 @@ START_TEST(test_redop_supported)
     for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
         for (int dt = 0; dt < TUTTI_DTYPE_COUNT; dt++) {
             int want = !(is_bitwise((tutti_redop_t)op) && is_float((tutti_dtype_t)dt));
+            if (is_complex((tutti_dtype_t)dt)) /* MPI's rule: no order, no bits */
+                want = op == TUTTI_SUM || op == TUTTI_PROD || op == TUTTI_AVG;
             ck_assert_msg(tutti_redop_supported((tutti_redop_t)op, (tutti_dtype_t)dt) == want,
                           "%s %s: want %d", tutti_redop_name((tutti_redop_t)op),
                           tutti_dtype_name((tutti_dtype_t)dt), want);
@@ -629,6 +704,11 @@ END_TEST
 
 static void ref_div(tutti_dtype_t dt, void *p, int n)
 {
+    if (is_complex(dt)) {
+        ref_div(part_of(dt), p, n);
+        ref_div(part_of(dt), (char *)p + dsize[dt] / 2, n);
+        return;
+    }
     if (dt == TUTTI_UINT64) {
         store_int(dt, p, (int64_t)((uint64_t)load_int(dt, p) / (uint64_t)n));
         return;

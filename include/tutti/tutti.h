@@ -46,6 +46,8 @@ typedef enum tutti_dtype {
     TUTTI_UINT16,
     TUTTI_UINT32,
     TUTTI_UINT64,
+    TUTTI_COMPLEX64,  /* C's float _Complex (numpy's complex64, MPI_C_FLOAT_COMPLEX): real, */
+    TUTTI_COMPLEX128, /* imaginary (two fp32, or fp64 for double _Complex) */
     TUTTI_DTYPE_COUNT
 } tutti_dtype_t;
 
@@ -64,7 +66,11 @@ typedef enum tutti_dtype {
  * a MIN/MAX of both returns depends on the algorithm's order of operands.
  * BAND, BOR and BXOR (MPI_BAND/BOR/BXOR, torch's ReduceOp.BAND/BOR/BXOR) combine the
  * bits of integer dtypes; with a float dtype a call fails with TUTTI_ERR_INVALID_ARG
- * naming the op and the dtype (tutti_redop_supported says beforehand). */
+ * naming the op and the dtype (tutti_redop_supported says beforehand).
+ * The complex dtypes reduce with SUM, PROD and AVG (MPI's rule: MIN, MAX and the bitwise
+ * ops fail as above); SUM and AVG are their parts' fp32/fp64 sums (and quotients), PROD the
+ * textbook (ar*br - ai*bi) + (ar*bi + ai*br)i in the parts' precision, without C99 Annex
+ * G's recovery of infinities from NaN results (as numpy's and Open MPI's products). */
 typedef enum tutti_redop {
     TUTTI_SUM = 0,
     TUTTI_PROD,

@@ -556,10 +556,11 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     if (has_redop && !tt_redop_valid(c->redop))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
-    if (has_redop && !tutti_redop_supported(c->redop, c->dtype))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: op %s reduces integer dtypes only, not %s", c->name,
-                                 tutti_redop_name(c->redop), tutti_dtype_name(c->dtype));
+    if (has_redop && !tutti_redop_supported(c->redop, c->dtype)) {
+        char why[128];
+        tt_redop_unsupported(why, sizeof(why), c->redop, c->dtype);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", c->name, why);
+    }
     if (has_root && (c->root < 0 || c->root >= n))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: root %d is not in [0, %d)",
                                  c->name, c->root, n);

@@ -1342,11 +1342,12 @@ int tutti_allreduce_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
     int st = TUTTI_OK;
     /* refused before any tensor is reduced, not when its dtype's turn comes */
     for (int i = 0; i < n && st == TUTTI_OK; i++)
-        if (!tutti_redop_supported(op, dtypes[i]))
+        if (!tutti_redop_supported(op, dtypes[i])) {
+            char why[128];
+            tt_redop_unsupported(why, sizeof(why), op, dtypes[i]);
             st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                   "allreduce_coalesced: tensor %d: op %s reduces integer "
-                                   "dtypes only, not %s",
-                                   i, tutti_redop_name(op), tutti_dtype_name(dtypes[i]));
+                                   "allreduce_coalesced: tensor %d: %s", i, why);
+        }
     for (int d = 0; d < TUTTI_DTYPE_COUNT && st == TUTTI_OK; d++) {
         int m = 0;
         for (int i = 0; i < n; i++)

@@ -1,5 +1,6 @@
 /* Datatype and reduction-op names: sizes, printable names, and parsing with aliases. */
 #include <stddef.h>
+#include <stdio.h>
 #include <strings.h>
 
 #include <tutti/tutti.h>
@@ -13,10 +14,13 @@ static const struct {
     const char *name;
     size_t size;
 } tt_dtype_info[TUTTI_DTYPE_COUNT] = {
-    [TUTTI_INT8] = { "i8", 1 },    [TUTTI_UINT8] = { "u8", 1 },   [TUTTI_INT32] = { "i32", 4 },
-    [TUTTI_INT64] = { "i64", 8 },  [TUTTI_FP16] = { "f16", 2 },   [TUTTI_BF16] = { "bf16", 2 },
-    [TUTTI_FP32] = { "f32", 4 },   [TUTTI_FP64] = { "f64", 8 },   [TUTTI_INT16] = { "i16", 2 },
-    [TUTTI_UINT16] = { "u16", 2 }, [TUTTI_UINT32] = { "u32", 4 }, [TUTTI_UINT64] = { "u64", 8 },
+    [TUTTI_INT8] = { "i8", 1 },       [TUTTI_UINT8] = { "u8", 1 },
+    [TUTTI_INT32] = { "i32", 4 },     [TUTTI_INT64] = { "i64", 8 },
+    [TUTTI_FP16] = { "f16", 2 },      [TUTTI_BF16] = { "bf16", 2 },
+    [TUTTI_FP32] = { "f32", 4 },      [TUTTI_FP64] = { "f64", 8 },
+    [TUTTI_INT16] = { "i16", 2 },     [TUTTI_UINT16] = { "u16", 2 },
+    [TUTTI_UINT32] = { "u32", 4 },    [TUTTI_UINT64] = { "u64", 8 },
+    [TUTTI_COMPLEX64] = { "c64", 8 }, [TUTTI_COMPLEX128] = { "c128", 16 },
 };
 
 /* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too). */
@@ -24,13 +28,32 @@ static const struct {
     const char *name;
     tutti_dtype_t dtype;
 } tt_dtype_aliases[] = {
-    { "int8", TUTTI_INT8 },     { "uint8", TUTTI_UINT8 },   { "int32", TUTTI_INT32 },
-    { "int", TUTTI_INT32 },     { "int64", TUTTI_INT64 },   { "long", TUTTI_INT64 },
-    { "half", TUTTI_FP16 },     { "float16", TUTTI_FP16 },  { "fp16", TUTTI_FP16 },
-    { "bfloat16", TUTTI_BF16 }, { "float", TUTTI_FP32 },    { "float32", TUTTI_FP32 },
-    { "fp32", TUTTI_FP32 },     { "double", TUTTI_FP64 },   { "float64", TUTTI_FP64 },
-    { "fp64", TUTTI_FP64 },     { "int16", TUTTI_INT16 },   { "short", TUTTI_INT16 },
-    { "uint16", TUTTI_UINT16 }, { "uint32", TUTTI_UINT32 }, { "uint64", TUTTI_UINT64 },
+    { "int8", TUTTI_INT8 },
+    { "uint8", TUTTI_UINT8 },
+    { "int32", TUTTI_INT32 },
+    { "int", TUTTI_INT32 },
+    { "int64", TUTTI_INT64 },
+    { "long", TUTTI_INT64 },
+    { "half", TUTTI_FP16 },
+    { "float16", TUTTI_FP16 },
+    { "fp16", TUTTI_FP16 },
+    { "bfloat16", TUTTI_BF16 },
+    { "float", TUTTI_FP32 },
+    { "float32", TUTTI_FP32 },
+    { "fp32", TUTTI_FP32 },
+    { "double", TUTTI_FP64 },
+    { "float64", TUTTI_FP64 },
+    { "fp64", TUTTI_FP64 },
+    { "int16", TUTTI_INT16 },
+    { "short", TUTTI_INT16 },
+    { "uint16", TUTTI_UINT16 },
+    { "uint32", TUTTI_UINT32 },
+    { "uint64", TUTTI_UINT64 },
+    { "complex64", TUTTI_COMPLEX64 },
+    { "cfloat", TUTTI_COMPLEX64 },
+    { "complex128", TUTTI_COMPLEX128 },
+    { "cdouble", TUTTI_COMPLEX128 },
+    { "complex", TUTTI_COMPLEX128 }, /* numpy's and Python's complex */
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
@@ -69,6 +92,16 @@ TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
 {
     return tt_reduce_supported(dtype, op);
+}
+
+void tt_redop_unsupported(char *buf, size_t len, tutti_redop_t op, tutti_dtype_t dtype)
+{
+    if (dtype == TUTTI_COMPLEX64 || dtype == TUTTI_COMPLEX128)
+        snprintf(buf, len, "op %s does not reduce complex numbers (%s): sum, prod and avg do",
+                 tutti_redop_name(op), tutti_dtype_name(dtype));
+    else
+        snprintf(buf, len, "op %s reduces integer dtypes only, not %s", tutti_redop_name(op),
+                 tutti_dtype_name(dtype));
 }
 
 /* Names compare case-insensitively ("FP32", "Float"). */

@@ -23,6 +23,11 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
  * float dtype), 0 if not or either is out of range: tutti_redop_supported. */
 int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op);
 
+/* Why built-in op does not reduce dtype, where tutti_redop_supported says so (dtype.c):
+ * "op band reduces integer dtypes only, not f32", "op max does not reduce complex
+ * numbers (c64): sum, prod and avg do". */
+void tt_redop_unsupported(char *buf, size_t len, tutti_redop_t op, tutti_dtype_t dtype);
+
 /* An op the caller defined (userop.c). */
 typedef struct tt_userop {
     tutti_redop_fn fn;

@@ -228,8 +228,9 @@ def bitwise(comm):
     return bad
 
 
-# Element types for the calls that only move data: int64, and ones tutti has no dtype for
-# (carried as bytes), each from distinct integers v (bool: bits that differ per block).
+# Element types for the calls that only move data: int64, complex (a dtype since session
+# 100), and bool, which tutti has no dtype for (carried as bytes), each from distinct
+# integers v (bool: bits that differ per block).
 MOVED = {"int64": lambda v: v, "complex128": lambda v: v + 1j * (v * 3 + 1),
          "bool": lambda v: (v * 2654435761 >> 7) % 2 == 1,
          "complex64": lambda v: (v + 1j * (v * 3 + 1)).astype(np.complex64)}
@@ -286,7 +287,7 @@ def movements(comm, kind="int64"):
     comm.send(blk(rank, 4), nxt, tag=7)
     w.wait()
     bad += [] if np.array_equal(got, blk(prv, 4)) else ["send/recv"]
-    if kind != "int64":  # reductions still name the element type
+    if kind == "bool":  # reductions still name the element type
         try:
             comm.allreduce(blk(rank))
             bad.append(f"allreduce of {kind} was not refused")
@@ -496,6 +497,57 @@ def test_movements(size, transport):
 @pytest.mark.parametrize("kind", ["complex128", "bool", "complex64"])
 def test_movements_of_any_element_type(kind):
     assert run(lambda comm: movements(comm, kind), 3, transport="shm") == [[]] * 3
+
+
+def complex_values(rank, n, dt):
+    """Gaussian integers with parts in -1..3: sums and products exact in any order."""
+    i = np.arange(n)
+    return ((rank + i) % 3 + 1 + 1j * ((2 * rank + i) % 3 - 1)).astype(dt)
+
+
+def complex_reductions(comm):
+    """numpy complex64/complex128 (and a torch complex tensor through DLPack): allreduce
+    sum, prod and avg, reduce prod, scan prod, against NumPy over every rank's input;
+    max refused."""
+    bad, size, rank, n = [], comm.size, comm.rank, 41
+    for dt in (np.complex64, np.complex128):
+        stack = np.stack([complex_values(r, n, dt) for r in range(size)])
+        for op, want in (("sum", stack.sum(0)), ("prod", stack.prod(0)),
+                         ("avg", stack.sum(0) / dt(size))):
+            x = complex_values(rank, n, dt)
+            comm.allreduce(x, op=op)
+            if x.dtype != dt or not np.array_equal(x, want.astype(dt)):
+                bad.append((np.dtype(dt).name, op, x[:3].tolist(), want[:3].tolist()))
+        out = np.zeros(n, dt)
+        comm.reduce(complex_values(rank, n, dt), out, op="prod", root=size - 1)
+        if rank == size - 1 and not np.array_equal(out, stack.prod(0)):
+            bad.append((np.dtype(dt).name, "reduce prod"))
+        out = np.zeros(n, dt)
+        comm.scan(complex_values(rank, n, dt), out, op="prod")
+        if not np.array_equal(out, stack[:rank + 1].prod(0)):
+            bad.append((np.dtype(dt).name, "scan prod"))
+        try:
+            comm.allreduce(complex_values(rank, n, dt), op="max")
+            bad.append((np.dtype(dt).name, "max not refused"))
+        except tutti.InvalidArgError as e:
+            if "does not reduce complex numbers" not in str(e):
+                bad.append((np.dtype(dt).name, "max", str(e)))
+    try:
+        import torch
+    except ImportError:
+        return bad
+    t = torch.from_numpy(complex_values(rank, n, np.complex64))
+    comm.allreduce(t, op="prod")
+    want = np.stack([complex_values(r, n, np.complex64) for r in range(size)]).prod(0)
+    if not np.array_equal(t.numpy(), want):
+        bad.append(("torch complex64", "prod"))
+    return bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_complex_reductions(size, transport):
+    assert run(complex_reductions, size, transport=transport) == [[]] * size
 
 
 def test_torch_tensors_through_dlpack():

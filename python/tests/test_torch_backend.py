@@ -785,7 +785,8 @@ def unsupported(rank, size):
     msgs = []
     for call in (lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BAND),
                  lambda: dist.all_reduce(torch.ones(2, dtype=torch.float64), dist.ReduceOp.BXOR),
-                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0),
+                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0,
+                                     dist.ReduceOp.MAX),
                  # an uneven list whose place for this rank is not its tensor's length
                  lambda: dist.all_gather([torch.zeros(1), torch.zeros(3)], torch.zeros(2))):
         try:
@@ -807,7 +808,37 @@ def test_unsupported_ops_and_dtypes_are_named():
                 f"the list {n}") in slot, slot
     assert "op band reduces integer dtypes only, not f32" in band, band
     assert "op bxor reduces integer dtypes only, not f64" in bxor, bxor
-    assert "dtype ComplexFloat is not supported by reductions" in cplx, cplx
+    assert "op max does not reduce complex numbers (c64): sum, prod and avg do" in cplx, cplx
+
+
+def complex_tensors(rank, size):
+    """complex64/complex128 reductions reach the backend as complex (dist.reduce passes
+    them as they are; the group's own allreduce too, where dist.all_reduce would view them
+    as real): Gaussian integers, exact in any order, against torch's own sum and prod."""
+    from torch.distributed import distributed_c10d as c10d
+    out = []
+    for dt in (torch.complex64, torch.complex128):
+        mk = lambda r: torch.arange(5, dtype=torch.float64).add(r).remainder(3).add(  # noqa: E731
+            1) + 1j * torch.arange(5, dtype=torch.float64).add(2 * r).remainder(3).sub(1)
+        stack = torch.stack([mk(r).to(dt) for r in range(size)])
+        t = mk(rank).to(dt)
+        dist.reduce(t, size - 1, dist.ReduceOp.PRODUCT)
+        if rank == size - 1:
+            out.append(torch.equal(t, stack.prod(0)))
+        t = mk(rank).to(dt)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.PRODUCT
+        c10d._get_default_group().allreduce([t], opts).wait()
+        out.append(torch.equal(t, stack.prod(0)))
+        t = mk(rank).to(dt)
+        dist.all_reduce(t)  # (torch's view_as_real: fp32/fp64 sums)
+        out.append(torch.equal(t, stack.sum(0)))
+    return out
+
+
+def test_complex_tensors():
+    for got in run(complex_tensors, 3):
+        assert got and all(got), got
 
 
 def any_source(rank, size):

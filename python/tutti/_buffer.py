@@ -39,7 +39,8 @@ _FORMATS = {k: dtype_of(v) for k, v in {
     ("l", 4): "int32", ("q", 4): "int32", ("i", 8): "int64", ("l", 8): "int64",
     ("q", 8): "int64", ("n", 8): "int64", ("e", 2): "float16", ("f", 4): "float32",
     ("d", 8): "float64", ("h", 2): "int16", ("H", 2): "uint16", ("I", 4): "uint32",
-    ("L", 4): "uint32", ("L", 8): "uint64", ("Q", 8): "uint64", ("N", 8): "uint64"}.items()}
+    ("L", 4): "uint32", ("L", 8): "uint64", ("Q", 8): "uint64", ("N", 8): "uint64",
+    ("Zf", 8): "complex64", ("Zd", 16): "complex128"}.items()}
 
 
 # A struct format's byte-order prefixes that mean this host's order: '@' and '=' (native),
@@ -93,11 +94,12 @@ class DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-# DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4.
+# DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5.
 _DL_DTYPES = {k: dtype_of(v) for k, v in {
     (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64", (2, 16): "float16",
     (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 16): "int16",
-    (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64"}.items()}
+    (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (5, 64): "complex64",
+    (5, 128): "complex128"}.items()}
 _KDLCPU, _KDLCUDA, _KDLCUDAHOST, _KDLCUDAMANAGED = 1, 2, 3, 13
 # where the host may read and write the memory itself
 _DL_HOST = (_KDLCPU, _KDLCUDAHOST, _KDLCUDAMANAGED)
@@ -105,7 +107,8 @@ _DL_HOST = (_KDLCPU, _KDLCUDAHOST, _KDLCUDAMANAGED)
 # __cuda_array_interface__ typestr (without its byte order) -> dtype
 _CAI_DTYPES = {k: dtype_of(v) for k, v in {
     "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32",
-    "i8": "int64", "u8": "uint64", "f2": "float16", "f4": "float32", "f8": "float64"}.items()}
+    "i8": "int64", "u8": "uint64", "f2": "float16", "f4": "float32", "f8": "float64",
+    "c8": "complex64", "c16": "complex128"}.items()}
 
 
 class _Export:
@@ -153,7 +156,8 @@ class Buffer:
                 self._hold = None
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
                                       "reduce (int8, uint8, int16, uint16, int32, uint32, "
-                                      "int64, uint64, float16, bfloat16, float32, float64); "
+                                      "int64, uint64, float16, bfloat16, float32, float64, "
+                                      "complex64, complex128); "
                                       "pass dtype= to read it as one (calls that only move "
                                       "data take any element type)")
             self.dtype = src_dtype
@@ -319,7 +323,8 @@ def _torch_tensor():
     if torch is None or not hasattr(torch, "Tensor"):
         return None
     names = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
-             "int16", "uint16", "uint32", "uint64")  # the last three: torch >= 2.3
+             "int16", "complex64", "complex128", "uint16", "uint32",
+             "uint64")  # the last three: torch >= 2.3
     _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names if hasattr(torch, n)})
     _TORCH.append(torch.Tensor)
     return torch.Tensor

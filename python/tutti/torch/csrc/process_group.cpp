@@ -42,6 +42,8 @@ int native_dtype(at::ScalarType s)
     case at::kFloat: return TUTTI_FP32;
     case at::kDouble: return TUTTI_FP64;
     case at::kShort: return TUTTI_INT16;
+    case at::kComplexFloat: return TUTTI_COMPLEX64; /* (torch's dist.* calls pass complex */
+    case at::kComplexDouble: return TUTTI_COMPLEX128; /* tensors as view_as_real already) */
 #if TUTTI_TORCH_AT_LEAST(2, 3)
     case c10::ScalarType::UInt16: return TUTTI_UINT16; /* torch's unsigned types beyond uint8: 2.3 on */
     case c10::ScalarType::UInt32: return TUTTI_UINT32;
@@ -57,13 +59,14 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
     int dt = native_dtype(t.scalar_type());
     TORCH_CHECK(dt >= 0, "tutti backend: ", op, ": dtype ", t.scalar_type(),
                 " is not supported by reductions (int8, uint8, int16, int32, int64, float16, "
-                "bfloat16, float32, float64, bool, and from torch 2.3 uint16, uint32, uint64 "
-                "are; collectives that only move data take every dtype)");
+                "bfloat16, float32, float64, complex64, complex128 (sum, product, avg), bool, "
+                "and from torch 2.3 uint16, uint32, uint64 are; collectives that only move data "
+                "take every dtype)");
     return (tutti_dtype_t)dt;
 }
 
 /* What moves t's elements unchanged: tutti's dtype of the same type, or else t's bytes
- * as uint8 (bool, complex, float8, ...: data movement and send/recv take any dtype, as
+ * as uint8 (bool, float8, ...: data movement and send/recv take any dtype, as
  * NCCL's do), k carrier elements to one of t's. */
 struct carrier {
     tutti_dtype_t dt;
