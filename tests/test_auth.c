@@ -235,6 +235,59 @@ START_TEST(empty_secret_fails_closed)
 }
 END_TEST
 
+/* Over shm and a file store, which check no secret themselves, ranks with different job
+ * secrets (or one without) are refused all the same: the job record carries rank 0's
+ * proof, which every rank checks against its own (session 100: before, such ranks formed
+ * one job, the secret ignored). Per case, rank 0's secret and rank 1's ("" none). */
+static const char *const secret_cases[][2] = {
+    { "abc", "abc" }, { "abc", "xyz" }, { "", "abc" }, { "abc", "" }, { "", "" }
+};
+
+static int rank_secret(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *const *c = arg;
+    tutti_store_t *store = NULL;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "shm";
+    o.timeout_ms = 8000;
+    o.auth_token = c[rank][0] ? c[rank] : NULL;
+    o.auth_token_file = NULL;
+    tutti_comm_t *comm = NULL;
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const int same = !strcmp(c[0], c[1]);
+    if (same) {
+        FAIL_IF(st != 0, "same secret: init: %s", tutti_comm_last_error(NULL));
+        float x = (float)(rank + 1);
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, &x, 1, TUTTI_FP32, TUTTI_SUM) != 0 || x != 3,
+                "allreduce");
+        tutti_comm_destroy(comm);
+    } else {
+        const char *why = tutti_comm_last_error(NULL);
+        const char *want = !c[0][0]   ? "has no job secret, this rank has one"
+                           : !c[1][0] ? "has a job secret, this rank none"
+                                      : "has another job secret than this rank's";
+        FAIL_IF(st != TUTTI_ERR_AUTH || !strstr(why, want) || !strstr(why, "TUTTI_AUTH_TOKEN"),
+                "rank %d, secrets '%s' and '%s': init gave %s: %s", rank, c[0], c[1],
+                tutti_status_name(st), why);
+    }
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(secrets_checked_over_shm_and_file_store)
+{
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_secret,
+                       .arg = (void *)secret_cases[_i],
+                       .timeout_ms = 30000,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("auth");
@@ -242,5 +295,10 @@ int main(void)
                  (const TTest *const[]){ sha256_vectors, hmac_vectors, answers_bind_everything,
                                          secret_sources, empty_secret_fails_closed, set_field_wins,
                                          NULL });
+    TCase *tc = tcase_create("job");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, secrets_checked_over_shm_and_file_store, 0,
+                        (int)(sizeof(secret_cases) / sizeof(secret_cases[0])));
+    suite_add_tcase(s, tc);
     return th_main(s);
 }

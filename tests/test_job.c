@@ -198,8 +198,8 @@ static int rank_restart(int rank, int nranks, tutti_comm_t *unused, const char *
         void *rec = NULL;
         size_t rlen = 0;
         FAIL_IF(tutti_store_get(store, rk, &rec, &rlen, 1000) != 0, "record");
-        const char *host = rec; /* the record's last field: rank 0's host, this host */
-        for (int f = 0; f < 13 && host; f++)
+        const char *host = rec;              /* the record's last field: rank 0's host, this host */
+        for (int f = 0; f < 14 && host; f++) /* (format 6: 14 fields before it) */
             host = strchr(host, ' ') ? strchr(host, ' ') + 1 : NULL;
         FAIL_IF(!host, "record %s", (char *)rec);
         struct stat ns;
@@ -540,7 +540,7 @@ TH_RUN_TEST(rank_of_another_world_size, th_run_nocomm(3, rank_world_size, NULL, 
 enum { OV_MEMBER_OLD, OV_MEMBER_NEWER, OV_ROOT_NEWER, OV_RERUN_READY, OV_RERUN_DEAD };
 
 /* Put a record of format fmt (3: format 4's fields without a version; else with version
- * ver, and from 5 on the chunk size and the override's hash) of a 2-rank instance, created age_ms ago by pid 4242 on another host, in
+ * ver, from 5 on the chunk size and the override's hash, from 6 the secret's proof) of a 2-rank instance, created age_ms ago by pid 4242 on another host, in
  * this job's record key; with ready, count its 2 ranks ready. The key's base in base. */
 static int forge_record(tutti_store_t *store, int fmt, const char *ver, long long age_ms, int ready,
                         char *base, size_t blen)
@@ -554,7 +554,9 @@ static int forge_record(tutti_store_t *store, int fmt, const char *ver, long lon
                      "tutti-instance %d%s%s 0123456789abcdef 2 4242 1 1 %lld 60000 "
                      "tcp,tcp %selsewhere/x",
                      fmt, fmt >= 4 ? " " : "", fmt >= 4 ? ver : "", now - age_ms,
-                     fmt >= 5 ? "1048576 - " : "");
+                     fmt >= 6   ? "1048576 - - "
+                     : fmt >= 5 ? "1048576 - "
+                                : "");
     snprintf(key, sizeof(key), "%sinstance", base);
     if (tutti_store_set(store, key, rec, (size_t)n + 1) != 0)
         return -1;
@@ -603,7 +605,7 @@ static int rank_other_version(int rank, int nranks, tutti_comm_t *unused, const 
     FAIL_IF(st != TUTTI_ERR_CONFIG, "init: %s, wanted TUTTI_ERR_CONFIG", tutti_status_name(st));
     FAIL_IF(took > 2000, "init took %.0f ms with a timeout of 5000", took);
     char mine[64];
-    snprintf(mine, sizeof(mine), "this rank runs tutti %s (record format 5)",
+    snprintf(mine, sizeof(mine), "this rank runs tutti %s (record format 6)",
              tutti_version_string());
     FAIL_IF(!strstr(e, "its rank 0 is pid 4242 on host elsewhere/x") || !strstr(e, mine) ||
                 !strstr(e, kind == OV_MEMBER_OLD ? "record format 3, which names no version"

@@ -794,8 +794,8 @@ static int rank_unreadable_record(int rank, int nranks, tutti_comm_t *unused, co
     clock_gettime(CLOCK_REALTIME, &ts);
     char rec[256]; /* lib/core/job.c's format: another host's rank 0, created just now */
     int n = snprintf(rec, sizeof(rec),
-                     "tutti-instance 5 %s 0123456789abcdef 2 4242 1 1 %lld 60000 tcp,tcp "
-                     "1048576 - elsewhere/x",
+                     "tutti-instance 6 %s 0123456789abcdef 2 4242 1 1 %lld 60000 tcp,tcp "
+                     "1048576 - - elsewhere/x",
                      tutti_version_string(), (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
     FAIL_IF(tutti_store_set(s, "tutti/comm0/instance", rec, (size_t)n + 1) != 0, "record");
     snprintf(j->map->fail_check_suffix, sizeof(j->map->fail_check_suffix), "/instance");

@@ -181,9 +181,10 @@ static int live_has(const char *nonce)
 
 /* The record's format. From format 4 on, every record starts "tutti-instance <format>
  * <tutti version>", so that a rank can name what wrote one of a format it cannot read;
- * format 5's fields follow (format 4's, those of format 3, which named no version, lacked
- * the chunk size and the override's hash before the host; format 2 the transports). */
-#define JOB_REC_FORMAT 5
+ * format 6's fields follow (format 5's lacked the job secret's proof before the host,
+ * format 4's, those of format 3, which named no version, the chunk size and the
+ * override's hash; format 2 the transports). */
+#define JOB_REC_FORMAT 6
 
 typedef struct job_rec {
     int format;       /* JOB_REC_FORMAT, or another's (rec_parse's 1) */
@@ -198,8 +199,27 @@ typedef struct job_rec {
     char transport[160]; /* what its TUTTI_TRANSPORT means (tt_transport_canon) */
     size_t chunk_bytes;  /* TUTTI_CHUNK_BYTES: the algorithms' choice and their messages */
     char algo[20];       /* TUTTI_ALGO's fingerprint (comm->algo_fp) */
+    char auth[40];       /* rec_auth: its rank 0's job secret proved, "-" for none */
     char host[256];
 } job_rec_t;
+
+/* The proof of comm's job secret for the instance nonce: the hex of the first 16 bytes
+ * of HMAC-SHA256(secret, "job-record" || nonce), "-" without a secret. Every rank checks
+ * rank 0's against its own (check_record), so ranks with different secrets (or one
+ * without) never form one job, whatever the transport and the store: the tcp hello and
+ * the tcp store check the secret themselves, shm and a file store do not (review,
+ * session 100). The secret never leaves the process; a proof is good for one nonce. */
+static void rec_auth(const tutti_comm_t *comm, const char *nonce, char *out, size_t len)
+{
+    if (!comm->secret) {
+        snprintf(out, len, "-");
+        return;
+    }
+    uint8_t mac[TT_SHA256_LEN];
+    tt_hmac_sha256(comm->secret, comm->secret_len, "job-record", 11, nonce, strlen(nonce), mac);
+    for (size_t i = 0; i < 16 && 2 * i + 2 < len; i++)
+        snprintf(out + 2 * i, len - 2 * i, "%02x", mac[i]);
+}
 
 /* Clocks of two hosts may differ; an instance whose creation lies further in the future
  * than this is taken for garbage (never waited for). */
@@ -275,10 +295,10 @@ int tt_job_proc_gone(long pid, unsigned long long start)
 
 static int rec_format(const job_rec_t *r, char *buf, size_t len)
 {
-    return snprintf(buf, len, "tutti-instance %d %s %s %d %ld %llu %llu %lld %d %s %zu %s %s",
+    return snprintf(buf, len, "tutti-instance %d %s %s %d %ld %llu %llu %lld %d %s %zu %s %s %s",
                     JOB_REC_FORMAT, tutti_version_string(), r->nonce, r->nranks, r->pid, r->start,
                     r->pidns, r->created_ms, r->timeout_ms, r->transport, r->chunk_bytes, r->algo,
-                    r->host);
+                    r->auth, r->host);
 }
 
 /* 0: a record of this format; 1: of another (another tutti version's): r->format and
@@ -298,7 +318,11 @@ static int rec_parse(const char *s, job_rec_t *r)
     }
     s += off;
     off = 0;
-    if (r->format >= 5)
+    if (r->format >= 6)
+        body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %159s %zu %19s %39s %n", r->nonce,
+                      &r->nranks, &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms,
+                      r->transport, &r->chunk_bytes, r->algo, r->auth, &off) >= 11;
+    else if (r->format >= 5)
         body = sscanf(s, "%39s %d %ld %llu %llu %lld %d %159s %zu %19s %n", r->nonce, &r->nranks,
                       &r->pid, &r->start, &r->pidns, &r->created_ms, &r->timeout_ms, r->transport,
                       &r->chunk_bytes, r->algo, &off) >= 10;
@@ -636,6 +660,7 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
     tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
     snprintf(me.algo, sizeof(me.algo), "%s", comm->algo_fp);
     snprintf(me.nonce, sizeof(me.nonce), "%s", comm->nonce);
+    rec_auth(comm, me.nonce, me.auth, sizeof(me.auth));
     snprintf(me.host, sizeof(me.host), "%s", my_host);
     rec_format(&me, comm->record, sizeof(comm->record));
     const char *mine = comm->record;
@@ -824,7 +849,10 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
     int chunks = r->chunk_bytes != comm->opts.chunk_bytes;
     /* "!": that rank's TUTTI_ALGO did not parse, which fails it once joined, saying so */
     int algos = strcmp(r->algo, comm->algo_fp) && r->algo[0] != '!' && comm->algo_fp[0] != '!';
-    if (sizes || tps || chunks || algos) {
+    char proof[sizeof(r->auth)];
+    rec_auth(comm, r->nonce, proof, sizeof(proof));
+    int auths = strlen(proof) != strlen(r->auth) || !tt_auth_equal(proof, r->auth, strlen(proof));
+    if (sizes || tps || chunks || algos || auths) {
         if (rec_stale(r, my_host) || rec_finished(js, r)) {
             reject_nonce(w, r->nonce); /* a previous run's */
             return 1;
@@ -847,9 +875,19 @@ static int check_record(tutti_comm_t *comm, const char *my_host, const job_rec_t
                      "algorithms' choice and their messages follow from it)",
                      comm->store_url, comm->job_base, desc, r->chunk_bytes, comm->rank,
                      comm->opts.chunk_bytes);
+        else if (auths)
+            snprintf(err, errlen,
+                     "store %s, prefix %s: %s %s: every rank of a job must have the same "
+                     "secret (TUTTI_AUTH_TOKEN or TUTTI_AUTH_TOKEN_FILE), or none",
+                     comm->store_url, comm->job_base, desc,
+                     r->auth[0] == '-' ? "has no job secret, this rank has one"
+                     : !comm->secret   ? "has a job secret, this rank none"
+                                       : "has another job secret than this rank's");
         else
             algo_mismatch(comm, r, desc, err, errlen);
-        int st = sizes ? TUTTI_ERR_MISMATCH : TUTTI_ERR_CONFIG;
+        int st = sizes                      ? TUTTI_ERR_MISMATCH
+                 : auths && !tps && !chunks ? TUTTI_ERR_AUTH
+                                            : TUTTI_ERR_CONFIG;
         /* The ranks that joined r wait in their set-up for this one: while r is still
          * starting, leave this rank's reason as r's first failure so that they fail
          * within a slice of their wait, not at their timeout. (Were r another job's
