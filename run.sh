@@ -4,7 +4,7 @@
 #   ./run.sh test    install what is missing, check the C style (.clang-format), build, run
 #                    the whole test suite, then again under ASan+UBSan, the fuser's suite
 #                    under TSan, the fuzz targets (fuzz/, libFuzzer) for FUZZ_SECONDS each
-#                    (default 12, two at a time: CI has 30 minutes; a fresh clone here
+#                    (default 8, two at a time: CI has 30 minutes; a fresh clone here
 #                    took 1525 s in session 91), then the ibverbs suites on soft-RoCE
 #                    inside a qemu guest (tests/rdma/ci.sh;
 #                    TUTTI_RXE_VM=0 skips that step)

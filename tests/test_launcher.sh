@@ -512,6 +512,11 @@ a=$(mp "$run" --nproc_per_node 1 --nnodes 2 --node_rank 1 --master_addr h --mast
 printf 'import os, sys\nos.write(1, f"script {os.environ[\x27RANK\x27]} {sys.argv[1:]}\\n".encode())\n' >"$el/s.py"
 out=$(cd "$el" && timeout 30 "$run" --nproc-per-node 2 --standalone s.py a 2>&1 | sort | tr '\n' ';')
 [ "$out" = "script 0 ['a'];script 1 ['a'];" ] || fail "tutti-run SCRIPT.py: $out"
+# torchrun's default of one process: a torchrun command line without --nproc-per-node
+out=$(cd "$el" && timeout 30 "$run" s.py b 2>&1 | tr '\n' ';')
+[ "$out" = "script 0 ['b'];" ] || fail "tutti-run SCRIPT.py without -np: $out"
+timeout 30 "$run" true 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "tutti-run PROGRAM without -np: exit $rc, expected 2"
 mv "$el/s.py" "$el/tt_mod.py"
 out=$(cd "$el" && timeout 30 "$run" --nproc-per-node 2 -m tt_mod b 2>&1 | sort | tr '\n' ';')
 [ "$out" = "script 0 ['b'];script 1 ['b'];" ] || fail "tutti-run -m MODULE: $out"

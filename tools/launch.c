@@ -669,6 +669,17 @@ void tt_launch_stop(tt_launch_t *l)
     l->kill_at = now_ms() + TT_LAUNCH_GRACE_MS;
 }
 
+void tt_launch_stop_failed(tt_launch_t *l)
+{
+    const char *dir = getenv("TUTTI_TRACE_DIR");
+    if (l->kill_at || l->soft_death || !dir || !dir[0]) {
+        tt_launch_stop(l);
+        return;
+    }
+    l->term_at = now_ms() + TT_LAUNCH_RECORD_MS;
+    l->kill_at = l->term_at + TT_LAUNCH_GRACE_MS;
+}
+
 void tt_launch_tick(tt_launch_t *l)
 {
     for (int k = 0; k < 2; k++) {
@@ -730,6 +741,10 @@ static void drain_groups(tt_launch_t *l)
 {
     if (!l->own_groups || !l->kill_at || l->killed)
         return;
+    if (l->term_at) { /* the ranks exited before a delayed SIGTERM: their groups get it */
+        signal_all(l, SIGTERM);
+        l->term_at = 0;
+    }
     pid_t *sorted = malloc((size_t)l->np * sizeof(pid_t));
     int n = 0;
     if (!sorted)
@@ -816,7 +831,7 @@ int tt_launch_wait_all(tt_launch_t *l, int timeout_s, int soft_code)
             if (code > rc)
                 rc = code;
             if (code != 0 && code != soft_code)
-                tt_launch_stop(l);
+                tt_launch_stop_failed(l);
         }
         int got = tt_launch_signal_received();
         if (!tt_launch_stopping(l) && got) {

@@ -109,6 +109,14 @@ int tt_launch_exit_fd(const tt_launch_t *l);
 /* Begins stopping every rank: SIGTERM now (to the groups of exited ranks too, where
  * they have their own), SIGKILL from tt_launch_tick after TT_LAUNCH_GRACE_MS. */
 void tt_launch_stop(tt_launch_t *l);
+/* tt_launch_stop for a rank's failure: with TUTTI_TRACE_DIR set in the environment the
+ * ranks inherit, the SIGTERM waits TT_LAUNCH_RECORD_MS first (from tt_launch_tick), so
+ * that a rank outside the library, which looks for a failed peer once a second
+ * (TT_TRACE_WATCH_MS, spread by a quarter either way), writes its flight record before it
+ * is stopped: it holds the record that matters most (docs/architecture.md). A rank that
+ * exits meanwhile is not waited for. */
+#define TT_LAUNCH_RECORD_MS 1750
+void tt_launch_stop_failed(tt_launch_t *l);
 void tt_launch_tick(tt_launch_t *l);
 int tt_launch_stopping(const tt_launch_t *l);
 

@@ -62,7 +62,8 @@ static void usage(FILE *f, const char *argv0)
             "Start N ranks of PROGRAM on this host with the TUTTI_* variables that\n"
             "tutti_comm_init_env() reads.\n"
             "\n"
-            "  -n, -np, --np N     ranks on this host\n"
+            "  -n, -np, --np N     ranks on this host (torchrun's default of 1 for -m MODULE,\n"
+            "                      SCRIPT.py and --standalone; required otherwise)\n"
             "  -s, --store URL     rendezvous store: file:///DIR, tcp://HOST:PORT or\n"
             "                      redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (default: a file\n"
             "                      store in a fresh directory in $TMPDIR or /tmp, removed\n"
@@ -131,12 +132,13 @@ static void usage(FILE *f, const char *argv0)
             "  -h, --help          show this help\n"
             "\n"
             "The first rank that fails brings the others down (SIGTERM, then SIGKILL after\n"
-            "%d ms). Exit status: 0 when every rank exited 0, else the first failing\n"
-            "rank's status (of the last attempt; 128+signal for a signal, 124 for\n"
-            "--timeout, which counts over every attempt); 2 on bad usage.\n"
+            "%d ms; with TUTTI_TRACE_DIR set, the SIGTERM %d ms after the failure, for the\n"
+            "others' flight records). Exit status: 0 when every rank exited 0, else the\n"
+            "first failing rank's status (of the last attempt; 128+signal for a signal,\n"
+            "124 for --timeout, which counts over every attempt); 2 on bad usage.\n"
             "SIGUSR1 and SIGUSR2 are passed on to the ranks (the launch goes on).\n"
             "The temporary store is made in $TMPDIR (default /tmp).\n",
-            argv0, TT_LAUNCH_GRACE_MS);
+            argv0, TT_LAUNCH_GRACE_MS, TT_LAUNCH_RECORD_MS);
 }
 
 static double now_ms(void)
@@ -721,6 +723,14 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         fprintf(stderr, "tutti-run --agent: node %s is not among the --place nodes\n",
                 getenv("SLURMD_NODENAME") ? getenv("SLURMD_NODENAME") : "(no SLURMD_NODENAME)");
         return 2;
+    }
+    if (o_p->np <= 0 && !o_p->nhosts && optind < argc && !o_p->agent) {
+        /* a torchrun command line (-m MODULE, a *.py script, --standalone): torchrun's
+         * default of one process a node, so that it runs unchanged (README) */
+        size_t plen = strlen(argv[optind]);
+        if (o_p->module || o_p->standalone ||
+            (!o_p->no_python && plen > 3 && !strcmp(argv[optind] + plen - 3, ".py")))
+            o_p->np = 1;
     }
     if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
         fprintf(stderr, "tutti-run: %s\n",
@@ -1384,7 +1394,10 @@ static int supervise(tt_launch_t *l, const run_opts_t *o, tagger_t *tags, struct
                 if (tt_rdzv_end_round(z, reason, why, whylen) < 0)
                     status = status ? status : 1;
             }
-            tt_launch_stop(l);
+            if (first_failed >= 0 && !got) /* (the others' flight records first) */
+                tt_launch_stop_failed(l);
+            else
+                tt_launch_stop(l);
         }
         tt_launch_tick(l);
     }

@@ -149,7 +149,7 @@ int tutti_fuse_opts_init(tutti_fuse_opts_t *opts)
         size_t x;
         if (v && tt_parse_size(v, &x) == 0)
             *fields[i] = x;
-        else if (v)
+        else if (v && tt_warn_first(names[i], v)) /* once a process */
             TT_WARN("TUTTI_%s=%s is not a size (like 25M or 512K); ignored", names[i], v);
     }
     return TUTTI_OK;

@@ -79,7 +79,8 @@ static size_t env_size(const char *name, size_t def)
     if (!v)
         return def;
     if (tt_parse_size(v, &n) < 0) {
-        TT_WARN("TUTTI_%s=%s is not a size (like 4096, 64K, 1M); using %zu", name, v, def);
+        if (tt_warn_first(name, v)) /* once a process, as every knob's (configuration.md) */
+            TT_WARN("TUTTI_%s=%s is not a size (like 4096, 64K, 1M); using %zu", name, v, def);
         return def;
     }
     return n;
