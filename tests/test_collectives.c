@@ -869,6 +869,29 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
                     name[how], nranks, first + i, (double)ref_half_to_float(out[i]),
                     (double)ref_half_to_float(want[first + i]));
     }
+    /* scan and exscan: the mean of the prefix (exscan in place: rank 0's buffer as it
+     * was); overflowed to inf on the last ranks until session 100 */
+    for (int ex = 0; ex < 2; ex++) {
+        for (int inplace = 0; inplace < 2; inplace++) {
+            memcpy(out, in, sizeof(out));
+            int st = ex ? tutti_exscan(comm, inplace ? TUTTI_IN_PLACE : in, out, N, TUTTI_FP16,
+                                       TUTTI_AVG)
+                        : tutti_scan(comm, inplace ? TUTTI_IN_PLACE : out, out, N, TUTTI_FP16,
+                                     TUTTI_AVG);
+            FAIL_IF(st != 0, "%s %s%s: %s", algo, ex ? "exscan" : "scan",
+                    inplace ? " in place" : "", tutti_comm_last_error(comm));
+            int k = rank + !ex; /* ranks in the prefix */
+            for (size_t i = 0; i < N; i++) {
+                double sum = 0;
+                for (int r = 0; r < k; r++)
+                    sum += 30016 + 64 * (int)((r * 3 + i) % 4);
+                uint16_t w = k ? ref_float_to_half((float)sum / (float)k) : in[i];
+                FAIL_IF(out[i] != w, "%s %s%s, %d ranks, rank %d [%zu]: got %g, expected %g", algo,
+                        ex ? "exscan" : "scan", inplace ? " in place" : "", nranks, rank, i,
+                        (double)ref_half_to_float(out[i]), (double)ref_half_to_float(w));
+            }
+        }
+    }
     tutti_comm_destroy(comm);
     tutti_store_close(store);
     return 0;

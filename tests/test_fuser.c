@@ -1635,6 +1635,12 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
             "bad dtype accepted");
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "tensor 1: invalid dtype 42"), "message: %s",
             tutti_comm_last_error(comm));
+    { /* the rank once, not "rank 0: rank 0: " (review, session 100) */
+        char once[32];
+        snprintf(once, sizeof(once), "rank %d: rank", tutti_comm_rank(comm));
+        FAIL_IF(strstr(tutti_comm_last_error(comm), once), "message: %s",
+                tutti_comm_last_error(comm));
+    }
     dts[1] = TUTTI_FP32;
     FAIL_IF(tutti_broadcast_coalesced(comm, bufs, counts, dts, 2, 0, 0) != TUTTI_ERR_INVALID_ARG,
             "NULL buffer accepted");

@@ -51,10 +51,15 @@ typedef enum tutti_dtype {
     TUTTI_DTYPE_COUNT
 } tutti_dtype_t;
 
-/* Reduction ops. fp16 and bf16 reduce in fp32. AVG divides the sum by the rank
- * count at the end (integer division, truncating, for integer types); fp16's AVG scales
+/* Reduction ops. fp16 and bf16 reduce in fp32 a step at a time: each combination of two
+ * vectors computes in fp32 and rounds back, so a sum over more than two ranks depends on
+ * the algorithm's grouping (as NCCL's; every rank still gets the same bits). AVG divides
+ * the sum by the rank count at the end (integer division, truncating, for integer types,
+ * of the sum as it wrapped: an 8- or 16-bit mean whose sum overflows the type comes out
+ * wrong, as with NCCL's ncclAvg: reduce a wider type); fp16's AVG scales
  * each input by 2^-k first (2^k the least power of two >= the rank count) and the sum by
- * 2^k / ranks at the end (allreduce, reduce, reduce_scatter), so that a mean that fits
+ * 2^k / ranks at the end (allreduce, reduce, reduce_scatter, scan, exscan: there the ranks
+ * the prefix holds), so that a mean that fits
  * fp16 does not overflow where the sum would (NCCL's ncclAvg scales by 1/ranks first);
  * inputs below 2^-14 * 2^k lose bits to fp16's subnormal range on the way. Every rank
  * gets the same bits from allreduce, floats included, except the sign and payload of a

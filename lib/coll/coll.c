@@ -458,7 +458,9 @@ static void avg_own_block(tt_op_t *op)
 static void avg_prefix(tt_op_t *op)
 {
     const int k = op->rank + (op->coll == TT_COLL_SCAN);
-    if (k > 1)
+    if (op->avg_scale && k >= 1) /* fp16: every input was scaled by 1 / avg_scale */
+        tt_reduce_f16_scale(op->recvbuf, op->count, op->avg_scale, (float)k);
+    else if (k > 1)
         tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, k);
 }
 

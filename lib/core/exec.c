@@ -181,11 +181,16 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     void *scaled = NULL;
     if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && op->dtype == TUTTI_FP16 &&
         (op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_REDUCE ||
-         op->coll == TT_COLL_REDUCE_SCATTER)) {
+         op->coll == TT_COLL_REDUCE_SCATTER || op->coll == TT_COLL_SCAN ||
+         op->coll == TT_COLL_EXSCAN)) {
         /* a copy where the input must stay: out of place, and reduce_scatter always (in
          * place, the other blocks' input is left as it was: NCCL's in place puts recvbuf
-         * at this rank's block of sendbuf, which at rank 0 is sendbuf itself) */
-        if ((op->sendbuf != op->recvbuf || op->coll == TT_COLL_REDUCE_SCATTER) && bytes) {
+         * at this rank's block of sendbuf, which at rank 0 is sendbuf itself), and exscan
+         * (rank 0's buffer is not written; scan and exscan overflowed to inf where the
+         * mean fits until session 100, found by review) */
+        if ((op->sendbuf != op->recvbuf || op->coll == TT_COLL_REDUCE_SCATTER ||
+             op->coll == TT_COLL_EXSCAN) &&
+            bytes) {
             scaled = malloc(bytes);
             if (!scaled) {
                 snprintf(err, errlen, "rank %d: %s seq %llu: out of memory for the scaled input",

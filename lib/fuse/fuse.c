@@ -1266,18 +1266,16 @@ static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *count
     if (tt_comm_foreign(comm))
         return tt_comm_refuse_foreign(comm, "coalesced call", 0);
     if (n < 0 || (n > 0 && (!bufs || !counts || !dtypes)))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "rank %d: coalesced call: %s",
-                                 tutti_comm_rank(comm),
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "coalesced call: %s",
                                  n < 0 ? "a negative tensor count" : "bufs, counts or dtypes NULL");
     for (int i = 0; i < n; i++) {
         if ((unsigned)dtypes[i] >= TUTTI_DTYPE_COUNT)
             return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "rank %d: coalesced call: tensor %d: invalid dtype %d",
-                                     tutti_comm_rank(comm), i, (int)dtypes[i]);
+                                     "coalesced call: tensor %d: invalid dtype %d", i,
+                                     (int)dtypes[i]);
         if (counts[i] > SIZE_MAX / 16 || (counts[i] && !bufs[i]))
-            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                     "rank %d: coalesced call: tensor %d: %s",
-                                     tutti_comm_rank(comm), i,
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "coalesced call: tensor %d: %s",
+                                     i,
                                      counts[i] > SIZE_MAX / 16 ? "count too large"
                                                                : "NULL buffer with a count > 0");
         const char *kind; /* small tensors are packed with memcpy */
