@@ -527,12 +527,18 @@ static int tt_is_complex(tutti_dtype_t dtype)
  * element's four parts are read before it is written). No contraction into fused
  * multiply-adds, so that every build (and an FMA machine's) rounds each product alone:
  * the result is the plain C expression's. */
+#if defined(__clang__)
+#define TT_NO_CONTRACT_ATTR
+#define TT_NO_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#else
+#define TT_NO_CONTRACT_ATTR __attribute__((optimize("fp-contract=off")))
+#define TT_NO_CONTRACT_BODY
+#endif
 #define TT_DEF_CPROD(nm, T, UT)                                                                    \
-    __attribute__((optimize("fp-contract=off"))) static void tt_cprod_##nm(void *dv,               \
-                                                                           const void *av,         \
-                                                                           const void *bv,         \
-                                                                           size_t n)               \
+    TT_NO_CONTRACT_ATTR static void tt_cprod_##nm(void *dv, const void *av, const void *bv,        \
+                                                  size_t n)                                        \
     {                                                                                              \
+        TT_NO_CONTRACT_BODY                                                                        \
         UT *d = dv;                                                                                \
         const UT *a = av, *b = bv;                                                                 \
         for (size_t i = 0; i < 2 * n; i += 2) {                                                    \
