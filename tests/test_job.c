@@ -1018,7 +1018,55 @@ START_TEST(peer_without_progress_thread)
 }
 END_TEST
 
-TH_CASES_MAIN("job", 60, TH_CASE(rejected_rank_joins_next_job, 1),
+/* Prefixed views are key spaces of their own (Gloo's and torch's PrefixStore): ranks 0-1
+ * make a communicator on view "pair/", then all three one on "world/" (and, _i = 1, two
+ * on "world/" one after the other). Counted on the base store for every view, the
+ * "world/" one was comm1 on ranks 0-1 and comm0 on rank 2: every rank waited out its
+ * timeout (review, session 100). */
+static int rank_views(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const int twice = *(int *)arg;
+    tutti_store_t *base = NULL, *pair = NULL, *world = NULL;
+    FAIL_IF(tutti_store_open_file(&base, dir, 10000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 5000;
+    o.job_id = "views";
+    tutti_comm_t *c = NULL;
+    if (rank < 2) {
+        FAIL_IF(tutti_store_open_prefixed(&pair, base, "pair/") != 0, "view");
+        FAIL_IF(tutti_comm_init(&c, pair, rank, 2, &o) != 0, "pair: %s",
+                tutti_comm_last_error(NULL));
+        tutti_comm_destroy(c);
+    }
+    FAIL_IF(tutti_store_open_prefixed(&world, base, "world/") != 0, "view");
+    for (int k = 0; k <= twice; k++) {
+        double t0 = th_now_ms();
+        FAIL_IF(tutti_comm_init(&c, world, rank, nranks, &o) != 0, "world %d: %s", k,
+                tutti_comm_last_error(NULL));
+        int32_t v = rank + 1;
+        FAIL_IF(tutti_allreduce(c, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM) != 0 || v != 6,
+                "allreduce: %s", tutti_comm_last_error(c));
+        FAIL_IF(th_now_ms() - t0 > 4000, "world %d took %.0f ms", k, th_now_ms() - t0);
+        tutti_comm_destroy(c);
+    }
+    tutti_store_close(world);
+    if (pair)
+        tutti_store_close(pair);
+    tutti_store_close(base);
+    return 0;
+}
+
+START_TEST(views_count_apart)
+{
+    int twice = _i;
+    int codes[3];
+    ck_assert_int_eq(th_run_apart(3, rank_views, &twice, 30000, codes), 0);
+}
+END_TEST
+
+TH_CASES_MAIN("job", 60, TH_CASE(views_count_apart, 2), TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
               TH_CASE(restarted_across_hosts, 1), TH_CASE(contest_check_fails_open, 1),

@@ -17,9 +17,40 @@
  * keeps the latest one, returned by tutti_store_last_error(NULL). */
 static __thread char open_error[1024];
 
+struct tt_comm_ids {
+    struct tt_comm_ids *next;
+    unsigned count;
+    char prefix[]; /* a view's whole prefix */
+};
+
 unsigned tt_store_next_comm_id(tutti_store_t *store)
 {
-    return atomic_fetch_add(&store->base->next_comm_id, 1u);
+    tutti_store_t *b = store->base;
+    const char *p = store->prefix ? store->prefix : "";
+    unsigned id = 0;
+    pthread_mutex_lock(&b->comm_ids_lock);
+    struct tt_comm_ids *c = b->comm_ids;
+    while (c && strcmp(c->prefix, p))
+        c = c->next;
+    if (!c && (c = malloc(sizeof(*c) + strlen(p) + 1))) {
+        strcpy(c->prefix, p);
+        c->count = 0;
+        c->next = b->comm_ids;
+        b->comm_ids = c;
+    }
+    if (c) /* (out of memory: 0, a collision the job's checks name at worst) */
+        id = c->count++;
+    pthread_mutex_unlock(&b->comm_ids_lock);
+    return id;
+}
+
+void tt_store_comm_ids_free(tutti_store_t *base)
+{
+    while (base->comm_ids) {
+        struct tt_comm_ids *c = base->comm_ids;
+        base->comm_ids = c->next;
+        free(c);
+    }
 }
 
 /* Record "store URL: op 'key': cause" as the handle's last error. */
@@ -501,7 +532,6 @@ int tutti_store_open_prefixed(tutti_store_t **store_p, tutti_store_t *base, cons
     v->base = base->base;
     v->port = base->port;
     atomic_init(&v->timeout_ms, atomic_load(&base->timeout_ms));
-    atomic_init(&v->next_comm_id, 0);
     pthread_mutex_init(&v->err_lock, NULL);
     *store_p = v;
     return TUTTI_OK;

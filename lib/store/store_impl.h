@@ -82,8 +82,11 @@ struct tutti_store {
     char *url; /* "file:///dir", "tcp://host:port", "tcp://[::1]:port" */
     int port;  /* -1 for non-tcp stores */
     atomic_int timeout_ms;
-    atomic_uint next_comm_id; /* used on the base only */
-    atomic_int refs;          /* base only: the opener's, plus one per tt_store_retain */
+    /* base only: the communicators made so far on each view's prefix (tt_store_next_comm_id),
+     * under comm_ids_lock */
+    struct tt_comm_ids *comm_ids;
+    pthread_mutex_t comm_ids_lock;
+    atomic_int refs; /* base only: the opener's, plus one per tt_store_retain */
     pthread_mutex_t err_lock;
     char last_error[1024];
     void *impl; /* backend state; NULL for views */
@@ -99,10 +102,15 @@ int tt_store_open_timeout_ms(int timeout_ms);
 /* Free a handle made by tt_store_alloc without calling ops->close. */
 void tt_store_free(tutti_store_t *s);
 
-/* 0, 1, 2, ... on successive calls, counted on the base store of a view (thread-safe). The
- * communicator uses it to give each communicator on one store a key prefix of its own.
- * (store.c) */
+/* 0, 1, 2, ... on successive calls on views of one prefix (the base's own keys are the
+ * prefix ""), counted on their base store (thread-safe). The communicator uses it to give
+ * each communicator on one key space a prefix of its own. Per prefix, as Gloo's and
+ * torch's PrefixStore are key spaces of their own: counted on the base for all views, a
+ * 2-rank communicator on view "pair/" made the next on "world/" comm1 on its ranks and
+ * comm0 on the third, which waited out its timeout (review, session 100). (store.c) */
 unsigned tt_store_next_comm_id(tutti_store_t *store);
+/* Frees a base store's counts (tt_store_free). */
+void tt_store_comm_ids_free(tutti_store_t *base);
 
 /* Take a reference to store's base store, which tutti_store_close of it gives back: the
  * base closes with its last reference. Returns the base. (store.c) */

@@ -87,7 +87,7 @@ tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int po
     s->base = s;
     s->port = port;
     atomic_init(&s->timeout_ms, timeout_ms);
-    atomic_init(&s->next_comm_id, 0);
+    pthread_mutex_init(&s->comm_ids_lock, NULL);
     atomic_init(&s->refs, 1);
     pthread_mutex_init(&s->err_lock, NULL);
     return s;
@@ -98,6 +98,10 @@ void tt_store_free(tutti_store_t *s)
     if (!s)
         return;
     pthread_mutex_destroy(&s->err_lock);
+    if (s->base == s) {
+        tt_store_comm_ids_free(s);
+        pthread_mutex_destroy(&s->comm_ids_lock);
+    }
     free(s->prefix);
     free(s->url);
     free(s);
