@@ -73,3 +73,39 @@ def test_integer_options_a_field_cannot_hold_are_refused(tmp_path):
     with tutti.Store(url, timeout_ms=2**31 - 1) as s:  # the largest a C int holds
         with pytest.raises(tutti.InvalidArgError, match="timeout_ms .* out of range"):
             tutti.Communicator(s, 0, 1, timeout_ms=2**32 + 50)
+
+
+def test_call_integers_a_c_argument_cannot_hold_are_refused(store):
+    """add's delta, get's and wait's timeouts: ctypes kept their low bits (add(k, 2**64 + 1)
+    added 1, get(k, 2**32 + 5) waited 5 ms; review, session 100)."""
+    for call, what in ((lambda: store.add("c", 2**64 + 1), "delta"),
+                       (lambda: store.add("c", -2**63 - 1), "delta"),
+                       (lambda: store.get("missing", 2**32 + 5), "timeout_ms"),
+                       (lambda: store.wait(["missing"], 2**32 + 5), "timeout_ms")):
+        with pytest.raises(tutti.InvalidArgError, match=f"{what} .* out of range"):
+            call()
+    assert store.add("c", 2**63 - 1) == 2**63 - 1  # the limits themselves pass
+    assert store.add("d", -2**63) == -2**63
+
+
+def test_a_store_under_views_or_communicators_is_not_closed(tmp_path):
+    """close() of a store whose view (or a communicator made on that view) is open is
+    refused: the library frees what they use, and their next call crashed the process
+    (review, session 100). Closed in order, everything goes."""
+    s = tutti.Store(f"file://{tmp_path}")
+    v = s.prefixed("grp/")
+    vv = v.prefixed("sub/")
+    c = tutti.Communicator(vv, 0, 1, timeout_ms=5000)
+    for st in (s, v):
+        with pytest.raises(tutti.Error, match="communicator"):
+            st.close()
+    c.destroy()
+    with pytest.raises(tutti.Error, match="open view"):
+        s.close()
+    with pytest.raises(tutti.Error, match="open view"):
+        v.close()
+    vv.set("k", b"1")
+    assert v.get("sub/k", 0) == b"1"  # all still usable
+    vv.close()
+    v.close()
+    s.close()

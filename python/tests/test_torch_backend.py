@@ -1745,3 +1745,13 @@ def test_forked_child_is_refused():
     got = launch(forked_child_is_refused, 2, timeout=60)
     for r in range(2):
         assert got.get(r) == ("ok", "child status 0, gathered [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]"), got
+
+
+def test_store_timeouts_as_torch_means_them():
+    """tutti.torch.Store's call timeouts: torch's 0 (no limit) and anything beyond a C int
+    are the longest a call takes (2**31 - 1 ms); -1 was the tutti store's own default (1 s
+    here), and 30 days wrapped (review, session 100)."""
+    import tutti.torch as tt
+    assert tt._ms(datetime.timedelta(0)) == 2**31 - 1
+    assert tt._ms(datetime.timedelta(days=30)) == 2**31 - 1
+    assert tt._ms(datetime.timedelta(seconds=2)) == 2000

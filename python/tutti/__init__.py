@@ -136,7 +136,12 @@ def _close_all():
     for c in list(_live_comms):  # (a forked child's inherited ones are forgotten)
         c.destroy()
     _reap(every=True)  # every op has ended with its communicator
-    for s in sorted(_live_stores, key=lambda s: s._base is None):  # views before bases
+    def depth(s):
+        d = 0
+        while s._base is not None:
+            s, d = s._base, d + 1
+        return d
+    for s in sorted(_live_stores, key=depth, reverse=True):  # views before their bases
         s.close()
 
 
@@ -513,6 +518,7 @@ class Store(_Handle):
 
     def get(self, key, timeout_ms=-1):
         p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        timeout_ms = _int(timeout_ms, "get's timeout_ms")  # (ctypes would cut it)
         self._check(_lib_.tutti_store_get(self._handle(), self._key(key), ctypes.byref(p),
                                           ctypes.byref(n), timeout_ms))
         try:
@@ -522,6 +528,7 @@ class Store(_Handle):
 
     def add(self, key, delta=1):
         out = ctypes.c_int64()
+        delta = _int(delta, "add's delta", -2**63, 2**63 - 1)
         self._check(_lib_.tutti_store_add(self._handle(), self._key(key), delta, ctypes.byref(out)))
         return out.value
 
@@ -555,6 +562,7 @@ class Store(_Handle):
         return bool(out.value)
 
     def wait(self, keys, timeout_ms=-1):
+        timeout_ms = _int(timeout_ms, "wait's timeout_ms")
         arr, n = self._keys(keys)
         self._check(_lib_.tutti_store_wait(self._handle(), arr, n, timeout_ms))
 
@@ -570,12 +578,27 @@ class Store(_Handle):
                                             ctypes.byref(out)))
         return out.value
 
+    def _under(self, store):
+        """Whether store is this handle or a view made from it (at any depth)."""
+        while store is not None:
+            if store is self:
+                return True
+            store = store._base
+        return False
+
     def close(self):
-        """Close the handle. Communicators made on it must be destroyed first."""
-        users = [c for c in _live_comms if c._store is self and c._h]
+        """Close the handle. Communicators made on it or on its views, and its views,
+        must be closed first (the library frees what they use: closing a base under a
+        view, or under a communicator made on a view, crashed the process at its next
+        use; review, session 100)."""
+        users = [c for c in _live_comms if c._h and self._under(c._store)]
         if users:
             raise Error(f"tutti: the store {self.url} is still used by {len(users)} "
-                        "communicator(s); destroy them first", -1)
+                        "communicator(s) (on it or on its views); destroy them first", -1)
+        views = [v for v in _live_stores if v is not self and v._h and self._under(v._base)]
+        if views and self._h:
+            raise Error(f"tutti: the store {self.url} has {len(views)} open view(s) "
+                        "(Store.prefixed); close them first", -1)
         if self._h:
             _lib_.tutti_store_close(self._h)
             self._h = None

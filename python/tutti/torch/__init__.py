@@ -67,9 +67,11 @@ def _store_errors(fn):
 
 
 def _ms(timeout):
-    """A torch timeout (a timedelta) in ms; 0, as torch takes it, is none (-1)."""
+    """A torch timeout (a timedelta) in ms for a store call: 0, which torch takes for no
+    limit, and anything longer than an int holds, are INT_MAX ms (24.8 days; -1 would be
+    the tutti store's own default, and a bigger value wrapped: review, session 100)."""
     ms = int(timeout.total_seconds() * 1000)
-    return ms if ms > 0 else -1
+    return ms if 0 < ms < 2**31 - 1 else 2**31 - 1
 
 
 class Store(_dist.Store):
