@@ -372,7 +372,9 @@ int tutti_comm_destroy(tutti_comm_t *comm);
  * takes the communicator's locks and logs, as tutti_comm_revoke does): a signal that
  * lands while this thread holds them in a call of its own deadlocks if its handler calls
  * it. From a signal (SIGTERM, SIGALRM) call it on a thread that waits for the signal
- * (sigwait, signalfd) or that the handler wakes through a pipe. */
+ * (sigwait, signalfd) or that the handler wakes through a pipe. Local, as ncclCommAbort
+ * is (not MPI_Abort): the other ranks are not told, and those waiting on this one fail
+ * at their timeout; tutti_comm_revoke tells them at once. */
 int tutti_comm_abort(tutti_comm_t *comm);
 
 /* MPIX_Comm_shrink: a shrink without naming the ranks to leave out: the ranks that call
@@ -648,7 +650,14 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
  * rank, whose send may already be done, gets the mismatch at its next call. Sends and
  * receives never hold up the communicator's queue: post them async in any order
  * (send then receive on both sides is fine) and wait. Ordered with the collectives
- * issued before and after them on this communicator. */
+ * issued before and after them on this communicator: one stream per pair of ranks
+ * carries both, so a message must be received in the same place among the collectives
+ * as it was sent (MPI and Gloo keep point-to-point apart: a send left outstanding over a
+ * collective the peer enters first, or receives posted in another tag order than the
+ * sends, fail the communicator here with TUTTI_ERR_MISMATCH naming both calls; put
+ * such traffic on a communicator of its own, tutti_comm_split with one color). peer
+ * must be another rank: a send or receive to oneself is TUTTI_ERR_INVALID_ARG (copy
+ * the data; NCCL and MPI accept it). */
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
