@@ -263,6 +263,12 @@ START_TEST(test_get_timeout)
     ck_assert_msg(el >= 200 && el <= 1200, "wait(200 ms) took %.0f ms", el);
     msg = tutti_store_last_error(c.s);
     ck_assert_msg(strstr(msg, "not-here-either"), "wait message lacks the key: %s", msg);
+    /* ... and so does multi_get (it named the first key, which is set: session 100) */
+    void *mv[2];
+    EXPECT(c.s, tutti_store_multi_get(c.s, keys, 2, mv, NULL, 100), TUTTI_ERR_TIMEOUT);
+    msg = tutti_store_last_error(c.s);
+    ck_assert_msg(strstr(msg, "not-here-either") && !strstr(msg, "'here'"),
+                  "multi_get message names the wrong key: %s", msg);
     /* among many keys, the one missing, found soon after the deadline */
     enum { NW = 300, MISSING = 137 };
     char names[NW][16];

@@ -935,7 +935,13 @@ int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t 
     if (st >= 0)
         st = b->ops->multi_get ? b->ops->multi_get(b, ck, n, vals, lens, deadline, &err)
                                : generic_multi_get(b, ck, n, vals, lens, deadline, &err);
-    st = op_result(store, st, n > 1 ? "multi_get (first key)" : "multi_get", k[0], &err);
+    /* a timeout names a key still missing, as wait's does (it named the first, maybe set) */
+    size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(b, ck, n) : n;
+    st = op_result(store, st,
+                   m < n   ? "multi_get (a key missing)"
+                   : n > 1 ? "multi_get (first key)"
+                           : "multi_get",
+                   k[m < n ? m : 0], &err);
     if (st >= 0) {
         memcpy(values_p, vals, n * sizeof(*vals));
         if (lens_p)
