@@ -109,3 +109,27 @@ def test_a_store_under_views_or_communicators_is_not_closed(tmp_path):
     vv.close()
     v.close()
     s.close()
+
+
+def test_a_store_with_a_call_in_another_thread_is_not_closed(tmp_path):
+    """close() while another thread waits in get() is refused (it freed the handle under
+    the call: SIGSEGV; review, session 100); once the call returned, it closes."""
+    import threading
+    import time
+    s = tutti.Store(f"file://{tmp_path}")
+    out = []
+
+    def waiter():
+        try:
+            s.get("never", 1500)
+        except tutti.Error as e:
+            out.append(type(e).__name__)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    with pytest.raises(tutti.Error, match="in use by 1 call"):
+        s.close()
+    t.join(10)
+    assert out == ["TimeoutError"], out
+    s.close()

@@ -9,6 +9,7 @@ explanation (rank, peer, op). See docs/python.md.
 import atexit
 import collections
 import ctypes
+import functools
 import json
 import math
 import operator
@@ -142,7 +143,10 @@ def _close_all():
             s, d = s._base, d + 1
         return d
     for s in sorted(_live_stores, key=depth, reverse=True):  # views before their bases
-        s.close()
+        try:
+            s.close()
+        except Error:  # a call still in a daemon thread: the process ends with it
+            pass
 
 
 _OPS = {}
@@ -413,10 +417,31 @@ def _url_redacted(url):
     return f"{head}{keep}***{info[at:]}"
 
 
+_store_calls = threading.Lock()  # guards Store._inflight, and close() against calls
+
+
+def _store_call(fn):
+    """A Store method that enters the library: counted while it runs, so that close() from
+    another thread refuses rather than free the handle under it (a get blocked in one
+    thread and a close in another crashed the process: review, session 100)."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        with _store_calls:
+            self._inflight += 1
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            with _store_calls:
+                self._inflight -= 1
+    return call
+
+
 class Store(_Handle):
     """A rendezvous store: Store("file:///tmp/job"), Store("tcp://host:port",
     is_server=True, auth_token=...) or Store("redis://[[user]:password@]host[:port][/db]",
     password=...). Options are tutti_store_opts_t's fields."""
+
+    _inflight = 0  # calls in the library now (_store_call)
 
     def __init__(self, url, **opts):
         self._h = self._base = None
@@ -512,10 +537,12 @@ class Store(_Handle):
             raise TypeError(f"tutti: a store {what} is bytes-like or a str, not "
                             f"{type(value).__name__}") from None
 
+    @_store_call
     def set(self, key, value):
         key, value = self._key(key), self._value(value)
         self._check(_lib_.tutti_store_set(self._handle(), key, value, len(value)))
 
+    @_store_call
     def get(self, key, timeout_ms=-1):
         p, n = ctypes.c_void_p(), ctypes.c_size_t()
         timeout_ms = _int(timeout_ms, "get's timeout_ms")  # (ctypes would cut it)
@@ -526,12 +553,14 @@ class Store(_Handle):
         finally:
             _lib.libc.free(p)
 
+    @_store_call
     def add(self, key, delta=1):
         out = ctypes.c_int64()
         delta = _int(delta, "add's delta", -2**63, 2**63 - 1)
         self._check(_lib_.tutti_store_add(self._handle(), self._key(key), delta, ctypes.byref(out)))
         return out.value
 
+    @_store_call
     def compare_set(self, key, expected, desired):
         """Set key to desired if its value is expected (b"" for a missing key); returns
         the value after the call."""
@@ -555,22 +584,26 @@ class Store(_Handle):
         arr = (ctypes.c_char_p * len(enc))(*enc)
         return arr, len(enc)
 
+    @_store_call
     def check(self, keys):
         arr, n = self._keys(keys)
         out = ctypes.c_int()
         self._check(_lib_.tutti_store_check(self._handle(), arr, n, ctypes.byref(out)))
         return bool(out.value)
 
+    @_store_call
     def wait(self, keys, timeout_ms=-1):
         timeout_ms = _int(timeout_ms, "wait's timeout_ms")
         arr, n = self._keys(keys)
         self._check(_lib_.tutti_store_wait(self._handle(), arr, n, timeout_ms))
 
+    @_store_call
     def delete(self, key):
         out = ctypes.c_int()
         self._check(_lib_.tutti_store_delete(self._handle(), self._key(key), ctypes.byref(out)))
         return bool(out.value)
 
+    @_store_call
     def count(self, prefix=""):
         """How many keys start with prefix ("": all of this store's, a view's own)."""
         out = ctypes.c_size_t()
@@ -599,9 +632,13 @@ class Store(_Handle):
         if views and self._h:
             raise Error(f"tutti: the store {self.url} has {len(views)} open view(s) "
                         "(Store.prefixed); close them first", -1)
-        if self._h:
-            _lib_.tutti_store_close(self._h)
-            self._h = None
+        with _store_calls:
+            if self._inflight:
+                raise Error(f"tutti: the store {self.url} is in use by {self._inflight} "
+                            "call(s) in other threads; close it once they returned", -1)
+            h, self._h = self._h, None
+        if h:
+            _lib_.tutti_store_close(h)
         self._base = None
 
     _release = close
