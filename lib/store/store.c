@@ -796,6 +796,20 @@ static size_t first_missing(tutti_store_t *b, const char *const *keys, size_t n)
     return hi - lo == 1 ? lo : n;
 }
 
+/* op_result for a call on n keys: a timeout names a key still missing (multi_get named the
+ * first, which may have been set, until session 100), else the first key. */
+static int keys_result(tutti_store_t *store, int st, const char *op, const char *const *k, size_t n,
+                       tt_store_err_t *err)
+{
+    size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(store->base, k, n) : n;
+    char what[48];
+    snprintf(what, sizeof(what), "%s%s", op,
+             m < n   ? " (a key missing)"
+             : n > 1 ? " (first key)"
+                     : "");
+    return op_result(store, st, what, k[m < n ? m : 0], err);
+}
+
 static int generic_multi_get(tutti_store_t *b, const char *const *keys, size_t n, void **values_p,
                              size_t *lens_p, uint64_t deadline, tt_store_err_t *err)
 {
@@ -845,12 +859,7 @@ int tutti_store_wait(tutti_store_t *store, const char *const *keys, size_t n, in
     if (st >= 0)
         st = b->ops->wait ? b->ops->wait(b, ck, n, deadline, &err)
                           : generic_wait(b, ck, n, deadline, &err);
-    size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(b, ck, n) : n;
-    st = op_result(store, st,
-                   m < n   ? "wait (a key missing)"
-                   : n > 1 ? "wait (first key)"
-                           : "wait",
-                   k[m < n ? m : 0], &err);
+    st = keys_result(store, st, "wait", ck, n, &err);
     free(k);
     return st;
 }
@@ -935,13 +944,7 @@ int tutti_store_multi_get(tutti_store_t *store, const char *const *keys, size_t 
     if (st >= 0)
         st = b->ops->multi_get ? b->ops->multi_get(b, ck, n, vals, lens, deadline, &err)
                                : generic_multi_get(b, ck, n, vals, lens, deadline, &err);
-    /* a timeout names a key still missing, as wait's does (it named the first, maybe set) */
-    size_t m = st == TUTTI_ERR_TIMEOUT && n > 1 ? first_missing(b, ck, n) : n;
-    st = op_result(store, st,
-                   m < n   ? "multi_get (a key missing)"
-                   : n > 1 ? "multi_get (first key)"
-                           : "multi_get",
-                   k[m < n ? m : 0], &err);
+    st = keys_result(store, st, "multi_get", ck, n, &err);
     if (st >= 0) {
         memcpy(values_p, vals, n * sizeof(*vals));
         if (lens_p)
