@@ -73,6 +73,42 @@ int tt_store_open_timeout_ms(int timeout_ms)
     return env != 0 ? env : TT_STORE_DEFAULT_TIMEOUT_MS;
 }
 
+struct tt_comm_ids {
+    struct tt_comm_ids *next;
+    unsigned count;
+    char prefix[]; /* a view's whole prefix */
+};
+
+unsigned tt_store_next_comm_id(tutti_store_t *store)
+{
+    tutti_store_t *b = store->base;
+    const char *p = store->prefix ? store->prefix : "";
+    unsigned id = 0;
+    pthread_mutex_lock(&b->comm_ids_lock);
+    struct tt_comm_ids *c = b->comm_ids;
+    while (c && strcmp(c->prefix, p))
+        c = c->next;
+    if (!c && (c = malloc(sizeof(*c) + strlen(p) + 1))) {
+        strcpy(c->prefix, p);
+        c->count = 0;
+        c->next = b->comm_ids;
+        b->comm_ids = c;
+    }
+    if (c) /* (out of memory: 0, a collision the job's checks name at worst) */
+        id = c->count++;
+    pthread_mutex_unlock(&b->comm_ids_lock);
+    return id;
+}
+
+void tt_store_comm_ids_free(tutti_store_t *base)
+{
+    while (base->comm_ids) {
+        struct tt_comm_ids *c = base->comm_ids;
+        base->comm_ids = c->next;
+        free(c);
+    }
+}
+
 tutti_store_t *tt_store_alloc(const tt_store_ops_t *ops, const char *url, int port, int timeout_ms)
 {
     tutti_store_t *s = calloc(1, sizeof(*s));
