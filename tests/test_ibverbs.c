@@ -916,31 +916,30 @@ START_TEST(lazy_answering_rank_writes_after_the_hello)
 }
 END_TEST
 
-/* Lazily, rank 1 has another secret: each rank's first call is refused by the other
- * (TUTTI_ERR_AUTH, naming the peer and the secret) well within the timeout. */
+/* Lazily, rank 1 has another secret: init is refused on both ranks (TUTTI_ERR_AUTH,
+ * naming the secret) well within the timeout. Since session 100 the job record's proof
+ * of rank 0's secret refuses it before any queue pair or datagram (every transport and
+ * store alike); the datagrams' own proofs stay as a second line. */
 static int rank_lazy_secret(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused, (void)arg;
-    tutti_store_t *store;
-    tutti_comm_t *comm;
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL;
+    double t0 = th_now_ms();
     int st = lazy_join(rank, nranks, dir, "IB_CONNECT=lazy", rank ? "not-the-token" : "the-token",
                        30000, &store, &comm);
-    FAIL_IF(st != TUTTI_OK, "init: %s", tutti_status_name(st));
-    int32_t v = rank, got = -1;
-    double t0 = th_now_ms();
-    st = rank ? tutti_recv(comm, &got, 1, TUTTI_INT32, 0, 3)
-              : tutti_send(comm, &v, 1, TUTTI_INT32, 1, 3);
     double ms = th_now_ms() - t0;
-    const char *msg = tutti_comm_last_error(comm);
+    const char *msg = tutti_comm_last_error(NULL);
     fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), ms, msg);
     FAIL_IF(st != TUTTI_ERR_AUTH, "got %s, want TUTTI_ERR_AUTH: %s", tutti_status_name(st), msg);
-    char want[32];
-    snprintf(want, sizeof(want), "rank %d", 1 - rank);
-    FAIL_IF(!strstr(msg, want) || !strstr(msg, "refused") || !strstr(msg, "TUTTI_AUTH_TOKEN"),
+    FAIL_IF(!strstr(msg, "has another job secret than this rank's") ||
+                !strstr(msg, "TUTTI_AUTH_TOKEN"),
             "message: %s", msg);
     FAIL_IF(ms > 15000, "took %.0f ms (timeout 30000)", ms);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
+    if (comm)
+        tutti_comm_destroy(comm);
+    if (store)
+        tutti_store_close(store);
     return 0;
 }
 
