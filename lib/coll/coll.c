@@ -828,7 +828,7 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
     const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign(comm))
+    if (tt_comm_foreign_inline(comm)) /* before anything takes a lock */
         return tt_comm_refuse_foreign(comm, name, 0);
     if (async && !work_p)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);

@@ -19,7 +19,8 @@ void tt_comm_host_init(tutti_comm_t *comm);
 /* layout: the block the op's layout arrays point into (or NULL). layout_heap: it was
  * malloc'ed, and the executor owns it from here on, also when this fails; else it is
  * the blocking caller's (on its stack), valid until this returns. op: the caller's,
- * which a blocking call runs in place (its seq and algorithm's fields filled in). */
+ * which a blocking call runs in place (its seq and algorithm's fields filled in). The
+ * caller refused a forked child's call already (coll_issue: tt_comm_foreign_inline). */
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
                   int layout_heap, tutti_work_t **work_p);
 void *tt_exec_worker_main(void *arg);
@@ -32,7 +33,8 @@ int tt_exec_in_callback(const tutti_comm_t *comm);
 /* exec.c: drop a reference to comm's struct (refs in state.h); the last frees the locks
  * and the memory (everything else is comm.c's to free before). */
 void tt_exec_comm_unref(tutti_comm_t *comm);
-/* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already. */
+/* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already, a
+ * forked child's call refused (p2p_issue). */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p);
 

@@ -969,12 +969,10 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     err[0] = '\0';
     if (!layout_heap && work_p) /* an async op outlives its caller's stack */
         return issue_undone(op, layout, 0, TUTTI_ERR_INTERNAL, err, sizeof(err));
-    if (__builtin_expect(tt_comm_foreign_inline(comm) || in_callback(comm), 0)) {
-        const char *what = tt_coll_name(op->coll);
-        int st = tt_comm_foreign_inline(comm) ? tt_comm_refuse_foreign(comm, what, 0)
-                                              : cb_refused(comm, what);
-        return issue_undone(op, layout, layout_heap, st, err, sizeof(err));
-    }
+    /* (a forked child's call was refused by coll_issue, before any lock) */
+    if (__builtin_expect(in_callback(comm), 0))
+        return issue_undone(op, layout, layout_heap, cb_refused(comm, tt_coll_name(op->coll)), err,
+                            sizeof(err));
     pthread_mutex_lock(&comm->q_lock);
     int st = enter_locked(comm, NULL, op->coll, err, sizeof(err));
     if (__builtin_expect(st < 0, 0)) { /* (still counted in: comm stays till it leaves) */
@@ -1043,9 +1041,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p)
 {
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, kind == TUTTI_TP_SEND ? "send" : "recv", 0);
-    if (in_callback(comm))
+    if (in_callback(comm)) /* (a forked child's call was refused by p2p_issue) */
         return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)

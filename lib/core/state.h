@@ -229,10 +229,11 @@ struct tutti_comm {
 };
 
 /* fault.c's copy of this process's pid (tt_comm_owner_pid, kept right in forked
- * children). tt_comm_foreign's test, inline for the collectives' entry points: an
- * opaque call first thing in coll_issue made gcc build the call descriptor in memory with
- * `rep stosq` before it (+20-30 ns a 4-byte allreduce over shm, the A/B in
- * docs/benchmarks.md "The hundredth session"). */
+ * children). tt_comm_foreign's test, inline for the entry points of the collectives and
+ * send/recv: a load, not a call (coll_issue reads its table row before it: an opaque call
+ * ahead of that read made gcc build the call descriptor with `rep stosq`, +20-30 ns a
+ * 4-byte allreduce over shm; docs/benchmarks.md "The hundredth session",
+ * tests/test_hot_path.sh). */
 extern atomic_int tt_self_pid;
 
 static inline int tt_comm_foreign_inline(const struct tutti_comm *comm)
