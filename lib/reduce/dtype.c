@@ -23,37 +23,25 @@ static const struct {
     [TUTTI_COMPLEX64] = { "c64", 8 }, [TUTTI_COMPLEX128] = { "c128", 16 },
 };
 
-/* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too). */
+/* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too;
+ * "complex" is numpy's and Python's, 128 bits). */
 static const struct {
     const char *name;
     tutti_dtype_t dtype;
 } tt_dtype_aliases[] = {
-    { "int8", TUTTI_INT8 },
-    { "uint8", TUTTI_UINT8 },
-    { "int32", TUTTI_INT32 },
-    { "int", TUTTI_INT32 },
-    { "int64", TUTTI_INT64 },
-    { "long", TUTTI_INT64 },
-    { "half", TUTTI_FP16 },
-    { "float16", TUTTI_FP16 },
-    { "fp16", TUTTI_FP16 },
-    { "bfloat16", TUTTI_BF16 },
-    { "float", TUTTI_FP32 },
-    { "float32", TUTTI_FP32 },
-    { "fp32", TUTTI_FP32 },
-    { "double", TUTTI_FP64 },
-    { "float64", TUTTI_FP64 },
-    { "fp64", TUTTI_FP64 },
-    { "int16", TUTTI_INT16 },
-    { "short", TUTTI_INT16 },
-    { "uint16", TUTTI_UINT16 },
-    { "uint32", TUTTI_UINT32 },
-    { "uint64", TUTTI_UINT64 },
-    { "complex64", TUTTI_COMPLEX64 },
-    { "cfloat", TUTTI_COMPLEX64 },
-    { "complex128", TUTTI_COMPLEX128 },
-    { "cdouble", TUTTI_COMPLEX128 },
-    { "complex", TUTTI_COMPLEX128 }, /* numpy's and Python's complex */
+    { "int8", TUTTI_INT8 },          { "uint8", TUTTI_UINT8 },
+    { "int32", TUTTI_INT32 },        { "int", TUTTI_INT32 },
+    { "int64", TUTTI_INT64 },        { "long", TUTTI_INT64 },
+    { "half", TUTTI_FP16 },          { "float16", TUTTI_FP16 },
+    { "fp16", TUTTI_FP16 },          { "bfloat16", TUTTI_BF16 },
+    { "float", TUTTI_FP32 },         { "float32", TUTTI_FP32 },
+    { "fp32", TUTTI_FP32 },          { "double", TUTTI_FP64 },
+    { "float64", TUTTI_FP64 },       { "fp64", TUTTI_FP64 },
+    { "int16", TUTTI_INT16 },        { "short", TUTTI_INT16 },
+    { "uint16", TUTTI_UINT16 },      { "uint32", TUTTI_UINT32 },
+    { "uint64", TUTTI_UINT64 },      { "complex64", TUTTI_COMPLEX64 },
+    { "cfloat", TUTTI_COMPLEX64 },   { "complex128", TUTTI_COMPLEX128 },
+    { "cdouble", TUTTI_COMPLEX128 }, { "complex", TUTTI_COMPLEX128 },
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
@@ -96,7 +84,7 @@ TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
 
 void tt_redop_unsupported(char *buf, size_t len, tutti_redop_t op, tutti_dtype_t dtype)
 {
-    if (dtype == TUTTI_COMPLEX64 || dtype == TUTTI_COMPLEX128)
+    if (tt_dtype_is_complex(dtype))
         snprintf(buf, len, "op %s does not reduce complex numbers (%s): sum, prod and avg do",
                  tutti_redop_name(op), tutti_dtype_name(dtype));
     else

@@ -518,11 +518,6 @@ static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
 
 /* ---- complex: SUM (and AVG's) as the parts' dtype, PROD here ---------------------- */
 
-static int tt_is_complex(tutti_dtype_t dtype)
-{
-    return dtype == TUTTI_COMPLEX64 || dtype == TUTTI_COMPLEX128;
-}
-
 /* d = a * b for n complex elements, on pairs (re, im) of T; d may be a or b (each
  * element's four parts are read before it is written). No contraction into fused
  * multiply-adds, so that every build (and an FMA machine's) rounds each product alone:
@@ -554,9 +549,9 @@ TT_DEF_CPROD(c128, double, tt_uf64_t)
 static void tt_reduce_complex(void *dst, const void *a, const void *b, size_t count,
                               tutti_dtype_t dtype, tutti_redop_t op)
 {
-    const tutti_dtype_t part = dtype == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
     if (op == TUTTI_SUM || op == TUTTI_AVG)
-        tt_reduce3(dst, a, b, 2 * count, part, TUTTI_SUM); /* (its aliasing cases too) */
+        tt_reduce3(dst, a, b, 2 * count, tt_complex_part(dtype),
+                   TUTTI_SUM); /* (its aliasing cases too) */
     else if (op == TUTTI_PROD)
         (dtype == TUTTI_COMPLEX64 ? tt_cprod_c64 : tt_cprod_c128)(dst, a, b, count);
 }
@@ -576,7 +571,7 @@ int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op)
     unsigned o;
     if ((unsigned)op >= TUTTI_REDOP_USER_FIRST) /* defined now (not freed) */
         return tt_redop_valid(op) && (unsigned)dtype < TUTTI_DTYPE_COUNT;
-    if (tt_is_complex(dtype))
+    if (tt_dtype_is_complex(dtype))
         return op == TUTTI_SUM || op == TUTTI_PROD || op == TUTTI_AVG;
     return tt_reduce_index(dtype, op, &o) == 0;
 }
@@ -598,7 +593,7 @@ void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tu
         tt_reduce_user(dst, dst, src, count, dtype, op);
         return;
     }
-    if (tt_is_complex(dtype)) {
+    if (tt_dtype_is_complex(dtype)) {
         tt_reduce_complex(dst, dst, src, count, dtype, op);
         return;
     }
@@ -618,7 +613,7 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
         tt_reduce_user(dst, a, b, count, dtype, op);
         return;
     }
-    if (tt_is_complex(dtype)) {
+    if (tt_dtype_is_complex(dtype)) {
         tt_reduce_complex(dst, a, b, count, dtype, op);
         return;
     }
@@ -677,9 +672,9 @@ void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nran
         [TUTTI_FP32] = tt_div_f32,   [TUTTI_FP64] = tt_div_f64,   [TUTTI_INT16] = tt_div_i16,
         [TUTTI_UINT16] = tt_div_u16, [TUTTI_UINT32] = tt_div_u32, [TUTTI_UINT64] = tt_div_u64,
     };
-    if (tt_is_complex(dtype)) { /* each part divided */
+    if (tt_dtype_is_complex(dtype)) { /* each part divided */
         count *= 2;
-        dtype = dtype == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
+        dtype = tt_complex_part(dtype);
     }
     if (count == 0 || nranks <= 1 || (unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return;

@@ -23,6 +23,17 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
  * float dtype), 0 if not or either is out of range: tutti_redop_supported. */
 int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op);
 
+/* The complex dtypes, and the real dtype of their parts (fp32 for c64, fp64 for c128). */
+static inline int tt_dtype_is_complex(tutti_dtype_t dtype)
+{
+    return dtype == TUTTI_COMPLEX64 || dtype == TUTTI_COMPLEX128;
+}
+
+static inline tutti_dtype_t tt_complex_part(tutti_dtype_t dtype)
+{
+    return dtype == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
+}
+
 /* Why built-in op does not reduce dtype, where tutti_redop_supported says so (dtype.c):
  * "op band reduces integer dtypes only, not f32", "op max does not reduce complex
  * numbers (c64): sum, prod and avg do". */
