@@ -416,6 +416,13 @@ static int stream_spec(const char *spec, int i);
 
 /* Returns -1 when the command line asks for a run, else the exit status (0 for --help,
  * 2 for bad usage). */
+/* torchrun runs Python: -m MODULE, or a script named *.py, unless --no-python */
+static int runs_python(const run_opts_t *o, const char *prog)
+{
+    size_t len = strlen(prog);
+    return o->module || (!o->no_python && len > 3 && !strcmp(prog + len - 3, ".py"));
+}
+
 static int parse_args(int argc, char **argv, run_opts_t *o_p)
 {
     *o_p = (run_opts_t){
@@ -727,9 +734,7 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
     if (o_p->np <= 0 && !o_p->nhosts && optind < argc && !o_p->agent) {
         /* a torchrun command line (-m MODULE, a *.py script, --standalone): torchrun's
          * default of one process a node, so that it runs unchanged (README) */
-        size_t plen = strlen(argv[optind]);
-        if (o_p->module || o_p->standalone ||
-            (!o_p->no_python && plen > 3 && !strcmp(argv[optind] + plen - 3, ".py")))
+        if (o_p->standalone || runs_python(o_p, argv[optind]))
             o_p->np = 1;
     }
     if ((o_p->np <= 0 && !o_p->nhosts) || optind >= argc) {
@@ -791,10 +796,8 @@ static int parse_args(int argc, char **argv, run_opts_t *o_p)
         return 2;
     }
     o_p->prog = argv + optind;
-    /* torchrun runs Python: -m MODULE, or a script named *.py, under python3 (from PATH)
-     * unless --no-python */
-    size_t len = strlen(argv[optind]);
-    if (o_p->module || (!o_p->no_python && len > 3 && !strcmp(argv[optind] + len - 3, ".py"))) {
+    /* ... under python3 (from PATH) */
+    if (runs_python(o_p, argv[optind])) {
         int n = argc - optind, k = 0;
         char **p = calloc((size_t)n + 3, sizeof(*p));
         if (!p)
