@@ -477,18 +477,30 @@ static int body_probe(conf_t *cf, int rank)
         barrier(cf, "probe");
         return 0;
     }
+    /* with channels (TUTTI_TP_CHANNELS) probe reports channel 1's messages only */
+    const uint64_t ch = (cf->ops->props.flags & TUTTI_TP_CHANNELS) ? 1ull << 63 : 0;
     char a[24] = "first message", b[8] = "second", got[24] = { 0 };
+    char c0[40] = "a collective's, in front", c1[16] = "behind it", got2[40] = { 0 };
     tutti_tp_req_v2_t r[2];
     tutti_tp_probe_t m;
     if (rank == 0) {
         barrier(cf, "probe empty");
-        req_set(&r[0], 1, a, sizeof(a), 1, 77);
-        req_set(&r[1], 1, b, sizeof(b), 2, 78);
+        req_set(&r[0], 1, a, sizeof(a), 1, 77 | ch);
+        req_set(&r[1], 1, b, sizeof(b), 2, 78 | ch);
         CHECK(cf->ops->post_send(cf->tp, &r[0]) == 0 && cf->ops->post_send(cf->tp, &r[1]) == 0,
               "post_send");
         drive(cf, r, 2, 10000);
         CHECK(r[0].status == 0 && r[1].status == 0, "sends: %d %d", r[0].status, r[1].status);
         barrier(cf, "probe");
+        if (ch) {
+            req_set(&r[0], 1, c0, sizeof(c0), 3, 79);
+            req_set(&r[1], 1, c1, sizeof(c1), 4, 80 | ch);
+            CHECK(cf->ops->post_send(cf->tp, &r[0]) == 0 && cf->ops->post_send(cf->tp, &r[1]) == 0,
+                  "post_send");
+            drive(cf, r, 2, 10000);
+            CHECK(r[0].status == 0 && r[1].status == 0, "sends: %d %d", r[0].status, r[1].status);
+            barrier(cf, "channels");
+        }
         return 0;
     }
     cf->ops->progress(cf->tp, 50);
@@ -500,25 +512,44 @@ static int body_probe(conf_t *cf, int rank)
         memset(&m, 0, sizeof(m));
         CHECK(probe_wait(cf, 0, &m) == 1, "probe %d found nothing", k);
         CHECK(m.len == sizeof(a) && m.env[0] == 1 && m.env[1] == 0xc0ffee &&
-                  m.env[2] == sizeof(a) && m.env[3] == 77,
+                  m.env[2] == sizeof(a) && m.env[3] == (77 | ch),
               "probe %d: len %zu env %llu %llx %llu %llu", k, m.len, (unsigned long long)m.env[0],
               (unsigned long long)m.env[1], (unsigned long long)m.env[2],
               (unsigned long long)m.env[3]);
     }
-    req_set(&r[0], 0, got, sizeof(a), 1, 77);
+    req_set(&r[0], 0, got, sizeof(a), 1, 77 | ch);
     CHECK(cf->ops->post_recv(cf->tp, &r[0]) == 0, "post_recv");
     CHECK(cf->ops->probe(cf->tp, 0, &m) == 0, "a message for a posted receive");
     drive(cf, r, 1, 10000);
     CHECK(r[0].status == 0 && !memcmp(got, a, sizeof(a)), "first: status %d", r[0].status);
-    CHECK(probe_wait(cf, 0, &m) == 1 && m.len == sizeof(b) && m.env[0] == 2 && m.env[3] == 78,
+    CHECK(probe_wait(cf, 0, &m) == 1 && m.len == sizeof(b) && m.env[0] == 2 &&
+              m.env[3] == (78 | ch),
           "second: len %zu seq %llu", m.len, (unsigned long long)m.env[0]);
-    req_set(&r[1], 0, got, sizeof(b), 2, 78);
+    req_set(&r[1], 0, got, sizeof(b), 2, 78 | ch);
     CHECK(cf->ops->post_recv(cf->tp, &r[1]) == 0, "post_recv");
     drive(cf, &r[1], 1, 10000);
     CHECK(r[1].status == 0 && !memcmp(got, b, sizeof(b)), "second: status %d", r[1].status);
     cf->ops->progress(cf->tp, 20);
     CHECK(cf->ops->probe(cf->tp, 0, &m) == 0, "a third message?");
     barrier(cf, "probe");
+    if (!ch)
+        return 0;
+    /* a channel-0 message in front, no receive posted: the probe reads it aside and
+     * reports the channel-1 message behind it; each receive then gets its own, the
+     * channel-1 one first */
+    CHECK(probe_wait(cf, 0, &m) == 1 && m.len == sizeof(c1) && m.env[0] == 4 &&
+              m.env[3] == (80 | ch),
+          "behind a channel-0 message: len %zu seq %llu", m.len, (unsigned long long)m.env[0]);
+    memset(got, 0, sizeof(got));
+    req_set(&r[0], 0, got, sizeof(c1), 4, 80 | ch);
+    CHECK(cf->ops->post_recv(cf->tp, &r[0]) == 0, "post_recv");
+    drive(cf, r, 1, 10000);
+    CHECK(r[0].status == 0 && !memcmp(got, c1, sizeof(c1)), "channel 1: status %d", r[0].status);
+    req_set(&r[1], 0, got2, sizeof(c0), 3, 79);
+    CHECK(cf->ops->post_recv(cf->tp, &r[1]) == 0, "post_recv");
+    drive(cf, &r[1], 1, 10000);
+    CHECK(r[1].status == 0 && !memcmp(got2, c0, sizeof(c0)), "channel 0: status %d", r[1].status);
+    barrier(cf, "channels");
     return 0;
 }
 
@@ -658,6 +689,58 @@ static int body_arm(conf_t *cf, int rank)
     return 0;
 }
 
+/* ---- channels (TUTTI_TP_CHANNELS): a receive takes the next message of its own
+ * channel; one of the other channel that comes while only such receives wait is read
+ * aside and taken, copied, by the next receive of its channel. Small and large (past
+ * each transport's eager size: its pull, its read) messages, both channels. ---- */
+static int body_channels(conf_t *cf, int rank)
+{
+    if (!(cf->ops->props.flags & TUTTI_TP_CHANNELS)) {
+        barrier(cf, "channels");
+        return 0;
+    }
+    const uint64_t ch = 1ull << 63;
+    enum { CN = 4 };
+    static const size_t len[CN] = { 64, 1 << 20, 1 << 20, 3 };
+    /* message k: channel 1 for k odd; all sent in order 0..3 */
+    char *buf[CN];
+    tutti_tp_req_v2_t r[CN];
+    for (int k = 0; k < CN; k++) {
+        CHECK((buf[k] = malloc(len[k])) != NULL, "malloc");
+        for (size_t j = 0; j < len[k]; j++)
+            buf[k][j] = rank == 0 ? (char)(j * 13 + (size_t)k) : 0;
+        req_set(&r[k], 1 - rank, buf[k], len[k], 20 + (uint64_t)k, 5 | ((k & 1) ? ch : 0));
+    }
+    if (rank == 0) {
+        for (int k = 0; k < CN; k++)
+            CHECK(cf->ops->post_send(cf->tp, &r[k]) == 0, "post_send %d", k);
+        drive(cf, r, CN, 20000);
+        for (int k = 0; k < CN; k++)
+            CHECK(r[k].status == 0, "send %d: status %d", k, r[k].status);
+    } else {
+        /* the channel-1 receives first, one at a time: 0 and 2 come while each waits */
+        for (int k = 1; k < CN; k += 2) {
+            CHECK(cf->ops->post_recv(cf->tp, &r[k]) == 0, "post_recv %d", k);
+            drive(cf, &r[k], 1, 20000);
+            CHECK(r[k].status == 0, "channel-1 receive %d: status %d", k, r[k].status);
+        }
+        /* then channel 0's, from what was read aside (posted together: the second
+         * waits on nothing the transport still has to read) */
+        CHECK(cf->ops->post_recv(cf->tp, &r[0]) == 0 && cf->ops->post_recv(cf->tp, &r[2]) == 0,
+              "post_recv 0, 2");
+        drive(cf, r, CN, 20000);
+        for (int k = 0; k < CN; k++) {
+            CHECK(r[k].status == 0, "receive %d: status %d", k, r[k].status);
+            for (size_t j = 0; j < len[k]; j++)
+                CHECK(buf[k][j] == (char)(j * 13 + (size_t)k), "message %d byte %zu", k, j);
+        }
+    }
+    for (int k = 0; k < CN; k++)
+        free(buf[k]);
+    barrier(cf, "channels");
+    return 0;
+}
+
 /* One test per contract point, looped over the transports. */
 #define CONF_CASE(name, body, peer_dies)                                                           \
     START_TEST(name)                                                                               \
@@ -675,6 +758,7 @@ CONF_CASE(timeouts_and_abort, body_timeouts, 0)
 CONF_CASE(peer_killed, body_peer_killed, 1)
 CONF_CASE(probe, body_probe, 0)
 CONF_CASE(arm, body_arm, 0)
+CONF_CASE(channels, body_channels, 0)
 
 int main(void)
 {
@@ -693,6 +777,7 @@ int main(void)
         { "peer_killed", peer_killed },
         { "probe", probe },
         { "arm", arm },
+        { "channels", channels },
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
         th_add_case(s, cases[k].name, cases[k].test, NTPS, 120);

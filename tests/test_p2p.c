@@ -548,6 +548,198 @@ static int rank_one(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
 
 TH_RUN_TEST(any_source_alone, th_run(1, rank_one, NULL, 20000))
 
+/* ---- point to point across collectives (channels, transport_v2.h TUTTI_TP_CHANNELS) ----
+ * Messages of one pair travel in one ordered stream; a transport with channels gives a
+ * point-to-point message only to a point-to-point receive, and reads aside (buffers) one
+ * whose receive is not posted while a receive of the other kind waits behind it. Each
+ * case below failed with TUTTI_ERR_MISMATCH before (the message landed in the
+ * collective's receive), or waited out its timeout. Sizes: 1, 64 Ki and 1 Mi int32 (the
+ * last two past shm's inline records and tcp's socket buffers). */
+typedef struct {
+    const char *transport;
+    size_t n;
+} chan_case_t;
+
+static int32_t chan_val(int from, int tag, size_t i)
+{
+    return (int32_t)(from * 1000003 + tag * 7919 + (int)i);
+}
+
+static int chan_check(const int32_t *in, size_t n, int from, int tag)
+{
+    for (size_t i = 0; i < n; i++)
+        if (in[i] != chan_val(from, tag, i)) {
+            fprintf(stderr, "tag %d from %d: element %zu is %d, want %d\n", tag, from, i, in[i],
+                    chan_val(from, tag, i));
+            return 1;
+        }
+    return 0;
+}
+
+static int chan_allreduce(tutti_comm_t *comm, int nranks, int64_t add)
+{
+    int rank = tutti_comm_rank(comm);
+    int64_t x = rank + add, y = -1;
+    FAIL_IF(tutti_allreduce(comm, &x, &y, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(y != (int64_t)nranks * (nranks - 1) / 2 + add * nranks, "allreduce sum %lld",
+            (long long)y);
+    return 0;
+}
+
+static int rank_chan(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    const chan_case_t *c = arg;
+    size_t n = c->n;
+    int32_t *out = malloc(n * 4), *in = malloc(n * 4), *in2 = malloc(n * 4);
+    int32_t *bc = malloc(n * 4);
+    FAIL_IF(!out || !in || !in2 || !bc, "malloc");
+    tutti_work_t *w, *w2;
+
+    /* A: sends left outstanding over two collectives the peer enters first */
+    if (rank == 0) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = chan_val(0, 1, i);
+        FAIL_IF(tutti_send_async(comm, out, n, TUTTI_INT32, 1, 1, &w) != 0, "send");
+        FAIL_IF(tutti_send_async(comm, out, 1, TUTTI_INT32, 1, 2, &w2) != 0, "send 2");
+    }
+    FAIL_IF(chan_allreduce(comm, nranks, 1), "A");
+    FAIL_IF(tutti_barrier(comm) != 0, "A barrier: %s", tutti_comm_last_error(comm));
+    if (rank == 1) {
+        memset(in, 0, n * 4);
+        FAIL_IF(tutti_recv(comm, in, n, TUTTI_INT32, 0, 1) != 0, "A recv: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(chan_check(in, n, 0, 1), "A data");
+        FAIL_IF(tutti_recv(comm, in2, 1, TUTTI_INT32, 0, 2) != 0, "A recv 2: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(in2[0] != chan_val(0, 1, 0), "A second message: %d", in2[0]);
+    }
+    if (rank == 0) {
+        FAIL_IF(tutti_wait(w, -1) != 0 || tutti_wait(w2, -1) != 0, "A send: %s",
+                tutti_work_error(w));
+        tutti_work_free(w);
+        tutti_work_free(w2);
+    }
+
+    /* B: a receive posted before a collective, its message sent after it */
+    if (rank == 1) {
+        memset(in, 0, n * 4);
+        FAIL_IF(tutti_recv_async(comm, in, n, TUTTI_INT32, 0, 3, &w) != 0, "B recv");
+    }
+    FAIL_IF(chan_allreduce(comm, nranks, 2), "B");
+    if (rank == 0) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = chan_val(0, 3, i);
+        FAIL_IF(tutti_send(comm, out, n, TUTTI_INT32, 1, 3) != 0, "B send: %s",
+                tutti_comm_last_error(comm));
+    }
+    if (rank == 1) {
+        FAIL_IF(tutti_wait(w, -1) != 0, "B recv: %s", tutti_work_error(w));
+        tutti_work_free(w);
+        FAIL_IF(chan_check(in, n, 0, 3), "B data");
+    }
+
+    /* C: a collective's message that comes while only a point-to-point receive waits
+     * (the root's broadcast ends before rank 1 enters it): read aside, then taken by the
+     * broadcast's own receive. D: the same with a receive from any source. */
+    for (int any = 0; any < 2; any++) {
+        int tag = 4 + any;
+        for (size_t i = 0; i < n; i++)
+            bc[i] = rank == 0 ? chan_val(9, tag, i) : 0;
+        if (rank == 0) {
+            FAIL_IF(tutti_broadcast(comm, bc, bc, n, TUTTI_INT32, 0) != 0, "C broadcast: %s",
+                    tutti_comm_last_error(comm));
+            for (size_t i = 0; i < n; i++)
+                out[i] = chan_val(0, tag, i);
+            FAIL_IF(tutti_send(comm, out, n, TUTTI_INT32, 1, (uint32_t)tag) != 0, "C send: %s",
+                    tutti_comm_last_error(comm));
+        } else if (rank == 1) {
+            memset(in, 0, n * 4);
+            FAIL_IF(tutti_recv_async(comm, in, n, TUTTI_INT32, any ? TUTTI_ANY_SOURCE : 0,
+                                     (uint32_t)tag, &w) != 0,
+                    "C recv");
+            FAIL_IF(tutti_wait(w, -1) != 0, "C%s recv: %s", any ? " any" : "", tutti_work_error(w));
+            FAIL_IF(tutti_work_source(w) != 0, "C source %d", tutti_work_source(w));
+            tutti_work_free(w);
+            FAIL_IF(chan_check(in, n, 0, tag), "C data");
+            FAIL_IF(tutti_broadcast(comm, bc, bc, n, TUTTI_INT32, 0) != 0, "C broadcast: %s",
+                    tutti_comm_last_error(comm));
+        } else {
+            FAIL_IF(tutti_broadcast(comm, bc, bc, n, TUTTI_INT32, 0) != 0, "C broadcast: %s",
+                    tutti_comm_last_error(comm));
+        }
+        FAIL_IF(chan_check(bc, n, 9, tag), "C broadcast data");
+        FAIL_IF(tutti_barrier(comm) != 0, "C barrier: %s", tutti_comm_last_error(comm));
+    }
+
+    /* E: both ways at once, every rank with its neighbours, over a collective */
+    int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+    for (size_t i = 0; i < n; i++)
+        out[i] = chan_val(rank, 6, i);
+    memset(in, 0, n * 4);
+    FAIL_IF(tutti_send_async(comm, out, n, TUTTI_INT32, right, 6, &w) != 0, "E send");
+    FAIL_IF(chan_allreduce(comm, nranks, 3), "E");
+    FAIL_IF(tutti_recv_async(comm, in, n, TUTTI_INT32, left, 6, &w2) != 0, "E recv");
+    FAIL_IF(chan_allreduce(comm, nranks, 4), "E 2");
+    FAIL_IF(tutti_wait(w2, -1) != 0, "E recv: %s", tutti_work_error(w2));
+    FAIL_IF(tutti_wait(w, -1) != 0, "E send: %s", tutti_work_error(w));
+    tutti_work_free(w);
+    tutti_work_free(w2);
+    FAIL_IF(chan_check(in, n, left, 6), "E data");
+
+    /* F: a buffered message of another tag is still a mismatch, naming both */
+    int st = TUTTI_OK;
+    if (rank == 0)
+        FAIL_IF(tutti_send_async(comm, out, 1, TUTTI_INT32, 1, 7, &w) != 0, "F send");
+    FAIL_IF(chan_allreduce(comm, nranks, 5), "F");
+    if (rank == 1) {
+        st = tutti_recv(comm, in, 1, TUTTI_INT32, 0, 8);
+        const char *msg = tutti_comm_last_error(comm);
+        FAIL_IF(st != TUTTI_ERR_MISMATCH, "F: got %s: %s", tutti_status_name(st), msg);
+        FAIL_IF(!strstr(msg, "tag 7") || !strstr(msg, "tag 8"), "F message: %s", msg);
+    }
+    if (rank == 0) {
+        tutti_wait(w, -1);
+        tutti_work_free(w);
+    }
+    free(out);
+    free(in);
+    free(in2);
+    free(bc);
+    return 0;
+}
+
+static void run_chan(const char *transport, int nranks)
+{
+    static const size_t sizes[] = { 1, 64 << 10, 1 << 20 };
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        chan_case_t c = { transport, sizes[k] };
+        tutti_comm_opts_t opts;
+        tutti_comm_opts_init(&opts);
+        opts.transport = transport;
+        th_spec_t spec = {
+            .nranks = nranks, .fn = rank_chan, .arg = &c, .timeout_ms = 60000, .opts = &opts
+        };
+        ck_assert_msg(th_run_ex(&spec, NULL) == 0, "%s, %d ranks, %zu int32", transport, nranks,
+                      sizes[k]);
+    }
+}
+
+START_TEST(p2p_over_collectives_shm)
+{
+    run_chan("shm", 2);
+    run_chan("shm", 3);
+}
+END_TEST
+
+START_TEST(p2p_over_collectives_tcp)
+{
+    run_chan("tcp", 2);
+    run_chan("tcp", 3);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("p2p");
@@ -561,6 +753,9 @@ static Suite *suite(void)
                                          any_source_timeout, any_source_sender_left,
                                          any_source_sender_died, any_source_unsupported,
                                          any_source_alone, NULL });
+    th_add_tests(s, "channels", 180,
+                 (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
+                                         NULL });
     return s;
 }
 

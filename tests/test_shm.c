@@ -1995,7 +1995,7 @@ static int move64(const tutti_transport_ops_v2_t *ops, void *tp, int send, int p
     for (int i = 0; i < 64; i++)
         buf[i] = send ? (unsigned char)(i * 7 + k) : 0;
     tutti_tp_req_v2_t r;
-    req_set(&r, peer, buf, 64, seq, 1);
+    req_set(&r, peer, buf, 64, seq, 1 | 1ull << 63); /* channel 1: what probe reports */
     int st = send ? ops->post_send(tp, &r) : ops->post_recv(tp, &r);
     if (st < 0)
         return st;

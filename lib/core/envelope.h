@@ -41,9 +41,14 @@ static inline void tt_env_encode(uint64_t env[4], uint64_t seq, uint64_t fp, uin
     env[3] = ((uint64_t)algo_id << 32) | tag;
 }
 
+/* env[3]'s top bit: the message's channel (transport_v2.h, TUTTI_TP_CHANNELS), set on
+ * point-to-point messages: a transport with channels gives each to a receive of its own
+ * channel, so they never land in a collective's receive. Out of the algorithm id. */
+#define TT_ENV_P2P (1ull << 63)
+
 static inline uint32_t tt_env_algo(const uint64_t env[4])
 {
-    return (uint32_t)(env[3] >> 32);
+    return (uint32_t)(env[3] >> 32) & 0x7fffffffu;
 }
 static inline uint32_t tt_env_tag(const uint64_t env[4])
 {

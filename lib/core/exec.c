@@ -1095,6 +1095,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     w->req.buf = buf;
     w->req.len = count * es;
     tt_env_encode(w->req.env, seq, w->op.fingerprint, count, 0, tag);
+    w->req.env[3] |= TT_ENV_P2P;
     if (comm->trace)
         tt_trace_issue(comm, &w->op, TUTTI_SUM,
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |

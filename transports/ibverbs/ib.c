@@ -88,7 +88,8 @@ static void link_stop_dma(ib_link_t *L)
 
 static int link_busy(const ib_link_t *L)
 {
-    return L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req;
+    return L->sq_head || L->rq_head || L->fin_head || L->reads || L->rd_req ||
+           tp_ux_waiting(&L->ux);
 }
 
 static void link_drop(ib_link_t *L)
@@ -97,6 +98,7 @@ static void link_drop(ib_link_t *L)
     link_stop_dma(L);
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    tp_ux_fail(&L->ux, L->fail.status);
     fail_fins(tp, L, L->fail.status);
     fail_reads(tp, L, L->fail.status);
     tp->completions++;
@@ -284,6 +286,20 @@ static const char *link_next_slot(ib_tp_t *tp, ib_link_t *L, ib_hdr_t *h)
     return NULL;
 }
 
+/* The slot's message is of the other channel than the receive at the queue's head: the
+ * first receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out
+ * of memory (the link failed). */
+static tp_req_t *rx_take_other(ib_tp_t *tp, ib_link_t *L, const ib_hdr_t *h)
+{
+    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, h->env, h->len);
+    if (!q)
+        link_fail(L, TUTTI_ERR_NOMEM, 0,
+                  "ibverbs: out of memory for a %llu-byte message from rank %d (%s) that came "
+                  "while receives of another channel waited",
+                  (unsigned long long)h->len, L->peer, L->addr);
+    return q;
+}
+
 /* Match arrived slots to posted receives, in order. */
 static void link_recv(ib_tp_t *tp, ib_link_t *L)
 {
@@ -294,6 +310,8 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         if (!slot)
             return;
         tp_req_t *q = L->rq_head;
+        if (tp_chan(h->env) != tp_chan(q->env) && !(q = rx_take_other(tp, L, h)))
+            return;
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
         if (h->len != q->len || memcmp(h->env, q->env, sizeof(q->env))) {
@@ -314,9 +332,12 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
             q->xfer = q->len;
             q->status = 0;
             tp->completions++;
+            if (__builtin_expect(q->kind == TP_KIND_UX, 0))
+                tp_ux_arrived(q); /* (frees q where a receive waited on it) */
         } else {
             ib_mr_entry_t *mr = NULL;
-            int e = ib_mrc_get(&tp->mrc, q->buf, q->len, 1, &mr);
+            int e = q->kind == TP_KIND_UX ? ib_mrc_get_once(&tp->mrc, q->buf, q->len, &mr)
+                                          : ib_mrc_get(&tp->mrc, q->buf, q->len, 1, &mr);
             if (e) {
                 link_fail(L, TUTTI_ERR_IO, e,
                           "ibverbs: cannot register the %zu-byte receive buffer at %p for "
@@ -395,6 +416,8 @@ static inline void wc_send_done(ib_tp_t *tp, ib_link_t *L, const ib_sqe_t *e)
                 L->fins_owed++;
                 if (L->reads)
                     L->reads--;
+                if (__builtin_expect(e->req->kind == TP_KIND_UX, 0))
+                    tp_ux_arrived(e->req); /* (frees it where a receive waited on it) */
             }
             ib_mrc_put(&tp->mrc, e->mr);
         }
@@ -553,6 +576,7 @@ static void cancel_everything(ib_tp_t *tp, int status)
         }
         fail_queue(tp, &L->sq_head, &L->sq_tail, status);
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+        tp_ux_fail(&L->ux, status);
         fail_fins(tp, L, status);
         fail_reads(tp, L, status);
         stopped |= L->qp_stopped && link_reads_outstanding(L);
@@ -706,16 +730,17 @@ static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     if (peer < 0 || peer >= tp->nranks || !link_served(tp, peer))
         return TUTTI_ERR_INVALID_ARG;
     ib_link_t *L = &tp->links[peer];
-    ib_hdr_t h;
+    ib_hdr_t h = { 0 };
     if (L->fail.status)
         return tp_link_failed_probe(tp->host, &L->fail, peer);
-    if (L->rq_head || L->rx_next >= L->rx_arrived)
-        return 0;
-    if (!link_next_slot(tp, L, &h))
+    int parked = !L->rq_head && L->rx_next < L->rx_arrived;
+    if (parked && !link_next_slot(tp, L, &h))
         return tp_link_failed_probe(tp->host, &L->fail, peer);
-    memcpy(found_p->env, h.env, sizeof(found_p->env));
-    found_p->len = (size_t)h.len;
-    return 1;
+    int watch, buffer,
+        st = tp_probe_chan(parked, L->rq_head, &L->ux, h.env, h.len, &watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L, &h)) /* a collective's message in front: read it aside */
+        link_recv(tp, L);
+    return st;
 }
 #endif
 
@@ -792,6 +817,7 @@ static void ib_destroy(void *vtp)
                 ib_mrc_put(&tp->mrc, e->mr);
         }
         L->sqe_count = 0;
+        tp_ux_clear(&L->ux); /* (their registrations ended above) */
     }
     ib_lazy_teardown(tp);
     ib_teardown(tp);
@@ -933,8 +959,8 @@ int tt_ib_debug_qp_rd_atomic(void *vtp, int peer, int *init_p, int *resp_p)
 
 /* cost hints: a 4-byte exchange and one direction of a large one (soft RoCE on a VM) */
 static const tp_ops_t ib_ops = {
-    TT_KIT_OPS_HEAD("ibverbs", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0,
-                    .bw_gbs = 10.0),
+    TT_KIT_OPS_HEAD("ibverbs", .flags = TUTTI_TP_CHANNELS,
+                    .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0, .bw_gbs = 10.0),
     TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe) TT_KIT_ARM(ib_arm),
 };
 

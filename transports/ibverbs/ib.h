@@ -11,6 +11,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "../kit/chan.h"
 #include "../kit/link.h"
 #include "../kit/queue.h"
 #include "../kit/util.h"
@@ -145,6 +146,10 @@ int ib_mrc_init(ib_mrc_t *c, struct ibv_pd *pd, const char *mode, size_t limit_b
 /* A registration covering [addr, addr+len) for the peer to READ (remote_read) or for us
  * to write into (local_write); holds a reference until ib_mrc_put. errno on failure. */
 int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write, ib_mr_entry_t **e_p);
+/* ib_mrc_get for memory the transport frees itself (a buffered message, kit/chan.h): a
+ * registration of its own, kept out of the cache (trust mode would take a later buffer
+ * at the same address for it); ib_mrc_put ends it. */
+int ib_mrc_get_once(ib_mrc_t *c, const void *addr, size_t len, ib_mr_entry_t **e_p);
 void ib_mrc_put(ib_mrc_t *c, ib_mr_entry_t *e);
 void ib_mrc_destroy(ib_mrc_t *c);
 const char *ib_mrc_mode_name(int mode);
@@ -189,7 +194,8 @@ typedef struct ib_link {
     ib_sqe_t *sqe;         /* ring of posted send WRs */
     unsigned sqe_head, sqe_count, sq_depth;
     /* receive side */
-    tp_req_t *rq_head, *rq_tail;  /* posted receives not yet matched */
+    tp_req_t *rq_head, *rq_tail; /* posted receives not yet matched */
+    tp_uxq_t ux; /* messages buffered for a channel with no receive posted (kit/chan.h) */
     uint64_t rx_arrived, rx_next; /* slots written by the peer / consumed */
     unsigned rq_depth;
     unsigned reads;   /* receives being READ */

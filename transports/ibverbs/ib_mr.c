@@ -262,6 +262,15 @@ int ib_mrc_get(ib_mrc_t *c, const void *addr, size_t len, int local_write, ib_mr
     return 0;
 }
 
+int ib_mrc_get_once(ib_mrc_t *c, const void *addr, size_t len, ib_mr_entry_t **e_p)
+{
+    int mode = c->mode;
+    c->mode = IB_MRC_OFF; /* registered per message: refs 1, never cached */
+    int e = ib_mrc_get(c, addr, len, 1, e_p);
+    c->mode = mode;
+    return e;
+}
+
 void ib_mrc_put(ib_mrc_t *c, ib_mr_entry_t *e)
 {
     (void)c;

@@ -68,7 +68,8 @@ static inline int tp_probe_answer(int parked, const tp_req_t *rq_head, const uin
     }
 
 /* Defines pfx##_post_send and pfx##_post_recv for a transport (tp_type) whose links
- * (tp->links[peer], link_type) keep sq_head/sq_tail and rq_head/rq_tail.
+ * (tp->links[peer], link_type) keep sq_head/sq_tail, rq_head/rq_tail and ux (kit/chan.h:
+ * a receive first takes a buffered message of its channel).
  * check(tp, r, kind): the transport's checks (tp_check_req and its own), setting r->kind
  * when r may be queued. start(tp, L): a send that finds its queue empty leaves at once
  * (eager: small messages leave right away). A receive is only queued, and matched in
@@ -82,6 +83,8 @@ static inline int tp_probe_answer(int parked, const tp_req_t *rq_head, const uin
             return st;                                                                             \
         link_type *L = &tp->links[r->peer];                                                        \
         if (kind == TUTTI_TP_RECV) {                                                               \
+            if (__builtin_expect(L->ux.head != NULL, 0) && tp_ux_post(&L->ux, r))                  \
+                return TUTTI_OK; /* a buffered message of its channel (kit/chan.h) */              \
             tp_req_push(&L->rq_head, &L->rq_tail, r);                                              \
             return TUTTI_OK;                                                                       \
         }                                                                                          \

@@ -52,7 +52,7 @@ static void fail_queue(shm_tp_t *tp, tp_req_t **head, tp_req_t **tail, int statu
 
 static int link_busy(const shm_link_t *L)
 {
-    return L->sq_head || L->aq_head || L->rq_head;
+    return L->sq_head || L->aq_head || L->rq_head || tp_ux_waiting(&L->ux);
 }
 
 static void bell_ring(shm_bell_t *b, int wfd, uint32_t how);
@@ -94,6 +94,7 @@ static int link_fail(shm_link_t *L, int status, int err_no, const char *fmt, ...
     fail_queue(tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(tp, &L->aq_head, &L->aq_tail, L->fail.status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    tp_ux_fail(&L->ux, L->fail.status);
     tp->completions++;
     return L->fail.status;
 }
@@ -670,6 +671,23 @@ static void rec_done(shm_tp_t *tp, shm_link_t *L, tp_req_t *q)
     tp->completions++;
     L->rhdr_valid = 0;
     L->rhdr_matched = 0;
+    if (__builtin_expect(q->kind == TP_KIND_UX, 0))
+        tp_ux_arrived(q); /* (frees q where a receive waited on it) */
+}
+
+/* The record is of the other channel than the receive at the queue's head: the first
+ * receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out of
+ * memory (the link failed). */
+static tp_req_t *rx_take_other(shm_tp_t *tp, shm_link_t *L)
+{
+    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, L->rhdr.env,
+                               L->rhdr.len);
+    if (!q)
+        link_fail(L, TUTTI_ERR_NOMEM, 0,
+                  "shm: out of memory for a %llu-byte message from rank %d (%s) that came while "
+                  "receives of another channel waited",
+                  (unsigned long long)L->rhdr.len, L->peer, L->addr);
+    return q;
 }
 
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
@@ -743,6 +761,8 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             } else if (!rec_env(L)) {
                 break;
             }
+            if (tp_chan(L->rhdr.env) != tp_chan(q->env) && !(q = rx_take_other(tp, L)))
+                break;
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
             if (L->rhdr.len != q->len || memcmp(L->rhdr.env, q->env, sizeof(q->env))) {
@@ -810,6 +830,8 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             tp->completions++;
             L->rhdr_valid = 0;
             L->rhdr_matched = 0; /* at a record boundary again */
+            if (__builtin_expect(q->kind == TP_KIND_UX, 0))
+                tp_ux_arrived(q); /* (frees q where a receive waited on it) */
             if (!L->rq_head)
                 break;
         } else {
@@ -857,6 +879,7 @@ static void link_drop_all(shm_tp_t *tp, shm_link_t *L, int status)
                            "mid-way (status %d)",
                            L->peer, status);
     fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+    tp_ux_fail(&L->ux, status);
     L->tx_started = 0;
 }
 
@@ -1208,8 +1231,11 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         rec_env(L);
     if (L->fail.status)
         return tp_link_failed_probe(tp->host, &L->fail, peer);
-    return tp_probe_answer(L->rhdr_valid, L->rq_head, L->rhdr.env, L->rhdr.len, &L->probe_watch,
-                           found_p);
+    int buffer, st = tp_probe_chan(L->rhdr_valid, L->rq_head, &L->ux, L->rhdr.env, L->rhdr.len,
+                                   &L->probe_watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L)) /* a collective's message in front: read it aside */
+        link_rx(tp, L);
+    return st;
 }
 #endif
 
@@ -1284,6 +1310,8 @@ static void shm_destroy(void *vtp)
                 (double)L->put_cost[0], (double)L->put_cost[1]);
     }
     shm_teardown(tp);
+    for (int i = 0; tp->links && i < tp->nranks; i++)
+        tp_ux_clear(&tp->links[i].ux);
     free(tp->pair_names);
     free(tp->links);
     free(tp);
@@ -1479,8 +1507,8 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 
 /* cost hints: a 4-byte exchange and one direction of a large one between processes */
 static const tp_ops_t shm_ops = {
-    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
-                    .alpha_us = 1.0, .bw_gbs = 5.0),
+    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY | TUTTI_TP_CHANNELS,
+                    .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
     TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe) TT_KIT_ARM(shm_arm),
 };
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "../kit/chan.h"
 #include "../kit/link.h"
 #include "../kit/queue.h"
 #include "../kit/util.h"
@@ -264,6 +265,7 @@ typedef struct shm_link {
     int nt_on;
     /* receive side */
     tp_req_t *rq_head, *rq_tail;
+    tp_uxq_t ux; /* messages buffered for a channel with no receive posted (kit/chan.h) */
     uint64_t rx_pos, rx_head_seen;
     unsigned rx_misses;      /* rec_ready's looks that found no stamp */
     uint64_t tx_key, rx_key; /* the directions' stamp keys */

@@ -28,13 +28,14 @@ static void fail_queue(tcp_tp_t *tp, tp_req_t **head, tp_req_t **tail, int statu
 
 static int link_busy(const tcp_link_t *L)
 {
-    return L->sq_head || L->rq_head;
+    return L->sq_head || L->rq_head || tp_ux_waiting(&L->ux);
 }
 
 static void link_drop(tcp_link_t *L)
 {
     fail_queue(L->tp, &L->sq_head, &L->sq_tail, L->fail.status);
     fail_queue(L->tp, &L->rq_head, &L->rq_tail, L->fail.status);
+    tp_ux_fail(&L->ux, L->fail.status);
     L->tp->completions++;
 }
 
@@ -221,10 +222,22 @@ static ssize_t read_ended(tcp_link_t *L, ssize_t r, const char *what)
     return -1;
 }
 
+/* Bytes the stage read past a short frame (rx_surplus), given before the socket's. */
+static size_t pb_take(tcp_link_t *L, void *buf, size_t len)
+{
+    size_t n = TT_KIT_MIN(len, L->pb_len);
+    memcpy(buf, L->pb + L->pb_off, n);
+    L->pb_off += n;
+    L->pb_len -= n;
+    return n;
+}
+
 /* recv() with the error handling every read shares: > 0 bytes, 0 would block, < 0 the
  * link failed. */
 static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
 {
+    if (__builtin_expect(L->pb_len != 0, 0))
+        return pb_take(L, buf, len);
     for (;;) {
         ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
         if (r > 0) {
@@ -271,6 +284,12 @@ static int link_read_trailer(tcp_link_t *L, const char *what)
 /* link_read over several buffers. */
 static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *what)
 {
+    if (__builtin_expect(L->pb_len != 0, 0)) {
+        size_t got = 0;
+        for (int i = 0; i < n && L->pb_len; i++)
+            got += pb_take(L, (char *)iov[i].iov_base, iov[i].iov_len);
+        return (ssize_t)got;
+    }
     for (;;) {
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
         ssize_t r = recvmsg(L->fd, &mh, MSG_DONTWAIT);
@@ -472,6 +491,41 @@ TCP_RX_STEP rx_payload(tcp_link_t *L, tp_req_t *q, size_t tlen)
     return RX_NEXT;
 }
 
+/* The stage read a frame shorter than the receive it was read for (one of the other
+ * channel): what it read past the frame (and its trailer) is the next frame's, kept for
+ * the next reads. 0: out of memory (the link failed). */
+static int rx_surplus(tcp_link_t *L, size_t tlen, size_t *staged_p)
+{
+    size_t keep = (size_t)L->rhdr.len + tlen, extra = *staged_p - keep;
+    if (!L->pb && !(L->pb = malloc(sizeof(L->rhdr) + TCP_STAGE_BYTES + TCP_TRAILER_BYTES))) {
+        link_fail(L, TUTTI_ERR_NOMEM, 0, "out of memory");
+        return 0;
+    }
+    /* ahead of what pb still holds (the stage's read then came from pb alone, so both
+     * fit where pb's bytes were) */
+    memmove(L->pb + extra, L->pb + L->pb_off, L->pb_len);
+    memcpy(L->pb, L->stage + sizeof(L->rhdr) + keep, extra);
+    L->pb_off = 0;
+    L->pb_len += extra;
+    *staged_p = keep;
+    return 1;
+}
+
+/* The header is of the other channel than the receive at the queue's head: the first
+ * receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out of
+ * memory (the link failed). */
+static tp_req_t *rx_take_other(tcp_tp_t *tp, tcp_link_t *L)
+{
+    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, L->rhdr.env,
+                               L->rhdr.len);
+    if (!q)
+        link_fail(L, TUTTI_ERR_NOMEM, 0,
+                  "tcp: out of memory for a %llu-byte message from rank %d (%s) that came while "
+                  "receives of another channel waited",
+                  (unsigned long long)L->rhdr.len, L->peer, L->addr);
+    return q;
+}
+
 /* Read headers and payloads for posted receives until the socket would block. In
  * checksum mode the payload's CRC is computed over each piece just received into the
  * caller's buffer (no extra copy), and checked against the trailer before the receive
@@ -501,8 +555,14 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
             L->probe_watch = 0;
             return;
         }
-        if (!L->rhdr_matched && rx_match(tp, L, q, tlen, staged) == RX_STOP)
-            return;
+        if (!L->rhdr_matched) {
+            if (staged > L->rhdr.len + tlen && !rx_surplus(L, tlen, &staged))
+                return;
+            if (tp_chan(L->rhdr.env) != tp_chan(q->env) && !(q = rx_take_other(tp, L)))
+                return;
+            if (rx_match(tp, L, q, tlen, staged) == RX_STOP)
+                return;
+        }
         s = rx_payload(L, q, tlen);
         if (s == RX_STOP)
             return;
@@ -514,6 +574,8 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
         L->rhdr_got = 0;
         L->rhdr_seen = 0;
         L->rhdr_matched = 0;
+        if (__builtin_expect(q->kind == TP_KIND_UX, 0))
+            tp_ux_arrived(q); /* (frees q where a receive waited on it) */
         if (!L->rq_head)
             return; /* no read-ahead: it would cost a syscall that finds nothing */
     }
@@ -554,6 +616,7 @@ static void abort_all(tcp_tp_t *tp)
         tcp_link_t *L = &tp->links[i];
         fail_queue(tp, &L->sq_head, &L->sq_tail, TUTTI_ERR_ABORTED);
         fail_queue(tp, &L->rq_head, &L->rq_tail, TUTTI_ERR_ABORTED);
+        tp_ux_fail(&L->ux, TUTTI_ERR_ABORTED);
     }
 }
 
@@ -704,8 +767,12 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         link_recv(tp, L); /* a report's text, too */
     if (L->fail.status)
         return tp_link_failed_probe(tp->host, &L->fail, peer);
-    return tp_probe_answer(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, L->rhdr.env,
-                           L->rhdr.len, &L->probe_watch, found_p);
+    int buffer,
+        st = tp_probe_chan(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, &L->ux,
+                           L->rhdr.env, L->rhdr.len, &L->probe_watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L)) /* a collective's message in front: read it aside */
+        link_recv(tp, L);
+    return st;
 }
 
 /* Armed, the loop's epoll set holds what each link waits for (libuv adds a watcher to
@@ -755,6 +822,7 @@ static void tcp_cancel_all(void *vtp, int status)
                                "mid-way (status %d)",
                                L->peer, status);
         fail_queue(tp, &L->rq_head, &L->rq_tail, status);
+        tp_ux_fail(&L->ux, status);
     }
 }
 
@@ -946,6 +1014,8 @@ static void tcp_destroy(void *vtp)
         }
         free(L->errbuf);
         free(L->stage);
+        free(L->pb);
+        tp_ux_clear(&L->ux);
     }
     tcp_setup_close_lazy(tp);
     uv_close((uv_handle_t *)&tp->timer, on_close_noop);
@@ -1103,8 +1173,8 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 
 /* cost hints: a 4-byte exchange and one direction of a large one on loopback */
 static const tp_ops_t tcp_ops = {
-    TT_KIT_OPS_HEAD("tcp", .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0,
-                    .bw_gbs = 2.0),
+    TT_KIT_OPS_HEAD("tcp", .flags = TUTTI_TP_CHANNELS, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
+                    .alpha_us = 10.0, .bw_gbs = 2.0),
     TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe) TT_KIT_ARM(tcp_arm),
 };
 

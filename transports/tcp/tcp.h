@@ -12,6 +12,7 @@
 
 #include <uv.h>
 
+#include "../kit/chan.h"
 #include "../kit/link.h"
 #include "../kit/progress.h"
 #include "../kit/queue.h"
@@ -131,7 +132,12 @@ typedef struct tcp_link {
     int rhdr_matched; /* the parked header was matched to rq_head */
     int probe_watch;  /* probe found nothing: a header that comes ends progress() */
     char *stage;      /* header + small payload, read in one go */
-    char *errbuf;     /* payload of an incoming error frame */
+    /* bytes the stage read beyond a frame shorter than the receive it was read for (a
+     * message of the other channel): the next reads take them first */
+    char *pb;
+    size_t pb_off, pb_len;
+    tp_uxq_t ux;  /* messages buffered for a channel with no receive posted (kit/chan.h) */
+    char *errbuf; /* payload of an incoming error frame */
     size_t errgot;
     uint32_t rcrc;   /* checksum mode: CRC of the payload received so far */
     uint32_t rtrail; /* the trailer that came after it */

@@ -1,0 +1,251 @@
+/* Transport kit: channels (ABI 1.6, TUTTI_TP_CHANNELS; transport_v2.h). A message's
+ * channel is bit 63 of its envelope's env[3]: the library sends its point-to-point
+ * messages on channel 1 and its collectives on channel 0, over the one ordered stream a
+ * pair of ranks has. A posted receive takes the next message of its own channel, so a
+ * point-to-point message that comes while a collective's receive waits (a send left
+ * outstanding over a collective the peer entered first) no longer lands in it.
+ *
+ * A link keeps one queue of posted receives, in posting order. The message at the head
+ * of the stream goes to the first receive of its channel in that queue (moved to the
+ * queue's head, where the transport's receive path takes its requests from). When the
+ * queue holds receives of the other channel only, the message is read into a buffer of
+ * the link's own (an "unexpected" message, as MPI's eager path keeps them): the receive
+ * waiting behind it could not go on otherwise, a stream being read in order. The next
+ * receive posted for its channel takes it from there (a copy), or waits on it while it
+ * still comes in. With no receive posted at all the message stays in the stream, as it
+ * always did. The buffering receive is an ordinary request of the link's (kind
+ * TP_KIND_UX) that the transport fills by its usual path; a transport calls
+ * tp_ux_arrived where such a request completes. */
+#ifndef TT_KIT_CHAN_H
+#define TT_KIT_CHAN_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "abi.h"
+#include "queue.h"
+
+#define TP_KIND_UX 0x5558 /* a link's own receive buffering an unexpected message */
+
+static inline unsigned tp_chan(const uint64_t env[4])
+{
+    return (unsigned)(env[3] >> 63);
+}
+
+typedef struct tp_ux {
+    tp_req_t req; /* first: the request is the entry; kind TP_KIND_UX, buf its own */
+    struct tp_ux *next;
+    tp_req_t *waiter;           /* a receive posted for it while it still came in */
+    unsigned long *completions; /* the transport's count, for the waiter */
+    struct tp_uxq *owner;
+} tp_ux_t;
+
+typedef struct tp_uxq {
+    tp_ux_t *head, *tail; /* arrival order */
+} tp_uxq_t;
+
+static inline void tp_ux_unlink(tp_uxq_t *q, tp_ux_t *e)
+{
+    tp_ux_t **pp = &q->head, *prev = NULL;
+    while (*pp && *pp != e) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp)
+        return;
+    *pp = e->next;
+    if (q->tail == e)
+        q->tail = prev;
+    e->next = NULL;
+}
+
+static inline void tp_ux_free(tp_ux_t *e)
+{
+    free(e->req.buf);
+    free(e);
+}
+
+/* Hand e's message to r (a receive of its channel) and free e: the copy, or r's
+ * mismatch (another length or envelope: the stream stays in step, the buffer was read
+ * whole), or e's own failure. */
+static inline void tp_ux_deliver(tp_ux_t *e, tp_req_t *r)
+{
+    memcpy(r->got_env, e->req.env, sizeof(r->got_env));
+    r->got_len = e->req.len;
+    if (e->req.status < 0) {
+        r->status = e->req.status;
+    } else if (r->len != e->req.len || memcmp(r->env, e->req.env, sizeof(r->env))) {
+        r->status = TUTTI_ERR_MISMATCH;
+    } else {
+        if (r->len)
+            memcpy(r->buf, e->req.buf, r->len);
+        r->xfer = r->len;
+        r->status = 0;
+    }
+    (*e->completions)++;
+    tp_ux_unlink(e->owner, e);
+    tp_ux_free(e);
+}
+
+/* A buffering request completed (the transport's receive path, where its kind is
+ * TP_KIND_UX): a receive waiting on it gets it now. */
+static inline void tp_ux_arrived(tp_req_t *q)
+{
+    tp_ux_t *e = (tp_ux_t *)q;
+    if (e->waiter)
+        tp_ux_deliver(e, e->waiter);
+}
+
+/* post_recv's first look: is a buffered message (or one coming in) of r's channel there
+ * that no receive took yet? Then r takes it: done now, or waiting on it (1). 0: post r
+ * as usual. */
+static inline int tp_ux_post(tp_uxq_t *q, tp_req_t *r)
+{
+    unsigned c = tp_chan(r->env);
+    for (tp_ux_t *e = q->head; e; e = e->next) {
+        if (tp_chan(e->req.env) != c || e->waiter)
+            continue;
+        if (e->req.status == 1)
+            e->waiter = r;
+        else
+            tp_ux_deliver(e, r);
+        return 1;
+    }
+    return 0;
+}
+
+/* The receive that takes the message at the head of the stream (envelope env, len
+ * bytes) when the receive at the queue's head is of the other channel: the first of its
+ * own channel, moved to the head; else a buffering request of the link's own, pushed at
+ * the head (its env the message's, so that it matches). NULL: out of memory. */
+static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t *q,
+                                     unsigned long *completions, const uint64_t env[4],
+                                     uint64_t len)
+{
+    unsigned c = tp_chan(env);
+    tp_req_t *prev = NULL;
+    for (tp_req_t *r = *head; r; prev = r, r = r->tp_private[0]) {
+        if (tp_chan(r->env) != c)
+            continue;
+        if (prev) { /* to the head */
+            prev->tp_private[0] = r->tp_private[0];
+            if (*tail == r)
+                *tail = prev;
+            r->tp_private[0] = *head;
+            *head = r;
+        }
+        return r;
+    }
+    tp_ux_t *e = calloc(1, sizeof(*e));
+    void *buf = e ? malloc(len ? (size_t)len : 1) : NULL;
+    if (!buf) {
+        free(e);
+        return NULL;
+    }
+    e->req.kind = TP_KIND_UX;
+    e->req.peer = -1;
+    e->req.buf = buf;
+    e->req.len = (size_t)len;
+    memcpy(e->req.env, env, sizeof(e->req.env));
+    e->req.status = 1;
+    e->completions = completions;
+    e->owner = q;
+    if (q->tail)
+        q->tail->next = e;
+    else
+        q->head = e;
+    q->tail = e;
+    e->req.tp_private[0] = *head;
+    *head = &e->req;
+    if (!*tail)
+        *tail = &e->req;
+    return &e->req;
+}
+
+/* Is a receive of channel c posted on the link (queued, or waiting on a buffered
+ * message)? */
+static inline int tp_chan_posted(const tp_req_t *head, const tp_uxq_t *q, unsigned c)
+{
+    for (const tp_req_t *r = head; r; r = r->tp_private[0])
+        if (r->kind != TP_KIND_UX && tp_chan(r->env) == c)
+            return 1;
+    for (const tp_ux_t *e = q->head; e; e = e->next)
+        if (e->waiter && tp_chan(e->req.env) == c)
+            return 1;
+    return 0;
+}
+
+/* Does a receive wait on a buffered message? (The link is busy: a failure is news.) */
+static inline int tp_ux_waiting(const tp_uxq_t *q)
+{
+    for (const tp_ux_t *e = q->head; e; e = e->next)
+        if (e->waiter)
+            return 1;
+    return 0;
+}
+
+/* The link failed or its requests were cancelled: receives waiting on buffered messages
+ * fail with status (the buffers stay until tp_ux_clear: the transport may still write
+ * one). */
+static inline void tp_ux_fail(tp_uxq_t *q, int status)
+{
+    for (tp_ux_t *e = q->head; e; e = e->next) {
+        if (e->waiter) {
+            e->waiter->status = status;
+            (*e->completions)++;
+            e->waiter = NULL;
+        }
+        if (e->req.status == 1)
+            e->req.status = status;
+    }
+}
+
+/* Free every buffered message (the transport's destroy). */
+static inline void tp_ux_clear(tp_uxq_t *q)
+{
+    while (q->head) {
+        tp_ux_t *e = q->head;
+        q->head = e->next;
+        tp_ux_free(e);
+    }
+    q->tail = NULL;
+}
+
+#ifndef TT_KIT_ABI_V1
+/* probe()'s answer on a link with channels: the next message of channel 1 (the
+ * library's point-to-point) that no posted receive of channel 1 will take: a buffered
+ * one first, else the parked header (parked, env, len) if it is of channel 1. 1 with
+ * *found_p filled; 0 otherwise, and then *watch_p says whether progress() should return
+ * when a header comes (nothing posted, nothing parked). *buffer_p = 1: a parked header
+ * of channel 0 stands in front with no receive for it: the caller buffers it
+ * (tp_chan_take) so that the message behind it can be seen. */
+static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_uxq_t *q,
+                                const uint64_t env[4], uint64_t len, int *watch_p, int *buffer_p,
+                                tutti_tp_probe_t *found_p)
+{
+    *watch_p = 0;
+    *buffer_p = 0;
+    if (tp_chan_posted(rq_head, q, 1))
+        return 0;
+    for (const tp_ux_t *e = q->head; e; e = e->next) {
+        if (tp_chan(e->req.env) != 1)
+            continue;
+        memcpy(found_p->env, e->req.env, sizeof(found_p->env));
+        found_p->len = e->req.len;
+        return 1;
+    }
+    if (!parked) {
+        *watch_p = !rq_head;
+        return 0;
+    }
+    if (tp_chan(env) != 1) {
+        *buffer_p = !rq_head;
+        return 0;
+    }
+    memcpy(found_p->env, env, sizeof(found_p->env));
+    found_p->len = (size_t)len;
+    return 1;
+}
+#endif
+
+#endif
