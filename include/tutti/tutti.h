@@ -649,15 +649,20 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
  * fails with TUTTI_ERR_MISMATCH (tags check intent, they do not reorder); the sender's
  * rank, whose send may already be done, gets the mismatch at its next call. Sends and
  * receives never hold up the communicator's queue: post them async in any order
- * (send then receive on both sides is fine) and wait. Ordered with the collectives
- * issued before and after them on this communicator: one stream per pair of ranks
- * carries both, so a message must be received in the same place among the collectives
- * as it was sent (MPI and Gloo keep point-to-point apart: a send left outstanding over a
- * collective the peer enters first, or receives posted in another tag order than the
- * sends, fail the communicator here with TUTTI_ERR_MISMATCH naming both calls; put
- * such traffic on a communicator of its own, tutti_comm_split with one color). peer
- * must be another rank: a send or receive to oneself is TUTTI_ERR_INVALID_ARG (copy
- * the data; NCCL and MPI accept it). */
+ * (send then receive on both sides is fine) and wait. Apart from the collectives, as in
+ * MPI and Gloo: a point-to-point message is taken only by a point-to-point receive, so
+ * a send may stay outstanding over collectives its peer enters first, and a receive may
+ * be posted before collectives whose messages come first (the transports' channels,
+ * transport_v2.h TUTTI_TP_CHANNELS: a message that comes while only the other kind's
+ * receives wait is read aside into a buffer of the transport's and copied out when its
+ * receive comes, as MPI keeps unexpected messages; bounded by memory only). A plugin
+ * transport without channels carries both in one order: there a message must be
+ * received at the same place among the collectives as it was sent, else
+ * TUTTI_ERR_MISMATCH naming both calls. Receives posted in another tag order than the
+ * sends fail the same way (tags are checked, not matched: put such traffic on a
+ * communicator of its own, tutti_comm_split with one color). peer must be another rank:
+ * a send or receive to oneself is TUTTI_ERR_INVALID_ARG (copy the data; NCCL and MPI
+ * accept it). */
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,

@@ -1,6 +1,7 @@
 """Receives from any source: peer=None (or tutti.ANY_SOURCE) takes whichever rank's
 message of the tag comes, in each sender's order, and says who sent it."""
 import numpy as np
+import pytest
 
 import tutti
 from ranks import run
@@ -74,3 +75,39 @@ def test_any_source_mismatch():
     res = run(mismatch_any, 2)
     assert "count=5" in res[0] and "count=4" in res[0], res[0]
     assert res[1] == "failed"
+
+
+def over_collectives(comm):
+    """Point-to-point apart from the collectives (session 101): a send left outstanding
+    over an allreduce the peer enters first, and a receive posted before one whose
+    messages come first, each land in their own receive."""
+    rank = comm.rank
+    big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: past shm's and tcp's eager sizes
+    out = []
+    w = comm.send(big + 1, 1, tag=5, async_op=True) if rank == 0 else None
+    x = np.full(3, rank + 1.0)
+    comm.allreduce(x)
+    out.append(x.tolist())
+    if rank == 1:
+        got = np.zeros_like(big)
+        comm.recv(got, 0, tag=5)
+        out.append(bool((got == big + 1).all()))
+        r = comm.recv(got, 0, tag=6, async_op=True)
+    if w is not None:
+        w.wait()
+    y = np.full(2, 10.0 * (rank + 1))
+    comm.allreduce(y)
+    out.append(y.tolist())
+    if rank == 0:
+        comm.send(big * 2, 1, tag=6)
+    elif rank == 1:
+        r.wait()
+        out.append(bool((got == big * 2).all()))
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_point_to_point_over_collectives(transport):
+    res = run(over_collectives, 3, transport=transport)
+    assert res[1] == [[6.0] * 3, True, [60.0] * 2, True], res[1]
+    assert res[0] == [[6.0] * 3, [60.0] * 2] == res[2], res

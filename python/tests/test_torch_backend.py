@@ -1755,3 +1755,25 @@ def test_store_timeouts_as_torch_means_them():
     assert tt._ms(datetime.timedelta(0)) == 2**31 - 1
     assert tt._ms(datetime.timedelta(days=30)) == 2**31 - 1
     assert tt._ms(datetime.timedelta(seconds=2)) == 2000
+
+
+def isend_over_all_reduce(rank, size):
+    """An isend left outstanding over an all_reduce its peer enters first (gloo's
+    programs do this; before session 101 it failed the group with a mismatch)."""
+    t = torch.arange(100000, dtype=torch.float32)
+    w = dist.isend(t + 7, 1, tag=3) if rank == 0 else None
+    x = torch.full((4,), rank + 1.0)
+    dist.all_reduce(x)
+    ok = True
+    if rank == 1:
+        got = torch.zeros(100000)
+        dist.recv(got, 0, tag=3)
+        ok = torch.equal(got, t + 7)
+    if w is not None:
+        w.wait()
+    return x.tolist(), ok
+
+
+def test_isend_over_all_reduce():
+    for x, ok in run(isend_over_all_reduce, 3):
+        assert x == [6.0] * 4 and ok
