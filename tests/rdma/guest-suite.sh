@@ -36,6 +36,10 @@ run test_collectives_lazy_8 env TUTTI_IB_CONNECT=lazy CK_RUN_CASE=scale ./test_c
 run test_p2p_lazy env TUTTI_IB_CONNECT=lazy ./test_p2p
 # the transport ABI's arm() over ibverbs, and a wait on shm and ibverbs at once
 run test_conformance_arm env CK_RUN_CASE=arm ./test_conformance
+# channels (TUTTI_TP_CHANNELS): a message read aside while the other channel's receive
+# waits, eager and by RDMA read, and the probe that reads a channel-0 message aside
+run test_conformance_channels env CK_RUN_CASE=channels ./test_conformance
+run test_conformance_probe env CK_RUN_CASE=probe ./test_conformance
 run test_mux_sleeps env CK_RUN_CASE=sleeps TT_TEST_IB_MUX=1 ./test_mux
 run test_mux_sleeps_lazy env TUTTI_IB_CONNECT=lazy CK_RUN_CASE=sleeps TT_TEST_IB_MUX=1 ./test_mux
 if [ "${1:-1}" = 1 ] && [ "$rc" -eq 0 ]; then

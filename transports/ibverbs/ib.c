@@ -294,8 +294,9 @@ static tp_req_t *rx_take_other(ib_tp_t *tp, ib_link_t *L, const ib_hdr_t *h)
     tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, h->env, h->len);
     if (!q)
         link_fail(L, TUTTI_ERR_NOMEM, 0,
-                  "ibverbs: out of memory for a %llu-byte message from rank %d (%s) that came "
-                  "while receives of another channel waited",
+                  "ibverbs: cannot read aside a %llu-byte message from rank %d (%s) that came "
+                  "while only receives of the other kind waited (out of memory, or more than "
+                  "half this host's memory)",
                   (unsigned long long)h->len, L->peer, L->addr);
     return q;
 }

@@ -21,11 +21,25 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "abi.h"
 #include "queue.h"
 
 #define TP_KIND_UX 0x5558 /* a link's own receive buffering an unexpected message */
+
+/* The largest message read aside: half this host's memory (a length past it is garbage
+ * or cannot be held; the fuzz build sets a small bound, its allocator's limit being 2
+ * GiB). */
+static inline uint64_t tp_ux_max(void)
+{
+#ifdef TP_UX_MAX_BYTES
+    return TP_UX_MAX_BYTES;
+#else
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : 1ull << 34;
+#endif
+}
 
 static inline unsigned tp_chan(const uint64_t env[4])
 {
@@ -117,7 +131,8 @@ static inline int tp_ux_post(tp_uxq_t *q, tp_req_t *r)
 /* The receive that takes the message at the head of the stream (envelope env, len
  * bytes) when the receive at the queue's head is of the other channel: the first of its
  * own channel, moved to the head; else a buffering request of the link's own, pushed at
- * the head (its env the message's, so that it matches). NULL: out of memory. */
+ * the head (its env the message's, so that it matches). NULL: out of memory, or past
+ * tp_ux_max. */
 static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t *q,
                                      unsigned long *completions, const uint64_t env[4],
                                      uint64_t len)
@@ -136,6 +151,8 @@ static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t 
         }
         return r;
     }
+    if (len > tp_ux_max())
+        return NULL;
     tp_ux_t *e = calloc(1, sizeof(*e));
     void *buf = e ? malloc(len ? (size_t)len : 1) : NULL;
     if (!buf) {

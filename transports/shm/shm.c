@@ -684,8 +684,9 @@ static tp_req_t *rx_take_other(shm_tp_t *tp, shm_link_t *L)
                                L->rhdr.len);
     if (!q)
         link_fail(L, TUTTI_ERR_NOMEM, 0,
-                  "shm: out of memory for a %llu-byte message from rank %d (%s) that came while "
-                  "receives of another channel waited",
+                  "shm: cannot read aside a %llu-byte message from rank %d (%s) that came "
+                  "while only receives of the other kind waited (out of memory, or more than "
+                  "half this host's memory)",
                   (unsigned long long)L->rhdr.len, L->peer, L->addr);
     return q;
 }
