@@ -65,7 +65,7 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
     }
     FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
     /* bad arguments */
-    FAIL_IF(tutti_send(comm, out, 1, TUTTI_INT32, rank, 0) != TUTTI_ERR_INVALID_ARG, "self");
+    FAIL_IF(tutti_send(comm, out, 1, TUTTI_INT32, -5, 0) != TUTTI_ERR_INVALID_ARG, "negative");
     FAIL_IF(tutti_recv(comm, in, 1, TUTTI_INT32, nranks, 0) != TUTTI_ERR_INVALID_ARG, "range");
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "peer"), "message: %s",
             tutti_comm_last_error(comm));
@@ -535,18 +535,95 @@ START_TEST(any_source_unsupported)
 }
 END_TEST
 
-static int rank_one(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+/* ---- messages to oneself (as NCCL and MPI take them; exec.c's self_match) ----
+ * Every rank: a blocking send to itself before its receive (the send is copied: it does
+ * not wait), a receive posted before its send, an any-source receive that takes its own
+ * message, an all-to-all of isends and irecvs that includes itself (torch's
+ * batch_isend_irecv), then a receive whose tag differs from its own send's: a mismatch
+ * naming both. On one rank (no transport at all) the same, and a receive from itself
+ * with no send times out within the communicator's timeout. */
+static int rank_self(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
-    (void)dir, (void)arg, (void)nranks;
-    int32_t v;
-    FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 0) != TUTTI_ERR_INVALID_ARG,
-            "any source alone");
-    FAIL_IF(!strstr(tutti_comm_last_error(comm), "no other rank"), "message: %s",
+    (void)dir, (void)arg;
+    enum { N = 1000 };
+    int32_t out[N], in[N];
+    for (int i = 0; i < N; i++)
+        out[i] = rank * 100003 + i;
+    memset(in, 0, sizeof(in));
+    FAIL_IF(tutti_send(comm, out, N, TUTTI_INT32, rank, 1) != 0, "send to itself: %s",
             tutti_comm_last_error(comm));
+    out[0] = -1; /* the send was copied at its turn */
+    FAIL_IF(tutti_recv(comm, in, N, TUTTI_INT32, rank, 1) != 0, "recv from itself: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(in[0] != rank * 100003 || in[N - 1] != rank * 100003 + N - 1, "got %d .. %d", in[0],
+            in[N - 1]);
+    out[0] = rank * 100003;
+    tutti_work_t *wr, *ws;
+    int32_t v = 0, w = 7 + rank;
+    FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, rank, 2, &wr) != 0, "recv_async");
+    FAIL_IF(tutti_send_async(comm, &w, 1, TUTTI_INT32, rank, 2, &ws) != 0, "send_async");
+    FAIL_IF(tutti_wait(wr, -1) != 0 || tutti_wait(ws, -1) != 0, "self pair: %s",
+            tutti_work_error(wr));
+    FAIL_IF(v != 7 + rank || tutti_work_source(wr) != rank, "self pair: %d from %d", v,
+            tutti_work_source(wr));
+    tutti_work_free(wr);
+    tutti_work_free(ws);
+    FAIL_IF(tutti_send(comm, &w, 1, TUTTI_INT32, rank, 3) != 0, "send for any source");
+    v = 0;
+    FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &wr) != 0, "any");
+    FAIL_IF(tutti_wait(wr, -1) != 0, "any source: %s", tutti_work_error(wr));
+    FAIL_IF(v != 7 + rank || tutti_work_source(wr) != rank, "any source: %d from %d", v,
+            tutti_work_source(wr));
+    tutti_work_free(wr);
+    /* all to all, oneself included, every request posted before any wait */
+    int32_t *a2a_in = calloc((size_t)nranks * N, 4);
+    tutti_work_t **wk = calloc(2 * (size_t)nranks, sizeof(*wk));
+    FAIL_IF(!a2a_in || !wk, "calloc");
+    for (int p = 0; p < nranks; p++) {
+        FAIL_IF(tutti_recv_async(comm, a2a_in + (size_t)p * N, N, TUTTI_INT32, p, 4, &wk[p]) != 0,
+                "a2a recv %d", p);
+        FAIL_IF(tutti_send_async(comm, out, N, TUTTI_INT32, p, 4, &wk[nranks + p]) != 0,
+                "a2a send %d", p);
+    }
+    for (int k = 0; k < 2 * nranks; k++) {
+        FAIL_IF(tutti_wait(wk[k], -1) != 0, "a2a %d: %s", k, tutti_work_error(wk[k]));
+        tutti_work_free(wk[k]);
+    }
+    for (int p = 0; p < nranks; p++)
+        for (int i = 0; i < N; i++)
+            FAIL_IF(a2a_in[(size_t)p * N + i] != p * 100003 + i, "a2a from %d [%d]: %d", p, i,
+                    a2a_in[(size_t)p * N + i]);
+    free(a2a_in);
+    free(wk);
+    if (nranks == 1) {
+        double t0 = th_now_ms();
+        int st = tutti_recv(comm, &v, 1, TUTTI_INT32, 0, 5);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT, "a receive from itself with no send: %s: %s",
+                tutti_status_name(st), tutti_comm_last_error(comm));
+        FAIL_IF(th_now_ms() - t0 > 10000, "timed out after %.0f ms", th_now_ms() - t0);
+        return 0;
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_send(comm, &w, 1, TUTTI_INT32, rank, 6) != 0, "send tag 6");
+    int st = tutti_recv(comm, &v, 1, TUTTI_INT32, rank, 7);
+    const char *msg = tutti_comm_last_error(comm);
+    FAIL_IF(st != TUTTI_ERR_MISMATCH, "tag 7 for tag 6: %s: %s", tutti_status_name(st), msg);
+    FAIL_IF(!strstr(msg, "tag 6") || !strstr(msg, "tag 7") || !strstr(msg, "itself"), "message: %s",
+            msg);
     return 0;
 }
 
-TH_RUN_TEST(any_source_alone, th_run(1, rank_one, NULL, 20000))
+START_TEST(to_itself)
+{
+    ck_assert_int_eq(th_run(2, rank_self, NULL, 30000), 0);
+    ck_assert_int_eq(th_run(3, rank_self, NULL, 30000), 0);
+    tutti_comm_opts_t opts;
+    tutti_comm_opts_init(&opts);
+    opts.timeout_ms = 2000;
+    th_spec_t spec = { .nranks = 1, .fn = rank_self, .timeout_ms = 30000, .opts = &opts };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
 
 /* ---- point to point across collectives (channels, transport_v2.h TUTTI_TP_CHANNELS) ----
  * Messages of one pair travel in one ordered stream; a transport with channels gives a
@@ -751,8 +828,8 @@ static Suite *suite(void)
     th_add_tests(s, "any_source", 90,
                  (const TTest *const[]){ any_source_senders, any_source_mismatch,
                                          any_source_timeout, any_source_sender_left,
-                                         any_source_sender_died, any_source_unsupported,
-                                         any_source_alone, NULL });
+                                         any_source_sender_died, any_source_unsupported, to_itself,
+                                         NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          NULL });

@@ -660,9 +660,11 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
  * received at the same place among the collectives as it was sent, else
  * TUTTI_ERR_MISMATCH naming both calls. Receives posted in another tag order than the
  * sends fail the same way (tags are checked, not matched: put such traffic on a
- * communicator of its own, tutti_comm_split with one color). peer must be another rank:
- * a send or receive to oneself is TUTTI_ERR_INVALID_ARG (copy the data; NCCL and MPI
- * accept it). */
+ * communicator of its own, tutti_comm_split with one color). peer may be this rank
+ * itself, as in NCCL and MPI (a torch batch_isend_irecv all-to-all sends to itself): the
+ * send is copied at its turn and done (a blocking send before its receive does not wait,
+ * as MPI_Bsend), and receives from itself take the copies in order, checked as any
+ * (also on a communicator of one rank; an any-source receive takes them too). */
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,

@@ -832,15 +832,11 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
         return tt_comm_refuse_foreign(comm, name, 0);
     if (async && !work_p)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
-    int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV && comm->nranks > 1;
-    if (!any && (peer < 0 || peer >= comm->nranks || peer == comm->rank))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: peer %d is not another rank of [0, %d)%s", name, peer,
-                                 comm->nranks,
-                                 peer == TUTTI_ANY_SOURCE
-                                     ? (kind == TUTTI_TP_RECV ? " (any source: no other rank)"
-                                                              : " (any source is for receives)")
-                                     : "");
+    int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV;
+    if (!any && (peer < 0 || peer >= comm->nranks))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: peer %d is not a rank of [0, %d)%s",
+                                 name, peer, comm->nranks,
+                                 peer == TUTTI_ANY_SOURCE ? " (any source is for receives)" : "");
     TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
     return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
                              async ? work_p : NULL);

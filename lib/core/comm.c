@@ -144,6 +144,7 @@ static void comm_free(tutti_comm_t *comm)
     pthread_mutex_destroy(&comm->trace_lock);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
+    tt_exec_self_free(comm);
     if (comm->secret)
         memset(comm->secret, 0, comm->secret_len);
     free(comm->secret);

@@ -37,5 +37,7 @@ void tt_exec_comm_unref(tutti_comm_t *comm);
  * forked child's call refused (p2p_issue). */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, tutti_work_t **work_p);
+/* exec.c: free the sends to this rank that no receive took (comm.c's destroy). */
+void tt_exec_self_free(tutti_comm_t *comm);
 
 #endif /* TT_COMM_H */

@@ -460,6 +460,81 @@ static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err,
     return TUTTI_ERR_UNSUPPORTED;
 }
 
+/* ---- messages to this rank: copied at the send's turn, matched in the library ----
+ * NCCL and MPI take a send to oneself (a torch batch_isend_irecv all-to-all posts one);
+ * no transport serves it. A send completes at its turn with its data copied (as
+ * MPI_Bsend: a blocking send before its receive does not wait for it); receives take
+ * the copies in order, checked as a peer's message is (count, dtype, tag: a mismatch
+ * fails the communicator, naming both). Under `executing`. */
+typedef struct tt_self_msg {
+    struct tt_self_msg *next;
+    uint64_t env[4];
+    size_t len;
+    unsigned char data[];
+} tt_self_msg_t;
+
+void tt_exec_self_free(tutti_comm_t *comm)
+{
+    while (comm->self_q) {
+        tt_self_msg_t *m = comm->self_q;
+        comm->self_q = m->next;
+        free(m);
+    }
+    comm->self_q_tail = NULL;
+}
+
+static int self_send(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    tt_self_msg_t *m = malloc(sizeof(*m) + w->req.len);
+    if (!m) {
+        snprintf(err, errlen,
+                 "rank %d: send to rank %d (itself): out of memory for a copy of %zu bytes",
+                 comm->rank, comm->rank, w->req.len);
+        return TUTTI_ERR_NOMEM;
+    }
+    m->next = NULL;
+    memcpy(m->env, w->req.env, sizeof(m->env));
+    m->len = w->req.len;
+    if (m->len)
+        memcpy(m->data, w->req.buf, m->len);
+    if (comm->self_q_tail)
+        comm->self_q_tail->next = m;
+    else
+        comm->self_q = m;
+    comm->self_q_tail = m;
+    w->req.xfer = w->req.len;
+    w->req.status = 0;
+    return TUTTI_OK;
+}
+
+static int is_self_recv(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    return w->req.kind == TUTTI_TP_RECV && w->req.peer == comm->rank;
+}
+
+/* Give the copies to the receives from this rank that wait, in posting order. */
+static void self_match(tutti_comm_t *comm)
+{
+    for (tutti_work_t *w = comm->inflight; w && comm->self_q; w = w->inflight_next) {
+        if (!is_self_recv(comm, w) || w->req.status != 1)
+            continue;
+        tt_self_msg_t *m = comm->self_q;
+        if (!(comm->self_q = m->next))
+            comm->self_q_tail = NULL;
+        memcpy(w->req.got_env, m->env, sizeof(m->env));
+        w->req.got_len = m->len;
+        if (m->len != w->req.len || memcmp(m->env, w->req.env, sizeof(m->env))) {
+            w->req.status = TUTTI_ERR_MISMATCH;
+        } else {
+            if (m->len)
+                memcpy(w->req.buf, m->data, m->len);
+            w->req.xfer = m->len;
+            w->req.status = 0;
+        }
+        free(m);
+    }
+}
+
 /* Post w's request (the caller holds `executing`). 0: in flight; else an error. A
  * receive from any source is in flight unposted: any_step looks for its message. */
 static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
@@ -482,6 +557,8 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
         return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
                    ? TUTTI_OK
                    : any_unsupported(comm, w, err, errlen);
+    if (w->req.peer == comm->rank) /* a receive waits in flight for self_match */
+        return w->req.kind == TUTTI_TP_SEND ? self_send(comm, w, err, errlen) : TUTTI_OK;
     return p2p_post_req(comm, w, err, errlen);
 }
 
@@ -509,7 +586,14 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
     for (int k = 0; k < n; k++) {
         int peer = (comm->any_next + k) % n;
         tutti_tp_probe_t m;
-        int st = peer == comm->rank ? 0 : comm->tp_ops->probe(comm->tp, peer, &m);
+        int st = 0;
+        if (peer != comm->rank)
+            st = comm->tp_ops->probe(comm->tp, peer, &m);
+        else if (comm->self_q) { /* a copy of a send to itself */
+            memcpy(m.env, comm->self_q->env, sizeof(m.env));
+            m.len = comm->self_q->len;
+            st = 1;
+        }
         if (st == TUTTI_ERR_UNSUPPORTED)
             return any_unsupported(comm, w, err, errlen);
         if (st < 0) {
@@ -523,10 +607,14 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         w->op.seq = comm->p2p_recv_seq[peer]++;
         w->req.env[0] = w->op.seq;
         tt_trace_matched(comm, &w->op, peer);
+        if (peer == comm->rank) {
+            self_match(comm);
+            return 1;
+        }
         st = p2p_post_req(comm, w, err, errlen);
         return st < 0 ? st : 1;
     }
-    if (dead < n - 1)
+    if (dead < n - 1 || n == 1)
         return 1;
     char what[64], msg[TT_ERRMSG_LEN];
     pthread_mutex_lock(&comm->err_lock);
@@ -577,11 +665,22 @@ static void reap_inflight_locked(tutti_comm_t *comm)
 {
     int any = 0;
     uint64_t now = comm->inflight ? tt_now_ns() : 0;
+    if (comm->self_q)
+        self_match(comm);
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
         if (w->req.status == 1 && w->req.peer >= 0 && now > w->p2p_deadline_ns) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
+        }
+    }
+    /* receives from this rank wait outside the transport: a failed communicator (the
+     * timeout above, an abort, another op's failure) fails them here */
+    for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
+        if (is_self_recv(comm, w) && w->req.status == 1) {
+            int st = atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
+            if (st < 0)
+                w->req.status = st;
         }
     }
     tutti_work_t **pp = &comm->inflight;
@@ -650,7 +749,11 @@ static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
     /* the in-flight list changes only under `executing`: due stays on it meanwhile */
     tutti_work_t *due = inflight_stall_due(comm);
     pthread_mutex_unlock(&comm->q_lock);
-    int st = comm->tp_ops->progress(comm->tp, max_ms);
+    int st = 0;
+    if (comm->tp)
+        st = comm->tp_ops->progress(comm->tp, max_ms);
+    else /* one rank: its receives from itself wait for its own sends, queued meanwhile */
+        nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
     /* a failed rank found fails the communicator and cancels every request: the reap
      * below completes them with its message */
     if (st >= 0 && due && due->req.status == 1)

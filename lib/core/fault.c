@@ -337,7 +337,8 @@ void tt_fault_tell_revoke(tutti_comm_t *comm)
 void tt_fault_fail_op(tt_op_t *op, int status, const char *msg)
 {
     tt_fault_record(op, status, msg);
-    op->comm->tp_ops->cancel_all(op->comm->tp, status);
+    if (op->comm->tp) /* (a communicator of one rank has none: its sends to itself) */
+        op->comm->tp_ops->cancel_all(op->comm->tp, status);
 }
 
 /* ---- what other ranks left: failed/<rank> ---- */
@@ -431,6 +432,8 @@ static int add_peer_report(tt_op_t *op, int peer, char *msg, size_t len, int sta
 
 static const char *peer_addr(tutti_comm_t *comm, int peer)
 {
+    if (peer == comm->rank) /* a message to itself (exec.c's self_match) */
+        return "itself";
     const char *a = comm->tp_ops->peer_address ? comm->tp_ops->peer_address(comm->tp, peer) : NULL;
     return a ? a : "?";
 }

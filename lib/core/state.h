@@ -226,6 +226,9 @@ struct tutti_comm {
     uint64_t *p2p_send_seq;     /* per peer: the sequence numbers of point-to-point */
     uint64_t *p2p_recv_seq;     /* messages, separate from the collectives' */
     int any_next;               /* the peer the next any-source search probes first */
+    /* sends to this rank, copied at their turn, that no receive took yet (exec.c's
+     * self_match; under `executing`) */
+    struct tt_self_msg *self_q, *self_q_tail;
 };
 
 /* fault.c's copy of this process's pid (tt_comm_owner_pid, kept right in forked

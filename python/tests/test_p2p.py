@@ -111,3 +111,15 @@ def test_point_to_point_over_collectives(transport):
     res = run(over_collectives, 3, transport=transport)
     assert res[1] == [[6.0] * 3, True, [60.0] * 2, True], res[1]
     assert res[0] == [[6.0] * 3, [60.0] * 2] == res[2], res
+
+
+def to_itself(comm):
+    comm.send(np.arange(6, dtype=np.int32) + comm.rank, comm.rank, tag=2)
+    got = np.zeros(6, np.int32)
+    src = comm.recv(got, comm.rank, tag=2)
+    return src, got.tolist()
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_send_to_itself(size):
+    assert run(to_itself, size) == [(r, list(range(r, r + 6))) for r in range(size)]

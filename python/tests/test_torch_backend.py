@@ -1777,3 +1777,20 @@ def isend_over_all_reduce(rank, size):
 def test_isend_over_all_reduce():
     for x, ok in run(isend_over_all_reduce, 3):
         assert x == [6.0] * 4 and ok
+
+
+def all_to_all_with_itself(rank, size):
+    """batch_isend_irecv of an all-to-all that includes the rank itself (NCCL's backend
+    takes the send to oneself; tutti does since session 101)."""
+    outs = [torch.full((5,), 10.0 * rank + p) for p in range(size)]
+    ins = [torch.zeros(5) for _ in range(size)]
+    ops = [dist.P2POp(dist.irecv, ins[p], p) for p in range(size)]
+    ops += [dist.P2POp(dist.isend, outs[p], p) for p in range(size)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    return [t[0].item() for t in ins]
+
+
+def test_all_to_all_with_itself():
+    res = run(all_to_all_with_itself, 3)
+    assert res == [[10.0 * p + r for p in range(3)] for r in range(3)], res
