@@ -287,12 +287,12 @@ def movements(comm, kind="int64"):
     comm.send(blk(rank, 4), nxt, tag=7)
     w.wait()
     bad += [] if np.array_equal(got, blk(prv, 4)) else ["send/recv"]
-    if kind == "bool":  # reductions still name the element type
+    if kind == "bool":  # reductions are logical (test_bool_reductions); avg is refused
         try:
-            comm.allreduce(blk(rank))
-            bad.append(f"allreduce of {kind} was not refused")
+            comm.allreduce(blk(rank), op="avg")
+            bad.append(f"allreduce avg of {kind} was not refused")
         except tutti.InvalidArgError as e:
-            bad += [] if "element type" in str(e) else [f"allreduce of {kind}: {e}"]
+            bad += [] if "bool" in str(e) else [f"allreduce avg of {kind}: {e}"]
     comm.barrier()
     return [f"{b} ({kind})" for b in bad]
 
@@ -719,3 +719,55 @@ def in_place_forms(comm):
 @pytest.mark.parametrize("size", [2, 3])
 def test_in_place_forms(size):
     assert run(in_place_forms, size, transport="shm") == [[]] * size
+
+
+def bools(comm):
+    """bool arrays reduce logically (as NCCL's torch backend maps them): sum and max are
+    or, prod and min and, the bitwise ops as they are; avg is refused; dtype= reads them
+    as bytes instead. Checked against NumPy over every rank's pattern."""
+    rank, size = comm.rank, comm.size
+    rng = np.random.default_rng(7)
+    pats = rng.random((size, 64)) < 0.6  # every rank's values, known to all
+    mine = pats[rank].copy()
+    want = {"sum": pats.any(0), "max": pats.any(0), "prod": pats.all(0), "min": pats.all(0),
+            "band": pats.all(0), "bor": pats.any(0), "bxor": pats.sum(0) % 2 == 1}
+    bad = []
+    for op, w in want.items():
+        out = np.zeros(64, bool)
+        comm.allreduce(mine, out, op=op)
+        if not (out == w).all():
+            bad.append(f"allreduce {op}")
+        buf = mine.copy()
+        comm.allreduce(buf, op=op)  # in place
+        if not (buf == w).all():
+            bad.append(f"allreduce {op} in place")
+    out = np.zeros(64, bool)
+    comm.reduce(mine, out if rank == 0 else None, op="sum", root=0)
+    if rank == 0 and not (out == pats.any(0)).all():
+        bad.append("reduce")
+    blk = np.zeros(64 // size if 64 % size == 0 else 0, bool)
+    if blk.size:
+        comm.reduce_scatter(np.tile(mine[:blk.size], size), blk, op="prod")
+        if not (blk == pats[:, :blk.size].all(0)).all():
+            bad.append("reduce_scatter")
+    pre = np.zeros(64, bool)
+    comm.scan(mine, pre, op="max")
+    if not (pre == pats[:rank + 1].any(0)).all():
+        bad.append("scan")
+    n8 = np.zeros(64, np.uint8)
+    comm.allreduce(mine, n8.view(bool), op="sum", dtype="uint8")  # bytes: a count
+    if not (n8 == pats.sum(0)).all():
+        bad.append("dtype=uint8")
+    try:
+        comm.allreduce(mine.copy(), op="avg")
+        bad.append("avg not refused")
+    except tutti.InvalidArgError as e:
+        if "bool" not in str(e):
+            bad.append(f"avg message: {e}")
+    return bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_bool_reductions(size, transport):
+    assert run(bools, size, transport=transport) == [[]] * size

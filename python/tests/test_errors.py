@@ -39,7 +39,12 @@ def bad_arguments(comm):
            "32 bytes", "36")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, ro), "read-only")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros((4, 4))[:, 1]), "contiguous")
-    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.bool_)), "element type")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.complex64), op="max"),
+           "complex")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.bool_), op="avg"),
+           "bool")
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.longdouble)),
+           "element type")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, np.zeros(8, np.int32)), "f32", "i32")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, op="band"), "band")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, dtype="f64"), "8-byte")

@@ -196,6 +196,31 @@ def _op(op):
     return _resolve_op(op)[0]
 
 
+def _logical_op(bufs, v, name):
+    """The op a reduction of bool buffers (Buffer.logical: uint8 0 or 1) runs with, as
+    NCCL's torch backend maps them: sum and max as max (logical or), prod and min as min
+    (logical and), the bitwise ops as they are; avg refused. Ops defined here (tutti.Op)
+    see the bytes."""
+    if not any(b.logical for b in bufs):
+        return v
+    if not _LOGICAL:
+        _LOGICAL.update({_op(a): _op(b) for a, b in (("sum", "max"), ("max", "max"),
+                                                     ("prod", "min"), ("min", "min"),
+                                                     ("band", "band"), ("bor", "bor"),
+                                                     ("bxor", "bxor"))})
+    if v >= _USER_FIRST:
+        return v
+    m = _LOGICAL.get(v)
+    if m is None:
+        raise InvalidArgError(f"tutti: {name}: reduce op {_lib_.tutti_redop_name(v).decode()} "
+                              "does not apply to bool elements (sum/max: or, prod/min: and, "
+                              "band, bor, bxor)")
+    return m
+
+
+_LOGICAL = {}
+
+
 try:
     import numpy as _np
 except ImportError:  # Op's functions then get memoryviews
@@ -1169,6 +1194,7 @@ class Communicator(_Handle):
             _holds(name, self.rank, i, _elems(o), "the input", "the output's length")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
+        v = _logical_op(bufs, v, name)
         return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, v), async_op, op)
 
     def allreduce(self, buf, out=None, op="sum", dtype=None, async_op=False):
@@ -1203,12 +1229,14 @@ class Communicator(_Handle):
             sp = _lib.IN_PLACE if self.rank == root else i.ptr
             rp = i.ptr if self.rank == root else None
             v, op = _resolve_op(op)
+            v = _logical_op([i], v, "reduce")
             return self._run("reduce", [i], (sp, rp, i.count, i.dtype, v, root), async_op,
                              op, detail)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
         _holds("reduce", self.rank, i, _elems(o), "the input", "the output's length")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
+        v = _logical_op(bufs, v, "reduce")
         return self._run("reduce", bufs, (sp, o.ptr, o.count, o.dtype, v, root), async_op,
                          op, detail)
 
@@ -1252,6 +1280,7 @@ class Communicator(_Handle):
             count = o.count
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
+        v = _logical_op(bufs, v, "reduce_scatter")
         return self._run("reduce_scatter", bufs, (sp, o.ptr, count, o.dtype, v), async_op, op)
 
     def reduce_scatterv(self, buf, out, counts, op="sum", dtype=None, async_op=False):
@@ -1271,6 +1300,7 @@ class Communicator(_Handle):
             _holds("reduce_scatterv", me, o, cl[me], "the output", f"counts[{me}]")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
+        v = _logical_op(bufs, v, "reduce_scatterv")
         return self._run("reduce_scatterv", bufs, (sp, o.ptr, c, o.dtype, v), async_op, op)
 
     def _rooted(self, what, mine, mine_writes, roots, root, dtype, times=None):

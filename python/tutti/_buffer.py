@@ -41,6 +41,9 @@ _FORMATS = {k: dtype_of(v) for k, v in {
     ("d", 8): "float64", ("h", 2): "int16", ("H", 2): "uint16", ("I", 4): "uint32",
     ("L", 4): "uint32", ("L", 8): "uint64", ("Q", 8): "uint64", ("N", 8): "uint64",
     ("Zf", 8): "complex64", ("Zd", 16): "complex128"}.items()}
+# bool (0 or 1 a byte): uint8 on the wire, and its reductions logical (Buffer.logical)
+_BOOL = -1
+_FORMATS[("?", 1)] = _BOOL
 
 
 # A struct format's byte-order prefixes that mean this host's order: '@' and '=' (native),
@@ -100,6 +103,7 @@ _DL_DTYPES = {k: dtype_of(v) for k, v in {
     (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 16): "int16",
     (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (5, 64): "complex64",
     (5, 128): "complex128"}.items()}
+_DL_DTYPES[(6, 8)] = _BOOL  # kDLBool
 _KDLCPU, _KDLCUDA, _KDLCUDAHOST, _KDLCUDAMANAGED = 1, 2, 3, 13
 # where the host may read and write the memory itself
 _DL_HOST = (_KDLCPU, _KDLCUDAHOST, _KDLCUDAMANAGED)
@@ -109,6 +113,7 @@ _CAI_DTYPES = {k: dtype_of(v) for k, v in {
     "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32",
     "i8": "int64", "u8": "uint64", "f2": "float16", "f4": "float32", "f8": "float64",
     "c8": "complex64", "c16": "complex128"}.items()}
+_CAI_DTYPES["b1"] = _BOOL
 
 
 class _Export:
@@ -131,7 +136,8 @@ class Buffer:
     export (or the DLPack capsule) until released or dropped. With carry, an element type
     tutti has no dtype for (bool, complex, ...) travels as its bytes: dtype uint8, k bytes
     an item (k is 1 otherwise), for the calls that only move data."""
-    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold", "foreign")
+    __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold", "foreign",
+                 "logical")
 
     def __init__(self, obj, what, writable, dtype=None, carry=False):
         self.dev, self.what, self.foreign = None, what, False  # dev: "cuda:N" for device memory
@@ -141,6 +147,10 @@ class Buffer:
         else:
             src_dtype, itemsize = self._from_other(obj, what, writable)
         self.k = 1
+        # bool items: uint8, reduced logically (the reducing calls map the op: _logical_op)
+        self.logical = src_dtype == _BOOL and dtype is None
+        if src_dtype == _BOOL:
+            src_dtype = _U8
         if dtype is None and src_dtype is None and carry:
             src_dtype, self.k, itemsize = _U8, itemsize, 1
         if self.foreign and not carry:
@@ -326,5 +336,6 @@ def _torch_tensor():
              "int16", "complex64", "complex128", "uint16", "uint32",
              "uint64")  # the last three: torch >= 2.3
     _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names if hasattr(torch, n)})
+    _TORCH_DTYPES[torch.bool] = _BOOL
     _TORCH.append(torch.Tensor)
     return torch.Tensor

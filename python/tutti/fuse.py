@@ -152,11 +152,16 @@ def broadcast_coalesced(comm, tensors, root=0, cap_bytes=0):
 
 def allreduce_coalesced(comm, tensors, op="sum", cap_bytes=0):
     """Every tensor allreduced in place, tensors of one dtype packed together."""
-    from . import _op
+    from . import _op, _logical_op
     keep, ptrs, counts, dtypes, n = _coalesced(comm, tensors, "allreduce_coalesced")
     mark = op._mark() if hasattr(op, "_mark") else 0  # a tutti.Op: its function's exception
-    st = _lib_.tutti_allreduce_coalesced(comm._handle(), ptrs, counts, dtypes, n, _op(op),
-                                         cap_bytes)
+    v = _op(op)
+    m = _logical_op(keep, v, "allreduce_coalesced")  # bool tensors: or, and (one op for all)
+    if m != v and not all(b.logical for b in keep):
+        raise InvalidArgError("tutti: allreduce_coalesced: bool tensors among others take "
+                              "max, min, band, bor or bxor (sum and prod of bools are or and "
+                              "and)")
+    st = _lib_.tutti_allreduce_coalesced(comm._handle(), ptrs, counts, dtypes, n, m, cap_bytes)
     del keep
     if st < 0:
         raise error_for(st, comm.last_error)
