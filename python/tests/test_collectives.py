@@ -771,3 +771,35 @@ def bools(comm):
 @pytest.mark.parametrize("size", [1, 2, 4])
 def test_bool_reductions(size, transport):
     assert run(bools, size, transport=transport) == [[]] * size
+
+
+def fortran_order(comm):
+    """Arrays in Fortran order are taken in their memory order, as mpi4py takes them:
+    elementwise calls give the same array as in C order, and the rest move memory as it
+    lies."""
+    rank, size = comm.rank, comm.size
+    base = np.arange(12, dtype=np.float64).reshape(3, 4)
+    bad = []
+    a = np.asfortranarray(base * (rank + 1))
+    comm.allreduce(a)  # in place
+    if not (np.array_equal(a, base * size * (size + 1) / 2) and a.flags.f_contiguous):
+        bad.append("allreduce in place")
+    o = np.zeros((3, 4), order="F")
+    comm.allreduce(np.asfortranarray(base + rank), o, op="max")
+    if not np.array_equal(o, base + size - 1):
+        bad.append("allreduce")
+    b = np.asfortranarray(base) if rank == 0 else np.zeros((3, 4), order="F")
+    comm.broadcast(b, root=0)
+    if not np.array_equal(b, base):
+        bad.append("broadcast")
+    g = np.zeros((12, size), order="F")  # column r: rank r's memory
+    comm.allgather(np.asfortranarray(base + rank), g)
+    want = np.stack([np.asfortranarray(base + r).ravel(order="K") for r in range(size)], 1)
+    if not np.array_equal(g, want):
+        bad.append("allgather")
+    return bad
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_fortran_order(size):
+    assert run(fortran_order, size, transport="shm") == [[]] * size

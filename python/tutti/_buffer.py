@@ -81,6 +81,9 @@ _api.PyBuffer_Release.restype = None
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _PYBUF_RECORDS_RO = 0x0004 | 0x0018  # PyBUF_FORMAT | PyBUF_STRIDES
+# PyBUF_FORMAT | PyBUF_ANY_CONTIGUOUS (| PyBUF_WRITABLE): C or Fortran order
+_PYBUF_ANY_CONTIG = 0x0004 | 0x0080 | 0x0018
+_PYBUF_WRITABLE = 0x0001
 
 
 class DLDevice(ctypes.Structure):
@@ -117,12 +120,13 @@ _CAI_DTYPES["b1"] = _BOOL
 
 
 class _Export:
-    """A Py_buffer taken with PyObject_GetBuffer (read-only inputs), released on drop."""
+    """A Py_buffer taken with PyObject_GetBuffer (read-only inputs, and arrays in
+    Fortran order), released on drop."""
     __slots__ = ("view",)
 
-    def __init__(self, obj):
+    def __init__(self, obj, flags=_PYBUF_RECORDS_RO):
         self.view = Py_buffer()
-        _api.PyObject_GetBuffer(obj, ctypes.byref(self.view), _PYBUF_RECORDS_RO)
+        _api.PyObject_GetBuffer(obj, ctypes.byref(self.view), flags)
 
     def __del__(self):
         _api.PyBuffer_Release(ctypes.byref(self.view))
@@ -212,10 +216,16 @@ class Buffer:
         return _TORCH_DTYPES.get(t.dtype), size
 
     def _from_memoryview(self, m, obj, what, writable):
-        if not m.c_contiguous:
+        if not m.c_contiguous and not m.f_contiguous:
             raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous copy, "
                                   "e.g. numpy.ascontiguousarray)")
         self.nbytes = n = m.nbytes
+        if not m.c_contiguous:  # Fortran order: its memory as it lies, as mpi4py takes it
+            if m.readonly and writable:
+                raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
+            self._hold = e = _Export(obj, _PYBUF_ANY_CONTIG | (_PYBUF_WRITABLE if writable else 0))
+            self.ptr = e.view.buf
+            return _format_dtype(m.format, m.itemsize, what, self), m.itemsize
         if m.readonly:
             if writable:
                 raise InvalidArgError(f"tutti: {what} is read-only, and the operation writes it")
