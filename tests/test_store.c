@@ -334,6 +334,19 @@ START_TEST(test_add_basic)
     OK(c.s, tutti_store_add(c.s, "big", INT64_MAX, &r));
     EXPECT(c.s, tutti_store_add(c.s, "big", 1, &r), TUTTI_ERR_INVALID_ARG);
     ck_assert_int_eq(r, INT64_MAX);
+    /* counters in the canonical form only, on every store alike (Redis's rule) */
+    static const char *const bad[] = { "+12", "007", "-0", " 5", "5 ", "-", "" };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        OK(c.s, tutti_store_set(c.s, "odd", bad[k], strlen(bad[k])));
+        EXPECT(c.s, tutti_store_add(c.s, "odd", 1, &r), TUTTI_ERR_INVALID_ARG);
+    }
+    static const char *const good[] = { "0", "-12", "9223372036854775806" };
+    static const int64_t after[] = { 1, -11, INT64_MAX };
+    for (size_t k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
+        OK(c.s, tutti_store_set(c.s, "ok", good[k], strlen(good[k])));
+        OK(c.s, tutti_store_add(c.s, "ok", 1, &r));
+        ck_assert_int_eq(r, after[k]);
+    }
     ctx_close(&c);
 }
 END_TEST

@@ -47,9 +47,11 @@ int tt_store_parse_i64(const void *value, size_t len, int64_t *out_p)
 {
     const char *p = value, *end = p + len;
     int neg = 0;
-    if (p < end && (*p == '-' || *p == '+'))
+    if (p < end && *p == '-')
         neg = *p++ == '-';
-    if (p == end || end - p > 19)
+    /* the canonical form only, as Redis's INCRBY takes it (string2ll): no '+', no leading
+     * zero, no "-0"; until session 101 the file and tcp stores also took "+12" and "007" */
+    if (p == end || end - p > 19 || (*p == '0' && (end - p > 1 || neg)))
         return TUTTI_ERR_INVALID_ARG;
     uint64_t v = 0;
     for (; p < end; p++) {
