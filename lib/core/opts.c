@@ -49,8 +49,12 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->plugin_path = tt_env("PLUGIN_PATH");
     opts->algo = tt_env("ALGO");
     opts->socket_ifname = tt_env("SOCKET_IFNAME");
-    /* not a number: -1, which tcp refuses naming the variable (0 would mean either) */
-    opts->socket_family = tt_env_int("SOCKET_FAMILY", tt_env("SOCKET_FAMILY") ? -1 : 0);
+    /* not a number: -1, which tcp refuses naming the variable (0 would mean either);
+     * read here without tt_env_int's warning, which said "using -1" before the refusal */
+    const char *fam = tt_env("SOCKET_FAMILY");
+    char *fend = NULL;
+    long fx = fam ? strtol(fam, &fend, 10) : 0;
+    opts->socket_family = !fam ? 0 : *fam && !*fend && fx >= 0 && fx <= 6 ? (int)fx : -1;
     opts->socket_buffer_bytes = env_size_int("SOCKET_BUFFER");
     const char *spin = tt_env("SPIN_US");
     char *end = NULL;

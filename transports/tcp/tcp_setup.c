@@ -161,6 +161,8 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
     if (fams && *fams && (*fend || (fam != 0 && fam != 4 && fam != 6))) {
         /* another number (5) or none: no family filter would be a silent "any" */
         const char *env = getenv("TUTTI_SOCKET_FAMILY");
+        if (env && !strcmp(fams, "-1")) /* the library's mark for a value not a number */
+            fams = env;
         int other = env && strcmp(env, fams);
         return tp->host->error(tp->host->ctx, TUTTI_ERR_CONFIG, -1, 0,
                                "tcp: TUTTI_SOCKET_FAMILY=%.32s: expected 0 (either, IPv4 "
