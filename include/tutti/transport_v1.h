@@ -100,7 +100,15 @@ typedef struct tutti_tp_host_v1 {
      * 200 ms or so. The host's store_get waits of set-up end so already. 0 after set-up,
      * and NULL in hosts older than this. */
     int (*setup_check)(void *ctx);
+    /* ---- Appended in ABI 1.6. Read it only when tutti_tp_host_has(h, features). ---- */
+    /* TUTTI_TP_HOST_* bits: what this library does that a transport may rely on. */
+    uint32_t features;
 } tutti_tp_host_v1_t;
+
+/* The library puts the key it looks for in probe()'s found_p->env[3] before the call
+ * (transport_v2.h, TUTTI_TP_CHANNELS); without the bit that word is not set, and a
+ * probe reports the next message of channel 1 whatever its tag. */
+#define TUTTI_TP_HOST_PROBE_KEY 0x1u
 
 /* Does this host struct have `field` (appended in a later minor version)? */
 #define tutti_tp_host_has(h, field)                                                                \

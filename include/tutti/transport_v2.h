@@ -40,15 +40,17 @@ enum {
 /* Properties flags. */
 #define TUTTI_TP_LOCAL_ONLY 0x1u /* reaches only ranks on this host (same host id) */
 /* Channels (ABI 1.6): bit 63 of a message's env[3] is its channel, 0 or 1 (the library
- * sends point-to-point messages on 1, collectives on 0). A receive takes the next
- * message from its peer of its own channel, not merely the next message: one that
- * arrives while only receives of the other channel are posted is read aside into the
+ * sends point-to-point messages on 1, collectives on 0), and a message's key is 0 on
+ * channel 0 and its whole env[3] (the tag) on channel 1. A receive takes the next
+ * message from its peer with its own key, not merely the next message: one that
+ * arrives while only receives of other keys are posted is read aside into the
  * transport's own buffer (the stream must go on for them) and taken, copied, by the
- * next receive of its channel; with no receive posted at all it stays in the stream.
- * probe() then reports messages of channel 1 only, and reads aside a channel-0 message
- * that stands in front of them with no receive posted. Without this flag the library
- * knows that a point-to-point message and a collective's must be received in the order
- * they were sent. */
+ * next receive of its key; with no receive posted at all it stays in the stream.
+ * probe() then reports messages of channel 1 only: where the host sets
+ * TUTTI_TP_HOST_PROBE_KEY (transport_v1.h), the first one whose env[3] is found_p's on
+ * input, reading aside the messages of other keys that stand in front of it with no
+ * receive posted; else the first of channel 1. Without this flag the library knows that
+ * every message must be received in the order sent. */
 #define TUTTI_TP_CHANNELS 0x2u
 
 /* What the library may assume about a transport, constant for the table. */

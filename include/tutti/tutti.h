@@ -644,27 +644,28 @@ int tutti_alltoallv_async(tutti_comm_t *comm, const void *sendbuf, const size_t 
                           const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                           const size_t *rdispls, tutti_dtype_t dtype, tutti_work_t **work_p);
 
-/* Point to point. Messages from one rank to another are received in the order they were
- * sent; a receive must name the same count, dtype and tag as the send it meets, or it
- * fails with TUTTI_ERR_MISMATCH (tags check intent, they do not reorder); the sender's
- * rank, whose send may already be done, gets the mismatch at its next call. Sends and
- * receives never hold up the communicator's queue: post them async in any order
- * (send then receive on both sides is fine) and wait. Apart from the collectives, as in
- * MPI and Gloo: a point-to-point message is taken only by a point-to-point receive, so
- * a send may stay outstanding over collectives its peer enters first, and a receive may
- * be posted before collectives whose messages come first (the transports' channels,
- * transport_v2.h TUTTI_TP_CHANNELS: a message that comes while only the other kind's
- * receives wait is read aside into a buffer of the transport's and copied out when its
- * receive comes, as MPI keeps unexpected messages; bounded by memory only). A plugin
- * transport without channels carries both in one order: there a message must be
- * received at the same place among the collectives as it was sent, else
- * TUTTI_ERR_MISMATCH naming both calls. Receives posted in another tag order than the
- * sends fail the same way (tags are checked, not matched: put such traffic on a
- * communicator of its own, tutti_comm_split with one color). peer may be this rank
+/* Point to point. Receives match by peer and tag, as MPI's and Gloo's: a receive takes
+ * the first message from its peer with its tag that no earlier receive took (messages
+ * of one tag from one rank in the order sent; other tags are left to their receives,
+ * whatever order those are posted in). It must name the same count and dtype as that
+ * message, or it fails with TUTTI_ERR_MISMATCH naming both; the sender's rank, whose
+ * send may already be done, gets the mismatch at its next call. A receive of a tag
+ * never sent ends with TUTTI_ERR_TIMEOUT naming the peer and tag. Sends and receives
+ * never hold up the communicator's queue: post them async in any order (send then
+ * receive on both sides is fine) and wait. Apart from the collectives: a point-to-point
+ * message is taken only by a point-to-point receive, so a send may stay outstanding over
+ * collectives its peer enters first, and a receive may be posted before collectives
+ * whose messages come first. A message that comes while only receives of other tags (or
+ * a collective's) wait is read aside into a buffer of the transport's and copied out
+ * when its receive comes, as MPI keeps unexpected messages: bounded by memory only
+ * (the transports' channels, transport_v2.h TUTTI_TP_CHANNELS; session 101). A plugin
+ * transport without channels carries everything in one order: there a message must be
+ * received at the same place among the collectives, and in the same tag order, as it
+ * was sent, else TUTTI_ERR_MISMATCH naming both calls. peer may be this rank
  * itself, as in NCCL and MPI (a torch batch_isend_irecv all-to-all sends to itself): the
  * send is copied at its turn and done (a blocking send before its receive does not wait,
- * as MPI_Bsend), and receives from itself take the copies in order, checked as any
- * (also on a communicator of one rank; an any-source receive takes them too). */
+ * as MPI_Bsend), and receives from itself take the copies by tag, checked as any (also
+ * on a communicator of one rank; an any-source receive takes them too). */
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
@@ -673,10 +674,11 @@ int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dt
  * rank, that carries its tag (as MPI_ANY_SOURCE with a tag), and tutti_work_source says
  * who sent it. A message with its tag but another count or dtype is
  * TUTTI_ERR_MISMATCH; messages with other tags are left to the receives they belong
- * to; a rank's messages are still taken in the order it sent them. A receive issued
- * for a named rank keeps its place in that rank's stream: issued while an any-source
- * receive is still open, it takes the message its place says, so order the two with a
- * wait where both could take the same rank's message. Bounded by the communicator's
+ * to (read aside to look past them); a rank's messages of the tag are taken in the
+ * order it sent them. A receive issued for a named rank keeps its place among that
+ * rank's messages of its tag: issued while an any-source receive of the tag is still
+ * open, it takes the message its place says (MPI gives it to the earlier receive), so
+ * order the two with a wait where both could take the same rank's message. Bounded by the communicator's
  * timeout (TUTTI_ERR_TIMEOUT: no rank sent that tag); a rank whose link failed (say,
  * it exited) does not fail it while others are left, but a failed communicator does.
  * Needs a transport that can probe (tcp, shm, ibverbs; else TUTTI_ERR_UNSUPPORTED). */

@@ -142,8 +142,7 @@ static void comm_free(tutti_comm_t *comm)
     tt_dev_free_blocks(comm);
     pthread_mutex_destroy(&comm->stage_lock);
     pthread_mutex_destroy(&comm->trace_lock);
-    free(comm->p2p_send_seq);
-    free(comm->p2p_recv_seq);
+    free(comm->p2p_seq);
     tt_exec_self_free(comm);
     if (comm->secret)
         memset(comm->secret, 0, comm->secret_len);
@@ -266,14 +265,6 @@ static tutti_comm_t *comm_alloc(int rank, int size)
     comm->nranks = size;
     comm->bind_cpu = -1;
     atomic_init(&comm->refs, 1);
-    comm->p2p_send_seq = calloc((size_t)size, sizeof(uint64_t));
-    comm->p2p_recv_seq = calloc((size_t)size, sizeof(uint64_t));
-    if (!comm->p2p_send_seq || !comm->p2p_recv_seq) {
-        free(comm->p2p_send_seq);
-        free(comm->p2p_recv_seq);
-        free(comm);
-        return NULL;
-    }
     pthread_mutex_init(&comm->err_lock, NULL);
     pthread_mutex_init(&comm->q_lock, NULL);
     pthread_mutex_init(&comm->stage_lock, NULL);

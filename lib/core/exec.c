@@ -460,6 +460,65 @@ static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err,
     return TUTTI_ERR_UNSUPPORTED;
 }
 
+/* ---- sequence numbers per (peer, tag) ----
+ * Receives match by tag (a transport's channel keys: kit/chan.h), so each tag of a
+ * pair counts its own messages: the n-th send of tag t to a peer meets the peer's n-th
+ * receive of tag t from this rank, whatever other tags came between. */
+typedef struct tt_p2p_seq {
+    uint64_t key; /* peer << 32 | tag, plus 1 (0: a free slot) */
+    uint64_t sent, received;
+} tt_p2p_seq_t;
+
+static size_t p2p_slot(uint64_t key, size_t mask)
+{
+    key *= 0x9e3779b97f4a7c15ull;
+    return (size_t)(key >> 32) & mask;
+}
+
+/* (peer, tag)'s numbers; NULL when out of memory, or (add 0) when none were taken yet.
+ * Under q_lock. */
+static tt_p2p_seq_t *p2p_seq(tutti_comm_t *comm, int peer, uint32_t tag, int add)
+{
+    uint64_t key = (((uint64_t)(uint32_t)peer << 32) | tag) + 1;
+    if (add && (comm->p2p_seq_n + 1) * 2 > comm->p2p_seq_cap) {
+        size_t cap = comm->p2p_seq_cap ? comm->p2p_seq_cap * 2 : 64;
+        tt_p2p_seq_t *t = calloc(cap, sizeof(*t));
+        if (!t)
+            return NULL;
+        for (size_t i = 0; i < comm->p2p_seq_cap; i++) {
+            const tt_p2p_seq_t *e = &comm->p2p_seq[i];
+            if (!e->key)
+                continue;
+            size_t j = p2p_slot(e->key, cap - 1);
+            while (t[j].key)
+                j = (j + 1) & (cap - 1);
+            t[j] = *e;
+        }
+        free(comm->p2p_seq);
+        comm->p2p_seq = t;
+        comm->p2p_seq_cap = cap;
+    }
+    if (!comm->p2p_seq_cap)
+        return NULL;
+    size_t mask = comm->p2p_seq_cap - 1, i = p2p_slot(key, mask);
+    while (comm->p2p_seq[i].key && comm->p2p_seq[i].key != key)
+        i = (i + 1) & mask;
+    if (!comm->p2p_seq[i].key) {
+        if (!add)
+            return NULL;
+        comm->p2p_seq[i].key = key;
+        comm->p2p_seq_n++;
+    }
+    return &comm->p2p_seq[i];
+}
+
+/* The receives from peer of tag issued so far (the next one's number). */
+static uint64_t p2p_received(tutti_comm_t *comm, int peer, uint32_t tag)
+{
+    const tt_p2p_seq_t *e = p2p_seq(comm, peer, tag, 0);
+    return e ? e->received : 0;
+}
+
 /* ---- messages to this rank: copied at the send's turn, matched in the library ----
  * NCCL and MPI take a send to oneself (a torch batch_isend_irecv all-to-all posts one);
  * no transport serves it. A send completes at its turn with its data copied (as
@@ -512,15 +571,26 @@ static int is_self_recv(const tutti_comm_t *comm, const tutti_work_t *w)
     return w->req.kind == TUTTI_TP_RECV && w->req.peer == comm->rank;
 }
 
-/* Give the copies to the receives from this rank that wait, in posting order. */
+/* Give the copies to the receives from this rank that wait, in posting order, each
+ * the first copy of its tag. */
 static void self_match(tutti_comm_t *comm)
 {
     for (tutti_work_t *w = comm->inflight; w && comm->self_q; w = w->inflight_next) {
         if (!is_self_recv(comm, w) || w->req.status != 1)
             continue;
-        tt_self_msg_t *m = comm->self_q;
-        if (!(comm->self_q = m->next))
-            comm->self_q_tail = NULL;
+        tt_self_msg_t *m = comm->self_q, *prev = NULL;
+        while (m && m->env[3] != w->req.env[3]) {
+            prev = m;
+            m = m->next;
+        }
+        if (!m)
+            continue;
+        if (prev)
+            prev->next = m->next;
+        else
+            comm->self_q = m->next;
+        if (comm->self_q_tail == m)
+            comm->self_q_tail = prev;
         memcpy(w->req.got_env, m->env, sizeof(m->env));
         w->req.got_len = m->len;
         if (m->len != w->req.len || memcmp(m->env, w->req.env, sizeof(m->env))) {
@@ -572,8 +642,9 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
 static int any_matches(const tutti_comm_t *comm, const tutti_work_t *w, int peer,
                        const tutti_tp_probe_t *m)
 {
+    uint32_t tag = tt_env_tag(w->req.env);
     return tt_fp_coll(m->env[1]) == TT_COLL_P2P && tt_env_algo(m->env) == 0 &&
-           tt_env_tag(m->env) == tt_env_tag(w->req.env) && m->env[0] == comm->p2p_recv_seq[peer];
+           tt_env_tag(m->env) == tag && m->env[0] == p2p_received((tutti_comm_t *)comm, peer, tag);
 }
 
 /* Look for w's message at every peer, starting after the last peer that had one (round
@@ -585,14 +656,17 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
     int n = comm->nranks, dead = 0, dead_st = 0;
     for (int k = 0; k < n; k++) {
         int peer = (comm->any_next + k) % n;
-        tutti_tp_probe_t m;
+        tutti_tp_probe_t m = { .env = { 0, 0, 0, w->req.env[3] } }; /* the key looked for */
         int st = 0;
-        if (peer != comm->rank)
+        if (peer != comm->rank) {
             st = comm->tp_ops->probe(comm->tp, peer, &m);
-        else if (comm->self_q) { /* a copy of a send to itself */
-            memcpy(m.env, comm->self_q->env, sizeof(m.env));
-            m.len = comm->self_q->len;
-            st = 1;
+        } else { /* the first copy of a send to itself with the tag */
+            for (const tt_self_msg_t *s = comm->self_q; s && !st; s = s->next)
+                if (s->env[3] == w->req.env[3]) {
+                    memcpy(m.env, s->env, sizeof(m.env));
+                    m.len = s->len;
+                    st = 1;
+                }
         }
         if (st == TUTTI_ERR_UNSUPPORTED)
             return any_unsupported(comm, w, err, errlen);
@@ -602,14 +676,19 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         }
         if (st <= 0 || !any_matches(comm, w, peer, &m))
             continue;
+        tt_p2p_seq_t *sq = p2p_seq(comm, peer, tt_env_tag(w->req.env), 1);
+        if (!sq) {
+            snprintf(err, errlen, "rank %d: recv from any source: out of memory", comm->rank);
+            return TUTTI_ERR_NOMEM;
+        }
         comm->any_next = (peer + 1) % n;
         w->req.peer = peer;
-        w->op.seq = comm->p2p_recv_seq[peer]++;
+        w->op.seq = sq->received++;
         w->req.env[0] = w->op.seq;
         tt_trace_matched(comm, &w->op, peer);
         if (peer == comm->rank) {
             self_match(comm);
-            return 1;
+            return w->req.status; /* done now (0, or a mismatch), not at the next reap */
         }
         st = p2p_post_req(comm, w, err, errlen);
         return st < 0 ? st : 1;
@@ -1176,12 +1255,21 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         leave(comm);
         return st;
     }
-    atomic_fetch_add(&comm->refs, 1);
     /* an any-source receive takes its number when its sender is found (exec.c's any_step) */
     w->any_source = peer == TUTTI_ANY_SOURCE;
-    uint64_t seq = w->any_source           ? 0
-                   : kind == TUTTI_TP_SEND ? comm->p2p_send_seq[peer]++
-                                           : comm->p2p_recv_seq[peer]++;
+    tt_p2p_seq_t *sq = w->any_source ? NULL : p2p_seq(comm, peer, tag, 1);
+    if (__builtin_expect(!w->any_source && !sq, 0)) {
+        pthread_mutex_unlock(&comm->q_lock);
+        free(w);
+        snprintf(err, sizeof(err), "rank %d: %s: out of memory (its sequence numbers)", comm->rank,
+                 kind == TUTTI_TP_SEND ? "send" : "recv");
+        st = tt_dev_finish(&dv, TUTTI_ERR_NOMEM, err, sizeof(err));
+        set_last_error(comm, err);
+        leave(comm);
+        return st;
+    }
+    atomic_fetch_add(&comm->refs, 1);
+    uint64_t seq = w->any_source ? 0 : kind == TUTTI_TP_SEND ? sq->sent++ : sq->received++;
     w->op = (tt_op_t){ .comm = comm,
                        .rank = comm->rank,
                        .nranks = comm->nranks,

@@ -494,9 +494,10 @@ void tt_fault_p2p(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *err, 
     tutti_comm_t *comm = op->comm;
     char msg[TT_ERRMSG_LEN];
     if (st == TUTTI_ERR_TIMEOUT)
-        snprintf(msg, sizeof(msg), "not done within %d ms %s rank %d (%s): %zu of %zu bytes",
+        snprintf(msg, sizeof(msg),
+                 "not done within %d ms %s rank %d (%s), tag %u: %zu of %zu bytes",
                  comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
-                 req->xfer, req->len);
+                 tt_env_tag(req->env), req->xfer, req->len);
     else
         describe_req(op, req, st, msg, sizeof(msg));
     tt_fault_fail_op(op, st, msg);

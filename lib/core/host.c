@@ -137,5 +137,6 @@ void tt_comm_host_init(tutti_comm_t *comm)
         .auth_answer = host_auth_answer,
         .req_size = sizeof(tutti_tp_req_v2_t),
         .setup_check = host_setup_check,
+        .features = TUTTI_TP_HOST_PROBE_KEY,
     };
 }

@@ -223,9 +223,11 @@ struct tutti_comm {
     uint64_t watch_next_ns;     /* when it looks next, */
     uint32_t watch_looks;       /* (looks so far: they spread the period) */
     int watch_off;              /* or 1: it does not (no trace_dir, a store error) */
-    uint64_t *p2p_send_seq;     /* per peer: the sequence numbers of point-to-point */
-    uint64_t *p2p_recv_seq;     /* messages, separate from the collectives' */
-    int any_next;               /* the peer the next any-source search probes first */
+    /* per (peer, tag): the sequence numbers of point-to-point messages, separate from
+     * the collectives' (exec.c's p2p_seq: an open-addressing table, under q_lock) */
+    struct tt_p2p_seq *p2p_seq;
+    size_t p2p_seq_cap, p2p_seq_n;
+    int any_next; /* the peer the next any-source search probes first */
     /* sends to this rank, copied at their turn, that no receive took yet (exec.c's
      * self_match; under `executing`) */
     struct tt_self_msg *self_q, *self_q_tail;

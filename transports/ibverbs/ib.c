@@ -311,7 +311,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         if (!slot)
             return;
         tp_req_t *q = L->rq_head;
-        if (tp_chan(h->env) != tp_chan(q->env) && !(q = rx_take_other(tp, L, h)))
+        if (tp_key(h->env) != tp_key(q->env) && !(q = rx_take_other(tp, L, h)))
             return;
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
@@ -733,13 +733,18 @@ static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     ib_link_t *L = &tp->links[peer];
     ib_hdr_t h = { 0 };
     if (L->fail.status)
-        return tp_link_failed_probe(tp->host, &L->fail, peer);
+        return tp_probe_ux_done(&L->ux, tp_probe_want(tp->host, found_p), found_p)
+                   ? 1
+                   : tp_link_failed_probe(tp->host, &L->fail, peer);
     int parked = !L->rq_head && L->rx_next < L->rx_arrived;
     if (parked && !link_next_slot(tp, L, &h))
-        return tp_link_failed_probe(tp->host, &L->fail, peer);
+        return tp_probe_ux_done(&L->ux, tp_probe_want(tp->host, found_p), found_p)
+                   ? 1
+                   : tp_link_failed_probe(tp->host, &L->fail, peer);
     int watch, buffer,
-        st = tp_probe_chan(parked, L->rq_head, &L->ux, h.env, h.len, &watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L, &h)) /* a collective's message in front: read it aside */
+        st = tp_probe_chan(parked, L->rq_head, &L->ux, h.env, h.len,
+                           tp_probe_want(tp->host, found_p), &watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L, &h)) /* another key's message in front: read it aside */
         link_recv(tp, L);
     return st;
 }

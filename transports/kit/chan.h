@@ -1,9 +1,12 @@
 /* Transport kit: channels (ABI 1.6, TUTTI_TP_CHANNELS; transport_v2.h). A message's
  * channel is bit 63 of its envelope's env[3]: the library sends its point-to-point
  * messages on channel 1 and its collectives on channel 0, over the one ordered stream a
- * pair of ranks has. A posted receive takes the next message of its own channel, so a
- * point-to-point message that comes while a collective's receive waits (a send left
- * outstanding over a collective the peer entered first) no longer lands in it.
+ * pair of ranks has. A posted receive takes the next message of its own key: channel
+ * 0 is one key (the collectives' order is the stream's), and on channel 1 each env[3]
+ * (the tag) is its own, so a point-to-point message that comes while a collective's
+ * receive waits (a send left outstanding over a collective the peer entered first) no
+ * longer lands in it, and receives match their tags, not the next message (MPI's
+ * rule: messages of one tag from one peer in order, other tags left to theirs).
  *
  * A link keeps one queue of posted receives, in posting order. The message at the head
  * of the stream goes to the first receive of its channel in that queue (moved to the
@@ -46,6 +49,12 @@ static inline unsigned tp_chan(const uint64_t env[4])
     return (unsigned)(env[3] >> 63);
 }
 
+/* What a receive matches a message by: 0 for channel 0, env[3] on channel 1. */
+static inline uint64_t tp_key(const uint64_t env[4])
+{
+    return (env[3] >> 63) ? env[3] : 0;
+}
+
 typedef struct tp_ux {
     tp_req_t req; /* first: the request is the entry; kind TP_KIND_UX, buf its own */
     struct tp_ux *next;
@@ -56,6 +65,7 @@ typedef struct tp_ux {
 
 typedef struct tp_uxq {
     tp_ux_t *head, *tail; /* arrival order */
+    unsigned long made;   /* messages read aside so far (tests) */
 } tp_uxq_t;
 
 static inline void tp_ux_unlink(tp_uxq_t *q, tp_ux_t *e)
@@ -110,14 +120,14 @@ static inline void tp_ux_arrived(tp_req_t *q)
         tp_ux_deliver(e, e->waiter);
 }
 
-/* post_recv's first look: is a buffered message (or one coming in) of r's channel there
+/* post_recv's first look: is a buffered message (or one coming in) of r's key there
  * that no receive took yet? Then r takes it: done now, or waiting on it (1). 0: post r
  * as usual. */
 static inline int tp_ux_post(tp_uxq_t *q, tp_req_t *r)
 {
-    unsigned c = tp_chan(r->env);
+    uint64_t k = tp_key(r->env);
     for (tp_ux_t *e = q->head; e; e = e->next) {
-        if (tp_chan(e->req.env) != c || e->waiter)
+        if (tp_key(e->req.env) != k || e->waiter)
             continue;
         if (e->req.status == 1)
             e->waiter = r;
@@ -129,18 +139,18 @@ static inline int tp_ux_post(tp_uxq_t *q, tp_req_t *r)
 }
 
 /* The receive that takes the message at the head of the stream (envelope env, len
- * bytes) when the receive at the queue's head is of the other channel: the first of its
- * own channel, moved to the head; else a buffering request of the link's own, pushed at
- * the head (its env the message's, so that it matches). NULL: out of memory, or past
+ * bytes) when the receive at the queue's head has another key: the first of its own
+ * key, moved to the head; else a buffering request of the link's own, pushed at the
+ * head (its env the message's, so that it matches). NULL: out of memory, or past
  * tp_ux_max. */
 static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t *q,
                                      unsigned long *completions, const uint64_t env[4],
                                      uint64_t len)
 {
-    unsigned c = tp_chan(env);
+    uint64_t k = tp_key(env);
     tp_req_t *prev = NULL;
     for (tp_req_t *r = *head; r; prev = r, r = r->tp_private[0]) {
-        if (tp_chan(r->env) != c)
+        if (r->kind == TP_KIND_UX || tp_key(r->env) != k)
             continue;
         if (prev) { /* to the head */
             prev->tp_private[0] = r->tp_private[0];
@@ -167,6 +177,7 @@ static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t 
     e->req.status = 1;
     e->completions = completions;
     e->owner = q;
+    q->made++;
     if (q->tail)
         q->tail->next = e;
     else
@@ -179,15 +190,15 @@ static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t 
     return &e->req;
 }
 
-/* Is a receive of channel c posted on the link (queued, or waiting on a buffered
- * message)? */
-static inline int tp_chan_posted(const tp_req_t *head, const tp_uxq_t *q, unsigned c)
+/* Is a receive posted on the link (queued, or waiting on a buffered message) that takes
+ * a message of key k (any: one of channel 1)? */
+static inline int tp_key_posted(const tp_req_t *head, const tp_uxq_t *q, uint64_t k, int any)
 {
     for (const tp_req_t *r = head; r; r = r->tp_private[0])
-        if (r->kind != TP_KIND_UX && tp_chan(r->env) == c)
+        if (r->kind != TP_KIND_UX && (any ? tp_chan(r->env) == 1 : tp_key(r->env) == k))
             return 1;
     for (const tp_ux_t *e = q->head; e; e = e->next)
-        if (e->waiter && tp_chan(e->req.env) == c)
+        if (e->waiter && (any ? tp_chan(e->req.env) == 1 : tp_key(e->req.env) == k))
             return 1;
     return 0;
 }
@@ -229,23 +240,50 @@ static inline void tp_ux_clear(tp_uxq_t *q)
 }
 
 #ifndef TT_KIT_ABI_V1
-/* probe()'s answer on a link with channels: the next message of channel 1 (the
- * library's point-to-point) that no posted receive of channel 1 will take: a buffered
- * one first, else the parked header (parked, env, len) if it is of channel 1. 1 with
- * *found_p filled; 0 otherwise, and then *watch_p says whether progress() should return
- * when a header comes (nothing posted, nothing parked). *buffer_p = 1: a parked header
- * of channel 0 stands in front with no receive for it: the caller buffers it
+/* The key a probe looks for: found_p->env[3] on input where the host says it sets it
+ * (TUTTI_TP_HOST_PROBE_KEY), else 0 (any message of channel 1). */
+static inline uint64_t tp_probe_want(const tp_host_t *h, const tutti_tp_probe_t *found_p)
+{
+    return tutti_tp_host_has(h, features) && (h->features & TUTTI_TP_HOST_PROBE_KEY)
+               ? found_p->env[3]
+               : 0;
+}
+
+/* A message read aside that no receive waits on, of key want (tp_probe_want; 0: any of
+ * channel 1), arrived whole: probe()'s answer on a link that failed after it came (its
+ * sender sent it, then left). 1 with *found_p filled, else 0. */
+static inline int tp_probe_ux_done(const tp_uxq_t *q, uint64_t want, tutti_tp_probe_t *found_p)
+{
+    for (const tp_ux_t *e = q->head; e; e = e->next) {
+        if (e->waiter || e->req.status != 0 ||
+            (!(want >> 63) ? tp_chan(e->req.env) != 1 : tp_key(e->req.env) != want))
+            continue;
+        memcpy(found_p->env, e->req.env, sizeof(found_p->env));
+        found_p->len = e->req.len;
+        return 1;
+    }
+    return 0;
+}
+
+/* probe()'s answer on a link with channels. want: the env[3] looked for (tp_probe_want;
+ * transport_v2.h): with bit 63 set, the next message of that key; else any
+ * message of channel 1. It reports such a message that no posted receive will take: a
+ * buffered one first, else the parked header (parked, env, len). 1 with *found_p
+ * filled; 0 otherwise, and then *watch_p says whether progress() should return when a
+ * header comes (nothing posted, nothing parked). *buffer_p = 1: a parked header of
+ * another key stands in front with no receive for it: the caller buffers it
  * (tp_chan_take) so that the message behind it can be seen. */
 static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_uxq_t *q,
-                                const uint64_t env[4], uint64_t len, int *watch_p, int *buffer_p,
-                                tutti_tp_probe_t *found_p)
+                                const uint64_t env[4], uint64_t len, uint64_t want, int *watch_p,
+                                int *buffer_p, tutti_tp_probe_t *found_p)
 {
+    const int any = !(want >> 63);
     *watch_p = 0;
     *buffer_p = 0;
-    if (tp_chan_posted(rq_head, q, 1))
+    if (tp_key_posted(rq_head, q, want, any))
         return 0;
     for (const tp_ux_t *e = q->head; e; e = e->next) {
-        if (tp_chan(e->req.env) != 1)
+        if (any ? tp_chan(e->req.env) != 1 : tp_key(e->req.env) != want)
             continue;
         memcpy(found_p->env, e->req.env, sizeof(found_p->env));
         found_p->len = e->req.len;
@@ -255,7 +293,7 @@ static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_ux
         *watch_p = !rq_head;
         return 0;
     }
-    if (tp_chan(env) != 1) {
+    if (any ? tp_chan(env) != 1 : tp_key(env) != want) {
         *buffer_p = !rq_head;
         return 0;
     }

@@ -78,13 +78,23 @@ static inline int tp_probe_answer(int parked, const tp_req_t *rq_head, const uin
 #define TT_KIT_POST_FNS(pfx, tp_type, link_type, check, start)                                     \
     static inline int pfx##_post(tp_type *tp, tp_req_t *r, int kind)                               \
     {                                                                                              \
+        /* a message read aside (kit/chan.h) is its receive's, also after the link failed  \
+         * (its sender sent it, then left) */       \
+        if (kind == TUTTI_TP_RECV && tp_req_peer_ok(r, tp->nranks) &&                              \
+            __builtin_expect(tp->links[r->peer].ux.head != NULL, 0) && (r->buf || !r->len) &&      \
+            TT_KIT_REQ_SUPPORTED(r)) {                                                             \
+            r->kind = kind;                                                                        \
+            r->status = 1;                                                                         \
+            r->xfer = 0;                                                                           \
+            r->tp_private[0] = r->tp_private[1] = NULL;                                            \
+            if (tp_ux_post(&tp->links[r->peer].ux, r))                                             \
+                return TUTTI_OK;                                                                   \
+        }                                                                                          \
         int st = check(tp, r, kind);                                                               \
         if (st < 0)                                                                                \
             return st;                                                                             \
         link_type *L = &tp->links[r->peer];                                                        \
         if (kind == TUTTI_TP_RECV) {                                                               \
-            if (__builtin_expect(L->ux.head != NULL, 0) && tp_ux_post(&L->ux, r))                  \
-                return TUTTI_OK; /* a buffered message of its channel (kit/chan.h) */              \
             tp_req_push(&L->rq_head, &L->rq_tail, r);                                              \
             return TUTTI_OK;                                                                       \
         }                                                                                          \

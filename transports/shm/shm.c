@@ -762,7 +762,7 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             } else if (!rec_env(L)) {
                 break;
             }
-            if (tp_chan(L->rhdr.env) != tp_chan(q->env) && !(q = rx_take_other(tp, L)))
+            if (tp_key(L->rhdr.env) != tp_key(q->env) && !(q = rx_take_other(tp, L)))
                 break;
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
@@ -1231,10 +1231,13 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     if (!L->fail.status && L->rhdr_valid)
         rec_env(L);
     if (L->fail.status)
-        return tp_link_failed_probe(tp->host, &L->fail, peer);
-    int buffer, st = tp_probe_chan(L->rhdr_valid, L->rq_head, &L->ux, L->rhdr.env, L->rhdr.len,
-                                   &L->probe_watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L)) /* a collective's message in front: read it aside */
+        return tp_probe_ux_done(&L->ux, tp_probe_want(tp->host, found_p), found_p)
+                   ? 1
+                   : tp_link_failed_probe(tp->host, &L->fail, peer);
+    int buffer,
+        st = tp_probe_chan(L->rhdr_valid, L->rq_head, &L->ux, L->rhdr.env, L->rhdr.len,
+                           tp_probe_want(tp->host, found_p), &L->probe_watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L)) /* another key's message in front: read it aside */
         link_rx(tp, L);
     return st;
 }
@@ -1500,10 +1503,12 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
         idle = !more;
     }
     shm_cancel_all(tp, TUTTI_ERR_ABORTED);
+    int aside = (int)L->ux.made;
+    tp_ux_clear(&L->ux);
     free(tp->pair_names);
     free(tp->links);
     free(tp);
-    return 0;
+    return aside;
 }
 
 /* cost hints: a 4-byte exchange and one direction of a large one between processes */

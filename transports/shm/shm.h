@@ -344,8 +344,9 @@ struct shm_tp {
  * publish(ctx) may write more (head, the ring, the report), and returns 0 once the peer
  * is done. What is left is cancelled. The peer's process is this one (single-copy pulls
  * read its memory). host: rank 0 of at least 2. step: TUTTI_SHM_STEP_BYTES (>= SHM_LINE).
- * start: the stream position reading begins at (a multiple of SHM_LINE). Returns 0, or
- * -1 when it could not set up. */
+ * start: the stream position reading begins at (a multiple of SHM_LINE). Returns how
+ * many messages were read aside (kit/chan.h: of another key than the receives'), or -1
+ * when it could not set up. */
 int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned char *ring,
                         uint64_t cap, size_t step, uint64_t start, tp_req_t *reqs, size_t nreqs,
                         int (*publish)(void *ctx), void *ctx);

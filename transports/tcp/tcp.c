@@ -263,8 +263,8 @@ static void link_fail_payload_crc(tcp_link_t *L, uint32_t computed)
               L->peer, L->addr, tp->rank, h->type == TCP_FRAME_ERROR ? "error report" : "message",
               (unsigned long long)h->len, (unsigned long long)h->env[0],
               (unsigned long long)h->env[1], (unsigned long long)h->env[2],
-              (unsigned long long)(h->env[3] >> 32), (unsigned long long)(h->env[3] & 0xffffffffu),
-              computed, L->rtrail);
+              (unsigned long long)((h->env[3] >> 32) & 0x7fffffffu),
+              (unsigned long long)(h->env[3] & 0xffffffffu), computed, L->rtrail);
 }
 
 /* Checksum mode: read the rest of the trailer. 1: complete; 0: not yet, and the socket
@@ -559,7 +559,7 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
         if (!L->rhdr_matched) {
             if (staged > L->rhdr.len + tlen && !rx_surplus(L, tlen, &staged))
                 return;
-            if (tp_chan(L->rhdr.env) != tp_chan(q->env) && !(q = rx_take_other(tp, L)))
+            if (tp_key(L->rhdr.env) != tp_key(q->env) && !(q = rx_take_other(tp, L)))
                 return;
             if (rx_match(tp, L, q, tlen, staged) == RX_STOP)
                 return;
@@ -767,11 +767,14 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         (L->rhdr_got < sizeof(L->rhdr) || L->rhdr.type != TCP_FRAME_DATA))
         link_recv(tp, L); /* a report's text, too */
     if (L->fail.status)
-        return tp_link_failed_probe(tp->host, &L->fail, peer);
+        return tp_probe_ux_done(&L->ux, tp_probe_want(tp->host, found_p), found_p)
+                   ? 1
+                   : tp_link_failed_probe(tp->host, &L->fail, peer);
     int buffer,
         st = tp_probe_chan(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, &L->ux,
-                           L->rhdr.env, L->rhdr.len, &L->probe_watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L)) /* a collective's message in front: read it aside */
+                           L->rhdr.env, L->rhdr.len, tp_probe_want(tp->host, found_p),
+                           &L->probe_watch, &buffer, found_p);
+    if (buffer && rx_take_other(tp, L)) /* another key's message in front: read it aside */
         link_recv(tp, L);
     return st;
 }
