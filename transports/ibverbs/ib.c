@@ -286,20 +286,7 @@ static const char *link_next_slot(ib_tp_t *tp, ib_link_t *L, ib_hdr_t *h)
     return NULL;
 }
 
-/* The slot's message is of the other channel than the receive at the queue's head: the
- * first receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out
- * of memory (the link failed). */
-static tp_req_t *rx_take_other(ib_tp_t *tp, ib_link_t *L, const ib_hdr_t *h)
-{
-    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, h->env, h->len);
-    if (!q)
-        link_fail(L, TUTTI_ERR_NOMEM, 0,
-                  "ibverbs: cannot read aside a %llu-byte message from rank %d (%s) that came "
-                  "while only receives of the other kind waited (out of memory, or more than "
-                  "half this host's memory)",
-                  (unsigned long long)h->len, L->peer, L->addr);
-    return q;
-}
+TT_KIT_TAKE_OTHER_FN(ib_tp_t, ib_link_t, "ibverbs")
 
 /* Match arrived slots to posted receives, in order. */
 static void link_recv(ib_tp_t *tp, ib_link_t *L)
@@ -311,7 +298,7 @@ static void link_recv(ib_tp_t *tp, ib_link_t *L)
         if (!slot)
             return;
         tp_req_t *q = L->rq_head;
-        if (tp_key(h->env) != tp_key(q->env) && !(q = rx_take_other(tp, L, h)))
+        if (tp_key(h->env) != tp_key(q->env) && !(q = rx_take_other(tp, L, h->env, h->len)))
             return;
         memcpy(q->got_env, h->env, sizeof(q->got_env));
         q->got_len = h->len;
@@ -744,7 +731,8 @@ static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     int watch, buffer,
         st = tp_probe_chan(parked, L->rq_head, &L->ux, h.env, h.len,
                            tp_probe_want(tp->host, found_p), &watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L, &h)) /* another key's message in front: read it aside */
+    /* another key's message in front: read it aside */
+    if (buffer && rx_take_other(tp, L, h.env, h.len))
         link_recv(tp, L);
     return st;
 }

@@ -190,6 +190,23 @@ static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t 
     return &e->req;
 }
 
+/* Defines rx_take_other(tp, L, env, len): tp_chan_take on link L (link_type, with
+ * rq_head/rq_tail, ux, peer, addr) of tp (tp_type, with completions), failing the link
+ * (its link_fail) when it cannot read the message aside. name: the transport, for the
+ * message. */
+#define TT_KIT_TAKE_OTHER_FN(tp_type, link_type, name)                                             \
+    static tp_req_t *rx_take_other(tp_type *tp, link_type *L, const uint64_t env[4], uint64_t len) \
+    {                                                                                              \
+        tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, env, len);  \
+        if (!q)                                                                                    \
+            link_fail(L, TUTTI_ERR_NOMEM, 0,                                                       \
+                      name ": cannot read aside a %llu-byte message from rank %d (%s) that "       \
+                           "came while only receives of other tags or kinds waited (out of "       \
+                           "memory, or more than half this host's memory)",                        \
+                      (unsigned long long)len, L->peer, L->addr);                                  \
+        return q;                                                                                  \
+    }
+
 /* Is a receive posted on the link (queued, or waiting on a buffered message) that takes
  * a message of key k (any: one of channel 1)? */
 static inline int tp_key_posted(const tp_req_t *head, const tp_uxq_t *q, uint64_t k, int any)

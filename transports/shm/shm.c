@@ -675,21 +675,7 @@ static void rec_done(shm_tp_t *tp, shm_link_t *L, tp_req_t *q)
         tp_ux_arrived(q); /* (frees q where a receive waited on it) */
 }
 
-/* The record is of the other channel than the receive at the queue's head: the first
- * receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out of
- * memory (the link failed). */
-static tp_req_t *rx_take_other(shm_tp_t *tp, shm_link_t *L)
-{
-    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, L->rhdr.env,
-                               L->rhdr.len);
-    if (!q)
-        link_fail(L, TUTTI_ERR_NOMEM, 0,
-                  "shm: cannot read aside a %llu-byte message from rank %d (%s) that came "
-                  "while only receives of the other kind waited (out of memory, or more than "
-                  "half this host's memory)",
-                  (unsigned long long)L->rhdr.len, L->peer, L->addr);
-    return q;
-}
+TT_KIT_TAKE_OTHER_FN(shm_tp_t, shm_link_t, "shm")
 
 static void link_rx(shm_tp_t *tp, shm_link_t *L)
 {
@@ -762,7 +748,8 @@ static void link_rx(shm_tp_t *tp, shm_link_t *L)
             } else if (!rec_env(L)) {
                 break;
             }
-            if (tp_key(L->rhdr.env) != tp_key(q->env) && !(q = rx_take_other(tp, L)))
+            if (tp_key(L->rhdr.env) != tp_key(q->env) &&
+                !(q = rx_take_other(tp, L, L->rhdr.env, L->rhdr.len)))
                 break;
             memcpy(q->got_env, L->rhdr.env, sizeof(q->got_env));
             q->got_len = (size_t)L->rhdr.len;
@@ -1237,7 +1224,8 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     int buffer,
         st = tp_probe_chan(L->rhdr_valid, L->rq_head, &L->ux, L->rhdr.env, L->rhdr.len,
                            tp_probe_want(tp->host, found_p), &L->probe_watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L)) /* another key's message in front: read it aside */
+    /* another key's message in front: read it aside */
+    if (buffer && rx_take_other(tp, L, L->rhdr.env, L->rhdr.len))
         link_rx(tp, L);
     return st;
 }

@@ -511,21 +511,7 @@ static int rx_surplus(tcp_link_t *L, size_t tlen, size_t *staged_p)
     return 1;
 }
 
-/* The header is of the other channel than the receive at the queue's head: the first
- * receive of its channel, or a buffer of the link's own (kit/chan.h). NULL: out of
- * memory (the link failed). */
-static tp_req_t *rx_take_other(tcp_tp_t *tp, tcp_link_t *L)
-{
-    tp_req_t *q = tp_chan_take(&L->rq_head, &L->rq_tail, &L->ux, &tp->completions, L->rhdr.env,
-                               L->rhdr.len);
-    if (!q)
-        link_fail(L, TUTTI_ERR_NOMEM, 0,
-                  "tcp: cannot read aside a %llu-byte message from rank %d (%s) that came "
-                  "while only receives of the other kind waited (out of memory, or more than "
-                  "half this host's memory)",
-                  (unsigned long long)L->rhdr.len, L->peer, L->addr);
-    return q;
-}
+TT_KIT_TAKE_OTHER_FN(tcp_tp_t, tcp_link_t, "tcp")
 
 /* Read headers and payloads for posted receives until the socket would block. In
  * checksum mode the payload's CRC is computed over each piece just received into the
@@ -559,7 +545,8 @@ static void link_recv(tcp_tp_t *tp, tcp_link_t *L)
         if (!L->rhdr_matched) {
             if (staged > L->rhdr.len + tlen && !rx_surplus(L, tlen, &staged))
                 return;
-            if (tp_key(L->rhdr.env) != tp_key(q->env) && !(q = rx_take_other(tp, L)))
+            if (tp_key(L->rhdr.env) != tp_key(q->env) &&
+                !(q = rx_take_other(tp, L, L->rhdr.env, L->rhdr.len)))
                 return;
             if (rx_match(tp, L, q, tlen, staged) == RX_STOP)
                 return;
@@ -774,7 +761,8 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         st = tp_probe_chan(L->rhdr_seen && L->rhdr.type == TCP_FRAME_DATA, L->rq_head, &L->ux,
                            L->rhdr.env, L->rhdr.len, tp_probe_want(tp->host, found_p),
                            &L->probe_watch, &buffer, found_p);
-    if (buffer && rx_take_other(tp, L)) /* another key's message in front: read it aside */
+    /* another key's message in front: read it aside */
+    if (buffer && rx_take_other(tp, L, L->rhdr.env, L->rhdr.len))
         link_recv(tp, L);
     return st;
 }
