@@ -463,7 +463,10 @@ static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err,
 /* ---- sequence numbers per (peer, tag) ----
  * Receives match by tag (a transport's channel keys: kit/chan.h), so each tag of a
  * pair counts its own messages: the n-th send of tag t to a peer meets the peer's n-th
- * receive of tag t from this rank, whatever other tags came between. */
+ * receive of tag t from this rank, whatever other tags came between (the envelope's
+ * check, and the flight record's pairing: tools/tutti-trace). Every (peer, tag) used
+ * keeps its 24 bytes (48 with the table's slack) until the destroy: a program whose tags
+ * count steps grows it (~27 MB at 400,000 tags, measured by review). */
 typedef struct tt_p2p_seq {
     uint64_t key; /* peer << 32 | tag, plus 1 (0: a free slot) */
     uint64_t sent, received;
@@ -480,7 +483,8 @@ static size_t p2p_slot(uint64_t key, size_t mask)
 static tt_p2p_seq_t *p2p_seq(tutti_comm_t *comm, int peer, uint32_t tag, int add)
 {
     uint64_t key = (((uint64_t)(uint32_t)peer << 32) | tag) + 1;
-    if (add && (comm->p2p_seq_n + 1) * 2 > comm->p2p_seq_cap) {
+    if (add && (comm->p2p_seq_n + 1) * 2 > comm->p2p_seq_cap &&
+        !(comm->p2p_seq_cap && p2p_seq(comm, peer, tag, 0))) {
         size_t cap = comm->p2p_seq_cap ? comm->p2p_seq_cap * 2 : 64;
         tt_p2p_seq_t *t = calloc(cap, sizeof(*t));
         if (!t)

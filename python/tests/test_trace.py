@@ -185,8 +185,33 @@ def test_names_a_receive_nobody_sent_to(tmp_path):
     assert got[1][0] == "error" and got[0] == ("ok", "idle"), got
     rc, out = analyze(d)
     assert rc == 1, out
-    assert ("rank 1: receive from rank 0 (its number 0, tag 4) failed; rank 0 has no send "
-            "to rank 1 with that number") in out, out
+    assert ("rank 1: receive from rank 0 (tag 4, its number 0) failed; rank 0 has no send "
+            "to rank 1 of that tag and number") in out, out
+
+
+def second_tag_never_sent(d):
+    def body(comm):
+        comm.barrier()
+        if comm.rank == 0:
+            comm.send(np.ones(2, np.float32), 1, tag=1)
+            assert wait_for_record(d, 0), "no record of the sender"
+            return "sent"
+        comm.recv(np.zeros(2, np.float32), 0, tag=1)
+        comm.recv(np.zeros(2, np.float32), 0, tag=2)  # never sent: number 0 of tag 2
+    return body
+
+
+def test_names_a_receive_of_a_tag_never_sent(tmp_path):
+    """Numbers count per pair and tag: the receive of tag 2 shares its number (0) with
+    the completed one of tag 1, and must still be named (the analyzer paired by number
+    alone until review found it after session 101's tag matching)."""
+    d = str(tmp_path)
+    got = launch(second_tag_never_sent(d), 2, timeout=60, timeout_ms=1500, trace_dir=d)
+    assert got[1][0] == "error" and got[0] == ("ok", "sent"), got
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert ("rank 1: receive from rank 0 (tag 2, its number 0) failed; rank 0 has no send "
+            "to rank 1 of that tag and number") in out, out
 
 
 def late_second(d):

@@ -65,6 +65,8 @@ typedef struct tp_ux {
 
 typedef struct tp_uxq {
     tp_ux_t *head, *tail; /* arrival order */
+    tp_ux_t *dead;        /* failed ones handed out: freed by tp_ux_clear only (a DMA may
+                             still be under way into them: ibverbs' flushed READs) */
     unsigned long made;   /* messages read aside so far (tests) */
 } tp_uxq_t;
 
@@ -108,6 +110,11 @@ static inline void tp_ux_deliver(tp_ux_t *e, tp_req_t *r)
     }
     (*e->completions)++;
     tp_ux_unlink(e->owner, e);
+    if (e->req.status < 0) { /* its transfer may not have ended: kept until the destroy */
+        e->next = e->owner->dead;
+        e->owner->dead = e;
+        return;
+    }
     tp_ux_free(e);
 }
 
@@ -254,6 +261,11 @@ static inline void tp_ux_clear(tp_uxq_t *q)
         tp_ux_free(e);
     }
     q->tail = NULL;
+    while (q->dead) {
+        tp_ux_t *e = q->dead;
+        q->dead = e->next;
+        tp_ux_free(e);
+    }
 }
 
 #ifndef TT_KIT_ABI_V1
