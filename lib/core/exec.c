@@ -472,10 +472,14 @@ typedef struct tt_p2p_seq {
     uint64_t sent, received;
 } tt_p2p_seq_t;
 
-static size_t p2p_slot(uint64_t key, size_t mask)
+/* key's slot in table t of cap (a power of two) entries: its own, or the free one it
+ * would take (linear probing). */
+static tt_p2p_seq_t *p2p_slot(tt_p2p_seq_t *t, size_t cap, uint64_t key)
 {
-    key *= 0x9e3779b97f4a7c15ull;
-    return (size_t)(key >> 32) & mask;
+    size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (cap - 1);
+    while (t[i].key && t[i].key != key)
+        i = (i + 1) & (cap - 1);
+    return &t[i];
 }
 
 /* (peer, tag)'s numbers; NULL when out of memory, or (add 0) when none were taken yet.
@@ -483,37 +487,25 @@ static size_t p2p_slot(uint64_t key, size_t mask)
 static tt_p2p_seq_t *p2p_seq(tutti_comm_t *comm, int peer, uint32_t tag, int add)
 {
     uint64_t key = (((uint64_t)(uint32_t)peer << 32) | tag) + 1;
-    if (add && (comm->p2p_seq_n + 1) * 2 > comm->p2p_seq_cap &&
-        !(comm->p2p_seq_cap && p2p_seq(comm, peer, tag, 0))) {
+    tt_p2p_seq_t *e = comm->p2p_seq_cap ? p2p_slot(comm->p2p_seq, comm->p2p_seq_cap, key) : NULL;
+    if ((e && e->key) || !add)
+        return e && e->key ? e : NULL;
+    if ((comm->p2p_seq_n + 1) * 2 > comm->p2p_seq_cap) { /* half full at most */
         size_t cap = comm->p2p_seq_cap ? comm->p2p_seq_cap * 2 : 64;
         tt_p2p_seq_t *t = calloc(cap, sizeof(*t));
         if (!t)
             return NULL;
-        for (size_t i = 0; i < comm->p2p_seq_cap; i++) {
-            const tt_p2p_seq_t *e = &comm->p2p_seq[i];
-            if (!e->key)
-                continue;
-            size_t j = p2p_slot(e->key, cap - 1);
-            while (t[j].key)
-                j = (j + 1) & (cap - 1);
-            t[j] = *e;
-        }
+        for (size_t i = 0; i < comm->p2p_seq_cap; i++)
+            if (comm->p2p_seq[i].key)
+                *p2p_slot(t, cap, comm->p2p_seq[i].key) = comm->p2p_seq[i];
         free(comm->p2p_seq);
         comm->p2p_seq = t;
         comm->p2p_seq_cap = cap;
+        e = p2p_slot(t, cap, key);
     }
-    if (!comm->p2p_seq_cap)
-        return NULL;
-    size_t mask = comm->p2p_seq_cap - 1, i = p2p_slot(key, mask);
-    while (comm->p2p_seq[i].key && comm->p2p_seq[i].key != key)
-        i = (i + 1) & mask;
-    if (!comm->p2p_seq[i].key) {
-        if (!add)
-            return NULL;
-        comm->p2p_seq[i].key = key;
-        comm->p2p_seq_n++;
-    }
-    return &comm->p2p_seq[i];
+    e->key = key;
+    comm->p2p_seq_n++;
+    return e;
 }
 
 /* The receives from peer of tag issued so far (the next one's number). */
@@ -575,6 +567,18 @@ static int is_self_recv(const tutti_comm_t *comm, const tutti_work_t *w)
     return w->req.kind == TUTTI_TP_RECV && w->req.peer == comm->rank;
 }
 
+/* The first copy whose env[3] (tag) is key; *prev_p its predecessor (NULL: the head). */
+static tt_self_msg_t *self_find(const tutti_comm_t *comm, uint64_t key, tt_self_msg_t **prev_p)
+{
+    tt_self_msg_t *m = comm->self_q, *prev = NULL;
+    while (m && m->env[3] != key) {
+        prev = m;
+        m = m->next;
+    }
+    *prev_p = prev;
+    return m;
+}
+
 /* Give the copies to the receives from this rank that wait, in posting order, each
  * the first copy of its tag. */
 static void self_match(tutti_comm_t *comm)
@@ -582,11 +586,7 @@ static void self_match(tutti_comm_t *comm)
     for (tutti_work_t *w = comm->inflight; w && comm->self_q; w = w->inflight_next) {
         if (!is_self_recv(comm, w) || w->req.status != 1)
             continue;
-        tt_self_msg_t *m = comm->self_q, *prev = NULL;
-        while (m && m->env[3] != w->req.env[3]) {
-            prev = m;
-            m = m->next;
-        }
+        tt_self_msg_t *prev, *m = self_find(comm, w->req.env[3], &prev);
         if (!m)
             continue;
         if (prev)
@@ -665,12 +665,12 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         if (peer != comm->rank) {
             st = comm->tp_ops->probe(comm->tp, peer, &m);
         } else { /* the first copy of a send to itself with the tag */
-            for (const tt_self_msg_t *s = comm->self_q; s && !st; s = s->next)
-                if (s->env[3] == w->req.env[3]) {
-                    memcpy(m.env, s->env, sizeof(m.env));
-                    m.len = s->len;
-                    st = 1;
-                }
+            tt_self_msg_t *prev, *s = self_find(comm, w->req.env[3], &prev);
+            if (s) {
+                memcpy(m.env, s->env, sizeof(m.env));
+                m.len = s->len;
+                st = 1;
+            }
         }
         if (st == TUTTI_ERR_UNSUPPORTED)
             return any_unsupported(comm, w, err, errlen);
@@ -759,13 +759,10 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     }
     /* receives from this rank wait outside the transport: a failed communicator (the
      * timeout above, an abort, another op's failure) fails them here */
-    for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
-        if (is_self_recv(comm, w) && w->req.status == 1) {
-            int st = atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
-            if (st < 0)
-                w->req.status = st;
-        }
-    }
+    int down = atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
+    for (tutti_work_t *w = comm->inflight; w && down < 0; w = w->inflight_next)
+        if (is_self_recv(comm, w) && w->req.status == 1)
+            w->req.status = down;
     tutti_work_t **pp = &comm->inflight;
     while (*pp) {
         tutti_work_t *w = *pp;

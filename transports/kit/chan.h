@@ -214,15 +214,22 @@ static inline tp_req_t *tp_chan_take(tp_req_t **head, tp_req_t **tail, tp_uxq_t 
         return q;                                                                                  \
     }
 
+/* Is env a message a probe for want looks for? want with bit 63 set: that key; else any
+ * message of channel 1 (tp_probe_want). */
+static inline int tp_wanted(const uint64_t env[4], uint64_t want)
+{
+    return (want >> 63) ? tp_key(env) == want : tp_chan(env) == 1;
+}
+
 /* Is a receive posted on the link (queued, or waiting on a buffered message) that takes
- * a message of key k (any: one of channel 1)? */
-static inline int tp_key_posted(const tp_req_t *head, const tp_uxq_t *q, uint64_t k, int any)
+ * a message a probe for want looks for? */
+static inline int tp_key_posted(const tp_req_t *head, const tp_uxq_t *q, uint64_t want)
 {
     for (const tp_req_t *r = head; r; r = r->tp_private[0])
-        if (r->kind != TP_KIND_UX && (any ? tp_chan(r->env) == 1 : tp_key(r->env) == k))
+        if (r->kind != TP_KIND_UX && tp_wanted(r->env, want))
             return 1;
     for (const tp_ux_t *e = q->head; e; e = e->next)
-        if (e->waiter && (any ? tp_chan(e->req.env) == 1 : tp_key(e->req.env) == k))
+        if (e->waiter && tp_wanted(e->req.env, want))
             return 1;
     return 0;
 }
@@ -284,8 +291,7 @@ static inline uint64_t tp_probe_want(const tp_host_t *h, const tutti_tp_probe_t 
 static inline int tp_probe_ux_done(const tp_uxq_t *q, uint64_t want, tutti_tp_probe_t *found_p)
 {
     for (const tp_ux_t *e = q->head; e; e = e->next) {
-        if (e->waiter || e->req.status != 0 ||
-            (!(want >> 63) ? tp_chan(e->req.env) != 1 : tp_key(e->req.env) != want))
+        if (e->waiter || e->req.status != 0 || !tp_wanted(e->req.env, want))
             continue;
         memcpy(found_p->env, e->req.env, sizeof(found_p->env));
         found_p->len = e->req.len;
@@ -306,13 +312,12 @@ static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_ux
                                 const uint64_t env[4], uint64_t len, uint64_t want, int *watch_p,
                                 int *buffer_p, tutti_tp_probe_t *found_p)
 {
-    const int any = !(want >> 63);
     *watch_p = 0;
     *buffer_p = 0;
-    if (tp_key_posted(rq_head, q, want, any))
+    if (tp_key_posted(rq_head, q, want))
         return 0;
     for (const tp_ux_t *e = q->head; e; e = e->next) {
-        if (any ? tp_chan(e->req.env) != 1 : tp_key(e->req.env) != want)
+        if (!tp_wanted(e->req.env, want))
             continue;
         memcpy(found_p->env, e->req.env, sizeof(found_p->env));
         found_p->len = e->req.len;
@@ -322,7 +327,7 @@ static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_ux
         *watch_p = !rq_head;
         return 0;
     }
-    if (any ? tp_chan(env) != 1 : tp_key(env) != want) {
+    if (!tp_wanted(env, want)) {
         *buffer_p = !rq_head;
         return 0;
     }

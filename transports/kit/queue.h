@@ -37,24 +37,6 @@ static inline unsigned tp_fail_queue(tp_req_t **head, tp_req_t **tail, int statu
     return n;
 }
 
-#ifndef TT_KIT_ABI_V1
-/* probe()'s answer once the link looked for a header: 1 with *found_p filled when one
- * is parked (env, len) and no receive is posted (rq_head, which would take it); else 0,
- * and while no receive is posted the link is watched (*watch_p): the transport's
- * progress() returns when a header comes. */
-static inline int tp_probe_answer(int parked, const tp_req_t *rq_head, const uint64_t env[4],
-                                  uint64_t len, int *watch_p, tutti_tp_probe_t *found_p)
-{
-    *watch_p = !rq_head && !parked;
-    if (rq_head || !parked)
-        return 0;
-    for (int i = 0; i < 4; i++)
-        found_p->env[i] = env[i];
-    found_p->len = (size_t)len;
-    return 1;
-}
-#endif
-
 /* Defines pfx##_post_send and pfx##_post_recv, the ops table's entries, over
  * pfx##_post(tp, r, kind). */
 #define TT_KIT_SEND_RECV_FNS(pfx)                                                                  \
