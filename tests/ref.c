@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ref.h"
+#include "ref_fp8.h"
 
 /* ---- fp16 / bf16, written here so that the reference does not share the library's
  * conversions ---- */
@@ -60,6 +61,59 @@ uint16_t ref_float_to_bf16(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((x >> 16) | 0x40);
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* ---- fp8 (ref_fp8.h) ---- */
+
+/* An 8-bit float format (sign in bit 7): exponent and mantissa widths; fn: finite, as
+ * OCP E4M3, whose only NaNs are S.1111.111 and which has no infinity. */
+typedef struct fmt8 {
+    int ebits, mbits, fn;
+} fmt8_t;
+
+static fmt8_t fmt8_of(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP8_E4M3 ? (fmt8_t){ 4, 3, 1 } : (fmt8_t){ 5, 2, 0 };
+}
+
+double ref_fp8_to_d(tutti_dtype_t dtype, uint8_t v)
+{
+    fmt8_t f = fmt8_of(dtype);
+    int emax = (1 << f.ebits) - 1, mmax = (1 << f.mbits) - 1;
+    int e = (v >> f.mbits) & emax, m = v & mmax, bias = (1 << (f.ebits - 1)) - 1;
+    double r;
+    if (f.fn && e == emax && m == mmax)
+        r = NAN;
+    else if (!f.fn && e == emax)
+        r = m ? NAN : INFINITY;
+    else if (e == 0)
+        r = ldexp(m, 1 - bias - f.mbits);
+    else
+        r = ldexp((1 << f.mbits) + m, e - bias - f.mbits);
+    return (v & 0x80) ? -r : r;
+}
+
+uint8_t ref_d_to_fp8(tutti_dtype_t dtype, double x)
+{
+    if (isnan(x))
+        return fmt8_of(dtype).fn ? 0x7f : 0x7e;
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    double ax = fabs(x);
+    int best = 0, largest = 0;
+    double bd = INFINITY;
+    for (int c = 0; c < 0x80; c++) {
+        double v = ref_fp8_to_d(dtype, (uint8_t)c);
+        if (!isfinite(v))
+            continue;
+        largest = c;
+        double d = fabs(v - ax);
+        if (d < bd || (d == bd && !(c & 1))) {
+            best = c;
+            bd = d;
+        }
+    }
+    /* (far past it every distance rounds to the same double: no search there) */
+    return sign | (uint8_t)(ax >= ref_fp8_to_d(dtype, (uint8_t)largest) ? largest : best);
 }
 
 /* ---- inputs and reference ---- */

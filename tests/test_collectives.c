@@ -27,6 +27,7 @@
 
 #include "collectives.h"
 #include "ref.h"
+#include "ref_fp8.h"
 
 /* ---- one rank's matrix ---- */
 
@@ -899,6 +900,131 @@ static int rank_avg_f16(int rank, int nranks, tutti_comm_t *unused, const char *
 
 TH_RUN_TEST(avg_f16_range, run_algo_4_3(rank_avg_f16, nan_algos[_i]))
 
+/* fp8 (E4M3, E5M2) through every allreduce algorithm at 4 and 3 ranks, against the
+ * formats' definitions (ref_fp8.h):
+ * - SUM of small integers (exact in any grouping: sums up to 12 in E4M3, 8 in E5M2), of
+ *   the largest value on every rank (saturates at each step: the largest), of a NaN on
+ *   one rank (NaN), of an E5M2 infinity and ones (the largest: saturated, as NCCL's);
+ * - MAX and MIN of any codes but -0 (NaN on any rank: NaN; an E5M2 infinity stays one);
+ * - AVG whose sum is far past the largest value but whose mean fits: a = 256 or 2^15 on
+ *   every rank, b = 1.5 a on none or two (the inputs scaled by 1/4 first sum exactly in
+ *   any grouping), in and out of place and reduce at rank 1; the exact mean rounded once. */
+static uint8_t fp8_code(tutti_dtype_t dt, double x)
+{
+    return ref_d_to_fp8(dt, x);
+}
+
+static int fp8_same(tutti_dtype_t dt, uint8_t got, uint8_t want)
+{
+    return isnan(ref_fp8_to_d(dt, want)) ? isnan(ref_fp8_to_d(dt, got)) : got == want;
+}
+
+static int rank_fp8(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
+    enum { N = 5000 }; /* several 4 KiB chunks */
+    static uint8_t in[N], out[N], want[N];
+    for (int e5 = 0; e5 < 2; e5++) {
+        const tutti_dtype_t dt = e5 ? TUTTI_FP8_E5M2 : TUTTI_FP8_E4M3;
+        const uint8_t top = e5 ? 0x7b : 0x7e, nan = e5 ? 0x7e : 0x7f;
+        /* SUM */
+        for (size_t i = 0; i < N; i++) {
+            double v = (double)((rank + i) % (e5 ? 3 : 4)), sum = 0;
+            for (int r = 0; r < nranks; r++)
+                sum += (double)((r + i) % (e5 ? 3 : 4));
+            in[i] = fp8_code(dt, v);
+            want[i] = fp8_code(dt, sum);
+            if (i % 7 == 3) { /* the largest everywhere */
+                in[i] = top;
+                want[i] = top;
+            } else if (i % 7 == 5) { /* NaN on one rank */
+                if (rank == (int)(i % (size_t)nranks))
+                    in[i] = nan;
+                want[i] = nan;
+            } else if (e5 && i % 7 == 6) { /* inf on one rank, 1 elsewhere */
+                in[i] = rank == (int)(i % (size_t)nranks) ? 0x7c : 0x3c;
+                want[i] = top;
+            }
+        }
+        for (int inplace = 0; inplace < 2; inplace++) {
+            memcpy(out, in, N);
+            int st = tutti_allreduce(comm, inplace ? TUTTI_IN_PLACE : in, out, N, dt, TUTTI_SUM);
+            FAIL_IF(st != 0, "%s %s sum: %s", algo, tutti_dtype_name(dt),
+                    tutti_comm_last_error(comm));
+            for (size_t i = 0; i < N; i++)
+                FAIL_IF(!fp8_same(dt, out[i], want[i]),
+                        "%s %s sum, %d ranks [%zu]: %02x, want %02x", algo, tutti_dtype_name(dt),
+                        nranks, i, out[i], want[i]);
+        }
+        /* MAX, MIN */
+        for (int mx = 0; mx < 2; mx++) {
+            for (size_t i = 0; i < N; i++) {
+                int any_nan = 0;
+                double best = 0;
+                for (int r = 0; r < nranks; r++) {
+                    uint8_t c = (uint8_t)gen_bits(77 + (uint64_t)e5, r, i);
+                    c = c == 0x80 ? 0x00 : c; /* no -0 beside +0: their order is the algorithm's */
+                    double v = ref_fp8_to_d(dt, c);
+                    any_nan |= isnan(v);
+                    if (r == rank)
+                        in[i] = c;
+                    if (r == 0 || (mx ? v > best : v < best)) {
+                        best = v;
+                        want[i] = c;
+                    }
+                }
+                if (any_nan)
+                    want[i] = nan;
+            }
+            int st = tutti_allreduce(comm, in, out, N, dt, mx ? TUTTI_MAX : TUTTI_MIN);
+            FAIL_IF(st != 0, "%s %s %s: %s", algo, tutti_dtype_name(dt), mx ? "max" : "min",
+                    tutti_comm_last_error(comm));
+            for (size_t i = 0; i < N; i++)
+                FAIL_IF(!fp8_same(dt, out[i], want[i]), "%s %s %s, %d ranks [%zu]: %02x, want %02x",
+                        algo, tutti_dtype_name(dt), mx ? "max" : "min", nranks, i, out[i], want[i]);
+        }
+        /* AVG past the range */
+        const double a = e5 ? 32768.0 : 256.0, b = 1.5 * a;
+        for (size_t i = 0; i < N; i++) {
+            /* b at ranks i and i+1 (mod nranks) for odd i: never three b in a partial sum */
+            int nb = (i % 2) ? 2 : 0;
+            int mine = nb && (rank == (int)(i % (size_t)nranks) ||
+                              rank == (int)((i + 1) % (size_t)nranks));
+            in[i] = fp8_code(dt, mine ? b : a);
+            want[i] = fp8_code(dt, ((nranks - nb) * a + nb * b) / nranks);
+        }
+        for (int how = 0; how < 3; how++) {
+            static const char *const name[] = { "avg in place", "avg", "avg reduce at 1" };
+            memcpy(out, in, N);
+            int st = how == 0 ? tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, TUTTI_AVG)
+                     : how == 1
+                         ? tutti_allreduce(comm, in, out, N, dt, TUTTI_AVG)
+                         : tutti_reduce(comm, in, rank == 1 ? out : NULL, N, dt, TUTTI_AVG, 1);
+            FAIL_IF(st != 0, "%s %s %s: %s", algo, tutti_dtype_name(dt), name[how],
+                    tutti_comm_last_error(comm));
+            if (how == 2 && rank != 1)
+                continue;
+            for (size_t i = 0; i < N; i++)
+                FAIL_IF(out[i] != want[i], "%s %s %s, %d ranks [%zu]: %02x (%g), want %02x (%g)",
+                        algo, tutti_dtype_name(dt), name[how], nranks, i, out[i],
+                        ref_fp8_to_d(dt, out[i]), want[i], ref_fp8_to_d(dt, want[i]));
+        }
+    }
+    /* the bitwise ops are refused, naming the dtype */
+    int st = tutti_allreduce(comm, in, out, N, TUTTI_FP8_E4M3, TUTTI_BXOR);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG || !strstr(tutti_comm_last_error(comm), "f8e4m3"),
+            "bxor on fp8: %d, %s", st, tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(fp8_dtypes, run_algo_4_3(rank_fp8, nan_algos[_i]))
+
 /* Complex dtypes (c64, c128): allreduce SUM, PROD and AVG in and out of place, reduce PROD
  * at rank 1, reduce_scatter SUM and scan PROD, at 4 and 3 ranks by every allreduce
  * algorithm; MAX refused naming why. Elements are Gaussian integers with parts in -1..3,
@@ -1075,6 +1201,7 @@ static Suite *suite(void)
     th_add_tests(s, "scale", 60, (const TTest *const[]){ eight_ranks, NULL });
     th_add_case(s, "nan", nan_minmax, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     th_add_case(s, "avg_f16", avg_f16_range, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
+    th_add_case(s, "fp8", fp8_dtypes, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
     th_add_case(s, "complex", complex_dtypes, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
     th_add_case(s, "send_inside", send_inside_recv,
                 (int)(sizeof(overlap_algos) / sizeof(overlap_algos[0])), 60);

@@ -23,6 +23,7 @@
 #include "base/base.h"
 #include "../transports/kit/copy.h"
 #include "harness.h"
+#include "ref_fp8.h"
 
 /* Defined in lib/reduce/reduce.c (not yet declared in reduce.h). */
 const char *tt_reduce_isa_name(void);
@@ -144,7 +145,7 @@ static int bf16_is_nan(uint16_t b)
 
 /* ---- reference reduction ------------------------------------------------------- */
 
-static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8, 8, 16 };
+static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8, 8, 16, 1, 1 };
 
 static int64_t wrap_signed(unsigned __int128 v, int bits)
 {
@@ -206,9 +207,15 @@ static int is_bitwise(tutti_redop_t op)
     return op == TUTTI_BAND || op == TUTTI_BOR || op == TUTTI_BXOR;
 }
 
+static int is_fp8(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP8_E4M3 || dt == TUTTI_FP8_E5M2;
+}
+
 static int is_float(tutti_dtype_t dt)
 {
-    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64;
+    return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64 ||
+           is_fp8(dt);
 }
 
 static int is_complex(tutti_dtype_t dt)
@@ -273,17 +280,22 @@ static double load_f(tutti_dtype_t dt, const void *p)
 {
     elem_t v;
     memcpy(&v, p, dsize[dt]);
+    if (is_fp8(dt))
+        return ref_fp8_to_d(dt, v.u8);
     return dt == TUTTI_FP16   ? ref_h2d(v.h)
            : dt == TUTTI_BF16 ? ref_bf2d(v.h)
            : dt == TUTTI_FP32 ? v.f
                               : v.d;
 }
 
-/* x rounded to the float element p (fp16/bf16: from a float value, as the kernels do). */
+/* x rounded to the float element p (fp16/bf16: from a float value, as the kernels do;
+ * fp8: from any double, rounded once). */
 static void store_f(tutti_dtype_t dt, void *p, double x)
 {
     elem_t v;
-    if (dt == TUTTI_FP16)
+    if (is_fp8(dt))
+        v.u8 = ref_d_to_fp8(dt, x);
+    else if (dt == TUTTI_FP16)
         v.h = ref_d2h(x);
     else if (dt == TUTTI_BF16)
         v.h = ref_d2bf(x);
@@ -355,9 +367,10 @@ static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *
             store_f(dt, out, NAN);
         return;
     }
-    /* below fp64 computed in fp32 (double then float: exact or one innocuous rounding) */
+    /* below fp64 computed in fp32 (double then float: exact or one innocuous rounding);
+     * fp8 rounded once from the exact double (the kernels' fp32 step must not show) */
     double r = ref_fop(op, x, y);
-    store_f(dt, out, dt == TUTTI_FP64 ? r : (float)r);
+    store_f(dt, out, dt == TUTTI_FP64 || is_fp8(dt) ? r : (float)r);
 }
 
 /* Same element? Bitwise, except that any NaN matches any NaN. */
@@ -434,6 +447,15 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
                 h = dt == TUTTI_FP16 ? (uint16_t)((h & 0x83ff) | (((r >> 20) % 12 + 9) << 10))
                                      : (uint16_t)((h & 0x807f) | (((r >> 20) % 30 + 112) << 7));
             memcpy(p + i * 2, &h, 2);
+            break;
+        }
+        case TUTTI_FP8_E4M3:
+        case TUTTI_FP8_E5M2: {
+            uint8_t b = (uint8_t)r; /* any code; half of them of middling exponent */
+            if ((r >> 40) % 2)
+                b = dt == TUTTI_FP8_E4M3 ? (uint8_t)((b & 0x87) | (((r >> 20) % 6 + 4) << 3))
+                                         : (uint8_t)((b & 0x83) | (((r >> 20) % 12 + 9) << 2));
+            p[i] = b;
             break;
         }
         default: memcpy(p + i * dsize[dt], &r, dsize[dt]);
@@ -531,8 +553,9 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
 
 START_TEST(test_dtype_names)
 {
-    static const char *const names[] = { "i8",  "u8",  "i32", "i64", "f16", "bf16", "f32",
-                                         "f64", "i16", "u16", "u32", "u64", "c64",  "c128" };
+    static const char *const names[] = { "i8",  "u8",   "i32",    "i64",   "f16", "bf16",
+                                         "f32", "f64",  "i16",    "u16",   "u32", "u64",
+                                         "c64", "c128", "f8e4m3", "f8e5m2" };
     ck_assert_int_eq(TUTTI_DTYPE_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
@@ -574,14 +597,21 @@ START_TEST(test_dtype_names)
         { "complex128", TUTTI_COMPLEX128 },
         { "cdouble", TUTTI_COMPLEX128 },
         { "Complex", TUTTI_COMPLEX128 },
+        { "float8_e4m3fn", TUTTI_FP8_E4M3 },
+        { "float8_e5m2", TUTTI_FP8_E5M2 },
+        { "fp8_e4m3", TUTTI_FP8_E4M3 },
+        { "FP8_E5M2", TUTTI_FP8_E5M2 },
+        { "e4m3", TUTTI_FP8_E4M3 },
+        { "E5M2", TUTTI_FP8_E5M2 },
     };
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
         ck_assert_msg(tutti_dtype_parse(aliases[i].name, &dt) == TUTTI_OK, "%s", aliases[i].name);
         ck_assert_msg(dt == aliases[i].dt, "%s -> %d", aliases[i].name, dt);
     }
-    static const char *const bad[] = { "",     "f31", "float128", "i128", "f32 ",
-                                       " f32", "bf",  "fp",       "u128", "uint" };
+    static const char *const bad[] = { "",     "f31", "float128", "i128",   "f32 ",
+                                       " f32", "bf",  "fp",       "u128",   "uint",
+                                       "f8",   "fp8", "e4m4",     "float8", "float8_e4m3" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tutti_dtype_t dt = TUTTI_FP64;
         ck_assert_int_eq(tutti_dtype_parse(bad[i], &dt), TUTTI_ERR_INVALID_ARG);
@@ -719,7 +749,7 @@ static void ref_div(tutti_dtype_t dt, void *p, int n)
         return;
     }
     double v = load_f(dt, p) / n;
-    store_f(dt, p, dt == TUTTI_FP64 ? v : (float)v);
+    store_f(dt, p, dt == TUTTI_FP64 || is_fp8(dt) ? v : (float)v);
 }
 
 START_TEST(test_avg)
@@ -922,8 +952,9 @@ END_TEST
  * buffer with specials at every position. */
 START_TEST(test_float_specials_vector)
 {
-    static const tutti_dtype_t dts[] = { TUTTI_FP16, TUTTI_BF16, TUTTI_FP32, TUTTI_FP64 };
-    for (size_t t = 0; t < 4; t++)
+    static const tutti_dtype_t dts[] = { TUTTI_FP16, TUTTI_BF16,     TUTTI_FP32,
+                                         TUTTI_FP64, TUTTI_FP8_E4M3, TUTTI_FP8_E5M2 };
+    for (size_t t = 0; t < sizeof(dts) / sizeof(dts[0]); t++)
         for (int op = 0; op <= TUTTI_AVG; op++) { /* the float ops */
             rng_seed(500 + t * 10 + (uint64_t)op);
             for (int alias = -1; alias <= 2; alias++)
@@ -953,6 +984,107 @@ START_TEST(test_invalid_args)
     ck_assert(f[0] == 1.5f && f[1] == -2.0f);
     tt_reduce(NULL, NULL, 0, TUTTI_FP32, TUTTI_SUM);
     tt_reduce3(NULL, NULL, NULL, 0, TUTTI_FP16, TUTTI_MAX);
+}
+END_TEST
+
+/* fp8 at its edges: a op b on one element of dtype dt (codes), the code wanted (any NaN
+ * code matches a NaN). */
+static void check_fp8_case(tutti_dtype_t dt, tutti_redop_t op, uint8_t a, uint8_t b, uint8_t want)
+{
+    uint8_t d = a, src = b, out = 0;
+    tt_reduce(&d, &src, 1, dt, op);
+    tt_reduce3(&out, &a, &b, 1, dt, op);
+    int nan = isnan(ref_fp8_to_d(dt, want));
+    for (int k = 0; k < 2; k++) {
+        uint8_t got = k ? out : d;
+        ck_assert_msg(nan ? isnan(ref_fp8_to_d(dt, got)) : got == want,
+                      "%s %s(%02x, %02x) = %02x, want %02x (%s)", tutti_dtype_name(dt),
+                      tutti_redop_name(op), a, b, got, want, k ? "reduce3" : "reduce");
+    }
+}
+
+START_TEST(test_fp8_specials)
+{
+    const tutti_dtype_t e4 = TUTTI_FP8_E4M3, e5 = TUTTI_FP8_E5M2;
+    /* E4M3: 448 (0x7e) is the largest; 0x7f NaN; sums past it saturate */
+    check_fp8_case(e4, TUTTI_SUM, 0x7e, 0x7e, 0x7e);  /* 448 + 448 */
+    check_fp8_case(e4, TUTTI_SUM, 0x7e, 0x58, 0x7e);  /* 448 + 16 = 464: tie, to 448 */
+    check_fp8_case(e4, TUTTI_SUM, 0xfe, 0xfe, 0xfe);  /* -448 - 448 */
+    check_fp8_case(e4, TUTTI_PROD, 0x7e, 0xc0, 0xfe); /* 448 * -2 */
+    check_fp8_case(e4, TUTTI_SUM, 0x7f, 0x38, 0x7f);  /* NaN + 1 */
+    check_fp8_case(e4, TUTTI_SUM, 0x01, 0x01, 0x02);  /* 2^-9 + 2^-9, subnormal */
+    check_fp8_case(e4, TUTTI_PROD, 0x01, 0x30, 0x00); /* 2^-9 * 0.5: tie, to 0 */
+    check_fp8_case(e4, TUTTI_PROD, 0x81, 0x30, 0x80); /* to -0 */
+    check_fp8_case(e4, TUTTI_SUM, 0x38, 0x18, 0x38);  /* 1 + 0.0625: tie, to 1 */
+    check_fp8_case(e4, TUTTI_SUM, 0x38, 0x19, 0x39);  /* 1 + 0.0703125: past it, up */
+    check_fp8_case(e4, TUTTI_SUM, 0x38, 0x20, 0x39);  /* 1 + 0.125 = 1.125 */
+    check_fp8_case(e4, TUTTI_MAX, 0x7f, 0x38, 0x7f);  /* NaN propagates */
+    check_fp8_case(e4, TUTTI_MIN, 0x38, 0xff, 0xff);
+    check_fp8_case(e4, TUTTI_MIN, 0x38, 0xb8, 0xb8); /* min(1, -1) */
+    check_fp8_case(e4, TUTTI_MAX, 0x00, 0x80, 0x80); /* +0, -0 equal: the second */
+    /* E5M2: 57344 (0x7b) the largest, 0x7c inf, 0x7d-0x7f NaN */
+    check_fp8_case(e5, TUTTI_SUM, 0x7b, 0x7b, 0x7b); /* 57344 * 2 saturates */
+    check_fp8_case(e5, TUTTI_SUM, 0x7c, 0x3c, 0x7b); /* inf + 1: saturated, as NCCL's */
+    check_fp8_case(e5, TUTTI_SUM, 0x7c, 0xfc, 0x7e); /* inf - inf: NaN */
+    check_fp8_case(e5, TUTTI_MAX, 0x7c, 0x3c, 0x7c); /* max returns the operand: inf */
+    check_fp8_case(e5, TUTTI_MIN, 0xfc, 0x3c, 0xfc); /* -inf */
+    check_fp8_case(e5, TUTTI_SUM, 0x7b, 0x6c, 0x7b); /* 57344 + 4096 = 61440: to 57344 */
+    check_fp8_case(e5, TUTTI_SUM, 0x01, 0x01, 0x02); /* 2^-16 + 2^-16 */
+    check_fp8_case(e5, TUTTI_SUM, 0x3c, 0x30, 0x3c); /* 1 + 0.125: tie, to 1 */
+    check_fp8_case(e5, TUTTI_SUM, 0x3c, 0x31, 0x3d); /* 1 + 0.15625: past it, up */
+    check_fp8_case(e5, TUTTI_SUM, 0x7e, 0x3c, 0x7e); /* NaN + 1 */
+    /* AVG's division: 448 / 2 and inf / 2 (saturated first by the sum's store) */
+    uint8_t q[] = { 0x7e, 0x39 }; /* 448, 1.125 */
+    tt_reduce_avg_finish(q, 2, e4, 2);
+    ck_assert_msg(q[0] == 0x76 && q[1] == 0x31, "e4m3 avg: %02x %02x", q[0], q[1]); /* 224,
+                                                                         0.5625 */
+    uint8_t r[] = { 0x7b, 0x01 };
+    tt_reduce_avg_finish(r, 2, e5, 2);
+    ck_assert_msg(r[0] == 0x77 && r[1] == 0x00, "e5m2 avg: %02x %02x", r[0], r[1]); /* 28672,
+                                                                    2^-17: tie, to 0 */
+}
+END_TEST
+
+/* Every fp8 code decodes to the value its format defines, and floats (a sweep through
+ * every binade, the codes' values and the midpoints between them) round to the nearest
+ * code, ties to even, saturating past the largest finite value. */
+START_TEST(test_fp8_conversions)
+{
+    static const tutti_dtype_t dts[] = { TUTTI_FP8_E4M3, TUTTI_FP8_E5M2 };
+    for (int t = 0; t < 2; t++) {
+        tutti_dtype_t dt = dts[t];
+        for (int c = 0; c < 256; c++) {
+            double want = ref_fp8_to_d(dt, (uint8_t)c);
+            float got = tt_fp8_to_float((uint8_t)c, dt);
+            if (isnan(want) ? !isnan(got)
+                            : ((double)got != want || !signbit(got) != !signbit(want)))
+                ck_abort_msg("%s %02x -> %a, want %a", tutti_dtype_name(dt), c, (double)got, want);
+            /* the code's value, and halfway to the next one up, and a hair either side */
+            if (isnan(want) || isinf(want))
+                continue;
+            double next = ref_fp8_to_d(dt, (uint8_t)(c + 1));
+            double mids[] = { want, (want + next) / 2, nextafter((want + next) / 2, 0),
+                              nextafter((want + next) / 2, INFINITY) };
+            for (int m = 0; m < 4; m++) {
+                if (!isfinite(mids[m]) || (float)mids[m] != mids[m])
+                    continue;
+                uint8_t e = tt_float_to_fp8((float)mids[m], dt), w = ref_d_to_fp8(dt, mids[m]);
+                if (e != w)
+                    ck_abort_msg("%s: %a -> %02x, want %02x", tutti_dtype_name(dt), mids[m], e, w);
+            }
+        }
+        for (uint64_t u = 0; u < (1ull << 32); u += 0x10001) {
+            float x = bits_f32((uint32_t)u);
+            uint8_t e = tt_float_to_fp8(x, dt), w = ref_d_to_fp8(dt, x);
+            if (isnan(x) ? !isnan(ref_fp8_to_d(dt, e)) : e != w)
+                ck_abort_msg("%s: float %08x -> %02x, want %02x", tutti_dtype_name(dt), (unsigned)u,
+                             e, w);
+        }
+        ck_assert_uint_eq(tt_float_to_fp8(INFINITY, dt), t ? 0x7b : 0x7e);
+        ck_assert_uint_eq(tt_float_to_fp8(-INFINITY, dt), t ? 0xfb : 0xfe);
+        ck_assert_uint_eq(tt_float_to_fp8(-0.0f, dt), 0x80);
+        ck_assert(isnan(ref_fp8_to_d(dt, tt_float_to_fp8(NAN, dt))));
+    }
 }
 END_TEST
 
@@ -1355,6 +1487,7 @@ static Suite *reduce_suite(void)
     tcase_add_test(tc, test_int_wrap_wide);
     tcase_add_test(tc, test_float_specials);
     tcase_add_test(tc, test_float_specials_vector);
+    tcase_add_test(tc, test_fp8_specials);
     tcase_add_test(tc, test_invalid_args);
     tcase_add_test(tc, test_half_kernel_vs_scalar);
     suite_add_tcase(s, tc);
@@ -1369,6 +1502,7 @@ static Suite *reduce_suite(void)
     tcase_add_test(tc, test_half_exhaustive);
     tcase_add_test(tc, test_half_rounding);
     tcase_add_test(tc, test_bf16);
+    tcase_add_test(tc, test_fp8_conversions);
     suite_add_tcase(s, tc);
     return s;
 }

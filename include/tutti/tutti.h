@@ -48,6 +48,8 @@ typedef enum tutti_dtype {
     TUTTI_UINT64,
     TUTTI_COMPLEX64,  /* C's float _Complex (numpy's complex64, MPI_C_FLOAT_COMPLEX): real, */
     TUTTI_COMPLEX128, /* imaginary (two fp32, or fp64 for double _Complex) */
+    TUTTI_FP8_E4M3,   /* OCP 8-bit floats (NCCL's ncclFloat8e4m3/e5m2, torch's float8_e4m3fn */
+    TUTTI_FP8_E5M2,   /* and float8_e5m2): E4M3 has no infinity (max 448), E5M2 has one */
     TUTTI_DTYPE_COUNT
 } tutti_dtype_t;
 
@@ -72,6 +74,11 @@ typedef enum tutti_dtype {
  * BAND, BOR and BXOR (MPI_BAND/BOR/BXOR, torch's ReduceOp.BAND/BOR/BXOR) combine the
  * bits of integer dtypes; with a float dtype a call fails with TUTTI_ERR_INVALID_ARG
  * naming the op and the dtype (tutti_redop_supported says beforehand).
+ * The fp8 dtypes reduce as NCCL's do (CUDA's satfinite conversions): each step in fp32,
+ * rounded to nearest even, a result beyond the largest finite value (+-448 for E4M3,
+ * +-57344 for E5M2; an E5M2 infinity too) saturating to it, NaN staying NaN (torch's own
+ * casts give NaN or inf there instead); MIN/MAX return an operand as it is (an E5M2
+ * infinity stays one); AVG scales the inputs first as fp16's does (above).
  * The complex dtypes reduce with SUM, PROD and AVG (MPI's rule: MIN, MAX and the bitwise
  * ops fail as above); SUM and AVG are their parts' fp32/fp64 sums (and quotients), PROD the
  * textbook (ar*br - ai*bi) + (ar*bi + ai*br)i in the parts' precision, without C99 Annex

@@ -432,7 +432,7 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
 static void avg_divide(const tt_op_t *op, void *buf, size_t count)
 {
     if (op->avg_scale)
-        tt_reduce_f16_scale(buf, count, op->avg_scale, (float)op->nranks);
+        tt_reduce_scale(buf, count, op->dtype, op->avg_scale, (float)op->nranks);
     else
         tt_reduce_avg_finish(buf, count, op->dtype, op->nranks);
 }
@@ -458,8 +458,8 @@ static void avg_own_block(tt_op_t *op)
 static void avg_prefix(tt_op_t *op)
 {
     const int k = op->rank + (op->coll == TT_COLL_SCAN);
-    if (op->avg_scale && k >= 1) /* fp16: every input was scaled by 1 / avg_scale */
-        tt_reduce_f16_scale(op->recvbuf, op->count, op->avg_scale, (float)k);
+    if (op->avg_scale && k >= 1) /* fp16, fp8: every input was scaled by 1 / avg_scale */
+        tt_reduce_scale(op->recvbuf, op->count, op->dtype, op->avg_scale, (float)k);
     else if (k > 1)
         tt_reduce_avg_finish(op->recvbuf, op->count, op->dtype, k);
 }

@@ -171,7 +171,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
             kind = TT_BATCH_RELEASE;
         st = tt_agree_flush(op, kind);
     }
-    /* fp16 AVG: each rank's input scaled by 2^-k first (2^k >= the rank count), the sum
+    /* fp16 and fp8 AVG: each rank's input scaled by 2^-k first (2^k >= the rank count), the sum
      * by 2^k / nranks after it (coll.c's AVG step, from op->avg_scale), so that a mean
      * that fits fp16 does not overflow on the way: four ranks' 30000 summed first gave
      * inf (session 97, found by review). NCCL's ncclAvg scales by 1/nranks first; a power
@@ -179,7 +179,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
      * division wherever both fit. */
     const void *user_send = op->sendbuf;
     void *scaled = NULL;
-    if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && op->dtype == TUTTI_FP16 &&
+    if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && tt_dtype_avg_prescaled(op->dtype) &&
         (op->coll == TT_COLL_ALLREDUCE || op->coll == TT_COLL_REDUCE ||
          op->coll == TT_COLL_REDUCE_SCATTER || op->coll == TT_COLL_SCAN ||
          op->coll == TT_COLL_EXSCAN)) {
@@ -205,7 +205,8 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
         op->avg_scale = 1.0f;
         while (op->avg_scale < (float)op->nranks)
             op->avg_scale *= 2.0f;
-        tt_reduce_f16_scale(scaled ? scaled : op->recvbuf, op->count, 1.0f / op->avg_scale, 1.0f);
+        tt_reduce_scale(scaled ? scaled : op->recvbuf, op->count, op->dtype, 1.0f / op->avg_scale,
+                        1.0f);
     }
     const int failed_before = atomic_load(&comm->failed) != 0;
     if (st == TUTTI_OK) {

@@ -52,7 +52,7 @@ typedef struct tt_op {
     tutti_redop_t redop; /* the reduction to apply (AVG arrives here as SUM) */
     int op_held;         /* 1: a defined redop held for this call (tt_userop_hold);
                             exec.c releases it when the call completes */
-    float avg_scale;     /* fp16 AVG: the 2^k the input was scaled down by before the
+    float avg_scale;     /* fp16/fp8 AVG: the 2^k the input was scaled down by before the
                             algorithm (exec.c), which the AVG step undoes; 0: none */
     int root;
     /* Per-rank layouts, in elements, nranks entries each (never NULL for the

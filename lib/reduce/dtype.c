@@ -14,34 +14,55 @@ static const struct {
     const char *name;
     size_t size;
 } tt_dtype_info[TUTTI_DTYPE_COUNT] = {
-    [TUTTI_INT8] = { "i8", 1 },       [TUTTI_UINT8] = { "u8", 1 },
-    [TUTTI_INT32] = { "i32", 4 },     [TUTTI_INT64] = { "i64", 8 },
-    [TUTTI_FP16] = { "f16", 2 },      [TUTTI_BF16] = { "bf16", 2 },
-    [TUTTI_FP32] = { "f32", 4 },      [TUTTI_FP64] = { "f64", 8 },
-    [TUTTI_INT16] = { "i16", 2 },     [TUTTI_UINT16] = { "u16", 2 },
-    [TUTTI_UINT32] = { "u32", 4 },    [TUTTI_UINT64] = { "u64", 8 },
-    [TUTTI_COMPLEX64] = { "c64", 8 }, [TUTTI_COMPLEX128] = { "c128", 16 },
+    [TUTTI_INT8] = { "i8", 1 },         [TUTTI_UINT8] = { "u8", 1 },
+    [TUTTI_INT32] = { "i32", 4 },       [TUTTI_INT64] = { "i64", 8 },
+    [TUTTI_FP16] = { "f16", 2 },        [TUTTI_BF16] = { "bf16", 2 },
+    [TUTTI_FP32] = { "f32", 4 },        [TUTTI_FP64] = { "f64", 8 },
+    [TUTTI_INT16] = { "i16", 2 },       [TUTTI_UINT16] = { "u16", 2 },
+    [TUTTI_UINT32] = { "u32", 4 },      [TUTTI_UINT64] = { "u64", 8 },
+    [TUTTI_COMPLEX64] = { "c64", 8 },   [TUTTI_COMPLEX128] = { "c128", 16 },
+    [TUTTI_FP8_E4M3] = { "f8e4m3", 1 }, [TUTTI_FP8_E5M2] = { "f8e5m2", 1 },
 };
 
 /* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too;
- * "complex" is numpy's and Python's, 128 bits). */
+ * "complex" is numpy's and Python's, 128 bits; "float8_e4m3fn" torch's and ml_dtypes'
+ * name of OCP E4M3, "fn": finite, NaN only). */
 static const struct {
     const char *name;
     tutti_dtype_t dtype;
 } tt_dtype_aliases[] = {
-    { "int8", TUTTI_INT8 },          { "uint8", TUTTI_UINT8 },
-    { "int32", TUTTI_INT32 },        { "int", TUTTI_INT32 },
-    { "int64", TUTTI_INT64 },        { "long", TUTTI_INT64 },
-    { "half", TUTTI_FP16 },          { "float16", TUTTI_FP16 },
-    { "fp16", TUTTI_FP16 },          { "bfloat16", TUTTI_BF16 },
-    { "float", TUTTI_FP32 },         { "float32", TUTTI_FP32 },
-    { "fp32", TUTTI_FP32 },          { "double", TUTTI_FP64 },
-    { "float64", TUTTI_FP64 },       { "fp64", TUTTI_FP64 },
-    { "int16", TUTTI_INT16 },        { "short", TUTTI_INT16 },
-    { "uint16", TUTTI_UINT16 },      { "uint32", TUTTI_UINT32 },
-    { "uint64", TUTTI_UINT64 },      { "complex64", TUTTI_COMPLEX64 },
-    { "cfloat", TUTTI_COMPLEX64 },   { "complex128", TUTTI_COMPLEX128 },
-    { "cdouble", TUTTI_COMPLEX128 }, { "complex", TUTTI_COMPLEX128 },
+    { "int8", TUTTI_INT8 },
+    { "uint8", TUTTI_UINT8 },
+    { "int32", TUTTI_INT32 },
+    { "int", TUTTI_INT32 },
+    { "int64", TUTTI_INT64 },
+    { "long", TUTTI_INT64 },
+    { "half", TUTTI_FP16 },
+    { "float16", TUTTI_FP16 },
+    { "fp16", TUTTI_FP16 },
+    { "bfloat16", TUTTI_BF16 },
+    { "float", TUTTI_FP32 },
+    { "float32", TUTTI_FP32 },
+    { "fp32", TUTTI_FP32 },
+    { "double", TUTTI_FP64 },
+    { "float64", TUTTI_FP64 },
+    { "fp64", TUTTI_FP64 },
+    { "int16", TUTTI_INT16 },
+    { "short", TUTTI_INT16 },
+    { "uint16", TUTTI_UINT16 },
+    { "uint32", TUTTI_UINT32 },
+    { "uint64", TUTTI_UINT64 },
+    { "complex64", TUTTI_COMPLEX64 },
+    { "cfloat", TUTTI_COMPLEX64 },
+    { "complex128", TUTTI_COMPLEX128 },
+    { "cdouble", TUTTI_COMPLEX128 },
+    { "complex", TUTTI_COMPLEX128 },
+    { "float8_e4m3fn", TUTTI_FP8_E4M3 },
+    { "float8_e5m2", TUTTI_FP8_E5M2 },
+    { "fp8_e4m3", TUTTI_FP8_E4M3 },
+    { "fp8_e5m2", TUTTI_FP8_E5M2 },
+    { "e4m3", TUTTI_FP8_E4M3 },
+    { "e5m2", TUTTI_FP8_E5M2 },
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {

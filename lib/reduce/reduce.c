@@ -106,6 +106,67 @@ TT_INLINE uint16_t tt_f2bf(float f)
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
+/* ---- fp8 (OCP E4M3 "fn", E5M2) scalar conversions --------------------------------- */
+
+/* E4M3: bias 7, three mantissa bits, no infinity, S.1111.111 NaN. Exact. */
+TT_INLINE float tt_e4m3_2f(uint8_t v)
+{
+    uint32_t sign = (uint32_t)(v & 0x80u) << 24;
+    uint32_t em = v & 0x7fu;
+    uint32_t normal = (em << 20) + ((127u - 7u) << 23);
+    uint32_t subnormal = tt_f32_bits((float)(int32_t)em * 0x1p-9f); /* em * 2^-9 */
+    uint32_t u = em >= 0x08u ? normal : subnormal;
+    u = em == 0x7fu ? 0x7fc00000u : u;
+    return tt_f32_from_bits(sign | u);
+}
+
+/* E5M2 is the upper byte of an fp16. Exact. */
+TT_INLINE float tt_e5m2_2f(uint8_t v)
+{
+    return tt_h2f((uint16_t)(v << 8));
+}
+
+/* Round to nearest even and saturate as CUDA's __NV_SATFINITE conversions (NCCL's fp8
+ * reductions store through them): beyond the largest finite value (infinity included)
+ * gives it, NaN gives NaN. The subnormal case lets the FPU round, as tt_f2h does: |f| +
+ * 2^14 has its last mantissa bit worth 2^-9, one E4M3 subnormal step. */
+TT_INLINE uint8_t tt_f2e4m3(float f)
+{
+    uint32_t u = tt_f32_bits(f);
+    uint32_t sign = (u >> 24) & 0x80u;
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t normal = (a - ((127u - 7u) << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+    uint32_t subnormal = tt_f32_bits(tt_f32_from_bits(a) + 0x1p14f) - 0x46800000u;
+    uint32_t r = a >= 0x3c800000u ? normal : subnormal; /* 2^-6, the least normal */
+    r = a > 0x43e80000u ? 0x7eu : r; /* past 464 (448 and half a step; 464 ties to 448) */
+    r = a > 0x7f800000u ? 0x7fu : r; /* NaN */
+    return (uint8_t)(r | sign);
+}
+
+/* E5M2: |f| + 2^7 has its last bit worth 2^-16, one subnormal step. */
+TT_INLINE uint8_t tt_f2e5m2(float f)
+{
+    uint32_t u = tt_f32_bits(f);
+    uint32_t sign = (u >> 24) & 0x80u;
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t normal = (a - ((127u - 15u) << 23) + 0xfffffu + ((a >> 21) & 1u)) >> 21;
+    uint32_t subnormal = tt_f32_bits(tt_f32_from_bits(a) + 0x1p7f) - 0x43000000u;
+    uint32_t r = a >= 0x38800000u ? normal : subnormal; /* 2^-14 */
+    r = a >= 0x47700000u ? 0x7bu : r; /* 61440 (ties away from 57344, to inf) and past */
+    r = a > 0x7f800000u ? 0x7eu : r;  /* NaN, quiet */
+    return (uint8_t)(r | sign);
+}
+
+float tt_fp8_to_float(uint8_t v, tutti_dtype_t dtype)
+{
+    return dtype == TUTTI_FP8_E4M3 ? tt_e4m3_2f(v) : tt_e5m2_2f(v);
+}
+
+uint8_t tt_float_to_fp8(float f, tutti_dtype_t dtype)
+{
+    return dtype == TUTTI_FP8_E4M3 ? tt_f2e4m3(f) : tt_f2e5m2(f);
+}
+
 float tt_half_to_float(uint16_t h)
 {
     return tt_h2f(h);
@@ -146,6 +207,27 @@ uint16_t tt_float_to_bf16(float f)
 #define TT_ST_H(v) tt_f2h(v)
 #define TT_LD_BF(v) tt_bf2f(v)
 #define TT_ST_BF(v) tt_f2bf(v)
+#define TT_LD_E4M3(v) tt_e4m3_2f(v)
+#define TT_ST_E4M3(v) tt_f2e4m3(v)
+#define TT_LD_E5M2(v) tt_e5m2_2f(v)
+#define TT_ST_E5M2(v) tt_f2e5m2(v)
+
+/* fp8 MIN/MAX on the stored bytes: compared as floats (TT_OP_FMIN/FMAX's rule), the
+ * operand itself returned (no saturation of an E5M2 infinity). */
+TT_INLINE uint8_t tt_f8_min(uint8_t x, uint8_t y, float fx, float fy)
+{
+    return (fx < fy || fx != fx) ? x : y;
+}
+
+TT_INLINE uint8_t tt_f8_max(uint8_t x, uint8_t y, float fx, float fy)
+{
+    return (fx > fy || fx != fx) ? x : y;
+}
+
+#define TT_OP_E4M3_MIN(x, y) tt_f8_min(x, y, tt_e4m3_2f(x), tt_e4m3_2f(y))
+#define TT_OP_E4M3_MAX(x, y) tt_f8_max(x, y, tt_e4m3_2f(x), tt_e4m3_2f(y))
+#define TT_OP_E5M2_MIN(x, y) tt_f8_min(x, y, tt_e5m2_2f(x), tt_e5m2_2f(y))
+#define TT_OP_E5M2_MAX(x, y) tt_f8_max(x, y, tt_e5m2_2f(x), tt_e5m2_2f(y))
 
 /* Elements per inner block: a multiple of every vector width, with a known trip count
  * so that GCC vectorises it at -O2 (the "very cheap" cost model refuses loops that need
@@ -212,6 +294,13 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     TT_DEF_OPS(isa, attr, dt, SST, SCT, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)        \
     TT_DEF_BITS(isa, attr, dt, UST, UCT)
 
+/* An fp8 dtype: SUM and PROD in fp32, MIN and MAX on the bytes (TT_OP_E4M3_MIN ...). */
+#define TT_DEF_F8(isa, attr, dt, LD, STO, OPMIN, OPMAX)                                            \
+    TT_DEF_KERNELS(isa, attr, dt##_sum, tt_uu8_t, float, LD, STO, TT_OP_SUM)                       \
+    TT_DEF_KERNELS(isa, attr, dt##_prod, tt_uu8_t, float, LD, STO, TT_OP_PROD)                     \
+    TT_DEF_KERNELS(isa, attr, dt##_min, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, OPMIN)              \
+    TT_DEF_KERNELS(isa, attr, dt##_max, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, OPMAX)
+
 /* 16-bit integers compute in uint32_t: a uint16_t product would be promoted to int,
  * and 65535 * 65535 overflows it; the store keeps the low 16 bits (the same wrap). */
 #define TT_DEF_INT16(isa, attr)                                                                    \
@@ -227,6 +316,8 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
     TT_DEF_INT(isa, attr, u32, tt_uu32_t, uint32_t, tt_uu32_t, uint32_t)                           \
     TT_DEF_INT(isa, attr, u64, tt_uu64_t, uint64_t, tt_uu64_t, uint64_t)                           \
     HALF_OPS(isa, attr)                                                                            \
+    TT_DEF_F8(isa, attr, e4m3, TT_LD_E4M3, TT_ST_E4M3, TT_OP_E4M3_MIN, TT_OP_E4M3_MAX)             \
+    TT_DEF_F8(isa, attr, e5m2, TT_LD_E5M2, TT_ST_E5M2, TT_OP_E5M2_MIN, TT_OP_E5M2_MAX)             \
     TT_DEF_OPS(isa, attr, f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, \
                TT_OP_FMAX)                                                                         \
     TT_DEF_OPS(isa, attr, f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID,           \
@@ -256,7 +347,8 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
         [TUTTI_FP32] = { TT_ROW(k, isa, f32) }, [TUTTI_FP64] = { TT_ROW(k, isa, f64) },            \
         [TUTTI_INT16] = { TT_ROW_INT(k, isa, i16) }, [TUTTI_UINT16] = { TT_ROW_INT(k, isa, u16) }, \
         [TUTTI_UINT32] = { TT_ROW_INT(k, isa, u32) },                                              \
-        [TUTTI_UINT64] = { TT_ROW_INT(k, isa, u64) },                                              \
+        [TUTTI_UINT64] = { TT_ROW_INT(k, isa, u64) }, [TUTTI_FP8_E4M3] = { TT_ROW(k, isa, e4m3) }, \
+        [TUTTI_FP8_E5M2] = { TT_ROW(k, isa, e5m2) },                                               \
     }
 
 #define TT_NOPS TUTTI_REDOP_COUNT
@@ -490,6 +582,13 @@ TT_DEF_SELF_INT(u64, tt_uu64_t, uint64_t, tt_uu64_t, uint64_t)
 TT_DEF_SELF_OPS(f16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_H, TT_ST_H, TT_OP_FMIN, TT_OP_FMAX)
 TT_DEF_SELF_OPS(bf16, tt_uu16_t, float, tt_uu16_t, float, TT_LD_BF, TT_ST_BF, TT_OP_FMIN,
                 TT_OP_FMAX)
+#define TT_DEF_SELF_F8(dt, LD, STO, OPMIN, OPMAX)                                                  \
+    TT_DEF_SELF(dt##_sum, tt_uu8_t, float, LD, STO, TT_OP_SUM)                                     \
+    TT_DEF_SELF(dt##_prod, tt_uu8_t, float, LD, STO, TT_OP_PROD)                                   \
+    TT_DEF_SELF(dt##_min, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, OPMIN)                            \
+    TT_DEF_SELF(dt##_max, tt_uu8_t, uint8_t, TT_LD_ID, TT_ST_ID, OPMAX)
+TT_DEF_SELF_F8(e4m3, TT_LD_E4M3, TT_ST_E4M3, TT_OP_E4M3_MIN, TT_OP_E4M3_MAX)
+TT_DEF_SELF_F8(e5m2, TT_LD_E5M2, TT_ST_E5M2, TT_OP_E5M2_MIN, TT_OP_E5M2_MAX)
 TT_DEF_SELF_OPS(f32, tt_uf32_t, float, tt_uf32_t, float, TT_LD_ID, TT_ST_ID, TT_OP_FMIN, TT_OP_FMAX)
 TT_DEF_SELF_OPS(f64, tt_uf64_t, double, tt_uf64_t, double, TT_LD_ID, TT_ST_ID, TT_OP_FMIN,
                 TT_OP_FMAX)
@@ -514,6 +613,7 @@ static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
     [TUTTI_FP32] = TT_SELF_ROW(f32),       [TUTTI_FP64] = TT_SELF_ROW(f64),
     [TUTTI_INT16] = TT_SELF_ROW_INT(i16),  [TUTTI_UINT16] = TT_SELF_ROW_INT(u16),
     [TUTTI_UINT32] = TT_SELF_ROW_INT(u32), [TUTTI_UINT64] = TT_SELF_ROW_INT(u64),
+    [TUTTI_FP8_E4M3] = TT_SELF_ROW(e4m3),  [TUTTI_FP8_E5M2] = TT_SELF_ROW(e5m2),
 };
 
 /* ---- complex: SUM (and AVG's) as the parts' dtype, PROD here ---------------------- */
@@ -656,21 +756,39 @@ TT_DEF_DIV(i16, tt_ui16_t, int32_t, TT_LD_ID, (int16_t))
 TT_DEF_DIV(u16, tt_uu16_t, uint32_t, TT_LD_ID, (uint16_t))
 TT_DEF_DIV(u32, tt_uu32_t, uint32_t, TT_LD_ID, TT_ST_ID)
 TT_DEF_DIV(u64, tt_uu64_t, uint64_t, TT_LD_ID, TT_ST_ID)
+TT_DEF_DIV(e4m3, tt_uu8_t, float, TT_LD_E4M3, TT_ST_E4M3)
+TT_DEF_DIV(e5m2, tt_uu8_t, float, TT_LD_E5M2, TT_ST_E5M2)
 
-void tt_reduce_f16_scale(void *buf, size_t count, float mul, float div)
+int tt_dtype_avg_prescaled(tutti_dtype_t dtype)
 {
-    tt_uu16_t *b = buf;
-    for (size_t i = 0; i < count; i++)
-        b[i] = TT_ST_H(TT_LD_H(b[i]) * mul / div);
+    return dtype == TUTTI_FP16 || dtype == TUTTI_FP8_E4M3 || dtype == TUTTI_FP8_E5M2;
+}
+
+void tt_reduce_scale(void *buf, size_t count, tutti_dtype_t dtype, float mul, float div)
+{
+    if (dtype == TUTTI_FP16) {
+        tt_uu16_t *b = buf;
+        for (size_t i = 0; i < count; i++)
+            b[i] = TT_ST_H(TT_LD_H(b[i]) * mul / div);
+    } else if (dtype == TUTTI_FP8_E4M3) {
+        tt_uu8_t *b = buf;
+        for (size_t i = 0; i < count; i++)
+            b[i] = TT_ST_E4M3(TT_LD_E4M3(b[i]) * mul / div);
+    } else if (dtype == TUTTI_FP8_E5M2) {
+        tt_uu8_t *b = buf;
+        for (size_t i = 0; i < count; i++)
+            b[i] = TT_ST_E5M2(TT_LD_E5M2(b[i]) * mul / div);
+    }
 }
 
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks)
 {
     static void (*const div[TUTTI_DTYPE_COUNT])(void *, size_t, int) = {
-        [TUTTI_INT8] = tt_div_i8,    [TUTTI_UINT8] = tt_div_u8,   [TUTTI_INT32] = tt_div_i32,
-        [TUTTI_INT64] = tt_div_i64,  [TUTTI_FP16] = tt_div_f16,   [TUTTI_BF16] = tt_div_bf16,
-        [TUTTI_FP32] = tt_div_f32,   [TUTTI_FP64] = tt_div_f64,   [TUTTI_INT16] = tt_div_i16,
-        [TUTTI_UINT16] = tt_div_u16, [TUTTI_UINT32] = tt_div_u32, [TUTTI_UINT64] = tt_div_u64,
+        [TUTTI_INT8] = tt_div_i8,       [TUTTI_UINT8] = tt_div_u8,      [TUTTI_INT32] = tt_div_i32,
+        [TUTTI_INT64] = tt_div_i64,     [TUTTI_FP16] = tt_div_f16,      [TUTTI_BF16] = tt_div_bf16,
+        [TUTTI_FP32] = tt_div_f32,      [TUTTI_FP64] = tt_div_f64,      [TUTTI_INT16] = tt_div_i16,
+        [TUTTI_UINT16] = tt_div_u16,    [TUTTI_UINT32] = tt_div_u32,    [TUTTI_UINT64] = tt_div_u64,
+        [TUTTI_FP8_E4M3] = tt_div_e4m3, [TUTTI_FP8_E5M2] = tt_div_e5m2,
     };
     if (tt_dtype_is_complex(dtype)) { /* each part divided */
         count *= 2;

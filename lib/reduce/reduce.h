@@ -8,8 +8,8 @@
 #include <tutti/tutti.h>
 
 /* dst[i] = dst[i] op src[i] for i < count. AVG reduces as SUM (the caller divides at
- * the end with tt_reduce_avg_finish). fp16/bf16 are computed in fp32 and rounded back
- * (round to nearest even). Integer SUM/PROD wrap around (two's complement); MIN/MAX
+ * the end with tt_reduce_avg_finish). fp16/bf16/fp8 are computed in fp32 and rounded back
+ * (round to nearest even; fp8 saturates). Integer SUM/PROD wrap around (two's complement); MIN/MAX
  * of floats: NaN in either input gives NaN. Buffers may be unaligned; dst and src must
  * not overlap unless equal. */
 void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tutti_redop_t op);
@@ -73,14 +73,24 @@ int tt_redop_commutes(tutti_redop_t op);
 
 /* buf[i] /= nranks (after an AVG computed as SUM). */
 void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nranks);
-/* fp16: buf[i] = buf[i] * mul / div, computed in fp32 and rounded once. fp16 AVG scales
- * each input by 2^-k (2^k >= the rank count: exact above fp16's normal minimum) before
- * the sum and the sum by 2^k / nranks after it, so that a sum above 65504 whose mean
- * fits does not overflow; elsewhere the result is the plain division's (lib/core/exec.c). */
-void tt_reduce_f16_scale(void *buf, size_t count, float mul, float div);
+/* 1 for the dtypes whose AVG scales its inputs first (fp16 and the fp8 dtypes: their
+ * range is small). */
+int tt_dtype_avg_prescaled(tutti_dtype_t dtype);
+
+/* Such a dtype: buf[i] = buf[i] * mul / div, computed in fp32 and rounded once (another
+ * dtype: nothing). Its AVG scales each input by 2^-k (2^k >= the rank count: exact above
+ * the dtype's normal minimum) before the sum and the sum by 2^k / nranks after it, so
+ * that a sum past the largest value (65504, 448, 57344) whose mean fits does not
+ * overflow; elsewhere the result is the plain division's (lib/core/exec.c). */
+void tt_reduce_scale(void *buf, size_t count, tutti_dtype_t dtype, float mul, float div);
 
 /* The kernel set in use: "generic", "avx2" or "avx512" (TUTTI_REDUCE_ISA caps it). */
 const char *tt_reduce_isa_name(void);
+
+/* fp8 (dtype TUTTI_FP8_E4M3 or E5M2, another: as E5M2) <-> float: exact one way; the
+ * other rounds to nearest even, saturating to the largest finite value (see tutti.h). */
+float tt_fp8_to_float(uint8_t v, tutti_dtype_t dtype);
+uint8_t tt_float_to_fp8(float f, tutti_dtype_t dtype);
 
 /* IEEE binary16 and bfloat16 conversions (round to nearest even; NaN stays NaN). */
 float tt_half_to_float(uint16_t h);
