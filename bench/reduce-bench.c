@@ -115,6 +115,8 @@ static void fill(void *buf, tutti_dtype_t dt)
         case TUTTI_COMPLEX128:
             ((double *)buf)[2 * i] = 1.0, ((double *)buf)[2 * i + 1] = 0.0;
             break;
+        case TUTTI_FP8_E4M3:
+        case TUTTI_FP8_E5M2: ((uint8_t *)buf)[i] = tt_float_to_fp8(1.0f, dt); break;
         default: break;
         }
     }

@@ -223,8 +223,9 @@ static void usage(FILE *f)
         "                      not before the wait (across a long --gap)\n"
         "  -d, --dtype NAME    float (default), double, half, bf16, int8, uint8, int16,\n"
         "                      uint16, int32, uint32, int64, uint64, complex64,\n"
-        "                      complex128 ... (not nccl-tests' all: one run per dtype;\n"
-        "                      -c puts the complex values in the real parts)\n"
+        "                      complex128, float8_e4m3fn, float8_e5m2 ... (not\n"
+        "                      nccl-tests' all: one run per dtype; -c puts the complex\n"
+        "                      values in the real parts, checks fp8 sum and avg only)\n"
         "  -o, --op NAME       sum (default), prod, min, max, avg, band, bor,\n"
         "                      bxor (the last three: integer dtypes; not all)\n"
         "  -r, --root R        root of broadcast, reduce, gather and scatter (default 0)\n"
@@ -601,6 +602,41 @@ static uint16_t float_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* fp8 (OCP E4M3 "fn", E5M2): the value of a code, and the nearest code to a value (ties
+ * to even, saturating past the largest finite value, as the library's kernels). */
+static double fp8_to_double(uint8_t v, int e5)
+{
+    const int mbits = e5 ? 2 : 3, bias = e5 ? 15 : 7, ebits = e5 ? 5 : 4;
+    const int e = (v >> mbits) & ((1 << ebits) - 1), m = v & ((1 << mbits) - 1);
+    double r;
+    if (e5 ? e == 31 : (v & 0x7f) == 0x7f)
+        r = e5 && m == 0 ? INFINITY : NAN;
+    else
+        r = e ? ldexp((1 << mbits) + m, e - bias - mbits) : ldexp(m, 1 - bias - mbits);
+    return (v & 0x80) ? -r : r;
+}
+
+static uint8_t double_to_fp8(double v, int e5)
+{
+    const int mbits = e5 ? 2 : 3, bias = e5 ? 15 : 7;
+    const uint8_t top = e5 ? 0x7b : 0x7e;
+    if (isnan(v))
+        return e5 ? 0x7e : 0x7f;
+    const uint8_t sign = signbit(v) ? 0x80 : 0;
+    v = fabs(v);
+    if (v >= fp8_to_double(top, e5))
+        return sign | top;
+    if (v == 0)
+        return sign;
+    int e;
+    frexp(v, &e);         /* v = m 2^e, m in [0.5, 1) */
+    int E = e - 1 + bias; /* the exponent field; <= 0: subnormal, in steps of the least */
+    double step = ldexp(1.0, (E > 0 ? e - 1 : 1 - bias) - mbits);
+    long q = lrint(v / step); /* exact quotient (a power of two), rounded to even */
+    long code = E > 0 ? ((long)E << mbits) + q - (1L << mbits) : q; /* a carry moves on */
+    return sign | (uint8_t)(code > top ? top : code);
+}
+
 static double elem_get(tutti_dtype_t dt, const void *buf, size_t i)
 {
     switch (dt) {
@@ -616,6 +652,8 @@ static double elem_get(tutti_dtype_t dt, const void *buf, size_t i)
     case TUTTI_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
     case TUTTI_FP32: return ((const float *)buf)[i];
     case TUTTI_FP64: return ((const double *)buf)[i];
+    case TUTTI_FP8_E4M3:
+    case TUTTI_FP8_E5M2: return fp8_to_double(((const uint8_t *)buf)[i], dt == TUTTI_FP8_E5M2);
     /* complex: the value in the real part; an imaginary part not 0 is no value (-c fails) */
     case TUTTI_COMPLEX64: {
         const float *p = (const float *)buf + 2 * i;
@@ -644,6 +682,8 @@ static void elem_set(tutti_dtype_t dt, void *buf, size_t i, double v)
     case TUTTI_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
     case TUTTI_FP32: ((float *)buf)[i] = (float)v; break;
     case TUTTI_FP64: ((double *)buf)[i] = v; break;
+    case TUTTI_FP8_E4M3:
+    case TUTTI_FP8_E5M2: ((uint8_t *)buf)[i] = double_to_fp8(v, dt == TUTTI_FP8_E5M2); break;
     case TUTTI_COMPLEX64:
         ((float *)buf)[2 * i] = (float)v;
         ((float *)buf)[2 * i + 1] = 0.0f;
@@ -665,7 +705,13 @@ static int dtype_is_unsigned(tutti_dtype_t dt)
 static int dtype_is_float(tutti_dtype_t dt)
 {
     return dt == TUTTI_FP16 || dt == TUTTI_BF16 || dt == TUTTI_FP32 || dt == TUTTI_FP64 ||
-           dt == TUTTI_COMPLEX64 || dt == TUTTI_COMPLEX128;
+           dt == TUTTI_COMPLEX64 || dt == TUTTI_COMPLEX128 || dt == TUTTI_FP8_E4M3 ||
+           dt == TUTTI_FP8_E5M2;
+}
+
+static int dtype_is_fp8(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FP8_E4M3 || dt == TUTTI_FP8_E5M2;
 }
 
 /* The integers a dtype holds exactly (and in range) up to this magnitude: the bound on
@@ -680,6 +726,8 @@ static long dtype_exact(tutti_dtype_t dt)
     case TUTTI_UINT16: return 65535;
     case TUTTI_FP16: return 2048;
     case TUTTI_BF16: return 256;
+    case TUTTI_FP8_E4M3: return 16;
+    case TUTTI_FP8_E5M2: return 8;
     default: return 1L << 24;
     }
 }
@@ -803,6 +851,17 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 /* -c: 0 where red_value's inputs stay exact over n ranks; else -1 with why said. */
 static int check_exact(const bench_cfg_t *cfg, int n, char *why, size_t len)
 {
+    /* prod, min and max's values reach 124: fp8 holds integers exactly to 16 or 8 (the
+     * library's fp8 reductions are checked by tests/test_collectives.c's fp8 case) */
+    if (coll_has_op(cfg->coll) && dtype_is_fp8(cfg->dtype) && cfg->op != TUTTI_SUM &&
+        cfg->op != TUTTI_AVG) {
+        snprintf(why, len,
+                 "-c: the %s of %s cannot be checked: its inputs reach 124, and %s holds the "
+                 "integers exactly to %ld only (sum and avg can be checked)",
+                 tutti_redop_name(cfg->op), tutti_dtype_name(cfg->dtype),
+                 tutti_dtype_name(cfg->dtype), dtype_exact(cfg->dtype));
+        return -1;
+    }
     if (!coll_has_op(cfg->coll) || red_amp(cfg, n) >= 1)
         return 0;
     int most = n - 1;
@@ -1039,6 +1098,9 @@ static long long count_wrong(const bench_cfg_t *cfg, int me, int n, size_t c, co
     long long wrong = 0;
     for (size_t i = 0; i < count; i++) {
         double want = expected_value(cfg, me, n, c, i), got = elem_get(cfg->dtype, buf, i);
+        if (dtype_is_fp8(cfg->dtype)) /* the data-movement values, [-50, 50], as stored */
+            want = fp8_to_double(double_to_fp8(want, cfg->dtype == TUTTI_FP8_E5M2),
+                                 cfg->dtype == TUTTI_FP8_E5M2);
         if (!(fabs(got - want) <= tol * fabs(want)))
             wrong++;
     }
