@@ -773,6 +773,73 @@ def test_bool_reductions(size, transport):
     assert run(bools, size, transport=transport) == [[]] * size
 
 
+def fp8_values(e5):
+    """Every code's value in OCP E4M3 ("fn": no infinity, S.1111.111 NaN) or E5M2, from
+    the formats' definitions."""
+    c = np.arange(256)
+    mb, bias = (2, 15) if e5 else (3, 7)
+    e, m = (c >> mb) & (31 if e5 else 15), c & ((1 << mb) - 1)
+    v = np.where(e > 0, np.ldexp((1 << mb) + m, e - bias - mb), np.ldexp(m, 1 - bias - mb))
+    if e5:
+        v = np.where(e == 31, np.where(m == 0, np.inf, np.nan), v)
+    else:
+        v = np.where(c & 0x7f == 0x7f, np.nan, v)
+    return np.where(c & 0x80, -v, v)
+
+
+def fp8_code(x, e5):
+    """The nearest code to each of x (ties to the even code; past the largest finite
+    value that value, as NCCL's fp8 reductions saturate)."""
+    vals = fp8_values(e5)[:0x80]
+    codes = np.flatnonzero(np.isfinite(vals))
+    ax = np.abs(np.asarray(x, float))
+    d = np.abs(vals[codes][None, :] - ax[:, None])
+    best = codes[np.argmin(d + (codes[None, :] & 1) * 1e-300 * (d == d.min(1)[:, None]), 1)]
+    best = np.where(ax >= vals[codes[-1]], codes[-1], best)
+    return (best | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+
+
+def fp8(comm):
+    """fp8 (float8_e4m3fn, float8_e5m2) as bytes read by dtype=: sum of small integers
+    (exact in any grouping), max of any codes (NaN on any rank: NaN), avg whose sum is
+    past the largest value but whose mean fits; against NumPy's reading of the codes."""
+    rank, size = comm.rank, comm.size
+    bad = []
+    for e5, name in ((0, "float8_e4m3fn"), (1, "float8_e5m2")):
+        vals = fp8_values(e5)
+        ints = (np.arange(300)[None, :] + np.arange(size)[:, None]) % (3 if e5 else 4)
+        mine = fp8_code(ints[rank], e5)
+        out = np.zeros(300, np.uint8)
+        comm.allreduce(mine, out, op="sum", dtype=name)
+        if not (out == fp8_code(ints.sum(0), e5)).all():
+            bad.append(f"{name} sum")
+        rng = np.random.default_rng(11 + e5)
+        codes = rng.integers(0, 256, (size, 500)).astype(np.uint8)
+        codes[codes == 0x80] = 0  # no -0 beside +0: their order is the algorithm's
+        buf = codes[rank].copy()
+        comm.allreduce(buf, op="max", dtype=name)  # in place
+        got, want = vals[buf], vals[codes].max(0)  # NaN anywhere: NaN
+        if not ((got == want) | (np.isnan(got) & np.isnan(want))).all():
+            bad.append(f"{name} max")
+        a = 32768.0 if e5 else 256.0  # every rank; 1.5 a on none or two ranks
+        two = np.arange(200) % 2 == 1
+        x = np.where(two & ((np.arange(200) % size == rank) |
+                            ((np.arange(200) + 1) % size == rank)), 1.5 * a, a)
+        out = np.zeros(200, np.uint8)
+        comm.allreduce(fp8_code(x, e5), out, op="avg", dtype=name)
+        nb = np.where(two, min(2, size), 0)
+        want = fp8_code(((size - nb) * a + nb * 1.5 * a) / size, e5)
+        if not (out == want).all():
+            bad.append(f"{name} avg")
+    return bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_fp8_bytes(size, transport):
+    assert run(fp8, size, transport=transport) == [[]] * size
+
+
 def fortran_order(comm):
     """Arrays in Fortran order are taken in their memory order, as mpi4py takes them:
     elementwise calls give the same array as in C order, and the rest move memory as it

@@ -841,6 +841,32 @@ def test_complex_tensors():
         assert got and all(got), got
 
 
+def float8_tensors(rank, size):
+    """float8_e4m3fn and float8_e5m2 tensors reduce as fp8 (torch 2.1 on): a sum of small
+    integers (exact in any grouping) against the sum of their float values, a max of
+    every rank's values, and an all_gather of the bytes."""
+    out = []
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        vals = [torch.arange(40, dtype=torch.float32).add(r).remainder(3) for r in range(size)]
+        t = vals[rank].to(dt)
+        dist.all_reduce(t)
+        out.append(torch.equal(t.float(), torch.stack(vals).sum(0)))
+        t = vals[rank].mul(rank + 1).to(dt)
+        dist.all_reduce(t, dist.ReduceOp.MAX)
+        want = torch.stack([v.mul(r + 1).to(dt).float() for r, v in enumerate(vals)]).amax(0)
+        out.append(torch.equal(t.float(), want))
+        got = [torch.zeros(40, dtype=dt) for _ in range(size)]
+        dist.all_gather(got, vals[rank].to(dt))
+        out.append(all(torch.equal(g.float(), v.to(dt).float()) for g, v in zip(got, vals)))
+    return out
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch < 2.1: no float8")
+def test_float8_tensors():
+    for got in run(float8_tensors, 3):
+        assert got and all(got), got
+
+
 def any_source(rank, size):
     """Every other rank sends its rank (tag 5) after a delay that puts rank size-1 first;
     rank 0 receives without naming a source."""

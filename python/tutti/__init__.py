@@ -225,14 +225,16 @@ try:
     import numpy as _np
 except ImportError:  # Op's functions then get memoryviews
     _np = None
-# NumPy dtypes and struct formats by tutti dtype name (bf16: its bits, as uint16)
+# NumPy dtypes and struct formats by tutti dtype name (bf16: its bits, as uint16; fp8
+# its bits, as uint8)
 # (complex without NumPy: the parts, real and imaginary in turn, as floats or doubles)
 _NP_NAMES = {"i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "f16": "float16",
              "bf16": "uint16", "f32": "float32", "f64": "float64", "i16": "int16",
              "u16": "uint16", "u32": "uint32", "u64": "uint64", "c64": "complex64",
-             "c128": "complex128"}
+             "c128": "complex128", "f8e4m3": "uint8", "f8e5m2": "uint8"}
 _FMT = {"i8": "b", "u8": "B", "i32": "i", "i64": "q", "f16": "H", "bf16": "H", "f32": "f",
-        "f64": "d", "i16": "h", "u16": "H", "u32": "I", "u64": "Q", "c64": "f", "c128": "d"}
+        "f64": "d", "i16": "h", "u16": "H", "u32": "I", "u64": "Q", "c64": "f", "c128": "d",
+        "f8e4m3": "B", "f8e5m2": "B"}
 _NOMEM = -2  # TUTTI_ERR_NOMEM
 
 

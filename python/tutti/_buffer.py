@@ -100,12 +100,13 @@ class DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-# DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5.
+# DLPack (code, bits) -> dtype: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5,
+# kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12 (DLPack 1.1).
 _DL_DTYPES = {k: dtype_of(v) for k, v in {
     (0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (0, 64): "int64", (2, 16): "float16",
     (4, 16): "bfloat16", (2, 32): "float32", (2, 64): "float64", (0, 16): "int16",
     (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (5, 64): "complex64",
-    (5, 128): "complex128"}.items()}
+    (5, 128): "complex128", (10, 8): "float8_e4m3fn", (12, 8): "float8_e5m2"}.items()}
 _DL_DTYPES[(6, 8)] = _BOOL  # kDLBool
 _KDLCPU, _KDLCUDA, _KDLCUDAHOST, _KDLCUDAMANAGED = 1, 2, 3, 13
 # where the host may read and write the memory itself
@@ -171,7 +172,7 @@ class Buffer:
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
                                       "reduce (int8, uint8, int16, uint16, int32, uint32, "
                                       "int64, uint64, float16, bfloat16, float32, float64, "
-                                      "complex64, complex128); "
+                                      "complex64, complex128, float8_e4m3fn, float8_e5m2); "
                                       "pass dtype= to read it as one (calls that only move "
                                       "data take any element type)")
             self.dtype = src_dtype
@@ -344,7 +345,8 @@ def _torch_tensor():
         return None
     names = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
              "int16", "complex64", "complex128", "uint16", "uint32",
-             "uint64")  # the last three: torch >= 2.3
+             "uint64",  # these three: torch >= 2.3
+             "float8_e4m3fn", "float8_e5m2")  # torch >= 2.1
     _TORCH_DTYPES.update({getattr(torch, n): dtype_of(n) for n in names if hasattr(torch, n)})
     _TORCH_DTYPES[torch.bool] = _BOOL
     _TORCH.append(torch.Tensor)

@@ -49,6 +49,10 @@ int native_dtype(at::ScalarType s)
     case c10::ScalarType::UInt32: return TUTTI_UINT32;
     case c10::ScalarType::UInt64: return TUTTI_UINT64;
 #endif
+#if TUTTI_TORCH_AT_LEAST(2, 1)
+    case c10::ScalarType::Float8_e4m3fn: return TUTTI_FP8_E4M3; /* OCP fp8: 2.1 on, as */
+    case c10::ScalarType::Float8_e5m2: return TUTTI_FP8_E5M2;   /* NCCL's (tutti.h) */
+#endif
     default: return -1;
     }
 }
@@ -60,8 +64,8 @@ tutti_dtype_t to_dtype(const at::Tensor &t, const char *op)
     TORCH_CHECK(dt >= 0, "tutti backend: ", op, ": dtype ", t.scalar_type(),
                 " is not supported by reductions (int8, uint8, int16, int32, int64, float16, "
                 "bfloat16, float32, float64, complex64, complex128 (sum, product, avg), bool, "
-                "and from torch 2.3 uint16, uint32, uint64 are; collectives that only move data "
-                "take every dtype)");
+                "from torch 2.1 float8_e4m3fn and float8_e5m2, and from torch 2.3 uint16, "
+                "uint32, uint64 are; collectives that only move data take every dtype)");
     return (tutti_dtype_t)dt;
 }
 
