@@ -78,7 +78,12 @@ typedef enum tutti_dtype {
  * rounded to nearest even, a result beyond the largest finite value (+-448 for E4M3,
  * +-57344 for E5M2; an E5M2 infinity too) saturating to it, NaN staying NaN (torch's own
  * casts give NaN or inf there instead); MIN/MAX return an operand as it is (an E5M2
- * infinity stays one); AVG scales the inputs first as fp16's does (above).
+ * infinity stays one) and propagate NaN as the other float dtypes (NCCL's fp8 MIN/MAX
+ * return the other operand and round an infinity to 57344); AVG scales the inputs
+ * first as fp16's does (above), and fp8's range is narrower: inputs below 2^-6 * 2^k
+ * (E4M3) or 2^-14 * 2^k (E5M2) lose bits on the way, down to 0 (E4M3 at 8 ranks: below
+ * 0.125; NCCL's 1/ranks scaling loses them too); AVG a wider dtype where small means
+ * matter.
  * The complex dtypes reduce with SUM, PROD and AVG (MPI's rule: MIN, MAX and the bitwise
  * ops fail as above); SUM and AVG are their parts' fp32/fp64 sums (and quotients), PROD the
  * textbook (ar*br - ai*bi) + (ar*bi + ai*br)i in the parts' precision, without C99 Annex

@@ -176,7 +176,10 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
      * that fits fp16 does not overflow on the way: four ranks' 30000 summed first gave
      * inf (session 97, found by review). NCCL's ncclAvg scales by 1/nranks first; a power
      * of two keeps the partial sums, and so the result, those of the plain sum and
-     * division wherever both fit. */
+     * division wherever both fit and the scaled inputs stay above the dtype's least
+     * normal value (2^-14 fp16, 2^-6 E4M3, 2^-14 E5M2): below it they lose bits to the
+     * subnormal range, down to 0 (E4M3 at 8 ranks: inputs below 2^-3; at 1024 ranks 1.0
+     * itself), as NCCL's scaled inputs do (session 102, found by review). */
     const void *user_send = op->sendbuf;
     void *scaled = NULL;
     if (st == TUTTI_OK && !empty && user_redop == TUTTI_AVG && tt_dtype_avg_prescaled(op->dtype) &&

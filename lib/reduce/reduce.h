@@ -78,10 +78,11 @@ void tt_reduce_avg_finish(void *buf, size_t count, tutti_dtype_t dtype, int nran
 int tt_dtype_avg_prescaled(tutti_dtype_t dtype);
 
 /* Such a dtype: buf[i] = buf[i] * mul / div, computed in fp32 and rounded once (another
- * dtype: nothing). Its AVG scales each input by 2^-k (2^k >= the rank count: exact above
- * the dtype's normal minimum) before the sum and the sum by 2^k / nranks after it, so
- * that a sum past the largest value (65504, 448, 57344) whose mean fits does not
- * overflow; elsewhere the result is the plain division's (lib/core/exec.c). */
+ * dtype: nothing). Its AVG scales each input by 2^-k (2^k >= the rank count: exact where
+ * the scaled value stays above the dtype's normal minimum, 2^-14, 2^-6, 2^-14; below it
+ * bits are lost, down to 0) before the sum and the sum by 2^k / nranks after it, so that
+ * a sum past the largest value (65504, 448, 57344) whose mean fits does not overflow;
+ * where neither happens the result is the plain division's (lib/core/exec.c). */
 void tt_reduce_scale(void *buf, size_t count, tutti_dtype_t dtype, float mul, float div);
 
 /* The kernel set in use: "generic", "avx2" or "avx512" (TUTTI_REDUCE_ISA caps it). */

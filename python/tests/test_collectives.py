@@ -794,7 +794,8 @@ def fp8_code(x, e5):
     codes = np.flatnonzero(np.isfinite(vals))
     ax = np.abs(np.asarray(x, float))
     d = np.abs(vals[codes][None, :] - ax[:, None])
-    best = codes[np.argmin(d + (codes[None, :] & 1) * 1e-300 * (d == d.min(1)[:, None]), 1)]
+    tie = d == d.min(1, keepdims=True)  # the nearest (two on a tie): the even code
+    best = codes[np.argmin(np.where(tie, codes[None, :] & 1, 2), 1)]
     best = np.where(ax >= vals[codes[-1]], codes[-1], best)
     return (best | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 

@@ -7,7 +7,9 @@
 CPU and CUDA tensors (CUDA ones staged through pinned host memory, as gloo does); the
 collectives, reduce ops (SUM, PRODUCT, MIN, MAX, AVG; BAND, BOR, BXOR
 on integers) and dtypes (int8, uint8, int16, int32, int64, float16, bfloat16, float32,
-float64; bool reduced as NCCL's backend does; any dtype where data only moves) of tutti
+float64; complex64 and complex128 with SUM, PRODUCT and AVG; float8_e4m3fn and float8_e5m2
+from torch 2.1; uint16, uint32 and uint64 from torch 2.3; bool reduced as NCCL's backend
+does; any dtype where data only moves) of tutti
 (docs/pytorch.md). The ranks meet through
 torch's store for the group. The group's timeout is tutti's timeout_ms (unless
 TUTTI_TIMEOUT_MS is set) and bounds Work.wait(); the rest of the TUTTI_* environment

@@ -237,6 +237,15 @@ at::Tensor premul(const at::Tensor &in, const c10d::ReduceOp &op, const char *na
     auto *s = dynamic_cast<c10d::NCCLPreMulSumSupplement *>(op.supplement_.get());
     TORCH_CHECK(s, "tutti backend: ", name, ": reduce op PREMUL_SUM without its factor");
     at::Tensor f = factor_tensor(*s);
+#if TUTTI_TORCH_AT_LEAST(2, 1)
+    /* float8: multiplied in float32 and cast back (torch has no float8 arithmetic on
+     * every device and version) */
+    if (in.scalar_type() == c10::ScalarType::Float8_e4m3fn ||
+        in.scalar_type() == c10::ScalarType::Float8_e5m2)
+        return (f.defined() ? in.to(at::kFloat).mul(f.to(in.device(), at::kFloat).reshape({}))
+                            : in.to(at::kFloat).mul(s->double_factor))
+            .to(in.scalar_type());
+#endif
     if (f.defined()) {
         TORCH_CHECK(f.numel() == 1, "tutti backend: ", name, ": PREMUL_SUM's factor has ",
                     f.numel(), " elements, not 1");
