@@ -485,6 +485,69 @@ static int rank_any_senders(int rank, int nranks, tutti_comm_t *comm, const char
 
 TH_RUN_TEST(any_source_senders, th_run(4, rank_any_senders, NULL, 60000))
 
+/* MPI's matching order: a message goes to the earliest receive issued that can take it.
+ * Rank 0 issues, before anything arrives (the senders wait on the store): A, any source,
+ * tag 5; B, from rank 1; C, any source; D, from rank 1 (and with three ranks E, from
+ * rank 2), all tag 5. Rank 1 then sends 100..103, and once those four are in, rank 2
+ * 200 (earlier, the any-source receives could take it). A must take 100 and B 101
+ * (before session 102 B, issued later, took 100: its number was taken at issue); C and
+ * D then 102 and 103, E 200. First, the same from itself: an any-source receive, then
+ * one from itself, then two sends to itself (while the others still wait: a sender
+ * that left would end the any-source receive's search). */
+static int rank_any_order(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    if (rank == 0) {
+        int32_t a = -1, b = -1, s1 = 7, s2 = 8;
+        tutti_work_t *wa, *wb;
+        FAIL_IF(tutti_recv_async(comm, &a, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 8, &wa) != 0 ||
+                    tutti_recv_async(comm, &b, 1, TUTTI_INT32, 0, 8, &wb) != 0,
+                "self issue: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_send(comm, &s1, 1, TUTTI_INT32, 0, 8) != 0 ||
+                    tutti_send(comm, &s2, 1, TUTTI_INT32, 0, 8) != 0,
+                "self send: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait(wa, -1) != 0 || tutti_wait(wb, -1) != 0, "self: %s",
+                tutti_work_error(wa));
+        FAIL_IF(a != 7 || b != 8, "any then named from itself: %d, %d (want 7, 8)", a, b);
+        tutti_work_free(wa);
+        tutti_work_free(wb);
+        int32_t v[5] = { -1, -1, -1, -1, -1 };
+        tutti_work_t *w[5];
+        const int from[5] = { TUTTI_ANY_SOURCE, 1, TUTTI_ANY_SOURCE, 1, 2 };
+        const int n = nranks == 3 ? 5 : 4;
+        for (int i = 0; i < n; i++)
+            FAIL_IF(tutti_recv_async(comm, &v[i], 1, TUTTI_INT32, from[i], 5, &w[i]) != 0,
+                    "issue %d: %s", i, tutti_comm_last_error(comm));
+        FAIL_IF(th_store_barrier(sb, "order", rank, nranks, "posted", 20000) != 0, "barrier");
+        for (int i = 0; i < n; i++) {
+            if (i == 4)
+                FAIL_IF(th_store_barrier(sb, "order", rank, nranks, "ones", 20000) != 0, "barrier");
+            FAIL_IF(tutti_wait(w[i], -1) != 0, "receive %d: %s", i, tutti_work_error(w[i]));
+            tutti_work_free(w[i]);
+        }
+        FAIL_IF(v[0] != 100 || v[1] != 101, "any then named from rank 1: %d, %d (want 100, 101)",
+                v[0], v[1]);
+        FAIL_IF(v[2] != 102 || v[3] != 103 || (n == 5 && v[4] != 200), "then: %d, %d, %d", v[2],
+                v[3], v[4]);
+    } else {
+        FAIL_IF(th_store_barrier(sb, "order", rank, nranks, "posted", 20000) != 0, "barrier");
+        if (rank == 2)
+            FAIL_IF(th_store_barrier(sb, "order", rank, nranks, "ones", 20000) != 0, "barrier");
+        for (int32_t x = rank * 100; x < rank * 100 + (rank == 1 ? 4 : 1); x++)
+            FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 5) != 0, "send %d: %s", x,
+                    tutti_comm_last_error(comm));
+        if (rank == 1 && nranks == 3)
+            FAIL_IF(th_store_barrier(sb, "order", rank, nranks, "ones", 20000) != 0, "barrier");
+    }
+    tutti_store_close(sb);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_order,
+            th_run(2, rank_any_order, NULL, 30000) || th_run(3, rank_any_order, NULL, 30000))
+
 /* A message with the receive's tag but another count: a mismatch naming both sides. */
 static int rank_any_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -966,7 +1029,7 @@ static Suite *suite(void)
                  (const TTest *const[]){ any_source_senders, any_source_mismatch,
                                          any_source_timeout, any_source_sender_left,
                                          any_source_sender_died, any_source_unsupported, to_itself,
-                                         NULL });
+                                         any_source_order, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -687,10 +687,10 @@ int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dt
  * who sent it. A message with its tag but another count or dtype is
  * TUTTI_ERR_MISMATCH; messages with other tags are left to the receives they belong
  * to (read aside to look past them); a rank's messages of the tag are taken in the
- * order it sent them. A receive issued for a named rank keeps its place among that
- * rank's messages of its tag: issued while an any-source receive of the tag is still
- * open, it takes the message its place says (MPI gives it to the earlier receive), so
- * order the two with a wait where both could take the same rank's message. Bounded by the communicator's
+ * order it sent them. A message goes to the earliest receive issued that can take it,
+ * as MPI's: a receive from a named rank issued while an any-source receive of its tag
+ * still looks waits for it (it takes that rank's next message after the any-source
+ * one's). Bounded by the communicator's
  * timeout (TUTTI_ERR_TIMEOUT: no rank sent that tag); a rank whose link failed (say,
  * it exited) does not fail it while others are left, but a failed communicator does.
  * Needs a transport that can probe (tcp, shm, ibverbs; else TUTTI_ERR_UNSUPPORTED). */

@@ -588,7 +588,7 @@ static tt_self_msg_t *self_find(const tutti_comm_t *comm, uint64_t key, tt_self_
 static void self_match(tutti_comm_t *comm)
 {
     for (tutti_work_t *w = comm->inflight; w && comm->self_q; w = w->inflight_next) {
-        if (!is_self_recv(comm, w) || w->req.status != 1)
+        if (!is_self_recv(comm, w) || w->req.status != 1 || w->late_seq)
             continue;
         tt_self_msg_t *prev, *m = self_find(comm, w->req.env[3], &prev);
         if (!m)
@@ -635,6 +635,8 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
         return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
                    ? TUTTI_OK
                    : any_unsupported(comm, w, err, errlen);
+    if (w->late_seq) /* in flight unposted: late_step numbers and posts it */
+        return TUTTI_OK;
     if (w->req.peer == comm->rank) /* a receive waits in flight for self_match */
         return w->req.kind == TUTTI_TP_SEND ? self_send(comm, w, err, errlen) : TUTTI_OK;
     return p2p_post_req(comm, w, err, errlen);
@@ -736,14 +738,83 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
 
 /* Is an any-source receive with w's tag, issued before w, still looking? Then w must not
  * look: a probe may read (tcp's reads the next header), so a message that came after
- * the earlier receive's probe would go to the later receive, against issue order. */
+ * the earlier receive's probe would go to the later receive, against issue order. Nor
+ * while a named receive of its tag issued before it waits for its number (late_seq):
+ * that one comes first for its rank's next message. */
 static int any_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
 {
     for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        if (e->any_source && e->req.status == 1 && e->req.peer < 0 &&
+        if ((e->late_seq || (e->any_source && e->req.peer < 0)) && e->req.status == 1 &&
             tt_env_tag(e->req.env) == tt_env_tag(w->req.env))
             return 1;
     return 0;
+}
+
+/* ---- named receives behind open any-source ones (MPI's order) ----
+ * A message goes to the earliest receive issued that can take it. A receive from rank r
+ * takes its sequence number at issue, which gives it r's next message of its tag; but
+ * an any-source receive of that tag issued before it, still looking, comes first. Such
+ * a named receive waits unnumbered and unposted (late_seq) until no earlier receive of
+ * its tag looks any more (any source) or waits so (from r), then takes its number. */
+
+/* Could receive e, which has no number yet, take peer's next message of tag? */
+static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
+{
+    return e->is_p2p && e->req.kind == TUTTI_TP_RECV && tt_env_tag(e->req.env) == tag &&
+           ((e->any_source && e->req.peer < 0) || (e->late_seq && e->req.peer == peer));
+}
+
+/* At issue (q_lock held): must a receive from peer of tag wait for its number? Every
+ * receive issued before it is queued, being posted (exec_p2p) or in flight. (An
+ * unnumbered receive in flight is unposted, so in flight until a reap under q_lock takes
+ * it off the list: its req.status, which a transport may write meanwhile without the
+ * lock for posted ones, is not read here.) */
+static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
+{
+    if (!comm->any_issued) /* no any-source receive ever: none can come first */
+        return 0;
+    for (const tutti_work_t *e = comm->inflight; e; e = e->inflight_next)
+        if (unnumbered_for(e, peer, tag))
+            return 1;
+    if (comm->exec_p2p && unnumbered_for(comm->exec_p2p, peer, tag))
+        return 1;
+    for (const tutti_work_t *e = comm->q_head; e; e = e->next)
+        if (unnumbered_for(e, peer, tag))
+            return 1;
+    return 0;
+}
+
+/* Is a receive issued before w (in flight, so ahead of w there) still unnumbered? */
+static int late_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
+        if (unnumbered_for(e, w->req.peer, tt_env_tag(w->req.env)))
+            return 1;
+    return 0;
+}
+
+/* w's turn came (late_blocked no more): its number, then its post (q_lock and
+ * `executing` held). 1: in flight; else done or failed (err says why). */
+static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    int st = p2p_refused(comm, w, "not started", err, errlen);
+    if (st < 0)
+        return st;
+    tt_p2p_seq_t *sq = p2p_seq(comm, w->req.peer, tt_env_tag(w->req.env), 1);
+    if (!sq) {
+        snprintf(err, errlen, "rank %d: recv from rank %d: out of memory", comm->rank, w->req.peer);
+        return TUTTI_ERR_NOMEM;
+    }
+    w->late_seq = 0;
+    w->op.seq = sq->received++;
+    w->req.env[0] = w->op.seq;
+    tt_trace_matched(comm, &w->op, w->req.peer);
+    if (w->req.peer == comm->rank) {
+        self_match(comm);
+        return w->req.status;
+    }
+    st = p2p_post_req(comm, w, err, errlen);
+    return st < 0 ? st : 1;
 }
 
 /* Complete the in-flight requests the transport finished (q_lock and `executing` held);
@@ -765,7 +836,7 @@ static void reap_inflight_locked(tutti_comm_t *comm)
      * timeout above, an abort, another op's failure) fails them here */
     int down = atomic_load(&comm->aborted) ? TUTTI_ERR_ABORTED : atomic_load(&comm->failed);
     for (tutti_work_t *w = comm->inflight; w && down < 0; w = w->inflight_next)
-        if (is_self_recv(comm, w) && w->req.status == 1)
+        if ((is_self_recv(comm, w) || w->late_seq) && w->req.status == 1)
             w->req.status = down;
     tutti_work_t **pp = &comm->inflight;
     while (*pp) {
@@ -775,6 +846,8 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         int st = w->req.status;
         if (st == 1 && w->req.peer < 0)
             st = any_step(comm, w, now, !any_blocked(comm, w), err, sizeof(err));
+        else if (st == 1 && w->late_seq && !late_blocked(comm, w))
+            st = late_step(comm, w, err, sizeof(err));
         if (st == 1) {
             pp = &w->inflight_next;
             continue;
@@ -861,6 +934,8 @@ static void run_head_locked(tutti_comm_t *comm)
     if (!comm->q_head)
         comm->q_tail = NULL;
     comm->executing = 1;
+    if (w->is_p2p) /* (late_at_issue looks at it meanwhile) */
+        comm->exec_p2p = w;
     if (comm->trace)
         tt_trace_start(comm, &w->op, tt_coarse_ns());
     pthread_mutex_unlock(&comm->q_lock);
@@ -870,6 +945,7 @@ static void run_head_locked(tutti_comm_t *comm)
     if (w->is_p2p) {
         st = p2p_post(comm, w, err, sizeof(err));
         pthread_mutex_lock(&comm->q_lock);
+        comm->exec_p2p = NULL;
         if (st == TUTTI_OK) {
             /* the queue's reference moves to the in-flight list */
             tutti_work_t **pp = &comm->inflight;
@@ -1274,7 +1350,12 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         return st;
     }
     atomic_fetch_add(&comm->refs, 1);
-    uint64_t seq = w->any_source ? 0 : kind == TUTTI_TP_SEND ? sq->sent++ : sq->received++;
+    /* a receive behind an any-source one of its tag takes its number later (late_step) */
+    w->late_seq = kind == TUTTI_TP_RECV && !w->any_source && late_at_issue(comm, peer, tag);
+    comm->any_issued += (uint64_t)w->any_source;
+    uint64_t seq = w->any_source || w->late_seq ? 0
+                   : kind == TUTTI_TP_SEND      ? sq->sent++
+                                                : sq->received++;
     w->op = (tt_op_t){ .comm = comm,
                        .rank = comm->rank,
                        .nranks = comm->nranks,

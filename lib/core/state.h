@@ -35,6 +35,10 @@ struct tutti_work {
     tutti_tp_req_v2_t req;  /* the transport's own: posted directly, not through p2p.c */
     int any_source;         /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
                               < 0 until the executor finds its message (exec.c) */
+    int late_seq;           /* a receive from a named rank issued while an earlier one of
+                              its tag could still take the same message (an any-source
+                              receive that still looks, or another such): it takes its
+                              sequence number, and is posted, after those (exec.c) */
     uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
@@ -227,7 +231,11 @@ struct tutti_comm {
      * the collectives' (exec.c's p2p_seq: an open-addressing table, under q_lock) */
     struct tt_p2p_seq *p2p_seq;
     size_t p2p_seq_cap, p2p_seq_n;
-    int any_next; /* the peer the next any-source search probes first */
+    int any_next;                /* the peer the next any-source search probes first */
+    uint64_t any_issued;         /* any-source receives issued so far (0: no look needed
+                                    for late_seq) */
+    struct tutti_work *exec_p2p; /* the point-to-point work being posted (out of the queue,
+                                    not yet in flight) */
     /* sends to this rank, copied at their turn, that no receive took yet (exec.c's
      * self_match; under `executing`) */
     struct tt_self_msg *self_q, *self_q_tail;
