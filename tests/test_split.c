@@ -159,6 +159,52 @@ static int rank_nested(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return 0;
 }
 
+/* tutti_comm_dup: the copy has the same ranks in the same order (check_child), and its
+ * calls never meet the parent's: each rank issues an allreduce on both at once, the
+ * even ranks the copy's first, the odd ones the parent's, with different inputs; each
+ * gets its own sums. Then the parent after the copy is destroyed. */
+static int rank_dup(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int all[NR] = { 0, 1, 2, 3 };
+    tutti_comm_t *copy;
+    FAIL_IF(tutti_comm_dup(comm, &copy) != 0, "dup: %s", tutti_comm_last_error(comm));
+    TRY(check_child(rank, rank, copy, all, nranks));
+    enum { N = 70000 };
+    int32_t *a = malloc(N * sizeof(*a)), *b = malloc(N * sizeof(*b));
+    FAIL_IF(!a || !b, "malloc");
+    for (int i = 0; i < N; i++) {
+        a[i] = rank + i;          /* on the parent */
+        b[i] = 1000 * (rank + 1); /* on the copy */
+    }
+    tutti_work_t *wa, *wb;
+    int sa, sb;
+    if (rank % 2) {
+        sa = tutti_allreduce_async(comm, TUTTI_IN_PLACE, a, N, TUTTI_INT32, TUTTI_SUM, &wa);
+        sb = tutti_allreduce_async(copy, TUTTI_IN_PLACE, b, N, TUTTI_INT32, TUTTI_SUM, &wb);
+    } else {
+        sb = tutti_allreduce_async(copy, TUTTI_IN_PLACE, b, N, TUTTI_INT32, TUTTI_SUM, &wb);
+        sa = tutti_allreduce_async(comm, TUTTI_IN_PLACE, a, N, TUTTI_INT32, TUTTI_SUM, &wa);
+    }
+    FAIL_IF(sa || sb, "issue: %s / %s", tutti_comm_last_error(comm), tutti_comm_last_error(copy));
+    FAIL_IF(tutti_wait(wa, -1) != 0 || tutti_wait(wb, -1) != 0, "wait: %s / %s",
+            tutti_work_error(wa), tutti_work_error(wb));
+    tutti_work_free(wa);
+    tutti_work_free(wb);
+    const int32_t rsum = nranks * (nranks - 1) / 2, csum = 1000 * nranks * (nranks + 1) / 2;
+    for (int i = 0; i < N; i++)
+        FAIL_IF(a[i] != rsum + nranks * i || b[i] != csum, "[%d]: parent %d, copy %d", i, a[i],
+                b[i]);
+    free(a);
+    free(b);
+    tutti_comm_destroy(copy);
+    TRY(check_child(rank, rank, comm, all, nranks));
+    FAIL_IF(tutti_comm_dup(NULL, &copy) != TUTTI_ERR_INVALID_ARG ||
+                tutti_comm_dup(comm, NULL) != TUTTI_ERR_INVALID_ARG,
+            "dup's bad arguments");
+    return 0;
+}
+
 /* 20 splits in a row, each with other colors (three of them: groups of 1 and 2 ranks)
  * and keys, each checked and destroyed. */
 static int rank_twenty(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -299,6 +345,7 @@ static const struct {
     { "ranks without color", rank_nocolor },
     { "split of a split", rank_nested },
     { "twenty splits in a row", rank_twenty },
+    { "dup", rank_dup },
 };
 
 /* ---- tutti_comm_shrink ---- */
@@ -999,7 +1046,7 @@ START_TEST(agree)
 }
 END_TEST
 
-TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 4), TH_CASE(rank_that_does_not_take_part, 2),
+TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 5), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),

@@ -331,6 +331,12 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
  * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
 
+/* Duplicate comm (MPI_Comm_dup): a new communicator of the same ranks in the same order,
+ * with comm's options and connections of its own, whose calls never meet comm's (a
+ * library's traffic kept apart from its caller's). tutti_comm_split with one color and
+ * each rank's own rank as key: collective over comm, bounded by its timeout. */
+int tutti_comm_dup(tutti_comm_t *comm, tutti_comm_t **newcomm_p);
+
 /* Shrink comm (ncclCommShrink, MPI_Comm_shrink with the failed ranks named): a new
  * communicator, *newcomm_p, of comm's ranks but the nexclude ones in exclude, keeping
  * their order (new rank = rank among those left). Made through comm's store only, never

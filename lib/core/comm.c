@@ -610,6 +610,16 @@ static int refused_in_child(tutti_comm_t *comm, tutti_comm_t **newcomm_p, const 
     return 1;
 }
 
+int tutti_comm_dup(tutti_comm_t *comm, tutti_comm_t **newcomm_p)
+{
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "dup", &refused))
+        return refused;
+    if (!comm || !newcomm_p)
+        return TUTTI_ERR_INVALID_ARG;
+    return tutti_comm_split(comm, 0, comm->rank, newcomm_p);
+}
+
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
 {
     int refused;

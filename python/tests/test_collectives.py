@@ -589,6 +589,28 @@ def test_dlpack_objects():
     assert got[0] == got[1] == ([1, 3, 5, 7, 9, 11], [0, 1, 2, 3, 4, 5])
 
 
+def test_dup():
+    """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
+    each, issued in the other order on odd ranks, gives each its own sum."""
+    def body(comm):
+        copy = comm.dup()
+        a = np.full(50000, comm.rank, np.int64)
+        b = np.full(50000, 10 * (comm.rank + 1), np.int64)
+        if comm.rank % 2:
+            wa, wb = comm.allreduce(a, async_op=True), copy.allreduce(b, async_op=True)
+        else:
+            wb, wa = copy.allreduce(b, async_op=True), comm.allreduce(a, async_op=True)
+        wa.wait()
+        wb.wait()
+        got = (copy.rank, copy.size, int(a[0]), int(a[-1]), int(b[0]), int(b[-1]))
+        copy.destroy()
+        return got
+
+    n = 3
+    got = run(body, n)
+    assert got == [(r, n, 3, 3, 60, 60) for r in range(n)], got
+
+
 def test_split():
     def body(comm):
         half = comm.split(comm.rank % 2, key=-comm.rank)  # reversed order within a color

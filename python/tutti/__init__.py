@@ -998,6 +998,15 @@ class Communicator(_Handle):
             return None
         return self._child(h)
 
+    def dup(self):
+        """MPI_Comm_dup: every rank calls it; a new communicator of the same ranks in the
+        same order, whose calls never meet this one's."""
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_dup(self._handle(), ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "dup")
+        return self._child(h)
+
     def shrink(self, exclude=None, wait_ms=-1):
         """ncclCommShrink: a new communicator of the ranks not in exclude (their order
         kept), made through the store alone, so it works after a rank died: the ranks left
