@@ -1849,6 +1849,18 @@ START_TEST(test_redis_urls)
     /* a password never shows, not even in the message of a bad URL */
     EXPECT(NULL, tutti_store_open(&s, "redis://u:hunter2@h:1/zz", NULL), TUTTI_ERR_INVALID_ARG);
     ck_assert_ptr_null(strstr(tutti_store_last_error(NULL), "hunter2"));
+    /* a query string (redis-py's ?db=, ?ssl=) is named as such, not as a bad database;
+     * rediss:// as TLS (session 102) */
+    const char *query[] = { "redis://h:1/0?db=3", "redis://h:1?ssl=true", "redis://h:1/#x" };
+    for (size_t i = 0; i < sizeof(query) / sizeof(query[0]); i++) {
+        EXPECT(NULL, tutti_store_open(&s, query[i], NULL), TUTTI_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(tutti_store_last_error(NULL), "query strings and fragments"),
+                      "'%s': %s", query[i], tutti_store_last_error(NULL));
+    }
+    EXPECT(NULL, tutti_store_open(&s, "rediss://u:hunter2@h:1", NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(tutti_store_last_error(NULL), "TLS (rediss://) is not supported") &&
+                      !strstr(tutti_store_last_error(NULL), "hunter2"),
+                  "%s", tutti_store_last_error(NULL));
 
     char dir[256];
     snprintf(dir, sizeof(dir), "%s/ru%d", g_root, (int)getpid());

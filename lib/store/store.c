@@ -381,6 +381,11 @@ static int open_redis(tutti_store_t **store_p, const char *url, const tutti_stor
         goto out;
     }
     cfg.host = host;
+    if (strpbrk(end, "?#")) { /* redis-py's ?db=N&ssl=... and the like */
+        bad = "query strings and fragments are not understood (the database goes after "
+              "'/', the password before '@' or in TUTTI_STORE_PASSWORD)";
+        goto out;
+    }
     if (*end == '/' && end[1]) {
         const char *d = end + 1;
         if (strlen(d) > 5 || strspn(d, "0123456789") != strlen(d)) {
@@ -388,9 +393,6 @@ static int open_redis(tutti_store_t **store_p, const char *url, const tutti_stor
             goto out;
         }
         cfg.db = atoi(d);
-    } else if (*end && strcmp(end, "/")) {
-        bad = "query strings and fragments are not understood";
-        goto out;
     }
     cfg.user = user;
     cfg.password = password ? password : o->password;
@@ -443,6 +445,12 @@ int tutti_store_open(tutti_store_t **store_p, const char *url, const tutti_store
     }
     if (!strncmp(url, "redis://", 8))
         return open_redis(store_p, url, &o);
+    if (!strncmp(url, "rediss://", 9))
+        return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
+                          "bad store URL '%s': TLS (rediss://) is not supported: tutti's redis "
+                          "client speaks plain TCP (redis://host:port; through a TLS tunnel "
+                          "such as stunnel where the server wants TLS)",
+                          tt_store_url_redact(url, shown, sizeof(shown)));
     return store_fail(NULL, TUTTI_ERR_INVALID_ARG, "open", NULL,
                       "bad store URL '%s': scheme must be file://, tcp:// or redis://",
                       tt_store_url_redact(url, shown, sizeof(shown)));
