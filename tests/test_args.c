@@ -1119,6 +1119,43 @@ static int rank_tp_options(int rank, int nranks, tutti_comm_t *unused, const cha
 
 TH_RUN_TEST(transport_options_checked, th_run_nocomm(2, rank_tp_options, NULL, 30000))
 
+/* A transport's knob with a bad value, given in TUTTI_TRANSPORT_OPTIONS: the error and
+ * the warning name it there, not as a TUTTI_ variable of its own that is not set
+ * (session 102): shm's SHM_NT_STORES (an error: init fails) and SHM_RING_BYTES (a
+ * warning: the default is used). */
+static int rank_tp_option_named(int rank, int nranks, tutti_comm_t *unused, const char *dir,
+                                void *arg)
+{
+    (void)unused, (void)arg;
+    tutti_store_t *store = NULL;
+    tutti_comm_t *c = NULL;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "shm";
+    o.timeout_ms = 5000;
+    o.transport_options = "SHM_RING_BYTES=abc,SHM_NT_STORES=x";
+    th_capture_t cap;
+    th_capture_begin(&cap);
+    int st = tutti_store_open_file(&store, dir, 5000);
+    FAIL_IF(st != 0, "store");
+    st = tutti_comm_init(&c, store, rank, nranks, &o);
+    char err[512];
+    snprintf(err, sizeof(err), "%s", tutti_comm_last_error(NULL));
+    char *text = th_capture_end(&cap);
+    FAIL_IF(st != TUTTI_ERR_CONFIG, "init: %s: %s", tutti_status_name(st), err);
+    FAIL_IF(!strstr(err, "TUTTI_TRANSPORT_OPTIONS's SHM_NT_STORES=\"x\" is none of") ||
+                strstr(err, "TUTTI_SHM_NT_STORES"),
+            "error: %s", err);
+    FAIL_IF(!strstr(text, "TUTTI_TRANSPORT_OPTIONS's SHM_RING_BYTES=abc is not a size") ||
+                strstr(text, "TUTTI_SHM_RING_BYTES"),
+            "log: %s", text);
+    free(text);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(transport_option_named, th_run_nocomm(2, rank_tp_option_named, NULL, 30000))
+
 /* The headers, the library and meson.build's project version say one version. */
 START_TEST(version_agrees)
 {
@@ -1160,7 +1197,7 @@ static Suite *suite(void)
                  (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
     th_add_tests(s, "knobs", 90,
                  (const TTest *const[]){ env_warned_once, size_grammar, transport_options_checked,
-                                         NULL });
+                                         transport_option_named, NULL });
     th_add_tests(s, "setup", 90,
                  (const TTest *const[]){ ipv6_loopback, bad_socket_family,
                                          stray_connection_during_setup, NULL });

@@ -77,15 +77,42 @@ static const char *host_config(void *ctx, const char *name)
     return v ? v : tt_env(name);
 }
 
+/* A transport names a knob it read as "TUTTI_NAME=value"; where the value came from
+ * opts.transport_options (TUTTI_TRANSPORT_OPTIONS) and not from TUTTI_NAME, msg (of cap
+ * bytes) is made to say so: "TUTTI_TRANSPORT_OPTIONS's NAME=value". */
+static void name_knob_source(const tutti_comm_t *comm, char *msg, size_t cap)
+{
+    static const char from[] = "TUTTI_TRANSPORT_OPTIONS's ";
+    if (!comm->opts.transport_options)
+        return;
+    for (char *p = strstr(msg, "TUTTI_"); p; p = strstr(p + 1, "TUTTI_")) {
+        char name[64], val[8];
+        size_t n = strspn(p + 6, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+        if (!n || n >= sizeof(name) || p[6 + n] != '=')
+            continue;
+        memcpy(name, p + 6, n);
+        name[n] = '\0';
+        size_t len = strlen(msg), add = sizeof(from) - 1 - 6; /* "TUTTI_" is replaced */
+        if (!tt_kv_lookup(comm->opts.transport_options, name, val, sizeof(val)) || len + add >= cap)
+            continue;
+        memmove(p + add, p, len - (size_t)(p - msg) + 1);
+        memcpy(p, from, sizeof(from) - 1);
+        p += sizeof(from) - 1;
+    }
+}
+
 static void host_log(void *ctx, int level, const char *fmt, ...)
 {
-    (void)ctx;
+    tutti_comm_t *comm = ctx;
     if (tt_log_level() < level)
         return;
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    tt_vlog(level, fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    name_knob_source(comm, msg, sizeof(msg));
+    tt_log(level, "%s", msg);
 }
 
 static int host_error(void *ctx, int status, int peer, int err_no, const char *fmt, ...)
@@ -99,6 +126,7 @@ static int host_error(void *ctx, int status, int peer, int err_no, const char *f
     if (err_no && n > 0 && (size_t)n < sizeof(comm->tp_error))
         snprintf(comm->tp_error + n, sizeof(comm->tp_error) - (size_t)n, " (errno %d: %s)", err_no,
                  strerror(err_no));
+    name_knob_source(comm, comm->tp_error, sizeof(comm->tp_error));
     comm->tp_error_peer = peer;
     comm->tp_error_status = status;
     atomic_fetch_add(&comm->tp_error_gen, 1);
