@@ -548,6 +548,105 @@ static int rank_any_order(int rank, int nranks, tutti_comm_t *comm, const char *
 TH_RUN_TEST(any_source_order,
             th_run(2, rank_any_order, NULL, 30000) || th_run(3, rank_any_order, NULL, 30000))
 
+/* A random mix (6 rounds, a tag each): rank 0 issues 120 receives of the tag, from any
+ * source, rank 1, rank 2 or itself, and sends to itself between them; ranks 1 and 2
+ * send 0..119 each, in half the rounds after rank 0 issued everything. Every source's
+ * values must arrive in order, in issue order of the receives that took them; the rest
+ * is drained by named receives. (From the review of session 102's late numbering.) */
+enum { MIX_REC = 120, MIX_K = 120 };
+static int rank_any_mix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    for (int it = 0; it < 6; it++) {
+        const uint32_t tag = 11 + (uint32_t)it;
+        const int recv_first = it % 2; /* the receives issued before anything is sent */
+        char ph[32];
+        snprintf(ph, sizeof(ph), "go%d", it);
+        if (rank != 0) {
+            if (recv_first)
+                FAIL_IF(th_store_barrier(sb, "mix", rank, nranks, ph, 20000) != 0, "barrier");
+            tutti_work_t *ws[MIX_K];
+            int32_t xs[MIX_K];
+            for (int k = 0; k < MIX_K; k++) {
+                xs[k] = k;
+                FAIL_IF(tutti_send_async(comm, &xs[k], 1, TUTTI_INT32, 0, tag, &ws[k]) != 0,
+                        "send: %s", tutti_comm_last_error(comm));
+            }
+            if (!recv_first)
+                FAIL_IF(th_store_barrier(sb, "mix", rank, nranks, ph, 20000) != 0, "barrier");
+            for (int k = 0; k < MIX_K; k++) {
+                FAIL_IF(tutti_wait(ws[k], -1) != 0, "send %d: %s", k, tutti_work_error(ws[k]));
+                tutti_work_free(ws[k]);
+            }
+            continue;
+        }
+        unsigned seed = 1234u + (unsigned)it;
+        int from[MIX_REC], named[3] = { 0, 0, 0 }, nself = 0, sent_self = 0;
+        int32_t v[MIX_REC], selfx[MIX_K];
+        tutti_work_t *w[MIX_REC], *wss[MIX_K];
+        for (int i = 0; i < MIX_REC; i++) {
+            int r = rand_r(&seed) % 5, f = r <= 1 ? TUTTI_ANY_SOURCE : r - 2;
+            if (f >= 0 && named[f] >= MIX_K / 2)
+                f = TUTTI_ANY_SOURCE;
+            from[i] = f;
+            named[f >= 0 ? f : 0] += f >= 0;
+        }
+        for (int i = 0; i < MIX_REC; i++) {
+            v[i] = -1;
+            FAIL_IF(tutti_recv_async(comm, &v[i], 1, TUTTI_INT32, from[i], tag, &w[i]) != 0,
+                    "issue %d: %s", i, tutti_comm_last_error(comm));
+            if (rand_r(&seed) % 3 == 0) {
+                selfx[nself] = sent_self++;
+                FAIL_IF(tutti_send_async(comm, &selfx[nself], 1, TUTTI_INT32, 0, tag,
+                                         &wss[nself]) != 0,
+                        "self send");
+                nself++;
+            }
+        }
+        if (recv_first)
+            FAIL_IF(th_store_barrier(sb, "mix", rank, nranks, ph, 20000) != 0, "barrier");
+        while (sent_self < MIX_K) {
+            selfx[nself] = sent_self++;
+            FAIL_IF(tutti_send_async(comm, &selfx[nself], 1, TUTTI_INT32, 0, tag, &wss[nself]) != 0,
+                    "self send");
+            nself++;
+        }
+        if (!recv_first)
+            FAIL_IF(th_store_barrier(sb, "mix", rank, nranks, ph, 20000) != 0, "barrier");
+        int got[3] = { 0, 0, 0 };
+        int32_t last[3] = { -1, -1, -1 };
+        for (int i = 0; i < MIX_REC; i++) {
+            FAIL_IF(tutti_wait(w[i], -1) != 0, "round %d receive %d (from %d): %s", it, i, from[i],
+                    tutti_work_error(w[i]));
+            int src = tutti_work_source(w[i]);
+            FAIL_IF(src < 0 || src > 2 || (from[i] >= 0 && src != from[i]), "source %d", src);
+            FAIL_IF(v[i] != last[src] + 1,
+                    "round %d receive %d (from %d) took %d from rank %d after %d: out of order", it,
+                    i, from[i], v[i], src, last[src]);
+            last[src] = v[i];
+            got[src]++;
+            tutti_work_free(w[i]);
+        }
+        for (int p = 0; p < 3; p++)
+            for (int k = got[p]; k < MIX_K; k++) {
+                int32_t x = -1;
+                FAIL_IF(tutti_recv(comm, &x, 1, TUTTI_INT32, p, tag) != 0, "drain: %s",
+                        tutti_comm_last_error(comm));
+                FAIL_IF(x != k, "drain from %d: %d, want %d", p, x, k);
+            }
+        for (int k = 0; k < nself; k++) {
+            FAIL_IF(tutti_wait(wss[k], -1) != 0, "self send: %s", tutti_work_error(wss[k]));
+            tutti_work_free(wss[k]);
+        }
+    }
+    tutti_store_close(sb);
+    return 0;
+}
+
+TH_RUN_TEST(any_source_mix, th_run(3, rank_any_mix, NULL, 120000))
+
 /* A message with the receive's tag but another count: a mismatch naming both sides. */
 static int rank_any_mismatch(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
@@ -1029,7 +1128,7 @@ static Suite *suite(void)
                  (const TTest *const[]){ any_source_senders, any_source_mismatch,
                                          any_source_timeout, any_source_sender_left,
                                          any_source_sender_died, any_source_unsupported, to_itself,
-                                         any_source_order, NULL });
+                                         any_source_order, any_source_mix, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

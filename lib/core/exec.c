@@ -293,9 +293,21 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
     return tt_dev_finish(op, st, err, errlen);
 }
 
+/* Is w a receive without its number yet (any source, still looking; or late)? Read
+ * under q_lock: the library writes these fields under it (never the transport, which
+ * writes a posted request's kind and status without it: such receives are unposted). */
+static int unnumbered(const tutti_work_t *w)
+{
+    return w->is_p2p && ((w->any_source && w->req.peer < 0) || w->late_seq);
+}
+
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
 {
     char derr[TT_ERRMSG_LEN];
+    if (unnumbered(w)) { /* (failed before its number: q_lock held, as at every completion) */
+        comm->unnumbered--;
+        w->late_seq = 0;
+    }
     if (w->op.dev) { /* a receive's copy back, or an op that never ran */
         snprintf(derr, sizeof(derr), "%s", st < 0 && err ? err : "");
         int dst = tt_dev_finish(&w->op, st, derr, sizeof(derr));
@@ -693,6 +705,7 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         }
         comm->any_next = (peer + 1) % n;
         w->req.peer = peer;
+        comm->unnumbered--;
         w->op.seq = sq->received++;
         w->req.env[0] = w->op.seq;
         tt_trace_matched(comm, &w->op, peer);
@@ -760,8 +773,7 @@ static int any_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
 /* Could receive e, which has no number yet, take peer's next message of tag? */
 static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
 {
-    return e->is_p2p && e->req.kind == TUTTI_TP_RECV && tt_env_tag(e->req.env) == tag &&
-           ((e->any_source && e->req.peer < 0) || (e->late_seq && e->req.peer == peer));
+    return unnumbered(e) && (e->any_source || e->req.peer == peer) && tt_env_tag(e->req.env) == tag;
 }
 
 /* At issue (q_lock held): must a receive from peer of tag wait for its number? Every
@@ -771,7 +783,7 @@ static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
  * lock for posted ones, is not read here.) */
 static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
 {
-    if (!comm->any_issued) /* no any-source receive ever: none can come first */
+    if (!comm->unnumbered) /* no receive without its number: none can come first */
         return 0;
     for (const tutti_work_t *e = comm->inflight; e; e = e->inflight_next)
         if (unnumbered_for(e, peer, tag))
@@ -806,6 +818,7 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
         return TUTTI_ERR_NOMEM;
     }
     w->late_seq = 0;
+    comm->unnumbered--;
     w->op.seq = sq->received++;
     w->req.env[0] = w->op.seq;
     tt_trace_matched(comm, &w->op, w->req.peer);
@@ -826,7 +839,9 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     if (comm->self_q)
         self_match(comm);
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
-        if (w->req.status == 1 && w->req.peer >= 0 && now > w->p2p_deadline_ns) {
+        /* (not a late receive: the earlier receives it waits behind, posted before it with
+         * the same timeout, time out first, naming what they waited for) */
+        if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq && now > w->p2p_deadline_ns) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
@@ -1352,7 +1367,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     atomic_fetch_add(&comm->refs, 1);
     /* a receive behind an any-source one of its tag takes its number later (late_step) */
     w->late_seq = kind == TUTTI_TP_RECV && !w->any_source && late_at_issue(comm, peer, tag);
-    comm->any_issued += (uint64_t)w->any_source;
+    comm->unnumbered += w->any_source || w->late_seq;
     uint64_t seq = w->any_source || w->late_seq ? 0
                    : kind == TUTTI_TP_SEND      ? sq->sent++
                                                 : sq->received++;
@@ -1376,7 +1391,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (comm->trace)
         tt_trace_issue(comm, &w->op, TUTTI_SUM,
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
-                           (work_p ? TT_TRACE_F_ASYNC : 0) | (w->any_source ? TT_TRACE_F_ANY : 0),
+                           (work_p ? TT_TRACE_F_ASYNC : 0) | (w->any_source ? TT_TRACE_F_ANY : 0) |
+                           (w->late_seq ? TT_TRACE_F_LATE : 0),
                        w->any_source ? -1 : peer, tag, tt_coarse_ns(), 0);
     return enqueue_locked(comm, w, work_p);
 }

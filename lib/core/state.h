@@ -232,8 +232,9 @@ struct tutti_comm {
     struct tt_p2p_seq *p2p_seq;
     size_t p2p_seq_cap, p2p_seq_n;
     int any_next;                /* the peer the next any-source search probes first */
-    uint64_t any_issued;         /* any-source receives issued so far (0: no look needed
-                                    for late_seq) */
+    int unnumbered;              /* receives issued that have no number yet: any-source
+                                    ones looking, late_seq ones (0: late_at_issue need not
+                                    look; q_lock) */
     struct tutti_work *exec_p2p; /* the point-to-point work being posted (out of the queue,
                                     not yet in flight) */
     /* sends to this rank, copied at their turn, that no receive took yet (exec.c's

@@ -95,6 +95,7 @@ void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer)
         return;
     e->root = peer;
     e->seq = op->seq;
+    e->flags &= (uint8_t)~TT_TRACE_F_LATE;
 }
 
 void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now)
@@ -235,6 +236,8 @@ static void dump_entry(jbuf_t *b, const tt_trace_ent_t *e, uint32_t running_algo
     }
     if (e->flags & TT_TRACE_F_ANY)
         jb_printf(b, ", \"any_source\": true");
+    if (e->flags & TT_TRACE_F_LATE)
+        jb_printf(b, ", \"unnumbered\": true");
     if (e->flags & TT_TRACE_F_EVICTED)
         jb_printf(b, ", \"evicted\": true");
     jb_printf(b, ", \"async\": %s, \"issued_us\": %lld, \"started_us\": %lld, \"ended_us\": %lld}",
@@ -265,7 +268,9 @@ static tt_trace_ent_t evicted_ent(const tutti_work_t *w, int posted)
                              .coll = (uint8_t)op->coll,
                              .dtype = (uint8_t)op->dtype,
                              .state = posted ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
-                             .flags = (uint8_t)(op->trace_flags | TT_TRACE_F_EVICTED) };
+                             .flags = (uint8_t)((op->trace_flags & ~TT_TRACE_F_LATE) |
+                                                TT_TRACE_F_EVICTED |
+                                                (w->late_seq ? TT_TRACE_F_LATE : 0)) };
 }
 
 /* The open ops (queued, or posted and in flight) that the ring no longer holds, into

@@ -19,13 +19,15 @@
 enum { TT_TRACE_ISSUED = 0, TT_TRACE_STARTED, TT_TRACE_DONE, TT_TRACE_FAILED };
 /* tt_trace_ent_t.flags */
 enum {
-    TT_TRACE_F_SEND = 1,    /* point to point: a send (else a receive) */
-    TT_TRACE_F_ASYNC = 2,   /* issued by an _async call */
-    TT_TRACE_F_V = 4,       /* the v form of its collective (allgatherv ...) */
-    TT_TRACE_F_ANY = 8,     /* a receive from any source */
-    TT_TRACE_F_REDOP = 16,  /* a collective with a reduction (its args, coll.h) */
-    TT_TRACE_F_ROOT = 32,   /* a collective with a root */
-    TT_TRACE_F_EVICTED = 64 /* (dumps) still open, its slot taken by later ops */
+    TT_TRACE_F_SEND = 1,     /* point to point: a send (else a receive) */
+    TT_TRACE_F_ASYNC = 2,    /* issued by an _async call */
+    TT_TRACE_F_V = 4,        /* the v form of its collective (allgatherv ...) */
+    TT_TRACE_F_ANY = 8,      /* a receive from any source */
+    TT_TRACE_F_REDOP = 16,   /* a collective with a reduction (its args, coll.h) */
+    TT_TRACE_F_ROOT = 32,    /* a collective with a root */
+    TT_TRACE_F_EVICTED = 64, /* (dumps) still open, its slot taken by later ops */
+    TT_TRACE_F_LATE = 128    /* a receive from a named rank without its number yet (it waits
+                                behind an earlier any-source receive of its tag: exec.c) */
 };
 
 typedef struct tt_trace_ent {

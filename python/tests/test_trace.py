@@ -214,6 +214,38 @@ def test_names_a_receive_of_a_tag_never_sent(tmp_path):
             "to rank 1 of that tag and number") in out, out
 
 
+def behind_any_source(d):
+    def body(comm):
+        comm.barrier()
+        if comm.rank == 0:
+            comm.send(np.ones(2, np.float32), 1, tag=5)
+            assert wait_for_record(d, 0), "no record of the sender"
+            return "sent"
+        comm.recv(np.zeros(2, np.float32), 0, tag=5)  # number 0 of (0, 5): completed
+        # issued back to back (their deadlines microseconds apart)
+        a = comm.recv(np.zeros(2, np.float32), None, tag=5, async_op=True)
+        late = comm.recv(np.zeros(2, np.float32), 0, tag=5, async_op=True)  # no number yet
+        late.wait()
+        a.wait()
+    return body
+
+
+def test_names_a_receive_behind_an_any_source_one(tmp_path):
+    """A receive from rank 0 issued while one from any source of its tag looks has no
+    number yet (session 102): reported as waiting behind it, not paired with the
+    completed receive whose number it would have shown (review)."""
+    d = str(tmp_path)
+    got = launch(behind_any_source(d), 2, timeout=60, timeout_ms=1500, trace_dir=d)
+    assert got[1][0] == "error" and got[0] == ("ok", "sent"), got
+    rc, out = analyze(d)
+    assert rc == 1, out
+    assert "rank 1: receive from any source (tag 5) failed: no rank's send matched it" in out, out
+    assert ("rank 1: receive from rank 0 (tag 5) failed, no number yet: it waits behind an "
+            "earlier receive from any source of its tag") in out, out
+    # the late one's error names the any-source receive's timeout, not a wait on rank 0
+    assert "no rank sent tag 5 within 1500 ms" in got[1][1][1], got
+
+
 def late_second(d):
     def body(comm):
         a = np.ones(4, np.float64)
