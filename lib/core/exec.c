@@ -839,9 +839,13 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     if (comm->self_q)
         self_match(comm);
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
+        /* deadlines follow posting order (one timeout a communicator): none past from here
+         * on (a look at every request each reap made posting n of them cost n^2) */
+        if (now <= w->p2p_deadline_ns)
+            break;
         /* (not a late receive: the earlier receives it waits behind, posted before it with
          * the same timeout, time out first, naming what they waited for) */
-        if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq && now > w->p2p_deadline_ns) {
+        if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
@@ -868,6 +872,11 @@ static void reap_inflight_locked(tutti_comm_t *comm)
             continue;
         }
         *pp = w->inflight_next;
+        if (comm->inflight_tail == w) /* its predecessor, or none */
+            comm->inflight_tail = pp == &comm->inflight
+                                      ? NULL
+                                      : (tutti_work_t *)((char *)pp -
+                                                         offsetof(tutti_work_t, inflight_next));
         if (st < 0 && !err[0]) {
             if (atomic_load(&comm->failed) == 0)
                 tt_fault_p2p(&w->op, &w->req, st, err, sizeof(err));
@@ -962,12 +971,19 @@ static void run_head_locked(tutti_comm_t *comm)
         pthread_mutex_lock(&comm->q_lock);
         comm->exec_p2p = NULL;
         if (st == TUTTI_OK) {
-            /* the queue's reference moves to the in-flight list */
-            tutti_work_t **pp = &comm->inflight;
-            while (*pp)
-                pp = &(*pp)->inflight_next;
-            *pp = w;
-            reap_inflight_locked(comm);
+            /* the queue's reference moves to the in-flight list, at its end */
+            w->inflight_next = NULL;
+            if (comm->inflight_tail)
+                comm->inflight_tail->inflight_next = w;
+            else
+                comm->inflight = w;
+            comm->inflight_tail = w;
+            /* a reap looks at every request in flight: only where this post may have
+             * done something for it to finish (done at once: a send to itself, a receive
+             * of a message read aside; one to number or match); the others' completions
+             * are reaped after the next progress slice, as ever */
+            if (w->req.status != 1 || unnumbered(w) || is_self_recv(comm, w) || comm->self_q)
+                reap_inflight_locked(comm);
             run_callbacks_locked(comm);
             comm->executing = 0;
             pthread_cond_broadcast(&comm->done_cv);

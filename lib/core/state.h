@@ -203,8 +203,10 @@ struct tutti_comm {
     tt_stage_block_t stage[2];
     struct tt_dev_pool *dev_pool;
 
-    tutti_work_t *inflight;     /* posted sends/recvs, in posting order */
-    uint64_t p2p_stall_next_ns; /* their next stall check, not before (exec.c; the thread
+    tutti_work_t *inflight;      /* posted sends/recvs, in posting order */
+    tutti_work_t *inflight_tail; /* its last (exec.c appends there, reap_inflight_locked
+                                    keeps it) */
+    uint64_t p2p_stall_next_ns;  /* their next stall check, not before (exec.c; the thread
                                    holding `executing`) */
     /* rooted calls' agreement messages not yet checked (agree.c): a ring of
      * opts.agree_lag records, the oldest at agree_head */
