@@ -464,8 +464,8 @@ static int rank_spec(int rank, int nranks, tutti_comm_t *unused, const char *dir
  * naming a missing key or connection. tcp: ranks 0 and 1 wait for rank 2 to connect
  * (the host's setup_check); shm: in store reads of rank 2's keys (sliced waits). */
 static const char *const peer_setup_knob[][3] = {
-    { "tcp", "TCP_CONNECT=sometimes", "TUTTI_TCP_CONNECT" },
-    { "shm", "SHM_RESERVE=sometimes", "TUTTI_SHM_RESERVE" },
+    { "tcp", "TCP_CONNECT=sometimes", "TUTTI_TRANSPORT_OPTIONS's TCP_CONNECT" },
+    { "shm", "SHM_RESERVE=sometimes", "TUTTI_TRANSPORT_OPTIONS's SHM_RESERVE" },
 };
 
 static int rank_peer_setup(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
