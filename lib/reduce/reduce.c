@@ -129,33 +129,36 @@ TT_INLINE float tt_e5m2_2f(uint8_t v)
 
 /* Round to nearest even and saturate as CUDA's __NV_SATFINITE conversions (NCCL's fp8
  * reductions store through them): beyond the largest finite value (infinity included)
- * gives it, NaN gives NaN. The subnormal case lets the FPU round, as tt_f2h does: |f| +
- * 2^14 has its last mantissa bit worth 2^-9, one E4M3 subnormal step. */
-TT_INLINE uint8_t tt_f2e4m3(float f)
+ * gives it, NaN gives NaN. E4M3 (e5 0: bias 7, three mantissa bits) or E5M2 (e5 1: bias
+ * 15, two); e5 is a constant where it is inlined. The subnormal case lets the FPU round,
+ * as tt_f2h does: |f| + 2^14 (E4M3) or 2^7 (E5M2) has its last mantissa bit worth one
+ * subnormal step (2^-9, 2^-16). Saturation starts past 464 for E4M3 (448 and half a
+ * step; 464 itself ties to 448) and at 61440 for E5M2 (a tie that goes to infinity). */
+TT_INLINE uint8_t tt_f2f8(float f, int e5)
 {
+    const uint32_t shift = e5 ? 21u : 20u, bias = e5 ? 15u : 7u;
     uint32_t u = tt_f32_bits(f);
     uint32_t sign = (u >> 24) & 0x80u;
     uint32_t a = u & 0x7fffffffu;
-    uint32_t normal = (a - ((127u - 7u) << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
-    uint32_t subnormal = tt_f32_bits(tt_f32_from_bits(a) + 0x1p14f) - 0x46800000u;
-    uint32_t r = a >= 0x3c800000u ? normal : subnormal; /* 2^-6, the least normal */
-    r = a > 0x43e80000u ? 0x7eu : r; /* past 464 (448 and half a step; 464 ties to 448) */
-    r = a > 0x7f800000u ? 0x7fu : r; /* NaN */
+    uint32_t normal = (a - ((127u - bias) << 23) + ((1u << (shift - 1)) - 1u) +
+                       ((a >> shift) & 1u)) >>
+                      shift;
+    uint32_t subnormal = e5 ? tt_f32_bits(tt_f32_from_bits(a) + 0x1p7f) - 0x43000000u
+                            : tt_f32_bits(tt_f32_from_bits(a) + 0x1p14f) - 0x46800000u;
+    uint32_t r = a >= (e5 ? 0x38800000u : 0x3c800000u) ? normal : subnormal; /* least normal */
+    r = a >= (e5 ? 0x47700000u : 0x43e80001u) ? (e5 ? 0x7bu : 0x7eu) : r;
+    r = a > 0x7f800000u ? (e5 ? 0x7eu : 0x7fu) : r; /* NaN (quiet) */
     return (uint8_t)(r | sign);
 }
 
-/* E5M2: |f| + 2^7 has its last bit worth 2^-16, one subnormal step. */
+TT_INLINE uint8_t tt_f2e4m3(float f)
+{
+    return tt_f2f8(f, 0);
+}
+
 TT_INLINE uint8_t tt_f2e5m2(float f)
 {
-    uint32_t u = tt_f32_bits(f);
-    uint32_t sign = (u >> 24) & 0x80u;
-    uint32_t a = u & 0x7fffffffu;
-    uint32_t normal = (a - ((127u - 15u) << 23) + 0xfffffu + ((a >> 21) & 1u)) >> 21;
-    uint32_t subnormal = tt_f32_bits(tt_f32_from_bits(a) + 0x1p7f) - 0x43000000u;
-    uint32_t r = a >= 0x38800000u ? normal : subnormal; /* 2^-14 */
-    r = a >= 0x47700000u ? 0x7bu : r; /* 61440 (ties away from 57344, to inf) and past */
-    r = a > 0x7f800000u ? 0x7eu : r;  /* NaN, quiet */
-    return (uint8_t)(r | sign);
+    return tt_f2f8(f, 1);
 }
 
 float tt_fp8_to_float(uint8_t v, tutti_dtype_t dtype)
