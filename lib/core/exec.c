@@ -749,20 +749,6 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
     return TUTTI_ERR_TIMEOUT;
 }
 
-/* Is an any-source receive with w's tag, issued before w, still looking? Then w must not
- * look: a probe may read (tcp's reads the next header), so a message that came after
- * the earlier receive's probe would go to the later receive, against issue order. Nor
- * while a named receive of its tag issued before it waits for its number (late_seq):
- * that one comes first for its rank's next message. */
-static int any_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
-{
-    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        if ((e->late_seq || (e->any_source && e->req.peer < 0)) && e->req.status == 1 &&
-            tt_env_tag(e->req.env) == tt_env_tag(w->req.env))
-            return 1;
-    return 0;
-}
-
 /* ---- named receives behind open any-source ones (MPI's order) ----
  * A message goes to the earliest receive issued that can take it. A receive from rank r
  * takes its sequence number at issue, which gives it r's next message of its tag; but
@@ -770,10 +756,12 @@ static int any_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
  * a named receive waits unnumbered and unposted (late_seq) until no earlier receive of
  * its tag looks any more (any source) or waits so (from r), then takes its number. */
 
-/* Could receive e, which has no number yet, take peer's next message of tag? */
+/* Could receive e, which has no number yet, take peer's next message of tag (peer < 0:
+ * any rank's)? */
 static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
 {
-    return unnumbered(e) && (e->any_source || e->req.peer == peer) && tt_env_tag(e->req.env) == tag;
+    return unnumbered(e) && (e->any_source || peer < 0 || e->req.peer == peer) &&
+           tt_env_tag(e->req.env) == tag;
 }
 
 /* At issue (q_lock held): must a receive from peer of tag wait for its number? Every
@@ -796,8 +784,13 @@ static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
     return 0;
 }
 
-/* Is a receive issued before w (in flight, so ahead of w there) still unnumbered? */
-static int late_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
+/* Must unnumbered receive w (any source, or late) wait: is a receive issued before it
+ * (in flight, so ahead of it there) still unnumbered that could take a message w could?
+ * For a late w, one that would come first for its rank's next message of its tag. For
+ * an any-source w, any of its tag: an any-source one still looking (a probe may read:
+ * tcp's reads the next header, so a message that came after the earlier receive's probe
+ * would go to the later receive, against issue order), or a late one. */
+static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
 {
     for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
         if (unnumbered_for(e, w->req.peer, tt_env_tag(w->req.env)))
@@ -805,7 +798,7 @@ static int late_blocked(const tutti_comm_t *comm, const tutti_work_t *w)
     return 0;
 }
 
-/* w's turn came (late_blocked no more): its number, then its post (q_lock and
+/* w's turn came (blocked_by_earlier no more): its number, then its post (q_lock and
  * `executing` held). 1: in flight; else done or failed (err says why). */
 static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
 {
@@ -864,8 +857,8 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         err[0] = '\0';
         int st = w->req.status;
         if (st == 1 && w->req.peer < 0)
-            st = any_step(comm, w, now, !any_blocked(comm, w), err, sizeof(err));
-        else if (st == 1 && w->late_seq && !late_blocked(comm, w))
+            st = any_step(comm, w, now, !blocked_by_earlier(comm, w), err, sizeof(err));
+        else if (st == 1 && w->late_seq && !blocked_by_earlier(comm, w))
             st = late_step(comm, w, err, sizeof(err));
         if (st == 1) {
             pp = &w->inflight_next;
