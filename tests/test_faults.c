@@ -1234,6 +1234,185 @@ START_TEST(hung_rank_times_out)
 }
 END_TEST
 
+/* ---- tutti_comm_set_timeout: later calls' bound; calls issued before keep theirs ---- */
+
+/* The communicator starts at 20 s: a call after set_timeout(500) that a stopped rank
+ * never joins fails within a few of its 500 ms, not after 20 s. */
+static int rank_set_timeout(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    float buf[16];
+    for (int i = 0; i < 16; i++)
+        buf[i] = (float)(rank * 3 + i);
+    FAIL_IF(tutti_comm_timeout(comm) != 20000, "timeout %d, want 20000", tutti_comm_timeout(comm));
+    FAIL_IF(tutti_comm_timeout(NULL) != TUTTI_ERR_INVALID_ARG, "timeout of NULL");
+    FAIL_IF(tutti_comm_set_timeout(comm, 0) != TUTTI_ERR_INVALID_ARG, "set_timeout(0) taken");
+    FAIL_IF(!strstr(tutti_comm_last_error(comm), "set_timeout: 0 ms") ||
+                !strstr(tutti_comm_last_error(comm), "stays 20000 ms"),
+            "message: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_comm_set_timeout(comm, -7) != TUTTI_ERR_INVALID_ARG, "set_timeout(-7) taken");
+    FAIL_IF(tutti_comm_set_timeout(NULL, 500) != TUTTI_ERR_INVALID_ARG, "set_timeout(NULL) taken");
+    FAIL_IF(tutti_comm_timeout(comm) != 20000, "a refused timeout changed it to %d",
+            tutti_comm_timeout(comm));
+    /* the communicator works on after the refusals, and under its new timeout */
+    FAIL_IF(tutti_comm_set_timeout(comm, 500) != TUTTI_OK, "set_timeout(500)");
+    FAIL_IF(tutti_comm_timeout(comm) != 500, "timeout %d, want 500", tutti_comm_timeout(comm));
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_FP32, TUTTI_SUM) != TUTTI_OK,
+            "allreduce: %s", tutti_comm_last_error(comm));
+    for (int i = 0; i < 16; i++) {
+        float want = 0;
+        for (int r = 0; r < nranks; r++)
+            want += (float)(r * 3 + i);
+        FAIL_IF(buf[i] != want, "buf[%d] = %g, want %g", i, buf[i], want);
+    }
+    if (rank == nranks - 1) { /* never joins: out (not a clean exit) after the others */
+        usleep(2500 * 1000);
+        _exit(3);
+    }
+    double t0 = th_now_ms();
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_FP32, TUTTI_SUM);
+    double dt = th_now_ms() - t0;
+    const char *msg = tutti_comm_last_error(comm);
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt, msg);
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_PEER, "got %s", tutti_status_name(st));
+    FAIL_IF(dt < 400 || dt > 2400, "failed after %.0f ms with a 500 ms timeout (20 s before)", dt);
+    FAIL_IF(st == TUTTI_ERR_TIMEOUT && !strstr(msg, "within 500 ms") && !strstr(msg, "reported"),
+            "message: %s", msg);
+    return 0;
+}
+
+START_TEST(set_timeout_bounds_later_calls)
+{
+    run_apart_expect(rank_set_timeout, 15000, 20000, "00x");
+}
+END_TEST
+
+/* An allreduce issued at 3000 ms that starts only after set_timeout(300) (a barrier the
+ * last rank joins a second late runs before it) keeps its 3000 ms; the one issued after
+ * the change then fails with the communicator. */
+static int rank_timeout_kept(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    (void)arg;
+    float buf[16] = { 0 };
+    if (rank == nranks - 1) {
+        usleep(1000 * 1000);
+        FAIL_IF(tutti_barrier(comm) != TUTTI_OK, "barrier: %s", tutti_comm_last_error(comm));
+        usleep(6000 * 1000); /* never joins the allreduces */
+        _exit(3);
+    }
+    tutti_work_t *w0, *a, *b;
+    double t0 = th_now_ms();
+    FAIL_IF(tutti_barrier_async(comm, &w0) != TUTTI_OK, "barrier");
+    FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_FP32, TUTTI_SUM, &a) !=
+                TUTTI_OK,
+            "allreduce a");
+    FAIL_IF(tutti_comm_set_timeout(comm, 300) != TUTTI_OK, "set_timeout");
+    FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, buf, 16, TUTTI_FP32, TUTTI_SUM, &b) !=
+                TUTTI_OK,
+            "allreduce b");
+    FAIL_IF(tutti_wait(w0, -1) != TUTTI_OK, "barrier: %s", tutti_work_error(w0));
+    int st = tutti_wait(a, -1);
+    double dt = th_now_ms() - t0;
+    fprintf(stderr, "rank %d: a: %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt,
+            tutti_work_error(a));
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_PEER, "a: %s", tutti_status_name(st));
+    /* its 3000 ms from its start (after the barrier, ~1 s in), not 300 */
+    FAIL_IF(dt < 3500 || dt > 6900, "a failed %.0f ms after its issue: want its 3000 ms", dt);
+    FAIL_IF(st == TUTTI_ERR_TIMEOUT && !strstr(tutti_work_error(a), "within 3000 ms") &&
+                !strstr(tutti_work_error(a), "reported"),
+            "a: %s", tutti_work_error(a));
+    FAIL_IF(tutti_wait(b, -1) >= 0, "b succeeded");
+    tutti_work_free(w0);
+    tutti_work_free(a);
+    tutti_work_free(b);
+    return 0;
+}
+
+START_TEST(set_timeout_keeps_issued_calls)
+{
+    run_apart_expect(rank_timeout_kept, 15000, 3000, "00x");
+}
+END_TEST
+
+/* Point to point: a receive posted under 4000 ms, then one under 400 ms: the second
+ * times out first (its deadline comes before an earlier one's). */
+static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    (void)arg;
+    int v[4] = { 0 };
+    if (rank == 1) { /* sends nothing; its own receive fails with rank 0's news */
+        int st = tutti_recv(comm, v, 4, TUTTI_INT32, 0, 9);
+        FAIL_IF(st >= 0, "rank 1's receive succeeded");
+        return 0;
+    }
+    tutti_work_t *a, *b;
+    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, 1, 1, &a) != TUTTI_OK, "recv a");
+    FAIL_IF(tutti_comm_set_timeout(comm, 400) != TUTTI_OK, "set_timeout");
+    double t0 = th_now_ms();
+    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, 1, 2, &b) != TUTTI_OK, "recv b");
+    int st = tutti_wait(b, -1);
+    double dt = th_now_ms() - t0;
+    fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt,
+            tutti_work_error(b));
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
+    FAIL_IF(dt < 300 || dt > 2500, "b failed after %.0f ms with a 400 ms timeout (a: 4000)", dt);
+    FAIL_IF(!strstr(tutti_work_error(b), "within 400 ms") || !strstr(tutti_work_error(b), "tag 2"),
+            "b: %s", tutti_work_error(b));
+    FAIL_IF(tutti_wait(a, -1) >= 0, "a succeeded");
+    tutti_work_free(a);
+    tutti_work_free(b);
+    return 0;
+}
+
+START_TEST(set_timeout_lowered_p2p)
+{
+    run_apart_expect(rank_p2p_lowered, 12000, 4000, "00");
+}
+END_TEST
+
+/* A named receive waiting behind an any-source one of its tag (MPI's order), issued
+ * under a lower timeout: it fails at its own, saying what it waited behind. */
+static int rank_late_lowered(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    (void)dir;
+    (void)arg;
+    int v[4] = { 0 }, u[4] = { 0 };
+    if (rank == 1) {
+        int st = tutti_recv(comm, v, 4, TUTTI_INT32, 0, 9);
+        FAIL_IF(st >= 0, "rank 1's receive succeeded");
+        return 0;
+    }
+    tutti_work_t *a, *b;
+    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &a) != TUTTI_OK,
+            "recv a");
+    FAIL_IF(tutti_comm_set_timeout(comm, 400) != TUTTI_OK, "set_timeout");
+    double t0 = th_now_ms();
+    FAIL_IF(tutti_recv_async(comm, u, 4, TUTTI_INT32, 1, 3, &b) != TUTTI_OK, "recv b");
+    int st = tutti_wait(b, -1);
+    double dt = th_now_ms() - t0;
+    fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt,
+            tutti_work_error(b));
+    FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
+    FAIL_IF(dt < 300 || dt > 2500, "b failed after %.0f ms with a 400 ms timeout (a: 4000)", dt);
+    FAIL_IF(!strstr(tutti_work_error(b), "behind an earlier any-source receive of tag 3"), "b: %s",
+            tutti_work_error(b));
+    FAIL_IF(tutti_wait(a, -1) >= 0, "a succeeded");
+    tutti_work_free(a);
+    tutti_work_free(b);
+    return 0;
+}
+
+START_TEST(set_timeout_lowered_late_recv)
+{
+    run_apart_expect(rank_late_lowered, 12000, 4000, "00");
+}
+END_TEST
+
 /* ---- abort ---- */
 
 static void abort_comm(void *comm)
@@ -1600,6 +1779,10 @@ static Suite *suite(void)
                  (const TTest *const[]){ mismatch_hosts_every_collective, NULL });
     th_add_tests(s, "killed", 90,
                  (const TTest *const[]){ rank_killed_mid_allreduce, hung_rank_times_out, NULL });
+    th_add_tests(s, "set_timeout", 90,
+                 (const TTest *const[]){ set_timeout_bounds_later_calls,
+                                         set_timeout_keeps_issued_calls, set_timeout_lowered_p2p,
+                                         set_timeout_lowered_late_recv, NULL });
     th_add_tests(s, "abort", 90,
                  (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure,
                                          peer_abort_then_exit, peer_abort_cascades, NULL });

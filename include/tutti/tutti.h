@@ -470,6 +470,21 @@ int tutti_comm_size(const tutti_comm_t *comm);
  * tells an MPI program). */
 const char *tutti_comm_device(const tutti_comm_t *comm);
 
+/* The communicator's timeout (opts.timeout_ms, as init resolved it), or as
+ * tutti_comm_set_timeout last set it; TUTTI_ERR_INVALID_ARG for a NULL comm. */
+int tutti_comm_timeout(const tutti_comm_t *comm);
+
+/* The bound on the waits of the calls issued on comm from here on (collectives,
+ * send/recv, and what comm-level calls such as tutti_comm_split and tutti_comm_shrink
+ * wait for), as gloo's Context::setTimeout and torch's _set_pg_timeout; calls issued
+ * before keep the timeout they were issued with, so one call can have its own: set,
+ * issue, set back (gloo's per-call option), from the issuing thread. Each rank sets its
+ * own: where ranks differ, each call fails at the earliest of its ranks' bounds (the
+ * others then hear why), as with different TUTTI_TIMEOUT_MS. Communicators split from
+ * comm later inherit it; the store's own bound (set at init) stays. timeout_ms > 0, else
+ * TUTTI_ERR_INVALID_ARG (waits are always bounded). Thread-safe. */
+int tutti_comm_set_timeout(tutti_comm_t *comm, int timeout_ms);
+
 /* Stream-ordered calls, as NCCL's (and MPICH's MPIX_*_enqueue, cuBLAS's handle stream):
  * with a stream set (a CUstream / cudaStream_t of the device's, or CU_STREAM_LEGACY,
  * (void *)1), a blocking collective whose buffers include device memory (managed memory,

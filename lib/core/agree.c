@@ -254,7 +254,7 @@ void tt_agree_drain(tutti_comm_t *comm)
 {
     if (!comm->agree_count || atomic_load(&comm->failed) < 0 || atomic_load(&comm->aborted))
         return;
-    const uint64_t deadline = tt_now_ns() + (uint64_t)comm->opts.timeout_ms * 1000000ull;
+    const uint64_t deadline = tt_now_ns() + (uint64_t)tt_comm_timeout_ms(comm) * 1000000ull;
     while (comm->agree_count > 0) {
         tt_agree_rec_t *rec = tt_agree_at(comm, 0);
         tt_req_t *bad = NULL;

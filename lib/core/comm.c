@@ -65,6 +65,33 @@ const char *tutti_comm_device(const tutti_comm_t *comm)
     return comm && comm->dev ? comm->dev->name : NULL;
 }
 
+int tutti_comm_timeout(const tutti_comm_t *comm)
+{
+    return comm ? tt_comm_timeout_ms(comm) : TUTTI_ERR_INVALID_ARG;
+}
+
+int tutti_comm_set_timeout(tutti_comm_t *comm, int timeout_ms)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "set_timeout", 0);
+    if (timeout_ms <= 0)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "rank %d: set_timeout: %d ms: a communicator's waits are always "
+                                 "bounded (a timeout > 0 ms; its timeout stays %d ms)",
+                                 comm->rank, timeout_ms, tt_comm_timeout_ms(comm));
+    pthread_mutex_lock(&comm->q_lock);
+    /* the calls issued before keep theirs (op->timeout_ms): a lower one lets a later
+     * point-to-point deadline come before an earlier one (exec.c's reap looks at all) */
+    if (timeout_ms < comm->opts.timeout_ms)
+        comm->timeout_lowered = 1;
+    __atomic_store_n(&comm->opts.timeout_ms, timeout_ms, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&comm->q_lock);
+    TT_INFO("timeout %d ms for the calls issued from here on", timeout_ms);
+    return TUTTI_OK;
+}
+
 const char *tutti_comm_transport(const tutti_comm_t *comm)
 {
     return comm && comm->tp_name[0] ? comm->tp_name : "none";
@@ -182,7 +209,7 @@ static int cost_agree(tutti_comm_t *comm, int *probe_p, char *err, size_t errlen
     }
     void *v = NULL;
     size_t len;
-    int st = tt_init_store_get(comm, comm->store, "cost_model", &v, &len, comm->opts.timeout_ms);
+    int st = tt_init_store_get(comm, comm->store, "cost_model", &v, &len, tt_comm_timeout_ms(comm));
     if (st < 0) {
         snprintf(err, errlen, "rank 0's cost model: %s", tutti_strerror(st));
         return st;
@@ -576,6 +603,7 @@ static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, i
     tutti_store_t *js = comm->job_store;
     snprintf(base, sizeof(base), "%s%s-split%u-%d/", js->prefix, comm->nonce, seq, color);
     tutti_comm_opts_t o = comm->opts;
+    o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
     o.job_settle_ms = 0;
     int st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     if (st < 0)
@@ -745,7 +773,7 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
             continue;
         snprintf(key, sizeof(key), "%s%s/shrink%u/excluded/%d", js->prefix, comm->nonce, seq, r);
         size_t olen;
-        st = tutti_store_get(js->base, key, (void **)&other, &olen, comm->opts.timeout_ms);
+        st = tutti_store_get(js->base, key, (void **)&other, &olen, tt_comm_timeout_ms(comm));
         if (st < 0) {
             snprintf(err, sizeof(err), "waiting for rank %d's excluded set: %s", r,
                      tutti_store_last_error(js->base));
@@ -763,6 +791,7 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
     }
     if (st == TUTTI_OK) {
         tutti_comm_opts_t o = comm->opts;
+        o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
         o.job_settle_ms = 0;
         st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     } else if (!err[0]) {
@@ -839,7 +868,8 @@ static int live_agree(tutti_comm_t *comm, const char *dir, int wait_ms, uint32_t
         else
             missing[nout++] = r;
     }
-    if ((st = tutti_store_multi_get(b, got, (size_t)nseen, vals, lens, comm->opts.timeout_ms)) < 0)
+    if ((st = tutti_store_multi_get(b, got, (size_t)nseen, vals, lens, tt_comm_timeout_ms(comm))) <
+        0)
         goto store_err;
     uint32_t and = 0xffffffffu;
     for (int i = 0; i < nseen; i++) {
@@ -920,7 +950,7 @@ int tutti_comm_shrink_live(tutti_comm_t *comm, int wait_ms, tutti_comm_t **newco
                     : TUTTI_ERR_INVALID_ARG;
     *newcomm_p = NULL;
     if (wait_ms < 0)
-        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
+        wait_ms = TT_MAX(tt_comm_timeout_ms(comm) / 4, 1);
     int n = comm->nranks, nabsent = 0;
     int *absent = malloc((size_t)n * sizeof(int));
     uint32_t flag = 0xffffffffu;
@@ -949,7 +979,7 @@ int tutti_comm_agree(tutti_comm_t *comm, int wait_ms, uint32_t *flag_p, int *abs
         return comm ? tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "agree: flag_p is NULL")
                     : TUTTI_ERR_INVALID_ARG;
     if (wait_ms < 0)
-        wait_ms = TT_MAX(comm->opts.timeout_ms / 4, 1);
+        wait_ms = TT_MAX(tt_comm_timeout_ms(comm) / 4, 1);
     int n = comm->nranks, nabsent = 0;
     int *out = malloc((size_t)n * sizeof(int));
     uint32_t flag = *flag_p;
@@ -1015,7 +1045,7 @@ static void grow_ticket_key(const char *prefix, const char *job_id, char *key, s
 static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, const char *ticket,
                         size_t tlen, char *err, size_t errlen)
 {
-    uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms), backoff = 1000000ull;
+    uint64_t deadline = tt_deadline_ns(tt_comm_timeout_ms(comm)), backoff = 1000000ull;
     void *cur = NULL, *expect = NULL;
     size_t clen = 0, elen = 0;
     char fmt[64], obase[TUTTI_STORE_MAX_KEY + 1], ocount[TUTTI_STORE_MAX_KEY + 1];
@@ -1044,7 +1074,7 @@ static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, 
             void *v = NULL;
             size_t vlen = 0;
             if (tutti_store_check(b, k1, 1, &there) == 0 && there &&
-                tutti_store_get(b, ocount, &v, &vlen, comm->opts.timeout_ms) == 0)
+                tutti_store_get(b, ocount, &v, &vlen, tt_comm_timeout_ms(comm)) == 0)
                 tt_store_parse_i64(v, vlen, &joined);
             free(v);
             full = joined >= size - old;
@@ -1054,7 +1084,7 @@ static int grow_publish(tutti_comm_t *comm, tutti_store_t *b, const char *tkey, 
             if (!full)
                 TT_WARN("grow: the ticket at %s (\"%.120s\") did not fill within %d ms: taken "
                         "over",
-                        tkey, (char *)cur, comm->opts.timeout_ms);
+                        tkey, (char *)cur, tt_comm_timeout_ms(comm));
             expect = cur, elen = clen, cur = NULL; /* replace it */
             continue;
         }
@@ -1095,6 +1125,7 @@ int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
         st = grow_publish(comm, js->base, tkey, ticket, (size_t)tlen, err, sizeof(err));
     if (st == TUTTI_OK) {
         tutti_comm_opts_t o = comm->opts;
+        o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
         o.job_settle_ms = 0;
         st = comm_create(newcomm_p, js->base, comm, base, comm->rank, size, &o, err, sizeof(err));
     }

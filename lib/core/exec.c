@@ -153,7 +153,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
     op->chunk_bytes = tt_cost_chunk(sel_bytes, comm->nranks, comm->opts.chunk_bytes);
     op->algo_id = algo->id;
     atomic_store_explicit(&comm->trace_algo, algo->id, memory_order_relaxed);
-    tt_op_start(op, op->dev ? tt_dev_timeout_ms(op) : comm->opts.timeout_ms);
+    tt_op_start(op, op->dev ? tt_dev_timeout_ms(op) : op->timeout_ms);
     op->tp_error_gen = atomic_load(&comm->tp_error_gen);
     TT_TRACE("%s seq %llu: %zu bytes, algorithm %s", tt_coll_name(op->coll),
              (unsigned long long)op->seq, bytes, algo->name);
@@ -263,7 +263,7 @@ static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, const char *name, int 
                          char *err, size_t errlen)
 {
     if (comm->nranks > 1) { /* both callers refused an aborted or failed communicator */
-        tt_op_start(op, comm->opts.timeout_ms);
+        tt_op_start(op, op->timeout_ms);
         tt_fault_fail_op(op, st, why);
         tt_op_finish(op);
         last_error_to(comm, err, errlen);
@@ -640,7 +640,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     }
     w->req.status = 1;
     w->p2p_posted_ns = tt_now_ns();
-    w->p2p_deadline_ns = tt_deadline_ns(comm->opts.timeout_ms);
+    w->p2p_deadline_ns = tt_deadline_ns(w->op.timeout_ms);
     /* what bounds the store calls of its failure paths and stall checks (fault.c) */
     w->op.deadline_ns = w->p2p_deadline_ns;
     if (w->any_source)
@@ -743,7 +743,7 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
         return st;
     char what[64], msg[TT_ERRMSG_LEN];
     snprintf(msg, sizeof(msg), "%s: no rank sent tag %u within %d ms",
-             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), comm->opts.timeout_ms);
+             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -823,6 +823,24 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
     return st < 0 ? st : 1;
 }
 
+/* w, still waiting behind an earlier receive of its tag, reached its deadline: that
+ * receive's own timeout (from the same timeout or a longer one, tutti_comm_set_timeout)
+ * has not failed it first. */
+static int late_timed_out(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
+{
+    int st = p2p_refused(comm, w, "not started", err, errlen);
+    if (st < 0)
+        return st;
+    char what[64], msg[TT_ERRMSG_LEN];
+    snprintf(msg, sizeof(msg),
+             "%s: timed out after %d ms waiting behind an earlier any-source receive of tag %u, "
+             "which no message reached (MPI's order: it takes the first)",
+             p2p_what(w, what, sizeof(what)), w->op.timeout_ms, tt_env_tag(w->req.env));
+    tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
+    last_error_to(comm, err, errlen);
+    return TUTTI_ERR_TIMEOUT;
+}
+
 /* Complete the in-flight requests the transport finished (q_lock and `executing` held);
  * open any-source receives take a step. */
 static void reap_inflight_locked(tutti_comm_t *comm)
@@ -832,12 +850,16 @@ static void reap_inflight_locked(tutti_comm_t *comm)
     if (comm->self_q)
         self_match(comm);
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
-        /* deadlines follow posting order (one timeout a communicator): none past from here
-         * on (a look at every request each reap made posting n of them cost n^2) */
-        if (now <= w->p2p_deadline_ns)
-            break;
-        /* (not a late receive: the earlier receives it waits behind, posted before it with
-         * the same timeout, time out first, naming what they waited for) */
+        /* deadlines follow posting order while the communicator's timeout never went
+         * down (tutti_comm_set_timeout): none past from here on (a look at every request
+         * each reap made posting n of them cost n^2) */
+        if (now <= w->p2p_deadline_ns) {
+            if (!comm->timeout_lowered)
+                break;
+            continue;
+        }
+        /* (not a late receive: its timeout comes in the loop below, after the earlier
+         * receives it waits behind have had theirs, which then name what they waited for) */
         if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
@@ -860,6 +882,8 @@ static void reap_inflight_locked(tutti_comm_t *comm)
             st = any_step(comm, w, now, !blocked_by_earlier(comm, w), err, sizeof(err));
         else if (st == 1 && w->late_seq && !blocked_by_earlier(comm, w))
             st = late_step(comm, w, err, sizeof(err));
+        else if (st == 1 && w->late_seq && now > w->p2p_deadline_ns)
+            st = late_timed_out(comm, w, err, sizeof(err));
         if (st == 1) {
             pp = &w->inflight_next;
             continue;
@@ -901,14 +925,17 @@ static void reap_inflight_locked(tutti_comm_t *comm)
  * timeout instead of with the revoke. Again every half period, as a collective's. */
 static tutti_work_t *inflight_stall_due(tutti_comm_t *comm)
 {
-    int stall_ms = TT_MIN(comm->opts.stall_check_ms, comm->opts.timeout_ms / 2);
-    if (stall_ms <= 0 || atomic_load(&comm->failed) || atomic_load(&comm->aborted))
+    if (comm->opts.stall_check_ms <= 0 || atomic_load(&comm->failed) || atomic_load(&comm->aborted))
         return NULL;
-    uint64_t now = tt_now_ns(), period = (uint64_t)stall_ms * 1000000ull;
+    uint64_t now = tt_now_ns();
     if (now < comm->p2p_stall_next_ns)
         return NULL;
     for (tutti_work_t *w = comm->inflight; w; w = w->inflight_next) {
-        if (w->req.status == 1 && !w->op.store_down && now - w->p2p_posted_ns >= period) {
+        /* (each work's own timeout: tutti_comm_set_timeout may have changed it between) */
+        int stall_ms = TT_MIN(comm->opts.stall_check_ms, w->op.timeout_ms / 2);
+        uint64_t period = (uint64_t)stall_ms * 1000000ull;
+        if (stall_ms > 0 && w->req.status == 1 && !w->op.store_down &&
+            now - w->p2p_posted_ns >= period) {
             comm->p2p_stall_next_ns = now + period / 2;
             return w;
         }
@@ -1270,6 +1297,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
         return st;
     }
     uint64_t seq = comm->next_seq++;
+    op->timeout_ms = comm->opts.timeout_ms; /* (tutti_comm_set_timeout writes it under q_lock) */
     uint64_t now = comm->trace ? tt_coarse_ns() : 0;
     if (!work_p && !comm->q_head && !comm->executing) {
         /* Fast path: nothing queued, run on this thread, on the caller's op (no copy:
@@ -1388,6 +1416,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .elem_size = es,
                        .dtype = dtype,
                        .seq = seq,
+                       .timeout_ms = comm->opts.timeout_ms,
                        .env_count = count,
                        .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
                        .dev = dv.dev };

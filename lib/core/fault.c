@@ -224,7 +224,7 @@ static void describe_stopped(const tt_op_t *op, const char *msg, char *out, size
     tutti_comm_t *comm = op->comm;
     char me[3][48];
     uint64_t now = tt_now_ns(), since = now - comm->stop_end_ns;
-    int recent = comm->stop_end_ns && since < 2 * (uint64_t)comm->opts.timeout_ms * 1000000ull;
+    int recent = comm->stop_end_ns && since < 2 * (uint64_t)tt_comm_timeout_ms(comm) * 1000000ull;
     /* a peer's timeout on this very rank (tt_fault_timed_out's words) */
     snprintf(me[0], sizeof(me[0]), "receiving from rank %d (", comm->rank);
     snprintf(me[1], sizeof(me[1]), "sending to rank %d (", comm->rank);
@@ -495,9 +495,9 @@ void tt_fault_p2p(tt_op_t *op, const tutti_tp_req_v2_t *req, int st, char *err, 
     char msg[TT_ERRMSG_LEN];
     if (st == TUTTI_ERR_TIMEOUT)
         snprintf(msg, sizeof(msg),
-                 "not done within %d ms %s rank %d (%s), tag %u: %zu of %zu bytes",
-                 comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer),
-                 tt_env_tag(req->env), req->xfer, req->len);
+                 "not done within %d ms %s rank %d (%s), tag %u: %zu of %zu bytes", op->timeout_ms,
+                 req_what(req), req->peer, peer_addr(comm, req->peer), tt_env_tag(req->env),
+                 req->xfer, req->len);
     else
         describe_req(op, req, st, msg, sizeof(msg));
     tt_fault_fail_op(op, st, msg);
@@ -655,7 +655,7 @@ int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
     /* Ranks waiting on each other time out at about the same moment; a short grace lets
      * the report of the rank that waits on the real culprit arrive, so that every rank
      * names the hung one rather than its neighbour. */
-    int grace_ms = TT_MIN(200, comm->opts.timeout_ms / 10);
+    int grace_ms = TT_MIN(200, op->timeout_ms / 10);
     uint64_t grace_end = tt_deadline_ns(grace_ms);
     while (tt_now_ns() < grace_end && req->status == 1) {
         comm->tp_ops->progress(comm->tp, TT_MAX(1, tt_ms_left(grace_end)));
@@ -669,8 +669,8 @@ int tt_fault_timed_out(tt_op_t *op, tutti_tp_req_v2_t *req)
         snprintf(moved, sizeof(moved), ": %zu of %zu bytes moved", req->xfer, req->len);
     /* the op's deadline is its start plus the timeout, whatever moved meanwhile (as Gloo's
      * and torch's timeouts are): "not done within", and the bytes moved, say so */
-    snprintf(msg, sizeof(msg), "not done within %d ms %s rank %d (%s)%s%s%s%s",
-             comm->opts.timeout_ms, req_what(req), req->peer, peer_addr(comm, req->peer), moved,
+    snprintf(msg, sizeof(msg), "not done within %d ms %s rank %d (%s)%s%s%s%s", op->timeout_ms,
+             req_what(req), req->peer, peer_addr(comm, req->peer), moved,
              chain[0] ? " (" : " (peer hung, slow, or not calling this collective", chain, ")");
     tt_fault_fail_op(op, TUTTI_ERR_TIMEOUT, msg);
     return TUTTI_ERR_TIMEOUT;

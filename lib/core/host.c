@@ -152,7 +152,7 @@ void tt_comm_host_init(tutti_comm_t *comm)
         .abi_version = TUTTI_TRANSPORT_ABI_V1,
         .rank = comm->rank,
         .nranks = comm->nranks,
-        .timeout_ms = comm->opts.timeout_ms,
+        .timeout_ms = tt_comm_timeout_ms(comm),
         .spin_us = comm->opts.spin_us,
         .ctx = comm,
         .store_set = host_store_set,

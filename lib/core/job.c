@@ -639,7 +639,7 @@ static int open_views(tutti_comm_t *comm, tutti_store_t *store, const char *base
                  tutti_strerror(st));
         return st;
     }
-    tutti_store_set_timeout(comm->store, comm->opts.timeout_ms);
+    tutti_store_set_timeout(comm->store, tt_comm_timeout_ms(comm));
     tutti_store_set_timeout(comm->qstore, tt_comm_quick_ms(comm));
     snprintf(comm->instance, sizeof(comm->instance), "%s/%s", comm->job_id[0] ? comm->job_id : "-",
              comm->nonce);
@@ -654,7 +654,7 @@ static int join_as_root(tutti_comm_t *comm, const char *my_host, uint64_t deadli
                      .pid = (long)getpid(),
                      .pidns = tp_pidns(),
                      .created_ms = realtime_ms(),
-                     .timeout_ms = comm->opts.timeout_ms,
+                     .timeout_ms = tt_comm_timeout_ms(comm),
                      .chunk_bytes = comm->opts.chunk_bytes };
     tt_job_self_start(&me.start); /* read, and checked, at tt_job_join's start */
     tt_transport_canon(comm->opts.transport, me.transport, sizeof(me.transport));
@@ -1081,18 +1081,18 @@ static int member_give_up(tutti_comm_t *comm, const member_wait_t *w, char *err,
         snprintf(err, errlen,
                  "store %s, prefix %s: %s, and no newer instance of this job appeared within "
                  "%d ms (did this job's rank 0 fail or not start?); %s",
-                 comm->store_url, comm->job_base, w->why, comm->opts.timeout_ms, self);
+                 comm->store_url, comm->job_base, w->why, tt_comm_timeout_ms(comm), self);
     else if (w->nrej)
         snprintf(err, errlen,
                  "store %s, prefix %s: already used by another job, and no instance of this "
                  "job appeared within %d ms (%s); give each job its own TUTTI_JOB_ID (or "
                  "TUTTI_PREFIX, or store); %s",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, w->why, self);
+                 comm->store_url, comm->job_base, tt_comm_timeout_ms(comm), w->why, self);
     else
         snprintf(err, errlen,
                  "store %s: rank 0 did not create a job instance at %sinstance within %d ms "
                  "(%s; rank 0 must have the same)%s%s",
-                 comm->store_url, comm->job_base, comm->opts.timeout_ms, self,
+                 comm->store_url, comm->job_base, tt_comm_timeout_ms(comm), self,
                  w->store_said[0] ? "; the store: " : "", w->store_said);
     return w->nrej && !w->dead_only ? TUTTI_ERR_IN_USE : TUTTI_ERR_TIMEOUT;
 }
@@ -1153,7 +1153,7 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
                  tutti_strerror(st));
         return st;
     }
-    tutti_store_set_timeout(comm->job_store, comm->opts.timeout_ms);
+    tutti_store_set_timeout(comm->job_store, tt_comm_timeout_ms(comm));
     /* The record and the claim name this process's start, by which the other ranks tell
      * it alive from a dead one of the same pid: without it (0) they would take it for
      * dead, so set-up fails here, saying why, instead of waiting for its timeout */
@@ -1174,7 +1174,7 @@ int tt_job_join(tutti_comm_t *comm, tutti_store_t *store, const char *base, char
         snprintf(comm->nonce + 2 * i, 3, "%02x", rnd[i]);
     char host[256];
     tt_host_id(comm->opts.host_id, host, sizeof(host));
-    uint64_t deadline = tt_deadline_ns(comm->opts.timeout_ms);
+    uint64_t deadline = tt_deadline_ns(tt_comm_timeout_ms(comm));
     st = comm->rank == 0 ? join_as_root(comm, host, deadline, err, errlen)
                          : join_as_member(comm, host, deadline, err, errlen);
     if (st < 0)

@@ -85,6 +85,8 @@ typedef struct tt_op {
     /* TUTTI_TP_HINT_* for every request the op posts (an algorithm sets it at its
      * start, e.g. single copy for exchanges where both sides wait anyway) */
     uint32_t tp_hints;
+    int timeout_ms; /* the bound on its waits from its start: its communicator's timeout
+                       when it was issued (tutti_comm_set_timeout changes later calls') */
     uint64_t deadline_ns;
     int tp_error_gen;       /* transport failures seen before this op started */
     int waited;             /* it went through tt_p2p_progress (a timed wait) */

@@ -107,7 +107,7 @@ int tt_p2p_progress(tt_op_t *op, tt_req_t *req)
     if (ms == 0)
         return tt_fault_timed_out(op, &req->tp);
     /* before the timeout, so that a timed-out rank can read who waits on whom */
-    int stall_ms = TT_MIN(comm->opts.stall_check_ms, comm->opts.timeout_ms / 2);
+    int stall_ms = TT_MIN(comm->opts.stall_check_ms, op->timeout_ms / 2);
     if (stall_ms > 0) {
         if (!op->stall_next_ns)
             op->stall_next_ns = now + (uint64_t)stall_ms * 1000000ull;

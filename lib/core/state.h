@@ -234,6 +234,9 @@ struct tutti_comm {
     struct tt_p2p_seq *p2p_seq;
     size_t p2p_seq_cap, p2p_seq_n;
     int any_next;                /* the peer the next any-source search probes first */
+    int timeout_lowered;         /* tutti_comm_set_timeout went below an earlier timeout:
+                                    point-to-point deadlines may no longer follow posting
+                                    order (q_lock) */
     int unnumbered;              /* receives issued that have no number yet: any-source
                                     ones looking, late_seq ones (0: late_at_issue need not
                                     look; q_lock) */
@@ -257,6 +260,14 @@ static inline int tt_comm_foreign_inline(const struct tutti_comm *comm)
     return __builtin_expect(comm->owner_pid !=
                                 atomic_load_explicit(&tt_self_pid, memory_order_relaxed),
                             0);
+}
+
+/* The communicator's timeout as it is now (opts.timeout_ms): tutti_comm_set_timeout
+ * writes it under q_lock, which its readers outside that lock may not hold. An op's own
+ * bound is op->timeout_ms, read under q_lock when it was issued. */
+static inline int tt_comm_timeout_ms(const struct tutti_comm *comm)
+{
+    return __atomic_load_n(&comm->opts.timeout_ms, __ATOMIC_RELAXED);
 }
 
 #endif /* TT_STATE_H */

@@ -407,7 +407,7 @@ static void reap_streamed(tt_comm_t *comm, int wait_ms);
 void tt_dev_free_blocks(tt_comm_t *comm)
 {
     if (__atomic_load_n(&comm->dev_pending, __ATOMIC_ACQUIRE))
-        reap_streamed(comm, comm->opts.timeout_ms > 0 ? comm->opts.timeout_ms : 30000);
+        reap_streamed(comm, tt_comm_timeout_ms(comm) > 0 ? tt_comm_timeout_ms(comm) : 30000);
     tt_dev_pool_t *pl = comm->dev_pool;
     comm->dev_pool = NULL;
     for (int i = 0; pl && i < pl->n; i++)
@@ -549,7 +549,7 @@ int tt_dev_streamed(const tt_comm_t *comm, const tt_op_t *op)
 int tt_dev_timeout_ms(const tt_op_t *op)
 {
     const tt_dev_stage_t *d = op->dev;
-    const int t = op->comm->opts.timeout_ms, late = op->comm->opts.stream_timeout_ms;
+    const int t = op->timeout_ms, late = op->comm->opts.stream_timeout_ms;
     if (!d || (!d->stream && !d->drained))
         return t;
     return late < 0 || late > INT32_MAX / 2 - t ? INT32_MAX / 2 : t + late;

@@ -578,7 +578,7 @@ static int exchange_host_ids(tutti_comm_t *comm, const char *me, unsigned char *
         keys[r] = kbuf[r];
     }
     st = tt_init_store_multi_get(comm, comm->store, (const char *const *)keys, (size_t)n, vals,
-                                 lens, comm->opts.timeout_ms, "rank");
+                                 lens, tt_comm_timeout_ms(comm), "rank");
     if (st < 0) {
         snprintf(err, errlen, "waiting for every rank's host id: %s",
                  tutti_store_last_error(comm->store));

@@ -166,6 +166,36 @@ def test_work_wait_timeout_then_completes():
     assert r == 0.3 and done_before is False and vals == [2.0] * 4
 
 
+def set_timeout(comm):
+    before = comm.timeout_ms
+    try:
+        comm.timeout_ms = 0
+        zero = "no error"
+    except tutti.InvalidArgError as e:
+        zero = str(e)
+    a = np.full(4, comm.rank + 1.0, np.float32)
+    comm.allreduce(a)  # under the communicator's first timeout still
+    comm.timeout_ms = 500
+    if comm.rank == 1:
+        time.sleep(3.0)  # never joins the next one
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(a)
+        late = "no error"
+    except tutti.TimeoutError as e:
+        late = str(e)
+    return before, zero, a.tolist(), comm.timeout_ms, late, time.monotonic() - t0
+
+
+def test_set_timeout_bounds_later_calls():
+    before, zero, vals, now, late, secs = run(set_timeout, 2, timeout_ms=20000)[0]
+    assert before == 20000 and now == 500 and vals == [3.0] * 4
+    assert "set_timeout: 0 ms" in zero and "stays 20000 ms" in zero, zero
+    assert "within 500 ms" in late and "rank 1" in late, late
+    assert 0.4 < secs < 2.5, (secs, late)
+
+
 def test_store_close_refused_while_used(tmp_path):
     store = tutti.Store(f"file://{tmp_path}")
     comm = tutti.Communicator(store, 0, 1, job_id="close-test")

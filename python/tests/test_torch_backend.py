@@ -650,6 +650,71 @@ def test_wait_is_bounded_by_the_group_timeout():
     assert 2.5 < secs < 5, (secs, text)
 
 
+def _late_peer(rank, call):
+    """Rank 1 never joins; rank 0's call(t) fails: its text and how long it took."""
+    if rank == 1:
+        time.sleep(4.5)  # leaves after rank 0 gave up
+        return None
+    t0 = time.monotonic()
+    try:
+        call(torch.ones(4)).wait()
+        return "no error", 0
+    except RuntimeError as e:
+        return str(e), time.monotonic() - t0
+
+
+def per_call_timeout(rank, size):
+    pg = dist.group.WORLD
+    opts = dist.AllreduceOptions()
+    opts.timeout = datetime.timedelta(seconds=5)
+    t = torch.full((3,), float(rank + 1))
+    pg.allreduce([t], opts).wait()
+    assert t.tolist() == [3.0] * 3, t
+    kept = tutti.torch._tutti_pg(None).timeout  # the group's own, untouched by the call's
+    opts.timeout = datetime.timedelta(0)
+    try:
+        pg.allreduce([t], opts)
+        zero = "no error"
+    except RuntimeError as e:
+        zero = str(e)
+    opts.timeout = datetime.timedelta(milliseconds=600)
+    return kept, zero, _late_peer(rank, lambda x: pg.allreduce([x], opts))
+
+
+def test_a_calls_own_timeout():
+    """A call's options.timeout bounds that call (as gloo's backend does), the group's
+    other calls keep the group's; 0 is refused, saying why."""
+    (kept, zero, (text, secs)), (kept1, zero1, _) = run(per_call_timeout, 2, group_timeout=20)
+    assert kept == kept1 == datetime.timedelta(seconds=20), (kept, kept1)
+    assert "set_timeout: 0 ms" in zero and "always bounded" in zero, zero
+    assert "Timed out" in text and "within 600 ms" in text and "rank 1" in text, text
+    assert 0.4 < secs < 3, (secs, text)
+
+
+def group_set_timeout(rank, size):
+    try:
+        tutti.torch.set_timeout(datetime.timedelta(0))
+        zero = "no error"
+    except RuntimeError as e:
+        zero = str(e)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0, 2.0], t
+    tutti.torch.set_timeout(datetime.timedelta(milliseconds=700))
+    now = tutti.torch._tutti_pg(None).timeout
+    return now, zero, _late_peer(rank, lambda x: dist.all_reduce(x, async_op=True))
+
+
+def test_set_timeout_of_a_group():
+    """tutti.torch.set_timeout (torch's _set_pg_timeout for gloo and nccl) bounds the
+    group's later calls: 700 ms instead of the 20 s the group was made with."""
+    (now, zero, (text, secs)), _ = run(group_set_timeout, 2, group_timeout=20)
+    assert now == datetime.timedelta(milliseconds=700), now
+    assert "set_timeout" in zero and "1 ms" in zero, zero
+    assert "Timed out" in text and "within 700 ms" in text and "rank 1" in text, text
+    assert 0.5 < secs < 3, (secs, text)
+
+
 # ---- subgroups ----
 
 def subgroup(rank, size):

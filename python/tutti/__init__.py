@@ -922,6 +922,22 @@ class Communicator(_Handle):
         d = _lib_.tutti_comm_device(self._handle())
         return d.decode() if d else None
 
+    @property
+    def timeout_ms(self):
+        """The bound on each call's waits, in ms (timeout_ms, TUTTI_TIMEOUT_MS). Setting it
+        (tutti_comm_set_timeout; > 0) bounds the calls issued from then on, as gloo's
+        setTimeout and torch's _set_pg_timeout; calls issued before keep theirs."""
+        return _lib_.tutti_comm_timeout(self._handle())
+
+    @timeout_ms.setter
+    def timeout_ms(self, ms):
+        ms = _int(ms, "timeout_ms")
+        h = self._handle()
+        with self._lock:
+            st = _lib_.tutti_comm_set_timeout(h, ms)
+            if st < 0:
+                raise self._error(st, "set_timeout")
+
     def set_stream(self, stream):
         """Stream-ordered calls (NCCL's model; tutti_comm_set_stream): with a CUDA stream
         set (a torch.cuda.Stream, a CuPy Stream, anything with .cuda_stream, .ptr or

@@ -235,6 +235,8 @@ _OTHERS = {
     "tutti_comm_last_error": (ctypes.c_char_p, [_P]),
     "tutti_comm_transport": (ctypes.c_char_p, [_P]),
     "tutti_comm_device": (ctypes.c_char_p, [_P]),
+    "tutti_comm_timeout": (_I, [_P]),
+    "tutti_comm_set_timeout": (_I, [_P, _I]),
     "tutti_comm_set_stream": (_I, [_P, ctypes.c_void_p]),
     "tutti_comm_stream_error": (_I, [_P]),
     "tutti_comm_trace_dump": (_I, [_P, _I]),

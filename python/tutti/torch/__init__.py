@@ -185,11 +185,23 @@ def trace(group=None):
     JSON; tools/tutti-trace compares several ranks'). torch 2.x's NCCL counterpart is
     torch.distributed's flight recorder dump."""
     import json
+    return json.loads(_tutti_pg(group).trace())
+
+
+def _tutti_pg(group):
     from torch.distributed import distributed_c10d as c10d
     pg = group if group is not None else c10d._get_default_group()
     if not isinstance(pg, _C.ProcessGroupTutti):  # torch 2.x: the group's CPU backend
         pg = pg._get_backend(_torch.device("cpu"))
-    return json.loads(pg.trace())
+    return pg
+
+
+def set_timeout(timeout, group=None):
+    """torch.distributed's _set_pg_timeout for tutti groups (torch's sets gloo's and
+    nccl's only): the group's calls issued from now on are bounded by timeout (a
+    timedelta), their wait()s too; those issued before keep theirs. Each rank sets its
+    own, as with torch's."""
+    _tutti_pg(group).set_timeout(timeout)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

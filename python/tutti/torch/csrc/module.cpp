@@ -28,6 +28,9 @@ PYBIND11_MODULE(_C, m)
     py::class_<tutti_torch::ProcessGroupTutti, tutti_torch::PGBase,
                c10::intrusive_ptr<tutti_torch::ProcessGroupTutti>>(m, "ProcessGroupTutti")
         .def_property_readonly("transport", &tutti_torch::ProcessGroupTutti::transport)
+        .def_property_readonly("timeout", &tutti_torch::ProcessGroupTutti::timeout)
+        .def("set_timeout", &tutti_torch::ProcessGroupTutti::set_timeout, py::arg("timeout"),
+             py::call_guard<py::gil_scoped_release>())
         .def("trace", &tutti_torch::ProcessGroupTutti::trace,
              py::call_guard<py::gil_scoped_release>())
         /* torch >= 2.1 binds these on its Backend too; here for torch 1.x (and tests) */

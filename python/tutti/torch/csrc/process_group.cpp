@@ -781,6 +781,32 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkSparse::getFuture()
 
 /* ---- ProcessGroupTutti: set-up ---- */
 
+namespace
+{
+/* A call's own timeout: its options' `timeout` (gloo's backend honours it a call; unset:
+ * the group's), from the collective's entry to its launch, on the calling thread. */
+thread_local std::chrono::milliseconds call_timeout = c10d::kUnsetTimeout;
+
+struct CallTimeout {
+    explicit CallTimeout(std::chrono::milliseconds t) : prev(call_timeout)
+    {
+        call_timeout = t;
+    }
+    ~CallTimeout()
+    {
+        call_timeout = prev;
+    }
+    CallTimeout(const CallTimeout &) = delete;
+    CallTimeout &operator=(const CallTimeout &) = delete;
+    std::chrono::milliseconds prev;
+};
+
+int clamp_ms(std::chrono::milliseconds t)
+{
+    return (int)std::min<int64_t>(std::max<int64_t>(t.count(), INT_MIN), INT_MAX);
+}
+} // namespace
+
 ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                                      int size, std::chrono::milliseconds timeout)
     : PGBase(rank, size), timeout_(timeout), op_timeout_(timeout), owner_pid_(getpid())
@@ -973,7 +999,7 @@ ProcessGroupTutti::~ProcessGroupTutti()
          * sparse_comm_ (from the completer) before it goes; one later than that bound
          * finds none and fails */
         std::unique_lock<std::mutex> g(sparse_mu_);
-        sparse_cv_.wait_for(g, op_timeout_ + std::chrono::seconds(5),
+        sparse_cv_.wait_for(g, op_timeout_.load() + std::chrono::seconds(5),
                             [this] { return sparse_next_ == sparse_issued_.load(); });
         tutti_comm_t *sc = sparse_comm_;
         sparse_comm_ = nullptr;
@@ -984,6 +1010,25 @@ ProcessGroupTutti::~ProcessGroupTutti()
     tutti_store_close(store_);
     if (py)
         PyEval_RestoreThread(py);
+}
+
+void ProcessGroupTutti::set_timeout(std::chrono::milliseconds timeout)
+{
+    check_owner("set_timeout");
+    TORCH_CHECK(timeout.count() > 0 && timeout.count() <= INT_MAX, "tutti backend: set_timeout on rank ",
+                rank_, ": ", timeout.count(), " ms: a timeout from 1 ms to ", INT_MAX,
+                " ms (waits are always bounded)");
+    {
+        std::lock_guard<std::mutex> g(issue_mu_);
+        int st = tutti_comm_set_timeout(comm_, (int)timeout.count());
+        if (st != TUTTI_OK)
+            fail("set_timeout", st);
+        op_timeout_ = timeout;
+        timeout_ = timeout;
+        std::lock_guard<std::mutex> gs(sparse_mu_); /* (sparse_comm_ goes under it) */
+        if (sparse_comm_)
+            tutti_comm_set_timeout(sparse_comm_, (int)timeout.count());
+    }
 }
 
 std::string ProcessGroupTutti::transport() const
@@ -1033,15 +1078,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
                                                          const Call &call,
                                                          std::vector<std::vector<at::Tensor>> nested)
 {
-    auto work = c10::make_intrusive<WorkTutti>(rank_, type, name, std::move(outputs), op_timeout_,
+    check_owner(name); /* before issue_mu_, which a parent's thread may have held */
+    std::lock_guard<std::mutex> g(issue_mu_);
+    const auto group_t = op_timeout_.load();
+    const auto t = call_timeout == c10d::kUnsetTimeout ? group_t : call_timeout;
+    auto work = c10::make_intrusive<WorkTutti>(rank_, type, name, std::move(outputs), t,
                                                &completer_);
     if (!nested.empty())
         work->nest(std::move(nested));
     work->buffers = std::move(buffers);
     work->finisher = std::move(finisher);
-    check_owner(name); /* before issue_mu_, which a parent's thread may have held */
-    std::lock_guard<std::mutex> g(issue_mu_);
-    int st = call(&work->handle);
+    /* a call's own timeout: the communicator's for this call alone (issue_mu_ keeps
+     * other calls out meanwhile) */
+    const bool own = t != group_t;
+    int st = own ? tutti_comm_set_timeout(comm_, clamp_ms(t)) : TUTTI_OK;
+    if (st != TUTTI_OK)
+        fail(name, st);
+    st = call(&work->handle);
+    if (own)
+        tutti_comm_set_timeout(comm_, clamp_ms(group_t));
     if (st != TUTTI_OK)
         fail(name, st);
     /* the callback's reference, given back by the completer */
@@ -1163,6 +1218,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkBatch::getFuture()
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tensor> &tensors,
                                                             const c10d::BroadcastOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const at::Tensor &t = single(tensors, "broadcast");
     check_root(opts.rootRank, size_, "broadcast");
     carrier c = carry(t);
@@ -1179,6 +1235,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tensor> &tensors,
                                                             const c10d::AllreduceOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     if (tensors.size() == 1 && tensors[0].layout() == at::kSparse)
         return allreduce_sparse_coo(tensors[0], opts);
     const at::Tensor &t = single(tensors, "allreduce");
@@ -1237,10 +1294,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_sparse_coo(
     at::Tensor all = at::empty({ size_ * kSparseMeta }, at::kLong);
 
     auto user = c10::make_intrusive<WorkSparse>(rank_, std::vector<at::Tensor>{ t },
-                                                op_timeout_ * 2 + std::chrono::seconds(1));
+                                                op_timeout_.load() * 2 + std::chrono::seconds(1));
     auto first = c10::make_intrusive<WorkTutti>(rank_, c10d::OpType::ALLREDUCE,
                                                 "allreduce (sparse: sizes)",
-                                                std::vector<at::Tensor>{}, op_timeout_,
+                                                std::vector<at::Tensor>{}, op_timeout_.load(),
                                                 &completer_);
     first->buffers = { meta, all };
     uint64_t seq;
@@ -1424,7 +1481,7 @@ ProcessGroupTutti::SparseIssue ProcessGroupTutti::sparse_stage2(
             at::Tensor recv = at::empty({ (int64_t)total }, at::kByte);
             auto second = c10::make_intrusive<WorkTutti>(rank_, c10d::OpType::ALLREDUCE,
                                                          "allreduce (sparse: values)",
-                                                         std::vector<at::Tensor>{}, op_timeout_,
+                                                         std::vector<at::Tensor>{}, op_timeout_.load(),
                                                          &completer_);
             second->buffers = { packed, recv };
             int st = tutti_allgatherv_async(sparse_comm_, packed.data_ptr(), recv.data_ptr(),
@@ -1453,6 +1510,7 @@ ProcessGroupTutti::SparseIssue ProcessGroupTutti::sparse_stage2(
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
     std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     TORCH_CHECK(!tensors.empty(), "tutti backend: allreduce_coalesced: no tensors");
     same_dtype(tensors, tensors[0], "allreduce_coalesced");
     reduction r = to_reduction(tensors[0], opts.reduceOp, "allreduce_coalesced");
@@ -1470,6 +1528,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor> &tensors,
                                                          const c10d::ReduceOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const at::Tensor &t = single(tensors, "reduce");
     check_root(opts.rootRank, size_, "reduce");
     reduction r = to_reduction(t, opts.reduceOp, "reduce");
@@ -1488,8 +1547,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
     std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
-    const c10d::AllgatherOptions &)
+    const c10d::AllgatherOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     at::Tensor in = contig(single(inputs, "allgather"));
     std::vector<size_t> counts = uneven_counts(outputs, in, size_, rank_, "allgather");
     auto outs = outputs[0];
@@ -1512,8 +1572,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &output,
                                                                   at::Tensor &input,
-                                                                  const c10d::AllgatherOptions &)
+                                                                  const c10d::AllgatherOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     check_device(input, "_allgather_base");
     same_dtype({ output }, input, "_allgather_base");
     carrier c = carry(input);
@@ -1530,8 +1591,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_allgather_base(at::Tensor &ou
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
     std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
-    const c10d::AllgatherOptions &)
+    const c10d::AllgatherOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     TORCH_CHECK(!inputs.empty(), "tutti backend: allgather_coalesced: no tensors");
     same_dtype(inputs, inputs[0], "allgather_coalesced");
     carrier c = carry(inputs[0]);
@@ -1573,6 +1635,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_into_tensor_coalesce
     std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
     const c10d::AllgatherOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const char *name = "allgather_into_tensor_coalesced";
     pairs_of_one_dtype(outputs, inputs, name);
     if (inputs.size() == 1) /* torch 2.x's functional all_gather_into_tensor: no rearranging */
@@ -1607,6 +1670,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::gather(
     std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
     const c10d::GatherOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     at::Tensor in = contig(single(inputs, "gather"));
     check_root(opts.rootRank, size_, "gather");
     carrier c = carry(in);
@@ -1632,6 +1696,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::scatter(
     std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
     const c10d::ScatterOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const at::Tensor &o = single(outputs, "scatter");
     check_root(opts.rootRank, size_, "scatter");
     carrier c = carry(o);
@@ -1654,6 +1719,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter(
     std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
     const c10d::ReduceScatterOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const at::Tensor &o = single(outputs, "reduce_scatter");
     reduction r = to_reduction(o, opts.reduceOp, "reduce_scatter");
     std::vector<size_t> counts = uneven_counts(inputs, o, size_, rank_, "reduce_scatter");
@@ -1677,6 +1743,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesce
     std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
     const c10d::ReduceScatterOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     const char *name = "reduce_scatter_tensor_coalesced";
     pairs_of_one_dtype(outputs, inputs, name);
     if (inputs.size() == 1)
@@ -1704,6 +1771,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::reduce_scatter_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::_reduce_scatter_base(
     at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     check_device(input, "_reduce_scatter_base");
     same_dtype({ output }, input, "_reduce_scatter_base");
     reduction r = to_reduction(input, opts.reduceOp, "_reduce_scatter_base");
@@ -1724,8 +1792,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
                                                                 at::Tensor &input,
                                                                 std::vector<int64_t> &outputSplits,
                                                                 std::vector<int64_t> &inputSplits,
-                                                                const c10d::AllToAllOptions &)
+                                                                const c10d::AllToAllOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     check_device(input, "alltoall_base");
     same_dtype({ output }, input, "alltoall_base");
     carrier c = carry(input);
@@ -1747,8 +1816,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall_base(at::Tensor &outp
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tensor> &outputs,
                                                            std::vector<at::Tensor> &inputs,
-                                                           const c10d::AllToAllOptions &)
+                                                           const c10d::AllToAllOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     TORCH_CHECK((int)inputs.size() == size_ && (int)outputs.size() == size_,
                 "tutti backend: alltoall: needs ", size_, " input and output tensors");
     same_dtype(inputs, inputs[0], "alltoall");
@@ -1810,8 +1880,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, con
     });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOptions &)
+c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOptions &opts)
 {
+    CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     return launch(c10d::OpType::BARRIER, "barrier", {}, {}, nullptr,
                   [&](tutti_work_t **w) { return tutti_barrier_async(comm_, w); });
 }
@@ -1823,7 +1894,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::barrier(const c10d::BarrierOpt
 void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks)
 {
     check_owner("monitoredBarrier");
-    auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+    auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_.load() : opts.timeout;
     auto deadline = std::chrono::steady_clock::now() + timeout;
     auto left = [&] {
         auto d = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -281,6 +281,14 @@ class ProcessGroupTutti : public PGBase
     }
 #endif
 
+    /* The group's timeout for the calls issued from here on, their wait()s included
+     * (tutti_comm_set_timeout; what torch's _set_pg_timeout does to gloo's and nccl's
+     * groups); a call's own options.timeout, where set, still wins for that call. */
+    void set_timeout(std::chrono::milliseconds timeout);
+    std::chrono::milliseconds timeout() const
+    {
+        return op_timeout_.load();
+    }
     std::string transport() const;
     /* The flight recorder: the group's last calls as tutti_comm_trace_dump's JSON. */
     std::string trace() const;
@@ -306,8 +314,9 @@ class ProcessGroupTutti : public PGBase
                               c10::intrusive_ptr<WorkSparse> user);
     [[noreturn]] void fail(const char *name, int status);
 
-    std::chrono::milliseconds timeout_;
-    std::chrono::milliseconds op_timeout_; /* tutti's own (TUTTI_TIMEOUT_MS wins over torch's) */
+    std::atomic<std::chrono::milliseconds> timeout_;
+    /* tutti's own (TUTTI_TIMEOUT_MS wins over torch's at set-up); set_timeout changes both */
+    std::atomic<std::chrono::milliseconds> op_timeout_;
     std::mutex issue_mu_; /* one caller at a time in tutti (last_error is per comm) */
     bool coalescing_ = false; /* under issue_mu_, as coalesced_ */
     std::vector<c10::intrusive_ptr<WorkTutti>> coalesced_;
