@@ -548,6 +548,142 @@ static int rank_any_order(int rank, int nranks, tutti_comm_t *comm, const char *
 TH_RUN_TEST(any_source_order,
             th_run(2, rank_any_order, NULL, 30000) || th_run(3, rank_any_order, NULL, 30000))
 
+/* tutti_probe and tutti_iprobe (MPI_Probe, MPI_Iprobe): the sender, count and dtype of
+ * the message a receive issued now would take, taken by nothing; in the receives' order
+ * (behind a posted receive of the peer, behind an any-source receive still looking);
+ * past other tags; from itself; a timeout that leaves the communicator usable. */
+static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    if (rank == 1) {
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "a", 20000) != 0, "barrier");
+        const int32_t i11[5] = { 10, 11, 12, 13, 14 }, one = 1, two[2] = { 2, 3 }, a = 40,
+                      bc[2] = { 41, 42 }, seven = 7, eight[2] = { 8, 9 };
+        const int64_t i12[2] = { -5, 1ll << 40 };
+        struct {
+            const void *b;
+            size_t n;
+            tutti_dtype_t d;
+            uint32_t tag;
+        } m[] = { { i11, 5, TUTTI_INT32, 11 },    { i12, 2, TUTTI_INT64, 12 },
+                  { &one, 1, TUTTI_INT32, 13 },   { two, 2, TUTTI_INT32, 13 },
+                  { &a, 1, TUTTI_INT32, 14 },     { bc, 2, TUTTI_INT32, 14 },
+                  { &seven, 1, TUTTI_INT32, 16 }, { eight, 2, TUTTI_INT32, 16 } };
+        tutti_work_t *w[8];
+        for (int i = 0; i < 8; i++)
+            FAIL_IF(tutti_send_async(comm, m[i].b, m[i].n, m[i].d, 0, m[i].tag, &w[i]) != 0,
+                    "send %d: %s", i, tutti_comm_last_error(comm));
+        for (int i = 0; i < 8; i++) {
+            FAIL_IF(tutti_wait(w[i], -1) != 0, "send %d: %s", i, tutti_work_error(w[i]));
+            tutti_work_free(w[i]);
+        }
+    } else if (rank == 2) {
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "a", 20000) != 0, "barrier");
+        const double d11[3] = { 0.5, 1.5, 2.5 };
+        FAIL_IF(tutti_send(comm, d11, 3, TUTTI_FP64, 0, 11) != 0, "send: %s",
+                tutti_comm_last_error(comm));
+    } else {
+        int flag = -1, src = -1;
+        size_t cnt = 0;
+        tutti_dtype_t dt = TUTTI_UINT8;
+        FAIL_IF(tutti_iprobe(comm, TUTTI_ANY_SOURCE, 11, &flag, &src, &cnt, &dt) != 0 || flag != 0,
+                "iprobe before any send: %d (source %d)", flag, src);
+        FAIL_IF(tutti_iprobe(comm, 1, 11, NULL, NULL, NULL, NULL) != TUTTI_ERR_INVALID_ARG,
+                "iprobe without flag_p");
+        FAIL_IF(tutti_probe(comm, nranks, 11, NULL, NULL, NULL) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "probe: peer 3 is not a rank"),
+                "probe of rank %d: %s", nranks, tutti_comm_last_error(comm));
+        int32_t v14 = -1, v16 = -1;
+        tutti_work_t *w14, *w16;
+        FAIL_IF(tutti_recv_async(comm, &v14, 1, TUTTI_INT32, 1, 14, &w14) != 0 ||
+                    tutti_recv_async(comm, &v16, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 16, &w16) != 0,
+                "recv: %s", tutti_comm_last_error(comm));
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "a", 20000) != 0, "barrier");
+        /* past rank 1's tag-11 message, which came first */
+        FAIL_IF(tutti_probe(comm, 1, 12, &src, &cnt, &dt) != 0, "probe 12: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(src != 1 || cnt != 2 || dt != TUTTI_INT64, "probe 12: %d %zu %s", src, cnt,
+                tutti_dtype_name(dt));
+        int64_t i12[2] = { 0 };
+        FAIL_IF(tutti_recv(comm, i12, cnt, dt, src, 12) != 0 || i12[0] != -5 || i12[1] != 1ll << 40,
+                "recv 12");
+        /* any source: each sender's message, received with what the probe said */
+        int seen = 0;
+        for (int k = 0; k < 2; k++) {
+            src = -1;
+            FAIL_IF(tutti_probe(comm, TUTTI_ANY_SOURCE, 11, &src, &cnt, &dt) != 0, "probe 11: %s",
+                    tutti_comm_last_error(comm));
+            if (src == 1) {
+                FAIL_IF(cnt != 5 || dt != TUTTI_INT32, "rank 1's: %zu %s", cnt,
+                        tutti_dtype_name(dt));
+                int32_t b[5];
+                FAIL_IF(tutti_recv(comm, b, cnt, dt, src, 11) != 0, "recv 11 from 1");
+                for (int i = 0; i < 5; i++)
+                    FAIL_IF(b[i] != 10 + i, "b[%d] = %d", i, b[i]);
+            } else {
+                FAIL_IF(src != 2 || cnt != 3 || dt != TUTTI_FP64, "probe 11: %d %zu %s", src, cnt,
+                        tutti_dtype_name(dt));
+                double b[3];
+                FAIL_IF(tutti_recv(comm, b, cnt, dt, src, 11) != 0, "recv 11 from 2");
+                FAIL_IF(b[0] != 0.5 || b[1] != 1.5 || b[2] != 2.5, "rank 2's: %g %g %g", b[0], b[1],
+                        b[2]);
+            }
+            seen |= 1 << src;
+        }
+        FAIL_IF(seen != 6, "senders seen: %#x", seen);
+        /* a probe takes nothing: the same message twice, then the next */
+        int32_t b[2] = { 0 };
+        FAIL_IF(tutti_probe(comm, 1, 13, &src, &cnt, &dt) != 0 || cnt != 1, "probe 13: %zu", cnt);
+        FAIL_IF(tutti_iprobe(comm, 1, 13, &flag, &src, &cnt, &dt) != 0 || !flag || cnt != 1,
+                "iprobe 13: %d %zu", flag, cnt);
+        FAIL_IF(tutti_recv(comm, b, 1, TUTTI_INT32, 1, 13) != 0 || b[0] != 1, "recv 13: %d", b[0]);
+        FAIL_IF(tutti_probe(comm, 1, 13, &src, &cnt, &dt) != 0 || cnt != 2, "probe 13 next: %zu",
+                cnt);
+        FAIL_IF(tutti_recv(comm, b, 2, TUTTI_INT32, 1, 13) != 0 || b[0] != 2 || b[1] != 3,
+                "recv 13 next");
+        /* behind a receive posted before: the message after the one it takes */
+        FAIL_IF(tutti_probe(comm, 1, 14, &src, &cnt, &dt) != 0 || cnt != 2, "probe 14: %zu", cnt);
+        FAIL_IF(tutti_wait(w14, -1) != 0 || v14 != 40, "posted recv 14: %d", v14);
+        FAIL_IF(tutti_recv(comm, b, 2, TUTTI_INT32, 1, 14) != 0 || b[0] != 41 || b[1] != 42,
+                "recv 14 next");
+        /* behind an any-source receive of the tag: it takes rank 1's first */
+        FAIL_IF(tutti_probe(comm, 1, 16, &src, &cnt, &dt) != 0 || cnt != 2, "probe 16: %zu", cnt);
+        FAIL_IF(tutti_wait(w16, -1) != 0 || v16 != 7 || tutti_work_source(w16) != 1,
+                "any-source recv 16: %d from %d", v16, tutti_work_source(w16));
+        FAIL_IF(tutti_recv(comm, b, 2, TUTTI_INT32, 1, 16) != 0 || b[0] != 8 || b[1] != 9,
+                "recv 16 next");
+        tutti_work_free(w14);
+        tutti_work_free(w16);
+        /* from itself */
+        const uint8_t u[4] = { 1, 2, 3, 4 };
+        uint8_t ub[4] = { 0 };
+        FAIL_IF(tutti_send(comm, u, 4, TUTTI_UINT8, 0, 15) != 0, "self send");
+        FAIL_IF(tutti_probe(comm, TUTTI_ANY_SOURCE, 15, &src, &cnt, &dt) != 0 || src != 0 ||
+                    cnt != 4 || dt != TUTTI_UINT8,
+                "probe of itself: %d %zu %s", src, cnt, tutti_dtype_name(dt));
+        FAIL_IF(tutti_recv(comm, ub, 4, TUTTI_UINT8, 0, 15) != 0 || memcmp(u, ub, 4), "self recv");
+        /* nothing comes: the probe times out, the communicator goes on */
+        int before = tutti_comm_timeout(comm);
+        FAIL_IF(tutti_comm_set_timeout(comm, 300) != 0, "set_timeout");
+        double t0 = th_now_ms();
+        int st = tutti_probe(comm, 2, 99, &src, &cnt, &dt);
+        double ms = th_now_ms() - t0;
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT, "probe 99: %s", tutti_status_name(st));
+        FAIL_IF(ms < 250 || ms > 3000, "probe 99 timed out after %.0f ms (300)", ms);
+        FAIL_IF(!strstr(tutti_comm_last_error(comm),
+                        "probe from rank 2 (tag 99): no such message came within 300 ms"),
+                "message: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_set_timeout(comm, before) != 0, "set_timeout back");
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    tutti_store_close(sb);
+    return 0;
+}
+
+TH_RUN_TEST(probe, th_run(3, rank_probe, NULL, 30000))
+
 /* A random mix (6 rounds, a tag each): rank 0 issues 120 receives of the tag, from any
  * source, rank 1, rank 2 or itself, and sends to itself between them; ranks 1 and 2
  * send 0..119 each, in half the rounds after rank 0 issued everything. Every source's
@@ -1177,7 +1313,7 @@ static Suite *suite(void)
                  (const TTest *const[]){
                      any_source_senders, any_source_mismatch, any_source_timeout,
                      any_source_sender_left, any_source_sender_died, any_source_unsupported,
-                     to_itself, any_source_order, any_source_mix, many_outstanding, NULL });
+                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -720,6 +720,23 @@ int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype,
                uint32_t tag);
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                      uint32_t tag, tutti_work_t **work_p);
+/* MPI_Probe: wait until a message of tag from peer (or TUTTI_ANY_SOURCE) has come that
+ * a receive issued now would take, and take nothing: its sender, and its count and
+ * dtype as sent, go to *source_p, *count_p and *dtype_p (each may be NULL), so that a
+ * receive of the right size follows (tutti_recv from *source_p with that tag: it takes
+ * this message, as MPI's, where no other thread receives meanwhile). In the receives'
+ * order: a probe behind an any-source receive of its tag still looking waits for it, and
+ * one behind receives still open from its peer sees the message after the ones they
+ * take. Bounded by the communicator's timeout: TUTTI_ERR_TIMEOUT, and the communicator
+ * goes on (the probe took nothing). Needs a transport that can probe (as
+ * TUTTI_ANY_SOURCE). */
+int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_t *count_p,
+                tutti_dtype_t *dtype_p);
+/* MPI_Iprobe: one look, as tutti_probe's: *flag_p 1 and the rest filled where such a
+ * message has come, else 0 (then the rest untouched). */
+int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *source_p,
+                 size_t *count_p, tutti_dtype_t *dtype_p);
+
 /* The rank a finished receive got its message from (its peer, or for TUTTI_ANY_SOURCE
  * the rank that sent it); -1 while it runs, if it failed before a sender was known, or
  * for anything but a receive. */

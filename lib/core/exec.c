@@ -298,7 +298,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
  * writes a posted request's kind and status without it: such receives are unposted). */
 static int unnumbered(const tutti_work_t *w)
 {
-    return w->is_p2p && ((w->any_source && w->req.peer < 0) || w->late_seq);
+    return w->is_p2p && !w->probe && ((w->any_source && w->req.peer < 0) || w->late_seq);
 }
 
 static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *err)
@@ -422,7 +422,13 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 /* "send to rank 3", "recv from rank 1", "recv from any source (tag 7)" */
 static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
-    if (w->any_source && w->req.peer < 0)
+    if (w->probe && w->req.peer < 0)
+        snprintf(buf, len, "%s from any source (tag %u)", w->probe == 2 ? "iprobe" : "probe",
+                 tt_env_tag(w->req.env));
+    else if (w->probe)
+        snprintf(buf, len, "%s from rank %d (tag %u)", w->probe == 2 ? "iprobe" : "probe",
+                 w->req.peer, tt_env_tag(w->req.env));
+    else if (w->any_source && w->req.peer < 0)
         snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
     else
         snprintf(buf, len, "%s rank %d", w->req.kind == TUTTI_TP_SEND ? "send to" : "recv from",
@@ -580,7 +586,7 @@ static int self_send(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
 
 static int is_self_recv(const tutti_comm_t *comm, const tutti_work_t *w)
 {
-    return w->req.kind == TUTTI_TP_RECV && w->req.peer == comm->rank;
+    return w->req.kind == TUTTI_TP_RECV && w->req.peer == comm->rank && !w->probe;
 }
 
 /* The first copy whose env[3] (tag) is key; *prev_p its predecessor (NULL: the head). */
@@ -643,6 +649,10 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     w->p2p_deadline_ns = tt_deadline_ns(w->op.timeout_ms);
     /* what bounds the store calls of its failure paths and stall checks (fault.c) */
     w->op.deadline_ns = w->p2p_deadline_ns;
+    if (w->probe) /* in flight unposted: probe_step looks (a communicator of one: at itself) */
+        return comm->nranks == 1 || (tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe)
+                   ? TUTTI_OK
+                   : any_unsupported(comm, w, err, errlen);
     if (w->any_source)
         return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
                    ? TUTTI_OK
@@ -669,6 +679,22 @@ static int any_matches(const tutti_comm_t *comm, const tutti_work_t *w, int peer
            tt_env_tag(m->env) == tag && m->env[0] == p2p_received((tutti_comm_t *)comm, peer, tag);
 }
 
+/* Has w's tag's next message from peer arrived (not taken)? The transport's probe, or for
+ * this rank the first copy of a send to itself with the tag: 1 with *m filled, 0 no, < 0
+ * the link to peer failed (or TUTTI_ERR_UNSUPPORTED: no probe). */
+static int look_at(tutti_comm_t *comm, const tutti_work_t *w, int peer, tutti_tp_probe_t *m)
+{
+    *m = (tutti_tp_probe_t){ .env = { 0, 0, 0, w->req.env[3] } }; /* the key looked for */
+    if (peer != comm->rank)
+        return comm->tp_ops->probe(comm->tp, peer, m);
+    tt_self_msg_t *prev, *s = self_find(comm, w->req.env[3], &prev);
+    if (!s)
+        return 0;
+    memcpy(m->env, s->env, sizeof(m->env));
+    m->len = s->len;
+    return 1;
+}
+
 /* Look for w's message at every peer, starting after the last peer that had one (round
  * robin, so that a busy rank cannot starve the others), and post w's receive to the
  * first that has it. 1: w is posted (or still looking); < 0: it failed (err says why).
@@ -678,18 +704,8 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
     int n = comm->nranks, dead = 0, dead_st = 0;
     for (int k = 0; k < n; k++) {
         int peer = (comm->any_next + k) % n;
-        tutti_tp_probe_t m = { .env = { 0, 0, 0, w->req.env[3] } }; /* the key looked for */
-        int st = 0;
-        if (peer != comm->rank) {
-            st = comm->tp_ops->probe(comm->tp, peer, &m);
-        } else { /* the first copy of a send to itself with the tag */
-            tt_self_msg_t *prev, *s = self_find(comm, w->req.env[3], &prev);
-            if (s) {
-                memcpy(m.env, s->env, sizeof(m.env));
-                m.len = s->len;
-                st = 1;
-            }
-        }
+        tutti_tp_probe_t m;
+        int st = look_at(comm, w, peer, &m);
         if (st == TUTTI_ERR_UNSUPPORTED)
             return any_unsupported(comm, w, err, errlen);
         if (st < 0) {
@@ -823,6 +839,59 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
     return st < 0 ? st : 1;
 }
 
+/* One step of probe w (q_lock and `executing` held): once no earlier receive of its tag
+ * is unnumbered (a receive issued now would wait for those), look for the message a
+ * receive issued now would take (the next of its tag by number: any_matches) at its
+ * peer or, from any source, at every rank. 0: done (probe_found says whether it saw one;
+ * an iprobe's one look is done either way); 1: still looking; < 0: failed, err says why.
+ * Its timeout fails the probe alone: it took nothing, so the communicator goes on. */
+static int probe_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *err, size_t errlen)
+{
+    int st = p2p_refused(comm, w, "not completed", err, errlen);
+    if (st < 0)
+        return st;
+    char what[64];
+    if (!blocked_by_earlier(comm, w)) {
+        int n = comm->nranks, any = w->req.peer < 0, looks = any ? n : 1, dead = 0, dead_st = 0;
+        for (int k = 0; k < looks; k++) {
+            int peer = any ? (comm->any_next + k) % n : w->req.peer;
+            tutti_tp_probe_t m;
+            st = look_at(comm, w, peer, &m);
+            if (st == TUTTI_ERR_UNSUPPORTED)
+                return any_unsupported(comm, w, err, errlen);
+            if (st < 0) {
+                dead++;
+                dead_st = st;
+            }
+            if (st <= 0 || !any_matches(comm, w, peer, &m))
+                continue;
+            w->probe_found = 1;
+            w->probe_source = peer;
+            w->probe_count = (size_t)m.env[2];
+            w->probe_dtype = (int)((m.env[1] >> 48) & 0xff);
+            return 0;
+        }
+        if (dead && dead == (any ? n - 1 : 1)) {
+            pthread_mutex_lock(&comm->err_lock);
+            snprintf(err, errlen, "rank %d: %s: %s failed (%s)", comm->rank,
+                     p2p_what(w, what, sizeof(what)),
+                     any ? "the links to all other ranks" : "the link to its rank",
+                     comm->tp_error[0] ? comm->tp_error : tutti_strerror(dead_st));
+            pthread_mutex_unlock(&comm->err_lock);
+            return dead_st;
+        }
+    }
+    if (w->probe == 2)
+        return 0; /* (probe_found 0) */
+    if (now <= w->p2p_deadline_ns)
+        return 1;
+    snprintf(err, errlen,
+             "rank %d: %s: no such message came within %d ms (the probe took nothing: the "
+             "communicator goes on)",
+             comm->rank, p2p_what(w, what, sizeof(what)), w->op.timeout_ms);
+    return TUTTI_ERR_TIMEOUT;
+}
+
 /* w, still waiting behind an earlier receive of its tag, reached its deadline: that
  * receive's own timeout (from the same timeout or a longer one, tutti_comm_set_timeout)
  * has not failed it first. */
@@ -860,7 +929,7 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         }
         /* (not a late receive: its timeout comes in the loop below, after the earlier
          * receives it waits behind have had theirs, which then name what they waited for) */
-        if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq) {
+        if (w->req.status == 1 && w->req.peer >= 0 && !w->late_seq && !w->probe) {
             char err[TT_ERRMSG_LEN];
             tt_fault_p2p(&w->op, &w->req, TUTTI_ERR_TIMEOUT, err, sizeof(err));
             break; /* cancel_all failed every request: the loop below reaps them */
@@ -878,7 +947,9 @@ static void reap_inflight_locked(tutti_comm_t *comm)
         char err[TT_ERRMSG_LEN];
         err[0] = '\0';
         int st = w->req.status;
-        if (st == 1 && w->req.peer < 0)
+        if (st == 1 && w->probe)
+            st = probe_step(comm, w, now, err, sizeof(err));
+        else if (st == 1 && w->req.peer < 0)
             st = any_step(comm, w, now, !blocked_by_earlier(comm, w), err, sizeof(err));
         else if (st == 1 && w->late_seq && !blocked_by_earlier(comm, w))
             st = late_step(comm, w, err, sizeof(err));
@@ -1002,7 +1073,8 @@ static void run_head_locked(tutti_comm_t *comm)
              * done something for it to finish (done at once: a send to itself, a receive
              * of a message read aside; one to number or match); the others' completions
              * are reaped after the next progress slice, as ever */
-            if (w->req.status != 1 || unnumbered(w) || is_self_recv(comm, w) || comm->self_q)
+            if (w->req.status != 1 || unnumbered(w) || w->probe || is_self_recv(comm, w) ||
+                comm->self_q)
                 reap_inflight_locked(comm);
             run_callbacks_locked(comm);
             comm->executing = 0;
@@ -1433,6 +1505,61 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                            (w->late_seq ? TT_TRACE_F_LATE : 0),
                        w->any_source ? -1 : peer, tag, tt_coarse_ns(), 0);
     return enqueue_locked(comm, w, work_p);
+}
+
+int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *found_p, int *source_p,
+                  size_t *count_p, tutti_dtype_t *dtype_p)
+{
+    const char *name = once ? "iprobe" : "probe";
+    if (in_callback(comm))
+        return cb_refused(comm, name);
+    tutti_work_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "rank %d: %s: out of memory", comm->rank,
+                                 name);
+    w->comm = comm;
+    w->is_p2p = 1;
+    w->probe = once ? 2 : 1;
+    w->user_redop = TUTTI_SUM;
+    atomic_init(&w->refs, 3); /* the queue's (then in flight), the blocking wait's, ours */
+    pthread_mutex_lock(&comm->q_lock);
+    char err[TT_ERRMSG_LEN];
+    int st = enter_locked(comm, name, 0, err, sizeof(err));
+    if (__builtin_expect(st < 0, 0)) {
+        pthread_mutex_unlock(&comm->q_lock);
+        free(w);
+        set_last_error(comm, err);
+        leave(comm);
+        return st;
+    }
+    atomic_fetch_add(&comm->refs, 1);
+    w->any_source = peer == TUTTI_ANY_SOURCE;
+    /* not numbered, not traced: it takes nothing (a fingerprint and dtype of its own) */
+    w->op = (tt_op_t){ .comm = comm,
+                       .rank = comm->rank,
+                       .nranks = comm->nranks,
+                       .coll = TT_COLL_P2P,
+                       .timeout_ms = comm->opts.timeout_ms,
+                       .elem_size = 1,
+                       .dtype = TUTTI_UINT8,
+                       .fingerprint = tt_fingerprint(TT_COLL_P2P, TUTTI_UINT8, 0, 0) };
+    w->req.kind = TUTTI_TP_RECV;
+    w->req.peer = peer;
+    tt_env_encode(w->req.env, 0, w->op.fingerprint, 0, 0, tag);
+    w->req.env[3] |= TT_ENV_P2P;
+    st = enqueue_locked(comm, w, NULL); /* waits (and drops the wait's reference) */
+    if (st == TUTTI_OK) {
+        if (found_p)
+            *found_p = w->probe_found;
+        if (w->probe_found && source_p)
+            *source_p = w->probe_source;
+        if (w->probe_found && count_p)
+            *count_p = w->probe_count;
+        if (w->probe_found && dtype_p)
+            *dtype_p = (tutti_dtype_t)w->probe_dtype;
+    }
+    work_unref(w);
+    return st;
 }
 
 int tutti_test(tutti_work_t *work, int *done_p)

@@ -32,13 +32,18 @@ struct tutti_work {
     /* tutti_send/recv: posted when its turn comes, then in flight until the transport
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
-    tutti_tp_req_v2_t req;  /* the transport's own: posted directly, not through p2p.c */
-    int any_source;         /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
+    tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
+    int any_source;        /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
                               < 0 until the executor finds its message (exec.c) */
-    int late_seq;           /* a receive from a named rank issued while an earlier one of
+    int late_seq;          /* a receive from a named rank issued while an earlier one of
                               its tag could still take the same message (an any-source
                               receive that still looks, or another such): it takes its
                               sequence number, and is posted, after those (exec.c) */
+    int probe;             /* tutti_probe (1) or tutti_iprobe (2: one look): a receive of its
+                              peer and tag that is never numbered nor posted; it looks for the
+                              message a receive would take, and reports it (exec.c) */
+    int probe_found, probe_source, probe_dtype;
+    size_t probe_count;     /* what it found: the sender, its count and dtype as sent */
     uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a

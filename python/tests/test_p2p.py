@@ -55,6 +55,62 @@ def test_blocking_any_source():
     assert run(blocking_any, 2)[0] == (1, [0.0, 1.0, 2.0, 3.0])
 
 
+def probes(comm):
+    """Messages of sizes the receiver does not know: each sender sends rank * 3 + 1
+    values of its own dtype; rank 0 probes, then receives what the probe said."""
+    kinds = {1: np.int16, 2: np.float64, 3: np.uint8}
+    if comm.rank > 0:
+        n = comm.rank * 3 + 1
+        comm.send(np.arange(n, dtype=kinds[comm.rank]) + comm.rank, 0, tag=21)
+        comm.barrier()
+        return None
+    first = comm.iprobe(tag=21)  # (may already see one: no barrier before the sends)
+    got = {}
+    for _ in range(comm.size - 1):
+        p = comm.probe(tag=21)
+        again = comm.iprobe(p.source, tag=21)  # nothing was taken
+        buf = bytearray(p.nbytes)
+        assert comm.recv(buf, p.source, tag=21, dtype=p.dtype) == p.source
+        got[p.source] = (p, again, np.frombuffer(buf, kinds[p.source]).tolist())
+    comm.barrier()
+    return first, got, comm.iprobe(tag=21)
+
+
+def test_probe_then_receive_what_it_said():
+    first, got, after = run(probes, 4)[0]
+    assert first is None or first.source in (1, 2, 3)
+    assert after is None
+    names = {1: "i16", 2: "f64", 3: "u8"}
+    for src in (1, 2, 3):
+        p, again, vals = got[src]
+        n = src * 3 + 1
+        want = tutti.Probe(src, n, names[src], n * np.dtype(np.int16 if src == 1 else
+                                                              np.float64 if src == 2 else
+                                                              np.uint8).itemsize)
+        assert p == want and again == want, (p, again, want)
+        assert vals == [src + i for i in range(n)], vals
+
+
+def probe_timeout(comm):
+    if comm.rank == 1:
+        comm.barrier()
+        return None
+    comm.timeout_ms = 300
+    try:
+        comm.probe(1, tag=5)
+        r = "no error"
+    except tutti.TimeoutError as e:
+        r = str(e)
+    comm.timeout_ms = 20000
+    comm.barrier()  # the communicator goes on
+    return r
+
+
+def test_probe_times_out_and_the_communicator_goes_on():
+    r = run(probe_timeout, 2)[0]
+    assert "probe from rank 1 (tag 5): no such message came within 300 ms" in r, r
+
+
 def mismatch_any(comm):
     if comm.rank == 1:
         comm.send(np.arange(4, dtype=np.float32), 0, tag=9)

@@ -23,10 +23,14 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE",
-           "algorithms"]
+           "Probe", "algorithms"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
+
+#: What Communicator.probe found: the sending rank, the message's count and dtype as
+#: sent (the library's name, which dtype= takes), and its size in bytes.
+Probe = collections.namedtuple("Probe", "source count dtype nbytes")
 
 #: the version of the package and of the libtutti it loaded (they must agree: _lib)
 version = __version__ = _lib.lib.tutti_version_string().decode()
@@ -1476,6 +1480,39 @@ class Communicator(_Handle):
             return peer
         # the library's blocking call cannot say who sent: an async one and its work can
         return self._run("recv", [b], args, False, detail=detail, need_work=True)
+
+    def probe(self, peer=None, tag=0):
+        """MPI_Probe: wait for a message of tag from rank peer (None or tutti.ANY_SOURCE:
+        any rank) that a recv issued now would take, and take nothing: a Probe(source,
+        count, dtype, nbytes) to receive it with, e.g. `buf = bytearray(p.nbytes);
+        comm.recv(buf, p.source, tag, dtype=p.dtype)`. TimeoutError past the
+        communicator's timeout, which leaves the communicator usable. Not interrupted by
+        Ctrl-C (the library's wait; bounded by the timeout)."""
+        return self._probe(False, peer, tag)
+
+    def iprobe(self, peer=None, tag=0):
+        """MPI_Iprobe: one look, as probe's: a Probe, or None where no such message came."""
+        return self._probe(True, peer, tag)
+
+    def _probe(self, once, peer, tag):
+        name = "iprobe" if once else "probe"
+        peer = _lib.ANY_SOURCE if peer is None else _int(peer, f"{name}'s peer")
+        tag = _int(tag, f"{name}'s tag", 0, (1 << 32) - 1)
+        flag, src, cnt, dt = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
+        h = self._h or self._handle()
+        if once:
+            st = _lib_.tutti_iprobe(h, peer, tag, ctypes.byref(flag), ctypes.byref(src),
+                                    ctypes.byref(cnt), ctypes.byref(dt))
+        else:
+            flag.value = 1
+            st = _lib_.tutti_probe(h, peer, tag, ctypes.byref(src), ctypes.byref(cnt),
+                                   ctypes.byref(dt))
+        if st < 0:
+            with self._lock:
+                raise self._error(st, name)
+        if not flag.value:
+            return None
+        return Probe(src.value, cnt.value, _name(dt.value), cnt.value * _SIZES[dt.value])
 
 
 def _name(dtype):
