@@ -851,6 +851,15 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
 /* -c: 0 where red_value's inputs stay exact over n ranks; else -1 with why said. */
 static int check_exact(const bench_cfg_t *cfg, int n, char *why, size_t len)
 {
+    /* a value-index pair is no number the bench's values fit (MINLOC/MAXLOC and the
+     * pairs are checked by tests/test_collectives.c's minloc case) */
+    if (cfg->dtype >= TUTTI_FLOAT_INT && cfg->dtype <= TUTTI_SHORT_INT) {
+        snprintf(why, len,
+                 "-c: %s is a value-index pair, which the bench does not check (time it "
+                 "without -c)",
+                 tutti_dtype_name(cfg->dtype));
+        return -1;
+    }
     /* prod, min and max's values reach 124: fp8 holds integers exactly to 16 or 8 (the
      * library's fp8 reductions are checked by tests/test_collectives.c's fp8 case) */
     if (coll_has_op(cfg->coll) && dtype_is_fp8(cfg->dtype) && cfg->op != TUTTI_SUM &&

@@ -1168,6 +1168,179 @@ static int rank_complex(int rank, int nranks, tutti_comm_t *unused, const char *
 
 TH_RUN_TEST(complex_dtypes, run_algo_4_3(rank_complex, nan_algos[_i]))
 
+/* MINLOC and MAXLOC (MPI's) on the five value-index pairs: allreduce MAXLOC in place and
+ * MINLOC, reduce MINLOC at rank 1, scan MAXLOC, at 4 and 3 ranks by every allreduce
+ * algorithm, against a plain C fold over the ranks' inputs: values from five (ties across
+ * ranks), NaN in some float elements, indexes the rank or a few shared ones (ties of
+ * value and index). Any other op on a pair, and MINLOC on f32, refused naming why. */
+static const tutti_dtype_t loc_dtypes[] = { TUTTI_FLOAT_INT, TUTTI_DOUBLE_INT, TUTTI_LONG_INT,
+                                            TUTTI_2INT, TUTTI_SHORT_INT };
+
+/* rank r's element i of dt at p (the struct's padding zeroed); the value in *v, NaN as
+ * *nan, the index returned */
+static int32_t loc_in(tutti_dtype_t dt, int r, size_t i, void *p, long double *v, int *nan)
+{
+    int k = (int)(((size_t)(r >> (i % 2)) + i) % 3) - 1; /* odd i: ranks 0, 1 tie, 2, 3 too */
+    int32_t idx = i % 2 ? r : (int32_t)((r * 3 + i) % 4) - 1;
+    int isfloat = dt == TUTTI_FLOAT_INT || dt == TUTTI_DOUBLE_INT;
+    *nan = isfloat && i % 11 == (size_t)(r % 2); /* two ranks' NaNs at once */
+    *v = k;
+    switch (dt) {
+    case TUTTI_FLOAT_INT: {
+        struct {
+            float v;
+            int32_t i;
+        } e = { *nan ? NAN : (float)k * 0.25f, idx };
+        memcpy(p, &e, sizeof(e));
+        break;
+    }
+    case TUTTI_DOUBLE_INT: {
+        struct {
+            double v;
+            int32_t i;
+        } e;
+        memset(&e, 0, sizeof(e));
+        e.v = *nan ? NAN : k * 0.25, e.i = idx;
+        memcpy(p, &e, sizeof(e));
+        break;
+    }
+    case TUTTI_LONG_INT: {
+        struct {
+            int64_t v;
+            int32_t i;
+        } e;
+        memset(&e, 0, sizeof(e));
+        e.v = (int64_t)k * (1ll << 50) + 1, e.i = idx; /* beyond a double's exact range */
+        memcpy(p, &e, sizeof(e));
+        *v = (long double)e.v;
+        break;
+    }
+    case TUTTI_2INT: {
+        int32_t e[2] = { k * 1000, idx };
+        memcpy(p, e, 8);
+        break;
+    }
+    default: {
+        struct {
+            int16_t v;
+            int32_t i;
+        } e;
+        memset(&e, 0, sizeof(e));
+        e.v = (int16_t)(k * 100), e.i = idx;
+        memcpy(p, &e, sizeof(e));
+    }
+    }
+    return idx;
+}
+
+static int rank_loc(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const char *algo = arg;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(algo_comm(rank, nranks, dir, algo, &store, &comm) != 0, "init");
+    enum { N = 1501 }; /* 12-24 KiB: several 4 KiB chunks */
+    for (size_t d = 0; d < sizeof(loc_dtypes) / sizeof(loc_dtypes[0]); d++) {
+        const tutti_dtype_t dt = loc_dtypes[d];
+        const size_t es = tutti_dtype_size(dt);
+        unsigned char *in = malloc(N * es), *out = malloc(N * es), *want = malloc(es);
+        FAIL_IF(!in || !out || !want, "malloc");
+        for (size_t i = 0; i < N; i++) {
+            long double v;
+            int nan;
+            loc_in(dt, rank, i, in + i * es, &v, &nan);
+        }
+        static const char *const name[] = { "allreduce maxloc in place", "allreduce minloc",
+                                            "reduce minloc at 1", "scan maxloc" };
+        for (int how = 0; how < 4; how++) {
+            tutti_redop_t op = how == 0 || how == 3 ? TUTTI_MAXLOC : TUTTI_MINLOC;
+            memcpy(out, in, N * es);
+            int st = how == 0   ? tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, op)
+                     : how == 1 ? tutti_allreduce(comm, in, out, N, dt, op)
+                     : how == 2 ? tutti_reduce(comm, in, rank == 1 ? out : NULL, N, dt, op, 1)
+                                : tutti_scan(comm, in, out, N, dt, op);
+            FAIL_IF(st != TUTTI_OK, "%s %s %s: %s", algo, tutti_dtype_name(dt), name[how],
+                    tutti_comm_last_error(comm));
+            if (how == 2 && rank != 1)
+                continue;
+            const int last = how == 3 ? rank : nranks - 1;
+            for (size_t i = 0; i < N; i++) {
+                /* the fold: the extreme value, NaN first; on ties the least index */
+                long double bv = 0;
+                int32_t bi = 0;
+                int bnan = 0;
+                for (int r = 0; r <= last; r++) {
+                    long double v;
+                    int nan;
+                    int32_t idx = loc_in(dt, r, i, want, &v, &nan);
+                    int take = r == 0               ? 1
+                               : nan || bnan        ? (nan && !bnan) || (nan && bnan && idx < bi)
+                               : v == bv            ? idx < bi
+                               : op == TUTTI_MAXLOC ? v > bv
+                                                    : v < bv;
+                    if (take)
+                        bv = v, bi = idx, bnan = nan;
+                }
+                long double gv;
+                int gnan;
+                int32_t gi;
+                /* the result's value and index, read through the same layout */
+                {
+                    const unsigned char *q = out + i * es;
+                    size_t ioff = es == 16 ? 8 : 4;
+                    memcpy(&gi, q + ioff, 4);
+                    if (dt == TUTTI_FLOAT_INT) {
+                        float f;
+                        memcpy(&f, q, 4);
+                        gnan = isnan(f), gv = (long double)f / 0.25L;
+                    } else if (dt == TUTTI_DOUBLE_INT) {
+                        double f;
+                        memcpy(&f, q, 8);
+                        gnan = isnan(f), gv = (long double)f / 0.25L;
+                    } else if (dt == TUTTI_LONG_INT) {
+                        int64_t x;
+                        memcpy(&x, q, 8);
+                        gnan = 0, gv = (long double)x;
+                    } else if (dt == TUTTI_2INT) {
+                        int32_t x;
+                        memcpy(&x, q, 4);
+                        gnan = 0, gv = x / 1000;
+                    } else {
+                        int16_t x;
+                        memcpy(&x, q, 2);
+                        gnan = 0, gv = x / 100;
+                    }
+                }
+                FAIL_IF(gi != bi || gnan != bnan || (!bnan && gv != bv),
+                        "%s %s %s, %d ranks [%zu]: got (%Lg%s, %d), want (%Lg%s, %d)", algo,
+                        tutti_dtype_name(dt), name[how], nranks, i, gv, gnan ? " NaN" : "", gi, bv,
+                        bnan ? " NaN" : "", bi);
+            }
+        }
+        FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, TUTTI_SUM) !=
+                        TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "a value-index pair"),
+                "sum on %s: %s", tutti_dtype_name(dt), tutti_comm_last_error(comm));
+        free(in);
+        free(out);
+        free(want);
+    }
+    float f[4] = { 0 };
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, f, 4, TUTTI_FP32, TUTTI_MINLOC) !=
+                    TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "reduces value-index pairs only"),
+            "minloc on f32: %s", tutti_comm_last_error(comm));
+    /* the communicator goes on after refused calls */
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, f, 4, TUTTI_FP32, TUTTI_SUM) != TUTTI_OK,
+            "sum after: %s", tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(loc_dtypes_test, run_algo_4_3(rank_loc, nan_algos[_i]))
+
 /* allgather and gather with each rank's send buffer inside the receive buffer, starting
  * 4096 bytes below its own block (rank 0: at it): the own block is copied out before
  * anything lands, as tutti.h promises. Blocks of 8 KiB and 64 KiB, where the copy's
@@ -1241,6 +1414,7 @@ static Suite *suite(void)
     th_add_case(s, "avg_f16", avg_f16_range, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 60);
     th_add_case(s, "fp8", fp8_dtypes, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
     th_add_case(s, "complex", complex_dtypes, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
+    th_add_case(s, "minloc", loc_dtypes_test, (int)(sizeof(nan_algos) / sizeof(nan_algos[0])), 90);
     th_add_case(s, "send_inside", send_inside_recv,
                 (int)(sizeof(overlap_algos) / sizeof(overlap_algos[0])), 60);
     collectives_others_add(s);

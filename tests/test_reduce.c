@@ -145,7 +145,9 @@ static int bf16_is_nan(uint16_t b)
 
 /* ---- reference reduction ------------------------------------------------------- */
 
-static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8, 8, 16, 1, 1 };
+static const size_t dsize[TUTTI_DTYPE_COUNT] = { 1, 1, 4, 8, 2, 2, 4, 8, 2, 2, 4, 8, 8, 16, 1, 1,
+                                                 /* the value-index pairs: C's struct sizes */
+                                                 8, 16, 16, 8, 8 };
 
 static int64_t wrap_signed(unsigned __int128 v, int bits)
 {
@@ -227,6 +229,84 @@ static int is_complex(tutti_dtype_t dt)
 static tutti_dtype_t part_of(tutti_dtype_t dt)
 {
     return dt == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
+}
+
+static int is_pair(tutti_dtype_t dt)
+{
+    return dt == TUTTI_FLOAT_INT || dt == TUTTI_DOUBLE_INT || dt == TUTTI_LONG_INT ||
+           dt == TUTTI_2INT || dt == TUTTI_SHORT_INT;
+}
+
+/* A value-index pair as plain C declares it (MPI's struct { float; int; } ...): its value
+ * widened (long double holds int64 and double exactly), its index, and whether the value
+ * is a NaN. */
+typedef struct {
+    long double v;
+    int32_t i;
+    int nan;
+} pair_t;
+
+static pair_t load_pair(tutti_dtype_t dt, const void *p)
+{
+    pair_t r = { 0, 0, 0 };
+    switch (dt) {
+    case TUTTI_FLOAT_INT: {
+        struct {
+            float v;
+            int32_t i;
+        } x;
+        memcpy(&x, p, sizeof(x));
+        r.v = x.v, r.i = x.i, r.nan = isnan(x.v);
+        break;
+    }
+    case TUTTI_DOUBLE_INT: {
+        struct {
+            double v;
+            int32_t i;
+        } x;
+        memcpy(&x, p, sizeof(x));
+        r.v = x.v, r.i = x.i, r.nan = isnan(x.v);
+        break;
+    }
+    case TUTTI_LONG_INT: {
+        struct {
+            int64_t v;
+            int32_t i;
+        } x;
+        memcpy(&x, p, sizeof(x));
+        r.v = x.v, r.i = x.i;
+        break;
+    }
+    case TUTTI_2INT: {
+        struct {
+            int32_t v, i;
+        } x;
+        memcpy(&x, p, sizeof(x));
+        r.v = x.v, r.i = x.i;
+        break;
+    }
+    default: {
+        struct {
+            int16_t v;
+            int32_t i;
+        } x;
+        memcpy(&x, p, sizeof(x));
+        r.v = x.v, r.i = x.i;
+    }
+    }
+    return r;
+}
+
+/* MPI's MINLOC/MAXLOC of a and b (MPI 4.0, 6.9.4: the extreme value; on a tie the least
+ * index), NaN (tutti.h) ahead of every number, the least index among NaNs: which of the
+ * two is the result, 0 a, 1 b. */
+static int ref_loc_pick(tutti_redop_t op, pair_t a, pair_t b)
+{
+    if (a.nan || b.nan)
+        return a.nan && b.nan ? b.i < a.i : b.nan;
+    if (a.v == b.v)
+        return b.i < a.i;
+    return op == TUTTI_MAXLOC ? b.v > a.v : b.v < a.v;
 }
 
 /* One element of any dtype, as memcpy'd from a buffer. */
@@ -354,6 +434,10 @@ static void ref_elem(tutti_dtype_t dt, tutti_redop_t op, void *out, const void *
         ref_complex(dt, op, out, pa, pb);
         return;
     }
+    if (is_pair(dt)) {
+        memcpy(out, ref_loc_pick(op, load_pair(dt, pa), load_pair(dt, pb)) ? pb : pa, dsize[dt]);
+        return;
+    }
     if (!is_float(dt)) {
         store_int(dt, out,
                   ref_iop(op, load_int(dt, pa), load_int(dt, pb), ibits(dt), is_unsigned(dt)));
@@ -380,6 +464,10 @@ static int elem_equal(tutti_dtype_t dt, const void *got, const void *want)
         size_t h = dsize[dt] / 2;
         return elem_equal(part_of(dt), got, want) &&
                elem_equal(part_of(dt), (const char *)got + h, (const char *)want + h);
+    }
+    if (is_pair(dt)) { /* value and index: not the padding, which either operand gives */
+        pair_t g = load_pair(dt, got), w = load_pair(dt, want);
+        return g.i == w.i && (w.nan ? g.nan : !g.nan && g.v == w.v);
     }
     if (is_float(dt) && isnan(load_f(dt, want)))
         return isnan(load_f(dt, got));
@@ -419,6 +507,41 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
 {
     if (is_complex(dt)) { /* parts as fp32/fp64 values: specials and NaNs included */
         fill_random(part_of(dt), buf, 2 * n);
+        return;
+    }
+    if (is_pair(dt)) { /* values from few (ties), with NaNs and -0 for the floats; indexes
+                          from few too (ties of both), negative ones included; padding
+                          random */
+        unsigned char *q = buf;
+        for (size_t i = 0; i < n; i++, q += dsize[dt]) {
+            uint64_t r = rng(), pad = rng();
+            memcpy(q, &pad, 8);
+            if (dsize[dt] == 16)
+                memcpy(q + 8, &r, 8);
+            int32_t idx = (int32_t)((r >> 8) % 7) - 2;
+            int v = (int)(r % 9) - 4;
+            size_t ioff = dsize[dt] == 16 ? 8 : 4;
+            if (dt == TUTTI_FLOAT_INT || dt == TUTTI_DOUBLE_INT) {
+                double d = (r >> 16) % 16 == 0 ? NAN : (r >> 16) % 16 == 1 ? -0.0 : v * 0.5;
+                if (dt == TUTTI_FLOAT_INT) {
+                    float f = (float)d;
+                    memcpy(q, &f, 4);
+                } else {
+                    memcpy(q, &d, 8);
+                }
+            } else if (dt == TUTTI_LONG_INT) {
+                int64_t x = (int64_t)v * (1ll << 40) + ((r >> 20) % 2); /* past double's 53 */
+                x = (r >> 24) % 2 ? x + (1ll << 62) : x;
+                memcpy(q, &x, 8);
+            } else if (dt == TUTTI_2INT) {
+                int32_t x = v * 100000;
+                memcpy(q, &x, 4);
+            } else {
+                int16_t x = (int16_t)(v * 1000);
+                memcpy(q, &x, 2);
+            }
+            memcpy(q + ioff, &idx, 4);
+        }
         return;
     }
     unsigned char *p = buf;
@@ -553,9 +676,11 @@ static void check_one(tutti_dtype_t dt, tutti_redop_t op, size_t n, size_t doff,
 
 START_TEST(test_dtype_names)
 {
-    static const char *const names[] = { "i8",  "u8",   "i32",    "i64",   "f16", "bf16",
-                                         "f32", "f64",  "i16",    "u16",   "u32", "u64",
-                                         "c64", "c128", "f8e4m3", "f8e5m2" };
+    static const char *const names[] = {
+        "i8",     "u8",     "i32",       "i64",        "f16",      "bf16", "f32",
+        "f64",    "i16",    "u16",       "u32",        "u64",      "c64",  "c128",
+        "f8e4m3", "f8e5m2", "float_int", "double_int", "long_int", "2int", "short_int"
+    };
     ck_assert_int_eq(TUTTI_DTYPE_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_DTYPE_COUNT; i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
@@ -603,6 +728,12 @@ START_TEST(test_dtype_names)
         { "FP8_E5M2", TUTTI_FP8_E5M2 },
         { "e4m3", TUTTI_FP8_E4M3 },
         { "E5M2", TUTTI_FP8_E5M2 },
+        { "f32_i32", TUTTI_FLOAT_INT },
+        { "F64_I32", TUTTI_DOUBLE_INT },
+        { "i64_i32", TUTTI_LONG_INT },
+        { "i32_i32", TUTTI_2INT },
+        { "i16_i32", TUTTI_SHORT_INT },
+        { "FLOAT_INT", TUTTI_FLOAT_INT },
     };
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++) {
         tutti_dtype_t dt = TUTTI_DTYPE_COUNT;
@@ -629,9 +760,8 @@ END_TEST
 
 START_TEST(test_redop_names)
 {
-    static const char *const names[] = {
-        "sum", "prod", "min", "max", "avg", "band", "bor", "bxor"
-    };
+    static const char *const names[] = { "sum",  "prod", "min",  "max",    "avg",
+                                         "band", "bor",  "bxor", "minloc", "maxloc" };
     ck_assert_int_eq(TUTTI_REDOP_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
         tutti_redop_t op = TUTTI_REDOP_COUNT;
@@ -667,9 +797,12 @@ START_TEST(test_redop_supported)
 {
     for (int op = 0; op < TUTTI_REDOP_COUNT; op++)
         for (int dt = 0; dt < TUTTI_DTYPE_COUNT; dt++) {
-            int want = !(is_bitwise((tutti_redop_t)op) && is_float((tutti_dtype_t)dt));
+            int loc = op == TUTTI_MINLOC || op == TUTTI_MAXLOC;
+            int want = !(is_bitwise((tutti_redop_t)op) && is_float((tutti_dtype_t)dt)) && !loc;
             if (is_complex((tutti_dtype_t)dt)) /* MPI's rule: no order, no bits */
                 want = op == TUTTI_SUM || op == TUTTI_PROD || op == TUTTI_AVG;
+            if (is_pair((tutti_dtype_t)dt)) /* and the pairs for MINLOC/MAXLOC only */
+                want = loc;
             ck_assert_msg(tutti_redop_supported((tutti_redop_t)op, (tutti_dtype_t)dt) == want,
                           "%s %s: want %d", tutti_redop_name((tutti_redop_t)op),
                           tutti_dtype_name((tutti_dtype_t)dt), want);
@@ -756,6 +889,8 @@ START_TEST(test_avg)
 {
     tutti_dtype_t dt = (tutti_dtype_t)_i;
     size_t es = dsize[dt];
+    if (!tutti_redop_supported(TUTTI_AVG, dt)) /* (the pairs) */
+        return;
     static const int nranks[] = { 1, 2, 3, 5, 8, 1000 };
     rng_seed(400 + (uint64_t)_i);
     for (size_t r = 0; r < sizeof(nranks) / sizeof(nranks[0]); r++) {

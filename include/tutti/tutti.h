@@ -50,6 +50,15 @@ typedef enum tutti_dtype {
     TUTTI_COMPLEX128, /* imaginary (two fp32, or fp64 for double _Complex) */
     TUTTI_FP8_E4M3,   /* OCP 8-bit floats (NCCL's ncclFloat8e4m3/e5m2, torch's float8_e4m3fn */
     TUTTI_FP8_E5M2,   /* and float8_e5m2): E4M3 has no infinity (max 448), E5M2 has one */
+    /* MPI's value-index pairs for TUTTI_MINLOC and TUTTI_MAXLOC, laid out as C's structs
+     * (padding included): { float; int } (MPI_FLOAT_INT, 8 bytes), { double; int }
+     * (MPI_DOUBLE_INT, 16), { int64_t; int } (MPI_LONG_INT on LP64, 16), { int; int }
+     * (MPI_2INT, 8), { int16_t; int } (MPI_SHORT_INT, 8); int is int32_t */
+    TUTTI_FLOAT_INT,
+    TUTTI_DOUBLE_INT,
+    TUTTI_LONG_INT,
+    TUTTI_2INT,
+    TUTTI_SHORT_INT,
     TUTTI_DTYPE_COUNT
 } tutti_dtype_t;
 
@@ -87,7 +96,14 @@ typedef enum tutti_dtype {
  * The complex dtypes reduce with SUM, PROD and AVG (MPI's rule: MIN, MAX and the bitwise
  * ops fail as above); SUM and AVG are their parts' fp32/fp64 sums (and quotients), PROD the
  * textbook (ar*br - ai*bi) + (ar*bi + ai*br)i in the parts' precision, without C99 Annex
- * G's recovery of infinities from NaN results (as numpy's and Open MPI's products). */
+ * G's recovery of infinities from NaN results (as numpy's and Open MPI's products).
+ * MINLOC and MAXLOC (MPI's) reduce the value-index pair dtypes, and those dtypes reduce
+ * with nothing else: the pair with the least (greatest) value wins, and of pairs with
+ * equal values, the least index (values and indexes as MPI's; the same pair on every
+ * rank whatever the algorithm's order). A float NaN value wins both (as MIN/MAX
+ * propagate NaN), the least index among NaNs; +0 and -0 compare equal (the index
+ * decides, then either zero may come back). Typical use: each rank puts (its value,
+ * its rank) in, and every rank learns the extreme value and which rank held it. */
 typedef enum tutti_redop {
     TUTTI_SUM = 0,
     TUTTI_PROD,
@@ -97,6 +113,8 @@ typedef enum tutti_redop {
     TUTTI_BAND,
     TUTTI_BOR,
     TUTTI_BXOR,
+    TUTTI_MINLOC, /* MPI_MINLOC, MPI_MAXLOC: of the value-index pair dtypes only */
+    TUTTI_MAXLOC,
     TUTTI_REDOP_COUNT,
     /* ops the caller defines (tutti_redop_create) take values from here to
      * TUTTI_REDOP_USER_LAST */

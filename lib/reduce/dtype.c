@@ -14,14 +14,27 @@ static const struct {
     const char *name;
     size_t size;
 } tt_dtype_info[TUTTI_DTYPE_COUNT] = {
-    [TUTTI_INT8] = { "i8", 1 },         [TUTTI_UINT8] = { "u8", 1 },
-    [TUTTI_INT32] = { "i32", 4 },       [TUTTI_INT64] = { "i64", 8 },
-    [TUTTI_FP16] = { "f16", 2 },        [TUTTI_BF16] = { "bf16", 2 },
-    [TUTTI_FP32] = { "f32", 4 },        [TUTTI_FP64] = { "f64", 8 },
-    [TUTTI_INT16] = { "i16", 2 },       [TUTTI_UINT16] = { "u16", 2 },
-    [TUTTI_UINT32] = { "u32", 4 },      [TUTTI_UINT64] = { "u64", 8 },
-    [TUTTI_COMPLEX64] = { "c64", 8 },   [TUTTI_COMPLEX128] = { "c128", 16 },
-    [TUTTI_FP8_E4M3] = { "f8e4m3", 1 }, [TUTTI_FP8_E5M2] = { "f8e5m2", 1 },
+    [TUTTI_INT8] = { "i8", 1 },
+    [TUTTI_UINT8] = { "u8", 1 },
+    [TUTTI_INT32] = { "i32", 4 },
+    [TUTTI_INT64] = { "i64", 8 },
+    [TUTTI_FP16] = { "f16", 2 },
+    [TUTTI_BF16] = { "bf16", 2 },
+    [TUTTI_FP32] = { "f32", 4 },
+    [TUTTI_FP64] = { "f64", 8 },
+    [TUTTI_INT16] = { "i16", 2 },
+    [TUTTI_UINT16] = { "u16", 2 },
+    [TUTTI_UINT32] = { "u32", 4 },
+    [TUTTI_UINT64] = { "u64", 8 },
+    [TUTTI_COMPLEX64] = { "c64", 8 },
+    [TUTTI_COMPLEX128] = { "c128", 16 },
+    [TUTTI_FP8_E4M3] = { "f8e4m3", 1 },
+    [TUTTI_FP8_E5M2] = { "f8e5m2", 1 },
+    [TUTTI_FLOAT_INT] = { "float_int", 8 },
+    [TUTTI_DOUBLE_INT] = { "double_int", 16 },
+    [TUTTI_LONG_INT] = { "long_int", 16 },
+    [TUTTI_2INT] = { "2int", 8 },
+    [TUTTI_SHORT_INT] = { "short_int", 8 },
 };
 
 /* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too;
@@ -63,11 +76,18 @@ static const struct {
     { "fp8_e5m2", TUTTI_FP8_E5M2 },
     { "e4m3", TUTTI_FP8_E4M3 },
     { "e5m2", TUTTI_FP8_E5M2 },
+    { "f32_i32", TUTTI_FLOAT_INT },
+    { "f64_i32", TUTTI_DOUBLE_INT },
+    { "i64_i32", TUTTI_LONG_INT },
+    { "i32_i32", TUTTI_2INT },
+    { "i16_i32", TUTTI_SHORT_INT },
 };
 
 static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
-    [TUTTI_SUM] = "sum", [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min", [TUTTI_MAX] = "max",
-    [TUTTI_AVG] = "avg", [TUTTI_BAND] = "band", [TUTTI_BOR] = "bor", [TUTTI_BXOR] = "bxor",
+    [TUTTI_SUM] = "sum",       [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min",
+    [TUTTI_MAX] = "max",       [TUTTI_AVG] = "avg",   [TUTTI_BAND] = "band",
+    [TUTTI_BOR] = "bor",       [TUTTI_BXOR] = "bxor", [TUTTI_MINLOC] = "minloc",
+    [TUTTI_MAXLOC] = "maxloc",
 };
 
 static const struct {
@@ -105,7 +125,16 @@ TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
 
 void tt_redop_unsupported(char *buf, size_t len, tutti_redop_t op, tutti_dtype_t dtype)
 {
-    if (tt_dtype_is_complex(dtype))
+    if (tt_dtype_is_pair(dtype))
+        snprintf(buf, len,
+                 "op %s does not reduce %s, a value-index pair (MPI's): minloc and maxloc do",
+                 tutti_redop_name(op), tutti_dtype_name(dtype));
+    else if (op == TUTTI_MINLOC || op == TUTTI_MAXLOC)
+        snprintf(buf, len,
+                 "op %s reduces value-index pairs only (float_int, double_int, long_int, 2int, "
+                 "short_int), not %s",
+                 tutti_redop_name(op), tutti_dtype_name(dtype));
+    else if (tt_dtype_is_complex(dtype))
         snprintf(buf, len, "op %s does not reduce complex numbers (%s): sum, prod and avg do",
                  tutti_redop_name(op), tutti_dtype_name(dtype));
     else

@@ -707,6 +707,60 @@ static void tt_reduce_complex(void *dst, const void *a, const void *b, size_t co
         (dtype == TUTTI_COMPLEX64 ? tt_cprod_c64 : tt_cprod_c128)(dst, a, b, count);
 }
 
+/* ---- value-index pairs: MINLOC, MAXLOC (MPI's) ------------------------------------- */
+
+/* Does pair (x, i) win over (y, j)? The lesser (greater) value, a NaN before any number;
+ * on equal values (two NaNs included) the lesser index. A total order on the pairs but
+ * for +0/-0 of one index, so the result is the same whatever the grouping. */
+#define TT_PAIR_WINS(x, i, y, j, maxloc, NAN_)                                                     \
+    (NAN_(x)      ? (NAN_(y) ? (i) < (j) : 1)                                                      \
+     : NAN_(y)    ? 0                                                                              \
+     : (x) == (y) ? (i) < (j)                                                                      \
+     : (maxloc)   ? (x) > (y)                                                                      \
+                  : (x) < (y))
+#define TT_PAIR_FNAN(v) ((v) != (v))
+#define TT_PAIR_INAN(v) 0
+
+/* d = a op b for n pairs of value type VT at offset 0 and an int32_t at IOFF, each SIZE
+ * bytes (C's struct layout, padding untouched but copied with the winner); d may be a or
+ * b. memcpy: the buffers need not be aligned to the pair. */
+#define TT_DEF_PAIR(nm, VT, IOFF, SIZE, NAN_)                                                      \
+    static void tt_pair_##nm(void *dv, const void *av, const void *bv, size_t n, int maxloc)       \
+    {                                                                                              \
+        unsigned char *d = dv;                                                                     \
+        const unsigned char *a = av, *b = bv;                                                      \
+        for (size_t k = 0; k < n; k++, d += SIZE, a += SIZE, b += SIZE) {                          \
+            VT x, y;                                                                               \
+            int32_t i, j;                                                                          \
+            memcpy(&x, a, sizeof(x));                                                              \
+            memcpy(&y, b, sizeof(y));                                                              \
+            memcpy(&i, a + IOFF, sizeof(i));                                                       \
+            memcpy(&j, b + IOFF, sizeof(j));                                                       \
+            const unsigned char *w = TT_PAIR_WINS(x, i, y, j, maxloc, NAN_) ? a : b;               \
+            if (w != d)                                                                            \
+                memmove(d, w, SIZE);                                                               \
+        }                                                                                          \
+    }
+TT_DEF_PAIR(float_int, float, 4, 8, TT_PAIR_FNAN)
+TT_DEF_PAIR(double_int, double, 8, 16, TT_PAIR_FNAN)
+TT_DEF_PAIR(long_int, int64_t, 8, 16, TT_PAIR_INAN)
+TT_DEF_PAIR(2int, int32_t, 4, 8, TT_PAIR_INAN)
+TT_DEF_PAIR(short_int, int16_t, 4, 8, TT_PAIR_INAN)
+
+static void tt_reduce_pair(void *dst, const void *a, const void *b, size_t count,
+                           tutti_dtype_t dtype, tutti_redop_t op)
+{
+    static void (*const fn[])(void *, const void *, const void *, size_t, int) = {
+        [TUTTI_FLOAT_INT - TUTTI_FLOAT_INT] = tt_pair_float_int,
+        [TUTTI_DOUBLE_INT - TUTTI_FLOAT_INT] = tt_pair_double_int,
+        [TUTTI_LONG_INT - TUTTI_FLOAT_INT] = tt_pair_long_int,
+        [TUTTI_2INT - TUTTI_FLOAT_INT] = tt_pair_2int,
+        [TUTTI_SHORT_INT - TUTTI_FLOAT_INT] = tt_pair_short_int,
+    };
+    if (op == TUTTI_MINLOC || op == TUTTI_MAXLOC)
+        fn[dtype - TUTTI_FLOAT_INT](dst, a, b, count, op == TUTTI_MAXLOC);
+}
+
 /* Row and column of (dtype, op) in the tables, or -1 (out of range, or no kernel: a
  * bitwise op on a float dtype, which every entry point refuses first). */
 static int tt_reduce_index(tutti_dtype_t dtype, tutti_redop_t op, unsigned *op_idx_p)
@@ -724,6 +778,8 @@ int tt_reduce_supported(tutti_dtype_t dtype, tutti_redop_t op)
         return tt_redop_valid(op) && (unsigned)dtype < TUTTI_DTYPE_COUNT;
     if (tt_dtype_is_complex(dtype))
         return op == TUTTI_SUM || op == TUTTI_PROD || op == TUTTI_AVG;
+    if (tt_dtype_is_pair(dtype))
+        return op == TUTTI_MINLOC || op == TUTTI_MAXLOC;
     return tt_reduce_index(dtype, op, &o) == 0;
 }
 
@@ -748,6 +804,10 @@ void tt_reduce(void *dst, const void *src, size_t count, tutti_dtype_t dtype, tu
         tt_reduce_complex(dst, dst, src, count, dtype, op);
         return;
     }
+    if (tt_dtype_is_pair(dtype)) {
+        tt_reduce_pair(dst, dst, src, count, dtype, op);
+        return;
+    }
     if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)
         return;
     if (dst == src)
@@ -766,6 +826,10 @@ void tt_reduce3(void *dst, const void *a, const void *b, size_t count, tutti_dty
     }
     if (tt_dtype_is_complex(dtype)) {
         tt_reduce_complex(dst, a, b, count, dtype, op);
+        return;
+    }
+    if (tt_dtype_is_pair(dtype)) {
+        tt_reduce_pair(dst, a, b, count, dtype, op);
         return;
     }
     if (count == 0 || tt_reduce_index(dtype, op, &o) < 0)

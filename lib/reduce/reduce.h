@@ -34,6 +34,12 @@ static inline tutti_dtype_t tt_complex_part(tutti_dtype_t dtype)
     return dtype == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
 }
 
+/* The value-index pair dtypes (MPI's MPI_FLOAT_INT ...), which MINLOC and MAXLOC reduce. */
+static inline int tt_dtype_is_pair(tutti_dtype_t dtype)
+{
+    return dtype >= TUTTI_FLOAT_INT && dtype <= TUTTI_SHORT_INT;
+}
+
 /* Why built-in op does not reduce dtype, where tutti_redop_supported says so (dtype.c):
  * "op band reduces integer dtypes only, not f32", "op max does not reduce complex
  * numbers (c64): sum, prod and avg do". */

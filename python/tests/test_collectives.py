@@ -589,6 +589,37 @@ def test_dlpack_objects():
     assert got[0] == got[1] == ([1, 3, 5, 7, 9, 11], [0, 1, 2, 3, 4, 5])
 
 
+@pytest.mark.parametrize("name,vtype", [("float_int", np.float32), ("double_int", np.float64),
+                                        ("long_int", np.int64), ("2int", np.int32),
+                                        ("short_int", np.int16)])
+def test_minloc_maxloc_of_structured_arrays(name, vtype):
+    """MPI's MAXLOC/MINLOC on NumPy structured arrays of (value, int32) pairs in C's
+    layout, named by dtype=: each rank offers (value, its rank); the reference is NumPy's
+    argmax/argmin over the ranks' values (the first, so the least rank, on ties)."""
+    n = 40
+
+    def vals(r):
+        return (np.arange(n) * (r + 1)) % 7 - 3
+
+    def body(comm):
+        dt = np.dtype([("v", vtype), ("i", np.int32)], align=True)
+        hi = np.zeros(n, dt)
+        hi["v"], hi["i"] = vals(comm.rank), comm.rank
+        lo = hi.copy()
+        comm.allreduce(hi, op="maxloc", dtype=name)
+        out = np.zeros(n, dt)
+        comm.allreduce(lo, out, op="minloc", dtype=name)
+        return dt.itemsize, hi["v"].tolist(), hi["i"].tolist(), out["v"].tolist(), out["i"].tolist()
+
+    size = 3
+    allv = np.stack([vals(r) for r in range(size)])
+    for itemsize, hv, hiq, lv, liq in run(body, size):
+        assert itemsize == {"float_int": 8, "double_int": 16, "long_int": 16, "2int": 8,
+                            "short_int": 8}[name]
+        assert hiq == allv.argmax(axis=0).tolist() and hv == allv.max(axis=0).tolist()
+        assert liq == allv.argmin(axis=0).tolist() and lv == allv.min(axis=0).tolist()
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""

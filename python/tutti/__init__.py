@@ -35,8 +35,9 @@ Probe = collections.namedtuple("Probe", "source count dtype nbytes")
 #: the version of the package and of the libtutti it loaded (they must agree: _lib)
 version = __version__ = _lib.lib.tutti_version_string().decode()
 _lib_ = _lib.lib
-#: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR: integer dtypes
-SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
+#: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR: integer dtypes;
+#: MINLOC, MAXLOC: the value-index pair dtypes ("float_int", "double_int", ...)
+SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR, MINLOC, MAXLOC = range(10)
 
 # Communicators, then stores, still open when the interpreter exits are closed before
 # Python tears its modules down (a communicator's progress thread must not outlive them).
