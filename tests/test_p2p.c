@@ -552,6 +552,7 @@ TH_RUN_TEST(any_source_order,
  * the message a receive issued now would take, taken by nothing; in the receives' order
  * (behind a posted receive of the peer, behind an any-source receive still looking);
  * past other tags; from itself; a timeout that leaves the communicator usable. */
+enum { PROBE_BIG = 4 << 20 }; /* int32s: 16 MiB */
 static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)arg;
@@ -579,11 +580,26 @@ static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir,
             FAIL_IF(tutti_wait(w[i], -1) != 0, "send %d: %s", i, tutti_work_error(w[i]));
             tutti_work_free(w[i]);
         }
+        /* a large message of another tag ahead of the one rank 0 polls for */
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "b", 20000) != 0, "barrier");
+        int32_t *big = malloc(PROBE_BIG * sizeof(int32_t)), small[2] = { 5, 6 };
+        FAIL_IF(!big, "malloc");
+        for (int i = 0; i < PROBE_BIG; i++)
+            big[i] = i;
+        FAIL_IF(tutti_send_async(comm, big, PROBE_BIG, TUTTI_INT32, 0, 20, &w[0]) != 0 ||
+                    tutti_send_async(comm, small, 2, TUTTI_INT32, 0, 21, &w[1]) != 0,
+                "send big: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait(w[0], -1) != 0 || tutti_wait(w[1], -1) != 0, "sends: %s",
+                tutti_work_error(w[0]));
+        tutti_work_free(w[0]);
+        tutti_work_free(w[1]);
+        free(big);
     } else if (rank == 2) {
         FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "a", 20000) != 0, "barrier");
         const double d11[3] = { 0.5, 1.5, 2.5 };
         FAIL_IF(tutti_send(comm, d11, 3, TUTTI_FP64, 0, 11) != 0, "send: %s",
                 tutti_comm_last_error(comm));
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "b", 20000) != 0, "barrier");
     } else {
         int flag = -1, src = -1;
         size_t cnt = 0;
@@ -676,6 +692,28 @@ static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir,
                         "probe from rank 2 (tag 99): no such message came within 300 ms"),
                 "message: %s", tutti_comm_last_error(comm));
         FAIL_IF(tutti_comm_set_timeout(comm, before) != 0, "set_timeout back");
+        /* iprobe polled in a loop, nothing else in flight, sees the small message behind
+         * the large one (each look moves the links: before, never on tcp) */
+        FAIL_IF(th_store_barrier(sb, "probe", rank, nranks, "b", 20000) != 0, "barrier");
+        flag = 0;
+        t0 = th_now_ms();
+        long looks = 0;
+        while (!flag && th_now_ms() - t0 < 10000) {
+            FAIL_IF(tutti_iprobe(comm, 1, 21, &flag, &src, &cnt, &dt) != 0, "iprobe 21: %s",
+                    tutti_comm_last_error(comm));
+            looks++;
+        }
+        FAIL_IF(!flag || cnt != 2, "iprobe 21 in a loop: flag %d after %.0f ms, %ld looks", flag,
+                th_now_ms() - t0, looks);
+        int32_t *big = malloc(PROBE_BIG * sizeof(int32_t));
+        FAIL_IF(!big, "malloc");
+        FAIL_IF(tutti_recv(comm, b, 2, TUTTI_INT32, 1, 21) != 0 || b[0] != 5 || b[1] != 6,
+                "recv 21");
+        FAIL_IF(tutti_recv(comm, big, PROBE_BIG, TUTTI_INT32, 1, 20) != 0, "recv 20: %s",
+                tutti_comm_last_error(comm));
+        for (int i = 0; i < PROBE_BIG; i += 4099)
+            FAIL_IF(big[i] != i, "big[%d] = %d", i, big[i]);
+        free(big);
     }
     FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
     tutti_store_close(sb);

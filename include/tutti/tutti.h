@@ -499,8 +499,9 @@ int tutti_comm_timeout(const tutti_comm_t *comm);
  * issue, set back (gloo's per-call option), from the issuing thread. Each rank sets its
  * own: where ranks differ, each call fails at the earliest of its ranks' bounds (the
  * others then hear why), as with different TUTTI_TIMEOUT_MS. Communicators split from
- * comm later inherit it; the store's own bound (set at init) stays. timeout_ms > 0, else
- * TUTTI_ERR_INVALID_ARG (waits are always bounded). Thread-safe. */
+ * comm later inherit it; the store's own bound and the transports' own set-up bounds (a
+ * lazy link's connect, set at init) stay. timeout_ms > 0, else TUTTI_ERR_INVALID_ARG
+ * (waits are always bounded). Thread-safe. */
 int tutti_comm_set_timeout(tutti_comm_t *comm, int timeout_ms);
 
 /* Stream-ordered calls, as NCCL's (and MPICH's MPIX_*_enqueue, cuBLAS's handle stream):
@@ -751,7 +752,10 @@ int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t 
 int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_t *count_p,
                 tutti_dtype_t *dtype_p);
 /* MPI_Iprobe: one look, as tutti_probe's: *flag_p 1 and the rest filled where such a
- * message has come, else 0 (then the rest untouched). */
+ * message has come, else 0 (then the rest untouched). Each look moves the links along
+ * (a slice of progress), so one polled in a loop sees the message once it came. Not
+ * quite local as MPI's: like every call on comm it runs in issue order, after the
+ * calls queued before it (an _async collective still waiting for its peers, say). */
 int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *source_p,
                  size_t *count_p, tutti_dtype_t *dtype_p);
 

@@ -65,6 +65,16 @@ const char *tutti_comm_device(const tutti_comm_t *comm)
     return comm && comm->dev ? comm->dev->name : NULL;
 }
 
+/* comm's options as they are now, for a communicator made from it: a copy under q_lock,
+ * which tutti_comm_set_timeout writes the timeout under (a child inherits it). */
+static tutti_comm_opts_t opts_now(tutti_comm_t *comm)
+{
+    pthread_mutex_lock(&comm->q_lock);
+    tutti_comm_opts_t o = comm->opts;
+    pthread_mutex_unlock(&comm->q_lock);
+    return o;
+}
+
 int tutti_comm_timeout(const tutti_comm_t *comm)
 {
     return comm ? tt_comm_timeout_ms(comm) : TUTTI_ERR_INVALID_ARG;
@@ -82,10 +92,8 @@ int tutti_comm_set_timeout(tutti_comm_t *comm, int timeout_ms)
                                  "bounded (a timeout > 0 ms; its timeout stays %d ms)",
                                  comm->rank, timeout_ms, tt_comm_timeout_ms(comm));
     pthread_mutex_lock(&comm->q_lock);
-    /* the calls issued before keep theirs (op->timeout_ms): a lower one lets a later
-     * point-to-point deadline come before an earlier one (exec.c's reap looks at all) */
-    if (timeout_ms < comm->opts.timeout_ms)
-        comm->timeout_lowered = 1;
+    /* the calls issued before keep theirs (op->timeout_ms); a lower one lets a later
+     * point-to-point deadline come before an earlier one (exec.c's p2p_unordered) */
     __atomic_store_n(&comm->opts.timeout_ms, timeout_ms, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&comm->q_lock);
     TT_INFO("timeout %d ms for the calls issued from here on", timeout_ms);
@@ -602,8 +610,7 @@ static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, i
     char base[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
     tutti_store_t *js = comm->job_store;
     snprintf(base, sizeof(base), "%s%s-split%u-%d/", js->prefix, comm->nonce, seq, color);
-    tutti_comm_opts_t o = comm->opts;
-    o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
+    tutti_comm_opts_t o = opts_now(comm);
     o.job_settle_ms = 0;
     int st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     if (st < 0)
@@ -790,8 +797,7 @@ int tutti_comm_shrink(tutti_comm_t *comm, const int *exclude, int nexclude,
         other = NULL;
     }
     if (st == TUTTI_OK) {
-        tutti_comm_opts_t o = comm->opts;
-        o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
+        tutti_comm_opts_t o = opts_now(comm);
         o.job_settle_ms = 0;
         st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     } else if (!err[0]) {
@@ -1124,8 +1130,7 @@ int tutti_comm_grow(tutti_comm_t *comm, int size, tutti_comm_t **newcomm_p)
     if (comm->rank == 0)
         st = grow_publish(comm, js->base, tkey, ticket, (size_t)tlen, err, sizeof(err));
     if (st == TUTTI_OK) {
-        tutti_comm_opts_t o = comm->opts;
-        o.timeout_ms = tt_comm_timeout_ms(comm); /* as tutti_comm_set_timeout left it */
+        tutti_comm_opts_t o = opts_now(comm);
         o.job_settle_ms = 0;
         st = comm_create(newcomm_p, js->base, comm, base, comm->rank, size, &o, err, sizeof(err));
     }

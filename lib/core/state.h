@@ -239,9 +239,11 @@ struct tutti_comm {
     struct tt_p2p_seq *p2p_seq;
     size_t p2p_seq_cap, p2p_seq_n;
     int any_next;                /* the peer the next any-source search probes first */
-    int timeout_lowered;         /* tutti_comm_set_timeout went below an earlier timeout:
-                                    point-to-point deadlines may no longer follow posting
-                                    order (q_lock) */
+    int p2p_unordered;           /* a request went in flight with an earlier deadline than
+                                    the one before it (tutti_comm_set_timeout lowered the
+                                    timeout between their issues): the list's deadlines no
+                                    longer follow its order until it is empty again (exec.c,
+                                    `executing`) */
     int unnumbered;              /* receives issued that have no number yet: any-source
                                     ones looking, late_seq ones (0: late_at_issue need not
                                     look; q_lock) */
