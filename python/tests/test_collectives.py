@@ -620,6 +620,51 @@ def test_minloc_maxloc_of_structured_arrays(name, vtype):
         assert liq == allv.argmin(axis=0).tolist() and lv == allv.min(axis=0).tolist()
 
 
+def objects(comm):
+    r, n = comm.rank, comm.size
+    mine = {"rank": r, "data": list(range(r * 300)), "arr": np.arange(r + 1, dtype=np.int16)}
+    got = {
+        "bcast": comm.broadcast_object(("from root", "y" * 5000) if r == min(1, n - 1) else None,
+                                       root=min(1, n - 1)),
+        "allgather": comm.allgather_object(mine),
+        "gather": comm.gather_object(("g", r, b"\0" * r), root=n - 1),
+        "scatter": comm.scatter_object([f"to {i}" * (i + 1) for i in range(n)] if r == 0
+                                       else None),
+    }
+    if r == 0:  # from any rank, in whatever order they come; then from a named one
+        if n == 1:  # to itself
+            comm.send_object(None, 0, tag=8)
+        froms = sorted((comm.recv_object(tag=7) for _ in range(n - 1)), key=lambda t: t[1])
+        got["p2p"] = froms + [comm.recv_object(n - 1, tag=8)]
+    else:
+        comm.send_object({"hello": r, "pad": "z" * (r * 70000)}, 0, tag=7)
+        if r == n - 1:
+            comm.send_object(None, 0, tag=8)
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_python_objects(size):
+    """mpi4py's lowercase calls (torch's *_object): objects of each rank's own size,
+    pickled, through broadcast, allgather, gather, scatter, and send/recv from any rank
+    (recv_object probes the size first)."""
+    res = run(objects, size)
+    for r, got in enumerate(res):
+        assert got["bcast"] == ("from root", "y" * 5000)
+        ag = got["allgather"]
+        assert [a["rank"] for a in ag] == list(range(size))
+        for i, a in enumerate(ag):
+            assert a["data"] == list(range(i * 300))
+            assert a["arr"].dtype == np.int16 and a["arr"].tolist() == list(range(i + 1))
+        assert got["gather"] == ([("g", i, b"\0" * i) for i in range(size)]
+                                 if r == size - 1 else None)
+        assert got["scatter"] == f"to {r}" * (r + 1)
+        if r == 0:
+            want = [({"hello": i, "pad": "z" * (i * 70000)}, i) for i in range(1, size)]
+            assert got["p2p"][:-1] == want
+            assert got["p2p"][-1] == (None, size - 1)
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""

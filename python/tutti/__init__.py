@@ -6,6 +6,7 @@ torch tensors) without copying, blocking or async. The GIL is released while a c
 blocks. Failures raise tutti.Error subclasses carrying the status and the library's
 explanation (rank, peer, op). See docs/python.md.
 """
+import array
 import atexit
 import collections
 import ctypes
@@ -14,6 +15,7 @@ import json
 import math
 import operator
 import os
+import pickle
 import threading
 import weakref
 
@@ -1514,6 +1516,94 @@ class Communicator(_Handle):
         if not flag.value:
             return None
         return Probe(src.value, cnt.value, _name(dt.value), cnt.value * _SIZES[dt.value])
+
+    # ---- Python objects, pickled: mpi4py's lowercase calls, torch's *_object ----------
+    # (unpickling runs code a peer chose: as with mpi4py and torch, only between ranks of
+    # one trusted job; a job secret, TUTTI_AUTH_TOKEN, keeps others off the links)
+
+    def send_object(self, obj, peer, tag=0):
+        """Send obj, pickled, to rank peer (mpi4py's comm.send; recv_object takes it)."""
+        self.send(_pickle(obj), peer, tag, dtype="uint8")
+
+    def recv_object(self, peer=None, tag=0):
+        """An object send_object sent with tag from rank peer (None: any rank):
+        (obj, source). Probes its size first (probe), then receives it; another thread
+        receiving tag from the same rank meanwhile could take it first."""
+        p = self.probe(peer, tag)
+        buf = bytearray(p.nbytes)
+        self.recv(buf, p.source, tag, dtype=p.dtype)
+        return _unpickle(buf), p.source
+
+    def broadcast_object(self, obj=None, root=0):
+        """root's obj to every rank (mpi4py's comm.bcast, torch's broadcast_object_list):
+        every rank returns it (root: obj itself)."""
+        data = _pickle(obj) if self.rank == root else b""
+        n = array.array("q", [len(data)])
+        self.broadcast(n, root)
+        buf = bytearray(data) if self.rank == root else bytearray(n[0])
+        self.broadcast(buf, root, dtype="uint8")
+        return obj if self.rank == root else _unpickle(buf)
+
+    def allgather_object(self, obj):
+        """Every rank's obj, in rank order, on every rank (mpi4py's comm.allgather,
+        torch's all_gather_object)."""
+        data = _pickle(obj)
+        sizes = array.array("q", [0]) * self.size
+        self.allgather(array.array("q", [len(data)]), sizes)
+        out = bytearray(sum(sizes))
+        self.allgatherv(data, out, list(sizes), dtype="uint8")
+        return _split_objects(out, sizes)
+
+    def gather_object(self, obj, root=0):
+        """Every rank's obj, in rank order, at root (a list; None elsewhere: mpi4py's
+        comm.gather, torch's gather_object)."""
+        data = _pickle(obj)
+        me = self.rank == root
+        sizes = array.array("q", [0]) * self.size if me else None
+        self.gather(array.array("q", [len(data)]), sizes, root)
+        out = bytearray(sum(sizes)) if me else None
+        self.gatherv(data, out, list(sizes) if me else [len(data)] * self.size, root=root,
+                     dtype="uint8")
+        return _split_objects(out, sizes) if me else None
+
+    def scatter_object(self, objs=None, root=0):
+        """objs[r] (a sequence of size objects at root; ignored elsewhere) to rank r:
+        each rank returns its own (mpi4py's comm.scatter, torch's scatter_object_list).
+        A root whose objs are not size objects raises InvalidArgError, and the other ranks
+        then fail at their timeout."""
+        me = self.rank == root
+        datas = []
+        if me:
+            if objs is None or len(objs) != self.size:
+                raise InvalidArgError(
+                    f"tutti: rank {self.rank}: scatter_object: root's objs must be "
+                    f"{self.size} objects, one a rank (got "
+                    f"{'None' if objs is None else len(objs)})")
+            datas = [_pickle(o) for o in objs]
+        sizes = array.array("q", [len(d) for d in datas]) if me else None
+        mine = array.array("q", [0])
+        self.scatter(sizes, mine, root)
+        buf = bytearray(mine[0])
+        self.scatterv(b"".join(datas) if me else None, list(sizes) if me else None, buf,
+                      root=root, dtype="uint8")
+        return _unpickle(buf)
+
+
+def _pickle(obj):
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickle(buf):
+    return pickle.loads(buf)
+
+
+def _split_objects(buf, sizes):
+    """The objects pickled back to back in buf, sizes[i] bytes each."""
+    out, at, view = [], 0, memoryview(buf)
+    for n in sizes:
+        out.append(_unpickle(view[at:at + n]))
+        at += n
+    return out
 
 
 def _name(dtype):
