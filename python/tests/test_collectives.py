@@ -594,7 +594,7 @@ def test_dlpack_objects():
                                         ("short_int", np.int16)])
 def test_minloc_maxloc_of_structured_arrays(name, vtype):
     """MPI's MAXLOC/MINLOC on NumPy structured arrays of (value, int32) pairs in C's
-    layout, named by dtype=: each rank offers (value, its rank); the reference is NumPy's
+    layout (align=True), named by dtype= or read off the array: each rank offers (value, its rank); the reference is NumPy's
     argmax/argmin over the ranks' values (the first, so the least rank, on ties)."""
     n = 40
 
@@ -608,7 +608,7 @@ def test_minloc_maxloc_of_structured_arrays(name, vtype):
         lo = hi.copy()
         comm.allreduce(hi, op="maxloc", dtype=name)
         out = np.zeros(n, dt)
-        comm.allreduce(lo, out, op="minloc", dtype=name)
+        comm.allreduce(lo, out, op=tutti.MINLOC)  # the dtype read off the structured array
         return dt.itemsize, hi["v"].tolist(), hi["i"].tolist(), out["v"].tolist(), out["i"].tolist()
 
     size = 3

@@ -5,6 +5,8 @@ on a communicator that takes it (Communicator.device). A Buffer holds the export
 buffer (or the DLPack capsule) until released, so the memory cannot move or go away while
 an operation uses it."""
 import ctypes
+import re
+import struct
 import sys
 
 from . import _lib
@@ -52,9 +54,22 @@ _FORMATS[("?", 1)] = _BOOL
 _NATIVE_ORDER = "@=" + ("<" if sys.byteorder == "little" else ">!")
 
 
+# MPI's value-index pairs as NumPy's aligned structured dtypes export them
+# (np.dtype([("v", np.float64), ("i", np.int32)], align=True): "T{d:v:i:i:}", 16 bytes):
+# (value's format character, itemsize) -> dtype; the int32 right after the value, at
+# C's offset (short's padding shown as "xx").
+_PAIR = re.compile(r"T\{@?([fdlqih]):[^:]*:(x*)@?i:[^:]*:\}$")
+_PAIRS = {("f", 8, ""): "float_int", ("d", 16, ""): "double_int", ("l", 16, ""): "long_int",
+          ("q", 16, ""): "long_int", ("i", 8, ""): "2int", ("h", 8, "xx"): "short_int"}
+
+
 def _format_dtype(fmt, itemsize, what, buf):
     """The dtype of a buffer-protocol format (None: none; buf.foreign set for items in
     the other byte order)."""
+    m = _PAIR.match(fmt) if fmt.startswith("T{") else None
+    if m:
+        name = _PAIRS.get((m.group(1), itemsize, m.group(2)))
+        return dtype_of(name) if name and struct.calcsize("=i") == 4 else None
     if len(fmt) > 1 and fmt[0] in "@=<>!":
         if fmt[0] not in _NATIVE_ORDER:
             buf.foreign = True
@@ -172,9 +187,11 @@ class Buffer:
                 raise InvalidArgError(f"tutti: {what} has an element type tutti does not "
                                       "reduce (int8, uint8, int16, uint16, int32, uint32, "
                                       "int64, uint64, float16, bfloat16, float32, float64, "
-                                      "complex64, complex128, float8_e4m3fn, float8_e5m2); "
-                                      "pass dtype= to read it as one (calls that only move "
-                                      "data take any element type)")
+                                      "complex64, complex128, float8_e4m3fn, float8_e5m2, "
+                                      "and (value, int32) pairs as aligned structured "
+                                      "arrays for minloc/maxloc); pass dtype= to read it "
+                                      "as one (calls that only move data take any element "
+                                      "type)")
             self.dtype = src_dtype
             self.count = self.nbytes // itemsize
             return
