@@ -1219,13 +1219,19 @@ static int rank_hung(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
 
 /* Ranks on their own (TH_NO_KILL_ON_FAIL) whose exit codes must be as want says, a
  * character a rank: '0' exited 0, 'x' did not, '?' either. */
-static void run_apart_expect(th_rank_fn fn, int timeout_ms, int comm_timeout_ms, const char *want)
+static void run_apart_arg(th_rank_fn fn, void *arg, int timeout_ms, int comm_timeout_ms,
+                          const char *want)
 {
     int n = (int)strlen(want), codes[8];
-    th_run_comm_timeout(n, fn, NULL, timeout_ms, comm_timeout_ms, TH_NO_KILL_ON_FAIL, codes);
+    th_run_comm_timeout(n, fn, arg, timeout_ms, comm_timeout_ms, TH_NO_KILL_ON_FAIL, codes);
     for (int r = 0; r < n; r++)
         ck_assert_msg(want[r] == '?' || (codes[r] == 0) == (want[r] == '0'),
                       "rank %d exited %d (want %c)", r, codes[r], want[r]);
+}
+
+static void run_apart_expect(th_rank_fn fn, int timeout_ms, int comm_timeout_ms, const char *want)
+{
+    run_apart_arg(fn, NULL, timeout_ms, comm_timeout_ms, want);
 }
 
 START_TEST(hung_rank_times_out)
@@ -1337,31 +1343,38 @@ START_TEST(set_timeout_keeps_issued_calls)
 END_TEST
 
 /* Point to point: a receive posted under 4000 ms, then one under 400 ms: the second
- * times out first (its deadline comes before an earlier one's). */
+ * times out first (its deadline comes before an earlier one's). With arg "late", the
+ * first is an any-source receive of the second's tag, which the second (from rank 1, as
+ * MPI's order wants) waits behind: it fails at its own timeout, saying what it waited
+ * behind. */
 static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)nranks;
     (void)dir;
-    (void)arg;
-    int v[4] = { 0 };
+    const int late = arg != NULL;
+    int v[4] = { 0 }, u[4] = { 0 };
     if (rank == 1) { /* sends nothing; its own receive fails with rank 0's news */
         int st = tutti_recv(comm, v, 4, TUTTI_INT32, 0, 9);
         FAIL_IF(st >= 0, "rank 1's receive succeeded");
         return 0;
     }
     tutti_work_t *a, *b;
-    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, 1, 1, &a) != TUTTI_OK, "recv a");
+    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, late ? TUTTI_ANY_SOURCE : 1, late ? 3 : 1,
+                             &a) != TUTTI_OK,
+            "recv a");
     FAIL_IF(tutti_comm_set_timeout(comm, 400) != TUTTI_OK, "set_timeout");
     double t0 = th_now_ms();
-    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, 1, 2, &b) != TUTTI_OK, "recv b");
+    FAIL_IF(tutti_recv_async(comm, u, 4, TUTTI_INT32, 1, late ? 3 : 2, &b) != TUTTI_OK, "recv b");
     int st = tutti_wait(b, -1);
     double dt = th_now_ms() - t0;
-    fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt,
-            tutti_work_error(b));
+    const char *msg = tutti_work_error(b);
+    fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt, msg);
     FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
     FAIL_IF(dt < 300 || dt > 2500, "b failed after %.0f ms with a 400 ms timeout (a: 4000)", dt);
-    FAIL_IF(!strstr(tutti_work_error(b), "within 400 ms") || !strstr(tutti_work_error(b), "tag 2"),
-            "b: %s", tutti_work_error(b));
+    if (late)
+        FAIL_IF(!strstr(msg, "behind an earlier any-source receive of tag 3"), "b: %s", msg);
+    else
+        FAIL_IF(!strstr(msg, "within 400 ms") || !strstr(msg, "tag 2"), "b: %s", msg);
     FAIL_IF(tutti_wait(a, -1) >= 0, "a succeeded");
     tutti_work_free(a);
     tutti_work_free(b);
@@ -1374,42 +1387,9 @@ START_TEST(set_timeout_lowered_p2p)
 }
 END_TEST
 
-/* A named receive waiting behind an any-source one of its tag (MPI's order), issued
- * under a lower timeout: it fails at its own, saying what it waited behind. */
-static int rank_late_lowered(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
-{
-    (void)nranks;
-    (void)dir;
-    (void)arg;
-    int v[4] = { 0 }, u[4] = { 0 };
-    if (rank == 1) {
-        int st = tutti_recv(comm, v, 4, TUTTI_INT32, 0, 9);
-        FAIL_IF(st >= 0, "rank 1's receive succeeded");
-        return 0;
-    }
-    tutti_work_t *a, *b;
-    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &a) != TUTTI_OK,
-            "recv a");
-    FAIL_IF(tutti_comm_set_timeout(comm, 400) != TUTTI_OK, "set_timeout");
-    double t0 = th_now_ms();
-    FAIL_IF(tutti_recv_async(comm, u, 4, TUTTI_INT32, 1, 3, &b) != TUTTI_OK, "recv b");
-    int st = tutti_wait(b, -1);
-    double dt = th_now_ms() - t0;
-    fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt,
-            tutti_work_error(b));
-    FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
-    FAIL_IF(dt < 300 || dt > 2500, "b failed after %.0f ms with a 400 ms timeout (a: 4000)", dt);
-    FAIL_IF(!strstr(tutti_work_error(b), "behind an earlier any-source receive of tag 3"), "b: %s",
-            tutti_work_error(b));
-    FAIL_IF(tutti_wait(a, -1) >= 0, "a succeeded");
-    tutti_work_free(a);
-    tutti_work_free(b);
-    return 0;
-}
-
 START_TEST(set_timeout_lowered_late_recv)
 {
-    run_apart_expect(rank_late_lowered, 12000, 4000, "00");
+    run_apart_arg(rank_p2p_lowered, "late", 12000, 4000, "00");
 }
 END_TEST
 

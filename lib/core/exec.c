@@ -704,25 +704,43 @@ static int look_at(tutti_comm_t *comm, const tutti_work_t *w, int peer, tutti_tp
     return 1;
 }
 
+/* Look for w's next message (any_matches) at its peer, or (any) at every rank from
+ * any_next on: 1 with *peer_p and *m filled; 0 none came, *dead_p of the links looked at
+ * failed (the last one's status in *dead_st_p); TUTTI_ERR_UNSUPPORTED: no probe. */
+static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int *peer_p,
+                        tutti_tp_probe_t *m, int *dead_p, int *dead_st_p)
+{
+    int n = comm->nranks, looks = any ? n : 1;
+    *dead_p = *dead_st_p = 0;
+    for (int k = 0; k < looks; k++) {
+        int peer = any ? (comm->any_next + k) % n : w->req.peer;
+        int st = look_at(comm, w, peer, m);
+        if (st == TUTTI_ERR_UNSUPPORTED)
+            return st;
+        if (st < 0) {
+            (*dead_p)++;
+            *dead_st_p = st;
+        }
+        if (st > 0 && any_matches(comm, w, peer, m)) {
+            *peer_p = peer;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Look for w's message at every peer, starting after the last peer that had one (round
  * robin, so that a busy rank cannot starve the others), and post w's receive to the
  * first that has it. 1: w is posted (or still looking); < 0: it failed (err says why).
  * A peer whose link failed (it exited, say) is passed over while others are left. */
 static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
 {
-    int n = comm->nranks, dead = 0, dead_st = 0;
-    for (int k = 0; k < n; k++) {
-        int peer = (comm->any_next + k) % n;
-        tutti_tp_probe_t m;
-        int st = look_at(comm, w, peer, &m);
-        if (st == TUTTI_ERR_UNSUPPORTED)
-            return any_unsupported(comm, w, err, errlen);
-        if (st < 0) {
-            dead++;
-            dead_st = st;
-        }
-        if (st <= 0 || !any_matches(comm, w, peer, &m))
-            continue;
+    int n = comm->nranks, dead, dead_st, peer;
+    tutti_tp_probe_t m;
+    int st = find_message(comm, w, 1, &peer, &m, &dead, &dead_st);
+    if (st == TUTTI_ERR_UNSUPPORTED)
+        return any_unsupported(comm, w, err, errlen);
+    if (st == 1) {
         tt_p2p_seq_t *sq = p2p_seq(comm, peer, tt_env_tag(w->req.env), 1);
         if (!sq) {
             snprintf(err, errlen, "rank %d: recv from any source: out of memory", comm->rank);
@@ -861,26 +879,19 @@ static int probe_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *e
         return st;
     char what[64];
     if (!blocked_by_earlier(comm, w)) {
-        int n = comm->nranks, any = w->req.peer < 0, looks = any ? n : 1, dead = 0, dead_st = 0;
-        for (int k = 0; k < looks; k++) {
-            int peer = any ? (comm->any_next + k) % n : w->req.peer;
-            tutti_tp_probe_t m;
-            st = look_at(comm, w, peer, &m);
-            if (st == TUTTI_ERR_UNSUPPORTED)
-                return any_unsupported(comm, w, err, errlen);
-            if (st < 0) {
-                dead++;
-                dead_st = st;
-            }
-            if (st <= 0 || !any_matches(comm, w, peer, &m))
-                continue;
+        int any = w->req.peer < 0, dead, dead_st, peer;
+        tutti_tp_probe_t m;
+        st = find_message(comm, w, any, &peer, &m, &dead, &dead_st);
+        if (st == TUTTI_ERR_UNSUPPORTED)
+            return any_unsupported(comm, w, err, errlen);
+        if (st == 1) {
             w->probe_found = 1;
             w->probe_source = peer;
             w->probe_count = (size_t)m.env[2];
             w->probe_dtype = (int)((m.env[1] >> 48) & 0xff);
             return 0;
         }
-        if (dead && dead == (any ? n - 1 : 1)) {
+        if (dead && dead == (any ? comm->nranks - 1 : 1)) {
             pthread_mutex_lock(&comm->err_lock);
             snprintf(err, errlen, "rank %d: %s: %s failed (%s)", comm->rank,
                      p2p_what(w, what, sizeof(what)),
