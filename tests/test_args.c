@@ -84,7 +84,7 @@ static int rank_bad_args2(int rank, int nranks, tutti_comm_t *comm, const char *
                 tutti_comm_last_error(comm));                                                      \
     } while (0)
     EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, TUTTI_SUM, nranks), "root 2");
-    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, (tutti_redop_t)9, 0), "op 9");
+    EXPECT_BAD(tutti_reduce(comm, buf, buf, 4, TUTTI_FP32, (tutti_redop_t)19, 0), "op 19");
     EXPECT_BAD(tutti_allgather(comm, buf, NULL, 4, TUTTI_FP32), "recvbuf");
     EXPECT_BAD(tutti_allgatherv(comm, buf, buf, NULL, NULL, TUTTI_FP32), "recvcounts is NULL");
     EXPECT_BAD(tutti_allgatherv(comm, buf, buf, huge, NULL, TUTTI_FP32), "too large");

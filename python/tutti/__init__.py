@@ -181,14 +181,14 @@ def _resolve_op(op):
         out = ctypes.c_int()
         if _lib_.tutti_redop_parse(op.encode(), ctypes.byref(out)) < 0:
             raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, "
-                                  "avg, band, bor, bxor)")
+                                  "avg, band, bor, bxor, minloc, maxloc)")
         _OPS[op] = out.value
         return out.value, None
     try:
         v = operator.index(op)
     except TypeError:
         raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg, "
-                              "band, bor, bxor, or a tutti.Op)") from None
+                              "band, bor, bxor, minloc, maxloc, or a tutti.Op)") from None
     if 0 <= v < _USER_FIRST:
         return v, None  # the library's own ops (it refuses the values it has none for)
     defined = _USER_OPS.get(v) if v <= _USER_LAST else None
