@@ -120,6 +120,32 @@ static void fill(void *buf, tutti_dtype_t dt)
         default: break;
         }
     }
+    if (tt_dtype_is_pair(dt)) { /* values of alternating order, the element's index */
+        memset(buf, 0, n * tutti_dtype_size(dt));
+        for (size_t i = 0; i < n; i++) {
+            unsigned char *p = (unsigned char *)buf + i * tutti_dtype_size(dt);
+            int32_t idx = (int32_t)i, v = (int32_t)(i % 3);
+            float f = (float)v;
+            double d = v;
+            int64_t l = v;
+            int16_t h = (int16_t)v;
+            switch (dt) {
+            case TUTTI_FLOAT_INT:
+                memcpy(p, &f, 4), memcpy(p + offsetof(tt_pair_float_int_t, i), &idx, 4);
+                break;
+            case TUTTI_DOUBLE_INT:
+                memcpy(p, &d, 8), memcpy(p + offsetof(tt_pair_double_int_t, i), &idx, 4);
+                break;
+            case TUTTI_LONG_INT:
+                memcpy(p, &l, 8), memcpy(p + offsetof(tt_pair_long_int_t, i), &idx, 4);
+                break;
+            case TUTTI_2INT:
+                memcpy(p, &v, 4), memcpy(p + offsetof(tt_pair_2int_t, i), &idx, 4);
+                break;
+            default: memcpy(p, &h, 2), memcpy(p + offsetof(tt_pair_short_int_t, i), &idx, 4); break;
+            }
+        }
+    }
 }
 
 static void row(const char *label, double sec, double traffic_factor, double ref_traffic)

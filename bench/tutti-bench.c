@@ -406,7 +406,9 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
         return -1;
     }
     if (coll_has_op(cfg_p->coll) && !tutti_redop_supported(cfg_p->op, cfg_p->dtype)) {
-        fprintf(stderr, "tutti-bench: -o %s does not reduce %s (complex: sum, prod, avg)\n",
+        fprintf(stderr,
+                "tutti-bench: -o %s does not reduce %s (complex: sum, prod, avg; the value-index "
+                "pairs: minloc, maxloc, and those ops nothing else)\n",
                 tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
         return -1;
     }

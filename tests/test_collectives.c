@@ -1252,20 +1252,26 @@ static int rank_loc(int rank, int nranks, tutti_comm_t *unused, const char *dir,
             loc_in(dt, rank, i, in + i * es, &v, &nan);
         }
         static const char *const name[] = { "allreduce maxloc in place", "allreduce minloc",
-                                            "reduce minloc at 1", "scan maxloc" };
-        for (int how = 0; how < 4; how++) {
-            tutti_redop_t op = how == 0 || how == 3 ? TUTTI_MAXLOC : TUTTI_MINLOC;
+                                            "reduce minloc at 1",        "scan maxloc",
+                                            "reduce_scatter minloc",     "exscan maxloc" };
+        const size_t rs = N / (size_t)nranks; /* reduce_scatter's block */
+        for (int how = 0; how < 6; how++) {
+            tutti_redop_t op = how == 0 || how == 3 || how == 5 ? TUTTI_MAXLOC : TUTTI_MINLOC;
             memcpy(out, in, N * es);
             int st = how == 0   ? tutti_allreduce(comm, TUTTI_IN_PLACE, out, N, dt, op)
                      : how == 1 ? tutti_allreduce(comm, in, out, N, dt, op)
                      : how == 2 ? tutti_reduce(comm, in, rank == 1 ? out : NULL, N, dt, op, 1)
-                                : tutti_scan(comm, in, out, N, dt, op);
+                     : how == 3 ? tutti_scan(comm, in, out, N, dt, op)
+                     : how == 4 ? tutti_reduce_scatter(comm, in, out, rs, dt, op)
+                                : tutti_exscan(comm, in, out, N, dt, op);
             FAIL_IF(st != TUTTI_OK, "%s %s %s: %s", algo, tutti_dtype_name(dt), name[how],
                     tutti_comm_last_error(comm));
-            if (how == 2 && rank != 1)
+            if ((how == 2 && rank != 1) || (how == 5 && rank == 0)) /* (exscan: 0's undefined) */
                 continue;
-            const int last = how == 3 ? rank : nranks - 1;
-            for (size_t i = 0; i < N; i++) {
+            const int last = how == 3 ? rank : how == 5 ? rank - 1 : nranks - 1;
+            const size_t first = how == 4 ? (size_t)rank * rs : 0, len = how == 4 ? rs : N;
+            for (size_t k = 0; k < len; k++) {
+                const size_t i = first + k;
                 /* the fold: the extreme value, NaN first; on ties the least index */
                 long double bv = 0;
                 int32_t bi = 0;
@@ -1287,7 +1293,7 @@ static int rank_loc(int rank, int nranks, tutti_comm_t *unused, const char *dir,
                 int32_t gi;
                 /* the result's value and index, read through the same layout */
                 {
-                    const unsigned char *q = out + i * es;
+                    const unsigned char *q = out + k * es;
                     size_t ioff = es == 16 ? 8 : 4;
                     memcpy(&gi, q + ioff, 4);
                     if (dt == TUTTI_FLOAT_INT) {

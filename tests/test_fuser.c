@@ -1616,6 +1616,10 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
             "NULL data accepted without views");
     FAIL_IF(tutti_fuse_register(f, x, 4, TUTTI_DTYPE_COUNT, &idx) != TUTTI_ERR_INVALID_ARG,
             "bad dtype accepted");
+    /* a dtype its op cannot reduce: refused at once, not at every step's wait */
+    FAIL_IF(tutti_fuse_register(f, x, 2, TUTTI_FLOAT_INT, &idx) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_fuse_last_error(f), "op sum does not reduce float_int"),
+            "a pair under sum: %s", tutti_fuse_last_error(f));
     FAIL_IF(tutti_fuse_register(f, x, 4, TUTTI_FP32, &idx) != TUTTI_OK, "register");
     FAIL_IF(tutti_fuse_mark_ready(f, 1) != TUTTI_ERR_INVALID_ARG, "bad index accepted");
     FAIL_IF(tutti_fuse_mark_unused(f, 0) != TUTTI_ERR_INVALID_ARG,

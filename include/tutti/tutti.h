@@ -50,10 +50,11 @@ typedef enum tutti_dtype {
     TUTTI_COMPLEX128, /* imaginary (two fp32, or fp64 for double _Complex) */
     TUTTI_FP8_E4M3,   /* OCP 8-bit floats (NCCL's ncclFloat8e4m3/e5m2, torch's float8_e4m3fn */
     TUTTI_FP8_E5M2,   /* and float8_e5m2): E4M3 has no infinity (max 448), E5M2 has one */
-    /* MPI's value-index pairs for TUTTI_MINLOC and TUTTI_MAXLOC, laid out as C's structs
-     * (padding included): { float; int } (MPI_FLOAT_INT, 8 bytes), { double; int }
-     * (MPI_DOUBLE_INT, 16), { int64_t; int } (MPI_LONG_INT on LP64, 16), { int; int }
-     * (MPI_2INT, 8), { int16_t; int } (MPI_SHORT_INT, 8); int is int32_t */
+    /* MPI's value-index pairs for TUTTI_MINLOC and TUTTI_MAXLOC, laid out as this C
+     * compiler lays out the structs (padding included; the sizes on x86-64 and aarch64):
+     * { float; int } (MPI_FLOAT_INT, 8 bytes), { double; int } (MPI_DOUBLE_INT, 16),
+     * { int64_t; int } (MPI_LONG_INT on LP64, 16), { int; int } (MPI_2INT, 8),
+     * { int16_t; int } (MPI_SHORT_INT, 8); int is int32_t */
     TUTTI_FLOAT_INT,
     TUTTI_DOUBLE_INT,
     TUTTI_LONG_INT,
@@ -132,9 +133,10 @@ const char *tutti_redop_name(tutti_redop_t op);
 /* Parse names as printed above (also "float", "int", "half", "double" ...). */
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
 int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
-/* 1 if collectives reduce dtype with op (every op reduces the integer dtypes; BAND,
- * BOR and BXOR no float dtype; a defined op, below, every dtype), 0 if not or either is
- * out of range (or op is not defined). */
+/* 1 if collectives reduce dtype with op (every op but MINLOC and MAXLOC reduces the
+ * integer dtypes; BAND, BOR and BXOR no float dtype; MINLOC and MAXLOC the value-index
+ * pairs only, which nothing else reduces; a defined op, below, every dtype), 0 if not or
+ * either is out of range (or op is not defined). */
 int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
 
 /* A reduction the caller defines (MPI_Op_create, Gloo's custom reduce function):

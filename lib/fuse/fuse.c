@@ -254,6 +254,12 @@ int tutti_fuse_register(tutti_fuse_t *f, void *data, size_t count, tutti_dtype_t
         return reentry_error(f, "register");
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: invalid dtype %d", (int)dtype);
+    if (!f->opts.hook && !tutti_redop_supported(f->opts.op, dtype)) {
+        /* (a value-index pair under sum or avg): refused now, not at every step's wait */
+        char why[160];
+        tt_redop_unsupported(why, sizeof(why), f->opts.op, dtype);
+        return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: %s", why);
+    }
     if (count > SIZE_MAX / 16)
         return fuse_error(f, TUTTI_ERR_INVALID_ARG, "register: bad count %zu", count);
     /* A tensor of no elements has no bytes and no place in a bucket; any pointer goes. */

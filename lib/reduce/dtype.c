@@ -30,11 +30,11 @@ static const struct {
     [TUTTI_COMPLEX128] = { "c128", 16 },
     [TUTTI_FP8_E4M3] = { "f8e4m3", 1 },
     [TUTTI_FP8_E5M2] = { "f8e5m2", 1 },
-    [TUTTI_FLOAT_INT] = { "float_int", 8 },
-    [TUTTI_DOUBLE_INT] = { "double_int", 16 },
-    [TUTTI_LONG_INT] = { "long_int", 16 },
-    [TUTTI_2INT] = { "2int", 8 },
-    [TUTTI_SHORT_INT] = { "short_int", 8 },
+    [TUTTI_FLOAT_INT] = { "float_int", sizeof(tt_pair_float_int_t) },
+    [TUTTI_DOUBLE_INT] = { "double_int", sizeof(tt_pair_double_int_t) },
+    [TUTTI_LONG_INT] = { "long_int", sizeof(tt_pair_long_int_t) },
+    [TUTTI_2INT] = { "2int", sizeof(tt_pair_2int_t) },
+    [TUTTI_SHORT_INT] = { "short_int", sizeof(tt_pair_short_int_t) },
 };
 
 /* Other spellings accepted by tutti_dtype_parse (the printed names are accepted too;

@@ -722,7 +722,7 @@ static void tt_reduce_complex(void *dst, const void *a, const void *b, size_t co
 #define TT_PAIR_INAN(v) 0
 
 /* d = a op b for n pairs of value type VT at offset 0 and an int32_t at IOFF, each SIZE
- * bytes (C's struct layout, padding untouched but copied with the winner); d may be a or
+ * bytes (C's struct layout, reduce.h's types; padding copied with the winner); d may be a or
  * b. memcpy: the buffers need not be aligned to the pair. */
 #define TT_DEF_PAIR(nm, VT, IOFF, SIZE, NAN_)                                                      \
     static void tt_pair_##nm(void *dv, const void *av, const void *bv, size_t n, int maxloc)       \
@@ -741,11 +741,15 @@ static void tt_reduce_complex(void *dst, const void *a, const void *b, size_t co
                 memmove(d, w, SIZE);                                                               \
         }                                                                                          \
     }
-TT_DEF_PAIR(float_int, float, 4, 8, TT_PAIR_FNAN)
-TT_DEF_PAIR(double_int, double, 8, 16, TT_PAIR_FNAN)
-TT_DEF_PAIR(long_int, int64_t, 8, 16, TT_PAIR_INAN)
-TT_DEF_PAIR(2int, int32_t, 4, 8, TT_PAIR_INAN)
-TT_DEF_PAIR(short_int, int16_t, 4, 8, TT_PAIR_INAN)
+TT_DEF_PAIR(float_int, float, offsetof(tt_pair_float_int_t, i), sizeof(tt_pair_float_int_t),
+            TT_PAIR_FNAN)
+TT_DEF_PAIR(double_int, double, offsetof(tt_pair_double_int_t, i), sizeof(tt_pair_double_int_t),
+            TT_PAIR_FNAN)
+TT_DEF_PAIR(long_int, int64_t, offsetof(tt_pair_long_int_t, i), sizeof(tt_pair_long_int_t),
+            TT_PAIR_INAN)
+TT_DEF_PAIR(2int, int32_t, offsetof(tt_pair_2int_t, i), sizeof(tt_pair_2int_t), TT_PAIR_INAN)
+TT_DEF_PAIR(short_int, int16_t, offsetof(tt_pair_short_int_t, i), sizeof(tt_pair_short_int_t),
+            TT_PAIR_INAN)
 
 static void tt_reduce_pair(void *dst, const void *a, const void *b, size_t count,
                            tutti_dtype_t dtype, tutti_redop_t op)

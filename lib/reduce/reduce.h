@@ -34,6 +34,29 @@ static inline tutti_dtype_t tt_complex_part(tutti_dtype_t dtype)
     return dtype == TUTTI_COMPLEX64 ? TUTTI_FP32 : TUTTI_FP64;
 }
 
+/* The value-index pairs as C lays them out (MPI's MPI_FLOAT_INT ...): sizes and offsets
+ * come from these, so that a host whose alignment differs (i386's 4-byte double) has its
+ * own C's layout. */
+typedef struct {
+    float v;
+    int32_t i;
+} tt_pair_float_int_t;
+typedef struct {
+    double v;
+    int32_t i;
+} tt_pair_double_int_t;
+typedef struct {
+    int64_t v;
+    int32_t i;
+} tt_pair_long_int_t;
+typedef struct {
+    int32_t v, i;
+} tt_pair_2int_t;
+typedef struct {
+    int16_t v;
+    int32_t i;
+} tt_pair_short_int_t;
+
 /* The value-index pair dtypes (MPI's MPI_FLOAT_INT ...), which MINLOC and MAXLOC reduce. */
 static inline int tt_dtype_is_pair(tutti_dtype_t dtype)
 {

@@ -609,6 +609,14 @@ def test_minloc_maxloc_of_structured_arrays(name, vtype):
         comm.allreduce(hi, op="maxloc", dtype=name)
         out = np.zeros(n, dt)
         comm.allreduce(lo, out, op=tutti.MINLOC)  # the dtype read off the structured array
+
+        def maxloc(a, b, o):  # a defined op sees the pairs as the same structured arrays
+            take = (b["v"] > a["v"]) | ((b["v"] == a["v"]) & (b["i"] < a["i"]))
+            o[:] = np.where(take, b, a)
+        mine = np.zeros(n, dt)
+        mine["v"], mine["i"] = vals(comm.rank), comm.rank
+        comm.allreduce(mine, op=tutti.Op(maxloc, commutative=True))
+        assert (mine == hi).all(), (mine, hi)
         return dt.itemsize, hi["v"].tolist(), hi["i"].tolist(), out["v"].tolist(), out["i"].tolist()
 
     size = 3

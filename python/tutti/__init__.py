@@ -242,6 +242,11 @@ _NP_NAMES = {"i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64", "f16":
 _FMT = {"i8": "b", "u8": "B", "i32": "i", "i64": "q", "f16": "H", "bf16": "H", "f32": "f",
         "f64": "d", "i16": "h", "u16": "H", "u32": "I", "u64": "Q", "c64": "f", "c128": "d",
         "f8e4m3": "B", "f8e5m2": "B"}
+# the value-index pairs (MINLOC/MAXLOC): NumPy's aligned structured dtypes ("v", "i"),
+# their bytes without NumPy
+_PAIR_NP = {"float_int": "f4", "double_int": "f8", "long_int": "i8", "2int": "i4",
+            "short_int": "i2"}
+_FMT.update({n: "B" for n in _PAIR_NP})
 _NOMEM = -2  # TUTTI_ERR_NOMEM
 
 
@@ -288,7 +293,11 @@ def _op_view(ptr, count, dtype, writable):
     if _np is None:
         v = memoryview(mem).cast("B").cast(_FMT[name])
         return v if writable else v.toreadonly()
-    arr = _np.frombuffer(mem, dtype=_NP_NAMES[name], count=count)
+    if name in _PAIR_NP:
+        dt = _np.dtype([("v", _PAIR_NP[name]), ("i", "i4")], align=True)
+    else:
+        dt = _NP_NAMES[name]
+    arr = _np.frombuffer(mem, dtype=dt, count=count)
     arr.flags.writeable = writable
     return arr
 
@@ -297,8 +306,9 @@ class Op:
     """A reduce op defined in Python (tutti_redop_create), for allreduce, reduce,
     reduce_scatter(v), scan, exscan and tutti.fuse.allreduce_coalesced: fn(a, b, out) writes a op b
     into out, element by element, for a slice of the vector; out may be a or b itself.
-    a, b and out are NumPy arrays of the call's dtype (bf16 as its uint16 bits;
-    memoryviews without NumPy, fp16 there as its bits too). fn must be associative and
+    a, b and out are NumPy arrays of the call's dtype (bf16 as its uint16 bits; a
+    value-index pair as an aligned structured array, fields "v" and "i"; memoryviews
+    without NumPy, fp16 there as its bits too, a pair as its bytes). fn must be associative and
     must not call tutti.
 
     commutative=False (the default, as mpi4py's): the result is x0 op x1 op ... op

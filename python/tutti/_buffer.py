@@ -58,18 +58,32 @@ _NATIVE_ORDER = "@=" + ("<" if sys.byteorder == "little" else ">!")
 # (np.dtype([("v", np.float64), ("i", np.int32)], align=True): "T{d:v:i:i:}", 16 bytes):
 # (value's format character, itemsize) -> dtype; the int32 right after the value, at
 # C's offset (short's padding shown as "xx").
-_PAIR = re.compile(r"T\{@?([fdlqih]):[^:]*:(x*)@?i:[^:]*:\}$")
-_PAIRS = {("f", 8, ""): "float_int", ("d", 16, ""): "double_int", ("l", 16, ""): "long_int",
-          ("q", 16, ""): "long_int", ("i", 8, ""): "2int", ("h", 8, "xx"): "short_int"}
+_PAIR = re.compile(r"T\{([@=<>!]?)([fdlqih]):[^:]*:(x*)([@=<>!]?)i:[^:]*:\}$")
+def _c_size(vtype):
+    """sizeof(struct { vtype v; int32_t i; }) on this host (16 for a double's on LP64)."""
+    class S(ctypes.Structure):
+        _fields_ = [("v", vtype), ("i", ctypes.c_int32)]
+    return ctypes.sizeof(S)
+
+
+_PAIRS = {("f", _c_size(ctypes.c_float), ""): "float_int",
+          ("d", _c_size(ctypes.c_double), ""): "double_int",
+          ("l", _c_size(ctypes.c_int64), ""): "long_int",
+          ("q", _c_size(ctypes.c_int64), ""): "long_int",
+          ("i", _c_size(ctypes.c_int32), ""): "2int",
+          ("h", _c_size(ctypes.c_int16), "xx"): "short_int"}
+# (the calls that only move data carry such arrays as their bytes, as any record)
+_PAIR_DTYPES = {dtype_of(n) for n in set(_PAIRS.values())}
 
 
 def _format_dtype(fmt, itemsize, what, buf):
     """The dtype of a buffer-protocol format (None: none; buf.foreign set for items in
     the other byte order)."""
     m = _PAIR.match(fmt) if fmt.startswith("T{") else None
-    if m:
-        name = _PAIRS.get((m.group(1), itemsize, m.group(2)))
-        return dtype_of(name) if name and struct.calcsize("=i") == 4 else None
+    if m:  # (this host's byte order: none given, or named; the size checks the padding)
+        native = all(not o or o in _NATIVE_ORDER for o in (m.group(1), m.group(4)))
+        name = _PAIRS.get((m.group(2), itemsize, m.group(3)))
+        return dtype_of(name) if name and native and struct.calcsize("=i") == 4 else None
     if len(fmt) > 1 and fmt[0] in "@=<>!":
         if fmt[0] not in _NATIVE_ORDER:
             buf.foreign = True
@@ -171,6 +185,8 @@ class Buffer:
         self.logical = src_dtype == _BOOL and dtype is None
         if src_dtype == _BOOL:
             src_dtype = _U8
+        if dtype is None and carry and src_dtype in _PAIR_DTYPES:
+            src_dtype = None  # moved as bytes, as before pairs had dtypes (dtype= names one)
         if dtype is None and src_dtype is None and carry:
             src_dtype, self.k, itemsize = _U8, itemsize, 1
         if self.foreign and not carry:
