@@ -836,8 +836,16 @@ ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &stor
 namespace
 {
 
+/* store_wait's own timeout: the keys were missing when it looked last (a key that comes
+ * just after must not turn it into a store failure: set-up's sliced waits go on after a
+ * timeout, and failed on TUTTI_ERR_STORE, "not there after 79 ms", in a loaded run) */
+struct KeysMissing : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 /* Runs a c10d::Store call; a thrown error becomes TUTTI_ERR_STORE with its text, or
- * TUTTI_ERR_TIMEOUT when keys (those waited for) are still missing after it. */
+ * TUTTI_ERR_TIMEOUT for store_wait's timeout or when keys (those waited for) are still
+ * missing after it. */
 template <class Fn>
 int store_call(c10d::Store *st, const std::vector<std::string> &keys, char *errbuf, size_t errlen,
                Fn &&fn)
@@ -845,6 +853,9 @@ int store_call(c10d::Store *st, const std::vector<std::string> &keys, char *errb
     try {
         fn();
         return TUTTI_OK;
+    } catch (const KeysMissing &e) {
+        snprintf(errbuf, errlen, "%s", e.what());
+        return TUTTI_ERR_TIMEOUT;
     } catch (const std::exception &e) {
         const auto *ce = dynamic_cast<const c10::Error *>(&e);
         snprintf(errbuf, errlen, "%s", ce ? ce->what_without_backtrace() : e.what());
@@ -866,8 +877,8 @@ void store_wait(c10d::Store *st, const std::vector<std::string> &keys, int timeo
                     std::chrono::milliseconds(timeout_ms < 0 ? 86400000 : timeout_ms);
     auto pause = std::chrono::microseconds(200);
     while (!st->check(keys)) {
-        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "not there after ", timeout_ms,
-                    " ms");
+        if (std::chrono::steady_clock::now() >= deadline)
+            throw KeysMissing(c10::str("not there after ", timeout_ms, " ms"));
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::microseconds(20000));
     }
