@@ -1685,6 +1685,97 @@ START_TEST(peer_destroyed_after_sends_delivers_first)
 }
 END_TEST
 
+/* A probe finds a message its peer sent just before destroying its transport (an
+ * MPI_Probe, or a receive from any source, that polls while the peer sends and leaves).
+ * Both ranks run on one CPU, so that rank 0's send and destroy run while rank 1 is
+ * preempted at some point of its probe loop: a probe that read the ring (nothing yet)
+ * and then the peer's `closed` flag failed the link, the message unread
+ * (link_more_to_read took "no receive posted" for "nothing to read"): 10 runs of 10
+ * failed so, 8 of them in their first round. Rank 1 then receives the message; one more
+ * receive fails at once, naming the close. Each round on transports of its own
+ * (sh->arg rounds). */
+static int rank_tp_probe_close(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)comm;
+    shared_t *sh = arg;
+    const tutti_transport_ops_v2_t *ops = tt_builtin_transport_shm();
+    cpu_set_t all, one;
+    FAIL_IF(sched_getaffinity(0, sizeof(all), &all) != 0, "sched_getaffinity");
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one); /* the first CPU this process may use, the same for both */
+            break;
+        }
+    setenv("TUTTI_BIND", "none", 1); /* the transport leaves the thread where it is */
+    for (int round = 0; round < sh->arg; round++) {
+        char prefix[32], bar[32];
+        snprintf(prefix, sizeof(prefix), "pc%d/", round);
+        th_host_t t;
+        void *tp = tp_open(&t, arg, dir, prefix, rank, nranks, NULL);
+        FAIL_IF(!tp, "round %d: create: %s", round, t.err);
+        snprintf(bar, sizeof(bar), "pc%d", round);
+        store_barrier(&t, bar, nranks);
+        FAIL_IF(sched_setaffinity(0, sizeof(one), &one) != 0, "sched_setaffinity");
+        uint64_t v = 0x5eed0000u + (uint64_t)round, got = 0;
+        tutti_tp_req_v2_t r;
+        const uint64_t tag = (1ull << 63) | 7; /* channel 1: what a probe looks for */
+        if (rank == 0) {
+            /* once rank 1 polls: wakes up at some point of its loop, on its CPU */
+            while (!__atomic_load_n(&sh->flag, __ATOMIC_ACQUIRE))
+                usleep(200);
+            req_set(&r, 1, &v, sizeof(v), 1, tag);
+            FAIL_IF(ops->post_send(tp, &r) != 0, "round %d: post_send", round);
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0, "round %d: send: %d", round, r.status);
+            ops->destroy(tp); /* at once: rank 1 may be inside a probe */
+            snprintf(bar, sizeof(bar), "pc%d-end", round);
+            FAIL_IF(sched_setaffinity(0, sizeof(all), &all) != 0, "sched_setaffinity");
+            store_barrier(&t, bar, nranks);
+        } else {
+            tutti_tp_probe_t m;
+            int st;
+            double end = th_now_ms() + 10000;
+            do {
+                memset(&m, 0, sizeof(m));
+                st = ops->probe(tp, 0, &m);
+                __atomic_store_n(&sh->flag, 1, __ATOMIC_RELEASE);
+            } while (st == 0 && th_now_ms() < end);
+            FAIL_IF(st != 1 || m.len != sizeof(v),
+                    "round %d: a probe for the message rank 0 sent before its destroy: %d, "
+                    "%zu bytes: %s",
+                    round, st, m.len, t.err);
+            req_set(&r, 0, &got, sizeof(got), 1, tag);
+            FAIL_IF(ops->post_recv(tp, &r) != 0, "round %d: post_recv: %s", round, t.err);
+            drive(tp, &r, 5000);
+            FAIL_IF(r.status != 0 || got != v, "round %d: receive: %d, 0x%llx", round, r.status,
+                    (unsigned long long)got);
+            req_set(&r, 0, &got, sizeof(got), 2, tag);
+            if (ops->post_recv(tp, &r) == 0)
+                drive(tp, &r, 5000);
+            FAIL_IF(r.status != TUTTI_ERR_PEER || !strstr(t.err, "destroyed its communicator"),
+                    "round %d: a receive after the message: %d: %s", round, r.status, t.err);
+            __atomic_store_n(&sh->flag, 0, __ATOMIC_RELEASE);
+            FAIL_IF(sched_setaffinity(0, sizeof(all), &all) != 0, "sched_setaffinity");
+            snprintf(bar, sizeof(bar), "pc%d-end", round);
+            store_barrier(&t, bar, nranks);
+            ops->destroy(tp);
+        }
+        th_host_close(&t);
+    }
+    return 0;
+}
+
+START_TEST(abi_probe_finds_message_sent_before_close)
+{
+    shared_t *sh;
+    int codes[2];
+    int rc = run_shm(2, rank_tp_probe_close, 40, -1, NULL, 60000, TH_NO_COMM, codes, &sh);
+    ck_assert_msg(rc == 0, "ranks exited %d, %d", codes[0], codes[1]);
+    ck_assert_int_eq(leftovers(sh, 2), 0);
+}
+END_TEST
+
 /* A long TUTTI_SPIN_US does not stretch a wait past its timeout: rank 0 waits for a
  * message rank 1 never sends, spinning up to 8 s per progress call with a timeout of 1
  * s. (The spin once ignored the caller's deadline: about 8 s.) */
@@ -2314,7 +2405,8 @@ static Suite *suite(void)
                                   short_digest_tells_envelopes_apart, NULL };
     const TTest *const crowded[] = { crowded_ranks_even_out, NULL };
     const TTest *const closed[] = { peer_destroyed_fails_waiter_at_once,
-                                    peer_destroyed_after_sends_delivers_first, NULL };
+                                    peer_destroyed_after_sends_delivers_first,
+                                    abi_probe_finds_message_sent_before_close, NULL };
     th_add_tests(s, "abi", 60, abi);
     th_add_tests(s, "library", 120, library);
     th_add_tests(s, "timeouts", 30, timeouts);

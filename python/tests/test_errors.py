@@ -1,5 +1,7 @@
 """Bad arguments, mismatched calls and dead ranks raise tutti errors naming what went
 wrong; nothing crashes or hangs; the GIL is free while a call blocks."""
+import functools
+import multiprocessing
 import os
 import signal
 import threading
@@ -498,12 +500,15 @@ def test_forked_child_leaves_the_parents_communicator():
     assert took is not None and took < 3, took
 
 
-def interrupted(comm):
+def interrupted(comm, was_interrupted):
     """Ctrl-C during a blocking recv on the main thread (tutti.interruptible): a
     KeyboardInterrupt at once, not at the communicator's timeout; the receive goes on
-    (its buffer kept) and lands once its message comes."""
+    (its buffer kept) and lands once its message comes. Rank 1 sends once rank 0 was
+    interrupted (was_interrupted, an Event): after a fixed 1.5 s, a loaded machine's late
+    Ctrl-C found the receive done, rank 0 returned "no interrupt" without the barrier and
+    destroyed its communicator, and rank 1's barrier failed on that close."""
     if comm.rank == 1:
-        time.sleep(1.5)
+        assert was_interrupted.wait(30), "rank 0 was not interrupted within 30 s"
         comm.send(np.full(3, 7.0), peer=0, tag=4)
         comm.barrier()
         return None
@@ -516,6 +521,7 @@ def interrupted(comm):
         return "no interrupt"
     except KeyboardInterrupt:
         took = time.monotonic() - t0
+        was_interrupted.set()
     finally:
         tutti.interruptible = False
     comm.barrier()  # after the receive, in issue order
@@ -523,7 +529,9 @@ def interrupted(comm):
 
 
 def test_ctrl_c_interrupts_a_blocking_call():
-    took, got = run(interrupted, 2, timeout=60, timeout_ms=15000)[0]
+    ev = multiprocessing.get_context("fork").Event()  # the ranks are forked: they share it
+    took, got = run(functools.partial(interrupted, was_interrupted=ev), 2, timeout=60,
+                    timeout_ms=15000)[0]
     assert took < 1.0, took
     assert got == [7.0] * 3
 

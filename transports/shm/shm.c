@@ -164,9 +164,6 @@ static int report_read(const shm_dir_t *d, int *status_p, char *msg, size_t len)
     return 1;
 }
 
-/* Did the sender publish more since link_rx last looked? Checked after seeing its
- * report (or its death): the report is written after what came before it, but the
- * sweep may have loaded `head` just before both landed. */
 /* The stamp of the line at rx_pos, and the one a record there must carry. */
 static inline uint64_t rx_stamp(const shm_link_t *L, uint64_t *want_p)
 {
@@ -175,12 +172,21 @@ static inline uint64_t rx_stamp(const shm_link_t *L, uint64_t *want_p)
     return atomic_load_explicit(&h->stamp, memory_order_acquire);
 }
 
+/* Did the sender publish more since link_rx last looked? Checked after seeing its
+ * report (or its death, or its close): the report is written after what came before it,
+ * but the sweep may have loaded `head` just before both landed. Also with no receive
+ * posted (a probe's look, or a prober's watch in the sweep: the next one parks what is
+ * there, or reads it aside), but not while a send waits: the peer will never take it,
+ * and it fails now with the link. (A probe that found nothing, then saw `closed`, failed
+ * the link over a message published in between: an MPI_Probe or a receive from any
+ * source lost it.) */
 static int link_more_to_read(shm_link_t *L)
 {
-    if (!L->rq_head || L->rx_withdrawn)
+    if (L->rx_withdrawn || (!L->rq_head && (L->sq_head || L->aq_head)))
         return 0;
     uint64_t want;
-    if (!L->rhdr_valid && rx_stamp(L, &want) == want)
+    /* an inactive link's ring is looked at only once its head moved (link_rx) */
+    if (L->active && !L->rhdr_valid && rx_stamp(L, &want) == want)
         return 1;
     /* ahead, not just other: a head may lag what the stamps published */
     uint64_t hd = atomic_load_explicit(&L->rx->head, memory_order_acquire);
