@@ -1294,18 +1294,18 @@ START_TEST(set_timeout_bounds_later_calls)
 }
 END_TEST
 
-/* An allreduce issued at 3000 ms that starts only after set_timeout(300) (a barrier the
- * last rank joins a second late runs before it) keeps its 3000 ms; the one issued after
- * the change then fails with the communicator. */
+/* An allreduce issued at 1500 ms that starts only after set_timeout(300) (a barrier the
+ * last rank joins half a second late runs before it) keeps its 1500 ms; the one issued
+ * after the change then fails with the communicator. */
 static int rank_timeout_kept(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir;
     (void)arg;
     float buf[16] = { 0 };
     if (rank == nranks - 1) {
-        usleep(1000 * 1000);
+        usleep(500 * 1000);
         FAIL_IF(tutti_barrier(comm) != TUTTI_OK, "barrier: %s", tutti_comm_last_error(comm));
-        usleep(6000 * 1000); /* never joins the allreduces */
+        usleep(3500 * 1000); /* never joins the allreduces */
         _exit(3);
     }
     tutti_work_t *w0, *a, *b;
@@ -1324,9 +1324,9 @@ static int rank_timeout_kept(int rank, int nranks, tutti_comm_t *comm, const cha
     fprintf(stderr, "rank %d: a: %s after %.0f ms: %s\n", rank, tutti_status_name(st), dt,
             tutti_work_error(a));
     FAIL_IF(st != TUTTI_ERR_TIMEOUT && st != TUTTI_ERR_PEER, "a: %s", tutti_status_name(st));
-    /* its 3000 ms from its start (after the barrier, ~1 s in), not 300 */
-    FAIL_IF(dt < 3500 || dt > 6900, "a failed %.0f ms after its issue: want its 3000 ms", dt);
-    FAIL_IF(st == TUTTI_ERR_TIMEOUT && !strstr(tutti_work_error(a), "within 3000 ms") &&
+    /* its 1500 ms from its start (after the barrier, ~0.5 s in), not 300 */
+    FAIL_IF(dt < 1800 || dt > 3400, "a failed %.0f ms after its issue: want its 1500 ms", dt);
+    FAIL_IF(st == TUTTI_ERR_TIMEOUT && !strstr(tutti_work_error(a), "within 1500 ms") &&
                 !strstr(tutti_work_error(a), "reported"),
             "a: %s", tutti_work_error(a));
     FAIL_IF(tutti_wait(b, -1) >= 0, "b succeeded");
@@ -1338,11 +1338,11 @@ static int rank_timeout_kept(int rank, int nranks, tutti_comm_t *comm, const cha
 
 START_TEST(set_timeout_keeps_issued_calls)
 {
-    run_apart_expect(rank_timeout_kept, 15000, 3000, "00x");
+    run_apart_expect(rank_timeout_kept, 15000, 1500, "00x");
 }
 END_TEST
 
-/* Point to point: a receive posted under 4000 ms, then one under 400 ms: the second
+/* Point to point: a receive posted under 2500 ms, then one under 400 ms: the second
  * times out first (its deadline comes before an earlier one's). With arg "late", the
  * first is an any-source receive of the second's tag, which the second (from rank 1, as
  * MPI's order wants) waits behind: it fails at its own timeout, saying what it waited
@@ -1370,7 +1370,7 @@ static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char
     const char *msg = tutti_work_error(b);
     fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt, msg);
     FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
-    FAIL_IF(dt < 300 || dt > 2500, "b failed after %.0f ms with a 400 ms timeout (a: 4000)", dt);
+    FAIL_IF(dt < 300 || dt > 2000, "b failed after %.0f ms with a 400 ms timeout (a: 2500)", dt);
     if (late)
         FAIL_IF(!strstr(msg, "behind an earlier any-source receive of tag 3"), "b: %s", msg);
     else
@@ -1383,13 +1383,13 @@ static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char
 
 START_TEST(set_timeout_lowered_p2p)
 {
-    run_apart_expect(rank_p2p_lowered, 12000, 4000, "00");
+    run_apart_expect(rank_p2p_lowered, 12000, 2500, "00");
 }
 END_TEST
 
 START_TEST(set_timeout_lowered_late_recv)
 {
-    run_apart_arg(rank_p2p_lowered, "late", 12000, 4000, "00");
+    run_apart_arg(rank_p2p_lowered, "late", 12000, 2500, "00");
 }
 END_TEST
 

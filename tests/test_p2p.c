@@ -552,7 +552,7 @@ TH_RUN_TEST(any_source_order,
  * the message a receive issued now would take, taken by nothing; in the receives' order
  * (behind a posted receive of the peer, behind an any-source receive still looking);
  * past other tags; from itself; a timeout that leaves the communicator usable. */
-enum { PROBE_BIG = 4 << 20 }; /* int32s: 16 MiB */
+enum { PROBE_BIG = 1 << 20 }; /* int32s: 4 MiB */
 static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)arg;
