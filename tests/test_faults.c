@@ -1254,7 +1254,9 @@ static int rank_set_timeout(int rank, int nranks, tutti_comm_t *comm, const char
     FAIL_IF(tutti_comm_timeout(comm) != 20000, "timeout %d, want 20000", tutti_comm_timeout(comm));
     FAIL_IF(tutti_comm_timeout(NULL) != TUTTI_ERR_INVALID_ARG, "timeout of NULL");
     FAIL_IF(tutti_comm_set_timeout(comm, 0) != TUTTI_ERR_INVALID_ARG, "set_timeout(0) taken");
-    FAIL_IF(!strstr(tutti_comm_last_error(comm), "set_timeout: 0 ms") ||
+    char want[48];
+    snprintf(want, sizeof(want), "rank %d: set_timeout: 0 ms:", rank); /* (named once) */
+    FAIL_IF(strncmp(tutti_comm_last_error(comm), want, strlen(want)) ||
                 !strstr(tutti_comm_last_error(comm), "stays 20000 ms"),
             "message: %s", tutti_comm_last_error(comm));
     FAIL_IF(tutti_comm_set_timeout(comm, -7) != TUTTI_ERR_INVALID_ARG, "set_timeout(-7) taken");

@@ -88,9 +88,9 @@ int tutti_comm_set_timeout(tutti_comm_t *comm, int timeout_ms)
         return tt_comm_refuse_foreign(comm, "set_timeout", 0);
     if (timeout_ms <= 0)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "rank %d: set_timeout: %d ms: a communicator's waits are always "
-                                 "bounded (a timeout > 0 ms; its timeout stays %d ms)",
-                                 comm->rank, timeout_ms, tt_comm_timeout_ms(comm));
+                                 "set_timeout: %d ms: a communicator's waits are always bounded "
+                                 "(a timeout > 0 ms; its timeout stays %d ms)",
+                                 timeout_ms, tt_comm_timeout_ms(comm));
     pthread_mutex_lock(&comm->q_lock);
     /* the calls issued before keep theirs (op->timeout_ms); a lower one lets a later
      * point-to-point deadline come before an earlier one (exec.c's p2p_unordered) */

@@ -472,6 +472,13 @@ static int p2p_refused(tutti_comm_t *comm, const tutti_work_t *w, const char *ho
     return TUTTI_OK;
 }
 
+/* Can comm's transport look for arrived messages (TUTTI_ANY_SOURCE, tutti_probe)? (A
+ * communicator of one loads its transport too, and asks the same.) */
+static int can_probe(const tutti_comm_t *comm)
+{
+    return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe;
+}
+
 static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err, size_t errlen)
 {
     char what[64];
@@ -649,8 +656,8 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     w->p2p_deadline_ns = tt_deadline_ns(w->op.timeout_ms);
     /* what bounds the store calls of its failure paths and stall checks (fault.c) */
     w->op.deadline_ns = w->p2p_deadline_ns;
-    if (w->probe) { /* in flight unposted: probe_step looks (a communicator of one: at itself) */
-        if (comm->nranks > 1 && !(tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe))
+    if (w->probe) { /* in flight unposted: probe_step looks */
+        if (!can_probe(comm))
             return any_unsupported(comm, w, err, errlen);
         /* an iprobe looks once, right after this: a slice of progress first, so that one
          * polled in a loop, with nothing else in flight, moves the links along (a header
@@ -663,9 +670,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
         return TUTTI_OK;
     }
     if (w->any_source)
-        return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe
-                   ? TUTTI_OK
-                   : any_unsupported(comm, w, err, errlen);
+        return can_probe(comm) ? TUTTI_OK : any_unsupported(comm, w, err, errlen);
     if (w->late_seq) /* in flight unposted: late_step numbers and posts it */
         return TUTTI_OK;
     if (w->req.peer == comm->rank) /* a receive waits in flight for self_match */
@@ -1541,8 +1546,7 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
         return cb_refused(comm, name);
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "rank %d: %s: out of memory", comm->rank,
-                                 name);
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     w->comm = comm;
     w->is_p2p = 1;
     w->probe = once ? 2 : 1;

@@ -1026,9 +1026,9 @@ ProcessGroupTutti::~ProcessGroupTutti()
 void ProcessGroupTutti::set_timeout(std::chrono::milliseconds timeout)
 {
     check_owner("set_timeout");
-    TORCH_CHECK(timeout.count() > 0 && timeout.count() <= INT_MAX, "tutti backend: set_timeout on rank ",
-                rank_, ": ", timeout.count(), " ms: a timeout from 1 ms to ", INT_MAX,
-                " ms (waits are always bounded)");
+    TORCH_CHECK(timeout.count() > 0 && timeout.count() <= INT_MAX,
+                "tutti backend: set_timeout on rank ", rank_, ": ", timeout.count(),
+                " ms: a timeout from 1 ms to ", INT_MAX, " ms (waits are always bounded)");
     {
         std::lock_guard<std::mutex> g(issue_mu_);
         int st = tutti_comm_set_timeout(comm_, (int)timeout.count());
