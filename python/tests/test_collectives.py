@@ -673,6 +673,18 @@ def test_python_objects(size):
             assert got["p2p"][-1] == (None, size - 1)
 
 
+def test_scatter_object_refuses_a_list_of_another_length():
+    def body(comm):
+        try:
+            comm.scatter_object([1, 2])
+            return "no error"
+        except tutti.InvalidArgError as e:
+            return str(e)
+
+    msg = run(body, 1)[0]
+    assert "rank 0: scatter_object: root's objs must be 1 objects" in msg and "got 2" in msg, msg
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""
