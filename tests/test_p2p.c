@@ -722,6 +722,158 @@ static int rank_probe(int rank, int nranks, tutti_comm_t *comm, const char *dir,
 
 TH_RUN_TEST(probe, th_run(3, rank_probe, NULL, 30000))
 
+/* tutti_mprobe, tutti_improbe, tutti_mrecv (MPI_Mprobe, MPI_Improbe, MPI_Mrecv): the
+ * message found is taken (a receive after it gets the next one, where after a plain
+ * probe it would get the same), from a named rank, from any source (polled with
+ * improbe), from itself, 4 MiB; two threads' mprobes of one peer and tag take a message
+ * each; a wrong count keeps the message; a timeout takes nothing. */
+struct mprobe_th {
+    tutti_comm_t *comm;
+    tutti_message_t *msg;
+    size_t cnt;
+    int st;
+};
+
+static void *mprobe_thread(void *arg)
+{
+    struct mprobe_th *t = arg;
+    t->st = tutti_mprobe(t->comm, 1, 33, &t->msg, NULL, &t->cnt, NULL);
+    return NULL;
+}
+
+static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    const int32_t a[3] = { 1, 2, 3 }, c = 9, t1 = 71, t2[2] = { 72, 73 };
+    const double bv[2] = { 0.25, -8.5 };
+    const uint8_t d[4] = { 4, 5, 6, 7 };
+    if (rank == 1) {
+        FAIL_IF(tutti_send(comm, a, 3, TUTTI_INT32, 0, 30) != 0 ||
+                    tutti_send(comm, bv, 2, TUTTI_FP64, 0, 30) != 0 ||
+                    tutti_send(comm, &c, 1, TUTTI_INT32, 0, 31) != 0,
+                "send: %s", tutti_comm_last_error(comm));
+        int32_t *big = malloc(PROBE_BIG * sizeof(int32_t));
+        FAIL_IF(!big, "malloc");
+        for (int i = 0; i < PROBE_BIG; i++)
+            big[i] = 3 * i + 1;
+        FAIL_IF(tutti_send(comm, big, PROBE_BIG, TUTTI_INT32, 0, 34) != 0, "send big: %s",
+                tutti_comm_last_error(comm));
+        free(big);
+        FAIL_IF(th_store_barrier(sb, "mprobe", rank, nranks, "threads", 20000) != 0, "barrier");
+        FAIL_IF(tutti_send(comm, &t1, 1, TUTTI_INT32, 0, 33) != 0 ||
+                    tutti_send(comm, t2, 2, TUTTI_INT32, 0, 33) != 0,
+                "send 33: %s", tutti_comm_last_error(comm));
+    } else if (rank == 2) {
+        FAIL_IF(tutti_send(comm, d, 4, TUTTI_UINT8, 0, 31) != 0, "send: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(th_store_barrier(sb, "mprobe", rank, nranks, "threads", 20000) != 0, "barrier");
+    } else {
+        tutti_message_t *msg = NULL;
+        int src = -1, flag = -1;
+        size_t cnt = 0;
+        tutti_dtype_t dt = TUTTI_UINT8;
+        FAIL_IF(tutti_mprobe(comm, 1, 30, NULL, &src, &cnt, &dt) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "mprobe: msg_p is NULL"),
+                "mprobe without msg_p: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_mprobe(comm, 1, 30, &msg, &src, &cnt, &dt) != 0, "mprobe 30: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(!msg || src != 1 || cnt != 3 || dt != TUTTI_INT32, "mprobe 30: %p %d %zu %s",
+                (void *)msg, src, cnt, tutti_dtype_name(dt));
+        /* taken: the next receive of the tag gets rank 1's second message */
+        double b[2] = { 0, 0 };
+        FAIL_IF(tutti_recv(comm, b, 2, TUTTI_FP64, 1, 30) != 0, "recv 30 after mprobe: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(b[0] != 0.25 || b[1] != -8.5, "recv 30: %g %g", b[0], b[1]);
+        int32_t got[3] = { 0 };
+        FAIL_IF(tutti_mrecv(msg, got, 2, TUTTI_INT32) != TUTTI_ERR_MISMATCH, "mrecv of 2 of 3");
+        FAIL_IF(tutti_mrecv(msg, got, 3, TUTTI_UINT32) != TUTTI_ERR_MISMATCH, "mrecv as uint32");
+        FAIL_IF(tutti_mrecv(msg, got, 3, TUTTI_INT32) != 0, "mrecv 30");
+        FAIL_IF(memcmp(got, a, sizeof(a)), "mrecv 30: %d %d %d", got[0], got[1], got[2]);
+        /* any source, polled: one message from each of ranks 1 and 2 */
+        int seen = 0;
+        for (int k = 0; k < 2; k++) {
+            flag = 0;
+            double t0 = th_now_ms();
+            while (!flag && th_now_ms() - t0 < 10000)
+                FAIL_IF(tutti_improbe(comm, TUTTI_ANY_SOURCE, 31, &flag, &msg, &src, &cnt, &dt) !=
+                            0,
+                        "improbe 31: %s", tutti_comm_last_error(comm));
+            FAIL_IF(!flag || !msg, "improbe 31: nothing in 10 s");
+            if (src == 1) {
+                int32_t v = 0;
+                FAIL_IF(cnt != 1 || tutti_mrecv(msg, &v, 1, TUTTI_INT32) != 0 || v != 9,
+                        "rank 1's 31: %zu, %d", cnt, v);
+            } else {
+                uint8_t v[4] = { 0 };
+                FAIL_IF(src != 2 || cnt != 4 || tutti_mrecv(msg, v, 4, TUTTI_UINT8) != 0 ||
+                            memcmp(v, d, 4),
+                        "rank %d's 31: %zu", src, cnt);
+            }
+            seen |= 1 << src;
+        }
+        FAIL_IF(seen != 6, "senders seen: %#x", seen);
+        FAIL_IF(tutti_improbe(comm, TUTTI_ANY_SOURCE, 31, &flag, &msg, &src, &cnt, &dt) != 0 ||
+                    flag || msg,
+                "improbe 31 a third time: %d %p", flag, (void *)msg);
+        /* from itself, then one dropped unread */
+        FAIL_IF(tutti_send(comm, d, 4, TUTTI_UINT8, 0, 32) != 0 ||
+                    tutti_send(comm, a, 3, TUTTI_INT32, 0, 32) != 0,
+                "self send");
+        FAIL_IF(tutti_mprobe(comm, TUTTI_ANY_SOURCE, 32, &msg, &src, &cnt, &dt) != 0 || src != 0 ||
+                    cnt != 4 || dt != TUTTI_UINT8,
+                "mprobe of itself: %d %zu %s", src, cnt, tutti_dtype_name(dt));
+        tutti_message_free(msg);
+        FAIL_IF(tutti_recv(comm, got, 3, TUTTI_INT32, 0, 32) != 0 || memcmp(got, a, sizeof(a)),
+                "self recv after the dropped one");
+        /* large */
+        FAIL_IF(tutti_mprobe(comm, 1, 34, &msg, &src, &cnt, &dt) != 0 || cnt != PROBE_BIG,
+                "mprobe 34: %s", tutti_comm_last_error(comm));
+        int32_t *big = malloc(PROBE_BIG * sizeof(int32_t));
+        FAIL_IF(!big, "malloc");
+        FAIL_IF(tutti_mrecv(msg, big, cnt, dt) != 0, "mrecv 34");
+        for (int i = 0; i < PROBE_BIG; i++)
+            FAIL_IF(big[i] != 3 * i + 1, "big[%d] = %d", i, big[i]);
+        free(big);
+        /* two threads, one peer and tag: a message each */
+        struct mprobe_th th[2] = { { .comm = comm }, { .comm = comm } };
+        pthread_t tid[2];
+        for (int k = 0; k < 2; k++)
+            FAIL_IF(pthread_create(&tid[k], NULL, mprobe_thread, &th[k]) != 0, "pthread_create");
+        FAIL_IF(th_store_barrier(sb, "mprobe", rank, nranks, "threads", 20000) != 0, "barrier");
+        for (int k = 0; k < 2; k++)
+            pthread_join(tid[k], NULL);
+        FAIL_IF(th[0].st != 0 || th[1].st != 0, "threads' mprobes: %d %d (%s)", th[0].st,
+                th[1].st, tutti_comm_last_error(comm));
+        FAIL_IF(th[0].cnt + th[1].cnt != 3 || th[0].cnt == th[1].cnt, "threads' counts: %zu %zu",
+                th[0].cnt, th[1].cnt);
+        for (int k = 0; k < 2; k++) {
+            int32_t v[2] = { 0, 0 };
+            FAIL_IF(tutti_mrecv(th[k].msg, v, th[k].cnt, TUTTI_INT32) != 0, "thread %d's mrecv",
+                    k);
+            FAIL_IF(th[k].cnt == 1 ? v[0] != 71 : v[0] != 72 || v[1] != 73, "thread %d's: %d %d",
+                    k, v[0], v[1]);
+        }
+        /* nothing comes: the mprobe times out and takes nothing */
+        int before = tutti_comm_timeout(comm);
+        FAIL_IF(tutti_comm_set_timeout(comm, 300) != 0, "set_timeout");
+        msg = (tutti_message_t *)&flag;
+        int st = tutti_mprobe(comm, 2, 99, &msg, &src, &cnt, &dt);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || msg, "mprobe 99: %s, %p", tutti_status_name(st),
+                (void *)msg);
+        FAIL_IF(!strstr(tutti_comm_last_error(comm),
+                        "mprobe from rank 2 (tag 99): no such message came within 300 ms"),
+                "message: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_comm_set_timeout(comm, before) != 0, "set_timeout back");
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    tutti_store_close(sb);
+    return 0;
+}
+
+TH_RUN_TEST(mprobe, th_run(3, rank_mprobe, NULL, 30000))
+
 /* A random mix (6 rounds, a tag each): rank 0 issues 120 receives of the tag, from any
  * source, rank 1, rank 2 or itself, and sends to itself between them; ranks 1 and 2
  * send 0..119 each, in half the rounds after rank 0 issued everything. Every source's
@@ -1351,7 +1503,8 @@ static Suite *suite(void)
                  (const TTest *const[]){
                      any_source_senders, any_source_mismatch, any_source_timeout,
                      any_source_sender_left, any_source_sender_died, any_source_unsupported,
-                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, NULL });
+                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, mprobe,
+                     NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -761,6 +761,27 @@ int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_
 int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *source_p,
                  size_t *count_p, tutti_dtype_t *dtype_p);
 
+/* MPI_Mprobe / MPI_Mrecv: a probe that takes the message it found, so that no other
+ * receive can (a thread receiving the same peer and tag meanwhile takes the next one):
+ * as tutti_probe, then the message is received into a buffer of the library's, and
+ * *msg_p holds it, with its sender, count and dtype as tutti_probe reports them (each
+ * pointer but msg_p may be NULL). tutti_mrecv copies it out (count and dtype must be
+ * the message's, else TUTTI_ERR_MISMATCH naming both, and msg stays for another try)
+ * and frees it; tutti_message_free drops one unread. A message outlives its
+ * communicator. The probe's timeout takes nothing (the communicator goes on); once
+ * found, the message's transfer is bounded as a receive's is. */
+typedef struct tutti_message tutti_message_t;
+int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p,
+                 int *source_p, size_t *count_p, tutti_dtype_t *dtype_p);
+/* MPI_Improbe: one look, as tutti_iprobe's; where a message came, *flag_p 1 and it is
+ * taken as tutti_mprobe's (the call returns once it is all here), else *flag_p 0 and
+ * *msg_p NULL. */
+int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
+                  tutti_message_t **msg_p, int *source_p, size_t *count_p,
+                  tutti_dtype_t *dtype_p);
+int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dtype);
+void tutti_message_free(tutti_message_t *msg);
+
 /* The rank a finished receive got its message from (its peer, or for TUTTI_ANY_SOURCE
  * the rank that sent it); -1 while it runs, if it failed before a sender was known, or
  * for anything but a receive. */

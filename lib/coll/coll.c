@@ -867,26 +867,29 @@ int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t 
 }
 
 static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int *flag_p,
-                       int *source_p, size_t *count_p, tutti_dtype_t *dtype_p)
+                       int *source_p, size_t *count_p, tutti_dtype_t *dtype_p, int matched,
+                       tutti_message_t **msg_p)
 {
-    const char *name = once ? "iprobe" : "probe";
+    const char *name = matched ? (once ? "improbe" : "mprobe") : once ? "iprobe" : "probe";
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, name, 0);
     if (once && !flag_p)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "iprobe: flag_p is NULL");
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: flag_p is NULL", name);
+    if (matched && !msg_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: msg_p is NULL", name);
     if (peer != TUTTI_ANY_SOURCE && (peer < 0 || peer >= comm->nranks))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: peer %d is not a rank of [0, %d) nor TUTTI_ANY_SOURCE", name,
                                  peer, comm->nranks);
-    return tt_exec_probe(comm, peer, tag, once, flag_p, source_p, count_p, dtype_p);
+    return tt_exec_probe(comm, peer, tag, once, flag_p, source_p, count_p, dtype_p, msg_p);
 }
 
 int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_t *count_p,
                 tutti_dtype_t *dtype_p)
 {
-    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p);
+    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 0, NULL);
 }
 
 int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *source_p,
@@ -894,6 +897,25 @@ int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *s
 {
     if (flag_p)
         *flag_p = 0;
-    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p);
+    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 0, NULL);
+}
+
+int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p,
+                 int *source_p, size_t *count_p, tutti_dtype_t *dtype_p)
+{
+    if (msg_p)
+        *msg_p = NULL;
+    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 1, msg_p);
+}
+
+int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
+                  tutti_message_t **msg_p, int *source_p, size_t *count_p,
+                  tutti_dtype_t *dtype_p)
+{
+    if (flag_p)
+        *flag_p = 0;
+    if (msg_p)
+        *msg_p = NULL;
+    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 1, msg_p);
 }
 /* clang-format on */

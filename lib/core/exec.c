@@ -422,11 +422,12 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 /* "send to rank 3", "recv from rank 1", "recv from any source (tag 7)" */
 static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
+    static const char *const probes[2][2] = { { "probe", "iprobe" }, { "mprobe", "improbe" } };
     if (w->probe && w->req.peer < 0)
-        snprintf(buf, len, "%s from any source (tag %u)", w->probe == 2 ? "iprobe" : "probe",
+        snprintf(buf, len, "%s from any source (tag %u)", probes[w->matched][w->probe == 2],
                  tt_env_tag(w->req.env));
     else if (w->probe)
-        snprintf(buf, len, "%s from rank %d (tag %u)", w->probe == 2 ? "iprobe" : "probe",
+        snprintf(buf, len, "%s from rank %d (tag %u)", probes[w->matched][w->probe == 2],
                  w->req.peer, tt_env_tag(w->req.env));
     else if (w->any_source && w->req.peer < 0)
         snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
@@ -871,6 +872,44 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
     return st < 0 ? st : 1;
 }
 
+/* tutti_mprobe's probe w found message m at peer: it becomes the receive of m (its
+ * number taken now, so that no other receive can take m) into a buffer of its own. 1: in
+ * flight; 0: done (from this rank itself); < 0: failed before it took anything (err
+ * says why: the communicator goes on) or after (posting failed). */
+static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti_tp_probe_t *m,
+                      char *err, size_t errlen)
+{
+    char what[64];
+    uint32_t tag = tt_env_tag(w->req.env);
+    tt_p2p_seq_t *sq = p2p_seq(comm, peer, tag, 1);
+    void *buf = malloc(m->len ? m->len : 1);
+    if (!sq || !buf) {
+        free(buf);
+        snprintf(err, errlen, "rank %d: %s: out of memory for the %zu bytes from rank %d",
+                 comm->rank, p2p_what(w, what, sizeof(what)), m->len, peer);
+        return TUTTI_ERR_NOMEM;
+    }
+    if (w->any_source) /* (the next search starts after it, as any_search's) */
+        comm->any_next = (peer + 1) % comm->nranks;
+    w->probe = 0;
+    w->mbuf = buf;
+    w->req.peer = peer;
+    w->req.buf = buf;
+    w->req.len = m->len;
+    memcpy(w->req.env, m->env, sizeof(m->env)); /* any_matches: its number is sq's next */
+    w->op.seq = sq->received++;
+    w->op.count = w->op.env_count = (size_t)m->env[2];
+    w->op.dtype = (tutti_dtype_t)w->probe_dtype;
+    w->op.elem_size = tutti_dtype_size(w->op.dtype);
+    w->op.fingerprint = m->env[1];
+    if (peer == comm->rank) {
+        self_match(comm);
+        return w->req.status;
+    }
+    int st = p2p_post_req(comm, w, err, errlen);
+    return st < 0 ? st : 1;
+}
+
 /* One step of probe w (q_lock and `executing` held): once no earlier receive of its tag
  * is unnumbered (a receive issued now would wait for those), look for the message a
  * receive issued now would take (the next of its tag by number: any_matches) at its
@@ -894,7 +933,7 @@ static int probe_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *e
             w->probe_source = peer;
             w->probe_count = (size_t)m.env[2];
             w->probe_dtype = (int)((m.env[1] >> 48) & 0xff);
-            return 0;
+            return w->matched ? probe_take(comm, w, peer, &m, err, errlen) : 0;
         }
         if (dead && dead == (any ? comm->nranks - 1 : 1)) {
             pthread_mutex_lock(&comm->err_lock);
@@ -1539,9 +1578,9 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
 }
 
 int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *found_p, int *source_p,
-                  size_t *count_p, tutti_dtype_t *dtype_p)
+                  size_t *count_p, tutti_dtype_t *dtype_p, tutti_message_t **msg_p)
 {
-    const char *name = once ? "iprobe" : "probe";
+    const char *name = msg_p ? (once ? "improbe" : "mprobe") : once ? "iprobe" : "probe";
     if (in_callback(comm))
         return cb_refused(comm, name);
     tutti_work_t *w = calloc(1, sizeof(*w));
@@ -1550,6 +1589,7 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
     w->comm = comm;
     w->is_p2p = 1;
     w->probe = once ? 2 : 1;
+    w->matched = msg_p != NULL;
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 3); /* the queue's (then in flight), the blocking wait's, ours */
     pthread_mutex_lock(&comm->q_lock);
@@ -1578,6 +1618,25 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
     tt_env_encode(w->req.env, 0, w->op.fingerprint, 0, 0, tag);
     w->req.env[3] |= TT_ENV_P2P;
     st = enqueue_locked(comm, w, NULL); /* waits (and drops the wait's reference) */
+    if (st == TUTTI_OK && w->mbuf) { /* an mprobe's: the message, received */
+        tutti_message_t *msg = malloc(sizeof(*msg));
+        if (!msg) {
+            st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
+                                   "%s: out of memory (the message from rank %d was taken)", name,
+                                   w->probe_source);
+        } else {
+            *msg = (tutti_message_t){ .rank = comm->rank,
+                                      .source = w->probe_source,
+                                      .tag = tag,
+                                      .count = w->probe_count,
+                                      .dtype = (tutti_dtype_t)w->probe_dtype,
+                                      .len = w->req.len,
+                                      .data = w->mbuf };
+            w->mbuf = NULL;
+            *msg_p = msg;
+        }
+    }
+    free(w->mbuf); /* (a failed one's: the transport is done with it) */
     if (st == TUTTI_OK) {
         if (found_p)
             *found_p = w->probe_found;
@@ -1646,6 +1705,30 @@ static int work_ended(const tutti_work_t *work)
 {
     return (atomic_load(&((tutti_work_t *)work)->cb_state) & 2) ||
            atomic_load(&((tutti_work_t *)work)->done);
+}
+
+int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dtype)
+{
+    if (!msg || (!buf && count))
+        return TUTTI_ERR_INVALID_ARG;
+    if (count != msg->count || dtype != msg->dtype) {
+        TT_WARN("rank %d: mrecv of the message from rank %d (tag %u): it holds %zu x %s, the "
+                "receive names %zu x %s",
+                msg->rank, msg->source, msg->tag, msg->count, tutti_dtype_name(msg->dtype),
+                count, tutti_dtype_name(dtype));
+        return TUTTI_ERR_MISMATCH;
+    }
+    if (msg->len)
+        memcpy(buf, msg->data, msg->len);
+    tutti_message_free(msg);
+    return TUTTI_OK;
+}
+
+void tutti_message_free(tutti_message_t *msg)
+{
+    if (msg)
+        free(msg->data);
+    free(msg);
 }
 
 int tutti_work_source(const tutti_work_t *work)

@@ -44,6 +44,9 @@ struct tutti_work {
                               message a receive would take, and reports it (exec.c) */
     int probe_found, probe_source, probe_dtype;
     size_t probe_count;     /* what it found: the sender, its count and dtype as sent */
+    void *mbuf;             /* tutti_mprobe's: the probe, once it found its message, becomes
+                               a receive of it into this buffer of its own (exec.c) */
+    int matched;            /* tutti_mprobe/improbe: the probe takes what it finds */
     uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
@@ -59,6 +62,16 @@ struct tutti_work {
     struct tutti_work *inflight_next;
     struct tutti_work *next;
     char err[TT_ERRMSG_LEN];
+};
+
+/* tutti_mprobe's message, received: what tutti_mrecv copies out (exec.c) */
+struct tutti_message {
+    int rank, source; /* the receiving rank (for messages), and who sent it */
+    uint32_t tag;
+    size_t count;
+    tutti_dtype_t dtype;
+    size_t len;
+    void *data;
 };
 
 #define TT_RECENT_CALLS 32

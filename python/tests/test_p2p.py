@@ -111,6 +111,87 @@ def test_probe_times_out_and_the_communicator_goes_on():
     assert "probe from rank 1 (tag 5): no such message came within 300 ms" in r, r
 
 
+def mprobes(comm):
+    """mprobe takes what it found: a recv after it gets the next message of the tag;
+    Message.recv checks the buffer, copies once; improbe from any source, polled."""
+    if comm.rank == 1:
+        comm.send(np.arange(3, dtype=np.int32), 0, tag=30)
+        comm.send(np.array([0.5, -2.0]), 0, tag=30)
+        comm.send(np.arange(5, dtype=np.uint8), 0, tag=31)
+        comm.barrier()
+        return None
+    m = comm.mprobe(1, tag=30)
+    head = (m.source, m.tag, m.count, m.dtype, m.nbytes)
+    nxt = np.zeros(2)
+    comm.recv(nxt, 1, tag=30)  # the second message: the first was taken
+    errs = []
+    for bad in (np.zeros(2, np.int32), np.zeros(3, np.float32)):
+        try:
+            m.recv(bad)
+            errs.append("no error")
+        except tutti.MismatchError as e:
+            errs.append(str(e))
+    out = np.zeros(3, np.int32)
+    m.recv(out)
+    try:
+        m.recv(out)
+        again = "no error"
+    except tutti.InvalidArgError as e:
+        again = str(e)
+    im = None
+    while im is None:
+        im = comm.improbe(tag=31)
+    raw = im.recv()
+    comm.barrier()
+    return head, nxt.tolist(), errs, out.tolist(), again, im.source, bytes(raw), \
+        comm.improbe(tag=31)
+
+
+def test_mprobe_takes_the_message():
+    head, nxt, errs, out, again, isrc, raw, after = run(mprobes, 2)[0]
+    assert head == (1, 30, 3, "i32", 12), head
+    assert nxt == [0.5, -2.0] and out == [0, 1, 2]
+    assert "mrecv of the message from rank 1 (tag 30, 3 x i32): the buffer holds 2 x i32" \
+        in errs[0], errs
+    assert "the buffer holds 3 x f32" in errs[1], errs
+    assert "received (or freed) already" in again, again
+    assert isrc == 1 and raw == bytes(range(5)) and after is None
+
+
+def objects_by_threads(comm):
+    """Threads receiving objects of one tag from one rank at once each get one whole
+    (recv_object takes it with mprobe; a probe then a receive could lose it to another
+    thread, and receive with the other's size)."""
+    import threading
+    n = 16
+    if comm.rank == 1:
+        for i in range(n):
+            comm.send_object(("obj", i, "x" * (i * 997)), 0, tag=4)
+        comm.barrier()
+        return None
+    got, errs = [], []
+
+    def take():
+        try:
+            for _ in range(n // 4):
+                got.append(comm.recv_object(1, tag=4))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errs.append(repr(e))
+
+    ths = [threading.Thread(target=take) for _ in range(4)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    comm.barrier()
+    return errs, sorted(o for o, _ in got)
+
+
+def test_recv_object_from_threads():
+    errs, objs = run(objects_by_threads, 2)[0]
+    assert errs == [] and objs == [("obj", i, "x" * (i * 997)) for i in range(16)], errs
+
+
 def mismatch_any(comm):
     if comm.rank == 1:
         comm.send(np.arange(4, dtype=np.float32), 0, tag=9)

@@ -25,7 +25,7 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE",
-           "Probe", "algorithms"]
+           "Probe", "Message", "algorithms"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -1507,24 +1507,40 @@ class Communicator(_Handle):
         """MPI_Iprobe: one look, as probe's: a Probe, or None where no such message came."""
         return self._probe(True, peer, tag)
 
-    def _probe(self, once, peer, tag):
-        name = "iprobe" if once else "probe"
+    def mprobe(self, peer=None, tag=0):
+        """MPI_Mprobe: as probe, and the message found is taken (no other receive gets it,
+        whatever other threads receive meanwhile): a Message, received already, whose
+        recv() copies it out. TimeoutError past the communicator's timeout takes
+        nothing."""
+        return self._probe(False, peer, tag, True)
+
+    def improbe(self, peer=None, tag=0):
+        """MPI_Improbe: one look, as mprobe's: a Message, or None where none came."""
+        return self._probe(True, peer, tag, True)
+
+    def _probe(self, once, peer, tag, matched=False):
+        name = ("i" if once else "") + ("m" if matched else "") + "probe"
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, f"{name}'s peer")
         tag = _int(tag, f"{name}'s tag", 0, (1 << 32) - 1)
         flag, src, cnt, dt = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
+        msg = ctypes.c_void_p()
         h = self._h or self._handle()
-        if once:
-            st = _lib_.tutti_iprobe(h, peer, tag, ctypes.byref(flag), ctypes.byref(src),
-                                    ctypes.byref(cnt), ctypes.byref(dt))
+        out = (ctypes.byref(src), ctypes.byref(cnt), ctypes.byref(dt))
+        if once and matched:
+            st = _lib_.tutti_improbe(h, peer, tag, ctypes.byref(flag), ctypes.byref(msg), *out)
+        elif once:
+            st = _lib_.tutti_iprobe(h, peer, tag, ctypes.byref(flag), *out)
         else:
             flag.value = 1
-            st = _lib_.tutti_probe(h, peer, tag, ctypes.byref(src), ctypes.byref(cnt),
-                                   ctypes.byref(dt))
+            st = (_lib_.tutti_mprobe(h, peer, tag, ctypes.byref(msg), *out) if matched else
+                  _lib_.tutti_probe(h, peer, tag, *out))
         if st < 0:
             with self._lock:
                 raise self._error(st, name)
         if not flag.value:
             return None
+        if matched:
+            return Message(msg.value, self.rank, src.value, tag, cnt.value, _name(dt.value))
         return Probe(src.value, cnt.value, _name(dt.value), cnt.value * _SIZES[dt.value])
 
     # ---- Python objects, pickled: mpi4py's lowercase calls, torch's *_object ----------
@@ -1537,12 +1553,10 @@ class Communicator(_Handle):
 
     def recv_object(self, peer=None, tag=0):
         """An object send_object sent with tag from rank peer (None: any rank):
-        (obj, source). Probes its size first (probe), then receives it; another thread
-        receiving tag from the same rank meanwhile could take it first."""
-        p = self.probe(peer, tag)
-        buf = bytearray(p.nbytes)
-        self.recv(buf, p.source, tag, dtype=p.dtype)
-        return _unpickle(buf), p.source
+        (obj, source). Takes it with mprobe (as mpi4py does), so that threads receiving
+        objects of one tag at once each get one whole."""
+        m = self.mprobe(peer, tag)
+        return _unpickle(m.recv()), m.source
 
     def broadcast_object(self, obj=None, root=0):
         """root's obj to every rank (mpi4py's comm.bcast, torch's broadcast_object_list):
@@ -1597,6 +1611,61 @@ class Communicator(_Handle):
         self.scatterv(b"".join(datas) if me else None, list(sizes) if me else None, buf,
                       root=root, dtype="uint8")
         return _unpickle(buf)
+
+
+class Message:
+    """What Communicator.mprobe took (MPI_Message): source, tag, count, dtype and nbytes,
+    as a Probe's, and the message itself, received already; recv() copies it out once
+    (free() drops it unread; so does the garbage collector)."""
+
+    __slots__ = ("_m", "_lock", "_rank", "source", "tag", "count", "dtype", "nbytes")
+
+    def __init__(self, handle, rank, source, tag, count, dtype):
+        self._m, self._lock, self._rank = handle, threading.Lock(), rank
+        self.source, self.tag, self.count, self.dtype = source, tag, count, dtype
+        self.nbytes = count * _SIZES[dtype_of(dtype)]
+
+    def __repr__(self):
+        return (f"tutti.Message(source={self.source}, tag={self.tag}, count={self.count}, "
+                f"dtype={self.dtype!r}{', used' if self._m is None else ''})")
+
+    def recv(self, buf=None, dtype=None):
+        """Copy the message into buf, whose count and dtype (dtype= reads buf as another)
+        must be the message's (MismatchError naming both, and the message stays); buf
+        None: into a new bytearray of nbytes, returned. Host memory only."""
+        what = (f"rank {self._rank}: mrecv of the message from rank {self.source} "
+                f"(tag {self.tag}, {self.count} x {self.dtype})")
+        if buf is None:
+            out = bytearray(self.nbytes)
+            b = Buffer(out, "mrecv's buffer", True, self.dtype)
+        else:
+            out, b = None, Buffer(buf, "mrecv's buffer", True, dtype, carry=True)
+            if b.dev is not None:
+                raise InvalidArgError(f"tutti: {what}: its buffer is on {b.dev}: a message "
+                                      "is copied out to host memory")
+            if b.count != self.count or b.dtype != dtype_of(self.dtype):
+                raise MismatchError(f"tutti: {what}: the buffer holds {b.count} x "  # noqa: F405
+                                    f"{_name(b.dtype)}")
+        with self._lock:
+            m, self._m = self._m, None
+        if m is None:
+            raise InvalidArgError(f"tutti: {what}: received (or freed) already")
+        st = _lib_.tutti_mrecv(m, b.ptr, b.count, b.dtype)
+        if st < 0:  # (checked above: not reached but by a library that disagrees)
+            self._m = m
+            raise error_for(st, f"tutti: {what}: {_lib_.tutti_strerror(st).decode()}")
+        return out if buf is None else None
+
+    def free(self):
+        """Drop the message unread."""
+        with self._lock:
+            m, self._m = self._m, None
+        if m is not None:
+            _lib_.tutti_message_free(m)
+
+    def __del__(self):
+        if getattr(self, "_m", None) is not None:
+            _lib_.tutti_message_free(self._m)
 
 
 def _pickle(obj):
