@@ -844,16 +844,15 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
         FAIL_IF(th_store_barrier(sb, "mprobe", rank, nranks, "threads", 20000) != 0, "barrier");
         for (int k = 0; k < 2; k++)
             pthread_join(tid[k], NULL);
-        FAIL_IF(th[0].st != 0 || th[1].st != 0, "threads' mprobes: %d %d (%s)", th[0].st,
-                th[1].st, tutti_comm_last_error(comm));
+        FAIL_IF(th[0].st != 0 || th[1].st != 0, "threads' mprobes: %d %d (%s)", th[0].st, th[1].st,
+                tutti_comm_last_error(comm));
         FAIL_IF(th[0].cnt + th[1].cnt != 3 || th[0].cnt == th[1].cnt, "threads' counts: %zu %zu",
                 th[0].cnt, th[1].cnt);
         for (int k = 0; k < 2; k++) {
             int32_t v[2] = { 0, 0 };
-            FAIL_IF(tutti_mrecv(th[k].msg, v, th[k].cnt, TUTTI_INT32) != 0, "thread %d's mrecv",
-                    k);
-            FAIL_IF(th[k].cnt == 1 ? v[0] != 71 : v[0] != 72 || v[1] != 73, "thread %d's: %d %d",
-                    k, v[0], v[1]);
+            FAIL_IF(tutti_mrecv(th[k].msg, v, th[k].cnt, TUTTI_INT32) != 0, "thread %d's mrecv", k);
+            FAIL_IF(th[k].cnt == 1 ? v[0] != 71 : v[0] != 72 || v[1] != 73, "thread %d's: %d %d", k,
+                    v[0], v[1]);
         }
         /* nothing comes: the mprobe times out and takes nothing */
         int before = tutti_comm_timeout(comm);
@@ -1500,11 +1499,11 @@ static Suite *suite(void)
     th_add_tests(s, "callbacks", 90,
                  (const TTest *const[]){ callback_lock_order, callback_calls_refused, NULL });
     th_add_tests(s, "any_source", 90,
-                 (const TTest *const[]){
-                     any_source_senders, any_source_mismatch, any_source_timeout,
-                     any_source_sender_left, any_source_sender_died, any_source_unsupported,
-                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, mprobe,
-                     NULL });
+                 (const TTest *const[]){ any_source_senders, any_source_mismatch,
+                                         any_source_timeout, any_source_sender_left,
+                                         any_source_sender_died, any_source_unsupported, to_itself,
+                                         any_source_order, any_source_mix, many_outstanding, probe,
+                                         mprobe, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

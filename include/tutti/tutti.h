@@ -771,14 +771,13 @@ int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *s
  * communicator. The probe's timeout takes nothing (the communicator goes on); once
  * found, the message's transfer is bounded as a receive's is. */
 typedef struct tutti_message tutti_message_t;
-int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p,
-                 int *source_p, size_t *count_p, tutti_dtype_t *dtype_p);
+int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p, int *source_p,
+                 size_t *count_p, tutti_dtype_t *dtype_p);
 /* MPI_Improbe: one look, as tutti_iprobe's; where a message came, *flag_p 1 and it is
  * taken as tutti_mprobe's (the call returns once it is all here), else *flag_p 0 and
  * *msg_p NULL. */
-int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
-                  tutti_message_t **msg_p, int *source_p, size_t *count_p,
-                  tutti_dtype_t *dtype_p);
+int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, tutti_message_t **msg_p,
+                  int *source_p, size_t *count_p, tutti_dtype_t *dtype_p);
 int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dtype);
 void tutti_message_free(tutti_message_t *msg);
 

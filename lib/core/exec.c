@@ -1618,7 +1618,7 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
     tt_env_encode(w->req.env, 0, w->op.fingerprint, 0, 0, tag);
     w->req.env[3] |= TT_ENV_P2P;
     st = enqueue_locked(comm, w, NULL); /* waits (and drops the wait's reference) */
-    if (st == TUTTI_OK && w->mbuf) { /* an mprobe's: the message, received */
+    if (st == TUTTI_OK && w->mbuf) {    /* an mprobe's: the message, received */
         tutti_message_t *msg = malloc(sizeof(*msg));
         if (!msg) {
             st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
@@ -1714,8 +1714,8 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
     if (count != msg->count || dtype != msg->dtype) {
         TT_WARN("rank %d: mrecv of the message from rank %d (tag %u): it holds %zu x %s, the "
                 "receive names %zu x %s",
-                msg->rank, msg->source, msg->tag, msg->count, tutti_dtype_name(msg->dtype),
-                count, tutti_dtype_name(dtype));
+                msg->rank, msg->source, msg->tag, msg->count, tutti_dtype_name(msg->dtype), count,
+                tutti_dtype_name(dtype));
         return TUTTI_ERR_MISMATCH;
     }
     if (msg->len)
