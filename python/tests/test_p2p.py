@@ -163,10 +163,10 @@ def objects_by_threads(comm):
     (recv_object takes it with mprobe; a probe then a receive could lose it to another
     thread, and receive with the other's size)."""
     import threading
-    n = 16
+    n = 64
     if comm.rank == 1:
         for i in range(n):
-            comm.send_object(("obj", i, "x" * (i * 997)), 0, tag=4)
+            comm.send_object(("obj", i, "x" * (i % 7 * 997)), 0, tag=4)
         comm.barrier()
         return None
     got, errs = [], []
@@ -189,7 +189,7 @@ def objects_by_threads(comm):
 
 def test_recv_object_from_threads():
     errs, objs = run(objects_by_threads, 2)[0]
-    assert errs == [] and objs == [("obj", i, "x" * (i * 997)) for i in range(16)], errs
+    assert errs == [] and objs == [("obj", i, "x" * (i % 7 * 997)) for i in range(64)], errs
 
 
 def mismatch_any(comm):
