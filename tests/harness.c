@@ -64,13 +64,14 @@ TCase *th_add_case(Suite *s, const char *name, const TTest *t, int loops, int ti
     return tc;
 }
 
-void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests)
+TCase *th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests)
 {
     TCase *tc = tcase_create(name);
     tcase_set_timeout(tc, timeout_s);
     for (; *tests; tests++)
         tcase_add_test(tc, *tests);
     suite_add_tcase(s, tc);
+    return tc;
 }
 
 TCase *th_add_looped(Suite *s, const char *name, int timeout_s, int loops,

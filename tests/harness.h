@@ -102,8 +102,9 @@ void th_sleep_ms(int ms);
 TCase *th_add_case(Suite *s, const char *name, const TTest *t, int loops, int timeout_s);
 
 /* A test case named name (so CK_RUN_CASE=name runs just it) holding the tests of the
- * NULL-terminated list, under a timeout of timeout_s seconds each. */
-void th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
+ * NULL-terminated list, under a timeout of timeout_s seconds each; returned for
+ * tcase_set_tags. */
+TCase *th_add_tests(Suite *s, const char *name, int timeout_s, const TTest *const *tests);
 
 /* th_add_tests for tests each run loops times (_i = 0..loops-1); the test case, to add
  * more to. */

@@ -1738,9 +1738,15 @@ static Suite *suite(void)
     th_add_tests(s, "store_host", 120,
                  (const TTest *const[]){ store_host_survives_rank_killed, store_host_killed,
                                          store_host_fails_and_exits, NULL });
-    th_add_tests(s, "stopped", 120,
-                 (const TTest *const[]){ stopped_rank_is_blamed, stopped_rank_is_blamed_1mib,
-                                         blame_follows_a_rank_behind, NULL });
+    /* tagged "alone": meson runs these with nothing beside them (faults-stopped), as the
+     * victim's stop must land in a wait, which a loaded machine made less likely (1 of 2
+     * runs of the 1 MiB case misnamed the stop once, side by side); the rest, which
+     * mostly wait (a quarter of their time on a CPU), beside the other waiting suites */
+    tcase_set_tags(th_add_tests(s, "stopped", 120,
+                                (const TTest *const[]){ stopped_rank_is_blamed,
+                                                        stopped_rank_is_blamed_1mib,
+                                                        blame_follows_a_rank_behind, NULL }),
+                   "alone");
     th_add_tests(s, "mismatch", 90,
                  (const TTest *const[]){ mismatch_other_collectives, mismatch_count,
                                          mismatch_count_2ranks, mismatch_dtype, mismatch_op,
