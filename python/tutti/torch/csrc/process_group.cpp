@@ -1105,9 +1105,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::launch(c10d::OpType type, cons
     int st = own ? tutti_comm_set_timeout(comm_, clamp_ms(t)) : TUTTI_OK;
     if (st != TUTTI_OK)
         fail(name, st);
-    st = call(&work->handle);
-    if (own)
-        tutti_comm_set_timeout(comm_, clamp_ms(group_t));
+    {
+        /* the group's back however the issue ends (a throw from it included) */
+        struct Back {
+            tutti_comm_t *comm;
+            int ms;
+            bool on;
+            ~Back()
+            {
+                if (on)
+                    tutti_comm_set_timeout(comm, ms);
+            }
+        } back{ comm_, clamp_ms(group_t), own };
+        st = call(&work->handle);
+    }
     if (st != TUTTI_OK)
         fail(name, st);
     /* the callback's reference, given back by the completer */
