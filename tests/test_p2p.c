@@ -752,7 +752,8 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
     if (rank == 1) {
         FAIL_IF(tutti_send(comm, a, 3, TUTTI_INT32, 0, 30) != 0 ||
                     tutti_send(comm, bv, 2, TUTTI_FP64, 0, 30) != 0 ||
-                    tutti_send(comm, &c, 1, TUTTI_INT32, 0, 31) != 0,
+                    tutti_send(comm, &c, 1, TUTTI_INT32, 0, 31) != 0 ||
+                    tutti_send(comm, NULL, 0, TUTTI_INT32, 0, 35) != 0,
                 "send: %s", tutti_comm_last_error(comm));
         int32_t *big = malloc(PROBE_BIG * sizeof(int32_t));
         FAIL_IF(!big, "malloc");
@@ -827,6 +828,10 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
         tutti_message_free(msg);
         FAIL_IF(tutti_recv(comm, got, 3, TUTTI_INT32, 0, 32) != 0 || memcmp(got, a, sizeof(a)),
                 "self recv after the dropped one");
+        /* empty */
+        FAIL_IF(tutti_mprobe(comm, 1, 35, &msg, &src, &cnt, &dt) != 0 || !msg || cnt != 0 ||
+                    tutti_mrecv(msg, NULL, 0, TUTTI_INT32) != 0,
+                "mprobe of an empty message: %zu: %s", cnt, tutti_comm_last_error(comm));
         /* large */
         FAIL_IF(tutti_mprobe(comm, 1, 34, &msg, &src, &cnt, &dt) != 0 || cnt != PROBE_BIG,
                 "mprobe 34: %s", tutti_comm_last_error(comm));

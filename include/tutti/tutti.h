@@ -765,11 +765,12 @@ int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *s
  * receive can (a thread receiving the same peer and tag meanwhile takes the next one):
  * as tutti_probe, then the message is received into a buffer of the library's, and
  * *msg_p holds it, with its sender, count and dtype as tutti_probe reports them (each
- * pointer but msg_p may be NULL). tutti_mrecv copies it out (count and dtype must be
- * the message's, else TUTTI_ERR_MISMATCH naming both, and msg stays for another try)
- * and frees it; tutti_message_free drops one unread. A message outlives its
- * communicator. The probe's timeout takes nothing (the communicator goes on); once
- * found, the message's transfer is bounded as a receive's is. */
+ * pointer but msg_p may be NULL). tutti_mrecv copies it out to host memory (count and
+ * dtype must be the message's, else TUTTI_ERR_MISMATCH, logged naming both, and msg
+ * stays for another try) and frees it; tutti_message_free drops one unread. A message
+ * outlives its communicator. The probe's timeout takes nothing (the communicator goes
+ * on); once found, the message's transfer is a receive issued then, bounded as a
+ * receive's is (its timeout fails the communicator). */
 typedef struct tutti_message tutti_message_t;
 int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p, int *source_p,
                  size_t *count_p, tutti_dtype_t *dtype_p);

@@ -424,13 +424,16 @@ static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
     static const char *const probes[2][2] = { { "probe", "iprobe" }, { "mprobe", "improbe" } };
     if (w->probe && w->req.peer < 0)
-        snprintf(buf, len, "%s from any source (tag %u)", probes[w->matched][w->probe == 2],
+        snprintf(buf, len, "%s from any source (tag %u)", probes[w->matched != 0][w->probe == 2],
                  tt_env_tag(w->req.env));
     else if (w->probe)
-        snprintf(buf, len, "%s from rank %d (tag %u)", probes[w->matched][w->probe == 2],
+        snprintf(buf, len, "%s from rank %d (tag %u)", probes[w->matched != 0][w->probe == 2],
                  w->req.peer, tt_env_tag(w->req.env));
     else if (w->any_source && w->req.peer < 0)
         snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
+    else if (w->matched) /* an mprobe's, taking the message it found */
+        snprintf(buf, len, "%s's recv from rank %d", w->matched == 2 ? "improbe" : "mprobe",
+                 w->req.peer);
     else
         snprintf(buf, len, "%s rank %d", w->req.kind == TUTTI_TP_SEND ? "send to" : "recv from",
                  w->req.peer);
@@ -882,26 +885,42 @@ static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti
     char what[64];
     uint32_t tag = tt_env_tag(w->req.env);
     tt_p2p_seq_t *sq = p2p_seq(comm, peer, tag, 1);
-    void *buf = malloc(m->len ? m->len : 1);
-    if (!sq || !buf) {
-        free(buf);
+    /* the message and its data in one block: once taken, nothing can fail but the
+     * transfer (the caller's tutti_message_t is this) */
+    tutti_message_t *msg = m->len <= SIZE_MAX - sizeof(*msg) ? malloc(sizeof(*msg) + m->len) : NULL;
+    if (!sq || !msg) {
+        free(msg);
         snprintf(err, errlen, "rank %d: %s: out of memory for the %zu bytes from rank %d",
                  comm->rank, p2p_what(w, what, sizeof(what)), m->len, peer);
         return TUTTI_ERR_NOMEM;
     }
+    *msg = (tutti_message_t){ .rank = comm->rank,
+                              .source = peer,
+                              .tag = tag,
+                              .count = (size_t)m->env[2],
+                              .dtype = (tutti_dtype_t)w->probe_dtype,
+                              .len = m->len };
     if (w->any_source) /* (the next search starts after it, as any_search's) */
         comm->any_next = (peer + 1) % comm->nranks;
     w->probe = 0;
-    w->mbuf = buf;
+    w->msg = msg;
     w->req.peer = peer;
-    w->req.buf = buf;
+    w->req.buf = msg->data;
     w->req.len = m->len;
     memcpy(w->req.env, m->env, sizeof(m->env)); /* any_matches: its number is sq's next */
     w->op.seq = sq->received++;
-    w->op.count = w->op.env_count = (size_t)m->env[2];
-    w->op.dtype = (tutti_dtype_t)w->probe_dtype;
+    w->op.count = w->op.env_count = msg->count;
+    w->op.dtype = msg->dtype;
     w->op.elem_size = tutti_dtype_size(w->op.dtype);
     w->op.fingerprint = m->env[1];
+    /* a receive from now: its own deadline (the probe's, which may be all but past, would
+     * fail the communicator over a message that came in time), which may come before
+     * those of works posted after the probe */
+    w->p2p_posted_ns = tt_now_ns();
+    w->p2p_deadline_ns = w->op.deadline_ns = tt_deadline_ns(w->op.timeout_ms);
+    comm->p2p_unordered = 1;
+    if (comm->trace) /* (in the flight record from its take: it is a receive now) */
+        tt_trace_issue(comm, &w->op, TUTTI_SUM, 0, peer, tag, tt_coarse_ns(), 1);
     if (peer == comm->rank) {
         self_match(comm);
         return w->req.status;
@@ -1589,7 +1608,7 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
     w->comm = comm;
     w->is_p2p = 1;
     w->probe = once ? 2 : 1;
-    w->matched = msg_p != NULL;
+    w->matched = !msg_p ? 0 : once ? 2 : 1;
     w->user_redop = TUTTI_SUM;
     atomic_init(&w->refs, 3); /* the queue's (then in flight), the blocking wait's, ours */
     pthread_mutex_lock(&comm->q_lock);
@@ -1618,25 +1637,10 @@ int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *fou
     tt_env_encode(w->req.env, 0, w->op.fingerprint, 0, 0, tag);
     w->req.env[3] |= TT_ENV_P2P;
     st = enqueue_locked(comm, w, NULL); /* waits (and drops the wait's reference) */
-    if (st == TUTTI_OK && w->mbuf) {    /* an mprobe's: the message, received */
-        tutti_message_t *msg = malloc(sizeof(*msg));
-        if (!msg) {
-            st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
-                                   "%s: out of memory (the message from rank %d was taken)", name,
-                                   w->probe_source);
-        } else {
-            *msg = (tutti_message_t){ .rank = comm->rank,
-                                      .source = w->probe_source,
-                                      .tag = tag,
-                                      .count = w->probe_count,
-                                      .dtype = (tutti_dtype_t)w->probe_dtype,
-                                      .len = w->req.len,
-                                      .data = w->mbuf };
-            w->mbuf = NULL;
-            *msg_p = msg;
-        }
-    }
-    free(w->mbuf); /* (a failed one's: the transport is done with it) */
+    if (st == TUTTI_OK && w->msg)       /* an mprobe's: the message, received */
+        *msg_p = w->msg;
+    else
+        free(w->msg); /* (a failed one's: the transport is done with it) */
     if (st == TUTTI_OK) {
         if (found_p)
             *found_p = w->probe_found;
@@ -1726,8 +1730,6 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
 
 void tutti_message_free(tutti_message_t *msg)
 {
-    if (msg)
-        free(msg->data);
     free(msg);
 }
 

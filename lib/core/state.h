@@ -43,11 +43,12 @@ struct tutti_work {
                               peer and tag that is never numbered nor posted; it looks for the
                               message a receive would take, and reports it (exec.c) */
     int probe_found, probe_source, probe_dtype;
-    size_t probe_count;     /* what it found: the sender, its count and dtype as sent */
-    void *mbuf;             /* tutti_mprobe's: the probe, once it found its message, becomes
-                               a receive of it into this buffer of its own (exec.c) */
-    int matched;            /* tutti_mprobe/improbe: the probe takes what it finds */
-    uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
+    size_t probe_count;        /* what it found: the sender, its count and dtype as sent */
+    struct tutti_message *msg; /* tutti_mprobe's: the probe, once it found its message,
+                                  becomes a receive of it into this (exec.c) */
+    int matched;               /* tutti_mprobe (1), tutti_improbe (2): the probe takes what it
+                               finds */
+    uint64_t p2p_posted_ns;    /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
@@ -71,7 +72,7 @@ struct tutti_message {
     size_t count;
     tutti_dtype_t dtype;
     size_t len;
-    void *data;
+    unsigned char data[]; /* len bytes */
 };
 
 #define TT_RECENT_CALLS 32

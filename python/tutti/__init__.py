@@ -1540,7 +1540,11 @@ class Communicator(_Handle):
         if not flag.value:
             return None
         if matched:
-            return Message(msg.value, self.rank, src.value, tag, cnt.value, _name(dt.value))
+            try:
+                return Message(msg.value, self.rank, src.value, tag, cnt.value, _name(dt.value))
+            except BaseException:
+                _lib_.tutti_message_free(msg.value)
+                raise
         return Probe(src.value, cnt.value, _name(dt.value), cnt.value * _SIZES[dt.value])
 
     # ---- Python objects, pickled: mpi4py's lowercase calls, torch's *_object ----------
@@ -1652,7 +1656,8 @@ class Message:
             raise InvalidArgError(f"tutti: {what}: received (or freed) already")
         st = _lib_.tutti_mrecv(m, b.ptr, b.count, b.dtype)
         if st < 0:  # (checked above: not reached but by a library that disagrees)
-            self._m = m
+            with self._lock:
+                self._m = m
             raise error_for(st, f"tutti: {what}: {_lib_.tutti_strerror(st).decode()}")
         return out if buf is None else None
 
@@ -1664,8 +1669,9 @@ class Message:
             _lib_.tutti_message_free(m)
 
     def __del__(self):
-        if getattr(self, "_m", None) is not None:
-            _lib_.tutti_message_free(self._m)
+        m = getattr(self, "_m", None)
+        if m is not None and _lib_ is not None:  # (None: the interpreter is tearing down)
+            _lib_.tutti_message_free(m)
 
 
 def _pickle(obj):
