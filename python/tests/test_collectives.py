@@ -685,6 +685,46 @@ def test_scatter_object_refuses_a_list_of_another_length():
     assert "rank 0: scatter_object: root's objs must be 1 objects" in msg and "got 2" in msg, msg
 
 
+def objects_failing(comm):
+    """Each object call with one rank that cannot send its object (an unpicklable lambda,
+    a scatter list of another length): that rank raises its own error, the others
+    PeerError naming it at once, and the communicator goes on."""
+    import time
+    r, out = comm.rank, []
+
+    def attempt(fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            out.append(("no error", 0.0))
+        except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+            out.append((f"{type(e).__name__}: {e}", time.monotonic() - t0))
+
+    attempt(lambda: comm.broadcast_object((lambda: 0) if r == 1 else None, root=1))
+    attempt(lambda: comm.allgather_object((lambda: 0) if r == 2 else r))
+    attempt(lambda: comm.gather_object((lambda: 0) if r == 0 else r, root=2))
+    attempt(lambda: comm.scatter_object([1, 2] if r == 1 else None, root=1))
+    ok = comm.allgather_object(("after", r))  # the communicator goes on
+    return out, ok
+
+
+def test_object_calls_fail_together():
+    res = run(objects_failing, 3)
+    bad = {0: 1, 1: 2, 2: 0, 3: 1}  # the rank that cannot send, per call
+    names = ["broadcast_object", "allgather_object", "gather_object", "scatter_object"]
+    for r, (out, ok) in enumerate(res):
+        assert ok == [("after", i) for i in range(3)]
+        for k, (msg, secs) in enumerate(out):
+            if r == bad[k]:
+                want = "InvalidArgError: tutti: rank 1: scatter_object: root's objs must be 3" \
+                    if k == 3 else "lambda"
+                assert want in msg and "PeerError" not in msg, (r, k, msg)
+            else:
+                assert msg.startswith(f"PeerError: tutti: rank {r}: {names[k]}: rank(s) "
+                                      f"{bad[k]} could not send its object"), (r, k, msg)
+                assert secs < 5, (r, k, secs)  # at once, not at the 20 s timeout
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""

@@ -1564,57 +1564,91 @@ class Communicator(_Handle):
 
     def broadcast_object(self, obj=None, root=0):
         """root's obj to every rank (mpi4py's comm.bcast, torch's broadcast_object_list):
-        every rank returns it (root: obj itself)."""
-        data = _pickle(obj) if self.rank == root else b""
-        n = array.array("q", [len(data)])
+        every rank returns it (root: obj itself). Where root cannot pickle it, root raises
+        pickle's error and the others PeerError naming root, at once."""
+        data, err = _pickled(obj) if self.rank == root else (b"", None)
+        n = array.array("q", [-1 if err else len(data)])
         self.broadcast(n, root)
+        if n[0] < 0:
+            self._objects_failed("broadcast_object", [root], err)
         buf = bytearray(data) if self.rank == root else bytearray(n[0])
         self.broadcast(buf, root, dtype="uint8")
         return obj if self.rank == root else _unpickle(buf)
 
     def allgather_object(self, obj):
         """Every rank's obj, in rank order, on every rank (mpi4py's comm.allgather,
-        torch's all_gather_object)."""
-        data = _pickle(obj)
+        torch's all_gather_object). A rank that cannot pickle its obj raises pickle's
+        error, and the others PeerError naming it, at once."""
+        data, err = _pickled(obj)
         sizes = array.array("q", [0]) * self.size
-        self.allgather(array.array("q", [len(data)]), sizes)
+        self.allgather(array.array("q", [-1 if err else len(data)]), sizes)
+        self._objects_failed("allgather_object", [r for r, n in enumerate(sizes) if n < 0], err)
         out = bytearray(sum(sizes))
         self.allgatherv(data, out, list(sizes), dtype="uint8")
         return _split_objects(out, sizes)
 
     def gather_object(self, obj, root=0):
         """Every rank's obj, in rank order, at root (a list; None elsewhere: mpi4py's
-        comm.gather, torch's gather_object)."""
-        data = _pickle(obj)
+        comm.gather, torch's gather_object). A rank that cannot pickle its obj raises
+        pickle's error, and the others PeerError naming it, at once (the sizes go to
+        every rank, so that all of them know)."""
+        data, err = _pickled(obj)
         me = self.rank == root
-        sizes = array.array("q", [0]) * self.size if me else None
-        self.gather(array.array("q", [len(data)]), sizes, root)
+        sizes = array.array("q", [0]) * self.size
+        self.allgather(array.array("q", [-1 if err else len(data)]), sizes)
+        self._objects_failed("gather_object", [r for r, n in enumerate(sizes) if n < 0], err)
         out = bytearray(sum(sizes)) if me else None
-        self.gatherv(data, out, list(sizes) if me else [len(data)] * self.size, root=root,
-                     dtype="uint8")
+        self.gatherv(data, out, list(sizes), root=root, dtype="uint8")
         return _split_objects(out, sizes) if me else None
 
     def scatter_object(self, objs=None, root=0):
         """objs[r] (a sequence of size objects at root; ignored elsewhere) to rank r:
         each rank returns its own (mpi4py's comm.scatter, torch's scatter_object_list).
-        A root whose objs are not size objects raises InvalidArgError, and the other ranks
-        then fail at their timeout."""
+        A root whose objs are not size objects raises InvalidArgError (one it cannot
+        pickle, pickle's error), and the other ranks PeerError naming root, at once."""
         me = self.rank == root
-        datas = []
+        datas, err = [], None
         if me:
             if objs is None or len(objs) != self.size:
-                raise InvalidArgError(
+                err = InvalidArgError(
                     f"tutti: rank {self.rank}: scatter_object: root's objs must be "
                     f"{self.size} objects, one a rank (got "
                     f"{'None' if objs is None else len(objs)})")
-            datas = [_pickle(o) for o in objs]
-        sizes = array.array("q", [len(d) for d in datas]) if me else None
+            else:
+                for o in objs:
+                    data, err = _pickled(o)
+                    if err is not None:
+                        break
+                    datas.append(data)
+        sizes = (array.array("q", [-1] * self.size if err else [len(d) for d in datas])
+                 if me else None)
         mine = array.array("q", [0])
         self.scatter(sizes, mine, root)
+        if mine[0] < 0:
+            self._objects_failed("scatter_object", [root], err)
         buf = bytearray(mine[0])
         self.scatterv(b"".join(datas) if me else None, list(sizes) if me else None, buf,
                       root=root, dtype="uint8")
         return _unpickle(buf)
+
+    def _objects_failed(self, call, failed, err):
+        """After an object call's sizes went round: raise where any rank could not pickle
+        (its own error on that rank, PeerError naming it elsewhere); both parts of the
+        call are skipped on every rank, so the communicator goes on."""
+        if err is not None:
+            raise err
+        if failed:
+            raise PeerError(f"tutti: rank {self.rank}: {call}: rank(s) "  # noqa: F405
+                            f"{', '.join(map(str, failed))} could not send its object "
+                            "(pickling failed there, or a bad argument: that rank raised why)")
+
+
+def _pickled(obj):
+    """obj pickled, or the exception pickling raised (then b"")."""
+    try:
+        return _pickle(obj), None
+    except Exception as e:  # noqa: BLE001 (raised again by _objects_failed)
+        return b"", e
 
 
 class Message:
