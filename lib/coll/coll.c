@@ -883,7 +883,7 @@ static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: peer %d is not a rank of [0, %d) nor TUTTI_ANY_SOURCE", name,
                                  peer, comm->nranks);
-    return tt_exec_probe(comm, peer, tag, once, flag_p, source_p, count_p, dtype_p, msg_p);
+    return tt_exec_probe(comm, name, peer, tag, once, flag_p, source_p, count_p, dtype_p, msg_p);
 }
 
 int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_t *count_p,

@@ -40,9 +40,10 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
 /* exec.c: tutti_probe (once 0) and tutti_iprobe (once 1), arguments checked already: the
  * blocking look, through the queue as a receive of peer (or TUTTI_ANY_SOURCE) and tag
  * that is never posted; with msg_p (tutti_mprobe, tutti_improbe) the message found is
- * received into *msg_p. */
-int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *found_p, int *source_p,
-                  size_t *count_p, tutti_dtype_t *dtype_p, tutti_message_t **msg_p);
+ * received into *msg_p. name: the call's, for its messages. */
+int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, int once,
+                  int *found_p, int *source_p, size_t *count_p, tutti_dtype_t *dtype_p,
+                  tutti_message_t **msg_p);
 /* exec.c: free the sends to this rank that no receive took (comm.c's destroy). */
 void tt_exec_self_free(tutti_comm_t *comm);
 

@@ -914,11 +914,13 @@ static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti
     w->op.elem_size = tutti_dtype_size(w->op.dtype);
     w->op.fingerprint = m->env[1];
     /* a receive from now: its own deadline (the probe's, which may be all but past, would
-     * fail the communicator over a message that came in time), which may come before
-     * those of works posted after the probe */
+     * fail the communicator over a message that came in time); later than those of the
+     * works posted after the probe, as a rule: then the list is out of deadline order
+     * (the next work's is enough to look at: the list was in order, or marked already) */
     w->p2p_posted_ns = tt_now_ns();
     w->p2p_deadline_ns = w->op.deadline_ns = tt_deadline_ns(w->op.timeout_ms);
-    comm->p2p_unordered = 1;
+    if (w->inflight_next && w->inflight_next->p2p_deadline_ns < w->p2p_deadline_ns)
+        comm->p2p_unordered = 1;
     if (comm->trace) /* (in the flight record from its take: it is a receive now) */
         tt_trace_issue(comm, &w->op, TUTTI_SUM, 0, peer, tag, tt_coarse_ns(), 1);
     if (peer == comm->rank) {
@@ -1596,10 +1598,10 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     return enqueue_locked(comm, w, work_p);
 }
 
-int tt_exec_probe(tutti_comm_t *comm, int peer, uint32_t tag, int once, int *found_p, int *source_p,
-                  size_t *count_p, tutti_dtype_t *dtype_p, tutti_message_t **msg_p)
+int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, int once,
+                  int *found_p, int *source_p, size_t *count_p, tutti_dtype_t *dtype_p,
+                  tutti_message_t **msg_p)
 {
-    const char *name = msg_p ? (once ? "improbe" : "mprobe") : once ? "iprobe" : "probe";
     if (in_callback(comm))
         return cb_refused(comm, name);
     tutti_work_t *w = calloc(1, sizeof(*w));
