@@ -1,5 +1,7 @@
 """Receives from any source: peer=None (or tutti.ANY_SOURCE) takes whichever rank's
 message of the tag comes, in each sender's order, and says who sent it."""
+import time
+
 import numpy as np
 import pytest
 
@@ -141,9 +143,10 @@ def mprobes(comm):
         again = "no error"
     except tutti.InvalidArgError as e:
         again = str(e)
-    im = None
-    while im is None:
+    im, t0 = None, time.monotonic()
+    while im is None and time.monotonic() - t0 < 10:
         im = comm.improbe(tag=31)
+    assert im is not None, "improbe saw nothing in 10 s"
     raw = im.recv()
     after = comm.improbe(tag=31)  # (before the barrier, as probes' above)
     comm.barrier()
