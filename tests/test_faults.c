@@ -1590,12 +1590,17 @@ static int rank_peer_abort(int rank, int nranks, tutti_comm_t *comm, const char 
         return 0;
     }
     double t0 = th_now_ms();
-    int st = tutti_broadcast(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, 1);
+    int probes = arg && !strcmp(arg, "probe");
+    int st = probes ? tutti_probe(comm, 1, 9, NULL, NULL, NULL)
+                    : tutti_broadcast(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, 1);
     double ms = th_now_ms() - t0;
     FAIL_IF(st != TUTTI_ERR_PEER, "got %s after %.0f ms, want TUTTI_ERR_PEER: %s",
             tutti_status_name(st), ms, tutti_comm_last_error(comm));
     FAIL_IF(ms > 3000, "took %.0f ms", ms);
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "rank 1 had failed"), "\"%s\"",
+            tutti_comm_last_error(comm));
+    /* a probe's failure names the probe, not a message it never numbered */
+    FAIL_IF(probes && !strstr(tutti_comm_last_error(comm), "rank 0: probe: peer failed"), "\"%s\"",
             tutti_comm_last_error(comm));
     /* the message handed out is this thread's copy: an abort from another thread (which
      * rewrites the communicator's) leaves it as it was (before, the caller held the
@@ -1673,6 +1678,13 @@ END_TEST
 START_TEST(peer_abort_is_peer_failure)
 {
     run_apart_expect(rank_peer_abort, 15000, 20000, "00");
+}
+END_TEST
+
+/* The same for a probe blocked on rank 1: its stall check finds rank 1's record */
+START_TEST(peer_abort_fails_a_probe)
+{
+    run_apart_arg(rank_peer_abort, "probe", 15000, 20000, "00");
 }
 END_TEST
 
@@ -1773,7 +1785,8 @@ static Suite *suite(void)
                                          set_timeout_lowered_late_recv, NULL });
     th_add_tests(s, "abort", 90,
                  (const TTest *const[]){ abort_fails_pending, peer_abort_is_peer_failure,
-                                         peer_abort_then_exit, peer_abort_cascades, NULL });
+                                         peer_abort_fails_a_probe, peer_abort_then_exit,
+                                         peer_abort_cascades, NULL });
     th_add_tests(s, "out_of_memory", 60,
                  (const TTest *const[]){ scratch_out_of_memory_tells_peers, NULL });
     th_add_looped(s, "destroy_busy", 60, 3, (const TTest *const[]){ destroy_waits_for_op, NULL });

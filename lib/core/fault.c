@@ -252,13 +252,21 @@ void tt_fault_record(tt_op_t *op, int status, const char *msg)
     const char *algo = tt_algo_name(op->algo_id);
     char stopped[224];
     describe_stopped(op, msg, stopped, sizeof(stopped));
-    tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
-                      op->coll == TT_COLL_P2P  ? "point-to-point"
-                      : tt_coll_name(op->coll) ? tt_coll_name(op->coll)
-                                               : "?",
-                      op->fingerprint & TT_FP_V ? "v" : "", (unsigned long long)op->seq,
-                      algo ? algo : "-", op->count, tutti_dtype_name(op->dtype),
-                      tutti_strerror(status), stopped, msg);
+    if (op->coll == TT_COLL_P2P && op->p2p_probe) /* no number, no data: its peer and tag
+                                                      are in msg */
+        tt_comm_set_error(comm, status, "%s: %s: %s%s", op->p2p_name, tutti_strerror(status),
+                          stopped, msg);
+    else if (op->coll == TT_COLL_P2P) /* seq: its peer and tag's message number */
+        tt_comm_set_error(comm, status, "%s seq %llu (%zu x %s): %s: %s%s",
+                          op->p2p_name ? op->p2p_name : "point-to-point",
+                          (unsigned long long)op->seq, op->count, tutti_dtype_name(op->dtype),
+                          tutti_strerror(status), stopped, msg);
+    else
+        tt_comm_set_error(comm, status, "%s%s seq %llu (%s, %zu x %s): %s: %s%s",
+                          tt_coll_name(op->coll) ? tt_coll_name(op->coll) : "?",
+                          op->fingerprint & TT_FP_V ? "v" : "", (unsigned long long)op->seq,
+                          algo ? algo : "-", op->count, tutti_dtype_name(op->dtype),
+                          tutti_strerror(status), stopped, msg);
     char now[TT_ERRMSG_LEN]; /* last_error as set here (another thread may set it too) */
     pthread_mutex_lock(&comm->err_lock);
     memcpy(now, comm->last_error, sizeof(now));

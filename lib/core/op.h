@@ -41,6 +41,10 @@ typedef struct tt_op {
     tt_comm_t *comm;
     int rank, nranks;
     tt_coll_t coll;
+    /* TT_COLL_P2P: the call, as its errors name it ("send", "recv", "probe", "iprobe",
+     * "mprobe", "improbe": a literal), and whether it is a probe (not numbered, no data) */
+    const char *p2p_name;
+    int p2p_probe;
     const void *sendbuf; /* never TUTTI_IN_PLACE: equals recvbuf when in place (for
                               allgather: recvbuf + rdispls[rank]; for reduce_scatter
                               in place the input is recvbuf... see the layouts below);
