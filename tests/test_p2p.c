@@ -878,6 +878,57 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
 
 TH_RUN_TEST(mprobe, th_run(3, rank_mprobe, NULL, 30000))
 
+/* An mprobe that finds its message late in its timeout: the transfer that follows is a
+ * receive with a deadline of its own from the take (it kept the probe's, and so failed
+ * the communicator when the message came in the probe's last moments and took longer
+ * than what was left to arrive). A 512 MiB message sent 2900 ms into rank 0's 3000 ms
+ * timeout: ~100 ms left, the transfer takes 300 ms over loopback tcp here (1.5 s with
+ * other work running). Not under the sanitizers (their copies, and the memory). */
+enum { LATE_N = 128 << 20 }; /* uint32: 512 MiB */
+
+static int rank_mprobe_late(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    FAIL_IF(tutti_comm_set_timeout(comm, rank == 0 ? 3000 : 30000) != 0, "set_timeout");
+    uint32_t *v = malloc((size_t)LATE_N * sizeof(*v));
+    FAIL_IF(!v, "malloc");
+    for (size_t i = 0; i < LATE_N; i++)
+        v[i] = rank == 1 ? (uint32_t)i * 2654435761u : 0;
+    FAIL_IF(th_store_barrier(sb, "late", rank, nranks, "start", 20000) != 0, "barrier");
+    double t0 = th_now_ms();
+    if (rank == 1) {
+        usleep(2900 * 1000);
+        FAIL_IF(tutti_send(comm, v, LATE_N, TUTTI_UINT32, 0, 40) != 0, "send: %s",
+                tutti_comm_last_error(comm));
+    } else {
+        tutti_message_t *msg = NULL;
+        size_t cnt = 0;
+        FAIL_IF(tutti_mprobe(comm, 1, 40, &msg, NULL, &cnt, NULL) != 0, "mprobe after %.0f ms: %s",
+                th_now_ms() - t0, tutti_comm_last_error(comm));
+        double ms = th_now_ms() - t0;
+        FAIL_IF(cnt != LATE_N, "count %zu", cnt);
+        FAIL_IF(tutti_mrecv(msg, v, LATE_N, TUTTI_UINT32) != 0, "mrecv: %s",
+                tutti_comm_last_error(comm));
+        for (size_t i = 0; i < LATE_N; i += 4099)
+            FAIL_IF(v[i] != (uint32_t)i * 2654435761u, "v[%zu] = %u", i, v[i]);
+        fprintf(stderr, "mprobe_late: the message was all there %.0f ms after the start\n", ms);
+    }
+    free(v);
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    tutti_store_close(sb);
+    return 0;
+}
+
+START_TEST(mprobe_late)
+{
+    if (TH_ASAN || TH_TSAN)
+        return;
+    ck_assert_int_eq(th_run(2, rank_mprobe_late, NULL, 30000), 0);
+}
+END_TEST
+
 /* A random mix (6 rounds, a tag each): rank 0 issues 120 receives of the tag, from any
  * source, rank 1, rank 2 or itself, and sends to itself between them; ranks 1 and 2
  * send 0..119 each, in half the rounds after rank 0 issued everything. Every source's
@@ -1508,7 +1559,7 @@ static Suite *suite(void)
                                          any_source_timeout, any_source_sender_left,
                                          any_source_sender_died, any_source_unsupported, to_itself,
                                          any_source_order, any_source_mix, many_outstanding, probe,
-                                         mprobe, NULL });
+                                         mprobe, mprobe_late, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });
