@@ -797,6 +797,15 @@ d=$(echo "$el"/logs/*_*)
 echo "$out" | grep -q '^out' && fail "--redirects 1: stdout reached the console: $out"
 [ "$(echo "$out" | grep -c '^\[0\] err 0$')" = 2 ] && [ "$(echo "$out" | grep -c '^err 1$')" = 2 ] ||
     fail "--tee 0:2: console: $out"
+# a tee'd line reaches the console whole, its prefix with it, however busy the others
+# writing there (the prefix and the line were two writes: another rank's line landed
+# between them, seen once above beside other suites)
+out=$(timeout 60 "$run" -np 2 --log-dir "$el/logs2" --tee 0:2 sh -c \
+    'i=0; while [ $i -lt 3000 ]; do echo "line $RANK $i" >&2; i=$((i+1)); done' 2>&1) ||
+    fail "--tee 0:2, 3000 lines each: exit $?"
+[ "$(echo "$out" | grep -c '^\[0\] line 0 [0-9]*$')" = 3000 ] &&
+    [ "$(echo "$out" | grep -c '^line 1 [0-9]*$')" = 3000 ] ||
+    fail "--tee 0:2, 3000 lines each: $(echo "$out" | grep -v '^\[0\] line 0 [0-9]*$' | grep -v '^line 1 [0-9]*$' | head -5)"
 timeout 30 "$run" -np 2 --tee 4 true 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "--tee 4: exit $rc, expected 2"
 # --tee with the console gone (its reader left): the log goes on and the rank lives, as

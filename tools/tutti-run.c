@@ -164,6 +164,31 @@ typedef struct tagger {
     size_t len;
 } tagger_t;
 
+/* "[rank] " and a line (nl: add its newline) to t->out in one write, so that a line of
+ * another rank's (written straight to the same console, or through another tagger)
+ * never lands between the prefix and its line (two writes did: test_launcher's --tee
+ * case, seen once beside other suites). -1 when out failed. */
+static int tag_line(tagger_t *t, const char *s, size_t n, int nl)
+{
+    char line[sizeof(t->buf) + 32];
+    int k = snprintf(line, sizeof(line), "[%d] ", t->rank);
+    memcpy(line + k, s, n);
+    size_t len = (size_t)k + n;
+    if (nl)
+        line[len++] = '\n';
+    if (fflush(t->out) != 0) /* (anything of ours still buffered goes first) */
+        return -1;
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(fileno(t->out), line + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
 /* Returns 0 at EOF, and when out fails with no log copy to go on with: its reader went
  * away, and closing our end makes the rank's next write fail as it would have without
  * --tag (SIGPIPE). With a copy (--tee), the log goes on alone, as torchrun's. */
@@ -183,23 +208,20 @@ static int tag_pump(tagger_t *t)
         return t->copy >= 0;
     t->len += (size_t)r;
     size_t start = 0;
-    for (size_t i = 0; i < t->len; i++) {
+    int bad = 0;
+    for (size_t i = 0; i < t->len && !bad; i++) {
         if (t->buf[i] == '\n') { /* written as it came, NUL bytes too */
-            fprintf(t->out, "[%d] ", t->rank);
-            fwrite(t->buf + start, 1, i - start + 1, t->out);
+            bad = tag_line(t, t->buf + start, i - start + 1, 0) < 0;
             start = i + 1;
         }
     }
-    if (start == 0 && t->len == sizeof(t->buf)) { /* a very long line: a piece, tagged */
-        fprintf(t->out, "[%d] ", t->rank);
-        fwrite(t->buf, 1, t->len, t->out);
-        fputc('\n', t->out);
+    if (!bad && start == 0 && t->len == sizeof(t->buf)) { /* a very long line: a piece */
+        bad = tag_line(t, t->buf, t->len, 1) < 0;
         start = t->len;
     }
     memmove(t->buf, t->buf + start, t->len - start);
     t->len -= start;
-    fflush(t->out);
-    if (!ferror(t->out))
+    if (!bad)
         return 1;
     t->out = NULL;
     t->len = 0;
@@ -208,13 +230,8 @@ static int tag_pump(tagger_t *t)
 
 static void tag_close(tagger_t *t)
 {
-    if (t->out && t->len) { /* a last line without its newline */
-        fprintf(t->out, "[%d] ", t->rank);
-        fwrite(t->buf, 1, t->len, t->out);
-        fputc('\n', t->out);
-    }
-    if (t->out)
-        fflush(t->out);
+    if (t->out && t->len) /* a last line without its newline */
+        (void)tag_line(t, t->buf, t->len, 1);
     close(t->fd);
     if (t->copy >= 0)
         close(t->copy);
