@@ -384,8 +384,10 @@ static int mc_is_v(int c)
 }
 
 /* What differs on rank MM_ODD (a non-root: the root is rank 0). */
-enum { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP, MK_ROOT };
-static const char *const mk_name[] = { "count", "0 vs N", "N vs 0", "dtype", "op", "root" };
+enum { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP, MK_ROOT, MK_LAYOUT };
+static const char *const mk_name[] = {
+    "count", "0 vs N", "N vs 0", "dtype", "op", "root", "layout"
+};
 #define MM_ODD 1
 #define MM_N 8
 #define MM_CASES 64
@@ -398,6 +400,7 @@ typedef struct mm_shared {
     /* "" or a host map such as "abab" (rank r on host-<map[r]>: shm within a host, tcp
      * across, the hier algorithms forced where they exist) */
     char map[8];
+    char algo[96]; /* "" or TUTTI_ALGO's form for the calls (the layout cases) */
     int ncases;
     int colls[MM_CASES];
     int status[MM_CASES][MM_MAX_RANKS];
@@ -426,6 +429,12 @@ static int mm_call(tutti_comm_t *comm, int c, int kind, int rank, int n)
         odd_view = odd ? cnt : kind == MK_ZERO_REV ? 0 : MM_N;
     for (int i = 0; i < n; i++)
         counts[i] = (c == MC_ALLGATHERV || c == MC_RSV) ? (i == MM_ODD ? odd_view : MM_N) : cnt;
+    /* layout (allgatherv, reduce_scatterv): the others move an element from rank 2's block
+     * to rank 0's; the odd rank does not. The same total and the same block of the odd
+     * rank's own: every message the linear algorithms send has the size expected (they
+     * returned success with wrong blocks on some ranks, found by review) */
+    if (kind == MK_LAYOUT && !odd)
+        counts[0]++, counts[2]--;
     switch (c) {
     case MC_ALLREDUCE: return tutti_allreduce(comm, in, out, cnt, dt, op);
     case MC_BROADCAST: return tutti_broadcast(comm, in, out, cnt, dt, root);
@@ -461,7 +470,11 @@ static int rank_mm(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
          * the failed agreement message (the stall check must find it, not the timeout),
          * whatever the cost model would pick on this machine */
         o.algo = sh->lag > 0 ? "barrier:tree" : "barrier:dissemination";
-        char algo[128], hid[16];
+        char algo[192], hid[16];
+        if (sh->algo[0]) {
+            snprintf(algo, sizeof(algo), "%s;%s", o.algo, sh->algo);
+            o.algo = algo;
+        }
         if (sh->map[0]) {
             snprintf(algo, sizeof(algo), "%s;allreduce:hier;allgather:hier;reduce_scatter:hier",
                      o.algo);
@@ -518,19 +531,27 @@ static int mm_names_both(int c, int kind, const char *m)
     case MK_DTYPE: return strstr(m, "i32") && strstr(m, "f32");
     case MK_OP: return strstr(m, "max") && strstr(m, "sum");
     case MK_ROOT: return strstr(m, "root=0") && strstr(m, "root=1");
+    case MK_LAYOUT: /* both sides' digests, which differ */
+    {
+        const char *d1 = strstr(m, "recvcounts digest "),
+                   *d2 = d1 ? strstr(d1 + 1, "recvcounts digest ") : NULL;
+        return d1 && d2 && strncmp(d1, d2, 26) != 0;
+    }
     }
     return 0;
 }
 
-static void run_mm_lag(int kind, int lag, const char *map)
+static void run_mm_algo(int kind, int lag, const char *map, const char *algo)
 {
     mm_shared_t *sh = th_shared_zeroed(sizeof(*sh));
+    snprintf(sh->algo, sizeof(sh->algo), "%s", algo);
     sh->kind = kind;
     sh->lag = lag;
     snprintf(sh->map, sizeof(sh->map), "%s", map);
     const int nranks = map[0] ? (int)strlen(map) : MM_RANKS;
     for (int c = 0; c < MC_N_; c++) {
-        if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)))
+        if ((kind == MK_OP && !mc_has_op(c)) || (kind == MK_ROOT && !mc_has_root(c)) ||
+            (kind == MK_LAYOUT && c != MC_ALLGATHERV && c != MC_RSV))
             continue;
         sh->colls[sh->ncases++] = c;
     }
@@ -563,10 +584,16 @@ static void run_mm_lag(int kind, int lag, const char *map)
     }
     ck_assert_msg(rc == 0, "a rank failed to run the cases");
     ck_assert_msg(bad == 0,
-                  "%s mismatches (agree_lag %d, hosts '%s'): %d rank(s) of %d cases "
-                  "succeeded, failed otherwise, too slowly, or without saying both sides",
-                  mk_name[kind], lag, map, bad, sh->ncases);
+                  "%s mismatches (agree_lag %d, hosts '%s', algorithms '%s'): %d rank(s) of "
+                  "%d cases succeeded, failed otherwise, too slowly, or without saying both "
+                  "sides",
+                  mk_name[kind], lag, map, algo, bad, sh->ncases);
     munmap(sh, sizeof(*sh));
+}
+
+static void run_mm_lag(int kind, int lag, const char *map)
+{
+    run_mm_algo(kind, lag, map, "");
 }
 
 /* Every rank fails: in the call (agree_lag 0), or by the next call (the default). */
@@ -582,7 +609,7 @@ static void run_mm(int kind)
 START_TEST(mismatch_hosts_every_collective)
 {
     static const char *const maps[] = { "abab", "aabb" };
-    static const int kinds[] = { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP };
+    static const int kinds[] = { MK_COUNT, MK_ZERO, MK_ZERO_REV, MK_DTYPE, MK_OP, MK_LAYOUT };
     for (size_t m = 0; m < sizeof(maps) / sizeof(maps[0]); m++)
         for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
             run_mm_lag(kinds[k], 0, maps[m]);
@@ -617,6 +644,17 @@ END_TEST
 START_TEST(mismatch_root_every_collective)
 {
     run_mm(MK_ROOT);
+}
+END_TEST
+START_TEST(mismatch_layout_every_collective)
+{
+    /* each algorithm of both (the model's pick at 3 ranks is linear for some sizes) */
+    static const char *const algos[] = { "allgather:linear;reduce_scatter:linear",
+                                         "allgather:ring;reduce_scatter:ring",
+                                         "allgather:pairwise;reduce_scatter:pairwise",
+                                         "allgather:rd", "" };
+    for (size_t a = 0; a < sizeof(algos) / sizeof(algos[0]); a++)
+        run_mm_algo(MK_LAYOUT, 0, "", algos[a]);
 }
 END_TEST
 
@@ -1774,7 +1812,8 @@ static Suite *suite(void)
                  (const TTest *const[]){
                      mismatch_count_every_collective, mismatch_zero_every_collective,
                      mismatch_zero_rev_every_collective, mismatch_dtype_every_collective,
-                     mismatch_op_every_collective, mismatch_root_every_collective, NULL });
+                     mismatch_op_every_collective, mismatch_root_every_collective,
+                     mismatch_layout_every_collective, NULL });
     th_add_tests(s, "mismatch_hosts", 200,
                  (const TTest *const[]){ mismatch_hosts_every_collective, NULL });
     th_add_tests(s, "killed", 90,

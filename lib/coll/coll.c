@@ -608,7 +608,10 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
     }
-    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0, o.root) |
+    int layout_fp = c->is_v && (c->coll == TT_COLL_ALLGATHER || c->coll == TT_COLL_REDUCE_SCATTER);
+    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0,
+                                   layout_fp ? (int)tt_fp_layout(o.recvcounts, comm->nranks)
+                                             : o.root) |
                     (c->is_v ? TT_FP_V : 0) |
                     (has_redop && !tt_redop_commutes(c->redop) ? TT_FP_ORDERED : 0);
     /* device buffers: host copies from here on (the copy back at the op's end, exec.c) */

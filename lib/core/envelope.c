@@ -57,8 +57,8 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
     if (coll != TT_COLL_BARRIER) {
         if (!is_v)
             ARG("count=%llu%s, ", total ? count / n : count, total ? " per rank" : "");
-        else if (total)
-            ARG("count=%llu in all, ", count);
+        else if (total) /* and the digest of recvcounts, which every rank must share */
+            ARG("count=%llu in all, recvcounts digest %08x, ", count, (unsigned)root);
         ARG("%s", tutti_dtype_name(dtype));
         if (has_redop)
             ARG(", %s%s", tutti_redop_name(redop),

@@ -17,12 +17,26 @@
 #define TT_FP_ORDERED (1ull << 33)
 
 /* coll | dtype | redop | (TT_FP_V) | root: what every rank of one call must agree on.
- * Inline: computed on every issue. */
+ * Inline: computed on every issue. allgatherv and reduce_scatterv, which have no root,
+ * carry a digest of their recvcounts there (tt_fp_layout): every rank must pass the
+ * same, and a disagreement that keeps the total and every message's size the same is
+ * otherwise seen by no one (the linear algorithms: the root's layout cuts the blocks). */
 static inline uint64_t tt_fingerprint(tt_coll_t coll, tutti_dtype_t dtype, tutti_redop_t redop,
                                       int root)
 {
     return ((uint64_t)coll << 56) | ((uint64_t)(dtype & 0xff) << 48) |
            ((uint64_t)(redop & 0xff) << 40) | (uint64_t)(uint32_t)root;
+}
+
+/* The root bits of allgatherv's and reduce_scatterv's fingerprint: recvcounts (n),
+ * FNV-1a, folded to 32 bits */
+static inline uint32_t tt_fp_layout(const size_t *counts, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 64; b += 8)
+            h = (h ^ (((uint64_t)counts[i] >> b) & 0xff)) * 0x100000001b3ull;
+    return (uint32_t)(h ^ h >> 32);
 }
 
 static inline tt_coll_t tt_fp_coll(uint64_t fp)
