@@ -1655,6 +1655,17 @@ static int rank_bad_args(int rank, int nranks, tutti_comm_t *comm, const char *d
             "n < 0 accepted");
     FAIL_IF(!strstr(tutti_comm_last_error(comm), "negative tensor count"), "message: %s",
             tutti_comm_last_error(comm));
+    /* the in-place marker as a tensor (at 2 ranks, small tensors are packed with memcpy:
+     * SIGSEGV; found by review), and a root that is no rank (refused without a word) */
+    bufs[1] = (void *)TUTTI_IN_PLACE;
+    FAIL_IF(tutti_allreduce_coalesced(comm, bufs, counts, dts, 2, TUTTI_SUM, 0) !=
+                    TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "tensor 1: the in-place marker"),
+            "the marker as a tensor: %s", tutti_comm_last_error(comm));
+    bufs[1] = x;
+    FAIL_IF(tutti_broadcast_coalesced(comm, bufs, counts, dts, 2, 7, 0) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "broadcast_coalesced: root 7 is not a rank"),
+            "root 7: %s", tutti_comm_last_error(comm));
     return 0;
 }
 

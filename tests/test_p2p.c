@@ -788,8 +788,24 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
                 tutti_comm_last_error(comm));
         FAIL_IF(b[0] != 0.25 || b[1] != -8.5, "recv 30: %g %g", b[0], b[1]);
         int32_t got[3] = { 0 };
-        FAIL_IF(tutti_mrecv(msg, got, 2, TUTTI_INT32) != TUTTI_ERR_MISMATCH, "mrecv of 2 of 3");
+        /* refused, each saying why in the thread's error (mrecv has no communicator), and
+         * the message stays: a wrong count or dtype, an invalid dtype, the in-place marker
+         * (it was copied to, SIGSEGV), NULL */
+        FAIL_IF(tutti_mrecv(msg, got, 2, TUTTI_INT32) != TUTTI_ERR_MISMATCH ||
+                    !strstr(tutti_comm_last_error(NULL),
+                            "rank 0: mrecv of the message from rank 1 (tag 30): it holds 3 x i32, "
+                            "the receive names 2 x i32"),
+                "mrecv of 2 of 3: %s", tutti_comm_last_error(NULL));
         FAIL_IF(tutti_mrecv(msg, got, 3, TUTTI_UINT32) != TUTTI_ERR_MISMATCH, "mrecv as uint32");
+        FAIL_IF(tutti_mrecv(msg, got, 3, (tutti_dtype_t)99) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(NULL), "mrecv: invalid dtype 99"),
+                "mrecv, dtype 99: %s", tutti_comm_last_error(NULL));
+        FAIL_IF(tutti_mrecv(msg, (void *)TUTTI_IN_PLACE, 3, TUTTI_INT32) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(NULL), "mrecv: buf is the in-place marker"),
+                "mrecv into TUTTI_IN_PLACE: %s", tutti_comm_last_error(NULL));
+        FAIL_IF(tutti_mrecv(msg, NULL, 3, TUTTI_INT32) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(NULL), "mrecv: buf is NULL"),
+                "mrecv into NULL: %s", tutti_comm_last_error(NULL));
         FAIL_IF(tutti_mrecv(msg, got, 3, TUTTI_INT32) != 0, "mrecv 30");
         FAIL_IF(memcmp(got, a, sizeof(a)), "mrecv 30: %d %d %d", got[0], got[1], got[2]);
         /* any source, polled: one message from each of ranks 1 and 2 */

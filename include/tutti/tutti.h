@@ -766,8 +766,10 @@ int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *s
  * as tutti_probe, then the message is received into a buffer of the library's, and
  * *msg_p holds it, with its sender, count and dtype as tutti_probe reports them (each
  * pointer but msg_p may be NULL). tutti_mrecv copies it out to host memory (count and
- * dtype must be the message's, else TUTTI_ERR_MISMATCH, logged naming both, and msg
- * stays for another try) and frees it; tutti_message_free drops one unread. A message
+ * dtype must be the message's, else TUTTI_ERR_MISMATCH naming both, and msg stays for
+ * another try) and frees it; its errors are the thread's, read with
+ * tutti_comm_last_error(NULL) (it has no communicator); tutti_message_free drops one
+ * unread. A message
  * outlives its communicator. The probe's timeout takes nothing (the communicator goes
  * on); once found, the message's transfer is a receive issued then, bounded as a
  * receive's is (its timeout fails the communicator). */

@@ -46,6 +46,16 @@ static int init_error_set(int st, const char *fmt, ...)
     return st;
 }
 
+int tt_thread_error_set(int st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(init_error, sizeof(init_error), fmt, ap);
+    va_end(ap);
+    TT_INFO("%s", init_error);
+    return st;
+}
+
 const char *tutti_comm_last_error(const tutti_comm_t *comm)
 {
     return comm ? tt_comm_error_copy(comm) : init_error;

@@ -1718,14 +1718,25 @@ static int work_ended(const tutti_work_t *work)
 
 int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dtype)
 {
-    if (!msg || (!buf && count))
-        return TUTTI_ERR_INVALID_ARG;
+    /* (no communicator: the errors are the thread's, as a failed init's) */
+    if (!msg)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "mrecv: msg is NULL");
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: invalid dtype %d",
+                                   msg->rank, (int)dtype);
+    if ((!buf || buf == TUTTI_IN_PLACE) && count)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
+                                   buf ? "the in-place marker (a receive has no input)" : "NULL");
     if (count != msg->count || dtype != msg->dtype) {
         TT_WARN("rank %d: mrecv of the message from rank %d (tag %u): it holds %zu x %s, the "
                 "receive names %zu x %s",
                 msg->rank, msg->source, msg->tag, msg->count, tutti_dtype_name(msg->dtype), count,
                 tutti_dtype_name(dtype));
-        return TUTTI_ERR_MISMATCH;
+        return tt_thread_error_set(TUTTI_ERR_MISMATCH,
+                                   "rank %d: mrecv of the message from rank %d (tag %u): it holds "
+                                   "%zu x %s, the receive names %zu x %s",
+                                   msg->rank, msg->source, msg->tag, msg->count,
+                                   tutti_dtype_name(msg->dtype), count, tutti_dtype_name(dtype));
     }
     if (msg->len)
         memcpy(buf, msg->data, msg->len);

@@ -1279,11 +1279,14 @@ static int coal_check(tutti_comm_t *comm, void *const *bufs, const size_t *count
             return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                      "coalesced call: tensor %d: invalid dtype %d", i,
                                      (int)dtypes[i]);
-        if (counts[i] > SIZE_MAX / 16 || (counts[i] && !bufs[i]))
+        if (counts[i] > SIZE_MAX / 16 || (counts[i] && (!bufs[i] || bufs[i] == TUTTI_IN_PLACE)))
             return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "coalesced call: tensor %d: %s",
                                      i,
                                      counts[i] > SIZE_MAX / 16 ? "count too large"
-                                                               : "NULL buffer with a count > 0");
+                                     : !bufs[i]
+                                         ? "NULL buffer with a count > 0"
+                                         : "the in-place marker (TUTTI_IN_PLACE) is no buffer (a "
+                                           "coalesced call is in place: pass the tensor)");
         const char *kind; /* small tensors are packed with memcpy */
         if (counts[i] && tt_dev_is_device(comm, bufs[i], &kind) != 0)
             return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
@@ -1310,7 +1313,9 @@ int tutti_broadcast_coalesced(tutti_comm_t *comm, void *const *bufs, const size_
     size_t *bytes;
     int *idx;
     if (comm && (root < 0 || root >= tutti_comm_size(comm)))
-        return TUTTI_ERR_INVALID_ARG;
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "broadcast_coalesced: root %d is not a rank (0..%d)", root,
+                                 tutti_comm_size(comm) - 1);
     TT_CHECK(coal_check(comm, bufs, counts, dtypes, n, &bytes, &idx));
     int m = 0;
     for (int i = 0; i < n; i++)
