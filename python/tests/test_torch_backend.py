@@ -853,7 +853,11 @@ def unsupported(rank, size):
                  lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), 0,
                                      dist.ReduceOp.MAX),
                  # an uneven list whose place for this rank is not its tensor's length
-                 lambda: dist.all_gather([torch.zeros(1), torch.zeros(3)], torch.zeros(2))):
+                 lambda: dist.all_gather([torch.zeros(1), torch.zeros(3)], torch.zeros(2)),
+                 # a list of another length, and coalesced sizes that differ: what they got
+                 lambda: dist.all_gather([torch.zeros(2)] * 3, torch.zeros(2)),
+                 lambda: dist.all_gather_coalesced(
+                     [[torch.zeros(2), torch.zeros(3)]] * size, [torch.zeros(2), torch.zeros(4)])):
         try:
             call()
             msgs.append("no error")
@@ -867,7 +871,11 @@ def unsupported(rank, size):
 
 def test_unsupported_ops_and_dtypes_are_named():
     res = run(unsupported, 2)
-    band, bxor, cplx, _ = res[0]
+    band, bxor, cplx, _, listlen, coalesced = res[0]
+    assert "all_gather: takes a list of 2 tensors (one per rank), got 3" in listlen or \
+        "allgather: takes a list of 2 tensors (one per rank), got 3" in listlen, listlen
+    assert ("allgather_coalesced: output tensor 1 has 3 elements, input 1 has 4"
+            in coalesced), coalesced
     for rank, (slot, n) in enumerate(((res[0][3], 1), (res[1][3], 3))):
         assert (f"allgather on rank {rank}: this rank's tensor has 2 elements, its place in "
                 f"the list {n}") in slot, slot
@@ -1239,6 +1247,8 @@ def test_monitored_barrier_names_missing_ranks():
     assert "Rank 2 failed to pass monitoredBarrier in 700 ms" in res[0][0], res[0]
     assert "Ranks 1, 2 failed to pass monitoredBarrier in 700 ms" in res[0][1], res[0]
     assert "monitoredBarrier" in res[1][0], res[1]  # rank 0 never released it
+    for r in range(2):  # torch's backtrace left out (its C++ frames followed the message)
+        assert not any("Exception raised from" in m for m in res[r]), res[r]
 
 
 # ---- DDP against gloo ----
@@ -1674,6 +1684,21 @@ def test_store_set_timeout(tmp_path):
         assert time.monotonic() - t0 < 10
     s.set("k", "v")
     assert s.get("k") == b"v"
+
+
+def test_set_up_failure_says_why(tmp_path):
+    """A group whose other rank never comes: the error carries the library's explanation
+    (the keys it waited for, whose), read where a failed init leaves it (it said
+    "TUTTI_ERR_TIMEOUT ()": the store's last error, empty)."""
+    import tutti.torch
+    store = dist.FileStore(str(tmp_path / "f"), 2)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        tutti.torch._create(store, 0, 2, datetime.timedelta(milliseconds=1500))
+    msg = str(e.value)
+    assert "communicator set-up failed: TUTTI_ERR_TIMEOUT (rank 0: " in msg, msg
+    assert "missing those of rank 1" in msg or "rank 1" in msg.split("(", 1)[1], msg
+    assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize("kind", ["file", "tcp"])

@@ -142,6 +142,13 @@ reduction to_reduction(const at::Tensor &t, const c10d::ReduceOp &op, const char
     return { TUTTI_UINT8, r };
 }
 
+/* An exception's message without torch's backtrace (a c10::Error's what() carries one) */
+const char *no_backtrace(const std::exception &e)
+{
+    const auto *ce = dynamic_cast<const c10::Error *>(&e);
+    return ce ? ce->what_without_backtrace() : e.what();
+}
+
 void check_device(const at::Tensor &t, const char *op)
 {
     TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "tutti backend: ", op,
@@ -169,17 +176,27 @@ void same_dtype(const std::vector<at::Tensor> &ts, const at::Tensor &like, const
     }
 }
 
+/* One list of `size` tensors, as op takes it: saying what it got otherwise (gloo says
+ * "Incorrect output list size 3") */
+void list_of(const std::vector<std::vector<at::Tensor>> &lists, int size, const char *op)
+{
+    TORCH_CHECK(lists.size() == 1, "tutti backend: ", op, ": takes one list of ", size,
+                " tensors, got ", lists.size(), " lists");
+    TORCH_CHECK((int)lists[0].size() == size, "tutti backend: ", op, ": takes a list of ", size,
+                " tensors (one per rank), got ", lists[0].size());
+}
+
 /* The one list of `size` tensors, each of like's dtype and length, that op takes (the
  * root's, or every rank's). */
 const std::vector<at::Tensor> &rank_list(const std::vector<std::vector<at::Tensor>> &lists,
                                          const at::Tensor &like, int size, const char *op)
 {
-    TORCH_CHECK(lists.size() == 1 && (int)lists[0].size() == size, "tutti backend: ", op,
-                ": needs one list of ", size, " tensors");
+    list_of(lists, size, op);
     same_dtype(lists[0], like, op);
-    for (const auto &t : lists[0])
-        TORCH_CHECK(t.numel() == like.numel(), "tutti backend: ", op, ": tensors of ", t.numel(),
-                    " and ", like.numel(), " elements");
+    for (size_t i = 0; i < lists[0].size(); i++)
+        TORCH_CHECK(lists[0][i].numel() == like.numel(), "tutti backend: ", op,
+                    ": the list's tensor ", i, " has ", lists[0][i].numel(),
+                    " elements, this rank's own tensor ", like.numel(), " (they must match)");
     return lists[0];
 }
 
@@ -190,8 +207,7 @@ const std::vector<at::Tensor> &rank_list(const std::vector<std::vector<at::Tenso
 std::vector<size_t> uneven_counts(const std::vector<std::vector<at::Tensor>> &lists,
                                   const at::Tensor &like, int size, int rank, const char *op)
 {
-    TORCH_CHECK(lists.size() == 1 && (int)lists[0].size() == size, "tutti backend: ", op,
-                ": needs one list of ", size, " tensors");
+    list_of(lists, size, op);
     same_dtype(lists[0], like, op);
     const auto &ts = lists[0];
     if (std::all_of(ts.begin(), ts.end(),
@@ -345,9 +361,9 @@ void unflatten(const at::Tensor &flat, int64_t off, std::vector<at::Tensor> &ts)
     }
 }
 
-void check_root(int64_t root, int size, const char *op)
+void check_root(int64_t root, int size, const char *op, const char *what = "root rank")
 {
-    TORCH_CHECK(root >= 0 && root < size, "tutti backend: ", op, ": root rank ", root,
+    TORCH_CHECK(root >= 0 && root < size, "tutti backend: ", op, ": ", what, " ", root,
                 " out of range (group of ", size, ")");
 }
 
@@ -823,7 +839,10 @@ ProcessGroupTutti::ProcessGroupTutti(const c10::intrusive_ptr<c10d::Store> &stor
     rendezvous(*store, &opts);
     int st = tutti_comm_init(&comm_, store_, rank, size, &opts);
     if (st != TUTTI_OK) {
-        std::string why = tutti_store_last_error(store_);
+        /* (a failed init's explanation is the thread's: tutti.h) */
+        std::string why = tutti_comm_last_error(nullptr);
+        if (why.empty())
+            why = tutti_store_last_error(store_);
         tutti_store_close(store_);
         TORCH_CHECK(false, "tutti backend: rank ", rank, " of ", size,
                     ": communicator set-up failed: ", tutti_status_name(st), " (", why, ")");
@@ -857,8 +876,7 @@ int store_call(c10d::Store *st, const std::vector<std::string> &keys, char *errb
         snprintf(errbuf, errlen, "%s", e.what());
         return TUTTI_ERR_TIMEOUT;
     } catch (const std::exception &e) {
-        const auto *ce = dynamic_cast<const c10::Error *>(&e);
-        snprintf(errbuf, errlen, "%s", ce ? ce->what_without_backtrace() : e.what());
+        snprintf(errbuf, errlen, "%s", no_backtrace(e));
     }
     try {
         if (!keys.empty() && !st->check(keys))
@@ -1630,7 +1648,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather_coalesced(
         same_dtype(list, inputs[0], "allgather_coalesced");
         for (size_t j = 0; j < list.size(); j++)
             TORCH_CHECK(list[j].numel() == inputs[j].numel(),
-                        "tutti backend: allgather_coalesced: output and input sizes differ");
+                        "tutti backend: allgather_coalesced: output tensor ", j, " has ",
+                        list[j].numel(), " elements, input ", j, " has ", inputs[j].numel(),
+                        " (they must match)");
         outs.insert(outs.end(), list.begin(), list.end());
     }
     at::Tensor in = flatten(inputs);
@@ -1867,7 +1887,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &
                                                        int tag)
 {
     at::Tensor buf = contig(single(tensors, "send"));
-    check_root(dst, size_, "send");
+    check_root(dst, size_, "send", "destination rank");
     carrier c = carry(buf);
     return launch(c10d::OpType::SEND, "send", tensors, { buf }, nullptr, [&](tutti_work_t **w) {
         return tutti_send_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, dst,
@@ -1878,7 +1898,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::recv(std::vector<at::Tensor> &tensors, int src,
                                                        int tag)
 {
-    check_root(src, size_, "recv");
+    check_root(src, size_, "recv", "source rank");
     return receive(c10d::OpType::RECV, "recv", tensors, src, tag);
 }
 
@@ -1933,7 +1953,7 @@ void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool 
             TORCH_CHECK(false, "tutti backend: rank ", rank_,
                         ": monitoredBarrier: rank 0 did "
                         "not release this rank within ",
-                        timeout.count(), " ms: ", e.what());
+                        timeout.count(), " ms: ", no_backtrace(e));
         }
         return;
     }
@@ -1950,7 +1970,7 @@ void ProcessGroupTutti::monitoredBarrier(const c10d::BarrierOptions &opts, bool 
         } catch (const std::exception &e) {
             failed.push_back(r);
             if (cause.empty())
-                cause = e.what();
+                cause = no_backtrace(e);
         }
     }
     if (!failed.empty()) {
