@@ -894,6 +894,91 @@ static int rank_mprobe(int rank, int nranks, tutti_comm_t *comm, const char *dir
 
 TH_RUN_TEST(mprobe, th_run(3, rank_mprobe, NULL, 30000))
 
+/* tutti_recv_upto (MPI_Recv's count as a bound, with MPI_Get_count): a shorter message
+ * into a bigger buffer, its tail untouched; in issue order with a later exact receive of
+ * the tag (the later one takes the next message); a receive of u8 takes any dtype by its
+ * bytes; a message that does not fit (another dtype, too many) is refused and stays for
+ * a receive with room; any source; from itself; an empty message. 3 ranks. */
+static int rank_recv_upto(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg, (void)dir, (void)nranks;
+    const int32_t m0[3] = { 1, 2, 3 }, m1[5] = { 10, 11, 12, 13, 14 }, m2[2] = { 20, 21 };
+    const float f[4] = { 0.5f, -1.25f, 3.0f, 1e-3f };
+    const double d[2] = { 2.5, -7.0 };
+    if (rank == 1) {
+        FAIL_IF(tutti_send(comm, m0, 3, TUTTI_INT32, 0, 40) != 0 ||
+                    tutti_send(comm, m1, 5, TUTTI_INT32, 0, 40) != 0 ||
+                    tutti_send(comm, m2, 2, TUTTI_INT32, 0, 40) != 0 ||
+                    tutti_send(comm, f, 4, TUTTI_FP32, 0, 41) != 0 ||
+                    tutti_send(comm, d, 2, TUTTI_FP64, 0, 42) != 0 ||
+                    tutti_send(comm, NULL, 0, TUTTI_INT32, 0, 46) != 0,
+                "send: %s", tutti_comm_last_error(comm));
+    } else if (rank == 2) {
+        FAIL_IF(tutti_send(comm, m2, 1, TUTTI_INT32, 0, 44) != 0, "send: %s",
+                tutti_comm_last_error(comm));
+    } else {
+        int32_t b[8], c[8];
+        size_t cnt = 99;
+        for (int i = 0; i < 8; i++)
+            b[i] = c[i] = -1;
+        FAIL_IF(tutti_recv_upto(comm, b, 8, TUTTI_INT32, 1, 40, &cnt) != 0, "recv_upto 40: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(cnt != 3 || b[0] != 1 || b[1] != 2 || b[2] != 3 || b[3] != -1 || b[7] != -1,
+                "recv_upto 40: %zu: %d %d %d %d", cnt, b[0], b[1], b[2], b[3]);
+        /* issued before an exact receive of the tag: it takes the message before that one's */
+        tutti_work_t *w1, *w2;
+        FAIL_IF(tutti_recv_upto_async(comm, b, 8, TUTTI_INT32, 1, 40, &w1) != 0 ||
+                    tutti_recv_async(comm, c, 2, TUTTI_INT32, 1, 40, &w2) != 0,
+                "issue: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait(w2, -1) != 0 || tutti_wait(w1, -1) != 0, "waits: %s / %s",
+                tutti_work_error(w1), tutti_work_error(w2));
+        FAIL_IF(tutti_work_count(w1) != 5 || memcmp(b, m1, sizeof(m1)) || b[5] != -1,
+                "recv_upto_async 40: %zu: %d %d", tutti_work_count(w1), b[0], b[4]);
+        FAIL_IF(tutti_work_count(w2) != 2 || c[0] != 20 || c[1] != 21 || tutti_work_source(w1) != 1,
+                "recv 40: %zu: %d %d", tutti_work_count(w2), c[0], c[1]);
+        tutti_work_free(w1);
+        tutti_work_free(w2);
+        /* u8 takes any dtype, by its bytes */
+        unsigned char bytes[32];
+        memset(bytes, 0xee, sizeof(bytes));
+        FAIL_IF(tutti_recv_upto(comm, bytes, 32, TUTTI_UINT8, 1, 41, &cnt) != 0 || cnt != 16 ||
+                    memcmp(bytes, f, 16) || bytes[16] != 0xee,
+                "recv_upto of u8, 41: %zu: %s", cnt, tutti_comm_last_error(comm));
+        /* does not fit: refused, not taken, the communicator goes on */
+        double dd[2] = { 0, 0 };
+        FAIL_IF(tutti_recv_upto(comm, b, 8, TUTTI_INT32, 1, 42, &cnt) != TUTTI_ERR_MISMATCH ||
+                    !strstr(tutti_comm_last_error(comm),
+                            "rank 0: recv of up to 8 x i32 from rank 1 (tag 42): rank 1's message "
+                            "is 2 x f64 (16 bytes): another dtype"),
+                "recv_upto of i32, 42: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_recv_upto(comm, dd, 1, TUTTI_FP64, 1, 42, &cnt) != TUTTI_ERR_MISMATCH ||
+                    !strstr(tutti_comm_last_error(comm), "more than the receive has room for"),
+                "recv_upto of 1 x f64, 42: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_recv(comm, dd, 2, TUTTI_FP64, 1, 42) != 0 || dd[0] != 2.5 || dd[1] != -7.0,
+                "recv 42 after the refusals: %s", tutti_comm_last_error(comm));
+        /* any source; from itself; an empty message */
+        tutti_work_t *w;
+        FAIL_IF(tutti_recv_upto_async(comm, c, 4, TUTTI_INT32, TUTTI_ANY_SOURCE, 44, &w) != 0 ||
+                    tutti_wait(w, -1) != 0,
+                "recv_upto from any source: %s", tutti_work_error(w));
+        FAIL_IF(tutti_work_source(w) != 2 || tutti_work_count(w) != 1 || c[0] != 20,
+                "recv_upto from any source: rank %d, %zu: %d", tutti_work_source(w),
+                tutti_work_count(w), c[0]);
+        tutti_work_free(w);
+        FAIL_IF(tutti_send(comm, m0, 2, TUTTI_INT32, 0, 45) != 0 ||
+                    tutti_recv_upto(comm, c, 8, TUTTI_INT32, 0, 45, &cnt) != 0 || cnt != 2 ||
+                    c[0] != 1 || c[1] != 2,
+                "recv_upto from itself: %zu: %s", cnt, tutti_comm_last_error(comm));
+        cnt = 99;
+        FAIL_IF(tutti_recv_upto(comm, c, 4, TUTTI_INT32, 1, 46, &cnt) != 0 || cnt != 0,
+                "recv_upto of an empty message: %zu: %s", cnt, tutti_comm_last_error(comm));
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(recv_upto, th_run(3, rank_recv_upto, NULL, 30000))
+
 /* An mprobe that finds its message late in its timeout: the transfer that follows is a
  * receive with a deadline of its own from the take (it kept the probe's, and so failed
  * the communicator when the message came in the probe's last moments and took longer
@@ -1577,7 +1662,7 @@ static Suite *suite(void)
                                          any_source_timeout, any_source_sender_left,
                                          any_source_sender_died, any_source_unsupported, to_itself,
                                          any_source_order, any_source_mix, many_outstanding, probe,
-                                         mprobe, mprobe_late, NULL });
+                                         mprobe, mprobe_late, recv_upto, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -741,6 +741,21 @@ int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype,
                uint32_t tag);
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                      uint32_t tag, tutti_work_t **work_p);
+/* MPI_Recv's count as a bound, with MPI_Get_count: the next message from peer (or
+ * TUTTI_ANY_SOURCE) with tag, of at most max_count elements of dtype, into buf (the rest
+ * of it untouched); *count_p (may be NULL) is the count it had, as tutti_work_count
+ * says for the async form. Its dtype must be dtype, but for a receive of TUTTI_UINT8,
+ * which takes a message of any dtype by its bytes (as MPI_BYTE does in practice, and
+ * Gloo's byte buffers): then the count is in bytes. A message that does not fit (more
+ * elements, another dtype) is TUTTI_ERR_MISMATCH naming both, and is not taken: the
+ * communicator goes on, and a receive with room takes it. In the receives' order as an
+ * any-source receive is: a later receive of its peer and tag waits for it. It looks for
+ * its message before it posts its receive (as tutti_mprobe does, then straight into buf,
+ * no copy): a transport that can probe (tcp, shm, ibverbs), host memory only. */
+int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype_t dtype, int peer,
+                    uint32_t tag, size_t *count_p);
+int tutti_recv_upto_async(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype_t dtype,
+                          int peer, uint32_t tag, tutti_work_t **work_p);
 /* MPI_Probe: wait until a message of tag from peer (or TUTTI_ANY_SOURCE) has come that
  * a receive issued now would take, and take nothing: its sender, and its count and
  * dtype as sent, go to *source_p, *count_p and *dtype_p (each may be NULL), so that a
@@ -788,6 +803,10 @@ void tutti_message_free(tutti_message_t *msg);
  * the rank that sent it); -1 while it runs, if it failed before a sender was known, or
  * for anything but a receive. */
 int tutti_work_source(const tutti_work_t *work);
+/* The count a finished receive took, in its dtype's elements (bytes for a
+ * tutti_recv_upto of TUTTI_UINT8): a tutti_recv_upto's message's, any other receive's
+ * own count; (size_t)-1 while it runs, if it failed, or for anything but a receive. */
+size_t tutti_work_count(const tutti_work_t *work);
 
 /* Non-blocking check: *done_p = 1 and the operation's status once it finished,
  * *done_p = 0 and TUTTI_OK while it runs. */

@@ -826,9 +826,9 @@ ASYNC(SCAN_ARGS("exscan_async", TT_COLL_EXSCAN))
 
 static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
-                     int async)
+                     int async, int upto)
 {
-    const char *name = kind == TUTTI_TP_SEND ? "send" : "recv";
+    const char *name = kind == TUTTI_TP_SEND ? "send" : upto ? "recv_upto" : "recv";
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm)) /* before anything takes a lock */
@@ -841,32 +841,59 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                  name, peer, comm->nranks,
                                  peer == TUTTI_ANY_SOURCE ? " (any source is for receives)" : "");
     TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
-    return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag,
+    const char *kind_name; /* its room is filled only as far as the message goes: a device
+                              buffer's host copy would be copied back whole */
+    if (upto && count && tt_dev_is_device(comm, buf, &kind_name) != 0)
+        return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
+                                 "recv_upto: buf is %s device memory (or its layer cannot tell); "
+                                 "it takes host memory only",
+                                 kind_name);
+    return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag, upto,
                              async ? work_p : NULL);
 }
 
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag)
 {
-    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, NULL, 0);
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, NULL, 0, 0);
 }
 
 int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
                      int peer, uint32_t tag, tutti_work_t **work_p)
 {
-    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, work_p, 1);
+    return p2p_issue(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, work_p, 1, 0);
 }
 
 int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag)
 {
-    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, NULL, 0);
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, NULL, 0, 0);
 }
 
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                      uint32_t tag, tutti_work_t **work_p)
 {
-    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1);
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, work_p, 1, 0);
+}
+
+int tutti_recv_upto_async(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype_t dtype,
+                          int peer, uint32_t tag, tutti_work_t **work_p)
+{
+    return p2p_issue(comm, TUTTI_TP_RECV, buf, max_count, dtype, peer, tag, work_p, 1, 1);
+}
+
+int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype_t dtype, int peer,
+                    uint32_t tag, size_t *count_p)
+{
+    tutti_work_t *w;
+    int st = tutti_recv_upto_async(comm, buf, max_count, dtype, peer, tag, &w);
+    if (st < 0)
+        return st;
+    st = tt_exec_wait_blocking(w);
+    if (st == TUTTI_OK && count_p)
+        *count_p = tutti_work_count(w);
+    tutti_work_free(w);
+    return st;
 }
 
 static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int *flag_p,

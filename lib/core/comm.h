@@ -34,9 +34,14 @@ int tt_exec_in_callback(const tutti_comm_t *comm);
  * and the memory (everything else is comm.c's to free before). */
 void tt_exec_comm_unref(tutti_comm_t *comm);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already, a
- * forked child's call refused (p2p_issue). */
+ * forked child's call refused (p2p_issue). upto: tutti_recv_upto's receive (count the
+ * most it takes). */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
-                      int peer, uint32_t tag, tutti_work_t **work_p);
+                      int peer, uint32_t tag, int upto, tutti_work_t **work_p);
+/* exec.c: wait for an op issued async by a blocking call of the library's (until it
+ * ends); its failure's explanation becomes the communicator's last error, as a blocking
+ * call's. */
+int tt_exec_wait_blocking(tutti_work_t *work);
 /* exec.c: tutti_probe (once 0) and tutti_iprobe (once 1), arguments checked already: the
  * blocking look, through the queue as a receive of peer (or TUTTI_ANY_SOURCE) and tag
  * that is never posted; with msg_p (tutti_mprobe, tutti_improbe) the message found is

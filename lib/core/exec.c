@@ -429,6 +429,14 @@ static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
     else if (w->probe)
         snprintf(buf, len, "%s from rank %d (tag %u)", probes[w->matched != 0][w->probe == 2],
                  w->req.peer, tt_env_tag(w->req.env));
+    else if (w->upto && w->req.peer < 0 && w->seek_p1)
+        snprintf(buf, len, "recv of up to %zu x %s from rank %d (tag %u)",
+                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype), w->seek_p1 - 1,
+                 tt_env_tag(w->req.env));
+    else if (w->upto && w->req.peer < 0)
+        snprintf(buf, len, "recv of up to %zu x %s from any source (tag %u)",
+                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype),
+                 tt_env_tag(w->req.env));
     else if (w->any_source && w->req.peer < 0)
         snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
     else if (w->matched) /* an mprobe's, taking the message it found */
@@ -722,7 +730,7 @@ static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int 
     int n = comm->nranks, looks = any ? n : 1;
     *dead_p = *dead_st_p = 0;
     for (int k = 0; k < looks; k++) {
-        int peer = any ? (comm->any_next + k) % n : w->req.peer;
+        int peer = any ? (comm->any_next + k) % n : w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
         int st = look_at(comm, w, peer, m);
         if (st == TUTTI_ERR_UNSUPPORTED)
             return st;
@@ -742,13 +750,41 @@ static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int 
  * robin, so that a busy rank cannot starve the others), and post w's receive to the
  * first that has it. 1: w is posted (or still looking); < 0: it failed (err says why).
  * A peer whose link failed (it exited, say) is passed over while others are left. */
+static int upto_fit(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti_tp_probe_t *m,
+                    char *err, size_t errlen)
+{
+    tutti_dtype_t md = (tutti_dtype_t)((m->env[1] >> 48) & 0xff);
+    if ((w->op.dtype == TUTTI_UINT8 || md == w->op.dtype) && m->len <= w->upto_cap) {
+        /* its envelope and length, so that the transport takes it; the count as the
+         * receive counts it (bytes for u8) */
+        w->req.env[1] = m->env[1];
+        w->req.env[2] = m->env[2];
+        w->req.len = m->len;
+        w->op.count = w->op.env_count = m->len / w->op.elem_size;
+        w->op.fingerprint = m->env[1];
+        return 1;
+    }
+    char what[96];
+    snprintf(err, errlen,
+             "rank %d: %s: rank %d's message is %llu x %s (%zu bytes): %s; nothing taken (the "
+             "communicator goes on)",
+             comm->rank, p2p_what(w, what, sizeof(what)), peer, (unsigned long long)m->env[2],
+             tutti_dtype_name(md), m->len,
+             md != w->op.dtype && w->op.dtype != TUTTI_UINT8
+                 ? "another dtype (a receive of u8 takes any)"
+                 : "more than the receive has room for");
+    return TUTTI_ERR_MISMATCH;
+}
+
 static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
 {
     int n = comm->nranks, dead, dead_st, peer;
     tutti_tp_probe_t m;
-    int st = find_message(comm, w, 1, &peer, &m, &dead, &dead_st);
+    int st = find_message(comm, w, !w->seek_p1, &peer, &m, &dead, &dead_st);
     if (st == TUTTI_ERR_UNSUPPORTED)
         return any_unsupported(comm, w, err, errlen);
+    if (st == 1 && w->upto && (st = upto_fit(comm, w, peer, &m, err, errlen)) < 0)
+        return st; /* took nothing: the receive fails alone */
     if (st == 1) {
         tt_p2p_seq_t *sq = p2p_seq(comm, peer, tt_env_tag(w->req.env), 1);
         if (!sq) {
@@ -768,13 +804,19 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
         st = p2p_post_req(comm, w, err, errlen);
         return st < 0 ? st : 1;
     }
-    if (dead < n - 1 || n == 1)
+    if (dead < (w->seek_p1 ? 1 : n - 1) || n == 1)
         return 1;
     char what[64], msg[TT_ERRMSG_LEN];
     pthread_mutex_lock(&comm->err_lock);
-    snprintf(msg, sizeof(msg), "%s: no sender left: the links to all %d other ranks failed (%s)",
-             p2p_what(w, what, sizeof(what)), n - 1,
-             comm->tp_error[0] ? comm->tp_error : tutti_strerror(dead_st));
+    if (w->seek_p1)
+        snprintf(msg, sizeof(msg), "%s: the link to rank %d failed (%s)",
+                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1,
+                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(dead_st));
+    else
+        snprintf(msg, sizeof(msg),
+                 "%s: no sender left: the links to all %d other ranks failed (%s)",
+                 p2p_what(w, what, sizeof(what)), n - 1,
+                 comm->tp_error[0] ? comm->tp_error : tutti_strerror(dead_st));
     pthread_mutex_unlock(&comm->err_lock);
     tt_fault_fail_op(&w->op, dead_st, msg);
     last_error_to(comm, err, errlen);
@@ -794,8 +836,13 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
     if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
         return st;
     char what[64], msg[TT_ERRMSG_LEN];
-    snprintf(msg, sizeof(msg), "%s: no rank sent tag %u within %d ms",
-             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms);
+    if (w->seek_p1)
+        snprintf(msg, sizeof(msg), "%s: rank %d sent nothing of tag %u within %d ms",
+                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, tt_env_tag(w->req.env),
+                 w->op.timeout_ms);
+    else
+        snprintf(msg, sizeof(msg), "%s: no rank sent tag %u within %d ms",
+                 p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -812,7 +859,8 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
  * any rank's)? */
 static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
 {
-    return unnumbered(e) && (e->any_source || peer < 0 || e->req.peer == peer) &&
+    int epeer = e->any_source ? e->seek_p1 - 1 : e->req.peer; /* -1: any */
+    return unnumbered(e) && (epeer < 0 || peer < 0 || epeer == peer) &&
            tt_env_tag(e->req.env) == tag;
 }
 
@@ -844,8 +892,9 @@ static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
  * would go to the later receive, against issue order), or a late one. */
 static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
 {
+    int peer = w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
     for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        if (unnumbered_for(e, w->req.peer, tt_env_tag(w->req.env)))
+        if (unnumbered_for(e, peer, tt_env_tag(w->req.env)))
             return 1;
     return 0;
 }
@@ -1517,7 +1566,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
 }
 
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
-                      int peer, uint32_t tag, tutti_work_t **work_p)
+                      int peer, uint32_t tag, int upto, tutti_work_t **work_p)
 {
     if (in_callback(comm)) /* (a forked child's call was refused by p2p_issue) */
         return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
@@ -1551,8 +1600,12 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         leave(comm);
         return st;
     }
-    /* an any-source receive takes its number when its sender is found (exec.c's any_step) */
-    w->any_source = peer == TUTTI_ANY_SOURCE;
+    /* an any-source receive takes its number when its sender is found (exec.c's any_step),
+     * and so does tutti_recv_upto's, from a named rank too (seek_p1) */
+    w->any_source = peer == TUTTI_ANY_SOURCE || upto;
+    w->upto = upto;
+    w->seek_p1 = upto && peer != TUTTI_ANY_SOURCE ? peer + 1 : 0;
+    w->upto_cap = count * es;
     tt_p2p_seq_t *sq = w->any_source ? NULL : p2p_seq(comm, peer, tag, 1);
     if (__builtin_expect(!w->any_source && !sq, 0)) {
         pthread_mutex_unlock(&comm->q_lock);
@@ -1585,7 +1638,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
                        .dev = dv.dev };
     w->req.kind = kind;
-    w->req.peer = peer;
+    w->req.peer = upto ? TUTTI_ANY_SOURCE : peer;
     w->req.buf = buf;
     w->req.len = count * es;
     tt_env_encode(w->req.env, seq, w->op.fingerprint, count, 0, tag);
@@ -1593,9 +1646,10 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (comm->trace)
         tt_trace_issue(comm, &w->op, TUTTI_SUM,
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
-                           (work_p ? TT_TRACE_F_ASYNC : 0) | (w->any_source ? TT_TRACE_F_ANY : 0) |
+                           (work_p ? TT_TRACE_F_ASYNC : 0) |
+                           (peer == TUTTI_ANY_SOURCE ? TT_TRACE_F_ANY : 0) |
                            (w->late_seq ? TT_TRACE_F_LATE : 0),
-                       w->any_source ? -1 : peer, tag, tt_coarse_ns(), 0);
+                       peer == TUTTI_ANY_SOURCE ? -1 : peer, tag, tt_coarse_ns(), 0);
     return enqueue_locked(comm, w, work_p);
 }
 
@@ -1747,6 +1801,22 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
 void tutti_message_free(tutti_message_t *msg)
 {
     free(msg);
+}
+
+int tt_exec_wait_blocking(tutti_work_t *work)
+{
+    int st = tutti_wait(work, -1);
+    if (st < 0 && work_ended(work))
+        set_last_error(work->comm, work->err);
+    return st;
+}
+
+size_t tutti_work_count(const tutti_work_t *work)
+{
+    if (!work || !work->is_p2p || work->req.kind != TUTTI_TP_RECV || work->probe ||
+        !work_ended(work) || work->status != TUTTI_OK)
+        return (size_t)-1;
+    return work->op.count;
 }
 
 int tutti_work_source(const tutti_work_t *work)

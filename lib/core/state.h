@@ -48,7 +48,13 @@ struct tutti_work {
                                   becomes a receive of it into this (exec.c) */
     int matched;               /* tutti_mprobe (1), tutti_improbe (2): the probe takes what it
                                finds */
-    uint64_t p2p_posted_ns;    /* posted (in flight) then: its stall checks count from it */
+    int upto;                  /* tutti_recv_upto: a receive of a message of up to upto_cap
+                                  bytes (op.dtype's; a receive of u8 takes any dtype), looked
+                                  for as an any-source receive is (any_source set, req.peer
+                                  TUTTI_ANY_SOURCE until found) and posted as it came */
+    int seek_p1;               /* such a receive from a named rank: that rank + 1 (0: any) */
+    size_t upto_cap;
+    uint64_t p2p_posted_ns; /* posted (in flight) then: its stall checks count from it */
     uint64_t p2p_deadline_ns;
     uint64_t defer_until_ns; /* issued deferred: the progress thread leaves it to a
                                  waiter until then (0: not deferred) */
