@@ -164,6 +164,47 @@ def test_mprobe_takes_the_message():
     assert isrc == 1 and raw == bytes(range(5)) and after is None
 
 
+def upto(comm):
+    """recv_upto: a shorter message into a bigger buffer (the rest untouched), the count
+    it had; bytes take any dtype; one that does not fit raises and stays; async, its
+    Work's count and source."""
+    if comm.rank == 1:
+        comm.send(np.array([1.5, -2.0, 3.25], np.float32), 0, tag=5)
+        comm.send(np.arange(4, dtype=np.int32), 0, tag=6)
+        comm.send(np.arange(5, dtype=np.float32), 0, tag=7)
+        comm.send(np.array([9, 8], np.int64), 0, tag=8)
+        comm.barrier()
+        return None
+    a = np.full(8, -1, np.float32)
+    r1 = comm.recv_upto(a, 1, tag=5)
+    raw = bytearray(b"\xee" * 32)
+    r2 = comm.recv_upto(raw, 1, tag=6)
+    small = np.zeros(2, np.float32)
+    try:
+        comm.recv_upto(small, 1, tag=7)
+        err = "no error"
+    except tutti.MismatchError as e:
+        err = str(e)
+    big = np.zeros(5, np.float32)
+    r3 = comm.recv_upto(big, 1, tag=7)
+    c = np.zeros(4, np.int64)
+    w = comm.recv_upto(c, None, tag=8, async_op=True)
+    w.wait()
+    comm.barrier()
+    return (r1, a.tolist(), r2, bytes(raw[16:]), np.frombuffer(bytes(raw[:16]), np.int32).tolist(),
+            err, r3, big.tolist(), w.source, w.count, c.tolist())
+
+
+def test_recv_upto():
+    (r1, a, r2, tail, ints, err, r3, big, src, cnt, c) = run(upto, 2)[0]
+    assert r1 == (1, 3) and a == [1.5, -2.0, 3.25] + [-1.0] * 5, (r1, a)
+    assert r2 == (1, 16) and tail == b"\xee" * 16 and ints == [0, 1, 2, 3], (r2, tail, ints)
+    assert "rank 1's message is 5 x f32 (20 bytes): more than the receive has room for" in err, \
+        err
+    assert r3 == (1, 5) and big == [0.0, 1.0, 2.0, 3.0, 4.0], (r3, big)
+    assert (src, cnt, c) == (1, 2, [9, 8, 0, 0]), (src, cnt, c)
+
+
 def objects_by_threads(comm):
     """Threads receiving objects of one tag from one rank at once each get one whole
     (recv_object takes it with mprobe; a probe then a receive could lose it to another

@@ -1931,3 +1931,41 @@ def tags_out_of_order(rank, size):
 def test_tags_out_of_order():
     res = run(tags_out_of_order, 2)
     assert res[1] == [[3.0] * 6, [1.0] * 4, [2.0] * 5], res
+
+
+def recv_by_bytes(rank, size):
+    """A receive takes any message that fits its tensor's bytes, as gloo's: a shorter one
+    (the rest left as it was), one of another dtype; one too big raises naming both and
+    stays for a receive with room, and the group goes on (tutti failed the group on
+    anything but the same count and dtype; found by review)."""
+    if rank == 0:
+        dist.send(torch.arange(4.0), 1)
+        dist.send(torch.tensor([1.0, 2.0, 3.0, 4.0]), 1, tag=1)
+        dist.send(torch.arange(8, dtype=torch.int32), 1, tag=2)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return t.tolist()
+    bigger = torch.full((6,), -1.0)
+    dist.recv(bigger, 0)
+    other = torch.zeros(2, dtype=torch.float64)
+    dist.recv(other, 0, tag=1)
+    small = torch.zeros(4, dtype=torch.int32)
+    try:
+        dist.recv(small, 0, tag=2)
+        err = "no error"
+    except RuntimeError as e:
+        err = str(e)
+    room = torch.zeros(8, dtype=torch.int32)
+    dist.recv(room, 0, tag=2)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    same = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(torch.float64).tolist()
+    return bigger.tolist(), other.tolist() == same, err, room.tolist(), t.tolist()
+
+
+def test_recv_takes_a_message_that_fits():
+    res = run(recv_by_bytes, 2)
+    bigger, same, err, room, after = res[1]
+    assert bigger == [0.0, 1.0, 2.0, 3.0, -1.0, -1.0] and same, (bigger, same)
+    assert "rank 0's message is 8 x i32 (32 bytes): more than the receive has room for" in err, err
+    assert room == list(range(8)) and after == res[0] == [2.0, 2.0], (room, after, res[0])

@@ -160,6 +160,8 @@ _OPS = {}
 # The C functions by collective name, blocking and async (one lookup per call).
 _FN = {n: getattr(_lib_, "tutti_" + n) for n in _lib._COLLECTIVES}
 _FN_ASYNC = {n: getattr(_lib_, f"tutti_{n}_async") for n in _lib._COLLECTIVES}
+_FN_ASYNC["recv_upto"] = _lib_.tutti_recv_upto_async  # (no blocking form of that shape)
+_NO_COUNT = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1  # tutti_work_count's (size_t)-1
 
 
 _USER_FIRST, _USER_LAST = 128, 255  # TUTTI_REDOP_USER_FIRST, _LAST
@@ -740,12 +742,13 @@ class Work:
     methods may be called from several threads at once: the handle is freed once the
     operation is seen done and no thread is inside a call on it."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_op", "_mark", "_end",
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_count", "_op", "_mark", "_end",
                  "_done_cb", "_lock", "_calls", "_what", "_pid")
 
     def __init__(self, handle, bufs, comm, what=None):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
         self._source, self._op, self._mark, self._end, self._done_cb = -1, None, 0, None, None
+        self._count = _NO_COUNT
         self._lock, self._calls, self._what, self._pid = threading.Lock(), 0, what, comm._pid
 
     def _enter(self):
@@ -768,6 +771,7 @@ class Work:
             if done and self._status is None:
                 msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
                 self._source = _lib_.tutti_work_source(w)
+                self._count = _lib_.tutti_work_count(w)
                 self._status = (st, msg)
             if self._status is not None and not self._calls:
                 self._w = None
@@ -796,6 +800,15 @@ class Work:
         if not self.is_completed():
             return None
         return self._source if self._source >= 0 else None
+
+    @property
+    def count(self):
+        """The count a completed receive took (MPI_Get_count): recv_upto's message's, in
+        its dtype's elements (bytes for "uint8"), another receive's own; None while it
+        runs, when it failed, or when the operation is not a receive."""
+        if not self.is_completed():
+            return None
+        return None if self._count == _NO_COUNT else self._count
 
     def _describe(self):
         name, detail = self._what if self._what else ("operation", "")
@@ -1178,6 +1191,7 @@ class Communicator(_Handle):
             st = _wait_sliced(w) if main else _wait_handle(w, None)[0]
             msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
             src = _lib_.tutti_work_source(w)
+            cnt = _lib_.tutti_work_count(w)
             owned = True
             _lib_.tutti_work_free(w)
         except BaseException:
@@ -1190,7 +1204,7 @@ class Communicator(_Handle):
             raise error_for(st, msg)
         if op is not None:
             op._raise_since(mark)
-        return src if need_work else None
+        return (src, cnt) if need_work == "count" else src if need_work else None
 
     def _run_blocking(self, h, name, args, op):
         """The library's blocking call (its fast path runs the op on this thread). Its
@@ -1493,6 +1507,24 @@ class Communicator(_Handle):
             return peer
         # the library's blocking call cannot say who sent: an async one and its work can
         return self._run("recv", [b], args, False, detail=detail, need_work=True)
+
+    def recv_upto(self, buf, peer=None, tag=0, dtype=None, async_op=False):
+        """MPI_Recv's count as a bound: receive the next message of tag from rank peer
+        (None or tutti.ANY_SOURCE: any rank) of up to buf's count, into its start (the
+        rest untouched). Its dtype must be buf's, but a "uint8" buffer takes any message by
+        its bytes. Returns (source, count), or with async_op a Work whose source and count
+        say them once done. A message that does not fit raises MismatchError and stays
+        for a receive with room (the communicator goes on). Host memory only."""
+        peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv_upto's peer")
+        tag = _int(tag, "recv_upto's tag", 0, (1 << 32) - 1)
+        b = Buffer(buf, "recv_upto's buffer", True, dtype, carry=True)
+        if b.dev is not None:
+            raise InvalidArgError(f"tutti: recv_upto: its buffer is on {b.dev}: it takes "
+                                  "host memory only")
+        src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
+        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} (tag {tag})"
+        return self._run("recv_upto", [b], args, async_op, detail=detail,
+                         need_work=False if async_op else "count")
 
     def probe(self, peer=None, tag=0):
         """MPI_Probe: wait for a message of tag from rank peer (None or tutti.ANY_SOURCE:

@@ -1913,12 +1913,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, con
                                                           std::vector<at::Tensor> &tensors, int src,
                                                           int tag)
 {
+    /* gloo's receive takes any message that fits the tensor's bytes (a shorter one, one
+     * of another dtype), leaving the rest as it was: tutti_recv_upto of u8, into a buffer
+     * that holds the tensor's elements (a staged or non-contiguous tensor's copy) */
     const at::Tensor &t = single(tensors, name);
-    carrier c = carry(t);
-    at::Tensor buf = out_buf(t);
+    at::Tensor buf = contig(t);
+    const size_t nbytes = (size_t)buf.numel() * buf.element_size();
     return launch(type, name, tensors, { buf }, copy_back(t, buf), [&](tutti_work_t **w) {
-        return tutti_recv_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, src,
-                                (uint32_t)tag, w);
+        return tutti_recv_upto_async(comm_, buf.data_ptr(), nbytes, TUTTI_UINT8, src,
+                                     (uint32_t)tag, w);
     });
 }
 
