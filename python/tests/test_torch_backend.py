@@ -1969,3 +1969,33 @@ def test_recv_takes_a_message_that_fits():
     assert bigger == [0.0, 1.0, 2.0, 3.0, -1.0, -1.0] and same, (bigger, same)
     assert "rank 0's message is 8 x i32 (32 bytes): more than the receive has room for" in err, err
     assert room == list(range(8)) and after == res[0] == [2.0, 2.0], (room, after, res[0])
+
+
+def lists_as_gloo(rank, size):
+    """gloo's lists of several tensors (torch 1.x's *_multigpu calls, CPU tensors too):
+    allreduce across the list and the ranks, broadcast of the root's tensors[src_tensor]
+    into every one, allgather of every rank's inputs into every output list; against
+    gloo's results in the same run (tutti refused lists; carried since session 96)."""
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    out = []
+    for pg in (None, gloo):
+        res = []
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+            ts = [torch.arange(4.0) * (rank + 1) + 1, torch.arange(4.0) - rank * 2]
+            dist.all_reduce_multigpu(ts, op, group=pg)
+            res.append([t.tolist() for t in ts])
+        ts = [torch.full((3,), float(rank)), torch.full((3,), 10.0 + rank), torch.zeros(3)]
+        dist.broadcast_multigpu(ts, 1, group=pg, src_tensor=1)
+        res.append([t.tolist() for t in ts])
+        ins = [torch.full((2,), float(rank)), torch.full((2,), 10.0 * (rank + 1))]
+        outs = [[torch.zeros(2) for _ in range(2 * size)] for _ in range(2)]
+        dist.all_gather_multigpu(outs, ins, group=pg)
+        res.append([[t.tolist() for t in o] for o in outs])
+        out.append(res)
+    return out
+
+
+@pytest.mark.skipif(not hasattr(dist, "all_reduce_multigpu"), reason="torch 2.x has no *_multigpu")
+def test_tensor_lists_as_gloo():
+    for rank, (mine, gloos) in enumerate(run(lists_as_gloo, 2)):
+        assert mine == gloos, (rank, mine, gloos)

@@ -339,6 +339,48 @@ void pairs_of_one_dtype(const std::vector<at::Tensor> &outputs,
 
 /* Every tensor's elements, back to back, in one new 1-d host tensor (tensors all on one
  * GPU joined there, then copied once; on several devices, each copied to the host). */
+/* gloo's lists of several tensors (torch's *_multigpu calls, on CPU tensors too): every
+ * tensor of like's dtype and length, as gloo asks */
+void same_shape_list(const std::vector<at::Tensor> &ts, const char *op)
+{
+    for (size_t i = 0; i < ts.size(); i++) {
+        check_device(ts[i], op);
+        TORCH_CHECK(ts[i].scalar_type() == ts[0].scalar_type() && ts[i].numel() == ts[0].numel(),
+                    "tutti backend: ", op, ": the list's tensor ", i, " is ", ts[i].numel(), " x ",
+                    ts[i].scalar_type(), ", tensor 0 ", ts[0].numel(), " x ", ts[0].scalar_type(),
+                    " (a list's tensors must match)");
+    }
+}
+
+/* A list's tensors reduced into one new host tensor by op, as gloo's allreduce of a list
+ * reduces across it before the ranks (AVG: their mean; PREMUL_SUM: each scaled first) */
+at::Tensor reduce_list(const std::vector<at::Tensor> &ts, const c10d::ReduceOp &op,
+                       const char *name)
+{
+    at::NoGradGuard no_grad;
+    auto in = [&](const at::Tensor &t) { return premul(t.to(at::kCPU).contiguous(), op, name); };
+    at::Tensor acc = in(ts[0]).clone();
+    for (size_t i = 1; i < ts.size(); i++) {
+        at::Tensor x = in(ts[i]);
+        switch (op.op_) {
+        case c10d::ReduceOp::PRODUCT: acc.mul_(x); break;
+        case c10d::ReduceOp::MIN: acc = at::minimum(acc, x); break;
+        case c10d::ReduceOp::MAX: acc = at::maximum(acc, x); break;
+        case c10d::ReduceOp::BAND: acc.bitwise_and_(x); break;
+        case c10d::ReduceOp::BOR: acc.bitwise_or_(x); break;
+        case c10d::ReduceOp::BXOR: acc.bitwise_xor_(x); break;
+        default: acc.add_(x); break; /* SUM, AVG, PREMUL_SUM (scaled) */
+        }
+    }
+    if (op.op_ == c10d::ReduceOp::AVG) {
+        TORCH_CHECK(at::isFloatingType(acc.scalar_type()) || at::isComplexType(acc.scalar_type()),
+                    "tutti backend: ", name, ": AVG of a list of ", acc.scalar_type(),
+                    " tensors: floating point only");
+        acc.div_((double)ts.size());
+    }
+    return acc.is_contiguous() ? acc : acc.contiguous();
+}
+
 at::Tensor flatten(const std::vector<at::Tensor> &ts)
 {
     bool mixed = std::any_of(ts.begin(), ts.end(), [&](const at::Tensor &t) {
@@ -1259,6 +1301,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::broadcast(std::vector<at::Tens
                                                             const c10d::BroadcastOptions &opts)
 {
     CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
+    if (tensors.size() > 1) { /* gloo's list: the root's tensors[rootTensor] into every one */
+        same_shape_list(tensors, "broadcast");
+        check_root(opts.rootRank, size_, "broadcast");
+        TORCH_CHECK(opts.rootTensor >= 0 && opts.rootTensor < (int64_t)tensors.size(),
+                    "tutti backend: broadcast: root tensor ", opts.rootTensor,
+                    " is not in the list of ", tensors.size());
+        bool root = rank_ == opts.rootRank;
+        const at::Tensor &src = tensors[opts.rootTensor];
+        carrier c = carry(src);
+        at::Tensor buf = root ? contig(src) : host_empty(src.numel(), src, any_cuda(tensors));
+        std::vector<at::Tensor> ts = tensors;
+        return launch(c10d::OpType::BROADCAST, "broadcast", tensors, { buf },
+                      [ts, buf]() mutable {
+                          for (auto &t : ts)
+                              if (!t.is_same(buf))
+                                  write_into(t, buf.view(t.sizes()));
+                      },
+                      [&](tutti_work_t **w) {
+                          return tutti_broadcast_async(comm_, buf.data_ptr(), buf.data_ptr(),
+                                                       c.n(buf.numel()), c.dt, (int)opts.rootRank,
+                                                       w);
+                      });
+    }
     const at::Tensor &t = single(tensors, "broadcast");
     check_root(opts.rootRank, size_, "broadcast");
     carrier c = carry(t);
@@ -1278,6 +1343,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allreduce(std::vector<at::Tens
     CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
     if (tensors.size() == 1 && tensors[0].layout() == at::kSparse)
         return allreduce_sparse_coo(tensors[0], opts);
+    if (tensors.size() > 1) { /* gloo's list: reduced across it, then across the ranks */
+        same_shape_list(tensors, "allreduce");
+        to_reduction(tensors[0], opts.reduceOp, "allreduce"); /* refuses what op cannot do */
+        c10d::ReduceOp after = opts.reduceOp; /* premultiplied in the list's sum already */
+        if (after.op_ == c10d::ReduceOp::PREMUL_SUM)
+            after = c10d::ReduceOp(c10d::ReduceOp::SUM);
+        at::Tensor buf = reduce_list(tensors, opts.reduceOp, "allreduce");
+        reduction ra = to_reduction(tensors[0], after, "allreduce");
+        std::vector<at::Tensor> ts = tensors;
+        return launch(c10d::OpType::ALLREDUCE, "allreduce", tensors, { buf },
+                      [ts, buf]() mutable {
+                          for (auto &t : ts)
+                              write_into(t, buf.view(t.sizes()));
+                      },
+                      [&](tutti_work_t **w) {
+                          return tutti_allreduce_async(comm_, TUTTI_IN_PLACE, buf.data_ptr(),
+                                                       buf.numel(), ra.dt, ra.op, w);
+                      });
+    }
     const at::Tensor &t = single(tensors, "allreduce");
     reduction r = to_reduction(t, opts.reduceOp, "allreduce");
     at::Tensor buf = premul(contig(t), opts.reduceOp, "allreduce");
@@ -1590,6 +1674,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::allgather(
     const c10d::AllgatherOptions &opts)
 {
     CallTimeout own_timeout(opts.timeout); /* for its launch (gloo's per-call timeout) */
+    if (inputs.size() > 1) { /* gloo's list: every output list gets every rank's inputs,
+                                rank r's input j at r * inputs + j */
+        same_shape_list(inputs, "allgather");
+        const size_t k = inputs.size();
+        TORCH_CHECK(outputs.size() == k, "tutti backend: allgather: ", k,
+                    " inputs take as many output lists, got ", outputs.size());
+        for (size_t i = 0; i < k; i++) {
+            TORCH_CHECK(outputs[i].size() == k * (size_t)size_, "tutti backend: allgather: output list ",
+                        i, " has ", outputs[i].size(), " tensors, needs ", k * size_,
+                        " (inputs x ranks)");
+            same_dtype(outputs[i], inputs[0], "allgather");
+            for (size_t j = 0; j < outputs[i].size(); j++)
+                TORCH_CHECK(outputs[i][j].numel() == inputs[0].numel(), "tutti backend: allgather: ",
+                            "output list ", i, "'s tensor ", j, " has ", outputs[i][j].numel(),
+                            " elements, the inputs ", inputs[0].numel());
+        }
+        at::Tensor in = flatten(inputs);
+        carrier c = carry(in);
+        at::Tensor flat = host_empty(size_ * in.numel(), in, false);
+        std::vector<std::vector<at::Tensor>> outs = outputs;
+        return launch(
+            c10d::OpType::ALLGATHER, "allgather", outputs[0], { in, flat },
+            [flat, outs]() mutable {
+                for (auto &list : outs)
+                    unflatten(flat, 0, list);
+            },
+            [&](tutti_work_t **w) {
+                return tutti_allgather_async(comm_, in.data_ptr(), flat.data_ptr(),
+                                             c.n(in.numel()), c.dt, w);
+            },
+            outputs);
+    }
     at::Tensor in = contig(single(inputs, "allgather"));
     std::vector<size_t> counts = uneven_counts(outputs, in, size_, rank_, "allgather");
     auto outs = outputs[0];
