@@ -86,11 +86,22 @@ START_TEST(describe_v_and_p2p)
                      "gatherv(f64, root=2; this rank's count=6) seq 5 [linear tag 0, 48 bytes]");
     tt_describe_env(env, 48, &op, 0, buf, sizeof(buf));
     ck_assert_str_eq(buf, "gatherv(f64, root=2) seq 5 [linear tag 0, 48 bytes]");
-    fp = tt_fingerprint(TT_COLL_REDUCE_SCATTER, TUTTI_FP32, TUTTI_MIN, 0) | TT_FP_V;
+    /* reduce_scatterv (and allgatherv): the digest of recvcounts in the root's bits */
+    fp = tt_fingerprint(TT_COLL_REDUCE_SCATTER, TUTTI_FP32, TUTTI_MIN,
+                        (int)tt_fp_layout(counts, 3)) |
+         TT_FP_V;
     tt_env_encode(env, 6, fp, 18, algo_id(TT_COLL_REDUCE_SCATTER, "ring"), 0);
     tt_describe_env(env, (size_t)-1, &op, 1, buf, sizeof(buf));
-    ck_assert_str_eq(buf, "reduce_scatterv(count=18 in all, f32, min; this rank's count=6) "
-                          "seq 6 [ring tag 0]");
+    char want[160];
+    snprintf(want, sizeof(want),
+             "reduce_scatterv(count=18 in all, recvcounts digest %08x, f32, min; this rank's "
+             "count=6) seq 6 [ring tag 0]",
+             (unsigned)tt_fp_layout(counts, 3));
+    ck_assert_str_eq(buf, want);
+    /* the digest tells layouts of one total apart, each count's place included */
+    size_t moved[3] = { 6, 5, 7 }, same[3] = { 5, 6, 7 };
+    ck_assert_uint_ne(tt_fp_layout(counts, 3), tt_fp_layout(moved, 3));
+    ck_assert_uint_eq(tt_fp_layout(counts, 3), tt_fp_layout(same, 3));
     /* tutti_send/recv: no algorithm; the sequence number is the pair's message number */
     tt_env_encode(env, 12, tt_fingerprint(TT_COLL_P2P, TUTTI_INT8, 0, 0), 3, 0, 77);
     tt_describe_env(env, 3, &op, 0, buf, sizeof(buf));

@@ -979,6 +979,99 @@ static int rank_recv_upto(int rank, int nranks, tutti_comm_t *comm, const char *
 
 TH_RUN_TEST(recv_upto, th_run(3, rank_recv_upto, NULL, 30000))
 
+/* An any-source receive issued after a recv_upto from rank 1 takes rank 2's message at
+ * once, as after a plain receive from rank 1 (MPI's); rank 1 sends only after rank 0
+ * answered. (The named recv_upto held back every any-source receive of its tag, so this
+ * timed out: found by review.) */
+static int rank_upto_then_any(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)nranks;
+    int upto = *(const int *)arg;
+    FAIL_IF(tutti_comm_set_timeout(comm, 4000) != 0, "timeout");
+    int32_t v = 0, u[4] = { 0 };
+    if (rank == 0) {
+        tutti_work_t *w1;
+        int st = upto ? tutti_recv_upto_async(comm, u, 4, TUTTI_INT32, 1, 5, &w1)
+                      : tutti_recv_async(comm, u, 1, TUTTI_INT32, 1, 5, &w1);
+        FAIL_IF(st != 0, "issue: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 5) != 0 || v != 222,
+                "upto %d: any-source recv after a named one: %d: %s", upto, v,
+                tutti_comm_last_error(comm));
+        FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, 1, 6) != 0, "send 6");
+        FAIL_IF(tutti_wait(w1, -1) != 0 || u[0] != 111, "w1: %s", tutti_work_error(w1));
+        tutti_work_free(w1);
+    } else if (rank == 1) {
+        FAIL_IF(tutti_recv(comm, &v, 1, TUTTI_INT32, 0, 6) != 0, "recv 6: %s",
+                tutti_comm_last_error(comm));
+        v = 111;
+        FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, 0, 5) != 0, "send 5");
+    } else {
+        v = 222;
+        FAIL_IF(tutti_send(comm, &v, 1, TUTTI_INT32, 0, 5) != 0, "send 5");
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+static const int upto_plain = 0, upto_upto = 1;
+TH_RUN_TEST(recv_upto_then_any, th_run(3, rank_upto_then_any, (void *)&upto_plain, 30000) ||
+                                    th_run(3, rank_upto_then_any, (void *)&upto_upto, 30000))
+
+/* recv_upto from named ranks and from any source, mixed at random: each sender's messages
+ * reach the receives in issue order, whole, their tails untouched (from review) */
+static int rank_upto_mix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    enum { N = 120 };
+    if (rank != 0) {
+        for (int32_t i = 0; i < N; i++) {
+            int32_t m[3] = { rank * 1000 + i, rank * 1000 + i, rank * 1000 + i };
+            FAIL_IF(tutti_send(comm, m, 1 + (i % 3), TUTTI_INT32, 0, 3) != 0, "send: %s",
+                    tutti_comm_last_error(comm));
+            if (i % 17 == 0)
+                usleep(1000);
+        }
+    } else {
+        static int32_t buf[2 * N][3];
+        static tutti_work_t *w[2 * N];
+        unsigned seed = 12345;
+        int k = 0, left[3] = { 0, N, N }, any = 0;
+        while (left[1] + left[2] - any > 0) {
+            int r = rand_r(&seed) % 4;
+            int peer = r == 0 ? TUTTI_ANY_SOURCE : 1 + (r % 2);
+            if (peer > 0 && left[peer] <= any)
+                peer = TUTTI_ANY_SOURCE;
+            memset(buf[k], 0xff, sizeof(buf[k]));
+            FAIL_IF(tutti_recv_upto_async(comm, buf[k], 3, TUTTI_INT32, peer, 3, &w[k]) != 0,
+                    "issue %d: %s", k, tutti_comm_last_error(comm));
+            if (peer > 0)
+                left[peer]--;
+            else
+                any++;
+            k++;
+        }
+        int last[3] = { -1, -1, -1 };
+        for (int i = 0; i < k; i++) {
+            FAIL_IF(tutti_wait(w[i], -1) != 0, "wait %d: %s", i, tutti_work_error(w[i]));
+            int src = tutti_work_source(w[i]);
+            size_t c = tutti_work_count(w[i]);
+            FAIL_IF(src < 1 || buf[i][0] / 1000 != src, "recv %d: from %d says %d", i, src,
+                    buf[i][0]);
+            int q = buf[i][0] % 1000;
+            FAIL_IF(q != last[src] + 1, "recv %d from %d: got %d after %d", i, src, q, last[src]);
+            FAIL_IF(c != (size_t)(1 + q % 3) || (c < 3 && buf[i][c] != -1), "count %zu for %d", c,
+                    q);
+            last[src] = q;
+            tutti_work_free(w[i]);
+        }
+        FAIL_IF(last[1] != N - 1 || last[2] != N - 1, "last %d %d", last[1], last[2]);
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(recv_upto_mix, th_run(3, rank_upto_mix, NULL, 60000))
+
 /* An mprobe that finds its message late in its timeout: the transfer that follows is a
  * receive with a deadline of its own from the take (it kept the probe's, and so failed
  * the communicator when the message came in the probe's last moments and took longer
@@ -1658,11 +1751,11 @@ static Suite *suite(void)
     th_add_tests(s, "callbacks", 90,
                  (const TTest *const[]){ callback_lock_order, callback_calls_refused, NULL });
     th_add_tests(s, "any_source", 90,
-                 (const TTest *const[]){ any_source_senders, any_source_mismatch,
-                                         any_source_timeout, any_source_sender_left,
-                                         any_source_sender_died, any_source_unsupported, to_itself,
-                                         any_source_order, any_source_mix, many_outstanding, probe,
-                                         mprobe, mprobe_late, recv_upto, NULL });
+                 (const TTest *const[]){
+                     any_source_senders, any_source_mismatch, any_source_timeout,
+                     any_source_sender_left, any_source_sender_died, any_source_unsupported,
+                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, mprobe,
+                     mprobe_late, recv_upto, recv_upto_then_any, recv_upto_mix, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -33,26 +33,17 @@
 #include "plugin/transport.h"
 
 /* Why this thread's last tutti_comm_init or tutti_comm_init_env failed ("" when it did
- * not): a failed set-up leaves no communicator to ask (ncclGetLastError(NULL) does the same). */
-static __thread char init_error[TT_ERRMSG_LEN];
+ * not): a failed set-up leaves no communicator to ask (ncclGetLastError(NULL) does the
+ * same). The thread's error without a communicator (fault.c's, which tutti_mrecv sets too). */
+#define init_error (tt_thread_error())
 
 static int init_error_set(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int init_error_set(int st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(init_error, sizeof(init_error), fmt, ap);
+    vsnprintf(init_error, TT_ERRMSG_LEN, fmt, ap);
     va_end(ap);
-    return st;
-}
-
-int tt_thread_error_set(int st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(init_error, sizeof(init_error), fmt, ap);
-    va_end(ap);
-    TT_INFO("%s", init_error);
     return st;
 }
 

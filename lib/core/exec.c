@@ -721,9 +721,24 @@ static int look_at(tutti_comm_t *comm, const tutti_work_t *w, int peer, tutti_tp
     return 1;
 }
 
+/* Is peer's next message of w's tag an earlier receive's: a tutti_recv_upto from peer
+ * issued before w, still looking? (An any-source w passes that rank over: the message is
+ * the earlier one's, and the others' are w's to take, as MPI's.) */
+static int seeker_before(const tutti_comm_t *comm, const tutti_work_t *w, int peer)
+{
+    if (comm->unnumbered < 2)
+        return 0;
+    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
+        if (e->seek_p1 == peer + 1 && unnumbered(e) &&
+            tt_env_tag(e->req.env) == tt_env_tag(w->req.env))
+            return 1;
+    return 0;
+}
+
 /* Look for w's next message (any_matches) at its peer, or (any) at every rank from
- * any_next on: 1 with *peer_p and *m filled; 0 none came, *dead_p of the links looked at
- * failed (the last one's status in *dead_st_p); TUTTI_ERR_UNSUPPORTED: no probe. */
+ * any_next on (but a rank an earlier recv_upto looks at: seeker_before): 1 with *peer_p
+ * and *m filled; 0 none came, *dead_p of the links looked at failed (the last one's
+ * status in *dead_st_p); TUTTI_ERR_UNSUPPORTED: no probe. */
 static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int *peer_p,
                         tutti_tp_probe_t *m, int *dead_p, int *dead_st_p)
 {
@@ -731,6 +746,8 @@ static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int 
     *dead_p = *dead_st_p = 0;
     for (int k = 0; k < looks; k++) {
         int peer = any ? (comm->any_next + k) % n : w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
+        if (any && seeker_before(comm, w, peer))
+            continue;
         int st = look_at(comm, w, peer, m);
         if (st == TUTTI_ERR_UNSUPPORTED)
             return st;
@@ -894,7 +911,9 @@ static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
 {
     int peer = w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
     for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        if (unnumbered_for(e, peer, tt_env_tag(w->req.env)))
+        /* (an earlier tutti_recv_upto from a named rank holds back an any-source w only
+         * at that rank: find_message passes it over, seeker_before) */
+        if (unnumbered_for(e, peer, tt_env_tag(w->req.env)) && !(peer < 0 && e->seek_p1))
             return 1;
     return 0;
 }
@@ -952,6 +971,7 @@ static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti
     if (w->any_source) /* (the next search starts after it, as any_search's) */
         comm->any_next = (peer + 1) % comm->nranks;
     w->probe = 0;
+    w->op.p2p_probe = 0; /* a receive now, numbered: its failures say its number */
     w->msg = msg;
     w->req.peer = peer;
     w->req.buf = msg->data;
@@ -1628,7 +1648,9 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .rank = comm->rank,
                        .nranks = comm->nranks,
                        .coll = TT_COLL_P2P,
-                       .p2p_name = kind == TUTTI_TP_SEND ? "send" : "recv",
+                       .p2p_name = kind == TUTTI_TP_SEND ? "send"
+                                   : upto                ? "recv_upto"
+                                                         : "recv",
                        .count = count,
                        .elem_size = es,
                        .dtype = dtype,
@@ -1648,7 +1670,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
                            (work_p ? TT_TRACE_F_ASYNC : 0) |
                            (peer == TUTTI_ANY_SOURCE ? TT_TRACE_F_ANY : 0) |
-                           (w->late_seq ? TT_TRACE_F_LATE : 0),
+                           (w->late_seq || w->seek_p1 ? TT_TRACE_F_LATE : 0),
                        peer == TUTTI_ANY_SOURCE ? -1 : peer, tag, tt_coarse_ns(), 0);
     return enqueue_locked(comm, w, work_p);
 }
@@ -1781,17 +1803,12 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
     if ((!buf || buf == TUTTI_IN_PLACE) && count)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
                                    buf ? "the in-place marker (a receive has no input)" : "NULL");
-    if (count != msg->count || dtype != msg->dtype) {
-        TT_WARN("rank %d: mrecv of the message from rank %d (tag %u): it holds %zu x %s, the "
-                "receive names %zu x %s",
-                msg->rank, msg->source, msg->tag, msg->count, tutti_dtype_name(msg->dtype), count,
-                tutti_dtype_name(dtype));
+    if (count != msg->count || dtype != msg->dtype)
         return tt_thread_error_set(TUTTI_ERR_MISMATCH,
                                    "rank %d: mrecv of the message from rank %d (tag %u): it holds "
                                    "%zu x %s, the receive names %zu x %s",
                                    msg->rank, msg->source, msg->tag, msg->count,
                                    tutti_dtype_name(msg->dtype), count, tutti_dtype_name(dtype));
-    }
     if (msg->len)
         memcpy(buf, msg->data, msg->len);
     tutti_message_free(msg);

@@ -95,6 +95,8 @@ void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer)
         return;
     e->root = peer;
     e->seq = op->seq;
+    e->count = op->count; /* (a tutti_recv_upto's: the message's, as it takes it) */
+    e->dtype = (uint8_t)op->dtype;
     e->flags &= (uint8_t)~TT_TRACE_F_LATE;
 }
 
@@ -258,19 +260,20 @@ static tt_trace_ent_t evicted_ent(const tutti_work_t *w, int posted)
 {
     const tt_op_t *op = &w->op;
     int p2p = op->coll == TT_COLL_P2P;
-    return (tt_trace_ent_t){ .id = op->trace_id,
-                             .seq = op->seq,
-                             .count = op->count,
-                             .t_issue = op->trace_t0,
-                             .root = p2p ? w->req.peer : op->root,
-                             .redop = (int32_t)w->user_redop,
-                             .tag = p2p ? tt_env_tag(w->req.env) : 0,
-                             .coll = (uint8_t)op->coll,
-                             .dtype = (uint8_t)op->dtype,
-                             .state = posted ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
-                             .flags = (uint8_t)((op->trace_flags & ~TT_TRACE_F_LATE) |
-                                                TT_TRACE_F_EVICTED |
-                                                (w->late_seq ? TT_TRACE_F_LATE : 0)) };
+    return (tt_trace_ent_t){
+        .id = op->trace_id,
+        .seq = op->seq,
+        .count = op->count,
+        .t_issue = op->trace_t0,
+        .root = p2p ? (w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1) : op->root,
+        .redop = (int32_t)w->user_redop,
+        .tag = p2p ? tt_env_tag(w->req.env) : 0,
+        .coll = (uint8_t)op->coll,
+        .dtype = (uint8_t)op->dtype,
+        .state = posted ? TT_TRACE_STARTED : TT_TRACE_ISSUED,
+        .flags = (uint8_t)((op->trace_flags & ~TT_TRACE_F_LATE) | TT_TRACE_F_EVICTED |
+                           (w->late_seq || (w->seek_p1 && w->req.peer < 0) ? TT_TRACE_F_LATE : 0))
+    };
 }
 
 /* The open ops (queued, or posted and in flight) that the ring no longer holds, into
