@@ -886,7 +886,7 @@ int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype
                     uint32_t tag, size_t *count_p)
 {
     tutti_work_t *w;
-    int st = tutti_recv_upto_async(comm, buf, max_count, dtype, peer, tag, &w);
+    int st = p2p_issue(comm, TUTTI_TP_RECV, buf, max_count, dtype, peer, tag, &w, 1, 2);
     if (st < 0)
         return st;
     st = tt_exec_wait_blocking(w);

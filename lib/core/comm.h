@@ -35,7 +35,7 @@ int tt_exec_in_callback(const tutti_comm_t *comm);
 void tt_exec_comm_unref(tutti_comm_t *comm);
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already, a
  * forked child's call refused (p2p_issue). upto: tutti_recv_upto's receive (count the
- * most it takes). */
+ * most it takes; 2: the blocking call's, waited for at once, not traced as async). */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, int upto, tutti_work_t **work_p);
 /* exec.c: wait for an op issued async by a blocking call of the library's (until it

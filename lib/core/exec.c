@@ -451,7 +451,7 @@ static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 /* Hand w's request to the transport (the caller holds `executing`). 0: in flight. */
 static int p2p_post_req(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errlen)
 {
-    char what[64];
+    char what[112];
     int st = w->req.kind == TUTTI_TP_SEND ? comm->tp_ops->post_send(comm->tp, &w->req)
                                           : comm->tp_ops->post_recv(comm->tp, &w->req);
     if (st < 0) {
@@ -467,7 +467,7 @@ static int p2p_post_req(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t e
 static int p2p_refused(tutti_comm_t *comm, const tutti_work_t *w, const char *how, char *err,
                        size_t errlen)
 {
-    char what[64];
+    char what[112];
     int st;
     if (atomic_load(&comm->aborted)) {
         snprintf(err, errlen, "rank %d: %s: communicator aborted", comm->rank,
@@ -493,11 +493,13 @@ static int can_probe(const tutti_comm_t *comm)
 
 static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err, size_t errlen)
 {
-    char what[64];
+    char what[112];
     snprintf(err, errlen,
              "rank %d: %s: transport %s cannot look for arrived messages (it has no probe); "
-             "receive from a named rank",
-             comm->rank, p2p_what(w, what, sizeof(what)), comm->tp_name);
+             "%s",
+             comm->rank, p2p_what(w, what, sizeof(what)), comm->tp_name,
+             w->upto ? "receive with the message's own count (tutti_recv)"
+                     : "receive from a named rank");
     return TUTTI_ERR_UNSUPPORTED;
 }
 
@@ -823,7 +825,7 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
     }
     if (dead < (w->seek_p1 ? 1 : n - 1) || n == 1)
         return 1;
-    char what[64], msg[TT_ERRMSG_LEN];
+    char what[112], msg[TT_ERRMSG_LEN];
     pthread_mutex_lock(&comm->err_lock);
     if (w->seek_p1)
         snprintf(msg, sizeof(msg), "%s: the link to rank %d failed (%s)",
@@ -852,7 +854,7 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
     st = may_search ? any_search(comm, w, err, errlen) : 1;
     if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
         return st;
-    char what[64], msg[TT_ERRMSG_LEN];
+    char what[112], msg[TT_ERRMSG_LEN];
     if (w->seek_p1)
         snprintf(msg, sizeof(msg), "%s: rank %d sent nothing of tag %u within %d ms",
                  p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, tt_env_tag(w->req.env),
@@ -950,7 +952,7 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
 static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti_tp_probe_t *m,
                       char *err, size_t errlen)
 {
-    char what[64];
+    char what[112];
     uint32_t tag = tt_env_tag(w->req.env);
     tt_p2p_seq_t *sq = p2p_seq(comm, peer, tag, 1);
     /* the message and its data in one block: once taken, nothing can fail but the
@@ -1011,7 +1013,7 @@ static int probe_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *e
     int st = p2p_refused(comm, w, "not completed", err, errlen);
     if (st < 0)
         return st;
-    char what[64];
+    char what[112];
     if (!blocked_by_earlier(comm, w)) {
         int any = w->req.peer < 0, dead, dead_st, peer;
         tutti_tp_probe_t m;
@@ -1054,9 +1056,10 @@ static int late_timed_out(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t
     int st = p2p_refused(comm, w, "not started", err, errlen);
     if (st < 0)
         return st;
-    char what[64], msg[TT_ERRMSG_LEN];
+    char what[112], msg[TT_ERRMSG_LEN];
     snprintf(msg, sizeof(msg),
-             "%s: timed out after %d ms waiting behind an earlier any-source receive of tag %u, "
+             "%s: timed out after %d ms waiting behind an earlier receive of tag %u still "
+             "looking for its message (from any source, or a recv_upto), "
              "which no message reached (MPI's order: it takes the first)",
              p2p_what(w, what, sizeof(what)), w->op.timeout_ms, tt_env_tag(w->req.env));
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
@@ -1623,7 +1626,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     /* an any-source receive takes its number when its sender is found (exec.c's any_step),
      * and so does tutti_recv_upto's, from a named rank too (seek_p1) */
     w->any_source = peer == TUTTI_ANY_SOURCE || upto;
-    w->upto = upto;
+    w->upto = upto != 0;
     w->seek_p1 = upto && peer != TUTTI_ANY_SOURCE ? peer + 1 : 0;
     w->upto_cap = count * es;
     tt_p2p_seq_t *sq = w->any_source ? NULL : p2p_seq(comm, peer, tag, 1);
@@ -1668,7 +1671,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (comm->trace)
         tt_trace_issue(comm, &w->op, TUTTI_SUM,
                        (kind == TUTTI_TP_SEND ? TT_TRACE_F_SEND : 0) |
-                           (work_p ? TT_TRACE_F_ASYNC : 0) |
+                           (work_p && upto != 2 ? TT_TRACE_F_ASYNC : 0) |
                            (peer == TUTTI_ANY_SOURCE ? TT_TRACE_F_ANY : 0) |
                            (w->late_seq || w->seek_p1 ? TT_TRACE_F_LATE : 0),
                        peer == TUTTI_ANY_SOURCE ? -1 : peer, tag, tt_coarse_ns(), 0);
