@@ -1079,7 +1079,8 @@ TH_RUN_TEST(recv_upto_mix, th_run(3, rank_upto_mix, NULL, 60000))
  * timeout: ~100 ms left, the transfer takes 1.2-1.5 s over loopback tcp here (the
  * message's buffer is new: a page fault each 4 KiB). Over tcp it fails with the take's
  * deadline undone; over shm the copy is done in one step of progress, before the
- * deadline is looked at. Not under the sanitizers (their copies, and the memory). */
+ * deadline is looked at. Over tcp only, and not under the sanitizers (their copies, and
+ * the memory). */
 enum { LATE_N = 128 << 20 }; /* uint32: 512 MiB */
 
 static int rank_mprobe_late(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
@@ -1119,7 +1120,10 @@ static int rank_mprobe_late(int rank, int nranks, tutti_comm_t *comm, const char
 
 START_TEST(mprobe_late)
 {
-    if (TH_ASAN || TH_TSAN)
+    /* over tcp only: shm cannot tell (above), and soft-RoCE in the test VM moves 512 MiB
+     * far slower than the timeout (nothing of it in 4 s, and the VM's memory) */
+    const char *tp = getenv("TUTTI_TRANSPORT");
+    if (TH_ASAN || TH_TSAN || !tp || strcmp(tp, "tcp"))
         return;
     ck_assert_int_eq(th_run(2, rank_mprobe_late, NULL, 30000), 0);
 }
