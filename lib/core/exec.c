@@ -821,7 +821,9 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
             return w->req.status; /* done now (0, or a mismatch), not at the next reap */
         }
         st = p2p_post_req(comm, w, err, errlen);
-        return st < 0 ? st : 1;
+        /* done in its post (the message was all there: shm's ring, a message read
+         * aside): completed in this reap, not after another slice of progress */
+        return st < 0 ? st : w->req.status;
     }
     if (dead < (w->seek_p1 ? 1 : n - 1) || n == 1)
         return 1;
