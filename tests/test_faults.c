@@ -326,6 +326,52 @@ static int rank_behind(int rank, int nranks, tutti_comm_t *comm, const char *dir
     return 0;
 }
 
+/* The other way: rank 0 waits on rank 1 in the allreduce (seq 1), and rank 1's record
+ * says it is past it, waiting in seq 2 (written by hand, as rank 1 would after finishing
+ * a call it took for another: a broadcast with another root, checked later). Rank 0 says
+ * so rather than "rank 1 shows no sign of being in this collective" (found by review). */
+static int rank_ahead(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)nranks;
+    shared_t *sh = arg;
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    if (rank != 0) {
+        if (rank == 1) {
+            tutti_store_t *store;
+            FAIL_IF(tutti_store_open_file(&store, dir, 5000) != 0, "store");
+            char v[128], key[256];
+            snprintf(v, sizeof(v), "2 %llx 0 0 1 5", (unsigned long long)3 << 56);
+            FAIL_IF(th_comm_key(store, NULL, "stall/1", key, sizeof(key), 5000) != 0, "instance");
+            FAIL_IF(tutti_store_set(store, key, v, strlen(v) + 1) != 0, "set");
+            tutti_store_close(store);
+        }
+        sleep(2); /* never calls the allreduce */
+        return 0;
+    }
+    int32_t x = 1, y = 0;
+    int st = tutti_allreduce(comm, &x, &y, 1, TUTTI_INT32, TUTTI_SUM);
+    report(sh, rank, st, tutti_comm_last_error(comm));
+    return 0;
+}
+
+START_TEST(blame_names_a_rank_past_the_op)
+{
+    shared_t *sh = shared_new();
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 1000;
+    o.algo = "allreduce:rd"; /* rank 0 waits on rank 1 first */
+    th_spec_t spec = { .nranks = 3, .fn = rank_ahead, .arg = sh, .timeout_ms = 20000, .opts = &o };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    ck_assert_int_eq(sh->status[0], TUTTI_ERR_TIMEOUT);
+    ck_assert_msg(strstr(sh->msg[0], "rank 1 is past allreduce seq 1, in barrier seq 2: it "
+                                     "finished it without what is awaited from it") &&
+                      !strstr(sh->msg[0], "rank 1 shows no sign"),
+                  "rank 0: %s", sh->msg[0]);
+    shared_free(sh);
+}
+END_TEST
+
 START_TEST(blame_follows_a_rank_behind)
 {
     shared_t *sh = shared_new();
@@ -1795,7 +1841,8 @@ static Suite *suite(void)
     tcase_set_tags(th_add_tests(s, "stopped", 120,
                                 (const TTest *const[]){ stopped_rank_is_blamed,
                                                         stopped_rank_is_blamed_1mib,
-                                                        blame_follows_a_rank_behind, NULL }),
+                                                        blame_follows_a_rank_behind,
+                                                        blame_names_a_rank_past_the_op, NULL }),
                    "alone");
     th_add_tests(s, "mismatch", 90,
                  (const TTest *const[]){ mismatch_other_collectives, mismatch_count,

@@ -635,6 +635,16 @@ static void blame_chain(tt_op_t *op, int first, char *out, size_t outlen)
                   cur);
             break;
         }
+        if (have && rec.seq > seq && rec.next != cur) {
+            /* it finished the op awaited without what it was awaited for: its call was
+             * another (a broadcast whose ranks named different roots, checked later:
+             * found by review), or that message is still on its way */
+            BLAME("%srank %d is past %s seq %llu, in %s seq %llu: it finished it without what "
+                  "is awaited from it (a mismatched call, such as another root, or a message "
+                  "still on its way)",
+                  sep, cur, tt_fp_coll_name(fp), seq, tt_fp_coll_name(rec.fp), rec.seq);
+            break;
+        }
         if (!have || rec.seq > seq || rec.next == cur) {
             if (seq == op->seq)
                 BLAME("%srank %d shows no sign of being in this collective (hung, dead, not "
