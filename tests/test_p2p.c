@@ -1072,6 +1072,56 @@ static int rank_upto_mix(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 TH_RUN_TEST(recv_upto_mix, th_run(3, rank_upto_mix, NULL, 60000))
 
+/* tutti_sendrecv (MPI_Sendrecv): a ring shift of 4 MiB each way on 3 ranks, which
+ * blocking sends before receives would deadlock at this size; from any source, saying
+ * who sent; the one-buffer form; with itself. Against values computed here. */
+enum { SR_N = 1 << 20 }; /* int32: 4 MiB */
+
+static int32_t sr_val(int from, size_t i, int round)
+{
+    return (int32_t)(from * 1000003 + (int)(i % 65521) * 7 + round);
+}
+
+static int rank_sendrecv(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int32_t *a = malloc(SR_N * sizeof(int32_t)), *b = malloc(SR_N * sizeof(int32_t));
+    FAIL_IF(!a || !b, "malloc");
+    const int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < SR_N; i++)
+            a[i] = sr_val(rank, i, round), b[i] = -1;
+        int src = -9, st;
+        if (round == 0)
+            st = tutti_sendrecv(comm, a, SR_N, TUTTI_INT32, right, 11, b, SR_N, TUTTI_INT32, left,
+                                11, &src);
+        else if (round == 1)
+            st = tutti_sendrecv(comm, a, SR_N, TUTTI_INT32, right, 12, b, SR_N, TUTTI_INT32,
+                                TUTTI_ANY_SOURCE, 12, &src);
+        else
+            st = tutti_sendrecv_replace(comm, (b = memcpy(b, a, SR_N * sizeof(int32_t))), SR_N,
+                                        TUTTI_INT32, right, 13, left, 13, &src);
+        FAIL_IF(st != 0, "round %d: %s", round, tutti_comm_last_error(comm));
+        FAIL_IF(src != left, "round %d: source %d, want %d", round, src, left);
+        for (size_t i = 0; i < SR_N; i += 997)
+            FAIL_IF(b[i] != sr_val(left, i, round), "round %d: b[%zu] = %d", round, i, b[i]);
+        FAIL_IF(b[SR_N - 1] != sr_val(left, SR_N - 1, round), "round %d: the last", round);
+    }
+    /* with itself */
+    int32_t x = 5 + rank, y = 0;
+    int src = -9;
+    FAIL_IF(tutti_sendrecv(comm, &x, 1, TUTTI_INT32, rank, 14, &y, 1, TUTTI_INT32, rank, 14,
+                           &src) != 0 ||
+                y != 5 + rank || src != rank,
+            "with itself: %d from %d: %s", y, src, tutti_comm_last_error(comm));
+    free(a);
+    free(b);
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(sendrecv, th_run(3, rank_sendrecv, NULL, 60000))
+
 /* An mprobe that finds its message late in its timeout: the transfer that follows is a
  * receive with a deadline of its own from the take (it kept the probe's, and so failed
  * the communicator when the message came in the probe's last moments and took longer
@@ -1759,7 +1809,7 @@ static Suite *suite(void)
                      any_source_senders, any_source_mismatch, any_source_timeout,
                      any_source_sender_left, any_source_sender_died, any_source_unsupported,
                      to_itself, any_source_order, any_source_mix, many_outstanding, probe, mprobe,
-                     mprobe_late, recv_upto, recv_upto_then_any, recv_upto_mix, NULL });
+                     mprobe_late, recv_upto, recv_upto_then_any, recv_upto_mix, sendrecv, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

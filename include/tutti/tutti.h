@@ -756,6 +756,18 @@ int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype
                     uint32_t tag, size_t *count_p);
 int tutti_recv_upto_async(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype_t dtype,
                           int peer, uint32_t tag, tutti_work_t **work_p);
+/* MPI_Sendrecv: a send to dest and a receive from source (or TUTTI_ANY_SOURCE; *source_p,
+ * which may be NULL, says who sent) at once, so that ranks exchanging with each other
+ * (a ring shift, a halo) cannot block on their sends, whatever the size. Returns when
+ * both are done: the receive's failure first, then the send's. The buffers must not
+ * overlap (tutti_sendrecv_replace is the one-buffer form: it sends buf's contents and
+ * receives into it, through a copy of count elements). */
+int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                   tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                   size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                   int *source_p);
+int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype,
+                           int dest, uint32_t sendtag, int source, uint32_t recvtag, int *source_p);
 /* MPI_Probe: wait until a message of tag from peer (or TUTTI_ANY_SOURCE) has come that
  * a receive issued now would take, and take nothing: its sender, and its count and
  * dtype as sent, go to *source_p, *count_p and *dtype_p (each may be NULL), so that a

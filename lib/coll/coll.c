@@ -896,6 +896,60 @@ int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype
     return st;
 }
 
+int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                   tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                   size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                   int *source_p)
+{
+    tutti_work_t *ws, *wr;
+    int st = p2p_issue(comm, TUTTI_TP_SEND, sendbuf, sendcount, sendtype, dest, sendtag, &ws, 1, 0);
+    if (st < 0)
+        return st;
+    st = p2p_issue(comm, TUTTI_TP_RECV, recvbuf, recvcount, recvtype, source, recvtag, &wr, 1, 0);
+    if (st < 0) { /* (said in last_error) the send goes on: wait for it, its failure unsaid */
+        tutti_wait(ws, -1);
+        tutti_work_free(ws);
+        return st;
+    }
+    /* the receive first: its failure is the one to tell (a failed exchange fails both,
+     * the send's then only repeating it) */
+    int rst = tt_exec_wait_blocking(wr);
+    if (rst == TUTTI_OK && source_p)
+        *source_p = tutti_work_source(wr);
+    int sst = rst < 0 ? tutti_wait(ws, -1) : tt_exec_wait_blocking(ws);
+    tutti_work_free(wr);
+    tutti_work_free(ws);
+    return rst < 0 ? rst : sst;
+}
+
+int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype,
+                           int dest, uint32_t sendtag, int source, uint32_t recvtag,
+                           int *source_p)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, "sendrecv_replace", 0);
+    TT_CHECK(check_bufs(comm, "sendrecv_replace", buf, buf, count, dtype, 0, "buf"));
+    const char *kind; /* its copy is a host one */
+    if (count && tt_dev_is_device(comm, buf, &kind) != 0)
+        return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
+                                 "sendrecv_replace: buf is %s device memory (or its layer cannot "
+                                 "tell); it takes host memory only (tutti_sendrecv takes both)",
+                                 kind);
+    size_t bytes = count * tutti_dtype_size(dtype);
+    void *copy = bytes ? malloc(bytes) : NULL;
+    if (bytes && !copy)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
+                                 "sendrecv_replace: out of memory for a copy of %zu bytes", bytes);
+    if (bytes)
+        memcpy(copy, buf, bytes);
+    int st = tutti_sendrecv(comm, copy, count, dtype, dest, sendtag, buf, count, dtype, source,
+                            recvtag, source_p);
+    free(copy);
+    return st;
+}
+
 static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int *flag_p,
                        int *source_p, size_t *count_p, tutti_dtype_t *dtype_p, int matched,
                        tutti_message_t **msg_p)
