@@ -725,6 +725,65 @@ def test_object_calls_fail_together():
                 assert secs < 5, (r, k, secs)  # at once, not at the 20 s timeout
 
 
+def more_objects(comm):
+    """mpi4py's comm.allreduce/reduce/scan/exscan/alltoall/sendrecv of objects: numbers,
+    lists (op + concatenates, in rank order), a custom op; alltoall of objects of each
+    pair's own size; sendrecv round a ring."""
+    r, n = comm.rank, comm.size
+    got = {
+        "sum": comm.allreduce_object(r + 1),
+        "cat": comm.allreduce_object([r] * (r + 1)),
+        "max": comm.allreduce_object((r * 7) % 5, op=max),
+        "reduce": comm.reduce_object(r * r, root=n - 1),
+        "scan": comm.scan_object([r]),
+        "exscan": comm.exscan_object(r + 1),
+        "a2a": comm.alltoall_object([("from", r, "to", j, "x" * (r * 1000 + j))
+                                     for j in range(n)]),
+        "ring": comm.sendrecv_object({"r": r}, (r + 1) % n, (r - 1) % n),
+    }
+    try:
+        comm.alltoall_object([1])
+        got["short"] = "no error"
+    except tutti.Error as e:
+        got["short"] = type(e).__name__
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_more_python_objects(size):
+    res = run(more_objects, size)
+    for r, got in enumerate(res):
+        assert got["sum"] == size * (size + 1) // 2
+        assert got["cat"] == [i for i in range(size) for _ in range(i + 1)]
+        assert got["max"] == max((i * 7) % 5 for i in range(size))
+        assert got["reduce"] == (sum(i * i for i in range(size)) if r == size - 1 else None)
+        assert got["scan"] == list(range(r + 1))
+        assert got["exscan"] == (None if r == 0 else sum(range(1, r + 1)))
+        assert got["a2a"] == [("from", i, "to", r, "x" * (i * 1000 + r)) for i in range(size)]
+        assert got["ring"] == ({"r": (r - 1) % size}, (r - 1) % size)
+        # a list of another length: InvalidArgError on every rank (all send one), or with
+        # one rank, itself
+        assert got["short"] == ("InvalidArgError" if size != 1 else "no error"), got["short"]
+
+
+def test_sendrecv_round_a_ring():
+    """comm.sendrecv (MPI_Sendrecv): 8 MiB round a ring of 3, which blocking sends before
+    receives would deadlock; from any source too."""
+    def body(comm):
+        r, n = comm.rank, comm.size
+        a = np.arange(1 << 21, dtype=np.int32) * 3 + r
+        b = np.zeros_like(a)
+        src = comm.sendrecv(a, (r + 1) % n, b, (r - 1) % n, sendtag=4, recvtag=4)
+        c = np.zeros_like(a)
+        src2 = comm.sendrecv(a, (r + 1) % n, c, None, sendtag=5, recvtag=5)
+        left = (r - 1) % n
+        want = np.arange(1 << 21, dtype=np.int32) * 3 + left
+        return src, src2, bool((b == want).all()), bool((c == want).all())
+
+    for r, got in enumerate(run(body, 3)):
+        assert got == ((r - 1) % 3, (r - 1) % 3, True, True), (r, got)
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""

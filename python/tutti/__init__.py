@@ -1663,6 +1663,82 @@ class Communicator(_Handle):
                       root=root, dtype="uint8")
         return _unpickle(buf)
 
+    def allreduce_object(self, obj, op=operator.add):
+        """Every rank's obj reduced by op (a function of two objects) in rank order,
+        ((obj0 op obj1) op obj2) ..., on every rank (mpi4py's comm.allreduce of objects,
+        op default: +). Pickling failures as allgather_object's."""
+        return functools.reduce(op, self.allgather_object(obj))
+
+    def reduce_object(self, obj, root=0, op=operator.add):
+        """allreduce_object's result at root, None elsewhere (mpi4py's comm.reduce)."""
+        objs = self.gather_object(obj, root)
+        return functools.reduce(op, objs) if objs is not None else None
+
+    def scan_object(self, obj, op=operator.add):
+        """obj0 op ... op obj(rank), the inclusive prefix in rank order (comm.scan)."""
+        return functools.reduce(op, self.allgather_object(obj)[:self.rank + 1])
+
+    def exscan_object(self, obj, op=operator.add):
+        """obj0 op ... op obj(rank - 1); None on rank 0 (comm.exscan)."""
+        objs = self.allgather_object(obj)[:self.rank]
+        return functools.reduce(op, objs) if objs else None
+
+    def alltoall_object(self, objs):
+        """objs[j] (a sequence of size objects) to rank j; returns what each rank sent to
+        this one, in rank order (mpi4py's comm.alltoall of objects). A rank whose objs
+        are not size objects raises InvalidArgError (one it cannot pickle, pickle's
+        error), and the others PeerError naming it, at once."""
+        n, err, datas = self.size, None, []
+        if objs is None or len(objs) != n:
+            err = InvalidArgError(
+                f"tutti: rank {self.rank}: alltoall_object: objs must be {n} objects, one a "
+                f"rank (got {'None' if objs is None else len(objs)})")
+        else:
+            for o in objs:
+                data, err = _pickled(o)
+                if err is not None:
+                    break
+                datas.append(data)
+        sizes = array.array("q", [-1] * n if err else [len(d) for d in datas])
+        got = array.array("q", [0]) * n
+        self.alltoall(sizes, got)
+        self._objects_failed("alltoall_object", [r for r, k in enumerate(got) if k < 0], err)
+        out = bytearray(sum(got))
+        self.alltoallv(b"".join(datas), list(sizes), out, list(got), dtype="uint8")
+        return _split_objects(out, got)
+
+    def sendrecv(self, buf, dest, out, source=None, sendtag=0, recvtag=0, dtype=None):
+        """MPI_Sendrecv: buf to rank dest and a receive into out from rank source (None:
+        any rank) at once, so that ranks exchanging with each other cannot block on their
+        sends, whatever the size. Returns the sending rank."""
+        w = self.send(buf, dest, tag=sendtag, dtype=dtype, async_op=True)
+        try:
+            src = self.recv(out, source, tag=recvtag, dtype=dtype)
+        except BaseException:
+            try:
+                w.wait()
+            except Error:
+                pass  # (the receive's failure is the one to tell)
+            raise
+        w.wait()
+        return src
+
+    def sendrecv_object(self, obj, dest, source=None, sendtag=0, recvtag=0):
+        """obj, pickled, to rank dest and an object from rank source (None: any rank) at
+        once (mpi4py's comm.sendrecv): (obj received, its source)."""
+        data = _pickle(obj)
+        w = self.send(data, dest, tag=sendtag, dtype="uint8", async_op=True)
+        try:
+            got = self.recv_object(source, recvtag)
+        except BaseException:
+            try:
+                w.wait()
+            except Error:
+                pass
+            raise
+        w.wait()
+        return got
+
     def _objects_failed(self, call, failed, err):
         """After an object call's sizes went round: raise where any rank could not pickle
         (its own error on that rank, PeerError naming it elsewhere); both parts of the
