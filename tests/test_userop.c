@@ -175,6 +175,53 @@ START_TEST(create_and_free)
 }
 END_TEST
 
+/* tutti_reduce_local (MPI_Reduce_local): inout = in op inout, element by element, with a
+ * built-in op's kernel and a defined op's function (in that argument order: matmul does
+ * not commute), against products and sums computed here; AVG, a bitwise op of floats,
+ * NULL and an invalid dtype refused, saying why in the thread's error. */
+START_TEST(reduce_local)
+{
+    enum { N = 37 };
+    float fa[N], fb[N];
+    int32_t ia[N], ib[N];
+    uint64_t ma[N], mb[N], want[N];
+    for (int i = 0; i < N; i++) {
+        fa[i] = 0.5f * (float)i, fb[i] = 3.0f - (float)i;
+        ia[i] = (i * 37) % 11 - 5, ib[i] = (i * 13) % 7 - 3;
+        mat_t x = { (uint16_t)(i + 1), 2, 3, (uint16_t)(i * 5) };
+        mat_t y = { 7, (uint16_t)i, (uint16_t)(2 * i), 1 };
+        memcpy(&ma[i], &x, 8);
+        memcpy(&mb[i], &y, 8);
+        want[i] = word_matmul(ma[i], mb[i]);
+    }
+    ck_assert_int_eq(tutti_reduce_local(fa, fb, N, TUTTI_FP32, TUTTI_SUM), TUTTI_OK);
+    ck_assert_int_eq(tutti_reduce_local(ia, ib, N, TUTTI_INT32, TUTTI_MAX), TUTTI_OK);
+    for (int i = 0; i < N; i++) {
+        ck_assert_float_eq(fb[i], 0.5f * (float)i + (3.0f - (float)i));
+        int32_t a = (i * 37) % 11 - 5, b = (i * 13) % 7 - 3;
+        ck_assert_int_eq(ib[i], a > b ? a : b);
+    }
+    tutti_redop_t mm;
+    ck_assert_int_eq(tutti_redop_create(&mm, fn_matmul, &ctx_tag, 0, "matmul"), TUTTI_OK);
+    ck_assert_int_eq(tutti_reduce_local(ma, mb, N, TUTTI_UINT64, mm), TUTTI_OK);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(mb[i] == want[i], "element %d: %016llx, expected in x inout %016llx", i,
+                      (unsigned long long)mb[i], (unsigned long long)want[i]);
+    ck_assert_int_eq(tutti_redop_free(mm), TUTTI_OK);
+    ck_assert_int_eq(tutti_reduce_local(fa, fb, N, TUTTI_FP32, TUTTI_AVG), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_comm_last_error(NULL), "reduce_local: no mean of two"));
+    ck_assert_int_eq(tutti_reduce_local(fa, fb, N, TUTTI_FP32, TUTTI_BAND), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_comm_last_error(NULL), "reduce_local: "));
+    ck_assert_ptr_nonnull(strstr(tutti_comm_last_error(NULL), "f32"));
+    ck_assert_int_eq(tutti_reduce_local(NULL, fb, N, TUTTI_FP32, TUTTI_SUM), TUTTI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(tutti_comm_last_error(NULL), "reduce_local: inbuf is NULL"));
+    ck_assert_int_eq(tutti_reduce_local(fa, fb, N, (tutti_dtype_t)99, TUTTI_SUM),
+                     TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_reduce_local(fa, fb, N, TUTTI_FP32, mm), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_reduce_local(NULL, NULL, 0, TUTTI_FP32, TUTTI_SUM), TUTTI_OK);
+}
+END_TEST
+
 /* ---- through the collectives ---- */
 
 /* The algorithm sets, one communicator each: every algorithm that reduces, a commutative
@@ -449,7 +496,7 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("userop");
-    th_add_tests(s, "api", 30, (const TTest *const[]){ create_and_free, NULL });
+    th_add_tests(s, "api", 30, (const TTest *const[]){ create_and_free, reduce_local, NULL });
     th_add_case(s, "algorithms", algorithms, (int)(sizeof(sets) / sizeof(sets[0])), 180);
     th_add_tests(s, "disagree", 90, (const TTest *const[]){ ranks_disagree, NULL });
     return s;

@@ -138,6 +138,12 @@ int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
  * pairs only, which nothing else reduces; a defined op, below, every dtype), 0 if not or
  * either is out of range (or op is not defined). */
 int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
+/* MPI_Reduce_local: inoutbuf[i] = inbuf[i] op inoutbuf[i] for i < count, on this rank
+ * alone, with the kernels (and a defined op, in that argument order) the collectives use.
+ * Not AVG (a mean of two is not what a mean of all ranks needs). Errors are the thread's,
+ * read with tutti_comm_last_error(NULL) (it has no communicator). Host memory. */
+int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dtype_t dtype,
+                       tutti_redop_t op);
 
 /* A reduction the caller defines (MPI_Op_create, Gloo's custom reduce function):
  * dst[i] = a[i] op b[i] for i < count, elements of dtype, where a holds the lower ranks'

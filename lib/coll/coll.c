@@ -896,6 +896,40 @@ int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype
     return st;
 }
 
+int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dtype_t dtype,
+                       tutti_redop_t op)
+{
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid dtype %d",
+                                   (int)dtype);
+    if (!tt_redop_valid(op) || op == TUTTI_AVG)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: %s op %d%s",
+                                   op == TUTTI_AVG ? "no mean of two: " : "invalid", (int)op,
+                                   op == TUTTI_AVG ? " (AVG)" : tt_redop_invalid_hint(op));
+    if (!tutti_redop_supported(op, dtype)) {
+        char why[128];
+        tt_redop_unsupported(why, sizeof(why), op, dtype);
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: %s", why);
+    }
+    size_t es = tutti_dtype_size(dtype), bytes;
+    if (__builtin_mul_overflow(count, es, &bytes))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: count %zu is too large",
+                                   count);
+    if (count && (!inbuf || !inoutbuf || TT_MARKER(inbuf) || TT_MARKER(inoutbuf)))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: %s is %s",
+                                   !inbuf || TT_MARKER(inbuf) ? "inbuf" : "inoutbuf",
+                                   !inbuf || !inoutbuf ? "NULL" : "the in-place marker");
+    int held = tt_userop_hold(op); /* a defined op stays callable while it runs */
+    if (held < 0)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid op %d%s",
+                                   (int)op, tt_redop_invalid_hint(op));
+    if (count)
+        tt_reduce3(inoutbuf, inbuf, inoutbuf, count, dtype, op);
+    if (held)
+        tt_userop_release(op);
+    return TUTTI_OK;
+}
+
 int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
                    tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
                    size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
