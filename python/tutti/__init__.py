@@ -1639,19 +1639,7 @@ class Communicator(_Handle):
         A root whose objs are not size objects raises InvalidArgError (one it cannot
         pickle, pickle's error), and the other ranks PeerError naming root, at once."""
         me = self.rank == root
-        datas, err = [], None
-        if me:
-            if objs is None or len(objs) != self.size:
-                err = InvalidArgError(
-                    f"tutti: rank {self.rank}: scatter_object: root's objs must be "
-                    f"{self.size} objects, one a rank (got "
-                    f"{'None' if objs is None else len(objs)})")
-            else:
-                for o in objs:
-                    data, err = _pickled(o)
-                    if err is not None:
-                        break
-                    datas.append(data)
+        datas, err = self._pickled_each("scatter_object", objs, "root's ") if me else ([], None)
         sizes = (array.array("q", [-1] * self.size if err else [len(d) for d in datas])
                  if me else None)
         mine = array.array("q", [0])
@@ -1688,17 +1676,8 @@ class Communicator(_Handle):
         this one, in rank order (mpi4py's comm.alltoall of objects). A rank whose objs
         are not size objects raises InvalidArgError (one it cannot pickle, pickle's
         error), and the others PeerError naming it, at once."""
-        n, err, datas = self.size, None, []
-        if objs is None or len(objs) != n:
-            err = InvalidArgError(
-                f"tutti: rank {self.rank}: alltoall_object: objs must be {n} objects, one a "
-                f"rank (got {'None' if objs is None else len(objs)})")
-        else:
-            for o in objs:
-                data, err = _pickled(o)
-                if err is not None:
-                    break
-                datas.append(data)
+        n = self.size
+        datas, err = self._pickled_each("alltoall_object", objs, "")
         sizes = array.array("q", [-1] * n if err else [len(d) for d in datas])
         got = array.array("q", [0]) * n
         self.alltoall(sizes, got)
@@ -1738,6 +1717,21 @@ class Communicator(_Handle):
             raise
         w.wait()
         return got
+
+    def _pickled_each(self, call, objs, whose):
+        """objs, size objects (one a rank), pickled: (their data, None), or ([], why not:
+        InvalidArgError for another count, pickle's error for one it cannot pickle)."""
+        if objs is None or len(objs) != self.size:
+            return [], InvalidArgError(
+                f"tutti: rank {self.rank}: {call}: {whose}objs must be {self.size} objects, "
+                f"one a rank (got {'None' if objs is None else len(objs)})")
+        datas = []
+        for o in objs:
+            data, err = _pickled(o)
+            if err is not None:
+                return [], err
+            datas.append(data)
+        return datas, None
 
     def _objects_failed(self, call, failed, err):
         """After an object call's sizes went round: raise where any rank could not pickle
