@@ -354,16 +354,25 @@ static int rank_ahead(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     return 0;
 }
 
-START_TEST(blame_names_a_rank_past_the_op)
+/* 3 ranks of fn, rank 0's allreduce waiting on rank 1 first: its result (TUTTI_ERR_TIMEOUT
+ * checked) for the caller to read and free */
+static shared_t *run_blame(th_rank_fn fn)
 {
     shared_t *sh = shared_new();
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.timeout_ms = 1000;
     o.algo = "allreduce:rd"; /* rank 0 waits on rank 1 first */
-    th_spec_t spec = { .nranks = 3, .fn = rank_ahead, .arg = sh, .timeout_ms = 20000, .opts = &o };
+    th_spec_t spec = { .nranks = 3, .fn = fn, .arg = sh, .timeout_ms = 20000, .opts = &o };
     ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    fprintf(stderr, "rank 0: %s\n", sh->msg[0]);
     ck_assert_int_eq(sh->status[0], TUTTI_ERR_TIMEOUT);
+    return sh;
+}
+
+START_TEST(blame_names_a_rank_past_the_op)
+{
+    shared_t *sh = run_blame(rank_ahead);
     ck_assert_msg(strstr(sh->msg[0], "rank 1 is past allreduce seq 1, in barrier seq 2: it "
                                      "finished it without what is awaited from it") &&
                       !strstr(sh->msg[0], "rank 1 shows no sign"),
@@ -374,15 +383,7 @@ END_TEST
 
 START_TEST(blame_follows_a_rank_behind)
 {
-    shared_t *sh = shared_new();
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.timeout_ms = 1000;
-    o.algo = "allreduce:rd"; /* rank 0 waits on rank 1 first */
-    th_spec_t spec = { .nranks = 3, .fn = rank_behind, .arg = sh, .timeout_ms = 20000, .opts = &o };
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
-    fprintf(stderr, "rank 0: %s\n", sh->msg[0]);
-    ck_assert_int_eq(sh->status[0], TUTTI_ERR_TIMEOUT);
+    shared_t *sh = run_blame(rank_behind);
     ck_assert_msg(strstr(sh->msg[0], "rank 2 shows no sign") &&
                       strstr(sh->msg[0], "rank 1 is still in barrier seq 0") &&
                       !strstr(sh->msg[0], "rank 1 shows no sign"),
