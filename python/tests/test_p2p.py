@@ -205,6 +205,46 @@ def test_recv_upto():
     assert (src, cnt, c) == (1, 2, [9, 8, 0, 0]), (src, cnt, c)
 
 
+def strided(comm):
+    """A strided array (numpy, torch) sent, and as a collective's input: copied, its
+    elements in order (it was refused on the sender alone, whose receiver then waited
+    out its timeout); a strided output is refused."""
+    import torch
+    r = comm.rank
+    a = np.arange(20, dtype=np.float64) * (r + 1)
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # not contiguous
+    if r == 1:
+        comm.send(a[::3], 0, tag=2)
+        comm.send(t, 0, tag=3)
+    got = {}
+    if r == 0:
+        x = np.zeros(7)
+        comm.recv(x, 1, tag=2)
+        y = np.zeros(12, np.float32)
+        comm.recv(y, 1, tag=3)
+        got["p2p"] = (x.tolist(), y.tolist())
+    out = np.zeros(10)
+    comm.allreduce(a[::2], out)
+    got["sum"] = out.tolist()
+    try:
+        comm.allreduce(np.zeros(20)[::2])  # in place: written
+        got["inplace"] = "no error"
+    except tutti.InvalidArgError as e:
+        got["inplace"] = str(e)
+    return got
+
+
+def test_strided_inputs_are_copied():
+    pytest.importorskip("torch")
+    res = run(strided, 2)
+    x, y = res[0]["p2p"]
+    assert x == [float(2 * i) for i in range(0, 20, 3)], x
+    assert y == [float(v) for v in np.arange(12).reshape(3, 4).T.ravel()], y
+    for got in res:
+        assert got["sum"] == [3.0 * i for i in range(0, 20, 2)], got["sum"]
+        assert "not contiguous" in got["inplace"] and "writes it" in got["inplace"], got
+
+
 def objects_by_threads(comm):
     """Threads receiving objects of one tag from one rank at once each get one whole
     (recv_object takes it with mprobe; a probe then a receive could lose it to another

@@ -177,7 +177,7 @@ class Buffer:
         self.dev, self.what, self.foreign = None, what, False  # dev: "cuda:N" for device memory
         tensor = _torch_tensor()
         if tensor is not None and isinstance(obj, tensor):
-            src_dtype, itemsize = self._from_torch(obj, what)
+            src_dtype, itemsize = self._from_torch(obj, what, writable)
         else:
             src_dtype, itemsize = self._from_other(obj, what, writable)
         self.k = 1
@@ -232,8 +232,9 @@ class Buffer:
             return self._from_dlpack(obj, what)
         return self._from_memoryview(m, obj, what, writable)
 
-    def _from_torch(self, t, what):
-        """torch tensors directly (DLPack would cost a capsule per call)."""
+    def _from_torch(self, t, what, writable):
+        """torch tensors directly (DLPack would cost a capsule per call). A
+        non-contiguous one that is only read: a contiguous copy of it."""
         if t.device.type == "cuda":
             # the data must be ready when the library copies it (on the legacy stream)
             _torch_cuda_sync(t.device)
@@ -242,7 +243,10 @@ class Buffer:
             raise InvalidArgError(f"tutti: {what} is on {t.device}; tutti takes host memory "
                                   "and CUDA device memory")
         if not t.is_contiguous():
-            raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous())")
+            if writable:
+                raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous()), "
+                                      "and the operation writes it")
+            t = t.contiguous()
         self._hold = t
         self.ptr = t.data_ptr()
         size = t.element_size()
@@ -251,8 +255,17 @@ class Buffer:
 
     def _from_memoryview(self, m, obj, what, writable):
         if not m.c_contiguous and not m.f_contiguous:
-            raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous copy, "
-                                  "e.g. numpy.ascontiguousarray)")
+            if writable:
+                raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous "
+                                      "copy, e.g. numpy.ascontiguousarray), and the operation "
+                                      "writes it")
+            # only read: its elements in C order, copied (as mpi4py sends a strided
+            # array: a refusal on the sender alone left its receiver to its timeout)
+            copy = bytearray(m.tobytes())
+            self._hold = e = _Export(copy)
+            self.ptr = e.view.buf if m.nbytes else None
+            self.nbytes = m.nbytes
+            return _format_dtype(m.format, m.itemsize, what, self), m.itemsize
         self.nbytes = n = m.nbytes
         if not m.c_contiguous:  # Fortran order: its memory as it lies, as mpi4py takes it
             if m.readonly and writable:
