@@ -902,10 +902,13 @@ int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dt
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid dtype %d",
                                    (int)dtype);
-    if (!tt_redop_valid(op) || op == TUTTI_AVG)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: %s op %d%s",
-                                   op == TUTTI_AVG ? "no mean of two: " : "invalid", (int)op,
-                                   op == TUTTI_AVG ? " (AVG)" : tt_redop_invalid_hint(op));
+    if (op == TUTTI_AVG)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                   "reduce_local: op avg is a mean over the ranks, not of two "
+                                   "vectors (reduce with sum, then divide)");
+    if (!tt_redop_valid(op))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid op %d%s",
+                                   (int)op, tt_redop_invalid_hint(op));
     if (!tutti_redop_supported(op, dtype)) {
         char why[128];
         tt_redop_unsupported(why, sizeof(why), op, dtype);

@@ -784,6 +784,31 @@ def test_sendrecv_round_a_ring():
         assert got == ((r - 1) % 3, (r - 1) % 3, True, True), (r, got)
 
 
+def test_reduce_local():
+    """tutti.reduce_local (MPI_Reduce_local): out = buf op out on this rank, built-in ops,
+    bool as logical, a defined op that does not commute (buf's elements first), and what
+    it refuses; against NumPy."""
+    a = np.arange(6, dtype=np.float64) - 2.5
+    b = np.linspace(1, 3, 6)
+    out = b.copy()
+    tutti.reduce_local(a, out)
+    assert out.tolist() == (a + b).tolist()
+    x, y = np.array([5, -3, 7], np.int32), np.array([2, 2, 9], np.int32)
+    tutti.reduce_local(x, y, op="min")
+    assert y.tolist() == [2, -3, 7]
+    p, q = np.array([True, False, True]), np.array([True, True, False])
+    tutti.reduce_local(p, q, op="prod")  # logical and
+    assert q.tolist() == [True, False, False]
+    with tutti.Op(lambda u, v, o: np.subtract(u, v, out=o)) as sub:
+        out = b.copy()
+        tutti.reduce_local(a, out, op=sub)
+        assert out.tolist() == (a - b).tolist()
+    with pytest.raises(tutti.InvalidArgError, match="op avg is a mean over the ranks"):
+        tutti.reduce_local(a, b.copy(), op="avg")
+    with pytest.raises(tutti.InvalidArgError, match="the input is 6 x f64, the output 5 x f64"):
+        tutti.reduce_local(a, np.zeros(5))
+
+
 def test_dup():
     """Communicator.dup (MPI_Comm_dup): the same ranks in the same order; an allreduce on
     each, issued in the other order on odd ranks, gives each its own sum."""

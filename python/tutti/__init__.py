@@ -205,6 +205,25 @@ def _op(op):
     return _resolve_op(op)[0]
 
 
+def reduce_local(buf, out, op="sum", dtype=None):
+    """MPI_Reduce_local: out = buf op out, element by element, on this rank alone (no
+    communicator), with the collectives' kernels and defined ops (tutti.Op: called with
+    buf's elements first). Both of one count and dtype, host memory; not "avg"."""
+    i = Buffer(buf, "reduce_local's input", False, dtype)
+    o = Buffer(out, "reduce_local's output", True, dtype)
+    if i.dev is not None or o.dev is not None:
+        raise InvalidArgError("tutti: reduce_local takes host memory only")
+    if i.count != o.count or i.dtype != o.dtype:
+        raise InvalidArgError(f"tutti: reduce_local: the input is {i.count} x "
+                              f"{_name(i.dtype)}, the output {o.count} x {_name(o.dtype)}")
+    v, keep = _resolve_op(op)
+    v = _logical_op([i, o], v, "reduce_local")
+    st = _lib_.tutti_reduce_local(i.ptr, o.ptr, o.count, o.dtype, v)
+    del keep  # (the defined op lived through the call)
+    if st < 0:
+        raise error_for(st, _lib_.tutti_comm_last_error(None).decode())
+
+
 def _logical_op(bufs, v, name):
     """The op a reduction of bool buffers (Buffer.logical: uint8 0 or 1) runs with, as
     NCCL's torch backend maps them: sum and max as max (logical or), prod and min as min

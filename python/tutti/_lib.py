@@ -258,6 +258,7 @@ _OTHERS = {
     "tutti_work_error": (ctypes.c_char_p, [_P]),
     "tutti_work_source": (_I, [_P]),
     "tutti_work_count": (_S, [_P]),
+    "tutti_reduce_local": (_I, [_P, _P, _S, _I, _I]),
     "tutti_recv_upto_async": (_I, [_P, _P, _S, _I, _I, _U32, _WP]),
     "tutti_store_opts_init": (_I, [ctypes.POINTER(StoreOpts)]),
     "tutti_store_open": (_I, [_WP, ctypes.c_char_p, ctypes.POINTER(StoreOpts)]),
