@@ -1710,32 +1710,13 @@ class Communicator(_Handle):
         any rank) at once, so that ranks exchanging with each other cannot block on their
         sends, whatever the size. Returns the sending rank."""
         w = self.send(buf, dest, tag=sendtag, dtype=dtype, async_op=True)
-        try:
-            src = self.recv(out, source, tag=recvtag, dtype=dtype)
-        except BaseException:
-            try:
-                w.wait()
-            except Error:
-                pass  # (the receive's failure is the one to tell)
-            raise
-        w.wait()
-        return src
+        return _after_send(w, lambda: self.recv(out, source, tag=recvtag, dtype=dtype))
 
     def sendrecv_object(self, obj, dest, source=None, sendtag=0, recvtag=0):
         """obj, pickled, to rank dest and an object from rank source (None: any rank) at
         once (mpi4py's comm.sendrecv): (obj received, its source)."""
-        data = _pickle(obj)
-        w = self.send(data, dest, tag=sendtag, dtype="uint8", async_op=True)
-        try:
-            got = self.recv_object(source, recvtag)
-        except BaseException:
-            try:
-                w.wait()
-            except Error:
-                pass
-            raise
-        w.wait()
-        return got
+        w = self.send(_pickle(obj), dest, tag=sendtag, dtype="uint8", async_op=True)
+        return _after_send(w, lambda: self.recv_object(source, recvtag))
 
     def _pickled_each(self, call, objs, whose):
         """objs, size objects (one a rank), pickled: (their data, None), or ([], why not:
@@ -1762,6 +1743,21 @@ class Communicator(_Handle):
             raise PeerError(f"tutti: rank {self.rank}: {call}: rank(s) "  # noqa: F405
                             f"{', '.join(map(str, failed))} could not send its object "
                             "(pickling failed there, or a bad argument: that rank raised why)")
+
+
+def _after_send(w, receive):
+    """receive()'s result once send w is done too (a sendrecv's two halves): its failure
+    is the one raised (the send's then only repeats it)."""
+    try:
+        got = receive()
+    except BaseException:
+        try:
+            w.wait()
+        except Error:
+            pass
+        raise
+    w.wait()
+    return got
 
 
 def _pickled(obj):
