@@ -1122,6 +1122,103 @@ static int rank_sendrecv(int rank, int nranks, tutti_comm_t *comm, const char *d
 
 TH_RUN_TEST(sendrecv, th_run(3, rank_sendrecv, NULL, 60000))
 
+/* tutti_wait_any / _all / _some (MPI_Waitany, Waitall, Waitsome): rank 0 receives from
+ * ranks 1 and 2; rank 2 sends at once, rank 1 only once rank 0 says "go", so the wait
+ * must name rank 2's receive and a look (timeout 0) must find rank 1's still open. Then
+ * receives on two communicators (rank 1's on the dup sent first), both finished ones
+ * reported by wait_some, and a failed receive (a count mismatch, on a dup of its own)
+ * whose status wait_all returns while the good one's stays TUTTI_OK. */
+static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    tutti_comm_t *dup = NULL, *bad = NULL;
+    FAIL_IF(tutti_comm_dup(comm, &dup) != 0 || tutti_comm_dup(comm, &bad) != 0, "dup: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(tutti_comm_set_timeout(bad, 3000) != 0, "set_timeout");
+    int32_t v[4] = { 0 }, go = 1;
+    if (rank == 0) {
+        int32_t a = -1, b = -1;
+        tutti_work_t *w[3] = { NULL, NULL, NULL };
+        FAIL_IF(tutti_recv_async(comm, &a, 1, TUTTI_INT32, 1, 21, &w[0]) != 0 ||
+                    tutti_recv_async(comm, &b, 1, TUTTI_INT32, 2, 22, &w[2]) != 0,
+                "recv_async: %s", tutti_comm_last_error(comm));
+        int at = -9, st = tutti_wait_any(3, w, 20000, &at);
+        FAIL_IF(st != 0 || at != 2 || b != 200, "wait_any: %d at %d, b = %d", st, at, b);
+        tutti_work_free(w[2]);
+        w[2] = NULL;
+        at = -9;
+        st = tutti_wait_any(3, w, 0, &at);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || at != -1, "a look, rank 1 not sent yet: %d at %d", st,
+                at);
+        size_t cnt = 9;
+        int idx[3] = { -1, -1, -1 };
+        st = tutti_wait_some(3, w, 0, &cnt, idx);
+        FAIL_IF(st != TUTTI_ERR_TIMEOUT || cnt != 0, "wait_some look: %d, %zu", st, cnt);
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 20) != 0, "go: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait_all(3, w, 20000) != 0 || a != 100, "wait_all: a = %d", a);
+        tutti_work_free(w[0]);
+        w[0] = NULL;
+        st = tutti_wait_any(3, w, 0, &at);
+        FAIL_IF(st != 0 || at != -1, "all NULL: %d at %d", st, at);
+        FAIL_IF(tutti_wait_all(3, w, 0) != 0, "wait_all of none");
+        /* two communicators: rank 2 sends on comm after rank 1's on dup came */
+        a = b = -1;
+        FAIL_IF(tutti_recv_async(comm, &a, 1, TUTTI_INT32, 2, 23, &w[0]) != 0 ||
+                    tutti_recv_async(dup, &b, 1, TUTTI_INT32, 1, 24, &w[1]) != 0,
+                "recv_async 2: %s", tutti_comm_last_error(comm));
+        st = tutti_wait_any(3, w, 20000, &at);
+        FAIL_IF(st != 0 || at != 1 || b != 124, "wait_any over two: %d at %d, b = %d", st, at, b);
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 2, 20) != 0, "go 2");
+        for (int i = 0; i < 200; i++) { /* both done, then one wait_some names both */
+            int d0 = 0;
+            FAIL_IF(tutti_test(w[0], &d0) < 0, "test");
+            if (d0)
+                break;
+            usleep(10000);
+        }
+        cnt = 9;
+        st = tutti_wait_some(3, w, 20000, &cnt, idx);
+        FAIL_IF(st != 0 || cnt != 2 || idx[0] != 0 || idx[1] != 1 || a != 223,
+                "wait_some: %d, %zu: %d %d, a = %d", st, cnt, idx[0], idx[1], a);
+        tutti_work_free(w[0]);
+        tutti_work_free(w[1]);
+        /* a failure among them: 5 asked of a 4-element message */
+        a = -1;
+        FAIL_IF(tutti_recv_async(comm, &a, 1, TUTTI_INT32, 2, 25, &w[0]) != 0 ||
+                    tutti_recv_async(bad, v, 3, TUTTI_INT32, 1, 26, &w[1]) != 0,
+                "recv_async 3");
+        st = tutti_wait_all(2, w, 20000);
+        int d = 0;
+        FAIL_IF(st != TUTTI_ERR_MISMATCH, "wait_all with a mismatch: %d (%s)", st,
+                tutti_work_error(w[1]));
+        FAIL_IF(tutti_test(w[0], &d) != 0 || !d || a != 225, "the good one: %d, a = %d", d, a);
+        FAIL_IF(tutti_test(w[1], &d) != TUTTI_ERR_MISMATCH || !d, "the bad one");
+        tutti_work_free(w[0]);
+        tutti_work_free(w[1]);
+    } else if (rank == 1) {
+        int32_t g = 0, x = 100, y = 124;
+        FAIL_IF(tutti_recv(comm, &g, 1, TUTTI_INT32, 0, 20) != 0, "go: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 21) != 0, "send 21");
+        FAIL_IF(tutti_send(dup, &y, 1, TUTTI_INT32, 0, 24) != 0, "send 24");
+        tutti_send(bad, v, 4, TUTTI_INT32, 0, 26); /* (fails or not: the receiver's check) */
+    } else {
+        int32_t g = 0, x = 200, y = 223, z = 225;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 22) != 0, "send 22");
+        FAIL_IF(tutti_recv(comm, &g, 1, TUTTI_INT32, 0, 20) != 0, "go 2: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(tutti_send(comm, &y, 1, TUTTI_INT32, 0, 23) != 0, "send 23");
+        FAIL_IF(tutti_send(comm, &z, 1, TUTTI_INT32, 0, 25) != 0, "send 25");
+    }
+    tutti_comm_destroy(bad);
+    FAIL_IF(tutti_barrier(dup) != 0, "barrier after: %s", tutti_comm_last_error(dup));
+    tutti_comm_destroy(dup);
+    return 0;
+}
+
+TH_RUN_TEST(wait_sets, th_run(3, rank_wait_sets, NULL, 60000))
+
 /* An mprobe that finds its message late in its timeout: the transfer that follows is a
  * receive with a deadline of its own from the take (it kept the probe's, and so failed
  * the communicator when the message came in the probe's last moments and took longer
@@ -1805,11 +1902,12 @@ static Suite *suite(void)
     th_add_tests(s, "callbacks", 90,
                  (const TTest *const[]){ callback_lock_order, callback_calls_refused, NULL });
     th_add_tests(s, "any_source", 90,
-                 (const TTest *const[]){
-                     any_source_senders, any_source_mismatch, any_source_timeout,
-                     any_source_sender_left, any_source_sender_died, any_source_unsupported,
-                     to_itself, any_source_order, any_source_mix, many_outstanding, probe, mprobe,
-                     mprobe_late, recv_upto, recv_upto_then_any, recv_upto_mix, sendrecv, NULL });
+                 (const TTest *const[]){ any_source_senders, any_source_mismatch,
+                                         any_source_timeout, any_source_sender_left,
+                                         any_source_sender_died, any_source_unsupported, to_itself,
+                                         any_source_order, any_source_mix, many_outstanding, probe,
+                                         mprobe, mprobe_late, recv_upto, recv_upto_then_any,
+                                         recv_upto_mix, sendrecv, wait_sets, NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

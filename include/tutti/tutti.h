@@ -835,6 +835,26 @@ int tutti_test(tutti_work_t *work, int *done_p);
  * operation goes on, and tutti_comm_last_error is left as it was). */
 int tutti_wait(tutti_work_t *work, int timeout_ms);
 
+/* MPI_Waitany: wait until one of works[0..n) finishes or timeout_ms passes (-1: until
+ * one does, which each op's own deadline bounds; 0: one look, MPI_Testany). NULL
+ * entries are skipped (MPI_REQUEST_NULL): set one NULL once handled to wait for the
+ * rest. *index_p: the lowest index of a finished work and the call returns its status;
+ * -1 with TUTTI_ERR_TIMEOUT when the bound passed (the ops go on), -1 with TUTTI_OK when
+ * every entry is NULL. Works may belong to several communicators (then each is looked
+ * at within a millisecond of its op's end). */
+int tutti_wait_any(size_t n, tutti_work_t *const *works, int timeout_ms, int *index_p);
+/* MPI_Waitall: wait until every work of works[0..n) (NULLs skipped) finished, or
+ * timeout_ms passed (as tutti_wait_any's; the one bound for them all): TUTTI_OK if all
+ * succeeded, else the status of the first, by index, that failed (each one's with
+ * tutti_test and tutti_work_error); TUTTI_ERR_TIMEOUT if one still runs at the bound. */
+int tutti_wait_all(size_t n, tutti_work_t *const *works, int timeout_ms);
+/* MPI_Waitsome: wait as tutti_wait_any, then report every finished work: *count_p of
+ * them, their indices ascending in indices[] (room for n). TUTTI_OK if those all
+ * succeeded, else the first failure's status; TUTTI_ERR_TIMEOUT (*count_p 0) at the
+ * bound; TUTTI_OK with *count_p 0 when every entry is NULL. timeout_ms 0: MPI_Testsome. */
+int tutti_wait_some(size_t n, tutti_work_t *const *works, int timeout_ms, size_t *count_p,
+                    int *indices);
+
 /* Release a work handle; safe while the operation is still running, and after the
  * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the
  * finished operation's status and explanation). */

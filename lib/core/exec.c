@@ -1388,28 +1388,51 @@ void tt_exec_drain(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
 }
 
-static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
+/* Has any of ws[0..n) (NULLs skipped) finished? Its index, or -1. */
+static int first_done(tutti_work_t *const *ws, size_t n)
 {
-    tutti_comm_t *comm = w->comm;
-    /* after the communicator's destroy (which waited for every op): the work alone */
-    if (atomic_load(&comm->gone))
-        return atomic_load_explicit(&w->done, memory_order_acquire) ? w->status : TUTTI_ERR_ABORTED;
+    for (size_t i = 0; i < n; i++)
+        if (ws[i] && atomic_load_explicit(&ws[i]->done, memory_order_acquire))
+            return (int)i;
+    return -1;
+}
+
+/* Wait until one of ws[0..n) (all on comm; NULLs skipped) finishes or deadline_ns
+ * passes: *index_p its index and its status, or TUTTI_ERR_TIMEOUT (*index_p -1).
+ * tutti_wait's loop, and tutti_wait_any's where its works share a communicator. */
+static int wait_set(tutti_comm_t *comm, tutti_work_t *const *ws, size_t n, uint64_t deadline_ns,
+                    int *index_p)
+{
+    *index_p = -1;
+    /* after the communicator's destroy (which waited for every op): the works alone */
+    if (atomic_load(&comm->gone)) {
+        for (size_t i = 0; i < n; i++)
+            if (ws[i]) {
+                *index_p = (int)i;
+                return atomic_load_explicit(&ws[i]->done, memory_order_acquire) ? ws[i]->status
+                                                                                : TUTTI_ERR_ABORTED;
+            }
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    int p2p = 0;
+    for (size_t i = 0; i < n; i++)
+        p2p |= ws[i] && ws[i]->is_p2p;
     pthread_mutex_lock(&comm->q_lock);
     comm->inside++; /* (not refused at a destroy: the progress thread ends its op) */
-    int st = TUTTI_OK;
+    int st = TUTTI_OK, at;
     /* waited for at once, by a waiter that runs ops (done or not: the progress thread
      * may have been quicker this time): defer the next async op */
-    if (deadline_ns == UINT64_MAX && w->issued_ns &&
-        tt_now_ns() - w->issued_ns < (uint64_t)comm->opts.defer_us * 250)
+    if (deadline_ns == UINT64_MAX && n == 1 && ws[0]->issued_ns &&
+        tt_now_ns() - ws[0]->issued_ns < (uint64_t)comm->opts.defer_us * 250)
         comm->defer_guess = 1;
-    while (!atomic_load_explicit(&w->done, memory_order_acquire)) {
+    while ((at = first_done(ws, n)) < 0) {
         /* Only an unbounded waiter runs ops itself: one with a deadline must be free to
          * return on time, so it leaves the running to the progress thread. */
         if (deadline_ns == UINT64_MAX && comm->q_head && !comm->executing) {
             run_head_locked(comm);
             continue;
         }
-        if (w->is_p2p && !comm->q_head && comm->inflight && !comm->executing) {
+        if (p2p && !comm->q_head && comm->inflight && !comm->executing) {
             int ms = deadline_ns == UINT64_MAX ? 2 : TT_MIN(2, tt_ms_left(deadline_ns));
             if (ms == 0) {
                 st = TUTTI_ERR_TIMEOUT;
@@ -1438,10 +1461,18 @@ static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
             comm->done_waiters--;
         }
     }
-    if (st == TUTTI_OK)
-        st = w->status;
+    if (at >= 0) {
+        *index_p = at;
+        st = ws[at]->status;
+    }
     leave_locked(comm); /* (a failure's record first) */
     return st;
+}
+
+static int wait_work(tutti_work_t *w, uint64_t deadline_ns)
+{
+    int at;
+    return wait_set(w->comm, &w, 1, deadline_ns, &at);
 }
 
 static void set_last_error(tutti_comm_t *comm, const char *err)
@@ -1778,6 +1809,127 @@ int tutti_wait(tutti_work_t *work, int timeout_ms)
      * builds a failing op's message from it (session 97: another thread's 100 ms wait
      * turned a dead peer's message into "wait: allreduce seq 1 still running") */
     return wait_work(work, timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms));
+}
+
+/* Refuse what tutti_wait refuses, for each work of a set: a forked child's, or one
+ * whose communicator runs this thread's callback. */
+static int set_refused(size_t n, tutti_work_t *const *works, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!works[i])
+            continue;
+        if (tt_comm_foreign(works[i]->comm))
+            return tt_comm_refuse_foreign(works[i]->comm, what, 0);
+        if (in_callback(works[i]->comm))
+            return cb_refused(works[i]->comm, what);
+    }
+    return TUTTI_OK;
+}
+
+/* Works of several communicators: each waits in turn, a slice at a time, on its own
+ * communicator's completions (the progress threads run the ops meanwhile). */
+#define TT_WAIT_ANY_SLICE_NS 1000000ull
+
+int tutti_wait_any(size_t n, tutti_work_t *const *works, int timeout_ms, int *index_p)
+{
+    if (!index_p || (n && !works))
+        return TUTTI_ERR_INVALID_ARG;
+    *index_p = -1;
+    int st = set_refused(n, works, "wait_any");
+    if (st < 0)
+        return st;
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms);
+    tutti_comm_t *one = NULL;
+    int mixed = 0;
+    for (size_t i = 0; i < n; i++)
+        if (works[i] && !one)
+            one = works[i]->comm;
+        else if (works[i] && works[i]->comm != one)
+            mixed = 1;
+    if (!one)
+        return TUTTI_OK; /* nothing to wait for (MPI_Waitany's MPI_UNDEFINED) */
+    if (!mixed)
+        return wait_set(one, works, n, deadline, index_p);
+    tutti_work_t **sub = calloc(n, sizeof(*sub));
+    if (!sub)
+        return TUTTI_ERR_NOMEM;
+    size_t turn = 0;
+    for (;;) {
+        for (size_t i = 0; i < n; i++) {
+            if (!works[i])
+                continue;
+            int done = 0, s = tutti_test(works[i], &done); /* (gone: done, ABORTED) */
+            if (done) {
+                free(sub);
+                *index_p = (int)i;
+                return s;
+            }
+        }
+        uint64_t now = tt_now_ns();
+        if (now >= deadline) {
+            free(sub);
+            return TUTTI_ERR_TIMEOUT;
+        }
+        /* the next communicator in turn: its works alone, for a slice */
+        tutti_comm_t *c = NULL;
+        for (size_t j = 0; j < n && !c; j++) {
+            size_t i = (turn + j) % n;
+            if (works[i])
+                c = works[i]->comm, turn = i + 1;
+        }
+        for (size_t i = 0; i < n; i++)
+            sub[i] = works[i] && works[i]->comm == c ? works[i] : NULL;
+        uint64_t until = TT_MIN(deadline, now + TT_WAIT_ANY_SLICE_NS);
+        int at;
+        st = wait_set(c, sub, n, until, &at);
+        if (at >= 0) {
+            free(sub);
+            *index_p = at;
+            return st;
+        }
+    }
+}
+
+int tutti_wait_all(size_t n, tutti_work_t *const *works, int timeout_ms)
+{
+    if (n && !works)
+        return TUTTI_ERR_INVALID_ARG;
+    int st = set_refused(n, works, "wait_all");
+    if (st < 0)
+        return st;
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms);
+    int first = TUTTI_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (!works[i])
+            continue;
+        int at, s = wait_set(works[i]->comm, &works[i], 1, deadline, &at);
+        if (at < 0)
+            return TUTTI_ERR_TIMEOUT; /* the bound passed: the rest go on */
+        if (s < 0 && first == TUTTI_OK)
+            first = s;
+    }
+    return first;
+}
+
+int tutti_wait_some(size_t n, tutti_work_t *const *works, int timeout_ms, size_t *count_p,
+                    int *indices)
+{
+    if (!count_p || (n && (!works || !indices)))
+        return TUTTI_ERR_INVALID_ARG;
+    *count_p = 0;
+    int at, st = tutti_wait_any(n, works, timeout_ms, &at);
+    if (at < 0)
+        return st; /* none to wait for (OK), the bound, or a refusal */
+    int first = TUTTI_OK;
+    for (size_t i = 0; i < n; i++) {
+        int done = 0, s = works[i] ? tutti_test(works[i], &done) : TUTTI_OK;
+        if (!done)
+            continue;
+        indices[(*count_p)++] = (int)i;
+        if (s < 0 && first == TUTTI_OK)
+            first = s;
+    }
+    return first;
 }
 
 void tutti_work_free(tutti_work_t *work)
