@@ -205,6 +205,80 @@ def test_recv_upto():
     assert (src, cnt, c) == (1, 2, [9, 8, 0, 0]), (src, cnt, c)
 
 
+def wait_sets(comm):
+    """tutti.wait_any / wait_some / wait_all over receives from ranks 1 and 2: rank 2's
+    comes at once, rank 1's only after a "go"; then works of two communicators; then a
+    failed receive (a count mismatch, on a dup of its own) among good ones."""
+    dup, bad = comm.dup(), comm.dup()
+    go = np.ones(1, np.int32)
+    if comm.rank == 1:
+        comm.recv(np.zeros(1, np.int32), 0, tag=20)
+        comm.send(np.array([100], np.int32), 0, tag=21)
+        dup.send(np.array([124], np.int32), 0, tag=24)
+        try:
+            bad.send(np.zeros(4, np.int32), 0, tag=26)
+        except tutti.Error:
+            pass  # (the receiver's check)
+        result = None
+    elif comm.rank == 2:
+        comm.send(np.array([200], np.int32), 0, tag=22)
+        comm.recv(np.zeros(1, np.int32), 0, tag=20)
+        comm.send(np.array([223], np.int32), 0, tag=23)
+        comm.send(np.array([225], np.int32), 0, tag=25)
+        result = None
+    else:
+        a, b = np.full(1, -1, np.int32), np.full(1, -1, np.int32)
+        ws = [comm.recv(a, 1, tag=21, async_op=True), None,
+              comm.recv(b, 2, tag=22, async_op=True)]
+        first = tutti.wait_any(ws, timeout=20)
+        got_b = int(b[0])
+        ws[2] = None
+        look = tutti.wait_any(ws, timeout=0)
+        some_look = tutti.wait_some(ws, timeout=0)
+        comm.send(go, 1, tag=20)
+        all_ok = tutti.wait_all(ws, timeout=20)
+        got_a = int(a[0])
+        none = tutti.wait_any([None, None])
+        c, d = np.full(1, -1, np.int32), np.full(1, -1, np.int32)
+        ws = [comm.recv(c, 2, tag=23, async_op=True), dup.recv(d, 1, tag=24, async_op=True)]
+        over_two = tutti.wait_any(ws, timeout=20)
+        got_d = int(d[0])
+        comm.send(go, 2, tag=20)
+        ws[0].wait()
+        some = tutti.wait_some(ws)
+        e, v = np.full(1, -1, np.int32), np.zeros(3, np.int32)
+        ws = [comm.recv(e, 2, tag=25, async_op=True), bad.recv(v, 1, tag=26, async_op=True)]
+        try:
+            tutti.wait_all(ws, timeout=20)
+            err = "no error"
+        except tutti.MismatchError as x:
+            err = str(x)
+        try:
+            tutti.wait_any([a])
+            typ = "no error"
+        except TypeError as x:
+            typ = str(x)
+        result = (first, got_b, look, some_look, all_ok, got_a, none, over_two, got_d, some,
+                  c.tolist(), err, ws[0].exception(), int(e[0]), typ)
+    bad.destroy()
+    dup.barrier()
+    dup.destroy()
+    return result
+
+
+def test_wait_any_some_all():
+    (first, b, look, some_look, all_ok, a, none, over_two, d, some, c, err, good, e,
+     typ) = run(wait_sets, 3)[0]
+    assert (first, b) == (2, 200), (first, b)
+    assert look is None and some_look == [], (look, some_look)
+    assert all_ok is True and a == 100 and none is None, (all_ok, a, none)
+    assert (over_two, d) == (1, 124), (over_two, d)
+    assert some == [0, 1] and c == [223], (some, c)
+    assert "rank 1 sent point-to-point message #0 (count=4, i32, tag 26" in err, err
+    assert good is None and e == 225, (good, e)
+    assert "works[0] is ndarray, not a tutti.Work or None" in typ, typ
+
+
 def strided(comm):
     """A strided array (numpy, torch) sent, and as a collective's input: copied, its
     elements in order (it was refused on the sender alone, whose receiver then waited

@@ -25,7 +25,7 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE",
-           "Probe", "Message", "algorithms"]
+           "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -889,6 +889,102 @@ class Work:
                     _orphans.append((w, (self._bufs, self._op, self._done_cb), None))
             except Exception:  # noqa: B902 (interpreter teardown: nothing left to run it)
                 pass
+
+
+def _works(works, what):
+    works = list(works)
+    for i, w in enumerate(works):
+        if w is not None and not isinstance(w, Work):
+            raise TypeError(f"tutti: {what}: works[{i}] is {type(w).__name__}, not a tutti.Work "
+                            "or None")
+    return works
+
+
+def _timeout_ms(timeout, what):
+    """A timeout in seconds (None: -1, until an op ends) as the library's milliseconds."""
+    if timeout is None:
+        return -1
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"tutti: {what}'s timeout must be a number of seconds or None, not "
+                        f"{timeout!r}") from None
+    if math.isnan(t):
+        raise InvalidArgError(f"tutti: {what}'s timeout is NaN")
+    return min(max(math.ceil(t * 1000), 0), _INT_MAX)
+
+
+def _finished(works):
+    """The indices of the works already seen finished (their handles freed)."""
+    return [i for i, w in enumerate(works) if w is not None and w._status is not None]
+
+
+def wait_any(works, timeout=None):
+    """MPI_Waitany: wait until one of works (tutti.Work or None, skipped) finished, or
+    timeout seconds passed (None: until one does, which each op's own deadline bounds;
+    0: one look, MPI_Testany). Returns the lowest index of a finished one (its wait()
+    then returns at once, or raises its error), or None when the timeout passed first
+    or every entry is None. Works of several communicators may mix."""
+    works = _works(works, "wait_any")
+    ms = _timeout_ms(timeout, "wait_any")
+    done = _finished(works)
+    if done:
+        return done[0]
+    entered = [(i, w, w._enter()) for i, w in enumerate(works) if w is not None]
+    handles = (ctypes.c_void_p * max(len(works), 1))()
+    for i, _, h in entered:
+        handles[i] = h
+    at, st = ctypes.c_int(-1), 0
+    try:
+        st = _lib_.tutti_wait_any(len(works), handles, ms, ctypes.byref(at))
+    finally:
+        for i, w, h in entered:
+            if h is None:
+                continue
+            d = ctypes.c_int()
+            s = st if i == at.value else _lib_.tutti_test(h, ctypes.byref(d))
+            w._leave(i == at.value or bool(d.value), s)
+    if at.value < 0 and st < 0 and st != _TIMEOUT:
+        raise error_for(st, f"tutti: wait_any: {_lib_.tutti_strerror(st).decode()}")
+    done = _finished(works)
+    return done[0] if done else None
+
+
+def wait_some(works, timeout=None):
+    """MPI_Waitsome: wait as wait_any, then return the indices of every finished work,
+    ascending ([] when the timeout passed first or every entry is None; timeout 0:
+    MPI_Testsome)."""
+    works = _works(works, "wait_some")
+    if wait_any(works, timeout) is None:
+        return []
+    return [i for i, w in enumerate(works) if w is not None and w.is_completed()]
+
+
+def wait_all(works, timeout=None):
+    """MPI_Waitall: wait until every work (None entries skipped) finished, or timeout
+    seconds passed (one bound for them all; None: until they end). Raises the first
+    failure by index once all finished, tutti.TimeoutError if one still runs at the
+    bound; else True."""
+    works = _works(works, "wait_all")
+    deadline = None if timeout is None else _monotonic() + _timeout_ms(timeout, "wait_all") / 1e3
+    for i, w in enumerate(works):
+        if w is None:
+            continue
+        h = w._enter()
+        if h is None:
+            continue
+        st, done = 0, False
+        try:
+            st, done = _wait_handle(h, deadline)
+        finally:
+            w._leave(done, st)
+        if not done:
+            raise error_for(_TIMEOUT, f"tutti: wait_all: {w._describe()} (works[{i}]) still "
+                                      f"running after the timeout of {timeout} s")
+    for w in works:
+        if w is not None and w._status[0] < 0:
+            w.wait()  # raises its error
+    return True
 
 
 class Communicator(_Handle):

@@ -254,6 +254,7 @@ _OTHERS = {
     "tutti_algo_name": (ctypes.c_char_p, [ctypes.c_char_p, _I]),
     "tutti_test": (_I, [_P, ctypes.POINTER(_I)]),
     "tutti_wait": (_I, [_P, _I]),
+    "tutti_wait_any": (_I, [_S, ctypes.POINTER(_P), _I, ctypes.POINTER(_I)]),
     "tutti_work_free": (None, [_P]),
     "tutti_work_error": (ctypes.c_char_p, [_P]),
     "tutti_work_source": (_I, [_P]),
