@@ -1219,6 +1219,66 @@ static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *
 
 TH_RUN_TEST(wait_sets, th_run(3, rank_wait_sets, NULL, 60000))
 
+/* TUTTI_PROC_NULL (MPI_PROC_NULL): a halo exchange on a line of 3 ranks (not a ring),
+ * each rank's edge neighbour TUTTI_PROC_NULL; the edges' halos stay as they were, the
+ * inner ones hold the neighbour's value. Then each call with it alone: done at once,
+ * nothing moved, source TUTTI_PROC_NULL and count 0; probes find an empty message. */
+static int rank_proc_null(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    const int left = rank > 0 ? rank - 1 : TUTTI_PROC_NULL;
+    const int right = rank < nranks - 1 ? rank + 1 : TUTTI_PROC_NULL;
+    int32_t me = 10 * (rank + 1), from_left = -1, from_right = -1;
+    int src = -9;
+    FAIL_IF(tutti_sendrecv(comm, &me, 1, TUTTI_INT32, right, 31, &from_left, 1, TUTTI_INT32, left,
+                           31, &src) != 0,
+            "shift right: %s", tutti_comm_last_error(comm));
+    FAIL_IF(src != left, "shift right: source %d, want %d", src, left);
+    FAIL_IF(tutti_sendrecv(comm, &me, 1, TUTTI_INT32, left, 32, &from_right, 1, TUTTI_INT32, right,
+                           32, &src) != 0,
+            "shift left: %s", tutti_comm_last_error(comm));
+    FAIL_IF(from_left != (rank > 0 ? 10 * rank : -1), "halo from the left: %d", from_left);
+    FAIL_IF(from_right != (rank < nranks - 1 ? 10 * (rank + 2) : -1), "halo from the right: %d",
+            from_right);
+    int32_t x = 7;
+    FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, TUTTI_PROC_NULL, 33) != 0 ||
+                tutti_recv(comm, &x, 1, TUTTI_INT32, TUTTI_PROC_NULL, 33) != 0 || x != 7,
+            "blocking: %d, %s", x, tutti_comm_last_error(comm));
+    tutti_work_t *w[2] = { NULL, NULL };
+    FAIL_IF(tutti_recv_async(comm, &x, 1, TUTTI_INT32, TUTTI_PROC_NULL, 33, &w[0]) != 0 ||
+                tutti_send_async(comm, &x, 1, TUTTI_INT32, TUTTI_PROC_NULL, 33, &w[1]) != 0,
+            "async: %s", tutti_comm_last_error(comm));
+    int done = 0;
+    FAIL_IF(tutti_test(w[0], &done) != 0 || !done, "the receive not done at once");
+    FAIL_IF(tutti_work_source(w[0]) != TUTTI_PROC_NULL || tutti_work_count(w[0]) != 0 || x != 7,
+            "receive: source %d, count %zu, x %d", tutti_work_source(w[0]), tutti_work_count(w[0]),
+            x);
+    FAIL_IF(tutti_wait_all(2, w, 0) != 0, "wait_all of the two");
+    tutti_work_free(w[0]);
+    tutti_work_free(w[1]);
+    size_t cnt = 9;
+    FAIL_IF(tutti_recv_upto(comm, &x, 1, TUTTI_INT32, TUTTI_PROC_NULL, 33, &cnt) != 0 || cnt != 0,
+            "recv_upto: %zu", cnt);
+    int flag = 0;
+    tutti_dtype_t dt = TUTTI_FP64;
+    FAIL_IF(tutti_iprobe(comm, TUTTI_PROC_NULL, 33, &flag, &src, &cnt, &dt) != 0 || !flag ||
+                src != TUTTI_PROC_NULL || cnt != 0 || dt != TUTTI_UINT8,
+            "iprobe: %d %d %zu %d", flag, src, cnt, (int)dt);
+    tutti_message_t *m = NULL;
+    FAIL_IF(tutti_mprobe(comm, TUTTI_PROC_NULL, 33, &m, &src, NULL, NULL) != 0 || !m ||
+                src != TUTTI_PROC_NULL,
+            "mprobe");
+    FAIL_IF(tutti_mrecv(m, &x, 1, TUTTI_INT32) != 0 || x != 7, "mrecv: %d", x);
+    /* a peer neither a rank nor a marker is still refused */
+    FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, -4, 33) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "nor TUTTI_PROC_NULL"),
+            "peer -4: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(proc_null, th_run(3, rank_proc_null, NULL, 60000))
+
 /* An mprobe that finds its message late in its timeout: the transfer that follows is a
  * receive with a deadline of its own from the take (it kept the probe's, and so failed
  * the communicator when the message came in the probe's last moments and took longer
@@ -1902,12 +1962,26 @@ static Suite *suite(void)
     th_add_tests(s, "callbacks", 90,
                  (const TTest *const[]){ callback_lock_order, callback_calls_refused, NULL });
     th_add_tests(s, "any_source", 90,
-                 (const TTest *const[]){ any_source_senders, any_source_mismatch,
-                                         any_source_timeout, any_source_sender_left,
-                                         any_source_sender_died, any_source_unsupported, to_itself,
-                                         any_source_order, any_source_mix, many_outstanding, probe,
-                                         mprobe, mprobe_late, recv_upto, recv_upto_then_any,
-                                         recv_upto_mix, sendrecv, wait_sets, NULL });
+                 (const TTest *const[]){ any_source_senders,
+                                         any_source_mismatch,
+                                         any_source_timeout,
+                                         any_source_sender_left,
+                                         any_source_sender_died,
+                                         any_source_unsupported,
+                                         to_itself,
+                                         any_source_order,
+                                         any_source_mix,
+                                         many_outstanding,
+                                         probe,
+                                         mprobe,
+                                         mprobe_late,
+                                         recv_upto,
+                                         recv_upto_then_any,
+                                         recv_upto_mix,
+                                         sendrecv,
+                                         wait_sets,
+                                         proc_null,
+                                         NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
                                          p2p_over_collectives_env, NULL });

@@ -743,6 +743,12 @@ int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dt
  * it exited) does not fail it while others are left, but a failed communicator does.
  * Needs a transport that can probe (tcp, shm, ibverbs; else TUTTI_ERR_UNSUPPORTED). */
 #define TUTTI_ANY_SOURCE (-2)
+/* MPI_PROC_NULL, as any call's peer (send, receive, sendrecv, probe): done at once,
+ * moving nothing, as the edge ranks of a halo exchange need. A receive from it leaves
+ * its buffer as it was: tutti_work_source says TUTTI_PROC_NULL, tutti_work_count 0; a
+ * probe finds a message of 0 x TUTTI_UINT8 from TUTTI_PROC_NULL (*flag_p 1), and
+ * tutti_mrecv of mprobe's takes it with any count and dtype. */
+#define TUTTI_PROC_NULL (-3)
 int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,

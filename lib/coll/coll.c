@@ -836,9 +836,10 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
     if (async && !work_p)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_async: work_p is NULL", name);
     int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV;
-    if (!any && (peer < 0 || peer >= comm->nranks))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: peer %d is not a rank of [0, %d)%s",
-                                 name, peer, comm->nranks,
+    if (!any && peer != TUTTI_PROC_NULL && (peer < 0 || peer >= comm->nranks))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: peer %d is not a rank of [0, %d) nor TUTTI_PROC_NULL%s", name,
+                                 peer, comm->nranks,
                                  peer == TUTTI_ANY_SOURCE ? " (any source is for receives)" : "");
     TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
     const char *kind_name; /* its room is filled only as far as the message goes: a device
@@ -1000,10 +1001,30 @@ static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: flag_p is NULL", name);
     if (matched && !msg_p)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: msg_p is NULL", name);
+    if (peer == TUTTI_PROC_NULL) { /* MPI's: found at once, a message of nothing */
+        if (matched) {
+            tutti_message_t *m = calloc(1, sizeof(*m));
+            if (!m)
+                return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+            *m = (tutti_message_t){ .rank = comm->rank, .source = TUTTI_PROC_NULL, .tag = tag,
+                                    .dtype = TUTTI_UINT8 };
+            *msg_p = m;
+        }
+        if (flag_p)
+            *flag_p = 1;
+        if (source_p)
+            *source_p = TUTTI_PROC_NULL;
+        if (count_p)
+            *count_p = 0;
+        if (dtype_p)
+            *dtype_p = TUTTI_UINT8;
+        return TUTTI_OK;
+    }
     if (peer != TUTTI_ANY_SOURCE && (peer < 0 || peer >= comm->nranks))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: peer %d is not a rank of [0, %d) nor TUTTI_ANY_SOURCE", name,
-                                 peer, comm->nranks);
+                                 "%s: peer %d is not a rank of [0, %d), TUTTI_ANY_SOURCE nor "
+                                 "TUTTI_PROC_NULL",
+                                 name, peer, comm->nranks);
     return tt_exec_probe(comm, name, peer, tag, once, flag_p, source_p, count_p, dtype_p, msg_p);
 }
 

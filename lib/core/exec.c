@@ -1621,11 +1621,54 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     return enqueue_locked(comm, w, work_p);
 }
 
+/* A send to or receive from TUTTI_PROC_NULL (MPI_PROC_NULL): done as issued, having
+ * moved nothing (a receive's source TUTTI_PROC_NULL, its count 0); a work for _async. */
+static int issue_proc_null(tutti_comm_t *comm, int kind, tutti_work_t **work_p)
+{
+    char err[TT_ERRMSG_LEN];
+    pthread_mutex_lock(&comm->q_lock);
+    int st = enter_locked(comm, kind == TUTTI_TP_SEND ? "send" : "recv", 0, err, sizeof(err));
+    if (st < 0) {
+        pthread_mutex_unlock(&comm->q_lock);
+        set_last_error(comm, err);
+        leave(comm);
+        return st;
+    }
+    if (work_p) {
+        tutti_work_t *w = calloc(1, sizeof(*w));
+        if (!w) {
+            leave_locked(comm);
+            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory",
+                                     kind == TUTTI_TP_SEND ? "send" : "recv");
+        }
+        w->comm = comm;
+        w->is_p2p = 1;
+        w->user_redop = TUTTI_SUM;
+        w->op = (tt_op_t){ .comm = comm,
+                           .rank = comm->rank,
+                           .nranks = comm->nranks,
+                           .coll = TT_COLL_P2P,
+                           .dtype = TUTTI_UINT8,
+                           .elem_size = 1 };
+        w->req.kind = kind;
+        w->req.peer = TUTTI_PROC_NULL;
+        atomic_init(&w->refs, 1);
+        atomic_init(&w->cb_state, 2);
+        atomic_store_explicit(&w->done, 1, memory_order_release);
+        atomic_fetch_add(&comm->refs, 1);
+        *work_p = w;
+    }
+    leave_locked(comm);
+    return TUTTI_OK;
+}
+
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
                       int peer, uint32_t tag, int upto, tutti_work_t **work_p)
 {
     if (in_callback(comm)) /* (a forked child's call was refused by p2p_issue) */
         return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
+    if (peer == TUTTI_PROC_NULL)
+        return issue_proc_null(comm, kind, work_p);
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
         return TUTTI_ERR_NOMEM;
@@ -1960,6 +2003,10 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
     if ((!buf || buf == TUTTI_IN_PLACE) && count)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
                                    buf ? "the in-place marker (a receive has no input)" : "NULL");
+    if (msg->source == TUTTI_PROC_NULL) { /* (MPI_MESSAGE_NO_PROC: nothing to take) */
+        tutti_message_free(msg);
+        return TUTTI_OK;
+    }
     if (count != msg->count || dtype != msg->dtype)
         return tt_thread_error_set(TUTTI_ERR_MISMATCH,
                                    "rank %d: mrecv of the message from rank %d (tag %u): it holds "
@@ -1997,7 +2044,7 @@ int tutti_work_source(const tutti_work_t *work)
 {
     if (!work || !work->is_p2p || work->req.kind != TUTTI_TP_RECV || !work_ended(work))
         return -1;
-    return work->req.peer >= 0 ? work->req.peer : -1;
+    return work->req.peer >= 0 || work->req.peer == TUTTI_PROC_NULL ? work->req.peer : -1;
 }
 
 const char *tutti_work_error(const tutti_work_t *work)
