@@ -279,6 +279,43 @@ def test_wait_any_some_all():
     assert "works[0] is ndarray, not a tutti.Work or None" in typ, typ
 
 
+def halo_line(comm):
+    """A halo exchange on a line (no wrap): the edge ranks' neighbour is tutti.PROC_NULL;
+    then each call with it alone (a receive's buffer untouched, its source PROC_NULL and
+    count 0; a probe's empty message; objects as mpi4py's: None from it)."""
+    r, n, P = comm.rank, comm.size, tutti.PROC_NULL
+    left, right = (r - 1 if r > 0 else P), (r + 1 if r < n - 1 else P)
+    me = np.full(2, 10 * (r + 1), np.int32)
+    from_left, from_right = np.full(2, -1, np.int32), np.full(2, -1, np.int32)
+    s1 = comm.sendrecv(me, right, from_left, left, sendtag=31, recvtag=31)
+    comm.sendrecv(me, left, from_right, right, sendtag=32, recvtag=32)
+    x = np.full(1, 7, np.int32)
+    comm.send(x, P, tag=33)
+    w = comm.recv(x, P, tag=33, async_op=True)
+    done_at_once = w.is_completed()
+    w.wait()
+    p = comm.iprobe(P, tag=33)
+    m = comm.mprobe(P, tag=33)
+    m.recv(np.zeros(3, np.float64))
+    obj = comm.sendrecv_object({"r": r}, right, left, sendtag=34, recvtag=34)
+    comm.barrier()
+    return (s1, from_left.tolist(), from_right.tolist(), done_at_once, w.source, w.count,
+            int(x[0]), tuple(p), m.source, obj)
+
+
+def test_proc_null_halo_exchange():
+    got = run(halo_line, 3)
+    P = tutti.PROC_NULL
+    for r in range(3):
+        (s1, fl, fr, at_once, src, cnt, x, probe, msrc, obj) = got[r]
+        assert s1 == (r - 1 if r else P), (r, s1)
+        assert fl == ([10 * r] * 2 if r else [-1, -1]), (r, fl)
+        assert fr == ([10 * (r + 2)] * 2 if r < 2 else [-1, -1]), (r, fr)
+        assert at_once and (src, cnt, x) == (P, 0, 7), (r, at_once, src, cnt, x)
+        assert probe == (P, 0, "u8", 0) and msrc == P, (r, probe, msrc)
+        assert obj == (({"r": r - 1}, r - 1) if r else (None, P)), (r, obj)
+
+
 def strided(comm):
     """A strided array (numpy, torch) sent, and as a collective's input: copied, its
     elements in order (it was refused on the sender alone, whose receiver then waited

@@ -24,11 +24,14 @@ from ._buffer import _DTYPE_NAMES, _SIZES, Buffer, dtype_of
 from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
-__all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE",
+__all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
            "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
+#: MPI_PROC_NULL, as any peer (send, recv, sendrecv, probe): done at once, moving
+#: nothing (a halo exchange's edge); a receive from it leaves its buffer as it was
+PROC_NULL = _lib.PROC_NULL
 
 #: What Communicator.probe found: the sending rank, the message's count and dtype as
 #: sent (the library's name, which dtype= takes), and its size in bytes.
@@ -818,7 +821,7 @@ class Work:
         when the operation is not a receive."""
         if not self.is_completed():
             return None
-        return self._source if self._source >= 0 else None
+        return self._source if self._source >= 0 or self._source == PROC_NULL else None
 
     @property
     def count(self):
@@ -1707,6 +1710,9 @@ class Communicator(_Handle):
         (obj, source). Takes it with mprobe (as mpi4py does), so that threads receiving
         objects of one tag at once each get one whole."""
         m = self.mprobe(peer, tag)
+        if m.source == PROC_NULL:  # (mpi4py's: None from no rank)
+            m.recv()
+            return None, PROC_NULL
         return _unpickle(m.recv()), m.source
 
     def broadcast_object(self, obj=None, root=0):
@@ -1894,7 +1900,8 @@ class Message:
             if b.dev is not None:
                 raise InvalidArgError(f"tutti: {what}: its buffer is on {b.dev}: a message "
                                       "is copied out to host memory")
-            if b.count != self.count or b.dtype != dtype_of(self.dtype):
+            if self.source != PROC_NULL and (b.count != self.count or
+                                             b.dtype != dtype_of(self.dtype)):
                 raise MismatchError(f"tutti: {what}: the buffer holds {b.count} x "  # noqa: F405
                                     f"{_name(b.dtype)}")
         with self._lock:

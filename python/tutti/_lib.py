@@ -17,6 +17,7 @@ c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 IN_PLACE = ctypes.c_void_p(1)
 IN_PLACE_OUT = ctypes.c_void_p(1)
 ANY_SOURCE = -2  # TUTTI_ANY_SOURCE: recv's peer for "whichever rank sends this tag"
+PROC_NULL = -3  # TUTTI_PROC_NULL: a peer that is no rank (MPI_PROC_NULL)
 
 
 def _candidates():
