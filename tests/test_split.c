@@ -1046,7 +1046,57 @@ START_TEST(agree)
 }
 END_TEST
 
-TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 5), TH_CASE(rank_that_does_not_take_part, 2),
+/* tutti_comm_split_type by host: 4 ranks told (TUTTI_HOST_ID) that they sit on hosts
+ * "abaa", keys reversed: host a's communicator holds ranks 3, 2, 0 in that order, host b's
+ * rank 1 alone; then rank 3 takes no part (NULL, host a's of 2, 0); then rank 1 passes a
+ * type that is none: every rank fails naming it, and the communicator goes on. */
+static int rank_split_host(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    static const char map[] = "abaa";
+    tutti_store_t *store = NULL;
+    tutti_comm_t *comm = NULL, *child = NULL;
+    FAIL_IF(tutti_store_open_file(&store, dir, 20000) != 0, "store");
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    char hid[16];
+    snprintf(hid, sizeof(hid), "host-%c", map[rank]);
+    o.host_id = hid;
+    FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init: %s",
+            tutti_comm_last_error(NULL));
+    int colors[NR], keys[NR], members[NR];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 0; r < nranks; r++) {
+            colors[r] = pass == 1 && r == 3 ? TUTTI_SPLIT_NOCOLOR : map[r] - 'a';
+            keys[r] = -r;
+        }
+        int type = colors[rank] < 0 ? TUTTI_SPLIT_NOCOLOR : TUTTI_SPLIT_TYPE_HOST;
+        FAIL_IF(tutti_comm_split_type(comm, type, keys[rank], &child) != 0, "pass %d: %s", pass,
+                tutti_comm_last_error(comm));
+        if (colors[rank] < 0) {
+            FAIL_IF(child, "pass %d: a communicator for no type", pass);
+            continue;
+        }
+        int m = expected_members(colors, keys, nranks, colors[rank], members);
+        TRY(check_child(rank, rank, child, members, m));
+        tutti_comm_destroy(child);
+        child = NULL;
+    }
+    int st = tutti_comm_split_type(comm, rank == 1 ? 7 : TUTTI_SPLIT_TYPE_HOST, 0, &child);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG || child ||
+                !strstr(tutti_comm_last_error(comm), "rank 1 passed type 7"),
+            "a bad type: %d, %s", st, tutti_comm_last_error(comm));
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+TH_RUN_TEST(split_by_host, th_run_nocomm(NR, rank_split_host, NULL, 60000))
+
+TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 5), TH_CASE(split_by_host, 1),
+              TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),

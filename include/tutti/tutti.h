@@ -357,6 +357,18 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
  * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
 
+/* tutti_comm_split_type's type: the ranks of one host (MPI_COMM_TYPE_SHARED: those
+ * that share memory), as the host map knows them (TUTTI_HOST_ID overrides a host's
+ * identity). */
+#define TUTTI_SPLIT_TYPE_HOST 1
+/* MPI_Comm_split_type: split comm by what the ranks share, type TUTTI_SPLIT_TYPE_HOST:
+ * a communicator of this rank's host's ranks, ranked by key (ties: by rank in comm), as
+ * tutti_comm_split's (whose rules it follows: collective over comm, bounded by its
+ * timeout). TUTTI_SPLIT_NOCOLOR (any negative type) takes part and gets NULL. Every rank
+ * sees every rank's type: one of another value fails the call on every rank
+ * (TUTTI_ERR_INVALID_ARG naming that rank and its type). */
+int tutti_comm_split_type(tutti_comm_t *comm, int type, int key, tutti_comm_t **newcomm_p);
+
 /* Duplicate comm (MPI_Comm_dup): a new communicator of the same ranks in the same order,
  * with comm's options and connections of its own, whose calls never meet comm's (a
  * library's traffic kept apart from its caller's). tutti_comm_split with one color and

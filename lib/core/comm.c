@@ -688,6 +688,58 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
     return st;
 }
 
+/* A rank's part of split_type's exchange: its type and its host's identity. */
+typedef struct {
+    int32_t type;
+    char host[sizeof(((tutti_comm_t *)0)->host_id)]; /* NUL-padded */
+} split_type_rec_t;
+
+int tutti_comm_split_type(tutti_comm_t *comm, int type, int key, tutti_comm_t **newcomm_p)
+{
+    int refused;
+    if (refused_in_child(comm, newcomm_p, "split_type", &refused))
+        return refused;
+    if (!comm || !newcomm_p)
+        return TUTTI_ERR_INVALID_ARG;
+    *newcomm_p = NULL;
+    if (type < 0)
+        type = TUTTI_SPLIT_NOCOLOR;
+    int n = comm->nranks;
+    split_type_rec_t mine = { .type = type, .host = { 0 } },
+                     *all = malloc((size_t)n * sizeof(*all));
+    if (!all)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "split_type: out of memory");
+    memcpy(mine.host, comm->host_id, strnlen(comm->host_id, sizeof(mine.host) - 1));
+    int st = tutti_allgather(comm, &mine, all, sizeof(mine), TUTTI_UINT8);
+    if (st < 0) {
+        char cause[TT_ERRMSG_LEN];
+        snprintf(cause, sizeof(cause), "%s", comm->last_error);
+        tt_comm_set_error(comm, st,
+                          "split_type: exchanging types and hosts with the other ranks (every "
+                          "rank must call tutti_comm_split_type): %s",
+                          cause);
+        goto out;
+    }
+    /* every rank sees every type: one not known fails the call everywhere, naming it */
+    for (int r = 0; r < n; r++)
+        if (all[r].type != TUTTI_SPLIT_NOCOLOR && all[r].type != TUTTI_SPLIT_TYPE_HOST) {
+            st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                   "split_type: rank %d passed type %d: not TUTTI_SPLIT_TYPE_HOST "
+                                   "(%d) nor TUTTI_SPLIT_NOCOLOR",
+                                   r, (int)all[r].type, TUTTI_SPLIT_TYPE_HOST);
+            goto out;
+        }
+    /* the color: the first rank on this host (its index: distinct hosts, distinct colors) */
+    int color = TUTTI_SPLIT_NOCOLOR;
+    for (int r = 0; r < n && type != TUTTI_SPLIT_NOCOLOR && color < 0; r++)
+        if (memcmp(all[r].host, mine.host, sizeof(mine.host)) == 0)
+            color = r;
+    st = tutti_comm_split(comm, color, key, newcomm_p);
+out:
+    free(all);
+    return st;
+}
+
 /* The excluded set as text, ranks ascending ("1,3"), into buf; 0, or -1 when a rank is
  * out of range or named twice (*bad_p that rank). */
 static int shrink_set_text(const int *exclude, int n, int nranks, char *buf, size_t buflen,
