@@ -831,6 +831,32 @@ def test_dup():
     assert got == [(r, n, 3, 3, 60, 60) for r in range(n)], got
 
 
+def test_split_type_host():
+    """Communicator.split_type("host") (MPI_Comm_split_type, COMM_TYPE_SHARED): the ranks
+    here share one host, so one communicator of them, ordered by key (reversed); kind
+    None takes part and gets None; another kind is refused before any exchange. (The
+    hosts told apart: tests/test_split.c's split_by_host.)"""
+    def body(comm):
+        try:
+            comm.split_type("socket")
+            bad = "no error"
+        except tutti.InvalidArgError as e:
+            bad = str(e)
+        node = comm.split_type(None if comm.rank == 2 else "host", key=-comm.rank)
+        if node is None:
+            return (None, bad)
+        a = np.array([comm.rank], np.int64)
+        order = np.zeros(node.size, np.int64)
+        node.allgather(a, order)
+        got = (node.rank, node.size, order.tolist())
+        node.destroy()
+        return (got, bad)
+
+    got = run(body, 3)
+    assert [g[0] for g in got] == [(1, 2, [1, 0]), (0, 2, [1, 0]), None], got
+    assert all("split_type's kind is \"host\" or None, not 'socket'" in g[1] for g in got), got
+
+
 def test_split():
     def body(comm):
         half = comm.split(comm.rank % 2, key=-comm.rank)  # reversed order within a color

@@ -1162,6 +1162,21 @@ class Communicator(_Handle):
             return None
         return self._child(h)
 
+    def split_type(self, kind="host", key=0):
+        """MPI_Comm_split_type: every rank calls it; kind "host" (MPI_COMM_TYPE_SHARED):
+        a communicator of this rank's host's ranks (TUTTI_HOST_ID names a host), ordered
+        by (key, rank); None takes part and gets None."""
+        if kind is not None and kind != "host":
+            raise InvalidArgError(f"tutti: split_type's kind is \"host\" or None, not {kind!r}")
+        key = _int(key, "split_type's key")
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_comm_split_type(self._handle(), 1 if kind else -1, key, ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "split_type")
+        if not h:
+            return None
+        return self._child(h)
+
     def dup(self):
         """MPI_Comm_dup: every rank calls it; a new communicator of the same ranks in the
         same order, whose calls never meet this one's."""

@@ -229,6 +229,7 @@ _OTHERS = {
                              ctypes.POINTER(_I)]),
     "tutti_comm_join": (_I, [_WP, _P, ctypes.POINTER(CommOpts)]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
+    "tutti_comm_split_type": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_dup": (_I, [_P, _WP]),
     "tutti_comm_shrink": (_I, [_P, _P, _I, _WP]),
     "tutti_comm_rank": (_I, [_P]),
