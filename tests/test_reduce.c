@@ -200,13 +200,18 @@ static int64_t ref_iop(tutti_redop_t op, int64_t a, int64_t b, int bits, int uns
     case TUTTI_BAND: return a & b;
     case TUTTI_BOR: return a | b;
     case TUTTI_BXOR: return wrap_signed((unsigned __int128)(uint64_t)(a ^ b), bits);
+    /* MPI's: the truth of each, 1 or 0 */
+    case TUTTI_LAND: return a != 0 && b != 0;
+    case TUTTI_LOR: return a != 0 || b != 0;
+    case TUTTI_LXOR: return (a != 0) != (b != 0);
     default: abort();
     }
 }
 
 static int is_bitwise(tutti_redop_t op)
 {
-    return op == TUTTI_BAND || op == TUTTI_BOR || op == TUTTI_BXOR;
+    return op == TUTTI_BAND || op == TUTTI_BOR || op == TUTTI_BXOR || op == TUTTI_LAND ||
+           op == TUTTI_LOR || op == TUTTI_LXOR;
 }
 
 static int is_fp8(tutti_dtype_t dt)
@@ -581,7 +586,10 @@ static void fill_random(tutti_dtype_t dt, void *buf, size_t n)
             p[i] = b;
             break;
         }
-        default: memcpy(p + i * dsize[dt], &r, dsize[dt]);
+        default: /* any bits, a quarter of them 0 (the logical ops' false) */
+            if (r >> 62 == 0)
+                r = 0;
+            memcpy(p + i * dsize[dt], &r, dsize[dt]);
         }
     }
 }
@@ -760,8 +768,9 @@ END_TEST
 
 START_TEST(test_redop_names)
 {
-    static const char *const names[] = { "sum",  "prod", "min",  "max",    "avg",
-                                         "band", "bor",  "bxor", "minloc", "maxloc" };
+    static const char *const names[] = { "sum",  "prod",   "min",    "max",  "avg",
+                                         "band", "bor",    "bxor",   "minloc", "maxloc",
+                                         "land", "lor",    "lxor" };
     ck_assert_int_eq(TUTTI_REDOP_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
         tutti_redop_t op = TUTTI_REDOP_COUNT;
@@ -778,6 +787,8 @@ START_TEST(test_redop_names)
     ck_assert_int_eq(op, TUTTI_BOR);
     ck_assert_int_eq(tutti_redop_parse("bitwise_xor", &op), TUTTI_OK);
     ck_assert_int_eq(op, TUTTI_BXOR);
+    ck_assert_int_eq(tutti_redop_parse("logical_or", &op), TUTTI_OK);
+    ck_assert_int_eq(op, TUTTI_LOR);
     static const char *const bad[] = { "", "sums", "su", "minimum", "avg ", "xor", "and" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         op = TUTTI_MAX;

@@ -82,8 +82,10 @@ typedef enum tutti_dtype {
  * order as usual (MIN of -inf and x is -inf); +0 and -0 compare equal, so which of them
  * a MIN/MAX of both returns depends on the algorithm's order of operands.
  * BAND, BOR and BXOR (MPI_BAND/BOR/BXOR, torch's ReduceOp.BAND/BOR/BXOR) combine the
- * bits of integer dtypes; with a float dtype a call fails with TUTTI_ERR_INVALID_ARG
- * naming the op and the dtype (tutti_redop_supported says beforehand).
+ * bits of integer dtypes; LAND, LOR and LXOR (MPI_LAND/LOR/LXOR) their truth (nonzero):
+ * 1 or 0 in the dtype; with a float dtype a call of any of the six fails with
+ * TUTTI_ERR_INVALID_ARG naming the op and the dtype (tutti_redop_supported says
+ * beforehand).
  * The fp8 dtypes reduce as NCCL's do (CUDA's satfinite conversions): each step in fp32,
  * rounded to nearest even, a result beyond the largest finite value (+-448 for E4M3,
  * +-57344 for E5M2; an E5M2 infinity too) saturating to it, NaN staying NaN (torch's own
@@ -116,6 +118,9 @@ typedef enum tutti_redop {
     TUTTI_BXOR,
     TUTTI_MINLOC, /* MPI_MINLOC, MPI_MAXLOC: of the value-index pair dtypes only */
     TUTTI_MAXLOC,
+    TUTTI_LAND, /* MPI_LAND, MPI_LOR, MPI_LXOR: of the integer dtypes */
+    TUTTI_LOR,
+    TUTTI_LXOR,
     TUTTI_REDOP_COUNT,
     /* ops the caller defines (tutti_redop_create) take values from here to
      * TUTTI_REDOP_USER_LAST */
@@ -134,7 +139,7 @@ const char *tutti_redop_name(tutti_redop_t op);
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
 int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
 /* 1 if collectives reduce dtype with op (every op but MINLOC and MAXLOC reduces the
- * integer dtypes; BAND, BOR and BXOR no float dtype; MINLOC and MAXLOC the value-index
+ * integer dtypes; BAND, BOR, BXOR, LAND, LOR and LXOR no float dtype; MINLOC and MAXLOC the value-index
  * pairs only, which nothing else reduces; a defined op, below, every dtype), 0 if not or
  * either is out of range (or op is not defined). */
 int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);

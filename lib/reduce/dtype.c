@@ -87,7 +87,8 @@ static const char *const tt_redop_names[TUTTI_REDOP_COUNT] = {
     [TUTTI_SUM] = "sum",       [TUTTI_PROD] = "prod", [TUTTI_MIN] = "min",
     [TUTTI_MAX] = "max",       [TUTTI_AVG] = "avg",   [TUTTI_BAND] = "band",
     [TUTTI_BOR] = "bor",       [TUTTI_BXOR] = "bxor", [TUTTI_MINLOC] = "minloc",
-    [TUTTI_MAXLOC] = "maxloc",
+    [TUTTI_MAXLOC] = "maxloc", [TUTTI_LAND] = "land", [TUTTI_LOR] = "lor",
+    [TUTTI_LXOR] = "lxor",
 };
 
 static const struct {
@@ -96,7 +97,8 @@ static const struct {
 } tt_redop_aliases[] = {
     { "add", TUTTI_SUM },        { "product", TUTTI_PROD },     { "mul", TUTTI_PROD },
     { "mean", TUTTI_AVG },       { "average", TUTTI_AVG },      { "bitwise_and", TUTTI_BAND },
-    { "bitwise_or", TUTTI_BOR }, { "bitwise_xor", TUTTI_BXOR },
+    { "bitwise_or", TUTTI_BOR }, { "bitwise_xor", TUTTI_BXOR }, { "logical_and", TUTTI_LAND },
+    { "logical_or", TUTTI_LOR }, { "logical_xor", TUTTI_LXOR },
 };
 
 TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)

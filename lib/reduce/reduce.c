@@ -204,6 +204,10 @@ uint16_t tt_float_to_bf16(float f)
 #define TT_OP_BAND(x, y) ((x) & (y))
 #define TT_OP_BOR(x, y) ((x) | (y))
 #define TT_OP_BXOR(x, y) ((x) ^ (y))
+/* MPI's logical ops: 1 or 0 (of the dtype) by whether each operand is nonzero */
+#define TT_OP_LAND(x, y) ((x) != 0 && (y) != 0)
+#define TT_OP_LOR(x, y) ((x) != 0 || (y) != 0)
+#define TT_OP_LXOR(x, y) (((x) != 0) != ((y) != 0))
 
 #define TT_LD_ID(v) (v)
 #define TT_ST_ID(v) (v)
@@ -291,7 +295,10 @@ typedef void (*tt_k3_fn)(void *dst, const void *a, const void *b, size_t n);
 #define TT_DEF_BITS(isa, attr, dt, UST, UCT)                                                       \
     TT_DEF_KERNELS(isa, attr, dt##_band, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BAND)                 \
     TT_DEF_KERNELS(isa, attr, dt##_bor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BOR)                   \
-    TT_DEF_KERNELS(isa, attr, dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)
+    TT_DEF_KERNELS(isa, attr, dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)                 \
+    TT_DEF_KERNELS(isa, attr, dt##_land, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LAND)                 \
+    TT_DEF_KERNELS(isa, attr, dt##_lor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LOR)                   \
+    TT_DEF_KERNELS(isa, attr, dt##_lxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LXOR)
 
 /* Every op of one integer dtype: arithmetic (signed compare for MIN/MAX), then bits. */
 #define TT_DEF_INT(isa, attr, dt, SST, SCT, UST, UCT)                                              \
@@ -388,7 +395,8 @@ static void tt_f8_k3(uint8_t *d, const uint8_t *a, const uint8_t *b, size_t n, c
     [TUTTI_MIN] = k##_##dt##_min_##isa, [TUTTI_MAX] = k##_##dt##_max_##isa
 #define TT_ROW_INT(k, isa, dt)                                                                     \
     TT_ROW(k, isa, dt), [TUTTI_BAND] = k##_##dt##_band_##isa, [TUTTI_BOR] = k##_##dt##_bor_##isa,  \
-                        [TUTTI_BXOR] = k##_##dt##_bxor_##isa
+                        [TUTTI_BXOR] = k##_##dt##_bxor_##isa, [TUTTI_LAND] = k##_##dt##_land_##isa,  \
+                        [TUTTI_LOR] = k##_##dt##_lor_##isa, [TUTTI_LXOR] = k##_##dt##_lxor_##isa
 
 #define TT_TABLE(k, isa, hisa)                                                                     \
     {                                                                                              \
@@ -620,7 +628,10 @@ const char *tt_reduce_isa_name(void)
     TT_DEF_SELF_OPS(dt, SST, SCT, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_MIN, TT_OP_MAX)              \
     TT_DEF_SELF(dt##_band, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BAND)                               \
     TT_DEF_SELF(dt##_bor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BOR)                                 \
-    TT_DEF_SELF(dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)
+    TT_DEF_SELF(dt##_bxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_BXOR)                               \
+    TT_DEF_SELF(dt##_land, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LAND)                               \
+    TT_DEF_SELF(dt##_lor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LOR)                                 \
+    TT_DEF_SELF(dt##_lxor, UST, UCT, TT_LD_ID, TT_ST_ID, TT_OP_LXOR)
 
 TT_DEF_SELF_INT(i8, tt_ui8_t, int8_t, tt_uu8_t, uint8_t)
 TT_DEF_SELF_INT(u8, tt_uu8_t, uint8_t, tt_uu8_t, uint8_t)
@@ -655,7 +666,8 @@ typedef void (*tt_k1_fn)(void *dst, size_t n);
 #define TT_SELF_ROW_INT(dt)                                                                        \
     {                                                                                              \
         TT_SELF_COLS(dt), [TUTTI_BAND] = tt_k1_##dt##_band, [TUTTI_BOR] = tt_k1_##dt##_bor,        \
-                          [TUTTI_BXOR] = tt_k1_##dt##_bxor                                         \
+                          [TUTTI_BXOR] = tt_k1_##dt##_bxor, [TUTTI_LAND] = tt_k1_##dt##_land,      \
+                          [TUTTI_LOR] = tt_k1_##dt##_lor, [TUTTI_LXOR] = tt_k1_##dt##_lxor         \
     }
 static const tt_k1_fn tt_k1[TUTTI_DTYPE_COUNT][TT_NOPS] = {
     [TUTTI_INT8] = TT_SELF_ROW_INT(i8),    [TUTTI_UINT8] = TT_SELF_ROW_INT(u8),
