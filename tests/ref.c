@@ -123,9 +123,11 @@ const tutti_dtype_t all_dtypes[8] = { TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTT
 /* the later integer dtypes: every op, on fewer counts (their kernels are test_reduce's) */
 const tutti_dtype_t more_dtypes[4] = { TUTTI_INT16, TUTTI_UINT16, TUTTI_UINT32, TUTTI_UINT64 };
 const tutti_redop_t all_ops[5] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG };
-const tutti_redop_t bit_ops[3] = { TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR };
-const tutti_redop_t int_ops[8] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX,
-                                   TUTTI_AVG, TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR };
+const tutti_redop_t bit_ops[6] = { TUTTI_BAND, TUTTI_BOR,  TUTTI_BXOR,
+                                   TUTTI_LAND, TUTTI_LOR, TUTTI_LXOR };
+const tutti_redop_t int_ops[11] = { TUTTI_SUM,  TUTTI_PROD, TUTTI_MIN,  TUTTI_MAX,
+                                    TUTTI_AVG,  TUTTI_BAND, TUTTI_BOR,  TUTTI_BXOR,
+                                    TUTTI_LAND, TUTTI_LOR,  TUTTI_LXOR };
 
 int is_unsigned(tutti_dtype_t dt)
 {
@@ -165,13 +167,19 @@ double gen_float(tutti_redop_t op, uint64_t bits)
 }
 
 /* odd factors keep integer products from collapsing to 0; BAND's inputs have 3 bits
- * of 4 set and BOR's 1 of 4, so that neither result is all zeros or all ones at 2-4 ranks */
+ * of 4 set and BOR's 1 of 4, so that neither result is all zeros or all ones at 2-4 ranks;
+ * the logical ops' are 0 or a value nonzero in every width (LAND's 0 a quarter of the
+ * time, LOR's three quarters, LXOR's half: each result both ways at 2-4 ranks) */
 uint64_t gen_int(tutti_redop_t op, uint64_t bits)
 {
+    uint64_t some = (bits >> 8 & 0x3f) | 1;
     switch (op) {
     case TUTTI_PROD: return bits | 1;
     case TUTTI_BAND: return bits | mix64(bits);
     case TUTTI_BOR: return bits & mix64(bits);
+    case TUTTI_LAND: return bits % 4 == 0 ? 0 : some;
+    case TUTTI_LOR: return bits % 4 != 0 ? 0 : some;
+    case TUTTI_LXOR: return bits % 2 ? 0 : some;
     default: return bits;
     }
 }
@@ -302,6 +310,9 @@ void expected_elem(void *out, tutti_dtype_t dt, tutti_redop_t op, int nranks, si
         case TUTTI_BAND: acc &= v; break;
         case TUTTI_BOR: acc |= v; break;
         case TUTTI_BXOR: acc ^= v; break;
+        case TUTTI_LAND: acc = acc && v; break;
+        case TUTTI_LOR: acc = acc || v; break;
+        case TUTTI_LXOR: acc = !acc != !v; break;
         default: acc += v; break;
         }
     }

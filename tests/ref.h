@@ -17,10 +17,10 @@
 extern const tutti_dtype_t all_dtypes[8];
 extern const tutti_dtype_t more_dtypes[4];
 extern const tutti_redop_t all_ops[5];
-/* BAND, BOR, BXOR: integer dtypes only (tutti_redop_supported) */
-extern const tutti_redop_t bit_ops[3];
+/* BAND, BOR, BXOR, LAND, LOR, LXOR: integer dtypes only (tutti_redop_supported) */
+extern const tutti_redop_t bit_ops[6];
 /* every op an integer dtype takes: all_ops, then bit_ops */
-extern const tutti_redop_t int_ops[8];
+extern const tutti_redop_t int_ops[11];
 
 float ref_half_to_float(uint16_t h);
 uint16_t ref_float_to_half(float f);

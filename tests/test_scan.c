@@ -187,7 +187,7 @@ static int rank_scan(int rank, int nranks, tutti_comm_t *unused, const char *dir
     int n_call = 0;
     for (int d = 0; d < 12; d++) {
         tutti_dtype_t dt = d < 8 ? all_dtypes[d] : more_dtypes[d - 8];
-        const int nops = is_float(dt) ? 5 : 8;
+        const int nops = is_float(dt) ? (int)ARRAY_SIZE(all_ops) : (int)ARRAY_SIZE(int_ops);
         for (int k = 0; k < nops; k++) {
             tutti_redop_t op = is_float(dt) ? all_ops[k] : int_ops[k];
             for (int ex = 0; ex < 2; ex++)

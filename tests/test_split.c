@@ -1063,6 +1063,7 @@ static int rank_split_host(int rank, int nranks, tutti_comm_t *unused, const cha
     char hid[16];
     snprintf(hid, sizeof(hid), "host-%c", map[rank]);
     o.host_id = hid;
+    o.transport = "auto"; /* shm within a host, tcp across, whatever the suite runs over */
     FAIL_IF(tutti_comm_init(&comm, store, rank, nranks, &o) != 0, "init: %s",
             tutti_comm_last_error(NULL));
     int colors[NR], keys[NR], members[NR];
