@@ -400,7 +400,8 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
         return -1;
     }
     if (coll_has_op(cfg_p->coll) && dtype_is_float(cfg_p->dtype) &&
-        (cfg_p->op == TUTTI_BAND || cfg_p->op == TUTTI_BOR || cfg_p->op == TUTTI_BXOR)) {
+        (cfg_p->op == TUTTI_BAND || cfg_p->op == TUTTI_BOR || cfg_p->op == TUTTI_BXOR ||
+         cfg_p->op == TUTTI_LAND || cfg_p->op == TUTTI_LOR || cfg_p->op == TUTTI_LXOR)) {
         fprintf(stderr, "tutti-bench: -o %s needs an integer dtype, not %s\n",
                 tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
         return -1;
@@ -846,6 +847,10 @@ static double red_value(const bench_cfg_t *cfg, int r, int n, size_t i)
     case TUTTI_BAND: return (double)((r == 0 ? hi : 120) | (7 ^ (1u << (((size_t)r + i) % 3))));
     case TUTTI_BOR: return (double)((r == 0 ? hi : 0) | (1u << (((size_t)r + i) % 3)));
     case TUTTI_BXOR: return (double)((r == 0 ? hi : 0) | (((size_t)r * 3 + i) % 8));
+    /* 0 or not, in [0, 3]: LAND's mostly not, LOR's mostly 0, LXOR's half each */
+    case TUTTI_LAND: return ((size_t)r + i) % 7 ? (double)(1 + i % 3) : 0.0;
+    case TUTTI_LOR: return ((size_t)r * 5 + i) % 7 == 0 ? (double)(1 + i % 3) : 0.0;
+    case TUTTI_LXOR: return ((size_t)r * 3 + i) % 7 < 3 ? (double)(1 + i % 3) : 0.0;
     default: return 0.0;
     }
 }
@@ -926,6 +931,9 @@ static double red_expected(const bench_cfg_t *cfg, int n, int k, size_t i)
         case TUTTI_BAND: acc = (double)((long)acc & (long)v); break;
         case TUTTI_BOR: acc = (double)((long)acc | (long)v); break;
         case TUTTI_BXOR: acc = (double)((long)acc ^ (long)v); break;
+        case TUTTI_LAND: acc = acc != 0 && v != 0; break;
+        case TUTTI_LOR: acc = acc != 0 || v != 0; break;
+        case TUTTI_LXOR: acc = (acc != 0) != (v != 0); break;
         default: break;
         }
     }
@@ -1008,6 +1016,9 @@ static size_t input_period(const bench_cfg_t *cfg)
     case TUTTI_BAND:
     case TUTTI_BOR: return 3 * LONG_PERIOD;
     case TUTTI_BXOR: return 8 * LONG_PERIOD;
+    case TUTTI_LAND:
+    case TUTTI_LOR:
+    case TUTTI_LXOR: return 21 * LONG_PERIOD;
     default: return LONG_PERIOD;
     }
 }
