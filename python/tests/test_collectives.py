@@ -96,7 +96,8 @@ def reductions(comm):
     return bad
 
 
-BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
+           "land": np.logical_and, "lor": np.logical_or, "lxor": np.logical_xor}
 
 
 def prefix_reference(op, dt, k, n=N):
@@ -186,20 +187,28 @@ def test_blocking_calls_return_none(size):
 
 def bits(rank, storage, op, n=N):
     """Random bits of every width; BAND's inputs are 3 bits in 4 set and BOR's 1 in 4,
-    so that neither result is all zeros or all ones."""
+    so that neither result is all zeros or all ones; the logical ops' are 0 or odd (LAND's
+    0 one time in 4, LOR's three in 4, LXOR's half), each result both ways."""
     rng = np.random.default_rng(2000 + rank)
     v = [rng.integers(0, 256, n * np.dtype(storage).itemsize, dtype=np.uint8).view(storage)
          for _ in range(2)]
-    return {"band": v[0] | v[1], "bor": v[0] & v[1], "bxor": v[0]}[op]
+    q = rng.integers(0, 4, n)
+    odd = v[1] | np.ones(1, storage)
+    zero = np.zeros(1, storage)
+    return {"band": v[0] | v[1], "bor": v[0] & v[1], "bxor": v[0],
+            "land": np.where(q == 0, zero, odd), "lor": np.where(q != 0, zero, odd),
+            "lxor": np.where(q % 2 == 0, zero, odd)}[op]
 
 
 def bitwise(comm):
-    """allreduce, reduce and reduce_scatter with BAND, BOR and BXOR on every integer
-    dtype against NumPy's bitwise reductions; a float buffer is refused naming both."""
+    """allreduce, reduce and reduce_scatter with BAND, BOR, BXOR, LAND, LOR and LXOR on
+    every integer dtype against NumPy's bitwise and logical reductions (those as 1 or 0
+    in the dtype); a float buffer is refused naming both."""
     bad, size, rank = [], comm.size, comm.rank
     for dt, storage in [d for d in DTYPES if d[0] in INTS]:
         for op, fn in BITWISE.items():
-            want = fn.reduce(np.stack([bits(r, storage, op) for r in range(size)]), 0)
+            want = fn.reduce(np.stack([bits(r, storage, op) for r in range(size)]),
+                             0).astype(storage)
             a = bits(rank, storage, op)
             comm.allreduce(a, op=op)
             out = np.zeros(N, storage)
@@ -211,19 +220,19 @@ def bitwise(comm):
             rs = np.zeros(5, storage)
             comm.reduce_scatter(big, rs, op=op)
             want_rs = fn.reduce(np.stack([bits(r * 10 + rank, storage, op, 5)
-                                          for r in range(size)]), 0)
+                                          for r in range(size)]), 0).astype(storage)
             for name, got, exp in (("allreduce in place", a, want), ("allreduce", out, want),
                                    ("reduce", red if rank == 0 else want, want),
                                    ("reduce_scatter", rs, want_rs)):
                 if not np.array_equal(got, exp):
                     bad.append(f"{name} {dt} {op}")
-    for dt in (np.float32, np.float64):
+    for dt, op in ((np.float32, "bxor"), (np.float64, "bxor"), (np.float32, "land")):
         try:
-            comm.allreduce(np.ones(4, dt), op="bxor")
-            bad.append(f"bxor on {np.dtype(dt)} was not refused")
+            comm.allreduce(np.ones(4, dt), op=op)
+            bad.append(f"{op} on {np.dtype(dt)} was not refused")
         except tutti.InvalidArgError as e:
-            if "op bxor reduces integer dtypes only" not in str(e):
-                bad.append(f"bxor on {np.dtype(dt)}: {e}")
+            if f"op {op} reduces integer dtypes only" not in str(e):
+                bad.append(f"{op} on {np.dtype(dt)}: {e}")
     comm.barrier()
     return bad
 
@@ -998,7 +1007,8 @@ def bools(comm):
     pats = rng.random((size, 64)) < 0.6  # every rank's values, known to all
     mine = pats[rank].copy()
     want = {"sum": pats.any(0), "max": pats.any(0), "prod": pats.all(0), "min": pats.all(0),
-            "band": pats.all(0), "bor": pats.any(0), "bxor": pats.sum(0) % 2 == 1}
+            "band": pats.all(0), "bor": pats.any(0), "bxor": pats.sum(0) % 2 == 1,
+            "land": pats.all(0), "lor": pats.any(0), "lxor": pats.sum(0) % 2 == 1}
     bad = []
     for op, w in want.items():
         out = np.zeros(64, bool)

@@ -40,9 +40,10 @@ Probe = collections.namedtuple("Probe", "source count dtype nbytes")
 #: the version of the package and of the libtutti it loaded (they must agree: _lib)
 version = __version__ = _lib.lib.tutti_version_string().decode()
 _lib_ = _lib.lib
-#: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR: integer dtypes;
-#: MINLOC, MAXLOC: the value-index pair dtypes ("float_int", "double_int", ...)
-SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR, MINLOC, MAXLOC = range(10)
+#: reduce ops (include/tutti/tutti.h's tutti_redop_t); BAND, BOR, BXOR and MPI's logical
+#: LAND, LOR, LXOR (1 or 0 by the operands' truth): integer dtypes (and bool); MINLOC,
+#: MAXLOC: the value-index pair dtypes ("float_int", "double_int", ...)
+SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR, MINLOC, MAXLOC, LAND, LOR, LXOR = range(13)
 
 # Communicators, then stores, still open when the interpreter exits are closed before
 # Python tears its modules down (a communicator's progress thread must not outlive them).
@@ -186,14 +187,15 @@ def _resolve_op(op):
         out = ctypes.c_int()
         if _lib_.tutti_redop_parse(op.encode(), ctypes.byref(out)) < 0:
             raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, "
-                                  "avg, band, bor, bxor, minloc, maxloc)")
+                                  "avg, band, bor, bxor, land, lor, lxor, minloc, maxloc)")
         _OPS[op] = out.value
         return out.value, None
     try:
         v = operator.index(op)
     except TypeError:
         raise InvalidArgError(f"tutti: unknown reduce op {op!r} (sum, prod, min, max, avg, "
-                              "band, bor, bxor, minloc, maxloc, or a tutti.Op)") from None
+                              "band, bor, bxor, land, lor, lxor, minloc, maxloc, or a "
+                              "tutti.Op)") from None
     if 0 <= v < _USER_FIRST:
         return v, None  # the library's own ops (it refuses the values it has none for)
     defined = _USER_OPS.get(v) if v <= _USER_LAST else None
@@ -238,14 +240,15 @@ def _logical_op(bufs, v, name):
         _LOGICAL.update({_op(a): _op(b) for a, b in (("sum", "max"), ("max", "max"),
                                                      ("prod", "min"), ("min", "min"),
                                                      ("band", "band"), ("bor", "bor"),
-                                                     ("bxor", "bxor"))})
+                                                     ("bxor", "bxor"), ("land", "land"),
+                                                     ("lor", "lor"), ("lxor", "lxor"))})
     if v >= _USER_FIRST:
         return v
     m = _LOGICAL.get(v)
     if m is None:
         raise InvalidArgError(f"tutti: {name}: reduce op {_lib_.tutti_redop_name(v).decode()} "
                               "does not apply to bool elements (sum/max: or, prod/min: and, "
-                              "band, bor, bxor)")
+                              "band, bor, bxor, land, lor, lxor)")
     return m
 
 
