@@ -123,10 +123,10 @@ const tutti_dtype_t all_dtypes[8] = { TUTTI_INT8, TUTTI_UINT8, TUTTI_INT32, TUTT
 /* the later integer dtypes: every op, on fewer counts (their kernels are test_reduce's) */
 const tutti_dtype_t more_dtypes[4] = { TUTTI_INT16, TUTTI_UINT16, TUTTI_UINT32, TUTTI_UINT64 };
 const tutti_redop_t all_ops[5] = { TUTTI_SUM, TUTTI_PROD, TUTTI_MIN, TUTTI_MAX, TUTTI_AVG };
-const tutti_redop_t bit_ops[6] = { TUTTI_BAND, TUTTI_BOR,  TUTTI_BXOR,
+const tutti_redop_t bit_ops[6] = { TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR,
                                    TUTTI_LAND, TUTTI_LOR, TUTTI_LXOR };
-const tutti_redop_t int_ops[11] = { TUTTI_SUM,  TUTTI_PROD, TUTTI_MIN,  TUTTI_MAX,
-                                    TUTTI_AVG,  TUTTI_BAND, TUTTI_BOR,  TUTTI_BXOR,
+const tutti_redop_t int_ops[11] = { TUTTI_SUM,  TUTTI_PROD, TUTTI_MIN, TUTTI_MAX,
+                                    TUTTI_AVG,  TUTTI_BAND, TUTTI_BOR, TUTTI_BXOR,
                                     TUTTI_LAND, TUTTI_LOR,  TUTTI_LXOR };
 
 int is_unsigned(tutti_dtype_t dt)

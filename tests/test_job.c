@@ -1066,7 +1066,90 @@ START_TEST(views_count_apart)
 }
 END_TEST
 
-TH_CASES_MAIN("job", 60, TH_CASE(views_count_apart, 2), TH_CASE(rejected_rank_joins_next_job, 1),
+/* tutti_get_unique_id / tutti_comm_init_rank (NCCL's bootstrap): rank 0 makes the id
+ * and hands it over through a file (as a program would through MPI_Bcast); the three
+ * join, allreduce and split through it. An id with a byte changed is refused as none;
+ * one whose secret was changed cannot reach the store (refused by the server, within
+ * the timeout); once released and its communicator destroyed, the maker serves it no
+ * more; a second release is refused. */
+static int rank_uid(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const tutti_unique_id_t *given = arg;
+    tutti_unique_id_t id;
+    char path[512], tmp[520];
+    snprintf(path, sizeof(path), "%s/uid", dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    if (given) {
+        id = *given; /* made by the test's own process before the fork */
+    } else if (rank == 0) {
+        FAIL_IF(tutti_get_unique_id(&id) != 0, "get_unique_id: %s", tutti_comm_last_error(NULL));
+        FILE *f = fopen(tmp, "wb");
+        FAIL_IF(!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, path),
+                "writing the id");
+    } else {
+        FILE *f = NULL;
+        for (int i = 0; i < 1000 && !(f = fopen(path, "rb")); i++)
+            usleep(10000);
+        FAIL_IF(!f || fread(&id, sizeof(id), 1, f) != 1, "reading the id");
+        fclose(f);
+    }
+    tutti_comm_t *comm = NULL, *half = NULL;
+    FAIL_IF(tutti_comm_init_rank(&comm, nranks, &id, rank, NULL) != 0, "init_rank: %s",
+            tutti_comm_last_error(NULL));
+    int64_t v[3] = { rank + 1, 10 * (rank + 1), -rank };
+    FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, v, 3, TUTTI_INT64, TUTTI_SUM) != 0,
+            "allreduce: %s", tutti_comm_last_error(comm));
+    int64_t n = nranks;
+    FAIL_IF(v[0] != n * (n + 1) / 2 || v[1] != 10 * v[0] || v[2] != -(n * (n - 1) / 2),
+            "allreduce: %lld %lld %lld", (long long)v[0], (long long)v[1], (long long)v[2]);
+    FAIL_IF(tutti_comm_split(comm, rank % 2, 0, &half) != 0, "split: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(tutti_barrier(half) != 0, "barrier on the split: %s", tutti_comm_last_error(half));
+    tutti_comm_destroy(half);
+    tutti_comm_destroy(comm);
+    if (rank != 0 || given)
+        return 0;
+    /* what a bad id gets: the maker alone, as a one-rank job */
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 1500;
+    tutti_unique_id_t bad = id;
+    bad.internal[0] ^= 1;
+    FAIL_IF(tutti_comm_init_rank(&comm, 1, &bad, 0, &o) != TUTTI_ERR_INVALID_ARG || comm ||
+                !strstr(tutti_comm_last_error(NULL), "not one tutti_get_unique_id made"),
+            "a changed byte: %s", tutti_comm_last_error(NULL));
+    bad = id;
+    char *sec = strrchr(bad.internal, ' ') - 1; /* the secret's last digit */
+    *sec = *sec == '0' ? '1' : '0';
+    FAIL_IF(tutti_comm_init_rank(&comm, 1, &bad, 0, &o) >= 0 || comm ||
+                !strstr(tutti_comm_last_error(NULL), "cannot reach the id's store"),
+            "another secret: %s", tutti_comm_last_error(NULL));
+    FAIL_IF(tutti_unique_id_release(&id) != 0, "release: %s", tutti_comm_last_error(NULL));
+    FAIL_IF(tutti_unique_id_release(&id) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(NULL), "not made by this process"),
+            "a second release: %s", tutti_comm_last_error(NULL));
+    FAIL_IF(tutti_comm_init_rank(&comm, 1, &id, 0, &o) >= 0 || comm ||
+                !strstr(tutti_comm_last_error(NULL), "cannot reach the id's store"),
+            "after the release: %s", tutti_comm_last_error(NULL));
+    return 0;
+}
+
+TH_RUN_TEST(unique_id_bootstrap, th_run_nocomm(3, rank_uid, NULL, 60000))
+
+/* The id made by a process that is no rank (a launcher's): it serves the store. */
+START_TEST(unique_id_of_a_launcher)
+{
+    tutti_unique_id_t id;
+    ck_assert_msg(tutti_get_unique_id(&id) == 0, "%s", tutti_comm_last_error(NULL));
+    int rc = th_run_nocomm(2, rank_uid, &id, 60000);
+    ck_assert_int_eq(tutti_unique_id_release(&id), 0);
+    ck_assert_int_eq(rc, 0);
+}
+END_TEST
+
+TH_CASES_MAIN("job", 60, TH_CASE(views_count_apart, 2), TH_CASE(unique_id_bootstrap, 1),
+              TH_CASE(unique_id_of_a_launcher, 1), TH_CASE(rejected_rank_joins_next_job, 1),
               TH_CASE(root_retries_after_failed_init, 1), TH_CASE(rank_in_own_pid_namespace, 1),
               TH_CASE(clock_skew_between_hosts, 1), TH_CASE(restarted_rank_rejoins, 1),
               TH_CASE(restarted_across_hosts, 1), TH_CASE(contest_check_fails_open, 1),

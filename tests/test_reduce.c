@@ -768,9 +768,8 @@ END_TEST
 
 START_TEST(test_redop_names)
 {
-    static const char *const names[] = { "sum",  "prod",   "min",    "max",  "avg",
-                                         "band", "bor",    "bxor",   "minloc", "maxloc",
-                                         "land", "lor",    "lxor" };
+    static const char *const names[] = { "sum",  "prod",   "min",    "max",  "avg", "band", "bor",
+                                         "bxor", "minloc", "maxloc", "land", "lor", "lxor" };
     ck_assert_int_eq(TUTTI_REDOP_COUNT, sizeof(names) / sizeof(names[0]));
     for (int i = 0; i < TUTTI_REDOP_COUNT; i++) {
         tutti_redop_t op = TUTTI_REDOP_COUNT;

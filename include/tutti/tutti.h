@@ -321,6 +321,32 @@ int tutti_comm_init(tutti_comm_t **comm_p, tutti_store_t *store, int rank, int s
  * owns the store it opened. */
 int tutti_comm_init_env(tutti_comm_t **comm_p, const tutti_comm_opts_t *opts);
 
+/* NCCL's bootstrap (ncclGetUniqueId, ncclCommInitRank): one process makes an id, the
+ * program hands its bytes to every rank by its own means (MPI_Bcast, a file, an
+ * argument), and each rank calls tutti_comm_init_rank with it. The id holds a tcp store
+ * that its maker serves (an embedded server on an address of this host chosen as the
+ * tcp transport's: TUTTI_SOCKET_IFNAME, TUTTI_SOCKET_FAMILY), a random job secret that
+ * guards that store and every link (only holders of the id get in) and a random job id
+ * (two ids' ranks never mix). The maker serves it until tutti_unique_id_release (or its
+ * exit), and while a communicator it made from the id lives; the communicators of every
+ * rank use it for their lifetime (splits, shrinks, failure reports), so keep the maker's
+ * process up until they are destroyed, as rank 0's embedded store server of
+ * tutti_comm_init_env. Errors (no interface, bad id, a store not reachable within the
+ * timeout) are the thread's, read with tutti_comm_last_error(NULL). */
+#define TUTTI_UNIQUE_ID_BYTES 128
+typedef struct tutti_unique_id {
+    char internal[TUTTI_UNIQUE_ID_BYTES];
+} tutti_unique_id_t;
+int tutti_get_unique_id(tutti_unique_id_t *id);
+/* Rank `rank` of nranks joins the id's job: tutti_comm_init through the id's store, with
+ * the id's job id and secret (opts' own where it names them; opts may be NULL). The
+ * communicator owns its store handle (as tutti_comm_init_env's). */
+int tutti_comm_init_rank(tutti_comm_t **comm_p, int nranks, const tutti_unique_id_t *id, int rank,
+                         const tutti_comm_opts_t *opts);
+/* The maker stops serving the id's store once its own communicators made from it are
+ * destroyed (TUTTI_ERR_INVALID_ARG for an id this process did not make, or released). */
+int tutti_unique_id_release(const tutti_unique_id_t *id);
+
 /* The job the environment describes: this process's rank and the rank count, and the
  * store opened (the caller closes it). The rank and size come as a pair from the first
  * launcher that sets both: TUTTI_RANK/TUTTI_WORLD_SIZE, torchrun's RANK/WORLD_SIZE (these

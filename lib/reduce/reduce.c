@@ -395,8 +395,9 @@ static void tt_f8_k3(uint8_t *d, const uint8_t *a, const uint8_t *b, size_t n, c
     [TUTTI_MIN] = k##_##dt##_min_##isa, [TUTTI_MAX] = k##_##dt##_max_##isa
 #define TT_ROW_INT(k, isa, dt)                                                                     \
     TT_ROW(k, isa, dt), [TUTTI_BAND] = k##_##dt##_band_##isa, [TUTTI_BOR] = k##_##dt##_bor_##isa,  \
-                        [TUTTI_BXOR] = k##_##dt##_bxor_##isa, [TUTTI_LAND] = k##_##dt##_land_##isa,  \
-                        [TUTTI_LOR] = k##_##dt##_lor_##isa, [TUTTI_LXOR] = k##_##dt##_lxor_##isa
+                        [TUTTI_BXOR] = k##_##dt##_bxor_##isa,                                      \
+                        [TUTTI_LAND] = k##_##dt##_land_##isa, [TUTTI_LOR] = k##_##dt##_lor_##isa,  \
+                        [TUTTI_LXOR] = k##_##dt##_lxor_##isa
 
 #define TT_TABLE(k, isa, hisa)                                                                     \
     {                                                                                              \

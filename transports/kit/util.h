@@ -214,6 +214,26 @@ static inline int tp_fd_room(const tutti_tp_host_v1_t *h, const char *what, int 
     return 0;
 }
 
+/* Does interface `name` pass TUTTI_SOCKET_IFNAME's spec: prefixes "eth,ib", "^lo"
+ * excludes those, "=eth0" exact names (NCCL_SOCKET_IFNAME's syntax)? (lib/ uses it too:
+ * the unique id's address.) */
+static inline int tp_ifname_matches(const char *spec, const char *name)
+{
+    int exclude = spec[0] == '^';
+    const char *p = spec + exclude;
+    int exact = p[0] == '=';
+    p += exact;
+    int hit = 0;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n && (exact ? (strlen(name) == n && !strncmp(name, p, n)) : !strncmp(name, p, n)))
+            hit = 1;
+        p += n + (e ? 1 : 0);
+    }
+    return exclude ? !hit : hit;
+}
+
 /* This host's identity when nothing better is given: hostname and boot id (ranks with
  * equal ids share a kernel). override, when set, wins. */
 static inline void tp_host_id_fallback(const char *override, char *out, size_t len)

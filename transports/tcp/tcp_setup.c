@@ -129,23 +129,6 @@ static void fmt_addr(const struct sockaddr *sa, char *buf, size_t len)
 /* ---- address choice: TUTTI_SOCKET_IFNAME ("eth,ib" prefixes, "^lo" excludes,
  * "=eth0" exact) and TUTTI_SOCKET_FAMILY (4, 6) ---- */
 
-static int name_matches(const char *spec, const char *name)
-{
-    int exclude = spec[0] == '^';
-    const char *p = spec + exclude;
-    int exact = p[0] == '=';
-    p += exact;
-    int hit = 0;
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n && (exact ? (strlen(name) == n && !strncmp(name, p, n)) : !strncmp(name, p, n)))
-            hit = 1;
-        p += n + (e ? 1 : 0);
-    }
-    return exclude ? !hit : hit;
-}
-
 static int is_link_local6(const uv_interface_address_t *a)
 {
     const uint8_t *b = a->address.address6.sin6_addr.s6_addr;
@@ -189,7 +172,7 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
             continue;
         if (is_link_local6(a))
             continue; /* would need a scope id per peer */
-        if (spec && !name_matches(spec, a->name))
+        if (spec && !tp_ifname_matches(spec, a->name))
             continue;
         /* Without a spec: prefer a real interface over loopback, IPv4 over IPv6. */
         int score = (a->is_internal ? 0 : 2) + (af == AF_INET ? 1 : 0);
