@@ -840,6 +840,35 @@ def test_dup():
     assert got == [(r, n, 3, 3, 60, 60) for r in range(n)], got
 
 
+def test_unique_id_bootstrap():
+    """tutti.get_unique_id / Communicator.from_unique_id (NCCL's bootstrap): rank 0 makes
+    the id, the ranks pass it on with broadcast_object (as with mpi4py's bcast), and a
+    communicator of the id's job allreduces; a short or foreign id is refused."""
+    def body(comm):
+        uid = comm.broadcast_object(tutti.get_unique_id() if comm.rank == 0 else None)
+        job = tutti.Communicator.from_unique_id(uid, comm.rank, comm.size, timeout_ms=10000)
+        a = np.arange(4, dtype=np.int64) + comm.rank
+        job.allreduce(a)
+        job.destroy()
+        comm.barrier()  # (every rank done with the id's store)
+        errs = []
+        for bad in (uid[:20], b"x" * 128):
+            try:
+                tutti.Communicator.from_unique_id(bad, 0, 1)
+                errs.append("no error")
+            except tutti.InvalidArgError as e:
+                errs.append(str(e))
+        if comm.rank == 0:
+            tutti.release_unique_id(uid)
+        return a.tolist(), len(uid), errs
+
+    n = 3
+    for got, size, errs in run(body, n):
+        assert got == [sum(i + r for r in range(n)) for i in range(4)] and size == 128, got
+        assert "uid must be the 128 bytes tutti.get_unique_id made, not bytes of 20" in errs[0]
+        assert "the id is not one tutti_get_unique_id made" in errs[1], errs
+
+
 def test_split_type_host():
     """Communicator.split_type("host") (MPI_Comm_split_type, COMM_TYPE_SHARED): the ranks
     here share one host, so one communicator of them, ordered by key (reversed); kind

@@ -25,7 +25,8 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
-           "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some"]
+           "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some",
+           "get_unique_id", "release_unique_id"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -897,6 +898,34 @@ class Work:
                 pass
 
 
+def _uid_bytes(uid, what):
+    if not isinstance(uid, (bytes, bytearray)) or len(uid) != _lib.UNIQUE_ID_BYTES:
+        raise InvalidArgError(f"tutti: {what}: uid must be the {_lib.UNIQUE_ID_BYTES} bytes "
+                              f"tutti.get_unique_id made, not {type(uid).__name__}"
+                              f"{' of ' + str(len(uid)) if isinstance(uid, (bytes, bytearray)) else ''}")
+    return bytes(uid)
+
+
+def get_unique_id():
+    """ncclGetUniqueId: the id of a new job, as 128 bytes to hand to every rank, which
+    each joins with Communicator.from_unique_id. This process serves the job's store (on
+    an address of TUTTI_SOCKET_IFNAME's) until release_unique_id and its own
+    communicators of the job are gone, or it exits: keep it up while the job runs."""
+    buf = ctypes.create_string_buffer(_lib.UNIQUE_ID_BYTES)
+    st = _lib_.tutti_get_unique_id(buf)
+    if st < 0:
+        raise error_for(st, _lib_.tutti_comm_last_error(None).decode())
+    return buf.raw
+
+
+def release_unique_id(uid):
+    """Stop serving uid's store once this process's communicators made from it are
+    destroyed (InvalidArgError for an id this process did not make, or released)."""
+    st = _lib_.tutti_unique_id_release(_uid_bytes(uid, "release_unique_id"))
+    if st < 0:
+        raise error_for(st, _lib_.tutti_comm_last_error(None).decode())
+
+
 def _works(works, what):
     works = list(works)
     for i, w in enumerate(works):
@@ -1013,6 +1042,18 @@ class Communicator(_Handle):
         return self
 
     @classmethod
+    def from_unique_id(cls, uid, rank, size, **opts):
+        """ncclCommInitRank: rank `rank` of `size` joins the job of uid, the bytes
+        tutti.get_unique_id made in one process and the program handed to every rank
+        (comm.broadcast_object, mpi4py's bcast, a file)."""
+        rank, size = _int(rank, "rank"), _int(size, "size")
+        uid = _uid_bytes(uid, "from_unique_id")
+        self = cls.__new__(cls)
+        self._init(None, lambda h, o: _lib_.tutti_comm_init_rank(h, size, uid, rank, o), opts,
+                   where="the unique id")
+        return self
+
+    @classmethod
     def join(cls, store, **opts):
         """A new process's side of grow(): wait for the job's grow (same job_id, store and
         options as its ranks), take the next free rank; a spare waits for the next grow."""
@@ -1020,7 +1061,7 @@ class Communicator(_Handle):
         self._init(store, lambda h, o: _lib_.tutti_comm_join(h, store._handle(), o), opts)
         return self
 
-    def _init(self, store, call, opts):
+    def _init(self, store, call, opts, where=None):
         self._h = None
         self._setup()
         o, keep = _lib.comm_opts(opts)  # an integer a field cannot hold is refused there
@@ -1029,7 +1070,7 @@ class Communicator(_Handle):
         del keep
         if st < 0:
             # A failed init leaves no communicator: the library keeps this thread's cause.
-            where = store.url if store is not None else "the environment"
+            where = where or (store.url if store is not None else "the environment")
             why = _lib_.tutti_comm_last_error(None).decode() or _lib_.tutti_strerror(st).decode()
             raise error_for(st, f"tutti: communicator set-up through {where} failed: {why}")
         self._h, self._store = h, store

@@ -17,6 +17,7 @@ c_void_pp = ctypes.POINTER(ctypes.c_void_p)
 IN_PLACE = ctypes.c_void_p(1)
 IN_PLACE_OUT = ctypes.c_void_p(1)
 ANY_SOURCE = -2  # TUTTI_ANY_SOURCE: recv's peer for "whichever rank sends this tag"
+UNIQUE_ID_BYTES = 128  # TUTTI_UNIQUE_ID_BYTES
 PROC_NULL = -3  # TUTTI_PROC_NULL: a peer that is no rank (MPI_PROC_NULL)
 
 
@@ -228,6 +229,9 @@ _OTHERS = {
     "tutti_comm_agree": (_I, [_P, _I, ctypes.POINTER(_U32), ctypes.POINTER(_I),
                              ctypes.POINTER(_I)]),
     "tutti_comm_join": (_I, [_WP, _P, ctypes.POINTER(CommOpts)]),
+    "tutti_get_unique_id": (_I, [ctypes.c_char_p]),
+    "tutti_comm_init_rank": (_I, [_WP, _I, ctypes.c_char_p, _I, ctypes.POINTER(CommOpts)]),
+    "tutti_unique_id_release": (_I, [ctypes.c_char_p]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_split_type": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_dup": (_I, [_P, _WP]),
