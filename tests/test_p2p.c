@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tutti/tutti.h>
@@ -1219,6 +1220,66 @@ static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *
 
 TH_RUN_TEST(wait_sets, th_run(3, rank_wait_sets, NULL, 60000))
 
+/* A deferred async op (TUTTI_DEFER_US, 2 s here: it waits for its issuer to wait and
+ * run it) under a bounded wait, which runs no op: the progress thread must run it at
+ * once. It slept until the deferral's end (2 s) instead (found by review: the wait's
+ * wake-up left the op deferred), and so did wait_any over two communicators, whose
+ * slices are bounded waits even at timeout -1. Each wait here must end well within the
+ * deferral. */
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int rank_defer_bounded(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    tutti_comm_t *dup = NULL;
+    FAIL_IF(tutti_comm_dup(comm, &dup) != 0, "dup: %s", tutti_comm_last_error(comm));
+    const int other = 1 - rank;
+    for (int mode = 0; mode < 2; mode++) {
+        int32_t v = rank + 1, u = -1;
+        tutti_work_t *w = NULL, *ws[2] = { NULL, NULL };
+        /* the guess that the issuer waits at once (an async op waited for at once) */
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM, &w) ||
+                    tutti_wait(w, -1),
+                "priming: %s", tutti_comm_last_error(comm));
+        tutti_work_free(w);
+        if (mode == 1)
+            FAIL_IF(tutti_recv_async(dup, &u, 1, TUTTI_INT32, other, 7, &ws[1]) != 0, "recv_async");
+        v = rank + 1;
+        double t0 = mono_ms();
+        FAIL_IF(tutti_allreduce_async(comm, TUTTI_IN_PLACE, &v, 1, TUTTI_INT32, TUTTI_SUM, &ws[0]),
+                "allreduce_async: %s", tutti_comm_last_error(comm));
+        int at = -1, st = mode == 0 ? tutti_wait(ws[0], 10000) : tutti_wait_any(2, ws, -1, &at);
+        double dt = mono_ms() - t0;
+        FAIL_IF(st != 0 || v != nranks * (nranks + 1) / 2 || (mode == 1 && at != 0),
+                "mode %d: %d at %d, v %d", mode, st, at, v);
+        FAIL_IF(dt > 1000, "mode %d: the wait took %.0f ms (the deferral is 2000 ms)", mode, dt);
+        tutti_work_free(ws[0]);
+        if (ws[1]) {
+            int32_t x = 40 + rank;
+            FAIL_IF(tutti_send(dup, &x, 1, TUTTI_INT32, other, 7) != 0 || tutti_wait(ws[1], -1) ||
+                        u != 40 + other,
+                    "the other communicator's exchange: %d", u);
+            tutti_work_free(ws[1]);
+        }
+    }
+    tutti_comm_destroy(dup);
+    return 0;
+}
+
+START_TEST(deferred_op_under_bounded_wait)
+{
+    setenv("TUTTI_DEFER_US", "2000000", 1);
+    int rc = th_run(2, rank_defer_bounded, NULL, 60000);
+    unsetenv("TUTTI_DEFER_US");
+    ck_assert_int_eq(rc, 0);
+}
+END_TEST
+
 /* TUTTI_PROC_NULL (MPI_PROC_NULL): a halo exchange on a line of 3 ranks (not a ring),
  * each rank's edge neighbour TUTTI_PROC_NULL; the edges' halos stay as they were, the
  * inner ones hold the neighbour's value. Then each call with it alone: done at once,
@@ -1981,6 +2042,7 @@ static Suite *suite(void)
                                          sendrecv,
                                          wait_sets,
                                          proc_null,
+                                         deferred_op_under_bounded_wait,
                                          NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,

@@ -83,7 +83,8 @@ typedef enum tutti_dtype {
  * a MIN/MAX of both returns depends on the algorithm's order of operands.
  * BAND, BOR and BXOR (MPI_BAND/BOR/BXOR, torch's ReduceOp.BAND/BOR/BXOR) combine the
  * bits of integer dtypes; LAND, LOR and LXOR (MPI_LAND/LOR/LXOR) their truth (nonzero):
- * 1 or 0 in the dtype; with a float dtype a call of any of the six fails with
+ * 1 or 0 in the dtype where two or more values met (a lone one, as one rank's allreduce
+ * or rank 0's scan, comes back as it was, as MPI's); with a float dtype a call of any of the six fails with
  * TUTTI_ERR_INVALID_ARG naming the op and the dtype (tutti_redop_supported says
  * beforehand).
  * The fp8 dtypes reduce as NCCL's do (CUDA's satfinite conversions): each step in fp32,

@@ -1446,10 +1446,14 @@ static int wait_set(tutti_comm_t *comm, tutti_work_t *const *ws, size_t n, uint6
             pthread_cond_wait(&comm->done_cv, &comm->q_lock);
             comm->done_waiters--;
         } else {
-            /* a deferred op waits for a waiter; this one does not run ops: wake the
-             * progress thread rather than leave it to the next tick */
-            if (comm->q_head && !comm->executing && comm->q_head->defer_until_ns)
+            /* a deferred op waits for a waiter that runs it; this one runs none: the
+             * progress thread must, now (signalled alone, it went back to sleep until
+             * the deferral's end: a bounded wait sat out TUTTI_DEFER_US, found by
+             * review) */
+            if (comm->q_head && !comm->executing && comm->q_head->defer_until_ns) {
+                comm->q_head->defer_until_ns = 0;
                 pthread_cond_signal(&comm->q_cv);
+            }
             if (tt_now_ns() >= deadline_ns) {
                 st = TUTTI_ERR_TIMEOUT;
                 break;
@@ -1873,12 +1877,13 @@ static int set_refused(size_t n, tutti_work_t *const *works, const char *what)
  * communicator's completions (the progress threads run the ops meanwhile). */
 #define TT_WAIT_ANY_SLICE_NS 1000000ull
 
-int tutti_wait_any(size_t n, tutti_work_t *const *works, int timeout_ms, int *index_p)
+static int wait_any_named(size_t n, tutti_work_t *const *works, int timeout_ms, int *index_p,
+                          const char *what)
 {
     if (!index_p || (n && !works))
         return TUTTI_ERR_INVALID_ARG;
     *index_p = -1;
-    int st = set_refused(n, works, "wait_any");
+    int st = set_refused(n, works, what);
     if (st < 0)
         return st;
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : tt_deadline_ns(timeout_ms);
@@ -1933,6 +1938,11 @@ int tutti_wait_any(size_t n, tutti_work_t *const *works, int timeout_ms, int *in
     }
 }
 
+int tutti_wait_any(size_t n, tutti_work_t *const *works, int timeout_ms, int *index_p)
+{
+    return wait_any_named(n, works, timeout_ms, index_p, "wait_any");
+}
+
 int tutti_wait_all(size_t n, tutti_work_t *const *works, int timeout_ms)
 {
     if (n && !works)
@@ -1960,7 +1970,7 @@ int tutti_wait_some(size_t n, tutti_work_t *const *works, int timeout_ms, size_t
     if (!count_p || (n && (!works || !indices)))
         return TUTTI_ERR_INVALID_ARG;
     *count_p = 0;
-    int at, st = tutti_wait_any(n, works, timeout_ms, &at);
+    int at, st = wait_any_named(n, works, timeout_ms, &at, "wait_some");
     if (at < 0)
         return st; /* none to wait for (OK), the bound, or a refusal */
     int first = TUTTI_OK;
@@ -2000,13 +2010,13 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: invalid dtype %d",
                                    msg->rank, (int)dtype);
-    if ((!buf || buf == TUTTI_IN_PLACE) && count)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
-                                   buf ? "the in-place marker (a receive has no input)" : "NULL");
     if (msg->source == TUTTI_PROC_NULL) { /* (MPI_MESSAGE_NO_PROC: nothing to take) */
         tutti_message_free(msg);
         return TUTTI_OK;
     }
+    if ((!buf || buf == TUTTI_IN_PLACE) && count)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
+                                   buf ? "the in-place marker (a receive has no input)" : "NULL");
     if (count != msg->count || dtype != msg->dtype)
         return tt_thread_error_set(TUTTI_ERR_MISMATCH,
                                    "rank %d: mrecv of the message from rank %d (tag %u): it holds "

@@ -855,7 +855,7 @@ class Work:
                                 f"None, not {timeout!r}") from None
             if math.isnan(t):
                 raise InvalidArgError("tutti: Work.wait's timeout is NaN")
-            deadline = _monotonic() + max(0.0, t)
+            deadline = None if t == math.inf else _monotonic() + max(0.0, t)
         w = self._enter()
         if w is not None:
             st, done = 0, False
@@ -946,6 +946,8 @@ def _timeout_ms(timeout, what):
                         f"{timeout!r}") from None
     if math.isnan(t):
         raise InvalidArgError(f"tutti: {what}'s timeout is NaN")
+    if math.isinf(t):
+        return -1 if t > 0 else 0
     return min(max(math.ceil(t * 1000), 0), _INT_MAX)
 
 
@@ -965,12 +967,13 @@ def wait_any(works, timeout=None):
     done = _finished(works)
     if done:
         return done[0]
-    entered = [(i, w, w._enter()) for i, w in enumerate(works) if w is not None]
-    handles = (ctypes.c_void_p * max(len(works), 1))()
-    for i, _, h in entered:
-        handles[i] = h
+    entered, handles = [], (ctypes.c_void_p * max(len(works), 1))()
     at, st = ctypes.c_int(-1), 0
     try:
+        for i, w in enumerate(works):  # (inside: one issued before a fork raises here)
+            if w is not None:
+                entered.append((i, w, w._enter()))
+                handles[i] = entered[-1][2]
         st = _lib_.tutti_wait_any(len(works), handles, ms, ctypes.byref(at))
     finally:
         for i, w, h in entered:
@@ -1001,7 +1004,8 @@ def wait_all(works, timeout=None):
     failure by index once all finished, tutti.TimeoutError if one still runs at the
     bound; else True."""
     works = _works(works, "wait_all")
-    deadline = None if timeout is None else _monotonic() + _timeout_ms(timeout, "wait_all") / 1e3
+    ms = _timeout_ms(timeout, "wait_all")
+    deadline = None if ms < 0 else _monotonic() + ms / 1e3
     for i, w in enumerate(works):
         if w is None:
             continue
@@ -1210,13 +1214,21 @@ class Communicator(_Handle):
         """MPI_Comm_split_type: every rank calls it; kind "host" (MPI_COMM_TYPE_SHARED):
         a communicator of this rank's host's ranks (TUTTI_HOST_ID names a host), ordered
         by (key, rank); None takes part and gets None."""
-        if kind is not None and kind != "host":
-            raise InvalidArgError(f"tutti: split_type's kind is \"host\" or None, not {kind!r}")
         key = _int(key, "split_type's key")
+        # another kind still takes part (as type 0, which no rank may pass), so that every
+        # rank fails naming this one, and the communicator goes on (a refusal here alone
+        # left the others in the exchange, to fail it: found by review)
+        bad = kind is not None and not (isinstance(kind, str) and kind == "host")
         h = ctypes.c_void_p()
-        st = _lib_.tutti_comm_split_type(self._handle(), 1 if kind else -1, key, ctypes.byref(h))
+        st = _lib_.tutti_comm_split_type(self._handle(), -1 if kind is None else 0 if bad else 1,
+                                         key, ctypes.byref(h))
         if st < 0:
-            raise self._error(st, "split_type")
+            with self._lock:
+                e = self._error(st, "split_type")
+            if bad:
+                raise InvalidArgError(f"tutti: split_type's kind is \"host\" or None, not "
+                                      f"{kind!r} ({e})")
+            raise e
         if not h:
             return None
         return self._child(h)

@@ -159,8 +159,8 @@ def allreduce_coalesced(comm, tensors, op="sum", cap_bytes=0):
     m = _logical_op(keep, v, "allreduce_coalesced")  # bool tensors: or, and (one op for all)
     if m != v and not all(b.logical for b in keep):
         raise InvalidArgError("tutti: allreduce_coalesced: bool tensors among others take "
-                              "max, min, band, bor or bxor (sum and prod of bools are or and "
-                              "and)")
+                              "max, min, band, bor, bxor, land, lor or lxor (sum and prod of "
+                              "bools are or and and)")
     st = _lib_.tutti_allreduce_coalesced(comm._handle(), ptrs, counts, dtypes, n, m, cap_bytes)
     del keep
     if st < 0:
