@@ -8,6 +8,7 @@
 #include "base/base.h"
 #include "core/opts.h"
 #include "core/state.h"
+#include "../../transports/kit/util.h"
 
 #define TT_DEFAULT_TIMEOUT_MS 30000
 /* TUTTI_SPIN_US unset (or "auto", or a negative spin_us): spin this long where the ranks
@@ -48,7 +49,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->transport = tt_env("TRANSPORT");
     opts->plugin_path = tt_env("PLUGIN_PATH");
     opts->algo = tt_env("ALGO");
-    opts->socket_ifname = tt_env("SOCKET_IFNAME");
+    opts->socket_ifname = tp_socket_ifname_env(NULL); /* (NCCL's, gloo's where ours is unset) */
     /* not a number: -1, which tcp refuses naming the variable (0 would mean either);
      * read here without tt_env_int's warning, which said "using -1" before the refusal */
     const char *fam = tt_env("SOCKET_FAMILY");

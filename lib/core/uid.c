@@ -56,7 +56,7 @@ static int is_link_local6(const struct sockaddr_in6 *a)
  * 4 or 6: that family only), as the tcp transport chooses. */
 static int choose_address(char *out, size_t len, int *v6_p)
 {
-    const char *spec = tt_env("SOCKET_IFNAME");
+    const char *spec = tp_socket_ifname_env(NULL);
     const char *fams = tt_env("SOCKET_FAMILY");
     char *end = NULL;
     long fam = fams ? strtol(fams, &end, 10) : 0;
@@ -89,17 +89,16 @@ static int choose_address(char *out, size_t len, int *v6_p)
             continue; /* would need a scope id */
         if (spec && !tp_ifname_matches(spec, a->ifa_name))
             continue;
-        int score = (a->ifa_flags & IFF_LOOPBACK ? 0 : 2) + (af == AF_INET ? 1 : 0);
+        int score = tp_ifaddr_score(a->ifa_name, a->ifa_flags & IFF_LOOPBACK, af == AF_INET);
         if (score > best_score)
             best = a, best_score = score;
     }
     int st = TUTTI_OK;
     if (!best) {
         st = tt_thread_error_set(TUTTI_ERR_NO_DEVICE,
-                                 "get_unique_id: no interface matches TUTTI_SOCKET_IFNAME=%s%s%s "
-                                 "(interfaces: %s)",
-                                 spec ? spec : "(unset)", fam ? " with TUTTI_SOCKET_FAMILY=" : "",
-                                 fam ? fams : "", seen);
+                                 "get_unique_id: no interface matches %s=%s%s%s (interfaces: %s)",
+                                 tp_socket_ifname_var(spec), spec ? spec : "(unset)",
+                                 fam ? " with TUTTI_SOCKET_FAMILY=" : "", fam ? fams : "", seen);
     } else {
         int v6 = best->ifa_addr->sa_family == AF_INET6;
         const void *in =

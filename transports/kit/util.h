@@ -234,6 +234,55 @@ static inline int tp_ifname_matches(const char *spec, const char *name)
     return exclude ? !hit : hit;
 }
 
+/* TUTTI_SOCKET_IFNAME, else NCCL's NCCL_SOCKET_IFNAME (the same syntax), else Gloo's
+ * (torch's gloo backend's) GLOO_SOCKET_IFNAME (its names read as prefixes): the first set
+ * (not empty), NULL if none; *var_p the variable's name. */
+static inline const char *tp_socket_ifname_env(const char **var_p)
+{
+    static const char *const vars[] = { "TUTTI_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                                        "GLOO_SOCKET_IFNAME" };
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            if (var_p)
+                *var_p = vars[i];
+            return v;
+        }
+    }
+    if (var_p)
+        *var_p = vars[0];
+    return NULL;
+}
+
+/* The variable spec (an interface choice in force) came from, for messages: where
+ * TUTTI_SOCKET_IFNAME is unset and a peer's variable holds spec, that one. */
+static inline const char *tp_socket_ifname_var(const char *spec)
+{
+    const char *var, *v = tp_socket_ifname_env(&var);
+    return v && spec && !strcmp(v, spec) ? var : "TUTTI_SOCKET_IFNAME";
+}
+
+/* How much the address choice wants an interface (the higher the better): loopback
+ * 0; a container's, a VM bridge's or a virtual link's 1 (docker, veth, virbr, br-, cni,
+ * flannel, cali, vxlan, lxc, podman, tun, tap: peers on other hosts rarely reach
+ * them); any other 2; InfiniBand's IPoIB (ib) 3, as NCCL orders them; then IPv4 over
+ * IPv6. Ties: the first listed. */
+static inline int tp_ifaddr_score(const char *name, int loopback, int v4)
+{
+    static const char *const virt[] = { "docker", "veth",  "virbr", "br-",    "cni", "flannel",
+                                        "cali",   "vxlan", "lxc",   "podman", "tun", "tap" };
+    int cls = 2;
+    if (loopback)
+        cls = 0;
+    else if (!strncmp(name, "ib", 2))
+        cls = 3;
+    else
+        for (size_t i = 0; i < sizeof(virt) / sizeof(virt[0]); i++)
+            if (!strncmp(name, virt[i], strlen(virt[i])))
+                cls = 1;
+    return 2 * cls + (v4 ? 1 : 0);
+}
+
 /* This host's identity when nothing better is given: hostname and boot id (ranks with
  * equal ids share a kernel). override, when set, wins. */
 static inline void tp_host_id_fallback(const char *override, char *out, size_t len)

@@ -174,8 +174,8 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
             continue; /* would need a scope id per peer */
         if (spec && !tp_ifname_matches(spec, a->name))
             continue;
-        /* Without a spec: prefer a real interface over loopback, IPv4 over IPv6. */
-        int score = (a->is_internal ? 0 : 2) + (af == AF_INET ? 1 : 0);
+        /* a real interface over a virtual one over loopback, IPv4 over IPv6 */
+        int score = tp_ifaddr_score(a->name, a->is_internal, af == AF_INET);
         if (score > best_score) {
             best = i;
             best_score = score;
@@ -183,9 +183,9 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
     }
     if (best < 0) {
         tp->host->error(tp->host->ctx, TUTTI_ERR_NO_DEVICE, -1, 0,
-                        "tcp: no interface matches TUTTI_SOCKET_IFNAME=%s%s%s (interfaces: %s)",
-                        spec ? spec : "(unset)", fam ? " with TUTTI_SOCKET_FAMILY=" : "",
-                        fam ? fams : "", seen);
+                        "tcp: no interface matches %s=%s%s%s (interfaces: %s)",
+                        tp_socket_ifname_var(spec), spec ? spec : "(unset)",
+                        fam ? " with TUTTI_SOCKET_FAMILY=" : "", fam ? fams : "", seen);
         uv_free_interface_addresses(ifs, n);
         return TUTTI_ERR_NO_DEVICE;
     }
