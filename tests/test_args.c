@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -972,6 +973,77 @@ START_TEST(log_level_values)
 }
 END_TEST
 
+/* TUTTI_DEBUG_FILE (NCCL_DEBUG_FILE's): lines go to the file named with %h and %p, not
+ * to stderr; a forked child writes to its own (%p); a name that cannot be opened leaves
+ * them on stderr, said once. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *buf = calloc(1, 65536);
+    size_t n = buf ? fread(buf, 1, 65535, f) : 0;
+    (void)n;
+    fclose(f);
+    return buf;
+}
+
+START_TEST(log_to_a_file)
+{
+    char dir[] = "/tmp/tutti-logfile-XXXXXX", pat[256], mine[512], childs[512], host[64] = "?";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    gethostname(host, sizeof(host) - 1);
+    snprintf(pat, sizeof(pat), "%s/log.%%h.%%p.txt", dir);
+    snprintf(mine, sizeof(mine), "%s/log.%s.%d.txt", dir, host, (int)getpid());
+    setenv("TUTTI_DEBUG_FILE", pat, 1);
+    th_capture_t cap;
+    th_capture_begin(&cap);
+    tt_log(TUTTI_LOG_WARN, "mark: parent one");
+    pid_t child = fork();
+    if (child == 0) {
+        tt_log(TUTTI_LOG_WARN, "mark: child");
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    tt_log(TUTTI_LOG_WARN, "mark: parent two");
+    char *err = th_capture_end(&cap);
+    snprintf(childs, sizeof(childs), "%s/log.%s.%d.txt", dir, host, (int)child);
+    char *a = slurp(mine), *b = slurp(childs);
+    ck_assert_msg(a && strstr(a, "mark: parent one") && strstr(a, "mark: parent two") &&
+                      !strstr(a, "mark: child"),
+                  "%s: %s", mine, a ? a : "(none)");
+    ck_assert_msg(b && strstr(b, "mark: child") && !strstr(b, "parent"), "%s: %s", childs,
+                  b ? b : "(none)");
+    ck_assert_msg(!strstr(err, "mark:"), "stderr: %s", err);
+    free(a);
+    free(b);
+    free(err);
+    unsetenv("TUTTI_DEBUG_FILE");
+    unlink(mine);
+    unlink(childs);
+    rmdir(dir);
+}
+END_TEST
+
+/* (a test of its own: check runs it in a fresh process, whose log has no file yet) */
+START_TEST(log_file_unopenable)
+{
+    setenv("TUTTI_DEBUG_FILE", "/nonexistent-dir-tutti/x.log", 1);
+    th_capture_t cap;
+    th_capture_begin(&cap);
+    tt_log(TUTTI_LOG_WARN, "mark: one");
+    tt_log(TUTTI_LOG_WARN, "mark: two");
+    char *err = th_capture_end(&cap);
+    unsetenv("TUTTI_DEBUG_FILE");
+    ck_assert_msg(count_of(err, "TUTTI_DEBUG_FILE=/nonexistent-dir-tutti/x.log: cannot open") ==
+                          1 &&
+                      strstr(err, "mark: one") && strstr(err, "mark: two"),
+                  "stderr: %s", err);
+    free(err);
+}
+END_TEST
+
 /* A bad value in the environment is warned about once per process: tutti_comm_opts_init,
  * then each communicator's own reading (tt_comm_opts_resolve), said it again (as rank -1,
  * then as the rank). A negative timeout, which becomes the default, is said once too. */
@@ -1194,7 +1266,8 @@ static Suite *suite(void)
                                          init_from_mpirun_env, huge_rank_or_size_refused,
                                          slurm_node_lists, slurm_hostlist_expand, NULL });
     th_add_tests(s, "log", 90,
-                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values, NULL });
+                 (const TTest *const[]){ log_prefix_rank, log_one_line, log_level_values,
+                                         log_to_a_file, log_file_unopenable, NULL });
     th_add_tests(s, "knobs", 90,
                  (const TTest *const[]){ env_warned_once, size_grammar, transport_options_checked,
                                          transport_option_named, NULL });

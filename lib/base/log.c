@@ -1,5 +1,7 @@
 /* Logging: TUTTI_DEBUG=error|warn|info|trace, one line each, "tutti host:pid:rank LEVEL msg".
  * Also tt_env, which the log level reads, so that logging depends on nothing. */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -159,6 +161,61 @@ static size_t log_escape(char *out, size_t room, const char *s, size_t n)
     return o;
 }
 
+/* TUTTI_DEBUG_FILE (NCCL_DEBUG_FILE's): the log goes to this file instead of stderr, its
+ * name with %h the host's name and %p the pid (%% a %), opened for appending at the
+ * first line; a forked child opens its own where the name has %p. A name that cannot be
+ * opened: stderr, said there once (per process). No lock (a child forked while another
+ * thread logged must not block): the fd and its pid in one atomic word; two threads that
+ * open at once keep the first's. */
+static _Atomic uint64_t log_file; /* fd + 1 << 32 | pid; 0: none yet */
+
+static int log_fd(const char *host)
+{
+    const char *pat = tt_env("DEBUG_FILE");
+    if (!pat)
+        return STDERR_FILENO;
+    uint32_t pid = (uint32_t)getpid();
+    uint64_t was = atomic_load(&log_file);
+    if (was && ((uint32_t)was == pid || !strstr(pat, "%p")))
+        return (int)(was >> 32) - 1;
+    char path[4096];
+    size_t o = 0;
+    for (const char *p = pat; *p && o + 1 < sizeof(path); p++) {
+        int w = 0;
+        if (p[0] == '%' && p[1] == 'h')
+            w = snprintf(path + o, sizeof(path) - o, "%s", host), p++;
+        else if (p[0] == '%' && p[1] == 'p')
+            w = snprintf(path + o, sizeof(path) - o, "%u", (unsigned)pid), p++;
+        else if (p[0] == '%' && p[1] == '%')
+            path[o] = '%', w = 1, p++;
+        else
+            path[o] = *p, w = 1;
+        o += w < 0 ? 0 : (size_t)w;
+    }
+    path[o < sizeof(path) ? o : sizeof(path) - 1] = '\0';
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        char msg[4400];
+        int n = snprintf(msg, sizeof(msg),
+                         "tutti %s:%u:- WARN TUTTI_DEBUG_FILE=%s: cannot open %s (%s): logging "
+                         "to stderr\n",
+                         host, (unsigned)pid, pat, path, strerror(errno));
+        fd = STDERR_FILENO;
+        if (atomic_compare_exchange_strong(&log_file, &was, (uint64_t)(fd + 1) << 32 | pid) &&
+            n > 0)
+            (void)!write(STDERR_FILENO, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+        return (int)(atomic_load(&log_file) >> 32) - 1;
+    }
+    if (!atomic_compare_exchange_strong(&log_file, &was, (uint64_t)(fd + 1) << 32 | pid)) {
+        close(fd); /* another thread's is in place */
+        return (int)(atomic_load(&log_file) >> 32) - 1;
+    }
+    /* a forked child's copy of its parent's file: its own from now on */
+    if (was && (int)(was >> 32) - 1 != STDERR_FILENO)
+        close((int)(was >> 32) - 1);
+    return fd;
+}
+
 void tt_vlog(int level, const char *fmt, va_list ap)
 {
     static const char *names[] = { "ERROR", "WARN", "INFO", "TRACE" };
@@ -182,7 +239,7 @@ void tt_vlog(int level, const char *fmt, va_list ap)
     size_t len = (size_t)n + log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, mlen);
     line[len++] = '\n';
     /* one write() per line so lines of several processes do not interleave */
-    ssize_t w = write(STDERR_FILENO, line, len);
+    ssize_t w = write(log_fd(host), line, len);
     (void)w;
 }
 
