@@ -1197,6 +1197,13 @@ static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *
         FAIL_IF(tutti_test(w[1], &d) != TUTTI_ERR_MISMATCH || !d, "the bad one");
         tutti_work_free(w[0]);
         tutti_work_free(w[1]);
+        /* the failure, asked without a call (ncclCommGetAsyncError) */
+        char why[512];
+        FAIL_IF(tutti_comm_get_async_error(bad, why, sizeof(why)) != TUTTI_ERR_MISMATCH ||
+                    !strstr(why, "rank 1 sent point-to-point message #0 (count=4"),
+                "bad's async error: %s", why);
+        FAIL_IF(tutti_comm_get_async_error(comm, why, sizeof(why)) != 0 || why[0],
+                "comm's async error: %s", why);
     } else if (rank == 1) {
         int32_t g = 0, x = 100, y = 124;
         FAIL_IF(tutti_recv(comm, &g, 1, TUTTI_INT32, 0, 20) != 0, "go: %s",
@@ -1213,8 +1220,14 @@ static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *
         FAIL_IF(tutti_send(comm, &z, 1, TUTTI_INT32, 0, 25) != 0, "send 25");
     }
     tutti_comm_destroy(bad);
-    FAIL_IF(tutti_barrier(dup) != 0, "barrier after: %s", tutti_comm_last_error(dup));
+    FAIL_IF(tutti_comm_get_async_error(dup, NULL, 0) != 0, "dup failed");
+    tutti_comm_abort(dup); /* (this rank's alone) */
+    char why2[256];
+    FAIL_IF(tutti_comm_get_async_error(dup, why2, sizeof(why2)) != TUTTI_ERR_ABORTED ||
+                !strstr(why2, "aborted by the user"),
+            "after abort: %s", why2);
     tutti_comm_destroy(dup);
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));
     return 0;
 }
 

@@ -226,6 +226,30 @@ const char *tt_comm_error_copy(const tutti_comm_t *comm)
     return c;
 }
 
+int tutti_comm_get_async_error(const tutti_comm_t *comm, char *msg, size_t len)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (msg && len)
+        msg[0] = '\0';
+    if (tt_comm_foreign(comm)) { /* a forked child's copy: the parent's to ask */
+        if (msg && len)
+            snprintf(msg, len, "%s", tt_comm_foreign_error(comm));
+        return TUTTI_ERR_INVALID_ARG;
+    }
+    int st = atomic_load(&((tutti_comm_t *)comm)->aborted) ? TUTTI_ERR_ABORTED
+                                                           : atomic_load(&comm->failed);
+    if (st < 0 && msg && len) {
+        tutti_comm_t *m = (tutti_comm_t *)comm; /* the lock, not the message, changes */
+        pthread_mutex_lock(&m->err_lock);
+        /* the first failure's message once a refused call quoted it, else last_error,
+         * which still says it (exec.c's failed_error_locked) */
+        snprintf(msg, len, "%s", comm->failed_error[0] ? comm->failed_error : comm->last_error);
+        pthread_mutex_unlock(&m->err_lock);
+    }
+    return st < 0 ? st : TUTTI_OK;
+}
+
 const char *tt_after_rank_prefix(const char *msg, long rank)
 {
     char own[32];
