@@ -258,8 +258,10 @@ def wait_sets(comm):
             typ = "no error"
         except TypeError as x:
             typ = str(x)
+        bad_err, comm_err = bad.async_error(), comm.async_error()
         result = (first, got_b, look, some_look, all_ok, got_a, none, over_two, got_d, some,
-                  c.tolist(), err, ws[0].exception(), int(e[0]), typ)
+                  c.tolist(), err, ws[0].exception(), int(e[0]), typ,
+                  (type(bad_err).__name__, str(bad_err)), comm_err)
     bad.destroy()
     dup.barrier()
     dup.destroy()
@@ -268,7 +270,9 @@ def wait_sets(comm):
 
 def test_wait_any_some_all():
     (first, b, look, some_look, all_ok, a, none, over_two, d, some, c, err, good, e,
-     typ) = run(wait_sets, 3)[0]
+     typ, bad_err, comm_err) = run(wait_sets, 3)[0]
+    assert bad_err[0] == "MismatchError" and "(count=4, i32, tag 26" in bad_err[1], bad_err
+    assert comm_err is None, comm_err
     assert (first, b) == (2, 200), (first, b)
     assert look is None and some_look == [], (look, some_look)
     assert all_ok is True and a == 100 and none is None, (all_ok, a, none)

@@ -1182,6 +1182,14 @@ class Communicator(_Handle):
     def last_error(self):
         return _lib_.tutti_comm_last_error(self._handle()).decode()
 
+    def async_error(self):
+        """ncclCommGetAsyncError (torch's getError): None while the communicator is
+        usable, else the error of its first failure (a tutti.Error subclass, not raised),
+        which every later call raises. Sticky; found by this rank's calls."""
+        buf = ctypes.create_string_buffer(1024)
+        st = _lib_.tutti_comm_get_async_error(self._handle(), buf, len(buf))
+        return None if st == 0 else error_for(st, buf.value.decode(errors="replace"))
+
     def trace(self):
         """The flight recorder: this communicator's last operations (TUTTI_TRACE_ENTRIES
         of them) with their state, and its failure if any, as a dict (the JSON document
