@@ -1831,10 +1831,15 @@ int tutti_test(tutti_work_t *work, int *done_p)
         return TUTTI_ERR_ABORTED;
     }
     if (!atomic_load_explicit(&work->done, memory_order_acquire)) {
-        /* Help along: if nothing runs, run what is queued up to this op. */
+        /* Help along: if nothing runs, run what is queued up to this op; a deferred op
+         * (waiting for its issuer to wait and run it) goes to the progress thread now:
+         * a caller that tests runs nothing (an MPI_Test loop saw it start only at the
+         * deferral's end) */
         pthread_mutex_lock(&comm->q_lock);
-        if (comm->q_head && !comm->executing)
+        if (comm->q_head && !comm->executing) {
+            comm->q_head->defer_until_ns = 0;
             pthread_cond_signal(&comm->q_cv);
+        }
         pthread_mutex_unlock(&comm->q_lock);
         *done_p = 0;
         return TUTTI_OK;
