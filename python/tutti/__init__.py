@@ -1058,6 +1058,30 @@ class Communicator(_Handle):
         return self
 
     @classmethod
+    def from_mpi(cls, mpi_comm, **opts):
+        """gloo::mpi::Context's counterpart: a communicator of an MPI communicator's ranks
+        in its order (mpi4py's, or any object with Get_rank(), Get_size() and
+        bcast(obj, root)). Collective over mpi_comm: its rank 0 makes a unique id, which
+        goes round by mpi_comm's bcast; rank 0's process serves the job's store while its
+        communicator lives. A failure to make the id raises on every rank."""
+        rank, size = int(mpi_comm.Get_rank()), int(mpi_comm.Get_size())
+        made = None
+        if rank == 0:
+            try:
+                made = ("id", get_unique_id())
+            except Error as e:
+                made = ("error", f"{type(e).__name__}: {e}")
+        kind, value = mpi_comm.bcast(made, root=0)
+        if kind != "id":
+            raise Error(f"tutti: rank {rank}: from_mpi: rank 0 could not make the job's id: "
+                        f"{value}", -1)
+        try:
+            return cls.from_unique_id(value, rank, size, **opts)
+        finally:
+            if rank == 0:  # (its communicator, if made, keeps the store up)
+                release_unique_id(value)
+
+    @classmethod
     def join(cls, store, **opts):
         """A new process's side of grow(): wait for the job's grow (same job_id, store and
         options as its ranks), take the next free rank; a spare waits for the next grow."""
