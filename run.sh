@@ -75,6 +75,7 @@ test)
     install_deps iproute2 # tests/test_netns_tcp.sh: two hosts as network namespaces
     install_deps openssh-server openssh-client # tests/test_ssh.sh: tutti-run -H through sshd
     install_deps openmpi-bin mpich # tests/test_mpirun.sh: ranks the MPI launchers start
+    install_deps python3-mpi4py # python/tests/test_mpi4py.py: Communicator.from_mpi
     install_deps slurmctld slurmd slurm-client # tests/test_slurm.sh: a single-host Slurm
     install_deps redis-server # the redis:// store (tests/test_store.c starts its own servers)
     # tutti.torch, the torch.distributed backend, and its tests (python/tests/test_torch_*)
