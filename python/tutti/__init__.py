@@ -840,32 +840,28 @@ class Work:
         name, detail = self._what if self._what else ("operation", "")
         return f"rank {self._comm.rank}: {name}{detail}"
 
+    def _wait_until(self, deadline):
+        """Wait for the operation until the deadline (time.monotonic(); None: until it
+        ends): whether it ended."""
+        w = self._enter()
+        if w is None:
+            return True
+        st, done = 0, False
+        try:
+            st, done = _wait_handle(w, deadline)
+        finally:
+            self._leave(done, st)
+        return done
+
     def wait(self, timeout=None):
         """Wait until done (timeout in seconds; None: the communicator's timeout). Raises
         the operation's error, or tutti.TimeoutError if it still runs at the timeout (the
         Work stays usable: wait again). It waits in the library, so Ctrl-C is seen when it
         returns (tutti.interruptible covers blocking calls only): bound it with timeout
         to let a signal in."""
-        deadline = None
-        if timeout is not None:
-            try:
-                t = float(timeout)
-            except (TypeError, ValueError):
-                raise TypeError(f"tutti: Work.wait's timeout must be a number of seconds or "
-                                f"None, not {timeout!r}") from None
-            if math.isnan(t):
-                raise InvalidArgError("tutti: Work.wait's timeout is NaN")
-            deadline = None if t == math.inf else _monotonic() + max(0.0, t)
-        w = self._enter()
-        if w is not None:
-            st, done = 0, False
-            try:
-                st, done = _wait_handle(w, deadline)
-            finally:
-                self._leave(done, st)
-            if not done:
-                raise error_for(_TIMEOUT, f"tutti: {self._describe()}: still running after "
-                                          f"Work.wait's timeout of {timeout} s")
+        if not self._wait_until(_deadline(timeout, "Work.wait")):
+            raise error_for(_TIMEOUT, f"tutti: {self._describe()}: still running after "
+                                      f"Work.wait's timeout of {timeout} s")
         st, msg = self._status
         if st < 0:
             raise error_for(st, msg)
@@ -951,6 +947,12 @@ def _timeout_ms(timeout, what):
     return min(max(math.ceil(t * 1000), 0), _INT_MAX)
 
 
+def _deadline(timeout, what):
+    """A timeout in seconds as a time.monotonic() deadline (None: no bound of the call's)."""
+    ms = _timeout_ms(timeout, what)
+    return None if ms < 0 else _monotonic() + ms / 1e3
+
+
 def _finished(works):
     """The indices of the works already seen finished (their handles freed)."""
     return [i for i, w in enumerate(works) if w is not None and w._status is not None]
@@ -1004,20 +1006,9 @@ def wait_all(works, timeout=None):
     failure by index once all finished, tutti.TimeoutError if one still runs at the
     bound; else True."""
     works = _works(works, "wait_all")
-    ms = _timeout_ms(timeout, "wait_all")
-    deadline = None if ms < 0 else _monotonic() + ms / 1e3
+    deadline = _deadline(timeout, "wait_all")
     for i, w in enumerate(works):
-        if w is None:
-            continue
-        h = w._enter()
-        if h is None:
-            continue
-        st, done = 0, False
-        try:
-            st, done = _wait_handle(h, deadline)
-        finally:
-            w._leave(done, st)
-        if not done:
+        if w is not None and not w._wait_until(deadline):
             raise error_for(_TIMEOUT, f"tutti: wait_all: {w._describe()} (works[{i}]) still "
                                       f"running after the timeout of {timeout} s")
     for w in works:
