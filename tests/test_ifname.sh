@@ -4,7 +4,8 @@
 # bridge's name, made first so that it comes first in the list) and "ethq9", the unique
 # id's store (tests/uid_print) and the tcp transport (tutti-bench's log) must take ethq9:
 # a real interface before a virtual one (they took the first listed, docker7). Then
-# NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME choose where TUTTI_SOCKET_IFNAME is unset,
+# NCCL_SOCKET_IFNAME (prefixes, as ours) and GLOO_SOCKET_IFNAME (exact names, as gloo's)
+# choose where TUTTI_SOCKET_IFNAME is unset,
 # TUTTI_SOCKET_IFNAME wins over them, and a choice that matches nothing names the
 # variable it came from.
 #
@@ -20,14 +21,20 @@ TAG=$$
 NS=(tth-if-$TAG)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_ifname.XXXXXX")
 trap netns_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 ns=${NS[0]}
-ip netns add "$ns"
-ip -n "$ns" link set lo up
-ip -n "$ns" link add docker7 type veth peer name dkx7
-ip -n "$ns" link add ethq9 type veth peer name eqx9
-ip -n "$ns" addr add 10.77.0.1/24 dev docker7
-ip -n "$ns" addr add 10.99.0.1/24 dev ethq9
-for d in docker7 dkx7 ethq9 eqx9; do ip -n "$ns" link set "$d" up; done
+setup() { "$@" || { echo "test_ifname: set-up failed: $*"; exit 1; }; }
+setup ip netns add "$ns"
+setup ip -n "$ns" link set lo up
+setup ip -n "$ns" link add docker7 type veth peer name dkx7
+setup ip -n "$ns" link add ethq9 type veth peer name eqx9
+setup ip -n "$ns" addr add 10.77.0.1/24 dev docker7
+setup ip -n "$ns" addr add 10.99.0.1/24 dev ethq9
+for d in docker7 dkx7 ethq9 eqx9; do setup ip -n "$ns" link set "$d" up; done
+# nothing of the caller's choices (nor a log file: the checks read stderr and its log)
+unset TUTTI_SOCKET_IFNAME NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME TUTTI_DEBUG_FILE
 
 fails=0
 run() { # run ENV... : uid_print in the namespace with only these interface variables
@@ -46,6 +53,7 @@ expect() { # expect WANT ENV...
 expect "tcp://10.99.0.1:"
 expect "tcp://10.77.0.1:" NCCL_SOCKET_IFNAME=docker
 expect "tcp://10.77.0.1:" GLOO_SOCKET_IFNAME=docker7
+expect "no interface matches GLOO_SOCKET_IFNAME=docker " GLOO_SOCKET_IFNAME=docker
 expect "tcp://10.99.0.1:" TUTTI_SOCKET_IFNAME=ethq NCCL_SOCKET_IFNAME=docker
 expect "tcp://127.0.0.1:" GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=
 expect "no interface matches NCCL_SOCKET_IFNAME=nonesuch" NCCL_SOCKET_IFNAME=nonesuch
@@ -74,7 +82,7 @@ tcp_expect() { # tcp_expect WANT ENV...
 }
 NETNS_NAME=test_ifname
 tcp_expect "10.99.0.1:"
-tcp_expect "10.77.0.1:" GLOO_SOCKET_IFNAME=docker
+tcp_expect "10.77.0.1:" GLOO_SOCKET_IFNAME=docker7
 
 [ "$fails" = 0 ] && echo "test_ifname: every choice as expected"
 exit $((fails ? 1 : 0))

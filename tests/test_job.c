@@ -1095,7 +1095,21 @@ static int rank_uid(int rank, int nranks, tutti_comm_t *unused, const char *dir,
         fclose(f);
     }
     tutti_comm_t *comm = NULL, *half = NULL;
-    FAIL_IF(tutti_comm_init_rank(&comm, nranks, &id, rank, NULL) != 0, "init_rank: %s",
+    tutti_comm_opts_t eo, *opts = NULL;
+    if (given) {
+        /* options from an environment that differs between the ranks (a job id and a
+         * secret each): the id's own win over them (they did, and each rank waited for
+         * a job of its own) */
+        char v[64];
+        snprintf(v, sizeof(v), "env-job-%d", rank);
+        setenv("TUTTI_JOB_ID", v, 1);
+        snprintf(v, sizeof(v), "env-secret-%d", rank);
+        setenv("TUTTI_AUTH_TOKEN", v, 1);
+        tutti_comm_opts_init(&eo);
+        eo.timeout_ms = 10000;
+        opts = &eo;
+    }
+    FAIL_IF(tutti_comm_init_rank(&comm, nranks, &id, rank, opts) != 0, "init_rank: %s",
             tutti_comm_last_error(NULL));
     int64_t v[3] = { rank + 1, 10 * (rank + 1), -rank };
     FAIL_IF(tutti_allreduce(comm, TUTTI_IN_PLACE, v, 3, TUTTI_INT64, TUTTI_SUM) != 0,
@@ -1137,7 +1151,8 @@ static int rank_uid(int rank, int nranks, tutti_comm_t *unused, const char *dir,
 
 TH_RUN_TEST(unique_id_bootstrap, th_run_nocomm(3, rank_uid, NULL, 60000))
 
-/* The id made by a process that is no rank (a launcher's): it serves the store. */
+/* The id made by a process that is no rank (a launcher's): it serves the store. Its
+ * ranks pass options from environments that disagree about the job id and secret. */
 START_TEST(unique_id_of_a_launcher)
 {
     tutti_unique_id_t id;

@@ -1272,9 +1272,12 @@ static int rank_defer_bounded(int rank, int nranks, tutti_comm_t *comm, const ch
             st = tutti_wait(ws[0], 10000);
         } else if (mode == 1) { /* until the allreduce is done (the other's receive may be
                                    first) */
-            for (int at = -1; st == 0 && set[0]; set[at] = NULL)
+            for (int at = -1; st == 0 && set[0];) {
                 if ((st = tutti_wait_any(2, set, -1, &at)) == 0 && at < 0)
                     st = -1;
+                if (at >= 0)
+                    set[at] = NULL;
+            }
         } else { /* an MPI_Test loop */
             for (int i = 0; i < 10000 && !done && st == 0; i++)
                 if ((st = tutti_test(ws[0], &done)) == 0 && !done)

@@ -545,9 +545,8 @@ const char *tutti_comm_device(const tutti_comm_t *comm);
  * failure (a timeout, a dead or hung peer, mismatched calls, a revoke;
  * TUTTI_ERR_ABORTED after tutti_comm_abort), which every later call fails with, and in
  * msg (len bytes; may be NULL) that failure's explanation. Sticky. A failure is found
- * by this rank's own calls (and, with TUTTI_TRACE_DIR set, by the idle watch of its
- * progress thread): a rank that issues nothing learns of a peer's death at its next
- * call. TUTTI_ERR_INVALID_ARG for a NULL comm or a forked child's copy. */
+ * by this rank's own calls: a rank that issues nothing learns of a peer's death at its
+ * next call. TUTTI_ERR_INVALID_ARG for a NULL comm or a forked child's copy. */
 int tutti_comm_get_async_error(const tutti_comm_t *comm, char *msg, size_t len);
 
 /* The communicator's timeout (opts.timeout_ms, as init resolved it), or as

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,36 +164,64 @@ static size_t log_escape(char *out, size_t room, const char *s, size_t n)
 
 /* TUTTI_DEBUG_FILE (NCCL_DEBUG_FILE's): the log goes to this file instead of stderr, its
  * name with %h the host's name and %p the pid (%% a %), opened for appending at the
- * first line; a forked child opens its own where the name has %p. A name that cannot be
- * opened: stderr, said there once (per process). No lock (a child forked while another
- * thread logged must not block): the fd and its pid in one atomic word; two threads that
- * open at once keep the first's. */
+ * first line; a forked child opens its own where the name has %p (its copy of the
+ * parent's descriptor is left open: it may have been closed and its number reused by
+ * then; O_CLOEXEC). A name that cannot be opened: stderr, said there once (per
+ * process). The variable is read once, at the first line (getenv beside another
+ * thread's setenv is not safe), as TUTTI_DEBUG is. No lock (a child forked while another
+ * thread logged must not block): the fd and its pid in one atomic word; two threads
+ * that open at once keep the first's. */
 static _Atomic uint64_t log_file; /* fd + 1 << 32 | pid; 0: none yet */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the log's fd word must be lock-free");
+static char *_Atomic log_pattern; /* TUTTI_DEBUG_FILE as read at the first line ("": unset) */
 
-static int log_fd(const char *host)
+static const char *log_pattern_get(void)
 {
-    const char *pat = tt_env("DEBUG_FILE");
-    if (!pat)
-        return STDERR_FILENO;
-    uint32_t pid = (uint32_t)getpid();
-    uint64_t was = atomic_load(&log_file);
-    if (was && ((uint32_t)was == pid || !strstr(pat, "%p")))
-        return (int)(was >> 32) - 1;
-    char path[4096];
+    char *p = atomic_load(&log_pattern);
+    if (p)
+        return p;
+    const char *v = tt_env("DEBUG_FILE");
+    char *mine = strdup(v ? v : ""), *none = NULL;
+    if (!mine)
+        return "";
+    if (!atomic_compare_exchange_strong(&log_pattern, &none, mine))
+        free(mine); /* another thread's is in place */
+    return atomic_load(&log_pattern);
+}
+
+/* The log file's name from pattern (pid_p: whether it names the pid). */
+static void log_path(const char *pat, const char *host, uint32_t pid, char *path, size_t len,
+                     int *pid_p)
+{
     size_t o = 0;
-    for (const char *p = pat; *p && o + 1 < sizeof(path); p++) {
+    *pid_p = 0;
+    for (const char *p = pat; *p && o + 1 < len; p++) {
         int w = 0;
         if (p[0] == '%' && p[1] == 'h')
-            w = snprintf(path + o, sizeof(path) - o, "%s", host), p++;
+            w = snprintf(path + o, len - o, "%s", host), p++;
         else if (p[0] == '%' && p[1] == 'p')
-            w = snprintf(path + o, sizeof(path) - o, "%u", (unsigned)pid), p++;
+            w = snprintf(path + o, len - o, "%u", (unsigned)pid), p++, *pid_p = 1;
         else if (p[0] == '%' && p[1] == '%')
             path[o] = '%', w = 1, p++;
         else
             path[o] = *p, w = 1;
         o += w < 0 ? 0 : (size_t)w;
     }
-    path[o < sizeof(path) ? o : sizeof(path) - 1] = '\0';
+    path[o < len ? o : len - 1] = '\0';
+}
+
+static int log_fd(const char *host)
+{
+    const char *pat = log_pattern_get();
+    if (!*pat)
+        return STDERR_FILENO;
+    uint32_t pid = (uint32_t)getpid();
+    char path[4096];
+    int by_pid;
+    log_path(pat, host, pid, path, sizeof(path), &by_pid);
+    uint64_t was = atomic_load(&log_file);
+    if (was && ((uint32_t)was == pid || !by_pid))
+        return (int)(was >> 32) - 1;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         char msg[4400];
@@ -210,9 +239,6 @@ static int log_fd(const char *host)
         close(fd); /* another thread's is in place */
         return (int)(atomic_load(&log_file) >> 32) - 1;
     }
-    /* a forked child's copy of its parent's file: its own from now on */
-    if (was && (int)(was >> 32) - 1 != STDERR_FILENO)
-        close((int)(was >> 32) - 1);
     return fd;
 }
 

@@ -1388,6 +1388,17 @@ void tt_exec_drain(tutti_comm_t *comm)
     pthread_mutex_unlock(&comm->q_lock);
 }
 
+/* The head op (q_lock held), deferred for a waiter that runs it, goes to the progress
+ * thread now: a bounded waiter or a tester runs no op. A guessed deferral that nobody
+ * ran turns the guess off, as the progress thread's does at the deferral's end. */
+static void end_deferral_locked(tutti_comm_t *comm)
+{
+    tutti_work_t *head = comm->q_head;
+    if (head->defer_until_ns && head->guessed)
+        comm->defer_guess = 0;
+    head->defer_until_ns = 0;
+}
+
 /* Has any of ws[0..n) (NULLs skipped) finished? Its index, or -1. */
 static int first_done(tutti_work_t *const *ws, size_t n)
 {
@@ -1451,7 +1462,7 @@ static int wait_set(tutti_comm_t *comm, tutti_work_t *const *ws, size_t n, uint6
              * the deferral's end: a bounded wait sat out TUTTI_DEFER_US, found by
              * review) */
             if (comm->q_head && !comm->executing && comm->q_head->defer_until_ns) {
-                comm->q_head->defer_until_ns = 0;
+                end_deferral_locked(comm);
                 pthread_cond_signal(&comm->q_cv);
             }
             if (tt_now_ns() >= deadline_ns) {
@@ -1837,7 +1848,7 @@ int tutti_test(tutti_work_t *work, int *done_p)
          * deferral's end) */
         pthread_mutex_lock(&comm->q_lock);
         if (comm->q_head && !comm->executing) {
-            comm->q_head->defer_until_ns = 0;
+            end_deferral_locked(comm);
             pthread_cond_signal(&comm->q_cv);
         }
         pthread_mutex_unlock(&comm->q_lock);

@@ -74,7 +74,7 @@ static int choose_address(char *out, size_t len, int *v6_p)
     int best_score = -1;
     char seen[512] = "";
     for (const struct ifaddrs *a = ifs; a; a = a->ifa_next) {
-        if (!a->ifa_addr || !(a->ifa_flags & IFF_UP))
+        if (!a->ifa_addr || !(a->ifa_flags & IFF_UP) || !(a->ifa_flags & IFF_RUNNING))
             continue;
         int af = a->ifa_addr->sa_family;
         if (af != AF_INET && af != AF_INET6)
@@ -95,10 +95,11 @@ static int choose_address(char *out, size_t len, int *v6_p)
     }
     int st = TUTTI_OK;
     if (!best) {
+        const char *shown, *var = tp_socket_ifname_var(spec, &shown);
         st = tt_thread_error_set(TUTTI_ERR_NO_DEVICE,
                                  "get_unique_id: no interface matches %s=%s%s%s (interfaces: %s)",
-                                 tp_socket_ifname_var(spec), spec ? spec : "(unset)",
-                                 fam ? " with TUTTI_SOCKET_FAMILY=" : "", fam ? fams : "", seen);
+                                 var, shown, fam ? " with TUTTI_SOCKET_FAMILY=" : "",
+                                 fam ? fams : "", seen);
     } else {
         int v6 = best->ifa_addr->sa_family == AF_INET6;
         const void *in =
@@ -235,20 +236,26 @@ int tutti_comm_init_rank(tutti_comm_t **comm_p, int nranks, const tutti_unique_i
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
                                    "tutti_comm_init_rank: rank %d is not in [0, %d)", rank, nranks);
-    tutti_comm_opts_t o;
+    tutti_comm_opts_t o, env;
     tutti_comm_opts_init(&o);
+    env = o; /* what the environment gives, which an opts of tutti_comm_opts_init holds */
+    size_t n = opts && opts->size && opts->size < sizeof(o) ? opts->size : sizeof(o);
     if (opts)
-        memcpy(&o, opts, opts->size && opts->size < sizeof(o) ? opts->size : sizeof(o));
+        memcpy(&o, opts, n);
     o.size = sizeof(o);
-    /* the id names the job and holds its secret, unless the caller's options name theirs */
-    const size_t has_auth = offsetof(tutti_comm_opts_t, auth_token_file) + sizeof(char *);
-    if (!opts || opts->size < offsetof(tutti_comm_opts_t, job_id) + sizeof(char *) ||
-        !opts->job_id || !*opts->job_id)
+    /* The id names the job and holds its secret, unless the caller's options name their
+     * own: a value set there, not the environment's (which may differ between ranks: the
+     * maker outside a launcher, the others under one) */
+#define TT_UID_OWN(f)                                                                              \
+    (opts && n >= offsetof(tutti_comm_opts_t, f) + sizeof(char *) && opts->f && *opts->f &&        \
+     (!env.f || strcmp(opts->f, env.f)))
+    if (!TT_UID_OWN(job_id))
         o.job_id = p.job;
-    if (!opts || opts->size < has_auth || (!opts->auth_token && !opts->auth_token_file)) {
+    if (!TT_UID_OWN(auth_token) && !TT_UID_OWN(auth_token_file)) {
         o.auth_token = p.secret;
         o.auth_token_file = NULL;
     }
+#undef TT_UID_OWN
     tutti_store_t *store = made_here(id);
     if (!store) {
         tutti_store_opts_t so;

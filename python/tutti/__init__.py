@@ -1054,13 +1054,14 @@ class Communicator(_Handle):
         in its order (mpi4py's, or any object with Get_rank(), Get_size() and
         bcast(obj, root)). Collective over mpi_comm: its rank 0 makes a unique id, which
         goes round by mpi_comm's bcast; rank 0's process serves the job's store while its
-        communicator lives. A failure to make the id raises on every rank."""
+        communicator lives, so destroy rank 0's last (every rank's communicator reads the
+        store until destroyed). A failure to make the id raises on every rank."""
         rank, size = int(mpi_comm.Get_rank()), int(mpi_comm.Get_size())
         made = None
         if rank == 0:
             try:
                 made = ("id", get_unique_id())
-            except Error as e:
+            except Exception as e:  # noqa: B902 (every rank must hear of it, or hang)
                 made = ("error", f"{type(e).__name__}: {e}")
         kind, value = mpi_comm.bcast(made, root=0)
         if kind != "id":
@@ -1070,7 +1071,10 @@ class Communicator(_Handle):
             return cls.from_unique_id(value, rank, size, **opts)
         finally:
             if rank == 0:  # (its communicator, if made, keeps the store up)
-                release_unique_id(value)
+                try:
+                    release_unique_id(value)
+                except Error:
+                    pass  # (the set-up's own error is the one to raise)
 
     @classmethod
     def join(cls, store, **opts):

@@ -4,6 +4,7 @@
 #define TT_KIT_UTIL_H
 
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -234,13 +235,23 @@ static inline int tp_ifname_matches(const char *spec, const char *name)
     return exclude ? !hit : hit;
 }
 
+/* GLOO_SOCKET_IFNAME as this syntax reads it: its exact names ("eth0,eth1", as gloo and
+ * torch take them) behind "=" (fixed at the first read, as the process's environment). */
+static char tp_gloo_ifname[256];
+static pthread_once_t tp_gloo_once = PTHREAD_ONCE_INIT;
+static inline void tp_gloo_ifname_read(void)
+{
+    const char *g = getenv("GLOO_SOCKET_IFNAME");
+    if (g && *g)
+        snprintf(tp_gloo_ifname, sizeof(tp_gloo_ifname), "=%s", g);
+}
+
 /* TUTTI_SOCKET_IFNAME, else NCCL's NCCL_SOCKET_IFNAME (the same syntax), else Gloo's
- * (torch's gloo backend's) GLOO_SOCKET_IFNAME (its names read as prefixes): the first set
- * (not empty), NULL if none; *var_p the variable's name. */
+ * (torch's gloo backend's) GLOO_SOCKET_IFNAME (exact names): the first set (not empty),
+ * NULL if none; *var_p the variable's name. */
 static inline const char *tp_socket_ifname_env(const char **var_p)
 {
-    static const char *const vars[] = { "TUTTI_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                                        "GLOO_SOCKET_IFNAME" };
+    static const char *const vars[] = { "TUTTI_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME" };
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
         const char *v = getenv(vars[i]);
         if (v && *v) {
@@ -249,17 +260,24 @@ static inline const char *tp_socket_ifname_env(const char **var_p)
             return v;
         }
     }
+    pthread_once(&tp_gloo_once, tp_gloo_ifname_read);
     if (var_p)
-        *var_p = vars[0];
-    return NULL;
+        *var_p = tp_gloo_ifname[0] ? "GLOO_SOCKET_IFNAME" : vars[0];
+    return tp_gloo_ifname[0] ? tp_gloo_ifname : NULL;
 }
 
 /* The variable spec (an interface choice in force) came from, for messages: where
- * TUTTI_SOCKET_IFNAME is unset and a peer's variable holds spec, that one. */
-static inline const char *tp_socket_ifname_var(const char *spec)
+ * TUTTI_SOCKET_IFNAME is unset and a peer's variable holds spec, that one; *shown_p
+ * spec as that variable has it. */
+static inline const char *tp_socket_ifname_var(const char *spec, const char **shown_p)
 {
     const char *var, *v = tp_socket_ifname_env(&var);
-    return v && spec && !strcmp(v, spec) ? var : "TUTTI_SOCKET_IFNAME";
+    *shown_p = spec ? spec : "(unset)";
+    if (!v || !spec || strcmp(v, spec))
+        return "TUTTI_SOCKET_IFNAME";
+    if (v == tp_gloo_ifname)
+        *shown_p = spec + 1;
+    return var;
 }
 
 /* How much the address choice wants an interface (the higher the better): loopback

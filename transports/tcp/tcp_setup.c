@@ -182,9 +182,9 @@ static int choose_address(tcp_tp_t *tp, struct sockaddr_storage *out, char *ifna
         }
     }
     if (best < 0) {
+        const char *shown, *var = tp_socket_ifname_var(spec, &shown);
         tp->host->error(tp->host->ctx, TUTTI_ERR_NO_DEVICE, -1, 0,
-                        "tcp: no interface matches %s=%s%s%s (interfaces: %s)",
-                        tp_socket_ifname_var(spec), spec ? spec : "(unset)",
+                        "tcp: no interface matches %s=%s%s%s (interfaces: %s)", var, shown,
                         fam ? " with TUTTI_SOCKET_FAMILY=" : "", fam ? fams : "", seen);
         uv_free_interface_addresses(ifs, n);
         return TUTTI_ERR_NO_DEVICE;
