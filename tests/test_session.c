@@ -4,6 +4,7 @@
  * and /dev/shm flat, and a finished job leaves no keys behind. */
 #include <check.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,6 +376,69 @@ START_TEST(bad_checksum_without_tcp)
 }
 END_TEST
 
+/* ---- ranks as threads of one process (ncclCommInitAll's, gloo's tests') ---- */
+
+/* Three ranks as threads of this process, joined through one unique id (made here: the
+ * process serves its store), each with allreduces of growing counts checked, a split
+ * and a barrier on it, then destroyed; over the suite's transport. */
+enum { THR_RANKS = 3 };
+static tutti_unique_id_t thr_id;
+
+static void *thr_rank(void *arg)
+{
+    int r = (int)(long)arg;
+    tutti_comm_t *c = NULL, *sub = NULL;
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    if (tutti_comm_init_rank(&c, THR_RANKS, &thr_id, r, &o) != 0) {
+        fprintf(stderr, "thread rank %d: init_rank: %s\n", r, tutti_comm_last_error(NULL));
+        return (void *)1;
+    }
+    long bad = 0;
+    for (int it = 0; it < 20 && !bad; it++) {
+        size_t n = 1 + (size_t)it * 5003;
+        double *b = malloc(n * sizeof(*b));
+        for (size_t i = 0; b && i < n; i++)
+            b[i] = r + (double)i;
+        if (!b || tutti_allreduce(c, TUTTI_IN_PLACE, b, n, TUTTI_FP64, TUTTI_SUM) != 0) {
+            fprintf(stderr, "thread rank %d: allreduce %d: %s\n", r, it, tutti_comm_last_error(c));
+            bad = 1;
+        }
+        for (size_t i = 0; !bad && i < n; i++)
+            if (b[i] != THR_RANKS * (THR_RANKS - 1) / 2.0 + THR_RANKS * (double)i) {
+                fprintf(stderr, "thread rank %d: allreduce %d: [%zu] = %g\n", r, it, i, b[i]);
+                bad = 1;
+            }
+        free(b);
+    }
+    if (!bad && (tutti_comm_split(c, r % 2, -r, &sub) != 0 || tutti_barrier(sub) != 0 ||
+                 tutti_comm_size(sub) != (r % 2 ? 1 : 2))) {
+        fprintf(stderr, "thread rank %d: split: %s\n", r, tutti_comm_last_error(c));
+        bad = 1;
+    }
+    tutti_comm_destroy(sub);
+    tutti_comm_destroy(c);
+    return (void *)bad;
+}
+
+START_TEST(ranks_as_threads)
+{
+    ck_assert_msg(tutti_get_unique_id(&thr_id) == 0, "%s", tutti_comm_last_error(NULL));
+    pthread_t t[THR_RANKS];
+    for (long r = 0; r < THR_RANKS; r++)
+        ck_assert_int_eq(pthread_create(&t[r], NULL, thr_rank, (void *)r), 0);
+    long bad = 0;
+    for (int r = 0; r < THR_RANKS; r++) {
+        void *v = NULL;
+        pthread_join(t[r], &v);
+        bad += (long)v;
+    }
+    ck_assert_int_eq(tutti_unique_id_release(&thr_id), 0);
+    ck_assert_msg(bad == 0, "%ld thread rank(s) failed (above)", bad);
+}
+END_TEST
+
 TH_CASES_MAIN("session", 200, TH_CASE(two_jobs_with_ids, 2), TH_CASE(two_jobs_without_ids, 2),
               TH_CASE(rerun_in_place, 1), TH_CASE(destroy_init_cycles, 2), TH_CASE(no_litter, 2),
-              TH_CASE(bad_checksum_without_tcp, 1))
+              TH_CASE(bad_checksum_without_tcp, 1), TH_CASE(ranks_as_threads, 1))

@@ -169,6 +169,10 @@ static void comm_free(tutti_comm_t *comm)
         tutti_store_close(comm->owned_store);
     if (comm->split_store)
         tutti_store_close(comm->split_store);
+    if (comm->uid_store)
+        tutti_store_close(comm->uid_store);
+    if (comm->uid_server)
+        tutti_store_close(comm->uid_server);
     tt_agree_free(comm); /* after the transport: nothing of it is posted now */
     tt_trace_free(comm);
     free(comm->scratch[0]);

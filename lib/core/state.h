@@ -92,6 +92,8 @@ struct tutti_comm {
     tutti_store_t *store;            /* this communicator's prefixed view */
     tutti_store_t *owned_store;      /* opened by tutti_comm_init_env */
     tutti_store_t *split_store;      /* a split's reference to its parent's base store */
+    tutti_store_t *uid_store;        /* tutti_comm_init_rank's own client of the id's store */
+    tutti_store_t *uid_server;       /* and, in the id's maker, a reference to its server */
     unsigned split_seq;              /* tutti_comm_split calls on this communicator so far */
     unsigned shrink_seq;             /* tutti_comm_shrink calls on this communicator so far */
     unsigned agree_seq;              /* tutti_comm_agree calls on this communicator so far */

@@ -256,29 +256,36 @@ int tutti_comm_init_rank(tutti_comm_t **comm_p, int nranks, const tutti_unique_i
         o.auth_token_file = NULL;
     }
 #undef TT_UID_OWN
-    tutti_store_t *store = made_here(id);
-    if (!store) {
-        tutti_store_opts_t so;
-        tutti_store_opts_init(&so);
-        so.auth_token = p.secret;
-        so.auth_token_file = NULL;
-        so.instance = p.job;
-        if (!tt_env("STORE_TIMEOUT_MS"))
-            so.timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : so.timeout_ms;
-        int st = tutti_store_open(&store, p.url, &so);
-        if (st < 0)
-            return tt_thread_error_set(st,
-                                       "tutti_comm_init_rank: rank %d of %d: cannot reach the id's "
-                                       "store %s (served by the process that called "
-                                       "tutti_get_unique_id, until it releases the id or "
-                                       "exits): %s",
-                                       rank, nranks, p.url, tutti_store_last_error(NULL));
+    /* A client of its own, in the maker too: communicators made through one store
+     * handle are numbered in the order of their inits, so ranks that are threads of one
+     * process sharing the server's handle took each other's numbers (found by a test of
+     * ranks as threads). The maker's communicator also holds the server. */
+    tutti_store_t *store = NULL, *server = made_here(id);
+    tutti_store_opts_t so;
+    tutti_store_opts_init(&so);
+    so.auth_token = p.secret;
+    so.auth_token_file = NULL;
+    so.instance = p.job;
+    if (!tt_env("STORE_TIMEOUT_MS"))
+        so.timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : so.timeout_ms;
+    int st = tutti_store_open(&store, p.url, &so);
+    if (st < 0) {
+        if (server)
+            tutti_store_close(server);
+        return tt_thread_error_set(st,
+                                   "tutti_comm_init_rank: rank %d of %d: cannot reach the id's "
+                                   "store %s (served by the process that called "
+                                   "tutti_get_unique_id, until it releases the id or exits): %s",
+                                   rank, nranks, p.url, tutti_store_last_error(NULL));
     }
-    int st = tutti_comm_init(comm_p, store, rank, nranks, &o);
+    st = tutti_comm_init(comm_p, store, rank, nranks, &o);
     if (st < 0) {
         tutti_store_close(store);
+        if (server)
+            tutti_store_close(server);
         return st;
     }
-    (*comm_p)->owned_store = store;
+    (*comm_p)->uid_store = store;
+    (*comm_p)->uid_server = server;
     return TUTTI_OK;
 }
