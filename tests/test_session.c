@@ -439,6 +439,67 @@ START_TEST(ranks_as_threads)
 }
 END_TEST
 
+/* tutti_comm_init_all (ncclCommInitAll): three ranks made by one call, driven from this
+ * one thread with _async calls and tutti_wait_all (NCCL's group calls' way): an
+ * allreduce and a broadcast checked on each; one rank alone; bad arguments. */
+START_TEST(init_all_driven_by_one_thread)
+{
+    enum { N = 3, COUNT = 40000 };
+    tutti_comm_t *comms[N];
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 20000;
+    ck_assert_msg(tutti_comm_init_all(comms, N, &o) == 0, "%s", tutti_comm_last_error(NULL));
+    static int64_t buf[N][COUNT], bc[N][4];
+    tutti_work_t *w[2 * N];
+    for (int r = 0; r < N; r++) {
+        ck_assert_int_eq(tutti_comm_rank(comms[r]), r);
+        ck_assert_int_eq(tutti_comm_size(comms[r]), N);
+        for (int i = 0; i < COUNT; i++)
+            buf[r][i] = (int64_t)(r + 1) * i;
+        for (int i = 0; i < 4; i++)
+            bc[r][i] = r == 2 ? 70 + i : -1;
+    }
+    for (int r = 0; r < N; r++)
+        ck_assert_int_eq(tutti_allreduce_async(comms[r], TUTTI_IN_PLACE, buf[r], COUNT, TUTTI_INT64,
+                                               TUTTI_SUM, &w[r]),
+                         0);
+    for (int r = 0; r < N; r++)
+        ck_assert_int_eq(tutti_broadcast_async(comms[r], bc[r], bc[r], 4, TUTTI_INT64, 2,
+                                               &w[N + r]),
+                         0);
+    ck_assert_int_eq(tutti_wait_all(2 * N, w, 20000), 0);
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < COUNT; i += 997)
+            ck_assert_int_eq(buf[r][i], (int64_t)6 * i);
+        ck_assert_int_eq(buf[r][COUNT - 1], (int64_t)6 * (COUNT - 1));
+        for (int i = 0; i < 4; i++)
+            ck_assert_int_eq(bc[r][i], 70 + i);
+        tutti_work_free(w[r]);
+        tutti_work_free(w[N + r]);
+    }
+    for (int r = 0; r < N; r++)
+        tutti_comm_destroy(comms[r]);
+    tutti_comm_t *one;
+    ck_assert_int_eq(tutti_comm_init_all(&one, 1, NULL), 0);
+    int64_t x = 5;
+    ck_assert_int_eq(tutti_allreduce(one, TUTTI_IN_PLACE, &x, 1, TUTTI_INT64, TUTTI_SUM), 0);
+    ck_assert_int_eq(x, 5);
+    tutti_comm_destroy(one);
+    /* a failure: none is left, the rank and the cause said */
+    o.transport = "nosuch";
+    ck_assert_int_lt(tutti_comm_init_all(comms, N, &o), 0);
+    ck_assert_msg(!comms[0] && !comms[1] && !comms[2], "a communicator left");
+    ck_assert_msg(strstr(tutti_comm_last_error(NULL), "tutti_comm_init_all: rank ") &&
+                      strstr(tutti_comm_last_error(NULL), "nosuch"),
+                  "%s", tutti_comm_last_error(NULL));
+    ck_assert_int_eq(tutti_comm_init_all(comms, 0, NULL), TUTTI_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(tutti_comm_last_error(NULL), "n must be 1 or more"), "%s",
+                  tutti_comm_last_error(NULL));
+}
+END_TEST
+
 TH_CASES_MAIN("session", 200, TH_CASE(two_jobs_with_ids, 2), TH_CASE(two_jobs_without_ids, 2),
               TH_CASE(rerun_in_place, 1), TH_CASE(destroy_init_cycles, 2), TH_CASE(no_litter, 2),
-              TH_CASE(bad_checksum_without_tcp, 1), TH_CASE(ranks_as_threads, 1))
+              TH_CASE(bad_checksum_without_tcp, 1), TH_CASE(ranks_as_threads, 1),
+              TH_CASE(init_all_driven_by_one_thread, 1))

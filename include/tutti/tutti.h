@@ -344,6 +344,13 @@ int tutti_get_unique_id(tutti_unique_id_t *id);
  * communicator owns its store handle (as tutti_comm_init_env's). */
 int tutti_comm_init_rank(tutti_comm_t **comm_p, int nranks, const tutti_unique_id_t *id, int rank,
                          const tutti_comm_opts_t *opts);
+/* ncclCommInitAll: every rank of a job of n in this process (a thread or a device each):
+ * comms[r] is rank r's communicator, all made at once through a unique id this call makes
+ * (and releases: each communicator holds its store up). Drive them from a thread each,
+ * or with the _async calls and tutti_wait_all: a blocking call on one waits for the
+ * others' matching calls. On a failure none is left (those made are destroyed), and
+ * the thread's error names the rank that failed and why. */
+int tutti_comm_init_all(tutti_comm_t **comms, int n, const tutti_comm_opts_t *opts);
 /* The maker stops serving the id's store once its own communicators made from it are
  * destroyed (TUTTI_ERR_INVALID_ARG for an id this process did not make, or released). */
 int tutti_unique_id_release(const tutti_unique_id_t *id);

@@ -289,3 +289,69 @@ int tutti_comm_init_rank(tutti_comm_t **comm_p, int nranks, const tutti_unique_i
     (*comm_p)->uid_server = server;
     return TUTTI_OK;
 }
+
+/* ---- ncclCommInitAll: every rank of a job in this process ---- */
+
+typedef struct {
+    tutti_comm_t **comm_p;
+    const tutti_unique_id_t *id;
+    const tutti_comm_opts_t *opts;
+    int rank, nranks, status;
+    char error[TT_ERRMSG_LEN]; /* its thread's error (the thread's own, read there) */
+} init_all_part_t;
+
+static void *init_all_rank(void *arg)
+{
+    init_all_part_t *a = arg;
+    a->status = tutti_comm_init_rank(a->comm_p, a->nranks, a->id, a->rank, a->opts);
+    if (a->status < 0)
+        snprintf(a->error, sizeof(a->error), "%s", tt_thread_error());
+    return NULL;
+}
+
+int tutti_comm_init_all(tutti_comm_t **comms, int n, const tutti_comm_opts_t *opts)
+{
+    if (!comms || n < 1)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "tutti_comm_init_all: %s",
+                                   !comms ? "comms is NULL" : "n must be 1 or more");
+    for (int i = 0; i < n; i++)
+        comms[i] = NULL;
+    tutti_unique_id_t id;
+    TT_CHECK(tutti_get_unique_id(&id));
+    init_all_part_t *parts = calloc((size_t)n, sizeof(*parts));
+    pthread_t *threads = calloc((size_t)n, sizeof(*threads));
+    int st = parts && threads ? TUTTI_OK : TUTTI_ERR_NOMEM, started = 0;
+    /* a thread a rank: each init waits for the others' */
+    for (int i = 0; st == TUTTI_OK && i < n; i++) {
+        parts[i] = (init_all_part_t){
+            .comm_p = &comms[i], .id = &id, .opts = opts, .rank = i, .nranks = n
+        };
+        if (pthread_create(&threads[i], NULL, init_all_rank, &parts[i]) != 0)
+            st = TUTTI_ERR_NOMEM;
+        else
+            started++;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    int bad = -1;
+    for (int i = 0; st == TUTTI_OK && i < n; i++)
+        if (parts[i].status < 0 && bad < 0)
+            bad = i;
+    if (st < 0 || bad >= 0) {
+        /* none is left: a failed init leaves nothing, the others are destroyed (those
+         * that were made are ranks of a job that cannot run) */
+        for (int i = 0; i < n; i++) {
+            tutti_comm_destroy(comms[i]);
+            comms[i] = NULL;
+        }
+        if (st < 0)
+            tt_thread_error_set(st, "tutti_comm_init_all: cannot start %d threads", n);
+        else
+            st = tt_thread_error_set(parts[bad].status, "tutti_comm_init_all: rank %d of %d: %s",
+                                     bad, n, parts[bad].error);
+    }
+    free(parts);
+    free(threads);
+    tutti_unique_id_release(&id); /* (each communicator holds the server) */
+    return st;
+}
