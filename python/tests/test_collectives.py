@@ -869,6 +869,25 @@ def test_unique_id_bootstrap():
         assert "the id is not one tutti_get_unique_id made" in errs[1], errs
 
 
+def test_init_all_from_one_thread():
+    """Communicator.init_all (ncclCommInitAll): three ranks in this process, driven from
+    one thread by async calls and tutti.wait_all; the sums checked against NumPy's."""
+    comms = tutti.Communicator.init_all(3, timeout_ms=20000)
+    try:
+        assert [(c.rank, c.size) for c in comms] == [(0, 3), (1, 3), (2, 3)]
+        bufs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(3)]
+        want = sum(b.copy() for b in bufs)
+        tutti.wait_all([c.allreduce(b, async_op=True) for c, b in zip(comms, bufs)],
+                       timeout=20)
+        for b in bufs:
+            assert np.array_equal(b, want)
+    finally:
+        for c in comms:
+            c.destroy()
+    with pytest.raises(tutti.InvalidArgError, match="n must be 1 or more"):
+        tutti.Communicator.init_all(0)
+
+
 def test_split_type_host():
     """Communicator.split_type("host") (MPI_Comm_split_type, COMM_TYPE_SHARED): the ranks
     here share one host, so one communicator of them, ordered by key (reversed); kind

@@ -1049,6 +1049,28 @@ class Communicator(_Handle):
         return self
 
     @classmethod
+    def init_all(cls, n, **opts):
+        """ncclCommInitAll: every rank of a job of n in this process, as a list (rank r's
+        at r). Drive them from a thread each, or with async_op=True calls and
+        tutti.wait_all: a blocking call on one waits for the others' matching calls."""
+        n = _int(n, "n")
+        o, keep = _lib.comm_opts(opts)
+        hs = (ctypes.c_void_p * max(n, 1))()
+        st = _lib_.tutti_comm_init_all(hs, n, ctypes.byref(o))
+        del keep
+        if st < 0:
+            raise error_for(st, _lib_.tutti_comm_last_error(None).decode())
+        out = []
+        for h in hs[:n]:
+            c = cls.__new__(cls)
+            c._setup()
+            c._h = ctypes.c_void_p(h)
+            c.rank, c.size = _lib_.tutti_comm_rank(c._h), _lib_.tutti_comm_size(c._h)
+            _live_comms.add(c)
+            out.append(c)
+        return out
+
+    @classmethod
     def from_mpi(cls, mpi_comm, **opts):
         """gloo::mpi::Context's counterpart: a communicator of an MPI communicator's ranks
         in its order (mpi4py's, or any object with Get_rank(), Get_size() and

@@ -232,6 +232,7 @@ _OTHERS = {
     "tutti_get_unique_id": (_I, [ctypes.c_char_p]),
     "tutti_comm_init_rank": (_I, [_WP, _I, ctypes.c_char_p, _I, ctypes.POINTER(CommOpts)]),
     "tutti_unique_id_release": (_I, [ctypes.c_char_p]),
+    "tutti_comm_init_all": (_I, [_P, _I, ctypes.POINTER(CommOpts)]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_split_type": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_get_async_error": (_I, [_P, ctypes.c_char_p, _S]),
