@@ -1046,6 +1046,38 @@ START_TEST(agree)
 }
 END_TEST
 
+/* tutti_comm_split_opts (ncclCommSplit's config): the children by parity take options
+ * of their own (a timeout, and for color 0 the tcp transport whatever the parent's),
+ * checked, and work (check_child); the parent keeps its own. */
+static int rank_split_opts(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    int colors[NR], keys[NR], members[NR];
+    for (int r = 0; r < nranks; r++)
+        colors[r] = r % 2, keys[r] = r;
+    const int parent_timeout = tutti_comm_timeout(comm);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.timeout_ms = 12345;
+    if (rank % 2 == 0)
+        o.transport = "tcp";
+    tutti_comm_t *child = NULL;
+    FAIL_IF(tutti_comm_split_opts(comm, rank % 2, rank, &o, &child) != 0, "split_opts: %s",
+            tutti_comm_last_error(comm));
+    FAIL_IF(tutti_comm_timeout(child) != 12345, "the child's timeout: %d",
+            tutti_comm_timeout(child));
+    FAIL_IF(tutti_comm_timeout(comm) != parent_timeout, "the parent's timeout changed: %d",
+            tutti_comm_timeout(comm));
+    FAIL_IF(rank % 2 == 0 && !strstr(tutti_comm_transport(child), "tcp"), "color 0's transport: %s",
+            tutti_comm_transport(child));
+    int m = expected_members(colors, keys, nranks, rank % 2, members);
+    TRY(check_child(rank, rank, child, members, m));
+    tutti_comm_destroy(child);
+    return 0;
+}
+
+TH_RUN_TEST(split_with_options, th_run(NR, rank_split_opts, NULL, 60000))
+
 /* tutti_comm_split_type by host: 4 ranks told (TUTTI_HOST_ID) that they sit on hosts
  * "abaa", keys reversed: host a's communicator holds ranks 3, 2, 0 in that order, host b's
  * rank 1 alone; then rank 3 takes no part (NULL, host a's of 2, 0); then rank 1 passes a
@@ -1097,7 +1129,7 @@ static int rank_split_host(int rank, int nranks, tutti_comm_t *unused, const cha
 TH_RUN_TEST(split_by_host, th_run_nocomm(NR, rank_split_host, NULL, 60000))
 
 TH_CASES_MAIN("split", 150, TH_CASE(on_the_world, 5), TH_CASE(split_by_host, 1),
-              TH_CASE(rank_that_does_not_take_part, 2),
+              TH_CASE(split_with_options, 1), TH_CASE(rank_that_does_not_take_part, 2),
               TH_CASE(parent_that_owns_its_store_goes_first, 1),
               TH_CASE(secret_file_gone_after_init, 1), TH_CASE(shrink, 2),
               TH_CASE(shrink_sets_differ, 1), TH_CASE(shrink_rank_dies_in_it, 1),

@@ -395,6 +395,13 @@ int tutti_store_open_env(tutti_store_t **store_p, int *rank_p, int *size_p,
  * Bounded by comm's timeout; a rank that does not call it makes the others fail with
  * TUTTI_ERR_TIMEOUT or TUTTI_ERR_MISMATCH. */
 int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p);
+/* tutti_comm_split with the new communicator's own options (ncclCommSplit's config):
+ * opts as tutti_comm_init's (NULL: the parent's, as tutti_comm_split), but the job id
+ * and secret stay the parent's (the new one lives in its key space and trust). The
+ * ranks of a color must pass options that agree as an init's must (its set-up checks
+ * them). */
+int tutti_comm_split_opts(tutti_comm_t *comm, int color, int key, const tutti_comm_opts_t *opts,
+                          tutti_comm_t **newcomm_p);
 
 /* tutti_comm_split_type's type: the ranks of one host (MPI_COMM_TYPE_SHARED: those
  * that share memory), as the host map knows them (TUTTI_HOST_ID overrides a host's

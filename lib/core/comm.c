@@ -606,16 +606,26 @@ static void split_place(const int32_t *ck, int nranks, int me, int *rank_p, int 
     *size_p = size;
 }
 
-/* The child of split number seq, color: the parent's options (no settle wait: its key
- * space, beside the parent instance's, belongs to that instance alone), through the
- * parent's store, holding a reference to it. */
+/* The child of split number seq, color: the parent's options, or own's (as init's; the
+ * job id and secret stay the parent's: the child lives in its key space and trust), no
+ * settle wait (its key space, beside the parent instance's, belongs to that instance
+ * alone), through the parent's store, holding a reference to it. */
 static int split_create(tutti_comm_t *comm, unsigned seq, int color, int rank, int size,
-                        tutti_comm_t **newcomm_p)
+                        const tutti_comm_opts_t *own, tutti_comm_t **newcomm_p)
 {
     char base[TUTTI_STORE_MAX_KEY + 1], err[TT_ERRMSG_LEN] = "";
     tutti_store_t *js = comm->job_store;
     snprintf(base, sizeof(base), "%s%s-split%u-%d/", js->prefix, comm->nonce, seq, color);
     tutti_comm_opts_t o = opts_now(comm);
+    if (own) {
+        const tutti_comm_opts_t parent = o;
+        tutti_comm_opts_init(&o);
+        memcpy(&o, own, own->size && own->size < sizeof(o) ? own->size : sizeof(o));
+        o.size = sizeof(o);
+        o.job_id = parent.job_id;
+        o.auth_token = parent.auth_token;
+        o.auth_token_file = parent.auth_token_file;
+    }
     o.job_settle_ms = 0;
     int st = comm_create(newcomm_p, js->base, comm, base, rank, size, &o, err, sizeof(err));
     if (st < 0)
@@ -660,7 +670,8 @@ int tutti_comm_dup(tutti_comm_t *comm, tutti_comm_t **newcomm_p)
     return tutti_comm_split(comm, 0, comm->rank, newcomm_p);
 }
 
-int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
+static int split_with(tutti_comm_t *comm, int color, int key, const tutti_comm_opts_t *own,
+                      tutti_comm_t **newcomm_p)
 {
     int refused;
     if (refused_in_child(comm, newcomm_p, "split", &refused))
@@ -686,10 +697,21 @@ int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newc
     } else if (color != TUTTI_SPLIT_NOCOLOR) {
         int rank, size;
         split_place(all, comm->nranks, comm->rank, &rank, &size);
-        st = split_create(comm, seq, color, rank, size, newcomm_p);
+        st = split_create(comm, seq, color, rank, size, own, newcomm_p);
     }
     free(all);
     return st;
+}
+
+int tutti_comm_split(tutti_comm_t *comm, int color, int key, tutti_comm_t **newcomm_p)
+{
+    return split_with(comm, color, key, NULL, newcomm_p);
+}
+
+int tutti_comm_split_opts(tutti_comm_t *comm, int color, int key, const tutti_comm_opts_t *opts,
+                          tutti_comm_t **newcomm_p)
+{
+    return split_with(comm, color, key, opts, newcomm_p);
 }
 
 /* A rank's part of split_type's exchange: its type and its host's identity. */
