@@ -923,6 +923,9 @@ def test_split():
         half.allreduce(a)
         got = (half.rank, half.size, int(a[0]))
         half.destroy()
+        own = comm.split(comm.rank % 2, timeout_ms=4321)  # options of its own
+        got += (own.timeout_ms, comm.timeout_ms != 4321)
+        own.destroy()
         none = comm.split(-1 if comm.rank == 3 else 0)
         if none is not None:
             b = np.ones(1, np.int32)
@@ -933,7 +936,8 @@ def test_split():
 
     got = run(body, 4)
     # color 0: ranks 0, 2 (keys 0, -2: rank 2 first); color 1: ranks 1, 3
-    assert got == [(1, 2, 2, 3, 3), (1, 2, 4, 3, 3), (0, 2, 2, 3, 3), (0, 2, 4)]
+    assert got == [(1, 2, 2, 4321, True, 3, 3), (1, 2, 4, 4321, True, 3, 3),
+                   (0, 2, 2, 4321, True, 3, 3), (0, 2, 4, 4321, True)], got
 
 
 def _from_env_rank(rank, size, url, q):

@@ -1247,12 +1247,20 @@ class Communicator(_Handle):
         finally:
             os.close(fd)
 
-    def split(self, color, key=0):
+    def split(self, color, key=0, **opts):
         """MPI_Comm_split: every rank calls it; ranks with the same color (>= 0) form a new
-        communicator ordered by (key, rank). A negative color takes part and gets None."""
+        communicator ordered by (key, rank). A negative color takes part and gets None.
+        opts (as the constructor's; ncclCommSplit's config) give the new one options of
+        its own; without them it has this one's (the job id and secret stay this one's)."""
         color, key = _int(color, "split's color"), _int(key, "split's key")
         h = ctypes.c_void_p()
-        st = _lib_.tutti_comm_split(self._handle(), color, key, ctypes.byref(h))
+        if opts:
+            o, keep = _lib.comm_opts(opts)
+            st = _lib_.tutti_comm_split_opts(self._handle(), color, key, ctypes.byref(o),
+                                             ctypes.byref(h))
+            del keep
+        else:
+            st = _lib_.tutti_comm_split(self._handle(), color, key, ctypes.byref(h))
         if st < 0:
             raise self._error(st, "split")
         if not h:

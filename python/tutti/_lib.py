@@ -235,6 +235,7 @@ _OTHERS = {
     "tutti_comm_init_all": (_I, [_P, _I, ctypes.POINTER(CommOpts)]),
     "tutti_comm_split": (_I, [_P, _I, _I, _WP]),
     "tutti_comm_split_type": (_I, [_P, _I, _I, _WP]),
+    "tutti_comm_split_opts": (_I, [_P, _I, _I, ctypes.POINTER(CommOpts), _WP]),
     "tutti_comm_get_async_error": (_I, [_P, ctypes.c_char_p, _S]),
     "tutti_comm_dup": (_I, [_P, _WP]),
     "tutti_comm_shrink": (_I, [_P, _P, _I, _WP]),
