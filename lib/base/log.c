@@ -189,18 +189,26 @@ static const char *log_pattern_get(void)
     return atomic_load(&log_pattern);
 }
 
-/* The log file's name from pattern (pid_p: whether it names the pid). */
-static void log_path(const char *pat, const char *host, uint32_t pid, char *path, size_t len,
-                     int *pid_p)
+/* Does the pattern name the pid (a %p that is no %%'s)? */
+static int log_by_pid(const char *pat)
+{
+    for (const char *p = pat; *p; p++)
+        if (p[0] == '%' && (p[1] == 'p' || p[1] == '%'))
+            if (*++p == 'p')
+                return 1;
+    return 0;
+}
+
+/* The log file's name from pattern. */
+static void log_path(const char *pat, const char *host, uint32_t pid, char *path, size_t len)
 {
     size_t o = 0;
-    *pid_p = 0;
     for (const char *p = pat; *p && o + 1 < len; p++) {
         int w = 0;
         if (p[0] == '%' && p[1] == 'h')
             w = snprintf(path + o, len - o, "%s", host), p++;
         else if (p[0] == '%' && p[1] == 'p')
-            w = snprintf(path + o, len - o, "%u", (unsigned)pid), p++, *pid_p = 1;
+            w = snprintf(path + o, len - o, "%u", (unsigned)pid), p++;
         else if (p[0] == '%' && p[1] == '%')
             path[o] = '%', w = 1, p++;
         else
@@ -216,12 +224,11 @@ static int log_fd(const char *host)
     if (!*pat)
         return STDERR_FILENO;
     uint32_t pid = (uint32_t)getpid();
-    char path[4096];
-    int by_pid;
-    log_path(pat, host, pid, path, sizeof(path), &by_pid);
     uint64_t was = atomic_load(&log_file);
-    if (was && ((uint32_t)was == pid || !by_pid))
-        return (int)(was >> 32) - 1;
+    if (was && ((uint32_t)was == pid || !log_by_pid(pat)))
+        return (int)(was >> 32) - 1; /* (the name is made only to open it) */
+    char path[4096];
+    log_path(pat, host, pid, path, sizeof(path));
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         char msg[4400];
