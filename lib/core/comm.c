@@ -1718,8 +1718,7 @@ int tutti_comm_abort(tutti_comm_t *comm)
         return TUTTI_OK;
     tt_comm_set_error(comm, TUTTI_ERR_ABORTED, "communicator aborted by the user");
     pthread_mutex_lock(&comm->err_lock); /* (its message stays the failure's) */
-    if (!comm->failed_error[0])
-        memcpy(comm->failed_error, comm->last_error, sizeof(comm->failed_error));
+    tt_failed_error_locked(comm);
     pthread_mutex_unlock(&comm->err_lock);
     stop_and_wake(comm);
     return TUTTI_OK;
@@ -1744,8 +1743,7 @@ int tutti_comm_revoke(tutti_comm_t *comm)
         snprintf(comm->last_error, sizeof(comm->last_error),
                  "rank %d: revoked the communicator (tutti_comm_revoke)", comm->rank);
         /* the first failure's message, which refused calls (and the async error) quote */
-        if (!comm->failed_error[0])
-            memcpy(comm->failed_error, comm->last_error, sizeof(comm->failed_error));
+        tt_failed_error_locked(comm);
     }
     pthread_mutex_unlock(&comm->err_lock);
     if (atomic_exchange(&comm->revoked, 1))

@@ -75,18 +75,6 @@ static int bind_enter(tutti_comm_t *comm, size_t bytes, cpu_set_t *saved)
     return 1;
 }
 
-/* The failure a call refused on a failed communicator quotes (err_lock held): the first
- * one's message, not last_error, which by then may be an earlier refused call's (each
- * quoted the last: the messages nested, one more "not started" a call). A failure that
- * tt_fault_record did not record first (a revoke: comm.c sets last_error alone) is
- * taken from last_error by the first call refused, which last_error still describes. */
-static const char *failed_error_locked(tutti_comm_t *comm)
-{
-    if (!comm->failed_error[0])
-        memcpy(comm->failed_error, comm->last_error, sizeof(comm->failed_error));
-    return comm->failed_error;
-}
-
 /* Run one op on the calling thread (the caller holds `executing`). */
 static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
                        size_t errlen)
@@ -107,7 +95,7 @@ static int run_op_here(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop
          * op and seq) */
         snprintf(err, errlen, "rank %d: %s seq %llu not started: the communicator had failed: %s",
                  comm->rank, tt_coll_name(op->coll), (unsigned long long)op->seq,
-                 failed_error_locked(comm));
+                 tt_failed_error_locked(comm));
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }
@@ -477,7 +465,7 @@ static int p2p_refused(tutti_comm_t *comm, const tutti_work_t *w, const char *ho
     if ((st = atomic_load(&comm->failed)) < 0) {
         pthread_mutex_lock(&comm->err_lock);
         snprintf(err, errlen, "rank %d: %s %s: the communicator had failed: %s", comm->rank,
-                 p2p_what(w, what, sizeof(what)), how, failed_error_locked(comm));
+                 p2p_what(w, what, sizeof(what)), how, tt_failed_error_locked(comm));
         pthread_mutex_unlock(&comm->err_lock);
         return st;
     }

@@ -226,6 +226,13 @@ const char *tt_comm_error_copy(const tutti_comm_t *comm)
     return c;
 }
 
+const char *tt_failed_error_locked(tutti_comm_t *comm)
+{
+    if (!comm->failed_error[0])
+        memcpy(comm->failed_error, comm->last_error, sizeof(comm->failed_error));
+    return comm->failed_error;
+}
+
 int tutti_comm_get_async_error(const tutti_comm_t *comm, char *msg, size_t len)
 {
     if (!comm)
@@ -242,9 +249,7 @@ int tutti_comm_get_async_error(const tutti_comm_t *comm, char *msg, size_t len)
     if (st < 0 && msg && len) {
         tutti_comm_t *m = (tutti_comm_t *)comm; /* the lock, not the message, changes */
         pthread_mutex_lock(&m->err_lock);
-        /* the first failure's message once a refused call quoted it, else last_error,
-         * which still says it (exec.c's failed_error_locked) */
-        snprintf(msg, len, "%s", comm->failed_error[0] ? comm->failed_error : comm->last_error);
+        snprintf(msg, len, "%s", tt_failed_error_locked(m)); /* (pinned from here on) */
         pthread_mutex_unlock(&m->err_lock);
     }
     return st < 0 ? st : TUTTI_OK;

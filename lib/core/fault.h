@@ -45,6 +45,12 @@ const char *tt_comm_foreign_error(const tutti_comm_t *comm);
 /* A copy of comm->last_error taken under err_lock, in this thread's storage (one of a
  * few, reused in turn): tutti_comm_last_error's answer. */
 const char *tt_comm_error_copy(const tutti_comm_t *comm);
+/* The failure a call refused on a failed communicator quotes (err_lock held): the first
+ * one's message, not last_error, which by then may be an earlier refused call's (each
+ * quoted the last: the messages nested, one more "not started" a call). A failure that
+ * tt_fault_record did not record first (a revoke, an abort: comm.c sets last_error
+ * alone) is pinned from last_error here, by them or by the first call refused. */
+const char *tt_failed_error_locked(tutti_comm_t *comm);
 /* msg past its leading "rank <rank>: ", if it has one (for a message that names the rank
  * itself). */
 const char *tt_after_rank_prefix(const char *msg, long rank);
