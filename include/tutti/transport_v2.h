@@ -52,6 +52,13 @@ enum {
  * receive posted; else the first of channel 1. Without this flag the library knows that
  * every message must be received in the order sent. */
 #define TUTTI_TP_CHANNELS 0x2u
+/* Any key (ABI 1.7, with TUTTI_TP_CHANNELS): where the host sets
+ * TUTTI_TP_HOST_PROBE_KEY and found_p's env[3] is 0 on input (bit 63 clear: no key),
+ * probe() reports the first message of channel 1 from peer, in arrival order, that no
+ * posted receive takes (passing over those of keys with receives posted, which it leaves
+ * to them), as the library's TUTTI_ANY_TAG needs. Without this flag such a probe's
+ * answer is undefined and the library refuses TUTTI_ANY_TAG (TUTTI_ERR_UNSUPPORTED). */
+#define TUTTI_TP_PROBE_ANY 0x4u
 
 /* What the library may assume about a transport, constant for the table. */
 typedef struct tutti_tp_props_v2 {

@@ -816,6 +816,19 @@ int tutti_send_async(tutti_comm_t *comm, const void *buf, size_t count, tutti_dt
  * probe finds a message of 0 x TUTTI_UINT8 from TUTTI_PROC_NULL (*flag_p 1), and
  * tutti_mrecv of mprobe's takes it with any count and dtype. */
 #define TUTTI_PROC_NULL (-3)
+/* MPI_ANY_TAG, as the tag of a receive (tutti_recv, tutti_recv_upto, tutti_sendrecv's
+ * recvtag) or a probe: it takes the first message from its peer (or from any rank, with
+ * TUTTI_ANY_SOURCE) that no receive issued before it takes, whatever its tag, in the
+ * order that rank sent them; tutti_work_info, tutti_probe_info and
+ * tutti_message_info say which tag it had. As MPI's: a message goes to the earliest
+ * receive issued that can take it (a receive of tag 5 issued first takes the tag-5
+ * message, the any-tag one the next), and a receive from a named rank of a named tag
+ * issued after an any-tag one from that rank waits for it to find its message first. The
+ * message's count and dtype must be the receive's (else TUTTI_ERR_MISMATCH, as a named
+ * tag's), but for tutti_recv_upto's bound. A tag sends cannot use; needs a transport
+ * that can probe for any key (tcp, shm, ibverbs: TUTTI_TP_PROBE_ANY; else
+ * TUTTI_ERR_UNSUPPORTED). */
+#define TUTTI_ANY_TAG UINT32_MAX
 int tutti_recv(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
                uint32_t tag);
 int tutti_recv_async(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
@@ -889,6 +902,27 @@ int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, tutti
                   int *source_p, size_t *count_p, tutti_dtype_t *dtype_p);
 int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dtype);
 void tutti_message_free(tutti_message_t *msg);
+
+/* MPI_Status's fields: what a receive took, or a probe found. */
+typedef struct tutti_msg_info {
+    int source;          /* the sender (TUTTI_PROC_NULL: the message of nothing) */
+    uint32_t tag;        /* its tag (TUTTI_ANY_TAG for TUTTI_PROC_NULL's, as MPI's) */
+    size_t count;        /* a receive's: the count it took in its dtype (bytes for a
+                            tutti_recv_upto of TUTTI_UINT8); a probe's or message's: the
+                            count as sent */
+    tutti_dtype_t dtype; /* the receive's dtype; a probe's or message's: the dtype as sent */
+} tutti_msg_info_t;
+/* MPI_Probe (flag_p NULL) or MPI_Iprobe (flag_p: one look, *flag_p 1 where a message
+ * came), as tutti_probe and tutti_iprobe, with the message's tag too (for a probe of
+ * TUTTI_ANY_TAG): *info filled where one was found (info may be NULL). */
+int tutti_probe_info(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
+                     tutti_msg_info_t *info);
+/* What tutti_mprobe's or tutti_improbe's message is (before tutti_mrecv frees it). */
+int tutti_message_info(const tutti_message_t *msg, tutti_msg_info_t *info);
+/* What a receive that finished well took (MPI_Wait's status): TUTTI_OK and *info filled;
+ * TUTTI_ERR_INVALID_ARG for a work that is no receive or still runs, the receive's own
+ * failure status if it failed (tutti_comm_last_error(NULL) then says so). */
+int tutti_work_info(const tutti_work_t *work, tutti_msg_info_t *info);
 
 /* The rank a finished receive got its message from (its peer, or for TUTTI_ANY_SOURCE
  * the rank that sent it); -1 while it runs, if it failed before a sender was known, or

@@ -841,6 +841,11 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                  "%s: peer %d is not a rank of [0, %d) nor TUTTI_PROC_NULL%s", name,
                                  peer, comm->nranks,
                                  peer == TUTTI_ANY_SOURCE ? " (any source is for receives)" : "");
+    if (kind == TUTTI_TP_SEND && tag == TUTTI_ANY_TAG)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "send: tag TUTTI_ANY_TAG (%u) is for receives and probes; a "
+                                 "message's tag is below it",
+                                 TUTTI_ANY_TAG);
     TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
     const char *kind_name; /* its room is filled only as far as the message goes: a device
                               buffer's host copy would be copied back whole */
@@ -990,7 +995,7 @@ int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dt
 
 static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int *flag_p,
                        int *source_p, size_t *count_p, tutti_dtype_t *dtype_p, int matched,
-                       tutti_message_t **msg_p)
+                       tutti_message_t **msg_p, uint32_t *tag_p)
 {
     const char *name = matched ? (once ? "improbe" : "mprobe") : once ? "iprobe" : "probe";
     if (!comm)
@@ -1014,6 +1019,8 @@ static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int
             *flag_p = 1;
         if (source_p)
             *source_p = TUTTI_PROC_NULL;
+        if (tag_p)
+            *tag_p = TUTTI_ANY_TAG;
         if (count_p)
             *count_p = 0;
         if (dtype_p)
@@ -1025,13 +1032,30 @@ static int probe_issue(tutti_comm_t *comm, int once, int peer, uint32_t tag, int
                                  "%s: peer %d is not a rank of [0, %d), TUTTI_ANY_SOURCE nor "
                                  "TUTTI_PROC_NULL",
                                  name, peer, comm->nranks);
-    return tt_exec_probe(comm, name, peer, tag, once, flag_p, source_p, count_p, dtype_p, msg_p);
+    return tt_exec_probe(comm, name, peer, tag, once, flag_p, source_p, tag_p, count_p, dtype_p,
+                         msg_p);
+}
+
+int tutti_probe_info(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
+                       tutti_msg_info_t *info)
+{
+    if (flag_p)
+        *flag_p = 0;
+    tutti_msg_info_t got = { .source = -1, .tag = TUTTI_ANY_TAG, .dtype = TUTTI_UINT8 };
+    int found = 0;
+    int st = probe_issue(comm, flag_p != NULL, peer, tag, &found, &got.source, &got.count,
+                         &got.dtype, 0, NULL, &got.tag);
+    if (st == TUTTI_OK && flag_p)
+        *flag_p = found;
+    if (st == TUTTI_OK && found && info)
+        *info = got;
+    return st;
 }
 
 int tutti_probe(tutti_comm_t *comm, int peer, uint32_t tag, int *source_p, size_t *count_p,
                 tutti_dtype_t *dtype_p)
 {
-    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 0, NULL);
+    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 0, NULL, NULL);
 }
 
 int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *source_p,
@@ -1039,7 +1063,7 @@ int tutti_iprobe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p, int *s
 {
     if (flag_p)
         *flag_p = 0;
-    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 0, NULL);
+    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 0, NULL, NULL);
 }
 
 int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **msg_p,
@@ -1047,7 +1071,7 @@ int tutti_mprobe(tutti_comm_t *comm, int peer, uint32_t tag, tutti_message_t **m
 {
     if (msg_p)
         *msg_p = NULL;
-    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 1, msg_p);
+    return probe_issue(comm, 0, peer, tag, NULL, source_p, count_p, dtype_p, 1, msg_p, NULL);
 }
 
 int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
@@ -1058,6 +1082,6 @@ int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
         *flag_p = 0;
     if (msg_p)
         *msg_p = NULL;
-    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 1, msg_p);
+    return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 1, msg_p, NULL);
 }
 /* clang-format on */

@@ -47,8 +47,8 @@ int tt_exec_wait_blocking(tutti_work_t *work);
  * that is never posted; with msg_p (tutti_mprobe, tutti_improbe) the message found is
  * received into *msg_p. name: the call's, for its messages. */
 int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, int once,
-                  int *found_p, int *source_p, size_t *count_p, tutti_dtype_t *dtype_p,
-                  tutti_message_t **msg_p);
+                  int *found_p, int *source_p, uint32_t *tag_p, size_t *count_p,
+                  tutti_dtype_t *dtype_p, tutti_message_t **msg_p);
 /* exec.c: free the sends to this rank that no receive took (comm.c's destroy). */
 void tt_exec_self_free(tutti_comm_t *comm);
 

@@ -26,6 +26,7 @@
 #include "core/comm.h"
 #include "core/opts.h"
 #include "core/trace.h"
+#include "plugin/tpmux.h"
 #include "device/device.h"
 
 /* How often an idle progress thread looks for deferred ops. */
@@ -411,22 +412,26 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
     static const char *const probes[2][2] = { { "probe", "iprobe" }, { "mprobe", "improbe" } };
+    char tg[24]; /* "tag 7", "any tag" */
+    if (w->any_tag)
+        snprintf(tg, sizeof(tg), "any tag");
+    else
+        snprintf(tg, sizeof(tg), "tag %u", tt_env_tag(w->req.env));
     if (w->probe && w->req.peer < 0)
-        snprintf(buf, len, "%s from any source (tag %u)", probes[w->matched != 0][w->probe == 2],
-                 tt_env_tag(w->req.env));
+        snprintf(buf, len, "%s from any source (%s)", probes[w->matched != 0][w->probe == 2], tg);
     else if (w->probe)
-        snprintf(buf, len, "%s from rank %d (tag %u)", probes[w->matched != 0][w->probe == 2],
-                 w->req.peer, tt_env_tag(w->req.env));
+        snprintf(buf, len, "%s from rank %d (%s)", probes[w->matched != 0][w->probe == 2],
+                 w->req.peer, tg);
     else if (w->upto && w->req.peer < 0 && w->seek_p1)
-        snprintf(buf, len, "recv of up to %zu x %s from rank %d (tag %u)",
-                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype), w->seek_p1 - 1,
-                 tt_env_tag(w->req.env));
+        snprintf(buf, len, "recv of up to %zu x %s from rank %d (%s)",
+                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype), w->seek_p1 - 1, tg);
     else if (w->upto && w->req.peer < 0)
-        snprintf(buf, len, "recv of up to %zu x %s from any source (tag %u)",
-                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype),
-                 tt_env_tag(w->req.env));
+        snprintf(buf, len, "recv of up to %zu x %s from any source (%s)",
+                 w->upto_cap / w->op.elem_size, tutti_dtype_name(w->op.dtype), tg);
+    else if (w->any_source && w->req.peer < 0 && w->seek_p1)
+        snprintf(buf, len, "recv from rank %d (%s)", w->seek_p1 - 1, tg);
     else if (w->any_source && w->req.peer < 0)
-        snprintf(buf, len, "recv from any source (tag %u)", tt_env_tag(w->req.env));
+        snprintf(buf, len, "recv from any source (%s)", tg);
     else if (w->matched) /* an mprobe's, taking the message it found */
         snprintf(buf, len, "%s's recv from rank %d", w->matched == 2 ? "improbe" : "mprobe",
                  w->req.peer);
@@ -479,15 +484,31 @@ static int can_probe(const tutti_comm_t *comm)
     return tutti_tp_ops_has(comm->tp_ops, probe) && comm->tp_ops->probe;
 }
 
+/* ...and for a message of any tag (TUTTI_ANY_TAG): every transport in use says its probe
+ * takes no key (transport_v2.h TUTTI_TP_PROBE_ANY). */
+static int can_probe_for(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    if (!can_probe(comm))
+        return 0;
+    if (!w->any_tag)
+        return 1;
+    const tutti_tp_props_v2_t *props[16];
+    int n = tt_transports_props(comm, props, 16);
+    for (int i = 0; i < n; i++)
+        if (!(props[i]->flags & TUTTI_TP_PROBE_ANY))
+            return 0;
+    return n > 0;
+}
+
 static int any_unsupported(tutti_comm_t *comm, const tutti_work_t *w, char *err, size_t errlen)
 {
     char what[112];
-    snprintf(err, errlen,
-             "rank %d: %s: transport %s cannot look for arrived messages (it has no probe); "
-             "%s",
+    snprintf(err, errlen, "rank %d: %s: transport %s cannot look for arrived messages%s; %s",
              comm->rank, p2p_what(w, what, sizeof(what)), comm->tp_name,
-             w->upto ? "receive with the message's own count (tutti_recv)"
-                     : "receive from a named rank");
+             can_probe(comm) ? " of any tag (TUTTI_TP_PROBE_ANY)" : " (it has no probe)",
+             w->any_tag ? "receive with a named tag"
+             : w->upto  ? "receive with the message's own count (tutti_recv)"
+                        : "receive from a named rank");
     return TUTTI_ERR_UNSUPPORTED;
 }
 
@@ -659,7 +680,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     /* what bounds the store calls of its failure paths and stall checks (fault.c) */
     w->op.deadline_ns = w->p2p_deadline_ns;
     if (w->probe) { /* in flight unposted: probe_step looks */
-        if (!can_probe(comm))
+        if (!can_probe_for(comm, w))
             return any_unsupported(comm, w, err, errlen);
         /* an iprobe looks once, right after this: a slice of progress first, so that one
          * polled in a loop, with nothing else in flight, moves the links along (a header
@@ -672,7 +693,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
         return TUTTI_OK;
     }
     if (w->any_source)
-        return can_probe(comm) ? TUTTI_OK : any_unsupported(comm, w, err, errlen);
+        return can_probe_for(comm, w) ? TUTTI_OK : any_unsupported(comm, w, err, errlen);
     if (w->late_seq) /* in flight unposted: late_step numbers and posts it */
         return TUTTI_OK;
     if (w->req.peer == comm->rank) /* a receive waits in flight for self_match */
@@ -682,28 +703,75 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
 
 /* ---- receives from any source ---- */
 
+/* ---- which receive a message goes to (MPI's order) ----
+ * A message goes to the earliest receive issued that can take it. A receive from a named
+ * rank of a named tag takes its number at issue unless an earlier receive that could take
+ * the same message has none yet (then it is late: late_step); receives from any source,
+ * of any tag (TUTTI_ANY_TAG) or of up to a count look (any_step) and take their number
+ * with the message they find. A look passes over a message that an earlier receive
+ * without its number could take (claimed_earlier): that one comes first, and takes it in
+ * its own step. */
+
+/* Where receive e, without its number, looks: its rank (-1: any). */
+static int e_peer(const tutti_work_t *e)
+{
+    return e->any_source ? e->seek_p1 - 1 : e->req.peer;
+}
+
+/* Could receive e, which has no number yet, take peer's next message of tag (peer < 0:
+ * any rank's)? */
+static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
+{
+    int epeer = e_peer(e);
+    return unnumbered(e) && (epeer < 0 || peer < 0 || epeer == peer) &&
+           (e->any_tag || tt_env_tag(e->req.env) == tag);
+}
+
+/* Is the message of tag from peer one that a receive issued before w (in flight, so ahead
+ * of it there), still without its number, could take? */
+static int claimed_earlier(const tutti_comm_t *comm, const tutti_work_t *w, int peer, uint32_t tag)
+{
+    if (comm->unnumbered < (unnumbered(w) ? 2 : 1))
+        return 0;
+    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
+        if (unnumbered_for(e, peer, tag))
+            return 1;
+    return 0;
+}
+
 /* Might w take the message m that arrived from peer? It must be point to point, carry
- * w's tag, and stand where no receive issued for peer stands (those took their sequence
- * numbers at issue): else it belongs to another receive, posted or to come. Its count
- * and dtype are the receive's own check: a message with w's tag and another size is
- * w's mismatch, as with a named sender. */
+ * w's tag (any, for TUTTI_ANY_TAG), and stand where no receive issued for peer stands
+ * (those took their sequence numbers at issue): else it belongs to another receive,
+ * posted or to come; nor may an earlier receive without its number want it. Its count
+ * and dtype are the receive's own check: a message with w's tag and another size is w's
+ * mismatch, as with a named sender. */
 static int any_matches(const tutti_comm_t *comm, const tutti_work_t *w, int peer,
                        const tutti_tp_probe_t *m)
 {
-    uint32_t tag = tt_env_tag(w->req.env);
+    uint32_t tag = tt_env_tag(m->env);
     return tt_fp_coll(m->env[1]) == TT_COLL_P2P && tt_env_algo(m->env) == 0 &&
-           tt_env_tag(m->env) == tag && m->env[0] == p2p_received((tutti_comm_t *)comm, peer, tag);
+           (w->any_tag || tag == tt_env_tag(w->req.env)) &&
+           m->env[0] == p2p_received((tutti_comm_t *)comm, peer, tag) &&
+           !claimed_earlier(comm, w, peer, tag);
 }
 
 /* Has w's tag's next message from peer arrived (not taken)? The transport's probe, or for
  * this rank the first copy of a send to itself with the tag: 1 with *m filled, 0 no, < 0
- * the link to peer failed (or TUTTI_ERR_UNSUPPORTED: no probe). */
+ * the link to peer failed (or TUTTI_ERR_UNSUPPORTED: no probe). Of any tag: the first
+ * message that no posted receive takes (key 0: transport_v2.h TUTTI_TP_PROBE_ANY), or the
+ * first copy that no earlier receive could take. */
 static int look_at(tutti_comm_t *comm, const tutti_work_t *w, int peer, tutti_tp_probe_t *m)
 {
-    *m = (tutti_tp_probe_t){ .env = { 0, 0, 0, w->req.env[3] } }; /* the key looked for */
+    /* the key looked for */
+    *m = (tutti_tp_probe_t){ .env = { 0, 0, 0, w->any_tag ? 0 : w->req.env[3] } };
     if (peer != comm->rank)
         return comm->tp_ops->probe(comm->tp, peer, m);
-    tt_self_msg_t *prev, *s = self_find(comm, w->req.env[3], &prev);
+    tt_self_msg_t *prev, *s = NULL;
+    if (!w->any_tag)
+        s = self_find(comm, w->req.env[3], &prev);
+    else
+        for (s = comm->self_q; s && claimed_earlier(comm, w, peer, tt_env_tag(s->env));)
+            s = s->next;
     if (!s)
         return 0;
     memcpy(m->env, s->env, sizeof(m->env));
@@ -711,24 +779,9 @@ static int look_at(tutti_comm_t *comm, const tutti_work_t *w, int peer, tutti_tp
     return 1;
 }
 
-/* Is peer's next message of w's tag an earlier receive's: a tutti_recv_upto from peer
- * issued before w, still looking? (An any-source w passes that rank over: the message is
- * the earlier one's, and the others' are w's to take, as MPI's.) */
-static int seeker_before(const tutti_comm_t *comm, const tutti_work_t *w, int peer)
-{
-    if (comm->unnumbered < 2)
-        return 0;
-    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        if (e->seek_p1 == peer + 1 && unnumbered(e) &&
-            tt_env_tag(e->req.env) == tt_env_tag(w->req.env))
-            return 1;
-    return 0;
-}
-
 /* Look for w's next message (any_matches) at its peer, or (any) at every rank from
- * any_next on (but a rank an earlier recv_upto looks at: seeker_before): 1 with *peer_p
- * and *m filled; 0 none came, *dead_p of the links looked at failed (the last one's
- * status in *dead_st_p); TUTTI_ERR_UNSUPPORTED: no probe. */
+ * any_next on: 1 with *peer_p and *m filled; 0 none came, *dead_p of the links looked at
+ * failed (the last one's status in *dead_st_p); TUTTI_ERR_UNSUPPORTED: no probe. */
 static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int *peer_p,
                         tutti_tp_probe_t *m, int *dead_p, int *dead_st_p)
 {
@@ -736,8 +789,6 @@ static int find_message(tutti_comm_t *comm, const tutti_work_t *w, int any, int 
     *dead_p = *dead_st_p = 0;
     for (int k = 0; k < looks; k++) {
         int peer = any ? (comm->any_next + k) % n : w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
-        if (any && seeker_before(comm, w, peer))
-            continue;
         int st = look_at(comm, w, peer, m);
         if (st == TUTTI_ERR_UNSUPPORTED)
             return st;
@@ -793,17 +844,19 @@ static int any_search(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t err
     if (st == 1 && w->upto && (st = upto_fit(comm, w, peer, &m, err, errlen)) < 0)
         return st; /* took nothing: the receive fails alone */
     if (st == 1) {
-        tt_p2p_seq_t *sq = p2p_seq(comm, peer, tt_env_tag(w->req.env), 1);
+        tt_p2p_seq_t *sq = p2p_seq(comm, peer, tt_env_tag(m.env), 1);
         if (!sq) {
             snprintf(err, errlen, "rank %d: recv from any source: out of memory", comm->rank);
             return TUTTI_ERR_NOMEM;
         }
-        comm->any_next = (peer + 1) % n;
+        if (!w->seek_p1)
+            comm->any_next = (peer + 1) % n;
         w->req.peer = peer;
         comm->unnumbered--;
         w->op.seq = sq->received++;
         w->req.env[0] = w->op.seq;
-        tt_trace_matched(comm, &w->op, peer);
+        w->req.env[3] = m.env[3]; /* (its own tag, or the message's for TUTTI_ANY_TAG) */
+        tt_trace_matched(comm, &w->op, peer, tt_env_tag(m.env));
         if (peer == comm->rank) {
             self_match(comm);
             return w->req.status; /* done now (0, or a mismatch), not at the next reap */
@@ -845,13 +898,16 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
     if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
         return st;
     char what[112], msg[TT_ERRMSG_LEN];
+    char tg[24] = "a message"; /* "tag 7" */
+    if (!w->any_tag)
+        snprintf(tg, sizeof(tg), "tag %u", tt_env_tag(w->req.env));
     if (w->seek_p1)
-        snprintf(msg, sizeof(msg), "%s: rank %d sent nothing of tag %u within %d ms",
-                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, tt_env_tag(w->req.env),
+        snprintf(msg, sizeof(msg), "%s: rank %d sent nothing of %s within %d ms",
+                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, w->any_tag ? "any tag" : tg,
                  w->op.timeout_ms);
     else
-        snprintf(msg, sizeof(msg), "%s: no rank sent tag %u within %d ms",
-                 p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms);
+        snprintf(msg, sizeof(msg), "%s: no rank sent %s within %d ms",
+                 p2p_what(w, what, sizeof(what)), tg, w->op.timeout_ms);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -860,18 +916,10 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
 /* ---- named receives behind open any-source ones (MPI's order) ----
  * A message goes to the earliest receive issued that can take it. A receive from rank r
  * takes its sequence number at issue, which gives it r's next message of its tag; but
- * an any-source receive of that tag issued before it, still looking, comes first. Such
- * a named receive waits unnumbered and unposted (late_seq) until no earlier receive of
- * its tag looks any more (any source) or waits so (from r), then takes its number. */
-
-/* Could receive e, which has no number yet, take peer's next message of tag (peer < 0:
- * any rank's)? */
-static int unnumbered_for(const tutti_work_t *e, int peer, uint32_t tag)
-{
-    int epeer = e->any_source ? e->seek_p1 - 1 : e->req.peer; /* -1: any */
-    return unnumbered(e) && (epeer < 0 || peer < 0 || epeer == peer) &&
-           tt_env_tag(e->req.env) == tag;
-}
+ * an any-source (or any-tag) receive that could take it, issued before it and still
+ * looking, comes first. Such a named receive waits unnumbered and unposted (late_seq)
+ * until no earlier receive that could take r's next message of its tag looks any more or
+ * waits so, then takes its number. */
 
 /* At issue (q_lock held): must a receive from peer of tag wait for its number? Every
  * receive issued before it is queued, being posted (exec_p2p) or in flight. (An
@@ -893,20 +941,28 @@ static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
     return 0;
 }
 
-/* Must unnumbered receive w (any source, or late) wait: is a receive issued before it
- * (in flight, so ahead of it there) still unnumbered that could take a message w could?
- * For a late w, one that would come first for its rank's next message of its tag. For
- * an any-source w, any of its tag: an any-source one still looking (a probe may read:
- * tcp's reads the next header, so a message that came after the earlier receive's probe
- * would go to the later receive, against issue order), or a late one. */
+/* Must unnumbered receive w (any source or tag, or late; or a probe) wait: is a receive
+ * issued before it (in flight, so ahead of it there) still unnumbered that could take
+ * every message w could? For a late w, one that would come first for its rank's next
+ * message of its tag. For a looking w, one whose ranks and tags hold all of w's: it takes
+ * whatever w would first. Where the earlier one could take some of w's messages only (an
+ * any-source receive of tag 5 before one from rank 2 of any tag; a recv_upto from rank 2
+ * before an any-source one) w looks on and passes over those (claimed_earlier): a
+ * message the earlier one cannot take is w's, as MPI's. */
 static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
 {
-    int peer = w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1;
-    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next)
-        /* (an earlier tutti_recv_upto from a named rank holds back an any-source w only
-         * at that rank: find_message passes it over, seeker_before) */
-        if (unnumbered_for(e, peer, tt_env_tag(w->req.env)) && !(peer < 0 && e->seek_p1))
+    if (!comm->unnumbered)
+        return 0;
+    int peer = w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1; /* -1: any */
+    uint32_t tag = tt_env_tag(w->req.env);
+    for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next) {
+        if (!unnumbered(e))
+            continue;
+        int epeer = e_peer(e);
+        if ((epeer < 0 || (peer >= 0 && epeer == peer)) &&
+            (e->any_tag || (!w->any_tag && tt_env_tag(e->req.env) == tag)))
             return 1;
+    }
     return 0;
 }
 
@@ -926,7 +982,7 @@ static int late_step(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errl
     comm->unnumbered--;
     w->op.seq = sq->received++;
     w->req.env[0] = w->op.seq;
-    tt_trace_matched(comm, &w->op, w->req.peer);
+    tt_trace_matched(comm, &w->op, w->req.peer, tt_env_tag(w->req.env));
     if (w->req.peer == comm->rank) {
         self_match(comm);
         return w->req.status;
@@ -943,7 +999,7 @@ static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti
                       char *err, size_t errlen)
 {
     char what[112];
-    uint32_t tag = tt_env_tag(w->req.env);
+    uint32_t tag = tt_env_tag(m->env); /* (w's own, or the message's for TUTTI_ANY_TAG) */
     tt_p2p_seq_t *sq = p2p_seq(comm, peer, tag, 1);
     /* the message and its data in one block: once taken, nothing can fail but the
      * transfer (the caller's tutti_message_t is this) */
@@ -992,8 +1048,8 @@ static int probe_take(tutti_comm_t *comm, tutti_work_t *w, int peer, const tutti
     return st < 0 ? st : 1;
 }
 
-/* One step of probe w (q_lock and `executing` held): once no earlier receive of its tag
- * is unnumbered (a receive issued now would wait for those), look for the message a
+/* One step of probe w (q_lock and `executing` held): unless an earlier receive without
+ * its number would take whatever it finds (blocked_by_earlier), look for the message a
  * receive issued now would take (the next of its tag by number: any_matches) at its
  * peer or, from any source, at every rank. 0: done (probe_found says whether it saw one;
  * an iprobe's one look is done either way); 1: still looking; < 0: failed, err says why.
@@ -1015,6 +1071,7 @@ static int probe_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, char *e
             w->probe_source = peer;
             w->probe_count = (size_t)m.env[2];
             w->probe_dtype = (int)((m.env[1] >> 48) & 0xff);
+            w->probe_tag = tt_env_tag(m.env);
             return w->matched ? probe_take(comm, w, peer, &m, err, errlen) : 0;
         }
         if (dead && dead == (any ? comm->nranks - 1 : 1)) {
@@ -1703,10 +1760,12 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         return st;
     }
     /* an any-source receive takes its number when its sender is found (exec.c's any_step),
-     * and so does tutti_recv_upto's, from a named rank too (seek_p1) */
-    w->any_source = peer == TUTTI_ANY_SOURCE || upto;
+     * and so do tutti_recv_upto's and a TUTTI_ANY_TAG one's, from a named rank too
+     * (seek_p1) */
+    w->any_tag = kind == TUTTI_TP_RECV && tag == TUTTI_ANY_TAG;
+    w->any_source = peer == TUTTI_ANY_SOURCE || upto || w->any_tag;
     w->upto = upto != 0;
-    w->seek_p1 = upto && peer != TUTTI_ANY_SOURCE ? peer + 1 : 0;
+    w->seek_p1 = (upto || w->any_tag) && peer != TUTTI_ANY_SOURCE ? peer + 1 : 0;
     w->upto_cap = count * es;
     tt_p2p_seq_t *sq = w->any_source ? NULL : p2p_seq(comm, peer, tag, 1);
     if (__builtin_expect(!w->any_source && !sq, 0)) {
@@ -1742,7 +1801,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
                        .dev = dv.dev };
     w->req.kind = kind;
-    w->req.peer = upto ? TUTTI_ANY_SOURCE : peer;
+    w->req.peer = w->any_source ? TUTTI_ANY_SOURCE : peer;
     w->req.buf = buf;
     w->req.len = count * es;
     tt_env_encode(w->req.env, seq, w->op.fingerprint, count, 0, tag);
@@ -1758,8 +1817,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
 }
 
 int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, int once,
-                  int *found_p, int *source_p, size_t *count_p, tutti_dtype_t *dtype_p,
-                  tutti_message_t **msg_p)
+                  int *found_p, int *source_p, uint32_t *tag_p, size_t *count_p,
+                  tutti_dtype_t *dtype_p, tutti_message_t **msg_p)
 {
     if (in_callback(comm))
         return cb_refused(comm, name);
@@ -1784,6 +1843,7 @@ int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, 
     }
     atomic_fetch_add(&comm->refs, 1);
     w->any_source = peer == TUTTI_ANY_SOURCE;
+    w->any_tag = tag == TUTTI_ANY_TAG;
     /* not numbered, not traced: it takes nothing (a fingerprint and dtype of its own) */
     w->op = (tt_op_t){ .comm = comm,
                        .rank = comm->rank,
@@ -1809,6 +1869,8 @@ int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, 
             *found_p = w->probe_found;
         if (w->probe_found && source_p)
             *source_p = w->probe_source;
+        if (w->probe_found && tag_p)
+            *tag_p = w->probe_tag;
         if (w->probe_found && count_p)
             *count_p = w->probe_count;
         if (w->probe_found && dtype_p)
@@ -2052,6 +2114,42 @@ size_t tutti_work_count(const tutti_work_t *work)
         !work_ended(work) || work->status != TUTTI_OK)
         return (size_t)-1;
     return work->op.count;
+}
+
+int tutti_work_info(const tutti_work_t *work, tutti_msg_info_t *info)
+{
+    if (!work || !info)
+        return TUTTI_ERR_INVALID_ARG;
+    if (!work->is_p2p || work->req.kind != TUTTI_TP_RECV || work->probe)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "work_info: not a receive");
+    if (!work_ended(work))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "work_info: the receive still runs");
+    if (work->status != TUTTI_OK)
+        return tt_thread_error_set(work->status, "work_info: the receive failed: %s", work->err);
+    if (work->req.peer == TUTTI_PROC_NULL) {
+        *info = (tutti_msg_info_t){
+            .source = TUTTI_PROC_NULL, .tag = TUTTI_ANY_TAG, .count = 0, .dtype = TUTTI_UINT8
+        };
+        return TUTTI_OK;
+    }
+    /* env[3]: its own tag, or a TUTTI_ANY_TAG receive's message's, as it took it; the
+     * count in the receive's dtype (tutti_work_count's) */
+    *info = (tutti_msg_info_t){ .source = work->req.peer,
+                                .tag = tt_env_tag(work->req.env),
+                                .count = work->op.count,
+                                .dtype = work->op.dtype };
+    return TUTTI_OK;
+}
+
+int tutti_message_info(const tutti_message_t *msg, tutti_msg_info_t *info)
+{
+    if (!msg || !info)
+        return TUTTI_ERR_INVALID_ARG;
+    *info = (tutti_msg_info_t){ .source = msg->source,
+                                .tag = msg->source == TUTTI_PROC_NULL ? TUTTI_ANY_TAG : msg->tag,
+                                .count = msg->count,
+                                .dtype = msg->dtype };
+    return TUTTI_OK;
 }
 
 int tutti_work_source(const tutti_work_t *work)

@@ -35,6 +35,9 @@ struct tutti_work {
     tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
     int any_source;        /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
                               < 0 until the executor finds its message (exec.c) */
+    int any_tag;           /* a receive or probe of TUTTI_ANY_TAG: looked for as an
+                              any-source receive is (any_source set; seek_p1 its rank where
+                              named), its env[3] the message's once found (exec.c) */
     int late_seq;          /* a receive from a named rank issued while an earlier one of
                               its tag could still take the same message (an any-source
                               receive that still looks, or another such): it takes its
@@ -43,6 +46,7 @@ struct tutti_work {
                               peer and tag that is never numbered nor posted; it looks for the
                               message a receive would take, and reports it (exec.c) */
     int probe_found, probe_source, probe_dtype;
+    uint32_t probe_tag;
     size_t probe_count;        /* what it found: the sender, its count and dtype as sent */
     struct tutti_message *msg; /* tutti_mprobe's: the probe, once it found its message,
                                   becomes a receive of it into this (exec.c) */

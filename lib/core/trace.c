@@ -88,12 +88,13 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
     op->trace_flags = e->flags;
 }
 
-void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer)
+void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer, uint32_t tag)
 {
     tt_trace_ent_t *e = slot_of(comm->trace, op->trace_id);
     if (!e)
         return;
     e->root = peer;
+    e->tag = tag; /* (a TUTTI_ANY_TAG receive's: the message's) */
     e->seq = op->seq;
     e->count = op->count; /* (a tutti_recv_upto's: the message's, as it takes it) */
     e->dtype = (uint8_t)op->dtype;

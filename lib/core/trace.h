@@ -66,7 +66,7 @@ void tt_trace_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, i
 void tt_trace_start(tutti_comm_t *comm, const tt_op_t *op, uint64_t now);
 /* With q_lock held. A receive from any source found its sender (op->seq is the pair's
  * number now). */
-void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer);
+void tt_trace_matched(tutti_comm_t *comm, const tt_op_t *op, int peer, uint32_t tag);
 /* With q_lock held. The op ended with status (peer: a receive's sender, or -1); a failed
  * op of a failed or aborted communicator makes its record due (tt_trace_due). */
 void tt_trace_end(tutti_comm_t *comm, const tt_op_t *op, int peer, int status);

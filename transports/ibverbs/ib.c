@@ -953,7 +953,7 @@ int tt_ib_debug_qp_rd_atomic(void *vtp, int peer, int *init_p, int *resp_p)
 
 /* cost hints: a 4-byte exchange and one direction of a large one (soft RoCE on a VM) */
 static const tp_ops_t ib_ops = {
-    TT_KIT_OPS_HEAD("ibverbs", .flags = TUTTI_TP_CHANNELS,
+    TT_KIT_OPS_HEAD("ibverbs", .flags = TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0, .bw_gbs = 10.0),
     TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe) TT_KIT_ARM(ib_arm),
 };

@@ -314,10 +314,15 @@ static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_ux
 {
     *watch_p = 0;
     *buffer_p = 0;
-    if (tp_key_posted(rq_head, q, want))
+    /* a key: a receive of it posted takes its next message. Any (want 0, the library's
+     * TUTTI_ANY_TAG): the first message that no posted receive takes, in arrival order,
+     * passing over those of keys with receives posted */
+    const int any = !(want >> 63);
+    if (!any && tp_key_posted(rq_head, q, want))
         return 0;
     for (const tp_ux_t *e = q->head; e; e = e->next) {
-        if (!tp_wanted(e->req.env, want))
+        if (!tp_wanted(e->req.env, want) ||
+            (any && (e->waiter || tp_key_posted(rq_head, q, tp_key(e->req.env)))))
             continue;
         memcpy(found_p->env, e->req.env, sizeof(found_p->env));
         found_p->len = e->req.len;
@@ -331,6 +336,8 @@ static inline int tp_probe_chan(int parked, const tp_req_t *rq_head, const tp_ux
         *buffer_p = !rq_head;
         return 0;
     }
+    if (any && tp_key_posted(rq_head, q, tp_key(env)))
+        return 0; /* its receive takes it as the link moves on */
     memcpy(found_p->env, env, sizeof(found_p->env));
     found_p->len = (size_t)len;
     return 1;

@@ -1507,7 +1507,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 
 /* cost hints: a 4-byte exchange and one direction of a large one between processes */
 static const tp_ops_t shm_ops = {
-    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY | TUTTI_TP_CHANNELS,
+    TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY | TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
     TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe) TT_KIT_ARM(shm_arm),
 };

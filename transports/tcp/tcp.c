@@ -1165,8 +1165,8 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 
 /* cost hints: a 4-byte exchange and one direction of a large one on loopback */
 static const tp_ops_t tcp_ops = {
-    TT_KIT_OPS_HEAD("tcp", .flags = TUTTI_TP_CHANNELS, .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST),
-                    .alpha_us = 10.0, .bw_gbs = 2.0),
+    TT_KIT_OPS_HEAD("tcp", .flags = TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
+                    .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0, .bw_gbs = 2.0),
     TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe) TT_KIT_ARM(tcp_arm),
 };
 
