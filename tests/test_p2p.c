@@ -1233,6 +1233,298 @@ static int rank_wait_sets(int rank, int nranks, tutti_comm_t *comm, const char *
 
 TH_RUN_TEST(wait_sets, th_run(3, rank_wait_sets, NULL, 60000))
 
+/* ---- TUTTI_ANY_TAG (MPI_ANY_TAG) ---- */
+
+/* What a finished receive took, checked: its source, tag and value. */
+static int took(int rank, tutti_work_t *w, int src, uint32_t tag, const int32_t *vp, int32_t want,
+                const char *what)
+{
+    tutti_msg_info_t in = { .source = -9 };
+    FAIL_IF(tutti_wait(w, -1) != 0, "%s: %s", what, tutti_work_error(w));
+    const int32_t v = *vp;
+    FAIL_IF(tutti_work_info(w, &in) != 0, "%s: work_info", what);
+    FAIL_IF(in.source != src || in.tag != tag || v != want || in.count != 1 ||
+                in.dtype != TUTTI_INT32 || tutti_work_source(w) != src,
+            "%s: took %d from rank %d tag %u (%zu x %s), want %d from rank %d tag %u", what, v,
+            in.source, in.tag, in.count, tutti_dtype_name(in.dtype), want, src, tag);
+    tutti_work_free(w);
+    return 0;
+}
+
+/* Rank 0 receives with TUTTI_ANY_TAG in MPI's order beside named receives; rank 1 and 2
+ * send. Each step has its own phase (rank 0's go message of tag 1000 + step). */
+static int rank_any_tag(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t x = 0, go = 0;
+    const uint32_t ANY = TUTTI_ANY_TAG;
+    /* a send of the any-tag value is refused on every rank */
+    FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, (rank + 1) % 3, ANY) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "TUTTI_ANY_TAG"),
+            "send of tag ANY_TAG: %s", tutti_comm_last_error(comm));
+    if (rank == 1) {
+        int32_t s[] = { 1, 2, 3 };
+        uint32_t t[] = { 5, 9, 5 };
+        for (int i = 0; i < 3; i++) /* (a): in the order sent, whatever the tag */
+            FAIL_IF(tutti_send(comm, &s[i], 1, TUTTI_INT32, 0, t[i]) != 0, "send a");
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1001) != 0, "go b");
+        int32_t b[] = { 10, 20, 30 };
+        uint32_t bt[] = { 5, 9, 5 };
+        for (int i = 0; i < 3; i++) /* (b): a named receive of tag 9 was issued first */
+            FAIL_IF(tutti_send(comm, &b[i], 1, TUTTI_INT32, 0, bt[i]) != 0, "send b");
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1002) != 0, "go c");
+        int32_t c[] = { 100, 200 };
+        for (int i = 0; i < 2; i++) /* (c): any-tag first, then a named one of tag 5 */
+            FAIL_IF(tutti_send(comm, &c[i], 1, TUTTI_INT32, 0, 5) != 0, "send c");
+        /* (d): tag 77 only once rank 0's any-tag receive from rank 2 is done */
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1004) != 0, "go d");
+        x = 777;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 77) != 0, "send d");
+        /* (e): tag 56 while rank 0's named receive of tag 55 stays posted, then 55 */
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1005) != 0, "go e");
+        x = 56;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 56) != 0, "send e");
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1006) != 0, "go e2");
+        x = 55;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 55) != 0, "send e2");
+        /* (f): probes */
+        int32_t f[3] = { 41, 42, 43 };
+        FAIL_IF(tutti_send(comm, f, 3, TUTTI_INT32, 0, 42) != 0, "send f");
+        FAIL_IF(tutti_send(comm, f, 2, TUTTI_INT32, 0, 43) != 0, "send f2");
+    } else if (rank == 2) {
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1003) != 0, "go d2");
+        x = 8;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 8) != 0, "send d2");
+    } else {
+        tutti_work_t *w1, *w2, *w3;
+        int32_t v1 = -1, v2 = -1, v3 = -1;
+        /* (a) */
+        for (int i = 0; i < 3; i++) {
+            FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, ANY, &w1) != 0, "issue a");
+            if (took(rank, w1, 1, i == 1 ? 9 : 5, &v1, i + 1, "a"))
+                return 1;
+        }
+        /* (b) the named receive of tag 9, issued first, takes the tag-9 message; the
+         * any-tag one the first that it does not (10), the next any-tag one 30 */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, 9, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 1, ANY, &w2) != 0,
+                "issue b");
+        go = 1;
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1001) != 0, "go b");
+        if (took(rank, w1, 1, 9, &v1, 20, "b named"))
+            return 1;
+        if (took(rank, w2, 1, 5, &v2, 10, "b any"))
+            return 1;
+        FAIL_IF(tutti_recv_async(comm, &v3, 1, TUTTI_INT32, 1, ANY, &w3) != 0, "issue b3");
+        if (took(rank, w3, 1, 5, &v3, 30, "b any 2"))
+            return 1;
+        /* (c) an any-tag receive issued before a named one of tag 5 takes the first */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, ANY, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 1, 5, &w2) != 0,
+                "issue c");
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1002) != 0, "go c");
+        if (took(rank, w2, 1, 5, &v2, 200, "c named"))
+            return 1;
+        if (took(rank, w1, 1, 5, &v1, 100, "c any"))
+            return 1;
+        /* (d) an any-source receive of tag 77 first, then an any-tag one from rank 2: the
+         * second takes rank 2's tag-8 message while the first still waits (it could take
+         * only part of the second's messages: waiting for it hung) */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 77, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 2, ANY, &w2) != 0,
+                "issue d");
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 2, 1003) != 0, "go d2");
+        if (took(rank, w2, 2, 8, &v2, 8, "d any-tag from 2"))
+            return 1;
+        int done = 1;
+        FAIL_IF(tutti_test(w1, &done) != 0 || done, "d: the tag-77 receive ended early");
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1004) != 0, "go d");
+        if (took(rank, w1, 1, 77, &v1, 777, "d tag 77"))
+            return 1;
+        /* (e) a named receive of tag 55 posted (in the transport) first: the any-tag one
+         * after it takes the tag-56 message that came meanwhile (the transport's probe
+         * for any key passes over the keys with receives posted, not the whole link) */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, 55, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 1, ANY, &w2) != 0,
+                "issue e");
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1005) != 0, "go e");
+        if (took(rank, w2, 1, 56, &v2, 56, "e any-tag"))
+            return 1;
+        FAIL_IF(tutti_test(w1, &done) != 0 || done, "e: the tag-55 receive ended early");
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1006) != 0, "go e2");
+        if (took(rank, w1, 1, 55, &v1, 55, "e tag 55"))
+            return 1;
+        /* (f) probe, iprobe and mprobe of any tag report the tag */
+        tutti_msg_info_t in = { 0 };
+        FAIL_IF(tutti_probe_info(comm, TUTTI_ANY_SOURCE, ANY, NULL, &in) != 0, "probe_info: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(in.source != 1 || in.tag != 42 || in.count != 3 || in.dtype != TUTTI_INT32,
+                "probe found rank %d tag %u %zu x %s", in.source, in.tag, in.count,
+                tutti_dtype_name(in.dtype));
+        int flag = 0;
+        in = (tutti_msg_info_t){ 0 };
+        FAIL_IF(tutti_probe_info(comm, 1, ANY, &flag, &in) != 0 || !flag || in.tag != 42,
+                "iprobe_info: flag %d tag %u", flag, in.tag);
+        int32_t f[3] = { 0, 0, 0 };
+        FAIL_IF(tutti_recv(comm, f, in.count, in.dtype, in.source, in.tag) != 0 || f[0] != 41 ||
+                    f[2] != 43,
+                "recv after probe: %s", tutti_comm_last_error(comm));
+        tutti_message_t *msg = NULL;
+        FAIL_IF(tutti_mprobe(comm, 1, ANY, &msg, NULL, NULL, NULL) != 0 || !msg, "mprobe: %s",
+                tutti_comm_last_error(comm));
+        in = (tutti_msg_info_t){ 0 };
+        FAIL_IF(tutti_message_info(msg, &in) != 0 || in.source != 1 || in.tag != 43 ||
+                    in.count != 2,
+                "message_info: rank %d tag %u count %zu", in.source, in.tag, in.count);
+        FAIL_IF(tutti_mrecv(msg, f, 2, TUTTI_INT32) != 0 || f[1] != 42, "mrecv");
+        /* nothing left: one look finds none */
+        FAIL_IF(tutti_probe_info(comm, TUTTI_ANY_SOURCE, ANY, &flag, &in) != 0 || flag,
+                "iprobe at the end: flag %d", flag);
+        /* (g) to itself: the copies in the order sent */
+        int32_t s1 = 61, s2 = 62;
+        FAIL_IF(tutti_send(comm, &s1, 1, TUTTI_INT32, 0, 4) != 0 ||
+                    tutti_send(comm, &s2, 1, TUTTI_INT32, 0, 3) != 0,
+                "self sends");
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 0, ANY, &w1) != 0, "issue g");
+        if (took(rank, w1, 0, 4, &v1, 61, "g first"))
+            return 1;
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, ANY, &w1) != 0,
+                "issue g2");
+        if (took(rank, w1, 0, 3, &v1, 62, "g second"))
+            return 1;
+        /* (i) PROC_NULL: MPI's status of it */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, TUTTI_PROC_NULL, ANY, &w1) != 0 ||
+                    tutti_wait(w1, -1) != 0 || tutti_work_info(w1, &in) != 0 ||
+                    in.source != TUTTI_PROC_NULL || in.tag != TUTTI_ANY_TAG || in.count != 0,
+                "proc_null: source %d tag %u", in.source, in.tag);
+        tutti_work_free(w1);
+        /* work_info of a send is refused */
+        FAIL_IF(tutti_send_async(comm, &s1, 1, TUTTI_INT32, 0, 4, &w1) != 0 ||
+                    tutti_wait(w1, -1) != 0 || tutti_work_info(w1, &in) != TUTTI_ERR_INVALID_ARG,
+                "work_info of a send");
+        tutti_work_free(w1);
+        FAIL_IF(tutti_recv(comm, &v1, 1, TUTTI_INT32, 0, 4) != 0 || v1 != 61, "drain self");
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(any_tag, th_run(3, rank_any_tag, NULL, 60000))
+
+/* A random mix: ranks 1 and 2 send ANYTAG_N messages of each of the tags 1, 2 and 3 in a
+ * random order (each pair's k-th message of a tag says rank, tag and k); rank 0 issues
+ * receives from any source or a named rank, of any tag or a named one, at random (named
+ * pairs at most half of a pair's messages, wildcards at most half too, so that none can
+ * starve), before or after the sends. Each receive's message must fit its source and
+ * tag, and every (rank, tag)'s messages reach the receives in issue order (MPI's
+ * non-overtaking); the rest are drained by named receives, every message exactly once. */
+enum { ANYTAG_N = 40, ANYTAG_R = 110 };
+static int rank_any_tag_mix(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)arg;
+    tutti_store_t *sb;
+    FAIL_IF(tutti_store_open_file(&sb, dir, 10000) != 0, "store");
+    for (int it = 0; it < 4; it++) {
+        const int recv_first = it % 2;
+        char ph[32];
+        snprintf(ph, sizeof(ph), "go%d", it);
+        unsigned seed = 777u + (unsigned)(it * 10 + rank);
+        if (rank != 0) {
+            if (recv_first)
+                FAIL_IF(th_store_barrier(sb, "atm", rank, nranks, ph, 20000) != 0, "barrier");
+            static tutti_work_t *ws[3 * ANYTAG_N];
+            static int32_t xs[3 * ANYTAG_N];
+            int left[4] = { 0, ANYTAG_N, ANYTAG_N, ANYTAG_N };
+            for (int k = 0; k < 3 * ANYTAG_N; k++) {
+                int t;
+                do
+                    t = 1 + (int)(rand_r(&seed) % 3);
+                while (!left[t]);
+                xs[k] = rank * 100000 + t * 1000 + (ANYTAG_N - left[t]--);
+                FAIL_IF(tutti_send_async(comm, &xs[k], 1, TUTTI_INT32, 0, (uint32_t)t, &ws[k]) != 0,
+                        "send: %s", tutti_comm_last_error(comm));
+            }
+            if (!recv_first)
+                FAIL_IF(th_store_barrier(sb, "atm", rank, nranks, ph, 20000) != 0, "barrier");
+            for (int k = 0; k < 3 * ANYTAG_N; k++) {
+                FAIL_IF(tutti_wait(ws[k], -1) != 0, "send %d: %s", k, tutti_work_error(ws[k]));
+                tutti_work_free(ws[k]);
+            }
+            continue;
+        }
+        int from[ANYTAG_R];
+        uint32_t tagof[ANYTAG_R];
+        int named[3][4] = { { 0 } }, wild = 0;
+        for (int i = 0; i < ANYTAG_R; i++) {
+            int f = rand_r(&seed) % 3 == 0 ? TUTTI_ANY_SOURCE : 1 + (int)(rand_r(&seed) % 2);
+            int t = rand_r(&seed) % 3 == 0 ? 0 : 1 + (int)(rand_r(&seed) % 3);
+            if (f > 0 && t > 0 && named[f][t] >= ANYTAG_N / 2)
+                f = TUTTI_ANY_SOURCE;
+            if ((f < 0 || t == 0) && wild >= ANYTAG_N / 2) { /* a named pair instead */
+                f = 1 + i % 2;
+                t = 1 + i % 3;
+                FAIL_IF(named[f][t] >= ANYTAG_N / 2, "mix %d: no room for receive %d", it, i);
+            }
+            if (f > 0 && t > 0)
+                named[f][t]++;
+            else
+                wild++;
+            from[i] = f;
+            tagof[i] = t ? (uint32_t)t : TUTTI_ANY_TAG;
+        }
+        static tutti_work_t *w[ANYTAG_R];
+        static int32_t v[ANYTAG_R];
+        for (int i = 0; i < ANYTAG_R; i++) {
+            v[i] = -1;
+            FAIL_IF(tutti_recv_async(comm, &v[i], 1, TUTTI_INT32, from[i], tagof[i], &w[i]) != 0,
+                    "issue %d: %s", i, tutti_comm_last_error(comm));
+        }
+        FAIL_IF(th_store_barrier(sb, "atm", rank, nranks, ph, 20000) != 0, "barrier");
+        int next[3][4] = { { 0 } };
+        static unsigned char seen[3][4][ANYTAG_N];
+        memset(seen, 0, sizeof(seen));
+        for (int i = 0; i < ANYTAG_R; i++) {
+            tutti_msg_info_t in = { .source = -1 };
+            FAIL_IF(tutti_wait(w[i], -1) != 0 || tutti_work_info(w[i], &in) != 0,
+                    "mix %d receive %d (from %d tag %u): %s", it, i, from[i], tagof[i],
+                    tutti_work_error(w[i]));
+            int src = v[i] / 100000, t = v[i] / 1000 % 100, k = v[i] % 1000;
+            FAIL_IF(src < 1 || src > 2 || t < 1 || t > 3 || k >= ANYTAG_N || src != in.source ||
+                        (uint32_t)t != in.tag || (from[i] >= 0 && src != from[i]) ||
+                        (tagof[i] != TUTTI_ANY_TAG && (uint32_t)t != tagof[i]),
+                    "mix %d receive %d (from %d tag %u) took %d (rank %d tag %u)", it, i, from[i],
+                    tagof[i], v[i], in.source, in.tag);
+            FAIL_IF(k != next[src][t],
+                    "mix %d receive %d (from %d tag %u) took rank %d's tag-%d message %d, its "
+                    "next is %d: out of order",
+                    it, i, from[i], tagof[i], src, t, k, next[src][t]);
+            next[src][t] = k + 1;
+            seen[src][t][k]++;
+            tutti_work_free(w[i]);
+        }
+        for (int p = 1; p < 3; p++)
+            for (int t = 1; t < 4; t++)
+                for (int k = next[p][t]; k < ANYTAG_N; k++) {
+                    int32_t x = -1;
+                    FAIL_IF(tutti_recv(comm, &x, 1, TUTTI_INT32, p, (uint32_t)t) != 0, "drain: %s",
+                            tutti_comm_last_error(comm));
+                    FAIL_IF(x != p * 100000 + t * 1000 + k, "drain from %d tag %d: %d, want %d", p,
+                            t, x, k);
+                    seen[p][t][k]++;
+                }
+        for (int p = 1; p < 3; p++)
+            for (int t = 1; t < 4; t++)
+                for (int k = 0; k < ANYTAG_N; k++)
+                    FAIL_IF(seen[p][t][k] != 1, "mix %d: rank %d tag %d message %d taken %d times",
+                            it, p, t, k, seen[p][t][k]);
+    }
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    tutti_store_close(sb);
+    return 0;
+}
+
+TH_RUN_TEST(any_tag_mix, th_run(3, rank_any_tag_mix, NULL, 120000))
+
 /* A deferred async op (TUTTI_DEFER_US, 2 s here: it waits for its issuer to wait and
  * run it) under a bounded wait, which runs no op: the progress thread must run it at
  * once. It slept until the deferral's end (2 s) instead (found by review: the wait's
@@ -2071,6 +2363,8 @@ static Suite *suite(void)
                                          wait_sets,
                                          proc_null,
                                          deferred_op_under_bounded_wait,
+                                         any_tag,
+                                         any_tag_mix,
                                          NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,
