@@ -501,6 +501,18 @@ static int body_probe(conf_t *cf, int rank)
             CHECK(r[0].status == 0 && r[1].status == 0, "sends: %d %d", r[0].status, r[1].status);
             barrier(cf, "channels");
         }
+        if (cf->ops->props.flags & TUTTI_TP_PROBE_ANY) { /* key 82, then (later) 81 */
+            barrier(cf, "any posted");
+            req_set(&r[0], 1, c1, sizeof(c1), 5, 82 | ch);
+            CHECK(cf->ops->post_send(cf->tp, &r[0]) == 0, "post_send");
+            drive(cf, r, 1, 10000);
+            barrier(cf, "any found");
+            req_set(&r[1], 1, b, sizeof(b), 6, 81 | ch);
+            CHECK(cf->ops->post_send(cf->tp, &r[1]) == 0, "post_send");
+            drive(cf, &r[1], 1, 10000);
+            CHECK(r[0].status == 0 && r[1].status == 0, "sends: %d %d", r[0].status, r[1].status);
+            barrier(cf, "any");
+        }
         return 0;
     }
     cf->ops->progress(cf->tp, 50);
@@ -550,6 +562,29 @@ static int body_probe(conf_t *cf, int rank)
     drive(cf, &r[1], 1, 10000);
     CHECK(r[1].status == 0 && !memcmp(got2, c0, sizeof(c0)), "channel 0: status %d", r[1].status);
     barrier(cf, "channels");
+    if (!(cf->ops->props.flags & TUTTI_TP_PROBE_ANY))
+        return 0;
+    /* any key (TUTTI_TP_PROBE_ANY: env[3] 0 on input): a receive of key 81 posted, the
+     * probe reports the key-82 message that came meanwhile (not nothing, as for a posted
+     * receive of its own key); its receive takes it, then 81's comes */
+    memset(got, 0, sizeof(got));
+    memset(got2, 0, sizeof(got2));
+    req_set(&r[0], 0, got2, sizeof(b), 6, 81 | ch);
+    CHECK(cf->ops->post_recv(cf->tp, &r[0]) == 0, "post_recv 81");
+    barrier(cf, "any posted");
+    memset(&m, 0, sizeof(m));
+    CHECK(probe_wait(cf, 0, &m) == 1 && m.len == sizeof(c1) && m.env[0] == 5 &&
+              m.env[3] == (82 | ch),
+          "any key beside a posted receive: len %zu seq %llu", m.len, (unsigned long long)m.env[0]);
+    req_set(&r[1], 0, got, sizeof(c1), 5, 82 | ch);
+    CHECK(cf->ops->post_recv(cf->tp, &r[1]) == 0, "post_recv 82");
+    drive(cf, &r[1], 1, 10000);
+    CHECK(r[1].status == 0 && !memcmp(got, c1, sizeof(c1)), "key 82: status %d", r[1].status);
+    CHECK(r[0].status == 1, "key 81's receive ended early: %d", r[0].status);
+    barrier(cf, "any found");
+    drive(cf, r, 1, 10000);
+    CHECK(r[0].status == 0 && !memcmp(got2, b, sizeof(b)), "key 81: status %d", r[0].status);
+    barrier(cf, "any");
     return 0;
 }
 
