@@ -91,7 +91,7 @@ def test_probe_then_receive_what_it_said():
         n = src * 3 + 1
         want = tutti.Probe(src, n, names[src], n * np.dtype(np.int16 if src == 1 else
                                                               np.float64 if src == 2 else
-                                                              np.uint8).itemsize)
+                                                              np.uint8).itemsize, 21)
         assert p == want and again == want, (p, again, want)
         assert vals == [src + i for i in range(n)], vals
 
@@ -316,7 +316,7 @@ def test_proc_null_halo_exchange():
         assert fl == ([10 * r] * 2 if r else [-1, -1]), (r, fl)
         assert fr == ([10 * (r + 2)] * 2 if r < 2 else [-1, -1]), (r, fr)
         assert at_once and (src, cnt, x) == (P, 0, 7), (r, at_once, src, cnt, x)
-        assert probe == (P, 0, "u8", 0) and msrc == P, (r, probe, msrc)
+        assert probe == (P, 0, "u8", 0, tutti.ANY_TAG) and msrc == P, (r, probe, msrc)
         assert obj == (({"r": r - 1}, r - 1) if r else (None, P)), (r, obj)
 
 
@@ -462,3 +462,47 @@ def to_itself(comm):
 @pytest.mark.parametrize("size", [1, 2])
 def test_send_to_itself(size):
     assert run(to_itself, size) == [(r, list(range(r, r + 6))) for r in range(size)]
+
+
+def any_tag(comm):
+    """tutti.ANY_TAG: rank 1 sends tags 5 and 9, rank 2 an object of tag 12 and then an
+    array of tag 13; rank 0 takes them by any tag and says what each was."""
+    A = tutti.ANY_TAG
+    refused = None
+    try:
+        comm.send(np.zeros(1, np.int32), (comm.rank + 1) % comm.size, tag=A)
+    except tutti.InvalidArgError as e:
+        refused = "TUTTI_ANY_TAG" in str(e)
+    if comm.rank == 1:
+        comm.send(np.arange(4, dtype=np.int32) * 5, 0, tag=5)
+        comm.send(np.arange(4, dtype=np.int32) * 9, 0, tag=9)
+    elif comm.rank == 2:
+        comm.send_object({"tag": 12}, 0, tag=12)
+        comm.send(np.arange(3, dtype=np.float64) + 0.5, 0, tag=13)
+    if comm.rank != 0:
+        comm.barrier()
+        return refused
+    a, b = np.zeros(4, np.int32), np.zeros(4, np.int32)
+    w = comm.recv(a, 1, tag=A, async_op=True)
+    w.wait()
+    first = (w.source, w.tag, a.tolist())
+    second = (comm.recv(b, 1, tag=A), b.tolist())
+    p = comm.probe(2, tag=A)
+    obj = comm.recv_object(p.source, p.tag)
+    m = comm.mprobe(None, tag=A)
+    got = np.zeros(m.count, np.float64)
+    m.recv(got)
+    comm.barrier()
+    return refused, first, second, (p.source, p.tag, p.dtype), obj, (m.source, m.tag,
+                                                                      got.tolist())
+
+
+def test_any_tag():
+    got = run(any_tag, 3)
+    assert got[1] is True and got[2] is True, got
+    refused, first, second, probe, obj, msg = got[0]
+    assert refused is True
+    assert first == (1, 5, (np.arange(4) * 5).tolist()), first
+    assert second == (1, (np.arange(4) * 9).tolist()), second
+    assert probe == (2, 12, "u8") and obj == ({"tag": 12}, 2), (probe, obj)
+    assert msg == (2, 13, (np.arange(3) + 0.5).tolist()), msg

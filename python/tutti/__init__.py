@@ -25,6 +25,7 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
+           "ANY_TAG",
            "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some",
            "get_unique_id", "release_unique_id"]
 
@@ -33,10 +34,15 @@ ANY_SOURCE = _lib.ANY_SOURCE
 #: MPI_PROC_NULL, as any peer (send, recv, sendrecv, probe): done at once, moving
 #: nothing (a halo exchange's edge); a receive from it leaves its buffer as it was
 PROC_NULL = _lib.PROC_NULL
+#: MPI_ANY_TAG, as a recv's, recv_upto's, sendrecv's recvtag or a probe's tag: the first
+#: message from its peer (any rank, with peer=None) that no receive issued before takes,
+#: whatever its tag; Work.tag, Probe.tag and Message.tag say which it had. Not for sends.
+ANY_TAG = _lib.ANY_TAG
 
 #: What Communicator.probe found: the sending rank, the message's count and dtype as
-#: sent (the library's name, which dtype= takes), and its size in bytes.
-Probe = collections.namedtuple("Probe", "source count dtype nbytes")
+#: sent (the library's name, which dtype= takes), its size in bytes, and its tag (the
+#: probe's own, or for ANY_TAG the message's; ANY_TAG for PROC_NULL's, as MPI's).
+Probe = collections.namedtuple("Probe", "source count dtype nbytes tag")
 
 #: the version of the package and of the libtutti it loaded (they must agree: _lib)
 version = __version__ = _lib.lib.tutti_version_string().decode()
@@ -768,13 +774,13 @@ class Work:
     methods may be called from several threads at once: the handle is freed once the
     operation is seen done and no thread is inside a call on it."""
 
-    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_count", "_op", "_mark", "_end",
-                 "_done_cb", "_lock", "_calls", "_what", "_pid")
+    __slots__ = ("_w", "_bufs", "_comm", "_status", "_source", "_count", "_tag", "_op", "_mark",
+                 "_end", "_done_cb", "_lock", "_calls", "_what", "_pid")
 
     def __init__(self, handle, bufs, comm, what=None):
         self._w, self._bufs, self._comm, self._status = handle, bufs, comm, None
         self._source, self._op, self._mark, self._end, self._done_cb = -1, None, 0, None, None
-        self._count = _NO_COUNT
+        self._count, self._tag = _NO_COUNT, None
         self._lock, self._calls, self._what, self._pid = threading.Lock(), 0, what, comm._pid
 
     def _enter(self):
@@ -798,6 +804,10 @@ class Work:
                 msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
                 self._source = _lib_.tutti_work_source(w)
                 self._count = _lib_.tutti_work_count(w)
+                info = _lib.MsgInfo()
+                if (st == 0 and (self._source >= 0 or self._source == PROC_NULL) and
+                        _lib_.tutti_work_info(w, ctypes.byref(info)) == 0):
+                    self._tag = info.tag
                 self._status = (st, msg)
             if self._status is not None and not self._calls:
                 self._w = None
@@ -835,6 +845,15 @@ class Work:
         if not self.is_completed():
             return None
         return None if self._count == _NO_COUNT else self._count
+
+    @property
+    def tag(self):
+        """The tag of the message a completed receive took (its own, or for ANY_TAG the
+        message's; ANY_TAG from PROC_NULL); None while it runs, when it failed, or when
+        the operation is not a receive."""
+        if not self.is_completed():
+            return None
+        return self._tag
 
     def _describe(self):
         name, detail = self._what if self._what else ("operation", "")
@@ -1739,13 +1758,14 @@ class Communicator(_Handle):
 
     def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False):
         """Receive into buf from rank peer, or from whichever rank sends this tag first
-        (peer None or tutti.ANY_SOURCE). Returns the sending rank, or with async_op a
-        Work whose source says it once done."""
+        (peer None or tutti.ANY_SOURCE); tag tutti.ANY_TAG: whatever the tag (MPI's
+        order: the first message no receive issued before takes). Returns the sending
+        rank, or with async_op a Work whose source (and tag) say it once done."""
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv's peer")
         tag = _int(tag, "recv's tag", 0, (1 << 32) - 1)
         b = Buffer(buf, "recv's buffer", True, dtype, carry=True)
         src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
-        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} (tag {tag})"
+        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} ({_tag_text(tag)})"
         if async_op:
             return self._run("recv", [b], args, True, detail=detail)
         if peer != _lib.ANY_SOURCE:
@@ -1768,15 +1788,15 @@ class Communicator(_Handle):
             raise InvalidArgError(f"tutti: recv_upto: its buffer is on {b.dev}: it takes "
                                   "host memory only")
         src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
-        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} (tag {tag})"
+        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} ({_tag_text(tag)})"
         return self._run("recv_upto", [b], args, async_op, detail=detail,
                          need_work=False if async_op else "count")
 
     def probe(self, peer=None, tag=0):
         """MPI_Probe: wait for a message of tag from rank peer (None or tutti.ANY_SOURCE:
-        any rank) that a recv issued now would take, and take nothing: a Probe(source,
-        count, dtype, nbytes) to receive it with, e.g. `buf = bytearray(p.nbytes);
-        comm.recv(buf, p.source, tag, dtype=p.dtype)`. TimeoutError past the
+        any rank; tag tutti.ANY_TAG: of whatever tag) that a recv issued now would take,
+        and take nothing: a Probe(source, count, dtype, nbytes, tag) to receive it with,
+        e.g. `buf = bytearray(p.nbytes); comm.recv(buf, p.source, p.tag, dtype=p.dtype)`. TimeoutError past the
         communicator's timeout, which leaves the communicator usable. Not interrupted by
         Ctrl-C (the library's wait; bounded by the timeout)."""
         return self._probe(False, peer, tag)
@@ -1800,30 +1820,34 @@ class Communicator(_Handle):
         name = ("i" if once else "") + ("m" if matched else "") + "probe"
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, f"{name}'s peer")
         tag = _int(tag, f"{name}'s tag", 0, (1 << 32) - 1)
-        flag, src, cnt, dt = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
-        msg = ctypes.c_void_p()
+        flag, info, msg = ctypes.c_int(), _lib.MsgInfo(), ctypes.c_void_p()
         h = self._h or self._handle()
-        out = (ctypes.byref(src), ctypes.byref(cnt), ctypes.byref(dt))
-        if once and matched:
-            st = _lib_.tutti_improbe(h, peer, tag, ctypes.byref(flag), ctypes.byref(msg), *out)
-        elif once:
-            st = _lib_.tutti_iprobe(h, peer, tag, ctypes.byref(flag), *out)
-        else:
-            flag.value = 1
-            st = (_lib_.tutti_mprobe(h, peer, tag, ctypes.byref(msg), *out) if matched else
-                  _lib_.tutti_probe(h, peer, tag, *out))
+        if matched:
+            out = (None, None, None)
+            st = (_lib_.tutti_improbe(h, peer, tag, ctypes.byref(flag), ctypes.byref(msg), *out)
+                  if once else _lib_.tutti_mprobe(h, peer, tag, ctypes.byref(msg), *out))
+            if st == 0 and not once:
+                flag.value = 1
+            if st == 0 and flag.value:
+                _lib_.tutti_message_info(msg.value, ctypes.byref(info))
+        else:  # (tutti_probe_info: the tag too, for ANY_TAG)
+            st = _lib_.tutti_probe_info(h, peer, tag, ctypes.byref(flag) if once else None,
+                                        ctypes.byref(info))
+            if st == 0 and not once:
+                flag.value = 1
         if st < 0:
             with self._lock:
                 raise self._error(st, name)
         if not flag.value:
             return None
+        dt = _name(info.dtype)
         if matched:
             try:
-                return Message(msg.value, self.rank, src.value, tag, cnt.value, _name(dt.value))
+                return Message(msg.value, self.rank, info.source, info.tag, info.count, dt)
             except BaseException:
                 _lib_.tutti_message_free(msg.value)
                 raise
-        return Probe(src.value, cnt.value, _name(dt.value), cnt.value * _SIZES[dt.value])
+        return Probe(info.source, info.count, dt, info.count * _SIZES[info.dtype], info.tag)
 
     # ---- Python objects, pickled: mpi4py's lowercase calls, torch's *_object ----------
     # (unpickling runs code a peer chose: as with mpi4py and torch, only between ranks of
@@ -1973,6 +1997,10 @@ class Communicator(_Handle):
             raise PeerError(f"tutti: rank {self.rank}: {call}: rank(s) "  # noqa: F405
                             f"{', '.join(map(str, failed))} could not send its object "
                             "(pickling failed there, or a bad argument: that rank raised why)")
+
+
+def _tag_text(tag):
+    return "any tag" if tag == ANY_TAG else f"tag {tag}"
 
 
 def _after_send(w, receive):

@@ -19,6 +19,7 @@ IN_PLACE_OUT = ctypes.c_void_p(1)
 ANY_SOURCE = -2  # TUTTI_ANY_SOURCE: recv's peer for "whichever rank sends this tag"
 UNIQUE_ID_BYTES = 128  # TUTTI_UNIQUE_ID_BYTES
 PROC_NULL = -3  # TUTTI_PROC_NULL: a peer that is no rank (MPI_PROC_NULL)
+ANY_TAG = 0xFFFFFFFF  # TUTTI_ANY_TAG: a receive's or probe's tag for "whichever tag" (MPI_ANY_TAG)
 
 
 def _candidates():
@@ -103,6 +104,12 @@ class CommOpts(ctypes.Structure):
         ("cuda", ctypes.c_char_p),
         ("stream_timeout_ms", ctypes.c_int),
     ]
+
+
+class MsgInfo(ctypes.Structure):
+    """tutti_msg_info_t (include/tutti/tutti.h): what a receive took or a probe found."""
+    _fields_ = [("source", ctypes.c_int), ("tag", ctypes.c_uint32), ("count", ctypes.c_size_t),
+                ("dtype", ctypes.c_int)]
 
 
 class StoreOpts(ctypes.Structure):
@@ -254,6 +261,9 @@ _OTHERS = {
     "tutti_improbe": (_I, [_P, _I, _U32, ctypes.POINTER(_I), ctypes.POINTER(_P),
                            ctypes.POINTER(_I), ctypes.POINTER(_S), ctypes.POINTER(_I)]),
     "tutti_mrecv": (_I, [_P, _P, _S, _I]),
+    "tutti_probe_info": (_I, [_P, _I, _U32, ctypes.POINTER(_I), ctypes.POINTER(MsgInfo)]),
+    "tutti_message_info": (_I, [_P, ctypes.POINTER(MsgInfo)]),
+    "tutti_work_info": (_I, [_P, ctypes.POINTER(MsgInfo)]),
     "tutti_message_free": (None, [_P]),
     "tutti_comm_set_timeout": (_I, [_P, _I]),
     "tutti_comm_set_stream": (_I, [_P, ctypes.c_void_p]),
