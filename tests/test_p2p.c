@@ -1525,6 +1525,145 @@ static int rank_any_tag_mix(int rank, int nranks, tutti_comm_t *comm, const char
 
 TH_RUN_TEST(any_tag_mix, th_run(3, rank_any_tag_mix, NULL, 120000))
 
+/* ---- tutti_cancel (MPI_Cancel of a receive) ---- */
+
+struct cancel_waiter {
+    tutti_work_t *w;
+    int st;
+};
+
+static void *cancel_wait_thread(void *arg)
+{
+    struct cancel_waiter *cw = arg;
+    cw->st = tutti_wait(cw->w, -1);
+    return NULL;
+}
+
+static void cancel_cb(void *arg, int status)
+{
+    *(int *)arg = status;
+}
+
+/* Rank 0 cancels receives of each kind; ranks 1 and 2 send only once told (rank 0's go
+ * message of tag 1000 + step), so that what was cancelled had no message yet, and the
+ * message sent after shows that nothing was lost and the numbers stayed in step. */
+static int rank_cancel(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int32_t x = 0, go = 1;
+    int c = -1;
+    if (rank == 1) {
+        for (int step = 0; step < 3; step++) {
+            FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1000 + (uint32_t)step) != 0, "go %d",
+                    step);
+            x = 100 + step;
+            FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 3 + (uint32_t)step) != 0, "send %d",
+                    step);
+        }
+    } else if (rank == 2) {
+        FAIL_IF(tutti_recv(comm, &go, 1, TUTTI_INT32, 0, 1010) != 0, "go 2");
+        x = 66;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 6) != 0, "send 6");
+    } else {
+        tutti_work_t *w1, *w2;
+        int32_t v1 = -1, v2 = -1;
+        /* a send and a collective are refused */
+        FAIL_IF(tutti_send_async(comm, &x, 1, TUTTI_INT32, 0, 9, &w1) != 0, "self send");
+        FAIL_IF(tutti_cancel(w1, &c) != TUTTI_ERR_INVALID_ARG || c != 0 ||
+                    !strstr(tutti_comm_last_error(comm), "send"),
+                "cancel of a send: %s", tutti_comm_last_error(comm));
+        FAIL_IF(tutti_wait(w1, -1) != 0 || tutti_recv(comm, &x, 1, TUTTI_INT32, 0, 9) != 0,
+                "self send");
+        tutti_work_free(w1);
+        /* (a) the listener of any source and tag, with a waiter in another thread and a
+         * callback: both see TUTTI_ERR_CANCELLED; the buffer is untouched */
+        int cb_st = 1;
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, TUTTI_ANY_TAG, &w1) !=
+                        0 ||
+                    tutti_work_on_done(w1, cancel_cb, &cb_st) != 0,
+                "issue a");
+        struct cancel_waiter cw = { w1, 1 };
+        pthread_t th;
+        FAIL_IF(pthread_create(&th, NULL, cancel_wait_thread, &cw) != 0, "thread");
+        usleep(100 * 1000);
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 1, "cancel a: %d: %s", c,
+                tutti_comm_last_error(comm));
+        pthread_join(th, NULL);
+        FAIL_IF(cw.st != TUTTI_ERR_CANCELLED || cb_st != TUTTI_ERR_CANCELLED || v1 != -1 ||
+                    !strstr(tutti_work_error(w1), "cancelled"),
+                "a: wait %s, callback %s, v %d, %s", tutti_status_name(cw.st),
+                tutti_status_name(cb_st), v1, tutti_work_error(w1));
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 0, "a: a second cancel said %d", c);
+        tutti_work_free(w1);
+        /* the message that comes after goes to the next receive */
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1000) != 0, "go 0");
+        FAIL_IF(tutti_recv(comm, &v1, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, TUTTI_ANY_TAG) != 0 ||
+                    v1 != 100,
+                "after a: %d", v1);
+        /* (b) a named receive, posted in the transport, then two of one rank and tag: the
+         * earlier cannot go first (the later holds the next number), the later can, then
+         * the earlier; the message sent after meets a receive of the right number */
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, 4, &w1) != 0, "issue b");
+        usleep(50 * 1000); /* (posted by then) */
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 1, "cancel b: %d", c);
+        FAIL_IF(tutti_wait(w1, -1) != TUTTI_ERR_CANCELLED, "b: %s", tutti_work_error(w1));
+        tutti_work_free(w1);
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, 4, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 1, 4, &w2) != 0,
+                "issue b2");
+        usleep(50 * 1000);
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 0, "b2: the earlier was cancelled first");
+        FAIL_IF(tutti_cancel(w2, &c) != 0 || c != 1, "b2: the later: %d", c);
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 1, "b2: then the earlier: %d", c);
+        tutti_work_free(w1);
+        tutti_work_free(w2);
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1001) != 0, "go 1");
+        FAIL_IF(tutti_recv(comm, &v1, 1, TUTTI_INT32, 1, 4) != 0 || v1 != 101, "after b: %d: %s",
+                v1, tutti_comm_last_error(comm));
+        /* (c) done before the cancel: not cancelled, its value kept */
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 1, 1002) != 0, "go 2");
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 1, 5, &w1) != 0, "issue c");
+        while (tutti_test(w1, &c) == 0 && !c)
+            usleep(1000);
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 0, "c: cancelled after it was done");
+        FAIL_IF(tutti_wait(w1, -1) != 0 || v1 != 102, "c: %d", v1);
+        tutti_work_free(w1);
+        /* (d) an any-source receive and a named one behind it (late): cancelling the
+         * first lets the second take rank 2's message */
+        v1 = v2 = -1;
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 6, &w1) != 0 ||
+                    tutti_recv_async(comm, &v2, 1, TUTTI_INT32, 2, 6, &w2) != 0,
+                "issue d");
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 1, "cancel d: %d", c);
+        FAIL_IF(tutti_send(comm, &go, 1, TUTTI_INT32, 2, 1010) != 0, "go d");
+        FAIL_IF(tutti_wait(w2, -1) != 0 || v2 != 66 || tutti_work_source(w2) != 2, "d: %d: %s", v2,
+                tutti_work_error(w2));
+        FAIL_IF(tutti_wait(w1, -1) != TUTTI_ERR_CANCELLED || v1 != -1, "d: first");
+        tutti_work_free(w1);
+        tutti_work_free(w2);
+        /* (e) a receive from itself, then the send it waited for goes to the next */
+        v1 = -1;
+        FAIL_IF(tutti_recv_async(comm, &v1, 1, TUTTI_INT32, 0, 7, &w1) != 0, "issue e");
+        FAIL_IF(tutti_cancel(w1, &c) != 0 || c != 1, "cancel e: %d", c);
+        tutti_work_free(w1);
+        x = 77;
+        FAIL_IF(tutti_send(comm, &x, 1, TUTTI_INT32, 0, 7) != 0 ||
+                    tutti_recv(comm, &v1, 1, TUTTI_INT32, 0, 7) != 0 || v1 != 77,
+                "after e: %d: %s", v1, tutti_comm_last_error(comm));
+        /* (f) a collective is refused */
+        FAIL_IF(tutti_barrier_async(comm, &w1) != 0, "barrier_async");
+        FAIL_IF(tutti_cancel(w1, &c) != TUTTI_ERR_INVALID_ARG, "cancel of a collective");
+        FAIL_IF(tutti_wait(w1, -1) != 0, "barrier: %s", tutti_work_error(w1));
+        tutti_work_free(w1);
+    }
+    if (rank != 0)
+        FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier: %s", tutti_comm_last_error(comm));
+    return 0;
+}
+
+TH_RUN_TEST(cancel, th_run(3, rank_cancel, NULL, 60000))
+
 /* A deferred async op (TUTTI_DEFER_US, 2 s here: it waits for its issuer to wait and
  * run it) under a bounded wait, which runs no op: the progress thread must run it at
  * once. It slept until the deferral's end (2 s) instead (found by review: the wait's
@@ -2365,6 +2504,7 @@ static Suite *suite(void)
                                          deferred_op_under_bounded_wait,
                                          any_tag,
                                          any_tag_mix,
+                                         cancel,
                                          NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,

@@ -29,13 +29,14 @@ TUTTI_BEGIN_DECLS
     XX(ERR_AUTH, -17, "authentication failed: wrong or missing job secret or store password")      \
     XX(ERR_IN_USE, -18, "store already used by another job")                                       \
     XX(ERR_REVOKED, -19, "communicator revoked by a rank (tutti_comm_revoke)")                     \
-    XX(ERR_DEVICE, -20, "device error: device memory could not be read or written")
+    XX(ERR_DEVICE, -20, "device error: device memory could not be read or written")                \
+    XX(ERR_CANCELLED, -21, "operation cancelled (tutti_cancel)")
 
 typedef enum tutti_status {
 #define TUTTI_STATUS_ENUM_(name, val, desc) TUTTI_##name = (val),
     TUTTI_STATUS_MAP(TUTTI_STATUS_ENUM_)
 #undef TUTTI_STATUS_ENUM_
-        TUTTI_STATUS_LAST_ = -21
+        TUTTI_STATUS_LAST_ = -22
 } tutti_status_t;
 
 /* Description of a status code ("timed out"); never NULL. */

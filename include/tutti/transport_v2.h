@@ -179,6 +179,14 @@ typedef struct tutti_transport_ops_v2 {
      * disarms it and drains the descriptor). The descriptor belongs to the transport.
      * Called by the thread that calls progress(), under the same rules. */
     int (*arm)(void *tp, int *fd_p, int *timeout_ms_p);
+    /* ---- appended in ABI 1.7 (read only where tutti_tp_ops_has(ops, cancel)) ---- */
+    /* Optional (NULL: a posted receive cannot be taken back, and tutti_cancel leaves it
+     * to complete). Take back receive req, posted and not yet completed: 0 when no
+     * message has matched it yet (it is the library's again: the transport forgets it,
+     * never completes nor counts it); 1 when one has (its transfer is under way or done:
+     * it completes as ever); TUTTI_ERR_INVALID_ARG for a request that is no receive.
+     * Called by the thread that calls progress(), under the same rules. */
+    int (*cancel)(void *tp, tutti_tp_req_v2_t *req);
 } tutti_transport_ops_v2_t;
 
 /* Does ops (a v2 table) have the appended slot `field`? (It may still be NULL.) */

@@ -962,6 +962,20 @@ int tutti_wait_all(size_t n, tutti_work_t *const *works, int timeout_ms);
 int tutti_wait_some(size_t n, tutti_work_t *const *works, int timeout_ms, size_t *count_p,
                     int *indices);
 
+/* MPI_Cancel for a receive: take it back if no message has matched it, *cancelled_p
+ * (may be NULL) 1: it is done now with TUTTI_ERR_CANCELLED, its buffer untouched, and
+ * the message it would have taken goes to the next receive that can take it (as
+ * MPI_Test_cancelled's true). *cancelled_p 0, TUTTI_OK: it had finished, or it cannot be
+ * taken back and completes as it would: its message has come or is coming in, or a later
+ * receive from its rank of its tag holds the next number (cancel the later one first:
+ * the receives of a (rank, tag) come back last first), or the transport has no cancel
+ * slot (tcp, shm and ibverbs have). A receive from any source or of any tag still
+ * looking, a recv_upto's, and a receive waiting behind one of those can always be
+ * cancelled (the usual listener of MPI programs, cancelled at shutdown). Waits for the
+ * communicator's op in progress, if any (its progress runs under the same lock). A send,
+ * a collective: TUTTI_ERR_INVALID_ARG (MPI deprecates cancelling sends). */
+int tutti_cancel(tutti_work_t *work, int *cancelled_p);
+
 /* Release a work handle; safe while the operation is still running, and after the
  * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the
  * finished operation's status and explanation). */

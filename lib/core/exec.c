@@ -1333,7 +1333,7 @@ void *tt_exec_worker_main(void *arg)
             }
             watch_ns = TT_TRACE_WATCH_MS * 100000ull; /* a tenth of the period */
         }
-        if (comm->q_head && !comm->executing) {
+        if (comm->q_head && !comm->executing && !comm->exec_wanted) {
             uint64_t until = comm->q_head->defer_until_ns;
             if (until && !comm->stopping && tt_now_ns() < until) {
                 /* deferred: its issuer should be waiting for it soon and run it */
@@ -1347,7 +1347,7 @@ void *tt_exec_worker_main(void *arg)
             run_head_locked(comm);
             continue;
         }
-        if (comm->inflight && !comm->executing) {
+        if (comm->inflight && !comm->executing && !comm->exec_wanted) {
             /* short slices: an op queued meanwhile waits for the slice to end */
             drive_inflight_locked(comm, 1);
             continue;
@@ -1484,11 +1484,11 @@ static int wait_set(tutti_comm_t *comm, tutti_work_t *const *ws, size_t n, uint6
     while ((at = first_done(ws, n)) < 0) {
         /* Only an unbounded waiter runs ops itself: one with a deadline must be free to
          * return on time, so it leaves the running to the progress thread. */
-        if (deadline_ns == UINT64_MAX && comm->q_head && !comm->executing) {
+        if (deadline_ns == UINT64_MAX && comm->q_head && !comm->executing && !comm->exec_wanted) {
             run_head_locked(comm);
             continue;
         }
-        if (p2p && !comm->q_head && comm->inflight && !comm->executing) {
+        if (p2p && !comm->q_head && comm->inflight && !comm->executing && !comm->exec_wanted) {
             int ms = deadline_ns == UINT64_MAX ? 2 : TT_MIN(2, tt_ms_left(deadline_ns));
             if (ms == 0) {
                 st = TUTTI_ERR_TIMEOUT;
@@ -1627,7 +1627,7 @@ int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, siz
     uint64_t seq = comm->next_seq++;
     op->timeout_ms = comm->opts.timeout_ms; /* (tutti_comm_set_timeout writes it under q_lock) */
     uint64_t now = comm->trace ? tt_coarse_ns() : 0;
-    if (!work_p && !comm->q_head && !comm->executing) {
+    if (!work_p && !comm->q_head && !comm->executing && !comm->exec_wanted) {
         /* Fast path: nothing queued, run on this thread, on the caller's op (no copy:
          * ~0.2 us calls, docs/benchmarks.md "The fiftieth session"). */
         comm->executing = 1;
@@ -1878,6 +1878,147 @@ int tt_exec_probe(tutti_comm_t *comm, const char *name, int peer, uint32_t tag, 
     }
     work_unref(w);
     return st;
+}
+
+/* ---- cancelling a receive (MPI_Cancel) ---- */
+
+static int queue_has(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    for (const tutti_work_t *e = comm->q_head; e; e = e->next)
+        if (e == w)
+            return 1;
+    return 0;
+}
+
+static void queue_unlink(tutti_comm_t *comm, tutti_work_t *w)
+{
+    tutti_work_t *prev = NULL;
+    for (tutti_work_t *e = comm->q_head; e; prev = e, e = e->next) {
+        if (e != w)
+            continue;
+        if (prev)
+            prev->next = w->next;
+        else
+            comm->q_head = w->next;
+        if (comm->q_tail == w)
+            comm->q_tail = prev;
+        w->next = NULL;
+        return;
+    }
+}
+
+static void inflight_unlink(tutti_comm_t *comm, tutti_work_t *w)
+{
+    tutti_work_t *prev = NULL;
+    for (tutti_work_t *e = comm->inflight; e; prev = e, e = e->inflight_next) {
+        if (e != w)
+            continue;
+        if (prev)
+            prev->inflight_next = w->inflight_next;
+        else
+            comm->inflight = w->inflight_next;
+        if (comm->inflight_tail == w)
+            comm->inflight_tail = prev;
+        w->inflight_next = NULL;
+        return;
+    }
+}
+
+/* Can receive w (not done; q_lock and `executing` held) be taken back, and is it? One
+ * without its number yet (any source or tag, a recv_upto, a late one) has matched
+ * nothing. A numbered one gives its number back, so only the last taken of its (peer,
+ * tag) can (a later receive of the pair holds the next, and MPI's order would give it
+ * the message w would have taken: that would renumber it), and only where it has not
+ * met its message: still queued, waiting for a copy of its own rank's, or taken back by
+ * the transport (its cancel slot: transport_v2.h). 1: taken (off its list, its number
+ * given back); 0: it completes as it would. */
+static int cancel_take(tutti_comm_t *comm, tutti_work_t *w, const char **why)
+{
+    const int queued = queue_has(comm, w);
+    if (!queued && w->req.status != 1) { /* done in the transport, not reaped yet */
+        *why = "its message came";
+        return 0;
+    }
+    tt_p2p_seq_t *sq = NULL;
+    if (!unnumbered(w)) {
+        sq = p2p_seq(comm, w->req.peer, tt_env_tag(w->req.env), 0);
+        if (!sq || sq->received != w->op.seq + 1) {
+            *why = "a later receive of its rank and tag holds the next number";
+            return 0;
+        }
+        if (!queued && !is_self_recv(comm, w)) {
+            int st = tutti_tp_ops_has(comm->tp_ops, cancel) && comm->tp_ops->cancel
+                         ? comm->tp_ops->cancel(comm->tp, &w->req)
+                         : 1;
+            if (st != 0) {
+                *why = st == 1 && tutti_tp_ops_has(comm->tp_ops, cancel) && comm->tp_ops->cancel
+                           ? "its message has come, or is coming in"
+                           : "the transport cannot take a posted receive back";
+                return 0;
+            }
+        }
+        sq->received--;
+    }
+    if (queued)
+        queue_unlink(comm, w);
+    else
+        inflight_unlink(comm, w);
+    return 1;
+}
+
+int tutti_cancel(tutti_work_t *work, int *cancelled_p)
+{
+    if (cancelled_p)
+        *cancelled_p = 0;
+    if (!work)
+        return TUTTI_ERR_INVALID_ARG;
+    tutti_comm_t *comm = work->comm;
+    if (tt_comm_foreign(comm))
+        return tt_comm_refuse_foreign(comm, "cancel", 0);
+    if (in_callback(comm))
+        return cb_refused(comm, "cancel");
+    if (!work->is_p2p || work->req.kind != TUTTI_TP_RECV || work->probe)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "cancel: only a receive can be cancelled (this work is %s)",
+                                 !work->is_p2p                     ? "a collective"
+                                 : work->req.kind == TUTTI_TP_SEND ? "a send (MPI deprecates "
+                                                                     "cancelling sends)"
+                                                                   : "a probe");
+    pthread_mutex_lock(&comm->q_lock);
+    /* the queue and the in-flight list change under `executing`: wait for the op being
+     * run or the slice of progress under way (exec_wanted: the threads that take it in
+     * turns, a waiter's drive and the progress thread's, leave it to this one) */
+    comm->exec_wanted++;
+    while (comm->executing && !atomic_load_explicit(&work->done, memory_order_acquire))
+        pthread_cond_wait(&comm->done_cv, &comm->q_lock);
+    comm->exec_wanted--;
+    if (atomic_load_explicit(&work->done, memory_order_acquire)) {
+        pthread_mutex_unlock(&comm->q_lock);
+        return TUTTI_OK; /* done before it: not cancelled */
+    }
+    comm->executing = 1;
+    const char *why = "";
+    char what[112], err[TT_ERRMSG_LEN];
+    int taken = cancel_take(comm, work, &why);
+    if (taken) {
+        snprintf(err, sizeof(err), "rank %d: %s: cancelled (tutti_cancel)", comm->rank,
+                 p2p_what(work, what, sizeof(what)));
+        work->req.status = TUTTI_ERR_CANCELLED;
+        complete(comm, work, TUTTI_ERR_CANCELLED, err);
+        work_unref(work);           /* its list's reference */
+        reap_inflight_locked(comm); /* receives that waited behind it go on */
+    } else {
+        TT_INFO("rank %d: %s: not cancelled: %s", comm->rank, p2p_what(work, what, sizeof(what)),
+                why);
+    }
+    run_callbacks_locked(comm);
+    comm->executing = 0;
+    pthread_cond_broadcast(&comm->done_cv);
+    pthread_cond_signal(&comm->q_cv);
+    pthread_mutex_unlock(&comm->q_lock);
+    if (cancelled_p)
+        *cancelled_p = taken;
+    return TUTTI_OK;
 }
 
 int tutti_test(tutti_work_t *work, int *done_p)

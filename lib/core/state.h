@@ -270,6 +270,9 @@ struct tutti_comm {
                                     timeout between their issues): the list's deadlines no
                                     longer follow its order until it is empty again (exec.c,
                                     `executing`) */
+    int exec_wanted;             /* threads waiting to take `executing` for a short job
+                                    (tutti_cancel): the drivers that take it in turns leave
+                                    it to them (exec.c) */
     int unnumbered;              /* receives issued that have no number yet: any-source
                                     ones looking, late_seq ones (0: late_at_issue need not
                                     look; q_lock) */

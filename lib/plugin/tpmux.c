@@ -332,6 +332,24 @@ static int mux_probe(void *vmux, int peer, tutti_tp_probe_t *found_p)
     return s->ops->probe(s->tp, peer, found_p);
 }
 
+/* By the request's peer, to the transport that serves it (one without the slot cannot). */
+static int mux_cancel(void *vmux, tutti_tp_req_v2_t *req)
+{
+    mux_t *m = vmux;
+    if (req->peer < 0 || req->peer >= m->nranks || m->peer_sub[req->peer] < 0)
+        return TUTTI_ERR_INVALID_ARG;
+    mux_sub_t *s = &m->sub[m->peer_sub[req->peer]];
+    if (!tutti_tp_ops_has(s->ops, cancel) || !s->ops->cancel)
+        return 1;
+    int st = s->ops->cancel(s->tp, req);
+    for (size_t i = 0; st == 0 && i < s->npend; i++)
+        if (s->pend[i] == req) { /* the library's again: not to be looked at */
+            s->pend[i] = s->pend[--s->npend];
+            break;
+        }
+    return st;
+}
+
 static void mux_free(mux_t *m)
 {
     for (int i = 0; i < m->nsub; i++) {
@@ -374,6 +392,7 @@ static const tutti_transport_ops_v2_t mux_ops = {
     .abort = mux_abort,
     .peer_address = mux_peer_address,
     .probe = mux_probe,
+    .cancel = mux_cancel,
 };
 
 /* ---- choosing ---- */

@@ -736,6 +736,17 @@ static int ib_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         link_recv(tp, L);
     return st;
 }
+
+/* A receive still queued has no message yet (a matched one leaves the queue: done, or
+ * the READ's rd_req). */
+static int ib_cancel(void *vtp, tp_req_t *r)
+{
+    ib_tp_t *tp = vtp;
+    if (r->kind != TUTTI_TP_RECV || r->peer < 0 || r->peer >= tp->nranks)
+        return TUTTI_ERR_INVALID_ARG;
+    ib_link_t *L = &tp->links[r->peer];
+    return tp_rq_cancel(&L->rq_head, &L->rq_tail, &L->ux, r, 0);
+}
 #endif
 
 static void ib_cancel_all(void *vtp, int status)
@@ -955,7 +966,7 @@ int tt_ib_debug_qp_rd_atomic(void *vtp, int peer, int *init_p, int *resp_p)
 static const tp_ops_t ib_ops = {
     TT_KIT_OPS_HEAD("ibverbs", .flags = TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 3.0, .bw_gbs = 10.0),
-    TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe) TT_KIT_ARM(ib_arm),
+    TT_KIT_OPS_FNS(ib) TT_KIT_PROBE(ib_probe) TT_KIT_ARM(ib_arm) TT_KIT_CANCEL(ib_cancel),
 };
 
 TT_KIT_REGISTER(ibverbs, ib_ops)

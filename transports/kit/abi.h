@@ -13,8 +13,9 @@ typedef tutti_transport_ops_v1_t tp_ops_t;
 #define TT_KIT_PROPS(...) /* v1 tables have no properties */
 #define TT_KIT_REGISTER TUTTI_TRANSPORT_REGISTER_V1
 #define TT_KIT_REQ_SUPPORTED(r) 1
-#define TT_KIT_PROBE(fn) /* v1 tables have no probe: define fn only without TT_KIT_ABI_V1 */
-#define TT_KIT_ARM(fn)   /* nor arm */
+#define TT_KIT_PROBE(fn)  /* v1 tables have no probe: define fn only without TT_KIT_ABI_V1 */
+#define TT_KIT_ARM(fn)    /* nor arm */
+#define TT_KIT_CANCEL(fn) /* nor cancel */
 #else
 #include <tutti/transport_v2.h>
 typedef tutti_tp_req_v2_t tp_req_t;
@@ -28,6 +29,8 @@ typedef tutti_transport_ops_v2_t tp_ops_t;
 #define TT_KIT_PROBE(fn) , .probe = (fn)
 /* the optional arm slot, after TT_KIT_PROBE */
 #define TT_KIT_ARM(fn) , .arm = (fn)
+/* the optional cancel slot, after TT_KIT_ARM */
+#define TT_KIT_CANCEL(fn) , .cancel = (fn)
 #endif
 typedef tutti_tp_host_v1_t tp_host_t;
 

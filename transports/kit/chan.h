@@ -221,6 +221,34 @@ static inline int tp_wanted(const uint64_t env[4], uint64_t want)
     return (want >> 63) ? tp_key(env) == want : tp_chan(env) == 1;
 }
 
+/* A transport's cancel() on a link: take receive r back from its queue (head, tail) if no
+ * message has matched it: 0 done; 1 when one has (it waits on a message read aside, it is
+ * the head and head_busy says the head's message is coming in, or it is off the queue:
+ * being read into by other means, or done). */
+static inline int tp_rq_cancel(tp_req_t **head, tp_req_t **tail, const tp_uxq_t *q, tp_req_t *r,
+                               int head_busy)
+{
+    for (const tp_ux_t *e = q->head; e; e = e->next)
+        if (e->waiter == r)
+            return 1;
+    tp_req_t *prev = NULL;
+    for (tp_req_t *x = *head; x; prev = x, x = x->tp_private[0]) {
+        if (x != r)
+            continue;
+        if (!prev && head_busy)
+            return 1;
+        if (prev)
+            prev->tp_private[0] = r->tp_private[0];
+        else
+            *head = r->tp_private[0];
+        if (*tail == r)
+            *tail = prev;
+        r->tp_private[0] = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 /* Is a receive posted on the link (queued, or waiting on a buffered message) that takes
  * a message a probe for want looks for? */
 static inline int tp_key_posted(const tp_req_t *head, const tp_uxq_t *q, uint64_t want)

@@ -1235,6 +1235,17 @@ static int shm_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
         link_rx(tp, L);
     return st;
 }
+
+/* A receive no record has matched yet leaves its link's queue (the head whose record
+ * matched it is being read into). */
+static int shm_cancel(void *vtp, tp_req_t *r)
+{
+    shm_tp_t *tp = vtp;
+    if (r->kind != TUTTI_TP_RECV || r->peer < 0 || r->peer >= tp->nranks)
+        return TUTTI_ERR_INVALID_ARG;
+    shm_link_t *L = &tp->links[r->peer];
+    return tp_rq_cancel(&L->rq_head, &L->rq_tail, &L->ux, r, L->rhdr_valid && L->rhdr_matched);
+}
 #endif
 
 static void shm_cancel_all(void *vtp, int status)
@@ -1509,7 +1520,7 @@ int shm_recv_fuzz_input(const tutti_tp_host_v1_t *host, shm_dir_t *rx, unsigned 
 static const tp_ops_t shm_ops = {
     TT_KIT_OPS_HEAD("shm", .flags = TUTTI_TP_LOCAL_ONLY | TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 1.0, .bw_gbs = 5.0),
-    TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe) TT_KIT_ARM(shm_arm),
+    TT_KIT_OPS_FNS(shm) TT_KIT_PROBE(shm_probe) TT_KIT_ARM(shm_arm) TT_KIT_CANCEL(shm_cancel),
 };
 
 TT_KIT_REGISTER(shm, shm_ops)

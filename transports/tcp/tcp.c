@@ -767,6 +767,17 @@ static int tcp_probe(void *vtp, int peer, tutti_tp_probe_t *found_p)
     return st;
 }
 
+/* A receive no header has matched yet leaves its link's queue (the head whose header
+ * matched it is being read into). */
+static int tcp_cancel(void *vtp, tp_req_t *r)
+{
+    tcp_tp_t *tp = vtp;
+    if (r->kind != TUTTI_TP_RECV || r->peer < 0 || r->peer >= tp->nranks)
+        return TUTTI_ERR_INVALID_ARG;
+    tcp_link_t *L = &tp->links[r->peer];
+    return tp_rq_cancel(&L->rq_head, &L->rq_tail, &L->ux, r, L->rhdr_matched);
+}
+
 /* Armed, the loop's epoll set holds what each link waits for (libuv adds a watcher to
  * it on the loop's next turn, so a turn that does not wait flushes them, and runs what
  * is ready): its descriptor turns readable when a link can move, or abort() sends the
@@ -1167,7 +1178,7 @@ int tcp_recv_fuzz_input(const tutti_tp_host_v1_t *host, int csum, const uint8_t 
 static const tp_ops_t tcp_ops = {
     TT_KIT_OPS_HEAD("tcp", .flags = TUTTI_TP_CHANNELS | TUTTI_TP_PROBE_ANY,
                     .mem_kinds = TUTTI_MEM_BIT(TUTTI_MEM_HOST), .alpha_us = 10.0, .bw_gbs = 2.0),
-    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe) TT_KIT_ARM(tcp_arm),
+    TT_KIT_OPS_FNS(tcp) TT_KIT_PROBE(tcp_probe) TT_KIT_ARM(tcp_arm) TT_KIT_CANCEL(tcp_cancel),
 };
 
 TT_KIT_REGISTER(tcp, tcp_ops)
