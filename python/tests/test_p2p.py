@@ -506,3 +506,45 @@ def test_any_tag():
     assert second == (1, (np.arange(4) * 9).tolist()), second
     assert probe == (2, 12, "u8") and obj == ({"tag": 12}, 2), (probe, obj)
     assert msg == (2, 13, (np.arange(3) + 0.5).tolist()), msg
+
+
+def cancelling(comm):
+    """Work.cancel: rank 0's listener of any source and tag is taken back, then the
+    message rank 1 sends after goes to the next receive."""
+    if comm.rank == 1:
+        comm.barrier()
+        comm.send(np.arange(3, dtype=np.int64) * 7, 0, tag=44)
+        comm.barrier()
+        return None
+    buf = np.full(3, -1, np.int64)
+    w = comm.recv(buf, None, tag=tutti.ANY_TAG, async_op=True)
+    took = w.cancel()
+    try:
+        w.wait()
+        raised = None
+    except tutti.CancelledError as e:
+        raised = str(e)
+    again = w.cancel()
+    s = comm.send(np.zeros(1), 0, tag=3, async_op=True)
+    try:
+        s.cancel()
+        send_refused = False
+    except tutti.InvalidArgError as e:
+        send_refused = "send" in str(e)
+    comm.recv(np.zeros(1), 0, tag=3)
+    s.wait()
+    comm.barrier()
+    got = np.zeros(3, np.int64)
+    w2 = comm.recv(got, None, tag=tutti.ANY_TAG, async_op=True)
+    w2.wait()
+    comm.barrier()
+    return (took, raised, again, w.is_completed(), buf.tolist(), send_refused, got.tolist(),
+            w2.source, w2.tag)
+
+
+def test_cancel():
+    took, raised, again, done, buf, send_refused, got, src, tag = run(cancelling, 2)[0]
+    assert took is True and again is False and done, (took, again, done)
+    assert raised is not None and "cancelled" in raised, raised
+    assert buf == [-1, -1, -1] and send_refused, (buf, send_refused)
+    assert got == (np.arange(3) * 7).tolist() and (src, tag) == (1, 44), (got, src, tag)

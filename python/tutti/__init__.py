@@ -888,6 +888,26 @@ class Work:
             self._op._raise_since(self._mark, self._end[0])
         return True
 
+    def cancel(self):
+        """MPI_Cancel for a receive: True when it was taken back (it is done, its buffer
+        untouched, and wait() raises tutti.CancelledError; the message it would have
+        taken goes to the next receive), False when it had finished or cannot be (its
+        message has come, or a later receive from its rank of its tag holds the next
+        number: it completes as it would). A receive from any source or of any tag still
+        looking can always be cancelled. InvalidArgError for a send or a collective."""
+        w = self._enter()
+        if w is None:
+            return False
+        c, st = ctypes.c_int(), 0
+        try:
+            st = _lib_.tutti_cancel(w, ctypes.byref(c))
+            if st < 0:
+                with self._comm._lock:
+                    raise self._comm._error(st, "cancel")
+        finally:
+            self._leave(False, 0)
+        return bool(c.value)
+
     def exception(self):
         """The operation's error once it completed with one, else None."""
         if not self.is_completed():

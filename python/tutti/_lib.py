@@ -275,6 +275,7 @@ _OTHERS = {
     "tutti_wait": (_I, [_P, _I]),
     "tutti_wait_any": (_I, [_S, ctypes.POINTER(_P), _I, ctypes.POINTER(_I)]),
     "tutti_work_free": (None, [_P]),
+    "tutti_cancel": (_I, [_P, ctypes.POINTER(_I)]),
     "tutti_work_error": (ctypes.c_char_p, [_P]),
     "tutti_work_source": (_I, [_P]),
     "tutti_work_count": (_S, [_P]),
