@@ -250,8 +250,12 @@ static int rank_open(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
     (void)arg;
     int32_t v = 0;
     tutti_work_t *w = NULL;
+    int32_t u = 0;
+    tutti_work_t *wa = NULL;
     if (rank == 1)
-        FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &w) != 0, "recv");
+        FAIL_IF(tutti_recv_async(comm, &v, 1, TUTTI_INT32, TUTTI_ANY_SOURCE, 3, &w) != 0 ||
+                    tutti_recv_async(comm, &u, 1, TUTTI_INT32, 0, TUTTI_ANY_TAG, &wa) != 0,
+                "recv");
     for (int k = 0; k < 20; k++) {
         int64_t x = k;
         FAIL_IF(tutti_allreduce(comm, &x, &x, 1, TUTTI_INT64, TUTTI_SUM) != 0, "allreduce");
@@ -260,15 +264,19 @@ static int rank_open(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
         int st = 0, n = 0;
         char *doc = dump_of(comm, &st);
         FAIL_IF(!doc || st != 0, "dump");
-        FAIL_IF(!has(doc, "collectives", "20") || !has(doc, "recorded", "21"), "header: %.400s",
+        FAIL_IF(!has(doc, "collectives", "20") || !has(doc, "recorded", "22"), "header: %.400s",
                 doc);
         char **lines = op_lines(doc, &n);
-        FAIL_IF(n != 9, "%d ops listed (8 kept, 1 open): %s", n, doc);
+        FAIL_IF(n != 10, "%d ops listed (8 kept, 2 open): %s", n, doc);
         FAIL_IF(!has(lines[8], "op", "\"recv\"") || !has(lines[8], "evicted", "true") ||
                     !has(lines[8], "any_source", "true") ||
                     !has(lines[8], "state", "\"started\"") || !has(lines[8], "tag", "3") ||
                     !has(lines[8], "id", "1"),
                 "the open receive: %s", lines[8]);
+        /* the any-tag one says so, not UINT32_MAX */
+        FAIL_IF(!has(lines[9], "op", "\"recv\"") || !has(lines[9], "tag", "\"any\"") ||
+                    !has(lines[9], "peer", "0") || !has(lines[9], "unnumbered", "true"),
+                "the open any-tag receive: %s", lines[9]);
         free(lines);
         free(doc);
     }
@@ -276,10 +284,14 @@ static int rank_open(int rank, int nranks, tutti_comm_t *comm, const char *dir, 
      * the receive before it (seen once: 8 ops listed) */
     FAIL_IF(tutti_barrier(comm) != 0, "barrier");
     if (rank == 0)
-        FAIL_IF(tutti_send(comm, &(int32_t){ 7 }, 1, TUTTI_INT32, 1, 3) != 0, "send");
+        FAIL_IF(tutti_send(comm, &(int32_t){ 7 }, 1, TUTTI_INT32, 1, 3) != 0 ||
+                    tutti_send(comm, &(int32_t){ 8 }, 1, TUTTI_INT32, 1, 9) != 0,
+                "send");
     if (rank == 1) {
         FAIL_IF(tutti_wait(w, -1) != 0 || v != 7, "recv: %s", tutti_work_error(w));
+        FAIL_IF(tutti_wait(wa, -1) != 0 || u != 8, "any-tag recv: %s", tutti_work_error(wa));
         tutti_work_free(w);
+        tutti_work_free(wa);
     }
     return 0;
 }

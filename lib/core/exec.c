@@ -949,10 +949,10 @@ static int late_at_issue(const tutti_comm_t *comm, int peer, uint32_t tag)
  * any-source receive of tag 5 before one from rank 2 of any tag; a recv_upto from rank 2
  * before an any-source one) w looks on and passes over those (claimed_earlier): a
  * message the earlier one cannot take is w's, as MPI's. */
-static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
+static const tutti_work_t *blocker_of(const tutti_comm_t *comm, const tutti_work_t *w)
 {
     if (!comm->unnumbered)
-        return 0;
+        return NULL;
     int peer = w->req.peer >= 0 ? w->req.peer : w->seek_p1 - 1; /* -1: any */
     uint32_t tag = tt_env_tag(w->req.env);
     for (const tutti_work_t *e = comm->inflight; e && e != w; e = e->inflight_next) {
@@ -961,9 +961,14 @@ static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
         int epeer = e_peer(e);
         if ((epeer < 0 || (peer >= 0 && epeer == peer)) &&
             (e->any_tag || (!w->any_tag && tt_env_tag(e->req.env) == tag)))
-            return 1;
+            return e;
     }
-    return 0;
+    return NULL;
+}
+
+static int blocked_by_earlier(const tutti_comm_t *comm, const tutti_work_t *w)
+{
+    return blocker_of(comm, w) != NULL;
 }
 
 /* w's turn came (blocked_by_earlier no more): its number, then its post (q_lock and
@@ -1103,12 +1108,15 @@ static int late_timed_out(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t
     int st = p2p_refused(comm, w, "not started", err, errlen);
     if (st < 0)
         return st;
-    char what[112], msg[TT_ERRMSG_LEN];
+    char what[112], ewhat[112] = "an earlier receive", msg[TT_ERRMSG_LEN];
+    const tutti_work_t *e = blocker_of(comm, w);
+    if (e)
+        p2p_what(e, ewhat, sizeof(ewhat));
     snprintf(msg, sizeof(msg),
-             "%s: timed out after %d ms waiting behind an earlier receive of tag %u still "
-             "looking for its message (from any source, or a recv_upto), "
-             "which no message reached (MPI's order: it takes the first)",
-             p2p_what(w, what, sizeof(what)), w->op.timeout_ms, tt_env_tag(w->req.env));
+             "%s (tag %u): timed out after %d ms waiting behind an earlier receive still "
+             "looking for its message, %s, which no message reached (MPI's order: it takes "
+             "the first)",
+             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms, ewhat);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -1227,6 +1235,13 @@ static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
     comm->executing = 1;
     /* the in-flight list changes only under `executing`: due stays on it meanwhile */
     tutti_work_t *due = inflight_stall_due(comm);
+    char waiting[160]; /* what it waits for, read under q_lock */
+    if (due && due->req.peer >= 0)
+        snprintf(waiting, sizeof(waiting), "%s rank %d (tag %u)",
+                 due->req.kind == TUTTI_TP_SEND ? "sending to" : "receiving from", due->req.peer,
+                 tt_env_tag(due->req.env));
+    else if (due) /* still looking: any source or tag, a recv_upto */
+        p2p_what(due, waiting, sizeof(waiting));
     pthread_mutex_unlock(&comm->q_lock);
     int st = 0;
     if (comm->tp)
@@ -1236,7 +1251,7 @@ static void drive_inflight_locked(tutti_comm_t *comm, int max_ms)
     /* a failed rank found fails the communicator and cancels every request: the reap
      * below completes them with its message */
     if (st >= 0 && due && due->req.status == 1)
-        tt_fault_p2p_stall_check(&due->op, &due->req);
+        tt_fault_p2p_stall_check(&due->op, waiting);
     pthread_mutex_lock(&comm->q_lock);
     if (st < 0)
         comm->tp_ops->cancel_all(comm->tp, st);

@@ -818,18 +818,11 @@ int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
  * collective runs): only the look for failed ranks. No stall record: a send's or a
  * receive's seq counts its pair's messages, not the collectives', so comparing it with
  * other ranks' records would find mismatches that are none. */
-int tt_fault_p2p_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req)
+int tt_fault_p2p_stall_check(tt_op_t *op, const char *waiting)
 {
     int64_t nfailed = 0;
     if (tt_op_store_add(op, FAILED_COUNT_KEY, 0, &nfailed) < 0 || nfailed <= 0)
         return TUTTI_OK;
-    char waiting[96];
-    if (req->peer >= 0)
-        snprintf(waiting, sizeof(waiting), "%s rank %d (tag %u)", req_what(req), req->peer,
-                 tt_env_tag(req->env));
-    else
-        snprintf(waiting, sizeof(waiting), "receiving from any source (tag %u)",
-                 tt_env_tag(req->env));
     for (int p = 0; p < op->nranks && !op->store_down; p++) {
         if (p == op->rank)
             continue;

@@ -100,7 +100,7 @@ int tt_fault_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
  * failed ranks (failed_count, then failed/<rank>: a revoke, a failure whose report this
  * rank's links did not carry) and fail op with the first found. Its status, or TUTTI_OK
  * when none failed. */
-int tt_fault_p2p_stall_check(tt_op_t *op, const tutti_tp_req_v2_t *req);
+int tt_fault_p2p_stall_check(tt_op_t *op, const char *waiting);
 /* This process was not running for gap_ns (over comm->quick_ns, the caller checked):
  * the deadline moves by it, and the op's error will say it. */
 void tt_fault_stopped(tt_op_t *op, uint64_t gap_ns);

@@ -228,7 +228,10 @@ static void dump_entry(jbuf_t *b, const tt_trace_ent_t *e, uint32_t running_algo
               tutti_dtype_name((tutti_dtype_t)e->dtype), (unsigned long long)e->count,
               (unsigned long long)(e->count * tutti_dtype_size((tutti_dtype_t)e->dtype)));
     if (p2p) {
-        jb_printf(b, ", \"peer\": %d, \"tag\": %u", e->root, e->tag);
+        if (e->tag == TUTTI_ANY_TAG) /* a receive of any tag that found nothing yet */
+            jb_printf(b, ", \"peer\": %d, \"tag\": \"any\"", e->root);
+        else
+            jb_printf(b, ", \"peer\": %d, \"tag\": %u", e->root, e->tag);
     } else {
         if (e->flags & TT_TRACE_F_REDOP) {
             jb_printf(b, ", \"redop\": ");

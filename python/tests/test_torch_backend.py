@@ -960,6 +960,28 @@ def test_recv_from_any_source():
     assert run(any_source, 4)[0] == [3, 2, 1]
 
 
+def negative_tag(rank, size):
+    """A negative tag is refused on the calling rank, as gloo's checkTag does (-1 would
+    be tutti's ANY_TAG), and the group goes on."""
+    said = []
+    for call in (lambda: dist.send(torch.zeros(1), 1 - rank, tag=-1),
+                 lambda: dist.recv(torch.zeros(1), 1 - rank, tag=-1),
+                 lambda: dist.recv(torch.zeros(1), tag=-5)):
+        try:
+            call()
+            said.append(None)
+        except RuntimeError as e:
+            said.append("nonnegative" in str(e))
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return said, t.item()
+
+
+def test_negative_tag_refused():
+    for said, total in run(negative_tag, 2):
+        assert said == [True, True, True] and total == 3.0, (said, total)
+
+
 # ---- sparse allreduce (gloo's: SUM of COO tensors; DDP's sparse gradients) ----
 
 SPARSE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,

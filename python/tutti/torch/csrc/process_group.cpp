@@ -1999,11 +1999,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::alltoall(std::vector<at::Tenso
         });
 }
 
+/* gloo's checkTag: a negative tag is refused (cast to tutti's uint32 tags, -1 would be
+ * TUTTI_ANY_TAG: a send refused by tutti, a receive of any tag) */
+static void check_tag(int tag, const char *name)
+{
+    TORCH_CHECK(tag >= 0, "tutti backend: ", name, ": tag must be nonnegative (got ", tag, ")");
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::send(std::vector<at::Tensor> &tensors, int dst,
                                                        int tag)
 {
     at::Tensor buf = contig(single(tensors, "send"));
     check_root(dst, size_, "send", "destination rank");
+    check_tag(tag, "send");
     carrier c = carry(buf);
     return launch(c10d::OpType::SEND, "send", tensors, { buf }, nullptr, [&](tutti_work_t **w) {
         return tutti_send_async(comm_, buf.data_ptr(), c.n(buf.numel()), c.dt, dst,
@@ -2032,6 +2040,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTutti::receive(c10d::OpType type, con
     /* gloo's receive takes any message that fits the tensor's bytes (a shorter one, one
      * of another dtype), leaving the rest as it was: tutti_recv_upto of u8, into a buffer
      * that holds the tensor's elements (a staged or non-contiguous tensor's copy) */
+    check_tag(tag, name);
     const at::Tensor &t = single(tensors, name);
     at::Tensor buf = contig(t);
     const size_t nbytes = (size_t)buf.numel() * buf.element_size();
