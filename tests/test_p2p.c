@@ -1664,6 +1664,111 @@ static int rank_cancel(int rank, int nranks, tutti_comm_t *comm, const char *dir
 
 TH_RUN_TEST(cancel, th_run(3, rank_cancel, NULL, 60000))
 
+/* ---- persistent requests (tutti_*_init, tutti_start) ---- */
+
+/* Rounds of persistent sends and receives around the ring and persistent collectives,
+ * each round's data new in the same buffers, against plain-C references; the misuses
+ * refused (a start of an active request, a bad argument at init, a start after the
+ * destroy), and a request freed while its round runs. */
+static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    enum { N = 1000, ROUNDS = 4 };
+    const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    int32_t sv = 0, rv = -1;
+    static int64_t ar[N], bc[N], a2a_in[3 * 7], a2a_out[3 * 7], rs_in[3 * 5], rs_out[5];
+    tutti_request_t *rq[7] = { NULL };
+    FAIL_IF(tutti_recv_init(comm, &rv, 1, TUTTI_INT32, prev, 5, &rq[0]) != 0 ||
+                tutti_send_init(comm, &sv, 1, TUTTI_INT32, next, 5, &rq[1]) != 0 ||
+                tutti_allreduce_init(comm, TUTTI_IN_PLACE, ar, N, TUTTI_INT64, TUTTI_SUM, &rq[2]) !=
+                    0 ||
+                tutti_broadcast_init(comm, TUTTI_IN_PLACE, bc, N, TUTTI_INT64, 2, &rq[3]) != 0 ||
+                tutti_alltoall_init(comm, a2a_in, a2a_out, 7, TUTTI_INT64, &rq[4]) != 0 ||
+                tutti_reduce_scatter_init(comm, rs_in, rs_out, 5, TUTTI_INT64, TUTTI_MAX, &rq[5]) !=
+                    0 ||
+                tutti_barrier_init(comm, &rq[6]) != 0,
+            "init: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_request_work(rq[2]) != NULL, "a work before any start");
+    for (int round = 0; round < ROUNDS; round++) {
+        sv = rank * 100 + round;
+        rv = -1;
+        for (int i = 0; i < N; i++) {
+            ar[i] = (int64_t)(rank + 1) * (i + round);
+            bc[i] = rank == 2 ? (int64_t)i * 3 + round : -1;
+        }
+        for (int j = 0; j < 3 * 7; j++)
+            a2a_in[j] = rank * 10000 + j * 10 + round;
+        for (int j = 0; j < 3 * 5; j++)
+            rs_in[j] = (rank * 37 + j * 11 + round) % 23;
+        FAIL_IF(tutti_start_all(7, rq) != 0, "round %d: start_all: %s", round,
+                tutti_comm_last_error(comm));
+        tutti_work_t *ws[7];
+        for (int k = 0; k < 7; k++)
+            ws[k] = tutti_request_work(rq[k]);
+        FAIL_IF(tutti_wait_all(7, ws, -1) != 0, "round %d: wait_all: %s", round,
+                tutti_comm_last_error(comm));
+        FAIL_IF(rv != prev * 100 + round, "round %d: got %d from rank %d", round, rv, prev);
+        for (int i = 0; i < N; i++) {
+            int64_t want = (int64_t)nranks * (nranks + 1) / 2 * (i + round);
+            FAIL_IF(ar[i] != want, "round %d: allreduce [%d] = %lld, want %lld", round, i,
+                    (long long)ar[i], (long long)want);
+            FAIL_IF(bc[i] != (int64_t)i * 3 + round, "round %d: broadcast [%d]", round, i);
+        }
+        for (int src = 0; src < nranks; src++)
+            for (int e = 0; e < 7; e++)
+                FAIL_IF(a2a_out[src * 7 + e] != src * 10000 + (rank * 7 + e) * 10 + round,
+                        "round %d: alltoall from %d [%d]", round, src, e);
+        for (int e = 0; e < 5; e++) {
+            int64_t want = -1;
+            for (int src = 0; src < nranks; src++) {
+                int64_t x = (src * 37 + (rank * 5 + e) * 11 + round) % 23;
+                want = x > want ? x : want;
+            }
+            FAIL_IF(rs_out[e] != want, "round %d: reduce_scatter [%d] = %lld, want %lld", round, e,
+                    (long long)rs_out[e], (long long)want);
+        }
+    }
+    /* a start of an active round is refused (the others join it 200 ms late) */
+    if (rank != 0)
+        usleep(200 * 1000);
+    FAIL_IF(tutti_start(rq[6]) != 0, "start: %s", tutti_comm_last_error(comm));
+    if (rank == 0)
+        FAIL_IF(tutti_start(rq[6]) != TUTTI_ERR_INVALID_ARG ||
+                    !strstr(tutti_comm_last_error(comm), "still active"),
+                "a start of an active request: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_wait(tutti_request_work(rq[6]), -1) != 0, "barrier round");
+    /* a bad argument fails the init, and no request is made */
+    tutti_request_t *bad = (tutti_request_t *)&bad;
+    FAIL_IF(tutti_allreduce_init(comm, ar, ar + 1, 4, TUTTI_INT64, TUTTI_SUM, &bad) !=
+                    TUTTI_ERR_INVALID_ARG ||
+                bad != NULL,
+            "overlapping buffers at init");
+    FAIL_IF(tutti_send_init(comm, &sv, 1, TUTTI_INT32, nranks, 5, &bad) != TUTTI_ERR_INVALID_ARG,
+            "send_init to no rank");
+    /* freed while its round runs: the round ends on its own, the peers' too */
+    ar[0] = 1;
+    FAIL_IF(tutti_start(rq[2]) != 0, "start");
+    tutti_request_free(rq[2]);
+    rq[2] = NULL;
+    FAIL_IF(tutti_barrier(comm) != 0, "barrier after a freed round: %s",
+            tutti_comm_last_error(comm));
+    for (int k = 0; k < 7; k++)
+        tutti_request_free(rq[k]);
+    /* a start after the communicator's destroy is refused */
+    tutti_comm_t *dup = NULL;
+    FAIL_IF(tutti_comm_dup(comm, &dup) != 0, "dup");
+    tutti_request_t *late = NULL;
+    FAIL_IF(tutti_barrier_init(dup, &late) != 0, "barrier_init");
+    tutti_comm_destroy(dup);
+    FAIL_IF(tutti_start(late) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(NULL), "destroyed"),
+            "a start after the destroy: %s", tutti_comm_last_error(NULL));
+    tutti_request_free(late);
+    return 0;
+}
+
+TH_RUN_TEST(persistent, th_run(3, rank_persistent, NULL, 60000))
+
 /* A deferred async op (TUTTI_DEFER_US, 2 s here: it waits for its issuer to wait and
  * run it) under a bounded wait, which runs no op: the progress thread must run it at
  * once. It slept until the deferral's end (2 s) instead (found by review: the wait's
@@ -2505,6 +2610,7 @@ static Suite *suite(void)
                                          any_tag,
                                          any_tag_mix,
                                          cancel,
+                                         persistent,
                                          NULL });
     th_add_tests(s, "channels", 180,
                  (const TTest *const[]){ p2p_over_collectives_shm, p2p_over_collectives_tcp,

@@ -976,6 +976,47 @@ int tutti_wait_some(size_t n, tutti_work_t *const *works, int timeout_ms, size_t
  * a collective: TUTTI_ERR_INVALID_ARG (MPI deprecates cancelling sends). */
 int tutti_cancel(tutti_work_t *work, int *cancelled_p);
 
+/* Persistent requests (MPI_Send_init, MPI_Recv_init, MPI_Start, MPI_Startall and MPI-4's
+ * persistent collectives, MPI_Allreduce_init...; UCC's init/post): a call's arguments,
+ * checked once (as its blocking form checks them; a bad one fails here) and kept, buffers
+ * included (they must stay valid until the request is freed, and hold each round's
+ * data). tutti_start issues it as its _async form would (in issue order with the other
+ * calls on comm: every rank starts its collectives in the same order), a round at a
+ * time: tutti_request_work is that round's work (owned by the request: wait for it with
+ * tutti_wait, tutti_wait_any or tutti_wait_all, never free it), replaced at the next
+ * start; starting again while it runs is TUTTI_ERR_INVALID_ARG (MPI's active request).
+ * tutti_start_all starts each in index order (NULLs skipped), stopping at the first
+ * failure. tutti_request_free (MPI_Request_free) may come while a round runs (it ends on
+ * its own); the communicator stays allocated while a request holds it, but a start
+ * after its destroy is refused (tutti_comm_last_error(NULL)). */
+typedef struct tutti_request tutti_request_t;
+int tutti_send_init(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
+                    int peer, uint32_t tag, tutti_request_t **req_p);
+int tutti_recv_init(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+                    uint32_t tag, tutti_request_t **req_p);
+int tutti_allreduce_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p);
+int tutti_broadcast_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, int root, tutti_request_t **req_p);
+int tutti_reduce_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_request_t **req_p);
+int tutti_allgather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                         tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_reduce_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                              size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
+                              tutti_request_t **req_p);
+int tutti_alltoall_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_gather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                      tutti_dtype_t dtype, int root, tutti_request_t **req_p);
+int tutti_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                       tutti_dtype_t dtype, int root, tutti_request_t **req_p);
+int tutti_barrier_init(tutti_comm_t *comm, tutti_request_t **req_p);
+int tutti_start(tutti_request_t *req);
+int tutti_start_all(size_t n, tutti_request_t *const *reqs);
+tutti_work_t *tutti_request_work(const tutti_request_t *req);
+void tutti_request_free(tutti_request_t *req);
+
 /* Release a work handle; safe while the operation is still running, and after the
  * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the
  * finished operation's status and explanation). */

@@ -608,6 +608,13 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
     }
+    if (async == 2) { /* a persistent request's checks (tutti_*_init): nothing issued */
+        if (heap)
+            free(layout);
+        if (o.op_held)
+            tt_userop_release(c->redop);
+        return TUTTI_OK;
+    }
     int layout_fp = c->is_v && (c->coll == TT_COLL_ALLGATHER || c->coll == TT_COLL_REDUCE_SCATTER);
     o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0,
                                    layout_fp ? (int)tt_fp_layout(o.recvcounts, comm->nranks)
@@ -1085,3 +1092,187 @@ int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
     return probe_issue(comm, 1, peer, tag, flag_p, source_p, count_p, dtype_p, 1, msg_p, NULL);
 }
 /* clang-format on */
+
+/* ---- persistent requests (MPI_Send_init, MPI_Recv_init, MPI-4's MPI_Allreduce_init...):
+ * a call's arguments checked once and kept; each tutti_start issues it as its _async form
+ * would, the round's work the request's own ---- */
+
+struct tutti_request {
+    tutti_comm_t *comm; /* a reference: the communicator outlives the request */
+    int p2p;            /* 1 + TUTTI_TP_SEND or TUTTI_TP_RECV; 0: a collective */
+    tt_coll_call_t call;
+    void *buf;
+    size_t count;
+    tutti_dtype_t dtype;
+    int peer;
+    uint32_t tag;
+    tutti_work_t *work; /* the round started last (NULL: never started) */
+};
+
+static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int p2p, int kind, void *buf,
+                       size_t count, tutti_dtype_t dtype, int peer, uint32_t tag,
+                       tutti_request_t **req_p)
+{
+    tutti_request_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s_init: out of memory",
+                                 c                       ? c->name
+                                 : kind == TUTTI_TP_SEND ? "send"
+                                                         : "recv");
+    *r = (tutti_request_t){ .comm = comm,
+                            .p2p = p2p ? 1 + kind : 0,
+                            .buf = buf,
+                            .count = count,
+                            .dtype = dtype,
+                            .peer = peer,
+                            .tag = tag };
+    if (c)
+        r->call = *c;
+    atomic_fetch_add(&comm->refs, 1); /* (tt_exec_comm_unref at the request's free) */
+    *req_p = r;
+    return TUTTI_OK;
+}
+
+static int coll_persist(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_request_t **req_p)
+{
+    if (req_p)
+        *req_p = NULL;
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (!req_p)
+        return fail(comm, c->wp_name ? c->wp_name : c->name, "req_p is NULL");
+    tutti_work_t *unused = NULL;
+    int st = coll_issue(comm, c, &unused, 2);
+    return st < 0 ? st : request_new(comm, c, 0, 0, NULL, 0, c->dtype, 0, 0, req_p);
+}
+
+static int p2p_persist(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                       tutti_dtype_t dtype, int peer, uint32_t tag, tutti_request_t **req_p)
+{
+    const char *name = kind == TUTTI_TP_SEND ? "send_init" : "recv_init";
+    if (req_p)
+        *req_p = NULL;
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    if (!req_p)
+        return fail(comm, name, "req_p is NULL");
+    int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV;
+    if (!any && peer != TUTTI_PROC_NULL && (peer < 0 || peer >= comm->nranks))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: peer %d is not a rank of [0, %d) nor TUTTI_PROC_NULL", name,
+                                 peer, comm->nranks);
+    if (kind == TUTTI_TP_SEND && tag == TUTTI_ANY_TAG)
+        return fail(comm, name, "tag TUTTI_ANY_TAG is for receives and probes");
+    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
+    return request_new(comm, NULL, 1, kind, (void *)buf, count, dtype, peer, tag, req_p);
+}
+
+int tutti_start(tutti_request_t *req)
+{
+    if (!req)
+        return TUTTI_ERR_INVALID_ARG;
+    tutti_comm_t *comm = req->comm;
+    const char *name = !req->p2p ? req->call.name : req->p2p == 1 + TUTTI_TP_SEND ? "send" : "recv";
+    if (atomic_load(&comm->gone))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                   "start: the persistent %s's communicator was destroyed", name);
+    if (req->work) {
+        int done = 0;
+        if (tutti_test(req->work, &done) == TUTTI_OK && !done)
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "start: the persistent %s is still active: its last round "
+                                     "has not finished (MPI_Start of an active request)",
+                                     name);
+        tutti_work_free(req->work);
+        req->work = NULL;
+    }
+    if (req->p2p)
+        return p2p_issue(comm, req->p2p - 1, req->buf, req->count, req->dtype, req->peer, req->tag,
+                         &req->work, 1, 0);
+    return coll_issue(comm, &req->call, &req->work, 1);
+}
+
+int tutti_start_all(size_t n, tutti_request_t *const *reqs)
+{
+    if (n && !reqs)
+        return TUTTI_ERR_INVALID_ARG;
+    for (size_t i = 0; i < n; i++) {
+        int st = reqs[i] ? tutti_start(reqs[i]) : TUTTI_OK;
+        if (st < 0)
+            return st;
+    }
+    return TUTTI_OK;
+}
+
+tutti_work_t *tutti_request_work(const tutti_request_t *req)
+{
+    return req ? req->work : NULL;
+}
+
+void tutti_request_free(tutti_request_t *req)
+{
+    if (!req)
+        return;
+    if (req->work) /* (safe while it runs: the round completes on its own) */
+        tutti_work_free(req->work);
+    tt_exec_comm_unref(req->comm);
+    free(req);
+}
+
+/* clang-format off */
+#define INIT(...)                                                                       \
+    {                                                                                   \
+        tt_coll_call_t c_ = {__VA_ARGS__};                                              \
+        return coll_persist(comm, &c_, req_p);                                          \
+    }
+
+int tutti_send_init(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype,
+                    int peer, uint32_t tag, tutti_request_t **req_p)
+{
+    return p2p_persist(comm, TUTTI_TP_SEND, buf, count, dtype, peer, tag, req_p);
+}
+
+int tutti_recv_init(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype, int peer,
+                    uint32_t tag, tutti_request_t **req_p)
+{
+    return p2p_persist(comm, TUTTI_TP_RECV, buf, count, dtype, peer, tag, req_p);
+}
+
+int tutti_allreduce_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p)
+INIT(ALLREDUCE_ARGS("allreduce_init"))
+
+int tutti_broadcast_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                         tutti_dtype_t dtype, int root, tutti_request_t **req_p)
+INIT(BROADCAST_ARGS("broadcast_init"))
+
+int tutti_reduce_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      tutti_dtype_t dtype, tutti_redop_t op, int root, tutti_request_t **req_p)
+INIT(REDUCE_ARGS("reduce"))
+
+int tutti_allgather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                         size_t sendcount, tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(ALLGATHER_ARGS("allgather"), .equal = sendcount)
+
+int tutti_reduce_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                              size_t recvcount, tutti_dtype_t dtype, tutti_redop_t op,
+                              tutti_request_t **req_p)
+INIT(RS_ARGS("reduce_scatter"), .equal = recvcount)
+
+int tutti_alltoall_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                        tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(A2A_ARGS("alltoall"), .count = count)
+
+int tutti_gather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                      tutti_dtype_t dtype, int root, tutti_request_t **req_p)
+INIT(GATHER_ARGS("gather"))
+
+int tutti_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                       tutti_dtype_t dtype, int root, tutti_request_t **req_p)
+INIT(SCATTER_ARGS("scatter"))
+
+int tutti_barrier_init(tutti_comm_t *comm, tutti_request_t **req_p)
+INIT(.name = "barrier", .wp_name = "barrier_init", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
+    /* clang-format on */
