@@ -548,3 +548,44 @@ def test_cancel():
     assert raised is not None and "cancelled" in raised, raised
     assert buf == [-1, -1, -1] and send_refused, (buf, send_refused)
     assert got == (np.arange(3) * 7).tolist() and (src, tag) == (1, 44), (got, src, tag)
+
+
+def persistent_rounds(comm):
+    """Persistent requests: a ring of send/recv and an allreduce, started each round on
+    the same buffers with new data."""
+    r, n = comm.rank, comm.size
+    out, got = np.zeros(4, np.int32), np.zeros(4, np.int32)
+    acc = np.zeros(6, np.float64)
+    reqs = [comm.persistent(comm.recv, got, (r - 1) % n, tag=8),
+            comm.persistent(comm.send, out, (r + 1) % n, tag=8),
+            comm.persistent(comm.allreduce, acc)]
+    rounds = []
+    for k in range(3):
+        out[:] = np.arange(4) + 100 * r + k
+        acc[:] = np.arange(6) * (r + 1) + k
+        works = tutti.start_all(reqs)
+        tutti.wait_all(works)
+        rounds.append((got.tolist(), acc.tolist()))
+    active = None
+    if r == 0:
+        reqs[2].start()
+        try:
+            reqs[2].start()
+        except tutti.InvalidArgError as e:
+            active = "still active" in str(e)
+    else:
+        time.sleep(0.2)
+        reqs[2].start()
+    reqs[2].wait()
+    return rounds, active
+
+
+def test_persistent():
+    n = 3
+    got = run(persistent_rounds, n)
+    for r, (rounds, active) in enumerate(got):
+        for k, (ring, acc) in enumerate(rounds):
+            assert ring == (np.arange(4) + 100 * ((r - 1) % n) + k).tolist(), (r, k, ring)
+            want = sum(np.arange(6) * (q + 1) + k for q in range(n))
+            assert acc == want.tolist(), (r, k, acc)
+        assert active is (True if r == 0 else None), (r, active)

@@ -27,7 +27,7 @@ from ._errors import Error, InvalidArgError, error_for
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
            "ANY_TAG",
            "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some",
-           "get_unique_id", "release_unique_id"]
+           "get_unique_id", "release_unique_id", "Persistent", "start_all"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -1056,6 +1056,41 @@ def wait_all(works, timeout=None):
     return True
 
 
+class Persistent:
+    """A call kept to be started again, round after round (MPI's persistent requests:
+    MPI_Send_init, MPI_Recv_init, MPI-4's MPI_Allreduce_init...): made by
+    Communicator.persistent(comm.allreduce, buf, ...), its arguments (buffers included)
+    checked by its first start. start() issues it as its async_op=True form and returns
+    that round's Work (also .work); starting again while the round runs raises
+    InvalidArgError (MPI's active request)."""
+
+    __slots__ = ("_fn", "_args", "_kwargs", "work")
+
+    def __init__(self, fn, args, kwargs):
+        if "async_op" in kwargs:
+            raise InvalidArgError("tutti: persistent: async_op is the request's own (each "
+                                  "start is async)")
+        self._fn, self._args, self._kwargs, self.work = fn, args, kwargs, None
+
+    def start(self):
+        if self.work is not None and not self.work.is_completed():
+            raise InvalidArgError(f"tutti: start: the persistent {self._fn.__name__} is "
+                                  "still active: its last round has not finished")
+        self.work = self._fn(*self._args, async_op=True, **self._kwargs)
+        return self.work
+
+    def wait(self, timeout=None):
+        """The last round's Work.wait (InvalidArgError before any start)."""
+        if self.work is None:
+            raise InvalidArgError("tutti: wait: the persistent request was never started")
+        return self.work.wait(timeout)
+
+
+def start_all(requests):
+    """MPI_Startall: start each Persistent in order (None entries skipped); their Works."""
+    return [r.start() if r is not None else None for r in requests]
+
+
 class Communicator(_Handle):
     """A group of ranks that run collectives together.
 
@@ -1328,6 +1363,16 @@ class Communicator(_Handle):
         if not h:
             return None
         return self._child(h)
+
+    def persistent(self, call, *args, **kwargs):
+        """A persistent request of call, one of this communicator's methods that takes
+        async_op (send, recv, allreduce, broadcast, alltoall...), with its arguments:
+        tutti.Persistent, whose start() issues it again each round (MPI_Send_init,
+        MPI_Allreduce_init; tutti.start_all for MPI_Startall)."""
+        if getattr(call, "__self__", None) is not self:
+            raise InvalidArgError("tutti: persistent: call must be a method of this "
+                                  "communicator (comm.allreduce, comm.send...)")
+        return Persistent(call, args, kwargs)
 
     def dup(self):
         """MPI_Comm_dup: every rank calls it; a new communicator of the same ranks in the
