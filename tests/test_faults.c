@@ -1438,7 +1438,7 @@ static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char
 {
     (void)nranks;
     (void)dir;
-    const int late = arg != NULL;
+    const int late = arg != NULL, anytag = arg && !strcmp(arg, "any tag");
     int v[4] = { 0 }, u[4] = { 0 };
     if (rank == 1) { /* sends nothing; its own receive fails with rank 0's news */
         int st = tutti_recv(comm, v, 4, TUTTI_INT32, 0, 9);
@@ -1446,7 +1446,11 @@ static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char
         return 0;
     }
     tutti_work_t *a, *b;
-    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, late ? TUTTI_ANY_SOURCE : 1, late ? 3 : 1,
+    /* a: from any source of tag 3, or (any tag) from rank 1 of any tag */
+    FAIL_IF(tutti_recv_async(comm, v, 4, TUTTI_INT32, late && !anytag ? TUTTI_ANY_SOURCE : 1,
+                             anytag ? TUTTI_ANY_TAG
+                             : late ? 3
+                                    : 1,
                              &a) != TUTTI_OK,
             "recv a");
     FAIL_IF(tutti_comm_set_timeout(comm, 400) != TUTTI_OK, "set_timeout");
@@ -1458,7 +1462,11 @@ static int rank_p2p_lowered(int rank, int nranks, tutti_comm_t *comm, const char
     fprintf(stderr, "rank 0: b: %s after %.0f ms: %s\n", tutti_status_name(st), dt, msg);
     FAIL_IF(st != TUTTI_ERR_TIMEOUT, "b: %s", tutti_status_name(st));
     FAIL_IF(dt < 300 || dt > 2000, "b failed after %.0f ms with a 400 ms timeout (a: 2500)", dt);
-    if (late)
+    if (anytag) /* it names the receive it waited behind */
+        FAIL_IF(!strstr(msg, "behind an earlier receive of any tag still looking for its "
+                             "message (recv from rank 1 (any tag))"),
+                "b: %s", msg);
+    else if (late)
         FAIL_IF(!strstr(msg, "behind an earlier receive of tag 3 still looking"), "b: %s", msg);
     else
         FAIL_IF(!strstr(msg, "within 400 ms") || !strstr(msg, "tag 2"), "b: %s", msg);
@@ -1477,6 +1485,7 @@ END_TEST
 START_TEST(set_timeout_lowered_late_recv)
 {
     run_apart_arg(rank_p2p_lowered, "late", 12000, 2500, "00");
+    run_apart_arg(rank_p2p_lowered, "any tag", 12000, 2500, "00");
 }
 END_TEST
 

@@ -1108,15 +1108,20 @@ static int late_timed_out(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t
     int st = p2p_refused(comm, w, "not started", err, errlen);
     if (st < 0)
         return st;
-    char what[112], ewhat[112] = "an earlier receive", msg[TT_ERRMSG_LEN];
+    char what[112], ewhat[112] = "", etag[24], msg[TT_ERRMSG_LEN];
     const tutti_work_t *e = blocker_of(comm, w);
+    if (e && e->any_tag)
+        snprintf(etag, sizeof(etag), "any tag");
+    else
+        snprintf(etag, sizeof(etag), "tag %u", tt_env_tag(w->req.env));
     if (e)
-        p2p_what(e, ewhat, sizeof(ewhat));
+        snprintf(ewhat, sizeof(ewhat), " (%s)", p2p_what(e, what, sizeof(what)));
     snprintf(msg, sizeof(msg),
-             "%s (tag %u): timed out after %d ms waiting behind an earlier receive still "
-             "looking for its message, %s, which no message reached (MPI's order: it takes "
-             "the first)",
-             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms, ewhat);
+             "%s (tag %u): timed out after %d ms waiting behind an earlier receive of %s still "
+             "looking for its message%s, which no message reached (MPI's order: it takes the "
+             "first)",
+             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms, etag,
+             ewhat);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
