@@ -1107,6 +1107,9 @@ struct tutti_request {
     int peer;
     uint32_t tag;
     tutti_work_t *work; /* the round started last (NULL: never started) */
+    int op_held;        /* a defined op held from init to free: its number is not handed
+                           out again while the request may start it (a freed op's start
+                           is refused, not run as another op made later: review) */
 };
 
 static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int p2p, int kind, void *buf,
@@ -1143,7 +1146,19 @@ static int coll_persist(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_reque
         return fail(comm, c->wp_name ? c->wp_name : c->name, "req_p is NULL");
     tutti_work_t *unused = NULL;
     int st = coll_issue(comm, c, &unused, 2);
-    return st < 0 ? st : request_new(comm, c, 0, 0, NULL, 0, c->dtype, 0, 0, req_p);
+    if (st < 0)
+        return st;
+    int held = (tt_coll_table[c->coll].args & TT_ARG_REDOP) ? tt_userop_hold(c->redop) : 0;
+    if (held < 0) /* (freed by another thread since the check) */
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s",
+                                 c->wp_name ? c->wp_name : c->name, (int)c->redop,
+                                 tt_redop_invalid_hint(c->redop));
+    st = request_new(comm, c, 0, 0, NULL, 0, c->dtype, 0, 0, req_p);
+    if (st < 0 && held)
+        tt_userop_release(c->redop);
+    else if (st == TUTTI_OK)
+        (*req_p)->op_held = held;
+    return st;
 }
 
 static int p2p_persist(tutti_comm_t *comm, int kind, const void *buf, size_t count,
@@ -1217,6 +1232,8 @@ void tutti_request_free(tutti_request_t *req)
         return;
     if (req->work) /* (safe while it runs: the round completes on its own) */
         tutti_work_free(req->work);
+    if (req->op_held) /* (the round holds its own while it runs) */
+        tt_userop_release(req->call.redop);
     tt_exec_comm_unref(req->comm);
     free(req);
 }

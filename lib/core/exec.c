@@ -1730,7 +1730,7 @@ static int issue_proc_null(tutti_comm_t *comm, int kind, tutti_work_t **work_p)
                            .coll = TT_COLL_P2P,
                            .dtype = TUTTI_UINT8,
                            .elem_size = 1 };
-        w->req.kind = kind;
+        w->req.kind = w->p2p_kind = kind;
         w->req.peer = TUTTI_PROC_NULL;
         atomic_init(&w->refs, 1);
         atomic_init(&w->cb_state, 2);
@@ -1820,7 +1820,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .env_count = count,
                        .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
                        .dev = dv.dev };
-    w->req.kind = kind;
+    w->req.kind = w->p2p_kind = kind;
     w->req.peer = w->any_source ? TUTTI_ANY_SOURCE : peer;
     w->req.buf = buf;
     w->req.len = count * es;
@@ -1997,11 +1997,12 @@ int tutti_cancel(tutti_work_t *work, int *cancelled_p)
         return tt_comm_refuse_foreign(comm, "cancel", 0);
     if (in_callback(comm))
         return cb_refused(comm, "cancel");
-    if (!work->is_p2p || work->req.kind != TUTTI_TP_RECV || work->probe)
+    /* (p2p_kind: the library's own copy; the transport writes req.kind as it posts) */
+    if (!work->is_p2p || work->p2p_kind != TUTTI_TP_RECV || work->probe)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "cancel: only a receive can be cancelled (this work is %s)",
                                  !work->is_p2p                     ? "a collective"
-                                 : work->req.kind == TUTTI_TP_SEND ? "a send (MPI deprecates "
+                                 : work->p2p_kind == TUTTI_TP_SEND ? "a send (MPI deprecates "
                                                                      "cancelling sends)"
                                                                    : "a probe");
     pthread_mutex_lock(&comm->q_lock);
@@ -2009,8 +2010,12 @@ int tutti_cancel(tutti_work_t *work, int *cancelled_p)
      * run or the slice of progress under way (exec_wanted: the threads that take it in
      * turns, a waiter's drive and the progress thread's, leave it to this one) */
     comm->exec_wanted++;
-    while (comm->executing && !atomic_load_explicit(&work->done, memory_order_acquire))
+    while (comm->executing && !atomic_load_explicit(&work->done, memory_order_acquire)) {
+        comm->done_waiters++; /* (the issue fast path broadcasts to counted waiters only:
+                                 uncounted, this one slept on forever, found by review) */
         pthread_cond_wait(&comm->done_cv, &comm->q_lock);
+        comm->done_waiters--;
+    }
     comm->exec_wanted--;
     if (atomic_load_explicit(&work->done, memory_order_acquire)) {
         pthread_mutex_unlock(&comm->q_lock);

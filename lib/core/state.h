@@ -32,6 +32,7 @@ struct tutti_work {
     /* tutti_send/recv: posted when its turn comes, then in flight until the transport
      * completes it (it never holds the queue, so isend/irecv pairs cannot deadlock) */
     int is_p2p;
+    int p2p_kind; /* TUTTI_TP_SEND or _RECV as issued (req.kind the transport writes too) */
     tutti_tp_req_v2_t req; /* the transport's own: posted directly, not through p2p.c */
     int any_source;        /* a receive from TUTTI_ANY_SOURCE: in flight with req.peer
                               < 0 until the executor finds its message (exec.c) */

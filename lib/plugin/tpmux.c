@@ -340,7 +340,7 @@ static int mux_cancel(void *vmux, tutti_tp_req_v2_t *req)
         return TUTTI_ERR_INVALID_ARG;
     mux_sub_t *s = &m->sub[m->peer_sub[req->peer]];
     if (!tutti_tp_ops_has(s->ops, cancel) || !s->ops->cancel)
-        return 1;
+        return TUTTI_ERR_UNSUPPORTED; /* (a v1 plugin's: it cannot take one back) */
     int st = s->ops->cancel(s->tp, req);
     for (size_t i = 0; st == 0 && i < s->npend; i++)
         if (s->pend[i] == req) { /* the library's again: not to be looked at */
