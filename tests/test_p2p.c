@@ -1703,6 +1703,24 @@ TH_RUN_TEST(cancel, th_run(3, rank_cancel, NULL, 60000))
 
 /* ---- persistent requests (tutti_*_init, tutti_start) ---- */
 
+static void op_i64_sum(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
+                       void *ctx)
+{
+    (void)dtype, (void)ctx;
+    for (size_t i = 0; i < count; i++)
+        ((int64_t *)dst)[i] = ((const int64_t *)a)[i] + ((const int64_t *)b)[i];
+}
+
+static void op_i64_max(void *dst, const void *a, const void *b, size_t count, tutti_dtype_t dtype,
+                       void *ctx)
+{
+    (void)dtype, (void)ctx;
+    for (size_t i = 0; i < count; i++) {
+        int64_t x = ((const int64_t *)a)[i], y = ((const int64_t *)b)[i];
+        ((int64_t *)dst)[i] = x > y ? x : y;
+    }
+}
+
 /* Rounds of persistent sends and receives around the ring and persistent collectives,
  * each round's data new in the same buffers, against plain-C references; the misuses
  * refused (a start of an active request, a bad argument at init, a start after the
@@ -1782,6 +1800,23 @@ static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char 
             "overlapping buffers at init");
     FAIL_IF(tutti_send_init(comm, &sv, 1, TUTTI_INT32, nranks, 5, &bad) != TUTTI_ERR_INVALID_ARG,
             "send_init to no rank");
+    /* a defined op: the request holds it; once freed, a start is refused (not run as an
+     * op made later that took its number: review) */
+    tutti_redop_t mysum, mymax;
+    tutti_request_t *ur = NULL;
+    int64_t ux = rank + 1;
+    FAIL_IF(tutti_redop_create(&mysum, op_i64_sum, NULL, TUTTI_REDOP_COMMUTATIVE, "mysum") != 0 ||
+                tutti_allreduce_init(comm, TUTTI_IN_PLACE, &ux, 1, TUTTI_INT64, mysum, &ur) != 0 ||
+                tutti_start(ur) != 0 || tutti_wait(tutti_request_work(ur), -1) != 0 ||
+                ux != nranks * (nranks + 1) / 2,
+            "a defined op's round: %lld", (long long)ux);
+    FAIL_IF(tutti_redop_free(mysum) != 0 ||
+                tutti_redop_create(&mymax, op_i64_max, NULL, TUTTI_REDOP_COMMUTATIVE, "mymax") != 0,
+            "free and create");
+    FAIL_IF(mymax == mysum, "the held op's number was made again");
+    FAIL_IF(tutti_start(ur) != TUTTI_ERR_INVALID_ARG, "a start with the freed op");
+    tutti_request_free(ur);
+    tutti_redop_free(mymax);
     /* freed while its round runs: the round ends on its own, the peers' too */
     ar[0] = 1;
     FAIL_IF(tutti_start(rq[2]) != 0, "start");
