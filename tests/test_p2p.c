@@ -1732,7 +1732,11 @@ static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char 
     const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
     int32_t sv = 0, rv = -1;
     static int64_t ar[N], bc[N], a2a_in[3 * 7], a2a_out[3 * 7], rs_in[3 * 5], rs_out[5];
-    tutti_request_t *rq[7] = { NULL };
+    static int64_t av_in[9], av_out[9], sc_in, sc_out;
+    size_t av_sc[3], av_rc[3]; /* alltoallv: 1 + (sender + receiver) % 3 elements */
+    for (int j = 0; j < nranks; j++)
+        av_sc[j] = av_rc[j] = 1 + (size_t)((rank + j) % 3);
+    tutti_request_t *rq[9] = { NULL };
     FAIL_IF(tutti_recv_init(comm, &rv, 1, TUTTI_INT32, prev, 5, &rq[0]) != 0 ||
                 tutti_send_init(comm, &sv, 1, TUTTI_INT32, next, 5, &rq[1]) != 0 ||
                 tutti_allreduce_init(comm, TUTTI_IN_PLACE, ar, N, TUTTI_INT64, TUTTI_SUM, &rq[2]) !=
@@ -1741,7 +1745,10 @@ static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char 
                 tutti_alltoall_init(comm, a2a_in, a2a_out, 7, TUTTI_INT64, &rq[4]) != 0 ||
                 tutti_reduce_scatter_init(comm, rs_in, rs_out, 5, TUTTI_INT64, TUTTI_MAX, &rq[5]) !=
                     0 ||
-                tutti_barrier_init(comm, &rq[6]) != 0,
+                tutti_barrier_init(comm, &rq[6]) != 0 ||
+                tutti_alltoallv_init(comm, av_in, av_sc, NULL, av_out, av_rc, NULL, TUTTI_INT64,
+                                     &rq[7]) != 0 ||
+                tutti_scan_init(comm, &sc_in, &sc_out, 1, TUTTI_INT64, TUTTI_SUM, &rq[8]) != 0,
             "init: %s", tutti_comm_last_error(comm));
     FAIL_IF(tutti_request_work(rq[2]) != NULL, "a work before any start");
     for (int round = 0; round < ROUNDS; round++) {
@@ -1755,13 +1762,28 @@ static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char 
             a2a_in[j] = rank * 10000 + j * 10 + round;
         for (int j = 0; j < 3 * 5; j++)
             rs_in[j] = (rank * 37 + j * 11 + round) % 23;
-        FAIL_IF(tutti_start_all(7, rq) != 0, "round %d: start_all: %s", round,
+        for (int j = 0, at = 0; j < nranks; j++)
+            for (size_t k = 0; k < av_sc[j]; k++)
+                av_in[at++] = rank * 1000 + j * 10 + (int64_t)k + round;
+        memset(av_out, 0xff, sizeof(av_out));
+        sc_in = rank + 1 + round;
+        FAIL_IF(tutti_start_all(9, rq) != 0, "round %d: start_all: %s", round,
                 tutti_comm_last_error(comm));
-        tutti_work_t *ws[7];
-        for (int k = 0; k < 7; k++)
+        tutti_work_t *ws[9];
+        for (int k = 0; k < 9; k++)
             ws[k] = tutti_request_work(rq[k]);
-        FAIL_IF(tutti_wait_all(7, ws, -1) != 0, "round %d: wait_all: %s", round,
+        FAIL_IF(tutti_wait_all(9, ws, -1) != 0, "round %d: wait_all: %s", round,
                 tutti_comm_last_error(comm));
+        for (int i = 0, at = 0; i < nranks; i++)
+            for (size_t k = 0; k < av_rc[i]; k++, at++)
+                FAIL_IF(av_out[at] != i * 1000 + rank * 10 + (int64_t)k + round,
+                        "round %d: alltoallv from %d [%zu] = %lld", round, i, k,
+                        (long long)av_out[at]);
+        int64_t prefix = 0;
+        for (int q = 0; q <= rank; q++)
+            prefix += q + 1 + round;
+        FAIL_IF(sc_out != prefix, "round %d: scan %lld, want %lld", round, (long long)sc_out,
+                (long long)prefix);
         FAIL_IF(rv != prev * 100 + round, "round %d: got %d from rank %d", round, rv, prev);
         for (int i = 0; i < N; i++) {
             int64_t want = (int64_t)nranks * (nranks + 1) / 2 * (i + round);
@@ -1824,7 +1846,7 @@ static int rank_persistent(int rank, int nranks, tutti_comm_t *comm, const char 
     rq[2] = NULL;
     FAIL_IF(tutti_barrier(comm) != 0, "barrier after a freed round: %s",
             tutti_comm_last_error(comm));
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < 9; k++)
         tutti_request_free(rq[k]);
     /* a start after the communicator's destroy is refused */
     tutti_comm_t *dup = NULL;

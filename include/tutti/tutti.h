@@ -1011,6 +1011,27 @@ int tutti_gather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, si
                       tutti_dtype_t dtype, int root, tutti_request_t **req_p);
 int tutti_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t recvcount,
                        tutti_dtype_t dtype, int root, tutti_request_t **req_p);
+int tutti_allgatherv_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                          tutti_request_t **req_p);
+int tutti_reduce_scatterv_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op,
+                               tutti_request_t **req_p);
+int tutti_gatherv_init(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                       const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                       int root, tutti_request_t **req_p);
+int tutti_scatterv_init(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                        const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
+                        int root, tutti_request_t **req_p);
+/* (the v forms' counts and displacements are read at each start: their arrays must
+ * stay valid as the buffers do) */
+int tutti_alltoallv_init(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                         const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                         const size_t *rdispls, tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_scan_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p);
+int tutti_exscan_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p);
 int tutti_barrier_init(tutti_comm_t *comm, tutti_request_t **req_p);
 int tutti_start(tutti_request_t *req);
 int tutti_start_all(size_t n, tutti_request_t *const *reqs);

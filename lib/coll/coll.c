@@ -1290,6 +1290,39 @@ int tutti_scatter_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, s
                        tutti_dtype_t dtype, int root, tutti_request_t **req_p)
 INIT(SCATTER_ARGS("scatter"))
 
+int tutti_allgatherv_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                          const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                          tutti_request_t **req_p)
+INIT(ALLGATHER_ARGS("allgatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
+
+int tutti_reduce_scatterv_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               const size_t *recvcounts, tutti_dtype_t dtype, tutti_redop_t op,
+                               tutti_request_t **req_p)
+INIT(RS_ARGS("reduce_scatterv"), .is_v = 1, .recvcounts = recvcounts)
+
+int tutti_gatherv_init(tutti_comm_t *comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                       const size_t *recvcounts, const size_t *displs, tutti_dtype_t dtype,
+                       int root, tutti_request_t **req_p)
+INIT(GATHER_ARGS("gatherv"), .is_v = 1, .recvcounts = recvcounts, .rdispls = displs)
+
+int tutti_scatterv_init(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                        const size_t *displs, void *recvbuf, size_t recvcount, tutti_dtype_t dtype,
+                        int root, tutti_request_t **req_p)
+INIT(SCATTER_ARGS("scatterv"), .is_v = 1, .sendcounts = sendcounts, .sdispls = displs)
+
+int tutti_alltoallv_init(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                         const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                         const size_t *rdispls, tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(A2AV_ARGS("alltoallv"))
+
+int tutti_scan_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                    tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p)
+INIT(SCAN_ARGS("scan", TT_COLL_SCAN))
+
+int tutti_exscan_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      tutti_dtype_t dtype, tutti_redop_t op, tutti_request_t **req_p)
+INIT(SCAN_ARGS("exscan", TT_COLL_EXSCAN))
+
 int tutti_barrier_init(tutti_comm_t *comm, tutti_request_t **req_p)
 INIT(.name = "barrier", .wp_name = "barrier_init", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
     /* clang-format on */
