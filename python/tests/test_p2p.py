@@ -589,3 +589,39 @@ def test_persistent():
             want = sum(np.arange(6) * (q + 1) + k for q in range(n))
             assert acc == want.tolist(), (r, k, acc)
         assert active is (True if r == 0 else None), (r, active)
+
+
+def with_status(comm):
+    """status=: a blocking recv, recv_upto, sendrecv and recv_object say the tag they took
+    (ANY_TAG), as mpi4py's status= does."""
+    A = tutti.ANY_TAG
+    if comm.rank == 1:
+        comm.send(np.arange(3, dtype=np.int32), 0, tag=61)
+        comm.send(np.arange(2, dtype=np.int32), 0, tag=62)
+        comm.send_object("obj", 0, tag=63)
+        got = np.zeros(1, np.int32)
+        st = tutti.Status()
+        comm.sendrecv(np.array([5], np.int32), 0, got, 0, sendtag=64, recvtag=A, status=st)
+        comm.barrier()
+        return (st.source, st.tag, st.count, got.tolist())
+    out = []
+    s = tutti.Status()
+    comm.recv(np.zeros(3, np.int32), 1, tag=A, status=s)
+    out.append((s.source, s.tag, s.count))
+    s = tutti.Status()
+    comm.recv_upto(np.zeros(8, np.int32), None, tag=A, status=s)
+    out.append((s.source, s.tag, s.count))
+    s = tutti.Status()
+    obj, _ = comm.recv_object(1, tag=A, status=s)
+    out.append((s.source, s.tag, obj))
+    got = np.zeros(1, np.int32)
+    comm.sendrecv(np.array([7], np.int32), 1, got, 1, sendtag=65, recvtag=64)
+    comm.barrier()
+    return out, got.tolist()
+
+
+def test_status():
+    got = run(with_status, 2)
+    out, got0 = got[0]
+    assert out == [(1, 61, 3), (1, 62, 2), (1, 63, "obj")], out
+    assert got0 == [5] and got[1] == (0, 65, 1, [7]), (got0, got[1])

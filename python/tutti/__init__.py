@@ -25,7 +25,7 @@ from ._errors import *  # noqa: F401,F403 (the Error classes)
 from ._errors import Error, InvalidArgError, error_for
 
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
-           "ANY_TAG",
+           "ANY_TAG", "Status",
            "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some",
            "get_unique_id", "release_unique_id", "Persistent", "start_all"]
 
@@ -1056,6 +1056,24 @@ def wait_all(works, timeout=None):
     return True
 
 
+class Status:
+    """What a receive took (MPI_Status, mpi4py's MPI.Status): pass one as status= to recv,
+    recv_upto, sendrecv or recv_object and it is filled: source, tag (the message's, for
+    ANY_TAG) and count (the receive's count, as Work.count; recv_object's: the pickle's
+    bytes)."""
+
+    __slots__ = ("source", "tag", "count")
+
+    def __init__(self):
+        self.source = self.tag = self.count = None
+
+    def __repr__(self):
+        return f"tutti.Status(source={self.source}, tag={self.tag}, count={self.count})"
+
+    def _take(self, source, tag, count):
+        self.source, self.tag, self.count = source, tag, count
+
+
 class Persistent:
     """A call kept to be started again, round after round (MPI's persistent requests:
     MPI_Send_init, MPI_Recv_init, MPI-4's MPI_Allreduce_init...): made by
@@ -1821,11 +1839,17 @@ class Communicator(_Handle):
         return self._run("send", [b], (b.ptr, b.count, b.dtype, peer, tag), async_op,
                          detail=f" to rank {peer} (tag {tag})")
 
-    def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False):
+    def recv(self, buf, peer=None, tag=0, dtype=None, async_op=False, status=None):
         """Receive into buf from rank peer, or from whichever rank sends this tag first
         (peer None or tutti.ANY_SOURCE); tag tutti.ANY_TAG: whatever the tag (MPI's
         order: the first message no receive issued before takes). Returns the sending
-        rank, or with async_op a Work whose source (and tag) say it once done."""
+        rank, or with async_op a Work whose source (and tag) say it once done. status: a
+        tutti.Status the blocking call fills (source, tag, count)."""
+        if status is not None and not async_op:
+            w = self.recv(buf, peer, tag, dtype, async_op=True)
+            w.wait()
+            status._take(w.source, w.tag, w.count)
+            return w.source
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv's peer")
         tag = _int(tag, "recv's tag", 0, (1 << 32) - 1)
         b = Buffer(buf, "recv's buffer", True, dtype, carry=True)
@@ -1839,13 +1863,19 @@ class Communicator(_Handle):
         # the library's blocking call cannot say who sent: an async one and its work can
         return self._run("recv", [b], args, False, detail=detail, need_work=True)
 
-    def recv_upto(self, buf, peer=None, tag=0, dtype=None, async_op=False):
+    def recv_upto(self, buf, peer=None, tag=0, dtype=None, async_op=False, status=None):
         """MPI_Recv's count as a bound: receive the next message of tag from rank peer
         (None or tutti.ANY_SOURCE: any rank) of up to buf's count, into its start (the
         rest untouched). Its dtype must be buf's, but a "uint8" buffer takes any message by
         its bytes. Returns (source, count), or with async_op a Work whose source and count
         say them once done. A message that does not fit raises MismatchError and stays
-        for a receive with room (the communicator goes on). Host memory only."""
+        for a receive with room (the communicator goes on). Host memory only. status: a
+        tutti.Status the blocking call fills."""
+        if status is not None and not async_op:
+            w = self.recv_upto(buf, peer, tag, dtype, async_op=True)
+            w.wait()
+            status._take(w.source, w.tag, w.count)
+            return w.source, w.count
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv_upto's peer")
         tag = _int(tag, "recv_upto's tag", 0, (1 << 32) - 1)
         b = Buffer(buf, "recv_upto's buffer", True, dtype, carry=True)
@@ -1922,11 +1952,13 @@ class Communicator(_Handle):
         """Send obj, pickled, to rank peer (mpi4py's comm.send; recv_object takes it)."""
         self.send(_pickle(obj), peer, tag, dtype="uint8")
 
-    def recv_object(self, peer=None, tag=0):
+    def recv_object(self, peer=None, tag=0, status=None):
         """An object send_object sent with tag from rank peer (None: any rank):
         (obj, source). Takes it with mprobe (as mpi4py does), so that threads receiving
         objects of one tag at once each get one whole."""
         m = self.mprobe(peer, tag)
+        if status is not None:
+            status._take(m.source, m.tag, m.count)
         if m.source == PROC_NULL:  # (mpi4py's: None from no rank)
             m.recv()
             return None, PROC_NULL
@@ -2024,18 +2056,20 @@ class Communicator(_Handle):
         self.alltoallv(b"".join(datas), list(sizes), out, list(got), dtype="uint8")
         return _split_objects(out, got)
 
-    def sendrecv(self, buf, dest, out, source=None, sendtag=0, recvtag=0, dtype=None):
+    def sendrecv(self, buf, dest, out, source=None, sendtag=0, recvtag=0, dtype=None,
+                 status=None):
         """MPI_Sendrecv: buf to rank dest and a receive into out from rank source (None:
         any rank) at once, so that ranks exchanging with each other cannot block on their
         sends, whatever the size. Returns the sending rank."""
         w = self.send(buf, dest, tag=sendtag, dtype=dtype, async_op=True)
-        return _after_send(w, lambda: self.recv(out, source, tag=recvtag, dtype=dtype))
+        return _after_send(w, lambda: self.recv(out, source, tag=recvtag, dtype=dtype,
+                                                status=status))
 
-    def sendrecv_object(self, obj, dest, source=None, sendtag=0, recvtag=0):
+    def sendrecv_object(self, obj, dest, source=None, sendtag=0, recvtag=0, status=None):
         """obj, pickled, to rank dest and an object from rank source (None: any rank) at
         once (mpi4py's comm.sendrecv): (obj received, its source)."""
         w = self.send(_pickle(obj), dest, tag=sendtag, dtype="uint8", async_op=True)
-        return _after_send(w, lambda: self.recv_object(source, recvtag))
+        return _after_send(w, lambda: self.recv_object(source, recvtag, status))
 
     def _pickled_each(self, call, objs, whose):
         """objs, size objects (one a rank), pickled: (their data, None), or ([], why not:
