@@ -5,7 +5,7 @@
 #                    the whole test suite, then again under ASan+UBSan, the fuser's suite
 #                    under TSan, the fuzz targets (fuzz/, libFuzzer) for FUZZ_SECONDS each
 #                    (default 8, two at a time: CI has 30 minutes; a fresh clone here
-#                    took 1199 s in session 106; CI took 1102 s for session 105's),
+#                    took 1289 s in session 107; CI took 1234 s for session 106's),
 #                    then the ibverbs suites on soft-RoCE
 #                    inside a qemu guest (tests/rdma/ci.sh;
 #                    TUTTI_RXE_VM=0 skips that step)
