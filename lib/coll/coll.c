@@ -608,12 +608,11 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
     }
-    if (async == 2) { /* a persistent request's checks (tutti_*_init): nothing issued */
+    if (async == 2) { /* a persistent request's checks (tutti_*_init): nothing issued; the
+                         defined op's hold (1) goes to the request */
         if (heap)
             free(layout);
-        if (o.op_held)
-            tt_userop_release(c->redop);
-        return TUTTI_OK;
+        return o.op_held;
     }
     int layout_fp = c->is_v && (c->coll == TT_COLL_ALLGATHER || c->coll == TT_COLL_REDUCE_SCATTER);
     o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0,
@@ -861,6 +860,8 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                  "recv_upto: buf is %s device memory (or its layer cannot tell); "
                                  "it takes host memory only",
                                  kind_name);
+    if (async == 2) /* a persistent request's checks (tutti_send_init): nothing issued */
+        return TUTTI_OK;
     return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag, upto,
                              async ? work_p : NULL);
 }
@@ -1099,7 +1100,7 @@ int tutti_improbe(tutti_comm_t *comm, int peer, uint32_t tag, int *flag_p,
 
 struct tutti_request {
     tutti_comm_t *comm; /* a reference: the communicator outlives the request */
-    int p2p;            /* 1 + TUTTI_TP_SEND or TUTTI_TP_RECV; 0: a collective */
+    int kind;           /* TUTTI_TP_SEND or TUTTI_TP_RECV; -1: a collective (call) */
     tt_coll_call_t call;
     void *buf;
     size_t count;
@@ -1112,7 +1113,7 @@ struct tutti_request {
                            is refused, not run as another op made later: review) */
 };
 
-static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int p2p, int kind, void *buf,
+static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int kind, void *buf,
                        size_t count, tutti_dtype_t dtype, int peer, uint32_t tag,
                        tutti_request_t **req_p)
 {
@@ -1123,7 +1124,7 @@ static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int p2p, int
                                  : kind == TUTTI_TP_SEND ? "send"
                                                          : "recv");
     *r = (tutti_request_t){ .comm = comm,
-                            .p2p = p2p ? 1 + kind : 0,
+                            .kind = kind,
                             .buf = buf,
                             .count = count,
                             .dtype = dtype,
@@ -1145,15 +1146,10 @@ static int coll_persist(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_reque
     if (!req_p)
         return fail(comm, c->wp_name ? c->wp_name : c->name, "req_p is NULL");
     tutti_work_t *unused = NULL;
-    int st = coll_issue(comm, c, &unused, 2);
-    if (st < 0)
-        return st;
-    int held = (tt_coll_table[c->coll].args & TT_ARG_REDOP) ? tt_userop_hold(c->redop) : 0;
-    if (held < 0) /* (freed by another thread since the check) */
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s",
-                                 c->wp_name ? c->wp_name : c->name, (int)c->redop,
-                                 tt_redop_invalid_hint(c->redop));
-    st = request_new(comm, c, 0, 0, NULL, 0, c->dtype, 0, 0, req_p);
+    int held = coll_issue(comm, c, &unused, 2); /* its checks; 1: a defined op, held */
+    if (held < 0)
+        return held;
+    int st = request_new(comm, c, -1, NULL, 0, c->dtype, 0, 0, req_p);
     if (st < 0 && held)
         tt_userop_release(c->redop);
     else if (st == TUTTI_OK)
@@ -1164,24 +1160,13 @@ static int coll_persist(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_reque
 static int p2p_persist(tutti_comm_t *comm, int kind, const void *buf, size_t count,
                        tutti_dtype_t dtype, int peer, uint32_t tag, tutti_request_t **req_p)
 {
-    const char *name = kind == TUTTI_TP_SEND ? "send_init" : "recv_init";
     if (req_p)
         *req_p = NULL;
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, name, 0);
-    if (!req_p)
-        return fail(comm, name, "req_p is NULL");
-    int any = peer == TUTTI_ANY_SOURCE && kind == TUTTI_TP_RECV;
-    if (!any && peer != TUTTI_PROC_NULL && (peer < 0 || peer >= comm->nranks))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: peer %d is not a rank of [0, %d) nor TUTTI_PROC_NULL", name,
-                                 peer, comm->nranks);
-    if (kind == TUTTI_TP_SEND && tag == TUTTI_ANY_TAG)
-        return fail(comm, name, "tag TUTTI_ANY_TAG is for receives and probes");
-    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
-    return request_new(comm, NULL, 1, kind, (void *)buf, count, dtype, peer, tag, req_p);
+    if (comm && !req_p)
+        return fail(comm, kind == TUTTI_TP_SEND ? "send_init" : "recv_init", "req_p is NULL");
+    tutti_work_t *unused = NULL;
+    int st = p2p_issue(comm, kind, buf, count, dtype, peer, tag, &unused, 2, 0); /* its checks */
+    return st < 0 ? st : request_new(comm, NULL, kind, (void *)buf, count, dtype, peer, tag, req_p);
 }
 
 int tutti_start(tutti_request_t *req)
@@ -1189,7 +1174,9 @@ int tutti_start(tutti_request_t *req)
     if (!req)
         return TUTTI_ERR_INVALID_ARG;
     tutti_comm_t *comm = req->comm;
-    const char *name = !req->p2p ? req->call.name : req->p2p == 1 + TUTTI_TP_SEND ? "send" : "recv";
+    const char *name = req->kind < 0                ? req->call.name
+                       : req->kind == TUTTI_TP_SEND ? "send"
+                                                    : "recv";
     if (atomic_load(&comm->gone))
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
                                    "start: the persistent %s's communicator was destroyed", name);
@@ -1203,8 +1190,8 @@ int tutti_start(tutti_request_t *req)
         tutti_work_free(req->work);
         req->work = NULL;
     }
-    if (req->p2p)
-        return p2p_issue(comm, req->p2p - 1, req->buf, req->count, req->dtype, req->peer, req->tag,
+    if (req->kind >= 0)
+        return p2p_issue(comm, req->kind, req->buf, req->count, req->dtype, req->peer, req->tag,
                          &req->work, 1, 0);
     return coll_issue(comm, &req->call, &req->work, 1);
 }

@@ -408,15 +408,21 @@ int tutti_work_on_done(tutti_work_t *work, void (*fn)(void *arg, int status), vo
 
 /* ---- point to point: posted in queue order, then in flight ---- */
 
+/* "tag 7", or "any tag" for a TUTTI_ANY_TAG receive or probe that found nothing yet */
+static const char *tag_text(const tutti_work_t *w, char buf[24])
+{
+    if (w->any_tag && tt_env_tag(w->req.env) == TUTTI_ANY_TAG)
+        return "any tag";
+    snprintf(buf, 24, "tag %u", tt_env_tag(w->req.env));
+    return buf;
+}
+
 /* "send to rank 3", "recv from rank 1", "recv from any source (tag 7)" */
 static const char *p2p_what(const tutti_work_t *w, char *buf, size_t len)
 {
     static const char *const probes[2][2] = { { "probe", "iprobe" }, { "mprobe", "improbe" } };
-    char tg[24]; /* "tag 7", "any tag" */
-    if (w->any_tag)
-        snprintf(tg, sizeof(tg), "any tag");
-    else
-        snprintf(tg, sizeof(tg), "tag %u", tt_env_tag(w->req.env));
+    char tgb[24];
+    const char *tg = tag_text(w, tgb);
     if (w->probe && w->req.peer < 0)
         snprintf(buf, len, "%s from any source (%s)", probes[w->matched != 0][w->probe == 2], tg);
     else if (w->probe)
@@ -701,9 +707,7 @@ static int p2p_post(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t errle
     return p2p_post_req(comm, w, err, errlen);
 }
 
-/* ---- receives from any source ---- */
-
-/* ---- which receive a message goes to (MPI's order) ----
+/* ---- receives from any source or of any tag: which receive a message goes to ----
  * A message goes to the earliest receive issued that can take it. A receive from a named
  * rank of a named tag takes its number at issue unless an earlier receive that could take
  * the same message has none yet (then it is late: late_step); receives from any source,
@@ -897,17 +901,14 @@ static int any_step(tutti_comm_t *comm, tutti_work_t *w, uint64_t now, int may_s
     st = may_search ? any_search(comm, w, err, errlen) : 1;
     if (st < 0 || w->req.peer >= 0 || now <= w->p2p_deadline_ns)
         return st;
-    char what[112], msg[TT_ERRMSG_LEN];
-    char tg[24] = "a message"; /* "tag 7" */
-    if (!w->any_tag)
-        snprintf(tg, sizeof(tg), "tag %u", tt_env_tag(w->req.env));
+    char what[112], tgb[24], msg[TT_ERRMSG_LEN];
+    const char *tg = tag_text(w, tgb);
     if (w->seek_p1)
         snprintf(msg, sizeof(msg), "%s: rank %d sent nothing of %s within %d ms",
-                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, w->any_tag ? "any tag" : tg,
-                 w->op.timeout_ms);
+                 p2p_what(w, what, sizeof(what)), w->seek_p1 - 1, tg, w->op.timeout_ms);
     else
         snprintf(msg, sizeof(msg), "%s: no rank sent %s within %d ms",
-                 p2p_what(w, what, sizeof(what)), tg, w->op.timeout_ms);
+                 p2p_what(w, what, sizeof(what)), w->any_tag ? "a message" : tg, w->op.timeout_ms);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -1109,19 +1110,15 @@ static int late_timed_out(tutti_comm_t *comm, tutti_work_t *w, char *err, size_t
     if (st < 0)
         return st;
     char what[112], ewhat[112] = "", etag[24], msg[TT_ERRMSG_LEN];
-    const tutti_work_t *e = blocker_of(comm, w);
-    if (e && e->any_tag)
-        snprintf(etag, sizeof(etag), "any tag");
-    else
-        snprintf(etag, sizeof(etag), "tag %u", tt_env_tag(w->req.env));
+    const tutti_work_t *e = blocker_of(comm, w); /* (its tag is w's where not any) */
     if (e)
         snprintf(ewhat, sizeof(ewhat), " (%s)", p2p_what(e, what, sizeof(what)));
     snprintf(msg, sizeof(msg),
              "%s (tag %u): timed out after %d ms waiting behind an earlier receive of %s still "
              "looking for its message%s, which no message reached (MPI's order: it takes the "
              "first)",
-             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms, etag,
-             ewhat);
+             p2p_what(w, what, sizeof(what)), tt_env_tag(w->req.env), w->op.timeout_ms,
+             tag_text(e ? e : w, etag), ewhat);
     tt_fault_fail_op(&w->op, TUTTI_ERR_TIMEOUT, msg);
     last_error_to(comm, err, errlen);
     return TUTTI_ERR_TIMEOUT;
@@ -1969,11 +1966,10 @@ static int cancel_take(tutti_comm_t *comm, tutti_work_t *w, const char **why)
         if (!queued && !is_self_recv(comm, w)) {
             int st = tutti_tp_ops_has(comm->tp_ops, cancel) && comm->tp_ops->cancel
                          ? comm->tp_ops->cancel(comm->tp, &w->req)
-                         : 1;
+                         : TUTTI_ERR_UNSUPPORTED;
             if (st != 0) {
-                *why = st == 1 && tutti_tp_ops_has(comm->tp_ops, cancel) && comm->tp_ops->cancel
-                           ? "its message has come, or is coming in"
-                           : "the transport cannot take a posted receive back";
+                *why = st == 1 ? "its message has come, or is coming in"
+                               : "the transport cannot take a posted receive back";
                 return 0;
             }
         }

@@ -804,10 +804,10 @@ class Work:
                 msg = _lib_.tutti_work_error(w).decode() if st < 0 else ""
                 self._source = _lib_.tutti_work_source(w)
                 self._count = _lib_.tutti_work_count(w)
-                info = _lib.MsgInfo()
-                if (st == 0 and (self._source >= 0 or self._source == PROC_NULL) and
-                        _lib_.tutti_work_info(w, ctypes.byref(info)) == 0):
-                    self._tag = info.tag
+                if st == 0 and (self._source >= 0 or self._source == PROC_NULL):  # a receive
+                    info = _lib.MsgInfo()
+                    if _lib_.tutti_work_info(w, ctypes.byref(info)) == 0:
+                        self._tag = info.tag
                 self._status = (st, msg)
             if self._status is not None and not self._calls:
                 self._w = None
