@@ -1038,6 +1038,103 @@ int tutti_start_all(size_t n, tutti_request_t *const *reqs);
 tutti_work_t *tutti_request_work(const tutti_request_t *req);
 void tutti_request_free(tutti_request_t *req);
 
+/* ---- Process topologies and neighbourhood collectives (MPI-3) ----
+ * A communicator may carry a topology: a distributed graph (MPI_Dist_graph_create_
+ * adjacent: each rank names the ranks it receives from, its sources, and those it sends
+ * to, its destinations) or a cartesian grid (MPI_Cart_create). The neighbourhood
+ * collectives exchange data along its edges only: every rank of the communicator calls
+ * them, in the same order as its other collectives, and each sends to its destinations
+ * and receives from its sources, nothing else. Edges may repeat (a rank twice among the
+ * sources: two blocks from it), and the k-th message from a rank meets the k-th place
+ * that names it; TUTTI_PROC_NULL as a neighbour (a grid's edge) moves nothing and leaves
+ * its receive block as it was. A neighbour that is the rank itself is a local copy. */
+#define TUTTI_TOPO_NONE 0  /* MPI_UNDEFINED */
+#define TUTTI_TOPO_GRAPH 1 /* MPI_DIST_GRAPH */
+#define TUTTI_TOPO_CART 2  /* MPI_CART */
+/* MPI_Dist_graph_create_adjacent (without weights or reordering): a new communicator
+ * over comm's ranks, in comm's order, with this graph. Collective over comm; every rank
+ * passes its own lists (sources: the ranks it receives from, indegree of them;
+ * destinations: those it sends to), which the call checks against each other: a rank
+ * that lists r as a destination k times must be listed by r as a source k times, else
+ * every rank fails (TUTTI_ERR_INVALID_ARG, naming the two ranks and the counts). Ranks
+ * in [0, size) or TUTTI_PROC_NULL. */
+int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int *sources,
+                                     int outdegree, const int *destinations,
+                                     tutti_comm_t **graph_p);
+/* MPI_Cart_create (without reordering): a grid of ndims dimensions, dims[i] ranks along
+ * dimension i (each >= 1), periodic along i where periods[i] != 0 (periods NULL: none),
+ * over comm's first dims[0] x ... x dims[ndims-1] ranks in row-major order (the last
+ * dimension changes fastest). Collective over comm; every rank must pass the same
+ * (checked: else every rank fails, naming one that differs). A rank past the grid's
+ * size gets *cart_p NULL (MPI_COMM_NULL); a grid larger than comm is refused. */
+int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int *periods,
+                      tutti_comm_t **cart_p);
+/* MPI_Dims_create: fill the zero entries of dims (ndims of them) so that the product of
+ * all is nnodes, as balanced as can be, in non-increasing order; the non-zero entries
+ * stay. TUTTI_ERR_INVALID_ARG where nnodes is not a multiple of their product. */
+int tutti_dims_create(int nnodes, int ndims, int *dims);
+/* MPI_Topo_test: TUTTI_TOPO_NONE, _GRAPH or _CART into *kind_p. */
+int tutti_topo_test(tutti_comm_t *comm, int *kind_p);
+/* MPI_Cartdim_get and MPI_Cart_get (arrays of maxdims; any may be NULL). */
+int tutti_cartdim_get(tutti_comm_t *comm, int *ndims_p);
+int tutti_cart_get(tutti_comm_t *comm, int maxdims, int *dims, int *periods, int *coords);
+/* MPI_Cart_rank: the rank at coords (wrapped along periodic dimensions; out of range
+ * along another: TUTTI_ERR_INVALID_ARG). MPI_Cart_coords: rank's coordinates. */
+int tutti_cart_rank(tutti_comm_t *comm, const int *coords, int *rank_p);
+int tutti_cart_coords(tutti_comm_t *comm, int rank, int maxdims, int *coords);
+/* MPI_Cart_shift: the ranks disp steps back (*source_p) and forward (*dest_p) along
+ * dimension direction; TUTTI_PROC_NULL past a non-periodic edge. */
+int tutti_cart_shift(tutti_comm_t *comm, int direction, int disp, int *source_p, int *dest_p);
+/* MPI_Dist_graph_neighbors_count and _neighbors; on a grid too (as the neighbourhood
+ * collectives see it: 2 x ndims each way, for dimension i the rank one step back then
+ * the one forward, TUTTI_PROC_NULL past an edge). */
+int tutti_topo_neighbors_count(tutti_comm_t *comm, int *indegree_p, int *outdegree_p);
+int tutti_topo_neighbors(tutti_comm_t *comm, int maxindegree, int *sources, int maxoutdegree,
+                         int *destinations);
+/* MPI_Neighbor_allgather: sendbuf (count elements) to every destination; the block from
+ * source j lands at recvbuf + j x count elements. MPI_Neighbor_allgatherv: the block from
+ * source j is recvcounts[j] elements at displs[j]. MPI_Neighbor_alltoall: block i of
+ * sendbuf (count elements at i x count) to destination i, the block from source j at
+ * recvbuf + j x count. MPI_Neighbor_alltoallv: sendcounts/sdispls by destination,
+ * recvcounts/rdispls by source. Counts and displacements in elements, arrays of the
+ * degrees' length. Not in place (MPI: neither), and the receive blocks may not overlap.
+ * A block's count must equal its sender's (else TUTTI_ERR_MISMATCH, naming both). On a
+ * communicator without a topology: TUTTI_ERR_INVALID_ARG. */
+int tutti_neighbor_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             tutti_dtype_t dtype);
+int tutti_neighbor_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, tutti_dtype_t dtype, tutti_work_t **work_p);
+int tutti_neighbor_allgather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_neighbor_allgatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                              void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                              tutti_dtype_t dtype);
+int tutti_neighbor_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                                    void *recvbuf, const size_t *recvcounts,
+                                    const size_t *displs, tutti_dtype_t dtype,
+                                    tutti_work_t **work_p);
+int tutti_neighbor_allgatherv_init(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                                   void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                   tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_neighbor_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                            tutti_dtype_t dtype);
+int tutti_neighbor_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, tutti_dtype_t dtype, tutti_work_t **work_p);
+int tutti_neighbor_alltoall_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, tutti_dtype_t dtype, tutti_request_t **req_p);
+int tutti_neighbor_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                             const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                             const size_t *rdispls, tutti_dtype_t dtype);
+int tutti_neighbor_alltoallv_async(tutti_comm_t *comm, const void *sendbuf,
+                                   const size_t *sendcounts, const size_t *sdispls,
+                                   void *recvbuf, const size_t *recvcounts,
+                                   const size_t *rdispls, tutti_dtype_t dtype,
+                                   tutti_work_t **work_p);
+int tutti_neighbor_alltoallv_init(tutti_comm_t *comm, const void *sendbuf,
+                                  const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                                  const size_t *recvcounts, const size_t *rdispls,
+                                  tutti_dtype_t dtype, tutti_request_t **req_p);
+
 /* Release a work handle; safe while the operation is still running, and after the
  * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the
  * finished operation's status and explanation). */

@@ -94,6 +94,8 @@ int tt_reduce_scatter_linear(tt_op_t *op); /* every input to rank 0, a block bac
 /* scan and exscan (op->coll says which) */
 int tt_scan_linear(tt_op_t *op); /* a pipelined chain 0 -> 1 -> ... in rank order */
 int tt_scan_rd(tt_op_t *op);     /* recursive doubling: ceil(log2 p) exchanges */
+/* neighbor_allgather(v) and neighbor_alltoall(v): along the topology's edges */
+int tt_neighbor_direct(tt_op_t *op);
 
 /* For hier (lib/coll/hosts.c): the communicator's host map, rank -> host index (NULL:
  * not known), and its cost model. */

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "coll/coll.h"
+#include "coll/topo.h"
 #include "core/comm.h"
 #include "device/device.h"
 #include "reduce/reduce.h"
@@ -105,7 +106,7 @@ static int cmp_block(const void *a, const void *b, void *ctx)
  * elements (MPI calls it erroneous; the result would depend on arrival order). Empty
  * blocks overlap nothing. */
 static int check_overlap(tutti_comm_t *comm, const char *name, const char *what, int n,
-                         const size_t *counts, const size_t *displs)
+                         const size_t *counts, const size_t *displs, const char *whose)
 {
     int *ord = malloc((size_t)n * sizeof(int)), m = 0;
     if (!ord)
@@ -119,9 +120,9 @@ static int check_overlap(tutti_comm_t *comm, const char *name, const char *what,
         int a = ord[k - 1], b = ord[k];
         if (displs[a] + counts[a] > displs[b])
             st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                   "%s: %s blocks of ranks %d and %d overlap (elements [%zu, %zu) "
-                                   "and [%zu, %zu)): each rank's block needs its own place",
-                                   name, what, a, b, displs[a], displs[a] + counts[a], displs[b],
+                                   "%s: %s blocks of %s %d and %d overlap (elements [%zu, %zu) "
+                                   "and [%zu, %zu)): each block needs its own place",
+                                   name, what, whose, a, b, displs[a], displs[a] + counts[a], displs[b],
                                    displs[b] + counts[b]);
     }
     free(ord);
@@ -156,8 +157,9 @@ static int copy_layout(tutti_comm_t *comm, const char *name, const char *what, i
                                      what);
         extent = TT_MAX(extent, d + counts[i]);
     }
-    if (recv && displs && n > 1)
-        TT_CHECK(check_overlap(comm, name, what, n, dst_counts, dst_displs));
+    if (recv && displs && n > 1) /* (recv 2: the blocks are a topology's sources') */
+        TT_CHECK(check_overlap(comm, name, what, n, dst_counts, dst_displs,
+                               recv == 2 ? "sources" : "ranks"));
     *extent_p = extent;
     return TUTTI_OK;
 }
@@ -426,6 +428,74 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
     return TUTTI_OK;
 }
 
+/* neighbor_allgather(v) and neighbor_alltoall(v): layouts per edge, from the topology
+ * (sends by destination, receives by source). Not in place (MPI: neither). */
+static int fill_neighbor(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
+{
+    const tt_topo_t *t = comm->topo;
+    if (!t)
+        return fail(comm, c->name,
+                    "the communicator has no topology (make one with "
+                    "tutti_dist_graph_create_adjacent or tutti_cart_create)");
+    const int in = t->indeg, out = t->outdeg, gather = c->coll == TT_COLL_NEIGHBOR_ALLGATHER;
+    const size_t es = o->elem_size, L = (size_t)(o->sdispls - o->sendcounts);
+    size_t *sc = layout, *sd = layout + L, *rc = layout + 2 * L, *rd = layout + 3 * L;
+    size_t ext = 0, sext = 0, b;
+    if (__builtin_mul_overflow(c->count, 4 * es * (size_t)(TT_MAX(in, out) + 1), &b))
+        return fail(comm, c->name, "count is too large");
+    if (c->sendbuf == TUTTI_IN_PLACE || c->recvbuf == TUTTI_IN_PLACE)
+        return fail(comm, c->name, "TUTTI_IN_PLACE is not taken (MPI's neither)");
+    if (gather) { /* one block, to every destination */
+        for (int i = 0; i < out; i++)
+            sc[i] = c->count, sd[i] = 0;
+        sext = out ? c->count : 0;
+    } else if (c->is_v) {
+        TT_CHECK(copy_layout(comm, c->name, "sendcounts", out, es, c->sendcounts, c->sdispls, sc,
+                             sd, &sext, 0));
+    } else {
+        fill_equal(out, c->count, sc, sd);
+        sext = (size_t)out * c->count;
+    }
+    if (c->is_v) {
+        TT_CHECK(copy_layout(comm, c->name, "recvcounts", in, es, c->recvcounts, c->rdispls, rc, rd,
+                             &ext, 2));
+    } else {
+        fill_equal(in, c->count, rc, rd);
+        ext = (size_t)in * c->count;
+        o->env_count = c->count;
+    }
+    /* what goes nowhere sends nothing: TUTTI_PROC_NULL's blocks out of the extents */
+    for (int i = 0; i < out; i++)
+        if (t->dests[i] != TUTTI_PROC_NULL)
+            o->count += sc[i];
+    /* to itself: each send's size is its receive's (no peer to find the mismatch) */
+    for (int a = 0, b2 = 0; a < in; a++) {
+        const int j = t->recv_order[a];
+        if (t->sources[j] != comm->rank)
+            continue;
+        while (b2 < out && (t->dests[t->send_order[b2]] != comm->rank ||
+                            t->dst_tag[t->send_order[b2]] != t->src_tag[j]))
+            b2++;
+        if (b2 < out && sc[t->send_order[b2]] != rc[j])
+            return tt_comm_set_error(comm, TUTTI_ERR_MISMATCH,
+                                     "%s: the block to itself (destination %d) is %zu x %s, the "
+                                     "block from itself (source %d) %zu: they must be equal",
+                                     c->name, t->send_order[b2], sc[t->send_order[b2]],
+                                     tutti_dtype_name(c->dtype), j, rc[j]);
+        b2++;
+    }
+    if (ext && !c->recvbuf)
+        return fail(comm, c->name, "recvbuf is NULL");
+    if (sext && !c->sendbuf)
+        return fail(comm, c->name, "sendbuf is NULL");
+    if (overlap_unequal(c->sendbuf, sext * es, c->recvbuf, ext * es) ||
+        (c->sendbuf && c->sendbuf == c->recvbuf && sext && ext))
+        return fail(comm, c->name, "sendbuf and recvbuf overlap (not in place: MPI's neither)");
+    o->sendbuf = c->sendbuf;
+    o->recvbuf = c->recvbuf;
+    return TUTTI_OK;
+}
+
 /* ---- TUTTI_AVG: the sum divided by the rank count where it landed ---- */
 
 /* count elements of buf divided by nranks, the input's scaling undone with it */
@@ -485,6 +555,11 @@ const tt_coll_desc_t tt_coll_table[TT_COLL_COUNT_] = {
                        1 },
     [TT_COLL_EXSCAN] = { TT_ARG_REDOP, fill_scan, 1, tt_local_none, tt_post_release, avg_prefix, 0,
                          1 },
+    /* (one rank: the algorithm itself, which copies to itself and skips TUTTI_PROC_NULL) */
+    [TT_COLL_NEIGHBOR_ALLGATHER] = { TT_ARG_LAYOUT | TT_ARG_EDGES, fill_neighbor, 0,
+                                     tt_neighbor_direct, NULL, NULL, 0, 0 },
+    [TT_COLL_NEIGHBOR_ALLTOALL] = { TT_ARG_LAYOUT | TT_ARG_EDGES, fill_neighbor, 0,
+                                    tt_neighbor_direct, NULL, NULL, 0, 0 },
 };
 
 /* ---- the one checker ---- */
@@ -513,7 +588,7 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
     if (atomic_load(&comm->aborted) || atomic_load(&comm->failed) < 0)
         return tt_exec_issue(comm, o, redop, layout, heap, NULL);
     if (layout && !heap) {
-        const size_t n = (size_t)o->nranks;
+        const size_t n = (size_t)(o->sdispls - o->sendcounts); /* (nranks, or per edge) */
         size_t *h = malloc(4 * n * sizeof(size_t));
         if (!h) { /* no heap copy: as without a stream, once the stream's work is done */
             tt_dev_drain(comm, o);
@@ -584,16 +659,20 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     enum { FEW_RANKS = 16 };
     size_t few[4 * FEW_RANKS];
     size_t *layout = NULL;
-    const int heap = async || n > FEW_RANKS;
+    /* a layout's arrays: one entry per rank, or per edge (the neighbourhood collectives) */
+    const size_t L = (t->args & TT_ARG_EDGES) && comm->topo
+                         ? (size_t)TT_MAX(n, TT_MAX(comm->topo->indeg, comm->topo->outdeg))
+                         : (size_t)n;
+    const int heap = async || L > FEW_RANKS;
     if (t->args & TT_ARG_LAYOUT) {
         if (!heap)
-            layout = memset(few, 0, 4 * (size_t)n * sizeof(size_t));
-        else if (!(layout = calloc(4 * (size_t)n, sizeof(size_t))))
+            layout = memset(few, 0, 4 * L * sizeof(size_t));
+        else if (!(layout = calloc(4 * L, sizeof(size_t))))
             return TUTTI_ERR_NOMEM;
         o.sendcounts = layout;
-        o.sdispls = layout + n;
-        o.recvcounts = layout + 2 * n;
-        o.rdispls = layout + 3 * n;
+        o.sdispls = layout + L;
+        o.recvcounts = layout + 2 * L;
+        o.rdispls = layout + 3 * L;
     }
     int st = t->fill(comm, c, &o, layout);
     if (st < 0) {
@@ -1312,4 +1391,75 @@ INIT(SCAN_ARGS("exscan", TT_COLL_EXSCAN))
 
 int tutti_barrier_init(tutti_comm_t *comm, tutti_request_t **req_p)
 INIT(.name = "barrier", .wp_name = "barrier_init", .coll = TT_COLL_BARRIER, .dtype = TUTTI_UINT8)
+
+/* the neighbourhood collectives (topo.h) */
+#define NAG_ARGS(nm)                                                                    \
+    .name = nm, .coll = TT_COLL_NEIGHBOR_ALLGATHER, .sendbuf = sendbuf,                 \
+    .recvbuf = recvbuf, .dtype = dtype
+#define NAGV_ARGS(nm)                                                                   \
+    NAG_ARGS(nm), .count = sendcount, .is_v = 1, .recvcounts = recvcounts, .rdispls = displs
+#define NA2A_ARGS(nm)                                                                   \
+    .name = nm, .coll = TT_COLL_NEIGHBOR_ALLTOALL, .sendbuf = sendbuf, .recvbuf = recvbuf, \
+    .dtype = dtype
+#define NA2AV_ARGS(nm)                                                                  \
+    NA2A_ARGS(nm), .is_v = 1, .sendcounts = sendcounts, .sdispls = sdispls,             \
+        .recvcounts = recvcounts, .rdispls = rdispls
+
+int tutti_neighbor_allgather(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             tutti_dtype_t dtype)
+SYNC(NAG_ARGS("neighbor_allgather"), .count = count)
+
+int tutti_neighbor_allgather_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(NAG_ARGS("neighbor_allgather_async"), .count = count)
+
+int tutti_neighbor_allgather_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(NAG_ARGS("neighbor_allgather"), .count = count)
+
+int tutti_neighbor_allgatherv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                              void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                              tutti_dtype_t dtype)
+SYNC(NAGV_ARGS("neighbor_allgatherv"))
+
+int tutti_neighbor_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                                    void *recvbuf, const size_t *recvcounts,
+                                    const size_t *displs, tutti_dtype_t dtype,
+                                    tutti_work_t **work_p)
+ASYNC(NAGV_ARGS("neighbor_allgatherv_async"))
+
+int tutti_neighbor_allgatherv_init(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                                   void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                   tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(NAGV_ARGS("neighbor_allgatherv"))
+
+int tutti_neighbor_alltoall(tutti_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                            tutti_dtype_t dtype)
+SYNC(NA2A_ARGS("neighbor_alltoall"), .count = count)
+
+int tutti_neighbor_alltoall_async(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, tutti_dtype_t dtype, tutti_work_t **work_p)
+ASYNC(NA2A_ARGS("neighbor_alltoall_async"), .count = count)
+
+int tutti_neighbor_alltoall_init(tutti_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(NA2A_ARGS("neighbor_alltoall"), .count = count)
+
+int tutti_neighbor_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                             const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                             const size_t *rdispls, tutti_dtype_t dtype)
+SYNC(NA2AV_ARGS("neighbor_alltoallv"))
+
+int tutti_neighbor_alltoallv_async(tutti_comm_t *comm, const void *sendbuf,
+                                   const size_t *sendcounts, const size_t *sdispls,
+                                   void *recvbuf, const size_t *recvcounts,
+                                   const size_t *rdispls, tutti_dtype_t dtype,
+                                   tutti_work_t **work_p)
+ASYNC(NA2AV_ARGS("neighbor_alltoallv_async"))
+
+int tutti_neighbor_alltoallv_init(tutti_comm_t *comm, const void *sendbuf,
+                                  const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                                  const size_t *recvcounts, const size_t *rdispls,
+                                  tutti_dtype_t dtype, tutti_request_t **req_p)
+INIT(NA2AV_ARGS("neighbor_alltoallv"))
     /* clang-format on */

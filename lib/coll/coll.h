@@ -16,6 +16,7 @@ typedef struct tt_coll_call tt_coll_call_t;
 #define TT_ARG_LAYOUT                                                                              \
     4u /* per-rank counts and displacements: the op points into an
                             owned copy (tt_exec_issue's layout) */
+#define TT_ARG_EDGES 8u /* the layout is per edge of the communicator's topology (topo.h) */
 
 typedef struct tt_coll_desc {
     unsigned args; /* TT_ARG_* */

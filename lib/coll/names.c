@@ -24,6 +24,8 @@ static const char *const tt_coll_names[TT_COLL_COUNT_] = {
     [TT_COLL_GATHER] = "gather",       [TT_COLL_SCATTER] = "scatter",
     [TT_COLL_ALLTOALL] = "alltoall",   [TT_COLL_SCAN] = "scan",
     [TT_COLL_EXSCAN] = "exscan",
+    [TT_COLL_NEIGHBOR_ALLGATHER] = "neighbor_allgather",
+    [TT_COLL_NEIGHBOR_ALLTOALL] = "neighbor_alltoall",
 };
 
 const char *tt_coll_name(tt_coll_t coll)

@@ -18,6 +18,7 @@
 
 #include "base/auth.h"
 #include "base/hostlist.h"
+#include "coll/topo.h"
 #include "core/comm.h"
 #include "core/agree.h"
 #include "base/base.h"
@@ -183,6 +184,7 @@ static void comm_free(tutti_comm_t *comm)
     pthread_mutex_destroy(&comm->stage_lock);
     pthread_mutex_destroy(&comm->trace_lock);
     free(comm->p2p_seq);
+    tt_topo_free(comm->topo);
     tt_exec_self_free(comm);
     if (comm->secret)
         memset(comm->secret, 0, comm->secret_len);
@@ -667,7 +669,14 @@ int tutti_comm_dup(tutti_comm_t *comm, tutti_comm_t **newcomm_p)
         return refused;
     if (!comm || !newcomm_p)
         return TUTTI_ERR_INVALID_ARG;
-    return tutti_comm_split(comm, 0, comm->rank, newcomm_p);
+    int st = tutti_comm_split(comm, 0, comm->rank, newcomm_p);
+    /* the topology goes with it (MPI_Comm_dup's) */
+    if (st == TUTTI_OK && comm->topo && !((*newcomm_p)->topo = tt_topo_copy(comm->topo))) {
+        tutti_comm_destroy(*newcomm_p);
+        *newcomm_p = NULL;
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "dup: out of memory for the topology");
+    }
+    return st;
 }
 
 static int split_with(tutti_comm_t *comm, int color, int key, const tutti_comm_opts_t *own,

@@ -67,7 +67,8 @@ void tt_describe_env(const uint64_t env[4], size_t len, const tt_op_t *op, int m
             ARG(", root=%d", root);
         if (is_v && mine && op) {
             /* what only this rank knows: its own part of the layout */
-            if (coll == TT_COLL_ALLTOALL)
+            if (coll == TT_COLL_ALLTOALL || coll == TT_COLL_NEIGHBOR_ALLGATHER ||
+                coll == TT_COLL_NEIGHBOR_ALLTOALL)
                 ARG("; this rank sends %zu in all", op->count);
             else
                 ARG("; this rank's count=%zu",

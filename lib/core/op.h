@@ -31,6 +31,9 @@ typedef enum tt_coll {
     TT_COLL_ALLTOALL,       /* also alltoallv */
     TT_COLL_SCAN,           /* inclusive prefix reduction (MPI_Scan) */
     TT_COLL_EXSCAN,         /* exclusive prefix reduction (MPI_Exscan) */
+    /* along a topology's edges (lib/coll/topo.h): also the v forms */
+    TT_COLL_NEIGHBOR_ALLGATHER,
+    TT_COLL_NEIGHBOR_ALLTOALL,
     TT_COLL_COUNT_,
     /* tutti_send/tutti_recv: no algorithms, so outside the table's range (exec.c) */
     TT_COLL_P2P = 64
@@ -70,6 +73,9 @@ typedef struct tt_op {
      *   gather(v):         recvcounts/rdispls at the root; count = this rank's input
      *   scatter(v):        sendcounts/sdispls at the root; count = this rank's output
      *   alltoall(v):       sendcounts/sdispls, recvcounts/rdispls
+     *   neighbor_*:        sendcounts/sdispls by destination, recvcounts/rdispls by
+     *                      source (the topology's degrees long, not nranks: the layout
+     *                      block is 4 x max(nranks, degrees)); count = sum of sendcounts
      * `count` is: reduce, scan, exscan: elements; allgather/reduce_scatter: the total (sum of
      * recvcounts); gather/scatter: this rank's own block; alltoall: sum of sendcounts.
      * Layout arrays may differ between ranks only where MPI allows it (gatherv's

@@ -265,6 +265,8 @@ struct tutti_comm {
      * the collectives' (exec.c's p2p_seq: an open-addressing table, under q_lock) */
     struct tt_p2p_seq *p2p_seq;
     size_t p2p_seq_cap, p2p_seq_n;
+    /* its topology (lib/coll/topo.c; NULL: none), set once when made, read-only after */
+    struct tt_topo *topo;
     int any_next;                /* the peer the next any-source search probes first */
     int p2p_unordered;           /* a request went in flight with an earlier deadline than
                                     the one before it (tutti_comm_set_timeout lowered the

@@ -15,6 +15,7 @@
 #include "core/envelope.h" /* TT_FP_V */
 #include "core/stage.h"
 #include "device/device.h"
+#include "coll/topo.h"
 
 /* A run of bytes of the user's device memory and its copy in the host block. */
 typedef struct seg {
@@ -124,8 +125,20 @@ static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
         *sl = span(op->sendcounts, op->sdispls, n) * es;
         *rl = span(op->recvcounts, op->rdispls, n) * es;
         break;
+    case TT_COLL_NEIGHBOR_ALLGATHER:
+    case TT_COLL_NEIGHBOR_ALLTOALL: /* per edge (lib/core/op.h) */
+        *sl = span(op->sendcounts, op->sdispls, op->comm->topo->outdeg) * es;
+        *rl = span(op->recvcounts, op->rdispls, op->comm->topo->indeg) * es;
+        break;
     default: break;
     }
+}
+
+/* The most runs written() may give. */
+static int runs_max(const tt_op_t *op)
+{
+    const int nb = op->coll == TT_COLL_NEIGHBOR_ALLGATHER || op->coll == TT_COLL_NEIGHBOR_ALLTOALL;
+    return nb ? TT_MAX(op->nranks, op->comm->topo->indeg) : op->nranks;
 }
 
 static void add_seg(seg_t *segs, int *n, const char *p, size_t len)
@@ -134,7 +147,7 @@ static void add_seg(seg_t *segs, int *n, const char *p, size_t len)
         segs[(*n)++] = (seg_t){ (char *)p, NULL, len };
 }
 
-/* The runs of recvbuf the op writes (user addresses; at most nranks), as the algorithms
+/* The runs of recvbuf the op writes (user addresses; at most runs_max), as the algorithms
  * write them: a block per rank for the gathers and alltoall (not this rank's own block
  * where it is in place already), nothing at a broadcast's root that broadcasts in place,
  * at a reduce's or gather's other ranks, at exscan's rank 0, at a scatter's root whose
@@ -180,6 +193,12 @@ static int written(const tt_op_t *op, seg_t *segs)
             if (i != me || op->coll == TT_COLL_ALLTOALL || b != s)
                 add_seg(segs, &k, b, len);
         }
+        break;
+    case TT_COLL_NEIGHBOR_ALLGATHER:
+    case TT_COLL_NEIGHBOR_ALLTOALL: /* each source's block (none from TUTTI_PROC_NULL) */
+        for (int j = 0; j < op->comm->topo->indeg && r; j++)
+            if (op->comm->topo->sources[j] != TUTTI_PROC_NULL)
+                add_seg(segs, &k, r + op->rdispls[j] * es, op->recvcounts[j] * es);
         break;
     default: break;
     }
@@ -431,7 +450,7 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
         st = query(comm, &rr, rwhat, streamed, why, sizeof(why));
     if (st == TUTTI_OK && !rs.dev && !rr.dev)
         return TUTTI_OK; /* host memory: the common case stops here */
-    tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : op->nranks) : 0, st, why);
+    tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : runs_max(op)) : 0, st, why);
     if (!d)
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     if (st < 0)

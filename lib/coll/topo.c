@@ -1,0 +1,620 @@
+/* Process topologies: MPI_Dist_graph_create_adjacent and MPI_Cart_create, their
+ * queries, and the edges the neighbourhood collectives (algorithms/neighbor.c) read.
+ * Making one is collective over the parent: the ranks' arguments are checked against
+ * each other first (a graph's two ends of every edge, a grid's one shape), so that a
+ * mistake fails every rank with one message instead of leaving a neighbour's receive
+ * to time out later; then the parent is duplicated (tutti_comm_dup, or a split for a
+ * grid smaller than it) and the new communicator carries the topology. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "coll/topo.h"
+#include "core/fault.h"
+#include "core/state.h"
+
+/* ---- the structure ---- */
+
+static void topo_point(tt_topo_t *t)
+{
+    int *p = t->mem;
+    t->sources = p;
+    p += t->indeg;
+    t->dests = p;
+    p += t->outdeg;
+    t->recv_order = p;
+    p += t->indeg;
+    t->send_order = p;
+    p += t->outdeg;
+    t->dims = p;
+    p += t->ndims;
+    t->periods = p;
+    p += t->ndims;
+    t->coords = p;
+    p += t->ndims;
+    t->src_tag = (uint32_t *)p;
+    t->dst_tag = t->src_tag + t->indeg;
+}
+
+static tt_topo_t *topo_alloc(int kind, int in, int out, int nd)
+{
+    tt_topo_t *t = calloc(1, sizeof(*t));
+    size_t len = (2 * (size_t)in + 2 * (size_t)out + 3 * (size_t)nd) * sizeof(int) +
+                 ((size_t)in + (size_t)out) * sizeof(uint32_t);
+    if (!t || !(t->mem = calloc(1, len ? len : 1))) {
+        free(t);
+        return NULL;
+    }
+    t->mem_len = len;
+    t->kind = kind;
+    t->indeg = in;
+    t->outdeg = out;
+    t->ndims = nd;
+    topo_point(t);
+    return t;
+}
+
+void tt_topo_free(tt_topo_t *t)
+{
+    if (t)
+        free(t->mem);
+    free(t);
+}
+
+tt_topo_t *tt_topo_copy(const tt_topo_t *t)
+{
+    tt_topo_t *c = topo_alloc(t->kind, t->indeg, t->outdeg, t->ndims);
+    if (c)
+        memcpy(c->mem, t->mem, t->mem_len);
+    return c;
+}
+
+/* n edges' indexes into order, by (peer, tag, index) */
+typedef struct {
+    const int *peer;
+    const uint32_t *tag;
+} edge_key_t;
+
+static int edge_cmp(const void *a, const void *b, void *ctx)
+{
+    const edge_key_t *k = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    if (k->peer[x] != k->peer[y])
+        return k->peer[x] < k->peer[y] ? -1 : 1;
+    if (k->tag[x] != k->tag[y])
+        return k->tag[x] < k->tag[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static void edge_order(const int *peer, const uint32_t *tag, int n, int *order)
+{
+    edge_key_t k = { peer, tag };
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, (size_t)n, sizeof(int), edge_cmp, &k);
+}
+
+/* A graph's tags: the k-th place naming a rank has tag k (then its order by (peer, tag)
+ * is by (peer, index)). */
+static void graph_tags(const int *peer, uint32_t *tag, int n, int *order)
+{
+    for (int i = 0; i < n; i++)
+        tag[i] = 0;
+    edge_order(peer, tag, n, order); /* by (peer, index) */
+    for (int k = 1; k < n; k++)
+        if (peer[order[k]] == peer[order[k - 1]])
+            tag[order[k]] = tag[order[k - 1]] + 1;
+}
+
+/* ---- checking the ranks' arguments against each other ---- */
+
+/* One rank's first problem, exchanged so that every rank reports the same one. */
+enum { P_NONE, P_DEGREE, P_NULL_LIST, P_RANK, P_EDGES, P_DIMS_N, P_DIM, P_GRID_SIZE, P_SHAPE };
+typedef struct {
+    int32_t kind, a, b, c; /* what they mean: prob_text */
+    uint64_t shape;        /* a grid's shape digest */
+} prob_t;
+
+static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
+{
+    static const char *const list[2] = { "sources", "destinations" };
+    static const char *const deg[2] = { "indegree", "outdegree" };
+    switch (p->kind) {
+    case P_DEGREE:
+        snprintf(buf, len, "rank %d passed %s %d (a degree is at least 0)", rank, deg[p->a & 1],
+                 p->b);
+        break;
+    case P_NULL_LIST:
+        snprintf(buf, len, "rank %d passed %s NULL with %s %d", rank, list[p->a & 1], deg[p->a & 1],
+                 p->b);
+        break;
+    case P_RANK:
+        snprintf(buf, len,
+                 "rank %d's %s[%d] is %d: not a rank of the communicator's %d (nor "
+                 "TUTTI_PROC_NULL)",
+                 rank, list[p->a & 1], p->b, p->c, n);
+        break;
+    case P_EDGES:
+        snprintf(buf, len,
+                 "rank %d lists rank %d %d time%s among its sources, but rank %d lists rank %d %d "
+                 "time%s among its destinations: every edge needs both its ends",
+                 rank, p->a, p->b, p->b == 1 ? "" : "s", p->a, rank, p->c, p->c == 1 ? "" : "s");
+        break;
+    case P_DIMS_N: snprintf(buf, len, "rank %d passed ndims %d (at least 0)", rank, p->a); break;
+    case P_DIM:
+        if (p->b == INT32_MIN)
+            snprintf(buf, len, "rank %d passed dims NULL with ndims %d", rank, p->a);
+        else
+            snprintf(buf, len, "rank %d passed dims[%d] = %d (each at least 1)", rank, p->a, p->b);
+        break;
+    case P_GRID_SIZE:
+        snprintf(buf, len,
+                 "rank %d passed a grid of %s%d ranks, more than the communicator's %d "
+                 "(ranks past the grid's size get NULL; none can be made up)",
+                 rank, p->a < 0 ? "over " : "", p->a < 0 ? INT32_MAX : p->a, n);
+        break;
+    case P_SHAPE:
+        snprintf(buf, len,
+                 "rank %d passed another grid (ndims, dims or periods) than rank 0: every rank "
+                 "must pass the same",
+                 rank);
+        break;
+    default: snprintf(buf, len, "rank %d: ?", rank); break;
+    }
+}
+
+/* Every rank's problem gathered; the first rank's (of the lowest kind, so that an
+ * argument's beats the edges it makes wrong) fails the call everywhere. */
+static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine)
+{
+    const int n = comm->nranks;
+    prob_t *all = malloc((size_t)n * sizeof(*all));
+    if (!all)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    int st = tutti_allgather(comm, mine, all, sizeof(*mine), TUTTI_UINT8);
+    if (st < 0) {
+        char cause[TT_ERRMSG_LEN];
+        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
+        free(all);
+        return tt_comm_set_error(comm, st,
+                                 "%s: exchanging the arguments with the other ranks (every rank "
+                                 "must call it): %s",
+                                 name, cause);
+    }
+    int worst = -1;
+    for (int r = 0; r < n; r++) {
+        if (all[r].kind == P_NONE && all[r].shape != all[0].shape)
+            all[r].kind = P_SHAPE;
+        if (all[r].kind != P_NONE && (worst < 0 || all[r].kind < all[worst].kind))
+            worst = r;
+    }
+    if (worst >= 0) {
+        char why[TT_ERRMSG_LEN / 2];
+        prob_text(&all[worst], worst, n, why, sizeof(why));
+        st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", name, why);
+    }
+    free(all);
+    return st;
+}
+
+/* a list's own checks (which = 0: sources, 1: destinations) */
+static void check_list(prob_t *p, int which, int deg, const int *list, int n)
+{
+    if (p->kind)
+        return;
+    if (deg < 0)
+        *p = (prob_t){ .kind = P_DEGREE, .a = which, .b = deg };
+    else if (deg > 0 && !list)
+        *p = (prob_t){ .kind = P_NULL_LIST, .a = which, .b = deg };
+    for (int i = 0; !p->kind && i < deg; i++)
+        if (list[i] != TUTTI_PROC_NULL && (list[i] < 0 || list[i] >= n))
+            *p = (prob_t){ .kind = P_RANK, .a = which, .b = i, .c = list[i] };
+}
+
+/* ---- a distributed graph ---- */
+
+int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int *sources,
+                                     int outdegree, const int *destinations,
+                                     tutti_comm_t **graph_p)
+{
+    static const char name[] = "dist_graph_create_adjacent";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    if (!graph_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: graph_p is NULL", name);
+    *graph_p = NULL;
+    const int n = comm->nranks;
+    prob_t mine = { 0 };
+    check_list(&mine, 0, indegree, sources, n);
+    check_list(&mine, 1, outdegree, destinations, n);
+    /* the edges to each rank, counted at both ends: rank r's destinations that are p
+     * against p's sources that are r (an alltoall of the counts) */
+    int32_t *out = calloc(2 * (size_t)n, sizeof(int32_t)), *got = out + n;
+    if (!out)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    for (int i = 0; !mine.kind && i < outdegree; i++)
+        if (destinations[i] != TUTTI_PROC_NULL)
+            out[destinations[i]]++;
+    int st = tutti_alltoall(comm, out, got, 1, TUTTI_INT32);
+    if (st < 0) {
+        char cause[TT_ERRMSG_LEN];
+        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
+        free(out);
+        return tt_comm_set_error(comm, st,
+                                 "%s: exchanging the edges with the other ranks (every rank must "
+                                 "call it): %s",
+                                 name, cause);
+    }
+    memset(out, 0, (size_t)n * sizeof(int32_t)); /* now: this rank's sources by rank */
+    for (int j = 0; !mine.kind && j < indegree; j++)
+        if (sources[j] != TUTTI_PROC_NULL)
+            out[sources[j]]++;
+    for (int p = 0; !mine.kind && p < n; p++)
+        if (out[p] != got[p])
+            mine = (prob_t){ .kind = P_EDGES, .a = p, .b = out[p], .c = got[p] };
+    free(out);
+    TT_CHECK(probs_settle(comm, name, &mine));
+
+    tt_topo_t *t = topo_alloc(TUTTI_TOPO_GRAPH, indegree, outdegree, 0);
+    if (!t)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    if (indegree)
+        memcpy(t->sources, sources, (size_t)indegree * sizeof(int));
+    if (outdegree)
+        memcpy(t->dests, destinations, (size_t)outdegree * sizeof(int));
+    graph_tags(t->sources, t->src_tag, indegree, t->recv_order);
+    graph_tags(t->dests, t->dst_tag, outdegree, t->send_order);
+    tutti_comm_t *g = NULL;
+    if ((st = tutti_comm_dup(comm, &g)) < 0) {
+        tt_topo_free(t);
+        return st;
+    }
+    g->topo = t;
+    *graph_p = g;
+    return TUTTI_OK;
+}
+
+/* ---- a cartesian grid ---- */
+
+/* the rank at coords (each within its dimension) */
+static int grid_rank(const tt_topo_t *t, const int *coords)
+{
+    int r = 0;
+    for (int i = 0; i < t->ndims; i++)
+        r = r * t->dims[i] + coords[i];
+    return r;
+}
+
+static void grid_coords(const tt_topo_t *t, int rank, int *coords)
+{
+    for (int i = t->ndims - 1; i >= 0; i--) {
+        coords[i] = rank % t->dims[i];
+        rank /= t->dims[i];
+    }
+}
+
+/* the rank disp steps along dimension dir from this rank (TUTTI_PROC_NULL: past an edge) */
+static int grid_step(const tt_topo_t *t, int dir, long long disp)
+{
+    int c[64], *cc = t->ndims <= 64 ? c : malloc((size_t)t->ndims * sizeof(int));
+    if (!cc)
+        return TUTTI_PROC_NULL;
+    memcpy(cc, t->coords, (size_t)t->ndims * sizeof(int));
+    long long d = t->dims[dir], x = cc[dir] + disp;
+    int r = TUTTI_PROC_NULL;
+    if (t->periods[dir] || (x >= 0 && x < d)) {
+        cc[dir] = (int)(((x % d) + d) % d);
+        r = grid_rank(t, cc);
+    }
+    if (cc != c)
+        free(cc);
+    return r;
+}
+
+/* the grid's shape, as a digest every rank must share */
+static uint64_t shape_digest(int ndims, const int *dims, const int *periods)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint64_t v0 = (uint64_t)(uint32_t)ndims;
+    h = (h ^ v0) * 0x100000001b3ull;
+    for (int i = 0; i < ndims; i++) {
+        h = (h ^ (uint64_t)(uint32_t)dims[i]) * 0x100000001b3ull;
+        h = (h ^ (uint64_t)(periods && periods[i] ? 1 : 0)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int *periods,
+                      tutti_comm_t **cart_p)
+{
+    static const char name[] = "cart_create";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    if (!cart_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: cart_p is NULL", name);
+    *cart_p = NULL;
+    const int n = comm->nranks;
+    prob_t mine = { 0 };
+    long long size = 1;
+    if (ndims < 0)
+        mine = (prob_t){ .kind = P_DIMS_N, .a = ndims };
+    else if (ndims > 0 && !dims)
+        mine = (prob_t){ .kind = P_DIM, .a = ndims, .b = INT32_MIN };
+    for (int i = 0; !mine.kind && i < ndims; i++) {
+        if (dims[i] < 1)
+            mine = (prob_t){ .kind = P_DIM, .a = i, .b = dims[i] };
+        else if ((size *= dims[i]) > n)
+            mine = (prob_t){ .kind = P_GRID_SIZE, .a = size > INT32_MAX ? -1 : (int32_t)size };
+    }
+    if (!mine.kind)
+        mine.shape = shape_digest(ndims, dims, periods);
+    TT_CHECK(probs_settle(comm, name, &mine));
+
+    const int me = comm->rank, inside = me < size;
+    tt_topo_t *t = NULL;
+    if (inside) {
+        if (!(t = topo_alloc(TUTTI_TOPO_CART, 2 * ndims, 2 * ndims, ndims)))
+            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+        for (int i = 0; i < ndims; i++) {
+            t->dims[i] = dims[i];
+            t->periods[i] = periods && periods[i] ? 1 : 0;
+        }
+        grid_coords(t, me, t->coords);
+        /* for dimension i: the rank one step back, then one forward; a message to the
+         * one back travels back (tag 2i) and arrives at its receive from the front */
+        for (int i = 0; i < ndims; i++) {
+            const int back = grid_step(t, i, -1), fwd = grid_step(t, i, 1);
+            t->sources[2 * i] = t->dests[2 * i] = back;
+            t->sources[2 * i + 1] = t->dests[2 * i + 1] = fwd;
+            t->dst_tag[2 * i] = 2 * (uint32_t)i;
+            t->dst_tag[2 * i + 1] = 2 * (uint32_t)i + 1;
+            t->src_tag[2 * i] = 2 * (uint32_t)i + 1;
+            t->src_tag[2 * i + 1] = 2 * (uint32_t)i;
+        }
+        edge_order(t->sources, t->src_tag, t->indeg, t->recv_order);
+        edge_order(t->dests, t->dst_tag, t->outdeg, t->send_order);
+    }
+    /* the grid's ranks keep their order (no reordering), the others leave */
+    tutti_comm_t *c = NULL;
+    int st = tutti_comm_split(comm, inside ? 0 : TUTTI_SPLIT_NOCOLOR, me, &c);
+    if (st < 0 || !c) {
+        tt_topo_free(t);
+        return st;
+    }
+    c->topo = t;
+    *cart_p = c;
+    return TUTTI_OK;
+}
+
+/* ---- MPI_Dims_create ---- */
+
+int tutti_dims_create(int nnodes, int ndims, int *dims)
+{
+    if (nnodes < 1 || ndims < 0 || (ndims > 0 && !dims))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                   "dims_create: nnodes %d (at least 1), ndims %d (at least 0), "
+                                   "dims %s",
+                                   nnodes, ndims, dims ? "given" : "NULL");
+    long long fixed = 1;
+    int free_n = 0;
+    for (int i = 0; i < ndims; i++) {
+        if (dims[i] < 0)
+            return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                       "dims_create: dims[%d] = %d (0: to fill, or at least 1)", i,
+                                       dims[i]);
+        if (dims[i] == 0)
+            free_n++;
+        else if ((fixed *= dims[i]) > nnodes)
+            break;
+    }
+    if (fixed > nnodes || nnodes % fixed || (!free_n && fixed != nnodes))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                   "dims_create: %d ranks cannot be a grid with the dimensions "
+                                   "given (their product%s %lld)",
+                                   nnodes, fixed > nnodes ? " exceeds it:" : ":", fixed);
+    if (!free_n)
+        return TUTTI_OK;
+    /* the rest's prime factors, largest first, each to the free dimension with the least
+     * so far; then the free dimensions largest first */
+    int m = (int)(nnodes / fixed), fac[32], nf = 0;
+    for (int p = 2; (long long)p * p <= m; p++)
+        while (m % p == 0) {
+            fac[nf++] = p;
+            m /= p;
+        }
+    if (m > 1)
+        fac[nf++] = m;
+    int *fr = malloc((size_t)free_n * sizeof(int));
+    if (!fr)
+        return tt_thread_error_set(TUTTI_ERR_NOMEM, "dims_create: out of memory");
+    for (int k = 0; k < free_n; k++)
+        fr[k] = 1;
+    for (int f = nf - 1; f >= 0; f--) {
+        int least = 0;
+        for (int k = 1; k < free_n; k++)
+            if (fr[k] < fr[least])
+                least = k;
+        fr[least] *= fac[f];
+    }
+    for (int a = 0; a < free_n; a++) /* (few: insertion) */
+        for (int b = a; b > 0 && fr[b] > fr[b - 1]; b--) {
+            int x = fr[b];
+            fr[b] = fr[b - 1];
+            fr[b - 1] = x;
+        }
+    for (int i = 0, k = 0; i < ndims; i++)
+        if (dims[i] == 0)
+            dims[i] = fr[k++];
+    free(fr);
+    return TUTTI_OK;
+}
+
+/* ---- queries ---- */
+
+static const tt_topo_t *grid_of(tutti_comm_t *comm, const char *name, int *st_p)
+{
+    *st_p = TUTTI_OK;
+    if (!comm) {
+        *st_p = TUTTI_ERR_INVALID_ARG;
+        return NULL;
+    }
+    if (!comm->topo || comm->topo->kind != TUTTI_TOPO_CART) {
+        *st_p = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                  "%s: the communicator is no grid (make one with "
+                                  "tutti_cart_create)",
+                                  name);
+        return NULL;
+    }
+    return comm->topo;
+}
+
+int tutti_topo_test(tutti_comm_t *comm, int *kind_p)
+{
+    if (!comm || !kind_p)
+        return TUTTI_ERR_INVALID_ARG;
+    *kind_p = comm->topo ? comm->topo->kind : TUTTI_TOPO_NONE;
+    return TUTTI_OK;
+}
+
+int tutti_cartdim_get(tutti_comm_t *comm, int *ndims_p)
+{
+    int st;
+    const tt_topo_t *t = grid_of(comm, "cartdim_get", &st);
+    if (!t)
+        return st;
+    if (!ndims_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "cartdim_get: ndims_p is NULL");
+    *ndims_p = t->ndims;
+    return TUTTI_OK;
+}
+
+int tutti_cart_get(tutti_comm_t *comm, int maxdims, int *dims, int *periods, int *coords)
+{
+    int st;
+    const tt_topo_t *t = grid_of(comm, "cart_get", &st);
+    if (!t)
+        return st;
+    if (maxdims < 0)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "cart_get: maxdims %d", maxdims);
+    size_t k = (size_t)TT_MIN(maxdims, t->ndims) * sizeof(int);
+    if (dims && k)
+        memcpy(dims, t->dims, k);
+    if (periods && k)
+        memcpy(periods, t->periods, k);
+    if (coords && k)
+        memcpy(coords, t->coords, k);
+    return TUTTI_OK;
+}
+
+int tutti_cart_rank(tutti_comm_t *comm, const int *coords, int *rank_p)
+{
+    int st;
+    const tt_topo_t *t = grid_of(comm, "cart_rank", &st);
+    if (!t)
+        return st;
+    if ((t->ndims && !coords) || !rank_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "cart_rank: %s is NULL",
+                                 rank_p ? "coords" : "rank_p");
+    long long r = 0;
+    for (int i = 0; i < t->ndims; i++) {
+        long long d = t->dims[i], x = coords[i];
+        if (t->periods[i])
+            x = ((x % d) + d) % d;
+        else if (x < 0 || x >= d)
+            return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                     "cart_rank: coords[%d] = %d is outside [0, %d) along a "
+                                     "dimension that is not periodic",
+                                     i, coords[i], t->dims[i]);
+        r = r * d + x;
+    }
+    *rank_p = (int)r;
+    return TUTTI_OK;
+}
+
+int tutti_cart_coords(tutti_comm_t *comm, int rank, int maxdims, int *coords)
+{
+    int st;
+    const tt_topo_t *t = grid_of(comm, "cart_coords", &st);
+    if (!t)
+        return st;
+    if (rank < 0 || rank >= comm->nranks)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "cart_coords: rank %d is not in [0, %d)", rank, comm->nranks);
+    if (maxdims < t->ndims || (t->ndims && !coords))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "cart_coords: room for %d coordinates%s, the grid has %d", maxdims,
+                                 coords ? "" : " (NULL)", t->ndims);
+    grid_coords(t, rank, coords);
+    return TUTTI_OK;
+}
+
+int tutti_cart_shift(tutti_comm_t *comm, int direction, int disp, int *source_p, int *dest_p)
+{
+    int st;
+    const tt_topo_t *t = grid_of(comm, "cart_shift", &st);
+    if (!t)
+        return st;
+    if (direction < 0 || direction >= t->ndims || !source_p || !dest_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "cart_shift: direction %d is not in [0, %d)%s", direction,
+                                 t->ndims, !source_p || !dest_p ? ", or an output is NULL" : "");
+    *source_p = grid_step(t, direction, -(long long)disp);
+    *dest_p = grid_step(t, direction, disp);
+    return TUTTI_OK;
+}
+
+static const tt_topo_t *topo_of(tutti_comm_t *comm, const char *name, int *st_p)
+{
+    *st_p = TUTTI_OK;
+    if (!comm) {
+        *st_p = TUTTI_ERR_INVALID_ARG;
+        return NULL;
+    }
+    if (!comm->topo)
+        *st_p = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                  "%s: the communicator has no topology (make one with "
+                                  "tutti_dist_graph_create_adjacent or tutti_cart_create)",
+                                  name);
+    return comm->topo;
+}
+
+int tutti_topo_neighbors_count(tutti_comm_t *comm, int *indegree_p, int *outdegree_p)
+{
+    int st;
+    const tt_topo_t *t = topo_of(comm, "topo_neighbors_count", &st);
+    if (!t)
+        return st;
+    if (!indegree_p || !outdegree_p)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "topo_neighbors_count: an output is NULL");
+    *indegree_p = t->indeg;
+    *outdegree_p = t->outdeg;
+    return TUTTI_OK;
+}
+
+int tutti_topo_neighbors(tutti_comm_t *comm, int maxindegree, int *sources, int maxoutdegree,
+                         int *destinations)
+{
+    int st;
+    const tt_topo_t *t = topo_of(comm, "topo_neighbors", &st);
+    if (!t)
+        return st;
+    if (maxindegree < 0 || maxoutdegree < 0 || (maxindegree && !sources) ||
+        (maxoutdegree && !destinations))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "topo_neighbors: maxindegree %d with sources %s, maxoutdegree %d "
+                                 "with destinations %s",
+                                 maxindegree, sources ? "given" : "NULL", maxoutdegree,
+                                 destinations ? "given" : "NULL");
+    int in = TT_MIN(maxindegree, t->indeg), out = TT_MIN(maxoutdegree, t->outdeg);
+    if (in)
+        memcpy(sources, t->sources, (size_t)in * sizeof(int));
+    if (out)
+        memcpy(destinations, t->dests, (size_t)out * sizeof(int));
+    return TUTTI_OK;
+}
