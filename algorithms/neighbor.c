@@ -46,8 +46,8 @@ int tt_neighbor_direct(tt_op_t *op)
         const int j = t->recv_order[a];
         if (t->sources[j] != me)
             continue;
-        while (b < t->outdeg && (t->dests[t->send_order[b]] != me ||
-                                 t->dst_tag[t->send_order[b]] != t->src_tag[j]))
+        while (b < t->outdeg &&
+               (t->dests[t->send_order[b]] != me || t->dst_tag[t->send_order[b]] != t->src_tag[j]))
             b++;
         if (b == t->outdeg)
             break;

@@ -1110,9 +1110,8 @@ int tutti_neighbor_allgatherv(tutti_comm_t *comm, const void *sendbuf, size_t se
                               void *recvbuf, const size_t *recvcounts, const size_t *displs,
                               tutti_dtype_t dtype);
 int tutti_neighbor_allgatherv_async(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                                    void *recvbuf, const size_t *recvcounts,
-                                    const size_t *displs, tutti_dtype_t dtype,
-                                    tutti_work_t **work_p);
+                                    void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                    tutti_dtype_t dtype, tutti_work_t **work_p);
 int tutti_neighbor_allgatherv_init(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
                                    void *recvbuf, const size_t *recvcounts, const size_t *displs,
                                    tutti_dtype_t dtype, tutti_request_t **req_p);
@@ -1126,14 +1125,13 @@ int tutti_neighbor_alltoallv(tutti_comm_t *comm, const void *sendbuf, const size
                              const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
                              const size_t *rdispls, tutti_dtype_t dtype);
 int tutti_neighbor_alltoallv_async(tutti_comm_t *comm, const void *sendbuf,
-                                   const size_t *sendcounts, const size_t *sdispls,
-                                   void *recvbuf, const size_t *recvcounts,
-                                   const size_t *rdispls, tutti_dtype_t dtype,
-                                   tutti_work_t **work_p);
-int tutti_neighbor_alltoallv_init(tutti_comm_t *comm, const void *sendbuf,
-                                  const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
-                                  const size_t *recvcounts, const size_t *rdispls,
-                                  tutti_dtype_t dtype, tutti_request_t **req_p);
+                                   const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                                   const size_t *recvcounts, const size_t *rdispls,
+                                   tutti_dtype_t dtype, tutti_work_t **work_p);
+int tutti_neighbor_alltoallv_init(tutti_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                                  const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                  const size_t *rdispls, tutti_dtype_t dtype,
+                                  tutti_request_t **req_p);
 
 /* Release a work handle; safe while the operation is still running, and after the
  * communicator's destroy (tutti_wait, tutti_test and tutti_work_error then give the

@@ -122,8 +122,8 @@ static int check_overlap(tutti_comm_t *comm, const char *name, const char *what,
             st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                    "%s: %s blocks of %s %d and %d overlap (elements [%zu, %zu) "
                                    "and [%zu, %zu)): each block needs its own place",
-                                   name, what, whose, a, b, displs[a], displs[a] + counts[a], displs[b],
-                                   displs[b] + counts[b]);
+                                   name, what, whose, a, b, displs[a], displs[a] + counts[a],
+                                   displs[b], displs[b] + counts[b]);
     }
     free(ord);
     return st;

@@ -14,7 +14,7 @@ typedef struct tt_coll_call tt_coll_call_t;
 #define TT_ARG_REDOP 1u /* a reduction: TUTTI_AVG sums, then divides (avg) */
 #define TT_ARG_ROOT 2u  /* a root rank */
 #define TT_ARG_LAYOUT                                                                              \
-    4u /* per-rank counts and displacements: the op points into an
+    4u                  /* per-rank counts and displacements: the op points into an
                             owned copy (tt_exec_issue's layout) */
 #define TT_ARG_EDGES 8u /* the layout is per edge of the communicator's topology (topo.h) */
 

@@ -18,11 +18,16 @@ static const struct {
 };
 
 static const char *const tt_coll_names[TT_COLL_COUNT_] = {
-    [TT_COLL_ALLREDUCE] = "allreduce", [TT_COLL_BROADCAST] = "broadcast",
-    [TT_COLL_BARRIER] = "barrier",     [TT_COLL_REDUCE] = "reduce",
-    [TT_COLL_ALLGATHER] = "allgather", [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
-    [TT_COLL_GATHER] = "gather",       [TT_COLL_SCATTER] = "scatter",
-    [TT_COLL_ALLTOALL] = "alltoall",   [TT_COLL_SCAN] = "scan",
+    [TT_COLL_ALLREDUCE] = "allreduce",
+    [TT_COLL_BROADCAST] = "broadcast",
+    [TT_COLL_BARRIER] = "barrier",
+    [TT_COLL_REDUCE] = "reduce",
+    [TT_COLL_ALLGATHER] = "allgather",
+    [TT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [TT_COLL_GATHER] = "gather",
+    [TT_COLL_SCATTER] = "scatter",
+    [TT_COLL_ALLTOALL] = "alltoall",
+    [TT_COLL_SCAN] = "scan",
     [TT_COLL_EXSCAN] = "exscan",
     [TT_COLL_NEIGHBOR_ALLGATHER] = "neighbor_allgather",
     [TT_COLL_NEIGHBOR_ALLTOALL] = "neighbor_alltoall",

@@ -215,8 +215,7 @@ static void check_list(prob_t *p, int which, int deg, const int *list, int n)
 /* ---- a distributed graph ---- */
 
 int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int *sources,
-                                     int outdegree, const int *destinations,
-                                     tutti_comm_t **graph_p)
+                                     int outdegree, const int *destinations, tutti_comm_t **graph_p)
 {
     static const char name[] = "dist_graph_create_adjacent";
     if (!comm)
@@ -393,6 +392,37 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
 
 /* ---- MPI_Dims_create ---- */
 
+static int int_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* f^k < m */
+static int below(long long f, int k, long long m)
+{
+    long long p = 1;
+    for (int i = 0; i < k && p < m; i++)
+        p *= f;
+    return p < m;
+}
+
+/* Can m be k factors, each at most cap, from the divisors dv (ascending)? The largest
+ * first: it usually fits at once. */
+static int can_split(const int *dv, int ndv, int m, int k, int cap)
+{
+    if (m == 1)
+        return 1;
+    for (int x = ndv - 1; k > 0 && x >= 0; x--) {
+        int f = dv[x];
+        if (f == 1 || below(f, k, m))
+            break;
+        if (f <= cap && f <= m && m % f == 0 && can_split(dv, ndv, m / f, k - 1, f))
+            return 1;
+    }
+    return 0;
+}
+
 int tutti_dims_create(int nnodes, int ndims, int *dims)
 {
     if (nnodes < 1 || ndims < 0 || (ndims > 0 && !dims))
@@ -419,34 +449,36 @@ int tutti_dims_create(int nnodes, int ndims, int *dims)
                                    nnodes, fixed > nnodes ? " exceeds it:" : ":", fixed);
     if (!free_n)
         return TUTTI_OK;
-    /* the rest's prime factors, largest first, each to the free dimension with the least
-     * so far; then the free dimensions largest first */
-    int m = (int)(nnodes / fixed), fac[32], nf = 0;
-    for (int p = 2; (long long)p * p <= m; p++)
-        while (m % p == 0) {
-            fac[nf++] = p;
-            m /= p;
-        }
-    if (m > 1)
-        fac[nf++] = m;
-    int *fr = malloc((size_t)free_n * sizeof(int));
-    if (!fr)
+    /* the rest, m, as free_n factors whose largest is least, then the rest's likewise
+     * (the closest to each other, non-increasing), over m's divisors */
+    int m = (int)(nnodes / fixed), ndv = 0;
+    int *dv = malloc(2048 * sizeof(int)), *fr = malloc((size_t)free_n * sizeof(int));
+    if (!dv || !fr) {
+        free(dv);
+        free(fr);
         return tt_thread_error_set(TUTTI_ERR_NOMEM, "dims_create: out of memory");
-    for (int k = 0; k < free_n; k++)
-        fr[k] = 1;
-    for (int f = nf - 1; f >= 0; f--) {
-        int least = 0;
-        for (int k = 1; k < free_n; k++)
-            if (fr[k] < fr[least])
-                least = k;
-        fr[least] *= fac[f];
     }
-    for (int a = 0; a < free_n; a++) /* (few: insertion) */
-        for (int b = a; b > 0 && fr[b] > fr[b - 1]; b--) {
-            int x = fr[b];
-            fr[b] = fr[b - 1];
-            fr[b - 1] = x;
+    for (long long d = 1; d * d <= m; d++) /* (an int has at most 1536 divisors) */
+        if (m % d == 0) {
+            dv[ndv++] = (int)d;
+            if (d * d != m)
+                dv[ndv++] = (int)(m / d);
         }
+    qsort(dv, (size_t)ndv, sizeof(int), int_cmp);
+    int left = m;
+    for (int k = 0; k < free_n; k++) {
+        fr[k] = left;
+        for (int x = 0; x < ndv; x++) {
+            int f = dv[x];
+            if (f > left || left % f || below(f, free_n - k, left) || (k && f > fr[k - 1]) ||
+                !can_split(dv, ndv, left / f, free_n - k - 1, f))
+                continue;
+            fr[k] = f;
+            break;
+        }
+        left /= fr[k];
+    }
+    free(dv);
     for (int i = 0, k = 0; i < ndims; i++)
         if (dims[i] == 0)
             dims[i] = fr[k++];

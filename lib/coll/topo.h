@@ -23,7 +23,7 @@ typedef struct tt_topo {
     int *recv_order, *send_order; /* edge indexes by (peer, tag) */
     int ndims;                    /* a grid's: */
     int *dims, *periods, *coords;
-    void *mem; /* the arrays' one block, */
+    void *mem;      /* the arrays' one block, */
     size_t mem_len; /* and its bytes */
 } tt_topo_t;
 
