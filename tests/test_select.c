@@ -104,7 +104,7 @@ START_TEST(ids_unique)
 {
     size_t n;
     const tt_algo_t *const *all = tt_algo_all(&n);
-    ck_assert_uint_eq(n, 36);
+    ck_assert_uint_eq(n, 38);
     for (size_t i = 0; i < n; i++) {
         ck_assert_uint_ne(all[i]->id, 0);
         ck_assert_ptr_nonnull(all[i]->run);
@@ -336,6 +336,8 @@ START_TEST(single_copy_hints)
         { TT_COLL_SCAN, "rd", 0 },
         { TT_COLL_EXSCAN, "linear", 1 },
         { TT_COLL_EXSCAN, "rd", 0 },
+        { TT_COLL_NEIGHBOR_ALLGATHER, "direct", 0 },
+        { TT_COLL_NEIGHBOR_ALLTOALL, "direct", 0 },
     };
     /* clang-format on */
     size_t n = 0;

@@ -1203,3 +1203,94 @@ def fortran_order(comm):
 @pytest.mark.parametrize("size", [1, 3])
 def test_fortran_order(size):
     assert run(fortran_order, size, transport="shm") == [[]] * size
+
+
+def topology_calls(comm):
+    """Topologies from Python: a 2 x 2 grid periodic along its first dimension, and a
+    graph with a self loop and a repeated edge, their neighbourhood collectives checked
+    against references built here from every rank's arguments."""
+    r, n = comm.rank, comm.size
+    out = {"dims": tutti.dims_create(n, 2), "dims3": tutti.dims_create(12, [0, 3, 0])}
+    try:
+        tutti.dims_create(7, [2, 0])
+        out["dims_bad"] = None
+    except tutti.InvalidArgError as e:
+        out["dims_bad"] = str(e)
+    cart = comm.create_cart([2, 2], [True, False])
+    out["cart"] = (cart.topology, cart.cart_get(), cart.cart_coords(3), cart.cart_rank([3, 1]),
+                   cart.cart_shift(0), cart.cart_shift(1), cart.neighbors)
+    send = np.array([r * 10 + b for b in range(4) for _ in range(2)], np.float64)
+    got = np.full(8, -1.0)
+    cart.neighbor_alltoall(send, got)
+    out["cart_a2a"] = got.tolist()
+    # graph: from r - 1 (twice) and from itself; to r + 1 (twice) and to itself
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    g = comm.create_dist_graph_adjacent([prv, r, prv], [nxt, r, nxt])
+    out["graph"] = (g.topology, g.neighbors, comm.topology)
+    buf = np.arange(r + 1, dtype=np.int32) + 100 * r
+    counts = [prv + 1, r + 1, prv + 1]
+    res = np.full(sum(counts) + 3, -7, np.int32)
+    g.neighbor_allgatherv(buf, res, counts, [0, counts[0] + 1, counts[0] + counts[1] + 2])
+    out["agv"] = res.tolist()
+    sc = [1, 2, 3]
+    s = np.arange(6, dtype=np.int64) + 1000 * r
+    rv = np.zeros(6, np.int64)
+    w = g.neighbor_alltoallv(s, sc, rv, [1, 2, 3], async_op=True)
+    w.wait()
+    out["a2av"] = rv.tolist()
+    po, pi = np.zeros(3, np.int16), np.array([r], np.int16)
+    p = g.persistent(g.neighbor_allgather, pi, po)
+    rounds = []
+    for k in range(2):
+        pi[0] = r + 10 * k
+        p.start()
+        p.wait()
+        rounds.append(po.tolist())
+    out["persist"] = rounds
+    try:
+        comm.create_dist_graph_adjacent([], [nxt] if r == 0 else [])
+        out["half"] = None
+    except tutti.InvalidArgError as e:
+        out["half"] = str(e)
+    try:
+        comm.neighbor_alltoall(send, got)
+        out["none"] = None
+    except tutti.InvalidArgError as e:
+        out["none"] = str(e)
+    g.destroy()
+    cart.destroy()
+    return out
+
+
+def test_topology():
+    n = 4
+    got = run(topology_calls, n)
+    for r, o in enumerate(got):
+        assert o["dims"] == [2, 2] and o["dims3"] == [2, 3, 2], o
+        assert "12" not in o["dims_bad"] and "7 ranks" in o["dims_bad"], o["dims_bad"]
+        coords = [r // 2, r % 2]
+        back0, fwd0 = ((coords[0] - 1) % 2) * 2 + coords[1], ((coords[0] + 1) % 2) * 2 + coords[1]
+        back1 = coords[0] * 2 + coords[1] - 1 if coords[1] > 0 else tutti.PROC_NULL
+        fwd1 = coords[0] * 2 + coords[1] + 1 if coords[1] < 1 else tutti.PROC_NULL
+        nb = [back0, fwd0, back1, fwd1]
+        assert o["cart"] == ("cart", ([2, 2], [True, False], coords), [1, 1], 3, (back0, fwd0),
+                             (back1, fwd1), (nb, nb)), (r, o["cart"])
+        # slot 2i from the one back (its block 2i + 1), 2i + 1 from the front (its 2i)
+        want = []
+        for slot, q in enumerate(nb):
+            blk = slot + 1 if slot % 2 == 0 else slot - 1
+            want += [-1.0, -1.0] if q == tutti.PROC_NULL else [q * 10 + blk] * 2
+        assert o["cart_a2a"] == want, (r, o["cart_a2a"], want)
+        prv = (r - 1) % n
+        assert o["graph"] == ("graph", ([prv, r, prv], [(r + 1) % n, r, (r + 1) % n]), None)
+        pb = (np.arange(prv + 1) + 100 * prv).tolist()
+        mine = (np.arange(r + 1) + 100 * r).tolist()
+        assert o["agv"] == pb + [-7] + mine + [-7] + pb + [-7], (r, o["agv"])
+        # from prv's sends 0 (1 element) and 2 (3), in that order; from itself its block 1
+        ps = (np.arange(6) + 1000 * prv).tolist()
+        me = (np.arange(6) + 1000 * r).tolist()
+        assert o["a2av"] == ps[0:1] + me[1:3] + ps[3:6], (r, o["a2av"])
+        assert o["persist"] == [[prv + 10 * k, r + 10 * k, prv + 10 * k] for k in range(2)], \
+            o["persist"]
+        assert "rank 1 lists rank 0 0 times among its sources" in o["half"], o["half"]
+        assert "no topology" in o["none"], o["none"]

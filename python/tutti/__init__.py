@@ -27,7 +27,8 @@ from ._errors import Error, InvalidArgError, error_for
 __all__ = ["Store", "Communicator", "Work", "Op", "Error", "version", "ANY_SOURCE", "PROC_NULL",
            "ANY_TAG", "Status",
            "Probe", "Message", "algorithms", "wait_any", "wait_all", "wait_some",
-           "get_unique_id", "release_unique_id", "Persistent", "start_all"]
+           "get_unique_id", "release_unique_id", "Persistent", "start_all",
+           "dims_create"]
 
 #: recv's peer for "whichever rank sends this tag" (so is peer=None)
 ANY_SOURCE = _lib.ANY_SOURCE
@@ -412,8 +413,9 @@ def _same(a, b, what, sa, sb):
         raise InvalidArgError(f"tutti: {what}'s {sa} is {na} and its {sb} {nb}")
 
 
-def _entries(values, n, what):
-    """A count or displacement list of n non-negative integers (in elements)."""
+def _entries(values, n, what, of="ranks"):
+    """A count or displacement list of n non-negative integers (in elements; one for
+    each of n `of`: ranks, or a topology's sources or destinations)."""
     if values is None:
         return None
     try:
@@ -421,7 +423,7 @@ def _entries(values, n, what):
     except TypeError:
         raise InvalidArgError(f"tutti: {what} must hold integers") from None
     if len(values) != n:
-        raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} ranks")
+        raise InvalidArgError(f"tutti: {what} has {len(values)} entries for {n} {of}")
     if any(v < 0 for v in values):
         raise InvalidArgError(f"tutti: {what} has a negative entry")
     return values
@@ -442,7 +444,7 @@ def _elems(buf):
     return buf.count // buf.k
 
 
-def _fits(op, rank, counts, displs, cname, dname, buf, bwhat):
+def _fits(op, rank, counts, displs, cname, dname, buf, bwhat, who="rank"):
     """Every block of a layout (counts, displs in elements; displs None: back to back)
     inside buf: InvalidArgError naming the call, the argument and the rank otherwise."""
     n = _elems(buf) if buf is not None else 0
@@ -453,7 +455,7 @@ def _fits(op, rank, counts, displs, cname, dname, buf, bwhat):
         if c and end > n:
             where = (f"{dname}[{i}] + {cname}[{i}] = {start} + {c}" if displs is not None
                      else f"sum({cname}[:{i + 1}]) = {end}")
-            raise InvalidArgError(f"tutti: rank {rank}: {op}: rank {i}'s block ends at "
+            raise InvalidArgError(f"tutti: rank {rank}: {op}: {who} {i}'s block ends at "
                                   f"element {end} ({where}), beyond {bwhat}'s {n} elements")
 
 
@@ -1107,6 +1109,19 @@ class Persistent:
 def start_all(requests):
     """MPI_Startall: start each Persistent in order (None entries skipped); their Works."""
     return [r.start() if r is not None else None for r in requests]
+
+
+def dims_create(nnodes, dims):
+    """MPI_Dims_create (mpi4py's Compute_dims): dims (a length, or a list whose zeros
+    are to fill) as a grid of nnodes ranks, the filled entries as close to each other as
+    they can be, non-increasing. Returns the list."""
+    d = [0] * _int(dims, "dims_create's dims") if isinstance(dims, int) else \
+        [_int(x, "dims_create's dims") for x in dims]
+    a = (ctypes.c_int * max(len(d), 1))(*d)
+    st = _lib_.tutti_dims_create(_int(nnodes, "dims_create's nnodes"), len(d), a)
+    if st < 0:
+        raise error_for(st, "tutti: " + (_lib_.tutti_comm_last_error(None) or b"").decode())
+    return list(a[:len(d)])
 
 
 class Communicator(_Handle):
@@ -1831,6 +1846,179 @@ class Communicator(_Handle):
         _fits("alltoallv", me, rc, rd, "recv_counts", "recv_displs", o, "the output")
         bufs = [b for b in (o, i) if b is not None]
         return self._run("alltoallv", bufs, args, async_op)
+
+    # ---- topologies (MPI_Dist_graph_create_adjacent, MPI_Cart_create) ----
+
+    def create_dist_graph_adjacent(self, sources, destinations):
+        """MPI_Dist_graph_create_adjacent (mpi4py's Create_dist_graph_adjacent, without
+        weights or reordering): every rank calls it with the ranks it receives from and
+        those it sends to (repeats allowed, tutti.PROC_NULL too); a new communicator of
+        the same ranks carrying the graph. Edges whose ends disagree fail every rank."""
+        src = [_int(r, "sources' rank") for r in sources]
+        dst = [_int(r, "destinations' rank") for r in destinations]
+        a = (ctypes.c_int * max(len(src), 1))(*src)
+        b = (ctypes.c_int * max(len(dst), 1))(*dst)
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_dist_graph_create_adjacent(self._handle(), len(src), a, len(dst), b,
+                                                    ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "create_dist_graph_adjacent")
+        return self._child(h)
+
+    def create_cart(self, dims, periods=None):
+        """MPI_Cart_create (mpi4py's Create_cart, without reordering): a grid of dims
+        (row-major over this communicator's first prod(dims) ranks), periodic along the
+        dimensions where periods is true; every rank passes the same. A rank past the
+        grid gets None."""
+        d = [_int(x, "create_cart's dims") for x in dims]
+        p = [1 if x else 0 for x in (periods if periods is not None else [0] * len(d))]
+        if len(p) != len(d):
+            raise InvalidArgError(f"tutti: create_cart: {len(p)} periods for {len(d)} dims")
+        a = (ctypes.c_int * max(len(d), 1))(*d)
+        b = (ctypes.c_int * max(len(p), 1))(*p)
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_cart_create(self._handle(), len(d), a, b, ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "create_cart")
+        return self._child(h) if h else None
+
+    @property
+    def topology(self):
+        """None, "graph" or "cart" (MPI_Topo_test)."""
+        k = ctypes.c_int(0)
+        _lib_.tutti_topo_test(self._handle(), ctypes.byref(k))
+        return {1: "graph", 2: "cart"}.get(k.value)
+
+    def _degrees(self):
+        i, o = ctypes.c_int(0), ctypes.c_int(0)
+        st = _lib_.tutti_topo_neighbors_count(self._handle(), ctypes.byref(i), ctypes.byref(o))
+        if st < 0:
+            raise self._error(st, "neighbors")
+        return i.value, o.value
+
+    @property
+    def neighbors(self):
+        """(sources, destinations) of this rank's topology, in the order the neighbourhood
+        collectives lay out their blocks (a grid: per dimension, the rank back, then the
+        one forward; tutti.PROC_NULL past an edge)."""
+        n_in, n_out = self._degrees()
+        a, b = (ctypes.c_int * max(n_in, 1))(), (ctypes.c_int * max(n_out, 1))()
+        st = _lib_.tutti_topo_neighbors(self._handle(), n_in, a, n_out, b)
+        if st < 0:
+            raise self._error(st, "neighbors")
+        return list(a[:n_in]), list(b[:n_out])
+
+    def _grid(self):
+        nd = ctypes.c_int(0)
+        st = _lib_.tutti_cartdim_get(self._handle(), ctypes.byref(nd))
+        if st < 0:
+            raise self._error(st, "cart")
+        return nd.value
+
+    def cart_get(self):
+        """MPI_Cart_get: (dims, periods, coords) of this rank's grid."""
+        nd = self._grid()
+        d, p, c = ((ctypes.c_int * max(nd, 1))() for _ in range(3))
+        st = _lib_.tutti_cart_get(self._handle(), nd, d, p, c)
+        if st < 0:
+            raise self._error(st, "cart_get")
+        return list(d[:nd]), [bool(x) for x in p[:nd]], list(c[:nd])
+
+    def cart_rank(self, coords):
+        """MPI_Cart_rank: the rank at coords (wrapped where periodic)."""
+        nd = self._grid()
+        c = [_int(x, "cart_rank's coords") for x in coords]
+        if len(c) != nd:
+            raise InvalidArgError(f"tutti: cart_rank: {len(c)} coords for {nd} dimensions")
+        r = ctypes.c_int(-1)
+        st = _lib_.tutti_cart_rank(self._handle(), (ctypes.c_int * max(nd, 1))(*c),
+                                   ctypes.byref(r))
+        if st < 0:
+            raise self._error(st, "cart_rank")
+        return r.value
+
+    def cart_coords(self, rank=None):
+        """MPI_Cart_coords: rank's coordinates (None: this rank's)."""
+        nd = self._grid()
+        rank = self.rank if rank is None else _int(rank, "cart_coords' rank")
+        c = (ctypes.c_int * max(nd, 1))()
+        st = _lib_.tutti_cart_coords(self._handle(), rank, nd, c)
+        if st < 0:
+            raise self._error(st, "cart_coords")
+        return list(c[:nd])
+
+    def cart_shift(self, direction, disp=1):
+        """MPI_Cart_shift: (source, dest), the ranks disp back and forward along
+        direction; tutti.PROC_NULL past a non-periodic edge."""
+        s, d = ctypes.c_int(0), ctypes.c_int(0)
+        st = _lib_.tutti_cart_shift(self._handle(), _int(direction, "cart_shift's direction"),
+                                    _int(disp, "cart_shift's disp"), ctypes.byref(s),
+                                    ctypes.byref(d))
+        if st < 0:
+            raise self._error(st, "cart_shift")
+        return s.value, d.value
+
+    def _neighbor_pair(self, buf, out, dtype, what):
+        if buf is None or buf is out:
+            raise InvalidArgError(f"tutti: {what} is not in place (MPI's neither): pass buf "
+                                  "and out")
+        o, i, sp = self._pair(buf, out, dtype, what, carry=True)
+        return o, i, sp, self._degrees()
+
+    def neighbor_allgather(self, buf, out, dtype=None, async_op=False):
+        """MPI_Neighbor_allgather: buf to every destination; the block from source j
+        into out at j x len(buf) (out: indegree x len(buf))."""
+        o, i, sp, (n_in, _) = self._neighbor_pair(buf, out, dtype, "neighbor_allgather")
+        _holds("neighbor_allgather", self.rank, o, _elems(i) * n_in, "the output",
+               f"indegree {n_in} x the input's length")
+        return self._run("neighbor_allgather", [o, i], (sp, o.ptr, i.count, o.dtype), async_op)
+
+    def neighbor_allgatherv(self, buf, out, counts, displs=None, dtype=None, async_op=False):
+        """MPI_Neighbor_allgatherv: buf to every destination; counts[j] elements from
+        source j into out at displs[j] (None: back to back)."""
+        w = "neighbor_allgatherv"
+        o, i, sp, (n_in, _) = self._neighbor_pair(buf, out, dtype, w)
+        cl, dl = _entries(counts, n_in, "counts", "sources"), _entries(displs, n_in, "displs",
+                                                                      "sources")
+        if cl is None:
+            raise InvalidArgError(f"tutti: {w} needs counts")
+        _fits(w, self.rank, cl, dl, "counts", "displs", o, "the output", "source")
+        args = (sp, i.count, o.ptr, _c_sizes(cl, "counts", o.k), _c_sizes(dl, "displs", o.k),
+                o.dtype)
+        return self._run(w, [o, i], args, async_op)
+
+    def neighbor_alltoall(self, buf, out, dtype=None, async_op=False):
+        """MPI_Neighbor_alltoall: block i of buf (outdegree blocks) to destination i; the
+        block from source j into out's block j (indegree blocks, of the same size)."""
+        w = "neighbor_alltoall"
+        o, i, sp, (n_in, n_out) = self._neighbor_pair(buf, out, dtype, w)
+        ni, no = _elems(i), _elems(o)
+        blk = ni // n_out if n_out else no // n_in if n_in else 0
+        if (n_out and ni != blk * n_out) or (n_in and no != blk * n_in):
+            raise InvalidArgError(f"tutti: rank {self.rank}: {w}: the input's {ni} elements "
+                                  f"and the output's {no} are not blocks of one size for "
+                                  f"outdegree {n_out} and indegree {n_in}")
+        return self._run(w, [o, i], (sp, o.ptr, blk * o.k, o.dtype), async_op)
+
+    def neighbor_alltoallv(self, buf, send_counts, out, recv_counts, send_displs=None,
+                           recv_displs=None, dtype=None, async_op=False):
+        """MPI_Neighbor_alltoallv: send_counts[i] elements of buf at send_displs[i] to
+        destination i; recv_counts[j] from source j into out at recv_displs[j]
+        (displacements None: back to back)."""
+        w = "neighbor_alltoallv"
+        o, i, sp, (n_in, n_out) = self._neighbor_pair(buf, out, dtype, w)
+        k, me = o.k, self.rank
+        sc = _entries(send_counts, n_out, "send_counts", "destinations")
+        sd = _entries(send_displs, n_out, "send_displs", "destinations")
+        rc = _entries(recv_counts, n_in, "recv_counts", "sources")
+        rd = _entries(recv_displs, n_in, "recv_displs", "sources")
+        if sc is None or rc is None:
+            raise InvalidArgError(f"tutti: {w} needs send_counts and recv_counts")
+        _fits(w, me, sc, sd, "send_counts", "send_displs", i, "the input", "destination")
+        _fits(w, me, rc, rd, "recv_counts", "recv_displs", o, "the output", "source")
+        args = (sp, _c_sizes(sc, "send_counts", k), _c_sizes(sd, "send_displs", k), o.ptr,
+                _c_sizes(rc, "recv_counts", k), _c_sizes(rd, "recv_displs", k), o.dtype)
+        return self._run(w, [o, i], args, async_op)
 
     def send(self, buf, peer, tag=0, dtype=None, async_op=False):
         peer = _int(peer, "send's peer")
