@@ -359,6 +359,77 @@ static int grid_check(tutti_comm_t *comm, int rank, int nranks, const grid_t *g)
     return 0;
 }
 
+/* MPI_Cart_sub of a 3-d grid, every mask of kept dimensions: the sub-grid's ranks (their
+ * parent ranks gathered) are those that share the dropped coordinates, ordered by the
+ * kept ones; its shape, periods and this rank's coordinates are the kept ones. */
+static int sub_check(tutti_comm_t *comm, int rank, const grid_t *g)
+{
+    tutti_comm_t *cc = NULL;
+    int st = tutti_cart_create(comm, g->ndims, g->dims, g->periods, &cc);
+    FAIL_IF(st != TUTTI_OK || !cc, "cart_create: %s", tutti_comm_last_error(comm));
+    int size = 1, c[3];
+    for (int i = 0; i < g->ndims; i++)
+        size *= g->dims[i];
+    ref_coords(g, rank, c);
+    for (int mask = 0; mask < (1 << g->ndims); mask++) {
+        int keep[3], want_n = 0, want[64];
+        for (int i = 0; i < g->ndims; i++)
+            keep[i] = mask >> i & 1;
+        tutti_comm_t *sub = NULL;
+        st = tutti_cart_sub(cc, keep, &sub);
+        FAIL_IF(st != TUTTI_OK || !sub, "cart_sub(mask %d): %s", mask, tutti_comm_last_error(cc));
+        for (int q = 0; q < size; q++) { /* in row-major order: the kept coordinates' order */
+            int d[3], same = 1;
+            ref_coords(g, q, d);
+            for (int i = 0; i < g->ndims; i++)
+                same &= keep[i] || d[i] == c[i];
+            if (same)
+                want[want_n++] = q;
+        }
+        int got[64], me = rank;
+        FAIL_IF(tutti_comm_size(sub) != want_n, "cart_sub(mask %d): %d ranks, want %d", mask,
+                tutti_comm_size(sub), want_n);
+        FAIL_IF(tutti_allgather(sub, &me, got, 1, TUTTI_INT32), "allgather: %s",
+                tutti_comm_last_error(sub));
+        FAIL_IF(memcmp(got, want, (size_t)want_n * sizeof(int)), "cart_sub(mask %d): other ranks",
+                mask);
+        int nd = -1, dims[3], per[3], co[3], k = 0;
+        FAIL_IF(tutti_cartdim_get(sub, &nd) || tutti_cart_get(sub, 3, dims, per, co), "cart_get");
+        for (int i = 0; i < g->ndims; i++)
+            if (keep[i]) {
+                FAIL_IF(dims[k] != g->dims[i] || per[k] != g->periods[i] || co[k] != c[i],
+                        "cart_sub(mask %d) dimension %d", mask, k);
+                k++;
+            }
+        FAIL_IF(nd != k, "cart_sub(mask %d): %d dimensions, want %d", mask, nd, k);
+        /* along each kept dimension: the neighbours' parent ranks */
+        uint32_t mine = (uint32_t)rank, nb[6];
+        FAIL_IF(tutti_neighbor_allgather(sub, &mine, nb, 1, TUTTI_UINT32), "sub allgather: %s",
+                tutti_comm_last_error(sub));
+        for (int i = 0, j = 0; i < g->ndims; i++)
+            if (keep[i]) {
+                for (int d = 0; d < 2; d++) {
+                    int p = ref_step(g, rank, i, d ? 1 : -1);
+                    FAIL_IF(p != TUTTI_PROC_NULL && nb[2 * j + d] != (uint32_t)p,
+                            "cart_sub(mask %d): neighbour %d is %u, want %d", mask, 2 * j + d,
+                            nb[2 * j + d], p);
+                }
+                j++;
+            }
+        tutti_comm_destroy(sub);
+    }
+    if (size > 1) { /* ranks that keep other dimensions: every rank fails, naming one */
+        int keep_d[3] = { rank == 1, 0, 0 };
+        tutti_comm_t *bad = NULL;
+        st = tutti_cart_sub(cc, keep_d, &bad);
+        FAIL_IF(st != TUTTI_ERR_INVALID_ARG || bad ||
+                    !strstr(tutti_comm_last_error(cc), "rank 1 passed another"),
+                "cart_sub, ranks that disagree: %d %s", st, tutti_comm_last_error(cc));
+    }
+    tutti_comm_destroy(cc);
+    return 0;
+}
+
 static int rank_grids(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
 {
     (void)dir, (void)arg;
@@ -375,6 +446,10 @@ static int rank_grids(int rank, int nranks, tutti_comm_t *comm, const char *dir,
         }
     grid_t g1 = { 2, { 1, nranks }, { 1, 1 } }, g2 = { 3, { nranks, 1, 1 }, { 1, 0, 1 } };
     int rc = grid_check(comm, rank, nranks, &g1);
+    grid_t g4 = { .ndims = 3, .periods = { 0, 1, 0 } };
+    FAIL_IF(tutti_dims_create(nranks, 3, g4.dims), "dims_create");
+    if (!rc)
+        rc = sub_check(comm, rank, &g4);
     if (!rc)
         rc = grid_check(comm, rank, nranks, &g2);
     /* smaller than the communicator: the last rank is left out */

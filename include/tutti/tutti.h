@@ -1069,6 +1069,11 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
  * size gets *cart_p NULL (MPI_COMM_NULL); a grid larger than comm is refused. */
 int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int *periods,
                       tutti_comm_t **cart_p);
+/* MPI_Cart_sub: the grids of the dimensions kept (remain_dims[i] != 0), one for each
+ * place along the others, with their periods; this rank's into *sub_p, ranked by its
+ * coordinates along the kept dimensions. Collective over comm, a grid; every rank must
+ * keep the same (checked). None kept: a grid of no dimensions and one rank. */
+int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **sub_p);
 /* MPI_Dims_create: fill the zero entries of dims (ndims of them) so that the product of
  * all is nnodes, as balanced as can be, in non-increasing order; the non-zero entries
  * stay. TUTTI_ERR_INVALID_ARG where nnodes is not a multiple of their product. */

@@ -16,60 +16,6 @@
 
 /* ---- the structure ---- */
 
-static void topo_point(tt_topo_t *t)
-{
-    int *p = t->mem;
-    t->sources = p;
-    p += t->indeg;
-    t->dests = p;
-    p += t->outdeg;
-    t->recv_order = p;
-    p += t->indeg;
-    t->send_order = p;
-    p += t->outdeg;
-    t->dims = p;
-    p += t->ndims;
-    t->periods = p;
-    p += t->ndims;
-    t->coords = p;
-    p += t->ndims;
-    t->src_tag = (uint32_t *)p;
-    t->dst_tag = t->src_tag + t->indeg;
-}
-
-static tt_topo_t *topo_alloc(int kind, int in, int out, int nd)
-{
-    tt_topo_t *t = calloc(1, sizeof(*t));
-    size_t len = (2 * (size_t)in + 2 * (size_t)out + 3 * (size_t)nd) * sizeof(int) +
-                 ((size_t)in + (size_t)out) * sizeof(uint32_t);
-    if (!t || !(t->mem = calloc(1, len ? len : 1))) {
-        free(t);
-        return NULL;
-    }
-    t->mem_len = len;
-    t->kind = kind;
-    t->indeg = in;
-    t->outdeg = out;
-    t->ndims = nd;
-    topo_point(t);
-    return t;
-}
-
-void tt_topo_free(tt_topo_t *t)
-{
-    if (t)
-        free(t->mem);
-    free(t);
-}
-
-tt_topo_t *tt_topo_copy(const tt_topo_t *t)
-{
-    tt_topo_t *c = topo_alloc(t->kind, t->indeg, t->outdeg, t->ndims);
-    if (c)
-        memcpy(c->mem, t->mem, t->mem_len);
-    return c;
-}
-
 /* n edges' indexes into order, by (peer, tag, index) */
 typedef struct {
     const int *peer;
@@ -156,8 +102,8 @@ static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
         break;
     case P_SHAPE:
         snprintf(buf, len,
-                 "rank %d passed another grid (ndims, dims or periods) than rank 0: every rank "
-                 "must pass the same",
+                 "rank %d passed another grid (ndims, dims or periods; cart_sub: remain_dims) "
+                 "than rank 0: every rank must pass the same",
                  rank);
         break;
     default: snprintf(buf, len, "rank %d: ?", rank); break;
@@ -257,7 +203,7 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
     free(out);
     TT_CHECK(probs_settle(comm, name, &mine));
 
-    tt_topo_t *t = topo_alloc(TUTTI_TOPO_GRAPH, indegree, outdegree, 0);
+    tt_topo_t *t = tt_topo_alloc(TUTTI_TOPO_GRAPH, indegree, outdegree, 0);
     if (!t)
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     if (indegree)
@@ -277,6 +223,8 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
 }
 
 /* ---- a cartesian grid ---- */
+
+static const tt_topo_t *grid_of(tutti_comm_t *comm, const char *name, int *st_p);
 
 /* the rank at coords (each within its dimension) */
 static int grid_rank(const tt_topo_t *t, const int *coords)
@@ -326,6 +274,33 @@ static uint64_t shape_digest(int ndims, const int *dims, const int *periods)
     return h;
 }
 
+/* A grid's topology at rank me of it (NULL: out of memory). */
+static tt_topo_t *grid_make(int ndims, const int *dims, const int *periods, int me)
+{
+    tt_topo_t *t = tt_topo_alloc(TUTTI_TOPO_CART, 2 * ndims, 2 * ndims, ndims);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < ndims; i++) {
+        t->dims[i] = dims[i];
+        t->periods[i] = periods && periods[i] ? 1 : 0;
+    }
+    grid_coords(t, me, t->coords);
+    /* for dimension i: the rank one step back, then one forward; a message to the one
+     * back travels back (tag 2i) and arrives at its receive from the front */
+    for (int i = 0; i < ndims; i++) {
+        const int back = grid_step(t, i, -1), fwd = grid_step(t, i, 1);
+        t->sources[2 * i] = t->dests[2 * i] = back;
+        t->sources[2 * i + 1] = t->dests[2 * i + 1] = fwd;
+        t->dst_tag[2 * i] = 2 * (uint32_t)i;
+        t->dst_tag[2 * i + 1] = 2 * (uint32_t)i + 1;
+        t->src_tag[2 * i] = 2 * (uint32_t)i + 1;
+        t->src_tag[2 * i + 1] = 2 * (uint32_t)i;
+    }
+    edge_order(t->sources, t->src_tag, t->indeg, t->recv_order);
+    edge_order(t->dests, t->dst_tag, t->outdeg, t->send_order);
+    return t;
+}
+
 int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int *periods,
                       tutti_comm_t **cart_p)
 {
@@ -356,28 +331,8 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
 
     const int me = comm->rank, inside = me < size;
     tt_topo_t *t = NULL;
-    if (inside) {
-        if (!(t = topo_alloc(TUTTI_TOPO_CART, 2 * ndims, 2 * ndims, ndims)))
-            return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
-        for (int i = 0; i < ndims; i++) {
-            t->dims[i] = dims[i];
-            t->periods[i] = periods && periods[i] ? 1 : 0;
-        }
-        grid_coords(t, me, t->coords);
-        /* for dimension i: the rank one step back, then one forward; a message to the
-         * one back travels back (tag 2i) and arrives at its receive from the front */
-        for (int i = 0; i < ndims; i++) {
-            const int back = grid_step(t, i, -1), fwd = grid_step(t, i, 1);
-            t->sources[2 * i] = t->dests[2 * i] = back;
-            t->sources[2 * i + 1] = t->dests[2 * i + 1] = fwd;
-            t->dst_tag[2 * i] = 2 * (uint32_t)i;
-            t->dst_tag[2 * i + 1] = 2 * (uint32_t)i + 1;
-            t->src_tag[2 * i] = 2 * (uint32_t)i + 1;
-            t->src_tag[2 * i + 1] = 2 * (uint32_t)i;
-        }
-        edge_order(t->sources, t->src_tag, t->indeg, t->recv_order);
-        edge_order(t->dests, t->dst_tag, t->outdeg, t->send_order);
-    }
+    if (inside && !(t = grid_make(ndims, dims, periods, me)))
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     /* the grid's ranks keep their order (no reordering), the others leave */
     tutti_comm_t *c = NULL;
     int st = tutti_comm_split(comm, inside ? 0 : TUTTI_SPLIT_NOCOLOR, me, &c);
@@ -387,6 +342,52 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
     }
     c->topo = t;
     *cart_p = c;
+    return TUTTI_OK;
+}
+
+int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **sub_p)
+{
+    static const char name[] = "cart_sub";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    int st;
+    const tt_topo_t *g = grid_of(comm, name, &st);
+    if (!g)
+        return st;
+    if (!sub_p || (g->ndims && !remain_dims))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s is NULL", name,
+                                 sub_p ? "remain_dims" : "sub_p");
+    *sub_p = NULL;
+    /* every rank must keep the same dimensions (a digest of which, as a grid's shape) */
+    prob_t mine = { 0 };
+    mine.shape = shape_digest(g->ndims, g->dims, remain_dims);
+    TT_CHECK(probs_settle(comm, name, &mine));
+    /* the kept dimensions' grid; the dropped ones' coordinates say which sub-grid */
+    int nd = 0, color = 0, key = 0;
+    int *dims = malloc(2 * ((size_t)g->ndims + 1) * sizeof(int)), *per = dims + g->ndims + 1;
+    if (!dims)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    for (int i = 0; i < g->ndims; i++)
+        if (remain_dims[i]) {
+            dims[nd] = g->dims[i];
+            per[nd++] = g->periods[i];
+            key = key * g->dims[i] + g->coords[i];
+        } else {
+            color = color * g->dims[i] + g->coords[i];
+        }
+    tt_topo_t *t = grid_make(nd, dims, per, key);
+    free(dims);
+    if (!t)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    tutti_comm_t *c = NULL;
+    if ((st = tutti_comm_split(comm, color, key, &c)) < 0) {
+        tt_topo_free(t);
+        return st;
+    }
+    c->topo = t;
+    *sub_p = c;
     return TUTTI_OK;
 }
 

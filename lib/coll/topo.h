@@ -4,6 +4,8 @@
 #define TT_TOPO_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <tutti/tutti.h>
 
@@ -27,8 +29,63 @@ typedef struct tt_topo {
     size_t mem_len; /* and its bytes */
 } tt_topo_t;
 
-void tt_topo_free(tt_topo_t *t);
+/* Inline, so that the communicator (core/comm.c: its dup and destroy) calls nothing of
+ * topo.c, which calls the communicator's (tools/dev/cycles.py keeps the layers' calls
+ * one way). */
+static inline void tt_topo_point(tt_topo_t *t)
+{
+    int *p = (int *)t->mem;
+    t->sources = p;
+    p += t->indeg;
+    t->dests = p;
+    p += t->outdeg;
+    t->recv_order = p;
+    p += t->indeg;
+    t->send_order = p;
+    p += t->outdeg;
+    t->dims = p;
+    p += t->ndims;
+    t->periods = p;
+    p += t->ndims;
+    t->coords = p;
+    p += t->ndims;
+    t->src_tag = (uint32_t *)p;
+    t->dst_tag = t->src_tag + t->indeg;
+}
+
+/* A topology of these degrees and dimensions, its arrays zeroed (NULL: no memory). */
+static inline tt_topo_t *tt_topo_alloc(int kind, int in, int out, int nd)
+{
+    tt_topo_t *t = (tt_topo_t *)calloc(1, sizeof(*t));
+    size_t len = (2 * (size_t)in + 2 * (size_t)out + 3 * (size_t)nd) * sizeof(int) +
+                 ((size_t)in + (size_t)out) * sizeof(uint32_t);
+    if (!t || !(t->mem = calloc(1, len ? len : 1))) {
+        free(t);
+        return NULL;
+    }
+    t->mem_len = len;
+    t->kind = kind;
+    t->indeg = in;
+    t->outdeg = out;
+    t->ndims = nd;
+    tt_topo_point(t);
+    return t;
+}
+
+static inline void tt_topo_free(tt_topo_t *t)
+{
+    if (t)
+        free(t->mem);
+    free(t);
+}
+
 /* a copy of t (NULL: out of memory), for tutti_comm_dup */
-tt_topo_t *tt_topo_copy(const tt_topo_t *t);
+static inline tt_topo_t *tt_topo_copy(const tt_topo_t *t)
+{
+    tt_topo_t *c = tt_topo_alloc(t->kind, t->indeg, t->outdeg, t->ndims);
+    if (c)
+        memcpy(c->mem, t->mem, t->mem_len);
+    return c;
+}
 
 #endif /* TT_TOPO_H */

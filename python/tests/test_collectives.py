@@ -1219,6 +1219,9 @@ def topology_calls(comm):
     cart = comm.create_cart([2, 2], [True, False])
     out["cart"] = (cart.topology, cart.cart_get(), cart.cart_coords(3), cart.cart_rank([3, 1]),
                    cart.cart_shift(0), cart.cart_shift(1), cart.neighbors)
+    row = cart.cart_sub([False, True])
+    out["row"] = (row.size, row.rank, row.cart_get(), row.allgather_object(r))
+    row.destroy()
     send = np.array([r * 10 + b for b in range(4) for _ in range(2)], np.float64)
     got = np.full(8, -1.0)
     cart.neighbor_alltoall(send, got)
@@ -1275,6 +1278,8 @@ def test_topology():
         nb = [back0, fwd0, back1, fwd1]
         assert o["cart"] == ("cart", ([2, 2], [True, False], coords), [1, 1], 3, (back0, fwd0),
                              (back1, fwd1), (nb, nb)), (r, o["cart"])
+        assert o["row"] == (2, r % 2, ([2], [False], [r % 2]), [r - r % 2, r - r % 2 + 1]), \
+            o["row"]
         # slot 2i from the one back (its block 2i + 1), 2i + 1 from the front (its 2i)
         want = []
         for slot, q in enumerate(nb):

@@ -1882,6 +1882,17 @@ class Communicator(_Handle):
             raise self._error(st, "create_cart")
         return self._child(h) if h else None
 
+    def cart_sub(self, remain_dims):
+        """MPI_Cart_sub (mpi4py's Sub): the grid of the dimensions kept (remain_dims[i]
+        true) through this rank; every rank keeps the same."""
+        keep = [1 if x else 0 for x in remain_dims]
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_cart_sub(self._handle(), (ctypes.c_int * max(len(keep), 1))(*keep),
+                                  ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "cart_sub")
+        return self._child(h)
+
     @property
     def topology(self):
         """None, "graph" or "cart" (MPI_Topo_test)."""
