@@ -1630,6 +1630,64 @@ START_TEST(real_cuda)
 }
 END_TEST
 
+/* The neighbourhood collectives on device buffers (written by review, session 108): a
+ * non-periodic line (TUTTI_PROC_NULL's blocks stay as they were), and a graph whose
+ * indegree (21) passes the rank count (device.c's runs_max). */
+static int rank_nb(int rank, int n, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg;
+    FAIL_IF(fake_init(4u << 20) != 0, "fake device");
+    /* a non-periodic line of n: PROC_NULL at both ends */
+    int dims[1] = { n }, per[1] = { 0 };
+    tutti_comm_t *c = NULL;
+    OKC(tutti_cart_create(comm, 1, dims, per, &c));
+    int32_t h[4] = { rank * 10, rank * 10 + 1, rank * 10 + 2, rank * 10 + 3 };
+    int32_t *x = dev_ints(h, 4), *y = dev_alloc(4 * 4, 0x5a);
+    int st = tutti_neighbor_alltoall(c, x, y, 2, TUTTI_INT32);
+    FAIL_IF(st, "cart a2a: %s", tutti_comm_last_error(c));
+    int32_t want[4];
+    for (int s = 0; s < 2; s++) {
+        int q = s == 0 ? rank - 1 : rank + 1;
+        for (int e = 0; e < 2; e++)
+            want[2 * s + e] = (q < 0 || q >= n) ? SENT : q * 10 + (s == 0 ? 2 : 0) + e;
+    }
+    CHECK_DEV("cart neighbor_alltoall", y, want, 4);
+    tutti_comm_destroy(c);
+    /* a graph: 12 edges to the other rank and 9 to itself (indegree 21 > nranks) */
+    enum { K = 21 };
+    int nb[K], sr[K];
+    for (int i = 0; i < K; i++) {
+        nb[i] = i % 7 == 3 || i >= 12 ? rank : (rank + 1) % n;
+        sr[i] = i % 7 == 3 || i >= 12 ? rank : (rank + n - 1) % n;
+    }
+    tutti_comm_t *g = NULL;
+    OKC(tutti_dist_graph_create_adjacent(comm, K, sr, K, nb, &g));
+    int32_t hs[K];
+    for (int i = 0; i < K; i++) hs[i] = rank * 100 + i;
+    int32_t *xs = dev_ints(hs, K), *ys = dev_alloc(2 * K * 4, 0x5a);
+    size_t rc[K], rd[K];
+    for (int j = 0; j < K; j++) rc[j] = 1, rd[j] = 2 * (size_t)j;
+    st = tutti_neighbor_allgatherv(g, xs, 1, ys, rc, rd, TUTTI_INT32);
+    FAIL_IF(st, "graph agv: %s", tutti_comm_last_error(g));
+    int32_t w2[2 * K];
+    for (int j = 0; j < K; j++) {
+        w2[2 * j] = sr[j] * 100 + 0;
+        w2[2 * j + 1] = SENT;
+    }
+    CHECK_DEV("graph neighbor_allgatherv", ys, w2, 2 * K);
+    tutti_comm_destroy(g);
+    return 0;
+}
+
+START_TEST(neighbors_dev)
+{
+    tt_dev_override(&fake_ops);
+    ck_assert_int_eq(th_run(2, rank_nb, NULL, 60000), 0);
+    ck_assert_int_eq(th_run(3, rank_nb, NULL, 60000), 0);
+    tt_dev_override(NULL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("device");
@@ -1637,6 +1695,7 @@ int main(void)
     th_add_tests(s, "forms", 120, (const TTest *const[]){ forms_and_order, NULL });
     th_add_tests(s, "blocks", 60, (const TTest *const[]){ host_blocks, NULL });
     th_add_tests(s, "failures", 60, (const TTest *const[]){ failed_copies, NULL });
+    th_add_tests(s, "nbdev", 120, (const TTest *const[]){ neighbors_dev, NULL });
     th_add_tests(s, "option", 60, (const TTest *const[]){ cuda_option, NULL });
     th_add_tests(s, "cuda", 180, (const TTest *const[]){ cuda_driver_fake, real_cuda, NULL });
     return th_main(s);

@@ -540,6 +540,32 @@ static int rank_bad(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
     FAIL_IF(st != TUTTI_ERR_INVALID_ARG ||
                 !strstr(tutti_comm_last_error(comm), "rank 1 passed indegree -1"),
             "negative degree: %d %s", st, tutti_comm_last_error(comm));
+    /* a NULL output at one rank: every rank fails (none waits for it) */
+    st = tutti_dist_graph_create_adjacent(comm, 0, NULL, 0, NULL, rank == 1 ? NULL : &gc);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "rank 1 passed a NULL output"),
+            "NULL graph_p at rank 1: %d %s", st, tutti_comm_last_error(comm));
+    int one_dim[1] = { 1 };
+    st = tutti_cart_create(comm, 1, one_dim, NULL, rank == 2 ? NULL : &gc);
+    FAIL_IF(st != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "rank 2 passed a NULL output"),
+            "NULL cart_p at rank 2: %d %s", st, tutti_comm_last_error(comm));
+    /* a chain 0 -> 1 -> 2: the ends' empty sides pass NULL arrays (MPI allows it) */
+    int up = rank - 1, down = rank + 1;
+    st = tutti_dist_graph_create_adjacent(comm, rank > 0, rank > 0 ? &up : NULL,
+                                          rank < nranks - 1, rank < nranks - 1 ? &down : NULL, &gc);
+    FAIL_IF(st != TUTTI_OK, "chain: %s", tutti_comm_last_error(comm));
+    uint32_t cs[2] = { 70u + (uint32_t)rank, 80u + (uint32_t)rank }, cr[2] = { 0, 0 };
+    size_t c2 = 2, z = 0;
+    st = tutti_neighbor_alltoallv(gc, cs, rank < nranks - 1 ? &c2 : NULL, rank < nranks - 1 ? &z : NULL,
+                                  cr, rank > 0 ? &c2 : NULL, rank > 0 ? &z : NULL, TUTTI_UINT32);
+    FAIL_IF(st != TUTTI_OK, "chain alltoallv with NULL arrays: %s", tutti_comm_last_error(gc));
+    FAIL_IF(rank > 0 && (cr[0] != 70u + (uint32_t)up || cr[1] != 80u + (uint32_t)up),
+            "chain alltoallv: %u %u", cr[0], cr[1]);
+    st = tutti_neighbor_allgatherv(gc, cs, 1, cr, rank > 0 ? &c2 : NULL, NULL, TUTTI_UINT32);
+    FAIL_IF(rank == 0 ? st != TUTTI_OK : st == TUTTI_OK,
+            "chain allgatherv, 1 sent, 2 wanted: %d %s", st, tutti_comm_last_error(gc));
+    tutti_comm_destroy(gc);
     /* grids that differ, one too large */
     int dims[2] = { nranks, 1 }, per[2] = { rank == 1, 0 };
     st = tutti_cart_create(comm, 2, dims, per, &gc);

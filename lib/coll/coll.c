@@ -449,16 +449,20 @@ static int fill_neighbor(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         for (int i = 0; i < out; i++)
             sc[i] = c->count, sd[i] = 0;
         sext = out ? c->count : 0;
-    } else if (c->is_v) {
+    } else if (c->is_v && out) { /* (degree 0: the arrays may be NULL, as MPI's) */
         TT_CHECK(copy_layout(comm, c->name, "sendcounts", out, es, c->sendcounts, c->sdispls, sc,
                              sd, &sext, 0));
+    } else if (c->is_v) {
+        sext = 0;
     } else {
         fill_equal(out, c->count, sc, sd);
         sext = (size_t)out * c->count;
     }
-    if (c->is_v) {
+    if (c->is_v && in) {
         TT_CHECK(copy_layout(comm, c->name, "recvcounts", in, es, c->recvcounts, c->rdispls, rc, rd,
                              &ext, 2));
+    } else if (c->is_v) {
+        ext = 0;
     } else {
         fill_equal(in, c->count, rc, rd);
         ext = (size_t)in * c->count;

@@ -56,7 +56,19 @@ static void graph_tags(const int *peer, uint32_t *tag, int n, int *order)
 /* ---- checking the ranks' arguments against each other ---- */
 
 /* One rank's first problem, exchanged so that every rank reports the same one. */
-enum { P_NONE, P_DEGREE, P_NULL_LIST, P_RANK, P_EDGES, P_DIMS_N, P_DIM, P_GRID_SIZE, P_SHAPE };
+enum {
+    P_NONE,
+    P_NULL_OUT,
+    P_DEGREE,
+    P_NULL_LIST,
+    P_RANK,
+    P_EDGES,
+    P_DIMS_N,
+    P_DIM,
+    P_GRID_SIZE,
+    P_NOMEM,
+    P_SHAPE
+};
 typedef struct {
     int32_t kind, a, b, c; /* what they mean: prob_text */
     uint64_t shape;        /* a grid's shape digest */
@@ -67,6 +79,10 @@ static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
     static const char *const list[2] = { "sources", "destinations" };
     static const char *const deg[2] = { "indegree", "outdegree" };
     switch (p->kind) {
+    case P_NULL_OUT: snprintf(buf, len, "rank %d passed a NULL output", rank); break;
+    case P_NOMEM:
+        snprintf(buf, len, "rank %d had no memory for the topology (%d edges)", rank, p->a);
+        break;
     case P_DEGREE:
         snprintf(buf, len, "rank %d passed %s %d (a degree is at least 0)", rank, deg[p->a & 1],
                  p->b);
@@ -87,7 +103,10 @@ static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
                  "time%s among its destinations: every edge needs both its ends",
                  rank, p->a, p->b, p->b == 1 ? "" : "s", p->a, rank, p->c, p->c == 1 ? "" : "s");
         break;
-    case P_DIMS_N: snprintf(buf, len, "rank %d passed ndims %d (at least 0)", rank, p->a); break;
+    case P_DIMS_N:
+        snprintf(buf, len, "rank %d passed ndims %d (at least 0, at most %d)", rank, p->a,
+                 TT_TOPO_MAX_DIMS);
+        break;
     case P_DIM:
         if (p->b == INT32_MIN)
             snprintf(buf, len, "rank %d passed dims NULL with ndims %d", rank, p->a);
@@ -110,19 +129,18 @@ static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
     }
 }
 
-/* Every rank's problem gathered; the first rank's (of the lowest kind, so that an
- * argument's beats the edges it makes wrong) fails the call everywhere. */
-static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine)
+/* Every rank's problem gathered (into all, nranks of them: the caller's, allocated
+ * before anything else, so that a rank that has the memory for nothing but fails alone;
+ * every later problem, a NULL output or no memory for the topology, takes part here and
+ * fails every rank); the first rank's (of the lowest kind, so that an argument's beats
+ * the edges it makes wrong) fails the call everywhere. */
+static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine, prob_t *all)
 {
     const int n = comm->nranks;
-    prob_t *all = malloc((size_t)n * sizeof(*all));
-    if (!all)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     int st = tutti_allgather(comm, mine, all, sizeof(*mine), TUTTI_UINT8);
     if (st < 0) {
         char cause[TT_ERRMSG_LEN];
         snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
-        free(all);
         return tt_comm_set_error(comm, st,
                                  "%s: exchanging the arguments with the other ranks (every rank "
                                  "must call it): %s",
@@ -138,9 +156,10 @@ static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine)
     if (worst >= 0) {
         char why[TT_ERRMSG_LEN / 2];
         prob_text(&all[worst], worst, n, why, sizeof(why));
-        st = tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", name, why);
+        st = tt_comm_set_error(comm, all[worst].kind == P_NOMEM ? TUTTI_ERR_NOMEM
+                                                                : TUTTI_ERR_INVALID_ARG,
+                               "%s: %s", name, why);
     }
-    free(all);
     return st;
 }
 
@@ -168,18 +187,23 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, name, 0);
-    if (!graph_p)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: graph_p is NULL", name);
-    *graph_p = NULL;
+    if (graph_p)
+        *graph_p = NULL;
     const int n = comm->nranks;
     prob_t mine = { 0 };
+    if (!graph_p)
+        mine.kind = P_NULL_OUT;
     check_list(&mine, 0, indegree, sources, n);
     check_list(&mine, 1, outdegree, destinations, n);
     /* the edges to each rank, counted at both ends: rank r's destinations that are p
-     * against p's sources that are r (an alltoall of the counts) */
+     * against p's sources that are r (an alltoall of the counts); then the problems */
+    prob_t *all = malloc((size_t)n * sizeof(*all));
     int32_t *out = calloc(2 * (size_t)n, sizeof(int32_t)), *got = out + n;
-    if (!out)
+    if (!out || !all) {
+        free(out);
+        free(all);
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    }
     for (int i = 0; !mine.kind && i < outdegree; i++)
         if (destinations[i] != TUTTI_PROC_NULL)
             out[destinations[i]]++;
@@ -188,6 +212,7 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
         char cause[TT_ERRMSG_LEN];
         snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
         free(out);
+        free(all);
         return tt_comm_set_error(comm, st,
                                  "%s: exchanging the edges with the other ranks (every rank must "
                                  "call it): %s",
@@ -201,11 +226,16 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
         if (out[p] != got[p])
             mine = (prob_t){ .kind = P_EDGES, .a = p, .b = out[p], .c = got[p] };
     free(out);
-    TT_CHECK(probs_settle(comm, name, &mine));
-
-    tt_topo_t *t = tt_topo_alloc(TUTTI_TOPO_GRAPH, indegree, outdegree, 0);
-    if (!t)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    /* the topology before the settle, so that no memory for it fails every rank */
+    tt_topo_t *t = mine.kind ? NULL : tt_topo_alloc(TUTTI_TOPO_GRAPH, indegree, outdegree, 0);
+    if (!mine.kind && !t)
+        mine = (prob_t){ .kind = P_NOMEM, .a = indegree + outdegree };
+    st = probs_settle(comm, name, &mine, all);
+    free(all);
+    if (st < 0) {
+        tt_topo_free(t);
+        return st;
+    }
     if (indegree)
         memcpy(t->sources, sources, (size_t)indegree * sizeof(int));
     if (outdegree)
@@ -243,22 +273,17 @@ static void grid_coords(const tt_topo_t *t, int rank, int *coords)
     }
 }
 
-/* the rank disp steps along dimension dir from this rank (TUTTI_PROC_NULL: past an edge) */
+/* the rank disp steps along dimension dir from this rank (TUTTI_PROC_NULL: past an edge):
+ * its own rank with coordinate dir changed, by that dimension's stride */
 static int grid_step(const tt_topo_t *t, int dir, long long disp)
 {
-    int c[64], *cc = t->ndims <= 64 ? c : malloc((size_t)t->ndims * sizeof(int));
-    if (!cc)
+    long long d = t->dims[dir], x = t->coords[dir] + disp, stride = 1;
+    if (!t->periods[dir] && (x < 0 || x >= d))
         return TUTTI_PROC_NULL;
-    memcpy(cc, t->coords, (size_t)t->ndims * sizeof(int));
-    long long d = t->dims[dir], x = cc[dir] + disp;
-    int r = TUTTI_PROC_NULL;
-    if (t->periods[dir] || (x >= 0 && x < d)) {
-        cc[dir] = (int)(((x % d) + d) % d);
-        r = grid_rank(t, cc);
-    }
-    if (cc != c)
-        free(cc);
-    return r;
+    x = ((x % d) + d) % d;
+    for (int i = t->ndims - 1; i > dir; i--)
+        stride *= t->dims[i];
+    return (int)(grid_rank(t, t->coords) + (x - t->coords[dir]) * stride);
 }
 
 /* the grid's shape, as a digest every rank must share */
@@ -309,13 +334,16 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, name, 0);
-    if (!cart_p)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: cart_p is NULL", name);
-    *cart_p = NULL;
+    if (cart_p)
+        *cart_p = NULL;
     const int n = comm->nranks;
-    prob_t mine = { 0 };
+    prob_t mine = { 0 }, *all = malloc((size_t)n * sizeof(*all));
+    if (!all)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     long long size = 1;
-    if (ndims < 0)
+    if (!cart_p)
+        mine.kind = P_NULL_OUT;
+    else if (ndims < 0 || ndims > TT_TOPO_MAX_DIMS)
         mine = (prob_t){ .kind = P_DIMS_N, .a = ndims };
     else if (ndims > 0 && !dims)
         mine = (prob_t){ .kind = P_DIM, .a = ndims, .b = INT32_MIN };
@@ -325,17 +353,22 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
         else if ((size *= dims[i]) > n)
             mine = (prob_t){ .kind = P_GRID_SIZE, .a = size > INT32_MAX ? -1 : (int32_t)size };
     }
-    if (!mine.kind)
-        mine.shape = shape_digest(ndims, dims, periods);
-    TT_CHECK(probs_settle(comm, name, &mine));
-
     const int me = comm->rank, inside = me < size;
     tt_topo_t *t = NULL;
-    if (inside && !(t = grid_make(ndims, dims, periods, me)))
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    if (!mine.kind) {
+        mine.shape = shape_digest(ndims, dims, periods);
+        if (inside && !(t = grid_make(ndims, dims, periods, me)))
+            mine = (prob_t){ .kind = P_NOMEM, .a = 4 * ndims, .shape = mine.shape };
+    }
+    int st = probs_settle(comm, name, &mine, all);
+    free(all);
+    if (st < 0) {
+        tt_topo_free(t);
+        return st;
+    }
     /* the grid's ranks keep their order (no reordering), the others leave */
     tutti_comm_t *c = NULL;
-    int st = tutti_comm_split(comm, inside ? 0 : TUTTI_SPLIT_NOCOLOR, me, &c);
+    st = tutti_comm_split(comm, inside ? 0 : TUTTI_SPLIT_NOCOLOR, me, &c);
     if (st < 0 || !c) {
         tt_topo_free(t);
         return st;
@@ -356,20 +389,23 @@ int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **su
     const tt_topo_t *g = grid_of(comm, name, &st);
     if (!g)
         return st;
-    if (!sub_p || (g->ndims && !remain_dims))
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s is NULL", name,
-                                 sub_p ? "remain_dims" : "sub_p");
-    *sub_p = NULL;
+    if (sub_p)
+        *sub_p = NULL;
+    prob_t mine = { 0 }, *all = malloc((size_t)comm->nranks * sizeof(*all));
+    int *dims = malloc(2 * ((size_t)g->ndims + 1) * sizeof(int)), *per = dims + g->ndims + 1;
+    if (!all || !dims) {
+        free(all);
+        free(dims);
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    }
     /* every rank must keep the same dimensions (a digest of which, as a grid's shape) */
-    prob_t mine = { 0 };
-    mine.shape = shape_digest(g->ndims, g->dims, remain_dims);
-    TT_CHECK(probs_settle(comm, name, &mine));
+    if (!sub_p)
+        mine.kind = P_NULL_OUT;
+    else if (g->ndims && !remain_dims)
+        mine = (prob_t){ .kind = P_DIM, .a = g->ndims, .b = INT32_MIN };
     /* the kept dimensions' grid; the dropped ones' coordinates say which sub-grid */
     int nd = 0, color = 0, key = 0;
-    int *dims = malloc(2 * ((size_t)g->ndims + 1) * sizeof(int)), *per = dims + g->ndims + 1;
-    if (!dims)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
-    for (int i = 0; i < g->ndims; i++)
+    for (int i = 0; !mine.kind && i < g->ndims; i++)
         if (remain_dims[i]) {
             dims[nd] = g->dims[i];
             per[nd++] = g->periods[i];
@@ -377,10 +413,19 @@ int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **su
         } else {
             color = color * g->dims[i] + g->coords[i];
         }
-    tt_topo_t *t = grid_make(nd, dims, per, key);
+    tt_topo_t *t = NULL;
+    if (!mine.kind) {
+        mine.shape = shape_digest(g->ndims, g->dims, remain_dims);
+        if (!(t = grid_make(nd, dims, per, key)))
+            mine = (prob_t){ .kind = P_NOMEM, .a = 4 * nd, .shape = mine.shape };
+    }
     free(dims);
-    if (!t)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    st = probs_settle(comm, name, &mine, all);
+    free(all);
+    if (st < 0) {
+        tt_topo_free(t);
+        return st;
+    }
     tutti_comm_t *c = NULL;
     if ((st = tutti_comm_split(comm, color, key, &c)) < 0) {
         tt_topo_free(t);

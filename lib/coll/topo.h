@@ -17,6 +17,9 @@
  * periodic dimension of 1 or 2). Messages of a collective between two ranks are matched
  * in the order posted, so both sides post theirs to one peer by (peer, tag):
  * send_order and recv_order. */
+/* a grid's dimensions at most (so that its 2 x ndims edges and their arrays fit an int) */
+#define TT_TOPO_MAX_DIMS (1 << 20)
+
 typedef struct tt_topo {
     int kind; /* TUTTI_TOPO_GRAPH or TUTTI_TOPO_CART */
     int indeg, outdeg;

@@ -1115,8 +1115,14 @@ def dims_create(nnodes, dims):
     """MPI_Dims_create (mpi4py's Compute_dims): dims (a length, or a list whose zeros
     are to fill) as a grid of nnodes ranks, the filled entries as close to each other as
     they can be, non-increasing. Returns the list."""
-    d = [0] * _int(dims, "dims_create's dims") if isinstance(dims, int) else \
-        [_int(x, "dims_create's dims") for x in dims]
+    try:
+        nd = operator.index(dims)  # a length (int, NumPy's integers)
+    except TypeError:
+        d = [_int(x, "dims_create's dims") for x in dims]
+    else:
+        if nd < 0:
+            raise InvalidArgError(f"tutti: dims_create: ndims {nd} is negative")
+        d = [0] * nd
     a = (ctypes.c_int * max(len(d), 1))(*d)
     st = _lib_.tutti_dims_create(_int(nnodes, "dims_create's nnodes"), len(d), a)
     if st < 0:
