@@ -1210,7 +1210,12 @@ def topology_calls(comm):
     graph with a self loop and a repeated edge, their neighbourhood collectives checked
     against references built here from every rank's arguments."""
     r, n = comm.rank, comm.size
-    out = {"dims": tutti.dims_create(n, 2), "dims3": tutti.dims_create(12, [0, 3, 0])}
+    out = {"dims": tutti.dims_create(n, np.int64(2)), "dims3": tutti.dims_create(12, [0, 3, 0])}
+    try:
+        tutti.dims_create(4, -1)
+        out["dims_neg"] = None
+    except tutti.InvalidArgError as e:
+        out["dims_neg"] = str(e)
     try:
         tutti.dims_create(7, [2, 0])
         out["dims_bad"] = None
@@ -1271,6 +1276,7 @@ def test_topology():
     for r, o in enumerate(got):
         assert o["dims"] == [2, 2] and o["dims3"] == [2, 3, 2], o
         assert "12" not in o["dims_bad"] and "7 ranks" in o["dims_bad"], o["dims_bad"]
+        assert "ndims -1" in o["dims_neg"], o["dims_neg"]
         coords = [r // 2, r % 2]
         back0, fwd0 = ((coords[0] - 1) % 2) * 2 + coords[1], ((coords[0] + 1) % 2) * 2 + coords[1]
         back1 = coords[0] * 2 + coords[1] - 1 if coords[1] > 0 else tutti.PROC_NULL
