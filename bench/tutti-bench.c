@@ -67,14 +67,26 @@ enum bench_coll {
     COLL_ALLTOALL,
     COLL_SCAN,
     COLL_EXSCAN,
+    COLL_NEIGHBOR_ALLTOALL, /* on a periodic ring (a 1-d grid): the halo exchange */
     COLL_COUNT
 };
 
 /* The names tutti_comm_algo_for and TUTTI_ALGO use. */
 static const char *const coll_names[COLL_COUNT] = {
     "allreduce", "broadcast", "barrier",  "reduce", "allgather", "reduce_scatter",
-    "gather",    "scatter",   "alltoall", "scan",   "exscan",
+    "gather",    "scatter",   "alltoall", "scan",   "exscan", "neighbor_alltoall",
 };
+
+/* neighbor_alltoall's neighbours: the ring's rank back and the one forward (tutti_cart_
+ * create of one periodic dimension; with 2 ranks both are the other, with 1 itself) */
+#define RING_DEGREE 2
+
+/* Collectives timed once a size, out of place: a barrier (no data), and neighbor_alltoall,
+ * which has no in-place form (MPI's neither). */
+static int coll_one_half(enum bench_coll c)
+{
+    return c == COLL_BARRIER || c == COLL_NEIGHBOR_ALLTOALL;
+}
 
 /* --algo all: every algorithm the library has for the collective (tutti_algo_name), at
  * most this many; one tutti_comm_init rejects (opts.algo) is noted and skipped. */
@@ -185,7 +197,9 @@ static void usage(FILE *f)
         "                      or srun; with ranks on several hosts, or MPICH's without\n"
         "                      a TUTTI_JOB_ID, set TUTTI_STORE too)\n"
         "  --coll NAME         allreduce (default), broadcast, barrier, reduce, allgather,\n"
-        "                      reduce_scatter, gather, scatter, alltoall, scan or exscan\n"
+        "                      reduce_scatter, gather, scatter, alltoall, scan, exscan or\n"
+        "                      neighbor_alltoall (a halo exchange on a periodic ring of the\n"
+        "                      ranks, tutti_cart_create: out of place only)\n"
         "  -b, --minbytes SIZE smallest size, bytes with K/M/G suffixes (default 8); size\n"
         "                      and count as nccl-tests prints them (see below)\n"
         "  -e, --maxbytes SIZE largest message (default 64M)\n"
@@ -260,10 +274,12 @@ static void usage(FILE *f)
         "  allreduce, broadcast, reduce, scan, exscan: size = count x elem\n"
         "  allgather, reduce_scatter, gather, scatter, alltoall: count = the per-rank block\n"
         "    (sendcount / recvcount / per-peer count), size = nranks x count x elem\n"
+        "  neighbor_alltoall: count = the block to each of the 2 neighbours, size =\n"
+        "    2 x count x elem\n"
         "  algbw = size / time; busbw = algbw x\n"
         "    2(n-1)/n  allreduce\n"
         "    (n-1)/n   allgather, reduce_scatter, gather, scatter, alltoall\n"
-        "    1         broadcast, reduce, scan, exscan\n"
+        "    1         broadcast, reduce, scan, exscan, neighbor_alltoall\n"
         "  exit status: 0 ok, 1 wrong results (-c), 2 bad usage (also: a root, a size range\n"
         "  or a -c that the job's rank count rules out), 3 a call failed;\n"
         "  -np stopped by signal N (SIGINT, SIGTERM, SIGHUP): 128+N\n"
@@ -411,6 +427,11 @@ static int check_cfg(const char *dtype, const char *op, bench_cfg_t *cfg_p)
                 "tutti-bench: -o %s does not reduce %s (complex: sum, prod, avg; the value-index "
                 "pairs: minloc, maxloc, and those ops nothing else)\n",
                 tutti_redop_name(cfg_p->op), tutti_dtype_name(cfg_p->dtype));
+        return -1;
+    }
+    if (cfg_p->coll == COLL_NEIGHBOR_ALLTOALL && (cfg_p->algo_all || cfg_p->stream)) {
+        fprintf(stderr, "tutti-bench: --coll neighbor_alltoall has one algorithm and runs on "
+                        "a communicator of its own: without --algo all and --stream\n");
         return -1;
     }
     if (cfg_p->min_bytes == 0 || cfg_p->min_bytes > cfg_p->max_bytes) {
@@ -951,6 +972,7 @@ static size_t send_count(enum bench_coll coll, int n, size_t c)
     case COLL_REDUCE_SCATTER:
     case COLL_SCATTER:
     case COLL_ALLTOALL: return (size_t)n * c;
+    case COLL_NEIGHBOR_ALLTOALL: return RING_DEGREE * c;
     default: return c;
     }
 }
@@ -962,6 +984,7 @@ static size_t recv_count(enum bench_coll coll, int n, size_t c)
     case COLL_ALLGATHER:
     case COLL_GATHER:
     case COLL_ALLTOALL: return (size_t)n * c;
+    case COLL_NEIGHBOR_ALLTOALL: return RING_DEGREE * c;
     default: return c;
     }
 }
@@ -975,6 +998,8 @@ static double send_value(const bench_cfg_t *cfg, int me, int n, size_t c, size_t
     case COLL_GATHER: return move_value(cfg, (size_t)me, i);
     case COLL_SCATTER: return move_value(cfg, i / c, i % c);
     case COLL_ALLTOALL: return move_value(cfg, (size_t)me * (size_t)n + i / c, i % c);
+    /* block 0 to the rank back, block 1 to the one forward */
+    case COLL_NEIGHBOR_ALLTOALL: return move_value(cfg, (size_t)me * 2 + i / c, i % c);
     default: return red_value(cfg, me, n, i); /* allreduce, reduce, reduce_scatter */
     }
 }
@@ -988,6 +1013,10 @@ static double expected_value(const bench_cfg_t *cfg, int me, int n, size_t c, si
     case COLL_GATHER: return move_value(cfg, i / c, i % c);
     case COLL_SCATTER: return move_value(cfg, (size_t)me, i);
     case COLL_ALLTOALL: return move_value(cfg, (i / c) * (size_t)n + (size_t)me, i % c);
+    case COLL_NEIGHBOR_ALLTOALL: /* slot 0 from the rank back (its block 1, sent forward),
+                                    slot 1 from the one forward (its block 0) */
+        return i / c == 0 ? move_value(cfg, (size_t)((me + n - 1) % n) * 2 + 1, i % c)
+                          : move_value(cfg, (size_t)((me + 1) % n) * 2, i % c);
     case COLL_REDUCE_SCATTER: return red_expected(cfg, n, n, (size_t)me * c + i);
     case COLL_SCAN: return red_expected(cfg, n, me + 1, i);
     case COLL_EXSCAN: return red_expected(cfg, n, me, i);
@@ -1004,7 +1033,8 @@ static size_t input_period(const bench_cfg_t *cfg)
     case COLL_ALLGATHER:
     case COLL_GATHER:
     case COLL_SCATTER:
-    case COLL_ALLTOALL: return LONG_PERIOD;
+    case COLL_ALLTOALL:
+    case COLL_NEIGHBOR_ALLTOALL: return LONG_PERIOD;
     default: break;
     }
     switch (cfg->op) {
@@ -1057,7 +1087,10 @@ static void fill_input(const bench_cfg_t *cfg, int me, int n, size_t c, void *bu
     size_t count = send_count(cfg->coll, n, c), es = tutti_dtype_size(cfg->dtype);
     size_t period = input_period(cfg);
     /* scatter and alltoall send a block per rank, each its own pattern */
-    size_t block = cfg->coll == COLL_SCATTER || cfg->coll == COLL_ALLTOALL ? c : count;
+    size_t block = cfg->coll == COLL_SCATTER || cfg->coll == COLL_ALLTOALL ||
+                           cfg->coll == COLL_NEIGHBOR_ALLTOALL
+                       ? c
+                       : count;
     if (count == 0)
         return;
     size_t head = size_min(period, block), nblocks = (count + block - 1) / block;
@@ -1269,6 +1302,8 @@ static int run_call(const bench_ctx_t *b, size_t count, int in_place)
     case COLL_ALLTOALL: return tutti_alltoall(b->comm, src, b->recv, count, cfg->dtype);
     case COLL_SCAN: return tutti_scan(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
     case COLL_EXSCAN: return tutti_exscan(b->comm, src, b->recv, count, cfg->dtype, cfg->op);
+    case COLL_NEIGHBOR_ALLTOALL:
+        return tutti_neighbor_alltoall(b->comm, b->send, b->recv, count, cfg->dtype);
     default: break;
     }
     return TUTTI_ERR_INVALID_ARG;
@@ -1541,7 +1576,10 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
                                                    : "(n-1)/n",
                coll_blocked(cfg->coll) ? "; count = per-rank block, size = nranks x count x "
                                          "elem"
-                                       : "");
+               : cfg->coll == COLL_NEIGHBOR_ALLTOALL
+                   ? "; a periodic ring (tutti_cart_create): count = the block to each of "
+                     "the 2 neighbours, size = 2 x count x elem"
+                   : "");
     if (cfg->algo_all) {
         printf("# --algo all: out of place, one communicator per algorithm, the algorithms "
                "taking turns (%d rounds of iters/%d calls each); per algorithm "
@@ -1569,7 +1607,8 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
                "(us)", "", "", "", "(us)", "(us)");
         return;
     }
-    printf("#%43s%-61s%s\n", "", "out-of-place", "in-place");
+    printf("#%43s%-61s%s\n", "", "out-of-place",
+           coll_one_half(cfg->coll) ? "(no in-place form)" : "in-place");
     print_column_titles();
 }
 
@@ -1647,7 +1686,7 @@ static void print_row(const bench_ctx_t *b, const bench_set_t *set, const bench_
         return;
     }
     print_half(&row->half[0], barrier);
-    if (!barrier)
+    if (!coll_one_half(cfg->coll))
         print_half(&row->half[1], 0);
     printf("\n");
     fflush(stdout);
@@ -1727,7 +1766,8 @@ static void write_json_rows(FILE *f, const bench_ctx_t *b, const bench_set_t *se
             json_half(f, "barrier", &r->half[0], 1);
         } else {
             json_half(f, "out_of_place", &r->half[0], 0);
-            json_half(f, "in_place", &r->half[1], 0);
+            if (!coll_one_half(cfg->coll))
+                json_half(f, "in_place", &r->half[1], 0);
         }
         fprintf(f, "}");
     }
@@ -1933,7 +1973,7 @@ static int run_row_algos(bench_ctx_t *b, const bench_set_t *set, bench_row_t *ro
 static int run_row_halves(const bench_ctx_t *b, bench_row_t *row, bench_tally_t *tally_p)
 {
     int barrier = b->cfg->coll == COLL_BARRIER;
-    for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+    for (int ip = 0; ip < (coll_one_half(b->cfg->coll) ? 1 : 2); ip++) {
         if (run_half(b, row->count, row->bytes, ip, &row->half[ip]) != TUTTI_OK)
             return -1;
         if (row->half[ip].wrong > 0)
@@ -1976,12 +2016,28 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     int barrier = cfg->coll == COLL_BARRIER;
     size_t esize = tutti_dtype_size(cfg->dtype);
     /* check_world passed already: at the arguments (-np) or in run_env */
-    /* blocked collectives: size = nranks x count x elem */
-    size_t unit = coll_blocked(cfg->coll) ? (size_t)b.size * esize : esize;
+    /* blocked collectives: size = nranks x count x elem; neighbor_alltoall's 2 blocks */
+    size_t unit = coll_blocked(cfg->coll)                ? (size_t)b.size * esize
+                  : cfg->coll == COLL_NEIGHBOR_ALLTOALL ? RING_DEGREE * esize
+                                                         : esize;
+    tutti_comm_t *ring = NULL;
+    if (cfg->coll == COLL_NEIGHBOR_ALLTOALL) { /* the ring's communicator runs the calls */
+        int dims[1] = { b.size }, periods[1] = { 1 };
+        int st = tutti_cart_create(comm, 1, dims, periods, &ring);
+        if (st != TUTTI_OK) {
+            fprintf(stderr, "tutti-bench: rank %d: cart_create: %s\n", b.rank,
+                    tutti_comm_last_error(comm));
+            return 3;
+        }
+        b.comm = comm = ring;
+    }
     size_t nsizes;
     bench_row_t *rows;
-    if (make_rows(cfg, unit, &rows, &nsizes) < 0)
+    if (make_rows(cfg, unit, &rows, &nsizes) < 0) {
+        if (ring)
+            tutti_comm_destroy(ring);
         return 3;
+    }
 
     size_t alloc = barrier ? 64 : (cfg->max_bytes / esize) * esize;
     alloc = (alloc + 4095) & ~(size_t)4095;
@@ -2054,6 +2110,8 @@ out_free:
     free(recv_page);
     free(send_page);
     free(rows);
+    if (ring && tutti_comm_destroy(ring) != TUTTI_OK && !rc)
+        rc = 3;
     return rc;
 }
 
