@@ -381,7 +381,8 @@ int parse_args(int argc, char **argv, Config *cfg)
         }
         i += takes;
     }
-    if (cfg->p.coll == PEER_SCAN || cfg->p.coll == PEER_EXSCAN) {
+    if (cfg->p.coll == PEER_SCAN || cfg->p.coll == PEER_EXSCAN ||
+        cfg->p.coll == PEER_NEIGHBOR_ALLTOALL) {
         fprintf(stderr, "gloo-bench: Gloo has no %s\n", peer_coll_names[cfg->p.coll]);
         return 2;
     }

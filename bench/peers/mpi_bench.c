@@ -20,6 +20,7 @@
 #include "peer.h"
 
 static int rank_, size_;
+static MPI_Comm ring_ = MPI_COMM_NULL; /* neighbor_alltoall's periodic ring */
 
 static void run_once(const peer_cfg_t *cfg, float *send, float *recv, size_t c, int in_place)
 {
@@ -43,6 +44,9 @@ static void run_once(const peer_cfg_t *cfg, float *send, float *recv, size_t c, 
         break;
     case PEER_SCAN: MPI_Scan(src, recv, ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
     case PEER_EXSCAN: MPI_Exscan(src, recv, ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case PEER_NEIGHBOR_ALLTOALL:
+        MPI_Neighbor_alltoall(send, ic, MPI_FLOAT, recv, ic, MPI_FLOAT, ring_);
+        break;
     default: MPI_Barrier(MPI_COMM_WORLD); break;
     }
 }
@@ -169,7 +173,7 @@ static long long bench_sizes(const peer_cfg_t *cfg, double *times, float *send, 
         if (!barrier && c == 0)
             continue;
         peer_half_t h[2];
-        for (int ip = 0; ip < (barrier ? 1 : 2); ip++) {
+        for (int ip = 0; ip < (peer_one_half(cfg->coll) ? 1 : 2); ip++) {
             run_half(cfg, send, recv, c, ip, times, &h[ip]);
             total_wrong += h[ip].wrong > 0 ? h[ip].wrong : 0;
         }
@@ -211,10 +215,16 @@ int main(int argc, char **argv)
     }
     memset(send, 0, alloc);
     memset(recv, 0, alloc);
+    if (cfg.coll == PEER_NEIGHBOR_ALLTOALL) { /* tutti-bench's ring: one periodic dimension */
+        int dims[1] = { size_ }, periods[1] = { 1 };
+        MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &ring_);
+    }
     long long total_wrong = bench_sizes(&cfg, times, send, recv);
     free(times);
     free(send);
     free(recv);
+    if (ring_ != MPI_COMM_NULL)
+        MPI_Comm_free(&ring_);
     MPI_Finalize();
     return total_wrong ? 1 : 0;
 }

@@ -22,13 +22,20 @@ enum peer_coll {
     PEER_ALLTOALL,
     PEER_SCAN,   /* MPI only (Gloo has none) */
     PEER_EXSCAN, /* MPI only */
+    PEER_NEIGHBOR_ALLTOALL, /* MPI only: on a periodic ring (MPI_Cart_create), 2 blocks */
     PEER_NCOLLS
 };
 
 static const char *const peer_coll_names[PEER_NCOLLS] = {
     "allreduce",      "broadcast", "barrier", "allgather",
-    "reduce_scatter", "alltoall",  "scan",    "exscan",
+    "reduce_scatter", "alltoall",  "scan",    "exscan", "neighbor_alltoall",
 };
+
+/* timed out of place only: a barrier (no data), neighbor_alltoall (no in-place form) */
+static inline int peer_one_half(int coll)
+{
+    return coll == PEER_BARRIER || coll == PEER_NEIGHBOR_ALLTOALL;
+}
 
 typedef struct peer_cfg {
     int coll; /* enum peer_coll */
@@ -73,11 +80,15 @@ static inline double peer_busbw_factor(int coll, int n)
 /* Elements of the send and of the receive buffer for a count of c. */
 static inline size_t peer_send_count(int coll, int n, size_t c)
 {
+    if (coll == PEER_NEIGHBOR_ALLTOALL)
+        return 2 * c;
     return coll == PEER_REDUCE_SCATTER || coll == PEER_ALLTOALL ? (size_t)n * c : c;
 }
 
 static inline size_t peer_recv_count(int coll, int n, size_t c)
 {
+    if (coll == PEER_NEIGHBOR_ALLTOALL)
+        return 2 * c;
     return coll == PEER_ALLGATHER || coll == PEER_ALLTOALL ? (size_t)n * c : c;
 }
 
@@ -107,6 +118,8 @@ static inline float peer_send_value(const peer_cfg_t *cfg, int me, int n, size_t
     case PEER_BROADCAST: return peer_bcast_value(me, i);
     case PEER_ALLGATHER: return peer_move_value((size_t)me, i);
     case PEER_ALLTOALL: return peer_move_value((size_t)me * (size_t)n + i / c, i % c);
+    /* block 0 to the rank back, 1 to the one forward */
+    case PEER_NEIGHBOR_ALLTOALL: return peer_move_value((size_t)me * 2 + i / c, i % c);
     default: return peer_red_value(me, i);
     }
 }
@@ -120,6 +133,9 @@ static inline float peer_expected(const peer_cfg_t *cfg, int me, int n, size_t c
     case PEER_BROADCAST: return peer_bcast_value(cfg->root, i);
     case PEER_ALLGATHER: return peer_move_value(i / c, i % c);
     case PEER_ALLTOALL: return peer_move_value((i / c) * (size_t)n + (size_t)me, i % c);
+    case PEER_NEIGHBOR_ALLTOALL: /* slot 0 from the rank back (its block 1), 1 from the front */
+        return i / c == 0 ? peer_move_value((size_t)((me + n - 1) % n) * 2 + 1, i % c)
+                          : peer_move_value((size_t)((me + 1) % n) * 2, i % c);
     default: /* scan: ranks 0..me; exscan: 0..me-1 */
         for (int r = 0; r < (cfg->coll == PEER_SCAN     ? me + 1
                              : cfg->coll == PEER_EXSCAN ? me
@@ -148,9 +164,9 @@ static inline void peer_fill_input(const peer_cfg_t *cfg, int me, int n, size_t 
     /* the period of peer_send_value in i (within a block of c for alltoall) */
     size_t period = cfg->coll == PEER_BROADCAST   ? 11
                     : cfg->coll == PEER_ALLGATHER ? 101
-                    : cfg->coll == PEER_ALLTOALL  ? 101
-                                                  : 3;
-    size_t block = cfg->coll == PEER_ALLTOALL ? c : count;
+                    : cfg->coll == PEER_ALLTOALL || cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 101
+                                                                                      : 3;
+    size_t block = cfg->coll == PEER_ALLTOALL || cfg->coll == PEER_NEIGHBOR_ALLTOALL ? c : count;
     for (size_t b0 = 0; b0 < count; b0 += block) {
         size_t len = block < count - b0 ? block : count - b0;
         for (size_t i = 0; i < period && i < len; i++)
@@ -217,7 +233,9 @@ static inline void peer_stats(double *times, int iters, peer_half_t *h)
 /* The count of a row of SIZE bytes; 0: less than one element per rank, no row. */
 static inline size_t peer_row_count(const peer_cfg_t *cfg, int n, size_t size)
 {
-    size_t unit = peer_blocked(cfg->coll) ? (size_t)n * sizeof(float) : sizeof(float);
+    size_t unit = peer_blocked(cfg->coll)                  ? (size_t)n * sizeof(float)
+                  : cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 2 * sizeof(float)
+                                                        : sizeof(float);
     return size / unit;
 }
 
@@ -321,7 +339,8 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
 
 #define PEER_FLAGS_USAGE                                                                           \
     "  --coll NAME   allreduce (default), broadcast, allgather, reduce_scatter, alltoall,\n"       \
-    "                barrier, scan, exscan (MPI only) (float sum)\n"                               \
+    "                barrier, scan, exscan, neighbor_alltoall (MPI only; a periodic\n"           \
+    "                ring, size = 2 x the block to each neighbour) (float sum)\n"                 \
     "  -b, -e SIZE   smallest/largest size, bytes with K/M/G suffixes (default 8 .. 64M);\n"       \
     "                allgather, reduce_scatter, alltoall: size = nranks x per-rank block\n"        \
     "  -f FACTOR     size multiplier between rows (default 2)\n"                                   \
@@ -372,14 +391,16 @@ static inline void peer_print_row(const peer_cfg_t *cfg, int n, size_t count,
                                   const peer_half_t h[2])
 {
     int barrier = cfg->coll == PEER_BARRIER;
-    size_t bytes = peer_blocked(cfg->coll) ? (size_t)n * count * sizeof(float)
-                                           : count * sizeof(float);
+    size_t bytes = peer_blocked(cfg->coll)                  ? (size_t)n * count * sizeof(float)
+                   : cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 2 * count * sizeof(float)
+                                                         : count * sizeof(float);
     double factor = peer_busbw_factor(cfg->coll, n);
     printf(" %11zu %12zu %6s %6s %5d", bytes, count, barrier ? "none" : "float",
            cfg->coll == PEER_ALLREDUCE || cfg->coll == PEER_REDUCE_SCATTER ? "sum" : "none",
            cfg->coll == PEER_BROADCAST ? cfg->root : -1);
     peer_print_half(&h[0], bytes, factor, barrier);
-    peer_print_half(&h[barrier ? 0 : 1], bytes, factor, barrier);
+    /* (once-timed collectives print their one half twice, as the columns expect) */
+    peer_print_half(&h[peer_one_half(cfg->coll) ? 0 : 1], bytes, factor, barrier);
     printf("\n");
     fflush(stdout);
 }
