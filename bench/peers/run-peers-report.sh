@@ -230,9 +230,9 @@ report_header() {
     echo "collectives: $([ "${root_of:-0}" = last ] && echo "rank N-1" || echo "rank ${root_of:-0}"). Each figure is the median"
     echo "over the repeats of a run's p50 (over iterations) of the per-iteration maximum over ranks$([ -n "${window:-}" ] && echo " (each rank's time from the common start)"), with the"
     echo "range over repeats in parentheses; busbw = size / that time x the nccl-tests factor"
-    echo "(2(n-1)/n allreduce, 1 broadcast, (n-1)/n allgather, reduce_scatter, alltoall)."
+    echo "(2(n-1)/n allreduce, 1 broadcast and neighbor_alltoall, (n-1)/n allgather, reduce_scatter, alltoall)."
     echo "In-place half for allreduce, broadcast and reduce_scatter, out-of-place half for"
-    echo "allgather and alltoall: a form every system has natively."
+    echo "allgather, alltoall and neighbor_alltoall: a form every system has natively."
     echo "Gloo allreduce: the fastest of ring, ring_chunked, halving_doubling, bcube per size."
     if [ -s "$work/window" ]; then
         echo "Timed calls left out because a rank reached the call after its start (--window):"

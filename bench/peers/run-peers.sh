@@ -155,8 +155,8 @@ wants() { case " $peers " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # The half a table shows: a form native to every system (Gloo's allreduce, broadcast and
 # reduce_scatter are in place only, its alltoall out of place only, its in-place allgather
-# stalls); barrier: its one.
-half_of() { case $1 in allgather | alltoall | barrier) echo oop ;; *) echo ip ;; esac; }
+# stalls); barrier, neighbor_alltoall (no in-place form, in MPI neither): its one.
+half_of() { case $1 in allgather | alltoall | barrier | neighbor_alltoall) echo oop ;; *) echo ip ;; esac; }
 
 # band_sizes MIN MAX: the sizes of a band in bytes.
 to_bytes() {
