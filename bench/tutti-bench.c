@@ -74,7 +74,7 @@ enum bench_coll {
 /* The names tutti_comm_algo_for and TUTTI_ALGO use. */
 static const char *const coll_names[COLL_COUNT] = {
     "allreduce", "broadcast", "barrier",  "reduce", "allgather", "reduce_scatter",
-    "gather",    "scatter",   "alltoall", "scan",   "exscan", "neighbor_alltoall",
+    "gather",    "scatter",   "alltoall", "scan",   "exscan",    "neighbor_alltoall",
 };
 
 /* neighbor_alltoall's neighbours: the ring's rank back and the one forward (tutti_cart_
@@ -2017,9 +2017,9 @@ static int bench_comm(const bench_cfg_t *cfg, const bench_set_t *set)
     size_t esize = tutti_dtype_size(cfg->dtype);
     /* check_world passed already: at the arguments (-np) or in run_env */
     /* blocked collectives: size = nranks x count x elem; neighbor_alltoall's 2 blocks */
-    size_t unit = coll_blocked(cfg->coll)                ? (size_t)b.size * esize
+    size_t unit = coll_blocked(cfg->coll)               ? (size_t)b.size * esize
                   : cfg->coll == COLL_NEIGHBOR_ALLTOALL ? RING_DEGREE * esize
-                                                         : esize;
+                                                        : esize;
     tutti_comm_t *ring = NULL;
     if (cfg->coll == COLL_NEIGHBOR_ALLTOALL) { /* the ring's communicator runs the calls */
         int dims[1] = { b.size }, periods[1] = { 1 };

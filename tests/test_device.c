@@ -1663,10 +1663,12 @@ static int rank_nb(int rank, int n, tutti_comm_t *comm, const char *dir, void *a
     tutti_comm_t *g = NULL;
     OKC(tutti_dist_graph_create_adjacent(comm, K, sr, K, nb, &g));
     int32_t hs[K];
-    for (int i = 0; i < K; i++) hs[i] = rank * 100 + i;
+    for (int i = 0; i < K; i++)
+        hs[i] = rank * 100 + i;
     int32_t *xs = dev_ints(hs, K), *ys = dev_alloc(2 * K * 4, 0x5a);
     size_t rc[K], rd[K];
-    for (int j = 0; j < K; j++) rc[j] = 1, rd[j] = 2 * (size_t)j;
+    for (int j = 0; j < K; j++)
+        rc[j] = 1, rd[j] = 2 * (size_t)j;
     st = tutti_neighbor_allgatherv(g, xs, 1, ys, rc, rd, TUTTI_INT32);
     FAIL_IF(st, "graph agv: %s", tutti_comm_last_error(g));
     int32_t w2[2 * K];

@@ -552,13 +552,14 @@ static int rank_bad(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
             "NULL cart_p at rank 2: %d %s", st, tutti_comm_last_error(comm));
     /* a chain 0 -> 1 -> 2: the ends' empty sides pass NULL arrays (MPI allows it) */
     int up = rank - 1, down = rank + 1;
-    st = tutti_dist_graph_create_adjacent(comm, rank > 0, rank > 0 ? &up : NULL,
-                                          rank < nranks - 1, rank < nranks - 1 ? &down : NULL, &gc);
+    st = tutti_dist_graph_create_adjacent(comm, rank > 0, rank > 0 ? &up : NULL, rank < nranks - 1,
+                                          rank < nranks - 1 ? &down : NULL, &gc);
     FAIL_IF(st != TUTTI_OK, "chain: %s", tutti_comm_last_error(comm));
     uint32_t cs[2] = { 70u + (uint32_t)rank, 80u + (uint32_t)rank }, cr[2] = { 0, 0 };
     size_t c2 = 2, z = 0;
-    st = tutti_neighbor_alltoallv(gc, cs, rank < nranks - 1 ? &c2 : NULL, rank < nranks - 1 ? &z : NULL,
-                                  cr, rank > 0 ? &c2 : NULL, rank > 0 ? &z : NULL, TUTTI_UINT32);
+    st = tutti_neighbor_alltoallv(gc, cs, rank < nranks - 1 ? &c2 : NULL,
+                                  rank < nranks - 1 ? &z : NULL, cr, rank > 0 ? &c2 : NULL,
+                                  rank > 0 ? &z : NULL, TUTTI_UINT32);
     FAIL_IF(st != TUTTI_OK, "chain alltoallv with NULL arrays: %s", tutti_comm_last_error(gc));
     FAIL_IF(rank > 0 && (cr[0] != 70u + (uint32_t)up || cr[1] != 80u + (uint32_t)up),
             "chain alltoallv: %u %u", cr[0], cr[1]);

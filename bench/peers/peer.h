@@ -20,15 +20,15 @@ enum peer_coll {
     PEER_ALLGATHER,
     PEER_REDUCE_SCATTER,
     PEER_ALLTOALL,
-    PEER_SCAN,   /* MPI only (Gloo has none) */
-    PEER_EXSCAN, /* MPI only */
+    PEER_SCAN,              /* MPI only (Gloo has none) */
+    PEER_EXSCAN,            /* MPI only */
     PEER_NEIGHBOR_ALLTOALL, /* MPI only: on a periodic ring (MPI_Cart_create), 2 blocks */
     PEER_NCOLLS
 };
 
 static const char *const peer_coll_names[PEER_NCOLLS] = {
-    "allreduce",      "broadcast", "barrier", "allgather",
-    "reduce_scatter", "alltoall",  "scan",    "exscan", "neighbor_alltoall",
+    "allreduce", "broadcast", "barrier", "allgather",         "reduce_scatter",
+    "alltoall",  "scan",      "exscan",  "neighbor_alltoall",
 };
 
 /* timed out of place only: a barrier (no data), neighbor_alltoall (no in-place form) */
@@ -162,10 +162,10 @@ static inline void peer_fill_input(const peer_cfg_t *cfg, int me, int n, size_t 
 {
     size_t count = peer_send_count(cfg->coll, n, c);
     /* the period of peer_send_value in i (within a block of c for alltoall) */
-    size_t period = cfg->coll == PEER_BROADCAST   ? 11
-                    : cfg->coll == PEER_ALLGATHER ? 101
+    size_t period = cfg->coll == PEER_BROADCAST                                         ? 11
+                    : cfg->coll == PEER_ALLGATHER                                       ? 101
                     : cfg->coll == PEER_ALLTOALL || cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 101
-                                                                                      : 3;
+                                                                                        : 3;
     size_t block = cfg->coll == PEER_ALLTOALL || cfg->coll == PEER_NEIGHBOR_ALLTOALL ? c : count;
     for (size_t b0 = 0; b0 < count; b0 += block) {
         size_t len = block < count - b0 ? block : count - b0;
@@ -233,7 +233,7 @@ static inline void peer_stats(double *times, int iters, peer_half_t *h)
 /* The count of a row of SIZE bytes; 0: less than one element per rank, no row. */
 static inline size_t peer_row_count(const peer_cfg_t *cfg, int n, size_t size)
 {
-    size_t unit = peer_blocked(cfg->coll)                  ? (size_t)n * sizeof(float)
+    size_t unit = peer_blocked(cfg->coll)               ? (size_t)n * sizeof(float)
                   : cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 2 * sizeof(float)
                                                         : sizeof(float);
     return size / unit;
@@ -339,8 +339,8 @@ static inline int peer_parse_flag(peer_cfg_t *cfg, const char *a, const char *v,
 
 #define PEER_FLAGS_USAGE                                                                           \
     "  --coll NAME   allreduce (default), broadcast, allgather, reduce_scatter, alltoall,\n"       \
-    "                barrier, scan, exscan, neighbor_alltoall (MPI only; a periodic\n"           \
-    "                ring, size = 2 x the block to each neighbour) (float sum)\n"                 \
+    "                barrier, scan, exscan, neighbor_alltoall (MPI only; a periodic\n"             \
+    "                ring, size = 2 x the block to each neighbour) (float sum)\n"                  \
     "  -b, -e SIZE   smallest/largest size, bytes with K/M/G suffixes (default 8 .. 64M);\n"       \
     "                allgather, reduce_scatter, alltoall: size = nranks x per-rank block\n"        \
     "  -f FACTOR     size multiplier between rows (default 2)\n"                                   \
@@ -391,7 +391,7 @@ static inline void peer_print_row(const peer_cfg_t *cfg, int n, size_t count,
                                   const peer_half_t h[2])
 {
     int barrier = cfg->coll == PEER_BARRIER;
-    size_t bytes = peer_blocked(cfg->coll)                  ? (size_t)n * count * sizeof(float)
+    size_t bytes = peer_blocked(cfg->coll)               ? (size_t)n * count * sizeof(float)
                    : cfg->coll == PEER_NEIGHBOR_ALLTOALL ? 2 * count * sizeof(float)
                                                          : count * sizeof(float);
     double factor = peer_busbw_factor(cfg->coll, n);

@@ -156,8 +156,8 @@ static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine, prob
     if (worst >= 0) {
         char why[TT_ERRMSG_LEN / 2];
         prob_text(&all[worst], worst, n, why, sizeof(why));
-        st = tt_comm_set_error(comm, all[worst].kind == P_NOMEM ? TUTTI_ERR_NOMEM
-                                                                : TUTTI_ERR_INVALID_ARG,
+        st = tt_comm_set_error(comm,
+                               all[worst].kind == P_NOMEM ? TUTTI_ERR_NOMEM : TUTTI_ERR_INVALID_ARG,
                                "%s: %s", name, why);
     }
     return st;
