@@ -240,11 +240,76 @@ static int rank_graph(int rank, int nranks, tutti_comm_t *comm, const char *dir,
     return 0;
 }
 
+/* MPI_Dist_graph_create: the same random graph's edges (PROC_NULL left out), each named
+ * by rank (s + i) mod n, one entry of degree 1 each, at the ranks in their order; each
+ * rank's lists are every edge at it by the naming rank and its order, and the k-th
+ * message from a rank lands in the k-th place naming it. */
+static int rank_graph_general(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir;
+    graph_t g;
+    graph_make(&g, nranks, (uint64_t)(intptr_t)arg * 31 + (uint64_t)nranks);
+    int src[8 * MAXDEG], deg[8 * MAXDEG], dst[8 * MAXDEG], n = 0;
+    int want_in[8 * MAXDEG], want_out[8 * MAXDEG], nin = 0, nout = 0;
+    for (int q = 0; q < nranks; q++)
+        for (int s = 0; s < nranks; s++)
+            for (int i = 0; i < g.outdeg[s]; i++) {
+                const int d = g.dests[s][i];
+                if (d == TUTTI_PROC_NULL || (s + i) % nranks != q)
+                    continue;
+                if (q == rank)
+                    src[n] = s, deg[n] = 1, dst[n++] = d;
+                if (d == rank)
+                    want_in[nin++] = s;
+                if (s == rank)
+                    want_out[nout++] = d;
+            }
+    tutti_comm_t *gc = NULL;
+    int st = tutti_dist_graph_create(comm, n, src, deg, dst, &gc);
+    FAIL_IF(st != TUTTI_OK, "dist_graph_create: %s", tutti_comm_last_error(comm));
+    int in = -1, out = -1, s2[8 * MAXDEG], d2[8 * MAXDEG];
+    FAIL_IF(tutti_topo_neighbors_count(gc, &in, &out) || in != nin || out != nout,
+            "neighbors_count %d %d, want %d %d", in, out, nin, nout);
+    FAIL_IF(tutti_topo_neighbors(gc, in, s2, out, d2) ||
+                memcmp(s2, want_in, (size_t)in * sizeof(int)) ||
+                memcmp(d2, want_out, (size_t)out * sizeof(int)),
+            "neighbors differ from the naming order");
+    /* to destination i: (this rank, how many earlier places name that rank) */
+    uint32_t sb[8 * MAXDEG], rb[8 * MAXDEG];
+    for (int i = 0; i < out; i++) {
+        uint32_t k = 0;
+        for (int x = 0; x < i; x++)
+            k += d2[x] == d2[i];
+        sb[i] = (uint32_t)rank << 16 | k;
+    }
+    st = tutti_neighbor_alltoall(gc, sb, rb, 1, TUTTI_UINT32);
+    FAIL_IF(st != TUTTI_OK, "neighbor_alltoall: %s", tutti_comm_last_error(gc));
+    for (int j = 0; j < in; j++) {
+        uint32_t k = 0;
+        for (int x = 0; x < j; x++)
+            k += s2[x] == s2[j];
+        FAIL_IF(rb[j] != ((uint32_t)s2[j] << 16 | k), "slot %d: %08x, want %08x", j, rb[j],
+                (uint32_t)s2[j] << 16 | k);
+    }
+    tutti_comm_destroy(gc);
+    /* a destination out of range, named by rank 1: every rank fails naming it */
+    int one = 1, bad = nranks + 3, zero = 0;
+    st = tutti_dist_graph_create(comm, rank == 1 ? 1 : 0, &zero, &one, &bad, &gc);
+    FAIL_IF(nranks > 1 && (st != TUTTI_ERR_INVALID_ARG ||
+                           !strstr(tutti_comm_last_error(comm), "rank 1's destinations[0] is")),
+            "bad destination: %d %s", st, tutti_comm_last_error(comm));
+    if (st == TUTTI_OK)
+        tutti_comm_destroy(gc);
+    return 0;
+}
+
 START_TEST(graph)
 {
     /* 1-5 ranks, a graph each seed */
     th_run_each(1, th_max_ranks() < 5 ? th_max_ranks() : 5, rank_graph, (void *)(intptr_t)_i,
                 120000);
+    th_run_each(1, th_max_ranks() < 5 ? th_max_ranks() : 5, rank_graph_general,
+                (void *)(intptr_t)_i, 120000);
 }
 END_TEST
 

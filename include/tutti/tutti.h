@@ -1061,6 +1061,13 @@ void tutti_request_free(tutti_request_t *req);
 int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int *sources,
                                      int outdegree, const int *destinations,
                                      tutti_comm_t **graph_p);
+/* MPI_Dist_graph_create (without weights or reordering): every rank names any edges,
+ * n source ranks (sources[i]) each with degrees[i] destinations, read in order from
+ * destinations (sum of degrees of them); each rank gets the edges that start or end at
+ * it, wherever named, ordered by the rank that named them and that rank's order (an edge
+ * named twice is two). Collective over comm; a bad rank or degree fails every rank. */
+int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const int *degrees,
+                            const int *destinations, tutti_comm_t **graph_p);
 /* MPI_Cart_create (without reordering): a grid of ndims dimensions, dims[i] ranks along
  * dimension i (each >= 1), periodic along i where periods[i] != 0 (periods NULL: none),
  * over comm's first dims[0] x ... x dims[ndims-1] ranks in row-major order (the last

@@ -76,26 +76,30 @@ typedef struct {
 
 static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
 {
-    static const char *const list[2] = { "sources", "destinations" };
-    static const char *const deg[2] = { "indegree", "outdegree" };
+    /* (2, 3: dist_graph_create's arguments) */
+    static const char *const list[4] = { "sources", "destinations", "sources or degrees",
+                                         "destinations" };
+    static const char *const deg[4] = { "indegree", "outdegree", "n", "a degree" };
     switch (p->kind) {
     case P_NULL_OUT: snprintf(buf, len, "rank %d passed a NULL output", rank); break;
     case P_NOMEM:
         snprintf(buf, len, "rank %d had no memory for the topology (%d edges)", rank, p->a);
         break;
     case P_DEGREE:
-        snprintf(buf, len, "rank %d passed %s %d (a degree is at least 0)", rank, deg[p->a & 1],
-                 p->b);
+        if (p->a == 4)
+            snprintf(buf, len, "rank %d named more than %d edges", rank, INT32_MAX / 2);
+        else
+            snprintf(buf, len, "rank %d passed %s %d (at least 0)", rank, deg[p->a & 3], p->b);
         break;
     case P_NULL_LIST:
-        snprintf(buf, len, "rank %d passed %s NULL with %s %d", rank, list[p->a & 1], deg[p->a & 1],
-                 p->b);
+        snprintf(buf, len, "rank %d passed %s NULL with %s %d", rank, list[p->a & 3],
+                 p->a == 3 ? "edges" : deg[p->a & 3], p->b);
         break;
     case P_RANK:
         snprintf(buf, len,
                  "rank %d's %s[%d] is %d: not a rank of the communicator's %d (nor "
                  "TUTTI_PROC_NULL)",
-                 rank, list[p->a & 1], p->b, p->c, n);
+                 rank, list[p->a & 3], p->b, p->c, n);
         break;
     case P_EDGES:
         snprintf(buf, len,
@@ -250,6 +254,114 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
     g->topo = t;
     *graph_p = g;
     return TUTTI_OK;
+}
+
+/* MPI_Dist_graph_create: any rank may name any edge. Each names its edges to both their
+ * ends (an alltoall of the counts, an alltoallv of the entries: rank << 1 | 1 for "you
+ * send to rank", << 1 for "you receive from rank"), which lists them by the naming rank
+ * and, within its list, in its order, so that the k-th place naming a rank at either end
+ * is the same edge; then as tutti_dist_graph_create_adjacent. */
+int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const int *degrees,
+                            const int *destinations, tutti_comm_t **graph_p)
+{
+    static const char name[] = "dist_graph_create";
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    if (graph_p)
+        *graph_p = NULL;
+    const int np = comm->nranks;
+    prob_t mine = { 0 };
+    long long edges = 0;
+    if (!graph_p)
+        mine.kind = P_NULL_OUT;
+    else if (n < 0)
+        mine = (prob_t){ .kind = P_DEGREE, .a = 2, .b = n };
+    else if (n > 0 && (!sources || !degrees))
+        mine = (prob_t){ .kind = P_NULL_LIST, .a = 2, .b = n };
+    for (int i = 0; !mine.kind && i < n; i++) {
+        if (sources[i] < 0 || sources[i] >= np)
+            mine = (prob_t){ .kind = P_RANK, .a = 0, .b = i, .c = sources[i] };
+        else if (degrees[i] < 0)
+            mine = (prob_t){ .kind = P_DEGREE, .a = 3, .b = degrees[i] };
+        else if ((edges += degrees[i]) > INT32_MAX / 2)
+            mine = (prob_t){ .kind = P_DEGREE, .a = 4 };
+    }
+    if (!mine.kind && edges && !destinations)
+        mine = (prob_t){ .kind = P_NULL_LIST, .a = 3, .b = (int32_t)edges };
+    for (long long e = 0; !mine.kind && e < edges; e++)
+        if (destinations[e] < 0 || destinations[e] >= np)
+            mine = (prob_t){ .kind = P_RANK, .a = 3, .b = (int32_t)e, .c = destinations[e] };
+    /* the entries for each rank, and the counts: 4 x np (counts out and in, displs) */
+    size_t *lay = calloc(4 * (size_t)np, sizeof(size_t));
+    int64_t *out = malloc((2 * (size_t)(mine.kind ? 0 : edges) + 1) * sizeof(int64_t));
+    prob_t *all = malloc((size_t)np * sizeof(*all));
+    int64_t *in = NULL;
+    int st = TUTTI_OK;
+    if (!lay || !out || !all) {
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    size_t *sc = lay, *sd = lay + np, *rc = lay + 2 * (size_t)np, *rd = lay + 3 * (size_t)np;
+    for (int i = 0, e = 0; !mine.kind && i < n; i++)
+        for (int k = 0; k < degrees[i]; k++, e++)
+            sc[sources[i]]++, sc[destinations[e]]++;
+    for (int p = 1; p < np; p++)
+        sd[p] = sd[p - 1] + sc[p - 1];
+    size_t *fill = rc; /* (rc is free until the counts' exchange) */
+    for (int i = 0, e = 0; !mine.kind && i < n; i++)
+        for (int k = 0; k < degrees[i]; k++, e++) {
+            const int s = sources[i], d = destinations[e];
+            out[sd[s] + fill[s]++] = (int64_t)d << 1 | 1; /* s sends to d */
+            out[sd[d] + fill[d]++] = (int64_t)s << 1;     /* d receives from s */
+        }
+    memset(rc, 0, (size_t)np * sizeof(size_t));
+    if ((st = tutti_alltoall(comm, sc, rc, 1, TUTTI_UINT64)) == TUTTI_OK) {
+        size_t total = 0;
+        for (int p = 0; p < np; p++)
+            rd[p] = total, total += rc[p];
+        if (!(in = malloc((total + 1) * sizeof(int64_t)))) {
+            st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+            goto out;
+        }
+        st = tutti_alltoallv(comm, out, sc, sd, in, rc, rd, TUTTI_INT64);
+    }
+    if (st < 0) {
+        char cause[TT_ERRMSG_LEN];
+        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
+        st = tt_comm_set_error(comm, st,
+                               "%s: exchanging the edges with the other ranks (every rank must "
+                               "call it): %s",
+                               name, cause);
+        goto out;
+    }
+    if ((st = probs_settle(comm, name, &mine, all)) < 0)
+        goto out;
+    /* this rank's lists, by the naming rank and its order */
+    size_t total = rd[np - 1] + rc[np - 1], nin = 0, nout = 0;
+    int *srcs = malloc((total + 1) * sizeof(int)),
+        *dsts = srcs ? malloc((total + 1) * sizeof(int)) : NULL;
+    if (!dsts) {
+        free(srcs);
+        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    for (size_t e = 0; e < total; e++) {
+        if (in[e] & 1)
+            dsts[nout++] = (int)(in[e] >> 1);
+        else
+            srcs[nin++] = (int)(in[e] >> 1);
+    }
+    st = tutti_dist_graph_create_adjacent(comm, (int)nin, srcs, (int)nout, dsts, graph_p);
+    free(srcs);
+    free(dsts);
+out:
+    free(in);
+    free(out);
+    free(all);
+    free(lay);
+    return st;
 }
 
 /* ---- a cartesian grid ---- */
