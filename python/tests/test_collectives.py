@@ -1265,6 +1265,11 @@ def topology_calls(comm):
         out["none"] = None
     except tutti.InvalidArgError as e:
         out["none"] = str(e)
+    # the ring again, every edge named by rank 0
+    gd = comm.create_dist_graph(list(range(n)) if r == 0 else [], [1] * n if r == 0 else [],
+                                [(q + 1) % n for q in range(n)] if r == 0 else [])
+    out["general"] = gd.neighbors
+    gd.destroy()
     g.destroy()
     cart.destroy()
     return out
@@ -1305,3 +1310,4 @@ def test_topology():
             o["persist"]
         assert "rank 1 lists rank 0 0 times among its sources" in o["half"], o["half"]
         assert "no topology" in o["none"], o["none"]
+        assert o["general"] == ([prv], [(r + 1) % n]), o["general"]

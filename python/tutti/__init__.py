@@ -1871,6 +1871,27 @@ class Communicator(_Handle):
             raise self._error(st, "create_dist_graph_adjacent")
         return self._child(h)
 
+    def create_dist_graph(self, sources, degrees, destinations):
+        """MPI_Dist_graph_create (mpi4py's Create_dist_graph, without weights or
+        reordering): every rank names any edges, degrees[i] of them from sources[i] to the
+        next entries of destinations; each rank gets those at it, by the naming rank and
+        its order."""
+        src = [_int(r, "sources' rank") for r in sources]
+        deg = [_int(d, "degrees' entry") for d in degrees]
+        dst = [_int(r, "destinations' rank") for r in destinations]
+        if len(deg) != len(src):
+            raise InvalidArgError(f"tutti: create_dist_graph: {len(deg)} degrees for "
+                                  f"{len(src)} sources")
+        if sum(d for d in deg if d > 0) != len(dst):
+            raise InvalidArgError(f"tutti: create_dist_graph: the degrees sum to "
+                                  f"{sum(deg)}, destinations has {len(dst)}")
+        arrs = [(ctypes.c_int * max(len(x), 1))(*x) for x in (src, deg, dst)]
+        h = ctypes.c_void_p()
+        st = _lib_.tutti_dist_graph_create(self._handle(), len(src), *arrs, ctypes.byref(h))
+        if st < 0:
+            raise self._error(st, "create_dist_graph")
+        return self._child(h)
+
     def create_cart(self, dims, periods=None):
         """MPI_Cart_create (mpi4py's Create_cart, without reordering): a grid of dims
         (row-major over this communicator's first prod(dims) ranks), periodic along the

@@ -251,6 +251,8 @@ _OTHERS = {
     "tutti_comm_dup": (_I, [_P, _WP]),
     "tutti_dist_graph_create_adjacent": (_I, [_P, _I, ctypes.POINTER(_I), _I, ctypes.POINTER(_I), _WP]),
     "tutti_cart_create": (_I, [_P, _I, ctypes.POINTER(_I), ctypes.POINTER(_I), _WP]),
+    "tutti_dist_graph_create": (_I, [_P, _I, ctypes.POINTER(_I), ctypes.POINTER(_I),
+                                     ctypes.POINTER(_I), _WP]),
     "tutti_cart_sub": (_I, [_P, ctypes.POINTER(_I), _WP]),
     "tutti_dims_create": (_I, [_I, _I, ctypes.POINTER(_I)]),
     "tutti_topo_test": (_I, [_P, ctypes.POINTER(_I)]),
