@@ -38,9 +38,8 @@ static int run_end(const int *order, const int *peer, int n, int k)
 static size_t packed_bytes(int k, int e, int peer, int me, size_t blk)
 {
     size_t b = (size_t)(e - k) * blk;
-    return e - k >= 2 && blk && peer != me && peer != TUTTI_PROC_NULL && b <= TT_NB_PACK_BYTES
-               ? b
-               : 0;
+    return e - k >= 2 && blk && peer != me && peer != TUTTI_PROC_NULL && b <= TT_NB_PACK_BYTES ? b
+                                                                                               : 0;
 }
 
 int tt_neighbor_direct(tt_op_t *op)

@@ -33,16 +33,21 @@ static inline double percentile(const double *sorted, int n, double p)
 }
 
 /* The two column-title lines of nccl-tests' table: size, count, type, redop, root, then
- * time, algbw, busbw, #wrong, p50 and p99 for out-of-place and for in-place. */
-static inline void print_column_titles(void)
+ * time, algbw, busbw, #wrong, p50 and p99 for out-of-place and (halves 2) for in-place. */
+static inline void print_column_titles_n(int halves)
 {
     printf("#%11s %12s %6s %6s %5s", "size", "count", "type", "redop", "root");
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < halves; h++)
         printf("  %9s %8s %8s %7s %9s %9s", "time", "algbw", "busbw", "#wrong", "p50", "p99");
     printf("\n#%11s %12s %6s %6s %5s", "(B)", "(elements)", "", "", "");
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < halves; h++)
         printf("  %9s %8s %8s %7s %9s %9s", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
     printf("\n");
+}
+
+static inline void print_column_titles(void)
+{
+    print_column_titles_n(2);
 }
 
 /* ---- --window: every rank starts timed call i at one instant ---------------------------

@@ -1609,7 +1609,7 @@ static void print_header(const bench_ctx_t *b, const bench_set_t *set)
     }
     printf("#%43s%-61s%s\n", "", "out-of-place",
            coll_one_half(cfg->coll) ? "(no in-place form)" : "in-place");
-    print_column_titles();
+    print_column_titles_n(coll_one_half(cfg->coll) ? 1 : 2);
 }
 
 static void print_half(const bench_half_t *h, int barrier)
@@ -1863,7 +1863,7 @@ static int make_rows(const bench_cfg_t *cfg, size_t unit, bench_row_t **rows_p, 
 static int check_world(const bench_cfg_t *cfg, int n, int loud)
 {
     char why[512];
-    if (cfg->root >= n) {
+    if (coll_has_root(cfg->coll) && cfg->root >= n) {
         if (loud)
             fprintf(stderr, "tutti-bench: root %d out of range for %d ranks\n", cfg->root, n);
         return -1;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <check.h>
 
@@ -687,13 +688,57 @@ static int rank_bad(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
 
 TH_RUN_TEST(bad_args, th_run(3, rank_bad, NULL, 90000))
 
+/* No memory for the edges at one rank (20M named under a lowered RLIMIT_AS):
+ * dist_graph_create fails every rank at once, naming it, instead of leaving the others
+ * in its exchange until the timeout (found by review). */
+static int rank_nomem(int rank, int nranks, tutti_comm_t *comm, const char *dir, void *arg)
+{
+    (void)dir, (void)arg, (void)nranks;
+    int n = 0, s = 0, deg = 0, *dst = NULL;
+    if (rank == 1) {
+        deg = 20000000, n = 1;
+        dst = calloc((size_t)deg, sizeof(int)); /* every edge to rank 0 */
+        FAIL_IF(!dst, "calloc");
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long kb = -1;
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "VmSize: %ld kB", &kb) == 1)
+                break;
+        if (f)
+            fclose(f);
+        FAIL_IF(kb <= 0, "VmSize");
+        struct rlimit rl = { .rlim_cur = ((rlim_t)kb << 10) + (32u << 20),
+                             .rlim_max = RLIM_INFINITY };
+        FAIL_IF(setrlimit(RLIMIT_AS, &rl), "setrlimit");
+    }
+    tutti_comm_t *gc = NULL;
+    double t0 = th_now_ms();
+    int st = tutti_dist_graph_create(comm, n, &s, &deg, dst, &gc);
+    double took = th_now_ms() - t0;
+    FAIL_IF(st != TUTTI_ERR_NOMEM || gc ||
+                !strstr(tutti_comm_last_error(comm), "rank 1 had no memory for the topology"),
+            "%s: %s", tutti_status_name(st), tutti_comm_last_error(comm));
+    FAIL_IF(took > 10000, "failed after %.0f ms (the communicator's timeout is 30 s)", took);
+    free(dst);
+    return 0;
+}
+
+START_TEST(nomem)
+{
+    if (TH_ASAN || TH_TSAN) /* (their shadow memory needs the address space) */
+        return;
+    ck_assert_int_eq(th_run_comm_timeout(3, rank_nomem, NULL, 90000, 30000, 0, NULL), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("topo");
     th_add_case(s, "graph", graph, th_quick() ? 2 : 6, 300);
     th_add_case(s, "grids", grids, 1, 300);
     th_add_tests(s, "dims", 30, (const TTest *const[]){ dims, NULL });
-    th_add_tests(s, "bad_args", 120, (const TTest *const[]){ bad_args, NULL });
+    th_add_tests(s, "bad_args", 120, (const TTest *const[]){ bad_args, nomem, NULL });
     return s;
 }
 

@@ -77,9 +77,9 @@ typedef struct {
 static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
 {
     /* (2, 3: dist_graph_create's arguments) */
-    static const char *const list[4] = { "sources", "destinations", "sources or degrees",
-                                         "destinations" };
-    static const char *const deg[4] = { "indegree", "outdegree", "n", "a degree" };
+    static const char *const list[8] = { "sources",      "destinations", "sources or degrees",
+                                         "destinations", "sources",      "remain_dims" };
+    static const char *const deg[8] = { "indegree", "outdegree", "n", "a degree" };
     switch (p->kind) {
     case P_NULL_OUT: snprintf(buf, len, "rank %d passed a NULL output", rank); break;
     case P_NOMEM:
@@ -92,14 +92,23 @@ static void prob_text(const prob_t *p, int rank, int n, char *buf, size_t len)
             snprintf(buf, len, "rank %d passed %s %d (at least 0)", rank, deg[p->a & 3], p->b);
         break;
     case P_NULL_LIST:
-        snprintf(buf, len, "rank %d passed %s NULL with %s %d", rank, list[p->a & 3],
-                 p->a == 3 ? "edges" : deg[p->a & 3], p->b);
+        snprintf(buf, len, "rank %d passed %s NULL with %s %d", rank, list[p->a & 7],
+                 p->a == 3   ? "edges"
+                 : p->a == 5 ? "ndims"
+                             : deg[p->a & 3],
+                 p->b);
         break;
     case P_RANK:
-        snprintf(buf, len,
-                 "rank %d's %s[%d] is %d: not a rank of the communicator's %d (nor "
-                 "TUTTI_PROC_NULL)",
-                 rank, list[p->a & 3], p->b, p->c, n);
+        if (p->a == 5) {
+            snprintf(buf, len,
+                     "rank %d's remain_dims[%d] is %d (0 or 1; from Python: a list "
+                     "of another length than the grid's dimensions)",
+                     rank, p->b, p->c);
+            break;
+        }
+        snprintf(buf, len, "rank %d's %s[%d] is %d: not a rank of the communicator's %d%s", rank,
+                 list[p->a & 7], p->b, p->c, n,
+                 p->a < 2 ? " (nor TUTTI_PROC_NULL)" : " (TUTTI_PROC_NULL names no edge here)");
         break;
     case P_EDGES:
         snprintf(buf, len,
@@ -282,7 +291,7 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
         mine = (prob_t){ .kind = P_NULL_LIST, .a = 2, .b = n };
     for (int i = 0; !mine.kind && i < n; i++) {
         if (sources[i] < 0 || sources[i] >= np)
-            mine = (prob_t){ .kind = P_RANK, .a = 0, .b = i, .c = sources[i] };
+            mine = (prob_t){ .kind = P_RANK, .a = 4, .b = i, .c = sources[i] };
         else if (degrees[i] < 0)
             mine = (prob_t){ .kind = P_DEGREE, .a = 3, .b = degrees[i] };
         else if ((edges += degrees[i]) > INT32_MAX / 2)
@@ -293,16 +302,18 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
     for (long long e = 0; !mine.kind && e < edges; e++)
         if (destinations[e] < 0 || destinations[e] >= np)
             mine = (prob_t){ .kind = P_RANK, .a = 3, .b = (int32_t)e, .c = destinations[e] };
-    /* the entries for each rank, and the counts: 4 x np (counts out and in, displs) */
+    /* the counts' and the problems' room (O(ranks): without it this rank alone fails);
+     * everything sized by edges joins the problems (no memory fails every rank) */
     size_t *lay = calloc(4 * (size_t)np, sizeof(size_t));
-    int64_t *out = malloc((2 * (size_t)(mine.kind ? 0 : edges) + 1) * sizeof(int64_t));
     prob_t *all = malloc((size_t)np * sizeof(*all));
-    int64_t *in = NULL;
-    int st = TUTTI_OK;
-    if (!lay || !out || !all) {
+    int64_t *out = NULL, *in = NULL;
+    int *srcs = NULL, *dsts = NULL, st = TUTTI_OK;
+    if (!lay || !all) {
         st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
         goto out;
     }
+    if (!mine.kind && !(out = malloc((2 * (size_t)edges + 1) * sizeof(int64_t))))
+        mine = (prob_t){ .kind = P_NOMEM, .a = (int32_t)edges };
     size_t *sc = lay, *sd = lay + np, *rc = lay + 2 * (size_t)np, *rd = lay + 3 * (size_t)np;
     for (int i = 0, e = 0; !mine.kind && i < n; i++)
         for (int k = 0; k < degrees[i]; k++, e++)
@@ -317,15 +328,16 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
             out[sd[d] + fill[d]++] = (int64_t)s << 1;     /* d receives from s */
         }
     memset(rc, 0, (size_t)np * sizeof(size_t));
+    /* the counts, then the problems (the room for what comes in among them), then the
+     * entries: a failed call sends none */
+    size_t total = 0, nin = 0, nout = 0;
     if ((st = tutti_alltoall(comm, sc, rc, 1, TUTTI_UINT64)) == TUTTI_OK) {
-        size_t total = 0;
         for (int p = 0; p < np; p++)
             rd[p] = total, total += rc[p];
-        if (!(in = malloc((total + 1) * sizeof(int64_t)))) {
-            st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
-            goto out;
-        }
-        st = tutti_alltoallv(comm, out, sc, sd, in, rc, rd, TUTTI_INT64);
+        if (!mine.kind && (total > INT32_MAX || !(in = malloc((total + 1) * sizeof(int64_t))) ||
+                           !(srcs = malloc((total + 1) * sizeof(int))) ||
+                           !(dsts = malloc((total + 1) * sizeof(int)))))
+            mine = (prob_t){ .kind = P_NOMEM, .a = (int32_t)TT_MIN(total, INT32_MAX) };
     }
     if (st < 0) {
         char cause[TT_ERRMSG_LEN];
@@ -338,15 +350,9 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
     }
     if ((st = probs_settle(comm, name, &mine, all)) < 0)
         goto out;
-    /* this rank's lists, by the naming rank and its order */
-    size_t total = rd[np - 1] + rc[np - 1], nin = 0, nout = 0;
-    int *srcs = malloc((total + 1) * sizeof(int)),
-        *dsts = srcs ? malloc((total + 1) * sizeof(int)) : NULL;
-    if (!dsts) {
-        free(srcs);
-        st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
+    if ((st = tutti_alltoallv(comm, out, sc, sd, in, rc, rd, TUTTI_INT64)) < 0)
         goto out;
-    }
+    /* this rank's lists, by the naming rank and its order */
     for (size_t e = 0; e < total; e++) {
         if (in[e] & 1)
             dsts[nout++] = (int)(in[e] >> 1);
@@ -354,9 +360,9 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
             srcs[nin++] = (int)(in[e] >> 1);
     }
     st = tutti_dist_graph_create_adjacent(comm, (int)nin, srcs, (int)nout, dsts, graph_p);
+out:
     free(srcs);
     free(dsts);
-out:
     free(in);
     free(out);
     free(all);
@@ -497,12 +503,12 @@ int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **su
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, name, 0);
+    if (sub_p)
+        *sub_p = NULL;
     int st;
     const tt_topo_t *g = grid_of(comm, name, &st);
     if (!g)
         return st;
-    if (sub_p)
-        *sub_p = NULL;
     prob_t mine = { 0 }, *all = malloc((size_t)comm->nranks * sizeof(*all));
     int *dims = malloc(2 * ((size_t)g->ndims + 1) * sizeof(int)), *per = dims + g->ndims + 1;
     if (!all || !dims) {
@@ -514,7 +520,11 @@ int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **su
     if (!sub_p)
         mine.kind = P_NULL_OUT;
     else if (g->ndims && !remain_dims)
-        mine = (prob_t){ .kind = P_DIM, .a = g->ndims, .b = INT32_MIN };
+        mine = (prob_t){ .kind = P_NULL_LIST, .a = 5, .b = g->ndims };
+    for (int i = 0; !mine.kind && i < g->ndims; i++) /* (0 or 1 as MPI's logical; Python's
+                                                        wrong lengths pass -1 to fail all) */
+        if (remain_dims[i] < 0)
+            mine = (prob_t){ .kind = P_RANK, .a = 5, .b = i, .c = remain_dims[i] };
     /* the kept dimensions' grid; the dropped ones' coordinates say which sub-grid */
     int nd = 0, color = 0, key = 0;
     for (int i = 0; !mine.kind && i < g->ndims; i++)

@@ -1227,6 +1227,11 @@ def topology_calls(comm):
     row = cart.cart_sub([False, True])
     out["row"] = (row.size, row.rank, row.cart_get(), row.allgather_object(r))
     row.destroy()
+    try:  # rank 1's list is of another length: every rank fails, none waits
+        cart.cart_sub([True] if r == 1 else [True, False])
+        out["sub_bad"] = None
+    except tutti.InvalidArgError as e:
+        out["sub_bad"] = str(e)
     send = np.array([r * 10 + b for b in range(4) for _ in range(2)], np.float64)
     got = np.full(8, -1.0)
     cart.neighbor_alltoall(send, got)
@@ -1311,3 +1316,5 @@ def test_topology():
         assert "rank 1 lists rank 0 0 times among its sources" in o["half"], o["half"]
         assert "no topology" in o["none"], o["none"]
         assert o["general"] == ([prv], [(r + 1) % n]), o["general"]
+        assert ("1 remain_dims for a grid of 2" if r == 1 else "rank 1's remain_dims[0] is -1") \
+            in o["sub_bad"], o["sub_bad"]

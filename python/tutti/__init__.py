@@ -1879,15 +1879,18 @@ class Communicator(_Handle):
         src = [_int(r, "sources' rank") for r in sources]
         deg = [_int(d, "degrees' entry") for d in degrees]
         dst = [_int(r, "destinations' rank") for r in destinations]
+        bad = None
         if len(deg) != len(src):
-            raise InvalidArgError(f"tutti: create_dist_graph: {len(deg)} degrees for "
-                                  f"{len(src)} sources")
-        if sum(d for d in deg if d > 0) != len(dst):
-            raise InvalidArgError(f"tutti: create_dist_graph: the degrees sum to "
-                                  f"{sum(deg)}, destinations has {len(dst)}")
+            bad = f"{len(deg)} degrees for {len(src)} sources"
+        elif all(d >= 0 for d in deg) and sum(deg) != len(dst):
+            bad = f"the degrees sum to {sum(deg)}, destinations has {len(dst)}"
         arrs = [(ctypes.c_int * max(len(x), 1))(*x) for x in (src, deg, dst)]
         h = ctypes.c_void_p()
-        st = _lib_.tutti_dist_graph_create(self._handle(), len(src), *arrs, ctypes.byref(h))
+        # (a bad call still takes part, as n -1, so that every rank fails with it)
+        st = _lib_.tutti_dist_graph_create(self._handle(), -1 if bad else len(src), *arrs,
+                                           ctypes.byref(h))
+        if bad:
+            raise InvalidArgError(f"tutti: rank {self.rank}: create_dist_graph: {bad}")
         if st < 0:
             raise self._error(st, "create_dist_graph")
         return self._child(h)
@@ -1899,12 +1902,16 @@ class Communicator(_Handle):
         grid gets None."""
         d = [_int(x, "create_cart's dims") for x in dims]
         p = [1 if x else 0 for x in (periods if periods is not None else [0] * len(d))]
-        if len(p) != len(d):
-            raise InvalidArgError(f"tutti: create_cart: {len(p)} periods for {len(d)} dims")
+        bad = len(p) != len(d)
         a = (ctypes.c_int * max(len(d), 1))(*d)
-        b = (ctypes.c_int * max(len(p), 1))(*p)
+        b = (ctypes.c_int * max(len(p), len(d), 1))(*p)
         h = ctypes.c_void_p()
-        st = _lib_.tutti_cart_create(self._handle(), len(d), a, b, ctypes.byref(h))
+        # (a bad call still takes part, as ndims -1, so that every rank fails with it)
+        st = _lib_.tutti_cart_create(self._handle(), -1 if bad else len(d), a, b,
+                                     ctypes.byref(h))
+        if bad:
+            raise InvalidArgError(f"tutti: rank {self.rank}: create_cart: {len(p)} periods for "
+                                  f"{len(d)} dims")
         if st < 0:
             raise self._error(st, "create_cart")
         return self._child(h) if h else None
@@ -1913,9 +1920,16 @@ class Communicator(_Handle):
         """MPI_Cart_sub (mpi4py's Sub): the grid of the dimensions kept (remain_dims[i]
         true) through this rank; every rank keeps the same."""
         keep = [1 if x else 0 for x in remain_dims]
+        nd = self._grid()
+        bad = len(keep) != nd and nd > 0
+        if bad:  # (still takes part, with -1s, so that every rank fails with it)
+            keep = [-1] * nd
         h = ctypes.c_void_p()
-        st = _lib_.tutti_cart_sub(self._handle(), (ctypes.c_int * max(len(keep), 1))(*keep),
+        st = _lib_.tutti_cart_sub(self._handle(), (ctypes.c_int * max(nd, 1))(*keep),
                                   ctypes.byref(h))
+        if bad:
+            raise InvalidArgError(f"tutti: rank {self.rank}: cart_sub: {len(remain_dims)} "
+                                  f"remain_dims for a grid of {nd} dimensions")
         if st < 0:
             raise self._error(st, "cart_sub")
         return self._child(h)
