@@ -1115,6 +1115,18 @@ static int rank_sendrecv(int rank, int nranks, tutti_comm_t *comm, const char *d
                            &src) != 0 ||
                 y != 5 + rank || src != rank,
             "with itself: %d from %d: %s", y, src, tutti_comm_last_error(comm));
+    /* MPI_Sendrecv's status: the tag a TUTTI_ANY_TAG receive took (the sender's, which
+     * varies by rank), its source, count and dtype */
+    tutti_msg_info_t info = { -9, 0, 0, TUTTI_FP64 };
+    int16_t sv[3] = { 1, 2, 3 }, rv[3] = { 0, 0, 0 };
+    sv[0] = (int16_t)rank;
+    FAIL_IF(tutti_sendrecv_info(comm, sv, 3, TUTTI_INT16, right, 40 + (uint32_t)rank, rv, 3,
+                                TUTTI_INT16, TUTTI_ANY_SOURCE, TUTTI_ANY_TAG, &info),
+            "sendrecv_info: %s", tutti_comm_last_error(comm));
+    FAIL_IF(info.source != left || info.tag != 40 + (uint32_t)left || info.count != 3 ||
+                info.dtype != TUTTI_INT16 || rv[0] != left || rv[2] != 3,
+            "sendrecv_info: source %d tag %u count %zu dtype %d (%d), want %d %d 3", info.source,
+            info.tag, info.count, (int)info.dtype, rv[0], left, 40 + left);
     free(a);
     free(b);
     FAIL_IF(tutti_barrier(comm) != 0, "barrier after: %s", tutti_comm_last_error(comm));

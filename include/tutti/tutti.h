@@ -923,6 +923,12 @@ int tutti_message_info(const tutti_message_t *msg, tutti_msg_info_t *info);
  * TUTTI_ERR_INVALID_ARG for a work that is no receive or still runs, the receive's own
  * failure status if it failed (tutti_comm_last_error(NULL) then says so). */
 int tutti_work_info(const tutti_work_t *work, tutti_msg_info_t *info);
+/* MPI_Sendrecv with its status: tutti_sendrecv, the receive's source, tag (for a
+ * recvtag of TUTTI_ANY_TAG), count and dtype into *info (info may be NULL). */
+int tutti_sendrecv_info(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                        tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                        size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                        tutti_msg_info_t *info);
 
 /* The rank a finished receive got its message from (its peer, or for TUTTI_ANY_SOURCE
  * the rank that sent it); -1 while it runs, if it failed before a sender was known, or

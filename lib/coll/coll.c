@@ -1030,10 +1030,34 @@ int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dt
     return TUTTI_OK;
 }
 
+/* tutti_sendrecv with MPI_Sendrecv's status: the receive's source, tag, count, dtype */
+static int sendrecv_with(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                         tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                         size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                         int *source_p, tutti_msg_info_t *info);
+
 int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
                    tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
                    size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
                    int *source_p)
+{
+    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
+                         recvtype, source, recvtag, source_p, NULL);
+}
+
+int tutti_sendrecv_info(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                        tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                        size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                        tutti_msg_info_t *info)
+{
+    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
+                         recvtype, source, recvtag, NULL, info);
+}
+
+static int sendrecv_with(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                         tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                         size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                         int *source_p, tutti_msg_info_t *info)
 {
     tutti_work_t *ws, *wr;
     int st = p2p_issue(comm, TUTTI_TP_SEND, sendbuf, sendcount, sendtype, dest, sendtag, &ws, 1, 0);
@@ -1050,6 +1074,8 @@ int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
     int rst = tt_exec_wait_blocking(wr);
     if (rst == TUTTI_OK && source_p)
         *source_p = tutti_work_source(wr);
+    if (rst == TUTTI_OK && info)
+        rst = tutti_work_info(wr, info);
     int sst = rst < 0 ? tutti_wait(ws, -1) : tt_exec_wait_blocking(ws);
     tutti_work_free(wr);
     tutti_work_free(ws);
