@@ -34,6 +34,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+if [ "$col" = 16 ] && [ "$coll" = neighbor_alltoall ]; then
+    echo "ab.sh: neighbor_alltoall has no in-place half (tutti-bench prints its one)" >&2
+    exit 2
+fi
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
 for p in $(seq 1 "$pairs"); do

@@ -1,5 +1,6 @@
-/* Process topologies: MPI_Dist_graph_create_adjacent and MPI_Cart_create, their
- * queries, and the edges the neighbourhood collectives (algorithms/neighbor.c) read.
+/* Process topologies: MPI_Dist_graph_create(_adjacent), MPI_Cart_create and _sub,
+ * MPI_Dims_create, their queries, and the edges the neighbourhood collectives
+ * (algorithms/neighbor.c) read.
  * Making one is collective over the parent: the ranks' arguments are checked against
  * each other first (a graph's two ends of every edge, a grid's one shape), so that a
  * mistake fails every rank with one message instead of leaving a neighbour's receive
