@@ -147,6 +147,18 @@ START_TEST(create_and_free)
                      TUTTI_OK);
     ck_assert_str_eq(tutti_redop_name(op3), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
     ck_assert_int_eq(tutti_redop_free(op3), TUTTI_OK);
+    /* MPI_Op_commutative: as made; the built-in ones commute; a freed one is no op */
+    int cm = -1;
+    ck_assert_int_eq(tutti_redop_commutative(op, &cm), TUTTI_OK);
+    ck_assert_int_eq(cm, 1);
+    ck_assert_int_eq(tutti_redop_commutative(op2, &cm), TUTTI_OK);
+    ck_assert_int_eq(cm, 0);
+    cm = -1;
+    ck_assert_int_eq(tutti_redop_commutative(TUTTI_MAX, &cm), TUTTI_OK);
+    ck_assert_int_eq(cm, 1);
+    ck_assert_int_eq(tutti_redop_commutative(op3, &cm), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_redop_commutative((tutti_redop_t)100, &cm), TUTTI_ERR_INVALID_ARG);
+    ck_assert_int_eq(tutti_redop_commutative(op, NULL), TUTTI_ERR_INVALID_ARG);
     /* any dtype, none out of range */
     ck_assert_int_eq(tutti_redop_supported(op, TUTTI_FP32), 1);
     ck_assert_int_eq(tutti_redop_supported(op, TUTTI_UINT64), 1);

@@ -185,6 +185,9 @@ int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *ctx, unsign
  * again by tutti_redop_create only once they completed. TUTTI_ERR_INVALID_ARG if op is
  * not a defined op. */
 int tutti_redop_free(tutti_redop_t op);
+/* MPI_Op_commutative: *commute_p 1 for the built-in ops and the defined ones made with
+ * TUTTI_REDOP_COMMUTATIVE, else 0; TUTTI_ERR_INVALID_ARG for no op (a freed one). */
+int tutti_redop_commutative(tutti_redop_t op, int *commute_p);
 
 typedef struct tutti_comm tutti_comm_t;
 typedef struct tutti_work tutti_work_t;

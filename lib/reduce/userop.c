@@ -101,6 +101,14 @@ int tt_redop_commutes(tutti_redop_t op)
     return !u || (u->flags & TUTTI_REDOP_COMMUTATIVE);
 }
 
+TT_EXPORT int tutti_redop_commutative(tutti_redop_t op, int *commute_p)
+{
+    if (!commute_p || !tt_redop_valid(op)) /* (as tutti_redop_free's: the status says it) */
+        return TUTTI_ERR_INVALID_ARG;
+    *commute_p = tt_redop_commutes(op);
+    return TUTTI_OK;
+}
+
 TT_EXPORT int tutti_redop_create(tutti_redop_t *op_p, tutti_redop_fn fn, void *ctx, unsigned flags,
                                  const char *name)
 {
