@@ -337,6 +337,8 @@ def user_ops(comm):
     with np.errstate(over="ignore"):
         for fn, commutative in ((plus_times, True), (matmul16, False)):
             with tutti.Op(fn, commutative=commutative) as op:
+                if op.is_commutative != commutative:
+                    bad.append(f"is_commutative {op.is_commutative}, made {commutative}")
                 want = user_inputs(0)
                 for r in range(1, size):
                     fn(want.copy(), user_inputs(r), want)

@@ -379,6 +379,16 @@ class Op:
         self.value = v.value
         _USER_OPS[self.value] = self
 
+    @property
+    def is_commutative(self):
+        """MPI_Op_commutative (mpi4py's Op.is_commutative), from the library."""
+        c = ctypes.c_int(0)
+        st = _lib_.tutti_redop_commutative(-1 if self.value is None else self.value,
+                                           ctypes.byref(c))
+        if st < 0:
+            raise InvalidArgError(f"tutti: Op {self.name!r} was freed")
+        return bool(c.value)
+
     def _mark(self):
         return self._state.count
 

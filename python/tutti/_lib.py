@@ -228,6 +228,7 @@ _OTHERS = {
     "tutti_redop_create": (_I, [ctypes.POINTER(_I), REDOP_FN, _P, ctypes.c_uint,
                                 ctypes.c_char_p]),
     "tutti_redop_free": (_I, [_I]),
+    "tutti_redop_commutative": (_I, [_I, ctypes.POINTER(_I)]),
     "tutti_work_on_done": (_I, [_P, DONE_FN, _P]),
     "tutti_comm_opts_init": (_I, [ctypes.POINTER(CommOpts)]),
     "tutti_comm_init": (_I, [_WP, _P, _I, _I, ctypes.POINTER(CommOpts)]),
