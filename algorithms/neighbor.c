@@ -102,19 +102,11 @@ int tt_neighbor_direct(tt_op_t *op)
                              t->dst_tag[i], &req[nreq++]);
         }
     }
-    /* to itself: the send of each tag into the receive of that tag (the orders list
-     * both by (peer, tag), and the topology has as many of each) */
-    for (int a = 0, b = 0; rc == TUTTI_OK && a < t->indeg; a++) {
-        const int j = t->recv_order[a];
-        if (t->sources[j] != me)
-            continue;
-        while (b < t->outdeg &&
-               (t->dests[t->send_order[b]] != me || t->dst_tag[t->send_order[b]] != t->src_tag[j]))
-            b++;
-        if (b == t->outdeg)
-            break;
-        const int i = t->send_order[b++];
-        tt_copy(recv + op->rdispls[j] * es, send + op->sdispls[i] * es, op->recvcounts[j] * es);
+    /* to itself: the send of each tag into the receive of that tag (topo.c's self_send) */
+    for (int j = 0; rc == TUTTI_OK && j < t->indeg; j++) {
+        const int i = t->self_send[j];
+        if (i >= 0)
+            tt_copy(recv + op->rdispls[j] * es, send + op->sdispls[i] * es, op->recvcounts[j] * es);
     }
     if (rc == TUTTI_OK)
         rc = tt_p2p_wait_all(op, req, nreq);

@@ -445,48 +445,38 @@ static int fill_neighbor(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return fail(comm, c->name, "count is too large");
     if (c->sendbuf == TUTTI_IN_PLACE || c->recvbuf == TUTTI_IN_PLACE)
         return fail(comm, c->name, "TUTTI_IN_PLACE is not taken (MPI's neither)");
+    /* (a v form's arrays may be NULL where the degree is 0, as MPI's) */
     if (gather) { /* one block, to every destination */
         for (int i = 0; i < out; i++)
             sc[i] = c->count, sd[i] = 0;
         sext = out ? c->count : 0;
-    } else if (c->is_v && out) { /* (degree 0: the arrays may be NULL, as MPI's) */
-        TT_CHECK(copy_layout(comm, c->name, "sendcounts", out, es, c->sendcounts, c->sdispls, sc,
-                             sd, &sext, 0));
-    } else if (c->is_v) {
-        sext = 0;
-    } else {
+    } else if (!c->is_v) {
         fill_equal(out, c->count, sc, sd);
         sext = (size_t)out * c->count;
+    } else if (out) {
+        TT_CHECK(copy_layout(comm, c->name, "sendcounts", out, es, c->sendcounts, c->sdispls, sc,
+                             sd, &sext, 0));
     }
-    if (c->is_v && in) {
-        TT_CHECK(copy_layout(comm, c->name, "recvcounts", in, es, c->recvcounts, c->rdispls, rc, rd,
-                             &ext, 2));
-    } else if (c->is_v) {
-        ext = 0;
-    } else {
+    if (!c->is_v) {
         fill_equal(in, c->count, rc, rd);
         ext = (size_t)in * c->count;
         o->env_count = c->count;
+    } else if (in) {
+        TT_CHECK(copy_layout(comm, c->name, "recvcounts", in, es, c->recvcounts, c->rdispls, rc, rd,
+                             &ext, 2));
     }
     /* what goes nowhere sends nothing: TUTTI_PROC_NULL's blocks out of the extents */
     for (int i = 0; i < out; i++)
         if (t->dests[i] != TUTTI_PROC_NULL)
             o->count += sc[i];
     /* to itself: each send's size is its receive's (no peer to find the mismatch) */
-    for (int a = 0, b2 = 0; a < in; a++) {
-        const int j = t->recv_order[a];
-        if (t->sources[j] != comm->rank)
-            continue;
-        while (b2 < out && (t->dests[t->send_order[b2]] != comm->rank ||
-                            t->dst_tag[t->send_order[b2]] != t->src_tag[j]))
-            b2++;
-        if (b2 < out && sc[t->send_order[b2]] != rc[j])
+    for (int j = 0; j < in; j++) {
+        const int i = t->self_send[j];
+        if (i >= 0 && sc[i] != rc[j])
             return tt_comm_set_error(comm, TUTTI_ERR_MISMATCH,
                                      "%s: the block to itself (destination %d) is %zu x %s, the "
                                      "block from itself (source %d) %zu: they must be equal",
-                                     c->name, t->send_order[b2], sc[t->send_order[b2]],
-                                     tutti_dtype_name(c->dtype), j, rc[j]);
-        b2++;
+                                     c->name, i, sc[i], tutti_dtype_name(c->dtype), j, rc[j]);
     }
     if (ext && !c->recvbuf)
         return fail(comm, c->name, "recvbuf is NULL");
@@ -1034,29 +1024,6 @@ int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dt
 static int sendrecv_with(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
                          tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
                          size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
-                         int *source_p, tutti_msg_info_t *info);
-
-int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                   tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
-                   size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
-                   int *source_p)
-{
-    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
-                         recvtype, source, recvtag, source_p, NULL);
-}
-
-int tutti_sendrecv_info(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                        tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
-                        size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
-                        tutti_msg_info_t *info)
-{
-    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
-                         recvtype, source, recvtag, NULL, info);
-}
-
-static int sendrecv_with(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
-                         tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
-                         size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
                          int *source_p, tutti_msg_info_t *info)
 {
     tutti_work_t *ws, *wr;
@@ -1080,6 +1047,24 @@ static int sendrecv_with(tutti_comm_t *comm, const void *sendbuf, size_t sendcou
     tutti_work_free(wr);
     tutti_work_free(ws);
     return rst < 0 ? rst : sst;
+}
+
+int tutti_sendrecv(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                   tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                   size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                   int *source_p)
+{
+    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
+                         recvtype, source, recvtag, source_p, NULL);
+}
+
+int tutti_sendrecv_info(tutti_comm_t *comm, const void *sendbuf, size_t sendcount,
+                        tutti_dtype_t sendtype, int dest, uint32_t sendtag, void *recvbuf,
+                        size_t recvcount, tutti_dtype_t recvtype, int source, uint32_t recvtag,
+                        tutti_msg_info_t *info)
+{
+    return sendrecv_with(comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
+                         recvtype, source, recvtag, NULL, info);
 }
 
 int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dtype_t dtype,

@@ -54,6 +54,49 @@ static void graph_tags(const int *peer, uint32_t *tag, int n, int *order)
             tag[order[k]] = tag[order[k - 1]] + 1;
 }
 
+/* self_send for rank me: the send to itself of each tag for the receive from itself of
+ * that tag (both orders list by (peer, tag), and a consistent topology has as many of
+ * each), once, for the call's size check (coll.c) and the algorithm's copy */
+static void self_pairs(tt_topo_t *t, int me)
+{
+    for (int j = 0; j < t->indeg; j++)
+        t->self_send[j] = -1;
+    for (int a = 0, b = 0; a < t->indeg; a++) {
+        const int j = t->recv_order[a];
+        if (t->sources[j] != me)
+            continue;
+        while (b < t->outdeg &&
+               (t->dests[t->send_order[b]] != me || t->dst_tag[t->send_order[b]] != t->src_tag[j]))
+            b++;
+        if (b == t->outdeg)
+            break;
+        t->self_send[j] = t->send_order[b++];
+    }
+}
+
+/* A maker's start: TUTTI_OK to go on (*out_p cleared where given), else its refusal. */
+static int maker_enter(tutti_comm_t *comm, const char *name, tutti_comm_t **out_p)
+{
+    if (!comm)
+        return TUTTI_ERR_INVALID_ARG;
+    if (tt_comm_foreign_inline(comm))
+        return tt_comm_refuse_foreign(comm, name, 0);
+    if (out_p)
+        *out_p = NULL;
+    return TUTTI_OK;
+}
+
+/* An exchange with the other ranks failed (st): its error, said as the maker's. */
+static int exchange_failed(tutti_comm_t *comm, const char *name, const char *what, int st)
+{
+    char cause[TT_ERRMSG_LEN];
+    snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
+    return tt_comm_set_error(comm, st,
+                             "%s: exchanging the %s with the other ranks (every rank must "
+                             "call it): %s",
+                             name, what, cause);
+}
+
 /* ---- checking the ranks' arguments against each other ---- */
 
 /* One rank's first problem, exchanged so that every rank reports the same one. */
@@ -152,14 +195,8 @@ static int probs_settle(tutti_comm_t *comm, const char *name, prob_t *mine, prob
 {
     const int n = comm->nranks;
     int st = tutti_allgather(comm, mine, all, sizeof(*mine), TUTTI_UINT8);
-    if (st < 0) {
-        char cause[TT_ERRMSG_LEN];
-        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
-        return tt_comm_set_error(comm, st,
-                                 "%s: exchanging the arguments with the other ranks (every rank "
-                                 "must call it): %s",
-                                 name, cause);
-    }
+    if (st < 0)
+        return exchange_failed(comm, name, "arguments", st);
     int worst = -1;
     for (int r = 0; r < n; r++) {
         if (all[r].kind == P_NONE && all[r].shape != all[0].shape)
@@ -197,12 +234,7 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
                                      int outdegree, const int *destinations, tutti_comm_t **graph_p)
 {
     static const char name[] = "dist_graph_create_adjacent";
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, name, 0);
-    if (graph_p)
-        *graph_p = NULL;
+    TT_CHECK(maker_enter(comm, name, graph_p));
     const int n = comm->nranks;
     prob_t mine = { 0 };
     if (!graph_p)
@@ -223,14 +255,9 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
             out[destinations[i]]++;
     int st = tutti_alltoall(comm, out, got, 1, TUTTI_INT32);
     if (st < 0) {
-        char cause[TT_ERRMSG_LEN];
-        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
         free(out);
         free(all);
-        return tt_comm_set_error(comm, st,
-                                 "%s: exchanging the edges with the other ranks (every rank must "
-                                 "call it): %s",
-                                 name, cause);
+        return exchange_failed(comm, name, "edges", st);
     }
     memset(out, 0, (size_t)n * sizeof(int32_t)); /* now: this rank's sources by rank */
     for (int j = 0; !mine.kind && j < indegree; j++)
@@ -256,6 +283,7 @@ int tutti_dist_graph_create_adjacent(tutti_comm_t *comm, int indegree, const int
         memcpy(t->dests, destinations, (size_t)outdegree * sizeof(int));
     graph_tags(t->sources, t->src_tag, indegree, t->recv_order);
     graph_tags(t->dests, t->dst_tag, outdegree, t->send_order);
+    self_pairs(t, comm->rank); /* (the dup keeps the ranks) */
     tutti_comm_t *g = NULL;
     if ((st = tutti_comm_dup(comm, &g)) < 0) {
         tt_topo_free(t);
@@ -275,12 +303,7 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
                             const int *destinations, tutti_comm_t **graph_p)
 {
     static const char name[] = "dist_graph_create";
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, name, 0);
-    if (graph_p)
-        *graph_p = NULL;
+    TT_CHECK(maker_enter(comm, name, graph_p));
     const int np = comm->nranks;
     prob_t mine = { 0 };
     long long edges = 0;
@@ -341,12 +364,7 @@ int tutti_dist_graph_create(tutti_comm_t *comm, int n, const int *sources, const
             mine = (prob_t){ .kind = P_NOMEM, .a = (int32_t)TT_MIN(total, INT32_MAX) };
     }
     if (st < 0) {
-        char cause[TT_ERRMSG_LEN];
-        snprintf(cause, sizeof(cause), "%s", tutti_comm_last_error(comm));
-        st = tt_comm_set_error(comm, st,
-                               "%s: exchanging the edges with the other ranks (every rank must "
-                               "call it): %s",
-                               name, cause);
+        st = exchange_failed(comm, name, "edges", st);
         goto out;
     }
     if ((st = probs_settle(comm, name, &mine, all)) < 0)
@@ -442,6 +460,7 @@ static tt_topo_t *grid_make(int ndims, const int *dims, const int *periods, int 
     }
     edge_order(t->sources, t->src_tag, t->indeg, t->recv_order);
     edge_order(t->dests, t->dst_tag, t->outdeg, t->send_order);
+    self_pairs(t, me);
     return t;
 }
 
@@ -449,12 +468,7 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
                       tutti_comm_t **cart_p)
 {
     static const char name[] = "cart_create";
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, name, 0);
-    if (cart_p)
-        *cart_p = NULL;
+    TT_CHECK(maker_enter(comm, name, cart_p));
     const int n = comm->nranks;
     prob_t mine = { 0 }, *all = malloc((size_t)n * sizeof(*all));
     if (!all)
@@ -500,12 +514,7 @@ int tutti_cart_create(tutti_comm_t *comm, int ndims, const int *dims, const int 
 int tutti_cart_sub(tutti_comm_t *comm, const int *remain_dims, tutti_comm_t **sub_p)
 {
     static const char name[] = "cart_sub";
-    if (!comm)
-        return TUTTI_ERR_INVALID_ARG;
-    if (tt_comm_foreign_inline(comm))
-        return tt_comm_refuse_foreign(comm, name, 0);
-    if (sub_p)
-        *sub_p = NULL;
+    TT_CHECK(maker_enter(comm, name, sub_p));
     int st;
     const tt_topo_t *g = grid_of(comm, name, &st);
     if (!g)

@@ -26,7 +26,9 @@ typedef struct tt_topo {
     int *sources, *dests;         /* ranks or TUTTI_PROC_NULL */
     uint32_t *src_tag, *dst_tag;  /* per edge */
     int *recv_order, *send_order; /* edge indexes by (peer, tag) */
-    int ndims;                    /* a grid's: */
+    int *self_send; /* per source: for an edge from this rank, the destination edge whose
+                       block it takes (the same tag); else -1 */
+    int ndims;      /* a grid's: */
     int *dims, *periods, *coords;
     void *mem;      /* the arrays' one block, */
     size_t mem_len; /* and its bytes */
@@ -46,6 +48,8 @@ static inline void tt_topo_point(tt_topo_t *t)
     p += t->indeg;
     t->send_order = p;
     p += t->outdeg;
+    t->self_send = p;
+    p += t->indeg;
     t->dims = p;
     p += t->ndims;
     t->periods = p;
@@ -60,7 +64,7 @@ static inline void tt_topo_point(tt_topo_t *t)
 static inline tt_topo_t *tt_topo_alloc(int kind, int in, int out, int nd)
 {
     tt_topo_t *t = (tt_topo_t *)calloc(1, sizeof(*t));
-    size_t len = (2 * (size_t)in + 2 * (size_t)out + 3 * (size_t)nd) * sizeof(int) +
+    size_t len = (3 * (size_t)in + 2 * (size_t)out + 3 * (size_t)nd) * sizeof(int) +
                  ((size_t)in + (size_t)out) * sizeof(uint32_t);
     if (!t || !(t->mem = calloc(1, len ? len : 1))) {
         free(t);

@@ -449,6 +449,12 @@ def _c_sizes(values, what, k=1):
     return (ctypes.c_size_t * len(values))(*values)
 
 
+def _c_ints(values=(), n=None):
+    """values as a C int array of n entries (None: as many as values; at least one, so
+    that an empty list is still an address), the rest zero."""
+    return (ctypes.c_int * max(len(values) if n is None else n, 1))(*values)
+
+
 def _elems(buf):
     """A Buffer's length in the caller's elements (a carried item counts once)."""
     return buf.count // buf.k
@@ -1133,7 +1139,7 @@ def dims_create(nnodes, dims):
         if nd < 0:
             raise InvalidArgError(f"tutti: dims_create: ndims {nd} is negative")
         d = [0] * nd
-    a = (ctypes.c_int * max(len(d), 1))(*d)
+    a = _c_ints(d)
     st = _lib_.tutti_dims_create(_int(nnodes, "dims_create's nnodes"), len(d), a)
     if st < 0:
         raise error_for(st, "tutti: " + (_lib_.tutti_comm_last_error(None) or b"").decode())
@@ -1872,11 +1878,9 @@ class Communicator(_Handle):
         the same ranks carrying the graph. Edges whose ends disagree fail every rank."""
         src = [_int(r, "sources' rank") for r in sources]
         dst = [_int(r, "destinations' rank") for r in destinations]
-        a = (ctypes.c_int * max(len(src), 1))(*src)
-        b = (ctypes.c_int * max(len(dst), 1))(*dst)
         h = ctypes.c_void_p()
-        st = _lib_.tutti_dist_graph_create_adjacent(self._handle(), len(src), a, len(dst), b,
-                                                    ctypes.byref(h))
+        st = _lib_.tutti_dist_graph_create_adjacent(self._handle(), len(src), _c_ints(src),
+                                                    len(dst), _c_ints(dst), ctypes.byref(h))
         if st < 0:
             raise self._error(st, "create_dist_graph_adjacent")
         return self._child(h)
@@ -1894,7 +1898,7 @@ class Communicator(_Handle):
             bad = f"{len(deg)} degrees for {len(src)} sources"
         elif all(d >= 0 for d in deg) and sum(deg) != len(dst):
             bad = f"the degrees sum to {sum(deg)}, destinations has {len(dst)}"
-        arrs = [(ctypes.c_int * max(len(x), 1))(*x) for x in (src, deg, dst)]
+        arrs = [_c_ints(x) for x in (src, deg, dst)]
         h = ctypes.c_void_p()
         # (a bad call still takes part, as n -1, so that every rank fails with it)
         st = _lib_.tutti_dist_graph_create(self._handle(), -1 if bad else len(src), *arrs,
@@ -1913,12 +1917,10 @@ class Communicator(_Handle):
         d = [_int(x, "create_cart's dims") for x in dims]
         p = [1 if x else 0 for x in (periods if periods is not None else [0] * len(d))]
         bad = len(p) != len(d)
-        a = (ctypes.c_int * max(len(d), 1))(*d)
-        b = (ctypes.c_int * max(len(p), len(d), 1))(*p)
         h = ctypes.c_void_p()
         # (a bad call still takes part, as ndims -1, so that every rank fails with it)
-        st = _lib_.tutti_cart_create(self._handle(), -1 if bad else len(d), a, b,
-                                     ctypes.byref(h))
+        st = _lib_.tutti_cart_create(self._handle(), -1 if bad else len(d), _c_ints(d),
+                                     _c_ints(p, max(len(p), len(d))), ctypes.byref(h))
         if bad:
             raise InvalidArgError(f"tutti: rank {self.rank}: create_cart: {len(p)} periods for "
                                   f"{len(d)} dims")
@@ -1935,8 +1937,7 @@ class Communicator(_Handle):
         if bad:  # (still takes part, with -1s, so that every rank fails with it)
             keep = [-1] * nd
         h = ctypes.c_void_p()
-        st = _lib_.tutti_cart_sub(self._handle(), (ctypes.c_int * max(nd, 1))(*keep),
-                                  ctypes.byref(h))
+        st = _lib_.tutti_cart_sub(self._handle(), _c_ints(keep, nd), ctypes.byref(h))
         if bad:
             raise InvalidArgError(f"tutti: rank {self.rank}: cart_sub: {len(remain_dims)} "
                                   f"remain_dims for a grid of {nd} dimensions")
@@ -1964,7 +1965,7 @@ class Communicator(_Handle):
         collectives lay out their blocks (a grid: per dimension, the rank back, then the
         one forward; tutti.PROC_NULL past an edge)."""
         n_in, n_out = self._degrees()
-        a, b = (ctypes.c_int * max(n_in, 1))(), (ctypes.c_int * max(n_out, 1))()
+        a, b = _c_ints(n=n_in), _c_ints(n=n_out)
         st = _lib_.tutti_topo_neighbors(self._handle(), n_in, a, n_out, b)
         if st < 0:
             raise self._error(st, "neighbors")
@@ -1980,7 +1981,7 @@ class Communicator(_Handle):
     def cart_get(self):
         """MPI_Cart_get: (dims, periods, coords) of this rank's grid."""
         nd = self._grid()
-        d, p, c = ((ctypes.c_int * max(nd, 1))() for _ in range(3))
+        d, p, c = (_c_ints(n=nd) for _ in range(3))
         st = _lib_.tutti_cart_get(self._handle(), nd, d, p, c)
         if st < 0:
             raise self._error(st, "cart_get")
@@ -1993,8 +1994,7 @@ class Communicator(_Handle):
         if len(c) != nd:
             raise InvalidArgError(f"tutti: cart_rank: {len(c)} coords for {nd} dimensions")
         r = ctypes.c_int(-1)
-        st = _lib_.tutti_cart_rank(self._handle(), (ctypes.c_int * max(nd, 1))(*c),
-                                   ctypes.byref(r))
+        st = _lib_.tutti_cart_rank(self._handle(), _c_ints(c), ctypes.byref(r))
         if st < 0:
             raise self._error(st, "cart_rank")
         return r.value
@@ -2003,7 +2003,7 @@ class Communicator(_Handle):
         """MPI_Cart_coords: rank's coordinates (None: this rank's)."""
         nd = self._grid()
         rank = self.rank if rank is None else _int(rank, "cart_coords' rank")
-        c = (ctypes.c_int * max(nd, 1))()
+        c = _c_ints(n=nd)
         st = _lib_.tutti_cart_coords(self._handle(), rank, nd, c)
         if st < 0:
             raise self._error(st, "cart_coords")
