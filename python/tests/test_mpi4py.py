@@ -3,6 +3,7 @@ ranks): the world's allreduce against MPI's own, and a split of it (MPI_Comm_spl
 parity) made into its own tutti communicator. Skipped where mpi4py or mpirun is missing
 (run.sh installs python3-mpi4py and openmpi-bin)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 SCRIPT = r'''
+import os
 import numpy as np
 from mpi4py import MPI
 import tutti
@@ -33,7 +35,7 @@ assert order.tolist() == sorted([r for r in range(size) if r % 2 == rank % 2], r
 h.destroy()
 c.destroy()
 half.Free()
-print("rank %d ok" % rank, flush=True)
+os.write(1, b"rank %d ok\n" % rank)  # one write: mpirun interleaves print's two
 '''
 
 
@@ -60,5 +62,6 @@ def test_from_mpi_under_mpirun(tmp_path):
                        capture_output=True, text=True, timeout=120)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
-    assert sorted(line for line in p.stdout.splitlines() if line.endswith(" ok")) == \
-        ["rank 0 ok", "rank 1 ok", "rank 2 ok"], out
+    # mpirun forwards each rank's output as it reads it, so lines of different ranks may
+    # still run together: count the marks, not the lines
+    assert sorted(re.findall(r"rank (\d+) ok", p.stdout)) == ["0", "1", "2"], out
