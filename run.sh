@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # gdb: a test rank that outlives its deadline gets its stacks printed (tests/harness.c)
-PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev procps gdb)
+PKGS=(gcc libc6-dev pkg-config meson ninja-build libuv1-dev check libibverbs-dev libssl-dev openssl procps gdb)
 # the fuzz step of `test`: clang and its libFuzzer runtime (libclang_rt.fuzzer)
 FUZZ_PKGS=(clang-14 libclang-rt-14-dev)
 # the RDMA step of `test`: a qemu guest with Debian's kernel and soft-RoCE (tests/rdma/)

@@ -306,6 +306,20 @@ typedef struct tutti_comm_opts {
                               through the work queued there before it, before it fails
                               with TUTTI_ERR_TIMEOUT on every rank (default 600000, 10
                               min, as PyTorch's NCCL watchdog; < 0: no bound, as NCCL) */
+    /* ---- TLS on the tcp transport's links (Gloo's tcp_tls): set all of cert, key and a
+     * CA source, or none; each connection then runs a TLS handshake (1.2 or later) in
+     * which both ends present a certificate the other verifies against its CAs (the
+     * chain, not the peer's name or address: ranks are told apart by the hello and, with
+     * a job secret, its proof), and every byte after it travels encrypted. Every rank
+     * must agree: one with TLS and one without fail set-up naming both. Built without
+     * OpenSSL, setting them fails with TUTTI_ERR_UNSUPPORTED. ---- */
+    const char *tls_cert;    /* TUTTI_TLS_CERT (or GLOO_DEVICE_TRANSPORT_TCP_TLS_CERT):
+                                this rank's certificate (chain), PEM */
+    const char *tls_key;     /* TUTTI_TLS_KEY (or ..._TLS_PKEY): its private key, PEM */
+    const char *tls_ca_file; /* TUTTI_TLS_CA_FILE (or ..._TLS_CA_FILE): the CAs that
+                                verify the peers' certificates, PEM */
+    const char *tls_ca_path; /* TUTTI_TLS_CA_PATH (or ..._TLS_CA_PATH): a directory of
+                                them (c_rehash'ed), instead of or beside the file */
 } tutti_comm_opts_t;
 
 /* Fill opts with defaults, then with the TUTTI_* environment variables. */

@@ -94,6 +94,9 @@ const char *tt_env(const char *name);
 /* TUTTI_<name> as it is, empty included (NULL: unset): for a variable whose empty value
  * must fail, not mean unset (the job secret: authentication must not go off). */
 const char *tt_env_set(const char *name);
+/* TUTTI_<name> as tt_env_set reads it; unset, the variable other (not prefixed; its empty
+ * value unset): a peer's name for the knob (Gloo's). */
+const char *tt_env_or(const char *name, const char *other);
 int tt_env_int(const char *name, int def);
 /* 1 the first time this process asks about name (TUTTI_<name>, or a field) with this
  * value, 0 after: tutti_comm_opts_init, then each communicator's reading of the same

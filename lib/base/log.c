@@ -29,6 +29,15 @@ const char *tt_env_set(const char *name)
     return getenv(full);
 }
 
+const char *tt_env_or(const char *name, const char *other)
+{
+    const char *v = tt_env_set(name);
+    if (v)
+        return v;
+    v = getenv(other);
+    return v && *v ? v : NULL;
+}
+
 static atomic_int log_level = -1;
 static atomic_int log_rank = -1;
 

@@ -55,6 +55,10 @@ static const struct {
     { "SOCKET_BUFFER", offsetof(tutti_comm_opts_t, socket_buffer_bytes), 1 },
     { "CHECKSUM", offsetof(tutti_comm_opts_t, checksum), 0 },
     { "BIND", offsetof(tutti_comm_opts_t, bind), 0 },
+    { "TLS_CERT", offsetof(tutti_comm_opts_t, tls_cert), 0 },
+    { "TLS_KEY", offsetof(tutti_comm_opts_t, tls_key), 0 },
+    { "TLS_CA_FILE", offsetof(tutti_comm_opts_t, tls_ca_file), 0 },
+    { "TLS_CA_PATH", offsetof(tutti_comm_opts_t, tls_ca_path), 0 },
 };
 
 static const char *host_config(void *ctx, const char *name)

@@ -91,6 +91,11 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
     opts->trace_dir = tt_env("TRACE_DIR");
     opts->cuda = tt_env("CUDA");
     opts->stream_timeout_ms = tt_env_int("STREAM_TIMEOUT_MS", TT_DEFAULT_STREAM_TIMEOUT_MS);
+    /* Gloo's (PyTorch's GLOO_DEVICE_TRANSPORT=TCP_TLS) where ours are unset */
+    opts->tls_cert = tt_env_or("TLS_CERT", "GLOO_DEVICE_TRANSPORT_TCP_TLS_CERT");
+    opts->tls_key = tt_env_or("TLS_KEY", "GLOO_DEVICE_TRANSPORT_TCP_TLS_PKEY");
+    opts->tls_ca_file = tt_env_or("TLS_CA_FILE", "GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_FILE");
+    opts->tls_ca_path = tt_env_or("TLS_CA_PATH", "GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_PATH");
     return TUTTI_OK;
 }
 
@@ -100,7 +105,7 @@ int tutti_comm_opts_init(tutti_comm_opts_t *opts)
 #define TT_OPTS_STRINGS(X) \
     X(plugin_path) X(algo) X(socket_ifname) X(prefix) X(host_id) X(cost_model) \
     X(transport_options) X(job_id) X(auth_token) X(auth_token_file) X(checksum) X(bind) \
-    X(trace_dir) X(cuda)
+    X(trace_dir) X(cuda) X(tls_cert) X(tls_key) X(tls_ca_file) X(tls_ca_path)
 /* clang-format on */
 
 void tt_comm_opts_free(tutti_comm_opts_t *o)

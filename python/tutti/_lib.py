@@ -103,6 +103,10 @@ class CommOpts(ctypes.Structure):
         ("trace_dir", ctypes.c_char_p),
         ("cuda", ctypes.c_char_p),
         ("stream_timeout_ms", ctypes.c_int),
+        ("tls_cert", ctypes.c_char_p),
+        ("tls_key", ctypes.c_char_p),
+        ("tls_ca_file", ctypes.c_char_p),
+        ("tls_ca_path", ctypes.c_char_p),
     ]
 
 

@@ -41,6 +41,29 @@ static void link_drop(tcp_link_t *L)
 
 TT_KIT_LINK_FAIL_FN(tcp_link_t, link_busy, link_drop)
 
+/* recv() and sendmsg() of a link, through its TLS session where it has one. */
+static inline ssize_t io_recv(tcp_link_t *L, void *buf, size_t len)
+{
+    if (__builtin_expect(L->tls != NULL, 0))
+        return tcp_tlsio_recv(L->tls, buf, len);
+    return recv(L->fd, buf, len, MSG_DONTWAIT);
+}
+
+static inline ssize_t io_sendv(tcp_link_t *L, struct iovec *iov, int n)
+{
+    if (__builtin_expect(L->tls != NULL, 0))
+        return tcp_tlsio_sendv(L->tls, iov, n);
+    struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+    return sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* A link whose TLS session failed: why (errno EPROTO from io_recv or io_sendv). */
+static int link_fail_tls(tcp_link_t *L, const char *when)
+{
+    return link_fail(L, TUTTI_ERR_PROTOCOL, 0, "the TLS session with rank %d (%s) failed %s: %s",
+                     L->peer, L->addr, when, tcp_tlsio_reason(L->tls));
+}
+
 /* The CRC a header carries: over everything before its hcrc field. */
 static uint32_t hdr_crc(const tcp_hdr_t *h)
 {
@@ -84,8 +107,7 @@ static int link_salvage_report(tcp_link_t *L)
     size_t budget = 64u << 20;
     for (;;) {
         if (L->rhdr_got < sizeof(L->rhdr)) {
-            ssize_t r = recv(L->fd, (char *)&L->rhdr + L->rhdr_got, sizeof(L->rhdr) - L->rhdr_got,
-                             MSG_DONTWAIT);
+            ssize_t r = io_recv(L, (char *)&L->rhdr + L->rhdr_got, sizeof(L->rhdr) - L->rhdr_got);
             if (r <= 0)
                 return 0;
             L->rhdr_got += (size_t)r;
@@ -98,7 +120,7 @@ static int link_salvage_report(tcp_link_t *L)
             char msg[TCP_MAX_ERRMSG + TCP_TRAILER_BYTES + 1];
             size_t got = 0;
             while (got < L->rhdr.len + tlen) {
-                ssize_t r = recv(L->fd, msg + got, L->rhdr.len + tlen - got, MSG_DONTWAIT);
+                ssize_t r = io_recv(L, msg + got, L->rhdr.len + tlen - got);
                 if (r <= 0)
                     return 0;
                 got += (size_t)r;
@@ -121,7 +143,7 @@ static int link_salvage_report(tcp_link_t *L)
         while (left) {
             if (budget == 0)
                 return 0;
-            ssize_t r = recv(L->fd, sink, TT_KIT_MIN(left, sizeof(sink)), MSG_DONTWAIT);
+            ssize_t r = io_recv(L, sink, TT_KIT_MIN(left, sizeof(sink)));
             if (r <= 0)
                 return 0;
             left -= (size_t)r;
@@ -174,15 +196,16 @@ static void link_send(tcp_tp_t *tp, tcp_link_t *L)
             L->strail = L->scrc;
             iov[n++] = (struct iovec){ (char *)&L->strail + L->strail_off, tlen - L->strail_off };
         }
-        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
-        ssize_t w = sendmsg(L->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = io_sendv(L, iov, n);
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return;
             if (errno == EINTR)
                 continue;
             int err = errno;
-            if (!link_salvage_report(L))
+            if (L->tls && err == EPROTO)
+                link_fail_tls(L, "while sending");
+            else if (!link_salvage_report(L))
                 link_fail(L, TUTTI_ERR_PEER, err, "connection to rank %d (%s) broke while sending",
                           L->peer, L->addr);
             return;
@@ -217,8 +240,11 @@ static ssize_t read_ended(tcp_link_t *L, ssize_t r, const char *what)
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK)
         return 0;
-    link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving", L->peer,
-              L->addr);
+    if (L->tls && errno == EPROTO)
+        link_fail_tls(L, "while receiving");
+    else
+        link_fail(L, TUTTI_ERR_PEER, errno, "connection to rank %d (%s) broke while receiving",
+                  L->peer, L->addr);
     return -1;
 }
 
@@ -239,7 +265,7 @@ static ssize_t link_read(tcp_link_t *L, void *buf, size_t len, const char *what)
     if (__builtin_expect(L->pb_len != 0, 0))
         return pb_take(L, buf, len);
     for (;;) {
-        ssize_t r = recv(L->fd, buf, len, MSG_DONTWAIT);
+        ssize_t r = io_recv(L, buf, len);
         if (r > 0) {
             L->tp->moved++;
             return r;
@@ -289,6 +315,18 @@ static ssize_t link_readv(tcp_link_t *L, struct iovec *iov, int n, const char *w
         for (int i = 0; i < n && L->pb_len; i++)
             got += pb_take(L, (char *)iov[i].iov_base, iov[i].iov_len);
         return (ssize_t)got;
+    }
+    if (L->tls) { /* piece by piece, up to the first short one */
+        ssize_t got = 0;
+        for (int i = 0; i < n; i++) {
+            ssize_t r = link_read(L, iov[i].iov_base, iov[i].iov_len, what);
+            if (r <= 0)
+                return got ? got : r;
+            got += r;
+            if ((size_t)r < iov[i].iov_len)
+                break;
+        }
+        return got;
     }
     for (;;) {
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
@@ -672,9 +710,29 @@ static void watch(tcp_tp_t *tp)
     }
 }
 
+/* TLS: a session may hold bytes it decrypted that a read did not take (a record holds
+ * more than one frame), and the socket may then have nothing more: a wait on it would
+ * sleep past them. Reads them where a receive (or a prober) wants them; 1 if that moved
+ * bytes, and the caller must not wait. */
+static int tls_drain(tcp_tp_t *tp)
+{
+    if (__builtin_expect(!tp->tls_ctx, 1))
+        return 0;
+    unsigned long m0 = tp->moved;
+    for (int i = 0; i < tp->nranks; i++) {
+        tcp_link_t *L = &tp->links[i];
+        if (L->tls && L->fd >= 0 && !L->fail.status && (L->rq_head || L->probe_watch) &&
+            tcp_tlsio_pending(L->tls))
+            link_recv(tp, L);
+    }
+    return tp->moved != m0;
+}
+
 /* Block in the libuv loop until something completes or ms pass. */
 static void block(tcp_tp_t *tp, int ms)
 {
+    if (tls_drain(tp))
+        return;
     watch(tp);
     /* The loop's clock only advances while it runs; between our calls it goes stale,
      * and a timer armed from a stale clock is already due (it would fire at once; see
@@ -786,7 +844,7 @@ static int tcp_arm(void *vtp, int *fd_p, int *timeout_ms_p)
 {
     tcp_tp_t *tp = vtp;
     unsigned long c0 = tp->completions, m0 = tp->moved;
-    if (atomic_load(&tp->aborted))
+    if (atomic_load(&tp->aborted) || tls_drain(tp))
         return 1;
     watch(tp);
     uv_run(&tp->loop, UV_RUN_NOWAIT);
@@ -855,7 +913,8 @@ static void tcp_notify_error(void *vtp, int status, const char *msg)
             continue; /* a cut send: cancel_all() closes the link, the peer reads failed/ */
         size_t off = 0;
         while (off < total) {
-            ssize_t w = send(L->fd, frame + off, total - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            struct iovec iov = { frame + off, total - off };
+            ssize_t w = io_sendv(L, &iov, 1);
             if (w > 0) {
                 off += (size_t)w;
                 continue;
@@ -1015,6 +1074,7 @@ static void tcp_destroy(void *vtp)
                 drained += (size_t)r;
             close(L->fd);
         }
+        tcp_tlsio_free(L->tls);
         free(L->errbuf);
         free(L->stage);
         free(L->pb);
@@ -1026,6 +1086,7 @@ static void tcp_destroy(void *vtp)
     uv_run(&tp->loop, UV_RUN_DEFAULT);
     uv_loop_close(&tp->loop);
     tcp_setup_free_lazy(tp);
+    tcp_tls_ctx_free(tp->tls_ctx);
     TT_KIT_CTX_FREE(tp);
 }
 
@@ -1054,7 +1115,8 @@ static int tcp_ctx_new(const tutti_tp_host_v1_t *host, tcp_tp_t **tp_p)
     return TUTTI_OK;
 }
 
-/* TUTTI_CHECKSUM, the job instance, and whether the library holds a job secret. */
+/* TUTTI_CHECKSUM, TLS (TUTTI_TLS_*), the job instance, and whether the library holds a
+ * job secret. */
 static int tcp_identity(tcp_tp_t *tp)
 {
     const tutti_tp_host_v1_t *host = tp->host;
@@ -1071,6 +1133,9 @@ static int tcp_identity(tcp_tp_t *tp)
     if (tp->csum)
         host->log(host->ctx, TUTTI_LOG_INFO, "tcp: payload checksums crc32c (%s)",
                   tcp_crc32c_impl());
+    int st = tcp_tls_ctx_new(host, &tp->tls_ctx);
+    if (st < 0)
+        return st;
     tp->instance = "";
     if (tutti_tp_host_has(host, instance) && host->instance)
         tp->instance = host->instance;
@@ -1082,7 +1147,7 @@ static int tcp_identity(tcp_tp_t *tp)
     if (tutti_tp_host_has(host, auth_answer) && host->auth_answer) {
         /* A throwaway answer says whether there is a secret (it never leaves here). */
         uint8_t challenge[TCP_CHALLENGE_LEN] = { 0 }, answer[32];
-        int st = host->auth_answer(host->ctx, "tcp-probe", challenge, answer);
+        st = host->auth_answer(host->ctx, "tcp-probe", challenge, answer);
         if (st == TUTTI_OK)
             tp->auth = 1;
         else if (st != TUTTI_ERR_UNSUPPORTED)

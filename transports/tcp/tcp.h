@@ -17,6 +17,7 @@
 #include "../kit/progress.h"
 #include "../kit/queue.h"
 #include "../kit/util.h"
+#include "tcp_tls.h"
 
 #define TCP_MAGIC 0x49545554u /* "TUTI" */
 #define TCP_HELLO_MAGIC 0x4f4c4c48u
@@ -33,7 +34,7 @@
 /* receives up to this size come with their header in one recv() through a staging
  * buffer, instead of two */
 #define TCP_STAGE_BYTES 4096
-/* a rank's store value "ip port pid pidns host" (tcp_setup.c) */
+/* a rank's store value "ip port pid pidns tls host" (tcp_setup.c) */
 #define TCP_ADDR_VALUE_MAX 512
 /* checksum mode: a CRC-32C of each frame header (in it) and of each payload (in a
  * 4-byte trailer after it) */
@@ -112,6 +113,7 @@ typedef struct tcp_link {
     long pid; /* a lower rank's pid when it runs on this host in this pid namespace, else 0 */
     int cpu;  /* with pid: the CPU it last ran on when last looked at (tcp_shares), or -1 */
     int fd;
+    tcp_tlsio_t *tls; /* TLS: the link's session (tcp_tls.h), else NULL */
     char addr[96];
     tp_link_fail_t fail;
     int tx_broken; /* a send was cut mid-message: no more frames fit */
@@ -167,6 +169,7 @@ struct tcp_tp {
     char cc_system[16];   /* the system's, as a new socket gets it ("" if unknown) */
     int csum;             /* TCP_CSUM_*, from TUTTI_CHECKSUM */
     int auth;             /* the library has a job secret: hellos prove it */
+    void *tls_ctx;        /* TLS (TUTTI_TLS_*): what each link's session is made from */
     const char *instance; /* the job instance hellos must agree on ("" if none) */
     int lazy;             /* TUTTI_TCP_CONNECT=lazy: links connect at their first use */
     struct setup *setup;  /* lazy: the listener and the connections in progress */

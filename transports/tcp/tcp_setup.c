@@ -8,7 +8,11 @@
  * listener (a stray, a forger, another job, an older tutti, a slow or silent client) is
  * refused with its reason and the rank keeps waiting for the genuine peer until the
  * deadline. A connecting rank that is refused, or that finds the listener is not its
- * peer, fails at once with the reason. */
+ * peer, fails at once with the reason.
+ * With TLS (tcp_tls.h) a connection first runs the TLS handshake, both ends verifying
+ * the other's certificate, and the hello exchange then runs inside the session; a
+ * rank's published address says whether it runs TLS, so that a rank whose peer differs
+ * fails at once naming both, instead of meeting bytes it cannot read. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -68,6 +72,8 @@ struct conn {
     int closing;          /* lazy, outgoing: h is closing (not to be reused before) */
     int addr_known;       /* lazy, outgoing: addr read from the store */
     int refuse_flags;     /* the next refusal's verdict flags (TCP_VERDICT_CROSSED) */
+    tcp_tlsio_t *tls;     /* TLS: the session (to the link once established) */
+    int tls_up;           /* TLS: its handshake is done */
     uint64_t deadline_ns; /* lazy: an outgoing call's, an incoming hello's (tp_now_ns) */
     char who[128];        /* the peer's address */
     uint8_t challenge[TCP_CHALLENGE_LEN]; /* ours, fresh for each connection */
@@ -229,6 +235,9 @@ static void on_conn_closed(uv_handle_t *h)
 
 static void conn_close(conn_t *c)
 {
+    tcp_tlsio_free(c->tls);
+    c->tls = NULL;
+    c->tls_up = 0;
     if (c->open) {
         c->open = 0;
         c->phase = PH_IDLE;
@@ -491,6 +500,11 @@ static void conn_established(conn_t *c)
                    strerror(err));
         return;
     }
+    if (c->tls) { /* the session goes on on the link's socket */
+        L->tls = c->tls;
+        c->tls = NULL;
+        tcp_tlsio_attach(L->tls, L->fd);
+    }
     int one = 1;
     setsockopt(L->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (tp->sockbuf > 0) {
@@ -510,6 +524,8 @@ static void conn_established(conn_t *c)
         if (s->lazy) { /* the link failed (setup_fail): the peer reads the end of it */
             close(L->fd);
             L->fd = -1;
+            tcp_tlsio_free(L->tls);
+            L->tls = NULL;
         }
         return;
     }
@@ -523,6 +539,22 @@ static void conn_established(conn_t *c)
     }
     if (++s->done == s->needed)
         uv_stop(s->loop);
+}
+
+/* A best-effort write that never waits (a refusal's verdict, just before the close);
+ * through the session with TLS, once its handshake is done (before, nothing goes). */
+static void conn_try_write(conn_t *c, const void *buf, size_t n)
+{
+    void *out = NULL;
+    if (c->tls) {
+        if (!c->tls_up || tcp_tlsio_write(c->tls, buf, n) < 0 ||
+            !(out = tcp_tlsio_take_out(c->tls, &n)))
+            return;
+        buf = out;
+    }
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)n);
+    uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    free(out);
 }
 
 /* ---- refusals ---- */
@@ -554,8 +586,7 @@ static void incoming_refuse(conn_t *c, int status, const char *fmt, ...)
     if (!c->hello_sent)
         n = put_hello(c, buf);
     n += put_verdict(buf + n, status, NULL, why, flags);
-    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)n);
-    uv_try_write((uv_stream_t *)&c->h, &b, 1);
+    conn_try_write(c, buf, n);
     int peer = c->peer;
     conn_close(c);
     if (s->lazy && !flags && peer >= 0 && peer < tp->nranks && s->crossed[peer])
@@ -576,8 +607,7 @@ static void outgoing_fail(conn_t *c, int status, int tell, const char *fmt, ...)
     va_end(ap);
     if (tell) {
         size_t n = put_verdict(c->wbuf[1], status, NULL, why, 0);
-        uv_buf_t b = uv_buf_init((char *)c->wbuf[1], (unsigned)n);
-        uv_try_write((uv_stream_t *)&c->h, &b, 1);
+        conn_try_write(c, c->wbuf[1], n);
     }
     setup_t *s = c->s;
     if (s->lazy)
@@ -670,6 +700,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     (void)suggested;
     conn_t *c = h->data;
     size_t len;
+    if (c->tls) {
+        /* what the session asked for (a record's header, then its body), or a header's
+         * worth: bytes it has not asked for yet wait in its buffer */
+        char *p = tcp_tlsio_inbuf(c->tls, &len);
+        *buf = uv_buf_init(p, (unsigned)(len ? len : 5));
+        return;
+    }
     char *p = part(c, &len);
     /* exactly the part's bytes: what the peer sends after the set-up stays in the
      * socket for the data path */
@@ -677,27 +714,77 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
                              : uv_buf_init(NULL, 0);
 }
 
-static void on_written(uv_write_t *w, int status)
+/* A write of wbuf[which] is out (or failed); which -1: the TLS handshake's bytes. */
+static void written(conn_t *c, int which, int status)
 {
-    conn_t *c = w->data;
     if (status == UV_ECANCELED || !c->open)
         return;
     if (status < 0) {
         if (c->outgoing) {
-            outgoing_retry(c, "sending the hello", status);
+            outgoing_retry(c, which < 0 ? "in the TLS handshake" : "sending the hello", status);
         } else {
-            if (w == &c->wreq[1])
+            if (which == 1)
                 c->s->claimed[c->peer] = 0; /* the genuine peer may come again */
             conn_close(c);
         }
         return;
     }
-    if (!c->outgoing && w == &c->wreq[1])
+    if (!c->outgoing && which == 1)
         conn_established(c); /* the last verdict is out: the slot is taken */
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    conn_t *c = w->data;
+    written(c, w == &c->wreq[1] ? 1 : 0, status);
+}
+
+/* TLS: a write of the session's output, which it owns. */
+typedef struct tls_wreq {
+    uv_write_t req;
+    conn_t *c;
+    int which;
+    void *buf;
+} tls_wreq_t;
+
+static void on_tls_written(uv_write_t *req, int status)
+{
+    tls_wreq_t *w = req->data;
+    conn_t *c = w->c;
+    int which = w->which;
+    free(w->buf);
+    free(w);
+    written(c, which, status);
+}
+
+/* TLS: send what the session has produced (as the write of wbuf[which]). 0 or a libuv
+ * error. */
+static int tls_flush(conn_t *c, int which)
+{
+    size_t n;
+    void *p = tcp_tlsio_take_out(c->tls, &n);
+    if (!p)
+        return 0;
+    tls_wreq_t *w = malloc(sizeof(*w));
+    if (!w) {
+        free(p);
+        return UV_ENOMEM;
+    }
+    *w = (tls_wreq_t){ .c = c, .which = which, .buf = p };
+    w->req.data = w;
+    uv_buf_t b = uv_buf_init(p, (unsigned)n);
+    int st = uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, on_tls_written);
+    if (st < 0) {
+        free(p);
+        free(w);
+    }
+    return st;
 }
 
 static int conn_write(conn_t *c, int which, size_t len)
 {
+    if (c->tls)
+        return tcp_tlsio_write(c->tls, c->wbuf[which], len) < 0 ? UV_EPROTO : tls_flush(c, which);
     uv_buf_t b = uv_buf_init((char *)c->wbuf[which], (unsigned)len);
     c->wreq[which].data = c;
     return uv_write(&c->wreq[which], (uv_stream_t *)&c->h, &b, 1, on_written);
@@ -978,6 +1065,80 @@ static int conn_part_done(conn_t *c)
     return -1;
 }
 
+/* TLS: the session failed (its reason in tcp_tlsio_reason), when. A session that
+ * ended is a connection that closed (retried, as without TLS); any other failure is
+ * the handshake's or the peer's alert: an outgoing call fails at once with it, an
+ * incoming one is dropped (its rank is not known yet). */
+static void tls_failed(conn_t *c, int how, const char *when)
+{
+    setup_t *s = c->s;
+    tcp_tp_t *tp = s->tp;
+    const char *why = tcp_tlsio_reason(c->tls);
+    if (c->outgoing && how == -2) {
+        outgoing_retry(c, when, UV_EOF);
+        return;
+    }
+    if (c->outgoing) {
+        outgoing_fail(c, TUTTI_ERR_AUTH, 0, "TLS %s: %s", when, why);
+        return;
+    }
+    LOGF(how == -2 && !c->tls_up ? TUTTI_LOG_INFO : TUTTI_LOG_WARN,
+         "tcp: rank %d dropped a connection from %s: TLS %s: %s", tp->rank, c->who, when, why);
+    conn_close(c);
+}
+
+static void outgoing_hello(conn_t *c);
+
+/* TLS: nread bytes of the session's came: drive the handshake, then read the parts'
+ * plaintext through it. */
+static void tls_on_read(conn_t *c, size_t nread)
+{
+    tcp_tlsio_fed(c->tls, nread);
+    if (!c->tls_up) {
+        int h = tcp_tlsio_handshake(c->tls);
+        int w = tls_flush(c, -1);
+        if (h < 0) {
+            tls_failed(c, h, "handshake");
+            return;
+        }
+        if (w < 0) {
+            written(c, -1, w);
+            return;
+        }
+        if (h == 0)
+            return;
+        c->tls_up = 1;
+        if (c->outgoing) {
+            outgoing_hello(c);
+            if (!c->open || !c->tls)
+                return;
+        }
+    }
+    for (;;) {
+        size_t len;
+        char *p = part(c, &len);
+        if (!p)
+            break;
+        while (c->got < len) {
+            ssize_t r = tcp_tlsio_read(c->tls, p + c->got, len - c->got);
+            if (r == 0)
+                return;
+            if (r < 0) {
+                tls_failed(c, (int)r,
+                           c->outgoing ? "after the handshake (the peer's verdict on this "
+                                         "rank's certificate, or its end)"
+                                       : "in the hello");
+                return;
+            }
+            c->got += (size_t)r;
+        }
+        if (conn_part_done(c) < 0)
+            break;
+    }
+    if (c->open && c->phase == PH_IDLE)
+        uv_read_stop((uv_stream_t *)&c->h);
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     (void)buf;
@@ -986,6 +1147,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     tcp_tp_t *tp = s->tp;
     if (nread == 0 || !c->open)
         return;
+    if (c->tls && nread > 0) {
+        tls_on_read(c, (size_t)nread);
+        return;
+    }
     if (nread < 0) {
         if (c->outgoing) {
             outgoing_retry(c, "during the hello", (int)nread);
@@ -1060,6 +1225,9 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
         c->closing = 1;
         uv_close((uv_handle_t *)&c->h, on_conn_closed);
     }
+    tcp_tlsio_free(c->tls);
+    c->tls = NULL;
+    c->tls_up = 0;
     c->phase = PH_IDLE;
     uv_update_time(s->loop);
     uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
@@ -1077,15 +1245,37 @@ static void on_connect(uv_connect_t *req, int status)
         return;
     }
     uv_tcp_nodelay(&c->h, 1);
+    c->phase = PH_HELLO_V1;
+    if (c->s->tp->tls_ctx) { /* the handshake first; the hello once it is done */
+        if (!(c->tls = tcp_tlsio_new(c->s->tp->tls_ctx, 0))) {
+            setup_fail(c->s, TUTTI_ERR_NOMEM, -1, "tcp: out of memory for a TLS session");
+            return;
+        }
+        int h = tcp_tlsio_handshake(c->tls), w = tls_flush(c, -1);
+        if (h < 0) {
+            tls_failed(c, h, "handshake");
+            return;
+        }
+        if (w < 0) {
+            written(c, -1, w);
+            return;
+        }
+    } else {
+        outgoing_hello(c);
+        if (!c->open)
+            return;
+    }
+    uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
+}
+
+/* Outgoing: this rank's hello, once connected (with TLS, once the handshake is done). */
+static void outgoing_hello(conn_t *c)
+{
     size_t n = put_hello(c, c->wbuf[0]);
     c->hello_sent = 1;
     int st = conn_write(c, 0, n);
-    if (st < 0) {
+    if (st < 0)
         outgoing_retry(c, "sending the hello", st);
-        return;
-    }
-    c->phase = PH_HELLO_V1;
-    uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
 static void conn_start(conn_t *c)
@@ -1174,6 +1364,17 @@ static void on_incoming(uv_stream_t *server, int status)
         fmt_addr((struct sockaddr *)&ss, c->who, sizeof(c->who));
     uv_tcp_nodelay(&c->h, 1);
     c->phase = PH_HELLO_V1;
+    if (tp->tls_ctx) { /* the handshake first: the session asks for the client's hello */
+        if (!(c->tls = tcp_tlsio_new(tp->tls_ctx, 1))) {
+            LOGF(TUTTI_LOG_WARN, "tcp: out of memory for a TLS session with %s", c->who);
+            conn_close(c);
+            return;
+        }
+        if (tcp_tlsio_handshake(c->tls) < 0) {
+            tls_failed(c, -1, "handshake");
+            return;
+        }
+    }
     uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }
 
@@ -1271,7 +1472,7 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
         return st;
     }
     char ip[INET6_ADDRSTRLEN + 1] = "", text[TCP_ADDR_VALUE_MAX];
-    int port = 0;
+    int port = 0, tls = 0;
     int ok = len < sizeof(text);
     if (ok) {
         memcpy(text, val, len); /* the value need not end in a NUL */
@@ -1282,14 +1483,23 @@ static int peer_addr_from_store(setup_t *s, int peer, struct sockaddr_storage *o
         unsigned long long ns = 0;
         int off = 0;
         const char *me = tp->host->host_id;
-        if (ok && sscanf(text, "%*s %*d %ld %llu %n", &pid, &ns, &off) == 2 && off > 0 && me &&
-            *me && !strcmp(text + off, me) && ns && ns == s->pidns)
+        /* (a bare "ip port", as a test's proxy publishes, is a rank without TLS) */
+        if (ok && sscanf(text, "%*s %*d %ld %llu %d %n", &pid, &ns, &tls, &off) == 3 && off > 0 &&
+            me && *me && !strcmp(text + off, me) && ns && ns == s->pidns)
             tp->links[peer].pid = pid;
     }
     tp->host->free_value(val);
     if (len < sizeof(text) && !strncmp(text, "! ", 2)) {
         snprintf(why, whylen, "tcp: rank %d could not set up: %s", peer, text + 2);
         return TUTTI_ERR_PEER;
+    }
+    if (ok && tls != (tp->tls_ctx != NULL)) {
+        int on = tls ? peer : tp->rank, off = tls ? tp->rank : peer;
+        snprintf(why, whylen,
+                 "tcp: rank %d runs its links with TLS and rank %d without (set TUTTI_TLS_CERT, "
+                 "TUTTI_TLS_KEY and TUTTI_TLS_CA_FILE on every rank, or on none)",
+                 on, off);
+        return TUTTI_ERR_CONFIG;
     }
     memset(out, 0, sizeof(*out));
     if (ok && strchr(ip, ':'))
@@ -1327,7 +1537,7 @@ static int setup_listen(setup_t *s, struct sockaddr_storage *me, const char *ifn
     return TUTTI_OK;
 }
 
-/* Publish "ip port" of the listener under tcp/<rank>, for the higher ranks to connect. */
+/* Publish "ip port ..." of the listener under tcp/<rank>, for the higher ranks to connect. */
 static int publish_address(const setup_t *s, const struct sockaddr_storage *me)
 {
     tcp_tp_t *tp = s->tp;
@@ -1338,11 +1548,12 @@ static int publish_address(const setup_t *s, const struct sockaddr_storage *me)
     else
         uv_ip4_name((const struct sockaddr_in *)me, ip, sizeof(ip));
     /* the address, then what tells a rank on the same host where this one runs (a pid
-     * is only meaningful in its own pid namespace): "ip port pid pidns host" */
-    snprintf(val, sizeof(val), "%s %d %ld %llu %s", ip,
+     * is only meaningful in its own pid namespace), whether its links run TLS, and its
+     * host: "ip port pid pidns tls host" */
+    snprintf(val, sizeof(val), "%s %d %ld %llu %d %s", ip,
              ntohs(me->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)me)->sin6_port
                                              : ((const struct sockaddr_in *)me)->sin_port),
-             (long)getpid(), s->pidns, host->host_id ? host->host_id : "");
+             (long)getpid(), s->pidns, tp->tls_ctx != NULL, host->host_id ? host->host_id : "");
     char key[64];
     snprintf(key, sizeof(key), "tcp/%d", tp->rank);
     int st = host->store_set(host->ctx, key, val, strlen(val) + 1);

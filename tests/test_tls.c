@@ -1,0 +1,456 @@
+/* TLS on the tcp transport's links (TUTTI_TLS_*, transports/tcp/tcp_tls.h), with
+ * certificates the suite makes with the openssl command: collectives and messages of
+ * every size arrive intact, eagerly and lazily connected; nothing of the payload
+ * crosses the wire in the clear (every send and sendmsg of the ranks is watched: this
+ * binary's definitions come before libc's); a certificate the CAs do not verify, on
+ * either end of a link, fails set-up on every rank naming TLS and the cause; a rank
+ * with TLS and one without fail naming both; knobs that do not go together, files that
+ * do not load and set-but-empty knobs fail with TUTTI_ERR_CONFIG; Gloo's variable names
+ * are read where ours are unset. Skipped (77) where tutti was built without OpenSSL. */
+#include <check.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include <tutti/store.h>
+#include <tutti/tutti.h>
+
+static char g_root[256];
+
+/* ---- the wire, watched ---- */
+
+/* 16 bytes the watched buffers are made of: a send that carries them went in the clear */
+static const char MARK[16] = "tutti-cleartext!";
+static int *g_seen; /* shared: per rank, the sends that carried MARK */
+static int g_rank = -1;
+
+static void scan(const void *p, size_t n)
+{
+    if (g_seen && g_rank >= 0 && p && memmem(p, n, MARK, sizeof(MARK)))
+        __atomic_add_fetch(&g_seen[g_rank], 1, __ATOMIC_RELAXED);
+}
+
+ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+    static ssize_t (*real)(int, const void *, size_t, int);
+    if (!real)
+        real = (ssize_t(*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
+    scan(buf, len);
+    return real(fd, buf, len, flags);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+    static ssize_t (*real)(int, const struct msghdr *, int);
+    if (!real)
+        real = (ssize_t(*)(int, const struct msghdr *, int))dlsym(RTLD_NEXT, "sendmsg");
+    for (size_t i = 0; i < m->msg_iovlen; i++)
+        scan(m->msg_iov[i].iov_base, m->msg_iov[i].iov_len);
+    return real(fd, m, flags);
+}
+
+/* ---- certificates ---- */
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+}
+
+static void path(char *out, size_t len, const char *name)
+{
+    snprintf(out, len, "%s/%s", g_root, name);
+}
+
+/* ca.pem (the CAs every rank trusts), node.pem/node.key (a certificate it signed),
+ * rogue.pem/rogue.key (self-signed: no CA of the job's), other.pem (another CA's, for
+ * the key that does not fit), and capath/ (ca.pem under its hash). Made once. */
+static void make_certs(void)
+{
+    char probe[300];
+    path(probe, sizeof(probe), "node.pem");
+    if (access(probe, R_OK) == 0)
+        return;
+    const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    sh("cd %s && openssl req -x509 %s -keyout ca.key -out ca.pem -days 2 -subj /CN=tutti-ca "
+       ">/dev/null 2>&1",
+       g_root, ec);
+    sh("cd %s && openssl req %s -keyout node.key -out node.csr -subj /CN=node >/dev/null 2>&1 && "
+       "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem "
+       "-days 2 >/dev/null 2>&1",
+       g_root, ec);
+    sh("cd %s && openssl req -x509 %s -keyout rogue.key -out rogue.pem -days 2 -subj /CN=rogue "
+       ">/dev/null 2>&1",
+       g_root, ec);
+    sh("cd %s && mkdir -p capath && cp ca.pem capath/$(openssl x509 -hash -noout -in ca.pem).0",
+       g_root);
+}
+
+/* ---- ranks ---- */
+
+typedef struct plan {
+    const char *cert[4], *key[4]; /* per rank: file names under g_root, NULL: no TLS */
+    const char *ca;               /* "ca.pem", or NULL with capath */
+    int capath;                   /* TUTTI_TLS_CA_PATH=capath/ instead */
+    int lazy;
+    int gloo_env;       /* the knobs through Gloo's variables */
+    int expect;         /* the init's status every rank must see (0: success) */
+    const char *msg[2]; /* what every failing rank's error must say */
+} plan_t;
+
+static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tutti_comm_t **comm_p,
+                     tutti_store_t **store_p, char *err, size_t errlen)
+{
+    char cert[300] = "", key[300] = "", ca[300] = "";
+    if (p->cert[rank])
+        path(cert, sizeof(cert), p->cert[rank]);
+    if (p->key[rank])
+        path(key, sizeof(key), p->key[rank]);
+    path(ca, sizeof(ca), p->capath ? "capath" : p->ca ? p->ca : "ca.pem");
+    unsetenv("TUTTI_TLS_CERT");
+    unsetenv("TUTTI_TLS_KEY");
+    unsetenv("TUTTI_TLS_CA_FILE");
+    unsetenv("TUTTI_TLS_CA_PATH");
+    int tls = p->cert[rank] || p->key[rank];
+    if (p->gloo_env && tls) {
+        setenv("GLOO_DEVICE_TRANSPORT_TCP_TLS_CERT", cert, 1);
+        setenv("GLOO_DEVICE_TRANSPORT_TCP_TLS_PKEY", key, 1);
+        setenv(p->capath ? "GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_PATH"
+                         : "GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_FILE",
+               ca, 1);
+    }
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "tcp";
+    o.timeout_ms = 15000;
+    o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
+    if (p->gloo_env && tls) {
+        FAIL_IF(!o.tls_cert || strcmp(o.tls_cert, cert) || !o.tls_key || strcmp(o.tls_key, key),
+                "Gloo's variables not read: cert %s key %s", o.tls_cert ? o.tls_cert : "(null)",
+                o.tls_key ? o.tls_key : "(null)");
+    } else if (tls) {
+        o.tls_cert = p->cert[rank] ? cert : NULL;
+        o.tls_key = p->key[rank] ? key : NULL;
+        if (p->capath)
+            o.tls_ca_path = ca;
+        else
+            o.tls_ca_file = ca;
+    }
+    FAIL_IF(tutti_store_open_file(store_p, dir, 10000) != 0, "store");
+    int st = tutti_comm_init(comm_p, *store_p, rank, nranks, &o);
+    snprintf(err, errlen, "%s", st ? tutti_comm_last_error(NULL) : "");
+    return st;
+}
+
+/* Every rank of an int32 allreduce of count elements against the sum computed here. */
+static int check_allreduce(int rank, int nranks, tutti_comm_t *comm, size_t count)
+{
+    int32_t *x = malloc(count * sizeof(*x));
+    FAIL_IF(!x, "malloc");
+    for (size_t i = 0; i < count; i++)
+        x[i] = (int32_t)((i * 7 + 3) % 1000003) * (rank + 1);
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, count, TUTTI_INT32, TUTTI_SUM);
+    FAIL_IF(st, "allreduce of %zu: %s", count, tutti_comm_last_error(comm));
+    int32_t f = (int32_t)(nranks * (nranks + 1) / 2);
+    for (size_t i = 0; i < count; i++)
+        FAIL_IF(x[i] != (int32_t)((i * 7 + 3) % 1000003) * f, "allreduce of %zu: [%zu] = %d", count,
+                i, x[i]);
+    free(x);
+    return 0;
+}
+
+static int rank_ok(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const plan_t *p = arg;
+    tutti_comm_t *comm;
+    tutti_store_t *store;
+    char err[1024];
+    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
+    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    static const size_t counts[] = { 1, 1000, 4096, 70000, 1 << 20 };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
+        if (check_allreduce(rank, nranks, comm, counts[i]))
+            return 1;
+    /* a burst of small messages to the next rank, read from the previous one only after
+     * they all came: several frames then wait in one session's buffer, decrypted, with
+     * the socket empty behind them */
+    enum { BURST = 64, BYTES = 100 };
+    int to = (rank + 1) % nranks, from = (rank + nranks - 1) % nranks;
+    static unsigned char out[BURST][BYTES], in[BYTES];
+    tutti_work_t *w[BURST];
+    for (int k = 0; k < BURST; k++) {
+        for (int b = 0; b < BYTES; b++)
+            out[k][b] = (unsigned char)(rank * 31 + k * 7 + b);
+        FAIL_IF(tutti_send_async(comm, out[k], BYTES, TUTTI_UINT8, to, 5, &w[k]), "send %d", k);
+    }
+    for (int k = 0; k < BURST; k++)
+        FAIL_IF(tutti_wait(w[k], -1), "send %d: %s", k, tutti_comm_last_error(comm));
+    FAIL_IF(tutti_barrier(comm), "barrier: %s", tutti_comm_last_error(comm));
+    for (int k = 0; k < BURST; k++) {
+        int src = -1;
+        size_t n = 0;
+        if (k == BURST / 2) {
+            FAIL_IF(tutti_probe(comm, from, 5, &src, &n, NULL), "probe: %s",
+                    tutti_comm_last_error(comm));
+            FAIL_IF(src != from || n != BYTES, "probe: %d, %zu", src, n);
+        }
+        FAIL_IF(tutti_recv(comm, in, BYTES, TUTTI_UINT8, from, 5), "recv %d: %s", k,
+                tutti_comm_last_error(comm));
+        for (int b = 0; b < BYTES; b++)
+            FAIL_IF(in[b] != (unsigned char)(from * 31 + k * 7 + b), "message %d byte %d", k, b);
+    }
+    if (check_allreduce(rank, nranks, comm, 3))
+        return 1;
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+/* Rank 0 broadcasts 256 KiB made of MARK and sends 64 bytes of it to each rank; g_seen
+ * counts the sends that carried it. */
+static int rank_wire(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const plan_t *p = arg;
+    g_rank = rank;
+    tutti_comm_t *comm;
+    tutti_store_t *store;
+    char err[1024];
+    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
+    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    enum { BIG = 256 << 10 };
+    static char buf[BIG], small[64];
+    if (rank == 0) {
+        for (size_t i = 0; i < BIG; i += sizeof(MARK))
+            memcpy(buf + i, MARK, sizeof(MARK));
+        for (size_t i = 0; i < sizeof(small); i += sizeof(MARK))
+            memcpy(small + i, MARK, sizeof(MARK));
+    }
+    FAIL_IF(tutti_broadcast(comm, TUTTI_IN_PLACE, buf, BIG, TUTTI_UINT8, 0), "broadcast: %s",
+            tutti_comm_last_error(comm));
+    for (size_t i = 0; i < BIG; i += sizeof(MARK))
+        FAIL_IF(memcmp(buf + i, MARK, sizeof(MARK)), "broadcast's byte %zu", i);
+    if (rank == 0) {
+        for (int r = 1; r < nranks; r++)
+            FAIL_IF(tutti_send(comm, small, sizeof(small), TUTTI_UINT8, r, 9), "send: %s",
+                    tutti_comm_last_error(comm));
+    } else {
+        FAIL_IF(tutti_recv(comm, small, sizeof(small), TUTTI_UINT8, 0, 9), "recv: %s",
+                tutti_comm_last_error(comm));
+        FAIL_IF(memcmp(small, MARK, sizeof(MARK)), "the message");
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
+/* The init fails with p->expect, its message saying each of p->msg. */
+static int rank_fails(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const plan_t *p = arg;
+    tutti_comm_t *comm = NULL;
+    tutti_store_t *store;
+    char err[1024];
+    double t0 = th_now_ms();
+    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
+    double ms = th_now_ms() - t0;
+    if (st == 0)
+        tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    FAIL_IF(st != p->expect, "init: %s, expected %s: %s", tutti_status_name(st),
+            tutti_status_name(p->expect), err);
+    for (int i = 0; i < 2; i++)
+        FAIL_IF(p->msg[i] && !strstr(err, p->msg[i]), "the error does not say \"%s\": %s",
+                p->msg[i], err);
+    /* a verdict, not the timeout (15 s) */
+    FAIL_IF(ms > 8000, "it took %.0f ms to fail: %s", ms, err);
+    fprintf(stderr, "rank %d failed as it should, in %.0f ms: %s\n", rank, ms, err);
+    return 0;
+}
+
+static void run(int nranks, th_rank_fn fn, const plan_t *p, int kill_on_fail)
+{
+    make_certs();
+    th_spec_t spec = { .nranks = nranks,
+                       .fn = fn,
+                       .arg = (void *)p,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM | (kill_on_fail ? 0 : TH_NO_KILL_ON_FAIL) };
+    int codes[4];
+    int rc = th_run_ex(&spec, codes);
+    for (int r = 0; r < nranks; r++)
+        ck_assert_msg(codes[r] == 0, "rank %d exited %d", r, codes[r]);
+    ck_assert_int_eq(rc, 0);
+}
+
+#define ALL(x)                                                                                     \
+    {                                                                                              \
+        x, x, x, x                                                                                 \
+    }
+
+START_TEST(tls_collectives_and_messages)
+{
+    plan_t p = { .cert = ALL("node.pem"), .key = ALL("node.key") };
+    run(3, rank_ok, &p, 1);
+}
+END_TEST
+
+START_TEST(tls_lazy_and_ca_path)
+{
+    plan_t p = { .cert = ALL("node.pem"), .key = ALL("node.key"), .capath = 1, .lazy = 1 };
+    run(3, rank_ok, &p, 1);
+}
+END_TEST
+
+/* The marker must cross in the clear without TLS (the watch sees it: the check can
+ * fail), and never with it. */
+START_TEST(tls_nothing_in_the_clear)
+{
+    g_seen = th_shared_zeroed(4 * sizeof(int));
+    plan_t plain = { .cert = { NULL } };
+    run(3, rank_wire, &plain, 1);
+    ck_assert_msg(g_seen[0] > 0, "without TLS the watch saw no marker (%d sends)", g_seen[0]);
+    memset(g_seen, 0, 4 * sizeof(int));
+    plan_t tls = { .cert = ALL("node.pem"), .key = ALL("node.key") };
+    run(3, rank_wire, &tls, 1);
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(g_seen[r] == 0, "with TLS rank %d sent the marker in the clear %d times", r,
+                      g_seen[r]);
+    /* and so through Gloo's variables, lazily */
+    plan_t gloo = { .cert = ALL("node.pem"), .key = ALL("node.key"), .gloo_env = 1, .lazy = 1 };
+    run(3, rank_wire, &gloo, 1);
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(g_seen[r] == 0, "Gloo's knobs: rank %d sent the marker in the clear", r);
+}
+END_TEST
+
+/* A certificate no CA of the job signed: on the connecting end (rank 1 calls rank 0),
+ * then on the listening end. */
+START_TEST(tls_untrusted_certificate)
+{
+    plan_t p = { .cert = { "node.pem", "rogue.pem" },
+                 .key = { "node.key", "rogue.key" },
+                 .expect = TUTTI_ERR_AUTH,
+                 .msg = { "TLS", "rank 0" } };
+    run(2, rank_fails, &p, 0);
+    plan_t q = { .cert = { "rogue.pem", "node.pem" },
+                 .key = { "rogue.key", "node.key" },
+                 .expect = TUTTI_ERR_AUTH,
+                 .msg = { "certificate", "rank 0" } };
+    run(2, rank_fails, &q, 0);
+}
+END_TEST
+
+START_TEST(tls_on_one_rank_only)
+{
+    plan_t p = { .cert = { "node.pem" },
+                 .key = { "node.key" },
+                 .expect = TUTTI_ERR_CONFIG,
+                 .msg = { "rank 0 runs its links with TLS and rank 1 without", NULL } };
+    run(2, rank_fails, &p, 0);
+    plan_t q = { .cert = { NULL, "node.pem" },
+                 .key = { NULL, "node.key" },
+                 .expect = TUTTI_ERR_CONFIG,
+                 .msg = { "rank 1 runs its links with TLS and rank 0 without", NULL } };
+    run(2, rank_fails, &q, 0);
+}
+END_TEST
+
+START_TEST(tls_bad_knobs)
+{
+    /* a certificate without its key; a key that does not fit; a file that is not there */
+    plan_t nokey = { .cert = ALL("node.pem"),
+                     .expect = TUTTI_ERR_CONFIG,
+                     .msg = { "TUTTI_TLS_KEY", "is not" } };
+    run(2, rank_fails, &nokey, 0);
+    plan_t misfit = { .cert = ALL("node.pem"),
+                      .key = ALL("rogue.key"),
+                      .expect = TUTTI_ERR_CONFIG,
+                      .msg = { "TUTTI_TLS_KEY", "rogue.key" } };
+    run(2, rank_fails, &misfit, 0);
+    plan_t missing = { .cert = ALL("nothing.pem"),
+                       .key = ALL("node.key"),
+                       .expect = TUTTI_ERR_CONFIG,
+                       .msg = { "TUTTI_TLS_CERT", "nothing.pem" } };
+    run(2, rank_fails, &missing, 0);
+    plan_t noca = { .cert = ALL("node.pem"),
+                    .key = ALL("node.key"),
+                    .ca = "nothing.pem",
+                    .expect = TUTTI_ERR_CONFIG,
+                    .msg = { "TUTTI_TLS_CA_FILE", "nothing.pem" } };
+    run(2, rank_fails, &noca, 0);
+}
+END_TEST
+
+static int rank_empty(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    setenv("TUTTI_TLS_CERT", "", 1);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    FAIL_IF(!o.tls_cert || *o.tls_cert, "TUTTI_TLS_CERT=\"\" read as unset");
+    o.transport = "tcp";
+    o.timeout_ms = 15000;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const char *err = st ? tutti_comm_last_error(NULL) : "";
+    FAIL_IF(st != TUTTI_ERR_CONFIG || !strstr(err, "TUTTI_TLS_CERT is set but empty"), "%s: %s",
+            tutti_status_name(st), err);
+    tutti_store_close(store);
+    return 0;
+}
+
+/* Set but empty: an error on every rank, not plain tcp. */
+START_TEST(tls_empty_knob_fails_the_pair)
+{
+    th_spec_t spec = {
+        .nranks = 2, .fn = rank_empty, .timeout_ms = 60000, .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL
+    };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("tls");
+    TCase *tc = tcase_create("tls");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, tls_collectives_and_messages);
+    tcase_add_test(tc, tls_lazy_and_ca_path);
+    tcase_add_test(tc, tls_nothing_in_the_clear);
+    tcase_add_test(tc, tls_untrusted_certificate);
+    tcase_add_test(tc, tls_on_one_rank_only);
+    tcase_add_test(tc, tls_bad_knobs);
+    tcase_add_test(tc, tls_empty_knob_fails_the_pair);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+#ifndef TUTTI_HAVE_TLS
+    fprintf(stderr, "tutti was built without OpenSSL: no TLS to test\n");
+    return 77;
+#else
+    if (system("openssl version >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "no openssl command to make certificates with\n");
+        return 77;
+    }
+    return th_main_in_tmpdir(suite(), g_root, sizeof(g_root), "/tmp/tutti-test-tls-XXXXXX", 0);
+#endif
+}

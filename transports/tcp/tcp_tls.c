@@ -1,0 +1,560 @@
+/* TLS on the tcp transport's links: see tcp_tls.h. */
+#include "tcp_tls.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#ifdef TUTTI_HAVE_TLS
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#endif
+
+static int knob_missing(const tutti_tp_host_v1_t *host, const char *set, const char *need)
+{
+    return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                       "tcp: TLS: %s is set but %s is not: TLS needs this rank's certificate "
+                       "(TUTTI_TLS_CERT), its private key (TUTTI_TLS_KEY) and the CAs that "
+                       "verify the peers' (TUTTI_TLS_CA_FILE or TUTTI_TLS_CA_PATH)",
+                       set, need);
+}
+
+/* The knobs, checked for what goes together; *on 1 when TLS is asked for. */
+static int knobs(const tutti_tp_host_v1_t *host, const char **cert, const char **key,
+                 const char **caf, const char **cap, int *on)
+{
+    *cert = host->config(host->ctx, "TLS_CERT");
+    *key = host->config(host->ctx, "TLS_KEY");
+    *caf = host->config(host->ctx, "TLS_CA_FILE");
+    *cap = host->config(host->ctx, "TLS_CA_PATH");
+    const char **all[] = { cert, key, caf, cap };
+    static const char *const names[] = { "TUTTI_TLS_CERT", "TUTTI_TLS_KEY", "TUTTI_TLS_CA_FILE",
+                                         "TUTTI_TLS_CA_PATH" };
+    /* set but empty is an error, never "no TLS": a variable meant to name a file that
+     * came out empty must not leave the links in the clear */
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (*all[i] && !**all[i])
+            return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                               "tcp: TLS: %s is set but empty (unset it for no TLS)", names[i]);
+    *on = *cert || *key || *caf || *cap;
+    if (!*on)
+        return TUTTI_OK;
+    const char *set = *cert  ? "TUTTI_TLS_CERT"
+                      : *key ? "TUTTI_TLS_KEY"
+                      : *caf ? "TUTTI_TLS_CA_FILE"
+                             : "TUTTI_TLS_CA_PATH";
+    if (!*cert)
+        return knob_missing(host, set, "TUTTI_TLS_CERT");
+    if (!*key)
+        return knob_missing(host, set, "TUTTI_TLS_KEY");
+    if (!*caf && !*cap)
+        return knob_missing(host, set, "TUTTI_TLS_CA_FILE (or TUTTI_TLS_CA_PATH)");
+    return TUTTI_OK;
+}
+
+#ifndef TUTTI_HAVE_TLS
+
+int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
+{
+    const char *cert, *key, *caf, *cap;
+    int on;
+    *ctx_p = NULL;
+    int st = knobs(host, &cert, &key, &caf, &cap, &on);
+    if (st < 0 || !on)
+        return st;
+    return host->error(host->ctx, TUTTI_ERR_UNSUPPORTED, -1, 0,
+                       "tcp: TLS is asked for (TUTTI_TLS_CERT=%s), but this tutti was built "
+                       "without OpenSSL (install libssl-dev and rebuild: meson option tls)",
+                       cert);
+}
+void tcp_tls_ctx_free(void *ctx)
+{
+    (void)ctx;
+}
+tcp_tlsio_t *tcp_tlsio_new(void *ctx, int server)
+{
+    (void)ctx;
+    (void)server;
+    return NULL;
+}
+void tcp_tlsio_free(tcp_tlsio_t *io)
+{
+    (void)io;
+}
+void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p)
+{
+    (void)io;
+    *len_p = 0;
+    return NULL;
+}
+void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n)
+{
+    (void)io;
+    (void)n;
+}
+int tcp_tlsio_handshake(tcp_tlsio_t *io)
+{
+    (void)io;
+    return -1;
+}
+ssize_t tcp_tlsio_read(tcp_tlsio_t *io, void *buf, size_t len)
+{
+    (void)io;
+    (void)buf;
+    (void)len;
+    return -1;
+}
+int tcp_tlsio_write(tcp_tlsio_t *io, const void *buf, size_t len)
+{
+    (void)io;
+    (void)buf;
+    (void)len;
+    return -1;
+}
+void *tcp_tlsio_take_out(tcp_tlsio_t *io, size_t *len_p)
+{
+    (void)io;
+    *len_p = 0;
+    return NULL;
+}
+void tcp_tlsio_attach(tcp_tlsio_t *io, int fd)
+{
+    (void)io;
+    (void)fd;
+}
+ssize_t tcp_tlsio_recv(tcp_tlsio_t *io, void *buf, size_t len)
+{
+    (void)io;
+    (void)buf;
+    (void)len;
+    errno = EPROTO;
+    return -1;
+}
+ssize_t tcp_tlsio_sendv(tcp_tlsio_t *io, const struct iovec *iov, int n)
+{
+    (void)io;
+    (void)iov;
+    (void)n;
+    errno = EPROTO;
+    return -1;
+}
+size_t tcp_tlsio_pending(const tcp_tlsio_t *io)
+{
+    (void)io;
+    return 0;
+}
+const char *tcp_tlsio_reason(const tcp_tlsio_t *io)
+{
+    (void)io;
+    return "";
+}
+
+#else /* TUTTI_HAVE_TLS */
+
+/* A record's plaintext at most (TLS), and what its ciphertext may add. */
+#define TLS_RECORD 16384u
+#define TLS_IN_BYTES (TLS_RECORD + 2048u + 5u)
+
+struct tcp_tlsio {
+    SSL *ssl;
+    int fd; /* >= 0: the data path */
+    int err;
+    /* the set-up's input: bytes libuv read for OpenSSL, and what it asked for */
+    unsigned char *in;
+    size_t in_len, in_off, want;
+    /* the set-up's output: ciphertext for uv_write */
+    unsigned char *out;
+    size_t out_len, out_cap;
+    /* the data path: a message's first bytes gathered into one record */
+    unsigned char *stage;
+    char reason[256];
+};
+
+/* ---- the BIO under each session: the set-up's buffers, then the socket ---- */
+
+static int bio_read(BIO *b, char *buf, int len)
+{
+    tcp_tlsio_t *io = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    if (len <= 0)
+        return 0;
+    if (io->in_off < io->in_len) {
+        size_t n = io->in_len - io->in_off;
+        if (n > (size_t)len)
+            n = (size_t)len;
+        memcpy(buf, io->in + io->in_off, n);
+        io->in_off += n;
+        if (io->in_off == io->in_len)
+            io->in_off = io->in_len = 0;
+        return (int)n;
+    }
+    if (io->fd < 0) {
+        io->want = (size_t)len;
+        BIO_set_retry_read(b);
+        return -1;
+    }
+    for (;;) {
+        ssize_t r = recv(io->fd, buf, (size_t)len, MSG_DONTWAIT);
+        if (r >= 0)
+            return (int)r; /* 0: the peer closed */
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            BIO_set_retry_read(b);
+        else
+            io->err = errno;
+        return -1;
+    }
+}
+
+static int bio_write(BIO *b, const char *buf, int len)
+{
+    tcp_tlsio_t *io = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    if (len <= 0)
+        return 0;
+    if (io->fd < 0) {
+        if (io->out_len + (size_t)len > io->out_cap) {
+            size_t cap = io->out_cap ? io->out_cap : 4096;
+            while (cap < io->out_len + (size_t)len)
+                cap *= 2;
+            unsigned char *p = realloc(io->out, cap);
+            if (!p) {
+                io->err = ENOMEM;
+                return -1;
+            }
+            io->out = p;
+            io->out_cap = cap;
+        }
+        memcpy(io->out + io->out_len, buf, (size_t)len);
+        io->out_len += (size_t)len;
+        return len;
+    }
+    for (;;) {
+        ssize_t w = send(io->fd, buf, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w >= 0)
+            return (int)w;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            BIO_set_retry_write(b);
+        else
+            io->err = errno;
+        return -1;
+    }
+}
+
+static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    (void)b;
+    (void)num;
+    (void)ptr;
+    return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+static int bio_create(BIO *b)
+{
+    BIO_set_init(b, 1);
+    return 1;
+}
+
+static BIO_METHOD *bio_method;
+static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+
+static void bio_method_init(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tutti-tcp");
+    if (m && BIO_meth_set_read(m, bio_read) && BIO_meth_set_write(m, bio_write) &&
+        BIO_meth_set_ctrl(m, bio_ctrl) && BIO_meth_set_create(m, bio_create))
+        bio_method = m;
+    else if (m)
+        BIO_meth_free(m);
+}
+
+/* ---- the context ---- */
+
+/* OpenSSL's queue of errors as one line (emptied). */
+static void ssl_errors(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    unsigned long e;
+    while ((e = ERR_get_error()) != 0) {
+        char one[160];
+        ERR_error_string_n(e, one, sizeof(one));
+        /* "error:0A000086:SSL routines::certificate verify failed": the reason */
+        const char *r = strrchr(one, ':');
+        r = r && r[1] ? r + 1 : one;
+        if (n + 3 < cap && !strstr(buf, r)) /* "system lib" comes once a layer */
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", r);
+    }
+    if (!n)
+        snprintf(buf, cap, "no reason given");
+}
+
+static int load_failed(const tutti_tp_host_v1_t *host, SSL_CTX *ctx, const char *knob,
+                       const char *path)
+{
+    char why[400];
+    ssl_errors(why, sizeof(why));
+    SSL_CTX_free(ctx);
+    return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0, "tcp: TLS: %s=%s: %s", knob, path, why);
+}
+
+int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
+{
+    const char *cert, *key, *caf, *cap;
+    int on;
+    *ctx_p = NULL;
+    int st = knobs(host, &cert, &key, &caf, &cap, &on);
+    if (st < 0 || !on)
+        return st;
+    pthread_once(&bio_once, bio_method_init);
+    ERR_clear_error();
+    SSL_CTX *ctx = bio_method ? SSL_CTX_new(TLS_method()) : NULL;
+    if (!ctx)
+        return host->error(host->ctx, TUTTI_ERR_NOMEM, -1, 0, "tcp: TLS: no context (%s)",
+                           bio_method ? "SSL_CTX_new failed" : "no BIO method");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* both ends prove themselves; no session outlives its connection (and no ticket
+     * arrives after the handshake, on the data path); an end without close_notify is
+     * a closed connection, as a plain socket's */
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_num_tickets(ctx, 0);
+    SSL_CTX_set_options(ctx,
+                        SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_read_ahead(ctx, 0); /* the set-up relies on it (tcp_tls.h) */
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
+        return load_failed(host, ctx, "TUTTI_TLS_CERT", cert);
+    if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+        return load_failed(host, ctx, "TUTTI_TLS_KEY", key);
+    if (SSL_CTX_check_private_key(ctx) != 1)
+        return load_failed(host, ctx, "TUTTI_TLS_KEY (against TUTTI_TLS_CERT)", key);
+    if (SSL_CTX_load_verify_locations(ctx, caf, cap) != 1)
+        return load_failed(host, ctx, caf ? "TUTTI_TLS_CA_FILE" : "TUTTI_TLS_CA_PATH",
+                           caf ? caf : cap);
+    if (host->log)
+        host->log(host->ctx, TUTTI_LOG_INFO, "tcp: TLS on every link (certificate %s, CAs %s%s%s)",
+                  cert, caf ? caf : "", caf && cap ? " and " : "", cap ? cap : "");
+    *ctx_p = ctx;
+    return TUTTI_OK;
+}
+
+void tcp_tls_ctx_free(void *ctx)
+{
+    SSL_CTX_free(ctx);
+}
+
+/* ---- sessions ---- */
+
+tcp_tlsio_t *tcp_tlsio_new(void *ctx, int server)
+{
+    tcp_tlsio_t *io = calloc(1, sizeof(*io));
+    if (!io)
+        return NULL;
+    io->fd = -1;
+    io->in = malloc(TLS_IN_BYTES);
+    io->ssl = io->in ? SSL_new(ctx) : NULL;
+    BIO *b = io->ssl ? BIO_new(bio_method) : NULL;
+    if (!b) {
+        tcp_tlsio_free(io);
+        return NULL;
+    }
+    BIO_set_data(b, io);
+    SSL_set_bio(io->ssl, b, b);
+    if (server)
+        SSL_set_accept_state(io->ssl);
+    else
+        SSL_set_connect_state(io->ssl);
+    return io;
+}
+
+void tcp_tlsio_free(tcp_tlsio_t *io)
+{
+    if (!io)
+        return;
+    SSL_free(io->ssl);
+    free(io->in);
+    free(io->out);
+    free(io->stage);
+    free(io);
+}
+
+/* Why a call failed, into io->reason: the peer's alert, the verification's verdict,
+ * OpenSSL's queue, or the socket's error. */
+static void note_failure(tcp_tlsio_t *io, int ret)
+{
+    int e = SSL_get_error(io->ssl, ret);
+    char q[200];
+    ssl_errors(q, sizeof(q));
+    long v = SSL_get_verify_result(io->ssl);
+    if (e == SSL_ERROR_ZERO_RETURN)
+        snprintf(io->reason, sizeof(io->reason), "the peer closed the TLS session");
+    else if (e == SSL_ERROR_SYSCALL && io->err)
+        snprintf(io->reason, sizeof(io->reason), "%s", strerror(io->err));
+    else if (e == SSL_ERROR_SYSCALL)
+        snprintf(io->reason, sizeof(io->reason), "the connection closed");
+    else if (v != X509_V_OK)
+        snprintf(io->reason, sizeof(io->reason), "%s: the peer's certificate: %s", q,
+                 X509_verify_cert_error_string(v));
+    else
+        snprintf(io->reason, sizeof(io->reason), "%s", q);
+}
+
+void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p)
+{
+    size_t room = TLS_IN_BYTES - io->in_len;
+    *len_p = io->want < room ? io->want : room;
+    return io->in + io->in_len;
+}
+
+void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n)
+{
+    io->in_len += n;
+    io->want = io->want > n ? io->want - n : 0;
+}
+
+int tcp_tlsio_handshake(tcp_tlsio_t *io)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(io->ssl);
+    if (r == 1)
+        return 1;
+    int e = SSL_get_error(io->ssl, r);
+    if (e == SSL_ERROR_WANT_READ && !io->err)
+        return 0;
+    note_failure(io, r);
+    return e == SSL_ERROR_ZERO_RETURN ? -2 : -1;
+}
+
+ssize_t tcp_tlsio_read(tcp_tlsio_t *io, void *buf, size_t len)
+{
+    size_t n = 0;
+    ERR_clear_error();
+    int r = SSL_read_ex(io->ssl, buf, len, &n);
+    if (r == 1)
+        return (ssize_t)n;
+    int e = SSL_get_error(io->ssl, r);
+    if (e == SSL_ERROR_WANT_READ && !io->err)
+        return 0;
+    note_failure(io, r);
+    return e == SSL_ERROR_ZERO_RETURN ? -2 : -1;
+}
+
+int tcp_tlsio_write(tcp_tlsio_t *io, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    while (len) {
+        size_t w = 0;
+        ERR_clear_error();
+        int r = SSL_write_ex(io->ssl, p, len, &w);
+        if (r != 1) {
+            note_failure(io, r);
+            return -1;
+        }
+        p += w;
+        len -= w;
+    }
+    return 0;
+}
+
+void *tcp_tlsio_take_out(tcp_tlsio_t *io, size_t *len_p)
+{
+    void *p = io->out_len ? io->out : NULL;
+    *len_p = io->out_len;
+    if (p) {
+        io->out = NULL;
+        io->out_len = io->out_cap = 0;
+    }
+    return p;
+}
+
+void tcp_tlsio_attach(tcp_tlsio_t *io, int fd)
+{
+    io->fd = fd;
+    io->want = 0;
+}
+
+/* A data-path call that did not move bytes: errno as recv()/sendmsg() would set it. */
+static ssize_t io_failed(tcp_tlsio_t *io, int r)
+{
+    int e = SSL_get_error(io->ssl, r);
+    if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) && !io->err) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (e == SSL_ERROR_ZERO_RETURN)
+        return 0;
+    if (e == SSL_ERROR_SYSCALL && io->err) {
+        errno = io->err;
+        return -1;
+    }
+    note_failure(io, r);
+    if (e == SSL_ERROR_SYSCALL)
+        return 0; /* the connection ended mid-record */
+    errno = EPROTO;
+    return -1;
+}
+
+ssize_t tcp_tlsio_recv(tcp_tlsio_t *io, void *buf, size_t len)
+{
+    size_t n = 0;
+    ERR_clear_error();
+    int r = SSL_read_ex(io->ssl, buf, len, &n);
+    return r == 1 ? (ssize_t)n : io_failed(io, r);
+}
+
+ssize_t tcp_tlsio_sendv(tcp_tlsio_t *io, const struct iovec *iov, int n)
+{
+    /* one record a call (partial writes): a short first piece (a frame header) takes
+     * what follows it into the same record, through the stage */
+    const void *p = NULL;
+    size_t len = 0;
+    if (n > 0 && (n == 1 || iov[0].iov_len >= TLS_RECORD)) {
+        p = iov[0].iov_base;
+        len = iov[0].iov_len;
+    } else if (n > 0) {
+        if (!io->stage && !(io->stage = malloc(TLS_RECORD))) {
+            errno = ENOMEM;
+            return -1;
+        }
+        for (int i = 0; i < n && len < TLS_RECORD; i++) {
+            size_t take = iov[i].iov_len < TLS_RECORD - len ? iov[i].iov_len : TLS_RECORD - len;
+            memcpy(io->stage + len, iov[i].iov_base, take);
+            len += take;
+        }
+        p = io->stage;
+    }
+    if (!len)
+        return 0;
+    size_t w = 0;
+    ERR_clear_error();
+    int r = SSL_write_ex(io->ssl, p, len, &w);
+    if (r == 1)
+        return (ssize_t)w;
+    ssize_t f = io_failed(io, r);
+    if (f == 0) { /* a send does not read an end: the link broke */
+        errno = EPIPE;
+        return -1;
+    }
+    return f;
+}
+
+size_t tcp_tlsio_pending(const tcp_tlsio_t *io)
+{
+    return (size_t)SSL_pending(io->ssl);
+}
+
+const char *tcp_tlsio_reason(const tcp_tlsio_t *io)
+{
+    return io->reason;
+}
+
+#endif /* TUTTI_HAVE_TLS */
