@@ -104,6 +104,7 @@ typedef struct plan {
     const char *ca;               /* "ca.pem", or NULL with capath */
     int capath;                   /* TUTTI_TLS_CA_PATH=capath/ instead */
     int lazy;
+    const char *transport; /* NULL: tcp */
     int gloo_env;       /* the knobs through Gloo's variables */
     int expect;         /* the init's status every rank must see (0: success) */
     const char *msg[2]; /* what every failing rank's error must say */
@@ -132,7 +133,7 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
     }
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    o.transport = "tcp";
+    o.transport = p->transport ? p->transport : "tcp";
     o.timeout_ms = 15000;
     o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
     if (p->gloo_env && tls) {
@@ -392,6 +393,10 @@ START_TEST(tls_bad_knobs)
                     .expect = TUTTI_ERR_CONFIG,
                     .msg = { "TUTTI_TLS_CA_FILE", "nothing.pem" } };
     run(2, rank_fails, &noca, 0);
+    /* a transport that does not encrypt, asked for TLS */
+    plan_t ib = { .cert = ALL("node.pem"), .key = ALL("node.key"), .transport = "ibverbs",
+                  .expect = TUTTI_ERR_UNSUPPORTED, .msg = { "ibverbs", "does not encrypt" } };
+    run(2, rank_fails, &ib, 0);
 }
 END_TEST
 

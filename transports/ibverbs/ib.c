@@ -862,6 +862,15 @@ static int connect_mode(ib_tp_t *tp)
 
 static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
+    /* TLS (TUTTI_TLS_*) is the tcp transport's: refused here, rather than carrying the
+     * links in the clear while the job takes them for encrypted */
+    const char *tls = host->config(host->ctx, "TLS_CERT");
+    if (tls && *tls)
+        return host->error(host->ctx, TUTTI_ERR_UNSUPPORTED, -1, 0,
+                           "ibverbs: TLS is asked for (TUTTI_TLS_CERT=%s), but this transport "
+                           "does not encrypt: run tcp for TLS (TUTTI_TRANSPORT=tcp), or unset "
+                           "the TLS knobs",
+                           tls);
     ib_tp_t *tp;
     int st = TT_KIT_CTX_NEW(tp, host);
     if (st < 0)
