@@ -861,8 +861,9 @@ static int tcp_arm(void *vtp, int *fd_p, int *timeout_ms_p)
 /* The head send has begun leaving: another frame now would land inside its payload. */
 static int link_mid_send(const tcp_link_t *L)
 {
-    return L->sq_head && L->sq_head->tp_private[1] == (void *)L &&
-           (L->shdr_off > 0 || L->sq_head->xfer > 0);
+    return (L->sq_head && L->sq_head->tp_private[1] == (void *)L &&
+            (L->shdr_off > 0 || L->sq_head->xfer > 0)) ||
+           (L->tls && tcp_tlsio_unsent(L->tls)); /* records encrypted, not all sent */
 }
 
 static void tcp_cancel_all(void *vtp, int status)

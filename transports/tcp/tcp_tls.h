@@ -60,13 +60,18 @@ void *tcp_tlsio_take_out(tcp_tlsio_t *io, size_t *len_p);
 void tcp_tlsio_attach(tcp_tlsio_t *io, int fd);
 /* recv() and sendmsg() through the session, with their returns: > 0 bytes moved; 0 the
  * peer closed (recv); -1 with errno EAGAIN (would block), EPROTO (the session failed:
- * tcp_tlsio_reason), or the socket's. A send that would block must be offered again
- * from the same place with at least as many bytes (the record is already encrypted). */
+ * tcp_tlsio_reason), or the socket's. A send encrypts up to 256 KiB ahead as records
+ * and says sent only what has left whole records; the caller offers the rest again,
+ * the same bytes from where it stands, and nothing new is taken until what was
+ * encrypted has left (so a send's bytes must not change, or be dropped, while some are
+ * unsent: tcp_tlsio_unsent). */
 ssize_t tcp_tlsio_recv(tcp_tlsio_t *io, void *buf, size_t len);
 ssize_t tcp_tlsio_sendv(tcp_tlsio_t *io, const struct iovec *iov, int n);
-/* Plaintext already decrypted and not yet read: a reader must not wait for the socket
- * while there is some. */
+/* Bytes the session read ahead of what was asked (decrypted or not): a reader must not
+ * wait for the socket before a read has found them wanting. */
 size_t tcp_tlsio_pending(const tcp_tlsio_t *io);
+/* Encrypted bytes not yet sent: the stream is in the middle of a record. */
+size_t tcp_tlsio_unsent(const tcp_tlsio_t *io);
 /* Why the session last failed ("" if it has not). */
 const char *tcp_tlsio_reason(const tcp_tlsio_t *io);
 
