@@ -105,9 +105,9 @@ typedef struct plan {
     int capath;                   /* TUTTI_TLS_CA_PATH=capath/ instead */
     int lazy;
     const char *transport; /* NULL: tcp */
-    int gloo_env;       /* the knobs through Gloo's variables */
-    int expect;         /* the init's status every rank must see (0: success) */
-    const char *msg[2]; /* what every failing rank's error must say */
+    int gloo_env;          /* the knobs through Gloo's variables */
+    int expect;            /* the init's status every rank must see (0: success) */
+    const char *msg[2];    /* what every failing rank's error must say */
 } plan_t;
 
 static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tutti_comm_t **comm_p,
@@ -394,8 +394,11 @@ START_TEST(tls_bad_knobs)
                     .msg = { "TUTTI_TLS_CA_FILE", "nothing.pem" } };
     run(2, rank_fails, &noca, 0);
     /* a transport that does not encrypt, asked for TLS */
-    plan_t ib = { .cert = ALL("node.pem"), .key = ALL("node.key"), .transport = "ibverbs",
-                  .expect = TUTTI_ERR_UNSUPPORTED, .msg = { "ibverbs", "does not encrypt" } };
+    plan_t ib = { .cert = ALL("node.pem"),
+                  .key = ALL("node.key"),
+                  .transport = "ibverbs",
+                  .expect = TUTTI_ERR_UNSUPPORTED,
+                  .msg = { "ibverbs", "does not encrypt" } };
     run(2, rank_fails, &ib, 0);
 }
 END_TEST

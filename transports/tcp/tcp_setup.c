@@ -1089,23 +1089,30 @@ static void tls_failed(conn_t *c, int how, const char *when)
 
 static void outgoing_hello(conn_t *c);
 
+/* TLS: a step of the handshake, and what it wrote sent: 1 done, 0 it waits for the
+ * peer, -1 the connection failed (handled). */
+static int tls_handshake(conn_t *c)
+{
+    int h = tcp_tlsio_handshake(c->tls);
+    int w = tls_flush(c, -1);
+    if (h < 0) {
+        tls_failed(c, h, "handshake");
+        return -1;
+    }
+    if (w < 0) {
+        written(c, -1, w);
+        return -1;
+    }
+    return h;
+}
+
 /* TLS: nread bytes of the session's came: drive the handshake, then read the parts'
  * plaintext through it. */
 static void tls_on_read(conn_t *c, size_t nread)
 {
     tcp_tlsio_fed(c->tls, nread);
     if (!c->tls_up) {
-        int h = tcp_tlsio_handshake(c->tls);
-        int w = tls_flush(c, -1);
-        if (h < 0) {
-            tls_failed(c, h, "handshake");
-            return;
-        }
-        if (w < 0) {
-            written(c, -1, w);
-            return;
-        }
-        if (h == 0)
+        if (tls_handshake(c) <= 0)
             return;
         c->tls_up = 1;
         if (c->outgoing) {
@@ -1251,15 +1258,8 @@ static void on_connect(uv_connect_t *req, int status)
             setup_fail(c->s, TUTTI_ERR_NOMEM, -1, "tcp: out of memory for a TLS session");
             return;
         }
-        int h = tcp_tlsio_handshake(c->tls), w = tls_flush(c, -1);
-        if (h < 0) {
-            tls_failed(c, h, "handshake");
+        if (tls_handshake(c) < 0)
             return;
-        }
-        if (w < 0) {
-            written(c, -1, w);
-            return;
-        }
     } else {
         outgoing_hello(c);
         if (!c->open)
