@@ -498,6 +498,12 @@ void tcp_tlsio_attach(tcp_tlsio_t *io, int fd)
 {
     io->fd = fd;
     io->want = 0;
+    if (io->in_off == io->in_len) { /* the set-up's input buffer: done with (bio_read
+                                       would serve what it still held first) */
+        free(io->in);
+        io->in = NULL;
+        io->in_off = io->in_len = 0;
+    }
     /* a read takes what the socket has, up to the buffer: a record's header and body no
      * longer cost a recv() each, nor does each record of a large message. What it read
      * beyond the record asked for waits in the session (tcp_tlsio_pending). */
