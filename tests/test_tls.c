@@ -105,6 +105,7 @@ typedef struct plan {
     int capath;                   /* TUTTI_TLS_CA_PATH=capath/ instead */
     int lazy;
     const char *transport; /* NULL: tcp */
+    int timeout_ms;        /* 0: 15000 */
     int gloo_env;          /* the knobs through Gloo's variables */
     int expect;            /* the init's status every rank must see (0: success) */
     const char *msg[2];    /* what every failing rank's error must say */
@@ -134,7 +135,8 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.transport = p->transport ? p->transport : "tcp";
-    o.timeout_ms = 15000;
+    o.timeout_ms = p->timeout_ms ? p->timeout_ms : 15000;
+    o.stall_check_ms = 0; /* a failure must come from the link, not the stall check */
     o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
     if (p->gloo_env && tls) {
         FAIL_IF(!o.tls_cert || strcmp(o.tls_cert, cert) || !o.tls_key || strcmp(o.tls_key, key),
@@ -257,6 +259,45 @@ static int rank_wire(int rank, int nranks, tutti_comm_t *unused, const char *dir
     return 0;
 }
 
+/* Rank 1 sends rank 0 a message, then revokes the communicator (its links carry the
+ * report) and stays; rank 0 reads the message after both have come, then sends 64 MiB
+ * rank 1 never reads: the send must end with the report, not at the timeout (8 s).
+ * Over TLS the report came in the same read as the message (read-ahead) and sat in the
+ * session while rank 0 waited on the socket (found by review: 8 s, 3 runs of 3). */
+static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const plan_t *p = arg;
+    tutti_comm_t *comm;
+    tutti_store_t *store;
+    char err[1024];
+    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
+    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    char m[100] = "hello";
+    if (rank == 1) {
+        FAIL_IF(tutti_send(comm, m, sizeof(m), TUTTI_UINT8, 0, 1), "send: %s",
+                tutti_comm_last_error(comm));
+        tutti_comm_revoke(comm);
+        th_sleep_ms(6000);
+    } else {
+        th_sleep_ms(500);
+        FAIL_IF(tutti_recv(comm, m, sizeof(m), TUTTI_UINT8, 1, 1), "recv: %s",
+                tutti_comm_last_error(comm));
+        size_t n = 64u << 20;
+        char *big = calloc(1, n);
+        FAIL_IF(!big, "calloc");
+        double t0 = th_now_ms();
+        st = tutti_send(comm, big, n, TUTTI_UINT8, 1, 2);
+        double ms = th_now_ms() - t0;
+        free(big);
+        FAIL_IF(st != TUTTI_ERR_REVOKED || ms > 4000, "the send: %s after %.0f ms: %s",
+                tutti_status_name(st), ms, tutti_comm_last_error(comm));
+    }
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
 /* The init fails with p->expect, its message saying each of p->msg. */
 static int rank_fails(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
@@ -335,6 +376,13 @@ START_TEST(tls_nothing_in_the_clear)
     run(3, rank_wire, &gloo, 1);
     for (int r = 0; r < 3; r++)
         ck_assert_msg(g_seen[r] == 0, "Gloo's knobs: rank %d sent the marker in the clear", r);
+}
+END_TEST
+
+START_TEST(tls_report_behind_a_message)
+{
+    plan_t p = { .cert = ALL("node.pem"), .key = ALL("node.key"), .timeout_ms = 8000 };
+    run(2, rank_report, &p, 1);
 }
 END_TEST
 
@@ -441,6 +489,7 @@ static Suite *suite(void)
     tcase_add_test(tc, tls_collectives_and_messages);
     tcase_add_test(tc, tls_lazy_and_ca_path);
     tcase_add_test(tc, tls_nothing_in_the_clear);
+    tcase_add_test(tc, tls_report_behind_a_message);
     tcase_add_test(tc, tls_untrusted_certificate);
     tcase_add_test(tc, tls_on_one_rank_only);
     tcase_add_test(tc, tls_bad_knobs);

@@ -680,6 +680,15 @@ static void on_wake(uv_async_t *a)
     (void)a;
 }
 
+/* Whether a wait should wake when the link's socket turns readable: while it receives,
+ * and while it only sends too (a failing peer reports why, or dies), but not behind a
+ * parked header, which would wake it for nothing. */
+static int link_wants_read(const tcp_link_t *L)
+{
+    int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head && L->rhdr.type == TCP_FRAME_DATA;
+    return (L->rq_head || L->sq_head || L->probe_watch) && !parked;
+}
+
 /* Register with the loop what each link waits for: readable while it receives (or
  * sends: a failing peer speaks up), writable while it has something to send. */
 static void watch(tcp_tp_t *tp)
@@ -690,11 +699,7 @@ static void watch(tcp_tp_t *tp)
             continue;
         int ev = 0;
         if (!L->fail.status) {
-            /* Reading also while only sending, to hear a peer that reports failure or
-             * dies; but not behind a parked header, which would wake us for nothing. */
-            int parked = L->rhdr_got == sizeof(L->rhdr) && !L->rq_head &&
-                         L->rhdr.type == TCP_FRAME_DATA;
-            if ((L->rq_head || L->sq_head || L->probe_watch) && !parked)
+            if (link_wants_read(L))
                 ev |= UV_READABLE;
             if (L->sq_head && !L->tx_broken)
                 ev |= UV_WRITABLE;
@@ -710,22 +715,22 @@ static void watch(tcp_tp_t *tp)
     }
 }
 
-/* TLS: a session may hold bytes it decrypted that a read did not take (a record holds
- * more than one frame), and the socket may then have nothing more: a wait on it would
- * sleep past them. Reads them where a receive (or a prober) wants them; 1 if that moved
- * bytes, and the caller must not wait. */
+/* TLS: a session may hold bytes it read ahead of what a read took (a peer's report
+ * behind a frame, say), and the socket may then have nothing more: a wait on it would
+ * sleep past them. Reads them where the link wants to read (as watch() would wake it
+ * for); 1 if that moved bytes or failed the link, and the caller must not wait. */
 static int tls_drain(tcp_tp_t *tp)
 {
     if (__builtin_expect(!tp->tls_ctx, 1))
         return 0;
-    unsigned long m0 = tp->moved;
+    unsigned long m0 = tp->moved, c0 = tp->completions;
     for (int i = 0; i < tp->nranks; i++) {
         tcp_link_t *L = &tp->links[i];
-        if (L->tls && L->fd >= 0 && !L->fail.status && (L->rq_head || L->probe_watch) &&
+        if (L->tls && L->fd >= 0 && !L->fail.status && link_wants_read(L) &&
             tcp_tlsio_pending(L->tls))
             link_recv(tp, L);
     }
-    return tp->moved != m0;
+    return tp->moved != m0 || tp->completions != c0;
 }
 
 /* Block in the libuv loop until something completes or ms pass. */
