@@ -21,6 +21,8 @@
 #include <tutti/store.h>
 #include <tutti/tutti.h>
 
+#ifdef TUTTI_HAVE_TLS
+
 static char g_root[256];
 
 /* ---- the wire, watched ---- */
@@ -95,13 +97,14 @@ static void make_certs(void)
        g_root, ec);
     sh("cd %s && mkdir -p capath && cp ca.pem capath/$(openssl x509 -hash -noout -in ca.pem).0",
        g_root);
+    sh("cd %s && openssl pkey -in node.key -aes256 -passout pass:secret -out locked.key", g_root);
 }
 
 /* ---- ranks ---- */
 
 typedef struct plan {
     const char *cert[4], *key[4]; /* per rank: file names under g_root, NULL: no TLS */
-    const char *ca;               /* "ca.pem", or NULL with capath */
+    const char *ca;               /* the CA file or (capath) directory; NULL: ca.pem, capath/ */
     int capath;                   /* TUTTI_TLS_CA_PATH=capath/ instead */
     int lazy;
     const char *transport; /* NULL: tcp */
@@ -119,7 +122,7 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
         path(cert, sizeof(cert), p->cert[rank]);
     if (p->key[rank])
         path(key, sizeof(key), p->key[rank]);
-    path(ca, sizeof(ca), p->capath ? "capath" : p->ca ? p->ca : "ca.pem");
+    path(ca, sizeof(ca), p->ca ? p->ca : p->capath ? "capath" : "ca.pem");
     unsetenv("TUTTI_TLS_CERT");
     unsetenv("TUTTI_TLS_KEY");
     unsetenv("TUTTI_TLS_CA_FILE");
@@ -441,6 +444,19 @@ START_TEST(tls_bad_knobs)
                     .expect = TUTTI_ERR_CONFIG,
                     .msg = { "TUTTI_TLS_CA_FILE", "nothing.pem" } };
     run(2, rank_fails, &noca, 0);
+    plan_t nodir = { .cert = ALL("node.pem"),
+                     .key = ALL("node.key"),
+                     .capath = 1,
+                     .ca = "nothing",
+                     .expect = TUTTI_ERR_CONFIG,
+                     .msg = { "TUTTI_TLS_CA_PATH", "nothing" } };
+    run(2, rank_fails, &nodir, 0);
+    /* a key behind a passphrase: refused, not a prompt on the terminal */
+    plan_t locked = { .cert = ALL("node.pem"),
+                      .key = ALL("locked.key"),
+                      .expect = TUTTI_ERR_CONFIG,
+                      .msg = { "TUTTI_TLS_KEY", "locked.key" } };
+    run(2, rank_fails, &locked, 0);
     /* a transport that does not encrypt, asked for TLS */
     plan_t ib = { .cert = ALL("node.pem"),
                   .key = ALL("node.key"),
@@ -497,6 +513,8 @@ static Suite *suite(void)
     suite_add_tcase(s, tc);
     return s;
 }
+
+#endif /* TUTTI_HAVE_TLS */
 
 int main(void)
 {

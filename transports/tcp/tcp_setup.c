@@ -702,9 +702,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     size_t len;
     if (c->tls) {
         /* what the session asked for (a record's header, then its body), or a header's
-         * worth: bytes it has not asked for yet wait in its buffer */
-        char *p = tcp_tlsio_inbuf(c->tls, &len);
-        *buf = uv_buf_init(p, (unsigned)(len ? len : 5));
+         * worth where it has room: bytes it has not asked for yet wait in its buffer
+         * (none: libuv reports no buffer, a failure) */
+        size_t room;
+        char *p = tcp_tlsio_inbuf(c->tls, &len, &room);
+        *buf = len ? uv_buf_init(p, (unsigned)len)
+                   : uv_buf_init(room ? p : NULL, (unsigned)TT_KIT_MIN(room, 5));
         return;
     }
     char *p = part(c, &len);
@@ -1079,6 +1082,11 @@ static void tls_failed(conn_t *c, int how, const char *when)
         return;
     }
     if (c->outgoing) {
+        /* the session is dead: read no more of it (eagerly, outgoing_fail leaves the
+         * handle to the set-up's end) */
+        if (c->open)
+            uv_read_stop((uv_stream_t *)&c->h);
+        c->phase = PH_IDLE;
         outgoing_fail(c, TUTTI_ERR_AUTH, 0, "TLS %s: %s", when, why);
         return;
     }

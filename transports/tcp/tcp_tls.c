@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #ifdef TUTTI_HAVE_TLS
 #include <openssl/bio.h>
@@ -86,10 +87,10 @@ void tcp_tlsio_free(tcp_tlsio_t *io)
 {
     (void)io;
 }
-void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p)
+void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p, size_t *room_p)
 {
     (void)io;
-    *len_p = 0;
+    *len_p = *room_p = 0;
     return NULL;
 }
 void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n)
@@ -311,6 +312,12 @@ static void ssl_errors(char *buf, size_t cap)
         snprintf(buf, cap, "no reason given");
 }
 
+static int no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return 0;
+}
+
 static int load_failed(const tutti_tp_host_v1_t *host, SSL_CTX *ctx, const char *knob,
                        const char *path)
 {
@@ -341,8 +348,13 @@ int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_num_tickets(ctx, 0);
-    SSL_CTX_set_options(ctx,
-                        SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF /* OpenSSL 3: else an end without it is already
+                                       SSL_ERROR_SYSCALL with no error (io_failed) */
+    SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
+    /* a key with a passphrase fails to load (a prompt on the terminal would hang a rank) */
+    SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_CTX_set_read_ahead(ctx, 0); /* the set-up relies on it (tcp_tls.h) */
     /* the data path reads ahead (tcp_tlsio_attach) into a buffer this large: made now,
@@ -354,6 +366,13 @@ int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
         return load_failed(host, ctx, "TUTTI_TLS_KEY", key);
     if (SSL_CTX_check_private_key(ctx) != 1)
         return load_failed(host, ctx, "TUTTI_TLS_KEY (against TUTTI_TLS_CERT)", key);
+    struct stat sb;
+    if (cap && (stat(cap, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        int err = errno;
+        SSL_CTX_free(ctx);
+        return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0, "tcp: TLS: TUTTI_TLS_CA_PATH=%s: %s",
+                           cap, stat(cap, &sb) != 0 ? strerror(err) : "not a directory");
+    }
     if (SSL_CTX_load_verify_locations(ctx, caf, cap) != 1)
         return load_failed(host, ctx, caf ? "TUTTI_TLS_CA_FILE" : "TUTTI_TLS_CA_PATH",
                            caf ? caf : cap);
@@ -426,11 +445,12 @@ static void note_failure(tcp_tlsio_t *io, int ret)
         snprintf(io->reason, sizeof(io->reason), "%s", q);
 }
 
-void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p)
+void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p, size_t *room_p)
 {
-    size_t room = TLS_IN_BYTES - io->in_len;
+    size_t room = io->in ? TLS_IN_BYTES - io->in_len : 0;
     *len_p = io->want < room ? io->want : room;
-    return io->in + io->in_len;
+    *room_p = room;
+    return io->in ? io->in + io->in_len : NULL;
 }
 
 void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n)
@@ -578,10 +598,21 @@ ssize_t tcp_tlsio_sendv(tcp_tlsio_t *io, const struct iovec *iov, int n)
     io->err = 0;
     if (io->wq_len)
         return wq_flush(io);
-    if (!io->wq && !(io->wq = malloc(io->wq_cap = TLS_BATCH + TLS_BATCH_RECORDS * 512u))) {
-        io->wq_cap = 0;
-        errno = ENOMEM;
-        return -1;
+    /* the queue as large as this batch needs (an error report on a link that never sent
+     * more must not cost a whole batch's buffer on every link), grown when one needs more */
+    size_t offered = 0;
+    for (int k = 0; k < n && offered < TLS_BATCH; k++)
+        offered += iov[k].iov_len;
+    size_t need = (offered < TLS_BATCH ? offered : TLS_BATCH) + TLS_RECORD +
+                  (size_t)TLS_BATCH_RECORDS * 512u;
+    if (io->wq_cap < need) {
+        unsigned char *q = realloc(io->wq, need);
+        if (!q) {
+            errno = ENOMEM;
+            return -1;
+        }
+        io->wq = q;
+        io->wq_cap = need;
     }
     /* up to TLS_BATCH bytes as records: straight from a piece with a record's worth left,
      * else gathered (a frame's header and what follows it) through the stage */

@@ -38,8 +38,9 @@ void tcp_tlsio_free(tcp_tlsio_t *io);
 
 /* ---- the set-up ---- */
 /* Where libuv should put the next bytes of the socket, and how many it may (what
- * OpenSSL last asked for); *len_p 0 when it has asked for nothing. */
-void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p);
+ * OpenSSL last asked for); *len_p 0 when it has asked for nothing; *room_p what the
+ * buffer has room for. */
+void *tcp_tlsio_inbuf(tcp_tlsio_t *io, size_t *len_p, size_t *room_p);
 /* libuv put n bytes there. */
 void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n);
 /* Drive the handshake: 1 done, 0 it waits for the peer, -1 failed (tcp_tlsio_reason),
