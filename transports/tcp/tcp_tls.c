@@ -325,9 +325,9 @@ static int load_failed(const tutti_tp_host_v1_t *host, SSL_CTX *ctx, const char 
     ssl_errors(why, sizeof(why));
     SSL_CTX_free(ctx);
     return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0, "tcp: TLS: %s=%s: %s%s", knob, path, why,
-                       strstr(knob, "KEY") ? " (the key must be unencrypted: no passphrase is "
-                                             "asked for)"
-                                           : "");
+                       !strcmp(knob, "TUTTI_TLS_KEY") ? " (the key must be unencrypted: no "
+                                                        "passphrase is asked for)"
+                                                      : "");
 }
 
 int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
