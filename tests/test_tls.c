@@ -457,13 +457,22 @@ START_TEST(tls_bad_knobs)
                       .expect = TUTTI_ERR_CONFIG,
                       .msg = { "TUTTI_TLS_KEY", "locked.key" } };
     run(2, rank_fails, &locked, 0);
-    /* a transport that does not encrypt, asked for TLS */
+    /* a transport that does not encrypt for the ranks on other hosts, asked for TLS */
     plan_t ib = { .cert = ALL("node.pem"),
                   .key = ALL("node.key"),
                   .transport = "ibverbs",
                   .expect = TUTTI_ERR_UNSUPPORTED,
-                  .msg = { "ibverbs", "does not encrypt" } };
+                  .msg = { "on ibverbs", "only the tcp" } };
     run(2, rank_fails, &ib, 0);
+    plan_t rem = { .cert = ALL("node.pem"),
+                   .key = ALL("node.key"),
+                   .transport = "local=shm,remote=ibverbs",
+                   .expect = TUTTI_ERR_UNSUPPORTED,
+                   .msg = { "on ibverbs", "remote=tcp" } };
+    run(2, rank_fails, &rem, 0);
+    /* shm alone never leaves the host: TLS asks nothing of it */
+    plan_t shm = { .cert = ALL("node.pem"), .key = ALL("node.key"), .transport = "shm" };
+    run(2, rank_ok, &shm, 1);
 }
 END_TEST
 

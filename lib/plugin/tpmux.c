@@ -482,6 +482,17 @@ static int parse_spec(const tutti_comm_t *comm, const char *spec, char *local, c
                  spec, bad);
         return TUTTI_ERR_CONFIG;
     }
+    const tutti_comm_opts_t *o = &comm->opts;
+    if ((o->tls_cert || o->tls_key || o->tls_ca_file || o->tls_ca_path) && strcmp(remote, "tcp") &&
+        !local_only(comm, remote)) {
+        /* TLS is tcp's: another transport would carry remote peers in the clear */
+        snprintf(err, errlen,
+                 "TLS is asked for (TUTTI_TLS_*), which only the tcp transport has, but "
+                 "TUTTI_TRANSPORT=\"%s\" puts the ranks on other hosts on %s: use tcp for them "
+                 "(remote=tcp), or unset the TLS knobs",
+                 spec ? spec : "", remote);
+        return TUTTI_ERR_UNSUPPORTED;
+    }
     if (!spec || !*spec || !strcmp(spec, "auto") ||
         (!strstr(spec, "local=") && !strstr(spec, "remote=")))
         return TUTTI_OK;

@@ -862,18 +862,6 @@ static int connect_mode(ib_tp_t *tp)
 
 static int ib_create(const tutti_tp_host_v1_t *host, void **tp_p)
 {
-    /* TLS (TUTTI_TLS_*) is the tcp transport's: refused here, rather than carrying the
-     * links in the clear while the job takes them for encrypted */
-    static const char *const tls_knobs[] = { "TLS_CERT", "TLS_KEY", "TLS_CA_FILE", "TLS_CA_PATH" };
-    for (size_t i = 0; i < sizeof(tls_knobs) / sizeof(tls_knobs[0]); i++) {
-        const char *v = host->config(host->ctx, tls_knobs[i]);
-        if (v)
-            return host->error(host->ctx, TUTTI_ERR_UNSUPPORTED, -1, 0,
-                               "ibverbs: TLS is asked for (TUTTI_%s=%s), but this transport "
-                               "does not encrypt: run tcp for TLS (TUTTI_TRANSPORT=tcp), or "
-                               "unset the TLS knobs",
-                               tls_knobs[i], v);
-    }
     ib_tp_t *tp;
     int st = TT_KIT_CTX_NEW(tp, host);
     if (st < 0)
