@@ -9,6 +9,7 @@ import faulthandler
 import functools
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -1262,6 +1263,47 @@ def monitored(rank, size):
         except RuntimeError as e:
             out.append(str(e))
     return out
+
+
+def _tls_sum(rank, size):
+    t = torch.arange(100000, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(t)
+    return t
+
+
+@pytest.mark.parametrize("names", ["tutti", "gloo"])
+def test_tls_from_the_environment(tmp_path, names):
+    """TLS on the group's tcp links from the environment: ours (TUTTI_TLS_*) or a Gloo
+    user's TCP_TLS settings (GLOO_DEVICE_TRANSPORT_TCP_TLS_*), certificates made here by
+    the openssl command; the sum against torch's own, and CAs that do not verify the
+    certificate failing the group on both ranks naming TLS. tests/test_tls.c checks that
+    nothing crosses in the clear."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make certificates with (Debian: openssl)")
+    ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    subprocess.run(
+        f"openssl req -x509 {ec} -keyout ca.key -out ca.pem -days 2 -subj /CN=ca && "
+        f"openssl req -x509 {ec} -keyout other.key -out other.pem -days 2 -subj /CN=other && "
+        f"openssl req {ec} -keyout node.key -out node.csr -subj /CN=node && "
+        "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out node.pem -days 2", shell=True, cwd=tmp_path, check=True, capture_output=True,
+        timeout=60)
+    pre = "TUTTI_TLS_" if names == "tutti" else "GLOO_DEVICE_TRANSPORT_TCP_TLS_"
+    env = {"TUTTI_TRANSPORT": "tcp", pre + "CERT": str(tmp_path / "node.pem"),
+           pre + ("KEY" if names == "tutti" else "PKEY"): str(tmp_path / "node.key"),
+           pre + "CA_FILE": str(tmp_path / "ca.pem")}
+    got = launch(_tls_sum, 2, env=env)
+    if any(k == "error" and "without OpenSSL" in v for k, v in got.values()):
+        pytest.skip("tutti was built without OpenSSL")
+    out = run(_tls_sum, 2, env=env)
+    want = torch.arange(100000, dtype=torch.float64) * 3
+    for r in range(2):
+        assert torch.equal(out[r], want), r
+    env[pre + "CA_FILE"] = str(tmp_path / "other.pem")
+    got = launch(_tls_sum, 2, env=env)
+    assert sorted(got) == [0, 1], got
+    for r, (kind, value) in got.items():
+        assert kind == "error" and "TLS" in value, (r, value[:2000])
 
 
 def test_monitored_barrier_names_missing_ranks():
