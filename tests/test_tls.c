@@ -1,8 +1,10 @@
 /* TLS on the tcp transport's links (TUTTI_TLS_*, transports/tcp/tcp_tls.h), with
  * certificates the suite makes with the openssl command: collectives and messages of
- * every size arrive intact, eagerly and lazily connected; nothing of the payload
- * crosses the wire in the clear (every send and sendmsg of the ranks is watched: this
- * binary's definitions come before libc's); a certificate the CAs do not verify, on
+ * every size arrive intact, eagerly and lazily connected; neither the payload nor the
+ * hello's job id crosses the wire in the clear (every send and sendmsg of the ranks, and
+ * libuv's writes on sockets, are watched: this binary's definitions come before libc's);
+ * a peer's report that arrives behind a message ends a send at once; a certificate the
+ * CAs do not verify, on
  * either end of a link, fails set-up on every rank naming TLS and the cause; a rank
  * with TLS and one without fail naming both; knobs that do not go together, files that
  * do not load and set-but-empty knobs fail with TUTTI_ERR_CONFIG; Gloo's variable names
@@ -27,10 +29,17 @@ static char g_root[256];
 
 /* ---- the wire, watched ---- */
 
+/* seen by libuv (a shared library) too: exported (the build hides symbols, and the
+ * suite links with -rdynamic) */
+#define TT_EXPORTED __attribute__((visibility("default")))
+
 /* 16 bytes the watched buffers are made of: a send that carries them went in the clear */
 static const char MARK[16] = "tutti-cleartext!";
-static int *g_seen; /* shared: per rank, the sends that carried MARK */
+static int *g_seen; /* shared: per rank, the sends that carried MARK; then (at
+                       4 + rank) the set-up's writes that carried the job id */
 static int g_rank = -1;
+/* the job id of the watched runs, which each connection's hello carries */
+#define HELLO_MARK "tls-hello-marker-7f3a"
 
 static void scan(const void *p, size_t n)
 {
@@ -38,7 +47,36 @@ static void scan(const void *p, size_t n)
         __atomic_add_fetch(&g_seen[g_rank], 1, __ATOMIC_RELAXED);
 }
 
-ssize_t send(int fd, const void *buf, size_t len, int flags)
+/* libuv's writes of the set-up (the hello), on sockets only (the file store writes the
+ * job id into its files) */
+static void scan_setup(int fd, const void *p, size_t n)
+{
+    struct stat sb;
+    if (g_seen && g_rank >= 0 && p && fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode) &&
+        memmem(p, n, HELLO_MARK, sizeof(HELLO_MARK) - 1))
+        __atomic_add_fetch(&g_seen[4 + g_rank], 1, __ATOMIC_RELAXED);
+}
+
+TT_EXPORTED ssize_t write(int fd, const void *buf, size_t len)
+{
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real)
+        real = (ssize_t(*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+    scan_setup(fd, buf, len);
+    return real(fd, buf, len);
+}
+
+TT_EXPORTED ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    static ssize_t (*real)(int, const struct iovec *, int);
+    if (!real)
+        real = (ssize_t(*)(int, const struct iovec *, int))dlsym(RTLD_NEXT, "writev");
+    for (int i = 0; i < n; i++)
+        scan_setup(fd, iov[i].iov_base, iov[i].iov_len);
+    return real(fd, iov, n);
+}
+
+TT_EXPORTED ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
     static ssize_t (*real)(int, const void *, size_t, int);
     if (!real)
@@ -47,7 +85,7 @@ ssize_t send(int fd, const void *buf, size_t len, int flags)
     return real(fd, buf, len, flags);
 }
 
-ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+TT_EXPORTED ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
     static ssize_t (*real)(int, const struct msghdr *, int);
     if (!real)
@@ -110,8 +148,9 @@ typedef struct plan {
     const char *transport; /* NULL: tcp */
     int timeout_ms;        /* 0: 15000 */
     int gloo_env;          /* the knobs through Gloo's variables */
-    int expect;            /* the init's status every rank must see (0: success) */
-    const char *msg[2];    /* what every failing rank's error must say */
+    const char *job_id;
+    int expect;         /* the init's status every rank must see (0: success) */
+    const char *msg[2]; /* what every failing rank's error must say */
 } plan_t;
 
 static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tutti_comm_t **comm_p,
@@ -140,6 +179,8 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
     o.transport = p->transport ? p->transport : "tcp";
     o.timeout_ms = p->timeout_ms ? p->timeout_ms : 15000;
     o.stall_check_ms = 0; /* a failure must come from the link, not the stall check */
+    if (p->job_id)
+        o.job_id = p->job_id;
     o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
     if (p->gloo_env && tls) {
         FAIL_IF(!o.tls_cert || strcmp(o.tls_cert, cert) || !o.tls_key || strcmp(o.tls_key, key),
@@ -364,21 +405,31 @@ END_TEST
  * fail), and never with it. */
 START_TEST(tls_nothing_in_the_clear)
 {
-    g_seen = th_shared_zeroed(4 * sizeof(int));
-    plan_t plain = { .cert = { NULL } };
+    g_seen = th_shared_zeroed(8 * sizeof(int));
+    plan_t plain = { .cert = { NULL }, .job_id = HELLO_MARK };
     run(3, rank_wire, &plain, 1);
     ck_assert_msg(g_seen[0] > 0, "without TLS the watch saw no marker (%d sends)", g_seen[0]);
-    memset(g_seen, 0, 4 * sizeof(int));
-    plan_t tls = { .cert = ALL("node.pem"), .key = ALL("node.key") };
+    /* the connecting ranks' hellos carry the job id (libuv writes them) */
+    ck_assert_msg(g_seen[4 + 1] > 0 && g_seen[4 + 2] > 0,
+                  "without TLS the watch saw no hello with the job id (%d, %d)", g_seen[5],
+                  g_seen[6]);
+    memset(g_seen, 0, 8 * sizeof(int));
+    plan_t tls = { .cert = ALL("node.pem"), .key = ALL("node.key"), .job_id = HELLO_MARK };
     run(3, rank_wire, &tls, 1);
     for (int r = 0; r < 3; r++)
-        ck_assert_msg(g_seen[r] == 0, "with TLS rank %d sent the marker in the clear %d times", r,
-                      g_seen[r]);
+        ck_assert_msg(g_seen[r] == 0 && g_seen[4 + r] == 0,
+                      "with TLS rank %d sent the marker in the clear %d times, the job id %d", r,
+                      g_seen[r], g_seen[4 + r]);
     /* and so through Gloo's variables, lazily */
-    plan_t gloo = { .cert = ALL("node.pem"), .key = ALL("node.key"), .gloo_env = 1, .lazy = 1 };
+    plan_t gloo = { .cert = ALL("node.pem"),
+                    .key = ALL("node.key"),
+                    .gloo_env = 1,
+                    .lazy = 1,
+                    .job_id = HELLO_MARK };
     run(3, rank_wire, &gloo, 1);
     for (int r = 0; r < 3; r++)
-        ck_assert_msg(g_seen[r] == 0, "Gloo's knobs: rank %d sent the marker in the clear", r);
+        ck_assert_msg(g_seen[r] == 0 && g_seen[4 + r] == 0,
+                      "Gloo's knobs: rank %d sent the marker in the clear", r);
 }
 END_TEST
 
