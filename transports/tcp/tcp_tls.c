@@ -633,8 +633,10 @@ ssize_t tcp_tlsio_sendv(tcp_tlsio_t *io, const struct iovec *iov, int n)
             at += len;
         } else {
             if (!io->stage && !(io->stage = malloc(TLS_RECORD))) {
+                if (total)
+                    break; /* what was encrypted goes first */
                 errno = ENOMEM;
-                return total ? (ssize_t)total : -1;
+                return -1;
             }
             len = 0;
             while (i < n && len < TLS_RECORD) {
