@@ -547,6 +547,37 @@ static int rank_empty(int rank, int nranks, tutti_comm_t *unused, const char *di
     return 0;
 }
 
+/* A Gloo user's GLOO_DEVICE_TRANSPORT=TCP_TLS without certificates: an error, not plain
+ * tcp. */
+static int rank_gloo_tls(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused, (void)arg;
+    setenv("GLOO_DEVICE_TRANSPORT", "TCP_TLS", 1);
+    tutti_comm_opts_t o;
+    tutti_comm_opts_init(&o);
+    o.transport = "tcp";
+    o.timeout_ms = 15000;
+    tutti_store_t *store;
+    tutti_comm_t *comm;
+    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
+    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
+    const char *err = st ? tutti_comm_last_error(NULL) : "";
+    FAIL_IF(st != TUTTI_ERR_CONFIG || !strstr(err, "GLOO_DEVICE_TRANSPORT=TCP_TLS asks for TLS"),
+            "%s: %s", tutti_status_name(st), err);
+    tutti_store_close(store);
+    return 0;
+}
+
+START_TEST(tls_gloo_transport_without_certificates)
+{
+    th_spec_t spec = { .nranks = 2,
+                       .fn = rank_gloo_tls,
+                       .timeout_ms = 60000,
+                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
+    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+}
+END_TEST
+
 /* Set but empty: an error on every rank, not plain tcp. */
 START_TEST(tls_empty_knob_fails_the_pair)
 {
@@ -570,6 +601,7 @@ static Suite *suite(void)
     tcase_add_test(tc, tls_on_one_rank_only);
     tcase_add_test(tc, tls_bad_knobs);
     tcase_add_test(tc, tls_empty_knob_fails_the_pair);
+    tcase_add_test(tc, tls_gloo_transport_without_certificates);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -43,6 +44,14 @@ static int knobs(const tutti_tp_host_v1_t *host, const char **cert, const char *
             return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
                                "tcp: TLS: %s is set but empty (unset it for no TLS)", names[i]);
     *on = *cert || *key || *caf || *cap;
+    const char *gloo = getenv("GLOO_DEVICE_TRANSPORT");
+    if (!*on && gloo && !strcasecmp(gloo, "TCP_TLS"))
+        /* a Gloo user's job that asks for TLS must not run in the clear here either */
+        return host->error(host->ctx, TUTTI_ERR_CONFIG, -1, 0,
+                           "tcp: TLS: GLOO_DEVICE_TRANSPORT=%s asks for TLS, but no certificate "
+                           "is set (TUTTI_TLS_CERT, TUTTI_TLS_KEY and TUTTI_TLS_CA_FILE, or "
+                           "Gloo's GLOO_DEVICE_TRANSPORT_TCP_TLS_CERT, _PKEY and _CA_FILE)",
+                           gloo);
     if (!*on)
         return TUTTI_OK;
     const char *set = *cert  ? "TUTTI_TLS_CERT"
@@ -63,7 +72,7 @@ static int knobs(const tutti_tp_host_v1_t *host, const char **cert, const char *
 int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
 {
     const char *cert, *key, *caf, *cap;
-    int on;
+    int on = 0;
     *ctx_p = NULL;
     int st = knobs(host, &cert, &key, &caf, &cap, &on);
     if (st < 0 || !on)
@@ -333,7 +342,7 @@ static int load_failed(const tutti_tp_host_v1_t *host, SSL_CTX *ctx, const char 
 int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
 {
     const char *cert, *key, *caf, *cap;
-    int on;
+    int on = 0;
     *ctx_p = NULL;
     int st = knobs(host, &cert, &key, &caf, &cap, &on);
     if (st < 0 || !on)
