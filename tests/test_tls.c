@@ -76,12 +76,27 @@ TT_EXPORTED ssize_t writev(int fd, const struct iovec *iov, int n)
     return real(fd, iov, n);
 }
 
+/* Tampering: this process's g_tamper-th send of a batch of records (16 KiB and more:
+ * the data path's, not the set-up's) goes out with one byte flipped, as a relay on the
+ * way would (0: never). */
+static int g_tamper;
+
 TT_EXPORTED ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
     static ssize_t (*real)(int, const void *, size_t, int);
     if (!real)
         real = (ssize_t(*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
     scan(buf, len);
+    if (g_tamper > 0 && len >= 16384 && --g_tamper == 0) {
+        unsigned char *copy = malloc(len);
+        if (copy) {
+            memcpy(copy, buf, len);
+            copy[100] ^= 0x20; /* in the first record's ciphertext, past its header */
+            ssize_t w = real(fd, copy, len, flags);
+            free(copy);
+            return w;
+        }
+    }
     return real(fd, buf, len, flags);
 }
 
@@ -149,6 +164,7 @@ typedef struct plan {
     int timeout_ms;        /* 0: 15000 */
     int gloo_env;          /* the knobs through Gloo's variables */
     const char *job_id;
+    const char *algo;
     int expect;         /* the init's status every rank must see (0: success) */
     const char *msg[2]; /* what every failing rank's error must say */
 } plan_t;
@@ -181,6 +197,8 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
     o.stall_check_ms = 0; /* a failure must come from the link, not the stall check */
     if (p->job_id)
         o.job_id = p->job_id;
+    if (p->algo)
+        o.algo = p->algo;
     o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
     if (p->gloo_env && tls) {
         FAIL_IF(!o.tls_cert || strcmp(o.tls_cert, cert) || !o.tls_key || strcmp(o.tls_key, key),
@@ -342,6 +360,40 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
     return 0;
 }
 
+/* Rank 0's third batch of records to a peer leaves with a byte flipped: the receiver's
+ * session refuses it, and every rank's allreduce fails naming the TLS session with rank
+ * 0 and OpenSSL's cause, never a wrong sum. */
+static int rank_tamper(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+{
+    (void)unused;
+    const plan_t *p = arg;
+    tutti_comm_t *comm;
+    tutti_store_t *store;
+    char err[1024];
+    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
+    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    enum { COUNT = 1 << 20 };
+    int32_t *x = malloc(COUNT * sizeof(*x));
+    FAIL_IF(!x, "malloc");
+    for (size_t i = 0; i < COUNT; i++)
+        x[i] = (int32_t)(i % 1000) + rank;
+    if (rank == 0)
+        g_tamper = 3;
+    st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, COUNT, TUTTI_INT32, TUTTI_SUM);
+    const char *e = tutti_comm_last_error(comm);
+    size_t wrong = 0;
+    for (size_t i = 0; i < COUNT && st == 0; i++)
+        wrong += x[i] != (int32_t)(i % 1000) * nranks + nranks * (nranks - 1) / 2;
+    FAIL_IF(st == 0, "the allreduce succeeded over a tampered link (%zu elements wrong)", wrong);
+    FAIL_IF(!strstr(e, "TLS session with rank 0") || !strstr(e, "bad record mac"), "%s: %s",
+            tutti_status_name(st), e);
+    fprintf(stderr, "rank %d failed as it should: %s: %.300s\n", rank, tutti_status_name(st), e);
+    free(x);
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
 /* The init fails with p->expect, its message saying each of p->msg. */
 static int rank_fails(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
@@ -430,6 +482,13 @@ START_TEST(tls_nothing_in_the_clear)
     for (int r = 0; r < 3; r++)
         ck_assert_msg(g_seen[r] == 0 && g_seen[4 + r] == 0,
                       "Gloo's knobs: rank %d sent the marker in the clear", r);
+}
+END_TEST
+
+START_TEST(tls_tampered_record_fails_every_rank)
+{
+    plan_t p = { .cert = ALL("node.pem"), .key = ALL("node.key"), .algo = "allreduce:ring" };
+    run(3, rank_tamper, &p, 0);
 }
 END_TEST
 
@@ -597,6 +656,7 @@ static Suite *suite(void)
     tcase_add_test(tc, tls_lazy_and_ca_path);
     tcase_add_test(tc, tls_nothing_in_the_clear);
     tcase_add_test(tc, tls_report_behind_a_message);
+    tcase_add_test(tc, tls_tampered_record_fails_every_rank);
     tcase_add_test(tc, tls_untrusted_certificate);
     tcase_add_test(tc, tls_on_one_rank_only);
     tcase_add_test(tc, tls_bad_knobs);

@@ -164,6 +164,7 @@ struct tcp_tp {
     tp_hop_t hop;        /* leaving a CPU shared with a lower local rank (kit/progress.h) */
     int hop_look;        /* the lower rank tcp_shares looks at next */
     int sockbuf;
+    int sockbuf_warned;   /* a TUTTI_SOCKET_BUFFER under two segments was said */
     int cc_mode;          /* TCP_CC_*, from TUTTI_TCP_CONGESTION */
     char cc_name[16];     /* TCP_CC_NAMED: the algorithm (TCP_CA_NAME_MAX is 16) */
     char cc_system[16];   /* the system's, as a new socket gets it ("" if unknown) */
