@@ -165,6 +165,7 @@ typedef struct plan {
     int gloo_env;          /* the knobs through Gloo's variables */
     const char *job_id;
     const char *algo;
+    int two_hosts;      /* ranks 0-1 and 2-3 as two hosts (TUTTI_HOST_ID) */
     int expect;         /* the init's status every rank must see (0: success) */
     const char *msg[2]; /* what every failing rank's error must say */
 } plan_t;
@@ -199,6 +200,8 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
         o.job_id = p->job_id;
     if (p->algo)
         o.algo = p->algo;
+    if (p->two_hosts)
+        o.host_id = rank < nranks / 2 ? "tls-host-a" : "tls-host-b";
     o.transport_options = p->lazy ? "TCP_CONNECT=lazy" : NULL;
     if (p->gloo_env && tls) {
         FAIL_IF(!o.tls_cert || strcmp(o.tls_cert, cert) || !o.tls_key || strcmp(o.tls_key, key),
@@ -446,6 +449,17 @@ START_TEST(tls_collectives_and_messages)
 }
 END_TEST
 
+/* auto over two pretend hosts: shm within each, tcp with TLS between them, under the
+ * multiplexer (whose waits arm tcp's loop beside shm's) */
+START_TEST(tls_between_hosts_shm_within)
+{
+    plan_t p = {
+        .cert = ALL("node.pem"), .key = ALL("node.key"), .transport = "auto", .two_hosts = 1
+    };
+    run(4, rank_ok, &p, 1);
+}
+END_TEST
+
 START_TEST(tls_lazy_and_ca_path)
 {
     plan_t p = { .cert = ALL("node.pem"), .key = ALL("node.key"), .capath = 1, .lazy = 1 };
@@ -654,6 +668,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, tls_collectives_and_messages);
     tcase_add_test(tc, tls_lazy_and_ca_path);
+    tcase_add_test(tc, tls_between_hosts_shm_within);
     tcase_add_test(tc, tls_nothing_in_the_clear);
     tcase_add_test(tc, tls_report_behind_a_message);
     tcase_add_test(tc, tls_tampered_record_fails_every_rank);
