@@ -23,10 +23,11 @@ hosts_job_procs() {
     done
 }
 
-hosts_check_job() {
+hosts_check_job() { # rsh name [tutti-run option]
     local t0 rc ms rows
     t0=$(date +%s%N)
-    inA timeout 60 "$run" -H "$A:2,${HB:-$B}:1" --rsh "$1" -x LD_LIBRARY_PATH --job-id "$2" \
+    # shellcheck disable=SC2086
+    inA timeout 60 "$run" -H "$A:2,${HB:-$B}:1" --rsh "$1" -x LD_LIBRARY_PATH ${3:-} --job-id "$2" \
         "$bench" -b 4 -e 1M -f 16 -n 3 -w 1 -c >"$WORK/$2.txt" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - t0) / 1000000))

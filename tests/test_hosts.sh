@@ -6,7 +6,8 @@
 # remote shell would. Checks:
 #   1. 3 ranks, 2 on A (started directly) and 1 on B (through rsh), of tutti-bench -c: an
 #      allreduce whose every value is checked; the store is the launch's, with a secret
-#      that no command line carries (the agents' /proc/PID/cmdline is read while they run).
+#      that no command line carries (the agents' /proc/PID/cmdline is read while they run);
+#      again with TUTTI_TLS_* set: they reach the rank on B, and every rank runs TLS.
 #   2. -H A:1,B:2 with -np 3 and a rank on B that exits 3: the launch exits 3 at once and
 #      nothing of the job is left on either host.
 #   3. The launch killed (SIGKILL): the agent on B (in a session of its own, as sshd
@@ -55,6 +56,23 @@ export LD_LIBRARY_PATH=$build/lib
 # 1. a job on A and B, the agent on B
 hosts_check_job "$WORK/rsh" hosts-1
 hosts_check_agent "$WORK/rsh"
+# ... over tcp with TLS: the launch's TUTTI_TLS_* reach the rank on B (whose rsh starts
+# it with a fresh environment; tcp and the log level go by -x); each rank's tcp
+# transport says TLS is on
+if command -v openssl >/dev/null && ldd "$build/lib/libtutti.so" | grep -q libssl; then
+    mkdir -p "$WORK/tls" && (cd "$WORK/tls" &&
+        ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes" &&
+        openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=ca &&
+        openssl req $ec -keyout node.key -out node.csr -subj /CN=node &&
+        openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+            -out node.pem -days 2) >/dev/null 2>&1 || fail "openssl: certificates"
+    TUTTI_TLS_CERT=$WORK/tls/node.pem TUTTI_TLS_KEY=$WORK/tls/node.key \
+        TUTTI_TLS_CA_FILE=$WORK/tls/ca.pem TUTTI_DEBUG=info hosts_check_job "$WORK/rsh" hosts-tls \
+        "-x TUTTI_TRANSPORT=tcp -x TUTTI_DEBUG"
+    n=$(grep -c 'tcp: TLS on every link' "$WORK/hosts-tls.txt")
+    [ "$n" = 3 ] || { cat "$WORK/hosts-tls.txt"; fail "TLS on $n ranks' links, not 3"; }
+    echo "TLS: the launch's TUTTI_TLS_* on every host's ranks"
+fi
 # the same with the hosts named by IPv6 addresses: the launch's store serves both families
 out=$(inA timeout 30 "$run" -H "[$A6]:1,[$B6]:1" --rsh "$WORK/rsh" -x LD_LIBRARY_PATH \
     "$bench" -b 4 -e 4K -n 1 -w 0 -c 2>&1)

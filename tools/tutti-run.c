@@ -1831,7 +1831,7 @@ static int run_hosts(run_opts_t *o)
     tt_launch_t l;
     int started = 0, nenv = 0;
     /* what every agent's env gets: VAR=VALUE, -x's included */
-    char **env = calloc((size_t)o->nfwd + 8, sizeof(*env));
+    char **env = calloc((size_t)o->nfwd + 16, sizeof(*env)); /* (10 of ours at most) */
     for (int k = 0; wfd && k < nodes; k++)
         wfd[k] = -1;
     if (!rsh || !rsh[0] || !cmds || !wfd || !strs || !env || (direct && (!places || !nodelist))) {
@@ -1868,6 +1868,14 @@ static int run_hosts(run_opts_t *o)
     static const char *const pass[] = { "TUTTI_STORE_SERVER", "TUTTI_AUTH_TOKEN_FILE" };
     for (size_t v = 0; !server && v < sizeof(pass) / sizeof(pass[0]); v++)
         if (getenv(pass[v]) && env_add(env, &nenv, pass[v], getenv(pass[v])) < 0)
+            goto oom;
+    /* TLS on the links: every host's ranks as this one's (the files at the same paths
+     * there, as with TUTTI_AUTH_TOKEN_FILE); a host without would fail the job naming
+     * both ranks */
+    static const char *const tls[] = { "TUTTI_TLS_CERT", "TUTTI_TLS_KEY", "TUTTI_TLS_CA_FILE",
+                                       "TUTTI_TLS_CA_PATH" };
+    for (size_t v = 0; v < sizeof(tls) / sizeof(tls[0]); v++)
+        if (getenv(tls[v]) && env_add(env, &nenv, tls[v], getenv(tls[v])) < 0)
             goto oom;
     for (int f = 0; f < o->nfwd; f++) { /* -x VAR=VALUE as given, -x VAR from here if set */
         const char *v = strchr(o->fwd[f], '=') ? NULL : getenv(o->fwd[f]);
