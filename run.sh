@@ -5,7 +5,7 @@
 #                    the whole test suite, then again under ASan+UBSan, the fuser's suite
 #                    under TSan, the fuzz targets (fuzz/, libFuzzer) for FUZZ_SECONDS each
 #                    (default 8, two at a time: CI has 30 minutes; a fresh clone here
-#                    took 1266 s in session 108; CI took 1253 s for session 107's),
+#                    took 1296 s in session 109; CI took 1253 s for session 107's),
 #                    then the ibverbs suites on soft-RoCE
 #                    inside a qemu guest (tests/rdma/ci.sh;
 #                    TUTTI_RXE_VM=0 skips that step)
