@@ -69,14 +69,10 @@ static int knobs(const tutti_tp_host_v1_t *host, const char **cert, const char *
 
 #ifndef TUTTI_HAVE_TLS
 
-int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
+static int ctx_make(const tutti_tp_host_v1_t *host, const char *cert, const char *key,
+                    const char *caf, const char *cap, void **ctx_p)
 {
-    const char *cert, *key, *caf, *cap;
-    int on = 0;
-    *ctx_p = NULL;
-    int st = knobs(host, &cert, &key, &caf, &cap, &on);
-    if (st < 0 || !on)
-        return st;
+    (void)key, (void)caf, (void)cap, (void)ctx_p;
     return host->error(host->ctx, TUTTI_ERR_UNSUPPORTED, -1, 0,
                        "tcp: TLS is asked for (TUTTI_TLS_CERT=%s), but this tutti was built "
                        "without OpenSSL (install libssl-dev and rebuild: meson option tls)",
@@ -339,14 +335,10 @@ static int load_failed(const tutti_tp_host_v1_t *host, SSL_CTX *ctx, const char 
                                                       : "");
 }
 
-int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
+/* The context from the knobs (all present): TUTTI_ERR_CONFIG naming what does not load. */
+static int ctx_make(const tutti_tp_host_v1_t *host, const char *cert, const char *key,
+                    const char *caf, const char *cap, void **ctx_p)
 {
-    const char *cert, *key, *caf, *cap;
-    int on = 0;
-    *ctx_p = NULL;
-    int st = knobs(host, &cert, &key, &caf, &cap, &on);
-    if (st < 0 || !on)
-        return st;
     pthread_once(&bio_once, bio_method_init);
     ERR_clear_error();
     SSL_CTX *ctx = bio_method ? SSL_CTX_new(TLS_method()) : NULL;
@@ -694,3 +686,12 @@ const char *tcp_tlsio_reason(const tcp_tlsio_t *io)
 }
 
 #endif /* TUTTI_HAVE_TLS */
+
+int tcp_tls_ctx_new(const tutti_tp_host_v1_t *host, void **ctx_p)
+{
+    const char *cert, *key, *caf, *cap;
+    int on = 0;
+    *ctx_p = NULL;
+    int st = knobs(host, &cert, &key, &caf, &cap, &on);
+    return st < 0 || !on ? st : ctx_make(host, cert, key, caf, cap, ctx_p);
+}
