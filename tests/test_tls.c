@@ -129,8 +129,9 @@ static void path(char *out, size_t len, const char *name)
 }
 
 /* ca.pem (the CAs every rank trusts), node.pem/node.key (a certificate it signed),
- * rogue.pem/rogue.key (self-signed: no CA of the job's), other.pem (another CA's, for
- * the key that does not fit), and capath/ (ca.pem under its hash). Made once. */
+ * rogue.pem/rogue.key (self-signed: no CA of the job's; its key does not fit node.pem),
+ * capath/ (ca.pem under its hash) and locked.key (node.key behind a passphrase). Made
+ * once. */
 static void make_certs(void)
 {
     char probe[300];
@@ -165,9 +166,10 @@ typedef struct plan {
     int gloo_env;          /* the knobs through Gloo's variables */
     const char *job_id;
     const char *algo;
-    int two_hosts;      /* ranks 0-1 and 2-3 as two hosts (TUTTI_HOST_ID) */
-    int expect;         /* the init's status every rank must see (0: success) */
-    const char *msg[2]; /* what every failing rank's error must say */
+    int two_hosts;               /* ranks 0-1 and 2-3 as two hosts (TUTTI_HOST_ID) */
+    const char *env, *env_value; /* a variable each rank sets before its options are read */
+    int expect;                  /* the init's status every rank must see (0: success) */
+    const char *msg[2];          /* what every failing rank's error must say */
 } plan_t;
 
 static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tutti_comm_t **comm_p,
@@ -191,6 +193,8 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
                          : "GLOO_DEVICE_TRANSPORT_TCP_TLS_CA_FILE",
                ca, 1);
     }
+    if (p->env)
+        setenv(p->env, p->env_value, 1);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
     o.transport = p->transport ? p->transport : "tcp";
@@ -221,6 +225,23 @@ static int rank_init(int rank, int nranks, const char *dir, const plan_t *p, tut
     return st;
 }
 
+/* rank_init that must succeed: 0, or 1 with why said */
+static int rank_up(int rank, int nranks, const char *dir, const plan_t *p, tutti_comm_t **comm_p,
+                   tutti_store_t **store_p)
+{
+    char err[1024];
+    int st = rank_init(rank, nranks, dir, p, comm_p, store_p, err, sizeof(err));
+    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    return 0;
+}
+
+static int rank_down(tutti_comm_t *comm, tutti_store_t *store)
+{
+    tutti_comm_destroy(comm);
+    tutti_store_close(store);
+    return 0;
+}
+
 /* Every rank of an int32 allreduce of count elements against the sum computed here. */
 static int check_allreduce(int rank, int nranks, tutti_comm_t *comm, size_t count)
 {
@@ -241,12 +262,10 @@ static int check_allreduce(int rank, int nranks, tutti_comm_t *comm, size_t coun
 static int rank_ok(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    const plan_t *p = arg;
     tutti_comm_t *comm;
     tutti_store_t *store;
-    char err[1024];
-    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
-    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    if (rank_up(rank, nranks, dir, arg, &comm, &store))
+        return 1;
     static const size_t counts[] = { 1, 1000, 4096, 70000, 1 << 20 };
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
         if (check_allreduce(rank, nranks, comm, counts[i]))
@@ -281,9 +300,7 @@ static int rank_ok(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
     }
     if (check_allreduce(rank, nranks, comm, 3))
         return 1;
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return 0;
+    return rank_down(comm, store);
 }
 
 /* Rank 0 broadcasts 256 KiB made of MARK and sends 64 bytes of it to each rank; g_seen
@@ -291,13 +308,11 @@ static int rank_ok(int rank, int nranks, tutti_comm_t *unused, const char *dir, 
 static int rank_wire(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    const plan_t *p = arg;
     g_rank = rank;
     tutti_comm_t *comm;
     tutti_store_t *store;
-    char err[1024];
-    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
-    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    if (rank_up(rank, nranks, dir, arg, &comm, &store))
+        return 1;
     enum { BIG = 256 << 10 };
     static char buf[BIG], small[64];
     if (rank == 0) {
@@ -319,9 +334,7 @@ static int rank_wire(int rank, int nranks, tutti_comm_t *unused, const char *dir
                 tutti_comm_last_error(comm));
         FAIL_IF(memcmp(small, MARK, sizeof(MARK)), "the message");
     }
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return 0;
+    return rank_down(comm, store);
 }
 
 /* Rank 1 sends rank 0 a message, then revokes the communicator (its links carry the
@@ -332,12 +345,10 @@ static int rank_wire(int rank, int nranks, tutti_comm_t *unused, const char *dir
 static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    const plan_t *p = arg;
     tutti_comm_t *comm;
     tutti_store_t *store;
-    char err[1024];
-    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
-    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    if (rank_up(rank, nranks, dir, arg, &comm, &store))
+        return 1;
     char m[100] = "hello";
     if (rank == 1) {
         FAIL_IF(tutti_send(comm, m, sizeof(m), TUTTI_UINT8, 0, 1), "send: %s",
@@ -352,15 +363,13 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
         char *big = calloc(1, n);
         FAIL_IF(!big, "calloc");
         double t0 = th_now_ms();
-        st = tutti_send(comm, big, n, TUTTI_UINT8, 1, 2);
+        int st = tutti_send(comm, big, n, TUTTI_UINT8, 1, 2);
         double ms = th_now_ms() - t0;
         free(big);
         FAIL_IF(st != TUTTI_ERR_REVOKED || ms > 4000, "the send: %s after %.0f ms: %s",
                 tutti_status_name(st), ms, tutti_comm_last_error(comm));
     }
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return 0;
+    return rank_down(comm, store);
 }
 
 /* Rank 0's third batch of records to a peer leaves with a byte flipped: the receiver's
@@ -369,12 +378,10 @@ static int rank_report(int rank, int nranks, tutti_comm_t *unused, const char *d
 static int rank_tamper(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
 {
     (void)unused;
-    const plan_t *p = arg;
     tutti_comm_t *comm;
     tutti_store_t *store;
-    char err[1024];
-    int st = rank_init(rank, nranks, dir, p, &comm, &store, err, sizeof(err));
-    FAIL_IF(st, "init: %s: %s", tutti_status_name(st), err);
+    if (rank_up(rank, nranks, dir, arg, &comm, &store))
+        return 1;
     enum { COUNT = 1 << 20 };
     int32_t *x = malloc(COUNT * sizeof(*x));
     FAIL_IF(!x, "malloc");
@@ -382,7 +389,7 @@ static int rank_tamper(int rank, int nranks, tutti_comm_t *unused, const char *d
         x[i] = (int32_t)(i % 1000) + rank;
     if (rank == 0)
         g_tamper = 3;
-    st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, COUNT, TUTTI_INT32, TUTTI_SUM);
+    int st = tutti_allreduce(comm, TUTTI_IN_PLACE, x, COUNT, TUTTI_INT32, TUTTI_SUM);
     const char *e = tutti_comm_last_error(comm);
     size_t wrong = 0;
     for (size_t i = 0; i < COUNT && st == 0; i++)
@@ -392,9 +399,7 @@ static int rank_tamper(int rank, int nranks, tutti_comm_t *unused, const char *d
             tutti_status_name(st), e);
     fprintf(stderr, "rank %d failed as it should: %s: %.300s\n", rank, tutti_status_name(st), e);
     free(x);
-    tutti_comm_destroy(comm);
-    tutti_store_close(store);
-    return 0;
+    return rank_down(comm, store);
 }
 
 /* The init fails with p->expect, its message saying each of p->msg. */
@@ -600,64 +605,31 @@ START_TEST(tls_bad_knobs)
 }
 END_TEST
 
-static int rank_empty(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
+/* Set but empty: read as set, and an error on every rank, not plain tcp. */
+START_TEST(tls_empty_knob_fails_the_pair)
 {
-    (void)unused, (void)arg;
     setenv("TUTTI_TLS_CERT", "", 1);
     tutti_comm_opts_t o;
     tutti_comm_opts_init(&o);
-    FAIL_IF(!o.tls_cert || *o.tls_cert, "TUTTI_TLS_CERT=\"\" read as unset");
-    o.transport = "tcp";
-    o.timeout_ms = 15000;
-    tutti_store_t *store;
-    tutti_comm_t *comm;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    const char *err = st ? tutti_comm_last_error(NULL) : "";
-    FAIL_IF(st != TUTTI_ERR_CONFIG || !strstr(err, "TUTTI_TLS_CERT is set but empty"), "%s: %s",
-            tutti_status_name(st), err);
-    tutti_store_close(store);
-    return 0;
-}
-
-/* A Gloo user's GLOO_DEVICE_TRANSPORT=TCP_TLS without certificates: an error, not plain
- * tcp. */
-static int rank_gloo_tls(int rank, int nranks, tutti_comm_t *unused, const char *dir, void *arg)
-{
-    (void)unused, (void)arg;
-    setenv("GLOO_DEVICE_TRANSPORT", "TCP_TLS", 1);
-    tutti_comm_opts_t o;
-    tutti_comm_opts_init(&o);
-    o.transport = "tcp";
-    o.timeout_ms = 15000;
-    tutti_store_t *store;
-    tutti_comm_t *comm;
-    FAIL_IF(tutti_store_open_file(&store, dir, 10000) != 0, "store");
-    int st = tutti_comm_init(&comm, store, rank, nranks, &o);
-    const char *err = st ? tutti_comm_last_error(NULL) : "";
-    FAIL_IF(st != TUTTI_ERR_CONFIG || !strstr(err, "GLOO_DEVICE_TRANSPORT=TCP_TLS asks for TLS"),
-            "%s: %s", tutti_status_name(st), err);
-    tutti_store_close(store);
-    return 0;
-}
-
-START_TEST(tls_gloo_transport_without_certificates)
-{
-    th_spec_t spec = { .nranks = 2,
-                       .fn = rank_gloo_tls,
-                       .timeout_ms = 60000,
-                       .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL };
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    unsetenv("TUTTI_TLS_CERT");
+    ck_assert_msg(o.tls_cert && !*o.tls_cert, "TUTTI_TLS_CERT=\"\" read as unset");
+    plan_t p = { .env = "TUTTI_TLS_CERT",
+                 .env_value = "",
+                 .expect = TUTTI_ERR_CONFIG,
+                 .msg = { "TUTTI_TLS_CERT is set but empty", NULL } };
+    run(2, rank_fails, &p, 0);
 }
 END_TEST
 
-/* Set but empty: an error on every rank, not plain tcp. */
-START_TEST(tls_empty_knob_fails_the_pair)
+/* A Gloo user's GLOO_DEVICE_TRANSPORT=TCP_TLS without certificates: an error, not plain
+ * tcp. */
+START_TEST(tls_gloo_transport_without_certificates)
 {
-    th_spec_t spec = {
-        .nranks = 2, .fn = rank_empty, .timeout_ms = 60000, .flags = TH_NO_COMM | TH_NO_KILL_ON_FAIL
-    };
-    ck_assert_int_eq(th_run_ex(&spec, NULL), 0);
+    plan_t p = { .env = "GLOO_DEVICE_TRANSPORT",
+                 .env_value = "TCP_TLS",
+                 .expect = TUTTI_ERR_CONFIG,
+                 .msg = { "GLOO_DEVICE_TRANSPORT=TCP_TLS asks for TLS", NULL } };
+    run(2, rank_fails, &p, 0);
 }
 END_TEST
 

@@ -233,11 +233,17 @@ static void on_conn_closed(uv_handle_t *h)
     free(c);
 }
 
-static void conn_close(conn_t *c)
+/* TLS: the connection's session, gone (a closed or retried connection makes a new one) */
+static void conn_tls_drop(conn_t *c)
 {
     tcp_tlsio_free(c->tls);
     c->tls = NULL;
     c->tls_up = 0;
+}
+
+static void conn_close(conn_t *c)
+{
+    conn_tls_drop(c);
     if (c->open) {
         c->open = 0;
         c->phase = PH_IDLE;
@@ -512,8 +518,8 @@ static void conn_established(conn_t *c)
         setsockopt(L->fd, SOL_SOCKET, SO_RCVBUF, &tp->sockbuf, sizeof(tp->sockbuf));
         /* A buffer under two segments leaves the receiver a window the kernel's
          * silly-window avoidance will not announce: the sender then moves a segment a
-         * persist timer (4 KiB on loopback, whose segments are 64 KiB: a 64 KiB broadcast
-         * took 1.5 s, session 109). Allowed (a choice), but said once. */
+         * persist timer (4 KiB on loopback, whose segments are 32-64 KiB: a 64 KiB
+         * broadcast took 1.5 s, session 109). Allowed (a choice), but said once. */
         int mss = 0;
         socklen_t ml = sizeof(mss);
         if (!tp->sockbuf_warned && getsockopt(L->fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &ml) == 0 &&
@@ -1255,9 +1261,7 @@ static void outgoing_retry(conn_t *c, const char *what, int uv_status)
         c->closing = 1;
         uv_close((uv_handle_t *)&c->h, on_conn_closed);
     }
-    tcp_tlsio_free(c->tls);
-    c->tls = NULL;
-    c->tls_up = 0;
+    conn_tls_drop(c);
     c->phase = PH_IDLE;
     uv_update_time(s->loop);
     uv_timer_start(&c->retry, on_retry, CONN_RETRY_MS, 0);
@@ -1393,10 +1397,8 @@ static void on_incoming(uv_stream_t *server, int status)
             conn_close(c);
             return;
         }
-        if (tcp_tlsio_handshake(c->tls) < 0) {
-            tls_failed(c, -1, "handshake");
+        if (tls_handshake(c) < 0)
             return;
-        }
     }
     uv_read_start((uv_stream_t *)&c->h, on_alloc, on_read);
 }

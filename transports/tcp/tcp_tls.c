@@ -250,23 +250,21 @@ static int bio_write(BIO *b, const char *buf, int len)
         io->wq_len += (size_t)len;
         return len;
     }
-    {
-        if (io->out_len + (size_t)len > io->out_cap) {
-            size_t cap = io->out_cap ? io->out_cap : 4096;
-            while (cap < io->out_len + (size_t)len)
-                cap *= 2;
-            unsigned char *p = realloc(io->out, cap);
-            if (!p) {
-                io->err = ENOMEM;
-                return -1;
-            }
-            io->out = p;
-            io->out_cap = cap;
+    if (io->out_len + (size_t)len > io->out_cap) { /* the set-up: into out, for uv_write */
+        size_t cap = io->out_cap ? io->out_cap : 4096;
+        while (cap < io->out_len + (size_t)len)
+            cap *= 2;
+        unsigned char *p = realloc(io->out, cap);
+        if (!p) {
+            io->err = ENOMEM;
+            return -1;
         }
-        memcpy(io->out + io->out_len, buf, (size_t)len);
-        io->out_len += (size_t)len;
-        return len;
+        io->out = p;
+        io->out_cap = cap;
     }
+    memcpy(io->out + io->out_len, buf, (size_t)len);
+    io->out_len += (size_t)len;
+    return len;
 }
 
 static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
@@ -463,12 +461,10 @@ void tcp_tlsio_fed(tcp_tlsio_t *io, size_t n)
     io->want = io->want > n ? io->want - n : 0;
 }
 
-int tcp_tlsio_handshake(tcp_tlsio_t *io)
+/* A set-up call that did not complete: 0 it waits for the peer's bytes, -2 the peer
+ * ended the session, -1 it failed (io->reason). */
+static int setup_stalled(tcp_tlsio_t *io, int r)
 {
-    ERR_clear_error();
-    int r = SSL_do_handshake(io->ssl);
-    if (r == 1)
-        return 1;
     int e = SSL_get_error(io->ssl, r);
     if (e == SSL_ERROR_WANT_READ && !io->err)
         return 0;
@@ -476,18 +472,19 @@ int tcp_tlsio_handshake(tcp_tlsio_t *io)
     return e == SSL_ERROR_ZERO_RETURN ? -2 : -1;
 }
 
+int tcp_tlsio_handshake(tcp_tlsio_t *io)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(io->ssl);
+    return r == 1 ? 1 : setup_stalled(io, r);
+}
+
 ssize_t tcp_tlsio_read(tcp_tlsio_t *io, void *buf, size_t len)
 {
     size_t n = 0;
     ERR_clear_error();
     int r = SSL_read_ex(io->ssl, buf, len, &n);
-    if (r == 1)
-        return (ssize_t)n;
-    int e = SSL_get_error(io->ssl, r);
-    if (e == SSL_ERROR_WANT_READ && !io->err)
-        return 0;
-    note_failure(io, r);
-    return e == SSL_ERROR_ZERO_RETURN ? -2 : -1;
+    return r == 1 ? (ssize_t)n : setup_stalled(io, r);
 }
 
 int tcp_tlsio_write(tcp_tlsio_t *io, const void *buf, size_t len)
