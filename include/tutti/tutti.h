@@ -60,7 +60,11 @@ typedef enum tutti_dtype {
     TUTTI_LONG_INT,
     TUTTI_2INT,
     TUTTI_SHORT_INT,
-    TUTTI_DTYPE_COUNT
+    TUTTI_DTYPE_COUNT,
+    /* derived types (tutti_type_vector ... below) take values from here to
+     * TUTTI_DTYPE_USER_LAST */
+    TUTTI_DTYPE_USER_FIRST = 256,
+    TUTTI_DTYPE_USER_LAST = 256 + 4095
 } tutti_dtype_t;
 
 /* Reduction ops. fp16 and bf16 reduce in fp32 a step at a time: each combination of two
@@ -188,6 +192,87 @@ int tutti_redop_free(tutti_redop_t op);
 /* MPI_Op_commutative: *commute_p 1 for the built-in ops and the defined ones made with
  * TUTTI_REDOP_COMMUTATIVE, else 0; TUTTI_ERR_INVALID_ARG for no op (a freed one). */
 int tutti_redop_commutative(tutti_redop_t op, int *commute_p);
+
+/* Derived datatypes, MPI's (MPI_Type_contiguous, _vector, _create_hvector, _indexed,
+ * _create_hindexed, _create_indexed_block, _create_struct, _create_subarray,
+ * _create_resized, _dup, _free, _get_extent, _get_true_extent; MPI_Pack, MPI_Unpack):
+ * a type is a map of where an element's values lie relative to its address, built from
+ * older types (predefined or derived), and *newtype_p a value in [TUTTI_DTYPE_USER_FIRST,
+ * TUTTI_DTYPE_USER_LAST] that every call taking a dtype accepts in its place: sends and
+ * receives (also sendrecv, recv_upto, mrecv, persistent requests), and every collective
+ * (their v forms, async and persistent ones included), with counts and displacements in
+ * elements of the type (element i at buf + i * extent). No commit step: a type is ready
+ * when made. A call packs what it sends into a contiguous copy when it is issued and
+ * unpacks what it received when it completes, writing only the bytes the type's map
+ * covers (the columns of a matrix beside a column received are left as they were).
+ * On the wire a derived type is its values: n elements of a type made of one
+ * predefined dtype (a vector of f64, a struct of f32 fields) go as n * k elements of that
+ * dtype (k: per element), so that a rank receiving them as that many plain elements,
+ * or as another type of the same values, matches (MPI's type signatures); a type of
+ * mixed dtypes goes as bytes (its size each), matched by byte count. Reductions take a
+ * derived type of one predefined dtype, reduced element by element of that dtype (a
+ * defined op sees that dtype, and counts of it); a mixed one fails with
+ * TUTTI_ERR_INVALID_ARG. Host memory only (device buffers: TUTTI_ERR_UNSUPPORTED); not
+ * the fuser's calls. tutti_dtype_size gives a type's size (MPI_Type_size: the bytes of
+ * its values, packed), tutti_dtype_name "type 257 (vector of f64)". Types are the
+ * process's, as MPI's: make them in the same order on every rank only where their values
+ * must agree (they need not: values are not compared, signatures are). Thread-safe.
+ * Errors are the thread's (tutti_comm_last_error(NULL)): TUTTI_ERR_INVALID_ARG for an
+ * old type that is none, NULL arrays with a count, displacements that overflow, a map of
+ * more than 16 Mi separate runs, an extent of 0 with data; TUTTI_ERR_NOMEM when all 4096
+ * values are taken. A displacement may be negative (an element's values before its
+ * address). */
+/* count elements of oldtype back to back */
+int tutti_type_contiguous(size_t count, tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* count blocks of blocklen elements, block i at i * stride elements of oldtype's extent
+ * (a matrix column: count rows, blocklen 1, stride the row length) */
+int tutti_type_vector(size_t count, size_t blocklen, ptrdiff_t stride, tutti_dtype_t oldtype,
+                      tutti_dtype_t *newtype_p);
+/* the same, the stride in bytes */
+int tutti_type_hvector(size_t count, size_t blocklen, ptrdiff_t stride_bytes,
+                       tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* block i of blocklens[i] elements at displs[i] elements of oldtype's extent */
+int tutti_type_indexed(size_t count, const size_t *blocklens, const ptrdiff_t *displs,
+                       tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* the same, displacements in bytes */
+int tutti_type_hindexed(size_t count, const size_t *blocklens, const ptrdiff_t *displs_bytes,
+                        tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* blocks of blocklen elements each at displs[i] elements */
+int tutti_type_indexed_block(size_t count, size_t blocklen, const ptrdiff_t *displs,
+                             tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* block i of blocklens[i] elements of types[i] at displs_bytes[i] (a C struct's fields:
+ * offsetof); its extent is padded up to its fields' largest alignment, as C pads the
+ * struct (unless a field's type was resized: resize the struct's type instead) */
+int tutti_type_struct(size_t count, const size_t *blocklens, const ptrdiff_t *displs_bytes,
+                      const tutti_dtype_t *types, tutti_dtype_t *newtype_p);
+#define TUTTI_ORDER_C 0       /* the last index varies fastest (MPI_ORDER_C) */
+#define TUTTI_ORDER_FORTRAN 1 /* the first does (MPI_ORDER_FORTRAN) */
+/* the block [starts, starts + subsizes) of an ndims-dimensional array of sizes (1 to 32
+ * dimensions): its extent is the whole array's, its lower bound 0 */
+int tutti_type_subarray(int ndims, const size_t *sizes, const size_t *subsizes,
+                        const size_t *starts, int order, tutti_dtype_t oldtype,
+                        tutti_dtype_t *newtype_p);
+/* oldtype's map with lower bound lb and extent (element i then at buf + i * extent) */
+int tutti_type_resized(tutti_dtype_t oldtype, ptrdiff_t lb, size_t extent,
+                       tutti_dtype_t *newtype_p);
+int tutti_type_dup(tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+/* The value is free for tutti_type_* again at once; calls issued with it (async ones
+ * still running) and types made from it are not affected. TUTTI_ERR_INVALID_ARG if type
+ * is not a defined type. */
+int tutti_type_free(tutti_dtype_t type);
+/* MPI_Type_get_extent (lower bound and extent: element i at i * extent) and
+ * MPI_Type_get_true_extent (the bytes an element's values span); a predefined dtype's
+ * are 0 and its size. Either pointer may be NULL. */
+int tutti_type_extent(tutti_dtype_t type, ptrdiff_t *lb_p, size_t *extent_p);
+int tutti_type_true_extent(tutti_dtype_t type, ptrdiff_t *lb_p, size_t *extent_p);
+/* MPI_Pack / MPI_Unpack: incount elements of type at inbuf packed into outbuf at
+ * *position_p (which moves on by tutti_dtype_size(type) * incount); and back. A buffer too
+ * small is TUTTI_ERR_INVALID_ARG (nothing written). MPI_Pack_size is count *
+ * tutti_dtype_size(type). */
+int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, void *outbuf,
+               size_t outsize, size_t *position_p);
+int tutti_unpack(const void *inbuf, size_t insize, size_t *position_p, void *outbuf,
+                 size_t outcount, tutti_dtype_t type);
 
 typedef struct tutti_comm tutti_comm_t;
 typedef struct tutti_work tutti_work_t;

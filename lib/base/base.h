@@ -30,6 +30,14 @@ void tt_log_comm_live(const void *key, int rank, int nranks);
 void tt_log_comm_gone(const void *key);
 /* One line to stderr: "tutti host:pid:rank LEVEL message", control characters in the
  * message escaped (\n, \xNN), so that a value it quotes cannot start a line of its own. */
+/* The room for an error message (a communicator's last error, the thread's). */
+#define TT_ERRMSG_LEN 1024
+/* The thread's error without a communicator (tutti_comm_last_error(NULL): a failed
+ * init's, comm.c), which calls that have none set too (tutti_mrecv, the datatype
+ * constructors); logged at info; returns status. */
+int tt_thread_error_set(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *tt_thread_error(void); /* its buffer, TT_ERRMSG_LEN bytes */
+
 void tt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tt_vlog(int level, const char *fmt, va_list ap);
 

@@ -292,3 +292,22 @@ void tt_log(int level, const char *fmt, ...)
     tt_vlog(level, fmt, ap);
     va_end(ap);
 }
+
+/* ---- the thread's error without a communicator ---- */
+
+static __thread char thread_error[TT_ERRMSG_LEN];
+
+char *tt_thread_error(void)
+{
+    return thread_error;
+}
+
+int tt_thread_error_set(int st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+    va_end(ap);
+    TT_INFO("%s", thread_error);
+    return st;
+}

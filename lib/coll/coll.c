@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "coll/coll.h"
+#include "coll/packed.h"
 #include "coll/topo.h"
 #include "core/comm.h"
 #include "device/device.h"
@@ -25,6 +26,7 @@ struct tt_coll_call {
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls; /* user's, may be NULL */
     size_t equal; /* allgather, reduce_scatter: the block; 0 for v forms */
     int is_v;
+    int derived; /* dtype is a derived type's (buffers in its extents; packed.h) */
     tutti_dtype_t dtype;
     tutti_redop_t redop;
     int root;
@@ -37,11 +39,13 @@ static int fail(tutti_comm_t *comm, const char *name, const char *what)
 
 /* sbytes at s and rbytes at r share a byte without s being r: buffers that no
  * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
- * common.h) */
-static int overlap_unequal(const void *s, size_t sbytes, const void *r, size_t rbytes)
+ * common.h). Never for a derived type (derived: its send is a copy taken at the call,
+ * packed.h, and its buffers may interleave: a column sent, the next one received). */
+static int overlap_unequal(int derived, const void *s, size_t sbytes, const void *r,
+                           size_t rbytes)
 {
     const char *a = s, *b = r;
-    return a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
+    return !derived && a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
            a < b + rbytes && b < a + sbytes;
 }
 
@@ -57,14 +61,12 @@ static int marker_misplaced(tutti_comm_t *comm, const char *name, const char *ar
 #define TT_MARKER(p) ((const void *)(p) == TUTTI_IN_PLACE)
 
 /* One buffer (or a send and a receive buffer of the same size): allreduce, broadcast
- * and point-to-point (rname: what the receive buffer is called). */
+ * and point-to-point (rname: what the receive buffer is called), of count elements es
+ * bytes apart (a derived type's extent: derived). */
 static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf, void *recvbuf,
-                      size_t count, tutti_dtype_t dtype, int need_send, const char *rname)
+                      size_t count, size_t es, int derived, int need_send, const char *rname)
 {
-    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", name,
-                                 (int)dtype);
-    size_t es = tutti_dtype_size(dtype), bytes2;
+    size_t bytes2;
     /* count > SIZE_MAX / es / 2, without the divisions (every call passes here) */
     if (__builtin_mul_overflow(count, 2 * es, &bytes2))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: count %zu is too large", name,
@@ -79,7 +81,7 @@ static int check_bufs(tutti_comm_t *comm, const char *name, const void *sendbuf,
     if (need_send && !sendbuf)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: sendbuf is NULL (use TUTTI_IN_PLACE for in place)", name);
-    if (overlap_unequal(sendbuf, count * es, recvbuf, count * es))
+    if (overlap_unequal(derived, sendbuf, count * es, recvbuf, count * es))
         return fail(comm, name, "sendbuf and recvbuf overlap without being equal");
     return TUTTI_OK;
 }
@@ -182,7 +184,8 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
 TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
-    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, c->dtype, 1, "recvbuf"));
+    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, o->elem_size, c->derived,
+                        1, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf : c->sendbuf;
     o->count = o->env_count = c->count;
@@ -201,8 +204,8 @@ TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
 {
     (void)layout;
     const int is_root = comm->rank == c->root;
-    TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count, c->dtype,
-                        is_root, "recvbuf"));
+    TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count,
+                        o->elem_size, c->derived, is_root, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (!is_root || c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf
                                                                            : c->sendbuf;
@@ -234,7 +237,8 @@ static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, 
         return marker_misplaced(comm, c->name, "recvbuf");
     if (c->count && is_root && !s && !in_place)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-    if (is_root && overlap_unequal(s, c->count * o->elem_size, r, c->count * o->elem_size))
+    if (is_root &&
+        overlap_unequal(c->derived, s, c->count * o->elem_size, r, c->count * o->elem_size))
         return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
     o->sendbuf = (is_root && (in_place || !s)) ? r : s;
     o->recvbuf = is_root ? r : NULL;
@@ -299,7 +303,8 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
      * element (tt_reduce3 with dst == a), so the other blocks are left as they were. */
     const int own_block = !in_place && r && c->sendbuf &&
                           (const char *)c->sendbuf + rd[me] * es == r;
-    if (!in_place && !own_block && overlap_unequal(c->sendbuf, ext * es, r, rc[me] * es))
+    if (!in_place && !own_block &&
+        overlap_unequal(c->derived, c->sendbuf, ext * es, r, rc[me] * es))
         return fail(comm, c->name,
                     "sendbuf and recvbuf overlap without being equal (in place: the same "
                     "pointer or TUTTI_IN_PLACE, the result at its start; or recvbuf at "
@@ -416,7 +421,7 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return marker_misplaced(comm, c->name, "recvbuf");
     if (sext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-    if (!in_place && overlap_unequal(c->sendbuf, sext * es, r, ext * es))
+    if (!in_place && overlap_unequal(c->derived, c->sendbuf, sext * es, r, ext * es))
         return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
     /* one buffer for both is in place, which needs one layout */
     if (!in_place && c->sendbuf == r && r && c->is_v &&
@@ -482,7 +487,7 @@ static int fill_neighbor(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return fail(comm, c->name, "recvbuf is NULL");
     if (sext && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL");
-    if (overlap_unequal(c->sendbuf, sext * es, c->recvbuf, ext * es) ||
+    if (overlap_unequal(c->derived, c->sendbuf, sext * es, c->recvbuf, ext * es) ||
         (c->sendbuf && c->sendbuf == c->recvbuf && sext && ext))
         return fail(comm, c->name, "sendbuf and recvbuf overlap (not in place: MPI's neither)");
     o->sendbuf = c->sendbuf;
@@ -604,10 +609,15 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
     return st;
 }
 
+static int derived_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
+                         int async);
+
 /* Inlined into each entry point: its collective is then a constant, so the row's
  * reads fold away and the call descriptor never reaches memory (the 4-byte allreduce
- * is ~0.5 us over shm: a few ns count). */
-TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p, int async)
+ * is ~0.5 us over shm: a few ns count). dt: the call's derived type (derived_issue's;
+ * NULL, a constant, from the entry points). */
+TT_HOT int coll_issue_as(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
+                         int async, tt_derived_t *dt)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
@@ -621,16 +631,21 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
         return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
     const int n = comm->nranks, has_redop = t->args & TT_ARG_REDOP;
     const int has_root = t->args & TT_ARG_ROOT;
-    if ((unsigned)c->dtype >= TUTTI_DTYPE_COUNT)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d", c->name,
-                                 (int)c->dtype);
+    if (!dt && (unsigned)c->dtype >= TUTTI_DTYPE_COUNT)
+        return derived_issue(comm, c, work_p, async);
     if (has_redop && !tt_redop_valid(c->redop))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
-    if (has_redop && !tutti_redop_supported(c->redop, c->dtype)) {
+    if (has_redop && dt && dt->base == TUTTI_DTYPE_COUNT)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: %s is made of more than one dtype: a reduction takes a "
+                                 "derived type of one predefined dtype",
+                                 c->name, dt->name);
+    if (has_redop && !tutti_redop_supported(c->redop, dt ? dt->base : c->dtype)) {
         char why[128];
-        tt_redop_unsupported(why, sizeof(why), c->redop, c->dtype);
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", c->name, why);
+        tt_redop_unsupported(why, sizeof(why), c->redop, dt ? dt->base : c->dtype);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s%s%s", c->name, why,
+                                 dt ? ", the dtype of " : "", dt ? dt->name : "");
     }
     if (has_root && (c->root < 0 || c->root >= n))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: root %d is not in [0, %d)",
@@ -645,7 +660,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     o.coll = c->coll;
     o.desc = t;
     o.dtype = c->dtype;
-    o.elem_size = tutti_dtype_size(c->dtype);
+    o.elem_size = dt ? dt->extent : tutti_dtype_size(c->dtype);
     o.redop = has_redop && c->redop == TUTTI_AVG ? TUTTI_SUM : c->redop;
     o.root = has_root ? c->root : 0;
     o.chunk_bytes = comm->opts.chunk_bytes;
@@ -687,8 +702,17 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
             free(layout);
         return o.op_held;
     }
+    /* a derived type: its packed form from here on (counts in its predefined dtype, which
+     * the fingerprint carries: a rank passing plain elements of it pairs with this one) */
+    if (dt && (st = tt_packed_stage_op(comm, &o, dt, c->name)) < 0) {
+        if (heap)
+            free(layout);
+        if (o.op_held)
+            tt_userop_release(c->redop);
+        return st;
+    }
     int layout_fp = c->is_v && (c->coll == TT_COLL_ALLGATHER || c->coll == TT_COLL_REDUCE_SCATTER);
-    o.fingerprint = tt_fingerprint(c->coll, c->dtype, has_redop ? c->redop : 0,
+    o.fingerprint = tt_fingerprint(c->coll, o.dtype, has_redop ? c->redop : 0,
                                    layout_fp ? (int)tt_fp_layout(o.recvcounts, comm->nranks)
                                              : o.root) |
                     (c->is_v ? TT_FP_V : 0) |
@@ -700,13 +724,35 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
                 free(layout);
             if (o.op_held)
                 tt_userop_release(c->redop);
-            return st;
+            return tt_packed_finish(&o, st);
         }
         if (!async && tt_dev_streamed(comm, &o))
             return stream_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap);
     }
     return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
                          async ? work_p : NULL);
+}
+
+#define coll_issue(comm, c, work_p, async) coll_issue_as(comm, c, work_p, async, NULL)
+
+/* A call with a derived type (packed.h): the checker again with the type held, its
+ * buffers read in the type's extents and their overlap left to the packed copies. */
+static __attribute__((noinline, cold)) int derived_issue(tutti_comm_t *comm,
+                                                          const tt_coll_call_t *c,
+                                                          tutti_work_t **work_p, int async)
+{
+    tt_derived_t *t = tt_derived_hold(c->dtype);
+    if (!t)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "%s: invalid dtype %d%s", c->name, (int)c->dtype,
+                                 tt_dtype_in_user_range(c->dtype)
+                                     ? " (not a defined type now: freed, or never made)"
+                                     : "");
+    tt_coll_call_t d = *c;
+    d.derived = 1;
+    int st = coll_issue_as(comm, &d, work_p, async, t);
+    tt_derived_release(t);
+    return st;
 }
 
 /* ---- the entry points: a call each, then the checker ---- */
@@ -903,6 +949,29 @@ ASYNC(SCAN_ARGS("exscan_async", TT_COLL_EXSCAN))
 
 /* ---- point to point ---- */
 
+/* A point-to-point call's dtype: *es_p its elements' distance (a predefined dtype's
+ * size, a derived type's extent), *derived_p whether it is derived; an error naming the
+ * call for a value that is no dtype. */
+static int p2p_dtype(tutti_comm_t *comm, const char *name, tutti_dtype_t dtype, size_t *es_p,
+                     int *derived_p)
+{
+    *derived_p = (unsigned)dtype >= TUTTI_DTYPE_COUNT;
+    if (!*derived_p) {
+        *es_p = tutti_dtype_size(dtype);
+        return TUTTI_OK;
+    }
+    tt_derived_t *t = tt_derived_hold(dtype);
+    if (!t)
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", name,
+                                 (int)dtype,
+                                 tt_dtype_in_user_range(dtype)
+                                     ? " (not a defined type now: freed, or never made)"
+                                     : "");
+    *es_p = t->extent;
+    tt_derived_release(t);
+    return TUTTI_OK;
+}
+
 static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
                      tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
                      int async, int upto)
@@ -925,7 +994,10 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                  "send: tag TUTTI_ANY_TAG (%u) is for receives and probes; a "
                                  "message's tag is below it",
                                  TUTTI_ANY_TAG);
-    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, dtype, 0, "buf"));
+    size_t es;
+    int derived;
+    TT_CHECK(p2p_dtype(comm, name, dtype, &es, &derived));
+    TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, es, derived, 0, "buf"));
     const char *kind_name; /* its room is filled only as far as the message goes: a device
                               buffer's host copy would be copied back whole */
     if (upto && count && tt_dev_is_device(comm, buf, &kind_name) != 0)
@@ -983,12 +1055,54 @@ int tutti_recv_upto(tutti_comm_t *comm, void *buf, size_t max_count, tutti_dtype
     return st;
 }
 
+/* tutti_reduce_local of a derived type: both operands packed, reduced as its dtype,
+ * the result unpacked into inoutbuf's map */
+static int reduce_local_derived(const void *inbuf, void *inoutbuf, size_t count,
+                                tutti_dtype_t dtype, tutti_redop_t op)
+{
+    tt_derived_t *t = tt_derived_hold(dtype);
+    if (!t)
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid dtype %d%s",
+                                   (int)dtype,
+                                   tt_dtype_in_user_range(dtype)
+                                       ? " (not a defined type now: freed, or never made)"
+                                       : "");
+    size_t k, bytes = 0;
+    const tutti_dtype_t base = tt_packed_dtype(t, &k);
+    char *a = NULL, *b = NULL;
+    int st = TUTTI_OK;
+    if (t->base == TUTTI_DTYPE_COUNT)
+        st = tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
+                                 "reduce_local: %s is made of more than one dtype: a reduction "
+                                 "takes a derived type of one predefined dtype",
+                                 t->name);
+    else if (__builtin_mul_overflow(count, t->size, &bytes))
+        st = tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: count %zu is too large",
+                                 count);
+    else if (bytes && (!inbuf || !inoutbuf || TT_MARKER(inbuf) || TT_MARKER(inoutbuf)))
+        st = tutti_reduce_local(inbuf, inoutbuf, count, base, op); /* (its message) */
+    else if (bytes && (!(a = malloc(bytes)) || !(b = malloc(bytes))))
+        st = tt_thread_error_set(TUTTI_ERR_NOMEM, "reduce_local: out of memory for packed "
+                                 "copies of %zu bytes", bytes);
+    if (st == TUTTI_OK && bytes) {
+        tt_derived_pack(t, inbuf, count, a);
+        tt_derived_pack(t, inoutbuf, count, b);
+    }
+    if (st == TUTTI_OK)
+        st = tutti_reduce_local(a, b, count * k, base, op);
+    if (st == TUTTI_OK && bytes)
+        tt_derived_unpack(t, b, bytes, inoutbuf, count);
+    free(a);
+    free(b);
+    tt_derived_release(t);
+    return st;
+}
+
 int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dtype_t dtype,
                        tutti_redop_t op)
 {
     if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid dtype %d",
-                                   (int)dtype);
+        return reduce_local_derived(inbuf, inoutbuf, count, dtype, op);
     if (op == TUTTI_AVG)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
                                    "reduce_local: op avg is a mean over the ranks, not of two "
@@ -1075,21 +1189,37 @@ int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dt
         return TUTTI_ERR_INVALID_ARG;
     if (tt_comm_foreign_inline(comm))
         return tt_comm_refuse_foreign(comm, "sendrecv_replace", 0);
-    TT_CHECK(check_bufs(comm, "sendrecv_replace", buf, buf, count, dtype, 0, "buf"));
+    size_t es;
+    int derived;
+    TT_CHECK(p2p_dtype(comm, "sendrecv_replace", dtype, &es, &derived));
+    TT_CHECK(check_bufs(comm, "sendrecv_replace", buf, buf, count, es, derived, 0, "buf"));
     const char *kind; /* its copy is a host one */
     if (count && tt_dev_is_device(comm, buf, &kind) != 0)
         return tt_comm_set_error(comm, TUTTI_ERR_UNSUPPORTED,
                                  "sendrecv_replace: buf is %s device memory (or its layer cannot "
                                  "tell); it takes host memory only (tutti_sendrecv takes both)",
                                  kind);
-    size_t bytes = count * tutti_dtype_size(dtype);
+    /* a derived type's copy is its packed form, sent as such */
+    tt_derived_t *t = derived ? tt_derived_hold(dtype) : NULL;
+    size_t bytes = count * (t ? t->size : es), scount = count;
+    tutti_dtype_t stype = dtype;
+    if (t) {
+        size_t k;
+        stype = tt_packed_dtype(t, &k);
+        scount = count * k;
+    }
     void *copy = bytes ? malloc(bytes) : NULL;
-    if (bytes && !copy)
+    if (bytes && !copy) {
+        tt_derived_release(t);
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
                                  "sendrecv_replace: out of memory for a copy of %zu bytes", bytes);
-    if (bytes)
+    }
+    if (bytes && t)
+        tt_derived_pack(t, buf, count, copy);
+    else if (bytes)
         memcpy(copy, buf, bytes);
-    int st = tutti_sendrecv(comm, copy, count, dtype, dest, sendtag, buf, count, dtype, source,
+    tt_derived_release(t);
+    int st = tutti_sendrecv(comm, copy, scount, stype, dest, sendtag, buf, count, dtype, source,
                             recvtag, source_p);
     free(copy);
     return st;
@@ -1205,7 +1335,25 @@ struct tutti_request {
     int op_held;        /* a defined op held from init to free: its number is not handed
                            out again while the request may start it (a freed op's start
                            is refused, not run as another op made later: review) */
+    int own_type;       /* dtype is the request's own copy of the caller's derived type
+                           (MPI lets the caller free the type once the request is made) */
 };
+
+/* A request's own copy of a derived type (its dtype replaced), freed with it. */
+static int request_own_type(tutti_comm_t *comm, tutti_request_t *r)
+{
+    tutti_dtype_t *d = r->kind < 0 ? &r->call.dtype : &r->dtype;
+    if ((unsigned)*d < TUTTI_DTYPE_COUNT)
+        return TUTTI_OK;
+    tutti_dtype_t own;
+    if (tutti_type_dup(*d, &own) < 0)
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s_init: %s", r->kind < 0 ? r->call.name
+                                 : r->kind == TUTTI_TP_SEND ? "send" : "recv",
+                                 tt_thread_error());
+    *d = own;
+    r->own_type = 1;
+    return TUTTI_OK;
+}
 
 static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int kind, void *buf,
                        size_t count, tutti_dtype_t dtype, int peer, uint32_t tag,
@@ -1226,6 +1374,11 @@ static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int kind, vo
                             .tag = tag };
     if (c)
         r->call = *c;
+    int st = request_own_type(comm, r);
+    if (st < 0) {
+        free(r);
+        return st;
+    }
     atomic_fetch_add(&comm->refs, 1); /* (tt_exec_comm_unref at the request's free) */
     *req_p = r;
     return TUTTI_OK;
@@ -1315,6 +1468,8 @@ void tutti_request_free(tutti_request_t *req)
         tutti_work_free(req->work);
     if (req->op_held) /* (the round holds its own while it runs) */
         tt_userop_release(req->call.redop);
+    if (req->own_type) /* (the round holds it while it runs) */
+        tutti_type_free(req->kind < 0 ? req->call.dtype : req->dtype);
     tt_exec_comm_unref(req->comm);
     free(req);
 }

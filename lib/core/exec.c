@@ -22,6 +22,7 @@
 #include "base/base.h"
 #include "reduce/reduce.h"
 #include "coll/coll.h"
+#include "coll/packed.h"
 #include "core/agree.h"
 #include "core/comm.h"
 #include "core/opts.h"
@@ -263,11 +264,22 @@ static int dev_in_failed(tutti_comm_t *comm, tt_op_t *op, const char *name, int 
     return st;
 }
 
+/* The op's stagings ended with status st: its device result copied back
+ * (lib/device/device.h), a derived type's unpacked (lib/coll/packed.h). */
+static int stage_end(tt_op_t *op, int st, char *err, size_t errlen)
+{
+    if (op->dev)
+        st = tt_dev_finish(op, st, err, errlen);
+    return op->packed ? tt_packed_finish(op, st) : st;
+}
+
 /* run_op_here between the copy in and the copy back of device buffers
- * (lib/device/device.h) */
+ * (lib/device/device.h), and before a derived type's unpacking */
 static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
                   size_t errlen)
 {
+    if (__builtin_expect(op->packed != NULL, 0) && !op->dev)
+        return tt_packed_finish(op, run_op_here(comm, op, user_redop, err, errlen));
     if (!op->dev)
         return run_op_here(comm, op, user_redop, err, errlen);
     char why[TT_ERRMSG_LEN / 2];
@@ -279,7 +291,7 @@ static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, cha
         st = dev_in_failed(comm, op, tt_coll_name(op->coll), st, why, err, errlen);
     else
         st = run_op_here(comm, op, user_redop, err, errlen);
-    return tt_dev_finish(op, st, err, errlen);
+    return stage_end(op, st, err, errlen);
 }
 
 /* Is w a receive without its number yet (any source, still looking; or late)? Read
@@ -297,9 +309,9 @@ static void complete(tutti_comm_t *comm, tutti_work_t *w, int st, const char *er
         comm->unnumbered--;
         w->late_seq = 0;
     }
-    if (w->op.dev) { /* a receive's copy back, or an op that never ran */
+    if (w->op.dev || w->op.packed) { /* a receive's copy back, or an op that never ran */
         snprintf(derr, sizeof(derr), "%s", st < 0 && err ? err : "");
-        int dst = tt_dev_finish(&w->op, st, derr, sizeof(derr));
+        int dst = stage_end(&w->op, st, derr, sizeof(derr));
         if (dst != st)
             st = dst, err = derr;
     }
@@ -1186,11 +1198,12 @@ static void reap_inflight_locked(tutti_comm_t *comm)
             else
                 last_error_to(comm, err, sizeof(err));
         }
-        if (w->op.dev) {
-            /* a receive's copy back to device memory, outside the queue lock (the
-             * in-flight list's reference keeps w; the list may change meanwhile) */
+        if (w->op.dev || w->op.packed) {
+            /* a receive's copy back to device memory (or unpacking), outside the queue
+             * lock (the in-flight list's reference keeps w; the list may change
+             * meanwhile) */
             pthread_mutex_unlock(&comm->q_lock);
-            st = tt_dev_finish(&w->op, st, err, sizeof(err));
+            st = stage_end(&w->op, st, err, sizeof(err));
             pthread_mutex_lock(&comm->q_lock);
             pp = &comm->inflight;
         }
@@ -1618,7 +1631,7 @@ static int issue_undone(tt_op_t *op, size_t *layout, int layout_heap, int st, ch
         tt_userop_release(op->redop);
     if (layout_heap)
         free(layout);
-    return tt_dev_finish(op, st, err, errlen);
+    return stage_end(op, st, err, errlen);
 }
 
 int tt_exec_issue(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, size_t *layout,
@@ -1749,16 +1762,26 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     tutti_work_t *w = calloc(1, sizeof(*w));
     if (!w)
         return TUTTI_ERR_NOMEM;
+    /* a derived type: its packed form (packed now for a send; unpacked when a receive
+     * completes) */
+    tt_op_t dv = { .comm = comm, .rank = comm->rank, .nranks = comm->nranks, .coll = TT_COLL_P2P };
+    if (__builtin_expect((unsigned)dtype >= TUTTI_DTYPE_COUNT, 0)) {
+        int st = tt_packed_stage_p2p(comm, &dv, &buf, &count, &dtype, kind == TUTTI_TP_SEND,
+                                     kind == TUTTI_TP_SEND ? "send" : "recv");
+        if (st < 0) {
+            free(w);
+            return st;
+        }
+    }
     size_t es = tutti_dtype_size(dtype);
     /* a device buffer: a host copy, sent from (copied in when the send is posted) or
      * received into (copied back when the receive completes) */
-    tt_op_t dv = { .comm = comm, .rank = comm->rank, .nranks = comm->nranks, .coll = TT_COLL_P2P };
     if (__builtin_expect(comm->dev != NULL, 0)) {
         int st = tt_dev_stage_p2p(comm, &dv, &buf, count * es, kind == TUTTI_TP_SEND,
                                   kind == TUTTI_TP_SEND ? "send" : "recv");
         if (st < 0) {
             free(w);
-            return st;
+            return tt_packed_finish(&dv, st);
         }
     }
     w->comm = comm;
@@ -1771,7 +1794,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
     if (__builtin_expect(st < 0, 0)) {
         pthread_mutex_unlock(&comm->q_lock);
         free(w);
-        st = tt_dev_finish(&dv, st, err, sizeof(err));
+        st = stage_end(&dv, st, err, sizeof(err));
         set_last_error(comm, err);
         leave(comm);
         return st;
@@ -1790,7 +1813,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
         free(w);
         snprintf(err, sizeof(err), "rank %d: %s: out of memory (its sequence numbers)", comm->rank,
                  kind == TUTTI_TP_SEND ? "send" : "recv");
-        st = tt_dev_finish(&dv, TUTTI_ERR_NOMEM, err, sizeof(err));
+        st = stage_end(&dv, TUTTI_ERR_NOMEM, err, sizeof(err));
         set_last_error(comm, err);
         leave(comm);
         return st;
@@ -1816,7 +1839,8 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
                        .timeout_ms = comm->opts.timeout_ms,
                        .env_count = count,
                        .fingerprint = tt_fingerprint(TT_COLL_P2P, dtype, 0, 0),
-                       .dev = dv.dev };
+                       .dev = dv.dev,
+                       .packed = dv.packed };
     w->req.kind = w->p2p_kind = kind;
     w->req.peer = w->any_source ? TUTTI_ANY_SOURCE : peer;
     w->req.buf = buf;
@@ -2235,26 +2259,37 @@ int tutti_mrecv(tutti_message_t *msg, void *buf, size_t count, tutti_dtype_t dty
     /* (no communicator: the errors are the thread's, as a failed init's) */
     if (!msg)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "mrecv: msg is NULL");
-    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT)
+    /* a derived type: the message holds its packed form (count * k of its dtype) */
+    tt_derived_t *t = (unsigned)dtype >= TUTTI_DTYPE_COUNT ? tt_derived_hold(dtype) : NULL;
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT && !t)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: invalid dtype %d",
                                    msg->rank, (int)dtype);
+    size_t k = 1;
+    const tutti_dtype_t packed = t ? tt_packed_dtype(t, &k) : dtype;
+    int st = TUTTI_OK;
     if (msg->source == TUTTI_PROC_NULL) { /* (MPI_MESSAGE_NO_PROC: nothing to take) */
         tutti_message_free(msg);
-        return TUTTI_OK;
+    } else if ((!buf || buf == TUTTI_IN_PLACE) && count) {
+        st = tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
+                                 buf ? "the in-place marker (a receive has no input)" : "NULL");
+    } else if (count * k != msg->count || packed != msg->dtype) {
+        char as[64] = ""; /* a derived type's packed form */
+        if (t)
+            snprintf(as, sizeof(as), " (%zu x %s)", count * k, tutti_dtype_name(packed));
+        st = tt_thread_error_set(TUTTI_ERR_MISMATCH,
+                                 "rank %d: mrecv of the message from rank %d (tag %u): it holds "
+                                 "%zu x %s, the receive names %zu x %s%s",
+                                 msg->rank, msg->source, msg->tag, msg->count,
+                                 tutti_dtype_name(msg->dtype), count, tutti_dtype_name(dtype), as);
+    } else {
+        if (msg->len && t)
+            tt_derived_unpack(t, msg->data, msg->len, buf, count);
+        else if (msg->len)
+            memcpy(buf, msg->data, msg->len);
+        tutti_message_free(msg);
     }
-    if ((!buf || buf == TUTTI_IN_PLACE) && count)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "rank %d: mrecv: buf is %s", msg->rank,
-                                   buf ? "the in-place marker (a receive has no input)" : "NULL");
-    if (count != msg->count || dtype != msg->dtype)
-        return tt_thread_error_set(TUTTI_ERR_MISMATCH,
-                                   "rank %d: mrecv of the message from rank %d (tag %u): it holds "
-                                   "%zu x %s, the receive names %zu x %s",
-                                   msg->rank, msg->source, msg->tag, msg->count,
-                                   tutti_dtype_name(msg->dtype), count, tutti_dtype_name(dtype));
-    if (msg->len)
-        memcpy(buf, msg->data, msg->len);
-    tutti_message_free(msg);
-    return TUTTI_OK;
+    tt_derived_release(t);
+    return st;
 }
 
 void tutti_message_free(tutti_message_t *msg)

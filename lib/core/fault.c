@@ -165,25 +165,6 @@ const char *tt_comm_foreign_error(const tutti_comm_t *comm)
     return generic;
 }
 
-/* ---- the thread's error without a communicator ---- */
-
-static __thread char thread_error[TT_ERRMSG_LEN];
-
-char *tt_thread_error(void)
-{
-    return thread_error;
-}
-
-int tt_thread_error_set(int st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
-    va_end(ap);
-    TT_INFO("%s", thread_error);
-    return st;
-}
-
 /* ---- recording a failure ---- */
 
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)

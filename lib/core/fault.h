@@ -13,16 +13,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/base.h" /* tt_thread_error_set */
 #include "core/op.h"
 
 /* comm->last_error = "rank <r>: " + the message; returns status. */
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* The thread's error without a communicator (tutti_comm_last_error(NULL): a failed
- * init's, comm.c), which calls that have none set too (tutti_mrecv); returns status. */
-int tt_thread_error_set(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-char *tt_thread_error(void); /* its buffer, TT_ERRMSG_LEN bytes */
 
 /* fault.c: the pid of this process, for a communicator it makes (comm_alloc); the
  * first call registers the pthread_atfork child handler that keeps it right. */

@@ -115,6 +115,8 @@ typedef struct tt_op {
 
     /* its device buffers' host copies (lib/device/device.h; NULL: none) */
     struct tt_dev_stage *dev;
+    /* a derived type's packed copies (lib/coll/packed.h; NULL: none) */
+    struct tt_packed *packed;
 } tt_op_t;
 
 #endif /* TT_OP_H */

@@ -11,6 +11,7 @@
 #include <tutti/transport_v2.h>
 #include <tutti/tutti.h>
 
+#include "base/base.h" /* TT_ERRMSG_LEN */
 #include "coll/cost.h"
 #include "core/agree_types.h"
 #include "core/op.h"
@@ -19,7 +20,6 @@
 struct tt_algo;
 struct tt_algo_override;
 
-#define TT_ERRMSG_LEN 1024
 
 struct tutti_work {
     tutti_comm_t *comm;

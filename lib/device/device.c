@@ -15,6 +15,7 @@
 #include "core/envelope.h" /* TT_FP_V */
 #include "core/stage.h"
 #include "device/device.h"
+#include "coll/extent.h"
 #include "coll/topo.h"
 
 /* A run of bytes of the user's device memory and its copy in the host block. */
@@ -78,131 +79,23 @@ int tt_dev_resolve(const char *mode, const tt_dev_ops_t **ops_p, char *err, size
     return TUTTI_OK;
 }
 
-/* The end of the furthest block of a layout, in elements. */
-static size_t span(const size_t *counts, const size_t *displs, int n)
+/* written()'s runs into an array of segments (at most tt_op_runs_max of them) */
+typedef struct seg_acc {
+    seg_t *segs;
+    int n;
+} seg_acc_t;
+
+static void add_seg(void *ctx, char *p, size_t len)
 {
-    size_t end = 0;
-    for (int i = 0; i < n; i++)
-        if (counts[i])
-            end = TT_MAX(end, displs[i] + counts[i]);
-    return end;
+    seg_acc_t *a = ctx;
+    a->segs[a->n++] = (seg_t){ p, NULL, len };
 }
 
-/* The bytes an op reads (from sendbuf, *sl) and where it writes (within recvbuf's *rl).
- * The fill (coll.c) made sendbuf an address (never TUTTI_IN_PLACE) and the layouts whole
- * where they matter. */
-static void extents(const tt_op_t *op, size_t *sl, size_t *rl)
-{
-    const size_t es = op->elem_size;
-    const int n = op->nranks, me = op->rank;
-    *sl = *rl = 0;
-    switch (op->coll) {
-    case TT_COLL_BROADCAST: /* the root's data only */
-        *sl = me == op->root ? op->count * es : 0;
-        *rl = op->count * es;
-        break;
-    case TT_COLL_ALLREDUCE:
-    case TT_COLL_SCAN:
-    case TT_COLL_EXSCAN:
-    case TT_COLL_REDUCE: *sl = *rl = op->count * es; break;
-    case TT_COLL_ALLGATHER:
-        *sl = op->recvcounts[me] * es;
-        *rl = span(op->recvcounts, op->rdispls, n) * es;
-        break;
-    case TT_COLL_REDUCE_SCATTER:
-        *sl = op->count * es;
-        *rl = op->recvcounts[me] * es;
-        break;
-    case TT_COLL_GATHER:
-        *sl = op->count * es;
-        *rl = me == op->root ? span(op->recvcounts, op->rdispls, n) * es : 0;
-        break;
-    case TT_COLL_SCATTER:
-        *sl = me == op->root ? span(op->sendcounts, op->sdispls, n) * es : 0;
-        *rl = op->count * es;
-        break;
-    case TT_COLL_ALLTOALL:
-        *sl = span(op->sendcounts, op->sdispls, n) * es;
-        *rl = span(op->recvcounts, op->rdispls, n) * es;
-        break;
-    case TT_COLL_NEIGHBOR_ALLGATHER:
-    case TT_COLL_NEIGHBOR_ALLTOALL: /* per edge (lib/core/op.h) */
-        *sl = span(op->sendcounts, op->sdispls, op->comm->topo->outdeg) * es;
-        *rl = span(op->recvcounts, op->rdispls, op->comm->topo->indeg) * es;
-        break;
-    default: break;
-    }
-}
-
-/* The most runs written() may give. */
-static int runs_max(const tt_op_t *op)
-{
-    const int nb = op->coll == TT_COLL_NEIGHBOR_ALLGATHER || op->coll == TT_COLL_NEIGHBOR_ALLTOALL;
-    return nb ? TT_MAX(op->nranks, op->comm->topo->indeg) : op->nranks;
-}
-
-static void add_seg(seg_t *segs, int *n, const char *p, size_t len)
-{
-    if (p && len)
-        segs[(*n)++] = (seg_t){ (char *)p, NULL, len };
-}
-
-/* The runs of recvbuf the op writes (user addresses; at most runs_max), as the algorithms
- * write them: a block per rank for the gathers and alltoall (not this rank's own block
- * where it is in place already), nothing at a broadcast's root that broadcasts in place,
- * at a reduce's or gather's other ranks, at exscan's rank 0, at a scatter's root whose
- * block stays in sendbuf. */
 static int written(const tt_op_t *op, seg_t *segs)
 {
-    const size_t es = op->elem_size;
-    const int n = op->nranks, me = op->rank, root = me == op->root;
-    const char *s = op->sendbuf, *r = op->recvbuf;
-    int k = 0;
-    switch (op->coll) {
-    case TT_COLL_BROADCAST:
-        if (!root || s != r)
-            add_seg(segs, &k, r, op->count * es);
-        break;
-    case TT_COLL_REDUCE:
-        if (root)
-            add_seg(segs, &k, r, op->count * es);
-        break;
-    case TT_COLL_EXSCAN:
-        if (me > 0)
-            add_seg(segs, &k, r, op->count * es);
-        break;
-    case TT_COLL_ALLREDUCE:
-    case TT_COLL_SCAN: add_seg(segs, &k, r, op->count * es); break;
-    case TT_COLL_REDUCE_SCATTER: add_seg(segs, &k, r, op->recvcounts[me] * es); break;
-    case TT_COLL_SCATTER:
-        if (!(root && r == s + op->sdispls[me] * es))
-            add_seg(segs, &k, r, op->count * es);
-        break;
-    case TT_COLL_GATHER:
-        if (!root)
-            break;
-        /* fall through */
-    case TT_COLL_ALLGATHER:
-    case TT_COLL_ALLTOALL:
-        for (int i = 0; i < n && r; i++) {
-            const char *b = r + op->rdispls[i] * es;
-            size_t len = op->recvcounts[i] * es;
-            /* one rank's alltoallv copies its sendcount (algorithms/local.c) */
-            if (n == 1 && op->coll == TT_COLL_ALLTOALL)
-                len = TT_MIN(len, op->sendcounts[0] * es);
-            if (i != me || op->coll == TT_COLL_ALLTOALL || b != s)
-                add_seg(segs, &k, b, len);
-        }
-        break;
-    case TT_COLL_NEIGHBOR_ALLGATHER:
-    case TT_COLL_NEIGHBOR_ALLTOALL: /* each source's block (none from TUTTI_PROC_NULL) */
-        for (int j = 0; j < op->comm->topo->indeg && r; j++)
-            if (op->comm->topo->sources[j] != TUTTI_PROC_NULL)
-                add_seg(segs, &k, r + op->rdispls[j] * es, op->recvcounts[j] * es);
-        break;
-    default: break;
-    }
-    return k;
+    seg_acc_t a = { segs, 0 };
+    tt_op_written(op, add_seg, &a);
+    return a.n;
 }
 
 static int seg_cmp(const void *a, const void *b)
@@ -450,7 +343,7 @@ static int stage(tt_comm_t *comm, tt_op_t *op, const void **s, size_t sl, void *
         st = query(comm, &rr, rwhat, streamed, why, sizeof(why));
     if (st == TUTTI_OK && !rs.dev && !rr.dev)
         return TUTTI_OK; /* host memory: the common case stops here */
-    tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : runs_max(op)) : 0, st, why);
+    tt_dev_stage_t *d = new_stage(comm, op, rr.dev ? (whole ? 1 : tt_op_runs_max(op)) : 0, st, why);
     if (!d)
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s: out of memory", name);
     if (st < 0)
@@ -528,7 +421,7 @@ int tt_dev_stage_op(tt_comm_t *comm, tt_op_t *op, int streamed, const char *name
 {
     reap_some(comm);
     size_t sl, rl;
-    extents(op, &sl, &rl);
+    tt_op_extents(op, &sl, &rl);
     return stage(comm, op, &op->sendbuf, sl, &op->recvbuf, rl, 0, streamed && comm->stream, name,
                  "recvbuf");
 }

@@ -6,6 +6,7 @@
 #include <tutti/tutti.h>
 
 #include "base/base.h"
+#include "reduce/derived.h"
 #include "reduce/reduce.h"
 
 #define TT_EXPORT __attribute__((visibility("default")))
@@ -103,12 +104,17 @@ static const struct {
 
 TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)
 {
-    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].size : 0;
+    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
+        return tt_dtype_info[dtype].size;
+    return tt_derived_size(dtype); /* (a derived type's, packed: MPI_Type_size) */
 }
 
 TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
 {
-    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].name : "?";
+    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
+        return tt_dtype_info[dtype].name;
+    const char *d = tt_derived_name(dtype);
+    return d ? d : "?";
 }
 
 TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
@@ -122,6 +128,12 @@ TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 /* What the kernel tables have (lib/reduce/reduce.c): one list of what reduces. */
 TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
 {
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT) { /* a derived type reduces as its base */
+        tt_derived_t *t = tt_derived_hold(dtype);
+        tutti_dtype_t base = t ? t->base : TUTTI_DTYPE_COUNT;
+        tt_derived_release(t);
+        return (unsigned)base < TUTTI_DTYPE_COUNT && tt_reduce_supported(base, op);
+    }
     return tt_reduce_supported(dtype, op);
 }
 
