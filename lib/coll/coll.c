@@ -26,7 +26,6 @@ struct tt_coll_call {
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls; /* user's, may be NULL */
     size_t equal; /* allgather, reduce_scatter: the block; 0 for v forms */
     int is_v;
-    int derived; /* dtype is a derived type's (buffers in its extents; packed.h) */
     tutti_dtype_t dtype;
     tutti_redop_t redop;
     int root;
@@ -36,6 +35,9 @@ static int fail(tutti_comm_t *comm, const char *name, const char *what)
 {
     return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: %s", name, what);
 }
+
+/* Whether op o (being filled) is of a derived type's elements */
+#define DERIVED(o) ((unsigned)(o)->dtype >= TUTTI_DTYPE_COUNT)
 
 /* sbytes at s and rbytes at r share a byte without s being r: buffers that no
  * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
@@ -184,7 +186,7 @@ static void fill_equal(int n, size_t block, size_t *counts, size_t *displs)
 TT_HOT int fill_allreduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, size_t *layout)
 {
     (void)layout;
-    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, o->elem_size, c->derived,
+    TT_CHECK(check_bufs(comm, c->name, c->sendbuf, c->recvbuf, c->count, o->elem_size, DERIVED(o),
                         1, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf : c->sendbuf;
@@ -205,7 +207,7 @@ TT_HOT int fill_broadcast(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *
     (void)layout;
     const int is_root = comm->rank == c->root;
     TT_CHECK(check_bufs(comm, c->name, is_root ? c->sendbuf : NULL, c->recvbuf, c->count,
-                        o->elem_size, c->derived, is_root, "recvbuf"));
+                        o->elem_size, DERIVED(o), is_root, "recvbuf"));
     o->recvbuf = c->recvbuf;
     o->sendbuf = (!is_root || c->sendbuf == TUTTI_IN_PLACE || !c->sendbuf) ? c->recvbuf
                                                                            : c->sendbuf;
@@ -238,7 +240,7 @@ static int fill_reduce(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o, 
     if (c->count && is_root && !s && !in_place)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
     if (is_root &&
-        overlap_unequal(c->derived, s, c->count * o->elem_size, r, c->count * o->elem_size))
+        overlap_unequal(DERIVED(o), s, c->count * o->elem_size, r, c->count * o->elem_size))
         return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
     o->sendbuf = (is_root && (in_place || !s)) ? r : s;
     o->recvbuf = is_root ? r : NULL;
@@ -304,7 +306,7 @@ static int fill_reduce_scatter(tutti_comm_t *comm, const tt_coll_call_t *c, tt_o
     const int own_block = !in_place && r && c->sendbuf &&
                           (const char *)c->sendbuf + rd[me] * es == r;
     if (!in_place && !own_block &&
-        overlap_unequal(c->derived, c->sendbuf, ext * es, r, rc[me] * es))
+        overlap_unequal(DERIVED(o), c->sendbuf, ext * es, r, rc[me] * es))
         return fail(comm, c->name,
                     "sendbuf and recvbuf overlap without being equal (in place: the same "
                     "pointer or TUTTI_IN_PLACE, the result at its start; or recvbuf at "
@@ -421,7 +423,7 @@ static int fill_alltoall(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return marker_misplaced(comm, c->name, "recvbuf");
     if (sext && !in_place && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL (use TUTTI_IN_PLACE for in place)");
-    if (!in_place && overlap_unequal(c->derived, c->sendbuf, sext * es, r, ext * es))
+    if (!in_place && overlap_unequal(DERIVED(o), c->sendbuf, sext * es, r, ext * es))
         return fail(comm, c->name, "sendbuf and recvbuf overlap without being equal");
     /* one buffer for both is in place, which needs one layout */
     if (!in_place && c->sendbuf == r && r && c->is_v &&
@@ -487,7 +489,7 @@ static int fill_neighbor(tutti_comm_t *comm, const tt_coll_call_t *c, tt_op_t *o
         return fail(comm, c->name, "recvbuf is NULL");
     if (sext && !c->sendbuf)
         return fail(comm, c->name, "sendbuf is NULL");
-    if (overlap_unequal(c->derived, c->sendbuf, sext * es, c->recvbuf, ext * es) ||
+    if (overlap_unequal(DERIVED(o), c->sendbuf, sext * es, c->recvbuf, ext * es) ||
         (c->sendbuf && c->sendbuf == c->recvbuf && sext && ext))
         return fail(comm, c->name, "sendbuf and recvbuf overlap (not in place: MPI's neither)");
     o->sendbuf = c->sendbuf;
@@ -609,15 +611,18 @@ static int stream_issue(tutti_comm_t *comm, tt_op_t *o, tutti_redop_t redop, siz
     return st;
 }
 
-static int derived_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
-                         int async);
+/* A call's derived type, let go at every return (the cleanup attribute) */
+static inline void derived_let_go(tt_derived_t **dt)
+{
+    if (__builtin_expect(*dt != NULL, 0))
+        tt_derived_release(*dt);
+}
 
 /* Inlined into each entry point: its collective is then a constant, so the row's
  * reads fold away and the call descriptor never reaches memory (the 4-byte allreduce
- * is ~0.5 us over shm: a few ns count). dt: the call's derived type (derived_issue's;
- * NULL, a constant, from the entry points). */
-TT_HOT int coll_issue_as(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p,
-                         int async, tt_derived_t *dt)
+ * is ~0.5 us over shm: a few ns count; a call that took its address, as an earlier
+ * derived-type path did, had gcc zero it with `rep stosq`: tests/test_hot_path.sh). */
+TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t **work_p, int async)
 {
     if (!comm)
         return TUTTI_ERR_INVALID_ARG;
@@ -631,8 +636,16 @@ TT_HOT int coll_issue_as(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work
         return fail(comm, c->wp_name ? c->wp_name : c->name, "work_p is NULL");
     const int n = comm->nranks, has_redop = t->args & TT_ARG_REDOP;
     const int has_root = t->args & TT_ARG_ROOT;
-    if (!dt && (unsigned)c->dtype >= TUTTI_DTYPE_COUNT)
-        return derived_issue(comm, c, work_p, async);
+    /* a derived type (packed.h): held for the call; its buffers are read in its extents,
+     * their overlap left to the packed copies */
+    tt_derived_t *dt __attribute__((cleanup(derived_let_go))) = NULL;
+    if (__builtin_expect((unsigned)c->dtype >= TUTTI_DTYPE_COUNT, 0) &&
+        !(dt = tt_derived_hold(c->dtype)))
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", c->name,
+                                 (int)c->dtype,
+                                 tt_dtype_in_user_range(c->dtype)
+                                     ? " (not a defined type now: freed, or never made)"
+                                     : "");
     if (has_redop && !tt_redop_valid(c->redop))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
@@ -731,28 +744,6 @@ TT_HOT int coll_issue_as(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work
     }
     return tt_exec_issue(comm, &o, has_redop ? c->redop : TUTTI_SUM, layout, heap,
                          async ? work_p : NULL);
-}
-
-#define coll_issue(comm, c, work_p, async) coll_issue_as(comm, c, work_p, async, NULL)
-
-/* A call with a derived type (packed.h): the checker again with the type held, its
- * buffers read in the type's extents and their overlap left to the packed copies. */
-static __attribute__((noinline, cold)) int derived_issue(tutti_comm_t *comm,
-                                                          const tt_coll_call_t *c,
-                                                          tutti_work_t **work_p, int async)
-{
-    tt_derived_t *t = tt_derived_hold(c->dtype);
-    if (!t)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: invalid dtype %d%s", c->name, (int)c->dtype,
-                                 tt_dtype_in_user_range(c->dtype)
-                                     ? " (not a defined type now: freed, or never made)"
-                                     : "");
-    tt_coll_call_t d = *c;
-    d.derived = 1;
-    int st = coll_issue_as(comm, &d, work_p, async, t);
-    tt_derived_release(t);
-    return st;
 }
 
 /* ---- the entry points: a call each, then the checker ---- */

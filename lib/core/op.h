@@ -44,10 +44,12 @@ typedef struct tt_op {
     tt_comm_t *comm;
     int rank, nranks;
     tt_coll_t coll;
-    /* TT_COLL_P2P: the call, as its errors name it ("send", "recv", "probe", "iprobe",
-     * "mprobe", "improbe": a literal), and whether it is a probe (not numbered, no data) */
-    const char *p2p_name;
+    /* TT_COLL_P2P: whether it is a probe (not numbered, no data), and the call, as its
+     * errors name it ("send", "recv", "probe", "iprobe", "mprobe", "improbe": a literal).
+     * (Fields ordered to leave no holes: a larger op made gcc zero it with `rep stosq`,
+     * tests/test_hot_path.sh) */
     int p2p_probe;
+    const char *p2p_name;
     const void *sendbuf; /* never TUTTI_IN_PLACE: equals recvbuf when in place (for
                               allgather: recvbuf + rdispls[rank]; for reduce_scatter
                               in place the input is recvbuf... see the layouts below);

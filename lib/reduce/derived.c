@@ -63,6 +63,32 @@ const char *tt_derived_name(tutti_dtype_t dtype)
     return i >= 0 && tt_type_names[i][0] ? tt_type_names[i] : NULL;
 }
 
+TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)
+{
+    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
+        return tt_dtype_basic_size(dtype);
+    return tt_derived_size(dtype); /* (a derived type's, packed: MPI_Type_size) */
+}
+
+TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
+{
+    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
+        return tt_dtype_basic_name(dtype);
+    const char *d = tt_derived_name(dtype);
+    return d ? d : "?";
+}
+
+TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
+{
+    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT) { /* a derived type reduces as its base */
+        tt_derived_t *t = tt_derived_hold(dtype);
+        tutti_dtype_t base = t ? t->base : TUTTI_DTYPE_COUNT;
+        tt_derived_release(t);
+        return (unsigned)base < TUTTI_DTYPE_COUNT && tt_reduce_supported(base, op);
+    }
+    return tt_reduce_supported(dtype, op);
+}
+
 /* ---- packing ---- */
 
 void tt_derived_pack(const tt_derived_t *t, const void *in, size_t count, void *out)
@@ -146,7 +172,7 @@ static size_t dtype_align(tutti_dtype_t d)
     case TUTTI_LONG_INT: return _Alignof(tt_pair_long_int_t);
     case TUTTI_2INT: return _Alignof(tt_pair_2int_t);
     case TUTTI_SHORT_INT: return _Alignof(tt_pair_short_int_t);
-    default: return tutti_dtype_size(d);
+    default: return tt_dtype_basic_size(d);
     }
 }
 
@@ -154,7 +180,7 @@ static int view_of(tutti_dtype_t d, view_t *v, const char *fn)
 {
     memset(v, 0, sizeof(*v));
     if ((unsigned)d < TUTTI_DTYPE_COUNT) {
-        v->size = v->extent = tutti_dtype_size(d);
+        v->size = v->extent = tt_dtype_basic_size(d);
         v->align = dtype_align(d);
         v->base = d;
         v->nbase = 1;
@@ -304,7 +330,7 @@ static int finish(builder_t *b, const char *what, int pad, int given, ptrdiff_t 
     t->true_lb = lo;
     t->true_extent = (size_t)(hi - lo);
     t->base = b->mixed ? TUTTI_DTYPE_COUNT : t->size ? b->base : TUTTI_UINT8;
-    t->nbase = t->base == TUTTI_DTYPE_COUNT ? t->size : t->size / tutti_dtype_size(t->base);
+    t->nbase = t->base == TUTTI_DTYPE_COUNT ? t->size : t->size / tt_dtype_basic_size(t->base);
     if (t->size && !t->extent) {
         free(t->blk);
         free(t);
@@ -329,7 +355,7 @@ static int finish(builder_t *b, const char *what, int pad, int given, ptrdiff_t 
     }
     const tutti_dtype_t v = (tutti_dtype_t)(TUTTI_DTYPE_USER_FIRST + i);
     snprintf(t->name, sizeof(t->name), "type %d (%s of %s)", (int)v, what,
-             t->base == TUTTI_DTYPE_COUNT ? "mixed" : tutti_dtype_name(t->base));
+             t->base == TUTTI_DTYPE_COUNT ? "mixed" : tt_dtype_basic_name(t->base));
     memcpy(tt_type_names[i], t->name, sizeof(t->name));
     tt_types[i] = t;
     pthread_mutex_unlock(&tt_types_lock);
@@ -563,7 +589,7 @@ static int bounds(const char *fn, tutti_dtype_t type, int true_, ptrdiff_t *lb_p
         if (lb_p)
             *lb_p = 0;
         if (extent_p)
-            *extent_p = tutti_dtype_size(type);
+            *extent_p = tt_dtype_basic_size(type);
         return TUTTI_OK;
     }
     tt_derived_t *t = tt_derived_hold(type);

@@ -6,7 +6,6 @@
 #include <tutti/tutti.h>
 
 #include "base/base.h"
-#include "reduce/derived.h"
 #include "reduce/reduce.h"
 
 #define TT_EXPORT __attribute__((visibility("default")))
@@ -102,19 +101,15 @@ static const struct {
     { "logical_or", TUTTI_LOR }, { "logical_xor", TUTTI_LXOR },
 };
 
-TT_EXPORT size_t tutti_dtype_size(tutti_dtype_t dtype)
+/* (tutti_dtype_size and tutti_dtype_name, which know derived types too, are derived.c's) */
+size_t tt_dtype_basic_size(tutti_dtype_t dtype)
 {
-    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
-        return tt_dtype_info[dtype].size;
-    return tt_derived_size(dtype); /* (a derived type's, packed: MPI_Type_size) */
+    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].size : 0;
 }
 
-TT_EXPORT const char *tutti_dtype_name(tutti_dtype_t dtype)
+const char *tt_dtype_basic_name(tutti_dtype_t dtype)
 {
-    if ((unsigned)dtype < TUTTI_DTYPE_COUNT)
-        return tt_dtype_info[dtype].name;
-    const char *d = tt_derived_name(dtype);
-    return d ? d : "?";
+    return (unsigned)dtype < TUTTI_DTYPE_COUNT ? tt_dtype_info[dtype].name : "?";
 }
 
 TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
@@ -126,34 +121,24 @@ TT_EXPORT const char *tutti_redop_name(tutti_redop_t op)
 }
 
 /* What the kernel tables have (lib/reduce/reduce.c): one list of what reduces. */
-TT_EXPORT int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype)
-{
-    if ((unsigned)dtype >= TUTTI_DTYPE_COUNT) { /* a derived type reduces as its base */
-        tt_derived_t *t = tt_derived_hold(dtype);
-        tutti_dtype_t base = t ? t->base : TUTTI_DTYPE_COUNT;
-        tt_derived_release(t);
-        return (unsigned)base < TUTTI_DTYPE_COUNT && tt_reduce_supported(base, op);
-    }
-    return tt_reduce_supported(dtype, op);
-}
 
 void tt_redop_unsupported(char *buf, size_t len, tutti_redop_t op, tutti_dtype_t dtype)
 {
     if (tt_dtype_is_pair(dtype))
         snprintf(buf, len,
                  "op %s does not reduce %s, a value-index pair (MPI's): minloc and maxloc do",
-                 tutti_redop_name(op), tutti_dtype_name(dtype));
+                 tutti_redop_name(op), tt_dtype_basic_name(dtype));
     else if (op == TUTTI_MINLOC || op == TUTTI_MAXLOC)
         snprintf(buf, len,
                  "op %s reduces value-index pairs only (float_int, double_int, long_int, 2int, "
                  "short_int), not %s",
-                 tutti_redop_name(op), tutti_dtype_name(dtype));
+                 tutti_redop_name(op), tt_dtype_basic_name(dtype));
     else if (tt_dtype_is_complex(dtype))
         snprintf(buf, len, "op %s does not reduce complex numbers (%s): sum, prod and avg do",
-                 tutti_redop_name(op), tutti_dtype_name(dtype));
+                 tutti_redop_name(op), tt_dtype_basic_name(dtype));
     else
         snprintf(buf, len, "op %s reduces integer dtypes only, not %s", tutti_redop_name(op),
-                 tutti_dtype_name(dtype));
+                 tt_dtype_basic_name(dtype));
 }
 
 /* Names compare case-insensitively ("FP32", "Float"). */

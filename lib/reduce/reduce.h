@@ -7,6 +7,11 @@
 
 #include <tutti/tutti.h>
 
+/* A predefined dtype's size and name (0, "?" for any other value; dtype.c), under
+ * tutti_dtype_size and tutti_dtype_name, which know derived types too (derived.c). */
+size_t tt_dtype_basic_size(tutti_dtype_t dtype);
+const char *tt_dtype_basic_name(tutti_dtype_t dtype);
+
 /* dst[i] = dst[i] op src[i] for i < count. AVG reduces as SUM (the caller divides at
  * the end with tt_reduce_avg_finish). fp16/bf16/fp8 are computed in fp32 and rounded back
  * (round to nearest even; fp8 saturates). Integer SUM/PROD wrap around (two's complement); MIN/MAX
