@@ -333,8 +333,8 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         tutti_work_free(w);
         for (int r = 0; r < ROWS; r++)
             for (int c = 0; c < COLS; c++)
-                FAIL_IF(m[r * COLS + c] != (c == 2 ? val(0, r, 1) : SENTINEL),
-                        "m[%d][%d] = %g", r, c, m[r * COLS + c]);
+                FAIL_IF(m[r * COLS + c] != (c == 2 ? val(0, r, 1) : SENTINEL), "m[%d][%d] = %g", r,
+                        c, m[r * COLS + c]);
         FAIL_IF(tutti_recv(comm, m, 1, col, 0, 8) < 0, "recv: %s", tutti_comm_last_error(comm));
         for (int r = 0; r < ROWS; r++)
             FAIL_IF(m[r * COLS] != -r || m[r * COLS + 1] != SENTINEL, "row %d: %g %g", r,
@@ -358,8 +358,8 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         blank(m, ROWS * COLS);
         FAIL_IF(tutti_mrecv(msg, m + 3, 1, col) < 0, "mrecv: %s", tutti_comm_last_error(NULL));
         for (int r = 0; r < ROWS; r++)
-            FAIL_IF(m[r * COLS + 3] != val(0, r, 2) || m[r * COLS + 2] != SENTINEL,
-                    "mrecv row %d", r);
+            FAIL_IF(m[r * COLS + 3] != val(0, r, 2) || m[r * COLS + 2] != SENTINEL, "mrecv row %d",
+                    r);
     } else if (rank == 2) {
         FAIL_IF(tutti_recv(comm, plain, ROWS, TUTTI_FP64, 0, 7) < 0, "recv: %s",
                 tutti_comm_last_error(comm));
@@ -452,8 +452,7 @@ static int rank_colls(int rank, int n, tutti_comm_t *comm, const char *dir, void
     FAIL_IF(tutti_type_struct(3, (size_t[]){ 1, 1, 3 },
                               (ptrdiff_t[]){ offsetof(rec_t, a), offsetof(rec_t, b),
                                              offsetof(rec_t, c) },
-                              (tutti_dtype_t[]){ TUTTI_INT32, TUTTI_FP64, TUTTI_INT16 },
-                              &st_t) < 0,
+                              (tutti_dtype_t[]){ TUTTI_INT32, TUTTI_FP64, TUTTI_INT16 }, &st_t) < 0,
             "struct: %s", tutti_comm_last_error(NULL));
     rec_t recs[2];
     memset(recs, 0x33, sizeof(recs));
@@ -496,8 +495,8 @@ static int rank_colls(int rank, int n, tutti_comm_t *comm, const char *dir, void
     /* reduce_scatter: block q (column q) summed over ranks lands in rank q's column 3 */
     fill(m, rank);
     blank(out, ROWS * COLS);
-    FAIL_IF(tutti_reduce_scatter(comm, m, out + 3, 1, col1, TUTTI_SUM) < 0,
-            "reduce_scatter: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_reduce_scatter(comm, m, out + 3, 1, col1, TUTTI_SUM) < 0, "reduce_scatter: %s",
+            tutti_comm_last_error(comm));
     for (int r = 0; r < ROWS; r++) {
         double want = 0;
         for (int q = 0; q < n; q++)

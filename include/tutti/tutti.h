@@ -133,7 +133,9 @@ typedef enum tutti_redop {
     TUTTI_REDOP_USER_LAST = 255
 } tutti_redop_t;
 
-/* Size in bytes of one element of dtype, 0 for an invalid dtype. */
+/* Size in bytes of one element of dtype, 0 for an invalid dtype; a derived type's
+ * (tutti_type_vector ...) is its values' bytes, packed (MPI_Type_size; its extent:
+ * tutti_type_extent). */
 size_t tutti_dtype_size(tutti_dtype_t dtype);
 /* "f32", "bf16" ...; "?" for an invalid dtype. */
 const char *tutti_dtype_name(tutti_dtype_t dtype);
@@ -143,7 +145,8 @@ const char *tutti_redop_name(tutti_redop_t op);
 /* Parse names as printed above (also "float", "int", "half", "double" ...). */
 int tutti_dtype_parse(const char *name, tutti_dtype_t *dtype_p);
 int tutti_redop_parse(const char *name, tutti_redop_t *op_p);
-/* 1 if collectives reduce dtype with op (every op but MINLOC and MAXLOC reduces the
+/* 1 if collectives reduce dtype with op (a derived type: as the one predefined dtype it is
+ * made of, 0 for a mixed one; every op but MINLOC and MAXLOC reduces the
  * integer dtypes; BAND, BOR, BXOR, LAND, LOR and LXOR no float dtype; MINLOC and MAXLOC the value-index
  * pairs only, which nothing else reduces; a defined op, below, every dtype), 0 if not or
  * either is out of range (or op is not defined). */
@@ -151,7 +154,9 @@ int tutti_redop_supported(tutti_redop_t op, tutti_dtype_t dtype);
 /* MPI_Reduce_local: inoutbuf[i] = inbuf[i] op inoutbuf[i] for i < count, on this rank
  * alone, with the kernels (and a defined op, in that argument order) the collectives use.
  * Not AVG (a mean of two is not what a mean of all ranks needs). Errors are the thread's,
- * read with tutti_comm_last_error(NULL) (it has no communicator). Host memory. */
+ * read with tutti_comm_last_error(NULL) (it has no communicator). Host memory. A derived
+ * type of one predefined dtype reduces through packed copies of both operands, its result
+ * unpacked into inoutbuf's map. */
 int tutti_reduce_local(const void *inbuf, void *inoutbuf, size_t count, tutti_dtype_t dtype,
                        tutti_redop_t op);
 
@@ -229,8 +234,8 @@ int tutti_type_contiguous(size_t count, tutti_dtype_t oldtype, tutti_dtype_t *ne
 int tutti_type_vector(size_t count, size_t blocklen, ptrdiff_t stride, tutti_dtype_t oldtype,
                       tutti_dtype_t *newtype_p);
 /* the same, the stride in bytes */
-int tutti_type_hvector(size_t count, size_t blocklen, ptrdiff_t stride_bytes,
-                       tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
+int tutti_type_hvector(size_t count, size_t blocklen, ptrdiff_t stride_bytes, tutti_dtype_t oldtype,
+                       tutti_dtype_t *newtype_p);
 /* block i of blocklens[i] elements at displs[i] elements of oldtype's extent */
 int tutti_type_indexed(size_t count, const size_t *blocklens, const ptrdiff_t *displs,
                        tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
@@ -269,8 +274,8 @@ int tutti_type_true_extent(tutti_dtype_t type, ptrdiff_t *lb_p, size_t *extent_p
  * *position_p (which moves on by tutti_dtype_size(type) * incount); and back. A buffer too
  * small is TUTTI_ERR_INVALID_ARG (nothing written). MPI_Pack_size is count *
  * tutti_dtype_size(type). */
-int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, void *outbuf,
-               size_t outsize, size_t *position_p);
+int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, void *outbuf, size_t outsize,
+               size_t *position_p);
 int tutti_unpack(const void *inbuf, size_t insize, size_t *position_p, void *outbuf,
                  size_t outcount, tutti_dtype_t type);
 

@@ -43,8 +43,7 @@ static int fail(tutti_comm_t *comm, const char *name, const char *what)
  * algorithm can read as in place (the gathers and scatter handle theirs: algorithms/
  * common.h). Never for a derived type (derived: its send is a copy taken at the call,
  * packed.h, and its buffers may interleave: a column sent, the next one received). */
-static int overlap_unequal(int derived, const void *s, size_t sbytes, const void *r,
-                           size_t rbytes)
+static int overlap_unequal(int derived, const void *s, size_t sbytes, const void *r, size_t rbytes)
 {
     const char *a = s, *b = r;
     return !derived && a && b && a != b && a != (const char *)TUTTI_IN_PLACE && sbytes && rbytes &&
@@ -1338,8 +1337,10 @@ static int request_own_type(tutti_comm_t *comm, tutti_request_t *r)
         return TUTTI_OK;
     tutti_dtype_t own;
     if (tutti_type_dup(*d, &own) < 0)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s_init: %s", r->kind < 0 ? r->call.name
-                                 : r->kind == TUTTI_TP_SEND ? "send" : "recv",
+        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s_init: %s",
+                                 r->kind < 0                ? r->call.name
+                                 : r->kind == TUTTI_TP_SEND ? "send"
+                                                            : "recv",
                                  tt_thread_error());
     *d = own;
     r->own_type = 1;

@@ -19,8 +19,8 @@ typedef struct back {
 typedef struct tt_packed {
     tt_derived_t *type; /* held */
     char *block;
-    int p2p_recv;          /* a receive: its one run is unpacked as far as bytes came */
-    tutti_dtype_t dtype;   /* the caller's (a receive's count and dtype said in it) */
+    int p2p_recv;        /* a receive: its one run is unpacked as far as bytes came */
+    tutti_dtype_t dtype; /* the caller's (a receive's count and dtype said in it) */
     int nback;
     back_t back[];
 } tt_packed_t;
@@ -105,8 +105,8 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
         tt_packed_t *p = new_packed(t, rbytes ? tt_op_runs_max(op) : 0, total);
         if (!p)
             return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
-                                     "%s: out of memory for a packed copy of %zu bytes of %s",
-                                     name, total, t->name);
+                                     "%s: out of memory for a packed copy of %zu bytes of %s", name,
+                                     total, t->name);
         p->dtype = op->dtype;
         char *ps = p->block, *pr = p->block + ((sbytes + 63) & ~(size_t)63);
         tt_derived_pack(t, op->sendbuf, se, ps);
@@ -154,8 +154,8 @@ int tt_packed_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t *count,
         tt_packed_t *p = new_packed(t, 1, bytes);
         if (!p) {
             st = tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
-                                   "%s: out of memory for a packed copy of %zu bytes of %s",
-                                   name, bytes, t->name);
+                                   "%s: out of memory for a packed copy of %zu bytes of %s", name,
+                                   bytes, t->name);
         } else {
             p->dtype = *dtype;
             if (is_send) {

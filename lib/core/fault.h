@@ -20,7 +20,6 @@
 int tt_comm_set_error(tutti_comm_t *comm, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-
 /* fault.c: the pid of this process, for a communicator it makes (comm_alloc); the
  * first call registers the pthread_atfork child handler that keeps it right. */
 pid_t tt_comm_owner_pid(void);

@@ -20,7 +20,6 @@
 struct tt_algo;
 struct tt_algo_override;
 
-
 struct tutti_work {
     tutti_comm_t *comm;
     atomic_int refs; /* the user's handle + the queue */

@@ -258,8 +258,8 @@ static void place(builder_t *b, ptrdiff_t d, size_t c, const view_t *v)
     if (!c || b->st < 0)
         return;
     ptrdiff_t span, lo, hi;
-    if (c > (size_t)PTRDIFF_MAX || __builtin_mul_overflow((ptrdiff_t)c, (ptrdiff_t)v->extent,
-                                                          &span) ||
+    if (c > (size_t)PTRDIFF_MAX ||
+        __builtin_mul_overflow((ptrdiff_t)c, (ptrdiff_t)v->extent, &span) ||
         __builtin_add_overflow(d, v->lb, &lo) || __builtin_add_overflow(lo, span, &hi) ||
         __builtin_mul_overflow(c, v->size, &(size_t){ 0 }) ||
         __builtin_add_overflow(b->size, c * v->size, &b->size)) {
@@ -373,8 +373,8 @@ static builder_t builder(const char *fn)
  * arrays: 1 blocklens (lens) must be given, 2 displs must. */
 enum { NEED_LENS = 1, NEED_DISPLS = 2 };
 static int make(const char *fn, const char *what, size_t count, const size_t *lens, size_t len,
-                const ptrdiff_t *displs, ptrdiff_t stride, int bytes, int arrays,
-                tutti_dtype_t old, tutti_dtype_t *new_p)
+                const ptrdiff_t *displs, ptrdiff_t stride, int bytes, int arrays, tutti_dtype_t old,
+                tutti_dtype_t *new_p)
 {
     if (!new_p)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: newtype_p is NULL", fn);
@@ -382,8 +382,8 @@ static int make(const char *fn, const char *what, size_t count, const size_t *le
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: blocklens is NULL with count %zu",
                                    fn, count);
     if (count && (arrays & NEED_DISPLS) && !displs)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: displs is NULL with count %zu",
-                                   fn, count);
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: displs is NULL with count %zu", fn,
+                                   count);
     view_t v;
     TT_CHECK(view_of(old, &v, fn));
     builder_t b = builder(fn);
@@ -401,8 +401,7 @@ static int make(const char *fn, const char *what, size_t count, const size_t *le
 
 TT_EXPORT int tutti_type_contiguous(size_t count, tutti_dtype_t oldtype, tutti_dtype_t *newtype_p)
 {
-    return make("type_contiguous", "contiguous", 1, NULL, count, NULL, 0, 1, 0, oldtype,
-                newtype_p);
+    return make("type_contiguous", "contiguous", 1, NULL, count, NULL, 0, 1, 0, oldtype, newtype_p);
 }
 
 TT_EXPORT int tutti_type_vector(size_t count, size_t blocklen, ptrdiff_t stride,
@@ -415,8 +414,8 @@ TT_EXPORT int tutti_type_vector(size_t count, size_t blocklen, ptrdiff_t stride,
 TT_EXPORT int tutti_type_hvector(size_t count, size_t blocklen, ptrdiff_t stride_bytes,
                                  tutti_dtype_t oldtype, tutti_dtype_t *newtype_p)
 {
-    return make("type_hvector", "hvector", count, NULL, blocklen, NULL, stride_bytes, 1, 0,
-                oldtype, newtype_p);
+    return make("type_hvector", "hvector", count, NULL, blocklen, NULL, stride_bytes, 1, 0, oldtype,
+                newtype_p);
 }
 
 TT_EXPORT int tutti_type_indexed(size_t count, const size_t *blocklens, const ptrdiff_t *displs,
@@ -493,8 +492,7 @@ TT_EXPORT int tutti_type_subarray(int ndims, const size_t *sizes, const size_t *
                                        "size %zu",
                                        fn, k, starts[k], subsizes[k], sizes[k]);
         if (__builtin_mul_overflow(total, sizes[k], &total) || total > (size_t)PTRDIFF_MAX)
-            return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: the array's size overflows",
-                                       fn);
+            return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: the array's size overflows", fn);
         sub *= subsizes[k];
     }
     view_t v;
@@ -582,8 +580,7 @@ TT_EXPORT int tutti_type_free(tutti_dtype_t type)
     return TUTTI_OK;
 }
 
-static int bounds(const char *fn, tutti_dtype_t type, int true_, ptrdiff_t *lb_p,
-                  size_t *extent_p)
+static int bounds(const char *fn, tutti_dtype_t type, int true_, ptrdiff_t *lb_p, size_t *extent_p)
 {
     if ((unsigned)type < TUTTI_DTYPE_COUNT) {
         if (lb_p)
@@ -594,8 +591,7 @@ static int bounds(const char *fn, tutti_dtype_t type, int true_, ptrdiff_t *lb_p
     }
     tt_derived_t *t = tt_derived_hold(type);
     if (!t)
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: type %d is no dtype", fn,
-                                   (int)type);
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: type %d is no dtype", fn, (int)type);
     if (lb_p)
         *lb_p = true_ ? t->true_lb : t->lb;
     if (extent_p)
@@ -628,8 +624,9 @@ static int pack_view(const char *fn, tutti_dtype_t type, size_t count, size_t ro
                                    fn, count, tutti_dtype_name(type), pos,
                                    pos > room ? 0 : bytes - (room - pos), room);
     }
-    *tmp = (tt_derived_t){ .size = v->size, .extent = v->extent, .nblk = v->nblk,
-                           .blk = (tt_blk_t *)v->blk };
+    *tmp = (tt_derived_t){
+        .size = v->size, .extent = v->extent, .nblk = v->nblk, .blk = (tt_blk_t *)v->blk
+    };
     *bytes_p = bytes;
     return TUTTI_OK;
 }
@@ -638,8 +635,7 @@ TT_EXPORT int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, 
                          size_t outsize, size_t *position_p)
 {
     if (!position_p || (incount && (!inbuf || !outbuf)))
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
-                                   "pack: a NULL buffer or position_p");
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "pack: a NULL buffer or position_p");
     view_t v;
     tt_derived_t t;
     size_t bytes;
@@ -654,8 +650,7 @@ TT_EXPORT int tutti_unpack(const void *inbuf, size_t insize, size_t *position_p,
                            size_t outcount, tutti_dtype_t type)
 {
     if (!position_p || (outcount && (!inbuf || !outbuf)))
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG,
-                                   "unpack: a NULL buffer or position_p");
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "unpack: a NULL buffer or position_p");
     view_t v;
     tt_derived_t t;
     size_t bytes;

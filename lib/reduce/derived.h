@@ -19,20 +19,20 @@ typedef struct tt_blk {
 /* A defined type; immutable once made, freed when the last holder lets go (the table
  * holds it from create to tutti_type_free, each call that uses it from issue to end). */
 typedef struct tt_derived {
-    size_t size;          /* packed bytes of one element (MPI_Type_size) */
-    ptrdiff_t lb;         /* MPI_Type_get_extent: lower bound and extent (>= 0) */
-    size_t extent;        /* element i sits at buf + i * extent */
-    ptrdiff_t true_lb;    /* the bytes an element touches: [true_lb, true_lb + true_extent) */
+    size_t size;       /* packed bytes of one element (MPI_Type_size) */
+    ptrdiff_t lb;      /* MPI_Type_get_extent: lower bound and extent (>= 0) */
+    size_t extent;     /* element i sits at buf + i * extent */
+    ptrdiff_t true_lb; /* the bytes an element touches: [true_lb, true_lb + true_extent) */
     size_t true_extent;
-    tutti_dtype_t base;   /* the one predefined dtype all its bytes are, or TUTTI_DTYPE_COUNT
+    tutti_dtype_t base; /* the one predefined dtype all its bytes are, or TUTTI_DTYPE_COUNT
                              (mixed: it moves as bytes and reduces with nothing); a type of
                              no bytes counts as TUTTI_UINT8 */
-    size_t nbase;         /* elements of base per element (size / its size) */
-    size_t align;         /* the largest alignment of its parts (struct's padding) */
-    int marked;           /* its bounds were set (resized, subarray, or made of such parts):
+    size_t nbase;       /* elements of base per element (size / its size) */
+    size_t align;       /* the largest alignment of its parts (struct's padding) */
+    int marked;         /* its bounds were set (resized, subarray, or made of such parts):
                              no struct padding over them (MPI's sticky markers) */
     size_t nblk;
-    tt_blk_t *blk;        /* merged where one run ends where the next begins */
+    tt_blk_t *blk; /* merged where one run ends where the next begins */
     _Atomic int refs;
     char name[48];
 } tt_derived_t;
